@@ -1,0 +1,442 @@
+"""``advisor``: a thin click layer over the core. Heavy imports happen inside commands."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from advisor.errors import AdvisorError
+
+EPILOG = "Docs and the method: README.md. Errors exit with status 2."
+
+
+class InputError(click.ClickException):
+    """Bad input: one line on stderr, exit status 2."""
+
+    exit_code = 2
+
+
+class AdvisorGroup(click.Group):
+    """Turns the core's AdvisorError (and unwritable outputs) into InputError, and prints
+    every input error, click's usage errors included, as one line with exit status 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            status = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            click.echo(f"Error: {exc.format_message()}{where}", err=True)
+            sys.exit(2)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(status if isinstance(status, int) else 0)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except AdvisorError as exc:
+            raise InputError(str(exc)) from None
+        except OSError as exc:
+            raise InputError(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")) from None
+
+
+def _apply(options: list[Callable], func: Callable) -> Callable:
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+# --- option bundles: each adds its flags and hands the command one object -----------------
+
+_MODEL_FIELDS = {
+    "num_layers": "num_layers",
+    "hidden_size": "hidden_size",
+    "ffn_hidden_size": "ffn_hidden_size",
+    "num_attention_heads": "num_attention_heads",
+    "num_query_groups": "num_query_groups",
+    "vocab_size": "vocab_size",
+    "tie_embeddings": "tie_embeddings",
+}
+
+
+def model_options(func: Callable) -> Callable:
+    """--model NAME|config.json plus Megatron-style overrides -> ``spec: LlamaSpec``."""
+    positive = click.IntRange(min=1)
+
+    @functools.wraps(func)
+    def wrapper(*args, model: str, **kwargs):
+        from advisor.models import load_model, with_overrides
+
+        overrides = {name: kwargs.pop(name) for name in _MODEL_FIELDS}
+        return func(*args, spec=with_overrides(load_model(model), **overrides), **kwargs)
+
+    return _apply(
+        [
+            click.option(
+                "--model", default="llama3.1-8b", show_default=True, metavar="NAME|config.json",
+                help="A preset (see 'advisor models') or a Hugging Face Llama config.json.",
+            ),
+            click.option("--num-layers", type=positive, help="Override L."),
+            click.option("--hidden-size", type=positive, help="Override h."),
+            click.option("--ffn-hidden-size", type=positive, help="Override h_ffn."),
+            click.option("--num-attention-heads", type=positive, help="Override a."),
+            click.option("--num-query-groups", type=positive, help="Override k (KV heads)."),
+            click.option("--vocab-size", type=positive, help="Override v."),
+            click.option(
+                "--tie-embeddings/--untie-embeddings", default=None,
+                help="Override whether the LM head shares the embedding.",
+            ),
+        ],
+        wrapper,
+    )
+
+
+def workload_options(func: Callable) -> Callable:
+    """--seq-len, --gbs -> ``workload: Workload``."""
+
+    @functools.wraps(func)
+    def wrapper(*args, seq_len: int, gbs: int, **kwargs):
+        from advisor.parallel import Workload
+
+        return func(*args, workload=Workload(seq_len=seq_len, global_batch_size=gbs), **kwargs)
+
+    return _apply(
+        [
+            click.option("--seq-len", type=click.IntRange(min=1), default=8192, show_default=True,
+                         help="Sequence length s."),
+            click.option("--gbs", type=click.IntRange(min=1), default=1024, show_default=True,
+                         help="Global batch size (sequences per iteration)."),
+        ],
+        wrapper,
+    )
+
+
+def memory_options(func: Callable) -> Callable:
+    """The estimator's extensions -> ``options: MemoryOptions``. Defaults are seed 004's."""
+
+    @functools.wraps(func)
+    def wrapper(*args, distributed_optimizer, grad_dtype, recompute, recompute_method,
+                recompute_num_layers, flash_attn, vocab_divisible_by, **kwargs):
+        from advisor.memory import MemoryOptions
+
+        options = MemoryOptions(
+            distributed_optimizer=distributed_optimizer,
+            gradient_bytes=4 if grad_dtype == "fp32" else 2,
+            recompute=recompute,
+            recompute_method=recompute_method,
+            recompute_num_layers=recompute_num_layers,
+            flash_attention=flash_attn,
+            vocab_divisible_by=vocab_divisible_by,
+        )
+        return func(*args, options=options, **kwargs)
+
+    return _apply(
+        [
+            click.option("--distributed-optimizer/--no-distributed-optimizer", default=True, show_default=True,
+                         help="Shard Adam states over DP x CP (Megatron's --use-distributed-optimizer)."),
+            click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+                         help="Gradient precision (fp32: gradient accumulation in FP32, as the paper)."),
+            click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none",
+                         show_default=True, help="Activation recomputation (--recompute-granularity)."),
+            click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default="uniform",
+                         show_default=True, help="With --recompute full: how layers are checkpointed."),
+            click.option("--recompute-num-layers", type=click.IntRange(min=1), default=1, show_default=True,
+                         help="With --recompute full: N of --recompute-num-layers."),
+            click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
+                         help="Without FlashAttention the softmax output (2as^2b per layer) is kept."),
+            click.option("--vocab-divisible-by", type=click.IntRange(min=1), default=None,
+                         help="Pad v to a multiple of this x TP, like Megatron's "
+                              "--make-vocab-size-divisible-by (128 there). Default: no padding, as the paper."),
+        ],
+        wrapper,
+    )
+
+
+def output_options(func: Callable) -> Callable:
+    """--format table|json|csv and --output FILE (written atomically)."""
+    return _apply(
+        [
+            click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
+                         show_default=True, help="table for people; json or csv for machines."),
+            click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                         help="Write to this file (atomically) instead of stdout."),
+        ],
+        func,
+    )
+
+
+def emit(text: str, output: Path | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        from advisor.fileio import atomic_write_text
+
+        atomic_write_text(output, text)
+        click.echo(f"wrote {output}", err=True)
+
+
+def _color(output: Path | None) -> bool:
+    return output is None and sys.stdout.isatty()
+
+
+# --- commands ---------------------------------------------------------------------------
+
+
+@click.group(cls=AdvisorGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="megatron-4d-advisor", prog_name="advisor")
+def cli() -> None:
+    """Plan 4D parallelism (TP, CP, PP, DP, micro-batch) for Llama training with Megatron-LM.
+
+    \b
+    Before spending a cluster-hour:
+      advisor sweep --gpus 64 --mem 40       which (TP, CP, PP, MBS) fit on 64 GPUs of 40 GiB
+      advisor estimate --tp 2 --cp 1 --pp 1 --mbs 1 --gpus 4
+                                             the per-stage memory of one configuration
+      advisor models                         the built-in Llama presets
+
+    Memory comes from the analytical estimator of "Accelerating LLM Training with 4D
+    Parallelism and Memory Consumption Estimator" (seed 004, Eq. 1-18), in GiB.
+    """
+
+
+@cli.command(epilog=EPILOG)
+@output_options
+def models(fmt: str, output: Path | None) -> None:
+    """List the built-in Llama presets and their hyper-parameters."""
+    from advisor import render
+    from advisor.equations import model_parameters
+    from advisor.models import PRESETS
+
+    rows = [{**spec.to_dict(), "parameters_billions": model_parameters(spec) / 1e9} for spec in PRESETS.values()]
+    if fmt == "table":
+        columns = [
+            render.Column("name", "model", justify="left"),
+            render.Column("num_layers", "L"),
+            render.Column("hidden_size", "h"),
+            render.Column("ffn_hidden_size", "h_ffn"),
+            render.Column("num_attention_heads", "a"),
+            render.Column("num_query_groups", "k"),
+            render.Column("vocab_size", "v"),
+            render.Column("tie_embeddings", "tied"),
+            render.Column("parameters_billions", "params (B)", ".2f"),
+        ]
+        text = render.to_table(rows, columns, color=_color(output))
+    else:
+        text = render.to_json(rows) if fmt == "json" else render.to_csv(rows)
+    emit(text, output)
+
+
+
+
+TABLE_ROWS = 30
+
+
+def _row_columns():
+    from advisor.render import Column
+
+    return [
+        Column("rank", "rank"),
+        Column("tp", "TP"),
+        Column("cp", "CP"),
+        Column("pp", "PP"),
+        Column("mbs", "MBS"),
+        Column("dp", "DP"),
+        Column("num_microbatches", "m"),
+        Column("model_states_gib", "states GiB", ".2f"),
+        Column("activations_gib", "act. GiB", ".2f"),
+        Column("total_gib", "total GiB", ".2f"),
+        Column("memory_fraction", "of mem", ".0%"),
+        Column("verdict", "verdict", justify="left"),
+    ]
+
+
+def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options) -> str:
+    changed = options.changed()
+    extras = "; " + ", ".join(f"{key}={value}" for key, value in changed.items()) if changed else ""
+    return (
+        f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, "
+        f"{gpus} GPUs x {mem:g} GiB, fits <= {threshold * mem:.1f} GiB ({threshold:.0%}){extras}"
+    )
+
+
+@cli.command(epilog=EPILOG)
+@click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total number of GPUs.")
+@click.option("--mem", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="Memory per GPU in GiB (for example 40 for A100-40GB, 80 for H100-80GB).")
+@model_options
+@workload_options
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
+              help="TP is capped at this (TP across nodes is slow, seed 004 Section 1).")
+@click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8, show_default=True,
+              help="'fits' up to this fraction of --mem; 'tight' up to all of it.")
+@click.option("--all", "show_all", is_flag=True, help="Include the oom rows.")
+@click.option("--top", type=click.IntRange(min=1), default=None,
+              help=f"Show only the N best-ranked rows (table default: {TABLE_ROWS}, json/csv: all).")
+@memory_options
+@output_options
+def sweep(gpus, mem, spec, workload, gpus_per_node, threshold, show_all, top, options, fmt, output) -> None:
+    """Estimate every valid (TP, CP, PP, MBS) on GPUS GPUs and rank those that fit.
+
+    \b
+    Enumerated: TP a power of 2 dividing the heads and KV heads, up to --gpus-per-node;
+    CP a power of 2 with the sequence divisible by 2 x CP; PP a divisor of the layers;
+    DP = GPUs / (TP x CP x PP); MBS a power of 2 with --gbs divisible by MBS x DP.
+
+    \b
+    Verdict: fits (<= threshold x mem), tight (<= mem), oom (> mem; hidden without --all).
+    Rank (seed 004, Section 4.2: the smallest TP x CP x PP that fits is fastest):
+      1. fits before tight   2. smallest TP x CP x PP   3. largest MBS
+      4. smallest TP         5. smallest PP, then lowest memory
+
+    \b
+    Examples:
+      advisor sweep --gpus 64 --mem 40
+      advisor sweep --gpus 128 --mem 80 --model llama3.1-70b --top 10
+      advisor sweep --gpus 8 --mem 94 --seq-len 32768 --all --format json
+    """
+    from advisor import render
+    from advisor.sweep import sweep as run_sweep
+
+    rows = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options)
+    counts = {verdict: sum(row.verdict == verdict for row in rows) for verdict in ("fits", "tight", "oom")}
+    selected = [row for row in rows if show_all or row.verdict != "oom"]
+    if top is None and fmt == "table" and not show_all:
+        top = TABLE_ROWS  # a screenful; JSON and CSV give every row
+    shown = selected[:top] if top is not None else selected
+    dicts = [row.to_dict() for row in shown]
+    if fmt == "json":
+        text = render.to_json(dicts)
+    elif fmt == "csv":
+        text = render.to_csv(dicts)
+    else:
+        hidden = "" if show_all else " (--all shows oom)"
+        caption = f"{counts['fits']} fit, {counts['tight']} tight, {counts['oom']} oom{hidden}"
+        if len(shown) < len(selected):
+            caption += f"; best {len(shown)} of {len(selected)} shown (--top N)"
+        if not dicts:
+            caption = f"nothing fits: {caption}. Try more GPUs, --recompute full, or a shorter --seq-len."
+        text = render.to_table(
+            dicts, _row_columns(), title=_setup_line(spec, workload, gpus, mem, threshold, options),
+            caption=caption, row_style=render.verdict_style, color=_color(output),
+        )
+    emit(text, output)
+
+
+@cli.command(epilog=EPILOG)
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size.")
+@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True, help="Context parallel size.")
+@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
+@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True, help="Micro-batch size.")
+@click.option("--gpus", type=click.IntRange(min=1), default=None,
+              help="Total GPUs; DP = GPUS / (TP x CP x PP). Give this or --dp.")
+@click.option("--dp", type=click.IntRange(min=1), default=None, help="Data parallel size (instead of --gpus).")
+@click.option("--vpp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Virtual pipeline stages per rank (interleaved 1F1B).")
+@click.option("--layers-per-stage", default=None, metavar="N,N,...",
+              help="Uneven pipeline split, one layer count per stage (for example 7,9,9,7).")
+@click.option("--mem", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Memory per GPU in GiB; gives a verdict.")
+@click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8, show_default=True)
+@model_options
+@workload_options
+@memory_options
+@output_options
+def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, spec, workload, options, fmt,
+             output) -> None:
+    """Per-GPU memory of one configuration, stage by stage.
+
+    \b
+    Model states (BF16 weights, FP32 gradients, Adam states sharded over DP x CP) and
+    activations (1F1B: stage i holds PP - i microbatches) for every pipeline stage. The
+    peak stage decides the verdict.
+
+    \b
+    Example (the public code's test case: 44.87 GiB states, 22.64 GiB activations):
+      advisor estimate --tp 2 --pp 1 --mbs 1 --gpus 4 --model llama3.1-8b
+    """
+    from advisor import render
+    from advisor.memory import GIB, estimate_memory
+    from advisor.parallel import ParallelConfig
+    from advisor.sweep import classify
+
+    model_parallel = tp * cp * pp
+    if gpus is None and dp is None:
+        raise InputError("give --gpus or --dp")
+    if gpus is not None:
+        if gpus % model_parallel:
+            raise InputError(f"--gpus {gpus} is not divisible by TP x CP x PP = {model_parallel}")
+        if dp is not None and dp != gpus // model_parallel:
+            raise InputError(f"--dp {dp} disagrees with --gpus {gpus} / (TP x CP x PP) = {gpus // model_parallel}")
+        dp = gpus // model_parallel
+    stages = _parse_layers(layers_per_stage)
+    parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
+    result = estimate_memory(spec, parallel, workload, options, stages)
+    row = {
+        "rank": None, **parallel.to_dict(), "gpus": parallel.gpus,
+        "num_microbatches": workload.num_microbatches(parallel),
+        "total_gib": result.total_gib, "model_states_gib": result.model_states_gib,
+        "activations_gib": result.activations_gib, "peak_stage": result.peak.stage,
+        "memory_fraction": result.total_gib / mem if mem else None,
+        "verdict": classify(result.total_gib, mem, threshold) if mem else None,
+        "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
+        "options": options.changed(),
+    }
+    stage_rows = [stage.to_dict() for stage in result.stages]
+    if fmt == "json":
+        text = render.to_json({**row, "stages": stage_rows})
+    elif fmt == "csv":
+        text = render.to_csv(stage_rows)
+    else:
+        columns = [
+            render.Column("stage", "stage"),
+            render.Column("position", "position", justify="left"),
+            render.Column("layers", "layers"),
+            render.Column("in_flight_microbatches", "in flight", "g"),
+            render.Column("weights_gib", "weights", ".2f"),
+            render.Column("gradients_gib", "grads", ".2f"),
+            render.Column("optimizer_gib", "optimizer", ".2f"),
+            render.Column("model_states_gib", "states", ".2f"),
+            render.Column("activations_gib", "activations", ".2f"),
+            render.Column("total_gib", "total GiB", ".2f"),
+        ]
+        title = (
+            f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, DP {dp}, MBS {mbs}"
+            + (f", VPP {vpp}" if vpp > 1 else "") + f", seq {workload.seq_len}, gbs {workload.global_batch_size}"
+        )
+        peak = result.peak
+        caption = f"peak: stage {peak.stage}, {peak.total_bytes / GIB:.2f} GiB"
+        if mem:
+            caption += f" = {row['memory_fraction']:.0%} of {mem:g} GiB -> {row['verdict']}"
+        style = {"fits": "green", "tight": "yellow", "oom": "red"}.get(row["verdict"])
+        text = render.to_table(
+            stage_rows, columns, title=title, caption=caption,
+            row_style=lambda stage_row: style if stage_row["stage"] == peak.stage else None, color=_color(output),
+        )
+    emit(text, output)
+
+
+def _parse_layers(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise InputError(f"--layers-per-stage must be comma-separated integers, got {text!r}") from None
+
+
+def main() -> None:
+    cli(prog_name="advisor")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""The terms of seed 004, Section 3, one function each: the one place where the equations live.
+
+Parameter counts are in elements, activations in bytes, both for one GPU after the sharding
+that the paper applies (tensor parallel size t, context parallel size c). ``memory.py``
+assembles them into pipeline stages (Eq. 7-10, 16-18). Extensions that the paper does not
+cover (flash attention off, recomputation) cite their own source.
+"""
+
+from __future__ import annotations
+
+import math
+
+from advisor.models import LlamaSpec
+
+# --- parameters (seed 004, Section 3.1) -------------------------------------------------
+
+
+def attention_parameters(spec: LlamaSpec, tp: int = 1) -> float:
+    """Eq. 1: W_Q and W_O are h x h, W_K and W_V are h x h*k/a; all four split over t."""
+    h, k, a = spec.hidden_size, spec.num_query_groups, spec.num_attention_heads
+    return 2 * h * h * (1 + k / a) / tp
+
+
+def mlp_parameters(spec: LlamaSpec, tp: int = 1) -> float:
+    """Eq. 2: SwiGLU's gate, up (h x h_ffn) and down (h_ffn x h) projections, split over t."""
+    return 3 * spec.hidden_size * spec.ffn_hidden_size / tp
+
+
+def layer_norm_parameters(spec: LlamaSpec) -> int:
+    """The two RMSNorm weights of a layer (the 2h of Eq. 3); replicated, not split over t."""
+    return 2 * spec.hidden_size
+
+
+def layer_parameters(spec: LlamaSpec, tp: int = 1) -> float:
+    """One transformer layer on one GPU: 2h^2((1 + k/a + 3/2 h_ffn/h)/t + 1/h), Eq. 6."""
+    return attention_parameters(spec, tp) + mlp_parameters(spec, tp) + layer_norm_parameters(spec)
+
+
+def embedding_parameters(spec: LlamaSpec, tp: int = 1, vocab: int | None = None) -> float:
+    """hv/t: the input embedding, or the untied LM head (Eq. 7 and 9)."""
+    return spec.hidden_size * (vocab or spec.vocab_size) / tp
+
+
+def final_norm_parameters(spec: LlamaSpec) -> int:
+    """h: the final RMSNorm, on the last stage (Eq. 9)."""
+    return spec.hidden_size
+
+
+def model_parameters(spec: LlamaSpec, vocab: int | None = None) -> float:
+    """Eq. 3: 2hv + h + 2Lh^2(1 + k/a + 3/2 h_ffn/h + 1/h), with hv once if tied."""
+    embeddings = 1 if spec.tie_embeddings else 2
+    return (
+        embeddings * embedding_parameters(spec, vocab=vocab)
+        + final_norm_parameters(spec)
+        + spec.num_layers * layer_parameters(spec)
+    )
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int | None, tp: int) -> int:
+    """Megatron pads v up to a multiple of make-vocab-size-divisible-by x t
+    (megatron/training/tokenizer, ``_vocab_size_with_padding``). None: no padding (seed 004)."""
+    if not divisible_by:
+        return vocab_size
+    multiple = divisible_by * tp
+    return math.ceil(vocab_size / multiple) * multiple
+
+
+# --- bytes per parameter (seed 004, Eq. 4, 5, 10) ---------------------------------------
+
+WEIGHT_BYTES = 2
+"""BF16 weights."""
+OPTIMIZER_BYTES = 12
+"""Adam in FP32: master weight, momentum, variance (Section 3.1)."""
+
+
+def optimizer_bytes_per_parameter(optimizer_shards: int) -> float:
+    """12/(dc) with the distributed optimizer over the DP x CP group (Eq. 10); 12 without it."""
+    return OPTIMIZER_BYTES / optimizer_shards
+
+
+def bytes_per_parameter(gradient_bytes: int, optimizer_shards: int) -> float:
+    """6 + 12/(dc) for BF16 weights and FP32 gradients (Eq. 10); 18 unsharded (Eq. 4).
+
+    ``gradient_bytes`` = 2 gives BF16 gradients, as in Megatron-LM's
+    ``theoretical_memory_usage.py`` without ``--accumulate-allreduce-grads-in-fp32``.
+    """
+    return WEIGHT_BYTES + gradient_bytes + optimizer_bytes_per_parameter(optimizer_shards)
+
+
+# --- activations of one microbatch, unsharded (seed 004, Section 3.2) -------------------
+
+
+def attention_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
+    """Eq. 11: 6sbh + 4sbh k/a. Input X, Q, K and V, and the attention output, in BF16;
+    FlashAttention stores neither QK^T nor the softmax."""
+    sbh = seq_len * mbs * spec.hidden_size
+    return 6 * sbh + 4 * sbh * spec.num_query_groups / spec.num_attention_heads
+
+
+def attention_scores_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
+    """Without FlashAttention: the BF16 softmax output, 2as^2b, kept for the softmax backward
+    and for attention-over-V (Korthikanti et al. 2023, Section 4.1; Llama has no attention
+    dropout, so the as^2b mask and the second 2as^2b copy are absent)."""
+    return 2 * spec.num_attention_heads * seq_len * seq_len * mbs
+
+
+def mlp_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
+    """2sb(h + 4h_ffn): the input, the gate and up outputs, the SiLU output and the input of
+    the down projection (Section 3.2, FFN)."""
+    return 2 * seq_len * mbs * (spec.hidden_size + 4 * spec.ffn_hidden_size)
+
+
+def norm_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
+    """4sbh: the inputs of the two RMSNorms (Section 3.2, Layer Norm)."""
+    return 4 * seq_len * mbs * spec.hidden_size
+
+
+def layer_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
+    """Eq. 12: sbh(12 + 4k/a + 8h_ffn/h), one transformer layer, one microbatch."""
+    return (
+        attention_activation_bytes(spec, seq_len, mbs)
+        + mlp_activation_bytes(spec, seq_len, mbs)
+        + norm_activation_bytes(spec, seq_len, mbs)
+    )
+
+
+def layer_checkpoint_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
+    """2sbh: the BF16 layer input, all that full recomputation keeps of a layer
+    (Korthikanti et al. 2023, Table 2, 'full activation recomputation': 2sbhL)."""
+    return 2 * seq_len * mbs * spec.hidden_size
+
+
+def embedding_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
+    """Eq. 13 per microbatch: 8sbh, the int64 input of the embedding as seed 004 counts it.
+
+    The first stage holds it for every microbatch in flight (8sbhp in Eq. 13). Megatron-LM's
+    own ``theoretical_memory_usage.py`` counts the token ids as 8sb; we keep the seed's term,
+    which its tables use."""
+    return 8 * seq_len * mbs * spec.hidden_size
+
+
+def output_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int, vocab: int | None = None) -> float:
+    """Eq. 14: 4sbh(1 + v/h): the final RMSNorm's input and the LM head's input (2sbh each),
+    and the FP32 logits for the cross-entropy loss (4sbv)."""
+    v = vocab or spec.vocab_size
+    return 4 * seq_len * mbs * spec.hidden_size * (1 + v / spec.hidden_size)

@@ -1,0 +1,74 @@
+"""The parallel layout of a training run, and the workload it runs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from advisor.errors import AdvisorError
+
+
+def _require_positive(obj: object) -> None:
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise AdvisorError(f"{f.name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelConfig:
+    """Megatron's 4D layout: GPUs = tp x cp x pp x dp."""
+
+    tp: int = 1
+    """Tensor parallel size t (with sequence parallelism whenever t > 1)."""
+    cp: int = 1
+    """Context parallel size c."""
+    pp: int = 1
+    """Pipeline parallel size p."""
+    dp: int = 1
+    """Data parallel size d."""
+    mbs: int = 1
+    """Micro-batch size b."""
+    vpp: int = 1
+    """Virtual pipeline stages (model chunks) per pipeline rank; 1 = no interleaving."""
+
+    def __post_init__(self) -> None:
+        _require_positive(self)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def model_parallel_size(self) -> int:
+        """TP x CP x PP: the GPUs that hold one replica of the model."""
+        return self.tp * self.cp * self.pp
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Workload:
+    """What is trained: sequence length and global batch size (seed 004 uses 8192 and 1024)."""
+
+    seq_len: int = 8192
+    """s, tokens per sequence."""
+    global_batch_size: int | None = 1024
+    """Sequences per iteration; None leaves the number of microbatches unknown."""
+
+    def __post_init__(self) -> None:
+        _require_positive(self)
+
+    def num_microbatches(self, parallel: ParallelConfig) -> int | None:
+        """m = gbs / (b x d), the microbatches per pipeline per iteration."""
+        if self.global_batch_size is None:
+            return None
+        per_step = parallel.mbs * parallel.dp
+        if self.global_batch_size % per_step:
+            raise AdvisorError(
+                f"global batch size {self.global_batch_size} is not divisible by "
+                f"micro-batch size x data parallel size = {parallel.mbs} x {parallel.dp}"
+            )
+        return self.global_batch_size // per_step

@@ -1,0 +1,71 @@
+"""The one renderer of rows: a table for people, JSON or CSV for machines.
+
+Rows are flat dicts of scalars (each result type's ``to_dict()``). ``rich`` is imported only
+when a table is drawn, so that the CLI starts fast.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+FORMATS = ("table", "json", "csv")
+VERDICT_STYLES = {"fits": "green", "tight": "yellow", "oom": "red"}
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    key: str
+    header: str
+    spec: str = ""
+    """Format spec for the table (for example '.2f'); JSON and CSV keep full precision."""
+    justify: str = "right"
+
+    def cell(self, row: dict) -> str:
+        value = row.get(self.key)
+        if value is None:
+            return "-"
+        return format(value, self.spec)
+
+
+def to_json(obj: object) -> str:
+    return json.dumps(obj, indent=2) + "\n"
+
+
+def to_csv(rows: Sequence[dict]) -> str:
+    buffer = io.StringIO()
+    keys = list(rows[0]) if rows else []
+    writer = csv.DictWriter(buffer, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def to_table(
+    rows: Sequence[dict],
+    columns: Sequence[Column],
+    *,
+    title: str | None = None,
+    caption: str | None = None,
+    row_style: Callable[[dict], str | None] | None = None,
+    color: bool = False,
+    width: int | None = None,
+) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, caption=caption, header_style="bold")
+    for column in columns:
+        table.add_column(column.header, justify=column.justify)
+    for row in rows:
+        table.add_row(*(column.cell(row) for column in columns), style=row_style(row) if row_style else None)
+    console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, width=width or 200)
+    console.print(table)
+    return console.file.getvalue()
+
+
+def verdict_style(row: dict) -> str | None:
+    return VERDICT_STYLES.get(row.get("verdict"))

@@ -1,0 +1,65 @@
+"""Start-up and sweep wall times of the installed ``advisor`` console script.
+
+Targets (issue: the estimator): ``advisor --help`` < 0.5 s, and
+``advisor sweep --gpus 16384 --mem 80 --model llama3.1-405b --gbs 2048 --all --format json``
+< 1 s. Each command runs REPEAT times in a fresh process; the median and the worst are
+reported, the median is compared with the target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+REPEAT = 15
+CASES = [
+    ("advisor --help", ["--help"], 0.5),
+    (
+        "advisor sweep --gpus 16384 --mem 80 --model llama3.1-405b --gbs 2048 --all --format json",
+        ["sweep", "--gpus", "16384", "--mem", "80", "--model", "llama3.1-405b", "--gbs", "2048", "--all",
+         "--format", "json"],
+        1.0,
+    ),
+    ("advisor sweep --gpus 64 --mem 40 (table)", ["sweep", "--gpus", "64", "--mem", "40"], 1.0),
+]
+
+
+def wall_times(argv: list[str]) -> list[float]:
+    times = []
+    for _ in range(REPEAT):
+        start = time.perf_counter()
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> int:
+    exe = shutil.which("advisor")
+    if exe is None:
+        print("install the package first: pip install -e .", file=sys.stderr)
+        return 2
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, {platform.platform()}")
+    ok = True
+    results = []
+    for label, args, target in CASES:
+        times = wall_times([exe, *args])
+        median = statistics.median(times)
+        passed = median < target
+        ok &= passed
+        results.append({"command": label, "median_s": median, "max_s": max(times), "target_s": target})
+        print(f"{'PASS' if passed else 'FAIL'}  median {median:.3f} s, max {max(times):.3f} s "
+              f"(target < {target} s): {label}")
+    rows = json.loads(subprocess.run([exe, *CASES[1][1]], check=True, capture_output=True).stdout)
+    print(f"the 405B sweep returned {len(rows)} rows")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

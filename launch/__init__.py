@@ -1,0 +1,1 @@
+"""Plan -> Megatron-LM flags -> torchrun / srun / sbatch, with ``megatron_hooks`` installed."""

@@ -1,0 +1,164 @@
+"""The ``advisor`` commands, run in-process through click on real inputs."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from advisor.sweep import ranking_key
+
+ROW_KEYS = {"tp", "cp", "pp", "mbs", "dp", "gpus", "total_gib", "model_states_gib", "activations_gib",
+            "verdict", "rank"}
+
+
+def test_sweep_json_rows_follow_the_interface(advisor):
+    rows = advisor.json("sweep", "--gpus", 64, "--mem", 40)
+    assert rows and all(ROW_KEYS <= row.keys() for row in rows)
+    assert all(row["verdict"] in ("fits", "tight") for row in rows)
+    assert [row["rank"] for row in rows] == list(range(1, len(rows) + 1))
+    for row in rows:
+        assert row["tp"] * row["cp"] * row["pp"] * row["dp"] == row["gpus"] == 64
+        assert row["total_gib"] == pytest.approx(row["model_states_gib"] + row["activations_gib"])
+        assert (row["verdict"] == "fits") == (row["total_gib"] <= 0.8 * 40)
+
+
+def test_sweep_ranking_is_the_documented_order(advisor):
+    rows = advisor.json("sweep", "--gpus", 64, "--mem", 40)
+    keys = [
+        (r["verdict"] != "fits", r["tp"] * r["cp"] * r["pp"], -r["mbs"], r["tp"], r["pp"], r["total_gib"], r["cp"])
+        for r in rows
+    ]
+    assert keys == sorted(keys)
+    assert ranking_key  # the same order the library uses
+    # The paper's finding on 64 A100s (Table 3): the smallest TP x CP x PP that fits comes first.
+    fits = [r for r in rows if r["verdict"] == "fits"]
+    assert rows[0]["tp"] * rows[0]["cp"] * rows[0]["pp"] == min(r["tp"] * r["cp"] * r["pp"] for r in fits)
+
+
+def test_sweep_all_adds_unranked_oom_rows(advisor):
+    survivors = advisor.json("sweep", "--gpus", 8, "--mem", 40)
+    everything = advisor.json("sweep", "--gpus", 8, "--mem", 40, "--all")
+    oom = [row for row in everything if row["verdict"] == "oom"]
+    assert oom and all(row["rank"] is None for row in oom)
+    assert len(everything) == len(survivors) + len(oom)
+    assert everything[: len(survivors)] == survivors
+
+
+def test_sweep_enumerates_the_documented_space(advisor):
+    rows = advisor.json("sweep", "--gpus", 16, "--mem", 80, "--all", "--gpus-per-node", 4)
+    for row in rows:
+        assert row["tp"] in (1, 2, 4)  # powers of 2 up to --gpus-per-node, dividing 32 and 8
+        assert 8192 % (2 * row["cp"]) == 0 and row["cp"] & (row["cp"] - 1) == 0
+        assert 32 % row["pp"] == 0
+        assert 1024 % (row["mbs"] * row["dp"]) == 0 and row["mbs"] & (row["mbs"] - 1) == 0
+    layouts = {(r["tp"], r["cp"], r["pp"], r["mbs"]) for r in rows}
+    assert len(layouts) == len(rows)
+    assert (4, 1, 4, 256) in layouts and (1, 16, 1, 1) in layouts
+
+
+def test_sweep_csv_and_table(advisor):
+    rows = list(csv.DictReader(io.StringIO(advisor("sweep", "--gpus", 8, "--mem", 40, "--format", "csv").stdout)))
+    assert rows and ROW_KEYS <= rows[0].keys()
+    table = advisor("sweep", "--gpus", 8, "--mem", 40, "--top", 3).stdout
+    assert "llama3.1-8b, seq 8192, gbs 1024, 8 GPUs x 40 GiB" in table
+    body = [line for line in table.splitlines() if line.startswith("│")]
+    assert len(body) == 3 and all(("fits" in line) or ("tight" in line) for line in body)
+    assert "(--all shows oom)" in table and "best 3 of" in table
+
+
+def test_sweep_with_nothing_fitting_says_so(advisor):
+    out = advisor("sweep", "--gpus", 8, "--mem", 4, "--model", "llama3.1-70b").stdout
+    assert "nothing fits" in out
+
+
+def test_output_is_written_atomically(advisor, tmp_path):
+    target = tmp_path / "sweep.json"
+    result = advisor("sweep", "--gpus", 8, "--mem", 40, "--format", "json", "-o", target)
+    assert result.stdout == "" and "wrote" in result.stderr
+    assert json.loads(target.read_text())[0]["rank"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep.json"]
+
+
+def test_estimate_json_is_a_sweep_row_with_stages(advisor):
+    est = advisor.json("estimate", "--tp", 2, "--pp", 4, "--mbs", 1, "--gpus", 64, "--mem", 40)
+    assert ROW_KEYS <= est.keys()
+    assert [stage["position"] for stage in est["stages"]] == ["first", "middle", "middle", "last"]
+    assert est["total_gib"] == max(stage["total_gib"] for stage in est["stages"])
+    assert [stage["in_flight_microbatches"] for stage in est["stages"]] == [4, 3, 2, 1]
+    sweep_row = next(
+        r for r in advisor.json("sweep", "--gpus", 64, "--mem", 40, "--all")
+        if (r["tp"], r["cp"], r["pp"], r["mbs"]) == (2, 1, 4, 1)
+    )
+    for key in ROW_KEYS - {"rank"}:
+        assert est[key] == sweep_row[key], key
+
+
+def test_estimate_table_shows_every_stage(advisor):
+    out = advisor("estimate", "--tp", 2, "--pp", 2, "--dp", 2, "--mem", 40).stdout
+    assert "first" in out and "last" in out and "-> " in out
+
+
+def test_estimate_extensions_reach_the_estimator(advisor):
+    base = advisor.json("estimate", "--tp", 2, "--gpus", 4)
+    for flags in (["--no-distributed-optimizer"], ["--grad-dtype", "bf16"], ["--recompute", "full"],
+                  ["--vocab-divisible-by", 100], ["--no-flash-attn"]):
+        changed = advisor.json("estimate", "--tp", 2, "--gpus", 4, *flags)
+        assert changed["total_gib"] != base["total_gib"], flags
+        assert changed["options"], flags
+
+
+def test_models_lists_the_presets(advisor):
+    names = {row["name"] for row in advisor.json("models")}
+    assert {"llama2-7b", "llama3.1-405b", "llama3.2-1b"} <= names
+
+
+def test_hf_config_through_the_cli(advisor, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
+        "num_hidden_layers": 16, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": True,
+    }))
+    from_file = advisor.json("estimate", "--gpus", 8, "--model", config)
+    from_preset = advisor.json("estimate", "--gpus", 8, "--model", "llama3.2-1b")
+    assert from_file["total_gib"] == from_preset["total_gib"]
+
+
+def test_overrides_change_the_model(advisor):
+    est = advisor.json("estimate", "--gpus", 8, "--num-layers", 16)
+    assert est["model"]["num_layers"] == 16 and est["model"]["name"] == "llama3.1-8b[num_layers=16]"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["sweep", "--gpus", 64, "--mem", 40, "--model", "llama5-8b"], "unknown model 'llama5-8b'"),
+        (["sweep", "--gpus", 0, "--mem", 40], "'--gpus': 0 is not in the range"),
+        (["sweep", "--gpus", 8, "--mem", 0], "'--mem'"),
+        (["sweep", "--gpus", 8, "--mem", 40, "--seq-len", -1], "'--seq-len'"),
+        (["sweep", "--gpus", 8, "--mem", 40, "--num-layers", 0], "'--num-layers'"),
+        (["sweep", "--gpus", 3, "--mem", 40], "no valid (TP, CP, PP, MBS) for 3 GPUs"),
+        (["sweep", "--gpus", 8], "Missing option '--mem'"),
+        (["estimate", "--tp", 2, "--gpus", 7], "--gpus 7 is not divisible by TP x CP x PP = 2"),
+        (["estimate", "--tp", 2], "give --gpus or --dp"),
+        (["estimate", "--tp", 2, "--gpus", 8, "--dp", 2], "--dp 2 disagrees"),
+        (["estimate", "--pp", 2, "--gpus", 8, "--layers-per-stage", "a,b"], "comma-separated integers"),
+        (["estimate", "--pp", 4, "--gpus", 8, "--layers-per-stage", "8,8"], "lists 2 stages, but PP is 4"),
+        (["estimate", "--gpus", 8, "--num-query-groups", 5], "multiple of num_query_groups"),
+        (["sweep", "--gpus", 8, "--mem", 40, "-o", "/nonexistent/dir/x.json"], "No such file or directory"),
+    ],
+)
+def test_bad_input_gets_one_line_and_status_2(advisor, args, message):
+    assert message in advisor.error(*args)
+
+
+def test_bad_config_files(advisor, tmp_path):
+    malformed = tmp_path / "bad.json"
+    malformed.write_text("{not json")
+    assert "malformed JSON" in advisor.error("sweep", "--gpus", 8, "--mem", 40, "--model", malformed)
+    incomplete = tmp_path / "config.json"
+    incomplete.write_text(json.dumps({"hidden_size": 4096}))
+    assert "missing required key(s): num_hidden_layers" in advisor.error(
+        "sweep", "--gpus", 8, "--mem", 40, "--model", incomplete
+    )
+    assert "no such file" in advisor.error("sweep", "--gpus", 8, "--mem", 40, "--model", tmp_path / "none.json")
