@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
-from typing import Callable
 
 import click
 
+from advisor.cli_options import (
+    InputError, color_wanted, emit, memory_options, model_options, output_options, workload_options,
+)
+from advisor.cli_profile import profile
 from advisor.errors import AdvisorError
 
 EPILOG = "Docs and the method: README.md. Errors exit with status 2."
-
-
-class InputError(click.ClickException):
-    """Bad input: one line on stderr, exit status 2."""
-
-    exit_code = 2
 
 
 class AdvisorGroup(click.Group):
@@ -48,145 +44,6 @@ class AdvisorGroup(click.Group):
             raise InputError(str(exc)) from None
         except OSError as exc:
             raise InputError(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")) from None
-
-
-def _apply(options: list[Callable], func: Callable) -> Callable:
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-# --- option bundles: each adds its flags and hands the command one object -----------------
-
-_MODEL_FIELDS = {
-    "num_layers": "num_layers",
-    "hidden_size": "hidden_size",
-    "ffn_hidden_size": "ffn_hidden_size",
-    "num_attention_heads": "num_attention_heads",
-    "num_query_groups": "num_query_groups",
-    "vocab_size": "vocab_size",
-    "tie_embeddings": "tie_embeddings",
-}
-
-
-def model_options(func: Callable) -> Callable:
-    """--model NAME|config.json plus Megatron-style overrides -> ``spec: LlamaSpec``."""
-    positive = click.IntRange(min=1)
-
-    @functools.wraps(func)
-    def wrapper(*args, model: str, **kwargs):
-        from advisor.models import load_model, with_overrides
-
-        overrides = {name: kwargs.pop(name) for name in _MODEL_FIELDS}
-        return func(*args, spec=with_overrides(load_model(model), **overrides), **kwargs)
-
-    return _apply(
-        [
-            click.option(
-                "--model", default="llama3.1-8b", show_default=True, metavar="NAME|config.json",
-                help="A preset (see 'advisor models') or a Hugging Face Llama config.json.",
-            ),
-            click.option("--num-layers", type=positive, help="Override L."),
-            click.option("--hidden-size", type=positive, help="Override h."),
-            click.option("--ffn-hidden-size", type=positive, help="Override h_ffn."),
-            click.option("--num-attention-heads", type=positive, help="Override a."),
-            click.option("--num-query-groups", type=positive, help="Override k (KV heads)."),
-            click.option("--vocab-size", type=positive, help="Override v."),
-            click.option(
-                "--tie-embeddings/--untie-embeddings", default=None,
-                help="Override whether the LM head shares the embedding.",
-            ),
-        ],
-        wrapper,
-    )
-
-
-def workload_options(func: Callable) -> Callable:
-    """--seq-len, --gbs -> ``workload: Workload``."""
-
-    @functools.wraps(func)
-    def wrapper(*args, seq_len: int, gbs: int, **kwargs):
-        from advisor.parallel import Workload
-
-        return func(*args, workload=Workload(seq_len=seq_len, global_batch_size=gbs), **kwargs)
-
-    return _apply(
-        [
-            click.option("--seq-len", type=click.IntRange(min=1), default=8192, show_default=True,
-                         help="Sequence length s."),
-            click.option("--gbs", type=click.IntRange(min=1), default=1024, show_default=True,
-                         help="Global batch size (sequences per iteration)."),
-        ],
-        wrapper,
-    )
-
-
-def memory_options(func: Callable) -> Callable:
-    """The estimator's extensions -> ``options: MemoryOptions``. Defaults are seed 004's."""
-
-    @functools.wraps(func)
-    def wrapper(*args, distributed_optimizer, grad_dtype, recompute, recompute_method,
-                recompute_num_layers, flash_attn, vocab_divisible_by, **kwargs):
-        from advisor.memory import MemoryOptions
-
-        options = MemoryOptions(
-            distributed_optimizer=distributed_optimizer,
-            gradient_bytes=4 if grad_dtype == "fp32" else 2,
-            recompute=recompute,
-            recompute_method=recompute_method,
-            recompute_num_layers=recompute_num_layers,
-            flash_attention=flash_attn,
-            vocab_divisible_by=vocab_divisible_by,
-        )
-        return func(*args, options=options, **kwargs)
-
-    return _apply(
-        [
-            click.option("--distributed-optimizer/--no-distributed-optimizer", default=True, show_default=True,
-                         help="Shard Adam states over DP x CP (Megatron's --use-distributed-optimizer)."),
-            click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
-                         help="Gradient precision (fp32: gradient accumulation in FP32, as the paper)."),
-            click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none",
-                         show_default=True, help="Activation recomputation (--recompute-granularity)."),
-            click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default="uniform",
-                         show_default=True, help="With --recompute full: how layers are checkpointed."),
-            click.option("--recompute-num-layers", type=click.IntRange(min=1), default=1, show_default=True,
-                         help="With --recompute full: N of --recompute-num-layers."),
-            click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
-                         help="Without FlashAttention the softmax output (2as^2b per layer) is kept."),
-            click.option("--vocab-divisible-by", type=click.IntRange(min=1), default=None,
-                         help="Pad v to a multiple of this x TP, like Megatron's "
-                              "--make-vocab-size-divisible-by (128 there). Default: no padding, as the paper."),
-        ],
-        wrapper,
-    )
-
-
-def output_options(func: Callable) -> Callable:
-    """--format table|json|csv and --output FILE (written atomically)."""
-    return _apply(
-        [
-            click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
-                         show_default=True, help="table for people; json or csv for machines."),
-            click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                         help="Write to this file (atomically) instead of stdout."),
-        ],
-        func,
-    )
-
-
-def emit(text: str, output: Path | None) -> None:
-    if output is None:
-        click.echo(text, nl=False)
-    else:
-        from advisor.fileio import atomic_write_text
-
-        atomic_write_text(output, text)
-        click.echo(f"wrote {output}", err=True)
-
-
-def _color(output: Path | None) -> bool:
-    return output is None and sys.stdout.isatty()
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -230,7 +87,7 @@ def models(fmt: str, output: Path | None) -> None:
             render.Column("tie_embeddings", "tied"),
             render.Column("parameters_billions", "params (B)", ".2f"),
         ]
-        text = render.to_table(rows, columns, color=_color(output))
+        text = render.to_table(rows, columns, color=color_wanted(output))
     else:
         text = render.to_json(rows) if fmt == "json" else render.to_csv(rows)
     emit(text, output)
@@ -327,7 +184,7 @@ def sweep(gpus, mem, spec, workload, gpus_per_node, threshold, show_all, top, op
             caption = f"nothing fits: {caption}. Try more GPUs, --recompute full, or a shorter --seq-len."
         text = render.to_table(
             dicts, _row_columns(), title=_setup_line(spec, workload, gpus, mem, threshold, options),
-            caption=caption, row_style=render.verdict_style, color=_color(output),
+            caption=caption, row_style=render.verdict_style, color=color_wanted(output),
         )
     emit(text, output)
 
@@ -417,10 +274,10 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, s
         caption = f"peak: stage {peak.stage}, {peak.total_bytes / GIB:.2f} GiB"
         if mem:
             caption += f" = {row['memory_fraction']:.0%} of {mem:g} GiB -> {row['verdict']}"
-        style = {"fits": "green", "tight": "yellow", "oom": "red"}.get(row["verdict"])
+        style = render.VERDICT_STYLES.get(row["verdict"])
         text = render.to_table(
             stage_rows, columns, title=title, caption=caption,
-            row_style=lambda stage_row: style if stage_row["stage"] == peak.stage else None, color=_color(output),
+            row_style=lambda stage_row: style if stage_row["stage"] == peak.stage else None, color=color_wanted(output),
         )
     emit(text, output)
 
@@ -432,6 +289,9 @@ def _parse_layers(text: str | None) -> tuple[int, ...] | None:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise InputError(f"--layers-per-stage must be comma-separated integers, got {text!r}") from None
+
+
+cli.add_command(profile)
 
 
 def main() -> None:

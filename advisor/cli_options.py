@@ -1,0 +1,162 @@
+"""Option bundles shared by the ``advisor`` commands, and their output helpers.
+
+Each bundle adds its flags to a command and hands it one object (sqlite-utils style):
+``model_options`` -> ``spec``, ``workload_options`` -> ``workload``, ``memory_options`` ->
+``options``; ``output_options`` adds ``--format`` and ``--output``.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Callable
+
+import click
+
+
+class InputError(click.ClickException):
+    """Bad input: one line on stderr, exit status 2."""
+
+    exit_code = 2
+
+
+
+def _apply(options: list[Callable], func: Callable) -> Callable:
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+# --- option bundles: each adds its flags and hands the command one object -----------------
+
+_MODEL_FIELDS = {
+    "num_layers": "num_layers",
+    "hidden_size": "hidden_size",
+    "ffn_hidden_size": "ffn_hidden_size",
+    "num_attention_heads": "num_attention_heads",
+    "num_query_groups": "num_query_groups",
+    "vocab_size": "vocab_size",
+    "tie_embeddings": "tie_embeddings",
+}
+
+
+def model_options(func: Callable) -> Callable:
+    """--model NAME|config.json plus Megatron-style overrides -> ``spec: LlamaSpec``."""
+    positive = click.IntRange(min=1)
+
+    @functools.wraps(func)
+    def wrapper(*args, model: str, **kwargs):
+        from advisor.models import load_model, with_overrides
+
+        overrides = {name: kwargs.pop(name) for name in _MODEL_FIELDS}
+        return func(*args, spec=with_overrides(load_model(model), **overrides), **kwargs)
+
+    return _apply(
+        [
+            click.option(
+                "--model", default="llama3.1-8b", show_default=True, metavar="NAME|config.json",
+                help="A preset (see 'advisor models') or a Hugging Face Llama config.json.",
+            ),
+            click.option("--num-layers", type=positive, help="Override L."),
+            click.option("--hidden-size", type=positive, help="Override h."),
+            click.option("--ffn-hidden-size", type=positive, help="Override h_ffn."),
+            click.option("--num-attention-heads", type=positive, help="Override a."),
+            click.option("--num-query-groups", type=positive, help="Override k (KV heads)."),
+            click.option("--vocab-size", type=positive, help="Override v."),
+            click.option(
+                "--tie-embeddings/--untie-embeddings", default=None,
+                help="Override whether the LM head shares the embedding.",
+            ),
+        ],
+        wrapper,
+    )
+
+
+def workload_options(func: Callable) -> Callable:
+    """--seq-len, --gbs -> ``workload: Workload``."""
+
+    @functools.wraps(func)
+    def wrapper(*args, seq_len: int, gbs: int, **kwargs):
+        from advisor.parallel import Workload
+
+        return func(*args, workload=Workload(seq_len=seq_len, global_batch_size=gbs), **kwargs)
+
+    return _apply(
+        [
+            click.option("--seq-len", type=click.IntRange(min=1), default=8192, show_default=True,
+                         help="Sequence length s."),
+            click.option("--gbs", type=click.IntRange(min=1), default=1024, show_default=True,
+                         help="Global batch size (sequences per iteration)."),
+        ],
+        wrapper,
+    )
+
+
+def memory_options(func: Callable) -> Callable:
+    """The estimator's extensions -> ``options: MemoryOptions``. Defaults are seed 004's."""
+
+    @functools.wraps(func)
+    def wrapper(*args, distributed_optimizer, grad_dtype, recompute, recompute_method,
+                recompute_num_layers, flash_attn, vocab_divisible_by, **kwargs):
+        from advisor.memory import MemoryOptions
+
+        options = MemoryOptions(
+            distributed_optimizer=distributed_optimizer,
+            gradient_bytes=4 if grad_dtype == "fp32" else 2,
+            recompute=recompute,
+            recompute_method=recompute_method,
+            recompute_num_layers=recompute_num_layers,
+            flash_attention=flash_attn,
+            vocab_divisible_by=vocab_divisible_by,
+        )
+        return func(*args, options=options, **kwargs)
+
+    return _apply(
+        [
+            click.option("--distributed-optimizer/--no-distributed-optimizer", default=True, show_default=True,
+                         help="Shard Adam states over DP x CP (Megatron's --use-distributed-optimizer)."),
+            click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+                         help="Gradient precision (fp32: gradient accumulation in FP32, as the paper)."),
+            click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none",
+                         show_default=True, help="Activation recomputation (--recompute-granularity)."),
+            click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default="uniform",
+                         show_default=True, help="With --recompute full: how layers are checkpointed."),
+            click.option("--recompute-num-layers", type=click.IntRange(min=1), default=1, show_default=True,
+                         help="With --recompute full: N of --recompute-num-layers."),
+            click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
+                         help="Without FlashAttention the softmax output (2as^2b per layer) is kept."),
+            click.option("--vocab-divisible-by", type=click.IntRange(min=1), default=None,
+                         help="Pad v to a multiple of this x TP, like Megatron's "
+                              "--make-vocab-size-divisible-by (128 there). Default: no padding, as the paper."),
+        ],
+        wrapper,
+    )
+
+
+def output_options(func: Callable) -> Callable:
+    """--format table|json|csv and --output FILE (written atomically)."""
+    return _apply(
+        [
+            click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
+                         show_default=True, help="table for people; json or csv for machines."),
+            click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                         help="Write to this file (atomically) instead of stdout."),
+        ],
+        func,
+    )
+
+
+def emit(text: str, output: Path | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        from advisor.fileio import atomic_write_text
+
+        atomic_write_text(output, text)
+        click.echo(f"wrote {output}", err=True)
+
+
+def color_wanted(output: Path | None) -> bool:
+    """Colour only a table drawn on a terminal."""
+    return output is None and sys.stdout.isatty()
