@@ -7,7 +7,10 @@ version 1. Every line is one JSON object with a ``type``:
 ``header`` (the first line) identifies the run and this rank:
     schema, version, run_id, created (ISO 8601), backend ("cuda" | "cpu"), device,
     torch_version, megatron_core_version, emulated (true when a pipeline stage was emulated
-    on the CPU rather than run by Megatron's schedule), model (LlamaSpec fields),
+    on the CPU rather than run by Megatron's schedule), params_dtype ("float32" | "bfloat16" |
+    "float16": the dtype of weights and activations), layer_spec ("local": unfused attention
+    that keeps the s x s scores | "transformer_engine"), sequence_parallel, recompute
+    ("none" | "selective" | "full"), distributed_optimizer, model (LlamaSpec fields),
     parallel (tp, cp, pp, dp, mbs, vpp of this rank's stage), seq_len, global_batch_size,
     num_microbatches (per iteration, on this rank), layers_per_stage (the whole pipeline's
     layer counts), rank, world_size, coords (this rank's tp, cp, pp, dp indices),
@@ -101,6 +104,11 @@ class RankHeader:
     torch_version: str
     megatron_core_version: str
     emulated: bool
+    params_dtype: Literal["float32", "bfloat16", "float16"]
+    layer_spec: Literal["local", "transformer_engine"]
+    sequence_parallel: bool
+    recompute: Literal["none", "selective", "full"]
+    distributed_optimizer: bool
     model: LlamaSpec
     parallel: ParallelConfig
     seq_len: int
@@ -139,6 +147,10 @@ class RankProfile:
     error: str | None = None
     where: str | None = None
     path: Path | None = field(default=None, compare=False)
+
+    @property
+    def element_bytes(self) -> int:
+        return 4 if self.header.params_dtype == "float32" else 2
 
     @property
     def peak_allocated_bytes(self) -> int | None:
@@ -224,17 +236,27 @@ def _parse_header(record: dict, where: str) -> RankHeader:
         raise ProfileError(f"{where}: malformed model or parallel section: {exc}") from None
     except AdvisorError as exc:
         raise ProfileError(f"{where}: {exc}") from None
-    backend = _field(record, "backend", str, where)
-    if backend not in ("cuda", "cpu"):
-        raise ProfileError(f"{where}: unknown backend {backend!r}")
+    choices = {
+        "backend": ("cuda", "cpu"),
+        "params_dtype": ("float32", "bfloat16", "float16"),
+        "layer_spec": ("local", "transformer_engine"),
+        "recompute": ("none", "selective", "full"),
+    }
+    chosen = {}
+    for name, allowed in choices.items():
+        chosen[name] = _field(record, name, str, where)
+        if chosen[name] not in allowed:
+            raise ProfileError(f"{where}: {name} must be one of {', '.join(allowed)}, got {chosen[name]!r}")
     return RankHeader(
         run_id=_field(record, "run_id", str, where),
         created=_field(record, "created", str, where),
-        backend=backend,
         device=_field(record, "device", str, where),
         torch_version=_field(record, "torch_version", str, where),
         megatron_core_version=_field(record, "megatron_core_version", str, where),
         emulated=_field(record, "emulated", bool, where),
+        sequence_parallel=_field(record, "sequence_parallel", bool, where),
+        distributed_optimizer=_field(record, "distributed_optimizer", bool, where),
+        **chosen,
         model=model,
         parallel=parallel,
         seq_len=_field(record, "seq_len", int, where),

@@ -17,7 +17,8 @@ TINY = with_overrides(PRESETS["llama3.1-8b"], num_layers=4, hidden_size=64, ffn_
 def header(**changes) -> RankHeader:
     values = dict(
         run_id="run-1", created="2026-11-22T10:00:00+00:00", backend="cpu", device="cpu",
-        torch_version="2.13.0", megatron_core_version="0.16.1", emulated=False, model=TINY,
+        torch_version="2.13.0", megatron_core_version="0.16.1", emulated=False, params_dtype="float32",
+        layer_spec="local", sequence_parallel=False, recompute="none", distributed_optimizer=False, model=TINY,
         parallel=ParallelConfig(pp=2, mbs=1), seq_len=32, global_batch_size=4, num_microbatches=4,
         layers_per_stage=(2, 2), rank=0, world_size=2, coords={"tp": 0, "cp": 0, "pp": 0, "dp": 0},
         stage_layers=(1, 2), first_stage=True, last_stage=False, in_flight_microbatches=2,
@@ -82,6 +83,7 @@ def rewrite(path, transform):
         (lambda lines: [lines[0], {**lines[1], "activation_bytes": -5}] + lines[2:], "'activation_bytes' is negative"),
         (lambda lines: [lines[0], {**lines[1], "activation_bytes": "many"}] + lines[2:], "wrong type"),
         (lambda lines: lines[1:], "first record must be the header"),
+        (lambda lines: [{**lines[0], "params_dtype": "int8"}] + lines[1:], "params_dtype must be one of"),
         (lambda lines: [lines[0], {"type": "mystery"}] + lines[1:], "unknown record type 'mystery'"),
     ],
 )
