@@ -98,7 +98,7 @@ def memory_options(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(*args, distributed_optimizer, grad_dtype, recompute, recompute_method,
-                recompute_num_layers, flash_attn, vocab_divisible_by, **kwargs):
+                recompute_num_layers, sequence_parallel, flash_attn, vocab_divisible_by, **kwargs):
         from advisor.memory import MemoryOptions
 
         options = MemoryOptions(
@@ -107,6 +107,7 @@ def memory_options(func: Callable) -> Callable:
             recompute=recompute,
             recompute_method=recompute_method,
             recompute_num_layers=recompute_num_layers,
+            sequence_parallel=sequence_parallel,
             flash_attention=flash_attn,
             vocab_divisible_by=vocab_divisible_by,
         )
@@ -124,6 +125,8 @@ def memory_options(func: Callable) -> Callable:
                          show_default=True, help="With --recompute full: how layers are checkpointed."),
             click.option("--recompute-num-layers", type=click.IntRange(min=1), default=1, show_default=True,
                          help="With --recompute full: N of --recompute-num-layers."),
+            click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
+                         help="Sequence parallelism with TP > 1; without it 8sbh per layer stays whole per TP rank."),
             click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
                          help="Without FlashAttention the softmax output (2as^2b per layer) is kept."),
             click.option("--vocab-divisible-by", type=click.IntRange(min=1), default=None,

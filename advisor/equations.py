@@ -124,6 +124,13 @@ def layer_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
     )
 
 
+def tensor_parallel_replicated_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
+    """8sbh: what tensor parallelism alone does not split (Korthikanti et al. 2023, Sec. 4.2.2):
+    the inputs of the two RMSNorms and of the QKV and first FFN projections. Sequence
+    parallelism splits them too, which Eq. 15 assumes."""
+    return 8 * seq_len * mbs * spec.hidden_size
+
+
 def layer_checkpoint_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
     """2sbh: the BF16 layer input, all that full recomputation keeps of a layer
     (Korthikanti et al. 2023, Table 2, 'full activation recomputation': 2sbhL)."""
@@ -139,8 +146,16 @@ def embedding_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float
     return 8 * seq_len * mbs * spec.hidden_size
 
 
+def output_hidden_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
+    """4sbh of Eq. 14: the inputs of the final RMSNorm and of the LM head (2sbh each)."""
+    return 4 * seq_len * mbs * spec.hidden_size
+
+
+def logits_bytes(spec: LlamaSpec, seq_len: int, mbs: int, vocab: int | None = None) -> float:
+    """4sbv of Eq. 14: the FP32 logits that the cross-entropy loss keeps."""
+    return 4 * seq_len * mbs * (vocab or spec.vocab_size)
+
+
 def output_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int, vocab: int | None = None) -> float:
-    """Eq. 14: 4sbh(1 + v/h): the final RMSNorm's input and the LM head's input (2sbh each),
-    and the FP32 logits for the cross-entropy loss (4sbv)."""
-    v = vocab or spec.vocab_size
-    return 4 * seq_len * mbs * spec.hidden_size * (1 + v / spec.hidden_size)
+    """Eq. 14: 4sbh(1 + v/h), the LM head's activations for one microbatch."""
+    return output_hidden_activation_bytes(spec, seq_len, mbs) + logits_bytes(spec, seq_len, mbs, vocab)

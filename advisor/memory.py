@@ -43,6 +43,9 @@ class MemoryOptions:
     """With full recomputation: 'uniform' checkpoints every N layers, 'block' the first N."""
     recompute_num_layers: int = 1
     """N, Megatron's --recompute-num-layers (per model chunk)."""
+    sequence_parallel: bool = True
+    """Sequence parallelism with TP (the paper: whenever t > 1). Without it the norm and
+    projection inputs, 8sbh per layer, stay whole on every TP rank (Korthikanti et al. 2023)."""
     flash_attention: bool = True
     """False also keeps the softmax output, 2as^2b per layer (Korthikanti et al. 2023)."""
     vocab_divisible_by: int | None = None
@@ -195,25 +198,34 @@ def in_flight_microbatches(stage: int, pp: int, vpp: int = 1, num_microbatches: 
 
 
 def stage_layer_activation_bytes(
-    spec: LlamaSpec, seq_len: int, mbs: int, layers: int, vpp: int, options: MemoryOptions
+    spec: LlamaSpec, seq_len: int, mbs: int, layers: int, parallel: ParallelConfig, options: MemoryOptions
 ) -> float:
-    """Activations that ``layers`` transformer layers keep for one microbatch, unsharded."""
-    full = eq.layer_activation_bytes(spec, seq_len, mbs)
+    """Activations that ``layers`` transformer layers keep on one GPU for one microbatch.
+
+    Everything is split over t x c (Eq. 15, 17), except, without sequence parallelism, the
+    8sbh that tensor parallelism leaves whole on each TP rank."""
+    t, c = parallel.tp, parallel.cp
+    whole = 0.0 if options.sequence_parallel or t == 1 else eq.tensor_parallel_replicated_activation_bytes(
+        spec, seq_len, mbs
+    )
+    full = eq.layer_activation_bytes(spec, seq_len, mbs) - whole
     if not options.flash_attention and options.recompute != "selective":
         # Selective recomputation recomputes exactly the core attention, whose s^2 terms it
         # removes (Korthikanti et al. 2023, Table 2); with FlashAttention there are none.
         full += eq.attention_scores_bytes(spec, seq_len, mbs)
+    full_per_gpu = full / (t * c) + whole / c
     if options.recompute != "full" or layers == 0:
-        return layers * full
-    checkpoint = eq.layer_checkpoint_bytes(spec, seq_len, mbs)
-    chunk_layers = layers // vpp  # Megatron recomputes within each model chunk
+        return layers * full_per_gpu
+    # A checkpoint is the layer input: split like the other sequence-parallel tensors.
+    checkpoint = eq.layer_checkpoint_bytes(spec, seq_len, mbs) / (t * c if whole == 0 else c)
+    chunk_layers = layers // parallel.vpp  # Megatron recomputes within each model chunk
     n = options.recompute_num_layers
     if options.recompute_method == "block":
         recomputed = min(n, chunk_layers)
-        per_chunk = recomputed * checkpoint + (chunk_layers - recomputed) * full
+        per_chunk = recomputed * checkpoint + (chunk_layers - recomputed) * full_per_gpu
     else:
         per_chunk = math.ceil(chunk_layers / n) * checkpoint
-    return vpp * per_chunk
+    return parallel.vpp * per_chunk
 
 
 def estimate_memory(
@@ -238,7 +250,10 @@ def estimate_memory(
 
     optimizer_shards = d * c if options.distributed_optimizer else 1
     optimizer_per_parameter = eq.optimizer_bytes_per_parameter(optimizer_shards)
-    activation_shards = t * c  # Eq. 17: TP with SP, and CP, split every activation
+    # Eq. 17: TP with SP, and CP, split every activation; without SP only CP splits the
+    # hidden states around the embedding and the LM head.
+    sharded = t * c
+    whole = sharded if options.sequence_parallel else c
     embedding = eq.embedding_parameters(spec, t, vocab)
 
     stages = []
@@ -254,7 +269,7 @@ def estimate_memory(
                 # embedding on the last stage, kept in sync by an all-reduce.
                 parameters += embedding
         in_flight = in_flight_microbatches(i, p, parallel.vpp, m)
-        layer_bytes = stage_layer_activation_bytes(spec, s, b, layers[i], parallel.vpp, options)
+        layer_bytes = stage_layer_activation_bytes(spec, s, b, layers[i], parallel, options)
         stages.append(
             StageMemory(
                 stage=i,
@@ -265,12 +280,13 @@ def estimate_memory(
                 weights_bytes=eq.WEIGHT_BYTES * parameters,
                 gradients_bytes=options.gradient_bytes * parameters,
                 optimizer_bytes=optimizer_per_parameter * parameters,
-                layer_activations_bytes=layer_bytes * in_flight / activation_shards,  # Eq. 16-17
+                layer_activations_bytes=layer_bytes * in_flight,  # Eq. 16-17
                 embedding_activations_bytes=(
-                    eq.embedding_activation_bytes(spec, s, b) * in_flight / activation_shards if first else 0.0
+                    eq.embedding_activation_bytes(spec, s, b) * in_flight / whole if first else 0.0
                 ),  # Eq. 13: 8sbh per microbatch in flight
                 output_activations_bytes=(
-                    eq.output_activation_bytes(spec, s, b, vocab) / activation_shards if last else 0.0
+                    eq.output_hidden_activation_bytes(spec, s, b) / whole + eq.logits_bytes(spec, s, b, vocab) / sharded
+                    if last else 0.0
                 ),  # Eq. 14: the last stage runs each microbatch's backward at once
             )
         )

@@ -23,12 +23,23 @@ class Column:
     spec: str = ""
     """Format spec for the table (for example '.2f'); JSON and CSV keep full precision."""
     justify: str = "right"
+    scale: float = 1
+    """Divide by this before formatting (for example 2**20 to show bytes in MiB)."""
 
     def cell(self, row: dict) -> str:
         value = row.get(self.key)
         if value is None:
             return "-"
-        return format(value, self.spec)
+        return format(value / self.scale if self.scale != 1 else value, self.spec)
+
+
+BYTE_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def byte_unit(values) -> tuple[str, int]:
+    """The largest binary unit in which the largest value is at least 1."""
+    largest = max((abs(v) for v in values if v is not None), default=0)
+    return next(((name, size) for name, size in BYTE_UNITS if largest >= size), ("B", 1))
 
 
 def to_json(obj: object) -> str:

@@ -102,7 +102,8 @@ def test_estimate_table_shows_every_stage(advisor):
 def test_estimate_extensions_reach_the_estimator(advisor):
     base = advisor.json("estimate", "--tp", 2, "--gpus", 4)
     for flags in (["--no-distributed-optimizer"], ["--grad-dtype", "bf16"], ["--recompute", "full"],
-                  ["--vocab-divisible-by", 100], ["--no-flash-attn"]):
+                  ["--vocab-divisible-by", 100], ["--no-flash-attn"],
+                  ["--no-sequence-parallel"]):
         changed = advisor.json("estimate", "--tp", 2, "--gpus", 4, *flags)
         assert changed["total_gib"] != base["total_gib"], flags
         assert changed["options"], flags

@@ -64,6 +64,17 @@ def test_without_flash_attention_the_softmax_output_is_kept_and_selective_remove
     assert tp2_dp2(recompute="selective").peak.activations_bytes == ACTIVATIONS_TP2
 
 
+def test_without_sequence_parallelism_tp_leaves_8sbh_per_layer_whole():
+    """Korthikanti et al. 2023, Sec. 4.2.2: TP alone splits the attention and MLP internals, not
+    the norm inputs and the inputs of the QKV and first FFN projections (8sbh)."""
+    sbh = 8192 * 4096
+    per_layer = (41 - 8) / 2 + 8  # (Eq. 12 - 8) / t + 8, in units of sbh
+    logits = 4 * 8192 * 128256 / 2  # split over the vocabulary-parallel LM head
+    expected = sbh * (32 * per_layer + 8 + 4) + logits  # embedding 8sbh and LM-head inputs 4sbh whole
+    assert tp2_dp2(sequence_parallel=False).peak.activations_bytes == expected
+    assert tp2_dp2(sequence_parallel=False).peak.model_states_bytes == tp2_dp2().peak.model_states_bytes
+
+
 def test_context_parallel_without_flash_attention_is_rejected():
     with pytest.raises(AdvisorError):
         estimate_memory(L8B, ParallelConfig(cp=2), Workload(seq_len=S), MemoryOptions(flash_attention=False))

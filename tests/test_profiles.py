@@ -4,49 +4,8 @@ import json
 
 import pytest
 
-from advisor.models import PRESETS, with_overrides
-from advisor.parallel import ParallelConfig
-from advisor.profiles import (
-    IterationRecord, LayerRecord, ProfileError, RankHeader, RankProfile, load_run, read_rank_file,
-)
-
-TINY = with_overrides(PRESETS["llama3.1-8b"], num_layers=4, hidden_size=64, ffn_hidden_size=128,
-                      num_attention_heads=4, num_query_groups=2, vocab_size=256)
-
-
-def header(**changes) -> RankHeader:
-    values = dict(
-        run_id="run-1", created="2026-11-22T10:00:00+00:00", backend="cpu", device="cpu",
-        torch_version="2.13.0", megatron_core_version="0.16.1", emulated=False, params_dtype="float32",
-        layer_spec="local", sequence_parallel=False, recompute="none", distributed_optimizer=False, model=TINY,
-        parallel=ParallelConfig(pp=2, mbs=1), seq_len=32, global_batch_size=4, num_microbatches=4,
-        layers_per_stage=(2, 2), rank=0, world_size=2, coords={"tp": 0, "cp": 0, "pp": 0, "dp": 0},
-        stage_layers=(1, 2), first_stage=True, last_stage=False, in_flight_microbatches=2,
-    )
-    values.update(changes)
-    return RankHeader(**values)
-
-
-def layer(name, kind, number, iteration=1, **changes):
-    values = dict(iteration=iteration, name=name, kind=kind, layer_number=number, parameter_bytes=100,
-                  gradient_bytes=200, optimizer_bytes=600, activation_bytes=50, forward_peak_bytes=10,
-                  backward_peak_bytes=20)
-    values.update(changes)
-    return LayerRecord(**values)
-
-
-def profile(**changes) -> RankProfile:
-    values = dict(
-        header=header(),
-        layers=(layer("embedding", "embedding", None), layer("decoder.layers.0", "decoder", 1),
-                layer("decoder.layers.1", "decoder", 2)),
-        iterations=(IterationRecord(iteration=1, parameter_bytes=300, gradient_bytes=600, optimizer_bytes=1800,
-                                    peak_allocated_bytes=5000, step_time_s=0.1),),
-        status="ok",
-    )
-    values.update(changes)
-    return RankProfile(**values)
-
+from advisor.profiles import ProfileError, load_run, read_rank_file
+from factories import TINY, header, profile
 
 def test_round_trip(tmp_path):
     written = profile()

@@ -1,0 +1,174 @@
+"""Summaries of a profile run, and measured/estimated ratios against seed 004's terms.
+
+The estimate for each term is seed 004's equation evaluated for the rank's own model,
+parallel layout, sequence length and micro-batch size, with two facts of the run taken into
+account because the equations cannot see them otherwise: the element size of its weights and
+activations (the paper assumes BF16; a CPU run may use FP32), and its attention (the local
+layer spec keeps the s x s softmax output, which FlashAttention does not; the estimator's
+``flash_attention=False`` term). Gradients and optimizer states keep the paper's assumptions
+(FP32 gradients, 12-byte Adam states), so a ratio away from 1 there says how the run differs
+from the paper, not that the equation is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from advisor import equations as eq
+from advisor.memory import MemoryOptions, estimate_memory, stage_layer_activation_bytes
+from advisor.parallel import Workload
+from advisor.profiles import LayerRecord, ProfileRun, RankProfile
+
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TermComparison:
+    """One measured quantity next to the seed-004 term that predicts it."""
+
+    rank: int
+    module: str
+    term: str
+    equation: str
+    measured_bytes: float
+    estimated_bytes: float
+
+    @property
+    def ratio(self) -> float | None:
+        return self.measured_bytes / self.estimated_bytes if self.estimated_bytes else None
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank, "module": self.module, "term": self.term, "equation": self.equation,
+            "measured_bytes": self.measured_bytes, "estimated_bytes": self.estimated_bytes, "ratio": self.ratio,
+        }
+
+
+def run_options(profile: RankProfile) -> MemoryOptions:
+    """The estimator's options that describe how this rank ran."""
+    h = profile.header
+    return MemoryOptions(
+        distributed_optimizer=h.distributed_optimizer,
+        sequence_parallel=h.sequence_parallel,
+        flash_attention=h.layer_spec == "transformer_engine",
+        recompute=h.recompute,
+    )
+
+
+def last_iteration(profile: RankProfile) -> int | None:
+    return max((it.iteration for it in profile.iterations), default=None)
+
+
+def compare_rank(profile: RankProfile, iteration: int | None = None) -> list[TermComparison]:
+    """Per-module and per-stage comparisons for one rank at one iteration (default: the last)."""
+    iteration = last_iteration(profile) if iteration is None else iteration
+    if iteration is None:
+        return []
+    h = profile.header
+    spec, parallel, s, b = h.model, h.parallel, h.seq_len, h.parallel.mbs
+    t, c = parallel.tp, parallel.cp
+    options = run_options(profile)
+    # Scale the paper's BF16 byte counts to the run's element size.
+    scale = profile.element_bytes / BF16_BYTES
+    whole = c if not options.sequence_parallel else t * c  # how the hidden states around the ends split
+    layer_activations = stage_layer_activation_bytes(spec, s, b, 1, parallel, options) * scale
+    # Eq. 14: the hidden inputs in the run's dtype, the logits in FP32 whatever the dtype.
+    output_activations = eq.output_hidden_activation_bytes(spec, s, b) * scale / whole + eq.logits_bytes(spec, s, b) / (t * c)
+    rows: list[TermComparison] = []
+
+    def add(record: LayerRecord, term: str, equation: str, measured: float, estimated: float) -> None:
+        rows.append(TermComparison(rank=h.rank, module=record.name, term=term, equation=equation,
+                                   measured_bytes=measured, estimated_bytes=estimated))
+
+    for record in profile.layers_of(iteration):
+        if record.kind == "decoder":
+            parameters = eq.layer_parameters(spec, t)
+            add(record, "weights", "Eq. 6", record.parameter_bytes, parameters * profile.element_bytes)
+            add(record, "activations", "Eq. 12/15", record.activation_bytes, layer_activations)
+        elif record.kind == "embedding":
+            parameters = eq.embedding_parameters(spec, t)
+            add(record, "weights", "Eq. 7", record.parameter_bytes, parameters * profile.element_bytes)
+            add(record, "activations", "Eq. 13", record.activation_bytes, eq.embedding_activation_bytes(spec, s, b) / whole)
+        else:
+            parameters = eq.final_norm_parameters(spec)
+            if not (spec.tie_embeddings and h.first_stage):
+                parameters += eq.embedding_parameters(spec, t)
+            add(record, "weights", "Eq. 9", record.parameter_bytes, parameters * profile.element_bytes)
+            add(record, "activations", "Eq. 14", record.activation_bytes, output_activations)
+
+    stage = stage_estimate(profile)
+    it = next(it for it in profile.iterations if it.iteration == iteration)
+    stage_record = LayerRecord(iteration=iteration, name="stage", kind="decoder", layer_number=None,
+                               parameter_bytes=0, gradient_bytes=0, optimizer_bytes=0, activation_bytes=0,
+                               forward_peak_bytes=0, backward_peak_bytes=0)
+    add(stage_record, "weights", "Eq. 7-9", it.parameter_bytes, stage.weights_bytes * scale)
+    add(stage_record, "gradients", "Eq. 4 (FP32)", it.gradient_bytes, stage.gradients_bytes)
+    add(stage_record, "optimizer", "Eq. 10", it.optimizer_bytes, stage.optimizer_bytes)
+    measured_activations = in_flight_activation_bytes(profile, iteration)
+    estimated_activations = (
+        stage.layer_activations_bytes * scale
+        + stage.embedding_activations_bytes
+        + (output_activations if h.last_stage else 0.0)
+    )
+    add(stage_record, "activations in flight", "Eq. 16-17", measured_activations, estimated_activations)
+    estimated_total = stage.weights_bytes * scale + stage.gradients_bytes + stage.optimizer_bytes + estimated_activations
+    add(stage_record, "peak", "Eq. 18", it.peak_allocated_bytes, estimated_total)
+    return rows
+
+
+def stage_estimate(profile: RankProfile):
+    """Seed 004's StageMemory for this rank's stage, with the run's own layer split."""
+    h = profile.header
+    workload = Workload(seq_len=h.seq_len, global_batch_size=None)
+    estimate = estimate_memory(h.model, h.parallel, workload, run_options(profile), tuple(h.layers_per_stage))
+    return estimate.stages[h.coords.get("pp", 0)]
+
+
+def in_flight_activation_bytes(profile: RankProfile, iteration: int) -> float:
+    """What the stage keeps at its 1F1B peak: the decoder layers' activations for every
+    microbatch in flight, the embedding's likewise, and the output's for one microbatch."""
+    n = profile.header.in_flight_microbatches
+    total = 0.0
+    for record in profile.layers_of(iteration):
+        total += record.activation_bytes * (1 if record.kind == "output" else n)
+    return total
+
+
+def rank_summary(profile: RankProfile) -> dict:
+    h = profile.header
+    layers = h.stage_layers
+    return {
+        "rank": h.rank, **{f"{axis}_rank": h.coords.get(axis) for axis in ("tp", "cp", "pp", "dp")},
+        "layers": f"{layers[0]}-{layers[-1]}" if layers else "-",
+        "embedding": h.first_stage, "output": h.last_stage,
+        "in_flight_microbatches": h.in_flight_microbatches, "mbs": h.parallel.mbs,
+        "num_microbatches": h.num_microbatches, "iterations": len(profile.iterations),
+        "static_bytes": profile.iterations[-1].static_bytes if profile.iterations else None,
+        "peak_allocated_bytes": profile.peak_allocated_bytes,
+        "peak_reserved_bytes": max((it.peak_reserved_bytes for it in profile.iterations
+                                    if it.peak_reserved_bytes is not None), default=None),
+        "alloc_retries": max((it.alloc_retries for it in profile.iterations if it.alloc_retries is not None),
+                             default=None),
+        "status": profile.status, "where": profile.where,
+    }
+
+
+def layer_rows(profile: RankProfile, iteration: int | None = None) -> list[dict]:
+    iteration = last_iteration(profile) if iteration is None else iteration
+    return [
+        {"rank": profile.header.rank, "module": r.name, "layer_number": r.layer_number,
+         "parameter_bytes": r.parameter_bytes, "gradient_bytes": r.gradient_bytes,
+         "optimizer_bytes": r.optimizer_bytes, "activation_bytes": r.activation_bytes,
+         "forward_peak_bytes": r.forward_peak_bytes, "backward_peak_bytes": r.backward_peak_bytes}
+        for r in profile.layers_of(iteration)
+    ] if iteration is not None else []
+
+
+def run_description(run: ProfileRun) -> str:
+    h = run.header
+    p = h.parallel
+    return (
+        f"{h.model.name}: TP {p.tp}, CP {p.cp}, PP {p.pp}, DP {p.dp}, MBS {p.mbs}, seq {h.seq_len}, "
+        f"{h.params_dtype}, {h.layer_spec} spec, {h.backend}{' (emulated stages)' if h.emulated else ''}; "
+        f"run {h.run_id}: {run.status}"
+    )
