@@ -10,13 +10,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Invoker:
-    """Runs the real ``advisor`` click group in-process (CliRunner), stdout and stderr apart."""
+    """Runs a real click command in-process (CliRunner), stdout and stderr apart: by default
+    the ``advisor`` group."""
 
-    def __init__(self) -> None:
+    def __init__(self, command=cli) -> None:
         self.runner = CliRunner()
+        self.command = command
 
     def __call__(self, *args, expect: int = 0):
-        result = self.runner.invoke(cli, [str(arg) for arg in args], catch_exceptions=False)
+        result = self.runner.invoke(self.command, [str(arg) for arg in args], catch_exceptions=False)
         assert result.exit_code == expect, f"exit {result.exit_code}\n{result.output}"
         return result
 

@@ -1,0 +1,110 @@
+"""``python -m tables.seed004``: regenerate every seed-004 artefact and the README's results."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from advisor.cli import AdvisorGroup
+from advisor.fileio import atomic_write_text
+from advisor.render import to_json
+from tables.seed004 import heatmap, report
+from tables.seed004.results import Results, analyse
+
+TABLES_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = TABLES_DIR / "out"
+DEFAULT_README = TABLES_DIR / "README.md"
+SUMMARY_SCHEMA = "seed004-results/1"
+
+
+def summary(results: Results) -> dict:
+    """The machine-readable results: summary.json."""
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "misprints": [
+            cell.to_dict(table.paper.number) for table in results.estimated for cell in table.misprints
+        ],
+        "rule": results.rule.to_dict(),
+        "ranking": results.ranking.to_dict(),
+    }
+
+
+def write_artefacts(results: Results, out: Path) -> list[Path]:
+    """Markdown, CSV and a PNG per table, RESULTS.md and summary.json, all under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for table in results.estimated:
+        stem = out / f"table{table.paper.number:02d}"
+        written += [
+            atomic_write_text(stem.with_suffix(".md"), report.estimated_markdown(table)),
+            atomic_write_text(stem.with_suffix(".csv"), report.estimated_csv(table)),
+            heatmap.estimated_heatmap(table, stem.with_suffix(".png")),
+        ]
+    for table in results.measured:
+        stem = out / f"table{table.paper.number:02d}"
+        columns = tuple(c for c in results.ranking.columns if c.table is table.paper)
+        written += [
+            atomic_write_text(stem.with_suffix(".md"), report.measured_markdown(table, columns)),
+            atomic_write_text(stem.with_suffix(".csv"), report.measured_csv(table)),
+            heatmap.measured_heatmap(table, columns, stem.with_suffix(".png")),
+        ]
+    written += [
+        atomic_write_text(out / "RESULTS.md", report.results_markdown(results)),
+        atomic_write_text(out / "summary.json", to_json(summary(results))),
+    ]
+    return written
+
+
+# A group that runs its own callback (no subcommands) so that AdvisorGroup turns bad input
+# into one "Error: ..." line with exit status 2, exactly as the `advisor` CLI does.
+@click.group(
+    cls=AdvisorGroup, invoke_without_command=True, subcommand_metavar="",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
+              show_default="tables/out", help="Folder for the tables, PNGs, RESULTS.md and summary.json.")
+@click.option("--readme", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=DEFAULT_README,
+              show_default="tables/README.md", help="Markdown file whose results section (between its "
+              "BEGIN/END RESULTS markers) is rewritten.")
+@click.option("--no-readme", is_flag=True, help="Leave the README alone; write only under --out.")
+def main(out: Path, readme: Path, no_readme: bool) -> None:
+    """Reproduce seed 004's Tables 2-11 and score the advisor against its 454 real runs.
+
+    \b
+    Writes under --out, per table N of the paper:
+      tableNN.md    the table in the paper's layout, cells marked fits/tight/oom
+      tableNN.csv   one row per cell (ours, the paper's, verdict, misprint, ...)
+      tableNN.png   heatmap in the paper's green/yellow/red
+    and RESULTS.md, summary.json (the 80% rule and the ranking against the
+    real runs, the misprints), then rewrites the README's results section.
+
+    \b
+    Examples:
+      python -m tables.seed004
+      python -m tables.seed004 --out /tmp/seed004 --no-readme
+    """
+    started = time.perf_counter()
+    results = analyse()
+    # The new README is made first, so that a README without markers stops before any write.
+    new_readme = None if no_readme else report.replace_results(
+        readme.read_text(encoding="utf-8"), report.results_markdown(results)
+    )
+    written = write_artefacts(results, out)
+    if new_readme is not None:
+        atomic_write_text(readme, new_readme)
+    rule, ranking = results.rule, results.ranking
+    click.echo(
+        f"{len(written)} files in {out}{'' if no_readme else f'; results section of {readme} rewritten'}\n"
+        f"misprints: {len(results.found_misprints)}; runs: {rule.total} "
+        f"(fits OOM {rule.count('fits', 'OOM')}, oom ran {rule.count('oom', 'ran')}, "
+        f"tight ran {rule.count('tight', 'ran')} of {rule.count('tight')}); "
+        f"ranking: mean {report.percent(ranking.mean)}, min {report.percent(ranking.minimum)} "
+        f"over {len(ranking.scored)} columns\n"
+        f"{time.perf_counter() - started:.1f} s"
+    )
+
+
+if __name__ == "__main__":
+    main(prog_name="python -m tables.seed004")
