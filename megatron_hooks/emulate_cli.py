@@ -56,6 +56,8 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
           --layers-per-stage 3,3,2 --seq-len 128 --num-microbatches 4 --out profiles/uneven
       python -m megatron_hooks.emulate ... --stage 1 --tp 2 --out profiles/stage1
     """
+    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
     from megatron_hooks.emulate import StageEmulation, emulate_stages, emulate_under_torchrun
 
     values = dict(model=spec, layers_per_stage=layers_per_stage, seq_len=seq_len, output_dir=output_dir,
@@ -70,6 +72,12 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
     chosen = list(stages) or None
     if under_torchrun:
         emulate_under_torchrun(config, chosen)
-    else:
-        for path in emulate_stages(config, chosen):
-            click.echo(f"wrote {path}", err=True)
+        return
+    try:
+        paths = emulate_stages(config, chosen)
+    except (ProcessRaisedException, ProcessExitedException) as exc:
+        # Not bad input: a worker died (an OOM among others); its rank file records how far it got.
+        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise click.ClickException(f"an emulation process failed: {last} (see the rank files in {output_dir})")
+    for path in paths:
+        click.echo(f"wrote {path}", err=True)

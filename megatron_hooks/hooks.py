@@ -38,7 +38,8 @@ What each record field means (the profile schema is in ``advisor/profiles.py``):
 Per iteration: ``parameter_bytes``, ``gradient_bytes``, ``optimizer_bytes`` summed over the
 chunks; ``peak_allocated_bytes`` (and on CUDA ``peak_reserved_bytes`` and
 ``alloc_retries``, the retries during the iteration) from the backend, over the whole
-iteration; ``step_time_s`` from ``begin_iteration`` to ``end_iteration``.
+iteration; ``step_time_s`` from ``begin_iteration`` to ``end_iteration``; ``loss`` as given
+(null off the last stage, or when it is not finite).
 
 The hooks are forward pre/post hooks on the region modules and tensor hooks on region outputs
 that fire when their gradient is complete; none of them changes a tensor, so training is
@@ -273,7 +274,7 @@ class LayerMemoryHooks:
             iteration=self.iteration, parameter_bytes=parameter_bytes(params), gradient_bytes=gradient_bytes(params),
             optimizer_bytes=sum(optimizer_held.values()), peak_allocated_bytes=self._peak,
             peak_reserved_bytes=self._peak_reserved, alloc_retries=retries,
-            step_time_s=step_time, loss=loss,
+            step_time_s=step_time, loss=loss if loss is not None and math.isfinite(loss) else None,  # JSON has no NaN
         )
         return IterationMeasurement(tuple(records), iteration)
 

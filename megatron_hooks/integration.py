@@ -188,8 +188,7 @@ def _loss_of(returned: Any) -> float | None:
     if not isinstance(losses, dict) or not losses:
         return None
     value = losses.get("lm loss", next(iter(losses.values())))
-    value = float(value.item() if isinstance(value, torch.Tensor) else value)
-    return value if math.isfinite(value) else None
+    return float(value.item() if isinstance(value, torch.Tensor) else value)
 
 
 # --- the run's description, from Megatron's arguments --------------------------------------

@@ -136,3 +136,19 @@ def test_bad_model_file(emulate, tmp_path):
     line = emulate.error("--model", tmp_path / "missing.json", "--layers-per-stage", "1", "--seq-len", "8",
                          "--out", tmp_path)
     assert "missing.json: no such file" in line
+
+
+def test_a_failed_worker_is_one_line_and_exit_1(emulate, tmp_path, monkeypatch):
+    """Not bad input: a worker died. The fake: emulate_stages raising what torch.multiprocessing
+    raises when a worker does (a real out-of-memory cannot be provoked safely)."""
+    from torch.multiprocessing import ProcessRaisedException
+
+    import megatron_hooks.emulate
+
+    def dies(config, stages):
+        raise ProcessRaisedException("Traceback ...\ntorch.OutOfMemoryError: simulated", 0, 4321)
+
+    monkeypatch.setattr(megatron_hooks.emulate, "emulate_stages", dies)
+    result = emulate(*TINY_FLAGS, "--layers-per-stage", "4", "--seq-len", "8", "--out", tmp_path, expect=1)
+    assert result.stderr.strip() == (f"Error: an emulation process failed: torch.OutOfMemoryError: simulated "
+                                     f"(see the rank files in {tmp_path})")
