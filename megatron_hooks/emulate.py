@@ -50,9 +50,6 @@ from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig
 
-SCHEDULE = "1F1B"
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StageEmulation:
     """A pipeline partitioning to emulate, stage by stage."""
@@ -128,23 +125,14 @@ def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[tuple[str, i
 # --- the worker: one process of the tp x dp group ----------------------------------------
 
 
-def _run_stage(config: StageEmulation, stage: int) -> Path:
+def _run_info(config: StageEmulation, stage: int):
     from megatron.core import parallel_state
 
-    from megatron_hooks.hooks import LayerMemoryHooks
-    from megatron_hooks.model import DTYPES, build_gpt_model, causal_mask, stage_layers
-    from megatron_hooks.recorder import ProfileRecorder, RunInfo
+    from megatron_hooks.recorder import RunInfo
 
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     dp_rank = parallel_state.get_data_parallel_rank()
-    first, last = stage == 0, stage == config.pp - 1
-    dtype = DTYPES[config.params_dtype]
-    torch.manual_seed(config.seed + stage)
-    model = build_gpt_model(config.model, seq_len=config.seq_len, layers=stage_layers(config.layers_per_stage, stage),
-                            pre_process=first, post_process=last, params_dtype=dtype)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    hooks = LayerMemoryHooks(model, optimizer=optimizer).install()
-    run = RunInfo(
+    return RunInfo(
         run_id=config.run_id, model=config.model,
         parallel=ParallelConfig(tp=config.tp, pp=config.pp, dp=config.dp, mbs=config.micro_batch_size),
         seq_len=config.seq_len, global_batch_size=config.num_microbatches * config.micro_batch_size * config.dp,
@@ -153,40 +141,74 @@ def _run_stage(config: StageEmulation, stage: int) -> Path:
         coords={"tp": tp_rank, "cp": 0, "pp": stage, "dp": dp_rank}, in_flight_microbatches=config.in_flight(stage),
         params_dtype=config.params_dtype, emulated=True,
     )
-    recorder = ProfileRecorder(hooks, run, config.output_dir).start()
-    # The same data on every TP rank of a DP replica, as Megatron broadcasts it.
-    data = torch.Generator().manual_seed(config.seed * 7919 + dp_rank)
-    s, b, h = config.seq_len, config.micro_batch_size, config.model.hidden_size
-    mask = causal_mask(s)
-    positions = torch.arange(s).unsqueeze(0).expand(b, s)
+
+
+class _Stage:
+    """One stage's model and optimizer, and its 1F1B iteration with stand-ins for its neighbours."""
+
+    def __init__(self, config: StageEmulation, stage: int) -> None:
+        from megatron.core import parallel_state
+
+        from megatron_hooks.model import DTYPES, build_gpt_model, causal_mask, stage_layers
+
+        self.config, self.stage = config, stage
+        self.first, self.last = stage == 0, stage == config.pp - 1
+        self.dtype = DTYPES[config.params_dtype]
+        torch.manual_seed(config.seed + stage)
+        self.model = build_gpt_model(config.model, seq_len=config.seq_len,
+                                     layers=stage_layers(config.layers_per_stage, stage), pre_process=self.first,
+                                     post_process=self.last, params_dtype=self.dtype)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4)
+        # The same data on every TP rank of a DP replica, as Megatron broadcasts it.
+        self.data = torch.Generator().manual_seed(config.seed * 7919 + parallel_state.get_data_parallel_rank())
+        s, b = config.seq_len, config.micro_batch_size
+        self.mask = causal_mask(s)
+        self.positions = torch.arange(s).unsqueeze(0).expand(b, s)
+
+    def forward(self) -> torch.Tensor:
+        config, s, b = self.config, self.config.seq_len, self.config.micro_batch_size
+        tokens = torch.randint(0, config.model.vocab_size, (b, s), generator=self.data)
+        labels = torch.randint(0, config.model.vocab_size, (b, s), generator=self.data) if self.last else None
+        if not self.first:  # what the previous stage would send
+            received = torch.randn(s, b, config.model.hidden_size, generator=self.data, dtype=self.dtype)
+            self.model.set_input_tensor(received.requires_grad_())
+        output = self.model(tokens if self.first else None, self.positions, self.mask, labels=labels)
+        return output.float().mean() / config.num_microbatches if self.last else output
+
+    def backward(self, output: torch.Tensor) -> None:
+        if self.last:
+            output.backward()
+        else:  # what the next stage would send back
+            torch.autograd.backward(output, grad_tensors=torch.randn(output.shape, generator=self.data,
+                                                                     dtype=output.dtype))
+
+    def iteration(self) -> float | None:
+        """One training iteration; the loss on the last stage."""
+        self.optimizer.zero_grad(set_to_none=True)
+        outputs, losses = {}, []
+        for kind, k in one_f_one_b(self.stage, self.config.pp, self.config.num_microbatches):
+            if kind == "F":
+                outputs[k] = self.forward()
+                if self.last:
+                    losses.append(outputs[k].detach())
+            else:
+                self.backward(outputs.pop(k))
+        _all_reduce_gradients(self.model, self.config.dp)
+        self.optimizer.step()
+        return float(sum(losses)) if self.last else None
+
+
+def _run_stage(config: StageEmulation, stage: int) -> Path:
+    from megatron_hooks.hooks import LayerMemoryHooks
+    from megatron_hooks.recorder import ProfileRecorder
+
+    emulated = _Stage(config, stage)
+    hooks = LayerMemoryHooks(emulated.model, optimizer=emulated.optimizer).install()
     try:
+        recorder = ProfileRecorder(hooks, _run_info(config, stage), config.output_dir).start()
         for iteration in range(1, config.iterations + 1):
             with recorder.iteration(iteration) as step:
-                optimizer.zero_grad(set_to_none=True)
-                outputs, losses = {}, []
-                for kind, k in one_f_one_b(stage, config.pp, config.num_microbatches):
-                    if kind == "F":
-                        tokens = torch.randint(0, config.model.vocab_size, (b, s), generator=data)
-                        labels = torch.randint(0, config.model.vocab_size, (b, s), generator=data) if last else None
-                        if not first:
-                            received = torch.randn(s, b, h, generator=data, dtype=dtype).requires_grad_()
-                            model.set_input_tensor(received)
-                        output = model(tokens if first else None, positions, mask, labels=labels)
-                        if last:
-                            output = output.float().mean() / config.num_microbatches
-                            losses.append(output.detach())
-                        outputs[k] = output
-                    else:
-                        output = outputs.pop(k)
-                        if last:
-                            output.backward()
-                        else:
-                            gradient = torch.randn(output.shape, generator=data, dtype=output.dtype)
-                            torch.autograd.backward(output, grad_tensors=gradient)
-                        del output
-                _all_reduce_gradients(model, config.dp)
-                optimizer.step()
-                step.loss = float(sum(losses)) if last else None
+                step.loss = emulated.iteration()
         return recorder.finish()
     finally:
         hooks.remove()
