@@ -2,48 +2,20 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
 from advisor.cli_options import (
-    InputError, color_wanted, emit, memory_options, model_options, output_options, workload_options,
+    InputError, OneLineErrors, color_wanted, emit, memory_options, model_options, output_options, workload_options,
 )
 from advisor.cli_profile import profile
-from advisor.errors import AdvisorError
 
 EPILOG = "Docs and the method: README.md. Errors exit with status 2."
 
 
-class AdvisorGroup(click.Group):
-    """Turns the core's AdvisorError (and unwritable outputs) into InputError, and prints
-    every input error, click's usage errors included, as one line with exit status 2."""
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
-        try:
-            status = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.UsageError as exc:
-            where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-            click.echo(f"Error: {exc.format_message()}{where}", err=True)
-            sys.exit(2)
-        except click.ClickException as exc:
-            exc.show()
-            sys.exit(exc.exit_code)
-        except click.Abort:
-            click.echo("Aborted!", err=True)
-            sys.exit(1)
-        sys.exit(status if isinstance(status, int) else 0)
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except AdvisorError as exc:
-            raise InputError(str(exc)) from None
-        except OSError as exc:
-            raise InputError(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")) from None
+class AdvisorGroup(OneLineErrors, click.Group):
+    """The ``advisor`` group: every input error as one line with exit status 2."""
 
 
 # --- commands ---------------------------------------------------------------------------

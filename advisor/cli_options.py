@@ -14,12 +14,44 @@ from typing import Callable
 
 import click
 
+from advisor.errors import AdvisorError
+
 
 class InputError(click.ClickException):
     """Bad input: one line on stderr, exit status 2."""
 
     exit_code = 2
 
+
+class OneLineErrors:
+    """Mix into a click Group or Command: the core's AdvisorError (and unwritable outputs)
+    become InputError, and every input error, click's usage errors included, prints as one
+    line with exit status 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            status = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            click.echo(f"Error: {exc.format_message()}{where}", err=True)
+            sys.exit(2)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(status if isinstance(status, int) else 0)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except AdvisorError as exc:
+            raise InputError(str(exc)) from None
+        except OSError as exc:
+            raise InputError(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")) from None
 
 
 def _apply(options: list[Callable], func: Callable) -> Callable:

@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Invoker:
-    """Runs a real click command in-process (CliRunner), stdout and stderr apart: by default
-    the ``advisor`` group."""
+    """Runs a click command in-process (CliRunner; the real ``advisor`` group by default),
+    stdout and stderr apart."""
 
     def __init__(self, command=cli) -> None:
         self.runner = CliRunner()
@@ -38,3 +39,33 @@ class Invoker:
 @pytest.fixture
 def advisor() -> Invoker:
     return Invoker()
+
+
+@pytest.fixture(scope="session")
+def megatron_world():
+    """One gloo process group of one rank, megatron-core's parallel_state with TP = PP = 1, and
+    the CPU shim, shared by every in-process megatron-core test (a process initialises them once)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from megatron_hooks.cpu_shim import CpuShim, needs_shim
+    from megatron_hooks.emulate import free_port
+
+    shim = CpuShim().install() if needs_shim() else None
+    # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine a
+    # descheduled OpenMP worker stalls every op (10x slower tests were seen).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(free_port())
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1)
+    yield
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+    torch.set_num_threads(threads)
+    if shim is not None:
+        shim.restore()

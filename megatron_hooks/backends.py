@@ -1,0 +1,209 @@
+"""Where the memory numbers come from: CUDA's allocator statistics, or a tracker of live CPU storages.
+
+Both backends answer the same four questions, which is all the layer hooks ask:
+
+- ``allocated()``: bytes of tensor memory in use now;
+- ``peak()``: the most bytes in use since the last ``reset_peak()``;
+- ``peak_reserved()`` and ``alloc_retries()``: the allocator's reserved peak since the last
+  reset and its cumulative count of retries after a failed allocation (None on the CPU, which
+  has neither).
+
+``select_backend(device)`` picks one from the device that holds the model: CUDA when the
+parameters are on a CUDA device, the CPU tracker otherwise.
+
+**CUDA** (``CudaBackend``) reads ``torch.cuda.memory_allocated``, ``max_memory_allocated``,
+``max_memory_reserved`` and ``memory_stats()["num_alloc_retries"]`` and resets the peaks with
+``torch.cuda.reset_peak_memory_stats``. These are host-side counters of the caching
+allocator: reading them does not synchronise the device.
+
+**CPU** (``CpuBackend``) has no allocator statistics to read, so it follows tensor storages
+itself, as ``torch.distributed._tools.mem_tracker.MemTracker`` does: a ``TorchDispatchMode``
+sees the result of every aten op, adds each new storage's ``nbytes()`` when it first appears
+and subtracts it when the storage is freed (a weak reference to the storage, which torch keeps
+alive exactly as long as its C++ ``StorageImpl``). We do not use ``MemTracker`` itself: it
+refuses a root module that runs more than once between resets, which every schedule with
+several microbatches does; it attributes memory by module nesting, where the profile needs one
+flat region per layer; and it snapshots every module's memory by category at every op, which
+made a training step 1.5 times as long in ``benchmarks/bench_hooks.py`` (8 layers, hidden 512).
+The tracker below keeps only the running total and its peak, and skips ops whose results alias
+an input (views, in-place and ``out=`` ops), so its cost is one Python call per aten op.
+Tensors that existed before tracking began are counted once ``track()`` is given them (the
+hooks pass parameters, gradients, optimizer states, buffers and each microbatch's inputs).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Iterable, Literal, Protocol
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class MemoryBackend(Protocol):
+    name: Literal["cuda", "cpu"]
+    device: str
+
+    def start(self) -> None:
+        """Begin measuring (called when an iteration begins)."""
+
+    def synchronize(self) -> None:
+        """Wait for the device, so that a wall time covers the work."""
+
+    def stop(self) -> None:
+        """Stop measuring (called when an iteration ends or fails)."""
+
+    def track(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count tensors that were allocated before measuring began."""
+
+    def allocated(self) -> int: ...
+
+    def peak(self) -> int: ...
+
+    def reset_peak(self) -> None: ...
+
+    def peak_reserved(self) -> int | None: ...
+
+    def alloc_retries(self) -> int | None: ...
+
+
+class CudaBackend:
+    """torch.cuda's caching-allocator statistics for one device."""
+
+    name: Literal["cuda"] = "cuda"
+
+    def __init__(self, device: torch.device | int | str) -> None:
+        self._device = torch.device(device)
+        if self._device.type != "cuda":
+            raise ValueError(f"CudaBackend needs a CUDA device, got {self._device}")
+        self.device = str(self._device)
+
+    def start(self) -> None:
+        self.device = f"{self._device} ({torch.cuda.get_device_name(self._device)})"
+
+    def stop(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self._device)
+
+    def track(self, tensors: Iterable[torch.Tensor]) -> None:
+        pass  # the allocator already counts every tensor on the device
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self._device)
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self._device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self._device)
+
+    def peak_reserved(self) -> int | None:
+        return torch.cuda.max_memory_reserved(self._device)
+
+    def alloc_retries(self) -> int | None:
+        return int(torch.cuda.memory_stats(self._device).get("num_alloc_retries", 0))
+
+
+# aten op -> whether its results are fresh storages (not aliases of an input); computed once.
+_FRESH_RESULTS: dict[object, bool] = {}
+
+
+def _returns_fresh_storage(func) -> bool:
+    fresh = _FRESH_RESULTS.get(func)
+    if fresh is None:
+        fresh = _FRESH_RESULTS[func] = all(ret.alias_info is None for ret in func._schema.returns)
+    return fresh
+
+
+class _StorageTracker(TorchDispatchMode):
+    """Bytes of live CPU tensor storages that this mode has seen, and their peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, weakref.ref] = {}
+        self.current = 0
+        self.peak = 0
+
+    def add(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self.live:
+            return
+        nbytes = storage.nbytes()
+        self.live[key] = weakref.ref(storage, self._release(key, nbytes))
+        self.current += nbytes
+        if self.current > self.peak:
+            self.peak = self.current
+
+    def _release(self, key: int, nbytes: int):
+        def release(_ref) -> None:
+            if self.live.pop(key, None) is not None:
+                self.current -= nbytes
+        return release
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if _returns_fresh_storage(func):
+            if isinstance(out, torch.Tensor):
+                self.add(out)
+            elif isinstance(out, (tuple, list)):
+                for item in out:
+                    if isinstance(item, torch.Tensor):
+                        self.add(item)
+        return out
+
+
+class CpuBackend:
+    """Live CPU tensor storages, followed with a dispatch mode while an iteration runs."""
+
+    name: Literal["cpu"] = "cpu"
+    device = "cpu"
+
+    def __init__(self) -> None:
+        self._tracker = _StorageTracker()
+        self._active = False
+
+    def start(self) -> None:
+        if not self._active:
+            self._tracker.__enter__()
+            self._active = True
+
+    def stop(self) -> None:
+        if self._active:
+            self._tracker.__exit__(None, None, None)
+            self._active = False
+
+    def synchronize(self) -> None:
+        pass
+
+    def track(self, tensors: Iterable[torch.Tensor]) -> None:
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+                self._tracker.add(tensor)
+
+    def allocated(self) -> int:
+        return self._tracker.current
+
+    def peak(self) -> int:
+        return self._tracker.peak
+
+    def reset_peak(self) -> None:
+        self._tracker.peak = self._tracker.current
+
+    def peak_reserved(self) -> int | None:
+        return None
+
+    def alloc_retries(self) -> int | None:
+        return None
+
+
+def select_backend(device: torch.device | str) -> MemoryBackend:
+    """The backend for a model whose parameters live on ``device``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return CudaBackend(device)
+    if device.type == "cpu":
+        return CpuBackend()
+    raise ValueError(f"no memory backend for device type {device.type!r} (supported: cuda, cpu)")

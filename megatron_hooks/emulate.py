@@ -1,0 +1,296 @@
+"""Emulate pipeline stages on the CPU, with real megatron-core modules and the layer hooks on.
+
+Megatron's pipeline schedules allocate on ``"cuda"`` by name, so a pipeline cannot run on a
+CPU. One stage can: ``emulate_stages`` builds stage ``i`` of a partitioning (its global layer
+numbers; the embedding on the first stage; the final norm, output layer and loss on the last)
+and runs its microbatches in Megatron's 1F1B order, without the neighbours:
+
+- stage ``i`` of ``p`` with ``m`` microbatches runs ``w = min(p - i - 1, m)`` warm-up forwards,
+  then ``m - w`` times one forward and one backward, then ``w`` cool-down backwards, so it
+  holds at most ``min(p - i, m)`` microbatches at once (seed 004, Section 3.2.2; MadPipe's 1F1B);
+- a stage that is not the first gets a random hidden state ``[s, b, h]`` that requires grad,
+  where Megatron would receive the previous stage's output; a stage that is not the last
+  back-propagates a random output gradient, where Megatron would receive the next stage's;
+- after the microbatches, gradients are all-reduced over the data-parallel group and a
+  ``torch.optim.Adam`` steps (unsharded: ``distributed_optimizer`` is false in the header).
+
+TP > 1 and DP > 1 run as ``tp x dp`` real gloo processes (``torch.multiprocessing``, or the
+processes of ``torchrun`` when the module entry point runs under it). Each process writes the
+rank file that the same rank of a real ``tp x pp x dp`` run would write (Megatron's rank order
+tp, cp, dp, pp), with ``emulated: true``, so emulating every stage into one directory gives a
+profile that ``advisor.profiles.load_run`` reads as one run.
+
+Python:
+
+    from megatron_hooks.emulate import StageEmulation, emulate_stages
+    config = StageEmulation(model=spec, layers_per_stage=(3, 5, 4, 4), seq_len=512,
+                            micro_batch_size=1, num_microbatches=8, tp=2, dp=1,
+                            output_dir="profiles/uneven")
+    emulate_stages(config, stages=[1])      # one stage; stages=None runs all of them
+
+Command line (``--help`` lists every option):
+
+    python -m megatron_hooks.emulate --model llama3.1-8b --num-layers 4 --hidden-size 256 \\
+        --layers-per-stage 1,2,1 --stage 1 --seq-len 128 --num-microbatches 4 --tp 2 --out DIR
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from advisor.errors import AdvisorError
+from advisor.models import LlamaSpec
+from advisor.parallel import ParallelConfig
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageEmulation:
+    """A pipeline partitioning to emulate, stage by stage."""
+
+    model: LlamaSpec
+    layers_per_stage: tuple[int, ...]
+    """Decoder layers on each stage, first to last; they sum to ``model.num_layers``."""
+    seq_len: int
+    output_dir: Path
+    """The run directory that receives ``rank{RANK:05d}.jsonl`` files."""
+    micro_batch_size: int = 1
+    num_microbatches: int = 1
+    """Microbatches per iteration (m)."""
+    iterations: int = 2
+    tp: int = 1
+    dp: int = 1
+    params_dtype: str = "float32"
+    threads: int | None = None
+    """Intra-op threads per process; default: the machine's cores / (tp x dp)."""
+    seed: int = 1234
+    run_id: str = field(default_factory=lambda: f"emulated-{uuid.uuid4().hex[:12]}")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers_per_stage", tuple(self.layers_per_stage))
+        object.__setattr__(self, "output_dir", Path(self.output_dir))
+        counts = self.layers_per_stage
+        if not counts or any(not isinstance(c, int) or c < 1 for c in counts):
+            raise AdvisorError(f"layers per stage must be positive integers, got {list(counts)}")
+        if sum(counts) != self.model.num_layers:
+            raise AdvisorError(
+                f"layers per stage {','.join(map(str, counts))} sum to {sum(counts)}, "
+                f"but the model has {self.model.num_layers} layers"
+            )
+        for name in ("seq_len", "micro_batch_size", "num_microbatches", "iterations", "tp", "dp", "threads"):
+            value = getattr(self, name)
+            if name == "threads" and value is None:
+                continue
+            if not isinstance(value, int) or value < 1:
+                raise AdvisorError(f"{name.replace('_', ' ')} must be a positive integer, got {value!r}")
+        spec, tp = self.model, self.tp
+        for what, size in (("attention heads", spec.num_attention_heads), ("query groups", spec.num_query_groups),
+                           ("vocabulary size", spec.vocab_size), ("FFN hidden size", spec.ffn_hidden_size)):
+            if size % tp:
+                raise AdvisorError(f"TP {tp} does not divide the {what} ({size})")
+        if self.params_dtype not in ("float32", "bfloat16", "float16"):
+            raise AdvisorError(f"params dtype must be float32, bfloat16 or float16, got {self.params_dtype!r}")
+
+    @property
+    def pp(self) -> int:
+        return len(self.layers_per_stage)
+
+    def in_flight(self, stage: int) -> int:
+        """Microbatches that 1F1B keeps on ``stage`` at once: min(p - i, m)."""
+        from advisor.memory import in_flight_microbatches
+
+        return int(in_flight_microbatches(stage, self.pp, 1, self.num_microbatches))
+
+    def global_rank(self, stage: int, tp_rank: int, dp_rank: int) -> int:
+        """The rank in a real tp x pp x dp run (Megatron's order tp-cp-ep-dp-pp, cp = 1)."""
+        return tp_rank + self.tp * (dp_rank + self.dp * stage)
+
+
+def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
+    """The order in which a 1F1B stage runs its microbatches: [("F", 0), ("F", 1), ("B", 0), ...]."""
+    warmup = min(stages - stage - 1, microbatches)
+    order = [("F", k) for k in range(warmup)]
+    for k in range(microbatches - warmup):
+        order += [("F", warmup + k), ("B", k)]
+    order += [("B", k) for k in range(microbatches - warmup, microbatches)]
+    return order
+
+
+# --- the worker: one process of the tp x dp group ----------------------------------------
+
+
+def _run_info(config: StageEmulation, stage: int):
+    from megatron.core import parallel_state
+
+    from megatron_hooks.recorder import RunInfo
+
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    dp_rank = parallel_state.get_data_parallel_rank()
+    return RunInfo(
+        run_id=config.run_id, model=config.model,
+        parallel=ParallelConfig(tp=config.tp, pp=config.pp, dp=config.dp, mbs=config.micro_batch_size),
+        seq_len=config.seq_len, global_batch_size=config.num_microbatches * config.micro_batch_size * config.dp,
+        num_microbatches=config.num_microbatches, layers_per_stage=config.layers_per_stage,
+        rank=config.global_rank(stage, tp_rank, dp_rank), world_size=config.tp * config.pp * config.dp,
+        coords={"tp": tp_rank, "cp": 0, "pp": stage, "dp": dp_rank}, in_flight_microbatches=config.in_flight(stage),
+        params_dtype=config.params_dtype, emulated=True,
+    )
+
+
+class _Stage:
+    """One stage's model and optimizer, and its 1F1B iteration with stand-ins for its neighbours."""
+
+    def __init__(self, config: StageEmulation, stage: int) -> None:
+        from megatron.core import parallel_state
+
+        from megatron_hooks.model import DTYPES, build_gpt_model, causal_mask, stage_layers
+
+        self.config, self.stage = config, stage
+        self.first, self.last = stage == 0, stage == config.pp - 1
+        self.dtype = DTYPES[config.params_dtype]
+        torch.manual_seed(config.seed + stage)
+        self.model = build_gpt_model(config.model, seq_len=config.seq_len,
+                                     layers=stage_layers(config.layers_per_stage, stage), pre_process=self.first,
+                                     post_process=self.last, params_dtype=self.dtype)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4)
+        # The same data on every TP rank of a DP replica, as Megatron broadcasts it.
+        self.data = torch.Generator().manual_seed(config.seed * 7919 + parallel_state.get_data_parallel_rank())
+        s, b = config.seq_len, config.micro_batch_size
+        self.mask = causal_mask(s)
+        self.positions = torch.arange(s).unsqueeze(0).expand(b, s)
+
+    def forward(self) -> torch.Tensor:
+        config, s, b = self.config, self.config.seq_len, self.config.micro_batch_size
+        tokens = torch.randint(0, config.model.vocab_size, (b, s), generator=self.data)
+        labels = torch.randint(0, config.model.vocab_size, (b, s), generator=self.data) if self.last else None
+        if not self.first:  # what the previous stage would send
+            received = torch.randn(s, b, config.model.hidden_size, generator=self.data, dtype=self.dtype)
+            self.model.set_input_tensor(received.requires_grad_())
+        output = self.model(tokens if self.first else None, self.positions, self.mask, labels=labels)
+        return output.float().mean() / config.num_microbatches if self.last else output
+
+    def backward(self, output: torch.Tensor) -> None:
+        if self.last:
+            output.backward()
+        else:  # what the next stage would send back
+            torch.autograd.backward(output, grad_tensors=torch.randn(output.shape, generator=self.data,
+                                                                     dtype=output.dtype))
+
+    def iteration(self) -> float | None:
+        """One training iteration; the loss on the last stage."""
+        self.optimizer.zero_grad(set_to_none=True)
+        outputs, losses = {}, []
+        for kind, k in one_f_one_b(self.stage, self.config.pp, self.config.num_microbatches):
+            if kind == "F":
+                outputs[k] = self.forward()
+                if self.last:
+                    losses.append(outputs[k].detach())
+            else:
+                self.backward(outputs.pop(k))
+        _all_reduce_gradients(self.model, self.config.dp)
+        self.optimizer.step()
+        return float(sum(losses)) if self.last else None
+
+
+def _run_stage(config: StageEmulation, stage: int) -> Path:
+    from megatron_hooks.hooks import LayerMemoryHooks
+    from megatron_hooks.recorder import ProfileRecorder
+
+    emulated = _Stage(config, stage)
+    hooks = LayerMemoryHooks(emulated.model, optimizer=emulated.optimizer).install()
+    try:
+        recorder = ProfileRecorder(hooks, _run_info(config, stage), config.output_dir).start()
+        for iteration in range(1, config.iterations + 1):
+            with recorder.iteration(iteration) as step:
+                step.loss = emulated.iteration()
+        return recorder.finish()
+    finally:
+        hooks.remove()
+
+
+def _all_reduce_gradients(model: torch.nn.Module, dp: int) -> None:
+    if dp == 1:
+        return
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_data_parallel_group()
+    for param in model.parameters():
+        if param.grad is not None:
+            torch.distributed.all_reduce(param.grad, group=group)
+            param.grad.div_(dp)
+
+
+def _worker(local_rank: int, world_size: int, port: int | None, config: StageEmulation, stages: list[int]) -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from megatron_hooks.cpu_shim import CpuShim, needs_shim
+
+    if port is not None:  # spawned here; under torchrun the environment is already set
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // world_size))
+    shim = CpuShim().install() if needs_shim() else None
+    dist.init_process_group("gloo", rank=local_rank, world_size=world_size)
+    try:
+        parallel_state.initialize_model_parallel(config.tp, 1)
+        for stage in stages:
+            _run_stage(config, stage)
+            gc.collect()
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+        if shim is not None:
+            shim.restore()
+
+
+def free_port() -> int:
+    """A TCP port that is free on this machine now (for a gloo rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _checked(config: StageEmulation, stages: Sequence[int] | None) -> list[int]:
+    """The stages to run (default: all), checked; the output directory, created."""
+    stages = list(range(config.pp)) if stages is None else list(stages)
+    for stage in stages:
+        if not 0 <= stage < config.pp:
+            raise AdvisorError(f"stage {stage} is not in a pipeline of {config.pp} stages (0..{config.pp - 1})")
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    return stages
+
+
+def emulate_stages(config: StageEmulation, stages: Sequence[int] | None = None) -> list[Path]:
+    """Emulate ``stages`` (default: all) of ``config`` in ``tp x dp`` spawned processes.
+
+    Returns the rank files written. Raises the worker's exception (an OOM is recorded in the
+    rank file first, with status "oom").
+    """
+    stages = _checked(config, stages)
+    world = config.tp * config.dp
+    torch.multiprocessing.start_processes(_worker, args=(world, free_port(), config, stages), nprocs=world,
+                                          start_method="spawn", join=True)
+    from advisor.profiles import rank_file_name
+
+    return [config.output_dir / rank_file_name(config.global_rank(stage, t, d))
+            for stage in stages for d in range(config.dp) for t in range(config.tp)]
+
+
+def emulate_under_torchrun(config: StageEmulation, stages: Sequence[int] | None = None) -> None:
+    """Run this process's share when ``torchrun --nproc-per-node tp*dp`` started it."""
+    world = int(os.environ["WORLD_SIZE"])
+    if world != config.tp * config.dp:
+        raise AdvisorError(f"torchrun started {world} processes; TP x DP = {config.tp * config.dp}")
+    _worker(int(os.environ["RANK"]), world, None, config, _checked(config, stages))
+
+
+if __name__ == "__main__":
+    from megatron_hooks.emulate_cli import main
+
+    main()

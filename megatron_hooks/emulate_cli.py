@@ -1,0 +1,83 @@
+"""``python -m megatron_hooks.emulate``: the pipeline-stage emulator's command line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from advisor.cli_options import OneLineErrors, model_options
+
+
+class EmulateCommand(OneLineErrors, click.Command):
+    """Bad input: one line on stderr, exit status 2."""
+
+
+def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated layer counts like 3,5,4,4, got {value!r}") from None
+
+
+@click.command(cls=EmulateCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@model_options
+@click.option("--layers-per-stage", required=True, callback=_layer_counts, metavar="N,N,...",
+              help="Decoder layers on each pipeline stage, first to last (they sum to the model's layers).")
+@click.option("--stage", "stages", type=click.IntRange(min=0), multiple=True,
+              help="0-based stage to emulate (repeat for several). Default: every stage.")
+@click.option("--seq-len", type=click.IntRange(min=1), required=True, help="Sequence length s.")
+@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True, help="Micro-batch size b.")
+@click.option("--num-microbatches", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Microbatches per iteration (m).")
+@click.option("--iterations", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size.")
+@click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True, help="Data parallel size.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+              show_default=True, help="Dtype of weights and activations.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Intra-op threads per process (default: cores / (TP x DP)).")
+@click.option("--run-id", default=None, help="Run id in the headers (default: a new one).")
+@click.option("--out", "output_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Run directory for the rank*.jsonl files.")
+def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterations, tp, dp, dtype, threads,
+         run_id, output_dir) -> None:
+    """Emulate pipeline stages of a Llama model on the CPU and profile memory layer by layer.
+
+    Each stage runs its microbatches in 1F1B order with real megatron-core modules, in TP x DP
+    gloo processes (spawned here, or the processes of torchrun when it started this), and
+    writes the rank files that the same ranks of a real run would write (emulated: true).
+
+    \b
+    Examples:
+      python -m megatron_hooks.emulate --model llama3.1-8b --num-layers 8 --hidden-size 256 \\
+          --ffn-hidden-size 512 --num-attention-heads 4 --num-query-groups 2 --vocab-size 1024 \\
+          --layers-per-stage 3,3,2 --seq-len 128 --num-microbatches 4 --out profiles/uneven
+      python -m megatron_hooks.emulate ... --stage 1 --tp 2 --out profiles/stage1
+    """
+    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+    from megatron_hooks.emulate import StageEmulation, emulate_stages, emulate_under_torchrun
+
+    values = dict(model=spec, layers_per_stage=layers_per_stage, seq_len=seq_len, output_dir=output_dir,
+                  micro_batch_size=mbs, num_microbatches=num_microbatches, iterations=iterations, tp=tp, dp=dp,
+                  params_dtype=dtype, threads=threads)
+    under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    # Every process of one run needs the same id; torchrun gives its processes one.
+    run_id = run_id or (os.environ.get("TORCHELASTIC_RUN_ID") if under_torchrun else None)
+    if run_id:
+        values["run_id"] = run_id
+    config = StageEmulation(**values)
+    chosen = list(stages) or None
+    if under_torchrun:
+        emulate_under_torchrun(config, chosen)
+        return
+    try:
+        paths = emulate_stages(config, chosen)
+    except (ProcessRaisedException, ProcessExitedException) as exc:
+        # Not bad input: a worker died (an OOM among others); its rank file records how far it got.
+        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise click.ClickException(f"an emulation process failed: {last} (see the rank files in {output_dir})")
+    for path in paths:
+        click.echo(f"wrote {path}", err=True)

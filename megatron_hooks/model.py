@@ -1,0 +1,159 @@
+"""Build a megatron-core Llama ``GPTModel`` (one pipeline stage of it) from an advisor ``LlamaSpec``.
+
+The model is what Megatron-LM builds for ``--normalization RMSNorm --swiglu
+--group-query-attention --position-embedding-type rope --untie-embeddings-and-output-weights
+--disable-bias-linear`` with the *local* layer spec (``get_gpt_layer_local_spec``: unfused
+attention that materialises the s x s scores, torch RMSNorm), dropout off and the fusions off,
+so that it runs on a CPU as well as on CUDA. Tensor parallelism comes from megatron's
+``parallel_state``, which the caller initialises first
+(``parallel_state.initialize_model_parallel(tp, 1)``); on a CPU, inside ``CpuShim``.
+
+A pipeline stage is chosen with ``layers`` (its global 1-based layer numbers) and
+``pre_process`` / ``post_process`` (whether it holds the embedding / the final norm, output
+layer and loss). Megatron numbers layers through its pipeline rank; here ``parallel_state``
+has one pipeline stage, so the builder builds ``len(layers)`` layers and gives each its global
+``layer_number`` (the unfused attention uses it only for query-key layer scaling, which is off).
+The output layer's initialisation is scaled by the model's full depth, as Megatron does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from advisor.models import LlamaSpec
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The profile schema's name of a torch dtype ("float32", "bfloat16", "float16")."""
+    for name, value in DTYPES.items():
+        if value == dtype:
+            return name
+    raise ValueError(f"unsupported params dtype {dtype}; use one of {', '.join(DTYPES)}")
+
+
+def stage_layers(layers_per_stage: Sequence[int], stage: int) -> tuple[int, ...]:
+    """Global 1-based layer numbers of pipeline stage ``stage`` given every stage's layer count.
+
+    >>> stage_layers([3, 5, 4], 1)
+    (4, 5, 6, 7, 8)
+    """
+    if not 0 <= stage < len(layers_per_stage):
+        raise ValueError(f"stage {stage} is not in a pipeline of {len(layers_per_stage)} stages")
+    if any(count < 0 for count in layers_per_stage):
+        raise ValueError(f"layer counts must not be negative: {list(layers_per_stage)}")
+    first = sum(layers_per_stage[:stage]) + 1
+    return tuple(range(first, first + layers_per_stage[stage]))
+
+
+def transformer_config(spec: LlamaSpec, *, num_layers: int, params_dtype: torch.dtype = torch.float32,
+                       **overrides):
+    """The megatron-core ``TransformerConfig`` of a Llama spec (local spec, CPU-safe settings).
+
+    ``overrides`` go to ``TransformerConfig`` unchanged (for example ``recompute_granularity``).
+    """
+    from megatron.core import parallel_state
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.utils import scaled_init_method_normal
+
+    init_std = 0.02
+    values = dict(
+        num_layers=num_layers,
+        hidden_size=spec.hidden_size,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_query_groups=spec.num_query_groups,
+        tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        use_cpu_initialization=not torch.cuda.is_available(),
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        bias_dropout_fusion=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        sequence_parallel=False,
+        init_method_std=init_std,
+        # Megatron scales the output projections by the depth of the whole model.
+        output_layer_init_method=scaled_init_method_normal(init_std, spec.num_layers),
+    )
+    values.update(overrides)
+    return TransformerConfig(**values)
+
+
+def build_gpt_model(
+    spec: LlamaSpec,
+    *,
+    seq_len: int,
+    layers: Sequence[int] | None = None,
+    pre_process: bool = True,
+    post_process: bool = True,
+    params_dtype: torch.dtype = torch.float32,
+    vocab_size: int | None = None,
+    **config_overrides,
+):
+    """One pipeline stage of ``spec`` as a megatron-core ``GPTModel``.
+
+    Args:
+        spec: the architecture (``advisor.models.LlamaSpec``).
+        seq_len: the sequence length (``max_sequence_length`` of the rotary embedding).
+        layers: global 1-based numbers of the consecutive decoder layers on this stage
+            (``stage_layers`` computes them); None for all ``spec.num_layers``.
+        pre_process: the stage holds the embedding (the first stage).
+        post_process: the stage holds the final norm, the output layer and the loss (the last).
+        params_dtype: dtype of weights and activations.
+        vocab_size: the (padded) vocabulary; default ``spec.vocab_size``. It must divide by TP.
+        config_overrides: extra ``TransformerConfig`` fields.
+
+    Returns the model in training mode, on CUDA when CUDA is available, otherwise on the CPU;
+    with BF16 or FP16, every floating tensor in that dtype, as after Megatron's ``Float16Module``.
+    """
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    numbers = tuple(range(1, spec.num_layers + 1)) if layers is None else tuple(layers)
+    if numbers and numbers != tuple(range(numbers[0], numbers[0] + len(numbers))):
+        raise ValueError(f"a stage holds consecutive layers, got {list(numbers)}")
+    if numbers and not (1 <= numbers[0] and numbers[-1] <= spec.num_layers):
+        raise ValueError(f"layers {numbers[0]}..{numbers[-1]} are outside 1..{spec.num_layers}")
+    config = transformer_config(spec, num_layers=len(numbers), params_dtype=params_dtype, **config_overrides)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=vocab_size or spec.vocab_size,
+        max_sequence_length=seq_len,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=spec.tie_embeddings,
+        position_embedding_type="rope",
+    )
+    for layer, number in zip(model.decoder.layers, numbers, strict=True):
+        _renumber(layer, number)
+    if params_dtype != torch.float32:
+        # Megatron-LM's Float16Module casts the whole model (the torch RMSNorm weights too).
+        model.to(params_dtype)
+    return model
+
+
+def _renumber(layer: torch.nn.Module, number: int) -> None:
+    """Give a TransformerLayer (and its attention) its global layer number."""
+    layer.layer_number = number
+    attention = layer.self_attention
+    attention.layer_number = number
+    attention.core_attention.layer_number = number
+
+
+def causal_mask(seq_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Megatron's boolean attention mask, [1, 1, s, s], True where a position is masked."""
+    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1)[None, None]
