@@ -173,3 +173,20 @@ def test_one_profiled_batch_cannot_be_scaled(tmp_path):
     assert predictor.predict(PipelineLayout.from_counts((3, 3), 2, 2))  # the profiled batch itself
     with pytest.raises(AdvisorError, match="profiled at pipeline microbatch 2 only; the line fit"):
         predictor.predict(PipelineLayout.from_counts((3, 3), 4, 2))
+
+
+def test_merged_units_price_the_same_stages(additive, positional):
+    """The merger's formulas (III-A3) conserve every unit-aligned stage's prediction."""
+    groups = ((1, 2), (3, 3), (4, 6))
+    _, profiles = additive
+    merged, plain = CapturePredictor(profiles, groups), CapturePredictor(profiles)
+    assert merged.stage_bytes(1, 2, Scenario(), 4) == pytest.approx(plain.stage_bytes(1, 3, Scenario(), 4))
+    assert merged.stage_bytes(2, 3, Scenario(), 4) == pytest.approx(plain.stage_bytes(3, 6, Scenario(), 4))
+    _, profiles = positional
+    merged = PositionAwarePredictor(profiles, groups).cost_table(Scenario(), 4, 8, 3)
+    plain = PositionAwarePredictor(profiles).cost_table(Scenario(), 4, 8, 3)
+    assert merged.layers == groups
+    for first, last in [(1, 1), (1, 3), (2, 3), (3, 3)]:
+        for j in (1, 2, 3):
+            assert merged.cost(first, last, j) == plain.cost(groups[first - 1][0], groups[last - 1][1], j)
+    assert merged.cost(2, 1, 1) == math.inf

@@ -44,15 +44,6 @@ class Scenario:
             return "pp"
         return (f"tp{self.tp}" if self.tp > 1 else "") + (f"dp{self.dp}" if self.dp > 1 else "")
 
-    @classmethod
-    def parse(cls, name: str) -> Scenario:
-        import re
-
-        match = re.fullmatch(r"pp|(?:tp(\d+))?(?:dp(\d+))?", name)
-        if not match or not name:
-            raise AdvisorError(f"unknown scenario {name!r} (expected pp, tpK, dpK or tpKdpJ)")
-        return cls(tp=int(match[1] or 1), dp=int(match[2] or 1))
-
 
 PIPELINE = Scenario()
 

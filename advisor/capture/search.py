@@ -30,7 +30,7 @@ planner and ``algorithm4`` return the same plan, not only the same peak.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable
+from typing import Callable, Hashable
 
 import numpy as np
 
@@ -129,8 +129,9 @@ class _Graph:
         return path
 
 
-def _levels(graph: _Graph) -> tuple[list[float], callable]:
-    """CAPTURE's tie-break levels and the transform under which the chosen plans cost -inf."""
+def _levels(graph: _Graph) -> tuple[list[float], Callable[[np.ndarray], np.ndarray], dict]:
+    """CAPTURE's tie-break levels, the transform under which the chosen plans cost -inf, and the
+    values of that last pass."""
     values = graph.solve(lambda m: m)
     peak = graph.best(values)
     if peak == np.inf:
@@ -139,12 +140,12 @@ def _levels(graph: _Graph) -> tuple[list[float], callable]:
     while True:
         found = np.array(levels)
 
-        def transform(matrix, found=found, below=levels[-1]):
-            return np.where(np.isin(matrix, found), -np.inf, np.where(matrix < below, matrix, np.inf))
-
-        value = graph.best(graph.solve(transform))
+        transform = _memo(lambda matrix, found=found, below=levels[-1]: np.where(
+            np.isin(matrix, found), -np.inf, np.where(matrix < below, matrix, np.inf)))
+        values = graph.solve(transform)
+        value = graph.best(values)
         if value == -np.inf:
-            return levels, transform
+            return levels, transform, values
         levels.append(value)
 
 
@@ -161,9 +162,8 @@ def _memo(transform):
 
 
 def _solution(graph: _Graph, gpu_of) -> Solution:
-    levels, transform = _levels(graph)
-    transform = _memo(transform)
-    path = graph.reconstruct(graph.solve(transform), transform)
+    _, transform, values = _levels(graph)
+    path = graph.reconstruct(values, transform)
     stages, gpu = [], 0
     for first, last, edge in path:
         stages.append(PlannedStage(first=first, last=last, scenario=edge.scenario, gpu=gpu,
