@@ -38,8 +38,10 @@ points. Each run has min(S, m_target) microbatches: the fewest at which every st
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from advisor.capture import partitionings
@@ -256,3 +258,27 @@ def _check_inputs(spec, gpus, gpus_per_node, cp, micro_batch_size, global_batch_
         raise AdvisorError(f"give two different batch fractions in (0, 1], got {list(fractions)}")
     if units is not None and (sum(units) != spec.num_layers or min(units) < 1):
         raise AdvisorError(f"merged units {list(units)} must be positive and sum to {spec.num_layers} layers")
+
+
+def read_campaign(path: str | Path) -> dict:
+    """A campaign document, checked: schema and version, and runs with unique ids (what a runner
+    needs to resume). Returns the document as written."""
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise AdvisorError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise AdvisorError(f"{path}: malformed JSON at line {exc.lineno}: {exc.msg}") from None
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise AdvisorError(f"{path}: not a profiling campaign (schema {SCHEMA!r})")
+    if document.get("version") != VERSION:
+        raise AdvisorError(f"{path}: campaign schema version {document.get('version')!r}; this advisor reads {VERSION}")
+    runs = document.get("runs")
+    if not isinstance(runs, list) or not all(isinstance(run, dict) and "id" in run for run in runs):
+        raise AdvisorError(f"{path}: 'runs' must be a list of runs with ids")
+    ids = [run["id"] for run in runs]
+    if len(set(ids)) != len(ids):
+        duplicate = next(i for i in ids if ids.count(i) > 1)
+        raise AdvisorError(f"{path}: run id {duplicate!r} appears twice")
+    return document

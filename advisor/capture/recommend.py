@@ -7,7 +7,8 @@ Two modes:
   ``--pipeline-model-parallel-layout`` or first/last-stage counts) to minimise the peak. The
   1F1B-aware predictor is the natural one: the first stages hold the most microbatches.
 - ``hybrid``: CAPTURE's space (seed 000, Section III-C): each stage its own DP or TP degree on
-  one node, every GPU used. Stock Megatron cannot build it (``launchable: false``).
+  one node, every GPU used. Stock Megatron cannot build it (``launchable: false``), unless the
+  best plan happens to give every stage the same degrees.
 
 Both report, beside the plan, the even split with the same degrees, priced by the same
 predictor (CAPTURE's Fig. 6 compares its plan with Alpa's in the same way).
