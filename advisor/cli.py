@@ -9,6 +9,7 @@ import click
 from advisor.cli_options import (
     InputError, OneLineErrors, color_wanted, emit, memory_options, model_options, output_options, workload_options,
 )
+from advisor.capture.cli import recommend_command
 from advisor.cli_profile import profile
 
 EPILOG = "Docs and the method: README.md. Errors exit with status 2."
@@ -264,6 +265,7 @@ def _parse_layers(text: str | None) -> tuple[int, ...] | None:
 
 
 cli.add_command(profile)
+cli.add_command(recommend_command)
 
 
 def main() -> None:

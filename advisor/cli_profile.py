@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from advisor.capture.cli import plan_command
 from advisor.cli_options import InputError, color_wanted, emit, output_options
 
 SECTIONS = ("ranks", "layers", "compare")
@@ -107,3 +108,6 @@ def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
                Column("ratio", "measured/est.", ".3f")]
     return to_table(rows, columns, title=title, color=color,
                     caption="estimates: seed 004 for this run's model, layout, sequence, micro-batch and dtype")
+
+
+profile.add_command(plan_command)

@@ -1,0 +1,284 @@
+"""A profiling campaign: CAPTURE's profiling runs (seed 000, Section III-A), as Megatron runs.
+
+Schema ``megatron-4d-advisor/campaign``, version 1. One JSON object:
+
+    schema, version, mode ("full" | "reduced"), model (LlamaSpec fields), seq_len, gpus,
+    gpus_per_node, cp, setup {params_dtype, distributed_optimizer, sequence_parallel},
+    target {micro_batch_size, global_batch_size, num_microbatches}: the training run the
+        profiles are for (a pipeline microbatch: sequences entering the pipeline),
+    fractions: the batch fractions profiled (default [0.5, 0.25]),
+    scenarios: one per profiled scenario: name ("pp" | "dpK" | "tpK"), tp, dp, stages (S),
+        pipeline_microbatches (the two profiled), units (layers per profiling unit; all 1 unless
+        merged), partitionings (count), uncovered_mi / uncovered_ma (layers whose CAPTURE
+        statistic no run of this scenario measures; empty unless S < 3 or L = S),
+    skipped: [{scenario, reason}] for the scenarios that cannot run here,
+    runs: [{id, scenario, tp, dp, cp, pp, pipeline_microbatch, micro_batch_size,
+        num_microbatches, global_batch_size, world_size, layers_per_stage, source,
+        launchable, megatron_args}].
+
+``id`` is built from the run's content (scenario, pipeline microbatch, layers per stage; for
+example ``tp2-b4-4.2.1.9``, ``2x7`` meaning seven stages of 2), so it is stable across
+regenerations and a runner can resume by skipping ids it has finished. ``micro_batch_size`` is
+per data-parallel replica (Megatron's --micro-batch-size): the pipeline microbatch divided by
+DP. ``megatron_args`` are real Megatron-LM flags (core_v0.15.2) for the model, the split and the
+batch; the launcher adds data, tokenizer and iteration flags, and starts ``world_size`` ranks.
+
+Every run gives all of its stages one TP and DP degree (CAPTURE profiles each scenario on its
+own), so every run is launchable on stock Megatron (``launchable: true``); only the
+recommender's hybrid plans, with a degree per stage, need per-stage emulation.
+
+Batch sizes. CAPTURE profiles at a half and a quarter of the target batch, with the number of
+microbatches unchanged, so what shrinks is the microbatch (Description 2 then draws a line
+through the two). We scale the pipeline microbatch by each fraction and round up to what the
+scenario can run: a whole number, and a multiple of K for DP-K (each replica needs at least one
+sequence). If both round to the same size, the larger moves up one step, so there are always two
+points. Each run has min(S, m_target) microbatches: the fewest at which every stage reaches its
+1F1B in-flight count of the target.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from advisor.capture import partitionings
+from advisor.capture.coverage import sources, stage_ranges
+from advisor.capture.layout import PIPELINE, Scenario
+from advisor.capture.megatron_args import MegatronSetup, model_args, parallel_args
+from advisor.errors import AdvisorError
+from advisor.models import LlamaSpec
+
+SCHEMA = "megatron-4d-advisor/campaign"
+VERSION = 1
+Mode = Literal["full", "reduced"]
+DEGREES = (2, 4)
+"""CAPTURE profiles 2- and 4-way DP and TP only; the predictor extrapolates above 4."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CampaignRun:
+    id: str
+    scenario: Scenario
+    cp: int
+    layers_per_stage: tuple[int, ...]
+    pipeline_microbatch: int
+    num_microbatches: int
+    source: str
+    """Which part of the generator asked for it: 'description-1' or 'reduced'."""
+    megatron_args: tuple[str, ...]
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.pipeline_microbatch // self.scenario.dp
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.pipeline_microbatch * self.num_microbatches
+
+    @property
+    def world_size(self) -> int:
+        return self.scenario.gpus * self.cp * len(self.layers_per_stage)
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id, "scenario": self.scenario.name, "tp": self.scenario.tp, "dp": self.scenario.dp,
+            "cp": self.cp, "pp": len(self.layers_per_stage), "pipeline_microbatch": self.pipeline_microbatch,
+            "micro_batch_size": self.micro_batch_size, "num_microbatches": self.num_microbatches,
+            "global_batch_size": self.global_batch_size, "world_size": self.world_size,
+            "layers_per_stage": list(self.layers_per_stage), "source": self.source, "launchable": True,
+            "megatron_args": list(self.megatron_args),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScenarioPlan:
+    scenario: Scenario
+    stages: int
+    pipeline_microbatches: tuple[int, int]
+    units: tuple[int, ...]
+    partitionings: int
+    uncovered_mi: tuple[int, ...] = ()
+    uncovered_ma: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.scenario.name, "tp": self.scenario.tp, "dp": self.scenario.dp, "stages": self.stages,
+            "pipeline_microbatches": list(self.pipeline_microbatches), "units": list(self.units),
+            "partitionings": self.partitionings, "uncovered_mi": list(self.uncovered_mi),
+            "uncovered_ma": list(self.uncovered_ma),
+        }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Campaign:
+    mode: Mode
+    model: LlamaSpec
+    seq_len: int
+    gpus: int
+    gpus_per_node: int
+    cp: int
+    setup: MegatronSetup
+    micro_batch_size: int
+    global_batch_size: int
+    fractions: tuple[float, ...]
+    scenarios: tuple[ScenarioPlan, ...]
+    skipped: tuple[tuple[str, str], ...]
+    runs: tuple[CampaignRun, ...] = field(repr=False)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA, "version": VERSION, "mode": self.mode, "model": self.model.to_dict(),
+            "seq_len": self.seq_len, "gpus": self.gpus, "gpus_per_node": self.gpus_per_node, "cp": self.cp,
+            "setup": self.setup.to_dict(),
+            "target": {"micro_batch_size": self.micro_batch_size, "global_batch_size": self.global_batch_size,
+                       "num_microbatches": self.global_batch_size // self.micro_batch_size},
+            "fractions": list(self.fractions),
+            "scenarios": [plan.to_dict() for plan in self.scenarios],
+            "skipped": [{"scenario": name, "reason": reason} for name, reason in self.skipped],
+            "runs": [run.to_dict() for run in self.runs],
+        }
+
+
+def _compact(counts: tuple[int, ...]) -> str:
+    """(2, 2, 2, 1, 3) -> '2x3.1.3'."""
+    parts, index = [], 0
+    while index < len(counts):
+        end = index
+        while end + 1 < len(counts) and counts[end + 1] == counts[index]:
+            end += 1
+        repeat = end - index + 1
+        parts.append(f"{counts[index]}x{repeat}" if repeat > 1 else str(counts[index]))
+        index = end + 1
+    return ".".join(parts)
+
+
+def profile_microbatches(target: int, fractions: tuple[float, ...], step: int) -> tuple[int, int]:
+    """The two pipeline microbatches to profile: each fraction of ``target``, rounded up to a
+    multiple of ``step`` (K for DP-K); the larger moves up a step if they coincide."""
+    low, high = sorted(max(step, math.ceil(f * target / step) * step) for f in fractions)
+    if high == low:
+        high = low + step
+    return low, high
+
+
+def _scenarios(spec: LlamaSpec, devices: int, devices_per_node: int, mode: Mode) -> tuple[list, list]:
+    """The scenarios to profile, and the skipped ones with the reason."""
+    wanted = [PIPELINE] + [Scenario(dp=k) for k in DEGREES] + [Scenario(tp=k) for k in DEGREES]
+    chosen, skipped = [], []
+    for scenario in wanted:
+        k = scenario.gpus
+        stages = devices // k
+        reason = None
+        if k > devices_per_node:
+            reason = f"{k}-way needs {k} GPUs in one node; a node has {devices_per_node}"
+        elif devices % k:
+            reason = f"{devices} GPUs do not divide into sub-meshes of {k}"
+        elif scenario.tp > 1 and (spec.num_attention_heads % k or spec.num_query_groups % k):
+            reason = f"TP {k} must divide the attention heads ({spec.num_attention_heads}) and KV heads " \
+                     f"({spec.num_query_groups})"
+        elif stages < 2:
+            reason = f"{stages} sub-mesh of {k}: one stage leaves no partitioning to vary"
+        elif spec.num_layers < stages:
+            reason = f"{spec.num_layers} layers cannot fill {stages} stages"
+        if reason:
+            skipped.append((scenario.name, reason))
+        else:
+            chosen.append((scenario, stages))
+    return chosen, skipped
+
+
+def _expand(unit_counts: tuple[int, ...], units: tuple[int, ...]) -> tuple[int, ...]:
+    """Units per stage -> layers per stage, with ``units[i]`` layers in unit i."""
+    layers, index = [], 0
+    for count in unit_counts:
+        layers.append(sum(units[index:index + count]))
+        index += count
+    return tuple(layers)
+
+
+def plan_campaign(
+    spec: LlamaSpec, *, gpus: int, gpus_per_node: int, seq_len: int, micro_batch_size: int,
+    global_batch_size: int, mode: Mode = "full", fractions: tuple[float, ...] = (0.5, 0.25), cp: int = 1,
+    setup: MegatronSetup = MegatronSetup(), units: tuple[int, ...] | None = None,
+    num_microbatches: int | None = None,
+) -> Campaign:
+    """Every profiling run for ``spec`` on ``gpus`` GPUs. ``units`` (layers per merged unit, from
+    the layer merger, Section III-A3) applies to the DP and TP scenarios; the pipeline-only
+    scenario is always profiled layer by layer, as the merger needs its statistics first."""
+    _check_inputs(spec, gpus, gpus_per_node, cp, micro_batch_size, global_batch_size, fractions, units)
+    target_m = global_batch_size // micro_batch_size
+    chosen, skipped = _scenarios(spec, gpus // cp, gpus_per_node // cp, mode)
+    generate = partitionings.description1 if mode == "full" else partitionings.reduced
+    plans, runs = [], []
+    for scenario, stages in chosen:
+        scenario_units = units if (units and scenario != PIPELINE) else (1,) * spec.num_layers
+        if len(scenario_units) < stages:
+            skipped.append((scenario.name, f"{len(scenario_units)} merged units cannot fill {stages} stages"))
+            continue
+        found = generate(len(scenario_units), stages)
+        missing_mi, missing_ma = sources(r for p in found for r in stage_ranges(p)).missing(len(scenario_units))
+        batches = profile_microbatches(micro_batch_size, fractions, scenario.dp)
+        m = num_microbatches or min(stages, target_m)
+        for batch in batches:
+            for unit_counts in found:
+                layers = _expand(unit_counts, scenario_units)
+                args = model_args(spec, seq_len) + parallel_args(
+                    tp=scenario.tp, cp=cp, layers_per_stage=layers, micro_batch_size=batch // scenario.dp,
+                    global_batch_size=batch * m, setup=setup,
+                )
+                runs.append(CampaignRun(
+                    id=f"{scenario.name}-b{batch}-{_compact(layers)}", scenario=scenario, cp=cp,
+                    layers_per_stage=layers, pipeline_microbatch=batch, num_microbatches=m,
+                    source="description-1" if mode == "full" else "reduced", megatron_args=tuple(args),
+                ))
+        plans.append(ScenarioPlan(
+            scenario=scenario, stages=stages, pipeline_microbatches=batches, units=scenario_units,
+            partitionings=len(found),
+            uncovered_mi=tuple(missing_mi) if mode == "full" else (),
+            uncovered_ma=tuple(missing_ma) if mode == "full" else (),
+        ))
+    return Campaign(
+        mode=mode, model=spec, seq_len=seq_len, gpus=gpus, gpus_per_node=gpus_per_node, cp=cp, setup=setup,
+        micro_batch_size=micro_batch_size, global_batch_size=global_batch_size, fractions=tuple(fractions),
+        scenarios=tuple(plans), skipped=tuple(skipped), runs=tuple(runs),
+    )
+
+
+def _check_inputs(spec, gpus, gpus_per_node, cp, micro_batch_size, global_batch_size, fractions, units) -> None:
+    if gpus % gpus_per_node:
+        raise AdvisorError(f"--gpus {gpus} is not a whole number of nodes of {gpus_per_node} GPUs")
+    if gpus_per_node % cp:
+        raise AdvisorError(f"CP {cp} must divide the GPUs per node ({gpus_per_node})")
+    if global_batch_size % micro_batch_size:
+        raise AdvisorError(f"global batch {global_batch_size} is not a multiple of the micro-batch {micro_batch_size}")
+    if len(fractions) != 2 or len(set(fractions)) != 2 or not all(0 < f <= 1 for f in fractions):
+        raise AdvisorError(f"give two different batch fractions in (0, 1], got {list(fractions)}")
+    if units is not None and (sum(units) != spec.num_layers or min(units) < 1):
+        raise AdvisorError(f"merged units {list(units)} must be positive and sum to {spec.num_layers} layers")
+
+
+def read_campaign(path: str | Path) -> dict:
+    """A campaign document, checked: schema and version, and runs with unique ids (what a runner
+    needs to resume). Returns the document as written."""
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise AdvisorError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise AdvisorError(f"{path}: malformed JSON at line {exc.lineno}: {exc.msg}") from None
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise AdvisorError(f"{path}: not a profiling campaign (schema {SCHEMA!r})")
+    if document.get("version") != VERSION:
+        raise AdvisorError(f"{path}: campaign schema version {document.get('version')!r}; this advisor reads {VERSION}")
+    runs = document.get("runs")
+    if not isinstance(runs, list) or not all(isinstance(run, dict) and "id" in run for run in runs):
+        raise AdvisorError(f"{path}: 'runs' must be a list of runs with ids")
+    ids = [run["id"] for run in runs]
+    if len(set(ids)) != len(ids):
+        duplicate = next(i for i in ids if ids.count(i) > 1)
+        raise AdvisorError(f"{path}: run id {duplicate!r} appears twice")
+    return document

@@ -1,0 +1,209 @@
+"""``advisor profile plan`` and ``advisor recommend``: thin click commands over advisor.capture.
+
+Heavy imports (numpy, rich, matplotlib) happen inside the commands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from advisor.cli_options import InputError, color_wanted, model_options
+
+EPILOG = "Method and schemas: README.md (CAPTURE). Errors exit with status 2."
+
+
+def _numbers(text: str, kind, name: str) -> tuple:
+    try:
+        values = tuple(kind(part) for part in text.split(","))
+    except ValueError:
+        raise InputError(f"{name} must be comma-separated numbers, got {text!r}") from None
+    return values
+
+
+def _document_options(func):
+    func = click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        help="Also write the JSON document to this file (atomically).")(func)
+    return click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+                        show_default=True, help="What to print: a table for people, or the JSON document.")(func)
+
+
+def _emit(document: dict, table: str, fmt: str, output: Path | None) -> None:
+    from advisor import render
+    from advisor.fileio import atomic_write_text
+
+    text = render.to_json(document)
+    if output is not None:
+        atomic_write_text(output, text)
+        click.echo(f"wrote {output}", err=True)
+    click.echo(text if fmt == "json" else table, nl=False)
+
+
+# --- advisor profile plan ----------------------------------------------------------------
+
+
+@click.command("plan", epilog=EPILOG)
+@model_options
+@click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs the profiling runs may use (G).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
+              help="K: DP/TP sub-meshes stay inside a node.")
+@click.option("--seq-len", type=click.IntRange(min=1), default=8192, show_default=True, help="Sequence length.")
+@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Target micro-batch: sequences per microbatch entering the pipeline.")
+@click.option("--gbs", type=click.IntRange(min=1), default=1024, show_default=True, help="Target global batch.")
+@click.option("--mode", type=click.Choice(["full", "reduced"]), default="full", show_default=True,
+              help="full: CAPTURE's Description 1 (about 10 L runs); reduced: 3 partitionings per scenario "
+                   "and batch, for the 1F1B-aware predictor.")
+@click.option("--fractions", default="0.5,0.25", show_default=True, metavar="F1,F2",
+              help="The two fractions of the target microbatch to profile at.")
+@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Context parallel size of every run (and of the target).")
+@click.option("--microbatches", type=click.IntRange(min=1), default=None,
+              help="Microbatches per profiling run (default: min(stages, target's)).")
+@click.option("--units", default=None, metavar="N,N,...",
+              help="Layers per merged unit for the DP/TP runs (CAPTURE's layer merger, Section III-A3).")
+@_document_options
+def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, cp, microbatches, units, fmt,
+                 output) -> None:
+    """Plan the profiling runs of CAPTURE (seed 000, Section III-A) as Megatron runs.
+
+    \b
+    Scenarios: pipeline-only on G GPUs, and 2- and 4-way DP and TP on sub-meshes
+    of a node (G/K stages), each at two microbatches (a half and a quarter of
+    --mbs, rounded up to what the scenario can run). Each run is a partitioning
+    of the layers over the stages, with its Megatron-LM flags and a stable id.
+
+    \b
+    Examples:
+      advisor profile plan --gpus 16 --gpus-per-node 4 --mbs 8
+      advisor profile plan --gpus 16 --gpus-per-node 4 --mode reduced -o campaign.json
+      advisor profile plan --gpus 4 --model llama3.2-1b --format json
+    """
+    from advisor import render
+    from advisor.capture.campaign import plan_campaign
+
+    campaign = plan_campaign(
+        spec, gpus=gpus, gpus_per_node=gpus_per_node, seq_len=seq_len, micro_batch_size=mbs, global_batch_size=gbs,
+        mode=mode, fractions=_numbers(fractions, float, "--fractions"), cp=cp, num_microbatches=microbatches,
+        units=_numbers(units, int, "--units") if units else None,
+    )
+    rows = [run.to_dict() for run in campaign.runs]
+    for row in rows:
+        row["layers"] = " ".join(map(str, row["layers_per_stage"]))
+    caption = "; ".join(
+        f"{plan.scenario.name}: {plan.partitionings} partitionings x {len(plan.pipeline_microbatches)} batches"
+        + (f" (no M_i for {len(plan.uncovered_mi)}, no M_a for {len(plan.uncovered_ma)} layers)"
+           if plan.uncovered_mi or plan.uncovered_ma else "")
+        for plan in campaign.scenarios
+    )
+    caption += "".join(f"; skipped {name}: {reason}" for name, reason in campaign.skipped)
+    table = render.to_table(
+        rows,
+        [render.Column("id", "id", justify="left"), render.Column("scenario", "scenario", justify="left"),
+         render.Column("pipeline_microbatch", "batch"), render.Column("micro_batch_size", "MBS"),
+         render.Column("num_microbatches", "m"), render.Column("global_batch_size", "GBS"),
+         render.Column("world_size", "GPUs"), render.Column("layers", "layers per stage", justify="left")],
+        title=f"{spec.name}: {mode} profiling campaign, {len(rows)} runs on {gpus} GPUs ({gpus_per_node} per node)",
+        caption=caption, color=color_wanted(None),
+    )
+    _emit(campaign.to_dict(), table, fmt, output)
+
+
+# --- advisor recommend -------------------------------------------------------------------
+
+
+@click.command("recommend", epilog=EPILOG)
+@click.option("--profile", "profiles", multiple=True, required=True, type=click.Path(path_type=Path),
+              help="A run directory (rank*.jsonl) or a directory of them; repeat for more.")
+@click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs of the target run.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True, help="K.")
+@click.option("--mode", type=click.Choice(["megatron", "hybrid"]), default="megatron", show_default=True,
+              help="megatron: uniform TP/CP/DP, uneven layers per stage (launchable); hybrid: CAPTURE's "
+                   "per-stage DP/TP degrees (not launchable on stock Megatron).")
+@click.option("--predictor", type=click.Choice(["1f1b", "capture"]), default="1f1b", show_default=True,
+              help="1f1b: per-module terms by pipeline position; capture: CAPTURE's M_i/M_a as published.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Megatron mode: TP.")
+@click.option("--pp", type=click.IntRange(min=1), default=None, help="Megatron mode: pipeline stages (required).")
+@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Micro-batch size (Megatron's, per DP replica; in hybrid mode the pipeline microbatch).")
+@click.option("--gbs", type=click.IntRange(min=1), default=1024, show_default=True, help="Global batch size.")
+@click.option("--merge-to", type=click.IntRange(min=1), default=None,
+              help="Merge layers to this many units first (CAPTURE's layer merger, Section III-A3).")
+@click.option("--mem", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="GPU memory in GiB: drawn on the chart, and the plan's share of it shown.")
+@click.option("--png", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Draw the per-GPU memory of the plan beside the even split (like CAPTURE's Fig. 6).")
+@_document_options
+def recommend_command(profiles, gpus, gpus_per_node, mode, predictor, tp, pp, mbs, gbs, merge_to, mem, png, fmt,
+                      output) -> None:
+    """Recommend the layers per stage (and, in hybrid mode, per-stage degrees) with the lowest
+    predicted peak memory, from layer-by-layer profiles.
+
+    \b
+    The planner is exact: it minimises the peak over every plan in polynomial
+    time, breaking ties as CAPTURE does (the next-highest GPU, and so on).
+
+    \b
+    Examples:
+      advisor recommend --profile runs/ --gpus 16 --pp 4 --mbs 1 --gbs 64
+      advisor recommend --profile runs/ --gpus 16 --gpus-per-node 4 --mode hybrid --mbs 8 \\
+          --predictor capture -o plan.json --png plan.png
+    """
+    from advisor.capture.observations import load_profile_set
+    from advisor.capture.recommend import recommend_hybrid, recommend_megatron
+
+    if mode == "megatron" and pp is None:
+        raise InputError("--mode megatron needs --pp (the number of pipeline stages)")
+    if mode == "hybrid" and (pp is not None or tp != 1):
+        raise InputError("--mode hybrid chooses TP, DP and PP per stage itself; drop --tp and --pp")
+    profile_set = load_profile_set(profiles)
+    common = dict(gpus=gpus, gpus_per_node=gpus_per_node, micro_batch_size=mbs, global_batch_size=gbs,
+                  predictor=predictor, merge_to=merge_to)
+    if mode == "megatron":
+        plan = recommend_megatron(profile_set, tp=tp, pp=pp, **common)
+    else:
+        plan = recommend_hybrid(profile_set, **common)
+    if png is not None:
+        from advisor.capture.chart import draw
+
+        draw(plan, png, mem)
+        click.echo(f"wrote {png}", err=True)
+    _emit(plan.to_dict(), _plan_table(plan, mem), fmt, output)
+
+
+def _plan_table(plan, mem: float | None) -> str:
+    from advisor import render
+    from advisor.memory import GIB
+
+    baseline = plan.baseline
+    same = baseline is not None and len(baseline.stage_bytes) == plan.pp
+    rows = []
+    for stage in plan.stages:
+        first, last = stage.gpus[0], stage.gpus[-1]
+        rows.append({
+            "stage": stage.stage, "layers": f"{stage.first_layer}-{stage.last_layer}", "count": stage.layers,
+            "tp": stage.tp, "dp": stage.dp, "gpus": f"{first}-{last}" if last > first else str(first),
+            "in_flight": stage.in_flight_microbatches, "gib": stage.predicted_bytes / GIB,
+            "even": baseline.stage_bytes[stage.stage] / GIB if same else None,
+        })
+    columns = [render.Column("stage", "stage"), render.Column("layers", "layers"), render.Column("count", "#"),
+               render.Column("tp", "TP"), render.Column("dp", "DP"), render.Column("gpus", "GPUs"),
+               render.Column("in_flight", "in flight"), render.Column("gib", "GiB per GPU", ".2f")]
+    if same:
+        columns.append(render.Column("even", "even split", ".2f"))
+    peak = plan.peak_bytes / GIB
+    caption = f"predicted peak {peak:.2f} GiB"
+    if mem:
+        caption += f" ({peak / mem:.0%} of {mem:g} GiB)"
+    if baseline:
+        even = max(baseline.stage_bytes) / GIB
+        change = (even - peak) / even
+        caption += f"; {baseline.label}: {even:.2f} GiB (this plan is {abs(change):.1%} " + \
+            ("lower)" if change >= 0 else "higher)")
+    caption += "; launchable on stock Megatron-LM" if plan.launchable else \
+        "; NOT launchable on stock Megatron-LM (per-stage degrees)"
+    degrees = f"TP {plan.tp}, CP {plan.cp}, DP {plan.dp}" if plan.tp else "per-stage TP/DP"
+    title = (f"{plan.model.name}: {plan.mode} plan, {plan.gpus} GPUs, {degrees}, PP {plan.pp}, "
+             f"MBS {plan.micro_batch_size}, {plan.num_microbatches} microbatches ({plan.predictor} predictor)")
+    return render.to_table(rows, columns, title=title, caption=caption, color=color_wanted(None))

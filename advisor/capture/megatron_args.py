@@ -1,0 +1,112 @@
+"""Megatron-LM command-line arguments for a pipeline split (only flags of core_v0.15.2).
+
+Uneven stages are written the oldest way Megatron understands them:
+
+- every stage equal: no flag (Megatron's default split, which needs L divisible by PP);
+- equal middle stages, different first and/or last stage:
+  ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (core >= 0.9;
+  Megatron requires the middle layers to divide evenly over the middle stages);
+- anything else: ``--pipeline-model-parallel-layout`` (core >= 0.13), for example
+  ``"E,t*3|t*3|t*2,L"`` for 3, 3 and 2 layers: stages separated by ``|``, ``E`` the embedding,
+  ``t`` a decoder layer, ``t*n`` n of them, ``L`` the loss; commas are cosmetic
+  (megatron/core/transformer/pipeline_parallel_layer_layout.py, ``parse_str_to_list``).
+
+Stock Megatron gives every pipeline stage the same TP, CP and DP; the world size is
+TP x CP x PP x DP and is the launcher's (torchrun ``--nproc-per-node`` x nodes), not a flag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from advisor.models import LlamaSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MegatronSetup:
+    """Training choices that profiles and target must share."""
+
+    params_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    distributed_optimizer: bool = True
+    """Megatron's --use-distributed-optimizer: Adam states sharded over DP x CP (seed 004)."""
+    sequence_parallel: bool = True
+    """--sequence-parallel whenever TP > 1 (seed 004 assumes it)."""
+
+    def to_dict(self) -> dict:
+        return {"params_dtype": self.params_dtype, "distributed_optimizer": self.distributed_optimizer,
+                "sequence_parallel": self.sequence_parallel}
+
+
+def _run_length(count: int) -> str:
+    return "t" if count == 1 else f"t*{count}"
+
+
+def pipeline_layout(layers_per_stage: list[int] | tuple[int, ...]) -> str:
+    """[3, 3, 2] -> 'E,t*3|t*3|t*2,L'."""
+    stages = [_run_length(count) for count in layers_per_stage]
+    stages[0] = "E," + stages[0]
+    stages[-1] += ",L"
+    return "|".join(stages)
+
+
+def split_args(layers_per_stage: list[int] | tuple[int, ...]) -> list[str]:
+    """The flags that make Megatron build exactly ``layers_per_stage``."""
+    counts = list(layers_per_stage)
+    if len(set(counts)) <= 1:
+        return []
+    if len(counts) == 2:
+        return ["--decoder-first-pipeline-num-layers", str(counts[0]),
+                "--decoder-last-pipeline-num-layers", str(counts[1])]
+    middle = counts[1:-1]
+    if len(set(middle)) == 1:
+        args = []
+        if counts[0] != middle[0]:
+            args += ["--decoder-first-pipeline-num-layers", str(counts[0])]
+        if counts[-1] != middle[0]:
+            args += ["--decoder-last-pipeline-num-layers", str(counts[-1])]
+        return args
+    return ["--pipeline-model-parallel-layout", pipeline_layout(counts)]
+
+
+def model_args(spec: LlamaSpec, seq_len: int) -> list[str]:
+    """The Llama architecture (RMSNorm, SwiGLU, RoPE, GQA, no biases). The vocabulary comes
+    from the user's tokenizer, so it is not a flag here."""
+    args = [
+        "--num-layers", str(spec.num_layers),
+        "--hidden-size", str(spec.hidden_size),
+        "--ffn-hidden-size", str(spec.ffn_hidden_size),
+        "--num-attention-heads", str(spec.num_attention_heads),
+    ]
+    if spec.num_query_groups != spec.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(spec.num_query_groups)]
+    args += [
+        "--seq-length", str(seq_len), "--max-position-embeddings", str(seq_len),
+        "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--disable-bias-linear",
+    ]
+    if not spec.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    return args
+
+
+def parallel_args(
+    *, tp: int, cp: int, layers_per_stage: list[int] | tuple[int, ...], micro_batch_size: int,
+    global_batch_size: int, setup: MegatronSetup,
+) -> list[str]:
+    """TP, CP, PP, the split, the batch, and the setup flags that change memory."""
+    args = [
+        "--tensor-model-parallel-size", str(tp),
+        "--context-parallel-size", str(cp),
+        "--pipeline-model-parallel-size", str(len(layers_per_stage)),
+        *split_args(layers_per_stage),
+        "--micro-batch-size", str(micro_batch_size),
+        "--global-batch-size", str(global_batch_size),
+    ]
+    if tp > 1 and setup.sequence_parallel:
+        args.append("--sequence-parallel")
+    if setup.distributed_optimizer:
+        args.append("--use-distributed-optimizer")
+    dtype_flag = {"bfloat16": "--bf16", "float16": "--fp16", "float32": None}[setup.params_dtype]
+    if dtype_flag:
+        args.append(dtype_flag)
+    return args

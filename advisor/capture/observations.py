@@ -1,0 +1,278 @@
+"""Profile runs -> per-stage observations, checked, for the statistics and the predictors.
+
+A run (``advisor.profiles.ProfileRun``: one directory of rank files) becomes one
+``RunObservation``: its ``PipelineLayout`` and, per pipeline stage, PM of CAPTURE (the peak
+allocated bytes, ``RankProfile.peak_allocated_bytes``; the maximum over the stage's TP/DP ranks,
+since every GPU of the stage must fit) and the per-module terms the hooks measured (the maximum
+over iterations and ranks). Part of a ``ProfileSet``: all runs of one model and setup.
+
+Bad data is an error that names the run and the rank, stage or layer: a stage or layer that no
+rank reports, a negative or non-finite value, a run without a finished iteration, ranks or runs
+that disagree (model, sequence, setup), and batch sizes that do not add up (global batch !=
+micro-batch x DP x microbatches). Runs that did not end "ok" (OOM, error, killed) are set aside
+as ``skipped`` with their status, not read as measurements.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterable, Union
+
+from advisor.capture.layout import PipelineLayout, Scenario, StageSpec
+from advisor.models import LlamaSpec
+from advisor.profiles import ProfileError, ProfileRun, RankProfile, check_complete, load_run
+
+ModuleKey = Union[str, int]
+"""'embedding', a decoder layer number (1-based), or 'output'."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModuleTerms:
+    """What the hooks measured for one module on one GPU (``advisor.profiles.LayerRecord``)."""
+
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    """Kept for the backward pass by one microbatch."""
+    transient_bytes: int
+    """The larger of the forward and backward transient peaks above the module's entry level."""
+
+    @property
+    def static_bytes(self) -> int:
+        return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageObservation:
+    run: str
+    stage: int
+    spec: StageSpec
+    num_stages: int
+    pipeline_microbatch: int
+    num_microbatches: int
+    in_flight: int
+    """Microbatches the stage held at once (the hooks' header)."""
+    peak_bytes: int
+    """PM: the peak allocated bytes of the stage's worst GPU."""
+    modules: dict[ModuleKey, ModuleTerms]
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.spec.scenario
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunObservation:
+    run: str
+    layout: PipelineLayout
+    stages: tuple[StageObservation, ...]
+    gpu_peaks: tuple[tuple[int, int, int], ...]
+    """(rank, stage, peak allocated bytes) for every GPU, for per-GPU prediction errors."""
+
+    @property
+    def stage_peaks(self) -> tuple[int, ...]:
+        return tuple(stage.peak_bytes for stage in self.stages)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfileSet:
+    """Runs of one model and setup."""
+
+    model: LlamaSpec
+    seq_len: int
+    cp: int
+    distributed_optimizer: bool
+    params_dtype: str
+    sequence_parallel: bool
+    """Whether the TP > 1 runs used sequence parallelism (True if there were none)."""
+    runs: tuple[RunObservation, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+    """(run, why) for runs that did not finish: OOM, error, or still running."""
+
+    @property
+    def observations(self) -> tuple[StageObservation, ...]:
+        return tuple(stage for run in self.runs for stage in run.stages)
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.num_layers
+
+    def scenarios(self) -> dict[Scenario, tuple[int, ...]]:
+        """Each profiled scenario with its pipeline microbatches, ascending."""
+        found: dict[Scenario, set[int]] = {}
+        for run in self.runs:
+            for stage in run.layout.stages:
+                found.setdefault(stage.scenario, set()).add(run.layout.pipeline_microbatch)
+        return {scenario: tuple(sorted(batches)) for scenario, batches in sorted(found.items())}
+
+
+# --- one run ----------------------------------------------------------------------------
+
+
+def _count(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ProfileError(f"{what} is {value!r}; expected a non-negative finite number of bytes")
+    return int(value)
+
+
+def _module_terms(profile: RankProfile, where: str) -> dict[ModuleKey, ModuleTerms]:
+    terms: dict[ModuleKey, list[int]] = {}
+    for record in profile.layers:
+        key: ModuleKey = record.layer_number if record.kind == "decoder" else record.kind
+        if key is None:
+            raise ProfileError(f"{where}: decoder module {record.name!r} has no layer number")
+        what = f"{where}, {record.name}, iteration {record.iteration}"
+        values = [
+            _count(record.parameter_bytes, f"{what}: parameter_bytes"),
+            _count(record.gradient_bytes, f"{what}: gradient_bytes"),
+            _count(record.optimizer_bytes, f"{what}: optimizer_bytes"),
+            _count(record.activation_bytes, f"{what}: activation_bytes"),
+            max(_count(record.forward_peak_bytes, f"{what}: forward_peak_bytes"),
+                _count(record.backward_peak_bytes, f"{what}: backward_peak_bytes")),
+        ]
+        terms[key] = [max(old, new) for old, new in zip(terms.get(key, values), values)]
+    return {key: ModuleTerms(parameter_bytes=v[0], gradient_bytes=v[1], optimizer_bytes=v[2],
+                             activation_bytes=v[3], transient_bytes=v[4]) for key, v in terms.items()}
+
+
+def _merge_terms(a: dict[ModuleKey, ModuleTerms], b: dict[ModuleKey, ModuleTerms]) -> dict[ModuleKey, ModuleTerms]:
+    merged = dict(a)
+    for key, terms in b.items():
+        if key in merged:
+            old = merged[key]
+            merged[key] = ModuleTerms(**{name: max(getattr(old, name), getattr(terms, name))
+                                         for name in ModuleTerms.__dataclass_fields__})
+        else:
+            merged[key] = terms
+    return merged
+
+
+def _check_rank(profile: RankProfile, first: RankProfile, name: str) -> None:
+    h, ref = profile.header, first.header
+    where = f"run {name}, rank {h.rank}"
+    for attribute in ("model", "parallel", "seq_len", "layers_per_stage", "num_microbatches", "global_batch_size"):
+        if getattr(h, attribute) != getattr(ref, attribute):
+            raise ProfileError(f"{where}: {attribute} differs from rank {ref.rank}'s "
+                               f"({getattr(h, attribute)!r} vs {getattr(ref, attribute)!r})")
+    p = h.parallel
+    if h.global_batch_size is not None and h.global_batch_size != p.mbs * p.dp * h.num_microbatches:
+        raise ProfileError(f"{where}: mismatched batch sizes: global batch {h.global_batch_size} != micro-batch "
+                           f"{p.mbs} x DP {p.dp} x {h.num_microbatches} microbatches")
+    if sum(h.layers_per_stage) != h.model.num_layers or len(h.layers_per_stage) != p.pp:
+        raise ProfileError(f"{where}: layers per stage {list(h.layers_per_stage)} do not place "
+                           f"{h.model.num_layers} layers on PP {p.pp} stages")
+    check_complete(profile)
+
+
+def observe_run(run: ProfileRun, name: str | None = None) -> RunObservation:
+    """The layout and per-stage peaks of one finished run."""
+    name = name or run.directory.name
+    if run.status != "ok":
+        raise ProfileError(f"run {name} ended {run.status!r}; it has no complete measurement")
+    first = run.ranks[0]
+    header = first.header
+    layout = PipelineLayout.from_counts(
+        header.layers_per_stage, header.parallel.mbs * header.parallel.dp, header.num_microbatches,
+        Scenario(tp=header.parallel.tp, dp=header.parallel.dp),
+    )
+    peaks: dict[int, int] = {}
+    terms: dict[int, dict[ModuleKey, ModuleTerms]] = {}
+    in_flight: dict[int, int] = {}
+    gpu_peaks = []
+    for profile in run.ranks:
+        _check_rank(profile, first, name)
+        h = profile.header
+        stage = h.coords.get("pp")
+        where = f"run {name}, rank {h.rank}"
+        if stage is None or not 0 <= stage < len(layout.stages):
+            raise ProfileError(f"{where}: pipeline coordinate {stage!r} is not a stage of PP {len(layout.stages)}")
+        spec = layout.stages[stage]
+        if tuple(h.stage_layers) != tuple(range(spec.first, spec.last + 1)):
+            raise ProfileError(f"{where}: stage {stage} should hold layers {spec.first}..{spec.last}, "
+                               f"the header says {list(h.stage_layers)}")
+        peak = profile.peak_allocated_bytes
+        if peak is None:
+            raise ProfileError(f"{where}: no iteration recorded, so no peak memory")
+        peak = _count(peak, f"{where}: peak_allocated_bytes")
+        gpu_peaks.append((h.rank, stage, peak))
+        peaks[stage] = max(peaks.get(stage, 0), peak)
+        terms[stage] = _merge_terms(terms.get(stage, {}), _module_terms(profile, where))
+        in_flight[stage] = h.in_flight_microbatches
+    for index, spec in enumerate(layout.stages):
+        if index not in peaks:
+            raise ProfileError(f"run {name}: no rank reports pipeline stage {index} (layers {spec.first}..{spec.last})")
+    stages = tuple(
+        StageObservation(
+            run=name, stage=index, spec=spec, num_stages=len(layout.stages),
+            pipeline_microbatch=layout.pipeline_microbatch, num_microbatches=layout.num_microbatches,
+            in_flight=in_flight[index], peak_bytes=peaks[index], modules=terms[index],
+        )
+        for index, spec in enumerate(layout.stages)
+    )
+    return RunObservation(run=name, layout=layout, stages=stages, gpu_peaks=tuple(sorted(gpu_peaks)))
+
+
+# --- a set of runs ----------------------------------------------------------------------
+
+
+def _setup(run: ProfileRun) -> dict:
+    h = run.header
+    return {
+        "model": replace(h.model, name=""), "seq_len": h.seq_len, "cp": h.parallel.cp, "params_dtype": h.params_dtype,
+        "distributed_optimizer": h.distributed_optimizer, "recompute": h.recompute, "layer_spec": h.layer_spec,
+        "backend": h.backend,
+    }
+
+
+def profile_set(runs: Iterable[ProfileRun]) -> ProfileSet:
+    """Observations of finished runs; all runs must share the model and setup."""
+    observed, skipped, reference, model, sequence_parallel = [], [], None, None, None
+    for run in runs:
+        name = run.directory.name
+        setup = _setup(run)
+        if reference is None:
+            reference, model = (name, setup), run.header.model
+        for key, value in setup.items():
+            if value != reference[1][key]:
+                raise ProfileError(f"run {name} differs from run {reference[0]} in {key} "
+                                   f"({value!r} vs {reference[1][key]!r}); profile one setup at a time")
+        if run.status != "ok":
+            skipped.append((name, run.status))
+            continue
+        observed.append(observe_run(run, name))
+        if run.header.parallel.tp > 1 and sequence_parallel is None:
+            sequence_parallel = run.header.sequence_parallel
+    if reference is None:
+        raise ProfileError("no profile runs given")
+    if not observed:
+        raise ProfileError(f"none of the {len(skipped)} profile runs finished ('ok')")
+    setup = reference[1]
+    return ProfileSet(
+        model=model, seq_len=setup["seq_len"], cp=setup["cp"], distributed_optimizer=setup["distributed_optimizer"],
+        params_dtype=setup["params_dtype"], sequence_parallel=sequence_parallel is not False,
+        runs=tuple(observed), skipped=tuple(skipped),
+    )
+
+
+def run_directories(paths: Iterable[str | Path]) -> list[Path]:
+    """Each path is a run directory (it holds rank*.jsonl) or a directory of run directories."""
+    found = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise ProfileError(f"{path}: not a directory")
+        if any(path.glob("rank*.jsonl")):
+            found.append(path)
+            continue
+        runs = sorted(child for child in path.iterdir() if child.is_dir() and any(child.glob("rank*.jsonl")))
+        if not runs:
+            raise ProfileError(f"{path}: no profile runs (directories with rank*.jsonl files)")
+        found += runs
+    return found
+
+
+def load_profile_set(paths: Iterable[str | Path]) -> ProfileSet:
+    """Read every run under ``paths`` (see ``run_directories``) with ``advisor.profiles.load_run``."""
+    return profile_set(load_run(directory) for directory in run_directories(paths))

@@ -1,0 +1,105 @@
+"""``advisor profile plan`` and ``advisor recommend``, run in-process on real files."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from capture_synth import TINY, Truth, write_run, write_scenario
+
+from advisor.capture.partitionings import description1, reduced
+
+FLAGS = set((Path(__file__).parent.parent / "tables/data/megatron_lm_core_v0.15.2_flags.txt").read_text().split())
+
+
+@pytest.fixture(scope="module")
+def campaign_dir(tmp_path_factory):
+    """A full campaign of the 8-layer model: pipeline-only on 4 stages, DP 2 and TP 2 on 3."""
+    root = tmp_path_factory.mktemp("profiles")
+    truth = Truth(spec=TINY)
+    write_scenario(root, truth, description1(8, 4), (2, 4))
+    write_scenario(root, truth, description1(8, 3), (2, 4), tp=2)
+    write_scenario(root, truth, description1(8, 3), (2, 4), dp=2)
+    return root
+
+
+def test_profile_plan_prints_and_writes(advisor, tmp_path):
+    out = tmp_path / "campaign.json"
+    result = advisor("profile", "plan", "--gpus", 8, "--gpus-per-node", 4, "--model", "llama3.2-1b", "--mbs", 4,
+                     "-o", out)
+    assert "full profiling campaign" in result.stdout and "pp-b1-" in result.stdout
+    document = json.loads(out.read_text())
+    assert document["schema"] == "megatron-4d-advisor/campaign" and document["mode"] == "full"
+    assert {s["name"] for s in document["scenarios"]} == {"pp", "dp2", "dp4", "tp2", "tp4"}
+    printed = advisor.json("profile", "plan", "--gpus", 8, "--gpus-per-node", 4, "--model", "llama3.2-1b",
+                           "--mbs", 4)
+    assert printed == document
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpus", 10, "--gpus-per-node", 4], "--gpus 10 is not a whole number of nodes of 4 GPUs"),
+    (["--gpus", 8, "--fractions", "0.5"], "give two different batch fractions"),
+    (["--gpus", 8, "--fractions", "half,quarter"], "--fractions must be comma-separated numbers"),
+    (["--gpus", 8, "--units", "3,3"], "merged units [3, 3] must be positive and sum to 32"),
+    (["--gpus", 8, "--model", "llama9"], "unknown model"),
+])
+def test_profile_plan_errors(advisor, args, message):
+    assert message in advisor.error("profile", "plan", *args)
+
+
+def test_recommend_megatron_plan(advisor, campaign_dir, tmp_path):
+    out, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    result = advisor("recommend", "--profile", campaign_dir, "--gpus", 8, "--gpus-per-node", 4, "--pp", 4,
+                     "--mbs", 2, "--gbs", 16, "-o", out, "--png", png)
+    assert "launchable on stock Megatron-LM" in result.stdout
+    plan = json.loads(out.read_text())
+    assert plan["schema"] == "megatron-4d-advisor/plan" and plan["version"] == 1
+    assert plan["launchable"] is True and plan["mode"] == "megatron" and plan["predictor"]["name"] == "1f1b"
+    assert (plan["tp"], plan["cp"], plan["pp"], plan["dp"]) == (1, 1, 4, 2)
+    assert sum(plan["layers_per_stage"]) == 8 and plan["num_microbatches"] == 4
+    assert [g["gpu"] for g in plan["gpu_memory"]] == list(range(8))
+    assert {arg for arg in plan["megatron_args"] if arg.startswith("--")} <= FLAGS
+    # The even split is one of the plans the exact planner considered.
+    assert plan["peak_predicted_gib"] <= plan["baseline"]["peak_predicted_gib"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_recommend_with_the_layer_merger(advisor, campaign_dir):
+    plan = advisor.json("recommend", "--profile", campaign_dir, "--gpus", 4, "--pp", 4, "--mbs", 2, "--gbs", 8,
+                        "--predictor", "capture", "--merge-to", 5)
+    assert plan["predictor"]["name"] == "capture" and sum(plan["layers_per_stage"]) == 8 and plan["pp"] == 4
+
+
+def test_recommend_hybrid_plan(advisor, campaign_dir):
+    plan = advisor.json("recommend", "--profile", campaign_dir, "--gpus", 8, "--gpus-per-node", 2, "--mode",
+                        "hybrid", "--predictor", "capture", "--mbs", 4, "--gbs", 32)
+    assert plan["mode"] == "hybrid" and plan["predictor"]["name"] == "capture"
+    degrees = {(stage["tp"], stage["dp"]) for stage in plan["stages"]}
+    assert plan["launchable"] == (len(degrees) == 1)
+    assert (plan["megatron_args"] is None) == (not plan["launchable"])
+    assert (plan["not_launchable_reason"] is None) == plan["launchable"]
+    assert sum(len(stage["gpus"]) for stage in plan["stages"]) == 8
+    for stage in plan["stages"]:
+        assert len(stage["nodes"]) == 1  # no stage crosses a node
+
+
+def test_recommend_errors(advisor, campaign_dir, tmp_path):
+    common = ["--profile", campaign_dir, "--gpus", 8, "--gpus-per-node", 4]
+    assert "needs --pp" in advisor.error("recommend", *common)
+    assert "drop --tp and --pp" in advisor.error("recommend", *common, "--mode", "hybrid", "--pp", 2)
+    assert "not divisible by TP x CP x PP = 1 x 1 x 3" in advisor.error("recommend", *common, "--pp", 3)
+    assert "not a directory" in advisor.error("recommend", "--profile", tmp_path / "nope", "--gpus", 4, "--pp", 2)
+    assert "no profile runs" in advisor.error("recommend", "--profile", tmp_path, "--gpus", 4, "--pp", 2)
+    few = tmp_path / "reduced"
+    for p in reduced(8, 4):
+        write_run(few, Truth(spec=TINY), p, mbs=2)
+    message = advisor.error("recommend", "--profile", few, "--gpus", 4, "--pp", 4, "--mbs", 2, "--gbs", 8,
+                            "--predictor", "capture")
+    assert "M_i(" in message and "is unknown" in message
+
+
+def test_help_stays_fast_without_numpy():
+    code = "import sys, advisor.cli; print(any(m in sys.modules for m in ('numpy', 'matplotlib', 'rich')))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
