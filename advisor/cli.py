@@ -143,7 +143,13 @@ def sweep(gpus, mem, spec, workload, gpus_per_node, threshold, show_all, top, op
     if top is None and fmt == "table" and not show_all:
         top = TABLE_ROWS  # a screenful; JSON and CSV give every row
     shown = selected[:top] if top is not None else selected
-    dicts = [row.to_dict() for row in shown]
+    # Each row carries its setup, so that one row can be launched on its own (launch --from).
+    setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem}
+    if fmt == "json":
+        setup.update(model=spec.to_dict(), options=options.changed())
+    else:
+        setup.update(model=spec.name)
+    dicts = [{**row.to_dict(), **setup} for row in shown]
     if fmt == "json":
         text = render.to_json(dicts)
     elif fmt == "csv":

@@ -6,7 +6,7 @@ import pytest
 from advisor.capture.campaign import plan_campaign, profile_microbatches, read_campaign
 from advisor.capture.coverage import sources, stage_ranges
 from advisor.capture.layout import even_split
-from advisor.capture.megatron_args import pipeline_layout, split_args
+from advisor.megatron_args import pipeline_layout, split_args
 from advisor.capture.partitionings import description1, reduced
 from advisor.errors import AdvisorError
 from advisor.models import PRESETS

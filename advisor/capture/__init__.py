@@ -6,7 +6,6 @@ the CLI imports inside its commands. Never torch.
     layout          Scenario (per-stage TP/DP), StageSpec, PipelineLayout, 1F1B in-flight counts
     partitionings   Description 1 (generalised) and the reduced set of profiling partitionings
     campaign        the profiling campaign (JSON schema megatron-4d-advisor/campaign v1)
-    megatron_args   Megatron-LM flags for a split (layout / first-last counts), model, batch
     coverage        which M_i / M_a a set of measured layer ranges yields
     observations    profile runs -> checked per-stage observations (ProfileSet, observe_run)
     statistics      M_i, M_a (III-A1) and the layer merger (III-A3)

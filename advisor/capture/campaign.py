@@ -47,7 +47,7 @@ from typing import Literal
 from advisor.capture import partitionings
 from advisor.capture.coverage import sources, stage_ranges
 from advisor.capture.layout import PIPELINE, Scenario
-from advisor.capture.megatron_args import MegatronSetup, model_args, parallel_args
+from advisor.megatron_args import MegatronSetup, megatron_args
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 
@@ -225,9 +225,10 @@ def plan_campaign(
         for batch in batches:
             for unit_counts in found:
                 layers = _expand(unit_counts, scenario_units)
-                args = model_args(spec, seq_len) + parallel_args(
-                    tp=scenario.tp, cp=cp, layers_per_stage=layers, micro_batch_size=batch // scenario.dp,
-                    global_batch_size=batch * m, setup=setup,
+                args = megatron_args(
+                    spec, seq_len, tp=scenario.tp, cp=cp, layers_per_stage=layers,
+                    micro_batch_size=batch // scenario.dp, global_batch_size=batch * m,
+                    options=setup.memory_options(), params_dtype=setup.params_dtype,
                 )
                 runs.append(CampaignRun(
                     id=f"{scenario.name}-b{batch}-{_compact(layers)}", scenario=scenario, cp=cp,

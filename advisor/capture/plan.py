@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from advisor.capture.megatron_args import MegatronSetup
+from advisor.megatron_args import MegatronSetup
 from advisor.memory import GIB
 from advisor.models import LlamaSpec
 

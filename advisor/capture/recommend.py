@@ -20,7 +20,7 @@ from typing import Literal
 
 from advisor.capture.costs import CostTable
 from advisor.capture.layout import PIPELINE, PipelineLayout, Scenario, even_split, in_flight_microbatches
-from advisor.capture.megatron_args import MegatronSetup, model_args, parallel_args
+from advisor.megatron_args import MegatronSetup, megatron_args
 from advisor.capture.observations import ProfileSet
 from advisor.capture.plan import Baseline, Plan, PlanStage
 from advisor.capture.predict_1f1b import PositionAwarePredictor
@@ -120,9 +120,11 @@ def recommend_megatron(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, t
 
 
 def _megatron_args(profiles: ProfileSet, tp: int, stages, micro_batch_size: int, global_batch_size: int):
-    return tuple(model_args(profiles.model, profiles.seq_len) + parallel_args(
-        tp=tp, cp=profiles.cp, layers_per_stage=[stage.layers for stage in stages], micro_batch_size=micro_batch_size,
-        global_batch_size=global_batch_size, setup=_setup(profiles)))
+    setup = _setup(profiles)
+    return tuple(megatron_args(
+        profiles.model, profiles.seq_len, tp=tp, cp=profiles.cp, layers_per_stage=[stage.layers for stage in stages],
+        micro_batch_size=micro_batch_size, global_batch_size=global_batch_size,
+        options=setup.memory_options(), params_dtype=setup.params_dtype))
 
 
 def hybrid_tables(predictor, *, devices_per_node: int, devices: int, micro_batch_size: int, num_microbatches: int

@@ -1,4 +1,5 @@
-"""Megatron-LM command-line arguments for a pipeline split (only flags of core_v0.15.2).
+"""Megatron-LM command-line arguments for a model, a layout and a setup: the one place that
+writes them, for CAPTURE's campaigns and plans and for ``launch`` (only flags of core_v0.15.2).
 
 Uneven stages are written the oldest way Megatron understands them:
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from advisor.memory import MemoryOptions
 from advisor.models import LlamaSpec
 
 
@@ -36,6 +38,9 @@ class MegatronSetup:
     def to_dict(self) -> dict:
         return {"params_dtype": self.params_dtype, "distributed_optimizer": self.distributed_optimizer,
                 "sequence_parallel": self.sequence_parallel}
+
+    def memory_options(self) -> MemoryOptions:
+        return MemoryOptions(distributed_optimizer=self.distributed_optimizer, sequence_parallel=self.sequence_parallel)
 
 
 def _run_length(count: int) -> str:
@@ -91,10 +96,10 @@ def model_args(spec: LlamaSpec, seq_len: int) -> list[str]:
 
 def parallel_args(
     *, tp: int, cp: int, layers_per_stage: list[int] | tuple[int, ...], micro_batch_size: int,
-    global_batch_size: int, setup: MegatronSetup,
+    global_batch_size: int,
 ) -> list[str]:
-    """TP, CP, PP, the split, the batch, and the setup flags that change memory."""
-    args = [
+    """TP, CP, PP, the split and the batch."""
+    return [
         "--tensor-model-parallel-size", str(tp),
         "--context-parallel-size", str(cp),
         "--pipeline-model-parallel-size", str(len(layers_per_stage)),
@@ -102,11 +107,44 @@ def parallel_args(
         "--micro-batch-size", str(micro_batch_size),
         "--global-batch-size", str(global_batch_size),
     ]
-    if tp > 1 and setup.sequence_parallel:
-        args.append("--sequence-parallel")
-    if setup.distributed_optimizer:
-        args.append("--use-distributed-optimizer")
-    dtype_flag = {"bfloat16": "--bf16", "float16": "--fp16", "float32": None}[setup.params_dtype]
+
+
+def memory_args(*, tp: int, options: MemoryOptions, params_dtype: str = "bfloat16") -> list[str]:
+    """The flags behind every memory assumption of the estimator (advisor.memory.MemoryOptions)."""
+    args = []
+    dtype_flag = {"bfloat16": "--bf16", "float16": "--fp16", "float32": None}[params_dtype]
     if dtype_flag:
         args.append(dtype_flag)
+    if options.distributed_optimizer:
+        args.append("--use-distributed-optimizer")
+    if tp > 1 and options.sequence_parallel:
+        args.append("--sequence-parallel")
+    if params_dtype != "float32":
+        # With --bf16 Megatron accumulates and all-reduces gradients in FP32 (seed 004's 4 bytes)
+        # unless told otherwise (megatron/training/arguments.py).
+        args.append("--accumulate-allreduce-grads-in-fp32" if options.gradient_bytes == 4 else "--grad-reduce-in-bf16")
+    if options.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif options.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", options.recompute_method,
+                 "--recompute-num-layers", str(options.recompute_num_layers)]
+    if not options.flash_attention:
+        args += ["--attention-backend", "unfused"]
+    # Megatron pads the vocabulary to 128 x TP by default; 1 keeps it unpadded, as the paper.
+    args += ["--make-vocab-size-divisible-by", str(options.vocab_divisible_by or 1)]
     return args
+
+
+def megatron_args(
+    spec: LlamaSpec, seq_len: int, *, tp: int, cp: int, layers_per_stage: list[int] | tuple[int, ...],
+    micro_batch_size: int, global_batch_size: int, options: MemoryOptions = MemoryOptions(),
+    params_dtype: str = "bfloat16",
+) -> list[str]:
+    """Everything Megatron-LM needs to build and batch this layout; the launcher adds data,
+    tokenizer and iterations."""
+    return (
+        model_args(spec, seq_len)
+        + parallel_args(tp=tp, cp=cp, layers_per_stage=layers_per_stage, micro_batch_size=micro_batch_size,
+                        global_batch_size=global_batch_size)
+        + memory_args(tp=tp, options=options, params_dtype=params_dtype)
+    )

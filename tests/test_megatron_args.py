@@ -1,0 +1,75 @@
+"""Megatron-LM flags from a model, a layout and the estimator's options."""
+
+import pytest
+
+from advisor.megatron_args import megatron_args, memory_args, split_args
+from advisor.memory import MemoryOptions
+from advisor.models import PRESETS
+from conftest import ROOT
+
+FLAGS = set((ROOT / "tables" / "data" / "megatron_lm_core_v0.15.2_flags.txt").read_text().split())
+
+
+def flag_values(args: list[str]) -> dict[str, str | None]:
+    values, key = {}, None
+    for arg in args:
+        if arg.startswith("--"):
+            key = arg
+            values[key] = None
+        else:
+            values[key] = arg
+    return values
+
+
+def test_the_papers_setup():
+    args = flag_values(megatron_args(PRESETS["llama3.1-8b"], 8192, tp=2, cp=1, layers_per_stage=(16, 16),
+                                     micro_batch_size=1, global_batch_size=1024))
+    assert args["--tensor-model-parallel-size"] == "2" and args["--pipeline-model-parallel-size"] == "2"
+    assert args["--num-query-groups"] == "8" and "--group-query-attention" in args
+    assert args["--normalization"] == "RMSNorm" and "--swiglu" in args and "--disable-bias-linear" in args
+    assert "--untie-embeddings-and-output-weights" in args
+    # seed 004's assumptions: BF16, FP32 gradients, distributed optimizer, SP with TP, no vocab padding
+    for flag in ("--bf16", "--accumulate-allreduce-grads-in-fp32", "--use-distributed-optimizer", "--sequence-parallel"):
+        assert flag in args
+    assert args["--make-vocab-size-divisible-by"] == "1"
+    assert "--recompute-granularity" not in args and "--attention-backend" not in args
+
+
+@pytest.mark.parametrize(
+    "options,present,absent",
+    [
+        (MemoryOptions(distributed_optimizer=False), {}, {"--use-distributed-optimizer"}),
+        (MemoryOptions(gradient_bytes=2), {"--grad-reduce-in-bf16": None}, {"--accumulate-allreduce-grads-in-fp32"}),
+        (MemoryOptions(sequence_parallel=False), {}, {"--sequence-parallel"}),
+        (MemoryOptions(recompute="selective"), {"--recompute-granularity": "selective"}, {"--recompute-method"}),
+        (MemoryOptions(recompute="full", recompute_method="block", recompute_num_layers=3),
+         {"--recompute-granularity": "full", "--recompute-method": "block", "--recompute-num-layers": "3"}, set()),
+        (MemoryOptions(flash_attention=False), {"--attention-backend": "unfused"}, set()),
+        (MemoryOptions(vocab_divisible_by=128), {"--make-vocab-size-divisible-by": "128"}, set()),
+    ],
+)
+def test_each_extension_has_its_flag(options, present, absent):
+    args = flag_values(memory_args(tp=2, options=options))
+    for flag, value in present.items():
+        assert args.get(flag, "missing") == value, flag
+    assert not absent & args.keys()
+    assert set(args) <= FLAGS
+
+
+def test_fp32_runs_have_no_precision_flags():
+    args = memory_args(tp=1, options=MemoryOptions(), params_dtype="float32")
+    assert not {"--bf16", "--fp16", "--accumulate-allreduce-grads-in-fp32"} & set(args)
+
+
+def test_every_generated_flag_exists_in_megatron_lm():
+    for spec in PRESETS.values():
+        for layers in ((spec.num_layers,), (1, spec.num_layers - 1), (2, spec.num_layers - 5, 3)):
+            for options in (MemoryOptions(), MemoryOptions(recompute="full", flash_attention=False, gradient_bytes=2)):
+                args = megatron_args(spec, 4096, tp=2, cp=2, layers_per_stage=layers, micro_batch_size=1,
+                                     global_batch_size=64, options=options)
+                assert {arg for arg in args if arg.startswith("--")} <= FLAGS
+
+
+def test_uneven_splits():
+    assert split_args((8, 8)) == []
+    assert split_args((2, 8, 8, 6)) == ["--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "6"]
