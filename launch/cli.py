@@ -65,7 +65,12 @@ def input_options(func: Callable) -> Callable:
     def wrapper(*args, source: Path, rank: int | None, **kwargs):
         from launch.inputs import read_input
 
-        return func(*args, config=read_input(source, rank), **kwargs)
+        config = read_input(source, rank)
+        if config.verdict == "oom":  # an --all row or an estimate: launchable, but it will not fit
+            estimate = f"{config.total_gib:.1f} GiB" if config.total_gib is not None else "the estimate"
+            limit = f" of {config.memory_gib:g} GiB" if config.memory_gib else ""
+            click.echo(f"warning: {config.source} does not fit: {estimate} per GPU{limit} (oom)", err=True)
+        return func(*args, config=config, **kwargs)
 
     return _with([
         click.option("--from", "source", type=click.Path(dir_okay=False, path_type=Path), required=True,
@@ -121,10 +126,6 @@ def run_options(func: Callable) -> Callable:
 
 
 def _announce(config, command: str) -> None:
-    if config.verdict == "oom":
-        estimate = f"{config.total_gib:.1f} GiB" if config.total_gib is not None else "its estimate"
-        limit = f" of {config.memory_gib:g} GiB" if config.memory_gib else ""
-        click.echo(f"warning: {config.source} does not fit: {estimate} per GPU{limit} (oom)", err=True)
     click.echo(f"advisor-launch: {config.describe()}\n+ {command}", err=True)
 
 

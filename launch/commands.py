@@ -223,8 +223,9 @@ def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str
         *job.directives(topology),
         "set -euo pipefail",
         "",
-        "# torchrun's c10d rendezvous runs on the first node of the allocation (sed reads the whole",
-        "# list: with pipefail, head would fail the script when scontrol writes after head has exited).",
+        "# torchrun's c10d rendezvous runs on the first node of the allocation.",
+        # sed, not head: head exits after one line and, under pipefail, scontrol's broken pipe
+        # would fail the script.
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         "",
         "megatron_args=(",

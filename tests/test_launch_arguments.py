@@ -1,6 +1,7 @@
 """The launch's Megatron-LM command line: the user's arguments pass through, conflicts are named."""
 
 import pytest
+from launch_support import FLAGS
 
 from advisor.errors import AdvisorError
 from advisor.megatron_args import megatron_args
@@ -90,6 +91,7 @@ def test_mock_data():
     args = mock_data_args(SPEC)
     # Megatron's NullTokenizer adds an end-of-document token: v - 1 gives the model's 128256 rows.
     assert args == ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128255"]
+    assert {arg for arg in args if arg.startswith("--")} <= FLAGS
     line = compose(SOURCE, plan_args(), mock_data=SPEC, extras=["--train-iters", "5"])
     assert line.args == plan_args() + args + ["--train-iters", "5"]
     assert [label for label, _ in line.groups] == [SOURCE, "--mock-data", "yours (after --)"]

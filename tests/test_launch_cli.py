@@ -151,6 +151,15 @@ def test_sbatch_submits_and_returns_its_status(plans, tmp_path, checkout, monkey
     assert submitted[0]["script"] == submitted[1]["script"] == script
 
 
+def test_an_oom_configuration_is_launched_with_a_warning(advisor, tmp_path):
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "40", "--all")
+    oom = next(row for row in json.loads(sweep.read_text()) if row["verdict"] == "oom")
+    result = launcher()("args", "--from", write_json(tmp_path / "oom.json", oom))
+    assert result.stdout.startswith("--num-layers 32 ")
+    assert result.stderr == (f"warning: the sweep row ({tmp_path / 'oom.json'}) does not fit: "
+                             f"{oom['total_gib']:.1f} GiB per GPU of 40 GiB (oom)\n")
+
+
 def test_args_command(plans):
     printed = launcher()("args", "--from", plans["pp3"], "--", "--train-iters", "7").stdout
     as_json = json.loads(launcher()("args", "--from", plans["pp3"], "--format", "json", "--", "--train-iters", "7").stdout)
