@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from capture_synth import TINY, Truth, write_scenario
@@ -43,6 +44,13 @@ def rank_of(path: Path, **wanted) -> int:
     return next(row["rank"] for row in rows if row["rank"] and all(row[k] == v for k, v in wanted.items()))
 
 
+def tiny_sweep_row(advisor: Invoker, root: Path) -> tuple[Path, int, dict]:
+    """The sweep of a 2-layer model on 2 GPUs, the rank of its row with TP 2 and 2 microbatches, the row."""
+    path = sweep_file(advisor, root / "tiny.json", *TINY_SWEEP)
+    rank = rank_of(path, tp=2, cp=1, pp=1, mbs=2)
+    return path, rank, next(row for row in json.loads(path.read_text()) if row["rank"] == rank)
+
+
 def plan_files(advisor: Invoker, root: Path) -> dict[str, Path]:
     """Plans written by ``advisor recommend`` from synthetic profiles of the 8-layer TINY model
     (capture_synth, with a light embedding and LM head): launchable ones with uneven splits
@@ -63,6 +71,24 @@ def plan_files(advisor: Invoker, root: Path) -> dict[str, Path]:
         out[name] = root / f"{name}.json"
         advisor("recommend", "--profile", profiles, *args, "-o", out[name])
     return out
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
