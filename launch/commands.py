@@ -204,10 +204,13 @@ def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str
     rendezvous on the allocation's first node, each starting ``launch.entry`` on its GPUs.
     ``entry_options`` are the entry's own options; ``megatron`` the Megatron-LM arguments in
     labelled groups (the input's, ``--mock-data``'s, the user's)."""
+    def comment(text: str) -> str:  # a file name may hold a newline; a comment may not
+        return " ".join(text.splitlines())
+
     array = []
     for label, args in megatron:
         if args:
-            array += [f"    # {label}", *wrap(args, first="    ")]
+            array += [f"    # {comment(label)}", *wrap(args, first="    ")]
     torchrun = ["torchrun", "--nnodes", str(topology.nnodes), "--nproc-per-node", str(topology.nproc_per_node),
                 "--rdzv-backend", "c10d"]
     launch_line = (
@@ -218,7 +221,7 @@ def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str
     )
     return "\n".join([
         "#!/bin/bash",
-        f"# Written by advisor-launch: {description}.",
+        f"# Written by advisor-launch: {comment(description)}.",
         "# Submit with: sbatch THIS_FILE (Slurm passes your environment, with torch and this package, to the job).",
         *job.directives(topology),
         "set -euo pipefail",
