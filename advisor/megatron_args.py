@@ -12,6 +12,9 @@ Uneven stages are written the oldest way Megatron understands them:
   ``t`` a decoder layer, ``t*n`` n of them, ``L`` the loss; commas are cosmetic
   (megatron/core/transformer/pipeline_parallel_layer_layout.py, ``parse_str_to_list``).
 
+Interleaved virtual stages (even splits only, as the estimator) are written the oldest way too:
+``--num-layers-per-virtual-pipeline-stage L / (PP x VPP)``.
+
 Stock Megatron gives every pipeline stage the same TP, CP and DP; the world size is
 TP x CP x PP x DP and is the launcher's (torchrun ``--nproc-per-node`` x nodes), not a flag.
 """
@@ -94,16 +97,28 @@ def model_args(spec: LlamaSpec, seq_len: int) -> list[str]:
     return args
 
 
+def virtual_stage_args(layers_per_stage: list[int] | tuple[int, ...], virtual_stages: int) -> list[str]:
+    """VPP model chunks per pipeline rank: ``--num-layers-per-virtual-pipeline-stage``."""
+    if virtual_stages == 1:
+        return []
+    counts = set(layers_per_stage)
+    if len(counts) != 1 or next(iter(counts)) % virtual_stages:
+        raise ValueError(f"virtual pipeline stages need an even split into {virtual_stages} chunks per stage, "
+                         f"got layers per stage {list(layers_per_stage)}")
+    return ["--num-layers-per-virtual-pipeline-stage", str(layers_per_stage[0] // virtual_stages)]
+
+
 def parallel_args(
     *, tp: int, cp: int, layers_per_stage: list[int] | tuple[int, ...], micro_batch_size: int,
-    global_batch_size: int,
+    global_batch_size: int, virtual_stages: int = 1,
 ) -> list[str]:
-    """TP, CP, PP, the split and the batch."""
+    """TP, CP, PP, the split (and VPP) and the batch."""
     return [
         "--tensor-model-parallel-size", str(tp),
         "--context-parallel-size", str(cp),
         "--pipeline-model-parallel-size", str(len(layers_per_stage)),
         *split_args(layers_per_stage),
+        *virtual_stage_args(layers_per_stage, virtual_stages),
         "--micro-batch-size", str(micro_batch_size),
         "--global-batch-size", str(global_batch_size),
     ]
@@ -138,13 +153,13 @@ def memory_args(*, tp: int, options: MemoryOptions, params_dtype: str = "bfloat1
 def megatron_args(
     spec: LlamaSpec, seq_len: int, *, tp: int, cp: int, layers_per_stage: list[int] | tuple[int, ...],
     micro_batch_size: int, global_batch_size: int, options: MemoryOptions = MemoryOptions(),
-    params_dtype: str = "bfloat16",
+    params_dtype: str = "bfloat16", virtual_stages: int = 1,
 ) -> list[str]:
     """Everything Megatron-LM needs to build and batch this layout; the launcher adds data,
     tokenizer and iterations."""
     return (
         model_args(spec, seq_len)
         + parallel_args(tp=tp, cp=cp, layers_per_stage=layers_per_stage, micro_batch_size=micro_batch_size,
-                        global_batch_size=global_batch_size)
+                        global_batch_size=global_batch_size, virtual_stages=virtual_stages)
         + memory_args(tp=tp, options=options, params_dtype=params_dtype)
     )

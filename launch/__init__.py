@@ -1,1 +1,11 @@
-"""Plan -> Megatron-LM flags -> torchrun / srun / sbatch, with ``megatron_hooks`` installed."""
+"""``advisor-launch``: a sweep row, an estimate or a plan -> Megatron-LM flags -> torchrun / Slurm,
+with ``megatron_hooks`` installed in every rank when profiling.
+
+    inputs      the three inputs, read strictly (LaunchInput, read_input)
+    arguments   flags and values, --mock-data, the user's arguments and their conflicts (compose)
+    commands    GPUs per node, torchrun (one node, several), the Slurm batch script, printing
+    checkout    the Megatron-LM checkout and the profile directory, checked before anything starts
+    process     the command's process group: signals forwarded, exit status returned
+    entry       python -m launch.entry: pretrain_gpt.py in-process, with the hooks
+    cli         the advisor-launch command line (click); imports no torch
+"""

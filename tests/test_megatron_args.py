@@ -73,3 +73,17 @@ def test_every_generated_flag_exists_in_megatron_lm():
 def test_uneven_splits():
     assert split_args((8, 8)) == []
     assert split_args((2, 8, 8, 6)) == ["--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "6"]
+
+
+def test_virtual_pipeline_stages():
+    spec = PRESETS["llama3.1-8b"]  # 32 layers
+    args = flag_values(megatron_args(spec, 8192, tp=1, cp=1, layers_per_stage=(8, 8, 8, 8), micro_batch_size=1,
+                                     global_batch_size=64, virtual_stages=2))
+    # 32 layers / (PP 4 x VPP 2) = 4 layers per model chunk
+    assert args["--num-layers-per-virtual-pipeline-stage"] == "4" and args["--pipeline-model-parallel-size"] == "4"
+    assert "--num-layers-per-virtual-pipeline-stage" not in megatron_args(
+        spec, 8192, tp=1, cp=1, layers_per_stage=(8, 8, 8, 8), micro_batch_size=1, global_batch_size=64)
+    for layers, vpp in (((9, 7, 8, 8), 2), ((8, 8, 8, 8), 3)):
+        with pytest.raises(ValueError, match="even split"):
+            megatron_args(spec, 8192, tp=1, cp=1, layers_per_stage=layers, micro_batch_size=1, global_batch_size=64,
+                          virtual_stages=vpp)

@@ -1,0 +1,203 @@
+"""Megatron-LM argument lists as flags and values; the whole command line of a launch (the
+input's arguments, ``--mock-data``'s, the user's own after ``--``); and the conflicts between
+what ``advisor-launch`` generates and what the user adds.
+
+A conflict is decided flag by flag. Each generated group of arguments (the input's, and those of
+``--mock-data``) *owns* a set of flags:
+
+- a user flag that the group also sets, with a different value, conflicts with it
+  (``--micro-batch-size 4`` against the plan's ``--micro-batch-size 2``); the same value is fine;
+- a user flag that the group owns but does not set conflicts too, because leaving it unset was a
+  decision (``--recompute-granularity full`` against an estimate made without recomputation,
+  ``--fp16`` against ``--bf16``, ``--pipeline-model-parallel-layout`` against a plan whose split
+  is Megatron's default), except where the user's value restates what the group assumed
+  (``--attention-backend flash`` when the estimate assumed FlashAttention).
+
+The input's group owns every flag that decides the model, the parallel layout, the pipeline
+split, the batch, or a memory assumption of the estimator (``DECIDED_FLAGS``); every other flag
+(data, tokenizer, iterations, learning rate, logging, checkpoints) is the user's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from advisor.errors import AdvisorError
+from advisor.models import LlamaSpec
+
+MODEL_FLAGS = (
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
+    "--num-query-groups", "--kv-channels", "--num-experts", "--seq-length", "--max-position-embeddings",
+    "--normalization", "--swiglu", "--position-embedding-type", "--disable-bias-linear",
+    "--untie-embeddings-and-output-weights",
+)
+PIPELINE_FLAGS = (
+    "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--pipeline-model-parallel-layout", "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank", "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split",
+)
+LAYOUT_FLAGS = ("--tensor-model-parallel-size", "--context-parallel-size", *PIPELINE_FLAGS)
+BATCH_FLAGS = ("--micro-batch-size", "--global-batch-size", "--rampup-batch-size")
+MEMORY_FLAGS = (
+    "--bf16", "--fp16", "--fp8-format", "--use-distributed-optimizer", "--sequence-parallel",
+    "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--recompute-activations",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--recompute-modules",
+    "--attention-backend", "--use-flash-attn", "--make-vocab-size-divisible-by",
+)
+DECIDED_FLAGS = frozenset(MODEL_FLAGS + LAYOUT_FLAGS + BATCH_FLAGS + MEMORY_FLAGS)
+"""Flags whose value (or absence) the advisor decided: a user's value for them must agree."""
+
+DATA_FLAGS = frozenset({
+    "--mock-data", "--data-path", "--train-data-path", "--valid-data-path", "--test-data-path", "--data-args-path",
+    "--per-split-data-args-path", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file",
+    "--vocab-size",
+})
+"""What ``--mock-data`` decides: the data and the tokenizer."""
+
+# Flags that decide the same thing: when a user flag is unset by a group, these are what it sets instead.
+_RELATED = (
+    ("--bf16", "--fp16", "--fp8-format"),
+    ("--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16"),
+    ("--recompute-activations", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+     "--recompute-modules"),
+    PIPELINE_FLAGS,
+    ("--num-attention-heads", "--group-query-attention", "--num-query-groups", "--kv-channels"),
+    ("--attention-backend", "--use-flash-attn"),
+    ("--micro-batch-size", "--global-batch-size", "--rampup-batch-size"),
+    tuple(sorted(DATA_FLAGS)),
+)
+
+# Values of an unset flag that restate what the generated arguments assume.
+_ASSUMED_WHEN_UNSET = {
+    "--attention-backend": {("flash",), ("auto",)},  # no --attention-backend: FlashAttention assumed
+    "--use-flash-attn": {()},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One flag and the values that follow it (``--flag=value`` is read as ``--flag value``)."""
+
+    name: str
+    values: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return " ".join((self.name, *self.values))
+
+
+def is_flag(token: str) -> bool:
+    return token.startswith("--") and len(token) > 2
+
+
+def parse_flags(args: Iterable[str]) -> list[Flag]:
+    """Split an argument list into flags with their values, in order; tokens before the first
+    flag are dropped (Megatron-LM's pretrain_gpt.py takes no positional arguments)."""
+    flags: list[Flag] = []
+    name, values = None, []
+    for token in args:
+        if is_flag(token):
+            if name is not None:
+                flags.append(Flag(name, tuple(values)))
+            name, _, value = token.partition("=")
+            values = [value] if value else []
+        elif name is not None:
+            values.append(token)
+    if name is not None:
+        flags.append(Flag(name, tuple(values)))
+    return flags
+
+
+def flag_values(args: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """The last value of each flag, as argparse keeps it."""
+    return {flag.name: flag.values for flag in parse_flags(args)}
+
+
+def _same(a: Sequence[str], b: Sequence[str]) -> bool:
+    """Equal values, numbers compared as numbers ('2' == '2.0', '1e-4' == '0.0001')."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        try:
+            if float(x) != float(y):
+                return False
+        except ValueError:
+            if x != y:
+                return False
+    return True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ArgGroup:
+    """Arguments that ``advisor-launch`` generates, where they come from, and the flags they own."""
+
+    source: str
+    """Where they come from, for messages: 'the sweep row (rank 1 of sweep.json)', '--mock-data'."""
+    args: tuple[str, ...]
+    owns: frozenset[str]
+
+    def conflict(self, flag: Flag) -> str | None:
+        """Why the user's ``flag`` contradicts this group, or None."""
+        if flag.name not in self.owns:
+            return None
+        ours = flag_values(self.args)
+        if flag.name in ours:
+            if _same(ours[flag.name], flag.values):
+                return None
+            return f"{flag} (after --) conflicts with {Flag(flag.name, ours[flag.name])} from {self.source}"
+        if flag.values in _ASSUMED_WHEN_UNSET.get(flag.name, ()):
+            return None
+        related = next((group for group in _RELATED if flag.name in group), ())
+        instead = [str(Flag(name, ours[name])) for name in related if name in ours]
+        if instead:
+            return f"{flag} (after --) conflicts with {', '.join(instead)} from {self.source}"
+        return f"{flag} (after --) conflicts with {self.source}, which leaves {flag.name} unset"
+
+
+def check_conflicts(groups: Sequence[ArgGroup], extras: Sequence[str]) -> None:
+    """Raise AdvisorError naming every conflict between the user's ``extras`` and the groups."""
+    problems = [problem for flag in parse_flags(extras) for group in groups
+                if (problem := group.conflict(flag)) is not None]
+    if problems:
+        raise AdvisorError("; ".join(dict.fromkeys(problems)) + " (the input decides these; change the input instead)")
+
+
+# --- the whole command line ------------------------------------------------------------------
+
+
+def mock_data_args(spec: LlamaSpec) -> list[str]:
+    """Megatron-LM's mock dataset with its NullTokenizer, sized to the model's vocabulary.
+
+    The NullTokenizer's vocabulary is ``--vocab-size`` plus one end-of-document token
+    (megatron/training/tokenizer/tokenizer.py and megatron/core/tokenizers, ``NullTokenizer.vocab_size``),
+    so ``--vocab-size v - 1`` builds the v rows the estimate counted."""
+    if spec.vocab_size < 2:
+        raise AdvisorError(f"--mock-data needs a vocabulary of at least 2 tokens, the model has {spec.vocab_size}")
+    return ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(spec.vocab_size - 1)]
+
+
+USER_LABEL = "yours (after --)"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommandLine:
+    """The Megatron-LM arguments of one launch, in labelled groups (for the Slurm script's comments)."""
+
+    groups: tuple[tuple[str, tuple[str, ...]], ...]
+
+    @property
+    def args(self) -> list[str]:
+        return [arg for _, args in self.groups for arg in args]
+
+
+def compose(source: str, decided: Sequence[str], *, mock_data: LlamaSpec | None = None,
+            extras: Sequence[str] = ()) -> CommandLine:
+    """The input's arguments (``decided``, from ``source``), ``--mock-data``'s for the model
+    ``mock_data`` if given, then the user's ``extras`` unchanged; AdvisorError on a conflict."""
+    groups = [ArgGroup(source=source, args=tuple(decided), owns=DECIDED_FLAGS)]
+    if mock_data is not None:
+        groups.append(ArgGroup(source="--mock-data", args=tuple(mock_data_args(mock_data)), owns=DATA_FLAGS))
+    check_conflicts(groups, extras)
+    labelled = [(group.source, group.args) for group in groups] + [(USER_LABEL, tuple(extras))]
+    return CommandLine(groups=tuple(labelled))

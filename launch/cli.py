@@ -1,0 +1,301 @@
+"""``advisor-launch``: run Megatron-LM's pretrain_gpt.py with the configuration the advisor chose.
+
+A thin click layer: reading the input (``launch.inputs``), the Megatron-LM arguments and their
+conflicts (``launch.arguments``), the commands (``launch.commands``) and running them
+(``launch.process``). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import shlex
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from advisor.cli_options import InputError, OneLineErrors
+
+EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
+          "(layout, batch, model, memory switches) are refused. Errors exit with status 2; otherwise the exit "
+          "status is the launched command's. Docs: README.md (Launch).")
+
+USER_ARGS_HELP = textwrap.dedent("""\
+    \b
+    The input decides the model, the layout (TP, CP, PP and the split), the batch and the
+    memory switches. You add the rest after '--': data (--data-path ... or --mock-data),
+    tokenizer (--tokenizer-type ...), iterations (--train-iters N), learning rate (--lr ...),
+    logging and checkpoints. --mock-data here adds Megatron-LM's mock data with a
+    NullTokenizer sized to the model's vocabulary.""")
+
+
+class LaunchGroup(OneLineErrors, click.Group):
+    """Every input error as one line with exit status 2."""
+
+
+class LaunchCommand(click.Command):
+    """A subcommand; an unknown option gets a hint that Megatron-LM's go after '--'."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            raise click.UsageError(f"no such option: {exc.option_name} (Megatron-LM arguments go after '--')",
+                                   ctx) from None
+
+
+# --- option bundles: each adds its flags and hands the command one object ---------------------
+
+
+def _with(options: list[Callable], func: Callable) -> Callable:
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def input_options(func: Callable) -> Callable:
+    """--from FILE [--rank N] -> ``config: LaunchInput``."""
+
+    @functools.wraps(func)
+    def wrapper(*args, source: Path, rank: int | None, **kwargs):
+        from launch.inputs import read_input
+
+        config = read_input(source, rank)
+        if config.verdict == "oom":  # an --all row or an estimate: launchable, but it will not fit
+            estimate = f"{config.total_gib:.1f} GiB" if config.total_gib is not None else "the estimate"
+            limit = f" of {config.memory_gib:g} GiB" if config.memory_gib else ""
+            click.echo(f"warning: {config.source} does not fit: {estimate} per GPU{limit} (oom)", err=True)
+        return func(*args, config=config, **kwargs)
+
+    return _with([
+        click.option("--from", "source", type=click.Path(dir_okay=False, path_type=Path), required=True,
+                     metavar="FILE", help="A sweep (advisor sweep --format json), one sweep row, an estimate "
+                                          "(advisor estimate --format json) or a plan (advisor recommend -o)."),
+        click.option("--rank", type=click.IntRange(min=1), default=None,
+                     help="The sweep row ranked N (default 1). Only for sweep arrays."),
+    ], wrapper)
+
+
+def megatron_options(func: Callable) -> Callable:
+    """--mock-data and the user's arguments after '--' -> ``megatron: CommandLine`` (conflicts checked)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, config, mock_data: bool, user_args: tuple[str, ...], **kwargs):
+        from launch.arguments import compose
+
+        megatron = compose(config.source, config.megatron_args, mock_data=config.model if mock_data else None,
+                           extras=user_args)
+        return func(*args, config=config, megatron=megatron, **kwargs)
+
+    return _with([
+        click.option("--mock-data", is_flag=True,
+                     help="Add --mock-data --tokenizer-type NullTokenizer --vocab-size V-1 (Megatron-LM's mock "
+                          "data; its NullTokenizer adds one token, so the model gets the input's V)."),
+        click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]"),
+    ], wrapper)
+
+
+def run_options(func: Callable) -> Callable:
+    """--megatron-lm DIR, --profile-dir DIR, --run-id ID -> ``entry: list[str]`` (launch.entry's options)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, megatron_lm: str | None, profile_dir: Path | None, run_id: str | None, **kwargs):
+        from launch.checkout import check_profile_dir, resolve_checkout
+        from launch.commands import entry_options
+
+        checkout = resolve_checkout(megatron_lm)
+        if run_id is not None and profile_dir is None:
+            raise InputError("--run-id names a profiled run; give --profile-dir too")
+        if profile_dir is not None:
+            check_profile_dir(profile_dir)
+        return func(*args, entry=entry_options(checkout, profile_dir=profile_dir, run_id=run_id), **kwargs)
+
+    return _with([
+        click.option("--megatron-lm", metavar="DIR", default=None,
+                     help="Your Megatron-LM checkout, holding pretrain_gpt.py (default: $MEGATRON_LM)."),
+        click.option("--profile-dir", type=click.Path(path_type=Path), default=None,
+                     help="Profile the run: install megatron_hooks and write one rank*.jsonl per rank here "
+                          "(a new directory; on several nodes, a shared file system). Without it, no hooks."),
+        click.option("--run-id", default=None, help="The profiled run's id (default: a new one)."),
+    ], wrapper)
+
+
+def _announce(config, command: str) -> None:
+    click.echo(f"advisor-launch: {config.describe()}\n+ {command}", err=True)
+
+
+def _which(program: str, hint: str) -> None:
+    if shutil.which(program) is None:
+        raise InputError(f"{program} not found on PATH; {hint}")
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+@click.group(cls=LaunchGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="megatron-4d-advisor", prog_name="advisor-launch")
+def cli() -> None:
+    """Launch Megatron-LM's pretrain_gpt.py as the advisor planned it.
+
+    \b
+    From a sweep row, an estimate or a plan to a real run, with the layer
+    memory hooks when --profile-dir is given:
+      advisor sweep --gpus 8 --mem 80 --format json -o sweep.json
+      advisor-launch torchrun --from sweep.json --megatron-lm ~/Megatron-LM --mock-data \\
+          --profile-dir profiles/run-1 -- --train-iters 10 --lr 3e-4
+      advisor-launch sbatch --from plan.json --megatron-lm ~/Megatron-LM -o job.sh --dry-run \\
+          -- --data-path ... --tokenizer-type ... --train-iters 1000
+
+    \b
+    Commands:
+      torchrun   run torchrun on this node (or one node of several)
+      sbatch     write and submit a Slurm batch script for several nodes
+      args       print only the Megatron-LM arguments
+    """
+
+
+@cli.command("torchrun", cls=LaunchCommand, epilog=EPILOG)
+@input_options
+@run_options
+@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+              help="GPUs per node (default: the plan's GPUs per node, else 8, at most the world size).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=None,
+              help="Nodes (default: the world size / --nproc-per-node).")
+@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+              help="Several nodes: where they meet (c10d rendezvous; run the same command on every node).")
+@click.option("--node-rank", type=click.IntRange(min=0), default=None,
+              help="Several nodes: this node's rank; switches to torchrun's static rendezvous "
+                   "(--master-addr/--master-port = the endpoint), as Megatron-LM's examples.")
+@click.option("--rdzv-id", default=None, help="Several nodes, c10d: the job id all nodes share.")
+@click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
+@megatron_options
+def torchrun_command(config, entry, megatron, nproc_per_node, nnodes, rdzv_endpoint, node_rank, rdzv_id,
+                     dry_run) -> int:
+    """Run (or print) torchrun with the input's Megatron-LM arguments.
+
+    torchrun starts 'python -m launch.entry' on each GPU, which runs your
+    pretrain_gpt.py in-process (with the hooks when --profile-dir is given).
+    One node: 'torchrun --standalone'. Several nodes: give --rdzv-endpoint and
+    run the command on each node. The GPU count must be the input's world size
+    (TP x CP x PP x DP); Ctrl-C stops every rank.
+
+    \b
+    Examples:
+      advisor-launch torchrun --from sweep.json --rank 2 --megatron-lm ~/Megatron-LM \\
+          --mock-data -- --train-iters 20 --lr 1e-4
+      advisor-launch torchrun --from plan.json --nnodes 2 --rdzv-endpoint node001:29500 \\
+          --megatron-lm ~/Megatron-LM --dry-run -- --data-path ... --train-iters 1000
+    """
+    from launch.commands import Rendezvous, format_command, resolve_topology, torchrun_argv
+    from launch.process import run_process_group
+
+    topology = resolve_topology(config, nnodes=nnodes, per_node=nproc_per_node)
+    if rdzv_endpoint is None and (node_rank is not None or rdzv_id is not None):
+        raise InputError("--node-rank and --rdzv-id need --rdzv-endpoint HOST:PORT")
+    rendezvous = Rendezvous.parse(rdzv_endpoint, node_rank=node_rank, rdzv_id=rdzv_id) if rdzv_endpoint else None
+    argv = torchrun_argv(topology, entry, megatron.args, rendezvous)
+    if dry_run:
+        click.echo(format_command(argv), nl=False)
+        return 0
+    _which("torchrun", "activate the environment where torch and this package are installed")
+    _announce(config, shlex.join(argv))
+    return run_process_group(argv)
+
+
+_JOB_NAME = re.compile(r"[^\w.-]+")
+
+
+@cli.command("sbatch", cls=LaunchCommand, epilog=EPILOG)
+@input_options
+@run_options
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="Nodes (#SBATCH --nodes; default: the world size / --gpus-per-node).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+              help="GPUs per node (default: the plan's, else 8, at most the world size).")
+@click.option("--partition", default=None, help="#SBATCH --partition.")
+@click.option("--account", default=None, help="#SBATCH --account.")
+@click.option("--time", default=None, help="#SBATCH --time, e.g. 02:00:00.")
+@click.option("--job-name", default=None, help="#SBATCH --job-name (default: megatron-MODEL).")
+@click.option("--rdzv-port", type=int, default=29500, show_default=True,
+              help="The c10d rendezvous port on the first node.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the script here (atomically) and submit this file.")
+@click.option("--dry-run", is_flag=True, help="Do not submit: print the script (or only write it, with -o).")
+@megatron_options
+def sbatch_command(config, entry, megatron, nodes, gpus_per_node, partition, account, time, job_name, rdzv_port,
+                   output, dry_run) -> int:
+    """Write a Slurm batch script for the input, and submit it with sbatch.
+
+    The script asks for the input's nodes and GPUs, runs one torchrun per node
+    (srun --ntasks-per-node=1) meeting at a c10d rendezvous on the first node,
+    each starting 'python -m launch.entry' on its GPUs. The job inherits your
+    environment (Slurm's default), so submit it from the environment that has
+    torch and this package. The checkout and --profile-dir must be on a file
+    system the nodes share.
+
+    \b
+    Examples:
+      advisor-launch sbatch --from plan.json --megatron-lm ~/Megatron-LM --partition gpu \\
+          --time 01:00:00 --profile-dir profiles/plan-1 --mock-data -- --train-iters 20
+      advisor-launch sbatch --from sweep.json --megatron-lm ~/Megatron-LM -o job.sh --dry-run \\
+          -- --data-path ... --tokenizer-type ... --train-iters 1000
+    """
+    from advisor.fileio import atomic_write_text
+    from launch.commands import SlurmJob, resolve_topology, sbatch_script
+    from launch.process import run_process_group
+
+    topology = resolve_topology(config, nnodes=nodes, per_node=gpus_per_node, names=("--nodes", "--gpus-per-node"))
+    model = config.model.name.partition("[")[0]  # a preset's name, without the overrides
+    job = SlurmJob(job_name=job_name or _JOB_NAME.sub("-", f"megatron-{model}"), partition=partition,
+                   account=account, time=time, rdzv_port=rdzv_port)
+    script = sbatch_script(job, topology, entry, megatron.groups, description=config.describe())
+    if output is not None:
+        atomic_write_text(output, script)
+        click.echo(f"wrote {output}", err=True)
+    if dry_run:
+        if output is None:
+            click.echo(script, nl=False)
+        return 0
+    _which("sbatch", "submit from a Slurm login node, or write the script with --dry-run -o FILE")
+    argv = ["sbatch", str(output)] if output is not None else ["sbatch"]
+    _announce(config, shlex.join(argv))
+    return run_process_group(argv, stdin_text=None if output is not None else script)
+
+
+@cli.command("args", cls=LaunchCommand, epilog=EPILOG)
+@input_options
+@click.option("--format", "fmt", type=click.Choice(["shell", "json"]), default="shell", show_default=True,
+              help="shell: one shell-quoted line; json: an array of strings.")
+@megatron_options
+def args_command(config, megatron, fmt) -> int:
+    """Print only the Megatron-LM arguments, for a launch script of your own.
+
+    \b
+    Examples:
+      advisor-launch args --from sweep.json --rank 3
+      advisor-launch args --from plan.json --format json -- --train-iters 100
+    """
+    if fmt == "json":
+        from advisor.render import to_json
+
+        click.echo(to_json(megatron.args), nl=False)
+    else:
+        click.echo(shlex.join(megatron.args))
+    return 0
+
+
+for _command in (torchrun_command, sbatch_command, args_command):
+    _command.help = f"{inspect.cleandoc(_command.help)}\n\n{USER_ARGS_HELP}"
+
+
+def main() -> None:
+    cli(prog_name="advisor-launch")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The commands ``advisor-launch`` runs or prints: torchrun on one node or on many, and a Slurm
+batch script that runs torchrun on every node of its allocation.
+
+Every command is an argument list, quoted for a shell only when printed (``shlex``); torchrun
+starts ``python -m launch.entry`` on each GPU, which runs the user's ``pretrain_gpt.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from advisor.errors import AdvisorError
+from launch.inputs import DEFAULT_GPUS_PER_NODE, LaunchInput
+
+ENTRY_MODULE = "launch.entry"
+DEFAULT_RDZV_PORT = 29500
+WIDTH = 100
+
+
+# --- how many nodes, how many GPUs each ------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Topology:
+    nnodes: int
+    nproc_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+
+def resolve_topology(config: LaunchInput, *, nnodes: int | None, per_node: int | None,
+                     names: tuple[str, str] = ("--nnodes", "--nproc-per-node")) -> Topology:
+    """Nodes x GPUs per node = the input's world size. Unset sizes are derived: GPUs per node
+    default to the plan's (else 8), capped at the world size; ``names`` are the options' names
+    for the messages."""
+    world = config.world_size
+    needs = (f"{config.source} needs {world} GPUs (TP {config.tp} x CP {config.cp} x PP {config.pp} "
+             f"x DP {config.dp})")
+    if per_node is None:
+        if nnodes is None:
+            per_node = min(world, config.gpus_per_node or DEFAULT_GPUS_PER_NODE)
+        elif world % nnodes == 0:
+            per_node = world // nnodes
+        else:
+            raise AdvisorError(f"{needs}, which {names[0]} {nnodes} nodes cannot share equally")
+    if nnodes is None:
+        if world % per_node:
+            raise AdvisorError(f"{needs}, not a whole number of nodes of {names[1]} {per_node}")
+        nnodes = world // per_node
+    if nnodes * per_node != world:
+        raise AdvisorError(f"{needs}; {names[0]} {nnodes} x {names[1]} {per_node} = {nnodes * per_node}")
+    return Topology(nnodes=nnodes, nproc_per_node=per_node)
+
+
+# --- the entry's arguments -------------------------------------------------------------------
+
+
+def entry_options(checkout: Path, *, profile_dir: Path | None = None, run_id: str | None = None) -> list[str]:
+    """``launch.entry``'s own options (the Megatron-LM arguments follow ``--``)."""
+    args = ["--megatron-lm", str(checkout)]
+    if profile_dir is not None:
+        args += ["--profile-dir", str(profile_dir)]
+    if run_id is not None:
+        args += ["--run-id", run_id]
+    return args
+
+
+# --- torchrun ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rendezvous:
+    """Where the nodes of a multi-node torchrun meet. With ``node_rank``, torchrun's static
+    rendezvous (Megatron-LM's examples: ``--node-rank --master-addr --master-port``, a different
+    command per node); without, the c10d backend (the same command on every node)."""
+
+    host: str
+    port: int
+    node_rank: int | None = None
+    rdzv_id: str | None = None
+
+    @classmethod
+    def parse(cls, endpoint: str, *, node_rank: int | None = None, rdzv_id: str | None = None) -> "Rendezvous":
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise AdvisorError(f"--rdzv-endpoint must be HOST:PORT, got {endpoint!r}")
+        return cls(host=host, port=int(port), node_rank=node_rank, rdzv_id=rdzv_id)
+
+    def args(self) -> list[str]:
+        if self.node_rank is not None:
+            return ["--node-rank", str(self.node_rank), "--master-addr", self.host, "--master-port", str(self.port)]
+        args = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.host}:{self.port}"]
+        return args + (["--rdzv-id", self.rdzv_id] if self.rdzv_id else [])
+
+
+def torchrun_argv(topology: Topology, entry: Sequence[str], megatron: Sequence[str],
+                  rendezvous: Rendezvous | None = None) -> list[str]:
+    """``torchrun`` on this node, starting ``launch.entry`` with its options ``entry`` and the
+    Megatron-LM arguments: ``--standalone`` alone on one node, else with the rendezvous."""
+    argv = ["torchrun", "--nproc-per-node", str(topology.nproc_per_node)]
+    if rendezvous is None:
+        if topology.nnodes > 1:
+            raise AdvisorError(
+                f"{topology.nnodes} nodes of {topology.nproc_per_node} GPUs need a rendezvous: give --rdzv-endpoint "
+                "HOST:PORT (run the same command on every node), or use 'advisor-launch sbatch'")
+        argv.append("--standalone")
+    else:
+        if rendezvous.node_rank is not None and rendezvous.node_rank >= topology.nnodes:
+            raise AdvisorError(f"--node-rank {rendezvous.node_rank} is not below --nnodes {topology.nnodes}")
+        argv += ["--nnodes", str(topology.nnodes), *rendezvous.args()]
+    return [*argv, "-m", ENTRY_MODULE, *entry, "--", *megatron]
+
+
+# --- printing ---------------------------------------------------------------------------------
+
+
+def _is_option(token: str) -> bool:
+    if not token.startswith("-") or token == "-":
+        return False
+    try:
+        float(token)
+        return False  # a negative number is a value
+    except ValueError:
+        return True
+
+
+def units(tokens: Sequence[str]) -> list[list[str]]:
+    """Each option with the values that follow it."""
+    grouped: list[list[str]] = []
+    for token in tokens:
+        if not grouped or _is_option(token) or grouped[-1] == ["--"]:
+            grouped.append([token])
+        else:
+            grouped[-1].append(token)
+    return grouped
+
+
+def wrap(tokens: Sequence[str], *, width: int = WIDTH, indent: str = "    ", first: str = "",
+         break_before: frozenset[str] = frozenset(), break_after: frozenset[str] = frozenset()) -> list[str]:
+    """Shell-quoted lines of at most about ``width`` characters, never splitting an option from
+    its values."""
+    lines, current = [], first
+    for unit in units(tokens):
+        text = shlex.join(unit)
+        head = unit[0]
+        if current.strip() and (len(current) + 1 + len(text) > width or head in break_before):
+            lines.append(current)
+            current = indent
+        current = f"{current} {text}" if current.strip() else current + text
+        if head in break_after:
+            lines.append(current)
+            current = indent
+    if current.strip():
+        lines.append(current)
+    return lines
+
+
+def format_command(argv: Sequence[str]) -> str:
+    """A copy-pasteable command: shell-quoted, continued over lines with backslashes, a new
+    line before the entry and after ``--``."""
+    lines = wrap(argv, width=WIDTH - 2, break_before=frozenset({"-m"}), break_after=frozenset({"--"}))  # + " \\"
+    return " \\\n".join(lines) + "\n"
+
+
+# --- Slurm ------------------------------------------------------------------------------------
+
+_SLURM_VALUE = re.compile(r"^[\w.:@%+/=,-]+$")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlurmJob:
+    """The #SBATCH settings that ``advisor-launch sbatch`` writes besides nodes and GPUs."""
+
+    job_name: str
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    rdzv_port: int = DEFAULT_RDZV_PORT
+
+    def __post_init__(self) -> None:
+        for name in ("job_name", "partition", "account", "time"):
+            value = getattr(self, name)
+            if value is not None and not _SLURM_VALUE.match(value):
+                raise AdvisorError(f"--{name.replace('_', '-')} {value!r}: use letters, digits and . : @ % + / = , - _")
+        if not 0 < self.rdzv_port < 65536:
+            raise AdvisorError(f"--rdzv-port must be a TCP port, got {self.rdzv_port}")
+
+    def directives(self, topology: Topology) -> list[str]:
+        settings = [("job-name", self.job_name), ("nodes", topology.nnodes), ("ntasks-per-node", 1),
+                    ("gpus-per-node", topology.nproc_per_node), ("partition", self.partition),
+                    ("account", self.account), ("time", self.time)]
+        return [f"#SBATCH --{key}={value}" for key, value in settings if value is not None]
+
+
+def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str],
+                  megatron: Sequence[tuple[str, Sequence[str]]], *, description: str) -> str:
+    """A batch script: one torchrun per node (``srun --ntasks-per-node=1``), meeting at a c10d
+    rendezvous on the allocation's first node, each starting ``launch.entry`` on its GPUs.
+    ``entry_options`` are the entry's own options; ``megatron`` the Megatron-LM arguments in
+    labelled groups (the input's, ``--mock-data``'s, the user's)."""
+    def comment(text: str) -> str:  # a file name may hold a newline; a comment may not
+        return " ".join(text.splitlines())
+
+    array = []
+    for label, args in megatron:
+        if args:
+            array += [f"    # {comment(label)}", *wrap(args, first="    ")]
+    torchrun = ["torchrun", "--nnodes", str(topology.nnodes), "--nproc-per-node", str(topology.nproc_per_node),
+                "--rdzv-backend", "c10d"]
+    launch_line = (
+        f"srun --kill-on-bad-exit=1 {shlex.join(torchrun)} \\\n"
+        f'    --rdzv-endpoint "${{head_node}}:{job.rdzv_port}" --rdzv-id "$SLURM_JOB_ID" \\\n'
+        f"    {shlex.join(['-m', ENTRY_MODULE, *entry_options])} \\\n"
+        f'    -- "${{megatron_args[@]}}"'
+    )
+    return "\n".join([
+        "#!/bin/bash",
+        f"# Written by advisor-launch: {comment(description)}.",
+        "# Submit with: sbatch THIS_FILE (Slurm passes your environment, with torch and this package, to the job).",
+        *job.directives(topology),
+        "set -euo pipefail",
+        "",
+        "# torchrun's c10d rendezvous runs on the first node of the allocation.",
+        # sed, not head: head exits after one line and, under pipefail, scontrol's broken pipe
+        # would fail the script.
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
+        "",
+        "megatron_args=(",
+        *array,
+        ")",
+        "",
+        launch_line,
+        "",
+    ])

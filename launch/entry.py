@@ -1,0 +1,89 @@
+"""The program torchrun starts on every GPU: the user's ``pretrain_gpt.py``, with the hooks.
+
+    python -m launch.entry --megatron-lm DIR [--profile-dir DIR [--run-id ID]] -- MEGATRON_ARGS...
+
+It does what ``python DIR/pretrain_gpt.py MEGATRON_ARGS...`` does (the checkout first on
+``sys.path``, ``sys.argv`` the script and its arguments, the script run as ``__main__`` with
+``runpy``), in this process and without touching the checkout; with ``--profile-dir`` it first
+installs ``megatron_hooks`` (``megatron_hooks.integration.install``), which writes this rank's
+``rank{RANK:05d}.jsonl`` there, and uninstalls them when the script returns. The exit status is
+the script's. ``--megatron-lm`` defaults to ``$MEGATRON_LM``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+from typing import Sequence
+
+from advisor.errors import AdvisorError
+from launch.checkout import SCRIPT, resolve_checkout
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m launch.entry", allow_abbrev=False,
+        description="Run Megatron-LM's pretrain_gpt.py in this process, with megatron_hooks when profiling. "
+                    "Megatron-LM arguments follow '--'.")
+    parser.add_argument("--megatron-lm", default=None, help="The Megatron-LM checkout (default: $MEGATRON_LM).")
+    parser.add_argument("--profile-dir", default=None, help="Install the hooks; rank files go here.")
+    parser.add_argument("--run-id", default=None, help="The profiled run's id (default: a new one from rank 0).")
+    return parser
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The entry's own options, and the Megatron-LM arguments after the first ``--``."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
+def _status(code) -> int:
+    """``SystemExit.code`` as a process exit status, as the interpreter maps it."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def run(checkout, megatron_args: Sequence[str], *, profile_dir=None, run_id: str | None = None) -> int:
+    """Run ``checkout/pretrain_gpt.py`` with ``megatron_args`` in this process; its exit status."""
+    script = checkout / SCRIPT
+    sys.path.insert(0, str(checkout.resolve()))  # as `python pretrain_gpt.py` puts the script's directory first
+    sys.argv = [str(script), *megatron_args]
+    session = None
+    if profile_dir is not None:
+        from megatron_hooks import integration  # torch and megatron-core, only when profiling
+
+        session = integration.install(profile_dir, run_id=run_id)
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        return _status(exc.code)
+    finally:
+        if session is not None:
+            session.uninstall()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    own, megatron_args = split_argv(sys.argv[1:] if argv is None else argv)
+    options = _parser().parse_args(own)
+    if options.run_id is not None and options.profile_dir is None:
+        print("Error: --run-id names a profiled run; give --profile-dir too", file=sys.stderr)
+        return 2
+    try:
+        checkout = resolve_checkout(options.megatron_lm)
+    except AdvisorError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2
+    return run(checkout, megatron_args, profile_dir=options.profile_dir, run_id=options.run_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

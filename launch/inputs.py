@@ -1,0 +1,262 @@
+"""The three inputs of ``advisor-launch``, read strictly, and the Megatron-LM arguments of each.
+
+What a file holds is decided from its content:
+
+- a JSON array: the rows of ``advisor sweep --format json``; ``--rank N`` picks the row ranked N
+  (default 1);
+- an object with ``schema``: a plan, ``megatron-4d-advisor/plan`` v1 (``advisor recommend -o``),
+  launched with its own ``megatron_args``; a plan that is not launchable is refused;
+- an object with ``stages``: ``advisor estimate --format json``;
+- another object with a row's keys: one sweep row saved on its own.
+
+A sweep row or an estimate becomes arguments through ``advisor.megatron_args`` (the one writer
+of Megatron-LM flags) from its model, layout, batch and estimator options, with BF16 weights as
+the estimator assumes. Anything malformed, truncated or inconsistent is one AdvisorError.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from advisor.capture.plan import SCHEMA as PLAN_SCHEMA
+from advisor.capture.plan import VERSION as PLAN_VERSION
+from advisor.errors import AdvisorError
+from advisor.megatron_args import megatron_args
+from advisor.memory import MemoryOptions, check_layout
+from advisor.models import LlamaSpec
+from advisor.parallel import ParallelConfig, Workload
+from launch.arguments import flag_values
+
+ROW_KEYS = ("tp", "cp", "pp", "mbs", "dp", "gpus", "seq_len", "global_batch_size", "model")
+DEFAULT_GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchInput:
+    """One configuration to launch, whatever file it came from."""
+
+    kind: Literal["sweep row", "estimate", "plan"]
+    origin: str
+    """The file (and the row's rank), for messages."""
+    model: LlamaSpec
+    seq_len: int
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    vpp: int
+    micro_batch_size: int
+    global_batch_size: int
+    layers_per_stage: tuple[int, ...]
+    megatron_args: tuple[str, ...]
+    """Model, parallel layout, split, batch and memory flags; data, tokenizer and iterations are the user's."""
+    gpus_per_node: int | None = None
+    """What the input was planned for (plans), else None."""
+    verdict: str | None = None
+    """The estimate's fits / tight / oom, where it made one."""
+    total_gib: float | None = None
+    memory_gib: float | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def source(self) -> str:
+        return f"the {self.kind} ({self.origin})"
+
+    def layout(self) -> str:
+        vpp = f", VPP {self.vpp}" if self.vpp > 1 else ""
+        split = "" if len(set(self.layers_per_stage)) == 1 else f" ({'/'.join(map(str, self.layers_per_stage))})"
+        return (f"TP {self.tp}, CP {self.cp}, PP {self.pp}{split}{vpp}, DP {self.dp}, MBS {self.micro_batch_size}, "
+                f"GBS {self.global_batch_size}, seq {self.seq_len}")
+
+    def describe(self) -> str:
+        return f"{self.model.name}: {self.layout()}; {self.source}"
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def read_input(path: str | Path, rank: int | None = None) -> LaunchInput:
+    """Read a sweep array (picking ``rank``, default 1), a sweep row, an estimate or a plan."""
+    path = Path(path)
+    document = _load_json(path)
+    if isinstance(document, list):
+        row, origin = _pick_row(document, path, 1 if rank is None else rank)
+        return _from_row(_Fields(row, origin), "sweep row")
+    if not isinstance(document, dict):
+        raise AdvisorError(f"{path}: expected a JSON object or array, got {type(document).__name__}")
+    if rank is not None:
+        raise AdvisorError(f"--rank picks a row of a sweep array; {path} holds one object")
+    if "schema" in document:
+        return _from_plan(_Fields(document, str(path)))
+    if "stages" in document:
+        return _from_row(_Fields(document, str(path)), "estimate")
+    if all(key in document for key in ROW_KEYS):
+        return _from_row(_Fields(document, str(path)), "sweep row")
+    raise AdvisorError(
+        f"{path}: neither a sweep row, an estimate nor a plan (expected the JSON of 'advisor sweep --format json', "
+        "'advisor estimate --format json' or 'advisor recommend -o')")
+
+
+def _load_json(path: Path):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AdvisorError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise AdvisorError(f"{path} is a directory, not a JSON file") from None
+    except UnicodeDecodeError:
+        raise AdvisorError(f"{path}: not a UTF-8 text file") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AdvisorError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+
+
+def _pick_row(rows: list, path: Path, rank: int) -> tuple[dict, str]:
+    if not rows:
+        raise AdvisorError(f"{path}: the sweep holds no rows")
+    if not all(isinstance(row, dict) for row in rows):
+        raise AdvisorError(f"{path}: a sweep array must hold row objects")
+    for row in rows:
+        if row.get("rank") == rank:
+            return row, f"rank {rank} of {path}"
+    ranks = sorted(row["rank"] for row in rows if isinstance(row.get("rank"), int))
+    held = f"ranks {ranks[0]}-{ranks[-1]}" if ranks else "no ranked rows"
+    raise AdvisorError(f"{path} has no row ranked {rank} ({held}; oom rows have no rank)")
+
+
+class _Fields:
+    """Typed access to one JSON object, with messages that name the file and the key."""
+
+    def __init__(self, document: dict, origin: str) -> None:
+        self.document = document
+        self.origin = origin
+
+    def _get(self, key: str):
+        if key not in self.document:
+            raise AdvisorError(f"{self.origin}: missing {key!r}")
+        return self.document[key]
+
+    def positive(self, key: str, default: int | None = None) -> int:
+        value = self.document.get(key, default) if default is not None else self._get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise AdvisorError(f"{self.origin}: {key!r} must be a positive integer, got {value!r}")
+        return value
+
+    def number(self, key: str) -> float | None:
+        value = self.document.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def obj(self, key: str, default: dict | None = None) -> dict:
+        value = self.document.get(key, default) if default is not None else self._get(key)
+        if not isinstance(value, dict):
+            raise AdvisorError(f"{self.origin}: {key!r} must be an object, got {value!r}")
+        return value
+
+    def array(self, key: str, kind: type) -> list:
+        value = self._get(key)
+        if not isinstance(value, list) or not all(isinstance(item, kind) and not isinstance(item, bool)
+                                                   for item in value):
+            raise AdvisorError(f"{self.origin}: {key!r} must be a list of {kind.__name__}, got {value!r}")
+        return value
+
+    def model(self) -> LlamaSpec:
+        fields = self.obj("model")
+        try:
+            return LlamaSpec(**fields)
+        except TypeError as exc:
+            raise AdvisorError(f"{self.origin}: 'model' is not a model spec ({exc})") from None
+        except AdvisorError as exc:
+            raise AdvisorError(f"{self.origin}: {exc}") from None
+
+    def options(self) -> MemoryOptions:
+        try:
+            return MemoryOptions(**self.obj("options", {}))
+        except TypeError as exc:
+            raise AdvisorError(f"{self.origin}: 'options' are not estimator options ({exc})") from None
+        except AdvisorError as exc:
+            raise AdvisorError(f"{self.origin}: {exc}") from None
+
+
+def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> LaunchInput:
+    spec, options = fields.model(), fields.options()
+    tp, cp, pp, dp, mbs = (fields.positive(key) for key in ("tp", "cp", "pp", "dp", "mbs"))
+    vpp = fields.positive("vpp", default=1)
+    seq_len, gbs, gpus = fields.positive("seq_len"), fields.positive("global_batch_size"), fields.positive("gpus")
+    if gpus != tp * cp * pp * dp:
+        raise AdvisorError(f"{fields.origin}: 'gpus' is {gpus}, but TP x CP x PP x DP = {tp * cp * pp * dp}")
+    if kind == "estimate":
+        stages = fields.document["stages"]
+        if not isinstance(stages, list) or not all(isinstance(stage, dict) for stage in stages):
+            raise AdvisorError(f"{fields.origin}: 'stages' must be a list of stage objects")
+        layers = tuple(_Fields(stage, f"{fields.origin}, stage {i}").positive("layers") for i, stage in enumerate(stages))
+        if len(layers) != pp or sum(layers) != spec.num_layers:
+            raise AdvisorError(f"{fields.origin}: the stages hold {list(layers)} layers, not {spec.num_layers} "
+                               f"layers over PP {pp}")
+    else:
+        layers = (spec.num_layers // pp,) * pp
+    parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
+    try:  # what Megatron-LM would refuse, refused here before anything starts
+        check_layout(spec, parallel, Workload(seq_len=seq_len, global_batch_size=gbs),
+                     layers if len(set(layers)) > 1 else None)
+    except AdvisorError as exc:
+        raise AdvisorError(f"{fields.origin}: {exc}") from None
+    args = megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
+                         global_batch_size=gbs, options=options, virtual_stages=vpp)
+    return LaunchInput(
+        kind=kind, origin=fields.origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
+        micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=tuple(args),
+        verdict=fields.document.get("verdict"), total_gib=fields.number("total_gib"),
+        memory_gib=fields.number("memory_gib"),
+    )
+
+
+def _from_plan(fields: _Fields) -> LaunchInput:
+    document, origin = fields.document, fields.origin
+    if document["schema"] != PLAN_SCHEMA:
+        raise AdvisorError(f"{origin}: unknown schema {document['schema']!r} (this launcher reads {PLAN_SCHEMA})")
+    if document.get("version") != PLAN_VERSION:
+        raise AdvisorError(f"{origin}: plan version {document.get('version')!r} is not supported "
+                           f"(this launcher reads version {PLAN_VERSION})")
+    if document.get("launchable") is not True:
+        reason = document.get("not_launchable_reason") or "it is marked not launchable"
+        mode = f" {document['mode']}" if isinstance(document.get("mode"), str) else ""
+        raise AdvisorError(f"{origin}: stock Megatron-LM cannot build this{mode} plan: {reason}. "
+                           "Recommend with --mode megatron for a plan it can run")
+    spec = fields.model()
+    tp, cp, pp, dp = (fields.positive(key) for key in ("tp", "cp", "pp", "dp"))
+    mbs, gbs = fields.positive("micro_batch_size"), fields.positive("global_batch_size")
+    seq_len, world, per_node = fields.positive("seq_len"), fields.positive("world_size"), fields.positive("gpus_per_node")
+    layers = tuple(fields.array("layers_per_stage", int))
+    args = tuple(fields.array("megatron_args", str))
+    if world != tp * cp * pp * dp:
+        raise AdvisorError(f"{origin}: 'world_size' is {world}, but TP x CP x PP x DP = {tp * cp * pp * dp}")
+    if len(layers) != pp or sum(layers) != spec.num_layers or min(layers) < 0:
+        raise AdvisorError(f"{origin}: 'layers_per_stage' {list(layers)} does not split {spec.num_layers} layers "
+                           f"over {pp} stages")
+    _check_plan_args(origin, args, {
+        "--tensor-model-parallel-size": tp, "--context-parallel-size": cp, "--pipeline-model-parallel-size": pp,
+        "--micro-batch-size": mbs, "--global-batch-size": gbs, "--num-layers": spec.num_layers,
+        "--seq-length": seq_len,
+    })
+    return LaunchInput(
+        kind="plan", origin=origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=1,
+        micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=args,
+        gpus_per_node=per_node, total_gib=fields.number("peak_predicted_gib"),
+    )
+
+
+def _check_plan_args(origin: str, args: tuple[str, ...], expected: dict[str, int]) -> None:
+    """The plan's flags must say what its fields say (a hand-edited plan may not)."""
+    values = flag_values(args)
+    for flag, value in expected.items():
+        if values.get(flag) != (str(value),):
+            given = " ".join(values[flag]) if flag in values else "nothing"
+            raise AdvisorError(f"{origin}: inconsistent plan: its megatron_args give {flag} {given}, "
+                               f"its fields say {value}")

@@ -1,0 +1,69 @@
+"""Run a command as its own process group and hand its exit status back.
+
+torchrun starts one worker per GPU. The launcher starts torchrun in a new session (so that it
+leads a process group of its own, workers included) and forwards SIGINT and SIGTERM to that
+whole group: Ctrl-C stops every rank, not only torchrun. A second signal, or a group still alive
+``grace_s`` seconds after the first, gets SIGKILL. No shell is involved: the command is an
+argument list.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Sequence
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM)
+GRACE_S = 30.0
+
+
+def exit_status(returncode: int) -> int:
+    """A child's status as a shell reports it: killed by signal N -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:  # the group is gone already
+        pass
+
+
+def run_process_group(argv: Sequence[str], *, stdin_text: str | None = None, grace_s: float = GRACE_S) -> int:
+    """Run ``argv`` in a new session, forwarding SIGINT/SIGTERM to its group; return its exit status."""
+    process = subprocess.Popen(list(argv), start_new_session=True,
+                               stdin=subprocess.PIPE if stdin_text is not None else None,
+                               text=stdin_text is not None)
+    received: list[int] = []
+
+    def forward(signum, _frame) -> None:
+        received.append(signum)
+        _signal_group(process.pid, signal.SIGKILL if len(received) > 1 else signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
+    try:
+        if stdin_text is not None:
+            process.stdin.write(stdin_text)
+            process.stdin.close()
+        _wait_for_exit(process.pid, received, grace_s)
+        # The leader has exited but is not reaped yet, so its process group id cannot be reused:
+        # workers it left behind (it was killed, or died early) go now.
+        _signal_group(process.pid, signal.SIGKILL if received else signal.SIGTERM)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return exit_status(process.wait())
+
+
+def _wait_for_exit(pid: int, received: list[int], grace_s: float) -> None:
+    """Block until ``pid`` exits, without reaping it; SIGKILL its group ``grace_s`` after a signal."""
+    deadline = None
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+        if received and deadline is None:
+            deadline = time.monotonic() + grace_s
+        if deadline is not None and time.monotonic() > deadline:
+            _signal_group(pid, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.1)

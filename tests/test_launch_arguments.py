@@ -1,0 +1,103 @@
+"""The launch's Megatron-LM command line: the user's arguments pass through, conflicts are named."""
+
+import pytest
+from launch_support import FLAGS
+
+from advisor.errors import AdvisorError
+from advisor.megatron_args import megatron_args
+from advisor.memory import MemoryOptions
+from advisor.models import PRESETS
+from launch.arguments import Flag, compose, flag_values, mock_data_args, parse_flags
+
+SPEC = PRESETS["llama3.1-8b"]
+SOURCE = "the plan (plan.json)"
+
+
+def plan_args(layers=(8, 8, 8, 8), tp=2, options=MemoryOptions()):
+    return megatron_args(SPEC, 8192, tp=tp, cp=1, layers_per_stage=layers, micro_batch_size=2,
+                         global_batch_size=256, options=options)
+
+
+def conflict(extras, *, decided=None, mock_data=None) -> str:
+    with pytest.raises(AdvisorError) as error:
+        compose(SOURCE, plan_args() if decided is None else decided, mock_data=mock_data, extras=extras)
+    return str(error.value)
+
+
+def test_parse_flags():
+    assert parse_flags(["--lr", "3e-4", "--bf16", "--data-path", "0.3", "a", "0.7", "b", "--adam-eps=-1e-8"]) == [
+        Flag("--lr", ("3e-4",)), Flag("--bf16", ()), Flag("--data-path", ("0.3", "a", "0.7", "b")),
+        Flag("--adam-eps", ("-1e-8",))]
+    assert flag_values(["--seed", "1", "--seed", "2"]) == {"--seed": ("2",)}  # argparse keeps the last
+
+
+def test_the_users_arguments_pass_through_unchanged():
+    extras = ["--train-iters", "100", "--lr=3e-4", "--data-path", "0.5", "a b", "0.5", "c", "--log-interval", "1"]
+    line = compose(SOURCE, plan_args(), extras=extras)
+    assert line.args == plan_args() + extras
+    assert [label for label, _ in line.groups] == [SOURCE, "yours (after --)"]
+
+
+def test_restating_the_plan_is_no_conflict():
+    same = ["--tensor-model-parallel-size", "2", "--micro-batch-size=2", "--global-batch-size", "256.0", "--bf16",
+            "--sequence-parallel", "--attention-backend", "flash", "--use-flash-attn"]
+    assert compose(SOURCE, plan_args(), extras=same).args[-len(same):] == same
+
+
+@pytest.mark.parametrize("extras,named", [
+    # the same flag with another value: both values named
+    (["--micro-batch-size", "4"], "--micro-batch-size 4 (after --) conflicts with --micro-batch-size 2 from the plan"),
+    (["--tensor-model-parallel-size=4"], "--tensor-model-parallel-size 4 (after --) conflicts with "
+                                         "--tensor-model-parallel-size 2"),
+    (["--num-layers", "30"], "--num-layers 30 (after --) conflicts with --num-layers 32"),
+    (["--seq-length", "4096"], "--seq-length 4096 (after --) conflicts with --seq-length 8192"),
+    (["--global-batch-size", "512"], "--global-batch-size 512 (after --) conflicts with --global-batch-size 256"),
+    # a flag that changes what the plan decided by leaving it unset: the plan's own flags named
+    (["--fp16"], "--fp16 (after --) conflicts with --bf16 from the plan"),
+    (["--grad-reduce-in-bf16"], "--grad-reduce-in-bf16 (after --) conflicts with --accumulate-allreduce-grads-in-fp32"),
+    (["--decoder-first-pipeline-num-layers", "6"],
+     "--decoder-first-pipeline-num-layers 6 (after --) conflicts with --pipeline-model-parallel-size 4 from the plan"),
+    (["--recompute-granularity", "full"],
+     "--recompute-granularity full (after --) conflicts with the plan (plan.json), which leaves "
+     "--recompute-granularity unset"),
+    (["--attention-backend", "unfused"], "--attention-backend unfused (after --) conflicts with the plan (plan.json), "
+                                         "which leaves --attention-backend unset"),
+])
+def test_each_kind_of_conflict_is_named(extras, named):
+    message = conflict(extras)
+    assert named in message and message.endswith("(the input decides these; change the input instead)")
+
+
+def test_a_split_the_plan_chose_cannot_be_overridden():
+    uneven = plan_args(layers=(2, 2, 3, 1))  # written as a layout
+    message = conflict(["--decoder-last-pipeline-num-layers", "1"], decided=uneven)
+    assert "conflicts with" in message and "--pipeline-model-parallel-layout E,t*2|t*2|t*3|t,L" in message
+    message = conflict(["--pipeline-model-parallel-layout", "E,t*2|t*2|t*2|t*2,L"], decided=uneven)
+    assert "(after --) conflicts with --pipeline-model-parallel-layout E,t*2|t*2|t*3|t,L" in message
+
+
+def test_every_conflict_in_one_line():
+    message = conflict(["--micro-batch-size", "4", "--train-iters", "10", "--fp16", "--no-flash", "x"])
+    assert message.count("(after --) conflicts with") == 2 and "\n" not in message
+
+
+def test_options_the_estimate_turned_off_stay_off():
+    decided = plan_args(options=MemoryOptions(sequence_parallel=False, distributed_optimizer=False))
+    for flag in ("--sequence-parallel", "--use-distributed-optimizer"):
+        assert f"{flag} (after --) conflicts with the plan" in conflict([flag], decided=decided)
+
+
+def test_mock_data():
+    args = mock_data_args(SPEC)
+    # Megatron's NullTokenizer adds an end-of-document token: v - 1 gives the model's 128256 rows.
+    assert args == ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128255"]
+    assert {arg for arg in args if arg.startswith("--")} <= FLAGS
+    line = compose(SOURCE, plan_args(), mock_data=SPEC, extras=["--train-iters", "5"])
+    assert line.args == plan_args() + args + ["--train-iters", "5"]
+    assert [label for label, _ in line.groups] == [SOURCE, "--mock-data", "yours (after --)"]
+    assert ("--data-path data/text (after --) conflicts with --mock-data, --tokenizer-type NullTokenizer, "
+            "--vocab-size 128255 from --mock-data") in conflict(["--data-path", "data/text"], mock_data=SPEC)
+    assert "--vocab-size 32000 (after --) conflicts with --vocab-size 128255 from --mock-data" in conflict(
+        ["--vocab-size", "32000"], mock_data=SPEC)
+    # without --mock-data the data and the tokenizer are the user's
+    assert compose(SOURCE, plan_args(), extras=["--vocab-size", "32000"]).args[-1] == "32000"

@@ -1,0 +1,224 @@
+"""``advisor-launch``: the printed commands and scripts, read back the way bash and torchrun read
+them, and every bad input as one line with exit status 2 before anything starts."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+from launch_support import launcher, plan_files, subprocess_env, sweep_file, write_json
+
+from conftest import ROOT
+from launch.arguments import flag_values
+from launch.entry import _parser as entry_parser
+from launch.entry import split_argv
+
+SLURM = ROOT / "tests" / "fixtures" / "slurm_standin"
+
+
+def shell_words(text: str) -> list[str]:
+    """The words bash makes of a printed command (backslash-newlines included)."""
+    result = subprocess.run(["bash", "-c", 'eval "set -- $1"; printf "%s\\0" "$@"', "_", text],
+                            capture_output=True, check=True)
+    return result.stdout.decode().split("\0")[:-1]
+
+
+def read_torchrun(argv: list[str]):
+    """torchrun's own parse of a command, and launch.entry's parse of the script's arguments."""
+    from torch.distributed.run import get_args_parser
+
+    assert argv[0] == "torchrun"
+    torchrun = get_args_parser().parse_args(argv[1:])
+    assert torchrun.module and torchrun.training_script == "launch.entry"
+    own, megatron = split_argv(torchrun.training_script_args)
+    return torchrun, entry_parser().parse_args(own), megatron
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A checkout directory (with a space in its name, to test the quoting) holding pretrain_gpt.py."""
+    directory = tmp_path / "Megatron LM"
+    directory.mkdir()
+    (directory / "pretrain_gpt.py").write_text("raise SystemExit('not run by these tests')\n")
+    return directory
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """Every command the launcher would start (none should, in these tests)."""
+    calls = []
+    monkeypatch.setattr("launch.process.run_process_group", lambda *args, **kwargs: calls.append(args) or 0)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    from conftest import Invoker
+
+    return plan_files(Invoker(), tmp_path_factory.mktemp("plans"))
+
+
+def test_single_node_dry_run(advisor, tmp_path, checkout, started):
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    row = json.loads(sweep.read_text())[1]
+    result = launcher()("torchrun", "--from", sweep, "--rank", 2, "--megatron-lm", checkout, "--profile-dir",
+                        tmp_path / "prof", "--run-id", "r1", "--mock-data", "--dry-run", "--", "--train-iters", "10",
+                        "--lr", "3e-4")
+    torchrun, entry, megatron = read_torchrun(shell_words(result.stdout))
+    assert torchrun.standalone and torchrun.nproc_per_node == "8" and torchrun.nnodes == "1:1"
+    assert (entry.megatron_lm, entry.profile_dir, entry.run_id) == (str(checkout), str(tmp_path / "prof"), "r1")
+    values = flag_values(megatron)
+    assert values["--tensor-model-parallel-size"] == (str(row["tp"]),) and row["rank"] == 2
+    assert values["--micro-batch-size"] == (str(row["mbs"]),) and values["--num-layers"] == ("32",)
+    assert values["--vocab-size"] == ("128255",) and "--mock-data" in values  # llama3.1-8b: 128256 - 1
+    assert megatron[-4:] == ["--train-iters", "10", "--lr", "3e-4"]
+    longest_option = len(shlex.join(["--megatron-lm", str(checkout)])) + 4  # the one unit never split
+    assert all(len(line) <= max(100, longest_option + 2) for line in result.stdout.splitlines())
+    assert not started and not (tmp_path / "prof").exists() and result.stderr == ""
+
+
+def test_multi_node_dry_run(advisor, tmp_path, checkout):
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "16", "--mem", "80")
+    common = ["torchrun", "--from", sweep, "--megatron-lm", checkout, "--dry-run"]
+    c10d = launcher()(*common, "--rdzv-endpoint", "node001:29500", "--rdzv-id", "job7").stdout
+    torchrun, _, _ = read_torchrun(shell_words(c10d))
+    assert (torchrun.nnodes, torchrun.nproc_per_node) == ("2", "8") and not torchrun.standalone
+    assert (torchrun.rdzv_backend, torchrun.rdzv_endpoint, torchrun.rdzv_id) == ("c10d", "node001:29500", "job7")
+    static = launcher()(*common, "--nnodes", 4, "--node-rank", 3, "--rdzv-endpoint", "10.0.0.1:6000").stdout
+    torchrun, _, megatron = read_torchrun(shell_words(static))
+    assert (torchrun.nnodes, torchrun.nproc_per_node, torchrun.node_rank) == ("4", "4", 3)
+    assert (torchrun.rdzv_backend, torchrun.master_addr, torchrun.master_port) == ("static", "10.0.0.1", 6000)
+    best = json.loads(sweep.read_text())[0]
+    assert best["rank"] == 1 and best["gpus"] == 16
+    assert flag_values(megatron)["--tensor-model-parallel-size"] == (str(best["tp"]),)
+
+
+def test_a_plan_keeps_its_layout_through_the_shell(plans, checkout, monkeypatch):
+    monkeypatch.setenv("MEGATRON_LM", str(checkout))  # the checkout from the environment
+    result = launcher()("torchrun", "--from", plans["pp4"], "--dry-run", "--", "--exit-interval", "-1")
+    torchrun, entry, megatron = read_torchrun(shell_words(result.stdout))
+    assert torchrun.nproc_per_node == "4" and entry.megatron_lm == str(checkout)
+    # plan.json's layers per stage are 2, 2, 3, 1: embedding and loss around them, '|' between stages
+    assert flag_values(megatron)["--pipeline-model-parallel-layout"] == ("E,t*2|t*2|t*3|t,L",)
+    assert megatron[-2:] == ["--exit-interval", "-1"]
+
+
+def slurm_env(tmp_path, **extra):
+    return subprocess_env(PATH=f"{SLURM}{os.pathsep}{subprocess_env()['PATH']}", SLURM_JOB_NODELIST="node[001-003]",
+                          SLURM_NNODES="3", SLURM_JOB_ID="77", SLURM_STANDIN_HOSTS="node001 node002 node003",
+                          SLURM_STANDIN_RECORD=str(tmp_path / "slurm.jsonl"), **extra)
+
+
+def test_sbatch_script(plans, tmp_path, checkout):
+    args = ["sbatch", "--from", plans["pp3-tp2"], "--megatron-lm", checkout, "--partition", "gpu", "--account",
+            "proj1", "--time", "01:00:00", "--profile-dir", "profiles/plan", "--mock-data", "--dry-run", "--",
+            "--train-iters", "5"]
+    script = launcher()(*args).stdout
+    written = launcher()(*args[:-3], "-o", tmp_path / "job.sh", "--", "--train-iters", "5")
+    assert (tmp_path / "job.sh").read_text() == script and written.stdout == ""
+    directives = dict(line.removeprefix("#SBATCH --").split("=", 1) for line in script.splitlines()
+                      if line.startswith("#SBATCH"))
+    # the plan: TP 2 x DP 2 x PP 3 = 12 GPUs, planned on nodes of 4
+    assert directives == {"job-name": "megatron-tiny", "nodes": "3", "ntasks-per-node": "1", "gpus-per-node": "4",
+                          "partition": "gpu", "account": "proj1", "time": "01:00:00"}
+    subprocess.run(["bash", "-n", tmp_path / "job.sh"], check=True)
+    # Run it as Slurm would on the first node: srun gets one torchrun command for every node.
+    subprocess.run(["bash", tmp_path / "job.sh"], env=slurm_env(tmp_path, SLURM_STANDIN_DRY="1"), check=True)
+    (srun,) = [json.loads(line) for line in (tmp_path / "slurm.jsonl").read_text().splitlines()]
+    assert srun["argv"][0] == "--kill-on-bad-exit=1"
+    torchrun, entry, megatron = read_torchrun(srun["argv"][1:])
+    assert (torchrun.nnodes, torchrun.nproc_per_node, torchrun.rdzv_backend) == ("3", "4", "c10d")
+    assert (torchrun.rdzv_endpoint, torchrun.rdzv_id) == ("node001:29500", "77")
+    assert (entry.megatron_lm, entry.profile_dir) == (str(checkout), "profiles/plan")
+    values = flag_values(megatron)
+    assert values["--decoder-last-pipeline-num-layers"] == ("2",)  # the plan's 3, 3, 2
+    assert values["--vocab-size"] == ("999",)  # the TINY model's 1000 - 1
+    assert megatron[-2:] == ["--train-iters", "5"]
+
+
+def test_sbatch_submits_and_returns_its_status(plans, tmp_path, checkout, monkeypatch):
+    for name, value in slurm_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    common = ["sbatch", "--from", plans["pp4"], "--megatron-lm", checkout]
+    script = launcher()(*common, "--dry-run").stdout
+    launcher()(*common)  # the script on sbatch's stdin
+    monkeypatch.setenv("SLURM_STANDIN_EXIT", "3")
+    launcher()(*common, "-o", tmp_path / "job.sh", expect=3)  # the file, and sbatch's status
+    submitted = [json.loads(line) for line in (tmp_path / "slurm.jsonl").read_text().splitlines()]
+    assert [s["argv"] for s in submitted] == [[], [str(tmp_path / "job.sh")]]
+    assert submitted[0]["script"] == submitted[1]["script"] == script
+
+
+def test_an_oom_configuration_is_launched_with_a_warning(advisor, tmp_path):
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "40", "--all")
+    oom = next(row for row in json.loads(sweep.read_text()) if row["verdict"] == "oom")
+    result = launcher()("args", "--from", write_json(tmp_path / "oom.json", oom))
+    assert result.stdout.startswith("--num-layers 32 ")
+    assert result.stderr == (f"warning: the sweep row ({tmp_path / 'oom.json'}) does not fit: "
+                             f"{oom['total_gib']:.1f} GiB per GPU of 40 GiB (oom)\n")
+
+
+def test_args_command(plans):
+    printed = launcher()("args", "--from", plans["pp3"], "--", "--train-iters", "7").stdout
+    as_json = json.loads(launcher()("args", "--from", plans["pp3"], "--format", "json", "--", "--train-iters", "7").stdout)
+    assert shell_words(printed) == as_json
+    assert as_json == json.loads(plans["pp3"].read_text())["megatron_args"] + ["--train-iters", "7"]
+
+
+def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, checkout, started, monkeypatch):
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "rank00000.jsonl").write_text("{}\n")
+    malformed = tmp_path / "malformed.json"
+    malformed.write_text('{"tp": 2,')
+    run = ["torchrun", "--from", sweep, "--megatron-lm", checkout]
+    cases = [
+        (["torchrun", "--from", sweep, "--megatron-lm", tmp_path / "nope"], "Megatron-LM checkout", "no such directory"),
+        (["torchrun", "--from", sweep, "--megatron-lm", empty], f"checkout {empty} has no pretrain_gpt.py", ""),
+        (["torchrun", "--from", malformed, "--megatron-lm", checkout], "not valid JSON (line 1", ""),
+        (["torchrun", "--from", write_json(tmp_path / "x.json", {"x": 1}), "--megatron-lm", checkout],
+         "neither a sweep row, an estimate nor a plan", ""),
+        (["torchrun", "--from", plans["hybrid"], "--megatron-lm", checkout],
+         "stock Megatron-LM cannot build this hybrid plan", "--mode megatron"),
+        ([*run, "--nproc-per-node", 3], "needs 8 GPUs (TP", "not a whole number of nodes of --nproc-per-node 3"),
+        ([*run, "--nnodes", 2, "--nproc-per-node", 8], "needs 8 GPUs", "--nnodes 2 x --nproc-per-node 8 = 16"),
+        (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--nodes", 3], "needs 8 GPUs",
+         "which --nodes 3 nodes cannot share equally"),
+        ([*run, "--", "--micro-batch-size", "64", "--fp16"], "--micro-batch-size 64 (after --) conflicts with "
+         "--micro-batch-size", "--fp16 (after --) conflicts with --bf16"),
+        ([*run, "--nnodes", 2, "--nproc-per-node", 4], "2 nodes of 4 GPUs need a rendezvous", "--rdzv-endpoint"),
+        ([*run, "--node-rank", 1], "--node-rank and --rdzv-id need --rdzv-endpoint", ""),
+        ([*run, "--nnodes", 2, "--nproc-per-node", 4, "--node-rank", 2, "--rdzv-endpoint", "h:1"],
+         "--node-rank 2 is not below --nnodes 2", ""),
+        ([*run, "--rdzv-endpoint", "node001"], "--rdzv-endpoint must be HOST:PORT", ""),
+        ([*run, "--run-id", "r"], "--run-id names a profiled run", ""),
+        ([*run, "--profile-dir", used], "already holds a run's rank files", ""),
+        ([*run, "--train-iters", "5"], "no such option: --train-iters (Megatron-LM arguments go after '--')", ""),
+        (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--job-name", "my job"], "--job-name 'my job'", ""),
+    ]
+    for args, message, more in cases:
+        line = launcher().error(*args)
+        assert message in line and more in line, (args, line)
+    monkeypatch.delenv("MEGATRON_LM", raising=False)
+    assert "give --megatron-lm DIR (your Megatron-LM checkout) or set MEGATRON_LM" in launcher().error(
+        "torchrun", "--from", sweep)
+    monkeypatch.setenv("PATH", str(empty))
+    assert "torchrun not found on PATH" in launcher().error(*run)
+    assert "sbatch not found on PATH" in launcher().error("sbatch", "--from", sweep, "--megatron-lm", checkout)
+    assert not started and sorted(tmp_path.glob("**/rank*.jsonl")) == [used / "rank00000.jsonl"]
+
+
+def test_help_teaches_and_the_cli_imports_no_torch():
+    help_text = launcher()("torchrun", "--help").stdout
+    for words in ("after '--'", "--train-iters", "--data-path", "--tokenizer-type", "--mock-data", "Examples:"):
+        assert words in help_text
+    code = ("import sys, launch.cli, advisor.cli; "
+            "print(sorted(m for m in ('torch', 'megatron', 'numpy') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+    core = "import sys, advisor.cli; print([m for m in sys.modules if m.split('.')[0] in ('launch', 'megatron_hooks')])"
+    assert subprocess.run([sys.executable, "-c", core], capture_output=True, text=True, check=True).stdout == "[]\n"

@@ -1,0 +1,151 @@
+"""The launcher's inputs: sweep rows, estimates and plans written by the advisor itself, and the
+Megatron-LM arguments each becomes; every generated flag exists in Megatron-LM core_v0.15.2."""
+
+import json
+
+import pytest
+from launch_support import FLAGS, plan_files, rank_of, sweep_file, write_json
+
+from advisor.errors import AdvisorError
+from launch.arguments import flag_values
+from launch.inputs import read_input
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    from conftest import Invoker
+
+    return plan_files(Invoker(), tmp_path_factory.mktemp("plans"))
+
+
+def sweeps(advisor, root):
+    """Sweeps of several models, layouts and estimator options (with --all: every row, oom too)."""
+    return [
+        sweep_file(advisor, root / "8b.json", "--gpus", "64", "--mem", "40", "--all"),
+        sweep_file(advisor, root / "70b.json", "--gpus", "128", "--mem", "80", "--model", "llama3.1-70b",
+                   "--seq-len", "32768", "--all"),
+        sweep_file(advisor, root / "1b.json", "--gpus", "16", "--mem", "24", "--model", "llama3.2-1b", "--recompute",
+                   "full", "--recompute-method", "block", "--recompute-num-layers", "2", "--grad-dtype", "bf16", "--vocab-divisible-by", "128", "--no-distributed-optimizer",
+                   "--no-sequence-parallel", "--all"),
+    ]
+
+
+def every_config(advisor, root, plans):
+    """(name, LaunchInput) over every row of the sweeps, estimates with options, and launchable plans."""
+    configs = []
+    for path in sweeps(advisor, root):
+        for row in json.loads(path.read_text()):
+            single = write_json(root / "row.json", row)
+            configs.append((f"{path.name} {row['tp']}/{row['cp']}/{row['pp']}/{row['mbs']}", read_input(single)))
+    estimates = {
+        "selective": ["--tp", "2", "--cp", "2", "--pp", "4", "--mbs", "1", "--gpus", "32", "--recompute", "selective"],
+        "uneven": ["--tp", "4", "--pp", "4", "--gpus", "16", "--layers-per-stage", "7,9,9,7", "--recompute", "full"],
+        "vpp": ["--tp", "2", "--pp", "4", "--vpp", "2", "--gpus", "16", "--mem", "80", "--seq-len", "4096"],
+        "unfused": ["--tp", "2", "--pp", "2", "--gpus", "8", "--model", "llama3.2-1b", "--no-flash-attn"],
+    }
+    for name, args in estimates.items():
+        path = root / f"estimate-{name}.json"
+        advisor("estimate", *args, "--format", "json", "-o", path)
+        configs.append((f"estimate {name}", read_input(path)))
+    for name in ("pp4", "pp3", "pp3-tp2"):
+        configs.append((f"plan {name}", read_input(plans[name])))
+    return configs
+
+
+def test_every_generated_flag_exists_in_megatron_lm(advisor, tmp_path, plans):
+    configs = every_config(advisor, tmp_path, plans)
+    seen = set()
+    for name, config in configs:
+        flags = {arg for arg in config.megatron_args if arg.startswith("--")}
+        assert flags <= FLAGS, (name, flags - FLAGS)
+        values = flag_values(config.megatron_args)
+        assert values["--tensor-model-parallel-size"] == (str(config.tp),)
+        assert values["--context-parallel-size"] == (str(config.cp),)
+        assert values["--pipeline-model-parallel-size"] == (str(config.pp),)
+        seen |= flags | {name for name, wide in (("cp>1", config.cp > 1), ("pp>1", config.pp > 1)) if wide}
+    # The spread covers what it must: CP and PP > 1, every way to split stages, VPP, recomputation.
+    for must in ("cp>1", "pp>1", "--pipeline-model-parallel-layout", "--decoder-last-pipeline-num-layers",
+                 "--decoder-first-pipeline-num-layers", "--num-layers-per-virtual-pipeline-stage",
+                 "--recompute-granularity", "--recompute-method", "--attention-backend", "--grad-reduce-in-bf16",
+                 "--sequence-parallel", "--use-distributed-optimizer"):
+        assert must in seen, must
+    assert len(configs) > 300
+
+
+def test_a_sweep_row_becomes_its_layout(advisor, tmp_path):
+    path = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "64", "--mem", "40")
+    rank = rank_of(path, cp=2)
+    row = next(row for row in json.loads(path.read_text()) if row["rank"] == rank)
+    config = read_input(path, rank)
+    assert (config.kind, config.tp, config.cp, config.pp, config.dp) == ("sweep row", row["tp"], 2, row["pp"], row["dp"])
+    assert config.world_size == 64 and config.origin == f"rank {rank} of {path}"
+    values = flag_values(config.megatron_args)
+    # llama3.1-8b (32 layers, hidden 4096, 8 KV heads), the paper's sequence and batch
+    assert values["--num-layers"] == ("32",) and values["--hidden-size"] == ("4096",)
+    assert values["--num-query-groups"] == ("8",) and values["--seq-length"] == ("8192",)
+    assert values["--micro-batch-size"] == (str(row["mbs"]),) and values["--global-batch-size"] == ("1024",)
+    assert read_input(path).origin == f"rank 1 of {path}"  # the default rank
+
+
+def test_an_estimate_keeps_its_split_and_options(advisor, tmp_path):
+    path = tmp_path / "estimate.json"
+    advisor("estimate", "--tp", "2", "--pp", "3", "--gpus", "12", "--model", "llama3.2-3b", "--layers-per-stage",
+            "8,10,10", "--recompute", "selective", "--format", "json", "-o", path)
+    config = read_input(path)
+    assert config.kind == "estimate" and config.layers_per_stage == (8, 10, 10) and config.dp == 2
+    values = flag_values(config.megatron_args)
+    # equal middle stages -> only the first stage's count is written (Megatron splits the rest evenly)
+    assert values["--decoder-first-pipeline-num-layers"] == ("8",)
+    assert "--decoder-last-pipeline-num-layers" not in values
+    assert values["--recompute-granularity"] == ("selective",)
+    assert "--untie-embeddings-and-output-weights" not in values  # llama3.2-3b ties them
+
+
+def test_a_plan_is_launched_with_its_own_arguments(plans):
+    document = json.loads(plans["pp4"].read_text())
+    config = read_input(plans["pp4"])
+    assert config.kind == "plan" and config.megatron_args == tuple(document["megatron_args"])
+    assert config.layers_per_stage == (2, 2, 3, 1) and config.world_size == document["world_size"] == 4
+    assert config.gpus_per_node == document["gpus_per_node"]
+
+
+def corrupt(tmp_path, document):
+    """A new file holding ``document``."""
+    return write_json(tmp_path / f"bad-{len(list(tmp_path.glob('bad-*')))}.json", document)
+
+
+def test_bad_inputs_are_one_clear_error(advisor, tmp_path, plans):
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    rows = json.loads(sweep.read_text())
+    plan = json.loads(plans["pp4"].read_text())
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(sweep.read_text()[:200])
+    cases = [
+        (truncated, None, "not valid JSON (line"),
+        (corrupt(tmp_path, {"hello": 1}), None, "neither a sweep row, an estimate nor a plan"),
+        (corrupt(tmp_path, "text"), None, "expected a JSON object or array, got str"),
+        (corrupt(tmp_path, []), None, "the sweep holds no rows"),
+        (sweep, 999, f"has no row ranked 999 (ranks 1-{len(rows)}; oom rows have no rank)"),
+        (plans["pp4"], 2, "--rank picks a row of a sweep array"),
+        (tmp_path / "missing.json", None, "no such file"),
+        (tmp_path, None, "is a directory"),
+        (plans["hybrid"], None, "stock Megatron-LM cannot build this hybrid plan: stages have different TP/DP"),
+        (corrupt(tmp_path, {**plan, "version": 2}), None, "plan version 2 is not supported"),
+        (corrupt(tmp_path, {**plan, "schema": "other"}), None, "unknown schema 'other'"),
+        (corrupt(tmp_path, {**plan, "world_size": 8}), None, "'world_size' is 8, but TP x CP x PP x DP = 4"),
+        (corrupt(tmp_path, {**plan, "tp": 2, "world_size": 8}), None,
+         "its megatron_args give --tensor-model-parallel-size 1, its fields say 2"),
+        (corrupt(tmp_path, {**plan, "megatron_args": "--num-layers 8"}), None, "'megatron_args' must be a list of str"),
+        (corrupt(tmp_path, {**rows[0], "gpus": 16}), None, "'gpus' is 16, but TP x CP x PP x DP = 8"),
+        (corrupt(tmp_path, {**rows[0], "tp": "2"}), None, "'tp' must be a positive integer, got '2'"),
+        (corrupt(tmp_path, {k: v for k, v in rows[0].items() if k != "model"}), None, "neither a sweep row"),
+        (corrupt(tmp_path, {**rows[0], "model": {**rows[0]["model"], "layers": 3}}), None,
+         "'model' is not a model spec"),
+        (corrupt(tmp_path, {**rows[0], "options": {"recompute": "some"}}), None, "recompute must be none, selective"),
+        (corrupt(tmp_path, {**rows[0], "tp": 3, "dp": 1, "gpus": 3}), None, "TP 3 must divide the attention heads"),
+    ]
+    for path, rank, message in cases:
+        with pytest.raises(AdvisorError) as error:
+            read_input(path, rank)
+        assert message in str(error.value), (path, str(error.value))
+        assert "\n" not in str(error.value)

@@ -1,0 +1,122 @@
+"""Processes: the entry runs the script as Python would; the launcher returns torchrun's status;
+Ctrl-C and SIGTERM stop the whole process tree (real torchrun, real children)."""
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launch_support import alive, launcher, subprocess_env, tiny_sweep_row, wait_for
+
+from launch.process import run_process_group
+
+LAUNCH = [sys.executable, "-m", "launch"]
+
+
+@pytest.fixture
+def tiny_sweep(advisor, tmp_path):
+    pytest.importorskip("torch.distributed.run", reason="torchrun needs torch (pip install -e '.[megatron]')")
+    return tiny_sweep_row(advisor, tmp_path)
+
+
+def sleeper_checkout(tmp_path: Path) -> Path:
+    """A checkout whose pretrain_gpt.py records its pid and its parent's (torchrun's agent), then sleeps."""
+    checkout = tmp_path / "sleeper"
+    checkout.mkdir()
+    (checkout / "pretrain_gpt.py").write_text(
+        "import os, pathlib, time\n"
+        "pids = pathlib.Path(os.environ['PIDS_DIR'], f\"rank{os.environ['RANK']}\")\n"
+        "pids.write_text(f'{os.getpid()} {os.getppid()}')\n"
+        "time.sleep(600)\n")
+    return checkout
+
+
+def test_ctrl_c_stops_every_rank(tiny_sweep, tmp_path):
+    path, rank, _ = tiny_sweep
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    launch = subprocess.Popen([*LAUNCH, "torchrun", "--from", str(path), "--rank", str(rank), "--megatron-lm",
+                               str(sleeper_checkout(tmp_path))], env=subprocess_env(PIDS_DIR=str(pids_dir)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: len(list(pids_dir.glob("rank*"))) == 2, 120), "the ranks did not start"
+        pids = {int(pid) for file in pids_dir.glob("rank*") for pid in file.read_text().split()}
+        assert len(pids) == 3 and all(alive(pid) for pid in pids)  # two workers and torchrun's agent
+        launch.send_signal(signal.SIGINT)  # what Ctrl-C sends to the launcher
+        launch.wait(timeout=60)
+    finally:
+        launch.kill()
+    # torchrun fails on SIGINT (its status, 1 with torch 2.13, is the launcher's); every rank and
+    # torchrun itself are gone.
+    assert launch.returncode not in (0, None)
+    assert wait_for(lambda: not any(alive(pid) for pid in pids), 10)
+
+
+CHILD = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a rank that ignores SIGTERM
+grandchild = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+open(sys.argv[1], "w").write(f"{os.getpid()} {grandchild.pid}")
+time.sleep(600)
+"""
+DRIVER = "import sys; from launch.process import run_process_group; sys.exit(run_process_group(sys.argv[1:], grace_s=1))"
+
+
+def test_sigterm_stops_the_group_and_escalates_to_sigkill(tmp_path):
+    pid_file = tmp_path / "pids"
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, sys.executable, "-c", CHILD, str(pid_file)],
+                              env=subprocess_env())
+    try:
+        assert wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 2, 30)
+        pids = [int(pid) for pid in pid_file.read_text().split()]
+        driver.send_signal(signal.SIGTERM)
+        driver.wait(timeout=30)
+    finally:
+        driver.kill()
+    assert driver.returncode == 128 + signal.SIGKILL  # ignored SIGTERM, killed after the grace period
+    assert wait_for(lambda: not any(alive(pid) for pid in pids), 10)
+
+
+def test_exit_status_is_the_childs():
+    assert run_process_group([sys.executable, "-c", "import sys; sys.exit(7)"]) == 7
+    assert run_process_group([sys.executable, "-c", "import os; os.kill(os.getpid(), 15)"]) == 128 + 15
+    assert run_process_group(["cat"], stdin_text="to stdin\n") == 0
+
+
+def test_a_failing_script_fails_the_launch_with_torchruns_status(tiny_sweep, tmp_path):
+    path, rank, _ = tiny_sweep
+    checkout = tmp_path / "failing"
+    checkout.mkdir()
+    (checkout / "pretrain_gpt.py").write_text("raise SystemExit(3)\n")
+    command = ["torchrun", "--from", str(path), "--rank", str(rank), "--megatron-lm", str(checkout)]
+    printed = launcher()(*command, "--dry-run").stdout
+    direct = subprocess.run(["bash", "-c", printed], capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    launched = subprocess.run([*LAUNCH, *command], capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert launched.returncode == direct.returncode != 0
+    assert "exitcode  : 3" in launched.stderr  # the script's status reached torchrun through the entry
+
+
+def test_the_entry_runs_the_script_as_python_would(tmp_path):
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / "pretrain_gpt.py").write_text(
+        "import json, os, sys\n"
+        "json.dump({'argv': sys.argv, 'path0': sys.path[0], 'name': __name__}, open(os.environ['SEEN'], 'w'))\n"
+        "sys.exit(int(os.environ.get('STATUS', '0')) or os.environ.get('MESSAGE'))\n")
+    seen = tmp_path / "seen.json"
+    entry = [sys.executable, "-m", "launch.entry", "--megatron-lm", str(checkout), "--", "--num-layers", "2", "--bf16"]
+
+    def run(**env):
+        return subprocess.run(entry, capture_output=True, text=True, env=subprocess_env(SEEN=str(seen), **env))
+
+    assert run(STATUS="3").returncode == 3
+    assert json.loads(seen.read_text()) == {"argv": [str(checkout / "pretrain_gpt.py"), "--num-layers", "2", "--bf16"],
+                                            "path0": str(checkout), "name": "__main__"}
+    failed = run(MESSAGE="stopped early")
+    assert failed.returncode == 1 and failed.stderr == "stopped early\n"
+    assert run().returncode == 0
+    missing = subprocess.run([sys.executable, "-m", "launch.entry", "--megatron-lm", str(tmp_path / "no")],
+                             capture_output=True, text=True, env=subprocess_env())
+    assert missing.returncode == 2 and missing.stderr == f"Error: Megatron-LM checkout {tmp_path / 'no'}: no such directory\n"
