@@ -220,3 +220,30 @@ def test_out_must_be_a_directory_without_other_runs(advisor, campaign_file, tmp_
 
 def test_missing_campaign_file(advisor, tmp_path):
     assert "cannot read" in advisor.error("profile", "run", tmp_path / "none.json", "--out", tmp_path)
+
+
+# --- advisor profile run: a runner that does not end well ---------------------------------
+
+
+def test_a_runner_that_dies_is_reported(advisor, tmp_path, monkeypatch):
+    """The process boundary: a stand-in runner (tests/fixtures/fake_runner.py) prints the first
+    events and is killed by a signal, as an out-of-memory killer would."""
+    _write(tmp_path / "campaign.json", campaign(layouts=[(2, 2)], pipeline_microbatch=2))
+    monkeypatch.setattr("advisor.capture.relay.RUNNER_MODULE", "tests.fixtures.fake_runner")
+    monkeypatch.setenv("FAKE_RUNNER", "die")
+    result = advisor("profile", "run", tmp_path / "campaign.json", "--out", tmp_path / "runs", expect=1)
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: the campaign runner stopped (signal 9) after 0 runs; run the same command to resume (finished runs "
+        "are kept). Its last words: starting pp-b2-2x2")
+
+
+def test_a_failed_run_is_named_and_exits_1(advisor, tmp_path, monkeypatch):
+    _write(tmp_path / "campaign.json", campaign(layouts=[(2, 2)], pipeline_microbatch=2))
+    monkeypatch.setattr("advisor.capture.relay.RUNNER_MODULE", "tests.fixtures.fake_runner")
+    monkeypatch.setenv("FAKE_RUNNER", "fail")
+    result = advisor("profile", "run", tmp_path / "campaign.json", "--out", tmp_path / "runs", expect=1)
+    assert result.stdout.startswith("1 runs in ") and ": 0 ok, 0 oom, 1 failed, 0 already complete" in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: 1 run(s) failed, first pp-b2-2x2: RuntimeError: emulation process 1 of 2 died (exit code -9) (run "
+        "the same command to retry them)")

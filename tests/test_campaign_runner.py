@@ -126,15 +126,3 @@ def test_out_of_memory_is_an_outcome(profiled, tmp_path, advisor):
     assert run.ranks[0].error.startswith("OutOfMemoryError: emulated out of memory")
     again = advisor("profile", "run", campaign, "--out", tmp_path / "runs", "--memory-limit", repr(limit))
     assert "1 already complete" in again.stdout
-
-
-def test_a_runner_that_dies_is_reported(advisor, tmp_path, monkeypatch):
-    """The process boundary: a stand-in runner (tests/fixtures/dying_runner.py) prints the first
-    event and is killed by a signal, as an out-of-memory killer would."""
-    _campaign(tmp_path / "campaign.json", (Scenario(), [(2, 2)]))
-    monkeypatch.setattr("advisor.capture.relay.RUNNER_MODULE", "tests.fixtures.dying_runner")
-    result = advisor("profile", "run", tmp_path / "campaign.json", "--out", tmp_path / "runs", expect=1)
-    assert result.stdout == ""
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "Error: the campaign runner stopped (signal 9) after 0 runs; run the same command to resume (finished runs "
-        "are kept). Its last words: starting pp-b2-2x2")
