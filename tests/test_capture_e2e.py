@@ -9,7 +9,7 @@ the last (with the 4 x 128 x 32000 FP32 logits) are heavy, and the even split 4/
 what balances memory.
 
 Every command is the real CLI: ``advisor profile plan`` (the reduced campaign), ``advisor profile
-run`` (12 stage emulations at pipeline microbatches 1 and 2), ``advisor recommend`` (Megatron
+run`` (6 runs, 24 stage emulations, at pipeline microbatches 1 and 2), ``advisor recommend`` (Megatron
 mode, PP 4, microbatch 4, 4 microbatches, the 1F1B-aware predictor), and ``advisor profile run``
 of a measurement campaign with the plan and the even split at the target batch.
 

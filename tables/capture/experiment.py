@@ -7,9 +7,9 @@ optimizer). Target: microbatch 4, global batch 16, so 4 microbatches; PP 4 on 4 
 Profiling (``advisor profile plan``, pipeline-only: one GPU per node, so no DP/TP scenario): the
 full campaign (CAPTURE's Description 1, 16 partitionings x microbatches 1 and 2) and the reduced
 one (3 x 2). Held out: layouts drawn at random (seeded) from every split of the 16 layers, none
-of them a profiled split, measured at the target (microbatch 4, one microbatch per stage in
-flight up to the pipeline depth): 40 on PP 4, and 10 on PP 2 and 8 on PP 8 to see other depths
-(PP 8 with 8 microbatches, so its first stage holds twice what any profiled stage held).
+of them a profiled split, measured at the target microbatch 4 with max(PP, 4) microbatches: 40
+on PP 4, and 10 on PP 2 and 8 on PP 8 to see other depths (PP 8 with 8 microbatches, so its first
+stage holds twice what any profiled stage held).
 """
 
 from __future__ import annotations
