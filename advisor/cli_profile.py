@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from advisor.capture.cli import plan_command
+from advisor.capture.cli import plan_command, run_command
 from advisor.cli_options import InputError, color_wanted, emit, output_options
 
 SECTIONS = ("ranks", "layers", "compare")
@@ -111,3 +111,4 @@ def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
 
 
 profile.add_command(plan_command)
+profile.add_command(run_command)

@@ -52,7 +52,7 @@ def _terms(spec: LlamaSpec, key, tp: int, dp: int, mbs: float) -> ModuleTerms:
         transient = eq.mlp_activation_bytes(spec, SEQ, mbs) / 2
     return ModuleTerms(parameter_bytes=int(2 * params), gradient_bytes=int(4 * params),
                        optimizer_bytes=int(12 * params / dp), activation_bytes=int(act / tp),
-                       transient_bytes=int(transient / tp))
+                       forward_peak_bytes=int((act + transient) / tp), backward_peak_bytes=int(transient / tp))
 
 
 def _run(spec: LlamaSpec, counts, scenario: Scenario, batch: int, name: str) -> RunObservation:
@@ -66,7 +66,7 @@ def _run(spec: LlamaSpec, counts, scenario: Scenario, batch: int, name: str) -> 
         n = in_flight_microbatches(index, len(counts), layout.num_microbatches)
         receive = 2 * SEQ * mbs * spec.hidden_size / scenario.tp
         peak = (sum(m.static_bytes for m in modules.values()) + n * sum(m.activation_bytes for m in modules.values())
-                + max(m.transient_bytes for m in modules.values()) + 512 * MIB + n * receive)
+                + max(m.backward_peak_bytes for m in modules.values()) + 512 * MIB + n * receive)
         stages.append(StageObservation(
             run=name, stage=index, spec=stage, num_stages=len(counts), pipeline_microbatch=batch,
             num_microbatches=layout.num_microbatches, in_flight=n, peak_bytes=int(peak), modules=modules))

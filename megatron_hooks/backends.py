@@ -118,13 +118,15 @@ def _returns_fresh_storage(func) -> bool:
 
 
 class _StorageTracker(TorchDispatchMode):
-    """Bytes of live CPU tensor storages that this mode has seen, and their peak."""
+    """Bytes of live CPU tensor storages that this mode has seen, and their peak; with a limit,
+    an op whose results take the bytes above it raises ``torch.OutOfMemoryError``."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         super().__init__()
         self.live: dict[int, weakref.ref] = {}
         self.current = 0
         self.peak = 0
+        self.limit = limit
 
     def add(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
@@ -152,17 +154,29 @@ class _StorageTracker(TorchDispatchMode):
                 for item in out:
                     if isinstance(item, torch.Tensor):
                         self.add(item)
+            if self.limit is not None and self.current > self.limit:
+                # What the CUDA caching allocator raises when a device is full; the results
+                # are dropped with the exception, as a failed allocation never existed.
+                raise torch.OutOfMemoryError(
+                    f"emulated out of memory: {func} needs {self.current} bytes in all; the emulated device "
+                    f"has {self.limit} (memory limit)"
+                )
         return out
 
 
 class CpuBackend:
-    """Live CPU tensor storages, followed with a dispatch mode while an iteration runs."""
+    """Live CPU tensor storages, followed with a dispatch mode while an iteration runs.
+
+    ``memory_limit`` (bytes) emulates a GPU of that size: an aten op whose results take the
+    tracked bytes above it raises ``torch.OutOfMemoryError``, as CUDA's allocator would (tensors
+    counted by ``track`` never raise; a full device shows at the next op). For provoking and
+    testing out-of-memory outcomes on a CPU; it has no fragmentation or reserved memory."""
 
     name: Literal["cpu"] = "cpu"
     device = "cpu"
 
-    def __init__(self) -> None:
-        self._tracker = _StorageTracker()
+    def __init__(self, memory_limit: int | None = None) -> None:
+        self._tracker = _StorageTracker(memory_limit)
         self._active = False
 
     def start(self) -> None:

@@ -36,13 +36,14 @@ Command line (``--help`` lists every option):
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import socket
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -71,6 +72,10 @@ class StageEmulation:
     """Intra-op threads per process; default: the machine's cores / (tp x dp)."""
     seed: int = 1234
     run_id: str = field(default_factory=lambda: f"emulated-{uuid.uuid4().hex[:12]}")
+    memory_limit_bytes: int | None = None
+    """The memory of the emulated GPU: an allocation that takes the tracked bytes of a process
+    above it raises ``torch.OutOfMemoryError``, which the rank file records (status "oom").
+    CPU only; None: no limit."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers_per_stage", tuple(self.layers_per_stage))
@@ -83,9 +88,10 @@ class StageEmulation:
                 f"layers per stage {','.join(map(str, counts))} sum to {sum(counts)}, "
                 f"but the model has {self.model.num_layers} layers"
             )
-        for name in ("seq_len", "micro_batch_size", "num_microbatches", "iterations", "tp", "dp", "threads"):
+        for name in ("seq_len", "micro_batch_size", "num_microbatches", "iterations", "tp", "dp", "threads",
+                     "memory_limit_bytes"):
             value = getattr(self, name)
-            if name == "threads" and value is None:
+            if name in ("threads", "memory_limit_bytes") and value is None:
                 continue
             if not isinstance(value, int) or value < 1:
                 raise AdvisorError(f"{name.replace('_', ' ')} must be a positive integer, got {value!r}")
@@ -158,7 +164,14 @@ class _Stage:
         self.model = build_gpt_model(config.model, seq_len=config.seq_len,
                                      layers=stage_layers(config.layers_per_stage, stage), pre_process=self.first,
                                      post_process=self.last, params_dtype=self.dtype)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4)
+        # Megatron's DDP keeps every gradient in a buffer allocated once, before training (its
+        # main_grad), and its optimizer is a fused Adam (Transformer Engine's or Apex's) that
+        # updates in place. So the gradients are allocated here and zeroed, not freed, at each
+        # iteration, and torch's fused Adam (no per-tensor temporaries) steps: a stage's static
+        # memory is the same all through an iteration, as on a Megatron rank.
+        for param in self.model.parameters():
+            param.grad = torch.zeros_like(param)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, fused=True)
         # The same data on every TP rank of a DP replica, as Megatron broadcasts it.
         self.data = torch.Generator().manual_seed(config.seed * 7919 + parallel_state.get_data_parallel_rank())
         s, b = config.seq_len, config.micro_batch_size
@@ -184,7 +197,7 @@ class _Stage:
 
     def iteration(self) -> float | None:
         """One training iteration; the loss on the last stage."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=False)
         outputs, losses = {}, []
         for kind, k in one_f_one_b(self.stage, self.config.pp, self.config.num_microbatches):
             if kind == "F":
@@ -198,12 +211,33 @@ class _Stage:
         return float(sum(losses)) if self.last else None
 
 
-def _run_stage(config: StageEmulation, stage: int) -> Path:
+def _backend(config: StageEmulation, model: torch.nn.Module):
+    """The hooks' default backend, or on the CPU one that stops at the emulated GPU's memory."""
+    from megatron_hooks.backends import CpuBackend, select_backend
+
+    device = next(model.parameters()).device
+    if config.memory_limit_bytes is None:
+        return select_backend(device)
+    if device.type != "cpu":
+        raise AdvisorError(f"a memory limit emulates a GPU's memory on the CPU; this model is on {device}")
+    return CpuBackend(memory_limit=config.memory_limit_bytes)
+
+
+def run_stage(config: StageEmulation, stage: int) -> Path:
+    """Emulate one stage in this process, which ``process_group`` has set up; returns its rank
+    file. Raises what the stage raised (an OOM after recording it, with status "oom")."""
+    from megatron.core import parallel_state
+
     from megatron_hooks.hooks import LayerMemoryHooks
     from megatron_hooks.recorder import ProfileRecorder
 
+    # Every rank of a real run has its own global memory buffer (the unfused attention's input
+    # buffer of the score product), allocated in its first forward pass. A process that runs
+    # several stages, or several runs, must not hand one stage's buffer to the next.
+    parallel_state.get_global_memory_buffer().buffer.clear()
     emulated = _Stage(config, stage)
-    hooks = LayerMemoryHooks(emulated.model, optimizer=emulated.optimizer).install()
+    hooks = LayerMemoryHooks(emulated.model, optimizer=emulated.optimizer,
+                             backend=_backend(config, emulated.model)).install()
     try:
         recorder = ProfileRecorder(hooks, _run_info(config, stage), config.output_dir).start()
         for iteration in range(1, config.iterations + 1):
@@ -226,7 +260,12 @@ def _all_reduce_gradients(model: torch.nn.Module, dp: int) -> None:
             param.grad.div_(dp)
 
 
-def _worker(local_rank: int, world_size: int, port: int | None, config: StageEmulation, stages: list[int]) -> None:
+@contextlib.contextmanager
+def process_group(local_rank: int, world_size: int, port: int | None, tp: int, threads: int | None = None
+                  ) -> Iterator[None]:
+    """This process as rank ``local_rank`` of a ``tp x dp`` gloo group, with megatron-core's
+    parallel state (TP ``tp``, one pipeline stage) and, without CUDA, the CPU shim; all undone on
+    exit. Any number of runs with this TP and DP may use it, one after the other."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
@@ -234,19 +273,40 @@ def _worker(local_rank: int, world_size: int, port: int | None, config: StageEmu
 
     if port is not None:  # spawned here; under torchrun the environment is already set
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world_size))
     shim = CpuShim().install() if needs_shim() else None
     dist.init_process_group("gloo", rank=local_rank, world_size=world_size)
     try:
-        parallel_state.initialize_model_parallel(config.tp, 1)
-        for stage in stages:
-            _run_stage(config, stage)
-            gc.collect()
+        parallel_state.initialize_model_parallel(tp, 1)
+        yield
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
         if shim is not None:
             shim.restore()
+
+
+def run_stages(config: StageEmulation, stages: Sequence[int], *, after_oom: str = "raise") -> list[Path]:
+    """``run_stage`` for each stage, in a ``process_group`` of ``config``'s TP and DP. With
+    ``after_oom="continue"`` a stage that runs out of memory (recorded in its rank file) does not
+    stop the others, so that every rank of the run has a file; other errors are raised."""
+    from megatron_hooks.recorder import is_out_of_memory
+
+    written = []
+    for stage in stages:
+        try:
+            written.append(run_stage(config, stage))
+        except Exception as exc:
+            if after_oom != "continue" or not is_out_of_memory(exc):
+                raise
+        finally:
+            gc.collect()
+    return written
+
+
+def _worker(local_rank: int, world_size: int, port: int | None, config: StageEmulation, stages: list[int]) -> None:
+    with process_group(local_rank, world_size, port, config.tp, config.threads):
+        run_stages(config, stages)
 
 
 def free_port() -> int:

@@ -38,11 +38,13 @@ def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
               show_default=True, help="Dtype of weights and activations.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Intra-op threads per process (default: cores / (TP x DP)).")
+@click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
+              help="Memory of the emulated GPU in GiB: a rank that needs more records an OOM (default: none).")
 @click.option("--run-id", default=None, help="Run id in the headers (default: a new one).")
 @click.option("--out", "output_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Run directory for the rank*.jsonl files.")
 def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterations, tp, dp, dtype, threads,
-         run_id, output_dir) -> None:
+         memory_limit, run_id, output_dir) -> None:
     """Emulate pipeline stages of a Llama model on the CPU and profile memory layer by layer.
 
     Each stage runs its microbatches in 1F1B order with real megatron-core modules, in TP x DP
@@ -62,7 +64,8 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
 
     values = dict(model=spec, layers_per_stage=layers_per_stage, seq_len=seq_len, output_dir=output_dir,
                   micro_batch_size=mbs, num_microbatches=num_microbatches, iterations=iterations, tp=tp, dp=dp,
-                  params_dtype=dtype, threads=threads)
+                  params_dtype=dtype, threads=threads,
+                  memory_limit_bytes=None if memory_limit is None else int(memory_limit * 2**30))
     under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
     # Every process of one run needs the same id; torchrun gives its processes one.
     run_id = run_id or (os.environ.get("TORCHELASTIC_RUN_ID") if under_torchrun else None)

@@ -5,10 +5,14 @@ Ground truth, per GPU of a stage with per-replica micro-batch b, TP t, DP d, n m
 flight (the header's ``in_flight_microbatches``, min(p - i, m) as a 1F1B schedule holds):
 
     module s: parameters P_s/t, gradients P_s/t, optimizer 3 P_s/(t d) (distributed optimizer),
-              activation A_s b/t per microbatch, transient T_s b/t
-    PM = sum static + n sum activation + max transient + C0 + C1 b n
+              activation A_s b/t kept per microbatch, forward rise (A_s + F_s) b/t above the
+              level at its entry (what it keeps included, as the hooks measure it), backward
+              rise B_s b/t above the level at the start of its backward pass
+    PM = the highest level while the stage runs 1F1B with n in flight, simulated event by event
+         (``Truth.peak``: static memory held throughout; a forward pass adds each module's
+         activations in order, a backward pass frees them in reverse) + C0 + C1 b n
 
-With ``additive=True`` transients are 0 and every run has one microbatch, so PM is a sum over
+With ``additive=True`` the rises are 0 and every run has one microbatch, so PM is a sum over
 layers: CAPTURE's additive model is then exact.
 """
 
@@ -31,7 +35,10 @@ class Truth:
     params: dict = field(default_factory=dict)
     """Module key ('embedding', layer number, 'output') -> P_s."""
     activation: dict = field(default_factory=dict)
-    transient: dict = field(default_factory=dict)
+    forward: dict = field(default_factory=dict)
+    """F_s: the forward pass's rise above what the module keeps."""
+    backward: dict = field(default_factory=dict)
+    """B_s: the backward pass's rise."""
     constant: int = 1000
     per_microbatch: int = 96
     additive: bool = False
@@ -43,13 +50,18 @@ class Truth:
             # number of bytes up to TP 8 x DP 8.
             self.params.setdefault(layer, 4096 + 64 * layer)
             self.activation.setdefault(layer, 512 + 16 * (layer % 3))
-            self.transient.setdefault(layer, 0 if self.additive else 256 + 16 * layer)
+            self.forward.setdefault(layer, 0 if self.additive else 256 + 16 * layer)
+            self.backward.setdefault(layer, 0 if self.additive else 128 + 512 * (layer % 2))
         self.params.setdefault("embedding", 64000)
         self.params.setdefault("output", 64000)
         self.activation.setdefault("embedding", 128)
         self.activation.setdefault("output", 4096)
-        self.transient.setdefault("embedding", 0 if self.additive else 64)
-        self.transient.setdefault("output", 0 if self.additive else 8192)
+        # The embedding's backward builds a dense gradient of its weight; the output's forward
+        # materialises the logits.
+        self.forward.setdefault("embedding", 0 if self.additive else 64)
+        self.backward.setdefault("embedding", 0 if self.additive else 2048)
+        self.forward.setdefault("output", 0 if self.additive else 8192)
+        self.backward.setdefault("output", 0 if self.additive else 1024)
 
     def modules(self, first: int, last: int) -> list:
         keys = list(range(first, last + 1))
@@ -62,14 +74,23 @@ class Truth:
     def terms(self, key, b: float, t: int, d: int) -> dict:
         p = self.params[key] // t
         return dict(parameter_bytes=p, gradient_bytes=p, optimizer_bytes=3 * p // d,
-                    activation_bytes=self.activation[key] * b // t, forward_peak_bytes=self.transient[key] * b // t,
-                    backward_peak_bytes=self.transient[key] * b // (2 * t))
+                    activation_bytes=self.activation[key] * b // t,
+                    forward_peak_bytes=(self.activation[key] + self.forward[key]) * b // t,
+                    backward_peak_bytes=self.backward[key] * b // t)
 
     def peak(self, first: int, last: int, b: int, t: int, d: int, n: int) -> int:
+        """The stage's highest level over a 1F1B order that holds n microbatches: n - 1 warm-up
+        forwards, two forward-backward pairs, n - 1 cool-down backwards."""
         terms = [self.terms(key, b, t, d) for key in self.modules(first, last)]
-        static = sum(x["parameter_bytes"] + x["gradient_bytes"] + x["optimizer_bytes"] for x in terms)
-        return (static + n * sum(x["activation_bytes"] for x in terms)
-                + max(x["forward_peak_bytes"] for x in terms) + self.constant + self.per_microbatch * b * n)
+        level = sum(x["parameter_bytes"] + x["gradient_bytes"] + x["optimizer_bytes"] for x in terms)
+        highest = level
+        order = ["F"] * (n - 1) + ["F", "B"] * 2 + ["B"] * (n - 1)
+        for kind in order:
+            for x in (terms if kind == "F" else reversed(terms)):
+                rise = x["forward_peak_bytes"] if kind == "F" else x["backward_peak_bytes"]
+                highest = max(highest, level + rise)
+                level += x["activation_bytes"] if kind == "F" else -x["activation_bytes"]
+        return highest + self.constant + self.per_microbatch * b * n
 
 
 def write_run(root: Path, truth: Truth, layers_per_stage, *, mbs: int, tp: int = 1, dp: int = 1,

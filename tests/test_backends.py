@@ -31,6 +31,27 @@ def test_hooks_choose_the_cpu_backend_for_a_cpu_model(megatron_world):
         LayerMemoryHooks(torch.nn.Linear(2, 2))
 
 
+def test_a_memory_limit_is_an_out_of_memory_error():
+    """An emulated 10000-byte device: 8000 bytes fit, 8000 more do not (the failed result is
+    dropped, as a failed allocation), and tensors handed to track() count without raising."""
+    backend = CpuBackend(memory_limit=10_000)
+    earlier = torch.zeros(500, dtype=torch.float64)
+    backend.track([earlier])  # 4000 bytes, counted, no error
+    backend.start()
+    try:
+        kept = torch.empty(1000, dtype=torch.float32)
+        assert backend.allocated() == 8000
+        with pytest.raises(torch.OutOfMemoryError, match="emulated out of memory: .* needs 12000 bytes in all; "
+                                                         "the emulated device has 10000"):
+            torch.empty(1000, dtype=torch.float32)
+        assert backend.allocated() == 8000
+        del kept
+        torch.empty(1500, dtype=torch.float32)  # 4000 + 6000: at the limit, not above
+    finally:
+        backend.stop()
+    del earlier
+
+
 def test_the_cpu_tracker_counts_storages_exactly():
     backend = CpuBackend()
     backend.start()

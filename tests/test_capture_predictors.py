@@ -136,21 +136,27 @@ def test_1f1b_fit_recovers_the_stage_constants(positional):
 
 
 def test_1f1b_position_model_by_hand(tmp_path):
-    """Two layers, one run [1, 1] with m = 2; modules (static, activation, transient):
-    embedding (100, 10, 5), layer 1 (50, 20, 30), layer 2 (60, 25, 8), output (200, 40, 70).
-    Measured: stage 0 (2 in flight) 150 + 2*30 + 30 + c0 + 2 c1 = 253; stage 1 (1 in flight)
-    260 + 65 + 70 + c0 + c1 = 405; so c0 = 7, c1 = 3."""
+    """Two layers, one run [1, 1] with m = 2; modules (static, activation A, forward rise F, which
+    includes A, backward rise B): embedding (100, 10, 15, 4), layer 1 (50, 20, 50, 12), layer 2
+    (60, 25, 33, 6), output (200, 40, 110, 20).
+    Stage 0 (2 in flight): F0, F1, B0, B1. F1 runs with one microbatch held (30): the embedding
+    rises to 150 + 30 + 15 = 195, layer 1 to 150 + 30 + 10 + 50 = 240; B0 starts from 210: layer 1
+    222, then the embedding 190 + 4. Peak 240, measured 240 + c0 + 2 c1 = 253.
+    Stage 1 (1 in flight): layer 2 260 + 33 = 293, output 260 + 25 + 110 = 395, its backward
+    325 + 20. Peak 395, measured 395 + c0 + c1 = 405; so c0 = 7, c1 = 3."""
     two = with_overrides(TINY, num_layers=2)
-    # static = 5 P (parameters, gradients, 3 P optimizer); transient = the forward peak.
+    # static = 5 P (parameters, gradients, 3 P optimizer); forward = F - A.
     truth = Truth(spec=two, params={"embedding": 20, 1: 10, 2: 12, "output": 40},
                   activation={"embedding": 10, 1: 20, 2: 25, "output": 40},
-                  transient={"embedding": 5, 1: 30, 2: 8, "output": 70}, constant=7, per_microbatch=3)
+                  forward={"embedding": 5, 1: 30, 2: 8, "output": 70},
+                  backward={"embedding": 4, 1: 12, 2: 6, "output": 20}, constant=7, per_microbatch=3)
     write_run(tmp_path, truth, [1, 1], mbs=1, num_microbatches=2)
     predictor = PositionAwarePredictor(load_profile_set([tmp_path]))
     assert predictor.predict(PipelineLayout.from_counts((1, 1), 1, 2)) == pytest.approx((253, 405))
-    # One stage holding everything, one microbatch in flight: 410 + 95 + 70 + 7 + 3.
+    # One stage holding everything, one microbatch in flight: the output's forward, 410 + 55 +
+    # 110, and 7 + 3.
     assert predictor.predict(PipelineLayout.from_counts((2,), 1, 2)) == pytest.approx((585,))
-    # [1, 1] with one microbatch: stage 0 holds 1: 150 + 30 + 30 + 7 + 3.
+    # [1, 1] with one microbatch: stage 0 holds 1, layer 1's forward: 150 + 10 + 50 + 7 + 3.
     assert predictor.predict(PipelineLayout.from_counts((1, 1), 1, 1))[0] == pytest.approx(220)
 
 

@@ -63,6 +63,24 @@ def test_emulated_pipeline_stages_follow_1f1b(tmp_path):
     assert run.ranks[0].header.in_flight_microbatches == 3  # the first stage holds p microbatches
 
 
+def test_a_stage_keeps_its_gradients_and_steps_in_place(megatron_world, tmp_path):
+    """As on a Megatron rank (DDP's gradient buffer, a fused Adam): every gradient exists from the
+    start, keeps its storage through the iterations, and the optimizer is torch's fused Adam."""
+    from megatron_hooks.emulate import _Stage
+
+    config = StageEmulation(model=TINY, layers_per_stage=(2, 2), seq_len=SEQ, micro_batch_size=MBS,
+                            num_microbatches=2, output_dir=tmp_path)
+    stage = _Stage(config, 0)
+    params = list(stage.model.parameters())
+    assert all(p.grad is not None and p.grad.shape == p.shape and not p.grad.any() for p in params)
+    storages = [p.grad.untyped_storage().data_ptr() for p in params]
+    for _ in range(2):
+        stage.iteration()
+    assert [p.grad.untyped_storage().data_ptr() for p in params] == storages
+    assert any(p.grad.any() for p in params)
+    assert stage.optimizer.defaults["fused"] is True
+
+
 def test_tp2_halves_everything_megatron_splits(tmp_path):
     """TP = 2 in two gloo processes: per rank, each layer holds half the weights except the
     replicated RMSNorms, and half the activations except what precedes the split (the norms)."""

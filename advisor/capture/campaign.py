@@ -2,7 +2,8 @@
 
 Schema ``megatron-4d-advisor/campaign``, version 1. One JSON object:
 
-    schema, version, mode ("full" | "reduced"), model (LlamaSpec fields), seq_len, gpus,
+    schema, version, mode ("full" | "reduced" | "measure": given layouts at one batch, to check
+        predictions; ``layout_campaign``), model (LlamaSpec fields), seq_len, gpus,
     gpus_per_node, cp, setup {params_dtype, distributed_optimizer, sequence_parallel},
     target {micro_batch_size, global_batch_size, num_microbatches}: the training run the
         profiles are for (a pipeline microbatch: sequences entering the pipeline),
@@ -53,7 +54,7 @@ from advisor.models import LlamaSpec
 
 SCHEMA = "megatron-4d-advisor/campaign"
 VERSION = 1
-Mode = Literal["full", "reduced"]
+Mode = Literal["full", "reduced", "measure"]
 DEGREES = (2, 4)
 """CAPTURE profiles 2- and 4-way DP and TP only; the predictor extrapolates above 4."""
 
@@ -67,7 +68,8 @@ class CampaignRun:
     pipeline_microbatch: int
     num_microbatches: int
     source: str
-    """Which part of the generator asked for it: 'description-1' or 'reduced'."""
+    """Which part of the generator asked for it: 'description-1', 'reduced', or the caller's
+    label of a measured layout ('measure', 'held-out')."""
     megatron_args: tuple[str, ...]
 
     @property
@@ -224,17 +226,8 @@ def plan_campaign(
         m = num_microbatches or min(stages, target_m)
         for batch in batches:
             for unit_counts in found:
-                layers = _expand(unit_counts, scenario_units)
-                args = megatron_args(
-                    spec, seq_len, tp=scenario.tp, cp=cp, layers_per_stage=layers,
-                    micro_batch_size=batch // scenario.dp, global_batch_size=batch * m,
-                    options=setup.memory_options(), params_dtype=setup.params_dtype,
-                )
-                runs.append(CampaignRun(
-                    id=f"{scenario.name}-b{batch}-{_compact(layers)}", scenario=scenario, cp=cp,
-                    layers_per_stage=layers, pipeline_microbatch=batch, num_microbatches=m,
-                    source="description-1" if mode == "full" else "reduced", megatron_args=tuple(args),
-                ))
+                runs.append(_campaign_run(spec, seq_len, scenario, cp, _expand(unit_counts, scenario_units), batch, m,
+                                          setup, "description-1" if mode == "full" else "reduced"))
         plans.append(ScenarioPlan(
             scenario=scenario, stages=stages, pipeline_microbatches=batches, units=scenario_units,
             partitionings=len(found),
@@ -245,6 +238,40 @@ def plan_campaign(
         mode=mode, model=spec, seq_len=seq_len, gpus=gpus, gpus_per_node=gpus_per_node, cp=cp, setup=setup,
         micro_batch_size=micro_batch_size, global_batch_size=global_batch_size, fractions=tuple(fractions),
         scenarios=tuple(plans), skipped=tuple(skipped), runs=tuple(runs),
+    )
+
+
+def _campaign_run(spec: LlamaSpec, seq_len: int, scenario: Scenario, cp: int, layers: tuple[int, ...], batch: int,
+                  m: int, setup: MegatronSetup, source: str) -> CampaignRun:
+    args = megatron_args(
+        spec, seq_len, tp=scenario.tp, cp=cp, layers_per_stage=layers, micro_batch_size=batch // scenario.dp,
+        global_batch_size=batch * m, options=setup.memory_options(), params_dtype=setup.params_dtype,
+    )
+    return CampaignRun(id=f"{scenario.name}-b{batch}-{_compact(layers)}", scenario=scenario, cp=cp,
+                       layers_per_stage=layers, pipeline_microbatch=batch, num_microbatches=m, source=source,
+                       megatron_args=tuple(args))
+
+
+def layout_campaign(
+    spec: LlamaSpec, layouts: list[tuple[int, ...]], *, seq_len: int, pipeline_microbatch: int, num_microbatches: int,
+    scenario: Scenario = PIPELINE, cp: int = 1, setup: MegatronSetup = MegatronSetup(), source: str = "measure",
+) -> Campaign:
+    """Given layouts, each a run at one batch (mode "measure"): what a recommended plan or a
+    held-out set needs measured to check a prediction. Every run uses the same degrees."""
+    if not layouts:
+        raise AdvisorError("no layouts to measure")
+    if pipeline_microbatch % scenario.dp:
+        raise AdvisorError(f"DP {scenario.dp} does not divide the pipeline microbatch {pipeline_microbatch}")
+    for layers in layouts:
+        if sum(layers) != spec.num_layers or min(layers) < 1:
+            raise AdvisorError(f"layout {list(layers)} does not place {spec.num_layers} layers, each stage at least one")
+    runs = [_campaign_run(spec, seq_len, scenario, cp, tuple(layers), pipeline_microbatch, num_microbatches, setup,
+                          source) for layers in dict.fromkeys(map(tuple, layouts))]
+    gpus = max(run.world_size for run in runs)
+    return Campaign(
+        mode="measure", model=spec, seq_len=seq_len, gpus=gpus, gpus_per_node=scenario.gpus * cp, cp=cp, setup=setup,
+        micro_batch_size=pipeline_microbatch, global_batch_size=pipeline_microbatch * num_microbatches, fractions=(),
+        scenarios=(), skipped=(), runs=tuple(runs),
     )
 
 

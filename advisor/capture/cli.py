@@ -63,9 +63,15 @@ def _emit(document: dict, table: str, fmt: str, output: Path | None) -> None:
               help="Microbatches per profiling run (default: min(stages, target's)).")
 @click.option("--units", default=None, metavar="N,N,...",
               help="Layers per merged unit for the DP/TP runs (CAPTURE's layer merger, Section III-A3).")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
+              show_default=True, help="Dtype of weights and activations (Megatron's --bf16 / --fp16 / neither).")
+@click.option("--distributed-optimizer/--no-distributed-optimizer", default=True, show_default=True,
+              help="Megatron's --use-distributed-optimizer (the CPU emulator runs without it).")
+@click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
+              help="--sequence-parallel in the TP runs (the CPU emulator runs without it).")
 @_document_options
-def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, cp, microbatches, units, fmt,
-                 output) -> None:
+def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, cp, microbatches, units, dtype,
+                 distributed_optimizer, sequence_parallel, fmt, output) -> None:
     """Plan the profiling runs of CAPTURE (seed 000, Section III-A) as Megatron runs.
 
     \b
@@ -79,14 +85,19 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
       advisor profile plan --gpus 16 --gpus-per-node 4 --mbs 8
       advisor profile plan --gpus 16 --gpus-per-node 4 --mode reduced -o campaign.json
       advisor profile plan --gpus 4 --model llama3.2-1b --format json
+      advisor profile plan --gpus 4 --gpus-per-node 1 --mode reduced --dtype float32 \\
+          --no-distributed-optimizer -o campaign.json     # for the CPU emulator
     """
     from advisor import render
     from advisor.capture.campaign import plan_campaign
+    from advisor.megatron_args import MegatronSetup
 
     campaign = plan_campaign(
         spec, gpus=gpus, gpus_per_node=gpus_per_node, seq_len=seq_len, micro_batch_size=mbs, global_batch_size=gbs,
         mode=mode, fractions=_numbers(fractions, float, "--fractions"), cp=cp, num_microbatches=microbatches,
         units=_numbers(units, int, "--units") if units else None,
+        setup=MegatronSetup(params_dtype=dtype, distributed_optimizer=distributed_optimizer,
+                            sequence_parallel=sequence_parallel),
     )
     rows = [run.to_dict() for run in campaign.runs]
     for row in rows:
@@ -108,6 +119,93 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
         caption=caption, color=color_wanted(None),
     )
     _emit(campaign.to_dict(), table, fmt, output)
+
+
+# --- advisor profile run -----------------------------------------------------------------
+
+
+def run_options(func):
+    """CAMPAIGN, --out, --threads, --memory-limit: shared by 'advisor profile run' and the runner
+    it starts (python -m megatron_hooks.campaign_runner), which receives them unchanged."""
+    for option in reversed([
+        click.argument("campaign", type=click.Path(dir_okay=False, path_type=Path)),
+        click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+                     help="Directory for the runs: OUT/<run id>/rank*.jsonl (what 'advisor recommend --profile' "
+                          "reads)."),
+        click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="Intra-op threads per emulated GPU (default: cores / (TP x DP))."),
+        click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
+                     help="Memory of each emulated GPU in GiB: a rank that needs more ends OOM, which is recorded "
+                          "as the run's outcome (default: no limit)."),
+    ]):
+        func = option(func)
+    return func
+
+
+@click.command("run", epilog=EPILOG)
+@run_options
+def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: float | None) -> None:
+    """Execute a profiling campaign (from 'advisor profile plan'), resuming where it stopped.
+
+    \b
+    On a CPU every run is emulated stage by stage with real megatron-core
+    modules (megatron_hooks.emulate, 1F1B order, two iterations), in a
+    subprocess that imports torch and megatron-core once. Runs already
+    complete under --out (every rank ended ok or oom) are skipped; partial
+    ones are run again; an OOM is an outcome, not a failure. Running on GPUs
+    through 'launch' comes with the launch work.
+
+    \b
+    Examples:
+      advisor profile plan --model llama3.2-1b --num-layers 8 --gpus 4 --gpus-per-node 1 \\
+          --mode reduced --dtype float32 --no-distributed-optimizer --seq-len 512 --mbs 4 \\
+          --gbs 16 -o campaign.json
+      advisor profile run campaign.json --out runs/
+      advisor recommend --profile runs/ --gpus 4 --pp 4 --mbs 4 --gbs 16
+    """
+    import sys
+
+    from advisor.capture import progress
+    from advisor.capture.campaign_run import prepare, scan
+    from advisor.capture.relay import missing_modules, relay
+
+    document = prepare(campaign, out)
+    if missing := missing_modules():
+        raise InputError(f"advisor profile run needs torch and megatron-core, and {' and '.join(missing)} "
+                         f"cannot be imported here: pip install torch && pip install -e '.[megatron]'")
+    options = [*(["--threads", str(threads)] if threads else []),
+               *(["--memory-limit", repr(memory_limit)] if memory_limit else [])]
+    try:
+        status, summary, last = relay(campaign, out, options, progress.view(sys.stderr.isatty()))
+    except KeyboardInterrupt:
+        complete = sum(check.state == "complete" for check in scan(document, out).values())
+        click.echo(f"interrupted: {complete} of {len(document['runs'])} runs are complete; run the same command "
+                   f"to resume", err=True)
+        sys.exit(130)
+    _finish(status, summary, last, out)
+
+
+def _finish(status: int, summary, last: str, out: Path) -> None:
+    """The summary on stdout; a failure on stderr with the runner's exit status."""
+    import sys
+
+    if summary.finished:
+        counts = summary.counts
+        click.echo(f"{summary.runs} runs in {out}: {counts['ok']} ok, {counts['oom']} oom, {counts['error']} failed, "
+                   f"{summary.skipped} already complete ({summary.seconds:.0f} s)")
+    if status == 0:
+        return
+    if status == 2:  # the runner refused its input (what this command had not checked)
+        raise InputError(last.rsplit(" | ", 1)[-1].removeprefix("Error: "))
+    if status == 1 and summary.finished:
+        first = summary.failed[0]
+        click.echo(f"Error: {len(summary.failed)} run(s) failed, first {first['id']}: {first.get('error')} "
+                   f"(run the same command to retry them)", err=True)
+        sys.exit(1)
+    how = f"signal {-status}" if status < 0 else f"exit status {status}"
+    click.echo(f"Error: the campaign runner stopped ({how}) after {len(summary.done)} runs; run the same command "
+               f"to resume (finished runs are kept). Its last words: {last or 'none'}", err=True)
+    sys.exit(1)
 
 
 # --- advisor recommend -------------------------------------------------------------------
@@ -178,28 +276,30 @@ def _plan_table(plan, mem: float | None) -> str:
 
     baseline = plan.baseline
     same = baseline is not None and len(baseline.stage_bytes) == plan.pp
+    # GiB for real models; MiB (or less) for the tiny ones of a CPU profile.
+    unit, size = render.byte_unit([max(stage.predicted_bytes for stage in plan.stages)])
     rows = []
     for stage in plan.stages:
         first, last = stage.gpus[0], stage.gpus[-1]
         rows.append({
             "stage": stage.stage, "layers": f"{stage.first_layer}-{stage.last_layer}", "count": stage.layers,
             "tp": stage.tp, "dp": stage.dp, "gpus": f"{first}-{last}" if last > first else str(first),
-            "in_flight": stage.in_flight_microbatches, "gib": stage.predicted_bytes / GIB,
-            "even": baseline.stage_bytes[stage.stage] / GIB if same else None,
+            "in_flight": stage.in_flight_microbatches, "bytes": stage.predicted_bytes,
+            "even": baseline.stage_bytes[stage.stage] if same else None,
         })
     columns = [render.Column("stage", "stage"), render.Column("layers", "layers"), render.Column("count", "#"),
                render.Column("tp", "TP"), render.Column("dp", "DP"), render.Column("gpus", "GPUs"),
-               render.Column("in_flight", "in flight"), render.Column("gib", "GiB per GPU", ".2f")]
+               render.Column("in_flight", "in flight"), render.Column("bytes", f"{unit} per GPU", ".2f", scale=size)]
     if same:
-        columns.append(render.Column("even", "even split", ".2f"))
-    peak = plan.peak_bytes / GIB
-    caption = f"predicted peak {peak:.2f} GiB"
+        columns.append(render.Column("even", "even split", ".2f", scale=size))
+    peak = plan.peak_bytes
+    caption = f"predicted peak {peak / size:.2f} {unit}"
     if mem:
-        caption += f" ({peak / mem:.0%} of {mem:g} GiB)"
+        caption += f" ({peak / GIB / mem:.0%} of {mem:g} GiB)"
     if baseline:
-        even = max(baseline.stage_bytes) / GIB
+        even = max(baseline.stage_bytes)
         change = (even - peak) / even
-        caption += f"; {baseline.label}: {even:.2f} GiB (this plan is {abs(change):.1%} " + \
+        caption += f"; {baseline.label}: {even / size:.2f} {unit} (this plan is {abs(change):.1%} " + \
             ("lower)" if change >= 0 else "higher)")
     caption += "; launchable on stock Megatron-LM" if plan.launchable else \
         "; NOT launchable on stock Megatron-LM (per-stage degrees)"

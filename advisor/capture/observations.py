@@ -3,8 +3,8 @@
 A run (``advisor.profiles.ProfileRun``: one directory of rank files) becomes one
 ``RunObservation``: its ``PipelineLayout`` and, per pipeline stage, PM of CAPTURE (the peak
 allocated bytes, ``RankProfile.peak_allocated_bytes``; the maximum over the stage's TP/DP ranks,
-since every GPU of the stage must fit) and the per-module terms the hooks measured (the maximum
-over iterations and ranks). Part of a ``ProfileSet``: all runs of one model and setup.
+since every GPU of the stage must fit) and the per-module terms the hooks measured (in the last
+recorded iteration, the steady state; the maximum over ranks). Part of a ``ProfileSet``: all runs of one model and setup.
 
 Bad data is an error that names the run and the rank, stage or layer: a stage or layer that no
 rank reports, a negative or non-finite value, a run without a finished iteration, ranks or runs
@@ -37,8 +37,11 @@ class ModuleTerms:
     optimizer_bytes: int
     activation_bytes: int
     """Kept for the backward pass by one microbatch."""
-    transient_bytes: int
-    """The larger of the forward and backward transient peaks above the module's entry level."""
+    forward_peak_bytes: int
+    """The rise above the level at the module's entry during its forward pass (what it keeps
+    included)."""
+    backward_peak_bytes: int
+    """The rise above the level at the start of its backward pass (its saved tensors still held)."""
 
     @property
     def static_bytes(self) -> int:
@@ -119,6 +122,11 @@ def _count(value: object, what: str) -> int:
 
 
 def _module_terms(profile: RankProfile, where: str) -> dict[ModuleKey, ModuleTerms]:
+    """The terms of the last recorded iteration, the steady state: the first one also allocates
+    what a rank allocates once (megatron-core's attention buffer in its first layer's forward
+    pass, the optimizer states in its step), which the later ones find already there. Every
+    iteration's records are checked."""
+    last = max((record.iteration for record in profile.layers), default=None)
     terms: dict[ModuleKey, list[int]] = {}
     for record in profile.layers:
         key: ModuleKey = record.layer_number if record.kind == "decoder" else record.kind
@@ -130,12 +138,14 @@ def _module_terms(profile: RankProfile, where: str) -> dict[ModuleKey, ModuleTer
             _count(record.gradient_bytes, f"{what}: gradient_bytes"),
             _count(record.optimizer_bytes, f"{what}: optimizer_bytes"),
             _count(record.activation_bytes, f"{what}: activation_bytes"),
-            max(_count(record.forward_peak_bytes, f"{what}: forward_peak_bytes"),
-                _count(record.backward_peak_bytes, f"{what}: backward_peak_bytes")),
+            _count(record.forward_peak_bytes, f"{what}: forward_peak_bytes"),
+            _count(record.backward_peak_bytes, f"{what}: backward_peak_bytes"),
         ]
-        terms[key] = [max(old, new) for old, new in zip(terms.get(key, values), values)]
+        if record.iteration == last:
+            terms[key] = values
     return {key: ModuleTerms(parameter_bytes=v[0], gradient_bytes=v[1], optimizer_bytes=v[2],
-                             activation_bytes=v[3], transient_bytes=v[4]) for key, v in terms.items()}
+                             activation_bytes=v[3], forward_peak_bytes=v[4], backward_peak_bytes=v[5])
+            for key, v in terms.items()}
 
 
 def _merge_terms(a: dict[ModuleKey, ModuleTerms], b: dict[ModuleKey, ModuleTerms]) -> dict[ModuleKey, ModuleTerms]:

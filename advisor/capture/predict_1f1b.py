@@ -1,22 +1,29 @@
 """A 1F1B-aware stage-memory predictor, from the per-module terms the hooks measure.
 
-Model. For a stage holding modules S (its decoder layers; the embedding on the first stage; the
-final norm, LM head and loss, "output", on the last), j-th from the end of a pipeline with m
-microbatches, so holding n = min(j, m) microbatches under 1F1B (seed 004 Section 3.2.2; MadPipe's
-1F1B* with equal stage times, seed 001 Section 4.1), its per-GPU peak is
+Model. A stage holds modules a..b in order (its decoder layers; the embedding on the first
+stage; the final norm, LM head and loss, "output", on the last). Per module j the hooks measure
+(``advisor.profiles.LayerRecord``): static_j = parameter + gradient + optimizer bytes, act_j =
+what one microbatch keeps for the backward pass, F_j = the rise above the level at j's entry
+during its forward pass (act_j included: it is allocated there), B_j = the rise above the level at
+the start of j's backward pass (act_j still held). Stage j-th from the end of a pipeline with m
+microbatches holds n = min(j, m) microbatches under 1F1B (seed 004 Section 3.2.2; MadPipe's 1F1B*
+with equal stage times, seed 001 Section 4.1), and its per-GPU peak is reached while it runs its
+n-th forward pass (n - 1 microbatches held) or the backward pass of the oldest (n held):
 
-    M(stage) = sum_{s in S} static(s) + n * sum_{s in S} act(s) + max_{s in S} transient(s)
-               + c0 + c1 * n
+    M(stage) = S + (n - 1) ACT + max_{a<=j<=b} max(A_{<j} + F_j, A_{<=j} + B_j) + c0 + c1 n
 
-- static = parameter + gradient + optimizer bytes, act = bytes one microbatch keeps for the
-  backward pass, transient = the larger forward/backward rise above the module's entry level
-  (``advisor.profiles.LayerRecord``, measured per module by ``megatron_hooks``);
-- the stage holds n microbatches of activations at its peak, and on top of them the one module
-  that is running adds its transient;
-- c0 + c1 * n is what no module owns: communication and pipeline buffers, the received input
-  of each in-flight microbatch, allocator rounding. c0 and c1 are fitted per scenario and
-  microbatch by least squares on every profiled stage's residual PM - (the sum above), with n
-  the stage's recorded in-flight count (c1 = 0 when all stages had the same n).
+with S = sum static, ACT = sum act, A_{<j} (A_{<=j}) the activations of the stage's modules
+before j (up to j) in this microbatch: in the forward pass the modules before j have saved theirs;
+in the backward pass the modules after j have freed theirs. This is the step-by-step level of
+Megatron's 1F1B order, maximised in closed form (tests/capture_synth.py simulates the order
+event by event and agrees). Static memory is taken as held all through the iteration, as with
+Megatron's persistent gradient buffers and in-place fused optimizer (the emulator does the same).
+
+c0 + c1 n is what no module owns: communication and pipeline buffers, the received input of each
+in-flight microbatch, megatron-core's attention buffer, allocator rounding. c0 and c1 are
+fitted per scenario and microbatch by least squares on every profiled stage's residual
+PM - (the rest), with n the stage's recorded in-flight count (c1 = 0 when all stages had the
+same n). The terms come from the last recorded iteration (the steady state).
 
 Terms for a scenario and microbatch come from the runs of that scenario (the largest value
 measured for each module). Where the target differs:
@@ -45,7 +52,7 @@ from advisor.capture.predictor import ProfiledPredictor
 from advisor.errors import AdvisorError
 from advisor.profiles import ProfileError
 
-ARRAYS = ("static", "optimizer", "activation", "transient")
+ARRAYS = ("static", "optimizer", "activation", "forward", "backward")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -55,7 +62,10 @@ class ModuleTable:
     static: np.ndarray
     optimizer: np.ndarray
     activation: np.ndarray
-    transient: np.ndarray
+    forward: np.ndarray
+    """F: the forward pass's rise above the module's entry level (its kept activations included)."""
+    backward: np.ndarray
+    """B: the backward pass's rise above the level at its start."""
     constant: float
     """c0."""
     per_microbatch: float
@@ -112,7 +122,8 @@ class PositionAwarePredictor(ProfiledPredictor):
             for key, terms in stage.modules.items():
                 index = 0 if key == "embedding" else size - 1 if key == "output" else key
                 values = {"static": terms.static_bytes, "optimizer": terms.optimizer_bytes,
-                          "activation": terms.activation_bytes, "transient": terms.transient_bytes}
+                          "activation": terms.activation_bytes, "forward": terms.forward_peak_bytes,
+                          "backward": terms.backward_peak_bytes}
                 for name, value in values.items():
                     arrays[name][index] = np.fmax(arrays[name][index], value)
         missing = np.flatnonzero(np.isnan(arrays["static"]))
@@ -124,9 +135,12 @@ class PositionAwarePredictor(ProfiledPredictor):
         return self._fit_constants(table, stages, scenario, batch)
 
     def _base(self, table: ModuleTable, first: int, last: int, in_flight: float) -> float:
+        """The model's M without c0 + c1 n, module by module (the cost table does it in bulk)."""
         low, high = _extent(first, last, self.num_layers)
         part = slice(low, high + 1)
-        return float(table.static[part].sum() + in_flight * table.activation[part].sum() + table.transient[part].max())
+        held = np.cumsum(table.activation[part])  # A_{<=j}
+        rise = np.maximum(held - table.activation[part] + table.forward[part], held + table.backward[part])
+        return float(table.static[part].sum() + (in_flight - 1) * held[-1] + rise.max())
 
     def _fit_constants(self, table: ModuleTable, stages: list[StageObservation], scenario: Scenario,
                        batch: int) -> ModuleTable:
@@ -145,7 +159,8 @@ class PositionAwarePredictor(ProfiledPredictor):
             max_error_bytes=float(np.abs(errors).max()),
         ))
         return ModuleTable(static=table.static, optimizer=table.optimizer, activation=table.activation,
-                           transient=table.transient, constant=float(c0), per_microbatch=float(c1))
+                           forward=table.forward, backward=table.backward, constant=float(c0),
+                           per_microbatch=float(c1))
 
     @cache  # noqa: B019
     def terms(self, scenario: Scenario, batch: float) -> ModuleTable:
@@ -159,8 +174,9 @@ class PositionAwarePredictor(ProfiledPredictor):
                 return replica
             shard = replica.optimizer / scenario.dp
             return ModuleTable(static=replica.static - replica.optimizer + shard, optimizer=shard,
-                               activation=replica.activation, transient=replica.transient,
-                               constant=replica.constant, per_microbatch=replica.per_microbatch)
+                               activation=replica.activation, forward=replica.forward,
+                               backward=replica.backward, constant=replica.constant,
+                               per_microbatch=replica.per_microbatch)
         degrees = sorted(s.tp for s in self.profiled if s.dp == 1)
         if len(degrees) >= 2 and scenario.tp > degrees[-1]:
             t1, t2 = degrees[-2], degrees[-1]
@@ -190,13 +206,16 @@ class PositionAwarePredictor(ProfiledPredictor):
         table = self.terms(scenario, pipeline_microbatch)
         layers = self.num_layers
         static = np.concatenate([[0.0], np.cumsum(table.static)])  # static[k] = sum of modules 0..k-1
-        activation = np.concatenate([[0.0], np.cumsum(table.activation)])
+        activation = np.concatenate([[0.0], np.cumsum(table.activation)])  # A before module k
         first, last = costs.upper(layers)
         low = np.where(first == 1, 0, first)
         high = np.where(last == layers, layers + 1, last)
-        range_max = _range_max(table.transient)
-        fixed = static[high + 1] - static[low] + range_max[low, high] + table.constant
-        per_microbatch = activation[high + 1] - activation[low] + table.per_microbatch
+        # max(A_{<j} + F_j, A_{<=j} + B_j) counted from module 0; a stage starting at module
+        # `low` subtracts the A before it.
+        rise = np.maximum(activation[:-1] + table.forward, activation[1:] + table.backward)
+        held = activation[high + 1] - activation[low]
+        fixed = static[high + 1] - static[low] + _range_max(rise)[low, high] - activation[low] - held + table.constant
+        per_microbatch = held + table.per_microbatch
         rows = max(1, min(num_microbatches, max_stages))
         values = costs.empty(layers, rows)
         for j in range(1, rows + 1):

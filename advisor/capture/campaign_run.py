@@ -1,0 +1,250 @@
+"""Executing a profiling campaign: which runs are done, the loop, and the progress events.
+
+Pure Python (no torch): the loop runs inside the runner process on the torch side
+(``python -m megatron_hooks.campaign_runner``), which hands it an *executor*, and
+``advisor profile run`` reads the runner's events to draw its progress.
+
+Output layout: one directory per campaign run, ``OUT/<run id>/rank{RANK:05d}.jsonl`` (schema
+``megatron-4d-advisor/profile``), so ``advisor recommend --profile OUT`` reads them all.
+
+A run directory is
+
+- *absent*: no rank files;
+- *complete*: every rank of the run (TP x CP x DP x PP files) has ended "ok" or "oom". An OOM
+  is an outcome of the run, not a failure of the campaign; the recommender sets such runs aside;
+- *partial*: anything else (missing ranks, a rank still "running" because the run was killed, a
+  rank ended in "error", an unreadable file). The runner deletes its rank files and runs it again.
+
+A directory whose rank files describe another run (another model, sequence, split, batch or
+degrees) is an error: nothing is deleted, the user chooses another ``--out``.
+
+Events, one JSON object per line on the runner's stdout (schema
+``megatron-4d-advisor/campaign-events``, version 1), in this order:
+
+    {"event": "campaign", "schema", "version", "runs": N, "complete": K, "out": DIR}
+    {"event": "start", "id", "index"}                      per run to execute (index 1-based)
+    {"event": "run", "id", "index", "status": "ok" | "oom" | "error", "seconds", "where", "error"}
+    {"event": "done", "ok", "oom", "error", "skipped", "seconds"}
+
+``skipped`` counts the runs that were complete before (status ok or oom). ``where`` says how far
+an OOM or failed run got (its first such rank), ``error`` the exception; both null for "ok".
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Literal, Protocol
+
+from advisor.errors import AdvisorError
+from advisor.models import LlamaSpec
+from advisor.profiles import ProfileError, ProfileRun, load_run
+
+EVENTS_SCHEMA = "megatron-4d-advisor/campaign-events"
+EVENTS_VERSION = 1
+State = Literal["absent", "partial", "complete"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunCheck:
+    state: State
+    status: str | None = None
+    """"ok" or "oom" when complete."""
+    reason: str | None = None
+    """Why a run is partial."""
+
+
+class Executor(Protocol):
+    """Runs one campaign run into its directory (rank files); raises only if it could not run
+    it at all (an OOM or an error inside the run is written to the rank files)."""
+
+    def run(self, campaign: dict, run: dict, directory: Path) -> None: ...
+
+    def close(self) -> None: ...
+
+
+_RUN_FIELDS = ("tp", "dp", "micro_batch_size", "num_microbatches")
+
+
+def validate(campaign: dict, path: Path | str = "campaign") -> None:
+    """What the runner needs of a campaign (``read_campaign`` checked the schema and the ids):
+    a model and sequence length, and per run its degrees, batch and layers per stage, with an id
+    that can name a directory. AdvisorError names the run and the field."""
+    try:
+        spec = LlamaSpec(**campaign["model"])
+    except (KeyError, TypeError, AdvisorError) as exc:
+        raise AdvisorError(f"{path}: no valid model in the campaign ({exc})") from None
+    if not isinstance(campaign.get("seq_len"), int) or campaign["seq_len"] < 1:
+        raise AdvisorError(f"{path}: seq_len must be a positive integer")
+    for run in campaign["runs"]:
+        name = run["id"]
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
+            raise AdvisorError(f"{path}: run id {name!r} cannot name a directory")
+        for key in _RUN_FIELDS:
+            value = run.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise AdvisorError(f"{path}: run {name}: {key} must be a positive integer, got {value!r}")
+        counts = run.get("layers_per_stage")
+        if (not isinstance(counts, list) or not counts
+                or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts)
+                or sum(counts) != spec.num_layers):
+            raise AdvisorError(f"{path}: run {name}: layers_per_stage {counts!r} must be positive layer counts "
+                               f"that sum to the model's {spec.num_layers} layers")
+
+
+def prepare(path: Path, out: Path) -> dict:
+    """The campaign at ``path``, checked for the CPU emulator, and ``out`` checked: a directory (or
+    nothing yet) holding no other runs. AdvisorError otherwise, before any work."""
+    from advisor.capture.campaign import read_campaign
+
+    document = read_campaign(path)
+    validate(document, path)
+    if problem := emulation_problem(document):
+        raise AdvisorError(problem)
+    if out.exists() and not out.is_dir():
+        raise AdvisorError(f"--out {out} is not a directory")
+    scan(document, out)
+    return document
+
+
+def world_size(run: dict) -> int:
+    return run["tp"] * run["dp"] * run.get("cp", 1) * len(run["layers_per_stage"])
+
+
+def emulation_problem(campaign: dict) -> str | None:
+    """Why the CPU pipeline emulator cannot run this campaign as planned, or None. It runs
+    torch's Adam unsharded on every rank and no sequence or context parallelism."""
+    setup = campaign.get("setup", {})
+    for run in campaign["runs"]:
+        if run["dp"] > 1 and setup.get("distributed_optimizer"):
+            return (f"run {run['id']} has DP {run['dp']} with the distributed optimizer, which the CPU emulator "
+                    f"does not shard; plan the campaign with --no-distributed-optimizer")
+        if run["tp"] > 1 and setup.get("sequence_parallel"):
+            return (f"run {run['id']} has TP {run['tp']} with sequence parallelism, which the CPU emulator cannot "
+                    f"run; plan the campaign with --no-sequence-parallel")
+        if run.get("cp", 1) > 1:
+            return f"run {run['id']} has CP {run['cp']}; the CPU emulator runs no context parallelism"
+    return None
+
+
+def _same_model(spec: LlamaSpec, model: dict) -> bool:
+    try:
+        expected = LlamaSpec(**model)
+    except (TypeError, AdvisorError):
+        return False
+    return replace(spec, name="") == replace(expected, name="")
+
+
+def _mismatch(profile: ProfileRun, campaign: dict, run: dict) -> str | None:
+    """What in the rank files differs from the campaign run, or None."""
+    for rank in profile.ranks:
+        h = rank.header
+        found = {
+            "model": h.model, "seq_len": h.seq_len, "layers_per_stage": list(h.layers_per_stage),
+            "tp": h.parallel.tp, "dp": h.parallel.dp, "cp": h.parallel.cp, "micro_batch_size": h.parallel.mbs,
+            "num_microbatches": h.num_microbatches,
+        }
+        wanted = {
+            "model": campaign["model"], "seq_len": campaign["seq_len"], "layers_per_stage": run["layers_per_stage"],
+            "tp": run["tp"], "dp": run["dp"], "cp": run.get("cp", 1), "micro_batch_size": run["micro_batch_size"],
+            "num_microbatches": run["num_microbatches"],
+        }
+        for key, value in found.items():
+            if key == "model":
+                if not _same_model(value, wanted["model"]):
+                    return f"rank {h.rank} profiles another model ({value.name!r})"
+            elif value != wanted[key]:
+                return f"rank {h.rank} has {key} {value!r}, the campaign's run {wanted[key]!r}"
+    return None
+
+
+def check_run(directory: Path, campaign: dict, run: dict) -> RunCheck:
+    """The state of one run's directory; AdvisorError if it holds another run."""
+    if not directory.is_dir() or not any(directory.glob("rank*.jsonl")):
+        return RunCheck(state="absent")
+    try:
+        profile = load_run(directory)
+    except ProfileError as exc:
+        return RunCheck(state="partial", reason=str(exc))
+    if reason := _mismatch(profile, campaign, run):
+        raise AdvisorError(f"{directory} holds another run than campaign run {run['id']}: {reason}; "
+                           f"choose another --out")
+    ranks = {rank.header.rank for rank in profile.ranks}
+    missing = sorted(set(range(world_size(run))) - ranks)
+    if missing:
+        return RunCheck(state="partial", reason=f"no rank file for rank {missing[0]}"
+                        + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    unfinished = [rank for rank in profile.ranks if rank.status not in ("ok", "oom")]
+    if unfinished:
+        rank = unfinished[0]
+        return RunCheck(state="partial", reason=f"rank {rank.header.rank} ended {rank.status!r}")
+    return RunCheck(state="complete", status=profile.status)
+
+
+def clear_run(directory: Path) -> None:
+    """Delete a partial run's rank files (and the temporary files of interrupted writes)."""
+    for path in [*directory.glob("rank*.jsonl"), *directory.glob(".rank*.tmp")]:
+        path.unlink()
+
+
+def outcome(directory: Path, campaign: dict, run: dict) -> dict:
+    """The result of an executed run, from its rank files: status, where, error."""
+    check = check_run(directory, campaign, run)
+    if check.state == "complete" and check.status == "ok":
+        return {"status": "ok", "where": None, "error": None}
+    if check.state == "complete":
+        rank = next(rank for rank in load_run(directory).ranks if rank.status == "oom")
+        return {"status": "oom", "where": f"rank {rank.header.rank}: {rank.where}", "error": rank.error}
+    try:
+        failed = [rank for rank in load_run(directory).ranks if rank.status == "error"]
+    except ProfileError:
+        failed = []
+    if failed:
+        rank = failed[0]
+        return {"status": "error", "where": f"rank {rank.header.rank}: {rank.where}", "error": rank.error}
+    return {"status": "error", "where": None, "error": f"the run left no complete profile ({check.reason or 'no files'})"}
+
+
+def scan(campaign: dict, out: Path) -> dict[str, RunCheck]:
+    """Every run's state under ``out``, in campaign order (AdvisorError for foreign runs)."""
+    return {run["id"]: check_run(out / run["id"], campaign, run) for run in campaign["runs"]}
+
+
+def execute(campaign: dict, out: Path, executor: Executor, emit: Callable[[dict], None]) -> int:
+    """Run every run of ``campaign`` that is not complete under ``out``; returns the number of
+    runs that failed (status "error")."""
+    started = time.perf_counter()
+    states = scan(campaign, out)
+    complete = sum(check.state == "complete" for check in states.values())
+    emit({"event": "campaign", "schema": EVENTS_SCHEMA, "version": EVENTS_VERSION, "runs": len(states),
+          "complete": complete, "out": str(out)})
+    counts = {"ok": 0, "oom": 0, "error": 0}
+    index = complete
+    try:
+        for run in campaign["runs"]:
+            if states[run["id"]].state == "complete":
+                continue
+            index += 1
+            directory = out / run["id"]
+            directory.mkdir(parents=True, exist_ok=True)
+            clear_run(directory)
+            emit({"event": "start", "id": run["id"], "index": index})
+            began = time.perf_counter()
+            try:
+                executor.run(campaign, run, directory)
+                result = outcome(directory, campaign, run)
+            except Exception as exc:  # the executor could not run it at all (a worker died)
+                result = {"status": "error", "where": None, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            counts[result["status"]] += 1
+            emit({"event": "run", "id": run["id"], "index": index, **result,
+                  "seconds": round(time.perf_counter() - began, 2)})
+    finally:
+        executor.close()
+    emit({"event": "done", **counts, "skipped": complete, "seconds": round(time.perf_counter() - started, 2)})
+    return counts["error"]
+
+
+def event_line(event: dict) -> str:
+    return json.dumps(event, allow_nan=False)

@@ -1,0 +1,104 @@
+"""``advisor profile run``'s side of the runner: start it, relay its progress and its exit status.
+
+The runner (``python -m megatron_hooks.campaign_runner``) needs torch and megatron-core; the
+advisor never imports them. It runs with this interpreter (``sys.executable``, no shell), this
+package's source first on its path, its events on a pipe and its stderr in a temporary file,
+whose last lines explain a crash.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RUNNER_MODULE = "megatron_hooks.campaign_runner"
+REQUIRED = ("torch", "megatron.core")
+
+
+def missing_modules() -> list[str]:
+    """The packages the runner needs that this interpreter cannot import (without importing them)."""
+    missing = []
+    for name in REQUIRED:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # the parent package (megatron) is absent
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+@dataclass
+class Summary:
+    """What the events said, for the final line and the exit status."""
+
+    runs: int = 0
+    done: dict = field(default_factory=dict)
+    failed: list = field(default_factory=list)
+    oom: list = field(default_factory=list)
+    finished: bool = False
+    seconds: float = 0.0
+    skipped: int = 0
+    counts: dict = field(default_factory=dict)
+
+    def take(self, event: dict) -> None:
+        kind = event.get("event")
+        if kind == "campaign":
+            self.runs = event["runs"]
+        elif kind == "run":
+            self.done[event["id"]] = event["status"]
+            if event["status"] == "error":
+                self.failed.append(event)
+            elif event["status"] == "oom":
+                self.oom.append(event)
+        elif kind == "done":
+            self.finished, self.seconds = True, event["seconds"]
+            self.skipped, self.counts = event["skipped"], {k: event[k] for k in ("ok", "oom", "error")}
+
+
+def _environment() -> dict:
+    root = str(Path(__file__).resolve().parents[2])  # holds advisor/ and megatron_hooks/
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+def _last_lines(log, count: int = 3) -> str:
+    log.seek(0)
+    lines = [line.strip() for line in log.read().splitlines() if line.strip()]
+    return " | ".join(lines[-count:])
+
+
+def relay(campaign: Path, out: Path, options: list[str], view) -> tuple[int, Summary, str]:
+    """Run the runner to the end; returns (its exit status, the summary, its last stderr lines).
+    ``view.handle(event)`` sees every event. Ctrl-C stops the runner and re-raises."""
+    command = [sys.executable, "-m", RUNNER_MODULE, str(campaign), "--out", str(out), *options]
+    summary = Summary()
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as log:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=_environment())
+        try:
+            for line in process.stdout:
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # not an event
+                summary.take(event)
+                view.handle(event)
+            status = process.wait()
+        except KeyboardInterrupt:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            raise
+        finally:
+            view.close()
+        return status, summary, _last_lines(log)

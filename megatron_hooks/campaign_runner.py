@@ -1,0 +1,218 @@
+"""Run a profiling campaign on the CPU: ``python -m megatron_hooks.campaign_runner CAMPAIGN --out DIR``.
+
+``advisor profile run`` starts this module as a subprocess (the advisor core never imports
+torch) and draws its progress from the events it prints: one JSON object per line on stdout
+(``advisor.capture.campaign_run``: the schema, the loop, resuming, what counts as done). Anything
+else this process or its libraries print goes to stderr.
+
+Each campaign run is emulated stage by stage with real megatron-core modules
+(``megatron_hooks.emulate``, 1F1B order, two iterations as CAPTURE's profiling runs), into
+``DIR/<run id>/``. torch and megatron-core are imported once: runs without TP or DP execute in
+this process, one after another; runs with TP x DP > 1 in a pool of TP x DP spawned gloo
+processes that lives as long as consecutive runs share their degrees. A stage that runs out of
+memory (see ``--memory-limit``) is recorded and the run's other stages still run, so every rank
+has its file; the run's outcome is "oom".
+
+The executor is the seam for GPUs: ``EmulateExecutor`` satisfies
+``advisor.capture.campaign_run.Executor``; one that starts each run through ``launch`` (torchrun,
+Megatron-LM's ``pretrain_gpt.py`` with the hooks) will come with the launch work and reuse
+``execute``. Until then this runner only emulates.
+
+Exit status: 0 when every run ended ok or oom, 1 when a run failed, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import queue
+import sys
+import time
+import uuid
+import warnings
+from pathlib import Path
+
+import click
+
+from advisor.capture.cli import run_options
+from advisor.cli_options import OneLineErrors
+
+GIB = 2**30
+GRACE_S = 30.0
+"""How long the other processes of a pool may take to report after one has failed."""
+
+
+def quiet_megatron() -> None:
+    """megatron-core's notices on a CPU build (no Apex / Transformer Engine) say nothing about a run."""
+    for category in (UserWarning, DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category, module="megatron")
+
+
+def _config(campaign: dict, run: dict, directory: Path, threads: int | None, memory_limit_bytes: int | None):
+    from advisor.models import LlamaSpec
+    from megatron_hooks.emulate import StageEmulation
+
+    return StageEmulation(
+        model=LlamaSpec(**campaign["model"]), layers_per_stage=tuple(run["layers_per_stage"]),
+        seq_len=campaign["seq_len"], output_dir=directory, micro_batch_size=run["micro_batch_size"],
+        num_microbatches=run["num_microbatches"], iterations=2, tp=run["tp"], dp=run["dp"],
+        params_dtype=campaign.get("setup", {}).get("params_dtype", "float32"), threads=threads,
+        run_id=f"{run['id']}-{uuid.uuid4().hex[:8]}", memory_limit_bytes=memory_limit_bytes,
+    )
+
+
+def _pool_worker(rank: int, world: int, port: int, tp: int, threads: int | None, tasks, results) -> None:
+    """One process of a TP x DP pool: set up once, then run every configuration it is sent."""
+    quiet_megatron()
+    from megatron_hooks.emulate import process_group, run_stages
+
+    with process_group(rank, world, port, tp, threads):
+        gc.freeze()
+        while (config := tasks.get()) is not None:
+            try:
+                run_stages(config, range(config.pp), after_oom="continue")
+                results.put((rank, None))
+            except BaseException as exc:  # reported to the parent, which decides
+                results.put((rank, f"{type(exc).__name__}: {exc}"[:500]))
+
+
+class _Pool:
+    """TP x DP spawned processes that run campaign runs of those degrees, one after the other."""
+
+    def __init__(self, tp: int, dp: int, threads: int | None) -> None:
+        import torch.multiprocessing as mp
+
+        from megatron_hooks.emulate import free_port
+
+        context = mp.get_context("spawn")
+        self.degrees, self.world = (tp, dp), tp * dp
+        self.results = context.Queue()
+        self.tasks = [context.Queue() for _ in range(self.world)]
+        port = free_port()
+        self.processes = [
+            context.Process(target=_pool_worker, args=(rank, self.world, port, tp, threads, self.tasks[rank],
+                                                       self.results), daemon=True)
+            for rank in range(self.world)
+        ]
+        for process in self.processes:
+            process.start()
+
+    def run(self, config) -> None:
+        for tasks in self.tasks:
+            tasks.put(config)
+        reported, errors, deadline = set(), {}, None
+        while len(reported) < self.world:
+            try:
+                rank, error = self.results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [(rank, p.exitcode) for rank, p in enumerate(self.processes) if not p.is_alive()]
+                if dead:
+                    self.close(kill=True)
+                    raise RuntimeError(f"emulation process {dead[0][0]} of {self.world} died "
+                                       f"(exit code {dead[0][1]})") from None
+                if deadline is not None and time.monotonic() > deadline:
+                    self.close(kill=True)
+                    raise RuntimeError(next(iter(errors.values()))) from None
+                continue
+            reported.add(rank)
+            if error:
+                errors[rank] = error
+                deadline = deadline or time.monotonic() + GRACE_S
+        if errors:  # a rank failed for another reason than memory: its group may be out of step
+            self.close(kill=True)
+            raise RuntimeError(errors[min(errors)])
+
+    def close(self, kill: bool = False) -> None:
+        if not kill:
+            for tasks in self.tasks:
+                tasks.put(None)
+        for process in self.processes:
+            process.join(timeout=None if not kill else 0)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+class EmulateExecutor:
+    """Campaign runs on the CPU with ``megatron_hooks.emulate``; see the module docstring."""
+
+    def __init__(self, *, threads: int | None = None, memory_limit_bytes: int | None = None) -> None:
+        self.threads, self.memory_limit_bytes = threads, memory_limit_bytes
+        self._local: contextlib.ExitStack | None = None
+        self._pool: _Pool | None = None
+
+    def run(self, campaign: dict, run: dict, directory: Path) -> None:
+        from megatron_hooks.emulate import free_port, process_group, run_stages
+
+        config = _config(campaign, run, directory, self.threads, self.memory_limit_bytes)
+        if config.tp * config.dp == 1:
+            if self._local is None:
+                self._local = contextlib.ExitStack()
+                self._local.enter_context(process_group(0, 1, free_port(), 1, self.threads))
+                # torch's and megatron's objects live as long as the process: keep the collection
+                # after every stage from walking them (it took a fifth of a tiny run's time).
+                gc.freeze()
+            run_stages(config, range(config.pp), after_oom="continue")
+            return
+        if self._pool is not None and self._pool.degrees != (config.tp, config.dp):
+            self._pool.close()
+            self._pool = None
+        if self._pool is None:
+            self._pool = _Pool(config.tp, config.dp, self.threads)
+        try:
+            self._pool.run(config)
+        except RuntimeError:
+            self._pool = None  # closed by run(); the next run starts a fresh pool
+            raise
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        if self._local is not None:
+            self._local.close()
+            self._local = None
+
+
+class RunnerCommand(OneLineErrors, click.Command):
+    """Bad input: one line on stderr, exit status 2."""
+
+
+def _event_stream():
+    """The real stdout, for events only; everything else printed from now on (Python or C)
+    goes to stderr."""
+    sys.stdout.flush()
+    events = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return events
+
+
+@click.command(cls=RunnerCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@run_options
+def main(campaign: Path, out: Path, threads: int | None, memory_limit: float | None) -> None:
+    """Run a profiling campaign (advisor profile plan) by emulating its pipeline stages on the CPU.
+
+    Prints one JSON event per line on stdout (advisor profile run draws them as a progress bar).
+    Runs already complete under --out are skipped; partial ones are run again.
+
+    \b
+    Example:
+      python -m megatron_hooks.campaign_runner campaign.json --out runs/
+    """
+    from advisor.capture.campaign_run import event_line, execute, prepare
+
+    document = prepare(campaign, out)  # bad input before any work
+    events = _event_stream()
+    quiet_megatron()
+    executor = EmulateExecutor(threads=threads,
+                               memory_limit_bytes=None if memory_limit is None else int(memory_limit * GIB))
+    out.mkdir(parents=True, exist_ok=True)
+    failed = execute(document, out, executor, lambda event: events.write(event_line(event) + "\n"))
+    events.close()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main(prog_name="python -m megatron_hooks.campaign_runner")

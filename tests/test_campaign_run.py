@@ -1,0 +1,249 @@
+"""Executing a campaign, without torch: run states, the resuming loop, and ``advisor profile run``'s
+errors. The loop's executor here is a documented fake that writes rank files (factories.py);
+tests/test_campaign_runner.py runs the real one, the CPU emulator."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from factories import TINY, header, iteration, layer, profile
+
+from advisor.capture.campaign import layout_campaign
+from advisor.capture.campaign_run import check_run, clear_run, execute, scan
+from advisor.errors import AdvisorError
+from advisor.megatron_args import MegatronSetup
+from advisor.models import with_overrides
+from advisor.parallel import ParallelConfig
+
+CPU = MegatronSetup(params_dtype="float32", distributed_optimizer=False, sequence_parallel=False)
+
+
+def campaign(layouts=((2, 2), (1, 3), (3, 1)), **changes) -> dict:
+    values = dict(seq_len=32, pipeline_microbatch=1, num_microbatches=4, setup=CPU)
+    values.update(changes)
+    return layout_campaign(TINY, list(layouts), **values).to_dict()
+
+
+def write_rank(directory: Path, run: dict, stage: int, status: str = "ok", **changes) -> None:
+    """Rank ``stage`` of a PP-only campaign run, as the hooks write it."""
+    counts = tuple(run["layers_per_stage"])
+    first = sum(counts[:stage]) + 1
+    layers = tuple(range(first, first + counts[stage]))
+    values = dict(
+        run_id=run["id"], model=TINY, seq_len=32, layers_per_stage=counts, rank=stage, world_size=len(counts),
+        parallel=ParallelConfig(pp=len(counts), mbs=run["micro_batch_size"]),
+        global_batch_size=run["global_batch_size"], num_microbatches=run["num_microbatches"],
+        coords={"tp": 0, "cp": 0, "pp": stage, "dp": 0}, stage_layers=layers, first_stage=stage == 0,
+        last_stage=stage == len(counts) - 1, in_flight_microbatches=min(len(counts) - stage, 4),
+    )
+    values.update(changes)
+    modules = ([layer("embedding", "embedding", None)] if stage == 0 else []) + \
+        [layer(f"decoder.layers.{i}", "decoder", n) for i, n in enumerate(layers)] + \
+        ([layer("output", "output", None)] if stage == len(counts) - 1 else [])
+    done = status == "ok"
+    failed = status in ("oom", "error")
+    profile(header=header(**values), layers=tuple(modules) if done else (), iterations=(iteration(),) if done else (),
+            status=status, where="iteration 1, microbatch 0, forward, embedding" if failed else None,
+            error="OutOfMemoryError: simulated" if failed else None).write(directory)
+
+
+class FakeExecutor:
+    """Writes every rank of a run as ended ``outcomes.get(id, "ok")``; raises for ids in ``crash``."""
+
+    def __init__(self, outcomes=None, crash=()):
+        self.outcomes, self.crash, self.ran, self.closed = outcomes or {}, set(crash), [], False
+
+    def run(self, document, run, directory):
+        self.ran.append(run["id"])
+        if run["id"] in self.crash:
+            raise RuntimeError("emulation process 1 of 2 died (exit code -9)")
+        for stage in range(len(run["layers_per_stage"])):
+            write_rank(directory, run, stage, self.outcomes.get(run["id"], "ok") if stage == 0 else "ok")
+
+    def close(self):
+        self.closed = True
+
+
+def test_run_states(tmp_path):
+    document = campaign()
+    run = document["runs"][0]
+    directory = tmp_path / run["id"]
+    assert check_run(directory, document, run).state == "absent"
+    directory.mkdir()
+    write_rank(directory, run, 0)
+    check = check_run(directory, document, run)
+    assert (check.state, check.reason) == ("partial", "no rank file for rank 1")
+    write_rank(directory, run, 1, status="running")
+    assert check_run(directory, document, run).reason == "rank 1 ended 'running'"
+    write_rank(directory, run, 1, status="error")
+    assert check_run(directory, document, run).reason == "rank 1 ended 'error'"
+    write_rank(directory, run, 1)
+    assert check_run(directory, document, run) == replace(check, state="complete", status="ok", reason=None)
+    write_rank(directory, run, 1, status="oom")
+    assert (check_run(directory, document, run).state, check_run(directory, document, run).status) == \
+        ("complete", "oom")
+    (directory / "rank00001.jsonl").write_text('{"type": "header"')  # cut off mid-write
+    assert check_run(directory, document, run).state == "partial"
+    (directory / ".rank00001.jsonl.x.tmp").write_text("")
+    clear_run(directory)
+    assert list(directory.iterdir()) == []
+
+
+def test_a_directory_of_another_run_is_an_error(tmp_path):
+    document = campaign()
+    run = document["runs"][0]
+    directory = tmp_path / run["id"]
+    directory.mkdir()
+    write_rank(directory, run, 0, num_microbatches=2, global_batch_size=2)
+    with pytest.raises(AdvisorError, match="holds another run than campaign run pp-b1-2x2: rank 0 has "
+                                           "num_microbatches 2, the campaign's run 4; choose another --out"):
+        check_run(directory, document, run)
+    write_rank(directory, run, 0, model=with_overrides(TINY, hidden_size=128))
+    with pytest.raises(AdvisorError, match="rank 0 profiles another model"):
+        scan(document, tmp_path)
+
+
+def test_execute_skips_complete_runs_and_redoes_partial_ones(tmp_path):
+    document = campaign()
+    events = []
+    first = FakeExecutor(outcomes={"pp-b1-1.3": "oom"})
+    assert execute(document, tmp_path, first, events.append) == 0
+    assert first.ran == ["pp-b1-2x2", "pp-b1-1.3", "pp-b1-3.1"] and first.closed
+    assert [e["event"] for e in events] == ["campaign", "start", "run", "start", "run", "start", "run", "done"]
+    assert [(e["id"], e["index"], e["status"]) for e in events if e["event"] == "run"] == \
+        [("pp-b1-2x2", 1, "ok"), ("pp-b1-1.3", 2, "oom"), ("pp-b1-3.1", 3, "ok")]
+    oom = events[4]
+    assert oom["where"] == "rank 0: iteration 1, microbatch 0, forward, embedding" and oom["seconds"] >= 0
+    assert events[-1] | {"seconds": 0} == {"event": "done", "ok": 2, "oom": 1, "error": 0, "skipped": 0, "seconds": 0}
+
+    # A kill left one run with a rank "running", another lost a file: only those run again.
+    write_rank(tmp_path / "pp-b1-3.1", document["runs"][2], 1, status="running")
+    (tmp_path / "pp-b1-2x2" / "rank00000.jsonl").unlink()
+    events.clear()
+    again = FakeExecutor()
+    assert execute(document, tmp_path, again, events.append) == 0
+    assert again.ran == ["pp-b1-2x2", "pp-b1-3.1"]
+    assert events[0] | {"out": ""} == {"event": "campaign", "schema": "megatron-4d-advisor/campaign-events",
+                                       "version": 1, "runs": 3, "complete": 1, "out": ""}
+    assert [e["index"] for e in events if e["event"] == "run"] == [2, 3]
+    assert events[-1]["skipped"] == 1
+    assert all(check.state == "complete" for check in scan(document, tmp_path).values())
+
+
+def test_execute_records_a_run_it_could_not_run_and_goes_on(tmp_path):
+    events = []
+    executor = FakeExecutor(crash={"pp-b1-1.3"})
+    assert execute(campaign(), tmp_path, executor, events.append) == 1
+    failed = [e for e in events if e["event"] == "run" and e["status"] == "error"]
+    assert [e["id"] for e in failed] == ["pp-b1-1.3"]
+    assert failed[0]["error"] == "RuntimeError: emulation process 1 of 2 died (exit code -9)"
+    assert executor.ran[-1] == "pp-b1-3.1" and events[-1]["error"] == 1
+
+
+def test_a_run_that_left_an_error_is_a_failure(tmp_path):
+    class ErrorExecutor(FakeExecutor):
+        def run(self, document, run, directory):
+            write_rank(directory, run, 0)
+            write_rank(directory, run, 1, status="error")
+
+    events = []
+    assert execute(campaign(layouts=[(2, 2)]), tmp_path, ErrorExecutor(), events.append) == 1
+    assert events[2]["status"] == "error" and events[2]["where"].startswith("rank 1: iteration 1")
+
+
+# --- advisor profile run: bad input ------------------------------------------------------
+
+
+def _write(path: Path, document: dict) -> Path:
+    path.write_text(json.dumps(document))
+    return path
+
+
+@pytest.fixture
+def campaign_file(tmp_path):
+    return _write(tmp_path / "campaign.json", campaign())
+
+
+def test_missing_torch_is_one_line(advisor, campaign_file, tmp_path, monkeypatch):
+    """torch is installed here; what the command sees of a machine without it is faked."""
+    monkeypatch.setattr("advisor.capture.relay.missing_modules", lambda: ["torch", "megatron.core"])
+    line = advisor.error("profile", "run", campaign_file, "--out", tmp_path / "runs")
+    assert line == ("Error: advisor profile run needs torch and megatron-core, and torch and megatron.core cannot "
+                    "be imported here: pip install torch && pip install -e '.[megatron]'")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_modules_are_found_without_importing_them(monkeypatch):
+    from advisor.capture import relay
+
+    monkeypatch.setattr(relay, "REQUIRED", ("json", "no_such_package_xyz", "no_such_parent_xyz.core"))
+    assert relay.missing_modules() == ["no_such_package_xyz", "no_such_parent_xyz.core"]
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d["runs"][0].update(layers_per_stage=[2, 1]),
+     "run pp-b1-2x2: layers_per_stage [2, 1] must be positive layer counts that sum to the model's 4 layers"),
+    (lambda d: d["runs"][1].update(id="../escape"), "run id '../escape' cannot name a directory"),
+    (lambda d: d["runs"][0].update(tp=0), "run pp-b1-2x2: tp must be a positive integer, got 0"),
+    (lambda d: d.update(version=2), "campaign schema version 2; this advisor reads 1"),
+    (lambda d: d["runs"].append(dict(d["runs"][0])), "run id 'pp-b1-2x2' appears twice"),
+])
+def test_bad_campaigns(advisor, tmp_path, change, message):
+    document = campaign()
+    change(document)
+    line = advisor.error("profile", "run", _write(tmp_path / "c.json", document), "--out", tmp_path / "runs")
+    assert message in line
+
+
+def test_what_the_emulator_cannot_run(advisor, tmp_path):
+    from advisor.capture.layout import Scenario
+
+    document = layout_campaign(TINY, [(2, 2)], seq_len=32, pipeline_microbatch=2, num_microbatches=2,
+                               scenario=Scenario(dp=2), setup=MegatronSetup(params_dtype="float32")).to_dict()
+    line = advisor.error("profile", "run", _write(tmp_path / "c.json", document), "--out", tmp_path / "runs")
+    assert "run dp2-b2-2x2 has DP 2 with the distributed optimizer, which the CPU emulator does not shard; plan " \
+           "the campaign with --no-distributed-optimizer" in line
+
+
+def test_out_must_be_a_directory_without_other_runs(advisor, campaign_file, tmp_path):
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    assert "--out" in advisor.error("profile", "run", campaign_file, "--out", not_a_directory)
+    document = json.loads(campaign_file.read_text())
+    directory = tmp_path / "runs" / "pp-b1-2x2"
+    directory.mkdir(parents=True)
+    write_rank(directory, document["runs"][0], 0, seq_len=64)
+    line = advisor.error("profile", "run", campaign_file, "--out", tmp_path / "runs")
+    assert "holds another run than campaign run pp-b1-2x2: rank 0 has seq_len 64, the campaign's run 32" in line
+
+
+def test_missing_campaign_file(advisor, tmp_path):
+    assert "cannot read" in advisor.error("profile", "run", tmp_path / "none.json", "--out", tmp_path)
+
+
+# --- advisor profile run: a runner that does not end well ---------------------------------
+
+
+def test_a_runner_that_dies_is_reported(advisor, tmp_path, monkeypatch):
+    """The process boundary: a stand-in runner (tests/fixtures/fake_runner.py) prints the first
+    events and is killed by a signal, as an out-of-memory killer would."""
+    _write(tmp_path / "campaign.json", campaign(layouts=[(2, 2)], pipeline_microbatch=2))
+    monkeypatch.setattr("advisor.capture.relay.RUNNER_MODULE", "tests.fixtures.fake_runner")
+    monkeypatch.setenv("FAKE_RUNNER", "die")
+    result = advisor("profile", "run", tmp_path / "campaign.json", "--out", tmp_path / "runs", expect=1)
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: the campaign runner stopped (signal 9) after 0 runs; run the same command to resume (finished runs "
+        "are kept). Its last words: starting pp-b2-2x2")
+
+
+def test_a_failed_run_is_named_and_exits_1(advisor, tmp_path, monkeypatch):
+    _write(tmp_path / "campaign.json", campaign(layouts=[(2, 2)], pipeline_microbatch=2))
+    monkeypatch.setattr("advisor.capture.relay.RUNNER_MODULE", "tests.fixtures.fake_runner")
+    monkeypatch.setenv("FAKE_RUNNER", "fail")
+    result = advisor("profile", "run", tmp_path / "campaign.json", "--out", tmp_path / "runs", expect=1)
+    assert result.stdout.startswith("1 runs in ") and ": 0 ok, 0 oom, 1 failed, 0 already complete" in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: 1 run(s) failed, first pp-b2-2x2: RuntimeError: emulation process 1 of 2 died (exit code -9) (run "
+        "the same command to retry them)")
