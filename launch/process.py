@@ -31,8 +31,11 @@ def _signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-def run_process_group(argv: Sequence[str], *, stdin_text: str | None = None, grace_s: float = GRACE_S) -> int:
-    """Run ``argv`` in a new session, forwarding SIGINT/SIGTERM to its group; return its exit status."""
+def run_process_group(argv: Sequence[str], *, stdin_text: str | None = None, grace_s: float = GRACE_S,
+                      raise_on_signal: bool = False) -> int:
+    """Run ``argv`` in a new session, forwarding SIGINT/SIGTERM to its group; return its exit
+    status. With ``raise_on_signal``, a forwarded signal is raised here as KeyboardInterrupt once
+    the group is gone (for a caller that runs one command after another and must stop too)."""
     process = subprocess.Popen(list(argv), start_new_session=True,
                                stdin=subprocess.PIPE if stdin_text is not None else None,
                                text=stdin_text is not None)
@@ -54,7 +57,10 @@ def run_process_group(argv: Sequence[str], *, stdin_text: str | None = None, gra
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return exit_status(process.wait())
+    status = exit_status(process.wait())
+    if received and raise_on_signal:
+        raise KeyboardInterrupt(f"stopped by signal {received[0]}")
+    return status
 
 
 def _wait_for_exit(pid: int, received: list[int], grace_s: float) -> None:

@@ -13,10 +13,9 @@ processes that lives as long as consecutive runs share their degrees. A stage th
 memory (see ``--memory-limit``) is recorded and the run's other stages still run, so every rank
 has its file; the run's outcome is "oom".
 
-The executor is the seam for GPUs: ``EmulateExecutor`` satisfies
-``advisor.capture.campaign_run.Executor``; one that starts each run through ``launch`` (torchrun,
-Megatron-LM's ``pretrain_gpt.py`` with the hooks) will come with the launch work and reuse
-``execute``. Until then this runner only emulates.
+On GPUs the same loop runs with another executor: ``python -m launch.campaign_runner`` starts
+each run through torchrun and the user's Megatron-LM ``pretrain_gpt.py`` with the hooks
+(``advisor profile run --megatron-lm DIR``).
 
 Exit status: 0 when every run ended ok or oom, 1 when a run failed, 2 on bad input.
 """
@@ -25,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import queue
 import sys
 import time
@@ -179,16 +177,6 @@ class RunnerCommand(OneLineErrors, click.Command):
     """Bad input: one line on stderr, exit status 2."""
 
 
-def _event_stream():
-    """The real stdout, for events only; everything else printed from now on (Python or C)
-    goes to stderr."""
-    sys.stdout.flush()
-    events = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return events
-
-
 @click.command(cls=RunnerCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @run_options
 def main(campaign: Path, out: Path, threads: int | None, memory_limit: float | None) -> None:
@@ -201,17 +189,13 @@ def main(campaign: Path, out: Path, threads: int | None, memory_limit: float | N
     Example:
       python -m megatron_hooks.campaign_runner campaign.json --out runs/
     """
-    from advisor.capture.campaign_run import event_line, execute, prepare
+    from advisor.capture.campaign_run import prepare, run_campaign
 
     document = prepare(campaign, out)  # bad input before any work
-    events = _event_stream()
     quiet_megatron()
     executor = EmulateExecutor(threads=threads,
                                memory_limit_bytes=None if memory_limit is None else int(memory_limit * GIB))
-    out.mkdir(parents=True, exist_ok=True)
-    failed = execute(document, out, executor, lambda event: events.write(event_line(event) + "\n"))
-    events.close()
-    sys.exit(1 if failed else 0)
+    sys.exit(run_campaign(document, out, executor))
 
 
 if __name__ == "__main__":

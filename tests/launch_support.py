@@ -17,7 +17,7 @@ from launch.cli import cli as launch_cli
 STANDIN = ROOT / "tests" / "fixtures" / "megatron_lm_standin"
 FLAGS = frozenset((ROOT / "tables" / "data" / "megatron_lm_core_v0.15.2_flags.txt").read_text().split())
 
-# A model small enough to train 2 iterations on the CPU in seconds (the stand-in's limits: PP = CP = 1).
+# A model small enough to train 2 iterations on the CPU in seconds (the stand-in runs CP = 1).
 TINY_SWEEP = ["--model", "llama3.1-8b", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128",
               "--num-attention-heads", "4", "--num-query-groups", "2", "--vocab-size", "256", "--seq-len", "32",
               "--gbs", "4", "--gpus", "2", "--mem", "1"]

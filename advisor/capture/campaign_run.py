@@ -33,6 +33,8 @@ an OOM or failed run got (its first such rank), ``error`` the exception; both nu
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -94,14 +96,15 @@ def validate(campaign: dict, path: Path | str = "campaign") -> None:
                                f"that sum to the model's {spec.num_layers} layers")
 
 
-def prepare(path: Path, out: Path) -> dict:
-    """The campaign at ``path``, checked for the CPU emulator, and ``out`` checked: a directory (or
-    nothing yet) holding no other runs. AdvisorError otherwise, before any work."""
+def prepare(path: Path, out: Path, *, emulated: bool = True) -> dict:
+    """The campaign at ``path``, checked (for the CPU emulator when ``emulated``), and ``out``
+    checked: a directory (or nothing yet) holding no other runs. AdvisorError otherwise, before
+    any work."""
     from advisor.capture.campaign import read_campaign
 
     document = read_campaign(path)
     validate(document, path)
-    if problem := emulation_problem(document):
+    if emulated and (problem := emulation_problem(document)):
         raise AdvisorError(problem)
     if out.exists() and not out.is_dir():
         raise AdvisorError(f"--out {out} is not a directory")
@@ -248,3 +251,23 @@ def execute(campaign: dict, out: Path, executor: Executor, emit: Callable[[dict]
 
 def event_line(event: dict) -> str:
     return json.dumps(event, allow_nan=False)
+
+
+def event_stream():
+    """For a runner process: the real stdout, for events only; everything else printed from
+    now on (Python, C, or child processes that inherit it) goes to stderr."""
+    sys.stdout.flush()
+    events = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return events
+
+
+def run_campaign(campaign: dict, out: Path, executor: Executor) -> int:
+    """A runner's main loop: events on the real stdout (everything else to stderr), the runs
+    under ``out``; returns the runner's exit status (1 if a run failed)."""
+    events = event_stream()
+    out.mkdir(parents=True, exist_ok=True)
+    failed = execute(campaign, out, executor, lambda event: events.write(event_line(event) + "\n"))
+    events.close()
+    return 1 if failed else 0

@@ -144,16 +144,27 @@ def run_options(func):
 
 @click.command("run", epilog=EPILOG)
 @run_options
-def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: float | None) -> None:
+@click.option("--megatron-lm", metavar="DIR", default=None,
+              help="Run on this node's GPUs: each run through torchrun and your Megatron-LM checkout's "
+                   "pretrain_gpt.py, with the hooks (advisor-launch's entry). Without it, emulate on the CPU.")
+@click.option("--mock-data", is_flag=True,
+              help="With --megatron-lm: Megatron-LM's mock data, with a NullTokenizer sized to the model.")
+@click.option("--train-iters", type=click.IntRange(min=1), default=None,
+              help="With --megatron-lm: iterations per run (default 2, as CAPTURE's profiling runs).")
+@click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]")
+def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: float | None, megatron_lm: str | None,
+                mock_data: bool, train_iters: int | None, user_args: tuple[str, ...]) -> None:
     """Execute a profiling campaign (from 'advisor profile plan'), resuming where it stopped.
 
     \b
     On a CPU every run is emulated stage by stage with real megatron-core
     modules (megatron_hooks.emulate, 1F1B order, two iterations), in a
-    subprocess that imports torch and megatron-core once. Runs already
-    complete under --out (every rank ended ok or oom) are skipped; partial
-    ones are run again; an OOM is an outcome, not a failure. Running on GPUs
-    through 'launch' comes with the launch work.
+    subprocess that imports torch and megatron-core once. With --megatron-lm,
+    every run is a real Megatron-LM run on this node's GPUs instead: torchrun
+    starts your pretrain_gpt.py with the run's flags and the hooks, and your
+    arguments after '--' (data, tokenizer, --lr ...) go to every run. Runs
+    already complete under --out (every rank ended ok or oom) are skipped;
+    partial ones are run again; an OOM is an outcome, not a failure.
 
     \b
     Examples:
@@ -162,6 +173,9 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
           --gbs 16 -o campaign.json
       advisor profile run campaign.json --out runs/
       advisor recommend --profile runs/ --gpus 4 --pp 4 --mbs 4 --gbs 16
+    \b
+      advisor profile plan --gpus 8 --gpus-per-node 8 --mode reduced -o campaign.json
+      advisor profile run campaign.json --out runs/ --megatron-lm ~/Megatron-LM --mock-data -- --lr 1e-4
     """
     import sys
 
@@ -169,14 +183,25 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
     from advisor.capture.campaign_run import prepare, scan
     from advisor.capture.relay import missing_modules, relay
 
-    document = prepare(campaign, out)
+    gpus = megatron_lm is not None
+    if gpus and (threads or memory_limit):
+        raise InputError("--threads and --memory-limit are the CPU emulator's; with --megatron-lm the GPUs decide")
+    if not gpus and (mock_data or train_iters or user_args):
+        given = "--mock-data" if mock_data else "--train-iters" if train_iters else f"'{user_args[0]}'"
+        raise InputError(f"{given} is for Megatron-LM runs: give --megatron-lm DIR (the CPU emulator takes no "
+                         f"Megatron-LM arguments)")
+    document = prepare(campaign, out, emulated=not gpus)
     if missing := missing_modules():
         raise InputError(f"advisor profile run needs torch and megatron-core, and {' and '.join(missing)} "
                          f"cannot be imported here: pip install torch && pip install -e '.[megatron]'")
-    options = [*(["--threads", str(threads)] if threads else []),
-               *(["--memory-limit", repr(memory_limit)] if memory_limit else [])]
+    if gpus:
+        options = ["--megatron-lm", megatron_lm, *(["--mock-data"] if mock_data else []),
+                   *(["--train-iters", str(train_iters)] if train_iters else []), "--", *user_args]
+    else:
+        options = [*(["--threads", str(threads)] if threads else []),
+                   *(["--memory-limit", repr(memory_limit)] if memory_limit else [])]
     try:
-        status, summary, last = relay(campaign, out, options, progress.view(sys.stderr.isatty()))
+        status, summary, last = relay(campaign, out, options, progress.view(sys.stderr.isatty()), gpus=gpus)
     except KeyboardInterrupt:
         complete = sum(check.state == "complete" for check in scan(document, out).values())
         click.echo(f"interrupted: {complete} of {len(document['runs'])} runs are complete; run the same command "

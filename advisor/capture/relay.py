@@ -1,9 +1,10 @@
 """``advisor profile run``'s side of the runner: start it, relay its progress and its exit status.
 
-The runner (``python -m megatron_hooks.campaign_runner``) needs torch and megatron-core; the
-advisor never imports them. It runs with this interpreter (``sys.executable``, no shell), this
-package's source first on its path, its events on a pipe and its stderr in a temporary file,
-whose last lines explain a crash.
+The runner (``python -m megatron_hooks.campaign_runner`` on the CPU, ``python -m
+launch.campaign_runner`` on GPUs) needs torch and megatron-core, itself or in the ranks it
+starts; the advisor never imports them. It runs with this interpreter (``sys.executable``, no
+shell), this package's source first on its path, its events on a pipe and its stderr in a
+temporary file, whose last lines explain a crash.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RUNNER_MODULE = "megatron_hooks.campaign_runner"
+"""The CPU emulator's runner."""
+LAUNCH_RUNNER_MODULE = "launch.campaign_runner"
+"""The GPU runner: torchrun and the user's Megatron-LM."""
 REQUIRED = ("torch", "megatron.core")
 
 
@@ -75,10 +79,12 @@ def _last_lines(log, count: int = 3) -> str:
     return " | ".join(lines[-count:])
 
 
-def relay(campaign: Path, out: Path, options: list[str], view) -> tuple[int, Summary, str]:
-    """Run the runner to the end; returns (its exit status, the summary, its last stderr lines).
-    ``view.handle(event)`` sees every event. Ctrl-C stops the runner and re-raises."""
-    command = [sys.executable, "-m", RUNNER_MODULE, str(campaign), "--out", str(out), *options]
+def relay(campaign: Path, out: Path, options: list[str], view, *, gpus: bool = False) -> tuple[int, Summary, str]:
+    """Run the runner (the GPU one with ``gpus``) to the end; returns (its exit status, the
+    summary, its last stderr lines). ``view.handle(event)`` sees every event. Ctrl-C stops the
+    runner and re-raises."""
+    module = LAUNCH_RUNNER_MODULE if gpus else RUNNER_MODULE
+    command = [sys.executable, "-m", module, str(campaign), "--out", str(out), *options]
     summary = Summary()
     with tempfile.TemporaryFile("w+", encoding="utf-8") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=_environment())

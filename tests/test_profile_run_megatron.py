@@ -1,0 +1,151 @@
+"""``advisor profile run --megatron-lm``: every campaign run through a real torchrun (two gloo
+processes) of the stand-in checkout's ``pretrain_gpt.py`` (tests/fixtures/megatron_lm_standin:
+megatron-core stages in a 1F1B pipeline over gloo), with the hooks; and measured as the CPU
+emulator measures the same runs."""
+
+import pytest
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
+
+from conftest import Invoker  # noqa: E402
+from launch_support import STANDIN, subprocess_env  # noqa: E402
+
+from advisor.capture.campaign import read_campaign  # noqa: E402
+from advisor.capture.campaign_run import scan  # noqa: E402
+from advisor.profiles import load_run  # noqa: E402
+
+MODEL = ["--model", "llama3.1-8b", "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "128",
+         "--num-attention-heads", "4", "--num-query-groups", "2", "--vocab-size", "256", "--seq-len", "32"]
+CPU = ["--mode", "reduced", "--dtype", "float32", "--no-distributed-optimizer", "--no-sequence-parallel"]
+STATIC_AND_ACTIVATIONS = ("parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes",
+                          "forward_peak_bytes")
+
+
+def plan(advisor: Invoker, path, gpus: int, per_node: int) -> dict:
+    advisor("profile", "plan", *MODEL, "--gpus", gpus, "--gpus-per-node", per_node, "--mbs", 4, "--gbs", 8, *CPU,
+            "-o", path)
+    return read_campaign(path)
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """The reduced campaign of a 4-layer model on 2 GPUs (6 runs of PP 2), through torchrun
+    (a module fixture: about 50 s) and through the emulator."""
+    root = tmp_path_factory.mktemp("megatron-runs")
+    advisor = Invoker()
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in subprocess_env().items():
+            patch.setenv(key, value)
+        document = plan(advisor, root / "campaign.json", 2, 2)
+        launched = advisor("profile", "run", root / "campaign.json", "--out", root / "runs", "--megatron-lm", STANDIN,
+                           "--mock-data", "--", "--lr", "1e-4")
+        emulated = advisor("profile", "run", root / "campaign.json", "--out", root / "emulated")
+    return root, document, launched, emulated
+
+
+def test_every_run_is_a_profiled_torchrun_launch(profiled):
+    root, document, launched, _ = profiled
+    assert launched.stdout.startswith("6 runs in ") and ": 6 ok, 0 oom, 0 failed, 0 already complete" in launched.stdout
+    assert all(check.state == "complete" for check in scan(document, root / "runs").values())
+    for run in document["runs"]:
+        profile = load_run(root / "runs" / run["id"])
+        headers = sorted((rank.header for rank in profile.ranks), key=lambda header: header.rank)
+        assert [(h.rank, h.coords["pp"], h.world_size) for h in headers] == [(0, 0, 2), (1, 1, 2)]
+        for header in headers:
+            # Megatron's own description of the run (get_args, parallel_state), not the emulator's.
+            assert not header.emulated and header.layer_spec == "local" and header.run_id.startswith(run["id"] + "-")
+            assert list(header.layers_per_stage) == run["layers_per_stage"]
+            assert header.parallel.mbs == run["micro_batch_size"] and header.num_microbatches == run["num_microbatches"]
+        assert all(len(rank.iterations) == 2 for rank in profile.ranks)  # --train-iters 2, the default
+
+
+def test_the_emulator_measures_what_the_real_pipeline_measures(profiled):
+    """Per layer and iteration, the static bytes, the activations kept for backward and the forward
+    peak are the same bytes in the real 1F1B pipeline and in the emulated stages. (The backward
+    peaks are not compared: the real pipeline's are two [s, b, h] tensors higher per layer.)"""
+    root, document, _, emulated = profiled
+    assert ": 6 ok, 0 oom, 0 failed" in emulated.stdout
+    compared = 0
+    for run in document["runs"]:
+        real = {rank.header.rank: rank for rank in load_run(root / "runs" / run["id"]).ranks}
+        emulation = {rank.header.rank: rank for rank in load_run(root / "emulated" / run["id"]).ranks}
+        assert real.keys() == emulation.keys() == {0, 1}
+        for rank, measured in real.items():
+            expected = {(layer.iteration, layer.name): layer for layer in emulation[rank].layers}
+            assert {(layer.iteration, layer.name) for layer in measured.layers} == expected.keys()
+            for layer in measured.layers:
+                twin = expected[(layer.iteration, layer.name)]
+                for field in STATIC_AND_ACTIVATIONS:
+                    assert getattr(layer, field) == getattr(twin, field), (run["id"], rank, layer.name, field)
+                compared += 1
+    assert compared == 6 * 2 * (4 + 2)  # runs x iterations x (decoder layers + embedding + output)
+
+
+def test_a_second_run_resumes_with_nothing_to_do(profiled):
+    root, *_ = profiled
+    stamps = {path: path.stat().st_mtime_ns for path in (root / "runs").glob("*/rank*.jsonl")}
+    again = Invoker()("profile", "run", root / "campaign.json", "--out", root / "runs", "--megatron-lm", STANDIN,
+                      "--mock-data", "--", "--lr", "1e-4")
+    assert ": 0 ok, 0 oom, 0 failed, 6 already complete" in again.stdout
+    assert stamps == {path: path.stat().st_mtime_ns for path in (root / "runs").glob("*/rank*.jsonl")}
+
+
+def test_the_launched_profiles_feed_the_recommender(profiled):
+    root, *_ = profiled
+    plan_document = Invoker().json("recommend", "--profile", root / "runs", "--gpus", 2, "--gpus-per-node", 2,
+                                   "--pp", 2, "--mbs", 4, "--gbs", 8)
+    assert sum(plan_document["layers_per_stage"]) == 4 and plan_document["launchable"]
+
+
+# --- refused before anything starts (no torchrun) ---------------------------------------------
+
+
+@pytest.fixture
+def small_campaign(advisor, tmp_path):
+    plan(advisor, tmp_path / "campaign.json", 2, 2)
+    return tmp_path / "campaign.json"
+
+
+def test_emulator_and_megatron_options_do_not_mix(advisor, small_campaign, tmp_path):
+    out = tmp_path / "runs"
+    assert "--threads and --memory-limit are the CPU emulator's" in advisor.error(
+        "profile", "run", small_campaign, "--out", out, "--megatron-lm", STANDIN, "--threads", 1)
+    assert "--mock-data is for Megatron-LM runs: give --megatron-lm DIR" in advisor.error(
+        "profile", "run", small_campaign, "--out", out, "--mock-data")
+    assert "'--lr' is for Megatron-LM runs" in advisor.error("profile", "run", small_campaign, "--out", out, "--",
+                                                             "--lr", "1e-4")
+    assert not out.exists()
+
+
+def test_the_runner_refuses_what_it_cannot_launch(advisor, small_campaign, tmp_path, monkeypatch):
+    for key, value in subprocess_env().items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "runs"
+    assert "Megatron-LM checkout nowhere: no such directory" in advisor.error(
+        "profile", "run", small_campaign, "--out", out, "--megatron-lm", "nowhere")
+    conflict = advisor.error("profile", "run", small_campaign, "--out", out, "--megatron-lm", STANDIN, "--",
+                             "--micro-batch-size", "3")
+    assert "--micro-batch-size 3 (after --) conflicts with --micro-batch-size 1 from campaign run pp-b1-2x2" in conflict
+    plan(advisor, tmp_path / "wide.json", 4, 2)
+    assert ("run pp-b1-1x4 needs 4 GPUs, more than a node's 2; advisor profile run starts each run on one node"
+            in advisor.error("profile", "run", tmp_path / "wide.json", "--out", out, "--megatron-lm", STANDIN))
+    assert not out.exists()
+
+
+def test_every_flag_of_a_gpu_campaign_is_megatron_lms(advisor, tmp_path):
+    """The torchrun commands of a default (BF16, distributed optimizer, sequence parallel)
+    campaign with DP and TP runs: every Megatron-LM flag is in core_v0.15.2's argument list."""
+    from launch.campaign_runner import TorchrunExecutor
+    from launch_support import FLAGS
+
+    advisor("profile", "plan", "--gpus", 8, "--gpus-per-node", 8, "--mode", "reduced", "-o", tmp_path / "c.json")
+    document = read_campaign(tmp_path / "c.json")
+    executor = TorchrunExecutor(STANDIN, mock_data=True, train_iters=2, extras=())
+    scenarios = set()
+    for run in document["runs"]:
+        argv = executor.argv(document, run, tmp_path / run["id"])
+        megatron = argv[argv.index("--") + 1:]
+        assert {token for token in megatron if token.startswith("--")} <= FLAGS, run["id"]
+        assert argv[:5] == ["torchrun", "--nproc-per-node", "8", "--standalone", "-m"]
+        scenarios.add(run["scenario"])
+    assert scenarios == {"pp", "dp2", "dp4", "tp2", "tp4"}
