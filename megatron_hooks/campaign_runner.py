@@ -28,7 +28,6 @@ import queue
 import sys
 import time
 import uuid
-import warnings
 from pathlib import Path
 
 import click
@@ -39,12 +38,6 @@ from advisor.cli_options import OneLineErrors
 GIB = 2**30
 GRACE_S = 30.0
 """How long the other processes of a pool may take to report after one has failed."""
-
-
-def quiet_megatron() -> None:
-    """megatron-core's notices on a CPU build (no Apex / Transformer Engine) say nothing about a run."""
-    for category in (UserWarning, DeprecationWarning, FutureWarning):
-        warnings.filterwarnings("ignore", category=category, module="megatron")
 
 
 def _config(campaign: dict, run: dict, directory: Path, threads: int | None, memory_limit_bytes: int | None):
@@ -62,8 +55,9 @@ def _config(campaign: dict, run: dict, directory: Path, threads: int | None, mem
 
 def _pool_worker(rank: int, world: int, port: int, tp: int, threads: int | None, tasks, results) -> None:
     """One process of a TP x DP pool: set up once, then run every configuration it is sent."""
+    from megatron_hooks.emulate import process_group, quiet_megatron, run_stages
+
     quiet_megatron()
-    from megatron_hooks.emulate import process_group, run_stages
 
     with process_group(rank, world, port, tp, threads):
         gc.freeze()
@@ -190,6 +184,7 @@ def main(campaign: Path, out: Path, threads: int | None, memory_limit: float | N
       python -m megatron_hooks.campaign_runner campaign.json --out runs/
     """
     from advisor.capture.campaign_run import prepare, run_campaign
+    from megatron_hooks.emulate import quiet_megatron
 
     document = prepare(campaign, out)  # bad input before any work
     quiet_megatron()

@@ -41,6 +41,7 @@ import gc
 import os
 import socket
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -304,7 +305,14 @@ def run_stages(config: StageEmulation, stages: Sequence[int], *, after_oom: str 
     return written
 
 
+def quiet_megatron() -> None:
+    """megatron-core's notices on a CPU build (no Apex / Transformer Engine) say nothing about a run."""
+    for category in (UserWarning, DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category, module="megatron")
+
+
 def _worker(local_rank: int, world_size: int, port: int | None, config: StageEmulation, stages: list[int]) -> None:
+    quiet_megatron()
     with process_group(local_rank, world_size, port, config.tp, config.threads):
         run_stages(config, stages)
 

@@ -60,7 +60,9 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
     """
     from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-    from megatron_hooks.emulate import StageEmulation, emulate_stages, emulate_under_torchrun
+    from megatron_hooks.emulate import StageEmulation, emulate_stages, emulate_under_torchrun, quiet_megatron
+
+    quiet_megatron()
 
     values = dict(model=spec, layers_per_stage=layers_per_stage, seq_len=seq_len, output_dir=output_dir,
                   micro_batch_size=mbs, num_microbatches=num_microbatches, iterations=iterations, tp=tp, dp=dp,
