@@ -1,7 +1,7 @@
 """Run a profiling campaign on GPUs: every run through torchrun and the user's Megatron-LM.
 
     python -m launch.campaign_runner CAMPAIGN --out DIR --megatron-lm DIR [--mock-data]
-        [--train-iters N] [-- MEGATRON_ARGS...]
+        [--train-iters N] [--slurm [--rdzv-port P]] [-- MEGATRON_ARGS...]
 
 ``advisor profile run --megatron-lm DIR`` starts this module as a subprocess and draws its
 progress from the events it prints on stdout; the loop, resuming and what counts as done are
@@ -13,18 +13,28 @@ the user's ``pretrain_gpt.py`` with the run's Megatron-LM flags (from ``advisor 
 ``megatron_hooks`` writing one rank file per GPU. A run that runs out of memory is recorded by
 the hooks; its outcome is "oom" and the campaign goes on.
 
-One node runs every run: a campaign planned for more GPUs than a node has (its --gpus over its
---gpus-per-node) is refused before anything starts. torchrun's own output goes to stderr. This
-process imports no torch.
+Where the runs go:
+
+- one node (the default): ``torchrun --standalone`` on this node; a campaign planned for more
+  GPUs than a node has (its --gpus over its --gpus-per-node) is refused before anything starts;
+- ``--slurm``, inside a Slurm allocation (``salloc``, or a batch script): each run is
+  ``srun --nodes N --ntasks-per-node 1`` of one torchrun per node (N = the run's GPUs / the
+  campaign's GPUs per node), meeting at a c10d rendezvous on the allocation's first node, as
+  ``advisor-launch sbatch`` does for one run. The allocation must hold N nodes.
+
+torchrun's own output goes to stderr. This process imports no torch.
 
 Exit status: 0 when every run ended ok or oom, 1 when a run failed, 2 on bad input.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -34,42 +44,102 @@ from advisor.cli_options import OneLineErrors
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from launch.arguments import compose, flag_values
-from launch.commands import Topology, entry_options, torchrun_argv
+from launch.commands import DEFAULT_RDZV_PORT, Rendezvous, Topology, entry_options, torchrun_argv
 from launch.process import run_process_group
 
 PROFILING_ITERATIONS = 2
 
 
-def launch_problem(campaign: dict) -> str | None:
-    """Why this runner cannot run the campaign as planned, or None."""
+def _world(run: dict) -> int:
+    return run["tp"] * run.get("cp", 1) * run["dp"] * len(run["layers_per_stage"])
+
+
+def topology(campaign: dict, run: dict) -> Topology:
+    """The nodes of one run: its GPUs on nodes of the campaign's GPUs per node."""
+    world, per_node = _world(run), campaign["gpus_per_node"]
+    if world <= per_node:
+        return Topology(nnodes=1, nproc_per_node=world)
+    if world % per_node:
+        raise AdvisorError(f"run {run['id']} needs {world} GPUs, not a whole number of nodes of {per_node}")
+    return Topology(nnodes=world // per_node, nproc_per_node=per_node)
+
+
+def launch_problem(campaign: dict, *, slurm_nodes: int | None) -> str | None:
+    """Why this runner cannot run the campaign as planned (on one node, or on an allocation of
+    ``slurm_nodes`` nodes), or None."""
     per_node = campaign.get("gpus_per_node")
+    if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
+        return f"the campaign's gpus_per_node must be a positive integer, got {per_node!r}"
     for run in campaign["runs"]:
         if not run.get("launchable", True):
             return f"run {run['id']} is not launchable on stock Megatron-LM"
-        world = run["tp"] * run.get("cp", 1) * run["dp"] * len(run["layers_per_stage"])
-        if isinstance(per_node, int) and world > per_node:
-            return (f"run {run['id']} needs {world} GPUs, more than a node's {per_node}; advisor profile run "
-                    f"starts each run on one node: plan the campaign with --gpus at most the GPUs of a node")
         if not isinstance(run.get("megatron_args"), list):
             return f"run {run['id']} has no megatron_args (plan the campaign with advisor profile plan)"
+        nodes = topology(campaign, run).nnodes
+        if slurm_nodes is None and nodes > 1:
+            return (f"run {run['id']} needs {_world(run)} GPUs, more than a node's {per_node}; without --slurm "
+                    f"each run starts on this node: use --slurm inside an allocation of {nodes} nodes, or plan "
+                    f"the campaign with --gpus at most the GPUs of a node")
+        if slurm_nodes is not None and nodes > slurm_nodes:
+            return (f"run {run['id']} needs {nodes} nodes of {per_node} GPUs; this Slurm allocation has "
+                    f"{slurm_nodes} (SLURM_NNODES)")
     return None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlurmAllocation:
+    """The allocation this runner is inside: its job, its node count, its first node."""
+
+    job_id: str
+    nodes: int
+    head_node: str
+    rdzv_port: int = DEFAULT_RDZV_PORT
+
+    @classmethod
+    def from_environment(cls, rdzv_port: int) -> "SlurmAllocation":
+        job_id, nodes, node_list = (os.environ.get(name) for name in ("SLURM_JOB_ID", "SLURM_NNODES",
+                                                                       "SLURM_JOB_NODELIST"))
+        if not job_id or not node_list:
+            raise AdvisorError("--slurm runs inside a Slurm allocation (salloc, or a batch script): "
+                               "SLURM_JOB_ID and SLURM_JOB_NODELIST are not set")
+        if not (nodes or "").isdigit():
+            raise AdvisorError(f"SLURM_NNODES must be a node count, got {nodes!r}")
+        for program in ("srun", "scontrol"):
+            if shutil.which(program) is None:
+                raise AdvisorError(f"--slurm: {program} not found on PATH")
+        hosts = subprocess.run(["scontrol", "show", "hostnames", node_list], capture_output=True, text=True)
+        if hosts.returncode != 0 or not hosts.stdout.split():
+            raise AdvisorError(f"scontrol show hostnames {node_list} failed: {hosts.stderr.strip() or 'no hosts'}")
+        if not 0 < rdzv_port < 65536:
+            raise AdvisorError(f"--rdzv-port must be a TCP port, got {rdzv_port}")
+        return cls(job_id=job_id, nodes=int(nodes), head_node=hosts.stdout.split()[0], rdzv_port=rdzv_port)
+
+    def wrap(self, nodes: Topology, entry: Sequence[str], megatron: Sequence[str], run_id: str) -> list[str]:
+        """srun of one torchrun per node, meeting on the first node."""
+        rendezvous = Rendezvous(host=self.head_node, port=self.rdzv_port, rdzv_id=f"{self.job_id}-{run_id}")
+        return ["srun", f"--nodes={nodes.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                *torchrun_argv(nodes, entry, megatron, rendezvous)]
 
 
 class TorchrunExecutor:
     """Campaign runs on this node's GPUs through ``launch.entry``; see the module docstring."""
 
-    def __init__(self, checkout: Path, *, mock_data: bool, train_iters: int, extras: Sequence[str]) -> None:
-        self.checkout, self.mock_data, self.extras = checkout, mock_data, tuple(extras)
+    def __init__(self, checkout: Path, *, mock_data: bool, train_iters: int, extras: Sequence[str],
+                 slurm: SlurmAllocation | None = None) -> None:
+        self.checkout, self.mock_data, self.extras, self.slurm = checkout, mock_data, tuple(extras), slurm
         self.iterations = () if "--train-iters" in flag_values(extras) else ("--train-iters", str(train_iters))
 
     def argv(self, campaign: dict, run: dict, directory: Path) -> list[str]:
-        """The torchrun command of one campaign run."""
+        """The command of one campaign run: torchrun on this node, or srun of torchrun per node."""
         model = LlamaSpec(**campaign["model"])
         megatron = compose(f"campaign run {run['id']}", [*run["megatron_args"], *self.iterations],
                            mock_data=model if self.mock_data else None, extras=self.extras)
-        world = run["tp"] * run.get("cp", 1) * run["dp"] * len(run["layers_per_stage"])
-        entry = entry_options(self.checkout, profile_dir=directory, run_id=f"{run['id']}-{uuid.uuid4().hex[:8]}")
-        return torchrun_argv(Topology(nnodes=1, nproc_per_node=world), entry, megatron.args)
+        run_id = f"{run['id']}-{uuid.uuid4().hex[:8]}"
+        entry = entry_options(self.checkout, profile_dir=directory, run_id=run_id)
+        nodes = topology(campaign, run)
+        if self.slurm is not None:
+            return self.slurm.wrap(nodes, entry, megatron.args, run_id)
+        return torchrun_argv(nodes, entry, megatron.args)
 
     def run(self, campaign: dict, run: dict, directory: Path) -> None:
         status = run_process_group(self.argv(campaign, run, directory), raise_on_signal=True)
@@ -94,9 +164,13 @@ class RunnerCommand(OneLineErrors, click.Command):
 @click.option("--mock-data", is_flag=True, help="Megatron-LM's mock data, with a NullTokenizer sized to the model.")
 @click.option("--train-iters", type=click.IntRange(min=1), default=PROFILING_ITERATIONS, show_default=True,
               help="Iterations per profiling run (unless your arguments give --train-iters).")
+@click.option("--slurm", is_flag=True,
+              help="Inside a Slurm allocation: each run as srun of one torchrun per node (runs of several nodes).")
+@click.option("--rdzv-port", type=int, default=DEFAULT_RDZV_PORT, show_default=True,
+              help="With --slurm: the c10d rendezvous port on the allocation's first node.")
 @click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]")
-def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, train_iters: int,
-         user_args: tuple[str, ...]) -> None:
+def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, train_iters: int, slurm: bool,
+         rdzv_port: int, user_args: tuple[str, ...]) -> None:
     """Run a profiling campaign (advisor profile plan) through torchrun and Megatron-LM, one run
     after another, resuming where it stopped.
 
@@ -106,10 +180,12 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
     from launch.checkout import resolve_checkout
 
     document = prepare(campaign, out, emulated=False)  # bad input before any work
-    if problem := launch_problem(document):
+    allocation = SlurmAllocation.from_environment(rdzv_port) if slurm else None
+    if problem := launch_problem(document, slurm_nodes=allocation.nodes if allocation else None):
         raise AdvisorError(problem)
     checkout = resolve_checkout(megatron_lm)
-    executor = TorchrunExecutor(checkout, mock_data=mock_data, train_iters=train_iters, extras=user_args)
+    executor = TorchrunExecutor(checkout, mock_data=mock_data, train_iters=train_iters, extras=user_args,
+                                slurm=allocation)
     for run in document["runs"]:  # a conflict with the user's arguments, before any run starts
         executor.argv(document, run, out / run["id"])
     if shutil.which("torchrun") is None:

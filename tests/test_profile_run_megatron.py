@@ -3,11 +3,14 @@ processes) of the stand-in checkout's ``pretrain_gpt.py`` (tests/fixtures/megatr
 megatron-core stages in a 1F1B pipeline over gloo), with the hooks; and measured as the CPU
 emulator measures the same runs."""
 
+import json
+import os
+
 import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
 
-from conftest import Invoker  # noqa: E402
+from conftest import ROOT, Invoker  # noqa: E402
 from launch_support import STANDIN, subprocess_env  # noqa: E402
 
 from advisor.capture.campaign import read_campaign  # noqa: E402
@@ -17,6 +20,7 @@ from advisor.profiles import load_run  # noqa: E402
 MODEL = ["--model", "llama3.1-8b", "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "128",
          "--num-attention-heads", "4", "--num-query-groups", "2", "--vocab-size", "256", "--seq-len", "32"]
 CPU = ["--mode", "reduced", "--dtype", "float32", "--no-distributed-optimizer", "--no-sequence-parallel"]
+SLURM = ROOT / "tests" / "fixtures" / "slurm_standin"
 STATIC_AND_ACTIVATIONS = ("parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes",
                           "forward_peak_bytes")
 
@@ -127,9 +131,45 @@ def test_the_runner_refuses_what_it_cannot_launch(advisor, small_campaign, tmp_p
                              "--micro-batch-size", "3")
     assert "--micro-batch-size 3 (after --) conflicts with --micro-batch-size 1 from campaign run pp-b1-2x2" in conflict
     plan(advisor, tmp_path / "wide.json", 4, 2)
-    assert ("run pp-b1-1x4 needs 4 GPUs, more than a node's 2; advisor profile run starts each run on one node"
-            in advisor.error("profile", "run", tmp_path / "wide.json", "--out", out, "--megatron-lm", STANDIN))
+    assert ("run pp-b1-1x4 needs 4 GPUs, more than a node's 2; without --slurm each run starts on this node: use "
+            "--slurm inside an allocation of 2 nodes" in advisor.error("profile", "run", tmp_path / "wide.json",
+                                                                       "--out", out, "--megatron-lm", STANDIN))
+    for name in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+    assert "--slurm runs inside a Slurm allocation (salloc, or a batch script)" in advisor.error(
+        "profile", "run", tmp_path / "wide.json", "--out", out, "--megatron-lm", STANDIN, "--slurm")
+    monkeypatch.setenv("PATH", f"{SLURM}{os.pathsep}{os.environ['PATH']}")
+    for name, value in {"SLURM_JOB_ID": "77", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "n1"}.items():
+        monkeypatch.setenv(name, value)
+    assert "run pp-b1-1x4 needs 2 nodes of 2 GPUs; this Slurm allocation has 1 (SLURM_NNODES)" in advisor.error(
+        "profile", "run", tmp_path / "wide.json", "--out", out, "--megatron-lm", STANDIN, "--slurm")
     assert not out.exists()
+
+
+def test_slurm_runs_span_nodes(advisor, tmp_path, monkeypatch):
+    """Inside an allocation (Slurm's commands stood in: tests/fixtures/slurm_standin), a run on 2
+    nodes of 1 GPU is srun of one real torchrun per node, meeting at a c10d rendezvous."""
+    from megatron_hooks.emulate import free_port
+
+    document = plan(advisor, tmp_path / "wide.json", 2, 1)
+    document["runs"] = document["runs"][:1]  # one run is enough (each takes about 25 s)
+    (tmp_path / "one.json").write_text(json.dumps(document))
+    env = subprocess_env(PATH=f"{SLURM}{os.pathsep}{subprocess_env()['PATH']}", SLURM_JOB_ID="77", SLURM_NNODES="2",
+                         SLURM_JOB_NODELIST="n[1-2]", SLURM_STANDIN_HOSTS="127.0.0.1 127.0.0.2",
+                         SLURM_STANDIN_RECORD=str(tmp_path / "slurm.jsonl"))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    result = advisor("profile", "run", tmp_path / "one.json", "--out", tmp_path / "runs", "--megatron-lm", STANDIN,
+                     "--slurm", "--rdzv-port", free_port(), "--mock-data")
+    assert ": 1 ok, 0 oom, 0 failed" in result.stdout
+    (srun,) = [json.loads(line)["argv"] for line in (tmp_path / "slurm.jsonl").read_text().splitlines()]
+    run = document["runs"][0]
+    assert srun[:9] == ["--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "torchrun", "--nproc-per-node",
+                        "1", "--nnodes", "2", "--rdzv-backend"]
+    assert f"77-{run['id']}-" in srun[srun.index("--rdzv-id") + 1]
+    ranks = sorted(load_run(tmp_path / "runs" / run["id"]).ranks, key=lambda rank: rank.header.rank)
+    assert [(rank.header.rank, rank.header.coords["pp"], rank.status) for rank in ranks] == [(0, 0, "ok"), (1, 1, "ok")]
+    assert all(list(rank.header.layers_per_stage) == run["layers_per_stage"] for rank in ranks)
 
 
 def test_every_flag_of_a_gpu_campaign_is_megatron_lms(advisor, tmp_path):

@@ -151,9 +151,15 @@ def run_options(func):
               help="With --megatron-lm: Megatron-LM's mock data, with a NullTokenizer sized to the model.")
 @click.option("--train-iters", type=click.IntRange(min=1), default=None,
               help="With --megatron-lm: iterations per run (default 2, as CAPTURE's profiling runs).")
+@click.option("--slurm", is_flag=True,
+              help="With --megatron-lm, inside a Slurm allocation (salloc or a batch script): each run as srun "
+                   "of one torchrun per node, for campaigns wider than a node.")
+@click.option("--rdzv-port", type=click.IntRange(1, 65535), default=None,
+              help="With --slurm: the c10d rendezvous port on the allocation's first node (default 29500).")
 @click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]")
 def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: float | None, megatron_lm: str | None,
-                mock_data: bool, train_iters: int | None, user_args: tuple[str, ...]) -> None:
+                mock_data: bool, train_iters: int | None, slurm: bool, rdzv_port: int | None,
+                user_args: tuple[str, ...]) -> None:
     """Execute a profiling campaign (from 'advisor profile plan'), resuming where it stopped.
 
     \b
@@ -162,7 +168,8 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
     subprocess that imports torch and megatron-core once. With --megatron-lm,
     every run is a real Megatron-LM run on this node's GPUs instead: torchrun
     starts your pretrain_gpt.py with the run's flags and the hooks, and your
-    arguments after '--' (data, tokenizer, --lr ...) go to every run. Runs
+    arguments after '--' (data, tokenizer, --lr ...) go to every run; with
+    --slurm, inside an allocation, runs span several nodes. Runs
     already complete under --out (every rank ended ok or oom) are skipped;
     partial ones are run again; an OOM is an outcome, not a failure.
 
@@ -176,6 +183,8 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
     \b
       advisor profile plan --gpus 8 --gpus-per-node 8 --mode reduced -o campaign.json
       advisor profile run campaign.json --out runs/ --megatron-lm ~/Megatron-LM --mock-data -- --lr 1e-4
+      salloc --nodes 4 --gpus-per-node 8 advisor profile run campaign.json --out runs/ \\
+          --megatron-lm ~/Megatron-LM --slurm --mock-data -- --lr 1e-4
     """
     import sys
 
@@ -186,8 +195,9 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
     gpus = megatron_lm is not None
     if gpus and (threads or memory_limit):
         raise InputError("--threads and --memory-limit are the CPU emulator's; with --megatron-lm the GPUs decide")
-    if not gpus and (mock_data or train_iters or user_args):
-        given = "--mock-data" if mock_data else "--train-iters" if train_iters else f"'{user_args[0]}'"
+    if not gpus and (mock_data or train_iters or slurm or rdzv_port or user_args):
+        given = ("--mock-data" if mock_data else "--train-iters" if train_iters else "--slurm" if slurm
+                 else "--rdzv-port" if rdzv_port else f"'{user_args[0]}'")
         raise InputError(f"{given} is for Megatron-LM runs: give --megatron-lm DIR (the CPU emulator takes no "
                          f"Megatron-LM arguments)")
     document = prepare(campaign, out, emulated=not gpus)
@@ -196,7 +206,8 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
                          f"cannot be imported here: pip install torch && pip install -e '.[megatron]'")
     if gpus:
         options = ["--megatron-lm", megatron_lm, *(["--mock-data"] if mock_data else []),
-                   *(["--train-iters", str(train_iters)] if train_iters else []), "--", *user_args]
+                   *(["--train-iters", str(train_iters)] if train_iters else []), *(["--slurm"] if slurm else []),
+                   *(["--rdzv-port", str(rdzv_port)] if rdzv_port else []), "--", *user_args]
     else:
         options = [*(["--threads", str(threads)] if threads else []),
                    *(["--memory-limit", repr(memory_limit)] if memory_limit else [])]
