@@ -84,9 +84,9 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
     Examples:
       advisor profile plan --gpus 16 --gpus-per-node 4 --mbs 8
       advisor profile plan --gpus 16 --gpus-per-node 4 --mode reduced -o campaign.json
-      advisor profile plan --gpus 4 --model llama3.2-1b --format json
+      advisor profile plan --gpus 4 --gpus-per-node 4 --model llama3.2-1b --format json
       advisor profile plan --gpus 4 --gpus-per-node 1 --mode reduced --dtype float32 \\
-          --no-distributed-optimizer -o campaign.json     # for the CPU emulator
+          --no-distributed-optimizer --no-sequence-parallel -o campaign.json   # for the CPU emulator
     """
     from advisor import render
     from advisor.capture.campaign import plan_campaign
@@ -175,15 +175,17 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
 
     \b
     Examples:
-      advisor profile plan --model llama3.2-1b --num-layers 8 --gpus 4 --gpus-per-node 1 \\
-          --mode reduced --dtype float32 --no-distributed-optimizer --seq-len 512 --mbs 4 \\
-          --gbs 16 -o campaign.json
+      advisor profile plan --model llama3.2-1b --num-layers 8 --hidden-size 256 \\
+          --ffn-hidden-size 1024 --num-attention-heads 4 --num-query-groups 2 --vocab-size 8192 \\
+          --gpus 4 --gpus-per-node 1 --mode reduced --dtype float32 --no-distributed-optimizer \\
+          --no-sequence-parallel --seq-len 512 --mbs 4 --gbs 16 -o campaign.json
       advisor profile run campaign.json --out runs/
       advisor recommend --profile runs/ --gpus 4 --pp 4 --mbs 4 --gbs 16
     \b
       advisor profile plan --gpus 8 --gpus-per-node 8 --mode reduced -o campaign.json
       advisor profile run campaign.json --out runs/ --megatron-lm ~/Megatron-LM --mock-data -- --lr 1e-4
-      salloc --nodes 4 --gpus-per-node 8 advisor profile run campaign.json --out runs/ \\
+      advisor profile plan --gpus 32 --gpus-per-node 8 --mode reduced -o wide.json
+      salloc --nodes 4 --gpus-per-node 8 advisor profile run wide.json --out wide-runs/ \\
           --megatron-lm ~/Megatron-LM --slurm --mock-data -- --lr 1e-4
     """
     import sys
@@ -324,7 +326,7 @@ def _plan_table(plan, mem: float | None) -> str:
             "even": baseline.stage_bytes[stage.stage] if same else None,
         })
     columns = [render.Column("stage", "stage"), render.Column("layers", "layers"), render.Column("count", "#"),
-               render.Column("tp", "TP"), render.Column("dp", "DP"), render.Column("gpus", "GPUs"),
+               render.Column("tp", "TP"), render.Column("dp", "DP"), render.Column("gpus", "GPU ids"),
                render.Column("in_flight", "in flight"), render.Column("bytes", f"{unit} per GPU", ".2f", scale=size)]
     if same:
         columns.append(render.Column("even", "even split", ".2f", scale=size))
