@@ -40,6 +40,7 @@ from typing import Sequence
 
 import click
 
+from advisor.capture.campaign_run import prepare, run_campaign, world_size
 from advisor.cli_options import OneLineErrors
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
@@ -50,13 +51,9 @@ from launch.process import run_process_group
 PROFILING_ITERATIONS = 2
 
 
-def _world(run: dict) -> int:
-    return run["tp"] * run.get("cp", 1) * run["dp"] * len(run["layers_per_stage"])
-
-
 def topology(campaign: dict, run: dict) -> Topology:
     """The nodes of one run: its GPUs on nodes of the campaign's GPUs per node."""
-    world, per_node = _world(run), campaign["gpus_per_node"]
+    world, per_node = world_size(run), campaign["gpus_per_node"]
     if world <= per_node:
         return Topology(nnodes=1, nproc_per_node=world)
     if world % per_node:
@@ -77,7 +74,7 @@ def launch_problem(campaign: dict, *, slurm_nodes: int | None) -> str | None:
             return f"run {run['id']} has no megatron_args (plan the campaign with advisor profile plan)"
         nodes = topology(campaign, run).nnodes
         if slurm_nodes is None and nodes > 1:
-            return (f"run {run['id']} needs {_world(run)} GPUs, more than a node's {per_node}; without --slurm "
+            return (f"run {run['id']} needs {world_size(run)} GPUs, more than a node's {per_node}; without --slurm "
                     f"each run starts on this node: use --slurm inside an allocation of {nodes} nodes, or plan "
                     f"the campaign with --gpus at most the GPUs of a node")
         if slurm_nodes is not None and nodes > slurm_nodes:
@@ -176,7 +173,6 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
 
     Prints one JSON event per line on stdout (advisor profile run draws them as a progress bar).
     """
-    from advisor.capture.campaign_run import prepare, run_campaign
     from launch.checkout import resolve_checkout
 
     document = prepare(campaign, out, emulated=False)  # bad input before any work

@@ -118,6 +118,9 @@ def test_emulator_and_megatron_options_do_not_mix(advisor, small_campaign, tmp_p
         "profile", "run", small_campaign, "--out", out, "--mock-data")
     assert "'--lr' is for Megatron-LM runs" in advisor.error("profile", "run", small_campaign, "--out", out, "--",
                                                              "--lr", "1e-4")
+    for option in (["--slurm"], ["--rdzv-port", "29501"]):
+        assert f"{option[0]} is for Megatron-LM runs" in advisor.error("profile", "run", small_campaign, "--out", out,
+                                                                       *option)
     assert not out.exists()
 
 
@@ -189,3 +192,36 @@ def test_every_flag_of_a_gpu_campaign_is_megatron_lms(advisor, tmp_path):
         assert argv[:5] == ["torchrun", "--nproc-per-node", "8", "--standalone", "-m"]
         scenarios.add(run["scenario"])
     assert scenarios == {"pp", "dp2", "dp4", "tp2", "tp4"}
+
+
+def _edited(path, tmp_path, name: str, edit) -> str:
+    document = read_campaign(path)
+    edit(document)
+    (tmp_path / name).write_text(json.dumps(document))
+    return tmp_path / name
+
+
+def test_the_runner_refuses_campaigns_and_environments_it_cannot_use(advisor, small_campaign, tmp_path, monkeypatch):
+    for key, value in subprocess_env().items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "runs"
+    hybrid = _edited(small_campaign, tmp_path, "hybrid.json", lambda d: d["runs"][1].update(launchable=False))
+    assert "run pp-b1-3.1 is not launchable on stock Megatron-LM" in advisor.error(
+        "profile", "run", hybrid, "--out", out, "--megatron-lm", STANDIN)
+    bare = _edited(small_campaign, tmp_path, "bare.json", lambda d: d["runs"][0].pop("megatron_args"))
+    assert "run pp-b1-2x2 has no megatron_args (plan the campaign with advisor profile plan)" in advisor.error(
+        "profile", "run", bare, "--out", out, "--megatron-lm", STANDIN)
+    odd = _edited(small_campaign, tmp_path, "odd.json", lambda d: d.update(gpus_per_node=0))
+    assert "the campaign's gpus_per_node must be a positive integer, got 0" in advisor.error(
+        "profile", "run", odd, "--out", out, "--megatron-lm", STANDIN)
+    for name, value in {"SLURM_JOB_ID": "77", "SLURM_NNODES": "two", "SLURM_JOB_NODELIST": "n1"}.items():
+        monkeypatch.setenv(name, value)
+    assert "SLURM_NNODES must be a node count, got 'two'" in advisor.error(
+        "profile", "run", small_campaign, "--out", out, "--megatron-lm", STANDIN, "--slurm")
+    monkeypatch.setenv("PATH", "/nonexistent")  # the runner starts with this interpreter; torchrun is not found
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    assert "--slurm: srun not found on PATH" in advisor.error("profile", "run", small_campaign, "--out", out,
+                                                              "--megatron-lm", STANDIN, "--slurm")
+    assert "torchrun not found on PATH" in advisor.error("profile", "run", small_campaign, "--out", out,
+                                                         "--megatron-lm", STANDIN)
+    assert not out.exists()
