@@ -1,10 +1,33 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never half of it."""
+"""Files: JSON read with one clear error, and atomic writes (a reader sees the old file or the
+whole new one, never half of it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+
+from advisor.errors import AdvisorError
+
+
+def read_json(path: str | Path):
+    """The JSON value in ``path``; AdvisorError naming the file if it cannot be read or parsed."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AdvisorError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise AdvisorError(f"{path} is a directory, not a JSON file") from None
+    except UnicodeDecodeError:
+        raise AdvisorError(f"{path}: not a UTF-8 text file") from None
+    except OSError as exc:
+        raise AdvisorError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AdvisorError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:

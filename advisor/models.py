@@ -8,7 +8,6 @@ Megatron-LM's argument names, so that a spec maps one-to-one onto its flags.
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -118,15 +117,10 @@ def preset(name: str) -> LlamaSpec:
 
 def load_hf_config(path: str | Path) -> LlamaSpec:
     """Read a Hugging Face Llama ``config.json``."""
+    from advisor.fileio import read_json
+
     path = Path(path)
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AdvisorError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise AdvisorError(f"{path}: cannot read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise AdvisorError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    config = read_json(path)
     if not isinstance(config, dict):
         raise AdvisorError(f"{path}: expected a JSON object, got {type(config).__name__}")
     model_type = config.get("model_type")

@@ -16,7 +16,6 @@ the estimator assumes. Anything malformed, truncated or inconsistent is one Advi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -24,6 +23,7 @@ from typing import Literal
 from advisor.capture.plan import SCHEMA as PLAN_SCHEMA
 from advisor.capture.plan import VERSION as PLAN_VERSION
 from advisor.errors import AdvisorError
+from advisor.fileio import read_json
 from advisor.megatron_args import megatron_args
 from advisor.memory import MemoryOptions, check_layout
 from advisor.models import LlamaSpec
@@ -84,7 +84,7 @@ class LaunchInput:
 def read_input(path: str | Path, rank: int | None = None) -> LaunchInput:
     """Read a sweep array (picking ``rank``, default 1), a sweep row, an estimate or a plan."""
     path = Path(path)
-    document = _load_json(path)
+    document = read_json(path)
     if isinstance(document, list):
         row, origin = _pick_row(document, path, 1 if rank is None else rank)
         return _from_row(_Fields(row, origin), "sweep row")
@@ -101,21 +101,6 @@ def read_input(path: str | Path, rank: int | None = None) -> LaunchInput:
     raise AdvisorError(
         f"{path}: neither a sweep row, an estimate nor a plan (expected the JSON of 'advisor sweep --format json', "
         "'advisor estimate --format json' or 'advisor recommend -o')")
-
-
-def _load_json(path: Path):
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise AdvisorError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise AdvisorError(f"{path} is a directory, not a JSON file") from None
-    except UnicodeDecodeError:
-        raise AdvisorError(f"{path}: not a UTF-8 text file") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise AdvisorError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
 
 
 def _pick_row(rows: list, path: Path, rank: int) -> tuple[dict, str]:

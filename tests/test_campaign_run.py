@@ -218,8 +218,11 @@ def test_out_must_be_a_directory_without_other_runs(advisor, campaign_file, tmp_
     assert "holds another run than campaign run pp-b1-2x2: rank 0 has seq_len 64, the campaign's run 32" in line
 
 
-def test_missing_campaign_file(advisor, tmp_path):
-    assert "cannot read" in advisor.error("profile", "run", tmp_path / "none.json", "--out", tmp_path)
+def test_missing_or_unreadable_campaign_file(advisor, tmp_path):
+    assert "none.json: no such file" in advisor.error("profile", "run", tmp_path / "none.json", "--out", tmp_path)
+    (tmp_path / "latin1.json").write_bytes('{"schema": "caf\xe9"}'.encode("latin-1"))
+    assert "latin1.json: not a UTF-8 text file" in advisor.error("profile", "run", tmp_path / "latin1.json",
+                                                                 "--out", tmp_path / "runs")
 
 
 # --- advisor profile run: a runner that does not end well ---------------------------------

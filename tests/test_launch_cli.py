@@ -180,7 +180,7 @@ def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, chec
     cases = [
         (["torchrun", "--from", sweep, "--megatron-lm", tmp_path / "nope"], "Megatron-LM checkout", "no such directory"),
         (["torchrun", "--from", sweep, "--megatron-lm", empty], f"checkout {empty} has no pretrain_gpt.py", ""),
-        (["torchrun", "--from", malformed, "--megatron-lm", checkout], "not valid JSON (line 1", ""),
+        (["torchrun", "--from", malformed, "--megatron-lm", checkout], "malformed JSON at line 1", ""),
         (["torchrun", "--from", write_json(tmp_path / "x.json", {"x": 1}), "--megatron-lm", checkout],
          "neither a sweep row, an estimate nor a plan", ""),
         (["torchrun", "--from", plans["hybrid"], "--megatron-lm", checkout],

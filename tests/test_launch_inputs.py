@@ -121,7 +121,7 @@ def test_bad_inputs_are_one_clear_error(advisor, tmp_path, plans):
     truncated = tmp_path / "truncated.json"
     truncated.write_text(sweep.read_text()[:200])
     cases = [
-        (truncated, None, "not valid JSON (line"),
+        (truncated, None, "malformed JSON at line"),
         (corrupt(tmp_path, {"hello": 1}), None, "neither a sweep row, an estimate nor a plan"),
         (corrupt(tmp_path, "text"), None, "expected a JSON object or array, got str"),
         (corrupt(tmp_path, []), None, "the sweep holds no rows"),

@@ -39,7 +39,6 @@ points. Each run has min(S, m_target) microbatches: the fewest at which every st
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -291,13 +290,10 @@ def _check_inputs(spec, gpus, gpus_per_node, cp, micro_batch_size, global_batch_
 def read_campaign(path: str | Path) -> dict:
     """A campaign document, checked: schema and version, and runs with unique ids (what a runner
     needs to resume). Returns the document as written."""
+    from advisor.fileio import read_json
+
     path = Path(path)
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise AdvisorError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise AdvisorError(f"{path}: malformed JSON at line {exc.lineno}: {exc.msg}") from None
+    document = read_json(path)
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         raise AdvisorError(f"{path}: not a profiling campaign (schema {SCHEMA!r})")
     if document.get("version") != VERSION:
