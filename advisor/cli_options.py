@@ -54,7 +54,12 @@ class OneLineErrors:
             raise InputError(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")) from None
 
 
-def _apply(options: list[Callable], func: Callable) -> Callable:
+class OneLineCommand(OneLineErrors, click.Command):
+    """A stand-alone command (``python -m ...``) whose bad input is one line, exit status 2."""
+
+
+def apply_options(options: list[Callable], func: Callable) -> Callable:
+    """Decorate ``func`` with click options and arguments, listed in the order --help shows them."""
     for option in reversed(options):
         func = option(func)
     return func
@@ -84,7 +89,7 @@ def model_options(func: Callable) -> Callable:
         overrides = {name: kwargs.pop(name) for name in _MODEL_FIELDS}
         return func(*args, spec=with_overrides(load_model(model), **overrides), **kwargs)
 
-    return _apply(
+    return apply_options(
         [
             click.option(
                 "--model", default="llama3.1-8b", show_default=True, metavar="NAME|config.json",
@@ -114,7 +119,7 @@ def workload_options(func: Callable) -> Callable:
 
         return func(*args, workload=Workload(seq_len=seq_len, global_batch_size=gbs), **kwargs)
 
-    return _apply(
+    return apply_options(
         [
             click.option("--seq-len", type=click.IntRange(min=1), default=8192, show_default=True,
                          help="Sequence length s."),
@@ -145,7 +150,7 @@ def memory_options(func: Callable) -> Callable:
         )
         return func(*args, options=options, **kwargs)
 
-    return _apply(
+    return apply_options(
         [
             click.option("--distributed-optimizer/--no-distributed-optimizer", default=True, show_default=True,
                          help="Shard Adam states over DP x CP (Megatron's --use-distributed-optimizer)."),
@@ -171,7 +176,7 @@ def memory_options(func: Callable) -> Callable:
 
 def output_options(func: Callable) -> Callable:
     """--format table|json|csv and --output FILE (written atomically)."""
-    return _apply(
+    return apply_options(
         [
             click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
                          show_default=True, help="table for people; json or csv for machines."),

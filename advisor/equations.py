@@ -78,15 +78,6 @@ def optimizer_bytes_per_parameter(optimizer_shards: int) -> float:
     return OPTIMIZER_BYTES / optimizer_shards
 
 
-def bytes_per_parameter(gradient_bytes: int, optimizer_shards: int) -> float:
-    """6 + 12/(dc) for BF16 weights and FP32 gradients (Eq. 10); 18 unsharded (Eq. 4).
-
-    ``gradient_bytes`` = 2 gives BF16 gradients, as in Megatron-LM's
-    ``theoretical_memory_usage.py`` without ``--accumulate-allreduce-grads-in-fp32``.
-    """
-    return WEIGHT_BYTES + gradient_bytes + optimizer_bytes_per_parameter(optimizer_shards)
-
-
 # --- activations of one microbatch, unsharded (seed 004, Section 3.2) -------------------
 
 

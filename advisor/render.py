@@ -12,7 +12,6 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-FORMATS = ("table", "json", "csv")
 VERDICT_STYLES = {"fits": "green", "tight": "yellow", "oom": "red"}
 
 

@@ -25,7 +25,6 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from advisor import equations as eq
 from advisor.capture.layout import PipelineLayout, Scenario, in_flight_microbatches
@@ -68,8 +67,8 @@ def _run(spec: LlamaSpec, counts, scenario: Scenario, batch: int, name: str) -> 
         peak = (sum(m.static_bytes for m in modules.values()) + n * sum(m.activation_bytes for m in modules.values())
                 + max(m.backward_peak_bytes for m in modules.values()) + 512 * MIB + n * receive)
         stages.append(StageObservation(
-            run=name, stage=index, spec=stage, num_stages=len(counts), pipeline_microbatch=batch,
-            num_microbatches=layout.num_microbatches, in_flight=n, peak_bytes=int(peak), modules=modules))
+            run=name, stage=index, spec=stage, pipeline_microbatch=batch, in_flight=n, peak_bytes=int(peak),
+            modules=modules))
     return RunObservation(run=name, layout=layout, stages=tuple(stages), gpu_peaks=())
 
 
@@ -172,5 +171,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.exit(main())

@@ -41,7 +41,7 @@ from typing import Sequence
 import click
 
 from advisor.capture.campaign_run import prepare, run_campaign, world_size
-from advisor.cli_options import OneLineErrors
+from advisor.cli_options import OneLineCommand
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from launch.arguments import compose, flag_values
@@ -148,11 +148,7 @@ class TorchrunExecutor:
         pass
 
 
-class RunnerCommand(OneLineErrors, click.Command):
-    """Bad input: one line on stderr, exit status 2."""
-
-
-@click.command(cls=RunnerCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("campaign", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Directory for the runs: OUT/<run id>/rank*.jsonl.")

@@ -19,7 +19,7 @@ from typing import Callable
 
 import click
 
-from advisor.cli_options import InputError, OneLineErrors
+from advisor.cli_options import InputError, OneLineErrors, apply_options
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
           "(layout, batch, model, memory switches) are refused. Errors exit with status 2; otherwise the exit "
@@ -52,12 +52,6 @@ class LaunchCommand(click.Command):
 # --- option bundles: each adds its flags and hands the command one object ---------------------
 
 
-def _with(options: list[Callable], func: Callable) -> Callable:
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
 def input_options(func: Callable) -> Callable:
     """--from FILE [--rank N] -> ``config: LaunchInput``."""
 
@@ -72,7 +66,7 @@ def input_options(func: Callable) -> Callable:
             click.echo(f"warning: {config.source} does not fit: {estimate} per GPU{limit} (oom)", err=True)
         return func(*args, config=config, **kwargs)
 
-    return _with([
+    return apply_options([
         click.option("--from", "source", type=click.Path(dir_okay=False, path_type=Path), required=True,
                      metavar="FILE", help="A sweep (advisor sweep --format json), one sweep row, an estimate "
                                           "(advisor estimate --format json) or a plan (advisor recommend -o)."),
@@ -92,7 +86,7 @@ def megatron_options(func: Callable) -> Callable:
                            extras=user_args)
         return func(*args, config=config, megatron=megatron, **kwargs)
 
-    return _with([
+    return apply_options([
         click.option("--mock-data", is_flag=True,
                      help="Add --mock-data --tokenizer-type NullTokenizer --vocab-size V-1 (Megatron-LM's mock "
                           "data; its NullTokenizer adds one token, so the model gets the input's V)."),
@@ -115,7 +109,7 @@ def run_options(func: Callable) -> Callable:
             check_profile_dir(profile_dir)
         return func(*args, entry=entry_options(checkout, profile_dir=profile_dir, run_id=run_id), **kwargs)
 
-    return _with([
+    return apply_options([
         click.option("--megatron-lm", metavar="DIR", default=None,
                      help="Your Megatron-LM checkout, holding pretrain_gpt.py (default: $MEGATRON_LM)."),
         click.option("--profile-dir", type=click.Path(path_type=Path), default=None,

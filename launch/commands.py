@@ -11,10 +11,13 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from advisor.errors import AdvisorError
-from launch.inputs import DEFAULT_GPUS_PER_NODE, LaunchInput
+from advisor.sweep import DEFAULT_GPUS_PER_NODE
+
+if TYPE_CHECKING:
+    from launch.inputs import LaunchInput
 
 ENTRY_MODULE = "launch.entry"
 DEFAULT_RDZV_PORT = 29500

@@ -31,7 +31,6 @@ from advisor.parallel import ParallelConfig, Workload
 from launch.arguments import flag_values
 
 ROW_KEYS = ("tp", "cp", "pp", "mbs", "dp", "gpus", "seq_len", "global_batch_size", "model")
-DEFAULT_GPUS_PER_NODE = 8
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -33,7 +33,7 @@ from pathlib import Path
 import click
 
 from advisor.capture.cli import run_options
-from advisor.cli_options import OneLineErrors
+from advisor.cli_options import OneLineCommand
 
 GIB = 2**30
 GRACE_S = 30.0
@@ -167,11 +167,7 @@ class EmulateExecutor:
             self._local = None
 
 
-class RunnerCommand(OneLineErrors, click.Command):
-    """Bad input: one line on stderr, exit status 2."""
-
-
-@click.command(cls=RunnerCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @run_options
 def main(campaign: Path, out: Path, threads: int | None, memory_limit: float | None) -> None:
     """Run a profiling campaign (advisor profile plan) by emulating its pipeline stages on the CPU.

@@ -7,11 +7,7 @@ from pathlib import Path
 
 import click
 
-from advisor.cli_options import OneLineErrors, model_options
-
-
-class EmulateCommand(OneLineErrors, click.Command):
-    """Bad input: one line on stderr, exit status 2."""
+from advisor.cli_options import OneLineCommand, model_options
 
 
 def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
@@ -21,7 +17,7 @@ def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
         raise click.BadParameter(f"expected comma-separated layer counts like 3,5,4,4, got {value!r}") from None
 
 
-@click.command(cls=EmulateCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @model_options
 @click.option("--layers-per-stage", required=True, callback=_layer_counts, metavar="N,N,...",
               help="Decoder layers on each pipeline stage, first to last (they sum to the model's layers).")

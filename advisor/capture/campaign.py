@@ -46,7 +46,7 @@ from typing import Literal
 
 from advisor.capture import partitionings
 from advisor.capture.coverage import sources, stage_ranges
-from advisor.capture.layout import PIPELINE, Scenario
+from advisor.capture.layout import PIPELINE, PROFILED_DEGREES, Scenario
 from advisor.megatron_args import MegatronSetup, megatron_args
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
@@ -54,8 +54,6 @@ from advisor.models import LlamaSpec
 SCHEMA = "megatron-4d-advisor/campaign"
 VERSION = 1
 Mode = Literal["full", "reduced", "measure"]
-DEGREES = (2, 4)
-"""CAPTURE profiles 2- and 4-way DP and TP only; the predictor extrapolates above 4."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -165,9 +163,9 @@ def profile_microbatches(target: int, fractions: tuple[float, ...], step: int) -
     return low, high
 
 
-def _scenarios(spec: LlamaSpec, devices: int, devices_per_node: int, mode: Mode) -> tuple[list, list]:
+def _scenarios(spec: LlamaSpec, devices: int, devices_per_node: int) -> tuple[list, list]:
     """The scenarios to profile, and the skipped ones with the reason."""
-    wanted = [PIPELINE] + [Scenario(dp=k) for k in DEGREES] + [Scenario(tp=k) for k in DEGREES]
+    wanted = [PIPELINE] + [Scenario(dp=k) for k in PROFILED_DEGREES] + [Scenario(tp=k) for k in PROFILED_DEGREES]
     chosen, skipped = [], []
     for scenario in wanted:
         k = scenario.gpus
@@ -211,7 +209,7 @@ def plan_campaign(
     scenario is always profiled layer by layer, as the merger needs its statistics first."""
     _check_inputs(spec, gpus, gpus_per_node, cp, micro_batch_size, global_batch_size, fractions, units)
     target_m = global_batch_size // micro_batch_size
-    chosen, skipped = _scenarios(spec, gpus // cp, gpus_per_node // cp, mode)
+    chosen, skipped = _scenarios(spec, gpus // cp, gpus_per_node // cp)
     generate = partitionings.description1 if mode == "full" else partitionings.reduced
     plans, runs = [], []
     for scenario, stages in chosen:

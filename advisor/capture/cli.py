@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from advisor.cli_options import InputError, color_wanted, model_options
+from advisor.cli_options import InputError, apply_options, color_wanted, model_options
 
 EPILOG = "Method and schemas: README.md (CAPTURE). Errors exit with status 2."
 
@@ -127,7 +127,7 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
 def run_options(func):
     """CAMPAIGN, --out, --threads, --memory-limit: shared by 'advisor profile run' and the runner
     it starts (python -m megatron_hooks.campaign_runner), which receives them unchanged."""
-    for option in reversed([
+    return apply_options([
         click.argument("campaign", type=click.Path(dir_okay=False, path_type=Path)),
         click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
                      help="Directory for the runs: OUT/<run id>/rank*.jsonl (what 'advisor recommend --profile' "
@@ -137,9 +137,7 @@ def run_options(func):
         click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
                      help="Memory of each emulated GPU in GiB: a rank that needs more ends OOM, which is recorded "
                           "as the run's outcome (default: no limit)."),
-    ]):
-        func = option(func)
-    return func
+    ], func)
 
 
 @click.command("run", epilog=EPILOG)

@@ -34,8 +34,7 @@ class CostTable:
         return self.values.shape[0] == 1
 
     def cost(self, first: int, last: int, from_end: int) -> float:
-        row = 0 if self.position_free else min(from_end, self.values.shape[0]) - 1
-        return float(self.values[row, first, last])
+        return float(self.row(from_end)[first, last])
 
     def row(self, from_end: int) -> np.ndarray:
         """The (U + 2, U + 2) matrix for the j-th stage from the end (the last row repeats)."""

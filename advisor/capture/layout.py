@@ -46,6 +46,8 @@ class Scenario:
 
 
 PIPELINE = Scenario()
+PROFILED_DEGREES = (2, 4)
+"""CAPTURE profiles 2- and 4-way DP and TP only; its predictor extrapolates above 4."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

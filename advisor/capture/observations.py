@@ -53,9 +53,7 @@ class StageObservation:
     run: str
     stage: int
     spec: StageSpec
-    num_stages: int
     pipeline_microbatch: int
-    num_microbatches: int
     in_flight: int
     """Microbatches the stage held at once (the hooks' header)."""
     peak_bytes: int
@@ -174,7 +172,7 @@ def _check_rank(profile: RankProfile, first: RankProfile, name: str) -> None:
     if sum(h.layers_per_stage) != h.model.num_layers or len(h.layers_per_stage) != p.pp:
         raise ProfileError(f"{where}: layers per stage {list(h.layers_per_stage)} do not place "
                            f"{h.model.num_layers} layers on PP {p.pp} stages")
-    check_complete(profile)
+    check_complete(profile)  # profile_set takes ProfileRuns that load_run did not check
 
 
 def observe_run(run: ProfileRun, name: str | None = None) -> RunObservation:
@@ -216,8 +214,8 @@ def observe_run(run: ProfileRun, name: str | None = None) -> RunObservation:
             raise ProfileError(f"run {name}: no rank reports pipeline stage {index} (layers {spec.first}..{spec.last})")
     stages = tuple(
         StageObservation(
-            run=name, stage=index, spec=spec, num_stages=len(layout.stages),
-            pipeline_microbatch=layout.pipeline_microbatch, num_microbatches=layout.num_microbatches,
+            run=name, stage=index, spec=spec,
+            pipeline_microbatch=layout.pipeline_microbatch,
             in_flight=in_flight[index], peak_bytes=peaks[index], modules=terms[index],
         )
         for index, spec in enumerate(layout.stages)

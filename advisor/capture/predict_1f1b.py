@@ -39,7 +39,7 @@ measured for each module). Where the target differs:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import numpy as np
@@ -158,9 +158,7 @@ class PositionAwarePredictor(ProfiledPredictor):
             per_microbatch=float(c1), rms_error_bytes=float(np.sqrt(np.mean(errors**2))),
             max_error_bytes=float(np.abs(errors).max()),
         ))
-        return ModuleTable(static=table.static, optimizer=table.optimizer, activation=table.activation,
-                           forward=table.forward, backward=table.backward, constant=float(c0),
-                           per_microbatch=float(c1))
+        return replace(table, constant=float(c0), per_microbatch=float(c1))
 
     @cache  # noqa: B019
     def terms(self, scenario: Scenario, batch: float) -> ModuleTable:
@@ -173,10 +171,7 @@ class PositionAwarePredictor(ProfiledPredictor):
             if not self.profiles.distributed_optimizer:
                 return replica
             shard = replica.optimizer / scenario.dp
-            return ModuleTable(static=replica.static - replica.optimizer + shard, optimizer=shard,
-                               activation=replica.activation, forward=replica.forward,
-                               backward=replica.backward, constant=replica.constant,
-                               per_microbatch=replica.per_microbatch)
+            return replace(replica, static=replica.static - replica.optimizer + shard, optimizer=shard)
         degrees = sorted(s.tp for s in self.profiled if s.dp == 1)
         if len(degrees) >= 2 and scenario.tp > degrees[-1]:
             t1, t2 = degrees[-2], degrees[-1]

@@ -27,12 +27,10 @@ import numpy as np
 
 from advisor.capture import costs
 from advisor.capture.fits import log_at
-from advisor.capture.layout import PipelineLayout, Scenario
+from advisor.capture.layout import PROFILED_DEGREES, PipelineLayout, Scenario
 from advisor.capture.predictor import ProfiledPredictor
 from advisor.capture.statistics import CaptureStatistics, apply_groups, capture_statistics
 from advisor.errors import AdvisorError
-
-PROFILED_DEGREES = (2, 4)
 
 
 class CapturePredictor(ProfiledPredictor):

@@ -46,7 +46,6 @@ class Summary:
     runs: int = 0
     done: dict = field(default_factory=dict)
     failed: list = field(default_factory=list)
-    oom: list = field(default_factory=list)
     finished: bool = False
     seconds: float = 0.0
     skipped: int = 0
@@ -60,8 +59,6 @@ class Summary:
             self.done[event["id"]] = event["status"]
             if event["status"] == "error":
                 self.failed.append(event)
-            elif event["status"] == "oom":
-                self.oom.append(event)
         elif kind == "done":
             self.finished, self.seconds = True, event["seconds"]
             self.skipped, self.counts = event["skipped"], {k: event[k] for k in ("ok", "oom", "error")}

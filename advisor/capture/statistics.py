@@ -42,10 +42,6 @@ class CaptureStatistics:
     groups: tuple[tuple[int, int], ...]
     """The layers (first, last) of each unit; one layer per unit unless merged."""
 
-    @property
-    def num_units(self) -> int:
-        return len(self.isolated)
-
 
 def peaks_by_range(profiles: ProfileSet, scenario: Scenario, pipeline_microbatch: int) -> dict[tuple[int, int], int]:
     """PM(a..b) for every layer range measured on a stage of this scenario and microbatch."""

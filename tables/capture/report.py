@@ -112,10 +112,3 @@ def replace_results(readme: str, section: str) -> str:
     if start < 0 or end < start:
         raise AdvisorError(f"the README has no CAPTURE results markers ({BEGIN!r} ... {END!r})")
     return readme[:start] + section.rstrip("\n") + readme[end + len(END):]
-
-
-def section_of(readme: str) -> str:
-    start, end = readme.find(BEGIN), readme.find(END)
-    if start < 0 or end < start:
-        raise AdvisorError("no CAPTURE results section in the README")
-    return readme[start:end + len(END)] + "\n"

@@ -6,11 +6,12 @@ backend state is touched and nothing needs a display.
 
 from __future__ import annotations
 
-import os
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
-from advisor.sweep import Verdict
+from advisor.fileio import atomic_write_bytes
+from advisor.sweep import DEFAULT_THRESHOLD, Verdict
 from tables.seed004.estimates import EstimatedTable
 from tables.seed004.paper import PaperTable
 from tables.seed004.reality import ColumnRanking, picks_and_bests
@@ -61,21 +62,17 @@ def _draw(table: PaperTable, cells: dict, title: str, flag_label: str, path: Pat
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.set_title(title, fontsize=10, pad=10)
-    fits = 0.8 * table.memory_gib
+    fits = DEFAULT_THRESHOLD * table.memory_gib
     handles = [
-        Patch(facecolor=COLOURS["fits"], label=f"fits: ≤ {fits:g} GiB (80%)"),
+        Patch(facecolor=COLOURS["fits"], label=f"fits: ≤ {fits:g} GiB ({DEFAULT_THRESHOLD:.0%})"),
         Patch(facecolor=COLOURS["tight"], label=f"tight: ≤ {table.memory_gib} GiB"),
         Patch(facecolor=COLOURS["oom"], label=f"oom: > {table.memory_gib} GiB"),
         Patch(fill=False, edgecolor=FLAG_COLOUR, linestyle="--", linewidth=2, label=flag_label),
     ]
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8, frameon=False)
-    tmp = path.with_name(f".{path.name}.tmp")  # atomic: write aside, then rename
-    try:
-        fig.savefig(tmp, format="png", dpi=130)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=130)
+    return atomic_write_bytes(path, buffer.getvalue())
 
 
 def estimated_cells(table: EstimatedTable) -> dict[tuple, Cell]:

@@ -72,12 +72,6 @@ class PaperTable:
     def memory_gib(self) -> int:
         return GPU_MEMORY_GIB[self.gpu]
 
-    def cell(self, layout: Layout, gpus: int) -> PaperCell | None:
-        for cell in self.cells:
-            if cell.layout == layout and cell.gpus == gpus:
-                return cell
-        return None
-
     @property
     def setup(self) -> str:
         return f"Table {self.number}: {MODEL_TITLES.get(self.model, self.model)}, {self.gpu}, sequence {self.seq_len:,}"

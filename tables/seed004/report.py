@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from advisor.errors import AdvisorError
 from advisor.render import to_csv
+from advisor.sweep import DEFAULT_THRESHOLD
 from tables.seed004.estimates import TOLERANCE_GIB, EstimatedCell, EstimatedTable
 from tables.seed004.paper import Layout, PaperTable
 from tables.seed004.reality import OUTCOMES, VERDICTS, ColumnRanking, Run, picks_and_bests
@@ -42,9 +43,9 @@ def _grid(table: PaperTable, cell_text) -> list[str]:
 
 
 def legend(table: PaperTable) -> str:
-    fits = 0.8 * table.memory_gib
+    fits = DEFAULT_THRESHOLD * table.memory_gib
     return (
-        f"Marks, from our estimate: {MARK['fits']} fits (at most {fits:g} GiB, 80% of {table.memory_gib} GiB), "
+        f"Marks, from our estimate: {MARK['fits']} fits (at most {fits:g} GiB, {DEFAULT_THRESHOLD:.0%} of {table.memory_gib} GiB), "
         f"{MARK['tight']} tight (up to {table.memory_gib} GiB), {MARK['oom']} oom (more)"
     )
 
