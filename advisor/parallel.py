@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass, fields
 
 from advisor.errors import AdvisorError
 
+DEFAULT_GPUS_PER_NODE = 8
+"""A node of the paper's clusters (and a DGX): the sweep's TP cap, the launcher's default."""
+
 
 def _require_positive(obj: object) -> None:
     for f in fields(obj):

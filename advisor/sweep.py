@@ -22,11 +22,10 @@ from typing import Iterator, Literal
 from advisor.errors import AdvisorError
 from advisor.memory import MemoryEstimate, MemoryOptions, check_layout, estimate_memory
 from advisor.models import LlamaSpec
-from advisor.parallel import ParallelConfig, Workload
+from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload
 
 Verdict = Literal["fits", "tight", "oom"]
 DEFAULT_THRESHOLD = 0.8
-DEFAULT_GPUS_PER_NODE = 8
 
 
 def classify(total_gib: float, memory_gib: float, threshold: float = DEFAULT_THRESHOLD) -> Verdict:

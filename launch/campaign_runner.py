@@ -30,7 +30,6 @@ Exit status: 0 when every run ended ok or oom, 1 when a run failed, 2 on bad inp
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -45,8 +44,8 @@ from advisor.cli_options import OneLineCommand
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from launch.arguments import compose, flag_values
-from launch.commands import DEFAULT_RDZV_PORT, Rendezvous, Topology, entry_options, torchrun_argv
-from launch.process import run_process_group
+from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS, Rendezvous, Topology, entry_options, split_world, torchrun_argv
+from launch.process import TORCH_ENVIRONMENT, require_program, run_process_group
 
 PROFILING_ITERATIONS = 2
 
@@ -54,11 +53,7 @@ PROFILING_ITERATIONS = 2
 def topology(campaign: dict, run: dict) -> Topology:
     """The nodes of one run: its GPUs on nodes of the campaign's GPUs per node."""
     world, per_node = world_size(run), campaign["gpus_per_node"]
-    if world <= per_node:
-        return Topology(nnodes=1, nproc_per_node=world)
-    if world % per_node:
-        raise AdvisorError(f"run {run['id']} needs {world} GPUs, not a whole number of nodes of {per_node}")
-    return Topology(nnodes=world // per_node, nproc_per_node=per_node)
+    return split_world(world, per_node, f"run {run['id']} needs {world} GPUs, not a whole number of nodes of {per_node}")
 
 
 def launch_problem(campaign: dict, *, slurm_nodes: int | None) -> str | None:
@@ -102,13 +97,10 @@ class SlurmAllocation:
         if not (nodes or "").isdigit():
             raise AdvisorError(f"SLURM_NNODES must be a node count, got {nodes!r}")
         for program in ("srun", "scontrol"):
-            if shutil.which(program) is None:
-                raise AdvisorError(f"--slurm: {program} not found on PATH")
+            require_program(program, "--slurm runs inside a Slurm allocation")
         hosts = subprocess.run(["scontrol", "show", "hostnames", node_list], capture_output=True, text=True)
         if hosts.returncode != 0 or not hosts.stdout.split():
             raise AdvisorError(f"scontrol show hostnames {node_list} failed: {hosts.stderr.strip() or 'no hosts'}")
-        if not 0 < rdzv_port < 65536:
-            raise AdvisorError(f"--rdzv-port must be a TCP port, got {rdzv_port}")
         return cls(job_id=job_id, nodes=int(nodes), head_node=hosts.stdout.split()[0], rdzv_port=rdzv_port)
 
     def wrap(self, nodes: Topology, entry: Sequence[str], megatron: Sequence[str], run_id: str) -> list[str]:
@@ -159,7 +151,7 @@ class TorchrunExecutor:
               help="Iterations per profiling run (unless your arguments give --train-iters).")
 @click.option("--slurm", is_flag=True,
               help="Inside a Slurm allocation: each run as srun of one torchrun per node (runs of several nodes).")
-@click.option("--rdzv-port", type=int, default=DEFAULT_RDZV_PORT, show_default=True,
+@click.option("--rdzv-port", type=click.IntRange(*TCP_PORTS), default=DEFAULT_RDZV_PORT, show_default=True,
               help="With --slurm: the c10d rendezvous port on the allocation's first node.")
 @click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]")
 def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, train_iters: int, slurm: bool,
@@ -180,9 +172,7 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
                                 slurm=allocation)
     for run in document["runs"]:  # a conflict with the user's arguments, before any run starts
         executor.argv(document, run, out / run["id"])
-    if shutil.which("torchrun") is None:
-        raise AdvisorError("torchrun not found on PATH; activate the environment where torch and this package "
-                           "are installed")
+    require_program("torchrun", TORCH_ENVIRONMENT)
     sys.exit(run_campaign(document, out, executor))
 
 

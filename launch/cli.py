@@ -11,7 +11,6 @@ import functools
 import inspect
 import re
 import shlex
-import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Callable
 import click
 
 from advisor.cli_options import InputError, OneLineErrors, apply_options
+from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
           "(layout, batch, model, memory switches) are refused. Errors exit with status 2; otherwise the exit "
@@ -123,11 +123,6 @@ def _announce(config, command: str) -> None:
     click.echo(f"advisor-launch: {config.describe()}\n+ {command}", err=True)
 
 
-def _which(program: str, hint: str) -> None:
-    if shutil.which(program) is None:
-        raise InputError(f"{program} not found on PATH; {hint}")
-
-
 # --- commands ------------------------------------------------------------------------------
 
 
@@ -186,7 +181,7 @@ def torchrun_command(config, entry, megatron, nproc_per_node, nnodes, rdzv_endpo
           --megatron-lm ~/Megatron-LM --dry-run -- --data-path ... --train-iters 1000
     """
     from launch.commands import Rendezvous, format_command, resolve_topology, torchrun_argv
-    from launch.process import run_process_group
+    from launch.process import TORCH_ENVIRONMENT, require_program, run_process_group
 
     topology = resolve_topology(config, nnodes=nnodes, per_node=nproc_per_node)
     if rdzv_endpoint is None and (node_rank is not None or rdzv_id is not None):
@@ -196,7 +191,7 @@ def torchrun_command(config, entry, megatron, nproc_per_node, nnodes, rdzv_endpo
     if dry_run:
         click.echo(format_command(argv), nl=False)
         return 0
-    _which("torchrun", "activate the environment where torch and this package are installed")
+    require_program("torchrun", TORCH_ENVIRONMENT)
     _announce(config, shlex.join(argv))
     return run_process_group(argv)
 
@@ -215,7 +210,7 @@ _JOB_NAME = re.compile(r"[^\w.-]+")
 @click.option("--account", default=None, help="#SBATCH --account.")
 @click.option("--time", default=None, help="#SBATCH --time, e.g. 02:00:00.")
 @click.option("--job-name", default=None, help="#SBATCH --job-name (default: megatron-MODEL).")
-@click.option("--rdzv-port", type=int, default=29500, show_default=True,
+@click.option("--rdzv-port", type=click.IntRange(*TCP_PORTS), default=DEFAULT_RDZV_PORT, show_default=True,
               help="The c10d rendezvous port on the first node.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the script here (atomically) and submit this file.")
@@ -241,7 +236,7 @@ def sbatch_command(config, entry, megatron, nodes, gpus_per_node, partition, acc
     """
     from advisor.fileio import atomic_write_text
     from launch.commands import SlurmJob, resolve_topology, sbatch_script
-    from launch.process import run_process_group
+    from launch.process import require_program, run_process_group
 
     topology = resolve_topology(config, nnodes=nodes, per_node=gpus_per_node, names=("--nodes", "--gpus-per-node"))
     model = config.model.name.partition("[")[0]  # a preset's name, without the overrides
@@ -255,7 +250,7 @@ def sbatch_command(config, entry, megatron, nodes, gpus_per_node, partition, acc
         if output is None:
             click.echo(script, nl=False)
         return 0
-    _which("sbatch", "submit from a Slurm login node, or write the script with --dry-run -o FILE")
+    require_program("sbatch", "submit from a Slurm login node, or write the script with --dry-run -o FILE")
     argv = ["sbatch", str(output)] if output is not None else ["sbatch"]
     _announce(config, shlex.join(argv))
     return run_process_group(argv, stdin_text=None if output is not None else script)

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from advisor.errors import AdvisorError
-from advisor.sweep import DEFAULT_GPUS_PER_NODE
+from advisor.parallel import DEFAULT_GPUS_PER_NODE
 
 if TYPE_CHECKING:
     from launch.inputs import LaunchInput
 
 ENTRY_MODULE = "launch.entry"
 DEFAULT_RDZV_PORT = 29500
+TCP_PORTS = (1, 65535)
 WIDTH = 100
 
 
@@ -35,6 +36,16 @@ class Topology:
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+
+def split_world(world: int, per_node: int, uneven: str) -> Topology:
+    """``world`` GPUs on nodes of at most ``per_node``: one node if they fit, else whole nodes
+    (AdvisorError ``uneven`` if they do not divide)."""
+    if world <= per_node:
+        return Topology(nnodes=1, nproc_per_node=world)
+    if world % per_node:
+        raise AdvisorError(uneven)
+    return Topology(nnodes=world // per_node, nproc_per_node=per_node)
 
 
 def resolve_topology(config: LaunchInput, *, nnodes: int | None, per_node: int | None,
@@ -53,9 +64,7 @@ def resolve_topology(config: LaunchInput, *, nnodes: int | None, per_node: int |
         else:
             raise AdvisorError(f"{needs}, which {names[0]} {nnodes} nodes cannot share equally")
     if nnodes is None:
-        if world % per_node:
-            raise AdvisorError(f"{needs}, not a whole number of nodes of {names[1]} {per_node}")
-        nnodes = world // per_node
+        return split_world(world, per_node, f"{needs}, not a whole number of nodes of {names[1]} {per_node}")
     if nnodes * per_node != world:
         raise AdvisorError(f"{needs}; {names[0]} {nnodes} x {names[1]} {per_node} = {nnodes * per_node}")
     return Topology(nnodes=nnodes, nproc_per_node=per_node)
@@ -191,7 +200,7 @@ class SlurmJob:
             value = getattr(self, name)
             if value is not None and not _SLURM_VALUE.match(value):
                 raise AdvisorError(f"--{name.replace('_', '-')} {value!r}: use letters, digits and . : @ % + / = , - _")
-        if not 0 < self.rdzv_port < 65536:
+        if not TCP_PORTS[0] <= self.rdzv_port <= TCP_PORTS[1]:
             raise AdvisorError(f"--rdzv-port must be a TCP port, got {self.rdzv_port}")
 
     def directives(self, topology: Topology) -> list[str]:

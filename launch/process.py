@@ -10,13 +10,25 @@ argument list.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
 from typing import Sequence
 
+from advisor.errors import AdvisorError
+
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
 GRACE_S = 30.0
+
+
+TORCH_ENVIRONMENT = "activate the environment where torch and this package are installed"
+
+
+def require_program(program: str, hint: str) -> None:
+    """AdvisorError before anything starts if ``program`` is not on PATH."""
+    if shutil.which(program) is None:
+        raise AdvisorError(f"{program} not found on PATH; {hint}")
 
 
 def exit_status(returncode: int) -> int:

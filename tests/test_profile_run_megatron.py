@@ -220,7 +220,7 @@ def test_the_runner_refuses_campaigns_and_environments_it_cannot_use(advisor, sm
         "profile", "run", small_campaign, "--out", out, "--megatron-lm", STANDIN, "--slurm")
     monkeypatch.setenv("PATH", "/nonexistent")  # the runner starts with this interpreter; torchrun is not found
     monkeypatch.setenv("SLURM_NNODES", "2")
-    assert "--slurm: srun not found on PATH" in advisor.error("profile", "run", small_campaign, "--out", out,
+    assert "srun not found on PATH; --slurm runs inside a Slurm allocation" in advisor.error("profile", "run", small_campaign, "--out", out,
                                                               "--megatron-lm", STANDIN, "--slurm")
     assert "torchrun not found on PATH" in advisor.error("profile", "run", small_campaign, "--out", out,
                                                          "--megatron-lm", STANDIN)
