@@ -39,7 +39,7 @@ from typing import Sequence
 
 import click
 
-from advisor.capture.campaign_run import prepare, run_campaign, world_size
+from advisor.capture.campaign_run import PROFILING_ITERATIONS, prepare, run_campaign, world_size
 from advisor.cli_options import OneLineCommand
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
@@ -47,7 +47,6 @@ from launch.arguments import compose, flag_values
 from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS, Rendezvous, Topology, entry_options, split_world, torchrun_argv
 from launch.process import TORCH_ENVIRONMENT, require_program, run_process_group
 
-PROFILING_ITERATIONS = 2
 
 
 def topology(campaign: dict, run: dict) -> Topology:

@@ -32,10 +32,11 @@ from pathlib import Path
 
 import click
 
+from advisor.capture.campaign_run import PROFILING_ITERATIONS
 from advisor.capture.cli import run_options
 from advisor.cli_options import OneLineCommand
+from advisor.memory import GIB
 
-GIB = 2**30
 GRACE_S = 30.0
 """How long the other processes of a pool may take to report after one has failed."""
 
@@ -47,7 +48,7 @@ def _config(campaign: dict, run: dict, directory: Path, threads: int | None, mem
     return StageEmulation(
         model=LlamaSpec(**campaign["model"]), layers_per_stage=tuple(run["layers_per_stage"]),
         seq_len=campaign["seq_len"], output_dir=directory, micro_batch_size=run["micro_batch_size"],
-        num_microbatches=run["num_microbatches"], iterations=2, tp=run["tp"], dp=run["dp"],
+        num_microbatches=run["num_microbatches"], iterations=PROFILING_ITERATIONS, tp=run["tp"], dp=run["dp"],
         params_dtype=campaign.get("setup", {}).get("params_dtype", "float32"), threads=threads,
         run_id=f"{run['id']}-{uuid.uuid4().hex[:8]}", memory_limit_bytes=memory_limit_bytes,
     )

@@ -207,7 +207,7 @@ class _Stage:
                     losses.append(outputs[k].detach())
             else:
                 self.backward(outputs.pop(k))
-        _all_reduce_gradients(self.model, self.config.dp)
+        all_reduce_gradients(self.model, self.config.dp)
         self.optimizer.step()
         return float(sum(losses)) if self.last else None
 
@@ -249,7 +249,8 @@ def run_stage(config: StageEmulation, stage: int) -> Path:
         hooks.remove()
 
 
-def _all_reduce_gradients(model: torch.nn.Module, dp: int) -> None:
+def all_reduce_gradients(model: torch.nn.Module, dp: int) -> None:
+    """Average the gradients over the data-parallel group (megatron-core's DDP allocates on CUDA)."""
     if dp == 1:
         return
     from megatron.core import parallel_state

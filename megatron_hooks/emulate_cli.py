@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from advisor.cli_options import OneLineCommand, model_options
+from advisor.memory import GIB
 
 
 def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
@@ -63,7 +64,7 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
     values = dict(model=spec, layers_per_stage=layers_per_stage, seq_len=seq_len, output_dir=output_dir,
                   micro_batch_size=mbs, num_microbatches=num_microbatches, iterations=iterations, tp=tp, dp=dp,
                   params_dtype=dtype, threads=threads,
-                  memory_limit_bytes=None if memory_limit is None else int(memory_limit * 2**30))
+                  memory_limit_bytes=None if memory_limit is None else int(memory_limit * GIB))
     under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
     # Every process of one run needs the same id; torchrun gives its processes one.
     run_id = run_id or (os.environ.get("TORCHELASTIC_RUN_ID") if under_torchrun else None)

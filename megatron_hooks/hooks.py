@@ -241,8 +241,7 @@ class LayerMemoryHooks:
             raise RuntimeError("end_iteration() without begin_iteration()")
         self.backend.synchronize()
         step_time = time.perf_counter() - self._started
-        self._close()
-        self._fold_peak()
+        self._fold_peak(self._close())
         retries = self.backend.alloc_retries()
         self.backend.stop()
         measurement = self._measure(loss, step_time, None if retries is None else retries - self._retries)
@@ -280,29 +279,33 @@ class LayerMemoryHooks:
 
     # --- the peak meter ----------------------------------------------------------------
 
-    def _fold_peak(self) -> None:
-        self._peak = max(self._peak, self.backend.peak())
+    def _fold_peak(self, peak: int | None = None) -> None:
+        """Fold the backend's peak since the last reset (``peak`` if the caller just read it)."""
+        self._peak = max(self._peak, self.backend.peak() if peak is None else peak)
         reserved = self.backend.peak_reserved()
         if reserved is not None:
             self._peak_reserved = max(self._peak_reserved or 0, reserved)
 
     def _enter(self, region: Region, phase: Phase, microbatch: int) -> None:
         self.where = f"iteration {self.iteration}, microbatch {microbatch}, {phase}, {region.label}"
-        self._close()
-        self._fold_peak()
+        self._fold_peak(self._close())
         self.backend.reset_peak()
         self._open = (region, phase, self.backend.allocated())
 
-    def _close(self) -> None:
+    def _close(self) -> int | None:
+        """Close the open region's transient peak; the backend's peak it read, if any (on CUDA
+        each read is a call into the allocator's statistics)."""
         if self._open is None:
-            return
+            return None
         region, phase, entry = self._open
-        rise = max(0, self.backend.peak() - entry)
+        peak = self.backend.peak()
+        rise = max(0, peak - entry)
         if phase == "forward":
             region.forward_peak_bytes = max(region.forward_peak_bytes, rise)
         else:
             region.backward_peak_bytes = max(region.backward_peak_bytes, rise)
         self._open = None
+        return peak
 
     # --- forward -----------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ leaves the previous file, which is valid and says "running".
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
@@ -96,17 +96,15 @@ class ProfileRecorder:
         self.status, self.error, self.failed_where = "running", None, None
 
     def header(self) -> RankHeader:
+        """RunInfo's fields (same names in RankHeader), and what the hooks and this process know."""
         run, hooks = self.run, self.hooks
+        given = {f.name: getattr(run, f.name) for f in fields(run)}
+        given.update(layers_per_stage=tuple(run.layers_per_stage), coords=dict(run.coords),
+                     in_flight_microbatches=hooks.in_flight_microbatches or run.in_flight_microbatches)
         return RankHeader(
-            run_id=run.run_id, created=self.created, backend=hooks.backend.name, device=hooks.backend.device,
-            torch_version=torch.__version__, megatron_core_version=megatron_core_version(), emulated=run.emulated,
-            params_dtype=run.params_dtype, layer_spec=run.layer_spec, sequence_parallel=run.sequence_parallel,
-            recompute=run.recompute, distributed_optimizer=run.distributed_optimizer, model=run.model,
-            parallel=run.parallel, seq_len=run.seq_len, global_batch_size=run.global_batch_size,
-            num_microbatches=run.num_microbatches, layers_per_stage=tuple(run.layers_per_stage), rank=run.rank,
-            world_size=run.world_size, coords=dict(run.coords), stage_layers=hooks.stage_layers,
-            first_stage=hooks.first_stage, last_stage=hooks.last_stage,
-            in_flight_microbatches=hooks.in_flight_microbatches or run.in_flight_microbatches,
+            **given, created=self.created, backend=hooks.backend.name, device=hooks.backend.device,
+            torch_version=torch.__version__, megatron_core_version=megatron_core_version(),
+            stage_layers=hooks.stage_layers, first_stage=hooks.first_stage, last_stage=hooks.last_stage,
         )
 
     def write(self) -> Path:

@@ -44,6 +44,8 @@ from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.profiles import ProfileError, ProfileRun, load_run
 
+PROFILING_ITERATIONS = 2
+"""Training iterations of one profiling run, as CAPTURE's."""
 EVENTS_SCHEMA = "megatron-4d-advisor/campaign-events"
 EVENTS_VERSION = 1
 State = Literal["absent", "partial", "complete"]
