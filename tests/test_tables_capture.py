@@ -86,5 +86,5 @@ def test_analyse_needs_the_results_markers(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("# no markers\n")
     line = Invoker(main).error("analyse", "--out", tmp_path / "out", "--readme", readme)
-    assert "the README has no CAPTURE results markers" in line
+    assert "the README has no results markers ('<!-- BEGIN CAPTURE RESULTS:" in line
     assert not (tmp_path / "out").exists()

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from advisor.cli import AdvisorGroup
+from tables.readme import replace_between
 
 TABLES_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = TABLES_DIR / "data" / "capture"
@@ -75,7 +76,7 @@ def analyse(data: Path, out: Path, readme: Path, no_readme: bool) -> None:
     evaluations, costs = evaluate(data)
     measured = json.loads((data / "measure.json").read_text(encoding="utf-8"))
     section = report.results_markdown(evaluations, costs, measured)
-    new_readme = None if no_readme else report.replace_results(readme.read_text(encoding="utf-8"), section)
+    new_readme = None if no_readme else replace_between(readme.read_text(encoding="utf-8"), report.BEGIN, report.END, section)
     out.mkdir(parents=True, exist_ok=True)
     full = [e for e in evaluations if e.campaign == "full"]
     written = [

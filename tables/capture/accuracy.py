@@ -7,12 +7,12 @@ against its highest measurement, "the peak across all GPUs for a single plan").
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from advisor.capture.campaign import read_campaign
 from advisor.capture.observations import RunObservation, load_profile_set, observe_run
 from advisor.capture.predict_1f1b import PositionAwarePredictor
 from advisor.capture.predict_capture import CapturePredictor
@@ -36,6 +36,8 @@ class RunErrors:
     measured: tuple[int, ...]
     """Per stage, the peak of its worst GPU."""
     gpu_errors: tuple[float, ...]
+    in_flight: tuple[int, ...]
+    """Microbatches in flight on the stage of each per-GPU error (the hooks' header)."""
     plan_error: float
 
 
@@ -94,11 +96,13 @@ def errors_of(predictor, observed: RunObservation) -> RunErrors:
     gpu = tuple((predicted[stage] - peak) / peak for _, stage, peak in observed.gpu_peaks)
     plan = (max(predicted) - max(observed.stage_peaks)) / max(observed.stage_peaks)
     return RunErrors(run=observed.run, layers_per_stage=observed.layout.layers_per_stage, predicted=predicted,
-                     measured=observed.stage_peaks, gpu_errors=gpu, plan_error=plan)
+                     measured=observed.stage_peaks, gpu_errors=gpu,
+                     in_flight=tuple(observed.stages[stage].in_flight for _, stage, _ in observed.gpu_peaks),
+                     plan_error=plan)
 
 
 def _campaign(data: Path, name: str) -> dict:
-    return json.loads((data / "campaigns" / f"{name}.json").read_text(encoding="utf-8"))
+    return read_campaign(data / "campaigns" / f"{name}.json")
 
 
 def held_out_runs(data: Path, name: str) -> list[RunObservation]:

@@ -65,8 +65,8 @@ def by_position(evaluations: list[Evaluation], path: Path) -> Path:
         for evaluation in evaluations:
             if evaluation.predictor != predictor:
                 continue
-            points = [(min(len(run.measured) - stage, _microbatches(evaluation)), 100 * error)
-                      for run in evaluation.runs for stage, error in enumerate(run.gpu_errors)]
+            points = [(in_flight, 100 * error) for run in evaluation.runs
+                      for in_flight, error in zip(run.in_flight, run.gpu_errors, strict=True)]
             x, y = np.array(points).T
             jitter = {"heldout-pp2": -0.2, "heldout-pp4": 0.0, "heldout-pp8": 0.2}[evaluation.held_out]
             axis.scatter(x + jitter, np.clip(y, -60, 60), s=9, alpha=0.6, label=evaluation.held_out.split("-")[1].upper())
@@ -80,10 +80,6 @@ def by_position(evaluations: list[Evaluation], path: Path) -> Path:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
-
-
-def _microbatches(evaluation: Evaluation) -> int:
-    return {"heldout-pp2": 4, "heldout-pp4": 4, "heldout-pp8": 8}[evaluation.held_out]
 
 
 def profiling_cost(evaluations: list[Evaluation], costs: list[CampaignCost], path: Path) -> Path:

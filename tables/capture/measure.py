@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from advisor.capture import progress
+from advisor.capture.relay import relay
+from advisor.errors import AdvisorError
 from advisor.fileio import atomic_write_text
 from advisor.render import to_json
 from tables.capture.experiment import PROFILING, campaigns
@@ -52,13 +53,6 @@ def _machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
 
 
-def _summary(stdout: str) -> dict:
-    """'38 runs in DIR: 36 ok, 0 oom, 0 failed, 2 already complete (95 s)' -> counts."""
-    counts = stdout.strip().splitlines()[-1].split(": ", 1)[1]
-    values = dict(reversed(part.split(" ", 1)) for part in counts.split(" (")[0].split(", "))
-    return {"executed": int(values["ok"]) + int(values["oom"]), "skipped": int(values["already complete"])}
-
-
 def measure(data: Path, threads: int | None = None) -> dict:
     """Run every campaign into ``data``; returns (and writes) the timing record. A campaign that
     was already complete keeps the time recorded when it ran."""
@@ -70,11 +64,12 @@ def measure(data: Path, threads: int | None = None) -> dict:
     timed = {}
     for name, path in paths.items():
         started = time.perf_counter()
-        command = [sys.executable, "-m", "advisor", "profile", "run", str(path), "--out", str(run_directory(data, name))]
-        command += ["--threads", str(threads)] if threads else []
-        done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
-        print(done.stdout, end="")
-        counts = _summary(done.stdout)
+        # The runner advisor profile run starts, with its events read here (one line per run).
+        status, summary, last = relay(path, run_directory(data, name), ["--threads", str(threads)] if threads else [],
+                                      progress.view(False))
+        if status != 0 or summary.counts["error"]:
+            raise AdvisorError(f"campaign {name} did not complete (runner exit status {status}): {last}")
+        counts = {"executed": summary.counts["ok"] + summary.counts["oom"], "skipped": summary.skipped}
         timed[name] = {**counts, "seconds": round(time.perf_counter() - started, 1)}
         if counts["executed"] == 0 and name in old:
             timed[name] = old[name]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from advisor.errors import AdvisorError
 from tables.capture.accuracy import LABELS, MARGINS, CampaignCost, Evaluation, Scores
 from tables.capture.experiment import GLOBAL_BATCH, HELD_OUT, MICROBATCH, SEQ_LEN, SPEC
 
@@ -104,11 +103,3 @@ def summary(evaluations: list[Evaluation], costs: list[CampaignCost]) -> dict:
         "profiling_cost": [{"campaign": c.name, "runs": c.runs, "emulated_gpus": c.stage_runs,
                             "iteration_seconds": c.iteration_seconds} for c in costs],
     }
-
-
-def replace_results(readme: str, section: str) -> str:
-    """``readme`` with the text from its CAPTURE BEGIN marker to its END marker replaced."""
-    start, end = readme.find(BEGIN), readme.find(END)
-    if start < 0 or end < start:
-        raise AdvisorError(f"the README has no CAPTURE results markers ({BEGIN!r} ... {END!r})")
-    return readme[:start] + section.rstrip("\n") + readme[end + len(END):]

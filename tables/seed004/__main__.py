@@ -10,6 +10,7 @@ import click
 from advisor.cli import AdvisorGroup
 from advisor.fileio import atomic_write_text
 from advisor.render import to_json
+from tables.readme import replace_between
 from tables.seed004 import heatmap, report
 from tables.seed004.results import Results, analyse
 
@@ -88,8 +89,8 @@ def main(out: Path, readme: Path, no_readme: bool) -> None:
     started = time.perf_counter()
     results = analyse()
     # The new README is made first, so that a README without markers stops before any write.
-    new_readme = None if no_readme else report.replace_results(
-        readme.read_text(encoding="utf-8"), report.results_markdown(results)
+    new_readme = None if no_readme else replace_between(
+        readme.read_text(encoding="utf-8"), report.BEGIN, report.END, report.results_markdown(results)
     )
     written = write_artefacts(results, out)
     if new_readme is not None:

@@ -6,7 +6,6 @@ memory), yellow (tight, 80-100%), red (oom), from our own estimate.
 
 from __future__ import annotations
 
-from advisor.errors import AdvisorError
 from advisor.render import to_csv
 from advisor.sweep import DEFAULT_THRESHOLD
 from tables.seed004.estimates import TOLERANCE_GIB, EstimatedCell, EstimatedTable
@@ -266,11 +265,3 @@ def results_markdown(results: Results) -> str:
         END,
     ]
     return "\n".join(lines) + "\n"
-
-
-def replace_results(readme: str, section: str) -> str:
-    """``readme`` with the text between its BEGIN/END markers replaced by ``section``."""
-    start, end = readme.find(BEGIN), readme.find(END)
-    if start < 0 or end < start:
-        raise AdvisorError(f"the README has no results markers ({BEGIN!r} ... {END!r})")
-    return readme[:start] + section.rstrip("\n") + readme[end + len(END):]
