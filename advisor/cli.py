@@ -203,7 +203,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, s
     from advisor import render
     from advisor.memory import GIB, estimate_memory
     from advisor.parallel import ParallelConfig
-    from advisor.sweep import classify
+    from advisor.sweep import SweepRow, classify
 
     model_parallel = tp * cp * pp
     if gpus is None and dp is None:
@@ -217,15 +217,11 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, s
     stages = _parse_layers(layers_per_stage)
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     result = estimate_memory(spec, parallel, workload, options, stages)
+    verdict = classify(result.total_gib, mem, threshold) if mem else None
     row = {
-        "rank": None, **parallel.to_dict(), "gpus": parallel.gpus,
-        "num_microbatches": workload.num_microbatches(parallel),
-        "total_gib": result.total_gib, "model_states_gib": result.model_states_gib,
-        "activations_gib": result.activations_gib, "peak_stage": result.peak.stage,
-        "memory_fraction": result.total_gib / mem if mem else None,
-        "verdict": classify(result.total_gib, mem, threshold) if mem else None,
-        "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
-        "options": options.changed(),
+        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict).to_dict(),
+        "vpp": parallel.vpp, "model": spec.to_dict(), "seq_len": workload.seq_len,
+        "global_batch_size": workload.global_batch_size, "options": options.changed(),
     }
     stage_rows = [stage.to_dict() for stage in result.stages]
     if fmt == "json":

@@ -43,9 +43,14 @@ class SweepRow:
     parallel: ParallelConfig
     num_microbatches: int | None
     estimate: MemoryEstimate
-    memory_gib: float
-    verdict: Verdict
+    memory_gib: float | None
+    """The GPU's memory; None for an estimate made without one."""
+    verdict: Verdict | None
     rank: int | None = None
+
+    @property
+    def memory_fraction(self) -> float | None:
+        return None if self.memory_gib is None else self.estimate.total_gib / self.memory_gib
 
     def to_dict(self) -> dict:
         p = self.parallel
@@ -62,7 +67,7 @@ class SweepRow:
             "model_states_gib": self.estimate.model_states_gib,
             "activations_gib": self.estimate.activations_gib,
             "peak_stage": self.estimate.peak.stage,
-            "memory_fraction": self.estimate.total_gib / self.memory_gib,
+            "memory_fraction": self.memory_fraction,
             "verdict": self.verdict,
         }
 

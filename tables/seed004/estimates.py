@@ -40,7 +40,6 @@ class EstimatedCell:
 
     paper: PaperCell
     row: SweepRow
-    memory_gib: float
     misprint: Misprint | None = None
     """Set when ours and the printed value differ by more than TOLERANCE_GIB."""
 
@@ -63,7 +62,7 @@ class EstimatedCell:
     @property
     def printed_verdict(self) -> Verdict:
         """The colour the printed value takes under the paper's 80% rule."""
-        return classify(self.printed_gib, self.memory_gib)
+        return classify(self.printed_gib, self.row.memory_gib)
 
     def to_dict(self, table: int) -> dict:
         tp, cp, pp, mbs = self.paper.layout
@@ -71,7 +70,7 @@ class EstimatedCell:
             "table": table, "tp": tp, "cp": cp, "pp": pp, "mbs": mbs, "gpus": self.paper.gpus,
             "ours_gib": round(self.ours_gib, 4), "paper_gib": self.paper.text,
             "difference_gib": round(self.difference_gib, 4),
-            "memory_fraction": round(self.row.estimate.total_gib / self.memory_gib, 4),
+            "memory_fraction": round(self.row.memory_fraction, 4),
             "verdict": self.verdict, "paper_verdict": self.printed_verdict,
             "misprint": self.misprint is not None,
             "evidence": self.misprint.evidence if self.misprint else "",
@@ -112,5 +111,5 @@ def reproduce(table: PaperTable, listed: dict[tuple, Misprint]) -> EstimatedTabl
                 table=table.number, layout=paper.layout, gpus=paper.gpus,
                 printed=paper.value, evidence=MISSING_EVIDENCE,
             )
-        cells.append(EstimatedCell(paper=paper, row=row, memory_gib=table.memory_gib, misprint=misprint))
+        cells.append(EstimatedCell(paper=paper, row=row, misprint=misprint))
     return EstimatedTable(paper=table, cells=tuple(cells))

@@ -51,7 +51,7 @@ class Run:
             "table": self.table.number, "tp": tp, "cp": cp, "pp": pp, "mbs": mbs, "gpus": self.paper.gpus,
             "measured": self.paper.text, "outcome": self.outcome,
             "ours_gib": round(self.row.estimate.total_gib, 4),
-            "memory_fraction": round(self.row.estimate.total_gib / self.table.memory_gib, 4),
+            "memory_fraction": round(self.row.memory_fraction, 4),
             "verdict": self.verdict, "sweep_rank": self.row.rank,
         }
 
