@@ -142,6 +142,14 @@ class MemoryEstimate:
         return self.peak.activations_bytes / GIB
 
 
+def tp_problem(spec: LlamaSpec, tp: int) -> str | None:
+    """Why Megatron-LM cannot split this model's attention over ``tp`` ranks, or None."""
+    a, k = spec.num_attention_heads, spec.num_query_groups
+    if a % tp or k % tp:
+        return f"TP {tp} must divide the attention heads ({a}) and the KV heads ({k})"
+    return None
+
+
 def check_layout(
     spec: LlamaSpec,
     parallel: ParallelConfig,
@@ -150,9 +158,8 @@ def check_layout(
 ) -> None:
     """Raise AdvisorError unless Megatron-LM can run this layout."""
     t, c, p, v = parallel.tp, parallel.cp, parallel.pp, parallel.vpp
-    a, k = spec.num_attention_heads, spec.num_query_groups
-    if a % t or k % t:
-        raise AdvisorError(f"TP {t} must divide the attention heads ({a}) and the KV heads ({k})")
+    if problem := tp_problem(spec, t):
+        raise AdvisorError(problem)
     if c > 1 and workload.seq_len % (2 * c):
         raise AdvisorError(f"sequence length {workload.seq_len} must be divisible by 2 x CP = {2 * c}")
     if t > 1 and (workload.seq_len // c) % t:

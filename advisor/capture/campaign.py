@@ -48,6 +48,7 @@ from advisor.capture import partitionings
 from advisor.capture.coverage import sources, stage_ranges
 from advisor.capture.layout import PIPELINE, PROFILED_DEGREES, Scenario
 from advisor.megatron_args import MegatronSetup, megatron_args
+from advisor.memory import tp_problem
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 
@@ -175,9 +176,8 @@ def _scenarios(spec: LlamaSpec, devices: int, devices_per_node: int) -> tuple[li
             reason = f"{k}-way needs {k} GPUs in one node; a node has {devices_per_node}"
         elif devices % k:
             reason = f"{devices} GPUs do not divide into sub-meshes of {k}"
-        elif scenario.tp > 1 and (spec.num_attention_heads % k or spec.num_query_groups % k):
-            reason = f"TP {k} must divide the attention heads ({spec.num_attention_heads}) and KV heads " \
-                     f"({spec.num_query_groups})"
+        elif scenario.tp > 1 and (problem := tp_problem(spec, k)):
+            reason = problem
         elif stages < 2:
             reason = f"{stages} sub-mesh of {k}: one stage leaves no partitioning to vary"
         elif spec.num_layers < stages:

@@ -28,6 +28,7 @@ from advisor.capture.predict_capture import CapturePredictor
 from advisor.capture.search import Solution, hybrid_scenarios, plan_hybrid, plan_megatron
 from advisor.capture.statistics import merge_groups
 from advisor.errors import AdvisorError
+from advisor.memory import tp_problem
 
 PredictorName = Literal["1f1b", "capture"]
 PREDICTORS = {"1f1b": PositionAwarePredictor, "capture": CapturePredictor}
@@ -63,13 +64,6 @@ def _stages(solution: Solution, table: CostTable, num_microbatches: int, cp: int
     )
 
 
-def _check_tp(profiles: ProfileSet, tp: int) -> str | None:
-    heads, groups = profiles.model.num_attention_heads, profiles.model.num_query_groups
-    if heads % tp or groups % tp:
-        return f"TP {tp} must divide the attention heads ({heads}) and the KV heads ({groups})"
-    return None
-
-
 def _baseline(predictor, layers: int, stages: int, scenario: Scenario, batch: float, m: int, label: str):
     if layers < stages:
         return None
@@ -96,7 +90,7 @@ def recommend_megatron(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, t
         raise AdvisorError(f"--gpus {gpus} is not divisible by TP x CP x PP = {tp} x {cp} x {pp}")
     if tp > gpus_per_node:
         raise AdvisorError(f"TP {tp} spans nodes of {gpus_per_node} GPUs")
-    if reason := _check_tp(profiles, tp):
+    if reason := tp_problem(profiles.model, tp):
         raise AdvisorError(reason)
     dp = gpus // (tp * cp * pp)
     if global_batch_size % (micro_batch_size * dp):
@@ -132,7 +126,7 @@ def hybrid_tables(predictor, *, devices_per_node: int, devices: int, micro_batch
     """A cost table for every stage config the predictor can price; the others with the reason."""
     tables, excluded = {}, []
     for scenario in hybrid_scenarios(devices_per_node):
-        reason = _check_tp(predictor.profiles, scenario.tp)
+        reason = tp_problem(predictor.profiles.model, scenario.tp)
         if scenario.dp > 1 and micro_batch_size % scenario.dp:
             reason = f"DP {scenario.dp} would split a microbatch of {micro_batch_size} sequences"
         if reason is None:
