@@ -36,7 +36,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Protocol
 
@@ -58,6 +58,8 @@ class RunCheck:
     """"ok" or "oom" when complete."""
     reason: str | None = None
     """Why a run is partial."""
+    profile: ProfileRun | None = field(default=None, compare=False, repr=False)
+    """The rank files, as read, for the outcome (absent and unreadable runs have none)."""
 
 
 class Executor(Protocol):
@@ -100,8 +102,8 @@ def validate(campaign: dict, path: Path | str = "campaign") -> None:
 
 def prepare(path: Path, out: Path, *, emulated: bool = True) -> dict:
     """The campaign at ``path``, checked (for the CPU emulator when ``emulated``), and ``out``
-    checked: a directory (or nothing yet) holding no other runs. AdvisorError otherwise, before
-    any work."""
+    checked: a directory, or nothing yet. AdvisorError otherwise, before any work. (Runs of
+    another campaign under ``out`` are found by ``scan``, which ``execute`` calls first.)"""
     from advisor.capture.campaign import read_campaign
 
     document = read_campaign(path)
@@ -110,7 +112,6 @@ def prepare(path: Path, out: Path, *, emulated: bool = True) -> dict:
         raise AdvisorError(problem)
     if out.exists() and not out.is_dir():
         raise AdvisorError(f"--out {out} is not a directory")
-    scan(document, out)
     return document
 
 
@@ -134,33 +135,25 @@ def emulation_problem(campaign: dict) -> str | None:
     return None
 
 
-def _same_model(spec: LlamaSpec, model: dict) -> bool:
-    try:
-        expected = LlamaSpec(**model)
-    except (TypeError, AdvisorError):
-        return False
-    return replace(spec, name="") == replace(expected, name="")
-
-
-def _mismatch(profile: ProfileRun, campaign: dict, run: dict) -> str | None:
-    """What in the rank files differs from the campaign run, or None."""
+def _mismatch(profile: ProfileRun, campaign: dict, run: dict, model: LlamaSpec) -> str | None:
+    """What in the rank files differs from the campaign run (of ``model``, the campaign's, which
+    ``validate`` checked), or None."""
     for rank in profile.ranks:
         h = rank.header
+        if replace(h.model, name="") != replace(model, name=""):
+            return f"rank {h.rank} profiles another model ({h.model.name!r})"
         found = {
-            "model": h.model, "seq_len": h.seq_len, "layers_per_stage": list(h.layers_per_stage),
+            "seq_len": h.seq_len, "layers_per_stage": list(h.layers_per_stage),
             "tp": h.parallel.tp, "dp": h.parallel.dp, "cp": h.parallel.cp, "micro_batch_size": h.parallel.mbs,
             "num_microbatches": h.num_microbatches,
         }
         wanted = {
-            "model": campaign["model"], "seq_len": campaign["seq_len"], "layers_per_stage": run["layers_per_stage"],
+            "seq_len": campaign["seq_len"], "layers_per_stage": run["layers_per_stage"],
             "tp": run["tp"], "dp": run["dp"], "cp": run.get("cp", 1), "micro_batch_size": run["micro_batch_size"],
             "num_microbatches": run["num_microbatches"],
         }
         for key, value in found.items():
-            if key == "model":
-                if not _same_model(value, wanted["model"]):
-                    return f"rank {h.rank} profiles another model ({value.name!r})"
-            elif value != wanted[key]:
+            if value != wanted[key]:
                 return f"rank {h.rank} has {key} {value!r}, the campaign's run {wanted[key]!r}"
     return None
 
@@ -173,19 +166,20 @@ def check_run(directory: Path, campaign: dict, run: dict) -> RunCheck:
         profile = load_run(directory)
     except ProfileError as exc:
         return RunCheck(state="partial", reason=str(exc))
-    if reason := _mismatch(profile, campaign, run):
+    expected = LlamaSpec(**campaign["model"])
+    if reason := _mismatch(profile, campaign, run, expected):
         raise AdvisorError(f"{directory} holds another run than campaign run {run['id']}: {reason}; "
                            f"choose another --out")
     ranks = {rank.header.rank for rank in profile.ranks}
     missing = sorted(set(range(world_size(run))) - ranks)
     if missing:
         return RunCheck(state="partial", reason=f"no rank file for rank {missing[0]}"
-                        + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+                        + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""), profile=profile)
     unfinished = [rank for rank in profile.ranks if rank.status not in ("ok", "oom")]
     if unfinished:
         rank = unfinished[0]
-        return RunCheck(state="partial", reason=f"rank {rank.header.rank} ended {rank.status!r}")
-    return RunCheck(state="complete", status=profile.status)
+        return RunCheck(state="partial", reason=f"rank {rank.header.rank} ended {rank.status!r}", profile=profile)
+    return RunCheck(state="complete", status=profile.status, profile=profile)
 
 
 def clear_run(directory: Path) -> None:
@@ -200,12 +194,9 @@ def outcome(directory: Path, campaign: dict, run: dict) -> dict:
     if check.state == "complete" and check.status == "ok":
         return {"status": "ok", "where": None, "error": None}
     if check.state == "complete":
-        rank = next(rank for rank in load_run(directory).ranks if rank.status == "oom")
+        rank = next(rank for rank in check.profile.ranks if rank.status == "oom")
         return {"status": "oom", "where": f"rank {rank.header.rank}: {rank.where}", "error": rank.error}
-    try:
-        failed = [rank for rank in load_run(directory).ranks if rank.status == "error"]
-    except ProfileError:
-        failed = []
+    failed = [rank for rank in check.profile.ranks if rank.status == "error"] if check.profile else []
     if failed:
         rank = failed[0]
         return {"status": "error", "where": f"rank {rank.header.rank}: {rank.where}", "error": rank.error}

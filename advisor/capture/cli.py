@@ -201,6 +201,7 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
         raise InputError(f"{given} is for Megatron-LM runs: give --megatron-lm DIR (the CPU emulator takes no "
                          f"Megatron-LM arguments)")
     document = prepare(campaign, out, emulated=not gpus)
+    scan(document, out)  # runs of another campaign under --out: refused before the runner starts
     if missing := missing_modules():
         raise InputError(f"advisor profile run needs torch and megatron-core, and {' and '.join(missing)} "
                          f"cannot be imported here: pip install torch && pip install -e '.[megatron]'")
