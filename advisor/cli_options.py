@@ -67,15 +67,8 @@ def apply_options(options: list[Callable], func: Callable) -> Callable:
 
 # --- option bundles: each adds its flags and hands the command one object -----------------
 
-_MODEL_FIELDS = {
-    "num_layers": "num_layers",
-    "hidden_size": "hidden_size",
-    "ffn_hidden_size": "ffn_hidden_size",
-    "num_attention_heads": "num_attention_heads",
-    "num_query_groups": "num_query_groups",
-    "vocab_size": "vocab_size",
-    "tie_embeddings": "tie_embeddings",
-}
+_MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                 "vocab_size", "tie_embeddings")
 
 
 def model_options(func: Callable) -> Callable:

@@ -39,10 +39,11 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from advisor.errors import AdvisorError
 from advisor.fileio import atomic_write_text
+from advisor.memory import Recompute
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig
 
@@ -50,6 +51,10 @@ SCHEMA = "megatron-4d-advisor/profile"
 VERSION = 1
 LayerKind = Literal["embedding", "decoder", "output"]
 Status = Literal["ok", "oom", "error", "running"]
+Backend = Literal["cuda", "cpu"]
+ParamsDtype = Literal["float32", "bfloat16", "float16"]
+PARAMS_DTYPES: tuple[str, ...] = get_args(ParamsDtype)
+LayerSpec = Literal["local", "transformer_engine"]
 
 
 class ProfileError(AdvisorError):
@@ -99,15 +104,15 @@ class IterationRecord:
 class RankHeader:
     run_id: str
     created: str
-    backend: Literal["cuda", "cpu"]
+    backend: Backend
     device: str
     torch_version: str
     megatron_core_version: str
     emulated: bool
-    params_dtype: Literal["float32", "bfloat16", "float16"]
-    layer_spec: Literal["local", "transformer_engine"]
+    params_dtype: ParamsDtype
+    layer_spec: LayerSpec
     sequence_parallel: bool
-    recompute: Literal["none", "selective", "full"]
+    recompute: Recompute
     distributed_optimizer: bool
     model: LlamaSpec
     parallel: ParallelConfig
@@ -236,14 +241,10 @@ def _parse_header(record: dict, where: str) -> RankHeader:
         raise ProfileError(f"{where}: malformed model or parallel section: {exc}") from None
     except AdvisorError as exc:
         raise ProfileError(f"{where}: {exc}") from None
-    choices = {
-        "backend": ("cuda", "cpu"),
-        "params_dtype": ("float32", "bfloat16", "float16"),
-        "layer_spec": ("local", "transformer_engine"),
-        "recompute": ("none", "selective", "full"),
-    }
+    choices = {"backend": Backend, "params_dtype": ParamsDtype, "layer_spec": LayerSpec, "recompute": Recompute}
     chosen = {}
-    for name, allowed in choices.items():
+    for name, kind in choices.items():
+        allowed = get_args(kind)
         chosen[name] = _field(record, name, str, where)
         if chosen[name] not in allowed:
             raise ProfileError(f"{where}: {name} must be one of {', '.join(allowed)}, got {chosen[name]!r}")
@@ -304,7 +305,7 @@ def read_rank_file(path: str | Path) -> RankProfile:
         kind = record["type"]
         if kind == "layer":
             layer = _dataclass_from(LayerRecord, record, where)
-            if layer.kind not in ("embedding", "decoder", "output"):
+            if layer.kind not in get_args(LayerKind):
                 raise ProfileError(f"{where}: unknown layer kind {layer.kind!r}")
             layers.append(layer)
         elif kind == "iteration":
@@ -312,7 +313,7 @@ def read_rank_file(path: str | Path) -> RankProfile:
         else:
             raise ProfileError(f"{where}: unknown record type {kind!r}")
     status = _field(last, "status", str, where)
-    if status not in ("ok", "oom", "error", "running"):
+    if status not in get_args(Status):
         raise ProfileError(f"{where}: unknown status {status!r}")
     profile = RankProfile(
         header=header, layers=tuple(layers), iterations=tuple(iterations), status=status,

@@ -39,6 +39,8 @@ from typing import Iterable, Literal, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from advisor.errors import AdvisorError
+
 
 class MemoryBackend(Protocol):
     name: Literal["cuda", "cpu"]
@@ -213,11 +215,14 @@ class CpuBackend:
         return None
 
 
-def select_backend(device: torch.device | str) -> MemoryBackend:
-    """The backend for a model whose parameters live on ``device``."""
+def select_backend(device: torch.device | str, memory_limit: int | None = None) -> MemoryBackend:
+    """The backend for a model whose parameters live on ``device``; ``memory_limit`` (bytes)
+    emulates a GPU of that size on the CPU (a real GPU has its own)."""
     device = torch.device(device)
     if device.type == "cuda":
+        if memory_limit is not None:
+            raise AdvisorError(f"a memory limit emulates a GPU's memory on the CPU; this model is on {device}")
         return CudaBackend(device)
     if device.type == "cpu":
-        return CpuBackend()
+        return CpuBackend(memory_limit=memory_limit)
     raise ValueError(f"no memory backend for device type {device.type!r} (supported: cuda, cpu)")

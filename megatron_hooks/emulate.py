@@ -51,6 +51,7 @@ import torch
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig
+from advisor.profiles import PARAMS_DTYPES
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StageEmulation:
@@ -101,8 +102,8 @@ class StageEmulation:
                            ("vocabulary size", spec.vocab_size), ("FFN hidden size", spec.ffn_hidden_size)):
             if size % tp:
                 raise AdvisorError(f"TP {tp} does not divide the {what} ({size})")
-        if self.params_dtype not in ("float32", "bfloat16", "float16"):
-            raise AdvisorError(f"params dtype must be float32, bfloat16 or float16, got {self.params_dtype!r}")
+        if self.params_dtype not in PARAMS_DTYPES:
+            raise AdvisorError(f"params dtype must be one of {', '.join(PARAMS_DTYPES)}, got {self.params_dtype!r}")
 
     @property
     def pp(self) -> int:
@@ -212,23 +213,12 @@ class _Stage:
         return float(sum(losses)) if self.last else None
 
 
-def _backend(config: StageEmulation, model: torch.nn.Module):
-    """The hooks' default backend, or on the CPU one that stops at the emulated GPU's memory."""
-    from megatron_hooks.backends import CpuBackend, select_backend
-
-    device = next(model.parameters()).device
-    if config.memory_limit_bytes is None:
-        return select_backend(device)
-    if device.type != "cpu":
-        raise AdvisorError(f"a memory limit emulates a GPU's memory on the CPU; this model is on {device}")
-    return CpuBackend(memory_limit=config.memory_limit_bytes)
-
-
 def run_stage(config: StageEmulation, stage: int) -> Path:
     """Emulate one stage in this process, which ``process_group`` has set up; returns its rank
     file. Raises what the stage raised (an OOM after recording it, with status "oom")."""
     from megatron.core import parallel_state
 
+    from megatron_hooks.backends import select_backend
     from megatron_hooks.hooks import LayerMemoryHooks
     from megatron_hooks.recorder import ProfileRecorder
 
@@ -238,12 +228,22 @@ def run_stage(config: StageEmulation, stage: int) -> Path:
     parallel_state.get_global_memory_buffer().buffer.clear()
     emulated = _Stage(config, stage)
     hooks = LayerMemoryHooks(emulated.model, optimizer=emulated.optimizer,
-                             backend=_backend(config, emulated.model)).install()
+                             backend=select_backend(next(emulated.model.parameters()).device,
+                                                    config.memory_limit_bytes)).install()
     try:
         recorder = ProfileRecorder(hooks, _run_info(config, stage), config.output_dir).start()
         for iteration in range(1, config.iterations + 1):
-            with recorder.iteration(iteration) as step:
-                step.loss = emulated.iteration()
+            # The CPU backend counts a storage until it is freed; one held in a reference cycle
+            # is freed whenever Python's collector happens to run, which differs between ranks.
+            # As Megatron-LM's --manual-gc: no automatic collection inside an iteration, one
+            # before it, so that the bytes measured are the same on every run and TP rank.
+            gc.collect()
+            gc.disable()
+            try:
+                with recorder.iteration(iteration) as step:
+                    step.loss = emulated.iteration()
+            finally:
+                gc.enable()
         return recorder.finish()
     finally:
         hooks.remove()

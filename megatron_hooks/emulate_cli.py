@@ -9,6 +9,7 @@ import click
 
 from advisor.cli_options import OneLineCommand, model_options
 from advisor.memory import GIB
+from advisor.profiles import PARAMS_DTYPES
 
 
 def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
@@ -31,7 +32,7 @@ def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
 @click.option("--iterations", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size.")
 @click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True, help="Data parallel size.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32",
+@click.option("--dtype", type=click.Choice(PARAMS_DTYPES), default="float32",
               show_default=True, help="Dtype of weights and activations.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Intra-op threads per process (default: cores / (TP x DP)).")
