@@ -40,7 +40,7 @@ from typing import Sequence
 import click
 
 from advisor.capture.campaign_run import PROFILING_ITERATIONS, prepare, run_campaign, world_size
-from advisor.cli_options import OneLineCommand
+from advisor.cli.options import OneLineCommand
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from launch.arguments import compose, flag_values

@@ -18,7 +18,7 @@ from typing import Callable
 
 import click
 
-from advisor.cli_options import InputError, OneLineErrors, apply_options
+from advisor.cli.options import InputError, OneLineErrors, apply_options
 from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "

@@ -33,8 +33,8 @@ from pathlib import Path
 import click
 
 from advisor.capture.campaign_run import PROFILING_ITERATIONS
-from advisor.capture.cli import run_options
-from advisor.cli_options import OneLineCommand
+from advisor.cli.profile import run_options
+from advisor.cli.options import OneLineCommand
 from advisor.memory import GIB
 
 GRACE_S = 30.0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from advisor.cli_options import OneLineCommand, model_options
+from advisor.cli.options import OneLineCommand, model_options
 from advisor.memory import GIB
 from advisor.profiles import PARAMS_DTYPES
 

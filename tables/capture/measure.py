@@ -20,7 +20,7 @@ import platform
 import time
 from pathlib import Path
 
-from advisor.capture import progress
+from advisor.cli import progress
 from advisor.capture.relay import relay
 from advisor.errors import AdvisorError
 from advisor.fileio import atomic_write_text

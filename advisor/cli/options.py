@@ -1,8 +1,9 @@
-"""Option bundles shared by the ``advisor`` commands, and their output helpers.
+"""What every ``advisor`` command shares: one-line errors, option bundles, output.
 
 Each bundle adds its flags to a command and hands it one object (sqlite-utils style):
 ``model_options`` -> ``spec``, ``workload_options`` -> ``workload``, ``memory_options`` ->
-``options``; ``output_options`` adds ``--format`` and ``--output``.
+``options``; ``output_options`` adds ``--format`` and ``--output`` for rows, ``document_options``
+the same for commands whose result is one JSON document (a campaign, a plan).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Callable
 import click
 
 from advisor.errors import AdvisorError
+
+EPILOG = "Docs, the method and the file schemas: README.md. Errors exit with status 2."
 
 
 class InputError(click.ClickException):
@@ -180,14 +183,52 @@ def output_options(func: Callable) -> Callable:
     )
 
 
+def document_options(func: Callable) -> Callable:
+    """--format table|json and --output FILE for a command whose result is one JSON document: the
+    file always gets the document, the terminal gets what --format asks for."""
+    return apply_options(
+        [
+            click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+                         show_default=True, help="What to print: a table for people, or the JSON document."),
+            click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                         help="Also write the JSON document to this file (atomically)."),
+        ],
+        func,
+    )
+
+
+def _write(output: Path, text: str) -> None:
+    from advisor.fileio import atomic_write_text
+
+    atomic_write_text(output, text)
+    click.echo(f"wrote {output}", err=True)
+
+
 def emit(text: str, output: Path | None) -> None:
+    """Rows: the formatted text to stdout, or (only) to ``output``."""
     if output is None:
         click.echo(text, nl=False)
     else:
-        from advisor.fileio import atomic_write_text
+        _write(output, text)
 
-        atomic_write_text(output, text)
-        click.echo(f"wrote {output}", err=True)
+
+def emit_document(document: dict, table: str, fmt: str, output: Path | None) -> None:
+    """A document: its JSON to ``output`` if given, and the table or the JSON to stdout."""
+    from advisor import render
+
+    text = render.to_json(document)
+    if output is not None:
+        _write(output, text)
+    click.echo(text if fmt == "json" else table, nl=False)
+
+
+def parse_numbers(text: str, kind: Callable, option: str) -> tuple:
+    """'7,9,9,7' -> (7, 9, 9, 7) for a comma-separated option; one line naming the option if not."""
+    try:
+        return tuple(kind(part) for part in text.split(","))
+    except ValueError:
+        what = "integers" if kind is int else "numbers"
+        raise InputError(f"{option} must be comma-separated {what}, got {text!r}") from None
 
 
 def color_wanted(output: Path | None) -> bool:

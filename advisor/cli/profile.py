@@ -1,7 +1,5 @@
-"""``advisor profile plan`` and ``advisor recommend``: thin click commands over advisor.capture.
-
-Heavy imports (numpy, rich, matplotlib) happen inside the commands.
-"""
+"""``advisor profile show | plan | run``: layer-by-layer memory profiles of Megatron runs (schema:
+advisor/profiles.py) and CAPTURE's profiling campaign (seed 000, Section III-A)."""
 
 from __future__ import annotations
 
@@ -9,41 +7,116 @@ from pathlib import Path
 
 import click
 
-from advisor.cli_options import InputError, apply_options, color_wanted, model_options
+from advisor.cli.options import (
+    EPILOG, InputError, apply_options, color_wanted, document_options, emit, emit_document, model_options,
+    output_options, parse_numbers,
+)
 
-EPILOG = "Method and schemas: README.md (CAPTURE). Errors exit with status 2."
-
-
-def _numbers(text: str, kind, name: str) -> tuple:
-    try:
-        values = tuple(kind(part) for part in text.split(","))
-    except ValueError:
-        raise InputError(f"{name} must be comma-separated numbers, got {text!r}") from None
-    return values
+SECTIONS = ("ranks", "layers", "compare")
 
 
-def _document_options(func):
-    func = click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                        help="Also write the JSON document to this file (atomically).")(func)
-    return click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
-                        show_default=True, help="What to print: a table for people, or the JSON document.")(func)
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def profile() -> None:
+    """Plan, run and read layer-by-layer memory profiles of Megatron runs.
+
+    Profiles are written by the Megatron plugin (megatron_hooks), one JSON Lines file per
+    rank; their schema is documented in advisor/profiles.py.
+    """
 
 
-def _emit(document: dict, table: str, fmt: str, output: Path | None) -> None:
+@profile.command(epilog=EPILOG)
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--section", type=click.Choice(("all", *SECTIONS)), default="all", show_default=True,
+              help="ranks: one row per rank; layers: one row per module; compare: measured / seed 004.")
+@click.option("--rank", "ranks", type=int, multiple=True, help="Only these ranks (repeatable).")
+@click.option("--iteration", type=click.IntRange(min=0), default=None,
+              help="Which recorded iteration to show per layer (default: the last).")
+@output_options
+def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int | None, fmt: str,
+         output: Path | None) -> None:
+    """Summarise a profile run directory: per rank, per layer, and against seed 004.
+
+    \b
+    ranks    peak allocated (and reserved, allocator retries on CUDA), static memory, status
+    layers   per module: weights, gradients, optimizer share, activations kept for backward
+             by one microbatch, transient forward/backward peaks
+    compare  each measured term / the seed-004 term for this run's model, layout and dtype:
+             Eq. 6-9 (weights), Eq. 12/15 (a layer's activations), Eq. 13 (embedding),
+             Eq. 14 (LM head), Eq. 16-17 (activations in flight), Eq. 18 (peak)
+
+    \b
+    Examples:
+      advisor profile show runs/tp2
+      advisor profile show runs/tp2 --section compare --rank 0 --format csv
+    """
     from advisor import render
-    from advisor.fileio import atomic_write_text
+    from advisor.profile_report import compare_rank, layer_rows, rank_summary, run_description
+    from advisor.profiles import load_run
 
-    text = render.to_json(document)
-    if output is not None:
-        atomic_write_text(output, text)
-        click.echo(f"wrote {output}", err=True)
-    click.echo(text if fmt == "json" else table, nl=False)
+    run = load_run(directory)
+    profiles = [rank for rank in run.ranks if not ranks or rank.header.rank in ranks]
+    if not profiles:
+        raise InputError(f"no rank {', '.join(map(str, ranks))} in {directory}")
+    for rank in profiles:
+        known = {it.iteration for it in rank.iterations}
+        if iteration is not None and iteration not in known:
+            raise InputError(f"rank {rank.header.rank} recorded no iteration {iteration} (it has {sorted(known)})")
+    tables = {
+        "ranks": [rank_summary(rank) for rank in profiles],
+        "layers": [row for rank in profiles for row in layer_rows(rank, iteration)],
+        "compare": [row.to_dict() for rank in profiles for row in compare_rank(rank, iteration)],
+    }
+    chosen = SECTIONS if section == "all" else (section,)
+    if fmt == "json":
+        text = render.to_json({"run": run.header.to_dict(), "status": run.status,
+                               **{name: tables[name] for name in chosen}})
+    elif fmt == "csv":
+        if section == "all":
+            raise InputError("--format csv needs one --section (ranks, layers or compare)")
+        text = render.to_csv(tables[section])
+    else:
+        text = "\n".join(
+            _table(name, tables[name], run_description(run) if name == chosen[0] else None, color_wanted(output))
+            for name in chosen
+        )
+    emit(text, output)
+
+
+def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
+    from advisor.render import Column, byte_unit, to_table
+
+    def byte_columns(keys_and_headers):
+        unit, size = byte_unit(row[key] for row in rows for key, _ in keys_and_headers)
+        return [Column(key, f"{header} {unit}", ".2f", scale=size) for key, header in keys_and_headers]
+
+    if name == "ranks":
+        columns = [Column("rank", "rank"), Column("tp_rank", "tp"), Column("cp_rank", "cp"),
+                   Column("pp_rank", "pp"), Column("dp_rank", "dp"), Column("layers", "layers"),
+                   Column("in_flight_microbatches", "in flight"), Column("num_microbatches", "m"),
+                   *byte_columns([("static_bytes", "static"), ("peak_allocated_bytes", "peak alloc."),
+                                  ("peak_reserved_bytes", "peak reserved")]),
+                   Column("alloc_retries", "retries"), Column("status", "status", justify="left")]
+        caption = "; ".join(f"rank {row['rank']}: {row['where']}" for row in rows if row["where"]) or None
+        return to_table(rows, columns, title=title, caption=caption, color=color)
+    if name == "layers":
+        columns = [Column("rank", "rank"), Column("module", "module", justify="left"),
+                   Column("layer_number", "layer"),
+                   *byte_columns([("parameter_bytes", "weights"), ("gradient_bytes", "grads"),
+                                  ("optimizer_bytes", "optimizer"), ("activation_bytes", "act./mb"),
+                                  ("forward_peak_bytes", "fwd peak"), ("backward_peak_bytes", "bwd peak")])]
+        return to_table(rows, columns, title=title, color=color)
+    columns = [Column("rank", "rank"), Column("module", "module", justify="left"),
+               Column("term", "term", justify="left"), Column("equation", "seed 004", justify="left"),
+               *byte_columns([("measured_bytes", "measured"), ("estimated_bytes", "estimated")]),
+               Column("ratio", "measured/est.", ".3f")]
+    return to_table(rows, columns, title=title, color=color,
+                    caption="estimates: seed 004 for this run's model, layout, sequence, micro-batch and dtype")
 
 
 # --- advisor profile plan ----------------------------------------------------------------
 
 
-@click.command("plan", epilog=EPILOG)
+@profile.command("plan", epilog=EPILOG)
 @model_options
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs the profiling runs may use (G).")
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
@@ -69,7 +142,7 @@ def _emit(document: dict, table: str, fmt: str, output: Path | None) -> None:
               help="Megatron's --use-distributed-optimizer (the CPU emulator runs without it).")
 @click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
               help="--sequence-parallel in the TP runs (the CPU emulator runs without it).")
-@_document_options
+@document_options
 def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, cp, microbatches, units, dtype,
                  distributed_optimizer, sequence_parallel, fmt, output) -> None:
     """Plan the profiling runs of CAPTURE (seed 000, Section III-A) as Megatron runs.
@@ -94,8 +167,8 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
 
     campaign = plan_campaign(
         spec, gpus=gpus, gpus_per_node=gpus_per_node, seq_len=seq_len, micro_batch_size=mbs, global_batch_size=gbs,
-        mode=mode, fractions=_numbers(fractions, float, "--fractions"), cp=cp, num_microbatches=microbatches,
-        units=_numbers(units, int, "--units") if units else None,
+        mode=mode, fractions=parse_numbers(fractions, float, "--fractions"), cp=cp, num_microbatches=microbatches,
+        units=parse_numbers(units, int, "--units") if units else None,
         setup=MegatronSetup(params_dtype=dtype, distributed_optimizer=distributed_optimizer,
                             sequence_parallel=sequence_parallel),
     )
@@ -118,7 +191,7 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
         title=f"{spec.name}: {mode} profiling campaign, {len(rows)} runs on {gpus} GPUs ({gpus_per_node} per node)",
         caption=caption, color=color_wanted(None),
     )
-    _emit(campaign.to_dict(), table, fmt, output)
+    emit_document(campaign.to_dict(), table, fmt, output)
 
 
 # --- advisor profile run -----------------------------------------------------------------
@@ -140,7 +213,7 @@ def run_options(func):
     ], func)
 
 
-@click.command("run", epilog=EPILOG)
+@profile.command("run", epilog=EPILOG)
 @run_options
 @click.option("--megatron-lm", metavar="DIR", default=None,
               help="Run on this node's GPUs: each run through torchrun and your Megatron-LM checkout's "
@@ -188,7 +261,7 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
     """
     import sys
 
-    from advisor.capture import progress
+    from advisor.cli import progress
     from advisor.capture.campaign_run import prepare, scan
     from advisor.capture.relay import missing_modules, relay
 
@@ -243,104 +316,3 @@ def _finish(status: int, summary, last: str, out: Path) -> None:
     click.echo(f"Error: the campaign runner stopped ({how}) after {len(summary.done)} runs; run the same command "
                f"to resume (finished runs are kept). Its last words: {last or 'none'}", err=True)
     sys.exit(1)
-
-
-# --- advisor recommend -------------------------------------------------------------------
-
-
-@click.command("recommend", epilog=EPILOG)
-@click.option("--profile", "profiles", multiple=True, required=True, type=click.Path(path_type=Path),
-              help="A run directory (rank*.jsonl) or a directory of them; repeat for more.")
-@click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs of the target run.")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True, help="K.")
-@click.option("--mode", type=click.Choice(["megatron", "hybrid"]), default="megatron", show_default=True,
-              help="megatron: uniform TP/CP/DP, uneven layers per stage (launchable); hybrid: CAPTURE's "
-                   "per-stage DP/TP degrees (not launchable on stock Megatron).")
-@click.option("--predictor", type=click.Choice(["1f1b", "capture"]), default="1f1b", show_default=True,
-              help="1f1b: per-module terms by pipeline position; capture: CAPTURE's M_i/M_a as published.")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Megatron mode: TP.")
-@click.option("--pp", type=click.IntRange(min=1), default=None, help="Megatron mode: pipeline stages (required).")
-@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Micro-batch size (Megatron's, per DP replica; in hybrid mode the pipeline microbatch).")
-@click.option("--gbs", type=click.IntRange(min=1), default=1024, show_default=True, help="Global batch size.")
-@click.option("--merge-to", type=click.IntRange(min=1), default=None,
-              help="Merge layers to this many units first (CAPTURE's layer merger, Section III-A3).")
-@click.option("--mem", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="GPU memory in GiB: drawn on the chart, and the plan's share of it shown.")
-@click.option("--png", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Draw the per-GPU memory of the plan beside the even split (like CAPTURE's Fig. 6).")
-@_document_options
-def recommend_command(profiles, gpus, gpus_per_node, mode, predictor, tp, pp, mbs, gbs, merge_to, mem, png, fmt,
-                      output) -> None:
-    """Recommend the layers per stage (and, in hybrid mode, per-stage degrees) with the lowest
-    predicted peak memory, from layer-by-layer profiles.
-
-    \b
-    The planner is exact: it minimises the peak over every plan in polynomial
-    time, breaking ties as CAPTURE does (the next-highest GPU, and so on).
-
-    \b
-    Examples:
-      advisor recommend --profile runs/ --gpus 16 --pp 4 --mbs 1 --gbs 64
-      advisor recommend --profile runs/ --gpus 16 --gpus-per-node 4 --mode hybrid --mbs 8 \\
-          --predictor capture -o plan.json --png plan.png
-    """
-    from advisor.capture.observations import load_profile_set
-    from advisor.capture.recommend import recommend_hybrid, recommend_megatron
-
-    if mode == "megatron" and pp is None:
-        raise InputError("--mode megatron needs --pp (the number of pipeline stages)")
-    if mode == "hybrid" and (pp is not None or tp != 1):
-        raise InputError("--mode hybrid chooses TP, DP and PP per stage itself; drop --tp and --pp")
-    profile_set = load_profile_set(profiles)
-    common = dict(gpus=gpus, gpus_per_node=gpus_per_node, micro_batch_size=mbs, global_batch_size=gbs,
-                  predictor=predictor, merge_to=merge_to)
-    if mode == "megatron":
-        plan = recommend_megatron(profile_set, tp=tp, pp=pp, **common)
-    else:
-        plan = recommend_hybrid(profile_set, **common)
-    if png is not None:
-        from advisor.capture.chart import draw
-
-        draw(plan, png, mem)
-        click.echo(f"wrote {png}", err=True)
-    _emit(plan.to_dict(), _plan_table(plan, mem), fmt, output)
-
-
-def _plan_table(plan, mem: float | None) -> str:
-    from advisor import render
-    from advisor.memory import GIB
-
-    baseline = plan.baseline
-    same = baseline is not None and len(baseline.stage_bytes) == plan.pp
-    # GiB for real models; MiB (or less) for the tiny ones of a CPU profile.
-    unit, size = render.byte_unit([max(stage.predicted_bytes for stage in plan.stages)])
-    rows = []
-    for stage in plan.stages:
-        first, last = stage.gpus[0], stage.gpus[-1]
-        rows.append({
-            "stage": stage.stage, "layers": f"{stage.first_layer}-{stage.last_layer}", "count": stage.layers,
-            "tp": stage.tp, "dp": stage.dp, "gpus": f"{first}-{last}" if last > first else str(first),
-            "in_flight": stage.in_flight_microbatches, "bytes": stage.predicted_bytes,
-            "even": baseline.stage_bytes[stage.stage] if same else None,
-        })
-    columns = [render.Column("stage", "stage"), render.Column("layers", "layers"), render.Column("count", "#"),
-               render.Column("tp", "TP"), render.Column("dp", "DP"), render.Column("gpus", "GPU ids"),
-               render.Column("in_flight", "in flight"), render.Column("bytes", f"{unit} per GPU", ".2f", scale=size)]
-    if same:
-        columns.append(render.Column("even", "even split", ".2f", scale=size))
-    peak = plan.peak_bytes
-    caption = f"predicted peak {peak / size:.2f} {unit}"
-    if mem:
-        caption += f" ({peak / GIB / mem:.0%} of {mem:g} GiB)"
-    if baseline:
-        even = max(baseline.stage_bytes)
-        change = (even - peak) / even
-        caption += f"; {baseline.label}: {even / size:.2f} {unit} (this plan is {abs(change):.1%} " + \
-            ("lower)" if change >= 0 else "higher)")
-    caption += "; launchable on stock Megatron-LM" if plan.launchable else \
-        "; NOT launchable on stock Megatron-LM (per-stage degrees)"
-    degrees = f"TP {plan.tp}, CP {plan.cp}, DP {plan.dp}" if plan.tp else "per-stage TP/DP"
-    title = (f"{plan.model.name}: {plan.mode} plan, {plan.gpus} GPUs, {degrees}, PP {plan.pp}, "
-             f"MBS {plan.micro_batch_size}, {plan.num_microbatches} microbatches ({plan.predictor} predictor)")
-    return render.to_table(rows, columns, title=title, caption=caption, color=color_wanted(None))

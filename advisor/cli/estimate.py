@@ -1,4 +1,4 @@
-"""``advisor``: a thin click layer over the core. Heavy imports happen inside commands."""
+"""``advisor sweep`` and ``advisor estimate``: seed 004's estimator over every layout, or for one."""
 
 from __future__ import annotations
 
@@ -6,67 +6,10 @@ from pathlib import Path
 
 import click
 
-from advisor.cli_options import (
-    InputError, OneLineErrors, color_wanted, emit, memory_options, model_options, output_options, workload_options,
+from advisor.cli.options import (
+    EPILOG, InputError, color_wanted, emit, memory_options, model_options, output_options, parse_numbers,
+    workload_options,
 )
-from advisor.capture.cli import recommend_command
-from advisor.cli_profile import profile
-
-EPILOG = "Docs and the method: README.md. Errors exit with status 2."
-
-
-class AdvisorGroup(OneLineErrors, click.Group):
-    """The ``advisor`` group: every input error as one line with exit status 2."""
-
-
-# --- commands ---------------------------------------------------------------------------
-
-
-@click.group(cls=AdvisorGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="megatron-4d-advisor", prog_name="advisor")
-def cli() -> None:
-    """Plan 4D parallelism (TP, CP, PP, DP, micro-batch) for Llama training with Megatron-LM.
-
-    \b
-    Before spending a cluster-hour:
-      advisor sweep --gpus 64 --mem 40       which (TP, CP, PP, MBS) fit on 64 GPUs of 40 GiB
-      advisor estimate --tp 2 --cp 1 --pp 1 --mbs 1 --gpus 4
-                                             the per-stage memory of one configuration
-      advisor models                         the built-in Llama presets
-
-    Memory comes from the analytical estimator of "Accelerating LLM Training with 4D
-    Parallelism and Memory Consumption Estimator" (seed 004, Eq. 1-18), in GiB.
-    """
-
-
-@cli.command(epilog=EPILOG)
-@output_options
-def models(fmt: str, output: Path | None) -> None:
-    """List the built-in Llama presets and their hyper-parameters."""
-    from advisor import render
-    from advisor.equations import model_parameters
-    from advisor.models import PRESETS
-
-    rows = [{**spec.to_dict(), "parameters_billions": model_parameters(spec) / 1e9} for spec in PRESETS.values()]
-    if fmt == "table":
-        columns = [
-            render.Column("name", "model", justify="left"),
-            render.Column("num_layers", "L"),
-            render.Column("hidden_size", "h"),
-            render.Column("ffn_hidden_size", "h_ffn"),
-            render.Column("num_attention_heads", "a"),
-            render.Column("num_query_groups", "k"),
-            render.Column("vocab_size", "v"),
-            render.Column("tie_embeddings", "tied"),
-            render.Column("parameters_billions", "params (B)", ".2f"),
-        ]
-        text = render.to_table(rows, columns, color=color_wanted(output))
-    else:
-        text = render.to_json(rows) if fmt == "json" else render.to_csv(rows)
-    emit(text, output)
-
-
-
 
 TABLE_ROWS = 30
 
@@ -99,7 +42,7 @@ def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options
     )
 
 
-@cli.command(epilog=EPILOG)
+@click.command(epilog=EPILOG)
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total number of GPUs.")
 @click.option("--mem", type=click.FloatRange(min=0, min_open=True), required=True,
               help="Memory per GPU in GiB (for example 40 for A100-40GB, 80 for H100-80GB).")
@@ -168,7 +111,7 @@ def sweep(gpus, mem, spec, workload, gpus_per_node, threshold, show_all, top, op
     emit(text, output)
 
 
-@cli.command(epilog=EPILOG)
+@click.command(epilog=EPILOG)
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size.")
 @click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True, help="Context parallel size.")
 @click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
@@ -214,7 +157,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, s
         if dp is not None and dp != gpus // model_parallel:
             raise InputError(f"--dp {dp} disagrees with --gpus {gpus} / (TP x CP x PP) = {gpus // model_parallel}")
         dp = gpus // model_parallel
-    stages = _parse_layers(layers_per_stage)
+    stages = parse_numbers(layers_per_stage, int, "--layers-per-stage") if layers_per_stage else None
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     result = estimate_memory(spec, parallel, workload, options, stages)
     verdict = classify(result.total_gib, mem, threshold) if mem else None
@@ -255,24 +198,3 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, s
             row_style=lambda stage_row: style if stage_row["stage"] == peak.stage else None, color=color_wanted(output),
         )
     emit(text, output)
-
-
-def _parse_layers(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise InputError(f"--layers-per-stage must be comma-separated integers, got {text!r}") from None
-
-
-cli.add_command(profile)
-cli.add_command(recommend_command)
-
-
-def main() -> None:
-    cli(prog_name="advisor")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,48 @@
+"""``advisor``: the command line, one module per command group, thin over the core.
+
+    estimate.py    advisor sweep, advisor estimate      (seed 004's estimator)
+    models.py      advisor models                       (the built-in presets)
+    profile.py     advisor profile show | plan | run    (layer profiles, CAPTURE's campaign)
+    recommend.py   advisor recommend                    (CAPTURE's planner)
+    options.py     what they share: option bundles, one-line errors, output
+    progress.py    the progress of a running campaign
+
+Only click is imported at start-up; numpy, rich and matplotlib load inside the commands that
+need them, so ``advisor --help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import click
+
+from advisor.cli import estimate, models, profile, recommend
+from advisor.cli.options import EPILOG, OneLineErrors
+
+
+class AdvisorGroup(OneLineErrors, click.Group):
+    """The ``advisor`` group: every input error as one line with exit status 2."""
+
+
+@click.group(cls=AdvisorGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="megatron-4d-advisor", prog_name="advisor")
+def cli() -> None:
+    """Plan 4D parallelism (TP, CP, PP, DP, micro-batch) for Llama training with Megatron-LM.
+
+    \b
+    Before spending a cluster-hour:
+      advisor sweep --gpus 64 --mem 40       which (TP, CP, PP, MBS) fit on 64 GPUs of 40 GiB
+      advisor estimate --tp 2 --cp 1 --pp 1 --mbs 1 --gpus 4
+                                             the per-stage memory of one configuration
+      advisor models                         the built-in Llama presets
+
+    Memory comes from the analytical estimator of "Accelerating LLM Training with 4D
+    Parallelism and Memory Consumption Estimator" (seed 004, Eq. 1-18), in GiB.
+    """
+
+
+for command in (models.models, estimate.sweep, estimate.estimate, profile.profile, recommend.recommend):
+    cli.add_command(command)
+
+
+def main() -> None:
+    cli(prog_name="advisor")
