@@ -42,7 +42,8 @@ def byte_unit(values) -> tuple[str, int]:
 
 
 def to_json(obj: object) -> str:
-    return json.dumps(obj, indent=2) + "\n"
+    """JSON as the standard has it: a NaN or an infinity is a bug upstream, never written."""
+    return json.dumps(obj, indent=2, allow_nan=False) + "\n"
 
 
 def to_csv(rows: Sequence[dict]) -> str:

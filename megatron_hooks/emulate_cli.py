@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import click
 
-from advisor.cli.options import OneLineCommand, model_options
+from advisor import limits
+from advisor.cli.options import GIB as GIB_TYPE
+from advisor.cli.options import Bounded, OneLineCommand, model_options
 from advisor.memory import GIB
 from advisor.profiles import PARAMS_DTYPES
 
@@ -19,24 +22,35 @@ def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
         raise click.BadParameter(f"expected comma-separated layer counts like 3,5,4,4, got {value!r}") from None
 
 
+def require_runtime() -> None:
+    """Exit with one line (status 2) unless torch and megatron-core can be imported."""
+    from advisor.capture.relay import missing_modules
+
+    if missing := missing_modules():
+        click.echo(f"Error: python -m megatron_hooks.emulate needs torch and megatron-core, and "
+                   f"{' and '.join(missing)} cannot be imported here: pip install torch && pip install -e '.[megatron]'",
+                   err=True)
+        sys.exit(2)
+
+
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @model_options
 @click.option("--layers-per-stage", required=True, callback=_layer_counts, metavar="N,N,...",
               help="Decoder layers on each pipeline stage, first to last (they sum to the model's layers).")
 @click.option("--stage", "stages", type=click.IntRange(min=0), multiple=True,
               help="0-based stage to emulate (repeat for several). Default: every stage.")
-@click.option("--seq-len", type=click.IntRange(min=1), required=True, help="Sequence length s.")
-@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True, help="Micro-batch size b.")
-@click.option("--num-microbatches", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--seq-len", type=Bounded(limits.SEQ_LEN), required=True, help="Sequence length s.")
+@click.option("--mbs", type=Bounded(limits.MICRO_BATCH), default=1, show_default=True, help="Micro-batch size b.")
+@click.option("--num-microbatches", type=Bounded(limits.PROFILING_MICROBATCHES), default=1, show_default=True,
               help="Microbatches per iteration (m).")
-@click.option("--iterations", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size.")
-@click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True, help="Data parallel size.")
+@click.option("--iterations", type=Bounded(limits.PROFILING_ITERATIONS), default=2, show_default=True)
+@click.option("--tp", type=Bounded(limits.DEGREE), default=1, show_default=True, help="Tensor parallel size.")
+@click.option("--dp", type=Bounded(limits.DEGREE), default=1, show_default=True, help="Data parallel size.")
 @click.option("--dtype", type=click.Choice(PARAMS_DTYPES), default="float32",
               show_default=True, help="Dtype of weights and activations.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
+@click.option("--threads", type=Bounded(limits.threads()), default=None,
               help="Intra-op threads per process (default: cores / (TP x DP)).")
-@click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
+@click.option("--memory-limit", type=GIB_TYPE, default=None, metavar="GIB",
               help="Memory of the emulated GPU in GiB: a rank that needs more records an OOM (default: none).")
 @click.option("--run-id", default=None, help="Run id in the headers (default: a new one).")
 @click.option("--out", "output_dir", type=click.Path(file_okay=False, path_type=Path), required=True,

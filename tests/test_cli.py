@@ -134,7 +134,7 @@ def test_overrides_change_the_model(advisor):
     "args,message",
     [
         (["sweep", "--gpus", 64, "--mem", 40, "--model", "llama5-8b"], "unknown model 'llama5-8b'"),
-        (["sweep", "--gpus", 0, "--mem", 40], "'--gpus': 0 is not in the range"),
+        (["sweep", "--gpus", 0, "--mem", 40], "'--gpus': must be at least 1, got 0"),
         (["sweep", "--gpus", 8, "--mem", 0], "'--mem'"),
         (["sweep", "--gpus", 8, "--mem", 40, "--seq-len", -1], "'--seq-len'"),
         (["sweep", "--gpus", 8, "--mem", 40, "--num-layers", 0], "'--num-layers'"),

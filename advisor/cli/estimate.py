@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from advisor.cli.options import (
-    EPILOG, InputError, color_wanted, emit, memory_options, model_options, output_options, parse_numbers,
-    workload_options,
+    DEGREE, EPILOG, FRACTION, GIB, GPUS, GPUS_PER_NODE, MICRO_BATCH, InputError, color_wanted, emit, memory_options,
+    model_options, output_options, parse_numbers, workload_options,
 )
 
 TABLE_ROWS = 30
@@ -43,14 +43,14 @@ def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options
 
 
 @click.command(epilog=EPILOG)
-@click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total number of GPUs.")
-@click.option("--mem", type=click.FloatRange(min=0, min_open=True), required=True,
+@click.option("--gpus", type=GPUS, required=True, help="Total number of GPUs.")
+@click.option("--mem", type=GIB, required=True,
               help="Memory per GPU in GiB (for example 40 for A100-40GB, 80 for H100-80GB).")
 @model_options
 @workload_options
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--gpus-per-node", type=GPUS_PER_NODE, default=8, show_default=True,
               help="TP is capped at this (TP across nodes is slow, seed 004 Section 1).")
-@click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8, show_default=True,
+@click.option("--threshold", type=FRACTION, default=0.8, show_default=True,
               help="'fits' up to this fraction of --mem; 'tight' up to all of it.")
 @click.option("--all", "show_all", is_flag=True, help="Include the oom rows.")
 @click.option("--top", type=click.IntRange(min=1), default=None,
@@ -112,20 +112,20 @@ def sweep(gpus, mem, spec, workload, gpus_per_node, threshold, show_all, top, op
 
 
 @click.command(epilog=EPILOG)
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size.")
-@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True, help="Context parallel size.")
-@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
-@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True, help="Micro-batch size.")
-@click.option("--gpus", type=click.IntRange(min=1), default=None,
+@click.option("--tp", type=DEGREE, default=1, show_default=True, help="Tensor parallel size.")
+@click.option("--cp", type=DEGREE, default=1, show_default=True, help="Context parallel size.")
+@click.option("--pp", type=DEGREE, default=1, show_default=True, help="Pipeline parallel size.")
+@click.option("--mbs", type=MICRO_BATCH, default=1, show_default=True, help="Micro-batch size.")
+@click.option("--gpus", type=GPUS, default=None,
               help="Total GPUs; DP = GPUS / (TP x CP x PP). Give this or --dp.")
-@click.option("--dp", type=click.IntRange(min=1), default=None, help="Data parallel size (instead of --gpus).")
-@click.option("--vpp", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--dp", type=DEGREE, default=None, help="Data parallel size (instead of --gpus).")
+@click.option("--vpp", type=DEGREE, default=1, show_default=True,
               help="Virtual pipeline stages per rank (interleaved 1F1B).")
 @click.option("--layers-per-stage", default=None, metavar="N,N,...",
               help="Uneven pipeline split, one layer count per stage (for example 7,9,9,7).")
-@click.option("--mem", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--mem", type=GIB, default=None,
               help="Memory per GPU in GiB; gives a verdict.")
-@click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8, show_default=True)
+@click.option("--threshold", type=FRACTION, default=0.8, show_default=True)
 @model_options
 @workload_options
 @memory_options

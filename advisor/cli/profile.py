@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 
+from advisor import limits
 from advisor.cli.options import (
-    EPILOG, InputError, apply_options, color_wanted, document_options, emit, emit_document, model_options,
-    output_options, parse_numbers,
+    DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MICRO_BATCH, SEQ_LEN, Bounded, InputError, apply_options,
+    color_wanted, document_options, emit, emit_document, model_options, output_options, parse_numbers,
 )
 
 SECTIONS = ("ranks", "layers", "compare")
@@ -118,21 +119,21 @@ def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
 
 @profile.command("plan", epilog=EPILOG)
 @model_options
-@click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs the profiling runs may use (G).")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--gpus", type=GPUS, required=True, help="GPUs the profiling runs may use (G).")
+@click.option("--gpus-per-node", type=GPUS_PER_NODE, default=8, show_default=True,
               help="K: DP/TP sub-meshes stay inside a node.")
-@click.option("--seq-len", type=click.IntRange(min=1), default=8192, show_default=True, help="Sequence length.")
-@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--seq-len", type=SEQ_LEN, default=8192, show_default=True, help="Sequence length.")
+@click.option("--mbs", type=MICRO_BATCH, default=1, show_default=True,
               help="Target micro-batch: sequences per microbatch entering the pipeline.")
-@click.option("--gbs", type=click.IntRange(min=1), default=1024, show_default=True, help="Target global batch.")
+@click.option("--gbs", type=GLOBAL_BATCH, default=1024, show_default=True, help="Target global batch.")
 @click.option("--mode", type=click.Choice(["full", "reduced"]), default="full", show_default=True,
               help="full: CAPTURE's Description 1 (about 10 L runs); reduced: 3 partitionings per scenario "
                    "and batch, for the 1F1B-aware predictor.")
 @click.option("--fractions", default="0.5,0.25", show_default=True, metavar="F1,F2",
               help="The two fractions of the target microbatch to profile at.")
-@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--cp", type=DEGREE, default=1, show_default=True,
               help="Context parallel size of every run (and of the target).")
-@click.option("--microbatches", type=click.IntRange(min=1), default=None,
+@click.option("--microbatches", type=Bounded(limits.PROFILING_MICROBATCHES), default=None,
               help="Microbatches per profiling run (default: min(stages, target's)).")
 @click.option("--units", default=None, metavar="N,N,...",
               help="Layers per merged unit for the DP/TP runs (CAPTURE's layer merger, Section III-A3).")
@@ -205,9 +206,9 @@ def run_options(func):
         click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
                      help="Directory for the runs: OUT/<run id>/rank*.jsonl (what 'advisor recommend --profile' "
                           "reads)."),
-        click.option("--threads", type=click.IntRange(min=1), default=None,
+        click.option("--threads", type=Bounded(limits.threads()), default=None,
                      help="Intra-op threads per emulated GPU (default: cores / (TP x DP))."),
-        click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
+        click.option("--memory-limit", type=GIB, default=None, metavar="GIB",
                      help="Memory of each emulated GPU in GiB: a rank that needs more ends OOM, which is recorded "
                           "as the run's outcome (default: no limit)."),
     ], func)

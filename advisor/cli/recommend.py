@@ -6,27 +6,30 @@ from pathlib import Path
 
 import click
 
-from advisor.cli.options import EPILOG, InputError, color_wanted, document_options, emit_document
+from advisor.cli.options import (
+    DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MICRO_BATCH, InputError, color_wanted, document_options,
+    emit_document,
+)
 
 
 @click.command("recommend", epilog=EPILOG)
 @click.option("--profile", "profiles", multiple=True, required=True, type=click.Path(path_type=Path),
               help="A run directory (rank*.jsonl) or a directory of them; repeat for more.")
-@click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs of the target run.")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True, help="K.")
+@click.option("--gpus", type=GPUS, required=True, help="GPUs of the target run.")
+@click.option("--gpus-per-node", type=GPUS_PER_NODE, default=8, show_default=True, help="K.")
 @click.option("--mode", type=click.Choice(["megatron", "hybrid"]), default="megatron", show_default=True,
               help="megatron: uniform TP/CP/DP, uneven layers per stage (launchable); hybrid: CAPTURE's "
                    "per-stage DP/TP degrees (not launchable on stock Megatron).")
 @click.option("--predictor", type=click.Choice(["1f1b", "capture"]), default="1f1b", show_default=True,
               help="1f1b: per-module terms by pipeline position; capture: CAPTURE's M_i/M_a as published.")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Megatron mode: TP.")
-@click.option("--pp", type=click.IntRange(min=1), default=None, help="Megatron mode: pipeline stages (required).")
-@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--tp", type=DEGREE, default=1, show_default=True, help="Megatron mode: TP.")
+@click.option("--pp", type=DEGREE, default=None, help="Megatron mode: pipeline stages (required).")
+@click.option("--mbs", type=MICRO_BATCH, default=1, show_default=True,
               help="Micro-batch size (Megatron's, per DP replica; in hybrid mode the pipeline microbatch).")
-@click.option("--gbs", type=click.IntRange(min=1), default=1024, show_default=True, help="Global batch size.")
+@click.option("--gbs", type=GLOBAL_BATCH, default=1024, show_default=True, help="Global batch size.")
 @click.option("--merge-to", type=click.IntRange(min=1), default=None,
               help="Merge layers to this many units first (CAPTURE's layer merger, Section III-A3).")
-@click.option("--mem", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--mem", type=GIB, default=None,
               help="GPU memory in GiB: drawn on the chart, and the plan's share of it shown.")
 @click.option("--png", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Draw the per-GPU memory of the plan beside the even split (like CAPTURE's Fig. 6).")
