@@ -79,7 +79,7 @@ def test_negative_layer_terms_name_the_module(tmp_path):
 
 def test_missing_stage_and_missing_layer(tmp_path):
     run = _run(tmp_path, name="r1")
-    with pytest.raises(ProfileError, match=r"run r1: no rank reports pipeline stage 1 \(layers 3..3\)"):
+    with pytest.raises(ProfileError, match=r"run r1: no rank file for rank 1 of its world of 2; every GPU"):
         profile_set([replace(run, ranks=run.ranks[:1])])
     rank = run.ranks[0]
     dropped = tuple(layer for layer in rank.layers if layer.layer_number != 2)

@@ -209,11 +209,12 @@ def test_damaged_profile_directories_get_clear_errors(profile, tmp_path):
         load_run(tmp_path)
     lines = profile.path.read_text().splitlines()
     bad = tmp_path / "rank00000.jsonl"
-    bad.write_text("\n".join(lines[:-1]) + "\n")
-    with pytest.raises(ProfileError, match="truncated: no end record"):
-        load_run(tmp_path)
-    bad.write_text(profile.path.read_text()[:-40])
-    with pytest.raises(ProfileError, match="truncated or malformed JSON"):
+    bad.write_text("\n".join(lines[:-1]) + "\n")  # no end record: still running, or killed
+    assert load_run(tmp_path).ranks[0].status == "running"
+    bad.write_text(profile.path.read_text()[:-40])  # the end record cut short: an interrupted append
+    assert load_run(tmp_path).ranks[0].iterations == profile.iterations
+    bad.write_text("\n".join([lines[0], lines[1][:40], *lines[2:]]) + "\n")  # a cut line inside: damage
+    with pytest.raises(ProfileError, match="rank00000.jsonl:2: malformed JSON"):
         load_run(tmp_path)
     header = json.loads(lines[0])
     bad.write_text("\n".join([json.dumps({**header, "version": 2}), *lines[1:]]) + "\n")
