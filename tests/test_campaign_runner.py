@@ -27,6 +27,8 @@ def _campaign(path, *parts) -> dict:
     document = documents[0]
     for other in documents[1:]:
         document["runs"] += other["runs"]
+        for key in ("gpus", "gpus_per_node"):  # what the widest run needs
+            document[key] = max(document[key], other[key])
     path.write_text(json.dumps(document))
     return document
 

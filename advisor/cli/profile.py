@@ -198,12 +198,18 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
 # --- advisor profile run -----------------------------------------------------------------
 
 
+def _named_directory(ctx, param, value: str) -> Path:
+    if value == "":  # Path("") is ".": the runs would land in the current directory
+        raise click.BadParameter("an empty path names no directory; give the directory for the runs")
+    return Path(value)
+
+
 def run_options(func):
     """CAMPAIGN, --out, --threads, --memory-limit: shared by 'advisor profile run' and the runner
     it starts (python -m megatron_hooks.campaign_runner), which receives them unchanged."""
     return apply_options([
         click.argument("campaign", type=click.Path(dir_okay=False, path_type=Path)),
-        click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+        click.option("--out", required=True, type=click.Path(file_okay=False), callback=_named_directory,
                      help="Directory for the runs: OUT/<run id>/rank*.jsonl (what 'advisor recommend --profile' "
                           "reads)."),
         click.option("--threads", type=Bounded(limits.threads()), default=None,
