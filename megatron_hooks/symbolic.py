@@ -190,47 +190,52 @@ def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
     return _torch_optimizers(optimizer.optimizer)
 
 
-def _ranks_to_run(config) -> list[tuple[int, int]]:
-    """(CP rank, DP rank) pairs whose TP rank 0 is run; see the module docstring."""
+def _ranks_to_run(config, every_rank: bool) -> list[tuple[int, int, int]]:
+    """(TP, CP, DP) coordinates to run on each stage; see the module docstring."""
+    if every_rank:
+        return [(t, c, d) for d in range(config.dp) for c in range(config.cp) for t in range(config.tp)]
     dp_ranks = range(config.dp) if config.distributed_optimizer else [0]
-    return [(cp_rank, dp_rank) for dp_rank in dp_ranks for cp_rank in range(config.cp)]
+    return [(0, c, d) for d in dp_ranks for c in range(config.cp)]
 
 
-def _copies(config, stage: int, cp_rank: int, dp_rank: int) -> list[tuple[int, int, int]]:
+def _copies(config, cp_rank: int, dp_rank: int) -> list[tuple[int, int, int]]:
     """The (TP, CP, DP) coordinates whose records equal those of TP rank 0 at (cp_rank, dp_rank)."""
     dp_ranks = [dp_rank] if config.distributed_optimizer else range(config.dp)
     return [(tp_rank, cp_rank, other) for other in dp_ranks for tp_rank in range(config.tp)
             if (tp_rank, other) != (0, dp_rank)]
 
 
-def run_symbolic(config, stages: Sequence[int], *, after_oom: str = "raise") -> list[Path]:
+def run_symbolic(config, stages: Sequence[int], *, after_oom: str = "raise", every_rank: bool = False) -> list[Path]:
     """Profile ``stages`` of ``config`` (an ``emulate.StageEmulation`` with
     ``backend="symbolic"``) in this process; returns every rank file written. With
     ``after_oom="continue"`` a rank that exceeds ``memory_limit_bytes`` is recorded and the others
-    still run, as ``emulate.run_stages`` does."""
+    still run, as ``emulate.run_stages`` does. ``every_rank`` runs every TP and DP rank instead
+    of writing copies for the symmetric ones (to check the symmetry)."""
     from advisor.profiles import read_rank_file
     from megatron_hooks.emulate import run_stage
     from megatron_hooks.recorder import is_out_of_memory
 
     written = []
     for stage in stages:
-        for cp_rank, dp_rank in _ranks_to_run(config):
-            rank = cp_rank * config.tp + dp_rank * config.tp * config.cp  # TP rank 0 in tp-cp-dp order
+        for tp_rank, cp_rank, dp_rank in _ranks_to_run(config, every_rank):
+            rank = tp_rank + config.tp * (cp_rank + config.cp * dp_rank)  # Megatron's tp-cp-dp order
             with fake_world(config.tp, config.cp, config.dp, rank):
                 try:
                     path = run_stage(config, stage)
                 except Exception as exc:
                     if after_oom != "continue" or not is_out_of_memory(exc):
                         raise
-                    path = config.output_dir / _rank_file(config, stage, 0, cp_rank, dp_rank)
+                    path = config.output_dir / _rank_file(config, stage, tp_rank, cp_rank, dp_rank)
                 finally:
                     gc.collect()
-            profile = read_rank_file(path)
             written.append(path)
-            for tp_rank, cp_other, dp_other in _copies(config, stage, cp_rank, dp_rank):
+            if every_rank:
+                continue
+            profile = read_rank_file(path)
+            for tp_other, cp_other, dp_other in _copies(config, cp_rank, dp_rank):
                 header = dataclasses.replace(
-                    profile.header, rank=config.global_rank(stage, tp_rank, dp_other, cp_other),
-                    coords={"tp": tp_rank, "cp": cp_other, "pp": stage, "dp": dp_other})
+                    profile.header, rank=config.global_rank(stage, tp_other, dp_other, cp_other),
+                    coords={"tp": tp_other, "cp": cp_other, "pp": stage, "dp": dp_other})
                 written.append(dataclasses.replace(profile, header=header).write(config.output_dir))
     return written
 
