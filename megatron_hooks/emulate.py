@@ -157,13 +157,10 @@ class StageEmulation:
                     return f"the CPU backend cannot run {what}; use the symbolic backend"
             return None
         if self.layer_spec == "local":
-            # What megatron-core itself refuses (torch_norm.py, dot_product_attention.py).
-            if self.sequence_parallel and self.tp > 1:
-                return "megatron-core's local spec has no sequence parallelism (its torch norms refuse it): use " \
-                       "the transformer_engine layer spec"
-            if self.cp > 1:
-                return "megatron-core's local spec has no context parallelism (only TE's attention has): use the " \
-                       "transformer_engine layer spec"
+            from advisor.capture.campaign_run import local_spec_problem
+
+            if problem := local_spec_problem(self.tp, self.cp, self.sequence_parallel):
+                return f"{problem}: use the transformer_engine layer spec"
         elif self.kernels == "cpu":
             return "the transformer_engine layer spec runs on CUDA kernel stand-ins: kernels must be cuda"
         if self.distributed_optimizer and not self.megatron_optimizer:
