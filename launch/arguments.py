@@ -209,16 +209,19 @@ class CommandLine:
         return [arg for _, args in self.groups for arg in args]
 
 
-def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mock_data: LlamaSpec | None = None,
-            extras: Sequence[str] = ()) -> CommandLine:
-    """The input's arguments (``decided``, from ``source``), ``--mock-data``'s for the model
-    ``mock_data`` if given, then the user's ``extras`` unchanged; AdvisorError on a conflict, or
-    on a flag the Megatron-LM release ``rules`` lacks."""
+def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, model: LlamaSpec,
+            mock_data: bool = False, extras: Sequence[str] = ()) -> CommandLine:
+    """The input's arguments (``decided``, from ``source``, for ``model``), ``--mock-data``'s if
+    asked, then the user's ``extras`` unchanged; AdvisorError on a conflict, on a flag the
+    Megatron-LM release ``rules`` lacks, or on mock data (the launcher's or the user's own) that
+    release cannot feed the model."""
     groups = [ArgGroup(source=source, args=tuple(decided), owns=DECIDED_FLAGS)]
-    if mock_data is not None:
-        groups.append(ArgGroup(source="--mock-data", args=tuple(mock_data_args(mock_data, rules, decided)),
+    if mock_data:
+        groups.append(ArgGroup(source="--mock-data", args=tuple(mock_data_args(model, rules, decided)),
                                owns=DATA_FLAGS))
     check_conflicts(groups, extras)
+    if not mock_data and "--mock-data" in flag_values(extras):  # the user's own, after '--'
+        check_mock_data(rules, model_rows(model, decided), model.vocab_size)
     check_flags(rules, [arg for group in groups for arg in group.args])
     labelled = [(group.source, group.args) for group in groups] + [(USER_LABEL, tuple(extras))]
     return CommandLine(groups=tuple(labelled))

@@ -124,7 +124,7 @@ class TorchrunExecutor:
         and the environment Megatron-LM demands for its layout."""
         model = LlamaSpec(**campaign["model"])
         megatron = compose(f"campaign run {run['id']}", [*run["megatron_args"], *self.iterations],
-                           rules=self.release.rules, mock_data=model if self.mock_data else None, extras=self.extras)
+                           rules=self.release.rules, model=model, mock_data=self.mock_data, extras=self.extras)
         env = environment(self.release.rules, LaunchShape.of(run["tp"], run["cp"], megatron.args))
         run_id = f"{run['id']}-{uuid.uuid4().hex[:8]}"
         entry = entry_options(self.release.checkout, profile_dir=directory, run_id=run_id)

@@ -88,10 +88,10 @@ def megatron_options(func: Callable) -> Callable:
         from launch.checkout import resolve_release
 
         release = resolve_release(megatron_lm, megatron_version, need_checkout=not kwargs.get("dry_run", True))
-        if note := release.assumption():
+        if (note := release.assumption()) and (mock_data or "dry_run" in kwargs):  # where the release matters
             click.echo(f"advisor-launch: {note}", err=True)
-        megatron = compose(config.source, config.megatron_args, rules=release.rules,
-                           mock_data=config.model if mock_data else None, extras=user_args)
+        megatron = compose(config.source, config.megatron_args, rules=release.rules, model=config.model,
+                           mock_data=mock_data, extras=user_args)
         return func(*args, config=config, release=release, megatron=megatron, **kwargs)
 
     return apply_options([

@@ -73,10 +73,22 @@ def resolve_topology(config: LaunchInput, *, nnodes: int | None, per_node: int |
 # --- the entry's arguments -------------------------------------------------------------------
 
 
+class ShellWord(str):
+    """A word printed as it is, for the shell to expand (not quoted)."""
+
+
+CHECKOUT_FROM_ENVIRONMENT = ShellWord('"$MEGATRON_LM"')
+
+
+def shell_join(words: Sequence[str]) -> str:
+    """``shlex.join``, but ShellWords as they are."""
+    return " ".join(word if isinstance(word, ShellWord) else shlex.quote(word) for word in words)
+
+
 def entry_options(checkout: Path | str | None, *, profile_dir: Path | None = None, run_id: str | None = None) -> list[str]:
     """``launch.entry``'s own options (the Megatron-LM arguments follow ``--``); without a
-    checkout (a dry run that names none) the entry reads ``$MEGATRON_LM``."""
-    args = ["--megatron-lm", str(checkout)] if checkout is not None else []
+    checkout (a dry run that names none) the printed command takes it from ``$MEGATRON_LM``."""
+    args = ["--megatron-lm", str(checkout) if checkout is not None else CHECKOUT_FROM_ENVIRONMENT]
     if profile_dir is not None:
         args += ["--profile-dir", str(profile_dir)]
     if run_id is not None:
@@ -160,7 +172,7 @@ def wrap(tokens: Sequence[str], *, width: int = WIDTH, indent: str = "    ", fir
     its values."""
     lines, current = [], first
     for unit in units(tokens):
-        text = shlex.join(unit)
+        text = shell_join(unit)
         head = unit[0]
         if current.strip() and (len(current) + 1 + len(text) > width or head in break_before):
             lines.append(current)
@@ -233,7 +245,7 @@ def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str
     launch_line = (
         f"srun --kill-on-bad-exit=1 {shlex.join(torchrun)} \\\n"
         f'    --rdzv-endpoint "${{head_node}}:{job.rdzv_port}" --rdzv-id "$SLURM_JOB_ID" \\\n'
-        f"    {shlex.join(['-m', ENTRY_MODULE, *entry_options])} \\\n"
+        f"    {shell_join(['-m', ENTRY_MODULE, *entry_options])} \\\n"
         f'    -- "${{megatron_args[@]}}"'
     )
     return "\n".join([

@@ -132,16 +132,18 @@ def priced_input(config, rules, *, label: str, options, extras: list[str], num_m
     """A launch input (launch.inputs.LaunchInput) as advisor-launch would start it with --mock-data
     and ``extras`` after '--', in the environment the launcher gives its ranks. A vocabulary that
     core_v0.15.2's mock data cannot feed (which the launcher refuses) gets the same NullTokenizer
-    from the user's arguments instead: parsing and validation never read the data."""
+    from the user's arguments instead, without data: parsing and validation never read the data
+    (validate_args requires at most one data source, not one)."""
     from launch.arguments import compose, model_rows
     from launch.megatron_versions import LaunchShape, environment
 
-    mock_data = config.model
+    mock_data = True
     limit = rules.mock_data_max_token_id
     if limit is not None and model_rows(config.model, config.megatron_args) <= limit:
-        mock_data, extras = None, [*extras, "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size",
-                                   str(rules.null_tokenizer_vocab_flag(config.model.vocab_size))]
-    line = compose(config.source, config.megatron_args, rules=rules, mock_data=mock_data, extras=extras)
+        mock_data, extras = False, [*extras, "--tokenizer-type", "NullTokenizer", "--vocab-size",
+                                    str(rules.null_tokenizer_vocab_flag(config.model.vocab_size))]
+    line = compose(config.source, config.megatron_args, rules=rules, model=config.model, mock_data=mock_data,
+                   extras=extras)
     env = environment(rules, LaunchShape.of(config.tp, config.cp, line.args), exported={}).settings
     return Priced(label=label, args=line.args, env=env, world_size=config.world_size, spec=config.model,
                   tp=config.tp, cp=config.cp, pp=config.pp, dp=config.dp, vpp=config.vpp, mbs=config.micro_batch_size,

@@ -22,7 +22,7 @@ def plan_args(layers=(8, 8, 8, 8), tp=2, options=MemoryOptions()):
 
 def conflict(extras, *, decided=None, mock_data=None) -> str:
     with pytest.raises(AdvisorError) as error:
-        compose(SOURCE, plan_args() if decided is None else decided, rules=OLD, mock_data=mock_data, extras=extras)
+        compose(SOURCE, plan_args() if decided is None else decided, rules=OLD, model=SPEC, mock_data=mock_data is not None, extras=extras)
     return str(error.value)
 
 
@@ -35,7 +35,7 @@ def test_parse_flags():
 
 def test_the_users_arguments_pass_through_unchanged():
     extras = ["--train-iters", "100", "--lr=3e-4", "--data-path", "0.5", "a b", "0.5", "c", "--log-interval", "1"]
-    line = compose(SOURCE, plan_args(), rules=OLD, extras=extras)
+    line = compose(SOURCE, plan_args(), rules=OLD, model=SPEC, extras=extras)
     assert line.args == plan_args() + extras
     assert [label for label, _ in line.groups] == [SOURCE, "yours (after --)"]
 
@@ -43,7 +43,7 @@ def test_the_users_arguments_pass_through_unchanged():
 def test_restating_the_plan_is_no_conflict():
     same = ["--tensor-model-parallel-size", "2", "--micro-batch-size=2", "--global-batch-size", "256.0", "--bf16",
             "--sequence-parallel", "--attention-backend", "flash", "--use-flash-attn"]
-    assert compose(SOURCE, plan_args(), rules=OLD, extras=same).args[-len(same):] == same
+    assert compose(SOURCE, plan_args(), rules=OLD, model=SPEC, extras=same).args[-len(same):] == same
 
 
 @pytest.mark.parametrize("extras,named", [
@@ -94,7 +94,7 @@ def test_mock_data():
     # core_v0.15.2's NullTokenizer adds an end-of-document token: v - 1 gives the model's 128256 rows.
     assert args == ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128255"]
     assert {arg for arg in args if arg.startswith("--")} <= FLAGS
-    line = compose(SOURCE, plan_args(), rules=OLD, mock_data=SPEC, extras=["--train-iters", "5"])
+    line = compose(SOURCE, plan_args(), rules=OLD, model=SPEC, mock_data=True, extras=["--train-iters", "5"])
     assert line.args == plan_args() + args + ["--train-iters", "5"]
     assert [label for label, _ in line.groups] == [SOURCE, "--mock-data", "yours (after --)"]
     assert ("--data-path data/text (after --) conflicts with --mock-data, --tokenizer-type NullTokenizer, "
@@ -102,7 +102,7 @@ def test_mock_data():
     assert "--vocab-size 32000 (after --) conflicts with --vocab-size 128255 from --mock-data" in conflict(
         ["--vocab-size", "32000"], mock_data=SPEC)
     # without --mock-data the data and the tokenizer are the user's
-    assert compose(SOURCE, plan_args(), rules=OLD, extras=["--vocab-size", "32000"]).args[-1] == "32000"
+    assert compose(SOURCE, plan_args(), rules=OLD, model=SPEC, extras=["--vocab-size", "32000"]).args[-1] == "32000"
 
 
 def test_mock_data_by_release():

@@ -22,9 +22,11 @@ def tiny_sweep(advisor, tmp_path):
 
 
 def sleeper_checkout(tmp_path: Path) -> Path:
-    """A checkout whose pretrain_gpt.py records its pid and its parent's (torchrun's agent), then sleeps."""
+    """A checkout (core 0.15.2's version file) whose pretrain_gpt.py records its pid and its parent's
+    (torchrun's agent), then sleeps: a long training run, for the signals' sake."""
     checkout = tmp_path / "sleeper"
-    checkout.mkdir()
+    (checkout / "megatron" / "core").mkdir(parents=True)
+    (checkout / "megatron" / "core" / "package_info.py").write_text("MAJOR = 0\nMINOR = 15\nPATCH = 2\n")
     (checkout / "pretrain_gpt.py").write_text(
         "import os, pathlib, time\n"
         "pids = pathlib.Path(os.environ['PIDS_DIR'], f\"rank{os.environ['RANK']}\")\n"
