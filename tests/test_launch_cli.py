@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from launch_support import launcher, plan_files, subprocess_env, sweep_file, write_json
+from launch_support import launcher, make_checkout, plan_files, subprocess_env, sweep_file, write_json
 
 from conftest import ROOT
 from launch.arguments import flag_values
@@ -37,15 +37,6 @@ def read_torchrun(argv: list[str]):
     assert torchrun.module and torchrun.training_script == "launch.entry"
     own, megatron = split_argv(torchrun.training_script_args)
     return torchrun, entry_parser().parse_args(own), megatron
-
-
-def make_checkout(directory, minor: int):
-    """A checkout directory holding pretrain_gpt.py and a release's version file; these tests start
-    nothing (the real launches of the real checkouts are in test_launch_run.py)."""
-    (directory / "megatron" / "core").mkdir(parents=True)
-    (directory / "pretrain_gpt.py").write_text("raise SystemExit('not run by these tests')\n")
-    (directory / "megatron" / "core" / "package_info.py").write_text(f"MAJOR = 0\nMINOR = {minor}\nPATCH = 2\n")
-    return directory
 
 
 @pytest.fixture
