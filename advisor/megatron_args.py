@@ -85,7 +85,7 @@ def _number(value: float) -> str:
 
 def model_args(spec: LlamaSpec, seq_len: int) -> list[str]:
     """The Llama architecture in full (RMSNorm with its epsilon, SwiGLU, RoPE with its base and
-    scaling, GQA, the head size, QKV biases, no other biases, tied or untied embeddings), so that
+    scaling, GQA, the head size, no dropout, QKV biases, no other biases, tied or untied embeddings), so that
     pretrain_gpt.py builds the network the user named. The vocabulary comes from the user's
     tokenizer (or --mock-data's), so it is not a flag here."""
     args = [
@@ -105,7 +105,9 @@ def model_args(spec: LlamaSpec, seq_len: int) -> list[str]:
     ]
     if spec.rope_scaling_factor is not None:
         args += ["--use-rope-scaling", "--rope-scaling-factor", _number(spec.rope_scaling_factor)]
-    args.append("--disable-bias-linear")
+    # Llama trains without dropout, and seed 004's activation terms keep no dropout masks; Megatron's
+    # defaults are 0.1 for both.
+    args += ["--attention-dropout", "0", "--hidden-dropout", "0", "--disable-bias-linear"]
     if spec.add_qkv_bias:
         args.append("--add-qkv-bias")
     if not spec.tie_embeddings:

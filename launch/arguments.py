@@ -31,7 +31,8 @@ MODEL_FLAGS = (
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
     "--num-query-groups", "--kv-channels", "--num-experts", "--seq-length", "--max-position-embeddings",
     "--normalization", "--norm-epsilon", "--swiglu", "--position-embedding-type", "--rotary-base", "--rotary-percent",
-    "--use-rope-scaling", "--rope-scaling-factor", "--disable-bias-linear", "--add-bias-linear", "--add-qkv-bias",
+    "--use-rope-scaling", "--rope-scaling-factor", "--attention-dropout", "--hidden-dropout", "--disable-bias-linear",
+    "--add-bias-linear", "--add-qkv-bias",
     "--untie-embeddings-and-output-weights",
 )
 PIPELINE_FLAGS = (

@@ -108,6 +108,7 @@ def _derive(args) -> dict:
         "ffn_hidden_size": config.ffn_hidden_size, "num_attention_heads": config.num_attention_heads,
         "num_query_groups": config.num_query_groups, "kv_channels": config.kv_channels,
         "add_qkv_bias": bool(config.add_qkv_bias), "add_bias_linear": bool(config.add_bias_linear),
+        "attention_dropout": config.attention_dropout, "hidden_dropout": config.hidden_dropout,
         "gated_linear_unit": bool(config.gated_linear_unit), "normalization": config.normalization,
         "layernorm_epsilon": config.layernorm_epsilon, "position_embedding_type": args.position_embedding_type,
         "rotary_base": args.rotary_base, "use_rope_scaling": bool(args.use_rope_scaling),
