@@ -110,23 +110,34 @@ class _Graph:
         return min((values[s][1] for s in self.sources if s in values), default=np.inf)
 
     def reconstruct(self, values, transform) -> list[tuple[int, int, _Edge]]:
-        """The first path, in enumeration order, whose stages all have transformed cost -inf."""
+        """The first path, in enumeration order, whose stages all have transformed cost -inf.
+
+        Forward, the sets of states that the chosen prefix reaches pick each stage; the states
+        themselves are then read backwards from the terminal. Several states can carry the same
+        prefix (positional hybrid states (GPUs, stages left) for different stage counts), and an
+        edge of one of them prices the stage at another position, so the edges must be those of
+        the one path that reaches the terminal, not the first edge of the chosen order."""
         current = [s for s in self.sources if s in values and values[s][1] == -np.inf]
-        first, path = 1, []
+        first, steps = 1, []
         while first <= self.units:
             for last in range(first, self.units + 1):
                 usable = [
-                    edge for state in current for edge in self.edges.get(state, ())
+                    (state, edge) for state in current for edge in self.edges.get(state, ())
                     if edge.target in values and values[edge.target][last + 1] == -np.inf
                     and transform(edge.matrix)[first, last] == -np.inf
                 ]
                 if usable:
                     break
-            chosen = min(edge.order for edge in usable)
-            path.append((first, last, next(edge for edge in usable if edge.order == chosen)))
-            current = list(dict.fromkeys(edge.target for edge in usable if edge.order == chosen))
+            chosen = min(edge.order for _, edge in usable)
+            into = {edge.target: (state, edge) for state, edge in usable if edge.order == chosen}
+            steps.append((first, last, into))
+            current = list(into)
             first = last + 1
-        return path
+        path, state = [], self.terminal
+        for first, last, into in reversed(steps):
+            state, edge = into[state]
+            path.append((first, last, edge))
+        return path[::-1]
 
 
 def _levels(graph: _Graph) -> tuple[list[float], Callable[[np.ndarray], np.ndarray], dict]:
