@@ -10,7 +10,9 @@ progress from the events it prints on stdout; the loop, resuming and what counts
 ``torchrun --standalone --nproc-per-node N -m launch.entry --profile-dir DIR/<run id> ...``:
 the user's ``pretrain_gpt.py`` with the run's Megatron-LM flags (from ``advisor profile plan``),
 ``--train-iters`` (2 by default, CAPTURE's profiling runs) and the user's own arguments, with
-``megatron_hooks`` writing one rank file per GPU. A run that runs out of memory is recorded by
+``megatron_hooks`` writing one rank file per GPU, in the environment Megatron demands for the
+run's layout (``launch.megatron_versions``: CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP > 1) and
+with the flags of the checkout's release. A run that runs out of memory is recorded by
 the hooks; its outcome is "oom" and the campaign goes on.
 
 Where the runs go:

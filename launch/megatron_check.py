@@ -65,19 +65,6 @@ def _transformer_config(args):
     return module.core_transformer_config_from_args(args)
 
 
-def _layers_per_stage(config, pp: int, vpp: int | None) -> list[int]:
-    from megatron.core.transformer.enums import LayerType
-    from megatron.core.transformer.transformer_block import get_num_layers_to_build
-
-    layout = getattr(config, "pipeline_model_parallel_layout", None)
-    if layout is not None:
-        return [sum(chunk.count(LayerType.decoder) for chunk in layout.layout[rank]) for rank in range(pp)]
-    if pp == 1:
-        return [config.num_layers]
-    stages = range(vpp) if vpp else [None]
-    return [sum(get_num_layers_to_build(config, vp_stage=v, pp_rank=rank) for v in stages) for rank in range(pp)]
-
-
 def _microbatches(args) -> int:
     from megatron.core import num_microbatches_calculator as calculator
 
@@ -93,6 +80,8 @@ def _microbatches(args) -> int:
 def _derive(args) -> dict:
     from megatron.training import global_vars
 
+    from megatron_hooks.integration import layers_per_stage  # megatron-core's split, as the hooks read it
+
     global_vars.build_tokenizer(args)  # what set_global_variables does: sets args.padded_vocab_size
     config = _transformer_config(args)
     vpp = args.virtual_pipeline_model_parallel_size
@@ -102,7 +91,7 @@ def _derive(args) -> dict:
         "pp": args.pipeline_model_parallel_size, "dp": args.data_parallel_size, "vpp": vpp or 1,
         "micro_batch_size": args.micro_batch_size, "global_batch_size": args.global_batch_size,
         "num_microbatches": _microbatches(args), "seq_length": args.seq_length,
-        "layers_per_stage": _layers_per_stage(config, args.pipeline_model_parallel_size, vpp),
+        "layers_per_stage": list(layers_per_stage(config, args.pipeline_model_parallel_size, vpp)),
         "padded_vocab_size": args.padded_vocab_size,
         "num_layers": config.num_layers, "hidden_size": config.hidden_size,
         "ffn_hidden_size": config.ffn_hidden_size, "num_attention_heads": config.num_attention_heads,

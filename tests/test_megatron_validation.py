@@ -28,12 +28,12 @@ from launch.megatron_versions import named
 
 HF = Path(__file__).parent / "fixtures" / "hf_configs"
 SWEEPS = {
-    "llama3.1-8b": ["--model", "llama3.1-8b", "--gpus", "64", "--mem", "80", "--gbs", "512"],
-    "llama3.2-1b-tied": ["--model", "llama3.2-1b", "--gpus", "16", "--mem", "24", "--gbs", "64"],
-    "llama2-7b-mha": ["--model", "llama2-7b", "--gpus", "16", "--mem", "40", "--gbs", "64", "--seq-len", "4096"],
-    "qwen2-7b-qkv-bias": ["--model", str(HF / "qwen2-7b.json"), "--gpus", "16", "--mem", "80", "--gbs", "64",
+    "llama3.1-8b": ["--model", "llama3.1-8b", "--gpus", "32", "--mem", "80", "--gbs", "256"],
+    "llama3.2-1b-tied": ["--model", "llama3.2-1b", "--gpus", "8", "--mem", "24", "--gbs", "64"],
+    "llama2-7b-mha": ["--model", "llama2-7b", "--gpus", "8", "--mem", "40", "--gbs", "64", "--seq-len", "4096"],
+    "qwen2-7b-qkv-bias": ["--model", str(HF / "qwen2-7b.json"), "--gpus", "8", "--mem", "80", "--gbs", "64",
                           "--seq-len", "4096"],
-    "mistral-nemo-head-dim": ["--model", str(HF / "mistral-nemo-12b.json"), "--gpus", "16", "--mem", "80",
+    "mistral-nemo-head-dim": ["--model", str(HF / "mistral-nemo-12b.json"), "--gpus", "8", "--mem", "80",
                               "--gbs", "64", "--seq-len", "4096"],
 }
 ESTIMATE = ["--model", "llama3.1-8b", "--gpus", "32", "--tp", "2", "--cp", "2", "--pp", "4", "--mbs", "1",
