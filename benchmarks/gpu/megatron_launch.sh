@@ -31,6 +31,7 @@ fi
 results=$(realpath -m "$1"); shift
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 python=${PYTHON:-python3}
+export PATH="$(dirname "$(command -v "$python")"):$PATH"  # its torchrun
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" NO_VCS_VERSION=1 PYTHONDONTWRITEBYTECODE=1
 no_te=(--transformer-impl local --no-rope-fusion --no-persist-layer-norm --no-gradient-accumulation-fusion
        --no-masked-softmax-fusion --no-bias-swiglu-fusion)
