@@ -27,6 +27,8 @@ class GpuSpec:
 
     name: str
     description: str
+    architecture: str
+    """Selects the kernel efficiencies measured for this architecture (advisor/calibration.json)."""
     memory_gib: float
     """Device memory, GiB (what --mem means)."""
     bf16_dense_tflops: float
@@ -41,6 +43,9 @@ class GpuSpec:
     """Scale-out (InfiniBand / Ethernet) bandwidth per GPU, one direction, 10^9 bytes/s."""
     gpus_per_node: int
     """GPUs in one NVLink domain (a node): the fast-link boundary for TP and CP."""
+    host_dram_mt_per_s: float | None
+    """The node's DRAM data rate, MT/s, where its cluster documents it (None: the calibration's
+    reference rate). Scales the host-side data-loader time."""
     sources: tuple[str, ...]
     hbm_note: str | None = None
     """How a bandwidth the vendor does not publish was derived."""
@@ -99,7 +104,7 @@ def _parse_entry(entry, where: str) -> GpuSpec:
         raise AdvisorError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     if missing:
         raise AdvisorError(f"{where}: missing key(s) {', '.join(sorted(missing))}")
-    for key in ("name", "description"):
+    for key in ("name", "description", "architecture"):
         if not isinstance(entry[key], str) or not entry[key]:
             raise AdvisorError(f"{where}: {key} must be a non-empty string")
     for key in _NUMBERS:
@@ -107,6 +112,8 @@ def _parse_entry(entry, where: str) -> GpuSpec:
     if entry["fp8_dense_tflops"] is not None:
         _positive(entry["fp8_dense_tflops"], where, "fp8_dense_tflops")
     _positive(entry["gpus_per_node"], where, "gpus_per_node", integer=True)
+    if entry["host_dram_mt_per_s"] is not None:
+        _positive(entry["host_dram_mt_per_s"], where, "host_dram_mt_per_s")
     sources = entry["sources"]
     if not isinstance(sources, list) or not sources or not all(isinstance(s, str) and s for s in sources):
         raise AdvisorError(f"{where}: sources must be a non-empty list of citations")
