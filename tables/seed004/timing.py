@@ -131,5 +131,5 @@ def fit(runs, base: Calibration = Calibration(), names: tuple[str, ...] = FITTED
         return np.concatenate([data, DATA_SIGMA * (x - prior_mean) / prior_sigma])
 
     solution = least_squares(residuals, start, bounds=(lo, hi), x_scale="jac")
-    values = dict(zip(names, (float(v) for v in solution.x)))
+    values = dict(zip(names, (float(f"{v:.4g}") for v in solution.x)))  # 4 digits: stable across platforms
     return base.with_values(**values, fitted=tuple(names), fitted_on=label or f"{len(runs)} runs")
