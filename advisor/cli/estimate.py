@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from advisor.cli.options import (
-    EPILOG, InputError, color_wanted, emit, gpu_options, memory_options, model_choice_options, model_options,
-    output_options, parse_numbers, workload_options,
+    EPILOG, InputError, TokenCount, color_wanted, emit, gpu_options, memory_options, model_choice_options,
+    model_options, output_options, parse_numbers, workload_options,
 )
 
 TABLE_ROWS = 30
@@ -169,7 +169,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
 @click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8, show_default=True)
 @click.option("--memory-model", type=click.Choice(["calibrated", "paper"]), default=None,
               help="calibrated (default with --gpu) or paper (Eq. 18 and its 80% rule; default without).")
-@click.option("--tokens", type=None, default=None, metavar="TOKENS",
+@click.option("--tokens", type=TokenCount(), default=None,
               help="A token budget (15T, 300B): adds the days and GPU-hours it takes (needs --gpu).")
 @model_options
 @workload_options
@@ -193,12 +193,10 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
           --gbs 2048 --layers-per-stage 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 --tokens 15T
     """
     from advisor import render
-    from advisor.cli.options import TokenCount
     from advisor.memory import GIB, estimate_memory
     from advisor.parallel import ParallelConfig
     from advisor.sweep import SweepRow, classify
 
-    tokens = TokenCount().convert(tokens, None, None) if tokens is not None else None
     memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens)
     model_parallel = tp * cp * pp
     if gpus is None and dp is None:
