@@ -44,8 +44,8 @@ class Kernels:
 MAMF_SOURCE = ("S. Bekman, Machine Learning Engineering, 'Maximum Achievable Matmul FLOPS comparison table' "
                "(github.com/stas00/ml-engineering, compute/accelerator/README.md): the best BF16 matmul rate "
                "found by mamf-finder.py over all shapes")
-LLAMA_SHAPES_OVER_MAMF = 0.71 / 0.803
-"""On the lead's H100 SXM, Llama layer shapes run at 0.71 of peak (the probe fit) where the best
+LLAMA_SHAPES_OVER_MAMF = 0.7106 / 0.803
+"""On the lead's H100 SXM, Llama layer shapes run at 0.7106 of peak (the probe fit) where the best
 shape runs at 0.803 (MAMF, H100 SXM): the GEMM efficiency of another architecture is its MAMF
 fraction times this ratio."""
 
@@ -56,17 +56,17 @@ _KERNELS = {
                "FlashAttention-2 reaches up to 225 of A100's 312 TFLOP/s forward + backward (Dao 2023, "
                "arXiv 2307.08691, Section 4.1), also the best fused kernel on Ampere"),
     "hopper": Kernels(
-        gemm=0.71, attention=0.568, attention_flash2=0.35,
+        gemm=0.7106, attention=0.5684, attention_flash2=0.35,
         source="GEMM and attention: the lead's H100 SXM probe (benchmarks/gpu/data/h100_sxm_gemm_attention.json; "
                "tables.seed004.calibrate probe fits 239 GEMMs and 18 torch SDPA flash calls). "
                "FlashAttention-2 on Hopper: 35% utilisation (Shah et al. 2024, FlashAttention-3, "
                "arXiv 2407.08608, Section 1)"),
     "blackwell": Kernels(
-        gemm=round(0.776 * LLAMA_SHAPES_OVER_MAMF, 3), attention=0.568, attention_flash2=0.35,
+        gemm=round(0.776 * LLAMA_SHAPES_OVER_MAMF, 3), attention=0.5684, attention_flash2=0.35,
         source=f"GEMM: B200 SXM MAMF 77.6% ({MAMF_SOURCE}) x 0.884. Attention: no measurement on file, "
                "Hopper's fractions"),
     "cdna3": Kernels(
-        gemm=round(0.601 * LLAMA_SHAPES_OVER_MAMF, 3), attention=0.568, attention_flash2=0.35,
+        gemm=round(0.601 * LLAMA_SHAPES_OVER_MAMF, 3), attention=0.5684, attention_flash2=0.35,
         source=f"GEMM: MI300X MAMF 60.1% ({MAMF_SOURCE}) x 0.884. Attention: no measurement on file, "
                "Hopper's fractions"),
 }
@@ -79,7 +79,7 @@ class Calibration:
 
     kernels: dict = field(default_factory=lambda: dict(_KERNELS), compare=False)
     """Architecture -> ``Kernels``: measured kernel efficiencies."""
-    gemm_latency_s: float = 13.8e-6
+    gemm_latency_s: float = 1.38e-05
     """Fixed cost of one GEMM kernel (launch, ramp, last wave): the probe fit, with
     time = FLOPs / (efficiency x peak) + latency (4.9% mean error over 239 shapes)."""
     attention_latency_s: float = 259e-6
