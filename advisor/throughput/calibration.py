@@ -88,8 +88,9 @@ class Calibration:
     """Fitted: the GEMMs' sustained rate inside a training run over the stand-alone
     measurement (clocks under a whole run's power draw, the run's cuBLAS version)."""
     attention_factor: float = 1.0
-    """Fitted: the attention kernel's rate inside a training run over its stand-alone
-    measurement (causal masking with GQA, Transformer Engine's wrapper, CP's split calls)."""
+    """Fitted: FlashAttention-2's rate inside the paper's runs (Transformer Engine 1.9, 2024) over
+    its published stand-alone rate. It applies to the 'flash2' kernel only: a current fused kernel
+    (TimeOptions.attention_kernel='fused') runs at its measured rate times ``compute_factor``."""
     hbm_efficiency: float = 0.8
     """Fraction of HBM bandwidth that element-wise kernels (norms, SwiGLU, RoPE, residuals,
     cross-entropy, Adam) reach; STREAM-like copies reach 80-90% on A100 and H100."""

@@ -44,14 +44,16 @@ class Rates:
     @classmethod
     def of(cls, gpu: GpuSpec, cal: Calibration, flash2: bool = False) -> "Rates":
         kernels = cal.kernels_for(gpu.architecture)
-        attention = kernels.attention_flash2 if flash2 else kernels.attention
+        # The fitted attention factor is how FlashAttention-2 ran inside the paper's 2024 stack
+        # (Transformer Engine 1.9); a current fused kernel gets the GEMMs' in-run factor instead.
+        attention = kernels.attention_flash2 * cal.attention_factor if flash2 else kernels.attention * cal.compute_factor
         host = cal.host_mask_ns_per_element * 1e-9
         if gpu.host_dram_mt_per_s:
             host *= cal.host_reference_mt_per_s / gpu.host_dram_mt_per_s
         return cls(
             gemm_flops_per_s=cal.compute_factor * kernels.gemm * gpu.peak_flops,
             gemm_latency_s=cal.gemm_latency_s,
-            attention_flops_per_s=cal.attention_factor * attention * gpu.peak_flops,
+            attention_flops_per_s=attention * gpu.peak_flops,
             attention_latency_s=cal.attention_latency_s,
             hbm_bytes_per_s=cal.hbm_efficiency * gpu.hbm_bytes_per_s,
             nvlink_bytes_per_s=cal.network_efficiency * gpu.nvlink_bytes_per_s,
