@@ -196,6 +196,10 @@ class StageEmulation:
         return self.seq_len // (self.cp * sp)
 
 
+CUDA_SEED = 1234
+"""The seed of megatron-core's CUDA RNG tracker in an emulation on GPUs."""
+
+
 def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
     """The order in which a 1F1B stage runs its microbatches: [("F", 0), ("F", 1), ("B", 0), ...]."""
     warmup = min(stages - stage - 1, microbatches)
@@ -245,7 +249,9 @@ class _Stage:
         self.model = build_gpt_model(config.model, seq_len=config.seq_len,
                                      layers=stage_layers(config.layers_per_stage, stage), pre_process=self.first,
                                      post_process=self.last, params_dtype=self.dtype, layer_spec=config.layer_spec,
-                                     sequence_parallel=config.sequence_parallel and config.tp > 1)
+                                     sequence_parallel=config.sequence_parallel and config.tp > 1,
+                                     # fake CPU tensors, even where CUDA is available
+                                     **({"use_cpu_initialization": True} if config.symbolic else {}))
         if config.megatron_optimizer:
             from megatron_hooks.symbolic import megatron_ddp_and_optimizer
 
@@ -261,21 +267,26 @@ class _Stage:
                 param.grad = torch.zeros_like(param)
             self.module = self.model
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, fused=True)
-        # The same data on every TP rank of a DP replica, as Megatron broadcasts it.
+        # The same data on every TP rank of a DP replica, as Megatron broadcasts it; drawn on the
+        # CPU (the same numbers on every device) and moved to the model's device.
         self.data = torch.Generator().manual_seed(config.seed * 7919 + parallel_state.get_data_parallel_rank())
+        self.device = next(self.model.parameters()).device
         # A CP rank receives its s / CP positions of each sequence (megatron's get_batch_on_this_cp_rank).
         s, b = config.seq_len // config.cp, config.micro_batch_size
         # TE's attention is causal by its mask type and takes no mask; the local spec's takes one.
-        self.mask = causal_mask(s) if config.layer_spec == "local" else None
-        self.positions = torch.arange(s).unsqueeze(0).expand(b, s)
+        self.mask = causal_mask(s, self.device) if config.layer_spec == "local" else None
+        self.positions = torch.arange(s, device=self.device).unsqueeze(0).expand(b, s)
+
+    def _draw(self, make, *args, **kwargs) -> torch.Tensor:
+        """A random tensor from the stage's CPU generator, on the model's device."""
+        return make(*args, generator=self.data, **kwargs).to(self.device)
 
     def forward(self) -> torch.Tensor:
         config, s, b = self.config, self.config.seq_len // self.config.cp, self.config.micro_batch_size
-        tokens = torch.randint(0, config.model.vocab_size, (b, s), generator=self.data)
-        labels = torch.randint(0, config.model.vocab_size, (b, s), generator=self.data) if self.last else None
+        tokens = self._draw(torch.randint, 0, config.model.vocab_size, (b, s))
+        labels = self._draw(torch.randint, 0, config.model.vocab_size, (b, s)) if self.last else None
         if not self.first:  # what the previous stage would send
-            received = torch.randn(config.tokens_per_rank, b, config.model.hidden_size, generator=self.data,
-                                   dtype=self.dtype)
+            received = self._draw(torch.randn, config.tokens_per_rank, b, config.model.hidden_size, dtype=self.dtype)
             self.model.set_input_tensor(received.requires_grad_())
         output = self.module(tokens if self.first else None, self.positions, self.mask, labels=labels)
         return output.float().mean() / config.num_microbatches if self.last else output
@@ -284,8 +295,7 @@ class _Stage:
         if self.last:
             output.backward()
         else:  # what the next stage would send back
-            torch.autograd.backward(output, grad_tensors=torch.randn(output.shape, generator=self.data,
-                                                                     dtype=output.dtype))
+            torch.autograd.backward(output, grad_tensors=self._draw(torch.randn, output.shape, dtype=output.dtype))
 
     def iteration(self) -> float | None:
         """One training iteration; the loss on the last stage (None under the symbolic backend,
@@ -393,9 +403,18 @@ def process_group(local_rank: int, world_size: int, port: int | None, tp: int, t
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world_size))
     shim = CpuShim().install() if needs_shim() else None
-    dist.init_process_group("gloo", rank=local_rank, world_size=world_size)
+    on_cuda = shim is None
+    if on_cuda:  # one GPU per process, as torchrun's LOCAL_RANK; NCCL, which runs megatron's collectives
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", local_rank)) % torch.cuda.device_count())
+    dist.init_process_group("nccl" if on_cuda else "gloo", rank=local_rank, world_size=world_size)
     try:
         parallel_state.initialize_model_parallel(tp, 1)
+        if on_cuda:
+            # Megatron-LM's initialize does this: the RNG tracker's model-parallel state, which
+            # every dropout region forks (on a CPU the shim makes fork a no-op instead).
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+            model_parallel_cuda_manual_seed(CUDA_SEED)
         yield
     finally:
         parallel_state.destroy_model_parallel()
