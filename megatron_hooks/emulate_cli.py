@@ -13,16 +13,22 @@ from advisor.profiles import PARAMS_DTYPES
 
 
 def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
+    """3,5,4,4; a part LxN is N stages of L layers (as in campaign run ids): 1x80 is 80 one-layer stages."""
+    counts: list[int] = []
     try:
-        return tuple(int(part) for part in value.split(","))
+        for part in value.split(","):
+            layers, _, repeat = part.partition("x")
+            counts += [int(layers)] * (int(repeat) if repeat else 1)
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated layer counts like 3,5,4,4, got {value!r}") from None
+        raise click.BadParameter(f"expected comma-separated layer counts like 3,5,4,4 or 1x80, got {value!r}") from None
+    return tuple(counts)
 
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @model_options
 @click.option("--layers-per-stage", required=True, callback=_layer_counts, metavar="N,N,...",
-              help="Decoder layers on each pipeline stage, first to last (they sum to the model's layers).")
+              help="Decoder layers on each pipeline stage, first to last (they sum to the model's layers); "
+                   "LxN is N stages of L layers.")
 @click.option("--stage", "stages", type=click.IntRange(min=0), multiple=True,
               help="0-based stage to emulate (repeat for several). Default: every stage.")
 @click.option("--seq-len", type=click.IntRange(min=1), required=True, help="Sequence length s.")
