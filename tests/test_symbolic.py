@@ -28,8 +28,9 @@ tracks its flaky TP-2 test); the symbolic backend's is the usual value."""
 
 
 def model_flags(layers, hidden, ffn, heads, groups, vocab):
-    return ["--model", "llama3.1-8b", "--num-layers", str(layers), "--hidden-size", str(hidden), "--ffn-hidden-size",
-            str(ffn), "--num-attention-heads", str(heads), "--num-query-groups", str(groups), "--vocab-size", str(vocab)]
+    return ["--model", "llama3.1-8b", "--num-layers", str(layers), "--hidden-size", str(hidden),
+            "--ffn-hidden-size", str(ffn), "--num-attention-heads", str(heads), "--num-query-groups", str(groups),
+            "--vocab-size", str(vocab)]
 
 
 def emulate(out, *flags):
