@@ -107,8 +107,14 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
         from megatron_hooks.symbolic import run_symbolic
 
         gc.freeze()  # torch's and megatron's objects: the collection before each iteration skips them
-        for path in run_symbolic(config, _checked(config, chosen)):
+        from advisor.profiles import load_run
+
+        for path in run_symbolic(config, _checked(config, chosen), after_oom="continue"):
             click.echo(f"wrote {path}", err=True)
+        oom = [rank for rank in load_run(output_dir).ranks if rank.status == "oom"]
+        if oom:  # recorded in the rank files, as the CPU emulator's workers do
+            raise click.ClickException(f"rank {oom[0].header.rank} ran out of the emulated memory at {oom[0].where} "
+                                       f"({len(oom)} rank(s) in all; see the rank files in {output_dir})")
         return
     if under_torchrun:
         emulate_under_torchrun(config, chosen)

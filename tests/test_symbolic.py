@@ -244,3 +244,18 @@ def test_configurations_megatron_cannot_run_are_one_line_errors(tmp_path, flags,
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr[-2000:]
+
+
+def test_an_emulated_memory_limit_is_an_oom_in_the_rank_files(tmp_path):
+    """--memory-limit on the symbolic backend: the stage that needs more is recorded "oom" with
+    where it stopped, the others still run, and the command says so in one line (exit 1)."""
+    command = [sys.executable, "-m", "megatron_hooks.emulate", *model_flags(4, 64, 128, 4, 2, 256),
+               "--layers-per-stage", "3,1", "--seq-len", "64", "--num-microbatches", "2", "--backend", "symbolic",
+               "--memory-limit", str(2.5 / 1024), "--out", str(tmp_path)]  # 2.5 MiB: the first stage needs more
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: rank 0 ran out of the emulated memory at iteration") and "Traceback" not in done.stderr
+    ranks = {r.header.rank: r for r in load_run(tmp_path).ranks}
+    assert ranks[0].status == "oom" and ranks[0].error.startswith("OutOfMemoryError: emulated out of memory")
+    assert ranks[1].status == "ok"
