@@ -22,3 +22,20 @@ def test_the_examples_are_the_runs_their_commands_describe():
         assert len(run.ranks) == len(stages) * h.parallel.tp * h.parallel.cp
         assert all(layer.forward_time_s is None for r in run.ranks for layer in r.layers)
         assert f"--run-id {name}" in (symbolic.EXAMPLES / "README.md").read_text()
+
+
+def test_the_committed_plan_comes_from_the_committed_campaign_and_launches():
+    import json
+
+    from click.testing import CliRunner
+
+    from launch.cli import cli
+
+    folder = symbolic.EXAMPLES / "llama3.1-8b-campaign"
+    campaign = json.loads((folder / "campaign.json").read_text())
+    plan = json.loads((folder / "plan.json").read_text())
+    assert sorted(plan["predictor"]["profile_runs"]) == sorted(run["id"] for run in campaign["runs"])
+    assert plan["launchable"] and plan["layers_per_stage"] == [5, 6, 9, 12] and plan["setup"] == campaign["setup"]
+    assert plan["peak_predicted_gib"] < 80 < plan["baseline"]["peak_predicted_gib"]
+    done = CliRunner().invoke(cli, ["args", "--from", str(folder / "plan.json")])
+    assert done.exit_code == 0 and "'E,t*5|t*6|t*9|t*12,L'" in done.stdout, done.output
