@@ -5,7 +5,8 @@
    PP 4 at microbatches 1 and 2: 6 runs, 24 stages) through ``advisor profile run`` with
    ``--backend cpu`` and with ``--backend symbolic --layer-spec local``: wall time and the
    runner's peak resident memory (``getrusage`` of the children), the median of REPEAT.
-2. One Llama-3.1-8B layer (hidden 4096, sequence S, MBS 1, BF16, local spec, 2 iterations)
+2. One Llama-3.1-8B layer (the middle one of three one-layer stages: hidden 4096, sequence S,
+   MBS 1, BF16, local spec, 2 iterations)
    measured by the CPU backend (real tensors) and profiled symbolically with the CPU kernels
    (the same work, byte for byte): wall time and peak memory of each, a fresh process each, for
    S = 1024 and 2048 (the CPU backend's memory grows with s^2 and its time with the FLOPs; the
@@ -35,8 +36,9 @@ from advisor.models import LlamaSpec
 
 SPEC = LlamaSpec(name="tiny", num_layers=16, hidden_size=128, ffn_hidden_size=512, num_attention_heads=4,
                  num_query_groups=2, vocab_size=32000)
-EIGHT_B_LAYER = ["--model", "llama3.1-8b", "--num-layers", "1", "--layers-per-stage", "1", "--dtype", "bfloat16",
-                 "--threads", "1"]
+# The middle stage of three one-layer stages: one 8B layer, without the embedding and LM head.
+EIGHT_B_LAYER = ["--model", "llama3.1-8b", "--num-layers", "3", "--layers-per-stage", "1x3", "--stage", "1",
+                 "--dtype", "bfloat16", "--threads", "1"]
 REAL_SIZE = {
     "llama3.1-8b, PP 4 (4 stages of 8 layers, 4 microbatches)":
         ["--model", "llama3.1-8b", "--layers-per-stage", "8x4", "--num-microbatches", "4"],
