@@ -128,13 +128,14 @@ def sweep(
     rank_by: str | None = None,
     time_options=None,
     tokens: float | None = None,
+    measured=None,
 ) -> list[SweepRow]:
     """All valid layouts, ranked ones first in rank order, then the others by memory.
 
     With a GPU preset (``gpu``, an ``advisor.hardware.GpuSpec``) every row also gets the time
     model's prediction; verdicts and ranking come from ``advisor.ranking.assess_rows``
-    (``memory_model`` 'paper': Eq. 18 and the 80% rule, or 'calibrated'; ``rank_by``
-    throughput | memory | paper)."""
+    (``memory_model`` 'paper': Eq. 18 and the 80% rule, 'calibrated', or 'profile' with
+    ``measured`` activations, ``advisor.profile_terms``; ``rank_by`` throughput | memory | paper)."""
     if gpus < 1:
         raise AdvisorError(f"the GPU count must be positive, got {gpus}")
     if not memory_gib > 0:
@@ -163,4 +164,5 @@ def sweep(
     from advisor.ranking import assess_rows
 
     return assess_rows(rows, spec, workload, memory_gib, gpu=gpu, memory_model=memory_model, rank_by=rank_by,
-                       options=options, time_options=time_options, tokens=tokens, threshold=threshold)
+                       options=options, time_options=time_options, tokens=tokens, threshold=threshold,
+                       measured=measured)

@@ -95,18 +95,36 @@ class Assessment:
         return {"usage_gib": self.usage_gib, "margin_gib": self.margin_gib, "calibrated_peak_stage": self.peak_stage}
 
 
+def _corrected_part(stage, spec: LlamaSpec, recompute: str):
+    """Eq. 12-14 of one part of a stage's activations with the calibrated model's corrections."""
+    def part(kind: str) -> float:
+        if kind == "decoder":
+            return stage.layer_activations_bytes + terms.swiglu_fusion_correction_bytes(stage, spec, recompute)
+        if kind == "embedding":
+            return stage.embedding_activations_bytes + (
+                terms.embedding_ids_correction_bytes(stage, spec) if stage.stage == 0 else 0.0)
+        return stage.output_activations_bytes
+    return part
+
+
 def calibrated_stage_bytes(
     estimate: MemoryEstimate, spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int,
-    options: MemoryOptions, calibration: MemoryCalibration, memory_gib: float,
+    options: MemoryOptions, calibration: MemoryCalibration, memory_gib: float, measured=None,
 ) -> list[float]:
-    """Predicted device memory of each pipeline stage on a GPU of ``memory_gib``, bytes."""
+    """Predicted device memory of each pipeline stage on a GPU of ``memory_gib``, bytes.
+    ``measured`` (``advisor.profile_terms.MeasuredActivations``, ``--memory-model profile``)
+    replaces the activations' Eq. 12-14 and their corrections by the profiled ratios."""
     vocab = padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, tp)
     last = len(estimate.stages) - 1
     out = []
     for stage in estimate.stages:
-        activations = stage.activations_bytes + terms.swiglu_fusion_correction_bytes(stage, spec, options.recompute) + (
-            terms.embedding_ids_correction_bytes(stage, spec) if stage.stage == 0 else 0.0
-        )
+        corrected = _corrected_part(stage, spec, options.recompute)
+        if measured is None:
+            activations = sum(corrected(kind) for kind in ("decoder", "embedding", "output"))
+        else:
+            from advisor.profile_terms import stage_activation_bytes
+
+            activations = stage_activation_bytes(stage, measured.for_layout(tp, cp), options.recompute, corrected)
         extra = terms.runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * memory_gib * GIB
         if stage.stage == last:
             extra += terms.cross_entropy_working_bytes(spec, seq_len, mbs, tp, cp, vocab)
@@ -129,14 +147,16 @@ def verdict_for(usage_gib: float, memory_gib: float, band: float) -> CalibratedV
 
 def assess(
     estimate: MemoryEstimate, spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int, memory_gib: float,
-    options: MemoryOptions = MemoryOptions(), calibration: MemoryCalibration | None = None,
+    options: MemoryOptions = MemoryOptions(), calibration: MemoryCalibration | None = None, measured=None,
 ) -> Assessment:
-    """The calibrated verdict of one layout's estimate on a GPU of ``memory_gib``."""
+    """The calibrated verdict of one layout's estimate on a GPU of ``memory_gib`` (with
+    ``measured``, the profile memory model's: see ``calibrated_stage_bytes``)."""
     if calibration is None:
         from advisor.throughput.calibration import load_memory_calibration
 
         calibration = load_memory_calibration()
-    per_stage = calibrated_stage_bytes(estimate, spec, seq_len, mbs, tp, cp, options, calibration, memory_gib)
+    per_stage = calibrated_stage_bytes(estimate, spec, seq_len, mbs, tp, cp, options, calibration, memory_gib,
+                                       measured)
     peak = max(range(len(per_stage)), key=per_stage.__getitem__)
     usage = per_stage[peak] / GIB
     return Assessment(usage_gib=usage, peak_stage=peak, memory_gib=memory_gib,
