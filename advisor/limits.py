@@ -67,6 +67,9 @@ MODEL = {
                                   "times that"),
 }
 
+ROTARY_BASE = Bound(0, 1e12, "RoPE bases in released models are 10,000 to 1,000,000")
+ROPE_SCALING = Bound(1, 1e6, "Llama 3.1 scales RoPE frequencies by 8")
+
 # --- workload and layout ------------------------------------------------------------------
 
 SEQ_LEN = Bound(1, 2**24, "the longest trained contexts are about 10 million tokens")

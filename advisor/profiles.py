@@ -2,12 +2,15 @@
 
 ``megatron_hooks`` writes one JSON Lines file per rank, ``rank{RANK:05d}.jsonl``, into a run
 directory; the advisor reads them without torch. Schema ``megatron-4d-advisor/profile``,
-version 1. Every line is one JSON object with a ``type``:
+version 2 (version 1 files are read too: see below). Every line is one JSON object with a
+``type``:
 
 ``header`` (the first line) identifies the run and this rank:
-    schema, version, run_id, created (ISO 8601), backend ("cuda" | "cpu"), device,
-    torch_version, megatron_core_version, emulated (true when a pipeline stage was emulated
-    on the CPU rather than run by Megatron's schedule), params_dtype ("float32" | "bfloat16" |
+    schema, version, run_id, created (ISO 8601), backend ("cuda" | "cpu" | "symbolic": fake
+    tensors that carry shapes and dtypes but no storage, megatron_hooks/symbolic.py), device,
+    kernels ("cuda": what a CUDA run executes, measured on CUDA or stood in for on fake tensors
+    | "cpu": torch's CPU paths), torch_version, megatron_core_version, emulated (true when a
+    pipeline stage was emulated rather than run by Megatron's schedule), params_dtype ("float32" | "bfloat16" |
     "float16": the dtype of weights and activations), layer_spec ("local": unfused attention
     that keeps the s x s scores | "transformer_engine"), sequence_parallel, recompute
     ("none" | "selective" | "full"), distributed_optimizer, model (LlamaSpec fields),
@@ -22,7 +25,10 @@ version 1. Every line is one JSON object with a ``type``:
     1-based; null for embedding and output), parameter_bytes, gradient_bytes,
     optimizer_bytes (this rank's share), activation_bytes (kept for backward by one
     microbatch), forward_peak_bytes and backward_peak_bytes (the transient rise above the
-    level at the module's entry).
+    level at the module's entry), forward_time_s and backward_time_s (seconds one
+    microbatch's forward / backward pass spends in the module, the mean over the iteration's
+    microbatches: CUDA events on a GPU, wall time on the CPU; null under the symbolic backend,
+    which computes nothing).
 ``iteration``: iteration, parameter_bytes, gradient_bytes, optimizer_bytes (static memory
     after the step), peak_allocated_bytes, peak_reserved_bytes and alloc_retries (null where
     the backend has none), step_time_s, loss (null off the last stage), in_flight_microbatches
@@ -31,14 +37,17 @@ version 1. Every line is one JSON object with a ``type``:
 ``end`` (the last line): status ("ok" | "oom" | "error" | "running"), iterations (completed),
     error and where (null unless the run failed; where says how far it got).
 
-Memory is in bytes. The file is written as the run goes (``RankFileWriter``): the header when
-the rank starts, then per iteration its layer records followed by its iteration record, appended
-in one write, then the end record. The cost of an iteration does not grow with the iterations
-before it, and a run killed at any point leaves every completed iteration readable: a file
-without an end record is a run still "running" (or killed), a cut last line is skipped, and the
-layer records of an iteration that never got its iteration record are dropped. Layer records
-are written for the first ``advisor.limits.PROFILE_LAYER_ITERATIONS`` iterations (per-layer
-memory is steady from the second); every iteration has its iteration record.
+Memory is in bytes. Version 1 files have no ``kernels`` (read as "cuda" on the CUDA backend,
+"cpu" otherwise) and no per-layer times (read as null).
+
+The file is written as the run goes (``RankFileWriter``): the header when the rank starts, then
+per iteration its layer records followed by its iteration record, appended in one write, then
+the end record. The cost of an iteration does not grow with the iterations before it, and a run
+killed at any point leaves every completed iteration readable: a file without an end record is a
+run still "running" (or killed), a cut last line is skipped, and the layer records of an
+iteration that never got its iteration record are dropped. Layer records are written for the
+first ``advisor.limits.PROFILE_LAYER_ITERATIONS`` iterations (per-layer memory is steady from
+the second); every iteration has its iteration record.
 
 The reader (``read_rank_file``, ``load_run``) is bounded (``advisor.fileio.JsonLines``: regular
 files, ``limits.RANK_FILE_BYTES``) and checks what the file says against itself, and the files of
@@ -62,10 +71,12 @@ from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig
 
 SCHEMA = "megatron-4d-advisor/profile"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 LayerKind = Literal["embedding", "decoder", "output"]
 Status = Literal["ok", "oom", "error", "running"]
-Backend = Literal["cuda", "cpu"]
+Backend = Literal["cuda", "cpu", "symbolic"]
+Kernels = Literal["cuda", "cpu"]
 ParamsDtype = Literal["float32", "bfloat16", "float16"]
 PARAMS_DTYPES: tuple[str, ...] = get_args(ParamsDtype)
 LayerSpec = Literal["local", "transformer_engine"]
@@ -91,10 +102,16 @@ class LayerRecord:
     activation_bytes: int
     forward_peak_bytes: int
     backward_peak_bytes: int
+    forward_time_s: float | None = None
+    backward_time_s: float | None = None
 
     @property
     def static_bytes(self) -> int:
         return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes
+
+
+LAYER_TIME_FIELDS = ("forward_time_s", "backward_time_s")
+"""Per-layer times, new in version 2 (published for the MadPipe planner)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,6 +138,7 @@ class RankHeader:
     created: str
     backend: Backend
     device: str
+    kernels: Kernels
     torch_version: str
     megatron_core_version: str
     emulated: bool
@@ -339,10 +357,14 @@ _COORDS = ("tp", "cp", "pp", "dp")
 def _parse_header(record: dict, where: str) -> RankHeader:
     if record.get("schema") != SCHEMA:
         raise ProfileError(f"{where}: not a profile file (schema {_short(record.get('schema'))}, expected {SCHEMA!r})")
-    if record.get("version") != VERSION:
+    version = record.get("version")
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise ProfileError(
-            f"{where}: profile schema version {_short(record.get('version'))}; this advisor reads version {VERSION}"
+            f"{where}: profile schema version {_short(version)}; this advisor reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
+    if version == 1:  # before kernels and per-layer times: what a version 1 writer ran
+        record = {"kernels": "cuda" if record.get("backend") == "cuda" else "cpu", **record}
     try:
         model = LlamaSpec(**_field(record, "model", dict, where))
         parallel = ParallelConfig(**_field(record, "parallel", dict, where))
@@ -350,7 +372,8 @@ def _parse_header(record: dict, where: str) -> RankHeader:
         raise ProfileError(f"{where}: malformed model or parallel section: {exc}") from None
     except AdvisorError as exc:
         raise ProfileError(f"{where}: {exc}") from None
-    choices = {"backend": Backend, "params_dtype": ParamsDtype, "layer_spec": LayerSpec, "recompute": Recompute}
+    choices = {"backend": Backend, "kernels": Kernels, "params_dtype": ParamsDtype, "layer_spec": LayerSpec,
+               "recompute": Recompute}
     chosen = {}
     for name, kind in choices.items():
         allowed = get_args(kind)

@@ -25,6 +25,7 @@ from advisor.models import LlamaSpec
 from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload
 
 Verdict = Literal["fits", "tight", "oom"]
+"""The paper's verdicts; the calibrated memory model's are ``advisor.verdicts.CalibratedVerdict``."""
 DEFAULT_THRESHOLD = 0.8
 
 
@@ -45,8 +46,14 @@ class SweepRow:
     estimate: MemoryEstimate
     memory_gib: float | None
     """The GPU's memory; None for an estimate made without one."""
-    verdict: Verdict | None
+    verdict: str | None
+    """fits | tight | oom (Eq. 18, the 80% rule), or fits | likely fits | likely oom | oom
+    (the calibrated model, ``advisor.verdicts``)."""
     rank: int | None = None
+    assessment: object | None = None
+    """The calibrated model's ``advisor.verdicts.Assessment`` (usage and margin), if it judged."""
+    timing: dict | None = None
+    """Predicted step time, TFLOP/s per GPU, MFU, tokens/s (``advisor.ranking.timing_fields``)."""
 
     @property
     def memory_fraction(self) -> float | None:
@@ -69,6 +76,8 @@ class SweepRow:
             "peak_stage": self.estimate.peak.stage,
             "memory_fraction": self.memory_fraction,
             "verdict": self.verdict,
+            **(self.assessment.to_dict() if self.assessment is not None else {}),
+            **(self.timing or {}),
         }
 
 
@@ -114,8 +123,19 @@ def sweep(
     threshold: float = DEFAULT_THRESHOLD,
     max_tp: int = DEFAULT_GPUS_PER_NODE,
     options: MemoryOptions = MemoryOptions(),
+    gpu=None,
+    memory_model: str = "paper",
+    rank_by: str | None = None,
+    time_options=None,
+    tokens: float | None = None,
+    measured=None,
 ) -> list[SweepRow]:
-    """All valid layouts, ranked ones first in rank order, then the oom ones by memory."""
+    """All valid layouts, ranked ones first in rank order, then the others by memory.
+
+    With a GPU preset (``gpu``, an ``advisor.hardware.GpuSpec``) every row also gets the time
+    model's prediction; verdicts and ranking come from ``advisor.ranking.assess_rows``
+    (``memory_model`` 'paper': Eq. 18 and the 80% rule, 'calibrated', or 'profile' with
+    ``measured`` activations, ``advisor.profile_terms``; ``rank_by`` throughput | memory | paper)."""
     if gpus < 1:
         raise AdvisorError(f"the GPU count must be positive, got {gpus}")
     if not memory_gib > 0:
@@ -141,10 +161,8 @@ def sweep(
             f"{spec.num_attention_heads} heads and {spec.num_query_groups} KV heads, and the global "
             f"batch {workload.global_batch_size} must be divisible by MBS x DP"
         )
-    survivors = sorted((row for row in rows if row.verdict != "oom"), key=ranking_key)
-    ranked = [
-        SweepRow(row.parallel, row.num_microbatches, row.estimate, row.memory_gib, row.verdict, rank)
-        for rank, row in enumerate(survivors, start=1)
-    ]
-    oom = sorted((row for row in rows if row.verdict == "oom"), key=lambda row: row.estimate.total_gib)
-    return ranked + oom
+    from advisor.ranking import assess_rows
+
+    return assess_rows(rows, spec, workload, memory_gib, gpu=gpu, memory_model=memory_model, rank_by=rank_by,
+                       options=options, time_options=time_options, tokens=tokens, threshold=threshold,
+                       measured=measured)

@@ -2,7 +2,8 @@
 
 Targets (issue: the estimator): ``advisor --help`` and ``advisor-launch --help`` < 0.5 s, and
 ``advisor sweep --gpus 16384 --mem 80 --model llama3.1-405b --gbs 2048 --all --format json``
-< 1 s. Each command runs REPEAT times in a fresh process; the median and the worst are
+< 1 s; issue 16: the same sweep with ``--gpu h100-80gb`` (the time model on every row and the
+calibrated verdicts) < 1 s. Each command runs REPEAT times in a fresh process; the median and the worst are
 reported, the median is compared with the target.
 """
 
@@ -24,6 +25,13 @@ CASES = [
         "advisor sweep --gpus 16384 --mem 80 --model llama3.1-405b --gbs 2048 --all --format json",
         ["advisor", "sweep", "--gpus", "16384", "--mem", "80", "--model", "llama3.1-405b", "--gbs", "2048", "--all",
          "--format", "json"],
+        1.0,
+    ),
+    (
+        "advisor sweep --gpus 16384 --gpu h100-80gb --model llama3.1-405b --gbs 2048 --all --format json "
+        "(time model + calibrated verdicts)",
+        ["advisor", "sweep", "--gpus", "16384", "--gpu", "h100-80gb", "--model", "llama3.1-405b", "--gbs", "2048",
+         "--all", "--format", "json"],
         1.0,
     ),
     ("advisor sweep --gpus 64 --mem 40 (table)", ["advisor", "sweep", "--gpus", "64", "--mem", "40"], 1.0),

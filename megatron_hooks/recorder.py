@@ -1,7 +1,7 @@
 """One rank's profile file: the run's description, the hooks' records, and how the run ended.
 
 ``ProfileRecorder(hooks, run, directory)`` writes ``directory/rank{RANK:05d}.jsonl`` through
-``advisor.profiles.RankFileWriter`` (schema ``megatron-4d-advisor/profile`` v1), appending as
+``advisor.profiles.RankFileWriter`` (schema ``megatron-4d-advisor/profile``), appending as
 the run goes: the header when it starts, each iteration's layer records and iteration record in
 one write when the iteration ends, and the end record when the run ends ("ok") or fails ("oom"
 or "error", with ``where`` saying how far it got: iteration, microbatch, forward or backward, and
@@ -110,6 +110,7 @@ class ProfileRecorder:
         given.update(layers_per_stage=tuple(run.layers_per_stage), coords=dict(run.coords))
         return RankHeader(
             **given, created=self.created, backend=hooks.backend.name, device=hooks.backend.device,
+            kernels=hooks.backend.kernels,
             torch_version=torch.__version__, megatron_core_version=megatron_core_version(),
             stage_layers=hooks.stage_layers, first_stage=hooks.first_stage, last_stage=hooks.last_stage,
         )

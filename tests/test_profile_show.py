@@ -98,5 +98,5 @@ def test_bad_directories(advisor, tmp_path):
     assert "rank00000.jsonl:2: malformed JSON" in advisor.error("profile", "show", tmp_path)
     path.write_text(text[:-40])  # the end record cut short: the run was killed, and shows as running
     assert "running" in advisor("profile", "show", tmp_path, "--section", "ranks").stdout
-    path.write_text(text.replace('"version": 1', '"version": 2'))
-    assert "schema version 2" in advisor.error("profile", "show", tmp_path)
+    path.write_text(text.replace('"version": 2', '"version": 3'))
+    assert "schema version 3" in advisor.error("profile", "show", tmp_path)

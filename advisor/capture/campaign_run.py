@@ -71,17 +71,25 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-def prepare(path: Path, out: Path, *, emulated: bool = True) -> dict:
-    """The campaign at ``path``, checked (``read_campaign``; for the CPU emulator when ``emulated``,
-    every incompatibility at once), and ``out`` checked: a directory, or nothing yet. AdvisorError
-    otherwise, before any work. (Runs of another campaign under ``out`` are found by ``scan``,
-    which ``execute`` calls first.)"""
+BACKENDS = ("cpu", "symbolic", "megatron")
+"""How a campaign's runs execute: the CPU emulator, the symbolic backend (fake tensors), or the
+user's Megatron-LM on GPUs."""
+LAYER_SPECS = ("transformer_engine", "local")
+
+
+def prepare(path: Path, out: Path, *, backend: str = "cpu", layer_spec: str | None = None) -> dict:
+    """The campaign at ``path``, checked (``read_campaign``; for the CPU emulator every
+    incompatibility at once, for the symbolic backend ``layer_spec``'s), and ``out`` checked: a
+    directory, or nothing yet. AdvisorError otherwise, before any work. (Runs of another campaign
+    under ``out`` are found by ``scan``, which ``execute`` calls first.)"""
     from advisor.capture.campaign import read_campaign
     from advisor.capture.campaign_check import emulation_problems
 
     document = read_campaign(path)
-    if emulated and (problems := emulation_problems(document)):
+    if backend == "cpu" and (problems := emulation_problems(document)):
         raise AdvisorError(f"{path}: the CPU emulator cannot run this campaign as planned: " + "; ".join(problems))
+    if backend == "symbolic" and (problem := symbolic_problem(document, layer_spec or LAYER_SPECS[0])):
+        raise AdvisorError(f"{path}: {problem}")
     if out.exists() and not out.is_dir():
         raise AdvisorError(f"--out {out} is not a directory")
     return document
@@ -89,6 +97,28 @@ def prepare(path: Path, out: Path, *, emulated: bool = True) -> dict:
 
 def world_size(run: dict) -> int:
     return run["tp"] * run["dp"] * run.get("cp", 1) * len(run["layers_per_stage"])
+
+
+def local_spec_problem(tp: int, cp: int, sequence_parallel: bool) -> str | None:
+    """What megatron-core refuses with its local layer spec (megatron/core/transformer/torch_norm.py:
+    no sequence parallelism; dot_product_attention.py: no context parallelism), or None."""
+    if sequence_parallel and tp > 1:
+        return "megatron-core's local spec has no sequence parallelism (its torch norms refuse it)"
+    if cp > 1:
+        return "megatron-core's local spec has no context parallelism (only TE's attention has it)"
+    return None
+
+
+def symbolic_problem(campaign: dict, layer_spec: str) -> str | None:
+    """Why the symbolic backend cannot run this campaign with ``layer_spec``, or None."""
+    if layer_spec not in LAYER_SPECS:
+        return f"layer spec must be one of {', '.join(LAYER_SPECS)}, got {layer_spec!r}"
+    if layer_spec == "local":
+        setup = campaign.get("setup", {})
+        for run in campaign["runs"]:
+            if problem := local_spec_problem(run["tp"], run.get("cp", 1), bool(setup.get("sequence_parallel"))):
+                return f"run {run['id']}: {problem}; use --layer-spec transformer_engine (Megatron-LM's default)"
+    return None
 
 
 def _mismatch(profile: ProfileRun, campaign: dict, run: dict, model: LlamaSpec) -> str | None:

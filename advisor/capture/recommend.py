@@ -20,7 +20,7 @@ from typing import Literal
 
 from advisor.capture.costs import CostTable
 from advisor.capture.layout import PIPELINE, PipelineLayout, Scenario, even_split, in_flight_microbatches
-from advisor.megatron_args import MegatronSetup, megatron_args
+from advisor.megatron_args import megatron_args
 from advisor.capture.observations import ProfileSet
 from advisor.capture.plan import Baseline, Plan, PlanStage
 from advisor.capture.predict_1f1b import PositionAwarePredictor
@@ -43,11 +43,6 @@ def make_predictor(profiles: ProfileSet, name: PredictorName = "1f1b", merge_to:
         isolated, added = CapturePredictor(profiles).unit_statistics(PIPELINE, merge_microbatch)
         groups = merge_groups(list(isolated), [None] + list(added[1:]), merge_to)
     return PREDICTORS[name](profiles, groups)
-
-
-def _setup(profiles: ProfileSet) -> MegatronSetup:
-    return MegatronSetup(params_dtype=profiles.params_dtype, distributed_optimizer=profiles.distributed_optimizer,
-                         sequence_parallel=profiles.sequence_parallel)
 
 
 def _stages(solution: Solution, table: CostTable, num_microbatches: int, cp: int, gpus_of) -> tuple[PlanStage, ...]:
@@ -75,7 +70,7 @@ def _baseline(predictor, layers: int, stages: int, scenario: Scenario, batch: fl
 
 def _common(profiles: ProfileSet, predictor) -> dict:
     return dict(
-        predictor=predictor.name, model=profiles.model, seq_len=profiles.seq_len, setup=_setup(profiles),
+        predictor=predictor.name, model=profiles.model, seq_len=profiles.seq_len, setup=profiles.setup,
         profile_runs=tuple(run.run for run in profiles.runs), skipped_runs=profiles.skipped,
         fits=tuple(fit.to_dict() for fit in getattr(predictor, "fits", ())),
     )
@@ -114,7 +109,7 @@ def recommend_megatron(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, t
 
 
 def _megatron_args(profiles: ProfileSet, tp: int, stages, micro_batch_size: int, global_batch_size: int):
-    setup = _setup(profiles)
+    setup = profiles.setup
     return tuple(megatron_args(
         profiles.model, profiles.seq_len, tp=tp, cp=profiles.cp, layers_per_stage=[stage.layers for stage in stages],
         micro_batch_size=micro_batch_size, global_batch_size=global_batch_size,

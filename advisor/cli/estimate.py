@@ -7,17 +7,17 @@ from pathlib import Path
 import click
 
 from advisor.cli.options import (
-    DEGREE, EPILOG, FRACTION, GIB, GPUS, GPUS_PER_NODE, MICRO_BATCH, InputError, color_wanted, emit, memory_options,
-    model_options, output_options, parse_numbers, workload_options,
+    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit, gpu_options,
+    memory_options, model_choice_options, model_options, output_options, parse_numbers, workload_options,
 )
 
 TABLE_ROWS = 30
 
 
-def _row_columns():
+def _row_columns(calibrated: bool = False, timed: bool = False, tokens: bool = False):
     from advisor.render import Column
 
-    return [
+    columns = [
         Column("rank", "rank"),
         Column("tp", "TP"),
         Column("cp", "CP"),
@@ -27,38 +27,68 @@ def _row_columns():
         Column("num_microbatches", "m"),
         Column("model_states_gib", "states GiB", ".2f"),
         Column("activations_gib", "act. GiB", ".2f"),
-        Column("total_gib", "total GiB", ".2f"),
-        Column("memory_fraction", "of mem", ".0%"),
-        Column("verdict", "verdict", justify="left"),
+        Column("total_gib", "Eq.18 GiB", ".2f") if calibrated else Column("total_gib", "total GiB", ".2f"),
     ]
+    if calibrated:
+        columns += [Column("usage_gib", "pred. GiB", ".1f"), Column("margin_gib", "margin", "+.1f")]
+    else:
+        columns.append(Column("memory_fraction", "of mem", ".0%"))
+    columns.append(Column("verdict", "verdict", justify="left"))
+    if timed:
+        columns += [Column("tflops_per_gpu", "TFLOP/s", ".0f"), Column("mfu", "MFU", ".0%"),
+                    Column("step_time_s", "step s", ".2f")]
+    if tokens:
+        columns += [Column("days", "days", ".1f"), Column("gpu_hours", "GPU-h", ",.0f")]
+    return columns
 
 
-def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options) -> str:
+def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options, gpu=None,
+                memory_model: str = "paper", rank_by: str = "paper") -> str:
     changed = options.changed()
     extras = "; " + ", ".join(f"{key}={value}" for key, value in changed.items()) if changed else ""
-    return (
-        f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, "
-        f"{gpus} GPUs x {mem:g} GiB, fits <= {threshold * mem:.1f} GiB ({threshold:.0%}){extras}"
-    )
+    where = f"{gpus} x {gpu.name} ({mem:g} GiB, {gpu.gpus_per_node}/node)" if gpu else f"{gpus} GPUs x {mem:g} GiB"
+    rule = (f"fits <= {threshold * mem:.1f} GiB ({threshold:.0%})" if memory_model == "paper"
+            else "calibrated memory model" if memory_model == "calibrated"
+            else "calibrated memory model with profiled activations")
+    return (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {where}, {rule}, "
+            f"ranked by {rank_by}{extras}")
+
+
+def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None):
+    """The defaults that depend on --gpu (and --profile), and the combinations that need it."""
+    if memory_model == "profile" and profile_dir is None:
+        raise InputError("--memory-model profile needs --profile DIR (advisor profile run writes one)")
+    if profile_dir is not None and memory_model not in (None, "profile"):
+        raise InputError(f"--profile gives the profile memory model, not --memory-model {memory_model}")
+    memory_model = memory_model or ("profile" if profile_dir is not None else None)
+    if tokens is not None and gpu is None:
+        raise InputError("--tokens needs --gpu NAME: the time model needs the GPU's FLOP/s and bandwidths")
+    if rank_by == "throughput" and gpu is None:
+        raise InputError("--rank-by throughput needs --gpu NAME (see 'advisor gpus')")
+    memory_model = memory_model or ("calibrated" if gpu is not None else "paper")
+    rank_by = rank_by or ("throughput" if gpu is not None else "paper")
+    return memory_model, rank_by
 
 
 @click.command(epilog=EPILOG)
 @click.option("--gpus", type=GPUS, required=True, help="Total number of GPUs.")
-@click.option("--mem", type=GIB, required=True,
-              help="Memory per GPU in GiB (for example 40 for A100-40GB, 80 for H100-80GB).")
+@gpu_options
 @model_options
 @workload_options
-@click.option("--gpus-per-node", type=GPUS_PER_NODE, default=8, show_default=True,
-              help="TP is capped at this (TP across nodes is slow, seed 004 Section 1).")
 @click.option("--threshold", type=FRACTION, default=0.8, show_default=True,
-              help="'fits' up to this fraction of --mem; 'tight' up to all of it.")
+              help="With --memory-model paper: 'fits' up to this fraction of --mem; 'tight' up to all of it.")
 @click.option("--all", "show_all", is_flag=True, help="Include the oom rows.")
 @click.option("--top", type=click.IntRange(min=1), default=None,
               help=f"Show only the N best-ranked rows (table default: {TABLE_ROWS}, json/csv: all).")
+@model_choice_options
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw the rows shown as a PNG: memory per layout (the paper's colours) beside the "
+                   "predicted TFLOP/s per GPU.")
 @memory_options
 @output_options
-def sweep(gpus, mem, spec, workload, gpus_per_node, threshold, show_all, top, options, fmt, output) -> None:
-    """Estimate every valid (TP, CP, PP, MBS) on GPUS GPUs and rank those that fit.
+def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
+          tokens, plot, options, fmt, output) -> None:
+    """Estimate every valid (TP, CP, PP, MBS) on GPUS GPUs, judge which run, and rank them.
 
     \b
     Enumerated: TP a power of 2 dividing the heads and KV heads, up to --gpus-per-node;
@@ -66,46 +96,71 @@ def sweep(gpus, mem, spec, workload, gpus_per_node, threshold, show_all, top, op
     DP = GPUs / (TP x CP x PP); MBS a power of 2 with --gbs divisible by MBS x DP.
 
     \b
-    Verdict: fits (<= threshold x mem), tight (<= mem), oom (> mem; hidden without --all).
-    Rank (seed 004, Section 4.2: the smallest TP x CP x PP that fits is fastest):
+    With --gpu (a preset: advisor gpus), the defaults are the calibrated memory model and
+    the time model: verdicts fits / likely fits / likely oom / oom with the margin in GiB,
+    predicted TFLOP/s (as Megatron-LM counts FLOPs), MFU and step time, and the rows
+    expected to run ranked fastest first.
+    With --mem alone, seed 004 as published: fits (<= threshold x mem), tight (<= mem),
+    oom (> mem; hidden without --all), ranked by its rule (Section 4.2):
       1. fits before tight   2. smallest TP x CP x PP   3. largest MBS
       4. smallest TP         5. smallest PP, then lowest memory
 
     \b
     Examples:
       advisor sweep --gpus 64 --mem 40
-      advisor sweep --gpus 128 --mem 80 --model llama3.1-70b --top 10
-      advisor sweep --gpus 8 --mem 94 --seq-len 32768 --all --format json
+      advisor sweep --gpus 64 --gpu h100-80gb --tokens 15T --top 10
+      advisor sweep --gpus 128 --gpu a100-80gb --model llama3.1-70b --rank-by paper
+      advisor sweep --gpus 8 --gpu h100-94gb --seq-len 32768 --all --plot sweep.png
+      advisor sweep --gpus 64 --gpu h100-80gb --profile runs/   # activations as profiled
     """
     from advisor import render
     from advisor.sweep import sweep as run_sweep
 
-    rows = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options)
-    counts = {verdict: sum(row.verdict == verdict for row in rows) for verdict in ("fits", "tight", "oom")}
+    if mem is None:
+        raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
+    memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir)
+    measured = None
+    if profile_dir is not None:
+        from advisor.profile_terms import measured_activations
+
+        measured = measured_activations(profile_dir)
+        measured.check_sweep(spec, options.flash_attention, options.sequence_parallel)
+    rows = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
+                     gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens, measured=measured)
+    verdicts = ("fits", "tight", "oom") if memory_model == "paper" else ("fits", "likely fits", "likely oom", "oom")
+    counts = {verdict: sum(row.verdict == verdict for row in rows) for verdict in verdicts}
     selected = [row for row in rows if show_all or row.verdict != "oom"]
     if top is None and fmt == "table" and not show_all:
         top = TABLE_ROWS  # a screenful; JSON and CSV give every row
     shown = selected[:top] if top is not None else selected
     # Each row carries its setup, so that one row can be launched on its own (launch --from).
-    setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem}
+    setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
+             "memory_model": memory_model, "gpu": gpu.name if gpu else None}
     if fmt == "json":
         setup.update(model=spec.to_dict(), options=options.changed())
     else:
         setup.update(model=spec.name)
     dicts = [{**row.to_dict(), **setup} for row in shown]
+    if plot is not None:
+        from advisor.plots import sweep_plot
+
+        sweep_plot(dicts, plot, title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model,
+                                                   rank_by))
+        click.echo(f"wrote {plot}", err=True)
     if fmt == "json":
         text = render.to_json(dicts)
     elif fmt == "csv":
         text = render.to_csv(dicts)
     else:
         hidden = "" if show_all else " (--all shows oom)"
-        caption = f"{counts['fits']} fit, {counts['tight']} tight, {counts['oom']} oom{hidden}"
+        caption = ", ".join(f"{n} {v}" for v, n in counts.items()) + hidden
         if len(shown) < len(selected):
             caption += f"; best {len(shown)} of {len(selected)} shown (--top N)"
-        if not dicts:
+        if not any(row.rank for row in rows):
             caption = f"nothing fits: {caption}. Try more GPUs, --recompute full, or a shorter --seq-len."
         text = render.to_table(
-            dicts, _row_columns(), title=_setup_line(spec, workload, gpus, mem, threshold, options),
+            dicts, _row_columns(memory_model != "paper", gpu is not None, tokens is not None),
+            title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by),
             caption=caption, row_style=render.verdict_style, color=color_wanted(output),
         )
     emit(text, output)
@@ -123,31 +178,39 @@ def sweep(gpus, mem, spec, workload, gpus_per_node, threshold, show_all, top, op
               help="Virtual pipeline stages per rank (interleaved 1F1B).")
 @click.option("--layers-per-stage", default=None, metavar="N,N,...",
               help="Uneven pipeline split, one layer count per stage (for example 7,9,9,7).")
-@click.option("--mem", type=GIB, default=None,
-              help="Memory per GPU in GiB; gives a verdict.")
+@gpu_options
 @click.option("--threshold", type=FRACTION, default=0.8, show_default=True)
+@click.option("--memory-model", type=click.Choice(["calibrated", "paper"]), default=None,
+              help="calibrated (default with --gpu) or paper (Eq. 18 and its 80% rule; default without).")
+@click.option("--tokens", type=TokenCount(), default=None,
+              help="A token budget (15T, 300B): adds the days and GPU-hours it takes (needs --gpu).")
 @model_options
 @workload_options
 @memory_options
 @output_options
-def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, spec, workload, options, fmt,
-             output) -> None:
-    """Per-GPU memory of one configuration, stage by stage.
+def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_per_node, threshold, memory_model,
+             tokens, spec, workload, options, fmt, output) -> None:
+    """Per-GPU memory of one configuration, stage by stage; with --gpu, its step time too.
 
     \b
     Model states (BF16 weights, FP32 gradients, Adam states sharded over DP x CP) and
     activations (1F1B: stage i holds PP - i microbatches) for every pipeline stage. The
-    peak stage decides the verdict.
+    peak stage decides the verdict. With --gpu the calibrated memory model gives the
+    verdict and its margin, and the time model the step time, its parts, TFLOP/s per GPU
+    (as Megatron-LM counts FLOPs), MFU and tokens/s.
 
     \b
-    Example (the public code's test case: 44.87 GiB states, 22.64 GiB activations):
+    Examples (the public code's test case: 44.87 GiB states, 22.64 GiB activations):
       advisor estimate --tp 2 --pp 1 --mbs 1 --gpus 4 --model llama3.1-8b
+      advisor estimate --tp 8 --pp 16 --gpus 16384 --gpu h100-80gb --model llama3.1-405b \\
+          --gbs 2048 --layers-per-stage 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 --tokens 15T
     """
     from advisor import render
     from advisor.memory import GIB, estimate_memory
     from advisor.parallel import ParallelConfig
     from advisor.sweep import SweepRow, classify
 
+    memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens)
     model_parallel = tp * cp * pp
     if gpus is None and dp is None:
         raise InputError("give --gpus or --dp")
@@ -160,12 +223,26 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, s
     stages = parse_numbers(layers_per_stage, int, "--layers-per-stage") if layers_per_stage else None
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     result = estimate_memory(spec, parallel, workload, options, stages)
-    verdict = classify(result.total_gib, mem, threshold) if mem else None
+    assessment = timing = parts = None
+    verdict = None
+    if mem and memory_model == "calibrated":
+        from advisor.verdicts import assess
+
+        assessment = assess(result, spec, workload.seq_len, mbs, tp, cp, mem, options)
+        verdict = assessment.verdict
+    elif mem:
+        verdict = classify(result.total_gib, mem, threshold)
+    if gpu is not None:
+        timing, parts = _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens)
     row = {
-        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict).to_dict(),
-        "vpp": parallel.vpp, "model": spec.to_dict(), "seq_len": workload.seq_len,
-        "global_batch_size": workload.global_batch_size, "options": options.changed(),
+        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict,
+                   assessment=assessment, timing=timing).to_dict(),
+        "vpp": parallel.vpp, "layers_per_stage": [stage.layers for stage in result.stages],
+        "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
+        "options": options.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
     }
+    if parts is not None:
+        row["time_parts"] = parts
     stage_rows = [stage.to_dict() for stage in result.stages]
     if fmt == "json":
         text = render.to_json({**row, "stages": stage_rows})
@@ -187,14 +264,49 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, s
         title = (
             f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, DP {dp}, MBS {mbs}"
             + (f", VPP {vpp}" if vpp > 1 else "") + f", seq {workload.seq_len}, gbs {workload.global_batch_size}"
+            + (f", {gpu.name}" if gpu else "")
         )
         peak = result.peak
-        caption = f"peak: stage {peak.stage}, {peak.total_bytes / GIB:.2f} GiB"
-        if mem:
+        caption = f"peak: stage {peak.stage}, {peak.total_bytes / GIB:.2f} GiB (Eq. 18)"
+        if assessment is not None:
+            caption += (f"; calibrated: {assessment.usage_gib:.1f} of {mem:g} GiB, margin "
+                        f"{assessment.margin_gib:+.1f} GiB -> {assessment.verdict}")
+        elif mem:
             caption += f" = {row['memory_fraction']:.0%} of {mem:g} GiB -> {row['verdict']}"
+        if timing is not None:
+            caption += (f"\nstep {timing['step_time_s']:.2f} s, {timing['tflops_per_gpu']:.0f} TFLOP/s per GPU "
+                        f"(MFU {timing['mfu']:.0%}), {timing['tokens_per_s']:,.0f} tokens/s; "
+                        + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}" for k, v in parts.items()
+                                    if k != "total_s" and v > 0))
+            if tokens is not None:
+                caption += f"\n{tokens:.3g} tokens: {timing['days']:.1f} days, {timing['gpu_hours']:,.0f} GPU-hours"
         style = render.VERDICT_STYLES.get(row["verdict"])
         text = render.to_table(
             stage_rows, columns, title=title, caption=caption,
             row_style=lambda stage_row: style if stage_row["stage"] == peak.stage else None, color=color_wanted(output),
         )
     emit(text, output)
+
+
+def _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens):
+    """(timing fields, time parts in seconds) of one layout; uneven splits stage by stage."""
+    from advisor.ranking import timing_fields
+    from advisor.throughput import TimeModel
+
+    if workload.global_batch_size is None:
+        raise InputError("predicting time needs a global batch size (--gbs)")
+    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size)
+    recompute = options.recompute
+    p = parallel
+    if stages is None:
+        step = model.step(p.tp, p.cp, p.pp, p.dp, p.mbs, p.vpp, recompute=recompute)
+    else:
+        cross = p.tp * p.cp * p.dp * p.pp > gpu.gpus_per_node
+        per_stage = [
+            model.stage(p.tp, p.cp, p.mbs, n, embedding=i == 0, head=i == len(stages) - 1, recompute=recompute,
+                        recompute_layers=n, pipeline_cross_node=cross, pipeline_parallel=len(stages) > 1)
+            for i, n in enumerate(stages)
+        ]
+        step = model.step_from_stages(per_stage, p.tp, p.cp, p.dp, p.mbs)
+    timing = timing_fields(model, step, p.gpus, p.tp, tokens)[0]
+    return timing, {k: float(v) for k, v in step.row().items()}

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from advisor.cli.options import (
-    DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MICRO_BATCH, InputError, color_wanted, document_options,
-    emit_document,
+    DEGREE, EPILOG, GLOBAL_BATCH, GPUS, MICRO_BATCH, InputError, color_wanted, document_options, emit_document,
+    gpu_options,
 )
 
 
@@ -16,7 +16,7 @@ from advisor.cli.options import (
 @click.option("--profile", "profiles", multiple=True, required=True, type=click.Path(path_type=Path),
               help="A run directory (rank*.jsonl) or a directory of them; repeat for more.")
 @click.option("--gpus", type=GPUS, required=True, help="GPUs of the target run.")
-@click.option("--gpus-per-node", type=GPUS_PER_NODE, default=8, show_default=True, help="K.")
+@gpu_options
 @click.option("--mode", type=click.Choice(["megatron", "hybrid"]), default="megatron", show_default=True,
               help="megatron: uniform TP/CP/DP, uneven layers per stage (launchable); hybrid: CAPTURE's "
                    "per-stage DP/TP degrees (not launchable on stock Megatron).")
@@ -29,13 +29,11 @@ from advisor.cli.options import (
 @click.option("--gbs", type=GLOBAL_BATCH, default=1024, show_default=True, help="Global batch size.")
 @click.option("--merge-to", type=click.IntRange(min=1), default=None,
               help="Merge layers to this many units first (CAPTURE's layer merger, Section III-A3).")
-@click.option("--mem", type=GIB, default=None,
-              help="GPU memory in GiB: drawn on the chart, and the plan's share of it shown.")
 @click.option("--png", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Draw the per-GPU memory of the plan beside the even split (like CAPTURE's Fig. 6).")
 @document_options
-def recommend(profiles, gpus, gpus_per_node, mode, predictor, tp, pp, mbs, gbs, merge_to, mem, png, fmt,
-                      output) -> None:
+def recommend(profiles, gpus, gpu, mem, gpus_per_node, mode, predictor, tp, pp, mbs, gbs, merge_to, png, fmt,
+              output) -> None:
     """Recommend the layers per stage (and, in hybrid mode, per-stage degrees) with the lowest
     predicted peak memory, from layer-by-layer profiles.
 
@@ -46,6 +44,7 @@ def recommend(profiles, gpus, gpus_per_node, mode, predictor, tp, pp, mbs, gbs, 
     \b
     Examples:
       advisor recommend --profile runs/ --gpus 16 --pp 4 --mbs 1 --gbs 64
+      advisor recommend --profile runs/ --gpus 16 --gpu h100-94gb --pp 4   (memory and node size from the preset)
       advisor recommend --profile runs/ --gpus 16 --gpus-per-node 4 --mode hybrid --mbs 8 \\
           --predictor capture -o plan.json --png plan.png
     """
