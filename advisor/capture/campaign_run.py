@@ -71,27 +71,54 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class EmulationBudget:
+    """What the CPU emulator may spend: runs estimated (``campaign_cost``) to take longer than
+    ``limits.CPU_EMULATION_SECONDS`` or more memory than is available are refused."""
+
+    threads: int | None = None
+    memory_limit_bytes: float | None = None
+
+    def cost(self, campaign: dict, out: Path):
+        from advisor.capture.campaign_cost import emulation_cost
+
+        states = scan(campaign, out)
+        pending = [run for run in campaign["runs"] if states[run["id"]].state != "complete"]
+        return emulation_cost(campaign, pending, threads=self.threads, memory_limit_bytes=self.memory_limit_bytes)
+
+    def refusal(self, campaign: dict, out: Path) -> str | None:
+        from advisor.capture.campaign_cost import available_memory
+
+        return self.cost(campaign, out).problem(available_memory())
+
+
 BACKENDS = ("cpu", "symbolic", "megatron")
 """How a campaign's runs execute: the CPU emulator, the symbolic backend (fake tensors), or the
 user's Megatron-LM on GPUs."""
 LAYER_SPECS = ("transformer_engine", "local")
 
 
-def prepare(path: Path, out: Path, *, backend: str = "cpu", layer_spec: str | None = None) -> dict:
+def prepare(path: Path, out: Path, *, backend: str = "cpu", layer_spec: str | None = None,
+            budget: EmulationBudget | None = None) -> dict:
     """The campaign at ``path``, checked (``read_campaign``; for the CPU emulator every
-    incompatibility at once, for the symbolic backend ``layer_spec``'s), and ``out`` checked: a
-    directory, or nothing yet. AdvisorError otherwise, before any work. (Runs of another campaign
-    under ``out`` are found by ``scan``, which ``execute`` calls first.)"""
+    incompatibility at once, and with a ``budget`` whether its runs not yet complete under
+    ``out`` can finish on this machine; for the symbolic backend ``layer_spec``'s), and ``out``
+    checked: a directory, or nothing yet. AdvisorError otherwise, before any work. (Runs of
+    another campaign under ``out`` are found by ``scan``, which ``execute`` calls first.)"""
     from advisor.capture.campaign import read_campaign
     from advisor.capture.campaign_check import emulation_problems
 
     document = read_campaign(path)
-    if backend == "cpu" and (problems := emulation_problems(document)):
-        raise AdvisorError(f"{path}: the CPU emulator cannot run this campaign as planned: " + "; ".join(problems))
-    if backend == "symbolic" and (problem := symbolic_problem(document, layer_spec or LAYER_SPECS[0])):
-        raise AdvisorError(f"{path}: {problem}")
     if out.exists() and not out.is_dir():
         raise AdvisorError(f"--out {out} is not a directory")
+    if backend == "cpu":
+        problems = emulation_problems(document)
+        if budget is not None and (refusal := budget.refusal(document, out)):
+            problems.append(refusal)
+        if problems:
+            raise AdvisorError(f"{path}: the CPU emulator cannot run this campaign as planned: " + "; ".join(problems))
+    if backend == "symbolic" and (problem := symbolic_problem(document, layer_spec or LAYER_SPECS[0])):
+        raise AdvisorError(f"{path}: {problem}")
     return document
 
 

@@ -242,10 +242,13 @@ def run_options(func):
                    "of one torchrun per node, for campaigns wider than a node.")
 @click.option("--rdzv-port", type=click.IntRange(1, 65535), default=None,
               help="With --slurm: the c10d rendezvous port on the allocation's first node (default 29500).")
+@click.option("--force", is_flag=True,
+              help="CPU emulator: run a campaign even if it is estimated to take more than "
+                   f"{limits.CPU_EMULATION_SECONDS / 3600:g} h or more memory than this machine has available.")
 @click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]")
 def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None, threads: int | None,
                 memory_limit: float | None, megatron_lm: str | None, mock_data: bool, train_iters: int | None,
-                slurm: bool, rdzv_port: int | None, user_args: tuple[str, ...]) -> None:
+                slurm: bool, rdzv_port: int | None, force: bool, user_args: tuple[str, ...]) -> None:
     """Execute a profiling campaign (from 'advisor profile plan'), resuming where it stopped.
 
     \b
@@ -258,6 +261,10 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
     --slurm, inside an allocation, runs span several nodes. Runs
     already complete under --out (every rank ended ok or oom) are skipped;
     partial ones are run again; an OOM is an outcome, not a failure.
+    Before the CPU emulator starts, the command says what the runs will cost
+    (time and memory, from their shapes) and refuses, with every other
+    incompatibility, what cannot finish on this machine (over
+    an hour, or more memory than is available) unless --force is given.
     With --backend symbolic, no GPU and any model size: every rank of every
     run is profiled on fake tensors with megatron-core's real modules and
     optimizer, the CUDA kernels stood in for; --memory-limit then predicts
@@ -285,7 +292,8 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
     import sys
 
     from advisor.cli import progress
-    from advisor.capture.campaign_run import prepare, scan
+    from advisor.capture.campaign_run import EmulationBudget, prepare, scan
+    from advisor.limits import GIB as GIB_BYTES
     from advisor.capture.relay import missing_modules, relay
 
     gpus = megatron_lm is not None
@@ -303,11 +311,16 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
                  else "--rdzv-port" if rdzv_port else f"'{user_args[0]}'")
         raise InputError(f"{given} is for Megatron-LM runs: give --megatron-lm DIR (the CPU emulator takes no "
                          f"Megatron-LM arguments)")
-    document = prepare(campaign, out, backend="megatron" if gpus else backend, layer_spec=layer_spec)
+    emulated = not gpus and backend == "cpu"
+    budget = EmulationBudget(threads=threads, memory_limit_bytes=memory_limit and memory_limit * GIB_BYTES)
+    document = prepare(campaign, out, backend="megatron" if gpus else backend, layer_spec=layer_spec,
+                       budget=budget if emulated and not force else None)
     scan(document, out)  # runs of another campaign under --out: refused before the runner starts
     if missing := missing_modules():
         raise InputError(f"advisor profile run needs torch and megatron-core, and {' and '.join(missing)} "
                          f"cannot be imported here: pip install torch && pip install -e '.[megatron]'")
+    if emulated:
+        click.echo(f"advisor profile run: {budget.cost(document, out).summary()}", err=True)
     if gpus:
         options = ["--megatron-lm", megatron_lm, *(["--mock-data"] if mock_data else []),
                    *(["--train-iters", str(train_iters)] if train_iters else []), *(["--slurm"] if slurm else []),
