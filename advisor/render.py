@@ -68,12 +68,16 @@ def to_table(
 ) -> str:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, caption=caption, header_style="bold")
+    # Text, not markup: '[...]' in a name (an overridden model 'llama3.1-8b[num_layers=8]', a
+    # file name) is shown as it is, not taken for a style and dropped.
+    table = Table(title=None if title is None else Text(title), caption=None if caption is None else Text(caption),
+                  header_style="bold")
     for column in columns:
-        table.add_column(column.header, justify=column.justify)
+        table.add_column(Text(column.header), justify=column.justify)
     for row in rows:
-        table.add_row(*(column.cell(row) for column in columns), style=row_style(row) if row_style else None)
+        table.add_row(*(Text(column.cell(row)) for column in columns), style=row_style(row) if row_style else None)
     console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, width=width or 200)
     console.print(table)
     return console.file.getvalue()

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from advisor.sweep import ranking_key
+from advisor.models import preset
+from advisor.parallel import Workload
+from advisor.sweep import ranking_key, sweep
 
 ROW_KEYS = {"tp", "cp", "pp", "mbs", "dp", "gpus", "total_gib", "model_states_gib", "activations_gib",
             "verdict", "rank"}
@@ -30,7 +32,10 @@ def test_sweep_ranking_is_the_documented_order(advisor):
         for r in rows
     ]
     assert keys == sorted(keys)
-    assert ranking_key  # the same order the library uses
+    # The library's own rows, put in order by its key, are the CLI's rows in the CLI's order.
+    library = sorted((row for row in sweep(preset("llama3.1-8b"), Workload(), 64, 40) if row.rank), key=ranking_key)
+    assert [(r.parallel.tp, r.parallel.cp, r.parallel.pp, r.parallel.mbs) for r in library] == \
+        [(r["tp"], r["cp"], r["pp"], r["mbs"]) for r in rows]
     # The paper's finding on 64 A100s (Table 3): the smallest TP x CP x PP that fits comes first.
     fits = [r for r in rows if r["verdict"] == "fits"]
     assert rows[0]["tp"] * rows[0]["cp"] * rows[0]["pp"] == min(r["tp"] * r["cp"] * r["pp"] for r in fits)
@@ -128,6 +133,10 @@ def test_hf_config_through_the_cli(advisor, tmp_path):
 def test_overrides_change_the_model(advisor):
     est = advisor.json("estimate", "--gpus", 8, "--num-layers", 16)
     assert est["model"]["num_layers"] == 16 and est["model"]["name"] == "llama3.1-8b[num_layers=16]"
+    # Tables name it whole: rich took '[num_layers=16]' for markup and printed 'llama3.1-8b'.
+    table = advisor("sweep", "--gpus", 8, "--mem", 40, "--num-layers", 16).stdout
+    assert table.lstrip().startswith("llama3.1-8b[num_layers=16], seq 8192")
+    assert "llama3.1-8b[num_layers=16]" in advisor("estimate", "--gpus", 8, "--num-layers", 16).stdout
 
 
 @pytest.mark.parametrize(

@@ -125,6 +125,24 @@ def test_activation_bytes_match_a_hand_count(profile):
         hand_count_layer(False), expected["output"]]
 
 
+def test_transient_peaks_match_a_hand_count(profile):
+    """The forward and backward rises above the level at a module's entry, counted by hand.
+
+    Embedding forward: the lookup's [b, s, h] output and its transposed contiguous copy [s, b, h]
+    (megatron-core's LanguageModelEmbedding), both alive at once: 2 sbh. Embedding backward: the
+    dense gradient of the [v, h] weight. A decoder layer's forward: what it keeps for backward
+    (the hand count above; the causal mask, made by the caller before the layer, is kept but not
+    allocated by it) plus its output, the residual sum [s, b, h], which the next layer keeps."""
+    s, b, h, v = SEQ, MBS, TINY.hidden_size, TINY.vocab_size
+    records = {r.name: r for r in profile.layers_of(2)}
+    assert records["embedding"].forward_peak_bytes == 2 * s * b * h * FP32
+    assert records["embedding"].backward_peak_bytes == v * h * FP32
+    for index in range(TINY.num_layers):
+        mask = s * s if index == 0 else 0
+        assert records[f"decoder.layers.{index}"].forward_peak_bytes == \
+            hand_count_layer(index == 0) - mask + s * b * h * FP32
+
+
 def test_activations_are_what_the_forward_pass_leaves_allocated(megatron_world):
     """Conservation: the saved-tensor count per region adds up to what the storage tracker sees
     retained after a forward pass, plus the loss tensor that the pass returns, less the saved

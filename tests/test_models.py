@@ -18,6 +18,9 @@ PUBLISHED_PARAMETERS = {
     "llama3-70b": 70_553_706_496,
     "llama3.1-70b": 70_553_706_496,
     "llama3.1-405b": 405_853_388_800,
+    # Llama 3 405B (the Llama 3 paper's pre-training setup) was released only as Llama-3.1-405B,
+    # whose architecture it shares: the published count is that checkpoint's.
+    "llama3-405b": 405_853_388_800,
     "llama3.2-1b": 1_235_814_400,
     "llama3.2-3b": 3_212_749_824,
 }

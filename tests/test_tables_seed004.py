@@ -32,7 +32,8 @@ MODELS = {
 
 def eq18_gib(model: str, seq_len: int, tp: int, cp: int, pp: int, mbs: int, gpus: int) -> float:
     """Seed 004, Eq. 18 (Eq. 10 + Eq. 17) for the first pipeline stage. With PP = 1 the one
-    stage also holds the LM head (hv/t) and the final norm (h) (see DESIGN.md)."""
+    stage also holds the LM head (hv/t) and the final norm (h): Eq. 10 counts the first stage, and
+    with one stage it is also the last."""
     h, L, a, k, ffn, v = MODELS[model]
     t, c, p, b, s = tp, cp, pp, mbs, seq_len
     d = gpus // (t * c * p)
