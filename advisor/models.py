@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -287,7 +288,7 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
     from advisor.fileio import read_json
 
     path = Path(path)
-    document = read_json(path)
+    document = read_json(path, what="model config.json")
     if not isinstance(document, dict):
         raise AdvisorError(f"{path}: expected a JSON object, got {_describe(document)}")
     config = _Config(path, document)
@@ -319,7 +320,8 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
 
 def load_model(name_or_path: str) -> LlamaSpec:
     """A preset name, or the path of a Hugging Face ``config.json``."""
-    if name_or_path.endswith(".json") or Path(name_or_path).is_file():
+    # Anything that exists is read as a file: a FIFO or a directory is refused by the reader, by name.
+    if name_or_path.endswith(".json") or os.path.lexists(name_or_path):
         return load_hf_config(name_or_path)
     return preset(name_or_path)
 
