@@ -18,10 +18,14 @@ from advisor.profiles import PARAMS_DTYPES
 def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
     """3,5,4,4; a part LxN is N stages of L layers (as in campaign run ids): 1x80 is 80 one-layer stages."""
     counts: list[int] = []
+    most = limits.MODEL["num_layers"].high  # stages and layers alike: 1x1000000000 was a list of 10^9
     try:
         for part in value.split(","):
             layers, _, repeat = part.partition("x")
-            counts += [int(layers)] * (int(repeat) if repeat else 1)
+            times = int(repeat) if repeat else 1
+            if len(counts) + times > most:
+                raise click.BadParameter(f"more than {most:,} stages in {value[:40]!r}")
+            counts += [int(layers)] * times
     except ValueError:
         raise click.BadParameter(f"expected comma-separated layer counts like 3,5,4,4 or 1x80, got {value!r}") from None
     return tuple(counts)

@@ -156,3 +156,15 @@ def test_profile_plan_writes_nothing_on_bad_input(advisor, tmp_path):
     out = tmp_path / "campaign.json"
     assert "'--num-layers'" in advisor.error("profile", "plan", "--gpus", 8, "--num-layers", 10**18, "-o", out)
     assert not Path(out).exists()
+
+
+@pytest.mark.parametrize("counts", ["1x1000000000", "1x" + "9" * 30, "3x5000"])
+def test_emulate_layer_counts_are_bounded_before_a_list_is_built(counts):
+    """python -m megatron_hooks.emulate --layers-per-stage 1x1000000000 built a list of 10^9
+    counts (an out-of-memory) and 1x10^30 an OverflowError traceback."""
+    from conftest import Invoker
+
+    from megatron_hooks.emulate_cli import main
+
+    line = Invoker(main).error("--layers-per-stage", counts, "--seq-len", 16, "--out", "unused")
+    assert "'--layers-per-stage': more than 4,096 stages" in line
