@@ -95,6 +95,8 @@ DEGREE = Bounded(limits.DEGREE)
 SEQ_LEN = Bounded(limits.SEQ_LEN)
 GLOBAL_BATCH = Bounded(limits.GLOBAL_BATCH)
 MICRO_BATCH = Bounded(limits.MICRO_BATCH)
+LAYERS = Bounded(limits.MODEL["num_layers"])
+VOCABULARY = Bounded(limits.MODEL["vocab_size"])
 
 
 def apply_options(options: list[Callable], func: Callable) -> Callable:
@@ -190,13 +192,13 @@ def memory_options(func: Callable) -> Callable:
                          show_default=True, help="Activation recomputation (--recompute-granularity)."),
             click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default="uniform",
                          show_default=True, help="With --recompute full: how layers are checkpointed."),
-            click.option("--recompute-num-layers", type=click.IntRange(min=1), default=1, show_default=True,
+            click.option("--recompute-num-layers", type=LAYERS, default=1, show_default=True,
                          help="With --recompute full: N of --recompute-num-layers."),
             click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
                          help="Sequence parallelism with TP > 1; without it 8sbh per layer stays whole per TP rank."),
             click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
                          help="Without FlashAttention the softmax output (2as^2b per layer) is kept."),
-            click.option("--vocab-divisible-by", type=click.IntRange(min=1), default=None,
+            click.option("--vocab-divisible-by", type=VOCABULARY, default=None,
                          help="Pad v to a multiple of this x TP, like Megatron's "
                               "--make-vocab-size-divisible-by (128 there). Default: 1, i.e. v padded to a multiple of TP "
                               "as Megatron does even then (the paper's vocabularies need none)."),
