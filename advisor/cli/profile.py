@@ -319,8 +319,8 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
     if missing := missing_modules():
         raise InputError(f"advisor profile run needs torch and megatron-core, and {' and '.join(missing)} "
                          f"cannot be imported here: pip install torch && pip install -e '.[megatron]'")
-    if emulated:
-        click.echo(f"advisor profile run: {budget.cost(document, out).summary()}", err=True)
+    if emulated and (cost := budget.cost(document, out)).runs:
+        click.echo(f"advisor profile run: {cost.summary()}", err=True)
     if gpus:
         options = ["--megatron-lm", megatron_lm, *(["--mock-data"] if mock_data else []),
                    *(["--train-iters", str(train_iters)] if train_iters else []), *(["--slurm"] if slurm else []),
