@@ -73,8 +73,18 @@ def test_sweep_csv_and_table(advisor):
 
 
 def test_sweep_with_nothing_fitting_says_so(advisor):
-    out = advisor("sweep", "--gpus", 8, "--mem", 4, "--model", "llama3.1-70b").stdout
-    assert "nothing fits" in out
+    """No empty table and exit 0: one line with the least any layout needs, hints the user has not
+    already given, and exit status 1 (no result; bad input is 2)."""
+    result = advisor("sweep", "--gpus", 8, "--mem", 4, "--model", "llama3.1-70b", expect=1)
+    least = min(row["total_gib"] for row in advisor.json("sweep", "--gpus", 8, "--mem", 4, "--model", "llama3.1-70b",
+                                                          "--all"))
+    assert result.stdout == "" and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("advisor sweep: nothing fits: 0 fits, 0 tight, 205 oom; the least any layout "
+                                    f"needs is {least:.1f} GiB per GPU against 4 GiB")
+    assert "--recompute full" in result.stderr
+    given = advisor("sweep", "--gpus", 8, "--mem", 4, "--model", "llama3.1-70b", "--recompute", "full",
+                    "--format", "json", expect=1)
+    assert given.stdout == "[]\n" and "--recompute full" not in given.stderr
 
 
 def test_output_is_written_atomically(advisor, tmp_path):

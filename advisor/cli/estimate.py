@@ -104,6 +104,8 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     oom (> mem; hidden without --all), ranked by its rule (Section 4.2):
       1. fits before tight   2. smallest TP x CP x PP   3. largest MBS
       4. smallest TP         5. smallest PP, then lowest memory
+    When nothing fits, one line says what the least layout needs, and the exit
+    status is 1 (bad input is 2).
 
     \b
     Examples:
@@ -156,14 +158,32 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         caption = ", ".join(f"{n} {v}" for v, n in counts.items()) + hidden
         if len(shown) < len(selected):
             caption += f"; best {len(shown)} of {len(selected)} shown (--top N)"
-        if not any(row.rank for row in rows):
-            caption = f"nothing fits: {caption}. Try more GPUs, --recompute full, or a shorter --seq-len."
         text = render.to_table(
             dicts, _row_columns(memory_model != "paper", gpu is not None, tokens is not None),
             title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by),
             caption=caption, row_style=render.verdict_style, color=color_wanted(output),
         )
+    if not any(row.rank for row in rows) and not show_all:
+        # No empty table: one line saying why, and what is left to try; exit status 1 (no result).
+        click.echo(_nothing_fits(rows, counts, options, mem), err=True)
+        if fmt != "table":
+            emit(text, output)
+        click.get_current_context().exit(1)
     emit(text, output)
+
+
+def _nothing_fits(rows, counts: dict, options, mem: float) -> str:
+    least = min(rows, key=lambda row: row.estimate.total_gib, default=None)
+    hints = ["more GPUs", "a shorter --seq-len"]
+    if options.recompute != "full":
+        hints.insert(1, "--recompute full")
+    if not options.distributed_optimizer:
+        hints.insert(1, "--distributed-optimizer")
+    need = "" if least is None else (
+        f"; the least any layout needs is {least.estimate.total_gib:.1f} GiB per GPU against {mem:g} GiB "
+        f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
+    tally = ", ".join(f"{n} {v}" for v, n in counts.items())
+    return f"advisor sweep: nothing fits: {tally}{need}. Try {', '.join(hints[:-1])} or {hints[-1]} (--all shows the rows)"
 
 
 @click.command(epilog=EPILOG)
