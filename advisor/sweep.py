@@ -144,6 +144,8 @@ def sweep(
         raise AdvisorError(f"the threshold must be in (0, 1], got {threshold}")
     rows = []
     for parallel in candidate_layouts(spec, workload, gpus, max_tp):
+        if parallel.cp > 1 and not options.flash_attention:  # CP runs inside fused attention only
+            continue
         estimate = estimate_memory(spec, parallel, workload, options)
         rows.append(
             SweepRow(

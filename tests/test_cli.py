@@ -72,6 +72,15 @@ def test_sweep_csv_and_table(advisor):
     assert "(--all shows oom)" in table and "best 3 of" in table
 
 
+def test_sweep_without_flash_attention_keeps_to_cp_1(advisor):
+    """--no-flash-attn on more than one GPU failed outright (CP > 1 needs fused attention);
+    it now sweeps the layouts that can run without it."""
+    rows = advisor.json("sweep", "--gpus", 8, "--mem", 80, "--no-flash-attn", "--all")
+    flash = advisor.json("sweep", "--gpus", 8, "--mem", 80, "--all")
+    assert rows and {row["cp"] for row in rows} == {1} and {row["cp"] for row in flash} > {1}
+    assert len(rows) == sum(row["cp"] == 1 for row in flash)
+
+
 def test_sweep_with_nothing_fitting_says_so(advisor):
     """No empty table and exit 0: one line with the least any layout needs, hints the user has not
     already given, and exit status 1 (no result; bad input is 2)."""
