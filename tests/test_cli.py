@@ -65,6 +65,11 @@ def test_sweep_enumerates_the_documented_space(advisor):
 def test_sweep_csv_and_table(advisor):
     rows = list(csv.DictReader(io.StringIO(advisor("sweep", "--gpus", 8, "--mem", 40, "--format", "csv").stdout)))
     assert rows and ROW_KEYS <= rows[0].keys()
+    # The README's CSV columns: the model by name and the options in use (one JSON cell).
+    assert rows[0]["model"] == "llama3.1-8b" and json.loads(rows[0]["options"]) == {}
+    changed = list(csv.DictReader(io.StringIO(advisor("sweep", "--gpus", 8, "--mem", 40, "--format", "csv",
+                                                       "--recompute", "full").stdout)))
+    assert json.loads(changed[0]["options"])["recompute"] == "full"
     table = advisor("sweep", "--gpus", 8, "--mem", 40, "--top", 3).stdout
     assert "llama3.1-8b, seq 8192, gbs 1024, 8 GPUs x 40 GiB" in table
     body = [line for line in table.splitlines() if line.startswith("│")]

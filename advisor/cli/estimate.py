@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -140,6 +141,8 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
              "memory_model": memory_model, "gpu": gpu.name if gpu else None}
     if fmt == "json":
         setup.update(model=spec.to_dict(), options=options.changed())
+    elif fmt == "csv":  # the README's columns: the model by name, the options as one JSON cell
+        setup.update(model=spec.name, options=json.dumps(options.changed(), sort_keys=True))
     else:
         setup.update(model=spec.name)
     dicts = [{**row.to_dict(), **setup} for row in shown]
