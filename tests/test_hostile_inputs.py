@@ -172,3 +172,17 @@ def test_emulate_layer_counts_are_bounded_before_a_list_is_built(counts):
 
     line = Invoker(main).error("--layers-per-stage", counts, "--seq-len", 16, "--out", "unused")
     assert "'--layers-per-stage': more than 4,096 stages" in line
+
+
+def test_emulate_without_torch_is_one_line(tmp_path):
+    """python -m megatron_hooks.emulate where torch cannot be imported dumped a raw
+    ModuleNotFoundError; it is one line and exit 2 (torch hidden from a real interpreter)."""
+    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['emulate', '--layers-per-stage', '2,2', "
+            f"'--seq-len', '16', '--out', {str(tmp_path / 'out')!r}]; "
+            "runpy.run_module('megatron_hooks.emulate', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        "Error: python -m megatron_hooks.emulate needs torch and megatron-core, and torch cannot be imported here: "
+        "pip install torch && pip install -e '.[megatron]'"]
+    assert not (tmp_path / "out").exists()
