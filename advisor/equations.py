@@ -8,8 +8,6 @@ cover (flash attention off, recomputation) cite their own source.
 
 from __future__ import annotations
 
-import math
-
 from advisor.models import LlamaSpec
 
 # --- parameters (seed 004, Section 3.1) -------------------------------------------------
@@ -56,13 +54,13 @@ def model_parameters(spec: LlamaSpec, vocab: int | None = None) -> float:
     )
 
 
-def padded_vocab_size(vocab_size: int, divisible_by: int | None, tp: int) -> int:
+def padded_vocab_size(vocab_size: int, divisible_by: int | None, tp):
     """Megatron pads v up to a multiple of make-vocab-size-divisible-by x t
     (megatron/training/tokenizer, ``_vocab_size_with_padding``). None: no padding (seed 004)."""
     if not divisible_by:
         return vocab_size
     multiple = divisible_by * tp
-    return math.ceil(vocab_size / multiple) * multiple
+    return -(-vocab_size // multiple) * multiple  # ceil, also for an array of t
 
 
 # --- bytes per parameter (seed 004, Eq. 4, 5, 10) ---------------------------------------

@@ -17,7 +17,10 @@ import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
+import numpy as np
+
 from advisor import equations as eq
+from advisor import schedule
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, Workload
@@ -169,8 +172,6 @@ def check_layout(
     if v > 1 and p == 1:
         raise AdvisorError("interleaved virtual pipeline stages need PP > 1")
     if layers_per_stage is not None:
-        if v > 1:
-            raise AdvisorError("uneven layers per stage cannot be combined with virtual pipeline stages here")
         if len(layers_per_stage) != p:
             raise AdvisorError(f"layers per stage lists {len(layers_per_stage)} stages, but PP is {p}")
         if any(n < 0 for n in layers_per_stage) or sum(layers_per_stage) != spec.num_layers:
@@ -178,61 +179,176 @@ def check_layout(
                 f"layers per stage {list(layers_per_stage)} must be non-negative and sum to "
                 f"{spec.num_layers} layers"
             )
+        if v > 1 and min(layers_per_stage) < v:
+            raise AdvisorError(f"with {v} virtual stages every stage needs at least {v} layers (one per model "
+                               f"chunk), got {list(layers_per_stage)}")
     elif spec.num_layers % (p * v):
         raise AdvisorError(
             f"{spec.num_layers} layers cannot be split evenly over PP {p}"
             + (f" x {v} virtual stages" if v > 1 else "")
         )
-    workload.num_microbatches(parallel)  # raises unless gbs divides evenly
+    m = workload.num_microbatches(parallel)  # raises unless gbs divides evenly
+    if v > 1 and m is not None and m % p:
+        # megatron/core/pipeline_parallel/schedules.py: microbatches run in groups of PP per chunk
+        raise AdvisorError(f"the interleaved schedule needs the microbatches ({m}) to be a multiple of PP {p}")
 
 
 def in_flight_microbatches(stage: int, pp: int, vpp: int = 1, num_microbatches: int | None = None) -> float:
-    """Microbatches of activations that stage ``stage`` holds at its peak.
+    """Microbatches of activations that stage ``stage`` holds at its peak, in whole-stage units.
 
     1F1B: p - i (seed 004, Section 3.2.2). Interleaved: Megatron's warm-up of
     2(p - i - 1) + (v - 1)p forward chunks plus the one in its steady state
-    (megatron/core/pipeline_parallel/schedules.py), each chunk 1/v of the stage; on the first
-    stage this is p(1 + (p - 1)/(pv)), the penalty in Megatron-LM's
-    ``theoretical_memory_usage.py``. Fewer microbatches than that cap it (upstream's m < p
-    discount)."""
-    if vpp == 1:
-        in_flight = float(pp - stage)
+    (``advisor.schedule``), each chunk 1/v of the stage; on the first stage this is
+    p(1 + (p - 1)/(pv)), the penalty in Megatron-LM's ``theoretical_memory_usage.py``. Fewer
+    microbatches than that cap it (upstream's m < p discount)."""
+    m = math.inf if num_microbatches is None else num_microbatches
+    return float(schedule.forward_passes_in_flight(stage, pp, vpp, m)) / vpp
+
+
+@dataclass(frozen=True, slots=True)
+class StageTerms:
+    """Per-GPU bytes of pipeline stages as numpy arrays, one element per (layout, stage): what
+    ``estimate_memory`` reports for one layout and ``advisor.space`` for thousands at once."""
+
+    parameters: np.ndarray
+    weights: np.ndarray
+    gradients: np.ndarray
+    optimizer: np.ndarray
+    layer_activations: np.ndarray
+    embedding_activations: np.ndarray
+    output_activations: np.ndarray
+    in_flight: np.ndarray
+    """Microbatches in flight, in whole-stage units (``in_flight_microbatches``)."""
+
+    @property
+    def model_states(self) -> np.ndarray:
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def activations(self) -> np.ndarray:
+        return self.layer_activations + self.embedding_activations + self.output_activations
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.model_states + self.activations
+
+
+def layer_bytes(spec: LlamaSpec, seq_len: int, mbs, tp, cp, options: MemoryOptions):
+    """(kept, checkpoint): what one transformer layer keeps on one GPU for one microbatch, and
+    what it keeps when fully recomputed.
+
+    Everything is split over t x c (Eq. 15, 17), except, without sequence parallelism, the
+    8sbh that tensor parallelism leaves whole on each TP rank."""
+    t, c = np.asarray(tp), np.asarray(cp)
+    replicated = 0 if options.sequence_parallel else eq.tensor_parallel_replicated_activation_bytes(spec, seq_len, mbs)
+    whole = np.where(t == 1, 0, replicated)
+    full = eq.layer_activation_bytes(spec, seq_len, mbs) - whole
+    if not options.flash_attention and options.recompute != "selective":
+        # Selective recomputation recomputes exactly the core attention, whose s^2 terms it
+        # removes (Korthikanti et al. 2023, Table 2); with FlashAttention there are none.
+        full = full + eq.attention_scores_bytes(spec, seq_len, mbs)
+    kept = full / (t * c) + whole / c
+    # A checkpoint is the layer input: split like the other sequence-parallel tensors.
+    checkpoint = eq.layer_checkpoint_bytes(spec, seq_len, mbs) / np.where(whole == 0, t * c, c)
+    return kept, checkpoint
+
+
+def layer_activations(kept, checkpoint, *, stage, pp, vpp, num_microbatches, layers, recompute_layers,
+                      uniform: bool = False):
+    """Activations of a rank's transformer layers at its peak, all microbatches in flight.
+
+    The rank's ``layers`` are split over its v chunks as evenly as possible, the remainder on
+    its last chunks; chunk k holds phi_k microbatches (``advisor.schedule``). With
+    X = sum_k phi_k x (layers of chunk k), the rank keeps X layer-microbatches.
+
+    Full recomputation (Megatron's ``--recompute-granularity full``, per model chunk):
+    ``block`` checkpoints the first N layers of each chunk (each layer alone), ``uniform``
+    every unit of N layers (ceil(layers/N) inputs). A recomputed unit's activations are rebuilt
+    for one microbatch during its backward pass; that transient adds to the peak when the chunk
+    has no whole layer left to free first (block: every layer recomputed; uniform: always); a
+    rebuilt layer's input is the checkpoint itself. With interleaving, the larger of the two
+    chunk sizes' transients (their first backward passes need not come first)."""
+    stage, pp, vpp, layers = (np.asarray(x) for x in (stage, pp, vpp, layers))
+    n = np.asarray(recompute_layers)
+    per_chunk, extra = np.divmod(layers, vpp)  # chunks of q layers, the last r of q + 1
+    passes = schedule.forward_passes_in_flight(stage, pp, vpp, num_microbatches)
+    larger = schedule.last_chunks_in_flight(stage, pp, vpp, num_microbatches, extra)
+    held = per_chunk * passes + larger  # X
+    if uniform:
+        unit = np.maximum(n, 1)
+        units = -(-per_chunk // unit) * (passes - larger) + -(-(per_chunk + 1) // unit) * larger
+        transient = np.maximum(np.where(extra < vpp, _uniform_transient(kept, checkpoint, per_chunk, unit), 0),
+                               np.where(extra > 0, _uniform_transient(kept, checkpoint, per_chunk + 1, unit), 0))
+        recomputed = np.where(n > 0, checkpoint * units + transient, kept * held)
     else:
-        in_flight = (2 * (pp - stage - 1) + (vpp - 1) * pp + 1) / vpp
-    if num_microbatches is not None:
-        in_flight = min(in_flight, float(num_microbatches))
-    return in_flight
+        checkpointed = np.where(n > per_chunk, held, n * passes)  # sum_k phi_k min(N, layers of chunk k)
+        transient = np.where((n > 0) & (n >= per_chunk), kept - checkpoint, 0)
+        recomputed = checkpoint * checkpointed + kept * (held - checkpointed) + transient
+    return np.where(layers > 0, recomputed, 0.0)
+
+
+def _uniform_transient(kept, checkpoint, chunk, unit):
+    """The most a chunk of ``chunk`` layers rebuilds at once above its checkpoints under the
+    uniform method: its last unit (u layers, u kept layers minus its input, which is the
+    checkpoint itself), or, with two units or more, a full unit of N while the last unit's
+    checkpoint is already freed."""
+    last_unit = chunk - unit * (-(-chunk // unit) - 1)
+    return np.where(chunk <= unit, chunk * kept - checkpoint,
+                    np.maximum(last_unit * kept - checkpoint, unit * kept - 2 * checkpoint))
+
+
+def stage_terms(spec: LlamaSpec, seq_len: int, options: MemoryOptions, *, tp, cp, dp, mbs, pp, vpp,
+                num_microbatches, stage, layers, recompute_layers=None) -> StageTerms:
+    """Seed 004's Eq. 7-10 and 13-17 for pipeline rank ``stage`` of ``pp`` holding ``layers``
+    decoder layers; every layout quantity may be a numpy array (they broadcast).
+
+    ``num_microbatches`` may be inf (unknown: no cap). ``recompute_layers`` is N of full
+    recomputation per layout (0: none); by default the options' N when they ask for it."""
+    t, c, d, b, p, v, i, n = (np.asarray(x) for x in (tp, cp, dp, mbs, pp, vpp, stage, layers))
+    if recompute_layers is None:
+        recompute_layers = options.recompute_num_layers if options.recompute == "full" else 0
+    vocab = eq.padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, t)
+    first, last = i == 0, i == p - 1
+    embedding = eq.embedding_parameters(spec, t, vocab)
+    # Untied: the LM head on the last stage. Tied with p > 1: Megatron keeps a copy of the
+    # embedding there, kept in sync by an all-reduce.
+    head = np.where(spec.tie_embeddings & (p == 1), 0, embedding)
+    parameters = (n * eq.layer_parameters(spec, t) + np.where(first, embedding, 0)  # Eq. 6-7
+                  + np.where(last, eq.final_norm_parameters(spec) + head, 0))  # Eq. 9
+    optimizer_shards = d * c if options.distributed_optimizer else 1
+    kept, checkpoint = layer_bytes(spec, seq_len, b, t, c, options)
+    # Eq. 17: TP with SP, and CP, split every activation; without SP only CP splits the
+    # hidden states around the embedding and the LM head.
+    sharded = t * c
+    whole = sharded if options.sequence_parallel else c
+    embedding_in_flight = schedule.chunk0_in_flight(i, p, v, num_microbatches)
+    return StageTerms(
+        parameters=parameters,
+        weights=eq.WEIGHT_BYTES * parameters,
+        gradients=options.gradient_bytes * parameters,
+        optimizer=eq.optimizer_bytes_per_parameter(optimizer_shards) * parameters,  # Eq. 10
+        layer_activations=layer_activations(  # Eq. 16-17
+            kept, checkpoint, stage=i, pp=p, vpp=v, num_microbatches=num_microbatches, layers=n,
+            recompute_layers=recompute_layers, uniform=options.recompute_method == "uniform"),
+        # Eq. 13: 8sbh per microbatch in flight on the first chunk of the first stage
+        embedding_activations=np.where(first, eq.embedding_activation_bytes(spec, seq_len, b) * embedding_in_flight
+                                       / whole, 0.0),
+        # Eq. 14: the last stage runs each microbatch's backward at once
+        output_activations=np.where(last, eq.output_hidden_activation_bytes(spec, seq_len, b) / whole
+                                    + eq.logits_bytes(spec, seq_len, b, vocab) / sharded, 0.0),
+        in_flight=schedule.forward_passes_in_flight(i, p, v, num_microbatches) / v,
+    )
 
 
 def stage_layer_activation_bytes(
     spec: LlamaSpec, seq_len: int, mbs: int, layers: int, parallel: ParallelConfig, options: MemoryOptions
 ) -> float:
-    """Activations that ``layers`` transformer layers keep on one GPU for one microbatch.
-
-    Everything is split over t x c (Eq. 15, 17), except, without sequence parallelism, the
-    8sbh that tensor parallelism leaves whole on each TP rank."""
-    t, c = parallel.tp, parallel.cp
-    whole = 0.0 if options.sequence_parallel or t == 1 else eq.tensor_parallel_replicated_activation_bytes(
-        spec, seq_len, mbs
-    )
-    full = eq.layer_activation_bytes(spec, seq_len, mbs) - whole
-    if not options.flash_attention and options.recompute != "selective":
-        # Selective recomputation recomputes exactly the core attention, whose s^2 terms it
-        # removes (Korthikanti et al. 2023, Table 2); with FlashAttention there are none.
-        full += eq.attention_scores_bytes(spec, seq_len, mbs)
-    full_per_gpu = full / (t * c) + whole / c
-    if options.recompute != "full" or layers == 0:
-        return layers * full_per_gpu
-    # A checkpoint is the layer input: split like the other sequence-parallel tensors.
-    checkpoint = eq.layer_checkpoint_bytes(spec, seq_len, mbs) / (t * c if whole == 0 else c)
-    chunk_layers = layers // parallel.vpp  # Megatron recomputes within each model chunk
-    n = options.recompute_num_layers
-    if options.recompute_method == "block":
-        recomputed = min(n, chunk_layers)
-        per_chunk = recomputed * checkpoint + (chunk_layers - recomputed) * full_per_gpu
-    else:
-        per_chunk = math.ceil(chunk_layers / n) * checkpoint
-    return parallel.vpp * per_chunk
+    """Activations that ``layers`` transformer layers keep on one GPU for one microbatch."""
+    kept, checkpoint = layer_bytes(spec, seq_len, mbs, parallel.tp, parallel.cp, options)
+    recompute = options.recompute_num_layers if options.recompute == "full" else 0
+    return float(layer_activations(kept, checkpoint, stage=0, pp=1, vpp=parallel.vpp, num_microbatches=1,
+                                   layers=layers, recompute_layers=recompute,
+                                   uniform=options.recompute_method == "uniform"))
 
 
 def estimate_memory(
@@ -249,52 +365,28 @@ def estimate_memory(
             "context parallelism runs inside fused (flash or cuDNN) attention, which keeps no s^2 "
             "scores; unfused attention needs CP 1"
         )
-    t, c, p, d, b = parallel.tp, parallel.cp, parallel.pp, parallel.dp, parallel.mbs
-    s = workload.seq_len
+    p = parallel.pp
     m = workload.num_microbatches(parallel)
-    vocab = eq.padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, t)
     layers = layers_per_stage or (spec.num_layers // p,) * p
+    terms = stage_terms(
+        spec, workload.seq_len, options, tp=parallel.tp, cp=parallel.cp, dp=parallel.dp, mbs=parallel.mbs, pp=p,
+        vpp=parallel.vpp, num_microbatches=math.inf if m is None else m, stage=np.arange(p), layers=np.array(layers))
+    return MemoryEstimate(tuple(stage_memory(terms, i, p, layers[i]) for i in range(p)))
 
-    optimizer_shards = d * c if options.distributed_optimizer else 1
-    optimizer_per_parameter = eq.optimizer_bytes_per_parameter(optimizer_shards)
-    # Eq. 17: TP with SP, and CP, split every activation; without SP only CP splits the
-    # hidden states around the embedding and the LM head.
-    sharded = t * c
-    whole = sharded if options.sequence_parallel else c
-    embedding = eq.embedding_parameters(spec, t, vocab)
 
-    stages = []
-    for i in range(p):
-        first, last = i == 0, i == p - 1
-        parameters = layers[i] * eq.layer_parameters(spec, t)
-        if first:
-            parameters += embedding  # Eq. 7
-        if last:
-            parameters += eq.final_norm_parameters(spec)  # Eq. 9
-            if not (spec.tie_embeddings and p == 1):
-                # Untied: the LM head. Tied with p > 1: Megatron keeps a copy of the
-                # embedding on the last stage, kept in sync by an all-reduce.
-                parameters += embedding
-        in_flight = in_flight_microbatches(i, p, parallel.vpp, m)
-        layer_bytes = stage_layer_activation_bytes(spec, s, b, layers[i], parallel, options)
-        stages.append(
-            StageMemory(
-                stage=i,
-                position="only" if p == 1 else "first" if first else "last" if last else "middle",
-                layers=layers[i],
-                in_flight_microbatches=in_flight,
-                parameters=parameters,
-                weights_bytes=eq.WEIGHT_BYTES * parameters,
-                gradients_bytes=options.gradient_bytes * parameters,
-                optimizer_bytes=optimizer_per_parameter * parameters,
-                layer_activations_bytes=layer_bytes * in_flight,  # Eq. 16-17
-                embedding_activations_bytes=(
-                    eq.embedding_activation_bytes(spec, s, b) * in_flight / whole if first else 0.0
-                ),  # Eq. 13: 8sbh per microbatch in flight
-                output_activations_bytes=(
-                    eq.output_hidden_activation_bytes(spec, s, b) / whole + eq.logits_bytes(spec, s, b, vocab) / sharded
-                    if last else 0.0
-                ),  # Eq. 14: the last stage runs each microbatch's backward at once
-            )
-        )
-    return MemoryEstimate(tuple(stages))
+def stage_memory(terms: StageTerms, index, pp: int, layers: int, stage: int | None = None) -> StageMemory:
+    """One stage of ``terms`` (``index`` into its arrays) as a StageMemory."""
+    stage = index if stage is None else stage
+    return StageMemory(
+        stage=stage,
+        position="only" if pp == 1 else "first" if stage == 0 else "last" if stage == pp - 1 else "middle",
+        layers=int(layers),
+        in_flight_microbatches=float(terms.in_flight[index]),
+        parameters=float(terms.parameters[index]),
+        weights_bytes=float(terms.weights[index]),
+        gradients_bytes=float(terms.gradients[index]),
+        optimizer_bytes=float(terms.optimizer[index]),
+        layer_activations_bytes=float(terms.layer_activations[index]),
+        embedding_activations_bytes=float(terms.embedding_activations[index]),
+        output_activations_bytes=float(terms.output_activations[index]),
+    )
