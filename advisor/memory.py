@@ -253,40 +253,6 @@ def layer_bytes(spec: LlamaSpec, seq_len: int, mbs, tp, cp, options: MemoryOptio
     return kept, checkpoint
 
 
-def layer_activations(kept, checkpoint, *, stage, pp, vpp, num_microbatches, layers, recompute_layers,
-                      uniform: bool = False):
-    """Activations of a rank's transformer layers at its peak, all microbatches in flight.
-
-    The rank's ``layers`` are split over its v chunks as evenly as possible, the remainder on
-    its last chunks; chunk k holds phi_k microbatches (``advisor.schedule``). With
-    X = sum_k phi_k x (layers of chunk k), the rank keeps X layer-microbatches.
-
-    Full recomputation (Megatron's ``--recompute-granularity full``, per model chunk):
-    ``block`` checkpoints the first N layers of each chunk (each layer alone), ``uniform``
-    every unit of N layers (ceil(layers/N) inputs). A recomputed unit's activations are rebuilt
-    for one microbatch during its backward pass; that transient adds to the peak when the chunk
-    has no whole layer left to free first (block: every layer recomputed; uniform: always); a
-    rebuilt layer's input is the checkpoint itself. With interleaving, the larger of the two
-    chunk sizes' transients (their first backward passes need not come first)."""
-    stage, pp, vpp, layers = (np.asarray(x) for x in (stage, pp, vpp, layers))
-    n = np.asarray(recompute_layers)
-    per_chunk, extra = np.divmod(layers, vpp)  # chunks of q layers, the last r of q + 1
-    passes = schedule.forward_passes_in_flight(stage, pp, vpp, num_microbatches)
-    larger = schedule.last_chunks_in_flight(stage, pp, vpp, num_microbatches, extra)
-    held = per_chunk * passes + larger  # X
-    if uniform:
-        unit = np.maximum(n, 1)
-        units = -(-per_chunk // unit) * (passes - larger) + -(-(per_chunk + 1) // unit) * larger
-        transient = np.maximum(np.where(extra < vpp, _uniform_transient(kept, checkpoint, per_chunk, unit), 0),
-                               np.where(extra > 0, _uniform_transient(kept, checkpoint, per_chunk + 1, unit), 0))
-        recomputed = np.where(n > 0, checkpoint * units + transient, kept * held)
-    else:
-        checkpointed = np.where(n > per_chunk, held, n * passes)  # sum_k phi_k min(N, layers of chunk k)
-        transient = np.where((n > 0) & (n >= per_chunk), kept - checkpoint, 0)
-        recomputed = checkpoint * checkpointed + kept * (held - checkpointed) + transient
-    return np.where(layers > 0, recomputed, 0.0)
-
-
 def _uniform_transient(kept, checkpoint, chunk, unit):
     """The most a chunk of ``chunk`` layers rebuilds at once above its checkpoints under the
     uniform method: its last unit (u layers, u kept layers minus its input, which is the
@@ -297,58 +263,111 @@ def _uniform_transient(kept, checkpoint, chunk, unit):
                     np.maximum(last_unit * kept - checkpoint, unit * kept - 2 * checkpoint))
 
 
-def stage_terms(spec: LlamaSpec, seq_len: int, options: MemoryOptions, *, tp, cp, dp, mbs, pp, vpp,
-                num_microbatches, stage, layers, recompute_layers=None) -> StageTerms:
-    """Seed 004's Eq. 7-10 and 13-17 for pipeline rank ``stage`` of ``pp`` holding ``layers``
-    decoder layers; every layout quantity may be a numpy array (they broadcast).
+class StageModel:
+    """Seed 004's Eq. 7-10 and 13-17 for pipeline ranks of layouts, as a function of the decoder
+    layers a rank holds: everything that does not depend on that count is computed once here, so
+    that ``terms(layers)`` and ``total(layers)`` are cheap for the split planners. Every layout
+    quantity may be a numpy array (they broadcast); ``num_microbatches`` may be inf (no cap).
 
-    ``num_microbatches`` may be inf (unknown: no cap). ``recompute_layers`` is N of full
-    recomputation per layout (0: none); by default the options' N when they ask for it."""
-    t, c, d, b, p, v, i, n = (np.asarray(x) for x in (tp, cp, dp, mbs, pp, vpp, stage, layers))
-    if recompute_layers is None:
-        recompute_layers = options.recompute_num_layers if options.recompute == "full" else 0
-    vocab = eq.padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, t)
-    first, last = i == 0, i == p - 1
-    embedding = eq.embedding_parameters(spec, t, vocab)
-    # Untied: the LM head on the last stage. Tied with p > 1: Megatron keeps a copy of the
-    # embedding there, kept in sync by an all-reduce.
-    head = np.where(spec.tie_embeddings & (p == 1), 0, embedding)
-    parameters = (n * eq.layer_parameters(spec, t) + np.where(first, embedding, 0)  # Eq. 6-7
-                  + np.where(last, eq.final_norm_parameters(spec) + head, 0))  # Eq. 9
-    optimizer_shards = d * c if options.distributed_optimizer else 1
-    kept, checkpoint = layer_bytes(spec, seq_len, b, t, c, options)
-    # Eq. 17: TP with SP, and CP, split every activation; without SP only CP splits the
-    # hidden states around the embedding and the LM head.
-    sharded = t * c
-    whole = sharded if options.sequence_parallel else c
-    embedding_in_flight = schedule.chunk0_in_flight(i, p, v, num_microbatches)
-    return StageTerms(
-        parameters=parameters,
-        weights=eq.WEIGHT_BYTES * parameters,
-        gradients=options.gradient_bytes * parameters,
-        optimizer=eq.optimizer_bytes_per_parameter(optimizer_shards) * parameters,  # Eq. 10
-        layer_activations=layer_activations(  # Eq. 16-17
-            kept, checkpoint, stage=i, pp=p, vpp=v, num_microbatches=num_microbatches, layers=n,
-            recompute_layers=recompute_layers, uniform=options.recompute_method == "uniform"),
+    ``recompute_layers`` is N of full recomputation per layout (0: none); by default the
+    options' N when they ask for it."""
+
+    def __init__(self, spec: LlamaSpec, seq_len: int, options: MemoryOptions, *, tp, cp, dp, mbs, pp, vpp,
+                 num_microbatches, stage, recompute_layers=None) -> None:
+        t, c, d, b, p, v, i = (np.asarray(x) for x in (tp, cp, dp, mbs, pp, vpp, stage))
+        if recompute_layers is None:
+            recompute_layers = options.recompute_num_layers if options.recompute == "full" else 0
+        vocab = eq.padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, t)
+        first, last = i == 0, i == p - 1
+        embedding = eq.embedding_parameters(spec, t, vocab)
+        # Untied: the LM head on the last stage. Tied with p > 1: Megatron keeps a copy of the
+        # embedding there, kept in sync by an all-reduce.
+        head = np.where(spec.tie_embeddings & (p == 1), 0, embedding)
+        self.layer_parameters = eq.layer_parameters(spec, t)  # Eq. 6
+        self.end_parameters = np.where(first, embedding, 0) + np.where(last, eq.final_norm_parameters(spec) + head, 0)
+        self.gradient_bytes = options.gradient_bytes
+        self.optimizer_bytes = eq.optimizer_bytes_per_parameter(d * c if options.distributed_optimizer else 1)  # Eq. 10
+        self.kept, self.checkpoint = layer_bytes(spec, seq_len, b, t, c, options)
+        self.vpp, self.recompute_layers = v, np.asarray(recompute_layers)
+        self.uniform = options.recompute_method == "uniform"
+        self.in_flight = schedule.InFlight.at(i, p, v, num_microbatches)
+        # Eq. 17: TP with SP, and CP, split every activation; without SP only CP splits the
+        # hidden states around the embedding and the LM head.
+        sharded = t * c
+        whole = sharded if options.sequence_parallel else c
         # Eq. 13: 8sbh per microbatch in flight on the first chunk of the first stage
-        embedding_activations=np.where(first, eq.embedding_activation_bytes(spec, seq_len, b) * embedding_in_flight
-                                       / whole, 0.0),
+        self.embedding_activations = np.where(
+            first, eq.embedding_activation_bytes(spec, seq_len, b) * self.in_flight.first_chunk() / whole, 0.0)
         # Eq. 14: the last stage runs each microbatch's backward at once
-        output_activations=np.where(last, eq.output_hidden_activation_bytes(spec, seq_len, b) / whole
-                                    + eq.logits_bytes(spec, seq_len, b, vocab) / sharded, 0.0),
-        in_flight=schedule.forward_passes_in_flight(i, p, v, num_microbatches) / v,
-    )
+        self.output_activations = np.where(
+            last, eq.output_hidden_activation_bytes(spec, seq_len, b) / whole
+            + eq.logits_bytes(spec, seq_len, b, vocab) / sharded, 0.0)
+
+    def layer_activations(self, layers):
+        """Activations of a rank's transformer layers at its peak, all microbatches in flight
+        (Eq. 16-17).
+
+        The rank's ``layers`` are split over its v chunks as evenly as possible, the remainder
+        on its last chunks; chunk k holds phi_k microbatches (``advisor.schedule``). With
+        X = sum_k phi_k x (layers of chunk k), the rank keeps X layer-microbatches.
+
+        Full recomputation (Megatron's ``--recompute-granularity full``, per model chunk):
+        ``block`` checkpoints the first N layers of each chunk (each layer alone), ``uniform``
+        every unit of N layers (ceil(layers/N) inputs). A recomputed unit's activations are
+        rebuilt for one microbatch during its backward pass; that transient adds to the peak
+        when the chunk has no whole layer left to free first (block: every layer recomputed;
+        uniform: always); a rebuilt layer's input is the checkpoint itself. With interleaving,
+        the larger of the two chunk sizes' transients (their first backward passes need not
+        come first)."""
+        layers = np.asarray(layers)
+        kept, checkpoint, vpp, n = self.kept, self.checkpoint, self.vpp, self.recompute_layers
+        per_chunk, extra = np.divmod(layers, vpp)  # chunks of q layers, the last r of q + 1
+        passes, larger = self.in_flight.passes, self.in_flight.last_chunks(extra)
+        held = per_chunk * passes + larger  # X
+        if self.uniform:
+            unit = np.maximum(n, 1)
+            units = -(-per_chunk // unit) * (passes - larger) + -(-(per_chunk + 1) // unit) * larger
+            transient = np.maximum(
+                np.where(extra < vpp, _uniform_transient(kept, checkpoint, per_chunk, unit), 0),
+                np.where(extra > 0, _uniform_transient(kept, checkpoint, per_chunk + 1, unit), 0))
+            recomputed = np.where(n > 0, checkpoint * units + transient, kept * held)
+        else:
+            checkpointed = np.where(n > per_chunk, held, n * passes)  # sum_k phi_k min(N, layers of chunk k)
+            transient = np.where((n > 0) & (n >= per_chunk), kept - checkpoint, 0)
+            recomputed = checkpoint * checkpointed + kept * (held - checkpointed) + transient
+        return np.where(layers > 0, recomputed, 0.0)
+
+    def parameters(self, layers):
+        return np.asarray(layers) * self.layer_parameters + self.end_parameters
+
+    def total(self, layers):
+        """Peak bytes per GPU of a rank holding ``layers`` decoder layers (Eq. 18 per stage); the
+        same sums, in the same order, as ``terms(layers).total``."""
+        parameters = self.parameters(layers)
+        states = eq.WEIGHT_BYTES * parameters + self.gradient_bytes * parameters + self.optimizer_bytes * parameters
+        return states + (self.layer_activations(layers) + self.embedding_activations + self.output_activations)
+
+    def terms(self, layers) -> StageTerms:
+        parameters = self.parameters(layers)
+        return StageTerms(
+            parameters=parameters,
+            weights=eq.WEIGHT_BYTES * parameters,
+            gradients=self.gradient_bytes * parameters,
+            optimizer=self.optimizer_bytes * parameters,
+            layer_activations=self.layer_activations(layers),
+            embedding_activations=self.embedding_activations,
+            output_activations=self.output_activations,
+            in_flight=self.in_flight.passes / self.vpp,
+        )
 
 
 def stage_layer_activation_bytes(
     spec: LlamaSpec, seq_len: int, mbs: int, layers: int, parallel: ParallelConfig, options: MemoryOptions
 ) -> float:
     """Activations that ``layers`` transformer layers keep on one GPU for one microbatch."""
-    kept, checkpoint = layer_bytes(spec, seq_len, mbs, parallel.tp, parallel.cp, options)
-    recompute = options.recompute_num_layers if options.recompute == "full" else 0
-    return float(layer_activations(kept, checkpoint, stage=0, pp=1, vpp=parallel.vpp, num_microbatches=1,
-                                   layers=layers, recompute_layers=recompute,
-                                   uniform=options.recompute_method == "uniform"))
+    model = StageModel(spec, seq_len, options, tp=parallel.tp, cp=parallel.cp, dp=parallel.dp, mbs=mbs, pp=1,
+                       vpp=parallel.vpp, num_microbatches=1, stage=0)
+    return float(model.layer_activations(layers))
 
 
 def estimate_memory(
@@ -368,9 +387,10 @@ def estimate_memory(
     p = parallel.pp
     m = workload.num_microbatches(parallel)
     layers = layers_per_stage or (spec.num_layers // p,) * p
-    terms = stage_terms(
-        spec, workload.seq_len, options, tp=parallel.tp, cp=parallel.cp, dp=parallel.dp, mbs=parallel.mbs, pp=p,
-        vpp=parallel.vpp, num_microbatches=math.inf if m is None else m, stage=np.arange(p), layers=np.array(layers))
+    model = StageModel(spec, workload.seq_len, options, tp=parallel.tp, cp=parallel.cp, dp=parallel.dp,
+                       mbs=parallel.mbs, pp=p, vpp=parallel.vpp, num_microbatches=math.inf if m is None else m,
+                       stage=np.arange(p))
+    terms = model.terms(np.array(layers))
     return MemoryEstimate(tuple(stage_memory(terms, i, p, layers[i]) for i in range(p)))
 
 

@@ -23,6 +23,8 @@ would not have this property.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 
@@ -34,26 +36,34 @@ def forward_passes_in_flight(stage, pp, vpp, num_microbatches):
     return np.minimum(warm, np.asarray(num_microbatches, dtype=float) * vpp)
 
 
-def _cycles(stage, pp, vpp, num_microbatches):
-    passes = forward_passes_in_flight(stage, pp, vpp, num_microbatches)
-    full, rest = np.divmod(passes, np.asarray(vpp) * pp)  # whole rounds over every chunk, and the rest
-    return passes, full, rest
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """The forward passes in flight of pipeline ranks at their peak, by chunk (arrays)."""
 
+    pp: np.ndarray
+    vpp: np.ndarray
+    passes: np.ndarray
+    """F, all chunks together."""
+    rounds: np.ndarray
+    """Whole rounds of v x p passes: each gives every chunk p."""
+    rest: np.ndarray
+    """E < v x p passes after them: chunks 0, 1, ... get p each, chunk E // p gets E mod p."""
 
-def chunk0_in_flight(stage, pp, vpp, num_microbatches):
-    """phi_0: passes of the rank's first chunk in flight (the embedding lives there on rank 0)."""
-    _, full, rest = _cycles(stage, pp, vpp, num_microbatches)
-    return full * pp + np.minimum(rest, pp)
+    @classmethod
+    def at(cls, stage, pp, vpp, num_microbatches) -> InFlight:
+        pp, vpp = np.asarray(pp), np.asarray(vpp)
+        passes = forward_passes_in_flight(stage, pp, vpp, num_microbatches)
+        rounds, rest = np.divmod(passes, vpp * pp)
+        return cls(pp=pp, vpp=vpp, passes=passes, rounds=rounds, rest=rest)
 
+    def first_chunk(self):
+        """phi_0: passes of the first chunk (the embedding lives there on rank 0)."""
+        return self.rounds * self.pp + np.minimum(self.rest, self.pp)
 
-def last_chunks_in_flight(stage, pp, vpp, num_microbatches, chunks):
-    """R_r: passes in flight of the rank's last ``chunks`` chunks together (r of v).
-
-    Pass s runs chunk (s // p) mod v, so each round of v p passes gives every chunk p; the rest
-    E < v p fills chunks 0, 1, ... with p each, chunk E // p with E mod p."""
-    pp, vpp, chunks = np.asarray(pp), np.asarray(vpp), np.asarray(chunks)
-    _, full, rest = _cycles(stage, pp, vpp, num_microbatches)
-    first = vpp - chunks  # the first of the last r chunks
-    filled = rest // pp  # chunks 0 .. filled-1 got p passes of the rest, chunk ``filled`` got rest mod p
-    partial = np.where(first <= filled, rest - filled * pp, 0)
-    return chunks * full * pp + np.maximum(filled - first, 0) * pp + partial
+    def last_chunks(self, chunks):
+        """R_r: passes of the rank's last ``chunks`` chunks together (r of v)."""
+        pp, chunks = self.pp, np.asarray(chunks)
+        first = self.vpp - chunks  # the first of the last r chunks
+        filled = self.rest // pp  # chunks 0 .. filled - 1 got p passes of the rest
+        partial = np.where(first <= filled, self.rest - filled * pp, 0)
+        return chunks * self.rounds * pp + np.maximum(filled - first, 0) * pp + partial

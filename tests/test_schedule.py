@@ -57,10 +57,11 @@ CASES = [(p, v, k * p) for p in range(2, 7) for v in range(1, 5) for k in (1, 2,
 def test_in_flight_counts_match_megatrons_order(p, v, m):
     for rank in range(p):
         held, _, _ = replay(p, v, m, rank, [1] * v)
-        assert schedule.forward_passes_in_flight(rank, p, v, m) == sum(held)
-        assert schedule.chunk0_in_flight(rank, p, v, m) == held[0]
+        in_flight = schedule.InFlight.at(rank, p, v, m)
+        assert in_flight.passes == sum(held)
+        assert in_flight.first_chunk() == held[0]
         for r in range(v):
-            assert schedule.last_chunks_in_flight(rank, p, v, m, r) == sum(held[v - r:])
+            assert in_flight.last_chunks(r) == sum(held[v - r:])
 
 
 @pytest.mark.parametrize("p,v,m", [(p, v, k * p) for p in range(2, 9) for v in range(2, 5) for k in (1, 2, 4)])
@@ -81,3 +82,25 @@ def test_broadcasts_over_layouts():
     stages, pp, vpp = np.array([0, 1, 3]), np.array([2, 2, 4]), np.array([1, 2, 2])
     # p - i; 2(p - i - 1) + (v - 1)p + 1 = 0 + 2 + 1; = 0 + 4 + 1
     assert schedule.forward_passes_in_flight(stages, pp, vpp, np.inf).tolist() == [2, 3, 5]
+
+
+@pytest.mark.parametrize("layers,vpp,m", [((9, 7, 8, 8), 2, 8), ((5, 9, 9, 9), 4, 4), ((7, 10, 7, 8), 3, 12),
+                                          ((4, 12, 16), 1, 2)])
+def test_uneven_interleaved_stages_are_priced_at_the_replayed_peak(layers, vpp, m):
+    """The estimator's layer activations of every rank = the highest level of the replay, in layers
+    held x one layer's activations (chunks by megatron_args.chunk_layers, as Megatron builds them)."""
+    from advisor.megatron_args import chunk_layers
+    from advisor.memory import estimate_memory
+    from advisor.models import PRESETS, with_overrides
+    from advisor.parallel import ParallelConfig, Workload
+
+    p = len(layers)
+    spec = with_overrides(PRESETS["llama3.1-8b"], num_layers=sum(layers))
+    parallel = ParallelConfig(pp=p, vpp=vpp, dp=1)
+    estimate = estimate_memory(spec, parallel, Workload(seq_len=1024, global_batch_size=m), layers_per_stage=layers)
+    one_layer = estimate_memory(with_overrides(spec, num_layers=1), ParallelConfig(), Workload(seq_len=1024,
+                                global_batch_size=1)).stages[0].layer_activations_bytes
+    chunks = chunk_layers(layers, vpp)
+    for rank, stage in enumerate(estimate.stages):
+        _, _, highest = replay(p, vpp, m, rank, [chunks[k * p + rank] for k in range(vpp)])
+        assert stage.layer_activations_bytes == highest * one_layer
