@@ -289,6 +289,7 @@ class StageModel:
         self.optimizer_bytes = eq.optimizer_bytes_per_parameter(d * c if options.distributed_optimizer else 1)  # Eq. 10
         self.kept, self.checkpoint = layer_bytes(spec, seq_len, b, t, c, options)
         self.vpp, self.recompute_layers = v, np.asarray(recompute_layers)
+        self.interleaved = bool((v > 1).any())
         self.uniform = options.recompute_method == "uniform"
         self.in_flight = schedule.InFlight.at(i, p, v, num_microbatches)
         # Eq. 17: TP with SP, and CP, split every activation; without SP only CP splits the
@@ -321,8 +322,12 @@ class StageModel:
         come first)."""
         layers = np.asarray(layers)
         kept, checkpoint, vpp, n = self.kept, self.checkpoint, self.vpp, self.recompute_layers
-        per_chunk, extra = np.divmod(layers, vpp)  # chunks of q layers, the last r of q + 1
-        passes, larger = self.in_flight.passes, self.in_flight.last_chunks(extra)
+        if self.interleaved:
+            per_chunk, extra = np.divmod(layers, vpp)  # chunks of q layers, the last r of q + 1
+            larger = self.in_flight.last_chunks(extra)
+        else:
+            per_chunk, extra, larger = layers, 0, 0
+        passes = self.in_flight.passes
         held = per_chunk * passes + larger  # X
         if self.uniform:
             unit = np.maximum(n, 1)
@@ -336,6 +341,33 @@ class StageModel:
             transient = np.where((n > 0) & (n >= per_chunk), kept - checkpoint, 0)
             recomputed = checkpoint * checkpointed + kept * (held - checkpointed) + transient
         return np.where(layers > 0, recomputed, 0.0)
+
+    def most_layers(self, bound, low, high):
+        """The most layers n in [low, high] with total(n) <= bound (low - 1 where none), in closed
+        form without interleaving and with the block method (or none); None otherwise.
+
+        Then a rank's bytes are two lines in n: up to N layers all recomputed (a checkpoint per
+        microbatch in flight, and one layer rebuilt), beyond N each further layer kept whole.
+        The closed form is corrected by evaluating ``total`` beside it, so rounding cannot move
+        the answer."""
+        if self.interleaved or (self.uniform and (self.recompute_layers > 0).any()):
+            return None
+        n, passes = self.recompute_layers, self.in_flight.passes
+        fixed = self.total(0)
+        per_layer = self.layer_parameters * (eq.WEIGHT_BYTES + self.gradient_bytes + self.optimizer_bytes)
+        whole_slope = per_layer + self.kept * passes
+        beyond = np.floor((bound - fixed - (self.checkpoint - self.kept) * n * passes) / whole_slope)
+        within = np.minimum(np.floor((bound - fixed - (self.kept - self.checkpoint)) / (per_layer + self.checkpoint
+                                                                                         * passes)), n)
+        estimate = np.where(beyond > n, beyond, np.where(within >= 1, within, np.where(bound >= fixed, 0, -1)))
+        estimate = np.clip(estimate, low - 1, high).astype(np.int64)
+        for _ in range(3):  # one step fixes rounding; more never happens, but costs nothing to allow
+            up = (estimate < high) & (self.total(np.minimum(estimate + 1, high)) <= bound)
+            down = (estimate >= low) & (self.total(np.maximum(estimate, low)) > bound)
+            if not (up.any() or down.any()):
+                break
+            estimate = estimate + up - down
+        return estimate
 
     def parameters(self, layers):
         return np.asarray(layers) * self.layer_parameters + self.end_parameters

@@ -70,9 +70,17 @@ class Pipelines:
         return self.pp * self.vpp <= self.layers
 
 
-def caps(cost: Cost, bound: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+Inverse = Callable[[np.ndarray, np.ndarray, np.ndarray], "np.ndarray | None"]
+"""inverse(bound, low, high): what ``caps`` computes, in closed form; None where it has none."""
+
+
+def caps(cost: Cost, bound: np.ndarray, low: np.ndarray, high: np.ndarray, inverse: Inverse | None = None
+         ) -> np.ndarray:
     """The most layers n in [low, high] with cost(n) <= bound, per (layout, rank); low - 1 where
-    even ``low`` costs more. Bisection over n, all cells at once."""
+    even ``low`` costs more. The cost's closed-form ``inverse`` if it has one, else bisection
+    over n, all cells at once."""
+    if inverse is not None and (closed := inverse(bound, low, high)) is not None:
+        return closed
     below, above = low - 1, high + 1  # cost(below) counts as within the bound, cost(above) not
     while True:
         open_ = above - below > 1
@@ -116,7 +124,8 @@ class Split:
     """(K,)"""
 
 
-def min_max(cost: Cost, pipelines: Pipelines, ceiling: np.ndarray | None = None) -> Split:
+def min_max(cost: Cost, pipelines: Pipelines, ceiling: np.ndarray | None = None, inverse: Inverse | None = None
+            ) -> Split:
     """The split minimising the largest rank cost, each rank at most ``ceiling`` layers
     (default: its highest), exactly (see the module docstring)."""
     active, low = pipelines.active, pipelines.lowest
@@ -127,7 +136,7 @@ def min_max(cost: Cost, pipelines: Pipelines, ceiling: np.ndarray | None = None)
         return np.where(active, cost(np.where(active, n, low)), -np.inf)
 
     def _caps(bound):
-        return np.where(active, caps(masked, bound[:, None], low, ceiling), 0)
+        return np.where(active, caps(masked, bound[:, None], low, ceiling, inverse), 0)
 
     floor = masked(low).max(axis=1)  # every rank holds at least its lowest
     top = np.where(feasible, np.where(active, masked(np.maximum(ceiling, low)), -np.inf).max(axis=1), floor)
@@ -152,20 +161,21 @@ def min_max(cost: Cost, pipelines: Pipelines, ceiling: np.ndarray | None = None)
     return Split(counts=counts, value=value, feasible=feasible)
 
 
-def memory_caps(memory: Cost, pipelines: Pipelines, limit) -> np.ndarray:
+def memory_caps(memory: Cost, pipelines: Pipelines, limit, inverse: Inverse | None = None) -> np.ndarray:
     """(K, P): the most layers each rank can hold within ``limit`` bytes (below its lowest where
     not even that fits)."""
     bound = np.broadcast_to(np.asarray(limit, dtype=float), pipelines.pp.shape)[:, None]
-    return np.where(pipelines.active, caps(memory, bound, pipelines.lowest, pipelines.highest), 0)
+    return np.where(pipelines.active, caps(memory, bound, pipelines.lowest, pipelines.highest, inverse), 0)
 
 
-def fastest_within(time: Cost, memory: Cost, pipelines: Pipelines, limit) -> Split:
+def fastest_within(time: Cost, memory: Cost, pipelines: Pipelines, limit, *, time_inverse: Inverse | None = None,
+                   memory_inverse: Inverse | None = None) -> Split:
     """MadPipe for Megatron (seed 001, Section 4): the split with the smallest period, the slowest
     rank's time, with every rank's memory (its 1F1B microbatches in flight) within ``limit``."""
-    return min_max(time, pipelines, memory_caps(memory, pipelines, limit))
+    return min_max(time, pipelines, memory_caps(memory, pipelines, limit, memory_inverse), time_inverse)
 
 
-def lowest_memory(memory: Cost, pipelines: Pipelines) -> Split:
+def lowest_memory(memory: Cost, pipelines: Pipelines, inverse: Inverse | None = None) -> Split:
     """The split with the lowest peak memory (the planner of ``recommend --objective memory``,
     for alike layers)."""
-    return min_max(memory, pipelines)
+    return min_max(memory, pipelines, inverse=inverse)

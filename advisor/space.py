@@ -1,0 +1,466 @@
+"""The launchable search space: every layout stock Megatron-LM can run on a GPU count, and the
+pruning that keeps the whole of it fast.
+
+A *layout* is (TP, CP, PP, DP, MBS) with, per pipeline rank, its decoder layers, the model
+chunks per rank (VPP) and the recomputation:
+
+- TP a power of 2 up to a node, dividing the attention and KV heads; CP a power of 2 with the
+  sequence divisible by 2 CP (and, with sequence parallelism, by TP per CP rank); any PP from 1
+  to L that leaves DP = GPUs / (TP CP PP) whole; MBS a power of 2 with the global batch
+  divisible by MBS x DP (``launchable``);
+- any split of the L layers over the PP ranks (Megatron's ``--pipeline-model-parallel-layout``
+  builds any), at least one layer per model chunk; ``split="even"`` keeps Megatron's default
+  split only (PP dividing L, no split flag: the paper's space);
+- VPP: 1, or 2 .. L/PP model chunks per rank where Megatron's interleaved schedule runs (PP > 1,
+  the microbatches a multiple of PP);
+- recomputation: none; full with the block method and N = 1, 2, ... layers per chunk
+  (``--recompute-method block --recompute-num-layers N``: N recomputed layers, each
+  checkpointed alone, the fewest extra forward passes for a given saving, as MAP's checkpoint
+  solver chooses what to recompute, seed 003 Section 5.2, within what Megatron can express);
+  selective (core attention) where it saves memory, i.e. without FlashAttention.
+
+For each (TP, CP, PP, DP, MBS) the space offers one row: its best variant. Without a time model
+that is no interleaving, the fewest recomputed layers that fit, and the split with the lowest
+peak (``splits.lowest_memory``). With one (``timing``), the variant and split with the shortest
+predicted step among those that fit (``splits.fastest_within``, MadPipe's planner).
+
+Pruning (only what provably cannot win; counted, and reported by the sweep):
+
+- a layout whose model states alone, spread perfectly over its ranks, exceed the GPU memory
+  cannot fit with any split, interleaving or recomputation: only its plain variant is priced,
+  to report it as oom;
+- without a time model, interleaving can only add memory: every chunk of rank i holds at least
+  the p - i microbatches of 1F1B (``advisor.schedule``), and with N recomputed layers per chunk
+  the same layers recomputed once per rank (N v) cost no more memory, so no VPP variant can win;
+- recomputation beyond the largest chunk recomputes nothing more: N stops there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol
+
+import numpy as np
+
+from advisor import equations as eq
+from advisor.memory import GIB, MemoryOptions, StageModel, StageTerms, tp_problem
+from advisor.models import LlamaSpec
+from advisor.parallel import Workload
+from advisor.splits import Pipelines, Split, fastest_within, lowest_memory, memory_caps
+
+RecomputeChoice = Literal["auto", "none", "selective", "full"]
+SplitChoice = Literal["auto", "even"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpaceOptions:
+    """Which parts of the space to search; the defaults search all of it."""
+
+    split: SplitChoice = "auto"
+    """'auto': any split (the planner's); 'even': Megatron's default split only (PP divides L)."""
+    vpp: int | None = None
+    """None: searched (needs a time model to win anything); a number pins it."""
+    recompute: RecomputeChoice = "auto"
+    """'auto': none, or what is needed to fit (or, with a time model, what is faster)."""
+    recompute_method: Literal["uniform", "block"] | None = None
+    """Pins --recompute-method with ``recompute='full'``; None: block, N searched."""
+    recompute_num_layers: int | None = None
+    """Pins --recompute-num-layers with ``recompute='full'``; None: searched."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bases:
+    """(TP, CP, PP, DP, MBS) layouts as arrays, with their microbatches per iteration (inf when
+    the global batch is unknown)."""
+
+    tp: np.ndarray
+    cp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    mbs: np.ndarray
+    microbatches: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    def take(self, index) -> Bases:
+        return Bases(*(getattr(self, name)[index] for name in self.__dataclass_fields__))
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [1 << k for k in range(max(limit, 0).bit_length())]
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def launchable(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, options: MemoryOptions,
+               split: SplitChoice = "auto") -> Bases:
+    """Every (TP, CP, PP, DP, MBS) Megatron-LM can run on ``gpus`` GPUs (see the module docstring)."""
+    s, gbs, layers = workload.seq_len, workload.global_batch_size, spec.num_layers
+    max_mbs = gbs or s  # without a global batch, any MBS is allowed
+    rows = []
+    for t in _powers_of_two(min(max_tp, gpus)):
+        if tp_problem(spec, t):
+            continue
+        for c in _powers_of_two(gpus // t):
+            if (c > 1 and (s % (2 * c) or not options.flash_attention)) or (t > 1 and (s // c) % t):
+                continue
+            for p in _divisors(gpus // (t * c)):
+                if p > layers or (split == "even" and layers % p):
+                    continue
+                d = gpus // (t * c * p)
+                for b in _powers_of_two(max_mbs // d):
+                    if gbs is None or gbs % (b * d) == 0:
+                        rows.append((t, c, p, d, b, gbs // (b * d) if gbs else math.inf))
+    if not rows:
+        return Bases(*(np.zeros(0) for _ in range(6)))
+    table = np.array(rows, dtype=float)
+    return Bases(*(table[:, k] if k == 5 else table[:, k].astype(np.int64) for k in range(6)))
+
+
+class Timing(Protocol):
+    """What the space needs from the time model (``advisor.throughput``), per variant arrays."""
+
+    def rank_time(self, variants: Variants, width: int):
+        """A cost: seconds per microbatch of each (variant, rank) holding n layers."""
+
+    def step_time(self, variants: Variants, counts: np.ndarray) -> np.ndarray:
+        """Seconds per iteration of each variant with ``counts`` layers per rank."""
+
+
+@dataclass(frozen=True, slots=True)
+class Variants:
+    """Layouts with their interleaving and recomputation: ``base`` indexes ``bases``. One
+    recomputation family per set: selective, or full with the block (or pinned uniform) method
+    and N layers per chunk (N = 0: none)."""
+
+    base: np.ndarray
+    bases: Bases
+    vpp: np.ndarray
+    recompute_layers: np.ndarray
+    selective: bool = False
+    uniform: bool = False
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getattr__(self, name):  # tp, cp, pp, dp, mbs, microbatches of each variant's base
+        if name in Bases.__dataclass_fields__:
+            return getattr(self.bases, name)[self.base]
+        raise AttributeError(name)
+
+    def take(self, index) -> Variants:
+        return replace(self, base=self.base[index], vpp=self.vpp[index], recompute_layers=self.recompute_layers[index])
+
+    def with_recompute(self, layers) -> Variants:
+        return replace(self, recompute_layers=np.broadcast_to(np.asarray(layers, dtype=np.int64), self.base.shape))
+
+    def options(self, options: MemoryOptions) -> MemoryOptions:
+        """The estimator's options of this set (recompute_layers go per variant)."""
+        if self.selective:
+            return replace(options, recompute="selective")
+        return replace(options, recompute="none", recompute_method="uniform" if self.uniform else "block")
+
+
+@dataclass(frozen=True, slots=True)
+class Chosen:
+    """The row of each base layout: its variant, split and memory; arrays over bases."""
+
+    vpp: np.ndarray
+    recompute: np.ndarray
+    """'none', 'selective' or 'full'."""
+    recompute_method: np.ndarray
+    """'block', 'uniform', or '' without full recomputation."""
+    recompute_layers: np.ndarray
+    counts: np.ndarray
+    """(B, P) layers per rank (0 beyond a layout's PP)."""
+    terms: StageTerms
+    """(B, P) memory terms of every rank."""
+    step_time: np.ndarray
+    """(B,) seconds per iteration where a time model priced it (nan elsewhere)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceResult:
+    bases: Bases
+    chosen: Chosen
+    considered: int
+    """Layout variants in the space: (TP, CP, PP, DP, MBS) x VPP x recomputation."""
+    evaluated: int
+    """Variants whose splits were planned; the others were pruned by the rules above."""
+
+    @property
+    def pruned(self) -> int:
+        return self.considered - self.evaluated
+
+
+class _Pricer:
+    """Stage models and planners over a set of variants, one group per pipeline depth (arrays are
+    as wide as their deepest pipeline; grouping keeps shallow ones from paying for deep ones)."""
+
+    def __init__(self, spec: LlamaSpec, workload: Workload, options: MemoryOptions, variants: Variants) -> None:
+        self.variants, self.layers = variants, spec.num_layers
+        self.width = int(variants.pp.max()) if len(variants) else 1
+        self.groups = []
+        for depth in np.unique(variants.pp).tolist():
+            index = np.flatnonzero(variants.pp == depth)
+            part = variants.take(index)
+            col = (slice(None), None)
+            model = StageModel(
+                spec, workload.seq_len, part.options(options), tp=part.tp[col], cp=part.cp[col], dp=part.dp[col],
+                mbs=part.mbs[col], pp=depth, vpp=part.vpp[col], num_microbatches=part.microbatches[col],
+                stage=np.arange(depth)[None, :], recompute_layers=part.recompute_layers[col])
+            self.groups.append((index, part, model, Pipelines(pp=part.pp, vpp=part.vpp, layers=spec.num_layers)))
+
+    def _each(self, plan) -> Split:
+        counts = np.zeros((len(self.variants), self.width), dtype=np.int64)
+        value, feasible = np.full(len(self.variants), np.inf), np.zeros(len(self.variants), dtype=bool)
+        for index, part, model, pipelines in self.groups:
+            split = plan(part, model, pipelines)
+            counts[index, :split.counts.shape[1]] = split.counts
+            value[index], feasible[index] = split.value, split.feasible
+        return Split(counts=counts, value=value, feasible=feasible)
+
+    def fits(self, limit: float) -> np.ndarray:
+        ok = np.zeros(len(self.variants), dtype=bool)
+        for index, _, model, pipelines in self.groups:
+            cap = memory_caps(model.total, pipelines, limit, model.most_layers)
+            ok[index] = pipelines.possible & (cap >= pipelines.lowest).all(axis=1) & (cap.sum(axis=1) >= self.layers)
+        return ok
+
+    def lowest(self) -> Split:
+        return self._each(lambda part, model, pipelines: lowest_memory(model.total, pipelines, model.most_layers))
+
+    def fastest(self, timing: Timing, limit: float) -> Split:
+        return self._each(lambda part, model, pipelines: fastest_within(
+            timing.rank_time(part, int(part.pp[0])), model.total, pipelines, limit,
+            memory_inverse=model.most_layers))
+
+    def terms(self, counts: np.ndarray) -> StageTerms:
+        """(K, width) memory terms of each variant's ranks holding ``counts`` layers."""
+        out = {name: np.zeros((len(self.variants), self.width)) for name in StageTerms.__dataclass_fields__}
+        for index, _, model, _ in self.groups:
+            part = model.terms(counts[index, :model.in_flight.passes.shape[1]])
+            for name, values in out.items():
+                values[index, :part.parameters.shape[1]] = np.broadcast_to(getattr(part, name),
+                                                                            (len(index), part.parameters.shape[1]))
+        return StageTerms(**out)
+
+
+def _states_lower_bound(spec: LlamaSpec, bases: Bases, options: MemoryOptions) -> np.ndarray:
+    """Bytes per GPU of the model states of the whole model spread evenly over the PP ranks: no
+    split, interleaving or recomputation brings the peak rank below it."""
+    t = bases.tp
+    vocab = eq.padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, t)
+    embedding = eq.embedding_parameters(spec, t, vocab)
+    head = np.where(spec.tie_embeddings & (bases.pp == 1), 0, embedding)
+    parameters = spec.num_layers * eq.layer_parameters(spec, t) + embedding + head + eq.final_norm_parameters(spec)
+    shards = bases.dp * bases.cp if options.distributed_optimizer else 1
+    per_parameter = eq.WEIGHT_BYTES + options.gradient_bytes + eq.optimizer_bytes_per_parameter(shards)
+    return parameters * per_parameter / bases.pp
+
+
+def _groups(spec: LlamaSpec, bases: Bases, space: SpaceOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Every (base, VPP) Megatron runs: 1, or 2 .. L/PP chunks per rank where the interleaved
+    schedule runs (PP > 1, the microbatches a multiple of PP)."""
+    layers, base, vpp = spec.num_layers, [], []
+    for index, (p, m) in enumerate(zip(bases.pp.tolist(), bases.microbatches.tolist())):
+        interleavable = p > 1 and (math.isinf(m) or (m >= p and m % p == 0))
+        top = layers // p if interleavable else 1
+        values = [space.vpp] if space.vpp is not None else range(1, top + 1)
+        values = [v for v in values if v <= top and (space.split == "auto" or layers % (p * v) == 0)]
+        base += [index] * len(values)
+        vpp += values
+    return np.array(base, dtype=np.int64), np.array(vpp, dtype=np.int64)
+
+
+def _recompute_range(pp: np.ndarray, vpp: np.ndarray, layers: int, space: SpaceOptions, selective: bool):
+    """(lowest, highest) N per (base, VPP): 0 (none) .. the largest chunk any split can have (more
+    recomputes nothing more); one value where recomputation is off or pinned."""
+    largest_chunk = -(-(layers - (pp - 1) * vpp) // vpp)
+    if selective or space.recompute == "none":
+        return np.zeros_like(pp), np.zeros_like(pp)
+    if space.recompute == "full" and space.recompute_num_layers is not None:
+        pinned = np.full_like(pp, space.recompute_num_layers)
+        return pinned, pinned
+    return np.full_like(pp, 1 if space.recompute == "full" else 0), largest_chunk
+
+
+def _least_recompute(spec, workload, options, variants: Variants, low, high, limit) -> np.ndarray:
+    """Per variant (N ignored), the fewest recomputed layers N in [low, high] with which some
+    split fits within ``limit`` (-1 where none does): memory never grows with N, so bisection."""
+    fits_high = _Pricer(spec, workload, options, variants.with_recompute(high)).fits(limit)
+    below, above = low - 1, np.where(fits_high, high, -1)
+    open_ = fits_high & (above - below > 1)
+    while open_.any():
+        index = np.flatnonzero(open_)
+        middle = (below[index] + above[index]) // 2
+        ok = _Pricer(spec, workload, options, variants.take(index).with_recompute(middle)).fits(limit)
+        below[index] = np.where(ok, below[index], middle)
+        above[index] = np.where(ok, middle, above[index])
+        open_ = fits_high & (above - below > 1)
+    return above
+
+
+@dataclass(frozen=True, slots=True)
+class _Pick:
+    variants: Variants
+    """One variant (length 1)."""
+    counts: np.ndarray
+    step_time: float
+
+
+def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float,
+           max_tp: int, options: MemoryOptions, space: SpaceOptions = SpaceOptions(),
+           timing: Timing | None = None) -> SpaceResult:
+    """One row per launchable (TP, CP, PP, DP, MBS): its best variant and split (module docstring)."""
+    layers = spec.num_layers
+    bases = launchable(spec, workload, gpus, max_tp, options, space.split)
+    possible = _states_lower_bound(spec, bases, options) <= memory_gib * GIB
+    group_base, group_vpp = _groups(spec, bases, space)
+    families = [(True, False)] if space.recompute == "selective" else \
+        [(False, space.recompute == "full" and space.recompute_method == "uniform")]
+    if space.recompute == "auto" and not options.flash_attention:  # selective saves the s^2 scores
+        families.append((True, False))
+    considered = 0
+    for selective, _ in families:
+        low, high = _recompute_range(bases.pp[group_base], group_vpp, layers, space, selective)
+        considered += int(np.maximum(high - low + 1, 0).sum())
+    keep = possible[group_base]
+    if timing is None and space.vpp is None:  # interleaving can only add memory (module docstring)
+        keep &= group_vpp == 1
+    group_base, group_vpp = group_base[keep], group_vpp[keep]
+    picks: list = [None] * len(bases)
+    evaluated = 0
+    for limit in (threshold * memory_gib * GIB, memory_gib * GIB):
+        open_ = np.array([picks[b] is None for b in group_base.tolist()], dtype=bool)
+        found = []
+        for selective, uniform in families:
+            variants = Variants(group_base[open_], bases, group_vpp[open_], np.zeros(int(open_.sum()), np.int64),
+                                selective, uniform)
+            if not len(variants):
+                continue
+            low, high = _recompute_range(variants.pp, variants.vpp, layers, space, selective)
+            least = _least_recompute(spec, workload, options, variants, low, high, limit)
+            if timing is None:
+                found.append((variants, least, np.where(least >= 0, least + 0.5 * selective, np.inf), None))
+                evaluated += int(np.minimum(np.maximum(least, high) - low + 1, high - low + 1).sum())
+            else:
+                steps, chosen_n, counts, tried = _fastest_recompute(spec, workload, options, variants, least, high,
+                                                                    limit, timing)
+                found.append((variants, chosen_n, steps, counts))
+                evaluated += tried
+        _pick_per_base(picks, found, timing is None)
+        if timing is None:
+            _lowest_splits(spec, workload, options, picks)
+    # What fits nowhere: the plain variant (v = 1, no recomputation) with the lowest-memory split,
+    # to show by how much.
+    missing = np.flatnonzero([pick is None for pick in picks])
+    if missing.size:
+        plain = Variants(missing, bases, np.ones(missing.size, np.int64), np.zeros(missing.size, np.int64),
+                         *families[0])
+        evaluated += int((~possible[missing]).sum())
+        split = _Pricer(spec, workload, options, plain).lowest()
+        for k, base in enumerate(missing.tolist()):
+            picks[base] = _Pick(plain.take([k]), split.counts[k], math.nan)
+    return SpaceResult(bases=bases, chosen=_rows(spec, workload, options, bases, picks),
+                       considered=considered, evaluated=evaluated)
+
+
+def _fastest_recompute(spec, workload, options, variants: Variants, least, high, limit, timing):
+    """Per variant, from its least N upwards, the fastest split within ``limit``; stops when the
+    step with N recomputed layers and the memory limit ignored is already no faster (that
+    bound only grows with N). Returns (step, N, counts, variants planned)."""
+    count = len(variants)
+    best = np.full(count, np.inf)
+    best_n = np.full(count, -1)
+    best_counts = np.zeros((count, int(variants.pp.max()) if count else 1), dtype=np.int64)
+    n = least.copy()
+    open_ = least >= 0
+    tried = 0
+    while open_.any():
+        index = np.flatnonzero(open_)
+        part = variants.take(index).with_recompute(n[index])
+        pricer = _Pricer(spec, workload, options, part)
+        split = pricer.fastest(timing, limit)
+        tried += len(index)
+        step = np.full(len(index), np.inf)
+        if split.feasible.any():
+            ok = np.flatnonzero(split.feasible)
+            step[ok] = timing.step_time(part.take(ok), split.counts[ok])
+        better = step < best[index]
+        best[index[better]] = step[better]
+        best_n[index[better]] = n[index[better]]
+        best_counts[index[better], :split.counts.shape[1]] = split.counts[better]
+        # the bound for N + 1: no memory limit at all
+        nxt = n[index] + 1
+        room = nxt <= high[index]
+        bound = np.full(len(index), np.inf)
+        if room.any():
+            ahead = part.take(np.flatnonzero(room)).with_recompute(nxt[room])
+            free = _Pricer(spec, workload, options, ahead).fastest(timing, np.inf)
+            bound_room = np.full(int(room.sum()), np.inf)
+            bound_room[free.feasible] = timing.step_time(ahead.take(np.flatnonzero(free.feasible)),
+                                                         free.counts[free.feasible])
+            bound[room] = bound_room
+        n[index] = nxt
+        open_[index] = room & (bound < best[index])
+    return best, best_n, best_counts, tried
+
+
+def _pick_per_base(picks: list, found: list, least_recompute: bool) -> None:
+    """Per open base, the best variant over every VPP and family: the lowest key (step time, or
+    the fewest recomputed layers)."""
+    best: dict[int, tuple] = {}
+    for variants, n, key, counts in found:
+        for k in np.flatnonzero(n >= 0).tolist():
+            base = int(variants.base[k])
+            if picks[base] is None and (base not in best or key[k] < best[base][0]):
+                best[base] = (key[k], variants, k, n[k], None if counts is None else counts[k])
+    for base, (key, variants, k, n, counts) in best.items():
+        one = variants.take([k]).with_recompute(n)
+        picks[base] = _Pick(one, counts, math.nan if least_recompute else float(key))
+
+
+def _lowest_splits(spec, workload, options, picks: list) -> None:
+    """The lowest-memory split of every pick that has none yet (no time model)."""
+    todo = [b for b, pick in enumerate(picks) if pick is not None and pick.counts is None]
+    for family in {(picks[b].variants.selective, picks[b].variants.uniform) for b in todo}:
+        members = [b for b in todo if (picks[b].variants.selective, picks[b].variants.uniform) == family]
+        one = picks[members[0]].variants
+        variants = Variants(np.array([int(picks[b].variants.base[0]) for b in members]), one.bases,
+                            np.array([int(picks[b].variants.vpp[0]) for b in members]),
+                            np.array([int(picks[b].variants.recompute_layers[0]) for b in members]), *family)
+        split = _Pricer(spec, workload, options, variants).lowest()
+        for k, b in enumerate(members):
+            picks[b] = _Pick(variants.take([k]), split.counts[k], math.nan)
+
+
+def _rows(spec, workload, options, bases, picks) -> Chosen:
+    """Memory terms of every chosen (variant, split), priced together per recomputation family."""
+    width = int(bases.pp.max()) if len(bases) else 1
+    count = len(bases)
+    vpp = np.array([int(p.variants.vpp[0]) for p in picks], dtype=np.int64)
+    n = np.array([int(p.variants.recompute_layers[0]) for p in picks], dtype=np.int64)
+    selective = np.array([p.variants.selective for p in picks], dtype=bool)
+    uniform = np.array([p.variants.uniform for p in picks], dtype=bool)
+    counts = np.zeros((count, width), dtype=np.int64)
+    for b, pick in enumerate(picks):
+        counts[b, :len(pick.counts)] = pick.counts[:width]
+    terms = {name: np.zeros((count, width)) for name in StageTerms.__dataclass_fields__}
+    for family in sorted({(bool(s), bool(u)) for s, u in zip(selective, uniform)}):
+        mask = (selective == family[0]) & (uniform == family[1])
+        variants = Variants(np.flatnonzero(mask), bases, vpp[mask], n[mask], *family)
+        pricer = _Pricer(spec, workload, options, variants)
+        part = pricer.terms(counts[mask][:, :pricer.width])
+        for name, values in terms.items():
+            values[mask, :pricer.width] = getattr(part, name)
+    return Chosen(
+        vpp=vpp, recompute=np.where(selective, "selective", np.where(n > 0, "full", "none")),
+        recompute_method=np.where(n > 0, np.where(uniform, "uniform", "block"), ""), recompute_layers=n,
+        counts=counts, terms=StageTerms(**terms),
+        step_time=np.array([p.step_time for p in picks], dtype=float))
