@@ -1,0 +1,295 @@
+"""The step time of a Megatron-LM iteration, assembled from the terms in ``terms.py``.
+
+A pipeline stage runs each microbatch forward and backward: its layers (GEMMs, attention,
+memory-bound kernels, TP and CP communication), plus the embedding on the first stage, the LM
+head and loss on the last, the boundary sends, and a fixed per-microbatch overhead. The
+iteration is the 1F1B (or interleaved) schedule over those stage times, the exposed part of the
+data-parallel gradient reduction and parameter gather, the optimizer step, and it cannot beat
+the data loader. Every input that describes a layout may be a numpy array; all broadcast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import numpy as np
+
+from advisor.hardware import GpuSpec
+from advisor.models import LlamaSpec
+from advisor.throughput import terms
+from advisor.throughput.calibration import Calibration, load_calibration
+from advisor.throughput.flops import FlopsConvention, megatron_flops_per_iteration, padded_vocab
+
+DataloaderMask = Literal["cached", "rebuilt"]
+AttentionKernel = Literal["fused", "flash2"]
+Recompute = Literal["none", "selective", "full"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimeOptions:
+    """How the run is configured, where it changes time. Defaults: Megatron-LM's defaults with
+    the paper's flags (--sequence-parallel --use-distributed-optimizer --overlap-grad-reduce
+    --overlap-param-gather --accumulate-allreduce-grads-in-fp32, no TP communication overlap)."""
+
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    distributed_optimizer: bool = True
+    grad_reduce_bytes: int = 4
+    """4 with --accumulate-allreduce-grads-in-fp32 (the paper), 2 for BF16 gradient reduction."""
+    tp_comm_overlap: bool = False
+    """--tp-comm-overlap (Transformer Engine userbuffers) hides the TP collectives behind GEMMs."""
+    dataloader_mask: DataloaderMask = "cached"
+    """'rebuilt': the data loader builds an s x s mask per sample (--reset-attention-mask,
+    --reset-position-ids or --eod-mask-loss without --no-create-attention-mask-in-dataloader:
+    the paper's runs); 'cached': built once and reused, or not built (Megatron's default)."""
+    dataloader_workers: int = 2
+    """--num-workers (Megatron's default 2)."""
+    flops_convention: FlopsConvention = "megatron"
+    """How TFLOP/s and MFU count attention: 'megatron' (causal, Megatron-LM >= core_r0.10) or
+    'paper' (full s x s, the paper's Megatron-LM fork)."""
+    attention_kernel: AttentionKernel = "fused"
+    """'fused': a current fused attention kernel (cuDNN / FlashAttention-3 class, what
+    Transformer Engine picks on Hopper today); 'flash2': FlashAttention-2 (the paper's 2024
+    stack)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimes:
+    """Per-microbatch time of a pipeline stage on one GPU, forward and backward, and its parts
+    (each an array broadcast over the layouts)."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+    compute: np.ndarray
+    tp_comm: np.ndarray
+    cp_comm: np.ndarray
+    pp_comm: np.ndarray
+    overhead: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.forward + self.backward
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """One iteration, seconds, with where the time goes. ``total_s`` = pipeline (compute +
+    tp/cp/pp communication + overhead + bubble) + exposed DP communication + optimizer +
+    waiting for the data loader."""
+
+    total_s: np.ndarray
+    compute_s: np.ndarray
+    tp_comm_s: np.ndarray
+    cp_comm_s: np.ndarray
+    pp_comm_s: np.ndarray
+    overhead_s: np.ndarray
+    bubble_s: np.ndarray
+    dp_comm_s: np.ndarray
+    optimizer_s: np.ndarray
+    data_wait_s: np.ndarray
+
+    def parts(self) -> dict[str, np.ndarray]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def row(self, i=...) -> dict[str, float]:
+        """One layout's parts as plain floats (``i`` indexes the broadcast layouts)."""
+        return {name: float(np.asarray(value)[i]) for name, value in self.parts().items()}
+
+
+def _f(x) -> np.ndarray:
+    return np.asarray(x, dtype=float)
+
+
+class TimeModel:
+    """Time of Megatron-LM training iterations of ``spec`` on ``gpu`` GPUs.
+
+    ``calibration`` defaults to ``advisor/calibration.json`` (the fitted constants)."""
+
+    def __init__(
+        self,
+        spec: LlamaSpec,
+        gpu: GpuSpec,
+        seq_len: int,
+        global_batch_size: int,
+        calibration: Calibration | None = None,
+        options: TimeOptions = TimeOptions(),
+    ) -> None:
+        self.spec, self.gpu, self.seq_len, self.gbs = spec, gpu, seq_len, global_batch_size
+        self.cal = calibration if calibration is not None else load_calibration()
+        self.options = options
+        self.rates = terms.Rates.of(gpu, self.cal, flash2=options.attention_kernel == "flash2")
+
+    # --- one layer, one microbatch ---------------------------------------------------------
+
+    def layer(self, tp, cp, mbs):
+        """(forward, backward, compute, tp_comm, cp_comm, attention_forward) of one transformer
+        layer for one microbatch on one GPU."""
+        spec, rates, s = self.spec, self.rates, self.seq_len
+        tokens = _f(mbs) * s / _f(cp)
+        gemm_f, gemm_b = terms.layer_gemm_time(spec, tokens, tp, rates)
+        attn_f, attn_b = terms.attention_time(spec, s, mbs, tp, cp, rates)
+        elem = terms.elementwise_time(terms.layer_elementwise_bytes(spec, tokens, tp), rates)
+        tp_f, tp_b = terms.tensor_parallel_time(spec, tokens, tp, rates)
+        if self.options.tp_comm_overlap:
+            tp_f, tp_b = 0.0 * tp_f, 0.0 * tp_b
+        cp_f, cp_b = terms.context_parallel_time(spec, s, mbs, tp, cp, rates, attn_f, attn_b)
+        compute_f = gemm_f + attn_f + elem
+        compute_b = gemm_b + attn_b + 2 * elem  # backward reads the saved input and writes grads
+        return (
+            compute_f + tp_f + cp_f,
+            compute_b + tp_b + cp_b,
+            compute_f + compute_b,
+            tp_f + tp_b,
+            cp_f + cp_b,
+            attn_f,
+        )
+
+    # --- one pipeline stage ------------------------------------------------------------------
+
+    def stage(self, tp, cp, mbs, layers, embedding=False, head=False, recompute: Recompute = "none",
+              recompute_layers=0, pipeline_cross_node=False, pipeline_parallel=True) -> StageTimes:
+        """Per-microbatch time of one pipeline stage holding ``layers`` transformer layers,
+        plus the embedding and/or the LM head and loss where ``embedding``/``head`` is true.
+
+        Full recomputation re-runs the forward of ``recompute_layers`` of them during the
+        backward pass; selective recomputation re-runs core attention (Korthikanti et al.
+        2023). ``pipeline_parallel`` adds the boundary sends (one forward, one backward)."""
+        spec, rates, s = self.spec, self.rates, self.seq_len
+        layers, embedding, head = _f(layers), np.asarray(embedding, dtype=bool), np.asarray(head, dtype=bool)
+        f, b, compute, tp_c, cp_c, attn_f = self.layer(tp, cp, mbs)
+        tokens = _f(mbs) * s / _f(cp)
+        extra_b = 0.0
+        if recompute == "full":
+            extra_b = _f(recompute_layers) * f
+        elif recompute == "selective":
+            extra_b = layers * attn_f
+        emb_f, emb_b = terms.embedding_time(spec, tokens, tp, rates)
+        head_f, head_b = terms.lm_head_time(spec, tokens, tp, padded_vocab(spec, tp), rates)
+        end_f = np.where(embedding, emb_f, 0.0) + np.where(head, head_f, 0.0)
+        end_b = np.where(embedding, emb_b, 0.0) + np.where(head, head_b, 0.0)
+        p2p = terms.pipeline_p2p_time(spec, tokens, tp, pipeline_cross_node, rates)
+        p2p = np.where(pipeline_parallel, p2p, 0.0)
+        overhead = self.cal.microbatch_overhead_s + 0.0 * layers
+        forward = layers * f + end_f + p2p + overhead / 2
+        backward = layers * b + extra_b + end_b + p2p + overhead / 2
+        recomputed_compute = extra_b * (compute / (f + b)) if recompute != "none" else 0.0
+        return StageTimes(
+            forward=forward,
+            backward=backward,
+            compute=layers * compute + end_f + end_b + recomputed_compute,
+            tp_comm=layers * tp_c + (_f(recompute_layers) * tp_c / 2 if recompute == "full" else 0.0),
+            cp_comm=layers * cp_c,
+            pp_comm=2 * p2p,
+            overhead=overhead,
+        )
+
+    # --- the iteration -----------------------------------------------------------------------
+
+    def num_microbatches(self, mbs, dp) -> np.ndarray:
+        return self.gbs / (_f(mbs) * _f(dp))
+
+    def step(self, tp, cp, pp, dp, mbs, vpp=1, recompute: Recompute = "none", recompute_layers=None) -> StepTime:
+        """The iteration time of an even split (L/pp layers per stage, the embedding on the
+        first stage, the LM head on the last), 1F1B or, with ``vpp`` > 1, interleaved.
+
+        ``recompute_layers`` (full recomputation) is per stage and defaults to all its layers
+        (Megatron's 'uniform' method recomputes every layer)."""
+        L = self.spec.num_layers
+        layers = L / _f(pp)
+        rl = layers if recompute_layers is None else _f(recompute_layers)
+        first_last_apart = _f(pp) > 1
+        cross = _f(tp) * _f(cp) * _f(dp) * _f(pp) > self.gpu.gpus_per_node
+        common = dict(recompute=recompute, recompute_layers=rl, pipeline_cross_node=cross,
+                      pipeline_parallel=first_last_apart)
+        body = self.stage(tp, cp, mbs, layers, **common)
+        first = self.stage(tp, cp, mbs, layers, embedding=True, head=~first_last_apart, **common)
+        last = self.stage(tp, cp, mbs, layers, head=True, **common)
+        p = _f(pp)
+        # Sum and max over the stages: p - 2 middle ones, the first and the last (one when p = 1).
+        def over_stages(field):
+            one = getattr(first, field)
+            return np.where(first_last_apart, one + getattr(last, field) + (p - 2) * getattr(body, field), one)
+        total = over_stages("total")
+        slowest = np.where(first_last_apart, np.maximum(first.total, last.total), first.total)
+        fwd_first, bwd_first = first.forward, first.backward
+        params = self._stage_parameters(tp, pp)
+        return self._schedule(total, slowest, p, over_stages, tp, cp, pp, dp, mbs, vpp, fwd_first, bwd_first, params)
+
+    def step_from_stages(self, stages: list[StageTimes], tp, cp, dp, mbs, vpp=1, parameters=None) -> StepTime:
+        """The iteration time of any split: ``stages`` lists each stage's ``StageTimes``
+        (from ``stage``), in pipeline order; ``parameters`` is the largest stage's parameter
+        count on one GPU (for the DP collectives and the optimizer), default the even split's."""
+        p = float(len(stages))
+        total = sum(s.total for s in stages)
+        slowest = np.maximum.reduce(np.broadcast_arrays(*[s.total for s in stages]))
+        def over_stages(field):
+            return sum(getattr(s, field) for s in stages)
+        params = self._stage_parameters(tp, len(stages)) if parameters is None else _f(parameters)
+        return self._schedule(total, slowest, p, over_stages, tp, cp, len(stages), dp, mbs, vpp,
+                              stages[0].forward, stages[0].backward, params)
+
+    def _schedule(self, total, slowest, p, over_stages, tp, cp, pp, dp, mbs, vpp, fwd_first, bwd_first, params) -> StepTime:
+        """1F1B with m microbatches over stages of per-microbatch times t_i: the slowest stage
+        paces the steady state and the others fill and drain the pipe, T = m max t_i +
+        (sum t_i - max t_i) / v; for equal stages the bubble is (p - 1)/(v m) of the work
+        (Narayanan et al. 2021, Section 2.2; v = 1 is PipeDream-Flush's 1F1B)."""
+        rates, opts = self.rates, self.options
+        m = self.num_microbatches(mbs, dp)
+        v = _f(vpp)
+        pipeline = m * slowest + (total - slowest) / v
+        busy = m * total / p
+        shards = _f(dp) * _f(cp)
+        span = _f(tp) * _f(cp) * _f(dp)
+        reduce, gather = terms.data_parallel_time(params, shards, span, rates, opts.grad_reduce_bytes,
+                                                  opts.distributed_optimizer)
+        exposed_reduce = np.maximum(0.0, reduce - bwd_first) if opts.overlap_grad_reduce else reduce
+        exposed_gather = np.maximum(0.0, gather - fwd_first) if opts.overlap_param_gather else gather
+        dp_comm = exposed_reduce + exposed_gather
+        optimizer = terms.optimizer_time(params, shards, rates, opts.distributed_optimizer)
+        compute_bound = pipeline + dp_comm + optimizer
+        if opts.dataloader_mask == "rebuilt":
+            data = self.gbs / _f(dp) * terms.host_mask_time(self.seq_len, rates, opts.dataloader_workers)
+        else:
+            data = 0.0 * compute_bound
+        total_s = np.maximum(compute_bound, data)
+        share = m / p
+        return StepTime(
+            total_s=total_s,
+            compute_s=share * over_stages("compute"),
+            tp_comm_s=share * over_stages("tp_comm"),
+            cp_comm_s=share * over_stages("cp_comm"),
+            pp_comm_s=share * over_stages("pp_comm"),
+            overhead_s=share * over_stages("overhead"),
+            bubble_s=pipeline - busy,
+            dp_comm_s=dp_comm,
+            optimizer_s=optimizer,
+            data_wait_s=total_s - compute_bound,
+        )
+
+    def _stage_parameters(self, tp, pp):
+        """Parameters on one GPU of the heaviest even stage: its layers plus the embedding or the
+        LM head (seed 004, Eq. 6-9; the element count the DP collectives and Adam move)."""
+        spec = self.spec
+        h, a, k, d, f = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim, spec.ffn_hidden_size
+        t = _f(tp)
+        per_layer = (h * (a + 2 * k) * d + a * d * h + 3 * h * f) / t + 2 * h
+        embedding = h * padded_vocab(spec, tp) / t
+        p = _f(pp)
+        return spec.num_layers / p * per_layer + embedding * np.where(p > 1, 1.0, 2.0)
+
+    # --- what a user reads -----------------------------------------------------------------
+
+    def flops_per_iteration(self, tp=1) -> np.ndarray:
+        return megatron_flops_per_iteration(self.spec, self.seq_len, self.gbs, self.options.flops_convention, tp)
+
+    def throughput(self, step: StepTime, gpus, tp=1) -> dict[str, np.ndarray]:
+        """TFLOP/s per GPU (Megatron's count), MFU, tokens/s for iterations of ``step``."""
+        seconds = step.total_s
+        tflops = self.flops_per_iteration(tp) / (seconds * _f(gpus)) / 1e12
+        return {
+            "step_time_s": seconds,
+            "tflops_per_gpu": tflops,
+            "mfu": tflops / self.gpu.bf16_dense_tflops,
+            "tokens_per_s": self.gbs * self.seq_len / seconds,
+        }

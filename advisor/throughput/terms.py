@@ -1,0 +1,207 @@
+"""The time terms, one function each, with its source; the one place they live.
+
+Every function takes numpy arrays (or scalars) for the layout quantities and broadcasts, with
+no Python branch on their values, so that a sweep prices thousands of layouts in one call.
+Times are seconds on one GPU; sizes are bytes; ``rates`` is a ``Rates``: the GPU preset's
+numbers and the calibration's, resolved once.
+
+Rank order: Megatron-LM builds its groups in the order tp-cp-ep-dp-pp (``parallel_state``,
+``order="tp-cp-ep-dp-pp"``), so a TP group is ``tp`` consecutive ranks, a CP group strides by
+tp, a DP group by tp x cp, and pipeline neighbours are tp x cp x dp ranks apart. A group uses
+NVLink when it fits in one node of ``gpus_per_node`` GPUs, the network otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from advisor.hardware import GpuSpec
+from advisor.models import LlamaSpec
+from advisor.throughput.calibration import Calibration
+from advisor.throughput.flops import attention_executed_flops, layer_gemm_shapes
+
+BF16 = 2
+"""Bytes per BF16 element (activations, weights, TP/CP/PP messages)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """What the terms need from a GPU preset and a calibration, in seconds, bytes and FLOPs."""
+
+    gemm_flops_per_s: float
+    gemm_latency_s: float
+    attention_flops_per_s: float
+    attention_latency_s: float
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float
+    network_bytes_per_s: float
+    collective_latency_s: float
+    gpus_per_node: int
+    host_mask_s_per_element: float
+
+    @classmethod
+    def of(cls, gpu: GpuSpec, cal: Calibration, flash2: bool = False) -> "Rates":
+        kernels = cal.kernels_for(gpu.architecture)
+        attention = kernels.attention_flash2 if flash2 else kernels.attention
+        host = cal.host_mask_ns_per_element * 1e-9
+        if gpu.host_dram_mt_per_s:
+            host *= cal.host_reference_mt_per_s / gpu.host_dram_mt_per_s
+        return cls(
+            gemm_flops_per_s=cal.compute_factor * kernels.gemm * gpu.peak_flops,
+            gemm_latency_s=cal.gemm_latency_s,
+            attention_flops_per_s=cal.compute_factor * attention * gpu.peak_flops,
+            attention_latency_s=cal.attention_latency_s,
+            hbm_bytes_per_s=cal.hbm_efficiency * gpu.hbm_bytes_per_s,
+            nvlink_bytes_per_s=cal.network_efficiency * gpu.nvlink_bytes_per_s,
+            network_bytes_per_s=cal.network_efficiency * gpu.network_bytes_per_s,
+            collective_latency_s=cal.collective_latency_s,
+            gpus_per_node=gpu.gpus_per_node,
+            host_mask_s_per_element=host,
+        )
+
+
+# --- compute -------------------------------------------------------------------------------
+
+
+def gemm_time(m, k, n, rates: Rates):
+    """One BF16 GEMM [m, k] x [k, n]: 2mkn FLOPs at the sustained tensor-core rate plus a fixed
+    kernel cost (the lead's H100 probe fits this form to 4.9% over 239 Llama shapes)."""
+    return 2.0 * m * k * n / rates.gemm_flops_per_s + rates.gemm_latency_s
+
+
+def layer_gemm_time(spec: LlamaSpec, tokens, tp, rates: Rates):
+    """(forward, backward) GEMM time of one layer: the four projections forward, and for each
+    a data-gradient and a weight-gradient GEMM of the same size backward (Narayanan et al.
+    2021, Appendix: 'each GEMM is performed 3 times')."""
+    forward = sum(gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, tokens, tp))
+    return forward, 2.0 * forward
+
+
+def attention_time(spec: LlamaSpec, seq_len, mbs, tp, cp, rates: Rates):
+    """(forward, backward) time of causal flash attention for one layer: executed FLOPs
+    (``attention_executed_flops``; backward 2.5x, FlashAttention-2 Section 3) at the kernel's
+    sustained rate, plus one call's fixed cost per CP ring step (TE's P2P context parallelism
+    calls the kernel once per step, ``cp`` steps)."""
+    flops = attention_executed_flops(spec, seq_len, mbs, tp, cp)
+    rate = rates.attention_flops_per_s
+    latency = rates.attention_latency_s * np.asarray(cp)
+    return flops / rate + latency / 3.5, 2.5 * flops / rate + 2.5 * latency / 3.5
+
+
+def layer_elementwise_bytes(spec: LlamaSpec, tokens, tp):
+    """HBM bytes the memory-bound kernels of one layer move forward, on one GPU: the two RMSNorms
+    (read and write h each), the two residual adds (read 2h, write h), RoPE on Q and K (read and
+    write (a + k) d), SwiGLU (read 2 h_ffn, write h_ffn), all BF16 and split over the TP ranks
+    (sequence parallelism splits the norms and residuals, TP the rest)."""
+    h, a, k, d, f = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim, spec.ffn_hidden_size
+    elements = 4 * h + 6 * h + 2 * (a + k) * d + 3 * f
+    return BF16 * elements * tokens / np.asarray(tp, dtype=float)
+
+
+def elementwise_time(bytes_moved, rates: Rates):
+    """Memory-bound time: bytes over the achievable HBM bandwidth (roofline, bandwidth side)."""
+    return bytes_moved / rates.hbm_bytes_per_s
+
+
+def lm_head_time(spec: LlamaSpec, tokens, tp, vocab, rates: Rates):
+    """(forward, backward) of the final RMSNorm, the LM head GEMM [tokens, h] x [h, v/t] and
+    Megatron's vocab-parallel cross-entropy, which reads the BF16 logits and makes FP32 copies
+    (max, exp, sum: about 22 bytes per logit forward, 6 backward;
+    ``tensor_parallel.cross_entropy``)."""
+    logits = tokens * vocab / np.asarray(tp, dtype=float)
+    gemm = gemm_time(tokens, spec.hidden_size, vocab / np.asarray(tp, dtype=float), rates)
+    norm = elementwise_time(BF16 * 2 * spec.hidden_size * tokens / np.asarray(tp, dtype=float), rates)
+    return gemm + norm + elementwise_time(22 * logits, rates), 2 * gemm + 2 * norm + elementwise_time(6 * logits, rates)
+
+
+def embedding_time(spec: LlamaSpec, tokens, tp, rates: Rates):
+    """(forward, backward) of the embedding lookup (write tokens x h) and its gradient's
+    scatter-add (read and write tokens x h), memory-bound."""
+    size = BF16 * spec.hidden_size * tokens / np.asarray(tp, dtype=float)
+    return elementwise_time(size, rates), elementwise_time(2 * size, rates)
+
+
+# --- communication ------------------------------------------------------------------------
+
+
+def link_bandwidth(group_span, rates: Rates):
+    """Achievable one-direction bandwidth of a group spanning ``group_span`` consecutive ranks:
+    NVLink inside a node, the network per GPU across nodes."""
+    return np.where(np.asarray(group_span) <= rates.gpus_per_node, rates.nvlink_bytes_per_s, rates.network_bytes_per_s)
+
+
+def ring_collective_time(size_bytes, ranks, bandwidth, rates: Rates):
+    """All-gather or reduce-scatter of a ``size_bytes`` tensor over a ring of ``ranks``: each
+    rank sends (n - 1)/n of it (Patarasuk and Yuan 2009; NCCL's bus-bandwidth model), plus one
+    latency per step. Zero for one rank."""
+    n = np.asarray(ranks, dtype=float)
+    steps = n - 1
+    return steps / n * size_bytes / bandwidth + steps * rates.collective_latency_s
+
+
+def tensor_parallel_time(spec: LlamaSpec, tokens, tp, rates: Rates):
+    """(forward, backward) exposed TP communication of one layer with sequence parallelism
+    (Korthikanti et al. 2023, Section 4.2.2): an all-gather before QKV and FC1 and a
+    reduce-scatter after the output projection and FC2 forward (4 collectives of the layer's
+    [tokens, h] activation), the same 4 backward. Megatron runs them on the compute stream
+    without --tp-comm-overlap, so they add to the layer's time."""
+    size = BF16 * tokens * spec.hidden_size
+    one = ring_collective_time(size, tp, link_bandwidth(tp, rates), rates)
+    return 4 * one, 4 * one
+
+
+def context_parallel_time(spec: LlamaSpec, seq_len, mbs, tp, cp, rates: Rates, attention_forward, attention_backward):
+    """(forward, backward) exposed CP communication of one layer: Transformer Engine's P2P ring
+    (``AttnFuncWithCPAndKVP2P``) sends this rank's K and V chunk (2 x tokens x k d / t) to the
+    next rank at each of the c - 1 steps while the step's attention runs, and backward sends
+    K, V and their gradients (twice the bytes). Only what outlasts the step's compute shows."""
+    c = np.asarray(cp, dtype=float)
+    tokens = np.asarray(mbs) * seq_len / c
+    kv = 2 * BF16 * tokens * spec.num_query_groups * spec.head_dim / np.asarray(tp, dtype=float)
+    bandwidth = link_bandwidth(np.asarray(tp) * np.asarray(cp), rates)
+    send = kv / bandwidth + rates.collective_latency_s
+    steps = c - 1
+    forward = steps * np.maximum(0.0, send - attention_forward / c)
+    backward = steps * np.maximum(0.0, 2 * send - attention_backward / c)
+    return forward, backward
+
+
+def pipeline_p2p_time(spec: LlamaSpec, tokens, tp, cross_node, rates: Rates):
+    """One send (or receive) of a stage boundary's activation, [tokens, h] split over the TP
+    ranks by sequence parallelism; 1F1B's steady state waits for it."""
+    size = BF16 * tokens * spec.hidden_size / np.asarray(tp, dtype=float)
+    bandwidth = np.where(cross_node, rates.network_bytes_per_s, rates.nvlink_bytes_per_s)
+    return size / bandwidth + rates.collective_latency_s
+
+
+def data_parallel_time(parameters, shards, span, rates: Rates, grad_bytes=4, distributed_optimizer=True):
+    """(gradient reduction, parameter all-gather) of one iteration over the DP x CP group
+    (Megatron's distributed optimizer shards over it): a reduce-scatter of the gradients, in
+    FP32 with --accumulate-allreduce-grads-in-fp32 (``grad_bytes``), and an all-gather of the
+    BF16 parameters (Rajbhandari et al. 2020, ZeRO-1; Megatron ``DistributedOptimizer``).
+    Without the distributed optimizer, one all-reduce: twice the reduce-scatter, no gather."""
+    bandwidth = link_bandwidth(span, rates)
+    reduce = ring_collective_time(grad_bytes * parameters, shards, bandwidth, rates)
+    gather = ring_collective_time(BF16 * parameters, shards, bandwidth, rates)
+    if distributed_optimizer:
+        return reduce, gather
+    return 2 * reduce, 0.0 * gather
+
+
+def optimizer_time(parameters, shards, rates: Rates, distributed_optimizer=True):
+    """Adam on this rank's shard, memory-bound: read the FP32 gradient, read and write the FP32
+    master weight, momentum and variance, write the BF16 weight (30 bytes per parameter), plus
+    the gradient-norm read and the zeroing of the gradient buffer (8 bytes)."""
+    shard = parameters / np.where(distributed_optimizer, np.asarray(shards, dtype=float), 1.0)
+    return elementwise_time(38 * shard, rates)
+
+
+def host_mask_time(seq_len, rates: Rates, workers: int = 2):
+    """Seconds per sample that Megatron's data loader spends building the s x s attention mask
+    when it cannot cache it (``gpt_dataset._get_ltor_masks_and_position_ids``: an FP32 ones
+    matrix, tril, the per-document zeroing, a comparison), shared by --num-workers processes
+    (2 by default). The mask is built per data-parallel replica; with the loader running
+    ahead, a replica cannot step faster than its samples arrive."""
+    return rates.host_mask_s_per_element * float(seq_len) ** 2 / workers
