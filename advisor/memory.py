@@ -344,24 +344,38 @@ class StageModel:
 
     def most_layers(self, bound, low, high):
         """The most layers n in [low, high] with total(n) <= bound (low - 1 where none), in closed
-        form without interleaving and with the block method (or none); None otherwise.
+        form; None with the uniform method (no closed form: the planner bisects).
 
-        Then a rank's bytes are two lines in n: up to N layers all recomputed (a checkpoint per
-        microbatch in flight, and one layer rebuilt), beyond N each further layer kept whole.
-        The closed form is corrected by evaluating ``total`` beside it, so rounding cannot move
-        the answer."""
-        if self.interleaved or (self.uniform and (self.recompute_layers > 0).any()):
+        With n = v q + r (chunks of q layers, the last r of q + 1), the block method gives
+        total(v q) = two lines in q: up to q = N every layer recomputed (a checkpoint per
+        microbatch in flight, and one layer rebuilt), beyond it each further layer kept whole;
+        and total(v q + r) - total(v q) = s r + c R_r, with s a layer's model states, c the
+        checkpoint (q < N) or a kept layer, and R_r the passes in flight of the last r chunks,
+        itself two lines in r (``schedule.InFlight``). The estimate is then corrected by
+        evaluating ``total`` beside it, so rounding cannot move the answer."""
+        if self.uniform and (self.recompute_layers > 0).any():
             return None
-        n, passes = self.recompute_layers, self.in_flight.passes
+        n, passes, v, kept, checkpoint = self.recompute_layers, self.in_flight.passes, self.vpp, self.kept, self.checkpoint
         fixed = self.total(0)
         per_layer = self.layer_parameters * (eq.WEIGHT_BYTES + self.gradient_bytes + self.optimizer_bytes)
-        whole_slope = per_layer + self.kept * passes
-        beyond = np.floor((bound - fixed - (self.checkpoint - self.kept) * n * passes) / whole_slope)
-        within = np.minimum(np.floor((bound - fixed - (self.kept - self.checkpoint)) / (per_layer + self.checkpoint
-                                                                                         * passes)), n)
-        estimate = np.where(beyond > n, beyond, np.where(within >= 1, within, np.where(bound >= fixed, 0, -1)))
+        rebuilt = np.where(n > 0, kept - checkpoint, 0)
+        beyond = np.floor((bound - fixed - (checkpoint - kept) * n * passes) / (per_layer * v + kept * passes))
+        within = np.minimum(np.floor((bound - fixed - rebuilt) / (per_layer * v + checkpoint * passes)), n)
+        q = np.where(beyond > n, beyond, np.where(within >= 1, within, np.where(bound >= fixed, 0, -1)))
+        q = np.clip(q, -1, np.maximum(high // v, 0))
+        estimate = v * q
+        if self.interleaved:
+            budget = bound - self.total(np.maximum(estimate, 0))
+            c = np.where(n > q, checkpoint, kept)
+            pp, rounds, rest = self.in_flight.pp, self.in_flight.rounds, self.in_flight.rest
+            filled = rest // pp
+            start = v - filled  # R_r gains p per chunk from r = v - filled on, plus the partial chunk
+            few = np.minimum(np.floor(budget / (per_layer + c * rounds * pp)), start - 1)
+            many = np.floor((budget - c * (rest - filled * pp - start * pp)) / (per_layer + c * (rounds + 1) * pp))
+            extra = np.clip(np.where(many >= start, many, np.maximum(few, 0)), 0, v - 1)
+            estimate = np.where(q >= 0, estimate + extra, -1)
         estimate = np.clip(estimate, low - 1, high).astype(np.int64)
-        for _ in range(3):  # one step fixes rounding; more never happens, but costs nothing to allow
+        for _ in range(int(np.max(v)) + 2):  # one step fixes rounding; more would mean a wrong estimate
             up = (estimate < high) & (self.total(np.minimum(estimate + 1, high)) <= bound)
             down = (estimate >= low) & (self.total(np.maximum(estimate, low)) > bound)
             if not (up.any() or down.any()):

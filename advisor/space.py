@@ -38,8 +38,8 @@ Pruning (only what provably cannot win; counted, and reported by the sweep):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Literal, Protocol
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -47,7 +47,10 @@ from advisor import equations as eq
 from advisor.memory import GIB, MemoryOptions, StageModel, StageTerms, tp_problem
 from advisor.models import LlamaSpec
 from advisor.parallel import Workload
-from advisor.splits import Pipelines, Split, fastest_within, lowest_memory, memory_caps
+from advisor.splits import Pipelines, Split, fastest_within, lowest_memory, memory_caps, min_max
+
+if TYPE_CHECKING:
+    from advisor.rank_times import LayoutTimes, Timing
 
 RecomputeChoice = Literal["auto", "none", "selective", "full"]
 SplitChoice = Literal["auto", "even"]
@@ -122,16 +125,6 @@ def launchable(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, opti
     return Bases(*(table[:, k] if k == 5 else table[:, k].astype(np.int64) for k in range(6)))
 
 
-class Timing(Protocol):
-    """What the space needs from the time model (``advisor.throughput``), per variant arrays."""
-
-    def rank_time(self, variants: Variants, width: int):
-        """A cost: seconds per microbatch of each (variant, rank) holding n layers."""
-
-    def step_time(self, variants: Variants, counts: np.ndarray) -> np.ndarray:
-        """Seconds per iteration of each variant with ``counts`` layers per rank."""
-
-
 @dataclass(frozen=True, slots=True)
 class Variants:
     """Layouts with their interleaving and recomputation: ``base`` indexes ``bases``. One
@@ -202,52 +195,84 @@ class _Pricer:
     """Stage models and planners over a set of variants, one group per pipeline depth (arrays are
     as wide as their deepest pipeline; grouping keeps shallow ones from paying for deep ones)."""
 
-    def __init__(self, spec: LlamaSpec, workload: Workload, options: MemoryOptions, variants: Variants) -> None:
-        self.variants, self.layers = variants, spec.num_layers
+    def __init__(self, spec: LlamaSpec, workload: Workload, options: MemoryOptions, variants: Variants,
+                 times: LayoutTimes | None = None, even: bool = False) -> None:
+        self.variants, self.layers, self.even = variants, spec.num_layers, even
         self.width = int(variants.pp.max()) if len(variants) else 1
         self.groups = []
+        col = (slice(None), None)
         for depth in np.unique(variants.pp).tolist():
             index = np.flatnonzero(variants.pp == depth)
             part = variants.take(index)
-            col = (slice(None), None)
-            model = StageModel(
-                spec, workload.seq_len, part.options(options), tp=part.tp[col], cp=part.cp[col], dp=part.dp[col],
-                mbs=part.mbs[col], pp=depth, vpp=part.vpp[col], num_microbatches=part.microbatches[col],
-                stage=np.arange(depth)[None, :], recompute_layers=part.recompute_layers[col])
-            self.groups.append((index, part, model, Pipelines(pp=part.pp, vpp=part.vpp, layers=spec.num_layers)))
+            layout = dict(tp=part.tp[col], cp=part.cp[col], dp=part.dp[col], mbs=part.mbs[col], pp=depth,
+                          vpp=part.vpp[col], stage=np.arange(depth)[None, :], recompute_layers=part.recompute_layers[col])
+            model = StageModel(spec, workload.seq_len, part.options(options), num_microbatches=part.microbatches[col],
+                               **layout)
+            ranks = None if times is None else times.ranks(part.base, part.vpp, part.recompute_layers, depth)
+            self.groups.append((index, model, ranks, Pipelines(pp=part.pp, vpp=part.vpp, layers=spec.num_layers)))
+        self.times = times
 
     def _each(self, plan) -> Split:
         counts = np.zeros((len(self.variants), self.width), dtype=np.int64)
         value, feasible = np.full(len(self.variants), np.inf), np.zeros(len(self.variants), dtype=bool)
-        for index, part, model, pipelines in self.groups:
-            split = plan(part, model, pipelines)
+        for index, model, times, pipelines in self.groups:
+            split = plan(model, times, pipelines)
             counts[index, :split.counts.shape[1]] = split.counts
             value[index], feasible[index] = split.value, split.feasible
         return Split(counts=counts, value=value, feasible=feasible)
 
+    def _even(self, cost, pipelines: Pipelines, limit=np.inf) -> Split:
+        """Megatron's default split (every rank L/PP layers) priced by ``cost``; feasible where
+        its memory is within ``limit``."""
+        counts = np.where(pipelines.active, (self.layers // pipelines.pp)[:, None], 0)
+        value = np.where(pipelines.active, cost(counts), -np.inf).max(axis=1)
+        return Split(counts=counts, value=value, feasible=np.isfinite(value))
+
     def fits(self, limit: float) -> np.ndarray:
         ok = np.zeros(len(self.variants), dtype=bool)
-        for index, _, model, pipelines in self.groups:
+        for index, model, _, pipelines in self.groups:
+            if self.even:
+                ok[index] = self._even(model.total, pipelines).value <= limit
+                continue
             cap = memory_caps(model.total, pipelines, limit, model.most_layers)
             ok[index] = pipelines.possible & (cap >= pipelines.lowest).all(axis=1) & (cap.sum(axis=1) >= self.layers)
         return ok
 
     def lowest(self) -> Split:
-        return self._each(lambda part, model, pipelines: lowest_memory(model.total, pipelines, model.most_layers))
+        if self.even:
+            return self._each(lambda model, times, pipelines: self._even(model.total, pipelines))
+        return self._each(lambda model, times, pipelines: lowest_memory(model.total, pipelines, model.most_layers))
 
-    def fastest(self, timing: Timing, limit: float) -> Split:
-        return self._each(lambda part, model, pipelines: fastest_within(
-            timing.rank_time(part, int(part.pp[0])), model.total, pipelines, limit,
-            memory_inverse=model.most_layers))
+    def fastest(self, limit: float) -> Split:
+        """MadPipe's split within ``limit`` bytes per GPU (inf: memory ignored)."""
+        def plan(model, times, pipelines):
+            if self.even:
+                split = self._even(times, pipelines)
+                fits = self._even(model.total, pipelines).value <= limit
+                return replace(split, feasible=split.feasible & fits)
+            if math.isinf(limit):
+                return min_max(times, pipelines, inverse=times.inverse)
+            return fastest_within(times, model.total, pipelines, limit, time_inverse=times.inverse,
+                                  memory_inverse=model.most_layers)
+        return self._each(plan)
+
+    def step_time(self, counts: np.ndarray) -> np.ndarray:
+        """Seconds per iteration of each variant with ``counts`` layers per rank (time model)."""
+        step = np.full(len(self.variants), np.inf)
+        for index, model, _, _ in self.groups:
+            part, variants = counts[index, :model.in_flight.passes.shape[1]], self.variants.take(index)
+            step[index] = self.times.step(variants.base, variants.vpp, variants.recompute_layers, part,
+                                          model.parameters(part).max(axis=1))
+        return step
 
     def terms(self, counts: np.ndarray) -> StageTerms:
         """(K, width) memory terms of each variant's ranks holding ``counts`` layers."""
         out = {name: np.zeros((len(self.variants), self.width)) for name in StageTerms.__dataclass_fields__}
-        for index, _, model, _ in self.groups:
-            part = model.terms(counts[index, :model.in_flight.passes.shape[1]])
+        for index, model, _, _ in self.groups:
+            depth = model.in_flight.passes.shape[1]
+            part = model.terms(counts[index, :depth])
             for name, values in out.items():
-                values[index, :part.parameters.shape[1]] = np.broadcast_to(getattr(part, name),
-                                                                            (len(index), part.parameters.shape[1]))
+                values[index, :depth] = np.broadcast_to(getattr(part, name), (len(index), depth))
         return StageTerms(**out)
 
 
@@ -290,27 +315,54 @@ def _recompute_range(pp: np.ndarray, vpp: np.ndarray, layers: int, space: SpaceO
     return np.full_like(pp, 1 if space.recompute == "full" else 0), largest_chunk
 
 
-def _least_recompute(spec, workload, options, variants: Variants, low, high, limit) -> np.ndarray:
-    """Per variant (N ignored), the fewest recomputed layers N in [low, high] with which some
-    split fits within ``limit`` (-1 where none does): memory never grows with N, so bisection."""
-    fits_high = _Pricer(spec, workload, options, variants.with_recompute(high)).fits(limit)
+@dataclass(frozen=True, slots=True)
+class _Search:
+    """What every step of one search shares."""
+
+    spec: LlamaSpec
+    workload: Workload
+    options: MemoryOptions
+    timing: Timing | None
+    even: bool
+
+    times: dict = field(default_factory=dict)
+    """LayoutTimes of every base, per recomputation family (selective or not), made once."""
+
+    def pricer(self, variants: Variants) -> _Pricer:
+        times = None
+        if self.timing is not None:
+            if variants.selective not in self.times:
+                bases = variants.bases
+                self.times[variants.selective] = self.timing.layouts(
+                    tp=bases.tp, cp=bases.cp, dp=bases.dp, mbs=bases.mbs, pp=bases.pp, selective=variants.selective)
+            times = self.times[variants.selective]
+        return _Pricer(self.spec, self.workload, self.options, variants, times, self.even)
+
+
+def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> tuple[np.ndarray, int]:
+    """Per variant (its N ignored), the fewest recomputed layers N in [low, high] with which some
+    split fits within ``limit`` (-1 where none does), and how many (variant, N) were priced:
+    memory never grows with N, so bisection."""
+    fits_high = search.pricer(variants.with_recompute(high)).fits(limit)
+    priced = len(variants)
     below, above = low - 1, np.where(fits_high, high, -1)
     open_ = fits_high & (above - below > 1)
     while open_.any():
         index = np.flatnonzero(open_)
         middle = (below[index] + above[index]) // 2
-        ok = _Pricer(spec, workload, options, variants.take(index).with_recompute(middle)).fits(limit)
+        ok = search.pricer(variants.take(index).with_recompute(middle)).fits(limit)
+        priced += len(index)
         below[index] = np.where(ok, below[index], middle)
         above[index] = np.where(ok, middle, above[index])
         open_ = fits_high & (above - below > 1)
-    return above
+    return above, priced
 
 
 @dataclass(frozen=True, slots=True)
 class _Pick:
     variants: Variants
     """One variant (length 1)."""
-    counts: np.ndarray
+    counts: np.ndarray | None
     step_time: float
 
 
@@ -319,6 +371,7 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
            timing: Timing | None = None) -> SpaceResult:
     """One row per launchable (TP, CP, PP, DP, MBS): its best variant and split (module docstring)."""
     layers = spec.num_layers
+    state = _Search(spec, workload, options, timing, space.split == "even")
     bases = launchable(spec, workload, gpus, max_tp, options, space.split)
     possible = _states_lower_bound(spec, bases, options) <= memory_gib * GIB
     group_base, group_vpp = _groups(spec, bases, space)
@@ -344,19 +397,18 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
                                 selective, uniform)
             if not len(variants):
                 continue
-            low, high = _recompute_range(variants.pp, variants.vpp, layers, space, selective)
-            least = _least_recompute(spec, workload, options, variants, low, high, limit)
-            if timing is None:
+            if timing is None:  # the fewest recomputed layers; selective before full
+                low, high = _recompute_range(variants.pp, variants.vpp, layers, space, selective)
+                least, priced = _least_recompute(state, variants, low, high, limit)
+                evaluated += priced
                 found.append((variants, least, np.where(least >= 0, least + 0.5 * selective, np.inf), None))
-                evaluated += int(np.minimum(np.maximum(least, high) - low + 1, high - low + 1).sum())
             else:
-                steps, chosen_n, counts, tried = _fastest_recompute(spec, workload, options, variants, least, high,
-                                                                    limit, timing)
-                found.append((variants, chosen_n, steps, counts))
-                evaluated += tried
+                result, priced = _fastest_variants(state, variants, space, limit, len(bases))
+                found.append(result)
+                evaluated += priced
         _pick_per_base(picks, found, timing is None)
-        if timing is None:
-            _lowest_splits(spec, workload, options, picks)
+    if timing is None:
+        _lowest_splits(state, picks)
     # What fits nowhere: the plain variant (v = 1, no recomputation) with the lowest-memory split,
     # to show by how much.
     missing = np.flatnonzero([pick is None for pick in picks])
@@ -364,52 +416,79 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
         plain = Variants(missing, bases, np.ones(missing.size, np.int64), np.zeros(missing.size, np.int64),
                          *families[0])
         evaluated += int((~possible[missing]).sum())
-        split = _Pricer(spec, workload, options, plain).lowest()
+        split = replace(state, timing=None, times={}).pricer(plain).lowest()
         for k, base in enumerate(missing.tolist()):
             picks[base] = _Pick(plain.take([k]), split.counts[k], math.nan)
-    return SpaceResult(bases=bases, chosen=_rows(spec, workload, options, bases, picks),
-                       considered=considered, evaluated=evaluated)
+    return SpaceResult(bases=bases, chosen=_rows(state, bases, picks), considered=considered, evaluated=evaluated)
 
 
-def _fastest_recompute(spec, workload, options, variants: Variants, least, high, limit, timing):
-    """Per variant, from its least N upwards, the fastest split within ``limit``; stops when the
-    step with N recomputed layers and the memory limit ignored is already no faster (that
-    bound only grows with N). Returns (step, N, counts, variants planned)."""
+def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, limit: float, bases: int):
+    """With a time model: per base, its fastest (VPP, N, split) within ``limit``.
+
+    Each (base, VPP) has a lower bound, the step of its fastest split with no recomputation and
+    no memory limit at all (recomputation and the limit can only slow it). The (base, VPP) are
+    planned in two rounds, the one with the lowest bound first, then those others whose bound is
+    better than their base's best so far; the rest are pruned. Returns ((variants, N, step, counts), variants priced)."""
+    free = search.pricer(variants.with_recompute(0))
+    unlimited = free.fastest(np.inf)
+    bound = np.where(unlimited.feasible, free.step_time(unlimited.counts), np.inf)
+    order = np.lexsort((bound, variants.base))
+    rank = np.empty(len(variants), dtype=np.int64)
+    start = np.r_[0, np.flatnonzero(np.diff(variants.base[order])) + 1]  # each base's first position in order
+    rank[order] = np.arange(len(variants)) - np.repeat(start, np.diff(np.r_[start, len(variants)]))
+    best = np.full(bases, np.inf)
+    step = np.full(len(variants), np.inf)
+    chosen = np.full(len(variants), -1)
+    counts = np.zeros((len(variants), int(variants.pp.max())), dtype=np.int64)
+    priced = len(variants)
+    for first_round in (True, False):  # each base's most promising VPP, then the rest that may beat it
+        todo = np.flatnonzero(((rank == 0) if first_round else (rank > 0)) & (bound < best[variants.base]))
+        if not todo.size:
+            continue
+        part = variants.take(todo)
+        low, high = _recompute_range(part.pp, part.vpp, search.spec.num_layers, space, part.selective)
+        least, checked = _least_recompute(search, part, low, high, limit)
+        steps, n, part_counts, planned = _fastest_recompute(search, part, least, high, limit)
+        priced += checked + planned
+        step[todo], chosen[todo] = steps, n
+        counts[todo, :part_counts.shape[1]] = part_counts
+        np.minimum.at(best, part.base, steps)
+    return (variants, chosen, step, counts), priced
+
+
+def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
+    """Per variant, from its least N upwards, the fastest split within ``limit`` (MadPipe's
+    planner) and its step; stops when the step with N + 1 recomputed layers and no memory limit
+    at all is already no faster, a bound that only grows with N. Returns (step, N, counts,
+    variants planned beyond their least N)."""
     count = len(variants)
     best = np.full(count, np.inf)
     best_n = np.full(count, -1)
     best_counts = np.zeros((count, int(variants.pp.max()) if count else 1), dtype=np.int64)
     n = least.copy()
     open_ = least >= 0
-    tried = 0
+    planned = 0
     while open_.any():
         index = np.flatnonzero(open_)
         part = variants.take(index).with_recompute(n[index])
-        pricer = _Pricer(spec, workload, options, part)
-        split = pricer.fastest(timing, limit)
-        tried += len(index)
-        step = np.full(len(index), np.inf)
-        if split.feasible.any():
-            ok = np.flatnonzero(split.feasible)
-            step[ok] = timing.step_time(part.take(ok), split.counts[ok])
+        pricer = search.pricer(part)
+        split = pricer.fastest(limit)
+        planned += int((n[index] > least[index]).sum())
+        step = np.where(split.feasible, pricer.step_time(split.counts), np.inf)
         better = step < best[index]
         best[index[better]] = step[better]
         best_n[index[better]] = n[index[better]]
         best_counts[index[better], :split.counts.shape[1]] = split.counts[better]
-        # the bound for N + 1: no memory limit at all
         nxt = n[index] + 1
         room = nxt <= high[index]
         bound = np.full(len(index), np.inf)
         if room.any():
-            ahead = part.take(np.flatnonzero(room)).with_recompute(nxt[room])
-            free = _Pricer(spec, workload, options, ahead).fastest(timing, np.inf)
-            bound_room = np.full(int(room.sum()), np.inf)
-            bound_room[free.feasible] = timing.step_time(ahead.take(np.flatnonzero(free.feasible)),
-                                                         free.counts[free.feasible])
-            bound[room] = bound_room
+            ahead = search.pricer(part.take(np.flatnonzero(room)).with_recompute(nxt[room]))
+            free = ahead.fastest(np.inf)
+            bound[room] = np.where(free.feasible, ahead.step_time(free.counts), np.inf)
         n[index] = nxt
         open_[index] = room & (bound < best[index])
-    return best, best_n, best_counts, tried
+    return best, best_n, best_counts, planned
 
 
 def _pick_per_base(picks: list, found: list, least_recompute: bool) -> None:
@@ -422,45 +501,52 @@ def _pick_per_base(picks: list, found: list, least_recompute: bool) -> None:
             if picks[base] is None and (base not in best or key[k] < best[base][0]):
                 best[base] = (key[k], variants, k, n[k], None if counts is None else counts[k])
     for base, (key, variants, k, n, counts) in best.items():
-        one = variants.take([k]).with_recompute(n)
-        picks[base] = _Pick(one, counts, math.nan if least_recompute else float(key))
+        picks[base] = _Pick(variants.take([k]).with_recompute(n), counts, math.nan if least_recompute else float(key))
 
 
-def _lowest_splits(spec, workload, options, picks: list) -> None:
+def _together(picks: list[_Pick], members: list[int]) -> Variants:
+    """The picks ``members`` (of one family) as one set of variants."""
+    one = picks[members[0]].variants
+    return replace(one, base=np.array([int(picks[b].variants.base[0]) for b in members]),
+                   vpp=np.array([int(picks[b].variants.vpp[0]) for b in members]),
+                   recompute_layers=np.array([int(picks[b].variants.recompute_layers[0]) for b in members]))
+
+
+def _families(picks: list, members) -> dict[tuple, list[int]]:
+    groups: dict[tuple, list[int]] = {}
+    for b in members:
+        groups.setdefault((picks[b].variants.selective, picks[b].variants.uniform), []).append(b)
+    return groups
+
+
+def _lowest_splits(search: _Search, picks: list) -> None:
     """The lowest-memory split of every pick that has none yet (no time model)."""
     todo = [b for b, pick in enumerate(picks) if pick is not None and pick.counts is None]
-    for family in {(picks[b].variants.selective, picks[b].variants.uniform) for b in todo}:
-        members = [b for b in todo if (picks[b].variants.selective, picks[b].variants.uniform) == family]
-        one = picks[members[0]].variants
-        variants = Variants(np.array([int(picks[b].variants.base[0]) for b in members]), one.bases,
-                            np.array([int(picks[b].variants.vpp[0]) for b in members]),
-                            np.array([int(picks[b].variants.recompute_layers[0]) for b in members]), *family)
-        split = _Pricer(spec, workload, options, variants).lowest()
+    for members in _families(picks, todo).values():
+        variants = _together(picks, members)
+        split = search.pricer(variants).lowest()
         for k, b in enumerate(members):
             picks[b] = _Pick(variants.take([k]), split.counts[k], math.nan)
 
 
-def _rows(spec, workload, options, bases, picks) -> Chosen:
+def _rows(search: _Search, bases: Bases, picks: list[_Pick]) -> Chosen:
     """Memory terms of every chosen (variant, split), priced together per recomputation family."""
     width = int(bases.pp.max()) if len(bases) else 1
     count = len(bases)
-    vpp = np.array([int(p.variants.vpp[0]) for p in picks], dtype=np.int64)
-    n = np.array([int(p.variants.recompute_layers[0]) for p in picks], dtype=np.int64)
-    selective = np.array([p.variants.selective for p in picks], dtype=bool)
-    uniform = np.array([p.variants.uniform for p in picks], dtype=bool)
     counts = np.zeros((count, width), dtype=np.int64)
     for b, pick in enumerate(picks):
         counts[b, :len(pick.counts)] = pick.counts[:width]
     terms = {name: np.zeros((count, width)) for name in StageTerms.__dataclass_fields__}
-    for family in sorted({(bool(s), bool(u)) for s, u in zip(selective, uniform)}):
-        mask = (selective == family[0]) & (uniform == family[1])
-        variants = Variants(np.flatnonzero(mask), bases, vpp[mask], n[mask], *family)
-        pricer = _Pricer(spec, workload, options, variants)
-        part = pricer.terms(counts[mask][:, :pricer.width])
+    for members in _families(picks, range(count)).values():
+        pricer = replace(search, timing=None, times={}).pricer(_together(picks, members))
+        part = pricer.terms(counts[members][:, :pricer.width])
         for name, values in terms.items():
-            values[mask, :pricer.width] = getattr(part, name)
+            values[members, :pricer.width] = getattr(part, name)
+    n = np.array([int(p.variants.recompute_layers[0]) for p in picks], dtype=np.int64)
+    selective = np.array([p.variants.selective for p in picks], dtype=bool)
+    uniform = np.array([p.variants.uniform for p in picks], dtype=bool)
     return Chosen(
-        vpp=vpp, recompute=np.where(selective, "selective", np.where(n > 0, "full", "none")),
+        vpp=np.array([int(p.variants.vpp[0]) for p in picks], dtype=np.int64),
+        recompute=np.where(selective, "selective", np.where(n > 0, "full", "none")),
         recompute_method=np.where(n > 0, np.where(uniform, "uniform", "block"), ""), recompute_layers=n,
-        counts=counts, terms=StageTerms(**terms),
-        step_time=np.array([p.step_time for p in picks], dtype=float))
+        counts=counts, terms=StageTerms(**terms), step_time=np.array([p.step_time for p in picks], dtype=float))

@@ -31,43 +31,25 @@ import numpy as np
 Cost = Callable[[np.ndarray], np.ndarray]
 """Cost of every (layout, rank) at a (K, P) array of layer counts; strictly increasing in them."""
 
-BISECTIONS = 24
+BISECTIONS = 10
 """Steps of the bracketing bisection; the exact walk does the rest."""
 
 
-@dataclass(frozen=True, slots=True)
 class Pipelines:
-    """K pipelines over the same ``layers`` decoder layers."""
+    """K pipelines over the same ``layers`` decoder layers: ``pp`` (K,) ranks each, ``vpp`` (K,)
+    model chunks per rank (1 without interleaving)."""
 
-    pp: np.ndarray
-    """(K,) ranks of each pipeline."""
-    vpp: np.ndarray
-    """(K,) model chunks per rank (1 without interleaving)."""
-    layers: int
-
-    @property
-    def width(self) -> int:
-        return int(self.pp.max())
-
-    @property
-    def active(self) -> np.ndarray:
+    def __init__(self, pp: np.ndarray, vpp: np.ndarray, layers: int) -> None:
+        self.pp, self.vpp, self.layers = np.asarray(pp), np.asarray(vpp), layers
+        self.width = int(self.pp.max()) if self.pp.size else 1
+        self.active = np.arange(self.width)[None, :] < self.pp[:, None]
         """(K, P): which columns are ranks of their pipeline."""
-        return np.arange(self.width)[None, :] < self.pp[:, None]
-
-    @property
-    def lowest(self) -> np.ndarray:
+        self.lowest = np.where(self.active, self.vpp[:, None], 0)
         """(K, P): the fewest layers a rank may hold (v; 0 for inactive columns)."""
-        return np.where(self.active, self.vpp[:, None], 0)
-
-    @property
-    def highest(self) -> np.ndarray:
+        self.highest = np.where(self.active, (layers - (self.pp - 1) * self.vpp)[:, None], 0)
         """(K, P): the most a rank can hold, the others holding their fewest."""
-        return np.where(self.active, (self.layers - (self.pp - 1) * self.vpp)[:, None], 0)
-
-    @property
-    def possible(self) -> np.ndarray:
+        self.possible = self.pp * self.vpp <= layers
         """(K,): a layer (per chunk) for every rank."""
-        return self.pp * self.vpp <= self.layers
 
 
 Inverse = Callable[[np.ndarray, np.ndarray, np.ndarray], "np.ndarray | None"]
