@@ -36,7 +36,7 @@ def layer_parameters(spec: LlamaSpec, tp: int = 1) -> float:
 
 def embedding_parameters(spec: LlamaSpec, tp: int = 1, vocab: int | None = None) -> float:
     """hv/t: the input embedding, or the untied LM head (Eq. 7 and 9)."""
-    return spec.hidden_size * (vocab or spec.vocab_size) / tp
+    return spec.hidden_size * (spec.vocab_size if vocab is None else vocab) / tp
 
 
 def final_norm_parameters(spec: LlamaSpec) -> int:
@@ -142,7 +142,7 @@ def output_hidden_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> f
 
 def logits_bytes(spec: LlamaSpec, seq_len: int, mbs: int, vocab: int | None = None) -> float:
     """4sbv of Eq. 14: the FP32 logits that the cross-entropy loss keeps."""
-    return 4 * seq_len * mbs * (vocab or spec.vocab_size)
+    return 4 * seq_len * mbs * (spec.vocab_size if vocab is None else vocab)
 
 
 def output_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int, vocab: int | None = None) -> float:

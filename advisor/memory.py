@@ -124,17 +124,27 @@ class StageMemory:
 
 @dataclass(frozen=True, slots=True)
 class MemoryEstimate:
-    """All stages of one configuration; the peak stage decides whether it fits."""
+    """All stages of one configuration (``terms``: arrays over its pipeline ranks); the peak stage
+    decides whether it fits."""
 
-    stages: tuple[StageMemory, ...]
+    terms: StageTerms
+    layers: tuple[int, ...]
+    """Decoder layers of each stage."""
+
+    @property
+    def stages(self) -> tuple[StageMemory, ...]:
+        pp = len(self.layers)
+        return tuple(stage_memory(self.terms, i, pp, self.layers[i]) for i in range(pp))
 
     @property
     def peak(self) -> StageMemory:
-        return max(self.stages, key=lambda stage: stage.total_bytes)
+        """The stage with the most bytes (the first of equals)."""
+        index = int(np.argmax(self.terms.total[:len(self.layers)]))
+        return stage_memory(self.terms, index, len(self.layers), self.layers[index])
 
     @property
     def total_gib(self) -> float:
-        return self.peak.total_bytes / GIB
+        return float(self.terms.total[:len(self.layers)].max()) / GIB
 
     @property
     def model_states_gib(self) -> float:
@@ -437,7 +447,7 @@ def estimate_memory(
                        mbs=parallel.mbs, pp=p, vpp=parallel.vpp, num_microbatches=math.inf if m is None else m,
                        stage=np.arange(p))
     terms = model.terms(np.array(layers))
-    return MemoryEstimate(tuple(stage_memory(terms, i, p, layers[i]) for i in range(p)))
+    return MemoryEstimate(terms, tuple(int(n) for n in layers))
 
 
 def stage_memory(terms: StageTerms, index, pp: int, layers: int, stage: int | None = None) -> StageMemory:

@@ -107,10 +107,10 @@ def launchable(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, opti
     max_mbs = gbs or s  # without a global batch, any MBS is allowed
     rows = []
     for t in _powers_of_two(min(max_tp, gpus)):
-        if tp_problem(spec, t):
+        if gpus % t or tp_problem(spec, t):
             continue
         for c in _powers_of_two(gpus // t):
-            if (c > 1 and (s % (2 * c) or not options.flash_attention)) or (t > 1 and (s // c) % t):
+            if gpus % (t * c) or (c > 1 and (s % (2 * c) or not options.flash_attention)) or (t > 1 and (s // c) % t):
                 continue
             for p in _divisors(gpus // (t * c)):
                 if p > layers or (split == "even" and layers % p):

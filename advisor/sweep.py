@@ -1,28 +1,38 @@
-"""Enumerate every valid (TP, CP, PP, MBS) for a GPU count, classify each, and rank them.
+"""Every launchable layout for a GPU count, classified and ranked: one row per (TP, CP, PP, DP,
+MBS) with its split, interleaving and recomputation (``advisor.space``).
 
 Verdicts (seed 004, Section 4.1): ``fits`` at most threshold x memory (80%: no run OOMed
 there), ``tight`` above it and up to the memory, ``oom`` above the memory.
 
-Ranking (seed 004, Section 4.2: "the parallel configurations that achieve high TFLOP/s are
-those with the minimal combination of TP x CP x PP that does not result in out-of-memory",
-and a larger micro-batch size raised throughput in every such case):
+Ranking without a time model (seed 004, Section 4.2: "the parallel configurations that achieve
+high TFLOP/s are those with the minimal combination of TP x CP x PP that does not result in
+out-of-memory", and a larger micro-batch size raised throughput in every such case):
 
 1. ``fits`` before ``tight``; ``oom`` rows are not ranked;
-2. the smallest TP x CP x PP;
-3. the larger MBS;
-4. the smaller TP (the paper found TP+CP and TP+PP slightly faster than TP alone);
-5. the smaller PP (fewer pipeline bubbles, Section 4.2.1), then the lower peak memory.
+2. no recomputation before recomputation (it costs a forward pass of what it recomputes);
+3. the smallest TP x CP x PP;
+4. the larger MBS;
+5. the smaller TP (the paper found TP+CP and TP+PP slightly faster than TP alone);
+6. the smaller PP (fewer pipeline bubbles, Section 4.2.1), then fewer recomputed layers, then
+   the lower peak memory.
+
+With a time model (``timing``), the shortest predicted step first.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator, Literal
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
 
 from advisor.errors import AdvisorError
-from advisor.memory import MemoryEstimate, MemoryOptions, check_layout, estimate_memory
+from advisor.memory import MemoryEstimate, MemoryOptions, StageTerms
 from advisor.models import LlamaSpec
 from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload
+
+if TYPE_CHECKING:
+    from advisor.rank_times import Timing
+    from advisor.space import SpaceOptions
 
 Verdict = Literal["fits", "tight", "oom"]
 DEFAULT_THRESHOLD = 0.8
@@ -38,7 +48,8 @@ def classify(total_gib: float, memory_gib: float, threshold: float = DEFAULT_THR
 
 @dataclass(frozen=True, slots=True)
 class SweepRow:
-    """One configuration of a sweep: its layout, its memory estimate, verdict and rank."""
+    """One layout: its parallel sizes, split, interleaving and recomputation (``options``), its
+    memory estimate, verdict and rank, and, with a time model, its predicted step."""
 
     parallel: ParallelConfig
     num_microbatches: int | None
@@ -47,13 +58,27 @@ class SweepRow:
     """The GPU's memory; None for an estimate made without one."""
     verdict: Verdict | None
     rank: int | None = None
+    options: MemoryOptions = MemoryOptions()
+    """The estimator's options of this row, its recomputation included."""
+    step_time_s: float | None = None
 
     @property
     def memory_fraction(self) -> float | None:
         return None if self.memory_gib is None else self.estimate.total_gib / self.memory_gib
 
+    @property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        return self.estimate.layers
+
+    @property
+    def recomputed_layers(self) -> int:
+        """N of full recomputation (0 without it)."""
+        return self.options.recompute_num_layers if self.options.recompute == "full" else 0
+
     def to_dict(self) -> dict:
-        p = self.parallel
+        p, options = self.parallel, self.options
+        peak = self.estimate.peak
+        full = options.recompute == "full"
         return {
             "rank": self.rank,
             "tp": p.tp,
@@ -62,47 +87,54 @@ class SweepRow:
             "mbs": p.mbs,
             "dp": p.dp,
             "gpus": p.gpus,
+            "vpp": p.vpp,
+            "layers_per_stage": list(self.layers_per_stage),
+            "recompute": options.recompute,
+            "recompute_method": options.recompute_method if full else None,
+            "recompute_num_layers": options.recompute_num_layers if full else None,
             "num_microbatches": self.num_microbatches,
             "total_gib": self.estimate.total_gib,
-            "model_states_gib": self.estimate.model_states_gib,
-            "activations_gib": self.estimate.activations_gib,
-            "peak_stage": self.estimate.peak.stage,
+            "model_states_gib": peak.model_states_bytes / 2**30,
+            "activations_gib": peak.activations_bytes / 2**30,
+            "peak_stage": peak.stage,
             "memory_fraction": self.memory_fraction,
             "verdict": self.verdict,
+            "step_time_s": self.step_time_s,
         }
-
-
-def _powers_of_two(limit: int) -> Iterator[int]:
-    n = 1
-    while n <= limit:
-        yield n
-        n *= 2
-
-
-def candidate_layouts(
-    spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int = DEFAULT_GPUS_PER_NODE
-) -> Iterator[ParallelConfig]:
-    """Every layout Megatron can run on ``gpus`` GPUs: TP and CP powers of 2, PP a divisor of
-    L, DP = gpus / (TP x CP x PP), MBS a power of 2 with gbs divisible by MBS x DP."""
-    max_mbs = workload.global_batch_size or workload.seq_len  # without a gbs, any MBS is allowed
-    for tp in _powers_of_two(min(max_tp, gpus)):
-        for cp in _powers_of_two(gpus // tp):
-            for pp in (n for n in range(1, spec.num_layers + 1) if spec.num_layers % n == 0):
-                if gpus % (tp * cp * pp):
-                    continue
-                dp = gpus // (tp * cp * pp)
-                for mbs in _powers_of_two(max_mbs // dp):
-                    parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs)
-                    try:
-                        check_layout(spec, parallel, workload)
-                    except AdvisorError:
-                        continue
-                    yield parallel
 
 
 def ranking_key(row: SweepRow) -> tuple:
     p = row.parallel
-    return (row.verdict != "fits", p.model_parallel_size, -p.mbs, p.tp, p.pp, row.estimate.total_gib, p.cp)
+    return (row.verdict != "fits", row.options.recompute != "none", p.model_parallel_size, -p.mbs, p.tp, p.pp,
+            row.recomputed_layers, row.estimate.total_gib, p.cp, p.vpp)
+
+
+def time_key(row: SweepRow) -> tuple:
+    return (row.verdict != "fits", row.step_time_s, ranking_key(row))
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """The rows, ranked ones first in rank order, then the oom ones by memory; and how much of the
+    space the search considered and pruned (``advisor.space``)."""
+
+    rows: list[SweepRow]
+    considered: int
+    """Layout variants in the space: (TP, CP, PP, DP, MBS) x VPP x recomputation."""
+    evaluated: int
+    """Variants priced; the others were pruned as unable to fit or to win."""
+
+    @property
+    def pruned(self) -> int:
+        return self.considered - self.evaluated
+
+
+def _row_options(options: MemoryOptions, recompute: str, method: str, layers: int) -> MemoryOptions:
+    if recompute == "none":
+        return replace(options, recompute="none", recompute_method="uniform", recompute_num_layers=1)
+    if recompute == "selective":
+        return replace(options, recompute="selective", recompute_method="uniform", recompute_num_layers=1)
+    return replace(options, recompute="full", recompute_method=method, recompute_num_layers=int(layers))
 
 
 def sweep(
@@ -114,37 +146,48 @@ def sweep(
     threshold: float = DEFAULT_THRESHOLD,
     max_tp: int = DEFAULT_GPUS_PER_NODE,
     options: MemoryOptions = MemoryOptions(),
-) -> list[SweepRow]:
-    """All valid layouts, ranked ones first in rank order, then the oom ones by memory."""
+    space: SpaceOptions | None = None,
+    timing: Timing | None = None,
+) -> Sweep:
+    """One row per launchable (TP, CP, PP, DP, MBS), with its best split, VPP and recomputation."""
+    from advisor.space import SpaceOptions, search
+
     if gpus < 1:
         raise AdvisorError(f"the GPU count must be positive, got {gpus}")
-    if not memory_gib > 0:
-        raise AdvisorError(f"GPU memory must be positive, got {memory_gib} GiB")
+    if not memory_gib > 0 or math.isinf(memory_gib):
+        raise AdvisorError(f"GPU memory must be a positive number of GiB, got {memory_gib}")
     if not 0 < threshold <= 1:
         raise AdvisorError(f"the threshold must be in (0, 1], got {threshold}")
-    rows = []
-    for parallel in candidate_layouts(spec, workload, gpus, max_tp):
-        estimate = estimate_memory(spec, parallel, workload, options)
-        rows.append(
-            SweepRow(
-                parallel=parallel,
-                num_microbatches=workload.num_microbatches(parallel),
-                estimate=estimate,
-                memory_gib=memory_gib,
-                verdict=classify(estimate.total_gib, memory_gib, threshold),
-            )
-        )
-    if not rows:
+    space = space or SpaceOptions()
+    result = search(spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=options,
+                    space=space, timing=timing)
+    bases, chosen = result.bases, result.chosen
+    if not len(bases):
+        split = "PP must divide" if space.split == "even" else "PP at most"
         raise AdvisorError(
             f"no valid (TP, CP, PP, MBS) for {gpus} GPUs with {spec.name}: DP = GPUs / (TP x CP x PP) "
-            f"must be whole, PP must divide {spec.num_layers} layers, TP (at most {max_tp}) must divide "
+            f"must be whole, {split} {spec.num_layers} layers, TP (at most {max_tp}) must divide "
             f"{spec.num_attention_heads} heads and {spec.num_query_groups} KV heads, and the global "
             f"batch {workload.global_batch_size} must be divisible by MBS x DP"
         )
-    survivors = sorted((row for row in rows if row.verdict != "oom"), key=ranking_key)
-    ranked = [
-        SweepRow(row.parallel, row.num_microbatches, row.estimate, row.memory_gib, row.verdict, rank)
-        for rank, row in enumerate(survivors, start=1)
-    ]
+    rows = []
+    total = chosen.terms.total.max(axis=1) / 2**30
+    for b in range(len(bases)):
+        pp = int(bases.pp[b])
+        parallel = ParallelConfig(tp=int(bases.tp[b]), cp=int(bases.cp[b]), pp=pp, dp=int(bases.dp[b]),
+                                  mbs=int(bases.mbs[b]), vpp=int(chosen.vpp[b]))
+        terms = StageTerms(**{name: getattr(chosen.terms, name)[b, :pp] for name in StageTerms.__dataclass_fields__})
+        m = bases.microbatches[b]
+        step = float(chosen.step_time[b])
+        rows.append(SweepRow(
+            parallel=parallel, num_microbatches=None if math.isinf(m) else int(m),
+            estimate=MemoryEstimate(terms, tuple(int(n) for n in chosen.counts[b, :pp])), memory_gib=memory_gib,
+            verdict=classify(float(total[b]), memory_gib, threshold),
+            options=_row_options(options, str(chosen.recompute[b]), str(chosen.recompute_method[b]),
+                                 int(chosen.recompute_layers[b])),
+            step_time_s=None if math.isnan(step) else step))
+    key = time_key if timing is not None else ranking_key
+    survivors = sorted((row for row in rows if row.verdict != "oom"), key=key)
+    ranked = [replace(row, rank=rank) for rank, row in enumerate(survivors, start=1)]
     oom = sorted((row for row in rows if row.verdict == "oom"), key=lambda row: row.estimate.total_gib)
-    return ranked + oom
+    return Sweep(rows=ranked + oom, considered=result.considered, evaluated=result.evaluated)

@@ -183,6 +183,11 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         if len(layers) != pp or sum(layers) != spec.num_layers:
             raise AdvisorError(f"{fields.origin}: the stages hold {list(layers)} layers, not {spec.num_layers} "
                                f"layers over PP {pp}")
+    elif "layers_per_stage" in fields.document:  # a sweep row carries its own split
+        layers = tuple(fields.array("layers_per_stage", int))
+        if len(layers) != pp or sum(layers) != spec.num_layers:
+            raise AdvisorError(f"{fields.origin}: 'layers_per_stage' {list(layers)} does not split "
+                               f"{spec.num_layers} layers over PP {pp}")
     else:
         layers = (spec.num_layers // pp,) * pp
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)

@@ -14,85 +14,152 @@ from advisor.cli.options import (
 TABLE_ROWS = 30
 
 
-def _row_columns():
+def _row_columns(timed: bool):
     from advisor.render import Column
 
-    return [
+    columns = [
         Column("rank", "rank"),
         Column("tp", "TP"),
         Column("cp", "CP"),
         Column("pp", "PP"),
+        Column("vpp", "VPP"),
         Column("mbs", "MBS"),
         Column("dp", "DP"),
         Column("num_microbatches", "m"),
+        Column("split", "layers per stage", justify="left"),
+        Column("recompute_text", "recompute", justify="left"),
         Column("model_states_gib", "states GiB", ".2f"),
         Column("activations_gib", "act. GiB", ".2f"),
         Column("total_gib", "total GiB", ".2f"),
         Column("memory_fraction", "of mem", ".0%"),
         Column("verdict", "verdict", justify="left"),
     ]
+    if timed:
+        columns.insert(10, Column("step_time_s", "step s", ".2f"))
+    return columns
 
 
-def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options) -> str:
+def split_text(layers: list[int]) -> str:
+    """[7, 8, 8, ..., 8, 7] -> '7,8x14,7': runs of equal counts."""
+    runs: list[list[int]] = []
+    for count in layers:
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    return ",".join(str(count) if times == 1 else f"{count}x{times}" for count, times in runs)
+
+
+def recompute_text(row: dict) -> str:
+    if row["recompute"] != "full":
+        return row["recompute"]
+    return f"full {row['recompute_method']} {row['recompute_num_layers']}"
+
+
+def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options, gpu) -> str:
     changed = options.changed()
     extras = "; " + ", ".join(f"{key}={value}" for key, value in changed.items()) if changed else ""
+    on = f" {gpu.name}" if gpu is not None else ""
     return (
         f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, "
-        f"{gpus} GPUs x {mem:g} GiB, fits <= {threshold * mem:.1f} GiB ({threshold:.0%}){extras}"
+        f"{gpus}{on} GPUs x {mem:g} GiB, fits <= {threshold * mem:.1f} GiB ({threshold:.0%}){extras}"
     )
 
 
 @click.command(epilog=EPILOG)
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total number of GPUs.")
-@click.option("--mem", type=click.FloatRange(min=0, min_open=True), required=True,
-              help="Memory per GPU in GiB (for example 40 for A100-40GB, 80 for H100-80GB).")
+@click.option("--mem", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Memory per GPU in GiB (for example 40 for A100-40GB, 80 for H100-80GB); required "
+                   "without --gpu, which sets it otherwise.")
+@click.option("--gpu", "gpu_name", default=None, metavar="NAME",
+              help="A GPU preset ('advisor gpus'): its memory, and the time model that plans each row's "
+                   "split for speed (MadPipe) and ranks rows by predicted step time.")
 @model_options
 @workload_options
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
-              help="TP is capped at this (TP across nodes is slow, seed 004 Section 1).")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+              help="TP is capped at this (TP across nodes is slow, seed 004 Section 1). Default: the "
+                   "--gpu preset's, else 8.")
 @click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8, show_default=True,
               help="'fits' up to this fraction of --mem; 'tight' up to all of it.")
 @click.option("--all", "show_all", is_flag=True, help="Include the oom rows.")
 @click.option("--top", type=click.IntRange(min=1), default=None,
               help=f"Show only the N best-ranked rows (table default: {TABLE_ROWS}, json/csv: all).")
-@memory_options
+@memory_options(searchable=True)
 @output_options
-def sweep(gpus, mem, spec, workload, gpus_per_node, threshold, show_all, top, options, fmt, output) -> None:
-    """Estimate every valid (TP, CP, PP, MBS) on GPUS GPUs and rank those that fit.
+def sweep(gpus, mem, gpu_name, spec, workload, gpus_per_node, threshold, show_all, top, options, space, fmt,
+          output) -> None:
+    """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
+    layers per stage, interleaving (VPP) and recomputation, and those that fit ranked.
 
     \b
     Enumerated: TP a power of 2 dividing the heads and KV heads, up to --gpus-per-node;
-    CP a power of 2 with the sequence divisible by 2 x CP; PP a divisor of the layers;
-    DP = GPUs / (TP x CP x PP); MBS a power of 2 with --gbs divisible by MBS x DP.
+    CP a power of 2 with the sequence divisible by 2 x CP; any PP up to the layers that
+    leaves DP = GPUs / (TP x CP x PP) whole; MBS a power of 2 with --gbs divisible by MBS x DP.
+    Per row: the split (Megatron's --pipeline-model-parallel-layout builds any), VPP where
+    Megatron interleaves (PP > 1, microbatches a multiple of PP), and recomputation
+    (--recompute-method block, N layers per chunk) only where needed to fit or, with --gpu,
+    where it is faster. Without --gpu: no interleaving (it only adds memory), the fewest
+    recomputed layers that fit, the split with the lowest peak. With --gpu: the fastest
+    variant and split that fit (MadPipe's planner under the memory limit).
 
     \b
     Verdict: fits (<= threshold x mem), tight (<= mem), oom (> mem; hidden without --all).
-    Rank (seed 004, Section 4.2: the smallest TP x CP x PP that fits is fastest):
-      1. fits before tight   2. smallest TP x CP x PP   3. largest MBS
-      4. smallest TP         5. smallest PP, then lowest memory
+    Rank with --gpu: the shortest predicted step. Without (seed 004, Section 4.2):
+      1. fits before tight  2. no recomputation first  3. smallest TP x CP x PP
+      4. largest MBS  5. smallest TP  6. smallest PP, then fewest recomputed layers, lowest memory
 
     \b
     Examples:
       advisor sweep --gpus 64 --mem 40
-      advisor sweep --gpus 128 --mem 80 --model llama3.1-70b --top 10
-      advisor sweep --gpus 8 --mem 94 --seq-len 32768 --all --format json
+      advisor sweep --gpus 16384 --gpu h100-80gb --model llama3.1-405b --gbs 2048
+      advisor sweep --gpus 8 --mem 94 --seq-len 32768 --split even --recompute none --all --format json
     """
     from advisor import render
+    from advisor.megatron_args import megatron_args
     from advisor.sweep import sweep as run_sweep
 
-    rows = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options)
+    gpu, timing = None, None
+    if gpu_name is not None:
+        from advisor.hardware import get_gpu
+        from advisor.rank_times import Timing
+        from advisor.throughput import TimeModel
+
+        gpu = get_gpu(gpu_name)
+        gpus_per_node = gpus_per_node or gpu.gpus_per_node
+        timing = Timing(TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size), gpus_per_node)
+        mem = mem or gpu.memory_gib
+    if mem is None:
+        raise InputError("give --mem GIB (the memory of one GPU) or --gpu NAME")
+    gpus_per_node = gpus_per_node or 8
+    result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
+                       space=space, timing=timing)
+    rows = result.rows
     counts = {verdict: sum(row.verdict == verdict for row in rows) for verdict in ("fits", "tight", "oom")}
     selected = [row for row in rows if show_all or row.verdict != "oom"]
     if top is None and fmt == "table" and not show_all:
         top = TABLE_ROWS  # a screenful; JSON and CSV give every row
     shown = selected[:top] if top is not None else selected
-    # Each row carries its setup, so that one row can be launched on its own (launch --from).
+    searched = (f"{result.considered:,} layouts considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
+                f"{result.pruned:,} pruned as unable to fit or to win")
+    # Each row carries its setup and its Megatron flags, so that one row launches on its own.
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem}
-    if fmt == "json":
-        setup.update(model=spec.to_dict(), options=options.changed())
-    else:
-        setup.update(model=spec.name)
-    dicts = [{**row.to_dict(), **setup} for row in shown]
+    dicts = []
+    for row in shown:
+        entry = {**row.to_dict(), **setup}
+        if fmt == "table":
+            entry.update(model=spec.name, split=split_text(entry["layers_per_stage"]),
+                         recompute_text=recompute_text(entry))
+        else:
+            entry.update(model=spec.to_dict() if fmt == "json" else spec.name, options=row.options.changed(),
+                         megatron_args=megatron_args(
+                             spec, workload.seq_len, tp=row.parallel.tp, cp=row.parallel.cp,
+                             layers_per_stage=row.layers_per_stage, micro_batch_size=row.parallel.mbs,
+                             global_batch_size=workload.global_batch_size, options=row.options,
+                             virtual_stages=row.parallel.vpp))
+            if fmt == "csv":
+                entry["megatron_args"] = " ".join(entry["megatron_args"])
+                entry["layers_per_stage"] = split_text(entry["layers_per_stage"])
+        dicts.append(entry)
     if fmt == "json":
         text = render.to_json(dicts)
     elif fmt == "csv":
@@ -103,11 +170,14 @@ def sweep(gpus, mem, spec, workload, gpus_per_node, threshold, show_all, top, op
         if len(shown) < len(selected):
             caption += f"; best {len(shown)} of {len(selected)} shown (--top N)"
         if not dicts:
-            caption = f"nothing fits: {caption}. Try more GPUs, --recompute full, or a shorter --seq-len."
+            caption = f"nothing fits: {caption}. Try more GPUs or a shorter --seq-len."
         text = render.to_table(
-            dicts, _row_columns(), title=_setup_line(spec, workload, gpus, mem, threshold, options),
-            caption=caption, row_style=render.verdict_style, color=color_wanted(output),
+            dicts, _row_columns(timing is not None),
+            title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu),
+            caption=f"{caption}\n{searched}", row_style=render.verdict_style, color=color_wanted(output),
         )
+    if fmt != "table":
+        click.echo(f"advisor sweep: {searched}", err=True)
     emit(text, output)
 
 
@@ -162,7 +232,8 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, s
     result = estimate_memory(spec, parallel, workload, options, stages)
     verdict = classify(result.total_gib, mem, threshold) if mem else None
     row = {
-        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict).to_dict(),
+        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict,
+                   options=options).to_dict(),
         "vpp": parallel.vpp, "model": spec.to_dict(), "seq_len": workload.seq_len,
         "global_batch_size": workload.global_batch_size, "options": options.changed(),
     }
