@@ -22,6 +22,7 @@ TP x CP x PP x DP and is the launcher's (torchrun ``--nproc-per-node`` x nodes),
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -97,6 +98,16 @@ def split_args(layers_per_stage: list[int] | tuple[int, ...], virtual_stages: in
     return ["--pipeline-model-parallel-layout", pipeline_layout(counts)]
 
 
+@functools.lru_cache(maxsize=64)
+def _model_args(spec: LlamaSpec, seq_len: int) -> tuple[str, ...]:
+    return tuple(model_args(spec, seq_len))
+
+
+@functools.lru_cache(maxsize=256)
+def _memory_args(tp_above_one: bool, options: MemoryOptions, params_dtype: str) -> tuple[str, ...]:
+    return tuple(memory_args(tp=2 if tp_above_one else 1, options=options, params_dtype=params_dtype))
+
+
 def model_args(spec: LlamaSpec, seq_len: int) -> list[str]:
     """The Llama architecture (RMSNorm, SwiGLU, RoPE, GQA, no biases). The vocabulary comes
     from the user's tokenizer, so it is not a flag here."""
@@ -165,9 +176,11 @@ def megatron_args(
 ) -> list[str]:
     """Everything Megatron-LM needs to build and batch this layout; the launcher adds data,
     tokenizer and iterations."""
-    return (
-        model_args(spec, seq_len)
-        + parallel_args(tp=tp, cp=cp, layers_per_stage=layers_per_stage, micro_batch_size=micro_batch_size,
-                        global_batch_size=global_batch_size, virtual_stages=virtual_stages)
-        + memory_args(tp=tp, options=options, params_dtype=params_dtype)
-    )
+    # A sweep writes these for thousands of rows: the model's and the memory flags repeat (TP
+    # enters memory_args only through TP > 1).
+    return [
+        *_model_args(spec, seq_len),
+        *parallel_args(tp=tp, cp=cp, layers_per_stage=layers_per_stage, micro_batch_size=micro_batch_size,
+                       global_batch_size=global_batch_size, virtual_stages=virtual_stages),
+        *_memory_args(tp > 1, options, params_dtype),
+    ]

@@ -130,6 +130,8 @@ class MemoryEstimate:
     terms: StageTerms
     layers: tuple[int, ...]
     """Decoder layers of each stage."""
+    peak_stage: int | None = None
+    """The stage with the most bytes (the first of equals), when the caller knows it already."""
 
     @property
     def stages(self) -> tuple[StageMemory, ...]:
@@ -139,12 +141,12 @@ class MemoryEstimate:
     @property
     def peak(self) -> StageMemory:
         """The stage with the most bytes (the first of equals)."""
-        index = int(np.argmax(self.terms.total[:len(self.layers)]))
+        index = int(np.argmax(self.terms.total)) if self.peak_stage is None else self.peak_stage
         return stage_memory(self.terms, index, len(self.layers), self.layers[index])
 
     @property
     def total_gib(self) -> float:
-        return float(self.terms.total[:len(self.layers)].max()) / GIB
+        return self.peak.total_bytes / GIB
 
     @property
     def model_states_gib(self) -> float:

@@ -42,6 +42,10 @@ def byte_unit(values) -> tuple[str, int]:
 
 
 def to_json(obj: object) -> str:
+    """Indented JSON; an array of rows as one row per line (json's C encoder: a whole-space sweep
+    writes thousands of rows, and indenting them through the pure-Python encoder took seconds)."""
+    if isinstance(obj, list) and obj and all(isinstance(row, dict) for row in obj):
+        return "[\n" + ",\n".join("  " + json.dumps(row) for row in obj) + "\n]\n"
     return json.dumps(obj, indent=2) + "\n"
 
 

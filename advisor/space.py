@@ -47,7 +47,7 @@ from advisor import equations as eq
 from advisor.memory import GIB, MemoryOptions, StageModel, StageTerms, tp_problem
 from advisor.models import LlamaSpec
 from advisor.parallel import Workload
-from advisor.splits import Pipelines, Split, fastest_within, lowest_memory, memory_caps, min_max
+from advisor.splits import Pipelines, Split, fastest_within, fill, lowest_memory, memory_caps, min_max
 
 if TYPE_CHECKING:
     from advisor.rank_times import LayoutTimes, Timing
@@ -256,14 +256,22 @@ class _Pricer:
                                   memory_inverse=model.most_layers)
         return self._each(plan)
 
-    def step_time(self, counts: np.ndarray) -> np.ndarray:
-        """Seconds per iteration of each variant with ``counts`` layers per rank (time model)."""
+    def step_time(self, counts: np.ndarray, which: np.ndarray | None = None) -> np.ndarray:
+        """Seconds per iteration of the variants ``which`` (default all) with ``counts`` layers
+        per rank (the time model)."""
+        which = np.arange(len(self.variants)) if which is None else which
         step = np.full(len(self.variants), np.inf)
         for index, model, _, _ in self.groups:
-            part, variants = counts[index, :model.in_flight.passes.shape[1]], self.variants.take(index)
-            step[index] = self.times.step(variants.base, variants.vpp, variants.recompute_layers, part,
-                                          model.parameters(part).max(axis=1))
-        return step
+            at = np.flatnonzero(np.isin(index, which))
+            if not at.size:
+                continue
+            rows = index[at]
+            part, variants = counts[rows, :model.in_flight.passes.shape[1]], self.variants.take(rows)
+            # the largest rank's parameters on one GPU: what the DP collectives and Adam move
+            parameters = part * model.layer_parameters[at] + model.end_parameters[at]
+            step[rows] = self.times.step(variants.base, variants.vpp, variants.recompute_layers, part,
+                                         parameters.max(axis=1))
+        return step[which]
 
     def terms(self, counts: np.ndarray) -> StageTerms:
         """(K, width) memory terms of each variant's ranks holding ``counts`` layers."""
@@ -342,10 +350,14 @@ class _Search:
 def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> tuple[np.ndarray, int]:
     """Per variant (its N ignored), the fewest recomputed layers N in [low, high] with which some
     split fits within ``limit`` (-1 where none does), and how many (variant, N) were priced:
-    memory never grows with N, so bisection."""
-    fits_high = search.pricer(variants.with_recompute(high)).fits(limit)
-    priced = len(variants)
-    below, above = low - 1, np.where(fits_high, high, -1)
+    memory never grows with N, so the lowest first, then bisection."""
+    fits_low = search.pricer(variants.with_recompute(low)).fits(limit)  # most need none
+    rest = np.flatnonzero(~fits_low & (high > low))
+    fits_high = fits_low.copy()
+    if rest.size:
+        fits_high[rest] = search.pricer(variants.take(rest).with_recompute(high[rest])).fits(limit)
+    priced = len(variants) + rest.size
+    below, above = np.where(fits_low, low - 1, low), np.where(fits_low, low, np.where(fits_high, high, -1))
     open_ = fits_high & (above - below > 1)
     while open_.any():
         index = np.flatnonzero(open_)
@@ -358,12 +370,52 @@ def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> t
     return above, priced
 
 
-@dataclass(frozen=True, slots=True)
-class _Pick:
-    variants: Variants
-    """One variant (length 1)."""
-    counts: np.ndarray | None
-    step_time: float
+class _Picks:
+    """Per base, the chosen variant (-1 family: none yet): arrays over bases."""
+
+    def __init__(self, bases: int, width: int) -> None:
+        self.family = np.full(bases, -1)
+        self.vpp = np.ones(bases, dtype=np.int64)
+        self.recompute_layers = np.zeros(bases, dtype=np.int64)
+        self.counts = np.zeros((bases, width), dtype=np.int64)
+        self.planned = np.zeros(bases, dtype=bool)
+        """Whether ``counts`` holds the split (else it is still to plan)."""
+        self.step_time = np.full(bases, np.nan)
+
+    @property
+    def open(self) -> np.ndarray:
+        return self.family < 0
+
+    def take_best(self, found: list, families: list) -> None:
+        """Per open base, the variant with the lowest key over every set in ``found``
+        ((family index, variants, N or -1, key, counts or None)); first on ties."""
+        rows = [(f, v, n, key, counts) for f, v, n, key, counts in found if len(v)]
+        if not rows:
+            return
+        key = np.concatenate([np.where(n >= 0, k, np.inf) for _, v, n, k, _ in rows])
+        base = np.concatenate([v.base for _, v, _, _, _ in rows])
+        which = np.concatenate([np.full(len(v), i) for i, (_, v, _, _, _) in enumerate(rows)])
+        index = np.concatenate([np.arange(len(v)) for _, v, _, _, _ in rows])
+        ok = np.isfinite(key) & self.open[base]
+        if not ok.any():
+            return
+        order = np.flatnonzero(ok)[np.lexsort((key[ok], base[ok]))]
+        first = order[np.r_[True, base[order][1:] != base[order][:-1]]]
+        for i, (family, variants, n, k, counts) in enumerate(rows):
+            chosen = first[which[first] == i]
+            at, b = index[chosen], base[chosen]
+            self.family[b] = family
+            self.vpp[b] = variants.vpp[at]
+            self.recompute_layers[b] = n[at]
+            if counts is not None:
+                self.counts[b, :counts.shape[1]] = counts[at]
+                self.planned[b] = True
+                self.step_time[b] = k[at]
+
+    def variants(self, members: np.ndarray, bases: Bases, families: list) -> Variants:
+        """The picks ``members`` (all of one family) as one set."""
+        selective, uniform = families[int(self.family[members[0]])]
+        return Variants(members, bases, self.vpp[members], self.recompute_layers[members], selective, uniform)
 
 
 def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float,
@@ -373,8 +425,14 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
     layers = spec.num_layers
     state = _Search(spec, workload, options, timing, space.split == "even")
     bases = launchable(spec, workload, gpus, max_tp, options, space.split)
-    possible = _states_lower_bound(spec, bases, options) <= memory_gib * GIB
     group_base, group_vpp = _groups(spec, bases, space)
+    if space.vpp is not None:  # a pinned VPP drops the layouts that cannot interleave that way
+        kept = np.unique(group_base)
+        bases = bases.take(kept)
+        group_base = np.searchsorted(kept, group_base)
+    possible = _states_lower_bound(spec, bases, options) <= memory_gib * GIB
+    first_vpp = np.full(len(bases), np.iinfo(np.int64).max)
+    np.minimum.at(first_vpp, group_base, group_vpp)  # each base's smallest VPP
     families = [(True, False)] if space.recompute == "selective" else \
         [(False, space.recompute == "full" and space.recompute_method == "uniform")]
     if space.recompute == "auto" and not options.flash_attention:  # selective saves the s^2 scores
@@ -387,12 +445,12 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
     if timing is None and space.vpp is None:  # interleaving can only add memory (module docstring)
         keep &= group_vpp == 1
     group_base, group_vpp = group_base[keep], group_vpp[keep]
-    picks: list = [None] * len(bases)
+    picks = _Picks(len(bases), int(bases.pp.max()) if len(bases) else 1)
     evaluated = 0
     for limit in (threshold * memory_gib * GIB, memory_gib * GIB):
-        open_ = np.array([picks[b] is None for b in group_base.tolist()], dtype=bool)
+        open_ = picks.open[group_base]
         found = []
-        for selective, uniform in families:
+        for family, (selective, uniform) in enumerate(families):
             variants = Variants(group_base[open_], bases, group_vpp[open_], np.zeros(int(open_.sum()), np.int64),
                                 selective, uniform)
             if not len(variants):
@@ -401,25 +459,35 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
                 low, high = _recompute_range(variants.pp, variants.vpp, layers, space, selective)
                 least, priced = _least_recompute(state, variants, low, high, limit)
                 evaluated += priced
-                found.append((variants, least, np.where(least >= 0, least + 0.5 * selective, np.inf), None))
+                found.append((family, variants, least, least + 0.5 * selective, None))
             else:
-                result, priced = _fastest_variants(state, variants, space, limit, len(bases))
-                found.append(result)
+                (_, chosen, steps, counts), priced = _fastest_variants(state, variants, space, limit, len(bases))
+                found.append((family, variants, chosen, steps, counts))
                 evaluated += priced
-        _pick_per_base(picks, found, timing is None)
-    if timing is None:
-        _lowest_splits(state, picks)
-    # What fits nowhere: the plain variant (v = 1, no recomputation) with the lowest-memory split,
-    # to show by how much.
-    missing = np.flatnonzero([pick is None for pick in picks])
-    if missing.size:
-        plain = Variants(missing, bases, np.ones(missing.size, np.int64), np.zeros(missing.size, np.int64),
-                         *families[0])
-        evaluated += int((~possible[missing]).sum())
-        split = replace(state, timing=None, times={}).pricer(plain).lowest()
-        for k, base in enumerate(missing.tolist()):
-            picks[base] = _Pick(plain.take([k]), split.counts[k], math.nan)
-    return SpaceResult(bases=bases, chosen=_rows(state, bases, picks), considered=considered, evaluated=evaluated)
+        picks.take_best(found, families)
+    # What fits nowhere: its plain variant (its first VPP, no recomputation). Where some split of
+    # it might fit within the memory with recomputation, the lowest-memory split shows by how
+    # much it misses; where not even the model states fit, any split does, so the evenest.
+    missing = np.flatnonzero(picks.open)
+    picks.family[missing] = 0
+    picks.vpp[missing] = first_vpp[missing]
+    picks.recompute_layers[missing] = 0
+    plain = Variants(missing, bases, picks.vpp[missing], picks.recompute_layers[missing], *families[0])
+    evenest = ~possible[missing]
+    if evenest.any():
+        pipelines = Pipelines(pp=plain.pp[evenest], vpp=plain.vpp[evenest], layers=layers)
+        picks.counts[missing[evenest], :pipelines.width] = fill(pipelines.highest, pipelines)
+        picks.planned[missing[evenest]] = True
+        evaluated += int(evenest.sum())
+    for family in range(len(families)):  # the lowest-memory split of what is still to plan
+        todo = np.flatnonzero(~picks.planned & (picks.family == family))
+        if todo.size:
+            variants = picks.variants(todo, bases, families)
+            split = replace(state, timing=None, times={}).pricer(variants).lowest()
+            picks.counts[todo, :split.counts.shape[1]] = split.counts
+            picks.planned[todo] = True
+    return SpaceResult(bases=bases, chosen=_rows(state, bases, picks, families), considered=considered,
+                       evaluated=evaluated)
 
 
 def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, limit: float, bases: int):
@@ -457,12 +525,15 @@ def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, 
 
 
 def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
-    """Per variant, from its least N upwards, the fastest split within ``limit`` (MadPipe's
-    planner) and its step; stops when the step with N + 1 recomputed layers and no memory limit
-    at all is already no faster, a bound that only grows with N. Returns (step, N, counts,
-    variants planned beyond their least N)."""
+    """Per variant, from its least N upwards, MadPipe's split within ``limit`` and its step.
+
+    More recomputation can only lengthen every rank's time, so the smallest period any N' > N
+    can reach is at least the period of N's split with the memory limit ignored; once that is
+    no better than the best period found, no larger N can shorten the period, and the search
+    stops. The step time picks among the N planned. Returns (step, N, counts, variants planned
+    beyond their least N)."""
     count = len(variants)
-    best = np.full(count, np.inf)
+    best, best_period = np.full(count, np.inf), np.full(count, np.inf)
     best_n = np.full(count, -1)
     best_counts = np.zeros((count, int(variants.pp.max()) if count else 1), dtype=np.int64)
     n = least.copy()
@@ -474,79 +545,37 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
         pricer = search.pricer(part)
         split = pricer.fastest(limit)
         planned += int((n[index] > least[index]).sum())
-        step = np.where(split.feasible, pricer.step_time(split.counts), np.inf)
+        step = np.full(len(index), np.inf)
+        if split.feasible.any():
+            ok = np.flatnonzero(split.feasible)
+            step[ok] = pricer.step_time(split.counts, ok)
         better = step < best[index]
         best[index[better]] = step[better]
         best_n[index[better]] = n[index[better]]
         best_counts[index[better], :split.counts.shape[1]] = split.counts[better]
-        nxt = n[index] + 1
-        room = nxt <= high[index]
-        bound = np.full(len(index), np.inf)
-        if room.any():
-            ahead = search.pricer(part.take(np.flatnonzero(room)).with_recompute(nxt[room]))
-            free = ahead.fastest(np.inf)
-            bound[room] = np.where(free.feasible, ahead.step_time(free.counts), np.inf)
-        n[index] = nxt
-        open_[index] = room & (bound < best[index])
+        best_period[index] = np.minimum(best_period[index], split.value)
+        free = pricer.fastest(np.inf).value  # no N' > N has a shorter period than this
+        n[index] += 1
+        open_[index] = (n[index] <= high[index]) & (free < best_period[index])
     return best, best_n, best_counts, planned
 
 
-def _pick_per_base(picks: list, found: list, least_recompute: bool) -> None:
-    """Per open base, the best variant over every VPP and family: the lowest key (step time, or
-    the fewest recomputed layers)."""
-    best: dict[int, tuple] = {}
-    for variants, n, key, counts in found:
-        for k in np.flatnonzero(n >= 0).tolist():
-            base = int(variants.base[k])
-            if picks[base] is None and (base not in best or key[k] < best[base][0]):
-                best[base] = (key[k], variants, k, n[k], None if counts is None else counts[k])
-    for base, (key, variants, k, n, counts) in best.items():
-        picks[base] = _Pick(variants.take([k]).with_recompute(n), counts, math.nan if least_recompute else float(key))
-
-
-def _together(picks: list[_Pick], members: list[int]) -> Variants:
-    """The picks ``members`` (of one family) as one set of variants."""
-    one = picks[members[0]].variants
-    return replace(one, base=np.array([int(picks[b].variants.base[0]) for b in members]),
-                   vpp=np.array([int(picks[b].variants.vpp[0]) for b in members]),
-                   recompute_layers=np.array([int(picks[b].variants.recompute_layers[0]) for b in members]))
-
-
-def _families(picks: list, members) -> dict[tuple, list[int]]:
-    groups: dict[tuple, list[int]] = {}
-    for b in members:
-        groups.setdefault((picks[b].variants.selective, picks[b].variants.uniform), []).append(b)
-    return groups
-
-
-def _lowest_splits(search: _Search, picks: list) -> None:
-    """The lowest-memory split of every pick that has none yet (no time model)."""
-    todo = [b for b, pick in enumerate(picks) if pick is not None and pick.counts is None]
-    for members in _families(picks, todo).values():
-        variants = _together(picks, members)
-        split = search.pricer(variants).lowest()
-        for k, b in enumerate(members):
-            picks[b] = _Pick(variants.take([k]), split.counts[k], math.nan)
-
-
-def _rows(search: _Search, bases: Bases, picks: list[_Pick]) -> Chosen:
+def _rows(search: _Search, bases: Bases, picks: _Picks, families: list) -> Chosen:
     """Memory terms of every chosen (variant, split), priced together per recomputation family."""
-    width = int(bases.pp.max()) if len(bases) else 1
-    count = len(bases)
-    counts = np.zeros((count, width), dtype=np.int64)
-    for b, pick in enumerate(picks):
-        counts[b, :len(pick.counts)] = pick.counts[:width]
-    terms = {name: np.zeros((count, width)) for name in StageTerms.__dataclass_fields__}
-    for members in _families(picks, range(count)).values():
-        pricer = replace(search, timing=None, times={}).pricer(_together(picks, members))
-        part = pricer.terms(counts[members][:, :pricer.width])
+    width = picks.counts.shape[1]
+    terms = {name: np.zeros((len(bases), width)) for name in StageTerms.__dataclass_fields__}
+    for family in range(len(families)):
+        members = np.flatnonzero(picks.family == family)
+        if not members.size:
+            continue
+        pricer = replace(search, timing=None, times={}).pricer(picks.variants(members, bases, families))
+        part = pricer.terms(picks.counts[members][:, :pricer.width])
         for name, values in terms.items():
             values[members, :pricer.width] = getattr(part, name)
-    n = np.array([int(p.variants.recompute_layers[0]) for p in picks], dtype=np.int64)
-    selective = np.array([p.variants.selective for p in picks], dtype=bool)
-    uniform = np.array([p.variants.uniform for p in picks], dtype=bool)
+    n = picks.recompute_layers
+    selective = np.array([families[f][0] for f in picks.family], dtype=bool)
+    uniform = np.array([families[f][1] for f in picks.family], dtype=bool)
     return Chosen(
-        vpp=np.array([int(p.variants.vpp[0]) for p in picks], dtype=np.int64),
-        recompute=np.where(selective, "selective", np.where(n > 0, "full", "none")),
+        vpp=picks.vpp, recompute=np.where(selective, "selective", np.where(n > 0, "full", "none")),
         recompute_method=np.where(n > 0, np.where(uniform, "uniform", "block"), ""), recompute_layers=n,
-        counts=counts, terms=StageTerms(**terms), step_time=np.array([p.step_time for p in picks], dtype=float))
+        counts=picks.counts, terms=StageTerms(**terms), step_time=picks.step_time)

@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from advisor.errors import AdvisorError
 from advisor.memory import MemoryEstimate, MemoryOptions, StageTerms
 from advisor.models import LlamaSpec
@@ -78,6 +80,7 @@ class SweepRow:
     def to_dict(self) -> dict:
         p, options = self.parallel, self.options
         peak = self.estimate.peak
+        total = peak.total_bytes / 2**30
         full = options.recompute == "full"
         return {
             "rank": self.rank,
@@ -93,11 +96,11 @@ class SweepRow:
             "recompute_method": options.recompute_method if full else None,
             "recompute_num_layers": options.recompute_num_layers if full else None,
             "num_microbatches": self.num_microbatches,
-            "total_gib": self.estimate.total_gib,
+            "total_gib": total,
             "model_states_gib": peak.model_states_bytes / 2**30,
             "activations_gib": peak.activations_bytes / 2**30,
             "peak_stage": peak.stage,
-            "memory_fraction": self.memory_fraction,
+            "memory_fraction": None if self.memory_gib is None else total / self.memory_gib,
             "verdict": self.verdict,
             "step_time_s": self.step_time_s,
         }
@@ -171,7 +174,10 @@ def sweep(
             f"batch {workload.global_batch_size} must be divisible by MBS x DP"
         )
     rows = []
-    total = chosen.terms.total.max(axis=1) / 2**30
+    columns = np.arange(chosen.terms.parameters.shape[1])[None, :]
+    totals = np.where(columns < bases.pp[:, None], chosen.terms.total, -np.inf)
+    peak = totals.argmax(axis=1)
+    total = totals.max(axis=1) / 2**30
     for b in range(len(bases)):
         pp = int(bases.pp[b])
         parallel = ParallelConfig(tp=int(bases.tp[b]), cp=int(bases.cp[b]), pp=pp, dp=int(bases.dp[b]),
@@ -181,7 +187,8 @@ def sweep(
         step = float(chosen.step_time[b])
         rows.append(SweepRow(
             parallel=parallel, num_microbatches=None if math.isinf(m) else int(m),
-            estimate=MemoryEstimate(terms, tuple(int(n) for n in chosen.counts[b, :pp])), memory_gib=memory_gib,
+            estimate=MemoryEstimate(terms, tuple(int(n) for n in chosen.counts[b, :pp]), int(peak[b])),
+            memory_gib=memory_gib,
             verdict=classify(float(total[b]), memory_gib, threshold),
             options=_row_options(options, str(chosen.recompute[b]), str(chosen.recompute_method[b]),
                                  int(chosen.recompute_layers[b])),

@@ -142,20 +142,22 @@ def sweep(gpus, mem, gpu_name, spec, workload, gpus_per_node, threshold, show_al
     searched = (f"{result.considered:,} layouts considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
                 f"{result.pruned:,} pruned as unable to fit or to win")
     # Each row carries its setup and its Megatron flags, so that one row launches on its own.
-    setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem}
+    setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
+             "model": spec.to_dict() if fmt == "json" else spec.name}
+    changed: dict = {}  # few distinct options among many rows
     dicts = []
     for row in shown:
         entry = {**row.to_dict(), **setup}
         if fmt == "table":
-            entry.update(model=spec.name, split=split_text(entry["layers_per_stage"]),
-                         recompute_text=recompute_text(entry))
+            entry.update(split=split_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
         else:
-            entry.update(model=spec.to_dict() if fmt == "json" else spec.name, options=row.options.changed(),
-                         megatron_args=megatron_args(
-                             spec, workload.seq_len, tp=row.parallel.tp, cp=row.parallel.cp,
-                             layers_per_stage=row.layers_per_stage, micro_batch_size=row.parallel.mbs,
-                             global_batch_size=workload.global_batch_size, options=row.options,
-                             virtual_stages=row.parallel.vpp))
+            p, options = row.parallel, row.options
+            if options not in changed:
+                changed[options] = options.changed()
+            entry.update(options=changed[options], megatron_args=megatron_args(
+                spec, workload.seq_len, tp=p.tp, cp=p.cp, layers_per_stage=row.layers_per_stage,
+                micro_batch_size=p.mbs, global_batch_size=workload.global_batch_size, options=options,
+                virtual_stages=p.vpp))
             if fmt == "csv":
                 entry["megatron_args"] = " ".join(entry["megatron_args"])
                 entry["layers_per_stage"] = split_text(entry["layers_per_stage"])
