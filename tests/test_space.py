@@ -1,14 +1,13 @@
 """advisor.space: the launchable space, its pruning, and the closed forms it relies on."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pytest
-
 from advisor.memory import MemoryOptions, StageModel
-from advisor.parallel import Workload
 from advisor.models import PRESETS
+from advisor.parallel import Workload
 from advisor.splits import caps
 
 
