@@ -2,12 +2,15 @@
 
 ``megatron_hooks`` writes one JSON Lines file per rank, ``rank{RANK:05d}.jsonl``, into a run
 directory; the advisor reads them without torch. Schema ``megatron-4d-advisor/profile``,
-version 1. Every line is one JSON object with a ``type``:
+version 2 (version 1 files are read too: see below). Every line is one JSON object with a
+``type``:
 
 ``header`` (the first line) identifies the run and this rank:
-    schema, version, run_id, created (ISO 8601), backend ("cuda" | "cpu"), device,
-    torch_version, megatron_core_version, emulated (true when a pipeline stage was emulated
-    on the CPU rather than run by Megatron's schedule), params_dtype ("float32" | "bfloat16" |
+    schema, version, run_id, created (ISO 8601), backend ("cuda" | "cpu" | "symbolic": fake
+    tensors that carry shapes and dtypes but no storage, megatron_hooks/symbolic.py), device,
+    kernels ("cuda": what a CUDA run executes, measured on CUDA or stood in for on fake tensors
+    | "cpu": torch's CPU paths), torch_version, megatron_core_version, emulated (true when a
+    pipeline stage was emulated rather than run by Megatron's schedule), params_dtype ("float32" | "bfloat16" |
     "float16": the dtype of weights and activations), layer_spec ("local": unfused attention
     that keeps the s x s scores | "transformer_engine"), sequence_parallel, recompute
     ("none" | "selective" | "full"), distributed_optimizer, model (LlamaSpec fields),
@@ -22,14 +25,18 @@ version 1. Every line is one JSON object with a ``type``:
     1-based; null for embedding and output), parameter_bytes, gradient_bytes,
     optimizer_bytes (this rank's share), activation_bytes (kept for backward by one
     microbatch), forward_peak_bytes and backward_peak_bytes (the transient rise above the
-    level at the module's entry).
+    level at the module's entry), forward_time_s and backward_time_s (seconds one
+    microbatch's forward / backward pass spends in the module, the mean over the iteration's
+    microbatches: CUDA events on a GPU, wall time on the CPU; null under the symbolic backend,
+    which computes nothing).
 ``iteration``: iteration, parameter_bytes, gradient_bytes, optimizer_bytes (static memory
     after the step), peak_allocated_bytes, peak_reserved_bytes and alloc_retries (null where
     the backend has none), step_time_s, loss (null off the last stage).
 ``end`` (the last line): status ("ok" | "oom" | "error" | "running"), iterations (completed),
     error and where (null unless the run failed; where says how far it got).
 
-Memory is in bytes. A writer rewrites the whole file atomically (``advisor.fileio``) after
+Memory is in bytes. Version 1 files have no ``kernels`` (read as "cuda" on the CUDA backend,
+"cpu" otherwise) and no per-layer times (read as null). A writer rewrites the whole file atomically (``advisor.fileio``) after
 each iteration, so a killed run leaves a valid file whose end record says "running".
 """
 
@@ -48,10 +55,12 @@ from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig
 
 SCHEMA = "megatron-4d-advisor/profile"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 LayerKind = Literal["embedding", "decoder", "output"]
 Status = Literal["ok", "oom", "error", "running"]
-Backend = Literal["cuda", "cpu"]
+Backend = Literal["cuda", "cpu", "symbolic"]
+Kernels = Literal["cuda", "cpu"]
 ParamsDtype = Literal["float32", "bfloat16", "float16"]
 PARAMS_DTYPES: tuple[str, ...] = get_args(ParamsDtype)
 LayerSpec = Literal["local", "transformer_engine"]
@@ -77,10 +86,16 @@ class LayerRecord:
     activation_bytes: int
     forward_peak_bytes: int
     backward_peak_bytes: int
+    forward_time_s: float | None = None
+    backward_time_s: float | None = None
 
     @property
     def static_bytes(self) -> int:
         return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes
+
+
+LAYER_TIME_FIELDS = ("forward_time_s", "backward_time_s")
+"""Per-layer times, new in version 2 (published for the MadPipe planner)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,6 +121,7 @@ class RankHeader:
     created: str
     backend: Backend
     device: str
+    kernels: Kernels
     torch_version: str
     megatron_core_version: str
     emulated: bool
@@ -230,10 +246,14 @@ def _dataclass_from(cls, record: dict, where: str, nullable: tuple[str, ...] = (
 def _parse_header(record: dict, where: str) -> RankHeader:
     if record.get("schema") != SCHEMA:
         raise ProfileError(f"{where}: not a profile file (schema {record.get('schema')!r}, expected {SCHEMA!r})")
-    if record.get("version") != VERSION:
+    version = record.get("version")
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise ProfileError(
-            f"{where}: profile schema version {record.get('version')!r}; this advisor reads version {VERSION}"
+            f"{where}: profile schema version {version!r}; this advisor reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
+    if version == 1:  # before kernels and per-layer times: what a version 1 writer ran
+        record = {"kernels": "cuda" if record.get("backend") == "cuda" else "cpu", **record}
     try:
         model = LlamaSpec(**_field(record, "model", dict, where))
         parallel = ParallelConfig(**_field(record, "parallel", dict, where))
@@ -241,7 +261,8 @@ def _parse_header(record: dict, where: str) -> RankHeader:
         raise ProfileError(f"{where}: malformed model or parallel section: {exc}") from None
     except AdvisorError as exc:
         raise ProfileError(f"{where}: {exc}") from None
-    choices = {"backend": Backend, "params_dtype": ParamsDtype, "layer_spec": LayerSpec, "recompute": Recompute}
+    choices = {"backend": Backend, "kernels": Kernels, "params_dtype": ParamsDtype, "layer_spec": LayerSpec,
+               "recompute": Recompute}
     chosen = {}
     for name, kind in choices.items():
         allowed = get_args(kind)
@@ -304,6 +325,8 @@ def read_rank_file(path: str | Path) -> RankProfile:
     for where, record in records[1:-1]:
         kind = record["type"]
         if kind == "layer":
+            if first.get("version") == 1:  # no per-layer times before version 2
+                record = {**dict.fromkeys(LAYER_TIME_FIELDS), **record}
             layer = _dataclass_from(LayerRecord, record, where)
             if layer.kind not in get_args(LayerKind):
                 raise ProfileError(f"{where}: unknown layer kind {layer.kind!r}")

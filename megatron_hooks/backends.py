@@ -1,12 +1,18 @@
 """Where the memory numbers come from: CUDA's allocator statistics, or a tracker of live CPU storages.
 
-Both backends answer the same four questions, which is all the layer hooks ask:
+Both backends answer the same questions, which is all the layer hooks ask:
 
 - ``allocated()``: bytes of tensor memory in use now;
 - ``peak()``: the most bytes in use since the last ``reset_peak()``;
 - ``peak_reserved()`` and ``alloc_retries()``: the allocator's reserved peak since the last
   reset and its cumulative count of retries after a failed allocation (None on the CPU, which
-  has neither).
+  has neither);
+- ``clock()`` and ``seconds(start, end)``: a time mark now (a recorded CUDA event on a GPU,
+  which times the device's work without synchronising; ``time.perf_counter()`` on the CPU) and
+  the seconds between two marks, read once the iteration's work is done (``synchronize()``).
+
+The symbolic backend (``megatron_hooks/symbolic.py``) is the CPU tracker over fake tensors,
+with no clock: nothing is computed, so there is nothing to time.
 
 ``select_backend(device)`` picks one from the device that holds the model: CUDA when the
 parameters are on a CUDA device, the CPU tracker otherwise.
@@ -33,6 +39,7 @@ hooks pass parameters, gradients, optimizer states, buffers and each microbatch'
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Iterable, Literal, Protocol
 
@@ -43,8 +50,10 @@ from advisor.errors import AdvisorError
 
 
 class MemoryBackend(Protocol):
-    name: Literal["cuda", "cpu"]
+    name: Literal["cuda", "cpu", "symbolic"]
     device: str
+    kernels: Literal["cuda", "cpu"]
+    """Whose kernels the measured run executes (the profile header's ``kernels``)."""
 
     def start(self) -> None:
         """Begin measuring (called when an iteration begins)."""
@@ -68,11 +77,18 @@ class MemoryBackend(Protocol):
 
     def alloc_retries(self) -> int | None: ...
 
+    def clock(self) -> object | None:
+        """A time mark now (None: this backend does not time)."""
+
+    def seconds(self, start, end) -> float:
+        """Seconds between two marks of ``clock()``, after ``synchronize()``."""
+
 
 class CudaBackend:
     """torch.cuda's caching-allocator statistics for one device."""
 
     name: Literal["cuda"] = "cuda"
+    kernels: Literal["cuda"] = "cuda"
 
     def __init__(self, device: torch.device | int | str) -> None:
         self._device = torch.device(device)
@@ -106,6 +122,16 @@ class CudaBackend:
 
     def alloc_retries(self) -> int | None:
         return int(torch.cuda.memory_stats(self._device).get("num_alloc_retries", 0))
+
+    def clock(self) -> torch.cuda.Event:
+        # An event on the current stream: the hooks of the backward pass run on the autograd
+        # engine's thread, whose current stream is the one the backward kernels run on.
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        return start.elapsed_time(end) / 1000.0
 
 
 # aten op -> whether its results are fresh storages (not aliases of an input); computed once.
@@ -174,8 +200,9 @@ class CpuBackend:
     counted by ``track`` never raise; a full device shows at the next op). For provoking and
     testing out-of-memory outcomes on a CPU; it has no fragmentation or reserved memory."""
 
-    name: Literal["cpu"] = "cpu"
+    name: Literal["cpu", "symbolic"] = "cpu"
     device = "cpu"
+    kernels: Literal["cuda", "cpu"] = "cpu"
 
     def __init__(self, memory_limit: int | None = None) -> None:
         self._tracker = _StorageTracker(memory_limit)
@@ -213,6 +240,12 @@ class CpuBackend:
 
     def alloc_retries(self) -> int | None:
         return None
+
+    def clock(self) -> float | None:
+        return time.perf_counter()
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
 
 
 def select_backend(device: torch.device | str, memory_limit: int | None = None) -> MemoryBackend:

@@ -34,6 +34,11 @@ What each record field means (the profile schema is in ``advisor/profiles.py``):
     gradient of its output is complete to the moment the next region's begins (or the
     backward pass ends). The largest over the iteration's microbatches is reported. On the
     first iteration the backward peak includes the gradients that the backward allocates.
+``forward_time_s``, ``backward_time_s``
+    The time one microbatch spends in the region's forward (backward) pass, over the same
+    intervals as the peaks, the mean over the iteration's microbatches: CUDA events on a GPU
+    (device time, read after the iteration's one synchronisation), wall time on the CPU, None
+    under the symbolic backend.
 
 Per iteration: ``parameter_bytes``, ``gradient_bytes``, ``optimizer_bytes`` summed over the
 chunks; ``peak_allocated_bytes`` (and on CUDA ``peak_reserved_bytes`` and
@@ -61,7 +66,7 @@ from torch.utils._pytree import tree_leaves
 from advisor.profiles import IterationRecord, LayerRecord
 from megatron_hooks.backends import MemoryBackend, select_backend
 from megatron_hooks.static import (
-    gradient_bytes, gradient_of, optimizer_bytes_by_parameter, optimizer_tensors, parameter_bytes,
+    gradient_bytes, gradient_of, optimizer_bytes_by_parameter, optimizer_tensors, parameter_bytes, storage_key,
 )
 
 Phase = Literal["forward", "backward"]
@@ -78,6 +83,8 @@ class Region:
     activation_bytes: int = 0
     forward_peak_bytes: int = 0
     backward_peak_bytes: int = 0
+    times: dict = field(default_factory=dict)
+    """phase -> [seconds in all, intervals] in the current iteration."""
 
     @property
     def label(self) -> str:
@@ -211,13 +218,15 @@ class LayerMemoryHooks:
         self._in_flight = 0
         self._forward_mb: _Microbatch | None = None
         self._saved_hooks = None
-        self._open: tuple[Region, Phase, int] | None = None  # region, phase, allocated at entry
+        self._open: tuple[Region, Phase, int, object] | None = None  # region, phase, allocated and clock at entry
+        self._intervals: list[tuple[Region, Phase, object, object]] = []
         self._last_forward_region: Region | None = None
         self._static_storages: set[int] = set()
         self._peak = 0
         self._peak_reserved: int | None = None
         for region in self.regions:
             region.activation_bytes = region.forward_peak_bytes = region.backward_peak_bytes = 0
+            region.times = {}
 
     def begin_iteration(self, iteration: int, *, optimizer=None) -> None:
         """Start measuring iteration ``iteration`` (1-based)."""
@@ -225,7 +234,7 @@ class LayerMemoryHooks:
             self.optimizer = optimizer
         self._reset_iteration(iteration)
         persistent = [t for model in self.models for t in (*model.parameters(), *model.buffers())]
-        self._static_storages = {t.untyped_storage().data_ptr() for t in persistent}
+        self._static_storages = {storage_key(t) for t in persistent}
         self.backend.start()
         self.backend.track(persistent)
         self.backend.track(gradient_of(p) for model in self.models for p in model.parameters())
@@ -242,6 +251,7 @@ class LayerMemoryHooks:
         self.backend.synchronize()
         step_time = time.perf_counter() - self._started
         self._fold_peak(self._close())
+        self._sum_times()
         retries = self.backend.alloc_retries()
         self.backend.stop()
         measurement = self._measure(loss, step_time, None if retries is None else retries - self._retries)
@@ -257,6 +267,14 @@ class LayerMemoryHooks:
         self.backend.stop()
         self._reset_iteration(None)
 
+    def _sum_times(self) -> None:
+        """The regions' times from the clock marks (each read only now, after the iteration's
+        synchronisation)."""
+        for region, phase, start, end in self._intervals:
+            total = region.times.setdefault(phase, [0.0, 0])
+            total[0] += self.backend.seconds(start, end)
+            total[1] += 1
+
     def _measure(self, loss, step_time, retries) -> IterationMeasurement:
         optimizer_held = optimizer_bytes_by_parameter(self.optimizer)
         records = []
@@ -267,6 +285,7 @@ class LayerMemoryHooks:
                 optimizer_bytes=sum(optimizer_held.get(id(p), 0) for p in region.params),
                 activation_bytes=region.activation_bytes, forward_peak_bytes=region.forward_peak_bytes,
                 backward_peak_bytes=region.backward_peak_bytes,
+                forward_time_s=_mean_time(region, "forward"), backward_time_s=_mean_time(region, "backward"),
             ))
         params = [p for model in self.models for p in model.parameters()]
         iteration = IterationRecord(
@@ -290,14 +309,16 @@ class LayerMemoryHooks:
         self.where = f"iteration {self.iteration}, microbatch {microbatch}, {phase}, {region.label}"
         self._fold_peak(self._close())
         self.backend.reset_peak()
-        self._open = (region, phase, self.backend.allocated())
+        self._open = (region, phase, self.backend.allocated(), self.backend.clock())
 
     def _close(self) -> int | None:
         """Close the open region's transient peak; the backend's peak it read, if any (on CUDA
         each read is a call into the allocator's statistics)."""
         if self._open is None:
             return None
-        region, phase, entry = self._open
+        region, phase, entry, started = self._open
+        if started is not None:
+            self._intervals.append((region, phase, started, self.backend.clock()))
         peak = self.backend.peak()
         rise = max(0, peak - entry)
         if phase == "forward":
@@ -362,7 +383,7 @@ class LayerMemoryHooks:
         if microbatch is None or region is None:
             return tensor
         storage = tensor.untyped_storage()
-        key = storage.data_ptr()
+        key = storage._cdata  # storage_key(tensor), without a second untyped_storage() call
         if key not in microbatch.saved and key not in self._static_storages:
             microbatch.saved.add(key)
             microbatch.activation[id(region)] = microbatch.activation.get(id(region), 0) + storage.nbytes()
@@ -396,3 +417,8 @@ class LayerMemoryHooks:
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+def _mean_time(region: Region, phase: Phase) -> float | None:
+    seconds, count = region.times.get(phase, (0.0, 0))
+    return seconds / count if count else None

@@ -142,8 +142,16 @@ def build_gpt_model(
         _renumber(layer, number)
     if params_dtype != torch.float32:
         # Megatron-LM's Float16Module casts the whole model (the torch RMSNorm weights too).
-        model.to(params_dtype)
+        _cast_floating(model, params_dtype)
     return model
+
+
+def _cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """``model.to(dtype)`` by assigning ``.data``, which is what ``Module.to`` does for plain
+    tensors; ``Module.to`` swaps fake tensors instead, which their weak references forbid."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            tensor.data = tensor.data.to(dtype)
 
 
 def _renumber(layer: torch.nn.Module, number: int) -> None:

@@ -103,6 +103,7 @@ class ProfileRecorder:
                      in_flight_microbatches=hooks.in_flight_microbatches or run.in_flight_microbatches)
         return RankHeader(
             **given, created=self.created, backend=hooks.backend.name, device=hooks.backend.device,
+            kernels=hooks.backend.kernels,
             torch_version=torch.__version__, megatron_core_version=megatron_core_version(),
             stage_layers=hooks.stage_layers, first_stage=hooks.first_stage, last_stage=hooks.last_stage,
         )

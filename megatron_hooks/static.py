@@ -29,6 +29,12 @@ from collections.abc import Iterable, Iterator
 import torch
 
 
+def storage_key(tensor: torch.Tensor) -> int:
+    """One key per storage (the address of its ``StorageImpl``), shared by every view of it.
+    Not ``data_ptr()``: the fake tensors of the symbolic backend have no data, and all report 0."""
+    return tensor.untyped_storage()._cdata
+
+
 def tensor_bytes(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else tensor.numel() * tensor.element_size()
 
@@ -92,7 +98,7 @@ def optimizer_bytes_by_parameter(optimizer) -> dict[int, int]:
         if main_param is None:  # a precision-aware optimizer keeps main params inside itself
             continue
         total = sum(tensor_bytes(t) for t in _state_tensors(inner, main_param))
-        if main_param.untyped_storage().data_ptr() != model_param.untyped_storage().data_ptr():
+        if storage_key(main_param) != storage_key(model_param):
             total += tensor_bytes(main_param)
         held[id(model_param)] = held.get(id(model_param), 0) + total
     return held

@@ -1,4 +1,4 @@
-"""Builders of profile records for tests (schema v1 of advisor/profiles.py)."""
+"""Builders of profile records for tests (schema v2 of advisor/profiles.py)."""
 
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig
@@ -10,7 +10,7 @@ TINY = LlamaSpec(name="tiny", num_layers=4, hidden_size=64, ffn_hidden_size=128,
 
 def header(**changes) -> RankHeader:
     values = dict(
-        run_id="run-1", created="2026-11-22T10:00:00+00:00", backend="cpu", device="cpu",
+        run_id="run-1", created="2026-11-22T10:00:00+00:00", backend="cpu", device="cpu", kernels="cpu",
         torch_version="2.13.0", megatron_core_version="0.16.1", emulated=False, params_dtype="float32",
         layer_spec="local", sequence_parallel=False, recompute="none", distributed_optimizer=False, model=TINY,
         parallel=ParallelConfig(pp=2, mbs=1), seq_len=32, global_batch_size=4, num_microbatches=4,

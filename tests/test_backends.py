@@ -85,15 +85,22 @@ def test_the_cpu_tracker_counts_storages_exactly():
 class CudaStatsFromCpu:
     """A documented fake of torch.cuda's allocator statistics (CUDA cannot exist here): it
     answers from a CPU storage tracker, reports reserved memory as the allocated peak rounded
-    up to 2 MiB segments, and counts one allocation retry per peak reset. It lets the CUDA
-    backend's code path run end to end through the hooks."""
+    up to 2 MiB segments, and counts one allocation retry per peak reset; its timing events are
+    host clock readings. It lets the CUDA backend's code path run end to end through the hooks."""
 
     def __init__(self, monkeypatch):
         self.cpu = CpuBackend()
         self.resets = 0
+        self.events = 0
         for name in ("memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "max_memory_reserved",
                      "memory_stats", "synchronize", "get_device_name"):
             monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+        monkeypatch.setattr(torch.cuda, "Event", self.event)
+
+    def event(self, enable_timing=False):
+        assert enable_timing
+        self.events += 1
+        return HostEvent()
 
     def memory_allocated(self, device):
         return self.cpu.allocated()
@@ -116,6 +123,18 @@ class CudaStatsFromCpu:
 
     def get_device_name(self, device=None):
         return "Fake GPU"
+
+
+class HostEvent:
+    """torch.cuda.Event's two timing methods on the host clock (part of the fake above)."""
+
+    def record(self):
+        import time
+
+        self.time = time.perf_counter()
+
+    def elapsed_time(self, end):  # milliseconds, as CUDA events
+        return (end.time - self.time) * 1000.0
 
 
 def test_the_cuda_backend_path_through_the_hooks(megatron_world, monkeypatch, tmp_path):
@@ -159,3 +178,9 @@ def test_the_cuda_backend_path_through_the_hooks(megatron_world, monkeypatch, tm
     assert [r.forward_peak_bytes for r in on_cpu.layers] == [r.forward_peak_bytes for r in on_cuda.layers]
     assert [r.backward_peak_bytes for r in on_cpu.layers] == [r.backward_peak_bytes for r in on_cuda.layers]
     assert TINY.num_layers == len(on_cuda.header.stage_layers)
+    # Times: two events per region interval (2 iterations x 2 microbatches x 12 intervals), and
+    # every region has a positive forward and backward time on both backends.
+    assert fake.events == 2 * 2 * 2 * 12
+    for profile in (on_cpu, on_cuda):
+        assert all(r.forward_time_s > 0 and r.backward_time_s > 0 for r in profile.layers)
+    assert on_cuda.header.kernels == "cuda" and on_cpu.header.kernels == "cpu"

@@ -62,6 +62,17 @@ def test_every_layer_has_a_record_in_every_iteration(profile):
         assert [r.layer_number for r in records if r.kind == "decoder"] == [1, 2, 3, 4]
 
 
+def test_layer_times_are_inside_the_step(profile):
+    """Wall time on the CPU: every region has a forward and a backward time per microbatch, and
+    the regions' time over the iteration's 2 microbatches fits inside the step time (which
+    also holds the optimizer step and what lies between regions)."""
+    for it in profile.iterations:
+        records = profile.layers_of(it.iteration)
+        assert all(r.forward_time_s > 0 and r.backward_time_s > 0 for r in records)
+        inside = 2 * sum(r.forward_time_s + r.backward_time_s for r in records)
+        assert 0 < inside < it.step_time_s
+
+
 def test_static_bytes_equal_the_spec_exactly(profile):
     h, v = TINY.hidden_size, TINY.vocab_size
     expected = {"embedding": eq.embedding_parameters(TINY), "output": eq.embedding_parameters(TINY) + h}
@@ -216,8 +227,8 @@ def test_damaged_profile_directories_get_clear_errors(profile, tmp_path):
     with pytest.raises(ProfileError, match="truncated or malformed JSON"):
         load_run(tmp_path)
     header = json.loads(lines[0])
-    bad.write_text("\n".join([json.dumps({**header, "version": 2}), *lines[1:]]) + "\n")
-    with pytest.raises(ProfileError, match="schema version 2; this advisor reads version 1"):
+    bad.write_text("\n".join([json.dumps({**header, "version": 3}), *lines[1:]]) + "\n")
+    with pytest.raises(ProfileError, match="schema version 3; this advisor reads versions 1, 2"):
         load_run(tmp_path)
     bad.write_text("\n".join(line for line in lines if '"layer_number": 3' not in line) + "\n")
     with pytest.raises(ProfileError, match="iteration 1: missing decoder layer 3"):

@@ -73,3 +73,45 @@ def test_directories(tmp_path):
     profile(header=header(rank=1, run_id="run-2")).write(tmp_path)
     with pytest.raises(ProfileError, match="different runs"):
         load_run(tmp_path)
+
+
+def test_version_1_files_are_read_without_kernels_and_times(tmp_path):
+    """A version 1 file (before the kernels field and the per-layer times) reads as what its
+    writer ran: CPU kernels on the CPU backend, CUDA kernels on CUDA, and no times."""
+    path = profile().write(tmp_path)
+
+    def as_version_1(lines, backend):
+        head = {key: value for key, value in lines[0].items() if key != "kernels"}
+        rest = [{key: value for key, value in line.items() if not key.endswith("_time_s") or line["type"] != "layer"}
+                for line in lines[1:]]
+        return [{**head, "version": 1, "backend": backend}] + rest
+
+    for backend, kernels in (("cpu", "cpu"), ("cuda", "cuda")):
+        rewrite(path, lambda lines: as_version_1(lines, backend))
+        read = read_rank_file(path)
+        assert read.header.kernels == kernels and read.header.backend == backend
+        assert all(layer.forward_time_s is None and layer.backward_time_s is None for layer in read.layers)
+        assert [layer.activation_bytes for layer in read.layers] == [layer.activation_bytes for layer in profile().layers]
+    # The committed version 1 example profiles still load.
+    from conftest import ROOT
+
+    examples = sorted((ROOT / "examples" / "launch" / "profiles").iterdir())
+    assert examples and all(load_run(directory).ranks for directory in examples)
+
+
+def test_version_2_layer_times_round_trip_and_symbolic_files_have_none(tmp_path):
+    from factories import layer
+
+    timed = profile(layers=tuple(
+        layer(name, kind, number, forward_time_s=0.25, backward_time_s=0.5)
+        for name, kind, number in (("embedding", "embedding", None), ("decoder.layers.0", "decoder", 1),
+                                   ("decoder.layers.1", "decoder", 2))))
+    assert read_rank_file(timed.write(tmp_path)) == timed
+    assert json.loads(timed.to_jsonl().splitlines()[1])["forward_time_s"] == 0.25
+    symbolic = profile(header=header(backend="symbolic", kernels="cuda"))
+    read = read_rank_file(symbolic.write(tmp_path))
+    assert read.header.backend == "symbolic" and read.layers[0].forward_time_s is None
+    path = symbolic.write(tmp_path)
+    rewrite(path, lambda lines: [{**lines[0], "kernels": "tpu"}] + lines[1:])
+    with pytest.raises(ProfileError, match="kernels must be one of cuda, cpu"):
+        read_rank_file(path)
