@@ -111,3 +111,31 @@ def profile_time_table(forward: np.ndarray, backward: np.ndarray) -> CostTable:
     values[0, first, last] = (prefix[last] - prefix[first - 1] + np.where(first == 1, each[0], 0.0)
                               + np.where(last == layers, each[layers + 1], 0.0))
     return CostTable(values, tuple((layer, layer) for layer in range(1, layers + 1)))
+
+
+def profiled_times(profiles, scenario: Scenario, pipeline_microbatch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per module (embedding, layers 1..L, output), its forward and backward seconds per
+    microbatch measured in the runs of ``scenario`` at ``pipeline_microbatch`` (profile schema v2;
+    the slowest GPU of a stage, the slowest run of a module): times are used as measured, on the
+    layout they were measured on, never scaled to another."""
+    layers = profiles.num_layers
+    forward, backward = np.full(layers + 2, np.nan), np.full(layers + 2, np.nan)
+    untimed = False
+    for stage in profiles.observations:
+        if stage.scenario != scenario or stage.pipeline_microbatch != pipeline_microbatch:
+            continue
+        for key, terms in stage.modules.items():
+            index = 0 if key == "embedding" else layers + 1 if key == "output" else key
+            if terms.forward_time_s is None or terms.backward_time_s is None:
+                untimed = True
+                continue
+            forward[index] = np.fmax(forward[index], terms.forward_time_s)
+            backward[index] = np.fmax(backward[index], terms.backward_time_s)
+    missing = [("embedding" if i == 0 else "output" if i == layers + 1 else f"layer {i}")
+               for i in np.flatnonzero(np.isnan(forward + backward)).tolist()]
+    if missing:
+        why = "the profiles are schema v1 (no per-layer times)" if untimed else "no run measured them"
+        raise AdvisorError(f"no time for {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} at "
+                           f"{scenario.name}, microbatch {pipeline_microbatch}: {why}; profile that layout, or "
+                           "give --gpu NAME to use the time model")
+    return forward, backward
