@@ -108,3 +108,57 @@ def test_the_dp_and_the_alike_layer_planner_agree(model, tp, pp, recompute):
     assert split.feasible[0] and split.value[0] == pytest.approx(period, rel=1e-12)
     lowest = _Pricer(spec, workload, MemoryOptions(), variants).lowest()
     assert lowest.value[0] == pytest.approx(plan_megatron(memory, pp).peak, rel=1e-12)
+
+
+def _timed_profiles(root, seconds):
+    from capture_synth import TINY, Truth, write_run
+
+    truth = Truth(spec=with_overrides(TINY, num_layers=4), seconds=seconds)
+    for split in ((1, 3), (2, 2), (3, 1)):
+        write_run(root, truth, split, mbs=1, num_microbatches=2)
+    return truth
+
+
+SECONDS = {"embedding": (0.001, 0.002), 1: (0.010, 0.020), 2: (0.010, 0.020), 3: (0.011, 0.022),
+           4: (0.030, 0.060), "output": (0.004, 0.008)}
+
+
+def test_recommend_time_from_profiled_layer_times(advisor, tmp_path):
+    """The profiles' per-layer times: stage 1..k takes the embedding and its layers, k+1..4 its
+    layers and the output. Stage times: (1,3) 0.033 | 0.165; (2,2) 0.063 | 0.135; (3,1) 0.096 | 0.102,
+    the shortest period; a limit below (3,1)'s first stage leaves (2,2)."""
+    _timed_profiles(tmp_path / "runs", SECONDS)
+    common = ["--profile", tmp_path / "runs", "--gpus", 2, "--pp", 2, "--mbs", 1, "--gbs", 2, "--objective", "time"]
+    plan = advisor.json("recommend", *common, "--mem", 1)
+    assert plan["objective"] == "time" and plan["layers_per_stage"] == [3, 1]
+    assert plan["period_s"] == pytest.approx(0.102) and plan["baseline"]["period_s"] == pytest.approx(0.135)
+    assert [stage["predicted_time_s"] for stage in plan["stages"]] == pytest.approx([0.096, 0.102])
+    three = plan["stages"][0]["predicted_bytes"]
+    two = advisor.json("recommend", *common, "--mem", (three - 1) / 2**30, "--threshold", 1)
+    assert two["layers_per_stage"] == [2, 2] and two["stages"][0]["predicted_bytes"] < three
+
+
+def test_recommend_time_needs_times_and_a_limit(advisor, tmp_path):
+    from capture_synth import TINY, Truth, write_run
+
+    write_run(tmp_path / "untimed", Truth(spec=with_overrides(TINY, num_layers=4)), (2, 2), mbs=1,
+              num_microbatches=2)
+    common = ["--gpus", 2, "--pp", 2, "--mbs", 1, "--gbs", 2, "--objective", "time"]
+    assert "schema v1 (no per-layer times)" in advisor.error("recommend", "--profile", tmp_path / "untimed",
+                                                             *common, "--mem", 1)
+    assert "needs the memory limit" in advisor.error("recommend", "--profile", tmp_path / "untimed", *common)
+    assert "needs stage times" in advisor.error("recommend", *common, "--mem", 80)
+    assert "the profiles decide the model" in advisor.error("recommend", "--profile", tmp_path / "untimed",
+                                                            *common, "--mem", 1, "--model", "llama3.1-70b")
+    assert "for --objective memory only" in advisor.error("recommend", "--profile", tmp_path / "untimed", "--gpus",
+                                                          2, "--mode", "hybrid", "--objective", "time")
+
+
+def test_recommend_time_for_405b_on_pp16_is_launchable_and_fits(advisor):
+    plan = advisor.json("recommend", "--model", "llama3.1-405b", "--gpus", 16384, "--tp", 8, "--pp", 16, "--gbs",
+                        2048, "--objective", "time", "--gpu", "h100-80gb")
+    assert plan["launchable"] and sum(plan["layers_per_stage"]) == 126 and len(plan["layers_per_stage"]) == 16
+    assert plan["peak_predicted_gib"] <= 0.8 * 80 and plan["memory_limit_gib"] == pytest.approx(64)
+    assert plan["predicted_step_time_s"] > 0 and plan["period_s"] == max(s["predicted_time_s"] for s in plan["stages"])
+    flags = plan["megatron_args"]
+    assert "--pipeline-model-parallel-layout" in flags or "--decoder-first-pipeline-num-layers" in flags
