@@ -14,9 +14,15 @@ from advisor.models import LlamaSpec
 
 
 def attention_parameters(spec: LlamaSpec, tp: int = 1) -> float:
-    """Eq. 1: W_Q and W_O are h x h, W_K and W_V are h x h*k/a; all four split over t."""
-    h, k, a = spec.hidden_size, spec.num_query_groups, spec.num_attention_heads
-    return 2 * h * h * (1 + k / a) / tp
+    """Eq. 1: W_Q and W_O are h x h, W_K and W_V are h x h*k/a; all four split over t.
+
+    In general W_Q and W_O are h x ad and W_K, W_V h x kd for a head size d (Megatron's
+    --kv-channels), which is Eq. 1 when d = h/a: 2hd(a + k). Biases on Q, K and V
+    (--add-qkv-bias) add (a + 2k)d, split over t with their columns."""
+    h, k, a, d = spec.hidden_size, spec.num_query_groups, spec.num_attention_heads, spec.head_dim
+    weights = 2 * h * h * (1 + k / a) if d * a == h else 2 * h * d * (a + k)
+    bias = (a + 2 * k) * d if spec.add_qkv_bias else 0
+    return (weights + bias) / tp
 
 
 def mlp_parameters(spec: LlamaSpec, tp: int = 1) -> float:
@@ -55,12 +61,14 @@ def model_parameters(spec: LlamaSpec, vocab: int | None = None) -> float:
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int | None, tp):
-    """Megatron pads v up to a multiple of make-vocab-size-divisible-by x t
-    (megatron/training/tokenizer, ``_vocab_size_with_padding``). None: no padding (seed 004)."""
-    if not divisible_by:
-        return vocab_size
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple  # ceil, also for an array of t
+    """The rows Megatron builds: v padded up to a multiple of make-vocab-size-divisible-by x t
+    (megatron/training/tokenizer ``_vocab_size_with_padding`` in core_v0.15.2,
+    megatron/training/vocab_utils ``calculate_padded_vocab_size`` in core_v0.19.0). Even with
+    divisible-by 1 the embedding splits over t, so v pads to a multiple of t; None means 1 (the
+    paper's models divide by every t it uses, so its tables are unchanged). ``tp`` may be an
+    array of layouts."""
+    multiple = (divisible_by or 1) * tp
+    return -(-vocab_size // multiple) * multiple  # ceil, in integers (also for arrays)
 
 
 # --- bytes per parameter (seed 004, Eq. 4, 5, 10) ---------------------------------------
@@ -81,9 +89,14 @@ def optimizer_bytes_per_parameter(optimizer_shards: int) -> float:
 
 def attention_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
     """Eq. 11: 6sbh + 4sbh k/a. Input X, Q, K and V, and the attention output, in BF16;
-    FlashAttention stores neither QK^T nor the softmax."""
-    sbh = seq_len * mbs * spec.hidden_size
-    return 6 * sbh + 4 * sbh * spec.num_query_groups / spec.num_attention_heads
+    FlashAttention stores neither QK^T nor the softmax.
+
+    With an explicit head size d, Q and the attention output are sb x ad and K, V sb x kd:
+    2sbh + 4sb ad + 4sb kd, which is Eq. 11 when ad = h."""
+    s, b, h = seq_len, mbs, spec.hidden_size
+    if spec.query_size == h:
+        return 6 * s * b * h + 4 * s * b * h * spec.num_query_groups / spec.num_attention_heads
+    return 2 * s * b * h + 4 * s * b * spec.query_size + 4 * s * b * spec.num_query_groups * spec.head_dim
 
 
 def attention_scores_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:

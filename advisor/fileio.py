@@ -28,6 +28,8 @@ def read_json(path: str | Path):
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise AdvisorError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise AdvisorError(f"{path}: unreadable JSON: {exc}") from None
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:

@@ -1,5 +1,6 @@
 """Megatron-LM command-line arguments for a model, a layout and a setup: the one place that
-writes them, for CAPTURE's campaigns and plans and for ``launch`` (only flags of core_v0.15.2).
+writes them, for CAPTURE's campaigns and plans and for ``launch`` (flags that both Megatron-LM
+releases ``launch.megatron_versions`` knows accept; tests run them through each one's parser).
 
 Uneven stages are written the oldest way Megatron understands them:
 
@@ -108,9 +109,16 @@ def _memory_args(tp_above_one: bool, options: MemoryOptions, params_dtype: str) 
     return tuple(memory_args(tp=2 if tp_above_one else 1, options=options, params_dtype=params_dtype))
 
 
+def _number(value: float) -> str:
+    """500000.0 -> '500000', 1e-05 -> '1e-05': what argparse reads back as the same float."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(float(value))
+
+
 def model_args(spec: LlamaSpec, seq_len: int) -> list[str]:
-    """The Llama architecture (RMSNorm, SwiGLU, RoPE, GQA, no biases). The vocabulary comes
-    from the user's tokenizer, so it is not a flag here."""
+    """The Llama architecture in full (RMSNorm with its epsilon, SwiGLU, RoPE with its base and
+    scaling, GQA, the head size, no dropout, QKV biases, no other biases, tied or untied embeddings), so that
+    pretrain_gpt.py builds the network the user named. The vocabulary comes from the user's
+    tokenizer (or --mock-data's), so it is not a flag here."""
     args = [
         "--num-layers", str(spec.num_layers),
         "--hidden-size", str(spec.hidden_size),
@@ -119,10 +127,20 @@ def model_args(spec: LlamaSpec, seq_len: int) -> list[str]:
     ]
     if spec.num_query_groups != spec.num_attention_heads:
         args += ["--group-query-attention", "--num-query-groups", str(spec.num_query_groups)]
+    if spec.kv_channels is not None:
+        args += ["--kv-channels", str(spec.kv_channels)]
     args += [
         "--seq-length", str(seq_len), "--max-position-embeddings", str(seq_len),
-        "--normalization", "RMSNorm", "--swiglu", "--position-embedding-type", "rope", "--disable-bias-linear",
+        "--normalization", "RMSNorm", "--norm-epsilon", _number(spec.norm_epsilon), "--swiglu",
+        "--position-embedding-type", "rope", "--rotary-base", _number(spec.rotary_base),
     ]
+    if spec.rope_scaling_factor is not None:
+        args += ["--use-rope-scaling", "--rope-scaling-factor", _number(spec.rope_scaling_factor)]
+    # Llama trains without dropout, and seed 004's activation terms keep no dropout masks; Megatron's
+    # defaults are 0.1 for both.
+    args += ["--attention-dropout", "0", "--hidden-dropout", "0", "--disable-bias-linear"]
+    if spec.add_qkv_bias:
+        args.append("--add-qkv-bias")
     if not spec.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     return args

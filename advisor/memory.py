@@ -53,7 +53,8 @@ class MemoryOptions:
     """False also keeps the softmax output, 2as^2b per layer (Korthikanti et al. 2023)."""
     vocab_divisible_by: int | None = None
     """Pad v to a multiple of this x t, as Megatron's --make-vocab-size-divisible-by (default
-    128 there); None = no padding, the paper's assumption."""
+    128 there); None = 1, the smallest padding Megatron does: to a multiple of t (the paper's
+    vocabularies divide by every t it uses)."""
 
     def __post_init__(self) -> None:
         if self.gradient_bytes not in (2, 4):

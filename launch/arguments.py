@@ -25,11 +25,14 @@ from typing import Iterable, Sequence
 
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
+from launch.megatron_versions import MegatronVersion, check_flags, check_mock_data
 
 MODEL_FLAGS = (
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
     "--num-query-groups", "--kv-channels", "--num-experts", "--seq-length", "--max-position-embeddings",
-    "--normalization", "--swiglu", "--position-embedding-type", "--disable-bias-linear",
+    "--normalization", "--norm-epsilon", "--swiglu", "--position-embedding-type", "--rotary-base", "--rotary-percent",
+    "--use-rope-scaling", "--rope-scaling-factor", "--attention-dropout", "--hidden-dropout", "--disable-bias-linear",
+    "--add-bias-linear", "--add-qkv-bias",
     "--untie-embeddings-and-output-weights",
 )
 PIPELINE_FLAGS = (
@@ -44,7 +47,8 @@ MEMORY_FLAGS = (
     "--bf16", "--fp16", "--fp8-format", "--use-distributed-optimizer", "--sequence-parallel",
     "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--recompute-activations",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--recompute-modules",
-    "--attention-backend", "--use-flash-attn", "--make-vocab-size-divisible-by",
+    "--attention-backend", "--use-flash-attn", "--make-vocab-size-divisible-by", "--use-megatron-fsdp",
+    "--use-torch-fsdp2",
 )
 DECIDED_FLAGS = frozenset(MODEL_FLAGS + LAYOUT_FLAGS + BATCH_FLAGS + MEMORY_FLAGS)
 """Flags whose value (or absence) the advisor decided: a user's value for them must agree."""
@@ -65,6 +69,8 @@ _RELATED = (
     PIPELINE_FLAGS,
     ("--num-attention-heads", "--group-query-attention", "--num-query-groups", "--kv-channels"),
     ("--attention-backend", "--use-flash-attn"),
+    ("--use-rope-scaling", "--rope-scaling-factor"),
+    ("--disable-bias-linear", "--add-bias-linear", "--add-qkv-bias"),
     ("--micro-batch-size", "--global-batch-size", "--rampup-batch-size"),
     tuple(sorted(DATA_FLAGS)),
 )
@@ -166,15 +172,28 @@ def check_conflicts(groups: Sequence[ArgGroup], extras: Sequence[str]) -> None:
 # --- the whole command line ------------------------------------------------------------------
 
 
-def mock_data_args(spec: LlamaSpec) -> list[str]:
-    """Megatron-LM's mock dataset with its NullTokenizer, sized to the model's vocabulary.
+def model_rows(spec: LlamaSpec, decided: Sequence[str]) -> int:
+    """The embedding rows Megatron builds for ``spec`` with these arguments: v padded to a
+    multiple of --make-vocab-size-divisible-by (128 unless given) x TP, as the estimator prices it."""
+    from advisor.equations import padded_vocab_size
 
-    The NullTokenizer's vocabulary is ``--vocab-size`` plus one end-of-document token
-    (megatron/training/tokenizer/tokenizer.py and megatron/core/tokenizers, ``NullTokenizer.vocab_size``),
-    so ``--vocab-size v - 1`` builds the v rows the estimate counted."""
-    if spec.vocab_size < 2:
-        raise AdvisorError(f"--mock-data needs a vocabulary of at least 2 tokens, the model has {spec.vocab_size}")
-    return ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(spec.vocab_size - 1)]
+    values = flag_values(decided)
+    divisible_by = int((values.get("--make-vocab-size-divisible-by") or ("128",))[0])
+    tp = int((values.get("--tensor-model-parallel-size") or ("1",))[0])
+    return padded_vocab_size(spec.vocab_size, divisible_by, tp)
+
+
+def mock_data_args(spec: LlamaSpec, rules: MegatronVersion, decided: Sequence[str] = ()) -> list[str]:
+    """Megatron-LM's mock dataset with its NullTokenizer, sized so that this release builds the
+    vocabulary the estimate counted (``launch.megatron_versions``: core_v0.15.2's NullTokenizer adds
+    an end-of-document token, core_v0.19.0's does not); AdvisorError if its mock data cannot feed
+    the model (core_v0.15.2 draws token ids up to 4094 whatever the vocabulary)."""
+    vocab_flag = rules.null_tokenizer_vocab_flag(spec.vocab_size)
+    if vocab_flag < 1:
+        raise AdvisorError(f"--mock-data needs a vocabulary of at least {1 + rules.null_tokenizer_extra_rows} tokens "
+                           f"with {rules.name}, the model has {spec.vocab_size}")
+    check_mock_data(rules, model_rows(spec, decided), spec.vocab_size)
+    return ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab_flag)]
 
 
 USER_LABEL = "yours (after --)"
@@ -191,13 +210,19 @@ class CommandLine:
         return [arg for _, args in self.groups for arg in args]
 
 
-def compose(source: str, decided: Sequence[str], *, mock_data: LlamaSpec | None = None,
-            extras: Sequence[str] = ()) -> CommandLine:
-    """The input's arguments (``decided``, from ``source``), ``--mock-data``'s for the model
-    ``mock_data`` if given, then the user's ``extras`` unchanged; AdvisorError on a conflict."""
+def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, model: LlamaSpec,
+            mock_data: bool = False, extras: Sequence[str] = ()) -> CommandLine:
+    """The input's arguments (``decided``, from ``source``, for ``model``), ``--mock-data``'s if
+    asked, then the user's ``extras`` unchanged; AdvisorError on a conflict, on a flag the
+    Megatron-LM release ``rules`` lacks, or on mock data (the launcher's or the user's own) that
+    release cannot feed the model."""
     groups = [ArgGroup(source=source, args=tuple(decided), owns=DECIDED_FLAGS)]
-    if mock_data is not None:
-        groups.append(ArgGroup(source="--mock-data", args=tuple(mock_data_args(mock_data)), owns=DATA_FLAGS))
+    if mock_data:
+        groups.append(ArgGroup(source="--mock-data", args=tuple(mock_data_args(model, rules, decided)),
+                               owns=DATA_FLAGS))
     check_conflicts(groups, extras)
+    if not mock_data and "--mock-data" in flag_values(extras):  # the user's own, after '--'
+        check_mock_data(rules, model_rows(model, decided), model.vocab_size)
+    check_flags(rules, [arg for group in groups for arg in group.args])
     labelled = [(group.source, group.args) for group in groups] + [(USER_LABEL, tuple(extras))]
     return CommandLine(groups=tuple(labelled))

@@ -10,7 +10,9 @@ progress from the events it prints on stdout; the loop, resuming and what counts
 ``torchrun --standalone --nproc-per-node N -m launch.entry --profile-dir DIR/<run id> ...``:
 the user's ``pretrain_gpt.py`` with the run's Megatron-LM flags (from ``advisor profile plan``),
 ``--train-iters`` (2 by default, CAPTURE's profiling runs) and the user's own arguments, with
-``megatron_hooks`` writing one rank file per GPU. A run that runs out of memory is recorded by
+``megatron_hooks`` writing one rank file per GPU, in the environment Megatron demands for the
+run's layout (``launch.megatron_versions``: CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP > 1) and
+with the flags of the checkout's release. A run that runs out of memory is recorded by
 the hooks; its outcome is "oom" and the campaign goes on.
 
 Where the runs go:
@@ -44,7 +46,9 @@ from advisor.cli.options import OneLineCommand
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from launch.arguments import compose, flag_values
+from launch.checkout import Release
 from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS, Rendezvous, Topology, entry_options, split_world, torchrun_argv
+from launch.megatron_versions import LaunchShape, environment
 from launch.process import TORCH_ENVIRONMENT, require_program, run_process_group
 
 
@@ -112,25 +116,28 @@ class SlurmAllocation:
 class TorchrunExecutor:
     """Campaign runs on this node's GPUs through ``launch.entry``; see the module docstring."""
 
-    def __init__(self, checkout: Path, *, mock_data: bool, train_iters: int, extras: Sequence[str],
+    def __init__(self, release: Release, *, mock_data: bool, train_iters: int, extras: Sequence[str],
                  slurm: SlurmAllocation | None = None) -> None:
-        self.checkout, self.mock_data, self.extras, self.slurm = checkout, mock_data, tuple(extras), slurm
+        self.release, self.mock_data, self.extras, self.slurm = release, mock_data, tuple(extras), slurm
         self.iterations = () if "--train-iters" in flag_values(extras) else ("--train-iters", str(train_iters))
 
-    def argv(self, campaign: dict, run: dict, directory: Path) -> list[str]:
-        """The command of one campaign run: torchrun on this node, or srun of torchrun per node."""
+    def argv(self, campaign: dict, run: dict, directory: Path) -> tuple[list[str], dict[str, str]]:
+        """The command of one campaign run (torchrun on this node, or srun of torchrun per node)
+        and the environment Megatron-LM demands for its layout."""
         model = LlamaSpec(**campaign["model"])
         megatron = compose(f"campaign run {run['id']}", [*run["megatron_args"], *self.iterations],
-                           mock_data=model if self.mock_data else None, extras=self.extras)
+                           rules=self.release.rules, model=model, mock_data=self.mock_data, extras=self.extras)
+        env = environment(self.release.rules, LaunchShape.of(run["tp"], run["cp"], megatron.args))
         run_id = f"{run['id']}-{uuid.uuid4().hex[:8]}"
-        entry = entry_options(self.checkout, profile_dir=directory, run_id=run_id)
+        entry = entry_options(self.release.checkout, profile_dir=directory, run_id=run_id)
         nodes = topology(campaign, run)
         if self.slurm is not None:
-            return self.slurm.wrap(nodes, entry, megatron.args, run_id)
-        return torchrun_argv(nodes, entry, megatron.args)
+            return self.slurm.wrap(nodes, entry, megatron.args, run_id), env.settings
+        return torchrun_argv(nodes, entry, megatron.args), env.settings
 
     def run(self, campaign: dict, run: dict, directory: Path) -> None:
-        status = run_process_group(self.argv(campaign, run, directory), raise_on_signal=True)
+        argv, env = self.argv(campaign, run, directory)
+        status = run_process_group(argv, raise_on_signal=True, environment=env)
         if status != 0 and not any(directory.glob("rank*.jsonl")):
             raise RuntimeError(f"torchrun exited with status {status} before any rank wrote its profile "
                                "(its output is on stderr)")
@@ -160,14 +167,16 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
 
     Prints one JSON event per line on stdout (advisor profile run draws them as a progress bar).
     """
-    from launch.checkout import resolve_checkout
+    from launch.checkout import resolve_release
+    from launch.megatron_versions import check_python
 
     document = prepare(campaign, out, emulated=False)  # bad input before any work
     allocation = SlurmAllocation.from_environment(rdzv_port) if slurm else None
     if problem := launch_problem(document, slurm_nodes=allocation.nodes if allocation else None):
         raise AdvisorError(problem)
-    checkout = resolve_checkout(megatron_lm)
-    executor = TorchrunExecutor(checkout, mock_data=mock_data, train_iters=train_iters, extras=user_args,
+    release = resolve_release(megatron_lm, None, need_checkout=True)
+    check_python(release.rules, sys.version_info[:2])
+    executor = TorchrunExecutor(release, mock_data=mock_data, train_iters=train_iters, extras=user_args,
                                 slurm=allocation)
     for run in document["runs"]:  # a conflict with the user's arguments, before any run starts
         executor.argv(document, run, out / run["id"])

@@ -1,4 +1,5 @@
-"""The user's Megatron-LM checkout and the profile directory, checked before anything starts.
+"""The user's Megatron-LM checkout (and its release), and the profile directory, checked before
+anything starts.
 
 Shared by the launcher (on the submitting machine) and the entry (on every rank); no click,
 no torch.
@@ -7,9 +8,11 @@ no torch.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from advisor.errors import AdvisorError
+from launch.megatron_versions import NEWEST, MegatronVersion, named, of_checkout, read_version
 
 ENV_VAR = "MEGATRON_LM"
 SCRIPT = "pretrain_gpt.py"
@@ -39,3 +42,38 @@ def check_profile_dir(directory: str | os.PathLike) -> Path:
     if path.is_dir() and any(path.glob("rank*.jsonl")):
         raise AdvisorError(f"--profile-dir {path} already holds a run's rank files; give a new directory")
     return path
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Release:
+    """The Megatron-LM a launch is for: its rules (``launch.megatron_versions``) and the checkout
+    they were read from, or None where a dry run has no checkout and assumes them."""
+
+    rules: MegatronVersion
+    checkout: Path | None
+    given: str | None
+    """The checkout's path as the user gave it (kept for the printed command), or None."""
+
+    def assumption(self) -> str | None:
+        """What a dry run without a checkout says about the rules it used, or None."""
+        if self.checkout is not None:
+            return None
+        where = f"no checkout at {self.given}" if self.given else f"no --megatron-lm or ${ENV_VAR}"
+        return (f"{where}: assuming the rules of {self.rules.name} (checked with {self.rules.checked}); "
+                f"--megatron-version picks another")
+
+
+def resolve_release(directory: str | os.PathLike | None, version: str | None, *, need_checkout: bool) -> Release:
+    """The checkout (``--megatron-lm`` or ``$MEGATRON_LM``) and its version's rules. Without
+    ``need_checkout`` (dry runs, ``advisor-launch args``) a missing checkout is fine: the rules are
+    ``--megatron-version``'s, else the newest release's. A version given that the checkout is not
+    is an error."""
+    given = str(directory) if directory not in (None, "") else os.environ.get(ENV_VAR) or None
+    if need_checkout or (given is not None and (Path(given) / SCRIPT).is_file()):
+        checkout = resolve_checkout(given)
+        rules = of_checkout(checkout)
+        if version is not None and named(version) is not rules:
+            found = ".".join(map(str, read_version(checkout)))
+            raise AdvisorError(f"--megatron-version {version}, but the checkout {checkout} is Megatron-LM core {found}")
+        return Release(rules=rules, checkout=checkout, given=given)
+    return Release(rules=named(version) if version is not None else NEWEST, checkout=None, given=given)

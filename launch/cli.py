@@ -76,42 +76,52 @@ def input_options(func: Callable) -> Callable:
 
 
 def megatron_options(func: Callable) -> Callable:
-    """--mock-data and the user's arguments after '--' -> ``megatron: CommandLine`` (conflicts checked)."""
+    """--megatron-lm DIR, --megatron-version, --mock-data and the user's arguments after '--' ->
+    ``release: Release`` (the checkout and its version's rules) and ``megatron: CommandLine``
+    (conflicts checked). A dry run, and ``args``, need no checkout on disk: they assume the rules
+    of --megatron-version, else of the newest release, and say so on stderr."""
 
     @functools.wraps(func)
-    def wrapper(*args, config, mock_data: bool, user_args: tuple[str, ...], **kwargs):
+    def wrapper(*args, config, megatron_lm: str | None, megatron_version: str | None, mock_data: bool,
+                user_args: tuple[str, ...], **kwargs):
         from launch.arguments import compose
+        from launch.checkout import resolve_release
 
-        megatron = compose(config.source, config.megatron_args, mock_data=config.model if mock_data else None,
-                           extras=user_args)
-        return func(*args, config=config, megatron=megatron, **kwargs)
+        release = resolve_release(megatron_lm, megatron_version, need_checkout=not kwargs.get("dry_run", True))
+        if (note := release.assumption()) and (mock_data or "dry_run" in kwargs):  # where the release matters
+            click.echo(f"advisor-launch: {note}", err=True)
+        megatron = compose(config.source, config.megatron_args, rules=release.rules, model=config.model,
+                           mock_data=mock_data, extras=user_args)
+        return func(*args, config=config, release=release, megatron=megatron, **kwargs)
 
     return apply_options([
+        click.option("--megatron-lm", metavar="DIR", default=None,
+                     help="Your Megatron-LM checkout, holding pretrain_gpt.py (default: $MEGATRON_LM). Its "
+                          "version (megatron/core/package_info.py) decides the flags and the environment."),
+        click.option("--megatron-version", metavar="VERSION", default=None,
+                     help="Without a checkout on disk (a dry run): the release whose rules to follow, 0.15 or "
+                          "0.19 (default: the newest). With one: must be its version."),
         click.option("--mock-data", is_flag=True,
-                     help="Add --mock-data --tokenizer-type NullTokenizer --vocab-size V-1 (Megatron-LM's mock "
-                          "data; its NullTokenizer adds one token, so the model gets the input's V)."),
+                     help="Add --mock-data --tokenizer-type NullTokenizer --vocab-size sized so that your release "
+                          "builds the input's vocabulary; refused where its mock data cannot feed the model."),
         click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]"),
     ], wrapper)
 
 
 def run_options(func: Callable) -> Callable:
-    """--megatron-lm DIR, --profile-dir DIR, --run-id ID -> ``entry: list[str]`` (launch.entry's options)."""
+    """--profile-dir DIR, --run-id ID -> ``profiling: dict`` (launch.entry's profiling options)."""
 
     @functools.wraps(func)
-    def wrapper(*args, megatron_lm: str | None, profile_dir: Path | None, run_id: str | None, **kwargs):
-        from launch.checkout import check_profile_dir, resolve_checkout
-        from launch.commands import entry_options
+    def wrapper(*args, profile_dir: Path | None, run_id: str | None, **kwargs):
+        from launch.checkout import check_profile_dir
 
-        checkout = resolve_checkout(megatron_lm)
         if run_id is not None and profile_dir is None:
             raise InputError("--run-id names a profiled run; give --profile-dir too")
         if profile_dir is not None:
             check_profile_dir(profile_dir)
-        return func(*args, entry=entry_options(checkout, profile_dir=profile_dir, run_id=run_id), **kwargs)
+        return func(*args, profiling={"profile_dir": profile_dir, "run_id": run_id}, **kwargs)
 
     return apply_options([
-        click.option("--megatron-lm", metavar="DIR", default=None,
-                     help="Your Megatron-LM checkout, holding pretrain_gpt.py (default: $MEGATRON_LM)."),
         click.option("--profile-dir", type=click.Path(path_type=Path), default=None,
                      help="Profile the run: install megatron_hooks and write one rank*.jsonl per rank here "
                           "(a new directory; on several nodes, a shared file system). Without it, no hooks."),
@@ -119,8 +129,21 @@ def run_options(func: Callable) -> Callable:
     ], wrapper)
 
 
-def _announce(config, command: str) -> None:
-    click.echo(f"advisor-launch: {config.describe()}\n+ {command}", err=True)
+def _launch_plan(config, release, megatron, profiling: dict, *, dry_run: bool):
+    """The entry's options and the environment every rank needs; for a real run, the Python
+    the release needs."""
+    from launch.commands import entry_options
+    from launch.megatron_versions import LaunchShape, check_python, environment
+
+    if not dry_run:
+        check_python(release.rules, sys.version_info[:2])
+    entry = entry_options(release.checkout or release.given, **profiling)
+    return entry, environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))
+
+
+def _announce(config, command: str, release) -> None:
+    click.echo(f"advisor-launch: {config.describe()}; {release.rules.name} ({release.checkout})\n+ {command}",
+               err=True)
 
 
 # --- commands ------------------------------------------------------------------------------
@@ -163,8 +186,8 @@ def cli() -> None:
 @click.option("--rdzv-id", default=None, help="Several nodes, c10d: the job id all nodes share.")
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
 @megatron_options
-def torchrun_command(config, entry, megatron, nproc_per_node, nnodes, rdzv_endpoint, node_rank, rdzv_id,
-                     dry_run) -> int:
+def torchrun_command(config, release, megatron, profiling, nproc_per_node, nnodes, rdzv_endpoint, node_rank,
+                     rdzv_id, dry_run) -> int:
     """Run (or print) torchrun with the input's Megatron-LM arguments.
 
     torchrun starts 'python -m launch.entry' on each GPU, which runs your
@@ -187,13 +210,14 @@ def torchrun_command(config, entry, megatron, nproc_per_node, nnodes, rdzv_endpo
     if rdzv_endpoint is None and (node_rank is not None or rdzv_id is not None):
         raise InputError("--node-rank and --rdzv-id need --rdzv-endpoint HOST:PORT")
     rendezvous = Rendezvous.parse(rdzv_endpoint, node_rank=node_rank, rdzv_id=rdzv_id) if rdzv_endpoint else None
+    entry, env = _launch_plan(config, release, megatron, profiling, dry_run=dry_run)
     argv = torchrun_argv(topology, entry, megatron.args, rendezvous)
     if dry_run:
-        click.echo(format_command(argv), nl=False)
+        click.echo(format_command(argv, env.settings), nl=False)
         return 0
     require_program("torchrun", TORCH_ENVIRONMENT)
-    _announce(config, shlex.join(argv))
-    return run_process_group(argv)
+    _announce(config, format_command(argv, env.settings).rstrip(), release)
+    return run_process_group(argv, environment=env.settings)
 
 
 _JOB_NAME = re.compile(r"[^\w.-]+")
@@ -216,8 +240,8 @@ _JOB_NAME = re.compile(r"[^\w.-]+")
               help="Write the script here (atomically) and submit this file.")
 @click.option("--dry-run", is_flag=True, help="Do not submit: print the script (or only write it, with -o).")
 @megatron_options
-def sbatch_command(config, entry, megatron, nodes, gpus_per_node, partition, account, time, job_name, rdzv_port,
-                   output, dry_run) -> int:
+def sbatch_command(config, release, megatron, profiling, nodes, gpus_per_node, partition, account, time, job_name,
+                   rdzv_port, output, dry_run) -> int:
     """Write a Slurm batch script for the input, and submit it with sbatch.
 
     The script asks for the input's nodes and GPUs, runs one torchrun per node
@@ -242,7 +266,9 @@ def sbatch_command(config, entry, megatron, nodes, gpus_per_node, partition, acc
     model = config.model.name.partition("[")[0]  # a preset's name, without the overrides
     job = SlurmJob(job_name=job_name or _JOB_NAME.sub("-", f"megatron-{model}"), partition=partition,
                    account=account, time=time, rdzv_port=rdzv_port)
-    script = sbatch_script(job, topology, entry, megatron.groups, description=config.describe())
+    entry, env = _launch_plan(config, release, megatron, profiling, dry_run=dry_run)
+    script = sbatch_script(job, topology, entry, megatron.groups, description=config.describe(),
+                           environment=env.settings, environment_reason=env.reason)
     if output is not None:
         atomic_write_text(output, script)
         click.echo(f"wrote {output}", err=True)
@@ -252,7 +278,7 @@ def sbatch_command(config, entry, megatron, nodes, gpus_per_node, partition, acc
         return 0
     require_program("sbatch", "submit from a Slurm login node, or write the script with --dry-run -o FILE")
     argv = ["sbatch", str(output)] if output is not None else ["sbatch"]
-    _announce(config, shlex.join(argv))
+    _announce(config, shlex.join(argv), release)
     return run_process_group(argv, stdin_text=None if output is not None else script)
 
 
@@ -261,7 +287,7 @@ def sbatch_command(config, entry, megatron, nodes, gpus_per_node, partition, acc
 @click.option("--format", "fmt", type=click.Choice(["shell", "json"]), default="shell", show_default=True,
               help="shell: one shell-quoted line; json: an array of strings.")
 @megatron_options
-def args_command(config, megatron, fmt) -> int:
+def args_command(config, release, megatron, fmt) -> int:
     """Print only the Megatron-LM arguments, for a launch script of your own.
 
     \b

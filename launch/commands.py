@@ -11,7 +11,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from advisor.errors import AdvisorError
 from advisor.parallel import DEFAULT_GPUS_PER_NODE
@@ -73,9 +73,22 @@ def resolve_topology(config: LaunchInput, *, nnodes: int | None, per_node: int |
 # --- the entry's arguments -------------------------------------------------------------------
 
 
-def entry_options(checkout: Path, *, profile_dir: Path | None = None, run_id: str | None = None) -> list[str]:
-    """``launch.entry``'s own options (the Megatron-LM arguments follow ``--``)."""
-    args = ["--megatron-lm", str(checkout)]
+class ShellWord(str):
+    """A word printed as it is, for the shell to expand (not quoted)."""
+
+
+CHECKOUT_FROM_ENVIRONMENT = ShellWord('"$MEGATRON_LM"')
+
+
+def shell_join(words: Sequence[str]) -> str:
+    """``shlex.join``, but ShellWords as they are."""
+    return " ".join(word if isinstance(word, ShellWord) else shlex.quote(word) for word in words)
+
+
+def entry_options(checkout: Path | str | None, *, profile_dir: Path | None = None, run_id: str | None = None) -> list[str]:
+    """``launch.entry``'s own options (the Megatron-LM arguments follow ``--``); without a
+    checkout (a dry run that names none) the printed command takes it from ``$MEGATRON_LM``."""
+    args = ["--megatron-lm", str(checkout) if checkout is not None else CHECKOUT_FROM_ENVIRONMENT]
     if profile_dir is not None:
         args += ["--profile-dir", str(profile_dir)]
     if run_id is not None:
@@ -159,7 +172,7 @@ def wrap(tokens: Sequence[str], *, width: int = WIDTH, indent: str = "    ", fir
     its values."""
     lines, current = [], first
     for unit in units(tokens):
-        text = shlex.join(unit)
+        text = shell_join(unit)
         head = unit[0]
         if current.strip() and (len(current) + 1 + len(text) > width or head in break_before):
             lines.append(current)
@@ -173,10 +186,11 @@ def wrap(tokens: Sequence[str], *, width: int = WIDTH, indent: str = "    ", fir
     return lines
 
 
-def format_command(argv: Sequence[str]) -> str:
+def format_command(argv: Sequence[str], environment: Mapping[str, str] | None = None) -> str:
     """A copy-pasteable command: shell-quoted, continued over lines with backslashes, a new
-    line before the entry and after ``--``."""
-    lines = wrap(argv, width=WIDTH - 2, break_before=frozenset({"-m"}), break_after=frozenset({"--"}))  # + " \\"
+    line before the entry and after ``--``; ``environment`` as ``NAME=value`` before it."""
+    prefix = [f"{name}={value}" for name, value in (environment or {}).items()]
+    lines = wrap([*prefix, *argv], width=WIDTH - 2, break_before=frozenset({"-m"}), break_after=frozenset({"--"}))
     return " \\\n".join(lines) + "\n"
 
 
@@ -211,11 +225,14 @@ class SlurmJob:
 
 
 def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str],
-                  megatron: Sequence[tuple[str, Sequence[str]]], *, description: str) -> str:
+                  megatron: Sequence[tuple[str, Sequence[str]]], *, description: str,
+                  environment: Mapping[str, str] | None = None, environment_reason: str = "") -> str:
     """A batch script: one torchrun per node (``srun --ntasks-per-node=1``), meeting at a c10d
     rendezvous on the allocation's first node, each starting ``launch.entry`` on its GPUs.
     ``entry_options`` are the entry's own options; ``megatron`` the Megatron-LM arguments in
-    labelled groups (the input's, ``--mock-data``'s, the user's)."""
+    labelled groups (the input's, ``--mock-data``'s, the user's); ``environment`` what every rank
+    needs (exported before srun, which passes the job's environment on), for
+    ``environment_reason``."""
     def comment(text: str) -> str:  # a file name may hold a newline; a comment may not
         return " ".join(text.splitlines())
 
@@ -228,7 +245,7 @@ def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str
     launch_line = (
         f"srun --kill-on-bad-exit=1 {shlex.join(torchrun)} \\\n"
         f'    --rdzv-endpoint "${{head_node}}:{job.rdzv_port}" --rdzv-id "$SLURM_JOB_ID" \\\n'
-        f"    {shlex.join(['-m', ENTRY_MODULE, *entry_options])} \\\n"
+        f"    {shell_join(['-m', ENTRY_MODULE, *entry_options])} \\\n"
         f'    -- "${{megatron_args[@]}}"'
     )
     return "\n".join([
@@ -243,6 +260,8 @@ def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str
         # would fail the script.
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         "",
+        *([f"# {comment(environment_reason)}", *(f"export {name}={shlex.quote(value)}" for name, value in environment.items()),
+           ""] if environment else []),
         "megatron_args=(",
         *array,
         ")",

@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from advisor.errors import AdvisorError
 
@@ -44,11 +44,13 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 
 def run_process_group(argv: Sequence[str], *, stdin_text: str | None = None, grace_s: float = GRACE_S,
-                      raise_on_signal: bool = False) -> int:
+                      raise_on_signal: bool = False, environment: Mapping[str, str] | None = None) -> int:
     """Run ``argv`` in a new session, forwarding SIGINT/SIGTERM to its group; return its exit
-    status. With ``raise_on_signal``, a forwarded signal is raised here as KeyboardInterrupt once
-    the group is gone (for a caller that runs one command after another and must stop too)."""
-    process = subprocess.Popen(list(argv), start_new_session=True,
+    status. ``environment``: variables set over this process's for the command. With
+    ``raise_on_signal``, a forwarded signal is raised here as KeyboardInterrupt once the group is
+    gone (for a caller that runs one command after another and must stop too)."""
+    env = {**os.environ, **environment} if environment else None
+    process = subprocess.Popen(list(argv), start_new_session=True, env=env,
                                stdin=subprocess.PIPE if stdin_text is not None else None,
                                text=stdin_text is not None)
     received: list[int] = []

@@ -1,13 +1,21 @@
 """Install the layer hooks into a Megatron-LM run without editing the user's checkout.
 
-Megatron-LM's ``pretrain_gpt.py`` calls ``megatron.training.pretrain(datasets_provider,
-model_provider, model_type, forward_step, ...)``; ``pretrain`` builds the model chunks with
-``get_model(model_provider)`` and runs ``megatron.training.training.train_step(...)`` once per
-iteration. ``install(output_dir)`` patches exactly these names, before the script runs:
+Megatron-LM's ``pretrain_gpt.py`` calls ``megatron.training.pretrain``, whose signature
+changed: core_v0.15.2 takes ``(datasets_provider, model_provider, model_type, forward_step, ...)``
+and builds the model chunks with ``get_model(model_provider)``; core_v0.19.0 takes
+``(config_container, datasets_provider, model_type, forward_step, model_provider=None, ...)`` and
+its ``pretrain_gpt.py`` passes no provider: the model is built from the config container by a
+model builder. Both build the chunks inside ``setup_model_and_optimizer``, which returns them,
+and both run ``megatron.training.training.train_step(...)`` once per iteration.
+``install(output_dir)`` patches exactly these names, before the script runs, and so hooks the
+model however it is built, without depending on ``pretrain``'s arguments:
 
+- ``megatron.training.training.setup_model_and_optimizer`` (which ``pretrain`` looks up when it
+  runs) becomes a wrapper that puts the hooks on the chunks it returns (unless a wrapped model
+  provider already did);
 - ``megatron.training.pretrain`` and ``megatron.training.training.pretrain`` (the script does
-  ``from megatron.training import pretrain``) become a wrapper that passes
-  ``wrap_model_provider(model_provider)`` on, and writes the final status when training ends;
+  ``from megatron.training import pretrain``) become a wrapper that writes the final status when
+  training ends, whatever arguments it takes;
 - ``megatron.training.training.train_step`` (which ``train()`` looks up at each call) becomes a
   wrapper that brackets every iteration: ``LayerMemoryHooks.begin_iteration`` /
   ``end_iteration`` around the original, records written after each one, and an OOM recorded
@@ -125,14 +133,24 @@ class Session:
         pretrain = self._wrap_pretrain(training.pretrain)
         self._set(megatron.training, "pretrain", pretrain)
         self._set(training, "pretrain", pretrain)
+        self._set(training, "setup_model_and_optimizer", self._wrap_setup(training.setup_model_and_optimizer))
         self._set(training, "train_step", self.wrap_train_step(training.train_step))
         return self
 
+    def _wrap_setup(self, setup: Callable) -> Callable:
+        @functools.wraps(setup)
+        def setup_with_hooks(*args, **kwargs):
+            model, *rest = setup(*args, **kwargs)
+            if self.hooks is None:  # built by core_v0.19.0's model builder, or by an unwrapped provider
+                self.add_chunks(list(model) if isinstance(model, (list, tuple)) else [model])
+            return (model, *rest)
+
+        return setup_with_hooks
+
     def _wrap_pretrain(self, pretrain: Callable) -> Callable:
         @functools.wraps(pretrain)
-        def profiled_pretrain(train_valid_test_dataset_provider, model_provider, *args, **kwargs):
-            result = pretrain(train_valid_test_dataset_provider, self.wrap_model_provider(model_provider),
-                              *args, **kwargs)
+        def profiled_pretrain(*args, **kwargs):
+            result = pretrain(*args, **kwargs)
             self.finish()
             return result
 
@@ -195,7 +213,9 @@ def _loss_of(returned: Any) -> float | None:
 
 
 def spec_from_args(args) -> LlamaSpec:
+    """The model Megatron built, from its parsed arguments (the vocabulary as padded)."""
     heads = args.num_attention_heads
+    kv_channels = getattr(args, "kv_channels", None)
     return LlamaSpec(
         name=f"megatron-args[L={args.num_layers},h={args.hidden_size}]",
         num_layers=args.num_layers, hidden_size=args.hidden_size,
@@ -203,6 +223,11 @@ def spec_from_args(args) -> LlamaSpec:
         num_query_groups=args.num_query_groups if getattr(args, "group_query_attention", False) else heads,
         vocab_size=getattr(args, "padded_vocab_size", None) or args.vocab_size,
         tie_embeddings=not getattr(args, "untie_embeddings_and_output_weights", False),
+        kv_channels=None if kv_channels in (None, args.hidden_size // heads) else kv_channels,
+        add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
+        rotary_base=float(getattr(args, "rotary_base", 10000)),
+        rope_scaling_factor=float(args.rope_scaling_factor) if getattr(args, "use_rope_scaling", False) else None,
+        norm_epsilon=float(getattr(args, "norm_epsilon", 1e-5)),
     )
 
 

@@ -66,6 +66,9 @@ def transformer_config(spec: LlamaSpec, *, num_layers: int, params_dtype: torch.
         ffn_hidden_size=spec.ffn_hidden_size,
         num_attention_heads=spec.num_attention_heads,
         num_query_groups=spec.num_query_groups,
+        kv_channels=spec.head_dim,
+        add_qkv_bias=spec.add_qkv_bias,
+        layernorm_epsilon=spec.norm_epsilon,
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
         use_cpu_initialization=not torch.cuda.is_available(),
         params_dtype=params_dtype,
@@ -137,6 +140,9 @@ def build_gpt_model(
         post_process=post_process,
         share_embeddings_and_output_weights=spec.tie_embeddings,
         position_embedding_type="rope",
+        rotary_base=int(spec.rotary_base),
+        rope_scaling=spec.rope_scaling_factor is not None,
+        rope_scaling_factor=spec.rope_scaling_factor or 8.0,
     )
     for layer, number in zip(model.decoder.layers, numbers, strict=True):
         _renumber(layer, number)

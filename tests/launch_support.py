@@ -14,7 +14,6 @@ from conftest import ROOT, Invoker
 from advisor.capture.partitionings import description1
 from launch.cli import cli as launch_cli
 
-STANDIN = ROOT / "tests" / "fixtures" / "megatron_lm_standin"
 FLAGS = frozenset((ROOT / "tables" / "data" / "megatron_lm_core_v0.15.2_flags.txt").read_text().split())
 
 # A model small enough to train 2 iterations on the CPU in seconds (the stand-in runs CP = 1).
@@ -71,6 +70,16 @@ def plan_files(advisor: Invoker, root: Path) -> dict[str, Path]:
         out[name] = root / f"{name}.json"
         advisor("recommend", "--profile", profiles, *args, "-o", out[name])
     return out
+
+
+def make_checkout(directory: Path, minor: int = 15, script: str = "raise SystemExit('not run by these tests')\n") -> Path:
+    """A directory holding a pretrain_gpt.py and a Megatron-LM release's version file
+    (megatron/core/package_info.py, 0.MINOR.2): where a test exercises the launcher around the
+    script (quoting, signals, exit statuses), not Megatron (test_launch_run.py runs the real one)."""
+    (directory / "megatron" / "core").mkdir(parents=True)
+    (directory / "pretrain_gpt.py").write_text(script)
+    (directory / "megatron" / "core" / "package_info.py").write_text(f"MAJOR = 0\nMINOR = {minor}\nPATCH = 2\n")
+    return directory
 
 
 def alive(pid: int) -> bool:

@@ -1,5 +1,6 @@
-"""The Megatron-LM integration, on the stand-in checkout of tests/fixtures/megatron_lm_standin
-(the only fake here: a user's Megatron-LM checkout cannot be installed; see its README)."""
+"""The Megatron-LM integration in this process, on the stand-in checkout of
+tests/fixtures/megatron_lm_standin (why a stand-in here, and only here: its README). The real
+checkouts, both releases and both pretrain signatures, are hooked in test_launch_run.py."""
 
 import runpy
 import sys
@@ -44,14 +45,16 @@ def test_install_profiles_an_unmodified_pretrain_gpt(pretrain_gpt, tmp_path):
     import megatron.training
     import megatron.training.training as training
 
-    originals = (megatron.training.pretrain, training.pretrain, training.train_step)
+    originals = (megatron.training.pretrain, training.pretrain, training.setup_model_and_optimizer,
+                 training.train_step)
     session = integration.install(tmp_path, run_id="standin")
     try:
-        assert training.train_step is not originals[2]
+        assert training.train_step is not originals[3] and training.setup_model_and_optimizer is not originals[2]
         profiled = pretrain_gpt(*ARGV)
     finally:
         session.uninstall()
-    assert (megatron.training.pretrain, training.pretrain, training.train_step) == originals
+    assert (megatron.training.pretrain, training.pretrain, training.setup_model_and_optimizer,
+            training.train_step) == originals
     assert profiled == plain  # bit for bit
     run = load_run(tmp_path)
     assert run.status == "ok" and len(run.ranks) == 1

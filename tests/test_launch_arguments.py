@@ -8,9 +8,11 @@ from advisor.megatron_args import megatron_args
 from advisor.memory import MemoryOptions
 from advisor.models import PRESETS
 from launch.arguments import Flag, compose, flag_values, mock_data_args, parse_flags
+from launch.megatron_versions import VERSIONS, named
 
 SPEC = PRESETS["llama3.1-8b"]
 SOURCE = "the plan (plan.json)"
+OLD, NEW = VERSIONS  # core 0.15 and core 0.19
 
 
 def plan_args(layers=(8, 8, 8, 8), tp=2, options=MemoryOptions()):
@@ -20,7 +22,7 @@ def plan_args(layers=(8, 8, 8, 8), tp=2, options=MemoryOptions()):
 
 def conflict(extras, *, decided=None, mock_data=None) -> str:
     with pytest.raises(AdvisorError) as error:
-        compose(SOURCE, plan_args() if decided is None else decided, mock_data=mock_data, extras=extras)
+        compose(SOURCE, plan_args() if decided is None else decided, rules=OLD, model=SPEC, mock_data=mock_data is not None, extras=extras)
     return str(error.value)
 
 
@@ -33,7 +35,7 @@ def test_parse_flags():
 
 def test_the_users_arguments_pass_through_unchanged():
     extras = ["--train-iters", "100", "--lr=3e-4", "--data-path", "0.5", "a b", "0.5", "c", "--log-interval", "1"]
-    line = compose(SOURCE, plan_args(), extras=extras)
+    line = compose(SOURCE, plan_args(), rules=OLD, model=SPEC, extras=extras)
     assert line.args == plan_args() + extras
     assert [label for label, _ in line.groups] == [SOURCE, "yours (after --)"]
 
@@ -41,7 +43,7 @@ def test_the_users_arguments_pass_through_unchanged():
 def test_restating_the_plan_is_no_conflict():
     same = ["--tensor-model-parallel-size", "2", "--micro-batch-size=2", "--global-batch-size", "256.0", "--bf16",
             "--sequence-parallel", "--attention-backend", "flash", "--use-flash-attn"]
-    assert compose(SOURCE, plan_args(), extras=same).args[-len(same):] == same
+    assert compose(SOURCE, plan_args(), rules=OLD, model=SPEC, extras=same).args[-len(same):] == same
 
 
 @pytest.mark.parametrize("extras,named", [
@@ -88,11 +90,11 @@ def test_options_the_estimate_turned_off_stay_off():
 
 
 def test_mock_data():
-    args = mock_data_args(SPEC)
-    # Megatron's NullTokenizer adds an end-of-document token: v - 1 gives the model's 128256 rows.
+    args = mock_data_args(SPEC, OLD)
+    # core_v0.15.2's NullTokenizer adds an end-of-document token: v - 1 gives the model's 128256 rows.
     assert args == ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128255"]
     assert {arg for arg in args if arg.startswith("--")} <= FLAGS
-    line = compose(SOURCE, plan_args(), mock_data=SPEC, extras=["--train-iters", "5"])
+    line = compose(SOURCE, plan_args(), rules=OLD, model=SPEC, mock_data=True, extras=["--train-iters", "5"])
     assert line.args == plan_args() + args + ["--train-iters", "5"]
     assert [label for label, _ in line.groups] == [SOURCE, "--mock-data", "yours (after --)"]
     assert ("--data-path data/text (after --) conflicts with --mock-data, --tokenizer-type NullTokenizer, "
@@ -100,4 +102,26 @@ def test_mock_data():
     assert "--vocab-size 32000 (after --) conflicts with --vocab-size 128255 from --mock-data" in conflict(
         ["--vocab-size", "32000"], mock_data=SPEC)
     # without --mock-data the data and the tokenizer are the user's
-    assert compose(SOURCE, plan_args(), extras=["--vocab-size", "32000"]).args[-1] == "32000"
+    assert compose(SOURCE, plan_args(), rules=OLD, model=SPEC, extras=["--vocab-size", "32000"]).args[-1] == "32000"
+
+
+def test_mock_data_by_release():
+    """core_v0.19.0's NullTokenizer gives --vocab-size rows as given (its eod is v - 1)."""
+    assert mock_data_args(SPEC, NEW)[-1] == "128256"
+    assert named("core_v0.19.0") is NEW and named("0.15") is OLD
+
+
+@pytest.mark.parametrize("vocab,tp,refused", [(1024, 1, True), (4094, 1, True), (4095, 1, False), (4093, 2, True), (4093, 4, False)])
+def test_mock_data_refuses_what_core_0_15_cannot_feed(vocab, tp, refused):
+    """core_v0.15.2's MockGPTLowLevelDataset feeds ids up to 4094: fewer rows fail at iteration 1.
+    The rows are the padded vocabulary: 4093 pads to 4094 rows at TP 2, too few, and to 4096 at TP 4."""
+    from dataclasses import replace
+
+    spec = replace(SPEC, vocab_size=vocab)
+    decided = plan_args(tp=tp)
+    if refused:
+        with pytest.raises(AdvisorError, match="--mock-data feeds token ids up to 4094 whatever the vocabulary"):
+            mock_data_args(spec, OLD, decided)
+    else:
+        assert mock_data_args(spec, OLD, decided)[-1] == str(vocab - 1)
+    assert mock_data_args(spec, NEW, decided)[-1] == str(vocab)  # core 0.19 takes ids modulo the vocabulary

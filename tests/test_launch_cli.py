@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from launch_support import launcher, plan_files, subprocess_env, sweep_file, write_json
+from launch_support import launcher, make_checkout, plan_files, subprocess_env, sweep_file, write_json
 
 from conftest import ROOT
 from launch.arguments import flag_values
@@ -26,9 +26,12 @@ def shell_words(text: str) -> list[str]:
 
 
 def read_torchrun(argv: list[str]):
-    """torchrun's own parse of a command, and launch.entry's parse of the script's arguments."""
+    """torchrun's own parse of a command (after any NAME=value the shell sets for it), and
+    launch.entry's parse of the script's arguments."""
     from torch.distributed.run import get_args_parser
 
+    while "=" in argv[0] and not argv[0].startswith("-"):
+        argv = argv[1:]
     assert argv[0] == "torchrun"
     torchrun = get_args_parser().parse_args(argv[1:])
     assert torchrun.module and torchrun.training_script == "launch.entry"
@@ -38,11 +41,13 @@ def read_torchrun(argv: list[str]):
 
 @pytest.fixture
 def checkout(tmp_path):
-    """A checkout directory (with a space in its name, to test the quoting) holding pretrain_gpt.py."""
-    directory = tmp_path / "Megatron LM"
-    directory.mkdir()
-    (directory / "pretrain_gpt.py").write_text("raise SystemExit('not run by these tests')\n")
-    return directory
+    """core 0.15.2's version, in a directory with a space in its name (to test the quoting)."""
+    return make_checkout(tmp_path / "Megatron LM", 15)
+
+
+@pytest.fixture
+def checkout19(tmp_path):
+    return make_checkout(tmp_path / "Megatron-LM-0.19", 19)
 
 
 @pytest.fixture
@@ -66,7 +71,9 @@ def test_single_node_dry_run(advisor, tmp_path, checkout, started):
     result = launcher()("torchrun", "--from", sweep, "--rank", 2, "--megatron-lm", checkout, "--profile-dir",
                         tmp_path / "prof", "--run-id", "r1", "--mock-data", "--dry-run", "--", "--train-iters", "10",
                         "--lr", "3e-4")
-    torchrun, entry, megatron = read_torchrun(shell_words(result.stdout))
+    words = shell_words(result.stdout)
+    assert row["tp"] > 1 and words[0] == "CUDA_DEVICE_MAX_CONNECTIONS=1"  # what Megatron requires with TP > 1
+    torchrun, entry, megatron = read_torchrun(words)
     assert torchrun.standalone and torchrun.nproc_per_node == "8" and torchrun.nnodes == "1:1"
     assert (entry.megatron_lm, entry.profile_dir, entry.run_id) == (str(checkout), str(tmp_path / "prof"), "r1")
     values = flag_values(megatron)
@@ -111,7 +118,8 @@ def slurm_env(tmp_path, **extra):
                           SLURM_STANDIN_RECORD=str(tmp_path / "slurm.jsonl"), **extra)
 
 
-def test_sbatch_script(plans, tmp_path, checkout):
+def test_sbatch_script(plans, tmp_path, checkout19):
+    checkout = checkout19  # core 0.19: its mock data feeds the TINY model's vocabulary of 1000
     args = ["sbatch", "--from", plans["pp3-tp2"], "--megatron-lm", checkout, "--partition", "gpu", "--account",
             "proj1", "--time", "01:00:00", "--profile-dir", "profiles/plan", "--mock-data", "--dry-run", "--",
             "--train-iters", "5"]
@@ -124,6 +132,7 @@ def test_sbatch_script(plans, tmp_path, checkout):
     assert directives == {"job-name": "megatron-tiny", "nodes": "3", "ntasks-per-node": "1", "gpus-per-node": "4",
                           "partition": "gpu", "account": "proj1", "time": "01:00:00"}
     subprocess.run(["bash", "-n", tmp_path / "job.sh"], check=True)
+    assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n" in script  # TP 2, before srun passes the environment on
     # Run it as Slurm would on the first node: srun gets one torchrun command for every node.
     subprocess.run(["bash", tmp_path / "job.sh"], env=slurm_env(tmp_path, SLURM_STANDIN_DRY="1"), check=True)
     (srun,) = [json.loads(line) for line in (tmp_path / "slurm.jsonl").read_text().splitlines()]
@@ -134,7 +143,7 @@ def test_sbatch_script(plans, tmp_path, checkout):
     assert (entry.megatron_lm, entry.profile_dir) == (str(checkout), "profiles/plan")
     values = flag_values(megatron)
     assert values["--decoder-last-pipeline-num-layers"] == ("2",)  # the plan's 3, 3, 2
-    assert values["--vocab-size"] == ("999",)  # the TINY model's 1000 - 1
+    assert values["--vocab-size"] == ("1000",)  # core 0.19's NullTokenizer: the TINY model's 1000 as given
     assert megatron[-2:] == ["--train-iters", "5"]
 
 
@@ -200,10 +209,31 @@ def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, chec
         ([*run, "--profile-dir", used], "already holds a run's rank files", ""),
         ([*run, "--train-iters", "5"], "no such option: --train-iters (Megatron-LM arguments go after '--')", ""),
         (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--job-name", "my job"], "--job-name 'my job'", ""),
+        (["torchrun", "--from", plans["pp4"], "--megatron-lm", checkout, "--mock-data"],
+         "Megatron-LM core 0.15's --mock-data feeds token ids up to 4094", "has 1000 rows"),
+        (["torchrun", "--from", plans["pp4"], "--megatron-lm", checkout, "--", "--mock-data"],
+         "Megatron-LM core 0.15's --mock-data feeds token ids up to 4094", "use a vocabulary of at least 4095"),
+        (["torchrun", "--from", sweep, "--megatron-lm", make_checkout(tmp_path / "v17", 17)],
+         "Megatron-LM core 0.17.2 (", "is not a version advisor-launch knows; it knows core 0.15"),
+        (["torchrun", "--from", sweep, "--megatron-lm", checkout, "--megatron-version", "0.19"],
+         "--megatron-version 0.19, but the checkout", "is Megatron-LM core 0.15.2"),
+        (["torchrun", "--from", sweep, "--megatron-version", "1.x", "--dry-run"], "--megatron-version '1.x'", ""),
     ]
     for args, message, more in cases:
         line = launcher().error(*args)
         assert message in line and more in line, (args, line)
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
+    for command in ("torchrun", "sbatch"):  # the best row is TP 2: Megatron would refuse 8
+        line = launcher().error(command, "--from", sweep, "--megatron-lm", checkout, "--dry-run")
+        assert line == ("Error: CUDA_DEVICE_MAX_CONNECTIONS=8 in your environment: Megatron-LM core 0.15 "
+                        "(megatron/training/arguments.py, validate_args) requires CUDA_DEVICE_MAX_CONNECTIONS=1 with "
+                        "TP > 1 or CP > 1 on GPUs before Blackwell; unset it or set it to 1")
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # the value Megatron wants is kept
+    launcher()("torchrun", "--from", sweep, "--megatron-lm", checkout, "--dry-run")
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
+    if sys.version_info < (3, 12):
+        assert "Megatron-LM core 0.19 needs Python >= 3.12; this is Python 3." in launcher().error(
+            "torchrun", "--from", sweep, "--megatron-lm", make_checkout(tmp_path / "v19", 19))
     monkeypatch.delenv("MEGATRON_LM", raising=False)
     assert "give --megatron-lm DIR (your Megatron-LM checkout) or set MEGATRON_LM" in launcher().error(
         "torchrun", "--from", sweep)
@@ -211,6 +241,23 @@ def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, chec
     assert "torchrun not found on PATH" in launcher().error(*run)
     assert "sbatch not found on PATH" in launcher().error("sbatch", "--from", sweep, "--megatron-lm", checkout)
     assert not started and sorted(tmp_path.glob("**/rank*.jsonl")) == [used / "rank00000.jsonl"]
+
+
+def test_a_dry_run_needs_no_checkout(advisor, tmp_path, monkeypatch):
+    """It says which release's rules it assumed; --megatron-version picks the vocabulary rule."""
+    monkeypatch.delenv("MEGATRON_LM", raising=False)
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    newest = launcher()("torchrun", "--from", sweep, "--megatron-lm", tmp_path / "Megatron-LM", "--mock-data",
+                        "--dry-run")
+    assert newest.stderr == (f"advisor-launch: no checkout at {tmp_path / 'Megatron-LM'}: assuming the rules of "
+                             "Megatron-LM core 0.19 (checked with core_v0.19.0); --megatron-version picks another\n")
+    assert flag_values(shell_words(newest.stdout))["--vocab-size"] == ("128256",)
+    old = launcher()("torchrun", "--from", sweep, "--megatron-version", "core_v0.15.2", "--mock-data", "--dry-run")
+    assert "no --megatron-lm or $MEGATRON_LM: assuming the rules of Megatron-LM core 0.15" in old.stderr
+    assert '-m launch.entry --megatron-lm "$MEGATRON_LM" --' in old.stdout  # the shell expands it when run
+    monkeypatch.setenv("MEGATRON_LM", "/opt/Megatron-LM")
+    torchrun, entry, megatron = read_torchrun(shell_words(old.stdout))
+    assert entry.megatron_lm == "/opt/Megatron-LM" and flag_values(megatron)["--vocab-size"] == ("128255",)
 
 
 def test_help_teaches_and_the_cli_imports_no_torch():

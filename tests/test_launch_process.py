@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_support import alive, launcher, subprocess_env, tiny_sweep_row, wait_for
+from launch_support import alive, launcher, make_checkout, subprocess_env, tiny_sweep_row, wait_for
 
 from launch.process import run_process_group
 
@@ -22,15 +22,13 @@ def tiny_sweep(advisor, tmp_path):
 
 
 def sleeper_checkout(tmp_path: Path) -> Path:
-    """A checkout whose pretrain_gpt.py records its pid and its parent's (torchrun's agent), then sleeps."""
-    checkout = tmp_path / "sleeper"
-    checkout.mkdir()
-    (checkout / "pretrain_gpt.py").write_text(
+    """A checkout (core 0.15.2's version file) whose pretrain_gpt.py records its pid and its parent's
+    (torchrun's agent), then sleeps: a long training run, for the signals' sake."""
+    return make_checkout(tmp_path / "sleeper", script=(
         "import os, pathlib, time\n"
         "pids = pathlib.Path(os.environ['PIDS_DIR'], f\"rank{os.environ['RANK']}\")\n"
         "pids.write_text(f'{os.getpid()} {os.getppid()}')\n"
-        "time.sleep(600)\n")
-    return checkout
+        "time.sleep(600)\n"))
 
 
 def test_ctrl_c_stops_every_rank(tiny_sweep, tmp_path):
@@ -87,9 +85,7 @@ def test_exit_status_is_the_childs():
 
 def test_a_failing_script_fails_the_launch_with_torchruns_status(tiny_sweep, tmp_path):
     path, rank, _ = tiny_sweep
-    checkout = tmp_path / "failing"
-    checkout.mkdir()
-    (checkout / "pretrain_gpt.py").write_text("raise SystemExit(3)\n")
+    checkout = make_checkout(tmp_path / "failing", script="raise SystemExit(3)\n")
     command = ["torchrun", "--from", str(path), "--rank", str(rank), "--megatron-lm", str(checkout)]
     printed = launcher()(*command, "--dry-run").stdout
     direct = subprocess.run(["bash", "-c", printed], capture_output=True, text=True, env=subprocess_env(), timeout=120)

@@ -1,6 +1,7 @@
 """The README's Launch section shows real output: every command block followed by an output block
-is replayed here (in a directory with a stand-in checkout, `Megatron-LM/pretrain_gpt.py`, and the
-repository's examples/), and the last command's output must be the block's."""
+is replayed here (in a directory where `Megatron-LM` is the real core_v0.15.2 checkout of
+shared/megatron-lm, beside the repository's examples/), and the last command's output must be
+the block's."""
 
 import re
 import shlex
@@ -32,10 +33,12 @@ def replay(commands: str) -> str:
 
 
 def in_example_directory(path, monkeypatch):
-    (path / "Megatron-LM").mkdir()
-    (path / "Megatron-LM" / "pretrain_gpt.py").write_text("# the checkout of the README's examples\n")
+    from megatron_real import checkout
+
+    (path / "Megatron-LM").symlink_to(checkout("core_v0.15.2").path)  # read only: the commands are dry runs
     (path / "examples").symlink_to(ROOT / "examples")
     monkeypatch.chdir(path)
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
 
 
 def test_the_launch_examples_show_real_output(tmp_path, monkeypatch):

@@ -1,93 +1,135 @@
-"""Real launches: torchrun with 2 gloo processes on the CPU through ``advisor-launch`` and through
-the generated Slurm script, of the stand-in checkout (tests/fixtures/megatron_lm_standin, the
-only fake besides Slurm's commands), with the hooks installed."""
+"""Real launches of the real Megatron-LM: ``advisor-launch torchrun ... --profile-dir`` runs a
+checkout's own ``pretrain_gpt.py`` (a copy of shared/megatron-lm/core_v0.15.2, and core_v0.19.0
+under Python 3.12) on the CPU over gloo, in the four layouts of issue 13, and through the
+generated Slurm script (Slurm's commands stood in by tests/fixtures/slurm_standin). The one
+double is tests/fixtures/cuda_on_cpu, which stands for the GPU (not for Megatron).
+
+Each launch is checked end to end: it starts (Megatron's validate_args accepted the arguments
+in the launcher's environment: TP 2 needs CUDA_DEVICE_MAX_CONNECTIONS=1, which the tests do not
+set), every rank file ends ``ok`` with a record for every layer of its stage in every iteration,
+the stages hold the layers the estimate split, the embedding has the rows the estimate priced,
+and the loss the hooks recorded equals the loss Megatron logged."""
 
 import json
 import os
+import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from launch_support import STANDIN, launcher, subprocess_env, tiny_sweep_row
+from launch_support import launcher
+from megatron_real import CPU_TRAINING, checkout, launch_env, logged_losses, writable_copy
 
-from advisor.profiles import load_run
+from advisor.equations import padded_vocab_size
+from advisor.profiles import check_complete, load_run
 from conftest import ROOT
 
-pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
-
-LAUNCH = [sys.executable, "-m", "launch"]
 SLURM = ROOT / "tests" / "fixtures" / "slurm_standin"
 
 
-@pytest.fixture
-def tiny_sweep(advisor, tmp_path):
-    return tiny_sweep_row(advisor, tmp_path)
+def tiny(layers: int) -> list[str]:
+    """A Llama 3.1 shape small enough to train 2 iterations on the CPU in seconds. The vocabulary
+    is 4096: core_v0.15.2's --mock-data feeds token ids up to 4094 (launch.megatron_versions)."""
+    return ["--model", "llama3.1-8b", "--num-layers", str(layers), "--hidden-size", "64", "--ffn-hidden-size", "128",
+            "--num-attention-heads", "4", "--num-query-groups", "2", "--vocab-size", "4096", "--seq-len", "32",
+            "--gbs", "4"]
 
 
-def received(argv_dir: Path) -> dict[int, list[str]]:
-    """The command line each rank of the stand-in received."""
-    return {int(path.stem.removeprefix("argv-rank")): json.loads(path.read_text())
-            for path in sorted(argv_dir.glob("argv-rank*.json"))}
+# name: (model layers, estimate options, the split flag Megatron must get)
+LAYOUTS = {
+    "one-rank": (2, ["--tp", "1", "--pp", "1", "--mbs", "2", "--gpus", "1"], None),
+    "pp2-first-last": (4, ["--tp", "1", "--pp", "2", "--mbs", "1", "--gpus", "2", "--layers-per-stage", "1,3"],
+                       "--decoder-first-pipeline-num-layers"),
+    "pp4-layout": (8, ["--tp", "1", "--pp", "4", "--mbs", "1", "--gpus", "4", "--layers-per-stage", "1,2,3,2"],
+                   "--pipeline-model-parallel-layout"),
+    # torch's norms (no Transformer Engine) refuse sequence parallelism: the estimate leaves it off
+    "tp2": (2, ["--tp", "2", "--pp", "1", "--mbs", "2", "--gpus", "2", "--no-sequence-parallel"], None),
+}
 
 
-def check_profiled_run(profile_dir: Path, row: dict, run_id: str | None) -> None:
-    """Both ranks wrote their records through the hooks, and the header is the sweep row's."""
+@pytest.fixture(scope="module")
+def core_0_15(tmp_path_factory):
+    return writable_copy(checkout("core_v0.15.2"), tmp_path_factory.mktemp("megatron"))
+
+
+def estimate(advisor, path: Path, layers: int, options: list[str]) -> dict:
+    advisor("estimate", *tiny(layers), "--cp", "1", *options, "--format", "json", "-o", path)
+    return json.loads(path.read_text())
+
+
+def check_run(profile_dir: Path, document: dict, output: str, *, running_mean: bool = False) -> None:
+    """Every rank ended ok with every layer's records; the split, vocabulary and loss are the ones
+    planned. ``running_mean``: Megatron logs at iteration 2 the mean of iterations 1 and 2
+    (core_v0.19.0's training_log keeps its sums after the first iteration: should_reset)."""
     run = load_run(profile_dir)
-    assert run.status == "ok" and [rank.header.rank for rank in run.ranks] == [0, 1]
+    world = document["tp"] * document["cp"] * document["pp"] * document["dp"]
+    assert run.status == "ok" and len(run.ranks) == world
+    stages = [stage["layers"] for stage in document["stages"]]
+    rows = padded_vocab_size(document["model"]["vocab_size"], document["options"].get("vocab_divisible_by"),
+                             document["tp"])
+    logged = logged_losses(output)
+    assert sorted(logged) == [1, 2], output[-2000:]
     for rank in run.ranks:
         header = rank.header
-        assert not header.emulated and (run_id is None or header.run_id == run_id)
-        assert (header.parallel.tp, header.parallel.cp, header.parallel.pp, header.parallel.dp) == (2, 1, 1, 1)
-        assert header.parallel.mbs == row["mbs"] == 2 and header.seq_len == row["seq_len"] == 32
-        assert header.global_batch_size == row["global_batch_size"] == 4 and header.num_microbatches == 2
-        model = row["model"]
-        assert (header.model.num_layers, header.model.hidden_size, header.model.ffn_hidden_size) == (
-            model["num_layers"], model["hidden_size"], model["ffn_hidden_size"])
-        assert (header.model.num_attention_heads, header.model.num_query_groups, header.model.vocab_size) == (
-            model["num_attention_heads"], model["num_query_groups"], model["vocab_size"])
-        assert header.params_dtype == "bfloat16"  # the estimate's --bf16 arrived
-        assert len(rank.iterations) == 2 and rank.layers_of(2)
-    assert {rank.header.coords["tp"] for rank in run.ranks} == {0, 1}
-    assert run.ranks[0].iterations[-1].loss == pytest.approx(run.ranks[1].iterations[-1].loss)
+        assert not header.emulated and list(header.layers_per_stage) == stages
+        assert len(header.stage_layers) == stages[header.coords["pp"]]
+        assert header.model.vocab_size == rows  # the rows Megatron built = the rows the estimate priced
+        assert header.model.rotary_base == 500000.0 and header.model.rope_scaling_factor == 8.0  # Llama 3.1's
+        assert len(rank.iterations) == 2
+        check_complete(rank)  # a record for every layer of the stage, every iteration
+        if header.last_stage:
+            recorded = [iteration.loss for iteration in rank.iterations]
+            if running_mean:
+                recorded[1] = (recorded[0] + recorded[1]) / 2
+            assert recorded == pytest.approx([logged[1], logged[2]], rel=1e-6)  # Megatron logs 7 digits
 
 
-def test_torchrun_launch_installs_the_hooks_on_both_ranks(tiny_sweep, tmp_path):
-    path, rank, row = tiny_sweep
-    (tmp_path / "argv").mkdir()
-    command = ["torchrun", "--from", path, "--rank", rank, "--megatron-lm", STANDIN, "--profile-dir",
-               tmp_path / "profile", "--run-id", "launch-test", "--mock-data", "--", "--train-iters", "2", "--lr", "1e-3"]
-    result = subprocess.run([*LAUNCH, *map(str, command)], capture_output=True, text=True, timeout=300,
-                            env=subprocess_env(STANDIN_ARGV_DIR=str(tmp_path / "argv")))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"+ torchrun --nproc-per-node 2 --standalone -m launch.entry --megatron-lm {STANDIN}" in result.stderr
-    check_profiled_run(tmp_path / "profile", row, "launch-test")
-    # The input's arguments arrived unchanged on both ranks, with --mock-data's and the user's after them.
-    expected = json.loads(launcher()("args", "--from", path, "--rank", rank, "--mock-data", "--format", "json",
-                                     "--", "--train-iters", "2", "--lr", "1e-3").stdout)
-    argv = received(tmp_path / "argv")
-    assert argv[0] == argv[1] == [str(STANDIN / "pretrain_gpt.py"), *expected]
-    args = argv[0][1:]
-    assert args[args.index("--tensor-model-parallel-size") + 1] == "2" and "--sequence-parallel" in args
-    assert args[args.index("--vocab-size") + 1] == "255"  # 256 - 1, NullTokenizer adds one
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_real_pretrain_gpt_trains_with_the_hooks(name, core_0_15, advisor, tmp_path):
+    layers, options, split_flag = LAYOUTS[name]
+    document = estimate(advisor, tmp_path / "estimate.json", layers, options)
+    args = json.loads(launcher()("args", "--from", tmp_path / "estimate.json", "--megatron-lm", core_0_15.path,
+                                 "--format", "json").stdout)
+    assert split_flag is None or split_flag in args
+    result = subprocess.run(
+        [str(core_0_15.bin / "advisor-launch"), "torchrun", "--from", str(tmp_path / "estimate.json"),
+         "--megatron-lm", str(core_0_15.path), "--mock-data", "--profile-dir", str(tmp_path / "profile"), "--",
+         *CPU_TRAINING], capture_output=True, text=True, timeout=600, env=launch_env(core_0_15), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    if document["tp"] > 1:
+        assert "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun" in result.stderr  # what the launcher ran
+    check_run(tmp_path / "profile", document, result.stdout + result.stderr)
 
 
-def test_sbatch_script_runs_torchrun_on_two_nodes(tiny_sweep, tmp_path):
+def test_core_0_19_trains_through_its_config_container_pretrain(advisor, tmp_path_factory, tmp_path):
+    """core_v0.19.0 (Python 3.12): pretrain(config_container, ..., model_provider=None) builds the
+    model from the container; the hooks still go on it, and the NullTokenizer gets v as given."""
+    release = writable_copy(checkout("core_v0.19.0"), tmp_path_factory.mktemp("megatron19"))
+    document = estimate(advisor, tmp_path / "estimate.json", *LAYOUTS["pp2-first-last"][:2])
+    result = subprocess.run(
+        [str(release.bin / "advisor-launch"), "torchrun", "--from", str(tmp_path / "estimate.json"),
+         "--megatron-lm", str(release.path), "--mock-data", "--profile-dir", str(tmp_path / "profile"), "--",
+         *CPU_TRAINING], capture_output=True, text=True, timeout=600, env=launch_env(release), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert re.search(r"--vocab-size 4096\b", result.stderr)  # core 0.19's NullTokenizer: no extra row
+    check_run(tmp_path / "profile", document, result.stdout + result.stderr, running_mean=True)
+
+
+def test_sbatch_script_runs_torchrun_on_two_nodes(core_0_15, advisor, tmp_path):
     """The generated script, run by bash with Slurm's commands stood in: srun starts one real
-    torchrun per "node" (two here), meeting at a real c10d rendezvous on the first."""
+    torchrun per "node" (two here, one rank each, TP 2), meeting at a real c10d rendezvous on the
+    first; the script's export of CUDA_DEVICE_MAX_CONNECTIONS is what lets Megatron accept TP 2."""
     from megatron_hooks.emulate import free_port
 
-    path, rank, row = tiny_sweep
+    document = estimate(advisor, tmp_path / "estimate.json", *LAYOUTS["tp2"][:2])
     script = tmp_path / "job.sh"
-    launcher()("sbatch", "--from", path, "--rank", rank, "--megatron-lm", STANDIN, "--gpus-per-node", 1,
-               "--rdzv-port", free_port(), "--profile-dir", tmp_path / "profile", "-o", script, "--dry-run", "--",
-               "--vocab-size", "256", "--train-iters", "2")
-    env = subprocess_env(PATH=f"{SLURM}{os.pathsep}{subprocess_env()['PATH']}", SLURM_JOB_NODELIST="n[1-2]",
-                         SLURM_NNODES="2", SLURM_JOB_ID="4242", SLURM_STANDIN_HOSTS="127.0.0.1 127.0.0.2",
-                         STANDIN_ARGV_DIR=str(tmp_path / "argv"))
-    (tmp_path / "argv").mkdir()
-    result = subprocess.run(["bash", script], capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    check_profiled_run(tmp_path / "profile", row, None)
-    argv = received(tmp_path / "argv")
-    assert argv[0] == argv[1] and argv[0][-4:] == ["--vocab-size", "256", "--train-iters", "2"]
+    launcher()("sbatch", "--from", tmp_path / "estimate.json", "--megatron-lm", core_0_15.path,
+               "--gpus-per-node", 1, "--rdzv-port", free_port(), "--profile-dir", tmp_path / "profile",
+               "--mock-data", "-o", script, "--dry-run", "--", *CPU_TRAINING)
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in script.read_text()
+    env = launch_env(core_0_15, SLURM_JOB_NODELIST="n[1-2]", SLURM_NNODES="2", SLURM_JOB_ID="4242",
+                     SLURM_STANDIN_HOSTS="127.0.0.1 127.0.0.2")
+    env["PATH"] = f"{SLURM}{os.pathsep}{env['PATH']}"
+    result = subprocess.run(["bash", script], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    check_run(tmp_path / "profile", document, result.stdout + result.stderr)

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -78,8 +79,26 @@ def test_hf_config_defaults_follow_llamaconfig(tmp_path):
         ({"model_type": "gpt2"}, "not a Llama-family model"),
         ({"hidden_size": -4096}, "hidden_size must be a positive integer"),
         ({"num_key_value_heads": 5}, "multiple of num_query_groups"),
-        ({"head_dim": 64}, "head_dim x num_attention_heads"),
         ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
+        # issue 17's model files: one line naming the key, never a traceback or a silent MHA
+        ({"hidden_size": 10**400}, "hidden_size is an integer of about 401 digits, more than this tool"),
+        ({"head_dim": {}}, "head_dim must be a positive integer, got an object"),
+        ({"model_type": ["llama"]}, "model_type must be a string, got a list"),
+        ({"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer, got 0"),
+        ({"num_key_value_heads": True}, "num_key_value_heads must be a positive integer, got true"),
+        ({"rope_theta": "500000"}, "rope_theta must be a positive number, got '500000'"),
+        ({"rms_norm_eps": 0}, "rms_norm_eps must be a positive number, got 0"),
+        ({"attention_bias": True}, "attention_bias true puts biases on Q, K, V and the output projection"),
+        ({"mlp_bias": True}, "mlp_bias true"),
+        ({"hidden_act": "gelu"}, "hidden_act is 'gelu'"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling of type 'yarn'"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 4.0,
+                           "original_max_position_embeddings": 8192}}, "rope_scaling.low_freq_factor is 2.0"),
+        ({"rope_scaling": [8.0]}, "rope_scaling must be an object or null, got a list"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor is 0.5"),
+        ({"model_type": "mistral", "sliding_window": 4096}, "sliding_window is 4096"),
+        ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window true"),
+        ({"intermediate_size": 1 << 23}, "intermediate_size is 8388608, more than this tool handles"),
     ],
 )
 def test_hf_config_errors(tmp_path, change, message):
@@ -87,6 +106,61 @@ def test_hf_config_errors(tmp_path, change, message):
     config = {k: v for k, v in config.items() if v is not None}
     with pytest.raises(AdvisorError, match=message):
         load_hf_config(write_config(tmp_path, **config))
+
+
+def test_a_number_too_long_for_python_is_one_line(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"hidden_size": ' + "9" * 5000 + "}")
+    with pytest.raises(AdvisorError, match="config.json: unreadable JSON"):
+        load_hf_config(path)
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
+# Exact parameter counts published with each checkpoint (tests/fixtures/hf_configs/README.md).
+PUBLISHED_HF = {
+    "llama3.1-8b.json": 8_030_261_248,
+    "llama3.2-1b.json": 1_235_814_400,
+    "qwen2-7b.json": 7_615_616_512,
+    "qwen2-0.5b.json": 494_032_768,
+    "mistral-nemo-12b.json": 12_247_782_400,
+}
+
+
+@pytest.mark.parametrize("name,count", PUBLISHED_HF.items())
+def test_released_configs_price_their_published_parameter_counts(name, count):
+    assert model_parameters(load_hf_config(FIXTURES / name)) == count
+
+
+def test_released_configs_carry_every_architectural_field():
+    nemo = load_hf_config(FIXTURES / "mistral-nemo-12b.json")
+    assert (nemo.kv_channels, nemo.head_dim, nemo.query_size, nemo.hidden_size) == (128, 128, 4096, 5120)
+    assert (nemo.rotary_base, nemo.norm_epsilon, nemo.rope_scaling_factor, nemo.add_qkv_bias) == (1e6, 1e-5, None, False)
+    qwen = load_hf_config(FIXTURES / "qwen2-7b.json")
+    assert qwen.add_qkv_bias and qwen.kv_channels is None and qwen.head_dim == 128 and qwen.norm_epsilon == 1e-6
+    small = load_hf_config(FIXTURES / "llama3.2-1b.json")
+    assert small.kv_channels is None  # head_dim 64 = 2048 / 32: Megatron's default, no flag needed
+    assert (small.tie_embeddings, small.rope_scaling_factor, small.rotary_base) == (True, 32.0, 500000.0)
+
+
+@pytest.mark.parametrize("name", ["llama3.1-8b", "llama3.2-1b"])
+def test_presets_equal_their_released_configs(name):
+    """The presets' fields, every one, are the released config.json's (not only the sizes)."""
+    from dataclasses import replace
+
+    assert replace(load_hf_config(FIXTURES / f"{name}.json"), name=name) == PRESETS[name]
+
+
+def test_explicit_head_dim_prices_attention_by_it():
+    """Eq. 1 generalised: W_Q, W_O h x ad and W_K, W_V h x kd; QKV biases (a + 2k)d; both over t."""
+    from advisor.equations import attention_activation_bytes, attention_parameters
+    from advisor.models import LlamaSpec
+
+    spec = LlamaSpec(name="x", num_layers=1, hidden_size=10, ffn_hidden_size=8, num_attention_heads=4,
+                     num_query_groups=2, vocab_size=16, kv_channels=3, add_qkv_bias=True)
+    by_hand = 10 * 12 + 10 * 6 + 10 * 6 + 12 * 10 + (12 + 6 + 6)  # Q, K, V, O, biases
+    assert attention_parameters(spec) == by_hand and attention_parameters(spec, tp=2) == by_hand / 2
+    # X (2sbh), Q and attention output (2sb ad each), K and V (2sb kd each), s = b = 1
+    assert attention_activation_bytes(spec, 1, 1) == 2 * 10 + 4 * 12 + 4 * 6
 
 
 def test_malformed_json_names_the_position(tmp_path):

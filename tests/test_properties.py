@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from advisor.equations import final_norm_parameters, layer_norm_parameters, model_parameters
+from advisor.equations import final_norm_parameters, layer_norm_parameters, model_parameters, padded_vocab_size
 from advisor.memory import MemoryOptions, estimate_memory
 from advisor.models import PRESETS, LlamaSpec
 from advisor.parallel import ParallelConfig, Workload
@@ -71,14 +71,16 @@ def test_first_stage_layer_activations_do_not_depend_on_p(spec, t, b):
 @settings(max_examples=100, deadline=None)
 @given(llamas(), powers, st.sampled_from([1, 2, 4, 8]))
 def test_stages_parameters_add_up_to_the_model(spec, t, p):
-    """Sum over stages (and over the t shards, counting replicated norms once) = Eq. 3."""
+    """Sum over stages (and over the t shards, counting replicated norms once) = Eq. 3 with the
+    vocabulary Megatron builds (padded to a multiple of t)."""
     t = min(t, spec.num_query_groups)
+    vocab = padded_vocab_size(spec.vocab_size, None, t)
     stages = estimate_memory(spec, ParallelConfig(tp=t, pp=p), Workload(global_batch_size=None)).stages
     replicated = spec.num_layers * layer_norm_parameters(spec) + final_norm_parameters(spec)
     summed = sum(stage.parameters for stage in stages) * t - (t - 1) * replicated
     # With tied embeddings and p > 1 the last stage holds a copy of the embedding.
-    copy = spec.hidden_size * spec.vocab_size if spec.tie_embeddings and p > 1 else 0
-    assert summed == model_parameters(spec) + copy
+    copy = spec.hidden_size * vocab if spec.tie_embeddings and p > 1 else 0
+    assert summed == model_parameters(spec, vocab) + copy
 
 
 def test_paper_models_peak_on_the_first_stage():

@@ -200,7 +200,8 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
                          help="Without FlashAttention the softmax output (2as^2b per layer) is kept."),
             click.option("--vocab-divisible-by", type=click.IntRange(min=1), default=None,
                          help="Pad v to a multiple of this x TP, like Megatron's "
-                              "--make-vocab-size-divisible-by (128 there). Default: no padding, as the paper."),
+                              "--make-vocab-size-divisible-by (128 there). Default: 1, i.e. v padded to a multiple of TP "
+                              "as Megatron does even then (the paper's vocabularies need none)."),
         ],
         wrapper,
     )

@@ -1,0 +1,171 @@
+"""Run argument lists through a real Megatron-LM checkout's own argument parser and validator,
+and report what Megatron derives from them: the harness that checks every argument list the
+advisor writes (``tests/test_megatron_real.py``; issue 14's new row kinds use it too).
+
+    python -m launch.megatron_check --megatron-lm DIR < cases.json > results.json
+
+Input: a JSON array of cases, each ``{"args": [...], "world_size": N, "env": {NAME: value or
+null}}`` (``env``: the environment the launcher gives the ranks, applied over this process's;
+null unsets). Output: a JSON array, one result per case: ``{"ok": true, "derived": {...}}``, or
+``{"ok": false, "error": "..."}`` where Megatron refused the arguments (an argparse error or an
+assertion of ``validate_args``, with its message).
+
+Per case, as rank 0 of ``world_size`` ranks, what ``pretrain_gpt.py`` does before it builds a
+model: ``parse_args`` (with the script's ``args_defaults``), ``validate_args``, the tokenizer of
+``megatron.training.global_vars`` (which pads the vocabulary), Megatron's microbatch calculator,
+``core_transformer_config_from_args``, and megatron-core's split of the layers over pipeline
+ranks (``get_num_layers_to_build``, or the pipeline layout). ``derived`` holds the sizes, the
+split, the padded vocabulary and every architectural field of the resulting TransformerConfig.
+
+The one stand-in: ``validate_args`` asks the GPU for its architecture
+(``get_device_arch_version``); this machine has none, so it answers ``--device-arch`` (9, Hopper,
+by default; 10 is Blackwell). Everything else is the checkout's own code. Only ``--mock-data``
+with ``--tokenizer-type NullTokenizer`` is supported (a real tokenizer needs its files).
+
+``validate(checkout, cases, python=...)`` runs this module in a subprocess of the given Python
+(core_v0.19.0 needs 3.12) and returns the results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+# pretrain_gpt.py's own defaults (its call to pretrain / parse_and_validate_args), in both versions.
+ARGS_DEFAULTS = {"tokenizer_type": "GPT2BPETokenizer"}
+
+
+def validate(checkout: str | os.PathLike, cases: Sequence[dict], *, python: str | None = None,
+             device_arch: int = 9, timeout: float = 600) -> list[dict]:
+    """Each case through the checkout's parse_args and validate_args, in a subprocess of ``python``
+    (default: this interpreter) with this repository importable; one result per case."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+               NO_VCS_VERSION="1")
+    completed = subprocess.run(
+        [python or sys.executable, "-m", "launch.megatron_check", "--megatron-lm", str(checkout),
+         "--device-arch", str(device_arch)],
+        input=json.dumps(list(cases)), capture_output=True, text=True, env=env, timeout=timeout)
+    if completed.returncode != 0:
+        raise RuntimeError(f"launch.megatron_check failed ({completed.returncode}): {completed.stderr[-3000:]}")
+    return json.loads(completed.stdout)
+
+
+# --- inside the checkout's Python ------------------------------------------------------------
+
+
+def _transformer_config(args):
+    module = __import__(_RULES.transformer_config_module, fromlist=["core_transformer_config_from_args"])
+    return module.core_transformer_config_from_args(args)
+
+
+def _microbatches(args) -> int:
+    from megatron.core import num_microbatches_calculator as calculator
+
+    calculator.init_num_microbatches_calculator(0, args.rampup_batch_size, args.global_batch_size,
+                                                args.micro_batch_size, args.data_parallel_size,
+                                                args.decrease_batch_size_if_needed)
+    try:
+        return calculator.get_num_microbatches()
+    finally:
+        calculator.destroy_num_microbatches_calculator()
+
+
+def _derive(args) -> dict:
+    from megatron.training import global_vars
+
+    from megatron_hooks.integration import layers_per_stage  # megatron-core's split, as the hooks read it
+
+    global_vars.build_tokenizer(args)  # what set_global_variables does: sets args.padded_vocab_size
+    config = _transformer_config(args)
+    vpp = args.virtual_pipeline_model_parallel_size
+    dtype = str(config.params_dtype).removeprefix("torch.")
+    return {
+        "tp": args.tensor_model_parallel_size, "cp": args.context_parallel_size,
+        "pp": args.pipeline_model_parallel_size, "dp": args.data_parallel_size, "vpp": vpp or 1,
+        "micro_batch_size": args.micro_batch_size, "global_batch_size": args.global_batch_size,
+        "num_microbatches": _microbatches(args), "seq_length": args.seq_length,
+        "layers_per_stage": list(layers_per_stage(config, args.pipeline_model_parallel_size, vpp)),
+        "padded_vocab_size": args.padded_vocab_size,
+        "num_layers": config.num_layers, "hidden_size": config.hidden_size,
+        "ffn_hidden_size": config.ffn_hidden_size, "num_attention_heads": config.num_attention_heads,
+        "num_query_groups": config.num_query_groups, "kv_channels": config.kv_channels,
+        "add_qkv_bias": bool(config.add_qkv_bias), "add_bias_linear": bool(config.add_bias_linear),
+        "attention_dropout": config.attention_dropout, "hidden_dropout": config.hidden_dropout,
+        "gated_linear_unit": bool(config.gated_linear_unit), "normalization": config.normalization,
+        "layernorm_epsilon": config.layernorm_epsilon, "position_embedding_type": args.position_embedding_type,
+        "rotary_base": args.rotary_base, "use_rope_scaling": bool(args.use_rope_scaling),
+        "rope_scaling_factor": args.rope_scaling_factor if args.use_rope_scaling else None,
+        "tie_embeddings": not args.untie_embeddings_and_output_weights,
+        "params_dtype": dtype, "sequence_parallel": bool(config.sequence_parallel),
+        "use_distributed_optimizer": bool(args.use_distributed_optimizer),
+        "grad_reduce_in_fp32": bool(args.accumulate_allreduce_grads_in_fp32),
+        "recompute_granularity": config.recompute_granularity, "recompute_method": config.recompute_method,
+        "recompute_num_layers": config.recompute_num_layers,
+        "attention_backend": str(args.attention_backend).rpartition(".")[2],
+    }
+
+
+def _run_case(case: dict) -> dict:
+    from megatron.training import arguments
+
+    saved_env = dict(os.environ)
+    os.environ.update({"WORLD_SIZE": str(case["world_size"]), "RANK": "0", "LOCAL_RANK": "0"})
+    for name, value in (case.get("env") or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(value)
+    sys.argv = ["pretrain_gpt.py", *case["args"]]
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sys.stderr), contextlib.redirect_stderr(errors):
+            args = arguments.parse_args()
+            arguments.validate_args(args, dict(ARGS_DEFAULTS))
+            return {"ok": True, "derived": _derive(args)}
+    except SystemExit:  # argparse: "pretrain_gpt.py: error: unrecognized arguments: --foo"
+        lines = [line for line in errors.getvalue().splitlines() if "error:" in line]
+        return {"ok": False, "error": lines[-1] if lines else errors.getvalue()[-500:]}
+    except AssertionError as exc:
+        return {"ok": False, "error": f"validate_args: {exc}"}
+    except ValueError as exc:  # TransformerConfig.__post_init__ refusing a combination
+        return {"ok": False, "error": f"TransformerConfig: {exc}"}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+_RULES = None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m launch.megatron_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--megatron-lm", required=True, help="The Megatron-LM checkout.")
+    parser.add_argument("--device-arch", type=int, default=9, help="The GPU architecture validate_args sees.")
+    options = parser.parse_args(argv)
+    global _RULES
+    from launch.megatron_versions import of_checkout
+
+    checkout = Path(options.megatron_lm)
+    _RULES = of_checkout(checkout)
+    cases = json.load(sys.stdin)
+    sys.path.insert(0, str(checkout.resolve()))
+    with contextlib.redirect_stdout(sys.stderr):
+        from megatron.training import arguments, utils
+
+        arguments.get_device_arch_version = utils.get_device_arch_version = lambda: options.device_arch
+    results = [_run_case(case) for case in cases]
+    json.dump(results, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

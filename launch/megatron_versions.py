@@ -1,0 +1,258 @@
+"""The Megatron-LM versions the launcher knows, as data: the one place that knows them.
+
+Each entry was read from, and is tested against, a real checkout of the release named in
+``checked`` (``tests/test_megatron_real.py`` runs the launcher's argument lists through that
+checkout's own ``parse_args`` and ``validate_args``, and trains with its ``pretrain_gpt.py``).
+What differs between them, and why it matters to a launch:
+
+- the Python it needs (its ``pyproject.toml``: core_v0.19.0 imports ``typing.override``);
+- how many rows ``--mock-data``'s NullTokenizer gives for ``--vocab-size V``: core_v0.15.2's
+  adds an end-of-document token (``_NullTokenizer.vocab_size`` = V + 1), core_v0.19.0's does not
+  (``NullTokenizer.vocab_size`` = V, its eod is V - 1); Megatron then pads that to a multiple of
+  ``--make-vocab-size-divisible-by`` x TP, which is what the estimator prices;
+- which token ids ``--mock-data`` feeds: core_v0.15.2's ``MockGPTLowLevelDataset`` draws ids
+  1 .. 4094 whatever the vocabulary (documents of up to 4095 tokens numbered 1, 2, ...), so a
+  model with fewer rows fails in the embedding at the first iteration; core_v0.19.0 takes them
+  modulo the vocabulary;
+- the signature of ``megatron.training.pretrain``: core_v0.15.2 takes the dataset and model
+  providers positionally; core_v0.19.0 takes a config container first and builds the model from
+  it (``model_provider=None``), which is what ``megatron_hooks.integration`` must hook;
+- where ``core_transformer_config_from_args`` lives.
+
+The version of a checkout is read by parsing ``megatron/core/package_info.py`` (never by
+importing it: core_v0.19.0's says 0.19.1 and appends the git hash of whatever repository it
+sits in). Minor releases are matched (0.15.x, 0.19.x); any other is refused in one line.
+
+Environment rules (``megatron/training/arguments.py``, ``validate_args``; the same in both):
+with TP > 1 or CP > 1 on GPUs before Blackwell (compute capability < 10) Megatron asserts
+``CUDA_DEVICE_MAX_CONNECTIONS=1`` unless Megatron FSDP / torch FSDP2 (which assert it is *not* 1)
+or MoE expert-parallel communication overlap are on; ``--deterministic-mode`` asserts an
+``NCCL_ALGO`` from a fixed list. ``environment()`` applies them to a launch's arguments and the
+user's environment: it sets what Megatron needs, keeps what the user exported when Megatron
+accepts it, and refuses (one line) what Megatron would refuse. The rule for TP/CP is applied as
+for GPUs before Blackwell, where it is required; on Blackwell the value 1 is accepted too.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal, Mapping, Sequence
+
+from advisor.errors import AdvisorError
+
+PACKAGE_INFO = Path("megatron") / "core" / "package_info.py"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MegatronVersion:
+    """What one Megatron-LM release line needs and builds (see the module docstring)."""
+
+    release: tuple[int, int]
+    """(major, minor): the rules hold for every patch release of this minor."""
+    checked: str
+    """The release tag these rules were read from and are tested against."""
+    python: tuple[int, int]
+    """The oldest Python it runs on (requires-python of its pyproject.toml)."""
+    null_tokenizer_extra_rows: int
+    """NullTokenizer.vocab_size - --vocab-size: 1 where it adds an end-of-document token."""
+    mock_data_max_token_id: int | None
+    """The largest token id --mock-data feeds whatever the vocabulary; None: ids modulo it."""
+    pretrain: Literal["providers", "config_container"]
+    """pretrain(dataset_provider, model_provider, ...) or pretrain(config_container, dataset_provider,
+    model_type, forward_step, model_provider=None, ...)."""
+    transformer_config_module: str
+    """Where core_transformer_config_from_args lives."""
+    lacks: frozenset[str] = frozenset()
+    """Flags the launcher may write that this release does not have."""
+
+    @property
+    def name(self) -> str:
+        return f"Megatron-LM core {self.release[0]}.{self.release[1]}"
+
+    @property
+    def python_text(self) -> str:
+        return f"Python >= {self.python[0]}.{self.python[1]}"
+
+    def null_tokenizer_vocab_flag(self, rows: int) -> int:
+        """The --vocab-size that makes its NullTokenizer give ``rows`` tokens."""
+        return rows - self.null_tokenizer_extra_rows
+
+
+VERSIONS: tuple[MegatronVersion, ...] = (
+    MegatronVersion(
+        release=(0, 15), checked="core_v0.15.2", python=(3, 10), null_tokenizer_extra_rows=1,
+        mock_data_max_token_id=4094, pretrain="providers",
+        transformer_config_module="megatron.training.arguments",
+    ),
+    MegatronVersion(
+        release=(0, 19), checked="core_v0.19.0", python=(3, 12), null_tokenizer_extra_rows=0,
+        mock_data_max_token_id=None, pretrain="config_container",
+        transformer_config_module="megatron.training.argument_utils",
+    ),
+)
+NEWEST = VERSIONS[-1]
+
+
+def _known() -> str:
+    return ", ".join(f"core {v.release[0]}.{v.release[1]} (checked with {v.checked})" for v in VERSIONS)
+
+
+# --- which version -----------------------------------------------------------------------
+
+
+def read_version(checkout: Path) -> tuple[int, int, int]:
+    """(major, minor, patch) from ``checkout/megatron/core/package_info.py``, parsed, not imported."""
+    path = checkout / PACKAGE_INFO
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except FileNotFoundError:
+        raise AdvisorError(f"Megatron-LM checkout {checkout} has no {PACKAGE_INFO}: is it a Megatron-LM checkout?") from None
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
+        raise AdvisorError(f"{path}: cannot read its version ({type(exc).__name__})") from None
+    numbers: dict[str, int] = {}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, int)):
+            numbers[node.targets[0].id] = node.value.value
+    try:
+        return numbers["MAJOR"], numbers["MINOR"], numbers["PATCH"]
+    except KeyError:
+        raise AdvisorError(f"{path}: no MAJOR, MINOR and PATCH numbers in it") from None
+
+
+def rules_for(version: tuple[int, int, int], where: str) -> MegatronVersion:
+    """The rules of this release; AdvisorError naming the version if it is not one we know."""
+    for rules in VERSIONS:
+        if tuple(version[:2]) == rules.release:
+            return rules
+    text = ".".join(map(str, version))
+    raise AdvisorError(f"Megatron-LM core {text} ({where}) is not a version advisor-launch knows; it knows {_known()}")
+
+
+def named(text: str) -> MegatronVersion:
+    """--megatron-version: '0.15', '0.19.0', 'core_v0.15.2'."""
+    parts = text.strip().removeprefix("core_v").removeprefix("v").split(".")
+    if len(parts) not in (2, 3) or not all(part.isdigit() for part in parts):
+        raise AdvisorError(f"--megatron-version {text!r}: expected a release such as 0.19 or core_v0.15.2")
+    numbers = tuple(int(part) for part in parts) + (0,) * (3 - len(parts))
+    return rules_for(numbers, "--megatron-version")
+
+
+def of_checkout(checkout: Path) -> MegatronVersion:
+    return rules_for(read_version(checkout), str(checkout / PACKAGE_INFO))
+
+
+# --- what a launch needs from its version --------------------------------------------------
+
+
+def check_flags(rules: MegatronVersion, args: Sequence[str]) -> None:
+    """A flag this release lacks: one line naming the version and the flag."""
+    missing = sorted({arg.partition("=")[0] for arg in args if arg.startswith("--")} & rules.lacks)
+    if missing:
+        raise AdvisorError(f"{rules.name} has no {', '.join(missing)}, which this launch needs "
+                           f"(it knows {_known()})")
+
+
+def check_python(rules: MegatronVersion, running: tuple[int, int]) -> None:
+    if tuple(running) < rules.python:
+        raise AdvisorError(
+            f"{rules.name} needs {rules.python_text}; this is Python {running[0]}.{running[1]}: run advisor-launch "
+            f"from an environment with {rules.python_text}, torch and this package")
+
+
+def check_mock_data(rules: MegatronVersion, rows: int, spec_vocab: int) -> None:
+    """Refuse, before anything starts, a vocabulary that this release's --mock-data cannot feed."""
+    highest = rules.mock_data_max_token_id
+    if highest is not None and rows <= highest:
+        raise AdvisorError(
+            f"{rules.name}'s --mock-data feeds token ids up to {highest} whatever the vocabulary "
+            f"(MockGPTLowLevelDataset), and this model's embedding has {rows} rows (v {spec_vocab}): it would fail "
+            f"at the first iteration; use a vocabulary of at least {highest + 1} (--vocab-size) or your own data "
+            f"(--data-path after --)")
+
+
+# --- the environment Megatron demands ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchShape:
+    """What the environment rules look at: the layout and the flags of the whole command line."""
+
+    tp: int
+    cp: int
+    flags: frozenset[str]
+
+    @classmethod
+    def of(cls, tp: int, cp: int, args: Sequence[str]) -> "LaunchShape":
+        return cls(tp=tp, cp=cp, flags=frozenset(arg.partition("=")[0] for arg in args if arg.startswith("--")))
+
+    @property
+    def fsdp(self) -> bool:
+        return bool(self.flags & {"--use-megatron-fsdp", "--use-torch-fsdp2"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EnvironmentRule:
+    """One environment variable that ``validate_args`` asserts on, for the launches it applies to."""
+
+    variable: str
+    applies: Callable[[LaunchShape], bool]
+    why: str
+    needs: str | None = None
+    """The value it must have; the launcher sets it when unset."""
+    forbids: str | None = None
+    """A value it must not have; the launcher leaves it unset."""
+    one_of: tuple[str, ...] = ()
+    """Values one of which the user must choose (the launcher cannot)."""
+
+
+ENVIRONMENT_RULES: tuple[EnvironmentRule, ...] = (
+    EnvironmentRule(
+        variable="CUDA_DEVICE_MAX_CONNECTIONS", needs="1",
+        applies=lambda shape: (shape.tp > 1 or shape.cp > 1) and not shape.fsdp
+        and "--overlap-moe-expert-parallel-comm" not in shape.flags,
+        why="with TP > 1 or CP > 1 on GPUs before Blackwell"),
+    EnvironmentRule(
+        variable="CUDA_DEVICE_MAX_CONNECTIONS", forbids="1", applies=lambda shape: shape.fsdp,
+        why="under FSDP (--use-megatron-fsdp, --use-torch-fsdp2)"),
+    EnvironmentRule(
+        variable="NCCL_ALGO", one_of=("Tree", "Ring", "CollnetDirect", "CollnetChain", "^NVLS"),
+        applies=lambda shape: "--deterministic-mode" in shape.flags, why="with --deterministic-mode"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """What a launch sets on every rank, and why (for the printed command and the Slurm script)."""
+
+    settings: dict[str, str]
+    reason: str
+
+
+def environment(rules: MegatronVersion, shape: LaunchShape, exported: Mapping[str, str] | None = None) -> Environment:
+    """The variables this launch sets on every rank (what Megatron demands); AdvisorError, one
+    line, where a value the user exported would be refused by Megatron (else it is kept)."""
+    exported = os.environ if exported is None else exported
+    settings: dict[str, str] = {}
+    reasons: list[str] = []
+    where = f"{rules.name} (megatron/training/arguments.py, validate_args)"
+    for rule in ENVIRONMENT_RULES:
+        if not rule.applies(shape):
+            continue
+        value = exported.get(rule.variable)
+        if rule.needs is not None:
+            if value not in (None, rule.needs):
+                raise AdvisorError(f"{rule.variable}={value} in your environment: {where} requires "
+                                   f"{rule.variable}={rule.needs} {rule.why}; unset it or set it to {rule.needs}")
+            settings[rule.variable] = rule.needs
+            reasons.append(f"{rule.variable}={rule.needs} {rule.why}")
+        elif rule.forbids is not None and value == rule.forbids:
+            raise AdvisorError(f"{rule.variable}={value} in your environment: {where} refuses it {rule.why}; "
+                               f"unset it")
+        elif rule.one_of and value not in rule.one_of:
+            raise AdvisorError(f"{where} requires {rule.variable} to be one of {', '.join(rule.one_of)} {rule.why}; "
+                               f"export one")
+    return Environment(settings=settings, reason=f"{where} requires " + "; ".join(reasons) if reasons else "")

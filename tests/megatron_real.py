@@ -1,0 +1,181 @@
+"""The real Megatron-LM checkouts the tests run against (read-only; see shared/megatron-lm/README.md).
+
+Where they are: ``$MEGATRON_LM_CHECKOUTS`` (``.ci/run`` sets it to ``../shared/megatron-lm``
+beside the repository), else ``../shared/megatron-lm`` if it exists. Without them, the tests that
+need them skip with the reason. core_v0.19.0 needs Python >= 3.12 with torch: the interpreter is
+``$MEGATRON_LM_PYTHON312`` (``.ci/run`` builds ``.venv312`` for it); without it, its tests skip.
+
+A test that trains copies the checkout into a temporary directory first (Megatron builds its
+dataset helpers inside the checkout) and runs it under the GPU test double
+``tests/fixtures/cuda_on_cpu`` (what it fakes is in its docstring).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+SHARED = Path(os.environ.get("MEGATRON_LM_CHECKOUTS") or ROOT.parent / "shared" / "megatron-lm")
+CUDA_ON_CPU = ROOT / "tests" / "fixtures" / "cuda_on_cpu"
+
+# What a machine without Transformer Engine and Apex passes to Megatron-LM (the GPU facts of the
+# project's H100 probe), plus gloo for the CPU; the user's arguments after '--' in these tests.
+NO_TRANSFORMER_ENGINE = ["--transformer-impl", "local", "--no-rope-fusion", "--no-persist-layer-norm",
+                         "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-swiglu-fusion"]
+CPU_TRAINING = [*NO_TRANSFORMER_ENGINE, "--distributed-backend", "gloo", "--train-iters", "2", "--lr", "1e-4",
+                "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000"]
+
+
+@dataclass(frozen=True)
+class Checkout:
+    tag: str
+    path: Path
+    python: str
+    """An interpreter with torch that this release runs on."""
+
+    @property
+    def bin(self) -> Path:
+        """The interpreter's environment's scripts (advisor-launch, torchrun)."""
+        return Path(self.python).parent
+
+
+def checkout(tag: str) -> Checkout:
+    """The checkout ``tag`` and an interpreter for it; pytest.skip with the reason if either is missing."""
+    path = SHARED / tag
+    if not (path / "pretrain_gpt.py").is_file():
+        pytest.skip(f"no Megatron-LM checkout {tag} at {path} (set MEGATRON_LM_CHECKOUTS; .ci/run points it at "
+                    "../shared/megatron-lm)")
+    if tag == "core_v0.19.0":
+        python = os.environ.get("MEGATRON_LM_PYTHON312")
+        if not python or not Path(python).is_file():
+            pytest.skip("core_v0.19.0 needs Python >= 3.12 with torch: set MEGATRON_LM_PYTHON312 to its interpreter "
+                        "(.ci/run builds .venv312)")
+        return Checkout(tag, path, python)
+    return Checkout(tag, path, sys.executable)
+
+
+def writable_copy(source: Checkout, directory: Path) -> Checkout:
+    """A copy of the checkout in ``directory`` with its dataset helpers built for its Python (what a
+    user does once: ``make -C megatron/core/datasets``)."""
+    target = directory / source.tag
+    shutil.copytree(source.path, target)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    suffix = subprocess.run([source.python, "-c", "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    env = dict(os.environ, PATH=f"{source.bin}{os.pathsep}{os.environ['PATH']}")
+    subprocess.run(["make", "-C", str(target / "megatron" / "core" / "datasets"), f"LIBEXT={suffix}"],
+                   check=True, capture_output=True, env=env)
+    return Checkout(source.tag, target, source.python)
+
+
+def launch_env(release: Checkout, **extra: str) -> dict[str, str]:
+    """The environment of a launch on the CPU: the GPU double, this repository importable, one
+    thread per rank, the release's scripts first on PATH."""
+    env = dict(os.environ)
+    env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+    env.update(CUDA_ON_CPU="1", OMP_NUM_THREADS="1", NO_VCS_VERSION="1", PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPATH=os.pathsep.join([str(CUDA_ON_CPU), str(ROOT)]),
+               PATH=f"{release.bin}{os.pathsep}{env.get('PATH', '')}")
+    env.update(extra)
+    return env
+
+
+_LOGGED = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: ([0-9.E+-]+) \|")
+
+
+def logged_losses(output: str) -> dict[int, float]:
+    """The loss Megatron logs per iteration (``--log-interval 1``), e.g. 'lm loss: 8.334742E+00'."""
+    return {int(iteration): float(loss) for iteration, loss in _LOGGED.findall(output)}
+
+
+# --- what the advisor priced against what Megatron derives (launch.megatron_check) -------------
+
+
+@dataclass(frozen=True)
+class Priced:
+    """What the advisor priced for one argument list, in the terms Megatron derives."""
+
+    label: str
+    args: list[str]
+    env: dict[str, str]
+    world_size: int
+    spec: object
+    """advisor.models.LlamaSpec"""
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    vpp: int
+    mbs: int
+    gbs: int
+    num_microbatches: int
+    layers_per_stage: list[int]
+    options: object
+    """advisor.memory.MemoryOptions"""
+    params_dtype: str = "bfloat16"
+
+    def case(self) -> dict:
+        return {"args": self.args, "world_size": self.world_size, "env": self.env}
+
+
+def priced_input(config, rules, *, label: str, options, extras: list[str], num_microbatches: int,
+                 params_dtype: str = "bfloat16") -> Priced:
+    """A launch input (launch.inputs.LaunchInput) as advisor-launch would start it with --mock-data
+    and ``extras`` after '--', in the environment the launcher gives its ranks. A vocabulary that
+    core_v0.15.2's mock data cannot feed (which the launcher refuses) gets the same NullTokenizer
+    from the user's arguments instead, without data: parsing and validation never read the data
+    (validate_args requires at most one data source, not one)."""
+    from launch.arguments import compose, model_rows
+    from launch.megatron_versions import LaunchShape, environment
+
+    mock_data = True
+    limit = rules.mock_data_max_token_id
+    if limit is not None and model_rows(config.model, config.megatron_args) <= limit:
+        mock_data, extras = False, [*extras, "--tokenizer-type", "NullTokenizer", "--vocab-size",
+                                    str(rules.null_tokenizer_vocab_flag(config.model.vocab_size))]
+    line = compose(config.source, config.megatron_args, rules=rules, model=config.model, mock_data=mock_data,
+                   extras=extras)
+    env = environment(rules, LaunchShape.of(config.tp, config.cp, line.args), exported={}).settings
+    return Priced(label=label, args=line.args, env=env, world_size=config.world_size, spec=config.model,
+                  tp=config.tp, cp=config.cp, pp=config.pp, dp=config.dp, vpp=config.vpp, mbs=config.micro_batch_size,
+                  gbs=config.global_batch_size, num_microbatches=num_microbatches,
+                  layers_per_stage=list(config.layers_per_stage), options=options, params_dtype=params_dtype)
+
+
+def mismatches(priced: Priced, derived: dict) -> list[str]:
+    """Each quantity where what Megatron derived differs from what the advisor priced."""
+    from advisor.equations import padded_vocab_size
+
+    spec, options = priced.spec, priced.options
+    expected = {
+        "tp": priced.tp, "cp": priced.cp, "pp": priced.pp, "dp": priced.dp, "vpp": priced.vpp,
+        "micro_batch_size": priced.mbs, "global_batch_size": priced.gbs, "num_microbatches": priced.num_microbatches,
+        "layers_per_stage": priced.layers_per_stage,
+        "padded_vocab_size": padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, priced.tp),
+        "num_layers": spec.num_layers, "hidden_size": spec.hidden_size, "ffn_hidden_size": spec.ffn_hidden_size,
+        "num_attention_heads": spec.num_attention_heads, "num_query_groups": spec.num_query_groups,
+        "kv_channels": spec.head_dim, "add_qkv_bias": spec.add_qkv_bias, "add_bias_linear": False,
+        "attention_dropout": 0.0, "hidden_dropout": 0.0,
+        "gated_linear_unit": True, "normalization": "RMSNorm", "layernorm_epsilon": spec.norm_epsilon,
+        "position_embedding_type": "rope", "rotary_base": spec.rotary_base,
+        "use_rope_scaling": spec.rope_scaling_factor is not None, "rope_scaling_factor": spec.rope_scaling_factor,
+        "tie_embeddings": spec.tie_embeddings, "params_dtype": priced.params_dtype,
+        "sequence_parallel": options.sequence_parallel and priced.tp > 1,
+        "use_distributed_optimizer": options.distributed_optimizer,
+        "grad_reduce_in_fp32": options.gradient_bytes == 4 and priced.params_dtype != "float32",
+        "recompute_granularity": None if options.recompute == "none" else options.recompute,
+        "recompute_method": options.recompute_method if options.recompute == "full" else None,
+        "recompute_num_layers": options.recompute_num_layers if options.recompute == "full" else None,
+        "attention_backend": "auto" if options.flash_attention else "unfused",
+    }
+    return [f"{key}: Megatron {derived.get(key)!r}, advisor {value!r}" for key, value in expected.items()
+            if derived.get(key) != value]

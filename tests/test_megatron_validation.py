@@ -1,0 +1,150 @@
+"""Every kind of argument list the advisor writes, through the real Megatron-LM's own parse_args
+and validate_args (launch.megatron_check), in the environment advisor-launch gives its ranks,
+for both releases: nothing is refused, and what Megatron derives (sizes, DP, microbatches, the
+split, VPP, the padded vocabulary, recomputation, SP, the distributed optimizer, the gradient
+dtype, and every architectural field of the TransformerConfig) is what the advisor priced.
+
+Kinds: the ranked rows of sweeps of several models (CP > 1, PP > 1, tied embeddings, QKV
+biases, an explicit head size, MHA), estimates with every extension (uneven splits, VPP,
+recomputation, no SP, no distributed optimizer, BF16 gradients, no FlashAttention, padding),
+plans of the recommender (uneven splits) and the runs of profiling campaigns.
+
+The arguments are the launcher's own (launch.arguments.compose with --mock-data, the release's
+rules) plus what a user of a machine without Transformer Engine adds after '--' (its
+TransformerConfig refuses the TE-only rope fusion otherwise)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from launch_support import plan_files
+from megatron_real import NO_TRANSFORMER_ENGINE, checkout, mismatches, priced_input
+
+from advisor.memory import MemoryOptions
+from advisor.megatron_args import MegatronSetup
+from launch.inputs import read_input
+from launch.megatron_check import validate
+from launch.megatron_versions import named
+
+HF = Path(__file__).parent / "fixtures" / "hf_configs"
+SWEEPS = {
+    "llama3.1-8b": ["--model", "llama3.1-8b", "--gpus", "32", "--mem", "80", "--gbs", "256"],
+    "llama3.2-1b-tied": ["--model", "llama3.2-1b", "--gpus", "8", "--mem", "24", "--gbs", "64"],
+    "llama2-7b-mha": ["--model", "llama2-7b", "--gpus", "8", "--mem", "40", "--gbs", "64", "--seq-len", "4096"],
+    "qwen2-7b-qkv-bias": ["--model", str(HF / "qwen2-7b.json"), "--gpus", "8", "--mem", "80", "--gbs", "64",
+                          "--seq-len", "4096"],
+    "mistral-nemo-head-dim": ["--model", str(HF / "mistral-nemo-12b.json"), "--gpus", "8", "--mem", "80",
+                              "--gbs", "64", "--seq-len", "4096"],
+}
+ESTIMATE = ["--model", "llama3.1-8b", "--gpus", "32", "--tp", "2", "--cp", "2", "--pp", "4", "--mbs", "1",
+            "--gbs", "64"]
+EXTENSIONS = {
+    "paper": [],
+    "uneven-first-last": ["--layers-per-stage", "6,9,9,8"],
+    "uneven-layout": ["--layers-per-stage", "5,9,10,8"],
+    "vpp": ["--vpp", "2"],
+    "no-distributed-optimizer": ["--no-distributed-optimizer"],
+    "bf16-gradients": ["--grad-dtype", "bf16"],
+    "no-sequence-parallel": ["--no-sequence-parallel"],
+    "no-flash-attn": ["--no-flash-attn", "--cp", "1"],  # CP runs inside fused attention only
+    "recompute-selective": ["--recompute", "selective"],
+    "recompute-full-uniform": ["--recompute", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"],
+    "recompute-full-block": ["--recompute", "full", "--recompute-method", "block", "--recompute-num-layers", "3"],
+    "vocab-divisible-by-128": ["--vocab-divisible-by", "128"],
+    "tied": ["--tie-embeddings"],
+    "odd-vocab": ["--vocab-size", "50257"],  # Megatron pads it to a multiple of TP even with divisible-by 1
+}
+
+
+def all_inputs(advisor, root: Path, rules) -> list:
+    """Every argument list, as advisor-launch would start it on ``rules``' release."""
+    inputs = []
+    for name, args in SWEEPS.items():
+        path = root / f"sweep-{name}.json"
+        advisor("sweep", *args, "--format", "json", "-o", path)
+        for row in json.loads(path.read_text()):
+            config = read_input(path, row["rank"])
+            inputs.append(priced_input(config, rules, label=f"sweep {name} rank {row['rank']}",
+                                       options=MemoryOptions(**row["options"]), extras=NO_TRANSFORMER_ENGINE,
+                                       num_microbatches=row["num_microbatches"]))
+    for name, args in EXTENSIONS.items():
+        path = root / f"estimate-{name}.json"
+        advisor("estimate", *ESTIMATE, *args, "--format", "json", "-o", path)
+        document = json.loads(path.read_text())
+        inputs.append(priced_input(read_input(path), rules, label=f"estimate {name}",
+                                   options=MemoryOptions(**document["options"]), extras=NO_TRANSFORMER_ENGINE,
+                                   num_microbatches=document["num_microbatches"]))
+    for name, path in plan_files(advisor, root).items():
+        document = json.loads(path.read_text())
+        if not document["launchable"]:
+            continue
+        setup = MegatronSetup(**document["setup"])
+        inputs.append(priced_input(read_input(path), rules, label=f"plan {name}", options=setup.memory_options(),
+                                   extras=NO_TRANSFORMER_ENGINE, num_microbatches=document["num_microbatches"],
+                                   params_dtype=setup.params_dtype))
+    inputs += campaign_inputs(advisor, root, rules)
+    return inputs
+
+
+def campaign_inputs(advisor, root: Path, rules) -> list:
+    """The runs of a reduced campaign on 16 GPUs (TP and DP scenarios, uneven splits), as
+    ``advisor profile run --megatron-lm`` starts them (launch.campaign_runner)."""
+    from launch.campaign_runner import TorchrunExecutor
+    from launch.checkout import Release
+    from launch.inputs import LaunchInput
+    from advisor.models import LlamaSpec
+
+    path = root / "campaign.json"
+    advisor("profile", "plan", "--gpus", "16", "--gpus-per-node", "4", "--mbs", "8", "--gbs", "256", "--mode",
+            "reduced", "-o", path)
+    campaign = json.loads(path.read_text())
+    setup, spec = MegatronSetup(**campaign["setup"]), LlamaSpec(**campaign["model"])
+    executor = TorchrunExecutor(Release(rules=rules, checkout=None, given=None), mock_data=True, train_iters=2,
+                                extras=NO_TRANSFORMER_ENGINE)
+    inputs = []
+    for run in campaign["runs"]:
+        config = LaunchInput(kind="plan", origin=f"run {run['id']}", model=spec, seq_len=campaign["seq_len"],
+                             tp=run["tp"], cp=run["cp"], pp=run["pp"], dp=run["dp"], vpp=1,
+                             micro_batch_size=run["micro_batch_size"], global_batch_size=run["global_batch_size"],
+                             layers_per_stage=tuple(run["layers_per_stage"]),
+                             megatron_args=tuple(run["megatron_args"]) + tuple(executor.iterations))
+        inputs.append(priced_input(config, rules, label=f"campaign run {run['id']}", options=setup.memory_options(),
+                                   extras=NO_TRANSFORMER_ENGINE, num_microbatches=run["num_microbatches"],
+                                   params_dtype=setup.params_dtype))
+    return inputs
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_megatron_accepts_and_builds_what_the_advisor_priced(tag, advisor, tmp_path):
+    release = checkout(tag)
+    rules = named(tag)
+    inputs = all_inputs(advisor, tmp_path, rules)
+    kinds = {item.label.split()[0] for item in inputs}
+    assert kinds == {"sweep", "estimate", "plan", "campaign"}
+    assert any(item.cp > 1 for item in inputs) and any(item.pp > 1 and len(set(item.layers_per_stage)) > 1
+                                                       for item in inputs) and any(item.vpp > 1 for item in inputs)
+    results = validate(release.path, [item.case() for item in inputs], python=release.python)
+    refused = [f"{item.label}: {result['error']}" for item, result in zip(inputs, results) if not result["ok"]]
+    assert not refused, f"{len(refused)} of {len(inputs)} refused:\n" + "\n".join(refused[:20])
+    wrong = [f"{item.label}: {'; '.join(problems)}" for item, result in zip(inputs, results)
+             if (problems := mismatches(item, result["derived"]))]
+    assert not wrong, f"{len(wrong)} of {len(inputs)} differ:\n" + "\n".join(wrong[:20])
+
+
+def test_without_the_launchers_environment_megatron_refuses_tp_and_cp(advisor, tmp_path):
+    """The issue's evidence, reproduced: the same lists without CUDA_DEVICE_MAX_CONNECTIONS=1 are
+    refused by validate_args whenever TP > 1 or CP > 1 (and only then)."""
+    release = checkout("core_v0.15.2")
+    rules = named("core_v0.15.2")
+    path = tmp_path / "sweep.json"
+    advisor("sweep", *SWEEPS["llama3.1-8b"], "--format", "json", "-o", path)
+    inputs = [priced_input(read_input(path, row["rank"]), rules, label=str(row["rank"]), options=MemoryOptions(),
+                           extras=NO_TRANSFORMER_ENGINE, num_microbatches=row["num_microbatches"])
+              for row in json.loads(path.read_text())]
+    cases = [{**item.case(), "env": {"CUDA_DEVICE_MAX_CONNECTIONS": None}} for item in inputs]
+    results = validate(release.path, cases, python=release.python)
+    for item, result in zip(inputs, results):
+        needs = item.tp > 1 or item.cp > 1
+        assert result["ok"] is not needs, (item.label, result)
+        if needs:
+            assert "CUDA_DEVICE_MAX_CONNECTIONS to 1" in result["error"]
