@@ -193,7 +193,7 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     try:  # what Megatron-LM would refuse, refused here before anything starts
         check_layout(spec, parallel, Workload(seq_len=seq_len, global_batch_size=gbs),
-                     layers if len(set(layers)) > 1 else None)
+                     layers)
     except AdvisorError as exc:
         raise AdvisorError(f"{fields.origin}: {exc}") from None
     args = megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
