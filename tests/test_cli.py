@@ -157,7 +157,7 @@ def test_overrides_change_the_model(advisor):
         (["estimate", "--pp", 2, "--gpus", 8, "--layers-per-stage", "a,b"], "comma-separated integers"),
         (["estimate", "--pp", 4, "--gpus", 8, "--layers-per-stage", "8,8"], "lists 2 stages, but PP is 4"),
         (["estimate", "--gpus", 8, "--num-query-groups", 5], "multiple of num_query_groups"),
-        (["sweep", "--gpus", 8, "--mem", 40, "-o", "/nonexistent/dir/x.json"], "No such file or directory"),
+        (["sweep", "--gpus", 8, "--mem", 40, "-o", "/nonexistent/dir/x.json"], "no such directory: /nonexistent/dir"),
     ],
 )
 def test_bad_input_gets_one_line_and_status_2(advisor, args, message):

@@ -219,14 +219,40 @@ def _vpp(text: str) -> int | None:
     return value
 
 
+STDOUT = Path("-")
+"""``-o -`` (or ``-o /dev/stdout``): standard output, asked for explicitly."""
+
+
+def _output_path(ctx, param, value: Path | None) -> Path | None:
+    """-o checked before any work: a regular file or a new one (written atomically), or stdout."""
+    if value is None:
+        return None
+    from advisor.fileio import is_stdout, output_target
+
+    if is_stdout(value):
+        return STDOUT
+    try:
+        output_target(value)
+    except AdvisorError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
+def output_option(help: str) -> Callable:
+    """-o/--output FILE: written atomically; '-' or /dev/stdout for standard output; devices,
+    FIFOs, directories and read-only files refused before any work."""
+    return click.option("-o", "--output", type=click.Path(path_type=Path), default=None, callback=_output_path,
+                        metavar="FILE", help=help)
+
+
 def output_options(func: Callable) -> Callable:
     """--format table|json|csv and --output FILE (written atomically)."""
     return apply_options(
         [
             click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
                          show_default=True, help="table for people; json or csv for machines."),
-            click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                         help="Write to this file (atomically) instead of stdout."),
+            output_option("Write to this regular file (atomically, with your umask) instead of stdout; '-' is "
+                          "stdout."),
         ],
         func,
     )
@@ -239,8 +265,8 @@ def document_options(func: Callable) -> Callable:
         [
             click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                          show_default=True, help="What to print: a table for people, or the JSON document."),
-            click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                         help="Also write the JSON document to this file (atomically)."),
+            output_option("Also write the JSON document to this regular file (atomically, with your umask); "
+                          "'-' prints the JSON document to stdout instead of the table."),
         ],
         func,
     )
@@ -255,7 +281,7 @@ def _write(output: Path, text: str) -> None:
 
 def emit(text: str, output: Path | None) -> None:
     """Rows: the formatted text to stdout, or (only) to ``output``."""
-    if output is None:
+    if output is None or output == STDOUT:
         click.echo(text, nl=False)
     else:
         _write(output, text)
@@ -266,7 +292,9 @@ def emit_document(document: dict, table: str, fmt: str, output: Path | None) -> 
     from advisor import render
 
     text = render.to_json(document)
-    if output is not None:
+    if output == STDOUT:
+        fmt = "json"
+    elif output is not None:
         _write(output, text)
     click.echo(text if fmt == "json" else table, nl=False)
 
@@ -282,4 +310,4 @@ def parse_numbers(text: str, kind: Callable, option: str) -> tuple:
 
 def color_wanted(output: Path | None) -> bool:
     """Colour only a table drawn on a terminal."""
-    return output is None and sys.stdout.isatty()
+    return (output is None or output == STDOUT) and sys.stdout.isatty()
