@@ -23,6 +23,7 @@ common level lambda, and the layers left over go to the last ranks that can take
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -32,7 +33,8 @@ Cost = Callable[[np.ndarray], np.ndarray]
 """Cost of every (layout, rank) at a (K, P) array of layer counts; strictly increasing in them."""
 
 BISECTIONS = 10
-"""Steps of the bracketing bisection; the exact walk does the rest."""
+"""The fewest steps of the bracketing bisection (more for long pipelines); the exact walk does
+the rest."""
 
 
 class Pipelines:
@@ -124,7 +126,8 @@ def min_max(cost: Cost, pipelines: Pipelines, ceiling: np.ndarray | None = None,
     top = np.where(feasible, np.where(active, masked(np.maximum(ceiling, low)), -np.inf).max(axis=1), floor)
     below = np.nextafter(floor, -np.inf)  # not achievable: below every rank's lowest cost
     above = top  # achievable where feasible
-    for _ in range(BISECTIONS):
+    # enough halvings that the walk meets few attained costs (up to P x L of them in the bracket)
+    for _ in range(max(BISECTIONS, math.ceil(math.log2(max(2, pipelines.width * pipelines.layers))))):
         middle = (below + above) / 2
         within = _achievable(_caps(middle), pipelines)
         below, above = np.where(within, below, middle), np.where(within, middle, above)
