@@ -173,7 +173,7 @@ def sweep(
             f"{spec.num_attention_heads} heads and {spec.num_query_groups} KV heads, and the global "
             f"batch {workload.global_batch_size} must be divisible by MBS x DP"
         )
-    rows = []
+    rows, row_options = [], {}  # few distinct recomputations among thousands of rows
     columns = np.arange(chosen.terms.parameters.shape[1])[None, :]
     totals = np.where(columns < bases.pp[:, None], chosen.terms.total, -np.inf)
     peak = totals.argmax(axis=1)
@@ -185,13 +185,15 @@ def sweep(
         terms = StageTerms(**{name: getattr(chosen.terms, name)[b, :pp] for name in StageTerms.__dataclass_fields__})
         m = bases.microbatches[b]
         step = float(chosen.step_time[b])
+        recompute = (str(chosen.recompute[b]), str(chosen.recompute_method[b]), int(chosen.recompute_layers[b]))
+        if recompute not in row_options:
+            row_options[recompute] = _row_options(options, *recompute)
         rows.append(SweepRow(
             parallel=parallel, num_microbatches=None if math.isinf(m) else int(m),
-            estimate=MemoryEstimate(terms, tuple(int(n) for n in chosen.counts[b, :pp]), int(peak[b])),
+            estimate=MemoryEstimate(terms, tuple(chosen.counts[b, :pp].tolist()), int(peak[b])),
             memory_gib=memory_gib,
             verdict=classify(float(total[b]), memory_gib, threshold),
-            options=_row_options(options, str(chosen.recompute[b]), str(chosen.recompute_method[b]),
-                                 int(chosen.recompute_layers[b])),
+            options=row_options[recompute],
             step_time_s=None if math.isnan(step) else step))
     key = time_key if timing is not None else ranking_key
     survivors = sorted((row for row in rows if row.verdict != "oom"), key=key)
