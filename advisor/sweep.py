@@ -172,6 +172,8 @@ def sweep(
             f"must be whole, {split} {spec.num_layers} layers, TP (at most {max_tp}) must divide "
             f"{spec.num_attention_heads} heads and {spec.num_query_groups} KV heads, and the global "
             f"batch {workload.global_batch_size} must be divisible by MBS x DP"
+            + (f"; VPP {space.vpp} needs PP > 1, at least {space.vpp} layers per stage and the microbatches a "
+               f"multiple of PP" if space.vpp not in (None, 1) else "")
         )
     rows, row_options = [], {}  # few distinct recomputations among thousands of rows
     columns = np.arange(chosen.terms.parameters.shape[1])[None, :]

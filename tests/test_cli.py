@@ -151,6 +151,7 @@ def test_overrides_change_the_model(advisor):
         (["sweep", "--gpus", 8, "--mem", 40, "--vpp", "two"], "--vpp must be auto or a positive integer, got 'two'"),
         (["sweep", "--gpus", 8, "--mem", 40, "--vpp", "0"], "--vpp must be auto or a positive integer, got '0'"),
         (["sweep", "--gpus", 8, "--mem", 40, "--recompute-num-layers", 2], "need --recompute full"),
+        (["sweep", "--gpus", 1, "--mem", 80, "--vpp", 2], "VPP 2 needs PP > 1"),
         (["estimate", "--tp", 2, "--gpus", 7], "--gpus 7 is not divisible by TP x CP x PP = 2"),
         (["estimate", "--tp", 2], "give --gpus or --dp"),
         (["estimate", "--tp", 2, "--gpus", 8, "--dp", 2], "--dp 2 disagrees"),
