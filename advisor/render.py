@@ -41,6 +41,17 @@ def byte_unit(values) -> tuple[str, int]:
     return next(((name, size) for name, size in BYTE_UNITS if largest >= size), ("B", 1))
 
 
+def counts_text(counts) -> str:
+    """Layers per stage in runs: [7, 8, 8, ..., 8, 7] -> '7,8x14,7'."""
+    runs: list[list[int]] = []
+    for count in counts:
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    return ",".join(str(count) if times == 1 else f"{count}x{times}" for count, times in runs)
+
+
 def to_json(obj: object) -> str:
     """Indented JSON; an array of rows as one row per line (json's C encoder: a whole-space sweep
     writes thousands of rows, and indenting them through the pure-Python encoder took seconds)."""

@@ -10,11 +10,10 @@ accept it and derive the sizes, split, VPP and recomputation the advisor priced.
 import json
 
 import pytest
-from megatron_real import NO_TRANSFORMER_ENGINE, checkout, mismatches, priced_input
+from megatron_real import NO_TRANSFORMER_ENGINE, assert_built_as_priced, checkout, priced_input
 
 from advisor.memory import MemoryOptions
 from launch.inputs import read_input
-from launch.megatron_check import validate
 from launch.megatron_versions import named
 
 SWEEPS = {
@@ -70,12 +69,7 @@ def test_the_rows_show_every_new_kind(advisor, tmp_path):
 def test_megatron_accepts_and_builds_the_whole_spaces_rows(tag, advisor, tmp_path):
     release = checkout(tag)
     inputs, _ = sweep_inputs(advisor, tmp_path, named(tag))
-    results = validate(release.path, [item.case() for item in inputs], python=release.python)
-    refused = [f"{item.label}: {result['error']}" for item, result in zip(inputs, results) if not result["ok"]]
-    assert not refused, f"{len(refused)} of {len(inputs)} refused:\n" + "\n".join(refused[:20])
-    wrong = [f"{item.label}: {'; '.join(problems)}" for item, result in zip(inputs, results)
-             if (problems := mismatches(item, result["derived"]))]
-    assert not wrong, f"{len(wrong)} of {len(inputs)} differ:\n" + "\n".join(wrong[:20])
+    assert_built_as_priced(release, inputs)
 
 
 CHUNKS = """

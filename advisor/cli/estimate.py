@@ -39,17 +39,6 @@ def _row_columns(timed: bool):
     return columns
 
 
-def split_text(layers: list[int]) -> str:
-    """[7, 8, 8, ..., 8, 7] -> '7,8x14,7': runs of equal counts."""
-    runs: list[list[int]] = []
-    for count in layers:
-        if runs and runs[-1][0] == count:
-            runs[-1][1] += 1
-        else:
-            runs.append([count, 1])
-    return ",".join(str(count) if times == 1 else f"{count}x{times}" for count, times in runs)
-
-
 def recompute_text(row: dict) -> str:
     if row["recompute"] != "full":
         return row["recompute"]
@@ -149,7 +138,7 @@ def sweep(gpus, mem, gpu_name, spec, workload, gpus_per_node, threshold, show_al
     for row in shown:
         entry = {**row.to_dict(), **setup}
         if fmt == "table":
-            entry.update(split=split_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
+            entry.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
         else:
             p, options = row.parallel, row.options
             if options not in changed:
@@ -160,7 +149,7 @@ def sweep(gpus, mem, gpu_name, spec, workload, gpus_per_node, threshold, show_al
                 virtual_stages=p.vpp))
             if fmt == "csv":
                 entry["megatron_args"] = " ".join(entry["megatron_args"])
-                entry["layers_per_stage"] = split_text(entry["layers_per_stage"])
+                entry["layers_per_stage"] = render.counts_text(entry["layers_per_stage"])
         dicts.append(entry)
     if fmt == "json":
         text = render.to_json(dicts)
