@@ -40,7 +40,7 @@ from advisor.capture.search import Solution, plan_megatron
 from advisor.errors import AdvisorError
 from advisor.memory import MemoryOptions, StageModel
 from advisor.models import LlamaSpec
-from advisor.rank_times import RankTimes
+from advisor.rank_times import RankTimes, recomputed_per_chunk
 
 
 def plan_fastest(time: CostTable, memory: CostTable, stages: int, limit: float,
@@ -92,7 +92,7 @@ def analytic_tables(spec: LlamaSpec, seq_len: int, options: MemoryOptions, *, tp
                      [times.beta[True, True][0], times.beta[True, False][0], times.beta[False, True][0]],
                      times.beta[False, False][0])
     duration = empty(layers, 1)
-    recompute = options.recompute_num_layers if options.recompute == "full" else 0
+    recompute = recomputed_per_chunk(options.recompute, options.recompute_method, options.recompute_num_layers, layers)
     duration[0, first, last] = RankTimes(alpha=times.alpha[0], rho=times.rho[0], beta=ends,
                                          recomputable=np.asarray(recompute))(count)
     return table, CostTable(duration, table.layers)

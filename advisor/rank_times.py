@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from advisor.throughput import StageTimes, TimeModel
+from advisor.throughput import StageTimes, StepTime, TimeModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +85,9 @@ class LayoutTimes:
                          recomputable=(np.asarray(vpp) * np.asarray(recompute_layers))[:, None])
 
     def step(self, index: np.ndarray, vpp: np.ndarray, recompute_layers: np.ndarray, counts: np.ndarray,
-             parameters: np.ndarray) -> np.ndarray:
-        """Seconds per iteration of layouts ``index`` (one pipeline depth: ``counts`` is (K, PP))
-        with ``parameters`` (K,) on one GPU of their largest rank."""
+             parameters: np.ndarray) -> StepTime:
+        """The iteration of layouts ``index`` (one pipeline depth: ``counts`` is (K, PP)) with
+        ``parameters`` (K,) on one GPU of their largest rank, with its parts."""
         ranks = counts.shape[1]
         stage = np.arange(ranks)[None, :]
         column = (slice(None), None)
@@ -99,7 +99,17 @@ class LayoutTimes:
         parts = {f.name: np.broadcast_to(getattr(times, f.name), counts.shape) for f in fields(StageTimes)}
         stages = [StageTimes(**{name: value[:, i] for name, value in parts.items()}) for i in range(ranks)]
         return self.model.step_from_stages(stages, self.tp[index], self.cp[index], self.dp[index], self.mbs[index],
-                                           np.asarray(vpp), parameters=parameters).total_s
+                                           np.asarray(vpp), parameters=parameters)
+
+
+def recomputed_per_chunk(recompute: str, method: str, layers_per_chunk, model_layers: int):
+    """How many layers of a model chunk full recomputation re-runs: the block method's N, every
+    layer with the uniform method (it checkpoints units of N layers but recomputes them all);
+    none otherwise. Broadcasts over arrays of N."""
+    if recompute != "full":
+        return np.zeros_like(np.asarray(layers_per_chunk))
+    return np.asarray(layers_per_chunk) if method == "block" else np.full_like(np.asarray(layers_per_chunk),
+                                                                                  model_layers)
 
 
 class Timing:

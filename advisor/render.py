@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-VERDICT_STYLES = {"fits": "green", "tight": "yellow", "oom": "red"}
+VERDICT_STYLES = {"fits": "green", "likely fits": "green3", "tight": "yellow", "likely oom": "dark_orange",
+                  "oom": "red"}
 
 
 @dataclass(frozen=True, slots=True)

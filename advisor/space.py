@@ -152,6 +152,13 @@ class Variants:
     def with_recompute(self, layers) -> Variants:
         return replace(self, recompute_layers=np.broadcast_to(np.asarray(layers, dtype=np.int64), self.base.shape))
 
+    def recomputed(self, model_layers: int) -> np.ndarray:
+        """Layers per chunk that full recomputation re-runs (the time model's count)."""
+        from advisor.rank_times import recomputed_per_chunk
+
+        return recomputed_per_chunk("full", "uniform" if self.uniform else "block", self.recompute_layers,
+                                    model_layers) * (self.recompute_layers > 0)
+
     def options(self, options: MemoryOptions) -> MemoryOptions:
         """The estimator's options of this set (recompute_layers go per variant)."""
         if self.selective:
@@ -175,6 +182,8 @@ class Chosen:
     """(B, P) memory terms of every rank."""
     step_time: np.ndarray
     """(B,) seconds per iteration where a time model priced it (nan elsewhere)."""
+    steps: object | None = None
+    """With a time model: every row's iteration with its parts (``advisor.throughput``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +217,7 @@ class _Pricer:
                           vpp=part.vpp[col], stage=np.arange(depth)[None, :], recompute_layers=part.recompute_layers[col])
             model = StageModel(spec, workload.seq_len, part.options(options), num_microbatches=part.microbatches[col],
                                **layout)
-            ranks = None if times is None else times.ranks(part.base, part.vpp, part.recompute_layers, depth)
+            ranks = None if times is None else times.ranks(part.base, part.vpp, part.recomputed(spec.num_layers), depth)
             self.groups.append((index, model, ranks, Pipelines(pp=part.pp, vpp=part.vpp, layers=spec.num_layers)))
         self.times = times
 
@@ -256,11 +265,11 @@ class _Pricer:
                                   memory_inverse=model.most_layers)
         return self._each(plan)
 
-    def step_time(self, counts: np.ndarray, which: np.ndarray | None = None) -> np.ndarray:
-        """Seconds per iteration of the variants ``which`` (default all) with ``counts`` layers
-        per rank (the time model)."""
+    def steps(self, counts: np.ndarray, which: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The time model's iteration of the variants ``which`` (default all) with ``counts``
+        layers per rank: each ``StepTime`` part as an array over the variants."""
         which = np.arange(len(self.variants)) if which is None else which
-        step = np.full(len(self.variants), np.inf)
+        parts: dict[str, np.ndarray] = {}
         for index, model, _, _ in self.groups:
             at = np.flatnonzero(np.isin(index, which))
             if not at.size:
@@ -269,9 +278,16 @@ class _Pricer:
             part, variants = counts[rows, :model.in_flight.passes.shape[1]], self.variants.take(rows)
             # the largest rank's parameters on one GPU: what the DP collectives and Adam move
             parameters = part * model.layer_parameters[at] + model.end_parameters[at]
-            step[rows] = self.times.step(variants.base, variants.vpp, variants.recompute_layers, part,
-                                         parameters.max(axis=1))
-        return step[which]
+            step = self.times.step(variants.base, variants.vpp, variants.recomputed(self.layers), part,
+                                   parameters.max(axis=1))
+            for name, value in step.parts().items():
+                parts.setdefault(name, np.full(len(self.variants), np.nan))[rows] = value
+        return {name: value[which] for name, value in parts.items()}
+
+    def step_time(self, counts: np.ndarray, which: np.ndarray | None = None) -> np.ndarray:
+        """Seconds per iteration of the variants ``which`` (default all) with ``counts`` layers
+        per rank (the time model)."""
+        return self.steps(counts, which)["total_s"]
 
     def terms(self, counts: np.ndarray) -> StageTerms:
         """(K, width) memory terms of each variant's ranks holding ``counts`` layers."""
@@ -572,10 +588,22 @@ def _rows(search: _Search, bases: Bases, picks: _Picks, families: list) -> Chose
         part = pricer.terms(picks.counts[members][:, :pricer.width])
         for name, values in terms.items():
             values[members, :pricer.width] = getattr(part, name)
+    steps = None
+    if search.timing is not None:  # every row's iteration with its parts, the oom rows' too
+        from advisor.throughput import StepTime
+
+        parts: dict[str, np.ndarray] = {}
+        for family in range(len(families)):
+            members = np.flatnonzero(picks.family == family)
+            if members.size:
+                pricer = search.pricer(picks.variants(members, bases, families))
+                for name, value in pricer.steps(picks.counts[members][:, :pricer.width]).items():
+                    parts.setdefault(name, np.full(len(bases), np.nan))[members] = value
+        steps = StepTime(**parts)
     n = picks.recompute_layers
     selective = np.array([families[f][0] for f in picks.family], dtype=bool)
     uniform = np.array([families[f][1] for f in picks.family], dtype=bool)
     return Chosen(
         vpp=picks.vpp, recompute=np.where(selective, "selective", np.where(n > 0, "full", "none")),
         recompute_method=np.where(n > 0, np.where(uniform, "uniform", "block"), ""), recompute_layers=n,
-        counts=picks.counts, terms=StageTerms(**terms), step_time=picks.step_time)
+        counts=picks.counts, terms=StageTerms(**terms), step_time=picks.step_time, steps=steps)

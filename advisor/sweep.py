@@ -16,7 +16,9 @@ out-of-memory", and a larger micro-batch size raised throughput in every such ca
 6. the smaller PP (fewer pipeline bubbles, Section 4.2.1), then fewer recomputed layers, then
    the lower peak memory.
 
-With a time model (``timing``), the shortest predicted step first.
+With a GPU preset (``gpu``: the time model), ``advisor.ranking`` orders the rows, by default
+the highest predicted throughput first; ``memory_model="calibrated"`` judges them by the
+calibrated memory model (``advisor.verdicts``).
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ from advisor.models import LlamaSpec
 from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload
 
 if TYPE_CHECKING:
-    from advisor.rank_times import Timing
     from advisor.space import SpaceOptions
 
 Verdict = Literal["fits", "tight", "oom"]
+"""The paper's verdicts; the calibrated memory model's are ``advisor.verdicts.CalibratedVerdict``."""
 DEFAULT_THRESHOLD = 0.8
 
 
@@ -58,11 +60,16 @@ class SweepRow:
     estimate: MemoryEstimate
     memory_gib: float | None
     """The GPU's memory; None for an estimate made without one."""
-    verdict: Verdict | None
+    verdict: str | None
+    """fits | tight | oom (Eq. 18, the 80% rule), or fits | likely fits | likely oom | oom
+    (the calibrated model, ``advisor.verdicts``)."""
     rank: int | None = None
     options: MemoryOptions = MemoryOptions()
     """The estimator's options of this row, its recomputation included."""
-    step_time_s: float | None = None
+    assessment: object | None = None
+    """The calibrated model's ``advisor.verdicts.Assessment`` (usage and margin), if it judged."""
+    timing: dict | None = None
+    """Predicted step time, TFLOP/s per GPU, MFU, tokens/s (``advisor.ranking.timing_fields``)."""
 
     @property
     def memory_fraction(self) -> float | None:
@@ -102,7 +109,8 @@ class SweepRow:
             "peak_stage": peak.stage,
             "memory_fraction": None if self.memory_gib is None else total / self.memory_gib,
             "verdict": self.verdict,
-            "step_time_s": self.step_time_s,
+            **(self.assessment.to_dict() if self.assessment is not None else {}),
+            **(self.timing or {}),
         }
 
 
@@ -110,10 +118,6 @@ def ranking_key(row: SweepRow) -> tuple:
     p = row.parallel
     return (row.verdict != "fits", row.options.recompute != "none", p.model_parallel_size, -p.mbs, p.tp, p.pp,
             row.recomputed_layers, row.estimate.total_gib, p.cp, p.vpp)
-
-
-def time_key(row: SweepRow) -> tuple:
-    return (row.verdict != "fits", row.step_time_s, ranking_key(row))
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +154,20 @@ def sweep(
     max_tp: int = DEFAULT_GPUS_PER_NODE,
     options: MemoryOptions = MemoryOptions(),
     space: SpaceOptions | None = None,
-    timing: Timing | None = None,
+    gpu=None,
+    memory_model: str = "paper",
+    rank_by: str | None = None,
+    time_options=None,
+    tokens: float | None = None,
 ) -> Sweep:
-    """One row per launchable (TP, CP, PP, DP, MBS), with its best split, VPP and recomputation."""
+    """One row per launchable (TP, CP, PP, DP, MBS), with its best split, VPP and recomputation.
+
+    With a GPU preset (``gpu``, an ``advisor.hardware.GpuSpec``) the time model plans each row
+    (MadPipe's splits, interleaving and recomputation where they are faster) and prices it;
+    verdicts and ranking come from ``advisor.ranking.assess_rows`` (``memory_model`` 'paper':
+    Eq. 18 and the 80% rule, or 'calibrated', which judges the planned rows; ``rank_by``
+    throughput | memory | paper)."""
+    from advisor.ranking import assess_rows, timing_fields
     from advisor.space import SpaceOptions, search
 
     if gpus < 1:
@@ -162,6 +177,15 @@ def sweep(
     if not 0 < threshold <= 1:
         raise AdvisorError(f"the threshold must be in (0, 1], got {threshold}")
     space = space or SpaceOptions()
+    timing = None
+    if gpu is not None:
+        from advisor.rank_times import Timing
+        from advisor.throughput import TimeModel, TimeOptions
+
+        if workload.global_batch_size is None:
+            raise AdvisorError("predicting time needs a global batch size (--gbs)")
+        timing = Timing(TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, None,
+                                  time_options or TimeOptions()), gpu.gpus_per_node)
     result = search(spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=options,
                     space=space, timing=timing)
     bases, chosen = result.bases, result.chosen
@@ -180,25 +204,23 @@ def sweep(
     totals = np.where(columns < bases.pp[:, None], chosen.terms.total, -np.inf)
     peak = totals.argmax(axis=1)
     total = totals.max(axis=1) / 2**30
+    timings = (timing_fields(timing.model, chosen.steps, bases.tp * bases.cp * bases.pp * bases.dp, bases.tp, tokens)
+               if timing is not None else [None] * len(bases))
     for b in range(len(bases)):
         pp = int(bases.pp[b])
         parallel = ParallelConfig(tp=int(bases.tp[b]), cp=int(bases.cp[b]), pp=pp, dp=int(bases.dp[b]),
                                   mbs=int(bases.mbs[b]), vpp=int(chosen.vpp[b]))
         terms = StageTerms(**{name: getattr(chosen.terms, name)[b, :pp] for name in StageTerms.__dataclass_fields__})
         m = bases.microbatches[b]
-        step = float(chosen.step_time[b])
         recompute = (str(chosen.recompute[b]), str(chosen.recompute_method[b]), int(chosen.recompute_layers[b]))
         if recompute not in row_options:
             row_options[recompute] = _row_options(options, *recompute)
         rows.append(SweepRow(
             parallel=parallel, num_microbatches=None if math.isinf(m) else int(m),
             estimate=MemoryEstimate(terms, tuple(chosen.counts[b, :pp].tolist()), int(peak[b])),
-            memory_gib=memory_gib,
-            verdict=classify(float(total[b]), memory_gib, threshold),
-            options=row_options[recompute],
-            step_time_s=None if math.isnan(step) else step))
-    key = time_key if timing is not None else ranking_key
-    survivors = sorted((row for row in rows if row.verdict != "oom"), key=key)
-    ranked = [replace(row, rank=rank) for rank, row in enumerate(survivors, start=1)]
-    oom = sorted((row for row in rows if row.verdict == "oom"), key=lambda row: row.estimate.total_gib)
-    return Sweep(rows=ranked + oom, considered=result.considered, evaluated=result.evaluated)
+            memory_gib=memory_gib, verdict=classify(float(total[b]), memory_gib, threshold),
+            options=row_options[recompute], timing=timings[b]))
+    ranked = assess_rows(rows, spec, workload, memory_gib, memory_model=memory_model,
+                         rank_by=rank_by or ("throughput" if timing is not None else "paper"), options=options,
+                         threshold=threshold)
+    return Sweep(rows=ranked, considered=result.considered, evaluated=result.evaluated)

@@ -3,9 +3,10 @@
 Targets (issue: the estimator): ``advisor --help`` and ``advisor-launch --help`` < 0.5 s, and
 ``advisor sweep --gpus 16384 --mem 80 --model llama3.1-405b --gbs 2048 --all --format json``
 < 1 s; since issue 14 that sweep covers the whole launchable space (any PP with its split,
-recomputation), and with ``--gpu h100-80gb`` also interleaving and MadPipe's time-optimal
-splits (the time model), also < 1 s. Each command runs REPEAT times in a fresh process; the median and the worst are
-reported, the median is compared with the target.
+recomputation), and with ``--gpu h100-80gb`` (issue 16: the time model on every row and the
+calibrated verdicts) also interleaving and MadPipe's time-optimal splits, also < 1 s. Each
+command runs REPEAT times in a fresh process; the median and the worst are reported, the median
+is compared with the target.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ CASES = [
         1.0,
     ),
     (
-        "advisor sweep --gpus 16384 --gpu h100-80gb --model llama3.1-405b --gbs 2048 --all --format json",
+        "advisor sweep --gpus 16384 --gpu h100-80gb --model llama3.1-405b --gbs 2048 --all --format json "
+        "(time model + calibrated verdicts)",
         ["advisor", "sweep", "--gpus", "16384", "--gpu", "h100-80gb", "--model", "llama3.1-405b", "--gbs", "2048",
          "--all", "--format", "json"],
         1.0,

@@ -103,3 +103,15 @@ def test_help_stays_fast_without_numpy():
     code = "import sys, advisor.cli; print(any(m in sys.modules for m in ('numpy', 'matplotlib', 'rich')))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+def test_recommend_takes_a_gpu_preset(advisor, campaign_dir):
+    """--gpu sets the node size (and the memory drawn); --gpus-per-node still overrides it."""
+    common = ("recommend", "--profile", campaign_dir, "--gpus", 8, "--mode", "hybrid", "--predictor", "capture",
+              "--mbs", 4, "--gbs", 32)
+    preset = advisor.json(*common, "--gpu", "h100-94gb")
+    explicit = advisor.json(*common, "--gpus-per-node", 4)
+    assert preset["stages"] == explicit["stages"]
+    assert advisor.json(*common, "--gpu", "h100-94gb", "--gpus-per-node", 2)["stages"] == advisor.json(
+        *common, "--gpus-per-node", 2)["stages"]
+    assert "unknown GPU" in advisor.error(*common, "--gpu", "tpu-v5")

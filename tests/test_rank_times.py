@@ -51,7 +51,7 @@ def test_step_is_step_from_stages():
     layouts = timing().layouts(tp=tp, cp=cp, dp=dp, mbs=mbs, pp=pp, selective=False)
     counts = np.array([[19, 21, 21, 19], [17, 21, 21, 21]])
     vpp, recompute, parameters = np.array([1, 2]), np.array([0, 1]), np.array([3e9, 3.1e9])
-    got = layouts.step(np.arange(2), vpp, recompute, counts, parameters)
+    got = layouts.step(np.arange(2), vpp, recompute, counts, parameters).total_s
     model = timing().model
     for k in range(2):
         stages = [model.stage(8, cp[k], 1, counts[k, i], embedding=i == 0, head=i == 3, recompute="full",

@@ -77,7 +77,7 @@ def cli() -> Invoker:
 
 @pytest.fixture(scope="module")
 def results():
-    return analyse()
+    return analyse(with_validation=True)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,8 @@ def run_dir(tmp_path_factory):
 def test_the_command_writes_every_artefact(run_dir):
     base, result = run_dir
     out = base / "out"
-    expected = {f"table{n:02d}.{ext}" for n in TABLES for ext in ("md", "csv", "png")} | {"RESULTS.md", "summary.json"}
+    expected = {f"table{n:02d}.{ext}" for n in TABLES for ext in ("md", "csv", "png")} | {
+        "RESULTS.md", "summary.json", "throughput_scatter.png"}
     assert {p.name for p in out.iterdir()} == expected
     assert f"{len(expected)} files in {out}" in result.stdout
     for png in out.glob("*.png"):

@@ -35,6 +35,7 @@ from advisor.megatron_args import MegatronSetup, megatron_args
 from advisor.memory import MemoryOptions, StageModel, check_layout, tp_problem
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, Workload
+from advisor.rank_times import recomputed_per_chunk
 
 if TYPE_CHECKING:
     from advisor.rank_times import Timing
@@ -197,11 +198,12 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: MemoryOptio
         layouts = timing.layouts(tp=np.array([tp]), cp=np.array([cp]), dp=np.array([dp]),
                                  mbs=np.array([micro_batch_size]), pp=np.array([pp]),
                                  selective=options.recompute == "selective")
-        recompute = np.array([options.recompute_num_layers if options.recompute == "full" else 0])
+        recompute = recomputed_per_chunk(options.recompute, options.recompute_method,
+                                         np.array([options.recompute_num_layers]), spec.num_layers)
         model = StageModel(spec, workload.seq_len, options, tp=tp, cp=cp, dp=dp, mbs=micro_batch_size, pp=pp,
                            vpp=1, num_microbatches=m, stage=np.arange(pp)[None, :])
         step, baseline_step = (float(layouts.step(np.array([0]), np.array([1]), recompute, counts,
-                                                  model.parameters(counts).max(axis=1))[0])
+                                                  model.parameters(counts).max(axis=1)).total_s[0])
                                for counts in (np.array([layers]), np.array([even])))
         baseline = replace(baseline, step_time_s=baseline_step)
     setup = MegatronSetup(distributed_optimizer=options.distributed_optimizer,

@@ -1,7 +1,7 @@
 """``advisor``: the command line, one module per command group, thin over the core.
 
     estimate.py    advisor sweep, advisor estimate      (seed 004's estimator)
-    models.py      advisor models                       (the built-in presets)
+    models.py      advisor models, advisor gpus         (the built-in model and GPU presets)
     profile.py     advisor profile show | plan | run    (layer profiles, CAPTURE's campaign)
     recommend.py   advisor recommend                    (CAPTURE's planner)
     options.py     what they share: option bundles, one-line errors, output
@@ -34,13 +34,15 @@ def cli() -> None:
       advisor estimate --tp 2 --cp 1 --pp 1 --mbs 1 --gpus 4
                                              the per-stage memory of one configuration
       advisor models                         the built-in Llama presets
+      advisor gpus                           the GPU presets for --gpu (cited specifications)
 
     Memory comes from the analytical estimator of "Accelerating LLM Training with 4D
     Parallelism and Memory Consumption Estimator" (seed 004, Eq. 1-18), in GiB.
     """
 
 
-for command in (models.models, estimate.sweep, estimate.estimate, profile.profile, recommend.recommend):
+for command in (models.models, models.gpus, estimate.sweep, estimate.estimate, profile.profile,
+                recommend.recommend):
     cli.add_command(command)
 
 

@@ -7,14 +7,14 @@ from pathlib import Path
 import click
 
 from advisor.cli.options import (
-    EPILOG, InputError, color_wanted, emit, memory_options, model_options, output_options, parse_numbers,
-    workload_options,
+    EPILOG, InputError, TokenCount, color_wanted, emit, gpu_options, memory_options, model_choice_options,
+    model_options, output_options, parse_numbers, workload_options,
 )
 
 TABLE_ROWS = 30
 
 
-def _row_columns(timed: bool):
+def _row_columns(calibrated: bool = False, timed: bool = False, tokens: bool = False):
     from advisor.render import Column
 
     columns = [
@@ -30,12 +30,18 @@ def _row_columns(timed: bool):
         Column("recompute_text", "recompute", justify="left"),
         Column("model_states_gib", "states GiB", ".2f"),
         Column("activations_gib", "act. GiB", ".2f"),
-        Column("total_gib", "total GiB", ".2f"),
-        Column("memory_fraction", "of mem", ".0%"),
-        Column("verdict", "verdict", justify="left"),
+        Column("total_gib", "Eq.18 GiB", ".2f") if calibrated else Column("total_gib", "total GiB", ".2f"),
     ]
+    if calibrated:
+        columns += [Column("usage_gib", "pred. GiB", ".1f"), Column("margin_gib", "margin", "+.1f")]
+    else:
+        columns.append(Column("memory_fraction", "of mem", ".0%"))
+    columns.append(Column("verdict", "verdict", justify="left"))
     if timed:
-        columns.insert(10, Column("step_time_s", "step s", ".2f"))
+        columns += [Column("tflops_per_gpu", "TFLOP/s", ".0f"), Column("mfu", "MFU", ".0%"),
+                    Column("step_time_s", "step s", ".2f")]
+    if tokens:
+        columns += [Column("days", "days", ".1f"), Column("gpu_hours", "GPU-h", ",.0f")]
     return columns
 
 
@@ -45,40 +51,48 @@ def recompute_text(row: dict) -> str:
     return f"full {row['recompute_method']} {row['recompute_num_layers']}"
 
 
-def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options, gpu) -> str:
+def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options, gpu=None,
+                memory_model: str = "paper", rank_by: str = "paper") -> str:
     changed = options.changed()
     extras = "; " + ", ".join(f"{key}={value}" for key, value in changed.items()) if changed else ""
-    on = f" {gpu.name}" if gpu is not None else ""
-    return (
-        f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, "
-        f"{gpus}{on} GPUs x {mem:g} GiB, fits <= {threshold * mem:.1f} GiB ({threshold:.0%}){extras}"
-    )
+    where = f"{gpus} x {gpu.name} ({mem:g} GiB, {gpu.gpus_per_node}/node)" if gpu else f"{gpus} GPUs x {mem:g} GiB"
+    rule = (f"fits <= {threshold * mem:.1f} GiB ({threshold:.0%})" if memory_model == "paper"
+            else "calibrated memory model")
+    return (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {where}, {rule}, "
+            f"ranked by {rank_by}{extras}")
+
+
+def _resolve_choices(gpu, memory_model, rank_by, tokens):
+    """The defaults that depend on --gpu, and the combinations that need it."""
+    if tokens is not None and gpu is None:
+        raise InputError("--tokens needs --gpu NAME: the time model needs the GPU's FLOP/s and bandwidths")
+    if rank_by == "throughput" and gpu is None:
+        raise InputError("--rank-by throughput needs --gpu NAME (see 'advisor gpus')")
+    memory_model = memory_model or ("calibrated" if gpu is not None else "paper")
+    rank_by = rank_by or ("throughput" if gpu is not None else "paper")
+    return memory_model, rank_by
 
 
 @click.command(epilog=EPILOG)
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total number of GPUs.")
-@click.option("--mem", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Memory per GPU in GiB (for example 40 for A100-40GB, 80 for H100-80GB); required "
-                   "without --gpu, which sets it otherwise.")
-@click.option("--gpu", "gpu_name", default=None, metavar="NAME",
-              help="A GPU preset ('advisor gpus'): its memory, and the time model that plans each row's "
-                   "split for speed (MadPipe) and ranks rows by predicted step time.")
+@gpu_options
 @model_options
 @workload_options
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
-              help="TP is capped at this (TP across nodes is slow, seed 004 Section 1). Default: the "
-                   "--gpu preset's, else 8.")
 @click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8, show_default=True,
-              help="'fits' up to this fraction of --mem; 'tight' up to all of it.")
+              help="With --memory-model paper: 'fits' up to this fraction of --mem; 'tight' up to all of it.")
 @click.option("--all", "show_all", is_flag=True, help="Include the oom rows.")
 @click.option("--top", type=click.IntRange(min=1), default=None,
               help=f"Show only the N best-ranked rows (table default: {TABLE_ROWS}, json/csv: all).")
+@model_choice_options
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also draw the rows shown as a PNG: memory per layout (the paper's colours) beside the "
+                   "predicted TFLOP/s per GPU.")
 @memory_options(searchable=True)
 @output_options
-def sweep(gpus, mem, gpu_name, spec, workload, gpus_per_node, threshold, show_all, top, options, space, fmt,
-          output) -> None:
+def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, rank_by, tokens,
+          plot, options, space, fmt, output) -> None:
     """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
-    layers per stage, interleaving (VPP) and recomputation, and those that fit ranked.
+    layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
 
     \b
     Enumerated: TP a power of 2 dividing the heads and KV heads, up to --gpus-per-node;
@@ -89,17 +103,25 @@ def sweep(gpus, mem, gpu_name, spec, workload, gpus_per_node, threshold, show_al
     (--recompute-method block, N layers per chunk) only where needed to fit or, with --gpu,
     where it is faster. Without --gpu: no interleaving (it only adds memory), the fewest
     recomputed layers that fit, the split with the lowest peak. With --gpu: the fastest
-    variant and split that fit (MadPipe's planner under the memory limit).
+    variant and split that fit seed 004's 80% rule (MadPipe's planner under the limit).
+    --split even --vpp 1 --recompute none keeps the paper's space.
 
     \b
-    Verdict: fits (<= threshold x mem), tight (<= mem), oom (> mem; hidden without --all).
-    Rank with --gpu: the shortest predicted step. Without (seed 004, Section 4.2):
-      1. fits before tight  2. no recomputation first  3. smallest TP x CP x PP
-      4. largest MBS  5. smallest TP  6. smallest PP, then fewest recomputed layers, lowest memory
+    With --gpu (a preset: advisor gpus), the defaults are the calibrated memory model and
+    the time model: verdicts fits / likely fits / likely oom / oom with the margin in GiB,
+    predicted TFLOP/s (as Megatron-LM counts FLOPs), MFU and step time, and the rows
+    expected to run ranked fastest first.
+    With --mem alone, seed 004 as published: fits (<= threshold x mem), tight (<= mem),
+    oom (> mem; hidden without --all), ranked by its rule (Section 4.2):
+      1. fits before tight   2. no recomputation first   3. smallest TP x CP x PP
+      4. largest MBS   5. smallest TP   6. smallest PP, fewest recomputed layers, lowest memory
 
     \b
     Examples:
       advisor sweep --gpus 64 --mem 40
+      advisor sweep --gpus 64 --gpu h100-80gb --tokens 15T --top 10
+      advisor sweep --gpus 128 --gpu a100-80gb --model llama3.1-70b --rank-by paper
+      advisor sweep --gpus 8 --gpu h100-94gb --seq-len 32768 --all --plot sweep.png
       advisor sweep --gpus 16384 --gpu h100-80gb --model llama3.1-405b --gbs 2048
       advisor sweep --gpus 8 --mem 94 --seq-len 32768 --split even --recompute none --all --format json
     """
@@ -107,64 +129,63 @@ def sweep(gpus, mem, gpu_name, spec, workload, gpus_per_node, threshold, show_al
     from advisor.megatron_args import megatron_args
     from advisor.sweep import sweep as run_sweep
 
-    gpu, timing = None, None
-    if gpu_name is not None:
-        from advisor.hardware import get_gpu
-        from advisor.rank_times import Timing
-        from advisor.throughput import TimeModel
-
-        gpu = get_gpu(gpu_name)
-        gpus_per_node = gpus_per_node or gpu.gpus_per_node
-        timing = Timing(TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size), gpus_per_node)
-        mem = mem or gpu.memory_gib
     if mem is None:
-        raise InputError("give --mem GIB (the memory of one GPU) or --gpu NAME")
-    gpus_per_node = gpus_per_node or 8
+        raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
+    memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
-                       space=space, timing=timing)
+                       space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens)
     rows = result.rows
-    counts = {verdict: sum(row.verdict == verdict for row in rows) for verdict in ("fits", "tight", "oom")}
+    searched = (f"{result.considered:,} layouts considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
+                f"{result.pruned:,} pruned as unable to fit or to win")
+    verdicts = ("fits", "tight", "oom") if memory_model == "paper" else ("fits", "likely fits", "likely oom", "oom")
+    counts = {verdict: sum(row.verdict == verdict for row in rows) for verdict in verdicts}
     selected = [row for row in rows if show_all or row.verdict != "oom"]
     if top is None and fmt == "table" and not show_all:
         top = TABLE_ROWS  # a screenful; JSON and CSV give every row
     shown = selected[:top] if top is not None else selected
-    searched = (f"{result.considered:,} layouts considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
-                f"{result.pruned:,} pruned as unable to fit or to win")
     # Each row carries its setup and its Megatron flags, so that one row launches on its own.
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
+             "memory_model": memory_model, "gpu": gpu.name if gpu else None,
              "model": spec.to_dict() if fmt == "json" else spec.name}
     changed: dict = {}  # few distinct options among many rows
     dicts = []
     for row in shown:
         entry = {**row.to_dict(), **setup}
-        if fmt == "table":
+        if fmt == "table" or plot is not None:
             entry.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
-        else:
-            p, options = row.parallel, row.options
-            if options not in changed:
-                changed[options] = options.changed()
-            entry.update(options=changed[options], megatron_args=megatron_args(
+        if fmt != "table":
+            p, row_options = row.parallel, row.options
+            if row_options not in changed:
+                changed[row_options] = row_options.changed()
+            entry.update(options=changed[row_options], megatron_args=megatron_args(
                 spec, workload.seq_len, tp=p.tp, cp=p.cp, layers_per_stage=row.layers_per_stage,
-                micro_batch_size=p.mbs, global_batch_size=workload.global_batch_size, options=options,
+                micro_batch_size=p.mbs, global_batch_size=workload.global_batch_size, options=row_options,
                 virtual_stages=p.vpp))
             if fmt == "csv":
                 entry["megatron_args"] = " ".join(entry["megatron_args"])
                 entry["layers_per_stage"] = render.counts_text(entry["layers_per_stage"])
+                entry.pop("split", None), entry.pop("recompute_text", None)
         dicts.append(entry)
+    if plot is not None:
+        from advisor.plots import sweep_plot
+
+        sweep_plot(dicts, plot, title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model,
+                                                   rank_by))
+        click.echo(f"wrote {plot}", err=True)
     if fmt == "json":
         text = render.to_json(dicts)
     elif fmt == "csv":
         text = render.to_csv(dicts)
     else:
         hidden = "" if show_all else " (--all shows oom)"
-        caption = f"{counts['fits']} fit, {counts['tight']} tight, {counts['oom']} oom{hidden}"
+        caption = ", ".join(f"{n} {v}" for v, n in counts.items()) + hidden
         if len(shown) < len(selected):
             caption += f"; best {len(shown)} of {len(selected)} shown (--top N)"
-        if not dicts:
+        if not any(row.rank for row in rows):
             caption = f"nothing fits: {caption}. Try more GPUs or a shorter --seq-len."
         text = render.to_table(
-            dicts, _row_columns(timing is not None),
-            title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu),
+            dicts, _row_columns(memory_model == "calibrated", gpu is not None, tokens is not None),
+            title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by),
             caption=f"{caption}\n{searched}", row_style=render.verdict_style, color=color_wanted(output),
         )
     if fmt != "table":
@@ -184,31 +205,39 @@ def sweep(gpus, mem, gpu_name, spec, workload, gpus_per_node, threshold, show_al
               help="Virtual pipeline stages per rank (interleaved 1F1B).")
 @click.option("--layers-per-stage", default=None, metavar="N,N,...",
               help="Uneven pipeline split, one layer count per stage (for example 7,9,9,7).")
-@click.option("--mem", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Memory per GPU in GiB; gives a verdict.")
+@gpu_options
 @click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8, show_default=True)
+@click.option("--memory-model", type=click.Choice(["calibrated", "paper"]), default=None,
+              help="calibrated (default with --gpu) or paper (Eq. 18 and its 80% rule; default without).")
+@click.option("--tokens", type=TokenCount(), default=None,
+              help="A token budget (15T, 300B): adds the days and GPU-hours it takes (needs --gpu).")
 @model_options
 @workload_options
 @memory_options
 @output_options
-def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, spec, workload, options, fmt,
-             output) -> None:
-    """Per-GPU memory of one configuration, stage by stage.
+def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_per_node, threshold, memory_model,
+             tokens, spec, workload, options, fmt, output) -> None:
+    """Per-GPU memory of one configuration, stage by stage; with --gpu, its step time too.
 
     \b
     Model states (BF16 weights, FP32 gradients, Adam states sharded over DP x CP) and
     activations (1F1B: stage i holds PP - i microbatches) for every pipeline stage. The
-    peak stage decides the verdict.
+    peak stage decides the verdict. With --gpu the calibrated memory model gives the
+    verdict and its margin, and the time model the step time, its parts, TFLOP/s per GPU
+    (as Megatron-LM counts FLOPs), MFU and tokens/s.
 
     \b
-    Example (the public code's test case: 44.87 GiB states, 22.64 GiB activations):
+    Examples (the public code's test case: 44.87 GiB states, 22.64 GiB activations):
       advisor estimate --tp 2 --pp 1 --mbs 1 --gpus 4 --model llama3.1-8b
+      advisor estimate --tp 8 --pp 16 --gpus 16384 --gpu h100-80gb --model llama3.1-405b \\
+          --gbs 2048 --layers-per-stage 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 --tokens 15T
     """
     from advisor import render
     from advisor.memory import GIB, estimate_memory
     from advisor.parallel import ParallelConfig
     from advisor.sweep import SweepRow, classify
 
+    memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens)
     model_parallel = tp * cp * pp
     if gpus is None and dp is None:
         raise InputError("give --gpus or --dp")
@@ -221,13 +250,25 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, s
     stages = parse_numbers(layers_per_stage, int, "--layers-per-stage") if layers_per_stage else None
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     result = estimate_memory(spec, parallel, workload, options, stages)
-    verdict = classify(result.total_gib, mem, threshold) if mem else None
+    assessment = timing = parts = None
+    verdict = None
+    if mem and memory_model == "calibrated":
+        from advisor.verdicts import assess
+
+        assessment = assess(result, spec, workload.seq_len, mbs, tp, cp, mem, options)
+        verdict = assessment.verdict
+    elif mem:
+        verdict = classify(result.total_gib, mem, threshold)
+    if gpu is not None:
+        timing, parts = _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens)
     row = {
-        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict,
-                   options=options).to_dict(),
-        "vpp": parallel.vpp, "model": spec.to_dict(), "seq_len": workload.seq_len,
-        "global_batch_size": workload.global_batch_size, "options": options.changed(),
+        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
+                   assessment=assessment, timing=timing).to_dict(),
+        "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
+        "options": options.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
     }
+    if parts is not None:
+        row["time_parts"] = parts
     stage_rows = [stage.to_dict() for stage in result.stages]
     if fmt == "json":
         text = render.to_json({**row, "stages": stage_rows})
@@ -249,14 +290,52 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, mem, threshold, s
         title = (
             f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, DP {dp}, MBS {mbs}"
             + (f", VPP {vpp}" if vpp > 1 else "") + f", seq {workload.seq_len}, gbs {workload.global_batch_size}"
+            + (f", {gpu.name}" if gpu else "")
         )
         peak = result.peak
-        caption = f"peak: stage {peak.stage}, {peak.total_bytes / GIB:.2f} GiB"
-        if mem:
+        caption = f"peak: stage {peak.stage}, {peak.total_bytes / GIB:.2f} GiB (Eq. 18)"
+        if assessment is not None:
+            caption += (f"; calibrated: {assessment.usage_gib:.1f} of {mem:g} GiB, margin "
+                        f"{assessment.margin_gib:+.1f} GiB -> {assessment.verdict}")
+        elif mem:
             caption += f" = {row['memory_fraction']:.0%} of {mem:g} GiB -> {row['verdict']}"
+        if timing is not None:
+            caption += (f"\nstep {timing['step_time_s']:.2f} s, {timing['tflops_per_gpu']:.0f} TFLOP/s per GPU "
+                        f"(MFU {timing['mfu']:.0%}), {timing['tokens_per_s']:,.0f} tokens/s; "
+                        + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}" for k, v in parts.items()
+                                    if k != "total_s" and v > 0))
+            if tokens is not None:
+                caption += f"\n{tokens:.3g} tokens: {timing['days']:.1f} days, {timing['gpu_hours']:,.0f} GPU-hours"
         style = render.VERDICT_STYLES.get(row["verdict"])
         text = render.to_table(
             stage_rows, columns, title=title, caption=caption,
             row_style=lambda stage_row: style if stage_row["stage"] == peak.stage else None, color=color_wanted(output),
         )
     emit(text, output)
+
+
+def _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens):
+    """(timing fields, time parts in seconds) of one layout, priced as the sweep prices its rows
+    (``advisor.rank_times``: its split, interleaving and recomputation)."""
+    import numpy as np
+
+    from advisor.memory import StageModel
+    from advisor.ranking import timing_fields
+    from advisor.rank_times import Timing, recomputed_per_chunk
+    from advisor.throughput import TimeModel
+
+    if workload.global_batch_size is None:
+        raise InputError("predicting time needs a global batch size (--gbs)")
+    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size)
+    p = parallel
+    counts = np.array([stages or (spec.num_layers // p.pp,) * p.pp])
+    layouts = Timing(model, gpu.gpus_per_node).layouts(
+        tp=np.array([p.tp]), cp=np.array([p.cp]), dp=np.array([p.dp]), mbs=np.array([p.mbs]), pp=np.array([p.pp]),
+        selective=options.recompute == "selective")
+    recompute = recomputed_per_chunk(options.recompute, options.recompute_method,
+                                     np.array([options.recompute_num_layers]), spec.num_layers)
+    memory = StageModel(spec, workload.seq_len, options, tp=p.tp, cp=p.cp, dp=p.dp, mbs=p.mbs, pp=p.pp, vpp=p.vpp,
+                        num_microbatches=workload.num_microbatches(p), stage=np.arange(p.pp)[None, :])
+    step = layouts.step(np.array([0]), np.array([p.vpp]), recompute, counts, memory.parameters(counts).max(axis=1))
+    timing = timing_fields(model, step, p.gpus, p.tp, tokens)[0]
+    return timing, {k: float(v) for k, v in step.row(0).items()}

@@ -34,3 +34,35 @@ def models(fmt: str, output: Path | None) -> None:
     else:
         text = render.to_json(rows) if fmt == "json" else render.to_csv(rows)
     emit(text, output)
+
+
+@click.command(epilog=EPILOG)
+@output_options
+def gpus(fmt: str, output: Path | None) -> None:
+    """List the GPU presets for --gpu: memory, dense BF16/FP8 TFLOP/s, HBM, NVLink and network
+    bandwidth, GPUs per node, and the vendor specification each number comes from (JSON)."""
+    from advisor import render
+    from advisor.hardware import load_gpus
+
+    presets = list(load_gpus().values())
+    if fmt == "table":
+        rows = [{**gpu.to_dict(), "sources": len(gpu.sources)} for gpu in presets]
+        columns = [
+            render.Column("name", "name", justify="left"),
+            render.Column("memory_gib", "GiB", "g"),
+            render.Column("bf16_dense_tflops", "BF16 TFLOP/s", "g"),
+            render.Column("fp8_dense_tflops", "FP8 TFLOP/s", "g"),
+            render.Column("hbm_tb_per_s", "HBM TB/s", "g"),
+            render.Column("nvlink_bidirectional_gb_per_s", "NVLink GB/s", "g"),
+            render.Column("network_gb_per_s", "net GB/s/GPU", "g"),
+            render.Column("gpus_per_node", "per node"),
+            render.Column("description", "what", justify="left"),
+        ]
+        text = render.to_table(rows, columns, caption="dense (no sparsity); NVLink both directions; sources: "
+                               "advisor gpus --format json", color=color_wanted(output))
+    else:
+        rows = [gpu.to_dict() for gpu in presets]
+        if fmt == "csv":
+            rows = [{**row, "sources": " | ".join(row["sources"])} for row in rows]
+        text = render.to_json(rows) if fmt == "json" else render.to_csv(rows)
+    emit(text, output)

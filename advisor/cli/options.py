@@ -311,3 +311,76 @@ def parse_numbers(text: str, kind: Callable, option: str) -> tuple:
 def color_wanted(output: Path | None) -> bool:
     """Colour only a table drawn on a terminal."""
     return (output is None or output == STDOUT) and sys.stdout.isatty()
+
+
+# --- GPU presets and the time model (issue 16) ---------------------------------------------
+
+_TOKEN_SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+class TokenCount(click.ParamType):
+    """A token budget: 15T, 300B, 2.5e12."""
+
+    name = "TOKENS"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)):
+            number = float(value)
+        else:
+            text = str(value).strip().upper()
+            suffix = text[-1:] if text[-1:] in _TOKEN_SUFFIXES and text[-1:] else ""
+            try:
+                number = float(text[: len(text) - len(suffix)]) * _TOKEN_SUFFIXES[suffix]
+            except ValueError:
+                self.fail(f"{value!r} is not a token count (for example 15T, 300B, 2.5e12)", param, ctx)
+        if not number > 0 or number == float("inf"):
+            self.fail(f"{value!r} must be a positive, finite token count", param, ctx)
+        return number
+
+
+def gpu_options(func: Callable) -> Callable:
+    """--gpu NAME, --mem GIB, --gpus-per-node K -> ``gpu`` (a GpuSpec or None), ``mem`` (GiB)
+    and ``gpus_per_node``: a preset sets all three, --mem and --gpus-per-node override it."""
+
+    @functools.wraps(func)
+    def wrapper(*args, gpu: str | None, mem: float | None, gpus_per_node: int | None, **kwargs):
+        from advisor.parallel import DEFAULT_GPUS_PER_NODE
+
+        spec = None
+        if gpu is not None:
+            from advisor.hardware import get_gpu
+
+            spec = get_gpu(gpu).with_overrides(memory_gib=mem, gpus_per_node=gpus_per_node)
+            mem, gpus_per_node = spec.memory_gib, spec.gpus_per_node
+        return func(*args, gpu=spec, mem=mem, gpus_per_node=gpus_per_node or DEFAULT_GPUS_PER_NODE, **kwargs)
+
+    return apply_options(
+        [
+            click.option("--gpu", default=None, metavar="NAME",
+                         help="A GPU preset (see 'advisor gpus'): memory, FLOP/s, bandwidths and GPUs per "
+                              "node; enables the time model and the calibrated verdicts."),
+            click.option("--mem", type=click.FloatRange(min=0, min_open=True), default=None,
+                         help="Memory per GPU in GiB (overrides --gpu's)."),
+            click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+                         help="GPUs per node (NVLink domain); caps TP. Default: --gpu's, else 8."),
+        ],
+        wrapper,
+    )
+
+
+def model_choice_options(func: Callable) -> Callable:
+    """--memory-model, --rank-by, --tokens: how rows are judged, ranked and costed."""
+    return apply_options(
+        [
+            click.option("--memory-model", type=click.Choice(["calibrated", "paper"]), default=None,
+                         help="calibrated: Eq. 18 plus what it leaves out, verdicts fits / likely fits / likely "
+                              "oom / oom with the margin (default with --gpu); paper: Eq. 18 exactly and its 80% "
+                              "rule, fits / tight / oom (default without --gpu)."),
+            click.option("--rank-by", type=click.Choice(["throughput", "memory", "paper"]), default=None,
+                         help="throughput: the fastest predicted layout expected to run (default with --gpu); "
+                              "memory: most headroom; paper: seed 004's rule (default without --gpu)."),
+            click.option("--tokens", type=TokenCount(), default=None,
+                         help="A token budget (15T, 300B): adds the days and GPU-hours it takes (needs --gpu)."),
+        ],
+        func,
+    )

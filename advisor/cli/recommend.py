@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from advisor.cli.options import (
-    EPILOG, InputError, color_wanted, document_options, emit_document, memory_options, model_options, workload_options,
+    EPILOG, InputError, color_wanted, document_options, emit_document, gpu_options, memory_options, model_options,
+    workload_options,
 )
 
 
@@ -23,13 +24,11 @@ PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num
               help="A run directory (rank*.jsonl) or a directory of them; repeat for more. Without it the plan "
                    "comes from the analytic models (seed 004's memory, the time model with --gpu).")
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs of the target run.")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
-              help="K (default: the --gpu preset's, else 8).")
+@gpu_options
 @click.option("--objective", type=click.Choice(["memory", "time"]), default="memory", show_default=True,
               help="memory: the lowest peak (CAPTURE); time: the shortest period, the slowest stage's forward "
-                   "+ backward time, with every stage within --threshold x --mem (MadPipe).")
-@click.option("--gpu", "gpu_name", default=None, metavar="NAME",
-              help="A GPU preset ('advisor gpus'): the time model for --objective time, and --mem.")
+                   "+ backward time, with every stage within --threshold x --mem (MadPipe; the time model with "
+                   "--gpu, or the profiles' per-layer times).")
 @click.option("--mode", type=click.Choice(["megatron", "hybrid"]), default="megatron", show_default=True,
               help="megatron: uniform TP/CP/DP, uneven layers per stage (launchable); hybrid: CAPTURE's "
                    "per-stage DP/TP degrees (not launchable on stock Megatron; profiles, memory objective).")
@@ -43,8 +42,6 @@ PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num
               help="Micro-batch size (Megatron's, per DP replica; in hybrid mode the pipeline microbatch).")
 @click.option("--merge-to", type=click.IntRange(min=1), default=None,
               help="Merge layers to this many units first (CAPTURE's layer merger, Section III-A3).")
-@click.option("--mem", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="GPU memory in GiB: the limit of --objective time, drawn on the chart, the plan's share shown.")
 @click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
               help="--objective time keeps every stage within this fraction of --mem (default 0.8 for the "
                    "analytic estimator, seed 004's rule; 1.0 with profiles, which measure what it leaves out).")
@@ -54,7 +51,7 @@ PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num
 @workload_options
 @memory_options
 @document_options
-def recommend(profiles, gpus, gpus_per_node, objective, gpu_name, mode, predictor, tp, cp, pp, mbs, merge_to, mem,
+def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predictor, tp, cp, pp, mbs, merge_to,
               threshold, png, spec, workload, options, fmt, output) -> None:
     """Recommend the layers per stage (and, in hybrid mode, per-stage degrees) with the lowest
     predicted peak memory, or with the shortest predicted period under the memory limit.
@@ -67,6 +64,7 @@ def recommend(profiles, gpus, gpus_per_node, objective, gpu_name, mode, predicto
     \b
     Examples:
       advisor recommend --profile runs/ --gpus 16 --pp 4 --mbs 1 --gbs 64
+      advisor recommend --profile runs/ --gpus 16 --gpu h100-94gb --pp 4   (memory and node size from the preset)
       advisor recommend --profile runs/ --gpus 16 --gpus-per-node 4 --mode hybrid --mbs 8 \\
           --predictor capture -o plan.json --png plan.png
       advisor recommend --model llama3.1-405b --gpus 16384 --tp 8 --pp 16 --gbs 2048 \\
@@ -90,15 +88,6 @@ def recommend(profiles, gpus, gpus_per_node, objective, gpu_name, mode, predicto
             flags = ", ".join("--" + name.replace("_", "-") for name in given)
             raise InputError(f"{flags}: the profiles decide the model, sequence and setup; drop them with --profile")
     timing = None
-    if gpu_name is not None:
-        from advisor.hardware import get_gpu
-        from advisor.rank_times import Timing
-        from advisor.throughput import TimeModel
-
-        gpu = get_gpu(gpu_name)
-        gpus_per_node = gpus_per_node or gpu.gpus_per_node
-        mem = mem or gpu.memory_gib
-    gpus_per_node = gpus_per_node or 8
     limit = None
     if objective == "time":
         if mem is None:
@@ -109,9 +98,8 @@ def recommend(profiles, gpus, gpus_per_node, objective, gpu_name, mode, predicto
         from advisor.capture.observations import load_profile_set
 
         profile_set = load_profile_set(profiles)
-        if gpu_name is not None:
-            timing = Timing(TimeModel(profile_set.model, gpu, profile_set.seq_len, workload.global_batch_size),
-                            gpus_per_node)
+        if gpu is not None:
+            timing = _timing(profile_set.model, gpu, profile_set.seq_len, workload.global_batch_size)
         common.update(global_batch_size=workload.global_batch_size, predictor=predictor, merge_to=merge_to)
         if mode == "megatron":
             plan = recommend_megatron(profile_set, tp=tp, pp=pp, objective=objective, memory_limit=limit,
@@ -119,8 +107,8 @@ def recommend(profiles, gpus, gpus_per_node, objective, gpu_name, mode, predicto
         else:
             plan = recommend_hybrid(profile_set, **common)
     else:
-        if gpu_name is not None:
-            timing = Timing(TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size), gpus_per_node)
+        if gpu is not None:
+            timing = _timing(spec, gpu, workload.seq_len, workload.global_batch_size)
         plan = recommend_analytic(spec, workload, options, tp=tp, cp=cp, pp=pp, objective=objective,
                                   memory_limit=limit, timing=timing, **common)
     if png is not None:
@@ -129,6 +117,13 @@ def recommend(profiles, gpus, gpus_per_node, objective, gpu_name, mode, predicto
         draw(plan, png, mem)
         click.echo(f"wrote {png}", err=True)
     emit_document(plan.to_dict(), _plan_table(plan, mem), fmt, output)
+
+
+def _timing(spec, gpu, seq_len: int, global_batch_size: int):
+    from advisor.rank_times import Timing
+    from advisor.throughput import TimeModel
+
+    return Timing(TimeModel(spec, gpu, seq_len, global_batch_size), gpu.gpus_per_node)
 
 
 def _plan_table(plan, mem: float | None) -> str:

@@ -41,24 +41,34 @@ class Kernels:
                 raise AdvisorError(f"calibration: kernel efficiency {name} must be in (0, 1], got {value!r}")
 
 
+MAMF_SOURCE = ("S. Bekman, Machine Learning Engineering, 'Maximum Achievable Matmul FLOPS comparison table' "
+               "(github.com/stas00/ml-engineering, compute/accelerator/README.md): the best BF16 matmul rate "
+               "found by mamf-finder.py over all shapes")
+LLAMA_SHAPES_OVER_MAMF = 0.7106 / 0.803
+"""On the lead's H100 SXM, Llama layer shapes run at 0.7106 of peak (the probe fit) where the best
+shape runs at 0.803 (MAMF, H100 SXM): the GEMM efficiency of another architecture is its MAMF
+fraction times this ratio."""
+
 _KERNELS = {
     "ampere": Kernels(
-        gemm=0.71, attention=0.72, attention_flash2=0.72,
-        source="GEMM: the H100 probe's fraction (no A100 measurement on file). Attention: "
-               "FlashAttention-2 (Dao 2023, arXiv 2307.08691, Sec. 4.1) reaches up to 225 of "
-               "A100's 312 TFLOP/s forward + backward: 0.72"),
+        gemm=round(0.869 * LLAMA_SHAPES_OVER_MAMF, 3), attention=0.72, attention_flash2=0.72,
+        source=f"GEMM: A100 SXM MAMF 86.9% ({MAMF_SOURCE}) x 0.884 (LLAMA_SHAPES_OVER_MAMF). Attention: "
+               "FlashAttention-2 reaches up to 225 of A100's 312 TFLOP/s forward + backward (Dao 2023, "
+               "arXiv 2307.08691, Section 4.1), also the best fused kernel on Ampere"),
     "hopper": Kernels(
-        gemm=0.71, attention=0.568, attention_flash2=0.35,
-        source="GEMM and attention: the lead's H100 SXM probe (benchmarks/gpu/data/"
-               "h100_sxm_gemm_attention.json; tables.seed004.calibrate probe fits 239 GEMMs "
-               "and 18 torch SDPA flash calls). FlashAttention-2 on Hopper: 35% utilisation "
-               "(Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Sec. 1)"),
+        gemm=0.7106, attention=0.5684, attention_flash2=0.35,
+        source="GEMM and attention: the lead's H100 SXM probe (benchmarks/gpu/data/h100_sxm_gemm_attention.json; "
+               "tables.seed004.calibrate probe fits 239 GEMMs and 18 torch SDPA flash calls). "
+               "FlashAttention-2 on Hopper: 35% utilisation (Shah et al. 2024, FlashAttention-3, "
+               "arXiv 2407.08608, Section 1)"),
     "blackwell": Kernels(
-        gemm=0.71, attention=0.568, attention_flash2=0.35,
-        source="no measurement on file: Hopper's fractions"),
+        gemm=round(0.776 * LLAMA_SHAPES_OVER_MAMF, 3), attention=0.5684, attention_flash2=0.35,
+        source=f"GEMM: B200 SXM MAMF 77.6% ({MAMF_SOURCE}) x 0.884. Attention: no measurement on file, "
+               "Hopper's fractions"),
     "cdna3": Kernels(
-        gemm=0.71, attention=0.568, attention_flash2=0.35,
-        source="no measurement on file: Hopper's fractions"),
+        gemm=round(0.601 * LLAMA_SHAPES_OVER_MAMF, 3), attention=0.5684, attention_flash2=0.35,
+        source=f"GEMM: MI300X MAMF 60.1% ({MAMF_SOURCE}) x 0.884. Attention: no measurement on file, "
+               "Hopper's fractions"),
 }
 
 
@@ -69,14 +79,18 @@ class Calibration:
 
     kernels: dict = field(default_factory=lambda: dict(_KERNELS), compare=False)
     """Architecture -> ``Kernels``: measured kernel efficiencies."""
-    gemm_latency_s: float = 13.8e-6
+    gemm_latency_s: float = 1.38e-05
     """Fixed cost of one GEMM kernel (launch, ramp, last wave): the probe fit, with
     time = FLOPs / (efficiency x peak) + latency (4.9% mean error over 239 shapes)."""
     attention_latency_s: float = 259e-6
     """Fixed cost of one attention call, forward and backward: the probe fit."""
     compute_factor: float = 1.0
-    """Fitted: the kernels' sustained rate inside a training run over their stand-alone
-    rate (clocks under a whole run's power draw, kernels the probe does not see)."""
+    """Fitted: the GEMMs' sustained rate inside a training run over the stand-alone
+    measurement (clocks under a whole run's power draw, the run's cuBLAS version)."""
+    attention_factor: float = 1.0
+    """Fitted: FlashAttention-2's rate inside the paper's runs (Transformer Engine 1.9, 2024) over
+    its published stand-alone rate. It applies to the 'flash2' kernel only: a current fused kernel
+    (TimeOptions.attention_kernel='fused') runs at its measured rate times ``compute_factor``."""
     hbm_efficiency: float = 0.8
     """Fraction of HBM bandwidth that element-wise kernels (norms, SwiGLU, RoPE, residuals,
     cross-entropy, Adam) reach; STREAM-like copies reach 80-90% on A100 and H100."""
@@ -150,20 +164,21 @@ def constant_names() -> tuple[str, ...]:
 
 
 def parse_calibration(data, where: str = "calibration") -> Calibration:
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise AdvisorError(f"{where}: expected a JSON object with \"schema\": {SCHEMA!r}")
-    known = {f.name for f in fields(Calibration)} | {"schema"}
+    """The time section of a calibration document."""
+    if not isinstance(data, dict):
+        raise AdvisorError(f"{where}: the time calibration must be a JSON object")
+    known = {f.name for f in fields(Calibration)}
     unknown = set(data) - known
     if unknown:
         raise AdvisorError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
-    missing = set(constant_names()) - set(data)
+    missing = (set(constant_names()) | {"kernels", "fitted", "fitted_on"}) - set(data)
     if missing:
         raise AdvisorError(f"{where}: missing key(s) {', '.join(sorted(missing))}")
-    values = {k: v for k, v in data.items() if k != "schema"}
-    if not isinstance(values.get("fitted", []), list) or not isinstance(values.get("notes", {}), dict):
+    values = dict(data)
+    if not isinstance(values["fitted"], list) or not isinstance(values.get("notes", {}), dict):
         raise AdvisorError(f"{where}: fitted must be a list and notes an object")
-    values["fitted"] = tuple(values.get("fitted", ()))
-    kernels = values.get("kernels", {})
+    values["fitted"] = tuple(values["fitted"])
+    kernels = values["kernels"]
     if not isinstance(kernels, dict) or not kernels:
         raise AdvisorError(f"{where}: kernels must be a non-empty object of architectures")
     parsed = {}
@@ -176,14 +191,35 @@ def parse_calibration(data, where: str = "calibration") -> Calibration:
     return Calibration(**values)
 
 
-def calibration_document(calibration: Calibration) -> dict:
-    return {"schema": SCHEMA, **calibration.to_dict()}
+def calibration_document(time: Calibration, memory) -> dict:
+    """The JSON document of ``advisor/calibration.json``: the time and the memory constants."""
+    return {"schema": SCHEMA, "time": time.to_dict(), "memory": memory.to_dict()}
 
 
 @lru_cache(maxsize=None)
+def _document(path: Path) -> dict:
+    data = read_json(path)
+    if not isinstance(data, dict) or set(data) != {"schema", "time", "memory"} or data["schema"] != SCHEMA:
+        raise AdvisorError(f"{path}: expected an object with \"schema\": {SCHEMA!r}, \"time\" and \"memory\"")
+    return data
+
+
 def load_calibration(path: Path = CALIBRATION_FILE) -> Calibration:
-    """The advisor's constants: ``advisor/calibration.json``, or the documented defaults if the
-    file is absent (a fresh checkout before the first fit)."""
+    """The time model's constants: ``advisor/calibration.json`` (documented defaults if absent)."""
     if not Path(path).exists():
         return Calibration()
-    return parse_calibration(read_json(path), str(path))
+    return _parse_cached(Path(path))
+
+
+@lru_cache(maxsize=None)
+def _parse_cached(path: Path) -> Calibration:
+    return parse_calibration(_document(path)["time"], f"{path}, time")
+
+
+def load_memory_calibration(path: Path = CALIBRATION_FILE):
+    """The calibrated memory model's constants (``advisor.verdicts.MemoryCalibration``)."""
+    from advisor.verdicts import MemoryCalibration
+
+    if not Path(path).exists():
+        return MemoryCalibration()
+    return MemoryCalibration.from_dict(_document(Path(path))["memory"], f"{path}, memory")

@@ -241,8 +241,9 @@ class TimeModel:
         busy = m * total / p
         shards = _f(dp) * _f(cp)
         span = _f(tp) * _f(cp) * _f(dp)
+        per_node = np.minimum(shards, np.maximum(1.0, rates.gpus_per_node / _f(tp)))
         reduce, gather = terms.data_parallel_time(params, shards, span, rates, opts.grad_reduce_bytes,
-                                                  opts.distributed_optimizer)
+                                                  opts.distributed_optimizer, per_node)
         exposed_reduce = np.maximum(0.0, reduce - bwd_first) if opts.overlap_grad_reduce else reduce
         exposed_gather = np.maximum(0.0, gather - fwd_first) if opts.overlap_param_gather else gather
         dp_comm = exposed_reduce + exposed_gather

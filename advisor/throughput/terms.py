@@ -44,14 +44,16 @@ class Rates:
     @classmethod
     def of(cls, gpu: GpuSpec, cal: Calibration, flash2: bool = False) -> "Rates":
         kernels = cal.kernels_for(gpu.architecture)
-        attention = kernels.attention_flash2 if flash2 else kernels.attention
+        # The fitted attention factor is how FlashAttention-2 ran inside the paper's 2024 stack
+        # (Transformer Engine 1.9); a current fused kernel gets the GEMMs' in-run factor instead.
+        attention = kernels.attention_flash2 * cal.attention_factor if flash2 else kernels.attention * cal.compute_factor
         host = cal.host_mask_ns_per_element * 1e-9
         if gpu.host_dram_mt_per_s:
             host *= cal.host_reference_mt_per_s / gpu.host_dram_mt_per_s
         return cls(
             gemm_flops_per_s=cal.compute_factor * kernels.gemm * gpu.peak_flops,
             gemm_latency_s=cal.gemm_latency_s,
-            attention_flops_per_s=cal.compute_factor * attention * gpu.peak_flops,
+            attention_flops_per_s=attention * gpu.peak_flops,
             attention_latency_s=cal.attention_latency_s,
             hbm_bytes_per_s=cal.hbm_efficiency * gpu.hbm_bytes_per_s,
             nvlink_bytes_per_s=cal.network_efficiency * gpu.nvlink_bytes_per_s,
@@ -126,10 +128,14 @@ def embedding_time(spec: LlamaSpec, tokens, tp, rates: Rates):
 # --- communication ------------------------------------------------------------------------
 
 
-def link_bandwidth(group_span, rates: Rates):
-    """Achievable one-direction bandwidth of a group spanning ``group_span`` consecutive ranks:
-    NVLink inside a node, the network per GPU across nodes."""
-    return np.where(np.asarray(group_span) <= rates.gpus_per_node, rates.nvlink_bytes_per_s, rates.network_bytes_per_s)
+def link_bandwidth(group_span, rates: Rates, ranks_per_node=1):
+    """Achievable one-direction bandwidth of a ring over a group spanning ``group_span``
+    consecutive ranks: NVLink inside a node; across nodes, the network, where NCCL's rings
+    (one per NIC) carry the group's data over the NICs of all its ``ranks_per_node`` GPUs in
+    a node (a node's inter-node share is its NICs' sum), up to NVLink's rate."""
+    across = np.minimum(rates.network_bytes_per_s * np.maximum(1.0, np.asarray(ranks_per_node, dtype=float)),
+                        rates.nvlink_bytes_per_s)
+    return np.where(np.asarray(group_span) <= rates.gpus_per_node, rates.nvlink_bytes_per_s, across)
 
 
 def ring_collective_time(size_bytes, ranks, bandwidth, rates: Rates):
@@ -176,13 +182,15 @@ def pipeline_p2p_time(spec: LlamaSpec, tokens, tp, cross_node, rates: Rates):
     return size / bandwidth + rates.collective_latency_s
 
 
-def data_parallel_time(parameters, shards, span, rates: Rates, grad_bytes=4, distributed_optimizer=True):
+def data_parallel_time(parameters, shards, span, rates: Rates, grad_bytes=4, distributed_optimizer=True,
+                       ranks_per_node=1):
     """(gradient reduction, parameter all-gather) of one iteration over the DP x CP group
     (Megatron's distributed optimizer shards over it): a reduce-scatter of the gradients, in
     FP32 with --accumulate-allreduce-grads-in-fp32 (``grad_bytes``), and an all-gather of the
     BF16 parameters (Rajbhandari et al. 2020, ZeRO-1; Megatron ``DistributedOptimizer``).
-    Without the distributed optimizer, one all-reduce: twice the reduce-scatter, no gather."""
-    bandwidth = link_bandwidth(span, rates)
+    Without the distributed optimizer, one all-reduce: twice the reduce-scatter, no gather.
+    ``ranks_per_node``: the group's GPUs in one node (gpus_per_node / tp when it spans nodes)."""
+    bandwidth = link_bandwidth(span, rates, ranks_per_node)
     reduce = ring_collective_time(grad_bytes * parameters, shards, bandwidth, rates)
     gather = ring_collective_time(BF16 * parameters, shards, bandwidth, rates)
     if distributed_optimizer:

@@ -11,7 +11,7 @@ from advisor.cli import AdvisorGroup
 from advisor.fileio import atomic_write_text
 from advisor.render import to_json
 from tables.readme import replace_between
-from tables.seed004 import heatmap, report
+from tables.seed004 import heatmap, report, validation_report
 from tables.seed004.results import Results, analyse
 
 TABLES_DIR = Path(__file__).resolve().parent.parent
@@ -29,6 +29,8 @@ def summary(results: Results) -> dict:
         ],
         "rule": results.rule.to_dict(),
         "ranking": results.ranking.to_dict(),
+        **({"validation": validation_report.summary(results.validation, results.ranking)}
+           if results.validation is not None else {}),
     }
 
 
@@ -51,6 +53,8 @@ def write_artefacts(results: Results, out: Path) -> list[Path]:
             atomic_write_text(stem.with_suffix(".csv"), report.measured_csv(table)),
             heatmap.measured_heatmap(table, columns, stem.with_suffix(".png")),
         ]
+    if results.validation is not None:
+        written.append(validation_report.scatter(results.validation, out / "throughput_scatter.png"))
     written += [
         atomic_write_text(out / "RESULTS.md", report.results_markdown(results)),
         atomic_write_text(out / "summary.json", to_json(summary(results))),
@@ -87,7 +91,7 @@ def main(out: Path, readme: Path, no_readme: bool) -> None:
       python -m tables.seed004 --out /tmp/seed004 --no-readme
     """
     started = time.perf_counter()
-    results = analyse()
+    results = analyse(with_validation=True)
     # The new README is made first, so that a README without markers stops before any write.
     new_readme = None if no_readme else replace_between(
         readme.read_text(encoding="utf-8"), report.BEGIN, report.END, report.results_markdown(results)
@@ -103,8 +107,18 @@ def main(out: Path, readme: Path, no_readme: bool) -> None:
         f"tight ran {rule.count('tight', 'ran')} of {rule.count('tight')}); "
         f"ranking: mean {report.percent(ranking.mean)}, min {report.percent(ranking.minimum)} "
         f"over {len(ranking.scored)} columns\n"
-        f"{time.perf_counter() - started:.1f} s"
+        + (_validation_line(results) if results.validation is not None else "")
+        + f"{time.perf_counter() - started:.1f} s"
     )
+
+
+def _validation_line(results: Results) -> str:
+    s = validation_report.summary(results.validation, results.ranking)
+    v, t, r = s["verdicts"], s["throughput"], s["ranking"]["throughput"]["combined"]
+    return (f"held out by GPU type: verdicts {v['all_correct']}/{v['all']} ({v['tight_correct']}/{v['tight']} tight, "
+            f"{len(v['false_fits'])} false fits); ranking mean {report.percent(r['mean'])}, min "
+            f"{report.percent(r['min'])}; TFLOP/s MAPE {report.percent(t['mape_tables_3_4_6_10'])} (Tables 3, 4, 6, "
+            f"10), Spearman {t['spearman_mean']:.2f}\n")
 
 
 if __name__ == "__main__":

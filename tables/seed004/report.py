@@ -248,6 +248,12 @@ def _ranking_lines(results: Results) -> list[str]:
     return lines
 
 
+def _validation_lines(results: Results) -> list[str]:
+    from tables.seed004 import validation_report
+
+    return [*validation_report.markdown(results.validation, results.ranking, results.measured), ""]
+
+
 def results_markdown(results: Results) -> str:
     """The generated results section, as ``tables/README.md`` holds it between its markers."""
     lines = [
@@ -262,6 +268,7 @@ def results_markdown(results: Results) -> str:
         "",
         *_ranking_lines(results),
         "",
+        *(_validation_lines(results) if results.validation is not None else []),
         END,
     ]
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from tables.seed004.estimates import EstimatedTable, reproduce
 from tables.seed004.paper import ESTIMATE_OF, Misprint, PaperTable, load_misprints, load_tables
 from tables.seed004.reality import RankingSummary, RuleCheck, Run, check_rule, rank_columns, runs
+from tables.seed004.validation import Validation, validate
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -32,6 +33,8 @@ class Results:
     listed_misprints: dict[tuple, Misprint]
     measured_cells: int
     """Measured cells in the CSV, '-' (no such run) included."""
+    validation: Validation | None = None
+    """Issue 16: the time model, the calibrated verdicts and the ranking, held out by GPU type."""
 
     @property
     def found_misprints(self) -> set[tuple]:
@@ -47,7 +50,7 @@ class Results:
         return self.found_misprints - set(self.listed_misprints)
 
 
-def analyse() -> Results:
+def analyse(with_validation: bool = False) -> Results:
     tables = load_tables()
     listed = load_misprints()
     estimated = tuple(reproduce(t, listed) for t in tables.values() if t.kind == "estimate")
@@ -65,4 +68,5 @@ def analyse() -> Results:
         ranking=RankingSummary(columns=columns),
         listed_misprints=listed,
         measured_cells=sum(t.paper.grid_cells for t in measured),
+        validation=validate(measured) if with_validation else None,
     )

@@ -120,7 +120,7 @@ def price(case: Case) -> tuple[list[Priced], float]:
         bounds = np.concatenate([[0], np.cumsum(counts)])
         spans = [(int(bounds[i]) + 1, int(bounds[i + 1]), case.pp - i) for i in range(case.pp)]
         row = np.array([counts])
-        step = layouts.step(np.array([0]), np.array([1]), np.array([0]), row, model.parameters(row).max(axis=1))
+        step = layouts.step(np.array([0]), np.array([1]), np.array([0]), row, model.parameters(row).max(axis=1)).total_s
         priced.append(Priced(name, tuple(counts), tuple(memory.cost(*span) / GIB for span in spans),
                              tuple(time.cost(*span) * 1e3 for span in spans), float(step[0])))
     return priced, limit

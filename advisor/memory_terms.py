@@ -1,0 +1,62 @@
+"""What seed 004's Eq. 18 leaves out: the terms of the calibrated memory model, one function each.
+
+Eq. 18 (``advisor.memory``) stays exact; these terms are added on top of it, per pipeline stage,
+to predict whether a real Megatron-LM run fits (``advisor.verdicts``). Sizes are bytes on one
+GPU. Each term cites what it comes from; where megatron-core's behaviour was measured by this
+project's hooks (``megatron_hooks/README.md``, the CPU backend on real megatron-core modules),
+that is the source.
+"""
+
+from __future__ import annotations
+
+from advisor.memory import StageMemory
+from advisor.models import LlamaSpec
+
+GIB = 2**30
+
+
+def embedding_ids_correction_bytes(stage: StageMemory, spec: LlamaSpec) -> float:
+    """megatron-core's embedding keeps the int64 token ids, 8 s b per microbatch (the hooks measure
+    it; Megatron-LM's own ``theoretical_memory_usage.py`` counts the same 8 s b), where Eq. 13
+    counts 8 s b h. The correction (negative) replaces the one by the other on the first stage."""
+    return stage.embedding_activations_bytes / spec.hidden_size - stage.embedding_activations_bytes
+
+
+def swiglu_fusion_correction_bytes(stage: StageMemory, spec: LlamaSpec, recompute: str = "none") -> float:
+    """Megatron's fused SwiGLU (``fusions/fused_bias_swiglu.py``, on by default:
+    --bias-swiglu-fusion) saves only its input, the FC1 output (2 h_ffn per token), and FC2 saves
+    its own input (h_ffn): 6 s b h_ffn bytes per layer where Eq. 12 counts 8 (up, gate, SiLU and
+    the down projection's input). The correction (negative) is that share of the stage's layer
+    activations; fully recomputed layers keep only their input, so there is none to correct."""
+    if recompute == "full":
+        return 0.0
+    h, f, k, a = spec.hidden_size, spec.ffn_hidden_size, spec.num_query_groups, spec.num_attention_heads
+    per_layer = h * (12 + 4 * k / a + 8 * f / h)  # Eq. 12 over s b
+    return -stage.layer_activations_bytes * (2 * f) / per_layer
+
+
+def cross_entropy_working_bytes(spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int, vocab: int) -> float:
+    """Megatron's vocab-parallel cross-entropy (megatron-core ``tensor_parallel/cross_entropy.py``)
+    turns the LM head's BF16 logits into an FP32 copy (``.float()``) and works in place on it:
+    exp, softmax, and in backward the gradient (``grad_input = softmax``, ``mul_``). Eq. 14 counts
+    that FP32 copy (4 s b v); the BF16 logits stay referenced by the caller through the loss's
+    forward, and the backward casts the FP32 gradient back to BF16 for the LM head: 2 s b v / (t c)
+    more at the last stage's peak."""
+    return 2.0 * seq_len * mbs * vocab / (tp * cp)
+
+
+def dataloader_mask_bytes(seq_len: int, mbs: int, cp: int) -> float:
+    """Megatron's GPTDataset builds a bool s x s attention mask per sample unless
+    --no-create-attention-mask-in-dataloader (``gpt_dataset._get_ltor_masks_and_position_ids``);
+    ``get_batch`` moves it to the GPU (b s^2 bytes; broadcast to the other TP ranks) and
+    ``get_batch_on_this_cp_rank`` keeps a 1/c slice: b s^2 (1 + 1/c) on the first and the last
+    stage while the next microbatch is fetched. Flash attention never reads it."""
+    return mbs * float(seq_len) ** 2 * (1.0 + 1.0 / cp)
+
+
+def runtime_overhead_bytes(overhead_gib: float) -> float:
+    """Device memory outside PyTorch's tensors: the CUDA context (about 0.5 GiB with CUDA 12),
+    NCCL's buffers for each of Megatron's communicators (TP, CP, DP, DP x CP, PP, embedding:
+    tens to hundreds of MiB each), cuBLAS and Transformer Engine workspaces. A calibrated
+    constant (``MemoryCalibration.overhead_gib``)."""
+    return overhead_gib * GIB

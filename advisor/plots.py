@@ -1,0 +1,66 @@
+"""``advisor sweep --plot``: the rows shown, as the paper draws them, with the time model beside.
+
+Left: each layout's predicted memory as a share of the GPU's, one cell per row coloured like
+seed 004's tables (green fits, yellow tight / likely, red oom). Right: the predicted TFLOP/s per
+GPU of the same rows (when a GPU preset gave the time model), the ranked ones solid. Drawn with a
+``matplotlib.figure.Figure`` on the Agg canvas (no pyplot state) and written atomically.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from advisor.errors import AdvisorError
+from advisor.fileio import atomic_write_bytes
+
+COLOURS = {"fits": "#91cf60", "likely fits": "#d9ef8b", "tight": "#fee08b", "likely oom": "#fdae61",
+           "oom": "#f46d43", None: "#eeeeee"}
+MAX_ROWS = 80
+
+
+def _label(row: dict) -> str:
+    rank = f"#{row['rank']} " if row.get("rank") else ""
+    return f"{rank}({row['tp']}, {row['cp']}, {row['pp']}, {row['mbs']})"
+
+
+def sweep_plot(rows: list[dict], path: Path, title: str = "") -> Path:
+    """Draw ``rows`` (sweep rows as dicts, best first) to a PNG at ``path``."""
+    if not rows:
+        raise AdvisorError("--plot: no rows to draw (add --all to include the oom ones)")
+    if len(rows) > MAX_ROWS:
+        rows = rows[:MAX_ROWS]
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    timed = any(row.get("tflops_per_gpu") is not None for row in rows)
+    n = len(rows)
+    fig = Figure(figsize=(11 if timed else 6.5, 1.6 + 0.24 * n), layout="constrained")
+    axes = fig.subplots(1, 2, sharey=True, width_ratios=(1, 1.4)) if timed else [fig.add_subplot()]
+    memory_ax = axes[0]
+    labels = [_label(row) for row in rows]
+    share = [(row.get("usage_gib") or row["total_gib"]) / row["memory_gib"] for row in rows]
+    y = list(range(n))
+    memory_ax.barh(y, share, color=[COLOURS.get(row["verdict"], COLOURS[None]) for row in rows],
+                   edgecolor="white")
+    memory_ax.axvline(1.0, color="black", linewidth=1)
+    for i, value in enumerate(share):
+        memory_ax.text(value, i, f" {100 * value:.0f}%", va="center", fontsize=7)
+    memory_ax.set_yticks(y, labels, fontsize=7)
+    memory_ax.invert_yaxis()
+    memory_ax.set_xlabel("predicted memory / GPU memory")
+    memory_ax.set_ylabel("(TP, CP, PP, MBS), rank first")
+    verdicts = [v for v in COLOURS if v and any(row["verdict"] == v for row in rows)]
+    fig.legend(handles=[Patch(color=COLOURS[v], label=v) for v in verdicts], fontsize=7, loc="outside lower center",
+               ncols=len(verdicts))
+    if timed:
+        time_ax = axes[1]
+        tflops = [row.get("tflops_per_gpu") or 0.0 for row in rows]
+        time_ax.barh(y, tflops, color=["#3b6fb6" if row.get("rank") else "#b9c7dd" for row in rows])
+        for i, value in enumerate(tflops):
+            time_ax.text(value, i, f" {value:.0f}", va="center", fontsize=7)
+        time_ax.set_xlabel("predicted TFLOP/s per GPU (ranked: dark)")
+    fig.suptitle(title, fontsize=8)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    return atomic_write_bytes(path, buffer.getvalue())

@@ -1,0 +1,189 @@
+"""Issue 16's validation: the calibrated verdicts, the time model and the ranking against the
+paper's 454 runs, every number from constants fitted on the *other* GPU type.
+
+Two directions: fit on the A100 runs (Tables 3, 6) and predict the H100 runs (Tables 4, 10, 11),
+and the reverse; "combined" pools the two held-out halves, so every one of the 454 runs is
+predicted by a model that never saw its GPU type. The fits are ``timing.fit`` (time) and
+``oomfit.fit_memory`` (memory); the ranking among a column's runs is ``advisor.ranking.order``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from statistics import fmean
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from advisor.ranking import RANK_BY, order
+from advisor.sweep import ranking_key
+from advisor.throughput import Calibration
+from advisor.verdicts import CALIBRATED_VERDICTS, MemoryCalibration, verdict_for
+from tables.seed004 import oomfit, timing
+from tables.seed004.reality import Run
+
+GPUS = ("A100-40GB", "H100-94GB")
+TIGHT = (0.8, 1.0)
+"""The paper's tight band of Eq. 18's memory fraction."""
+MAPE_TABLES = (3, 4, 6, 10)
+
+
+@dataclass(frozen=True, slots=True)
+class Direction:
+    """Constants fitted on one GPU type's runs."""
+
+    train: str
+    test: str
+    time: Calibration
+    memory: MemoryCalibration
+
+    @property
+    def name(self) -> str:
+        return f"{self.train.split('-')[0]} -> {self.test.split('-')[0]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """One run as the model fitted on the other GPU type sees it."""
+
+    run: Run
+    direction: Direction
+    usage_gib: float
+    verdict: str
+    tflops: float
+
+    @property
+    def ran(self) -> bool:
+        return self.run.outcome == "ran"
+
+    @property
+    def called_to_run(self) -> bool:
+        return self.verdict in ("fits", "likely fits")
+
+    @property
+    def correct(self) -> bool:
+        return self.called_to_run == self.ran
+
+    @property
+    def tight(self) -> bool:
+        return TIGHT[0] < self.run.row.memory_fraction <= TIGHT[1]
+
+    @property
+    def key(self) -> tuple:
+        return (self.run.table.number, self.run.paper.layout, self.run.paper.gpus)
+
+    def describe(self) -> str:
+        tp, cp, pp, mbs = self.run.paper.layout
+        return (f"Table {self.run.table.number}, ({tp}, {cp}, {pp}, {mbs}) on {self.run.paper.gpus} GPUs: "
+                f"{self.verdict} ({self.usage_gib:.1f} of {self.run.table.memory_gib} GiB, "
+                f"margin {self.run.table.memory_gib - self.usage_gib:+.1f} GiB), {self.run.outcome}")
+
+
+def fit_direction(measured_tables, train: str, test: str) -> Direction:
+    runs = [t for t in measured_tables if t.paper.gpu == train]
+    time = timing.fit(timing.timed_runs(runs), label=f"the {train} runs that ran")
+    memory = oomfit.fit_memory(oomfit.memory_runs(runs), label=f"the {train} runs")
+    return Direction(train=train, test=test, time=time, memory=memory)
+
+
+def predict_direction(measured_tables, direction: Direction) -> list[Prediction]:
+    tables = [t for t in measured_tables if t.paper.gpu == direction.test]
+    memory_runs = oomfit.memory_runs(tables)
+    timed = [timing.TimedRun(t.paper.number, t.paper.gpu, t.paper.model, t.paper.seq_len, *r.paper.layout,
+                             r.paper.gpus, r.tflops) for t in tables for r in t.runs]
+    tflops = timing.predict(timed, direction.time)
+    cal = direction.memory
+    out = []
+    for mr, predicted in zip(memory_runs, tflops):
+        usage = mr.usage_gib(cal.reserve_fraction, cal.activation_factor)
+        out.append(Prediction(run=mr.run, direction=direction, usage_gib=usage,
+                              verdict=verdict_for(usage, mr.memory_gib, cal.band), tflops=float(predicted)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnPick:
+    """One measured column ranked by one rule."""
+
+    table: int
+    gpus: int
+    rank_by: str
+    pick: Prediction | None
+    best: Prediction | None
+
+    @property
+    def fraction(self) -> float | None:
+        if self.best is None or self.pick is None:
+            return None if self.best is None else 0.0
+        return (self.pick.run.tflops if self.pick.ran else 0.0) / self.best.run.tflops
+
+
+def column_picks(predictions: list[Prediction], rank_by: str) -> list[ColumnPick]:
+    columns: dict[tuple, list[Prediction]] = {}
+    for p in predictions:
+        columns.setdefault((p.run.table.number, p.run.paper.gpus), []).append(p)
+    picks = []
+    for (table, gpus), column in sorted(columns.items()):
+        ranked = order(column, rank_by, verdict=lambda p: p.verdict, paper_key=lambda p: ranking_key(p.run.row),
+                       tflops=lambda p: p.tflops, usage_gib=lambda p: p.usage_gib)
+        ran = [p for p in column if p.ran]
+        picks.append(ColumnPick(table, gpus, rank_by, ranked[0] if ranked else None,
+                                max(ran, key=lambda p: p.run.tflops) if ran else None))
+    return picks
+
+
+def spearman_by_column(predictions: list[Prediction]) -> list[tuple[tuple, float]]:
+    """Within-column Spearman of predicted vs measured TFLOP/s over the runs that ran (columns
+    with at least three distinct measurements)."""
+    columns: dict[tuple, list[Prediction]] = {}
+    for p in predictions:
+        if p.ran:
+            columns.setdefault((p.run.table.number, p.run.paper.gpus), []).append(p)
+    out = []
+    for key, column in sorted(columns.items()):
+        measured = [p.run.tflops for p in column]
+        if len(column) >= 3 and len(set(measured)) > 1:
+            out.append((key, float(spearmanr([p.tflops for p in column], measured).statistic)))
+    return out
+
+
+def mape(predictions: list[Prediction], tables) -> float | None:
+    errors = [abs(p.tflops / p.run.tflops - 1) for p in predictions if p.ran and p.run.table.number in tables]
+    return fmean(errors) if errors else None
+
+
+@dataclass(frozen=True)
+class Validation:
+    directions: tuple[Direction, ...]
+    predictions: tuple[Prediction, ...]
+    """All 454 runs, each from the direction that held its GPU type out."""
+
+    def of(self, direction: Direction | None = None) -> list[Prediction]:
+        return [p for p in self.predictions if direction is None or p.direction is direction]
+
+    @cached_property
+    def false_fits(self) -> list[Prediction]:
+        return [p for p in self.predictions if p.called_to_run and not p.ran]
+
+    def confusion(self, predictions: list[Prediction]) -> dict[str, dict[str, int]]:
+        return {v: {o: sum(p.verdict == v and p.run.outcome == o for p in predictions) for o in ("ran", "OOM")}
+                for v in CALIBRATED_VERDICTS}
+
+    def picks(self, rank_by: str, direction: Direction | None = None) -> list[ColumnPick]:
+        return column_picks(self.of(direction), rank_by)
+
+    @staticmethod
+    def summary(picks: list[ColumnPick]) -> tuple[float, float, int]:
+        scored = [p.fraction for p in picks if p.fraction is not None]
+        return fmean(scored), min(scored), len(scored)
+
+
+def validate(measured_tables) -> Validation:
+    a, h = GPUS
+    directions = (fit_direction(measured_tables, a, h), fit_direction(measured_tables, h, a))
+    predictions = tuple(p for d in directions for p in predict_direction(measured_tables, d))
+    return Validation(directions=directions, predictions=predictions)
+
+
+__all__ = ["RANK_BY", "Validation", "validate", "spearman_by_column", "mape", "MAPE_TABLES"]

@@ -1,0 +1,137 @@
+"""The time model: FLOP counts against Megatron-LM's own code, vectorisation, and properties."""
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from advisor.hardware import get_gpu
+from advisor.models import preset
+from advisor.throughput import Calibration, TimeModel, TimeOptions
+from advisor.throughput.flops import megatron_flops_per_iteration, padded_vocab
+from advisor.throughput.terms import Rates, gemm_time, ring_collective_time
+
+from conftest import ROOT
+
+# The project's read-only Megatron-LM checkouts sit beside the repository (shared/megatron-lm).
+CHECKOUT = next((base / "shared" / "megatron-lm" / "core_v0.15.2" for base in ROOT.parents
+                 if (base / "shared" / "megatron-lm" / "core_v0.15.2").is_dir()), Path("/nonexistent"))
+SPEC = preset("llama3.1-8b")
+H100 = get_gpu("h100-80gb")
+
+
+def megatron_num_floating_point_operations():
+    """``num_floating_point_operations`` from the real Megatron-LM checkout's training.py, executed
+    on its own (importing megatron.training needs CUDA-era dependencies)."""
+    path = CHECKOUT / "megatron" / "training" / "training.py"
+    if not path.exists():
+        pytest.skip("no Megatron-LM checkout in shared/megatron-lm beside the repository")
+    tree = ast.parse(path.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "num_floating_point_operations")
+    namespace: dict = {}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace["num_floating_point_operations"]
+
+
+def megatron_args(spec, seq_len, tp):
+    return SimpleNamespace(
+        num_layers=spec.num_layers, hidden_size=spec.hidden_size, ffn_hidden_size=spec.ffn_hidden_size,
+        num_attention_heads=spec.num_attention_heads, num_query_groups=spec.num_query_groups,
+        group_query_attention=True, kv_channels=spec.head_dim, seq_length=seq_len, swiglu=True,
+        padded_vocab_size=int(padded_vocab(spec, tp)), num_experts=None, moe_router_topk=1,
+        moe_ffn_hidden_size=None, moe_shared_expert_intermediate_size=None, mtp_num_layers=None,
+        multi_latent_attention=False, is_hybrid_model=False, moe_layer_freq=1, hybrid_override_pattern=None,
+    )
+
+
+@pytest.mark.parametrize("model, seq_len, tp", [("llama3.1-8b", 8192, 1), ("llama3.1-70b", 4096, 8),
+                                                ("llama3.1-405b", 8192, 8), ("llama3.2-1b", 2048, 2)])
+def test_flops_are_megatron_lms_own_count(model, seq_len, tp):
+    spec = preset(model)
+    ours = float(megatron_flops_per_iteration(spec, seq_len, 1024, "megatron", tp))
+    theirs = megatron_num_floating_point_operations()(megatron_args(spec, seq_len, tp), 1024)
+    assert ours == pytest.approx(theirs, rel=1e-12)
+
+
+def test_the_papers_convention_counts_the_full_score_matrix():
+    """The fork's formula (okoge-kaz/Megatron-LM v0.9.0-abci training.py), written out here."""
+    h, L, s, k, a, f = 4096, 32, 8192, 8, 32, 14336
+    v = int(padded_vocab(SPEC, 1))
+    fork = 12 * 1024 * s * L * h * h * ((1 + k / a + s / h) + f / h * 1.5 + v / (2 * L * h))
+    assert float(megatron_flops_per_iteration(SPEC, s, 1024, "paper")) == pytest.approx(fork, rel=1e-12)
+
+
+def test_gemm_and_ring_terms_by_hand():
+    cal = Calibration()
+    rates = Rates.of(H100, cal)
+    # 8192 x 4096 x 4096: 2.75e11 FLOPs at 0.7106 x 989e12 FLOP/s, plus the 13.8 us latency.
+    assert gemm_time(8192, 4096, 4096, rates) == pytest.approx(2 * 8192 * 4096 * 4096 / (0.7106 * 989e12) + 13.8e-6)
+    # A 1 GB all-gather over 8 NVLink ranks: 7/8 of it at 0.8 x 450 GB/s, plus 7 latencies.
+    one = ring_collective_time(1e9, 8, rates.nvlink_bytes_per_s, rates)
+    assert one == pytest.approx(7 / 8 * 1e9 / (cal.network_efficiency * 450e9) + 7 * cal.collective_latency_s)
+    assert ring_collective_time(1e9, 1, rates.nvlink_bytes_per_s, rates) == 0
+
+
+layouts = st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4, 8]),
+                    st.sampled_from([1, 2, 4, 8, 16]), st.sampled_from([1, 2, 4]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(layouts, min_size=2, max_size=12))
+def test_one_vectorised_call_equals_a_loop(batch):
+    model = TimeModel(SPEC, H100, 8192, 1024, Calibration())
+    tp, cp, pp, dp, mbs = (np.array(x) for x in zip(*batch))
+    together = model.step(tp, cp, pp, dp, mbs).total_s
+    alone = [float(model.step(*layout).total_s) for layout in batch]
+    assert together == pytest.approx(alone, rel=1e-12)
+
+
+def test_equal_stages_give_the_1f1b_and_interleaved_bubbles():
+    """(p - 1) / (v m) of the busy time (Narayanan et al. 2021, Section 2.2)."""
+    model = TimeModel(SPEC, H100, 8192, 1024, Calibration())
+    stage = model.stage(2, 1, 1, 8, pipeline_parallel=True)
+    p, m = 4, 1024 // 8
+    for v in (1, 2, 4):
+        step = model.step_from_stages([stage] * p, 2, 1, 8, 1, vpp=v)
+        busy = m * float(stage.total)
+        assert float(step.bubble_s) == pytest.approx((p - 1) / (v * m) * busy, rel=1e-9)
+
+
+def test_terms_vanish_where_their_parallelism_does():
+    model = TimeModel(SPEC, H100, 8192, 1024, Calibration())
+    step = model.step(1, 1, 1, 8, 1)
+    assert float(step.tp_comm_s) == float(step.cp_comm_s) == float(step.pp_comm_s) == float(step.bubble_s) == 0
+    assert float(step.data_wait_s) == 0  # Megatron's default data loader caches its mask
+    assert float(model.step(2, 2, 2, 2, 1).tp_comm_s) > 0 and float(model.step(2, 2, 2, 2, 1).cp_comm_s) >= 0
+
+
+def test_full_recomputation_adds_each_layers_forward_to_its_backward():
+    model = TimeModel(SPEC, H100, 8192, 1024, Calibration())
+    plain = model.stage(2, 1, 1, 8)
+    full = model.stage(2, 1, 1, 8, recompute="full", recompute_layers=8)
+    layer_forward, *_ = model.layer(2, 1, 1)
+    assert float(full.backward - plain.backward) == pytest.approx(8 * float(layer_forward))
+    assert float(full.forward) == pytest.approx(float(plain.forward))
+
+
+def test_more_gpus_never_slow_a_replica_down_and_tokens_per_s_is_consistent():
+    model = TimeModel(preset("llama3.1-70b"), H100, 8192, 1024, Calibration())
+    dp = np.array([1, 2, 4, 8, 16])
+    step = model.step(8, 1, 8, dp, 1)
+    assert np.all(np.diff(step.total_s) < 0)
+    numbers = model.throughput(step, 64 * dp, 8)
+    assert numbers["tokens_per_s"] == pytest.approx(1024 * 8192 / step.total_s)
+    assert numbers["mfu"] == pytest.approx(numbers["tflops_per_gpu"] / 989)
+
+
+def test_the_rebuilt_mask_bounds_a_replica_by_its_samples():
+    """The paper's data loader: a replica cannot beat gbs / dp samples x seconds per sample."""
+    options = TimeOptions(dataloader_mask="rebuilt")
+    model = TimeModel(SPEC, get_gpu("h100-94gb"), 32768, 1024, Calibration(), options)
+    step = model.step(np.array([4, 2]), np.array([1, 4]), 1, np.array([1, 1]), 1)
+    per_sample = Calibration().host_mask_ns_per_element * 1e-9 * (3200 / 4800) * 32768**2 / 2
+    assert step.total_s == pytest.approx([1024 * per_sample] * 2)
+    assert np.all(step.data_wait_s > 0)
