@@ -13,12 +13,11 @@ from functools import lru_cache
 from advisor.errors import AdvisorError
 from advisor.models import load_model
 from advisor.parallel import Workload
-from advisor.space import SpaceOptions
+from advisor.space import PAPER_SPACE
 from advisor.sweep import SweepRow, Verdict, classify, sweep
 from tables.seed004.paper import Layout, Misprint, PaperCell, PaperTable
 
 TOLERANCE_GIB = 0.01
-PAPER_SPACE = SpaceOptions(split="even", vpp=1, recompute="none")
 MISSING_EVIDENCE = "not in seed004_misprints.csv: no evidence on file"
 
 
