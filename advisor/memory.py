@@ -283,10 +283,15 @@ class StageModel:
     quantity may be a numpy array (they broadcast); ``num_microbatches`` may be inf (no cap).
 
     ``recompute_layers`` is N of full recomputation per layout (0: none); by default the
-    options' N when they ask for it."""
+    options' N when they ask for it.
+
+    ``calibrated`` (``advisor.verdicts.CalibratedTerms`` of these stages) makes ``total`` and
+    ``most_layers`` the calibrated model's usage instead of Eq. 18: every activation term is
+    linear in the bytes a layer keeps and its checkpoint, so their factors scale those, and the
+    bytes it adds join the fixed part. Such a model prices splits only (no ``terms``)."""
 
     def __init__(self, spec: LlamaSpec, seq_len: int, options: MemoryOptions, *, tp, cp, dp, mbs, pp, vpp,
-                 num_microbatches, stage, recompute_layers=None) -> None:
+                 num_microbatches, stage, recompute_layers=None, calibrated=None) -> None:
         t, c, d, b, p, v, i = (np.asarray(x) for x in (tp, cp, dp, mbs, pp, vpp, stage))
         if recompute_layers is None:
             recompute_layers = options.recompute_num_layers if options.recompute == "full" else 0
@@ -316,6 +321,12 @@ class StageModel:
         self.output_activations = np.where(
             last, eq.output_hidden_activation_bytes(spec, seq_len, b) / whole
             + eq.logits_bytes(spec, seq_len, b, vocab) / sharded, 0.0)
+        self.calibrated, self.added = calibrated is not None, 0.0
+        if calibrated is not None:
+            self.kept, self.checkpoint = self.kept * calibrated.layer_factor, self.checkpoint * calibrated.layer_factor
+            self.embedding_activations = self.embedding_activations * calibrated.embedding_factor
+            self.output_activations = self.output_activations * calibrated.output_factor
+            self.added = calibrated.added
 
     def layer_activations(self, layers):
         """Activations of a rank's transformer layers at its peak, all microbatches in flight
@@ -404,9 +415,12 @@ class StageModel:
         same sums, in the same order, as ``terms(layers).total``."""
         parameters = self.parameters(layers)
         states = eq.WEIGHT_BYTES * parameters + self.gradient_bytes * parameters + self.optimizer_bytes * parameters
-        return states + (self.layer_activations(layers) + self.embedding_activations + self.output_activations)
+        return states + (self.layer_activations(layers) + self.embedding_activations + self.output_activations) \
+            + self.added
 
     def terms(self, layers) -> StageTerms:
+        if self.calibrated:
+            raise ValueError("a calibrated StageModel prices splits; Eq. 18's terms come from a plain one")
         parameters = self.parameters(layers)
         return StageTerms(
             parameters=parameters,

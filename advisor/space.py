@@ -22,7 +22,10 @@ chunks per rank (VPP) and the recomputation:
 For each (TP, CP, PP, DP, MBS) the space offers one row: its best variant. Without a time model
 that is no interleaving, the fewest recomputed layers that fit, and the split with the lowest
 peak (``splits.lowest_memory``). With one (``timing``), the variant and split with the shortest
-predicted step among those that fit (``splits.fastest_within``, MadPipe's planner).
+predicted step among those that fit (``splits.fastest_within``, MadPipe's planner). "Fit" is
+the verdicts' own rule: Eq. 18 within the threshold (then within the memory: tight), or, with
+``memory_calibration``, the calibrated model's usage within 1 - band of the memory (then within
+it: likely fits), priced by the same vectorised stage model with ``advisor.verdicts``' terms.
 
 Pruning (only what provably cannot win; counted, and reported by the sweep):
 
@@ -48,6 +51,7 @@ from advisor.memory import GIB, MemoryOptions, StageModel, StageTerms, tp_proble
 from advisor.models import LlamaSpec
 from advisor.parallel import Workload
 from advisor.splits import Pipelines, Split, fastest_within, fill, lowest_memory, memory_caps, min_max
+from advisor.verdicts import MemoryCalibration, calibrated_terms
 
 if TYPE_CHECKING:
     from advisor.rank_times import LayoutTimes, Timing
@@ -70,6 +74,10 @@ class SpaceOptions:
     """Pins --recompute-method with ``recompute='full'``; None: block, N searched."""
     recompute_num_layers: int | None = None
     """Pins --recompute-num-layers with ``recompute='full'``; None: searched."""
+
+
+PAPER_SPACE = SpaceOptions(split="even", vpp=1, recompute="none")
+"""Seed 004's space: Megatron's even split (PP divides L), no interleaving, no recomputation."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +213,7 @@ class _Pricer:
     as wide as their deepest pipeline; grouping keeps shallow ones from paying for deep ones)."""
 
     def __init__(self, spec: LlamaSpec, workload: Workload, options: MemoryOptions, variants: Variants,
-                 times: LayoutTimes | None = None, even: bool = False) -> None:
+                 times: LayoutTimes | None = None, even: bool = False, calibrated=None) -> None:
         self.variants, self.layers, self.even = variants, spec.num_layers, even
         self.width = int(variants.pp.max()) if len(variants) else 1
         self.groups = []
@@ -215,16 +223,23 @@ class _Pricer:
             part = variants.take(index)
             layout = dict(tp=part.tp[col], cp=part.cp[col], dp=part.dp[col], mbs=part.mbs[col], pp=depth,
                           vpp=part.vpp[col], stage=np.arange(depth)[None, :], recompute_layers=part.recompute_layers[col])
+            if calibrated is not None:  # (MemoryCalibration, GPU memory): the calibrated model's usage
+                layout["calibrated"] = calibrated_terms(
+                    spec, workload.seq_len, layout["mbs"], layout["tp"], layout["cp"], layout["stage"], depth,
+                    layout["recompute_layers"] > 0, options, *calibrated)
             model = StageModel(spec, workload.seq_len, part.options(options), num_microbatches=part.microbatches[col],
                                **layout)
             ranks = None if times is None else times.ranks(part.base, part.vpp, part.recomputed(spec.num_layers), depth)
             self.groups.append((index, model, ranks, Pipelines(pp=part.pp, vpp=part.vpp, layers=spec.num_layers)))
         self.times = times
 
-    def _each(self, plan) -> Split:
+    def _each(self, plan, memory: _Pricer | None = None) -> Split:
+        """``plan(memory model, times, pipelines)`` per group; the memory models of ``memory``
+        (a pricer of the same bases and VPP) where given."""
         counts = np.zeros((len(self.variants), self.width), dtype=np.int64)
         value, feasible = np.full(len(self.variants), np.inf), np.zeros(len(self.variants), dtype=bool)
-        for index, model, times, pipelines in self.groups:
+        models = [group[1] for group in (memory or self).groups]
+        for (index, _, times, pipelines), model in zip(self.groups, models):
             split = plan(model, times, pipelines)
             counts[index, :split.counts.shape[1]] = split.counts
             value[index], feasible[index] = split.value, split.feasible
@@ -252,8 +267,9 @@ class _Pricer:
             return self._each(lambda model, times, pipelines: self._even(model.total, pipelines))
         return self._each(lambda model, times, pipelines: lowest_memory(model.total, pipelines, model.most_layers))
 
-    def fastest(self, limit: float) -> Split:
-        """MadPipe's split within ``limit`` bytes per GPU (inf: memory ignored)."""
+    def fastest(self, limit: float, memory: _Pricer | None = None) -> Split:
+        """MadPipe's split within ``limit`` bytes per GPU (inf: memory ignored); the memory of
+        ``memory``'s variants (the same bases and VPP) where given."""
         def plan(model, times, pipelines):
             if self.even:
                 split = self._even(times, pipelines)
@@ -263,7 +279,7 @@ class _Pricer:
                 return min_max(times, pipelines, inverse=times.inverse)
             return fastest_within(times, model.total, pipelines, limit, time_inverse=times.inverse,
                                   memory_inverse=model.most_layers)
-        return self._each(plan)
+        return self._each(plan, memory)
 
     def steps(self, counts: np.ndarray, which: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The time model's iteration of the variants ``which`` (default all) with ``counts``
@@ -349,6 +365,8 @@ class _Search:
     timing: Timing | None
     even: bool
 
+    calibrated: tuple | None = None
+    """(MemoryCalibration, GPU memory in GiB): plan against the calibrated model's usage."""
     times: dict = field(default_factory=dict)
     """LayoutTimes of every base, per recomputation family (selective or not), made once."""
 
@@ -360,13 +378,26 @@ class _Search:
                 self.times[variants.selective] = self.timing.layouts(
                     tp=bases.tp, cp=bases.cp, dp=bases.dp, mbs=bases.mbs, pp=bases.pp, selective=variants.selective)
             times = self.times[variants.selective]
-        return _Pricer(self.spec, self.workload, self.options, variants, times, self.even)
+        return _Pricer(self.spec, self.workload, self.options, variants, times, self.even, self.calibrated)
 
 
 def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> tuple[np.ndarray, int]:
     """Per variant (its N ignored), the fewest recomputed layers N in [low, high] with which some
     split fits within ``limit`` (-1 where none does), and how many (variant, N) were priced:
-    memory never grows with N, so the lowest first, then bisection."""
+    with the block method memory never grows with N, so the lowest first, then bisection; the
+    uniform method's does not fall with N (fewer checkpoints, a larger unit rebuilt), so every N
+    in turn."""
+    if variants.uniform:
+        least, n, priced = np.full(len(variants), -1), low.copy(), 0
+        open_ = n <= high
+        while open_.any():
+            index = np.flatnonzero(open_)
+            ok = search.pricer(variants.take(index).with_recompute(n[index])).fits(limit)
+            priced += len(index)
+            least[index[ok]] = n[index[ok]]
+            n[index] += 1
+            open_[index] = ~ok & (n[index] <= high[index])
+        return least, priced
     fits_low = search.pricer(variants.with_recompute(low)).fits(limit)  # most need none
     rest = np.flatnonzero(~fits_low & (high > low))
     fits_high = fits_low.copy()
@@ -436,10 +467,15 @@ class _Picks:
 
 def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float,
            max_tp: int, options: MemoryOptions, space: SpaceOptions = SpaceOptions(),
-           timing: Timing | None = None) -> SpaceResult:
-    """One row per launchable (TP, CP, PP, DP, MBS): its best variant and split (module docstring)."""
+           timing: Timing | None = None, memory_calibration: MemoryCalibration | None = None) -> SpaceResult:
+    """One row per launchable (TP, CP, PP, DP, MBS): its best variant and split (module docstring).
+
+    Plans against Eq. 18 with its ``threshold`` (fits, then tight), or, with a
+    ``memory_calibration``, against the calibrated model's usage (``advisor.verdicts``: fits,
+    within 1 - band of the memory, then likely fits, within all of it)."""
     layers = spec.num_layers
-    state = _Search(spec, workload, options, timing, space.split == "even")
+    calibrated = None if memory_calibration is None else (memory_calibration, memory_gib)
+    state = _Search(spec, workload, options, timing, space.split == "even", calibrated)
     bases = launchable(spec, workload, gpus, max_tp, options, space.split)
     group_base, group_vpp = _groups(spec, bases, space)
     if space.vpp is not None:  # a pinned VPP drops the layouts that cannot interleave that way
@@ -463,7 +499,8 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
     group_base, group_vpp = group_base[keep], group_vpp[keep]
     picks = _Picks(len(bases), int(bases.pp.max()) if len(bases) else 1)
     evaluated = 0
-    for limit in (threshold * memory_gib * GIB, memory_gib * GIB):
+    first = threshold if memory_calibration is None else 1 - memory_calibration.band
+    for limit in (first * memory_gib * GIB, memory_gib * GIB):
         open_ = picks.open[group_base]
         found = []
         for family, (selective, uniform) in enumerate(families):
@@ -543,11 +580,13 @@ def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, 
 def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
     """Per variant, from its least N upwards, MadPipe's split within ``limit`` and its step.
 
-    More recomputation can only lengthen every rank's time, so the smallest period any N' > N
-    can reach is at least the period of N's split with the memory limit ignored; once that is
-    no better than the best period found, no larger N can shorten the period, and the search
-    stops. The step time picks among the N planned. Returns (step, N, counts, variants planned
-    beyond their least N)."""
+    More recomputation can only lengthen every rank's time, and (block method) only lower its
+    memory, so the smallest period any N' > N can reach is at least that of the fastest split
+    with N's times and the memory of the highest N (uniform: with the memory limit ignored);
+    once that is no better than the best period found, no larger N can shorten the period, nor
+    the step (which grows with the period and with the sum of the ranks' times, and that sum
+    grows with N), and the search stops. The step time picks among the N planned. Returns
+    (step, N, counts, variants planned beyond their least N)."""
     count = len(variants)
     best, best_period = np.full(count, np.inf), np.full(count, np.inf)
     best_n = np.full(count, -1)
@@ -570,7 +609,10 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
         best_n[index[better]] = n[index[better]]
         best_counts[index[better], :split.counts.shape[1]] = split.counts[better]
         best_period[index] = np.minimum(best_period[index], split.value)
-        free = pricer.fastest(np.inf).value  # no N' > N has a shorter period than this
+        if variants.uniform:
+            free = pricer.fastest(np.inf).value  # no N' > N has a shorter period than this
+        else:
+            free = pricer.fastest(limit, memory=search.pricer(variants.take(index).with_recompute(high[index]))).value
         n[index] += 1
         open_[index] = (n[index] <= high[index]) & (free < best_period[index])
     return best, best_n, best_counts, planned
@@ -584,7 +626,7 @@ def _rows(search: _Search, bases: Bases, picks: _Picks, families: list) -> Chose
         members = np.flatnonzero(picks.family == family)
         if not members.size:
             continue
-        pricer = replace(search, timing=None, times={}).pricer(picks.variants(members, bases, families))
+        pricer = replace(search, timing=None, times={}, calibrated=None).pricer(picks.variants(members, bases, families))
         part = pricer.terms(picks.counts[members][:, :pricer.width])
         for name, values in terms.items():
             values[members, :pricer.width] = getattr(part, name)

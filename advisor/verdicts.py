@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from advisor.errors import AdvisorError
 from advisor.memory import GIB, MemoryEstimate, MemoryOptions
 from advisor.models import LlamaSpec
@@ -95,25 +97,55 @@ class Assessment:
         return {"usage_gib": self.usage_gib, "margin_gib": self.margin_gib, "calibrated_peak_stage": self.peak_stage}
 
 
+@dataclass(frozen=True, slots=True)
+class CalibratedTerms:
+    """The calibrated model on top of Eq. 18's terms of a pipeline stage: factors on its three
+    activation terms and the bytes it adds. Fields are numbers or numpy arrays that broadcast over
+    layouts and stages (the sweep's planners use them vectorised, ``memory.StageModel``)."""
+
+    layer_factor: object
+    """The allocator's factor times the share of Eq. 12 megatron-core keeps (fused SwiGLU; 1 with
+    full recomputation, whose layers keep only their input)."""
+    embedding_factor: object
+    """The allocator's factor times the share of Eq. 13 kept (the int64 token ids)."""
+    output_factor: object
+    added: object
+    """Runtime memory and the allocator's reserve on every stage; the cross-entropy's BF16
+    logits on the last; the data loader's mask on the first and the last."""
+
+    def stage_bytes(self, model_states, layer_activations, embedding_activations, output_activations):
+        return (model_states + self.layer_factor * layer_activations + self.embedding_factor * embedding_activations
+                + self.output_factor * output_activations + self.added)
+
+
+def calibrated_terms(
+    spec: LlamaSpec, seq_len: int, mbs, tp, cp, stage, pp, full_recompute, options: MemoryOptions,
+    calibration: MemoryCalibration, memory_gib: float,
+) -> CalibratedTerms:
+    """The calibrated model's terms for stage ``stage`` of ``pp`` (any of them numpy arrays)."""
+    vocab = padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, tp)
+    first, last = np.asarray(stage) == 0, np.asarray(stage) == np.asarray(pp) - 1
+    added = terms.runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * memory_gib * GIB
+    added = added + np.where(last, terms.cross_entropy_working_bytes(spec, seq_len, mbs, tp, cp, vocab), 0.0)
+    if calibration.dataloader_mask:
+        added = added + np.where(first | last, terms.dataloader_mask_bytes(seq_len, mbs, cp), 0.0)
+    factor = calibration.activation_factor
+    return CalibratedTerms(
+        layer_factor=factor * np.where(full_recompute, 1.0, terms.swiglu_fusion_fraction(spec)),
+        embedding_factor=factor * terms.embedding_ids_fraction(spec), output_factor=factor, added=added)
+
+
 def calibrated_stage_bytes(
     estimate: MemoryEstimate, spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int,
     options: MemoryOptions, calibration: MemoryCalibration, memory_gib: float,
 ) -> list[float]:
     """Predicted device memory of each pipeline stage on a GPU of ``memory_gib``, bytes."""
-    vocab = padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, tp)
-    last = len(estimate.stages) - 1
-    out = []
-    for stage in estimate.stages:
-        activations = stage.activations_bytes + terms.swiglu_fusion_correction_bytes(stage, spec, options.recompute) + (
-            terms.embedding_ids_correction_bytes(stage, spec) if stage.stage == 0 else 0.0
-        )
-        extra = terms.runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * memory_gib * GIB
-        if stage.stage == last:
-            extra += terms.cross_entropy_working_bytes(spec, seq_len, mbs, tp, cp, vocab)
-        if calibration.dataloader_mask and stage.stage in (0, last):
-            extra += terms.dataloader_mask_bytes(seq_len, mbs, cp)
-        out.append(stage.model_states_bytes + calibration.activation_factor * activations + extra)
-    return out
+    stages = estimate.stages
+    calibrated = calibrated_terms(spec, seq_len, mbs, tp, cp, [s.stage for s in stages], len(stages),
+                                  options.recompute == "full", options, calibration, memory_gib)
+    per_stage = calibrated.stage_bytes(*(np.array([getattr(s, name) for s in stages]) for name in (
+        "model_states_bytes", "layer_activations_bytes", "embedding_activations_bytes", "output_activations_bytes")))
+    return [float(x) for x in per_stage]
 
 
 def verdict_for(usage_gib: float, memory_gib: float, band: float) -> CalibratedVerdict:

@@ -33,9 +33,10 @@ def test_the_closed_form_inverse_is_the_bisection(model, tp, cp, pp, recompute, 
     assert closed[0].tolist() == [int(every[within[:, i], 0].max(initial=vpp - 1)) for i in range(pp)]
 
 
-def _plan_every_variant(spec, workload, gpus, memory_gib, timing):
+def _plan_every_variant(spec, workload, gpus, memory_gib, timing, calibration=None):
     """Per base layout, every (VPP, N) the space offers, planned without any pruning: its MadPipe
-    split within 80% of the memory and that split's step (the space's own planner and pricing)."""
+    split within 80% of the memory (calibrated: within 1 - band of it, by the calibrated model)
+    and that split's step (the space's own planner and pricing)."""
     from advisor.space import SpaceOptions, Variants, _groups, _Pricer, _recompute_range, launchable
 
     options = MemoryOptions()
@@ -46,8 +47,9 @@ def _plan_every_variant(spec, workload, gpus, memory_gib, timing):
     n = np.concatenate([np.arange(a, b + 1) for a, b in zip(low, high)])
     variants = Variants(group_base[owner], bases, group_vpp[owner], n)
     times = timing.layouts(tp=bases.tp, cp=bases.cp, dp=bases.dp, mbs=bases.mbs, pp=bases.pp, selective=False)
-    pricer = _Pricer(spec, workload, options, variants, times)
-    split = pricer.fastest(0.8 * memory_gib * 2**30)
+    calibrated = None if calibration is None else (calibration, memory_gib)
+    pricer = _Pricer(spec, workload, options, variants, times, calibrated=calibrated)
+    split = pricer.fastest(_limit(memory_gib, calibration))
     step = np.full(len(variants), np.inf)
     ok = np.flatnonzero(split.feasible)
     step[ok] = pricer.step_time(split.counts, ok)
@@ -56,23 +58,48 @@ def _plan_every_variant(spec, workload, gpus, memory_gib, timing):
     return bases, best
 
 
+def _limit(memory_gib, calibration):
+    return (0.8 if calibration is None else 1 - calibration.band) * memory_gib * 2**30
+
+
+def _usage(spec, workload, chosen, bases, memory_gib, calibration):
+    """Each row's peak bytes per GPU: Eq. 18, or the calibrated model's (``advisor.verdicts``)."""
+    if calibration is None:
+        return chosen.terms.total.max(axis=1)
+    from advisor.verdicts import calibrated_terms
+
+    col = (slice(None), None)
+    width = chosen.terms.total.shape[1]
+    terms = calibrated_terms(spec, workload.seq_len, bases.mbs[col], bases.tp[col], bases.cp[col],
+                             np.arange(width)[None, :], bases.pp[col], chosen.recompute_layers[col] > 0,
+                             MemoryOptions(), calibration, memory_gib)
+    t = chosen.terms
+    usage = terms.stage_bytes(t.model_states, t.layer_activations, t.embedding_activations, t.output_activations)
+    return np.where(np.arange(width)[None, :] < bases.pp[col], usage, -np.inf).max(axis=1)
+
+
+@pytest.mark.parametrize("calibrated", [False, True])
 @pytest.mark.parametrize("model,gpus,gbs,memory", [("llama3.2-1b", 8, 64, 16), ("llama3.2-3b", 16, 128, 24),
                                                    ("llama3.1-8b", 32, 256, 40)])
-def test_the_time_chooser_loses_no_layouts_best_variant(model, gpus, gbs, memory):
+def test_the_time_chooser_loses_no_layouts_best_variant(model, gpus, gbs, memory, calibrated):
     """With the time model, each row is the fastest (VPP, recomputation, split) of its layout that
-    fits: the pruning (bounds, the period rule for N) drops nothing that would have won."""
+    fits (Eq. 18's 80%, or the calibrated model's 'fits'): the pruning (bounds, the period rule
+    for N) drops nothing that would have won."""
     from advisor.hardware import get_gpu
     from advisor.rank_times import Timing
     from advisor.space import search
     from advisor.throughput import TimeModel
+    from advisor.verdicts import MemoryCalibration
 
     spec = PRESETS[model]
     workload = Workload(seq_len=4096, global_batch_size=gbs)
     timing = Timing(TimeModel(spec, get_gpu("h100-80gb"), 4096, gbs), 8)
-    bases, best = _plan_every_variant(spec, workload, gpus, memory, timing)
-    result = search(spec, workload, gpus, memory, threshold=0.8, max_tp=8, options=MemoryOptions(), timing=timing)
+    calibration = MemoryCalibration(reserve_fraction=0.08, activation_factor=1.15, band=0.04) if calibrated else None
+    bases, best = _plan_every_variant(spec, workload, gpus, memory, timing, calibration)
+    result = search(spec, workload, gpus, memory, threshold=0.8, max_tp=8, options=MemoryOptions(), timing=timing,
+                    memory_calibration=calibration)
     assert len(result.bases) == len(bases) and result.evaluated < result.considered
-    fits = result.chosen.terms.total.max(axis=1) <= 0.8 * memory * 2**30
+    fits = _usage(spec, workload, result.chosen, bases, memory, calibration) <= _limit(memory, calibration)
     assert np.isfinite(best).any()
     for b in range(len(bases)):
         if np.isfinite(best[b]):
@@ -98,3 +125,57 @@ def test_without_a_time_model_each_row_recomputes_the_fewest_layers_that_fit(mod
         assert not (ok & fits & (chosen.recompute_layers > n)).any()  # a smaller N would have fit
         assert not (ok & ~fits).any()  # a row marked not fitting that some N fits
     assert fits.any()
+
+
+def test_the_pinned_uniform_method_takes_the_least_n_that_fits_though_memory_is_not_monotone_in_n():
+    """--recompute-method uniform: N layers per checkpointed unit; fewer checkpoints but a larger
+    unit rebuilt, so memory does not fall with N (no bisection): every N is tried."""
+    from advisor.space import SpaceOptions, Variants, _Pricer, _recompute_range, search
+
+    spec, memory = PRESETS["llama3.1-70b"], 34.5  # where some layouts fit with N = 2 or 3 only
+    workload = Workload(seq_len=8192, global_batch_size=1024)
+    space = SpaceOptions(recompute="full", recompute_method="uniform")
+    options = MemoryOptions()
+    result = search(spec, workload, 64, memory, threshold=0.8, max_tp=8, options=options, space=space)
+    bases, chosen = result.bases, result.chosen
+    ones = np.ones(len(bases), np.int64)
+    low, high = _recompute_range(bases.pp, ones, spec.num_layers, space, False)
+    least = np.full(len(bases), -1)
+    totals = []
+    for n in range(1, int(high.max()) + 1):
+        variants = Variants(np.arange(len(bases)), bases, ones, np.full(len(bases), n), uniform=True)
+        pricer = _Pricer(spec, workload, options, variants)
+        ok = pricer.fits(0.8 * memory * 2**30) & (n <= high)
+        least = np.where((least < 0) & ok, n, least)
+        totals.append(pricer.lowest().value)
+    assert (least > 1).any() and (np.diff(np.array(totals), axis=0) > 0).any()  # not monotone
+    fits = chosen.terms.total.max(axis=1) <= 0.8 * memory * 2**30
+    assert (np.where(fits, chosen.recompute_layers, -1) == least).all()
+    assert set(chosen.recompute_method[fits]) == {"uniform"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["llama3.1-8b", "llama3.1-70b"]), st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]),
+       st.integers(1, 8), st.integers(1, 3), st.integers(0, 4), st.integers(1, 4), st.booleans())
+def test_the_planners_calibrated_stage_model_is_the_verdicts_usage(model, tp, cp, pp, vpp, recompute, mbs, mask):
+    """StageModel(calibrated=...) scales Eq. 18's activation terms inside the planner; per stage it
+    is what ``advisor.verdicts`` computes from the same layout's estimate."""
+    from advisor.memory import estimate_memory
+    from advisor.parallel import ParallelConfig
+    from advisor.verdicts import MemoryCalibration, calibrated_stage_bytes, calibrated_terms
+
+    spec, memory = PRESETS[model], 80.0
+    vpp = vpp if pp > 1 else 1
+    options = MemoryOptions(recompute="full" if recompute else "none", recompute_method="block",
+                            recompute_num_layers=max(recompute, 1))
+    calibration = MemoryCalibration(reserve_fraction=0.07, activation_factor=1.2, band=0.05, dataloader_mask=mask)
+    parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=2, mbs=mbs, vpp=vpp)
+    workload = Workload(seq_len=8192, global_batch_size=2 * mbs * pp * 4)
+    layers = [spec.num_layers // pp + (i < spec.num_layers % pp) for i in range(pp)]
+    estimate = estimate_memory(spec, parallel, workload, options, tuple(layers))
+    expected = calibrated_stage_bytes(estimate, spec, 8192, mbs, tp, cp, options, calibration, memory)
+    stage = np.arange(pp)
+    terms = calibrated_terms(spec, 8192, mbs, tp, cp, stage, pp, recompute > 0, options, calibration, memory)
+    planner = StageModel(spec, 8192, options, tp=tp, cp=cp, dp=2, mbs=mbs, pp=pp, vpp=vpp,
+                         num_microbatches=workload.num_microbatches(parallel), stage=stage, calibrated=terms)
+    assert planner.total(np.array(layers)) == pytest.approx(expected, rel=1e-12)
