@@ -58,13 +58,10 @@ def chunk_layers(layers_per_stage: list[int] | tuple[int, ...], virtual_stages: 
     of pipeline rank i, as Megatron's layout and interleaved schedule number them). A rank's layers
     are split as evenly as possible over its chunks, the remainder on its last chunks, where the
     estimator prices it (``advisor.schedule``: this keeps the warm-up peak the rank's highest)."""
-    pp, counts = len(layers_per_stage), []
-    for chunk in range(virtual_stages):
-        for layers in layers_per_stage:
-            base, extra = divmod(layers, virtual_stages)
-            counts.append(base + (chunk >= virtual_stages - extra))
-    assert len(counts) == pp * virtual_stages
-    return counts
+    if virtual_stages == 1:
+        return list(layers_per_stage)
+    ranks = [divmod(layers, virtual_stages) for layers in layers_per_stage]
+    return [base + (chunk >= virtual_stages - extra) for chunk in range(virtual_stages) for base, extra in ranks]
 
 
 def pipeline_layout(layers_per_stage: list[int] | tuple[int, ...], virtual_stages: int = 1) -> str:

@@ -140,12 +140,12 @@ def calibrated_stage_bytes(
     options: MemoryOptions, calibration: MemoryCalibration, memory_gib: float,
 ) -> list[float]:
     """Predicted device memory of each pipeline stage on a GPU of ``memory_gib``, bytes."""
-    stages = estimate.stages
-    calibrated = calibrated_terms(spec, seq_len, mbs, tp, cp, [s.stage for s in stages], len(stages),
-                                  options.recompute == "full", options, calibration, memory_gib)
-    per_stage = calibrated.stage_bytes(*(np.array([getattr(s, name) for s in stages]) for name in (
-        "model_states_bytes", "layer_activations_bytes", "embedding_activations_bytes", "output_activations_bytes")))
-    return [float(x) for x in per_stage]
+    t, pp = estimate.terms, len(estimate.layers)
+    calibrated = calibrated_terms(spec, seq_len, mbs, tp, cp, np.arange(pp), pp, options.recompute == "full", options,
+                                  calibration, memory_gib)
+    per_stage = calibrated.stage_bytes(t.model_states, t.layer_activations, t.embedding_activations,
+                                       t.output_activations)
+    return np.broadcast_to(per_stage, (pp,)).tolist()
 
 
 def verdict_for(usage_gib: float, memory_gib: float, band: float) -> CalibratedVerdict:
