@@ -117,9 +117,10 @@ def compare_rank(profile: RankProfile, iteration: int | None = None) -> list[Ter
 
 
 def stage_estimate(profile: RankProfile):
-    """Seed 004's StageMemory for this rank's stage, with the run's own layer split."""
+    """Seed 004's StageMemory for this rank's stage, with the run's own layer split and batch:
+    with fewer microbatches m than stages, stage i holds min(p - i, m) (not p - i)."""
     h = profile.header
-    workload = Workload(seq_len=h.seq_len, global_batch_size=None)
+    workload = Workload(seq_len=h.seq_len, global_batch_size=h.global_batch_size)
     estimate = estimate_memory(h.model, h.parallel, workload, run_options(profile), tuple(h.layers_per_stage))
     return estimate.stages[h.coords.get("pp", 0)]
 

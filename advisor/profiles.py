@@ -36,8 +36,9 @@ version 2 (version 1 files are read too: see below). Every line is one JSON obje
     error and where (null unless the run failed; where says how far it got).
 
 Memory is in bytes. Version 1 files have no ``kernels`` (read as "cuda" on the CUDA backend,
-"cpu" otherwise) and no per-layer times (read as null). A writer rewrites the whole file atomically (``advisor.fileio``) after
-each iteration, so a killed run leaves a valid file whose end record says "running".
+"cpu" otherwise) and no per-layer times (read as null). A writer rewrites the whole file
+atomically (``advisor.fileio``) after each iteration, so a killed run leaves a valid file whose
+end record says "running".
 """
 
 from __future__ import annotations

@@ -50,8 +50,9 @@ def order(
 
 # --- what the sweep calls ------------------------------------------------------------------
 
-MemoryModel = Literal["paper", "calibrated"]
-MEMORY_MODELS: tuple[MemoryModel, ...] = ("paper", "calibrated")
+MemoryModel = Literal["paper", "calibrated", "profile"]
+MEMORY_MODELS: tuple[MemoryModel, ...] = ("paper", "calibrated", "profile")
+"""'profile': the calibrated model with measured activations (``advisor.profile_terms``)."""
 SECONDS_PER_DAY = 86400.0
 
 
@@ -77,7 +78,7 @@ def timing_fields(model, step, gpus, tp, tokens: float | None = None) -> list[di
 
 def assess_rows(rows, spec, workload, memory_gib: float, *, gpu=None, memory_model: MemoryModel = "paper",
                 rank_by: RankBy | None = None, options=None, time_options=None, tokens: float | None = None,
-                threshold: float = 0.8, memory_calibration=None, calibration=None):
+                threshold: float = 0.8, memory_calibration=None, calibration=None, measured=None):
     """The sweep's rows with verdicts (Eq. 18's 80% rule, or the calibrated model), predicted
     time where a GPU preset is given, and ranks in ``rank_by`` order (default: throughput with a
     preset, the paper's rule without). Returns the ranked rows first, then the unranked."""
@@ -92,15 +93,17 @@ def assess_rows(rows, spec, workload, memory_gib: float, *, gpu=None, memory_mod
 
     if memory_model not in MEMORY_MODELS:
         raise AdvisorError(f"--memory-model must be one of {', '.join(MEMORY_MODELS)}, got {memory_model!r}")
+    if (memory_model == "profile") != (measured is not None):
+        raise AdvisorError("--memory-model profile and --profile DIR go together")
     rank_by = rank_by or ("throughput" if gpu is not None else "paper")
     options = options or MemoryOptions()
     out = []
     for row in rows:
         p = row.parallel
-        if memory_model == "calibrated":
+        if memory_model in ("calibrated", "profile"):
             row_options = getattr(row, "options", None) or options  # a sweep row carries its own recomputation
             a = assess(row.estimate, spec, workload.seq_len, p.mbs, p.tp, p.cp, memory_gib, row_options,
-                       memory_calibration)
+                       memory_calibration, measured)
             out.append(replace(row, verdict=a.verdict, assessment=a, rank=None))
         else:
             out.append(replace(row, verdict=classify(row.estimate.total_gib, memory_gib, threshold), rank=None))

@@ -223,7 +223,7 @@ class _Pricer:
             part = variants.take(index)
             layout = dict(tp=part.tp[col], cp=part.cp[col], dp=part.dp[col], mbs=part.mbs[col], pp=depth,
                           vpp=part.vpp[col], stage=np.arange(depth)[None, :], recompute_layers=part.recompute_layers[col])
-            if calibrated is not None:  # (MemoryCalibration, GPU memory): the calibrated model's usage
+            if calibrated is not None:  # (MemoryCalibration, GPU memory, profiled ratios): the calibrated usage
                 layout["calibrated"] = calibrated_terms(
                     spec, workload.seq_len, layout["mbs"], layout["tp"], layout["cp"], layout["stage"], depth,
                     layout["recompute_layers"] > 0, options, *calibrated)
@@ -366,7 +366,8 @@ class _Search:
     even: bool
 
     calibrated: tuple | None = None
-    """(MemoryCalibration, GPU memory in GiB): plan against the calibrated model's usage."""
+    """(MemoryCalibration, GPU memory in GiB, MeasuredActivations or None): plan against the
+    calibrated (or profile) model's usage."""
     times: dict = field(default_factory=dict)
     """LayoutTimes of every base, per recomputation family (selective or not), made once."""
 
@@ -467,14 +468,16 @@ class _Picks:
 
 def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float,
            max_tp: int, options: MemoryOptions, space: SpaceOptions = SpaceOptions(),
-           timing: Timing | None = None, memory_calibration: MemoryCalibration | None = None) -> SpaceResult:
+           timing: Timing | None = None, memory_calibration: MemoryCalibration | None = None,
+           measured=None) -> SpaceResult:
     """One row per launchable (TP, CP, PP, DP, MBS): its best variant and split (module docstring).
 
     Plans against Eq. 18 with its ``threshold`` (fits, then tight), or, with a
     ``memory_calibration``, against the calibrated model's usage (``advisor.verdicts``: fits,
-    within 1 - band of the memory, then likely fits, within all of it)."""
+    within 1 - band of the memory, then likely fits, within all of it), its activations scaled by
+    the ``measured`` ratios of ``--memory-model profile`` where given."""
     layers = spec.num_layers
-    calibrated = None if memory_calibration is None else (memory_calibration, memory_gib)
+    calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
     state = _Search(spec, workload, options, timing, space.split == "even", calibrated)
     bases = launchable(spec, workload, gpus, max_tp, options, space.split)
     group_base, group_vpp = _groups(spec, bases, space)

@@ -159,15 +159,16 @@ def sweep(
     rank_by: str | None = None,
     time_options=None,
     tokens: float | None = None,
+    measured=None,
 ) -> Sweep:
     """One row per launchable (TP, CP, PP, DP, MBS), with its best split, VPP and recomputation.
 
     With a GPU preset (``gpu``, an ``advisor.hardware.GpuSpec``) the time model plans each row
     (MadPipe's splits, interleaving and recomputation where they are faster) and prices it;
     verdicts and ranking come from ``advisor.ranking.assess_rows`` (``memory_model`` 'paper':
-    Eq. 18 and the 80% rule, or 'calibrated'; the space is planned against the same model, its
-    variants and splits chosen to fit by the verdicts' own rule; ``rank_by`` throughput | memory |
-    paper)."""
+    Eq. 18 and the 80% rule, 'calibrated', or 'profile' with ``measured`` activations,
+    ``advisor.profile_terms``; the space is planned against the same model, its variants and
+    splits chosen to fit by the verdicts' own rule; ``rank_by`` throughput | memory | paper)."""
     from advisor.ranking import assess_rows, timing_fields
     from advisor.space import SpaceOptions, search
 
@@ -188,12 +189,12 @@ def sweep(
         timing = Timing(TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, None,
                                   time_options or TimeOptions()), gpu.gpus_per_node)
     memory_calibration = None
-    if memory_model == "calibrated":  # plan against the model that judges the rows
+    if memory_model in ("calibrated", "profile"):  # plan against the model that judges the rows
         from advisor.throughput.calibration import load_memory_calibration
 
         memory_calibration = load_memory_calibration()
     result = search(spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=options,
-                    space=space, timing=timing, memory_calibration=memory_calibration)
+                    space=space, timing=timing, memory_calibration=memory_calibration, measured=measured)
     bases, chosen = result.bases, result.chosen
     if not len(bases):
         split = "PP must divide" if space.split == "even" else "PP at most"
@@ -228,5 +229,5 @@ def sweep(
             options=row_options[recompute], timing=timings[b]))
     ranked = assess_rows(rows, spec, workload, memory_gib, memory_model=memory_model,
                          rank_by=rank_by or ("throughput" if timing is not None else "paper"), options=options,
-                         threshold=threshold, memory_calibration=memory_calibration)
+                         threshold=threshold, memory_calibration=memory_calibration, measured=measured)
     return Sweep(rows=ranked, considered=result.considered, evaluated=result.evaluated)

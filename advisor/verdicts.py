@@ -105,9 +105,9 @@ class CalibratedTerms:
 
     layer_factor: object
     """The allocator's factor times the share of Eq. 12 megatron-core keeps (fused SwiGLU; 1 with
-    full recomputation, whose layers keep only their input)."""
+    full recomputation, whose layers keep only their input), or the profiled ratio."""
     embedding_factor: object
-    """The allocator's factor times the share of Eq. 13 kept (the int64 token ids)."""
+    """The allocator's factor times the share of Eq. 13 kept (the int64 token ids), or the profiled ratio."""
     output_factor: object
     added: object
     """Runtime memory and the allocator's reserve on every stage; the cross-entropy's BF16
@@ -118,11 +118,29 @@ class CalibratedTerms:
                 + self.output_factor * output_activations + self.added)
 
 
+def _ratio(measured, kind: str, tp, cp, default: float):
+    """The profiled ratio measured / Eq. 12-14 of one module kind at each (tp, cp), arrays
+    broadcast (``MeasuredActivations.for_layout``); ``default`` where no profile measured it."""
+    if measured is None:
+        return default
+    if np.ndim(tp) == 0 and np.ndim(cp) == 0:
+        value = getattr(measured.for_layout(int(tp), int(cp)), kind)
+        return default if value is None else value
+    tp, cp = np.broadcast_arrays(np.asarray(tp), np.asarray(cp))
+    pairs = np.stack([tp.ravel(), cp.ravel()], axis=1)
+    unique, inverse = np.unique(pairs, axis=0, return_inverse=True)  # few distinct (TP, CP) among thousands
+    values = [getattr(measured.for_layout(int(t), int(c)), kind) for t, c in unique]
+    return np.array([default if v is None else v for v in values])[inverse.ravel()].reshape(tp.shape)
+
+
 def calibrated_terms(
     spec: LlamaSpec, seq_len: int, mbs, tp, cp, stage, pp, full_recompute, options: MemoryOptions,
-    calibration: MemoryCalibration, memory_gib: float,
+    calibration: MemoryCalibration, memory_gib: float, measured=None,
 ) -> CalibratedTerms:
-    """The calibrated model's terms for stage ``stage`` of ``pp`` (any of them numpy arrays)."""
+    """The calibrated model's terms for stage ``stage`` of ``pp`` (any of them numpy arrays).
+    ``measured`` (``advisor.profile_terms.MeasuredActivations``, ``--memory-model profile``)
+    replaces the Eq. 12-14 corrections by the profiled ratios measured / Eq. 12-14; fully
+    recomputed layers keep only their input, which no profile here measured: their term stays."""
     vocab = padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, tp)
     first, last = np.asarray(stage) == 0, np.asarray(stage) == np.asarray(pp) - 1
     added = terms.runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * memory_gib * GIB
@@ -130,19 +148,22 @@ def calibrated_terms(
     if calibration.dataloader_mask:
         added = added + np.where(first | last, terms.dataloader_mask_bytes(seq_len, mbs, cp), 0.0)
     factor = calibration.activation_factor
+    layer = _ratio(measured, "decoder", tp, cp, terms.swiglu_fusion_fraction(spec))
     return CalibratedTerms(
-        layer_factor=factor * np.where(full_recompute, 1.0, terms.swiglu_fusion_fraction(spec)),
-        embedding_factor=factor * terms.embedding_ids_fraction(spec), output_factor=factor, added=added)
+        layer_factor=factor * np.where(full_recompute, 1.0, layer),
+        embedding_factor=factor * _ratio(measured, "embedding", tp, cp, terms.embedding_ids_fraction(spec)),
+        output_factor=factor * _ratio(measured, "output", tp, cp, 1.0), added=added)
 
 
 def calibrated_stage_bytes(
     estimate: MemoryEstimate, spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int,
-    options: MemoryOptions, calibration: MemoryCalibration, memory_gib: float,
+    options: MemoryOptions, calibration: MemoryCalibration, memory_gib: float, measured=None,
 ) -> list[float]:
-    """Predicted device memory of each pipeline stage on a GPU of ``memory_gib``, bytes."""
+    """Predicted device memory of each pipeline stage on a GPU of ``memory_gib``, bytes
+    (``measured``: the profile memory model's, see ``calibrated_terms``)."""
     t, pp = estimate.terms, len(estimate.layers)
     calibrated = calibrated_terms(spec, seq_len, mbs, tp, cp, np.arange(pp), pp, options.recompute == "full", options,
-                                  calibration, memory_gib)
+                                  calibration, memory_gib, measured)
     per_stage = calibrated.stage_bytes(t.model_states, t.layer_activations, t.embedding_activations,
                                        t.output_activations)
     return np.broadcast_to(per_stage, (pp,)).tolist()
@@ -161,14 +182,16 @@ def verdict_for(usage_gib: float, memory_gib: float, band: float) -> CalibratedV
 
 def assess(
     estimate: MemoryEstimate, spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int, memory_gib: float,
-    options: MemoryOptions = MemoryOptions(), calibration: MemoryCalibration | None = None,
+    options: MemoryOptions = MemoryOptions(), calibration: MemoryCalibration | None = None, measured=None,
 ) -> Assessment:
-    """The calibrated verdict of one layout's estimate on a GPU of ``memory_gib``."""
+    """The calibrated verdict of one layout's estimate on a GPU of ``memory_gib`` (with
+    ``measured``, the profile memory model's: see ``calibrated_stage_bytes``)."""
     if calibration is None:
         from advisor.throughput.calibration import load_memory_calibration
 
         calibration = load_memory_calibration()
-    per_stage = calibrated_stage_bytes(estimate, spec, seq_len, mbs, tp, cp, options, calibration, memory_gib)
+    per_stage = calibrated_stage_bytes(estimate, spec, seq_len, mbs, tp, cp, options, calibration, memory_gib,
+                                       measured)
     peak = max(range(len(per_stage)), key=per_stage.__getitem__)
     usage = per_stage[peak] / GIB
     return Assessment(usage_gib=usage, peak_stage=peak, memory_gib=memory_gib,

@@ -31,6 +31,7 @@ from advisor.capture.layout import PipelineLayout, Scenario, in_flight_microbatc
 from advisor.capture.observations import ModuleTerms, ProfileSet, RunObservation, StageObservation
 from advisor.capture.partitionings import description1, reduced
 from advisor.capture.recommend import hybrid_tables, make_predictor, recommend_hybrid, recommend_megatron
+from advisor.megatron_args import MegatronSetup
 from advisor.models import PRESETS, LlamaSpec, with_overrides
 
 REPEAT = 5
@@ -80,8 +81,7 @@ def profiles(spec: LlamaSpec, stages: int, scenarios, batches, full: bool) -> Pr
         for partition in (description1 if full else reduced)(spec.num_layers, stages):
             for batch in batches[scenario]:
                 runs.append(_run(spec, partition, scenario, batch, f"{scenario.name}-{batch}-{partition}"))
-    return ProfileSet(model=spec, seq_len=SEQ, cp=1, distributed_optimizer=True, params_dtype="bfloat16",
-                      sequence_parallel=True, runs=tuple(runs))
+    return ProfileSet(model=spec, seq_len=SEQ, cp=1, setup=MegatronSetup(params_dtype="bfloat16"), runs=tuple(runs))
 
 
 def median_time(function) -> tuple[float, object]:

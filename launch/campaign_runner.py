@@ -170,7 +170,7 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
     from launch.checkout import resolve_release
     from launch.megatron_versions import check_python
 
-    document = prepare(campaign, out, emulated=False)  # bad input before any work
+    document = prepare(campaign, out, backend="megatron")  # bad input before any work
     allocation = SlurmAllocation.from_environment(rdzv_port) if slurm else None
     if problem := launch_problem(document, slurm_nodes=allocation.nodes if allocation else None):
         raise AdvisorError(problem)

@@ -13,6 +13,11 @@ processes that lives as long as consecutive runs share their degrees. A stage th
 memory (see ``--memory-limit``) is recorded and the run's other stages still run, so every rank
 has its file; the run's outcome is "oom".
 
+With ``--backend symbolic`` (``SymbolicExecutor``) every run is profiled in this process on fake
+tensors (``megatron_hooks.symbolic``): the campaign's setup (dtype, distributed optimizer,
+sequence parallelism) and CP as the user's Megatron-LM would run them, at the real model size,
+with megatron-core's optimizer and the CUDA kernel stand-ins of the chosen layer spec.
+
 On GPUs the same loop runs with another executor: ``python -m launch.campaign_runner`` starts
 each run through torchrun and the user's Megatron-LM ``pretrain_gpt.py`` with the hooks
 (``advisor profile run --megatron-lm DIR``).
@@ -41,16 +46,23 @@ GRACE_S = 30.0
 """How long the other processes of a pool may take to report after one has failed."""
 
 
-def _config(campaign: dict, run: dict, directory: Path, threads: int | None, memory_limit_bytes: int | None):
+def _config(campaign: dict, run: dict, directory: Path, threads: int | None, memory_limit_bytes: int | None,
+            **symbolic):
+    """The StageEmulation of one campaign run (``symbolic``: backend and layer_spec, with the
+    campaign's setup)."""
     from advisor.models import LlamaSpec
     from megatron_hooks.emulate import StageEmulation
 
+    setup = campaign.get("setup", {})
+    if symbolic:
+        symbolic.update(cp=run.get("cp", 1), sequence_parallel=bool(setup.get("sequence_parallel")),
+                        distributed_optimizer=bool(setup.get("distributed_optimizer")))
     return StageEmulation(
         model=LlamaSpec(**campaign["model"]), layers_per_stage=tuple(run["layers_per_stage"]),
         seq_len=campaign["seq_len"], output_dir=directory, micro_batch_size=run["micro_batch_size"],
         num_microbatches=run["num_microbatches"], iterations=PROFILING_ITERATIONS, tp=run["tp"], dp=run["dp"],
-        params_dtype=campaign.get("setup", {}).get("params_dtype", "float32"), threads=threads,
-        run_id=f"{run['id']}-{uuid.uuid4().hex[:8]}", memory_limit_bytes=memory_limit_bytes,
+        params_dtype=setup.get("params_dtype", "float32"), threads=threads,
+        run_id=f"{run['id']}-{uuid.uuid4().hex[:8]}", memory_limit_bytes=memory_limit_bytes, **symbolic,
     )
 
 
@@ -168,9 +180,28 @@ class EmulateExecutor:
             self._local = None
 
 
+class SymbolicExecutor:
+    """Campaign runs on fake tensors in this process (``megatron_hooks.symbolic``), every rank."""
+
+    def __init__(self, *, layer_spec: str, memory_limit_bytes: int | None = None) -> None:
+        self.layer_spec, self.memory_limit_bytes = layer_spec, memory_limit_bytes
+        gc.freeze()  # torch's and megatron's objects: each stage's collections skip them
+
+    def run(self, campaign: dict, run: dict, directory: Path) -> None:
+        from megatron_hooks.symbolic import run_symbolic
+
+        config = _config(campaign, run, directory, None, self.memory_limit_bytes, backend="symbolic",
+                         layer_spec=self.layer_spec)
+        run_symbolic(config, range(config.pp), after_oom="continue")
+
+    def close(self) -> None:
+        pass
+
+
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @run_options
-def main(campaign: Path, out: Path, threads: int | None, memory_limit: float | None) -> None:
+def main(campaign: Path, out: Path, backend: str, layer_spec: str | None, threads: int | None,
+         memory_limit: float | None) -> None:
     """Run a profiling campaign (advisor profile plan) by emulating its pipeline stages on the CPU.
 
     Prints one JSON event per line on stdout (advisor profile run draws them as a progress bar).
@@ -179,14 +210,21 @@ def main(campaign: Path, out: Path, threads: int | None, memory_limit: float | N
     \b
     Example:
       python -m megatron_hooks.campaign_runner campaign.json --out runs/
+      python -m megatron_hooks.campaign_runner campaign.json --out runs/ --backend symbolic
     """
-    from advisor.capture.campaign_run import prepare, run_campaign
+    from advisor.capture.campaign_run import LAYER_SPECS, prepare, run_campaign
+    from advisor.errors import AdvisorError
     from megatron_hooks.emulate import quiet_megatron
 
-    document = prepare(campaign, out)  # bad input before any work
+    document = prepare(campaign, out, backend=backend, layer_spec=layer_spec)  # bad input before any work
+    if backend != "symbolic" and layer_spec:
+        raise AdvisorError("--layer-spec is the symbolic backend's")
     quiet_megatron()
-    executor = EmulateExecutor(threads=threads,
-                               memory_limit_bytes=None if memory_limit is None else int(memory_limit * GIB))
+    limit = None if memory_limit is None else int(memory_limit * GIB)
+    if backend == "symbolic":
+        executor = SymbolicExecutor(layer_spec=layer_spec or LAYER_SPECS[0], memory_limit_bytes=limit)
+    else:
+        executor = EmulateExecutor(threads=threads, memory_limit_bytes=limit)
     sys.exit(run_campaign(document, out, executor))
 
 

@@ -14,6 +14,11 @@ and runs its microbatches in Megatron's 1F1B order, without the neighbours:
 - after the microbatches, gradients are all-reduced over the data-parallel group and a
   ``torch.optim.Adam`` steps (unsharded: ``distributed_optimizer`` is false in the header).
 
+The symbolic backend (``backend="symbolic"``, ``megatron_hooks/symbolic.py``) runs the same
+stages on fake tensors at any size, with megatron-core's own optimizer and the stand-ins of
+``kernels.py``; it also runs what the CPU backend cannot: sequence and context parallelism, the
+distributed optimizer, and the Transformer Engine spec.
+
 TP > 1 and DP > 1 run as ``tp x dp`` real gloo processes (``torch.multiprocessing``, or the
 processes of ``torchrun`` when the module entry point runs under it). Each process writes the
 rank file that the same rank of a real ``tp x pp x dp`` run would write (Megatron's rank order
@@ -69,7 +74,22 @@ class StageEmulation:
     iterations: int = 2
     tp: int = 1
     dp: int = 1
+    cp: int = 1
     params_dtype: str = "float32"
+    sequence_parallel: bool = False
+    """Megatron's --sequence-parallel (with TP > 1); the symbolic backend's TE spec only."""
+    distributed_optimizer: bool = False
+    """Megatron's --use-distributed-optimizer: Adam states sharded over DP x CP (symbolic backend)."""
+    layer_spec: str = "local"
+    """"local" (megatron-core's modules) or "transformer_engine" (stood in for, symbolic backend)."""
+    backend: str = "cpu"
+    """"cpu": real tensors and the storage tracker; "symbolic": fake tensors (symbolic.py)."""
+    kernels: str | None = None
+    """Whose kernels the symbolic backend stands in for: "cuda" (default there) or "cpu" (torch's
+    CPU paths, for comparison with the CPU backend); the CPU backend runs "cpu"."""
+    megatron_optimizer: bool | None = None
+    """megatron-core's DDP and optimizer (the symbolic backend's default), or torch's fused Adam
+    on plain gradients (the CPU backend's; the symbolic backend's for comparing with it)."""
     threads: int | None = None
     """Intra-op threads per process; default: the machine's cores / (tp x dp)."""
     seed: int = 1234
@@ -90,7 +110,7 @@ class StageEmulation:
                 f"layers per stage {','.join(map(str, counts))} sum to {sum(counts)}, "
                 f"but the model has {self.model.num_layers} layers"
             )
-        for name in ("seq_len", "micro_batch_size", "num_microbatches", "iterations", "tp", "dp", "threads",
+        for name in ("seq_len", "micro_batch_size", "num_microbatches", "iterations", "tp", "dp", "cp", "threads",
                      "memory_limit_bytes"):
             value = getattr(self, name)
             if name in ("threads", "memory_limit_bytes") and value is None:
@@ -104,6 +124,48 @@ class StageEmulation:
                 raise AdvisorError(f"TP {tp} does not divide the {what} ({size})")
         if self.params_dtype not in PARAMS_DTYPES:
             raise AdvisorError(f"params dtype must be one of {', '.join(PARAMS_DTYPES)}, got {self.params_dtype!r}")
+        symbolic = self.backend == "symbolic"
+        object.__setattr__(self, "kernels", self.kernels or ("cuda" if symbolic else "cpu"))
+        object.__setattr__(self, "megatron_optimizer",
+                           symbolic if self.megatron_optimizer is None else self.megatron_optimizer)
+        if problem := self._problem():
+            raise AdvisorError(problem)
+
+    def _problem(self) -> str | None:
+        """Why this emulation cannot run as asked, or None."""
+        choices = {"backend": ("cpu", "symbolic"), "kernels": ("cpu", "cuda"),
+                   "layer_spec": ("local", "transformer_engine")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                return f"{name.replace('_', ' ')} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+        sequence = self.seq_len // self.cp
+        if self.seq_len % (2 * self.cp) if self.cp > 1 else False:
+            return f"context parallelism splits the sequence into 2 x CP chunks: CP {self.cp} needs a sequence " \
+                   f"length divisible by {2 * self.cp}, got {self.seq_len}"
+        if self.sequence_parallel and self.tp > 1 and sequence % self.tp:
+            return f"sequence parallelism splits the {sequence} tokens per CP rank over TP {self.tp}, which does " \
+                   f"not divide them"
+        if self.backend == "cpu":
+            cpu_cannot = [("the symbolic backend's kernel stand-ins", self.kernels != "cpu"),
+                          ("megatron-core's optimizer", bool(self.megatron_optimizer)),
+                          ("the Transformer Engine spec", self.layer_spec != "local"),
+                          ("sequence parallelism", self.sequence_parallel and self.tp > 1),
+                          ("context parallelism", self.cp > 1),
+                          ("the distributed optimizer with DP > 1", self.distributed_optimizer and self.dp > 1)]
+            for what, asked in cpu_cannot:
+                if asked:
+                    return f"the CPU backend cannot run {what}; use the symbolic backend"
+            return None
+        if self.layer_spec == "local":
+            from advisor.capture.campaign_run import local_spec_problem
+
+            if problem := local_spec_problem(self.tp, self.cp, self.sequence_parallel):
+                return f"{problem}: use the transformer_engine layer spec"
+        elif self.kernels == "cpu":
+            return "the transformer_engine layer spec runs on CUDA kernel stand-ins: kernels must be cuda"
+        if self.distributed_optimizer and not self.megatron_optimizer:
+            return "the distributed optimizer is megatron-core's: it needs megatron_optimizer"
+        return None
 
     @property
     def pp(self) -> int:
@@ -115,9 +177,27 @@ class StageEmulation:
 
         return int(in_flight_microbatches(stage, self.pp, 1, self.num_microbatches))
 
-    def global_rank(self, stage: int, tp_rank: int, dp_rank: int) -> int:
-        """The rank in a real tp x pp x dp run (Megatron's order tp-cp-ep-dp-pp, cp = 1)."""
-        return tp_rank + self.tp * (dp_rank + self.dp * stage)
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def symbolic(self) -> bool:
+        return self.backend == "symbolic"
+
+    def global_rank(self, stage: int, tp_rank: int, dp_rank: int, cp_rank: int = 0) -> int:
+        """The rank in a real tp x cp x dp x pp run (Megatron's order tp-cp-ep-dp-pp)."""
+        return tp_rank + self.tp * (cp_rank + self.cp * (dp_rank + self.dp * stage))
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """Sequence positions a rank's layers hold between them: s / CP, and / TP with SP."""
+        sp = self.tp if self.sequence_parallel and self.tp > 1 else 1
+        return self.seq_len // (self.cp * sp)
+
+
+CUDA_SEED = 1234
+"""The seed of megatron-core's CUDA RNG tracker in an emulation on GPUs."""
 
 
 def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
@@ -139,15 +219,18 @@ def _run_info(config: StageEmulation, stage: int):
     from megatron_hooks.recorder import RunInfo
 
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    cp_rank = parallel_state.get_context_parallel_rank()
     dp_rank = parallel_state.get_data_parallel_rank()
     return RunInfo(
         run_id=config.run_id, model=config.model,
-        parallel=ParallelConfig(tp=config.tp, pp=config.pp, dp=config.dp, mbs=config.micro_batch_size),
+        parallel=ParallelConfig(tp=config.tp, cp=config.cp, pp=config.pp, dp=config.dp, mbs=config.micro_batch_size),
         seq_len=config.seq_len, global_batch_size=config.num_microbatches * config.micro_batch_size * config.dp,
         num_microbatches=config.num_microbatches, layers_per_stage=config.layers_per_stage,
-        rank=config.global_rank(stage, tp_rank, dp_rank), world_size=config.tp * config.pp * config.dp,
-        coords={"tp": tp_rank, "cp": 0, "pp": stage, "dp": dp_rank}, in_flight_microbatches=config.in_flight(stage),
-        params_dtype=config.params_dtype, emulated=True,
+        rank=config.global_rank(stage, tp_rank, dp_rank, cp_rank), world_size=config.world_size,
+        coords={"tp": tp_rank, "cp": cp_rank, "pp": stage, "dp": dp_rank},
+        in_flight_microbatches=config.in_flight(stage), params_dtype=config.params_dtype, emulated=True,
+        layer_spec=config.layer_spec, sequence_parallel=config.sequence_parallel and config.tp > 1,
+        distributed_optimizer=config.distributed_optimizer,
     )
 
 
@@ -165,41 +248,63 @@ class _Stage:
         torch.manual_seed(config.seed + stage)
         self.model = build_gpt_model(config.model, seq_len=config.seq_len,
                                      layers=stage_layers(config.layers_per_stage, stage), pre_process=self.first,
-                                     post_process=self.last, params_dtype=self.dtype)
-        # Megatron's DDP keeps every gradient in a buffer allocated once, before training (its
-        # main_grad), and its optimizer is a fused Adam (Transformer Engine's or Apex's) that
-        # updates in place. So the gradients are allocated here and zeroed, not freed, at each
-        # iteration, and torch's fused Adam (no per-tensor temporaries) steps: a stage's static
-        # memory is the same all through an iteration, as on a Megatron rank.
-        for param in self.model.parameters():
-            param.grad = torch.zeros_like(param)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, fused=True)
-        # The same data on every TP rank of a DP replica, as Megatron broadcasts it.
+                                     post_process=self.last, params_dtype=self.dtype, layer_spec=config.layer_spec,
+                                     sequence_parallel=config.sequence_parallel and config.tp > 1,
+                                     # fake CPU tensors, even where CUDA is available
+                                     **({"use_cpu_initialization": True} if config.symbolic else {}))
+        if config.megatron_optimizer:
+            from megatron_hooks.symbolic import megatron_ddp_and_optimizer
+
+            self.module, self.optimizer = megatron_ddp_and_optimizer(
+                self.model, distributed_optimizer=config.distributed_optimizer, dtype=self.dtype)
+        else:
+            # Megatron's DDP keeps every gradient in a buffer allocated once, before training (its
+            # main_grad), and its optimizer is a fused Adam (Transformer Engine's or Apex's) that
+            # updates in place. So the gradients are allocated here and zeroed, not freed, at each
+            # iteration, and torch's fused Adam (no per-tensor temporaries) steps: a stage's static
+            # memory is the same all through an iteration, as on a Megatron rank.
+            for param in self.model.parameters():
+                param.grad = torch.zeros_like(param)
+            self.module = self.model
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, fused=True)
+        # The same data on every TP rank of a DP replica, as Megatron broadcasts it; drawn on the
+        # CPU (the same numbers on every device) and moved to the model's device.
         self.data = torch.Generator().manual_seed(config.seed * 7919 + parallel_state.get_data_parallel_rank())
-        s, b = config.seq_len, config.micro_batch_size
-        self.mask = causal_mask(s)
-        self.positions = torch.arange(s).unsqueeze(0).expand(b, s)
+        self.device = next(self.model.parameters()).device
+        # A CP rank receives its s / CP positions of each sequence (megatron's get_batch_on_this_cp_rank).
+        s, b = config.seq_len // config.cp, config.micro_batch_size
+        # TE's attention is causal by its mask type and takes no mask; the local spec's takes one.
+        self.mask = causal_mask(s, self.device) if config.layer_spec == "local" else None
+        self.positions = torch.arange(s, device=self.device).unsqueeze(0).expand(b, s)
+
+    def _draw(self, make, *args, **kwargs) -> torch.Tensor:
+        """A random tensor from the stage's CPU generator, on the model's device."""
+        return make(*args, generator=self.data, **kwargs).to(self.device)
 
     def forward(self) -> torch.Tensor:
-        config, s, b = self.config, self.config.seq_len, self.config.micro_batch_size
-        tokens = torch.randint(0, config.model.vocab_size, (b, s), generator=self.data)
-        labels = torch.randint(0, config.model.vocab_size, (b, s), generator=self.data) if self.last else None
+        config, s, b = self.config, self.config.seq_len // self.config.cp, self.config.micro_batch_size
+        tokens = self._draw(torch.randint, 0, config.model.vocab_size, (b, s))
+        labels = self._draw(torch.randint, 0, config.model.vocab_size, (b, s)) if self.last else None
         if not self.first:  # what the previous stage would send
-            received = torch.randn(s, b, config.model.hidden_size, generator=self.data, dtype=self.dtype)
+            received = self._draw(torch.randn, config.tokens_per_rank, b, config.model.hidden_size, dtype=self.dtype)
             self.model.set_input_tensor(received.requires_grad_())
-        output = self.model(tokens if self.first else None, self.positions, self.mask, labels=labels)
+        output = self.module(tokens if self.first else None, self.positions, self.mask, labels=labels)
         return output.float().mean() / config.num_microbatches if self.last else output
 
     def backward(self, output: torch.Tensor) -> None:
         if self.last:
             output.backward()
         else:  # what the next stage would send back
-            torch.autograd.backward(output, grad_tensors=torch.randn(output.shape, generator=self.data,
-                                                                     dtype=output.dtype))
+            torch.autograd.backward(output, grad_tensors=self._draw(torch.randn, output.shape, dtype=output.dtype))
 
     def iteration(self) -> float | None:
-        """One training iteration; the loss on the last stage."""
-        self.optimizer.zero_grad(set_to_none=False)
+        """One training iteration; the loss on the last stage (None under the symbolic backend,
+        whose loss has no value)."""
+        if self.config.megatron_optimizer:  # as Megatron-LM's train_step
+            self.module.zero_grad_buffer()
+            self.optimizer.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=False)
         outputs, losses = {}, []
         for kind, k in one_f_one_b(self.stage, self.config.pp, self.config.num_microbatches):
             if kind == "F":
@@ -208,14 +313,34 @@ class _Stage:
                     losses.append(outputs[k].detach())
             else:
                 self.backward(outputs.pop(k))
-        all_reduce_gradients(self.model, self.config.dp)
+        if self.config.megatron_optimizer:
+            self.module.finish_grad_sync()
+        else:
+            all_reduce_gradients(self.model, self.config.dp)
         self.optimizer.step()
-        return float(sum(losses)) if self.last else None
+        return float(sum(losses)) if self.last and not self.config.symbolic else None
 
 
 def run_stage(config: StageEmulation, stage: int) -> Path:
-    """Emulate one stage in this process, which ``process_group`` has set up; returns its rank
-    file. Raises what the stage raised (an OOM after recording it, with status "oom")."""
+    """Emulate one stage in this process, which ``process_group`` (``symbolic.fake_world`` for
+    the symbolic backend) has set up; returns its rank file. Raises what the stage raised (an
+    OOM after recording it, with status "oom")."""
+    with contextlib.ExitStack() as context:
+        if config.symbolic:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            from megatron_hooks.kernels import cuda_kernels
+            from megatron_hooks.symbolic import SymbolicBackend
+
+            context.enter_context(FakeTensorMode())
+            if config.kernels == "cuda":
+                context.enter_context(cuda_kernels())
+            return _run_stage(config, stage, SymbolicBackend(config.kernels, config.memory_limit_bytes))
+        return _run_stage(config, stage, None)
+
+
+def _run_stage(config: StageEmulation, stage: int, backend) -> Path:
+    """``run_stage`` with ``backend``, or (None) the backend of the device the stage is built on."""
     from megatron.core import parallel_state
 
     from megatron_hooks.backends import select_backend
@@ -227,9 +352,9 @@ def run_stage(config: StageEmulation, stage: int) -> Path:
     # several stages, or several runs, must not hand one stage's buffer to the next.
     parallel_state.get_global_memory_buffer().buffer.clear()
     emulated = _Stage(config, stage)
-    hooks = LayerMemoryHooks(emulated.model, optimizer=emulated.optimizer,
-                             backend=select_backend(next(emulated.model.parameters()).device,
-                                                    config.memory_limit_bytes)).install()
+    device = next(emulated.model.parameters()).device
+    backend = backend or select_backend(device, config.memory_limit_bytes)
+    hooks = LayerMemoryHooks(emulated.module, optimizer=emulated.optimizer, backend=backend).install()
     try:
         recorder = ProfileRecorder(hooks, _run_info(config, stage), config.output_dir).start()
         for iteration in range(1, config.iterations + 1):
@@ -247,6 +372,7 @@ def run_stage(config: StageEmulation, stage: int) -> Path:
         return recorder.finish()
     finally:
         hooks.remove()
+        parallel_state.get_global_memory_buffer().buffer.clear()
 
 
 def all_reduce_gradients(model: torch.nn.Module, dp: int) -> None:
@@ -277,9 +403,18 @@ def process_group(local_rank: int, world_size: int, port: int | None, tp: int, t
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world_size))
     shim = CpuShim().install() if needs_shim() else None
-    dist.init_process_group("gloo", rank=local_rank, world_size=world_size)
+    on_cuda = shim is None
+    if on_cuda:  # one GPU per process, as torchrun's LOCAL_RANK; NCCL, which runs megatron's collectives
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", local_rank)) % torch.cuda.device_count())
+    dist.init_process_group("nccl" if on_cuda else "gloo", rank=local_rank, world_size=world_size)
     try:
         parallel_state.initialize_model_parallel(tp, 1)
+        if on_cuda:
+            # Megatron-LM's initialize does this: the RNG tracker's model-parallel state, which
+            # every dropout region forks (on a CPU the shim makes fork a no-op instead).
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+            model_parallel_cuda_manual_seed(CUDA_SEED)
         yield
     finally:
         parallel_state.destroy_model_parallel()

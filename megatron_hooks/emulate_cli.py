@@ -13,16 +13,22 @@ from advisor.profiles import PARAMS_DTYPES
 
 
 def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
+    """3,5,4,4; a part LxN is N stages of L layers (as in campaign run ids): 1x80 is 80 one-layer stages."""
+    counts: list[int] = []
     try:
-        return tuple(int(part) for part in value.split(","))
+        for part in value.split(","):
+            layers, _, repeat = part.partition("x")
+            counts += [int(layers)] * (int(repeat) if repeat else 1)
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated layer counts like 3,5,4,4, got {value!r}") from None
+        raise click.BadParameter(f"expected comma-separated layer counts like 3,5,4,4 or 1x80, got {value!r}") from None
+    return tuple(counts)
 
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @model_options
 @click.option("--layers-per-stage", required=True, callback=_layer_counts, metavar="N,N,...",
-              help="Decoder layers on each pipeline stage, first to last (they sum to the model's layers).")
+              help="Decoder layers on each pipeline stage, first to last (they sum to the model's layers); "
+                   "LxN is N stages of L layers.")
 @click.option("--stage", "stages", type=click.IntRange(min=0), multiple=True,
               help="0-based stage to emulate (repeat for several). Default: every stage.")
 @click.option("--seq-len", type=click.IntRange(min=1), required=True, help="Sequence length s.")
@@ -32,8 +38,21 @@ def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
 @click.option("--iterations", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size.")
 @click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True, help="Data parallel size.")
+@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Context parallel size (symbolic backend, transformer_engine spec).")
 @click.option("--dtype", type=click.Choice(PARAMS_DTYPES), default="float32",
               show_default=True, help="Dtype of weights and activations.")
+@click.option("--backend", type=click.Choice(["cpu", "symbolic"]), default="cpu", show_default=True,
+              help="cpu: real tensors, measured; symbolic: fake tensors (no storage), any size, in this process.")
+@click.option("--layer-spec", type=click.Choice(["local", "transformer_engine"]), default="local",
+              show_default=True, help="megatron-core's local modules, or Transformer Engine's (symbolic: stand-ins).")
+@click.option("--kernels", type=click.Choice(["cuda", "cpu"]), default=None,
+              help="Symbolic backend: stand-ins for the CUDA kernels (default) or torch's CPU paths.")
+@click.option("--sequence-parallel", is_flag=True, help="Megatron's --sequence-parallel (symbolic backend).")
+@click.option("--distributed-optimizer", is_flag=True,
+              help="Megatron's --use-distributed-optimizer (symbolic backend).")
+@click.option("--optimizer", type=click.Choice(["megatron", "torch"]), default=None,
+              help="megatron-core's DDP and Adam (symbolic default) or torch's fused Adam on plain gradients (cpu).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Intra-op threads per process (default: cores / (TP x DP)).")
 @click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
@@ -41,13 +60,16 @@ def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
 @click.option("--run-id", default=None, help="Run id in the headers (default: a new one).")
 @click.option("--out", "output_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Run directory for the rank*.jsonl files.")
-def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterations, tp, dp, dtype, threads,
-         memory_limit, run_id, output_dir) -> None:
+def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterations, tp, dp, cp, dtype, backend,
+         layer_spec, kernels, sequence_parallel, distributed_optimizer, optimizer, threads, memory_limit, run_id,
+         output_dir) -> None:
     """Emulate pipeline stages of a Llama model on the CPU and profile memory layer by layer.
 
     Each stage runs its microbatches in 1F1B order with real megatron-core modules, in TP x DP
     gloo processes (spawned here, or the processes of torchrun when it started this), and
     writes the rank files that the same ranks of a real run would write (emulated: true).
+    With --backend symbolic the stages run on fake tensors in this process, at any size, with
+    megatron-core's optimizer and stand-ins for the CUDA kernels (megatron_hooks/symbolic.py).
 
     \b
     Examples:
@@ -55,6 +77,9 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
           --ffn-hidden-size 512 --num-attention-heads 4 --num-query-groups 2 --vocab-size 1024 \\
           --layers-per-stage 3,3,2 --seq-len 128 --num-microbatches 4 --out profiles/uneven
       python -m megatron_hooks.emulate ... --stage 1 --tp 2 --out profiles/stage1
+      python -m megatron_hooks.emulate --model llama3.1-8b --layers-per-stage 8,8,8,8 --seq-len 8192 \
+          --num-microbatches 4 --dtype bfloat16 --backend symbolic --layer-spec transformer_engine \
+          --out profiles/8b-pp4
     """
     from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
@@ -64,7 +89,9 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
 
     values = dict(model=spec, layers_per_stage=layers_per_stage, seq_len=seq_len, output_dir=output_dir,
                   micro_batch_size=mbs, num_microbatches=num_microbatches, iterations=iterations, tp=tp, dp=dp,
-                  params_dtype=dtype, threads=threads,
+                  cp=cp, params_dtype=dtype, backend=backend, layer_spec=layer_spec, kernels=kernels,
+                  sequence_parallel=sequence_parallel, distributed_optimizer=distributed_optimizer,
+                  megatron_optimizer=None if optimizer is None else optimizer == "megatron", threads=threads,
                   memory_limit_bytes=None if memory_limit is None else int(memory_limit * GIB))
     under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
     # Every process of one run needs the same id; torchrun gives its processes one.
@@ -73,6 +100,22 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
         values["run_id"] = run_id
     config = StageEmulation(**values)
     chosen = list(stages) or None
+    if config.symbolic:
+        import gc
+
+        from megatron_hooks.emulate import _checked
+        from megatron_hooks.symbolic import run_symbolic
+
+        gc.freeze()  # torch's and megatron's objects: the collection before each iteration skips them
+        from advisor.profiles import load_run
+
+        for path in run_symbolic(config, _checked(config, chosen), after_oom="continue"):
+            click.echo(f"wrote {path}", err=True)
+        oom = [rank for rank in load_run(output_dir).ranks if rank.status == "oom"]
+        if oom:  # recorded in the rank files, as the CPU emulator's workers do
+            raise click.ClickException(f"rank {oom[0].header.rank} ran out of the emulated memory at {oom[0].where} "
+                                       f"({len(oom)} rank(s) in all; see the rank files in {output_dir})")
+        return
     if under_torchrun:
         emulate_under_torchrun(config, chosen)
         return

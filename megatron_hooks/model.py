@@ -8,6 +8,12 @@ so that it runs on a CPU as well as on CUDA. Tensor parallelism comes from megat
 ``parallel_state``, which the caller initialises first
 (``parallel_state.initialize_model_parallel(tp, 1)``); on a CPU, inside ``CpuShim``.
 
+``layer_spec="transformer_engine"`` builds what Megatron-LM's default ``--transformer-impl
+transformer_engine`` builds, for the symbolic backend, where Transformer Engine does not import:
+megatron-core's local modules with stand-ins for TE's norms and attention
+(``kernels.transformer_engine_spec``), and Megatron-LM's default fusions for that spec (fused
+RoPE, fused SwiGLU); these stand-ins run on fake tensors only.
+
 A pipeline stage is chosen with ``layers`` (its global 1-based layer numbers) and
 ``pre_process`` / ``post_process`` (whether it holds the embedding / the final norm, output
 layer and loss). Megatron numbers layers through its pipeline rank; here ``parallel_state``
@@ -70,6 +76,7 @@ def transformer_config(spec: LlamaSpec, *, num_layers: int, params_dtype: torch.
         add_qkv_bias=spec.add_qkv_bias,
         layernorm_epsilon=spec.norm_epsilon,
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        context_parallel_size=parallel_state.get_context_parallel_world_size(),
         use_cpu_initialization=not torch.cuda.is_available(),
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
@@ -95,6 +102,13 @@ def transformer_config(spec: LlamaSpec, *, num_layers: int, params_dtype: torch.
     return TransformerConfig(**values)
 
 
+LAYER_SPECS = ("local", "transformer_engine")
+
+# Megatron-LM's defaults where it builds the Transformer Engine spec: --apply-rope-fusion and
+# --bias-swiglu-fusion are on unless --no-rope-fusion / --no-bias-swiglu-fusion.
+_TE_SPEC_FUSIONS = {"apply_rope_fusion": True, "bias_activation_fusion": True}
+
+
 def build_gpt_model(
     spec: LlamaSpec,
     *,
@@ -104,6 +118,7 @@ def build_gpt_model(
     post_process: bool = True,
     params_dtype: torch.dtype = torch.float32,
     vocab_size: int | None = None,
+    layer_spec: str = "local",
     **config_overrides,
 ):
     """One pipeline stage of ``spec`` as a megatron-core ``GPTModel``.
@@ -117,7 +132,10 @@ def build_gpt_model(
         post_process: the stage holds the final norm, the output layer and the loss (the last).
         params_dtype: dtype of weights and activations.
         vocab_size: the (padded) vocabulary; default ``spec.vocab_size``. It must divide by TP.
-        config_overrides: extra ``TransformerConfig`` fields.
+        layer_spec: "local" (megatron-core's own modules) or "transformer_engine" (TE's, stood
+            in for on fake tensors; see the module docstring).
+        config_overrides: extra ``TransformerConfig`` fields (for example ``sequence_parallel``,
+            ``context_parallel_size``).
 
     Returns the model in training mode, on CUDA when CUDA is available, otherwise on the CPU;
     with BF16 or FP16, every floating tensor in that dtype, as after Megatron's ``Float16Module``.
@@ -130,10 +148,19 @@ def build_gpt_model(
         raise ValueError(f"a stage holds consecutive layers, got {list(numbers)}")
     if numbers and not (1 <= numbers[0] and numbers[-1] <= spec.num_layers):
         raise ValueError(f"layers {numbers[0]}..{numbers[-1]} are outside 1..{spec.num_layers}")
+    if layer_spec not in LAYER_SPECS:
+        raise ValueError(f"layer spec must be one of {', '.join(LAYER_SPECS)}, got {layer_spec!r}")
+    if layer_spec == "transformer_engine":
+        from megatron_hooks.kernels import transformer_engine_spec
+
+        config_overrides = {**_TE_SPEC_FUSIONS, **config_overrides}
+        layer_specs = transformer_engine_spec(len(numbers))
+    else:
+        layer_specs = get_gpt_layer_local_spec(normalization="RMSNorm")
     config = transformer_config(spec, num_layers=len(numbers), params_dtype=params_dtype, **config_overrides)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=layer_specs,
         vocab_size=vocab_size or spec.vocab_size,
         max_sequence_length=seq_len,
         pre_process=pre_process,

@@ -114,7 +114,7 @@ def write_run(root: Path, truth: Truth, layers_per_stage, *, mbs: int, tp: int =
             for tp_rank in range(tp):
                 rank = tp_rank + tp * (dp_rank + dp * stage)
                 header = RankHeader(
-                    run_id=name, created="2026-01-01T00:00:00+00:00", backend="cpu", kernels="cpu", device="cpu",
+                    run_id=name, created="2026-01-01T00:00:00+00:00", backend="cpu", device="cpu", kernels="cpu",
                     torch_version="2.13.0", megatron_core_version="0.16.1", emulated=True, params_dtype="float32",
                     layer_spec="local", sequence_parallel=tp > 1, recompute="none", distributed_optimizer=True,
                     model=truth.spec, parallel=ParallelConfig(tp=tp, pp=pp, dp=dp, mbs=mbs), seq_len=32,

@@ -95,5 +95,5 @@ def test_bad_directories(advisor, tmp_path):
     text = path.read_text()
     path.write_text(text[:-40])
     assert "truncated" in advisor.error("profile", "show", tmp_path)
-    path.write_text(text.replace('"version": 1', '"version": 2'))
-    assert "schema version 2" in advisor.error("profile", "show", tmp_path)
+    path.write_text(text.replace('"version": 2', '"version": 3'))
+    assert "schema version 3" in advisor.error("profile", "show", tmp_path)

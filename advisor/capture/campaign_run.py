@@ -100,15 +100,23 @@ def validate(campaign: dict, path: Path | str = "campaign") -> None:
                                f"that sum to the model's {spec.num_layers} layers")
 
 
-def prepare(path: Path, out: Path, *, emulated: bool = True) -> dict:
-    """The campaign at ``path``, checked (for the CPU emulator when ``emulated``), and ``out``
-    checked: a directory, or nothing yet. AdvisorError otherwise, before any work. (Runs of
-    another campaign under ``out`` are found by ``scan``, which ``execute`` calls first.)"""
+BACKENDS = ("cpu", "symbolic", "megatron")
+"""How a campaign's runs execute: the CPU emulator, the symbolic backend (fake tensors), or the
+user's Megatron-LM on GPUs."""
+LAYER_SPECS = ("transformer_engine", "local")
+
+
+def prepare(path: Path, out: Path, *, backend: str = "cpu", layer_spec: str | None = None) -> dict:
+    """The campaign at ``path``, checked for ``backend`` (and, symbolic, ``layer_spec``), and
+    ``out`` checked: a directory, or nothing yet. AdvisorError otherwise, before any work. (Runs
+    of another campaign under ``out`` are found by ``scan``, which ``execute`` calls first.)"""
     from advisor.capture.campaign import read_campaign
 
     document = read_campaign(path)
     validate(document, path)
-    if emulated and (problem := emulation_problem(document)):
+    if backend == "cpu" and (problem := emulation_problem(document)):
+        raise AdvisorError(problem)
+    if backend == "symbolic" and (problem := symbolic_problem(document, layer_spec or LAYER_SPECS[0])):
         raise AdvisorError(problem)
     if out.exists() and not out.is_dir():
         raise AdvisorError(f"--out {out} is not a directory")
@@ -132,6 +140,28 @@ def emulation_problem(campaign: dict) -> str | None:
                     f"run; plan the campaign with --no-sequence-parallel")
         if run.get("cp", 1) > 1:
             return f"run {run['id']} has CP {run['cp']}; the CPU emulator runs no context parallelism"
+    return None
+
+
+def local_spec_problem(tp: int, cp: int, sequence_parallel: bool) -> str | None:
+    """What megatron-core refuses with its local layer spec (megatron/core/transformer/torch_norm.py:
+    no sequence parallelism; dot_product_attention.py: no context parallelism), or None."""
+    if sequence_parallel and tp > 1:
+        return "megatron-core's local spec has no sequence parallelism (its torch norms refuse it)"
+    if cp > 1:
+        return "megatron-core's local spec has no context parallelism (only TE's attention has it)"
+    return None
+
+
+def symbolic_problem(campaign: dict, layer_spec: str) -> str | None:
+    """Why the symbolic backend cannot run this campaign with ``layer_spec``, or None."""
+    if layer_spec not in LAYER_SPECS:
+        return f"layer spec must be one of {', '.join(LAYER_SPECS)}, got {layer_spec!r}"
+    if layer_spec == "local":
+        setup = campaign.get("setup", {})
+        for run in campaign["runs"]:
+            if problem := local_spec_problem(run["tp"], run.get("cp", 1), bool(setup.get("sequence_parallel"))):
+                return f"run {run['id']}: {problem}; use --layer-spec transformer_engine (Megatron-LM's default)"
     return None
 
 

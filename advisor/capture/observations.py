@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterable, Union
 
 from advisor.capture.layout import PipelineLayout, Scenario, StageSpec
+from advisor.megatron_args import MegatronSetup
 from advisor.models import LlamaSpec
 from advisor.profiles import ProfileError, ProfileRun, RankProfile, check_complete, load_run
 
@@ -88,10 +89,9 @@ class ProfileSet:
     model: LlamaSpec
     seq_len: int
     cp: int
-    distributed_optimizer: bool
-    params_dtype: str
-    sequence_parallel: bool
-    """Whether the TP > 1 runs used sequence parallelism (True if there were none)."""
+    setup: MegatronSetup
+    """The runs' dtype, distributed optimizer and sequence parallelism (the TP > 1 runs'; True if
+    there were none): what a plan made from them must launch with."""
     runs: tuple[RunObservation, ...]
     skipped: tuple[tuple[str, str], ...] = ()
     """(run, why) for runs that did not finish: OOM, error, or still running."""
@@ -279,8 +279,9 @@ def profile_set(runs: Iterable[ProfileRun]) -> ProfileSet:
         raise ProfileError(f"none of the {len(skipped)} profile runs finished ('ok')")
     setup = reference[1]
     return ProfileSet(
-        model=model, seq_len=setup["seq_len"], cp=setup["cp"], distributed_optimizer=setup["distributed_optimizer"],
-        params_dtype=setup["params_dtype"], sequence_parallel=sequence_parallel is not False,
+        model=model, seq_len=setup["seq_len"], cp=setup["cp"],
+        setup=MegatronSetup(params_dtype=setup["params_dtype"], distributed_optimizer=setup["distributed_optimizer"],
+                            sequence_parallel=sequence_parallel is not False),
         runs=tuple(observed), skipped=tuple(skipped),
     )
 

@@ -168,7 +168,7 @@ class PositionAwarePredictor(ProfiledPredictor):
                                  lambda low, high, fit: low.combine(high, fit))
         if scenario.dp > 1:
             replica = self.terms(Scenario(tp=scenario.tp), batch / scenario.dp)
-            if not self.profiles.distributed_optimizer:
+            if not self.profiles.setup.distributed_optimizer:
                 return replica
             shard = replica.optimizer / scenario.dp
             return replace(replica, static=replica.static - replica.optimizer + shard, optimizer=shard)

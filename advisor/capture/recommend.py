@@ -56,11 +56,6 @@ def make_predictor(profiles: ProfileSet, name: PredictorName = "1f1b", merge_to:
     return PREDICTORS[name](profiles, groups)
 
 
-def _setup(profiles: ProfileSet) -> MegatronSetup:
-    return MegatronSetup(params_dtype=profiles.params_dtype, distributed_optimizer=profiles.distributed_optimizer,
-                         sequence_parallel=profiles.sequence_parallel)
-
-
 def _stages(solution: Solution, table: CostTable, num_microbatches: int, cp: int, gpus_of,
             times: tuple[float, ...] | None = None) -> tuple[PlanStage, ...]:
     """Plan stages in layers; ``gpus_of(index, stage)`` gives the GPUs of a planned stage."""
@@ -101,7 +96,7 @@ def _baseline(predictor, layers: int, stages: int, scenario: Scenario, batch: fl
 
 def _common(profiles: ProfileSet, predictor) -> dict:
     return dict(
-        predictor=predictor.name, model=profiles.model, seq_len=profiles.seq_len, setup=_setup(profiles),
+        predictor=predictor.name, model=profiles.model, seq_len=profiles.seq_len, setup=profiles.setup,
         profile_runs=tuple(run.run for run in profiles.runs), skipped_runs=profiles.skipped,
         fits=tuple(fit.to_dict() for fit in getattr(predictor, "fits", ())),
     )
@@ -141,7 +136,7 @@ def recommend_megatron(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, t
     time = None
     if objective == "time":
         if timing is not None:
-            _, time = analytic_tables(profiles.model, profiles.seq_len, _setup(profiles).memory_options(), tp=tp,
+            _, time = analytic_tables(profiles.model, profiles.seq_len, profiles.setup.memory_options(), tp=tp,
                                       cp=cp, dp=dp, mbs=micro_batch_size, pp=pp, num_microbatches=m, timing=timing)
         else:
             time = profile_time_table(*profiled_times(profiles, scenario, batch))
@@ -220,7 +215,7 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: MemoryOptio
 
 
 def _megatron_args(profiles: ProfileSet, tp: int, stages, micro_batch_size: int, global_batch_size: int):
-    setup = _setup(profiles)
+    setup = profiles.setup
     return tuple(megatron_args(
         profiles.model, profiles.seq_len, tp=tp, cp=profiles.cp, layers_per_stage=[stage.layers for stage in stages],
         micro_batch_size=micro_batch_size, global_batch_size=global_batch_size,

@@ -57,13 +57,19 @@ def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options
     extras = "; " + ", ".join(f"{key}={value}" for key, value in changed.items()) if changed else ""
     where = f"{gpus} x {gpu.name} ({mem:g} GiB, {gpu.gpus_per_node}/node)" if gpu else f"{gpus} GPUs x {mem:g} GiB"
     rule = (f"fits <= {threshold * mem:.1f} GiB ({threshold:.0%})" if memory_model == "paper"
-            else "calibrated memory model")
+            else "calibrated memory model" if memory_model == "calibrated"
+            else "calibrated memory model with profiled activations")
     return (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {where}, {rule}, "
             f"ranked by {rank_by}{extras}")
 
 
-def _resolve_choices(gpu, memory_model, rank_by, tokens):
-    """The defaults that depend on --gpu, and the combinations that need it."""
+def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None):
+    """The defaults that depend on --gpu (and --profile), and the combinations that need it."""
+    if memory_model == "profile" and profile_dir is None:
+        raise InputError("--memory-model profile needs --profile DIR (advisor profile run writes one)")
+    if profile_dir is not None and memory_model not in (None, "profile"):
+        raise InputError(f"--profile gives the profile memory model, not --memory-model {memory_model}")
+    memory_model = memory_model or ("profile" if profile_dir is not None else None)
     if tokens is not None and gpu is None:
         raise InputError("--tokens needs --gpu NAME: the time model needs the GPU's FLOP/s and bandwidths")
     if rank_by == "throughput" and gpu is None:
@@ -89,8 +95,8 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens):
                    "predicted TFLOP/s per GPU.")
 @memory_options(searchable=True)
 @output_options
-def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, rank_by, tokens,
-          plot, options, space, fmt, output) -> None:
+def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
+          tokens, plot, options, space, fmt, output) -> None:
     """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
     layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
 
@@ -124,6 +130,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
       advisor sweep --gpus 8 --gpu h100-94gb --seq-len 32768 --all --plot sweep.png
       advisor sweep --gpus 16384 --gpu h100-80gb --model llama3.1-405b --gbs 2048
       advisor sweep --gpus 8 --mem 94 --seq-len 32768 --split even --recompute none --all --format json
+      advisor sweep --gpus 64 --gpu h100-80gb --profile runs/   # activations as profiled
     """
     from advisor import render
     from advisor.megatron_args import megatron_args
@@ -131,9 +138,16 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
 
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
-    memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens)
+    memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir)
+    measured = None
+    if profile_dir is not None:
+        from advisor.profile_terms import measured_activations
+
+        measured = measured_activations(profile_dir)
+        measured.check_sweep(spec, options.flash_attention, options.sequence_parallel)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
-                       space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens)
+                       space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens,
+                       measured=measured)
     rows = result.rows
     searched = (f"{result.considered:,} layouts considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
                 f"{result.pruned:,} pruned as unable to fit or to win")
@@ -184,7 +198,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         if not any(row.rank for row in rows):
             caption = f"nothing fits: {caption}. Try more GPUs or a shorter --seq-len."
         text = render.to_table(
-            dicts, _row_columns(memory_model == "calibrated", gpu is not None, tokens is not None),
+            dicts, _row_columns(memory_model != "paper", gpu is not None, tokens is not None),
             title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by),
             caption=f"{caption}\n{searched}", row_style=render.verdict_style, color=color_wanted(output),
         )

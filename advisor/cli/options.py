@@ -372,10 +372,15 @@ def model_choice_options(func: Callable) -> Callable:
     """--memory-model, --rank-by, --tokens: how rows are judged, ranked and costed."""
     return apply_options(
         [
-            click.option("--memory-model", type=click.Choice(["calibrated", "paper"]), default=None,
+            click.option("--memory-model", type=click.Choice(["calibrated", "paper", "profile"]), default=None,
                          help="calibrated: Eq. 18 plus what it leaves out, verdicts fits / likely fits / likely "
                               "oom / oom with the margin (default with --gpu); paper: Eq. 18 exactly and its 80% "
-                              "rule, fits / tight / oom (default without --gpu)."),
+                              "rule, fits / tight / oom (default without --gpu); profile: the calibrated model "
+                              "with the activations a profile measured (--profile DIR)."),
+            click.option("--profile", "profile_dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+                         help="Profiles (a run, or a campaign's --out; advisor profile run --backend symbolic "
+                              "takes them at the real size without a GPU) whose measured activations, as ratios "
+                              "to Eq. 12-14, replace the equations' (implies --memory-model profile)."),
             click.option("--rank-by", type=click.Choice(["throughput", "memory", "paper"]), default=None,
                          help="throughput: the fastest predicted layout expected to run (default with --gpu); "
                               "memory: most headroom; paper: seed 004's rule (default without --gpu)."),

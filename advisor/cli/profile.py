@@ -198,13 +198,21 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
 
 
 def run_options(func):
-    """CAMPAIGN, --out, --threads, --memory-limit: shared by 'advisor profile run' and the runner
-    it starts (python -m megatron_hooks.campaign_runner), which receives them unchanged."""
+    """CAMPAIGN, --out, --backend, --layer-spec, --threads, --memory-limit: shared by 'advisor
+    profile run' and the runner it starts (python -m megatron_hooks.campaign_runner), which
+    receives them unchanged."""
     return apply_options([
         click.argument("campaign", type=click.Path(dir_okay=False, path_type=Path)),
         click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
                      help="Directory for the runs: OUT/<run id>/rank*.jsonl (what 'advisor recommend --profile' "
                           "reads)."),
+        click.option("--backend", type=click.Choice(["cpu", "symbolic"]), default="cpu", show_default=True,
+                     help="Without --megatron-lm: cpu emulates each stage with real tensors (small models); "
+                          "symbolic runs megatron-core on fake tensors, at the real model size, in seconds, as a "
+                          "GPU rank would hold it (megatron_hooks/symbolic.py)."),
+        click.option("--layer-spec", type=click.Choice(["transformer_engine", "local"]), default=None,
+                     help="--backend symbolic: the layer spec of the run to stand for (default transformer_engine, "
+                          "Megatron-LM's --transformer-impl; local: megatron-core's own modules)."),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="Intra-op threads per emulated GPU (default: cores / (TP x DP))."),
         click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
@@ -228,9 +236,9 @@ def run_options(func):
 @click.option("--rdzv-port", type=click.IntRange(1, 65535), default=None,
               help="With --slurm: the c10d rendezvous port on the allocation's first node (default 29500).")
 @click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]")
-def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: float | None, megatron_lm: str | None,
-                mock_data: bool, train_iters: int | None, slurm: bool, rdzv_port: int | None,
-                user_args: tuple[str, ...]) -> None:
+def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None, threads: int | None,
+                memory_limit: float | None, megatron_lm: str | None, mock_data: bool, train_iters: int | None,
+                slurm: bool, rdzv_port: int | None, user_args: tuple[str, ...]) -> None:
     """Execute a profiling campaign (from 'advisor profile plan'), resuming where it stopped.
 
     \b
@@ -243,6 +251,10 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
     --slurm, inside an allocation, runs span several nodes. Runs
     already complete under --out (every rank ended ok or oom) are skipped;
     partial ones are run again; an OOM is an outcome, not a failure.
+    With --backend symbolic, no GPU and any model size: every rank of every
+    run is profiled on fake tensors with megatron-core's real modules and
+    optimizer, the CUDA kernels stood in for; --memory-limit then predicts
+    which runs would run out of memory.
 
     \b
     Examples:
@@ -252,6 +264,10 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
           --no-sequence-parallel --seq-len 512 --mbs 4 --gbs 16 -o campaign.json
       advisor profile run campaign.json --out runs/
       advisor recommend --profile runs/ --gpus 4 --pp 4 --mbs 4 --gbs 16
+    \b
+      advisor profile plan --gpus 16 --gpus-per-node 4 --mode reduced -o real.json
+      advisor profile run real.json --out real-runs/ --backend symbolic
+      advisor recommend --profile real-runs/ --gpus 64 --pp 4 --mbs 1 --gbs 512
     \b
       advisor profile plan --gpus 8 --gpus-per-node 8 --mode reduced -o campaign.json
       advisor profile run campaign.json --out runs/ --megatron-lm ~/Megatron-LM --mock-data -- --lr 1e-4
@@ -268,12 +284,19 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
     gpus = megatron_lm is not None
     if gpus and (threads or memory_limit):
         raise InputError("--threads and --memory-limit are the CPU emulator's; with --megatron-lm the GPUs decide")
+    if gpus and backend != "cpu":
+        raise InputError("--backend symbolic profiles without GPUs; with --megatron-lm your Megatron-LM runs on them")
+    if backend == "symbolic" and threads:
+        raise InputError("--threads is the CPU backend's; the symbolic backend computes nothing")
+    if backend != "symbolic" and layer_spec:
+        raise InputError("--layer-spec is the symbolic backend's (the CPU backend runs the local spec; with "
+                         "--megatron-lm your arguments decide)")
     if not gpus and (mock_data or train_iters or slurm or rdzv_port or user_args):
         given = ("--mock-data" if mock_data else "--train-iters" if train_iters else "--slurm" if slurm
                  else "--rdzv-port" if rdzv_port else f"'{user_args[0]}'")
         raise InputError(f"{given} is for Megatron-LM runs: give --megatron-lm DIR (the CPU emulator takes no "
                          f"Megatron-LM arguments)")
-    document = prepare(campaign, out, emulated=not gpus)
+    document = prepare(campaign, out, backend="megatron" if gpus else backend, layer_spec=layer_spec)
     scan(document, out)  # runs of another campaign under --out: refused before the runner starts
     if missing := missing_modules():
         raise InputError(f"advisor profile run needs torch and megatron-core, and {' and '.join(missing)} "
@@ -283,7 +306,8 @@ def run_command(campaign: Path, out: Path, threads: int | None, memory_limit: fl
                    *(["--train-iters", str(train_iters)] if train_iters else []), *(["--slurm"] if slurm else []),
                    *(["--rdzv-port", str(rdzv_port)] if rdzv_port else []), "--", *user_args]
     else:
-        options = [*(["--threads", str(threads)] if threads else []),
+        options = ["--backend", backend, *(["--layer-spec", layer_spec] if layer_spec else []),
+                   *(["--threads", str(threads)] if threads else []),
                    *(["--memory-limit", repr(memory_limit)] if memory_limit else [])]
     try:
         status, summary, last = relay(campaign, out, options, progress.view(sys.stderr.isatty()), gpus=gpus)
