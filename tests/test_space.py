@@ -33,7 +33,7 @@ def test_the_closed_form_inverse_is_the_bisection(model, tp, cp, pp, recompute, 
     assert closed[0].tolist() == [int(every[within[:, i], 0].max(initial=vpp - 1)) for i in range(pp)]
 
 
-def _plan_every_variant(spec, workload, gpus, memory_gib, timing, calibration=None):
+def _plan_every_variant(spec, workload, gpus, memory_gib, timing, calibration=None, measured=None):
     """Per base layout, every (VPP, N) the space offers, planned without any pruning: its MadPipe
     split within 80% of the memory (calibrated: within 1 - band of it, by the calibrated model)
     and that split's step (the space's own planner and pricing)."""
@@ -47,7 +47,7 @@ def _plan_every_variant(spec, workload, gpus, memory_gib, timing, calibration=No
     n = np.concatenate([np.arange(a, b + 1) for a, b in zip(low, high)])
     variants = Variants(group_base[owner], bases, group_vpp[owner], n)
     times = timing.layouts(tp=bases.tp, cp=bases.cp, dp=bases.dp, mbs=bases.mbs, pp=bases.pp, selective=False)
-    calibrated = None if calibration is None else (calibration, memory_gib)
+    calibrated = None if calibration is None else (calibration, memory_gib, measured)
     pricer = _Pricer(spec, workload, options, variants, times, calibrated=calibrated)
     split = pricer.fastest(_limit(memory_gib, calibration))
     step = np.full(len(variants), np.inf)
@@ -62,7 +62,7 @@ def _limit(memory_gib, calibration):
     return (0.8 if calibration is None else 1 - calibration.band) * memory_gib * 2**30
 
 
-def _usage(spec, workload, chosen, bases, memory_gib, calibration):
+def _usage(spec, workload, chosen, bases, memory_gib, calibration, measured=None):
     """Each row's peak bytes per GPU: Eq. 18, or the calibrated model's (``advisor.verdicts``)."""
     if calibration is None:
         return chosen.terms.total.max(axis=1)
@@ -72,19 +72,52 @@ def _usage(spec, workload, chosen, bases, memory_gib, calibration):
     width = chosen.terms.total.shape[1]
     terms = calibrated_terms(spec, workload.seq_len, bases.mbs[col], bases.tp[col], bases.cp[col],
                              np.arange(width)[None, :], bases.pp[col], chosen.recompute_layers[col] > 0,
-                             MemoryOptions(), calibration, memory_gib)
+                             MemoryOptions(), calibration, memory_gib, measured)
     t = chosen.terms
     usage = terms.stage_bytes(t.model_states, t.layer_activations, t.embedding_activations, t.output_activations)
     return np.where(np.arange(width)[None, :] < bases.pp[col], usage, -np.inf).max(axis=1)
 
 
-@pytest.mark.parametrize("calibrated", [False, True])
+def _measured(spec):
+    """Profiled activation ratios (``--memory-model profile``): overall, and others at TP 2."""
+    from advisor.profile_terms import ActivationRatios, MeasuredActivations
+
+    return MeasuredActivations(
+        model=spec, source="hand", layer_spec="transformer_engine", sequence_parallel=True, params_dtype="bfloat16",
+        backends=("symbolic",), overall=ActivationRatios(decoder=1.3, embedding=None, output=0.9, samples=3),
+        by_layout={(2, 1): ActivationRatios(decoder=0.7, embedding=0.01, output=None, samples=2)})
+
+
+def test_profiled_ratios_per_layout_in_the_vectorised_terms():
+    """The planners' calibrated terms take the profiled ratios of each row's own (TP, CP), the
+    overall ratio where that layout's profiles lack a module, and the calibrated model's
+    correction where no profile measured it; fully recomputed layers keep Eq. 12's input."""
+    from advisor import memory_terms
+    from advisor.verdicts import MemoryCalibration, calibrated_terms
+
+    spec = PRESETS["llama3.1-8b"]
+    calibration = MemoryCalibration(reserve_fraction=0.07, activation_factor=1.2, band=0.05)
+    tp, cp = np.array([[1], [2], [2], [4]]), np.array([[1], [1], [2], [1]])
+    terms = calibrated_terms(spec, 8192, 1, tp, cp, np.arange(4)[None, :], 4, np.array([[False], [False], [True],
+                             [False]]), MemoryOptions(), calibration, 80.0, _measured(spec))
+    factor = 1.2
+    assert np.broadcast_to(terms.layer_factor, (4, 4))[:, 0] == pytest.approx(factor * np.array([1.3, 0.7, 1, 1.3]))
+    ids = memory_terms.embedding_ids_fraction(spec)
+    assert np.ravel(terms.embedding_factor) == pytest.approx(factor * np.array([ids, 0.01, ids, ids]))
+    assert np.ravel(terms.output_factor) == pytest.approx([factor * 0.9] * 4)
+    plain = calibrated_terms(spec, 8192, 1, tp, cp, np.arange(4)[None, :], 4, False, MemoryOptions(), calibration,
+                             80.0)
+    assert np.ravel(plain.layer_factor) == pytest.approx([factor * memory_terms.swiglu_fusion_fraction(spec)])
+    assert np.array_equal(terms.added, plain.added)  # the ratios change activations only
+
+
+@pytest.mark.parametrize("calibrated", [False, True, "profile"])
 @pytest.mark.parametrize("model,gpus,gbs,memory", [("llama3.2-1b", 8, 64, 16), ("llama3.2-3b", 16, 128, 24),
                                                    ("llama3.1-8b", 32, 256, 40)])
 def test_the_time_chooser_loses_no_layouts_best_variant(model, gpus, gbs, memory, calibrated):
     """With the time model, each row is the fastest (VPP, recomputation, split) of its layout that
-    fits (Eq. 18's 80%, or the calibrated model's 'fits'): the pruning (bounds, the period rule
-    for N) drops nothing that would have won."""
+    fits (Eq. 18's 80%, or the calibrated model's 'fits', with profiled activations too): the
+    pruning (bounds, the period rule for N) drops nothing that would have won."""
     from advisor.hardware import get_gpu
     from advisor.rank_times import Timing
     from advisor.space import search
@@ -95,11 +128,12 @@ def test_the_time_chooser_loses_no_layouts_best_variant(model, gpus, gbs, memory
     workload = Workload(seq_len=4096, global_batch_size=gbs)
     timing = Timing(TimeModel(spec, get_gpu("h100-80gb"), 4096, gbs), 8)
     calibration = MemoryCalibration(reserve_fraction=0.08, activation_factor=1.15, band=0.04) if calibrated else None
-    bases, best = _plan_every_variant(spec, workload, gpus, memory, timing, calibration)
+    measured = _measured(spec) if calibrated == "profile" else None
+    bases, best = _plan_every_variant(spec, workload, gpus, memory, timing, calibration, measured)
     result = search(spec, workload, gpus, memory, threshold=0.8, max_tp=8, options=MemoryOptions(), timing=timing,
-                    memory_calibration=calibration)
+                    memory_calibration=calibration, measured=measured)
     assert len(result.bases) == len(bases) and result.evaluated < result.considered
-    fits = _usage(spec, workload, result.chosen, bases, memory, calibration) <= _limit(memory, calibration)
+    fits = _usage(spec, workload, result.chosen, bases, memory, calibration, measured) <= _limit(memory, calibration)
     assert np.isfinite(best).any()
     for b in range(len(bases)):
         if np.isfinite(best[b]):
@@ -179,3 +213,25 @@ def test_the_planners_calibrated_stage_model_is_the_verdicts_usage(model, tp, cp
     planner = StageModel(spec, 8192, options, tp=tp, cp=cp, dp=2, mbs=mbs, pp=pp, vpp=vpp,
                          num_microbatches=workload.num_microbatches(parallel), stage=stage, calibrated=terms)
     assert planner.total(np.array(layers)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_sweep_plans_against_the_profile_model_that_judges_it():
+    """With --memory-model profile the space is planned with the profiled ratios: every layout
+    that a plan made for the calibrated model would fit under the profile model fits as planned,
+    and some fit only because they were planned against the ratios they are judged by."""
+    from advisor.ranking import assess_rows
+    from advisor.sweep import sweep
+
+    spec, workload = PRESETS["llama3.1-70b"], Workload(seq_len=8192, global_batch_size=256)
+    measured = _measured(spec)
+    planned = sweep(spec, workload, 128, 40, memory_model="profile", measured=measured).rows
+    naive = sweep(spec, workload, 128, 40, memory_model="calibrated").rows
+    rejudged = assess_rows(naive, spec, workload, 40, memory_model="profile", measured=measured)
+
+    def verdicts(rows):
+        return {(r.parallel.tp, r.parallel.cp, r.parallel.pp, r.parallel.dp, r.parallel.mbs): r.verdict for r in rows}
+
+    planned, rejudged = verdicts(planned), verdicts(rejudged)
+    assert planned.keys() == rejudged.keys()
+    assert all(planned[key] == "fits" for key, verdict in rejudged.items() if verdict == "fits")
+    assert sum(v == "fits" for v in planned.values()) > sum(v == "fits" for v in rejudged.values())
