@@ -169,7 +169,7 @@ def sweep(
     Eq. 18 and the 80% rule, 'calibrated', or 'profile' with ``measured`` activations,
     ``advisor.profile_terms``; the space is planned against the same model, its variants and
     splits chosen to fit by the verdicts' own rule; ``rank_by`` throughput | memory | paper)."""
-    from advisor.ranking import assess_rows, timing_fields
+    from advisor.ranking import assess_rows, check_memory_model, timing_fields
     from advisor.space import SpaceOptions, search
 
     if gpus < 1:
@@ -178,6 +178,7 @@ def sweep(
         raise AdvisorError(f"GPU memory must be a positive number of GiB, got {memory_gib}")
     if not 0 < threshold <= 1:
         raise AdvisorError(f"the threshold must be in (0, 1], got {threshold}")
+    check_memory_model(memory_model, measured)
     space = space or SpaceOptions()
     timing = None
     if gpu is not None:
@@ -227,7 +228,14 @@ def sweep(
             estimate=MemoryEstimate(terms, tuple(chosen.counts[b, :pp].tolist()), int(peak[b])),
             memory_gib=memory_gib, verdict=classify(float(total[b]), memory_gib, threshold),
             options=row_options[recompute], timing=timings[b]))
+    assessments = None
+    if memory_calibration is not None:  # the calibrated (or profile) model judges all rows at once
+        from advisor.verdicts import assess_stages
+
+        assessments = assess_stages(spec, workload.seq_len, chosen.terms, bases.pp, bases.mbs, bases.tp, bases.cp,
+                                    chosen.recompute == "full", memory_gib, options, memory_calibration, measured)
     ranked = assess_rows(rows, spec, workload, memory_gib, memory_model=memory_model,
                          rank_by=rank_by or ("throughput" if timing is not None else "paper"), options=options,
-                         threshold=threshold, memory_calibration=memory_calibration, measured=measured)
+                         threshold=threshold, memory_calibration=memory_calibration, measured=measured,
+                         assessments=assessments)
     return Sweep(rows=ranked, considered=result.considered, evaluated=result.evaluated)

@@ -169,6 +169,30 @@ def calibrated_stage_bytes(
     return np.broadcast_to(per_stage, (pp,)).tolist()
 
 
+def assess_stages(
+    spec: LlamaSpec, seq_len: int, terms, pp, mbs, tp, cp, full_recompute, memory_gib: float,
+    options: MemoryOptions, calibration: MemoryCalibration, measured=None,
+) -> list[Assessment]:
+    """``assess`` for many layouts at once: ``terms`` (``memory.StageTerms`` of arrays, one row
+    per layout, as wide as the deepest pipeline), ``pp`` and the layout quantities are arrays of
+    one value per layout (the sweep's rows)."""
+    col = (slice(None), None)
+    pp = np.asarray(pp)
+    width = np.shape(terms.model_states)[1]
+    stage = np.arange(width)[None, :]
+    calibrated = calibrated_terms(spec, seq_len, np.asarray(mbs)[col], np.asarray(tp)[col], np.asarray(cp)[col],
+                                  stage, pp[col], np.asarray(full_recompute)[col], options, calibration, memory_gib,
+                                  measured)
+    per_stage = calibrated.stage_bytes(terms.model_states, terms.layer_activations, terms.embedding_activations,
+                                       terms.output_activations)
+    per_stage = np.where(stage < pp[col], per_stage, -np.inf)
+    peak = per_stage.argmax(axis=1)
+    usage = (per_stage.max(axis=1) / GIB).tolist()
+    return [Assessment(usage_gib=u, peak_stage=p, memory_gib=memory_gib, verdict=verdict_for(u, memory_gib,
+                                                                                            calibration.band))
+            for u, p in zip(usage, peak.tolist())]
+
+
 def verdict_for(usage_gib: float, memory_gib: float, band: float) -> CalibratedVerdict:
     ratio = usage_gib / memory_gib
     if ratio <= 1 - band:

@@ -235,3 +235,25 @@ def test_the_sweep_plans_against_the_profile_model_that_judges_it():
     assert planned.keys() == rejudged.keys()
     assert all(planned[key] == "fits" for key, verdict in rejudged.items() if verdict == "fits")
     assert sum(v == "fits" for v in planned.values()) > sum(v == "fits" for v in rejudged.values())
+
+
+@pytest.mark.parametrize("profiled", [False, True])
+def test_the_sweeps_vectorised_assessments_are_each_rows_own(profiled):
+    """The sweep judges all its rows at once (verdicts.assess_stages); each row's assessment is
+    what advisor.verdicts.assess computes from that row alone (its estimate and recomputation)."""
+    from advisor.sweep import sweep
+    from advisor.throughput.calibration import load_memory_calibration
+    from advisor.verdicts import assess
+
+    spec, workload = PRESETS["llama3.1-70b"], Workload(seq_len=8192, global_batch_size=256)
+    measured = _measured(spec) if profiled else None
+    rows = sweep(spec, workload, 128, 40, memory_model="profile" if profiled else "calibrated",
+                 measured=measured).rows
+    assert {row.options.recompute for row in rows} >= {"none", "full"} and len({row.parallel.pp for row in rows}) > 3
+    calibration = load_memory_calibration()
+    for row in rows:
+        p = row.parallel
+        alone = assess(row.estimate, spec, workload.seq_len, p.mbs, p.tp, p.cp, 40, row.options, calibration, measured)
+        assert row.assessment.usage_gib == pytest.approx(alone.usage_gib, rel=1e-12)
+        assert (row.assessment.peak_stage, row.assessment.verdict, row.verdict) == (alone.peak_stage, alone.verdict,
+                                                                                     alone.verdict)
