@@ -5,6 +5,8 @@ import io
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from advisor.sweep import ranking_key
 
@@ -182,3 +184,23 @@ def test_bad_config_files(advisor, tmp_path):
         "sweep", "--gpus", 8, "--mem", 40, "--model", incomplete
     )
     assert "no such file" in advisor.error("sweep", "--gpus", 8, "--mem", 40, "--model", tmp_path / "none.json")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                    | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+                    max_leaves=20))
+def test_json_documents_read_back_as_written(document):
+    """render.to_json (every JSON the CLI writes): what json reads back is the document; each line
+    holds one key of an object, one element of an array of containers, or a whole array of scalars."""
+    import json
+
+    from advisor.render import to_json
+
+    text = to_json(document)
+    assert json.loads(text) == document and text.endswith("\n")
+    if isinstance(document, dict) and document:
+        assert len(text.splitlines()) >= len(document) + 2
+    if isinstance(document, list) and any(isinstance(item, (dict, list)) for item in document):
+        assert [json.loads(line.strip().rstrip(",")) for line in text.splitlines()[1:-1]] == document

@@ -287,8 +287,9 @@ def emit(text: str, output: Path | None) -> None:
         _write(output, text)
 
 
-def emit_document(document: dict, table: str, fmt: str, output: Path | None) -> None:
-    """A document: its JSON to ``output`` if given, and the table or the JSON to stdout."""
+def emit_document(document: dict, table: str | Callable[[], str], fmt: str, output: Path | None) -> None:
+    """A document: its JSON to ``output`` if given, and the table or the JSON to stdout
+    (``table`` may be a function: drawn only when shown)."""
     from advisor import render
 
     text = render.to_json(document)
@@ -296,7 +297,7 @@ def emit_document(document: dict, table: str, fmt: str, output: Path | None) -> 
         fmt = "json"
     elif output is not None:
         _write(output, text)
-    click.echo(text if fmt == "json" else table, nl=False)
+    click.echo(text if fmt == "json" else table if isinstance(table, str) else table(), nl=False)
 
 
 def parse_numbers(text: str, kind: Callable, option: str) -> tuple:

@@ -116,7 +116,7 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
 
         draw(plan, png, mem)
         click.echo(f"wrote {png}", err=True)
-    emit_document(plan.to_dict(), _plan_table(plan, mem), fmt, output)
+    emit_document(plan.to_dict(), lambda: _plan_table(plan, mem), fmt, output)
 
 
 def _timing(spec, gpu, seq_len: int, global_batch_size: int):
