@@ -62,7 +62,7 @@ def test_the_rows_show_every_new_kind(advisor, tmp_path):
     assert any(row["vpp"] > 1 for row in rows)
     assert any(row["vpp"] > 1 and "--pipeline-model-parallel-layout" in row["megatron_args"] for row in rows)
     assert any(row["recompute"] == "full" for row in rows)
-    assert all(row["verdict"] in ("fits", "tight") for row in rows)
+    assert all(row["verdict"] in ("fits", "likely fits") for row in rows)  # --gpu: the calibrated model's
 
 
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
