@@ -1,51 +1,302 @@
-"""Files: JSON read with one clear error, and atomic writes (a reader sees the old file or the
-whole new one, never half of it)."""
+"""Files: the bounded readers and the atomic writer that every user file goes through.
+
+Reading (``read_json``, ``JsonLines``) accepts regular files only: a FIFO, a socket or a device is
+refused after an ``open`` that cannot block, and never read. The size is checked against
+``advisor.limits`` before a byte is read; text must be UTF-8 (a BOM is allowed); JSON is parsed
+with its nesting depth bounded, its integers bounded to int64, NaN, Infinity and numbers that
+overflow a double refused, and a key repeated in one object refused (JSON leaves it undefined).
+Every failure is one ``AdvisorError`` naming the file (and the line).
+
+Writing (``atomic_write_bytes``) replaces a regular file, or creates a new one, through a
+temporary file in the same directory and a rename, so a reader sees the old content or the whole
+new one. A symbolic link is followed (the link stays, its target gets the content). What is not
+a regular file (a device such as /dev/null, a FIFO, a directory) is refused, as is a read-only
+file. A new file gets the mode the umask gives (0666 & ~umask), a replaced file keeps its mode.
+Errors name the user's path, never the temporary file.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
+import stat
 from pathlib import Path
+from typing import Iterator
 
+from advisor import limits
 from advisor.errors import AdvisorError
 
+_KINDS = {stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device",
+          stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a directory"}
 
-def read_json(path: str | Path):
-    """The JSON value in ``path``; AdvisorError naming the file if it cannot be read or parsed."""
-    path = Path(path)
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS.items() if test(mode)), "not a regular file")
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+def _open_regular(path: Path, max_bytes: int, what: str) -> int:
+    """A read-only descriptor of the regular file ``path``, no larger than ``max_bytes``."""
     try:
-        text = path.read_text(encoding="utf-8")
+        # O_NONBLOCK: opening a FIFO without a writer would otherwise wait forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise AdvisorError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise AdvisorError(f"{path} is a directory, not a JSON file") from None
-    except UnicodeDecodeError:
-        raise AdvisorError(f"{path}: not a UTF-8 text file") from None
+    except PermissionError:
+        raise AdvisorError(f"{path}: cannot read: permission denied") from None
+    except OSError as exc:
+        raise AdvisorError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise AdvisorError(f"{path} is a directory, not a {what}")
+        if not stat.S_ISREG(info.st_mode):
+            raise AdvisorError(f"{path} is {_kind(info.st_mode)}; a {what} is read from a regular file only")
+        if info.st_size > max_bytes:
+            raise AdvisorError(f"{path} is {info.st_size:,} bytes; a {what} is at most {max_bytes:,}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_bytes(path: str | Path, *, max_bytes: int = limits.JSON_FILE_BYTES, what: str = "file") -> bytes:
+    """The content of the regular file ``path``, at most ``max_bytes`` (checked again while
+    reading, for a file that grows)."""
+    path = Path(path)
+    fd = _open_regular(path, max_bytes, what)
+    chunks, total = [], 0
+    try:
+        while chunk := os.read(fd, 1 << 20):
+            total += len(chunk)
+            if total > max_bytes:
+                raise AdvisorError(f"{path} grew beyond {max_bytes:,} bytes while being read; a {what} is at most that")
+            chunks.append(chunk)
     except OSError as exc:
         raise AdvisorError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def decode_utf8(data: bytes, where: str) -> str:
     try:
-        return json.loads(text)
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise AdvisorError(f"{where}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+
+
+class _Refused(Exception):
+    def __init__(self, literal: str, why: str) -> None:
+        super().__init__(literal)
+        self.literal, self.why = literal, why
+
+
+def _parse_int(text: str) -> int:
+    # Length first: int() of a 100,000-digit literal is slow, and over 4,300 digits it raises.
+    if len(text.lstrip("-")) > 19 or abs(value := int(text)) > limits.JSON_INT:
+        raise _Refused(text, "does not fit in 64 bits")
+    return value
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise _Refused(text, "is beyond the range of a double")
+    return value
+
+
+def _parse_constant(name: str):
+    raise _Refused(name, "is not a JSON number (JSON has no NaN or Infinity)")
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen = set()
+        key = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _Refused(json.dumps(key), "appears twice as a key of one object")
+    return result
+
+
+def _check_depth(value: object, where: str) -> None:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limits.JSON_DEPTH:
+            raise AdvisorError(f"{where}: JSON nested deeper than {limits.JSON_DEPTH} levels")
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+
+
+def parse_json(text: str, where: str):
+    """The JSON value of ``text``, bounded as the module says; AdvisorError naming ``where``."""
+    try:
+        value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant,
+                           object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
-        raise AdvisorError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
-        raise AdvisorError(f"{path}: unreadable JSON: {exc}") from None
+        raise AdvisorError(f"{where}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except RecursionError:  # the C scanner's guard, far below what a long document could nest
+        raise AdvisorError(f"{where}: JSON nested deeper than {limits.JSON_DEPTH} levels") from None
+    except _Refused as exc:
+        shown = exc.literal if len(exc.literal) <= 30 else exc.literal[:27] + "..."
+        line = text.count("\n", 0, max(text.find(exc.literal), 0)) + 1
+        raise AdvisorError(f"{where}: line {line}: {shown} {exc.why}") from None
+    if isinstance(value, (dict, list)):
+        _check_depth(value, where)
+    return value
+
+
+def read_json(path: str | Path, *, max_bytes: int = limits.JSON_FILE_BYTES, what: str = "JSON file"):
+    """The JSON value in the regular file ``path``; AdvisorError naming the file if it cannot be
+    read, is too large, is not UTF-8, or is not bounded JSON."""
+    path = Path(path)
+    return parse_json(decode_utf8(read_bytes(path, max_bytes=max_bytes, what=what), str(path)), str(path))
+
+
+class JsonLines:
+    """The values of a JSON Lines file, one per line, read one line at a time.
+
+    Each line is bounded (``limits.JSON_LINE_BYTES``) and parsed as ``parse_json`` does. A last
+    line without its newline that does not parse is what an interrupted append leaves: it is
+    skipped, and ``truncated_line`` says which line it was. Blank lines are skipped. ::
+
+        lines = JsonLines(path, max_bytes=limits.RANK_FILE_BYTES, what="profile rank file")
+        for number, value in lines: ...
+    """
+
+    def __init__(self, path: str | Path, *, max_bytes: int, what: str) -> None:
+        self.path, self.max_bytes, self.what = Path(path), max_bytes, what
+        self.truncated_line: int | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, object]]:
+        fd = _open_regular(self.path, self.max_bytes, self.what)
+        total = 0
+        with os.fdopen(fd, "rb") as handle:
+            for number, raw in enumerate(iter(lambda: handle.readline(limits.JSON_LINE_BYTES + 1), b""), start=1):
+                total += len(raw)
+                where = f"{self.path}:{number}"
+                if total > self.max_bytes:
+                    raise AdvisorError(f"{self.path} grew beyond {self.max_bytes:,} bytes while being read")
+                complete = raw.endswith(b"\n")
+                if len(raw) > limits.JSON_LINE_BYTES and not complete:
+                    raise AdvisorError(f"{where}: line longer than {limits.JSON_LINE_BYTES:,} bytes")
+                try:
+                    text = decode_utf8(raw, where)
+                    if not text.strip():
+                        continue
+                    value = parse_json(text, where)
+                except AdvisorError:
+                    if not complete and not handle.peek(1):
+                        self.truncated_line = number  # an interrupted append: the last line, cut short
+                        return
+                    raise
+                yield number, value
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def _resolve(path: Path) -> Path:
+    """``path`` with its symbolic links followed, refusing a way through /proc: /dev/stdout and
+    /dev/fd/N are links to an open descriptor, whose "target" is whatever it is connected to."""
+    refused = AdvisorError(f"{path} names an open file descriptor, not a file: output files are written "
+                           f"atomically (for standard output, leave out -o or give -o -)")
+    current = Path(os.path.abspath(path))
+    for _ in range(40):  # Linux's own limit on links followed (ELOOP)
+        parent = Path(os.path.realpath(current.parent))
+        current = parent / current.name
+        if parent.parts[:2] == ("/", "proc"):
+            raise refused
+        if not current.is_symlink():
+            return current
+        current = Path(os.path.join(parent, os.readlink(current)))
+    raise AdvisorError(f"{path}: too many levels of symbolic links")
+
+
+def output_target(path: str | Path) -> tuple[Path, os.stat_result | None]:
+    """The regular file a write to ``path`` replaces (symbolic links followed) and its status, or
+    the new file it creates (status None); AdvisorError, naming ``path``, for anything a file
+    cannot be written to. Called before the work (so a bad -o fails fast) and by every write."""
+    if os.fspath(path) in ("", "."):
+        raise AdvisorError(f"the output path {os.fspath(path)!r} names no file")
+    path = Path(path)
+    if len(os.fsencode(path.name)) > limits.NAME_BYTES:
+        raise AdvisorError(f"{path}: the file name is longer than {limits.NAME_BYTES} bytes")
+    try:
+        target = _resolve(path)
+    except OSError as exc:
+        raise AdvisorError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        info = os.stat(target)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise AdvisorError(f"{path}: {exc.strerror or exc}") from None
+    if info is not None:
+        if stat.S_ISDIR(info.st_mode):
+            raise AdvisorError(f"{path} is a directory; give a file name")
+        if not stat.S_ISREG(info.st_mode):
+            raise AdvisorError(f"{path} is {_kind(info.st_mode)}: output files are written atomically, as regular "
+                               f"files only (for standard output, leave out -o or give -o -)")
+        if not os.access(target, os.W_OK) or not info.st_mode & 0o222:  # root may write anywhere
+            raise AdvisorError(f"{path} is read-only; it is not replaced")
+    if len(os.fsencode(target.name)) > limits.NAME_BYTES:
+        raise AdvisorError(f"{path}: the file name is longer than {limits.NAME_BYTES} bytes")
+    parent = target.parent
+    if not parent.is_dir():
+        raise AdvisorError(f"{path}: no such directory: {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise AdvisorError(f"{path}: cannot create files in {parent}: permission denied")
+    return target, info
+
+
+def is_stdout(path: str | Path) -> bool:
+    """Whether ``path`` is '-' or names this process's standard output (/dev/stdout, or the file
+    that stdout is redirected to): an explicit request to write to stdout, not to replace a file."""
+    if str(path) == "-":
+        return True
+    try:
+        named, out = os.stat(path), os.fstat(1)
+    except (OSError, ValueError):
+        return False
+    return (named.st_dev, named.st_ino) == (out.st_dev, out.st_ino)
+
+
+def _temporary_name(name: str) -> str:
+    """'.NAME.XXXXXXXX.tmp', NAME shortened so that the whole fits in a file name."""
+    token = secrets.token_hex(4)
+    room = limits.NAME_BYTES - len(f"..{token}.tmp")
+    encoded = os.fsencode(name)[:room]
+    return f".{os.fsdecode(encoded)}.{token}.tmp"
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write ``data`` to ``path`` atomically (see the module docstring); returns ``path``."""
+    target, info = output_target(path)
+    temporary = target.parent / _temporary_name(target.name)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # the umask applies
+        try:
+            if info is not None:
+                os.fchmod(fd, stat.S_IMODE(info.st_mode))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, target)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise AdvisorError(f"{path}: cannot write: {exc.strerror or exc}") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
-    return path
+    return Path(path)
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

@@ -221,7 +221,7 @@ def test_out_must_be_a_directory_without_other_runs(advisor, campaign_file, tmp_
 def test_missing_or_unreadable_campaign_file(advisor, tmp_path):
     assert "none.json: no such file" in advisor.error("profile", "run", tmp_path / "none.json", "--out", tmp_path)
     (tmp_path / "latin1.json").write_bytes('{"schema": "caf\xe9"}'.encode("latin-1"))
-    assert "latin1.json: not a UTF-8 text file" in advisor.error("profile", "run", tmp_path / "latin1.json",
+    assert "latin1.json: not UTF-8 text (byte 0xe9 at offset 15)" in advisor.error("profile", "run", tmp_path / "latin1.json",
                                                                  "--out", tmp_path / "runs")
 
 

@@ -5,6 +5,8 @@ import io
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from advisor.sweep import ranking_key
 
@@ -26,13 +28,14 @@ def test_sweep_json_rows_follow_the_interface(advisor):
 def test_sweep_ranking_is_the_documented_order(advisor):
     rows = advisor.json("sweep", "--gpus", 64, "--mem", 40)
     keys = [
-        (r["verdict"] != "fits", r["tp"] * r["cp"] * r["pp"], -r["mbs"], r["tp"], r["pp"], r["total_gib"], r["cp"])
+        (r["verdict"] != "fits", r["recompute"] != "none", r["tp"] * r["cp"] * r["pp"], -r["mbs"], r["tp"], r["pp"],
+         r["recompute_num_layers"] or 0, r["total_gib"], r["cp"], r["vpp"])
         for r in rows
     ]
     assert keys == sorted(keys)
     assert ranking_key  # the same order the library uses
     # The paper's finding on 64 A100s (Table 3): the smallest TP x CP x PP that fits comes first.
-    fits = [r for r in rows if r["verdict"] == "fits"]
+    fits = [r for r in rows if r["verdict"] == "fits" and r["recompute"] == "none"]
     assert rows[0]["tp"] * rows[0]["cp"] * rows[0]["pp"] == min(r["tp"] * r["cp"] * r["pp"] for r in fits)
 
 
@@ -86,12 +89,19 @@ def test_estimate_json_is_a_sweep_row_with_stages(advisor):
     assert [stage["position"] for stage in est["stages"]] == ["first", "middle", "middle", "last"]
     assert est["total_gib"] == max(stage["total_gib"] for stage in est["stages"])
     assert [stage["in_flight_microbatches"] for stage in est["stages"]] == [4, 3, 2, 1]
-    sweep_row = next(
-        r for r in advisor.json("sweep", "--gpus", 64, "--mem", 40, "--all")
-        if (r["tp"], r["cp"], r["pp"], r["mbs"]) == (2, 1, 4, 1)
-    )
-    for key in ROW_KEYS - {"rank"}:
-        assert est[key] == sweep_row[key], key
+    for sweep_row in advisor.json("sweep", "--gpus", 64, "--mem", 40, "--all"):
+        if (sweep_row["tp"], sweep_row["cp"], sweep_row["pp"]) not in ((2, 1, 4), (1, 1, 8), (4, 2, 2)):
+            continue
+        # the row's own split, interleaving and recomputation, priced by estimate
+        recompute = ["--recompute", sweep_row["recompute"]]
+        if sweep_row["recompute"] == "full":
+            recompute += ["--recompute-method", sweep_row["recompute_method"], "--recompute-num-layers",
+                          sweep_row["recompute_num_layers"]]
+        same = advisor.json("estimate", "--tp", sweep_row["tp"], "--cp", sweep_row["cp"], "--pp", sweep_row["pp"],
+                            "--mbs", sweep_row["mbs"], "--gpus", 64, "--mem", 40, "--vpp", sweep_row["vpp"],
+                            "--layers-per-stage", ",".join(map(str, sweep_row["layers_per_stage"])), *recompute)
+        for key in ROW_KEYS - {"rank"} | {"layers_per_stage", "vpp", "recompute", "num_microbatches"}:
+            assert same[key] == sweep_row[key], key
 
 
 def test_estimate_table_shows_every_stage(advisor):
@@ -138,8 +148,12 @@ def test_overrides_change_the_model(advisor):
         (["sweep", "--gpus", 8, "--mem", 0], "'--mem'"),
         (["sweep", "--gpus", 8, "--mem", 40, "--seq-len", -1], "'--seq-len'"),
         (["sweep", "--gpus", 8, "--mem", 40, "--num-layers", 0], "'--num-layers'"),
-        (["sweep", "--gpus", 3, "--mem", 40], "no valid (TP, CP, PP, MBS) for 3 GPUs"),
+        (["sweep", "--gpus", 3, "--mem", 40, "--split", "even"], "no valid (TP, CP, PP, MBS) for 3 GPUs"),
         (["sweep", "--gpus", 8], "give --mem GIB or --gpu NAME"),
+        (["sweep", "--gpus", 8, "--mem", 40, "--vpp", "two"], "--vpp must be auto or a positive integer, got 'two'"),
+        (["sweep", "--gpus", 8, "--mem", 40, "--vpp", "0"], "--vpp must be auto or a positive integer, got '0'"),
+        (["sweep", "--gpus", 8, "--mem", 40, "--recompute-num-layers", 2], "need --recompute full"),
+        (["sweep", "--gpus", 1, "--mem", 80, "--vpp", 2], "VPP 2 needs PP > 1"),
         (["sweep", "--gpus", 8, "--gpu", "h100"], "unknown GPU 'h100'; did you mean"),
         (["sweep", "--gpus", 8, "--mem", 40, "--tokens", "15T"], "--tokens needs --gpu NAME"),
         (["sweep", "--gpus", 8, "--mem", 40, "--rank-by", "throughput"], "--rank-by throughput needs --gpu"),
@@ -153,7 +167,7 @@ def test_overrides_change_the_model(advisor):
         (["estimate", "--pp", 2, "--gpus", 8, "--layers-per-stage", "a,b"], "comma-separated integers"),
         (["estimate", "--pp", 4, "--gpus", 8, "--layers-per-stage", "8,8"], "lists 2 stages, but PP is 4"),
         (["estimate", "--gpus", 8, "--num-query-groups", 5], "multiple of num_query_groups"),
-        (["sweep", "--gpus", 8, "--mem", 40, "-o", "/nonexistent/dir/x.json"], "No such file or directory"),
+        (["sweep", "--gpus", 8, "--mem", 40, "-o", "/nonexistent/dir/x.json"], "no such directory: /nonexistent/dir"),
     ],
 )
 def test_bad_input_gets_one_line_and_status_2(advisor, args, message):
@@ -170,3 +184,23 @@ def test_bad_config_files(advisor, tmp_path):
         "sweep", "--gpus", 8, "--mem", 40, "--model", incomplete
     )
     assert "no such file" in advisor.error("sweep", "--gpus", 8, "--mem", 40, "--model", tmp_path / "none.json")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                    | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+                    max_leaves=20))
+def test_json_documents_read_back_as_written(document):
+    """render.to_json (every JSON the CLI writes): what json reads back is the document; each line
+    holds one key of an object, one element of an array of containers, or a whole array of scalars."""
+    import json
+
+    from advisor.render import to_json
+
+    text = to_json(document)
+    assert json.loads(text) == document and text.endswith("\n")
+    if isinstance(document, dict) and document:
+        assert len(text.splitlines()) >= len(document) + 2
+    if isinstance(document, list) and any(isinstance(item, (dict, list)) for item in document):
+        assert [json.loads(line.strip().rstrip(",")) for line in text.splitlines()[1:-1]] == document

@@ -1,0 +1,145 @@
+"""Every bound on what the advisor accepts: sizes, depths, counts and values, in one place.
+
+A reader or a validator that takes a number, a file or a structure from a user checks it against
+these bounds before any work, so that a hostile or mistaken input is one error line (exit status
+2), never a hang, an out-of-memory kill or a traceback. Each bound says why it is where it is: far
+beyond any real training run, and small enough that the work it admits is bounded. New readers
+(GPU data, profile schema versions, model files) take their bounds from here.
+
+``check_int``/``check_float`` raise ``AdvisorError`` with the bound's reason in the message.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from advisor.errors import AdvisorError
+
+KIB, MIB, GIB = 2**10, 2**20, 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """An inclusive range and why it is there (the reason completes "must be at most N: ...")."""
+
+    low: float
+    high: float
+    why: str
+
+
+# --- files --------------------------------------------------------------------------------
+
+JSON_FILE_BYTES = 64 * MIB
+"""A JSON document we read (campaign, plan, sweep, estimate, config.json). The largest we write:
+a full campaign at the layer bound is about 10 MiB; a Hugging Face config.json is a few KiB."""
+RANK_FILE_BYTES = 1 * GIB
+"""A profile rank file. After its first ``PROFILE_LAYER_ITERATIONS`` iterations a rank appends
+one iteration record (about 300 bytes) per iteration: 1 GiB holds over three million
+iterations, beyond Llama 3 405B's 1.2 million training steps."""
+JSON_LINE_BYTES = 1 * MIB
+"""One line of a JSON Lines file. A header with every layer number of the deepest model is
+about 50 KiB; a layer record is under 1 KiB."""
+JSON_DEPTH = 64
+"""Nesting of a JSON document. Our schemas nest at most 4 levels, Hugging Face configs about 6;
+a deeper document is not one of ours (200,000 levels exhausted Python's stack)."""
+JSON_INT = 2**63 - 1
+"""The largest JSON integer: int64, what torch and Megatron-LM count bytes, tokens and
+iterations in."""
+NAME_BYTES = 255
+"""NAME_MAX on Linux (ext4, XFS, tmpfs): the longest file name in bytes."""
+RUN_ID_CHARS = 200
+"""A campaign run id names a directory; 200 characters leave room under ``NAME_BYTES`` for the
+temporary names of atomic writes."""
+
+# --- models (Megatron-LM's names) ----------------------------------------------------------
+
+MODEL = {
+    "num_layers": Bound(1, 4096, "the deepest trained transformers have about 1,000 layers (DeepNet, "
+                                 "Wang et al. 2022), Llama 3 405B has 126"),
+    "hidden_size": Bound(1, 2**20, "Llama 3 405B has 16,384; 2^20 is 64 times that"),
+    "ffn_hidden_size": Bound(1, 2**22, "Llama 3 405B has 53,248; 2^22 is 78 times that"),
+    "num_attention_heads": Bound(1, 2**16, "Llama 3 405B has 128; 2^16 is 512 times that"),
+    "num_query_groups": Bound(1, 2**16, "a query group has at least one attention head"),
+    "vocab_size": Bound(1, 2**24, "the largest vocabularies have about 256,000 tokens (Gemma); 2^24 is 64 "
+                                  "times that"),
+}
+
+# --- workload and layout ------------------------------------------------------------------
+
+SEQ_LEN = Bound(1, 2**24, "the longest trained contexts are about 10 million tokens")
+GLOBAL_BATCH = Bound(1, 2**24, "Llama 3 405B trained with 16 million tokens per step, 2,048 sequences "
+                               "of 8,192; 2^24 sequences is 8,000 times that")
+GPUS = Bound(1, 2**20, "the largest training clusters have about 100,000 GPUs; 2^20 is ten times that")
+GPUS_PER_NODE = Bound(1, 1024, "an NVLink domain has at most 576 GPUs (NVL576)")
+GPU_MEMORY_GIB = Bound(0, 2**14, "a GPU has at most a few hundred GiB (B300: 288 GB); 16 TiB is 50 times that")
+"""Exclusive at 0: memory must be positive; must be finite (inf and nan are refused)."""
+DEGREE = Bound(1, GPUS.high, "a parallel degree cannot exceed the GPU count bound")
+MICRO_BATCH = Bound(1, GLOBAL_BATCH.high, "a micro-batch is part of the global batch")
+VIRTUAL_STAGES = Bound(1, MODEL["num_layers"].high, "each virtual stage holds at least one layer")
+
+# --- profiling ----------------------------------------------------------------------------
+
+PROFILING_MICROBATCHES = Bound(1, 4096, "a 1F1B stage holds at most PP microbatches at once, and PP is at most "
+                                        "the layer bound, so a profiling run gains nothing from more")
+PROFILING_ITERATIONS = Bound(1, 10_000, "CAPTURE profiles two iterations; memory is steady from the second")
+CAMPAIGN_RUNS = Bound(1, 100_000, "a full campaign has about 10 runs per layer: 40,000 at the layer bound")
+PROFILE_LAYER_ITERATIONS = 10
+"""A rank file holds per-layer records for its first iterations only; later iterations append one
+iteration record each (peak, static memory, time), so a long training's file grows by a constant
+~300 bytes per iteration. Per-layer memory is the same from the second iteration on (the first
+allocates the optimizer states); ten iterations show that it is steady."""
+CPU_EMULATION_SECONDS = 3600.0
+"""``advisor profile run`` on the CPU refuses a campaign estimated to take longer (unless the user
+insists with --force): the emulator is for toy models and for testing a campaign; a real model's
+campaign runs on GPUs (--megatron-lm), where it takes minutes."""
+
+
+def max_threads() -> int:
+    """Intra-op threads per emulated GPU: more than this machine's cores only oversubscribes them
+    (and torch's thread pool crashed at 100,000)."""
+    return os.cpu_count() or 1
+
+
+# --- checks -------------------------------------------------------------------------------
+
+
+def check_int(value: object, name: str, bound: Bound, where: str = "") -> int:
+    """``value`` as an int within ``bound``; AdvisorError naming ``name`` (and ``where``) otherwise."""
+    prefix = f"{where}: " if where else ""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AdvisorError(f"{prefix}{name} must be an integer, got {_show(value)}")
+    if value < bound.low:
+        raise AdvisorError(f"{prefix}{name} must be at least {bound.low:g}, got {_show(value)}")
+    if value > bound.high:
+        raise AdvisorError(f"{prefix}{name} must be at most {int(bound.high):,}, got {_show(value)}: {bound.why}")
+    return value
+
+
+def check_float(value: object, name: str, bound: Bound, where: str = "", *, low_open: bool = False) -> float:
+    """``value`` as a finite float within ``bound`` (above ``bound.low`` when ``low_open``)."""
+    prefix = f"{where}: " if where else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AdvisorError(f"{prefix}{name} must be a number, got {_show(value)}")
+    if not math.isfinite(value):
+        raise AdvisorError(f"{prefix}{name} must be a finite number, got {value}")
+    if value < bound.low or (low_open and value == bound.low):
+        relation = "above" if low_open else "at least"
+        raise AdvisorError(f"{prefix}{name} must be {relation} {bound.low:g}, got {value:g}")
+    if value > bound.high:
+        raise AdvisorError(f"{prefix}{name} must be at most {bound.high:g}, got {value:g}: {bound.why}")
+    return float(value)
+
+
+def _show(value: object) -> str:
+    """A value for a message, shortened (a hostile value may be megabytes long)."""
+    text = repr(value) if not isinstance(value, int) or isinstance(value, bool) else _int_text(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _int_text(value: int) -> str:
+    if abs(value) < 10**30:
+        return str(value)
+    digits = int(abs(value).bit_length() * math.log10(2)) + 1  # str() refuses over 4,300 digits
+    return f"{'-' if value < 0 else ''}a {digits:,}-digit number"
