@@ -36,11 +36,12 @@ def _stamps(out) -> dict:
 
 
 def _measured(path) -> dict:
-    """A rank file's measurements: everything but the run id, times and the creation date."""
+    """A rank file's measurements: everything but the run id, wall times (the step's and, since
+    schema v2, each layer's forward and backward) and the creation date."""
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     for line in lines:
-        for key in ("run_id", "created", "step_time_s"):
-            line.pop(key, None)
+        for key in [key for key in line if key in ("run_id", "created") or key.endswith("_time_s")]:
+            line.pop(key)
     return lines
 
 
