@@ -40,6 +40,11 @@ class MemoryOptions:
     """Shard the Adam states over the DP x CP group (Eq. 10); False keeps all 12 bytes (Eq. 4)."""
     gradient_bytes: int = 4
     """4: FP32 gradient accumulation (the paper); 2: BF16 gradients."""
+    element_bytes: int = 2
+    """Bytes per weight and activation element: 2, BF16 (the paper, Section 3); 4 for an FP32
+    run (``--params-dtype float32``, as the CPU backend profiles tiny models). The equations
+    count BF16 bytes, so weights and every activation term scale by element_bytes / 2, except
+    the FP32 logits and the int64 embedding input of Eq. 13-14, which no dtype changes."""
     recompute: Recompute = "none"
     """Activation recomputation, as Megatron's --recompute-granularity."""
     recompute_method: RecomputeMethod = "uniform"
@@ -59,6 +64,8 @@ class MemoryOptions:
     def __post_init__(self) -> None:
         if self.gradient_bytes not in (2, 4):
             raise AdvisorError(f"gradient_bytes must be 2 (BF16) or 4 (FP32), got {self.gradient_bytes}")
+        if self.element_bytes not in (2, 4):
+            raise AdvisorError(f"element_bytes must be 2 (BF16) or 4 (FP32), got {self.element_bytes}")
         if self.recompute not in ("none", "selective", "full"):
             raise AdvisorError(f"recompute must be none, selective or full, got {self.recompute!r}")
         if self.recompute_method not in ("uniform", "block"):
@@ -303,9 +310,11 @@ class StageModel:
         head = np.where(spec.tie_embeddings & (p == 1), 0, embedding)
         self.layer_parameters = eq.layer_parameters(spec, t)  # Eq. 6
         self.end_parameters = np.where(first, embedding, 0) + np.where(last, eq.final_norm_parameters(spec) + head, 0)
-        self.gradient_bytes = options.gradient_bytes
+        self.weight_bytes, self.gradient_bytes = options.element_bytes, options.gradient_bytes
+        dtype_scale = options.element_bytes / eq.WEIGHT_BYTES  # the equations count BF16 bytes
         self.optimizer_bytes = eq.optimizer_bytes_per_parameter(d * c if options.distributed_optimizer else 1)  # Eq. 10
-        self.kept, self.checkpoint = layer_bytes(spec, seq_len, b, t, c, options)
+        kept, checkpoint = layer_bytes(spec, seq_len, b, t, c, options)
+        self.kept, self.checkpoint = kept * dtype_scale, checkpoint * dtype_scale
         self.vpp, self.recompute_layers = v, np.asarray(recompute_layers)
         self.interleaved = bool((v > 1).any())
         self.uniform = options.recompute_method == "uniform"
@@ -319,7 +328,7 @@ class StageModel:
             first, eq.embedding_activation_bytes(spec, seq_len, b) * self.in_flight.first_chunk() / whole, 0.0)
         # Eq. 14: the last stage runs each microbatch's backward at once
         self.output_activations = np.where(
-            last, eq.output_hidden_activation_bytes(spec, seq_len, b) / whole
+            last, eq.output_hidden_activation_bytes(spec, seq_len, b) * dtype_scale / whole
             + eq.logits_bytes(spec, seq_len, b, vocab) / sharded, 0.0)
         self.calibrated, self.added = calibrated is not None, 0.0
         if calibrated is not None:
@@ -381,7 +390,7 @@ class StageModel:
             return None
         n, passes, v, kept, checkpoint = self.recompute_layers, self.in_flight.passes, self.vpp, self.kept, self.checkpoint
         fixed = self.total(0)
-        per_layer = self.layer_parameters * (eq.WEIGHT_BYTES + self.gradient_bytes + self.optimizer_bytes)
+        per_layer = self.layer_parameters * (self.weight_bytes + self.gradient_bytes + self.optimizer_bytes)
         rebuilt = np.where(n > 0, kept - checkpoint, 0)
         beyond = np.floor((bound - fixed - (checkpoint - kept) * n * passes) / (per_layer * v + kept * passes))
         within = np.minimum(np.floor((bound - fixed - rebuilt) / (per_layer * v + checkpoint * passes)), n)
@@ -414,7 +423,7 @@ class StageModel:
         """Peak bytes per GPU of a rank holding ``layers`` decoder layers (Eq. 18 per stage); the
         same sums, in the same order, as ``terms(layers).total``."""
         parameters = self.parameters(layers)
-        states = eq.WEIGHT_BYTES * parameters + self.gradient_bytes * parameters + self.optimizer_bytes * parameters
+        states = self.weight_bytes * parameters + self.gradient_bytes * parameters + self.optimizer_bytes * parameters
         return states + (self.layer_activations(layers) + self.embedding_activations + self.output_activations) \
             + self.added
 
@@ -424,7 +433,7 @@ class StageModel:
         parameters = self.parameters(layers)
         return StageTerms(
             parameters=parameters,
-            weights=eq.WEIGHT_BYTES * parameters,
+            weights=self.weight_bytes * parameters,
             gradients=self.gradient_bytes * parameters,
             optimizer=self.optimizer_bytes * parameters,
             layer_activations=self.layer_activations(layers),

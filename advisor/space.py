@@ -325,7 +325,7 @@ def _states_lower_bound(spec: LlamaSpec, bases: Bases, options: MemoryOptions) -
     head = np.where(spec.tie_embeddings & (bases.pp == 1), 0, embedding)
     parameters = spec.num_layers * eq.layer_parameters(spec, t) + embedding + head + eq.final_norm_parameters(spec)
     shards = bases.dp * bases.cp if options.distributed_optimizer else 1
-    per_parameter = eq.WEIGHT_BYTES + options.gradient_bytes + eq.optimizer_bytes_per_parameter(shards)
+    per_parameter = options.element_bytes + options.gradient_bytes + eq.optimizer_bytes_per_parameter(shards)
     return parameters * per_parameter / bases.pp
 
 

@@ -189,3 +189,24 @@ def test_in_flight_microbatches_under_1f1b():
 def test_parameters_of_a_tied_model_count_the_embedding_once():
     tied = PRESETS["llama3.2-1b"]
     assert model_parameters(with_overrides(tied, tie_embeddings=False)) - model_parameters(tied) == 2048 * 128256
+
+
+def test_element_size_scales_weights_and_activations_but_not_logits_or_token_ids():
+    """An FP32 run (element_bytes 4) doubles the BF16 weights and every BF16 activation of
+    Eq. 12-14 (2sbh per layer checkpoint, the LM head's 4sbh inputs), and leaves what no dtype
+    changes: FP32 gradients and Adam states, the 4sbv FP32 logits, Eq. 13's int64 input."""
+    spec = PRESETS["llama3.1-8b"]
+    parallel = ParallelConfig(tp=2, cp=1, pp=2, mbs=1, dp=1)
+    workload = Workload(seq_len=4096, global_batch_size=4)
+    bf16, fp32 = (estimate_memory(spec, parallel, workload, MemoryOptions(element_bytes=n)) for n in (2, 4))
+    s, b, h, t = 4096, 1, spec.hidden_size, 2
+    for low, high in zip(bf16.stages, fp32.stages):
+        assert high.weights_bytes == 2 * low.weights_bytes
+        assert (high.gradients_bytes, high.optimizer_bytes) == (low.gradients_bytes, low.optimizer_bytes)
+        assert high.layer_activations_bytes == 2 * low.layer_activations_bytes
+        assert high.embedding_activations_bytes == low.embedding_activations_bytes
+    # Last stage: the hidden inputs (4sbh, split over TP with SP) double, the logits do not.
+    extra = fp32.stages[-1].output_activations_bytes - bf16.stages[-1].output_activations_bytes
+    assert extra == 4 * s * b * h / t
+    with pytest.raises(AdvisorError, match="element_bytes"):
+        MemoryOptions(element_bytes=1)
