@@ -8,8 +8,6 @@ cover (flash attention off, recomputation) cite their own source.
 
 from __future__ import annotations
 
-import math
-
 from advisor.models import LlamaSpec
 
 # --- parameters (seed 004, Section 3.1) -------------------------------------------------
@@ -44,7 +42,7 @@ def layer_parameters(spec: LlamaSpec, tp: int = 1) -> float:
 
 def embedding_parameters(spec: LlamaSpec, tp: int = 1, vocab: int | None = None) -> float:
     """hv/t: the input embedding, or the untied LM head (Eq. 7 and 9)."""
-    return spec.hidden_size * (vocab or spec.vocab_size) / tp
+    return spec.hidden_size * (spec.vocab_size if vocab is None else vocab) / tp
 
 
 def final_norm_parameters(spec: LlamaSpec) -> int:
@@ -62,14 +60,15 @@ def model_parameters(spec: LlamaSpec, vocab: int | None = None) -> float:
     )
 
 
-def padded_vocab_size(vocab_size: int, divisible_by: int | None, tp: int) -> int:
+def padded_vocab_size(vocab_size: int, divisible_by: int | None, tp):
     """The rows Megatron builds: v padded up to a multiple of make-vocab-size-divisible-by x t
     (megatron/training/tokenizer ``_vocab_size_with_padding`` in core_v0.15.2,
     megatron/training/vocab_utils ``calculate_padded_vocab_size`` in core_v0.19.0). Even with
     divisible-by 1 the embedding splits over t, so v pads to a multiple of t; None means 1 (the
-    paper's models divide by every t it uses, so its tables are unchanged)."""
+    paper's models divide by every t it uses, so its tables are unchanged). ``tp`` may be an
+    array of layouts."""
     multiple = (divisible_by or 1) * tp
-    return math.ceil(vocab_size / multiple) * multiple
+    return -(-vocab_size // multiple) * multiple  # ceil, in integers (also for arrays)
 
 
 # --- bytes per parameter (seed 004, Eq. 4, 5, 10) ---------------------------------------
@@ -156,7 +155,7 @@ def output_hidden_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> f
 
 def logits_bytes(spec: LlamaSpec, seq_len: int, mbs: int, vocab: int | None = None) -> float:
     """4sbv of Eq. 14: the FP32 logits that the cross-entropy loss keeps."""
-    return 4 * seq_len * mbs * (vocab or spec.vocab_size)
+    return 4 * seq_len * mbs * (spec.vocab_size if vocab is None else vocab)
 
 
 def output_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int, vocab: int | None = None) -> float:

@@ -13,8 +13,9 @@ Uneven stages are written the oldest way Megatron understands them:
   ``t`` a decoder layer, ``t*n`` n of them, ``L`` the loss; commas are cosmetic
   (megatron/core/transformer/pipeline_parallel_layer_layout.py, ``parse_str_to_list``).
 
-Interleaved virtual stages (even splits only, as the estimator) are written the oldest way too:
-``--num-layers-per-virtual-pipeline-stage L / (PP x VPP)``.
+Interleaved virtual stages: ``--num-layers-per-virtual-pipeline-stage L / (PP x VPP)`` when every
+chunk holds the same layers, otherwise the layout with PP x VPP segments in model order (chunk k
+of rank i is segment k x PP + i), each rank's remainder on its last chunks (``chunk_layers``).
 
 Stock Megatron gives every pipeline stage the same TP, CP and DP; the world size is
 TP x CP x PP x DP and is the launcher's (torchrun ``--nproc-per-node`` x nodes), not a flag.
@@ -22,6 +23,7 @@ TP x CP x PP x DP and is the launcher's (torchrun ``--nproc-per-node`` x nodes),
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -48,27 +50,43 @@ class MegatronSetup:
 
 
 def _run_length(count: int) -> str:
-    return "t" if count == 1 else f"t*{count}"
+    return "" if count == 0 else "t" if count == 1 else f"t*{count}"
 
 
-def pipeline_layout(layers_per_stage: list[int] | tuple[int, ...]) -> str:
-    """[3, 3, 2] -> 'E,t*3|t*3|t*2,L'."""
-    stages = [_run_length(count) for count in layers_per_stage]
-    stages[0] = "E," + stages[0]
-    stages[-1] += ",L"
+def chunk_layers(layers_per_stage: list[int] | tuple[int, ...], virtual_stages: int = 1) -> list[int]:
+    """Decoder layers of each virtual stage, in model order (virtual stage k x PP + i is chunk k
+    of pipeline rank i, as Megatron's layout and interleaved schedule number them). A rank's layers
+    are split as evenly as possible over its chunks, the remainder on its last chunks, where the
+    estimator prices it (``advisor.schedule``: this keeps the warm-up peak the rank's highest)."""
+    if virtual_stages == 1:
+        return list(layers_per_stage)
+    ranks = [divmod(layers, virtual_stages) for layers in layers_per_stage]
+    return [base + (chunk >= virtual_stages - extra) for chunk in range(virtual_stages) for base, extra in ranks]
+
+
+def pipeline_layout(layers_per_stage: list[int] | tuple[int, ...], virtual_stages: int = 1) -> str:
+    """[3, 3, 2] -> 'E,t*3|t*3|t*2,L'; with virtual stages, one segment per chunk in model order."""
+    stages = [_run_length(count) for count in chunk_layers(layers_per_stage, virtual_stages)]
+    stages[0] = "E," + stages[0] if stages[0] else "E"
+    stages[-1] = stages[-1] + ",L" if stages[-1] else "L"
     return "|".join(stages)
 
 
-def split_args(layers_per_stage: list[int] | tuple[int, ...]) -> list[str]:
-    """The flags that make Megatron build exactly ``layers_per_stage``."""
+def split_args(layers_per_stage: list[int] | tuple[int, ...], virtual_stages: int = 1) -> list[str]:
+    """The flags that make Megatron build exactly ``layers_per_stage`` (and its chunks)."""
     counts = list(layers_per_stage)
+    if virtual_stages > 1:
+        chunks = chunk_layers(counts, virtual_stages)
+        if len(set(chunks)) == 1:  # Megatron's even interleaved split
+            return ["--num-layers-per-virtual-pipeline-stage", str(chunks[0])]
+        return ["--pipeline-model-parallel-layout", pipeline_layout(counts, virtual_stages)]
     if len(set(counts)) <= 1:
         return []
     if len(counts) == 2:
         return ["--decoder-first-pipeline-num-layers", str(counts[0]),
                 "--decoder-last-pipeline-num-layers", str(counts[1])]
     middle = counts[1:-1]
-    if len(set(middle)) == 1:
+    if len(set(middle)) == 1 and min(counts) > 0:
         args = []
         if counts[0] != middle[0]:
             args += ["--decoder-first-pipeline-num-layers", str(counts[0])]
@@ -76,6 +94,16 @@ def split_args(layers_per_stage: list[int] | tuple[int, ...]) -> list[str]:
             args += ["--decoder-last-pipeline-num-layers", str(counts[-1])]
         return args
     return ["--pipeline-model-parallel-layout", pipeline_layout(counts)]
+
+
+@functools.lru_cache(maxsize=64)
+def _model_args(spec: LlamaSpec, seq_len: int) -> tuple[str, ...]:
+    return tuple(model_args(spec, seq_len))
+
+
+@functools.lru_cache(maxsize=256)
+def _memory_args(tp_above_one: bool, options: MemoryOptions, params_dtype: str) -> tuple[str, ...]:
+    return tuple(memory_args(tp=2 if tp_above_one else 1, options=options, params_dtype=params_dtype))
 
 
 def _number(value: float) -> str:
@@ -115,17 +143,6 @@ def model_args(spec: LlamaSpec, seq_len: int) -> list[str]:
     return args
 
 
-def virtual_stage_args(layers_per_stage: list[int] | tuple[int, ...], virtual_stages: int) -> list[str]:
-    """VPP model chunks per pipeline rank: ``--num-layers-per-virtual-pipeline-stage``."""
-    if virtual_stages == 1:
-        return []
-    counts = set(layers_per_stage)
-    if len(counts) != 1 or next(iter(counts)) % virtual_stages:
-        raise ValueError(f"virtual pipeline stages need an even split into {virtual_stages} chunks per stage, "
-                         f"got layers per stage {list(layers_per_stage)}")
-    return ["--num-layers-per-virtual-pipeline-stage", str(layers_per_stage[0] // virtual_stages)]
-
-
 def parallel_args(
     *, tp: int, cp: int, layers_per_stage: list[int] | tuple[int, ...], micro_batch_size: int,
     global_batch_size: int, virtual_stages: int = 1,
@@ -135,8 +152,7 @@ def parallel_args(
         "--tensor-model-parallel-size", str(tp),
         "--context-parallel-size", str(cp),
         "--pipeline-model-parallel-size", str(len(layers_per_stage)),
-        *split_args(layers_per_stage),
-        *virtual_stage_args(layers_per_stage, virtual_stages),
+        *split_args(layers_per_stage, virtual_stages),
         "--micro-batch-size", str(micro_batch_size),
         "--global-batch-size", str(global_batch_size),
     ]
@@ -175,9 +191,11 @@ def megatron_args(
 ) -> list[str]:
     """Everything Megatron-LM needs to build and batch this layout; the launcher adds data,
     tokenizer and iterations."""
-    return (
-        model_args(spec, seq_len)
-        + parallel_args(tp=tp, cp=cp, layers_per_stage=layers_per_stage, micro_batch_size=micro_batch_size,
-                        global_batch_size=global_batch_size, virtual_stages=virtual_stages)
-        + memory_args(tp=tp, options=options, params_dtype=params_dtype)
-    )
+    # A sweep writes these for thousands of rows: the model's and the memory flags repeat (TP
+    # enters memory_args only through TP > 1).
+    return [
+        *_model_args(spec, seq_len),
+        *parallel_args(tp=tp, cp=cp, layers_per_stage=layers_per_stage, micro_batch_size=micro_batch_size,
+                       global_batch_size=global_batch_size, virtual_stages=virtual_stages),
+        *_memory_args(tp > 1, options, params_dtype),
+    ]

@@ -17,7 +17,10 @@ import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
+import numpy as np
+
 from advisor import equations as eq
+from advisor import schedule
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, Workload
@@ -38,6 +41,11 @@ class MemoryOptions:
     """Shard the Adam states over the DP x CP group (Eq. 10); False keeps all 12 bytes (Eq. 4)."""
     gradient_bytes: int = 4
     """4: FP32 gradient accumulation (the paper); 2: BF16 gradients."""
+    element_bytes: int = 2
+    """Bytes per weight and activation element: 2, BF16 (the paper, Section 3); 4 for an FP32
+    run (``--params-dtype float32``, as the CPU backend profiles tiny models). The equations
+    count BF16 bytes, so weights and every activation term scale by element_bytes / 2, except
+    the FP32 logits and the int64 embedding input of Eq. 13-14, which no dtype changes."""
     recompute: Recompute = "none"
     """Activation recomputation, as Megatron's --recompute-granularity."""
     recompute_method: RecomputeMethod = "uniform"
@@ -57,6 +65,8 @@ class MemoryOptions:
     def __post_init__(self) -> None:
         if self.gradient_bytes not in (2, 4):
             raise AdvisorError(f"gradient_bytes must be 2 (BF16) or 4 (FP32), got {self.gradient_bytes}")
+        if self.element_bytes not in (2, 4):
+            raise AdvisorError(f"element_bytes must be 2 (BF16) or 4 (FP32), got {self.element_bytes}")
         if self.recompute not in ("none", "selective", "full"):
             raise AdvisorError(f"recompute must be none, selective or full, got {self.recompute!r}")
         if self.recompute_method not in ("uniform", "block"):
@@ -123,13 +133,25 @@ class StageMemory:
 
 @dataclass(frozen=True, slots=True)
 class MemoryEstimate:
-    """All stages of one configuration; the peak stage decides whether it fits."""
+    """All stages of one configuration (``terms``: arrays over its pipeline ranks); the peak stage
+    decides whether it fits."""
 
-    stages: tuple[StageMemory, ...]
+    terms: StageTerms
+    layers: tuple[int, ...]
+    """Decoder layers of each stage."""
+    peak_stage: int | None = None
+    """The stage with the most bytes (the first of equals), when the caller knows it already."""
+
+    @property
+    def stages(self) -> tuple[StageMemory, ...]:
+        pp = len(self.layers)
+        return tuple(stage_memory(self.terms, i, pp, self.layers[i]) for i in range(pp))
 
     @property
     def peak(self) -> StageMemory:
-        return max(self.stages, key=lambda stage: stage.total_bytes)
+        """The stage with the most bytes (the first of equals)."""
+        index = int(np.argmax(self.terms.total)) if self.peak_stage is None else self.peak_stage
+        return stage_memory(self.terms, index, len(self.layers), self.layers[index])
 
     @property
     def total_gib(self) -> float:
@@ -171,8 +193,6 @@ def check_layout(
     if v > 1 and p == 1:
         raise AdvisorError("interleaved virtual pipeline stages need PP > 1")
     if layers_per_stage is not None:
-        if v > 1:
-            raise AdvisorError("uneven layers per stage cannot be combined with virtual pipeline stages here")
         if len(layers_per_stage) != p:
             raise AdvisorError(f"layers per stage lists {len(layers_per_stage)} stages, but PP is {p}")
         if any(n < 0 for n in layers_per_stage) or sum(layers_per_stage) != spec.num_layers:
@@ -180,61 +200,257 @@ def check_layout(
                 f"layers per stage {list(layers_per_stage)} must be non-negative and sum to "
                 f"{spec.num_layers} layers"
             )
+        if v > 1 and min(layers_per_stage) < v:
+            raise AdvisorError(f"with {v} virtual stages every stage needs at least {v} layers (one per model "
+                               f"chunk), got {list(layers_per_stage)}")
     elif spec.num_layers % (p * v):
         raise AdvisorError(
             f"{spec.num_layers} layers cannot be split evenly over PP {p}"
             + (f" x {v} virtual stages" if v > 1 else "")
         )
-    workload.num_microbatches(parallel)  # raises unless gbs divides evenly
+    m = workload.num_microbatches(parallel)  # raises unless gbs divides evenly
+    if v > 1 and m is not None and m % p:
+        # megatron/core/pipeline_parallel/schedules.py: microbatches run in groups of PP per chunk
+        raise AdvisorError(f"the interleaved schedule needs the microbatches ({m}) to be a multiple of PP {p}")
 
 
 def in_flight_microbatches(stage: int, pp: int, vpp: int = 1, num_microbatches: int | None = None) -> float:
-    """Microbatches of activations that stage ``stage`` holds at its peak.
+    """Microbatches of activations that stage ``stage`` holds at its peak, in whole-stage units.
 
     1F1B: p - i (seed 004, Section 3.2.2). Interleaved: Megatron's warm-up of
     2(p - i - 1) + (v - 1)p forward chunks plus the one in its steady state
-    (megatron/core/pipeline_parallel/schedules.py), each chunk 1/v of the stage; on the first
-    stage this is p(1 + (p - 1)/(pv)), the penalty in Megatron-LM's
-    ``theoretical_memory_usage.py``. Fewer microbatches than that cap it (upstream's m < p
-    discount)."""
-    if vpp == 1:
-        in_flight = float(pp - stage)
-    else:
-        in_flight = (2 * (pp - stage - 1) + (vpp - 1) * pp + 1) / vpp
-    if num_microbatches is not None:
-        in_flight = min(in_flight, float(num_microbatches))
-    return in_flight
+    (``advisor.schedule``), each chunk 1/v of the stage; on the first stage this is
+    p(1 + (p - 1)/(pv)), the penalty in Megatron-LM's ``theoretical_memory_usage.py``. Fewer
+    microbatches than that cap it (upstream's m < p discount)."""
+    m = math.inf if num_microbatches is None else num_microbatches
+    return float(schedule.forward_passes_in_flight(stage, pp, vpp, m)) / vpp
+
+
+@dataclass(frozen=True, slots=True)
+class StageTerms:
+    """Per-GPU bytes of pipeline stages as numpy arrays, one element per (layout, stage): what
+    ``estimate_memory`` reports for one layout and ``advisor.space`` for thousands at once."""
+
+    parameters: np.ndarray
+    weights: np.ndarray
+    gradients: np.ndarray
+    optimizer: np.ndarray
+    layer_activations: np.ndarray
+    embedding_activations: np.ndarray
+    output_activations: np.ndarray
+    in_flight: np.ndarray
+    """Microbatches in flight, in whole-stage units (``in_flight_microbatches``)."""
+
+    @property
+    def model_states(self) -> np.ndarray:
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def activations(self) -> np.ndarray:
+        return self.layer_activations + self.embedding_activations + self.output_activations
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.model_states + self.activations
+
+
+def layer_bytes(spec: LlamaSpec, seq_len: int, mbs, tp, cp, options: MemoryOptions):
+    """(kept, checkpoint): what one transformer layer keeps on one GPU for one microbatch, and
+    what it keeps when fully recomputed.
+
+    Everything is split over t x c (Eq. 15, 17), except, without sequence parallelism, the
+    8sbh that tensor parallelism leaves whole on each TP rank."""
+    t, c = np.asarray(tp), np.asarray(cp)
+    replicated = 0 if options.sequence_parallel else eq.tensor_parallel_replicated_activation_bytes(spec, seq_len, mbs)
+    whole = np.where(t == 1, 0, replicated)
+    full = eq.layer_activation_bytes(spec, seq_len, mbs) - whole
+    if not options.flash_attention and options.recompute != "selective":
+        # Selective recomputation recomputes exactly the core attention, whose s^2 terms it
+        # removes (Korthikanti et al. 2023, Table 2); with FlashAttention there are none.
+        full = full + eq.attention_scores_bytes(spec, seq_len, mbs)
+    kept = full / (t * c) + whole / c
+    # A checkpoint is the layer input: split like the other sequence-parallel tensors.
+    checkpoint = eq.layer_checkpoint_bytes(spec, seq_len, mbs) / np.where(whole == 0, t * c, c)
+    return kept, checkpoint
+
+
+def _uniform_transient(kept, checkpoint, chunk, unit):
+    """The most a chunk of ``chunk`` layers rebuilds at once above its checkpoints under the
+    uniform method: its last unit (u layers, u kept layers minus its input, which is the
+    checkpoint itself), or, with two units or more, a full unit of N while the last unit's
+    checkpoint is already freed."""
+    last_unit = chunk - unit * (-(-chunk // unit) - 1)
+    return np.where(chunk <= unit, chunk * kept - checkpoint,
+                    np.maximum(last_unit * kept - checkpoint, unit * kept - 2 * checkpoint))
+
+
+class StageModel:
+    """Seed 004's Eq. 7-10 and 13-17 for pipeline ranks of layouts, as a function of the decoder
+    layers a rank holds: everything that does not depend on that count is computed once here, so
+    that ``terms(layers)`` and ``total(layers)`` are cheap for the split planners. Every layout
+    quantity may be a numpy array (they broadcast); ``num_microbatches`` may be inf (no cap).
+
+    ``recompute_layers`` is N of full recomputation per layout (0: none); by default the
+    options' N when they ask for it.
+
+    ``calibrated`` (``advisor.verdicts.CalibratedTerms`` of these stages) makes ``total`` and
+    ``most_layers`` the calibrated model's usage instead of Eq. 18: every activation term is
+    linear in the bytes a layer keeps and its checkpoint, so their factors scale those, and the
+    bytes it adds join the fixed part. Such a model prices splits only (no ``terms``)."""
+
+    def __init__(self, spec: LlamaSpec, seq_len: int, options: MemoryOptions, *, tp, cp, dp, mbs, pp, vpp,
+                 num_microbatches, stage, recompute_layers=None, calibrated=None) -> None:
+        t, c, d, b, p, v, i = (np.asarray(x) for x in (tp, cp, dp, mbs, pp, vpp, stage))
+        if recompute_layers is None:
+            recompute_layers = options.recompute_num_layers if options.recompute == "full" else 0
+        vocab = eq.padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, t)
+        first, last = i == 0, i == p - 1
+        embedding = eq.embedding_parameters(spec, t, vocab)
+        # Untied: the LM head on the last stage. Tied with p > 1: Megatron keeps a copy of the
+        # embedding there, kept in sync by an all-reduce.
+        head = np.where(spec.tie_embeddings & (p == 1), 0, embedding)
+        self.layer_parameters = eq.layer_parameters(spec, t)  # Eq. 6
+        self.end_parameters = np.where(first, embedding, 0) + np.where(last, eq.final_norm_parameters(spec) + head, 0)
+        self.weight_bytes, self.gradient_bytes = options.element_bytes, options.gradient_bytes
+        dtype_scale = options.element_bytes / eq.WEIGHT_BYTES  # the equations count BF16 bytes
+        self.optimizer_bytes = eq.optimizer_bytes_per_parameter(d * c if options.distributed_optimizer else 1)  # Eq. 10
+        kept, checkpoint = layer_bytes(spec, seq_len, b, t, c, options)
+        self.kept, self.checkpoint = kept * dtype_scale, checkpoint * dtype_scale
+        self.vpp, self.recompute_layers = v, np.asarray(recompute_layers)
+        self.interleaved = bool((v > 1).any())
+        self.uniform = options.recompute_method == "uniform"
+        self.in_flight = schedule.InFlight.at(i, p, v, num_microbatches)
+        # Eq. 17: TP with SP, and CP, split every activation; without SP only CP splits the
+        # hidden states around the embedding and the LM head.
+        sharded = t * c
+        whole = sharded if options.sequence_parallel else c
+        # Eq. 13: 8sbh per microbatch in flight on the first chunk of the first stage
+        self.embedding_activations = np.where(
+            first, eq.embedding_activation_bytes(spec, seq_len, b) * self.in_flight.first_chunk() / whole, 0.0)
+        # Eq. 14: the last stage runs each microbatch's backward at once
+        self.output_activations = np.where(
+            last, eq.output_hidden_activation_bytes(spec, seq_len, b) * dtype_scale / whole
+            + eq.logits_bytes(spec, seq_len, b, vocab) / sharded, 0.0)
+        self.calibrated, self.added = calibrated is not None, 0.0
+        if calibrated is not None:
+            self.kept, self.checkpoint = self.kept * calibrated.layer_factor, self.checkpoint * calibrated.layer_factor
+            self.embedding_activations = self.embedding_activations * calibrated.embedding_factor
+            self.output_activations = self.output_activations * calibrated.output_factor
+            self.added = calibrated.added
+
+    def layer_activations(self, layers):
+        """Activations of a rank's transformer layers at its peak, all microbatches in flight
+        (Eq. 16-17).
+
+        The rank's ``layers`` are split over its v chunks as evenly as possible, the remainder
+        on its last chunks; chunk k holds phi_k microbatches (``advisor.schedule``). With
+        X = sum_k phi_k x (layers of chunk k), the rank keeps X layer-microbatches.
+
+        Full recomputation (Megatron's ``--recompute-granularity full``, per model chunk):
+        ``block`` checkpoints the first N layers of each chunk (each layer alone), ``uniform``
+        every unit of N layers (ceil(layers/N) inputs). A recomputed unit's activations are
+        rebuilt for one microbatch during its backward pass; that transient adds to the peak
+        when the chunk has no whole layer left to free first (block: every layer recomputed;
+        uniform: always); a rebuilt layer's input is the checkpoint itself. With interleaving,
+        the larger of the two chunk sizes' transients (their first backward passes need not
+        come first)."""
+        layers = np.asarray(layers)
+        kept, checkpoint, vpp, n = self.kept, self.checkpoint, self.vpp, self.recompute_layers
+        if self.interleaved:
+            per_chunk, extra = np.divmod(layers, vpp)  # chunks of q layers, the last r of q + 1
+            larger = self.in_flight.last_chunks(extra)
+        else:
+            per_chunk, extra, larger = layers, 0, 0
+        passes = self.in_flight.passes
+        held = per_chunk * passes + larger  # X
+        if self.uniform:
+            unit = np.maximum(n, 1)
+            units = -(-per_chunk // unit) * (passes - larger) + -(-(per_chunk + 1) // unit) * larger
+            transient = np.maximum(
+                np.where(extra < vpp, _uniform_transient(kept, checkpoint, per_chunk, unit), 0),
+                np.where(extra > 0, _uniform_transient(kept, checkpoint, per_chunk + 1, unit), 0))
+            recomputed = np.where(n > 0, checkpoint * units + transient, kept * held)
+        else:
+            checkpointed = np.where(n > per_chunk, held, n * passes)  # sum_k phi_k min(N, layers of chunk k)
+            transient = np.where((n > 0) & (n >= per_chunk), kept - checkpoint, 0)
+            recomputed = checkpoint * checkpointed + kept * (held - checkpointed) + transient
+        return np.where(layers > 0, recomputed, 0.0)
+
+    def most_layers(self, bound, low, high):
+        """The most layers n in [low, high] with total(n) <= bound (low - 1 where none), in closed
+        form; None with the uniform method (no closed form: the planner bisects).
+
+        With n = v q + r (chunks of q layers, the last r of q + 1), the block method gives
+        total(v q) = two lines in q: up to q = N every layer recomputed (a checkpoint per
+        microbatch in flight, and one layer rebuilt), beyond it each further layer kept whole;
+        and total(v q + r) - total(v q) = s r + c R_r, with s a layer's model states, c the
+        checkpoint (q < N) or a kept layer, and R_r the passes in flight of the last r chunks,
+        itself two lines in r (``schedule.InFlight``). The estimate is then corrected by
+        evaluating ``total`` beside it, so rounding cannot move the answer."""
+        if self.uniform and (self.recompute_layers > 0).any():
+            return None
+        n, passes, v, kept, checkpoint = self.recompute_layers, self.in_flight.passes, self.vpp, self.kept, self.checkpoint
+        fixed = self.total(0)
+        per_layer = self.layer_parameters * (self.weight_bytes + self.gradient_bytes + self.optimizer_bytes)
+        rebuilt = np.where(n > 0, kept - checkpoint, 0)
+        beyond = np.floor((bound - fixed - (checkpoint - kept) * n * passes) / (per_layer * v + kept * passes))
+        within = np.minimum(np.floor((bound - fixed - rebuilt) / (per_layer * v + checkpoint * passes)), n)
+        q = np.where(beyond > n, beyond, np.where(within >= 1, within, np.where(bound >= fixed, 0, -1)))
+        q = np.clip(q, -1, np.maximum(high // v, 0))
+        estimate = v * q
+        if self.interleaved:
+            budget = bound - self.total(np.maximum(estimate, 0))
+            c = np.where(n > q, checkpoint, kept)
+            pp, rounds, rest = self.in_flight.pp, self.in_flight.rounds, self.in_flight.rest
+            filled = rest // pp
+            start = v - filled  # R_r gains p per chunk from r = v - filled on, plus the partial chunk
+            few = np.minimum(np.floor(budget / (per_layer + c * rounds * pp)), start - 1)
+            many = np.floor((budget - c * (rest - filled * pp - start * pp)) / (per_layer + c * (rounds + 1) * pp))
+            extra = np.clip(np.where(many >= start, many, np.maximum(few, 0)), 0, v - 1)
+            estimate = np.where(q >= 0, estimate + extra, -1)
+        estimate = np.clip(estimate, low - 1, high).astype(np.int64)
+        for _ in range(int(np.max(v)) + 2):  # one step fixes rounding; more would mean a wrong estimate
+            up = (estimate < high) & (self.total(np.minimum(estimate + 1, high)) <= bound)
+            down = (estimate >= low) & (self.total(np.maximum(estimate, low)) > bound)
+            if not (up.any() or down.any()):
+                break
+            estimate = estimate + up - down
+        return estimate
+
+    def parameters(self, layers):
+        return np.asarray(layers) * self.layer_parameters + self.end_parameters
+
+    def total(self, layers):
+        """Peak bytes per GPU of a rank holding ``layers`` decoder layers (Eq. 18 per stage); the
+        same sums, in the same order, as ``terms(layers).total``."""
+        parameters = self.parameters(layers)
+        states = self.weight_bytes * parameters + self.gradient_bytes * parameters + self.optimizer_bytes * parameters
+        return states + (self.layer_activations(layers) + self.embedding_activations + self.output_activations) \
+            + self.added
+
+    def terms(self, layers) -> StageTerms:
+        if self.calibrated:
+            raise ValueError("a calibrated StageModel prices splits; Eq. 18's terms come from a plain one")
+        parameters = self.parameters(layers)
+        return StageTerms(
+            parameters=parameters,
+            weights=self.weight_bytes * parameters,
+            gradients=self.gradient_bytes * parameters,
+            optimizer=self.optimizer_bytes * parameters,
+            layer_activations=self.layer_activations(layers),
+            embedding_activations=self.embedding_activations,
+            output_activations=self.output_activations,
+            in_flight=self.in_flight.passes / self.vpp,
+        )
 
 
 def stage_layer_activation_bytes(
     spec: LlamaSpec, seq_len: int, mbs: int, layers: int, parallel: ParallelConfig, options: MemoryOptions
 ) -> float:
-    """Activations that ``layers`` transformer layers keep on one GPU for one microbatch.
-
-    Everything is split over t x c (Eq. 15, 17), except, without sequence parallelism, the
-    8sbh that tensor parallelism leaves whole on each TP rank."""
-    t, c = parallel.tp, parallel.cp
-    whole = 0.0 if options.sequence_parallel or t == 1 else eq.tensor_parallel_replicated_activation_bytes(
-        spec, seq_len, mbs
-    )
-    full = eq.layer_activation_bytes(spec, seq_len, mbs) - whole
-    if not options.flash_attention and options.recompute != "selective":
-        # Selective recomputation recomputes exactly the core attention, whose s^2 terms it
-        # removes (Korthikanti et al. 2023, Table 2); with FlashAttention there are none.
-        full += eq.attention_scores_bytes(spec, seq_len, mbs)
-    full_per_gpu = full / (t * c) + whole / c
-    if options.recompute != "full" or layers == 0:
-        return layers * full_per_gpu
-    # A checkpoint is the layer input: split like the other sequence-parallel tensors.
-    checkpoint = eq.layer_checkpoint_bytes(spec, seq_len, mbs) / (t * c if whole == 0 else c)
-    chunk_layers = layers // parallel.vpp  # Megatron recomputes within each model chunk
-    n = options.recompute_num_layers
-    if options.recompute_method == "block":
-        recomputed = min(n, chunk_layers)
-        per_chunk = recomputed * checkpoint + (chunk_layers - recomputed) * full_per_gpu
-    else:
-        per_chunk = math.ceil(chunk_layers / n) * checkpoint
-    return parallel.vpp * per_chunk
+    """Activations that ``layers`` transformer layers keep on one GPU for one microbatch."""
+    model = StageModel(spec, seq_len, options, tp=parallel.tp, cp=parallel.cp, dp=parallel.dp, mbs=mbs, pp=1,
+                       vpp=parallel.vpp, num_microbatches=1, stage=0)
+    return float(model.layer_activations(layers))
 
 
 def estimate_memory(
@@ -251,52 +467,29 @@ def estimate_memory(
             "context parallelism runs inside fused (flash or cuDNN) attention, which keeps no s^2 "
             "scores; unfused attention needs CP 1"
         )
-    t, c, p, d, b = parallel.tp, parallel.cp, parallel.pp, parallel.dp, parallel.mbs
-    s = workload.seq_len
+    p = parallel.pp
     m = workload.num_microbatches(parallel)
-    vocab = eq.padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, t)
     layers = layers_per_stage or (spec.num_layers // p,) * p
+    model = StageModel(spec, workload.seq_len, options, tp=parallel.tp, cp=parallel.cp, dp=parallel.dp,
+                       mbs=parallel.mbs, pp=p, vpp=parallel.vpp, num_microbatches=math.inf if m is None else m,
+                       stage=np.arange(p))
+    terms = model.terms(np.array(layers))
+    return MemoryEstimate(terms, tuple(int(n) for n in layers))
 
-    optimizer_shards = d * c if options.distributed_optimizer else 1
-    optimizer_per_parameter = eq.optimizer_bytes_per_parameter(optimizer_shards)
-    # Eq. 17: TP with SP, and CP, split every activation; without SP only CP splits the
-    # hidden states around the embedding and the LM head.
-    sharded = t * c
-    whole = sharded if options.sequence_parallel else c
-    embedding = eq.embedding_parameters(spec, t, vocab)
 
-    stages = []
-    for i in range(p):
-        first, last = i == 0, i == p - 1
-        parameters = layers[i] * eq.layer_parameters(spec, t)
-        if first:
-            parameters += embedding  # Eq. 7
-        if last:
-            parameters += eq.final_norm_parameters(spec)  # Eq. 9
-            if not (spec.tie_embeddings and p == 1):
-                # Untied: the LM head. Tied with p > 1: Megatron keeps a copy of the
-                # embedding on the last stage, kept in sync by an all-reduce.
-                parameters += embedding
-        in_flight = in_flight_microbatches(i, p, parallel.vpp, m)
-        layer_bytes = stage_layer_activation_bytes(spec, s, b, layers[i], parallel, options)
-        stages.append(
-            StageMemory(
-                stage=i,
-                position="only" if p == 1 else "first" if first else "last" if last else "middle",
-                layers=layers[i],
-                in_flight_microbatches=in_flight,
-                parameters=parameters,
-                weights_bytes=eq.WEIGHT_BYTES * parameters,
-                gradients_bytes=options.gradient_bytes * parameters,
-                optimizer_bytes=optimizer_per_parameter * parameters,
-                layer_activations_bytes=layer_bytes * in_flight,  # Eq. 16-17
-                embedding_activations_bytes=(
-                    eq.embedding_activation_bytes(spec, s, b) * in_flight / whole if first else 0.0
-                ),  # Eq. 13: 8sbh per microbatch in flight
-                output_activations_bytes=(
-                    eq.output_hidden_activation_bytes(spec, s, b) / whole + eq.logits_bytes(spec, s, b, vocab) / sharded
-                    if last else 0.0
-                ),  # Eq. 14: the last stage runs each microbatch's backward at once
-            )
-        )
-    return MemoryEstimate(tuple(stages))
+def stage_memory(terms: StageTerms, index, pp: int, layers: int, stage: int | None = None) -> StageMemory:
+    """One stage of ``terms`` (``index`` into its arrays) as a StageMemory."""
+    stage = index if stage is None else stage
+    return StageMemory(
+        stage=stage,
+        position="only" if pp == 1 else "first" if stage == 0 else "last" if stage == pp - 1 else "middle",
+        layers=int(layers),
+        in_flight_microbatches=float(terms.in_flight[index]),
+        parameters=float(terms.parameters[index]),
+        weights_bytes=float(terms.weights[index]),
+        gradients_bytes=float(terms.gradients[index]),
+        optimizer_bytes=float(terms.optimizer[index]),
+        layer_activations_bytes=float(terms.layer_activations[index]),
+        embedding_activations_bytes=float(terms.embedding_activations[index]),
+        output_activations_bytes=float(terms.output_activations[index]),
+    )

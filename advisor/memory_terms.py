@@ -9,30 +9,27 @@ that is the source.
 
 from __future__ import annotations
 
-from advisor.memory import StageMemory
 from advisor.models import LlamaSpec
 
 GIB = 2**30
 
 
-def embedding_ids_correction_bytes(stage: StageMemory, spec: LlamaSpec) -> float:
+def embedding_ids_fraction(spec: LlamaSpec) -> float:
     """megatron-core's embedding keeps the int64 token ids, 8 s b per microbatch (the hooks measure
     it; Megatron-LM's own ``theoretical_memory_usage.py`` counts the same 8 s b), where Eq. 13
-    counts 8 s b h. The correction (negative) replaces the one by the other on the first stage."""
-    return stage.embedding_activations_bytes / spec.hidden_size - stage.embedding_activations_bytes
+    counts 8 s b h: the fraction 1/h of Eq. 13's embedding activations that is really kept."""
+    return 1.0 / spec.hidden_size
 
 
-def swiglu_fusion_correction_bytes(stage: StageMemory, spec: LlamaSpec, recompute: str = "none") -> float:
+def swiglu_fusion_fraction(spec: LlamaSpec) -> float:
     """Megatron's fused SwiGLU (``fusions/fused_bias_swiglu.py``, on by default:
     --bias-swiglu-fusion) saves only its input, the FC1 output (2 h_ffn per token), and FC2 saves
     its own input (h_ffn): 6 s b h_ffn bytes per layer where Eq. 12 counts 8 (up, gate, SiLU and
-    the down projection's input). The correction (negative) is that share of the stage's layer
-    activations; fully recomputed layers keep only their input, so there is none to correct."""
-    if recompute == "full":
-        return 0.0
+    the down projection's input). The fraction of Eq. 12's layer activations really kept; fully
+    recomputed layers keep only their input, so there is none to correct (``advisor.verdicts``)."""
     h, f, k, a = spec.hidden_size, spec.ffn_hidden_size, spec.num_query_groups, spec.num_attention_heads
     per_layer = h * (12 + 4 * k / a + 8 * f / h)  # Eq. 12 over s b
-    return -stage.layer_activations_bytes * (2 * f) / per_layer
+    return 1.0 - 2 * f / per_layer
 
 
 def cross_entropy_working_bytes(spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int, vocab: int) -> float:

@@ -1,11 +1,11 @@
 """Summaries of a profile run, and measured/estimated ratios against seed 004's terms.
 
 The estimate for each term is seed 004's equation evaluated for the rank's own model,
-parallel layout, sequence length and micro-batch size, with two facts of the run taken into
-account because the equations cannot see them otherwise: the element size of its weights and
-activations (the paper assumes BF16; a CPU run may use FP32), and its attention (the local
-layer spec keeps the s x s softmax output, which FlashAttention does not; the estimator's
-``flash_attention=False`` term). Gradients and optimizer states keep the paper's assumptions
+parallel layout, sequence length and micro-batch size, with two facts of the run given to the
+estimator as ``MemoryOptions`` because the equations cannot see them otherwise: the element
+size of its weights and activations (``element_bytes``: the paper assumes BF16; a CPU run may
+use FP32), and its attention (the local layer spec keeps the s x s softmax output, which
+FlashAttention does not; ``flash_attention=False``). Gradients and optimizer states keep the paper's assumptions
 (FP32 gradients, 12-byte Adam states), so a ratio away from 1 there says how the run differs
 from the paper, not that the equation is wrong.
 """
@@ -15,11 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from advisor import equations as eq
-from advisor.memory import MemoryOptions, estimate_memory, stage_layer_activation_bytes
+from advisor.memory import MemoryOptions, StageModel, estimate_memory
 from advisor.parallel import Workload
 from advisor.profiles import LayerRecord, ProfileRun, RankProfile
-
-BF16_BYTES = 2
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +50,7 @@ def run_options(profile: RankProfile) -> MemoryOptions:
         sequence_parallel=h.sequence_parallel,
         flash_attention=h.layer_spec == "transformer_engine",
         recompute=h.recompute,
+        element_bytes=profile.element_bytes,
     )
 
 
@@ -66,14 +65,16 @@ def compare_rank(profile: RankProfile, iteration: int | None = None) -> list[Ter
         return []
     h = profile.header
     spec, parallel, s, b = h.model, h.parallel, h.seq_len, h.parallel.mbs
-    t, c = parallel.tp, parallel.cp
+    t = parallel.tp
     options = run_options(profile)
-    # Scale the paper's BF16 byte counts to the run's element size.
-    scale = profile.element_bytes / BF16_BYTES
-    whole = c if not options.sequence_parallel else t * c  # how the hidden states around the ends split
-    layer_activations = stage_layer_activation_bytes(spec, s, b, 1, parallel, options) * scale
-    # Eq. 14: the hidden inputs in the run's dtype, the logits in FP32 whatever the dtype.
-    output_activations = eq.output_hidden_activation_bytes(spec, s, b) * scale / whole + eq.logits_bytes(spec, s, b) / (t * c)
+    # One microbatch through a one-stage pipeline: each module's own Eq. 12-14 term, split and
+    # sized as this run's (SP, CP, element size).
+    single = StageModel(spec, s, options, tp=t, cp=parallel.cp, dp=parallel.dp, mbs=b, pp=1, vpp=1,
+                        num_microbatches=1, stage=0)
+    layer_activations = float(single.layer_activations(1))
+    embedding_activations = float(single.embedding_activations)
+    output_activations = float(single.output_activations)
+    element_bytes = options.element_bytes
     rows: list[TermComparison] = []
 
     def add(record: LayerRecord, term: str, equation: str, measured: float, estimated: float) -> None:
@@ -83,17 +84,17 @@ def compare_rank(profile: RankProfile, iteration: int | None = None) -> list[Ter
     for record in profile.layers_of(iteration):
         if record.kind == "decoder":
             parameters = eq.layer_parameters(spec, t)
-            add(record, "weights", "Eq. 6", record.parameter_bytes, parameters * profile.element_bytes)
+            add(record, "weights", "Eq. 6", record.parameter_bytes, parameters * element_bytes)
             add(record, "activations", "Eq. 12/15", record.activation_bytes, layer_activations)
         elif record.kind == "embedding":
             parameters = eq.embedding_parameters(spec, t)
-            add(record, "weights", "Eq. 7", record.parameter_bytes, parameters * profile.element_bytes)
-            add(record, "activations", "Eq. 13", record.activation_bytes, eq.embedding_activation_bytes(spec, s, b) / whole)
+            add(record, "weights", "Eq. 7", record.parameter_bytes, parameters * element_bytes)
+            add(record, "activations", "Eq. 13", record.activation_bytes, embedding_activations)
         else:
             parameters = eq.final_norm_parameters(spec)
             if not (spec.tie_embeddings and h.first_stage):
                 parameters += eq.embedding_parameters(spec, t)
-            add(record, "weights", "Eq. 9", record.parameter_bytes, parameters * profile.element_bytes)
+            add(record, "weights", "Eq. 9", record.parameter_bytes, parameters * element_bytes)
             add(record, "activations", "Eq. 14", record.activation_bytes, output_activations)
 
     stage = stage_estimate(profile)
@@ -101,17 +102,15 @@ def compare_rank(profile: RankProfile, iteration: int | None = None) -> list[Ter
     stage_record = LayerRecord(iteration=iteration, name="stage", kind="decoder", layer_number=None,
                                parameter_bytes=0, gradient_bytes=0, optimizer_bytes=0, activation_bytes=0,
                                forward_peak_bytes=0, backward_peak_bytes=0)
-    add(stage_record, "weights", "Eq. 7-9", it.parameter_bytes, stage.weights_bytes * scale)
+    add(stage_record, "weights", "Eq. 7-9", it.parameter_bytes, stage.weights_bytes)
     add(stage_record, "gradients", "Eq. 4 (FP32)", it.gradient_bytes, stage.gradients_bytes)
     add(stage_record, "optimizer", "Eq. 10", it.optimizer_bytes, stage.optimizer_bytes)
     measured_activations = in_flight_activation_bytes(profile, iteration)
     estimated_activations = (
-        stage.layer_activations_bytes * scale
-        + stage.embedding_activations_bytes
-        + (output_activations if h.last_stage else 0.0)
+        stage.layer_activations_bytes + stage.embedding_activations_bytes + (output_activations if h.last_stage else 0.0)
     )
     add(stage_record, "activations in flight", "Eq. 16-17", measured_activations, estimated_activations)
-    estimated_total = stage.weights_bytes * scale + stage.gradients_bytes + stage.optimizer_bytes + estimated_activations
+    estimated_total = stage.weights_bytes + stage.gradients_bytes + stage.optimizer_bytes + estimated_activations
     add(stage_record, "peak", "Eq. 18", it.peak_allocated_bytes, estimated_total)
     return rows
 

@@ -164,20 +164,3 @@ def measured_activations(directory: str | Path) -> MeasuredActivations:
         overall=_ratios(overall, samples),
         by_layout={key: _ratios(values, sum(map(len, values.values()))) for key, values in by_layout.items()},
     )
-
-
-def stage_activation_bytes(stage, ratios: ActivationRatios, recompute: str, corrected) -> float:
-    """A stage's activations (an ``advisor.memory.StageMemory``) with Eq. 12-14 scaled by the
-    measured ratios; ``corrected(part)`` is the calibrated model's own value of a part whose ratio
-    was not measured ("decoder", "embedding", "output"). Fully recomputed layers keep only their
-    input, which no profile here measured: their Eq. term stays."""
-    parts = {"decoder": stage.layer_activations_bytes, "embedding": stage.embedding_activations_bytes,
-             "output": stage.output_activations_bytes}
-    total = 0.0
-    for kind, eq_bytes in parts.items():
-        ratio = getattr(ratios, kind)
-        if ratio is None or (kind == "decoder" and recompute == "full"):
-            total += corrected(kind)
-        else:
-            total += ratio * eq_bytes
-    return total

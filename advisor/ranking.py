@@ -76,12 +76,22 @@ def timing_fields(model, step, gpus, tp, tokens: float | None = None) -> list[di
     return rows
 
 
+def check_memory_model(memory_model: str, measured) -> None:
+    if memory_model not in MEMORY_MODELS:
+        raise AdvisorError(f"--memory-model must be one of {', '.join(MEMORY_MODELS)}, got {memory_model!r}")
+    if (memory_model == "profile") != (measured is not None):
+        raise AdvisorError("--memory-model profile and --profile DIR go together")
+
+
 def assess_rows(rows, spec, workload, memory_gib: float, *, gpu=None, memory_model: MemoryModel = "paper",
                 rank_by: RankBy | None = None, options=None, time_options=None, tokens: float | None = None,
-                threshold: float = 0.8, memory_calibration=None, calibration=None, measured=None):
+                threshold: float = 0.8, memory_calibration=None, calibration=None, measured=None,
+                assessments=None):
     """The sweep's rows with verdicts (Eq. 18's 80% rule, or the calibrated model), predicted
     time where a GPU preset is given, and ranks in ``rank_by`` order (default: throughput with a
-    preset, the paper's rule without). Returns the ranked rows first, then the unranked."""
+    preset, the paper's rule without). Returns the ranked rows first, then the unranked.
+    ``assessments``: the calibrated model's, one per row, already computed (the sweep does it for
+    all rows at once, ``advisor.verdicts.assess_stages``)."""
     from dataclasses import replace
 
     import numpy as np
@@ -91,18 +101,18 @@ def assess_rows(rows, spec, workload, memory_gib: float, *, gpu=None, memory_mod
     from advisor.throughput import TimeModel, TimeOptions
     from advisor.verdicts import assess
 
-    if memory_model not in MEMORY_MODELS:
-        raise AdvisorError(f"--memory-model must be one of {', '.join(MEMORY_MODELS)}, got {memory_model!r}")
-    if (memory_model == "profile") != (measured is not None):
-        raise AdvisorError("--memory-model profile and --profile DIR go together")
+    check_memory_model(memory_model, measured)
     rank_by = rank_by or ("throughput" if gpu is not None else "paper")
     options = options or MemoryOptions()
     out = []
-    for row in rows:
+    for i, row in enumerate(rows):
         p = row.parallel
-        if memory_model in ("calibrated", "profile"):
-            a = assess(row.estimate, spec, workload.seq_len, p.mbs, p.tp, p.cp, memory_gib, options, memory_calibration,
-                       measured)
+        if assessments is not None:
+            out.append(replace(row, verdict=assessments[i].verdict, assessment=assessments[i], rank=None))
+        elif memory_model in ("calibrated", "profile"):
+            row_options = getattr(row, "options", None) or options  # a sweep row carries its own recomputation
+            a = assess(row.estimate, spec, workload.seq_len, p.mbs, p.tp, p.cp, memory_gib, row_options,
+                       memory_calibration, measured)
             out.append(replace(row, verdict=a.verdict, assessment=a, rank=None))
         else:
             out.append(replace(row, verdict=classify(row.estimate.total_gib, memory_gib, threshold), rank=None))

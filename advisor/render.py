@@ -42,9 +42,39 @@ def byte_unit(values) -> tuple[str, int]:
     return next(((name, size) for name, size in BYTE_UNITS if largest >= size), ("B", 1))
 
 
+def counts_text(counts) -> str:
+    """Layers per stage in runs: [7, 8, 8, ..., 8, 7] -> '7,8x14,7'."""
+    runs: list[list[int]] = []
+    for count in counts:
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    return ",".join(str(count) if times == 1 else f"{count}x{times}" for count, times in runs)
+
+
 def to_json(obj: object) -> str:
-    """JSON as the standard has it: a NaN or an infinity is a bug upstream, never written."""
-    return json.dumps(obj, indent=2, allow_nan=False) + "\n"
+    """Indented JSON: objects one key per line, an array of objects or arrays one element per line,
+    an array of numbers or strings on one line. Each line is written by json's C encoder: a
+    whole-space sweep writes thousands of rows, a plan for 16,384 GPUs lists every GPU, and
+    indenting them through the pure-Python encoder took seconds. JSON as the standard has it: a
+    NaN or an infinity is a bug upstream, never written (ValueError)."""
+    return _indented(obj, 0) + "\n"
+
+
+def _dumps(obj: object) -> str:
+    return json.dumps(obj, allow_nan=False)
+
+
+def _indented(obj: object, depth: int) -> str:
+    pad, inner = "  " * depth, "  " * (depth + 1)
+    if isinstance(obj, dict) and obj:
+        return "{\n" + ",\n".join(f"{inner}{_dumps(key if isinstance(key, str) else _dumps(key))}: "
+                                   f"{_indented(value, depth + 1)}"
+                                   for key, value in obj.items()) + f"\n{pad}}}"
+    if isinstance(obj, (list, tuple)) and any(isinstance(item, (dict, list, tuple)) for item in obj):
+        return "[\n" + ",\n".join(inner + _dumps(item) for item in obj) + f"\n{pad}]"
+    return _dumps(obj)
 
 
 def to_csv(rows: Sequence[dict]) -> str:

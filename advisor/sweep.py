@@ -1,28 +1,41 @@
-"""Enumerate every valid (TP, CP, PP, MBS) for a GPU count, classify each, and rank them.
+"""Every launchable layout for a GPU count, classified and ranked: one row per (TP, CP, PP, DP,
+MBS) with its split, interleaving and recomputation (``advisor.space``).
 
 Verdicts (seed 004, Section 4.1): ``fits`` at most threshold x memory (80%: no run OOMed
 there), ``tight`` above it and up to the memory, ``oom`` above the memory.
 
-Ranking (seed 004, Section 4.2: "the parallel configurations that achieve high TFLOP/s are
-those with the minimal combination of TP x CP x PP that does not result in out-of-memory",
-and a larger micro-batch size raised throughput in every such case):
+Ranking without a time model (seed 004, Section 4.2: "the parallel configurations that achieve
+high TFLOP/s are those with the minimal combination of TP x CP x PP that does not result in
+out-of-memory", and a larger micro-batch size raised throughput in every such case):
 
 1. ``fits`` before ``tight``; ``oom`` rows are not ranked;
-2. the smallest TP x CP x PP;
-3. the larger MBS;
-4. the smaller TP (the paper found TP+CP and TP+PP slightly faster than TP alone);
-5. the smaller PP (fewer pipeline bubbles, Section 4.2.1), then the lower peak memory.
+2. no recomputation before recomputation (it costs a forward pass of what it recomputes);
+3. the smallest TP x CP x PP;
+4. the larger MBS;
+5. the smaller TP (the paper found TP+CP and TP+PP slightly faster than TP alone);
+6. the smaller PP (fewer pipeline bubbles, Section 4.2.1), then fewer recomputed layers, then
+   the lower peak memory.
+
+With a GPU preset (``gpu``: the time model), ``advisor.ranking`` orders the rows, by default
+the highest predicted throughput first; ``memory_model="calibrated"`` judges them by the
+calibrated memory model (``advisor.verdicts``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator, Literal
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
 
 from advisor.errors import AdvisorError
-from advisor.memory import MemoryEstimate, MemoryOptions, check_layout, estimate_memory
+from advisor.memory import MemoryEstimate, MemoryOptions, StageTerms
 from advisor.models import LlamaSpec
 from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload
+
+if TYPE_CHECKING:
+    from advisor.space import SpaceOptions
 
 Verdict = Literal["fits", "tight", "oom"]
 """The paper's verdicts; the calibrated memory model's are ``advisor.verdicts.CalibratedVerdict``."""
@@ -39,7 +52,8 @@ def classify(total_gib: float, memory_gib: float, threshold: float = DEFAULT_THR
 
 @dataclass(frozen=True, slots=True)
 class SweepRow:
-    """One configuration of a sweep: its layout, its memory estimate, verdict and rank."""
+    """One layout: its parallel sizes, split, interleaving and recomputation (``options``), its
+    memory estimate, verdict and rank, and, with a time model, its predicted step."""
 
     parallel: ParallelConfig
     num_microbatches: int | None
@@ -50,6 +64,8 @@ class SweepRow:
     """fits | tight | oom (Eq. 18, the 80% rule), or fits | likely fits | likely oom | oom
     (the calibrated model, ``advisor.verdicts``)."""
     rank: int | None = None
+    options: MemoryOptions = MemoryOptions()
+    """The estimator's options of this row, its recomputation included."""
     assessment: object | None = None
     """The calibrated model's ``advisor.verdicts.Assessment`` (usage and margin), if it judged."""
     timing: dict | None = None
@@ -59,8 +75,20 @@ class SweepRow:
     def memory_fraction(self) -> float | None:
         return None if self.memory_gib is None else self.estimate.total_gib / self.memory_gib
 
+    @property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        return self.estimate.layers
+
+    @property
+    def recomputed_layers(self) -> int:
+        """N of full recomputation (0 without it)."""
+        return self.options.recompute_num_layers if self.options.recompute == "full" else 0
+
     def to_dict(self) -> dict:
-        p = self.parallel
+        p, options = self.parallel, self.options
+        peak = self.estimate.peak
+        total = peak.total_bytes / 2**30
+        full = options.recompute == "full"
         return {
             "rank": self.rank,
             "tp": p.tp,
@@ -69,49 +97,51 @@ class SweepRow:
             "mbs": p.mbs,
             "dp": p.dp,
             "gpus": p.gpus,
+            "vpp": p.vpp,
+            "layers_per_stage": list(self.layers_per_stage),
+            "recompute": options.recompute,
+            "recompute_method": options.recompute_method if full else None,
+            "recompute_num_layers": options.recompute_num_layers if full else None,
             "num_microbatches": self.num_microbatches,
-            "total_gib": self.estimate.total_gib,
-            "model_states_gib": self.estimate.model_states_gib,
-            "activations_gib": self.estimate.activations_gib,
-            "peak_stage": self.estimate.peak.stage,
-            "memory_fraction": self.memory_fraction,
+            "total_gib": total,
+            "model_states_gib": peak.model_states_bytes / 2**30,
+            "activations_gib": peak.activations_bytes / 2**30,
+            "peak_stage": peak.stage,
+            "memory_fraction": None if self.memory_gib is None else total / self.memory_gib,
             "verdict": self.verdict,
             **(self.assessment.to_dict() if self.assessment is not None else {}),
             **(self.timing or {}),
         }
 
 
-def _powers_of_two(limit: int) -> Iterator[int]:
-    n = 1
-    while n <= limit:
-        yield n
-        n *= 2
-
-
-def candidate_layouts(
-    spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int = DEFAULT_GPUS_PER_NODE
-) -> Iterator[ParallelConfig]:
-    """Every layout Megatron can run on ``gpus`` GPUs: TP and CP powers of 2, PP a divisor of
-    L, DP = gpus / (TP x CP x PP), MBS a power of 2 with gbs divisible by MBS x DP."""
-    max_mbs = workload.global_batch_size or workload.seq_len  # without a gbs, any MBS is allowed
-    for tp in _powers_of_two(min(max_tp, gpus)):
-        for cp in _powers_of_two(gpus // tp):
-            for pp in (n for n in range(1, spec.num_layers + 1) if spec.num_layers % n == 0):
-                if gpus % (tp * cp * pp):
-                    continue
-                dp = gpus // (tp * cp * pp)
-                for mbs in _powers_of_two(max_mbs // dp):
-                    parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs)
-                    try:
-                        check_layout(spec, parallel, workload)
-                    except AdvisorError:
-                        continue
-                    yield parallel
-
-
 def ranking_key(row: SweepRow) -> tuple:
     p = row.parallel
-    return (row.verdict != "fits", p.model_parallel_size, -p.mbs, p.tp, p.pp, row.estimate.total_gib, p.cp)
+    return (row.verdict != "fits", row.options.recompute != "none", p.model_parallel_size, -p.mbs, p.tp, p.pp,
+            row.recomputed_layers, row.estimate.total_gib, p.cp, p.vpp)
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """The rows, ranked ones first in rank order, then the oom ones by memory; and how much of the
+    space the search considered and pruned (``advisor.space``)."""
+
+    rows: list[SweepRow]
+    considered: int
+    """Layout variants in the space: (TP, CP, PP, DP, MBS) x VPP x recomputation."""
+    evaluated: int
+    """Variants priced; the others were pruned as unable to fit or to win."""
+
+    @property
+    def pruned(self) -> int:
+        return self.considered - self.evaluated
+
+
+def _row_options(options: MemoryOptions, recompute: str, method: str, layers: int) -> MemoryOptions:
+    if recompute == "none":
+        return replace(options, recompute="none", recompute_method="uniform", recompute_num_layers=1)
+    if recompute == "selective":
+        return replace(options, recompute="selective", recompute_method="uniform", recompute_num_layers=1)
+    return replace(options, recompute="full", recompute_method=method, recompute_num_layers=int(layers))
 
 
 def sweep(
@@ -123,48 +153,89 @@ def sweep(
     threshold: float = DEFAULT_THRESHOLD,
     max_tp: int = DEFAULT_GPUS_PER_NODE,
     options: MemoryOptions = MemoryOptions(),
+    space: SpaceOptions | None = None,
     gpu=None,
     memory_model: str = "paper",
     rank_by: str | None = None,
     time_options=None,
     tokens: float | None = None,
     measured=None,
-) -> list[SweepRow]:
-    """All valid layouts, ranked ones first in rank order, then the others by memory.
+) -> Sweep:
+    """One row per launchable (TP, CP, PP, DP, MBS), with its best split, VPP and recomputation.
 
-    With a GPU preset (``gpu``, an ``advisor.hardware.GpuSpec``) every row also gets the time
-    model's prediction; verdicts and ranking come from ``advisor.ranking.assess_rows``
-    (``memory_model`` 'paper': Eq. 18 and the 80% rule, 'calibrated', or 'profile' with
-    ``measured`` activations, ``advisor.profile_terms``; ``rank_by`` throughput | memory | paper)."""
+    With a GPU preset (``gpu``, an ``advisor.hardware.GpuSpec``) the time model plans each row
+    (MadPipe's splits, interleaving and recomputation where they are faster) and prices it;
+    verdicts and ranking come from ``advisor.ranking.assess_rows`` (``memory_model`` 'paper':
+    Eq. 18 and the 80% rule, 'calibrated', or 'profile' with ``measured`` activations,
+    ``advisor.profile_terms``; the space is planned against the same model, its variants and
+    splits chosen to fit by the verdicts' own rule; ``rank_by`` throughput | memory | paper)."""
+    from advisor.ranking import assess_rows, check_memory_model, timing_fields
+    from advisor.space import SpaceOptions, search
+
     if gpus < 1:
         raise AdvisorError(f"the GPU count must be positive, got {gpus}")
-    if not memory_gib > 0:
-        raise AdvisorError(f"GPU memory must be positive, got {memory_gib} GiB")
+    if not memory_gib > 0 or math.isinf(memory_gib):
+        raise AdvisorError(f"GPU memory must be a positive number of GiB, got {memory_gib}")
     if not 0 < threshold <= 1:
         raise AdvisorError(f"the threshold must be in (0, 1], got {threshold}")
-    rows = []
-    for parallel in candidate_layouts(spec, workload, gpus, max_tp):
-        if parallel.cp > 1 and not options.flash_attention:  # CP runs inside fused attention only
-            continue
-        estimate = estimate_memory(spec, parallel, workload, options)
-        rows.append(
-            SweepRow(
-                parallel=parallel,
-                num_microbatches=workload.num_microbatches(parallel),
-                estimate=estimate,
-                memory_gib=memory_gib,
-                verdict=classify(estimate.total_gib, memory_gib, threshold),
-            )
-        )
-    if not rows:
+    check_memory_model(memory_model, measured)
+    space = space or SpaceOptions()
+    timing = None
+    if gpu is not None:
+        from advisor.rank_times import Timing
+        from advisor.throughput import TimeModel, TimeOptions
+
+        if workload.global_batch_size is None:
+            raise AdvisorError("predicting time needs a global batch size (--gbs)")
+        timing = Timing(TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, None,
+                                  time_options or TimeOptions()), gpu.gpus_per_node)
+    memory_calibration = None
+    if memory_model in ("calibrated", "profile"):  # plan against the model that judges the rows
+        from advisor.throughput.calibration import load_memory_calibration
+
+        memory_calibration = load_memory_calibration()
+    result = search(spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=options,
+                    space=space, timing=timing, memory_calibration=memory_calibration, measured=measured)
+    bases, chosen = result.bases, result.chosen
+    if not len(bases):
+        split = "PP must divide" if space.split == "even" else "PP at most"
         raise AdvisorError(
             f"no valid (TP, CP, PP, MBS) for {gpus} GPUs with {spec.name}: DP = GPUs / (TP x CP x PP) "
-            f"must be whole, PP must divide {spec.num_layers} layers, TP (at most {max_tp}) must divide "
+            f"must be whole, {split} {spec.num_layers} layers, TP (at most {max_tp}) must divide "
             f"{spec.num_attention_heads} heads and {spec.num_query_groups} KV heads, and the global "
             f"batch {workload.global_batch_size} must be divisible by MBS x DP"
+            + (f"; VPP {space.vpp} needs PP > 1, at least {space.vpp} layers per stage and the microbatches a "
+               f"multiple of PP" if space.vpp not in (None, 1) else "")
         )
-    from advisor.ranking import assess_rows
+    rows, row_options = [], {}  # few distinct recomputations among thousands of rows
+    columns = np.arange(chosen.terms.parameters.shape[1])[None, :]
+    totals = np.where(columns < bases.pp[:, None], chosen.terms.total, -np.inf)
+    peak = totals.argmax(axis=1)
+    total = totals.max(axis=1) / 2**30
+    timings = (timing_fields(timing.model, chosen.steps, bases.tp * bases.cp * bases.pp * bases.dp, bases.tp, tokens)
+               if timing is not None else [None] * len(bases))
+    for b in range(len(bases)):
+        pp = int(bases.pp[b])
+        parallel = ParallelConfig(tp=int(bases.tp[b]), cp=int(bases.cp[b]), pp=pp, dp=int(bases.dp[b]),
+                                  mbs=int(bases.mbs[b]), vpp=int(chosen.vpp[b]))
+        terms = StageTerms(**{name: getattr(chosen.terms, name)[b, :pp] for name in StageTerms.__dataclass_fields__})
+        m = bases.microbatches[b]
+        recompute = (str(chosen.recompute[b]), str(chosen.recompute_method[b]), int(chosen.recompute_layers[b]))
+        if recompute not in row_options:
+            row_options[recompute] = _row_options(options, *recompute)
+        rows.append(SweepRow(
+            parallel=parallel, num_microbatches=None if math.isinf(m) else int(m),
+            estimate=MemoryEstimate(terms, tuple(chosen.counts[b, :pp].tolist()), int(peak[b])),
+            memory_gib=memory_gib, verdict=classify(float(total[b]), memory_gib, threshold),
+            options=row_options[recompute], timing=timings[b]))
+    assessments = None
+    if memory_calibration is not None:  # the calibrated (or profile) model judges all rows at once
+        from advisor.verdicts import assess_stages
 
-    return assess_rows(rows, spec, workload, memory_gib, gpu=gpu, memory_model=memory_model, rank_by=rank_by,
-                       options=options, time_options=time_options, tokens=tokens, threshold=threshold,
-                       measured=measured)
+        assessments = assess_stages(spec, workload.seq_len, chosen.terms, bases.pp, bases.mbs, bases.tp, bases.cp,
+                                    chosen.recompute == "full", memory_gib, options, memory_calibration, measured)
+    ranked = assess_rows(rows, spec, workload, memory_gib, memory_model=memory_model,
+                         rank_by=rank_by or ("throughput" if timing is not None else "paper"), options=options,
+                         threshold=threshold, memory_calibration=memory_calibration, measured=measured,
+                         assessments=assessments)
+    return Sweep(rows=ranked, considered=result.considered, evaluated=result.evaluated)

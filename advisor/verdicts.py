@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from advisor.errors import AdvisorError
 from advisor.memory import GIB, MemoryEstimate, MemoryOptions
 from advisor.models import LlamaSpec
@@ -95,43 +97,100 @@ class Assessment:
         return {"usage_gib": self.usage_gib, "margin_gib": self.margin_gib, "calibrated_peak_stage": self.peak_stage}
 
 
-def _corrected_part(stage, spec: LlamaSpec, recompute: str):
-    """Eq. 12-14 of one part of a stage's activations with the calibrated model's corrections."""
-    def part(kind: str) -> float:
-        if kind == "decoder":
-            return stage.layer_activations_bytes + terms.swiglu_fusion_correction_bytes(stage, spec, recompute)
-        if kind == "embedding":
-            return stage.embedding_activations_bytes + (
-                terms.embedding_ids_correction_bytes(stage, spec) if stage.stage == 0 else 0.0)
-        return stage.output_activations_bytes
-    return part
+@dataclass(frozen=True, slots=True)
+class CalibratedTerms:
+    """The calibrated model on top of Eq. 18's terms of a pipeline stage: factors on its three
+    activation terms and the bytes it adds. Fields are numbers or numpy arrays that broadcast over
+    layouts and stages (the sweep's planners use them vectorised, ``memory.StageModel``)."""
+
+    layer_factor: object
+    """The allocator's factor times the share of Eq. 12 megatron-core keeps (fused SwiGLU; 1 with
+    full recomputation, whose layers keep only their input), or the profiled ratio."""
+    embedding_factor: object
+    """The allocator's factor times the share of Eq. 13 kept (the int64 token ids), or the profiled ratio."""
+    output_factor: object
+    added: object
+    """Runtime memory and the allocator's reserve on every stage; the cross-entropy's BF16
+    logits on the last; the data loader's mask on the first and the last."""
+
+    def stage_bytes(self, model_states, layer_activations, embedding_activations, output_activations):
+        return (model_states + self.layer_factor * layer_activations + self.embedding_factor * embedding_activations
+                + self.output_factor * output_activations + self.added)
+
+
+def _ratio(measured, kind: str, tp, cp, default: float):
+    """The profiled ratio measured / Eq. 12-14 of one module kind at each (tp, cp), arrays
+    broadcast (``MeasuredActivations.for_layout``); ``default`` where no profile measured it."""
+    if measured is None:
+        return default
+    if np.ndim(tp) == 0 and np.ndim(cp) == 0:
+        value = getattr(measured.for_layout(int(tp), int(cp)), kind)
+        return default if value is None else value
+    tp, cp = np.broadcast_arrays(np.asarray(tp), np.asarray(cp))
+    pairs = np.stack([tp.ravel(), cp.ravel()], axis=1)
+    unique, inverse = np.unique(pairs, axis=0, return_inverse=True)  # few distinct (TP, CP) among thousands
+    values = [getattr(measured.for_layout(int(t), int(c)), kind) for t, c in unique]
+    return np.array([default if v is None else v for v in values])[inverse.ravel()].reshape(tp.shape)
+
+
+def calibrated_terms(
+    spec: LlamaSpec, seq_len: int, mbs, tp, cp, stage, pp, full_recompute, options: MemoryOptions,
+    calibration: MemoryCalibration, memory_gib: float, measured=None,
+) -> CalibratedTerms:
+    """The calibrated model's terms for stage ``stage`` of ``pp`` (any of them numpy arrays).
+    ``measured`` (``advisor.profile_terms.MeasuredActivations``, ``--memory-model profile``)
+    replaces the Eq. 12-14 corrections by the profiled ratios measured / Eq. 12-14; fully
+    recomputed layers keep only their input, which no profile here measured: their term stays."""
+    vocab = padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, tp)
+    first, last = np.asarray(stage) == 0, np.asarray(stage) == np.asarray(pp) - 1
+    added = terms.runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * memory_gib * GIB
+    added = added + np.where(last, terms.cross_entropy_working_bytes(spec, seq_len, mbs, tp, cp, vocab), 0.0)
+    if calibration.dataloader_mask:
+        added = added + np.where(first | last, terms.dataloader_mask_bytes(seq_len, mbs, cp), 0.0)
+    factor = calibration.activation_factor
+    layer = _ratio(measured, "decoder", tp, cp, terms.swiglu_fusion_fraction(spec))
+    return CalibratedTerms(
+        layer_factor=factor * np.where(full_recompute, 1.0, layer),
+        embedding_factor=factor * _ratio(measured, "embedding", tp, cp, terms.embedding_ids_fraction(spec)),
+        output_factor=factor * _ratio(measured, "output", tp, cp, 1.0), added=added)
 
 
 def calibrated_stage_bytes(
     estimate: MemoryEstimate, spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int,
     options: MemoryOptions, calibration: MemoryCalibration, memory_gib: float, measured=None,
 ) -> list[float]:
-    """Predicted device memory of each pipeline stage on a GPU of ``memory_gib``, bytes.
-    ``measured`` (``advisor.profile_terms.MeasuredActivations``, ``--memory-model profile``)
-    replaces the activations' Eq. 12-14 and their corrections by the profiled ratios."""
-    vocab = padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, tp)
-    last = len(estimate.stages) - 1
-    out = []
-    for stage in estimate.stages:
-        corrected = _corrected_part(stage, spec, options.recompute)
-        if measured is None:
-            activations = sum(corrected(kind) for kind in ("decoder", "embedding", "output"))
-        else:
-            from advisor.profile_terms import stage_activation_bytes
+    """Predicted device memory of each pipeline stage on a GPU of ``memory_gib``, bytes
+    (``measured``: the profile memory model's, see ``calibrated_terms``)."""
+    t, pp = estimate.terms, len(estimate.layers)
+    calibrated = calibrated_terms(spec, seq_len, mbs, tp, cp, np.arange(pp), pp, options.recompute == "full", options,
+                                  calibration, memory_gib, measured)
+    per_stage = calibrated.stage_bytes(t.model_states, t.layer_activations, t.embedding_activations,
+                                       t.output_activations)
+    return np.broadcast_to(per_stage, (pp,)).tolist()
 
-            activations = stage_activation_bytes(stage, measured.for_layout(tp, cp), options.recompute, corrected)
-        extra = terms.runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * memory_gib * GIB
-        if stage.stage == last:
-            extra += terms.cross_entropy_working_bytes(spec, seq_len, mbs, tp, cp, vocab)
-        if calibration.dataloader_mask and stage.stage in (0, last):
-            extra += terms.dataloader_mask_bytes(seq_len, mbs, cp)
-        out.append(stage.model_states_bytes + calibration.activation_factor * activations + extra)
-    return out
+
+def assess_stages(
+    spec: LlamaSpec, seq_len: int, terms, pp, mbs, tp, cp, full_recompute, memory_gib: float,
+    options: MemoryOptions, calibration: MemoryCalibration, measured=None,
+) -> list[Assessment]:
+    """``assess`` for many layouts at once: ``terms`` (``memory.StageTerms`` of arrays, one row
+    per layout, as wide as the deepest pipeline), ``pp`` and the layout quantities are arrays of
+    one value per layout (the sweep's rows)."""
+    col = (slice(None), None)
+    pp = np.asarray(pp)
+    width = np.shape(terms.model_states)[1]
+    stage = np.arange(width)[None, :]
+    calibrated = calibrated_terms(spec, seq_len, np.asarray(mbs)[col], np.asarray(tp)[col], np.asarray(cp)[col],
+                                  stage, pp[col], np.asarray(full_recompute)[col], options, calibration, memory_gib,
+                                  measured)
+    per_stage = calibrated.stage_bytes(terms.model_states, terms.layer_activations, terms.embedding_activations,
+                                       terms.output_activations)
+    per_stage = np.where(stage < pp[col], per_stage, -np.inf)
+    peak = per_stage.argmax(axis=1)
+    usage = (per_stage.max(axis=1) / GIB).tolist()
+    return [Assessment(usage_gib=u, peak_stage=p, memory_gib=memory_gib, verdict=verdict_for(u, memory_gib,
+                                                                                            calibration.band))
+            for u, p in zip(usage, peak.tolist())]
 
 
 def verdict_for(usage_gib: float, memory_gib: float, band: float) -> CalibratedVerdict:

@@ -184,12 +184,17 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         if len(layers) != pp or sum(layers) != spec.num_layers:
             raise AdvisorError(f"{fields.origin}: the stages hold {list(layers)} layers, not {spec.num_layers} "
                                f"layers over PP {pp}")
+    elif "layers_per_stage" in fields.document:  # a sweep row carries its own split
+        layers = tuple(fields.array("layers_per_stage", int))
+        if len(layers) != pp or sum(layers) != spec.num_layers:
+            raise AdvisorError(f"{fields.origin}: 'layers_per_stage' {list(layers)} does not split "
+                               f"{spec.num_layers} layers over PP {pp}")
     else:
         layers = (spec.num_layers // pp,) * pp
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     try:  # what Megatron-LM would refuse, refused here before anything starts
         check_layout(spec, parallel, Workload(seq_len=seq_len, global_batch_size=gbs),
-                     layers if len(set(layers)) > 1 else None)
+                     layers)
     except AdvisorError as exc:
         raise AdvisorError(f"{fields.origin}: {exc}") from None
     args = megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,

@@ -42,6 +42,9 @@ class Truth:
     constant: int = 1000
     per_microbatch: int = 96
     additive: bool = False
+    seconds: dict | None = None
+    """Module key -> (forward, backward) seconds per microbatch, written as profile schema v2's
+    per-layer times (None: untimed, as version 1 files)."""
 
     def __post_init__(self) -> None:
         layers = self.spec.num_layers
@@ -122,7 +125,8 @@ def write_run(root: Path, truth: Truth, layers_per_stage, *, mbs: int, tp: int =
                 )
                 layers = tuple(
                     LayerRecord(iteration=1, name=_name(key), kind=_kind(key),
-                                layer_number=key if isinstance(key, int) else None, **truth.terms(key, mbs, tp, dp))
+                                layer_number=key if isinstance(key, int) else None, **truth.terms(key, mbs, tp, dp),
+                                **_times(truth, key))
                     for key in truth.modules(first, last)
                 )
                 peak = truth.peak(first, last, mbs, tp, dp, n)
@@ -135,6 +139,13 @@ def write_run(root: Path, truth: Truth, layers_per_stage, *, mbs: int, tp: int =
                             iterations=iterations if status == "ok" else (), status=status).write(directory)
         first = last + 1
     return directory
+
+
+def _times(truth: Truth, key) -> dict:
+    if truth.seconds is None:
+        return {}
+    forward, backward = truth.seconds[key]
+    return {"forward_time_s": forward, "backward_time_s": backward}
 
 
 def _name(key) -> str:

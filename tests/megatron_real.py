@@ -179,3 +179,16 @@ def mismatches(priced: Priced, derived: dict) -> list[str]:
     }
     return [f"{key}: Megatron {derived.get(key)!r}, advisor {value!r}" for key, value in expected.items()
             if derived.get(key) != value]
+
+
+def assert_built_as_priced(release: Checkout, inputs: list[Priced]) -> None:
+    """Every input through the release's parse_args + validate_args (launch.megatron_check): none
+    refused, and what Megatron derives is what the advisor priced."""
+    from launch.megatron_check import validate
+
+    results = validate(release.path, [item.case() for item in inputs], python=release.python)
+    refused = [f"{item.label}: {result['error']}" for item, result in zip(inputs, results) if not result["ok"]]
+    assert not refused, f"{len(refused)} of {len(inputs)} refused:\n" + "\n".join(refused[:20])
+    wrong = [f"{item.label}: {'; '.join(problems)}" for item, result in zip(inputs, results)
+             if (problems := mismatches(item, result["derived"]))]
+    assert not wrong, f"{len(wrong)} of {len(inputs)} differ:\n" + "\n".join(wrong[:20])

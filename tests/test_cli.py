@@ -5,6 +5,8 @@ import io
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from advisor.models import preset
 from advisor.parallel import Workload
@@ -28,16 +30,18 @@ def test_sweep_json_rows_follow_the_interface(advisor):
 def test_sweep_ranking_is_the_documented_order(advisor):
     rows = advisor.json("sweep", "--gpus", 64, "--mem", 40)
     keys = [
-        (r["verdict"] != "fits", r["tp"] * r["cp"] * r["pp"], -r["mbs"], r["tp"], r["pp"], r["total_gib"], r["cp"])
+        (r["verdict"] != "fits", r["recompute"] != "none", r["tp"] * r["cp"] * r["pp"], -r["mbs"], r["tp"], r["pp"],
+         r["recompute_num_layers"] or 0, r["total_gib"], r["cp"], r["vpp"])
         for r in rows
     ]
     assert keys == sorted(keys)
     # The library's own rows, put in order by its key, are the CLI's rows in the CLI's order.
-    library = sorted((row for row in sweep(preset("llama3.1-8b"), Workload(), 64, 40) if row.rank), key=ranking_key)
+    swept = sweep(preset("llama3.1-8b"), Workload(), 64, 40).rows
+    library = sorted((row for row in swept if row.rank), key=ranking_key)
     assert [(r.parallel.tp, r.parallel.cp, r.parallel.pp, r.parallel.mbs) for r in library] == \
         [(r["tp"], r["cp"], r["pp"], r["mbs"]) for r in rows]
     # The paper's finding on 64 A100s (Table 3): the smallest TP x CP x PP that fits comes first.
-    fits = [r for r in rows if r["verdict"] == "fits"]
+    fits = [r for r in rows if r["verdict"] == "fits" and r["recompute"] == "none"]
     assert rows[0]["tp"] * rows[0]["cp"] * rows[0]["pp"] == min(r["tp"] * r["cp"] * r["pp"] for r in fits)
 
 
@@ -93,12 +97,12 @@ def test_sweep_with_nothing_fitting_says_so(advisor):
     least = min(row["total_gib"] for row in advisor.json("sweep", "--gpus", 8, "--mem", 4, "--model", "llama3.1-70b",
                                                           "--all"))
     assert result.stdout == "" and result.stderr.count("\n") == 1
-    assert result.stderr.startswith("advisor sweep: nothing fits: 0 fits, 0 tight, 205 oom; the least any layout "
-                                    f"needs is {least:.1f} GiB per GPU against 4 GiB")
-    assert "--recompute full" in result.stderr
-    given = advisor("sweep", "--gpus", 8, "--mem", 4, "--model", "llama3.1-70b", "--recompute", "full",
-                    "--format", "json", expect=1)
-    assert given.stdout == "[]\n" and "--recompute full" not in given.stderr
+    assert result.stderr.startswith("advisor sweep: nothing fits: 0 fits, 0 tight, ")
+    assert f"; the least any layout needs is {least:.1f} GiB per GPU against 4 GiB" in result.stderr
+    assert "Try more GPUs or a shorter --seq-len" in result.stderr  # recomputation was searched already
+    narrow = advisor("sweep", "--gpus", 8, "--mem", 4, "--model", "llama3.1-70b", "--recompute", "none",
+                     "--split", "even", "--format", "json", expect=1)
+    assert narrow.stdout == "[]\n" and "Try more GPUs, --split auto, --recompute auto or a shorter" in narrow.stderr
 
 
 def test_output_is_written_atomically(advisor, tmp_path):
@@ -115,12 +119,19 @@ def test_estimate_json_is_a_sweep_row_with_stages(advisor):
     assert [stage["position"] for stage in est["stages"]] == ["first", "middle", "middle", "last"]
     assert est["total_gib"] == max(stage["total_gib"] for stage in est["stages"])
     assert [stage["in_flight_microbatches"] for stage in est["stages"]] == [4, 3, 2, 1]
-    sweep_row = next(
-        r for r in advisor.json("sweep", "--gpus", 64, "--mem", 40, "--all")
-        if (r["tp"], r["cp"], r["pp"], r["mbs"]) == (2, 1, 4, 1)
-    )
-    for key in ROW_KEYS - {"rank"}:
-        assert est[key] == sweep_row[key], key
+    for sweep_row in advisor.json("sweep", "--gpus", 64, "--mem", 40, "--all"):
+        if (sweep_row["tp"], sweep_row["cp"], sweep_row["pp"]) not in ((2, 1, 4), (1, 1, 8), (4, 2, 2)):
+            continue
+        # the row's own split, interleaving and recomputation, priced by estimate
+        recompute = ["--recompute", sweep_row["recompute"]]
+        if sweep_row["recompute"] == "full":
+            recompute += ["--recompute-method", sweep_row["recompute_method"], "--recompute-num-layers",
+                          sweep_row["recompute_num_layers"]]
+        same = advisor.json("estimate", "--tp", sweep_row["tp"], "--cp", sweep_row["cp"], "--pp", sweep_row["pp"],
+                            "--mbs", sweep_row["mbs"], "--gpus", 64, "--mem", 40, "--vpp", sweep_row["vpp"],
+                            "--layers-per-stage", ",".join(map(str, sweep_row["layers_per_stage"])), *recompute)
+        for key in ROW_KEYS - {"rank"} | {"layers_per_stage", "vpp", "recompute", "num_microbatches"}:
+            assert same[key] == sweep_row[key], key
 
 
 def test_estimate_table_shows_every_stage(advisor):
@@ -171,8 +182,12 @@ def test_overrides_change_the_model(advisor):
         (["sweep", "--gpus", 8, "--mem", 0], "'--mem'"),
         (["sweep", "--gpus", 8, "--mem", 40, "--seq-len", -1], "'--seq-len'"),
         (["sweep", "--gpus", 8, "--mem", 40, "--num-layers", 0], "'--num-layers'"),
-        (["sweep", "--gpus", 3, "--mem", 40], "no valid (TP, CP, PP, MBS) for 3 GPUs"),
+        (["sweep", "--gpus", 3, "--mem", 40, "--split", "even"], "no valid (TP, CP, PP, MBS) for 3 GPUs"),
         (["sweep", "--gpus", 8], "give --mem GIB or --gpu NAME"),
+        (["sweep", "--gpus", 8, "--mem", 40, "--vpp", "two"], "--vpp must be auto or a positive integer, got 'two'"),
+        (["sweep", "--gpus", 8, "--mem", 40, "--vpp", "0"], "--vpp must be auto or a positive integer, got '0'"),
+        (["sweep", "--gpus", 8, "--mem", 40, "--recompute-num-layers", 2], "need --recompute full"),
+        (["sweep", "--gpus", 1, "--mem", 80, "--vpp", 2], "VPP 2 needs PP > 1"),
         (["sweep", "--gpus", 8, "--gpu", "h100"], "unknown GPU 'h100'; did you mean"),
         (["sweep", "--gpus", 8, "--mem", 40, "--tokens", "15T"], "--tokens needs --gpu NAME"),
         (["sweep", "--gpus", 8, "--mem", 40, "--rank-by", "throughput"], "--rank-by throughput needs --gpu"),
@@ -203,3 +218,23 @@ def test_bad_config_files(advisor, tmp_path):
         "sweep", "--gpus", 8, "--mem", 40, "--model", incomplete
     )
     assert "no such file" in advisor.error("sweep", "--gpus", 8, "--mem", 40, "--model", tmp_path / "none.json")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                    | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+                    max_leaves=20))
+def test_json_documents_read_back_as_written(document):
+    """render.to_json (every JSON the CLI writes): what json reads back is the document; each line
+    holds one key of an object, one element of an array of containers, or a whole array of scalars."""
+    import json
+
+    from advisor.render import to_json
+
+    text = to_json(document)
+    assert json.loads(text) == document and text.endswith("\n")
+    if isinstance(document, dict) and document:
+        assert len(text.splitlines()) >= len(document) + 2
+    if isinstance(document, list) and any(isinstance(item, (dict, list)) for item in document):
+        assert [json.loads(line.strip().rstrip(",")) for line in text.splitlines()[1:-1]] == document

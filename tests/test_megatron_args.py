@@ -2,7 +2,7 @@
 
 import pytest
 
-from advisor.megatron_args import megatron_args, memory_args, split_args
+from advisor.megatron_args import chunk_layers, megatron_args, memory_args, pipeline_layout, split_args
 from advisor.memory import MemoryOptions
 from advisor.models import PRESETS
 from conftest import ROOT
@@ -83,7 +83,24 @@ def test_virtual_pipeline_stages():
     assert args["--num-layers-per-virtual-pipeline-stage"] == "4" and args["--pipeline-model-parallel-size"] == "4"
     assert "--num-layers-per-virtual-pipeline-stage" not in megatron_args(
         spec, 8192, tp=1, cp=1, layers_per_stage=(8, 8, 8, 8), micro_batch_size=1, global_batch_size=64)
-    for layers, vpp in (((9, 7, 8, 8), 2), ((8, 8, 8, 8), 3)):
-        with pytest.raises(ValueError, match="even split"):
-            megatron_args(spec, 8192, tp=1, cp=1, layers_per_stage=layers, micro_batch_size=1, global_batch_size=64,
-                          virtual_stages=vpp)
+    # Uneven chunks go through the layout, one segment per chunk in model order (chunk k of rank i
+    # is segment k x PP + i), each rank's remainder on its last chunk: 9 = 4 + 5, 7 = 3 + 4.
+    assert split_args((9, 7, 8, 8), 2) == ["--pipeline-model-parallel-layout", "E,t*4|t*3|t*4|t*4|t*5|t*4|t*4|t*4,L"]
+    assert split_args((8, 8, 8, 8), 3) == ["--pipeline-model-parallel-layout",
+                                           "E,t*2|t*2|t*2|t*2|t*3|t*3|t*3|t*3|t*3|t*3|t*3|t*3,L"]
+
+
+@pytest.mark.parametrize("counts,vpp", [((9, 7, 8, 8), 2), ((8, 8, 8, 8), 3), ((7,) + (8,) * 14 + (7,), 2),
+                                        ((5, 9, 9, 9), 4), ((1, 3, 1), 1), ((0, 4, 4), 1)])
+def test_layouts_build_in_megatron_core_as_priced(counts, vpp):
+    """megatron-core's own parser builds, per pipeline rank and model chunk, the layers we price."""
+    layout_module = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
+    layout = layout_module.PipelineParallelLayerLayout(pipeline_layout(counts, vpp), len(counts))
+    layout.validate_layer_layout(num_layers=sum(counts), mtp_num_layers=None)
+    assert layout.virtual_pipeline_model_parallel_size == vpp
+    built = [[[kind.name for kind in chunk].count("decoder") for chunk in rank] for rank in layout.layout]
+    assert [sum(rank) for rank in built] == list(counts)
+    expected = chunk_layers(counts, vpp)
+    assert built == [[expected[k * len(counts) + i] for k in range(vpp)] for i in range(len(counts))]
+    assert "embedding" in [kind.name for kind in layout.layout[0][0]]
+    assert "loss" in [kind.name for kind in layout.layout[-1][-1]]

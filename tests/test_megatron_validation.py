@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from launch_support import plan_files
-from megatron_real import NO_TRANSFORMER_ENGINE, checkout, mismatches, priced_input
+from megatron_real import NO_TRANSFORMER_ENGINE, assert_built_as_priced, checkout, priced_input
 
 from advisor.memory import MemoryOptions
 from advisor.megatron_args import MegatronSetup
@@ -123,12 +123,7 @@ def test_megatron_accepts_and_builds_what_the_advisor_priced(tag, advisor, tmp_p
     assert kinds == {"sweep", "estimate", "plan", "campaign"}
     assert any(item.cp > 1 for item in inputs) and any(item.pp > 1 and len(set(item.layers_per_stage)) > 1
                                                        for item in inputs) and any(item.vpp > 1 for item in inputs)
-    results = validate(release.path, [item.case() for item in inputs], python=release.python)
-    refused = [f"{item.label}: {result['error']}" for item, result in zip(inputs, results) if not result["ok"]]
-    assert not refused, f"{len(refused)} of {len(inputs)} refused:\n" + "\n".join(refused[:20])
-    wrong = [f"{item.label}: {'; '.join(problems)}" for item, result in zip(inputs, results)
-             if (problems := mismatches(item, result["derived"]))]
-    assert not wrong, f"{len(wrong)} of {len(inputs)} differ:\n" + "\n".join(wrong[:20])
+    assert_built_as_priced(release, inputs)
 
 
 def test_without_the_launchers_environment_megatron_refuses_tp_and_cp(advisor, tmp_path):

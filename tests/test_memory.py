@@ -81,21 +81,26 @@ def test_context_parallel_without_flash_attention_is_rejected():
 
 
 @pytest.mark.parametrize(
-    "method,n,stored_layers_of_full,checkpoints",
+    "method,n,stored_layers_of_full,checkpoints,rebuilt",
     [
-        ("uniform", 1, 0, 32),  # every layer checkpointed: Korthikanti Table 2, 2sbhL
-        ("uniform", 4, 0, 8),  # ceil(32 / 4) chunk inputs
-        ("uniform", 5, 0, 7),  # ceil(32 / 5)
-        ("block", 8, 24, 8),  # the first 8 layers checkpointed, 24 kept whole
-        ("block", 40, 0, 32),  # capped at the layers on the stage
+        # rebuilt: during its backward pass a recomputed unit is rebuilt for one microbatch (its
+        # input is the checkpoint itself, so one checkpoint less), after the units above it
+        # have freed their checkpoints
+        ("uniform", 1, 0, 32, (1, -1)),  # every layer checkpointed: Korthikanti Table 2, 2sbhL
+        ("uniform", 4, 0, 8, (4, -1)),  # ceil(32 / 4) chunk inputs; the last unit rebuilds 4 layers
+        ("uniform", 5, 0, 7, (5, -2)),  # ceil(32 / 5); the last unit has 2 layers, the one before 5
+        ("block", 8, 24, 8, (0, 0)),  # the first 8 layers checkpointed, 24 kept whole (freed first)
+        ("block", 40, 0, 32, (1, -1)),  # capped at the layers on the stage; the last one is rebuilt first
     ],
 )
-def test_full_recomputation(method, n, stored_layers_of_full, checkpoints):
+def test_full_recomputation(method, n, stored_layers_of_full, checkpoints, rebuilt):
     layer_full = SBH_T2 * 41  # Eq. 12 / t: sbh(12 + 1 + 28) / t
     checkpoint = 2 * SBH_T2  # 2sbh / t
     head_and_embedding = SBH_T2 * (8 + 4 * 32.3125)
     stage = tp2_dp2(recompute="full", recompute_method=method, recompute_num_layers=n).peak
-    assert stage.activations_bytes == stored_layers_of_full * layer_full + checkpoints * checkpoint + head_and_embedding
+    transient = rebuilt[0] * layer_full + rebuilt[1] * checkpoint
+    assert stage.activations_bytes == (stored_layers_of_full * layer_full + checkpoints * checkpoint + transient
+                                       + head_and_embedding)
 
 
 def test_interleaving_matches_megatrons_penalty_on_the_first_stage():
@@ -105,7 +110,10 @@ def test_interleaving_matches_megatrons_penalty_on_the_first_stage():
     penalty = 1 + 3 / 8
     first, first_v = plain.stages[0], interleaved.stages[0]
     assert first_v.layer_activations_bytes == pytest.approx(first.layer_activations_bytes * penalty, rel=1e-12)
-    assert first_v.embedding_activations_bytes == pytest.approx(first.embedding_activations_bytes * penalty, rel=1e-12)
+    # The embedding lives in the first chunk only: warm-up runs chunk 0 on microbatches 0-3, chunk 1
+    # on 0-3, then chunk 0 on 4-6 (2(p - 1) + (v - 1)p + 1 = 11 forward passes), so 7 = 2p - 1 of
+    # them, not 11 / v = 5.5 (the penalty that upstream's formula applies to it as well).
+    assert first_v.embedding_activations_bytes == first.embedding_activations_bytes * 7 / 4
     assert first_v.model_states_bytes == first.model_states_bytes
     # The last stage warms up (v - 1) p = 4 chunks plus one: 5 chunks of 1/2 stage each.
     assert interleaved.stages[3].in_flight_microbatches == 2.5
@@ -181,3 +189,24 @@ def test_in_flight_microbatches_under_1f1b():
 def test_parameters_of_a_tied_model_count_the_embedding_once():
     tied = PRESETS["llama3.2-1b"]
     assert model_parameters(with_overrides(tied, tie_embeddings=False)) - model_parameters(tied) == 2048 * 128256
+
+
+def test_element_size_scales_weights_and_activations_but_not_logits_or_token_ids():
+    """An FP32 run (element_bytes 4) doubles the BF16 weights and every BF16 activation of
+    Eq. 12-14 (2sbh per layer checkpoint, the LM head's 4sbh inputs), and leaves what no dtype
+    changes: FP32 gradients and Adam states, the 4sbv FP32 logits, Eq. 13's int64 input."""
+    spec = PRESETS["llama3.1-8b"]
+    parallel = ParallelConfig(tp=2, cp=1, pp=2, mbs=1, dp=1)
+    workload = Workload(seq_len=4096, global_batch_size=4)
+    bf16, fp32 = (estimate_memory(spec, parallel, workload, MemoryOptions(element_bytes=n)) for n in (2, 4))
+    s, b, h, t = 4096, 1, spec.hidden_size, 2
+    for low, high in zip(bf16.stages, fp32.stages):
+        assert high.weights_bytes == 2 * low.weights_bytes
+        assert (high.gradients_bytes, high.optimizer_bytes) == (low.gradients_bytes, low.optimizer_bytes)
+        assert high.layer_activations_bytes == 2 * low.layer_activations_bytes
+        assert high.embedding_activations_bytes == low.embedding_activations_bytes
+    # Last stage: the hidden inputs (4sbh, split over TP with SP) double, the logits do not.
+    extra = fp32.stages[-1].output_activations_bytes - bf16.stages[-1].output_activations_bytes
+    assert extra == 4 * s * b * h / t
+    with pytest.raises(AdvisorError, match="element_bytes"):
+        MemoryOptions(element_bytes=1)

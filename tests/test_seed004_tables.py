@@ -9,6 +9,7 @@ import pytest
 from conftest import ROOT
 
 DATA = ROOT / "tables" / "data"
+PAPER_SPACE = ("--split", "even", "--vpp", "1", "--recompute", "none")  # the paper's space
 MEMORY_GIB = {"A100-40GB": 40, "H100-94GB": 94}
 TOLERANCE = 0.01
 
@@ -37,7 +38,8 @@ def columns() -> dict[tuple, list[dict]]:
 
 @lru_cache(maxsize=None)
 def swept(invoke, model, seq_len, gpus, memory) -> dict[tuple, float]:
-    rows = invoke.json("sweep", "--all", "--model", model, "--seq-len", seq_len, "--gpus", gpus, "--mem", memory)
+    rows = invoke.json("sweep", "--all", *PAPER_SPACE, "--model", model, "--seq-len", seq_len, "--gpus", gpus,
+                       "--mem", memory)
     return {(r["tp"], r["cp"], r["pp"], r["mbs"]): r["total_gib"] for r in rows}
 
 

@@ -19,6 +19,7 @@ from tables.seed004.__main__ import main
 from tables.seed004.results import analyse
 
 DATA = ROOT / "tables" / "data"
+PAPER_SPACE = ("--split", "even", "--vpp", "1", "--recompute", "none")  # the paper's space
 MEMORY_GIB = {"A100-40GB": 40, "H100-94GB": 94}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TABLES = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
@@ -60,7 +61,8 @@ def cell_key(row: dict) -> tuple:
 
 @lru_cache(maxsize=None)
 def sweep_json(invoke: Invoker, model: str, seq_len: str, gpus: str, memory: int) -> dict:
-    rows = invoke.json("sweep", "--all", "--model", model, "--seq-len", seq_len, "--gpus", gpus, "--mem", memory)
+    rows = invoke.json("sweep", "--all", *PAPER_SPACE, "--model", model, "--seq-len", seq_len, "--gpus", gpus,
+                       "--mem", memory)
     return {(r["tp"], r["cp"], r["pp"], r["mbs"]): r for r in rows}
 
 

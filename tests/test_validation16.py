@@ -10,7 +10,7 @@ from scipy.stats import spearmanr
 
 from conftest import ROOT, Invoker
 from advisor.throughput.calibration import _KERNELS, CALIBRATION_FILE, Calibration
-from tables.seed004 import validation
+from tables.seed004 import oomfit, timing, validation
 from tables.seed004.calibrate import main as calibrate, probe_fit
 from tables.seed004.results import analyse
 from tables.seed004.validation_report import summary
@@ -45,8 +45,31 @@ def _scrambled(tables, gpu):
 def test_a_direction_never_sees_the_gpu_it_is_tested_on(results, train, test):
     honest = validation.fit_direction(results.measured, train, test)
     blind = validation.fit_direction(_scrambled(results.measured, test), train, test)
-    assert honest.time == blind.time and honest.memory == blind.memory
+    # The constants and the procedure choices (memory tie-break, ranking rule) and what each
+    # candidate scored when they were chosen: none of them moves.
+    assert honest.fit == blind.fit
     assert honest.time.fitted_on == f"the {train} runs that ran"
+    assert honest.fit.tie_break in oomfit.TIE_BREAKS and honest.fit.rank_by in validation.RANK_BY
+
+
+def test_the_selection_does_look_at_its_own_side(results):
+    """So that the test above is not vacuous: scrambling the training side's own runs does move
+    what the left-one-table-out selection scores."""
+    a100 = [t for t in results.measured if t.paper.gpu == "A100-40GB"]
+    chosen, scores = oomfit.select_tie_break({t.paper.number: oomfit.memory_runs([t]) for t in a100})
+    assert set(scores) == set(oomfit.TIE_BREAKS) and chosen in scores
+    scrambled = [t for t in _scrambled(results.measured, "A100-40GB") if t.paper.gpu == "A100-40GB"]
+    _, blind_scores = oomfit.select_tie_break({t.paper.number: oomfit.memory_runs([t]) for t in scrambled})
+    assert blind_scores != scores
+
+
+def test_the_gemm_cap_is_the_fastest_gemm_we_measured():
+    import json
+
+    rows = [r for r in json.loads(timing.PROBE.read_text())["rows"] if r["kind"] == "gemm"]
+    best = max(r["tflops"] for r in rows) * 1e12 / timing.H100_SXM_PEAK  # the probe's own TFLOP/s column
+    assert timing.BOUNDS["compute_factor"][1] == pytest.approx(best / _KERNELS["hopper"].gemm, abs=1e-3)
+    assert 0.80 < best < 0.85  # 82.5% of the H100 SXM's 989 TFLOP/s, above MAMF's 80.3%
 
 
 def test_every_run_is_judged_by_the_other_gpu_types_constants(results, csv_runs):
@@ -88,6 +111,9 @@ def test_the_figures_recomputed_from_the_csv(results, csv_runs):
         fractions.append(measured.get(pick, 0.0) / max(ran) if pick else 0.0)
     assert s["ranking"]["throughput"]["combined"]["mean"] == pytest.approx(fmean(fractions))
     assert s["ranking"]["throughput"]["combined"]["min"] == pytest.approx(min(fractions))
+    # The targets are scored on the rule each direction's training side chose.
+    for d in val.directions:
+        assert s["ranking"]["selected"][d.name] == s["ranking"][d.rank_by][d.name]
 
 
 def test_the_shipped_calibration_is_a_fresh_fit_on_all_runs():

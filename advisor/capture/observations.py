@@ -43,6 +43,9 @@ class ModuleTerms:
     included)."""
     backward_peak_bytes: int
     """The rise above the level at the start of its backward pass (its saved tensors still held)."""
+    forward_time_s: float | None = None
+    """Seconds per microbatch in its forward pass (profile schema v2; None in v1 files)."""
+    backward_time_s: float | None = None
 
     @property
     def static_bytes(self) -> int:
@@ -139,11 +142,28 @@ def _module_terms(profile: RankProfile, where: str) -> dict[ModuleKey, ModuleTer
             _count(record.forward_peak_bytes, f"{what}: forward_peak_bytes"),
             _count(record.backward_peak_bytes, f"{what}: backward_peak_bytes"),
         ]
+        times = [_seconds(getattr(record, name), f"{what}: {name}") for name in ("forward_time_s", "backward_time_s")]
         if record.iteration == last:
-            terms[key] = values
+            terms[key] = values + times
     return {key: ModuleTerms(parameter_bytes=v[0], gradient_bytes=v[1], optimizer_bytes=v[2],
-                             activation_bytes=v[3], forward_peak_bytes=v[4], backward_peak_bytes=v[5])
+                             activation_bytes=v[3], forward_peak_bytes=v[4], backward_peak_bytes=v[5],
+                             forward_time_s=v[6], backward_time_s=v[7])
             for key, v in terms.items()}
+
+
+def _seconds(value: object, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ProfileError(f"{what} is {value!r}; expected a non-negative finite number of seconds")
+    return float(value)
+
+
+def _larger(a, b):
+    """The larger of two measurements; a time is unknown (None) if either is."""
+    if a is None or b is None:
+        return None
+    return max(a, b)
 
 
 def _merge_terms(a: dict[ModuleKey, ModuleTerms], b: dict[ModuleKey, ModuleTerms]) -> dict[ModuleKey, ModuleTerms]:
@@ -151,7 +171,7 @@ def _merge_terms(a: dict[ModuleKey, ModuleTerms], b: dict[ModuleKey, ModuleTerms
     for key, terms in b.items():
         if key in merged:
             old = merged[key]
-            merged[key] = ModuleTerms(**{name: max(getattr(old, name), getattr(terms, name))
+            merged[key] = ModuleTerms(**{name: _larger(getattr(old, name), getattr(terms, name))
                                          for name in ModuleTerms.__dataclass_fields__})
         else:
             merged[key] = terms

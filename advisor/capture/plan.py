@@ -2,13 +2,15 @@
 
 Schema ``megatron-4d-advisor/plan``, version 1. One JSON object:
 
-    schema, version, mode ("megatron" | "hybrid"),
+    schema, version, mode ("megatron" | "hybrid"), objective ("memory": the lowest peak;
+        "time": MadPipe's shortest period within memory_limit_gib),
     launchable (true: stock Megatron-LM runs it with ``megatron_args``; false: stages have
         different TP/DP degrees, which stock Megatron cannot build; only per-stage emulation or a
         framework with per-stage meshes, such as Alpa, can run it),
     not_launchable_reason (null when launchable),
-    predictor {name ("1f1b" | "capture"), profile_runs (directory names), skipped_runs
-        [{run, status}], fits (1f1b: per scenario and microbatch, c0, c1 and the residuals)},
+    predictor {name ("1f1b" | "capture" from profiles; "seed004": the analytic estimator),
+        profile_runs (directory names), skipped_runs [{run, status}], fits (1f1b: per scenario and
+        microbatch, c0, c1 and the residuals)},
     model (LlamaSpec fields), seq_len, setup {params_dtype, distributed_optimizer,
         sequence_parallel},
     gpus, gpus_per_node, world_size,
@@ -20,9 +22,11 @@ Schema ``megatron-4d-advisor/plan``, version 1. One JSON object:
         nodes [node indices], in_flight_microbatches, predicted_bytes, predicted_gib}],
     gpu_memory [{gpu, node, stage, predicted_gib}] for every GPU (Megatron rank order
         tp-cp-dp-pp: stage i holds ranks i*t*c*d .. (i+1)*t*c*d - 1),
-    peak_predicted_gib,
+    peak_predicted_gib, memory_limit_gib (time objective; null otherwise), period_s (the slowest
+        stage's time; null without times), predicted_step_time_s (with a time model; null otherwise),
     baseline (null, or the even split with the same degrees: {label, layers_per_stage,
-        stage_predicted_gib [per stage], peak_predicted_gib}),
+        stage_predicted_gib [per stage], peak_predicted_gib, stage_predicted_time_s, period_s,
+        predicted_step_time_s}),
     excluded [{scenario, reason}]: stage configs the planner could not consider,
     megatron_args [str] (launchable plans only; null otherwise): model, parallel, split and batch
         flags of Megatron-LM core_v0.15.2; the launcher adds data, tokenizer and iterations.
@@ -60,6 +64,8 @@ class PlanStage:
     gpus: tuple[int, ...]
     in_flight_microbatches: int
     predicted_bytes: float
+    predicted_time_s: float | None = None
+    """Forward and backward seconds per microbatch (the time objective's planners)."""
 
     @property
     def layers(self) -> int:
@@ -71,7 +77,7 @@ class PlanStage:
             "tp": self.tp, "dp": self.dp, "cp": self.cp, "gpus": list(self.gpus),
             "nodes": sorted({gpu // gpus_per_node for gpu in self.gpus}),
             "in_flight_microbatches": self.in_flight_microbatches, "predicted_bytes": self.predicted_bytes,
-            "predicted_gib": self.predicted_bytes / GIB,
+            "predicted_gib": self.predicted_bytes / GIB, "predicted_time_s": self.predicted_time_s,
         }
 
 
@@ -80,11 +86,16 @@ class Baseline:
     label: str
     layers_per_stage: tuple[int, ...]
     stage_bytes: tuple[float, ...]
+    stage_times: tuple[float, ...] | None = None
+    step_time_s: float | None = None
 
     def to_dict(self) -> dict:
         return {"label": self.label, "layers_per_stage": list(self.layers_per_stage),
                 "stage_predicted_gib": [value / GIB for value in self.stage_bytes],
-                "peak_predicted_gib": max(self.stage_bytes) / GIB}
+                "peak_predicted_gib": max(self.stage_bytes) / GIB,
+                "stage_predicted_time_s": None if self.stage_times is None else list(self.stage_times),
+                "period_s": None if self.stage_times is None else max(self.stage_times),
+                "predicted_step_time_s": self.step_time_s}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,6 +120,11 @@ class Plan:
     skipped_runs: tuple[tuple[str, str], ...] = ()
     fits: tuple[dict, ...] = ()
     excluded: tuple[tuple[str, str], ...] = ()
+    objective: Literal["memory", "time"] = "memory"
+    memory_limit_bytes: float | None = None
+    """The time objective's limit on every stage (the memory objective has none)."""
+    step_time_s: float | None = None
+    """The predicted iteration time (with a time model)."""
 
     @property
     def launchable(self) -> bool:
@@ -121,6 +137,12 @@ class Plan:
     @property
     def layers_per_stage(self) -> tuple[int, ...]:
         return tuple(stage.layers for stage in self.stages)
+
+    @property
+    def period_s(self) -> float | None:
+        """The slowest stage's forward and backward seconds per microbatch (time objective)."""
+        times = [stage.predicted_time_s for stage in self.stages]
+        return None if None in times else max(times)
 
     @property
     def peak_bytes(self) -> float:
@@ -136,7 +158,8 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {
-            "schema": SCHEMA, "version": VERSION, "mode": self.mode, "launchable": self.launchable,
+            "schema": SCHEMA, "version": VERSION, "mode": self.mode, "objective": self.objective,
+            "launchable": self.launchable,
             "not_launchable_reason": None if self.launchable else (
                 "stages have different TP/DP degrees; stock Megatron-LM gives every stage the same ones"),
             "predictor": {"name": self.predictor, "profile_runs": list(self.profile_runs),
@@ -151,6 +174,8 @@ class Plan:
             "stages": [stage.to_dict(self.gpus_per_node) for stage in self.stages],
             "gpu_memory": self.gpu_memory(),
             "peak_predicted_gib": self.peak_bytes / GIB,
+            "memory_limit_gib": None if self.memory_limit_bytes is None else self.memory_limit_bytes / GIB,
+            "period_s": self.period_s, "predicted_step_time_s": self.step_time_s,
             "baseline": self.baseline.to_dict() if self.baseline else None,
             "excluded": [{"scenario": name, "reason": reason} for name, reason in self.excluded],
             "megatron_args": list(self.megatron_args) if self.megatron_args is not None else None,

@@ -16,11 +16,13 @@ predictor (CAPTURE's Fig. 6 compares its plan with Alpa's in the same way).
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Literal
 
-from advisor.capture.costs import CostTable
+import numpy as np
+
+from advisor.capture.costs import CostTable, unit_table
 from advisor.capture.layout import PIPELINE, PipelineLayout, Scenario, even_split, in_flight_microbatches
-from advisor.megatron_args import megatron_args
 from advisor.capture.observations import ProfileSet
 from advisor.capture.plan import Baseline, Plan, PlanStage
 from advisor.capture.predict_1f1b import PositionAwarePredictor
@@ -28,9 +30,18 @@ from advisor.capture.predict_capture import CapturePredictor
 from advisor.capture.search import Solution, hybrid_scenarios, plan_hybrid, plan_megatron
 from advisor.capture.statistics import merge_groups
 from advisor.errors import AdvisorError
-from advisor.memory import tp_problem
+from advisor.madpipe import analytic_tables, plan_fastest, profile_time_table, profiled_times, stage_times
+from advisor.megatron_args import MegatronSetup, megatron_args
+from advisor.memory import MemoryOptions, StageModel, check_layout, tp_problem
+from advisor.models import LlamaSpec
+from advisor.parallel import ParallelConfig, Workload
+from advisor.rank_times import recomputed_per_chunk
+
+if TYPE_CHECKING:
+    from advisor.rank_times import Timing
 
 PredictorName = Literal["1f1b", "capture"]
+Objective = Literal["memory", "time"]
 PREDICTORS = {"1f1b": PositionAwarePredictor, "capture": CapturePredictor}
 
 
@@ -45,7 +56,8 @@ def make_predictor(profiles: ProfileSet, name: PredictorName = "1f1b", merge_to:
     return PREDICTORS[name](profiles, groups)
 
 
-def _stages(solution: Solution, table: CostTable, num_microbatches: int, cp: int, gpus_of) -> tuple[PlanStage, ...]:
+def _stages(solution: Solution, table: CostTable, num_microbatches: int, cp: int, gpus_of,
+            times: tuple[float, ...] | None = None) -> tuple[PlanStage, ...]:
     """Plan stages in layers; ``gpus_of(index, stage)`` gives the GPUs of a planned stage."""
     count = len(solution.stages)
     return tuple(
@@ -53,10 +65,24 @@ def _stages(solution: Solution, table: CostTable, num_microbatches: int, cp: int
             stage=index, first_layer=table.layers[stage.first - 1][0], last_layer=table.layers[stage.last - 1][1],
             tp=stage.scenario.tp, dp=stage.scenario.dp, cp=cp, gpus=gpus_of(index, stage),
             in_flight_microbatches=in_flight_microbatches(index, count, num_microbatches),
-            predicted_bytes=stage.cost,
+            predicted_bytes=stage.cost, predicted_time_s=None if times is None else times[index],
         )
         for index, stage in enumerate(solution.stages)
     )
+
+
+def _plan_split(memory: CostTable, time: CostTable | None, pp: int, scenario: Scenario, objective: Objective,
+                memory_limit: float | None) -> tuple[Solution, tuple[float, ...] | None]:
+    """The memory objective: CAPTURE's lowest peak. The time objective: MadPipe's shortest period
+    within ``memory_limit`` bytes (``advisor.madpipe``). With the stage times where there are any."""
+    if objective == "time":
+        if time is None or memory_limit is None:
+            raise AdvisorError("--objective time needs stage times (profiles with per-layer times, or --gpu NAME "
+                               "for the time model) and a memory limit (--mem)")
+        solution, _ = plan_fastest(time, memory, pp, memory_limit, scenario)
+    else:
+        solution = plan_megatron(memory, pp, scenario)
+    return solution, None if time is None else stage_times(time, solution)
 
 
 def _baseline(predictor, layers: int, stages: int, scenario: Scenario, batch: float, m: int, label: str):
@@ -76,35 +102,115 @@ def _common(profiles: ProfileSet, predictor) -> dict:
     )
 
 
-def recommend_megatron(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, tp: int, pp: int,
-                       micro_batch_size: int, global_batch_size: int, predictor: PredictorName = "1f1b",
-                       merge_to: int | None = None) -> Plan:
-    """Uniform TP/CP/DP, PP stages: the layers per stage with the lowest predicted peak."""
-    cp = profiles.cp
+def _uniform_layout(spec: LlamaSpec, gpus: int, gpus_per_node: int, tp: int, cp: int, pp: int,
+                    micro_batch_size: int, global_batch_size: int) -> tuple[int, int]:
+    """(DP, microbatches) of a Megatron layout, or AdvisorError saying why it cannot run."""
     if gpus % (tp * cp * pp):
         raise AdvisorError(f"--gpus {gpus} is not divisible by TP x CP x PP = {tp} x {cp} x {pp}")
     if tp > gpus_per_node:
         raise AdvisorError(f"TP {tp} spans nodes of {gpus_per_node} GPUs")
-    if reason := tp_problem(profiles.model, tp):
+    if reason := tp_problem(spec, tp):
         raise AdvisorError(reason)
+    if pp > spec.num_layers:
+        raise AdvisorError(f"{spec.num_layers} layers cannot fill {pp} pipeline stages")
     dp = gpus // (tp * cp * pp)
     if global_batch_size % (micro_batch_size * dp):
         raise AdvisorError(f"global batch {global_batch_size} is not divisible by micro-batch x DP = "
                            f"{micro_batch_size} x {dp}")
-    m = global_batch_size // (micro_batch_size * dp)
+    return dp, global_batch_size // (micro_batch_size * dp)
+
+
+def recommend_megatron(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, tp: int, pp: int,
+                       micro_batch_size: int, global_batch_size: int, predictor: PredictorName = "1f1b",
+                       merge_to: int | None = None, objective: Objective = "memory",
+                       memory_limit: float | None = None, timing: Timing | None = None) -> Plan:
+    """Uniform TP/CP/DP, PP stages: the layers per stage with the lowest predicted peak, or
+    (``objective="time"``) with the shortest period whose stages stay within ``memory_limit``
+    bytes, the stage times from the profiles' per-layer times or, given ``timing``, the time
+    model."""
+    cp = profiles.cp
+    dp, m = _uniform_layout(profiles.model, gpus, gpus_per_node, tp, cp, pp, micro_batch_size, global_batch_size)
     scenario, batch = Scenario(tp=tp, dp=dp), micro_batch_size * dp
     predictor = make_predictor(profiles, predictor, merge_to, batch)
     table = predictor.cost_table(scenario, batch, m, pp)
-    solution = plan_megatron(table, pp, scenario)
+    time = None
+    if objective == "time":
+        if timing is not None:
+            _, time = analytic_tables(profiles.model, profiles.seq_len, profiles.setup.memory_options(), tp=tp,
+                                      cp=cp, dp=dp, mbs=micro_batch_size, pp=pp, num_microbatches=m, timing=timing)
+        else:
+            time = profile_time_table(*profiled_times(profiles, scenario, batch))
+        if predictor.groups:
+            time = unit_table(time.values, predictor.groups)
+    solution, times = _plan_split(table, time, pp, scenario, objective, memory_limit)
     per_stage = tp * cp * dp
-
     stages = _stages(solution, table, m, cp,  # Megatron's rank order tp-cp-dp-pp: PP outermost
-                     lambda index, stage: tuple(range(index * per_stage, (index + 1) * per_stage)))
+                     lambda index, stage: tuple(range(index * per_stage, (index + 1) * per_stage)), times)
+    baseline = _baseline(predictor, profiles.num_layers, pp, scenario, batch, m, f"even split, PP {pp}")
+    if baseline is not None and time is not None:
+        baseline = replace(baseline, stage_times=_split_times(time, baseline.layers_per_stage))
     return Plan(
         mode="megatron", **_common(profiles, predictor), gpus=gpus, gpus_per_node=gpus_per_node, tp=tp, cp=cp, dp=dp,
         micro_batch_size=micro_batch_size, global_batch_size=global_batch_size, num_microbatches=m, stages=stages,
-        baseline=_baseline(predictor, profiles.num_layers, pp, scenario, batch, m, f"even split, PP {pp}"),
-        megatron_args=_megatron_args(profiles, tp, stages, micro_batch_size, global_batch_size),
+        baseline=baseline, megatron_args=_megatron_args(profiles, tp, stages, micro_batch_size, global_batch_size),
+        objective=objective, memory_limit_bytes=memory_limit if objective == "time" else None,
+    )
+
+
+def _split_times(time: CostTable, layers_per_stage) -> tuple[float, ...]:
+    """Each stage's time in a split given as layers per stage (over the table's units)."""
+    bounds = np.concatenate([[0], np.cumsum(layers_per_stage)])
+    count = len(layers_per_stage)
+    return tuple(time.cost(int(bounds[i]) + 1, int(bounds[i + 1]), count - i) for i in range(count))
+
+
+def recommend_analytic(spec: LlamaSpec, workload: Workload, options: MemoryOptions, *, gpus: int,
+                       gpus_per_node: int, tp: int, cp: int, pp: int, micro_batch_size: int,
+                       objective: Objective = "memory", memory_limit: float | None = None,
+                       timing: Timing | None = None) -> Plan:
+    """Without profiles: seed 004's memory per stage and position, the time model's stage times;
+    the lowest peak, or MadPipe's shortest period within ``memory_limit`` bytes."""
+    gbs = workload.global_batch_size
+    if gbs is None:
+        raise AdvisorError("a plan needs the global batch size")
+    check_layout(spec, ParallelConfig(tp=tp, cp=cp, pp=1, dp=1, mbs=micro_batch_size),
+                 Workload(seq_len=workload.seq_len, global_batch_size=None))
+    dp, m = _uniform_layout(spec, gpus, gpus_per_node, tp, cp, pp, micro_batch_size, gbs)
+    scenario = Scenario(tp=tp, dp=dp)
+    memory, time = analytic_tables(spec, workload.seq_len, options, tp=tp, cp=cp, dp=dp, mbs=micro_batch_size,
+                                   pp=pp, num_microbatches=m, timing=timing)
+    solution, times = _plan_split(memory, time, pp, scenario, objective, memory_limit)
+    per_stage = tp * cp * dp
+    stages = _stages(solution, memory, m, cp,
+                     lambda index, stage: tuple(range(index * per_stage, (index + 1) * per_stage)), times)
+    layers = tuple(stage.layers for stage in stages)
+    even = tuple(even_split(spec.num_layers, pp))
+    baseline = Baseline(label=f"even split, PP {pp}", layers_per_stage=even,
+                        stage_bytes=_split_times(memory, even),
+                        stage_times=None if time is None else _split_times(time, even))
+    step = baseline_step = None
+    if timing is not None:
+        layouts = timing.layouts(tp=np.array([tp]), cp=np.array([cp]), dp=np.array([dp]),
+                                 mbs=np.array([micro_batch_size]), pp=np.array([pp]),
+                                 selective=options.recompute == "selective")
+        recompute = recomputed_per_chunk(options.recompute, options.recompute_method,
+                                         np.array([options.recompute_num_layers]), spec.num_layers)
+        model = StageModel(spec, workload.seq_len, options, tp=tp, cp=cp, dp=dp, mbs=micro_batch_size, pp=pp,
+                           vpp=1, num_microbatches=m, stage=np.arange(pp)[None, :])
+        step, baseline_step = (float(layouts.step(np.array([0]), np.array([1]), recompute, counts,
+                                                  model.parameters(counts).max(axis=1)).total_s[0])
+                               for counts in (np.array([layers]), np.array([even])))
+        baseline = replace(baseline, step_time_s=baseline_step)
+    setup = MegatronSetup(distributed_optimizer=options.distributed_optimizer,
+                          sequence_parallel=options.sequence_parallel)
+    return Plan(
+        mode="megatron", predictor="seed004", model=spec, seq_len=workload.seq_len, setup=setup, gpus=gpus,
+        gpus_per_node=gpus_per_node, tp=tp, cp=cp, dp=dp, micro_batch_size=micro_batch_size, global_batch_size=gbs,
+        num_microbatches=m, stages=stages, baseline=baseline,
+        megatron_args=tuple(megatron_args(spec, workload.seq_len, tp=tp, cp=cp, layers_per_stage=layers,
+                                          micro_batch_size=micro_batch_size, global_batch_size=gbs,
+                                          options=options)),
+        objective=objective, memory_limit_bytes=memory_limit if objective == "time" else None, step_time_s=step,
     )
 
 

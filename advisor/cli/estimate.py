@@ -23,9 +23,12 @@ def _row_columns(calibrated: bool = False, timed: bool = False, tokens: bool = F
         Column("tp", "TP"),
         Column("cp", "CP"),
         Column("pp", "PP"),
+        Column("vpp", "VPP"),
         Column("mbs", "MBS"),
         Column("dp", "DP"),
         Column("num_microbatches", "m"),
+        Column("split", "layers per stage", justify="left"),
+        Column("recompute_text", "recompute", justify="left"),
         Column("model_states_gib", "states GiB", ".2f"),
         Column("activations_gib", "act. GiB", ".2f"),
         Column("total_gib", "Eq.18 GiB", ".2f") if calibrated else Column("total_gib", "total GiB", ".2f"),
@@ -41,6 +44,12 @@ def _row_columns(calibrated: bool = False, timed: bool = False, tokens: bool = F
     if tokens:
         columns += [Column("days", "days", ".1f"), Column("gpu_hours", "GPU-h", ",.0f")]
     return columns
+
+
+def recompute_text(row: dict) -> str:
+    if row["recompute"] != "full":
+        return row["recompute"]
+    return f"full {row['recompute_method']} {row['recompute_num_layers']}"
 
 
 def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options, gpu=None,
@@ -85,16 +94,24 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None):
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also draw the rows shown as a PNG: memory per layout (the paper's colours) beside the "
                    "predicted TFLOP/s per GPU.")
-@memory_options
+@memory_options(searchable=True)
 @output_options
 def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
-          tokens, plot, options, fmt, output) -> None:
-    """Estimate every valid (TP, CP, PP, MBS) on GPUS GPUs, judge which run, and rank them.
+          tokens, plot, options, space, fmt, output) -> None:
+    """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
+    layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
 
     \b
     Enumerated: TP a power of 2 dividing the heads and KV heads, up to --gpus-per-node;
-    CP a power of 2 with the sequence divisible by 2 x CP; PP a divisor of the layers;
-    DP = GPUs / (TP x CP x PP); MBS a power of 2 with --gbs divisible by MBS x DP.
+    CP a power of 2 with the sequence divisible by 2 x CP; any PP up to the layers that
+    leaves DP = GPUs / (TP x CP x PP) whole; MBS a power of 2 with --gbs divisible by MBS x DP.
+    Per row: the split (Megatron's --pipeline-model-parallel-layout builds any), VPP where
+    Megatron interleaves (PP > 1, microbatches a multiple of PP), and recomputation
+    (--recompute-method block, N layers per chunk) only where needed to fit or, with --gpu,
+    where it is faster. Without --gpu: no interleaving (it only adds memory), the fewest
+    recomputed layers that fit, the split with the lowest peak. With --gpu: the fastest
+    variant and split that fit seed 004's 80% rule (MadPipe's planner under the limit).
+    --split even --vpp 1 --recompute none keeps the paper's space.
 
     \b
     With --gpu (a preset: advisor gpus), the defaults are the calibrated memory model and
@@ -103,8 +120,8 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     expected to run ranked fastest first.
     With --mem alone, seed 004 as published: fits (<= threshold x mem), tight (<= mem),
     oom (> mem; hidden without --all), ranked by its rule (Section 4.2):
-      1. fits before tight   2. smallest TP x CP x PP   3. largest MBS
-      4. smallest TP         5. smallest PP, then lowest memory
+      1. fits before tight   2. no recomputation first   3. smallest TP x CP x PP
+      4. largest MBS   5. smallest TP   6. smallest PP, fewest recomputed layers, lowest memory
     When nothing fits, one line says what the least layout needs, and the exit
     status is 1 (bad input is 2).
 
@@ -114,9 +131,12 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
       advisor sweep --gpus 64 --gpu h100-80gb --tokens 15T --top 10
       advisor sweep --gpus 128 --gpu a100-80gb --model llama3.1-70b --rank-by paper
       advisor sweep --gpus 8 --gpu h100-94gb --seq-len 32768 --all --plot sweep.png
+      advisor sweep --gpus 16384 --gpu h100-80gb --model llama3.1-405b --gbs 2048
+      advisor sweep --gpus 8 --mem 94 --seq-len 32768 --split even --recompute none --all --format json
       advisor sweep --gpus 64 --gpu h100-80gb --profile runs/   # activations as profiled
     """
     from advisor import render
+    from advisor.megatron_args import megatron_args
     from advisor.sweep import sweep as run_sweep
 
     if mem is None:
@@ -128,24 +148,42 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
 
         measured = measured_activations(profile_dir)
         measured.check_sweep(spec, options.flash_attention, options.sequence_parallel)
-    rows = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
-                     gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens, measured=measured)
+    result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
+                       space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens,
+                       measured=measured)
+    rows = result.rows
+    searched = (f"{result.considered:,} layouts considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
+                f"{result.pruned:,} pruned as unable to fit or to win")
     verdicts = ("fits", "tight", "oom") if memory_model == "paper" else ("fits", "likely fits", "likely oom", "oom")
     counts = {verdict: sum(row.verdict == verdict for row in rows) for verdict in verdicts}
     selected = [row for row in rows if show_all or row.verdict != "oom"]
     if top is None and fmt == "table" and not show_all:
         top = TABLE_ROWS  # a screenful; JSON and CSV give every row
     shown = selected[:top] if top is not None else selected
-    # Each row carries its setup, so that one row can be launched on its own (launch --from).
+    # Each row carries its setup and its Megatron flags, so that one row launches on its own.
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
-             "memory_model": memory_model, "gpu": gpu.name if gpu else None}
-    if fmt == "json":
-        setup.update(model=spec.to_dict(), options=options.changed())
-    elif fmt == "csv":  # the README's columns: the model by name, the options as one JSON cell
-        setup.update(model=spec.name, options=json.dumps(options.changed(), sort_keys=True))
-    else:
-        setup.update(model=spec.name)
-    dicts = [{**row.to_dict(), **setup} for row in shown]
+             "memory_model": memory_model, "gpu": gpu.name if gpu else None,
+             "model": spec.to_dict() if fmt == "json" else spec.name}
+    changed: dict = {}  # few distinct options among many rows
+    dicts = []
+    for row in shown:
+        entry = {**row.to_dict(), **setup}
+        if fmt == "table" or plot is not None:
+            entry.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
+        if fmt != "table":
+            p, row_options = row.parallel, row.options
+            if row_options not in changed:
+                changed[row_options] = row_options.changed()
+            entry.update(options=changed[row_options], megatron_args=megatron_args(
+                spec, workload.seq_len, tp=p.tp, cp=p.cp, layers_per_stage=row.layers_per_stage,
+                micro_batch_size=p.mbs, global_batch_size=workload.global_batch_size, options=row_options,
+                virtual_stages=p.vpp))
+            if fmt == "csv":  # the README's columns: the options as one JSON cell, the flags as one line
+                entry["options"] = json.dumps(entry["options"], sort_keys=True)
+                entry["megatron_args"] = " ".join(entry["megatron_args"])
+                entry["layers_per_stage"] = render.counts_text(entry["layers_per_stage"])
+                entry.pop("split", None), entry.pop("recompute_text", None)
+        dicts.append(entry)
     if plot is not None:
         from advisor.plots import sweep_plot
 
@@ -164,29 +202,32 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         text = render.to_table(
             dicts, _row_columns(memory_model != "paper", gpu is not None, tokens is not None),
             title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by),
-            caption=caption, row_style=render.verdict_style, color=color_wanted(output),
+            caption=f"{caption}\n{searched}", row_style=render.verdict_style, color=color_wanted(output),
         )
+    if fmt != "table":
+        click.echo(f"advisor sweep: {searched}", err=True)
     if not any(row.rank for row in rows) and not show_all:
         # No empty table: one line saying why, and what is left to try; exit status 1 (no result).
-        click.echo(_nothing_fits(rows, counts, options, mem), err=True)
+        click.echo(_nothing_fits(rows, counts, space, mem), err=True)
         if fmt != "table":
             emit(text, output)
         click.get_current_context().exit(1)
     emit(text, output)
 
 
-def _nothing_fits(rows, counts: dict, options, mem: float) -> str:
+def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
     least = min(rows, key=lambda row: row.estimate.total_gib, default=None)
     hints = ["more GPUs", "a shorter --seq-len"]
-    if options.recompute != "full":
-        hints.insert(1, "--recompute full")
-    if not options.distributed_optimizer:
-        hints.insert(1, "--distributed-optimizer")
+    if space.recompute in ("none", "selective"):  # auto and full have tried full recomputation
+        hints.insert(1, "--recompute auto")
+    if space.split == "even":
+        hints.insert(1, "--split auto")
     need = "" if least is None else (
         f"; the least any layout needs is {least.estimate.total_gib:.1f} GiB per GPU against {mem:g} GiB "
         f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
     tally = ", ".join(f"{n} {v}" for v, n in counts.items())
-    return f"advisor sweep: nothing fits: {tally}{need}. Try {', '.join(hints[:-1])} or {hints[-1]} (--all shows the rows)"
+    tries = f"{', '.join(hints[:-1])} or {hints[-1]}"
+    return f"advisor sweep: nothing fits: {tally}{need}. Try {tries} (--all shows the rows)"
 
 
 @click.command(epilog=EPILOG)
@@ -258,9 +299,8 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     if gpu is not None:
         timing, parts = _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens)
     row = {
-        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict,
+        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
                    assessment=assessment, timing=timing).to_dict(),
-        "vpp": parallel.vpp, "layers_per_stage": [stage.layers for stage in result.stages],
         "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
         "options": options.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
     }
@@ -312,24 +352,27 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
 
 
 def _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens):
-    """(timing fields, time parts in seconds) of one layout; uneven splits stage by stage."""
+    """(timing fields, time parts in seconds) of one layout, priced as the sweep prices its rows
+    (``advisor.rank_times``: its split, interleaving and recomputation)."""
+    import numpy as np
+
+    from advisor.memory import StageModel
     from advisor.ranking import timing_fields
+    from advisor.rank_times import Timing, recomputed_per_chunk
     from advisor.throughput import TimeModel
 
     if workload.global_batch_size is None:
         raise InputError("predicting time needs a global batch size (--gbs)")
     model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size)
-    recompute = options.recompute
     p = parallel
-    if stages is None:
-        step = model.step(p.tp, p.cp, p.pp, p.dp, p.mbs, p.vpp, recompute=recompute)
-    else:
-        cross = p.tp * p.cp * p.dp * p.pp > gpu.gpus_per_node
-        per_stage = [
-            model.stage(p.tp, p.cp, p.mbs, n, embedding=i == 0, head=i == len(stages) - 1, recompute=recompute,
-                        recompute_layers=n, pipeline_cross_node=cross, pipeline_parallel=len(stages) > 1)
-            for i, n in enumerate(stages)
-        ]
-        step = model.step_from_stages(per_stage, p.tp, p.cp, p.dp, p.mbs)
+    counts = np.array([stages or (spec.num_layers // p.pp,) * p.pp])
+    layouts = Timing(model, gpu.gpus_per_node).layouts(
+        tp=np.array([p.tp]), cp=np.array([p.cp]), dp=np.array([p.dp]), mbs=np.array([p.mbs]), pp=np.array([p.pp]),
+        selective=options.recompute == "selective")
+    recompute = recomputed_per_chunk(options.recompute, options.recompute_method,
+                                     np.array([options.recompute_num_layers]), spec.num_layers)
+    memory = StageModel(spec, workload.seq_len, options, tp=p.tp, cp=p.cp, dp=p.dp, mbs=p.mbs, pp=p.pp, vpp=p.vpp,
+                        num_microbatches=workload.num_microbatches(p), stage=np.arange(p.pp)[None, :])
+    step = layouts.step(np.array([0]), np.array([p.vpp]), recompute, counts, memory.parameters(counts).max(axis=1))
     timing = timing_fields(model, step, p.gpus, p.tp, tokens)[0]
-    return timing, {k: float(v) for k, v in step.row().items()}
+    return timing, {k: float(v) for k, v in step.row(0).items()}

@@ -162,23 +162,64 @@ def workload_options(func: Callable) -> Callable:
     )
 
 
-def memory_options(func: Callable) -> Callable:
-    """The estimator's extensions -> ``options: MemoryOptions``. Defaults are seed 004's."""
+def _recompute_options(searchable: bool) -> list:
+    if not searchable:
+        return [
+            click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none",
+                         show_default=True, help="Activation recomputation (--recompute-granularity)."),
+            click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default="uniform",
+                         show_default=True, help="With --recompute full: how layers are checkpointed."),
+            click.option("--recompute-num-layers", type=LAYERS, default=1, show_default=True,
+                         help="With --recompute full: N of --recompute-num-layers."),
+        ]
+    return [
+        click.option("--recompute", type=click.Choice(["auto", "none", "selective", "full"]), default="auto",
+                     show_default=True,
+                     help="auto: none, or the fewest recomputed layers needed to fit (with a time model: "
+                          "whatever is fastest); none: the paper's space; selective/full: every row."),
+        click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default=None,
+                     help="With --recompute full: pin the method (default: block, N searched)."),
+        click.option("--recompute-num-layers", type=LAYERS, default=None,
+                     help="With --recompute full: pin N (default: searched)."),
+        click.option("--split", type=click.Choice(["auto", "even"]), default="auto", show_default=True,
+                     help="auto: any PP, each row's layers per stage chosen by the planner; even: Megatron's "
+                          "default split only (PP divides the layers: the paper's space)."),
+        click.option("--vpp", default="auto", show_default=True, metavar="auto|N",
+                     help="Virtual pipeline stages per rank: auto searches them (they can only win on time, "
+                          "so with a time model), N pins them (1: no interleaving)."),
+    ]
+
+
+def memory_options(func: Callable | None = None, *, searchable: bool = False) -> Callable:
+    """The estimator's extensions -> ``options: MemoryOptions``. Defaults are seed 004's.
+
+    ``searchable`` (sweep): recomputation, the split and VPP become dimensions of the search,
+    handed over as ``space: SpaceOptions`` too."""
+    if func is None:
+        return functools.partial(memory_options, searchable=searchable)
 
     @functools.wraps(func)
     def wrapper(*args, distributed_optimizer, grad_dtype, recompute, recompute_method,
                 recompute_num_layers, sequence_parallel, flash_attn, vocab_divisible_by, **kwargs):
         from advisor.memory import MemoryOptions
 
+        fixed = dict(recompute=recompute, recompute_method=recompute_method, recompute_num_layers=recompute_num_layers)
+        if searchable:
+            from advisor.space import SpaceOptions
+
+            kwargs["space"] = SpaceOptions(
+                split=kwargs.pop("split"), vpp=_vpp(kwargs.pop("vpp")), recompute=recompute,
+                recompute_method=recompute_method, recompute_num_layers=recompute_num_layers)
+            if recompute != "full" and (recompute_method or recompute_num_layers):
+                raise InputError("--recompute-method and --recompute-num-layers need --recompute full")
+            fixed = {}
         options = MemoryOptions(
             distributed_optimizer=distributed_optimizer,
             gradient_bytes=4 if grad_dtype == "fp32" else 2,
-            recompute=recompute,
-            recompute_method=recompute_method,
-            recompute_num_layers=recompute_num_layers,
             sequence_parallel=sequence_parallel,
             flash_attention=flash_attn,
             vocab_divisible_by=vocab_divisible_by,
+            **fixed,
         )
         return func(*args, options=options, **kwargs)
 
@@ -188,12 +229,7 @@ def memory_options(func: Callable) -> Callable:
                          help="Shard Adam states over DP x CP (Megatron's --use-distributed-optimizer)."),
             click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
                          help="Gradient precision (fp32: gradient accumulation in FP32, as the paper)."),
-            click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none",
-                         show_default=True, help="Activation recomputation (--recompute-granularity)."),
-            click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default="uniform",
-                         show_default=True, help="With --recompute full: how layers are checkpointed."),
-            click.option("--recompute-num-layers", type=LAYERS, default=1, show_default=True,
-                         help="With --recompute full: N of --recompute-num-layers."),
+            *_recompute_options(searchable),
             click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
                          help="Sequence parallelism with TP > 1; without it 8sbh per layer stays whole per TP rank."),
             click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
@@ -205,6 +241,18 @@ def memory_options(func: Callable) -> Callable:
         ],
         wrapper,
     )
+
+
+def _vpp(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InputError(f"--vpp must be auto or a positive integer, got {text!r}")
+    return value
 
 
 STDOUT = Path("-")
@@ -275,8 +323,9 @@ def emit(text: str, output: Path | None) -> None:
         _write(output, text)
 
 
-def emit_document(document: dict, table: str, fmt: str, output: Path | None) -> None:
-    """A document: its JSON to ``output`` if given, and the table or the JSON to stdout."""
+def emit_document(document: dict, table: str | Callable[[], str], fmt: str, output: Path | None) -> None:
+    """A document: its JSON to ``output`` if given, and the table or the JSON to stdout
+    (``table`` may be a function: drawn only when shown)."""
     from advisor import render
 
     text = render.to_json(document)
@@ -284,7 +333,7 @@ def emit_document(document: dict, table: str, fmt: str, output: Path | None) -> 
         fmt = "json"
     elif output is not None:
         _write(output, text)
-    click.echo(text if fmt == "json" else table, nl=False)
+    click.echo(text if fmt == "json" else table if isinstance(table, str) else table(), nl=False)
 
 
 def parse_numbers(text: str, kind: Callable, option: str) -> tuple:

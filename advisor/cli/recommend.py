@@ -1,4 +1,5 @@
-"""``advisor recommend``: CAPTURE's planner (seed 000, Section III-C) over layer profiles."""
+"""``advisor recommend``: CAPTURE's planner (seed 000, Section III-C) over layer profiles, and
+MadPipe's (seed 001) for --objective time, from profiles or from the analytic models."""
 
 from __future__ import annotations
 
@@ -7,39 +8,58 @@ from pathlib import Path
 import click
 
 from advisor.cli.options import (
-    DEGREE, EPILOG, GLOBAL_BATCH, GPUS, MICRO_BATCH, InputError, color_wanted, document_options, emit_document,
-    gpu_options,
+    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, color_wanted, document_options, emit_document,
+    gpu_options, memory_options, model_options, workload_options,
 )
 
 
+PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                   "num_query_groups", "vocab_size", "tie_embeddings", "seq_len", "cp", "distributed_optimizer",
+                   "grad_dtype", "recompute", "recompute_method", "recompute_num_layers", "sequence_parallel",
+                   "flash_attn", "vocab_divisible_by")
+
+
 @click.command("recommend", epilog=EPILOG)
-@click.option("--profile", "profiles", multiple=True, required=True, type=click.Path(path_type=Path),
-              help="A run directory (rank*.jsonl) or a directory of them; repeat for more.")
+@click.option("--profile", "profiles", multiple=True, type=click.Path(path_type=Path),
+              help="A run directory (rank*.jsonl) or a directory of them; repeat for more. Without it the plan "
+                   "comes from the analytic models (seed 004's memory, the time model with --gpu).")
 @click.option("--gpus", type=GPUS, required=True, help="GPUs of the target run.")
 @gpu_options
+@click.option("--objective", type=click.Choice(["memory", "time"]), default="memory", show_default=True,
+              help="memory: the lowest peak (CAPTURE); time: the shortest period, the slowest stage's forward "
+                   "+ backward time, with every stage within --threshold x --mem (MadPipe; the time model with "
+                   "--gpu, or the profiles' per-layer times).")
 @click.option("--mode", type=click.Choice(["megatron", "hybrid"]), default="megatron", show_default=True,
               help="megatron: uniform TP/CP/DP, uneven layers per stage (launchable); hybrid: CAPTURE's "
-                   "per-stage DP/TP degrees (not launchable on stock Megatron).")
+                   "per-stage DP/TP degrees (not launchable on stock Megatron; profiles, memory objective).")
 @click.option("--predictor", type=click.Choice(["1f1b", "capture"]), default="1f1b", show_default=True,
-              help="1f1b: per-module terms by pipeline position; capture: CAPTURE's M_i/M_a as published.")
+              help="With profiles: 1f1b: per-module terms by pipeline position; capture: CAPTURE's M_i/M_a.")
 @click.option("--tp", type=DEGREE, default=1, show_default=True, help="Megatron mode: TP.")
+@click.option("--cp", type=DEGREE, default=1, show_default=True,
+              help="Without profiles: CP (profiles carry their own).")
 @click.option("--pp", type=DEGREE, default=None, help="Megatron mode: pipeline stages (required).")
 @click.option("--mbs", type=MICRO_BATCH, default=1, show_default=True,
               help="Micro-batch size (Megatron's, per DP replica; in hybrid mode the pipeline microbatch).")
-@click.option("--gbs", type=GLOBAL_BATCH, default=1024, show_default=True, help="Global batch size.")
 @click.option("--merge-to", type=click.IntRange(min=1), default=None,
               help="Merge layers to this many units first (CAPTURE's layer merger, Section III-A3).")
+@click.option("--threshold", type=FRACTION, default=None,
+              help="--objective time keeps every stage within this fraction of --mem (default 0.8 for the "
+                   "analytic estimator, seed 004's rule; 1.0 with profiles, which measure what it leaves out).")
 @click.option("--png", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Draw the per-GPU memory of the plan beside the even split (like CAPTURE's Fig. 6).")
+@model_options
+@workload_options
+@memory_options
 @document_options
-def recommend(profiles, gpus, gpu, mem, gpus_per_node, mode, predictor, tp, pp, mbs, gbs, merge_to, png, fmt,
-              output) -> None:
+def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predictor, tp, cp, pp, mbs, merge_to,
+              threshold, png, spec, workload, options, fmt, output) -> None:
     """Recommend the layers per stage (and, in hybrid mode, per-stage degrees) with the lowest
-    predicted peak memory, from layer-by-layer profiles.
+    predicted peak memory, or with the shortest predicted period under the memory limit.
 
     \b
-    The planner is exact: it minimises the peak over every plan in polynomial
-    time, breaking ties as CAPTURE does (the next-highest GPU, and so on).
+    Both planners are exact and polynomial: CAPTURE's lowest peak, breaking ties as CAPTURE does
+    (the next-highest GPU, and so on); MadPipe's shortest period under the limit for Megatron's
+    1F1B (stage i keeps PP - i microbatches), ties to the lowest memory.
 
     \b
     Examples:
@@ -47,27 +67,63 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, mode, predictor, tp, pp, 
       advisor recommend --profile runs/ --gpus 16 --gpu h100-94gb --pp 4   (memory and node size from the preset)
       advisor recommend --profile runs/ --gpus 16 --gpus-per-node 4 --mode hybrid --mbs 8 \\
           --predictor capture -o plan.json --png plan.png
+      advisor recommend --model llama3.1-405b --gpus 16384 --tp 8 --pp 16 --gbs 2048 \\
+          --objective time --gpu h100-80gb
     """
-    from advisor.capture.observations import load_profile_set
-    from advisor.capture.recommend import recommend_hybrid, recommend_megatron
+    from click.core import ParameterSource
+
+    from advisor.capture.recommend import recommend_analytic, recommend_hybrid, recommend_megatron
+    from advisor.memory import GIB
 
     if mode == "megatron" and pp is None:
         raise InputError("--mode megatron needs --pp (the number of pipeline stages)")
     if mode == "hybrid" and (pp is not None or tp != 1):
         raise InputError("--mode hybrid chooses TP, DP and PP per stage itself; drop --tp and --pp")
-    profile_set = load_profile_set(profiles)
-    common = dict(gpus=gpus, gpus_per_node=gpus_per_node, micro_batch_size=mbs, global_batch_size=gbs,
-                  predictor=predictor, merge_to=merge_to)
-    if mode == "megatron":
-        plan = recommend_megatron(profile_set, tp=tp, pp=pp, **common)
+    if mode == "hybrid" and (objective == "time" or not profiles):
+        raise InputError("--mode hybrid plans CAPTURE's space from profiles, for --objective memory only")
+    context = click.get_current_context()
+    if profiles:
+        given = [name for name in PROFILE_DECIDES if context.get_parameter_source(name) == ParameterSource.COMMANDLINE]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise InputError(f"{flags}: the profiles decide the model, sequence and setup; drop them with --profile")
+    timing = None
+    limit = None
+    if objective == "time":
+        if mem is None:
+            raise InputError("--objective time needs the memory limit: --mem GIB or --gpu NAME")
+        limit = (threshold or (1.0 if profiles else 0.8)) * mem * GIB
+    common = dict(gpus=gpus, gpus_per_node=gpus_per_node, micro_batch_size=mbs)
+    if profiles:
+        from advisor.capture.observations import load_profile_set
+
+        profile_set = load_profile_set(profiles)
+        if gpu is not None:
+            timing = _timing(profile_set.model, gpu, profile_set.seq_len, workload.global_batch_size)
+        common.update(global_batch_size=workload.global_batch_size, predictor=predictor, merge_to=merge_to)
+        if mode == "megatron":
+            plan = recommend_megatron(profile_set, tp=tp, pp=pp, objective=objective, memory_limit=limit,
+                                      timing=timing, **common)
+        else:
+            plan = recommend_hybrid(profile_set, **common)
     else:
-        plan = recommend_hybrid(profile_set, **common)
+        if gpu is not None:
+            timing = _timing(spec, gpu, workload.seq_len, workload.global_batch_size)
+        plan = recommend_analytic(spec, workload, options, tp=tp, cp=cp, pp=pp, objective=objective,
+                                  memory_limit=limit, timing=timing, **common)
     if png is not None:
         from advisor.capture.chart import draw
 
         draw(plan, png, mem)
         click.echo(f"wrote {png}", err=True)
-    emit_document(plan.to_dict(), _plan_table(plan, mem), fmt, output)
+    emit_document(plan.to_dict(), lambda: _plan_table(plan, mem), fmt, output)
+
+
+def _timing(spec, gpu, seq_len: int, global_batch_size: int):
+    from advisor.rank_times import Timing
+    from advisor.throughput import TimeModel
+
+    return Timing(TimeModel(spec, gpu, seq_len, global_batch_size), gpu.gpus_per_node)
 
 
 def _plan_table(plan, mem: float | None) -> str:
@@ -85,13 +141,15 @@ def _plan_table(plan, mem: float | None) -> str:
             "stage": stage.stage, "layers": f"{stage.first_layer}-{stage.last_layer}", "count": stage.layers,
             "tp": stage.tp, "dp": stage.dp, "gpus": f"{first}-{last}" if last > first else str(first),
             "in_flight": stage.in_flight_microbatches, "bytes": stage.predicted_bytes,
-            "even": baseline.stage_bytes[stage.stage] if same else None,
+            "even": baseline.stage_bytes[stage.stage] if same else None, "time": stage.predicted_time_s,
         })
     columns = [render.Column("stage", "stage"), render.Column("layers", "layers"), render.Column("count", "#"),
                render.Column("tp", "TP"), render.Column("dp", "DP"), render.Column("gpus", "GPU ids"),
                render.Column("in_flight", "in flight"), render.Column("bytes", f"{unit} per GPU", ".2f", scale=size)]
     if same:
         columns.append(render.Column("even", "even split", ".2f", scale=size))
+    if plan.period_s is not None:
+        columns.append(render.Column("time", "ms / microbatch", ".1f", scale=1e-3))
     peak = plan.peak_bytes
     caption = f"predicted peak {peak / size:.2f} {unit}"
     if mem:
@@ -101,8 +159,17 @@ def _plan_table(plan, mem: float | None) -> str:
         change = (even - peak) / even
         caption += f"; {baseline.label}: {even / size:.2f} {unit} (this plan is {abs(change):.1%} " + \
             ("lower)" if change >= 0 else "higher)")
-    caption += "; launchable on stock Megatron-LM" if plan.launchable else \
-        "; NOT launchable on stock Megatron-LM (per-stage degrees)"
+    if plan.objective == "time":
+        caption += (f"\nperiod (slowest stage) {plan.period_s * 1e3:.1f} ms with every stage within "
+                    f"{plan.memory_limit_bytes / GIB:.1f} GiB")
+        if baseline is not None and baseline.stage_times is not None:
+            caption += f"; even split {max(baseline.stage_times) * 1e3:.1f} ms"
+        if plan.step_time_s is not None:
+            caption += f"; predicted step {plan.step_time_s:.2f} s"
+            if baseline is not None and baseline.step_time_s is not None:
+                caption += f" (even split {baseline.step_time_s:.2f} s)"
+    caption += "\nlaunchable on stock Megatron-LM" if plan.launchable else \
+        "\nNOT launchable on stock Megatron-LM (per-stage degrees)"
     degrees = f"TP {plan.tp}, CP {plan.cp}, DP {plan.dp}" if plan.tp else "per-stage TP/DP"
     title = (f"{plan.model.name}: {plan.mode} plan, {plan.gpus} GPUs, {degrees}, PP {plan.pp}, "
              f"MBS {plan.micro_batch_size}, {plan.num_microbatches} microbatches ({plan.predictor} predictor)")

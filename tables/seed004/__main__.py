@@ -116,7 +116,7 @@ def main(out: Path, readme: Path | None, no_readme: bool) -> None:
 
 def _validation_line(results: Results) -> str:
     s = validation_report.summary(results.validation, results.ranking)
-    v, t, r = s["verdicts"], s["throughput"], s["ranking"]["throughput"]["combined"]
+    v, t, r = s["verdicts"], s["throughput"], s["ranking"]["selected"]["combined"]
     return (f"held out by GPU type: verdicts {v['all_correct']}/{v['all']} ({v['tight_correct']}/{v['tight']} tight, "
             f"{len(v['false_fits'])} false fits); ranking mean {report.percent(r['mean'])}, min "
             f"{report.percent(r['min'])}; TFLOP/s MAPE {report.percent(t['mape_tables_3_4_6_10'])} (Tables 3, 4, 6, "

@@ -23,27 +23,30 @@ from advisor.cli import AdvisorGroup
 from advisor.fileio import atomic_write_text, read_json
 from advisor.render import to_json
 from advisor.throughput.calibration import CALIBRATION_FILE, calibration_document
-from tables.seed004 import oomfit, timing
+from tables.seed004 import timing, validation
 from tables.seed004.results import analyse
 
-PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "data" / "h100_sxm_gemm_attention.json"
 GPU_TYPES = ("all", "A100-40GB", "H100-94GB")
 
 
 def fitted_document(on: str = "all") -> dict:
+    """The constants fitted on ``on``'s runs, with the procedure choices made the validation's way
+    (``validation.fit_on``: leave one table out) on the same runs; the choices are recorded in the
+    time section's notes."""
     measured = [t for t in analyse().measured if on == "all" or t.paper.gpu == on]
     label = "all 454 runs of seed 004 (A100 and H100)" if on == "all" else f"the {on} runs of seed 004"
-    time = timing.fit(timing.timed_runs(measured), label=f"{label} that ran")
-    memory = oomfit.fit_memory(oomfit.memory_runs(measured), label=label)
-    return calibration_document(time, memory)
+    fit = validation.fit_on(measured, label)
+    notes = {"memory_tie_break": fit.tie_break, "rank_by_selected": fit.rank_by,
+             "selected_by": "leave one table out on the same runs (tables/seed004/validation.py, fit_on)"}
+    return calibration_document(fit.time.with_values(notes=notes), fit.memory)
 
 
-def probe_fit(path: Path = PROBE) -> dict:
+def probe_fit(path: Path = timing.PROBE) -> dict:
     """time = FLOPs / (efficiency x 989 TFLOP/s) + latency, least squares on log time, for the
     probe's GEMMs (2mkn FLOPs) and its causal flash-attention calls (forward + backward: 3.5 x
     2 s^2 a d FLOPs)."""
     rows = read_json(path)["rows"]
-    peak = 989e12
+    peak = timing.H100_SXM_PEAK
     out = {}
     for kind, flops, seconds in (
         ("gemm", lambda r: 2.0 * r["m"] * r["k"] * r["n"], lambda r: r["seconds"]),
@@ -86,7 +89,7 @@ def main(ctx: click.Context, on: str, out: Path, check: bool) -> None:
 
 
 @main.command()
-@click.option("--data", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=PROBE,
+@click.option("--data", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=timing.PROBE,
               show_default="benchmarks/gpu/data/h100_sxm_gemm_attention.json")
 def probe(data: Path) -> None:
     """Fit the H100 kernel constants (Kernels.hopper, gemm/attention latency) from the probe."""

@@ -13,6 +13,7 @@ from functools import lru_cache
 from advisor.errors import AdvisorError
 from advisor.models import load_model
 from advisor.parallel import Workload
+from advisor.space import PAPER_SPACE
 from advisor.sweep import SweepRow, Verdict, classify, sweep
 from tables.seed004.paper import Layout, Misprint, PaperCell, PaperTable
 
@@ -22,8 +23,9 @@ MISSING_EVIDENCE = "not in seed004_misprints.csv: no evidence on file"
 
 @lru_cache(maxsize=None)
 def column_sweep(model: str, seq_len: int, gpus: int, memory_gib: float) -> dict[Layout, SweepRow]:
-    """``advisor sweep --all`` for one column of a table (the paper's global batch, 1024)."""
-    rows = sweep(load_model(model), Workload(seq_len=seq_len), gpus, memory_gib)
+    """``advisor sweep --all --split even --recompute none`` (the paper's space: Megatron's even
+    split, no recomputation) for one column of a table (the paper's global batch, 1024)."""
+    rows = sweep(load_model(model), Workload(seq_len=seq_len), gpus, memory_gib, space=PAPER_SPACE).rows
     return {(r.parallel.tp, r.parallel.cp, r.parallel.pp, r.parallel.mbs): r for r in rows}
 
 

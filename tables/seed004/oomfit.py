@@ -1,15 +1,15 @@
 """The calibrated memory model against the paper's runs: its usage for every run, and the fit.
 
 Fit: the two constants (the allocator's reserve as a fraction of the GPU's memory, the
-activations' factor) are
-chosen on a fixed grid to make the fewest wrong calls on the training runs, a call that a run
-fits when it went out of memory counting three times (that error costs a user a failed
-launch); among equals, the most conservative (the largest reserve, then the factor nearest 1).
-The training side often leaves a wide gap between its largest run that ran and its smallest
-that did not (the H100 runs: 84% and 96% of Eq. 18's memory); the conservative end of it is the
-one that keeps false "fits" rare on the other GPU. The band of the 'likely' zone is
-then the largest distance from the boundary of a training run called wrong (at least 2%), so
-that every training error falls inside it.
+activations' factor) are chosen on a fixed grid to make the fewest wrong calls on the training
+runs, a call that a run fits when it went out of memory counting three times (that error costs a
+user a failed launch). Many grid points are often equally right (the H100 runs leave a wide gap
+between their largest run that ran and their smallest that did not: 84% and 96% of Eq. 18's
+memory), so a tie-break picks one of them (``TIE_BREAKS``): the most conservative, or the
+largest margin. Which one is chosen by ``select_tie_break`` on the training runs alone, leaving
+one table out at a time. The band of the 'likely' zone is then the largest distance from the
+boundary of a training run called wrong (at least 2%), so that every training error falls
+inside it.
 """
 
 from __future__ import annotations
@@ -82,27 +82,80 @@ def ratios(runs, reserve: float, factor: float) -> np.ndarray:
     return np.array([r.usage_gib(reserve, factor) / r.memory_gib for r in runs])
 
 
-def _score(runs, reserve, factor):
-    r = ratios(runs, reserve, factor)
-    oom = np.array([x.oom for x in runs])
-    false_fits = int(np.sum((r <= 1) & oom))
-    false_oom = int(np.sum((r > 1) & ~oom))
-    # Among equally wrong constants, the most conservative: the largest predicted usage.
-    return (FALSE_FITS_WEIGHT * false_fits + false_oom, -reserve, abs(factor - PRIOR.activation_factor)), r, oom
+def _grid_ratios(runs) -> np.ndarray:
+    """``ratios`` at every (reserve, factor) of the grid at once: shape (reserves, factors, runs)."""
+    stages = max(len(r.fixed_gib) for r in runs)
+    fixed = np.full((len(runs), stages), -np.inf)
+    acts = np.zeros((len(runs), stages))
+    for i, r in enumerate(runs):
+        fixed[i, :len(r.fixed_gib)] = r.fixed_gib
+        acts[i, :len(r.activations_gib)] = r.activations_gib
+    memory = np.array([r.memory_gib for r in runs])
+    peak = np.max(fixed[None] + FACTOR_GRID[:, None, None] * acts[None], axis=2)  # (factors, runs)
+    return (peak[None] + RESERVE_GRID[:, None, None] * memory) / memory
 
 
-def fit_memory(runs, label: str = "") -> MemoryCalibration:
+def _errors(r: np.ndarray, oom: np.ndarray) -> tuple[int, int]:
+    """(false fits, false OOMs) of the calls ``ratio <= 1`` means it runs."""
+    return int(np.sum((r <= 1) & oom)), int(np.sum((r > 1) & ~oom))
+
+
+def _conservative(reserve: float, factor: float, r: np.ndarray, oom: np.ndarray) -> tuple:
+    """The largest predicted usage: the largest reserve, then the factor nearest the prior's."""
+    return (-reserve, abs(factor - PRIOR.activation_factor))
+
+
+def _largest_margin(reserve: float, factor: float, r: np.ndarray, oom: np.ndarray) -> tuple:
+    """The boundary farthest from the training runs it calls right (the middle of the gap)."""
+    right = (r <= 1) != oom
+    margin = float(np.min(np.abs(r[right] - 1))) if right.any() else 0.0
+    return (-margin, -reserve, abs(factor - PRIOR.activation_factor))
+
+
+TIE_BREAKS = {"conservative": _conservative, "largest margin": _largest_margin}
+"""Among grid points with equally few (weighted) wrong calls on the training runs, which one.
+Listed in the order that decides a tie of ``select_tie_break`` itself: the conservative one
+first, because a false "fits" is the costlier error (``FALSE_FITS_WEIGHT``)."""
+
+
+def fit_memory(runs, label: str = "", tie_break: str = "conservative") -> MemoryCalibration:
     """The constants fitted to ``runs`` (see the module docstring)."""
+    oom = np.array([x.oom for x in runs])
+    prefer = TIE_BREAKS[tie_break]
     best = None
-    for reserve in RESERVE_GRID:
-        for factor in FACTOR_GRID:
-            key, r, oom = _score(runs, float(reserve), float(factor))
+    grid = _grid_ratios(runs)
+    for i, reserve in enumerate(RESERVE_GRID):
+        for j, factor in enumerate(FACTOR_GRID):
+            r = grid[i, j]
+            false_fits, false_oom = _errors(r, oom)
+            key = (FALSE_FITS_WEIGHT * false_fits + false_oom, *prefer(float(reserve), float(factor), r, oom))
             if best is None or key < best[0]:
-                best = (key, float(reserve), float(factor), r, oom)
-    _, reserve, factor, r, oom = best
+                best = (key, float(reserve), float(factor), r)
+    _, reserve, factor, r = best
     wrong = (r <= 1) == oom
     band = max(MIN_BAND, float(np.max(np.abs(r[wrong] - 1))) if wrong.any() else 0.0)
     return MemoryCalibration(
         reserve_fraction=reserve, activation_factor=factor, band=round(band + 1e-4, 4),
-        fitted=("reserve_fraction", "activation_factor", "band"), fitted_on=label or f"{len(runs)} runs",
+        fitted=("reserve_fraction", "activation_factor", "band"),
+        fitted_on=(label or f"{len(runs)} runs") + f"; tie-break: {tie_break}",
     )
+
+
+def select_tie_break(runs_by_table: dict[int, tuple[MemoryRun, ...]]) -> tuple[str, dict[str, tuple[int, int]]]:
+    """The tie-break chosen on training runs only: leave one table out, fit on the others with
+    each tie-break, call the left-out table's runs; the fewest weighted wrong calls over all the
+    folds wins, then the fewest false fits, then ``TIE_BREAKS``' order. Returns the name and,
+    per tie-break, (false fits, false OOMs) summed over the folds."""
+    scores = {}
+    for name in TIE_BREAKS:
+        false_fits = false_oom = 0
+        for table, held in runs_by_table.items():
+            rest = [r for t, runs in runs_by_table.items() if t != table for r in runs]
+            cal = fit_memory(rest, tie_break=name)
+            ff, fo = _errors(ratios(held, cal.reserve_fraction, cal.activation_factor),
+                             np.array([x.oom for x in held]))
+            false_fits, false_oom = false_fits + ff, false_oom + fo
+        scores[name] = (false_fits, false_oom)
+    order = list(TIE_BREAKS)
+    chosen = min(order, key=lambda n: (FALSE_FITS_WEIGHT * scores[n][0] + scores[n][1], scores[n][0], order.index(n)))
+    return chosen, scores

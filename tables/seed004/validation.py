@@ -5,6 +5,11 @@ Two directions: fit on the A100 runs (Tables 3, 6) and predict the H100 runs (Ta
 and the reverse; "combined" pools the two held-out halves, so every one of the 454 runs is
 predicted by a model that never saw its GPU type. The fits are ``timing.fit`` (time) and
 ``oomfit.fit_memory`` (memory); the ranking among a column's runs is ``advisor.ranking.order``.
+
+Two procedure choices are made per direction on its training runs alone, by leaving one of
+their tables out at a time (``fit_on``): the memory fit's tie-break (``oomfit.select_tie_break``)
+and the ranking rule (``select_rank_by``). ``python -m tables.seed004.calibrate`` makes them the
+same way on all runs.
 """
 
 from __future__ import annotations
@@ -30,13 +35,38 @@ MAPE_TABLES = (3, 4, 6, 10)
 
 
 @dataclass(frozen=True, slots=True)
+class Fit:
+    """Constants fitted on some runs, and the procedure choices those runs alone made."""
+
+    time: Calibration
+    memory: MemoryCalibration
+    tie_break: str
+    tie_break_scores: tuple[tuple[str, tuple[int, int]], ...]
+    """Per tie-break: (false fits, false OOMs) on the left-out tables."""
+    rank_by: str
+    rank_by_scores: tuple[tuple[str, tuple[float, float]], ...]
+    """Per ranking rule: (mean, min) of the pick's fraction of the best, on the left-out tables."""
+
+
+@dataclass(frozen=True, slots=True)
 class Direction:
     """Constants fitted on one GPU type's runs."""
 
     train: str
     test: str
-    time: Calibration
-    memory: MemoryCalibration
+    fit: Fit
+
+    @property
+    def time(self) -> Calibration:
+        return self.fit.time
+
+    @property
+    def memory(self) -> MemoryCalibration:
+        return self.fit.memory
+
+    @property
+    def rank_by(self) -> str:
+        return self.fit.rank_by
 
     @property
     def name(self) -> str:
@@ -48,7 +78,8 @@ class Prediction:
     """One run as the model fitted on the other GPU type sees it."""
 
     run: Run
-    direction: Direction
+    direction: Direction | None
+    """None inside a selection fold (``select_rank_by``)."""
     usage_gib: float
     verdict: str
     tflops: float
@@ -80,26 +111,58 @@ class Prediction:
                 f"margin {self.run.table.memory_gib - self.usage_gib:+.1f} GiB), {self.run.outcome}")
 
 
+def fit_on(measured_tables, label: str) -> Fit:
+    """Fit the constants on ``measured_tables`` and make the procedure choices on them alone."""
+    tie_break, tie_scores = oomfit.select_tie_break({t.paper.number: oomfit.memory_runs([t]) for t in measured_tables})
+    rank_by, rank_scores = select_rank_by(measured_tables, tie_break)
+    return Fit(
+        time=timing.fit(timing.timed_runs(measured_tables), label=f"{label} that ran"),
+        memory=oomfit.fit_memory(oomfit.memory_runs(measured_tables), label=label, tie_break=tie_break),
+        tie_break=tie_break, tie_break_scores=tuple(tie_scores.items()),
+        rank_by=rank_by, rank_by_scores=tuple(rank_scores.items()),
+    )
+
+
+def select_rank_by(measured_tables, tie_break: str) -> tuple[str, dict[str, tuple[float, float]]]:
+    """The ranking rule chosen on ``measured_tables`` alone: leave one table out, fit the time and
+    memory constants on the others, rank each column of the left-out table by every rule; the
+    highest mean fraction of the column's best over all left-out columns wins, then the highest
+    minimum, then ``RANK_BY``'s order. Returns the rule and, per rule, (mean, min)."""
+    fractions: dict[str, list[float]] = {rule: [] for rule in RANK_BY}
+    for held in measured_tables:
+        rest = [t for t in measured_tables if t is not held]
+        time = timing.fit(timing.timed_runs(rest))
+        memory = oomfit.fit_memory(oomfit.memory_runs(rest), tie_break=tie_break)
+        predictions = predict([held], time, memory)
+        for rule in RANK_BY:
+            fractions[rule] += [c.fraction for c in column_picks(predictions, rule) if c.fraction is not None]
+    scores = {rule: (fmean(f), min(f)) for rule, f in fractions.items()}
+    order_ = list(RANK_BY)
+    return min(order_, key=lambda r: (-scores[r][0], -scores[r][1], order_.index(r))), scores
+
+
 def fit_direction(measured_tables, train: str, test: str) -> Direction:
     runs = [t for t in measured_tables if t.paper.gpu == train]
-    time = timing.fit(timing.timed_runs(runs), label=f"the {train} runs that ran")
-    memory = oomfit.fit_memory(oomfit.memory_runs(runs), label=f"the {train} runs")
-    return Direction(train=train, test=test, time=time, memory=memory)
+    return Direction(train=train, test=test, fit=fit_on(runs, label=f"the {train} runs"))
+
+
+def predict(tables, time: Calibration, memory: MemoryCalibration, direction: Direction | None = None) -> list[Prediction]:
+    """Every run of ``tables`` as the constants ``time`` and ``memory`` see it."""
+    memory_runs = oomfit.memory_runs(tables)
+    timed = [timing.TimedRun(t.paper.number, t.paper.gpu, t.paper.model, t.paper.seq_len, *r.paper.layout,
+                             r.paper.gpus, r.tflops) for t in tables for r in t.runs]
+    tflops = timing.predict(timed, time)
+    out = []
+    for mr, predicted in zip(memory_runs, tflops):
+        usage = mr.usage_gib(memory.reserve_fraction, memory.activation_factor)
+        out.append(Prediction(run=mr.run, direction=direction, usage_gib=usage,
+                              verdict=verdict_for(usage, mr.memory_gib, memory.band), tflops=float(predicted)))
+    return out
 
 
 def predict_direction(measured_tables, direction: Direction) -> list[Prediction]:
     tables = [t for t in measured_tables if t.paper.gpu == direction.test]
-    memory_runs = oomfit.memory_runs(tables)
-    timed = [timing.TimedRun(t.paper.number, t.paper.gpu, t.paper.model, t.paper.seq_len, *r.paper.layout,
-                             r.paper.gpus, r.tflops) for t in tables for r in t.runs]
-    tflops = timing.predict(timed, direction.time)
-    cal = direction.memory
-    out = []
-    for mr, predicted in zip(memory_runs, tflops):
-        usage = mr.usage_gib(cal.reserve_fraction, cal.activation_factor)
-        out.append(Prediction(run=mr.run, direction=direction, usage_gib=usage,
-                              verdict=verdict_for(usage, mr.memory_gib, cal.band), tflops=float(predicted)))
-    return out
+    return predict(tables, direction.time, direction.memory, direction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +236,10 @@ class Validation:
     def picks(self, rank_by: str, direction: Direction | None = None) -> list[ColumnPick]:
         return column_picks(self.of(direction), rank_by)
 
+    def selected_picks(self, direction: Direction | None = None) -> list[ColumnPick]:
+        """Each direction's columns ranked by the rule its training side chose."""
+        return [c for d in self.directions if direction in (None, d) for c in self.picks(d.rank_by, d)]
+
     @staticmethod
     def summary(picks: list[ColumnPick]) -> tuple[float, float, int]:
         scored = [p.fraction for p in picks if p.fraction is not None]
@@ -186,4 +253,4 @@ def validate(measured_tables) -> Validation:
     return Validation(directions=directions, predictions=predictions)
 
 
-__all__ = ["RANK_BY", "Validation", "validate", "spearman_by_column", "mape", "MAPE_TABLES"]
+__all__ = ["RANK_BY", "Fit", "Validation", "fit_on", "validate", "spearman_by_column", "mape", "MAPE_TABLES"]

@@ -1,0 +1,69 @@
+"""What Megatron-LM's pipeline schedules keep in flight: microbatches whose activations a
+pipeline rank holds at its peak, per model chunk.
+
+Counted in *forward passes of one model chunk* (a chunk is 1/v of a rank's layers under
+interleaving, the whole rank without it). The peak comes just after the last warm-up forward
+pass and the first steady-state one, before the first backward pass frees anything
+(megatron/core/pipeline_parallel/schedules.py, ``get_pp_rank_microbatches``):
+
+- 1F1B (v = 1): rank i of p runs p - i - 1 warm-up forwards, so it holds F = p - i
+  microbatches (seed 004, Section 3.2.2), at most the m that exist.
+- Interleaved (v > 1): 2(p - i - 1) + (v - 1)p warm-up forwards, F = that + 1, at most m v.
+  Forward pass s runs chunk (s // p) mod v (``get_schedule_table``: groups of p microbatches,
+  every chunk in turn; Megatron requires m to be a multiple of p, so every group is full).
+
+Every function takes numpy arrays (or ints) and broadcasts, so one call prices thousands of
+layouts. With a rank's layers split as evenly as possible over its chunks and the remainder on
+its *last* chunks (the rule ``megatron_args.chunk_layers`` writes), the warm-up peak is the
+rank's highest activation level for the whole iteration: the steady state's forward of a chunk
+is always matched by a backward of a chunk at least as large (checked against an event-by-event
+simulation of Megatron's order in ``tests/test_schedule.py``). Remainders on the first chunks
+would not have this property.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def forward_passes_in_flight(stage, pp, vpp, num_microbatches):
+    """F: chunk forward passes the rank holds at its peak (see the module docstring)."""
+    stage, pp, vpp = np.asarray(stage), np.asarray(pp), np.asarray(vpp)
+    interleaved = 2 * (pp - stage - 1) + (vpp - 1) * pp + 1
+    warm = np.where(vpp == 1, pp - stage, interleaved)
+    return np.minimum(warm, np.asarray(num_microbatches, dtype=float) * vpp)
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """The forward passes in flight of pipeline ranks at their peak, by chunk (arrays)."""
+
+    pp: np.ndarray
+    vpp: np.ndarray
+    passes: np.ndarray
+    """F, all chunks together."""
+    rounds: np.ndarray
+    """Whole rounds of v x p passes: each gives every chunk p."""
+    rest: np.ndarray
+    """E < v x p passes after them: chunks 0, 1, ... get p each, chunk E // p gets E mod p."""
+
+    @classmethod
+    def at(cls, stage, pp, vpp, num_microbatches) -> InFlight:
+        pp, vpp = np.asarray(pp), np.asarray(vpp)
+        passes = forward_passes_in_flight(stage, pp, vpp, num_microbatches)
+        rounds, rest = np.divmod(passes, vpp * pp)
+        return cls(pp=pp, vpp=vpp, passes=passes, rounds=rounds, rest=rest)
+
+    def first_chunk(self):
+        """phi_0: passes of the first chunk (the embedding lives there on rank 0)."""
+        return self.rounds * self.pp + np.minimum(self.rest, self.pp)
+
+    def last_chunks(self, chunks):
+        """R_r: passes of the rank's last ``chunks`` chunks together (r of v)."""
+        pp, chunks = self.pp, np.asarray(chunks)
+        first = self.vpp - chunks  # the first of the last r chunks
+        filled = self.rest // pp  # chunks 0 .. filled - 1 got p passes of the rest
+        partial = np.where(first <= filled, self.rest - filled * pp, 0)
+        return chunks * self.rounds * pp + np.maximum(filled - first, 0) * pp + partial

@@ -1,0 +1,654 @@
+"""The launchable search space: every layout stock Megatron-LM can run on a GPU count, and the
+pruning that keeps the whole of it fast.
+
+A *layout* is (TP, CP, PP, DP, MBS) with, per pipeline rank, its decoder layers, the model
+chunks per rank (VPP) and the recomputation:
+
+- TP a power of 2 up to a node, dividing the attention and KV heads; CP a power of 2 with the
+  sequence divisible by 2 CP (and, with sequence parallelism, by TP per CP rank); any PP from 1
+  to L that leaves DP = GPUs / (TP CP PP) whole; MBS a power of 2 with the global batch
+  divisible by MBS x DP (``launchable``);
+- any split of the L layers over the PP ranks (Megatron's ``--pipeline-model-parallel-layout``
+  builds any), at least one layer per model chunk; ``split="even"`` keeps Megatron's default
+  split only (PP dividing L, no split flag: the paper's space);
+- VPP: 1, or 2 .. L/PP model chunks per rank where Megatron's interleaved schedule runs (PP > 1,
+  the microbatches a multiple of PP);
+- recomputation: none; full with the block method and N = 1, 2, ... layers per chunk
+  (``--recompute-method block --recompute-num-layers N``: N recomputed layers, each
+  checkpointed alone, the fewest extra forward passes for a given saving, as MAP's checkpoint
+  solver chooses what to recompute, seed 003 Section 5.2, within what Megatron can express);
+  selective (core attention) where it saves memory, i.e. without FlashAttention.
+
+For each (TP, CP, PP, DP, MBS) the space offers one row: its best variant. Without a time model
+that is no interleaving, the fewest recomputed layers that fit, and the split with the lowest
+peak (``splits.lowest_memory``). With one (``timing``), the variant and split with the shortest
+predicted step among those that fit (``splits.fastest_within``, MadPipe's planner). "Fit" is
+the verdicts' own rule: Eq. 18 within the threshold (then within the memory: tight), or, with
+``memory_calibration``, the calibrated model's usage within 1 - band of the memory (then within
+it: likely fits), priced by the same vectorised stage model with ``advisor.verdicts``' terms.
+
+Pruning (only what provably cannot win; counted, and reported by the sweep):
+
+- a layout whose model states alone, spread perfectly over its ranks, exceed the GPU memory
+  cannot fit with any split, interleaving or recomputation: only its plain variant is priced,
+  to report it as oom;
+- without a time model, interleaving can only add memory: every chunk of rank i holds at least
+  the p - i microbatches of 1F1B (``advisor.schedule``), and with N recomputed layers per chunk
+  the same layers recomputed once per rank (N v) cost no more memory, so no VPP variant can win;
+- recomputation beyond the largest chunk recomputes nothing more: N stops there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from advisor import equations as eq
+from advisor.memory import GIB, MemoryOptions, StageModel, StageTerms, tp_problem
+from advisor.models import LlamaSpec
+from advisor.parallel import Workload
+from advisor.splits import Pipelines, Split, fastest_within, fill, lowest_memory, memory_caps, min_max
+from advisor.verdicts import MemoryCalibration, calibrated_terms
+
+if TYPE_CHECKING:
+    from advisor.rank_times import LayoutTimes, Timing
+
+RecomputeChoice = Literal["auto", "none", "selective", "full"]
+SplitChoice = Literal["auto", "even"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpaceOptions:
+    """Which parts of the space to search; the defaults search all of it."""
+
+    split: SplitChoice = "auto"
+    """'auto': any split (the planner's); 'even': Megatron's default split only (PP divides L)."""
+    vpp: int | None = None
+    """None: searched (needs a time model to win anything); a number pins it."""
+    recompute: RecomputeChoice = "auto"
+    """'auto': none, or what is needed to fit (or, with a time model, what is faster)."""
+    recompute_method: Literal["uniform", "block"] | None = None
+    """Pins --recompute-method with ``recompute='full'``; None: block, N searched."""
+    recompute_num_layers: int | None = None
+    """Pins --recompute-num-layers with ``recompute='full'``; None: searched."""
+
+
+PAPER_SPACE = SpaceOptions(split="even", vpp=1, recompute="none")
+"""Seed 004's space: Megatron's even split (PP divides L), no interleaving, no recomputation."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bases:
+    """(TP, CP, PP, DP, MBS) layouts as arrays, with their microbatches per iteration (inf when
+    the global batch is unknown)."""
+
+    tp: np.ndarray
+    cp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    mbs: np.ndarray
+    microbatches: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    def take(self, index) -> Bases:
+        return Bases(*(getattr(self, name)[index] for name in self.__dataclass_fields__))
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [1 << k for k in range(max(limit, 0).bit_length())]
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def launchable(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, options: MemoryOptions,
+               split: SplitChoice = "auto") -> Bases:
+    """Every (TP, CP, PP, DP, MBS) Megatron-LM can run on ``gpus`` GPUs (see the module docstring)."""
+    s, gbs, layers = workload.seq_len, workload.global_batch_size, spec.num_layers
+    max_mbs = gbs or s  # without a global batch, any MBS is allowed
+    rows = []
+    for t in _powers_of_two(min(max_tp, gpus)):
+        if gpus % t or tp_problem(spec, t):
+            continue
+        for c in _powers_of_two(gpus // t):
+            if gpus % (t * c) or (c > 1 and (s % (2 * c) or not options.flash_attention)) or (t > 1 and (s // c) % t):
+                continue
+            for p in _divisors(gpus // (t * c)):
+                if p > layers or (split == "even" and layers % p):
+                    continue
+                d = gpus // (t * c * p)
+                for b in _powers_of_two(max_mbs // d):
+                    if gbs is None or gbs % (b * d) == 0:
+                        rows.append((t, c, p, d, b, gbs // (b * d) if gbs else math.inf))
+    if not rows:
+        return Bases(*(np.zeros(0) for _ in range(6)))
+    table = np.array(rows, dtype=float)
+    return Bases(*(table[:, k] if k == 5 else table[:, k].astype(np.int64) for k in range(6)))
+
+
+@dataclass(frozen=True, slots=True)
+class Variants:
+    """Layouts with their interleaving and recomputation: ``base`` indexes ``bases``. One
+    recomputation family per set: selective, or full with the block (or pinned uniform) method
+    and N layers per chunk (N = 0: none)."""
+
+    base: np.ndarray
+    bases: Bases
+    vpp: np.ndarray
+    recompute_layers: np.ndarray
+    selective: bool = False
+    uniform: bool = False
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getattr__(self, name):  # tp, cp, pp, dp, mbs, microbatches of each variant's base
+        if name in Bases.__dataclass_fields__:
+            return getattr(self.bases, name)[self.base]
+        raise AttributeError(name)
+
+    def take(self, index) -> Variants:
+        return replace(self, base=self.base[index], vpp=self.vpp[index], recompute_layers=self.recompute_layers[index])
+
+    def with_recompute(self, layers) -> Variants:
+        return replace(self, recompute_layers=np.broadcast_to(np.asarray(layers, dtype=np.int64), self.base.shape))
+
+    def recomputed(self, model_layers: int) -> np.ndarray:
+        """Layers per chunk that full recomputation re-runs (the time model's count)."""
+        from advisor.rank_times import recomputed_per_chunk
+
+        return recomputed_per_chunk("full", "uniform" if self.uniform else "block", self.recompute_layers,
+                                    model_layers) * (self.recompute_layers > 0)
+
+    def options(self, options: MemoryOptions) -> MemoryOptions:
+        """The estimator's options of this set (recompute_layers go per variant)."""
+        if self.selective:
+            return replace(options, recompute="selective")
+        return replace(options, recompute="none", recompute_method="uniform" if self.uniform else "block")
+
+
+@dataclass(frozen=True, slots=True)
+class Chosen:
+    """The row of each base layout: its variant, split and memory; arrays over bases."""
+
+    vpp: np.ndarray
+    recompute: np.ndarray
+    """'none', 'selective' or 'full'."""
+    recompute_method: np.ndarray
+    """'block', 'uniform', or '' without full recomputation."""
+    recompute_layers: np.ndarray
+    counts: np.ndarray
+    """(B, P) layers per rank (0 beyond a layout's PP)."""
+    terms: StageTerms
+    """(B, P) memory terms of every rank."""
+    step_time: np.ndarray
+    """(B,) seconds per iteration where a time model priced it (nan elsewhere)."""
+    steps: object | None = None
+    """With a time model: every row's iteration with its parts (``advisor.throughput``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceResult:
+    bases: Bases
+    chosen: Chosen
+    considered: int
+    """Layout variants in the space: (TP, CP, PP, DP, MBS) x VPP x recomputation."""
+    evaluated: int
+    """Variants whose splits were planned; the others were pruned by the rules above."""
+
+    @property
+    def pruned(self) -> int:
+        return self.considered - self.evaluated
+
+
+class _Pricer:
+    """Stage models and planners over a set of variants, one group per pipeline depth (arrays are
+    as wide as their deepest pipeline; grouping keeps shallow ones from paying for deep ones)."""
+
+    def __init__(self, spec: LlamaSpec, workload: Workload, options: MemoryOptions, variants: Variants,
+                 times: LayoutTimes | None = None, even: bool = False, calibrated=None) -> None:
+        self.variants, self.layers, self.even = variants, spec.num_layers, even
+        self.width = int(variants.pp.max()) if len(variants) else 1
+        self.groups = []
+        col = (slice(None), None)
+        for depth in np.unique(variants.pp).tolist():
+            index = np.flatnonzero(variants.pp == depth)
+            part = variants.take(index)
+            layout = dict(tp=part.tp[col], cp=part.cp[col], dp=part.dp[col], mbs=part.mbs[col], pp=depth,
+                          vpp=part.vpp[col], stage=np.arange(depth)[None, :], recompute_layers=part.recompute_layers[col])
+            if calibrated is not None:  # (MemoryCalibration, GPU memory, profiled ratios): the calibrated usage
+                layout["calibrated"] = calibrated_terms(
+                    spec, workload.seq_len, layout["mbs"], layout["tp"], layout["cp"], layout["stage"], depth,
+                    layout["recompute_layers"] > 0, options, *calibrated)
+            model = StageModel(spec, workload.seq_len, part.options(options), num_microbatches=part.microbatches[col],
+                               **layout)
+            ranks = None if times is None else times.ranks(part.base, part.vpp, part.recomputed(spec.num_layers), depth)
+            self.groups.append((index, model, ranks, Pipelines(pp=part.pp, vpp=part.vpp, layers=spec.num_layers)))
+        self.times = times
+
+    def _each(self, plan, memory: _Pricer | None = None) -> Split:
+        """``plan(memory model, times, pipelines)`` per group; the memory models of ``memory``
+        (a pricer of the same bases and VPP) where given."""
+        counts = np.zeros((len(self.variants), self.width), dtype=np.int64)
+        value, feasible = np.full(len(self.variants), np.inf), np.zeros(len(self.variants), dtype=bool)
+        models = [group[1] for group in (memory or self).groups]
+        for (index, _, times, pipelines), model in zip(self.groups, models):
+            split = plan(model, times, pipelines)
+            counts[index, :split.counts.shape[1]] = split.counts
+            value[index], feasible[index] = split.value, split.feasible
+        return Split(counts=counts, value=value, feasible=feasible)
+
+    def _even(self, cost, pipelines: Pipelines, limit=np.inf) -> Split:
+        """Megatron's default split (every rank L/PP layers) priced by ``cost``; feasible where
+        its memory is within ``limit``."""
+        counts = np.where(pipelines.active, (self.layers // pipelines.pp)[:, None], 0)
+        value = np.where(pipelines.active, cost(counts), -np.inf).max(axis=1)
+        return Split(counts=counts, value=value, feasible=np.isfinite(value))
+
+    def fits(self, limit: float) -> np.ndarray:
+        ok = np.zeros(len(self.variants), dtype=bool)
+        for index, model, _, pipelines in self.groups:
+            if self.even:
+                ok[index] = self._even(model.total, pipelines).value <= limit
+                continue
+            cap = memory_caps(model.total, pipelines, limit, model.most_layers)
+            ok[index] = pipelines.possible & (cap >= pipelines.lowest).all(axis=1) & (cap.sum(axis=1) >= self.layers)
+        return ok
+
+    def lowest(self) -> Split:
+        if self.even:
+            return self._each(lambda model, times, pipelines: self._even(model.total, pipelines))
+        return self._each(lambda model, times, pipelines: lowest_memory(model.total, pipelines, model.most_layers))
+
+    def fastest(self, limit: float, memory: _Pricer | None = None) -> Split:
+        """MadPipe's split within ``limit`` bytes per GPU (inf: memory ignored); the memory of
+        ``memory``'s variants (the same bases and VPP) where given."""
+        def plan(model, times, pipelines):
+            if self.even:
+                split = self._even(times, pipelines)
+                fits = self._even(model.total, pipelines).value <= limit
+                return replace(split, feasible=split.feasible & fits)
+            if math.isinf(limit):
+                return min_max(times, pipelines, inverse=times.inverse)
+            return fastest_within(times, model.total, pipelines, limit, time_inverse=times.inverse,
+                                  memory_inverse=model.most_layers)
+        return self._each(plan, memory)
+
+    def steps(self, counts: np.ndarray, which: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The time model's iteration of the variants ``which`` (default all) with ``counts``
+        layers per rank: each ``StepTime`` part as an array over the variants."""
+        which = np.arange(len(self.variants)) if which is None else which
+        parts: dict[str, np.ndarray] = {}
+        for index, model, _, _ in self.groups:
+            at = np.flatnonzero(np.isin(index, which))
+            if not at.size:
+                continue
+            rows = index[at]
+            part, variants = counts[rows, :model.in_flight.passes.shape[1]], self.variants.take(rows)
+            # the largest rank's parameters on one GPU: what the DP collectives and Adam move
+            parameters = part * model.layer_parameters[at] + model.end_parameters[at]
+            step = self.times.step(variants.base, variants.vpp, variants.recomputed(self.layers), part,
+                                   parameters.max(axis=1))
+            for name, value in step.parts().items():
+                parts.setdefault(name, np.full(len(self.variants), np.nan))[rows] = value
+        return {name: value[which] for name, value in parts.items()}
+
+    def step_time(self, counts: np.ndarray, which: np.ndarray | None = None) -> np.ndarray:
+        """Seconds per iteration of the variants ``which`` (default all) with ``counts`` layers
+        per rank (the time model)."""
+        return self.steps(counts, which)["total_s"]
+
+    def terms(self, counts: np.ndarray) -> StageTerms:
+        """(K, width) memory terms of each variant's ranks holding ``counts`` layers."""
+        out = {name: np.zeros((len(self.variants), self.width)) for name in StageTerms.__dataclass_fields__}
+        for index, model, _, _ in self.groups:
+            depth = model.in_flight.passes.shape[1]
+            part = model.terms(counts[index, :depth])
+            for name, values in out.items():
+                values[index, :depth] = np.broadcast_to(getattr(part, name), (len(index), depth))
+        return StageTerms(**out)
+
+
+def _states_lower_bound(spec: LlamaSpec, bases: Bases, options: MemoryOptions) -> np.ndarray:
+    """Bytes per GPU of the model states of the whole model spread evenly over the PP ranks: no
+    split, interleaving or recomputation brings the peak rank below it."""
+    t = bases.tp
+    vocab = eq.padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, t)
+    embedding = eq.embedding_parameters(spec, t, vocab)
+    head = np.where(spec.tie_embeddings & (bases.pp == 1), 0, embedding)
+    parameters = spec.num_layers * eq.layer_parameters(spec, t) + embedding + head + eq.final_norm_parameters(spec)
+    shards = bases.dp * bases.cp if options.distributed_optimizer else 1
+    per_parameter = options.element_bytes + options.gradient_bytes + eq.optimizer_bytes_per_parameter(shards)
+    return parameters * per_parameter / bases.pp
+
+
+def _groups(spec: LlamaSpec, bases: Bases, space: SpaceOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Every (base, VPP) Megatron runs: 1, or 2 .. L/PP chunks per rank where the interleaved
+    schedule runs (PP > 1, the microbatches a multiple of PP)."""
+    layers, base, vpp = spec.num_layers, [], []
+    for index, (p, m) in enumerate(zip(bases.pp.tolist(), bases.microbatches.tolist())):
+        interleavable = p > 1 and (math.isinf(m) or (m >= p and m % p == 0))
+        top = layers // p if interleavable else 1
+        values = [space.vpp] if space.vpp is not None else range(1, top + 1)
+        values = [v for v in values if v <= top and (space.split == "auto" or layers % (p * v) == 0)]
+        base += [index] * len(values)
+        vpp += values
+    return np.array(base, dtype=np.int64), np.array(vpp, dtype=np.int64)
+
+
+def _recompute_range(pp: np.ndarray, vpp: np.ndarray, layers: int, space: SpaceOptions, selective: bool):
+    """(lowest, highest) N per (base, VPP): 0 (none) .. the largest chunk any split can have (more
+    recomputes nothing more); one value where recomputation is off or pinned."""
+    largest_chunk = -(-(layers - (pp - 1) * vpp) // vpp)
+    if selective or space.recompute == "none":
+        return np.zeros_like(pp), np.zeros_like(pp)
+    if space.recompute == "full" and space.recompute_num_layers is not None:
+        pinned = np.full_like(pp, space.recompute_num_layers)
+        return pinned, pinned
+    return np.full_like(pp, 1 if space.recompute == "full" else 0), largest_chunk
+
+
+@dataclass(frozen=True, slots=True)
+class _Search:
+    """What every step of one search shares."""
+
+    spec: LlamaSpec
+    workload: Workload
+    options: MemoryOptions
+    timing: Timing | None
+    even: bool
+
+    calibrated: tuple | None = None
+    """(MemoryCalibration, GPU memory in GiB, MeasuredActivations or None): plan against the
+    calibrated (or profile) model's usage."""
+    times: dict = field(default_factory=dict)
+    """LayoutTimes of every base, per recomputation family (selective or not), made once."""
+
+    def pricer(self, variants: Variants) -> _Pricer:
+        times = None
+        if self.timing is not None:
+            if variants.selective not in self.times:
+                bases = variants.bases
+                self.times[variants.selective] = self.timing.layouts(
+                    tp=bases.tp, cp=bases.cp, dp=bases.dp, mbs=bases.mbs, pp=bases.pp, selective=variants.selective)
+            times = self.times[variants.selective]
+        return _Pricer(self.spec, self.workload, self.options, variants, times, self.even, self.calibrated)
+
+
+def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> tuple[np.ndarray, int]:
+    """Per variant (its N ignored), the fewest recomputed layers N in [low, high] with which some
+    split fits within ``limit`` (-1 where none does), and how many (variant, N) were priced:
+    with the block method memory never grows with N, so the lowest first, then bisection; the
+    uniform method's does not fall with N (fewer checkpoints, a larger unit rebuilt), so every N
+    in turn."""
+    if variants.uniform:
+        least, n, priced = np.full(len(variants), -1), low.copy(), 0
+        open_ = n <= high
+        while open_.any():
+            index = np.flatnonzero(open_)
+            ok = search.pricer(variants.take(index).with_recompute(n[index])).fits(limit)
+            priced += len(index)
+            least[index[ok]] = n[index[ok]]
+            n[index] += 1
+            open_[index] = ~ok & (n[index] <= high[index])
+        return least, priced
+    fits_low = search.pricer(variants.with_recompute(low)).fits(limit)  # most need none
+    rest = np.flatnonzero(~fits_low & (high > low))
+    fits_high = fits_low.copy()
+    if rest.size:
+        fits_high[rest] = search.pricer(variants.take(rest).with_recompute(high[rest])).fits(limit)
+    priced = len(variants) + rest.size
+    below, above = np.where(fits_low, low - 1, low), np.where(fits_low, low, np.where(fits_high, high, -1))
+    open_ = fits_high & (above - below > 1)
+    while open_.any():
+        index = np.flatnonzero(open_)
+        middle = (below[index] + above[index]) // 2
+        ok = search.pricer(variants.take(index).with_recompute(middle)).fits(limit)
+        priced += len(index)
+        below[index] = np.where(ok, below[index], middle)
+        above[index] = np.where(ok, middle, above[index])
+        open_ = fits_high & (above - below > 1)
+    return above, priced
+
+
+class _Picks:
+    """Per base, the chosen variant (-1 family: none yet): arrays over bases."""
+
+    def __init__(self, bases: int, width: int) -> None:
+        self.family = np.full(bases, -1)
+        self.vpp = np.ones(bases, dtype=np.int64)
+        self.recompute_layers = np.zeros(bases, dtype=np.int64)
+        self.counts = np.zeros((bases, width), dtype=np.int64)
+        self.planned = np.zeros(bases, dtype=bool)
+        """Whether ``counts`` holds the split (else it is still to plan)."""
+        self.step_time = np.full(bases, np.nan)
+
+    @property
+    def open(self) -> np.ndarray:
+        return self.family < 0
+
+    def take_best(self, found: list, families: list) -> None:
+        """Per open base, the variant with the lowest key over every set in ``found``
+        ((family index, variants, N or -1, key, counts or None)); first on ties."""
+        rows = [(f, v, n, key, counts) for f, v, n, key, counts in found if len(v)]
+        if not rows:
+            return
+        key = np.concatenate([np.where(n >= 0, k, np.inf) for _, v, n, k, _ in rows])
+        base = np.concatenate([v.base for _, v, _, _, _ in rows])
+        which = np.concatenate([np.full(len(v), i) for i, (_, v, _, _, _) in enumerate(rows)])
+        index = np.concatenate([np.arange(len(v)) for _, v, _, _, _ in rows])
+        ok = np.isfinite(key) & self.open[base]
+        if not ok.any():
+            return
+        order = np.flatnonzero(ok)[np.lexsort((key[ok], base[ok]))]
+        first = order[np.r_[True, base[order][1:] != base[order][:-1]]]
+        for i, (family, variants, n, k, counts) in enumerate(rows):
+            chosen = first[which[first] == i]
+            at, b = index[chosen], base[chosen]
+            self.family[b] = family
+            self.vpp[b] = variants.vpp[at]
+            self.recompute_layers[b] = n[at]
+            if counts is not None:
+                self.counts[b, :counts.shape[1]] = counts[at]
+                self.planned[b] = True
+                self.step_time[b] = k[at]
+
+    def variants(self, members: np.ndarray, bases: Bases, families: list) -> Variants:
+        """The picks ``members`` (all of one family) as one set."""
+        selective, uniform = families[int(self.family[members[0]])]
+        return Variants(members, bases, self.vpp[members], self.recompute_layers[members], selective, uniform)
+
+
+def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float,
+           max_tp: int, options: MemoryOptions, space: SpaceOptions = SpaceOptions(),
+           timing: Timing | None = None, memory_calibration: MemoryCalibration | None = None,
+           measured=None) -> SpaceResult:
+    """One row per launchable (TP, CP, PP, DP, MBS): its best variant and split (module docstring).
+
+    Plans against Eq. 18 with its ``threshold`` (fits, then tight), or, with a
+    ``memory_calibration``, against the calibrated model's usage (``advisor.verdicts``: fits,
+    within 1 - band of the memory, then likely fits, within all of it), its activations scaled by
+    the ``measured`` ratios of ``--memory-model profile`` where given."""
+    layers = spec.num_layers
+    calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
+    state = _Search(spec, workload, options, timing, space.split == "even", calibrated)
+    bases = launchable(spec, workload, gpus, max_tp, options, space.split)
+    group_base, group_vpp = _groups(spec, bases, space)
+    if space.vpp is not None:  # a pinned VPP drops the layouts that cannot interleave that way
+        kept = np.unique(group_base)
+        bases = bases.take(kept)
+        group_base = np.searchsorted(kept, group_base)
+    possible = _states_lower_bound(spec, bases, options) <= memory_gib * GIB
+    first_vpp = np.full(len(bases), np.iinfo(np.int64).max)
+    np.minimum.at(first_vpp, group_base, group_vpp)  # each base's smallest VPP
+    families = [(True, False)] if space.recompute == "selective" else \
+        [(False, space.recompute == "full" and space.recompute_method == "uniform")]
+    if space.recompute == "auto" and not options.flash_attention:  # selective saves the s^2 scores
+        families.append((True, False))
+    considered = 0
+    for selective, _ in families:
+        low, high = _recompute_range(bases.pp[group_base], group_vpp, layers, space, selective)
+        considered += int(np.maximum(high - low + 1, 0).sum())
+    keep = possible[group_base]
+    if timing is None and space.vpp is None:  # interleaving can only add memory (module docstring)
+        keep &= group_vpp == 1
+    group_base, group_vpp = group_base[keep], group_vpp[keep]
+    picks = _Picks(len(bases), int(bases.pp.max()) if len(bases) else 1)
+    evaluated = 0
+    first = threshold if memory_calibration is None else 1 - memory_calibration.band
+    for limit in (first * memory_gib * GIB, memory_gib * GIB):
+        open_ = picks.open[group_base]
+        found = []
+        for family, (selective, uniform) in enumerate(families):
+            variants = Variants(group_base[open_], bases, group_vpp[open_], np.zeros(int(open_.sum()), np.int64),
+                                selective, uniform)
+            if not len(variants):
+                continue
+            if timing is None:  # the fewest recomputed layers; selective before full
+                low, high = _recompute_range(variants.pp, variants.vpp, layers, space, selective)
+                least, priced = _least_recompute(state, variants, low, high, limit)
+                evaluated += priced
+                found.append((family, variants, least, least + 0.5 * selective, None))
+            else:
+                (_, chosen, steps, counts), priced = _fastest_variants(state, variants, space, limit, len(bases))
+                found.append((family, variants, chosen, steps, counts))
+                evaluated += priced
+        picks.take_best(found, families)
+    # What fits nowhere: its plain variant (its first VPP, no recomputation). Where some split of
+    # it might fit within the memory with recomputation, the lowest-memory split shows by how
+    # much it misses; where not even the model states fit, any split does, so the evenest.
+    missing = np.flatnonzero(picks.open)
+    picks.family[missing] = 0
+    picks.vpp[missing] = first_vpp[missing]
+    picks.recompute_layers[missing] = 0
+    plain = Variants(missing, bases, picks.vpp[missing], picks.recompute_layers[missing], *families[0])
+    evenest = ~possible[missing]
+    if evenest.any():
+        pipelines = Pipelines(pp=plain.pp[evenest], vpp=plain.vpp[evenest], layers=layers)
+        picks.counts[missing[evenest], :pipelines.width] = fill(pipelines.highest, pipelines)
+        picks.planned[missing[evenest]] = True
+        evaluated += int(evenest.sum())
+    for family in range(len(families)):  # the lowest-memory split of what is still to plan
+        todo = np.flatnonzero(~picks.planned & (picks.family == family))
+        if todo.size:
+            variants = picks.variants(todo, bases, families)
+            split = replace(state, timing=None, times={}).pricer(variants).lowest()
+            picks.counts[todo, :split.counts.shape[1]] = split.counts
+            picks.planned[todo] = True
+    return SpaceResult(bases=bases, chosen=_rows(state, bases, picks, families), considered=considered,
+                       evaluated=evaluated)
+
+
+def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, limit: float, bases: int):
+    """With a time model: per base, its fastest (VPP, N, split) within ``limit``.
+
+    Each (base, VPP) has a lower bound, the step of its fastest split with no recomputation and
+    no memory limit at all (recomputation and the limit can only slow it). The (base, VPP) are
+    planned in two rounds, the one with the lowest bound first, then those others whose bound is
+    better than their base's best so far; the rest are pruned. Returns ((variants, N, step, counts), variants priced)."""
+    free = search.pricer(variants.with_recompute(0))
+    unlimited = free.fastest(np.inf)
+    bound = np.where(unlimited.feasible, free.step_time(unlimited.counts), np.inf)
+    order = np.lexsort((bound, variants.base))
+    rank = np.empty(len(variants), dtype=np.int64)
+    start = np.r_[0, np.flatnonzero(np.diff(variants.base[order])) + 1]  # each base's first position in order
+    rank[order] = np.arange(len(variants)) - np.repeat(start, np.diff(np.r_[start, len(variants)]))
+    best = np.full(bases, np.inf)
+    step = np.full(len(variants), np.inf)
+    chosen = np.full(len(variants), -1)
+    counts = np.zeros((len(variants), int(variants.pp.max())), dtype=np.int64)
+    priced = len(variants)
+    for first_round in (True, False):  # each base's most promising VPP, then the rest that may beat it
+        todo = np.flatnonzero(((rank == 0) if first_round else (rank > 0)) & (bound < best[variants.base]))
+        if not todo.size:
+            continue
+        part = variants.take(todo)
+        low, high = _recompute_range(part.pp, part.vpp, search.spec.num_layers, space, part.selective)
+        least, checked = _least_recompute(search, part, low, high, limit)
+        steps, n, part_counts, planned = _fastest_recompute(search, part, least, high, limit)
+        priced += checked + planned
+        step[todo], chosen[todo] = steps, n
+        counts[todo, :part_counts.shape[1]] = part_counts
+        np.minimum.at(best, part.base, steps)
+    return (variants, chosen, step, counts), priced
+
+
+def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
+    """Per variant, from its least N upwards, MadPipe's split within ``limit`` and its step.
+
+    More recomputation can only lengthen every rank's time, and (block method) only lower its
+    memory, so the smallest period any N' > N can reach is at least that of the fastest split
+    with N's times and the memory of the highest N (uniform: with the memory limit ignored);
+    once that is no better than the best period found, no larger N can shorten the period, nor
+    the step (which grows with the period and with the sum of the ranks' times, and that sum
+    grows with N), and the search stops. The step time picks among the N planned. Returns
+    (step, N, counts, variants planned beyond their least N)."""
+    count = len(variants)
+    best, best_period = np.full(count, np.inf), np.full(count, np.inf)
+    best_n = np.full(count, -1)
+    best_counts = np.zeros((count, int(variants.pp.max()) if count else 1), dtype=np.int64)
+    n = least.copy()
+    open_ = least >= 0
+    planned = 0
+    while open_.any():
+        index = np.flatnonzero(open_)
+        part = variants.take(index).with_recompute(n[index])
+        pricer = search.pricer(part)
+        split = pricer.fastest(limit)
+        planned += int((n[index] > least[index]).sum())
+        step = np.full(len(index), np.inf)
+        if split.feasible.any():
+            ok = np.flatnonzero(split.feasible)
+            step[ok] = pricer.step_time(split.counts, ok)
+        better = step < best[index]
+        best[index[better]] = step[better]
+        best_n[index[better]] = n[index[better]]
+        best_counts[index[better], :split.counts.shape[1]] = split.counts[better]
+        best_period[index] = np.minimum(best_period[index], split.value)
+        if variants.uniform:
+            free = pricer.fastest(np.inf).value  # no N' > N has a shorter period than this
+        else:
+            free = pricer.fastest(limit, memory=search.pricer(variants.take(index).with_recompute(high[index]))).value
+        n[index] += 1
+        open_[index] = (n[index] <= high[index]) & (free < best_period[index])
+    return best, best_n, best_counts, planned
+
+
+def _rows(search: _Search, bases: Bases, picks: _Picks, families: list) -> Chosen:
+    """Memory terms of every chosen (variant, split), priced together per recomputation family."""
+    width = picks.counts.shape[1]
+    terms = {name: np.zeros((len(bases), width)) for name in StageTerms.__dataclass_fields__}
+    for family in range(len(families)):
+        members = np.flatnonzero(picks.family == family)
+        if not members.size:
+            continue
+        pricer = replace(search, timing=None, times={}, calibrated=None).pricer(picks.variants(members, bases, families))
+        part = pricer.terms(picks.counts[members][:, :pricer.width])
+        for name, values in terms.items():
+            values[members, :pricer.width] = getattr(part, name)
+    steps = None
+    if search.timing is not None:  # every row's iteration with its parts, the oom rows' too
+        from advisor.throughput import StepTime
+
+        parts: dict[str, np.ndarray] = {}
+        for family in range(len(families)):
+            members = np.flatnonzero(picks.family == family)
+            if members.size:
+                pricer = search.pricer(picks.variants(members, bases, families))
+                for name, value in pricer.steps(picks.counts[members][:, :pricer.width]).items():
+                    parts.setdefault(name, np.full(len(bases), np.nan))[members] = value
+        steps = StepTime(**parts)
+    n = picks.recompute_layers
+    selective = np.array([families[f][0] for f in picks.family], dtype=bool)
+    uniform = np.array([families[f][1] for f in picks.family], dtype=bool)
+    return Chosen(
+        vpp=picks.vpp, recompute=np.where(selective, "selective", np.where(n > 0, "full", "none")),
+        recompute_method=np.where(n > 0, np.where(uniform, "uniform", "block"), ""), recompute_layers=n,
+        counts=picks.counts, terms=StageTerms(**terms), step_time=picks.step_time, steps=steps)

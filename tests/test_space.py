@@ -1,0 +1,259 @@
+"""advisor.space: the launchable space, its pruning, and the closed forms it relies on."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from advisor.memory import MemoryOptions, StageModel
+from advisor.models import PRESETS
+from advisor.parallel import Workload
+from advisor.splits import caps
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["llama3.1-8b", "llama3.1-70b", "llama3.1-405b"]), st.sampled_from([1, 2, 4, 8]),
+       st.sampled_from([1, 2, 4]), st.integers(1, 32), st.integers(0, 40), st.integers(1, 4),
+       st.floats(1.0, 200.0), st.booleans(), st.integers(1, 6), st.sampled_from([1, 2, 3]))
+def test_the_closed_form_inverse_is_the_bisection(model, tp, cp, pp, recompute, mbs, gib, sequence_parallel, vpp,
+                                                  groups):
+    """StageModel.most_layers (lines in q and r, then corrected) = bisection over n on total()."""
+    spec = PRESETS[model]
+    vpp = vpp if pp > 1 else 1
+    options = MemoryOptions(sequence_parallel=sequence_parallel, recompute_method="block")
+    stage = np.arange(pp)[None, :]
+    model = StageModel(spec, 8192, options, tp=tp, cp=cp, dp=4, mbs=mbs, pp=pp, vpp=vpp,
+                       num_microbatches=groups * pp, stage=stage, recompute_layers=recompute)
+    low, high = np.full((1, pp), vpp, np.int64), np.full((1, pp), spec.num_layers, np.int64)
+    bound = np.full((1, 1), gib * 2**30)
+    closed = model.most_layers(bound, low, high)
+    assert (closed == caps(model.total, bound, low, high)).all()
+    every = np.arange(vpp, spec.num_layers + 1)[:, None]
+    within = model.total(every) <= bound[0, 0]  # (L, pp): rank i holding n layers
+    assert closed[0].tolist() == [int(every[within[:, i], 0].max(initial=vpp - 1)) for i in range(pp)]
+
+
+def _plan_every_variant(spec, workload, gpus, memory_gib, timing, calibration=None, measured=None):
+    """Per base layout, every (VPP, N) the space offers, planned without any pruning: its MadPipe
+    split within 80% of the memory (calibrated: within 1 - band of it, by the calibrated model)
+    and that split's step (the space's own planner and pricing)."""
+    from advisor.space import SpaceOptions, Variants, _groups, _Pricer, _recompute_range, launchable
+
+    options = MemoryOptions()
+    bases = launchable(spec, workload, gpus, 8, options)
+    group_base, group_vpp = _groups(spec, bases, SpaceOptions())
+    low, high = _recompute_range(bases.pp[group_base], group_vpp, spec.num_layers, SpaceOptions(), False)
+    owner = np.repeat(np.arange(len(group_base)), high - low + 1)
+    n = np.concatenate([np.arange(a, b + 1) for a, b in zip(low, high)])
+    variants = Variants(group_base[owner], bases, group_vpp[owner], n)
+    times = timing.layouts(tp=bases.tp, cp=bases.cp, dp=bases.dp, mbs=bases.mbs, pp=bases.pp, selective=False)
+    calibrated = None if calibration is None else (calibration, memory_gib, measured)
+    pricer = _Pricer(spec, workload, options, variants, times, calibrated=calibrated)
+    split = pricer.fastest(_limit(memory_gib, calibration))
+    step = np.full(len(variants), np.inf)
+    ok = np.flatnonzero(split.feasible)
+    step[ok] = pricer.step_time(split.counts, ok)
+    best = np.full(len(bases), np.inf)
+    np.minimum.at(best, variants.base, step)
+    return bases, best
+
+
+def _limit(memory_gib, calibration):
+    return (0.8 if calibration is None else 1 - calibration.band) * memory_gib * 2**30
+
+
+def _usage(spec, workload, chosen, bases, memory_gib, calibration, measured=None):
+    """Each row's peak bytes per GPU: Eq. 18, or the calibrated model's (``advisor.verdicts``)."""
+    if calibration is None:
+        return chosen.terms.total.max(axis=1)
+    from advisor.verdicts import calibrated_terms
+
+    col = (slice(None), None)
+    width = chosen.terms.total.shape[1]
+    terms = calibrated_terms(spec, workload.seq_len, bases.mbs[col], bases.tp[col], bases.cp[col],
+                             np.arange(width)[None, :], bases.pp[col], chosen.recompute_layers[col] > 0,
+                             MemoryOptions(), calibration, memory_gib, measured)
+    t = chosen.terms
+    usage = terms.stage_bytes(t.model_states, t.layer_activations, t.embedding_activations, t.output_activations)
+    return np.where(np.arange(width)[None, :] < bases.pp[col], usage, -np.inf).max(axis=1)
+
+
+def _measured(spec):
+    """Profiled activation ratios (``--memory-model profile``): overall, and others at TP 2."""
+    from advisor.profile_terms import ActivationRatios, MeasuredActivations
+
+    return MeasuredActivations(
+        model=spec, source="hand", layer_spec="transformer_engine", sequence_parallel=True, params_dtype="bfloat16",
+        backends=("symbolic",), overall=ActivationRatios(decoder=1.3, embedding=None, output=0.9, samples=3),
+        by_layout={(2, 1): ActivationRatios(decoder=0.7, embedding=0.01, output=None, samples=2)})
+
+
+def test_profiled_ratios_per_layout_in_the_vectorised_terms():
+    """The planners' calibrated terms take the profiled ratios of each row's own (TP, CP), the
+    overall ratio where that layout's profiles lack a module, and the calibrated model's
+    correction where no profile measured it; fully recomputed layers keep Eq. 12's input."""
+    from advisor import memory_terms
+    from advisor.verdicts import MemoryCalibration, calibrated_terms
+
+    spec = PRESETS["llama3.1-8b"]
+    calibration = MemoryCalibration(reserve_fraction=0.07, activation_factor=1.2, band=0.05)
+    tp, cp = np.array([[1], [2], [2], [4]]), np.array([[1], [1], [2], [1]])
+    terms = calibrated_terms(spec, 8192, 1, tp, cp, np.arange(4)[None, :], 4, np.array([[False], [False], [True],
+                             [False]]), MemoryOptions(), calibration, 80.0, _measured(spec))
+    factor = 1.2
+    assert np.broadcast_to(terms.layer_factor, (4, 4))[:, 0] == pytest.approx(factor * np.array([1.3, 0.7, 1, 1.3]))
+    ids = memory_terms.embedding_ids_fraction(spec)
+    assert np.ravel(terms.embedding_factor) == pytest.approx(factor * np.array([ids, 0.01, ids, ids]))
+    assert np.ravel(terms.output_factor) == pytest.approx([factor * 0.9] * 4)
+    plain = calibrated_terms(spec, 8192, 1, tp, cp, np.arange(4)[None, :], 4, False, MemoryOptions(), calibration,
+                             80.0)
+    assert np.ravel(plain.layer_factor) == pytest.approx([factor * memory_terms.swiglu_fusion_fraction(spec)])
+    assert np.array_equal(terms.added, plain.added)  # the ratios change activations only
+
+
+@pytest.mark.parametrize("calibrated", [False, True, "profile"])
+@pytest.mark.parametrize("model,gpus,gbs,memory", [("llama3.2-1b", 8, 64, 16), ("llama3.2-3b", 16, 128, 24),
+                                                   ("llama3.1-8b", 32, 256, 40)])
+def test_the_time_chooser_loses_no_layouts_best_variant(model, gpus, gbs, memory, calibrated):
+    """With the time model, each row is the fastest (VPP, recomputation, split) of its layout that
+    fits (Eq. 18's 80%, or the calibrated model's 'fits', with profiled activations too): the
+    pruning (bounds, the period rule for N) drops nothing that would have won."""
+    from advisor.hardware import get_gpu
+    from advisor.rank_times import Timing
+    from advisor.space import search
+    from advisor.throughput import TimeModel
+    from advisor.verdicts import MemoryCalibration
+
+    spec = PRESETS[model]
+    workload = Workload(seq_len=4096, global_batch_size=gbs)
+    timing = Timing(TimeModel(spec, get_gpu("h100-80gb"), 4096, gbs), 8)
+    calibration = MemoryCalibration(reserve_fraction=0.08, activation_factor=1.15, band=0.04) if calibrated else None
+    measured = _measured(spec) if calibrated == "profile" else None
+    bases, best = _plan_every_variant(spec, workload, gpus, memory, timing, calibration, measured)
+    result = search(spec, workload, gpus, memory, threshold=0.8, max_tp=8, options=MemoryOptions(), timing=timing,
+                    memory_calibration=calibration, measured=measured)
+    assert len(result.bases) == len(bases) and result.evaluated < result.considered
+    fits = _usage(spec, workload, result.chosen, bases, memory, calibration, measured) <= _limit(memory, calibration)
+    assert np.isfinite(best).any()
+    for b in range(len(bases)):
+        if np.isfinite(best[b]):
+            assert fits[b] and result.chosen.step_time[b] == pytest.approx(best[b], rel=1e-12), b
+        else:
+            assert not fits[b]
+
+
+@pytest.mark.parametrize("model,gpus,memory", [("llama3.1-8b", 16, 24), ("llama3.1-70b", 64, 40),
+                                               ("llama3.1-405b", 1024, 80)])
+def test_without_a_time_model_each_row_recomputes_the_fewest_layers_that_fit(model, gpus, memory):
+    from advisor.space import SpaceOptions, Variants, _Pricer, search
+
+    spec = PRESETS[model]
+    workload = Workload(seq_len=8192, global_batch_size=1024)
+    result = search(spec, workload, gpus, memory, threshold=0.8, max_tp=8, options=MemoryOptions())
+    bases, chosen = result.bases, result.chosen
+    assert (chosen.vpp == 1).all()
+    fits = chosen.terms.total.max(axis=1) <= 0.8 * memory * 2**30
+    for n in range(0, 1 + spec.num_layers):  # every N for every layout, no pruning
+        variants = Variants(np.arange(len(bases)), bases, np.ones(len(bases), np.int64), np.full(len(bases), n))
+        ok = _Pricer(spec, workload, MemoryOptions(), variants).fits(0.8 * memory * 2**30)
+        assert not (ok & fits & (chosen.recompute_layers > n)).any()  # a smaller N would have fit
+        assert not (ok & ~fits).any()  # a row marked not fitting that some N fits
+    assert fits.any()
+
+
+def test_the_pinned_uniform_method_takes_the_least_n_that_fits_though_memory_is_not_monotone_in_n():
+    """--recompute-method uniform: N layers per checkpointed unit; fewer checkpoints but a larger
+    unit rebuilt, so memory does not fall with N (no bisection): every N is tried."""
+    from advisor.space import SpaceOptions, Variants, _Pricer, _recompute_range, search
+
+    spec, memory = PRESETS["llama3.1-70b"], 34.5  # where some layouts fit with N = 2 or 3 only
+    workload = Workload(seq_len=8192, global_batch_size=1024)
+    space = SpaceOptions(recompute="full", recompute_method="uniform")
+    options = MemoryOptions()
+    result = search(spec, workload, 64, memory, threshold=0.8, max_tp=8, options=options, space=space)
+    bases, chosen = result.bases, result.chosen
+    ones = np.ones(len(bases), np.int64)
+    low, high = _recompute_range(bases.pp, ones, spec.num_layers, space, False)
+    least = np.full(len(bases), -1)
+    totals = []
+    for n in range(1, int(high.max()) + 1):
+        variants = Variants(np.arange(len(bases)), bases, ones, np.full(len(bases), n), uniform=True)
+        pricer = _Pricer(spec, workload, options, variants)
+        ok = pricer.fits(0.8 * memory * 2**30) & (n <= high)
+        least = np.where((least < 0) & ok, n, least)
+        totals.append(pricer.lowest().value)
+    assert (least > 1).any() and (np.diff(np.array(totals), axis=0) > 0).any()  # not monotone
+    fits = chosen.terms.total.max(axis=1) <= 0.8 * memory * 2**30
+    assert (np.where(fits, chosen.recompute_layers, -1) == least).all()
+    assert set(chosen.recompute_method[fits]) == {"uniform"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["llama3.1-8b", "llama3.1-70b"]), st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]),
+       st.integers(1, 8), st.integers(1, 3), st.integers(0, 4), st.integers(1, 4), st.booleans())
+def test_the_planners_calibrated_stage_model_is_the_verdicts_usage(model, tp, cp, pp, vpp, recompute, mbs, mask):
+    """StageModel(calibrated=...) scales Eq. 18's activation terms inside the planner; per stage it
+    is what ``advisor.verdicts`` computes from the same layout's estimate."""
+    from advisor.memory import estimate_memory
+    from advisor.parallel import ParallelConfig
+    from advisor.verdicts import MemoryCalibration, calibrated_stage_bytes, calibrated_terms
+
+    spec, memory = PRESETS[model], 80.0
+    vpp = vpp if pp > 1 else 1
+    options = MemoryOptions(recompute="full" if recompute else "none", recompute_method="block",
+                            recompute_num_layers=max(recompute, 1))
+    calibration = MemoryCalibration(reserve_fraction=0.07, activation_factor=1.2, band=0.05, dataloader_mask=mask)
+    parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=2, mbs=mbs, vpp=vpp)
+    workload = Workload(seq_len=8192, global_batch_size=2 * mbs * pp * 4)
+    layers = [spec.num_layers // pp + (i < spec.num_layers % pp) for i in range(pp)]
+    estimate = estimate_memory(spec, parallel, workload, options, tuple(layers))
+    expected = calibrated_stage_bytes(estimate, spec, 8192, mbs, tp, cp, options, calibration, memory)
+    stage = np.arange(pp)
+    terms = calibrated_terms(spec, 8192, mbs, tp, cp, stage, pp, recompute > 0, options, calibration, memory)
+    planner = StageModel(spec, 8192, options, tp=tp, cp=cp, dp=2, mbs=mbs, pp=pp, vpp=vpp,
+                         num_microbatches=workload.num_microbatches(parallel), stage=stage, calibrated=terms)
+    assert planner.total(np.array(layers)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_sweep_plans_against_the_profile_model_that_judges_it():
+    """With --memory-model profile the space is planned with the profiled ratios: every layout
+    that a plan made for the calibrated model would fit under the profile model fits as planned,
+    and some fit only because they were planned against the ratios they are judged by."""
+    from advisor.ranking import assess_rows
+    from advisor.sweep import sweep
+
+    spec, workload = PRESETS["llama3.1-70b"], Workload(seq_len=8192, global_batch_size=256)
+    measured = _measured(spec)
+    planned = sweep(spec, workload, 128, 40, memory_model="profile", measured=measured).rows
+    naive = sweep(spec, workload, 128, 40, memory_model="calibrated").rows
+    rejudged = assess_rows(naive, spec, workload, 40, memory_model="profile", measured=measured)
+
+    def verdicts(rows):
+        return {(r.parallel.tp, r.parallel.cp, r.parallel.pp, r.parallel.dp, r.parallel.mbs): r.verdict for r in rows}
+
+    planned, rejudged = verdicts(planned), verdicts(rejudged)
+    assert planned.keys() == rejudged.keys()
+    assert all(planned[key] == "fits" for key, verdict in rejudged.items() if verdict == "fits")
+    assert sum(v == "fits" for v in planned.values()) > sum(v == "fits" for v in rejudged.values())
+
+
+@pytest.mark.parametrize("profiled", [False, True])
+def test_the_sweeps_vectorised_assessments_are_each_rows_own(profiled):
+    """The sweep judges all its rows at once (verdicts.assess_stages); each row's assessment is
+    what advisor.verdicts.assess computes from that row alone (its estimate and recomputation)."""
+    from advisor.sweep import sweep
+    from advisor.throughput.calibration import load_memory_calibration
+    from advisor.verdicts import assess
+
+    spec, workload = PRESETS["llama3.1-70b"], Workload(seq_len=8192, global_batch_size=256)
+    measured = _measured(spec) if profiled else None
+    rows = sweep(spec, workload, 128, 40, memory_model="profile" if profiled else "calibrated",
+                 measured=measured).rows
+    assert {row.options.recompute for row in rows} >= {"none", "full"} and len({row.parallel.pp for row in rows}) > 3
+    calibration = load_memory_calibration()
+    for row in rows:
+        p = row.parallel
+        alone = assess(row.estimate, spec, workload.seq_len, p.mbs, p.tp, p.cp, 40, row.options, calibration, measured)
+        assert row.assessment.usage_gib == pytest.approx(alone.usage_gib, rel=1e-12)
+        assert (row.assessment.peak_stage, row.assessment.verdict, row.verdict) == (alone.peak_stage, alone.verdict,
+                                                                                     alone.verdict)

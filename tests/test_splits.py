@@ -1,0 +1,105 @@
+"""The alike-layer split planners (advisor.splits) against brute force over every split."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from advisor.splits import Pipelines, fastest_within, fill, lowest_memory, min_max
+
+
+def compositions(layers: int, ranks: int, lowest: int):
+    for cuts in itertools.combinations(range(layers - ranks * lowest + ranks - 1), ranks - 1):
+        bounds = (-1,) + cuts + (layers - ranks * lowest + ranks - 1,)
+        yield tuple(bounds[i + 1] - bounds[i] - 1 + lowest for i in range(ranks))
+
+
+def table_cost(table: np.ndarray):
+    """A cost from a (K, P, L + 1) table: cost[k, i, n] = table[k, i, n]."""
+    def cost(n):
+        n = np.clip(n, 0, table.shape[2] - 1)
+        return np.take_along_axis(table[:, :n.shape[1]], n[:, :, None], axis=2)[:, :, 0]
+    return cost
+
+
+@st.composite
+def problems(draw):
+    layers = draw(st.integers(1, 10))
+    vpp = draw(st.sampled_from([1, 1, 2]))
+    pp = draw(st.integers(1, 4))
+    seed = draw(st.integers(0, 2**32 - 1))
+    coarse = draw(st.booleans())  # few distinct values: many ties
+    rng = np.random.default_rng(seed)
+    steps = rng.integers(1, 3 if coarse else 1000, size=(2, 1, 4, layers + 1)).astype(float)
+    memory, time = np.cumsum(steps[0], axis=2), np.cumsum(steps[1], axis=2)  # strictly increasing in n
+    limit = draw(st.floats(1, 4 * float(memory.max())))
+    return Pipelines(pp=np.array([pp]), vpp=np.array([vpp]), layers=layers), memory, time, limit
+
+
+def brute(pipelines, key, allowed):
+    p, v, layers = int(pipelines.pp[0]), int(pipelines.vpp[0]), pipelines.layers
+    best = None
+    for split in compositions(layers, p, v) if p * v <= layers else ():
+        if allowed(split):
+            value = key(split)
+            best = value if best is None else min(best, value)
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems())
+def test_lowest_memory_is_the_best_split(problem):
+    pipelines, memory, _, _ = problem
+    result = lowest_memory(table_cost(memory), pipelines)
+    best = brute(pipelines, lambda s: max(memory[0, i, n] for i, n in enumerate(s)), lambda s: True)
+    if best is None:
+        assert not result.feasible[0]
+        return
+    assert result.feasible[0] and result.value[0] == best
+    counts = result.counts[0, :int(pipelines.pp[0])]
+    assert counts.sum() == pipelines.layers and counts.min() >= pipelines.vpp[0]
+    assert max(memory[0, i, n] for i, n in enumerate(counts)) == best
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems())
+def test_fastest_within_the_limit_is_the_best_split(problem):
+    pipelines, memory, time, limit = problem
+    result = fastest_within(table_cost(time), table_cost(memory), pipelines, limit)
+    fits = lambda s: all(memory[0, i, n] <= limit for i, n in enumerate(s))  # noqa: E731
+    best = brute(pipelines, lambda s: max(time[0, i, n] for i, n in enumerate(s)), fits)
+    if best is None:
+        assert not result.feasible[0]
+        return
+    assert result.feasible[0] and result.value[0] == best
+    counts = result.counts[0, :int(pipelines.pp[0])]
+    assert counts.sum() == pipelines.layers and fits(counts)
+    assert max(time[0, i, n] for i, n in enumerate(counts)) == best
+
+
+def test_many_layouts_at_once_each_as_alone():
+    rng = np.random.default_rng(7)
+    pp, vpp = np.array([1, 2, 3, 4, 4, 16]), np.array([1, 1, 2, 1, 3, 1])
+    pipelines = Pipelines(pp=pp, vpp=vpp, layers=24)
+    table = np.cumsum(rng.integers(1, 50, size=(len(pp), 16, 25)), axis=2).astype(float)
+    together = lowest_memory(table_cost(table), pipelines)
+    for k in range(len(pp)):
+        alone = lowest_memory(table_cost(table[k:k + 1, :int(pp[k])]), Pipelines(pp[k:k + 1], vpp[k:k + 1], 24))
+        assert alone.value[0] == together.value[k]
+        assert (alone.counts[0] == together.counts[k, :int(pp[k])]).all()
+
+
+def test_fill_is_the_evenest_with_the_rest_on_the_last_ranks():
+    pipelines = Pipelines(pp=np.array([4, 4, 3]), vpp=np.array([1, 1, 1]), layers=10)
+    cap = np.array([[10, 10, 10, 10], [1, 10, 10, 10], [3, 3, 4, 0]])
+    assert fill(cap, pipelines).tolist() == [[2, 2, 3, 3], [1, 3, 3, 3], [3, 3, 4, 0]]
+
+
+def test_infeasible_layouts_say_so():
+    pipelines = Pipelines(pp=np.array([4, 2]), vpp=np.array([2, 1]), layers=6)  # 4 x 2 chunks > 6 layers
+    table = np.tile(np.arange(7, dtype=float), (2, 4, 1))
+    result = fastest_within(table_cost(table), table_cost(table), pipelines, 2.5)  # each rank at most 2
+    assert result.feasible.tolist() == [False, False]
+    assert min_max(table_cost(table), pipelines).feasible.tolist() == [False, True]
