@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
@@ -122,6 +123,9 @@ def _object(pairs: list[tuple[str, object]]) -> dict:
     return result
 
 
+_KEY_BEFORE = re.compile(r'"([A-Za-z0-9_.-]{1,64})"\s*:\s*\Z')
+
+
 def _check_depth(value: object, where: str) -> None:
     stack = [(value, 1)]
     while stack:
@@ -143,8 +147,11 @@ def parse_json(text: str, where: str):
         raise AdvisorError(f"{where}: JSON nested deeper than {limits.JSON_DEPTH} levels") from None
     except _Refused as exc:
         shown = exc.literal if len(exc.literal) <= 30 else exc.literal[:27] + "..."
-        line = text.count("\n", 0, max(text.find(exc.literal), 0)) + 1
-        raise AdvisorError(f"{where}: line {line}: {shown} {exc.why}") from None
+        at = max(text.find(exc.literal), 0)
+        line = text.count("\n", 0, at) + 1
+        key = _KEY_BEFORE.search(text, max(at - 200, 0), at)  # the key the value belongs to, if any
+        named = f"{key.group(1)} = " if key else ""
+        raise AdvisorError(f"{where}: line {line}: {named}{shown} {exc.why}") from None
     if isinstance(value, (dict, list)):
         _check_depth(value, where)
     return value

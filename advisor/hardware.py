@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from advisor.errors import AdvisorError
+from advisor import limits
 from advisor.fileio import read_json
 
 GPUS_FILE = Path(__file__).resolve().parent / "gpus.json"
@@ -71,13 +72,10 @@ class GpuSpec:
         """The preset with --mem and --gpus-per-node applied (None keeps the preset's value)."""
         changes = {}
         if memory_gib is not None:
-            if not (isinstance(memory_gib, (int, float)) and math.isfinite(memory_gib) and memory_gib > 0):
-                raise AdvisorError(f"GPU memory must be a positive number of GiB, got {memory_gib!r}")
-            changes["memory_gib"] = memory_gib
+            changes["memory_gib"] = limits.check_float(memory_gib, "GPU memory (GiB)", limits.GPU_MEMORY_GIB,
+                                                       low_open=True)
         if gpus_per_node is not None:
-            if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
-                raise AdvisorError(f"GPUs per node must be a positive integer, got {gpus_per_node!r}")
-            changes["gpus_per_node"] = gpus_per_node
+            changes["gpus_per_node"] = limits.check_int(gpus_per_node, "GPUs per node", limits.GPUS_PER_NODE)
         return replace(self, **changes) if changes else self
 
     def to_dict(self) -> dict:
@@ -112,6 +110,8 @@ def _parse_entry(entry, where: str) -> GpuSpec:
     if entry["fp8_dense_tflops"] is not None:
         _positive(entry["fp8_dense_tflops"], where, "fp8_dense_tflops")
     _positive(entry["gpus_per_node"], where, "gpus_per_node", integer=True)
+    limits.check_float(entry["memory_gib"], "memory_gib", limits.GPU_MEMORY_GIB, where, low_open=True)
+    limits.check_int(entry["gpus_per_node"], "gpus_per_node", limits.GPUS_PER_NODE, where)
     if entry["host_dram_mt_per_s"] is not None:
         _positive(entry["host_dram_mt_per_s"], where, "host_dram_mt_per_s")
     sources = entry["sources"]

@@ -60,11 +60,15 @@ MODEL = {
                                  "Wang et al. 2022), Llama 3 405B has 126"),
     "hidden_size": Bound(1, 2**20, "Llama 3 405B has 16,384; 2^20 is 64 times that"),
     "ffn_hidden_size": Bound(1, 2**22, "Llama 3 405B has 53,248; 2^22 is 78 times that"),
-    "num_attention_heads": Bound(1, 2**16, "Llama 3 405B has 128; 2^16 is 512 times that"),
-    "num_query_groups": Bound(1, 2**16, "a query group has at least one attention head"),
+    "num_attention_heads": Bound(1, 2**14, "Llama 3 405B has 128; 2^14 is 128 times that"),
+    "num_query_groups": Bound(1, 2**14, "a query group has at least one attention head"),
+    "kv_channels": Bound(1, 2**14, "an attention head has 64 to 256 channels in released models"),
     "vocab_size": Bound(1, 2**24, "the largest vocabularies have about 256,000 tokens (Gemma); 2^24 is 64 "
                                   "times that"),
 }
+
+ROTARY_BASE = Bound(0, 1e12, "RoPE bases in released models are 10,000 to 1,000,000")
+ROPE_SCALING = Bound(1, 1e6, "Llama 3.1 scales RoPE frequencies by 8")
 
 # --- workload and layout ------------------------------------------------------------------
 
@@ -75,6 +79,8 @@ GPUS = Bound(1, 2**20, "the largest training clusters have about 100,000 GPUs; 2
 GPUS_PER_NODE = Bound(1, 1024, "an NVLink domain has at most 576 GPUs (NVL576)")
 GPU_MEMORY_GIB = Bound(0, 2**14, "a GPU has at most a few hundred GiB (B300: 288 GB); 16 TiB is 50 times that")
 """Exclusive at 0: memory must be positive; must be finite (inf and nan are refused)."""
+MEMORY_FRACTION = Bound(0, 1, "a fraction of the GPU's memory")
+"""Exclusive at 0: --threshold."""
 DEGREE = Bound(1, GPUS.high, "a parallel degree cannot exceed the GPU count bound")
 MICRO_BATCH = Bound(1, GLOBAL_BATCH.high, "a micro-batch is part of the global batch")
 VIRTUAL_STAGES = Bound(1, MODEL["num_layers"].high, "each virtual stage holds at least one layer")
@@ -96,10 +102,10 @@ insists with --force): the emulator is for toy models and for testing a campaign
 campaign runs on GPUs (--megatron-lm), where it takes minutes."""
 
 
-def max_threads() -> int:
-    """Intra-op threads per emulated GPU: more than this machine's cores only oversubscribes them
-    (and torch's thread pool crashed at 100,000)."""
-    return os.cpu_count() or 1
+def threads() -> Bound:
+    """Intra-op threads per emulated GPU, up to this machine's cores."""
+    return Bound(1, os.cpu_count() or 1, "more threads than this machine's cores only oversubscribe them "
+                                        "(100,000 crashed the runner)")
 
 
 # --- checks -------------------------------------------------------------------------------
@@ -108,27 +114,31 @@ def max_threads() -> int:
 def check_int(value: object, name: str, bound: Bound, where: str = "") -> int:
     """``value`` as an int within ``bound``; AdvisorError naming ``name`` (and ``where``) otherwise."""
     prefix = f"{where}: " if where else ""
+    name = f"{name} " if name else ""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise AdvisorError(f"{prefix}{name} must be an integer, got {_show(value)}")
+        raise AdvisorError(f"{prefix}{name}must be an integer, got {_show(value)}")
     if value < bound.low:
-        raise AdvisorError(f"{prefix}{name} must be at least {bound.low:g}, got {_show(value)}")
+        raise AdvisorError(f"{prefix}{name}must be at least {bound.low:g}, got {_show(value)}")
     if value > bound.high:
-        raise AdvisorError(f"{prefix}{name} must be at most {int(bound.high):,}, got {_show(value)}: {bound.why}")
+        raise AdvisorError(f"{prefix}{name}must be at most {int(bound.high):,}, got {_show(value)}: {bound.why}")
     return value
 
 
 def check_float(value: object, name: str, bound: Bound, where: str = "", *, low_open: bool = False) -> float:
     """``value`` as a finite float within ``bound`` (above ``bound.low`` when ``low_open``)."""
     prefix = f"{where}: " if where else ""
+    name = f"{name} " if name else ""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AdvisorError(f"{prefix}{name} must be a number, got {_show(value)}")
+        raise AdvisorError(f"{prefix}{name}must be a number, got {_show(value)}")
+    if isinstance(value, int) and abs(value) > 2**1000:  # float() of it overflows
+        raise AdvisorError(f"{prefix}{name}must be at most {bound.high:g}, got {_show(value)}: {bound.why}")
     if not math.isfinite(value):
-        raise AdvisorError(f"{prefix}{name} must be a finite number, got {value}")
+        raise AdvisorError(f"{prefix}{name}must be a finite number, got {value}")
     if value < bound.low or (low_open and value == bound.low):
         relation = "above" if low_open else "at least"
-        raise AdvisorError(f"{prefix}{name} must be {relation} {bound.low:g}, got {value:g}")
+        raise AdvisorError(f"{prefix}{name}must be {relation} {bound.low:g}, got {value:g}")
     if value > bound.high:
-        raise AdvisorError(f"{prefix}{name} must be at most {bound.high:g}, got {value:g}: {bound.why}")
+        raise AdvisorError(f"{prefix}{name}must be at most {bound.high:g}, got {value:g}: {bound.why}")
     return float(value)
 
 

@@ -26,7 +26,8 @@ from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, Workload
 
 GIB = 2**30
-"""The tables of seed 004 are in GiB (DESIGN.md)."""
+"""Seed 004's tables say GB and mean GiB (2^30 bytes): its Eq. 10/17 values printed in Tables 2-11
+are bytes / 2^30 (tables/seed004 reproduces them so; README, "The method")."""
 
 Recompute = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]

@@ -9,27 +9,21 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from advisor import limits
 from advisor.errors import AdvisorError
 
 
-# Bounds on a model's sizes, in one place (issue 17's advisor/limits.py will hold them once it
-# lands). Each is far above any released model (Llama-3.1-405B: 126 layers, h 16384, h_ffn 53248,
-# 128 heads, v 128256) and keeps every product the estimator forms a finite float.
-MODEL_LIMITS = {
-    "num_layers": 4096,
-    "hidden_size": 1 << 20,
-    "ffn_hidden_size": 1 << 22,
-    "num_attention_heads": 1 << 14,
-    "num_query_groups": 1 << 14,
-    "vocab_size": 1 << 24,
-    "kv_channels": 1 << 14,
-}
-ROTARY_BASE_LIMIT = 1e12
-ROPE_SCALING_LIMIT = 1e6
+# Bounds on a model's sizes and RoPE numbers live in advisor/limits.py, each with its reason. Each
+# is far above any released model (Llama-3.1-405B: 126 layers, h 16384, h_ffn 53248, 128 heads,
+# v 128256) and keeps every product the estimator forms a finite float.
+MODEL_LIMITS = {key: int(bound.high) for key, bound in limits.MODEL.items()}
+ROTARY_BASE_LIMIT = limits.ROTARY_BASE.high
+ROPE_SCALING_LIMIT = limits.ROPE_SCALING.high
 
 
 def _describe(value) -> str:
@@ -294,7 +288,7 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
     from advisor.fileio import read_json
 
     path = Path(path)
-    document = read_json(path)
+    document = read_json(path, what="model config.json")
     if not isinstance(document, dict):
         raise AdvisorError(f"{path}: expected a JSON object, got {_describe(document)}")
     config = _Config(path, document)
@@ -326,7 +320,8 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
 
 def load_model(name_or_path: str) -> LlamaSpec:
     """A preset name, or the path of a Hugging Face ``config.json``."""
-    if name_or_path.endswith(".json") or Path(name_or_path).is_file():
+    # Anything that exists is read as a file: a FIFO or a directory is refused by the reader, by name.
+    if name_or_path.endswith(".json") or os.path.lexists(name_or_path):
         return load_hf_config(name_or_path)
     return preset(name_or_path)
 

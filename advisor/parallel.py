@@ -4,19 +4,25 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from advisor import limits
 from advisor.errors import AdvisorError
 
 DEFAULT_GPUS_PER_NODE = 8
 """A node of the paper's clusters (and a DGX): the sweep's TP cap, the launcher's default."""
 
 
-def _require_positive(obj: object) -> None:
+_BOUNDS = {"tp": limits.DEGREE, "cp": limits.DEGREE, "pp": limits.DEGREE, "dp": limits.DEGREE,
+           "mbs": limits.MICRO_BATCH, "vpp": limits.VIRTUAL_STAGES, "seq_len": limits.SEQ_LEN,
+           "global_batch_size": limits.GLOBAL_BATCH}
+
+
+def _require_bounded(obj: object) -> None:
+    """Every field a positive integer within its bound (advisor.limits): checked where a layout or a
+    workload is made, so no caller can enumerate or allocate from an absurd one."""
     for f in fields(obj):
         value = getattr(obj, f.name)
-        if value is None:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise AdvisorError(f"{f.name} must be a positive integer, got {value!r}")
+        if value is not None:
+            limits.check_int(value, f.name, _BOUNDS[f.name])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,7 +43,7 @@ class ParallelConfig:
     """Virtual pipeline stages (model chunks) per pipeline rank; 1 = no interleaving."""
 
     def __post_init__(self) -> None:
-        _require_positive(self)
+        _require_bounded(self)
 
     @property
     def gpus(self) -> int:
@@ -62,7 +68,7 @@ class Workload:
     """Sequences per iteration; None leaves the number of microbatches unknown."""
 
     def __post_init__(self) -> None:
-        _require_positive(self)
+        _require_bounded(self)
 
     def num_microbatches(self, parallel: ParallelConfig) -> int | None:
         """m = gbs / (b x d), the microbatches per pipeline per iteration."""

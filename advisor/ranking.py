@@ -58,7 +58,7 @@ SECONDS_PER_DAY = 86400.0
 
 def timing_fields(model, step, gpus, tp, tokens: float | None = None) -> list[dict]:
     """Per layout: ``step_time_s``, ``tflops_per_gpu``, ``mfu``, ``tokens_per_s`` and, for a token
-    budget, ``days`` and ``gpu_hours`` (DESIGN.md's names)."""
+    budget, ``days`` and ``gpu_hours``."""
     import numpy as np
 
     numbers = model.throughput(step, gpus, tp)

@@ -57,19 +57,24 @@ def to_json(obj: object) -> str:
     """Indented JSON: objects one key per line, an array of objects or arrays one element per line,
     an array of numbers or strings on one line. Each line is written by json's C encoder: a
     whole-space sweep writes thousands of rows, a plan for 16,384 GPUs lists every GPU, and
-    indenting them through the pure-Python encoder took seconds."""
+    indenting them through the pure-Python encoder took seconds. JSON as the standard has it: a
+    NaN or an infinity is a bug upstream, never written (ValueError)."""
     return _indented(obj, 0) + "\n"
+
+
+def _dumps(obj: object) -> str:
+    return json.dumps(obj, allow_nan=False)
 
 
 def _indented(obj: object, depth: int) -> str:
     pad, inner = "  " * depth, "  " * (depth + 1)
     if isinstance(obj, dict) and obj:
-        return "{\n" + ",\n".join(f"{inner}{json.dumps(key if isinstance(key, str) else json.dumps(key))}: "
+        return "{\n" + ",\n".join(f"{inner}{_dumps(key if isinstance(key, str) else _dumps(key))}: "
                                    f"{_indented(value, depth + 1)}"
                                    for key, value in obj.items()) + f"\n{pad}}}"
     if isinstance(obj, (list, tuple)) and any(isinstance(item, (dict, list, tuple)) for item in obj):
-        return "[\n" + ",\n".join(inner + json.dumps(item) for item in obj) + f"\n{pad}]"
-    return json.dumps(obj)
+        return "[\n" + ",\n".join(inner + _dumps(item) for item in obj) + f"\n{pad}]"
+    return _dumps(obj)
 
 
 def to_csv(rows: Sequence[dict]) -> str:
@@ -93,12 +98,16 @@ def to_table(
 ) -> str:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, caption=caption, header_style="bold")
+    # Text, not markup: '[...]' in a name (an overridden model 'llama3.1-8b[num_layers=8]', a
+    # file name) is shown as it is, not taken for a style and dropped.
+    table = Table(title=None if title is None else Text(title), caption=None if caption is None else Text(caption),
+                  header_style="bold")
     for column in columns:
-        table.add_column(column.header, justify=column.justify)
+        table.add_column(Text(column.header), justify=column.justify)
     for row in rows:
-        table.add_row(*(column.cell(row) for column in columns), style=row_style(row) if row_style else None)
+        table.add_row(*(Text(column.cell(row)) for column in columns), style=row_style(row) if row_style else None)
     console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, width=width or 200)
     console.print(table)
     return console.file.getvalue()

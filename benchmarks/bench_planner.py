@@ -136,6 +136,9 @@ def main() -> int:
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, {platform.platform()}")
+    print(f"Algorithm 4's brute force runs each case for up to --brute-force-limit {args.brute_force_limit:g} s and "
+          f"stops at the first that runs out: with the default this benchmark takes 10 to 20 minutes "
+          f"(--brute-force-limit 30 for a quick run)", flush=True)
     ok = True
 
     def report(label: str, seconds: float, target: float | None, detail: str) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from advisor.capture.plan import SCHEMA as PLAN_SCHEMA
+from advisor.capture.plan import check_plan
 from advisor.capture.plan import VERSION as PLAN_VERSION
 from advisor.errors import AdvisorError
 from advisor.fileio import read_json
@@ -234,6 +235,7 @@ def _from_plan(fields: _Fields) -> LaunchInput:
         "--micro-batch-size": mbs, "--global-batch-size": gbs, "--num-layers": spec.num_layers,
         "--seq-length": seq_len,
     })
+    check_plan(document, origin)  # its stages, GPUs, batch and split against each other
     return LaunchInput(
         kind="plan", origin=origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=1,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=args,

@@ -35,6 +35,19 @@ The tracker below keeps only the running total and its peak, and skips ops whose
 an input (views, in-place and ``out=`` ops), so its cost is one Python call per aten op.
 Tensors that existed before tracking began are counted once ``track()`` is given them (the
 hooks pass parameters, gradients, optimizer states, buffers and each microbatch's inputs).
+
+A storage is counted until it is freed, wherever that happens, so a tensor freed at a moment that
+depends on thread scheduling makes the count differ between identical runs. Collectives did that:
+gloo's worker thread holds the tensors of an all-reduce until its work object dies, after the
+caller's ``wait()`` has returned, so when the program had dropped its own reference (megatron-core's
+row-parallel output after the residual add, its cross entropy's [s, b] sums) the storage died in
+the worker thread a little later or a lot later. On a loaded machine the two TP ranks of one run
+disagreed by a [s, b] tensor (256 bytes in the tiny test model: the flaky
+``test_tp2_halves_everything_megatron_splits``) and runs of a campaign by a [s, b, h] one (up to
+64 KiB). The tracker therefore runs every c10d collective on untracked copies of its tensors, waits
+for it, and copies the results back in place: the communication thread holds only the copies, and
+the program's tensors live exactly as long as the program keeps them, as the CUDA caching
+allocator counts a tensor that NCCL reduces in place.
 """
 
 from __future__ import annotations
@@ -174,6 +187,8 @@ class _StorageTracker(TorchDispatchMode):
         return release
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d":
+            return _collective_on_copies(func, args, kwargs or {})
         out = func(*args, **(kwargs or {}))
         if _returns_fresh_storage(func):
             if isinstance(out, torch.Tensor):
@@ -190,6 +205,45 @@ class _StorageTracker(TorchDispatchMode):
                     f"has {self.limit} (memory limit)"
                 )
         return out
+
+
+def _lend(value, lent: dict):
+    """``value`` with each tensor replaced by a copy; ``lent`` maps id(copy) -> (tensor, copy)."""
+    if isinstance(value, torch.Tensor):
+        copy = value.detach().clone()
+        lent[id(copy)] = (value, copy)
+        return copy
+    if isinstance(value, (list, tuple)):
+        return type(value)(_lend(item, lent) for item in value)
+    return value
+
+
+def _give_back(value, lent: dict):
+    """``value`` with each copy replaced by the tensor it was made from."""
+    if isinstance(value, torch.Tensor):
+        return lent.get(id(value), (value,))[0]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_give_back(item, lent) for item in value)
+    return value
+
+
+def _collective_on_copies(func, args: tuple, kwargs: dict):
+    """Run the c10d op ``func`` on copies of its tensor arguments (made inside the dispatch handler,
+    so untracked), wait for it, copy every argument back into the caller's tensor, and return its
+    result with the caller's tensors in place of the copies (see the module docstring). No closure
+    over the tensors: a reference cycle would keep them until the next garbage collection, which
+    the emulator runs only between iterations."""
+    lent: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    out = func(*_lend(args, lent), **{key: _lend(value, lent) for key, value in kwargs.items()})
+    for item in out if isinstance(out, (list, tuple)) else (out,):
+        if hasattr(item, "wait") and not isinstance(item, torch.Tensor):
+            item.wait()
+    for original, copy in lent.values():  # c10d schemas do not mark what they write: all of it
+        original.copy_(copy)
+    try:
+        return _give_back(out, lent)
+    finally:
+        lent.clear()
 
 
 class CpuBackend:

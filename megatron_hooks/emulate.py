@@ -51,7 +51,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import torch
+if __name__ == "__main__":  # the command line without torch: one line and exit status 2, not a traceback
+    from megatron_hooks.emulate_cli import require_runtime
+
+    require_runtime()
+
+import torch  # noqa: E402
 
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import click
 
-from advisor.cli.options import OneLineCommand, model_options
+from advisor import limits
+from advisor.cli.options import GIB as GIB_TYPE
+from advisor.cli.options import Bounded, OneLineCommand, model_options
 from advisor.memory import GIB
 from advisor.profiles import PARAMS_DTYPES
 
@@ -15,13 +18,28 @@ from advisor.profiles import PARAMS_DTYPES
 def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
     """3,5,4,4; a part LxN is N stages of L layers (as in campaign run ids): 1x80 is 80 one-layer stages."""
     counts: list[int] = []
+    most = limits.MODEL["num_layers"].high  # stages and layers alike: 1x1000000000 was a list of 10^9
     try:
         for part in value.split(","):
             layers, _, repeat = part.partition("x")
-            counts += [int(layers)] * (int(repeat) if repeat else 1)
+            times = int(repeat) if repeat else 1
+            if len(counts) + times > most:
+                raise click.BadParameter(f"more than {most:,} stages in {value[:40]!r}")
+            counts += [int(layers)] * times
     except ValueError:
         raise click.BadParameter(f"expected comma-separated layer counts like 3,5,4,4 or 1x80, got {value!r}") from None
     return tuple(counts)
+
+
+def require_runtime() -> None:
+    """Exit with one line (status 2) unless torch and megatron-core can be imported."""
+    from advisor.capture.relay import missing_modules
+
+    if missing := missing_modules():
+        click.echo(f"Error: python -m megatron_hooks.emulate needs torch and megatron-core, and "
+                   f"{' and '.join(missing)} cannot be imported here: pip install torch && pip install -e '.[megatron]'",
+                   err=True)
+        sys.exit(2)
 
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,14 +49,14 @@ def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
                    "LxN is N stages of L layers.")
 @click.option("--stage", "stages", type=click.IntRange(min=0), multiple=True,
               help="0-based stage to emulate (repeat for several). Default: every stage.")
-@click.option("--seq-len", type=click.IntRange(min=1), required=True, help="Sequence length s.")
-@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True, help="Micro-batch size b.")
-@click.option("--num-microbatches", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--seq-len", type=Bounded(limits.SEQ_LEN), required=True, help="Sequence length s.")
+@click.option("--mbs", type=Bounded(limits.MICRO_BATCH), default=1, show_default=True, help="Micro-batch size b.")
+@click.option("--num-microbatches", type=Bounded(limits.PROFILING_MICROBATCHES), default=1, show_default=True,
               help="Microbatches per iteration (m).")
-@click.option("--iterations", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size.")
-@click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True, help="Data parallel size.")
-@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--iterations", type=Bounded(limits.PROFILING_ITERATIONS), default=2, show_default=True)
+@click.option("--tp", type=Bounded(limits.DEGREE), default=1, show_default=True, help="Tensor parallel size.")
+@click.option("--dp", type=Bounded(limits.DEGREE), default=1, show_default=True, help="Data parallel size.")
+@click.option("--cp", type=Bounded(limits.DEGREE), default=1, show_default=True,
               help="Context parallel size (symbolic backend, transformer_engine spec).")
 @click.option("--dtype", type=click.Choice(PARAMS_DTYPES), default="float32",
               show_default=True, help="Dtype of weights and activations.")
@@ -53,9 +71,9 @@ def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
               help="Megatron's --use-distributed-optimizer (symbolic backend).")
 @click.option("--optimizer", type=click.Choice(["megatron", "torch"]), default=None,
               help="megatron-core's DDP and Adam (symbolic default) or torch's fused Adam on plain gradients (cpu).")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
+@click.option("--threads", type=Bounded(limits.threads()), default=None,
               help="Intra-op threads per process (default: cores / (TP x DP)).")
-@click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
+@click.option("--memory-limit", type=GIB_TYPE, default=None, metavar="GIB",
               help="Memory of the emulated GPU in GiB: a rank that needs more records an OOM (default: none).")
 @click.option("--run-id", default=None, help="Run id in the headers (default: a new one).")
 @click.option("--out", "output_dir", type=click.Path(file_okay=False, path_type=Path), required=True,

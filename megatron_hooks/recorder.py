@@ -1,11 +1,16 @@
 """One rank's profile file: the run's description, the hooks' records, and how the run ended.
 
 ``ProfileRecorder(hooks, run, directory)`` writes ``directory/rank{RANK:05d}.jsonl`` through
-``advisor.profiles.RankProfile.write`` (schema ``megatron-4d-advisor/profile`` v1, atomic):
-once when it starts (status "running", no iterations), again after every iteration, and a last
-time when the run ends ("ok") or fails ("oom" or "error", with ``where`` saying how far it got:
-iteration, microbatch, forward or backward, and module). A run killed between two writes
-leaves the previous file, which is valid and says "running".
+``advisor.profiles.RankFileWriter`` (schema ``megatron-4d-advisor/profile``), appending as
+the run goes: the header when it starts, each iteration's layer records and iteration record in
+one write when the iteration ends, and the end record when the run ends ("ok") or fails ("oom"
+or "error", with ``where`` saying how far it got: iteration, microbatch, forward or backward, and
+module). An iteration costs the same whatever came before it (the file was rewritten whole after
+every iteration, a cost that grew with the square of the iterations; ``benchmarks/
+bench_recorder.py``), and nothing is kept in memory. A run killed at any point leaves every
+completed iteration readable, its status "running". Layer records are written for the first
+``layer_iterations`` iterations (``advisor.limits.PROFILE_LAYER_ITERATIONS``); every iteration
+has its iteration record, so a 100,000-iteration training adds about 300 bytes per iteration.
 
     hooks = LayerMemoryHooks(model_chunks, optimizer=optimizer).install()
     recorder = ProfileRecorder(hooks, run_info, "profiles/run-1").start()
@@ -20,16 +25,17 @@ leaves the previous file, which is valid and says "running".
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
+from advisor import limits
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig
-from advisor.profiles import IterationRecord, LayerRecord, RankHeader, RankProfile
+from advisor.profiles import RankFileWriter, RankHeader
 from megatron_hooks.hooks import LayerMemoryHooks
 
 
@@ -88,19 +94,20 @@ class ProfileRecorder:
     run: RunInfo
     directory: Path
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    layer_iterations: int = limits.PROFILE_LAYER_ITERATIONS
+    """Iterations whose per-layer records are written (every iteration gets its iteration record)."""
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
-        self.layers: list[LayerRecord] = []
-        self.iterations: list[IterationRecord] = []
-        self.status, self.error, self.failed_where = "running", None, None
+        self.status = "running"
+        self.writer: RankFileWriter | None = None
 
     def header(self) -> RankHeader:
-        """RunInfo's fields (same names in RankHeader), and what the hooks and this process know."""
+        """RunInfo's fields (same names in RankHeader), and what the hooks and this process know.
+        The in-flight count is the schedule's; each iteration record carries the hooks' count."""
         run, hooks = self.run, self.hooks
         given = {f.name: getattr(run, f.name) for f in fields(run)}
-        given.update(layers_per_stage=tuple(run.layers_per_stage), coords=dict(run.coords),
-                     in_flight_microbatches=hooks.in_flight_microbatches or run.in_flight_microbatches)
+        given.update(layers_per_stage=tuple(run.layers_per_stage), coords=dict(run.coords))
         return RankHeader(
             **given, created=self.created, backend=hooks.backend.name, device=hooks.backend.device,
             kernels=hooks.backend.kernels,
@@ -108,19 +115,21 @@ class ProfileRecorder:
             stage_layers=hooks.stage_layers, first_stage=hooks.first_stage, last_stage=hooks.last_stage,
         )
 
-    def write(self) -> Path:
-        profile = RankProfile(header=self.header(), layers=tuple(self.layers), iterations=tuple(self.iterations),
-                              status=self.status, error=self.error, where=self.failed_where)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        return profile.write(self.directory)
+    @property
+    def iterations(self) -> int:
+        """Iterations recorded so far."""
+        return self.writer.iterations if self.writer else 0
 
     def start(self) -> "ProfileRecorder":
-        self.write()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.writer = RankFileWriter(self.directory, self.header()).start()
         return self
 
     @contextlib.contextmanager
     def iteration(self, number: int, *, optimizer=None) -> Iterator[StepResult]:
         """Measure one training iteration; on an exception, write the failure and re-raise it."""
+        if self.writer is None:
+            self.start()
         result = StepResult()
         self.hooks.begin_iteration(number, optimizer=optimizer)
         try:
@@ -129,9 +138,11 @@ class ProfileRecorder:
             self.fail(exc)
             raise
         measurement = self.hooks.end_iteration(loss=result.loss)
-        self.layers += measurement.layers
-        self.iterations.append(measurement.iteration)
-        self.write()
+        layers = measurement.layers if self.writer.iterations < self.layer_iterations else ()
+        in_flight = self.hooks.in_flight_microbatches or None
+        # After the first iteration the backend knows its device by name (a CUDA GPU's model).
+        header = self.header() if self.writer.iterations == 0 else None
+        self.writer.append(layers, replace(measurement.iteration, in_flight_microbatches=in_flight), header)
 
     def fail(self, exc: BaseException) -> None:
         """Record how the run died and how far it got (the hooks' position)."""
@@ -139,11 +150,16 @@ class ProfileRecorder:
         self.hooks.abort()
         self.status = "oom" if is_out_of_memory(exc) else "error"
         message = str(exc).strip().splitlines()
-        self.error = f"{type(exc).__name__}: {message[0] if message else ''}"[:500]
-        self.failed_where = where
-        self.write()
+        error = f"{type(exc).__name__}: {message[0] if message else ''}"[:500]
+        if self.writer is None:
+            self.start()
+        self.writer.end(self.status, error, where)
 
     def finish(self) -> Path:
+        """End the file: "ok", unless an iteration failed (whose end record is written)."""
+        if self.writer is None:
+            self.start()
         if self.status == "running":
             self.status = "ok"
-        return self.write()
+            return self.writer.end("ok")
+        return self.writer.path

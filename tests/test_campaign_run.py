@@ -3,6 +3,7 @@ errors. The loop's executor here is a documented fake that writes rank files (fa
 tests/test_campaign_runner.py runs the real one, the CPU emulator."""
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -181,29 +182,90 @@ def test_missing_modules_are_found_without_importing_them(monkeypatch):
     assert relay.missing_modules() == ["no_such_package_xyz", "no_such_parent_xyz.core"]
 
 
+def _run0(**changes):
+    return lambda d: d["runs"][0].update(changes)
+
+
+# The hostile campaigns of issue 17 and their kin: each one line, exit 2, before any work.
 @pytest.mark.parametrize("change,message", [
-    (lambda d: d["runs"][0].update(layers_per_stage=[2, 1]),
-     "run pp-b1-2x2: layers_per_stage [2, 1] must be positive layer counts that sum to the model's 4 layers"),
-    (lambda d: d["runs"][1].update(id="../escape"), "run id '../escape' cannot name a directory"),
-    (lambda d: d["runs"][0].update(tp=0), "run pp-b1-2x2: tp must be a positive integer, got 0"),
+    (_run0(layers_per_stage=[2, 1]),
+     "run pp-b1-2x2: 'layers_per_stage' [2, 1] must be positive layer counts that sum to the model's 4 layers"),
+    (_run0(layers_per_stage=["2", "2"]), "'layers_per_stage' ['2', '2'] must be positive layer counts"),
+    (_run0(id="../escape"), "run 1: run id '../escape' cannot name a directory"),
+    (_run0(id=" "), "run id ' ' cannot name a directory"),
+    (_run0(id="a\nb"), "run id 'a\\nb' cannot name a directory"),
+    (_run0(id="a\0b"), "run id 'a\\x00b' cannot name a directory"),
+    (_run0(id=""), "run id '' cannot name a directory"),
+    (_run0(id=".hidden"), "run id '.hidden' cannot name a directory"),
+    (_run0(id="x" * 201), "cannot name a directory: use up to 200 letters"),
+    (_run0(id=7), "a run id must be a string, got 7"),
+    (_run0(tp=0), "run pp-b1-2x2: 'tp' must be at least 1, got 0"),
+    (_run0(cp="2"), "run pp-b1-2x2: 'cp' must be an integer, got '2'"),  # was a traceback
+    (_run0(cp=0), "run pp-b1-2x2: 'cp' must be at least 1, got 0"),
+    (_run0(pp=3), "run pp-b1-2x2: 'pp' is 3, but the number of stages in layers_per_stage is 2"),
+    (_run0(world_size=4), "'world_size' is 4, but TP x DP x CP x PP = 1 x 1 x 1 x 2 is 2"),
+    (_run0(global_batch_size=64), "'global_batch_size' is 64, but micro_batch_size x DP x num_microbatches"),
+    (_run0(pipeline_microbatch=2), "'pipeline_microbatch' is 2, but micro_batch_size x DP = 1 x 1 is 1"),
+    (_run0(num_microbatches=1_000_000_000), "'num_microbatches' must be at most 4,096, got 1000000000: a 1F1B"),
+    (lambda d: (d.update(gpus=8, gpus_per_node=8), d["runs"][0].update(tp=3, world_size=6)), "run pp-b1-2x2: TP 3 must divide the attention heads (4) and the KV heads (2)"),
+    (_run0(megatron_args=["--lr", "1e-4\0"]), "'megatron_args' must be a list of strings without NUL bytes"),
+    (lambda d: (d.update(gpus=4), d["runs"][0].update(tp=2, world_size=4)), "a stage's TP x DP x CP = 2 GPUs is more than a node's 1 (gpus_per_node)"),
     (lambda d: d.update(version=2), "campaign schema version 2; this advisor reads 1"),
     (lambda d: d["runs"].append(dict(d["runs"][0])), "run id 'pp-b1-2x2' appears twice"),
+    (lambda d: d.update(setup=[]), "'setup' must be a JSON object, got []"),  # was exit 1
+    (lambda d: d["setup"].update(params_dtype="int8"), "'params_dtype' must be one of bfloat16, float16, float32"),
+    (lambda d: d.update(seq_len=10**9), "'seq_len' must be at most 16,777,216, got 1000000000"),
+    (lambda d: d.update(runs=[]), "'runs' must be a non-empty list of runs, got []"),
+    (lambda d: d.update(runs={}), "'runs' must be a non-empty list of runs, got {}"),
+    (lambda d: d.update(gpus=-1), "'gpus' must be at least 1, got -1"),
+    (lambda d: d.update(gpus=1), "'world_size' 2 is more than the campaign's 1 GPUs"),
+    (lambda d: d.update(model=[]), "'model' must be a JSON object, got []"),
+    (lambda d: d["model"].update(heads=4), "'model' is not a model spec"),
+    (lambda d: d.pop("runs"), "missing 'runs'"),
 ])
 def test_bad_campaigns(advisor, tmp_path, change, message):
     document = campaign()
     change(document)
     line = advisor.error("profile", "run", _write(tmp_path / "c.json", document), "--out", tmp_path / "runs")
-    assert message in line
+    assert message in line and str(tmp_path / "c.json") in line
+    assert not (tmp_path / "runs").exists()
 
 
-def test_what_the_emulator_cannot_run(advisor, tmp_path):
-    from advisor.capture.layout import Scenario
+@pytest.mark.parametrize("args,message", [
+    (["--out", ""], "'--out': an empty path names no directory"),  # wrote into the current directory
+    (["--out", "runs", "--memory-limit", "nan"], "'--memory-limit': must be a finite number, got nan"),
+    (["--out", "runs", "--memory-limit", "inf"], "'--memory-limit': must be a finite number, got inf"),
+    (["--out", "runs", "--threads", "100000"], "'--threads': must be at most"),  # the runner segfaulted
+])
+def test_bad_run_options(advisor, campaign_file, tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    assert message in advisor.error("profile", "run", campaign_file, *args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["campaign.json"]
 
-    document = layout_campaign(TINY, [(2, 2)], seq_len=32, pipeline_microbatch=2, num_microbatches=2,
-                               scenario=Scenario(dp=2), setup=MegatronSetup(params_dtype="float32")).to_dict()
+
+def test_a_fifo_where_a_run_directory_goes_is_refused(advisor, campaign_file, tmp_path):
+    (tmp_path / "runs").mkdir()
+    os.mkfifo(tmp_path / "runs" / "pp-b1-2x2")
+    line = advisor.error("profile", "run", campaign_file, "--out", tmp_path / "runs")
+    assert "runs/pp-b1-2x2 is not a directory (a run's directory must be one)" in line
+    os.unlink(tmp_path / "runs" / "pp-b1-2x2")
+    os.mkfifo(tmp_path / "campaign.fifo")
+    line = advisor.error("profile", "run", tmp_path / "campaign.fifo", "--out", tmp_path / "runs")
+    assert "campaign.fifo is a FIFO (named pipe); a campaign file is read from a regular file only" in line
+
+
+def test_what_the_emulator_cannot_run_is_reported_at_once(advisor, tmp_path):
+    """The CPU profiling trap: every incompatibility in one line, not one per attempt."""
+    from advisor.capture.campaign import plan_campaign
+
+    document = plan_campaign(with_overrides(TINY, num_layers=8), gpus=8, gpus_per_node=4, seq_len=32,
+                             micro_batch_size=4, global_batch_size=16, mode="reduced", cp=2).to_dict()
     line = advisor.error("profile", "run", _write(tmp_path / "c.json", document), "--out", tmp_path / "runs")
-    assert "run dp2-b2-2x2 has DP 2 with the distributed optimizer, which the CPU emulator does not shard; plan " \
-           "the campaign with --no-distributed-optimizer" in line
+    assert "the CPU emulator cannot run this campaign as planned: " in line
+    assert "with DP > 1 with the distributed optimizer, which the emulator does not shard, first dp2-" in line
+    assert "(plan it with --no-distributed-optimizer)" in line
+    assert "with TP > 1 with sequence parallelism, which the emulator cannot run, first tp2-" in line
+    assert "with CP > 1; the emulator runs no context parallelism, first pp-" in line and "(plan it with --cp 1)" in line
 
 
 def test_out_must_be_a_directory_without_other_runs(advisor, campaign_file, tmp_path):

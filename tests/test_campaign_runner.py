@@ -27,6 +27,8 @@ def _campaign(path, *parts) -> dict:
     document = documents[0]
     for other in documents[1:]:
         document["runs"] += other["runs"]
+        for key in ("gpus", "gpus_per_node"):  # what the widest run needs
+            document[key] = max(document[key], other[key])
     path.write_text(json.dumps(document))
     return document
 
@@ -60,7 +62,8 @@ def profiled(tmp_path_factory):
 def test_every_run_is_profiled_and_shown(profiled):
     root, document, result = profiled
     assert result.stdout.startswith("3 runs in ") and ": 3 ok, 0 oom, 0 failed, 0 already complete" in result.stdout
-    lines = result.stderr.splitlines()
+    cost, *lines = result.stderr.splitlines()
+    assert cost.startswith("advisor profile run: 3 run(s) to emulate on ")  # said before it starts
     assert lines[0].endswith(": 0 complete, 3 to run")  # not a terminal: one line per run
     assert [line.split(": ")[0] for line in lines[1:]] == ["[1/3] pp-b2-2x2", "[2/3] pp-b2-3.1", "[3/3] tp2-b2-2x2"]
     assert all(": ok (" in line for line in lines[1:])
@@ -89,7 +92,9 @@ def test_a_rerun_skips_complete_runs_and_redoes_partial_ones(profiled, advisor):
     (runs / "pp-b2-2x2" / "rank00000.jsonl").unlink()
     redo = advisor("profile", "run", root / "campaign.json", "--out", runs)
     assert ": 2 ok, 0 oom, 0 failed, 1 already complete" in redo.stdout
-    assert [line.split(": ")[0] for line in redo.stderr.splitlines()[1:]] == ["[2/3] pp-b2-2x2", "[3/3] pp-b2-3.1"]
+    cost, *lines = redo.stderr.splitlines()
+    assert cost.startswith("advisor profile run: 2 run(s) to emulate")  # only the runs left
+    assert [line.split(": ")[0] for line in lines[1:]] == ["[2/3] pp-b2-2x2", "[3/3] pp-b2-3.1"]
     after = _stamps(runs)
     assert set(after) == set(before)
     for path in before:

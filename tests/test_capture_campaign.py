@@ -1,5 +1,6 @@
 """The profiling campaign: Description 1 against the paper's lines, coverage, batches, flags."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,15 @@ def test_campaign_for_32_layers_on_16_gpus():
     # 10 (L - 1) = 310.
     assert all(plan.partitionings <= 34 for plan in campaign.scenarios)
     assert 300 <= len(campaign.runs) <= 340
+    # The README quotes this campaign (its first command) and its reduced form: the same counts.
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    full = re.search(r"advisor profile plan --gpus 16 --gpus-per-node 4 --mbs 8 -o campaign.json +# (\d+) runs", readme)
+    reduced = re.search(r"advisor profile plan --gpus 16 --gpus-per-node 4 --mbs 8 --mode reduced +# (\d+) runs", readme)
+    assert int(full.group(1)) == len(campaign.runs) == 318
+    assert int(reduced.group(1)) == len(plan_campaign(
+        PRESETS["llama3.1-8b"], gpus=16, gpus_per_node=4, seq_len=8192, micro_batch_size=8, global_batch_size=1024,
+        mode="reduced").runs) == 30
+    assert f"{int(reduced.group(1))} runs instead of {int(full.group(1))} for 32" in readme.replace("\n", " ")
     ids = [run.id for run in campaign.runs]
     assert len(set(ids)) == len(ids)
     again = plan_campaign(PRESETS["llama3.1-8b"], gpus=16, gpus_per_node=4, seq_len=8192, micro_batch_size=8,

@@ -1,5 +1,6 @@
 """``advisor profile plan`` and ``advisor recommend``, run in-process on real files."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -62,13 +63,36 @@ def test_recommend_megatron_plan(advisor, campaign_dir, tmp_path):
     assert {arg for arg in plan["megatron_args"] if arg.startswith("--")} <= FLAGS
     # The even split is one of the plans the exact planner considered.
     assert plan["peak_predicted_gib"] <= plan["baseline"]["peak_predicted_gib"]
+    # The plan is the best split for the synthetic truth the profiles were written from, found by
+    # brute force over all 35 splits of 8 layers into 4 stages (DP 2: each rank holds b = 2).
+    truth = Truth(spec=TINY)
+
+    def true_peak(split):
+        firsts = [1 + sum(split[:i]) for i in range(len(split))]
+        return max(truth.peak(first, first + n - 1, 2, 1, 2, min(4 - i, 4))
+                   for i, (first, n) in enumerate(zip(firsts, split)))
+
+    splits = [s for s in itertools.product(range(1, 6), repeat=4) if sum(s) == 8]
+    assert len(splits) == 35
+    best = min(map(true_peak, splits))
+    assert true_peak(plan["layers_per_stage"]) == best == round(plan["peak_predicted_gib"] * 2**30)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
 def test_recommend_with_the_layer_merger(advisor, campaign_dir):
-    plan = advisor.json("recommend", "--profile", campaign_dir, "--gpus", 4, "--pp", 4, "--mbs", 2, "--gbs", 8,
-                        "--predictor", "capture", "--merge-to", 5)
-    assert plan["predictor"]["name"] == "capture" and sum(plan["layers_per_stage"]) == 8 and plan["pp"] == 4
+    def plan(pp, *merge):
+        return advisor.json("recommend", "--profile", campaign_dir, "--gpus", pp, "--pp", pp, "--mbs", 2, "--gbs",
+                            2 * pp, "--predictor", "capture", *merge)
+
+    merged = plan(4, "--merge-to", 5)
+    assert merged["predictor"]["name"] == "capture" and sum(merged["layers_per_stage"]) == 8 and merged["pp"] == 4
+    # One unit per layer is no merging; two units leave two stages one split only, which the
+    # exact planner over layers can only match or beat, and here beats.
+    layers = plan(2)
+    assert plan(2, "--merge-to", 8)["layers_per_stage"] == layers["layers_per_stage"]
+    coarse = plan(2, "--merge-to", 2)
+    assert coarse["layers_per_stage"] != layers["layers_per_stage"]
+    assert coarse["peak_predicted_gib"] > layers["peak_predicted_gib"]
 
 
 def test_recommend_hybrid_plan(advisor, campaign_dir):

@@ -28,6 +28,8 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
 
+from conftest import ROOT  # noqa: E402
+
 from advisor.capture.campaign import layout_campaign  # noqa: E402
 from advisor.capture.observations import observe_run  # noqa: E402
 from advisor.megatron_args import MegatronSetup  # noqa: E402
@@ -72,5 +74,10 @@ def test_recommended_layout_lowers_the_measured_peak(advisor, tmp_path):
           f"{1 - plan['peak_predicted_gib'] / plan['baseline']['peak_predicted_gib']:.1%})")
     assert peaks[recommended] < peaks[even]
     assert reduction > 0.20
+    # The storages are counted exactly, so the numbers are the same every run: the README's.
+    readme = (ROOT / "README.md").read_text().replace("\n", " ")
+    quoted = (f"the recommended split {'/'.join(map(str, recommended))} measured {peaks[recommended] / MIB:.1f} MiB "
+              f"at its peak against {peaks[even] / MIB:.1f} MiB for the even 4/4/4/4: **{reduction:.1%} lower**")
+    assert quoted in readme, quoted
     assert peaks[recommended] == pytest.approx(plan["peak_predicted_gib"] * 2**30, rel=0.02)
     assert peaks[even] == pytest.approx(plan["baseline"]["peak_predicted_gib"] * 2**30, rel=0.02)

@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from advisor.sweep import ranking_key
+from advisor.models import preset
+from advisor.parallel import Workload
+from advisor.sweep import ranking_key, sweep
 
 ROW_KEYS = {"tp", "cp", "pp", "mbs", "dp", "gpus", "total_gib", "model_states_gib", "activations_gib",
             "verdict", "rank"}
@@ -33,7 +35,11 @@ def test_sweep_ranking_is_the_documented_order(advisor):
         for r in rows
     ]
     assert keys == sorted(keys)
-    assert ranking_key  # the same order the library uses
+    # The library's own rows, put in order by its key, are the CLI's rows in the CLI's order.
+    swept = sweep(preset("llama3.1-8b"), Workload(), 64, 40).rows
+    library = sorted((row for row in swept if row.rank), key=ranking_key)
+    assert [(r.parallel.tp, r.parallel.cp, r.parallel.pp, r.parallel.mbs) for r in library] == \
+        [(r["tp"], r["cp"], r["pp"], r["mbs"]) for r in rows]
     # The paper's finding on 64 A100s (Table 3): the smallest TP x CP x PP that fits comes first.
     fits = [r for r in rows if r["verdict"] == "fits" and r["recompute"] == "none"]
     assert rows[0]["tp"] * rows[0]["cp"] * rows[0]["pp"] == min(r["tp"] * r["cp"] * r["pp"] for r in fits)
@@ -63,6 +69,11 @@ def test_sweep_enumerates_the_documented_space(advisor):
 def test_sweep_csv_and_table(advisor):
     rows = list(csv.DictReader(io.StringIO(advisor("sweep", "--gpus", 8, "--mem", 40, "--format", "csv").stdout)))
     assert rows and ROW_KEYS <= rows[0].keys()
+    # The README's CSV columns: the model by name and the options in use (one JSON cell).
+    assert rows[0]["model"] == "llama3.1-8b" and json.loads(rows[0]["options"]) == {}
+    changed = list(csv.DictReader(io.StringIO(advisor("sweep", "--gpus", 8, "--mem", 40, "--format", "csv",
+                                                       "--recompute", "full").stdout)))
+    assert json.loads(changed[0]["options"])["recompute"] == "full"
     table = advisor("sweep", "--gpus", 8, "--mem", 40, "--top", 3).stdout
     assert "llama3.1-8b, seq 8192, gbs 1024, 8 GPUs x 40 GiB" in table
     body = [line for line in table.splitlines() if line.startswith("│")]
@@ -70,9 +81,28 @@ def test_sweep_csv_and_table(advisor):
     assert "(--all shows oom)" in table and "best 3 of" in table
 
 
+def test_sweep_without_flash_attention_keeps_to_cp_1(advisor):
+    """--no-flash-attn on more than one GPU failed outright (CP > 1 needs fused attention);
+    it now sweeps the layouts that can run without it."""
+    rows = advisor.json("sweep", "--gpus", 8, "--mem", 80, "--no-flash-attn", "--all")
+    flash = advisor.json("sweep", "--gpus", 8, "--mem", 80, "--all")
+    assert rows and {row["cp"] for row in rows} == {1} and {row["cp"] for row in flash} > {1}
+    assert len(rows) == sum(row["cp"] == 1 for row in flash)
+
+
 def test_sweep_with_nothing_fitting_says_so(advisor):
-    out = advisor("sweep", "--gpus", 8, "--mem", 4, "--model", "llama3.1-70b").stdout
-    assert "nothing fits" in out
+    """No empty table and exit 0: one line with the least any layout needs, hints the user has not
+    already given, and exit status 1 (no result; bad input is 2)."""
+    result = advisor("sweep", "--gpus", 8, "--mem", 4, "--model", "llama3.1-70b", expect=1)
+    least = min(row["total_gib"] for row in advisor.json("sweep", "--gpus", 8, "--mem", 4, "--model", "llama3.1-70b",
+                                                          "--all"))
+    assert result.stdout == "" and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("advisor sweep: nothing fits: 0 fits, 0 tight, ")
+    assert f"; the least any layout needs is {least:.1f} GiB per GPU against 4 GiB" in result.stderr
+    assert "Try more GPUs or a shorter --seq-len" in result.stderr  # recomputation was searched already
+    narrow = advisor("sweep", "--gpus", 8, "--mem", 4, "--model", "llama3.1-70b", "--recompute", "none",
+                     "--split", "even", "--format", "json", expect=1)
+    assert narrow.stdout == "[]\n" and "Try more GPUs, --split auto, --recompute auto or a shorter" in narrow.stderr
 
 
 def test_output_is_written_atomically(advisor, tmp_path):
@@ -138,13 +168,17 @@ def test_hf_config_through_the_cli(advisor, tmp_path):
 def test_overrides_change_the_model(advisor):
     est = advisor.json("estimate", "--gpus", 8, "--num-layers", 16)
     assert est["model"]["num_layers"] == 16 and est["model"]["name"] == "llama3.1-8b[num_layers=16]"
+    # Tables name it whole: rich took '[num_layers=16]' for markup and printed 'llama3.1-8b'.
+    table = advisor("sweep", "--gpus", 8, "--mem", 40, "--num-layers", 16).stdout
+    assert table.lstrip().startswith("llama3.1-8b[num_layers=16], seq 8192")
+    assert "llama3.1-8b[num_layers=16]" in advisor("estimate", "--gpus", 8, "--num-layers", 16).stdout
 
 
 @pytest.mark.parametrize(
     "args,message",
     [
         (["sweep", "--gpus", 64, "--mem", 40, "--model", "llama5-8b"], "unknown model 'llama5-8b'"),
-        (["sweep", "--gpus", 0, "--mem", 40], "'--gpus': 0 is not in the range"),
+        (["sweep", "--gpus", 0, "--mem", 40], "'--gpus': must be at least 1, got 0"),
         (["sweep", "--gpus", 8, "--mem", 0], "'--mem'"),
         (["sweep", "--gpus", 8, "--mem", 40, "--seq-len", -1], "'--seq-len'"),
         (["sweep", "--gpus", 8, "--mem", 40, "--num-layers", 0], "'--num-layers'"),

@@ -40,9 +40,11 @@ def test_bounded_json_that_is_valid_reads_as_json():
     assert parse_json("[" * 64 + "]" * 64, "x") is not None  # 64 levels are allowed
 
 
-def test_the_line_of_a_refused_number_is_named():
-    with pytest.raises(AdvisorError, match=r"x: line 3: NaN"):
+def test_the_line_and_key_of_a_refused_number_are_named():
+    with pytest.raises(AdvisorError, match=r"x: line 3: b = NaN is not"):
         parse_json('{\n "a": 1,\n "b": NaN\n}', "x")
+    with pytest.raises(AdvisorError, match=r"x: line 1: 1e999 is beyond"):  # in a list: no key to name
+        parse_json('[1, 1e999]', "x")
 
 
 def test_non_utf8_bytes_and_a_bom(tmp_path):

@@ -49,6 +49,8 @@ def _broken(mutate):
     (lambda d: d["gpus"][0].update(memory_gib="40"), "memory_gib must be a positive number"),
     (lambda d: d["gpus"][0].update(memory_gib=-1), "memory_gib must be a positive number"),
     (lambda d: d["gpus"][0].update(gpus_per_node=2.5), "gpus_per_node must be a positive integer"),
+    (lambda d: d["gpus"][0].update(gpus_per_node=100_000), "gpus_per_node must be at most 1,024"),  # limits.py
+    (lambda d: d["gpus"][0].update(memory_gib=1e9), "memory_gib must be at most 16384"),
     (lambda d: d["gpus"][0].update(bf16_dense_tflops=True), "bf16_dense_tflops must be a positive number"),
     (lambda d: d["gpus"][0].update(sources=[]), "sources must be a non-empty list"),
     (lambda d: d["gpus"].append(copy.deepcopy(d["gpus"][0])), "listed twice"),
@@ -64,8 +66,10 @@ def test_overrides_and_lookup():
     assert (gpu.memory_gib, gpu.gpus_per_node, gpu.bf16_dense_tflops) == (64, 4, 989)
     with pytest.raises(AdvisorError, match="did you mean h100-80gb"):
         get_gpu("h100-80")
-    with pytest.raises(AdvisorError, match="positive"):
+    with pytest.raises(AdvisorError, match="GPU memory \\(GiB\\) must be a finite number, got nan"):
         get_gpu("h100-80gb").with_overrides(memory_gib=float("nan"))
+    with pytest.raises(AdvisorError, match="GPUs per node must be at most 1,024, got 4096: an NVLink domain"):
+        get_gpu("h100-80gb").with_overrides(gpus_per_node=4096)
 
 
 def test_advisor_gpus_lists_the_interface_keys(advisor):

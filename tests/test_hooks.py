@@ -125,6 +125,24 @@ def test_activation_bytes_match_a_hand_count(profile):
         hand_count_layer(False), expected["output"]]
 
 
+def test_transient_peaks_match_a_hand_count(profile):
+    """The forward and backward rises above the level at a module's entry, counted by hand.
+
+    Embedding forward: the lookup's [b, s, h] output and its transposed contiguous copy [s, b, h]
+    (megatron-core's LanguageModelEmbedding), both alive at once: 2 sbh. Embedding backward: the
+    dense gradient of the [v, h] weight. A decoder layer's forward: what it keeps for backward
+    (the hand count above; the causal mask, made by the caller before the layer, is kept but not
+    allocated by it) plus its output, the residual sum [s, b, h], which the next layer keeps."""
+    s, b, h, v = SEQ, MBS, TINY.hidden_size, TINY.vocab_size
+    records = {r.name: r for r in profile.layers_of(2)}
+    assert records["embedding"].forward_peak_bytes == 2 * s * b * h * FP32
+    assert records["embedding"].backward_peak_bytes == v * h * FP32
+    for index in range(TINY.num_layers):
+        mask = s * s if index == 0 else 0
+        assert records[f"decoder.layers.{index}"].forward_peak_bytes == \
+            hand_count_layer(index == 0) - mask + s * b * h * FP32
+
+
 def test_activations_are_what_the_forward_pass_leaves_allocated(megatron_world):
     """Conservation: the saved-tensor count per region adds up to what the storage tracker sees
     retained after a forward pass, plus the loss tensor that the pass returns, less the saved
@@ -220,11 +238,12 @@ def test_damaged_profile_directories_get_clear_errors(profile, tmp_path):
         load_run(tmp_path)
     lines = profile.path.read_text().splitlines()
     bad = tmp_path / "rank00000.jsonl"
-    bad.write_text("\n".join(lines[:-1]) + "\n")
-    with pytest.raises(ProfileError, match="truncated: no end record"):
-        load_run(tmp_path)
-    bad.write_text(profile.path.read_text()[:-40])
-    with pytest.raises(ProfileError, match="truncated or malformed JSON"):
+    bad.write_text("\n".join(lines[:-1]) + "\n")  # no end record: still running, or killed
+    assert load_run(tmp_path).ranks[0].status == "running"
+    bad.write_text(profile.path.read_text()[:-40])  # the end record cut short: an interrupted append
+    assert load_run(tmp_path).ranks[0].iterations == profile.iterations
+    bad.write_text("\n".join([lines[0], lines[1][:40], *lines[2:]]) + "\n")  # a cut line inside: damage
+    with pytest.raises(ProfileError, match="rank00000.jsonl:2: malformed JSON"):
         load_run(tmp_path)
     header = json.loads(lines[0])
     bad.write_text("\n".join([json.dumps({**header, "version": 3}), *lines[1:]]) + "\n")

@@ -237,7 +237,7 @@ def test_the_runner_refuses_campaigns_and_environments_it_cannot_use(advisor, sm
     assert "run pp-b1-2x2 has no megatron_args (plan the campaign with advisor profile plan)" in advisor.error(
         "profile", "run", bare, "--out", out, "--megatron-lm", checkout_dir)
     odd = _edited(small_campaign, tmp_path, "odd.json", lambda d: d.update(gpus_per_node=0))
-    assert "the campaign's gpus_per_node must be a positive integer, got 0" in advisor.error(
+    assert "odd.json: 'gpus_per_node' must be at least 1, got 0" in advisor.error(  # read_campaign's check
         "profile", "run", odd, "--out", out, "--megatron-lm", checkout_dir)
     for name, value in {"SLURM_JOB_ID": "77", "SLURM_NNODES": "two", "SLURM_JOB_NODELIST": "n1"}.items():
         monkeypatch.setenv(name, value)

@@ -93,7 +93,10 @@ def test_bad_directories(advisor, tmp_path):
     assert "not a directory" in advisor.error("profile", "show", tmp_path / "missing")
     path = profile().write(tmp_path)
     text = path.read_text()
-    path.write_text(text[:-40])
-    assert "truncated" in advisor.error("profile", "show", tmp_path)
+    lines = text.splitlines(keepends=True)
+    path.write_text(lines[0] + lines[1][:30] + "\n" + "".join(lines[2:]))
+    assert "rank00000.jsonl:2: malformed JSON" in advisor.error("profile", "show", tmp_path)
+    path.write_text(text[:-40])  # the end record cut short: the run was killed, and shows as running
+    assert "running" in advisor("profile", "show", tmp_path, "--section", "ranks").stdout
     path.write_text(text.replace('"version": 2', '"version": 3'))
     assert "schema version 3" in advisor.error("profile", "show", tmp_path)

@@ -33,7 +33,8 @@ MODELS = {
 
 def eq18_gib(model: str, seq_len: int, tp: int, cp: int, pp: int, mbs: int, gpus: int) -> float:
     """Seed 004, Eq. 18 (Eq. 10 + Eq. 17) for the first pipeline stage. With PP = 1 the one
-    stage also holds the LM head (hv/t) and the final norm (h) (see DESIGN.md)."""
+    stage also holds the LM head (hv/t) and the final norm (h): Eq. 10 counts the first stage, and
+    with one stage it is also the last."""
     h, L, a, k, ffn, v = MODELS[model]
     t, c, p, b, s = tp, cp, pp, mbs, seq_len
     d = gpus // (t * c * p)
@@ -242,3 +243,15 @@ def test_an_out_path_that_is_a_file_is_an_error(tmp_path):
 def test_a_missing_readme_is_an_error(tmp_path):
     line = Invoker(main).error("--out", tmp_path / "out", "--readme", tmp_path / "missing.md")
     assert "missing.md" in line and "does not exist" in line
+
+
+def test_another_out_leaves_the_committed_readme_alone(tmp_path, results, monkeypatch):
+    """`python -m tables.seed004 --out DIR` used to rewrite tables/README.md too (issue 17)."""
+    import tables.seed004.__main__ as command
+
+    monkeypatch.setattr(command, "analyse", lambda with_validation: results)
+    written = []
+    monkeypatch.setattr(command, "atomic_write_text", lambda path, text: written.append(str(path)))
+    result = Invoker(main)("--out", tmp_path / "out")
+    assert written and all(path.startswith(str(tmp_path / "out")) for path in written)
+    assert "rewritten" not in result.stdout

@@ -286,21 +286,17 @@ def _check_inputs(spec, gpus, gpus_per_node, cp, micro_batch_size, global_batch_
 
 
 def read_campaign(path: str | Path) -> dict:
-    """A campaign document, checked: schema and version, and runs with unique ids (what a runner
-    needs to resume). Returns the document as written."""
+    """A campaign document, read through the bounded reader and checked: schema and version, then
+    every run against itself and the campaign (``campaign_check.check_campaign``). Returns the
+    document as written."""
+    from advisor.capture.campaign_check import check_campaign
     from advisor.fileio import read_json
 
     path = Path(path)
-    document = read_json(path)
+    document = read_json(path, what="campaign file")
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         raise AdvisorError(f"{path}: not a profiling campaign (schema {SCHEMA!r})")
     if document.get("version") != VERSION:
         raise AdvisorError(f"{path}: campaign schema version {document.get('version')!r}; this advisor reads {VERSION}")
-    runs = document.get("runs")
-    if not isinstance(runs, list) or not all(isinstance(run, dict) and "id" in run for run in runs):
-        raise AdvisorError(f"{path}: 'runs' must be a list of runs with ids")
-    ids = [run["id"] for run in runs]
-    if len(set(ids)) != len(ids):
-        duplicate = next(i for i in ids if ids.count(i) > 1)
-        raise AdvisorError(f"{path}: run id {duplicate!r} appears twice")
+    check_campaign(document, path)
     return document

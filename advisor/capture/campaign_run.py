@@ -71,33 +71,25 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-_RUN_FIELDS = ("tp", "dp", "micro_batch_size", "num_microbatches")
+@dataclass(frozen=True)
+class EmulationBudget:
+    """What the CPU emulator may spend: runs estimated (``campaign_cost``) to take longer than
+    ``limits.CPU_EMULATION_SECONDS`` or more memory than is available are refused."""
 
+    threads: int | None = None
+    memory_limit_bytes: float | None = None
 
-def validate(campaign: dict, path: Path | str = "campaign") -> None:
-    """What the runner needs of a campaign (``read_campaign`` checked the schema and the ids):
-    a model and sequence length, and per run its degrees, batch and layers per stage, with an id
-    that can name a directory. AdvisorError names the run and the field."""
-    try:
-        spec = LlamaSpec(**campaign["model"])
-    except (KeyError, TypeError, AdvisorError) as exc:
-        raise AdvisorError(f"{path}: no valid model in the campaign ({exc})") from None
-    if not isinstance(campaign.get("seq_len"), int) or campaign["seq_len"] < 1:
-        raise AdvisorError(f"{path}: seq_len must be a positive integer")
-    for run in campaign["runs"]:
-        name = run["id"]
-        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name.startswith("."):
-            raise AdvisorError(f"{path}: run id {name!r} cannot name a directory")
-        for key in _RUN_FIELDS:
-            value = run.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise AdvisorError(f"{path}: run {name}: {key} must be a positive integer, got {value!r}")
-        counts = run.get("layers_per_stage")
-        if (not isinstance(counts, list) or not counts
-                or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts)
-                or sum(counts) != spec.num_layers):
-            raise AdvisorError(f"{path}: run {name}: layers_per_stage {counts!r} must be positive layer counts "
-                               f"that sum to the model's {spec.num_layers} layers")
+    def cost(self, campaign: dict, out: Path):
+        from advisor.capture.campaign_cost import emulation_cost
+
+        states = scan(campaign, out)
+        pending = [run for run in campaign["runs"] if states[run["id"]].state != "complete"]
+        return emulation_cost(campaign, pending, threads=self.threads, memory_limit_bytes=self.memory_limit_bytes)
+
+    def refusal(self, campaign: dict, out: Path) -> str | None:
+        from advisor.capture.campaign_cost import available_memory
+
+        return self.cost(campaign, out).problem(available_memory())
 
 
 BACKENDS = ("cpu", "symbolic", "megatron")
@@ -106,41 +98,32 @@ user's Megatron-LM on GPUs."""
 LAYER_SPECS = ("transformer_engine", "local")
 
 
-def prepare(path: Path, out: Path, *, backend: str = "cpu", layer_spec: str | None = None) -> dict:
-    """The campaign at ``path``, checked for ``backend`` (and, symbolic, ``layer_spec``), and
-    ``out`` checked: a directory, or nothing yet. AdvisorError otherwise, before any work. (Runs
-    of another campaign under ``out`` are found by ``scan``, which ``execute`` calls first.)"""
+def prepare(path: Path, out: Path, *, backend: str = "cpu", layer_spec: str | None = None,
+            budget: EmulationBudget | None = None) -> dict:
+    """The campaign at ``path``, checked (``read_campaign``; for the CPU emulator every
+    incompatibility at once, and with a ``budget`` whether its runs not yet complete under
+    ``out`` can finish on this machine; for the symbolic backend ``layer_spec``'s), and ``out``
+    checked: a directory, or nothing yet. AdvisorError otherwise, before any work. (Runs of
+    another campaign under ``out`` are found by ``scan``, which ``execute`` calls first.)"""
     from advisor.capture.campaign import read_campaign
+    from advisor.capture.campaign_check import emulation_problems
 
     document = read_campaign(path)
-    validate(document, path)
-    if backend == "cpu" and (problem := emulation_problem(document)):
-        raise AdvisorError(problem)
-    if backend == "symbolic" and (problem := symbolic_problem(document, layer_spec or LAYER_SPECS[0])):
-        raise AdvisorError(problem)
     if out.exists() and not out.is_dir():
         raise AdvisorError(f"--out {out} is not a directory")
+    if backend == "cpu":
+        problems = emulation_problems(document)
+        if budget is not None and (refusal := budget.refusal(document, out)):
+            problems.append(refusal)
+        if problems:
+            raise AdvisorError(f"{path}: the CPU emulator cannot run this campaign as planned: " + "; ".join(problems))
+    if backend == "symbolic" and (problem := symbolic_problem(document, layer_spec or LAYER_SPECS[0])):
+        raise AdvisorError(f"{path}: {problem}")
     return document
 
 
 def world_size(run: dict) -> int:
     return run["tp"] * run["dp"] * run.get("cp", 1) * len(run["layers_per_stage"])
-
-
-def emulation_problem(campaign: dict) -> str | None:
-    """Why the CPU pipeline emulator cannot run this campaign as planned, or None. It runs
-    torch's Adam unsharded on every rank and no sequence or context parallelism."""
-    setup = campaign.get("setup", {})
-    for run in campaign["runs"]:
-        if run["dp"] > 1 and setup.get("distributed_optimizer"):
-            return (f"run {run['id']} has DP {run['dp']} with the distributed optimizer, which the CPU emulator "
-                    f"does not shard; plan the campaign with --no-distributed-optimizer")
-        if run["tp"] > 1 and setup.get("sequence_parallel"):
-            return (f"run {run['id']} has TP {run['tp']} with sequence parallelism, which the CPU emulator cannot "
-                    f"run; plan the campaign with --no-sequence-parallel")
-        if run.get("cp", 1) > 1:
-            return f"run {run['id']} has CP {run['cp']}; the CPU emulator runs no context parallelism"
-    return None
 
 
 def local_spec_problem(tp: int, cp: int, sequence_parallel: bool) -> str | None:
@@ -167,7 +150,7 @@ def symbolic_problem(campaign: dict, layer_spec: str) -> str | None:
 
 def _mismatch(profile: ProfileRun, campaign: dict, run: dict, model: LlamaSpec) -> str | None:
     """What in the rank files differs from the campaign run (of ``model``, the campaign's, which
-    ``validate`` checked), or None."""
+    ``check_campaign`` checked), or None."""
     for rank in profile.ranks:
         h = rank.header
         if replace(h.model, name="") != replace(model, name=""):
@@ -189,7 +172,9 @@ def _mismatch(profile: ProfileRun, campaign: dict, run: dict, model: LlamaSpec) 
 
 
 def check_run(directory: Path, campaign: dict, run: dict) -> RunCheck:
-    """The state of one run's directory; AdvisorError if it holds another run."""
+    """The state of one run's directory; AdvisorError if it holds another run, or is not a directory."""
+    if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+        raise AdvisorError(f"{directory} is not a directory (a run's directory must be one); choose another --out")
     if not directory.is_dir() or not any(directory.glob("rank*.jsonl")):
         return RunCheck(state="absent")
     try:

@@ -6,7 +6,7 @@ allocated bytes, ``RankProfile.peak_allocated_bytes``; the maximum over the stag
 since every GPU of the stage must fit) and the per-module terms the hooks measured (in the last
 recorded iteration, the steady state; the maximum over ranks). Part of a ``ProfileSet``: all runs of one model and setup.
 
-Bad data is an error that names the run and the rank, stage or layer: a stage or layer that no
+Bad data is an error that names the run and the rank, stage or layer: a rank without its file, a layer that no
 rank reports, a negative or non-finite value, a run without a finished iteration, ranks or runs
 that disagree (model, sequence, setup), and batch sizes that do not add up (global batch !=
 micro-batch x DP x microbatches). Runs that did not end "ok" (OOM, error, killed) are set aside
@@ -23,7 +23,7 @@ from typing import Iterable, Union
 from advisor.capture.layout import PipelineLayout, Scenario, StageSpec
 from advisor.megatron_args import MegatronSetup
 from advisor.models import LlamaSpec
-from advisor.profiles import ProfileError, ProfileRun, RankProfile, check_complete, load_run
+from advisor.profiles import ProfileError, ProfileRun, RankProfile, check_complete, check_run_files, load_run
 
 ModuleKey = Union[str, int]
 """'embedding', a decoder layer number (1-based), or 'output'."""
@@ -178,20 +178,14 @@ def _merge_terms(a: dict[ModuleKey, ModuleTerms], b: dict[ModuleKey, ModuleTerms
     return merged
 
 
-def _check_rank(profile: RankProfile, first: RankProfile, name: str) -> None:
-    h, ref = profile.header, first.header
-    where = f"run {name}, rank {h.rank}"
-    for attribute in ("model", "parallel", "seq_len", "layers_per_stage", "num_microbatches", "global_batch_size"):
-        if getattr(h, attribute) != getattr(ref, attribute):
-            raise ProfileError(f"{where}: {attribute} differs from rank {ref.rank}'s "
-                               f"({getattr(h, attribute)!r} vs {getattr(ref, attribute)!r})")
+def _check_rank(profile: RankProfile, name: str) -> None:
+    """What the run-wide checks (``advisor.profiles.check_run_files``) leave: the batch adds up, and
+    every iteration reports every module."""
+    h = profile.header
     p = h.parallel
     if h.global_batch_size is not None and h.global_batch_size != p.mbs * p.dp * h.num_microbatches:
-        raise ProfileError(f"{where}: mismatched batch sizes: global batch {h.global_batch_size} != micro-batch "
-                           f"{p.mbs} x DP {p.dp} x {h.num_microbatches} microbatches")
-    if sum(h.layers_per_stage) != h.model.num_layers or len(h.layers_per_stage) != p.pp:
-        raise ProfileError(f"{where}: layers per stage {list(h.layers_per_stage)} do not place "
-                           f"{h.model.num_layers} layers on PP {p.pp} stages")
+        raise ProfileError(f"run {name}, rank {h.rank}: mismatched batch sizes: global batch {h.global_batch_size} != "
+                           f"micro-batch {p.mbs} x DP {p.dp} x {h.num_microbatches} microbatches")
     check_complete(profile)  # profile_set takes ProfileRuns that load_run did not check
 
 
@@ -200,6 +194,11 @@ def observe_run(run: ProfileRun, name: str | None = None) -> RunObservation:
     name = name or run.directory.name
     if run.status != "ok":
         raise ProfileError(f"run {name} ended {run.status!r}; it has no complete measurement")
+    check_run_files(run.ranks, f"run {name}")
+    if missing := run.missing_ranks:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ProfileError(f"run {name}: no rank file for rank {missing[0]}{more} of its world of "
+                           f"{run.header.world_size}; every GPU of a run must be measured")
     first = run.ranks[0]
     header = first.header
     layout = PipelineLayout.from_counts(
@@ -211,7 +210,7 @@ def observe_run(run: ProfileRun, name: str | None = None) -> RunObservation:
     in_flight: dict[int, int] = {}
     gpu_peaks = []
     for profile in run.ranks:
-        _check_rank(profile, first, name)
+        _check_rank(profile, name)
         h = profile.header
         stage = h.coords.get("pp")
         where = f"run {name}, rank {h.rank}"
@@ -229,9 +228,6 @@ def observe_run(run: ProfileRun, name: str | None = None) -> RunObservation:
         peaks[stage] = max(peaks.get(stage, 0), peak)
         terms[stage] = _merge_terms(terms.get(stage, {}), _module_terms(profile, where))
         in_flight[stage] = h.in_flight_microbatches
-    for index, spec in enumerate(layout.stages):
-        if index not in peaks:
-            raise ProfileError(f"run {name}: no rank reports pipeline stage {index} (layers {spec.first}..{spec.last})")
     stages = tuple(
         StageObservation(
             run=name, stage=index, spec=spec,
@@ -258,8 +254,13 @@ def _setup(run: ProfileRun) -> dict:
 def profile_set(runs: Iterable[ProfileRun]) -> ProfileSet:
     """Observations of finished runs; all runs must share the model and setup."""
     observed, skipped, reference, model, sequence_parallel = [], [], None, None, None
+    directories: dict[str, Path] = {}
     for run in runs:
         name = run.directory.name
+        if name in directories:
+            raise ProfileError(f"run {name} is given twice ({directories[name]} and {run.directory}): a run is "
+                               f"named by its directory, and counts once")
+        directories[name] = run.directory
         setup = _setup(run)
         if reference is None:
             reference, model = (name, setup), run.header.model

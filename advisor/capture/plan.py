@@ -32,13 +32,19 @@ Schema ``megatron-4d-advisor/plan``, version 1. One JSON object:
         flags of Megatron-LM core_v0.15.2; the launcher adds data, tokenizer and iterations.
 
 Memory is per GPU, in bytes (``predicted_bytes``) and GiB (2^30 bytes).
+
+``check_plan`` checks a plan document against itself before anything launches it (a plan may be
+edited by hand): one error line naming the file and the field.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
+from advisor import limits
+from advisor.errors import AdvisorError
 from advisor.megatron_args import MegatronSetup
 from advisor.memory import GIB
 from advisor.models import LlamaSpec
@@ -174,3 +180,137 @@ class Plan:
             "excluded": [{"scenario": name, "reason": reason} for name, reason in self.excluded],
             "megatron_args": list(self.megatron_args) if self.megatron_args is not None else None,
         }
+
+
+# --- checking a plan document --------------------------------------------------------------------
+
+
+def _int(document: dict, key: str, where: str, bound: limits.Bound) -> int:
+    if key not in document:
+        raise AdvisorError(f"{where}: missing {key!r}")
+    return limits.check_int(document[key], repr(key), bound, where)
+
+
+def _flag(args: list[str], flag: str) -> str | None:
+    """The value after the last ``flag`` in ``args`` (``--flag value`` or ``--flag=value``)."""
+    value = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _expand(layout: str) -> str:
+    """Megatron's layout shorthand expanded: 't*3' -> 'ttt', '(t|)*2' -> 't|t|'."""
+    for _ in range(64):  # nested repetitions, each pass expands the innermost
+        expanded = re.sub(r"\(([^()]*)\)\*(\d+)|([A-Za-z])\*(\d+)",
+                          lambda m: (m.group(1) if m.group(1) is not None else m.group(3))
+                          * min(int(m.group(2) or m.group(4)), limits.MODEL["num_layers"].high), layout)
+        if expanded == layout:
+            return layout
+        layout = expanded
+    return layout
+
+
+def split_from_args(args: list[str], num_layers: int, pp: int, origin: str) -> tuple[int, ...]:
+    """The decoder layers per pipeline stage that Megatron-LM builds from ``args``: its
+    ``--pipeline-model-parallel-layout``, its first/last-stage counts (the rest even), or the even
+    split (advisor.megatron_args writes one of these)."""
+    layout = _flag(args, "--pipeline-model-parallel-layout")
+    if layout is not None:
+        if len(layout) > 10_000 or not re.fullmatch(r"[A-Za-z|,()*\d\s]*", layout):
+            raise AdvisorError(f"{origin}: cannot read --pipeline-model-parallel-layout {layout[:40]!r}")
+        return tuple(stage.count("t") for stage in _expand(layout.replace(" ", "")).split("|"))
+    ends = {}
+    for key, flag in (("first", "--decoder-first-pipeline-num-layers"), ("last", "--decoder-last-pipeline-num-layers")):
+        value = _flag(args, flag)
+        if value is not None:
+            if not value.isdigit():
+                raise AdvisorError(f"{origin}: {flag} {value!r} is not a layer count")
+            ends[key] = int(value)
+    middle_stages = pp - len(ends)
+    middle_layers = num_layers - sum(ends.values())
+    if pp == 1 or middle_stages <= 0 or middle_layers < 0 or middle_layers % middle_stages:
+        if not ends and pp == 1:
+            return (num_layers,)
+        raise AdvisorError(f"{origin}: Megatron-LM cannot split {num_layers} layers over PP {pp} with "
+                           f"{', '.join(f'{k} stage {v}' for k, v in ends.items()) or 'an even split'}")
+    share = middle_layers // middle_stages
+    return (ends.get("first", share), *(share,) * (pp - 2), ends.get("last", share)) if pp > 1 else (share,)
+
+
+def check_plan(document: dict, origin: str) -> None:
+    """A plan document checked against itself (see the module docstring): its stages place the
+    model's layers in order on distinct GPUs of its world (no GPU -1), each stage on TP x DP x CP
+    GPUs; a launchable plan gives every stage the plan's degrees and Megatron rank order, its batch
+    adds up, and its megatron_args split the layers as its layers_per_stage says."""
+    where = origin
+    try:
+        spec = LlamaSpec(**document["model"])
+    except (KeyError, TypeError) as exc:
+        raise AdvisorError(f"{where}: 'model' is not a model spec ({exc})") from None
+    world = _int(document, "world_size", where, limits.GPUS)
+    counts = document.get("layers_per_stage")
+    if not isinstance(counts, list) or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
+                                               for c in counts) or sum(counts) != spec.num_layers:
+        raise AdvisorError(f"{where}: 'layers_per_stage' {str(counts)[:40]} must be layer counts that sum to the "
+                           f"model's {spec.num_layers} layers")
+    stages = document.get("stages")
+    if not isinstance(stages, list) or len(stages) != len(counts):
+        raise AdvisorError(f"{where}: 'stages' must list one stage per entry of layers_per_stage ({len(counts)})")
+    used: dict[int, int] = {}
+    next_layer = 1
+    for index, (stage, count) in enumerate(zip(stages, counts)):
+        at = f"{where}: stage {index}"
+        if not isinstance(stage, dict):
+            raise AdvisorError(f"{at} must be an object")
+        if _int(stage, "stage", at, limits.Bound(0, len(counts) - 1, "")) != index:
+            raise AdvisorError(f"{at}: 'stage' is {stage['stage']}; stages are listed in order")
+        first = _int(stage, "first_layer", at, limits.Bound(1, spec.num_layers + 1, ""))
+        last = _int(stage, "last_layer", at, limits.Bound(0, spec.num_layers, ""))
+        if first != next_layer or last - first + 1 != count:
+            raise AdvisorError(f"{at}: layers {first}..{last} do not follow on from the stage before with "
+                               f"layers_per_stage's {count} layers (expected {next_layer}..{next_layer + count - 1})")
+        next_layer = last + 1
+        degrees = [_int(stage, key, at, limits.DEGREE) for key in ("tp", "dp", "cp")]
+        gpus = stage.get("gpus")
+        if not isinstance(gpus, list) or len(gpus) != degrees[0] * degrees[1] * degrees[2]:
+            raise AdvisorError(f"{at}: 'gpus' must list TP x DP x CP = {degrees[0] * degrees[1] * degrees[2]} GPUs")
+        for gpu in gpus:
+            if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < world:
+                raise AdvisorError(f"{at}: GPU {str(gpu)[:20]} is not in the plan's world of {world} (0..{world - 1})")
+            if gpu in used:
+                raise AdvisorError(f"{at}: GPU {gpu} is also stage {used[gpu]}'s")
+            used[gpu] = index
+    if len(used) != world:
+        raise AdvisorError(f"{where}: 'world_size' is {world}, but the stages use {len(used)} GPUs")
+    if document.get("launchable") is True:
+        _check_launchable(document, spec, counts, stages, where)
+
+
+def _check_launchable(document: dict, spec: LlamaSpec, counts: list[int], stages: list[dict], where: str) -> None:
+    tp, cp, dp = (_int(document, key, where, limits.DEGREE) for key in ("tp", "cp", "dp"))
+    for index, stage in enumerate(stages):
+        if (stage["tp"], stage["dp"], stage["cp"]) != (tp, dp, cp):
+            raise AdvisorError(f"{where}: stage {index} has TP {stage['tp']}, DP {stage['dp']}, CP {stage['cp']}, but "
+                               f"the plan is marked launchable with TP {tp}, DP {dp}, CP {cp} on every stage (stock "
+                               f"Megatron-LM gives all stages the same degrees)")
+        size = tp * cp * dp
+        if sorted(stage["gpus"]) != list(range(index * size, (index + 1) * size)):
+            raise AdvisorError(f"{where}: stage {index}'s GPUs are not Megatron's ranks {index * size}.."
+                               f"{(index + 1) * size - 1} (rank order tp-cp-dp-pp)")
+    mbs = _int(document, "micro_batch_size", where, limits.MICRO_BATCH)
+    microbatches = _int(document, "num_microbatches", where, limits.GLOBAL_BATCH)
+    gbs = _int(document, "global_batch_size", where, limits.GLOBAL_BATCH)
+    if gbs != mbs * dp * microbatches:
+        raise AdvisorError(f"{where}: 'global_batch_size' is {gbs}, but micro_batch_size x DP x num_microbatches = "
+                           f"{mbs} x {dp} x {microbatches} = {mbs * dp * microbatches}")
+    args = document.get("megatron_args")
+    if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
+        raise AdvisorError(f"{where}: 'megatron_args' must be a list of strings")
+    built = split_from_args(args, spec.num_layers, len(counts), where)
+    if list(built) != list(counts):
+        raise AdvisorError(f"{where}: its megatron_args make Megatron-LM build {'/'.join(map(str, built))} layers per "
+                           f"stage, its layers_per_stage say {'/'.join(map(str, counts))} (the flags are what launches)")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
 from advisor.cli.options import (
-    EPILOG, InputError, TokenCount, color_wanted, emit, gpu_options, memory_options, model_choice_options,
-    model_options, output_options, parse_numbers, workload_options,
+    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit, gpu_options,
+    memory_options, model_choice_options, model_options, output_options, parse_numbers, workload_options,
 )
 
 TABLE_ROWS = 30
@@ -80,11 +81,11 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None):
 
 
 @click.command(epilog=EPILOG)
-@click.option("--gpus", type=click.IntRange(min=1), required=True, help="Total number of GPUs.")
+@click.option("--gpus", type=GPUS, required=True, help="Total number of GPUs.")
 @gpu_options
 @model_options
 @workload_options
-@click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8, show_default=True,
+@click.option("--threshold", type=FRACTION, default=0.8, show_default=True,
               help="With --memory-model paper: 'fits' up to this fraction of --mem; 'tight' up to all of it.")
 @click.option("--all", "show_all", is_flag=True, help="Include the oom rows.")
 @click.option("--top", type=click.IntRange(min=1), default=None,
@@ -121,6 +122,8 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     oom (> mem; hidden without --all), ranked by its rule (Section 4.2):
       1. fits before tight   2. no recomputation first   3. smallest TP x CP x PP
       4. largest MBS   5. smallest TP   6. smallest PP, fewest recomputed layers, lowest memory
+    When nothing fits, one line says what the least layout needs, and the exit
+    status is 1 (bad input is 2).
 
     \b
     Examples:
@@ -175,7 +178,8 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
                 spec, workload.seq_len, tp=p.tp, cp=p.cp, layers_per_stage=row.layers_per_stage,
                 micro_batch_size=p.mbs, global_batch_size=workload.global_batch_size, options=row_options,
                 virtual_stages=p.vpp))
-            if fmt == "csv":
+            if fmt == "csv":  # the README's columns: the options as one JSON cell, the flags as one line
+                entry["options"] = json.dumps(entry["options"], sort_keys=True)
                 entry["megatron_args"] = " ".join(entry["megatron_args"])
                 entry["layers_per_stage"] = render.counts_text(entry["layers_per_stage"])
                 entry.pop("split", None), entry.pop("recompute_text", None)
@@ -195,8 +199,6 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         caption = ", ".join(f"{n} {v}" for v, n in counts.items()) + hidden
         if len(shown) < len(selected):
             caption += f"; best {len(shown)} of {len(selected)} shown (--top N)"
-        if not any(row.rank for row in rows):
-            caption = f"nothing fits: {caption}. Try more GPUs or a shorter --seq-len."
         text = render.to_table(
             dicts, _row_columns(memory_model != "paper", gpu is not None, tokens is not None),
             title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by),
@@ -204,23 +206,44 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         )
     if fmt != "table":
         click.echo(f"advisor sweep: {searched}", err=True)
+    if not any(row.rank for row in rows) and not show_all:
+        # No empty table: one line saying why, and what is left to try; exit status 1 (no result).
+        click.echo(_nothing_fits(rows, counts, space, mem), err=True)
+        if fmt != "table":
+            emit(text, output)
+        click.get_current_context().exit(1)
     emit(text, output)
 
 
+def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
+    least = min(rows, key=lambda row: row.estimate.total_gib, default=None)
+    hints = ["more GPUs", "a shorter --seq-len"]
+    if space.recompute in ("none", "selective"):  # auto and full have tried full recomputation
+        hints.insert(1, "--recompute auto")
+    if space.split == "even":
+        hints.insert(1, "--split auto")
+    need = "" if least is None else (
+        f"; the least any layout needs is {least.estimate.total_gib:.1f} GiB per GPU against {mem:g} GiB "
+        f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
+    tally = ", ".join(f"{n} {v}" for v, n in counts.items())
+    tries = f"{', '.join(hints[:-1])} or {hints[-1]}"
+    return f"advisor sweep: nothing fits: {tally}{need}. Try {tries} (--all shows the rows)"
+
+
 @click.command(epilog=EPILOG)
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor parallel size.")
-@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True, help="Context parallel size.")
-@click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True, help="Pipeline parallel size.")
-@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True, help="Micro-batch size.")
-@click.option("--gpus", type=click.IntRange(min=1), default=None,
+@click.option("--tp", type=DEGREE, default=1, show_default=True, help="Tensor parallel size.")
+@click.option("--cp", type=DEGREE, default=1, show_default=True, help="Context parallel size.")
+@click.option("--pp", type=DEGREE, default=1, show_default=True, help="Pipeline parallel size.")
+@click.option("--mbs", type=MICRO_BATCH, default=1, show_default=True, help="Micro-batch size.")
+@click.option("--gpus", type=GPUS, default=None,
               help="Total GPUs; DP = GPUS / (TP x CP x PP). Give this or --dp.")
-@click.option("--dp", type=click.IntRange(min=1), default=None, help="Data parallel size (instead of --gpus).")
-@click.option("--vpp", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--dp", type=DEGREE, default=None, help="Data parallel size (instead of --gpus).")
+@click.option("--vpp", type=DEGREE, default=1, show_default=True,
               help="Virtual pipeline stages per rank (interleaved 1F1B).")
 @click.option("--layers-per-stage", default=None, metavar="N,N,...",
               help="Uneven pipeline split, one layer count per stage (for example 7,9,9,7).")
 @gpu_options
-@click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=0.8, show_default=True)
+@click.option("--threshold", type=FRACTION, default=0.8, show_default=True)
 @click.option("--memory-model", type=click.Choice(["calibrated", "paper"]), default=None,
               help="calibrated (default with --gpu) or paper (Eq. 18 and its 80% rule; default without).")
 @click.option("--tokens", type=TokenCount(), default=None,

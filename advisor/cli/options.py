@@ -15,6 +15,7 @@ from typing import Callable
 
 import click
 
+from advisor import limits
 from advisor.errors import AdvisorError
 
 EPILOG = "Docs, the method and the file schemas: README.md. Errors exit with status 2."
@@ -61,6 +62,43 @@ class OneLineCommand(OneLineErrors, click.Command):
     """A stand-alone command (``python -m ...``) whose bad input is one line, exit status 2."""
 
 
+class Bounded(click.ParamType):
+    """A number within a bound of ``advisor.limits``; a float is also finite (inf and nan are
+    refused: --mem inf made everything "fit" and wrote Infinity into the JSON)."""
+
+    def __init__(self, bound: limits.Bound, *, integer: bool = True, low_open: bool = False) -> None:
+        self.bound, self.integer, self.low_open = bound, integer, low_open
+        self.name = "integer" if integer else "float"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = int(value, 10) if self.integer else float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{value!r} is not {'an integer' if self.integer else 'a number'}", param, ctx)
+        try:
+            if self.integer:
+                return limits.check_int(number, "", self.bound)
+            return limits.check_float(number, "", self.bound, low_open=self.low_open)
+        except AdvisorError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+GIB = Bounded(limits.GPU_MEMORY_GIB, integer=False, low_open=True)
+"""Memory of one GPU in GiB (--mem, --memory-limit)."""
+FRACTION = Bounded(limits.MEMORY_FRACTION, integer=False, low_open=True)
+GPUS = Bounded(limits.GPUS)
+GPUS_PER_NODE = Bounded(limits.GPUS_PER_NODE)
+DEGREE = Bounded(limits.DEGREE)
+SEQ_LEN = Bounded(limits.SEQ_LEN)
+GLOBAL_BATCH = Bounded(limits.GLOBAL_BATCH)
+MICRO_BATCH = Bounded(limits.MICRO_BATCH)
+LAYERS = Bounded(limits.MODEL["num_layers"])
+VOCABULARY = Bounded(limits.MODEL["vocab_size"])
+
+
 def apply_options(options: list[Callable], func: Callable) -> Callable:
     """Decorate ``func`` with click options and arguments, listed in the order --help shows them."""
     for option in reversed(options):
@@ -76,7 +114,6 @@ _MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_
 
 def model_options(func: Callable) -> Callable:
     """--model NAME|config.json plus Megatron-style overrides -> ``spec: LlamaSpec``."""
-    positive = click.IntRange(min=1)
 
     @functools.wraps(func)
     def wrapper(*args, model: str, **kwargs):
@@ -91,12 +128,12 @@ def model_options(func: Callable) -> Callable:
                 "--model", default="llama3.1-8b", show_default=True, metavar="NAME|config.json",
                 help="A preset (see 'advisor models') or a Hugging Face Llama config.json.",
             ),
-            click.option("--num-layers", type=positive, help="Override L."),
-            click.option("--hidden-size", type=positive, help="Override h."),
-            click.option("--ffn-hidden-size", type=positive, help="Override h_ffn."),
-            click.option("--num-attention-heads", type=positive, help="Override a."),
-            click.option("--num-query-groups", type=positive, help="Override k (KV heads)."),
-            click.option("--vocab-size", type=positive, help="Override v."),
+            click.option("--num-layers", type=Bounded(limits.MODEL["num_layers"]), help="Override L."),
+            click.option("--hidden-size", type=Bounded(limits.MODEL["hidden_size"]), help="Override h."),
+            click.option("--ffn-hidden-size", type=Bounded(limits.MODEL["ffn_hidden_size"]), help="Override h_ffn."),
+            click.option("--num-attention-heads", type=Bounded(limits.MODEL["num_attention_heads"]), help="Override a."),
+            click.option("--num-query-groups", type=Bounded(limits.MODEL["num_query_groups"]), help="Override k (KV heads)."),
+            click.option("--vocab-size", type=Bounded(limits.MODEL["vocab_size"]), help="Override v."),
             click.option(
                 "--tie-embeddings/--untie-embeddings", default=None,
                 help="Override whether the LM head shares the embedding.",
@@ -117,9 +154,8 @@ def workload_options(func: Callable) -> Callable:
 
     return apply_options(
         [
-            click.option("--seq-len", type=click.IntRange(min=1), default=8192, show_default=True,
-                         help="Sequence length s."),
-            click.option("--gbs", type=click.IntRange(min=1), default=1024, show_default=True,
+            click.option("--seq-len", type=SEQ_LEN, default=8192, show_default=True, help="Sequence length s."),
+            click.option("--gbs", type=GLOBAL_BATCH, default=1024, show_default=True,
                          help="Global batch size (sequences per iteration)."),
         ],
         wrapper,
@@ -133,7 +169,7 @@ def _recompute_options(searchable: bool) -> list:
                          show_default=True, help="Activation recomputation (--recompute-granularity)."),
             click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default="uniform",
                          show_default=True, help="With --recompute full: how layers are checkpointed."),
-            click.option("--recompute-num-layers", type=click.IntRange(min=1), default=1, show_default=True,
+            click.option("--recompute-num-layers", type=LAYERS, default=1, show_default=True,
                          help="With --recompute full: N of --recompute-num-layers."),
         ]
     return [
@@ -143,7 +179,7 @@ def _recompute_options(searchable: bool) -> list:
                           "whatever is fastest); none: the paper's space; selective/full: every row."),
         click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default=None,
                      help="With --recompute full: pin the method (default: block, N searched)."),
-        click.option("--recompute-num-layers", type=click.IntRange(min=1), default=None,
+        click.option("--recompute-num-layers", type=LAYERS, default=None,
                      help="With --recompute full: pin N (default: searched)."),
         click.option("--split", type=click.Choice(["auto", "even"]), default="auto", show_default=True,
                      help="auto: any PP, each row's layers per stage chosen by the planner; even: Megatron's "
@@ -198,7 +234,7 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
                          help="Sequence parallelism with TP > 1; without it 8sbh per layer stays whole per TP rank."),
             click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
                          help="Without FlashAttention the softmax output (2as^2b per layer) is kept."),
-            click.option("--vocab-divisible-by", type=click.IntRange(min=1), default=None,
+            click.option("--vocab-divisible-by", type=VOCABULARY, default=None,
                          help="Pad v to a multiple of this x TP, like Megatron's "
                               "--make-vocab-size-divisible-by (128 there). Default: 1, i.e. v padded to a multiple of TP "
                               "as Megatron does even then (the paper's vocabularies need none)."),
@@ -360,9 +396,9 @@ def gpu_options(func: Callable) -> Callable:
             click.option("--gpu", default=None, metavar="NAME",
                          help="A GPU preset (see 'advisor gpus'): memory, FLOP/s, bandwidths and GPUs per "
                               "node; enables the time model and the calibrated verdicts."),
-            click.option("--mem", type=click.FloatRange(min=0, min_open=True), default=None,
+            click.option("--mem", type=GIB, default=None,
                          help="Memory per GPU in GiB (overrides --gpu's)."),
-            click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+            click.option("--gpus-per-node", type=GPUS_PER_NODE, default=None,
                          help="GPUs per node (NVLink domain); caps TP. Default: --gpu's, else 8."),
         ],
         wrapper,

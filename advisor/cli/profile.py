@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 
+from advisor import limits
 from advisor.cli.options import (
-    EPILOG, InputError, apply_options, color_wanted, document_options, emit, emit_document, model_options,
-    output_options, parse_numbers,
+    DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MICRO_BATCH, SEQ_LEN, Bounded, InputError, apply_options,
+    color_wanted, document_options, emit, emit_document, model_options, output_options, parse_numbers,
 )
 
 SECTIONS = ("ranks", "layers", "compare")
@@ -118,21 +119,21 @@ def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
 
 @profile.command("plan", epilog=EPILOG)
 @model_options
-@click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs the profiling runs may use (G).")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--gpus", type=GPUS, required=True, help="GPUs the profiling runs may use (G).")
+@click.option("--gpus-per-node", type=GPUS_PER_NODE, default=8, show_default=True,
               help="K: DP/TP sub-meshes stay inside a node.")
-@click.option("--seq-len", type=click.IntRange(min=1), default=8192, show_default=True, help="Sequence length.")
-@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--seq-len", type=SEQ_LEN, default=8192, show_default=True, help="Sequence length.")
+@click.option("--mbs", type=MICRO_BATCH, default=1, show_default=True,
               help="Target micro-batch: sequences per microbatch entering the pipeline.")
-@click.option("--gbs", type=click.IntRange(min=1), default=1024, show_default=True, help="Target global batch.")
+@click.option("--gbs", type=GLOBAL_BATCH, default=1024, show_default=True, help="Target global batch.")
 @click.option("--mode", type=click.Choice(["full", "reduced"]), default="full", show_default=True,
               help="full: CAPTURE's Description 1 (about 10 L runs); reduced: 3 partitionings per scenario "
                    "and batch, for the 1F1B-aware predictor.")
 @click.option("--fractions", default="0.5,0.25", show_default=True, metavar="F1,F2",
               help="The two fractions of the target microbatch to profile at.")
-@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--cp", type=DEGREE, default=1, show_default=True,
               help="Context parallel size of every run (and of the target).")
-@click.option("--microbatches", type=click.IntRange(min=1), default=None,
+@click.option("--microbatches", type=Bounded(limits.PROFILING_MICROBATCHES), default=None,
               help="Microbatches per profiling run (default: min(stages, target's)).")
 @click.option("--units", default=None, metavar="N,N,...",
               help="Layers per merged unit for the DP/TP runs (CAPTURE's layer merger, Section III-A3).")
@@ -197,13 +198,19 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
 # --- advisor profile run -----------------------------------------------------------------
 
 
+def _named_directory(ctx, param, value: str) -> Path:
+    if value == "":  # Path("") is ".": the runs would land in the current directory
+        raise click.BadParameter("an empty path names no directory; give the directory for the runs")
+    return Path(value)
+
+
 def run_options(func):
     """CAMPAIGN, --out, --backend, --layer-spec, --threads, --memory-limit: shared by 'advisor
     profile run' and the runner it starts (python -m megatron_hooks.campaign_runner), which
     receives them unchanged."""
     return apply_options([
         click.argument("campaign", type=click.Path(dir_okay=False, path_type=Path)),
-        click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+        click.option("--out", required=True, type=click.Path(file_okay=False), callback=_named_directory,
                      help="Directory for the runs: OUT/<run id>/rank*.jsonl (what 'advisor recommend --profile' "
                           "reads)."),
         click.option("--backend", type=click.Choice(["cpu", "symbolic"]), default="cpu", show_default=True,
@@ -213,9 +220,9 @@ def run_options(func):
         click.option("--layer-spec", type=click.Choice(["transformer_engine", "local"]), default=None,
                      help="--backend symbolic: the layer spec of the run to stand for (default transformer_engine, "
                           "Megatron-LM's --transformer-impl; local: megatron-core's own modules)."),
-        click.option("--threads", type=click.IntRange(min=1), default=None,
+        click.option("--threads", type=Bounded(limits.threads()), default=None,
                      help="Intra-op threads per emulated GPU (default: cores / (TP x DP))."),
-        click.option("--memory-limit", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
+        click.option("--memory-limit", type=GIB, default=None, metavar="GIB",
                      help="Memory of each emulated GPU in GiB: a rank that needs more ends OOM, which is recorded "
                           "as the run's outcome (default: no limit)."),
     ], func)
@@ -235,10 +242,13 @@ def run_options(func):
                    "of one torchrun per node, for campaigns wider than a node.")
 @click.option("--rdzv-port", type=click.IntRange(1, 65535), default=None,
               help="With --slurm: the c10d rendezvous port on the allocation's first node (default 29500).")
+@click.option("--force", is_flag=True,
+              help="CPU emulator: run a campaign even if it is estimated to take more than "
+                   f"{limits.CPU_EMULATION_SECONDS / 3600:g} h or more memory than this machine has available.")
 @click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]")
 def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None, threads: int | None,
                 memory_limit: float | None, megatron_lm: str | None, mock_data: bool, train_iters: int | None,
-                slurm: bool, rdzv_port: int | None, user_args: tuple[str, ...]) -> None:
+                slurm: bool, rdzv_port: int | None, force: bool, user_args: tuple[str, ...]) -> None:
     """Execute a profiling campaign (from 'advisor profile plan'), resuming where it stopped.
 
     \b
@@ -251,6 +261,10 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
     --slurm, inside an allocation, runs span several nodes. Runs
     already complete under --out (every rank ended ok or oom) are skipped;
     partial ones are run again; an OOM is an outcome, not a failure.
+    Before the CPU emulator starts, the command says what the runs will cost
+    (time and memory, from their shapes) and refuses, with every other
+    incompatibility, what cannot finish on this machine (over
+    an hour, or more memory than is available) unless --force is given.
     With --backend symbolic, no GPU and any model size: every rank of every
     run is profiled on fake tensors with megatron-core's real modules and
     optimizer, the CUDA kernels stood in for; --memory-limit then predicts
@@ -278,7 +292,8 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
     import sys
 
     from advisor.cli import progress
-    from advisor.capture.campaign_run import prepare, scan
+    from advisor.capture.campaign_run import EmulationBudget, prepare, scan
+    from advisor.limits import GIB as GIB_BYTES
     from advisor.capture.relay import missing_modules, relay
 
     gpus = megatron_lm is not None
@@ -296,11 +311,16 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
                  else "--rdzv-port" if rdzv_port else f"'{user_args[0]}'")
         raise InputError(f"{given} is for Megatron-LM runs: give --megatron-lm DIR (the CPU emulator takes no "
                          f"Megatron-LM arguments)")
-    document = prepare(campaign, out, backend="megatron" if gpus else backend, layer_spec=layer_spec)
+    emulated = not gpus and backend == "cpu"
+    budget = EmulationBudget(threads=threads, memory_limit_bytes=memory_limit and memory_limit * GIB_BYTES)
+    document = prepare(campaign, out, backend="megatron" if gpus else backend, layer_spec=layer_spec,
+                       budget=budget if emulated and not force else None)
     scan(document, out)  # runs of another campaign under --out: refused before the runner starts
     if missing := missing_modules():
         raise InputError(f"advisor profile run needs torch and megatron-core, and {' and '.join(missing)} "
                          f"cannot be imported here: pip install torch && pip install -e '.[megatron]'")
+    if emulated and (cost := budget.cost(document, out)).runs:
+        click.echo(f"advisor profile run: {cost.summary()}", err=True)
     if gpus:
         options = ["--megatron-lm", megatron_lm, *(["--mock-data"] if mock_data else []),
                    *(["--train-iters", str(train_iters)] if train_iters else []), *(["--slurm"] if slurm else []),

@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from advisor.cli.options import (
-    EPILOG, InputError, color_wanted, document_options, emit_document, gpu_options, memory_options, model_options,
-    workload_options,
+    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, color_wanted, document_options, emit_document,
+    gpu_options, memory_options, model_options, workload_options,
 )
 
 
@@ -23,7 +23,7 @@ PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num
 @click.option("--profile", "profiles", multiple=True, type=click.Path(path_type=Path),
               help="A run directory (rank*.jsonl) or a directory of them; repeat for more. Without it the plan "
                    "comes from the analytic models (seed 004's memory, the time model with --gpu).")
-@click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs of the target run.")
+@click.option("--gpus", type=GPUS, required=True, help="GPUs of the target run.")
 @gpu_options
 @click.option("--objective", type=click.Choice(["memory", "time"]), default="memory", show_default=True,
               help="memory: the lowest peak (CAPTURE); time: the shortest period, the slowest stage's forward "
@@ -34,15 +34,15 @@ PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num
                    "per-stage DP/TP degrees (not launchable on stock Megatron; profiles, memory objective).")
 @click.option("--predictor", type=click.Choice(["1f1b", "capture"]), default="1f1b", show_default=True,
               help="With profiles: 1f1b: per-module terms by pipeline position; capture: CAPTURE's M_i/M_a.")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Megatron mode: TP.")
-@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--tp", type=DEGREE, default=1, show_default=True, help="Megatron mode: TP.")
+@click.option("--cp", type=DEGREE, default=1, show_default=True,
               help="Without profiles: CP (profiles carry their own).")
-@click.option("--pp", type=click.IntRange(min=1), default=None, help="Megatron mode: pipeline stages (required).")
-@click.option("--mbs", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--pp", type=DEGREE, default=None, help="Megatron mode: pipeline stages (required).")
+@click.option("--mbs", type=MICRO_BATCH, default=1, show_default=True,
               help="Micro-batch size (Megatron's, per DP replica; in hybrid mode the pipeline microbatch).")
 @click.option("--merge-to", type=click.IntRange(min=1), default=None,
               help="Merge layers to this many units first (CAPTURE's layer merger, Section III-A3).")
-@click.option("--threshold", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+@click.option("--threshold", type=FRACTION, default=None,
               help="--objective time keeps every stage within this fraction of --mem (default 0.8 for the "
                    "analytic estimator, seed 004's rule; 1.0 with profiles, which measure what it leaves out).")
 @click.option("--png", type=click.Path(dir_okay=False, path_type=Path), default=None,

@@ -70,11 +70,11 @@ def write_artefacts(results: Results, out: Path) -> list[Path]:
 )
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
               show_default="tables/out", help="Folder for the tables, PNGs, RESULTS.md and summary.json.")
-@click.option("--readme", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=DEFAULT_README,
-              show_default="tables/README.md", help="Markdown file whose results section (between its "
-              "BEGIN/END RESULTS markers) is rewritten.")
+@click.option("--readme", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Markdown file whose results section (between its BEGIN/END RESULTS markers) is rewritten. "
+                   "Default: tables/README.md when the tables go to tables/out; with another --out, none.")
 @click.option("--no-readme", is_flag=True, help="Leave the README alone; write only under --out.")
-def main(out: Path, readme: Path, no_readme: bool) -> None:
+def main(out: Path, readme: Path | None, no_readme: bool) -> None:
     """Reproduce seed 004's Tables 2-11 and score the advisor against its 454 real runs.
 
     \b
@@ -88,9 +88,11 @@ def main(out: Path, readme: Path, no_readme: bool) -> None:
     \b
     Examples:
       python -m tables.seed004
-      python -m tables.seed004 --out /tmp/seed004 --no-readme
+      python -m tables.seed004 --out /tmp/seed004   # tables/README.md left alone
     """
     started = time.perf_counter()
+    if readme is None:  # the committed README quotes the committed tables only
+        readme, no_readme = DEFAULT_README, no_readme or out.resolve() != DEFAULT_OUT.resolve()
     results = analyse(with_validation=True)
     # The new README is made first, so that a README without markers stops before any write.
     new_readme = None if no_readme else replace_between(

@@ -1,0 +1,172 @@
+"""A campaign document checked against itself, before any run starts: one validator for the file
+kind that ``advisor profile run`` and both runners execute (schema: ``advisor/capture/campaign.py``).
+
+Every field a runner uses is typed and bounded (``advisor.limits``), and every field that another
+one implies must agree with it: a run's ``pp`` is its number of stages, its ``world_size`` is
+TP x DP x CP x PP, its ``pipeline_microbatch`` is the micro-batch x DP, its ``global_batch_size``
+the pipeline microbatch x microbatches; TP divides the attention and KV heads; a run fits the
+campaign's GPUs and its sub-mesh a node. A run id names a directory: letters, digits and ``._+=-``,
+starting with a letter or a digit (no blank, newline, NUL, slash or leading dot). The first problem
+is one ``AdvisorError`` naming the file, the run and the field.
+
+``emulation_problems`` lists, all at once, what the CPU emulator cannot run as planned.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from advisor import limits
+from advisor.errors import AdvisorError
+from advisor.memory import tp_problem
+from advisor.models import LlamaSpec
+
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
+SETUP_DTYPES = ("bfloat16", "float16", "float32")
+_DEGREES = ("tp", "dp", "cp", "pp")
+
+
+class _Fields:
+    """Typed, bounded access to one JSON object, with messages naming the file and the object."""
+
+    def __init__(self, document: object, where: str) -> None:
+        if not isinstance(document, dict):
+            raise AdvisorError(f"{where} must be a JSON object, got {_kind(document)}")
+        self.document, self.where = document, where
+
+    def get(self, key: str):
+        if key not in self.document:
+            raise AdvisorError(f"{self.where}: missing {key!r}")
+        return self.document[key]
+
+    def integer(self, key: str, bound: limits.Bound) -> int:
+        return limits.check_int(self.get(key), repr(key), bound, self.where)
+
+    def boolean(self, key: str) -> bool:
+        value = self.get(key)
+        if not isinstance(value, bool):
+            raise AdvisorError(f"{self.where}: {key!r} must be true or false, got {_kind(value)}")
+        return value
+
+
+def _kind(value: object) -> str:
+    text = repr(value)
+    if len(text) <= 40:
+        return text
+    return {dict: "an object", list: "a long list"}.get(type(value), text[:37] + "...")
+
+
+def run_id_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a run's directory, or None."""
+    if not isinstance(name, str):
+        return f"a run id must be a string, got {_kind(name)}"
+    if len(name) > limits.RUN_ID_CHARS or not RUN_ID.fullmatch(name):
+        return (f"run id {_kind(name)} cannot name a directory: use up to {limits.RUN_ID_CHARS} letters, digits "
+                f"and ._+=-, starting with a letter or a digit")
+    return None
+
+
+def check_campaign(document: object, path: Path | str) -> LlamaSpec:
+    """Check a campaign document (see the module docstring); returns its model."""
+    top = _Fields(document, str(path))
+    try:
+        spec = LlamaSpec(**_Fields(top.get("model"), f"{path}: 'model'").document)
+    except TypeError as exc:
+        raise AdvisorError(f"{path}: 'model' is not a model spec ({exc})") from None
+    except AdvisorError as exc:
+        raise AdvisorError(f"{path}: 'model': {exc}") from None
+    seq_len = top.integer("seq_len", limits.SEQ_LEN)
+    gpus, per_node = top.integer("gpus", limits.GPUS), top.integer("gpus_per_node", limits.GPUS_PER_NODE)
+    cp = top.integer("cp", limits.DEGREE)
+    setup = _Fields(top.get("setup"), f"{path}: 'setup'")
+    if setup.get("params_dtype") not in SETUP_DTYPES:
+        raise AdvisorError(f"{path}: 'setup': 'params_dtype' must be one of {', '.join(SETUP_DTYPES)}, got "
+                           f"{_kind(setup.get('params_dtype'))}")
+    setup.boolean("distributed_optimizer")
+    sequence_parallel = setup.boolean("sequence_parallel")
+    runs = top.get("runs")
+    if not isinstance(runs, list) or not runs:
+        raise AdvisorError(f"{path}: 'runs' must be a non-empty list of runs, got {_kind(runs)}")
+    limits.check_int(len(runs), "the number of runs", limits.CAMPAIGN_RUNS, str(path))
+    seen: set[str] = set()
+    for index, run in enumerate(runs):
+        fields = _Fields(run, f"{path}: run {index + 1}")
+        if problem := run_id_problem(fields.get("id")):
+            raise AdvisorError(f"{path}: run {index + 1}: {problem}")
+        name = run["id"]
+        if name in seen:
+            raise AdvisorError(f"{path}: run id {name!r} appears twice")
+        seen.add(name)
+        fields.where = f"{path}: run {name}"
+        _check_run(fields, spec, seq_len, gpus, per_node, cp, sequence_parallel)
+    return spec
+
+
+def _check_run(fields: _Fields, spec: LlamaSpec, seq_len: int, gpus: int, per_node: int, cp: int,
+               sequence_parallel: bool) -> None:
+    where, run = fields.where, fields.document
+    tp, dp, run_cp, pp = (fields.integer(key, limits.DEGREE) for key in _DEGREES)
+    mbs = fields.integer("micro_batch_size", limits.MICRO_BATCH)
+    microbatches = fields.integer("num_microbatches", limits.PROFILING_MICROBATCHES)
+    counts = fields.get("layers_per_stage")
+    if (not isinstance(counts, list) or not counts or len(counts) > limits.MODEL["num_layers"].high
+            or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in counts)
+            or sum(counts) != spec.num_layers):
+        raise AdvisorError(f"{where}: 'layers_per_stage' {_kind(counts)} must be positive layer counts that sum to "
+                           f"the model's {spec.num_layers} layers")
+    implied = {
+        "pp": (len(counts), "the number of stages in layers_per_stage"),
+        "world_size": (tp * dp * run_cp * pp, f"TP x DP x CP x PP = {tp} x {dp} x {run_cp} x {pp}"),
+        "pipeline_microbatch": (mbs * dp, f"micro_batch_size x DP = {mbs} x {dp}"),
+        "global_batch_size": (mbs * dp * microbatches,
+                              f"micro_batch_size x DP x num_microbatches = {mbs} x {dp} x {microbatches}"),
+        "cp": (cp, "the campaign's cp"),
+    }
+    for key, (value, why) in implied.items():
+        given = fields.integer(key, limits.GPUS if key == "world_size" else limits.GLOBAL_BATCH)
+        if given != value:
+            raise AdvisorError(f"{where}: {key!r} is {given}, but {why} is {value}")
+    if run["world_size"] > gpus:
+        raise AdvisorError(f"{where}: 'world_size' {run['world_size']} is more than the campaign's {gpus} GPUs")
+    if tp * dp * run_cp > per_node:
+        raise AdvisorError(f"{where}: a stage's TP x DP x CP = {tp * dp * run_cp} GPUs is more than a node's "
+                           f"{per_node} (gpus_per_node)")
+    if problem := tp_problem(spec, tp):
+        raise AdvisorError(f"{where}: {problem}")
+    if run_cp > 1 and seq_len % (2 * run_cp):
+        raise AdvisorError(f"{where}: the sequence length {seq_len} must be divisible by 2 x CP = {2 * run_cp}")
+    if sequence_parallel and tp > 1 and (seq_len // run_cp) % tp:
+        raise AdvisorError(f"{where}: sequence parallelism needs the sequence per CP rank ({seq_len // run_cp}) "
+                           f"divisible by TP {tp}")
+    args = run.get("megatron_args", [])
+    if not isinstance(args, list) or not all(isinstance(arg, str) and "\0" not in arg for arg in args):
+        raise AdvisorError(f"{where}: 'megatron_args' must be a list of strings without NUL bytes")
+    for key in ("launchable",):
+        if key in run and not isinstance(run[key], bool):
+            raise AdvisorError(f"{where}: {key!r} must be true or false, got {_kind(run[key])}")
+
+
+def emulation_problems(campaign: dict) -> list[str]:
+    """Everything the CPU emulator cannot run as planned (it runs torch's Adam unsharded on every
+    rank, and no sequence or context parallelism), each with how many runs and the first of them;
+    empty if it can run every run. ``campaign`` was checked by ``check_campaign``."""
+    spec = LlamaSpec(**campaign["model"])
+    setup = campaign["setup"]
+    rules = [
+        (lambda run: run["dp"] > 1 and setup["distributed_optimizer"],
+         "DP > 1 with the distributed optimizer, which the emulator does not shard", "--no-distributed-optimizer"),
+        (lambda run: run["tp"] > 1 and setup["sequence_parallel"],
+         "TP > 1 with sequence parallelism, which the emulator cannot run", "--no-sequence-parallel"),
+        (lambda run: run["cp"] > 1, "CP > 1; the emulator runs no context parallelism", "--cp 1"),
+        (lambda run: spec.vocab_size % run["tp"] or spec.ffn_hidden_size % run["tp"],
+         f"a TP that does not divide the vocabulary ({spec.vocab_size}) and the FFN size "
+         f"({spec.ffn_hidden_size}), which the emulator splits evenly", None),
+    ]
+    problems = []
+    for applies, what, remedy in rules:
+        hit = [run["id"] for run in campaign["runs"] if applies(run)]
+        if hit:
+            fix = f" (plan it with {remedy})" if remedy else ""
+            problems.append(f"{len(hit)} run(s) with {what}, first {hit[0]}{fix}")
+    return problems

@@ -1,0 +1,188 @@
+"""Issue 17's hostile inputs, through the real commands: each is one line on stderr and exit
+status 2 (``Invoker.error`` checks both, and no traceback), or, where it is valid, works.
+
+The readers and validators have their own tests (test_fileio, test_profiles, test_campaign_run,
+test_plan_check); this table checks that every command reaches them before any work."""
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+EXAMPLE_RUN = ROOT / "examples" / "launch" / "profiles" / "pp-b1-2,2,2,2"
+HF = json.loads((ROOT / "tests" / "fixtures" / "hf_configs" / "llama3.1-8b.json").read_text())
+SWEEP = ["sweep", "--gpus", 8, "--mem", 40]
+RECOMMEND = ["recommend", "--profile", EXAMPLE_RUN, "--gpus", 4, "--pp", 4, "--mbs", 1, "--gbs", 4]
+
+
+def _config(tmp_path, text):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    return path
+
+
+def _with(**changes):
+    return lambda tmp_path: _config(tmp_path, json.dumps({**HF, **changes}))
+
+
+def _fifo(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    return tmp_path / "fifo"
+
+
+def _run_with(edit):
+    def make(tmp_path):
+        run = tmp_path / "run"
+        shutil.copytree(EXAMPLE_RUN, run)
+        edit(run / "rank00001.jsonl")
+        return run
+    return make
+
+
+def _header(**changes):
+    def edit(path):
+        lines = path.read_text().splitlines()
+        lines[0] = json.dumps({**json.loads(lines[0]), **changes})
+        path.write_text("\n".join(lines) + "\n")
+    return edit
+
+
+def _fifo_rank(path):
+    path.unlink()
+    os.mkfifo(path)
+
+
+FLAGS = [  # (arguments, what the line says)
+    (SWEEP[:-2] + ["--mem", "inf"], "'--mem': must be a finite number, got inf"),
+    (SWEEP[:-2] + ["--mem", "nan"], "'--mem': must be a finite number, got nan"),
+    (SWEEP[:-2] + ["--mem", "1e400"], "'--mem': must be a finite number, got inf"),
+    (SWEEP[:-2] + ["--mem", "100000"], "'--mem': must be at most 16384"),
+    (SWEEP + ["--threshold", "nan"], "'--threshold': must be a finite number"),
+    (["estimate", "--gpus", 8, "--mem", "nan"], "'--mem': must be a finite number, got nan"),
+    (RECOMMEND + ["--mem", "nan"], "'--mem': must be a finite number, got nan"),
+    (RECOMMEND + ["--mem", "inf"], "'--mem': must be a finite number, got inf"),
+    (SWEEP + ["--num-layers", 10**18], "'--num-layers': must be at most 4,096, got 1000000000000000000"),
+    (SWEEP + ["--num-layers", 1000000007], "'--num-layers': must be at most 4,096"),
+    (SWEEP + ["--hidden-size", 10**400], "'--hidden-size': must be at most 1,048,576, got a 401-digit number"),
+    (SWEEP + ["--seq-len", 10**9], "'--seq-len': must be at most 16,777,216"),
+    (["sweep", "--gpus", 10**7, "--mem", 40], "'--gpus': must be at most 1,048,576"),
+    (SWEEP + ["--gpus-per-node", 0], "'--gpus-per-node': must be at least 1"),
+    (["profile", "plan", "--gpus", 8, "--num-layers", 100000, "--mode", "full"], "'--num-layers': must be at most"),
+    (["estimate", "--gpus", 8, "--tp", "2.5"], "'--tp': '2.5' is not an integer"),
+    (SWEEP + ["--vocab-divisible-by", 10**30], "'--vocab-divisible-by': must be at most 16,777,216"),
+    (SWEEP + ["--recompute", "full", "--recompute-num-layers", 10**21], "'--recompute-num-layers': must be at most"),
+    (SWEEP[:-2] + ["--gpu", "h100-80gb", "--gpus-per-node", 5000], "'--gpus-per-node': must be at most 1,024"),
+    (SWEEP[:-2] + ["--gpu", "h100-80gb", "--tokens", "1e400"], "must be a positive, finite token count"),
+    (["profile", "run", ROOT / "pyproject.toml", "--out", ""], "'--out': an empty path names no directory"),
+]
+
+
+@pytest.mark.parametrize("args,message", FLAGS, ids=[" ".join(map(str, a))[-50:] for a, _ in FLAGS])
+def test_hostile_flags(advisor, args, message):
+    assert message in advisor.error(*args)
+
+
+FILES = [  # (make the file under tmp_path, the command given it, what the line says)
+    (_with(hidden_size=10**400), "model", "line 1: hidden_size = 100000000000000000000000000... does not fit in 64 bits"),
+    (_with(head_dim={}), "model", "head_dim must be a positive integer, got an object"),
+    (_with(model_type=["llama"]), "model", "model_type must be a string, got a list"),
+    (_with(num_key_value_heads=0), "model", "num_key_value_heads must be a positive integer, got 0"),
+    (lambda p: _config(p, "[" * 200_000 + "]" * 200_000), "model", "JSON nested deeper than 64 levels"),
+    (lambda p: _config(p, '{"hidden_size": NaN}'), "model", "hidden_size = NaN is not a JSON number"),
+    (_fifo, "model", "fifo is a FIFO (named pipe); a model config.json is read from a regular file only"),
+    (_fifo, "campaign", "fifo is a FIFO (named pipe); a campaign file is read from a regular file only"),
+    (_run_with(lambda path: path.write_bytes(path.read_bytes()[:-2] + b"\xff\n")), "show", "not UTF-8 text"),
+    (_run_with(_header(layers_per_stage=["2", "2", "2", "2"])), "show",
+     "field 'layers_per_stage' must be a list of integers"),
+    (_run_with(_header(world_size=8)), "show", "world_size 8 is not TP x CP x PP x DP"),
+    (_run_with(_header(coords={"tp": 3, "cp": 0, "pp": 1, "dp": 0})), "show", "coords tp = 3 is out of range"),
+    (_run_with(_header(rank=2)), "show", "rank00001.jsonl: the header says rank 2, the file name another"),
+    (_run_with(_fifo_rank), "show", "rank00001.jsonl is a FIFO (named pipe)"),
+    (_run_with(lambda path: path.unlink()), "recommend", "no rank file for rank 1 of its world of 4"),
+]
+COMMANDS = {
+    "model": lambda path: SWEEP + ["--model", path],
+    "campaign": lambda path: ["profile", "run", path, "--out", path.parent / "runs"],
+    "show": lambda path: ["profile", "show", path],
+    "recommend": lambda path: ["recommend", "--profile", path, "--gpus", 4, "--pp", 4, "--mbs", 1, "--gbs", 4],
+}
+
+
+@pytest.mark.parametrize("make,command,message", FILES, ids=[f"{c}: {m[:40]}" for _, c, m in FILES])
+def test_hostile_files(advisor, tmp_path, make, command, message):
+    assert message in advisor.error(*COMMANDS[command](make(tmp_path)))
+
+
+def test_output_files_that_are_not_replaced(advisor, tmp_path):
+    read_only = tmp_path / "old.json"
+    read_only.write_text("old")
+    read_only.chmod(0o444)
+    for target, message in [("/dev/null", "/dev/null is a character device"), ("/dev/full", "/dev/full is a"),
+                            (read_only, "is read-only; it is not replaced"), (tmp_path, "is a directory"),
+                            (tmp_path / "no" / "x.json", f"no such directory: {tmp_path / 'no'}")]:
+        assert message in advisor.error(*SWEEP, "-o", target)
+    assert read_only.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["old.json"]
+
+
+def _advisor(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "advisor", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+def test_output_files_that_are_written(tmp_path):
+    """Real processes (stdout is a pipe here, not CliRunner's buffer): '-' and /dev/stdout are
+    standard output; a symbolic link is followed and kept; a new file gets the umask's mode; a
+    245-character name works (the temporary name is shortened to fit)."""
+    for stdout in ("-", "/dev/stdout"):
+        result = _advisor(*SWEEP, "--format", "json", "-o", stdout, cwd=tmp_path)
+        assert result.returncode == 0 and json.loads(result.stdout)[0]["rank"] == 1
+    (tmp_path / "target.json").write_text("x")
+    (tmp_path / "link.json").symlink_to("target.json")
+    assert _advisor(*SWEEP, "--format", "json", "-o", "link.json", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "link.json").is_symlink() and json.loads((tmp_path / "target.json").read_text())
+    long = "a" * 240 + ".json"
+    old = os.umask(0o027)
+    try:
+        assert _advisor(*SWEEP, "-o", long, cwd=tmp_path).returncode == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / long).stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([long, "link.json", "target.json"])
+
+
+def test_profile_plan_writes_nothing_on_bad_input(advisor, tmp_path):
+    out = tmp_path / "campaign.json"
+    assert "'--num-layers'" in advisor.error("profile", "plan", "--gpus", 8, "--num-layers", 10**18, "-o", out)
+    assert not Path(out).exists()
+
+
+@pytest.mark.parametrize("counts", ["1x1000000000", "1x" + "9" * 30, "3x5000"])
+def test_emulate_layer_counts_are_bounded_before_a_list_is_built(counts):
+    """python -m megatron_hooks.emulate --layers-per-stage 1x1000000000 built a list of 10^9
+    counts (an out-of-memory) and 1x10^30 an OverflowError traceback."""
+    from conftest import Invoker
+
+    from megatron_hooks.emulate_cli import main
+
+    line = Invoker(main).error("--layers-per-stage", counts, "--seq-len", 16, "--out", "unused")
+    assert "'--layers-per-stage': more than 4,096 stages" in line
+
+
+def test_emulate_without_torch_is_one_line(tmp_path):
+    """python -m megatron_hooks.emulate where torch cannot be imported dumped a raw
+    ModuleNotFoundError; it is one line and exit 2 (torch hidden from a real interpreter)."""
+    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['emulate', '--layers-per-stage', '2,2', "
+            f"'--seq-len', '16', '--out', {str(tmp_path / 'out')!r}]; "
+            "runpy.run_module('megatron_hooks.emulate', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        "Error: python -m megatron_hooks.emulate needs torch and megatron-core, and torch cannot be imported here: "
+        "pip install torch && pip install -e '.[megatron]'"]
+    assert not (tmp_path / "out").exists()
