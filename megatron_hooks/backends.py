@@ -48,6 +48,12 @@ disagreed by a [s, b] tensor (256 bytes in the tiny test model: the flaky
 for it, and copies the results back in place: the communication thread holds only the copies, and
 the program's tensors live exactly as long as the program keeps them, as the CUDA caching
 allocator counts a tensor that NCCL reduces in place.
+
+Point-to-point ops (``send``, ``recv_``, ``recv_any_source_``: pipeline parallelism) go through
+untouched. Their tensors are not held by a worker thread (the work object holds them, and the
+caller drops it after its own ``wait()``), and they cannot be waited for here: gloo counts
+completions on a send or receive buffer, so the caller's second ``wait()`` on the same work waits
+for a second message that never comes, and every PP >= 2 run hung at its first send.
 """
 
 from __future__ import annotations
@@ -187,7 +193,7 @@ class _StorageTracker(TorchDispatchMode):
         return release
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "c10d":
+        if func.namespace == "c10d" and func._opname not in _POINT_TO_POINT:
             return _collective_on_copies(func, args, kwargs or {})
         out = func(*args, **(kwargs or {}))
         if _returns_fresh_storage(func):
@@ -205,6 +211,10 @@ class _StorageTracker(TorchDispatchMode):
                     f"has {self.limit} (memory limit)"
                 )
         return out
+
+
+_POINT_TO_POINT = frozenset({"send", "recv_", "recv_any_source_"})
+"""c10d ops that the tracker passes through (module docstring)."""
 
 
 def _lend(value, lent: dict):

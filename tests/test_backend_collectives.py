@@ -75,3 +75,53 @@ def test_no_tracked_storage_is_released_off_the_main_thread(megatron_world, monk
     finally:
         backend.stop()
     assert len(threads) >= 50 and all(threads)
+
+
+def _pipeline_pair(rank: int, init_file: str) -> None:
+    """One of two pipeline stages: stage 0 sends a microbatch forward and receives its gradient
+    back, as megatron-core's 1F1B does, once with isend/irecv and once with batch_isend_irecv,
+    all under the tracker. Exits 0 when every message arrived intact."""
+    import os
+    import sys
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    backend = CpuBackend()
+    backend.start()
+    try:
+        peer = 1 - rank
+        sent = torch.full((32, 1, 64), float(rank + 1), dtype=torch.bfloat16)
+        received = torch.empty_like(sent)
+        first, second = (dist.isend, dist.irecv) if rank == 0 else (dist.irecv, dist.isend)
+        works = [first(sent if rank == 0 else received, peer), second(received if rank == 0 else sent, peer)]
+        for work in works:
+            work.wait()  # the caller's wait, after the tracker saw the op: hung before the fix
+        assert torch.all(received == peer + 1)
+        received.zero_()
+        ops = [dist.P2POp(dist.isend, sent, peer), dist.P2POp(dist.irecv, received, peer)]
+        for work in dist.batch_isend_irecv(ops if rank == 0 else ops[::-1]):
+            work.wait()
+        assert torch.all(received == peer + 1)
+    finally:
+        backend.stop()
+        dist.destroy_process_group()
+    sys.exit(0)
+
+
+def test_point_to_point_under_the_tracker_completes(tmp_path):
+    """Pipeline parallelism's sends and receives pass through the tracker: gloo counts completions
+    on a point-to-point work, so waiting for it in the tracker and again in the caller deadlocked
+    every PP >= 2 profiled run (two real processes here, over gloo)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    stages = [context.Process(target=_pipeline_pair, args=(rank, str(tmp_path / "init"))) for rank in (0, 1)]
+    for stage in stages:
+        stage.start()
+    for stage in stages:
+        stage.join(timeout=120)
+    hung = [stage for stage in stages if stage.is_alive()]
+    for stage in hung:
+        stage.kill()
+    assert not hung, "a pipeline stage is still waiting for its peer"
+    assert [stage.exitcode for stage in stages] == [0, 0]
