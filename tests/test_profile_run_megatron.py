@@ -104,8 +104,10 @@ def test_the_emulator_measures_what_the_real_pipeline_measures(profiled):
     assert compared == 6 * 2 * (4 + 2)  # runs x iterations x (decoder layers + embedding + output)
 
 
-def test_a_second_run_resumes_with_nothing_to_do(profiled, real_checkout):
+def test_a_second_run_resumes_with_nothing_to_do(profiled, real_checkout, monkeypatch):
     root, *_ = profiled
+    for key, value in launch_env(real_checkout).items():  # the first run's environment (torchrun on PATH)
+        monkeypatch.setenv(key, value)
     stamps = {path: path.stat().st_mtime_ns for path in (root / "runs").glob("*/rank*.jsonl")}
     again = Invoker()("profile", "run", root / "campaign.json", "--out", root / "runs", "--megatron-lm",
                       real_checkout.path, "--mock-data", "--", *CPU_TRAINING)
