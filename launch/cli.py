@@ -18,7 +18,7 @@ from typing import Callable
 
 import click
 
-from advisor.cli.options import InputError, OneLineErrors, apply_options
+from advisor.cli.options import GPUS, GPUS_PER_NODE, InputError, OneLineErrors, apply_options
 from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
@@ -174,9 +174,9 @@ def cli() -> None:
 @cli.command("torchrun", cls=LaunchCommand, epilog=EPILOG)
 @input_options
 @run_options
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+@click.option("--nproc-per-node", type=GPUS_PER_NODE, default=None,
               help="GPUs per node (default: the plan's GPUs per node, else 8, at most the world size).")
-@click.option("--nnodes", type=click.IntRange(min=1), default=None,
+@click.option("--nnodes", type=GPUS, default=None,
               help="Nodes (default: the world size / --nproc-per-node).")
 @click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
               help="Several nodes: where they meet (c10d rendezvous; run the same command on every node).")
@@ -226,9 +226,9 @@ _JOB_NAME = re.compile(r"[^\w.-]+")
 @cli.command("sbatch", cls=LaunchCommand, epilog=EPILOG)
 @input_options
 @run_options
-@click.option("--nodes", type=click.IntRange(min=1), default=None,
+@click.option("--nodes", type=GPUS, default=None,
               help="Nodes (#SBATCH --nodes; default: the world size / --gpus-per-node).")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+@click.option("--gpus-per-node", type=GPUS_PER_NODE, default=None,
               help="GPUs per node (default: the plan's, else 8, at most the world size).")
 @click.option("--partition", default=None, help="#SBATCH --partition.")
 @click.option("--account", default=None, help="#SBATCH --account.")

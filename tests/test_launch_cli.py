@@ -196,6 +196,11 @@ def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, chec
          "stock Megatron-LM cannot build this hybrid plan", "--mode megatron"),
         ([*run, "--nproc-per-node", 3], "needs 8 GPUs (TP", "not a whole number of nodes of --nproc-per-node 3"),
         ([*run, "--nnodes", 2, "--nproc-per-node", 8], "needs 8 GPUs", "--nnodes 2 x --nproc-per-node 8 = 16"),
+        ([*run, "--nproc-per-node", 10**20], "--nproc-per-node", "must be at most 1,024"),
+        ([*run, "--nnodes", 10**20], "--nnodes", "must be at most 1,048,576"),
+        (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--gpus-per-node", 2000], "--gpus-per-node",
+         "must be at most 1,024"),
+        (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--nodes", 0], "--nodes", "must be at least 1"),
         (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--nodes", 3], "needs 8 GPUs",
          "which --nodes 3 nodes cannot share equally"),
         ([*run, "--", "--micro-batch-size", "64", "--fp16"], "--micro-batch-size 64 (after --) conflicts with "
