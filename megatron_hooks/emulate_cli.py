@@ -95,8 +95,8 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
           --ffn-hidden-size 512 --num-attention-heads 4 --num-query-groups 2 --vocab-size 1024 \\
           --layers-per-stage 3,3,2 --seq-len 128 --num-microbatches 4 --out profiles/uneven
       python -m megatron_hooks.emulate ... --stage 1 --tp 2 --out profiles/stage1
-      python -m megatron_hooks.emulate --model llama3.1-8b --layers-per-stage 8,8,8,8 --seq-len 8192 \
-          --num-microbatches 4 --dtype bfloat16 --backend symbolic --layer-spec transformer_engine \
+      python -m megatron_hooks.emulate --model llama3.1-8b --layers-per-stage 8,8,8,8 --seq-len 8192 \\
+          --num-microbatches 4 --dtype bfloat16 --backend symbolic --layer-spec transformer_engine \\
           --out profiles/8b-pp4
     """
     from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
