@@ -2,7 +2,7 @@
 
 Times ``megatron_hooks.emulate.run_stage`` (two iterations, the CPU backend, one process, the
 runner's default threads) for stage shapes of two sets: the FIT set determines the model's three
-constants (least squares on FLOPs / threads, module passes and a constant per stage), the CHECK
+constants (non-negative least squares on FLOPs / threads, module passes and a constant per stage), the CHECK
 set, different shapes, reports measured / estimated with the constants in the module. Also the
 resident memory of a process before and after its stage (ru_maxrss), against the model's estimate.
 
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import scipy.optimize
 
 from advisor.capture import campaign_cost
 from advisor.models import LlamaSpec
@@ -85,7 +86,9 @@ def main() -> None:
             rows = [(case[0], *measure(case)) for case in FIT]
             matrix = np.array([[terms.flops / THREADS, terms.passes, 1.0] for *_, terms in rows])
             measured = np.array([seconds for _, seconds, _, _ in rows])
-            (inverse_rate, per_pass, per_stage), *_ = np.linalg.lstsq(matrix, measured, rcond=None)
+            # Non-negative least squares: a negative time per pass or per stage is not a cost (plain
+            # least squares gave SECONDS_PER_STAGE = -0.58 s on an idle machine).
+            (inverse_rate, per_pass, per_stage), _ = scipy.optimize.nnls(matrix, measured)
             print(f"fit on {len(rows)} shapes: FLOPS_PER_CORE = {1 / inverse_rate:.3g}, SECONDS_PER_PASS = "
                   f"{per_pass:.3g}, SECONDS_PER_STAGE = {per_stage:.3g}")
             for name, seconds, estimate, _ in rows:

@@ -39,14 +39,18 @@ from advisor import limits
 from advisor.capture.campaign_run import PROFILING_ITERATIONS
 from advisor.models import LlamaSpec
 
-# Fitted by benchmarks/bench_emulation_cost.py on this project's 2-core x86_64 machine while other
-# jobs ran (2026-11-24): a loaded machine's constants, so on a quiet one the estimate errs long.
-FLOPS_PER_CORE = 8.2e9
+# Fitted by benchmarks/bench_emulation_cost.py (non-negative least squares on its FIT shapes) on
+# this project's 2-core x86_64 machine, idle (load average below 1), 2026-11-25. The first fit, on
+# 2026-11-24 while other jobs shared the cores, gave 8.2e9 FLOP/s, 0.024 s and 0.19 s, which put
+# the held-out stages 6 to 8 times too long on the idle machine: how far a busy machine can be
+# from this estimate, in the other direction.
+FLOPS_PER_CORE = 5.25e10
 """FP32 FLOP/s of one core in megatron-core's matmuls under the CPU backend (fitted)."""
-SECONDS_PER_PASS = 0.024
+SECONDS_PER_PASS = 0.0026
 """Fixed cost of one module's forward or backward pass (fitted)."""
-SECONDS_PER_STAGE = 0.19
-"""Building a stage's model and optimizer, and the collection between iterations (fitted)."""
+SECONDS_PER_STAGE = 0.0
+"""Building a stage's model and optimizer, and the collection between iterations (fitted: too small
+to tell from the other two terms on the idle machine)."""
 PROCESS_BYTES = 600 * limits.MIB
 """Resident memory of an emulation process before its model (torch and megatron-core imported;
 measured: 560-620 MiB)."""
