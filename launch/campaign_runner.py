@@ -61,10 +61,9 @@ def topology(campaign: dict, run: dict) -> Topology:
 
 def launch_problem(campaign: dict, *, slurm_nodes: int | None) -> str | None:
     """Why this runner cannot run the campaign as planned (on one node, or on an allocation of
-    ``slurm_nodes`` nodes), or None."""
-    per_node = campaign.get("gpus_per_node")
-    if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
-        return f"the campaign's gpus_per_node must be a positive integer, got {per_node!r}"
+    ``slurm_nodes`` nodes), or None. The campaign is one ``read_campaign`` checked (its
+    gpus_per_node a positive integer)."""
+    per_node = campaign["gpus_per_node"]
     for run in campaign["runs"]:
         if not run.get("launchable", True):
             return f"run {run['id']} is not launchable on stock Megatron-LM"

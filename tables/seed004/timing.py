@@ -31,6 +31,7 @@ PAPER_GLOBAL_BATCH = 1024
 
 FITTED = ("compute_factor", "attention_factor", "microbatch_overhead_s", "network_efficiency",
           "host_mask_ns_per_element")
+"""The constants fitted to the runs; every other one keeps its documented source."""
 PRIORS = {
     # name: (mean, standard deviation), each from a source outside the paper's runs.
     "compute_factor": (1.0, 0.15),  # the GEMMs run in a training run as fast as when benchmarked alone
@@ -45,7 +46,6 @@ step), and where the runs are silent the independent estimate decides."""
 DATA_SIGMA = 0.07
 """The log-error the runs are fitted to (the runs' own scatter: the fork's table differs from
 the paper by up to 16% in some cells); it weighs the priors against the data."""
-"""The constants fitted to the runs; every other one keeps its documented source."""
 PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "data" / "h100_sxm_gemm_attention.json"
 H100_SXM_PEAK = 989e12  # dense BF16, NVIDIA H100 SXM datasheet
 
