@@ -42,15 +42,16 @@ def byte_unit(values) -> tuple[str, int]:
     return next(((name, size) for name, size in BYTE_UNITS if largest >= size), ("B", 1))
 
 
-def counts_text(counts) -> str:
-    """Layers per stage in runs: [7, 8, 8, ..., 8, 7] -> '7,8x14,7'."""
+def counts_text(counts, separator: str = ",") -> str:
+    """Layers per stage in runs: [7, 8, 8, ..., 8, 7] -> '7,8x14,7' (a campaign's run ids use
+    separator '.': '7.8x14.7')."""
     runs: list[list[int]] = []
     for count in counts:
         if runs and runs[-1][0] == count:
             runs[-1][1] += 1
         else:
             runs.append([count, 1])
-    return ",".join(str(count) if times == 1 else f"{count}x{times}" for count, times in runs)
+    return separator.join(str(count) if times == 1 else f"{count}x{times}" for count, times in runs)
 
 
 def to_json(obj: object) -> str:

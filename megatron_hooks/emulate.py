@@ -62,6 +62,7 @@ from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig
 from advisor.profiles import PARAMS_DTYPES
+from advisor.render import counts_text
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StageEmulation:
@@ -112,7 +113,7 @@ class StageEmulation:
             raise AdvisorError(f"layers per stage must be positive integers, got {list(counts)}")
         if sum(counts) != self.model.num_layers:
             raise AdvisorError(
-                f"layers per stage {','.join(map(str, counts))} sum to {sum(counts)}, "
+                f"layers per stage {counts_text(counts)} sum to {sum(counts)}, "
                 f"but the model has {self.model.num_layers} layers"
             )
         for name in ("seq_len", "micro_batch_size", "num_microbatches", "iterations", "tp", "dp", "cp", "threads",

@@ -141,6 +141,7 @@ def emulate():
 
 @pytest.mark.parametrize("args,message", [
     (["--layers-per-stage", "2,1"], "layers per stage 2,1 sum to 3, but the model has 4 layers"),
+    (["--layers-per-stage", "1x4000"], "layers per stage 1x4000 sum to 4000, but the model has 4 layers"),  # not 4000 1s
     (["--layers-per-stage", "2,x"], "expected comma-separated layer counts"),
     (["--layers-per-stage", "4,0"], "layers per stage must be positive integers"),
     (["--layers-per-stage", "2,2", "--stage", "2"], "stage 2 is not in a pipeline of 2 stages (0..1)"),

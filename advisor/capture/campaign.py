@@ -51,6 +51,7 @@ from advisor.megatron_args import MegatronSetup, megatron_args
 from advisor.memory import tp_problem
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
+from advisor.render import counts_text
 
 SCHEMA = "megatron-4d-advisor/campaign"
 VERSION = 1
@@ -142,19 +143,6 @@ class Campaign:
         }
 
 
-def _compact(counts: tuple[int, ...]) -> str:
-    """(2, 2, 2, 1, 3) -> '2x3.1.3'."""
-    parts, index = [], 0
-    while index < len(counts):
-        end = index
-        while end + 1 < len(counts) and counts[end + 1] == counts[index]:
-            end += 1
-        repeat = end - index + 1
-        parts.append(f"{counts[index]}x{repeat}" if repeat > 1 else str(counts[index]))
-        index = end + 1
-    return ".".join(parts)
-
-
 def profile_microbatches(target: int, fractions: tuple[float, ...], step: int) -> tuple[int, int]:
     """The two pipeline microbatches to profile: each fraction of ``target``, rounded up to a
     multiple of ``step`` (K for DP-K); the larger moves up a step if they coincide."""
@@ -244,7 +232,7 @@ def _campaign_run(spec: LlamaSpec, seq_len: int, scenario: Scenario, cp: int, la
         spec, seq_len, tp=scenario.tp, cp=cp, layers_per_stage=layers, micro_batch_size=batch // scenario.dp,
         global_batch_size=batch * m, options=setup.memory_options(), params_dtype=setup.params_dtype,
     )
-    return CampaignRun(id=f"{scenario.name}-b{batch}-{_compact(layers)}", scenario=scenario, cp=cp,
+    return CampaignRun(id=f"{scenario.name}-b{batch}-{counts_text(layers, '.')}", scenario=scenario, cp=cp,
                        layers_per_stage=layers, pipeline_microbatch=batch, num_microbatches=m, source=source,
                        megatron_args=tuple(args))
 
