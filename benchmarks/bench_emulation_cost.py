@@ -2,9 +2,10 @@
 
 Times ``megatron_hooks.emulate.run_stage`` (two iterations, the CPU backend, one process, the
 runner's default threads) for stage shapes of two sets: the FIT set determines the model's three
-constants (non-negative least squares on FLOPs / threads, module passes and a constant per stage), the CHECK
-set, different shapes, reports measured / estimated with the constants in the module. Also the
-resident memory of a process before and after its stage (ru_maxrss), against the model's estimate.
+constants (non-negative least squares on FLOPs / threads, module passes and a constant per
+stage), the CHECK set, different shapes, reports measured / estimated with the constants in the
+module. Also the resident memory of a process before and after its stage (ru_maxrss), against the
+model's estimate.
 
     python benchmarks/bench_emulation_cost.py [--only fit|check]
 

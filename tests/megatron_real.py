@@ -30,8 +30,9 @@ CUDA_ON_CPU = ROOT / "tests" / "fixtures" / "cuda_on_cpu"
 # project's H100 probe), plus gloo for the CPU; the user's arguments after '--' in these tests.
 NO_TRANSFORMER_ENGINE = ["--transformer-impl", "local", "--no-rope-fusion", "--no-persist-layer-norm",
                          "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-swiglu-fusion"]
-# A rank waiting for a peer that never answers fails after 3 minutes instead of Megatron's 10
-# (a launch takes about 10 s here): a hang costs CI minutes, not its whole budget.
+# A rank waiting for a peer that never answers fails after 3 minutes instead of Megatron's 10,
+# and a launch is given 5 (one takes 7-31 s here): a hang costs CI minutes, not its whole budget.
+LAUNCH_TIMEOUT_S = 300
 CPU_TRAINING = [*NO_TRANSFORMER_ENGINE, "--distributed-backend", "gloo", "--train-iters", "2", "--lr", "1e-4",
                 "--log-interval", "1", "--eval-iters", "0", "--eval-interval", "1000",
                 "--distributed-timeout-minutes", "3"]

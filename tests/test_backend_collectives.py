@@ -5,6 +5,9 @@ be after the program has dropped them; the CPU tracker counted them until then, 
 depended on thread scheduling (two TP ranks 256 bytes apart, campaign runs up to 64 KiB apart).
 The tracker now lends collectives untracked copies (megatron_hooks/backends.py)."""
 
+import multiprocessing
+import os
+import sys
 import threading
 
 import pytest
@@ -81,9 +84,6 @@ def _pipeline_pair(rank: int, init_file: str) -> None:
     """One of two pipeline stages: stage 0 sends a microbatch forward and receives its gradient
     back, as megatron-core's 1F1B does, once with isend/irecv and once with batch_isend_irecv,
     all under the tracker. Exits 0 when every message arrived intact."""
-    import os
-    import sys
-
     os.environ["OMP_NUM_THREADS"] = "1"
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     backend = CpuBackend()
@@ -92,8 +92,10 @@ def _pipeline_pair(rank: int, init_file: str) -> None:
         peer = 1 - rank
         sent = torch.full((32, 1, 64), float(rank + 1), dtype=torch.bfloat16)
         received = torch.empty_like(sent)
-        first, second = (dist.isend, dist.irecv) if rank == 0 else (dist.irecv, dist.isend)
-        works = [first(sent if rank == 0 else received, peer), second(received if rank == 0 else sent, peer)]
+        if rank == 0:  # forward out, gradient back
+            works = [dist.isend(sent, peer), dist.irecv(received, peer)]
+        else:
+            works = [dist.irecv(received, peer), dist.isend(sent, peer)]
         for work in works:
             work.wait()  # the caller's wait, after the tracker saw the op: hung before the fix
         assert torch.all(received == peer + 1)
@@ -112,8 +114,6 @@ def test_point_to_point_under_the_tracker_completes(tmp_path):
     """Pipeline parallelism's sends and receives pass through the tracker: gloo counts completions
     on a point-to-point work, so waiting for it in the tracker and again in the caller deadlocked
     every PP >= 2 profiled run (two real processes here, over gloo)."""
-    import multiprocessing
-
     context = multiprocessing.get_context("spawn")
     stages = [context.Process(target=_pipeline_pair, args=(rank, str(tmp_path / "init"))) for rank in (0, 1)]
     for stage in stages:

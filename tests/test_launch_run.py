@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from launch_support import launcher
-from megatron_real import CPU_TRAINING, checkout, launch_env, logged_losses, writable_copy
+from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, checkout, launch_env, logged_losses, writable_copy
 
 from advisor.equations import padded_vocab_size
 from advisor.profiles import check_complete, load_run
@@ -94,7 +94,8 @@ def test_real_pretrain_gpt_trains_with_the_hooks(name, core_0_15, advisor, tmp_p
     result = subprocess.run(
         [str(core_0_15.bin / "advisor-launch"), "torchrun", "--from", str(tmp_path / "estimate.json"),
          "--megatron-lm", str(core_0_15.path), "--mock-data", "--profile-dir", str(tmp_path / "profile"), "--",
-         *CPU_TRAINING], capture_output=True, text=True, timeout=300, env=launch_env(core_0_15), cwd=tmp_path)
+         *CPU_TRAINING], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=launch_env(core_0_15),
+        cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     if document["tp"] > 1:
         assert "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun" in result.stderr  # what the launcher ran
@@ -109,7 +110,8 @@ def test_core_0_19_trains_through_its_config_container_pretrain(advisor, tmp_pat
     result = subprocess.run(
         [str(release.bin / "advisor-launch"), "torchrun", "--from", str(tmp_path / "estimate.json"),
          "--megatron-lm", str(release.path), "--mock-data", "--profile-dir", str(tmp_path / "profile"), "--",
-         *CPU_TRAINING], capture_output=True, text=True, timeout=300, env=launch_env(release), cwd=tmp_path)
+         *CPU_TRAINING], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=launch_env(release),
+        cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     assert re.search(r"--vocab-size 4096\b", result.stderr)  # core 0.19's NullTokenizer: no extra row
     check_run(tmp_path / "profile", document, result.stdout + result.stderr, running_mean=True)
@@ -130,6 +132,7 @@ def test_sbatch_script_runs_torchrun_on_two_nodes(core_0_15, advisor, tmp_path):
     env = launch_env(core_0_15, SLURM_JOB_NODELIST="n[1-2]", SLURM_NNODES="2", SLURM_JOB_ID="4242",
                      SLURM_STANDIN_HOSTS="127.0.0.1 127.0.0.2")
     env["PATH"] = f"{SLURM}{os.pathsep}{env['PATH']}"
-    result = subprocess.run(["bash", script], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    result = subprocess.run(["bash", script], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=env,
+                            cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     check_run(tmp_path / "profile", document, result.stdout + result.stderr)
