@@ -23,7 +23,7 @@ from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
           "(layout, batch, model, memory switches) are refused. Errors exit with status 2; otherwise the exit "
-          "status is the launched command's. Docs: README.md (Launch).")
+          "status is the launched command's. Docs: docs/launch.md.")
 
 USER_ARGS_HELP = textwrap.dedent("""\
     \b

@@ -10,25 +10,16 @@ import click
 
 from advisor import limits
 from advisor.cli.options import GIB as GIB_TYPE
-from advisor.cli.options import Bounded, OneLineCommand, model_options
+from advisor.cli.options import Bounded, OneLineCommand, model_options, parse_layer_counts
 from advisor.memory import GIB
 from advisor.profiles import PARAMS_DTYPES
 
 
 def _layer_counts(ctx, param, value: str) -> tuple[int, ...]:
-    """3,5,4,4; a part LxN is N stages of L layers (as in campaign run ids): 1x80 is 80 one-layer stages."""
-    counts: list[int] = []
-    most = limits.MODEL["num_layers"].high  # stages and layers alike: 1x1000000000 was a list of 10^9
     try:
-        for part in value.split(","):
-            layers, _, repeat = part.partition("x")
-            times = int(repeat) if repeat else 1
-            if len(counts) + times > most:
-                raise click.BadParameter(f"more than {most:,} stages in {value[:40]!r}")
-            counts += [int(layers)] * times
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated layer counts like 3,5,4,4 or 1x80, got {value!r}") from None
-    return tuple(counts)
+        return parse_layer_counts(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
 
 
 def require_runtime() -> None:

@@ -63,7 +63,7 @@ def comparisons(name: str) -> dict[tuple[str, str, str], tuple[float, float]]:
 def section() -> str:
     names = list(RUNS)
     data = {name: comparisons(name) for name in names}
-    lines = [BEGIN, "", "| stage | term | seed 004 | " + " | ".join(
+    lines = [BEGIN, "", "| stage | term | 4D paper | " + " | ".join(
         f"{RUNS[name][0].split(',')[0]}: measured / estimated GiB (ratio)" for name in names) + " |",
         "|---|---|---|" + "---|" * len(names)]
     for stage, module, term in ROWS:
@@ -91,7 +91,7 @@ def main() -> None:
         for name in RUNS:
             shutil.rmtree(EXAMPLES / name, ignore_errors=True)
             subprocess.run(command(name), check=True, cwd=ROOT)
-    readme = ROOT / "README.md"
+    readme = ROOT / "docs" / "profiling.md"
     readme.write_text(replace_between(readme.read_text(), BEGIN, END, section()))
     print(f"wrote the comparison section of {readme}")
 

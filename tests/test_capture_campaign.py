@@ -80,8 +80,8 @@ def test_campaign_for_32_layers_on_16_gpus():
     # 10 (L - 1) = 310.
     assert all(plan.partitionings <= 34 for plan in campaign.scenarios)
     assert 300 <= len(campaign.runs) <= 340
-    # The README quotes this campaign (its first command) and its reduced form: the same counts.
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    # docs/capture.md quotes this campaign (its first command) and its reduced form: the same counts.
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "capture.md").read_text()
     full = re.search(r"advisor profile plan --gpus 16 --gpus-per-node 4 --mbs 8 -o campaign.json +# (\d+) runs", readme)
     reduced = re.search(r"advisor profile plan --gpus 16 --gpus-per-node 4 --mbs 8 --mode reduced +# (\d+) runs", readme)
     assert int(full.group(1)) == len(campaign.runs) == 318

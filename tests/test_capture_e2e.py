@@ -75,7 +75,7 @@ def test_recommended_layout_lowers_the_measured_peak(advisor, tmp_path):
     assert peaks[recommended] < peaks[even]
     assert reduction > 0.20
     # The storages are counted exactly, so the numbers are the same every run: the README's.
-    readme = (ROOT / "README.md").read_text().replace("\n", " ")
+    readme = (ROOT / "docs" / "capture.md").read_text().replace("\n", " ")
     quoted = (f"the recommended split {'/'.join(map(str, recommended))} measured {peaks[recommended] / MIB:.1f} MiB "
               f"at its peak against {peaks[even] / MIB:.1f} MiB for the even 4/4/4/4: **{reduction:.1%} lower**")
     assert quoted in readme, quoted

@@ -9,7 +9,8 @@ import click
 
 from advisor.cli.options import (
     DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit, gpu_options,
-    memory_options, model_choice_options, model_options, output_options, parse_numbers, workload_options,
+    memory_options, model_choice_options, model_options, output_options, parse_layer_counts, parse_numbers,
+    workload_options,
 )
 
 TABLE_ROWS = 30
@@ -284,7 +285,10 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         if dp is not None and dp != gpus // model_parallel:
             raise InputError(f"--dp {dp} disagrees with --gpus {gpus} / (TP x CP x PP) = {gpus // model_parallel}")
         dp = gpus // model_parallel
-    stages = parse_numbers(layers_per_stage, int, "--layers-per-stage") if layers_per_stage else None
+    try:
+        stages = parse_layer_counts(layers_per_stage) if layers_per_stage else None
+    except ValueError as error:
+        raise InputError(f"--layers-per-stage: {error}") from None
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     result = estimate_memory(spec, parallel, workload, options, stages)
     assessment = timing = parts = None

@@ -18,7 +18,7 @@ import click
 from advisor import limits
 from advisor.errors import AdvisorError
 
-EPILOG = "Docs, the method and the file schemas: README.md. Errors exit with status 2."
+EPILOG = "Docs, the method and the file schemas: README.md and docs/. Errors exit with status 2."
 
 
 class InputError(click.ClickException):
@@ -343,6 +343,24 @@ def parse_numbers(text: str, kind: Callable, option: str) -> tuple:
     except ValueError:
         what = "integers" if kind is int else "numbers"
         raise InputError(f"{option} must be comma-separated {what}, got {text!r}") from None
+
+
+def parse_layer_counts(text: str) -> tuple[int, ...]:
+    """'3,5,4,4' -> (3, 5, 4, 4); a part LxN is N stages of L layers, as the sweep prints them
+    ('7,8x14,7') and campaign run ids write them: 1x80 is 80 one-layer stages. ValueError says
+    what is wrong (the caller names its option)."""
+    counts: list[int] = []
+    most = limits.MODEL["num_layers"].high  # stages and layers alike: 1x1000000000 was a list of 10^9
+    for part in text.split(","):
+        layers, _, repeat = part.partition("x")
+        try:
+            times, layers = (int(repeat) if repeat else 1), int(layers)
+        except ValueError:
+            raise ValueError(f"expected comma-separated layer counts like 3,5,4,4 or 7,8x14,7, got {text!r}") from None
+        if len(counts) + times > most:
+            raise ValueError(f"more than {most:,} stages in {text[:40]!r}")
+        counts += [layers] * times
+    return tuple(counts)
 
 
 def color_wanted(output: Path | None) -> bool:
