@@ -98,7 +98,7 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None):
 @memory_options(searchable=True)
 @output_options
 def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
-          tokens, plot, options, space, fmt, output) -> None:
+          tokens, plot, options, space, release, fmt, output) -> None:
     """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
     layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
 
@@ -148,11 +148,14 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         from advisor.profile_terms import measured_activations
 
         measured = measured_activations(profile_dir)
-        measured.check_sweep(spec, options.flash_attention, options.sequence_parallel)
+        measured.check_sweep(spec, options.attention.flash_attention, options.tensor_parallel.sequence_parallel)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
                        space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens,
                        measured=measured)
     rows = result.rows
+    if result.escalation:
+        click.echo(f"advisor sweep: nothing fits with the options given; the rows use {result.escalation} "
+                   "(their options and megatron_args say so; lever_time_cost_s is its step-time cost)", err=True)
     searched = (f"{result.considered:,} layouts considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
                 f"{result.pruned:,} pruned as unable to fit or to win")
     verdicts = ("fits", "tight", "oom") if memory_model == "paper" else ("fits", "likely fits", "likely oom", "oom")
@@ -172,13 +175,13 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         if fmt == "table" or plot is not None:
             entry.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
         if fmt != "table":
-            p, row_options = row.parallel, row.options
+            p, row_options = row.parallel, row.training.at_tp(row.parallel.tp)
             if row_options not in changed:
                 changed[row_options] = row_options.changed()
             entry.update(options=changed[row_options], megatron_args=megatron_args(
                 spec, workload.seq_len, tp=p.tp, cp=p.cp, layers_per_stage=row.layers_per_stage,
                 micro_batch_size=p.mbs, global_batch_size=workload.global_batch_size, options=row_options,
-                virtual_stages=p.vpp))
+                virtual_stages=p.vpp, release=release))
             if fmt == "csv":  # the README's columns: the options as one JSON cell, the flags as one line
                 entry["options"] = json.dumps(entry["options"], sort_keys=True)
                 entry["megatron_args"] = " ".join(entry["megatron_args"])
@@ -254,7 +257,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
 @memory_options
 @output_options
 def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_per_node, threshold, memory_model,
-             tokens, spec, workload, options, fmt, output) -> None:
+             tokens, spec, workload, options, release, fmt, output) -> None:
     """Per-GPU memory of one configuration, stage by stage; with --gpu, its step time too.
 
     \b
@@ -271,6 +274,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
           --gbs 2048 --layers-per-stage 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 --tokens 15T
     """
     from advisor import render
+    from advisor.megatron_args import megatron_args
     from advisor.memory import GIB, estimate_memory
     from advisor.parallel import ParallelConfig
     from advisor.sweep import SweepRow, classify
@@ -290,6 +294,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     except ValueError as error:
         raise InputError(f"--layers-per-stage: {error}") from None
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
+    training, options = options.at_tp(tp), options.memory_options()
     result = estimate_memory(spec, parallel, workload, options, stages)
     assessment = timing = parts = None
     verdict = None
@@ -301,12 +306,15 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     elif mem:
         verdict = classify(result.total_gib, mem, threshold)
     if gpu is not None:
-        timing, parts = _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens)
+        timing, parts = _one_layout_time(spec, gpu, workload, parallel, stages, training, tokens)
     row = {
         **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
-                   assessment=assessment, timing=timing).to_dict(),
+                   assessment=assessment, timing=timing, training=training).to_dict(),
         "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
-        "options": options.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
+        "options": training.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
+        "megatron_args": megatron_args(spec, workload.seq_len, tp=tp, cp=cp, layers_per_stage=result.layers,
+                                       micro_batch_size=mbs, global_batch_size=workload.global_batch_size,
+                                       options=training, virtual_stages=vpp, release=release),
     }
     if parts is not None:
         row["time_parts"] = parts
@@ -355,9 +363,9 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     emit(text, output)
 
 
-def _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens):
+def _one_layout_time(spec, gpu, workload, parallel, stages, training, tokens):
     """(timing fields, time parts in seconds) of one layout, priced as the sweep prices its rows
-    (``advisor.rank_times``: its split, interleaving and recomputation)."""
+    (``advisor.rank_times``: its split, interleaving and recomputation) with its training options."""
     import numpy as np
 
     from advisor.memory import StageModel
@@ -367,7 +375,8 @@ def _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens):
 
     if workload.global_batch_size is None:
         raise InputError("predicting time needs a global batch size (--gbs)")
-    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size)
+    options = training.memory_options()
+    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, None, training.time_options())
     p = parallel
     counts = np.array([stages or (spec.num_layers // p.pp,) * p.pp])
     layouts = Timing(model, gpu.gpus_per_node).layouts(
