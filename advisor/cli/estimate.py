@@ -251,9 +251,15 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
 @model_options
 @workload_options
 @memory_options
+@click.option("--from-command", type=click.Path(dir_okay=False, allow_dash=True), default=None, metavar="FILE|-",
+              help="Read the layout, model and training options from your own pretrain_gpt.py argument list, "
+                   "torchrun / srun / python -m torch.distributed.run line or launch script ('-': stdin). "
+                   "The world size comes from torchrun's or Slurm's arguments, or --gpus.")
+@click.option("--compare-best", is_flag=True,
+              help="Also show the best row of 'advisor sweep' on the same GPUs, model and options.")
 @output_options
 def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_per_node, threshold, memory_model,
-             tokens, spec, workload, options, fmt, output) -> None:
+             tokens, spec, workload, options, from_command, compare_best, fmt, output) -> None:
     """Per-GPU memory of one configuration, stage by stage; with --gpu, its step time too.
 
     \b
@@ -264,17 +270,41 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     (as Megatron-LM counts FLOPs), MFU and tokens/s.
 
     \b
+    \b
+    --from-command reads your own launch instead: a pretrain_gpt.py argument list, a
+    torchrun / srun / python -m torch.distributed.run line, or a launch script as you
+    paste it (continuations, comments, VAR=value, $VAR, arrays). Flags that change
+    memory or time and are not priced are named in one line; data, logging, checkpoint
+    and learning-rate flags are skipped.
+
+    \b
     Examples (the public code's test case: 44.87 GiB states, 22.64 GiB activations):
       advisor estimate --tp 2 --pp 1 --mbs 1 --gpus 4 --model llama3.1-8b
+      advisor estimate --from-command train.sh --gpu h100-80gb --compare-best
       advisor estimate --tp 8 --pp 16 --gpus 16384 --gpu h100-80gb --model llama3.1-405b \\
           --gbs 2048 --layers-per-stage 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 --tokens 15T
     """
     from advisor import render
+    from advisor.megatron_args import megatron_args
     from advisor.memory import GIB, estimate_memory
     from advisor.parallel import ParallelConfig
     from advisor.sweep import SweepRow, classify
 
     memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens)
+    read = None
+    if from_command is not None:
+        from advisor.cli.from_command import read_inputs, refuse_explicit
+        from advisor.parallel import Workload
+
+        ctx = click.get_current_context()
+        refuse_explicit(ctx)
+        read = read_inputs(from_command, gpus=gpus, vocab_size=ctx.params.get("vocab_size"))
+        run, layout = read.run, read.run.layout
+        spec, options, gpus, dp = run.spec, run.options, read.gpus, read.dp
+        tp, cp, pp, mbs, vpp = layout.tp, layout.cp, layout.pp, layout.mbs, layout.vpp
+        layers_per_stage = ",".join(map(str, layout.layers_per_stage)) if pp > 1 else None
+        # Megatron's default global batch: one microbatch per DP rank (validate_args).
+        workload = Workload(seq_len=run.seq_len, global_batch_size=layout.global_batch_size or mbs * dp)
     model_parallel = tp * cp * pp
     if gpus is None and dp is None:
         raise InputError("give --gpus or --dp")
@@ -303,9 +333,26 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
                    assessment=assessment, timing=timing).to_dict(),
         "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
         "options": options.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
+        "megatron_args": megatron_args(spec, workload.seq_len, tp=tp, cp=cp, layers_per_stage=result.layers,
+                                       micro_batch_size=mbs, global_batch_size=workload.global_batch_size,
+                                       options=options, virtual_stages=vpp),
     }
     if parts is not None:
         row["time_parts"] = parts
+    notes = []
+    if read is not None:
+        from advisor.cli.from_command import unpriced_line
+
+        row.update(read_from=read.source, unpriced=list(read.run.unpriced))
+        notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced)] if line]
+        click.echo(f"advisor estimate: {notes[-1]}", err=True) if read.run.unpriced else None
+    if compare_best:
+        from advisor.cli.from_command import best_row_line
+
+        best, line = best_row_line(row, spec, workload, parallel.gpus, mem, threshold, gpu, gpus_per_node,
+                                   options, memory_model)
+        row["best_sweep_row"] = best
+        notes.append(line)
     stage_rows = [stage.to_dict() for stage in result.stages]
     if fmt == "json":
         text = render.to_json({**row, "stages": stage_rows})
@@ -343,6 +390,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
                                     if k != "total_s" and v > 0))
             if tokens is not None:
                 caption += f"\n{tokens:.3g} tokens: {timing['days']:.1f} days, {timing['gpu_hours']:,.0f} GPU-hours"
+        caption += "".join("\n" + note for note in notes)
         style = render.VERDICT_STYLES.get(row["verdict"])
         text = render.to_table(
             stage_rows, columns, title=title, caption=caption,
