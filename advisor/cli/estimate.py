@@ -285,10 +285,8 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
           --gbs 2048 --layers-per-stage 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 --tokens 15T
     """
     from advisor import render
-    from advisor.megatron_args import megatron_args
-    from advisor.memory import GIB, estimate_memory
+    from advisor.memory import GIB
     from advisor.parallel import ParallelConfig
-    from advisor.sweep import SweepRow, classify
 
     memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens)
     read = None
@@ -316,29 +314,9 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         dp = gpus // model_parallel
     stages = parse_numbers(layers_per_stage, int, "--layers-per-stage") if layers_per_stage else None
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
-    result = estimate_memory(spec, parallel, workload, options, stages)
-    assessment = timing = parts = None
-    verdict = None
-    if mem and memory_model == "calibrated":
-        from advisor.verdicts import assess
-
-        assessment = assess(result, spec, workload.seq_len, mbs, tp, cp, mem, options)
-        verdict = assessment.verdict
-    elif mem:
-        verdict = classify(result.total_gib, mem, threshold)
-    if gpu is not None:
-        timing, parts = _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens)
-    row = {
-        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
-                   assessment=assessment, timing=timing).to_dict(),
-        "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
-        "options": options.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
-        "megatron_args": megatron_args(spec, workload.seq_len, tp=tp, cp=cp, layers_per_stage=result.layers,
-                                       micro_batch_size=mbs, global_batch_size=workload.global_batch_size,
-                                       options=options, virtual_stages=vpp),
-    }
-    if parts is not None:
-        row["time_parts"] = parts
+    row, result, assessment, timing, parts = price_layout(
+        spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
+        tokens=tokens)
     notes = []
     if read is not None:
         from advisor.cli.from_command import unpriced_line
@@ -397,6 +375,40 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
             row_style=lambda stage_row: style if stage_row["stage"] == peak.stage else None, color=color_wanted(output),
         )
     emit(text, output)
+
+
+def price_layout(spec, workload, parallel, stages, options, *, gpu, mem, threshold, memory_model, tokens=None):
+    """One layout priced: (the estimate's row, the memory estimate, the calibrated assessment or
+    None, the timing fields or None, the time parts or None). The one pricing of ``estimate``,
+    also behind ``compare-log``."""
+    from advisor.megatron_args import megatron_args
+    from advisor.memory import estimate_memory
+    from advisor.sweep import SweepRow, classify
+
+    result = estimate_memory(spec, parallel, workload, options, stages)
+    assessment = timing = parts = verdict = None
+    if mem and memory_model == "calibrated":
+        from advisor.verdicts import assess
+
+        assessment = assess(result, spec, workload.seq_len, parallel.mbs, parallel.tp, parallel.cp, mem, options)
+        verdict = assessment.verdict
+    elif mem:
+        verdict = classify(result.total_gib, mem, threshold)
+    if gpu is not None:
+        timing, parts = _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens)
+    row = {
+        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
+                   assessment=assessment, timing=timing).to_dict(),
+        "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
+        "options": options.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
+        "megatron_args": megatron_args(spec, workload.seq_len, tp=parallel.tp, cp=parallel.cp,
+                                       layers_per_stage=result.layers, micro_batch_size=parallel.mbs,
+                                       global_batch_size=workload.global_batch_size, options=options,
+                                       virtual_stages=parallel.vpp),
+    }
+    if parts is not None:
+        row["time_parts"] = parts
+    return row, result, assessment, timing, parts
 
 
 def _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens):
