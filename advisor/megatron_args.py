@@ -29,6 +29,7 @@ from typing import Literal
 
 from advisor.memory import MemoryOptions
 from advisor.models import LlamaSpec
+from advisor.options import Attention, DataParallel, Precision, TensorParallel, TrainingOptions
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,6 +48,16 @@ class MegatronSetup:
 
     def memory_options(self) -> MemoryOptions:
         return MemoryOptions(distributed_optimizer=self.distributed_optimizer, sequence_parallel=self.sequence_parallel)
+
+    def training_options(self) -> TrainingOptions:
+        """The options a profiling run is launched with: Megatron's defaults for what the setup
+        does not decide (no DP overlap, the data loader's mask kept), which change no memory."""
+        return TrainingOptions(
+            precision=Precision(params_dtype=self.params_dtype),
+            data_parallel=DataParallel(distributed_optimizer=self.distributed_optimizer, overlap_grad_reduce=False,
+                                       overlap_param_gather=False),
+            tensor_parallel=TensorParallel(sequence_parallel=self.sequence_parallel),
+            attention=Attention(dataloader_mask="cached"))
 
 
 def _run_length(count: int) -> str:
@@ -102,8 +113,8 @@ def _model_args(spec: LlamaSpec, seq_len: int) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=256)
-def _memory_args(tp_above_one: bool, options: MemoryOptions, params_dtype: str) -> tuple[str, ...]:
-    return tuple(memory_args(tp=2 if tp_above_one else 1, options=options, params_dtype=params_dtype))
+def _training_args(tp_above_one: bool, options: TrainingOptions, release) -> tuple[str, ...]:
+    return tuple(options.megatron_args(tp=2 if tp_above_one else 1, release=release))
 
 
 def _number(value: float) -> str:
@@ -158,44 +169,18 @@ def parallel_args(
     ]
 
 
-def memory_args(*, tp: int, options: MemoryOptions, params_dtype: str = "bfloat16") -> list[str]:
-    """The flags behind every memory assumption of the estimator (advisor.memory.MemoryOptions)."""
-    args = []
-    dtype_flag = {"bfloat16": "--bf16", "float16": "--fp16", "float32": None}[params_dtype]
-    if dtype_flag:
-        args.append(dtype_flag)
-    if options.distributed_optimizer:
-        args.append("--use-distributed-optimizer")
-    if tp > 1 and options.sequence_parallel:
-        args.append("--sequence-parallel")
-    if params_dtype != "float32":
-        # With --bf16 Megatron accumulates and all-reduces gradients in FP32 (seed 004's 4 bytes)
-        # unless told otherwise (megatron/training/arguments.py).
-        args.append("--accumulate-allreduce-grads-in-fp32" if options.gradient_bytes == 4 else "--grad-reduce-in-bf16")
-    if options.recompute == "selective":
-        args += ["--recompute-granularity", "selective"]
-    elif options.recompute == "full":
-        args += ["--recompute-granularity", "full", "--recompute-method", options.recompute_method,
-                 "--recompute-num-layers", str(options.recompute_num_layers)]
-    if not options.flash_attention:
-        args += ["--attention-backend", "unfused"]
-    # Megatron pads the vocabulary to 128 x TP by default; 1 keeps it unpadded, as the paper.
-    args += ["--make-vocab-size-divisible-by", str(options.vocab_divisible_by or 1)]
-    return args
-
-
 def megatron_args(
     spec: LlamaSpec, seq_len: int, *, tp: int, cp: int, layers_per_stage: list[int] | tuple[int, ...],
-    micro_batch_size: int, global_batch_size: int, options: MemoryOptions = MemoryOptions(),
-    params_dtype: str = "bfloat16", virtual_stages: int = 1,
+    micro_batch_size: int, global_batch_size: int, options: TrainingOptions = TrainingOptions(),
+    virtual_stages: int = 1, release=None,
 ) -> list[str]:
-    """Everything Megatron-LM needs to build and batch this layout; the launcher adds data,
-    tokenizer and iterations."""
-    # A sweep writes these for thousands of rows: the model's and the memory flags repeat (TP
-    # enters memory_args only through TP > 1).
+    """Everything Megatron-LM needs to build and batch this layout, and every training option
+    the price assumed (``advisor.options``); the launcher adds data, tokenizer and iterations."""
+    # A sweep writes these for thousands of rows: the model's and the options' flags repeat (TP
+    # enters the options' flags only through TP > 1).
     return [
         *_model_args(spec, seq_len),
         *parallel_args(tp=tp, cp=cp, layers_per_stage=layers_per_stage, micro_batch_size=micro_batch_size,
                        global_batch_size=global_batch_size, virtual_stages=virtual_stages),
-        *_memory_args(tp > 1, options, params_dtype),
+        *_training_args(tp > 1, options, release),
     ]

@@ -40,7 +40,7 @@ _LAYOUT_SWITCHES = {"account-for-embedding-in-pipeline-split", "account-for-loss
 HARMLESS_VALUED = {
     "data-path", "train-data-path", "valid-data-path", "test-data-path", "data-cache-path", "split",
     "vocab-file", "merge-file", "tokenizer-model", "tiktoken-pattern", "num-workers", "data-args-path",
-    "per-split-data-args-path", "save", "load", "save-interval", "ckpt-format", "pretrained-checkpoint",
+    "per-split-data-args-path", "save", "load", "save-interval", "pretrained-checkpoint",
     "tensorboard-dir", "tensorboard-log-interval", "wandb-project", "wandb-exp-name", "wandb-save-dir",
     "log-interval", "eval-interval", "eval-iters", "exit-interval", "exit-duration-in-mins", "exit-signal",
     "train-iters", "train-samples", "lr", "min-lr", "lr-decay-style", "lr-decay-iters", "lr-decay-samples",
@@ -50,7 +50,7 @@ HARMLESS_VALUED = {
     "adam-beta2", "adam-eps", "sgd-momentum", "init-method-std", "seed", "data-parallel-random-init",
     "distributed-timeout-minutes", "distributed-backend", "profile-step-start", "profile-step-end",
     "profile-ranks", "timing-log-level", "timing-log-option", "logging-level", "loss-scale",
-    "initial-loss-scale", "min-loss-scale", "loss-scale-window", "hysteresis", "eod-mask-loss",
+    "initial-loss-scale", "min-loss-scale", "loss-scale-window", "hysteresis",
     "dataloader-type", "mid-level-dataset-surplus", "ckpt-step", "async-save", "dist-ckpt-strictness",
     "one-logger-project", "one-logger-run-name", "wandb-entity", "log-straggler", "straggler-minmax-count",
     "manual-gc-interval", "memory-snapshot-path", "rerun-mode", "check-weight-hash-across-dp-replicas-interval",
@@ -62,11 +62,10 @@ HARMLESS_SWITCHES = {
     "log-memory-to-tensorboard", "log-params-norm", "log-num-zeros-in-grad", "log-world-size-to-tensorboard",
     "log-loss-scale-to-tensorboard", "log-progress", "profile", "use-pytorch-profiler", "record-memory-history",
     "no-load-optim", "no-load-rng", "no-save-optim", "no-save-rng", "finetune", "use-dist-ckpt", "ckpt-fully-parallel-load",
-    "apply-layernorm-1p", "calculate-per-token-loss", "manual-gc", "reset-position-ids", "reset-attention-mask",
-    "eod-mask-loss", "use-flash-attn", "no-async-tensor-model-parallel-allreduce", "check-for-nan-in-loss-and-grad",
+    "apply-layernorm-1p", "calculate-per-token-loss", "manual-gc", "check-for-nan-in-loss-and-grad",
     "no-check-for-nan-in-loss-and-grad", "use-rotary-position-embeddings", "auto-detect-ckpt-format",
     "exit-on-missing-checkpoint", "no-initialization", "log-energy", "adlr-autoresume", "use-checkpoint-opt_param-scheduler",
-    "override-opt_param-scheduler", "save-retain-interval", "disable-tensorboard", "deterministic-mode",
+    "override-opt_param-scheduler", "save-retain-interval", "disable-tensorboard",
 }
 _MULTI_VALUED = {"rampup-batch-size": 3, "data-path": None, "train-data-path": None, "valid-data-path": None,
                  "test-data-path": None, "profile-ranks": None}
@@ -331,25 +330,11 @@ def _flags(arguments: list[str]) -> list[str]:
 
 
 def training_options(rest: list[str], tp: int, release=None) -> tuple[object, list[str]]:
-    """(options, unpriced flags) of the arguments that are neither model, layout nor harmless.
-    INTERIM until advisor.options lands (branch i21-options): reads exactly the flags
-    ``megatron_args.memory_args`` writes, and names every other flag as not priced."""
-    from advisor.memory import MemoryOptions
+    """(``TrainingOptions``, unpriced flags) of the arguments that are neither model, layout nor
+    harmless: ``advisor.options``' parser (the one place that knows training flags) with the
+    release's defaults, plus every flag that neither it nor this module knows, named."""
+    from advisor.options.flags import SWITCHES, UNPRICED, VALUED, parse_training_args
 
-    flags = _flags(rest)
-    values = dict(zip(rest, rest[1:]))
-    known = {"--bf16", "--fp16", "--use-distributed-optimizer", "--sequence-parallel",
-             "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--recompute-granularity",
-             "--recompute-method", "--recompute-num-layers", "--attention-backend", "--make-vocab-size-divisible-by"}
-    method = values.get("--recompute-method", "uniform")
-    options = MemoryOptions(
-        distributed_optimizer="--use-distributed-optimizer" in flags,
-        gradient_bytes=2 if "--grad-reduce-in-bf16" in flags else 4,
-        element_bytes=2 if {"--bf16", "--fp16"} & set(flags) else 4,
-        recompute=values.get("--recompute-granularity", "none"), recompute_method=method,
-        recompute_num_layers=int(values.get("--recompute-num-layers", 1)),
-        sequence_parallel=tp > 1 and "--sequence-parallel" in flags,
-        flash_attention=values.get("--attention-backend", "auto") not in ("unfused", "local"),
-        vocab_divisible_by=int(values.get("--make-vocab-size-divisible-by", 128)),
-    )
-    return options, [flag for flag in dict.fromkeys(flags) if flag not in known]
+    options, unpriced = parse_training_args(["--tensor-model-parallel-size", str(tp), *rest], release)
+    unknown = [flag for flag in dict.fromkeys(_flags(rest)) if flag not in VALUED | SWITCHES | UNPRICED]
+    return options, list(unpriced) + [f"{flag} (not known to the advisor)" for flag in unknown]

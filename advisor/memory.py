@@ -61,6 +61,19 @@ class MemoryOptions:
     """Pad v to a multiple of this x t, as Megatron's --make-vocab-size-divisible-by (default
     128 there); None = 1, the smallest padding Megatron does: to a multiple of t (the paper's
     vocabularies divide by every t it uses)."""
+    fsdp_strategy: str | None = None
+    """Megatron-FSDP's --data-parallel-sharding-strategy (``advisor.memory_terms_ext``); None: DDP."""
+    optimizer_host_fraction: float = 0.0
+    """The share of the optimizer states in host memory (--optimizer-cpu-offload x
+    --optimizer-offload-fraction)."""
+    fp8_format: str | None = None
+    """--fp8-format (None: BF16 GEMMs)."""
+    fp8_recipe: str = "delayed"
+    """--fp8-recipe."""
+    fp8_param_gather: bool = False
+    """--fp8-param-gather: no BF16 copy of the compute weights."""
+    fp8_amax_history_len: int = 1
+    """--fp8-amax-history-len."""
 
     def __post_init__(self) -> None:
         if self.gradient_bytes not in (2, 4):

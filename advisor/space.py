@@ -74,6 +74,9 @@ class SpaceOptions:
     """Pins --recompute-method with ``recompute='full'``; None: block, N searched."""
     recompute_num_layers: int | None = None
     """Pins --recompute-num-layers with ``recompute='full'``; None: searched."""
+    sharding: Literal["auto", "fixed"] = "fixed"
+    """'auto': when no layout fits with the options given, ``advisor.sweep`` tries Megatron-FSDP and
+    optimizer CPU offload (``advisor.escalation``); 'fixed': the options given only."""
 
 
 PAPER_SPACE = SpaceOptions(split="even", vpp=1, recompute="none")

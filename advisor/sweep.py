@@ -24,7 +24,7 @@ calibrated memory model (``advisor.verdicts``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -32,6 +32,7 @@ import numpy as np
 from advisor.errors import AdvisorError
 from advisor.memory import MemoryEstimate, MemoryOptions, StageTerms
 from advisor.models import LlamaSpec
+from advisor.options import TrainingOptions
 from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload
 
 if TYPE_CHECKING:
@@ -70,6 +71,9 @@ class SweepRow:
     """The calibrated model's ``advisor.verdicts.Assessment`` (usage and margin), if it judged."""
     timing: dict | None = None
     """Predicted step time, TFLOP/s per GPU, MFU, tokens/s (``advisor.ranking.timing_fields``)."""
+    training: TrainingOptions = TrainingOptions()
+    """The training options this row was priced with (its recomputation included): what its
+    Megatron-LM flags state (``advisor.options``)."""
 
     @property
     def memory_fraction(self) -> float | None:
@@ -136,12 +140,12 @@ class Sweep:
         return self.considered - self.evaluated
 
 
-def _row_options(options: MemoryOptions, recompute: str, method: str, layers: int) -> MemoryOptions:
+def _row_options(options: TrainingOptions, recompute: str, method: str, layers: int) -> TrainingOptions:
     if recompute == "none":
-        return replace(options, recompute="none", recompute_method="uniform", recompute_num_layers=1)
+        return options.with_(recompute="none", recompute_method="uniform", recompute_num_layers=1)
     if recompute == "selective":
-        return replace(options, recompute="selective", recompute_method="uniform", recompute_num_layers=1)
-    return replace(options, recompute="full", recompute_method=method, recompute_num_layers=int(layers))
+        return options.with_(recompute="selective", recompute_method="uniform", recompute_num_layers=1)
+    return options.with_(recompute="full", recompute_method=method, recompute_num_layers=int(layers))
 
 
 def sweep(
@@ -152,7 +156,7 @@ def sweep(
     *,
     threshold: float = DEFAULT_THRESHOLD,
     max_tp: int = DEFAULT_GPUS_PER_NODE,
-    options: MemoryOptions = MemoryOptions(),
+    options: TrainingOptions = TrainingOptions(),
     space: SpaceOptions | None = None,
     gpu=None,
     memory_model: str = "paper",
@@ -161,7 +165,9 @@ def sweep(
     tokens: float | None = None,
     measured=None,
 ) -> Sweep:
-    """One row per launchable (TP, CP, PP, DP, MBS), with its best split, VPP and recomputation.
+    """One row per launchable (TP, CP, PP, DP, MBS), with its best split, VPP and recomputation,
+    priced with the training ``options`` (``advisor.options``: memory and time both read them;
+    ``time_options`` overrides the time model's view, for the tables that reproduce a paper).
 
     With a GPU preset (``gpu``, an ``advisor.hardware.GpuSpec``) the time model plans each row
     (MadPipe's splits, interleaving and recomputation where they are faster) and prices it;
@@ -180,15 +186,16 @@ def sweep(
         raise AdvisorError(f"the threshold must be in (0, 1], got {threshold}")
     check_memory_model(memory_model, measured)
     space = space or SpaceOptions()
+    training, options = options, options.memory_options()
     timing = None
     if gpu is not None:
         from advisor.rank_times import Timing
-        from advisor.throughput import TimeModel, TimeOptions
+        from advisor.throughput import TimeModel
 
         if workload.global_batch_size is None:
             raise AdvisorError("predicting time needs a global batch size (--gbs)")
         timing = Timing(TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, None,
-                                  time_options or TimeOptions()), gpu.gpus_per_node)
+                                  time_options or training.time_options()), gpu.gpus_per_node)
     memory_calibration = None
     if memory_model in ("calibrated", "profile"):  # plan against the model that judges the rows
         from advisor.throughput.calibration import load_memory_calibration
@@ -222,12 +229,13 @@ def sweep(
         m = bases.microbatches[b]
         recompute = (str(chosen.recompute[b]), str(chosen.recompute_method[b]), int(chosen.recompute_layers[b]))
         if recompute not in row_options:
-            row_options[recompute] = _row_options(options, *recompute)
+            trained = _row_options(training, *recompute)
+            row_options[recompute] = trained, trained.memory_options()
         rows.append(SweepRow(
             parallel=parallel, num_microbatches=None if math.isinf(m) else int(m),
             estimate=MemoryEstimate(terms, tuple(chosen.counts[b, :pp].tolist()), int(peak[b])),
             memory_gib=memory_gib, verdict=classify(float(total[b]), memory_gib, threshold),
-            options=row_options[recompute], timing=timings[b]))
+            options=row_options[recompute][1], training=row_options[recompute][0], timing=timings[b]))
     assessments = None
     if memory_calibration is not None:  # the calibrated (or profile) model judges all rows at once
         from advisor.verdicts import assess_stages

@@ -26,7 +26,8 @@ from advisor.capture.plan import VERSION as PLAN_VERSION
 from advisor.errors import AdvisorError
 from advisor.fileio import read_json
 from advisor.megatron_args import megatron_args
-from advisor.memory import MemoryOptions, check_layout
+from advisor.memory import check_layout
+from advisor.options import TrainingOptions
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, Workload
 from launch.arguments import flag_values
@@ -160,11 +161,11 @@ class _Fields:
         except AdvisorError as exc:
             raise AdvisorError(f"{self.origin}: {exc}") from None
 
-    def options(self) -> MemoryOptions:
+    def options(self) -> TrainingOptions:
         try:
-            return MemoryOptions(**self.obj("options", {}))
+            return TrainingOptions.from_dict(self.obj("options", {}))
         except TypeError as exc:
-            raise AdvisorError(f"{self.origin}: 'options' are not estimator options ({exc})") from None
+            raise AdvisorError(f"{self.origin}: 'options' are not training options ({exc})") from None
         except AdvisorError as exc:
             raise AdvisorError(f"{self.origin}: {exc}") from None
 

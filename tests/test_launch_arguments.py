@@ -5,7 +5,7 @@ from launch_support import FLAGS
 
 from advisor.errors import AdvisorError
 from advisor.megatron_args import megatron_args
-from advisor.memory import MemoryOptions
+from advisor.options import TrainingOptions
 from advisor.models import PRESETS
 from launch.arguments import Flag, compose, flag_values, mock_data_args, parse_flags
 from launch.megatron_versions import VERSIONS, named
@@ -15,7 +15,7 @@ SOURCE = "the plan (plan.json)"
 OLD, NEW = VERSIONS  # core 0.15 and core 0.19
 
 
-def plan_args(layers=(8, 8, 8, 8), tp=2, options=MemoryOptions()):
+def plan_args(layers=(8, 8, 8, 8), tp=2, options=TrainingOptions()):
     return megatron_args(SPEC, 8192, tp=tp, cp=1, layers_per_stage=layers, micro_batch_size=2,
                          global_batch_size=256, options=options)
 
@@ -84,7 +84,8 @@ def test_every_conflict_in_one_line():
 
 
 def test_options_the_estimate_turned_off_stay_off():
-    decided = plan_args(options=MemoryOptions(sequence_parallel=False, distributed_optimizer=False))
+    decided = plan_args(options=TrainingOptions().with_(sequence_parallel=False, distributed_optimizer=False,
+                                                         overlap_param_gather=False))
     for flag in ("--sequence-parallel", "--use-distributed-optimizer"):
         assert f"{flag} (after --) conflicts with the plan" in conflict([flag], decided=decided)
 

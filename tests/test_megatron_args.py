@@ -2,7 +2,8 @@
 
 import pytest
 
-from advisor.megatron_args import chunk_layers, megatron_args, memory_args, pipeline_layout, split_args
+from advisor.megatron_args import chunk_layers, megatron_args, pipeline_layout, split_args
+from advisor.options import TrainingOptions, training_args
 from advisor.memory import MemoryOptions
 from advisor.models import PRESETS
 from conftest import ROOT
@@ -38,18 +39,20 @@ def test_the_papers_setup():
 @pytest.mark.parametrize(
     "options,present,absent",
     [
-        (MemoryOptions(distributed_optimizer=False), {}, {"--use-distributed-optimizer"}),
-        (MemoryOptions(gradient_bytes=2), {"--grad-reduce-in-bf16": None}, {"--accumulate-allreduce-grads-in-fp32"}),
-        (MemoryOptions(sequence_parallel=False), {}, {"--sequence-parallel"}),
-        (MemoryOptions(recompute="selective"), {"--recompute-granularity": "selective"}, {"--recompute-method"}),
-        (MemoryOptions(recompute="full", recompute_method="block", recompute_num_layers=3),
+        (dict(distributed_optimizer=False, overlap_param_gather=False), {"--overlap-grad-reduce": None},
+         {"--use-distributed-optimizer", "--overlap-param-gather"}),
+        (dict(grad_reduce_dtype="bf16"), {"--grad-reduce-in-bf16": None}, {"--accumulate-allreduce-grads-in-fp32"}),
+        (dict(sequence_parallel=False), {}, {"--sequence-parallel"}),
+        (dict(recompute="selective"), {"--recompute-granularity": "selective"}, {"--recompute-method"}),
+        (dict(recompute="full", recompute_method="block", recompute_num_layers=3),
          {"--recompute-granularity": "full", "--recompute-method": "block", "--recompute-num-layers": "3"}, set()),
-        (MemoryOptions(flash_attention=False), {"--attention-backend": "unfused"}, set()),
-        (MemoryOptions(vocab_divisible_by=128), {"--make-vocab-size-divisible-by": "128"}, set()),
+        (dict(flash_attention=False, dataloader_mask="cached"), {"--attention-backend": "unfused"},
+         {"--no-create-attention-mask-in-dataloader"}),
+        (dict(vocab_divisible_by=128), {"--make-vocab-size-divisible-by": "128"}, set()),
     ],
 )
 def test_each_extension_has_its_flag(options, present, absent):
-    args = flag_values(memory_args(tp=2, options=options))
+    args = flag_values(training_args(TrainingOptions().with_(**options), tp=2))
     for flag, value in present.items():
         assert args.get(flag, "missing") == value, flag
     assert not absent & args.keys()
@@ -57,14 +60,15 @@ def test_each_extension_has_its_flag(options, present, absent):
 
 
 def test_fp32_runs_have_no_precision_flags():
-    args = memory_args(tp=1, options=MemoryOptions(), params_dtype="float32")
+    args = training_args(TrainingOptions().with_(params_dtype="float32"), tp=1)
     assert not {"--bf16", "--fp16", "--accumulate-allreduce-grads-in-fp32"} & set(args)
 
 
 def test_every_generated_flag_exists_in_megatron_lm():
     for spec in PRESETS.values():
         for layers in ((spec.num_layers,), (1, spec.num_layers - 1), (2, spec.num_layers - 5, 3)):
-            for options in (MemoryOptions(), MemoryOptions(recompute="full", flash_attention=False, gradient_bytes=2)):
+            for options in (TrainingOptions(), TrainingOptions().with_(
+                    recompute="full", flash_attention=False, dataloader_mask="cached", grad_reduce_dtype="bf16")):
                 args = megatron_args(spec, 4096, tp=2, cp=2, layers_per_stage=layers, micro_batch_size=1,
                                      global_batch_size=64, options=options)
                 assert {arg for arg in args if arg.startswith("--")} <= FLAGS

@@ -21,6 +21,7 @@ from launch_support import plan_files
 from megatron_real import NO_TRANSFORMER_ENGINE, assert_built_as_priced, checkout, priced_input
 
 from advisor.memory import MemoryOptions
+from advisor.options import TrainingOptions
 from advisor.megatron_args import MegatronSetup
 from launch.inputs import read_input
 from launch.megatron_check import validate
@@ -65,14 +66,14 @@ def all_inputs(advisor, root: Path, rules) -> list:
         for row in json.loads(path.read_text()):
             config = read_input(path, row["rank"])
             inputs.append(priced_input(config, rules, label=f"sweep {name} rank {row['rank']}",
-                                       options=MemoryOptions(**row["options"]), extras=NO_TRANSFORMER_ENGINE,
+                                       options=TrainingOptions.from_dict(row["options"]).memory_options(), extras=NO_TRANSFORMER_ENGINE,
                                        num_microbatches=row["num_microbatches"]))
     for name, args in EXTENSIONS.items():
         path = root / f"estimate-{name}.json"
         advisor("estimate", *ESTIMATE, *args, "--format", "json", "-o", path)
         document = json.loads(path.read_text())
         inputs.append(priced_input(read_input(path), rules, label=f"estimate {name}",
-                                   options=MemoryOptions(**document["options"]), extras=NO_TRANSFORMER_ENGINE,
+                                   options=TrainingOptions.from_dict(document["options"]).memory_options(), extras=NO_TRANSFORMER_ENGINE,
                                    num_microbatches=document["num_microbatches"]))
     for name, path in plan_files(advisor, root).items():
         document = json.loads(path.read_text())

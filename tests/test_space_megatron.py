@@ -12,7 +12,7 @@ import json
 import pytest
 from megatron_real import NO_TRANSFORMER_ENGINE, assert_built_as_priced, checkout, priced_input
 
-from advisor.memory import MemoryOptions
+from advisor.options import TrainingOptions
 from launch.inputs import read_input
 from launch.megatron_versions import named
 
@@ -55,7 +55,7 @@ def sweep_inputs(advisor, tmp_path, rules):
         for row in chosen_rows(json.loads(path.read_text())):
             rows.append(row)
             inputs.append(priced_input(read_input(path, row["rank"]), rules, label=f"{name} rank {row['rank']}",
-                                       options=MemoryOptions(**row["options"]), extras=NO_TRANSFORMER_ENGINE,
+                                       options=TrainingOptions.from_dict(row["options"]).memory_options(), extras=NO_TRANSFORMER_ENGINE,
                                        num_microbatches=row["num_microbatches"]))
     return inputs, rows
 

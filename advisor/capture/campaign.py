@@ -230,7 +230,7 @@ def _campaign_run(spec: LlamaSpec, seq_len: int, scenario: Scenario, cp: int, la
                   m: int, setup: MegatronSetup, source: str) -> CampaignRun:
     args = megatron_args(
         spec, seq_len, tp=scenario.tp, cp=cp, layers_per_stage=layers, micro_batch_size=batch // scenario.dp,
-        global_batch_size=batch * m, options=setup.memory_options(), params_dtype=setup.params_dtype,
+        global_batch_size=batch * m, options=setup.training_options(),
     )
     return CampaignRun(id=f"{scenario.name}-b{batch}-{counts_text(layers, '.')}", scenario=scenario, cp=cp,
                        layers_per_stage=layers, pipeline_microbatch=batch, num_microbatches=m, source=source,

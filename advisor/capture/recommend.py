@@ -32,7 +32,8 @@ from advisor.capture.statistics import merge_groups
 from advisor.errors import AdvisorError
 from advisor.madpipe import analytic_tables, plan_fastest, profile_time_table, profiled_times, stage_times
 from advisor.megatron_args import MegatronSetup, megatron_args
-from advisor.memory import MemoryOptions, StageModel, check_layout, tp_problem
+from advisor.memory import StageModel, check_layout, tp_problem
+from advisor.options import TrainingOptions
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, Workload
 from advisor.rank_times import recomputed_per_chunk
@@ -164,12 +165,14 @@ def _split_times(time: CostTable, layers_per_stage) -> tuple[float, ...]:
     return tuple(time.cost(int(bounds[i]) + 1, int(bounds[i + 1]), count - i) for i in range(count))
 
 
-def recommend_analytic(spec: LlamaSpec, workload: Workload, options: MemoryOptions, *, gpus: int,
+def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOptions, *, gpus: int,
                        gpus_per_node: int, tp: int, cp: int, pp: int, micro_batch_size: int,
                        objective: Objective = "memory", memory_limit: float | None = None,
                        timing: Timing | None = None) -> Plan:
     """Without profiles: seed 004's memory per stage and position, the time model's stage times;
-    the lowest peak, or MadPipe's shortest period within ``memory_limit`` bytes."""
+    the lowest peak, or MadPipe's shortest period within ``memory_limit`` bytes; the plan's flags
+    state every training option of ``options``."""
+    training, options = options.at_tp(tp), options.memory_options()
     gbs = workload.global_batch_size
     if gbs is None:
         raise AdvisorError("a plan needs the global batch size")
@@ -209,7 +212,7 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: MemoryOptio
         num_microbatches=m, stages=stages, baseline=baseline,
         megatron_args=tuple(megatron_args(spec, workload.seq_len, tp=tp, cp=cp, layers_per_stage=layers,
                                           micro_batch_size=micro_batch_size, global_batch_size=gbs,
-                                          options=options)),
+                                          options=training)),
         objective=objective, memory_limit_bytes=memory_limit if objective == "time" else None, step_time_s=step,
     )
 
@@ -219,7 +222,7 @@ def _megatron_args(profiles: ProfileSet, tp: int, stages, micro_batch_size: int,
     return tuple(megatron_args(
         profiles.model, profiles.seq_len, tp=tp, cp=profiles.cp, layers_per_stage=[stage.layers for stage in stages],
         micro_batch_size=micro_batch_size, global_batch_size=global_batch_size,
-        options=setup.memory_options(), params_dtype=setup.params_dtype))
+        options=setup.training_options()))
 
 
 def hybrid_tables(predictor, *, devices_per_node: int, devices: int, micro_batch_size: int, num_microbatches: int

@@ -14,9 +14,12 @@ from advisor.cli.options import EPILOG, GPUS, InputError, document_options, emit
               metavar="FILE|-", help="The launch that wrote the log (as 'advisor estimate --from-command' reads it).")
 @click.option("--gpus", type=GPUS, default=None, help="World size, where the command does not give it.")
 @click.option("--vocab-size", type=int, default=None, help="The tokenizer's vocabulary, where the command does not give it.")
+@click.option("--megatron-version", "release", default=None, metavar="RELEASE",
+              help="The Megatron-LM release whose defaults apply to flags the command leaves out (default: the newest "
+                   "the advisor knows).")
 @gpu_options
 @document_options
-def compare_log(log, command, gpus, vocab_size, gpu, mem, gpus_per_node, fmt, output) -> None:
+def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node, fmt, output) -> None:
     """Measured against predicted: the step time, TFLOP/s per GPU and peak memory per pipeline
     stage of a Megatron-LM training log, beside the advisor's estimate of its command.
 
@@ -41,7 +44,7 @@ def compare_log(log, command, gpus, vocab_size, gpu, mem, gpus_per_node, fmt, ou
 
     if log == "-" and command == "-":
         raise InputError("the log and the command cannot both be standard input")
-    read = read_inputs(command, gpus=gpus, vocab_size=vocab_size)
+    read = read_inputs(command, gpus=gpus, vocab_size=vocab_size, release=release)
     run, layout = read.run, read.run.layout
     training = read_log(read_text(log, max_bytes=limits.LOG_FILE_BYTES, what="training log").splitlines())
     workload = Workload(seq_len=run.seq_len, global_batch_size=layout.global_batch_size or layout.mbs * read.dp)
@@ -52,7 +55,7 @@ def compare_log(log, command, gpus, vocab_size, gpu, mem, gpus_per_node, fmt, ou
     parallel = ParallelConfig(tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=read.dp, mbs=layout.mbs, vpp=layout.vpp)
     estimate, result, *_ = price_layout(
         run.spec, workload, parallel, layout.layers_per_stage if layout.pp > 1 else None, run.options, gpu=gpu,
-        mem=mem, threshold=0.8, memory_model="calibrated" if gpu is not None else "paper")
+        mem=mem, threshold=0.8, memory_model="calibrated" if gpu is not None else "paper", release=release)
     estimate["stages"] = [stage.to_dict() for stage in result.stages]
     rows = compare(training, estimate, world_size=read.gpus)
     notes = [f"read {read.source}", theoretical_note(training, estimate),

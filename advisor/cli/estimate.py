@@ -97,7 +97,7 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None):
 @memory_options(searchable=True)
 @output_options
 def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
-          tokens, plot, options, space, fmt, output) -> None:
+          tokens, plot, options, space, release, fmt, output) -> None:
     """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
     layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
 
@@ -147,7 +147,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         from advisor.profile_terms import measured_activations
 
         measured = measured_activations(profile_dir)
-        measured.check_sweep(spec, options.flash_attention, options.sequence_parallel)
+        measured.check_sweep(spec, options.attention.flash_attention, options.tensor_parallel.sequence_parallel)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
                        space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens,
                        measured=measured)
@@ -171,13 +171,13 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         if fmt == "table" or plot is not None:
             entry.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
         if fmt != "table":
-            p, row_options = row.parallel, row.options
+            p, row_options = row.parallel, row.training.at_tp(row.parallel.tp)
             if row_options not in changed:
                 changed[row_options] = row_options.changed()
             entry.update(options=changed[row_options], megatron_args=megatron_args(
                 spec, workload.seq_len, tp=p.tp, cp=p.cp, layers_per_stage=row.layers_per_stage,
                 micro_batch_size=p.mbs, global_batch_size=workload.global_batch_size, options=row_options,
-                virtual_stages=p.vpp))
+                virtual_stages=p.vpp, release=release))
             if fmt == "csv":  # the README's columns: the options as one JSON cell, the flags as one line
                 entry["options"] = json.dumps(entry["options"], sort_keys=True)
                 entry["megatron_args"] = " ".join(entry["megatron_args"])
@@ -259,7 +259,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
               help="Also show the best row of 'advisor sweep' on the same GPUs, model and options.")
 @output_options
 def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_per_node, threshold, memory_model,
-             tokens, spec, workload, options, from_command, compare_best, fmt, output) -> None:
+             tokens, spec, workload, options, release, from_command, compare_best, fmt, output) -> None:
     """Per-GPU memory of one configuration, stage by stage; with --gpu, its step time too.
 
     \b
@@ -296,7 +296,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
 
         ctx = click.get_current_context()
         refuse_explicit(ctx)
-        read = read_inputs(from_command, gpus=gpus, vocab_size=ctx.params.get("vocab_size"))
+        read = read_inputs(from_command, gpus=gpus, vocab_size=ctx.params.get("vocab_size"), release=release)
         run, layout = read.run, read.run.layout
         spec, options, gpus, dp = run.spec, run.options, read.gpus, read.dp
         tp, cp, pp, mbs, vpp = layout.tp, layout.cp, layout.pp, layout.mbs, layout.vpp
@@ -316,7 +316,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
-        tokens=tokens)
+        tokens=tokens, release=release)
     notes = []
     if read is not None:
         from advisor.cli.from_command import unpriced_line
@@ -377,14 +377,17 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     emit(text, output)
 
 
-def price_layout(spec, workload, parallel, stages, options, *, gpu, mem, threshold, memory_model, tokens=None):
-    """One layout priced: (the estimate's row, the memory estimate, the calibrated assessment or
-    None, the timing fields or None, the time parts or None). The one pricing of ``estimate``,
-    also behind ``compare-log``."""
+def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, threshold, memory_model, tokens=None,
+                 release=None):
+    """One layout priced with its training options (``advisor.options.TrainingOptions``): (the
+    estimate's row, the memory estimate, the calibrated assessment or None, the timing fields or
+    None, the time parts or None). The one pricing of ``estimate``, also behind ``compare-log``."""
     from advisor.megatron_args import megatron_args
     from advisor.memory import estimate_memory
     from advisor.sweep import SweepRow, classify
 
+    training = training.at_tp(parallel.tp)
+    options = training.memory_options()
     result = estimate_memory(spec, parallel, workload, options, stages)
     assessment = timing = parts = verdict = None
     if mem and memory_model == "calibrated":
@@ -395,25 +398,25 @@ def price_layout(spec, workload, parallel, stages, options, *, gpu, mem, thresho
     elif mem:
         verdict = classify(result.total_gib, mem, threshold)
     if gpu is not None:
-        timing, parts = _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens)
+        timing, parts = _one_layout_time(spec, gpu, workload, parallel, stages, training, tokens)
     row = {
         **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
-                   assessment=assessment, timing=timing).to_dict(),
+                   assessment=assessment, timing=timing, training=training).to_dict(),
         "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
-        "options": options.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
+        "options": training.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
         "megatron_args": megatron_args(spec, workload.seq_len, tp=parallel.tp, cp=parallel.cp,
                                        layers_per_stage=result.layers, micro_batch_size=parallel.mbs,
-                                       global_batch_size=workload.global_batch_size, options=options,
-                                       virtual_stages=parallel.vpp),
+                                       global_batch_size=workload.global_batch_size, options=training,
+                                       virtual_stages=parallel.vpp, release=release),
     }
     if parts is not None:
         row["time_parts"] = parts
     return row, result, assessment, timing, parts
 
 
-def _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens):
+def _one_layout_time(spec, gpu, workload, parallel, stages, training, tokens):
     """(timing fields, time parts in seconds) of one layout, priced as the sweep prices its rows
-    (``advisor.rank_times``: its split, interleaving and recomputation)."""
+    (``advisor.rank_times``: its split, interleaving and recomputation) with its training options."""
     import numpy as np
 
     from advisor.memory import StageModel
@@ -423,7 +426,8 @@ def _one_layout_time(spec, gpu, workload, parallel, stages, options, tokens):
 
     if workload.global_batch_size is None:
         raise InputError("predicting time needs a global batch size (--gbs)")
-    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size)
+    options = training.memory_options()
+    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, None, training.time_options())
     p = parallel
     counts = np.array([stages or (spec.num_layers // p.pp,) * p.pp])
     layouts = Timing(model, gpu.gpus_per_node).layouts(

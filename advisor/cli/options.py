@@ -191,7 +191,9 @@ def _recompute_options(searchable: bool) -> list:
 
 
 def memory_options(func: Callable | None = None, *, searchable: bool = False) -> Callable:
-    """The estimator's extensions -> ``options: MemoryOptions``. Defaults are seed 004's.
+    """The training options (Megatron-LM's flag names) -> ``options: TrainingOptions``
+    (``advisor.options``), from which memory, time and the emitted flags all derive. Defaults
+    are the advisor's stack (seed 004's, with DP overlap).
 
     ``searchable`` (sweep): recomputation, the split and VPP become dimensions of the search,
     handed over as ``space: SpaceOptions`` too."""
@@ -199,9 +201,8 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
         return functools.partial(memory_options, searchable=searchable)
 
     @functools.wraps(func)
-    def wrapper(*args, distributed_optimizer, grad_dtype, recompute, recompute_method,
-                recompute_num_layers, sequence_parallel, flash_attn, vocab_divisible_by, **kwargs):
-        from advisor.memory import MemoryOptions
+    def wrapper(*args, recompute, recompute_method, recompute_num_layers, **kwargs):
+        from advisor.cli.training_flags import training_options
 
         fixed = dict(recompute=recompute, recompute_method=recompute_method, recompute_num_layers=recompute_num_layers)
         if searchable:
@@ -209,35 +210,21 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
 
             kwargs["space"] = SpaceOptions(
                 split=kwargs.pop("split"), vpp=_vpp(kwargs.pop("vpp")), recompute=recompute,
-                recompute_method=recompute_method, recompute_num_layers=recompute_num_layers)
+                recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
+                sharding=kwargs.pop("sharding"))
             if recompute != "full" and (recompute_method or recompute_num_layers):
                 raise InputError("--recompute-method and --recompute-num-layers need --recompute full")
             fixed = {}
-        options = MemoryOptions(
-            distributed_optimizer=distributed_optimizer,
-            gradient_bytes=4 if grad_dtype == "fp32" else 2,
-            sequence_parallel=sequence_parallel,
-            flash_attention=flash_attn,
-            vocab_divisible_by=vocab_divisible_by,
-            **fixed,
-        )
-        return func(*args, options=options, **kwargs)
+        return func(*args, options=training_options(kwargs, fixed), **kwargs)
+
+    from advisor.cli.training_flags import TRAINING_FLAGS, sharding_search_option
 
     return apply_options(
         [
-            click.option("--distributed-optimizer/--no-distributed-optimizer", default=True, show_default=True,
-                         help="Shard Adam states over DP x CP (Megatron's --use-distributed-optimizer)."),
-            click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
-                         help="Gradient precision (fp32: gradient accumulation in FP32, as the paper)."),
+            *TRAINING_FLAGS[:2],
             *_recompute_options(searchable),
-            click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
-                         help="Sequence parallelism with TP > 1; without it 8sbh per layer stays whole per TP rank."),
-            click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
-                         help="Without FlashAttention the softmax output (2as^2b per layer) is kept."),
-            click.option("--vocab-divisible-by", type=VOCABULARY, default=None,
-                         help="Pad v to a multiple of this x TP, like Megatron's "
-                              "--make-vocab-size-divisible-by (128 there). Default: 1, i.e. v padded to a multiple of TP "
-                              "as Megatron does even then (the paper's vocabularies need none)."),
+            *([sharding_search_option()] if searchable else []),
+            *TRAINING_FLAGS[2:],
         ],
         wrapper,
     )

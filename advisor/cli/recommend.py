@@ -52,7 +52,7 @@ PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num
 @memory_options
 @document_options
 def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predictor, tp, cp, pp, mbs, merge_to,
-              threshold, png, spec, workload, options, fmt, output) -> None:
+              threshold, png, spec, workload, options, release, fmt, output) -> None:
     """Recommend the layers per stage (and, in hybrid mode, per-stage degrees) with the lowest
     predicted peak memory, or with the shortest predicted period under the memory limit.
 
@@ -108,7 +108,7 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
             plan = recommend_hybrid(profile_set, **common)
     else:
         if gpu is not None:
-            timing = _timing(spec, gpu, workload.seq_len, workload.global_batch_size)
+            timing = _timing(spec, gpu, workload.seq_len, workload.global_batch_size, options.time_options())
         plan = recommend_analytic(spec, workload, options, tp=tp, cp=cp, pp=pp, objective=objective,
                                   memory_limit=limit, timing=timing, **common)
     if png is not None:
@@ -119,11 +119,12 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
     emit_document(plan.to_dict(), lambda: _plan_table(plan, mem), fmt, output)
 
 
-def _timing(spec, gpu, seq_len: int, global_batch_size: int):
+def _timing(spec, gpu, seq_len: int, global_batch_size: int, time_options=None):
     from advisor.rank_times import Timing
-    from advisor.throughput import TimeModel
+    from advisor.throughput import TimeModel, TimeOptions
 
-    return Timing(TimeModel(spec, gpu, seq_len, global_batch_size), gpu.gpus_per_node)
+    return Timing(TimeModel(spec, gpu, seq_len, global_batch_size, None, time_options or TimeOptions()),
+                  gpu.gpus_per_node)
 
 
 def _plan_table(plan, mem: float | None) -> str:

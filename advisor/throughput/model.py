@@ -52,6 +52,14 @@ class TimeOptions:
     """'fused': a current fused attention kernel (cuDNN / FlashAttention-3 class, what
     Transformer Engine picks on Hopper today); 'flash2': FlashAttention-2 (the paper's 2024
     stack)."""
+    fsdp_strategy: str | None = None
+    """Megatron-FSDP's sharding strategy (None: DDP with the distributed optimizer or not)."""
+    optimizer_host_fraction: float = 0.0
+    """The share of the optimizer's step that runs on the host CPU (--optimizer-cpu-offload)."""
+    fp8_format: str | None = None
+    """--fp8-format: the linear layers' GEMMs in FP8 (None: BF16)."""
+    fp8_param_gather: bool = False
+    """--fp8-param-gather: parameters gathered in FP8 (1 byte)."""
 
 
 @dataclass(frozen=True, slots=True)

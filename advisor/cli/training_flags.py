@@ -1,0 +1,121 @@
+"""The training options on the command line, with Megatron-LM's own flag names: the one place
+that turns click's values into ``advisor.options.TrainingOptions``."""
+
+from __future__ import annotations
+
+import click
+
+from advisor import limits
+from advisor.cli.options import VOCABULARY, Bounded, InputError
+from advisor.errors import AdvisorError
+from advisor.options import FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES
+
+_FRACTION = Bounded(limits.MEMORY_FRACTION, integer=False)
+
+TRAINING_FLAGS = [
+    click.option("--distributed-optimizer/--no-distributed-optimizer", default=True, show_default=True,
+                 help="Shard Adam states over DP x CP (Megatron's --use-distributed-optimizer)."),
+    click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default=None,
+                 help="Gradient accumulation and DP reduction dtype, in memory and time. fp32 (default): "
+                      "--accumulate-allreduce-grads-in-fp32, the paper's and Megatron's default with --bf16; "
+                      "bf16: --grad-reduce-in-bf16 (half the gradient bytes and the DP reduce traffic)."),
+    click.option("--grad-reduce-in-bf16", is_flag=True, default=False,
+                 help="Megatron's name for --grad-dtype bf16."),
+    click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=True, show_default=True,
+                 help="Reduce-scatter gradients bucket by bucket during the backward pass; off (Megatron's "
+                      "default), the whole reduction is exposed after it."),
+    click.option("--overlap-param-gather/--no-overlap-param-gather", default=None,
+                 help="All-gather updated parameters during the next forward pass (needs --overlap-grad-reduce "
+                      "and the distributed optimizer or FSDP). Default: on where Megatron allows it."),
+    click.option("--tp-comm-overlap", is_flag=True, default=False,
+                 help="Transformer Engine userbuffers hide the TP all-gathers and reduce-scatters behind the "
+                      "GEMMs (needs Transformer Engine and --sequence-parallel; TP > 1 only)."),
+    click.option("--use-megatron-fsdp", is_flag=True, default=False,
+                 help="Megatron-FSDP instead of DDP: shards per --data-parallel-sharding-strategy over DP x CP, "
+                      "gathering and reduce-scattering layer by layer; emitted with --ckpt-format fsdp_dtensor."),
+    click.option("--data-parallel-sharding-strategy", type=click.Choice(FSDP_STRATEGIES), default=None,
+                 help="With --use-megatron-fsdp: no_shard (DDP-like), optim (ZeRO-1), optim_grads (ZeRO-2), "
+                      "optim_grads_params (ZeRO-3). Default: --megatron-version's (no_shard in 0.15, "
+                      "optim_grads_params in 0.19); always emitted."),
+    click.option("--optimizer-cpu-offload", is_flag=True, default=False,
+                 help="Keep optimizer states in host memory and step them on the CPU (Megatron's "
+                      "HybridDeviceOptimizer; emitted with --use-precision-aware-optimizer): frees up to 12 "
+                      "bytes per parameter, costs the host link and CPU Adam time."),
+    click.option("--optimizer-offload-fraction", type=_FRACTION, default=1.0, show_default=True,
+                 help="With --optimizer-cpu-offload: the share of the optimizer offloaded."),
+    click.option("--fp8-format", type=click.Choice(FP8_FORMATS), default=None,
+                 help="Transformer Engine FP8 GEMMs (hybrid: E4M3 forward, E5M2 backward). Changes numerics, so "
+                      "never chosen for you. Prices FP8 weight copies, FP8-saved activations and the GPU's FP8 "
+                      "rate; attention stays BF16."),
+    click.option("--fp8-recipe", type=click.Choice(FP8_RECIPES), default="delayed", show_default=True,
+                 help="With --fp8-format: the scaling recipe (mxfp8 needs Blackwell)."),
+    click.option("--fp8-param-gather", is_flag=True, default=False,
+                 help="With --fp8-format: keep compute weights only in FP8 and all-gather them in FP8."),
+    click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
+                 help="Sequence parallelism with TP > 1; without it 8sbh per layer stays whole per TP rank."),
+    click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
+                 help="Without FlashAttention the softmax output (2as^2b per layer) is kept."),
+    click.option("--dataloader-mask", type=click.Choice(["off", "cached", "rebuilt"]), default=None,
+                 help="The data loader's s x s attention mask: off (--no-create-attention-mask-in-dataloader, "
+                      "default with flash attention), cached (built once: Megatron's default), rebuilt (per "
+                      "sample, with --reset-attention-mask/--eod-mask-loss: priced as host time)."),
+    click.option("--vocab-divisible-by", type=VOCABULARY, default=None,
+                 help="Pad v to a multiple of this x TP, like Megatron's "
+                      "--make-vocab-size-divisible-by (128 there). Default: 1, i.e. v padded to a multiple of TP "
+                      "as Megatron does even then (the paper's vocabularies need none)."),
+    click.option("--megatron-version", default=None, metavar="RELEASE",
+                 help="The Megatron-LM release (0.15, 0.19, core_v0.15.2, ...) whose defaults and flags apply. "
+                      "Default: the newest the advisor knows."),
+]
+"""--distributed-optimizer and --grad-dtype first (as before), then the rest."""
+
+_NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "overlap_grad_reduce", "overlap_param_gather",
+          "tp_comm_overlap", "use_megatron_fsdp", "data_parallel_sharding_strategy", "optimizer_cpu_offload",
+          "optimizer_offload_fraction", "fp8_format", "fp8_recipe", "fp8_param_gather", "sequence_parallel",
+          "flash_attn", "dataloader_mask", "vocab_divisible_by", "megatron_version")
+
+
+def sharding_search_option():
+    return click.option(
+        "--sharding", type=click.Choice(["auto", "fixed"]), default="auto", show_default=True,
+        help="auto: when no layout fits with the options given, try Megatron-FSDP (optim_grads, then "
+             "optim_grads_params) and then optimizer CPU offload, and say which the rows use; fixed: only the "
+             "options given.")
+
+
+def training_options(kwargs: dict, fixed: dict):
+    """Pop the training flags' values from ``kwargs`` (leaving ``release`` for the command) and
+    build the options; one line (InputError) for a combination Megatron would refuse."""
+    from advisor.options import TrainingOptions, release_defaults
+
+    v = {name: kwargs.pop(name) for name in _NAMES}
+    try:
+        release = release_defaults(v["megatron_version"])
+        if v["grad_reduce_in_bf16"] and v["grad_dtype"] == "fp32":
+            raise AdvisorError("--grad-reduce-in-bf16 contradicts --grad-dtype fp32")
+        fsdp = None
+        if v["use_megatron_fsdp"]:
+            fsdp = v["data_parallel_sharding_strategy"] or release.fsdp_sharding_strategy
+        elif v["data_parallel_sharding_strategy"]:
+            raise AdvisorError("--data-parallel-sharding-strategy needs --use-megatron-fsdp")
+        fp8_given = v["fp8_param_gather"] or v["fp8_recipe"] != "delayed"
+        if fp8_given and v["fp8_format"] is None:
+            raise AdvisorError("--fp8-recipe and --fp8-param-gather need --fp8-format e4m3|hybrid")
+        distributed = v["distributed_optimizer"] or fsdp is not None
+        gather = v["overlap_param_gather"]
+        if gather is None:  # on where Megatron allows it
+            gather = v["overlap_grad_reduce"] and distributed
+        mask = v["dataloader_mask"] or ("off" if v["flash_attn"] else "cached")
+        options = TrainingOptions().with_(
+            grad_reduce_dtype="bf16" if v["grad_reduce_in_bf16"] or v["grad_dtype"] == "bf16" else "fp32",
+            fp8_format=v["fp8_format"], fp8_recipe=v["fp8_recipe"], fp8_param_gather=v["fp8_param_gather"],
+            distributed_optimizer=distributed, overlap_grad_reduce=v["overlap_grad_reduce"],
+            overlap_param_gather=gather, fsdp_strategy=fsdp, tp_comm_overlap=v["tp_comm_overlap"],
+            sequence_parallel=v["sequence_parallel"], flash_attention=v["flash_attn"], dataloader_mask=mask,
+            optimizer_cpu_offload=v["optimizer_cpu_offload"],
+            optimizer_offload_fraction=v["optimizer_offload_fraction"], vocab_divisible_by=v["vocab_divisible_by"],
+            **fixed)
+    except AdvisorError as exc:
+        raise InputError(str(exc)) from None
+    kwargs["release"] = release
+    return options

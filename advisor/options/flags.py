@@ -1,0 +1,246 @@
+"""Training options <-> Megatron-LM flags: the one emitter (``training_args``) and the one
+reader (``parse_training_args``). Flag names, defaults and rules are those of
+``megatron/training/arguments.py`` of the releases in ``advisor.options.releases``.
+
+Emission states every priced option explicitly, Megatron's defaults included, so a list means
+the same on every release (the FSDP sharding strategy's default differs between releases; it is
+always written). Reading applies the target release's defaults to flags a command line leaves
+out, and names the flags that change memory or time but that the options do not describe.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from advisor.errors import AdvisorError
+from advisor.options.releases import release_defaults
+from advisor.options.training import (
+    FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, Attention, DataParallel, Offload, Precision, Recomputation,
+    TensorParallel, TrainingOptions,
+)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[str]:
+    """The flags of every option the models priced, for a layout with this TP on ``release``
+    (default the newest the advisor knows; the list is the same on every release it knows)."""
+    release_defaults(release)  # an unknown release is refused here, before anything is written
+    p, dp, tpo, r, a, o = (options.precision, options.data_parallel, options.tensor_parallel,
+                           options.recomputation, options.attention, options.offload)
+    args = {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float32": []}[p.params_dtype]
+    if p.params_dtype != "float32" and p.grad_reduce_dtype == "fp32":
+        # With --bf16 Megatron accumulates and reduces in FP32 unless told otherwise (validate_args);
+        # with --fp16 only when told.
+        args.append("--accumulate-allreduce-grads-in-fp32")
+    elif p.grad_reduce_dtype == "bf16":
+        args.append("--grad-reduce-in-bf16")
+    if p.fp8_format is not None:
+        args += ["--fp8-format", p.fp8_format, "--fp8-recipe", p.fp8_recipe,
+                 "--fp8-amax-history-len", str(p.fp8_amax_history_len)]
+        if p.fp8_param_gather:
+            args.append("--fp8-param-gather")
+    if dp.distributed_optimizer:
+        args.append("--use-distributed-optimizer")
+    if dp.fsdp_strategy is not None:
+        # Megatron-FSDP saves only in its own checkpoint format (validate_args asserts it).
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", dp.fsdp_strategy,
+                 "--ckpt-format", "fsdp_dtensor"]
+    if dp.overlap_grad_reduce:
+        args.append("--overlap-grad-reduce")
+    if dp.overlap_param_gather:
+        args.append("--overlap-param-gather")
+    if tp > 1 and tpo.sequence_parallel:
+        args.append("--sequence-parallel")
+    if tp > 1 and tpo.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
+    if r.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif r.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", r.recompute_method,
+                 "--recompute-num-layers", str(r.recompute_num_layers)]
+    if not a.flash_attention:
+        args += ["--attention-backend", "unfused"]
+    if a.dataloader_mask == "off":
+        args.append("--no-create-attention-mask-in-dataloader")
+    elif a.dataloader_mask == "rebuilt":
+        # The least of the three flags that make GPTDataset rebuild the mask per sample
+        # (masks_and_position_ids_are_cacheable): it changes only which tokens the loss counts.
+        args.append("--eod-mask-loss")
+    if o.optimizer_cpu_offload:
+        args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                 "--optimizer-offload-fraction", _number(o.optimizer_offload_fraction)]
+    # Megatron pads the vocabulary to 128 x TP by default; 1 keeps it unpadded, as the paper.
+    args += ["--make-vocab-size-divisible-by", str(options.vocab_divisible_by or 1)]
+    return args
+
+
+# --- reading flags back ------------------------------------------------------------------
+
+SWITCHES = frozenset({
+    "--bf16", "--fp16", "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--fp8-param-gather",
+    "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
+    "--sequence-parallel", "--tp-comm-overlap", "--recompute-activations", "--no-create-attention-mask-in-dataloader",
+    "--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss", "--optimizer-cpu-offload",
+    "--use-precision-aware-optimizer", "--use-flash-attn",
+})
+VALUED = frozenset({
+    "--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--data-parallel-sharding-strategy", "--ckpt-format",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--attention-backend",
+    "--optimizer-offload-fraction", "--make-vocab-size-divisible-by", "--tensor-model-parallel-size",
+    "--transformer-impl",
+})
+UNPRICED = frozenset({
+    # Flags that change memory or time which the options do not describe.
+    "--use-torch-fsdp2", "--fp4-format", "--fp4-recipe", "--fp4-param-gather", "--recompute-modules",
+    "--cpu-offloading", "--cpu-offloading-num-layers", "--fine-grained-activation-offloading",
+    "--overlap-param-gather-with-optimizer-step", "--overlap-p2p-comm", "--cuda-graph-impl", "--cuda-graph-scope",
+    "--enable-cuda-graph", "--external-cuda-graph", "--main-grads-dtype", "--main-params-dtype",
+    "--exp-avg-dtype", "--exp-avg-sq-dtype", "--fp8-param", "--first-last-layers-bf16", "--num-layers-at-start-in-bf16",
+    "--num-layers-at-end-in-bf16", "--fp8-dot-product-attention", "--fp8-multi-head-attention",
+    "--decoupled-lr", "--optimizer", "--use-custom-fsdp", "--suggested-communication-unit-size",
+    "--num-distributed-optimizer-instances", "--ddp-bucket-size", "--ddp-average-in-collective",
+    "--calculate-per-token-loss", "--use-cpu-initialization", "--tp-comm-overlap-cfg", "--disable-tp-comm-overlap-ag",
+    "--disable-tp-comm-overlap-rs", "--no-gradient-accumulation-fusion", "--check-weight-hash-across-dp-replicas-interval",
+    "--context-parallel-size-for-attention", "--cp-comm-type", "--hierarchical-context-parallel-sizes",
+    "--num-experts", "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--moe-grouped-gemm",
+    "--mtp-num-layers", "--multi-latent-attention", "--delay-wgrad-compute", "--offload-optimizer-states",
+})
+"""Memory or time changes that the models do not price: named, never ignored."""
+
+
+def _flag_values(argv: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """{flag: its values} for the flags this reader knows, and the unpriced flags present. A flag
+    written '--flag=value' is read as '--flag value'."""
+    known: dict[str, list[str]] = {}
+    unpriced: list[str] = []
+    tokens = list(argv)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if not token.startswith("--"):
+            continue
+        flag, eq, inline = token.partition("=")
+        if flag in VALUED:
+            if eq:
+                value = inline
+            elif i < len(tokens):
+                value, i = tokens[i], i + 1
+            else:
+                raise AdvisorError(f"{flag} needs a value")
+            known.setdefault(flag, []).append(value)
+        elif flag in SWITCHES:
+            known.setdefault(flag, [])
+        elif flag in UNPRICED and flag not in unpriced:
+            unpriced.append(flag)
+    return known, unpriced
+
+
+def _last(values: dict, flag: str, default=None):
+    return values[flag][-1] if values.get(flag) else default
+
+
+def _int(values: dict, flag: str, default: int) -> int:
+    text = _last(values, flag)
+    try:
+        return default if text is None else int(text)
+    except ValueError:
+        raise AdvisorError(f"{flag} must be an integer, got {text!r}") from None
+
+
+def _one_of(values: dict, flag: str, allowed: Sequence[str], default):
+    text = _last(values, flag, default)
+    if text is not None and text not in allowed:
+        raise AdvisorError(f"{flag} must be one of {', '.join(allowed)}, got {text!r}")
+    return text
+
+
+def _precision(values: dict) -> Precision:
+    params = "bfloat16" if "--bf16" in values else "float16" if "--fp16" in values else "float32"
+    if "--bf16" in values and "--fp16" in values:
+        raise AdvisorError("--bf16 and --fp16 together (Megatron-LM refuses them)")
+    if params == "bfloat16":
+        grad = "bf16" if "--grad-reduce-in-bf16" in values else "fp32"
+    elif params == "float16":
+        grad = "fp32" if "--accumulate-allreduce-grads-in-fp32" in values else "fp16"
+    else:
+        grad = "fp32"
+    return Precision(
+        params_dtype=params, grad_reduce_dtype=grad, fp8_format=_one_of(values, "--fp8-format", FP8_FORMATS, None),
+        fp8_recipe=_one_of(values, "--fp8-recipe", FP8_RECIPES, "delayed"),
+        fp8_param_gather="--fp8-param-gather" in values,
+        fp8_amax_history_len=_int(values, "--fp8-amax-history-len", 1))
+
+
+def _data_parallel(values: dict, release) -> DataParallel:
+    fsdp = None
+    if "--use-megatron-fsdp" in values:
+        fsdp = _one_of(values, "--data-parallel-sharding-strategy", FSDP_STRATEGIES,
+                       release_defaults(release).fsdp_sharding_strategy)
+    return DataParallel(
+        # Megatron-FSDP shards with its own buffers; core_v0.19.0 turns the flag on under it.
+        distributed_optimizer="--use-distributed-optimizer" in values or fsdp is not None,
+        overlap_grad_reduce="--overlap-grad-reduce" in values,
+        overlap_param_gather="--overlap-param-gather" in values, fsdp_strategy=fsdp)
+
+
+def _recomputation(values: dict) -> Recomputation:
+    granularity = _one_of(values, "--recompute-granularity", ("full", "selective"), None)
+    if granularity is None and "--recompute-activations" in values:
+        granularity = "selective"  # Megatron's alias (validate_args)
+    if granularity != "full":
+        return Recomputation(recompute=granularity or "none")
+    method = _one_of(values, "--recompute-method", ("uniform", "block"), None)
+    if method is None:
+        raise AdvisorError("--recompute-granularity full needs --recompute-method uniform|block "
+                           "(Megatron-LM refuses it without)")
+    return Recomputation(recompute="full", recompute_method=method,
+                         recompute_num_layers=_int(values, "--recompute-num-layers", 1))
+
+
+def _attention(values: dict) -> Attention:
+    backend = _last(values, "--attention-backend", "auto")
+    if backend not in ("auto", "flash", "fused", "unfused", "local"):
+        raise AdvisorError(f"--attention-backend must be one of auto, flash, fused, unfused, local, got {backend!r}")
+    flash = backend not in ("unfused", "local")
+    if "--no-create-attention-mask-in-dataloader" in values:
+        mask = "off"
+    elif {"--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss"} & set(values):
+        mask = "rebuilt"  # the mask differs per sample: built for each (GPTDataset)
+    else:
+        mask = "cached"
+    return Attention(flash_attention=flash, dataloader_mask=mask)
+
+
+def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOptions, list[str]]:
+    """(the options of a Megatron-LM argument list, the flags in it that change memory or time but
+    that the options do not describe). Flags left out take ``release``'s defaults (default the
+    newest release the advisor knows); layout, model, data and other flags that are not training
+    options are left to their readers. AdvisorError (one line) where Megatron would refuse the
+    combination."""
+    values, unpriced = _flag_values(argv)
+    tp = _int(values, "--tensor-model-parallel-size", 1)
+    if "--tp-comm-overlap" in values and _last(values, "--transformer-impl", "transformer_engine") != "transformer_engine":
+        raise AdvisorError("--tp-comm-overlap needs Transformer Engine (--transformer-impl transformer_engine)")
+    if "--optimizer-cpu-offload" in values and "--use-precision-aware-optimizer" not in values:
+        raise AdvisorError("--optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron-LM refuses it "
+                           "without)")
+    divisible = _int(values, "--make-vocab-size-divisible-by", 128)
+    fraction_text = _last(values, "--optimizer-offload-fraction", "1.0")
+    try:
+        fraction = float(fraction_text)
+    except ValueError:
+        raise AdvisorError(f"--optimizer-offload-fraction must be a number, got {fraction_text!r}") from None
+    options = TrainingOptions(
+        precision=_precision(values), data_parallel=_data_parallel(values, release),
+        tensor_parallel=TensorParallel(sequence_parallel="--sequence-parallel" in values,
+                                       tp_comm_overlap="--tp-comm-overlap" in values),
+        recomputation=_recomputation(values), attention=_attention(values),
+        offload=Offload(optimizer_cpu_offload="--optimizer-cpu-offload" in values,
+                        optimizer_offload_fraction=fraction),
+        vocab_divisible_by=None if divisible == 1 else divisible,
+    )
+    return options.at_tp(tp), unpriced

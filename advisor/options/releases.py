@@ -1,0 +1,54 @@
+"""What the training options need to know of each Megatron-LM release: the defaults it applies to
+a flag a command line leaves out, where they differ between releases.
+
+Read from each release's ``megatron/training/arguments.py`` (and, for core_v0.19.0, the
+dataclasses its parser is generated from) in ``../shared/megatron-lm``; ``tests/test_options_real.py``
+checks them against the real parsers. ``launch.megatron_versions`` holds what a *launch* needs of
+a release; this module holds only what the options need, because the core (``advisor``) cannot
+import the launcher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from advisor.errors import AdvisorError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReleaseDefaults:
+    """One release line's defaults for the training options (every patch of ``release``)."""
+
+    release: tuple[int, int]
+    """(major, minor) of megatron-core."""
+    checked: str
+    """The tag these defaults were read from."""
+    fsdp_sharding_strategy: str
+    """``--data-parallel-sharding-strategy``'s default: 'no_shard' in core_v0.15.2
+    (arguments.py, ``_add_distributed_args``), 'optim_grads_params' in core_v0.19.0."""
+
+
+RELEASES: tuple[ReleaseDefaults, ...] = (
+    ReleaseDefaults(release=(0, 15), checked="core_v0.15.2", fsdp_sharding_strategy="no_shard"),
+    ReleaseDefaults(release=(0, 19), checked="core_v0.19.0", fsdp_sharding_strategy="optim_grads_params"),
+)
+NEWEST = RELEASES[-1]
+
+
+def release_defaults(release: "str | tuple[int, int] | ReleaseDefaults | None" = None) -> ReleaseDefaults:
+    """The defaults of ``release``: '0.15', '0.19.0', 'core_v0.15.2', (0, 19), or None (the newest)."""
+    if release is None:
+        return NEWEST
+    if isinstance(release, ReleaseDefaults):
+        return release
+    if isinstance(release, str):
+        parts = release.strip().removeprefix("core_v").removeprefix("v").split(".")
+        if len(parts) not in (2, 3) or not all(part.isdigit() for part in parts):
+            raise AdvisorError(f"--megatron-version {release!r}: expected a release such as 0.19 or core_v0.15.2")
+        release = (int(parts[0]), int(parts[1]))
+    for defaults in RELEASES:
+        if tuple(release[:2]) == defaults.release:
+            return defaults
+    known = ", ".join(defaults.checked for defaults in RELEASES)
+    raise AdvisorError(f"Megatron-LM core {'.'.join(map(str, release))} is not a release the advisor knows "
+                       f"(it knows {known})")

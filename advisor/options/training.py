@@ -1,0 +1,326 @@
+"""One description of a run's training options: the single source from which the memory
+estimate (``MemoryOptions``), the time model (``TimeOptions``) and the emitted Megatron-LM flags
+(``advisor.options.flags``) are derived, and into which Megatron-LM flags parse back.
+
+As megatron-core's own ``DistributedDataParallelConfig`` / ``OptimizerConfig`` /
+``ModelParallelConfig``: a few small frozen dataclasses by concern, each field with its
+docstring, composed into ``TrainingOptions``. Field names are unique over all concerns, so a
+run's options also read and write as one flat dict (``flat``, ``changed``, ``from_dict``): the
+``options`` of a sweep row or an estimate.
+
+Defaults are the advisor's stack, seed 004's (the paper's) plus the overlap its time model has
+always assumed: BF16 weights, FP32 gradient reduction, the distributed optimizer with
+``--overlap-grad-reduce --overlap-param-gather``, sequence parallelism, flash attention, no
+recomputation, no FP8, no FSDP, no offload. Megatron-LM's own defaults differ (no distributed
+optimizer, no overlap, no SP): every emitted list states each option explicitly, and
+``parse_training_args`` applies Megatron's defaults to flags a command line leaves out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Literal
+
+from advisor.errors import AdvisorError
+
+ParamsDtype = Literal["bfloat16", "float16", "float32"]
+GradDtype = Literal["fp32", "bf16", "fp16"]
+Fp8Format = Literal["e4m3", "hybrid"]
+Fp8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
+FsdpStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
+Recompute = Literal["none", "selective", "full"]
+RecomputeMethod = Literal["uniform", "block"]
+DataloaderMask = Literal["off", "cached", "rebuilt"]
+
+FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+FP8_FORMATS = ("e4m3", "hybrid")
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+
+
+def _choice(value, allowed, what: str) -> None:
+    if value not in allowed:
+        names = [str(name) for name in allowed]
+        raise AdvisorError(f"{what} must be {', '.join(names[:-1])} or {names[-1]}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Precision:
+    """Number formats (Megatron-LM's --bf16/--fp16, gradient reduction, Transformer Engine FP8)."""
+
+    params_dtype: ParamsDtype = "bfloat16"
+    """The model's weights and activations: --bf16, --fp16, or neither (FP32)."""
+    grad_reduce_dtype: GradDtype = "fp32"
+    """Gradient accumulation and data-parallel reduction, as Megatron defines it: with --bf16, FP32
+    by default (--accumulate-allreduce-grads-in-fp32, set by validate_args), BF16 with
+    --grad-reduce-in-bf16; with --fp16, FP16 unless --accumulate-allreduce-grads-in-fp32. An
+    FP32 run reduces in FP32."""
+    fp8_format: Fp8Format | None = None
+    """--fp8-format: Transformer Engine FP8 GEMMs in the linear layers ('hybrid': E4M3 forward,
+    E5M2 gradients); None: BF16 GEMMs. FP8 changes numerics, so only a user asks for it."""
+    fp8_recipe: Fp8Recipe = "delayed"
+    """--fp8-recipe (Megatron's default 'delayed': per-tensor scales from an amax history)."""
+    fp8_param_gather: bool = False
+    """--fp8-param-gather: the compute weight is kept only in FP8 (no BF16 copy) and gathered in FP8."""
+    fp8_amax_history_len: int = 1
+    """--fp8-amax-history-len (Megatron's default 1): amax values kept per FP8 tensor (delayed scaling)."""
+
+    def __post_init__(self) -> None:
+        _choice(self.params_dtype, ("bfloat16", "float16", "float32"), "params_dtype")
+        _choice(self.grad_reduce_dtype, ("fp32", "bf16"), "the gradient reduction dtype")
+        if self.fp8_format is not None:
+            _choice(self.fp8_format, FP8_FORMATS, "--fp8-format")
+        _choice(self.fp8_recipe, FP8_RECIPES, "--fp8-recipe")
+        if self.grad_reduce_dtype == "bf16" and self.params_dtype != "bfloat16":
+            raise AdvisorError("BF16 gradient reduction (--grad-reduce-in-bf16) needs BF16 weights (--bf16)")
+        if self.fp8_format is not None and self.params_dtype == "float32":
+            raise AdvisorError("FP8 (--fp8-format) runs with BF16 or FP16 weights, not FP32")
+        if self.fp8_param_gather and self.fp8_format is None:
+            raise AdvisorError("--fp8-param-gather needs --fp8-format")
+        if self.fp8_amax_history_len < 1:
+            raise AdvisorError(f"--fp8-amax-history-len must be at least 1, got {self.fp8_amax_history_len}")
+
+    @property
+    def element_bytes(self) -> int:
+        return 4 if self.params_dtype == "float32" else 2
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Bytes of one gradient element in the buffer Megatron reduces (main_grad)."""
+        return 4 if self.grad_reduce_dtype == "fp32" else 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataParallel:
+    """How the data-parallel replicas shard and reduce (megatron-core's DistributedDataParallelConfig)."""
+
+    distributed_optimizer: bool = True
+    """--use-distributed-optimizer: Adam states (and FP32 master weights) sharded over DP x CP (ZeRO-1)."""
+    overlap_grad_reduce: bool = True
+    """--overlap-grad-reduce: the gradient reduce-scatter runs bucket by bucket during the backward
+    pass; off, it runs after it (Megatron's default)."""
+    overlap_param_gather: bool = True
+    """--overlap-param-gather: the parameter all-gather runs during the next forward pass; Megatron
+    requires --overlap-grad-reduce and the distributed optimizer (or Megatron-FSDP) for it."""
+    fsdp_strategy: FsdpStrategy | None = None
+    """Megatron-FSDP (--use-megatron-fsdp) with --data-parallel-sharding-strategy: 'no_shard'
+    (nothing sharded), 'optim' (optimizer states and main weights: ZeRO-1), 'optim_grads'
+    (and gradients: ZeRO-2), 'optim_grads_params' (and weights: ZeRO-3), over DP x CP. None:
+    megatron-core's DDP."""
+
+    def __post_init__(self) -> None:
+        if self.fsdp_strategy is not None:
+            _choice(self.fsdp_strategy, FSDP_STRATEGIES, "--data-parallel-sharding-strategy")
+            if not self.distributed_optimizer:
+                # core_v0.19.0's validate_args turns it on; the advisor states it.
+                raise AdvisorError("Megatron-FSDP (--use-megatron-fsdp) runs with --use-distributed-optimizer")
+        if self.overlap_param_gather and not self.overlap_grad_reduce:
+            raise AdvisorError("--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM refuses it alone)")
+        if self.overlap_param_gather and not self.distributed_optimizer:
+            raise AdvisorError("--overlap-param-gather needs the distributed optimizer or Megatron-FSDP")
+
+    @property
+    def sharded(self) -> tuple[bool, bool, bool]:
+        """(optimizer states, gradients, weights) sharded over DP x CP."""
+        if self.fsdp_strategy is None:
+            return self.distributed_optimizer, False, False
+        return {"no_shard": (False, False, False), "optim": (True, False, False),
+                "optim_grads": (True, True, False), "optim_grads_params": (True, True, True)}[self.fsdp_strategy]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TensorParallel:
+    """What runs with tensor parallelism (TP > 1; at TP 1 Megatron turns both off, which prices the same)."""
+
+    sequence_parallel: bool = True
+    """--sequence-parallel (seed 004 assumes it whenever TP > 1)."""
+    tp_comm_overlap: bool = False
+    """--tp-comm-overlap: Transformer Engine userbuffers overlap the TP all-gathers and
+    reduce-scatters with the GEMMs; needs Transformer Engine and sequence parallelism."""
+
+    def __post_init__(self) -> None:
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise AdvisorError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM refuses it without)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Recomputation:
+    """Activation recomputation (--recompute-granularity, --recompute-method, --recompute-num-layers)."""
+
+    recompute: Recompute = "none"
+    """--recompute-granularity: none, selective (core attention) or full (whole layers)."""
+    recompute_method: RecomputeMethod = "uniform"
+    """With full: 'uniform' checkpoints every N layers, 'block' the first N of each chunk."""
+    recompute_num_layers: int = 1
+    """N of --recompute-num-layers (per model chunk)."""
+
+    def __post_init__(self) -> None:
+        _choice(self.recompute, ("none", "selective", "full"), "recompute")
+        _choice(self.recompute_method, ("uniform", "block"), "recompute_method")
+        if self.recompute_num_layers < 1:
+            raise AdvisorError(f"recompute_num_layers must be at least 1, got {self.recompute_num_layers}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Attention:
+    """The attention kernel and the data loader's mask."""
+
+    flash_attention: bool = True
+    """A fused (flash / cuDNN) kernel, Megatron's --attention-backend auto; False: unfused, which
+    keeps the s x s softmax output."""
+    dataloader_mask: DataloaderMask = "off"
+    """'off': --no-create-attention-mask-in-dataloader (fused causal kernels need no mask: the
+    default with flash attention); 'cached': Megatron's default, an s x s mask built once and
+    reused; 'rebuilt': built per sample (--reset-attention-mask, --reset-position-ids or
+    --eod-mask-loss with the mask on: the paper's runs), which the time model prices."""
+
+    def __post_init__(self) -> None:
+        _choice(self.dataloader_mask, ("off", "cached", "rebuilt"), "dataloader_mask")
+        if self.dataloader_mask == "off" and not self.flash_attention:
+            raise AdvisorError("unfused attention needs the data loader's mask: keep it (cached or rebuilt)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Offload:
+    """Optimizer states in host memory (--optimizer-cpu-offload, Megatron's HybridDeviceOptimizer)."""
+
+    optimizer_cpu_offload: bool = False
+    """--optimizer-cpu-offload (with --use-precision-aware-optimizer, which Megatron requires)."""
+    optimizer_offload_fraction: float = 1.0
+    """--optimizer-offload-fraction (Megatron's default 1.0): the share of the optimizer's
+    parameters whose states and step live on the CPU."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.optimizer_offload_fraction <= 1.0:
+            raise AdvisorError(f"--optimizer-offload-fraction must be in [0, 1], got {self.optimizer_offload_fraction}")
+
+    @property
+    def host_fraction(self) -> float:
+        """The share of the optimizer states held in host memory."""
+        return self.optimizer_offload_fraction if self.optimizer_cpu_offload else 0.0
+
+
+_CONCERNS = {"precision": Precision, "data_parallel": DataParallel, "tensor_parallel": TensorParallel,
+             "recomputation": Recomputation, "attention": Attention, "offload": Offload}
+_OWNER = {f.name: concern for concern, cls in _CONCERNS.items() for f in fields(cls)}
+"""Each flat field name -> the concern that holds it (names are unique over the concerns)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingOptions:
+    """Everything about a run that changes its memory or its time, beyond the model and the layout."""
+
+    precision: Precision = Precision()
+    data_parallel: DataParallel = DataParallel()
+    tensor_parallel: TensorParallel = TensorParallel()
+    recomputation: Recomputation = Recomputation()
+    attention: Attention = Attention()
+    offload: Offload = Offload()
+    vocab_divisible_by: int | None = None
+    """Pad v to a multiple of this x TP (--make-vocab-size-divisible-by, 128 in Megatron); None:
+    1, the smallest padding Megatron does (the paper's vocabularies divide by every TP)."""
+
+    def __post_init__(self) -> None:
+        if self.vocab_divisible_by is not None and self.vocab_divisible_by < 1:
+            raise AdvisorError(f"vocab_divisible_by must be positive, got {self.vocab_divisible_by}")
+        precision, offload, dp = self.precision, self.offload, self.data_parallel
+        if precision.fp8_param_gather and not dp.distributed_optimizer:
+            raise AdvisorError("--fp8-param-gather needs the distributed optimizer or Megatron-FSDP")
+        if offload.optimizer_cpu_offload and precision.fp8_param_gather and precision.fp8_recipe != "delayed":
+            raise AdvisorError("--optimizer-cpu-offload with --fp8-param-gather needs --fp8-recipe delayed "
+                               "(Megatron-LM refuses it otherwise)")
+
+    # --- flat views -------------------------------------------------------------------------
+
+    def flat(self) -> dict:
+        """Every field, by its (unique) name."""
+        out = {name: getattr(getattr(self, concern), name) for name, concern in _OWNER.items()}
+        out["vocab_divisible_by"] = self.vocab_divisible_by
+        return out
+
+    def changed(self) -> dict:
+        """The fields that differ from the advisor's defaults (a row's ``options``)."""
+        default = TrainingOptions().flat()
+        return {name: value for name, value in self.flat().items() if value != default[name]}
+
+    def with_(self, **changes) -> "TrainingOptions":
+        """A copy with flat fields replaced, e.g. ``options.with_(recompute='full')``."""
+        unknown = sorted(set(changes) - set(_OWNER) - {"vocab_divisible_by"})
+        if unknown:
+            raise AdvisorError(f"unknown training options: {', '.join(unknown)}")
+        grouped: dict[str, dict] = {}
+        for name, value in changes.items():
+            if name != "vocab_divisible_by":
+                grouped.setdefault(_OWNER[name], {})[name] = value
+        top = {concern: replace(getattr(self, concern), **values) for concern, values in grouped.items()}
+        if "vocab_divisible_by" in changes:
+            top["vocab_divisible_by"] = changes["vocab_divisible_by"]
+        return replace(self, **top)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainingOptions":
+        """The options of a row's ``options`` (``changed`` or ``flat``). Also reads the estimator's
+        older keys (``gradient_bytes``, ``element_bytes``) of files written before these options."""
+        values = dict(values)
+        if "gradient_bytes" in values:
+            values.setdefault("grad_reduce_dtype", "fp32" if values.pop("gradient_bytes") == 4 else "bf16")
+        if "element_bytes" in values:
+            values.setdefault("params_dtype", "float32" if values.pop("element_bytes") == 4 else "bfloat16")
+        if values.get("params_dtype") == "float32":
+            values.setdefault("grad_reduce_dtype", "fp32")
+        if values.get("flash_attention") is False:
+            values.setdefault("dataloader_mask", "cached")
+        if values.get("distributed_optimizer") is False:
+            values.setdefault("overlap_param_gather", False)
+        return cls().with_(**values)
+
+    def at_tp(self, tp: int) -> "TrainingOptions":
+        """The canonical options of a layout with this TP: at TP 1 Megatron turns sequence
+        parallelism (and so TP overlap) off; neither changes memory or time there, so they take
+        the defaults, and two descriptions of the same run compare equal."""
+        if tp > 1 or self.tensor_parallel == TensorParallel():
+            return self
+        return replace(self, tensor_parallel=TensorParallel())
+
+    # --- what the models read ---------------------------------------------------------------
+
+    def memory_options(self):
+        """The estimator's view (``advisor.memory.MemoryOptions``)."""
+        from advisor.memory import MemoryOptions
+
+        p, dp, r = self.precision, self.data_parallel, self.recomputation
+        return MemoryOptions(
+            distributed_optimizer=dp.distributed_optimizer, gradient_bytes=p.gradient_bytes,
+            element_bytes=p.element_bytes, recompute=r.recompute, recompute_method=r.recompute_method,
+            recompute_num_layers=r.recompute_num_layers, sequence_parallel=self.tensor_parallel.sequence_parallel,
+            flash_attention=self.attention.flash_attention, vocab_divisible_by=self.vocab_divisible_by,
+            fsdp_strategy=dp.fsdp_strategy, optimizer_host_fraction=self.offload.host_fraction,
+            fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe, fp8_param_gather=p.fp8_param_gather,
+            fp8_amax_history_len=p.fp8_amax_history_len,
+        )
+
+    def time_options(self, **model_choices):
+        """The time model's view (``advisor.throughput.TimeOptions``); ``model_choices`` are the
+        time model's own settings that no Megatron flag decides (flops_convention, attention_kernel)."""
+        from advisor.throughput.model import TimeOptions
+
+        dp, p = self.data_parallel, self.precision
+        return TimeOptions(
+            overlap_grad_reduce=dp.overlap_grad_reduce, overlap_param_gather=dp.overlap_param_gather,
+            distributed_optimizer=dp.distributed_optimizer, grad_reduce_bytes=p.gradient_bytes,
+            tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,
+            dataloader_mask="rebuilt" if self.attention.dataloader_mask == "rebuilt" else "cached",
+            fsdp_strategy=dp.fsdp_strategy, optimizer_host_fraction=self.offload.host_fraction,
+            fp8_format=p.fp8_format, fp8_param_gather=p.fp8_param_gather,
+            **model_choices,
+        )
+
+    def megatron_args(self, *, tp: int, release=None) -> list[str]:
+        """The flags behind every priced option (``advisor.options.flags.training_args``)."""
+        from advisor.options.flags import training_args
+
+        return training_args(self, tp=tp, release=release)
+
+    def describe(self) -> str:
+        """One line for people: what differs from the advisor's defaults."""
+        changed = self.changed()
+        return ", ".join(f"{key}={value}" for key, value in changed.items()) if changed else "advisor defaults"
