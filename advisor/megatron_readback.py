@@ -184,10 +184,10 @@ def vocabulary(model: dict) -> tuple[int | None, str]:
 
 def model_spec(model: dict, *, name: str, vocab_size: int) -> LlamaSpec:
     """The LlamaSpec a Megatron model-flag dict builds, with validate_args' defaults."""
-    hidden = _int(model, "hidden-size")
     missing = [flag for flag in ("num-layers", "hidden-size", "num-attention-heads") if flag not in model]
     if missing:
         raise AdvisorError("the command does not give " + ", ".join(f"--{flag}" for flag in missing))
+    hidden = _int(model, "hidden-size")
     heads = _int(model, "num-attention-heads")
     # megatron/training/arguments.py, validate_args: the FFN default with and without SwiGLU.
     ffn_default = int((4 * hidden * 2 / 3) / 64) * 64 if model.get("swiglu") else 4 * hidden

@@ -110,7 +110,8 @@ class _Expander:
             end = _closing(text, i + 1, "(", ")")
             if end < 0:
                 raise AdvisorError(f"unclosed $( in {text[i:i + 40]!r}")
-            return [MARK + text[i:end + 1].replace(MARK, "") + MARK], None, end + 1, False
+            # named without its text, which may hold spaces and quotes: "$(...)" in messages
+            return [MARK + ("((...))" if text.startswith("$((", i) else "(...)") + MARK], None, end + 1, False
         if text.startswith("${", i):
             end = text.find("}", i)
             if end < 0:
@@ -140,7 +141,7 @@ class _Expander:
             elif char == "$" or (char == "`" and quote is None):
                 if char == "`":
                     end = text.find("`", i + 1)
-                    values, default, stop, whole = [MARK + "`...`" + MARK], None, (end if end > 0 else len(text)) + 1, False
+                    values, default, stop, whole = [MARK + "(...)" + MARK], None, (end if end > 0 else len(text)) + 1, False
                 else:
                     values, default, stop, whole = self._parameter(text, i)
                 if values is None:
@@ -178,9 +179,11 @@ def _words(text: str, where: str) -> list[str]:
 def _commands(words: list[str]) -> list[list[str]]:
     """Simple commands of one line: split at separators, redirections and their targets dropped."""
     commands, current, skip = [], [], False
-    for word in words:
+    for i, word in enumerate(words):
         if skip:
             skip = False
+        elif word.isdigit() and i + 1 < len(words) and _REDIRECTS.match(words[i + 1]):
+            pass  # the file descriptor of '2>&1', which shlex splits off
         elif word in _SEPARATORS:
             commands.append(current)
             current = []
@@ -342,6 +345,15 @@ def _slurm_world(options: dict) -> tuple[int | None, str]:
     return nodes * per_node, f"srun --nodes {nodes} x --ntasks-per-node {per_node}"
 
 
+def _python_target(words: list[str]) -> list[str]:
+    """What ``python`` runs: its own options (-u, -O, -X opt, -W arg, ...) skipped, up to ``-m
+    MODULE ...`` or the script."""
+    i = 0
+    while i < len(words) and words[i].startswith("-") and words[i] != "-m":
+        i += 2 if words[i] in ("-X", "-W") else 1
+    return words[i:]
+
+
 def _unwrap(words: list[str], sbatch: dict) -> LaunchCommand:
     """Peel srun, torchrun / python -m torch.distributed.run, python and launch.entry off the arguments."""
     launchers, world, source, slurm = [], None, "the command gives no world size", None
@@ -358,8 +370,7 @@ def _unwrap(words: list[str], sbatch: dict) -> LaunchCommand:
                 words = ["-m", *words] if "no-python" not in options else words
         elif re.fullmatch(r"python[0-9.]*", name):
             launchers = launchers or ["python"]
-            _, words = _options(words[1:], set())
-            words = ["-m", *words[1:]] if words[:1] == ["-m"] else words
+            words = _python_target(words[1:])
         elif words[:2] == ["-m", "launch.entry"]:
             words = words[words.index("--") + 1:] if "--" in words else []
         elif words[0] == "-m":
