@@ -168,3 +168,16 @@ def test_slurm_world_size_and_shell_expansion():
     launch = read_command(text)
     assert (launch.launcher, launch.world_size) == ("srun", 32)  # #SBATCH 4 nodes x 8 tasks
     assert launch.arguments == ("--tensor-model-parallel-size", "4", "--seq-length", "4096", "--lr", "3e-4")
+
+
+def test_gpu_hour_price_turns_the_token_budget_into_a_cost():
+    estimate = invoke(["estimate", "--tp", "2", "--gpus", "8", "--gpu", "h100-80gb", "--tokens", "1T",
+                       "--gpu-hour-price", "2.5", "--format", "json"])
+    gpu_hours = 1e12 / estimate["tokens_per_s"] / 3600 * 8  # the budget's seconds on all 8 GPUs
+    assert estimate["gpu_hours"] == pytest.approx(gpu_hours, rel=1e-12)
+    assert estimate["cost_usd"] == estimate["gpu_hours"] * 2.5
+    rows = invoke(["sweep", "--gpus", "8", "--gpu", "h100-80gb", "--tokens", "1T", "--gpu-hour-price", "2",
+                   "--top", "3", "--format", "json"])
+    assert [row["cost_usd"] for row in rows] == [row["gpu_hours"] * 2 for row in rows]
+    result = CliRunner().invoke(cli, ["estimate", "--gpus", "8", "--gpu", "h100-80gb", "--gpu-hour-price", "2"])
+    assert result.exit_code == 2 and "--gpu-hour-price needs --tokens" in result.stderr

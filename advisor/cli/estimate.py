@@ -8,14 +8,14 @@ from pathlib import Path
 import click
 
 from advisor.cli.options import (
-    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit, gpu_options,
+    GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit, gpu_options,
     memory_options, model_choice_options, model_options, output_options, parse_numbers, workload_options,
 )
 
 TABLE_ROWS = 30
 
 
-def _row_columns(calibrated: bool = False, timed: bool = False, tokens: bool = False):
+def _row_columns(calibrated: bool = False, timed: bool = False, tokens: bool = False, priced: bool = False):
     from advisor.render import Column
 
     columns = [
@@ -43,6 +43,8 @@ def _row_columns(calibrated: bool = False, timed: bool = False, tokens: bool = F
                     Column("step_time_s", "step s", ".2f")]
     if tokens:
         columns += [Column("days", "days", ".1f"), Column("gpu_hours", "GPU-h", ",.0f")]
+    if priced:
+        columns.append(Column("cost_usd", "cost $", ",.0f"))
     return columns
 
 
@@ -64,8 +66,10 @@ def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options
             f"ranked by {rank_by}{extras}")
 
 
-def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None):
+def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_hour_price=None):
     """The defaults that depend on --gpu (and --profile), and the combinations that need it."""
+    if gpu_hour_price is not None and tokens is None:
+        raise InputError("--gpu-hour-price needs --tokens N: the cost is the GPU-hours of a token budget")
     if memory_model == "profile" and profile_dir is None:
         raise InputError("--memory-model profile needs --profile DIR (advisor profile run writes one)")
     if profile_dir is not None and memory_model not in (None, "profile"):
@@ -97,7 +101,7 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None):
 @memory_options(searchable=True)
 @output_options
 def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
-          tokens, plot, options, space, release, fmt, output) -> None:
+          tokens, gpu_hour_price, plot, options, space, release, fmt, output) -> None:
     """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
     layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
 
@@ -141,7 +145,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
 
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
-    memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir)
+    memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir, gpu_hour_price)
     measured = None
     if profile_dir is not None:
         from advisor.profile_terms import measured_activations
@@ -168,6 +172,8 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     dicts = []
     for row in shown:
         entry = {**row.to_dict(), **setup}
+        if gpu_hour_price is not None:
+            entry["cost_usd"] = entry["gpu_hours"] * gpu_hour_price
         if fmt == "table" or plot is not None:
             entry.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
         if fmt != "table":
@@ -200,7 +206,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         if len(shown) < len(selected):
             caption += f"; best {len(shown)} of {len(selected)} shown (--top N)"
         text = render.to_table(
-            dicts, _row_columns(memory_model != "paper", gpu is not None, tokens is not None),
+            dicts, _row_columns(memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None),
             title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by),
             caption=f"{caption}\n{searched}", row_style=render.verdict_style, color=color_wanted(output),
         )
@@ -248,6 +254,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
               help="calibrated (default with --gpu) or paper (Eq. 18 and its 80% rule; default without).")
 @click.option("--tokens", type=TokenCount(), default=None,
               help="A token budget (15T, 300B): adds the days and GPU-hours it takes (needs --gpu).")
+@GPU_HOUR_PRICE
 @model_options
 @workload_options
 @memory_options
@@ -259,7 +266,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
               help="Also show the best row of 'advisor sweep' on the same GPUs, model and options.")
 @output_options
 def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_per_node, threshold, memory_model,
-             tokens, spec, workload, options, release, from_command, compare_best, fmt, output) -> None:
+             tokens, gpu_hour_price, spec, workload, options, release, from_command, compare_best, fmt, output) -> None:
     """Per-GPU memory of one configuration, stage by stage; with --gpu, its step time too.
 
     \b
@@ -288,7 +295,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     from advisor.memory import GIB
     from advisor.parallel import ParallelConfig
 
-    memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens)
+    memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens, gpu_hour_price=gpu_hour_price)
     read = None
     if from_command is not None:
         from advisor.cli.from_command import read_inputs, refuse_explicit
@@ -317,6 +324,8 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
         tokens=tokens, release=release)
+    if gpu_hour_price is not None:
+        row["cost_usd"] = row["gpu_hours"] * gpu_hour_price
     notes = []
     if read is not None:
         from advisor.cli.from_command import unpriced_line
@@ -368,6 +377,8 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
                                     if k != "total_s" and v > 0))
             if tokens is not None:
                 caption += f"\n{tokens:.3g} tokens: {timing['days']:.1f} days, {timing['gpu_hours']:,.0f} GPU-hours"
+                if gpu_hour_price is not None:
+                    caption += f", ${row['cost_usd']:,.0f} at ${gpu_hour_price:g} per GPU-hour"
         caption += "".join("\n" + note for note in notes)
         style = render.VERDICT_STYLES.get(row["verdict"])
         text = render.to_table(
