@@ -47,6 +47,12 @@ class GpuSpec:
     host_dram_mt_per_s: float | None
     """The node's DRAM data rate, MT/s, where its cluster documents it (None: the calibration's
     reference rate). Scales the host-side data-loader time."""
+    host_link_gb_per_s: float | None
+    """The GPU's link to its host CPU, one direction, 10^9 bytes/s (PCIe x16, or NVLink-C2C):
+    what optimizer CPU offload copies over; None where the platform does not fix it."""
+    host_memory_gb_per_s: float | None
+    """Host DRAM bandwidth available to one GPU, 10^9 bytes/s: its CPU socket's channels x data
+    rate x 8 bytes, over the GPUs that socket serves; what CPU Adam runs at. None: not published."""
     sources: tuple[str, ...]
     hbm_note: str | None = None
     """How a bandwidth the vendor does not publish was derived."""
@@ -112,8 +118,9 @@ def _parse_entry(entry, where: str) -> GpuSpec:
     _positive(entry["gpus_per_node"], where, "gpus_per_node", integer=True)
     limits.check_float(entry["memory_gib"], "memory_gib", limits.GPU_MEMORY_GIB, where, low_open=True)
     limits.check_int(entry["gpus_per_node"], "gpus_per_node", limits.GPUS_PER_NODE, where)
-    if entry["host_dram_mt_per_s"] is not None:
-        _positive(entry["host_dram_mt_per_s"], where, "host_dram_mt_per_s")
+    for key in ("host_dram_mt_per_s", "host_link_gb_per_s", "host_memory_gb_per_s"):
+        if entry[key] is not None:
+            _positive(entry[key], where, key)
     sources = entry["sources"]
     if not isinstance(sources, list) or not sources or not all(isinstance(s, str) and s for s in sources):
         raise AdvisorError(f"{where}: sources must be a non-empty list of citations")

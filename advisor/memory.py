@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 
 from advisor import equations as eq
+from advisor import memory_levers as levers
 from advisor import schedule
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
@@ -88,6 +89,12 @@ class MemoryOptions:
             raise AdvisorError(f"recompute_num_layers must be at least 1, got {self.recompute_num_layers}")
         if self.vocab_divisible_by is not None and self.vocab_divisible_by < 1:
             raise AdvisorError(f"vocab_divisible_by must be positive, got {self.vocab_divisible_by}")
+        if self.fsdp_strategy not in levers.SHARDING:
+            raise AdvisorError(f"fsdp_strategy must be None or a Megatron-FSDP strategy, got {self.fsdp_strategy!r}")
+        if not 0.0 <= self.optimizer_host_fraction <= 1.0:
+            raise AdvisorError(f"optimizer_host_fraction must be in [0, 1], got {self.optimizer_host_fraction}")
+        if self.fp8_format is not None and self.fp8_recipe not in levers.FP8_SCALE_BYTES:
+            raise AdvisorError(f"unknown FP8 recipe {self.fp8_recipe!r}")
 
     def changed(self) -> dict:
         """The options that differ from the paper's assumptions."""
@@ -282,6 +289,8 @@ def layer_bytes(spec: LlamaSpec, seq_len: int, mbs, tp, cp, options: MemoryOptio
         # removes (Korthikanti et al. 2023, Table 2); with FlashAttention there are none.
         full = full + eq.attention_scores_bytes(spec, seq_len, mbs)
     kept = full / (t * c) + whole / c
+    fp8_split, fp8_whole = levers.fp8_activation_saving(spec, seq_len, mbs, options)
+    kept = kept - fp8_split / (t * c) - fp8_whole / np.where(whole == 0, t * c, c)
     # A checkpoint is the layer input: split like the other sequence-parallel tensors.
     checkpoint = eq.layer_checkpoint_bytes(spec, seq_len, mbs) / np.where(whole == 0, t * c, c)
     return kept, checkpoint
@@ -324,9 +333,13 @@ class StageModel:
         head = np.where(spec.tie_embeddings & (p == 1), 0, embedding)
         self.layer_parameters = eq.layer_parameters(spec, t)  # Eq. 6
         self.end_parameters = np.where(first, embedding, 0) + np.where(last, eq.final_norm_parameters(spec) + head, 0)
-        self.weight_bytes, self.gradient_bytes = options.element_bytes, options.gradient_bytes
+        # Eq. 4 and 10, with the levers' sharding and offload (advisor.memory_levers)
+        self.weight_bytes, self.gradient_bytes, self.optimizer_bytes = levers.state_bytes_per_parameter(options, d * c)
+        self.layer_extra_bytes = levers.fp8_weight_bytes_per_layer(spec, t, options)
+        self.options = options
+        sharding = levers.SHARDING[options.fsdp_strategy]
+        self.buffered = sharding is not None and sharding[1]  # Megatron-FSDP's unsharded gradient queue
         dtype_scale = options.element_bytes / eq.WEIGHT_BYTES  # the equations count BF16 bytes
-        self.optimizer_bytes = eq.optimizer_bytes_per_parameter(d * c if options.distributed_optimizer else 1)  # Eq. 10
         kept, checkpoint = layer_bytes(spec, seq_len, b, t, c, options)
         self.kept, self.checkpoint = kept * dtype_scale, checkpoint * dtype_scale
         self.vpp, self.recompute_layers = v, np.asarray(recompute_layers)
@@ -400,11 +413,12 @@ class StageModel:
         checkpoint (q < N) or a kept layer, and R_r the passes in flight of the last r chunks,
         itself two lines in r (``schedule.InFlight``). The estimate is then corrected by
         evaluating ``total`` beside it, so rounding cannot move the answer."""
-        if self.uniform and (self.recompute_layers > 0).any():
-            return None
+        if (self.uniform and (self.recompute_layers > 0).any()) or self.buffered:
+            return None  # Megatron-FSDP's buffers are not linear in the layers either
         n, passes, v, kept, checkpoint = self.recompute_layers, self.in_flight.passes, self.vpp, self.kept, self.checkpoint
         fixed = self.total(0)
-        per_layer = self.layer_parameters * (self.weight_bytes + self.gradient_bytes + self.optimizer_bytes)
+        per_layer = self.layer_parameters * (self.weight_bytes + self.gradient_bytes + self.optimizer_bytes) \
+            + self.layer_extra_bytes
         rebuilt = np.where(n > 0, kept - checkpoint, 0)
         beyond = np.floor((bound - fixed - (checkpoint - kept) * n * passes) / (per_layer * v + kept * passes))
         within = np.minimum(np.floor((bound - fixed - rebuilt) / (per_layer * v + checkpoint * passes)), n)
@@ -433,11 +447,20 @@ class StageModel:
     def parameters(self, layers):
         return np.asarray(layers) * self.layer_parameters + self.end_parameters
 
+    def states(self, layers, parameters):
+        """(weights, gradients, optimizer) bytes of a rank: per parameter (Eq. 4, 10 with the
+        levers' sharding), plus Transformer Engine's FP8 weight copies per layer and
+        Megatron-FSDP's gathered weights and queued gradients (``advisor.memory_levers``)."""
+        gathered, queued = levers.fsdp_buffer_bytes(self.options, self.layer_parameters, layers)
+        weights = self.weight_bytes * parameters + (np.asarray(layers) * self.layer_extra_bytes + gathered)
+        return weights, self.gradient_bytes * parameters + queued, self.optimizer_bytes * parameters
+
     def total(self, layers):
         """Peak bytes per GPU of a rank holding ``layers`` decoder layers (Eq. 18 per stage); the
         same sums, in the same order, as ``terms(layers).total``."""
         parameters = self.parameters(layers)
-        states = self.weight_bytes * parameters + self.gradient_bytes * parameters + self.optimizer_bytes * parameters
+        weights, gradients, optimizer = self.states(layers, parameters)
+        states = weights + gradients + optimizer
         return states + (self.layer_activations(layers) + self.embedding_activations + self.output_activations) \
             + self.added
 
@@ -445,11 +468,12 @@ class StageModel:
         if self.calibrated:
             raise ValueError("a calibrated StageModel prices splits; Eq. 18's terms come from a plain one")
         parameters = self.parameters(layers)
+        weights, gradients, optimizer = self.states(layers, parameters)
         return StageTerms(
             parameters=parameters,
-            weights=self.weight_bytes * parameters,
-            gradients=self.gradient_bytes * parameters,
-            optimizer=self.optimizer_bytes * parameters,
+            weights=weights,
+            gradients=gradients,
+            optimizer=optimizer,
             layer_activations=self.layer_activations(layers),
             embedding_activations=self.embedding_activations,
             output_activations=self.output_activations,

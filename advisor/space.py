@@ -48,6 +48,7 @@ import numpy as np
 
 from advisor import equations as eq
 from advisor.memory import GIB, MemoryOptions, StageModel, StageTerms, tp_problem
+from advisor.memory_levers import state_bytes_per_parameter
 from advisor.models import LlamaSpec
 from advisor.parallel import Workload
 from advisor.splits import Pipelines, Split, fastest_within, fill, lowest_memory, memory_caps, min_max
@@ -327,9 +328,8 @@ def _states_lower_bound(spec: LlamaSpec, bases: Bases, options: MemoryOptions) -
     embedding = eq.embedding_parameters(spec, t, vocab)
     head = np.where(spec.tie_embeddings & (bases.pp == 1), 0, embedding)
     parameters = spec.num_layers * eq.layer_parameters(spec, t) + embedding + head + eq.final_norm_parameters(spec)
-    shards = bases.dp * bases.cp if options.distributed_optimizer else 1
-    per_parameter = options.element_bytes + options.gradient_bytes + eq.optimizer_bytes_per_parameter(shards)
-    return parameters * per_parameter / bases.pp
+    weights, gradients, optimizer = state_bytes_per_parameter(options, bases.dp * bases.cp)
+    return parameters * (weights + gradients + optimizer) / bases.pp
 
 
 def _groups(spec: LlamaSpec, bases: Bases, space: SpaceOptions) -> tuple[np.ndarray, np.ndarray]:

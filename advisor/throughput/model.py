@@ -17,7 +17,7 @@ import numpy as np
 
 from advisor.hardware import GpuSpec
 from advisor.models import LlamaSpec
-from advisor.throughput import terms
+from advisor.throughput import levers, terms
 from advisor.throughput.calibration import Calibration, load_calibration
 from advisor.throughput.flops import FlopsConvention, megatron_flops_per_iteration, padded_vocab
 
@@ -127,6 +127,9 @@ class TimeModel:
         self.cal = calibration if calibration is not None else load_calibration()
         self.options = options
         self.rates = terms.Rates.of(gpu, self.cal, flash2=options.attention_kernel == "flash2")
+        # FP8 runs the linear layers' GEMMs at the FP8 rate (levers.FP8_EFFICIENCY_NOTE); the rest stays BF16.
+        self.gemm_rates = levers.fp8_rates(self.rates, gpu) if options.fp8_format else self.rates
+        self.host = levers.host_link(gpu) if options.optimizer_host_fraction > 0 else None
 
     # --- one layer, one microbatch ---------------------------------------------------------
 
@@ -135,9 +138,13 @@ class TimeModel:
         layer for one microbatch on one GPU."""
         spec, rates, s = self.spec, self.rates, self.seq_len
         tokens = _f(mbs) * s / _f(cp)
-        gemm_f, gemm_b = terms.layer_gemm_time(spec, tokens, tp, rates)
+        gemm_f, gemm_b = terms.layer_gemm_time(spec, tokens, tp, self.gemm_rates)
         attn_f, attn_b = terms.attention_time(spec, s, mbs, tp, cp, rates)
         elem = terms.elementwise_time(terms.layer_elementwise_bytes(spec, tokens, tp), rates)
+        if self.options.fp8_format:
+            cast_f, cast_b = levers.fp8_cast_bytes(spec, tokens, tp)
+            gemm_f = gemm_f + terms.elementwise_time(cast_f, rates)
+            gemm_b = gemm_b + terms.elementwise_time(cast_b, rates)
         tp_f, tp_b = terms.tensor_parallel_time(spec, tokens, tp, rates)
         if self.options.tp_comm_overlap:
             tp_f, tp_b = 0.0 * tp_f, 0.0 * tp_b
@@ -250,12 +257,8 @@ class TimeModel:
         shards = _f(dp) * _f(cp)
         span = _f(tp) * _f(cp) * _f(dp)
         per_node = np.minimum(shards, np.maximum(1.0, rates.gpus_per_node / _f(tp)))
-        reduce, gather = terms.data_parallel_time(params, shards, span, rates, opts.grad_reduce_bytes,
-                                                  opts.distributed_optimizer, per_node)
-        exposed_reduce = np.maximum(0.0, reduce - bwd_first) if opts.overlap_grad_reduce else reduce
-        exposed_gather = np.maximum(0.0, gather - fwd_first) if opts.overlap_param_gather else gather
-        dp_comm = exposed_reduce + exposed_gather
-        optimizer = terms.optimizer_time(params, shards, rates, opts.distributed_optimizer)
+        dp_comm = self._data_parallel(params, shards, span, per_node, m, fwd_first, bwd_first)
+        optimizer = self._optimizer(params, shards)
         compute_bound = pipeline + dp_comm + optimizer
         if opts.dataloader_mask == "rebuilt":
             data = self.gbs / _f(dp) * terms.host_mask_time(self.seq_len, rates, opts.dataloader_workers)
@@ -275,6 +278,45 @@ class TimeModel:
             optimizer_s=optimizer,
             data_wait_s=total_s - compute_bound,
         )
+
+    def _data_parallel(self, params, shards, span, per_node, m, fwd_first, bwd_first):
+        """Exposed DP communication of one iteration: the step's gradient reduction and parameter
+        gather (overlapped with the first stage's backward and forward when the overlap flags are
+        on, all exposed when off), plus Megatron-FSDP's per-microbatch collectives where its
+        strategy shards the gradients (``levers.fsdp_microbatch_time``), overlapped likewise."""
+        opts, rates = self.options, self.rates
+        strategy = opts.fsdp_strategy
+        param_bytes = 1 if opts.fp8_param_gather else terms.BF16
+        reduce, gather = terms.data_parallel_time(params, shards, span, rates, opts.grad_reduce_bytes,
+                                                  opts.distributed_optimizer and strategy != "no_shard", per_node,
+                                                  param_bytes)
+        if strategy in ("optim_grads", "optim_grads_params"):  # reduced per microbatch instead
+            reduce = 0.0 * reduce
+        if strategy == "optim_grads_params":  # gathered per microbatch instead
+            gather = 0.0 * gather
+        exposed_reduce = np.maximum(0.0, reduce - bwd_first) if opts.overlap_grad_reduce else reduce
+        exposed_gather = np.maximum(0.0, gather - fwd_first) if opts.overlap_param_gather else gather
+        dp_comm = exposed_reduce + exposed_gather
+        if strategy in ("optim_grads", "optim_grads_params"):
+            bandwidth = terms.link_bandwidth(span, rates, per_node)
+            fsdp_f, fsdp_b = levers.fsdp_microbatch_time(params, shards, bandwidth, rates, strategy, param_bytes,
+                                                         opts.grad_reduce_bytes)
+            exposed_f = np.maximum(0.0, fsdp_f - fwd_first) if opts.overlap_param_gather else fsdp_f
+            exposed_b = np.maximum(0.0, fsdp_b - bwd_first) if opts.overlap_grad_reduce else fsdp_b
+            dp_comm = dp_comm + m * (exposed_f + exposed_b)
+        return dp_comm
+
+    def _optimizer(self, params, shards):
+        """The optimizer step on this rank's shard (``terms.optimizer_time``), with the offloaded
+        share on the host (``levers.offload_time``)."""
+        opts, rates = self.options, self.rates
+        sharded = opts.distributed_optimizer and opts.fsdp_strategy != "no_shard"
+        if self.host is None:
+            return terms.optimizer_time(params, shards, rates, sharded)
+        shard = params / np.where(sharded, _f(shards), 1.0)
+        fraction = opts.optimizer_host_fraction
+        return levers.gpu_optimizer_time(shard, fraction, rates) + levers.offload_time(
+            shard, fraction, opts.grad_reduce_bytes, *self.host)
 
     def _stage_parameters(self, tp, pp):
         """Parameters on one GPU of the heaviest even stage: its layers plus the embedding or the

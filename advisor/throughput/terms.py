@@ -183,16 +183,17 @@ def pipeline_p2p_time(spec: LlamaSpec, tokens, tp, cross_node, rates: Rates):
 
 
 def data_parallel_time(parameters, shards, span, rates: Rates, grad_bytes=4, distributed_optimizer=True,
-                       ranks_per_node=1):
+                       ranks_per_node=1, param_bytes=BF16):
     """(gradient reduction, parameter all-gather) of one iteration over the DP x CP group
     (Megatron's distributed optimizer shards over it): a reduce-scatter of the gradients, in
     FP32 with --accumulate-allreduce-grads-in-fp32 (``grad_bytes``), and an all-gather of the
     BF16 parameters (Rajbhandari et al. 2020, ZeRO-1; Megatron ``DistributedOptimizer``).
     Without the distributed optimizer, one all-reduce: twice the reduce-scatter, no gather.
-    ``ranks_per_node``: the group's GPUs in one node (gpus_per_node / tp when it spans nodes)."""
+    ``ranks_per_node``: the group's GPUs in one node (gpus_per_node / tp when it spans nodes);
+    ``param_bytes`` 1 with --fp8-param-gather (the all-gather moves the FP8 weights)."""
     bandwidth = link_bandwidth(span, rates, ranks_per_node)
     reduce = ring_collective_time(grad_bytes * parameters, shards, bandwidth, rates)
-    gather = ring_collective_time(BF16 * parameters, shards, bandwidth, rates)
+    gather = ring_collective_time(param_bytes * parameters, shards, bandwidth, rates)
     if distributed_optimizer:
         return reduce, gather
     return 2 * reduce, 0.0 * gather

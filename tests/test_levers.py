@@ -1,0 +1,126 @@
+"""The training levers' memory and time terms against hand-derived values (issue 21).
+
+Llama 3.1 8B numbers used below: h 4096, a 32, k 8, d 128, h_ffn 14336, v 128256. One layer's
+GEMM weights at TP 1: h(a + 2k)d + a d h + 3 h h_ffn = 25,165,824 + 16,777,216 + 176,160,768
+= 218,103,808; with its two RMSNorms (2h) 218,112,000 (Eq. 6)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from advisor import memory_levers as levers
+from advisor.hardware import get_gpu
+from advisor.memory import estimate_memory
+from advisor.models import PRESETS
+from advisor.options import TrainingOptions
+from advisor.parallel import ParallelConfig, Workload
+from advisor.throughput import TimeModel, load_calibration
+from advisor.throughput import levers as time_levers
+from advisor.throughput.terms import Rates
+
+SPEC = PRESETS["llama3.1-8b"]
+H100 = get_gpu("h100-80gb")
+
+
+def memory(**changes):
+    return TrainingOptions().with_(**changes).memory_options()
+
+
+def test_sharded_states_per_parameter():
+    # optim_grads over 8 ranks: BF16 weights whole, FP32 gradients / 8, 12 optimizer bytes / 8
+    assert [float(x) for x in levers.state_bytes_per_parameter(memory(fsdp_strategy="optim_grads"), 8)] == [2, 0.5, 1.5]
+    assert [float(x) for x in levers.state_bytes_per_parameter(memory(fsdp_strategy="optim_grads_params"), 8)] \
+        == [0.25, 0.5, 1.5]
+    assert [float(x) for x in levers.state_bytes_per_parameter(memory(fsdp_strategy="no_shard"), 8)] == [2, 4, 12]
+    # half the (sharded) optimizer on the host: 12 / 8 / 2
+    offloaded = memory(optimizer_cpu_offload=True, optimizer_offload_fraction=0.5)
+    assert float(levers.state_bytes_per_parameter(offloaded, 8)[2]) == 0.75
+
+
+def test_fsdp_buffers():
+    # units of 1e8 elements, 8 layers: gathered = the unit + min(5e8 prefetch, 7e8) = 6e8 elements in BF16;
+    # queued gradients = min(8e8, 1e9 + 1e8) = 8e8 elements in FP32
+    gathered, queued = levers.fsdp_buffer_bytes(memory(fsdp_strategy="optim_grads_params"), 1e8, 8)
+    assert (float(gathered), float(queued)) == (1.2e9, 3.2e9)
+    gathered, queued = levers.fsdp_buffer_bytes(memory(fsdp_strategy="optim_grads"), 1e8, 30)
+    assert (float(gathered), float(queued)) == (0.0, 4 * 1.1e9)
+
+
+def test_fp8_weight_copies_and_saved_activations():
+    options = memory(fp8_format="hybrid")
+    # two FP8 copies (row- and column-wise) of 218,103,808 GEMM weights, plus delayed scaling's amax history:
+    # 12 tensors x (1 + 2) FP32 values
+    assert levers.fp8_weight_bytes_per_layer(SPEC, 1, options) == 2 * 218_103_808 + 12 * 3 * 4
+    # --fp8-param-gather drops the BF16 copy of those weights: 2 - 2 bytes, the amax history stays
+    gather = memory(fp8_format="hybrid", fp8_param_gather=True)
+    assert levers.fp8_weight_bytes_per_layer(SPEC, 1, gather) == 144
+    split, whole = levers.fp8_activation_saving(SPEC, 8192, 1, options)
+    # one byte less per element of: attention output (a d = 4096) and SwiGLU output (14336); QKV and FC1 inputs (2h)
+    assert (float(split), float(whole)) == (8192 * (4096 + 14336), 8192 * 2 * 4096)
+
+
+def test_estimate_with_zero2_sharding():
+    """Llama 3.1 8B, TP 1, PP 1, DP 8 with optim_grads: gradients are 4/8 bytes per parameter plus
+    the reduce-scatter queue, min(32 layers, 1e9 + one layer) elements in FP32."""
+    layer = 218_112_000
+    parameters = 32 * layer + 2 * 4096 * 128256 + 4096  # layers, embedding and head, final norm
+    queued = 4 * (1_000_000_000 + layer)
+    result = estimate_memory(SPEC, ParallelConfig(tp=1, cp=1, pp=1, dp=8, mbs=1), Workload(),
+                             memory(fsdp_strategy="optim_grads"))
+    assert result.peak.gradients_bytes == parameters * 0.5 + queued
+    assert result.peak.optimizer_bytes == parameters * 1.5
+    assert result.peak.weights_bytes == parameters * 2
+
+
+def _rates_without_latency():
+    return replace(Rates.of(H100, load_calibration()), collective_latency_s=0.0)
+
+
+def test_fsdp_collectives_per_microbatch():
+    # 1e9 parameters over 8 ranks at 1e11 B/s: reduce-scatter 7/8 x 4e9 / 1e11 = 0.035 s,
+    # all-gather 7/8 x 2e9 / 1e11 = 0.0175 s
+    rates = _rates_without_latency()
+    forward, backward = time_levers.fsdp_microbatch_time(1e9, 8, 1e11, rates, "optim_grads_params")
+    assert (float(forward), float(backward)) == pytest.approx((0.0175, 0.0525), rel=1e-12)
+    forward, backward = time_levers.fsdp_microbatch_time(1e9, 8, 1e11, rates, "optim_grads")
+    assert (float(forward), float(backward)) == pytest.approx((0.0, 0.035), rel=1e-12)
+
+
+def test_offload_time():
+    # 1e9 parameters: 4 + 2 bytes each over a 63 GB/s link, 30 bytes each at 76.8 GB/s of host memory
+    seconds = time_levers.offload_time(1e9, 1.0, 4, 63e9, 76.8e9)
+    assert float(seconds) == pytest.approx(6e9 / 63e9 + 30e9 / 76.8e9, rel=1e-12)
+    assert time_levers.host_link(H100) == (63e9, 76.8e9)
+
+
+def test_fp8_gemm_rate_and_casts():
+    rates = Rates.of(H100, load_calibration())
+    assert time_levers.fp8_rates(rates, H100).gemm_flops_per_s == pytest.approx(rates.gemm_flops_per_s * 1979 / 989)
+    forward, backward = time_levers.fp8_cast_bytes(SPEC, 8192, 1)
+    # 3 bytes per element: inputs h + a d + h + h_ffn; output gradients (a + 2k) d + h + 2 h_ffn + h
+    assert (float(forward), float(backward)) == (3 * 8192 * 26624, 3 * 8192 * 43008)
+
+
+def test_gradient_dtype_drives_the_step_time():
+    """With overlap off the whole DP reduction shows: BF16 gradients move 2 bytes fewer per
+    parameter, (n - 1)/n x 2P over the bandwidth (the latencies cancel). Llama 3.1 8B at TP 8,
+    PP 1, DP 8: P = 32 x (218,103,808 / 8 + 2 x 4096) + 2 x 4096 x 129024 / 8 = 1,004,797,952 (the
+    time model pads v to Megatron's default 128 x TP = 1024: 129,024 rows); the group spans 64
+    GPUs, so the network, one NIC per rank group (8 / TP = 1 per node)."""
+    off = dict(overlap_grad_reduce=False, overlap_param_gather=False)
+    steps = {dtype: TimeModel(SPEC, H100, 8192, 64, options=TrainingOptions().with_(
+        grad_reduce_dtype=dtype, **off).time_options()).step(8, 1, 1, 8, 1) for dtype in ("fp32", "bf16")}
+    parameters = 32 * (218_103_808 / 8 + 2 * 4096) + 2 * 4096 * 129024 / 8
+    assert parameters == 1_004_797_952
+    bandwidth = load_calibration().network_efficiency * H100.network_bytes_per_s
+    expected = 7 / 8 * 2 * parameters / bandwidth
+    assert float(steps["fp32"].dp_comm_s - steps["bf16"].dp_comm_s) == pytest.approx(expected, rel=1e-9)
+
+
+def test_overlap_off_exposes_the_whole_reduction():
+    on = TimeModel(SPEC, H100, 8192, 64).step(8, 1, 1, 8, 1)
+    off_options = TrainingOptions().with_(overlap_grad_reduce=False, overlap_param_gather=False).time_options()
+    off = TimeModel(SPEC, H100, 8192, 64, options=off_options).step(8, 1, 1, 8, 1)
+    assert float(off.dp_comm_s) > float(on.dp_comm_s)
+    assert np.all(off.total_s - on.total_s == pytest.approx(off.dp_comm_s - on.dp_comm_s))
