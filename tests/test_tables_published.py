@@ -37,6 +37,7 @@ def test_the_report_prices_every_run_and_the_bf16_runs_meet_their_targets():
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert len(report["runs"]) == 34
-    assert all(row["verdict"] in ("fits", "likely fits") and row["unpriced"] == [] for row in report["runs"])
+    assert all(row["unpriced"] == [] for row in report["runs"])  # every option the runs used is priced
+    assert all(row["verdict"] in ("fits", "likely fits") for row in report["runs"] if row["precision"] == "bf16")
     bf16 = report["summary"]["bf16"]
     assert bf16["within_target"] == bf16["runs"] == 17 and bf16["mape"] <= 0.06
