@@ -90,6 +90,18 @@ def decode_utf8(data: bytes, where: str) -> str:
         raise AdvisorError(f"{where}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
 
 
+def read_text(path: str | Path, *, max_bytes: int, what: str) -> str:
+    """A UTF-8 text file, or standard input for '-', at most ``max_bytes``."""
+    if str(path) == "-":
+        import sys
+
+        data = sys.stdin.buffer.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise AdvisorError(f"standard input is over {max_bytes:,} bytes; a {what} is at most that")
+        return decode_utf8(data, "standard input")
+    return decode_utf8(read_bytes(path, max_bytes=max_bytes, what=what), str(path))
+
+
 class _Refused(Exception):
     def __init__(self, literal: str, why: str) -> None:
         super().__init__(literal)

@@ -41,6 +41,12 @@ iterations, beyond Llama 3 405B's 1.2 million training steps."""
 JSON_LINE_BYTES = 1 * MIB
 """One line of a JSON Lines file. A header with every layer number of the deepest model is
 about 50 KiB; a layer record is under 1 KiB."""
+COMMAND_FILE_BYTES = 1 * MIB
+"""A launch script or argument list read by ``--from-command``: the longest published Megatron
+launch scripts are a few KiB."""
+LOG_FILE_BYTES = 1 * GIB
+"""A Megatron-LM training log read by ``compare-log`` (read whole, then line by line): a logged
+iteration is one line of about 500 bytes, so 1 GiB holds about two million of them."""
 JSON_DEPTH = 64
 """Nesting of a JSON document. Our schemas nest at most 4 levels, Hugging Face configs about 6;
 a deeper document is not one of ours (200,000 levels exhausted Python's stack)."""

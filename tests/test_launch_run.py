@@ -100,6 +100,25 @@ def test_real_pretrain_gpt_trains_with_the_hooks(name, core_0_15, advisor, tmp_p
     if document["tp"] > 1:
         assert "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun" in result.stderr  # what the launcher ran
     check_run(tmp_path / "profile", document, result.stdout + result.stderr)
+    compare_log_reads_the_run(advisor, tmp_path, result.stderr, result.stdout + result.stderr, document)
+
+
+def compare_log_reads_the_run(advisor, tmp_path: Path, launched: str, output: str, document: dict) -> None:
+    """advisor compare-log on the real log, beside the command the launcher printed: every logged
+    iteration read, one memory report per pipeline stage, and the same memory estimate."""
+    lines = launched.splitlines()  # advisor-launch prints '+ COMMAND \\' lines before torchrun's output
+    first = next(i for i, line in enumerate(lines) if line.startswith("+ "))
+    last = next(i for i in range(first, len(lines)) if not lines[i].endswith("\\"))
+    command = "\n".join(lines[first:last + 1])[2:]
+    (tmp_path / "command.txt").write_text(command)
+    (tmp_path / "train.log").write_text(output)
+    advisor("compare-log", tmp_path / "train.log", "--from-command", tmp_path / "command.txt", "--format", "json",
+            "-o", tmp_path / "compare.json")
+    compared = json.loads((tmp_path / "compare.json").read_text())
+    rows = {row["what"]: row for row in compared["rows"]}
+    assert rows["step time"]["measured"] > 0 and "2 logged iterations" in " ".join(compared["notes"])
+    assert [rows[f"stage {i} max allocated"]["predicted"] for i in range(document["pp"])] == [
+        stage["total_gib"] for stage in document["stages"]]
 
 
 def test_core_0_19_trains_through_its_config_container_pretrain(advisor, tmp_path_factory, tmp_path):

@@ -4,6 +4,8 @@
     models.py      advisor models, advisor gpus         (the built-in model and GPU presets)
     profile.py     advisor profile show | plan | run    (layer profiles, CAPTURE's campaign)
     recommend.py   advisor recommend                    (CAPTURE's planner)
+    compare_log.py advisor compare-log                  (a training log against the estimate)
+    from_command.py estimate --from-command's reading of a user's launch
     options.py     what they share: option bundles, one-line errors, output
     progress.py    the progress of a running campaign
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import click
 
-from advisor.cli import estimate, models, profile, recommend
+from advisor.cli import compare_log, estimate, models, profile, recommend
 from advisor.cli.options import EPILOG, OneLineErrors
 
 
@@ -42,7 +44,7 @@ def cli() -> None:
 
 
 for command in (models.models, models.gpus, estimate.sweep, estimate.estimate, profile.profile,
-                recommend.recommend):
+                recommend.recommend, compare_log.compare_log):
     cli.add_command(command)
 
 

@@ -8,15 +8,15 @@ from pathlib import Path
 import click
 
 from advisor.cli.options import (
-    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit, gpu_options,
-    memory_options, model_choice_options, model_options, output_options, parse_layer_counts, parse_numbers,
+    GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit,
+    gpu_options, memory_options, model_choice_options, model_options, output_options, parse_layer_counts,
     workload_options,
 )
 
 TABLE_ROWS = 30
 
 
-def _row_columns(calibrated: bool = False, timed: bool = False, tokens: bool = False):
+def _row_columns(calibrated: bool = False, timed: bool = False, tokens: bool = False, priced: bool = False):
     from advisor.render import Column
 
     columns = [
@@ -44,6 +44,8 @@ def _row_columns(calibrated: bool = False, timed: bool = False, tokens: bool = F
                     Column("step_time_s", "step s", ".2f")]
     if tokens:
         columns += [Column("days", "days", ".1f"), Column("gpu_hours", "GPU-h", ",.0f")]
+    if priced:
+        columns.append(Column("cost_usd", "cost $", ",.0f"))
     return columns
 
 
@@ -65,8 +67,10 @@ def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options
             f"ranked by {rank_by}{extras}")
 
 
-def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None):
+def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_hour_price=None):
     """The defaults that depend on --gpu (and --profile), and the combinations that need it."""
+    if gpu_hour_price is not None and tokens is None:
+        raise InputError("--gpu-hour-price needs --tokens N: the cost is the GPU-hours of a token budget")
     if memory_model == "profile" and profile_dir is None:
         raise InputError("--memory-model profile needs --profile DIR (advisor profile run writes one)")
     if profile_dir is not None and memory_model not in (None, "profile"):
@@ -98,7 +102,7 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None):
 @memory_options(searchable=True)
 @output_options
 def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
-          tokens, plot, options, space, release, fmt, output) -> None:
+          tokens, gpu_hour_price, plot, options, space, release, fmt, output) -> None:
     """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
     layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
 
@@ -142,7 +146,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
 
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
-    memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir)
+    memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir, gpu_hour_price)
     measured = None
     if profile_dir is not None:
         from advisor.profile_terms import measured_activations
@@ -172,6 +176,8 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     dicts = []
     for row in shown:
         entry = {**row.to_dict(), **setup}
+        if gpu_hour_price is not None:
+            entry["cost_usd"] = entry["gpu_hours"] * gpu_hour_price
         if fmt == "table" or plot is not None:
             entry.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
         if fmt != "table":
@@ -204,7 +210,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         if len(shown) < len(selected):
             caption += f"; best {len(shown)} of {len(selected)} shown (--top N)"
         text = render.to_table(
-            dicts, _row_columns(memory_model != "paper", gpu is not None, tokens is not None),
+            dicts, _row_columns(memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None),
             title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by),
             caption=f"{caption}\n{searched}", row_style=render.verdict_style, color=color_wanted(output),
         )
@@ -252,12 +258,19 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
               help="calibrated (default with --gpu) or paper (Eq. 18 and its 80% rule; default without).")
 @click.option("--tokens", type=TokenCount(), default=None,
               help="A token budget (15T, 300B): adds the days and GPU-hours it takes (needs --gpu).")
+@GPU_HOUR_PRICE
 @model_options
 @workload_options
 @memory_options
+@click.option("--from-command", type=click.Path(dir_okay=False, allow_dash=True), default=None, metavar="FILE|-",
+              help="Read the layout, model and training options from your own pretrain_gpt.py argument list, "
+                   "torchrun / srun / python -m torch.distributed.run line or launch script ('-': stdin). "
+                   "The world size comes from torchrun's or Slurm's arguments, or --gpus.")
+@click.option("--compare-best", is_flag=True,
+              help="Also show the best row of 'advisor sweep' on the same GPUs, model and options.")
 @output_options
 def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_per_node, threshold, memory_model,
-             tokens, spec, workload, options, release, fmt, output) -> None:
+             tokens, gpu_hour_price, spec, workload, options, release, from_command, compare_best, fmt, output) -> None:
     """Per-GPU memory of one configuration, stage by stage; with --gpu, its step time too.
 
     \b
@@ -268,18 +281,39 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     (as Megatron-LM counts FLOPs), MFU and tokens/s.
 
     \b
+    \b
+    --from-command reads your own launch instead: a pretrain_gpt.py argument list, a
+    torchrun / srun / python -m torch.distributed.run line, or a launch script as you
+    paste it (continuations, comments, VAR=value, $VAR, arrays). Flags that change
+    memory or time and are not priced are named in one line; data, logging, checkpoint
+    and learning-rate flags are skipped.
+
+    \b
     Examples (the public code's test case: 44.87 GiB states, 22.64 GiB activations):
       advisor estimate --tp 2 --pp 1 --mbs 1 --gpus 4 --model llama3.1-8b
+      advisor estimate --from-command train.sh --gpu h100-80gb --compare-best
       advisor estimate --tp 8 --pp 16 --gpus 16384 --gpu h100-80gb --model llama3.1-405b \\
           --gbs 2048 --layers-per-stage 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 --tokens 15T
     """
     from advisor import render
-    from advisor.megatron_args import megatron_args
-    from advisor.memory import GIB, estimate_memory
+    from advisor.memory import GIB
     from advisor.parallel import ParallelConfig
-    from advisor.sweep import SweepRow, classify
 
-    memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens)
+    memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens, gpu_hour_price=gpu_hour_price)
+    read = None
+    if from_command is not None:
+        from advisor.cli.from_command import read_inputs, refuse_explicit
+        from advisor.parallel import Workload
+
+        ctx = click.get_current_context()
+        refuse_explicit(ctx)
+        read = read_inputs(from_command, gpus=gpus, vocab_size=ctx.params.get("vocab_size"), release=release)
+        run, layout = read.run, read.run.layout
+        spec, options, gpus, dp = run.spec, run.options, read.gpus, read.dp
+        tp, cp, pp, mbs, vpp = layout.tp, layout.cp, layout.pp, layout.mbs, layout.vpp
+        layers_per_stage = ",".join(map(str, layout.layers_per_stage)) if pp > 1 else None
+        # Megatron's default global batch: one microbatch per DP rank (validate_args).
+        workload = Workload(seq_len=run.seq_len, global_batch_size=layout.global_batch_size or mbs * dp)
     model_parallel = tp * cp * pp
     if gpus is None and dp is None:
         raise InputError("give --gpus or --dp")
@@ -294,30 +328,25 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     except ValueError as error:
         raise InputError(f"--layers-per-stage: {error}") from None
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
-    training, options = options.at_tp(tp), options.memory_options()
-    result = estimate_memory(spec, parallel, workload, options, stages)
-    assessment = timing = parts = None
-    verdict = None
-    if mem and memory_model == "calibrated":
-        from advisor.verdicts import assess
+    row, result, assessment, timing, parts = price_layout(
+        spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
+        tokens=tokens, release=release)
+    if gpu_hour_price is not None:
+        row["cost_usd"] = row["gpu_hours"] * gpu_hour_price
+    notes = []
+    if read is not None:
+        from advisor.cli.from_command import unpriced_line
 
-        assessment = assess(result, spec, workload.seq_len, mbs, tp, cp, mem, options)
-        verdict = assessment.verdict
-    elif mem:
-        verdict = classify(result.total_gib, mem, threshold)
-    if gpu is not None:
-        timing, parts = _one_layout_time(spec, gpu, workload, parallel, stages, training, tokens)
-    row = {
-        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
-                   assessment=assessment, timing=timing, training=training).to_dict(),
-        "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
-        "options": training.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
-        "megatron_args": megatron_args(spec, workload.seq_len, tp=tp, cp=cp, layers_per_stage=result.layers,
-                                       micro_batch_size=mbs, global_batch_size=workload.global_batch_size,
-                                       options=training, virtual_stages=vpp, release=release),
-    }
-    if parts is not None:
-        row["time_parts"] = parts
+        row.update(read_from=read.source, unpriced=list(read.run.unpriced))
+        notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced)] if line]
+        click.echo(f"advisor estimate: {notes[-1]}", err=True) if read.run.unpriced else None
+    if compare_best:
+        from advisor.cli.from_command import best_row_line
+
+        best, line = best_row_line(row, spec, workload, parallel.gpus, mem, threshold, gpu, gpus_per_node,
+                                   options, memory_model)
+        row["best_sweep_row"] = best
+        notes.append(line)
     stage_rows = [stage.to_dict() for stage in result.stages]
     if fmt == "json":
         text = render.to_json({**row, "stages": stage_rows})
@@ -355,12 +384,52 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
                                     if k != "total_s" and v > 0))
             if tokens is not None:
                 caption += f"\n{tokens:.3g} tokens: {timing['days']:.1f} days, {timing['gpu_hours']:,.0f} GPU-hours"
+                if gpu_hour_price is not None:
+                    caption += f", ${row['cost_usd']:,.0f} at ${gpu_hour_price:g} per GPU-hour"
+        caption += "".join("\n" + note for note in notes)
         style = render.VERDICT_STYLES.get(row["verdict"])
         text = render.to_table(
             stage_rows, columns, title=title, caption=caption,
             row_style=lambda stage_row: style if stage_row["stage"] == peak.stage else None, color=color_wanted(output),
         )
     emit(text, output)
+
+
+def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, threshold, memory_model, tokens=None,
+                 release=None):
+    """One layout priced with its training options (``advisor.options.TrainingOptions``): (the
+    estimate's row, the memory estimate, the calibrated assessment or None, the timing fields or
+    None, the time parts or None). The one pricing of ``estimate``, also behind ``compare-log``."""
+    from advisor.megatron_args import megatron_args
+    from advisor.memory import estimate_memory
+    from advisor.sweep import SweepRow, classify
+
+    training = training.at_tp(parallel.tp)
+    options = training.memory_options()
+    result = estimate_memory(spec, parallel, workload, options, stages)
+    assessment = timing = parts = verdict = None
+    if mem and memory_model == "calibrated":
+        from advisor.verdicts import assess
+
+        assessment = assess(result, spec, workload.seq_len, parallel.mbs, parallel.tp, parallel.cp, mem, options)
+        verdict = assessment.verdict
+    elif mem:
+        verdict = classify(result.total_gib, mem, threshold)
+    if gpu is not None:
+        timing, parts = _one_layout_time(spec, gpu, workload, parallel, stages, training, tokens)
+    row = {
+        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
+                   assessment=assessment, timing=timing, training=training).to_dict(),
+        "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
+        "options": training.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
+        "megatron_args": megatron_args(spec, workload.seq_len, tp=parallel.tp, cp=parallel.cp,
+                                       layers_per_stage=result.layers, micro_batch_size=parallel.mbs,
+                                       global_batch_size=workload.global_batch_size, options=training,
+                                       virtual_stages=parallel.vpp, release=release),
+    }
+    if parts is not None:
+        row["time_parts"] = parts
+    return row, result, assessment, timing, parts
 
 
 def _one_layout_time(spec, gpu, workload, parallel, stages, training, tokens):

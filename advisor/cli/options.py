@@ -380,6 +380,11 @@ class TokenCount(click.ParamType):
         return number
 
 
+GPU_HOUR_PRICE = click.option(
+    "--gpu-hour-price", type=click.FloatRange(min=0, min_open=True, max=1e6), default=None, metavar="USD",
+    help="With --tokens: the price of one GPU-hour, to turn the GPU-hours into a cost (cost_usd).")
+
+
 def gpu_options(func: Callable) -> Callable:
     """--gpu NAME, --mem GIB, --gpus-per-node K -> ``gpu`` (a GpuSpec or None), ``mem`` (GiB)
     and ``gpus_per_node``: a preset sets all three, --mem and --gpus-per-node override it."""
@@ -428,6 +433,7 @@ def model_choice_options(func: Callable) -> Callable:
                               "memory: most headroom; paper: seed 004's rule (default without --gpu)."),
             click.option("--tokens", type=TokenCount(), default=None,
                          help="A token budget (15T, 300B): adds the days and GPU-hours it takes (needs --gpu)."),
+            GPU_HOUR_PRICE,
         ],
         func,
     )

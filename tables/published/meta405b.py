@@ -1,4 +1,4 @@
-"""``python -m tables.published``: the time model against published large-scale runs it was not
+"""Part of ``python -m tables.published``: the time model against published large-scale runs it was not
 fitted on (a sanity check, not a validation: the runs' software and schedules differ from ours).
 
 Llama 3 405B (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4): 126 layers on H100
@@ -11,8 +11,6 @@ its 16,384 GPUs and its 16 sequences per DP rank equal 16M tokens per batch.
 """
 
 from __future__ import annotations
-
-import click
 
 from advisor.hardware import get_gpu
 from advisor.models import preset
@@ -47,13 +45,3 @@ def markdown() -> str:
         lines.append(f"| {r['gpus']:,} | {r['layout']} | {r['seq_len']:,} | {r['published_tflops']} "
                      f"({r['published_mfu']:.0%}) | {r['ours_v1']:.0f} | {r['ours_v4']:.0f} |")
     return "\n".join(lines) + "\n"
-
-
-@click.command()
-def main() -> None:
-    """Print the comparison as Markdown."""
-    click.echo(markdown(), nl=False)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,74 @@
+"""``advisor compare-log LOG --from-command CMD``: a Megatron-LM training log against the estimate
+of the command that produced it (``advisor.megatron_log`` reads and compares; this is the CLI)."""
+
+from __future__ import annotations
+
+import click
+
+from advisor.cli.options import EPILOG, GPUS, InputError, document_options, emit_document, gpu_options
+
+
+@click.command("compare-log", epilog=EPILOG)
+@click.argument("log", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--from-command", "command", type=click.Path(dir_okay=False, allow_dash=True), required=True,
+              metavar="FILE|-", help="The launch that wrote the log (as 'advisor estimate --from-command' reads it).")
+@click.option("--gpus", type=GPUS, default=None, help="World size, where the command does not give it.")
+@click.option("--vocab-size", type=int, default=None, help="The tokenizer's vocabulary, where the command does not give it.")
+@click.option("--megatron-version", "release", default=None, metavar="RELEASE",
+              help="The Megatron-LM release whose defaults apply to flags the command leaves out (default: the newest "
+                   "the advisor knows).")
+@gpu_options
+@document_options
+def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node, fmt, output) -> None:
+    """Measured against predicted: the step time, TFLOP/s per GPU and peak memory per pipeline
+    stage of a Megatron-LM training log, beside the advisor's estimate of its command.
+
+    \b
+    Read from the log (megatron/training): 'elapsed time per iteration (ms)' and 'throughput
+    per GPU (TFLOP/s/GPU)' (needs --log-throughput) of every logged iteration after the first
+    (start-up), their median; the '[Rank N] (after N iterations) memory (MB)' reports (one per
+    model-parallel rank); Megatron's own 'Theoretical memory footprints' line.
+    The step time and TFLOP/s need --gpu (the time model); memory needs neither.
+
+    \b
+    Examples:
+      advisor compare-log train.log --from-command train.sh --gpu h100-80gb
+      srun ... 2>&1 | tee train.log; advisor compare-log train.log --from-command job.sbatch --format json
+    """
+    from advisor import limits, render
+    from advisor.cli.estimate import price_layout
+    from advisor.cli.from_command import read_inputs
+    from advisor.fileio import read_text
+    from advisor.megatron_log import compare, read_log, theoretical_note
+    from advisor.parallel import ParallelConfig, Workload
+
+    if log == "-" and command == "-":
+        raise InputError("the log and the command cannot both be standard input")
+    read = read_inputs(command, gpus=gpus, vocab_size=vocab_size, release=release)
+    run, layout = read.run, read.run.layout
+    training = read_log(read_text(log, max_bytes=limits.LOG_FILE_BYTES, what="training log").splitlines())
+    workload = Workload(seq_len=run.seq_len, global_batch_size=layout.global_batch_size or layout.mbs * read.dp)
+    logged = {i.global_batch_size for i in training.iterations} - {None}
+    if logged and logged != {workload.global_batch_size}:
+        raise InputError(f"the log trains global batch {sorted(logged)}, the command {workload.global_batch_size}: "
+                         "is it the command that wrote the log?")
+    parallel = ParallelConfig(tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=read.dp, mbs=layout.mbs, vpp=layout.vpp)
+    estimate, result, *_ = price_layout(
+        run.spec, workload, parallel, layout.layers_per_stage if layout.pp > 1 else None, run.options, gpu=gpu,
+        mem=mem, threshold=0.8, memory_model="calibrated" if gpu is not None else "paper", release=release)
+    estimate["stages"] = [stage.to_dict() for stage in result.stages]
+    rows = compare(training, estimate, world_size=read.gpus)
+    notes = [f"read {read.source}", theoretical_note(training, estimate),
+             f"{len(training.iterations)} logged iterations, {len(training.memory)} memory reports"]
+    if run.unpriced:
+        notes.append("not priced: " + ", ".join(run.unpriced))
+    document = {"rows": rows, "notes": [note for note in notes if note], "estimate": estimate}
+
+    def table() -> str:
+        columns = [render.Column("what", "quantity", justify="left"), render.Column("unit", "unit", justify="left"),
+                   render.Column("measured", "measured", ".4g"), render.Column("predicted", "predicted", ".4g"),
+                   render.Column("measured_over_predicted", "measured / predicted", ".3f")]
+        return render.to_table(rows, columns, title=f"{log} against the estimate of {command}",
+                               caption="\n".join(document["notes"]))
+
+    emit_document(document, table, fmt, output)

@@ -1,0 +1,95 @@
+"""``advisor estimate --from-command FILE``: a user's own launch read into the estimate's inputs.
+
+The reading is the core's (``advisor.shell_command``: the text; ``advisor.megatron_readback``:
+the arguments); here only what the CLI adds: which of estimate's own options may go with it, the
+world size, and the lines that tell the user what was read and what is not priced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from advisor.cli.options import InputError
+
+ALLOWED_WITH_COMMAND = {"from_command", "compare_best", "gpus", "gpu", "mem", "gpus_per_node", "threshold",
+                        "memory_model", "tokens", "vocab_size", "fmt", "output", "gpu_hour_price",
+                        "megatron_version"}
+"""estimate's options that the command cannot say (the hardware, the judging, the output); every
+other (layout, model, training options) comes from the command, and giving it too is refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandInputs:
+    """The estimate's inputs, as the command gives them."""
+
+    run: object
+    """``advisor.megatron_readback.ReadRun``."""
+    gpus: int
+    dp: int
+    source: str
+    """One line: what was read, and where the world size came from."""
+
+
+def refuse_explicit(ctx: click.Context) -> None:
+    """One line for the first option given beside --from-command that the command decides."""
+    for name in ctx.params:
+        if name in ALLOWED_WITH_COMMAND:
+            continue
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            flag = next((p.opts[0] for p in ctx.command.params if p.name == name), name)
+            raise InputError(f"{flag} comes from the command with --from-command (edit the command instead)")
+
+
+def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=None) -> CommandInputs:
+    """The pasted command's run, its world size (--gpus overrides the launcher's) and DP."""
+    from advisor import limits
+    from advisor.fileio import read_text
+    from advisor.megatron_readback import read_run
+    from advisor.shell_command import read_command
+
+    text = read_text(path, max_bytes=limits.COMMAND_FILE_BYTES, what="command file")
+    launch = read_command(text)
+    name = "stdin" if path == "-" else Path(path).name
+    run = read_run(launch.arguments, name=name, vocab_size=vocab_size, release=release)
+    world, where = (gpus, "--gpus") if gpus is not None else (launch.world_size, launch.world_source)
+    if world is None:
+        raise InputError(f"the command does not give its world size ({where}): give --gpus N")
+    layout = run.layout
+    model_parallel = layout.tp * layout.cp * layout.pp
+    if world % model_parallel:
+        raise InputError(f"{world} GPUs ({where}) are not divisible by TP x CP x PP = {model_parallel}: "
+                         "give --gpus N for the run you mean")
+    source = f"{name}: {launch.launcher}, {world} GPUs ({where}); vocabulary {run.vocab_source}"
+    return CommandInputs(run=run, gpus=world, dp=world // model_parallel, source=source)
+
+
+def unpriced_line(unpriced: tuple[str, ...]) -> str | None:
+    """The one line naming what changes memory or time and is not priced (None when nothing)."""
+    if not unpriced:
+        return None
+    return "not priced (they change memory or time): " + ", ".join(unpriced)
+
+
+def best_row_line(row: dict, spec, workload, gpus: int, mem: float | None, threshold: float, gpu, gpus_per_node: int,
+                  options, memory_model: str) -> tuple[dict | None, str]:
+    """(the best sweep row on the same GPUs, model, batch and options, one line comparing it with ``row``)."""
+    from advisor.sweep import sweep
+
+    if mem is None:
+        raise InputError("--compare-best needs --gpu NAME or --mem GIB")
+    result = sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options, gpu=gpu,
+                   memory_model=memory_model)
+    ranked = [candidate for candidate in result.rows if candidate.rank]
+    if not ranked:
+        return None, f"best sweep row on {gpus} GPUs: nothing the sweep considers fits"
+    best = ranked[0].to_dict()
+    p = ranked[0].parallel
+    line = (f"best sweep row on {gpus} GPUs: TP {p.tp}, CP {p.cp}, PP {p.pp}, DP {p.dp}, MBS {p.mbs}, VPP {p.vpp}, "
+            f"recompute {best['recompute']}, {best['total_gib']:.1f} GiB, {best['verdict']}")
+    if best.get("step_time_s") is not None and row.get("step_time_s") is not None:
+        line += (f"; {best['step_time_s']:.2f} s per step against yours {row['step_time_s']:.2f} s "
+                 f"({row['step_time_s'] / best['step_time_s']:.2f}x)")
+    return best, line

@@ -1,0 +1,156 @@
+"""A Megatron-LM training log, read: iteration times, reported TFLOP/s, the memory report of the
+first logged iteration and Megatron's own theoretical memory.
+
+The lines, as megatron/training/ writes them (core_v0.15.2 and core_v0.19.0 alike):
+
+- ``training.py``, ``training_log``: `` [DATE] iteration   N/  T | consumed samples: ... |
+  elapsed time per iteration (ms): 988.6 | throughput per GPU (TFLOP/s/GPU): 412.3 | ...``
+  (throughput only with ``--log-throughput``; the time is the mean over the log interval);
+- ``utils.py``, ``report_memory``: ``[Rank R] (after N iterations) memory (MB) | allocated: A |
+  max allocated: M | reserved: S | max reserved: X`` (MB = 2^20 bytes; printed by the ranks with
+  data-parallel rank 0, so one per model-parallel rank);
+- ``theoretical_memory_usage.py``, ``report_theoretical_memory``: ``Theoretical memory
+  footprints: weight and optimizer=W MB, activation=A MB, total=T MB``.
+
+Lines may carry a launcher's prefix (torchrun ``--tee``'s ``[default0]:``, srun ``--label``'s
+``0: ``): each pattern is searched for anywhere in a line. Other lines are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from advisor.errors import AdvisorError
+
+_NUMBER = r"([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|nan|inf)"
+_ITERATION = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|.*?elapsed time per iteration \(ms\): " + _NUMBER)
+_THROUGHPUT = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): " + _NUMBER)
+_BATCH = re.compile(r"global batch size:\s*(\d+)")
+_MEMORY = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: " + _NUMBER
+                     + r" \| max allocated: " + _NUMBER + r" \| reserved: " + _NUMBER + r" \| max reserved: " + _NUMBER)
+_THEORETICAL = re.compile(r"Theoretical memory footprints: weight and optimizer=" + _NUMBER
+                          + r" MB, activation=" + _NUMBER + r" MB, total=" + _NUMBER + " MB")
+MIB = 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class Iteration:
+    iteration: int
+    elapsed_ms: float
+    """The mean time per iteration over the log interval that ends here."""
+    tflops_per_gpu: float | None
+    global_batch_size: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReport:
+    rank: int
+    after_iterations: int
+    allocated_mib: float
+    max_allocated_mib: float
+    reserved_mib: float
+    max_reserved_mib: float
+
+
+@dataclass(frozen=True, slots=True)
+class Theoretical:
+    weight_and_optimizer_mib: float
+    activation_mib: float
+    total_mib: float
+
+
+@dataclass
+class TrainingLog:
+    iterations: list[Iteration] = field(default_factory=list)
+    memory: list[MemoryReport] = field(default_factory=list)
+    theoretical: list[Theoretical] = field(default_factory=list)
+
+    def steady(self) -> list[Iteration]:
+        """The iterations after the first logged one (which carries start-up: compilation, NCCL
+        set-up, allocator growth), or the first if it is all there is."""
+        return self.iterations[1:] or self.iterations
+
+    def step_time_s(self) -> float | None:
+        """The median steady iteration time, in seconds."""
+        steady = self.steady()
+        return statistics.median(i.elapsed_ms for i in steady) / 1000 if steady else None
+
+    def tflops_per_gpu(self) -> float | None:
+        values = [i.tflops_per_gpu for i in self.steady() if i.tflops_per_gpu is not None]
+        return statistics.median(values) if values else None
+
+    def peak_by_rank(self) -> dict[int, MemoryReport]:
+        """Each rank's report with the highest max-allocated (the first iterations' report, usually)."""
+        out: dict[int, MemoryReport] = {}
+        for report in self.memory:
+            if report.rank not in out or report.max_allocated_mib > out[report.rank].max_allocated_mib:
+                out[report.rank] = report
+        return out
+
+
+def read_log(lines: Iterable[str]) -> TrainingLog:
+    """The records of a Megatron-LM log's lines; AdvisorError if it holds no iteration line."""
+    log = TrainingLog()
+    for line in lines:
+        if match := _ITERATION.search(line):
+            throughput, batch = _THROUGHPUT.search(line), _BATCH.search(line)
+            log.iterations.append(Iteration(
+                iteration=int(match.group(1)), elapsed_ms=float(match.group(3)),
+                tflops_per_gpu=float(throughput.group(1)) if throughput else None,
+                global_batch_size=int(batch.group(1)) if batch else None))
+        elif match := _MEMORY.search(line):
+            rank, after, *values = match.groups()
+            log.memory.append(MemoryReport(int(rank), int(after), *map(float, values)))
+        elif match := _THEORETICAL.search(line):
+            log.theoretical.append(Theoretical(*map(float, match.groups())))
+    if not log.iterations:
+        raise AdvisorError("no Megatron-LM iteration line ('iteration N/ T | ... elapsed time per iteration (ms): "
+                           "...') in the log")
+    return log
+
+
+def stage_of_rank(rank: int, *, world_size: int, pp: int) -> int:
+    """The pipeline stage of a global rank under Megatron's default order tp-cp-ep-dp-pp
+    (megatron/core/parallel_state.py, ``RankGenerator``: PP varies slowest)."""
+    return rank // (world_size // pp)
+
+
+def _row(what: str, measured: float | None, predicted: float | None, unit: str) -> dict:
+    ratio = measured / predicted if measured is not None and predicted else None
+    return {"what": what, "unit": unit, "measured": measured, "predicted": predicted, "measured_over_predicted": ratio}
+
+
+def compare(log: TrainingLog, estimate: dict, *, world_size: int) -> list[dict]:
+    """Measured against predicted, one row per quantity: the step time and TFLOP/s (where the
+    estimate has a time model and the log the numbers), then each pipeline stage's peak allocated
+    memory (the highest of its ranks' reports) against the stage's estimate (Eq. 18), and the peak
+    reserved memory against the calibrated usage."""
+    rows = [_row("step time", log.step_time_s(), estimate.get("step_time_s"), "s"),
+            _row("TFLOP/s per GPU", log.tflops_per_gpu(), estimate.get("tflops_per_gpu"), "TFLOP/s")]
+    pp, stages = estimate["pp"], estimate["stages"]
+    peaks = log.peak_by_rank()
+    for stage in stages:
+        ranks = [r for r in peaks.values() if stage_of_rank(r.rank, world_size=world_size, pp=pp) == stage["stage"]]
+        measured = max((r.max_allocated_mib for r in ranks), default=None)
+        rows.append(_row(f"stage {stage['stage']} max allocated", None if measured is None else measured * MIB / 2**30,
+                         stage["total_gib"], "GiB"))
+    if estimate.get("usage_gib") is not None:
+        reserved = max((r.max_reserved_mib for r in peaks.values()), default=None)
+        rows.append(_row("peak max reserved (calibrated)", None if reserved is None else reserved * MIB / 2**30,
+                         estimate["usage_gib"], "GiB"))
+    return rows
+
+
+def theoretical_note(log: TrainingLog, estimate: dict) -> str | None:
+    """Megatron's own theoretical memory (its first stage, megatron/training/theoretical_memory_usage.py)
+    beside ours for the same stage; None if the log has none."""
+    if not log.theoretical:
+        return None
+    theirs, ours = log.theoretical[0], estimate["stages"][0]
+    return (f"Megatron's own theoretical memory (stage 0): weights and optimizer "
+            f"{theirs.weight_and_optimizer_mib * MIB / 2**30:.3g} GiB, activations {theirs.activation_mib * MIB / 2**30:.3g}"
+            f" GiB, total {theirs.total_mib * MIB / 2**30:.3g} GiB; ours {ours['model_states_gib']:.3g} + "
+            f"{ours['activations_gib']:.3g} = {ours['total_gib']:.3g} GiB")

@@ -1,0 +1,340 @@
+"""Megatron-LM arguments read back into the model, the layout and the workload: the inverse of
+``advisor.megatron_args`` (whose flags a sweep row carries), for a user's own command line.
+
+Model flags (``--num-layers``, ``--hidden-size``, ... ``--untie-embeddings-and-output-weights``)
+become a ``LlamaSpec`` with Megatron's own defaults for what the command leaves out
+(megatron/training/arguments.py, ``validate_args``: h_ffn = 4h, or int(8h/3 / 64) x 64 with
+``--swiglu``; k = a without ``--group-query-attention``; d = h/a). Layout flags (TP, CP, PP, the
+uneven split, virtual stages, MBS, GBS) become layers per stage and VPP as Megatron builds them
+(megatron/core/transformer/transformer_block.py, ``get_num_layers_to_build``;
+pipeline_parallel_layer_layout.py, ``parse_str_to_list``). Flags known to change neither memory
+nor time (data, logging, checkpoints, seeds, learning-rate schedule) are skipped; the rest go to
+the training options' parser, and whatever nobody prices is named, never dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from advisor.errors import AdvisorError
+from advisor.models import LlamaSpec
+from advisor.shell_command import unset_name
+
+# Flags read here, and how many values each takes.
+_MODEL_VALUED = {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
+                 "kv-channels", "seq-length", "max-position-embeddings", "normalization", "norm-epsilon",
+                 "position-embedding-type", "rotary-base", "rope-scaling-factor", "rotary-percent", "vocab-size",
+                 "tokenizer-type", "attention-dropout", "hidden-dropout"}
+_MODEL_SWITCHES = {"group-query-attention", "swiglu", "use-rope-scaling", "disable-bias-linear", "add-qkv-bias",
+                   "untie-embeddings-and-output-weights", "add-bias-linear", "use-mcore-models"}
+_LAYOUT_VALUED = {"tensor-model-parallel-size", "context-parallel-size", "pipeline-model-parallel-size",
+                  "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers",
+                  "pipeline-model-parallel-layout", "num-layers-per-virtual-pipeline-stage",
+                  "num-virtual-stages-per-pipeline-rank", "micro-batch-size", "global-batch-size"}
+_LAYOUT_SWITCHES = {"account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split"}
+
+# Known to change neither memory nor time: what a run reads and writes, logs, and its schedule of
+# learning rates (megatron/training/arguments.py's data, logging, checkpointing, learning-rate,
+# initialization, validation and tokenizer groups). Values taken by each: 1 unless listed below.
+HARMLESS_VALUED = {
+    "data-path", "train-data-path", "valid-data-path", "test-data-path", "data-cache-path", "split",
+    "vocab-file", "merge-file", "tokenizer-model", "tiktoken-pattern", "num-workers", "data-args-path",
+    "per-split-data-args-path", "save", "load", "save-interval", "pretrained-checkpoint",
+    "tensorboard-dir", "tensorboard-log-interval", "wandb-project", "wandb-exp-name", "wandb-save-dir",
+    "log-interval", "eval-interval", "eval-iters", "exit-interval", "exit-duration-in-mins", "exit-signal",
+    "train-iters", "train-samples", "lr", "min-lr", "lr-decay-style", "lr-decay-iters", "lr-decay-samples",
+    "lr-warmup-iters", "lr-warmup-samples", "lr-warmup-fraction", "lr-warmup-init", "lr-wsd-decay-style",
+    "lr-wsd-decay-iters", "lr-wsd-decay-samples", "decoupled-lr", "decoupled-min-lr", "weight-decay",
+    "start-weight-decay", "end-weight-decay", "weight-decay-incr-style", "clip-grad", "adam-beta1",
+    "adam-beta2", "adam-eps", "sgd-momentum", "init-method-std", "seed", "data-parallel-random-init",
+    "distributed-timeout-minutes", "distributed-backend", "profile-step-start", "profile-step-end",
+    "profile-ranks", "timing-log-level", "timing-log-option", "logging-level", "loss-scale",
+    "initial-loss-scale", "min-loss-scale", "loss-scale-window", "hysteresis",
+    "dataloader-type", "mid-level-dataset-surplus", "ckpt-step", "async-save", "dist-ckpt-strictness",
+    "one-logger-project", "one-logger-run-name", "wandb-entity", "log-straggler", "straggler-minmax-count",
+    "manual-gc-interval", "memory-snapshot-path", "rerun-mode", "check-weight-hash-across-dp-replicas-interval",
+    "object-storage-cache-path", "ckpt-fully-parallel-save", "non-persistent-save-interval",
+    "non-persistent-ckpt-type", "non-persistent-global-ckpt-dir", "use-checkpoint-args", "data-sharding",
+}
+HARMLESS_SWITCHES = {
+    "mock-data", "no-mmap-bin-files", "log-throughput", "log-timers-to-tensorboard", "log-validation-ppl-to-tensorboard",
+    "log-memory-to-tensorboard", "log-params-norm", "log-num-zeros-in-grad", "log-world-size-to-tensorboard",
+    "log-loss-scale-to-tensorboard", "log-progress", "profile", "use-pytorch-profiler", "record-memory-history",
+    "no-load-optim", "no-load-rng", "no-save-optim", "no-save-rng", "finetune", "use-dist-ckpt", "ckpt-fully-parallel-load",
+    "apply-layernorm-1p", "calculate-per-token-loss", "manual-gc", "check-for-nan-in-loss-and-grad",
+    "no-check-for-nan-in-loss-and-grad", "use-rotary-position-embeddings", "auto-detect-ckpt-format",
+    "exit-on-missing-checkpoint", "no-initialization", "log-energy", "adlr-autoresume", "use-checkpoint-opt_param-scheduler",
+    "override-opt_param-scheduler", "save-retain-interval", "disable-tensorboard",
+}
+_MULTI_VALUED = {"rampup-batch-size": 3, "data-path": None, "train-data-path": None, "valid-data-path": None,
+                 "test-data-path": None, "profile-ranks": None}
+"""Flags that take several values (None: any number, up to the next flag)."""
+
+
+@dataclass
+class ParsedArguments:
+    """A Megatron argument list sorted by who reads it."""
+
+    model: dict[str, str | bool] = field(default_factory=dict)
+    layout: dict[str, str | bool] = field(default_factory=dict)
+    rest: list[str] = field(default_factory=list)
+    """Everything else, in order: for the training options' parser."""
+    skipped: list[str] = field(default_factory=list)
+    """The harmless flags met (names)."""
+
+
+def _is_value(word: str) -> bool:
+    return not word.startswith("--") and not re.fullmatch(r"-[A-Za-z].*", word)
+
+
+def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
+    """Sort ``arguments`` (``--flag value``, ``--flag=value``, ``--switch``) into model, layout,
+    harmless and the rest; a later occurrence of a flag wins, as argparse's does."""
+    parsed, i, words = ParsedArguments(), 0, list(arguments)
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--"):
+            raise AdvisorError(f"{word!r} is not a flag (Megatron's arguments are --name [value])")
+        name, has_value, value = word[2:].partition("=")
+        if name in _MODEL_SWITCHES | _LAYOUT_SWITCHES | HARMLESS_SWITCHES and not has_value:
+            target = (parsed.model if name in _MODEL_SWITCHES else parsed.layout if name in _LAYOUT_SWITCHES
+                      else None)
+            if target is None:
+                parsed.skipped.append(name)
+            else:
+                target[name] = True
+            i += 1
+            continue
+        count = _MULTI_VALUED.get(name, 1)
+        if has_value:
+            values, i = [value], i + 1
+        else:
+            end = i + 1
+            while end < len(words) and _is_value(words[end]) and (count is None or end - i <= count):
+                end += 1
+            values, i = words[i + 1:end], end
+        if name in _MODEL_VALUED | _LAYOUT_VALUED:
+            if len(values) != 1:
+                raise AdvisorError(f"--{name} takes one value, got {len(values)}")
+            (parsed.model if name in _MODEL_VALUED else parsed.layout)[name] = values[0]
+        elif name in HARMLESS_VALUED or name in _MULTI_VALUED:
+            parsed.skipped.append(name)
+        else:
+            parsed.rest += [f"--{name}", *values]
+    return parsed
+
+
+def _number(values: dict, name: str, kind: type, default):
+    """The value of --name as ``kind``; one line if the text is not one, or names an unset variable."""
+    text = values.get(name)
+    if text is None:
+        return default
+    unset = unset_name(text)
+    if unset is not None:
+        raise AdvisorError(f"--{name} is ${unset}, which the command does not set")
+    try:
+        return kind(text)
+    except ValueError:
+        raise AdvisorError(f"--{name} must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+
+
+def _int(values: dict, name: str, default: int | None = None) -> int | None:
+    number = _number(values, name, int, default)
+    if number is not None and number < 1 and not name.startswith("decoder-"):
+        raise AdvisorError(f"--{name} must be positive, got {number}")
+    return number
+
+
+def _float(values: dict, name: str, default: float) -> float:
+    return _number(values, name, float, default)
+
+
+def _unpriced_model(model: dict) -> list[str]:
+    """What a LlamaSpec cannot say about the command's network, named (priced as Llama's)."""
+    notes = []
+    if not model.get("swiglu"):
+        notes.append("no --swiglu (a GELU MLP, priced as SwiGLU with the same h_ffn)")
+    if model.get("normalization", "LayerNorm") != "RMSNorm":
+        notes.append(f"--normalization {model.get('normalization', 'LayerNorm')} (priced as RMSNorm)")
+    if model.get("position-embedding-type", "learned_absolute") not in ("rope",):
+        notes.append(f"--position-embedding-type {model.get('position-embedding-type', 'learned_absolute')} "
+                     "(priced as RoPE)")
+    if not model.get("disable-bias-linear"):
+        notes.append("no --disable-bias-linear (linear-layer biases, not priced)")
+    for name in ("attention-dropout", "hidden-dropout"):
+        if _float(model, name, 0.1) != 0:
+            notes.append(f"--{name} {model.get(name, '0.1 (the default)')} (dropout masks, not priced)")
+    if _float(model, "rotary-percent", 1.0) != 1.0:
+        notes.append(f"--rotary-percent {model['rotary-percent']}")
+    return notes
+
+
+def vocabulary(model: dict) -> tuple[int | None, str]:
+    """The tokenizer's vocabulary as Megatron builds it, and where it came from: NullTokenizer
+    adds one row (megatron/training/tokenizer/tokenizer.py, ``_NullTokenizer.vocab_size``); other
+    tokenizers read theirs from files the command names, so their --vocab-size is taken as given."""
+    size = _int(model, "vocab-size")
+    if size is None:
+        return None, "not in the command"
+    if model.get("tokenizer-type") == "NullTokenizer":
+        return size + 1, f"--vocab-size {size} + 1 (NullTokenizer's end-of-document row)"
+    return size, f"--vocab-size {size}"
+
+
+def model_spec(model: dict, *, name: str, vocab_size: int) -> LlamaSpec:
+    """The LlamaSpec a Megatron model-flag dict builds, with validate_args' defaults."""
+    missing = [flag for flag in ("num-layers", "hidden-size", "num-attention-heads") if flag not in model]
+    if missing:
+        raise AdvisorError("the command does not give " + ", ".join(f"--{flag}" for flag in missing))
+    hidden = _int(model, "hidden-size")
+    heads = _int(model, "num-attention-heads")
+    # megatron/training/arguments.py, validate_args: the FFN default with and without SwiGLU.
+    ffn_default = int((4 * hidden * 2 / 3) / 64) * 64 if model.get("swiglu") else 4 * hidden
+    groups = _int(model, "num-query-groups", heads) if model.get("group-query-attention") else heads
+    kv = _int(model, "kv-channels")
+    return LlamaSpec(
+        name=name, num_layers=_int(model, "num-layers"), hidden_size=hidden,
+        ffn_hidden_size=_int(model, "ffn-hidden-size", ffn_default), num_attention_heads=heads,
+        num_query_groups=groups, vocab_size=vocab_size, tie_embeddings="untie-embeddings-and-output-weights" not in model,
+        kv_channels=None if kv is None or kv * heads == hidden else kv, add_qkv_bias=bool(model.get("add-qkv-bias")),
+        rotary_base=_float(model, "rotary-base", 10000.0),
+        rope_scaling_factor=_float(model, "rope-scaling-factor", 8.0) if model.get("use-rope-scaling") else None,
+        norm_epsilon=_float(model, "norm-epsilon", 1e-5),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """TP, CP, PP, the layers each pipeline rank builds, virtual stages and the batch."""
+
+    tp: int
+    cp: int
+    layers_per_stage: tuple[int, ...]
+    vpp: int
+    mbs: int
+    global_batch_size: int | None
+
+    @property
+    def pp(self) -> int:
+        return len(self.layers_per_stage)
+
+
+def _layout_segments(text: str) -> list[int]:
+    """Decoder layers of each segment of --pipeline-model-parallel-layout, as Megatron unrolls it."""
+    flat = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        flat = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), flat)
+    if set(flat) - set("ELt|"):
+        raise AdvisorError(f"--pipeline-model-parallel-layout {text!r}: only E, L and t layers are priced "
+                           f"(found {''.join(sorted(set(flat) - set('ELt|')))})")
+    return [segment.count("t") for segment in flat.split("|")]
+
+
+def _split(layout: dict, num_layers: int, pp: int) -> tuple[list[int], int]:
+    """(layers per pipeline rank, VPP) as get_num_layers_to_build builds them."""
+    if "pipeline-model-parallel-layout" in layout:
+        segments = _layout_segments(layout["pipeline-model-parallel-layout"])
+        if len(segments) % pp or sum(segments) != num_layers:
+            raise AdvisorError(f"--pipeline-model-parallel-layout has {len(segments)} stages and {sum(segments)} "
+                               f"layers: Megatron needs a multiple of PP = {pp} stages and --num-layers {num_layers}")
+        vpp = len(segments) // pp
+        return [sum(segments[k * pp + i] for k in range(vpp)) for i in range(pp)], vpp
+    first, last = _int(layout, "decoder-first-pipeline-num-layers"), _int(layout, "decoder-last-pipeline-num-layers")
+    embedding = int(bool(layout.get("account-for-embedding-in-pipeline-split")))
+    loss = int(bool(layout.get("account-for-loss-in-pipeline-split")))
+    if first is not None or last is not None:
+        if embedding or loss:
+            raise AdvisorError("Megatron refuses --account-for-*-in-pipeline-split with uneven first/last stages")
+        ends = [n for n in (first, last) if n is not None]
+        middle_stages = pp - len(ends)
+        rest = num_layers - sum(ends)
+        if rest < 0 or (middle_stages and rest % middle_stages) or (not middle_stages and rest):
+            raise AdvisorError(f"{num_layers} layers do not split as --decoder-first/last-pipeline-num-layers "
+                               f"{first}/{last} over PP {pp} (the middle stages must divide the rest evenly)")
+        per = rest // middle_stages if middle_stages else 0
+        counts = [per] * pp
+        counts[0] = first if first is not None else counts[0]
+        counts[-1] = last if last is not None else counts[-1]
+    else:
+        total = num_layers + embedding + loss
+        if total % pp:
+            raise AdvisorError(f"--num-layers {num_layers} (+{embedding + loss} for embedding/loss) is not "
+                               f"divisible by --pipeline-model-parallel-size {pp}")
+        counts = [total // pp] * pp
+        counts[0] -= embedding
+        counts[-1] -= loss
+    vpp = _int(layout, "num-virtual-stages-per-pipeline-rank")
+    per_chunk = _int(layout, "num-layers-per-virtual-pipeline-stage")
+    if per_chunk is not None:
+        if vpp is not None:
+            raise AdvisorError("give --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-"
+                               "pipeline-rank, not both (Megatron refuses both)")
+        if (num_layers // pp) % per_chunk:
+            raise AdvisorError(f"--num-layers-per-virtual-pipeline-stage {per_chunk} does not divide the "
+                               f"{num_layers // pp} layers of a pipeline rank")
+        vpp = num_layers // pp // per_chunk
+    return counts, vpp or 1
+
+
+def read_layout(layout: dict, num_layers: int) -> Layout:
+    """The layout a dict of Megatron's layout flags describes (Megatron's defaults: 1, no GBS)."""
+    pp = _int(layout, "pipeline-model-parallel-size", 1)
+    counts, vpp = _split(layout, num_layers, pp) if pp > 1 else ([num_layers], 1)
+    mbs = _int(layout, "micro-batch-size", 1)
+    return Layout(tp=_int(layout, "tensor-model-parallel-size", 1), cp=_int(layout, "context-parallel-size", 1),
+                  layers_per_stage=tuple(counts), vpp=vpp, mbs=mbs,
+                  global_batch_size=_int(layout, "global-batch-size"))
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRun:
+    """A user's run as the advisor prices it."""
+
+    spec: LlamaSpec
+    seq_len: int
+    layout: Layout
+    options: object
+    """The training options (``advisor.options.TrainingOptions``)."""
+    unpriced: tuple[str, ...]
+    """Flags (and defaults) that change memory or time and are not priced, each named."""
+    skipped: tuple[str, ...]
+    """Flags known to change neither, skipped."""
+    vocab_source: str
+
+
+def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", vocab_size: int | None = None,
+             release=None) -> ReadRun:
+    """Megatron's ``pretrain_gpt.py`` arguments -> the model, layout and options they train.
+    ``vocab_size`` (the user's, for a tokenizer read from files) overrides the command's."""
+    parsed = split_arguments(arguments)
+    command_vocab, source = vocabulary(parsed.model)
+    if vocab_size is not None:
+        command_vocab, source = vocab_size, f"--vocab-size {vocab_size} (given to the advisor)"
+    if command_vocab is None:
+        raise AdvisorError("the command does not give the vocabulary (its tokenizer is read from files): give "
+                           "--vocab-size N, the tokenizer's size")
+    spec = model_spec(parsed.model, name=name, vocab_size=command_vocab)
+    seq_len = _int(parsed.model, "seq-length")
+    if seq_len is None:
+        raise AdvisorError("the command does not give --seq-length")
+    layout = read_layout(parsed.layout, spec.num_layers)
+    options, unpriced = training_options(parsed.rest, layout.tp, release)
+    return ReadRun(spec=spec, seq_len=seq_len, layout=layout, options=options,
+                   unpriced=tuple(_unpriced_model(parsed.model) + unpriced), skipped=tuple(parsed.skipped),
+                   vocab_source=source)
+
+
+def _flags(arguments: list[str]) -> list[str]:
+    return [word.partition("=")[0] for word in arguments if word.startswith("--")]
+
+
+def training_options(rest: list[str], tp: int, release=None) -> tuple[object, list[str]]:
+    """(``TrainingOptions``, unpriced flags) of the arguments that are neither model, layout nor
+    harmless: ``advisor.options``' parser (the one place that knows training flags) with the
+    release's defaults, plus every flag that neither it nor this module knows, named."""
+    from advisor.options.flags import SWITCHES, UNPRICED, VALUED, parse_training_args
+
+    options, unpriced = parse_training_args(["--tensor-model-parallel-size", str(tp), *rest], release)
+    unknown = [flag for flag in dict.fromkeys(_flags(rest)) if flag not in VALUED | SWITCHES | UNPRICED]
+    return options, list(unpriced) + [f"{flag} (not known to the advisor)" for flag in unknown]

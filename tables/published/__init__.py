@@ -1,0 +1,6 @@
+"""``python -m tables.published``: the advisor against published runs it was not fitted on.
+
+    runs.py        dense_runs.csv (Megatron-core / NeMo runs on H100, BF16 and FP8, each with its
+                   layout, options and source; all marked test) priced through --from-command's path
+    meta405b.py    Llama 3 405B's TFLOP/s as Meta reports them (Dubey et al. 2024, Table 4)
+"""

@@ -1,0 +1,127 @@
+"""Published Megatron-core runs (``dense_runs.csv``) priced by the advisor exactly as a user's own
+launch would be: each run's flags are written as a torchrun line and read back through
+``advisor estimate --from-command``'s path (``advisor.shell_command`` -> ``advisor.megatron_readback``
+-> ``advisor.cli.estimate.price_layout``), with the GPU preset's calibrated memory model.
+
+Every run is marked ``test``: none was used to fit any constant. The schema is strict: a missing
+or unknown column, or a ``use`` other than test/fit, is an error naming it.
+"""
+
+from __future__ import annotations
+
+import csv
+import shlex
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from advisor.errors import AdvisorError
+
+DATA = Path(__file__).with_name("dense_runs.csv")
+COLUMNS = ("run", "model", "num_layers", "vocab_size", "gpu", "gpus", "precision", "seq_len", "global_batch_size",
+           "micro_batch_size", "tp", "pp", "cp", "vpp", "step_time_s", "training_flags", "use", "source")
+INTEGERS = ("num_layers", "vocab_size", "gpus", "seq_len", "global_batch_size", "micro_batch_size", "tp", "pp", "cp",
+            "vpp")
+TARGETS = {"bf16": 0.10, "fp8": 0.15}
+"""Issue 21's targets: each BF16 run's step time within 10%, each FP8 run's within 15%."""
+MAPE_TARGET = 0.06
+"""And the BF16 runs' mean absolute percentage error at most 6%."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedRun:
+    run: str
+    model: str
+    num_layers: int
+    vocab_size: int
+    gpu: str
+    gpus: int
+    precision: str
+    seq_len: int
+    global_batch_size: int
+    micro_batch_size: int
+    tp: int
+    pp: int
+    cp: int
+    vpp: int
+    step_time_s: float
+    training_flags: str
+    use: str
+    source: str
+
+
+def load(path: Path = DATA) -> list[PublishedRun]:
+    """The runs of ``path``, every column present and typed."""
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        if tuple(reader.fieldnames or ()) != COLUMNS:
+            raise AdvisorError(f"{path}: columns must be {', '.join(COLUMNS)}; got {', '.join(reader.fieldnames or [])}")
+        runs = []
+        for line, row in enumerate(reader, start=2):
+            try:
+                values = {**row, **{key: int(row[key]) for key in INTEGERS}, "step_time_s": float(row["step_time_s"])}
+            except ValueError as exc:
+                raise AdvisorError(f"{path}:{line}: {exc}") from None
+            if values["use"] not in ("test", "fit") or values["precision"] not in TARGETS:
+                raise AdvisorError(f"{path}:{line}: use must be test or fit and precision bf16 or fp8")
+            runs.append(PublishedRun(**values))
+    return runs
+
+
+def command_line(run: PublishedRun) -> str:
+    """The run as a torchrun line: the model's flags (``advisor.megatron_args.model_args``), the
+    layout, the published training options, and the vocabulary of its tokenizer."""
+    from advisor.megatron_args import model_args
+    from advisor.models import preset, with_overrides
+
+    spec = with_overrides(preset(run.model), num_layers=run.num_layers, vocab_size=run.vocab_size)
+    args = [*model_args(spec, run.seq_len),
+            "--tensor-model-parallel-size", str(run.tp), "--context-parallel-size", str(run.cp),
+            "--pipeline-model-parallel-size", str(run.pp)]
+    if run.vpp > 1:
+        args += ["--num-layers-per-virtual-pipeline-stage", str(run.num_layers // (run.pp * run.vpp))]
+    args += ["--micro-batch-size", str(run.micro_batch_size), "--global-batch-size", str(run.global_batch_size),
+             *shlex.split(run.training_flags), "--vocab-size", str(run.vocab_size)]
+    nodes, per_node = (run.gpus // 8, 8) if run.gpus % 8 == 0 else (1, run.gpus)
+    return shlex.join(["torchrun", "--nproc-per-node", str(per_node), "--nnodes", str(nodes), "pretrain_gpt.py", *args])
+
+
+def price(run: PublishedRun) -> dict:
+    """The estimate of the run's command line, as ``advisor estimate --from-command`` makes it."""
+    from advisor.cli.estimate import price_layout
+    from advisor.hardware import get_gpu
+    from advisor.megatron_readback import read_run
+    from advisor.parallel import ParallelConfig, Workload
+    from advisor.shell_command import read_command
+
+    launch = read_command(command_line(run))
+    read = read_run(launch.arguments, name=run.run)
+    layout, gpu = read.layout, get_gpu(run.gpu)
+    dp = launch.world_size // (layout.tp * layout.cp * layout.pp)
+    parallel = ParallelConfig(tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=dp, mbs=layout.mbs, vpp=layout.vpp)
+    workload = Workload(seq_len=read.seq_len, global_batch_size=layout.global_batch_size)
+    row, *_ = price_layout(read.spec, workload, parallel, layout.layers_per_stage if layout.pp > 1 else None,
+                           read.options, gpu=gpu, mem=gpu.memory_gib, threshold=0.8, memory_model="calibrated")
+    return {**row, "unpriced": list(read.unpriced)}
+
+
+def report(runs: list[PublishedRun]) -> tuple[list[dict], dict]:
+    """(one row per run: published and predicted step time, error, verdict; the summary per precision)."""
+    rows = []
+    for run in runs:
+        estimate = price(run)
+        error = estimate["step_time_s"] / run.step_time_s - 1
+        rows.append({"run": run.run, "precision": run.precision, "gpus": run.gpus, "use": run.use,
+                     "layout": f"TP {run.tp} PP {run.pp} CP {run.cp} VP {run.vpp} GBS {run.global_batch_size}",
+                     "published_s": run.step_time_s, "predicted_s": estimate["step_time_s"], "error": error,
+                     "within_target": abs(error) <= TARGETS[run.precision], "verdict": estimate["verdict"],
+                     "usage_gib": estimate["usage_gib"], "unpriced": estimate["unpriced"]})
+    summary = {}
+    for precision in TARGETS:
+        errors = [abs(r["error"]) for r in rows if r["precision"] == precision]
+        if errors:
+            summary[precision] = {"runs": len(errors), "mape": statistics.fmean(errors), "max_error": max(errors),
+                                  "within_target": sum(e <= TARGETS[precision] for e in errors),
+                                  "verdicts_ok": sum(r["verdict"] in ("fits", "likely fits") for r in rows
+                                                     if r["precision"] == precision)}
+    return rows, summary

@@ -1,0 +1,15 @@
+torchrun --nproc-per-node 2 --standalone \
+    -m launch.entry --megatron-lm Megatron-LM -- \
+    --num-layers 4 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 \
+    --group-query-attention --num-query-groups 2 --seq-length 32 --max-position-embeddings 32 \
+    --normalization RMSNorm --norm-epsilon 1e-05 --swiglu --position-embedding-type rope \
+    --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 8 --attention-dropout 0 \
+    --hidden-dropout 0 --disable-bias-linear --untie-embeddings-and-output-weights \
+    --tensor-model-parallel-size 1 --context-parallel-size 1 --pipeline-model-parallel-size 2 \
+    --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 3 \
+    --micro-batch-size 1 --global-batch-size 4 --bf16 --use-distributed-optimizer \
+    --accumulate-allreduce-grads-in-fp32 --make-vocab-size-divisible-by 1 --mock-data \
+    --tokenizer-type NullTokenizer --vocab-size 4095 --transformer-impl local --no-rope-fusion \
+    --no-persist-layer-norm --no-gradient-accumulation-fusion --no-masked-softmax-fusion \
+    --no-bias-swiglu-fusion --distributed-backend gloo --train-iters 2 --lr 1e-4 --log-interval 1 \
+    --eval-iters 0 --eval-interval 1000 --distributed-timeout-minutes 3 --log-throughput

@@ -1,0 +1,76 @@
+"""``advisor compare-log``: Megatron-LM's log lines read (a real core_v0.15.2 log from the CPU, and
+synthetic excerpts of the format variants), and set beside the estimate of the same command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from advisor.cli import cli
+from advisor.errors import AdvisorError
+from advisor.megatron_log import read_log, stage_of_rank
+
+LOGS = Path(__file__).parent / "data" / "logs"
+REAL_LOG = LOGS / "core_v0.15.2_cpu_pp2.log"
+"""core_v0.15.2's pretrain_gpt.py, 2 iterations of a 4-layer Llama on PP 2 (1 and 3 layers) over gloo
+under tests/fixtures/cuda_on_cpu (its CUDA memory counters read 0), with --log-throughput; the
+command that ran it (advisor-launch torchrun --dry-run) is REAL_COMMAND."""
+REAL_COMMAND = LOGS / "core_v0.15.2_cpu_pp2.command"
+
+
+def run(*argv: str, stdin: str | None = None):
+    return CliRunner().invoke(cli, list(map(str, argv)), input=stdin)
+
+
+def test_the_real_log_reads_as_megatron_wrote_it():
+    log = read_log(REAL_LOG.read_text().splitlines())
+    assert [(i.iteration, i.elapsed_ms, i.tflops_per_gpu, i.global_batch_size) for i in log.iterations] == [
+        (1, 988.6, 0.0, 4), (2, 531.2, 0.0, 4)]
+    assert sorted(r.rank for r in log.memory) == [0, 1]  # one per pipeline stage (DP = 1)
+    assert [(t.weight_and_optimizer_mib, t.activation_mib, t.total_mib) for t in log.theoretical] == [(5.78, 0.28, 6.06)]
+    assert log.step_time_s() == 0.5312  # the steady iterations: the second only
+
+
+def test_format_variants_behind_launcher_prefixes():
+    log = read_log((LOGS / "synthetic_variants.log").read_text().splitlines())
+    assert [i.elapsed_ms for i in log.iterations] == [9000.0, 4000.0, 4200.0, 4100.0]
+    assert log.step_time_s() == 4.1  # median of 4000, 4200, 4100: the first iteration is start-up
+    assert log.tflops_per_gpu() == 410.0  # median of 420 and 400; iteration 4 logged no throughput
+    peaks = log.peak_by_rank()
+    assert {rank: r.max_allocated_mib for rank, r in peaks.items()} == {0: 61440.0, 4: 51200.0}
+    assert log.theoretical[0].total_mib == 71680.0
+
+
+def test_ranks_map_to_stages_with_pipeline_slowest():
+    # tp-cp-ep-dp-pp: 16 ranks, PP 4 -> 4 consecutive ranks per stage
+    assert [stage_of_rank(rank, world_size=16, pp=4) for rank in (0, 3, 4, 5, 15)] == [0, 0, 1, 1, 3]
+
+
+def test_a_log_without_iterations_is_refused():
+    with pytest.raises(AdvisorError, match="no Megatron-LM iteration line"):
+        read_log(["Theoretical memory footprints: weight and optimizer=1.00 MB, activation=1.00 MB, total=2.00 MB"])
+
+
+def test_compare_log_sets_the_real_log_beside_the_same_estimate():
+    result = run("compare-log", REAL_LOG, "--from-command", REAL_COMMAND, "--gpu", "h100-80gb", "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    estimate = json.loads(run("estimate", "--from-command", REAL_COMMAND, "--gpu", "h100-80gb", "--format",
+                              "json").stdout)
+    rows = {row["what"]: row for row in document["rows"]}
+    assert rows["step time"]["measured"] == 0.5312 and rows["step time"]["predicted"] == estimate["step_time_s"]
+    assert rows["step time"]["measured_over_predicted"] == 0.5312 / estimate["step_time_s"]
+    stage_totals = [stage["total_gib"] for stage in estimate["stages"]]
+    assert [rows[f"stage {i} max allocated"]["predicted"] for i in (0, 1)] == stage_totals
+    assert rows["stage 0 max allocated"]["measured"] == 0.0  # the CPU double's counters
+    assert any(note.startswith("Megatron's own theoretical memory (stage 0)") for note in document["notes"])
+
+
+def test_a_log_of_another_batch_is_refused(tmp_path):
+    other = tmp_path / "other.log"
+    other.write_text(REAL_LOG.read_text().replace("global batch size:     4", "global batch size:     8"))
+    result = run("compare-log", other, "--from-command", REAL_COMMAND)
+    assert result.exit_code == 2 and "the log trains global batch [8], the command 4" in result.output

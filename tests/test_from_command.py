@@ -1,0 +1,183 @@
+"""``advisor estimate --from-command``: a sweep row's own flags read back give the row's memory
+and time exactly, and real launch scripts read with every unpriced flag named."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from advisor.cli import cli
+
+COMMANDS = Path(__file__).parent / "data" / "commands"
+PRICED = ("total_gib", "model_states_gib", "activations_gib", "verdict", "usage_gib", "margin_gib", "step_time_s",
+          "tflops_per_gpu", "layers_per_stage", "vpp", "recompute", "recompute_num_layers", "num_microbatches")
+SWEEPS = [  # (argv, vocabulary): every row of these is read back
+    (["--gpus", "8", "--gpu", "h100-80gb"], 128256),
+    (["--gpus", "64", "--gpu", "h100-80gb", "--model", "llama3.1-70b", "--seq-len", "4096", "--gbs", "256"], 128256),
+    (["--gpus", "32", "--gpu", "a100-40gb", "--model", "llama3.1-8b", "--grad-dtype", "bf16", "--top", "40"], 128256),
+    (["--gpus", "16", "--mem", "80", "--model", "llama3.1-8b", "--seq-len", "2048", "--gbs", "64"], 128256),
+]
+
+
+def invoke(argv: list[str], stdin: str | None = None) -> dict | list:
+    result = CliRunner().invoke(cli, argv, input=stdin)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@lru_cache(maxsize=None)
+def sweep_rows(index: int) -> list[dict]:
+    argv, _ = SWEEPS[index]
+    return invoke(["sweep", *argv, "--format", "json"])
+
+
+@st.composite
+def rows(draw):
+    index = draw(st.sampled_from(range(len(SWEEPS))))
+    return index, draw(st.sampled_from(sweep_rows(index)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(rows())
+def test_every_sweep_row_reads_back_to_its_own_price(drawn):
+    index, row = drawn
+    argv, vocab = SWEEPS[index]
+    hardware = argv[argv.index("--gpu"):argv.index("--gpu") + 2] if "--gpu" in argv else ["--mem", "80"]
+    command = shlex.join(row["megatron_args"] + ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab - 1)])
+    estimate = invoke(["estimate", "--from-command", "-", "--gpus", str(row["gpus"]), *hardware, "--format", "json"],
+                      stdin=command)
+    assert {key: estimate.get(key) for key in PRICED} == {key: row.get(key) for key in PRICED}
+    assert estimate["megatron_args"] == row["megatron_args"]
+    assert estimate["unpriced"] == []
+
+
+def estimate_of(path: Path, *extra: str) -> tuple[dict, str]:
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", str(path), *extra, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), result.stderr
+
+
+def test_megatron_llama3_8b_fp8_example_reads_with_every_unpriced_flag_named():
+    estimate, stderr = estimate_of(COMMANDS / "megatron_llama3_8b_h100_fp8.sh", "--gpu", "h100-80gb")
+    # torchrun ${DISTRIBUTED_ARGS[@]}: --nproc_per_node $GPUS_PER_NODE (8) x --nnodes $NUM_NODES (1)
+    assert (estimate["gpus"], estimate["tp"], estimate["cp"], estimate["pp"], estimate["dp"]) == (8, 1, 1, 1, 8)
+    assert (estimate["mbs"], estimate["global_batch_size"], estimate["seq_len"]) == (1, 128, 8192)
+    model = estimate["model"]
+    assert (model["num_layers"], model["hidden_size"], model["ffn_hidden_size"], model["num_query_groups"]) == (
+        32, 4096, 14336, 8)
+    assert model["vocab_size"] == 128257  # NullTokenizer: --vocab-size 128256 + its end-of-document row
+    assert model["rotary_base"] == 1000000 and not model["tie_embeddings"]
+    options = estimate["options"]
+    assert options["fp8_format"] == "hybrid" and options["fp8_param_gather"] and options["grad_reduce_dtype"] == "bf16"
+    assert estimate["unpriced"] == [
+        "--normalization LayerNorm (priced as RMSNorm)",  # the script keeps Megatron's default, with 1p
+        "--cross-entropy-loss-fusion (not known to the advisor)",
+        "--empty-unused-memory-level (not known to the advisor)",
+        "--fp8-amax-compute-algo (not known to the advisor)"]
+    assert stderr.startswith("advisor estimate: not priced (they change memory or time): --normalization")
+
+
+def test_megatron_llama3_8b_bf16_example_runs_torch_distributed_run_and_skips_what_it_cannot_run():
+    estimate, _ = estimate_of(COMMANDS / "megatron_llama3_8b_h200_bf16.sh", "--gpu", "h100-80gb")
+    assert estimate["gpus"] == 8 and estimate["read_from"].startswith("megatron_llama3_8b_h200_bf16.sh: python+torchrun")
+    assert estimate["model"]["vocab_size"] == 128256  # HuggingFaceTokenizer: the command's --vocab-size as given
+    assert "--no-create-attention-mask-in-dataloader" in estimate["megatron_args"]
+    assert estimate["unpriced"] == ["--normalization LayerNorm (priced as RMSNorm)",
+                                    "--cross-entropy-loss-fusion (not known to the advisor)",
+                                    "--empty-unused-memory-level (not known to the advisor)"]
+
+
+def test_megatron_gpt3_175b_example_names_what_a_llama_spec_cannot_say():
+    from advisor.megatron_readback import model_spec, read_layout, split_arguments, vocabulary
+    from advisor.shell_command import read_command
+
+    launch = read_command((COMMANDS / "megatron_gpt3_175b.sh").read_text())
+    assert (launch.launcher, launch.world_size) == ("torchrun", 8)  # the script's one node; TP 8 x PP 16 needs 128
+    parsed = split_arguments(launch.arguments)
+    assert vocabulary(parsed.model) == (None, "not in the command")  # GPT-2 BPE files: the user gives it
+    spec = model_spec(parsed.model, name="gpt3", vocab_size=50257)
+    assert (spec.ffn_hidden_size, spec.num_query_groups, spec.tie_embeddings) == (4 * 12288, 96, True)
+    assert read_layout(parsed.layout, 96).layers_per_stage == (6,) * 16
+    assert "rampup-batch-size" in parsed.skipped and "data-path" in parsed.skipped
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", str(COMMANDS / "megatron_gpt3_175b.sh"),
+                                      "--gpus", "128", "--mem", "80"])
+    assert result.exit_code == 2 and "--vocab-size N" in result.stderr and result.stderr.count("\n") == 1
+
+
+README_TORCHRUN = r"""CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 --standalone \
+    -m launch.entry --megatron-lm Megatron-LM --profile-dir profiles/best -- \
+    --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 \
+    --group-query-attention --num-query-groups 8 --seq-length 8192 --max-position-embeddings 8192 \
+    --normalization RMSNorm --norm-epsilon 1e-05 --swiglu --position-embedding-type rope \
+    --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 8 --attention-dropout 0 \
+    --hidden-dropout 0 --disable-bias-linear --untie-embeddings-and-output-weights \
+    --tensor-model-parallel-size 2 --context-parallel-size 1 --pipeline-model-parallel-size 1 \
+    --micro-batch-size 1 --global-batch-size 1024 --bf16 --use-distributed-optimizer \
+    --sequence-parallel --accumulate-allreduce-grads-in-fp32 --make-vocab-size-divisible-by 1 \
+    --mock-data --tokenizer-type NullTokenizer --vocab-size 128255 --train-iters 20 --lr 3e-4
+"""
+
+
+def test_readme_launch_examples_read_back():
+    """README's Launch section: the torchrun dry run and the Slurm script (both as printed there)."""
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--mem", "80", "--format", "json"],
+                                input=README_TORCHRUN)
+    assert result.exit_code == 0, result.output
+    estimate = json.loads(result.stdout)
+    assert (estimate["gpus"], estimate["tp"], estimate["dp"], estimate["model"]["vocab_size"]) == (8, 2, 4, 128256)
+    assert estimate["unpriced"] == []
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    script = readme[readme.index("#!/bin/bash\n# Written by advisor-launch"):]
+    script = script[:script.index("```")]
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--mem", "80", "--format", "json"],
+                                input=script)
+    assert result.exit_code == 0, result.output
+    estimate = json.loads(result.stdout)
+    # srun torchrun --nnodes 2 --nproc-per-node 4; the plan's layout 'E,t|t*2|t*3|t*2,L'
+    assert (estimate["gpus"], estimate["pp"], estimate["layers_per_stage"]) == (8, 4, [1, 2, 3, 2])
+    assert estimate["model"]["vocab_size"] == 4096 and estimate["unpriced"] == []
+
+
+@pytest.mark.parametrize("text, error", [
+    ("if true; then\n  torchrun pretrain_gpt.py --num-layers 2\nfi\n", "line 2: the launch command inside 'if'"),
+    ("A=(--num-layers 2\n", "line 1: an unclosed quote or array"),
+    ("torchrun --nproc-per-node $N pretrain_gpt.py --num-layers 2\n", "torchrun's --nproc-per-node is $N"),
+    ("torchrun a.py\ntorchrun b.py --x\n", "found 2 Megatron launches (lines 1, 2)"),
+    ("echo hello\n", "found no Megatron launch"),
+    ("--num-layers $L --hidden-size 64 --num-attention-heads 4\n", "--num-layers is $L, which the command does not set"),
+])
+def test_what_cannot_be_read_is_refused_in_one_line(text, error):
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size", "1000"],
+                                input=text)
+    assert result.exit_code == 2 and error in result.stderr and result.stderr.count("\n") == 1, result.output
+
+
+def test_slurm_world_size_and_shell_expansion():
+    from advisor.shell_command import read_command
+
+    text = ("#SBATCH --nodes=4\n#SBATCH --ntasks-per-node=8\nTP=4  # tensor\nARGS=\"--tensor-model-parallel-size $TP\"\n"
+            "EXTRA=(--seq-length ${SEQ:-4096} '--lr' \"3e-4\")\n"
+            "srun --kill-on-bad-exit=1 -l python -u pretrain_gpt.py $ARGS \"${EXTRA[@]}\" 2>&1 | tee log\n")
+    launch = read_command(text)
+    assert (launch.launcher, launch.world_size) == ("srun", 32)  # #SBATCH 4 nodes x 8 tasks
+    assert launch.arguments == ("--tensor-model-parallel-size", "4", "--seq-length", "4096", "--lr", "3e-4")
+
+
+def test_gpu_hour_price_turns_the_token_budget_into_a_cost():
+    estimate = invoke(["estimate", "--tp", "2", "--gpus", "8", "--gpu", "h100-80gb", "--tokens", "1T",
+                       "--gpu-hour-price", "2.5", "--format", "json"])
+    gpu_hours = 1e12 / estimate["tokens_per_s"] / 3600 * 8  # the budget's seconds on all 8 GPUs
+    assert estimate["gpu_hours"] == pytest.approx(gpu_hours, rel=1e-12)
+    assert estimate["cost_usd"] == estimate["gpu_hours"] * 2.5
+    rows = invoke(["sweep", "--gpus", "8", "--gpu", "h100-80gb", "--tokens", "1T", "--gpu-hour-price", "2",
+                   "--top", "3", "--format", "json"])
+    assert [row["cost_usd"] for row in rows] == [row["gpu_hours"] * 2 for row in rows]
+    result = CliRunner().invoke(cli, ["estimate", "--gpus", "8", "--gpu", "h100-80gb", "--gpu-hour-price", "2"])
+    assert result.exit_code == 2 and "--gpu-hour-price needs --tokens" in result.stderr

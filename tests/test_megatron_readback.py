@@ -1,0 +1,78 @@
+"""The inverse of advisor.megatron_args: layout and model flags read back as Megatron builds them
+(hand-derived from get_num_layers_to_build and validate_args, not from our writer's output)."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.errors import AdvisorError
+from advisor.megatron_readback import model_spec, read_layout, split_arguments, vocabulary
+from advisor.shell_command import read_command
+
+
+@pytest.mark.parametrize("flags, layers, expected", [
+    # 32 layers, PP 4, Megatron's even split
+    ({"pipeline-model-parallel-size": "4"}, 32, ((8, 8, 8, 8), 1)),
+    # first 6 and last 6: the middle two stages share the other 20 -> 10 each
+    ({"pipeline-model-parallel-size": "4", "decoder-first-pipeline-num-layers": "6",
+      "decoder-last-pipeline-num-layers": "6"}, 32, ((6, 10, 10, 6), 1)),
+    # the embedding and the loss counted as layers: (30 + 2) / 4 = 8, minus one at each end
+    ({"pipeline-model-parallel-size": "4", "account-for-embedding-in-pipeline-split": True,
+      "account-for-loss-in-pipeline-split": True}, 30, ((7, 8, 8, 7), 1)),
+    # 4 stages x 2 chunks: segment k*PP + i is chunk k of rank i -> rank 0 holds 1 + 2, rank 3 holds 2 + 1
+    ({"pipeline-model-parallel-size": "4", "pipeline-model-parallel-layout": "Et|tt|tt|tt|tt|tt|tt|t,L"}, 14,
+     ((3, 4, 4, 3), 2)),
+    # Megatron's own unrolling: (tt|)*2 -> tt|tt|, t*3 -> ttt
+    ({"pipeline-model-parallel-size": "3", "pipeline-model-parallel-layout": "E(tt|)*2t*3,L"}, 7, ((2, 2, 3), 1)),
+    # 80 layers, PP 4, 4 layers per virtual stage -> 20 per rank, 5 chunks
+    ({"pipeline-model-parallel-size": "4", "num-layers-per-virtual-pipeline-stage": "4"}, 80, ((20,) * 4, 5)),
+    ({"pipeline-model-parallel-size": "2", "num-virtual-stages-per-pipeline-rank": "3"}, 12, ((6, 6), 3)),
+])
+def test_layouts_read_as_megatron_builds_them(flags, layers, expected):
+    layout = read_layout(flags, layers)
+    assert (layout.layers_per_stage, layout.vpp) == expected
+
+
+@pytest.mark.parametrize("flags, layers, error", [
+    ({"pipeline-model-parallel-size": "3"}, 32, "not divisible by --pipeline-model-parallel-size 3"),
+    ({"pipeline-model-parallel-size": "4", "decoder-first-pipeline-num-layers": "6"}, 32,  # 26 over 3 stages
+     "the middle stages must divide the rest evenly"),
+    ({"pipeline-model-parallel-size": "2", "pipeline-model-parallel-layout": "Et|tm,L"}, 2, "only E, L and t"),
+    ({"pipeline-model-parallel-size": "2", "pipeline-model-parallel-layout": "Et|t,L"}, 3, "--num-layers 3"),
+])
+def test_layouts_megatron_refuses_are_refused_in_one_line(flags, layers, error):
+    with pytest.raises(AdvisorError, match=error):
+        read_layout(flags, layers)
+
+
+def test_model_defaults_are_validate_args():
+    # validate_args: SwiGLU h_ffn = int(4h * 2/3 / 64) * 64 = int(10922.67 / 64) * 64 = 170 * 64 = 10880
+    spec = model_spec({"num-layers": "2", "hidden-size": "4096", "num-attention-heads": "32", "swiglu": True},
+                      name="x", vocab_size=1000)
+    assert (spec.ffn_hidden_size, spec.num_query_groups, spec.tie_embeddings, spec.kv_channels) == (10880, 32, True, None)
+    # --kv-channels equal to h / a is the default head size, stored as None
+    spec = model_spec({"num-layers": "2", "hidden-size": "5120", "num-attention-heads": "32", "kv-channels": "128",
+                       "group-query-attention": True, "num-query-groups": "8"}, name="x", vocab_size=1000)
+    assert (spec.kv_channels, spec.num_query_groups, spec.ffn_hidden_size) == (128, 8, 4 * 5120)
+
+
+def test_vocabulary_of_the_null_tokenizer_has_its_extra_row():
+    assert vocabulary({"vocab-size": "4095", "tokenizer-type": "NullTokenizer"})[0] == 4096
+    assert vocabulary({"vocab-size": "128256", "tokenizer-type": "HuggingFaceTokenizer"})[0] == 128256
+
+
+def test_arguments_sort_into_model_layout_harmless_and_the_rest():
+    parsed = split_arguments(["--num-layers=4", "--seed", "7", "--data-path", "0.5", "a", "0.5", "b",
+                              "--tensor-model-parallel-size", "2", "--overlap-grad-reduce", "--lr", "-1e-4"])
+    assert parsed.model == {"num-layers": "4"} and parsed.layout == {"tensor-model-parallel-size": "2"}
+    assert parsed.skipped == ["seed", "data-path", "lr"]  # a blend's weights and prefixes, a negative value
+    assert parsed.rest == ["--overlap-grad-reduce"]
+
+
+def test_shell_words_split_as_bash_splits_them():
+    text = ("A='x y'\nB=\"$A z\"\nC=(--one \"$A\" '$A')\nD=${UNSET:-d}\n"
+            "torchrun --nproc_per_node=4 --nnodes 2:3 pretrain_gpt.py $B \"${C[@]}\" ${D} # done\n")
+    launch = read_command(text)
+    # $B unquoted: split into x, y, z; "${C[@]}": one word each; '$A' stays literal
+    assert launch.arguments == ("x", "y", "z", "--one", "x y", "$A", "d")
+    assert launch.world_size == 12  # 4 per node x the elastic maximum of 3 nodes
