@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from advisor.cli import moe as moe_cli
+from advisor.cli.moe import moe_options, moe_settings
 from advisor.cli.options import (
     DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit, gpu_options,
     memory_options, model_choice_options, model_options, output_options, parse_numbers, workload_options,
@@ -95,9 +97,10 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None):
               help="Also draw the rows shown as a PNG: memory per layout (the paper's colours) beside the "
                    "predicted TFLOP/s per GPU.")
 @memory_options(searchable=True)
+@moe_options
 @output_options
 def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
-          tokens, plot, options, space, fmt, output) -> None:
+          tokens, plot, options, space, fmt, output, ep, etp, **moe) -> None:
     """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
     layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
 
@@ -141,6 +144,10 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
 
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
+    settings = moe_settings(spec, ep, etp, **moe)
+    if settings is not None:  # a mixture of experts: advisor.moe's space (EP and ETP as dimensions)
+        return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all,
+                             top, fmt, output)
     memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir)
     measured = None
     if profile_dir is not None:
@@ -251,9 +258,10 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
 @model_options
 @workload_options
 @memory_options
+@moe_options
 @output_options
 def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_per_node, threshold, memory_model,
-             tokens, spec, workload, options, fmt, output) -> None:
+             tokens, spec, workload, options, fmt, output, ep, etp, **moe) -> None:
     """Per-GPU memory of one configuration, stage by stage; with --gpu, its step time too.
 
     \b
@@ -284,6 +292,12 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         if dp is not None and dp != gpus // model_parallel:
             raise InputError(f"--dp {dp} disagrees with --gpus {gpus} / (TP x CP x PP) = {gpus // model_parallel}")
         dp = gpus // model_parallel
+    settings = moe_settings(spec, ep, etp, **moe)
+    if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP
+        if vpp > 1 or layers_per_stage or options.recompute != "none":
+            raise InputError("for MoE models, estimate prices the even split without VPP or recomputation here")
+        return moe_cli.estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt,
+                                output)
     stages = parse_numbers(layers_per_stage, int, "--layers-per-stage") if layers_per_stage else None
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     result = estimate_memory(spec, parallel, workload, options, stages)

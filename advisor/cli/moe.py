@@ -1,0 +1,162 @@
+"""The MoE side of ``advisor sweep`` and ``advisor estimate`` (advisor.moe): the options they
+add (--ep, --etp, the dispatcher and the routing assumption) and their output."""
+
+from __future__ import annotations
+
+import click
+
+from advisor.cli.options import DEGREE, InputError, apply_options, color_wanted, emit
+
+
+def moe_options(func):
+    """--ep, --etp, --moe-token-dispatcher-type, --moe-routing, --moe-expert-capacity-factor, --moe-imbalance."""
+    return apply_options([
+        click.option("--ep", type=DEGREE, default=None,
+                     help="Expert parallel size (--expert-model-parallel-size); sweep: only this EP. MoE models."),
+        click.option("--etp", type=DEGREE, default=None,
+                     help="Expert tensor parallel size (--expert-tensor-parallel-size); sweep: only this ETP."),
+        click.option("--moe-token-dispatcher-type", "dispatcher", type=click.Choice(["alltoall", "allgather", "flex"]),
+                     default="alltoall", show_default=True, help="Megatron's token dispatcher (MoE models)."),
+        click.option("--moe-routing", type=click.Choice(["balanced", "capacity", "dropless"]), default="balanced",
+                     show_default=True, help="Routed tokens per rank: balanced (x --moe-imbalance), capacity "
+                     "(x --moe-expert-capacity-factor), dropless (the worst case)."),
+        click.option("--moe-expert-capacity-factor", "capacity_factor", type=click.FloatRange(min=0, min_open=True),
+                     default=None, help="Megatron's capacity factor (with --moe-routing capacity)."),
+        click.option("--moe-imbalance", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
+                     help="The busiest rank's routed tokens over the mean (balanced routing)."),
+    ], func)
+
+
+def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance):
+    """MoEOptions from the flags; a dense model refuses EP/ETP above 1."""
+    from advisor.moe.memory import RoutedTokens
+    from advisor.moe.spec import is_moe
+    from advisor.moe.stage import MoEOptions
+
+    if not is_moe(spec):
+        if (ep or 1) > 1 or (etp or 1) > 1:
+            raise InputError(f"--ep/--etp need a mixture-of-experts model; {spec.name} is dense")
+        return None
+    if moe_routing == "capacity" and capacity_factor is None:
+        raise InputError("--moe-routing capacity needs --moe-expert-capacity-factor")
+    return MoEOptions(dispatcher=dispatcher, routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
+                                                                  imbalance=moe_imbalance))
+
+
+def row_flags(spec, workload, row: dict) -> list[str]:
+    """Every Megatron flag of one MoE row."""
+    from advisor.megatron_args import megatron_args
+    from advisor.memory import MemoryOptions
+    from advisor.moe.flags import layout_flags, model_flags
+
+    options = MemoryOptions(recompute=row["recompute"], recompute_method="uniform",
+                            recompute_num_layers=row["recompute_num_layers"] or 1)
+    return [*megatron_args(spec, workload.seq_len, tp=row["tp"], cp=row["cp"], layers_per_stage=row["layers_per_stage"],
+                           micro_batch_size=row["mbs"], global_batch_size=workload.global_batch_size, options=options),
+            *model_flags(spec),
+            *layout_flags(ep=row["ep"], etp=row["etp"], dispatcher=row["dispatcher"],
+                          recompute_modules=row["recompute_modules"])]
+
+
+def _columns(timed: bool):
+    from advisor.render import Column
+
+    columns = [Column("rank", "rank"), Column("tp", "TP"), Column("cp", "CP"), Column("pp", "PP"), Column("ep", "EP"),
+               Column("etp", "ETP"), Column("mbs", "MBS"), Column("dp", "DP"),
+               Column("recompute", "recompute", justify="left"), Column("model_states_gib", "states GiB", ".1f"),
+               Column("activations_gib", "act. GiB", ".1f"), Column("total_gib", "total GiB", ".1f"),
+               Column("verdict", "verdict", justify="left")]
+    if timed:
+        columns += [Column("tflops_per_gpu", "TFLOP/s", ".0f"), Column("mfu", "MFU", ".0%"),
+                    Column("step_time_s", "step s", ".2f")]
+    return columns
+
+
+def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all, top, fmt, output):
+    from advisor import render
+    from advisor.moe.space import sweep as run
+
+    rows = run(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, options=settings,
+               ep=ep, etp=etp)
+    shown = [row for row in rows if show_all or row["verdict"] != "oom"]
+    shown = shown[:top or (30 if fmt == "table" else None)]
+    setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
+             "gpu": gpu.name if gpu else None, "model": spec.name}
+    if fmt != "table":
+        shown = [{**row, **setup, "megatron_args": row_flags(spec, workload, row)} for row in shown]
+    if fmt == "json":
+        text = render.to_json(shown)
+    elif fmt == "csv":
+        text = render.to_csv([{**row, "megatron_args": " ".join(row["megatron_args"]),
+                               "layers_per_stage": render.counts_text(row["layers_per_stage"]),
+                               "recompute_modules": " ".join(row["recompute_modules"] or [])} for row in shown])
+    else:
+        title = (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {gpus} GPUs x {mem:g} GiB, "
+                 f"fits <= {threshold:.0%}; routing {settings.routing.routing}, dispatcher {settings.dispatcher}")
+        counts = {v: sum(r["verdict"] == v for r in rows) for v in ("fits", "tight", "oom")}
+        text = render.to_table(shown, _columns(gpu is not None), title=title, row_style=render.verdict_style,
+                               caption=", ".join(f"{n} {v}" for v, n in counts.items()) + f"; {len(rows):,} layouts",
+                               color=color_wanted(output))
+    if not any(row["rank"] for row in rows) and not show_all:
+        least = min(rows, key=lambda row: row["total_gib"])
+        click.echo(f"advisor sweep: nothing fits; the least any layout needs is {least['total_gib']:.1f} GiB per GPU "
+                   f"(TP {least['tp']}, PP {least['pp']}, EP {least['ep']}) against {mem:g} GiB", err=True)
+        click.get_current_context().exit(1)
+    emit(text, output)
+
+
+def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt, output):
+    """One MoE layout, every stage."""
+    import numpy as np
+
+    from advisor import render
+    from advisor.moe import space
+    from advisor.moe import stage as st
+
+    ep, etp = ep or 1, etp or 1
+    problem = space.layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs)
+    if problem:
+        raise InputError(problem)
+    m = workload.global_batch_size / (mbs * dp)
+    recompute = "none"
+    b = st.stage_bytes(spec, workload.seq_len, settings, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, dp=dp, mbs=mbs,
+                       num_microbatches=m, stage=np.arange(pp), recompute=recompute)
+    stages = [{"stage": i, "layers": int(b.layers[i]), "dense_layers": int(b.dense_layers[i]),
+               "in_flight_microbatches": float(b.in_flight[i]),
+               "dense_states_gib": float(b.weights_gradients_optimizer[i] / 2**30),
+               "expert_states_gib": float(b.expert_states[i] / 2**30),
+               "model_states_gib": float(b.model_states[i] / 2**30),
+               "activations_gib": float(b.activations[i] / 2**30), "transient_gib": float(b.transient[i] / 2**30),
+               "total_gib": float(b.total[i] / 2**30)} for i in range(pp)]
+    peak = max(stages, key=lambda s: s["total_gib"])
+    layouts = space.Layouts(*(np.array([x]) for x in (tp, cp, pp, ep, etp, dp, mbs, 0)))
+    memory = {"total": np.array([peak["total_gib"] * 2**30]), "states": np.array([peak["model_states_gib"] * 2**30]),
+              "activations": np.array([(peak["activations_gib"] + peak["transient_gib"]) * 2**30]),
+              "stage": np.array([peak["stage"]])}
+    total = memory["total"] / 2**30
+    timing = space._by_recompute(space._times, layouts, spec=spec, workload=workload, gpu=gpu,
+                                 options=settings) if gpu else None
+    row = space._row(spec, layouts, 0, memory, total, space.classify(total, mem or np.inf, threshold), timing,
+                     mem or np.inf, settings)
+    row.update(model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
+               gpu=gpu.name if gpu else None, stages=stages, megatron_args=row_flags(spec, workload, row))
+    if not mem:
+        row.update(verdict=None, memory_fraction=None)
+    if fmt == "json":
+        text = render.to_json(row)
+    elif fmt == "csv":
+        text = render.to_csv(stages)
+    else:
+        from advisor.render import Column
+
+        columns = [Column("stage", "stage"), Column("layers", "layers"), Column("dense_layers", "dense"),
+                   Column("in_flight_microbatches", "in flight", "g"), Column("dense_states_gib", "dense st.", ".2f"),
+                   Column("expert_states_gib", "expert st.", ".2f"), Column("activations_gib", "act.", ".2f"),
+                   Column("transient_gib", "transient", ".2f"), Column("total_gib", "total GiB", ".2f")]
+        caption = f"peak: stage {peak['stage']}, {peak['total_gib']:.2f} GiB" + (
+            f" -> {row['verdict']}" if mem else "")
+        if timing:
+            caption += f"\nstep {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} TFLOP/s per GPU (MFU {row['mfu']:.0%})"
+        text = render.to_table(stages, columns, caption=caption, color=color_wanted(output),
+                               title=f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, EP {ep}, ETP {etp}, DP {dp}, MBS {mbs}")
+    emit(text, output)

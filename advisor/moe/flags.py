@@ -1,0 +1,55 @@
+"""Megatron-LM flags of an MoE model and layout (names as in core_v0.15.2's arguments.py)."""
+
+from __future__ import annotations
+
+from advisor.moe.spec import MoESpec
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def model_flags(spec: MoESpec) -> list[str]:
+    """The expert, router, MLA and YaRN flags of ``spec`` (the dense ones come from
+    ``advisor.megatron_args.model_args``)."""
+    args = ["--num-experts", str(spec.num_experts), "--moe-router-topk", str(spec.moe_router_topk),
+            "--moe-ffn-hidden-size", str(spec.moe_ffn_hidden_size), "--moe-grouped-gemm",
+            "--moe-router-load-balancing-type", "aux_loss" if not spec.expert_bias else "none"]
+    if spec.first_dense_layers:
+        args += ["--moe-layer-freq", f"([0]*{spec.first_dense_layers}+[1]*{spec.moe_layers})"]
+    if spec.shared_expert_size:
+        args += ["--moe-shared-expert-intermediate-size", str(spec.shared_expert_size)]
+    if spec.qk_layernorm:
+        args.append("--qk-layernorm")
+    if spec.score_function == "sigmoid":
+        args += ["--moe-router-score-function", "sigmoid"]
+    if spec.expert_bias:
+        args.append("--moe-router-enable-expert-bias")
+    if spec.router_num_groups is not None:
+        args += ["--moe-router-num-groups", str(spec.router_num_groups),
+                 "--moe-router-group-topk", str(spec.router_group_topk)]
+    if spec.router_topk_scaling_factor is not None:
+        args += ["--moe-router-topk-scaling-factor", _number(spec.router_topk_scaling_factor)]
+    if spec.mla is not None:
+        mla = spec.mla
+        args += ["--multi-latent-attention", "--kv-lora-rank", str(mla.kv_lora_rank),
+                 "--qk-head-dim", str(mla.qk_head_dim), "--qk-pos-emb-head-dim", str(mla.qk_pos_emb_head_dim),
+                 "--v-head-dim", str(mla.v_head_dim)]
+        if mla.q_lora_rank is not None:
+            args += ["--q-lora-rank", str(mla.q_lora_rank)]
+    if spec.yarn is not None:
+        y = spec.yarn
+        args += ["--rope-type", "yarn", "--rotary-scaling-factor", _number(y.factor), "--mscale", _number(y.mscale),
+                 "--mscale-all-dim", _number(y.mscale_all_dim)]
+    if spec.mtp_num_layers:
+        args += ["--mtp-num-layers", str(spec.mtp_num_layers)]
+    return args
+
+
+def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[str] | None = None) -> list[str]:
+    """EP, ETP, the dispatcher and selective recomputation's modules."""
+    args = ["--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(etp),
+            "--moe-token-dispatcher-type", dispatcher]
+    if recompute_modules:
+        args += ["--recompute-modules", *recompute_modules]
+    return args
