@@ -52,7 +52,8 @@ def row_flags(spec, workload, row: dict) -> list[str]:
     options = MemoryOptions(recompute=row["recompute"], recompute_method="uniform",
                             recompute_num_layers=row["recompute_num_layers"] or 1)
     return [*megatron_args(spec, workload.seq_len, tp=row["tp"], cp=row["cp"], layers_per_stage=row["layers_per_stage"],
-                           micro_batch_size=row["mbs"], global_batch_size=workload.global_batch_size, options=options),
+                           micro_batch_size=row["mbs"], global_batch_size=workload.global_batch_size, options=options,
+                           virtual_stages=row["vpp"]),
             *model_flags(spec),
             *layout_flags(ep=row["ep"], etp=row["etp"], dispatcher=row["dispatcher"],
                           recompute_modules=row["recompute_modules"])]
@@ -105,7 +106,7 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
     emit(text, output)
 
 
-def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt, output):
+def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt, output, vpp=1):
     """One MoE layout, every stage."""
     import numpy as np
 
@@ -115,12 +116,16 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
 
     ep, etp = ep or 1, etp or 1
     problem = space.layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs)
+    m = workload.global_batch_size / (mbs * dp)
+    if not problem and vpp > 1:
+        if pp == 1 or min(st.split_layers(spec.num_layers, pp)) < vpp or m % pp:
+            problem = (f"VPP {vpp} needs PP > 1, at least {vpp} layers on every stage and the microbatches "
+                       f"({m:g}) a multiple of PP {pp}")
     if problem:
         raise InputError(problem)
-    m = workload.global_batch_size / (mbs * dp)
     recompute = "none"
     b = st.stage_bytes(spec, workload.seq_len, settings, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, dp=dp, mbs=mbs,
-                       num_microbatches=m, stage=np.arange(pp), recompute=recompute)
+                       num_microbatches=m, stage=np.arange(pp), recompute=recompute, vpp=vpp)
     stages = [{"stage": i, "layers": int(b.layers[i]), "dense_layers": int(b.dense_layers[i]),
                "in_flight_microbatches": float(b.in_flight[i]),
                "dense_states_gib": float(b.weights_gradients_optimizer[i] / 2**30),
@@ -135,9 +140,10 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
               "stage": np.array([peak["stage"]])}
     total = memory["total"] / 2**30
     timing = space._by_recompute(space._times, layouts, spec=spec, workload=workload, gpu=gpu,
-                                 options=settings) if gpu else None
+                                 options=settings, vpp=vpp) if gpu else None
     row = space._row(spec, layouts, 0, memory, total, space.classify(total, mem or np.inf, threshold), timing,
                      mem or np.inf, settings)
+    row["vpp"] = vpp
     row.update(model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
                gpu=gpu.name if gpu else None, stages=stages, megatron_args=row_flags(spec, workload, row))
     if not mem:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from advisor import equations as eq
 from advisor.errors import AdvisorError
 from advisor.hardware import GpuSpec
 from advisor.moe import stage as st
@@ -131,11 +132,11 @@ layernorm (and mla_up_proj) redoes elementwise work and MLA's up projections, ta
 of a forward (an assumption)."""
 
 
-def _times(columns, recompute, *, spec, workload, gpu, options):
+def _times(columns, recompute, *, spec, workload, gpu, options, vpp: int = 1):
     """Step time: 1F1B over the stages (Narayanan et al. 2021: m x the slowest stage + the
     others' fill and drain), the exposed DP gradient reduce-scatter and parameter all-gather
     (dense parts over DP x CP, experts over EDP, overlapped with the first stage's backward and
-    forward), Adam on the shards. Communication of a layer runs once forward and once backward
+    forward), Adam on the shards; ``vpp`` interleaved chunks divide the fill and drain. Communication of a layer runs once forward and once backward
     (and again when fully recomputed)."""
     cal = load_calibration()
     rates = terms.Rates.of(gpu, cal)
@@ -153,10 +154,10 @@ def _times(columns, recompute, *, spec, workload, gpu, options):
     total = spec.first_dense_layers * dense_t + spec.moe_layers * moe_t + head_f + head_b + c["pp"] * overhead
     slowest = np.maximum(most * moe_t + overhead + np.where(c["pp"] == 1, head_f + head_b, 0), total / c["pp"])
     m = workload.global_batch_size / (c["mbs"] * c["dp"])
-    pipeline = m * slowest + (total - slowest)
+    pipeline = m * slowest + (total - slowest) / vpp  # interleaving shrinks the fill and drain v-fold
     edp = c["tp"] * c["cp"] * c["dp"] / (c["etp"] * c["ep"])
     first = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=0 * c["pp"],
-                           recompute=recompute, **columns)
+                           recompute=recompute, vpp=vpp, **columns)
     dense_params = first.weights_gradients_optimizer / (6 + 12 / (c["dp"] * c["cp"]))
     expert_params = first.expert_states / (6 + 12 / edp)
     span = c["tp"] * c["cp"] * c["dp"]
@@ -167,7 +168,8 @@ def _times(columns, recompute, *, spec, workload, gpu, options):
     optimizer = (terms.optimizer_time(dense_params, c["dp"] * c["cp"], rates)
                  + terms.optimizer_time(expert_params, edp, rates))
     step = pipeline + dp_comm + optimizer
-    flops = mt.model_flops_per_token(spec, workload.seq_len) * workload.global_batch_size * workload.seq_len
+    vocab = eq.padded_vocab_size(spec.vocab_size, None, c["tp"])
+    flops = mt.megatron_flops_per_iteration(spec, workload.seq_len, workload.global_batch_size, vocab)
     tflops = flops / (step * c["tp"] * c["cp"] * c["pp"] * c["dp"]) / 1e12
     return {"step_time_s": step, "tflops_per_gpu": tflops, "mfu": tflops / gpu.bf16_dense_tflops,
             "tokens_per_s": workload.global_batch_size * workload.seq_len / step,

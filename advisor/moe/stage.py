@@ -16,6 +16,7 @@ from typing import Literal
 import numpy as np
 
 from advisor import equations as eq
+from advisor import schedule
 from advisor.moe import memory as mm
 from advisor.moe import params
 from advisor.moe.spec import MoESpec
@@ -92,11 +93,12 @@ def _dense_layer_activations(spec: MoESpec, s, b, tp, cp):
 
 
 def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp, ep, etp, dp, mbs,
-                num_microbatches, stage, recompute: Recompute = "none") -> StageBytes:
+                num_microbatches, stage, recompute: Recompute = "none", vpp=1) -> StageBytes:
     """Memory of pipeline ``stage`` of each layout: model states (dense parts over DP x CP,
     experts over the expert-data-parallel group gpus / (etp ep pp)), activations of the
-    microbatches in flight, and one layer's transient dispatcher and expert buffers plus the
-    grouped GEMM workspace."""
+    microbatches in flight (1F1B: p - i; interleaved with ``vpp`` chunks: Megatron's warm-up,
+    ``advisor.schedule.forward_passes_in_flight`` over v, in whole-stage units), and one layer's
+    transient dispatcher and expert buffers plus the grouped GEMM workspace."""
     tp, cp, pp, ep, etp, dp, mbs, stage = (np.asarray(x) for x in (tp, cp, pp, ep, etp, dp, mbs, stage))
     layers, dense = _stage_arrays(spec, pp, stage)
     moe_layers = layers - dense
@@ -112,7 +114,7 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
         distributed_optimizer=options.distributed_optimizer)
     expert_states = mm.expert_state_bytes(spec, ep, etp, edp, moe_layers, gradient_bytes=options.gradient_bytes,
                                           distributed_optimizer=options.distributed_optimizer)
-    in_flight = np.minimum(pp - stage, num_microbatches)
+    in_flight = schedule.forward_passes_in_flight(stage, pp, vpp, num_microbatches) / np.asarray(vpp)
     modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
     moe_act = mm.moe_layer_activation_bytes(spec, seq_len, mbs, tp, cp, ep, etp, options.routing, modules)
     dense_act = _dense_layer_activations(spec, seq_len, mbs, tp, cp)

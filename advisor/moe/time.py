@@ -93,10 +93,25 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     return attention + dense_mlp, moe, a2a + 2 * gather, expert_f
 
 
-def model_flops_per_token(spec: MoESpec, seq_len: int) -> float:
-    """Training FLOPs per token as Megatron counts them for MoE (``training/training.py``,
-    num_floating_point_operations): 3 x (2 x the active matrix parameters, LM head included,
-    plus causal attention's 2 s a (d_qk + d_v) / 2 per layer)."""
-    matrices = params.active_parameters(spec) - spec.hidden_size * spec.vocab_size  # the lookup is no GEMM
-    attention = spec.num_layers * float(attention_flops(spec, seq_len, 1, 1, 1)) / seq_len
-    return 3.0 * (2.0 * matrices + attention)
+def megatron_flops_per_iteration(spec: MoESpec, seq_len: int, global_batch_size: int, padded_vocab: int) -> float:
+    """Training FLOPs of one iteration as Megatron-LM counts them for its TFLOP/s
+    (``training/training.py``, ``num_floating_point_operations``, transformer_flops; core_v0.15.2),
+    term by term: 12 L h (1.5 h_ffn (dense share) + 1.5 h_moe k (MoE share) + 1.5 h_shared (MoE
+    share)) for the MLPs; attention 12 L h^2 (1 + k/a + s/(2h)) (a d / h) for GQA, or MLA's
+    6 L (q term + kv term + h d_rope + a d_v h + s a (d_nope + d_rope)/2 + s a d_v/2); the logits
+    6 h v; all per token, times gbs x s. MTP modules are not counted (the rows train without them)."""
+    h, L, a = spec.hidden_size, spec.num_layers, spec.num_attention_heads
+    mlp = 12 * L * h * 1.5 * (spec.ffn_hidden_size * spec.first_dense_layers / L
+                               + (spec.moe_ffn_hidden_size * spec.moe_router_topk + spec.shared_expert_size)
+                               * spec.moe_layers / L)
+    mla = spec.mla
+    if mla is None:
+        d = spec.head_dim
+        attention = 12 * L * h * h * (1 + spec.num_query_groups / a + seq_len / h / 2) * (d * a / h)
+    else:
+        q_head = mla.qk_head_dim + mla.qk_pos_emb_head_dim
+        q_term = h * a * q_head if mla.q_lora_rank is None else mla.q_lora_rank * (h + a * q_head + 1)
+        attention = 6 * L * (q_term + mla.kv_lora_rank * (h + a * (mla.qk_head_dim + mla.v_head_dim) + 1)
+                             + h * mla.qk_pos_emb_head_dim + a * mla.v_head_dim * h
+                             + seq_len * a * q_head / 2 + seq_len * a * mla.v_head_dim / 2)
+    return global_batch_size * seq_len * (mlp + attention + 6 * h * padded_vocab)
