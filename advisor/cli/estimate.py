@@ -294,11 +294,12 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         dp = gpus // model_parallel
     settings = moe_settings(spec, ep, etp, **moe)
     if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP
-        if layers_per_stage or options.recompute != "none":
+        if layers_per_stage or (options.recompute == "full" and (options.recompute_method, options.recompute_num_layers)
+                                != ("uniform", 1)):
             raise InputError("for MoE models, estimate prices the balanced split (advisor.moe.stage.split_layers) "
-                             "without recomputation; advisor sweep prices recomputation")
+                             "and full recomputation of every layer (--recompute-method uniform --recompute-num-layers 1)")
         return moe_cli.estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt,
-                                output, vpp)
+                                output, vpp, options.recompute)
     stages = parse_numbers(layers_per_stage, int, "--layers-per-stage") if layers_per_stage else None
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     result = estimate_memory(spec, parallel, workload, options, stages)

@@ -106,48 +106,21 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
     emit(text, output)
 
 
-def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt, output, vpp=1):
+def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt, output, vpp=1,
+             recompute="none"):
     """One MoE layout, every stage."""
-    import numpy as np
-
     from advisor import render
-    from advisor.moe import space
-    from advisor.moe import stage as st
+    from advisor.errors import AdvisorError
+    from advisor.moe.space import estimate_layout
 
-    ep, etp = ep or 1, etp or 1
-    problem = space.layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs)
-    m = workload.global_batch_size / (mbs * dp)
-    if not problem and vpp > 1:
-        if pp == 1 or min(st.split_layers(spec.num_layers, pp)) < vpp or m % pp:
-            problem = (f"VPP {vpp} needs PP > 1, at least {vpp} layers on every stage and the microbatches "
-                       f"({m:g}) a multiple of PP {pp}")
-    if problem:
-        raise InputError(problem)
-    recompute = "none"
-    b = st.stage_bytes(spec, workload.seq_len, settings, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, dp=dp, mbs=mbs,
-                       num_microbatches=m, stage=np.arange(pp), recompute=recompute, vpp=vpp)
-    stages = [{"stage": i, "layers": int(b.layers[i]), "dense_layers": int(b.dense_layers[i]),
-               "in_flight_microbatches": float(b.in_flight[i]),
-               "dense_states_gib": float(b.weights_gradients_optimizer[i] / 2**30),
-               "expert_states_gib": float(b.expert_states[i] / 2**30),
-               "model_states_gib": float(b.model_states[i] / 2**30),
-               "activations_gib": float(b.activations[i] / 2**30), "transient_gib": float(b.transient[i] / 2**30),
-               "total_gib": float(b.total[i] / 2**30)} for i in range(pp)]
-    peak = max(stages, key=lambda s: s["total_gib"])
-    layouts = space.Layouts(*(np.array([x]) for x in (tp, cp, pp, ep, etp, dp, mbs, 0)))
-    memory = {"total": np.array([peak["total_gib"] * 2**30]), "states": np.array([peak["model_states_gib"] * 2**30]),
-              "activations": np.array([(peak["activations_gib"] + peak["transient_gib"]) * 2**30]),
-              "stage": np.array([peak["stage"]])}
-    total = memory["total"] / 2**30
-    timing = space._by_recompute(space._times, layouts, spec=spec, workload=workload, gpu=gpu,
-                                 options=settings, vpp=vpp) if gpu else None
-    row = space._row(spec, layouts, 0, memory, total, space.classify(total, mem or np.inf, threshold), timing,
-                     mem or np.inf, settings)
-    row["vpp"] = vpp
-    row.update(model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
-               gpu=gpu.name if gpu else None, stages=stages, megatron_args=row_flags(spec, workload, row))
-    if not mem:
-        row.update(verdict=None, memory_fraction=None)
+    try:
+        row = estimate_layout(spec, workload, tp=tp, cp=cp, pp=pp, ep=ep or 1, etp=etp or 1, dp=dp, mbs=mbs, vpp=vpp,
+                              recompute=recompute, memory_gib=mem, threshold=threshold, gpu=gpu, options=settings)
+    except AdvisorError as error:
+        raise InputError(str(error)) from None
+    row["megatron_args"] = row_flags(spec, workload, row)
+    stages, timing = row["stages"], gpu is not None
+    peak = stages[row["peak_stage"]]
     if fmt == "json":
         text = render.to_json(row)
     elif fmt == "csv":
@@ -164,5 +137,6 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
         if timing:
             caption += f"\nstep {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} TFLOP/s per GPU (MFU {row['mfu']:.0%})"
         text = render.to_table(stages, columns, caption=caption, color=color_wanted(output),
-                               title=f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, EP {ep}, ETP {etp}, DP {dp}, MBS {mbs}")
+                               title=f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, EP {row['ep']}, ETP {row['etp']}, "
+                                     f"DP {dp}, MBS {mbs}" + (f", VPP {vpp}" if vpp > 1 else ""))
     emit(text, output)

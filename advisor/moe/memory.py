@@ -134,13 +134,6 @@ def expert_activation_bytes(spec: MoESpec, copies: float, etp: int, recompute_ac
     return copies * per_copy
 
 
-def unpermute_activation_bytes(spec: MoESpec, copies: float) -> float:
-    """The expert outputs the combine keeps: ``moe_utils.unpermute`` scatters the [copies, h]
-    output back to token order, and the alltoall's received buffer (2h per copy) is what its
-    backward permutes again."""
-    return copies * BF16 * spec.hidden_size
-
-
 def shared_expert_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int) -> float:
     """The shared experts' SwiGLU (``shared_experts.py``: an ``MLP`` under TP): 2 s b 4 f_shared
     over t c (seed 004's MLP term without its input, which is the router's input)."""
@@ -165,8 +158,11 @@ def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
     if "layernorm" in recompute_modules:
         router -= tokens * BF16 * spec.hidden_size
     shared = 0.0 if "shared_experts" in recompute_modules else shared_expert_activation_bytes(spec, seq_len, mbs, tp, cp)
-    return (attention + router + shared + expert_activation_bytes(spec, copies, etp, "moe_act" in recompute_modules)
-            + unpermute_activation_bytes(spec, copies))
+    # The combine keeps no tokens: every dispatcher unpermutes without probabilities
+    # (token_dispatcher.py: token_combine / get_restored_hidden_states_by_experts call unpermute
+    # without probs; the experts applied them, experts.py activation_func_with_probs), and an
+    # index scatter's backward is a gather that needs only the indices.
+    return attention + router + shared + expert_activation_bytes(spec, copies, etp, "moe_act" in recompute_modules)
 
 
 # --- transient buffers (one layer at a time) --------------------------------------------------

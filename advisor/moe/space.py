@@ -228,3 +228,40 @@ def _row(spec, layouts, i, memory, total_gib, verdict, timing, memory_gib, optio
     if timing is not None:
         row.update({key: float(value[i]) for key, value in timing.items()})
     return row
+
+
+def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: int, ep: int, etp: int, dp: int,
+                    mbs: int, vpp: int = 1, recompute: str = "none", memory_gib: float | None = None,
+                    threshold: float = 0.8, gpu: GpuSpec | None = None,
+                    options: st.MoEOptions = st.MoEOptions()) -> dict:
+    """One layout: a sweep row's keys plus ``stages`` (every stage's bytes); AdvisorError when
+    megatron-core cannot run it."""
+    problem = layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs)
+    m = workload.global_batch_size / (mbs * dp)
+    if not problem and vpp > 1 and (pp == 1 or min(st.split_layers(spec.num_layers, pp)) < vpp or m % pp):
+        problem = (f"VPP {vpp} needs PP > 1, at least {vpp} layers on every stage and the microbatches "
+                   f"({m:g}) a multiple of PP {pp}")
+    if problem:
+        raise AdvisorError(problem)
+    b = st.stage_bytes(spec, workload.seq_len, options, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, dp=dp, mbs=mbs,
+                       num_microbatches=m, stage=np.arange(pp), recompute=recompute, vpp=vpp)
+    stages = [{"stage": i, "layers": int(b.layers[i]), "dense_layers": int(b.dense_layers[i]),
+               "in_flight_microbatches": float(b.in_flight[i]),
+               "dense_states_gib": float(b.weights_gradients_optimizer[i] / GIB),
+               "expert_states_gib": float(b.expert_states[i] / GIB), "model_states_gib": float(b.model_states[i] / GIB),
+               "activations_gib": float(b.activations[i] / GIB), "transient_gib": float(b.transient[i] / GIB),
+               "total_gib": float(b.total[i] / GIB)} for i in range(pp)]
+    peak = int(np.argmax(b.total))
+    layouts = Layouts(*(np.array([x]) for x in (tp, cp, pp, ep, etp, dp, mbs, RECOMPUTES.index(recompute))))
+    memory = {"total": b.total[peak:peak + 1], "states": b.model_states[peak:peak + 1],
+              "activations": (b.activations + b.transient)[peak:peak + 1], "stage": np.array([peak])}
+    total = memory["total"] / GIB
+    limit = np.inf if memory_gib is None else memory_gib
+    timing = _by_recompute(_times, layouts, spec=spec, workload=workload, gpu=gpu, options=options,
+                           vpp=vpp) if gpu else None
+    row = _row(spec, layouts, 0, memory, total, classify(total, limit, threshold), timing, limit, options)
+    row.update(vpp=vpp, model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
+               gpu=gpu.name if gpu else None, stages=stages)
+    if memory_gib is None:
+        row.update(verdict=None, memory_fraction=None)
+    return row
