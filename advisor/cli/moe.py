@@ -44,19 +44,10 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
 
 
 def row_flags(spec, workload, row: dict) -> list[str]:
-    """Every Megatron flag of one MoE row."""
-    from advisor.megatron_args import megatron_args
-    from advisor.memory import MemoryOptions
-    from advisor.moe.flags import layout_flags, model_flags
+    """Every Megatron flag of one MoE row (``advisor.moe.flags.row_args``)."""
+    from advisor.moe.flags import row_args
 
-    options = MemoryOptions(recompute=row["recompute"], recompute_method="uniform",
-                            recompute_num_layers=row["recompute_num_layers"] or 1)
-    return [*megatron_args(spec, workload.seq_len, tp=row["tp"], cp=row["cp"], layers_per_stage=row["layers_per_stage"],
-                           micro_batch_size=row["mbs"], global_batch_size=workload.global_batch_size, options=options,
-                           virtual_stages=row["vpp"]),
-            *model_flags(spec),
-            *layout_flags(ep=row["ep"], etp=row["etp"], dispatcher=row["dispatcher"],
-                          recompute_modules=row["recompute_modules"])]
+    return row_args(spec, workload.seq_len, workload.global_batch_size, row)
 
 
 def _columns(timed: bool):
@@ -77,12 +68,11 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
     from advisor import render
     from advisor.moe.space import sweep as run
 
-    rows = run(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, options=settings,
-               ep=ep, etp=etp)
-    shown = [row for row in rows if show_all or row["verdict"] != "oom"]
-    shown = shown[:top or (30 if fmt == "table" else None)]
+    result = run(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, options=settings,
+                 ep=ep, etp=etp)
+    shown = result.rows(include_oom=show_all, limit=top or (30 if fmt == "table" else None))
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
-             "gpu": gpu.name if gpu else None, "model": spec.name}
+             "gpu": gpu.name if gpu else None, "model": spec.to_dict() if fmt == "json" else spec.name}
     if fmt != "table":
         shown = [{**row, **setup, "megatron_args": row_flags(spec, workload, row)} for row in shown]
     if fmt == "json":
@@ -94,12 +84,13 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
     else:
         title = (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {gpus} GPUs x {mem:g} GiB, "
                  f"fits <= {threshold:.0%}; routing {settings.routing.routing}, dispatcher {settings.dispatcher}")
-        counts = {v: sum(r["verdict"] == v for r in rows) for v in ("fits", "tight", "oom")}
+        caption = (", ".join(f"{n} {v}" for v, n in result.counts.items())
+                   + f" (each layout with the recomputation it needs, or the fastest); {result.considered:,} "
+                   "layouts x recomputation priced")
         text = render.to_table(shown, _columns(gpu is not None), title=title, row_style=render.verdict_style,
-                               caption=", ".join(f"{n} {v}" for v, n in counts.items()) + f"; {len(rows):,} layouts",
-                               color=color_wanted(output))
-    if not any(row["rank"] for row in rows) and not show_all:
-        least = min(rows, key=lambda row: row["total_gib"])
+                               caption=caption, color=color_wanted(output))
+    if not result.counts["fits"] + result.counts["tight"] and not show_all:
+        least = result.least()
         click.echo(f"advisor sweep: nothing fits; the least any layout needs is {least['total_gib']:.1f} GiB per GPU "
                    f"(TP {least['tp']}, PP {least['pp']}, EP {least['ep']}) against {mem:g} GiB", err=True)
         click.get_current_context().exit(1)
@@ -118,7 +109,7 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
                               recompute=recompute, memory_gib=mem, threshold=threshold, gpu=gpu, options=settings)
     except AdvisorError as error:
         raise InputError(str(error)) from None
-    row["megatron_args"] = row_flags(spec, workload, row)
+    row.update(megatron_args=row_flags(spec, workload, row), model=spec.to_dict(), memory_gib=mem)
     stages, timing = row["stages"], gpu is not None
     peak = stages[row["peak_stage"]]
     if fmt == "json":

@@ -53,3 +53,20 @@ def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[
     if recompute_modules:
         args += ["--recompute-modules", *recompute_modules]
     return args
+
+
+def row_args(spec: MoESpec, seq_len: int, global_batch_size: int, row: dict) -> list[str]:
+    """Every Megatron flag of one MoE sweep row or estimate: the dense model, layout, batch and
+    memory flags (``advisor.megatron_args``), the MoE model's, EP, ETP, the dispatcher and the
+    recomputation's modules."""
+    from advisor.megatron_args import megatron_args
+    from advisor.memory import MemoryOptions
+
+    options = MemoryOptions(recompute=row["recompute"], recompute_method="uniform",
+                            recompute_num_layers=row.get("recompute_num_layers") or 1)
+    return [*megatron_args(spec, seq_len, tp=row["tp"], cp=row["cp"], layers_per_stage=row["layers_per_stage"],
+                           micro_batch_size=row["mbs"], global_batch_size=global_batch_size, options=options,
+                           virtual_stages=row.get("vpp", 1)),
+            *model_flags(spec),
+            *layout_flags(ep=row["ep"], etp=row["etp"], dispatcher=row["dispatcher"],
+                          recompute_modules=row.get("recompute_modules"))]

@@ -10,7 +10,6 @@ MoE with TP). Verdicts: seed 004's rule, fits <= threshold x memory, tight <= me
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -71,25 +70,27 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
 
 
 def enumerate_layouts(spec: MoESpec, workload: Workload, gpus: int, max_tp: int) -> Layouts:
-    """Every valid layout: TP, CP, ETP, MBS powers of 2; PP any divisor; EP any divisor of the
-    experts; three recomputation choices (none; selective: --recompute-modules; full)."""
-    powers = [2**i for i in range(int(math.log2(gpus)) + 1)]
-    rows = []
-    for tp, cp in itertools.product([p for p in powers if p <= max_tp], powers):
-        if gpus % (tp * cp):
-            continue
-        for pp in (p for p in range(1, min(gpus // (tp * cp), spec.num_layers) + 1) if (gpus // (tp * cp)) % p == 0):
-            for ep, etp, mbs in itertools.product(range(1, spec.num_experts + 1), [p for p in powers if p <= max_tp],
-                                                  [p for p in powers if p <= 8]):
-                if spec.num_experts % ep or etp > tp:
-                    continue
-                if layout_problem(spec, workload, gpus, tp, cp, pp, ep, etp, mbs) is None:
-                    rows.append((tp, cp, pp, ep, etp, gpus // (tp * cp * pp), mbs))
-    if not rows:
+    """Every valid layout (``layout_problem``'s rules, vectorised): TP, CP, ETP, MBS powers of 2
+    (ETP up to TP, MBS up to 8); PP any divisor; EP any divisor of the experts; each with three
+    recomputation choices (none; selective: --recompute-modules; full)."""
+    powers = np.array([2**i for i in range(int(math.log2(gpus)) + 1)])
+    small = powers[powers <= max_tp]
+    pps = np.array([p for p in range(1, min(gpus, spec.num_layers) + 1) if gpus % p == 0])
+    eps = np.array([e for e in range(1, spec.num_experts + 1) if spec.num_experts % e == 0])
+    tp, cp, pp, ep, etp, mbs = (x.ravel() for x in np.meshgrid(small, powers, pps, eps, small, powers[powers <= 8],
+                                                                 indexing="ij"))
+    heads = spec.num_attention_heads
+    groups = heads if spec.mla is not None else spec.num_query_groups
+    s, gbs = workload.seq_len, workload.global_batch_size
+    ok = (heads % tp == 0) & (groups % tp == 0) & (gpus % (tp * cp * pp) == 0) & (etp <= tp)
+    ok &= ((gpus // pp) % (ep * etp) == 0) & ((cp == 1) | (s % (2 * cp) == 0)) & ((s // cp) % tp == 0)
+    dp = gpus // np.maximum(tp * cp * pp, 1)
+    ok &= (dp >= 1) & (gbs % np.maximum(mbs * dp, 1) == 0)
+    if not ok.any():
         raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs satisfies megatron-core's constraints")
-    base = np.array(rows, dtype=np.int64)
-    repeat = np.repeat(base, len(RECOMPUTES), axis=0)
-    return Layouts(*repeat.T, recompute=np.tile(np.arange(len(RECOMPUTES)), len(base)))
+    base = np.stack([tp, cp, pp, ep, etp, dp, mbs])[:, ok]
+    repeat = np.repeat(base, len(RECOMPUTES), axis=1)
+    return Layouts(*repeat, recompute=np.tile(np.arange(len(RECOMPUTES)), base.shape[1]))
 
 
 def _by_recompute(func, layouts: Layouts, **kwargs):
@@ -180,11 +181,60 @@ def classify(total_gib, memory_gib: float, threshold: float):
     return np.where(total_gib <= threshold * memory_gib, "fits", np.where(total_gib <= memory_gib, "tight", "oom"))
 
 
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """The ranked layouts as columns (``order``: best first); rows are made only for what is shown."""
+
+    spec: MoESpec
+    layouts: Layouts
+    memory: dict
+    total_gib: np.ndarray
+    verdict: np.ndarray
+    timing: dict | None
+    memory_gib: float
+    options: st.MoEOptions
+    order: np.ndarray
+    considered: int
+
+    @property
+    def counts(self) -> dict:
+        """Verdicts of the layouts kept (one recomputation each)."""
+        return {v: int((self.verdict[self.order] == v).sum()) for v in ("fits", "tight", "oom")}
+
+    def rows(self, include_oom: bool = False, limit: int | None = None) -> list[dict]:
+        chosen = self.order if include_oom else self.order[self.verdict[self.order] != "oom"]
+        ranked = int((self.verdict[self.order] != "oom").sum())
+        out = []
+        for position, i in enumerate(chosen[:limit]):
+            row = _row(self.spec, self.layouts, i, self.memory, self.total_gib, self.verdict, self.timing,
+                       self.memory_gib, self.options)
+            row["rank"] = position + 1 if position < ranked and row["verdict"] != "oom" else None
+            out.append(row)
+        return out
+
+    def least(self) -> dict:
+        """The layout that needs the least memory (for the nothing-fits message)."""
+        i = int(np.argmin(self.total_gib))
+        return _row(self.spec, self.layouts, i, self.memory, self.total_gib, self.verdict, self.timing,
+                    self.memory_gib, self.options)
+
+
+def _one_recompute_each(layouts: Layouts, verdict, speed) -> np.ndarray:
+    """Per base layout, the recomputation kept: the fastest (with a GPU; else the least
+    recomputation) among those that fit, else among those that are tight, else the one that
+    needs the least memory. The three variants of a base layout are consecutive."""
+    n = len(RECOMPUTES)
+    grade = np.select([verdict == "fits", verdict == "tight"], [0, 1], 2).reshape(-1, n)
+    key = grade * 1e9 + speed.reshape(-1, n)
+    return np.arange(0, len(verdict), n) + np.argmin(key, axis=1)
+
+
 def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float = 0.8,
           max_tp: int = 8, gpu: GpuSpec | None = None, options: st.MoEOptions = st.MoEOptions(),
-          ep: int | None = None, etp: int | None = None) -> list[dict]:
-    """Every valid layout as a row (dict), ranked: fits before tight, then (with a GPU) the
-    shortest step, else the smallest TP x CP x PP, no recomputation first, the larger MBS."""
+          ep: int | None = None, etp: int | None = None) -> SweepResult:
+    """Every valid layout with the recomputation it needs (or, with a GPU, the fastest that
+    fits), ranked: fits before tight, then (with a GPU) the shortest step, else the smallest
+    TP x CP x PP x EP; then the larger MBS."""
     layouts = enumerate_layouts(spec, workload, gpus, max_tp)
     keep = np.ones(len(layouts.tp), dtype=bool)
     if ep is not None:
@@ -198,21 +248,21 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
     total_gib = memory["total"] / GIB
     verdict = classify(total_gib, memory_gib, threshold)
     timing = _by_recompute(_times, layouts, spec=spec, workload=workload, gpu=gpu, options=options) if gpu else None
-    # without recomputation where it fits: recomputation only where it is needed or faster
-    speed = timing["step_time_s"] if timing else (layouts.tp * layouts.cp * layouts.pp).astype(float)
-    order = np.lexsort((layouts.recompute, -layouts.mbs, speed, verdict != "fits"))
-    rows, rank = [], 0
-    for i in order:
-        row = _row(spec, layouts, i, memory, total_gib, verdict, timing, memory_gib, options)
-        if row["verdict"] != "oom":
-            rank += 1
-            row["rank"] = rank
-        rows.append(row)
-    return rows
+    if timing:
+        speed = timing["step_time_s"]
+    else:  # the paper's rule: the least model parallelism, no recomputation first
+        speed = (layouts.tp * layouts.cp * layouts.pp * layouts.ep).astype(float) + layouts.recompute / 10
+    kept = _one_recompute_each(layouts, verdict, np.where(verdict == "oom", total_gib, speed))
+    # ties (CP trades against MBS at equal tokens per rank): the fewer CP ranks, then the larger MBS, smaller EP
+    order = kept[np.lexsort((layouts.ep[kept], -layouts.mbs[kept], layouts.cp[kept], speed[kept],
+                             verdict[kept] == "tight", verdict[kept] == "oom"))]
+    return SweepResult(spec, layouts, memory, total_gib, verdict, timing, memory_gib, options, order,
+                       considered=len(layouts.tp))
 
 
 def _row(spec, layouts, i, memory, total_gib, verdict, timing, memory_gib, options) -> dict:
-    tp, cp, pp, ep, etp, dp, mbs = (int(getattr(layouts, f)[i]) for f in ("tp", "cp", "pp", "ep", "etp", "dp", "mbs"))
+    tp, cp, pp, ep, etp, dp, mbs = (int(layouts.tp[i]), int(layouts.cp[i]), int(layouts.pp[i]), int(layouts.ep[i]),
+                                    int(layouts.etp[i]), int(layouts.dp[i]), int(layouts.mbs[i]))
     recompute = RECOMPUTES[int(layouts.recompute[i])]
     row = {"rank": None, "tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp, "mbs": mbs, "dp": dp,
            "gpus": tp * cp * pp * dp, "edp": tp * cp * dp // (ep * etp), "vpp": 1,

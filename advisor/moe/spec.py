@@ -103,6 +103,18 @@ def is_moe(spec: LlamaSpec) -> bool:
     return isinstance(spec, MoESpec)
 
 
+def spec_from_dict(fields: dict) -> MoESpec:
+    """A MoESpec from its ``to_dict()`` (a sweep row's or an estimate's 'model'); TypeError or
+    AdvisorError when it is not one."""
+    values = dict(fields)
+    for key, kind in (("mla", MLA), ("yarn", YarnScaling)):
+        if values.get(key) is not None:
+            if not isinstance(values[key], dict):
+                raise AdvisorError(f"model {key} must be an object, got {_describe(values[key])}")
+            values[key] = kind(**values[key])
+    return MoESpec(**values)
+
+
 # --- presets ------------------------------------------------------------------------------------
 # Values of each model's Hugging Face config.json (mistralai/Mixtral-8x7B-v0.1,
 # mistralai/Mixtral-8x22B-v0.1, Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, deepseek-ai/DeepSeek-V3);
@@ -181,6 +193,12 @@ def _yarn(config: _Config) -> YarnScaling:
     if not isinstance(original, int) or isinstance(original, bool) or original < 1:
         raise config.error("rope_scaling.original_max_position_embeddings",
                            f"must be a positive integer, got {_describe(original)}")
+    # Megatron-LM has no flags for these: MLATransformerConfig fixes them
+    # (transformer/transformer_config.py: original_max_position_embeddings 4096, beta_fast 32, beta_slow 1).
+    for key, fixed in (("original_max_position_embeddings", 4096), ("beta_fast", 32.0), ("beta_slow", 1.0)):
+        value = original if key == "original_max_position_embeddings" else numbers[key]
+        if value != fixed:
+            raise config.error(f"rope_scaling.{key}", f"is {_describe(value)}: Megatron-LM's MLA fixes it at {fixed:g}")
     return YarnScaling(original_max_position_embeddings=original, **numbers)
 
 
