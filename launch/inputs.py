@@ -235,8 +235,12 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
                              row["pp"], row["ep"], row["etp"], row["mbs"])
     if problem:
         raise AdvisorError(f"{fields.origin}: {problem}")
+    grads, sharded = fields.document.get("gradient_bytes", 4), fields.document.get("distributed_optimizer", True)
+    if grads not in (2, 4) or not isinstance(sharded, bool):
+        raise AdvisorError(f"{fields.origin}: 'gradient_bytes' must be 2 or 4 and 'distributed_optimizer' true or false")
     row.update(layers_per_stage=list(layers), recompute=recompute, dispatcher=dispatcher, recompute_modules=modules,
-               recompute_num_layers=1 if recompute == "full" else None)
+               recompute_num_layers=1 if recompute == "full" else None, gradient_bytes=grads,
+               distributed_optimizer=sharded)
     return row_args(spec, seq_len, gbs, row)
 
 

@@ -29,6 +29,17 @@ def test_bad_expert_layouts_are_one_line():
     _one_line_error(runner.invoke(cli, ["sweep", "--gpus", "8", "--mem", "80", "--ep", "2"]), "--ep", "dense")
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
                                         "--moe-routing", "capacity"]), "--moe-expert-capacity-factor")
+    _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
+                                        "--no-flash-attn", "--tokens", "1T"]), "--no-flash-attn", "--tokens")
+    _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
+                                        "--ep", "4", "--etp", "4"]), "no layout", "EP 4")
+
+
+def test_sweep_choices_apply_to_moe_rows():
+    rows = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--recompute", "full", "--split", "even", "--ep", "4",
+                                               "--grad-dtype", "bf16", "--top", "5"]).stdout)
+    assert rows and all(r["recompute"] == "full" and 48 % r["pp"] == 0 and r["ep"] == 4 for r in rows)
+    assert all("--grad-reduce-in-bf16" in r["megatron_args"] for r in rows)
 
 
 def test_dense_rows_and_estimates_carry_ep_and_etp_one():

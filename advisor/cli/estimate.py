@@ -144,10 +144,13 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
 
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
-    settings = moe_settings(spec, ep, etp, **moe)
+    settings = moe_settings(spec, ep, etp, **moe, options=options, space=space, unpriced={
+        "--memory-model (the 80% rule judges MoE rows)": memory_model is not None, "--profile": profile_dir is not None,
+        "--rank-by (fastest first with --gpu)": rank_by is not None, "--tokens": tokens is not None,
+        "--plot": plot is not None})
     if settings is not None:  # a mixture of experts: advisor.moe's space (EP and ETP as dimensions)
         return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all,
-                             top, fmt, output)
+                             top, fmt, output, space)
     memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir)
     measured = None
     if profile_dir is not None:
@@ -282,6 +285,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     from advisor.parallel import ParallelConfig
     from advisor.sweep import SweepRow, classify
 
+    given_memory_model = memory_model
     memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens)
     model_parallel = tp * cp * pp
     if gpus is None and dp is None:
@@ -292,12 +296,14 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         if dp is not None and dp != gpus // model_parallel:
             raise InputError(f"--dp {dp} disagrees with --gpus {gpus} / (TP x CP x PP) = {gpus // model_parallel}")
         dp = gpus // model_parallel
-    settings = moe_settings(spec, ep, etp, **moe)
+    settings = moe_settings(spec, ep, etp, **moe, options=options, unpriced={
+        "--memory-model (the 80% rule judges MoE layouts)": given_memory_model is not None,
+        "--tokens": tokens is not None,
+        "--layers-per-stage (the balanced split is priced)": bool(layers_per_stage)})
     if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP
-        if layers_per_stage or (options.recompute == "full" and (options.recompute_method, options.recompute_num_layers)
-                                != ("uniform", 1)):
-            raise InputError("for MoE models, estimate prices the balanced split (advisor.moe.stage.split_layers) "
-                             "and full recomputation of every layer (--recompute-method uniform --recompute-num-layers 1)")
+        if options.recompute == "full" and (options.recompute_method, options.recompute_num_layers) != ("uniform", 1):
+            raise InputError("for MoE models, full recomputation is priced for every layer (--recompute-method "
+                             "uniform --recompute-num-layers 1)")
         return moe_cli.estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt,
                                 output, vpp, options.recompute)
     stages = parse_numbers(layers_per_stage, int, "--layers-per-stage") if layers_per_stage else None

@@ -27,8 +27,10 @@ def moe_options(func):
     ], func)
 
 
-def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance):
-    """MoEOptions from the flags; a dense model refuses EP/ETP above 1."""
+def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance, *, options, space=None,
+                 unpriced: dict | None = None):
+    """MoEOptions from the flags; a dense model refuses EP/ETP above 1; for an MoE model, every
+    option the MoE model does not price is refused by name (none is ignored)."""
     from advisor.moe.memory import RoutedTokens
     from advisor.moe.spec import is_moe
     from advisor.moe.stage import MoEOptions
@@ -37,10 +39,20 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
         if (ep or 1) > 1 or (etp or 1) > 1:
             raise InputError(f"--ep/--etp need a mixture-of-experts model; {spec.name} is dense")
         return None
+    refused = {"--no-sequence-parallel": not options.sequence_parallel, "--no-flash-attn": not options.flash_attention,
+               "--vocab-divisible-by": options.vocab_divisible_by is not None, **(unpriced or {})}
+    if space is not None:
+        refused.update({"--vpp N (advisor estimate --vpp prices interleaving)": space.vpp not in (None, 1),
+                        "--recompute-method/--recompute-num-layers": bool(space.recompute_method
+                                                                          or space.recompute_num_layers)})
+    named = [flag for flag, given in refused.items() if given]
+    if named:
+        raise InputError(f"{spec.name} is a mixture of experts; its model does not price {', '.join(named)}")
     if moe_routing == "capacity" and capacity_factor is None:
         raise InputError("--moe-routing capacity needs --moe-expert-capacity-factor")
     return MoEOptions(dispatcher=dispatcher, routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
-                                                                  imbalance=moe_imbalance))
+                                                                  imbalance=moe_imbalance),
+                      gradient_bytes=options.gradient_bytes, distributed_optimizer=options.distributed_optimizer)
 
 
 def row_flags(spec, workload, row: dict) -> list[str]:
@@ -64,12 +76,18 @@ def _columns(timed: bool):
     return columns
 
 
-def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all, top, fmt, output):
+def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all, top, fmt, output,
+          space=None):
     from advisor import render
+    from advisor.errors import AdvisorError
     from advisor.moe.space import sweep as run
 
-    result = run(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, options=settings,
-                 ep=ep, etp=etp)
+    try:
+        result = run(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, options=settings,
+                     ep=ep, etp=etp, even_split=space is not None and space.split == "even",
+                     recompute=None if space is None or space.recompute == "auto" else space.recompute)
+    except AdvisorError as error:
+        raise InputError(str(error)) from None
     shown = result.rows(include_oom=show_all, limit=top or (30 if fmt == "table" else None))
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
              "gpu": gpu.name if gpu else None, "model": spec.to_dict() if fmt == "json" else spec.name}

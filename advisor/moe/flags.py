@@ -63,7 +63,9 @@ def row_args(spec: MoESpec, seq_len: int, global_batch_size: int, row: dict) -> 
     from advisor.memory import MemoryOptions
 
     options = MemoryOptions(recompute=row["recompute"], recompute_method="uniform",
-                            recompute_num_layers=row.get("recompute_num_layers") or 1)
+                            recompute_num_layers=row.get("recompute_num_layers") or 1,
+                            gradient_bytes=row.get("gradient_bytes", 4),
+                            distributed_optimizer=row.get("distributed_optimizer", True))
     return [*megatron_args(spec, seq_len, tp=row["tp"], cp=row["cp"], layers_per_stage=row["layers_per_stage"],
                            micro_batch_size=row["mbs"], global_batch_size=global_batch_size, options=options,
                            virtual_stages=row.get("vpp", 1)),

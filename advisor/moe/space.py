@@ -223,7 +223,7 @@ def _one_recompute_each(layouts: Layouts, verdict, speed) -> np.ndarray:
     """Per base layout, the recomputation kept: the fastest (with a GPU; else the least
     recomputation) among those that fit, else among those that are tight, else the one that
     needs the least memory. The three variants of a base layout are consecutive."""
-    n = len(RECOMPUTES)
+    n = len(RECOMPUTES) if len(np.unique(layouts.recompute)) == len(RECOMPUTES) else 1
     grade = np.select([verdict == "fits", verdict == "tight"], [0, 1], 2).reshape(-1, n)
     key = grade * 1e9 + speed.reshape(-1, n)
     return np.arange(0, len(verdict), n) + np.argmin(key, axis=1)
@@ -231,19 +231,27 @@ def _one_recompute_each(layouts: Layouts, verdict, speed) -> np.ndarray:
 
 def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float = 0.8,
           max_tp: int = 8, gpu: GpuSpec | None = None, options: st.MoEOptions = st.MoEOptions(),
-          ep: int | None = None, etp: int | None = None) -> SweepResult:
+          ep: int | None = None, etp: int | None = None, even_split: bool = False,
+          recompute: str | None = None) -> SweepResult:
     """Every valid layout with the recomputation it needs (or, with a GPU, the fastest that
     fits), ranked: fits before tight, then (with a GPU) the shortest step, else the smallest
-    TP x CP x PP x EP; then the larger MBS."""
+    TP x CP x PP x EP; then the larger MBS. ``ep``/``etp`` pin those; ``even_split`` keeps PP
+    dividing the layers; ``recompute`` pins the recomputation (none, selective, full)."""
     layouts = enumerate_layouts(spec, workload, gpus, max_tp)
     keep = np.ones(len(layouts.tp), dtype=bool)
+    if even_split:
+        keep &= spec.num_layers % layouts.pp == 0
+    if recompute is not None:
+        keep &= layouts.recompute == RECOMPUTES.index(recompute)
     if ep is not None:
         keep &= layouts.ep == ep
     if etp is not None:
         keep &= layouts.etp == etp
     layouts = Layouts(*(getattr(layouts, f)[keep] for f in Layouts.__dataclass_fields__))
     if not len(layouts.tp):
-        raise AdvisorError(f"no layout with EP {ep} and ETP {etp} of {spec.name} on {gpus} GPUs")
+        raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs with these choices (EP {ep or 'any'}, ETP "
+                           f"{etp or 'any'}" + (", an even split" if even_split else "")
+                           + (f", recompute {recompute}" if recompute else "") + ")")
     memory = _by_recompute(_memory, layouts, spec=spec, workload=workload, options=options)
     total_gib = memory["total"] / GIB
     verdict = classify(total_gib, memory_gib, threshold)
@@ -271,6 +279,7 @@ def _row(spec, layouts, i, memory, total_gib, verdict, timing, memory_gib, optio
            "recompute_method": "uniform" if recompute == "full" else None,
            "recompute_num_layers": 1 if recompute == "full" else None,
            "dispatcher": options.dispatcher, "routing": options.routing.routing,
+           "gradient_bytes": options.gradient_bytes, "distributed_optimizer": options.distributed_optimizer,
            "imbalance": options.routing.imbalance,
            "total_gib": float(total_gib[i]), "model_states_gib": float(memory["states"][i] / GIB),
            "activations_gib": float(memory["activations"][i] / GIB), "peak_stage": int(memory["stage"][i]),
