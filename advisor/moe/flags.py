@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 from advisor.moe.spec import MoESpec
 
 
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+@functools.lru_cache(maxsize=16)
+def _model_flags(spec: MoESpec) -> tuple[str, ...]:
+    return tuple(model_flags(spec))
 
 
 def model_flags(spec: MoESpec) -> list[str]:
@@ -59,16 +66,24 @@ def row_args(spec: MoESpec, seq_len: int, global_batch_size: int, row: dict) -> 
     """Every Megatron flag of one MoE sweep row or estimate: the dense model, layout, batch and
     memory flags (``advisor.megatron_args``), the MoE model's, EP, ETP, the dispatcher and the
     recomputation's modules."""
-    from advisor.megatron_args import megatron_args
     from advisor.memory import MemoryOptions
 
     options = MemoryOptions(recompute=row["recompute"], recompute_method="uniform",
                             recompute_num_layers=row.get("recompute_num_layers") or 1,
                             gradient_bytes=row.get("gradient_bytes", 4),
                             distributed_optimizer=row.get("distributed_optimizer", True))
-    return [*megatron_args(spec, seq_len, tp=row["tp"], cp=row["cp"], layers_per_stage=row["layers_per_stage"],
-                           micro_batch_size=row["mbs"], global_batch_size=global_batch_size, options=options,
-                           virtual_stages=row.get("vpp", 1)),
-            *model_flags(spec),
+    return [*_layout_args(spec, seq_len, row["tp"], row["cp"], tuple(row["layers_per_stage"]), row["mbs"],
+                          global_batch_size, options, row.get("vpp", 1)),
+            *_model_flags(spec),
             *layout_flags(ep=row["ep"], etp=row["etp"], dispatcher=row["dispatcher"],
                           recompute_modules=row.get("recompute_modules"))]
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_args(spec: MoESpec, seq_len: int, tp: int, cp: int, layers: tuple[int, ...], mbs: int, gbs: int,
+                 options, vpp: int) -> tuple[str, ...]:
+    """``advisor.megatron_args.megatron_args``, once per distinct layout (a sweep's rows share most)."""
+    from advisor.megatron_args import megatron_args
+
+    return tuple(megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
+                               global_batch_size=gbs, options=options, virtual_stages=vpp))

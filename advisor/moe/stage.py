@@ -10,6 +10,7 @@ before the last (they hold fewer microbatches than the first); the first dense l
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -44,11 +45,16 @@ class MoEOptions:
 
 def split_layers(num_layers: int, pp: int) -> list[int]:
     """Layers per stage: L // p each, the remainder on the stages just before the last."""
+    return list(_split(num_layers, pp))
+
+
+@functools.lru_cache(maxsize=1024)
+def _split(num_layers: int, pp: int) -> tuple[int, ...]:
     base, extra = divmod(num_layers, pp)
     if pp == 1:
-        return [num_layers]
+        return (num_layers,)
     extras = set(range(max(1, pp - 1 - extra), pp - 1)) if extra <= pp - 2 else set(range(pp - extra, pp))
-    return [base + (i in extras) for i in range(pp)]
+    return tuple(base + (i in extras) for i in range(pp))
 
 
 def _stage_arrays(spec: MoESpec, pp, stage):

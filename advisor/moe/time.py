@@ -72,7 +72,9 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     backward is twice the compute and the same communication."""
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
     tokens_cp = np.asarray(mbs, dtype=float) * seq_len / cp  # the TP group's tokens
-    attention_gemm = 2.0 * tokens_cp * params.attention_parameters(spec, tp) / rates.gemm_flops_per_s \
+    # every projection's FLOPs split over t: the column/row-parallel ones by their weights, MLA's
+    # duplicated down projections by their sequence-parallel tokens
+    attention_gemm = 2.0 * tokens_cp * params.attention_parameters(spec) / tp / rates.gemm_flops_per_s \
         + 4 * rates.gemm_latency_s
     core = attention_flops(spec, seq_len, mbs, tp, cp) / rates.attention_flops_per_s + rates.attention_latency_s
     tp_comm, _ = terms.tensor_parallel_time(spec, tokens_cp, tp, rates)
