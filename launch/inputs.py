@@ -236,11 +236,14 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
     if problem:
         raise AdvisorError(f"{fields.origin}: {problem}")
     grads, sharded = fields.document.get("gradient_bytes", 4), fields.document.get("distributed_optimizer", True)
-    if grads not in (2, 4) or not isinstance(sharded, bool):
-        raise AdvisorError(f"{fields.origin}: 'gradient_bytes' must be 2 or 4 and 'distributed_optimizer' true or false")
+    capacity = fields.document.get("capacity_factor")
+    if grads not in (2, 4) or not isinstance(sharded, bool) or not (
+            capacity is None or isinstance(capacity, (int, float)) and not isinstance(capacity, bool) and capacity > 0):
+        raise AdvisorError(f"{fields.origin}: 'gradient_bytes' must be 2 or 4, 'distributed_optimizer' true or false "
+                           "and 'capacity_factor' null or a positive number")
     row.update(layers_per_stage=list(layers), recompute=recompute, dispatcher=dispatcher, recompute_modules=modules,
                recompute_num_layers=1 if recompute == "full" else None, gradient_bytes=grads,
-               distributed_optimizer=sharded)
+               distributed_optimizer=sharded, capacity_factor=capacity)
     return row_args(spec, seq_len, gbs, row)
 
 

@@ -40,6 +40,10 @@ def test_sweep_choices_apply_to_moe_rows():
                                                "--grad-dtype", "bf16", "--top", "5"]).stdout)
     assert rows and all(r["recompute"] == "full" and 48 % r["pp"] == 0 and r["ep"] == 4 for r in rows)
     assert all("--grad-reduce-in-bf16" in r["megatron_args"] for r in rows)
+    capped = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--moe-routing", "capacity", "--moe-expert-capacity-factor",
+                                                 "1.25", "--top", "1"]).stdout)[0]
+    flags = capped["megatron_args"]
+    assert flags[flags.index("--moe-expert-capacity-factor") + 1] == "1.25"
 
 
 def test_dense_rows_and_estimates_carry_ep_and_etp_one():

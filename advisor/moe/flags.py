@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import functools
 
+from advisor.megatron_args import _number
 from advisor.moe.spec import MoESpec
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 @functools.lru_cache(maxsize=16)
@@ -53,10 +50,14 @@ def model_flags(spec: MoESpec) -> list[str]:
     return args
 
 
-def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[str] | None = None) -> list[str]:
-    """EP, ETP, the dispatcher and selective recomputation's modules."""
+def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[str] | None = None,
+                 capacity_factor: float | None = None) -> list[str]:
+    """EP, ETP, the dispatcher, the capacity factor the routing assumed, and selective
+    recomputation's modules."""
     args = ["--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(etp),
             "--moe-token-dispatcher-type", dispatcher]
+    if capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", _number(capacity_factor)]
     if recompute_modules:
         args += ["--recompute-modules", *recompute_modules]
     return args
@@ -76,7 +77,7 @@ def row_args(spec: MoESpec, seq_len: int, global_batch_size: int, row: dict) -> 
                           global_batch_size, options, row.get("vpp", 1)),
             *_model_flags(spec),
             *layout_flags(ep=row["ep"], etp=row["etp"], dispatcher=row["dispatcher"],
-                          recompute_modules=row.get("recompute_modules"))]
+                          recompute_modules=row.get("recompute_modules"), capacity_factor=row.get("capacity_factor"))]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -279,6 +279,7 @@ def _row(spec, layouts, i, memory, total_gib, verdict, timing, memory_gib, optio
            "recompute_method": "uniform" if recompute == "full" else None,
            "recompute_num_layers": 1 if recompute == "full" else None,
            "dispatcher": options.dispatcher, "routing": options.routing.routing,
+           "capacity_factor": options.routing.capacity_factor if options.routing.routing == "capacity" else None,
            "gradient_bytes": options.gradient_bytes, "distributed_optimizer": options.distributed_optimizer,
            "imbalance": options.routing.imbalance,
            "total_gib": float(total_gib[i]), "model_states_gib": float(memory["states"][i] / GIB),
