@@ -114,7 +114,7 @@ def _derive(args) -> dict:
 
 
 MOE_FIELDS = ("num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-              "moe_layer_freq", "expert_model_parallel_size", "expert_tensor_parallel_size",
+              "moe_layer_freq", "expert_model_parallel_size", "expert_tensor_parallel_size", "moe_expert_capacity_factor",
               "moe_token_dispatcher_type", "moe_grouped_gemm", "moe_router_score_function",
               "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
               "moe_router_topk_scaling_factor", "qk_layernorm", "multi_latent_attention", "q_lora_rank",

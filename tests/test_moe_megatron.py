@@ -34,6 +34,7 @@ def _expected(spec, row) -> dict:
             "moe_ffn_hidden_size": spec.moe_ffn_hidden_size,
             "moe_shared_expert_intermediate_size": spec.shared_expert_size or None,
             "expert_model_parallel_size": row["ep"], "expert_tensor_parallel_size": row["etp"],
+            "moe_expert_capacity_factor": row["capacity_factor"],
             "moe_token_dispatcher_type": row["dispatcher"], "moe_grouped_gemm": True,
             "moe_router_score_function": spec.score_function, "moe_router_enable_expert_bias": spec.expert_bias,
             "moe_router_num_groups": spec.router_num_groups, "moe_router_group_topk": spec.router_group_topk,
@@ -54,6 +55,8 @@ def test_megatron_accepts_and_builds_moe_rows(tag):
             for row in _rows(name, gpus, "--top", str(top))]
     small = _rows("qwen3-30b-a3b", 8)  # and the first row of each recomputation (--recompute-modules)
     rows += [("qwen3-30b-a3b", next(row for row in small if row["recompute"] == kind)) for kind in ("selective", "full")]
+    rows += [("mixtral-8x7b", _rows("mixtral-8x7b", 64, "--top", "1", "--moe-routing", "capacity",
+                                    "--moe-expert-capacity-factor", "1.5", "--moe-token-dispatcher-type", "allgather")[0])]
     cases = [{"args": [*row["megatron_args"], *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
                        "NullTokenizer", "--vocab-size", str(load_model(name).vocab_size), "--train-iters", "10"],
               "world_size": row["gpus"], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for name, row in rows]
