@@ -42,6 +42,9 @@ def test_sweep_choices_apply_to_moe_rows():
     assert all("--grad-reduce-in-bf16" in r["megatron_args"] for r in rows)
     capped = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--moe-routing", "capacity", "--moe-expert-capacity-factor",
                                                  "1.25", "--top", "1"]).stdout)[0]
+    modules = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--recompute", "selective", "--recompute-modules", "moe",
+                                                  "--recompute-modules", "shared_experts", "--top", "1"]).stdout)[0]
+    assert modules["megatron_args"][-3:] == ["--recompute-modules", "moe", "shared_experts"]
     flags = capped["megatron_args"]
     assert flags[flags.index("--moe-expert-capacity-factor") + 1] == "1.25"
 

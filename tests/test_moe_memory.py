@@ -43,6 +43,9 @@ def test_mixtral_layer_activations_by_hand():
     # moe recomputed: only the MoE block's input beside attention
     assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"moe"})) \
         == attention + s * 2 * 4096
+    # layernorm drops both norms' outputs, 2h per token each
+    assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"layernorm"})) \
+        == attention + router + experts - 2 * s * 2 * 4096
     # moe_act drops FC2's input (h_moe per copy)
     assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"moe_act"})) \
         == attention + router + experts - copies * 2 * 14336

@@ -24,11 +24,19 @@ def moe_options(func):
                      default=None, help="Megatron's capacity factor (with --moe-routing capacity)."),
         click.option("--moe-imbalance", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
                      help="The busiest rank's routed tokens over the mean (balanced routing)."),
+        click.option("--recompute-modules", "recompute_modules", multiple=True, type=click.Choice(RECOMPUTE_MODULES),
+                     help="MoE models, with --recompute selective: Megatron's --recompute-modules (repeat the "
+                          "option; default moe_act, layernorm and, with MLA, mla_up_proj)."),
     ], func)
 
 
-def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance, *, options, space=None,
-                 unpriced: dict | None = None):
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+"""Megatron's --recompute-modules values (core_v0.15.2 arguments.py); core_attn keeps nothing
+more with fused attention (no s^2 scores), so it changes no term."""
+
+
+def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance, recompute_modules, *,
+                 options, space=None, unpriced: dict | None = None):
     """MoEOptions from the flags; a dense model refuses EP/ETP above 1; for an MoE model, every
     option the MoE model does not price is refused by name (none is ignored)."""
     from advisor.moe.memory import RoutedTokens
@@ -36,8 +44,8 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
     from advisor.moe.stage import MoEOptions
 
     if not is_moe(spec):
-        if (ep or 1) > 1 or (etp or 1) > 1:
-            raise InputError(f"--ep/--etp need a mixture-of-experts model; {spec.name} is dense")
+        if (ep or 1) > 1 or (etp or 1) > 1 or recompute_modules:
+            raise InputError(f"--ep/--etp/--recompute-modules need a mixture-of-experts model; {spec.name} is dense")
         return None
     refused = {"--no-sequence-parallel": not options.sequence_parallel, "--no-flash-attn": not options.flash_attention,
                "--vocab-divisible-by": options.vocab_divisible_by is not None, **(unpriced or {})}
@@ -52,7 +60,8 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
         raise InputError("--moe-routing capacity needs --moe-expert-capacity-factor")
     return MoEOptions(dispatcher=dispatcher, routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
                                                                   imbalance=moe_imbalance),
-                      gradient_bytes=options.gradient_bytes, distributed_optimizer=options.distributed_optimizer)
+                      gradient_bytes=options.gradient_bytes, distributed_optimizer=options.distributed_optimizer,
+                      modules=frozenset(recompute_modules) if recompute_modules else None)
 
 
 def row_flags(spec, workload, row: dict) -> list[str]:

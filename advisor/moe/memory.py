@@ -147,16 +147,19 @@ def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
     (``transformer/transformer_config.py``, recompute_modules): ``moe`` keeps only the MoE
     block's input (2h per token; ``moe_layer.py``, ``MoELayer.forward`` under checkpoint),
     ``moe_act`` drops FC2's input, ``mla_up_proj`` the MLA up projections' outputs,
-    ``shared_experts`` the shared experts' activations, ``layernorm`` the norm outputs
-    that are the router's input."""
+    ``shared_experts`` the shared experts' activations, ``layernorm`` the outputs of
+    input_layernorm and pre_mlp_layernorm (the QKV or MLA down projections' input and the
+    router's: 2h per token each; Megatron's help: "recompute the input_layernorm and
+    pre_mlp_layernorm", output-discarding checkpointing)."""
     tokens = tokens_per_rank(seq_len, mbs, tp, cp)
     attention = attention_activation_bytes(spec, seq_len, mbs, tp, cp, "mla_up_proj" in recompute_modules)
     if "moe" in recompute_modules:
         return attention + tokens * BF16 * spec.hidden_size
     copies = expert_token_copies(spec, tokens, ep, etp, assumption)
     router = router_activation_bytes(spec, tokens)
-    if "layernorm" in recompute_modules:
+    if "layernorm" in recompute_modules:  # both norms' outputs: the QKV (or MLA down) input, the router's
         router -= tokens * BF16 * spec.hidden_size
+        attention -= tokens * BF16 * spec.hidden_size
     shared = 0.0 if "shared_experts" in recompute_modules else shared_expert_activation_bytes(spec, seq_len, mbs, tp, cp)
     # The combine keeps no tokens: every dispatcher unpermutes without probabilities
     # (token_dispatcher.py: token_combine / get_restored_hidden_states_by_experts call unpermute

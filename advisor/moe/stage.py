@@ -37,9 +37,14 @@ class MoEOptions:
     gradient_bytes: int = 4
     distributed_optimizer: bool = True
 
+    modules: frozenset[str] | None = None
+    """--recompute-modules of 'selective' recomputation; None: ``recompute_modules``' default."""
+
     def recompute_modules(self, spec: MoESpec) -> frozenset[str]:
-        """What 'selective' recomputes (--recompute-modules): the MoE activation and the norms,
-        and MLA's up projections where the model has MLA."""
+        """What 'selective' recomputes (--recompute-modules): the given modules, or by default the
+        MoE activation and the norms, and MLA's up projections where the model has MLA."""
+        if self.modules is not None:
+            return self.modules
         return frozenset({"moe_act", "layernorm"} | ({"mla_up_proj"} if spec.mla is not None else set()))
 
 
@@ -91,11 +96,13 @@ class StageBytes:
         return self.model_states + self.activations + self.transient
 
 
-def _dense_layer_activations(spec: MoESpec, s, b, tp, cp):
+def _dense_layer_activations(spec: MoESpec, s, b, tp, cp, modules: frozenset[str] = frozenset()):
     """A dense layer (DeepSeek-V3's first three): the attention block's terms and the MLP's
-    (seed 004's 2sb(h + 4 h_ffn) with the pre-MLP norm input 2sbh), over t c."""
-    mlp = (eq.mlp_activation_bytes(spec, s, 1) + 2 * s * spec.hidden_size) * b / (tp * cp)
-    return mm.attention_activation_bytes(spec, s, b, tp, cp) + mlp
+    (seed 004's 2sb(h + 4 h_ffn) with the pre-MLP norm input 2sbh), over t c;
+    --recompute-modules mlp keeps only the MLP's input (2sbh), mla_up_proj as in the MoE layers."""
+    mlp = eq.mlp_activation_bytes(spec, s, 1) if "mlp" not in modules else 2 * s * spec.hidden_size
+    attention = mm.attention_activation_bytes(spec, s, b, tp, cp, "mla_up_proj" in modules)
+    return attention + (mlp + 2 * s * spec.hidden_size) * b / (tp * cp)
 
 
 def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp, ep, etp, dp, mbs,
@@ -123,7 +130,7 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     in_flight = schedule.forward_passes_in_flight(stage, pp, vpp, num_microbatches) / np.asarray(vpp)
     modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
     moe_act = mm.moe_layer_activation_bytes(spec, seq_len, mbs, tp, cp, ep, etp, options.routing, modules)
-    dense_act = _dense_layer_activations(spec, seq_len, mbs, tp, cp)
+    dense_act = _dense_layer_activations(spec, seq_len, mbs, tp, cp, modules)
     per_microbatch = moe_layers * moe_act + dense * dense_act
     if recompute == "full":  # every layer keeps its input; one layer is rebuilt at a time
         checkpoint = eq.layer_checkpoint_bytes(spec, seq_len, mbs) / (tp * cp)
