@@ -35,9 +35,9 @@ def models(fmt: str, output: Path | None) -> None:
             render.Column("num_query_groups", "k"),
             render.Column("vocab_size", "v"),
             render.Column("tie_embeddings", "tied"),
-            render.Column("experts", "top-k/E", justify="left"),
-            render.Column("parameters_billions", "params (B)", ".2f"),
-            render.Column("active_parameters_billions", "active (B)", ".2f"),
+            render.Column("experts", "k/E", justify="left"),
+            render.Column("parameters_billions", "params B", ".2f"),
+            render.Column("active_parameters_billions", "active B", ".2f"),
         ]
         text = render.to_table(rows, columns, color=color_wanted(output))
     else:
