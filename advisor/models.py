@@ -176,10 +176,14 @@ def _normalise(name: str) -> str:
 
 
 def preset(name: str) -> LlamaSpec:
+    from advisor.moe.spec import PRESETS as MOE_PRESETS
+
     key = _normalise(name)
     if key in PRESETS:
         return PRESETS[key]
-    close = difflib.get_close_matches(key, PRESETS, n=3)
+    if key in MOE_PRESETS:
+        return MOE_PRESETS[key]
+    close = difflib.get_close_matches(key, [*PRESETS, *MOE_PRESETS], n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise AdvisorError(f"unknown model {name!r}{hint} (run 'advisor models' for the presets, or pass a config.json)")
 
@@ -264,17 +268,17 @@ class _Config:
         if self.get("hidden_act") != "silu":
             raise self.error("hidden_act", f"is {_describe(self.get('hidden_act'))}: this tool models SwiGLU "
                                            "(silu), Megatron's --swiglu")
-        if model_type == "llama" and self.flag("attention_bias"):
+        if model_type != "qwen2" and self.flag("attention_bias"):
             raise self.error("attention_bias", "true puts biases on Q, K, V and the output projection; Megatron-LM "
                                                "has --add-qkv-bias (Q, K, V only) or --add-bias-linear (every linear "
                                                "layer), neither is this model")
         if self.flag("mlp_bias"):
             raise self.error("mlp_bias", "true: this tool models bias-free SwiGLU layers (--disable-bias-linear)")
-        if model_type == "mistral" and self.config.get("sliding_window") is not None:
+        if model_type in ("mistral", "mixtral") and self.config.get("sliding_window") is not None:
             raise self.error("sliding_window", f"is {_describe(self.config['sliding_window'])}: this tool and "
                                                "pretrain_gpt.py's Llama layers attend over the whole sequence; "
                                                "set it to null if that is the model you train")
-        if model_type == "qwen2" and self.flag("use_sliding_window"):
+        if model_type in ("qwen2", "qwen3_moe") and self.flag("use_sliding_window"):
             raise self.error("use_sliding_window", "true: this tool and pretrain_gpt.py's Llama layers attend "
                                                    "over the whole sequence")
         partial = self.config.get("partial_rotary_factor", 1.0)
@@ -295,12 +299,26 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
     model_type = document.get("model_type", "llama")
     if not isinstance(model_type, str):
         raise config.error("model_type", f"must be a string, got {_describe(model_type)}")
+    from advisor.moe import spec as moe
+
+    if model_type in moe.HF_MODEL_TYPES:
+        return moe.load_moe_config(config, model_type)
     if model_type not in _HF_MODEL_TYPES:
         raise config.error("model_type", f"{model_type!r} is not a Llama-family model (expected one of "
-                                         f"{', '.join(_HF_MODEL_TYPES)})")
+                                         f"{', '.join(_HF_MODEL_TYPES + moe.HF_MODEL_TYPES)})")
+    for key in moe.EXPERT_COUNT_KEYS:  # a dense model type with experts would be priced as dense
+        if document.get(key) not in (None, 0, 1):
+            raise config.error(key, f"is {_describe(document[key])}: a mixture of experts under model_type "
+                                    f"{model_type!r}; this tool prices experts for {', '.join(moe.HF_MODEL_TYPES)}")
+    return LlamaSpec(name=str(path), **dense_values(config, model_type))
+
+
+def dense_values(config: _Config, model_type: str, rope_scaling: bool = True) -> dict:
+    """The LlamaSpec fields of a config.json's decoder (every model type shares them)."""
+    document = config.config
     missing = [key for key in _HF_REQUIRED if key not in document]
     if missing:
-        raise AdvisorError(f"{path}: missing required key(s): {', '.join(missing)}")
+        raise AdvisorError(f"{config.path}: missing required key(s): {', '.join(missing)}")
     values = {field: config.integer(key) for key, field in _HF_REQUIRED.items()}
     heads = values["num_attention_heads"]
     values["num_query_groups"] = heads if document.get("num_key_value_heads") is None else config.integer(
@@ -313,9 +331,9 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
     values["tie_embeddings"] = config.flag("tie_word_embeddings")
     values["add_qkv_bias"] = model_type == "qwen2"  # Qwen2Attention: biases on q, k, v; none on o
     values["rotary_base"] = config.number("rope_theta")
-    values["rope_scaling_factor"] = config.rope_scaling()
+    values["rope_scaling_factor"] = config.rope_scaling() if rope_scaling else None
     values["norm_epsilon"] = config.number("rms_norm_eps")
-    return LlamaSpec(name=str(path), **values)
+    return values
 
 
 def load_model(name_or_path: str) -> LlamaSpec:

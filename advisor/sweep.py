@@ -100,6 +100,8 @@ class SweepRow:
             "pp": p.pp,
             "mbs": p.mbs,
             "dp": p.dp,
+            "ep": 1,  # dense: no experts (advisor.moe's rows carry their EP and ETP)
+            "etp": 1,
             "gpus": p.gpus,
             "vpp": p.vpp,
             "layers_per_stage": list(self.layers_per_stage),

@@ -5,7 +5,8 @@ Targets (issue: the estimator): ``advisor --help`` and ``advisor-launch --help``
 < 1 s; since issue 14 that sweep covers the whole launchable space (any PP with its split,
 recomputation), and with ``--gpu h100-80gb`` (issue 16: the time model on every row and the
 calibrated verdicts) also interleaving and MadPipe's time-optimal splits, also < 1 s, and with
-issue 21's levers (Megatron-FSDP's buffers, FP8) also < 1 s. Each
+issue 21's levers (Megatron-FSDP's buffers, FP8) also < 1 s; a DeepSeek-V3 sweep on 2,048 GPUs
+with EP and ETP as dimensions (issue 22) < 2 s. Each
 command runs REPEAT times in a fresh process; the median and the worst are reported, the median
 is compared with the target.
 """
@@ -47,6 +48,13 @@ CASES = [
         1.0,
     ),
     ("advisor sweep --gpus 64 --mem 40 (table)", ["advisor", "sweep", "--gpus", "64", "--mem", "40"], 1.0),
+    (
+        "advisor sweep --model deepseek-v3 --gpus 2048 --gpu h100-80gb --seq-len 4096 --gbs 8192 --format json "
+        "(issue 22: EP and ETP as dimensions)",
+        ["advisor", "sweep", "--model", "deepseek-v3", "--gpus", "2048", "--gpu", "h100-80gb", "--seq-len", "4096",
+         "--gbs", "8192", "--format", "json"],
+        2.0,
+    ),
     ("advisor-launch --help", ["advisor-launch", "--help"], 0.5),
 ]
 

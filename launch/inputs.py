@@ -29,6 +29,7 @@ from advisor.megatron_args import megatron_args
 from advisor.memory import check_layout
 from advisor.options import TrainingOptions
 from advisor.models import LlamaSpec
+from advisor.moe.spec import is_moe
 from advisor.parallel import ParallelConfig, Workload
 from launch.arguments import flag_values
 
@@ -153,9 +154,11 @@ class _Fields:
         return value
 
     def model(self) -> LlamaSpec:
+        from advisor.moe.spec import spec_from_dict
+
         fields = self.obj("model")
         try:
-            return LlamaSpec(**fields)
+            return spec_from_dict(fields) if "num_experts" in fields else LlamaSpec(**fields)
         except TypeError as exc:
             raise AdvisorError(f"{self.origin}: 'model' is not a model spec ({exc})") from None
         except AdvisorError as exc:
@@ -192,20 +195,57 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
                                f"{spec.num_layers} layers over PP {pp}")
     else:
         layers = (spec.num_layers // pp,) * pp
-    parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
-    try:  # what Megatron-LM would refuse, refused here before anything starts
-        check_layout(spec, parallel, Workload(seq_len=seq_len, global_batch_size=gbs),
-                     layers)
-    except AdvisorError as exc:
-        raise AdvisorError(f"{fields.origin}: {exc}") from None
-    args = megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
-                         global_batch_size=gbs, options=options, virtual_stages=vpp)
+    if is_moe(spec):
+        args = _moe_args(fields, spec, seq_len, gbs, layers)
+    else:
+        parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
+        try:  # what Megatron-LM would refuse, refused here before anything starts
+            check_layout(spec, parallel, Workload(seq_len=seq_len, global_batch_size=gbs),
+                         layers)
+        except AdvisorError as exc:
+            raise AdvisorError(f"{fields.origin}: {exc}") from None
+        args = megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
+                             global_batch_size=gbs, options=options, virtual_stages=vpp)
     return LaunchInput(
         kind=kind, origin=fields.origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=tuple(args),
         verdict=fields.document.get("verdict"), total_gib=fields.number("total_gib"),
         memory_gib=fields.number("memory_gib"),
     )
+
+
+def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, ...]) -> list[str]:
+    """A mixture of experts' row: its EP, ETP, dispatcher and recomputation read back, the layout
+    checked as megatron-core builds its expert groups, the flags from ``advisor.moe.flags``."""
+    from advisor.moe.flags import row_args
+    from advisor.moe.space import RECOMPUTES, layout_problem
+    from advisor.moe.stage import split_layers
+
+    row = {key: fields.positive(key) for key in ("tp", "cp", "pp", "dp", "mbs", "ep", "etp")}
+    row["vpp"] = fields.positive("vpp", default=1)
+    recompute, dispatcher = fields.document.get("recompute", "none"), fields.document.get("dispatcher")
+    modules = fields.document.get("recompute_modules")
+    if recompute not in RECOMPUTES or dispatcher not in ("alltoall", "allgather", "flex") or not (
+            modules is None or isinstance(modules, list) and all(isinstance(m, str) for m in modules)):
+        raise AdvisorError(f"{fields.origin}: 'recompute', 'dispatcher' or 'recompute_modules' is not an MoE row's")
+    if list(layers) != split_layers(spec.num_layers, row["pp"]):
+        raise AdvisorError(f"{fields.origin}: 'layers_per_stage' {list(layers)} is not the split MoE rows price "
+                           f"({split_layers(spec.num_layers, row['pp'])})")
+    gpus = row["tp"] * row["cp"] * row["pp"] * row["dp"]
+    problem = layout_problem(spec, Workload(seq_len=seq_len, global_batch_size=gbs), gpus, row["tp"], row["cp"],
+                             row["pp"], row["ep"], row["etp"], row["mbs"])
+    if problem:
+        raise AdvisorError(f"{fields.origin}: {problem}")
+    grads, sharded = fields.document.get("gradient_bytes", 4), fields.document.get("distributed_optimizer", True)
+    capacity = fields.document.get("capacity_factor")
+    if grads not in (2, 4) or not isinstance(sharded, bool) or not (
+            capacity is None or isinstance(capacity, (int, float)) and not isinstance(capacity, bool) and capacity > 0):
+        raise AdvisorError(f"{fields.origin}: 'gradient_bytes' must be 2 or 4, 'distributed_optimizer' true or false "
+                           "and 'capacity_factor' null or a positive number")
+    row.update(layers_per_stage=list(layers), recompute=recompute, dispatcher=dispatcher, recompute_modules=modules,
+               recompute_num_layers=1 if recompute == "full" else None, gradient_bytes=grads,
+               distributed_optimizer=sharded, capacity_factor=capacity)
+    return row_args(spec, seq_len, gbs, row)
 
 
 def _from_plan(fields: _Fields) -> LaunchInput:

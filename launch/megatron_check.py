@@ -18,8 +18,8 @@ ranks (``get_num_layers_to_build``, or the pipeline layout). ``derived`` holds t
 split, the padded vocabulary and every architectural field of the resulting TransformerConfig.
 
 The one stand-in: ``validate_args`` asks the GPU for its architecture
-(``get_device_arch_version``); this machine has none, so it answers ``--device-arch`` (9, Hopper,
-by default; 10 is Blackwell). Everything else is the checkout's own code. Only ``--mock-data``
+(``get_device_arch_version``, and ``torch.cuda.get_device_capability`` for --moe-grouped-gemm);
+this machine has none, so both answer ``--device-arch`` (9, Hopper, by default; 10 is Blackwell). Everything else is the checkout's own code. Only ``--mock-data``
 with ``--tokenizer-type NullTokenizer`` is supported (a real tokenizer needs its files).
 
 ``validate(checkout, cases, python=...)`` runs this module in a subprocess of the given Python
@@ -115,7 +115,18 @@ def _derive(args) -> dict:
             "tp_comm_overlap", "fp8", "fp8_recipe", "fp8_param_gather", "fp8_amax_history_len",
             "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer",
             "create_attention_mask_in_dataloader", "ckpt_format")},
+        **{key: getattr(config, key, None) for key in MOE_FIELDS},
     }
+
+
+MOE_FIELDS = ("num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+              "moe_layer_freq", "expert_model_parallel_size", "expert_tensor_parallel_size", "moe_expert_capacity_factor",
+              "moe_token_dispatcher_type", "moe_grouped_gemm", "moe_router_score_function",
+              "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
+              "moe_router_topk_scaling_factor", "qk_layernorm", "multi_latent_attention", "q_lora_rank",
+              "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "recompute_modules")
+"""The TransformerConfig fields of mixtures of experts and multi-latent attention (advisor.moe
+checks them against its spec); None where the release's config lacks one."""
 
 
 def _run_case(case: dict) -> dict:
@@ -168,6 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from megatron.training import arguments, utils
 
         arguments.get_device_arch_version = utils.get_device_arch_version = lambda: options.device_arch
+        # --moe-grouped-gemm: validate_args asks torch.cuda.get_device_capability() (>= 8 for the
+        # grouped GEMM kernels); the same stand-in answers for --device-arch's GPU.
+        import torch
+
+        torch.cuda.get_device_capability = lambda device=None: (options.device_arch, 0)
     results = [_run_case(case) for case in cases]
     json.dump(results, sys.stdout)
     return 0

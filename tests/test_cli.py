@@ -198,7 +198,7 @@ def test_overrides_change_the_model(advisor):
         (["estimate", "--tp", 2, "--gpus", 7], "--gpus 7 is not divisible by TP x CP x PP = 2"),
         (["estimate", "--tp", 2], "give --gpus or --dp"),
         (["estimate", "--tp", 2, "--gpus", 8, "--dp", 2], "--dp 2 disagrees"),
-        (["estimate", "--pp", 2, "--gpus", 8, "--layers-per-stage", "a,b"], "comma-separated integers"),
+        (["estimate", "--pp", 2, "--gpus", 8, "--layers-per-stage", "a,b"], "comma-separated layer counts"),
         (["estimate", "--pp", 4, "--gpus", 8, "--layers-per-stage", "8,8"], "lists 2 stages, but PP is 4"),
         (["estimate", "--gpus", 8, "--num-query-groups", 5], "multiple of num_query_groups"),
         (["sweep", "--gpus", 8, "--mem", 40, "-o", "/nonexistent/dir/x.json"], "no such directory: /nonexistent/dir"),

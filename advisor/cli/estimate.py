@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from advisor.cli import moe as moe_cli
+from advisor.cli.moe import moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit,
     gpu_options, memory_options, model_choice_options, model_options, output_options, parse_layer_counts,
@@ -100,9 +102,10 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_h
               help="Also draw the rows shown as a PNG: memory per layout (the paper's colours) beside the "
                    "predicted TFLOP/s per GPU.")
 @memory_options(searchable=True)
+@moe_options
 @output_options
 def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
-          tokens, gpu_hour_price, plot, options, space, release, fmt, output) -> None:
+          tokens, gpu_hour_price, plot, options, space, release, fmt, output, ep, etp, **moe) -> None:
     """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
     layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
 
@@ -146,6 +149,13 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
 
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
+    settings = moe_settings(spec, ep, etp, **moe, options=options, space=space, unpriced={
+        "--memory-model (the 80% rule judges MoE rows)": memory_model is not None, "--profile": profile_dir is not None,
+        "--rank-by (fastest first with --gpu)": rank_by is not None, "--tokens": tokens is not None,
+        "--plot": plot is not None, "--gpu-hour-price": gpu_hour_price is not None})
+    if settings is not None:  # a mixture of experts: advisor.moe's space (EP and ETP as dimensions)
+        return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all,
+                             top, fmt, output, space)
     memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir, gpu_hour_price)
     measured = None
     if profile_dir is not None:
@@ -268,9 +278,11 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
                    "The world size comes from torchrun's or Slurm's arguments, or --gpus.")
 @click.option("--compare-best", is_flag=True,
               help="Also show the best row of 'advisor sweep' on the same GPUs, model and options.")
+@moe_options
 @output_options
 def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_per_node, threshold, memory_model,
-             tokens, gpu_hour_price, spec, workload, options, release, from_command, compare_best, fmt, output) -> None:
+             tokens, gpu_hour_price, spec, workload, options, release, from_command, compare_best, fmt, output, ep, etp,
+             **moe) -> None:
     """Per-GPU memory of one configuration, stage by stage; with --gpu, its step time too.
 
     \b
@@ -299,6 +311,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     from advisor.memory import GIB
     from advisor.parallel import ParallelConfig
 
+    given_memory_model = memory_model
     memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens, gpu_hour_price=gpu_hour_price)
     read = None
     if from_command is not None:
@@ -323,6 +336,19 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         if dp is not None and dp != gpus // model_parallel:
             raise InputError(f"--dp {dp} disagrees with --gpus {gpus} / (TP x CP x PP) = {gpus // model_parallel}")
         dp = gpus // model_parallel
+    settings = moe_settings(spec, ep, etp, **moe, options=options, unpriced={
+        "--memory-model (the 80% rule judges MoE layouts)": given_memory_model is not None,
+        "--tokens": tokens is not None, "--gpu-hour-price": gpu_hour_price is not None,
+        "--from-command": from_command is not None,
+        "--layers-per-stage (the balanced split is priced)": bool(layers_per_stage)})
+    if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP
+        recomputation = options.recomputation
+        if recomputation.recompute == "full" and (recomputation.recompute_method,
+                                                  recomputation.recompute_num_layers) != ("uniform", 1):
+            raise InputError("for MoE models, full recomputation is priced for every layer (--recompute-method "
+                             "uniform --recompute-num-layers 1)")
+        return moe_cli.estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt,
+                                output, vpp, recomputation.recompute)
     try:
         stages = parse_layer_counts(layers_per_stage) if layers_per_stage else None
     except ValueError as error:

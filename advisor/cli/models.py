@@ -12,12 +12,19 @@ from advisor.cli.options import EPILOG, color_wanted, emit, output_options
 @click.command(epilog=EPILOG)
 @output_options
 def models(fmt: str, output: Path | None) -> None:
-    """List the built-in Llama presets and their hyper-parameters."""
+    """List the built-in presets (Llama and mixtures of experts) and their hyper-parameters;
+    total and active parameters (equal for dense models; MoE: top-k experts, embeddings included)."""
     from advisor import render
     from advisor.equations import model_parameters
     from advisor.models import PRESETS
+    from advisor.moe import params as moe_params
+    from advisor.moe.spec import PRESETS as MOE_PRESETS
 
-    rows = [{**spec.to_dict(), "parameters_billions": model_parameters(spec) / 1e9} for spec in PRESETS.values()]
+    rows = [{**spec.to_dict(), "parameters_billions": model_parameters(spec) / 1e9,
+             "active_parameters_billions": model_parameters(spec) / 1e9} for spec in PRESETS.values()]
+    rows += [{**spec.to_dict(), "parameters_billions": moe_params.total_parameters(spec) / 1e9,
+              "active_parameters_billions": moe_params.active_parameters(spec) / 1e9,
+              "experts": f"{spec.moe_router_topk}/{spec.num_experts}"} for spec in MOE_PRESETS.values()]
     if fmt == "table":
         columns = [
             render.Column("name", "model", justify="left"),
@@ -28,7 +35,9 @@ def models(fmt: str, output: Path | None) -> None:
             render.Column("num_query_groups", "k"),
             render.Column("vocab_size", "v"),
             render.Column("tie_embeddings", "tied"),
-            render.Column("parameters_billions", "params (B)", ".2f"),
+            render.Column("experts", "k/E", justify="left"),
+            render.Column("parameters_billions", "params B", ".2f"),
+            render.Column("active_parameters_billions", "active B", ".2f"),
         ]
         text = render.to_table(rows, columns, color=color_wanted(output))
     else:

@@ -1,0 +1,94 @@
+"""Megatron-LM flags of an MoE model and layout (names as in core_v0.15.2's arguments.py)."""
+
+from __future__ import annotations
+
+import functools
+
+from advisor.megatron_args import _number
+from advisor.moe.spec import MoESpec
+
+
+@functools.lru_cache(maxsize=16)
+def _model_flags(spec: MoESpec) -> tuple[str, ...]:
+    return tuple(model_flags(spec))
+
+
+def model_flags(spec: MoESpec) -> list[str]:
+    """The expert, router, MLA and YaRN flags of ``spec`` (the dense ones come from
+    ``advisor.megatron_args.model_args``)."""
+    args = ["--num-experts", str(spec.num_experts), "--moe-router-topk", str(spec.moe_router_topk),
+            "--moe-ffn-hidden-size", str(spec.moe_ffn_hidden_size), "--moe-grouped-gemm",
+            "--moe-router-load-balancing-type", "aux_loss" if not spec.expert_bias else "none"]
+    if spec.first_dense_layers:
+        args += ["--moe-layer-freq", f"([0]*{spec.first_dense_layers}+[1]*{spec.moe_layers})"]
+    if spec.shared_expert_size:
+        args += ["--moe-shared-expert-intermediate-size", str(spec.shared_expert_size)]
+    if spec.qk_layernorm:
+        args.append("--qk-layernorm")
+    if spec.score_function == "sigmoid":
+        args += ["--moe-router-score-function", "sigmoid"]
+    if spec.expert_bias:
+        args.append("--moe-router-enable-expert-bias")
+    if spec.router_num_groups is not None:
+        args += ["--moe-router-num-groups", str(spec.router_num_groups),
+                 "--moe-router-group-topk", str(spec.router_group_topk)]
+    if spec.router_topk_scaling_factor is not None:
+        args += ["--moe-router-topk-scaling-factor", _number(spec.router_topk_scaling_factor)]
+    if spec.mla is not None:
+        mla = spec.mla
+        args += ["--multi-latent-attention", "--kv-lora-rank", str(mla.kv_lora_rank),
+                 "--qk-head-dim", str(mla.qk_head_dim), "--qk-pos-emb-head-dim", str(mla.qk_pos_emb_head_dim),
+                 "--v-head-dim", str(mla.v_head_dim)]
+        if mla.q_lora_rank is not None:
+            args += ["--q-lora-rank", str(mla.q_lora_rank)]
+    if spec.yarn is not None:
+        y = spec.yarn
+        args += ["--rope-type", "yarn", "--rotary-scaling-factor", _number(y.factor), "--mscale", _number(y.mscale),
+                 "--mscale-all-dim", _number(y.mscale_all_dim)]
+    if spec.mtp_num_layers:
+        args += ["--mtp-num-layers", str(spec.mtp_num_layers)]
+    return args
+
+
+def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[str] | None = None,
+                 capacity_factor: float | None = None) -> list[str]:
+    """EP, ETP, the dispatcher, the capacity factor the routing assumed, and selective
+    recomputation's modules."""
+    args = ["--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(etp),
+            "--moe-token-dispatcher-type", dispatcher]
+    if capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", _number(capacity_factor)]
+    if recompute_modules:
+        args += ["--recompute-modules", *recompute_modules]
+    return args
+
+
+def row_args(spec: MoESpec, seq_len: int, global_batch_size: int, row: dict) -> list[str]:
+    """Every Megatron flag of one MoE sweep row or estimate: the dense model, layout, batch and
+    memory flags (``advisor.megatron_args``), the MoE model's, EP, ETP, the dispatcher and the
+    recomputation's modules."""
+    from advisor.options import TrainingOptions
+
+    # The advisor's default training options (overlapped DP reduction, as advisor.moe.space prices
+    # it) with the row's recomputation, gradient dtype and optimizer sharding.
+    distributed = row.get("distributed_optimizer", True)
+    options = TrainingOptions().with_(
+        recompute=row["recompute"], recompute_method="uniform",
+        recompute_num_layers=row.get("recompute_num_layers") or 1,
+        grad_reduce_dtype="fp32" if row.get("gradient_bytes", 4) == 4 else "bf16",
+        distributed_optimizer=distributed, overlap_param_gather=distributed)
+    return [*_layout_args(spec, seq_len, row["tp"], row["cp"], tuple(row["layers_per_stage"]), row["mbs"],
+                          global_batch_size, options, row.get("vpp", 1)),
+            *_model_flags(spec),
+            *layout_flags(ep=row["ep"], etp=row["etp"], dispatcher=row["dispatcher"],
+                          recompute_modules=row.get("recompute_modules"), capacity_factor=row.get("capacity_factor"))]
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_args(spec: MoESpec, seq_len: int, tp: int, cp: int, layers: tuple[int, ...], mbs: int, gbs: int,
+                 options, vpp: int) -> tuple[str, ...]:
+    """``advisor.megatron_args.megatron_args``, once per distinct layout (a sweep's rows share most)."""
+    from advisor.megatron_args import megatron_args
+
+    return tuple(megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
+                               global_batch_size=gbs, options=options, virtual_stages=vpp))

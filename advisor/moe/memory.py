@@ -1,0 +1,207 @@
+"""Per-layer memory terms of MoE layers, on one GPU, one function each with its source.
+
+Sizes are bytes (BF16 activations, 2 bytes an element), for one microbatch of ``seq_len`` x
+``mbs`` tokens unless a name says otherwise. Layout symbols: t (TP), c (CP), ep (EP), etp
+(expert TP), and the expert-data-parallel size edp = world / (etp x ep x pp)
+(``parallel_state.initialize_model_parallel``: expert_data_parallel_size =
+world_size // (etp x ep x pp)). Megatron requires sequence parallelism whenever TP > 1 with
+MoE (``training/arguments.py``, ``validate_args``), so every rank routes N = s b / (c t) tokens.
+
+Routing assumptions (``RoutedTokens``): how many token copies the busiest rank's experts
+receive. ``balanced``: N k etp (every expert gets its share: what many published runs force
+with --moe-router-force-load-balancing); ``capacity``: --moe-expert-capacity-factor f caps each
+expert at f times its share (``moe_utils.get_capacity``), f N k etp; ``dropless``: the worst a
+dropless router can send one rank, all copies of the EP group's tokens that fit its experts,
+N ep min(k, E/ep) etp (what the MoE guide warns about in the first few hundred steps). An
+``imbalance`` factor in between scales the balanced case (default 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from advisor import equations as eq
+from advisor.moe import params
+from advisor.moe.spec import MoESpec
+
+BF16 = 2
+Routing = Literal["balanced", "capacity", "dropless"]
+Dispatcher = Literal["alltoall", "allgather", "flex"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RoutedTokens:
+    """The routing assumption: see the module docstring."""
+
+    routing: Routing = "balanced"
+    capacity_factor: float | None = None
+    """--moe-expert-capacity-factor (with routing 'capacity')."""
+    imbalance: float = 1.0
+    """The busiest rank's load over the mean, with routing 'balanced' (1: perfectly balanced)."""
+
+
+def tokens_per_rank(seq_len: int, mbs: int, tp: int, cp: int) -> float:
+    """N = s b / (c t): the tokens one rank routes (sequence parallel over t, context over c)."""
+    return seq_len * mbs / (cp * tp)
+
+
+def expert_token_copies(spec: MoESpec, tokens: float, ep: int, etp: int, assumption: RoutedTokens) -> float:
+    """Token copies the busiest rank's local experts process for one microbatch. The alltoall
+    dispatcher (``token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher.token_dispatch``) sends each
+    of a rank's N tokens to its k experts' EP ranks, then all-gathers over the expert TP group
+    (etp), so a balanced rank receives N k etp copies; see the module docstring for the others."""
+    k, local = spec.moe_router_topk, spec.num_experts / ep
+    if assumption.routing == "dropless":
+        return tokens * ep * min(k, local) * etp
+    if assumption.routing == "capacity":
+        return (assumption.capacity_factor or 1.0) * tokens * k * etp
+    return assumption.imbalance * tokens * k * etp
+
+
+# --- model states -----------------------------------------------------------------------------
+
+
+def expert_state_bytes(spec: MoESpec, ep: int, etp: int, edp: int, layers: int, *, gradient_bytes: int = 4,
+                       distributed_optimizer: bool = True) -> float:
+    """Routed experts' weights (BF16), gradients (FP32 main grads) and Adam states (12 bytes) of
+    ``layers`` MoE layers on one GPU: E/ep experts split over etp (``params.local_expert_parameters``);
+    the distributed optimizer shards their states over the expert-data-parallel group, edp ranks
+    (``distributed/distributed_data_parallel.py``: expert parameters go to the expert DP buffers,
+    ``optimizer/__init__.py``, ``get_megatron_optimizer``: expert optimizer over
+    ``get_expert_data_parallel_group``)."""
+    n = layers * params.local_expert_parameters(spec, ep, etp)
+    optimizer = eq.optimizer_bytes_per_parameter(edp if distributed_optimizer else 1)
+    return n * (BF16 + gradient_bytes + optimizer)
+
+
+def moe_dense_state_bytes(spec: MoESpec, tp: int, dp_cp: int, layers: int, *, gradient_bytes: int = 4,
+                          distributed_optimizer: bool = True) -> float:
+    """The rest of ``layers`` MoE layers (attention, norms, router, shared experts;
+    ``params.moe_layer_dense_parameters``): weights, gradients and Adam states sharded over
+    DP x CP as dense layers are (seed 004, Eq. 10)."""
+    n = layers * params.moe_layer_dense_parameters(spec, tp)
+    optimizer = eq.optimizer_bytes_per_parameter(dp_cp if distributed_optimizer else 1)
+    return n * (BF16 + gradient_bytes + optimizer)
+
+
+# --- activations of one MoE layer, one microbatch ---------------------------------------------
+
+
+def attention_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int,
+                               recompute_up_proj: bool = False) -> float:
+    """The attention block's kept activations, input norm included. GQA: Eq. 11 and the norm
+    input (seed 004) over t c, plus Qwen3's Q/K norm inputs (2 s b (a + k) d). MLA
+    (``multi_latent_attention.py``, ``MLASelfAttention.get_query_key_value_tensors``): per
+    token, sequence-parallel over t: the norm input and the down projections' input (4h), the
+    compressed q and kv with their rope part before their norms (2(q_lora + kv_lora + d_rope)); gathered
+    over t, whole per rank: the normed latents, the up projections' inputs (2(q_lora + kv_lora));
+    split over t by heads: Q and K (2 a (d_nope + d_rope) each), V and the attention output
+    (2 a d_v each), the output projection's input being that output. --recompute-modules
+    mla_up_proj drops the up projections' outputs (Q, K, V), rebuilt from the latents."""
+    tokens = seq_len * mbs / cp
+    mla = spec.mla
+    if mla is None:
+        attention = eq.attention_activation_bytes(spec, seq_len, mbs) + 2 * seq_len * mbs * spec.hidden_size
+        if spec.qk_layernorm:
+            attention += 2 * seq_len * mbs * (spec.num_attention_heads + spec.num_query_groups) * spec.head_dim
+        return attention / (tp * cp)
+    a, h = spec.num_attention_heads, spec.hidden_size
+    q_lora = mla.q_lora_rank or 0
+    sequence_split = BF16 * (2 * h + q_lora + mla.kv_lora_rank + mla.qk_pos_emb_head_dim)
+    latents = BF16 * (q_lora + mla.kv_lora_rank)
+    q_k_v = BF16 * a * (2 * (mla.qk_head_dim + mla.qk_pos_emb_head_dim) + mla.v_head_dim)
+    output = BF16 * a * mla.v_head_dim
+    heads = output + (0 if recompute_up_proj else q_k_v)
+    return tokens * (sequence_split / tp + latents + heads / tp)
+
+
+def router_activation_bytes(spec: MoESpec, tokens: float) -> float:
+    """The pre-MLP norm's input and the router's input (2h each, BF16), and its FP32 logits and
+    scores (4E each) with the top-k routing map (E bool) (``router.py``, ``TopKRouter.routing``
+    casts the logits to FP32 with --moe-router-dtype fp32; ``moe_utils.topk_routing_with_score_function``)."""
+    return tokens * (2 * BF16 * spec.hidden_size + 9 * spec.num_experts)
+
+
+def expert_activation_bytes(spec: MoESpec, copies: float, etp: int, recompute_act: bool = False) -> float:
+    """What the routed experts keep per token copy (``experts.py``, ``TEGroupedMLP.forward``):
+    FC1's input (h), FC1's output, the SwiGLU input (2 h_moe / etp), the SwiGLU output, FC2's
+    input (h_moe / etp; not kept with --recompute-modules moe_act), the FP32 routing prob
+    applied in the activation (4 bytes), and the permutation's int64 index (8 bytes,
+    ``moe_utils.permute``: sorted_indices); BF16."""
+    f = spec.moe_ffn_hidden_size / etp
+    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f)) + 4 + 8
+    return copies * per_copy
+
+
+def shared_expert_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int) -> float:
+    """The shared experts' SwiGLU (``shared_experts.py``: an ``MLP`` under TP): 2 s b 4 f_shared
+    over t c (seed 004's MLP term without its input, which is the router's input)."""
+    return 8 * seq_len * mbs * spec.shared_expert_size / (tp * cp)
+
+
+def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int, ep: int, etp: int,
+                               assumption: RoutedTokens = RoutedTokens(),
+                               recompute_modules: frozenset[str] = frozenset()) -> float:
+    """Everything one MoE layer keeps for one microbatch on the busiest rank. --recompute-modules
+    (``transformer/transformer_config.py``, recompute_modules): ``moe`` keeps only the MoE
+    block's input (2h per token; ``moe_layer.py``, ``MoELayer.forward`` under checkpoint),
+    ``moe_act`` drops FC2's input, ``mla_up_proj`` the MLA up projections' outputs,
+    ``shared_experts`` the shared experts' activations, ``layernorm`` the outputs of
+    input_layernorm and pre_mlp_layernorm (the QKV or MLA down projections' input and the
+    router's: 2h per token each; Megatron's help: "recompute the input_layernorm and
+    pre_mlp_layernorm", output-discarding checkpointing)."""
+    tokens = tokens_per_rank(seq_len, mbs, tp, cp)
+    attention = attention_activation_bytes(spec, seq_len, mbs, tp, cp, "mla_up_proj" in recompute_modules)
+    if "moe" in recompute_modules:
+        return attention + tokens * BF16 * spec.hidden_size
+    copies = expert_token_copies(spec, tokens, ep, etp, assumption)
+    router = router_activation_bytes(spec, tokens)
+    if "layernorm" in recompute_modules:  # both norms' outputs: the QKV (or MLA down) input, the router's
+        router -= tokens * BF16 * spec.hidden_size
+        attention -= tokens * BF16 * spec.hidden_size
+    shared = 0.0 if "shared_experts" in recompute_modules else shared_expert_activation_bytes(spec, seq_len, mbs, tp, cp)
+    # The combine keeps no tokens: every dispatcher unpermutes without probabilities
+    # (token_dispatcher.py: token_combine / get_restored_hidden_states_by_experts call unpermute
+    # without probs; the experts applied them, experts.py activation_func_with_probs), and an
+    # index scatter's backward is a gather that needs only the indices.
+    return attention + router + shared + expert_activation_bytes(spec, copies, etp, "moe_act" in recompute_modules)
+
+
+# --- transient buffers (one layer at a time) --------------------------------------------------
+
+
+def dispatcher_buffer_bytes(spec: MoESpec, tokens: float, copies: float, tp: int, ep: int,
+                            dispatcher: Dispatcher) -> float:
+    """The token dispatcher's working buffers during one layer's dispatch, beyond what is kept.
+    ``alltoall`` (``MoEAlltoAllTokenDispatcher``): the permuted send buffer, N k copies of 2h,
+    live with the received buffer (counted as kept). ``allgather``
+    (``MoEAllGatherTokenDispatcher.token_dispatch``): every token of the TP x EP group,
+    gathered (N t ep x 2h) with its FP32 probabilities and routing map (9E), before the local
+    permutation. ``flex`` (``MoEFlexTokenDispatcher`` with DeepEP, ``fused_a2a.py``): DeepEP
+    permutes inside its kernels and sends from its own registered buffers, whose size is the
+    received copies (2h each) again."""
+    h, k = spec.hidden_size, spec.moe_router_topk
+    if dispatcher == "allgather":
+        return tokens * tp * ep * (BF16 * h + 9 * spec.num_experts)
+    if dispatcher == "flex":
+        return copies * BF16 * h
+    return tokens * k * BF16 * h
+
+
+GROUPED_GEMM_WORKSPACE_BYTES = 4 * (32 * 2**20 + 256)
+"""Transformer Engine's grouped GEMM gets one cuBLAS workspace per stream
+(``transformer_engine/pytorch/module/base.py``, get_multi_stream_cublas_workspace: one
+get_cublas_workspace_size_bytes() tensor, 32 MiB + 256 B on Hopper, for each of
+tex.get_num_cublas_streams(), 4), allocated once per process."""
+
+
+def grouped_gemm_workspace_bytes(grouped_gemm: bool = True) -> float:
+    """The grouped GEMM's cuBLAS workspaces (``GROUPED_GEMM_WORKSPACE_BYTES``); 0 without --moe-grouped-gemm."""
+    return GROUPED_GEMM_WORKSPACE_BYTES if grouped_gemm else 0.0
+
+
+def expert_transient_bytes(spec: MoESpec, copies: float, etp: int) -> float:
+    """The largest temporary of the experts' backward: the gradient of FC1's output (2 h_moe /
+    etp per copy, BF16) beside the recomputed or kept SwiGLU input."""
+    return copies * BF16 * 2 * spec.moe_ffn_hidden_size / etp

@@ -1,0 +1,256 @@
+"""MoE model specs: the five presets and Hugging Face ``config.json`` reading (mixtral, qwen3_moe,
+deepseek_v3). A ``MoESpec`` is a ``LlamaSpec`` (its dense fields keep their meaning: the dense
+FFN size is ``ffn_hidden_size``, used by the first dense layers) plus the fields Megatron-LM has
+MoE and multi-latent-attention flags for; ``advisor.moe.flags`` writes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from advisor.errors import AdvisorError
+from advisor.models import LlamaSpec, _Config, _describe
+
+ScoreFunction = Literal["softmax", "sigmoid"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MLA:
+    """Multi-latent attention's sizes (DeepSeek-V2/V3; Megatron's --multi-latent-attention with
+    --q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim --v-head-dim)."""
+
+    q_lora_rank: int | None
+    """None: Q projected directly from h (no compression, DeepSeek-V2-Lite)."""
+    kv_lora_rank: int
+    qk_head_dim: int
+    """The non-rotary part of a Q/K head (HF qk_nope_head_dim)."""
+    qk_pos_emb_head_dim: int
+    """The rotary part (HF qk_rope_head_dim), shared by all heads on the K side."""
+    v_head_dim: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class YarnScaling:
+    """DeepSeek-V3's YaRN RoPE (Megatron's --rope-type yarn --rotary-scaling-factor --mscale
+    --mscale-all-dim, and the original context as --original-max-position-embeddings)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float
+    beta_slow: float
+    mscale: float
+    mscale_all_dim: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MoESpec(LlamaSpec):
+    """A decoder whose MLPs are mixtures of experts (Megatron's MoELayer), from layer
+    ``first_dense_layers`` on (--moe-layer-freq with leading zeros)."""
+
+    num_experts: int
+    moe_router_topk: int
+    moe_ffn_hidden_size: int
+    """One routed expert's SwiGLU intermediate size (--moe-ffn-hidden-size)."""
+    shared_expert_size: int = 0
+    """The shared experts' total intermediate size (--moe-shared-expert-intermediate-size); 0: none."""
+    first_dense_layers: int = 0
+    """Leading dense layers (HF first_k_dense_replace), priced by the dense terms."""
+    qk_layernorm: bool = False
+    """RMSNorm on each Q and K head (Qwen3; --qk-layernorm)."""
+    score_function: ScoreFunction = "softmax"
+    expert_bias: bool = False
+    """Aux-loss-free balancing with a per-expert bias (--moe-router-enable-expert-bias)."""
+    router_num_groups: int | None = None
+    router_group_topk: int | None = None
+    router_topk_scaling_factor: float | None = None
+    mla: MLA | None = None
+    yarn: YarnScaling | None = None
+    mtp_num_layers: int = 0
+    """Multi-token-prediction layers (--mtp-num-layers): an option, 0 by default (DeepSeek-V3's
+    671B is without its one MTP module)."""
+
+    def __post_init__(self) -> None:
+        LlamaSpec.__post_init__(self)
+        for key in ("num_experts", "moe_router_topk", "moe_ffn_hidden_size"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise AdvisorError(f"model {self.name!r}: {key} must be a positive integer, got {_describe(value)}")
+        if self.moe_router_topk > self.num_experts:
+            raise AdvisorError(f"model {self.name!r}: moe_router_topk ({self.moe_router_topk}) exceeds "
+                               f"num_experts ({self.num_experts})")
+        if not 0 <= self.first_dense_layers < self.num_layers:
+            raise AdvisorError(f"model {self.name!r}: first_dense_layers must be from 0 to num_layers - 1, got "
+                               f"{_describe(self.first_dense_layers)}")
+        if (self.router_num_groups is None) != (self.router_group_topk is None):
+            raise AdvisorError(f"model {self.name!r}: group-limited routing needs both router_num_groups and "
+                               "router_group_topk")
+        if self.router_num_groups is not None and self.num_experts % self.router_num_groups:
+            raise AdvisorError(f"model {self.name!r}: router_num_groups ({self.router_num_groups}) must divide "
+                               f"num_experts ({self.num_experts})")
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.first_dense_layers
+
+    @property
+    def is_moe(self) -> bool:
+        return True
+
+
+def is_moe(spec: LlamaSpec) -> bool:
+    return isinstance(spec, MoESpec)
+
+
+def spec_from_dict(fields: dict) -> MoESpec:
+    """A MoESpec from its ``to_dict()`` (a sweep row's or an estimate's 'model'); TypeError or
+    AdvisorError when it is not one."""
+    values = dict(fields)
+    for key, kind in (("mla", MLA), ("yarn", YarnScaling)):
+        if values.get(key) is not None:
+            if not isinstance(values[key], dict):
+                raise AdvisorError(f"model {key} must be an object, got {_describe(values[key])}")
+            values[key] = kind(**values[key])
+    return MoESpec(**values)
+
+
+# --- presets ------------------------------------------------------------------------------------
+# Values of each model's Hugging Face config.json (mistralai/Mixtral-8x7B-v0.1,
+# mistralai/Mixtral-8x22B-v0.1, Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, deepseek-ai/DeepSeek-V3);
+# the same values are committed as tests/data/moe/*.json and read back in the tests.
+
+def _mixtral(name, L, h, ffn, a, v) -> MoESpec:
+    return MoESpec(name=name, num_layers=L, hidden_size=h, ffn_hidden_size=ffn, num_attention_heads=a,
+                   num_query_groups=8, vocab_size=v, rotary_base=1e6, norm_epsilon=1e-5,
+                   num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=ffn)
+
+
+def _qwen3(name, L, h, ffn, a, moe_ffn) -> MoESpec:
+    return MoESpec(name=name, num_layers=L, hidden_size=h, ffn_hidden_size=ffn,
+                   num_attention_heads=a, num_query_groups=4, vocab_size=151936, kv_channels=128,
+                   rotary_base=1e6, norm_epsilon=1e-6, num_experts=128, moe_router_topk=8,
+                   moe_ffn_hidden_size=moe_ffn, qk_layernorm=True)
+
+
+DEEPSEEK_V3 = MoESpec(
+    name="deepseek-v3", num_layers=61, hidden_size=7168, ffn_hidden_size=18432, num_attention_heads=128,
+    num_query_groups=128, vocab_size=129280, rotary_base=10000.0, norm_epsilon=1e-6,
+    num_experts=256, moe_router_topk=8, moe_ffn_hidden_size=2048, shared_expert_size=2048,
+    first_dense_layers=3, score_function="sigmoid", expert_bias=True, router_num_groups=8, router_group_topk=4,
+    router_topk_scaling_factor=2.5,
+    mla=MLA(q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128),
+    yarn=YarnScaling(factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0,
+                     mscale=1.0, mscale_all_dim=1.0),
+)
+
+PRESETS: dict[str, MoESpec] = {spec.name: spec for spec in (
+    _mixtral("mixtral-8x7b", 32, 4096, 14336, 32, 32000),
+    _mixtral("mixtral-8x22b", 56, 6144, 16384, 48, 32768),
+    _qwen3("qwen3-30b-a3b", 48, 2048, 6144, 32, 768),
+    _qwen3("qwen3-235b-a22b", 94, 4096, 12288, 64, 1536),
+    DEEPSEEK_V3,
+)}
+
+
+# --- Hugging Face config.json ------------------------------------------------------------------
+
+HF_MODEL_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3")
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+"""The keys by which a config.json says its MLPs are experts (Mixtral, Qwen-MoE, DeepSeek)."""
+_EXPERT_LIMIT = 2**14  # DeepSeek-V3 has 256 routed experts; 2^14 is 64 times that
+
+
+def _count(config: _Config, key: str, default=None, low: int = 1) -> int:
+    value = config.config.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise config.error(key, f"must be an integer of at least {low}, got {_describe(value)}")
+    if value > 2**22:
+        raise config.error(key, f"is {_describe(value)}, more than this tool handles ({2**22})")
+    return value
+
+
+def _expect(config: _Config, key: str, wanted, why: str) -> None:
+    """Refuse, naming the key, a value this tool does not price."""
+    value = config.config.get(key, wanted)
+    if value != wanted:
+        raise config.error(key, f"is {_describe(value)}: {why}")
+
+
+def _yarn(config: _Config) -> YarnScaling:
+    scaling = config.config.get("rope_scaling")
+    if not isinstance(scaling, dict) or scaling.get("type", scaling.get("rope_type")) != "yarn":
+        kind = scaling.get("type", scaling.get("rope_type")) if isinstance(scaling, dict) else scaling
+        raise config.error("rope_scaling", f"of type {_describe(kind)}: this tool reads DeepSeek-V3's yarn "
+                                           "(Megatron's --rope-type yarn)")
+    numbers = {}
+    for key in ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        value = scaling.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise config.error(f"rope_scaling.{key}", f"must be a positive number, got {_describe(value)}")
+        numbers[key] = float(value)
+    original = scaling.get("original_max_position_embeddings")
+    if not isinstance(original, int) or isinstance(original, bool) or original < 1:
+        raise config.error("rope_scaling.original_max_position_embeddings",
+                           f"must be a positive integer, got {_describe(original)}")
+    # Megatron-LM has no flags for these: MLATransformerConfig fixes them
+    # (transformer/transformer_config.py: original_max_position_embeddings 4096, beta_fast 32, beta_slow 1).
+    for key, fixed in (("original_max_position_embeddings", 4096), ("beta_fast", 32.0), ("beta_slow", 1.0)):
+        value = original if key == "original_max_position_embeddings" else numbers[key]
+        if value != fixed:
+            raise config.error(f"rope_scaling.{key}", f"is {_describe(value)}: Megatron-LM's MLA fixes it at {fixed:g}")
+    return YarnScaling(original_max_position_embeddings=original, **numbers)
+
+
+def _mixtral_fields(config: _Config) -> dict:
+    _expect(config, "router_jitter_noise", 0.0, "this tool prices routers without input jitter")
+    experts = _count(config, "num_local_experts")
+    return dict(num_experts=experts, moe_router_topk=_count(config, "num_experts_per_tok"),
+                moe_ffn_hidden_size=_count(config, "intermediate_size"))
+
+
+def _qwen3_fields(config: _Config) -> dict:
+    _expect(config, "decoder_sparse_step", 1, "this tool prices MoE in every layer (Megatron's --moe-layer-freq 1)")
+    _expect(config, "mlp_only_layers", [], "this tool prices MoE in every layer")
+    _expect(config, "norm_topk_prob", True, "Megatron's softmax router renormalises the top-k probabilities")
+    return dict(num_experts=_count(config, "num_experts"), moe_router_topk=_count(config, "num_experts_per_tok"),
+                moe_ffn_hidden_size=_count(config, "moe_intermediate_size"), qk_layernorm=True)
+
+
+def _deepseek_fields(config: _Config) -> dict:
+    _expect(config, "scoring_func", "sigmoid", "this tool reads DeepSeek-V3's sigmoid router")
+    _expect(config, "topk_method", "noaux_tc", "this tool reads DeepSeek-V3's aux-loss-free routing (noaux_tc)")
+    _expect(config, "norm_topk_prob", True, "Megatron's sigmoid router renormalises the top-k scores")
+    _expect(config, "moe_layer_freq", 1, "this tool prices MoE in every layer after first_k_dense_replace")
+    q_lora = config.config.get("q_lora_rank")
+    mla = MLA(q_lora_rank=None if q_lora is None else _count(config, "q_lora_rank"),
+              kv_lora_rank=_count(config, "kv_lora_rank"), qk_head_dim=_count(config, "qk_nope_head_dim"),
+              qk_pos_emb_head_dim=_count(config, "qk_rope_head_dim"), v_head_dim=_count(config, "v_head_dim"))
+    shared = _count(config, "n_shared_experts", 0, low=0)
+    moe_ffn = _count(config, "moe_intermediate_size")
+    scaling = config.config.get("routed_scaling_factor", 1.0)
+    if not isinstance(scaling, (int, float)) or isinstance(scaling, bool) or scaling <= 0:
+        raise config.error("routed_scaling_factor", f"must be a positive number, got {_describe(scaling)}")
+    return dict(num_experts=_count(config, "n_routed_experts"), moe_router_topk=_count(config, "num_experts_per_tok"),
+                moe_ffn_hidden_size=moe_ffn, shared_expert_size=shared * moe_ffn,
+                first_dense_layers=_count(config, "first_k_dense_replace", 0, low=0), score_function="sigmoid",
+                expert_bias=True, router_num_groups=_count(config, "n_group"),
+                router_group_topk=_count(config, "topk_group"), router_topk_scaling_factor=float(scaling),
+                mla=mla, yarn=_yarn(config) if config.config.get("rope_scaling") is not None else None)
+
+
+def load_moe_config(config: _Config, model_type: str) -> MoESpec:
+    """A MoE config.json (``advisor.models.load_hf_config`` hands it here by model_type): the dense
+    fields as for Llama, the expert fields per family; one line naming the key for the rest."""
+    from advisor.models import dense_values
+
+    values = dense_values(config, model_type, rope_scaling=model_type != "deepseek_v3")
+    family = {"mixtral": _mixtral_fields, "qwen3_moe": _qwen3_fields, "deepseek_v3": _deepseek_fields}[model_type]
+    fields = family(config)
+    if fields["num_experts"] > _EXPERT_LIMIT:
+        raise config.error(EXPERT_COUNT_KEYS[0], f"is {fields['num_experts']}, more than this tool handles "
+                                                 f"({_EXPERT_LIMIT})")
+    try:
+        return MoESpec(name=str(config.path), **values, **fields)
+    except AdvisorError as error:
+        raise AdvisorError(f"{config.path}: {error}") from None

@@ -1,0 +1,162 @@
+"""Per-GPU memory of the pipeline stages of MoE layouts, vectorised over layouts (numpy arrays
+broadcast): the per-layer terms of ``advisor.moe.memory`` and ``advisor.moe.params``, summed over
+a stage's dense and MoE layers, with seed 004's ends (Eq. 7-9, 13, 14) and 1F1B's p - i
+microbatches in flight (Section 3.2.2).
+
+The split: L layers over p stages as evenly as possible, the remainder on the stages just
+before the last (they hold fewer microbatches than the first); the first dense layers
+(first_k_dense_replace) are the model's first layers, wherever they fall.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from advisor import equations as eq
+from advisor import schedule
+from advisor.moe import memory as mm
+from advisor.moe import params
+from advisor.moe.spec import MoESpec
+
+Recompute = Literal["none", "selective", "full"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MoEOptions:
+    """MoE settings of a run (Megatron's flag names)."""
+
+    dispatcher: mm.Dispatcher = "alltoall"
+    """--moe-token-dispatcher-type."""
+    routing: mm.RoutedTokens = field(default_factory=mm.RoutedTokens)
+    grouped_gemm: bool = True
+    """--moe-grouped-gemm."""
+    gradient_bytes: int = 4
+    distributed_optimizer: bool = True
+
+    modules: frozenset[str] | None = None
+    """--recompute-modules of 'selective' recomputation; None: ``recompute_modules``' default."""
+
+    def recompute_modules(self, spec: MoESpec) -> frozenset[str]:
+        """What 'selective' recomputes (--recompute-modules): the given modules, or by default the
+        MoE activation and the norms, and MLA's up projections where the model has MLA."""
+        if self.modules is not None:
+            return self.modules
+        return frozenset({"moe_act", "layernorm"} | ({"mla_up_proj"} if spec.mla is not None else set()))
+
+
+def split_layers(num_layers: int, pp: int) -> list[int]:
+    """Layers per stage: L // p each, the remainder on the stages just before the last."""
+    return list(_split(num_layers, pp))
+
+
+@functools.lru_cache(maxsize=1024)
+def _split(num_layers: int, pp: int) -> tuple[int, ...]:
+    base, extra = divmod(num_layers, pp)
+    if pp == 1:
+        return (num_layers,)
+    extras = set(range(max(1, pp - 1 - extra), pp - 1)) if extra <= pp - 2 else set(range(pp - extra, pp))
+    return tuple(base + (i in extras) for i in range(pp))
+
+
+def _stage_arrays(spec: MoESpec, pp, stage):
+    """(layers, dense layers) of ``stage`` under ``split_layers``, vectorised."""
+    base, extra = np.divmod(spec.num_layers, pp)
+    start_extra = np.where(extra <= pp - 2, np.maximum(1, pp - 1 - extra), pp - extra)
+    end_extra = np.where(extra <= pp - 2, pp - 1, pp)
+    has_extra = (stage >= start_extra) & (stage < end_extra) & (pp > 1)
+    layers = np.where(pp == 1, spec.num_layers, base + has_extra)
+    # first global layer of the stage: base x stage plus the extras before it
+    before = base * stage + np.clip(stage - start_extra, 0, np.maximum(end_extra - start_extra, 0)) * (pp > 1)
+    dense = np.clip(spec.first_dense_layers - before, 0, layers)
+    return layers, dense
+
+
+@dataclass(frozen=True, slots=True)
+class StageBytes:
+    """Bytes per GPU of stages (arrays over layouts)."""
+
+    layers: np.ndarray
+    dense_layers: np.ndarray
+    in_flight: np.ndarray
+    weights_gradients_optimizer: np.ndarray
+    expert_states: np.ndarray
+    activations: np.ndarray
+    transient: np.ndarray
+
+    @property
+    def model_states(self):
+        return self.weights_gradients_optimizer + self.expert_states
+
+    @property
+    def total(self):
+        return self.model_states + self.activations + self.transient
+
+
+def _dense_layer_activations(spec: MoESpec, s, b, tp, cp, modules: frozenset[str] = frozenset()):
+    """A dense layer (DeepSeek-V3's first three): the attention block's terms and the MLP's
+    (seed 004's 2sb(h + 4 h_ffn) with the pre-MLP norm input 2sbh), over t c;
+    --recompute-modules mlp keeps only the MLP's input (2sbh), mla_up_proj as in the MoE layers."""
+    mlp = eq.mlp_activation_bytes(spec, s, 1) if "mlp" not in modules else 2 * s * spec.hidden_size
+    attention = mm.attention_activation_bytes(spec, s, b, tp, cp, "mla_up_proj" in modules)
+    return attention + (mlp + 2 * s * spec.hidden_size) * b / (tp * cp)
+
+
+def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp, ep, etp, dp, mbs,
+                num_microbatches, stage, recompute: Recompute = "none", vpp=1) -> StageBytes:
+    """Memory of pipeline ``stage`` of each layout: model states (dense parts over DP x CP,
+    experts over the expert-data-parallel group gpus / (etp ep pp)), activations of the
+    microbatches in flight (1F1B: p - i; interleaved with ``vpp`` chunks: Megatron's warm-up,
+    ``advisor.schedule.forward_passes_in_flight`` over v, in whole-stage units), and one layer's
+    transient dispatcher and expert buffers plus the grouped GEMM workspace."""
+    tp, cp, pp, ep, etp, dp, mbs, stage = (np.asarray(x) for x in (tp, cp, pp, ep, etp, dp, mbs, stage))
+    layers, dense = _stage_arrays(spec, pp, stage)
+    moe_layers = layers - dense
+    edp = tp * cp * dp // (etp * ep)
+    state = options.gradient_bytes + mm.BF16
+    shards = np.where(options.distributed_optimizer, dp * cp, 1)
+    vocab = eq.padded_vocab_size(spec.vocab_size, None, tp)
+    ends = np.where(stage == 0, eq.embedding_parameters(spec, tp, vocab), 0) + np.where(
+        stage == pp - 1, eq.embedding_parameters(spec, tp, vocab) + spec.hidden_size, 0)
+    dense_params = dense * params.dense_layer_parameters(spec, tp) + ends
+    dense_states = dense_params * (state + eq.OPTIMIZER_BYTES / shards) + mm.moe_dense_state_bytes(
+        spec, tp, shards, moe_layers, gradient_bytes=options.gradient_bytes,
+        distributed_optimizer=options.distributed_optimizer)
+    expert_states = mm.expert_state_bytes(spec, ep, etp, edp, moe_layers, gradient_bytes=options.gradient_bytes,
+                                          distributed_optimizer=options.distributed_optimizer)
+    in_flight = schedule.forward_passes_in_flight(stage, pp, vpp, num_microbatches) / np.asarray(vpp)
+    modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
+    moe_act = mm.moe_layer_activation_bytes(spec, seq_len, mbs, tp, cp, ep, etp, options.routing, modules)
+    dense_act = _dense_layer_activations(spec, seq_len, mbs, tp, cp, modules)
+    per_microbatch = moe_layers * moe_act + dense * dense_act
+    if recompute == "full":  # every layer keeps its input; one layer is rebuilt at a time
+        checkpoint = eq.layer_checkpoint_bytes(spec, seq_len, mbs) / (tp * cp)
+        per_microbatch = layers * checkpoint
+        rebuilt = np.where(moe_layers > 0, moe_act, dense_act)
+    else:
+        rebuilt = 0.0
+    embedding = np.where(stage == 0, eq.embedding_activation_bytes(spec, seq_len, mbs) / (tp * cp), 0.0)
+    output = np.where(stage == pp - 1, (eq.output_hidden_activation_bytes(spec, seq_len, mbs)
+                                        + eq.logits_bytes(spec, seq_len, mbs, vocab)) / (tp * cp), 0.0)
+    activations = in_flight * (per_microbatch + embedding) + output + rebuilt
+    tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
+    copies = mm.expert_token_copies(spec, tokens, ep, etp, options.routing)
+    transient = np.where(moe_layers > 0, mm.dispatcher_buffer_bytes(spec, tokens, copies, tp, ep, options.dispatcher)
+                         + mm.expert_transient_bytes(spec, copies, etp)
+                         + mm.grouped_gemm_workspace_bytes(options.grouped_gemm), 0.0)
+    return StageBytes(layers=layers, dense_layers=dense, in_flight=in_flight * np.ones_like(layers),
+                      weights_gradients_optimizer=dense_states, expert_states=expert_states,
+                      activations=activations, transient=transient)
+
+
+def representative_stages(spec: MoESpec, pp) -> list:
+    """The stages whose peak bounds every stage's: the first, the second, the first of the
+    stages with an extra layer, the last (in-flight microbatches fall with the stage index, and
+    the middle stages differ only in that and in one extra layer)."""
+    pp = np.asarray(pp)
+    extra = spec.num_layers % pp
+    first_extra = np.where(extra <= pp - 2, np.maximum(1, pp - 1 - extra), pp - extra)
+    return [np.zeros_like(pp), np.minimum(1, pp - 1), np.minimum(first_extra, pp - 1), pp - 1]

@@ -1,0 +1,79 @@
+"""advisor sweep / estimate / advisor-launch with mixture-of-experts models: bad input is one
+line and exit 2; rows carry ep and etp (1 for dense); the launcher rebuilds an MoE row's flags."""
+
+import json
+import shlex
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from advisor.cli import cli
+
+MOE_ROW = ["sweep", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--seq-len", "4096",
+           "--gbs", "256", "--format", "json"]
+
+
+def _one_line_error(result, *words):
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and all(word in lines[0] for word in words), result.output
+
+
+def test_bad_expert_layouts_are_one_line():
+    runner = CliRunner()
+    _one_line_error(runner.invoke(cli, ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "3"]),
+                    "EP 3", "8 experts")
+    _one_line_error(runner.invoke(cli, ["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8",
+                                        "--etp", "2"]), "EP x ETP")
+    _one_line_error(runner.invoke(cli, ["sweep", "--gpus", "8", "--mem", "80", "--ep", "2"]), "--ep", "dense")
+    _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
+                                        "--moe-routing", "capacity"]), "--moe-expert-capacity-factor")
+    _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
+                                        "--no-flash-attn", "--tokens", "1T"]), "--no-flash-attn", "--tokens")
+    _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
+                                        "--ep", "4", "--etp", "4"]), "no layout", "EP 4")
+
+
+def test_sweep_choices_apply_to_moe_rows():
+    rows = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--recompute", "full", "--split", "even", "--ep", "4",
+                                               "--grad-dtype", "bf16", "--top", "5"]).stdout)
+    assert rows and all(r["recompute"] == "full" and 48 % r["pp"] == 0 and r["ep"] == 4 for r in rows)
+    assert all("--grad-reduce-in-bf16" in r["megatron_args"] for r in rows)
+    capped = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--moe-routing", "capacity", "--moe-expert-capacity-factor",
+                                                 "1.25", "--top", "1"]).stdout)[0]
+    modules = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--recompute", "selective", "--recompute-modules", "moe",
+                                                  "--recompute-modules", "shared_experts", "--top", "1"]).stdout)[0]
+    assert modules["megatron_args"][-3:] == ["--recompute-modules", "moe", "shared_experts"]
+    flags = capped["megatron_args"]
+    assert flags[flags.index("--moe-expert-capacity-factor") + 1] == "1.25"
+
+
+def test_dense_rows_and_estimates_carry_ep_and_etp_one():
+    rows = json.loads(CliRunner().invoke(cli, ["sweep", "--gpus", "8", "--mem", "80", "--top", "2",
+                                               "--format", "json"]).stdout)
+    assert all(row["ep"] == 1 and row["etp"] == 1 for row in rows)
+    one = json.loads(CliRunner().invoke(cli, ["estimate", "--gpus", "8", "--tp", "2", "--format", "json"]).stdout)
+    assert (one["ep"], one["etp"]) == (1, 1)
+
+
+def test_moe_estimate_json_matches_its_sweep_row():
+    row = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--top", "1", "--moe-token-dispatcher-type",
+                                              "allgather"]).stdout)[0]
+    args = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--seq-len", "4096",
+            "--gbs", "256", "--format", "json", "--moe-token-dispatcher-type", "allgather",
+            *(f"--{k}={row[k]}" for k in ("tp", "cp", "pp", "ep", "etp", "mbs")), "--recompute", row["recompute"]]
+    one = json.loads(CliRunner().invoke(cli, args).stdout)
+    assert one["total_gib"] == row["total_gib"] and one["step_time_s"] == row["step_time_s"]
+    assert len(one["stages"]) == row["pp"] and one["megatron_args"] == row["megatron_args"]
+    assert "--moe-token-dispatcher-type" in one["megatron_args"]
+
+
+def test_advisor_launch_rebuilds_an_moe_rows_flags(tmp_path):
+    result = CliRunner().invoke(cli, [*MOE_ROW, "--top", "3", "-o", str(tmp_path / "rows.json")])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    for rank in (1, 3):
+        done = subprocess.run([sys.executable, "-m", "launch", "args", "--from", str(tmp_path / "rows.json"),
+                               "--rank", str(rank)], capture_output=True, text=True, check=True)
+        assert shlex.split(done.stdout) == rows[rank - 1]["megatron_args"]

@@ -1,0 +1,71 @@
+"""MoE sweep rows and their flags through the real parse_args + validate_args of both Megatron-LM
+checkouts (launch.megatron_check), and the TransformerConfig Megatron builds from them checked
+against the spec. The one stand-in beyond the dense checks: --moe-grouped-gemm makes
+validate_args call torch.cuda.get_device_capability(); with no GPU here it answers Hopper's
+(9, 0) (launch.megatron_check, as for get_device_arch_version)."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from advisor.cli import cli
+from advisor.models import load_model
+from tests.megatron_real import NO_TRANSFORMER_ENGINE, checkout
+
+
+def _rows(model, gpus, *extra):
+    result = CliRunner().invoke(cli, ["sweep", "--model", model, "--gpus", str(gpus), "--gpu", "h100-80gb",
+                                      "--seq-len", "4096", "--gbs", "1024", "--format", "json", *extra])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_sweep_rows_carry_ep_etp_time_and_stage_memory():
+    rows = _rows("mixtral-8x7b", 64, "--top", "20")
+    assert rows and all({"ep", "etp", "step_time_s", "total_gib", "peak_stage"} <= row.keys() for row in rows)
+    assert any(row["ep"] > 1 for row in rows)
+    assert [row["rank"] for row in rows] == list(range(1, len(rows) + 1))
+
+
+def _expected(spec, row) -> dict:
+    mla = spec.mla
+    return {"num_moe_experts": spec.num_experts, "moe_router_topk": spec.moe_router_topk,
+            "moe_ffn_hidden_size": spec.moe_ffn_hidden_size,
+            "moe_shared_expert_intermediate_size": spec.shared_expert_size or None,
+            "expert_model_parallel_size": row["ep"], "expert_tensor_parallel_size": row["etp"],
+            "moe_expert_capacity_factor": row["capacity_factor"],
+            "moe_token_dispatcher_type": row["dispatcher"], "moe_grouped_gemm": True,
+            "moe_router_score_function": spec.score_function, "moe_router_enable_expert_bias": spec.expert_bias,
+            "moe_router_num_groups": spec.router_num_groups, "moe_router_group_topk": spec.router_group_topk,
+            "moe_router_topk_scaling_factor": spec.router_topk_scaling_factor, "qk_layernorm": spec.qk_layernorm,
+            "multi_latent_attention": mla is not None,
+            **({"q_lora_rank": mla.q_lora_rank, "kv_lora_rank": mla.kv_lora_rank, "qk_head_dim": mla.qk_head_dim,
+                "qk_pos_emb_head_dim": mla.qk_pos_emb_head_dim, "v_head_dim": mla.v_head_dim} if mla else {}),
+            "layers_per_stage": row["layers_per_stage"], "tp": row["tp"], "pp": row["pp"], "dp": row["dp"]}
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_megatron_accepts_and_builds_moe_rows(tag):
+    from launch.megatron_check import validate
+
+    release = checkout(tag)
+    rows = [(name, row) for name, gpus, top in (("mixtral-8x7b", 64, 3), ("deepseek-v3", 1024, 3),
+                                                ("qwen3-30b-a3b", 64, 2))
+            for row in _rows(name, gpus, "--top", str(top))]
+    small = _rows("qwen3-30b-a3b", 8)  # and the first row of each recomputation (--recompute-modules)
+    rows += [("qwen3-30b-a3b", next(row for row in small if row["recompute"] == kind)) for kind in ("selective", "full")]
+    rows += [("mixtral-8x7b", _rows("mixtral-8x7b", 64, "--top", "1", "--moe-routing", "capacity",
+                                    "--moe-expert-capacity-factor", "1.5", "--moe-token-dispatcher-type", "allgather")[0])]
+    cases = [{"args": [*row["megatron_args"], *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
+                       "NullTokenizer", "--vocab-size", str(load_model(name).vocab_size), "--train-iters", "10"],
+              "world_size": row["gpus"], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for name, row in rows]
+    results = validate(release.path, cases, python=release.python)
+    refused = [(name, row["tp"], row["pp"], row["ep"], result.get("error")) for (name, row), result in
+               zip(rows, results) if not result["ok"]]
+    assert not refused, refused
+    for (name, row), result in zip(rows, results):
+        expected = _expected(load_model(name), row)
+        wrong = {key: (result["derived"].get(key), value) for key, value in expected.items()
+                 if result["derived"].get(key) != value}
+        assert not wrong, (name, wrong)

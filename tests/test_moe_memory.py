@@ -1,0 +1,70 @@
+"""Per-layer MoE memory terms (advisor.moe.memory) against hand-derived values."""
+
+import pytest
+
+from advisor.moe import memory as mm
+from advisor.moe.spec import PRESETS
+
+MIXTRAL = PRESETS["mixtral-8x7b"]
+DSV3 = PRESETS["deepseek-v3"]
+
+
+def test_expert_states_shard_over_ep_etp_and_expert_dp():
+    # 8 experts of 3 x 4096 x 14336 over EP 4, ETP 2: 2 experts, half of each, per GPU;
+    # 2 + 4 bytes plus Adam's 12 over an expert-DP group of 8.
+    local = 2 * 3 * 4096 * 14336 / 2
+    assert mm.expert_state_bytes(MIXTRAL, 4, 2, 8, layers=3) == 3 * local * (2 + 4 + 12 / 8)
+
+
+def test_dense_part_of_a_moe_layer_shards_over_tp_and_dp_cp():
+    # Mixtral: attention 4096 x (4096 + 2 x 1024 + 4096) over TP 2, norms 2 x 4096 and router 8 x 4096 whole
+    n = 4096 * 10240 / 2 + 2 * 4096 + 8 * 4096
+    assert mm.moe_dense_state_bytes(MIXTRAL, 2, 16, layers=1) == n * (2 + 4 + 12 / 16)
+
+
+def test_routed_token_copies_per_assumption():
+    n = mm.tokens_per_rank(4096, 2, tp=2, cp=2)  # 4096 x 2 / 4 = 2048
+    assert n == 2048
+    assert mm.expert_token_copies(MIXTRAL, n, 4, 1, mm.RoutedTokens()) == 2048 * 2
+    assert mm.expert_token_copies(MIXTRAL, n, 4, 2, mm.RoutedTokens(routing="capacity", capacity_factor=1.5)) \
+        == 1.5 * 2048 * 2 * 2
+    # dropless worst case: every token of the 4 EP ranks sends min(k = 2, 8/4 local) copies here
+    assert mm.expert_token_copies(MIXTRAL, n, 4, 1, mm.RoutedTokens(routing="dropless")) == 2048 * 4 * 2
+    assert mm.expert_token_copies(MIXTRAL, n, 8, 1, mm.RoutedTokens(routing="dropless")) == 2048 * 8 * 1
+
+
+def test_mixtral_layer_activations_by_hand():
+    s, b = 4096, 1
+    attention = 6 * s * 4096 + 4 * s * 4096 * 8 / 32 + 2 * s * 4096   # Eq. 11 + the norm input
+    router = s * (2 * 2 * 4096 + 9 * 8)
+    copies = s * 2
+    experts = copies * (2 * (4096 + 3 * 14336) + 12)
+    assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1) == attention + router + experts
+    # moe recomputed: only the MoE block's input beside attention
+    assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"moe"})) \
+        == attention + s * 2 * 4096
+    # layernorm drops both norms' outputs, 2h per token each
+    assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"layernorm"})) \
+        == attention + router + experts - 2 * s * 2 * 4096
+    # moe_act drops FC2's input (h_moe per copy)
+    assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"moe_act"})) \
+        == attention + router + experts - copies * 2 * 14336
+
+
+def test_mla_attention_activations_by_hand():
+    s, t = 4096, 2
+    per_token_split = 2 * (2 * 7168 + 1536 + 512 + 64) / t
+    latents = 2 * (1536 + 512)
+    heads = 2 * 128 * (2 * 192 + 128) + 2 * 128 * 128
+    assert mm.attention_activation_bytes(DSV3, s, 1, t, 1) == pytest.approx(s * (per_token_split + latents + heads / t))
+    up = 2 * 128 * (2 * 192 + 128)
+    assert mm.attention_activation_bytes(DSV3, s, 1, t, 1, recompute_up_proj=True) == pytest.approx(
+        s * (per_token_split + latents + (heads - up) / t))
+
+
+def test_dispatcher_buffers():
+    n, copies = 1024.0, 2048.0
+    assert mm.dispatcher_buffer_bytes(MIXTRAL, n, copies, 2, 4, "alltoall") == 1024 * 2 * 2 * 4096
+    assert mm.dispatcher_buffer_bytes(MIXTRAL, n, copies, 2, 4, "allgather") == 1024 * 8 * (2 * 4096 + 72)
+    assert mm.dispatcher_buffer_bytes(MIXTRAL, n, copies, 2, 4, "flex") == 2048 * 2 * 4096
+    assert mm.grouped_gemm_workspace_bytes() == 4 * (32 * 2**20 + 256)

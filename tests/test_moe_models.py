@@ -1,0 +1,101 @@
+"""MoE model specs and parameter counts (advisor.moe.spec, advisor.moe.params): the committed
+config.json files (tests/data/moe, values of the Hugging Face hub's files) read back to the
+presets; totals within 0.5% and active counts within 2% of the published figures; active
+counts exact against the hand computations written out below (embeddings included, the expert
+bias buffer not counted)."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from advisor.errors import AdvisorError
+from advisor.models import load_model
+from advisor.moe.params import active_parameters, total_parameters
+from advisor.moe.spec import PRESETS
+
+DATA = Path(__file__).parent / "data" / "moe"
+
+# name: (published total, published active) in billions (model cards; DeepSeek-V3's 671B is
+# without its MTP module, the technical report's count)
+PUBLISHED = {"mixtral-8x7b": (46.7, 12.9), "mixtral-8x22b": (141, 39), "qwen3-30b-a3b": (30.5, 3.3),
+             "qwen3-235b-a22b": (235, 22), "deepseek-v3": (671, 37)}
+
+# Hand computations, per layer: attention + 2 norms (2h) + router (E h) + shared + k experts (3 h f)
+MIXTRAL_8X7B_ACTIVE = 32 * (4096 * (4096 + 2 * 1024 + 4096) + 2 * 4096 + 8 * 4096 + 2 * 3 * 4096 * 14336) \
+    + 2 * 32000 * 4096 + 4096
+MIXTRAL_8X22B_ACTIVE = 56 * (6144 * (6144 + 2 * 1024 + 6144) + 2 * 6144 + 8 * 6144 + 2 * 3 * 6144 * 16384) \
+    + 2 * 32768 * 6144 + 6144
+QWEN3_30B_ACTIVE = 48 * (2048 * (4096 + 2 * 512 + 4096) + 2 * 128 + 2 * 2048 + 128 * 2048 + 8 * 3 * 2048 * 768) \
+    + 2 * 151936 * 2048 + 2048
+QWEN3_235B_ACTIVE = 94 * (4096 * (8192 + 2 * 512 + 8192) + 2 * 128 + 2 * 4096 + 128 * 4096
+                          + 8 * 3 * 4096 * 1536) + 2 * 151936 * 4096 + 4096
+MLA = (7168 * 1536 + 1536 + 1536 * 128 * 192          # q down, q norm, q up (128 heads x (128 + 64))
+       + 7168 * (512 + 64) + 512 + 512 * 128 * 256     # kv down (+ rope key), kv norm, kv up (K nope + V)
+       + 128 * 128 * 7168)                             # output projection
+DEEPSEEK_V3_ACTIVE = (3 * (MLA + 2 * 7168 + 3 * 7168 * 18432)
+                      + 58 * (MLA + 2 * 7168 + 256 * 7168 + 3 * 7168 * 2048 + 8 * 3 * 7168 * 2048)
+                      + 2 * 129280 * 7168 + 7168)
+HAND_ACTIVE = {"mixtral-8x7b": MIXTRAL_8X7B_ACTIVE, "mixtral-8x22b": MIXTRAL_8X22B_ACTIVE,
+               "qwen3-30b-a3b": QWEN3_30B_ACTIVE, "qwen3-235b-a22b": QWEN3_235B_ACTIVE,
+               "deepseek-v3": DEEPSEEK_V3_ACTIVE}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_config_json_reads_back_to_the_preset(name):
+    assert replace(load_model(str(DATA / f"{name}.json")), name=name) == PRESETS[name]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_counts_against_published_and_hand(name):
+    spec = PRESETS[name]
+    total, active = PUBLISHED[name]
+    assert total_parameters(spec) / 1e9 == pytest.approx(total, rel=0.005)
+    assert active_parameters(spec) == HAND_ACTIVE[name]
+    assert active_parameters(spec) / 1e9 == pytest.approx(active, rel=0.02)
+
+
+def test_deepseek_mtp_is_an_option():
+    spec = PRESETS["deepseek-v3"]
+    with_mtp = replace(spec, mtp_num_layers=1)
+    module = 3 * 7168 + 2 * 7168 * 7168 + MLA + 2 * 7168 + 256 * 7168 + 257 * 3 * 7168 * 2048
+    assert total_parameters(with_mtp) - total_parameters(spec) == module
+
+
+def _write(tmp_path, name, **changes):
+    config = {k: v for k, v in json.loads((DATA / f"{name}.json").read_text()).items() if k != "_source"}
+    config.update(changes)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.mark.parametrize("name, key, value", [
+    ("deepseek-v3", "scoring_func", "softmax"),
+    ("deepseek-v3", "topk_method", "greedy"),
+    ("qwen3-30b-a3b", "mlp_only_layers", [0]),
+    ("qwen3-30b-a3b", "norm_topk_prob", False),
+    ("mixtral-8x7b", "router_jitter_noise", 0.1),
+    ("mixtral-8x7b", "sliding_window", 4096),
+])
+def test_unpriced_keys_refused_by_name(tmp_path, name, key, value):
+    with pytest.raises(AdvisorError, match=key):
+        load_model(_write(tmp_path, name, **{key: value}))
+
+
+def test_llama_with_experts_is_refused_not_priced_dense(tmp_path):
+    path = _write(tmp_path, "mixtral-8x7b", model_type="llama")
+    with pytest.raises(AdvisorError, match="num_local_experts"):
+        load_model(path)
+
+
+def test_models_json_has_total_and_active(tmp_path):
+    from click.testing import CliRunner
+
+    from advisor.cli import cli
+
+    rows = json.loads(CliRunner().invoke(cli, ["models", "--format", "json"]).output)
+    by_name = {row["name"]: row for row in rows}
+    assert by_name["llama3.1-8b"]["active_parameters_billions"] == by_name["llama3.1-8b"]["parameters_billions"]
+    assert by_name["deepseek-v3"]["active_parameters_billions"] == pytest.approx(DEEPSEEK_V3_ACTIVE / 1e9)
