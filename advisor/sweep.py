@@ -24,7 +24,7 @@ calibrated memory model (``advisor.verdicts``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -134,6 +134,8 @@ class Sweep:
     """Layout variants in the space: (TP, CP, PP, DP, MBS) x VPP x recomputation."""
     evaluated: int
     """Variants priced; the others were pruned as unable to fit or to win."""
+    escalation: str | None = None
+    """The lever the rows use because nothing fit without it (``advisor.escalation``), or None."""
 
     @property
     def pruned(self) -> int:
@@ -246,4 +248,13 @@ def sweep(
                          rank_by=rank_by or ("throughput" if timing is not None else "paper"), options=options,
                          threshold=threshold, memory_calibration=memory_calibration, measured=measured,
                          assessments=assessments)
-    return Sweep(rows=ranked, considered=result.considered, evaluated=result.evaluated)
+    swept = Sweep(rows=ranked, considered=result.considered, evaluated=result.evaluated)
+    if space.sharding != "auto":
+        return swept
+    from advisor.escalation import escalate
+
+    fixed = replace(space, sharding="fixed")
+    return escalate(swept, lambda lever: sweep(
+        spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=lever, space=fixed, gpu=gpu,
+        memory_model=memory_model, rank_by=rank_by, time_options=time_options, tokens=tokens, measured=measured),
+        training, gpu)

@@ -4,7 +4,8 @@ Targets (issue: the estimator): ``advisor --help`` and ``advisor-launch --help``
 ``advisor sweep --gpus 16384 --mem 80 --model llama3.1-405b --gbs 2048 --all --format json``
 < 1 s; since issue 14 that sweep covers the whole launchable space (any PP with its split,
 recomputation), and with ``--gpu h100-80gb`` (issue 16: the time model on every row and the
-calibrated verdicts) also interleaving and MadPipe's time-optimal splits, also < 1 s. Each
+calibrated verdicts) also interleaving and MadPipe's time-optimal splits, also < 1 s, and with
+issue 21's levers (Megatron-FSDP's buffers, FP8) also < 1 s. Each
 command runs REPEAT times in a fresh process; the median and the worst are reported, the median
 is compared with the target.
 """
@@ -34,6 +35,15 @@ CASES = [
         "(time model + calibrated verdicts)",
         ["advisor", "sweep", "--gpus", "16384", "--gpu", "h100-80gb", "--model", "llama3.1-405b", "--gbs", "2048",
          "--all", "--format", "json"],
+        1.0,
+    ),
+    (
+        "advisor sweep --gpus 16384 --gpu h100-80gb --model llama3.1-405b --gbs 2048 --all --format json "
+        "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads --grad-dtype bf16 --fp8-format hybrid "
+        "(issue 21's levers: FSDP buffers, FP8)",
+        ["advisor", "sweep", "--gpus", "16384", "--gpu", "h100-80gb", "--model", "llama3.1-405b", "--gbs", "2048",
+         "--all", "--format", "json", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads",
+         "--grad-dtype", "bf16", "--fp8-format", "hybrid"],
         1.0,
     ),
     ("advisor sweep --gpus 64 --mem 40 (table)", ["advisor", "sweep", "--gpus", "64", "--mem", "40"], 1.0),

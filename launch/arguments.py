@@ -48,8 +48,11 @@ MEMORY_FLAGS = (
     "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--recompute-activations",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--recompute-modules",
     "--attention-backend", "--use-flash-attn", "--make-vocab-size-divisible-by", "--use-megatron-fsdp",
-    "--use-torch-fsdp2",
+    "--use-torch-fsdp2", "--data-parallel-sharding-strategy", "--overlap-grad-reduce", "--overlap-param-gather",
+    "--tp-comm-overlap", "--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--optimizer-offload-fraction",
+    "--fp8-recipe", "--fp8-param-gather", "--fp8-amax-history-len", "--no-create-attention-mask-in-dataloader",
 )
+"""Every flag behind a priced training option (``advisor.options.training_args``) is decided."""
 DECIDED_FLAGS = frozenset(MODEL_FLAGS + LAYOUT_FLAGS + BATCH_FLAGS + MEMORY_FLAGS)
 """Flags whose value (or absence) the advisor decided: a user's value for them must agree."""
 

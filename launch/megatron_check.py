@@ -109,6 +109,12 @@ def _derive(args) -> dict:
         "recompute_granularity": config.recompute_granularity, "recompute_method": config.recompute_method,
         "recompute_num_layers": config.recompute_num_layers,
         "attention_backend": str(args.attention_backend).rpartition(".")[2],
+        # the training options' levers (advisor.options), as validate_args leaves them
+        **{name: getattr(args, name, None) for name in (
+            "overlap_grad_reduce", "overlap_param_gather", "use_megatron_fsdp", "data_parallel_sharding_strategy",
+            "tp_comm_overlap", "fp8", "fp8_recipe", "fp8_param_gather", "fp8_amax_history_len",
+            "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer",
+            "create_attention_mask_in_dataloader", "ckpt_format")},
     }
 
 

@@ -124,15 +124,17 @@ class Priced:
     num_microbatches: int
     layers_per_stage: list[int]
     options: object
-    """advisor.memory.MemoryOptions"""
-    params_dtype: str = "bfloat16"
+    """advisor.options.TrainingOptions"""
+
+    @property
+    def params_dtype(self) -> str:
+        return self.options.precision.params_dtype
 
     def case(self) -> dict:
         return {"args": self.args, "world_size": self.world_size, "env": self.env}
 
 
-def priced_input(config, rules, *, label: str, options, extras: list[str], num_microbatches: int,
-                 params_dtype: str = "bfloat16") -> Priced:
+def priced_input(config, rules, *, label: str, options, extras: list[str], num_microbatches: int) -> Priced:
     """A launch input (launch.inputs.LaunchInput) as advisor-launch would start it with --mock-data
     and ``extras`` after '--', in the environment the launcher gives its ranks. A vocabulary that
     core_v0.15.2's mock data cannot feed (which the launcher refuses) gets the same NullTokenizer
@@ -152,14 +154,15 @@ def priced_input(config, rules, *, label: str, options, extras: list[str], num_m
     return Priced(label=label, args=line.args, env=env, world_size=config.world_size, spec=config.model,
                   tp=config.tp, cp=config.cp, pp=config.pp, dp=config.dp, vpp=config.vpp, mbs=config.micro_batch_size,
                   gbs=config.global_batch_size, num_microbatches=num_microbatches,
-                  layers_per_stage=list(config.layers_per_stage), options=options, params_dtype=params_dtype)
+                  layers_per_stage=list(config.layers_per_stage), options=options)
 
 
 def mismatches(priced: Priced, derived: dict) -> list[str]:
     """Each quantity where what Megatron derived differs from what the advisor priced."""
     from advisor.equations import padded_vocab_size
 
-    spec, options = priced.spec, priced.options
+    spec, training = priced.spec, priced.options.at_tp(priced.tp)
+    options = training.memory_options()
     expected = {
         "tp": priced.tp, "cp": priced.cp, "pp": priced.pp, "dp": priced.dp, "vpp": priced.vpp,
         "micro_batch_size": priced.mbs, "global_batch_size": priced.gbs, "num_microbatches": priced.num_microbatches,
@@ -180,9 +183,29 @@ def mismatches(priced: Priced, derived: dict) -> list[str]:
         "recompute_method": options.recompute_method if options.recompute == "full" else None,
         "recompute_num_layers": options.recompute_num_layers if options.recompute == "full" else None,
         "attention_backend": "auto" if options.flash_attention else "unfused",
+        **lever_fields(training, priced.tp),
     }
     return [f"{key}: Megatron {derived.get(key)!r}, advisor {value!r}" for key, value in expected.items()
             if derived.get(key) != value]
+
+
+def lever_fields(training, tp: int) -> dict:
+    """What Megatron should derive for the training options' levers (advisor.options)."""
+    p, dp, o = training.precision, training.data_parallel, training.offload
+    fields = {
+        "overlap_grad_reduce": dp.overlap_grad_reduce, "overlap_param_gather": dp.overlap_param_gather,
+        "use_megatron_fsdp": dp.fsdp_strategy is not None, "tp_comm_overlap": training.tensor_parallel.tp_comm_overlap,
+        "fp8": p.fp8_format, "fp8_param_gather": p.fp8_param_gather,
+        "optimizer_cpu_offload": o.optimizer_cpu_offload,
+        "create_attention_mask_in_dataloader": training.attention.dataloader_mask != "off",
+    }
+    if dp.fsdp_strategy is not None:
+        fields.update(data_parallel_sharding_strategy=dp.fsdp_strategy, ckpt_format="fsdp_dtensor")
+    if p.fp8_format is not None:
+        fields.update(fp8_recipe=p.fp8_recipe, fp8_amax_history_len=p.fp8_amax_history_len)
+    if o.optimizer_cpu_offload:
+        fields.update(optimizer_offload_fraction=o.optimizer_offload_fraction, use_precision_aware_optimizer=True)
+    return fields
 
 
 def assert_built_as_priced(release: Checkout, inputs: list[Priced]) -> None:
@@ -190,7 +213,8 @@ def assert_built_as_priced(release: Checkout, inputs: list[Priced]) -> None:
     refused, and what Megatron derives is what the advisor priced."""
     from launch.megatron_check import validate
 
-    results = validate(release.path, [item.case() for item in inputs], python=release.python)
+    # Hundreds of cases through the real parser take minutes on a loaded CI machine.
+    results = validate(release.path, [item.case() for item in inputs], python=release.python, timeout=1800)
     refused = [f"{item.label}: {result['error']}" for item, result in zip(inputs, results) if not result["ok"]]
     assert not refused, f"{len(refused)} of {len(inputs)} refused:\n" + "\n".join(refused[:20])
     wrong = [f"{item.label}: {'; '.join(problems)}" for item, result in zip(inputs, results)

@@ -20,8 +20,7 @@ import pytest
 from launch_support import plan_files
 from megatron_real import NO_TRANSFORMER_ENGINE, assert_built_as_priced, checkout, priced_input
 
-from advisor.memory import MemoryOptions
-from advisor.options import TrainingOptions
+from advisor.options import TrainingOptions, parse_training_args
 from advisor.megatron_args import MegatronSetup
 from launch.inputs import read_input
 from launch.megatron_check import validate
@@ -54,6 +53,16 @@ EXTENSIONS = {
     "vocab-divisible-by-128": ["--vocab-divisible-by", "128"],
     "tied": ["--tie-embeddings"],
     "odd-vocab": ["--vocab-size", "50257"],  # Megatron pads it to a multiple of TP even with divisible-by 1
+    # issue 21's levers: each stated in the flags, derived by Megatron as priced
+    "no-overlap": ["--no-overlap-grad-reduce"],
+    "grad-reduce-in-bf16": ["--grad-reduce-in-bf16"],
+    "fsdp-optim-grads": ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"],
+    "fsdp-release-default": ["--use-megatron-fsdp"],  # 0.19's optim_grads_params, written out for 0.15 too
+    "cpu-offload": ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"],
+    "mask-rebuilt": ["--dataloader-mask", "rebuilt"],
+    "fp8-param-gather": ["--fp8-format", "hybrid", "--fp8-param-gather"],
+    "fp8-tensorwise": ["--fp8-format", "e4m3", "--fp8-recipe", "tensorwise"],
+    "tp-comm-overlap": ["--tp-comm-overlap"],
 }
 
 
@@ -66,23 +75,24 @@ def all_inputs(advisor, root: Path, rules) -> list:
         for row in json.loads(path.read_text()):
             config = read_input(path, row["rank"])
             inputs.append(priced_input(config, rules, label=f"sweep {name} rank {row['rank']}",
-                                       options=TrainingOptions.from_dict(row["options"]).memory_options(), extras=NO_TRANSFORMER_ENGINE,
+                                       options=TrainingOptions.from_dict(row["options"]), extras=NO_TRANSFORMER_ENGINE,
                                        num_microbatches=row["num_microbatches"]))
     for name, args in EXTENSIONS.items():
         path = root / f"estimate-{name}.json"
         advisor("estimate", *ESTIMATE, *args, "--format", "json", "-o", path)
         document = json.loads(path.read_text())
         inputs.append(priced_input(read_input(path), rules, label=f"estimate {name}",
-                                   options=TrainingOptions.from_dict(document["options"]).memory_options(), extras=NO_TRANSFORMER_ENGINE,
+                                   options=TrainingOptions.from_dict(document["options"]), extras=NO_TRANSFORMER_ENGINE,
                                    num_microbatches=document["num_microbatches"]))
     for name, path in plan_files(advisor, root).items():
         document = json.loads(path.read_text())
         if not document["launchable"]:
             continue
-        setup = MegatronSetup(**document["setup"])
-        inputs.append(priced_input(read_input(path), rules, label=f"plan {name}", options=setup.memory_options(),
-                                   extras=NO_TRANSFORMER_ENGINE, num_microbatches=document["num_microbatches"],
-                                   params_dtype=setup.params_dtype))
+        # A plan records its profiles' setup, not the training options: read them from its flags.
+        options, unpriced = parse_training_args(document["megatron_args"])
+        assert not unpriced and options.data_parallel.distributed_optimizer == document["setup"]["distributed_optimizer"]
+        inputs.append(priced_input(read_input(path), rules, label=f"plan {name}", options=options,
+                                   extras=NO_TRANSFORMER_ENGINE, num_microbatches=document["num_microbatches"]))
     inputs += campaign_inputs(advisor, root, rules)
     return inputs
 
@@ -109,9 +119,8 @@ def campaign_inputs(advisor, root: Path, rules) -> list:
                              micro_batch_size=run["micro_batch_size"], global_batch_size=run["global_batch_size"],
                              layers_per_stage=tuple(run["layers_per_stage"]),
                              megatron_args=tuple(run["megatron_args"]) + tuple(executor.iterations))
-        inputs.append(priced_input(config, rules, label=f"campaign run {run['id']}", options=setup.memory_options(),
-                                   extras=NO_TRANSFORMER_ENGINE, num_microbatches=run["num_microbatches"],
-                                   params_dtype=setup.params_dtype))
+        inputs.append(priced_input(config, rules, label=f"campaign run {run['id']}", options=setup.training_options(),
+                                   extras=NO_TRANSFORMER_ENGINE, num_microbatches=run["num_microbatches"]))
     return inputs
 
 
@@ -134,7 +143,8 @@ def test_without_the_launchers_environment_megatron_refuses_tp_and_cp(advisor, t
     rules = named("core_v0.15.2")
     path = tmp_path / "sweep.json"
     advisor("sweep", *SWEEPS["llama3.1-8b"], "--format", "json", "-o", path)
-    inputs = [priced_input(read_input(path, row["rank"]), rules, label=str(row["rank"]), options=MemoryOptions(),
+    inputs = [priced_input(read_input(path, row["rank"]), rules, label=str(row["rank"]),
+                           options=TrainingOptions.from_dict(row["options"]),
                            extras=NO_TRANSFORMER_ENGINE, num_microbatches=row["num_microbatches"])
               for row in json.loads(path.read_text())]
     cases = [{**item.case(), "env": {"CUDA_DEVICE_MAX_CONNECTIONS": None}} for item in inputs]

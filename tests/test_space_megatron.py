@@ -55,7 +55,7 @@ def sweep_inputs(advisor, tmp_path, rules):
         for row in chosen_rows(json.loads(path.read_text())):
             rows.append(row)
             inputs.append(priced_input(read_input(path, row["rank"]), rules, label=f"{name} rank {row['rank']}",
-                                       options=TrainingOptions.from_dict(row["options"]).memory_options(), extras=NO_TRANSFORMER_ENGINE,
+                                       options=TrainingOptions.from_dict(row["options"]), extras=NO_TRANSFORMER_ENGINE,
                                        num_microbatches=row["num_microbatches"]))
     return inputs, rows
 

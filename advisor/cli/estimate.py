@@ -156,6 +156,9 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
                        space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens,
                        measured=measured)
     rows = result.rows
+    if result.escalation:
+        click.echo(f"advisor sweep: nothing fits with the options given; the rows use {result.escalation} "
+                   "(their options and megatron_args say so; lever_time_cost_s is its step-time cost)", err=True)
     searched = (f"{result.considered:,} layouts considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
                 f"{result.pruned:,} pruned as unable to fit or to win")
     verdicts = ("fits", "tight", "oom") if memory_model == "paper" else ("fits", "likely fits", "likely oom", "oom")

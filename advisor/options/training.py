@@ -66,12 +66,14 @@ class Precision:
 
     def __post_init__(self) -> None:
         _choice(self.params_dtype, ("bfloat16", "float16", "float32"), "params_dtype")
-        _choice(self.grad_reduce_dtype, ("fp32", "bf16"), "the gradient reduction dtype")
+        _choice(self.grad_reduce_dtype, ("fp32", "bf16", "fp16"), "the gradient reduction dtype")
         if self.fp8_format is not None:
             _choice(self.fp8_format, FP8_FORMATS, "--fp8-format")
         _choice(self.fp8_recipe, FP8_RECIPES, "--fp8-recipe")
         if self.grad_reduce_dtype == "bf16" and self.params_dtype != "bfloat16":
             raise AdvisorError("BF16 gradient reduction (--grad-reduce-in-bf16) needs BF16 weights (--bf16)")
+        if self.grad_reduce_dtype == "fp16" and self.params_dtype != "float16":
+            raise AdvisorError("FP16 gradient reduction comes only with FP16 weights (--fp16)")
         if self.fp8_format is not None and self.params_dtype == "float32":
             raise AdvisorError("FP8 (--fp8-format) runs with BF16 or FP16 weights, not FP32")
         if self.fp8_param_gather and self.fp8_format is None:

@@ -1,0 +1,64 @@
+"""The round trip of the training options through Megatron-LM flags: every emitted list reads back
+as the options it was priced with (issue 21), for generated options and for real sweep rows."""
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from advisor.options import FP8_RECIPES, FSDP_STRATEGIES, TrainingOptions, parse_training_args
+
+@st.composite
+def training_options(draw) -> TrainingOptions:
+    """Options Megatron-LM accepts: each dependent choice drawn among what its premises allow."""
+    params = draw(st.sampled_from(["bfloat16", "float16", "float32"]))
+    grad = draw(st.sampled_from({"bfloat16": ["fp32", "bf16"], "float16": ["fp32", "fp16"], "float32": ["fp32"]}[params]))
+    fsdp = draw(st.sampled_from([None, *FSDP_STRATEGIES]))
+    distributed = fsdp is not None or draw(st.booleans())
+    grad_overlap = draw(st.booleans())
+    fp8 = None if params == "float32" else draw(st.sampled_from([None, "e4m3", "hybrid"]))
+    offload = draw(st.booleans())
+    gather = fp8 is not None and distributed and draw(st.booleans())
+    recipe = "delayed" if fp8 is None or (offload and gather) else draw(st.sampled_from(FP8_RECIPES))
+    sequence_parallel, flash = draw(st.booleans()), draw(st.booleans())
+    recompute = draw(st.sampled_from(["none", "selective", "full"]))
+    full = recompute == "full"
+    return TrainingOptions().with_(
+        params_dtype=params, grad_reduce_dtype=grad, fp8_format=fp8, fp8_recipe=recipe, fp8_param_gather=gather,
+        fp8_amax_history_len=draw(st.integers(1, 1024)) if fp8 else 1, distributed_optimizer=distributed,
+        overlap_grad_reduce=grad_overlap, overlap_param_gather=grad_overlap and distributed and draw(st.booleans()),
+        fsdp_strategy=fsdp, sequence_parallel=sequence_parallel,
+        tp_comm_overlap=sequence_parallel and draw(st.booleans()), recompute=recompute,
+        recompute_method=draw(st.sampled_from(["uniform", "block"])) if full else "uniform",
+        recompute_num_layers=draw(st.integers(1, 64)) if full else 1, flash_attention=flash,
+        dataloader_mask=draw(st.sampled_from(["off", "cached", "rebuilt"] if flash else ["cached", "rebuilt"])),
+        optimizer_cpu_offload=offload,
+        optimizer_offload_fraction=draw(st.sampled_from([1.0, 0.5, 0.25])) if offload else 1.0,
+        vocab_divisible_by=draw(st.sampled_from([None, 64, 128])))
+
+
+@settings(max_examples=300, deadline=None)
+@given(training_options(), st.sampled_from([1, 2, 8]), st.sampled_from(["core_v0.15.2", "0.19"]))
+def test_any_options_read_back_from_their_flags(options, tp, release):
+    argv = [*options.megatron_args(tp=tp, release=release), "--tensor-model-parallel-size", str(tp)]
+    assert parse_training_args(argv, release) == (options.at_tp(tp), [])
+
+
+def test_every_sweep_row_reads_back(advisor, tmp_path):
+    """Rows of sweeps with the levers (and the escalation to FSDP or offload): their megatron_args
+    parse back to their options."""
+    cases = [["--gpus", "64", "--gpu", "h100-80gb", "--gbs", "256"],
+             ["--gpus", "64", "--gpu", "h100-80gb", "--gbs", "256", "--grad-dtype", "bf16", "--tp-comm-overlap",
+              "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads", "--fp8-format", "hybrid"],
+             ["--gpus", "16", "--mem", "40", "--gbs", "64", "--no-overlap-grad-reduce", "--no-flash-attn",
+              "--megatron-version", "0.15"],
+             ["--gpus", "8", "--gpu", "h100-80gb", "--model", "llama3.1-70b", "--gbs", "64"]]
+    rows = 0
+    for number, args in enumerate(cases):
+        path = tmp_path / f"sweep{number}.json"
+        advisor("sweep", *args, "--format", "json", "-o", path)
+        for row in json.loads(path.read_text()):
+            options = TrainingOptions.from_dict(row["options"])
+            assert parse_training_args(row["megatron_args"], "0.15" if "0.15" in args else None) == (options, [])
+            rows += 1
+    assert rows > 100
