@@ -99,7 +99,9 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
 
         profile_set = load_profile_set(profiles)
         if gpu is not None:
-            timing = _timing(profile_set.model, gpu, profile_set.seq_len, workload.global_batch_size)
+            # priced as launched: the profiles' setup decides the plan's flags (advisor.megatron_args)
+            timing = _timing(profile_set.model, gpu, profile_set.seq_len, workload.global_batch_size,
+                             profile_set.setup.training_options().time_options())
         common.update(global_batch_size=workload.global_batch_size, predictor=predictor, merge_to=merge_to)
         if mode == "megatron":
             plan = recommend_megatron(profile_set, tp=tp, pp=pp, objective=objective, memory_limit=limit,
