@@ -223,7 +223,8 @@ class SlurmJob:
     qos: str | None = None
     cpus_per_task: int | None = None
     """CPUs of each node's one task (torchrun and its ranks); None: every CPU of the node."""
-    signal_time_s: int = SIGNAL_TIME_S
+    signal_time_s: int | None = SIGNAL_TIME_S
+    """None: no signal (a job array's short profiling runs: a killed one is redone)."""
     requeue: bool = False
     rdzv_port: int = DEFAULT_RDZV_PORT
 
@@ -241,7 +242,7 @@ class SlurmJob:
         settings = [("job-name", self.job_name), ("nodes", topology.nnodes), ("ntasks-per-node", 1),
                     ("gpus-per-node", topology.nproc_per_node), ("exclusive", True),
                     ("cpus-per-task", self.cpus_per_task), ("output", f"{logs}.out"), ("error", f"{logs}.err"),
-                    ("signal", f"TERM@{self.signal_time_s}"), ("requeue", self.requeue or None),
+                    ("signal", self.signal_time_s and f"TERM@{self.signal_time_s}"), ("requeue", self.requeue or None),
                     ("partition", self.partition), ("account", self.account), ("qos", self.qos), ("time", self.time)]
         return [f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={value}"
                 for key, value in settings if value is not None]

@@ -1,0 +1,60 @@
+"""``advisor profile run CAMPAIGN --slurm-array`` on a real Slurm (tests/slurm_real.py): a campaign
+of the real core_v0.15.2 pretrain_gpt.py (a copy; CPU, gloo, the GPU double
+tests/fixtures/cuda_on_cpu) submitted as one job array, scancel'd while its second task runs, and
+resubmitted: the array then holds only the killed run, which is redone; the finished run is not
+touched."""
+
+import json
+import subprocess
+
+import pytest
+from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, checkout, launch_env, writable_copy
+from slurm_real import array_states, cluster, submitted_id, wait_finished, wait_until
+from test_profile_run_megatron import plan
+
+from advisor.capture.campaign_run import scan
+from advisor.profiles import load_run
+
+
+@pytest.fixture(scope="module")
+def core_0_15(tmp_path_factory):
+    cluster()
+    return writable_copy(checkout("core_v0.15.2"), tmp_path_factory.mktemp("megatron"))
+
+
+def test_a_campaign_runs_as_a_job_array_and_resumes_after_scancel(core_0_15, advisor, tmp_path):
+    from megatron_hooks.emulate import free_port
+
+    document = plan(advisor, tmp_path / "full.json", 2, 2)
+    document["runs"] = document["runs"][:2]  # two runs of PP 2 are enough (each about 30 s here)
+    (tmp_path / "campaign.json").write_text(json.dumps(document))
+    first, second = (run["id"] for run in document["runs"])
+    env = launch_env(core_0_15)
+
+    def submit(*more: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(core_0_15.bin / "advisor"), "profile", "run", "campaign.json", "--out", "runs", "--megatron-lm",
+             str(core_0_15.path), "--slurm-array", "--mock-data", "--rdzv-port", str(free_port()), *more, "--",
+             *CPU_TRAINING], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+
+    job_id = submitted_id(submit().stdout)
+    # Task 0 finishes; task 1 starts and writes its rank files; then the whole array is cancelled.
+    wait_until(lambda: array_states(job_id).get("0") == "COMPLETED" and list((tmp_path / "runs" / second).glob(
+        "rank*.jsonl")), LAUNCH_TIMEOUT_S, "task 0 done and task 1 running", poll_s=0.2)
+    subprocess.run(["scancel", job_id], check=True)
+    wait_finished(job_id, 60)
+    assert array_states(job_id)["1"] == "CANCELLED"
+    states = scan(document, tmp_path / "runs")
+    assert (states[first].state, states[second].state) == ("complete", "partial")
+    kept = {path: path.stat().st_mtime_ns for path in (tmp_path / "runs" / first).glob("rank*.jsonl")}
+
+    script = submit("--dry-run").stdout  # the resubmission holds the killed run only
+    assert "#SBATCH --array=0-0\n" in script and f"runs=(\n    {second}\n)" in script
+    again = submitted_id(submit().stdout)
+    fields = wait_finished(again, LAUNCH_TIMEOUT_S)
+    assert fields["JobState"] == "COMPLETED", (tmp_path / f"profile-campaign-{again}_0.err").read_text()[-3000:]
+    assert all(check.state == "complete" for check in scan(document, tmp_path / "runs").values())
+    assert kept == {path: path.stat().st_mtime_ns for path in (tmp_path / "runs" / first).glob("rank*.jsonl")}
+    ranks = load_run(tmp_path / "runs" / second).ranks
+    assert sorted((rank.header.rank, rank.status) for rank in ranks) == [(0, "ok"), (1, "ok")]
+    assert "every run of campaign.json is complete under runs: nothing to submit" in submit().stderr
