@@ -2,9 +2,10 @@
 of the real core_v0.15.2 pretrain_gpt.py (a copy; CPU, gloo, the GPU double
 tests/fixtures/cuda_on_cpu) submitted as one job array, scancel'd while its second task runs, and
 resubmitted: the array then holds only the killed run, which is redone; the finished run is not
-touched."""
+touched. First, without Slurm: the script's shape and the refusals."""
 
 import json
+import shlex
 import subprocess
 
 import pytest
@@ -14,6 +15,38 @@ from test_profile_run_megatron import plan
 
 from advisor.capture.campaign_run import scan
 from advisor.profiles import load_run
+
+
+def test_the_array_script_and_its_refusals(advisor, tmp_path):
+    """Six runs on nodes of 2 GPUs: six tasks, each the runner restricted to one run (parsed back
+    by the runner's own parser), whole nodes, logs by array job and task; bad input one line."""
+    from click import Context
+    from launch_support import make_checkout
+
+    from launch.campaign_runner import main as runner
+
+    plan(advisor, tmp_path / "campaign.json", 2, 2)
+    checkout = make_checkout(tmp_path / "Megatron LM")
+    script = advisor("profile", "run", tmp_path / "campaign.json", "--out", tmp_path / "runs", "--megatron-lm",
+                     checkout, "--slurm-array", "--mock-data", "--partition", "gpu", "--dry-run", "--", "--lr",
+                     "1e-4").stdout
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    assert "#SBATCH --array=0-5\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=2\n" \
+           "#SBATCH --exclusive\n#SBATCH --output=%x-%A_%a.out\n#SBATCH --error=%x-%A_%a.err\n" \
+           "#SBATCH --partition=gpu\n" in script
+    runs = [run["id"] for run in json.loads((tmp_path / "campaign.json").read_text())["runs"]]
+    assert script.split("runs=(\n")[1].split(")")[0].split() == runs
+    words = shlex.split(script.split("\nexec ")[1].replace("\\\n", " ").replace('"${runs[$SLURM_ARRAY_TASK_ID]}"', runs[3]))
+    assert words[:3] == [words[0], "-m", "launch.campaign_runner"]
+    params = runner.make_context("runner", words[3:], parent=Context(runner)).params
+    assert (params["only"], params["slurm"], params["mock_data"], params["user_args"]) == (runs[3], True, True,
+                                                                                        ("--lr", "1e-4"))
+    assert params["megatron_lm"] == str(checkout.resolve()) and params["out"] == (tmp_path / "runs").resolve()
+    assert "--slurm-array submits Megatron-LM runs from a login node" in advisor.error(
+        "profile", "run", tmp_path / "campaign.json", "--out", tmp_path / "runs", "--slurm-array")
+    assert "--qos is for --slurm-array" in advisor.error("profile", "run", tmp_path / "campaign.json", "--out",
+                                                         tmp_path / "runs", "--qos", "high")
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.fixture(scope="module")

@@ -361,8 +361,8 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
 
 def _submit_array(campaign: Path, out: Path, megatron_lm: str, mock_data: bool, train_iters: int | None,
                   rdzv_port: int | None, array: dict, user_args: tuple[str, ...]) -> None:
-    """``python -m launch.slurm_array`` (the job array's writer, on the torch-free launch side)
-    with this interpreter; its output is the command's, its exit status too."""
+    """``python -m launch.slurm_array`` (the job array's writer, on the launch side) with this
+    interpreter; its output (the script, or sbatch's answer) is the command's, its exit status too."""
     import subprocess
     import sys
 
@@ -372,9 +372,11 @@ def _submit_array(campaign: Path, out: Path, megatron_lm: str, mock_data: bool, 
                *(["--rdzv-port", str(rdzv_port)] if rdzv_port else []),
                *[item for name, value in array.items() if value
                  for item in ([name] if value is True else [name, value])]]
-    status = subprocess.run([sys.executable, "-m", LAUNCH_ARRAY_MODULE, str(campaign), "--out", str(out),
-                             "--megatron-lm", megatron_lm, *options, "--", *user_args]).returncode
-    sys.exit(status)
+    result = subprocess.run([sys.executable, "-m", LAUNCH_ARRAY_MODULE, str(campaign), "--out", str(out),
+                             "--megatron-lm", megatron_lm, *options, "--", *user_args], capture_output=True, text=True)
+    click.echo(result.stdout, nl=False)
+    click.echo(result.stderr, nl=False, err=True)
+    sys.exit(result.returncode)
 
 
 def _finish(status: int, summary, last: str, out: Path) -> None:
