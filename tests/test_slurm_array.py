@@ -9,7 +9,7 @@ import shlex
 import subprocess
 
 import pytest
-from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, checkout, launch_env, writable_copy
+from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, launch_env, session_copy
 from slurm_real import array_states, cluster, submitted_id, wait_finished, wait_until
 from test_profile_run_megatron import plan
 
@@ -52,7 +52,7 @@ def test_the_array_script_and_its_refusals(advisor, tmp_path):
 @pytest.fixture(scope="module")
 def core_0_15(tmp_path_factory):
     cluster()
-    return writable_copy(checkout("core_v0.15.2"), tmp_path_factory.mktemp("megatron"))
+    return session_copy("core_v0.15.2", tmp_path_factory)
 
 
 def test_a_campaign_runs_as_a_job_array_and_resumes_after_scancel(core_0_15, advisor, tmp_path):

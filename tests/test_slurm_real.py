@@ -12,8 +12,8 @@ srun and torchrun to Megatron, which ends its iteration and exits (--exit-signal
 import subprocess
 
 import pytest
-from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, checkout, launch_env, writable_copy
-from slurm_real import cluster, job_fields, read_logs, submitted_id, wait_finished, wait_until
+from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, launch_env, session_copy
+from slurm_real import cluster, read_logs, submitted_id, wait_finished, wait_until
 from test_launch_run import LAYOUTS, check_run, estimate
 
 JOB = "megatron-llama3.1-8b"
@@ -22,10 +22,10 @@ JOB = "megatron-llama3.1-8b"
 @pytest.fixture(scope="module")
 def core_0_15(tmp_path_factory):
     cluster()
-    return writable_copy(checkout("core_v0.15.2"), tmp_path_factory.mktemp("megatron"))
+    return session_copy("core_v0.15.2", tmp_path_factory)
 
 
-def submit(release, directory, layout: str, *, profile: bool, extra: list[str]) -> str:
+def submit(release, directory, *, profile: bool, extra: list[str]) -> str:
     """``advisor-launch sbatch`` (no --dry-run: it runs the real sbatch) from ``directory``, where
     the job's output files land; the job id."""
     from megatron_hooks.emulate import free_port
@@ -44,7 +44,7 @@ def test_the_batch_script_trains_through_a_real_slurm(core_0_15, advisor, tmp_pa
     the ranks through srun (Megatron refuses TP 2 without it); the job completes, its log files
     carry its id, and every rank's profile is complete with the loss Megatron logged."""
     document = estimate(advisor, tmp_path / "estimate.json", *LAYOUTS["tp2"][:2])
-    job_id = submit(core_0_15, tmp_path, "tp2", profile=True, extra=[])
+    job_id = submit(core_0_15, tmp_path, profile=True, extra=[])
     fields = wait_finished(job_id, LAUNCH_TIMEOUT_S)
     logs = read_logs(tmp_path, f"{JOB}-{job_id}")
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), logs[-4000:]
@@ -60,7 +60,7 @@ def test_slurms_sigterm_reaches_megatron_which_exits_cleanly(core_0_15, advisor,
     KillWait would have killed a rank. torchrun itself then raises its SignalException (exit 1:
     its way of saying it was signalled), so Slurm records the job as FAILED."""
     estimate(advisor, tmp_path / "estimate.json", *LAYOUTS["one-rank"][:2])
-    job_id = submit(core_0_15, tmp_path, "one-rank", profile=False, extra=["--train-iters", "100000"])
+    job_id = submit(core_0_15, tmp_path, profile=False, extra=["--train-iters", "100000"])
     stem = f"{JOB}-{job_id}"
     wait_until(lambda: "iteration        3/" in read_logs(tmp_path, stem), LAUNCH_TIMEOUT_S, "iteration 3")
     subprocess.run(["scancel", "--signal=TERM", job_id], check=True)
