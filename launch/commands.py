@@ -201,6 +201,7 @@ SIGNAL_TIME_S = 300
 """Seconds before the time limit that Slurm sends SIGTERM (``#SBATCH --signal=TERM@300``): one
 iteration and a checkpoint save. Slurm may send it up to 60 s earlier (its event resolution)."""
 EXIT_SIGNAL_HANDLER = "--exit-signal-handler"
+NODE_CPUS = ShellWord('--cpus-per-task="${SLURM_CPUS_PER_TASK:-$SLURM_CPUS_ON_NODE}"')
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -247,14 +248,15 @@ class SlurmJob:
         return [f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={value}"
                 for key, value in settings if value is not None]
 
-    def srun(self, *options: str) -> list[str]:
+    def srun(self) -> list[str]:
         """srun of one task per node with the node's CPUs (srun no longer inherits sbatch's
         --cpus-per-task since Slurm 22.05; with --exclusive, SLURM_CPUS_ON_NODE is all of them),
         every task killed when one fails."""
-        return ["srun", *options, "--kill-on-bad-exit=1", ShellWord('--cpus-per-task="${SLURM_CPUS_PER_TASK:-$SLURM_CPUS_ON_NODE}"')]
+        return ["srun", "--kill-on-bad-exit=1", NODE_CPUS]
 
     def torchrun_options(self) -> list[str]:
-        return ["--shutdown-timeout", str(self.signal_time_s)]
+        """torchrun waits the signal's lead before it kills the ranks it forwarded SIGTERM to."""
+        return ["--shutdown-timeout", str(self.signal_time_s)] if self.signal_time_s else []
 
 
 def with_exit_signal_handler(groups: Sequence[tuple[str, Sequence[str]]]) -> list[tuple[str, Sequence[str]]]:
@@ -280,7 +282,7 @@ def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str
         return " ".join(text.splitlines())
 
     array = []
-    for label, args in with_exit_signal_handler(megatron):
+    for label, args in (with_exit_signal_handler(megatron) if job.signal_time_s else megatron):
         if args:
             array += [f"    # {comment(label)}", *wrap(args, first="    ")]
     torchrun = ["torchrun", "--nnodes", str(topology.nnodes), "--nproc-per-node", str(topology.nproc_per_node),

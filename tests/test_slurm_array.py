@@ -36,7 +36,8 @@ def test_the_array_script_and_its_refusals(advisor, tmp_path):
            "#SBATCH --partition=gpu\n" in script
     runs = [run["id"] for run in json.loads((tmp_path / "campaign.json").read_text())["runs"]]
     assert script.split("runs=(\n")[1].split(")")[0].split() == runs
-    words = shlex.split(script.split("\nexec ")[1].replace("\\\n", " ").replace('"${runs[$SLURM_ARRAY_TASK_ID]}"', runs[3]))
+    command = script.split("\nexec ")[1].replace("\\\n", " ")
+    words = shlex.split(command.replace('"${runs[$SLURM_ARRAY_TASK_ID]}"', runs[3]))
     assert words[:3] == [words[0], "-m", "launch.campaign_runner"]
     params = runner.make_context("runner", words[3:], parent=Context(runner)).params
     assert (params["only"], params["slurm"], params["mock_data"], params["user_args"]) == (runs[3], True, True,
