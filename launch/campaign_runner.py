@@ -1,7 +1,7 @@
 """Run a profiling campaign on GPUs: every run through torchrun and the user's Megatron-LM.
 
     python -m launch.campaign_runner CAMPAIGN --out DIR --megatron-lm DIR [--mock-data]
-        [--train-iters N] [--slurm [--rdzv-port P]] [-- MEGATRON_ARGS...]
+        [--train-iters N] [--slurm [--rdzv-port P]] [--run ID] [-- MEGATRON_ARGS...]
 
 ``advisor profile run --megatron-lm DIR`` starts this module as a subprocess and draws its
 progress from the events it prints on stdout; the loop, resuming and what counts as done are
@@ -88,6 +88,8 @@ class SlurmAllocation:
     nodes: int
     head_node: str
     rdzv_port: int = DEFAULT_RDZV_PORT
+    cpus_per_task: str | None = None
+    """The node's CPUs for its one task (srun no longer inherits sbatch's since Slurm 22.05)."""
 
     @classmethod
     def from_environment(cls, rdzv_port: int) -> "SlurmAllocation":
@@ -103,12 +105,15 @@ class SlurmAllocation:
         hosts = subprocess.run(["scontrol", "show", "hostnames", node_list], capture_output=True, text=True)
         if hosts.returncode != 0 or not hosts.stdout.split():
             raise AdvisorError(f"scontrol show hostnames {node_list} failed: {hosts.stderr.strip() or 'no hosts'}")
-        return cls(job_id=job_id, nodes=int(nodes), head_node=hosts.stdout.split()[0], rdzv_port=rdzv_port)
+        cpus = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("SLURM_CPUS_ON_NODE")
+        return cls(job_id=job_id, nodes=int(nodes), head_node=hosts.stdout.split()[0], rdzv_port=rdzv_port,
+                   cpus_per_task=cpus if (cpus or "").isdigit() else None)
 
     def wrap(self, nodes: Topology, entry: Sequence[str], megatron: Sequence[str], run_id: str) -> list[str]:
         """srun of one torchrun per node, meeting on the first node."""
         rendezvous = Rendezvous(host=self.head_node, port=self.rdzv_port, rdzv_id=f"{self.job_id}-{run_id}")
-        return ["srun", f"--nodes={nodes.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        cpus = [f"--cpus-per-task={self.cpus_per_task}"] if self.cpus_per_task else []
+        return ["srun", f"--nodes={nodes.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *cpus,
                 *torchrun_argv(nodes, entry, megatron, rendezvous)]
 
 
@@ -158,9 +163,11 @@ class TorchrunExecutor:
               help="Inside a Slurm allocation: each run as srun of one torchrun per node (runs of several nodes).")
 @click.option("--rdzv-port", type=click.IntRange(*TCP_PORTS), default=DEFAULT_RDZV_PORT, show_default=True,
               help="With --slurm: the c10d rendezvous port on the allocation's first node.")
+@click.option("--run", "only", metavar="ID", default=None,
+              help="Only this run of the campaign (a job array's task: launch.slurm_array).")
 @click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]")
 def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, train_iters: int, slurm: bool,
-         rdzv_port: int, user_args: tuple[str, ...]) -> None:
+         rdzv_port: int, only: str | None, user_args: tuple[str, ...]) -> None:
     """Run a profiling campaign (advisor profile plan) through torchrun and Megatron-LM, one run
     after another, resuming where it stopped.
 
@@ -170,6 +177,10 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
     from launch.megatron_versions import check_python
 
     document = prepare(campaign, out, backend="megatron")  # bad input before any work
+    if only is not None:
+        document = {**document, "runs": [run for run in document["runs"] if run["id"] == only]}
+        if not document["runs"]:
+            raise AdvisorError(f"--run {only!r}: {campaign} has no such run")
     allocation = SlurmAllocation.from_environment(rdzv_port) if slurm else None
     if problem := launch_problem(document, slurm_nodes=allocation.nodes if allocation else None):
         raise AdvisorError(problem)

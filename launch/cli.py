@@ -19,7 +19,7 @@ from typing import Callable
 import click
 
 from advisor.cli.options import GPUS, GPUS_PER_NODE, InputError, OneLineErrors, apply_options
-from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS
+from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S, TCP_PORTS
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
           "(layout, batch, model, memory switches) are refused. Errors exit with status 2; otherwise the exit "
@@ -233,20 +233,35 @@ _JOB_NAME = re.compile(r"[^\w.-]+")
 @click.option("--partition", default=None, help="#SBATCH --partition.")
 @click.option("--account", default=None, help="#SBATCH --account.")
 @click.option("--time", default=None, help="#SBATCH --time, e.g. 02:00:00.")
+@click.option("--qos", default=None, help="#SBATCH --qos.")
 @click.option("--job-name", default=None, help="#SBATCH --job-name (default: megatron-MODEL).")
+@click.option("--cpus-per-task", type=click.IntRange(min=1), default=None,
+              help="CPUs of each node's task (torchrun and its ranks; default: all the node's CPUs, which "
+                   "--exclusive gives the job).")
+@click.option("--signal-time", type=click.IntRange(60, 65535), default=SIGNAL_TIME_S, show_default=True,
+              metavar="SECONDS",
+              help="Slurm sends SIGTERM this long before the time limit (#SBATCH --signal=TERM@SECONDS); "
+                   "Megatron (--exit-signal-handler) finishes its iteration, saves with --save, and exits; "
+                   "torchrun waits as long (--shutdown-timeout) before killing ranks.")
+@click.option("--requeue", is_flag=True,
+              help="#SBATCH --requeue: Slurm may requeue the job (node failure, preemption); give "
+                   "--save and --load the same directory after '--' so that it resumes.")
 @click.option("--rdzv-port", type=click.IntRange(*TCP_PORTS), default=DEFAULT_RDZV_PORT, show_default=True,
               help="The c10d rendezvous port on the first node.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the script here (atomically) and submit this file.")
 @click.option("--dry-run", is_flag=True, help="Do not submit: print the script (or only write it, with -o).")
 @megatron_options
-def sbatch_command(config, release, megatron, profiling, nodes, gpus_per_node, partition, account, time, job_name,
-                   rdzv_port, output, dry_run) -> int:
+def sbatch_command(config, release, megatron, profiling, nodes, gpus_per_node, partition, account, time, qos,
+                   job_name, cpus_per_task, signal_time, requeue, rdzv_port, output, dry_run) -> int:
     """Write a Slurm batch script for the input, and submit it with sbatch.
 
-    The script asks for the input's nodes and GPUs, runs one torchrun per node
-    (srun --ntasks-per-node=1) meeting at a c10d rendezvous on the first node,
-    each starting 'python -m launch.entry' on its GPUs. The job inherits your
+    The script asks for the input's nodes and GPUs (whole nodes: --exclusive),
+    runs one torchrun per node (srun --ntasks-per-node=1, every task killed if
+    one fails) meeting at a c10d rendezvous on the first node, each starting
+    'python -m launch.entry' on its GPUs. Output goes to JOB_NAME-JOBID.out and
+    .err. Before the time limit Slurm sends SIGTERM, which Megatron
+    (--exit-signal-handler) turns into a save and a clean exit. The job inherits your
     environment (Slurm's default), so submit it from the environment that has
     torch and this package. The checkout and --profile-dir must be on a file
     system the nodes share.
@@ -265,7 +280,8 @@ def sbatch_command(config, release, megatron, profiling, nodes, gpus_per_node, p
     topology = resolve_topology(config, nnodes=nodes, per_node=gpus_per_node, names=("--nodes", "--gpus-per-node"))
     model = config.model.name.partition("[")[0]  # a preset's name, without the overrides
     job = SlurmJob(job_name=job_name or _JOB_NAME.sub("-", f"megatron-{model}"), partition=partition,
-                   account=account, time=time, rdzv_port=rdzv_port)
+                   account=account, time=time, qos=qos, cpus_per_task=cpus_per_task, signal_time_s=signal_time,
+                   requeue=requeue, rdzv_port=rdzv_port)
     entry, env = _launch_plan(config, release, megatron, profiling, dry_run=dry_run)
     script = sbatch_script(job, topology, entry, megatron.groups, description=config.describe(),
                            environment=env.settings, environment_reason=env.reason)

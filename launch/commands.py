@@ -197,31 +197,76 @@ def format_command(argv: Sequence[str], environment: Mapping[str, str] | None = 
 # --- Slurm ------------------------------------------------------------------------------------
 
 _SLURM_VALUE = re.compile(r"^[\w.:@%+/=,-]+$")
+SIGNAL_TIME_S = 300
+"""Seconds before the time limit that Slurm sends SIGTERM (``#SBATCH --signal=TERM@300``): one
+iteration and a checkpoint save. Slurm may send it up to 60 s earlier (its event resolution)."""
+EXIT_SIGNAL_HANDLER = "--exit-signal-handler"
+NODE_CPUS = ShellWord('--cpus-per-task="${SLURM_CPUS_PER_TASK:-$SLURM_CPUS_ON_NODE}"')
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SlurmJob:
-    """The #SBATCH settings that ``advisor-launch sbatch`` writes besides nodes and GPUs."""
+    """The #SBATCH settings that ``advisor-launch sbatch`` writes besides nodes and GPUs.
+
+    The signal before the time limit: ``--signal=TERM@S`` without ``B:``, so that Slurm signals
+    the job step's tasks (torchrun on every node), not the batch shell (bash would not pass it on
+    to srun). SIGTERM because it is the one signal that reaches Megatron's handler on both paths:
+    torchrun forwards only TERM/INT/HUP/QUIT to its workers (``--signals-to-handle``' default),
+    and core_v0.15.2's ``--exit-signal-handler`` catches only SIGTERM (core_v0.19.0's
+    ``--exit-signal`` defaults to it). torchrun kills its workers ``--shutdown-timeout`` seconds
+    after forwarding (30 by default): the script sets it to S, so Megatron has until the limit
+    to finish its iteration, save (with ``--save``) and exit."""
 
     job_name: str
     partition: str | None = None
     account: str | None = None
     time: str | None = None
+    qos: str | None = None
+    cpus_per_task: int | None = None
+    """CPUs of each node's one task (torchrun and its ranks); None: every CPU of the node."""
+    signal_time_s: int | None = SIGNAL_TIME_S
+    """None: no signal (a job array's short profiling runs: a killed one is redone)."""
+    requeue: bool = False
     rdzv_port: int = DEFAULT_RDZV_PORT
 
     def __post_init__(self) -> None:
-        for name in ("job_name", "partition", "account", "time"):
+        for name in ("job_name", "partition", "account", "time", "qos"):
             value = getattr(self, name)
             if value is not None and not _SLURM_VALUE.match(value):
                 raise AdvisorError(f"--{name.replace('_', '-')} {value!r}: use letters, digits and . : @ % + / = , - _")
         if not TCP_PORTS[0] <= self.rdzv_port <= TCP_PORTS[1]:
             raise AdvisorError(f"--rdzv-port must be a TCP port, got {self.rdzv_port}")
 
-    def directives(self, topology: Topology) -> list[str]:
+    def directives(self, topology: Topology, *, logs: str = "%x-%j") -> list[str]:
+        """The #SBATCH lines; ``logs``: the output and error files' stem (%x the job name, %j its
+        id, %A_%a an array task)."""
         settings = [("job-name", self.job_name), ("nodes", topology.nnodes), ("ntasks-per-node", 1),
-                    ("gpus-per-node", topology.nproc_per_node), ("partition", self.partition),
-                    ("account", self.account), ("time", self.time)]
-        return [f"#SBATCH --{key}={value}" for key, value in settings if value is not None]
+                    ("gpus-per-node", topology.nproc_per_node), ("exclusive", True),
+                    ("cpus-per-task", self.cpus_per_task), ("output", f"{logs}.out"), ("error", f"{logs}.err"),
+                    ("signal", self.signal_time_s and f"TERM@{self.signal_time_s}"), ("requeue", self.requeue or None),
+                    ("partition", self.partition), ("account", self.account), ("qos", self.qos), ("time", self.time)]
+        return [f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={value}"
+                for key, value in settings if value is not None]
+
+    def srun(self) -> list[str]:
+        """srun of one task per node with the node's CPUs (srun no longer inherits sbatch's
+        --cpus-per-task since Slurm 22.05; with --exclusive, SLURM_CPUS_ON_NODE is all of them),
+        every task killed when one fails."""
+        return ["srun", "--kill-on-bad-exit=1", NODE_CPUS]
+
+    def torchrun_options(self) -> list[str]:
+        """torchrun waits the signal's lead before it kills the ranks it forwarded SIGTERM to."""
+        return ["--shutdown-timeout", str(self.signal_time_s)] if self.signal_time_s else []
+
+
+def with_exit_signal_handler(groups: Sequence[tuple[str, Sequence[str]]]) -> list[tuple[str, Sequence[str]]]:
+    """The Megatron-LM argument groups with ``--exit-signal-handler`` (unless given) before the
+    last group (the user's own, which stay last): Megatron then saves (with --save) and exits at
+    the end of the iteration in which SIGTERM came."""
+    if any(EXIT_SIGNAL_HANDLER in args for _, args in groups):
+        return list(groups)
+    handler = ("Slurm's SIGTERM before the time limit: finish the iteration, save, exit", (EXIT_SIGNAL_HANDLER,))
+    return [*groups[:-1], handler, *groups[-1:]]
 
 
 def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str],
@@ -237,13 +282,13 @@ def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str
         return " ".join(text.splitlines())
 
     array = []
-    for label, args in megatron:
+    for label, args in (with_exit_signal_handler(megatron) if job.signal_time_s else megatron):
         if args:
             array += [f"    # {comment(label)}", *wrap(args, first="    ")]
     torchrun = ["torchrun", "--nnodes", str(topology.nnodes), "--nproc-per-node", str(topology.nproc_per_node),
-                "--rdzv-backend", "c10d"]
+                *job.torchrun_options(), "--rdzv-backend", "c10d"]
     launch_line = (
-        f"srun --kill-on-bad-exit=1 {shlex.join(torchrun)} \\\n"
+        f"{shell_join(job.srun())} \\\n    {shlex.join(torchrun)} \\\n"
         f'    --rdzv-endpoint "${{head_node}}:{job.rdzv_port}" --rdzv-id "$SLURM_JOB_ID" \\\n'
         f"    {shell_join(['-m', ENTRY_MODULE, *entry_options])} \\\n"
         f'    -- "${{megatron_args[@]}}"'

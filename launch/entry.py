@@ -13,7 +13,9 @@ the script's. ``--megatron-lm`` defaults to ``$MEGATRON_LM``.
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
+import signal
 import sys
 from typing import Sequence
 
@@ -51,8 +53,21 @@ def _status(code) -> int:
     return 1
 
 
+def shield_forked_children(megatron_args: Sequence[str]) -> None:
+    """With ``--exit-signal-handler``, the processes this rank forks (the DataLoader's workers)
+    block SIGTERM. Slurm signals every process of a job step (``--signal``, ``scancel
+    --signal``), workers included, and a worker killed by it makes the rank raise ("DataLoader
+    worker ... is killed by signal: Terminated") before Megatron's handler can save and exit:
+    seen on a real Slurm with core_v0.15.2. core_v0.19.0's own worker_init_fn makes its workers
+    catch the exit signal (megatron/training/datasets/data_samplers.py); this does the same for
+    every release. The workers still end with their rank (the DataLoader shuts them down)."""
+    if "--exit-signal-handler" in megatron_args:
+        os.register_at_fork(after_in_child=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}))
+
+
 def run(checkout, megatron_args: Sequence[str], *, profile_dir=None, run_id: str | None = None) -> int:
     """Run ``checkout/pretrain_gpt.py`` with ``megatron_args`` in this process; its exit status."""
+    shield_forked_children(megatron_args)
     script = checkout / SCRIPT
     sys.path.insert(0, str(checkout.resolve()))  # as `python pretrain_gpt.py` puts the script's directory first
     sys.argv = [str(script), *megatron_args]

@@ -81,6 +81,17 @@ def writable_copy(source: Checkout, directory: Path) -> Checkout:
     return Checkout(source.tag, target, source.python)
 
 
+_COPIES: dict[str, Checkout] = {}
+
+
+def session_copy(tag: str, tmp_path_factory) -> Checkout:
+    """One writable copy of the checkout ``tag`` for the whole session, shared by the modules that
+    launch it (a copy and its build take about 15 s of CPU; the launches only read it)."""
+    if tag not in _COPIES:
+        _COPIES[tag] = writable_copy(checkout(tag), tmp_path_factory.mktemp(f"megatron-{tag}"))
+    return _COPIES[tag]
+
+
 def launch_env(release: Checkout, **extra: str) -> dict[str, str]:
     """The environment of a launch on the CPU: the GPU double, this repository importable, one
     thread per rank, the release's scripts first on PATH."""

@@ -8,10 +8,14 @@ microbatch of 4 sequences. So the first stage (which also holds 4 microbatches u
 the last (with the 4 x 128 x 32000 FP32 logits) are heavy, and the even split 4/4/4/4 is not
 what balances memory.
 
-Every command is the real CLI: ``advisor profile plan`` (the reduced campaign), ``advisor profile
-run`` (6 runs, 24 stage emulations, at pipeline microbatches 1 and 2), ``advisor recommend`` (Megatron
-mode, PP 4, microbatch 4, 4 microbatches, the 1F1B-aware predictor), and ``advisor profile run``
-of a measurement campaign with the plan and the even split at the target batch.
+Every command is the real CLI: ``advisor profile plan`` (the reduced campaign), ``advisor recommend``
+(Megatron mode, PP 4, microbatch 4, 4 microbatches, the 1F1B-aware predictor), and ``advisor profile
+run`` of a measurement campaign with the plan and the even split at the target batch. The reduced
+campaign's profiles (6 runs, 24 stage emulations, at pipeline microbatches 1 and 2) are the ones
+committed in tables/data/capture/profiles (tables/capture: the same model, sequence, batch and
+setup); the test checks that the campaign it plans is that one, run for run, and reads them
+instead of profiling again: what it proves is the pipeline from plan to measured layout, not the
+profiler (tests/test_emulate.py and tests/test_profile_run_megatron.py test that).
 
 What it must show, and why the bound is what it is. The CPU backend counts tensor storages
 exactly, so every measured peak here is a deterministic number (no allocator, no noise): the run
@@ -23,6 +27,7 @@ measured peaks are within 2% of their predictions. (Measured: 23.6%.)
 """
 
 import json
+import shutil
 
 import pytest
 
@@ -40,13 +45,27 @@ MODEL = ["--model", "llama3.1-8b", "--num-layers", "16", "--hidden-size", "128",
          "--num-attention-heads", "4", "--num-query-groups", "2", "--vocab-size", "32000"]
 TARGET = ["--mbs", "4", "--gbs", "16"]
 MIB = 2**20
+COMMITTED = ROOT / "tables" / "data" / "capture"
+RUN_KEYS = ("id", "layers_per_stage", "micro_batch_size", "num_microbatches", "global_batch_size", "pipeline_microbatch")
+# RoPE holds no weights and its cache is one size either way: the preset's rotary base and scaling
+# (Llama 3.1's) do not change a byte of what the committed profiles (base 10000) measured.
+MEMORY_NEUTRAL = ("name", "rotary_base", "rope_scaling_factor")
 
 
 def test_recommended_layout_lowers_the_measured_peak(advisor, tmp_path):
     advisor("profile", "plan", *MODEL, "--seq-len", "128", *TARGET, "--gpus", "4", "--gpus-per-node", "1",
-            "--mode", "reduced", "--dtype", "float32", "--no-distributed-optimizer", "-o", tmp_path / "campaign.json")
-    profiled = advisor("profile", "run", tmp_path / "campaign.json", "--out", tmp_path / "profiles")
-    assert "6 runs in" in profiled.stdout and ": 6 ok" in profiled.stdout
+            "--mode", "reduced", "--dtype", "float32", "--no-distributed-optimizer", "--no-sequence-parallel", "-o",
+            tmp_path / "campaign.json")
+    planned, committed = (json.loads(path.read_text()) for path in (tmp_path / "campaign.json",
+                                                                    COMMITTED / "campaigns" / "reduced.json"))
+    for key in ("seq_len", "gpus", "gpus_per_node", "setup", "target"):
+        assert planned[key] == committed[key], key
+    assert ({k: v for k, v in planned["model"].items() if k not in MEMORY_NEUTRAL}
+            == {k: v for k, v in committed["model"].items() if k not in MEMORY_NEUTRAL})
+    assert ([[run[key] for key in RUN_KEYS] for run in planned["runs"]]
+            == [[run[key] for key in RUN_KEYS] for run in committed["runs"]])
+    for run in planned["runs"]:  # the committed profiles of exactly these 6 runs
+        shutil.copytree(COMMITTED / "profiles" / run["id"], tmp_path / "profiles" / run["id"])
 
     plan = advisor.json("recommend", "--profile", tmp_path / "profiles", "--gpus", "4", "--gpus-per-node", "1",
                         "--pp", "4", *TARGET)

@@ -115,36 +115,39 @@ def test_a_plan_keeps_its_layout_through_the_shell(plans, checkout, monkeypatch)
 def slurm_env(tmp_path, **extra):
     return subprocess_env(PATH=f"{SLURM}{os.pathsep}{subprocess_env()['PATH']}", SLURM_JOB_NODELIST="node[001-003]",
                           SLURM_NNODES="3", SLURM_JOB_ID="77", SLURM_STANDIN_HOSTS="node001 node002 node003",
-                          SLURM_STANDIN_RECORD=str(tmp_path / "slurm.jsonl"), **extra)
+                          SLURM_STANDIN_RECORD=str(tmp_path / "slurm.jsonl"), SLURM_CPUS_ON_NODE="64", **extra)
 
 
 def test_sbatch_script(plans, tmp_path, checkout19):
     checkout = checkout19  # core 0.19: its mock data feeds the TINY model's vocabulary of 1000
     args = ["sbatch", "--from", plans["pp3-tp2"], "--megatron-lm", checkout, "--partition", "gpu", "--account",
-            "proj1", "--time", "01:00:00", "--profile-dir", "profiles/plan", "--mock-data", "--dry-run", "--",
-            "--train-iters", "5"]
+            "proj1", "--time", "01:00:00", "--qos", "high", "--requeue", "--signal-time", "120", "--profile-dir",
+            "profiles/plan", "--mock-data", "--dry-run", "--", "--train-iters", "5"]
     script = launcher()(*args).stdout
     written = launcher()(*args[:-3], "-o", tmp_path / "job.sh", "--", "--train-iters", "5")
     assert (tmp_path / "job.sh").read_text() == script and written.stdout == ""
-    directives = dict(line.removeprefix("#SBATCH --").split("=", 1) for line in script.splitlines()
+    directives = dict((line.removeprefix("#SBATCH --").split("=", 1) + [None])[:2] for line in script.splitlines()
                       if line.startswith("#SBATCH"))
-    # the plan: TP 2 x DP 2 x PP 3 = 12 GPUs, planned on nodes of 4
+    # the plan: TP 2 x DP 2 x PP 3 = 12 GPUs, planned on nodes of 4; whole nodes; logs by job id;
+    # SIGTERM to the steps' tasks (no B:) 120 s before the limit
     assert directives == {"job-name": "megatron-tiny", "nodes": "3", "ntasks-per-node": "1", "gpus-per-node": "4",
-                          "partition": "gpu", "account": "proj1", "time": "01:00:00"}
+                          "exclusive": None, "output": "%x-%j.out", "error": "%x-%j.err", "signal": "TERM@120",
+                          "requeue": None, "partition": "gpu", "account": "proj1", "qos": "high", "time": "01:00:00"}
     subprocess.run(["bash", "-n", tmp_path / "job.sh"], check=True)
     assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n" in script  # TP 2, before srun passes the environment on
     # Run it as Slurm would on the first node: srun gets one torchrun command for every node.
     subprocess.run(["bash", tmp_path / "job.sh"], env=slurm_env(tmp_path, SLURM_STANDIN_DRY="1"), check=True)
     (srun,) = [json.loads(line) for line in (tmp_path / "slurm.jsonl").read_text().splitlines()]
-    assert srun["argv"][0] == "--kill-on-bad-exit=1"
-    torchrun, entry, megatron = read_torchrun(srun["argv"][1:])
+    assert srun["argv"][:2] == ["--kill-on-bad-exit=1", "--cpus-per-task=64"]  # the node's CPUs, without --cpus-per-task
+    torchrun, entry, megatron = read_torchrun(srun["argv"][2:])
     assert (torchrun.nnodes, torchrun.nproc_per_node, torchrun.rdzv_backend) == ("3", "4", "c10d")
+    assert torchrun.shutdown_timeout == 120  # the ranks get the signal's lead to save before torchrun kills them
     assert (torchrun.rdzv_endpoint, torchrun.rdzv_id) == ("node001:29500", "77")
     assert (entry.megatron_lm, entry.profile_dir) == (str(checkout), "profiles/plan")
     values = flag_values(megatron)
     assert values["--decoder-last-pipeline-num-layers"] == ("2",)  # the plan's 3, 3, 2
     assert values["--vocab-size"] == ("1000",)  # core 0.19's NullTokenizer: the TINY model's 1000 as given
-    assert megatron[-2:] == ["--train-iters", "5"]
+    assert megatron[-3:] == ["--exit-signal-handler", "--train-iters", "5"]  # Megatron catches the SIGTERM
 
 
 def test_sbatch_submits_and_returns_its_status(plans, tmp_path, checkout, monkeypatch):
@@ -214,6 +217,11 @@ def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, chec
         ([*run, "--profile-dir", used], "already holds a run's rank files", ""),
         ([*run, "--train-iters", "5"], "no such option: --train-iters (Megatron-LM arguments go after '--')", ""),
         (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--job-name", "my job"], "--job-name 'my job'", ""),
+        (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--qos", "hi\n#SBATCH --x"], "--qos 'hi\\n#SBATCH", ""),
+        (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--signal-time", 10], "--signal-time",
+         "not in the range 60<=x<=65535"),
+        (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--cpus-per-task", 0], "--cpus-per-task",
+         "0 is not in the range x>=1"),
         (["torchrun", "--from", plans["pp4"], "--megatron-lm", checkout, "--mock-data"],
          "Megatron-LM core 0.15's --mock-data feeds token ids up to 4094", "has 1000 rows"),
         (["torchrun", "--from", plans["pp4"], "--megatron-lm", checkout, "--", "--mock-data"],

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 from launch_support import launcher
-from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, checkout, launch_env, logged_losses, writable_copy
+from megatron_real import (CPU_TRAINING, LAUNCH_TIMEOUT_S, checkout, launch_env, logged_losses, session_copy,
+                          writable_copy)
 
 from advisor.equations import padded_vocab_size
 from advisor.profiles import check_complete, load_run
@@ -49,7 +50,7 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def core_0_15(tmp_path_factory):
-    return writable_copy(checkout("core_v0.15.2"), tmp_path_factory.mktemp("megatron"))
+    return session_copy("core_v0.15.2", tmp_path_factory)
 
 
 def estimate(advisor, path: Path, layers: int, options: list[str]) -> dict:

@@ -13,7 +13,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip
 
 from conftest import ROOT, Invoker  # noqa: E402
 from launch_support import make_checkout, subprocess_env  # noqa: E402
-from megatron_real import CPU_TRAINING, checkout, launch_env, writable_copy  # noqa: E402
+from megatron_real import CPU_TRAINING, launch_env, session_copy  # noqa: E402
 
 from advisor.capture.campaign import read_campaign  # noqa: E402
 from advisor.capture.campaign_run import scan  # noqa: E402
@@ -35,7 +35,7 @@ def plan(advisor: Invoker, path, gpus: int, per_node: int) -> dict:
 
 @pytest.fixture(scope="module")
 def real_checkout(tmp_path_factory):
-    return writable_copy(checkout("core_v0.15.2"), tmp_path_factory.mktemp("megatron"))
+    return session_copy("core_v0.15.2", tmp_path_factory)
 
 
 @pytest.fixture
@@ -46,14 +46,19 @@ def checkout_dir(tmp_path):
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory, real_checkout):
-    """The reduced campaign of a 4-layer model on 2 GPUs (6 runs of PP 2), through torchrun and
-    the real pretrain_gpt.py (a module fixture: about 3 minutes) and through the emulator."""
+    """Two runs of the reduced campaign of a 4-layer model on 2 GPUs (PP 2, the even split at
+    microbatches 1 and 2: what the recommender's batch-size fit needs), through torchrun and the
+    real pretrain_gpt.py (a module fixture: two launches; tests/test_launch_run.py covers the
+    other layouts' launches) and through the emulator."""
     root = tmp_path_factory.mktemp("megatron-runs")
     advisor = Invoker()
     with pytest.MonkeyPatch.context() as patch:
         for key, value in launch_env(real_checkout).items():
             patch.setenv(key, value)
-        document = plan(advisor, root / "campaign.json", 2, 2)
+        document = plan(advisor, root / "full.json", 2, 2)
+        document["runs"] = [run for run in document["runs"] if run["layers_per_stage"] == [2, 2]]
+        assert [run["micro_batch_size"] for run in document["runs"]] == [1, 2]
+        (root / "campaign.json").write_text(json.dumps(document))
         launched = advisor("profile", "run", root / "campaign.json", "--out", root / "runs", "--megatron-lm",
                            real_checkout.path, "--mock-data", "--", *CPU_TRAINING)
     emulated = advisor("profile", "run", root / "campaign.json", "--out", root / "emulated")
@@ -62,7 +67,7 @@ def profiled(tmp_path_factory, real_checkout):
 
 def test_every_run_is_a_profiled_torchrun_launch(profiled):
     root, document, launched, _ = profiled
-    assert launched.stdout.startswith("6 runs in ") and ": 6 ok, 0 oom, 0 failed, 0 already complete" in launched.stdout
+    assert launched.stdout.startswith("2 runs in ") and ": 2 ok, 0 oom, 0 failed, 0 already complete" in launched.stdout
     assert all(check.state == "complete" for check in scan(document, root / "runs").values())
     for run in document["runs"]:
         profile = load_run(root / "runs" / run["id"])
@@ -84,7 +89,7 @@ def test_the_emulator_measures_what_the_real_pipeline_measures(profiled):
     [1, 1, s, s] for the microbatch; so with b > 1 the first decoder layer of each stage keeps
     (b - 1) s^2 bytes more. (The backward peaks are not compared: the real pipeline's are higher.)"""
     root, document, _, emulated = profiled
-    assert ": 6 ok, 0 oom, 0 failed" in emulated.stdout
+    assert ": 2 ok, 0 oom, 0 failed" in emulated.stdout
     compared = 0
     seq = document["seq_len"]
     for run in document["runs"]:
@@ -101,7 +106,7 @@ def test_the_emulator_measures_what_the_real_pipeline_measures(profiled):
                     extra = masks if field == "activation_bytes" and layer.name == "decoder.layers.0" else 0
                     assert getattr(layer, field) == getattr(twin, field) + extra, (run["id"], rank, layer.name, field)
                 compared += 1
-    assert compared == 6 * 2 * (4 + 2)  # runs x iterations x (decoder layers + embedding + output)
+    assert compared == 2 * 2 * (4 + 2)  # runs x iterations x (decoder layers + embedding + output)
 
 
 def test_a_second_run_resumes_with_nothing_to_do(profiled, real_checkout, monkeypatch):
@@ -111,7 +116,7 @@ def test_a_second_run_resumes_with_nothing_to_do(profiled, real_checkout, monkey
     stamps = {path: path.stat().st_mtime_ns for path in (root / "runs").glob("*/rank*.jsonl")}
     again = Invoker()("profile", "run", root / "campaign.json", "--out", root / "runs", "--megatron-lm",
                       real_checkout.path, "--mock-data", "--", *CPU_TRAINING)
-    assert ": 0 ok, 0 oom, 0 failed, 6 already complete" in again.stdout
+    assert ": 0 ok, 0 oom, 0 failed, 2 already complete" in again.stdout
     assert stamps == {path: path.stat().st_mtime_ns for path in (root / "runs").glob("*/rank*.jsonl")}
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 RUNNER_MODULE = "megatron_hooks.campaign_runner"
 """The CPU emulator's runner."""
 LAUNCH_RUNNER_MODULE = "launch.campaign_runner"
+LAUNCH_ARRAY_MODULE = "launch.slurm_array"
+"""Writes and submits a campaign as one Slurm job array (advisor profile run --slurm-array)."""
 """The GPU runner: torchrun and the user's Megatron-LM."""
 REQUIRED = ("torch", "megatron.core")
 

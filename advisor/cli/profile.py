@@ -242,13 +242,23 @@ def run_options(func):
                    "of one torchrun per node, for campaigns wider than a node.")
 @click.option("--rdzv-port", type=click.IntRange(1, 65535), default=None,
               help="With --slurm: the c10d rendezvous port on the allocation's first node (default 29500).")
+@click.option("--slurm-array", is_flag=True,
+              help="With --megatron-lm: submit the campaign as one Slurm job array, one task per run not yet "
+                   "complete under --out (submit again to resume: complete runs are skipped, killed ones redone).")
+@click.option("--partition", default=None, help="With --slurm-array: #SBATCH --partition.")
+@click.option("--account", default=None, help="With --slurm-array: #SBATCH --account.")
+@click.option("--time", "time_limit", default=None, help="With --slurm-array: #SBATCH --time of each task.")
+@click.option("--qos", default=None, help="With --slurm-array: #SBATCH --qos.")
+@click.option("--dry-run", is_flag=True, help="With --slurm-array: print the batch script, submit nothing.")
 @click.option("--force", is_flag=True,
               help="CPU emulator: run a campaign even if it is estimated to take more than "
                    f"{limits.CPU_EMULATION_SECONDS / 3600:g} h or more memory than this machine has available.")
 @click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]")
 def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None, threads: int | None,
                 memory_limit: float | None, megatron_lm: str | None, mock_data: bool, train_iters: int | None,
-                slurm: bool, rdzv_port: int | None, force: bool, user_args: tuple[str, ...]) -> None:
+                slurm: bool, rdzv_port: int | None, slurm_array: bool, partition: str | None, account: str | None,
+                time_limit: str | None, qos: str | None, dry_run: bool, force: bool,
+                user_args: tuple[str, ...]) -> None:
     """Execute a profiling campaign (from 'advisor profile plan'), resuming where it stopped.
 
     \b
@@ -311,6 +321,16 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
                  else "--rdzv-port" if rdzv_port else f"'{user_args[0]}'")
         raise InputError(f"{given} is for Megatron-LM runs: give --megatron-lm DIR (the CPU emulator takes no "
                          f"Megatron-LM arguments)")
+    array = {"--partition": partition, "--account": account, "--time": time_limit, "--qos": qos,
+             "--dry-run": dry_run or None}
+    if not slurm_array and (given := next((name for name, value in array.items() if value), None)):
+        raise InputError(f"{given} is for --slurm-array")
+    if slurm_array:
+        if not gpus or slurm:
+            raise InputError("--slurm-array submits Megatron-LM runs from a login node: give --megatron-lm DIR, "
+                             "without --slurm (each array task runs inside its own allocation)")
+        _submit_array(campaign, out, megatron_lm, mock_data, train_iters, rdzv_port, array, user_args)
+        return
     emulated = not gpus and backend == "cpu"
     budget = EmulationBudget(threads=threads, memory_limit_bytes=memory_limit and memory_limit * GIB_BYTES)
     document = prepare(campaign, out, backend="megatron" if gpus else backend, layer_spec=layer_spec,
@@ -337,6 +357,26 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
                    f"to resume", err=True)
         sys.exit(130)
     _finish(status, summary, last, out)
+
+
+def _submit_array(campaign: Path, out: Path, megatron_lm: str, mock_data: bool, train_iters: int | None,
+                  rdzv_port: int | None, array: dict, user_args: tuple[str, ...]) -> None:
+    """``python -m launch.slurm_array`` (the job array's writer, on the launch side) with this
+    interpreter; its output (the script, or sbatch's answer) is the command's, its exit status too."""
+    import subprocess
+    import sys
+
+    from advisor.capture.relay import LAUNCH_ARRAY_MODULE
+
+    options = [*(["--mock-data"] if mock_data else []), *(["--train-iters", str(train_iters)] if train_iters else []),
+               *(["--rdzv-port", str(rdzv_port)] if rdzv_port else []),
+               *[item for name, value in array.items() if value
+                 for item in ([name] if value is True else [name, value])]]
+    result = subprocess.run([sys.executable, "-m", LAUNCH_ARRAY_MODULE, str(campaign), "--out", str(out),
+                             "--megatron-lm", megatron_lm, *options, "--", *user_args], capture_output=True, text=True)
+    click.echo(result.stdout, nl=False)
+    click.echo(result.stderr, nl=False, err=True)
+    sys.exit(result.returncode)
 
 
 def _finish(status: int, summary, last: str, out: Path) -> None:
