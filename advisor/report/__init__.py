@@ -44,7 +44,7 @@ def build_page(report: ReportInput, top: int = TOP) -> str:
             "MBS across; green to yellow within the GPU's memory, orange to red beyond it (dotted cells), blank "
             "where no row has that layout.")
             + page._figure(figures.scatter(report.rows, top), "Predicted step time against memory of every "
-                           "row; stars: the best ranked, numbered by rank; the line: the GPU's memory."))
+                           "row, coloured by verdict; rings: the best ranked, numbered by rank; the line: the GPU's memory."))
     sections.append(rows_html)
     if report.kind == "plan":
         text, detail = page.plan_section(report.document)

@@ -1,4 +1,5 @@
-"""The sweep's and the layouts' figures, as inline SVG (``advisor.report.svg``).
+"""The sweep's and the layouts' figures, as inline hand-written SVG (``advisor.report.svg``,
+``advisor.report.bars``: matplotlib would take seconds over the 405B page's thousands of marks).
 
 - heatmap: every (TP, CP, PP) by MBS, coloured by predicted memory over the GPU's, as seed 004's
   Tables 2-11 colour their cells; cells over the GPU's memory carry a dot (the limit marked).
@@ -11,13 +12,10 @@
 from __future__ import annotations
 
 from advisor.plots import COLOURS
-from advisor.report.details import SEGMENTS, LayoutDetail
+from advisor.report.details import SEGMENTS, LayoutDetail, row_label
 from advisor.report.inputs import memory_share, number
-from advisor.report.svg import figure_svg
 
 PANEL_ROWS = 70
-BARS = 24
-"""Stages drawn as bars; more as steps (a stacked area per term)."""
 """Layouts per heatmap panel; more panels side by side beyond it."""
 SEGMENT_COLOURS = ("#4c72b0", "#6f8fc7", "#9db3dc", "#dd8452", "#e8a677", "#f2c7a6", "#8c8c8c")
 PART_COLOURS = {"compute_s": "#4c72b0", "tp_comm_s": "#dd8452", "cp_comm_s": "#c44e52", "pp_comm_s": "#937860",
@@ -97,103 +95,112 @@ def _memory_scale(x: float, y: float, width: float) -> str:
     return "".join(parts)
 
 
+X_CAP = 3.0
+SCATTER = dict(width=780, height=380, left=62, right=170, top=14, bottom=44)
+
+
+def _log_ticks(low: float, high: float) -> list[float]:
+    """1-2-5 ticks within [low, high] (a log axis)."""
+    import math
+
+    ticks = [m * 10.0 ** e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+             for m in (1, 2, 5)]
+    return [t for t in ticks if low <= t <= high]
+
+
 def scatter(rows: list[dict], chosen: int) -> str | None:
-    """Predicted step time against memory share of every row with a time; the ``chosen`` best
-    ranked rows marked and numbered. None without a time model."""
+    """Predicted step time (log) against memory share of every row with a time, coloured by
+    verdict; the ``chosen`` best ranked rows ringed and numbered; the GPU's memory a line.
+    None without a time model. Hand-written SVG: one circle per row, thousands of them."""
+    import math
+
+    from advisor.report.svg import svg_element
+
     points = [(memory_share(row), number(row, "step_time_s"), row) for row in rows]
-    points = [p for p in points if p[0] is not None and p[1] is not None]
+    points = [p for p in points if p[0] is not None and p[1] is not None and p[1] > 0]
     if not points:
         return None
     best = sorted((p for p in points if p[2].get("rank")), key=lambda p: p[2]["rank"])[:chosen]
+    g = SCATTER
+    plot_w, plot_h = g["width"] - g["left"] - g["right"], g["height"] - g["top"] - g["bottom"]
+    # Beyond X_CAP of the GPU's memory the exact share matters little: those dots sit on the edge.
+    x_max = min(max(1.1, max(p[0] for p in points) * 1.03), X_CAP)
+    low, high = min(p[1] for p in points) / 1.15, max(p[1] for p in points) * 1.15
+    span = math.log10(high / low)
 
-    def draw(figure):
-        figure.subplots_adjust(left=0.09, right=0.98, bottom=0.12, top=0.97)
-        ax = figure.add_subplot()
-        for verdict in [v for v in COLOURS if v]:
-            mine = [p for p in points if p[2].get("verdict") == verdict]
-            if mine:
-                ax.scatter([p[0] for p in mine], [p[1] for p in mine], s=9, color=COLOURS[verdict],
-                           edgecolors="none", label=f"{verdict} ({len(mine)})")
-        ax.scatter([p[0] for p in best], [p[1] for p in best], s=70, marker="*", color="#1f3b73",
-                   edgecolors="white", linewidths=0.5, label="chosen", zorder=3)
-        for share, seconds, row in best:
-            ax.annotate(f"#{row['rank']}", (share, seconds), xytext=(4, 3), textcoords="offset points", fontsize=7)
-        ax.axvline(1.0, color="black", linewidth=1)
-        ax.text(1.0, 1.0, " GPU memory", transform=ax.get_xaxis_transform(), va="top", fontsize=6.5)
-        ax.set_yscale("log")
-        ax.set_xlabel("predicted memory / GPU memory")
-        ax.set_ylabel("predicted step time (s, log)")
-        ax.legend(loc="upper right", frameon=False)
-        ax.grid(alpha=0.3, linewidth=0.5)
+    def x(share):
+        return g["left"] + plot_w * min(share, x_max) / x_max
 
-    return figure_svg("scatter", f"Predicted step time against memory for {len(points)} layouts; the best "
-                      f"{len(best)} ranked are marked with stars", (7.5, 4.2), draw)
+    def y(seconds):
+        return g["top"] + plot_h * (1 - math.log10(seconds / low) / span)
+
+    verdicts = [v for v in COLOURS if v and any(p[2].get("verdict") == v for p in points)]
+    style = "".join(f".dot-{i}{{fill:{COLOURS[v]}}}" for i, v in enumerate(verdicts))
+    parts = [f"<style>{style}</style>",
+             f'<rect x="{g["left"]}" y="{g["top"]}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>']
+    for t in _log_ticks(low, high):
+        parts.append(f'<line x1="{g["left"] - 4}" x2="{g["left"] + plot_w}" y1="{y(t):.1f}" y2="{y(t):.1f}" '
+                     f'stroke="#e5e5e5"/><text x="{g["left"] - 6}" y="{y(t) + 3:.1f}" text-anchor="end">{t:g}</text>')
+    step = next(s for s in (0.1, 0.2, 0.25, 0.5, 1.0) if x_max / s <= 10)
+    for i in range(int(x_max / step + 1e-9) + 1):
+        share = step * i
+        parts.append(f'<text x="{x(share):.1f}" y="{g["top"] + plot_h + 14}" text-anchor="middle">{share:.0%}</text>')
+    index = {v: i for i, v in enumerate(verdicts)}
+    parts += [f'<circle cx="{x(share):.1f}" cy="{y(seconds):.1f}" r="2.3" class="dot-{index[row.get("verdict")]}"/>'
+              for share, seconds, row in points if row.get("verdict") in index]
+    parts.append(f'<line x1="{x(1):.1f}" x2="{x(1):.1f}" y1="{g["top"]}" y2="{g["top"] + plot_h}" stroke="black"/>'
+                 f'<text x="{x(1) + 3:.1f}" y="{g["top"] + 10}">GPU memory</text>')
+    for share, seconds, row in best:
+        parts.append(f'<circle cx="{x(share):.1f}" cy="{y(seconds):.1f}" r="6" fill="none" stroke="#1f3b73" '
+                     f'stroke-width="2"><title>{row_label(row)}</title></circle>'
+                     f'<text x="{x(share) + 7:.1f}" y="{y(seconds) - 5:.1f}" font-weight="bold">#{row["rank"]}</text>')
+    parts.append(f'<text x="{g["left"] + plot_w / 2}" y="{g["height"] - 8}" text-anchor="middle">'
+                 f"predicted memory / GPU memory{' (beyond ' + format(X_CAP, '.0%') + ': on the edge)' if x_max == X_CAP else ''}</text>"
+                 f'<text transform="translate(14 {g["top"] + plot_h / 2}) rotate(-90)" text-anchor="middle">'
+                 "predicted step time (s, log)</text>")
+    legend_x = g["left"] + plot_w + 14
+    for i, verdict in enumerate(verdicts):
+        count = sum(p[2].get("verdict") == verdict for p in points)
+        parts.append(f'<circle cx="{legend_x}" cy="{g["top"] + 10 + 16 * i}" r="4" class="dot-{i}"/>'
+                     f'<text x="{legend_x + 9}" y="{g["top"] + 13 + 16 * i}">{verdict} ({count})</text>')
+    parts.append(f'<circle cx="{legend_x}" cy="{g["top"] + 10 + 16 * len(verdicts)}" r="6" fill="none" '
+                 f'stroke="#1f3b73" stroke-width="2"/><text x="{legend_x + 9}" y="{g["top"] + 13 + 16 * len(verdicts)}">'
+                 "chosen (best ranked)</text>")
+    return svg_element("scatter", f"Predicted step time against memory for {len(points)} layouts; the best "
+                       f"{len(best)} ranked are ringed and numbered", g["width"], g["height"], "".join(parts))
 
 
 def stage_memory(detail: LayoutDetail, name: str) -> str:
     """Per stage, the memory terms stacked against the GPU's memory (and the paper's 80% line)."""
+    from advisor.report.bars import stacked_columns
+
     keys = list(detail.stages[0]) if detail.stages else []
-
-    def draw(figure):
-        from matplotlib.ticker import MaxNLocator
-
-        figure.subplots_adjust(left=0.08, right=0.7, bottom=0.16, top=0.9)
-        ax = figure.add_subplot()
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=16, integer=True))
-        x = range(len(detail.stages))
-        bottom = [0.0] * len(detail.stages)
-        for key in keys:
-            colour = SEGMENT_COLOURS[SEGMENTS.index(key)] if key in SEGMENTS else "#4c72b0"
-            values = [stage[key] for stage in detail.stages]
-            if any(values):
-                top = [b + v for b, v in zip(bottom, values)]
-                if len(values) <= BARS:
-                    ax.bar(x, values, bottom=bottom, color=colour, label=key, width=0.8)
-                else:  # one polygon per term: a deep pipeline has a hundred stages
-                    edges = [i - 0.5 for i in x] + [len(values) - 0.5]
-                    ax.stairs(top, edges, baseline=bottom, fill=True, color=colour, label=key)
-                bottom = top
-        if detail.memory_gib:
-            ax.axhline(detail.memory_gib, color="black", linewidth=1.2)
-            ax.text(1.0, detail.memory_gib, " GPU", transform=ax.get_yaxis_transform(), va="center", fontsize=6.5)
-        if detail.threshold_gib:
-            ax.axhline(detail.threshold_gib, color="black", linewidth=0.8, linestyle="--")
-            ax.text(1.0, detail.threshold_gib, " 80%", transform=ax.get_yaxis_transform(), va="center", fontsize=6.5)
-        ax.set_xlabel("pipeline stage")
-        ax.set_ylabel(f"GiB per GPU ({detail.model_name})")
-        ax.set_title(detail.label, loc="left")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.06, 1), frameon=False)
-
+    series = [(key, SEGMENT_COLOURS[SEGMENTS.index(key)] if key in SEGMENTS else SEGMENT_COLOURS[0],
+               [stage[key] for stage in detail.stages]) for key in keys]
+    series = [entry for entry in series if any(entry[2])]
+    lines = []
+    if detail.memory_gib:
+        lines.append((detail.memory_gib, "GPU memory", False))
+    if detail.threshold_gib:
+        lines.append((detail.threshold_gib, "80% (seed 004)", True))
     peak = max((sum(stage.values()) for stage in detail.stages), default=0)
     limit = f" against {detail.memory_gib:g} GiB" if detail.memory_gib else ""
-    return figure_svg(name, f"Memory per pipeline stage of {detail.label}: {detail.pp} stages, peak "
-                      f"{peak:.1f} GiB{limit}", (7.5, 2.8), draw)
+    return stacked_columns(name, f"Memory per pipeline stage of {detail.label}: {detail.pp} stages, peak "
+                           f"{peak:.1f} GiB{limit}", [str(i) for i in range(len(detail.stages))], series,
+                           y_label=f"GiB per GPU ({detail.model_name})", x_label="pipeline stage",
+                           title=detail.label, lines=tuple(lines))
 
 
 def time_parts(details: list[LayoutDetail]) -> str | None:
     """One bar per layout: the step's parts (compute, TP/CP/PP communication, overhead, the
     pipeline bubble, exposed DP communication, the optimizer, waiting for data)."""
+    from advisor.report.bars import stacked_rows
+
     timed = [d for d in details if d.time_parts]
     if not timed:
         return None
-
-    def draw(figure):
-        figure.subplots_adjust(left=0.32, right=0.8, bottom=0.5 / (1.0 + 0.45 * len(timed)), top=0.97)
-        ax = figure.add_subplot()
-        y = range(len(timed))
-        left = [0.0] * len(timed)
-        for part, colour in PART_COLOURS.items():
-            values = [d.time_parts.get(part, 0.0) for d in timed]
-            if any(values):
-                ax.barh(y, values, left=left, color=colour, edgecolor="#999999", linewidth=0.3,
-                        label=part.removesuffix("_s").replace("_", " "), height=0.6)
-                left = [a + b for a, b in zip(left, values)]
-        for i, d in enumerate(timed):
-            ax.text(left[i], i, f" {d.time_parts['total_s']:.2f} s", va="center", fontsize=7)
-        ax.set_yticks(list(y), [d.label for d in timed])
-        ax.invert_yaxis()
-        ax.set_xlabel("seconds per iteration")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
-
-    return figure_svg("time-parts", f"Step time broken into its parts for {len(timed)} layouts",
-                      (9, 1.0 + 0.45 * len(timed)), draw)
+    series = [(part.removesuffix("_s").replace("_", " "), colour, [d.time_parts.get(part, 0.0) for d in timed])
+              for part, colour in PART_COLOURS.items()]
+    return stacked_rows("time-parts", f"Step time broken into its parts for {len(timed)} layouts",
+                        [d.label for d in timed], [entry for entry in series if any(entry[2])],
+                        x_label="seconds per iteration")

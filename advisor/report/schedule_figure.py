@@ -16,7 +16,7 @@ from advisor.report.details import LayoutDetail
 
 from advisor.report.svg import svg_element
 
-MAX_BARS = 3000
+MAX_BARS = 8000
 MAX_RANKS = 16
 FORWARD, BACKWARD = "#4c72b0", "#55a868"
 
