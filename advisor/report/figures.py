@@ -48,7 +48,9 @@ def heatmap(rows: list[dict], memory_gib: float | None) -> str:
     layouts = sorted({layout for layout, _ in cells})
     mbs = sorted({m for _, m in cells})
     column = {m: i for i, m in enumerate(mbs)}
-    panels = [layouts[i:i + PANEL_ROWS] for i in range(0, len(layouts), PANEL_ROWS)] or [[]]
+    count = -(-len(layouts) // PANEL_ROWS)  # panels of equal height, at most PANEL_ROWS rows each
+    per_panel = -(-len(layouts) // max(count, 1)) or 1
+    panels = [layouts[i:i + per_panel] for i in range(0, len(layouts), per_panel)] or [[]]
     panel_w = LABEL_W + CELL_W * len(mbs) + 16
     parts = []
     for p, panel in enumerate(panels):

@@ -42,8 +42,8 @@ def cell_value(row: dict, key: str):
         return f"full {row.get('recompute_method')} {row.get('recompute_num_layers')}"
     if isinstance(value, list) and all(isinstance(v, int) for v in value):
         return counts_text(value)
-    if isinstance(value, dict):  # options: name=value, what the row changes from the paper's
-        return " ".join(f"{k}={v}" for k, v in sorted(value.items())) or "-"
+    if isinstance(value, dict):  # options: name=value, what the row changes (recomputation has its column)
+        return " ".join(f"{k}={v}" for k, v in sorted(value.items()) if not k.startswith("recompute")) or None
     if isinstance(value, list):
         return json.dumps(value, separators=(",", ":"))
     return value
