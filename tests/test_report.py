@@ -123,3 +123,13 @@ def test_sweep_does_not_import_matplotlib():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)
+
+
+def test_page_without_a_time_model(advisor, tmp_path):
+    """--mem alone: the paper's verdicts and 80% line, no time figures, the schedule in layer units."""
+    out = tmp_path / "paper.html"
+    advisor("report", "sweep", "--gpus", "8", "--mem", "80", "--seq-len", "4096", "--all", "-o", out)
+    page = out.read_text()
+    assert 'data-figure="heatmap"' in page and 'data-figure="scatter"' not in page
+    assert 'data-figure="time-parts"' not in page and "80% (seed 004)" in page
+    assert "layer-forward units" in page

@@ -33,17 +33,17 @@ def build_page(report: ReportInput, top: int = TOP) -> str:
     shared: dict = {}
     rows_html = ""
     if report.rows:
-        _, per_node = page._gpu(first.get("gpu"), None)
+        _, per_node = page.gpu_facts(first.get("gpu"), None)
         rows_html, shared = page.rows_section(report.rows, per_node)
     sections.append('<h2 id="question">The question and its assumptions</h2>' + page.assumptions(report, first, shared))
     if report.kind == "sweep":
         memory = report.rows[0].get("memory_gib")
-        sections.append('<h2 id="space">The space</h2>' + page._figure(
+        sections.append('<h2 id="space">The space</h2>' + page.figure_block(
             figures.heatmap(report.rows, memory),
             "Predicted memory of every layout in the rows, as seed 004's tables colour them: (TP, CP, PP) down, "
             "MBS across; green to yellow within the GPU's memory, orange to red beyond it (dotted cells), blank "
             "where no row has that layout.")
-            + page._figure(figures.scatter(report.rows, top), "Predicted step time against memory of every "
+            + page.figure_block(figures.scatter(report.rows, top), "Predicted step time against memory of every "
                            "row, coloured by verdict; rings: the best ranked, numbered by rank; the line: the GPU's memory."))
     sections.append(rows_html)
     if report.kind == "plan":
@@ -88,7 +88,7 @@ def _js() -> str:
 
 
 def _profile_section(report: ReportInput) -> str:
-    from advisor.report.page import _figure
+    from advisor.report.page import figure_block
     from advisor.report.profile import compare_profiles, layer_figure, stage_figure
     from advisor.report.table import plain_table
 
@@ -99,6 +99,6 @@ def _profile_section(report: ReportInput) -> str:
                ("ratio", "measured / predicted", ".3f")]
     return ('<h2 id="profile">Measured against predicted</h2>'
             f"<ul>{runs}</ul>"
-            + _figure(stage_figure(comparison), "Per profiled rank: the measured peak beside Eq. 18's prediction.")
-            + _figure(layer_figure(comparison), "Per layer: measured over predicted weights and activations.")
+            + figure_block(stage_figure(comparison), "Per profiled rank: the measured peak beside Eq. 18's prediction.")
+            + figure_block(layer_figure(comparison), "Per layer: measured over predicted weights and activations.")
             + plain_table(comparison.stages, columns, "Per stage, every term", "profile-stages-table"))

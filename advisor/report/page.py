@@ -12,10 +12,9 @@ import html
 from dataclasses import asdict
 
 from advisor.report import figures
-from advisor.report.details import LayoutDetail, layout_detail, plan_detail, row_options
+from advisor.report.details import LayoutDetail, plan_detail, row_options
 from advisor.report.inputs import ReportInput, number
 from advisor.report.schedule_figure import schedule
-from advisor.report.static import CSS, JS
 from advisor.report.table import (
     common_flags, flag_groups, flags_text, key_value_table, plain_table, rows_table, split_columns,
 )
@@ -46,7 +45,7 @@ def _calibration() -> list[tuple[str, object]]:
             ("memory calibration", document.get("memory"))]
 
 
-def _gpu(name: str | None, memory: float | None) -> tuple[dict | None, int]:
+def gpu_facts(name: str | None, memory: float | None) -> tuple[dict | None, int]:
     if not name:
         return None, 8
     from advisor.hardware import get_gpu
@@ -57,7 +56,7 @@ def _gpu(name: str | None, memory: float | None) -> tuple[dict | None, int]:
 
 def assumptions(report: ReportInput, first: dict, shared: dict) -> str:
     """The question and everything the answer assumed."""
-    gpu, per_node = _gpu(first.get("gpu"), number(first, "memory_gib"))
+    gpu, per_node = gpu_facts(first.get("gpu"), number(first, "memory_gib"))
     pairs: list[tuple[str, object]] = [("question", report.question), ("answer", report.kind)]
     model = first.get("model")
     if isinstance(model, dict):
@@ -78,7 +77,7 @@ def assumptions(report: ReportInput, first: dict, shared: dict) -> str:
     return key_value_table(pairs, "The question and every assumption", "assumptions")
 
 
-def _figure(svg: str | None, caption: str) -> str:
+def figure_block(svg: str | None, caption: str) -> str:
     if svg is None:
         return ""
     return f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>"
@@ -126,14 +125,14 @@ def rows_section(rows: list[dict], per_node: int) -> tuple[str, dict]:
 def details_section(details: list[LayoutDetail]) -> str:
     parts = ['<h2 id="details">The chosen layouts in detail</h2>']
     for i, detail in enumerate(details):
-        parts.append(_figure(figures.stage_memory(detail, f"stages-{i}"),
+        parts.append(figure_block(figures.stage_memory(detail, f"stages-{i}"),
                              f"{detail.label}: memory per pipeline stage ({detail.model_name} terms stacked) "
                              "against the GPU's memory."))
-    parts.append(_figure(figures.time_parts(details), "Where each step's time goes (the time model's parts)."))
+    parts.append(figure_block(figures.time_parts(details), "Where each step's time goes (the time model's parts)."))
     if details:
         chosen = details[0]
         parts.append('<h3 id="schedule-heading">Pipeline schedule of the first</h3>')
-        parts.append(_figure(schedule(chosen), "Megatron-LM's order per rank (advisor.schedule): forwards blue, "
+        parts.append(figure_block(schedule(chosen), "Megatron-LM's order per rank (advisor.schedule): forwards blue, "
                              "backwards green, white the bubble; warm-up on the left, cool-down on the right."))
     return "".join(parts)
 
