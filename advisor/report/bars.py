@@ -21,6 +21,17 @@ def nice_ticks(high: float, most: int = 8) -> list[float]:
     return [step * i for i in range(int(high / step + 1e-9) + 1)]
 
 
+def _stacked(series, count: int):
+    """(index, colour, where the segment starts, its value) of every non-zero segment, stacked in
+    the order of ``series``."""
+    starts = [0.0] * count
+    for _, colour, values in series:
+        for i, value in enumerate(values):
+            if value > 0:
+                yield i, colour, starts[i], value
+                starts[i] += value
+
+
 def _legend(series, x: float, y: float) -> str:
     return "".join(f'<rect x="{x}" y="{y + 15 * i - 8}" width="10" height="9" fill="{colour}"/>'
                    f'<text x="{x + 14}" y="{y + 15 * i}">{html.escape(label)}</text>'
@@ -47,14 +58,9 @@ def stacked_columns(name: str, description: str, labels: list[str], series: list
     for t in ticks:
         parts.append(f'<line x1="{left - 4}" x2="{left + plot_w}" y1="{y(t):.1f}" y2="{y(t):.1f}" stroke="#e5e5e5"/>'
                      f'<text x="{left - 6}" y="{y(t) + 3:.1f}" text-anchor="end">{t:g}</text>')
-    bottoms = [0.0] * len(labels)
-    for _, colour, values in series:
-        for i, value in enumerate(values):
-            if value > 0:
-                x = left + slot * i + (slot - bar) / 2
-                parts.append(f'<rect x="{x:.1f}" y="{y(bottoms[i] + value):.1f}" width="{bar:.1f}" '
-                             f'height="{plot_h * value / high:.1f}" fill="{colour}"/>')
-                bottoms[i] += value
+    for i, colour, bottom, value in _stacked(series, len(labels)):
+        parts.append(f'<rect x="{left + slot * i + (slot - bar) / 2:.1f}" y="{y(bottom + value):.1f}" '
+                     f'width="{bar:.1f}" height="{plot_h * value / high:.1f}" fill="{colour}"/>')
     every = max(1, math.ceil(n / 16))
     parts += [f'<text x="{left + slot * (i + 0.5):.1f}" y="{top + plot_h + 13}" text-anchor="middle">'
               f"{html.escape(label)}</text>" for i, label in enumerate(labels) if i % every == 0]
@@ -84,14 +90,10 @@ def stacked_rows(name: str, description: str, labels: list[str], series: list[tu
         x = left + plot_w * t / high
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h + 4}" stroke="#e5e5e5"/>'
                      f'<text x="{x:.1f}" y="{top + plot_h + 15}" text-anchor="middle">{t:g}</text>')
-    starts = [0.0] * len(labels)
-    for _, colour, values in series:
-        for i, value in enumerate(values):
-            if value > 0:
-                parts.append(f'<rect x="{left + plot_w * starts[i] / high:.1f}" y="{top + row_h * i + 4}" '
-                             f'width="{plot_w * value / high:.2f}" height="{row_h - 8}" fill="{colour}" '
-                             'stroke="#999" stroke-width="0.3"/>')
-                starts[i] += value
+    for i, colour, start, value in _stacked(series, len(labels)):
+        parts.append(f'<rect x="{left + plot_w * start / high:.1f}" y="{top + row_h * i + 4}" '
+                     f'width="{plot_w * value / high:.2f}" height="{row_h - 8}" fill="{colour}" '
+                     'stroke="#999" stroke-width="0.3"/>')
     for i, label in enumerate(labels):
         middle = top + row_h * (i + 0.5) + 3
         parts.append(f'<text x="{left - 6}" y="{middle:.1f}" text-anchor="end">{html.escape(label)}</text>'
