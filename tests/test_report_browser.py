@@ -76,8 +76,7 @@ def _errors(driver) -> list:
 def _column(driver, key: str) -> list[str]:
     return driver.execute_script(
         "var t = document.getElementById('rows'), heads = Array.prototype.slice.call(t.tHead.rows[0].cells);"
-        "var i = heads.findIndex(function (th) { return th.dataset.key === arguments[0]; }, null);"
-        "i = heads.findIndex(function (th) { return th.dataset.key === '" + key + "'; });"
+        "var i = heads.findIndex(function (th) { return th.dataset.key === '" + key + "'; });"
         "return Array.prototype.filter.call(t.tBodies[0].rows, function (r) { return !r.hidden; })"
         ".map(function (r) { var c = r.cells[i]; return c.getAttribute('data-v') || c.textContent; });")
 
