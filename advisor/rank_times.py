@@ -84,10 +84,10 @@ class LayoutTimes:
         return RankTimes(alpha=self.alpha[index][:, None], rho=self.rho[index][:, None], beta=beta,
                          recomputable=(np.asarray(vpp) * np.asarray(recompute_layers))[:, None])
 
-    def step(self, index: np.ndarray, vpp: np.ndarray, recompute_layers: np.ndarray, counts: np.ndarray,
-             parameters: np.ndarray) -> StepTime:
-        """The iteration of layouts ``index`` (one pipeline depth: ``counts`` is (K, PP)) with
-        ``parameters`` (K,) on one GPU of their largest rank, with its parts."""
+    def stage_times(self, index: np.ndarray, vpp: np.ndarray, recompute_layers: np.ndarray,
+                    counts: np.ndarray) -> list[StageTimes]:
+        """Each rank's per-microbatch ``StageTimes`` of layouts ``index`` (one pipeline depth:
+        ``counts`` is (K, PP)), in pipeline order."""
         ranks = counts.shape[1]
         stage = np.arange(ranks)[None, :]
         column = (slice(None), None)
@@ -97,7 +97,13 @@ class LayoutTimes:
             recompute_layers=np.minimum(counts, (np.asarray(vpp) * np.asarray(recompute_layers))[column]),
             pipeline_cross_node=self.cross[index][column], pipeline_parallel=ranks > 1)
         parts = {f.name: np.broadcast_to(getattr(times, f.name), counts.shape) for f in fields(StageTimes)}
-        stages = [StageTimes(**{name: value[:, i] for name, value in parts.items()}) for i in range(ranks)]
+        return [StageTimes(**{name: value[:, i] for name, value in parts.items()}) for i in range(ranks)]
+
+    def step(self, index: np.ndarray, vpp: np.ndarray, recompute_layers: np.ndarray, counts: np.ndarray,
+             parameters: np.ndarray) -> StepTime:
+        """The iteration of layouts ``index`` (one pipeline depth: ``counts`` is (K, PP)) with
+        ``parameters`` (K,) on one GPU of their largest rank, with its parts."""
+        stages = self.stage_times(index, vpp, recompute_layers, counts)
         return self.model.step_from_stages(stages, self.tp[index], self.cp[index], self.dp[index], self.mbs[index],
                                            np.asarray(vpp), parameters=parameters)
 

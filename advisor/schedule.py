@@ -67,3 +67,81 @@ class InFlight:
         filled = self.rest // pp  # chunks 0 .. filled - 1 got p passes of the rest
         partial = np.where(first <= filled, self.rest - filled * pp, 0)
         return chunks * self.rounds * pp + np.maximum(filled - first, 0) * pp + partial
+
+
+# --- the order itself, and a timeline of it (the report draws it) ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One chunk forward ('F') or backward ('B') pass of one microbatch on one pipeline rank."""
+
+    rank: int
+    kind: str
+    microbatch: int
+    chunk: int
+    start: float
+    end: float
+
+
+def warmup_passes(rank: int, pp: int, vpp: int, num_microbatches: int) -> int:
+    """Forward passes rank ``rank`` runs before its first backward (``get_pp_rank_microbatches``)."""
+    warm = pp - rank - 1 if vpp == 1 else 2 * (pp - rank - 1) + (vpp - 1) * pp
+    return min(warm, num_microbatches * vpp)
+
+
+def megatron_order(rank: int, pp: int, vpp: int, num_microbatches: int) -> list[tuple[str, int, int]]:
+    """The passes of one rank in Megatron-LM's order, as (kind, microbatch, chunk): the forwards in
+    ``get_schedule_table``'s order (groups of PP microbatches, every chunk in turn), the backwards
+    in the same order with the chunks reversed; warm-up forwards, then one forward and one
+    backward per step, then the cool-down backwards (megatron/core/pipeline_parallel/schedules.py)."""
+    m, v = num_microbatches, vpp
+    table = [(mb, chunk) for low in range(0, m, pp) for chunk in range(v) for mb in range(low, min(low + pp, m))]
+    forward = [("F", mb, chunk) for mb, chunk in table]
+    backward = [("B", mb, v - 1 - chunk) for mb, chunk in table]
+    warm = warmup_passes(rank, pp, v, m)
+    order = forward[:warm]
+    for step in range(len(table) - warm):
+        order += [forward[warm + step], backward[step]]
+    return order + backward[len(table) - warm:]
+
+
+def _after(kind: str, mb: int, chunk: int, rank: int, pp: int, vpp: int) -> tuple | None:
+    """The pass another rank must finish first: the activation from the previous stage (forward)
+    or the gradient from the next one (backward); the model's last chunk turns around itself."""
+    if kind == "F":
+        if rank > 0:
+            return ("F", mb, chunk, rank - 1)
+        return ("F", mb, chunk - 1, pp - 1) if chunk > 0 else None
+    if rank < pp - 1:
+        return ("B", mb, chunk, rank + 1)
+    return ("B", mb, chunk + 1, 0) if chunk < vpp - 1 else ("F", mb, chunk, rank)
+
+
+def timeline(pp: int, vpp: int, num_microbatches: int, forward, backward) -> list[Slot]:
+    """Every pass of every rank with its start and end, each rank running ``megatron_order`` and
+    each pass waiting for the pass it depends on (``forward[r]``, ``backward[r]``: rank r's time
+    for one chunk pass; communication is inside them, as in the time model's stage times)."""
+    orders = [megatron_order(r, pp, vpp, num_microbatches) for r in range(pp)]
+    done: dict[tuple, float] = {}
+    slots: list[Slot] = []
+    position, free = [0] * pp, [0.0] * pp
+    remaining = sum(len(order) for order in orders)
+    while remaining:
+        progressed = False
+        for r in range(pp):
+            while position[r] < len(orders[r]):
+                kind, mb, chunk = orders[r][position[r]]
+                need = _after(kind, mb, chunk, r, pp, vpp)
+                if need is not None and need not in done:
+                    break
+                start = max(free[r], done.get(need, 0.0))
+                end = start + (forward[r] if kind == "F" else backward[r])
+                done[(kind, mb, chunk, r)] = free[r] = end
+                slots.append(Slot(r, kind, mb, chunk, start, end))
+                position[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("pipeline order deadlocked")  # Megatron's order never does
+    return slots

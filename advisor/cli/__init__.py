@@ -46,6 +46,7 @@ def cli() -> None:
 for command in (models.models, models.gpus, estimate.sweep, estimate.estimate, profile.profile,
                 recommend.recommend, compare_log.compare_log):
     cli.add_command(command)
+cli.add_command(__import__("advisor.cli.report", fromlist=["report"]).report)  # issue 25: HTML report
 
 
 def main() -> None:

@@ -1,0 +1,168 @@
+"""One layout in detail, rebuilt from its row with the advisor's own models: per pipeline stage
+the memory terms (seed 004's Eq. 18 and the calibrated model's additions), the step time's
+parts (``advisor.throughput.StepTime``) and each rank's time per microbatch (for the schedule).
+
+Nothing is priced here: ``advisor.memory.estimate_memory``, ``advisor.verdicts.calibrated_terms``
+and the estimate command's time path (``advisor.cli.estimate``, the sweep's pricing) do it, so
+the page shows the numbers the terminal shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from advisor.errors import AdvisorError
+from advisor.memory import GIB, MemoryOptions
+from advisor.report.inputs import number
+
+SEGMENTS = ("weights", "gradients", "optimizer", "layer activations", "embedding activations",
+            "output activations", "runtime, allocator, logits, mask")
+"""Stacked memory, bottom to top; the last is the calibrated model's addition to Eq. 18."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutDetail:
+    label: str
+    pp: int
+    vpp: int
+    num_microbatches: int
+    memory_gib: float | None
+    threshold_gib: float | None
+    """The paper's 80% line (memory model 'paper'), else None."""
+    stages: list[dict]
+    """Per stage: each of SEGMENTS in GiB."""
+    model_name: str
+    """Which memory model the segments are: 'Eq. 18' or 'calibrated'."""
+    time_parts: dict | None
+    """StepTime's parts in seconds (total_s included), with a GPU preset."""
+    forward_s: list[float] | None
+    backward_s: list[float] | None
+    """Each rank's forward and backward time per microbatch (all its chunks)."""
+
+
+def row_label(row: dict) -> str:
+    rank = f"#{row['rank']} " if row.get("rank") else ""
+    extra = "".join(f" {key.upper()} {row[key]}" for key in ("vpp", "ep", "etp")
+                    if isinstance(row.get(key), int) and row[key] > 1)
+    return f"{rank}TP {row.get('tp')} CP {row.get('cp')} PP {row.get('pp')} MBS {row.get('mbs')}{extra}"
+
+
+def row_spec(row: dict):
+    from advisor.models import LlamaSpec, load_model
+
+    model = row.get("model")
+    if isinstance(model, str):
+        return load_model(model)
+    if not isinstance(model, dict):
+        raise AdvisorError("a row without its model: save sweeps with --format json")
+    known = {f.name for f in fields(LlamaSpec)}
+    try:
+        return LlamaSpec(**{key: value for key, value in model.items() if key in known})
+    except TypeError as exc:
+        raise AdvisorError(f"'model' is not a model spec ({exc})") from None
+
+
+def row_options(row: dict) -> MemoryOptions:
+    """The estimator's options of a row: its changed options and its own recomputation."""
+    known = {f.name for f in fields(MemoryOptions)}
+    options = row.get("options") if isinstance(row.get("options"), dict) else {}
+    values = {key: value for key, value in options.items() if key in known}
+    recompute = row.get("recompute", "none")
+    values["recompute"] = recompute
+    if recompute == "full":
+        values["recompute_method"] = row.get("recompute_method") or "uniform"
+        values["recompute_num_layers"] = row.get("recompute_num_layers") or 1
+    return MemoryOptions(**values)
+
+
+def _layout(row: dict, spec):
+    from advisor.parallel import ParallelConfig, Workload
+
+    parallel = ParallelConfig(tp=row["tp"], cp=row["cp"], pp=row["pp"], dp=row["dp"], mbs=row["mbs"],
+                              vpp=row.get("vpp") or 1)
+    workload = Workload(seq_len=row["seq_len"], global_batch_size=row["global_batch_size"])
+    layers = tuple(row.get("layers_per_stage") or (spec.num_layers // parallel.pp,) * parallel.pp)
+    return parallel, workload, layers
+
+
+def _stage_segments(estimate, calibrated) -> list[dict]:
+    stages = []
+    for i, stage in enumerate(estimate.stages):
+        acts = (stage.layer_activations_bytes, stage.embedding_activations_bytes, stage.output_activations_bytes)
+        added = 0.0
+        if calibrated is not None:
+            factors = [np.broadcast_to(getattr(calibrated, name), (len(estimate.stages),))[i]
+                       for name in ("layer_factor", "embedding_factor", "output_factor")]
+            acts = tuple(float(f) * a for f, a in zip(factors, acts))
+            added = float(np.broadcast_to(calibrated.added, (len(estimate.stages),))[i])
+        values = (stage.weights_bytes, stage.gradients_bytes, stage.optimizer_bytes, *acts, added)
+        stages.append({name: value / GIB for name, value in zip(SEGMENTS, values)})
+    return stages
+
+
+def layout_detail(row: dict) -> LayoutDetail:
+    """The detail of a sweep row or an estimate (their JSON)."""
+    from advisor.memory import estimate_memory
+
+    spec = row_spec(row)
+    options = row_options(row)
+    parallel, workload, layers = _layout(row, spec)
+    estimate = estimate_memory(spec, parallel, workload, options, layers)
+    memory = number(row, "memory_gib")
+    calibrated = None
+    if row.get("memory_model") in ("calibrated", "profile") and memory:
+        from advisor.throughput.calibration import load_memory_calibration
+        from advisor.verdicts import calibrated_terms
+
+        calibrated = calibrated_terms(spec, workload.seq_len, parallel.mbs, parallel.tp, parallel.cp,
+                                      np.arange(parallel.pp), parallel.pp, options.recompute == "full", options,
+                                      load_memory_calibration(), memory)
+    parts = forward = backward = None
+    if row.get("gpu"):
+        parts, forward, backward = _times(row, spec, parallel, workload, layers, options)
+    threshold = 0.8 * memory if memory and row.get("memory_model", "paper") == "paper" else None
+    return LayoutDetail(label=row_label(row), pp=parallel.pp, vpp=parallel.vpp,
+                        num_microbatches=workload.num_microbatches(parallel) or 1, memory_gib=memory,
+                        threshold_gib=threshold, stages=_stage_segments(estimate, calibrated),
+                        model_name="calibrated" if calibrated is not None else "Eq. 18", time_parts=parts,
+                        forward_s=forward, backward_s=backward)
+
+
+def _times(row, spec, parallel, workload, layers, options):
+    """The step's parts (as 'advisor estimate' prices them) and each rank's per-microbatch times."""
+    from advisor.cli.estimate import _one_layout_time
+    from advisor.hardware import get_gpu
+    from advisor.rank_times import Timing, recomputed_per_chunk
+    from advisor.throughput import TimeModel
+
+    gpu = get_gpu(row["gpu"])
+    if number(row, "memory_gib"):
+        gpu = gpu.with_overrides(memory_gib=number(row, "memory_gib"))
+    _, parts = _one_layout_time(spec, gpu, workload, parallel, layers, options, None)
+    p = parallel
+    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size)
+    layouts = Timing(model, gpu.gpus_per_node).layouts(
+        tp=np.array([p.tp]), cp=np.array([p.cp]), dp=np.array([p.dp]), mbs=np.array([p.mbs]), pp=np.array([p.pp]),
+        selective=options.recompute == "selective")
+    recompute = recomputed_per_chunk(options.recompute, options.recompute_method,
+                                     np.array([options.recompute_num_layers]), spec.num_layers)
+    stages = layouts.stage_times(np.array([0]), np.array([p.vpp]), recompute, np.array([layers]))
+    return parts, [float(s.forward[0]) for s in stages], [float(s.backward[0]) for s in stages]
+
+
+def plan_detail(plan: dict) -> LayoutDetail:
+    """A plan's stages: its predicted memory per stage (the profiles' or Eq. 18's, as the planner
+    predicted it) and, for a time plan, each stage's forward + backward time per microbatch
+    (drawn 1 : 2, the ratio of a layer's FLOPs; the plan records only their sum)."""
+    stages = [{"predicted": stage.get("predicted_gib") or 0.0} for stage in plan.get("stages", [])]
+    times = [stage.get("predicted_time_s") for stage in plan.get("stages", [])]
+    timed = bool(times) and all(isinstance(t, (int, float)) for t in times)
+    limit = number(plan, "memory_limit_gib")
+    return LayoutDetail(
+        label=f"plan: TP {plan.get('tp')} CP {plan.get('cp')} PP {plan.get('pp')} MBS {plan.get('micro_batch_size')}",
+        pp=len(stages), vpp=1, num_microbatches=int(plan.get("num_microbatches") or 1), memory_gib=limit,
+        threshold_gib=None, stages=stages, model_name=f"{(plan.get('predictor') or {}).get('name', 'plan')} prediction",
+        time_parts=None, forward_s=[t / 3 for t in times] if timed else None,
+        backward_s=[2 * t / 3 for t in times] if timed else None)

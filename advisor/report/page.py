@@ -1,0 +1,157 @@
+"""The page: one HTML document with its style, script and figures inline.
+
+Sections: the question and every assumption; for a sweep the memory heatmap, the time against
+memory scatter and the ranked rows; the chosen layouts in detail (memory per stage, the step's
+parts, the pipeline schedule); a plan's stages; measured against predicted for profiles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+from dataclasses import asdict
+
+from advisor.report import figures
+from advisor.report.details import LayoutDetail, plan_detail, row_options
+from advisor.report.inputs import ReportInput, number
+from advisor.report.schedule_figure import schedule
+from advisor.report.table import (
+    common_flags, flag_groups, flags_text, key_value_table, plain_table, rows_table, split_columns,
+)
+
+LAUNCH = ("CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nnodes=NODES --nproc-per-node=PPN --rdzv-backend=c10d "
+          "--rdzv-endpoint=$MASTER_ADDR:29500 $MEGATRON_LM/pretrain_gpt.py FLAGS "
+          "--data-path ... --tokenizer-type ... --train-iters ...")
+"""What 'copy launch' fills in (advisor-launch torchrun --from FILE does the same and more)."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("megatron-4d-advisor")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _calibration() -> list[tuple[str, object]]:
+    from advisor.fileio import read_json
+    from advisor.throughput.calibration import CALIBRATION_FILE
+
+    data = CALIBRATION_FILE.read_bytes()
+    document = read_json(CALIBRATION_FILE)
+    return [("calibration file", CALIBRATION_FILE.name), ("calibration schema", document.get("schema")),
+            ("calibration SHA-256", hashlib.sha256(data).hexdigest()),
+            ("memory calibration", document.get("memory"))]
+
+
+def gpu_facts(name: str | None, memory: float | None) -> tuple[dict | None, int]:
+    if not name:
+        return None, 8
+    from advisor.hardware import get_gpu
+
+    gpu = get_gpu(name).with_overrides(memory_gib=memory)
+    return gpu.to_dict(), gpu.gpus_per_node
+
+
+def assumptions(report: ReportInput, first: dict, shared: dict) -> str:
+    """The question and everything the answer assumed."""
+    gpu, per_node = gpu_facts(first.get("gpu"), number(first, "memory_gib"))
+    pairs: list[tuple[str, object]] = [("question", report.question), ("answer", report.kind)]
+    model = first.get("model")
+    if isinstance(model, dict):
+        pairs += [(f"model: {key}", value) for key, value in model.items()]
+    else:
+        pairs.append(("model", model))
+    pairs += [("GPU preset", gpu or "none (no time model)"), ("GPUs per node", per_node)]
+    for key in ("gpus", "world_size", "memory_gib", "memory_limit_gib", "seq_len", "global_batch_size",
+                "memory_model", "objective", "mode", "launchable", "not_launchable_reason"):
+        if key in first:
+            pairs.append((key, first[key]))
+    if "tp" in first and "model" in first and isinstance(first.get("model"), dict) and report.kind != "plan":
+        pairs.append(("estimator options (all)", asdict(row_options(first))))
+    if first.get("memory_model", "paper") == "paper" and report.kind != "plan":
+        pairs.append(("verdict rule", "seed 004: fits <= 80% of memory (unless --threshold), tight <= 100%, oom"))
+    pairs += [(f"{key} (every row)", value) for key, value in shared.items() if key not in dict(pairs)]
+    pairs += [("advisor version", _version()), *_calibration()]
+    return key_value_table(pairs, "The question and every assumption", "assumptions")
+
+
+def figure_block(svg: str | None, caption: str) -> str:
+    if svg is None:
+        return ""
+    return f"<figure>{svg}<figcaption>{html.escape(caption)}</figcaption></figure>"
+
+
+def _flags(row: dict) -> list[str]:
+    args = row.get("megatron_args")
+    if isinstance(args, list) and all(isinstance(a, str) for a in args):
+        return args
+    if isinstance(args, str):
+        return args.split()
+    from advisor.megatron_args import megatron_args
+    from advisor.report.details import row_spec
+
+    return megatron_args(row_spec(row), row["seq_len"], tp=row["tp"], cp=row["cp"],
+                         layers_per_stage=row["layers_per_stage"], micro_batch_size=row["mbs"],
+                         global_batch_size=row["global_batch_size"], options=row_options(row),
+                         virtual_stages=row.get("vpp") or 1)
+
+
+def rows_section(rows: list[dict], per_node: int) -> tuple[str, dict]:
+    columns, shared = split_columns(rows)
+    groups = [flag_groups(_flags(row)) for row in rows]
+    common = common_flags(groups)
+    nodes = [max(1, -(-int(row.get("gpus") or per_node) // per_node)) for row in rows]
+    verdicts = sorted({str(row.get("verdict")) for row in rows if row.get("verdict")})
+    options = "".join(f'<option value="{html.escape(v)}">{html.escape(v)}</option>' for v in verdicts)
+    legend = "".join(f'<span style="background:{figures.COLOURS.get(v, "#eee")}">{html.escape(v)}</span>'
+                     for v in verdicts)
+    text = (
+        '<h2 id="rows-heading">Ranked layouts</h2>'
+        f'<p class="legend">Verdicts (colour and word): {legend}</p>'
+        "<h3>Megatron-LM flags every row shares</h3>"
+        f'<pre id="common-flags">{html.escape(flags_text(common))}</pre>'
+        '<p>Launch template (<b>copy launch</b> fills it in; <code>advisor-launch torchrun --from FILE</code> '
+        f'also installs the hooks):</p><pre id="launch-template">{html.escape(LAUNCH)}</pre>'
+        '<div class="controls"><label>Filter rows <input id="filter-text" type="search" '
+        'placeholder="for example: 8 fits"></label>'
+        f'<label>Verdict <select id="filter-verdict"><option value="">any</option>{options}</select></label></div>'
+        f'<div class="scroll">{rows_table(rows, columns, groups, common, nodes, per_node)}</div>'
+    )
+    return text, shared
+
+
+def details_section(details: list[LayoutDetail]) -> str:
+    parts = ['<h2 id="details">The chosen layouts in detail</h2>']
+    for i, detail in enumerate(details):
+        parts.append(figure_block(figures.stage_memory(detail, f"stages-{i}"),
+                             f"{detail.label}: memory per pipeline stage ({detail.model_name} terms stacked) "
+                             "against the GPU's memory."))
+    parts.append(figure_block(figures.time_parts(details), "Where each step's time goes (the time model's parts)."))
+    if details:
+        chosen = details[0]
+        parts.append('<h3 id="schedule-heading">Pipeline schedule of the first</h3>')
+        parts.append(figure_block(schedule(chosen), "Megatron-LM's order per rank (advisor.schedule): forwards blue, "
+                             "backwards green, white the bubble; warm-up on the left, cool-down on the right."))
+    return "".join(parts)
+
+
+def plan_section(plan: dict) -> tuple[str, LayoutDetail]:
+    detail = plan_detail(plan)
+    baseline = plan.get("baseline") or {}
+    even = baseline.get("stage_predicted_gib") or []
+    rows = [{**stage, "even": even[i] if i < len(even) else None} for i, stage in enumerate(plan.get("stages", []))]
+    columns = [("stage", "stage", "d"), ("first_layer", "first layer", "d"), ("last_layer", "last layer", "d"),
+               ("layers", "layers", "d"), ("tp", "TP", ""), ("dp", "DP", ""), ("in_flight_microbatches", "in flight", ""),
+               ("predicted_gib", "predicted GiB", ".2f"), ("even", "even split GiB", ".2f"),
+               ("predicted_time_s", "s / microbatch", ".4f")]
+    summary = [(key, plan.get(key)) for key in ("peak_predicted_gib", "period_s", "predicted_step_time_s",
+                                                "layers_per_stage") if key in plan]
+    text = ('<h2 id="plan">The plan</h2>' + key_value_table(summary, "The plan's prediction", "plan-summary")
+            + plain_table(rows, columns, f"Stages of the plan ({baseline.get('label', 'no baseline')} beside)",
+                          "plan-stages")
+            + "<h3>Megatron-LM flags</h3>"
+            + f'<pre id="plan-flags">{html.escape(" ".join(plan.get("megatron_args") or []))}</pre>'
+            + '<button type="button" class="copy" data-copy="flags" data-target="plan-flags">copy flags</button>')
+    return text, detail

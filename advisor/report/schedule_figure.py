@@ -1,0 +1,106 @@
+"""The pipeline schedule of one layout as a timeline per rank: Megatron-LM's 1F1B or interleaved
+order (``advisor.schedule.timeline``) with each rank's per-microbatch times, forward passes
+blue and backward passes green as in seed 004's Figure 4, the idle time between them the bubble.
+Hand-written SVG: thousands of passes.
+
+A deep pipeline with many microbatches has tens of thousands of passes; the page draws at most
+``MAX_BARS`` of them: fewer microbatches (a multiple of PP, so warm-up, steady state and cool-down
+all show) and, beyond ``MAX_RANKS``, the first and the last ranks, and says so.
+"""
+
+from __future__ import annotations
+
+import html
+
+from advisor.report.details import LayoutDetail
+
+from advisor.report.svg import svg_element
+
+MAX_BARS = 8000
+MAX_RANKS = 16
+FORWARD, BACKWARD = "#4c72b0", "#55a868"
+
+
+def drawn_ranks(pp: int) -> list[int]:
+    if pp <= MAX_RANKS:
+        return list(range(pp))
+    return list(range(MAX_RANKS // 2)) + list(range(pp - MAX_RANKS // 2, pp))
+
+
+def drawn_microbatches(pp: int, vpp: int, m: int) -> int:
+    """m, or fewer so that at most MAX_BARS passes are drawn (a multiple of PP, at least PP)."""
+    per_microbatch = 2 * vpp * len(drawn_ranks(pp))
+    if m * per_microbatch <= MAX_BARS:
+        return m
+    return max(pp, MAX_BARS // per_microbatch // pp * pp)
+
+
+def schedule(detail: LayoutDetail, unit_times: bool = False) -> str:
+    """The timeline of ``detail``'s layout (its per-rank times; ``unit_times``: a layer's forward 1
+    and backward 2 per layer when no time model priced it)."""
+    from advisor.schedule import timeline
+
+    p, v = detail.pp, detail.vpp
+    m = drawn_microbatches(p, v, detail.num_microbatches)
+    if detail.forward_s is not None:
+        forward, backward = [t / v for t in detail.forward_s], [t / v for t in detail.backward_s]
+    else:
+        layers = [1.0] * p
+        forward, backward = [x / v for x in layers], [2 * x / v for x in layers]
+    slots = timeline(p, v, m, forward, backward)
+    ranks = drawn_ranks(p)
+    end = max(slot.end for slot in slots)
+    busy = sum(slot.end - slot.start for slot in slots)
+    bubble = 1 - busy / (end * p)
+    kind = "interleaved 1F1B" if v > 1 else "1F1B"
+    shown = f"{m} of {detail.num_microbatches} microbatches" if m < detail.num_microbatches else f"{m} microbatches"
+    if len(ranks) < p:
+        shown += f", ranks {ranks[0]}-{ranks[MAX_RANKS // 2 - 1]} and {ranks[MAX_RANKS // 2]}-{ranks[-1]} of {p}"
+    unit = "ms" if detail.forward_s is not None else "layer-forward units"
+    scale = 1e3 if detail.forward_s is not None else 1.0
+    title = f"{detail.label}: {kind}, {shown}; bubble {bubble:.0%} of the ranks' time"
+    description = (f"Pipeline schedule of {detail.label}: {kind} over {p} ranks, {shown}: warm-up forwards, "
+                   f"one forward one backward in the steady state, cool-down backwards; idle {bubble:.0%}")
+    return svg_element("schedule", description, LEFT + WIDTH + 20, TOP + ROW * len(ranks) + 44,
+                       _bars(slots, ranks, end, title) + _axis(end * scale, unit, len(ranks)))
+
+
+LEFT, TOP, ROW, WIDTH = 56, 22, 16, 900
+
+
+def _bars(slots, ranks: list[int], end: float, title: str) -> str:
+    row_of = {rank: i for i, rank in enumerate(ranks)}
+    parts = [f'<text x="0" y="12" font-size="10">{html.escape(title)}</text>']
+    parts += [f'<text x="{LEFT - 4}" y="{TOP + ROW * i + 11}" text-anchor="end">rank {r}</text>'
+              for i, r in enumerate(ranks)]
+    parts.append(f'<rect x="{LEFT}" y="{TOP}" width="{WIDTH}" height="{ROW * len(ranks)}" fill="#ffffff" '
+                 'stroke="#999999"/>')
+    for slot in slots:
+        if slot.rank not in row_of:
+            continue
+        x = LEFT + WIDTH * slot.start / end
+        w = max(WIDTH * (slot.end - slot.start) / end - 0.3, 0.3)
+        parts.append(f'<rect x="{x:.1f}" y="{TOP + ROW * row_of[slot.rank] + 2}" width="{w:.1f}" height="{ROW - 4}" '
+                     f'class="pass-{slot.kind}"/>')
+    return f'<style>.pass-F{{fill:{FORWARD}}}.pass-B{{fill:{BACKWARD}}}</style>' + "".join(parts)
+
+
+def _axis(span: float, unit: str, rows: int) -> str:
+    """Ticks under the timeline, and the legend."""
+    y = TOP + ROW * rows
+    parts = []
+    for i in range(6):
+        x = LEFT + WIDTH * i / 5
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + 4}" stroke="black"/>'
+                     f'<text x="{x:.1f}" y="{y + 14}" text-anchor="middle">{_tick(span * i / 5)}</text>')
+    parts.append(f'<text x="{LEFT + WIDTH / 2}" y="{y + 27}" text-anchor="middle">time ({unit})</text>')
+    legend_y = y + 36
+    for i, (label, colour) in enumerate((("forward", FORWARD), ("backward", BACKWARD), ("idle: the bubble", "#ffffff"))):
+        x = LEFT + 110 * i
+        parts.append(f'<rect x="{x}" y="{legend_y - 8}" width="10" height="8" fill="{colour}" stroke="#999999"/>'
+                     f'<text x="{x + 14}" y="{legend_y}">{label}</text>')
+    return "".join(parts)
+
+
+def _tick(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"

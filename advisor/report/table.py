@@ -1,0 +1,165 @@
+"""The rows as an HTML table: every scalar field of the rows, known ones first and formatted,
+any other one (a field a newer advisor adds) as it comes; fields equal in every row move to the
+assumptions instead. Each cell keeps its raw value (``data-v``) for sorting, each verdict its
+colour and its word, each row its own Megatron flags (the flags all rows share are printed once)."""
+
+from __future__ import annotations
+
+import html
+import json
+
+from advisor.plots import COLOURS
+from advisor.render import counts_text
+
+
+def verdict_css() -> str:
+    """One rule per verdict: the colours of the terminal's plot (advisor.plots), always with the word."""
+    return "".join(f"td.v-{name.replace(' ', '-')}{{background:{colour}}}" for name, colour in COLOURS.items() if name)
+
+KNOWN = {  # key: (header, format)
+    "rank": ("rank", "d"), "verdict": ("verdict", ""), "tp": ("TP", "d"), "cp": ("CP", "d"), "pp": ("PP", "d"),
+    "vpp": ("VPP", "d"), "ep": ("EP", "d"), "etp": ("ETP", "d"), "mbs": ("MBS", "d"), "dp": ("DP", "d"),
+    "num_microbatches": ("m", "d"), "layers_per_stage": ("layers per stage", ""),
+    "recompute": ("recompute", ""), "model_states_gib": ("states GiB", ".2f"),
+    "activations_gib": ("act. GiB", ".2f"), "total_gib": ("Eq.18 GiB", ".2f"), "usage_gib": ("pred. GiB", ".1f"),
+    "margin_gib": ("margin GiB", "+.1f"), "memory_fraction": ("Eq.18 / mem", ".0%"), "peak_stage": ("peak stage", "d"),
+    "step_time_s": ("step s", ".3f"), "tflops_per_gpu": ("TFLOP/s", ".0f"), "mfu": ("MFU", ".1%"),
+    "tokens_per_s": ("tokens/s", ",.0f"), "days": ("days", ".1f"), "gpu_hours": ("GPU-h", ",.0f"),
+}
+HIDDEN = {"megatron_args", "model", "recompute_method", "recompute_num_layers", "calibrated_peak_stage", "stages",
+          "time_parts"}
+"""Shown elsewhere: the flags per row, the model in the assumptions, recomputation in one cell."""
+
+
+def _scalar(value) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def cell_value(row: dict, key: str):
+    """The value a column shows: recomputation as one word, a split as runs, options as JSON."""
+    value = row.get(key)
+    if key == "recompute" and value == "full":
+        return f"full {row.get('recompute_method')} {row.get('recompute_num_layers')}"
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return counts_text(value)
+    if isinstance(value, dict):  # options: name=value, what the row changes (recomputation has its column)
+        return " ".join(f"{k}={v}" for k, v in sorted(value.items()) if not k.startswith("recompute")) or None
+    if isinstance(value, list):
+        return json.dumps(value, separators=(",", ":"))
+    return value
+
+
+def split_columns(rows: list[dict]) -> tuple[list[str], dict]:
+    """(the columns that vary between rows, known first; the fields every row shares)."""
+    keys: dict[str, None] = {}
+    for row in rows:
+        keys.update(dict.fromkeys(row))
+    shared, varying = {}, []
+    first = rows[0] if rows else {}
+    for key in keys:
+        if key in HIDDEN:
+            continue
+        same = len(rows) > 1 and all(row.get(key) == first.get(key) for row in rows)
+        if same and key not in KNOWN:
+            shared[key] = cell_value(first, key)
+        elif key in KNOWN or all(_scalar(cell_value(row, key)) for row in rows):
+            varying.append(key)
+    order = list(KNOWN)
+    varying.sort(key=lambda k: order.index(k) if k in order else len(order))
+    return varying, shared
+
+
+def _format(value, spec: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not spec:
+        return str(value)
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _groups(args: list[str]) -> list[tuple[str, ...]]:
+    """An argument list as (flag, values...) groups."""
+    groups: list[list[str]] = []
+    for token in args:
+        if token.startswith("--") or not groups:
+            groups.append([token])
+        else:
+            groups[-1].append(token)
+    return [tuple(group) for group in groups]
+
+
+def flag_groups(args: list[str]) -> list[tuple[str, ...]]:
+    """An argument list as (flag, values...) groups."""
+    return _groups(args)
+
+
+def common_flags(groups: list[list[tuple]]) -> list[tuple[str, ...]]:
+    """The flag groups every row carries, in the first row's order."""
+    if not groups:
+        return []
+    common = set(groups[0])
+    for mine in groups[1:]:
+        common.intersection_update(mine)
+    return [group for group in groups[0] if group in common]
+
+
+def flags_text(groups) -> str:
+    return " ".join(" ".join(group) for group in groups)
+
+
+def rows_table(rows: list[dict], columns: list[str], flag_groups: list[list[tuple]], common: list[tuple],
+               nodes: list[int], gpus_per_node: int) -> str:
+    """The table; the last column holds each row's own flags, and buttons that copy them whole."""
+    shared = set(common)
+    head = "".join(
+        f'<th scope="col" data-key="{key}" aria-sort="none"><button type="button">'
+        f"{html.escape(KNOWN.get(key, (key, ''))[0])}</button></th>" for key in columns)
+    body = []
+    for row, groups, node_count in zip(rows, flag_groups, nodes):
+        cells = []
+        for key in columns:
+            value = cell_value(row, key)
+            spec = KNOWN.get(key, ("", ""))[1] if not isinstance(value, str) else ""
+            shown = _format(value, spec)
+            raw = "" if value is None else format(value, ".6g") if isinstance(value, float) else str(value)
+            # The raw value only where it differs from the text: the 405B sweep has 2,000 rows.
+            data = "" if raw == shown else f' data-v="{html.escape(raw, quote=True)}"'
+            if key == "verdict":
+                cells.append(f'<td{data} class="verdict v-{str(value).replace(" ", "-")}">{html.escape(shown)}</td>')
+            else:
+                cells.append(f"<td{data}>{html.escape(shown)}</td>")
+        own = flags_text(group for group in groups if group not in shared)
+        cells.append(f'<td class="flags"><button type="button" class="copy" data-copy="flags">copy flags</button> '
+                     f'<button type="button" class="copy" data-copy="launch">copy launch</button>'
+                     f'<details><summary>flags</summary><code>{html.escape(own)}</code></details></td>')
+        body.append(f'<tr data-nodes="{node_count}" data-ppn="{gpus_per_node}">{"".join(cells)}</tr>')
+    return (f'<table id="rows"><caption>{len(rows)} rows, best ranked first. Click a header to sort; each '
+            f'row\'s flags add to the common flags above.</caption><thead><tr>{head}'
+            f'<th scope="col">Megatron flags</th></tr></thead><tbody>{"".join(body)}</tbody></table>')
+
+
+def key_value_table(pairs: list[tuple[str, object]], caption: str, table_id: str) -> str:
+    """A two-column table of settings, each name a row header."""
+    body = "".join(f'<tr><th scope="row">{html.escape(str(name))}</th><td>{html.escape(_text(value))}</td></tr>'
+                   for name, value in pairs)
+    return f'<table id="{table_id}" class="kv"><caption>{html.escape(caption)}</caption><tbody>{body}</tbody></table>'
+
+
+def _text(value) -> str:
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, float):
+        return format(value, ".6g")
+    return "-" if value is None else str(value)
+
+
+def plain_table(rows: list[dict], columns: list[tuple[str, str, str]], caption: str, table_id: str) -> str:
+    """A small table of dicts: columns are (key, header, format)."""
+    head = "".join(f'<th scope="col">{html.escape(header)}</th>' for _, header, _ in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_format(row.get(key), spec))}</td>" for key, _, spec in columns)
+                   + "</tr>" for row in rows)
+    return (f'<table id="{table_id}"><caption>{html.escape(caption)}</caption><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table>")

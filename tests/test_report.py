@@ -1,0 +1,135 @@
+"""advisor report: the page's data against the advisor's own numbers, the pipeline timeline
+against Narayanan et al.'s bubble, the CLI's shapes and errors. The page in a real browser:
+tests/test_report_browser.py."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from advisor import schedule
+from advisor.report import ReportInput, build_page
+from advisor.report.details import layout_detail
+from advisor.report.table import split_columns
+
+
+@pytest.mark.parametrize("p,v,m", [(4, 1, 8), (4, 2, 8), (4, 3, 12), (2, 1, 1), (8, 1, 3), (3, 2, 6)])
+def test_timeline_of_equal_stages_has_narayanans_bubble(p, v, m):
+    """Equal stages, forward f and backward b per microbatch (chunks f/v, b/v): the iteration
+    lasts (m + (p - 1)/v)(f + b) (Narayanan et al. 2021, Section 2.2: bubble (p - 1)/v of
+    (f + b)); with m < p under 1F1B the pipe never fills: (m + p - 1)(f + b) all the same."""
+    f, b = 1.0, 2.0
+    slots = schedule.timeline(p, v, m, [f / v] * p, [b / v] * p)
+    assert max(slot.end for slot in slots) == pytest.approx((m + (p - 1) / v) * (f + b))
+    assert len(slots) == 2 * m * v * p
+    for rank in range(p):  # each rank runs its passes back to back in Megatron's order, never overlapping
+        mine = [s for s in slots if s.rank == rank]
+        assert all(a.end <= c.start + 1e-12 for a, c in zip(mine, mine[1:]))
+
+
+@pytest.mark.parametrize("p,v,m", [(4, 1, 8), (4, 2, 8), (5, 3, 10), (8, 1, 3)])
+def test_order_holds_what_the_estimator_counts_in_flight(p, v, m):
+    """The forwards before the first backward, plus the one that comes with it, are the passes
+    the memory estimator holds at the peak (advisor.schedule.InFlight)."""
+    for rank in range(p):
+        order = schedule.megatron_order(rank, p, v, m)
+        first_backward = next(i for i, (kind, _, _) in enumerate(order) if kind == "B")
+        assert first_backward == schedule.InFlight.at(rank, p, v, m).passes
+
+
+@pytest.fixture(scope="module")
+def sweep_rows(advisor_module):
+    return advisor_module.json("sweep", "--gpus", "16", "--gpu", "h100-80gb", "--all", "--seq-len", "4096",
+                               "--gbs", "64")
+
+
+@pytest.fixture(scope="module")
+def advisor_module():
+    from tests.conftest import Invoker
+
+    return Invoker()
+
+
+def test_detail_prices_a_row_as_the_sweep_did(sweep_rows):
+    for row in [r for r in sweep_rows if r["rank"]][:3] + [r for r in sweep_rows if r["verdict"] == "oom"][:1]:
+        detail = layout_detail(row)
+        assert detail.time_parts["total_s"] == pytest.approx(row["step_time_s"], rel=1e-12)
+        peak = max(sum(stage.values()) for stage in detail.stages)
+        assert peak == pytest.approx(row["usage_gib"], rel=1e-12)
+        assert len(detail.forward_s) == row["pp"]
+
+
+def test_new_row_fields_show_without_code_changes(sweep_rows):
+    rows = [{**row, "ep": 2 if i % 2 else 1, "ranking_tolerance": 0.02} for i, row in enumerate(sweep_rows)]
+    columns, shared = split_columns(rows)
+    assert "ep" in columns and shared["ranking_tolerance"] == 0.02
+    page = build_page(ReportInput(kind="sweep", rows=rows, question="test"), top=1)
+    assert "ranking_tolerance (every row)" in page and ">EP</button>" in page
+
+
+def test_cli_writes_the_page_atomically_with_the_umask(advisor, tmp_path):
+    out = tmp_path / "r.html"
+    result = advisor("report", "sweep", "--gpus", "16", "--gpu", "h100-80gb", "--seq-len", "4096", "--gbs", "64",
+                     "-o", out)
+    page = out.read_text()
+    assert "wrote" in result.stderr and oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    for anchor in ('id="assumptions"', 'data-figure="heatmap"', 'data-figure="scatter"', 'id="rows"',
+                   'data-figure="stages-0"', 'data-figure="time-parts"', 'data-figure="schedule"'):
+        assert anchor in page
+    assert "advisor report sweep --gpus 16 --gpu h100-80gb --seq-len 4096 --gbs 64" in page
+    # Nothing to fetch at view time: no external source, link or stylesheet (namespaces are names).
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)|<link|@import|url\((?!#)""", page)
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_estimate_and_plan_pages(advisor, tmp_path):
+    estimate = tmp_path / "e.html"
+    advisor("report", "estimate", "--tp", "2", "--pp", "2", "--gpus", "16", "--gpu", "h100-80gb", "-o", estimate)
+    assert 'data-figure="schedule"' in estimate.read_text()
+    plan = tmp_path / "plan.json"
+    advisor("recommend", "--gpus", "16", "--tp", "2", "--pp", "4", "--gbs", "64", "-o", plan)
+    page = tmp_path / "p.html"
+    advisor("report", "--from", plan, "--profile", "examples/launch/profiles", "-o", page)
+    text = page.read_text()
+    for anchor in ('id="plan-stages"', 'id="plan-flags"', 'data-figure="stages-0"', 'data-figure="schedule"',
+                   'data-figure="profile-stages"', 'data-figure="profile-layers"', 'id="profile-stages-table"'):
+        assert anchor in text
+
+
+@pytest.mark.parametrize("args", [
+    ("report",), ("report", "--from", "/nonexistent.json", "-o", "x.html"), ("report", "-o", "x.html", "sweep"),
+    ("report", "sweep", "--gpus", "8", "--mem", "80"),  # no -o
+    ("report", "--from", "README.md", "-o", "x.html"),
+])
+def test_bad_input_is_one_line(advisor, args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path) if "README.md" not in args else None
+    advisor.error(*args)
+
+
+def test_sweep_does_not_import_matplotlib():
+    code = ("import sys; from advisor.cli import cli\n"
+            "try: cli(['sweep', '--gpus', '8', '--mem', '80', '--format', 'json'], standalone_mode=False)\n"
+            "except SystemExit: pass\n"
+            "assert 'matplotlib' not in sys.modules and 'torch' not in sys.modules, 'imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)
+
+
+def test_page_without_a_time_model(advisor, tmp_path):
+    """--mem alone: the paper's verdicts and 80% line, no time figures, the schedule in layer units."""
+    out = tmp_path / "paper.html"
+    advisor("report", "sweep", "--gpus", "8", "--mem", "80", "--seq-len", "4096", "--all", "-o", out)
+    page = out.read_text()
+    assert 'data-figure="heatmap"' in page and 'data-figure="scatter"' not in page
+    assert 'data-figure="time-parts"' not in page and "80% (seed 004)" in page
+    assert "layer-forward units" in page
