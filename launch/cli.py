@@ -18,7 +18,7 @@ from typing import Callable
 
 import click
 
-from advisor.cli.options import GPUS, GPUS_PER_NODE, InputError, OneLineErrors, apply_options
+from advisor.cli.options import GPUS, GPUS_PER_NODE, InputError, OneLineErrors, TokenCount, apply_options
 from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
@@ -83,16 +83,22 @@ def megatron_options(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(*args, config, megatron_lm: str | None, megatron_version: str | None, mock_data: bool,
+                job_config: Path | None, tokens: float | None, fs_bandwidth: float | None,
                 user_args: tuple[str, ...], **kwargs):
         from launch.arguments import compose
         from launch.checkout import resolve_release
+        from launch.job import plan_job, read_job_file
 
-        release = resolve_release(megatron_lm, megatron_version, need_checkout=not kwargs.get("dry_run", True))
+        need_checkout = func.__name__ == "check_command" or not kwargs.get("dry_run", True)  # args: never
+        release = resolve_release(megatron_lm, megatron_version, need_checkout=need_checkout)
+        job_file = read_job_file(job_config) if job_config is not None else None
+        mock_data = mock_data or bool(job_file and job_file.mock_data)
         if (note := release.assumption()) and (mock_data or "dry_run" in kwargs):  # where the release matters
             click.echo(f"advisor-launch: {note}", err=True)
+        job = plan_job(config, job_file=job_file, tokens=tokens, bandwidth_gbs=fs_bandwidth, user_args=user_args)
         megatron = compose(config.source, config.megatron_args, rules=release.rules, model=config.model,
-                           mock_data=mock_data, extras=user_args)
-        return func(*args, config=config, release=release, megatron=megatron, **kwargs)
+                           mock_data=mock_data, extras=user_args, job=job.group)
+        return func(*args, config=config, release=release, megatron=megatron, job_plan=job, **kwargs)
 
     return apply_options([
         click.option("--megatron-lm", metavar="DIR", default=None,
@@ -104,6 +110,16 @@ def megatron_options(func: Callable) -> Callable:
         click.option("--mock-data", is_flag=True,
                      help="Add --mock-data --tokenizer-type NullTokenizer --vocab-size sized so that your release "
                           "builds the input's vocabulary; refused where its mock data cannot feed the model."),
+        click.option("--job-config", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+                     help="A job file (TOML or JSON): data_path, mock_data, tokenizer_type, tokenizer_model, save, "
+                          "load, save_interval, tensorboard_dir, lr, min_lr, tokens, lr_warmup_fraction, "
+                          "fs_bandwidth_gbs; become Megatron-LM's flags (README: Complete jobs)."),
+        click.option("--tokens", type=TokenCount(), default=None,
+                     help="The token budget (15T, 300B): --train-samples, --lr-decay-samples and "
+                          "--lr-warmup-samples (1%) from it (default: the job file's, else the sweep row's)."),
+        click.option("--fs-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GB/S",
+                     help="Aggregate file-system write bandwidth that prices a checkpoint save "
+                          "(default 10 GB/s, or the job file's fs_bandwidth_gbs)."),
         click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]"),
     ], wrapper)
 
@@ -129,16 +145,39 @@ def run_options(func: Callable) -> Callable:
     ], wrapper)
 
 
-def _launch_plan(config, release, megatron, profiling: dict, *, dry_run: bool):
-    """The entry's options and the environment every rank needs; for a real run, the Python
-    the release needs."""
+def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bool, per_node: int,
+                 gpus_here: bool = True, show_job: bool | None = None):
+    """The entry's options and the environment every rank needs, after the preflight
+    (launch.preflight) and the job's report (``show_job``, default: in a dry run): a dry run
+    prints the problems as warnings; a real run with a problem prints every one, one line each,
+    and exits with status 2 before anything starts."""
     from launch.commands import entry_options
-    from launch.megatron_versions import LaunchShape, check_python, environment
+    from launch.megatron_versions import LaunchShape, environment
 
-    if not dry_run:
-        check_python(release.rules, sys.version_info[:2])
-    entry = entry_options(release.checkout or release.given, **profiling)
-    return entry, environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))
+    env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
+    report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here)
+    for line in job.report(megatron.args) if (dry_run if show_job is None else show_job) else ():
+        click.echo(f"advisor-launch: {line}", err=True)
+    for note in report.notes:
+        click.echo(f"advisor-launch: {note}", err=True)
+    problems = report.problems + ([report.incomplete] if report.incomplete else [])
+    for problem in problems:
+        click.echo(f"{'warning' if dry_run else 'Error'}: {problem}", err=True)
+    if problems and not dry_run:
+        click.get_current_context().exit(2)
+    return entry_options(release.checkout or release.given, **profiling), env
+
+
+def _preflight(config, release, megatron, profiling: dict, job, *, per_node: int, gpus_here: bool):
+    """launch.preflight's report, with the job's missing parts (``incomplete``: one line or None)."""
+    from launch.job import missing
+    from launch.preflight import Setup, preflight
+
+    setup = Setup(rules=release.rules, checkout=release.checkout, args=tuple(megatron.args), cp=config.cp,
+                  gpus_per_node=per_node, profile_dir=profiling.get("profile_dir"), gpus_here=gpus_here)
+    report = preflight(setup)
+    report.incomplete = missing(megatron.args)
+    return report
 
 
 def _announce(config, command: str, release) -> None:
@@ -167,7 +206,10 @@ def cli() -> None:
     Commands:
       torchrun   run torchrun on this node (or one node of several)
       sbatch     write and submit a Slurm batch script for several nodes
+      check      check this setup before a launch (preflight)
       args       print only the Megatron-LM arguments
+      k8s        write a Kubeflow PyTorchJob manifest
+      skypilot   write a SkyPilot task YAML
     """
 
 
@@ -186,7 +228,7 @@ def cli() -> None:
 @click.option("--rdzv-id", default=None, help="Several nodes, c10d: the job id all nodes share.")
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
 @megatron_options
-def torchrun_command(config, release, megatron, profiling, nproc_per_node, nnodes, rdzv_endpoint, node_rank,
+def torchrun_command(config, release, megatron, job_plan, profiling, nproc_per_node, nnodes, rdzv_endpoint, node_rank,
                      rdzv_id, dry_run) -> int:
     """Run (or print) torchrun with the input's Megatron-LM arguments.
 
@@ -210,7 +252,9 @@ def torchrun_command(config, release, megatron, profiling, nproc_per_node, nnode
     if rdzv_endpoint is None and (node_rank is not None or rdzv_id is not None):
         raise InputError("--node-rank and --rdzv-id need --rdzv-endpoint HOST:PORT")
     rendezvous = Rendezvous.parse(rdzv_endpoint, node_rank=node_rank, rdzv_id=rdzv_id) if rdzv_endpoint else None
-    entry, env = _launch_plan(config, release, megatron, profiling, dry_run=dry_run)
+    torchrun_argv(topology, [], [], rendezvous)  # its shape refused (one line) before the preflight's list
+    entry, env = _launch_plan(config, release, megatron, profiling, job_plan, dry_run=dry_run,
+                              per_node=topology.nproc_per_node)
     argv = torchrun_argv(topology, entry, megatron.args, rendezvous)
     if dry_run:
         click.echo(format_command(argv, env.settings), nl=False)
@@ -240,7 +284,7 @@ _JOB_NAME = re.compile(r"[^\w.-]+")
               help="Write the script here (atomically) and submit this file.")
 @click.option("--dry-run", is_flag=True, help="Do not submit: print the script (or only write it, with -o).")
 @megatron_options
-def sbatch_command(config, release, megatron, profiling, nodes, gpus_per_node, partition, account, time, job_name,
+def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, partition, account, time, job_name,
                    rdzv_port, output, dry_run) -> int:
     """Write a Slurm batch script for the input, and submit it with sbatch.
 
@@ -266,7 +310,8 @@ def sbatch_command(config, release, megatron, profiling, nodes, gpus_per_node, p
     model = config.model.name.partition("[")[0]  # a preset's name, without the overrides
     job = SlurmJob(job_name=job_name or _JOB_NAME.sub("-", f"megatron-{model}"), partition=partition,
                    account=account, time=time, rdzv_port=rdzv_port)
-    entry, env = _launch_plan(config, release, megatron, profiling, dry_run=dry_run)
+    entry, env = _launch_plan(config, release, megatron, profiling, job_plan, dry_run=dry_run,
+                              per_node=topology.nproc_per_node, gpus_here=False)
     script = sbatch_script(job, topology, entry, megatron.groups, description=config.describe(),
                            environment=env.settings, environment_reason=env.reason)
     if output is not None:
@@ -282,12 +327,45 @@ def sbatch_command(config, release, megatron, profiling, nodes, gpus_per_node, p
     return run_process_group(argv, stdin_text=None if output is not None else script)
 
 
+@cli.command("check", cls=LaunchCommand, epilog=EPILOG)
+@input_options
+@run_options
+@click.option("--nproc-per-node", type=GPUS_PER_NODE, default=None,
+              help="GPUs per node the launch will use (default: as torchrun's).")
+@click.option("--nnodes", type=GPUS, default=None, help="Nodes (default: as torchrun's).")
+@click.option("--no-gpus-here", is_flag=True,
+              help="The ranks run on other nodes (a login node preparing a Slurm job): skip the GPU check.")
+@megatron_options
+def check_command(config, release, megatron, job_plan, profiling, nproc_per_node, nnodes, no_gpus_here) -> int:
+    """Check, before any rank starts, everything that would stop the launch later.
+
+    The Python the checkout's release needs, the modules it imports, GPUs on
+    this node against the GPUs per node, Transformer Engine where the launch
+    uses it (and TE-only options with --transformer-impl local), the data and
+    tokenizer files, the directories the run writes, and a complete job (data,
+    tokenizer, length, learning rate). Every problem is one line, all at once,
+    exit status 2; torchrun and sbatch run the same checks before they start.
+
+    \b
+    Examples:
+      advisor-launch check --from sweep.json --megatron-lm ~/Megatron-LM --job-config job.toml
+      advisor-launch check --from plan.json --megatron-lm ~/Megatron-LM --no-gpus-here -- --data-path ...
+    """
+    from launch.commands import resolve_topology
+
+    topology = resolve_topology(config, nnodes=nnodes, per_node=nproc_per_node)
+    _launch_plan(config, release, megatron, profiling, job_plan, dry_run=False, per_node=topology.nproc_per_node,
+                 gpus_here=not no_gpus_here, show_job=True)
+    click.echo(f"advisor-launch check: ok: {config.describe()}; {release.rules.name} ({release.checkout})")
+    return 0
+
+
 @cli.command("args", cls=LaunchCommand, epilog=EPILOG)
 @input_options
 @click.option("--format", "fmt", type=click.Choice(["shell", "json"]), default="shell", show_default=True,
               help="shell: one shell-quoted line; json: an array of strings.")
 @megatron_options
-def args_command(config, release, megatron, fmt) -> int:
+def args_command(config, release, megatron, job_plan, fmt) -> int:
     """Print only the Megatron-LM arguments, for a launch script of your own.
 
     \b
@@ -304,7 +382,7 @@ def args_command(config, release, megatron, fmt) -> int:
     return 0
 
 
-for _command in (torchrun_command, sbatch_command, args_command):
+for _command in (torchrun_command, sbatch_command, check_command, args_command):
     _command.help = f"{inspect.cleandoc(_command.help)}\n\n{USER_ARGS_HELP}"
 
 
