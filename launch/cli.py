@@ -89,7 +89,10 @@ def megatron_options(func: Callable) -> Callable:
         from launch.checkout import resolve_release
         from launch.job import plan_job, read_job_file
 
-        need_checkout = func.__name__ == "check_command" or not kwargs.get("dry_run", True)  # args: never
+        # a checkout on this machine: for check, and for a real torchrun or sbatch (args, k8s and
+        # skypilot name a checkout elsewhere: in the image, on the nodes)
+        need_checkout = func.__name__ == "check_command" or (
+            func.__name__ in ("torchrun_command", "sbatch_command") and not kwargs.get("dry_run"))
         release = resolve_release(megatron_lm, megatron_version, need_checkout=need_checkout)
         job_file = read_job_file(job_config) if job_config is not None else None
         mock_data = mock_data or bool(job_file and job_file.mock_data)
@@ -146,7 +149,7 @@ def run_options(func: Callable) -> Callable:
 
 
 def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bool, per_node: int,
-                 gpus_here: bool = True, show_job: bool | None = None):
+                 gpus_here: bool = True, show_job: bool | None = None, checks: bool = True):
     """The entry's options and the environment every rank needs, after the preflight
     (launch.preflight) and the job's report (``show_job``, default: in a dry run): a dry run
     prints the problems as warnings; a real run with a problem prints every one, one line each,
@@ -155,7 +158,8 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     from launch.megatron_versions import LaunchShape, environment
 
     env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
-    report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here)
+    report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,
+                        checks=checks)
     for line in job.report(megatron.args) if (dry_run if show_job is None else show_job) else ():
         click.echo(f"advisor-launch: {line}", err=True)
     for note in report.notes:
@@ -168,14 +172,15 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     return entry_options(release.checkout or release.given, **profiling), env
 
 
-def _preflight(config, release, megatron, profiling: dict, job, *, per_node: int, gpus_here: bool):
-    """launch.preflight's report, with the job's missing parts (``incomplete``: one line or None)."""
+def _preflight(config, release, megatron, profiling: dict, job, *, per_node: int, gpus_here: bool, checks: bool):
+    """launch.preflight's report (without ``checks``, where the job runs in an image or on nodes
+    this machine cannot see, an empty one), with the job's missing parts (``incomplete``)."""
     from launch.job import missing
-    from launch.preflight import Setup, preflight
+    from launch.preflight import Report, Setup, preflight
 
     setup = Setup(rules=release.rules, checkout=release.checkout, args=tuple(megatron.args), cp=config.cp,
                   gpus_per_node=per_node, profile_dir=profiling.get("profile_dir"), gpus_here=gpus_here)
-    report = preflight(setup)
+    report = preflight(setup) if checks else Report()
     report.incomplete = missing(megatron.args)
     return report
 
@@ -360,6 +365,99 @@ def check_command(config, release, megatron, job_plan, profiling, nproc_per_node
     return 0
 
 
+def manifest_options(func: Callable) -> Callable:
+    """What the k8s and skypilot writers share: nodes, GPUs per node, name, -o, --dry-run."""
+    return apply_options([
+        click.option("--nodes", type=GPUS, default=None, help="Nodes (default: the world size / --gpus-per-node)."),
+        click.option("--gpus-per-node", type=GPUS_PER_NODE, default=None,
+                     help="GPUs per node (default: the plan's, else 8, at most the world size)."),
+        click.option("--name", default=None, help="The job's name (default: megatron-MODEL)."),
+        click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Write it here (atomically) instead of printing it."),
+        click.option("--dry-run", is_flag=True, help="Print it (the default without -o; nothing is submitted)."),
+    ], func)
+
+
+def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gpus_per_node, name, output,
+                    dry_run, build) -> int:
+    """The job for the input (its preflight problems as warnings: the ranks run elsewhere), built
+    into a document by ``build(job)``, printed or written atomically."""
+    from advisor.fileio import atomic_write_text
+    from launch.commands import resolve_topology
+    from launch.manifests import Job, check_name, job_name, to_yaml
+
+    name = check_name(name or job_name(config.model.name))
+    topology = resolve_topology(config, nnodes=nodes, per_node=gpus_per_node, names=("--nodes", "--gpus-per-node"))
+    entry, env = _launch_plan(config, release, megatron, profiling, job_plan, dry_run=True,
+                              per_node=topology.nproc_per_node, gpus_here=False, checks=False)
+    job = Job(name=name, topology=topology, entry=tuple(entry),
+              megatron=tuple(megatron.args), environment=env.settings)
+    text = to_yaml(build(job))
+    if output is not None:
+        atomic_write_text(output, text)
+        click.echo(f"wrote {output}", err=True)
+    if output is None or dry_run:
+        click.echo(text, nl=False)
+    return 0
+
+
+@cli.command("k8s", cls=LaunchCommand, epilog=EPILOG)
+@input_options
+@run_options
+@manifest_options
+@click.option("--image", required=True, metavar="IMAGE",
+              help="The container image: torch, your Megatron-LM checkout (at --megatron-lm) and this package.")
+@click.option("--namespace", default=None, help="metadata.namespace (default: kubectl's).")
+@megatron_options
+def k8s_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, name, output, dry_run, image,
+                namespace) -> int:
+    """Write a Kubeflow PyTorchJob manifest (kubeflow.org/v1) for the input.
+
+    One Master pod and nodes - 1 Worker pods, each with its GPUs
+    (nvidia.com/gpu), the environment Megatron needs, and one torchrun that
+    meets the others at the Master (the operator's MASTER_ADDR, MASTER_PORT
+    and RANK). --megatron-lm and --profile-dir are paths inside the image
+    (a profile directory on a shared volume). Apply it with kubectl apply -f.
+
+    \b
+    Examples:
+      advisor-launch k8s --from plan.json --image ghcr.io/me/megatron:latest \\
+          --megatron-lm /workspace/Megatron-LM -o job.yaml -- --data-path ... --lr 3e-4
+    """
+    from launch.manifests import pytorchjob
+
+    return _write_manifest(config, release, megatron, job_plan, profiling, nodes=nodes, gpus_per_node=gpus_per_node,
+                           name=name, output=output, dry_run=dry_run,
+                           build=lambda job: pytorchjob(job, image, namespace))
+
+
+@cli.command("skypilot", cls=LaunchCommand, epilog=EPILOG)
+@input_options
+@run_options
+@manifest_options
+@click.option("--accelerator", default="H100", show_default=True,
+              help="SkyPilot's accelerator name (resources.accelerators NAME:GPUS_PER_NODE), e.g. A100-80GB.")
+@megatron_options
+def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, name, output, dry_run,
+                     accelerator) -> int:
+    """Write a SkyPilot task YAML for the input (sky launch job.yaml).
+
+    num_nodes nodes with ACCELERATOR:GPUS each, the environment Megatron needs,
+    and a run script with one torchrun per node meeting at the first node
+    (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS). --megatron-lm is the checkout's
+    path on the nodes (e.g. synced with file_mounts or in the image).
+
+    \b
+    Examples:
+      advisor-launch skypilot --from sweep.json --megatron-lm ~/Megatron-LM --accelerator H100 \\
+          --mock-data -o task.yaml -- --train-iters 100 --lr 3e-4
+    """
+    from launch.manifests import skypilot_task
+
+    return _write_manifest(config, release, megatron, job_plan, profiling, nodes=nodes, gpus_per_node=gpus_per_node,
+                           name=name, output=output, dry_run=dry_run, build=lambda job: skypilot_task(job, accelerator))
+
+
 @cli.command("args", cls=LaunchCommand, epilog=EPILOG)
 @input_options
 @click.option("--format", "fmt", type=click.Choice(["shell", "json"]), default="shell", show_default=True,
@@ -382,7 +480,7 @@ def args_command(config, release, megatron, job_plan, fmt) -> int:
     return 0
 
 
-for _command in (torchrun_command, sbatch_command, check_command, args_command):
+for _command in (torchrun_command, sbatch_command, check_command, k8s_command, skypilot_command, args_command):
     _command.help = f"{inspect.cleandoc(_command.help)}\n\n{USER_ARGS_HELP}"
 
 

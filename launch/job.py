@@ -178,7 +178,7 @@ class Checkpoint:
             text += (f"; at {step_seconds:.2f} s per step, --save-interval {self.interval(step_seconds)} keeps saving "
                      f"under {CHECKPOINT_OVERHEAD:.0%} of the time")
             if save_interval:
-                text += f" (yours, {save_interval}, costs {self.save_seconds / (save_interval * step_seconds):.1%})"
+                text += f" (yours, {save_interval}, costs {self.save_seconds / (save_interval * step_seconds):.2%})"
         return text
 
 
