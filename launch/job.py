@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -63,10 +62,7 @@ def read_job_file(path: str | Path) -> JobFile:
     """A TOML (.toml) or JSON file of ``JOB_KEYS``; an unknown key or a wrong type is one line."""
     path = Path(path)
     text = decode_utf8(read_bytes(path, what="job file"), str(path))
-    try:
-        document = tomllib.loads(text) if path.suffix == ".toml" else parse_json(text, str(path))
-    except tomllib.TOMLDecodeError as exc:
-        raise AdvisorError(f"{path}: not TOML ({exc})") from None
+    document = _toml(path, text) if path.suffix == ".toml" else parse_json(text, str(path))
     if not isinstance(document, dict):
         raise AdvisorError(f"{path}: expected a table of job settings")
     unknown = sorted(set(document) - set(JOB_KEYS))
@@ -82,6 +78,17 @@ def read_job_file(path: str | Path) -> JobFile:
     return JobFile(origin=str(path), flags=tuple(flags), tokens=document.get("tokens"),
                    lr_warmup_fraction=document.get("lr_warmup_fraction", DEFAULT_WARMUP_FRACTION),
                    fs_bandwidth_gbs=document.get("fs_bandwidth_gbs"), mock_data=document.get("mock_data", False))
+
+
+def _toml(path: Path, text: str) -> dict:
+    try:
+        import tomllib  # Python >= 3.11
+    except ImportError:
+        raise AdvisorError(f"{path}: TOML job files need Python >= 3.11; write it as JSON") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise AdvisorError(f"{path}: not TOML ({exc})") from None
 
 
 def _text(value) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from advisor.errors import AdvisorError
 from launch.commands import DEFAULT_RDZV_PORT, ENTRY_MODULE, ShellWord, Topology, wrap

@@ -35,7 +35,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 from launch.arguments import flag_values
 from launch.megatron_versions import MegatronVersion, check_python
@@ -229,10 +229,3 @@ def preflight(setup: Setup, *, gpus_found: int | None | Callable[[], int | None]
     report.problems += directory_problems(setup)
     return report
 
-
-def describe(report: Report, setup: Setup) -> Sequence[str]:
-    """The lines ``advisor-launch check`` prints when nothing is wrong."""
-    where = f"{setup.rules.name} ({setup.checkout})" if setup.checkout else setup.rules.name
-    return [f"ok: {where}, Python {sys.version_info[0]}.{sys.version_info[1]}, its imports, "
-            f"{'GPUs' if setup.gpus_here else 'no GPU check (the ranks run elsewhere)'}, Transformer Engine, "
-            "data, tokenizer and output directories"]
