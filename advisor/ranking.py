@@ -70,6 +70,7 @@ def timing_fields(model, step, gpus, tp, tokens: float | None = None) -> list[di
         row = {k: float(v[i] if n else v) for k, v in columns.items()}
         if tokens is not None:
             seconds = tokens / row["tokens_per_s"]
+            row["tokens"] = float(tokens)  # the budget, so that a launch can derive its schedule
             row["days"] = seconds / SECONDS_PER_DAY
             row["gpu_hours"] = seconds / 3600.0 * float(gpus[i] if n else gpus)
         rows.append(row)

@@ -214,15 +214,18 @@ class CommandLine:
 
 
 def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, model: LlamaSpec,
-            mock_data: bool = False, extras: Sequence[str] = ()) -> CommandLine:
+            mock_data: bool = False, extras: Sequence[str] = (), job: ArgGroup | None = None) -> CommandLine:
     """The input's arguments (``decided``, from ``source``, for ``model``), ``--mock-data``'s if
-    asked, then the user's ``extras`` unchanged; AdvisorError on a conflict, on a flag the
+    asked, the ``job``'s (``launch.job``: its file, its schedule), then the user's ``extras``
+    unchanged; AdvisorError on a conflict, on a flag the
     Megatron-LM release ``rules`` lacks, or on mock data (the launcher's or the user's own) that
     release cannot feed the model."""
     groups = [ArgGroup(source=source, args=tuple(decided), owns=DECIDED_FLAGS)]
     if mock_data:
         groups.append(ArgGroup(source="--mock-data", args=tuple(mock_data_args(model, rules, decided)),
                                owns=DATA_FLAGS))
+    if job is not None:
+        groups.append(job)
     check_conflicts(groups, extras)
     if not mock_data and "--mock-data" in flag_values(extras):  # the user's own, after '--'
         check_mock_data(rules, model_rows(model, decided), model.vocab_size)

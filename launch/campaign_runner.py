@@ -174,7 +174,7 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
     Prints one JSON event per line on stdout (advisor profile run draws them as a progress bar).
     """
     from launch.checkout import resolve_release
-    from launch.megatron_versions import check_python
+    from launch.preflight import Setup, import_problems, python_problems
 
     document = prepare(campaign, out, backend="megatron")  # bad input before any work
     if only is not None:
@@ -185,7 +185,10 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
     if problem := launch_problem(document, slurm_nodes=allocation.nodes if allocation else None):
         raise AdvisorError(problem)
     release = resolve_release(megatron_lm, None, need_checkout=True)
-    check_python(release.rules, sys.version_info[:2])
+    # the preflight's Python and imports (launch.preflight), as one line: advisor profile run relays it
+    setup = Setup(rules=release.rules, checkout=release.checkout, args=tuple(user_args), cp=1, gpus_per_node=1)
+    if problems := python_problems(setup) + import_problems(setup):
+        raise AdvisorError("; ".join(problems))
     executor = TorchrunExecutor(release, mock_data=mock_data, train_iters=train_iters, extras=user_args,
                                 slurm=allocation)
     for run in document["runs"]:  # a conflict with the user's arguments, before any run starts

@@ -18,7 +18,7 @@ from typing import Callable
 
 import click
 
-from advisor.cli.options import GPUS, GPUS_PER_NODE, InputError, OneLineErrors, apply_options
+from advisor.cli.options import GPUS, GPUS_PER_NODE, InputError, OneLineErrors, TokenCount, apply_options
 from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S, TCP_PORTS
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
@@ -83,16 +83,25 @@ def megatron_options(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(*args, config, megatron_lm: str | None, megatron_version: str | None, mock_data: bool,
+                job_config: Path | None, tokens: float | None, fs_bandwidth: float | None,
                 user_args: tuple[str, ...], **kwargs):
         from launch.arguments import compose
         from launch.checkout import resolve_release
+        from launch.job import plan_job, read_job_file
 
-        release = resolve_release(megatron_lm, megatron_version, need_checkout=not kwargs.get("dry_run", True))
+        # a checkout on this machine: for check, and for a real torchrun or sbatch (args, k8s and
+        # skypilot name a checkout elsewhere: in the image, on the nodes)
+        need_checkout = func.__name__ == "check_command" or (
+            func.__name__ in ("torchrun_command", "sbatch_command") and not kwargs.get("dry_run"))
+        release = resolve_release(megatron_lm, megatron_version, need_checkout=need_checkout)
+        job_file = read_job_file(job_config) if job_config is not None else None
+        mock_data = mock_data or bool(job_file and job_file.mock_data)
         if (note := release.assumption()) and (mock_data or "dry_run" in kwargs):  # where the release matters
             click.echo(f"advisor-launch: {note}", err=True)
+        job = plan_job(config, job_file=job_file, tokens=tokens, bandwidth_gbs=fs_bandwidth, user_args=user_args)
         megatron = compose(config.source, config.megatron_args, rules=release.rules, model=config.model,
-                           mock_data=mock_data, extras=user_args)
-        return func(*args, config=config, release=release, megatron=megatron, **kwargs)
+                           mock_data=mock_data, extras=user_args, job=job.group)
+        return func(*args, config=config, release=release, megatron=megatron, job_plan=job, **kwargs)
 
     return apply_options([
         click.option("--megatron-lm", metavar="DIR", default=None,
@@ -104,6 +113,16 @@ def megatron_options(func: Callable) -> Callable:
         click.option("--mock-data", is_flag=True,
                      help="Add --mock-data --tokenizer-type NullTokenizer --vocab-size sized so that your release "
                           "builds the input's vocabulary; refused where its mock data cannot feed the model."),
+        click.option("--job-config", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+                     help="A job file (TOML or JSON): data_path, mock_data, tokenizer_type, tokenizer_model, save, "
+                          "load, save_interval, tensorboard_dir, lr, min_lr, tokens, lr_warmup_fraction, "
+                          "fs_bandwidth_gbs; become Megatron-LM's flags (README: Complete jobs)."),
+        click.option("--tokens", type=TokenCount(), default=None,
+                     help="The token budget (15T, 300B): --train-samples, --lr-decay-samples and "
+                          "--lr-warmup-samples (1%) from it (default: the job file's, else the sweep row's)."),
+        click.option("--fs-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GB/S",
+                     help="Aggregate file-system write bandwidth that prices a checkpoint save "
+                          "(default 10 GB/s, or the job file's fs_bandwidth_gbs)."),
         click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]"),
     ], wrapper)
 
@@ -129,16 +148,41 @@ def run_options(func: Callable) -> Callable:
     ], wrapper)
 
 
-def _launch_plan(config, release, megatron, profiling: dict, *, dry_run: bool):
-    """The entry's options and the environment every rank needs; for a real run, the Python
-    the release needs."""
+def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bool, per_node: int,
+                 gpus_here: bool = True, show_job: bool | None = None, checks: bool = True):
+    """The entry's options and the environment every rank needs, after the preflight
+    (launch.preflight) and the job's report (``show_job``, default: in a dry run): a dry run
+    prints the problems as warnings; a real run with a problem prints every one, one line each,
+    and exits with status 2 before anything starts."""
     from launch.commands import entry_options
-    from launch.megatron_versions import LaunchShape, check_python, environment
+    from launch.megatron_versions import LaunchShape, environment
 
-    if not dry_run:
-        check_python(release.rules, sys.version_info[:2])
-    entry = entry_options(release.checkout or release.given, **profiling)
-    return entry, environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))
+    env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
+    report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,
+                        checks=checks)
+    for line in job.report(megatron.args) if (dry_run if show_job is None else show_job) else ():
+        click.echo(f"advisor-launch: {line}", err=True)
+    for note in report.notes:
+        click.echo(f"advisor-launch: {note}", err=True)
+    problems = report.problems + ([report.incomplete] if report.incomplete else [])
+    for problem in problems:
+        click.echo(f"{'warning' if dry_run else 'Error'}: {problem}", err=True)
+    if problems and not dry_run:
+        click.get_current_context().exit(2)
+    return entry_options(release.checkout or release.given, **profiling), env
+
+
+def _preflight(config, release, megatron, profiling: dict, job, *, per_node: int, gpus_here: bool, checks: bool):
+    """launch.preflight's report (without ``checks``, where the job runs in an image or on nodes
+    this machine cannot see, an empty one), with the job's missing parts (``incomplete``)."""
+    from launch.job import missing
+    from launch.preflight import Report, Setup, preflight
+
+    setup = Setup(rules=release.rules, checkout=release.checkout, args=tuple(megatron.args), cp=config.cp,
+                  gpus_per_node=per_node, profile_dir=profiling.get("profile_dir"), gpus_here=gpus_here)
+    report = preflight(setup) if checks else Report()
+    report.incomplete = missing(megatron.args)
+    return report
 
 
 def _announce(config, command: str, release) -> None:
@@ -167,7 +211,10 @@ def cli() -> None:
     Commands:
       torchrun   run torchrun on this node (or one node of several)
       sbatch     write and submit a Slurm batch script for several nodes
+      check      check this setup before a launch (preflight)
       args       print only the Megatron-LM arguments
+      k8s        write a Kubeflow PyTorchJob manifest
+      skypilot   write a SkyPilot task YAML
     """
 
 
@@ -186,7 +233,7 @@ def cli() -> None:
 @click.option("--rdzv-id", default=None, help="Several nodes, c10d: the job id all nodes share.")
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
 @megatron_options
-def torchrun_command(config, release, megatron, profiling, nproc_per_node, nnodes, rdzv_endpoint, node_rank,
+def torchrun_command(config, release, megatron, job_plan, profiling, nproc_per_node, nnodes, rdzv_endpoint, node_rank,
                      rdzv_id, dry_run) -> int:
     """Run (or print) torchrun with the input's Megatron-LM arguments.
 
@@ -210,7 +257,9 @@ def torchrun_command(config, release, megatron, profiling, nproc_per_node, nnode
     if rdzv_endpoint is None and (node_rank is not None or rdzv_id is not None):
         raise InputError("--node-rank and --rdzv-id need --rdzv-endpoint HOST:PORT")
     rendezvous = Rendezvous.parse(rdzv_endpoint, node_rank=node_rank, rdzv_id=rdzv_id) if rdzv_endpoint else None
-    entry, env = _launch_plan(config, release, megatron, profiling, dry_run=dry_run)
+    torchrun_argv(topology, [], [], rendezvous)  # its shape refused (one line) before the preflight's list
+    entry, env = _launch_plan(config, release, megatron, profiling, job_plan, dry_run=dry_run,
+                              per_node=topology.nproc_per_node)
     argv = torchrun_argv(topology, entry, megatron.args, rendezvous)
     if dry_run:
         click.echo(format_command(argv, env.settings), nl=False)
@@ -252,8 +301,8 @@ _JOB_NAME = re.compile(r"[^\w.-]+")
               help="Write the script here (atomically) and submit this file.")
 @click.option("--dry-run", is_flag=True, help="Do not submit: print the script (or only write it, with -o).")
 @megatron_options
-def sbatch_command(config, release, megatron, profiling, nodes, gpus_per_node, partition, account, time, qos,
-                   job_name, cpus_per_task, signal_time, requeue, rdzv_port, output, dry_run) -> int:
+def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, partition, account, time,
+                   qos, job_name, cpus_per_task, signal_time, requeue, rdzv_port, output, dry_run) -> int:
     """Write a Slurm batch script for the input, and submit it with sbatch.
 
     The script asks for the input's nodes and GPUs (whole nodes: --exclusive),
@@ -282,7 +331,8 @@ def sbatch_command(config, release, megatron, profiling, nodes, gpus_per_node, p
     job = SlurmJob(job_name=job_name or _JOB_NAME.sub("-", f"megatron-{model}"), partition=partition,
                    account=account, time=time, qos=qos, cpus_per_task=cpus_per_task, signal_time_s=signal_time,
                    requeue=requeue, rdzv_port=rdzv_port)
-    entry, env = _launch_plan(config, release, megatron, profiling, dry_run=dry_run)
+    entry, env = _launch_plan(config, release, megatron, profiling, job_plan, dry_run=dry_run,
+                              per_node=topology.nproc_per_node, gpus_here=False)
     script = sbatch_script(job, topology, entry, megatron.groups, description=config.describe(),
                            environment=env.settings, environment_reason=env.reason)
     if output is not None:
@@ -298,12 +348,138 @@ def sbatch_command(config, release, megatron, profiling, nodes, gpus_per_node, p
     return run_process_group(argv, stdin_text=None if output is not None else script)
 
 
+@cli.command("check", cls=LaunchCommand, epilog=EPILOG)
+@input_options
+@run_options
+@click.option("--nproc-per-node", type=GPUS_PER_NODE, default=None,
+              help="GPUs per node the launch will use (default: as torchrun's).")
+@click.option("--nnodes", type=GPUS, default=None, help="Nodes (default: as torchrun's).")
+@click.option("--no-gpus-here", is_flag=True,
+              help="The ranks run on other nodes (a login node preparing a Slurm job): skip the GPU check.")
+@megatron_options
+def check_command(config, release, megatron, job_plan, profiling, nproc_per_node, nnodes, no_gpus_here) -> int:
+    """Check, before any rank starts, everything that would stop the launch later.
+
+    The Python the checkout's release needs, the modules it imports, GPUs on
+    this node against the GPUs per node, Transformer Engine where the launch
+    uses it (and TE-only options with --transformer-impl local), the data and
+    tokenizer files, the directories the run writes, and a complete job (data,
+    tokenizer, length, learning rate). Every problem is one line, all at once,
+    exit status 2; torchrun and sbatch run the same checks before they start.
+
+    \b
+    Examples:
+      advisor-launch check --from sweep.json --megatron-lm ~/Megatron-LM --job-config job.toml
+      advisor-launch check --from plan.json --megatron-lm ~/Megatron-LM --no-gpus-here -- --data-path ...
+    """
+    from launch.commands import resolve_topology
+
+    topology = resolve_topology(config, nnodes=nnodes, per_node=nproc_per_node)
+    _launch_plan(config, release, megatron, profiling, job_plan, dry_run=False, per_node=topology.nproc_per_node,
+                 gpus_here=not no_gpus_here, show_job=True)
+    click.echo(f"advisor-launch check: ok: {config.describe()}; {release.rules.name} ({release.checkout})")
+    return 0
+
+
+def manifest_options(func: Callable) -> Callable:
+    """What the k8s and skypilot writers share: nodes, GPUs per node, name, -o, --dry-run."""
+    return apply_options([
+        click.option("--nodes", type=GPUS, default=None, help="Nodes (default: the world size / --gpus-per-node)."),
+        click.option("--gpus-per-node", type=GPUS_PER_NODE, default=None,
+                     help="GPUs per node (default: the plan's, else 8, at most the world size)."),
+        click.option("--name", default=None, help="The job's name (default: megatron-MODEL)."),
+        click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="Write it here (atomically) instead of printing it."),
+        click.option("--dry-run", is_flag=True, help="Print it (the default without -o; nothing is submitted)."),
+    ], func)
+
+
+def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gpus_per_node, name, output,
+                    dry_run, build) -> int:
+    """The job for the input (its preflight problems as warnings: the ranks run elsewhere), built
+    into a document by ``build(job)``, printed or written atomically."""
+    from advisor.fileio import atomic_write_text
+    from launch.commands import resolve_topology
+    from launch.manifests import Job, check_name, job_name, to_yaml
+
+    name = check_name(name or job_name(config.model.name))
+    topology = resolve_topology(config, nnodes=nodes, per_node=gpus_per_node, names=("--nodes", "--gpus-per-node"))
+    entry, env = _launch_plan(config, release, megatron, profiling, job_plan, dry_run=True,
+                              per_node=topology.nproc_per_node, gpus_here=False, checks=False)
+    job = Job(name=name, topology=topology, entry=tuple(entry),
+              megatron=tuple(megatron.args), environment=env.settings)
+    text = to_yaml(build(job))
+    if output is not None:
+        atomic_write_text(output, text)
+        click.echo(f"wrote {output}", err=True)
+    if output is None or dry_run:
+        click.echo(text, nl=False)
+    return 0
+
+
+@cli.command("k8s", cls=LaunchCommand, epilog=EPILOG)
+@input_options
+@run_options
+@manifest_options
+@click.option("--image", required=True, metavar="IMAGE",
+              help="The container image: torch, your Megatron-LM checkout (at --megatron-lm) and this package.")
+@click.option("--namespace", default=None, help="metadata.namespace (default: kubectl's).")
+@megatron_options
+def k8s_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, name, output, dry_run, image,
+                namespace) -> int:
+    """Write a Kubeflow PyTorchJob manifest (kubeflow.org/v1) for the input.
+
+    One Master pod and nodes - 1 Worker pods, each with its GPUs
+    (nvidia.com/gpu), the environment Megatron needs, and one torchrun that
+    meets the others at the Master (the operator's MASTER_ADDR, MASTER_PORT
+    and RANK). --megatron-lm and --profile-dir are paths inside the image
+    (a profile directory on a shared volume). Apply it with kubectl apply -f.
+
+    \b
+    Examples:
+      advisor-launch k8s --from plan.json --image ghcr.io/me/megatron:latest \\
+          --megatron-lm /workspace/Megatron-LM -o job.yaml -- --data-path ... --lr 3e-4
+    """
+    from launch.manifests import pytorchjob
+
+    return _write_manifest(config, release, megatron, job_plan, profiling, nodes=nodes, gpus_per_node=gpus_per_node,
+                           name=name, output=output, dry_run=dry_run,
+                           build=lambda job: pytorchjob(job, image, namespace))
+
+
+@cli.command("skypilot", cls=LaunchCommand, epilog=EPILOG)
+@input_options
+@run_options
+@manifest_options
+@click.option("--accelerator", default="H100", show_default=True,
+              help="SkyPilot's accelerator name (resources.accelerators NAME:GPUS_PER_NODE), e.g. A100-80GB.")
+@megatron_options
+def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, name, output, dry_run,
+                     accelerator) -> int:
+    """Write a SkyPilot task YAML for the input (sky launch job.yaml).
+
+    num_nodes nodes with ACCELERATOR:GPUS each, the environment Megatron needs,
+    and a run script with one torchrun per node meeting at the first node
+    (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS). --megatron-lm is the checkout's
+    path on the nodes (e.g. synced with file_mounts or in the image).
+
+    \b
+    Examples:
+      advisor-launch skypilot --from sweep.json --megatron-lm ~/Megatron-LM --accelerator H100 \\
+          --mock-data -o task.yaml -- --train-iters 100 --lr 3e-4
+    """
+    from launch.manifests import skypilot_task
+
+    return _write_manifest(config, release, megatron, job_plan, profiling, nodes=nodes, gpus_per_node=gpus_per_node,
+                           name=name, output=output, dry_run=dry_run, build=lambda job: skypilot_task(job, accelerator))
+
+
 @cli.command("args", cls=LaunchCommand, epilog=EPILOG)
 @input_options
 @click.option("--format", "fmt", type=click.Choice(["shell", "json"]), default="shell", show_default=True,
               help="shell: one shell-quoted line; json: an array of strings.")
 @megatron_options
-def args_command(config, release, megatron, fmt) -> int:
+def args_command(config, release, megatron, job_plan, fmt) -> int:
     """Print only the Megatron-LM arguments, for a launch script of your own.
 
     \b
@@ -320,7 +496,7 @@ def args_command(config, release, megatron, fmt) -> int:
     return 0
 
 
-for _command in (torchrun_command, sbatch_command, args_command):
+for _command in (torchrun_command, sbatch_command, check_command, k8s_command, skypilot_command, args_command):
     _command.help = f"{inspect.cleandoc(_command.help)}\n\n{USER_ARGS_HELP}"
 
 

@@ -61,6 +61,10 @@ class LaunchInput:
     """The estimate's fits / tight / oom, where it made one."""
     total_gib: float | None = None
     memory_gib: float | None = None
+    tokens: float | None = None
+    """The token budget the row was priced for (``advisor sweep --tokens``), else None."""
+    step_time_s: float | None = None
+    """The estimated time of one iteration (with a GPU preset), else None."""
 
     @property
     def world_size(self) -> int:
@@ -210,7 +214,8 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         kind=kind, origin=fields.origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=tuple(args),
         verdict=fields.document.get("verdict"), total_gib=fields.number("total_gib"),
-        memory_gib=fields.number("memory_gib"),
+        memory_gib=fields.number("memory_gib"), tokens=fields.number("tokens"),
+        step_time_s=fields.number("step_time_s"),
     )
 
 

@@ -67,6 +67,12 @@ class MegatronVersion:
     """Where core_transformer_config_from_args lives."""
     lacks: frozenset[str] = frozenset()
     """Flags the launcher may write that this release does not have."""
+    imports: tuple[tuple[str, str], ...] = ()
+    """(module, why) for each module outside the standard library that its pretrain_gpt.py imports
+    on the way to training: found by importing the script's module level (and, for core_v0.15.2,
+    the tokenizer module it builds) with each candidate refused in turn, and by the modules a
+    real launch loaded (PYTHONPROFILEIMPORTTIME); the ``megatron`` extra of pyproject.toml
+    installs them all. torch's own dependencies (sympy, setuptools) come with torch."""
 
     @property
     def name(self) -> str:
@@ -86,11 +92,17 @@ VERSIONS: tuple[MegatronVersion, ...] = (
         release=(0, 15), checked="core_v0.15.2", python=(3, 10), null_tokenizer_extra_rows=1,
         mock_data_max_token_id=4094, pretrain="providers",
         transformer_config_module="megatron.training.arguments",
+        imports=(("torch", ""), ("numpy", ""), ("packaging", ": megatron/training/arguments.py"),
+                 ("six", ": megatron/training/tokenizer/bert_tokenization.py"),
+                 ("regex", ": megatron/training/tokenizer/gpt2_tokenization.py"),
+                 ("yaml", ": megatron/training/yaml_arguments.py")),
     ),
     MegatronVersion(
         release=(0, 19), checked="core_v0.19.0", python=(3, 12), null_tokenizer_extra_rows=0,
         mock_data_max_token_id=None, pretrain="config_container",
         transformer_config_module="megatron.training.argument_utils",
+        imports=(("torch", ""), ("numpy", ""),
+                 ("packaging", ": megatron/core/dist_checkpointing/strategies/torch.py")),
     ),
 )
 NEWEST = VERSIONS[-1]

@@ -22,6 +22,20 @@ TINY_SWEEP = ["--model", "llama3.1-8b", "--num-layers", "2", "--hidden-size", "6
               "--gbs", "4", "--gpus", "2", "--mem", "1"]
 
 
+# What a launch on this CPU machine adds after '--' to pass the preflight (launch.preflight):
+# gloo (the CPU test path), megatron-core's own modules (no Transformer Engine), and a complete job.
+CPU_TEST_JOB = ["--distributed-backend", "gloo", "--transformer-impl", "local", "--train-iters", "2", "--lr", "1e-4"]
+
+
+def data_job(directory: Path) -> list[str]:
+    """Megatron-LM arguments of a complete job on a dataset prefix whose .bin and .idx exist (empty:
+    for launches of stand-in scripts that never read them), without Transformer Engine."""
+    for suffix in (".bin", ".idx"):
+        (directory / f"corpus_text_document{suffix}").touch()
+    return ["--transformer-impl", "local", "--data-path", str(directory / "corpus_text_document"),
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", "999", "--train-iters", "2", "--lr", "1e-4"]
+
+
 def launcher() -> Invoker:
     return Invoker(launch_cli)
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_support import alive, launcher, make_checkout, subprocess_env, tiny_sweep_row, wait_for
+from launch_support import alive, data_job, launcher, make_checkout, subprocess_env, tiny_sweep_row, wait_for
 
 from launch.process import run_process_group
 
@@ -36,7 +36,8 @@ def test_ctrl_c_stops_every_rank(tiny_sweep, tmp_path):
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
     launch = subprocess.Popen([*LAUNCH, "torchrun", "--from", str(path), "--rank", str(rank), "--megatron-lm",
-                               str(sleeper_checkout(tmp_path))], env=subprocess_env(PIDS_DIR=str(pids_dir)),
+                               str(sleeper_checkout(tmp_path)), "--", "--distributed-backend", "gloo",
+                               *data_job(tmp_path)], env=subprocess_env(PIDS_DIR=str(pids_dir)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert wait_for(lambda: len(list(pids_dir.glob("rank*"))) == 2, 120), "the ranks did not start"
@@ -87,9 +88,10 @@ def test_a_failing_script_fails_the_launch_with_torchruns_status(tiny_sweep, tmp
     path, rank, _ = tiny_sweep
     checkout = make_checkout(tmp_path / "failing", script="raise SystemExit(3)\n")
     command = ["torchrun", "--from", str(path), "--rank", str(rank), "--megatron-lm", str(checkout)]
-    printed = launcher()(*command, "--dry-run").stdout
+    job = ["--", "--distributed-backend", "gloo", *data_job(tmp_path)]
+    printed = launcher()(*command, "--dry-run", *job).stdout
     direct = subprocess.run(["bash", "-c", printed], capture_output=True, text=True, env=subprocess_env(), timeout=120)
-    launched = subprocess.run([*LAUNCH, *command], capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    launched = subprocess.run([*LAUNCH, *command, *job], capture_output=True, text=True, env=subprocess_env(), timeout=120)
     assert launched.returncode == direct.returncode != 0
     assert "exitcode  : 3" in launched.stderr  # the script's status reached torchrun through the entry
 

@@ -28,10 +28,15 @@ LAUNCH_ARRAY_MODULE = "launch.slurm_array"
 REQUIRED = ("torch", "megatron.core")
 
 
-def missing_modules() -> list[str]:
-    """The packages the runner needs that this interpreter cannot import (without importing them)."""
+def missing_modules(checkout: str | os.PathLike | None = None) -> list[str]:
+    """The packages the runner needs that this interpreter cannot import (without importing them).
+    A Megatron-LM ``checkout`` provides megatron.core itself (its ranks run with the checkout first
+    on their path, as ``python pretrain_gpt.py`` does), so it need not be installed then."""
     missing = []
+    provided = checkout is not None and (Path(checkout) / "megatron" / "core" / "__init__.py").is_file()
     for name in REQUIRED:
+        if provided and name == "megatron.core":
+            continue
         try:
             found = importlib.util.find_spec(name) is not None
         except ModuleNotFoundError:  # the parent package (megatron) is absent

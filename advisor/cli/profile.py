@@ -336,7 +336,7 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
     document = prepare(campaign, out, backend="megatron" if gpus else backend, layer_spec=layer_spec,
                        budget=budget if emulated and not force else None)
     scan(document, out)  # runs of another campaign under --out: refused before the runner starts
-    if missing := missing_modules():
+    if missing := missing_modules(megatron_lm):
         raise InputError(f"advisor profile run needs torch and megatron-core, and {' and '.join(missing)} "
                          f"cannot be imported here: pip install torch && pip install -e '.[megatron]'")
     if emulated and (cost := budget.cost(document, out)).runs:

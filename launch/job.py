@@ -1,0 +1,266 @@
+"""A complete job: data, tokenizer, length and schedule, checkpoints and logs.
+
+The input decides the model, the layout and the batch; a training job needs more, and Megatron-LM
+finds out only after the nodes are allocated. This module
+
+- reads a small job file (``--job-config FILE``, TOML or JSON; keys in ``JOB_KEYS``) and turns
+  it into Megatron-LM's own flags (one labelled group of the command line, whose values the
+  user's arguments after ``--`` may restate but not contradict);
+- derives the run's length and learning-rate schedule from a token budget (``--tokens``, the job
+  file's ``tokens``, or a sweep row made with ``advisor sweep --tokens``): ``--train-samples`` =
+  ceil(tokens / seq_len) (Megatron trains on samples of ``--seq-length`` tokens),
+  ``--lr-decay-samples`` = the same (decay over the whole run), ``--lr-warmup-samples`` =
+  ``lr_warmup_fraction`` of it (default 1%);
+- prices a checkpoint (``Checkpoint``) so that ``--save-interval`` can be chosen;
+- names, in one line with an example, what the job still lacks (``missing``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from advisor.errors import AdvisorError
+from advisor.fileio import decode_utf8, parse_json, read_bytes
+from launch.arguments import ArgGroup, flag_values
+
+DEFAULT_FS_BANDWIDTH_GBS = 10.0
+"""Aggregate write bandwidth (GB/s, 10^9 bytes) a checkpoint is priced at unless --fs-bandwidth
+says otherwise: a modest parallel file system; measure yours (e.g. with fio) and pass it."""
+CHECKPOINT_OVERHEAD = 0.01
+"""The share of training time the suggested --save-interval spends saving."""
+DEFAULT_WARMUP_FRACTION = 0.01
+
+# job-file key -> (Megatron-LM flag, kind): 'path' values are strings, 'paths' a list of them.
+JOB_KEYS = {
+    "data_path": ("--data-path", "paths"), "mock_data": ("--mock-data", "switch"),
+    "tokenizer_type": ("--tokenizer-type", "text"), "tokenizer_model": ("--tokenizer-model", "text"),
+    "save": ("--save", "text"), "load": ("--load", "text"), "save_interval": ("--save-interval", "count"),
+    "tensorboard_dir": ("--tensorboard-dir", "text"), "lr": ("--lr", "number"), "min_lr": ("--min-lr", "number"),
+    "tokens": (None, "number"), "lr_warmup_fraction": (None, "fraction"), "fs_bandwidth_gbs": (None, "number"),
+}
+LENGTH_FLAGS = ("--train-iters", "--train-samples")
+DATA_SOURCES = ("--mock-data", "--data-path", "--train-data-path", "--data-args-path", "--per-split-data-args-path")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobFile:
+    """The job file's values, checked: Megatron-LM flags and the launcher's own settings."""
+
+    origin: str
+    flags: tuple[str, ...]
+    tokens: float | None = None
+    lr_warmup_fraction: float = DEFAULT_WARMUP_FRACTION
+    fs_bandwidth_gbs: float | None = None
+    mock_data: bool = False
+
+
+def read_job_file(path: str | Path) -> JobFile:
+    """A TOML (.toml) or JSON file of ``JOB_KEYS``; an unknown key or a wrong type is one line."""
+    path = Path(path)
+    text = decode_utf8(read_bytes(path, what="job file"), str(path))
+    document = _toml(path, text) if path.suffix == ".toml" else parse_json(text, str(path))
+    if not isinstance(document, dict):
+        raise AdvisorError(f"{path}: expected a table of job settings")
+    unknown = sorted(set(document) - set(JOB_KEYS))
+    if unknown:
+        raise AdvisorError(f"{path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(JOB_KEYS)}")
+    flags: list[str] = []
+    for key, value in document.items():
+        flag, kind = JOB_KEYS[key]
+        _check_value(path, key, kind, value)
+        if flag is None or kind == "switch":
+            continue
+        flags += [flag, *value] if kind == "paths" else [flag, _text(value)]
+    return JobFile(origin=str(path), flags=tuple(flags), tokens=document.get("tokens"),
+                   lr_warmup_fraction=document.get("lr_warmup_fraction", DEFAULT_WARMUP_FRACTION),
+                   fs_bandwidth_gbs=document.get("fs_bandwidth_gbs"), mock_data=document.get("mock_data", False))
+
+
+def _toml(path: Path, text: str) -> dict:
+    try:
+        import tomllib  # Python >= 3.11
+    except ImportError:
+        raise AdvisorError(f"{path}: TOML job files need Python >= 3.11; write it as JSON") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise AdvisorError(f"{path}: not TOML ({exc})") from None
+
+
+def _text(value) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _check_value(path: Path, key: str, kind: str, value) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = {"paths": isinstance(value, list) and bool(value) and all(isinstance(v, str) and v for v in value),
+          "switch": isinstance(value, bool), "text": isinstance(value, str) and bool(value),
+          "count": isinstance(value, int) and not isinstance(value, bool) and value > 0,
+          "number": number and 0 < value < math.inf, "fraction": number and 0 <= value < 1}[kind]
+    if not ok:
+        want = {"paths": "a list of paths", "switch": "true or false", "text": "a non-empty string",
+                "count": "a positive integer", "number": "a positive number", "fraction": "a number in [0, 1)"}[kind]
+        raise AdvisorError(f"{path}: {key} must be {want}, got {json.dumps(value)}")
+
+
+# --- the run's length --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Schedule:
+    """A token budget as Megatron-LM's sample-based length and LR schedule."""
+
+    tokens: float
+    seq_len: int
+    global_batch_size: int
+    warmup_fraction: float = DEFAULT_WARMUP_FRACTION
+
+    @property
+    def samples(self) -> int:
+        """Sequences of ``seq_len`` tokens that hold the budget (rounded up)."""
+        return math.ceil(self.tokens / self.seq_len)
+
+    @property
+    def iterations(self) -> int:
+        return math.ceil(self.samples / self.global_batch_size)
+
+    @property
+    def warmup_samples(self) -> int:
+        return round(self.samples * self.warmup_fraction)
+
+    def flags(self) -> list[str]:
+        return ["--train-samples", str(self.samples), "--lr-decay-samples", str(self.samples),
+                "--lr-warmup-samples", str(self.warmup_samples)]
+
+
+# --- the checkpoint ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Checkpoint:
+    """What one save writes and how long it takes.
+
+    Bytes per parameter that Megatron-LM's distributed checkpoint holds (its distributed
+    optimizer's table, docs/source/api-guide/dist_optimizer.md: 2 bytes of BF16 weights, 4 of FP32
+    main weights, 4 + 4 of Adam's two moments; the gradients are not saved): 14 with 16-bit
+    weights, 12 with FP32 weights (no separate main copy). Megatron's fully parallel save spreads
+    the writes over every rank, so each writes the total / world size; the save takes the total
+    over the file system's aggregate bandwidth."""
+
+    parameters: float
+    weight_bytes: int
+    world_size: int
+    bandwidth_gbs: float
+
+    @property
+    def bytes_per_parameter(self) -> int:
+        main = 4 if self.weight_bytes < 4 else 0
+        return self.weight_bytes + main + 8
+
+    @property
+    def total_bytes(self) -> float:
+        return self.parameters * self.bytes_per_parameter
+
+    @property
+    def per_rank_bytes(self) -> float:
+        return self.total_bytes / self.world_size
+
+    @property
+    def save_seconds(self) -> float:
+        return self.total_bytes / (self.bandwidth_gbs * 1e9)
+
+    def interval(self, step_seconds: float) -> int:
+        """Iterations between saves so that saving costs ``CHECKPOINT_OVERHEAD`` of the time."""
+        return max(1, math.ceil(self.save_seconds / (CHECKPOINT_OVERHEAD * step_seconds)))
+
+    def describe(self, step_seconds: float | None, save_interval: int | None) -> str:
+        text = (f"checkpoint: {self.total_bytes / 2**30:,.1f} GiB ({self.bytes_per_parameter} bytes/parameter), "
+                f"{self.per_rank_bytes / 2**30:,.2f} GiB per rank, {self.save_seconds:,.1f} s per save at "
+                f"{self.bandwidth_gbs:g} GB/s (--fs-bandwidth)")
+        if step_seconds:
+            text += (f"; at {step_seconds:.2f} s per step, --save-interval {self.interval(step_seconds)} keeps saving "
+                     f"under {CHECKPOINT_OVERHEAD:.0%} of the time")
+            if save_interval:
+                text += f" (yours, {save_interval}, costs {self.save_seconds / (save_interval * step_seconds):.2%})"
+        return text
+
+
+# --- what is missing ------------------------------------------------------------------------
+
+_NEEDED = (
+    (DATA_SOURCES, "data (--data-path PREFIX after --, data_path in --job-config, or --mock-data)"),
+    (("--tokenizer-type",), "a tokenizer (--tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR after --)"),
+    (LENGTH_FLAGS, "the run's length (--tokens 1T, or --train-iters N after --)"),
+    (("--lr",), "a learning rate (--lr 3e-4 after --)"),
+)
+
+
+def missing(args: Sequence[str]) -> str | None:
+    """One line naming what the command line lacks for a training job, with an example; None if complete."""
+    present = flag_values(args)
+    lacks = [what for flags, what in _NEEDED if not any(flag in present for flag in flags)]
+    if not lacks:
+        return None
+    return (f"the job is incomplete: it lacks {'; '.join(lacks)}. For example: --mock-data --tokens 1B -- --lr 3e-4 "
+            "(or --job-config job.toml with data_path, tokenizer_type, tokenizer_model, tokens, lr, save, "
+            "save_interval, tensorboard_dir)")
+
+
+def job_group(job: JobFile | None, schedule: Schedule | None, user_args: Sequence[str]) -> ArgGroup | None:
+    """The job file's flags and the schedule's, as one group of the command line; the schedule is
+    left out where the user gives the length (``--train-iters``/``--train-samples``) after ``--``."""
+    args = list(job.flags) if job is not None else []
+    if schedule is not None and not any(flag in flag_values(user_args) for flag in LENGTH_FLAGS):
+        args += schedule.flags()
+    if not args:
+        return None
+    source = f"the job ({job.origin})" if job is not None else "--tokens"
+    return ArgGroup(source=source, args=tuple(args), owns=frozenset(flag_values(args)))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobPlan:
+    """What the launcher adds to a launch to make it a job, and what it reports about it."""
+
+    group: ArgGroup | None
+    schedule: Schedule | None
+    checkpoint: Checkpoint
+    step_time_s: float | None
+
+    def report(self, args: Sequence[str]) -> list[str]:
+        """The lines a launch prints about the job: its length and its checkpoint (what it lacks
+        is ``missing``'s)."""
+        lines = []
+        if self.schedule is not None:
+            s = self.schedule
+            lines.append(f"length: {s.tokens:.4g} tokens = {s.samples:,} samples of {s.seq_len} tokens = "
+                         f"{s.iterations:,} iterations of {s.global_batch_size}; LR warm-up {s.warmup_samples:,} "
+                         f"samples, decay {s.samples:,}")
+        interval = flag_values(args).get("--save-interval")
+        lines.append(self.checkpoint.describe(self.step_time_s, int(interval[0]) if interval else None))
+        return lines
+
+
+def plan_job(config, *, job_file: JobFile | None, tokens: float | None, bandwidth_gbs: float | None,
+             user_args: Sequence[str]) -> JobPlan:
+    """The job of ``config`` (a ``launch.inputs.LaunchInput``): --tokens, else the job file's, else the
+    sweep row's budget; the bandwidth from --fs-bandwidth, else the job file's, else the default."""
+    from advisor.equations import model_parameters
+
+    budget = tokens or (job_file.tokens if job_file else None) or config.tokens
+    schedule = None
+    if budget is not None:
+        fraction = job_file.lr_warmup_fraction if job_file else DEFAULT_WARMUP_FRACTION
+        schedule = Schedule(tokens=budget, seq_len=config.seq_len, global_batch_size=config.global_batch_size,
+                            warmup_fraction=fraction)
+    decided = flag_values(config.megatron_args)
+    weight_bytes = 2 if ("--bf16" in decided or "--fp16" in decided) else 4
+    bandwidth = bandwidth_gbs or (job_file.fs_bandwidth_gbs if job_file else None) or DEFAULT_FS_BANDWIDTH_GBS
+    checkpoint = Checkpoint(parameters=model_parameters(config.model), weight_bytes=weight_bytes,
+                            world_size=config.world_size, bandwidth_gbs=bandwidth)
+    return JobPlan(group=job_group(job_file, schedule, user_args), schedule=schedule, checkpoint=checkpoint,
+                   step_time_s=config.step_time_s)

@@ -1,0 +1,231 @@
+"""Preflight: everything that would stop a launch after its ranks started, checked before.
+
+``advisor-launch check`` runs these checks alone; ``torchrun`` and ``sbatch`` run them before
+they start anything (a dry run prints them as warnings). Each check returns its problems, one
+line each, so that every problem of a setup is named at once:
+
+- the Python the checkout's release needs (its pyproject's ``requires-python``);
+- the modules the release imports at run time (``MegatronVersion.imports``), and megatron-core
+  itself (from the checkout, which provides it, or installed);
+- GPUs on this node (``nvidia-smi -L``, restricted by ``CUDA_VISIBLE_DEVICES``) against the GPUs
+  per node the launch starts; none at all is allowed only for the CPU test path
+  (``--distributed-backend gloo``), which says so;
+- Transformer Engine: importable where the launch uses it (``--transformer-impl
+  transformer_engine``, Megatron-LM's default), and options only it implements refused with
+  ``--transformer-impl local``: ``--tp-comm-overlap`` (userbuffers, ``initialize_ub``), FP8
+  (``--fp8-format``: TE's autocast), CP > 1 (megatron-core's ``DotProductAttention`` asserts
+  ``context_parallel_size == 1``, "Context parallelism is only supported by
+  TEDotProductAttention!", when the model is built, 40-50 s into the run, on every rank);
+- data and tokenizer files: each ``--data-path`` prefix has its ``.bin`` and ``.idx`` (Megatron's
+  ``IndexedDataset``), the tokenizer's files exist;
+- the directories a run writes (``--save``, ``--tensorboard-dir``, ``--wandb-save-dir``, the
+  profile directory) can be created and written: a file is created (and removed at once) in
+  the nearest existing one, which is what a root user on a read-only mount needs too.
+
+No torch is imported here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+from launch.arguments import flag_values
+from launch.megatron_versions import MegatronVersion, check_python
+from advisor.errors import AdvisorError
+
+TE_ONLY_FLAGS = {"--tp-comm-overlap": "--tp-comm-overlap (TE's userbuffers)",
+                 "--fp8-format": "FP8 (--fp8-format: TE's autocast)"}
+DATA_PREFIX_FLAGS = ("--data-path", "--train-data-path", "--valid-data-path", "--test-data-path")
+DATA_FILE_FLAGS = ("--data-args-path", "--per-split-data-args-path", "--vocab-file", "--merge-file")
+WRITTEN_DIRECTORIES = ("--save", "--tensorboard-dir", "--wandb-save-dir")
+INSTALL = "pip install 'megatron-4d-advisor[megatron]'"
+CPU_TEST_NOTE = ("no GPUs on this node: a CPU launch over gloo (--distributed-backend gloo) is only for tests "
+                 "(tests/fixtures/cuda_on_cpu stands in for CUDA); a training run needs GPUs")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Setup:
+    """What one launch will run, as its checks see it."""
+
+    rules: MegatronVersion
+    checkout: Path | None
+    """None: a dry run without a checkout on disk (megatron-core's presence is not checked)."""
+    args: tuple[str, ...]
+    """The whole Megatron-LM command line."""
+    cp: int
+    gpus_per_node: int
+    profile_dir: Path | None = None
+    gpus_here: bool = True
+    """Whether the ranks run on this node (torchrun, check) or elsewhere (sbatch: on the job's nodes)."""
+
+
+@dataclass(slots=True)
+class Report:
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    incomplete: str | None = None
+    """What the job lacks (``launch.job.missing``), where the caller checked it."""
+
+
+# --- the checks ----------------------------------------------------------------------------
+
+
+def python_problems(setup: Setup, running: tuple[int, int] | None = None) -> list[str]:
+    try:
+        check_python(setup.rules, running or sys.version_info[:2])
+    except AdvisorError as exc:
+        return [str(exc)]
+    return []
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package absent, or a broken module in sys.modules
+        return False
+
+
+def import_problems(setup: Setup, importable: Callable[[str], bool] = _importable) -> list[str]:
+    """Each module the release imports at run time that this Python cannot import."""
+    problems = [f"cannot import {module} ({setup.rules.name} imports it at run time{why}): {INSTALL}"
+                for module, why in setup.rules.imports if not importable(module)]
+    provided = setup.checkout is not None and (setup.checkout / "megatron" / "core" / "__init__.py").is_file()
+    if setup.checkout is not None and not provided and not importable("megatron.core"):
+        problems.append(f"cannot import megatron.core: the checkout {setup.checkout} has no megatron/core and none "
+                        f"is installed: {INSTALL}")
+    return problems
+
+
+def count_gpus(environ: Mapping[str, str] | None = None) -> int | None:
+    """GPUs this node gives a process: ``nvidia-smi -L``'s, restricted by ``CUDA_VISIBLE_DEVICES``;
+    None where there is no nvidia-smi (no NVIDIA driver)."""
+    environ = os.environ if environ is None else environ
+    program = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if program is None:
+        return None
+    try:
+        listed = subprocess.run([program, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = sum(line.startswith("GPU ") for line in listed.stdout.splitlines()) if listed.returncode == 0 else 0
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        found = min(found, len([item for item in visible.split(",") if item.strip() and item.strip() != "-1"]))
+    return found
+
+
+def gpu_problems(setup: Setup, report: Report, found: int | None) -> list[str]:
+    if not setup.gpus_here:
+        return []
+    if not found:
+        if flag_values(setup.args).get("--distributed-backend") == ("gloo",):
+            report.notes.append(CPU_TEST_NOTE)
+            return []
+        where = "nvidia-smi -L lists none" if found == 0 else "no nvidia-smi on PATH (no NVIDIA driver)"
+        return [f"no GPUs on this node ({where}); the launch starts {setup.gpus_per_node} ranks per node, one per GPU"]
+    if found < setup.gpus_per_node:
+        return [f"this node has {found} GPU(s) (nvidia-smi -L, CUDA_VISIBLE_DEVICES), the launch needs "
+                f"{setup.gpus_per_node} per node"]
+    return []
+
+
+def transformer_engine_problems(setup: Setup, importable: Callable[[str], bool] = _importable) -> list[str]:
+    values = flag_values(setup.args)
+    impl = (values.get("--transformer-impl") or ("transformer_engine",))[0]
+    if impl == "local":
+        uses = [text for flag, text in TE_ONLY_FLAGS.items() if flag in values]
+        if setup.cp > 1:
+            uses.append(f"CP {setup.cp} (megatron-core's DotProductAttention asserts CP 1 when the model is built)")
+        return [f"{use} needs Transformer Engine, and the launch has --transformer-impl local: Megatron-LM refuses "
+                f"it on every rank after start-up; drop --transformer-impl local and install Transformer Engine"
+                for use in uses]
+    if impl == "transformer_engine" and not importable("transformer_engine"):
+        given = "--transformer-impl transformer_engine" if "--transformer-impl" in values else \
+            "Megatron-LM's default --transformer-impl transformer_engine"
+        return [f"cannot import transformer_engine, which {given} needs: install Transformer Engine, or add "
+                "--transformer-impl local after -- (megatron-core's own modules; no CP > 1, FP8 or TP overlap)"]
+    return []
+
+
+def data_problems(setup: Setup) -> list[str]:
+    """Dataset prefixes without their .bin/.idx, tokenizer and data-argument files that do not exist."""
+    values, problems = flag_values(setup.args), []
+    for flag in DATA_PREFIX_FLAGS:
+        for prefix in values.get(flag, ()):
+            if _is_number(prefix):  # a blend: weight prefix weight prefix ...
+                continue
+            missing = [suffix for suffix in (".bin", ".idx") if not Path(prefix + suffix).is_file()]
+            if missing:
+                problems.append(f"{flag} {prefix}: no {' or '.join(prefix + s for s in missing)} (Megatron reads a "
+                                "dataset prefix's .bin and .idx, as tools/preprocess_data.py writes them)")
+    for flag in DATA_FILE_FLAGS:
+        for path in values.get(flag, ()):
+            if not Path(path).exists():
+                problems.append(f"{flag} {path}: no such file")
+    model = values.get("--tokenizer-model")
+    if model and not Path(model[0]).exists() and not _hub_name(values, model[0]):
+        problems.append(f"--tokenizer-model {model[0]}: no such file or directory")
+    return problems
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _hub_name(values: dict, name: str) -> bool:
+    """A Hugging Face tokenizer may be a hub name (org/model), which only the run can resolve."""
+    return values.get("--tokenizer-type") == ("HuggingFaceTokenizer",) and not name.startswith(("/", ".", "~"))
+
+
+def directory_problem(flag: str, path: Path) -> str | None:
+    """Why a run could not create and write files in the directory ``path``, or None."""
+    if path.exists() and not path.is_dir():
+        return f"{flag} {path} is a file, not a directory"
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{flag} {path}: {existing} is a file, so the directory cannot be created"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"{flag} {path}: {existing} is not writable ({exc.strerror or exc})"
+    return None
+
+
+def directory_problems(setup: Setup) -> list[str]:
+    values = flag_values(setup.args)
+    targets = [(flag, Path(value[0])) for flag in WRITTEN_DIRECTORIES if (value := values.get(flag))]
+    if setup.profile_dir is not None:
+        targets.append(("--profile-dir", Path(setup.profile_dir)))
+    return [problem for flag, path in targets if (problem := directory_problem(flag, path.absolute()))]
+
+
+# --- all of them ---------------------------------------------------------------------------
+
+
+def preflight(setup: Setup, *, gpus_found: int | None | Callable[[], int | None] = count_gpus) -> Report:
+    """Every check; the report holds every problem found (one line each) and the notes."""
+    report = Report()
+    found = gpus_found() if callable(gpus_found) else gpus_found
+    report.problems += python_problems(setup)
+    report.problems += import_problems(setup)
+    report.problems += gpu_problems(setup, report, found if setup.gpus_here else None)
+    report.problems += transformer_engine_problems(setup)
+    report.problems += data_problems(setup)
+    report.problems += directory_problems(setup)
+    return report
+

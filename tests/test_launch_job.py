@@ -1,0 +1,81 @@
+"""Complete jobs (launch/job.py): a job file and a token budget become Megatron-LM flags that
+both real releases' parse_args + validate_args accept (launch.megatron_check), deriving what
+the issue asks (--train-samples and the LR schedule's lengths); bad job files are one line."""
+
+import json
+
+import pytest
+from launch_support import launcher, sweep_file, write_json
+from megatron_real import NO_TRANSFORMER_ENGINE, checkout
+
+from launch.megatron_check import validate
+
+JOB = """\
+mock_data = true
+save = "{root}/checkpoints"
+load = "{root}/checkpoints"
+save_interval = 500
+tensorboard_dir = "{root}/tensorboard"
+lr = 3e-4
+min_lr = 3e-5
+tokens = 2e9
+lr_warmup_fraction = 0.02
+fs_bandwidth_gbs = 25
+"""
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_a_job_file_gives_flags_megatron_accepts(tag, advisor, tmp_path):
+    release = checkout(tag)
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(root=tmp_path))
+    result = launcher()("args", "--from", sweep, "--megatron-version", tag, "--job-config", job, "--format", "json",
+                        "--", *NO_TRANSFORMER_ENGINE)
+    args = json.loads(result.stdout)
+    seq, gbs = int(args[args.index("--seq-length") + 1]), int(args[args.index("--global-batch-size") + 1])
+    samples = -(-2 * 10**9 // seq)  # ceil(2e9 / 8192) = 244141
+    assert args[args.index("--train-samples") + 1] == args[args.index("--lr-decay-samples") + 1] == str(samples)
+    assert args[args.index("--lr-warmup-samples") + 1] == str(round(samples * 0.02))
+    row = json.loads(sweep.read_text())[0]
+    [verdict] = validate(release.path, [{"args": args, "world_size": row["gpus"],
+                                         "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}], python=release.python)
+    assert verdict["ok"], verdict
+    assert verdict["derived"]["global_batch_size"] == gbs
+
+
+def test_the_dry_run_prices_the_checkpoint_and_names_what_is_missing(advisor, tmp_path):
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpu", "h100-80gb", "--gpus", "8", "--tokens", "1B")
+    result = launcher()("torchrun", "--from", sweep, "--megatron-version", "0.15", "--fs-bandwidth", "5",
+                        "--dry-run", "--", "--save-interval", "100")
+    lines = result.stderr.splitlines()
+    assert any(line.startswith("advisor-launch: length: 1e+09 tokens = 122,071 samples of 8192 tokens")
+               for line in lines), result.stderr
+    priced = next(line for line in lines if "checkpoint:" in line)
+    assert "14 bytes/parameter" in priced and "at 5 GB/s (--fs-bandwidth)" in priced and "(yours, 100," in priced
+    missing = [line for line in lines if "the job is incomplete" in line]
+    assert missing == ["warning: the job is incomplete: it lacks data (--data-path PREFIX after --, data_path in "
+                       "--job-config, or --mock-data); a tokenizer (--tokenizer-type HuggingFaceTokenizer "
+                       "--tokenizer-model DIR after --); a learning rate (--lr 3e-4 after --). For example: --mock-data "
+                       "--tokens 1B -- --lr 3e-4 (or --job-config job.toml with data_path, tokenizer_type, "
+                       "tokenizer_model, tokens, lr, save, save_interval, tensorboard_dir)"]
+    assert "--train-samples 122071" in result.stdout
+
+
+def test_a_bad_job_file_is_one_line(advisor, tmp_path):
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    cases = {
+        "unknown.json": ({"data": "x"}, "unknown key(s) data"),
+        "interval.json": ({"save_interval": 0}, "save_interval must be a positive integer, got 0"),
+        "fraction.json": ({"lr_warmup_fraction": 1.5}, "lr_warmup_fraction must be a number in [0, 1)"),
+        "paths.json": ({"data_path": "one"}, "data_path must be a list of paths"),
+    }
+    for name, (document, message) in cases.items():
+        line = launcher().error("args", "--from", sweep, "--job-config", write_json(tmp_path / name, document))
+        assert message in line, line
+    broken = tmp_path / "broken.toml"
+    broken.write_text("save = [")
+    assert "not TOML" in launcher().error("args", "--from", sweep, "--job-config", broken)
+    # the user's own length wins over the budget's (no schedule is derived, so nothing conflicts)
+    args = launcher()("args", "--from", sweep, "--tokens", "1B", "--", "--train-samples", "5").stdout.split()
+    assert args[-2:] == ["--train-samples", "5"] and "--lr-decay-samples" not in args

@@ -1,0 +1,83 @@
+"""``advisor-launch k8s`` and ``skypilot``: the manifests validate against the official schemas.
+
+No cluster is reachable here, so each document goes through the projects' own models and
+schemas: the ``kubernetes`` client's ``V1PodTemplateSpec`` for every replica's pod template and
+``kubeflow-training``'s ``KubeflowOrgV1PyTorchJob`` for the whole job (each deserialised with the
+package's ApiClient, then serialised back: a key the model does not know would be dropped, so the
+round trip must give the document unchanged), and SkyPilot's own task schema
+(``sky.utils.schemas.get_task_schema``, checked with jsonschema as ``sky`` itself does) where
+``skypilot`` is installed (it pins click < 8.2, which this project's CLI tests outgrew, so it is
+not in the test extra)."""
+
+
+import pytest
+import yaml
+from launch_support import launcher
+
+from launch.arguments import flag_values
+
+
+def round_trip(client, document: dict, model: str):
+    """``document`` deserialised into ``model`` with the package's ApiClient and serialised back."""
+    value = client._ApiClient__deserialize(document, model)  # what ApiClient.deserialize does with a response
+    return value, client.sanitize_for_serialization(value)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    from conftest import Invoker
+
+    path = tmp_path_factory.mktemp("manifests") / "estimate.json"  # TP 2: Megatron needs CUDA_DEVICE_MAX_CONNECTIONS=1
+    Invoker()("estimate", "--gpus", "16", "--mem", "80", "--tp", "2", "--cp", "1", "--pp", "2", "--mbs", "1",
+              "--format", "json", "-o", path)
+    return path
+
+
+def test_the_pytorchjob_validates_against_kubernetes_and_kubeflow_models(sweep, tmp_path):
+    kubernetes = pytest.importorskip("kubernetes", reason="pip install -e '.[test]' (the kubernetes client)")
+    training = pytest.importorskip("kubeflow.training", reason="pip install -e '.[test]' (kubeflow-training)")
+    out = tmp_path / "job.yaml"
+    result = launcher()("k8s", "--from", sweep, "--image", "ghcr.io/example/megatron:25.04", "--megatron-lm",
+                        "/workspace/Megatron-LM", "--gpus-per-node", "8", "--namespace", "training", "--mock-data",
+                        "-o", out, "--", "--lr", "3e-4", "--train-iters", "100")
+    assert result.stdout == ""  # written, not printed
+    document = yaml.safe_load(out.read_text())
+    replicas = document["spec"]["pytorchReplicaSpecs"]
+    assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] == 1  # 16 GPUs, nodes of 8
+    api = kubernetes.client.ApiClient()
+    for spec in replicas.values():
+        template, back = round_trip(api, spec["template"], "V1PodTemplateSpec")
+        assert back == spec["template"]
+        [container] = template.spec.containers
+        assert container.resources.limits == {"nvidia.com/gpu": "8"}
+        assert {env.name: env.value for env in container.env} == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+        args = container.args
+        assert args[args.index("--node-rank") + 1] == "$(RANK)" and "$(MASTER_ADDR)" in args
+        megatron = args[args.index("--") + 1:]
+        assert flag_values(megatron)["--lr"] == ("3e-4",) and "--mock-data" in megatron
+    job, back = round_trip(training.ApiClient(), document, "KubeflowOrgV1PyTorchJob")
+    assert back == document and job.kind == "PyTorchJob" and job.metadata.namespace == "training"
+    printed = launcher()("k8s", "--from", sweep, "--image", "ghcr.io/example/megatron:25.04", "--megatron-lm",
+                         "/workspace/Megatron-LM", "--gpus-per-node", "8", "--namespace", "training", "--mock-data",
+                         "--dry-run", "--", "--lr", "3e-4", "--train-iters", "100").stdout
+    assert printed == out.read_text()
+
+
+def test_the_skypilot_task_validates_against_skypilots_schema(sweep, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema", reason="pip install -e '.[test]'")
+    schemas = pytest.importorskip("sky.utils.schemas", reason="skypilot is not installed (pip install skypilot)")
+    result = launcher()("skypilot", "--from", sweep, "--megatron-lm", "~/Megatron-LM", "--accelerator", "H100",
+                        "--mock-data", "--dry-run", "--", "--lr", "3e-4", "--train-iters", "100")
+    task = yaml.safe_load(result.stdout)
+    jsonschema.validate(task, schemas.get_task_schema())
+    assert task["num_nodes"] == 2 and task["resources"]["accelerators"] == "H100:8"
+    assert task["envs"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert '--node-rank "$SKYPILOT_NODE_RANK"' in task["run"]
+
+
+def test_bad_manifest_input_is_one_line(sweep):
+    result = launcher()("k8s", "--from", sweep, "--image", "x", "--name", "Not_A_Label", expect=2)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert errors == ["Error: --name 'Not_A_Label': a job name must be a DNS label (lower-case letters, digits and "
+                      "'-', at most 63 characters)"] and result.stdout == ""
+    assert "Missing option '--image'" in launcher().error("k8s", "--from", sweep)

@@ -1,0 +1,159 @@
+"""The preflight (launch/preflight.py): deliberately broken setups, each refused before any rank
+starts with its problem on one line and exit status 2; several problems are listed at once.
+
+Real checkouts (shared/megatron-lm), real files and directories. Two doubles, for what cannot
+exist here: a stand-in ``nvidia-smi`` that lists N GPUs (this machine has no GPU), and
+``run_process_group`` replaced by a recorder (nothing may start; nothing does)."""
+
+import json
+import sys
+
+import pytest
+from launch_support import CPU_TEST_JOB, launcher, sweep_file
+from megatron_real import SHARED
+from megatron_real import checkout as real_checkout
+
+from launch.job import Checkpoint, Schedule
+
+
+@pytest.fixture
+def started(monkeypatch):
+    calls = []
+    monkeypatch.setattr("launch.process.run_process_group", lambda *args, **kwargs: calls.append(args) or 0)
+    return calls
+
+
+def fake_nvidia_smi(directory, gpus: int):
+    """A stand-in nvidia-smi whose ``-L`` lists ``gpus`` H100s, as the real one prints them."""
+    directory.mkdir()
+    lines = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-0000000{i})\\n" for i in range(gpus))
+    script = directory / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\nprintf '{lines}'\n")
+    script.chmod(0o755)
+    return directory
+
+
+def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_path, monkeypatch, started):
+    core15 = real_checkout("core_v0.15.2").path
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")  # TP 2, 8 per node
+    cp2 = tmp_path / "cp2.json"
+    advisor("estimate", "--gpus", "8", "--mem", "80", "--tp", "2", "--cp", "2", "--pp", "1", "--mbs", "1",
+            "--format", "json", "-o", cp2)
+    prefix = tmp_path / "corpus_text_document"
+    (tmp_path / "corpus_text_document.bin").touch()  # its .idx is missing
+    a_file = tmp_path / "a-file"
+    a_file.touch()
+    four, none = fake_nvidia_smi(tmp_path / "four", 4), fake_nvidia_smi(tmp_path / "none", 0)
+    no_gloo = [arg for arg in CPU_TEST_JOB if arg not in ("--distributed-backend", "gloo")]
+    no_te_switch = [arg for arg in CPU_TEST_JOB if arg not in ("--transformer-impl", "local")]
+
+    good = tmp_path / "good_text_document"
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"good_text_document{suffix}").touch()
+    null_tokenizer = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "128255"]
+
+    def launch(*options, extras=tuple(CPU_TEST_JOB), source=sweep, megatron=core15, command="torchrun", mock=True):
+        return launcher()(command, "--from", source, "--megatron-lm", megatron, *(["--mock-data"] if mock else []),
+                          *options, "--", *extras, expect=2)
+
+    assert launcher()("check", "--from", sweep, "--megatron-lm", core15, "--mock-data", "--", *CPU_TEST_JOB)
+    cases = {
+        "missing import": (lambda patch: patch.setitem(sys.modules, "six", None), {},
+                           "cannot import six (Megatron-LM core 0.15 imports it at run time"),
+        "fewer GPUs": (lambda patch: patch.setenv("PATH", f"{four}:/usr/bin:/bin"), {"extras": no_gloo},
+                       "this node has 4 GPU(s) (nvidia-smi -L, CUDA_VISIBLE_DEVICES), the launch needs 8 per node"),
+        "no GPUs": (lambda patch: patch.setenv("PATH", f"{none}:/usr/bin:/bin"), {"extras": no_gloo},
+                    "no GPUs on this node (nvidia-smi -L lists none)"),
+        "no Transformer Engine": (None, {"extras": no_te_switch},
+                                  "cannot import transformer_engine, which Megatron-LM's default --transformer-impl"),
+        "CP with local": (None, {"source": cp2}, "CP 2 (megatron-core's DotProductAttention asserts CP 1"),
+        "TP overlap with local": (None, {"extras": [*CPU_TEST_JOB, "--tp-comm-overlap"]},
+                                  "--tp-comm-overlap (TE's userbuffers) needs Transformer Engine"),
+        "dataset without .idx": (None, {"extras": [*CPU_TEST_JOB, "--data-path", str(prefix), *null_tokenizer],
+                                                  "command": "sbatch", "mock": False},
+                                 f"--data-path {prefix}: no {prefix}.idx"),
+        "tokenizer missing": (None, {"mock": False, "extras": [
+            *CPU_TEST_JOB, "--data-path", str(good), "--tokenizer-type", "SentencePieceTokenizer",
+            "--tokenizer-model", str(tmp_path / "tok.model")]},
+                              f"--tokenizer-model {tmp_path / 'tok.model'}: no such file or directory"),
+        "save under a file": (None, {"extras": [*CPU_TEST_JOB, "--save", str(a_file / "ckpt")]},
+                              f"--save {a_file / 'ckpt'}: {a_file} is a file"),
+        "unwritable profile dir": (None, {"options": ("--profile-dir", "/proc/advisor-profile")},
+                                   "--profile-dir /proc/advisor-profile: /proc is not writable"),
+        "incomplete job": (None, {"extras": ["--distributed-backend", "gloo", "--transformer-impl", "local"]},
+                           "the job is incomplete: it lacks the run's length (--tokens 1T, or --train-iters N after --);"
+                           " a learning rate (--lr 3e-4 after --)"),
+    }
+    if sys.version_info < (3, 12):
+        cases["Python too old"] = (None, {"megatron": real_checkout_path("core_v0.19.0")},
+                                   "Megatron-LM core 0.19 needs Python >= 3.12; this is Python 3.")
+    for name, (breaks, how, expected) in cases.items():
+        with monkeypatch.context() as patch:
+            if breaks is not None:  # the break lasts for this case only
+                breaks(patch)
+            how = dict(how)
+            result = launch(*how.pop("options", ()), **how)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+        assert len(errors) == 1 and expected in errors[0], (name, result.stderr)
+        assert "Traceback" not in result.output and result.stdout == "", name
+    assert started == []
+
+    # all at once: three problems, three lines, one exit
+    result = launch(extras=[*no_te_switch, "--data-path", str(prefix), *null_tokenizer, "--save", str(a_file / "x")],
+                    source=cp2, mock=False)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 3, result.stderr
+    assert started == []
+
+
+def real_checkout_path(tag: str):
+    """The checkout alone (no interpreter for it: the point is that this one is too old)."""
+    path = SHARED / tag
+    if not (path / "pretrain_gpt.py").is_file():
+        pytest.skip(f"no Megatron-LM checkout {tag} at {path}")
+    return path
+
+
+def test_a_cpu_launch_says_it_is_only_for_tests(advisor, tmp_path, started):
+    core15 = real_checkout("core_v0.15.2").path
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    result = launcher()("check", "--from", sweep, "--megatron-lm", core15, "--mock-data", "--", *CPU_TEST_JOB)
+    assert "a CPU launch over gloo (--distributed-backend gloo) is only for tests" in result.stderr
+    assert result.stdout.startswith("advisor-launch check: ok: llama3.1-8b")
+
+
+def test_schedule_and_checkpoint_by_hand():
+    """1e9 tokens of 4096-token samples: ceil(244140.625) = 244141 samples, ceil(244141 / 512) = 477
+    iterations, 1% warm-up = round(2441.41) = 2441. An 8e9-parameter BF16 model: 14 bytes each
+    (2 weights + 4 main + 4 + 4 Adam) = 112e9 bytes; over 64 ranks 1.75e9 each; at 10 GB/s 11.2 s;
+    at 2 s per step, saving under 1% of the time needs ceil(11.2 / 0.02) = 560 iterations."""
+    schedule = Schedule(tokens=1e9, seq_len=4096, global_batch_size=512)
+    assert (schedule.samples, schedule.iterations, schedule.warmup_samples) == (244141, 477, 2441)
+    assert schedule.flags() == ["--train-samples", "244141", "--lr-decay-samples", "244141",
+                                "--lr-warmup-samples", "2441"]
+    checkpoint = Checkpoint(parameters=8e9, weight_bytes=2, world_size=64, bandwidth_gbs=10)
+    assert checkpoint.total_bytes == 112e9 and checkpoint.per_rank_bytes == 1.75e9
+    assert checkpoint.save_seconds == pytest.approx(11.2) and checkpoint.interval(2.0) == 560
+    assert Checkpoint(parameters=1e9, weight_bytes=4, world_size=1, bandwidth_gbs=1).bytes_per_parameter == 12
+
+
+def test_megatron_core_from_the_checkout_is_enough(monkeypatch):
+    """advisor profile run --megatron-lm: megatron-core not installed, but the checkout provides it."""
+    import importlib.util
+
+    from advisor.capture.relay import missing_modules
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",  # megatron-core uninstalled (the double)
+                        lambda name, *a: None if name.startswith("megatron") else real(name, *a))
+    assert missing_modules() == ["megatron.core"]
+    assert missing_modules(real_checkout("core_v0.15.2").path) == []
+
+
+def test_a_sweep_row_carries_its_token_budget(advisor, tmp_path):
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpu", "h100-80gb", "--gpus", "8", "--tokens", "1B")
+    assert json.loads(sweep.read_text())[0]["tokens"] == 1e9
+    result = launcher()("args", "--from", sweep, "--format", "json")
+    args = json.loads(result.stdout)
+    seq = int(args[args.index("--seq-length") + 1])
+    assert args[args.index("--train-samples") + 1] == str(-(-10**9 // seq))
