@@ -287,3 +287,18 @@ def test_help_teaches_and_the_cli_imports_no_torch():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
     core = "import sys, advisor.cli; print([m for m in sys.modules if m.split('.')[0] in ('launch', 'megatron_hooks')])"
     assert subprocess.run([sys.executable, "-c", core], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+def test_a_dry_run_shows_every_priced_lever_and_no_connections_limit_under_fsdp(advisor, tmp_path):
+    """Issue 21: the overlap flags and the Megatron-FSDP strategy are in the printed command, and under
+    FSDP (with TP > 1) the launcher does not set CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron refuses there."""
+    path = tmp_path / "estimate.json"
+    advisor("estimate", "--gpus", "8", "--tp", "2", "--mem", "80", "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy", "optim_grads", "--format", "json", "-o", path)
+    result = launcher()("torchrun", "--from", path, "--megatron-version", "0.15", "--mock-data", "--dry-run")
+    words = shell_words(result.stdout)
+    assert not any(word.startswith("CUDA_DEVICE_MAX_CONNECTIONS") for word in words)
+    _, _, megatron = read_torchrun(words)
+    values = flag_values(megatron)
+    assert values["--data-parallel-sharding-strategy"] == ("optim_grads",) and values["--ckpt-format"] == ("fsdp_dtensor",)
+    assert {"--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather"} <= set(values)

@@ -55,3 +55,22 @@ def test_flat_view_round_trips_and_reads_old_rows():
     old = TrainingOptions.from_dict({"gradient_bytes": 2, "flash_attention": False})
     assert old.precision.grad_reduce_dtype == "bf16" and old.attention.dataloader_mask == "cached"
     assert TrainingOptions().changed() == {}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tp", "2", "--no-sequence-parallel", "--tp-comm-overlap"], "--tp-comm-overlap needs --sequence-parallel"),
+    (["--tp", "2", "--gpu", "a100-80gb", "--fp8-format", "hybrid"], "no FP8 tensor cores"),
+    (["--tp", "2", "--gpu", "h100-nvl-94gb", "--optimizer-cpu-offload"], "cannot be timed"),
+    (["--fp8-param-gather"], "need --fp8-format"),
+    (["--data-parallel-sharding-strategy", "optim"], "needs --use-megatron-fsdp"),
+    (["--megatron-version", "0.12"], "not a release the advisor knows"),
+])
+def test_refused_levers_are_one_line(advisor, args, message):
+    assert message in advisor.error("estimate", "--gpus", "8", "--mem", "80", *args)
+
+
+def test_estimate_states_every_priced_option(advisor):
+    document = advisor.json("estimate", "--gpus", "8", "--tp", "2", "--mem", "80", "--grad-reduce-in-bf16",
+                            "--use-megatron-fsdp", "--megatron-version", "0.15")
+    assert document["options"] == {"grad_reduce_dtype": "bf16", "fsdp_strategy": "no_shard"}
+    assert parse_training_args(document["megatron_args"], "0.19")[0] == TrainingOptions.from_dict(document["options"])

@@ -242,6 +242,8 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
         hints.insert(1, "--recompute auto")
     if space.split == "even":
         hints.insert(1, "--split auto")
+    if space.sharding == "fixed":  # auto has tried Megatron-FSDP and CPU offload
+        hints.insert(1, "--sharding auto")
     need = "" if least is None else (
         f"; the least any layout needs is {least.estimate.total_gib:.1f} GiB per GPU against {mem:g} GiB "
         f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
