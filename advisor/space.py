@@ -644,7 +644,8 @@ def _rows(search: _Search, bases: Bases, picks: _Picks, families: list) -> Chose
                 pricer = search.pricer(picks.variants(members, bases, families))
                 for name, value in pricer.steps(picks.counts[members][:, :pricer.width]).items():
                     parts.setdefault(name, np.full(len(bases), np.nan))[members] = value
-        steps = StepTime(**parts)
+        # no base at all (33 GPUs: no launchable layout) leaves no parts: empty arrays, not a TypeError
+        steps = StepTime(**{name: parts.get(name, np.zeros(0)) for name in StepTime.__dataclass_fields__})
     n = picks.recompute_layers
     selective = np.array([families[f][0] for f in picks.family], dtype=bool)
     uniform = np.array([families[f][1] for f in picks.family], dtype=bool)

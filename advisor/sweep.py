@@ -32,7 +32,7 @@ import numpy as np
 from advisor.errors import AdvisorError
 from advisor.memory import MemoryEstimate, MemoryOptions, StageTerms
 from advisor.models import LlamaSpec
-from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload
+from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload, check_whole_nodes
 
 if TYPE_CHECKING:
     from advisor.space import SpaceOptions
@@ -179,7 +179,11 @@ def sweep(
     if not 0 < threshold <= 1:
         raise AdvisorError(f"the threshold must be in (0, 1], got {threshold}")
     check_memory_model(memory_model, measured)
+    check_whole_nodes(gpus, gpu.gpus_per_node if gpu is not None else max_tp)
     space = space or SpaceOptions()
+    if space.recompute_num_layers is not None and space.recompute_num_layers > spec.num_layers:
+        raise AdvisorError(f"--recompute-num-layers {space.recompute_num_layers} is more than the model's "
+                           f"{spec.num_layers} layers")
     timing = None
     if gpu is not None:
         from advisor.rank_times import Timing

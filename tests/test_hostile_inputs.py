@@ -186,3 +186,73 @@ def test_emulate_without_torch_is_one_line(tmp_path):
         "Error: python -m megatron_hooks.emulate needs torch and megatron-core, and torch cannot be imported here: "
         "pip install torch && pip install -e '.[megatron]'"]
     assert not (tmp_path / "out").exists()
+
+
+# --- issue 24's hostile inputs -------------------------------------------------------------
+
+ISSUE24 = [  # (arguments, what the line says): each crashed, or was accepted without a word
+    (["sweep", "--gpus", 33, "--gpu", "h100-80gb"], "33 GPUs are not whole nodes of 8 (--gpus-per-node)"),
+    (["sweep", "--gpus", 1048575, "--gpu", "h100-80gb"], "1048575 GPUs are not whole nodes of 8"),
+    # on nodes of one GPU no layout exists: the time model's rows were a TypeError in space._rows
+    (["sweep", "--gpus", 33, "--gpu", "h100-80gb", "--gpus-per-node", 1], "no valid (TP, CP, PP, MBS) for 33 GPUs"),
+    (["sweep", "--gpus", 1023, "--gpu", "h100-80gb", "--gpus-per-node", 1], "no valid (TP, CP, PP, MBS) for 1023"),
+    (["sweep", "--gpus", 3, "--num-layers", 1, "--gpu", "h100-80gb", "--gpus-per-node", 4],
+     "no valid (TP, CP, PP, MBS) for 3 GPUs"),
+    (SWEEP + ["--gpus-per-node", 3], "8 GPUs are not whole nodes of 3 (--gpus-per-node)"),
+    (["estimate", "--gpus", 8, "--mem", 80, "--gpus-per-node", 3], "8 GPUs are not whole nodes of 3"),
+    (SWEEP + ["--recompute", "full", "--recompute-num-layers", 99], "--recompute-num-layers 99 is more than the "
+                                                                      "model's 32 layers"),
+    (["estimate", "--gpus", 3, "--pp", 3, "--vpp", 11, "--mem", 80], "32 layers cannot fill PP 3 x VPP 11"),
+]
+
+
+@pytest.mark.parametrize("args,message", ISSUE24, ids=[" ".join(map(str, a))[-50:] for a, _ in ISSUE24])
+def test_issue24_flags(advisor, args, message):
+    assert message in advisor.error(*args)
+
+
+def test_a_config_without_model_type_is_refused(advisor, tmp_path):
+    """Without model_type it was read as Llama: a guess about the architecture."""
+    path = _config(tmp_path, json.dumps({k: v for k, v in HF.items() if k != "model_type"}))
+    assert "model_type is missing: give the model's family (llama, mistral, qwen2)" in advisor.error(
+        *SWEEP, "--model", path)
+
+
+def test_a_campaign_whose_flags_build_another_model_is_refused(advisor, tmp_path):
+    """The CPU emulator ran the edited flags' size; the real path blamed the output directory."""
+    campaign = json.loads((ROOT / "tables" / "data" / "capture" / "campaigns" / "heldout-pp2.json").read_text())
+    args = campaign["runs"][0]["megatron_args"]
+    args[args.index("--hidden-size") + 1] = "256"
+    path = tmp_path / "campaign.json"
+    path.write_text(json.dumps(campaign))
+    line = advisor.error("profile", "run", path, "--out", tmp_path / "runs")
+    assert "'megatron_args' give --hidden-size 256, but the campaign's model and seq_len say 128" in line
+
+
+def test_closed_stdout_is_one_line(tmp_path):
+    """'>&-': sys.stdout is None; color_wanted called .isatty() on it (an AttributeError)."""
+    result = subprocess.run([sys.executable, "-m", "advisor", *map(str, SWEEP), "--top", "1"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, timeout=120, cwd=tmp_path,
+                            preexec_fn=lambda: os.close(1))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["Error: standard output is closed; redirect it to a file or /dev/null"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_package_info_is_read_through_the_bounded_reader(tmp_path, kind):
+    """A FIFO hung the launcher (advisor-launch torchrun --dry-run, args, profile run
+    --megatron-lm); a link to /dev/zero was read without end (MemoryError)."""
+    from launch_support import launcher, make_checkout
+
+    from conftest import Invoker
+
+    checkout = make_checkout(tmp_path / "megatron-lm")
+    info = checkout / "megatron" / "core" / "package_info.py"
+    info.unlink()
+    os.mkfifo(info) if kind == "fifo" else info.symlink_to("/dev/zero")
+    sweep = tmp_path / "sweep.json"
+    Invoker()(*SWEEP, "--top", 1, "--format", "json", "-o", sweep)
+    line = launcher().error("args", "--from", sweep, "--megatron-lm", checkout)
+    assert line.endswith("package_info.py is a FIFO (named pipe); a package_info.py is read from a regular file only"
+                         if kind == "fifo" else "package_info.py is a character device; a package_info.py is read "
+                                                "from a regular file only")
