@@ -476,11 +476,28 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
     ``memory_calibration``, against the calibrated model's usage (``advisor.verdicts``: fits,
     within 1 - band of the memory, then likely fits, within all of it), its activations scaled by
     the ``measured`` ratios of ``--memory-model profile`` where given."""
+    from advisor.space_chunks import chunks, merge
+
+    bases = launchable(spec, workload, gpus, max_tp, options, space.split)
+    group_base, group_vpp = _groups(spec, bases, space)
+    parts = []
+    for index in chunks(bases.pp, group_base, timing is not None):  # a bounded working set (space_chunks)
+        inside = np.isin(group_base, index)
+        parts.append(_search_part(spec, workload, bases.take(index), np.searchsorted(index, group_base[inside]),
+                                  group_vpp[inside], memory_gib, threshold=threshold, options=options, space=space,
+                                  timing=timing, memory_calibration=memory_calibration, measured=measured))
+    return merge(parts, [index for index in chunks(bases.pp, group_base, timing is not None)], bases)
+
+
+def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: np.ndarray, group_vpp: np.ndarray,
+                 memory_gib: float, *, threshold: float, options: MemoryOptions, space: SpaceOptions,
+                 timing: Timing | None, memory_calibration: MemoryCalibration | None, measured) -> tuple:
+    """``search`` over some of the bases (``group_base`` indexes them): (SpaceResult, the indices
+    of the bases kept, a pinned VPP dropping those that cannot interleave so)."""
     layers = spec.num_layers
     calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
     state = _Search(spec, workload, options, timing, space.split == "even", calibrated)
-    bases = launchable(spec, workload, gpus, max_tp, options, space.split)
-    group_base, group_vpp = _groups(spec, bases, space)
+    kept = np.arange(len(bases))
     if space.vpp is not None:  # a pinned VPP drops the layouts that cannot interleave that way
         kept = np.unique(group_base)
         bases = bases.take(kept)
@@ -543,7 +560,7 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
             picks.counts[todo, :split.counts.shape[1]] = split.counts
             picks.planned[todo] = True
     return SpaceResult(bases=bases, chosen=_rows(state, bases, picks, families), considered=considered,
-                       evaluated=evaluated)
+                       evaluated=evaluated), kept
 
 
 def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, limit: float, bases: int):

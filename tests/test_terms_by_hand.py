@@ -122,3 +122,20 @@ def test_links_inside_and_across_nodes():
     assert float(terms.link_bandwidth(8, RATES)) == 1e11
     assert float(terms.link_bandwidth(16, RATES, ranks_per_node=4)) == 4e10
     assert float(terms.link_bandwidth(np.array([16]), RATES, ranks_per_node=1)[0]) == 1e10
+
+
+def test_unequal_stages_pace_the_pipeline_by_the_slowest():
+    """1F1B with stage times t_i: T = m max t_i + (sum t_i - max t_i) / v (Narayanan et al. 2021,
+    Section 2.2). With equal stages m max t_i = m sum t_i / p, so only unequal ones tell the
+    slowest stage's pace from the average's (a mutant the equal-stage test let through)."""
+    from advisor.hardware import get_gpu
+    from advisor.throughput import Calibration, TimeModel
+
+    model = TimeModel(SPEC, get_gpu("h100-80gb"), 8192, 1024, Calibration())
+    short, long = model.stage(2, 1, 1, 4), model.stage(2, 1, 1, 12)
+    t = [float(short.total), float(long.total)]
+    m, p = 1024 // 8, 2
+    for v in (1, 2):
+        step = model.step_from_stages([short, long], 2, 1, 8, 1, vpp=v)
+        pipeline = m * max(t) + (sum(t) - max(t)) / v
+        assert float(step.bubble_s) == pytest.approx(pipeline - m * sum(t) / p, rel=1e-9)

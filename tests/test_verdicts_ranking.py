@@ -203,6 +203,9 @@ def test_the_80_percent_boundary_is_inclusive(advisor):
     estimate = ("estimate", "--tp", 2, "--gpus", 4, "--threshold", 0.5, "--memory-model", "paper")
     assert advisor.json(*estimate, "--mem", at)["verdict"] == "fits"
     assert advisor.json(*estimate, "--mem", below)["verdict"] == "tight"
+    # and tight up to all of the memory, inclusive: at exactly the estimate tight, a hair less oom
+    assert advisor.json(*estimate, "--mem", repr(total))["verdict"] == "tight"
+    assert advisor.json(*estimate, "--mem", repr(math.nextafter(total, 0)))["verdict"] == "oom"
     sweep = ("sweep", "--gpus", 4, "--threshold", 0.5, *layout[4:])
     for mem, verdict in ((at, "fits"), (below, "tight")):
         row = next(r for r in advisor.json(*sweep, "--mem", mem)
