@@ -480,13 +480,13 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
 
     bases = launchable(spec, workload, gpus, max_tp, options, space.split)
     group_base, group_vpp = _groups(spec, bases, space)
-    parts = []
-    for index in chunks(bases.pp, group_base, timing is not None):  # a bounded working set (space_chunks)
+    parts, indices = [], chunks(bases.pp, group_base, timing is not None)  # a bounded working set (space_chunks)
+    for index in indices:
         inside = np.isin(group_base, index)
         parts.append(_search_part(spec, workload, bases.take(index), np.searchsorted(index, group_base[inside]),
                                   group_vpp[inside], memory_gib, threshold=threshold, options=options, space=space,
                                   timing=timing, memory_calibration=memory_calibration, measured=measured))
-    return merge(parts, [index for index in chunks(bases.pp, group_base, timing is not None)], bases)
+    return merge(parts, indices)
 
 
 def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: np.ndarray, group_vpp: np.ndarray,

@@ -35,9 +35,9 @@ def chunks(pp: np.ndarray, group_base: np.ndarray, timed: bool) -> list[np.ndarr
     return out
 
 
-def merge(parts: list, indices: list[np.ndarray], bases):
+def merge(parts: list, indices: list[np.ndarray]):
     """One ``SpaceResult`` from the chunks' (result, kept) ``parts``, each chunk's ``indices``
-    into ``bases``, in the bases' order."""
+    into the bases, in the bases' order."""
     from advisor.memory import StageTerms
     from advisor.space import Bases, Chosen, SpaceResult
 
