@@ -296,7 +296,10 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
     if not isinstance(document, dict):
         raise AdvisorError(f"{path}: expected a JSON object, got {_describe(document)}")
     config = _Config(path, document)
-    model_type = document.get("model_type", "llama")
+    if "model_type" not in document:  # Hugging Face writes it; without it, Llama would be a guess
+        raise config.error("model_type", f"is missing: give the model's family ({', '.join(_HF_MODEL_TYPES)}), "
+                                         "as Hugging Face's config.json has it")
+    model_type = document["model_type"]
     if not isinstance(model_type, str):
         raise config.error("model_type", f"must be a string, got {_describe(model_type)}")
     from advisor.moe import spec as moe

@@ -11,6 +11,14 @@ DEFAULT_GPUS_PER_NODE = 8
 """A node of the paper's clusters (and a DGX): the sweep's TP cap, the launcher's default."""
 
 
+def check_whole_nodes(gpus: int, gpus_per_node: int) -> None:
+    """More GPUs than a node holds come as whole nodes: 8 GPUs on nodes of 3 is no cluster (and
+    would cap TP at 2 without a word)."""
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        raise AdvisorError(f"{gpus} GPUs are not whole nodes of {gpus_per_node} (--gpus-per-node): give a multiple "
+                           f"of {gpus_per_node}, or at most one node")
+
+
 _BOUNDS = {"tp": limits.DEGREE, "cp": limits.DEGREE, "pp": limits.DEGREE, "dp": limits.DEGREE,
            "mbs": limits.MICRO_BATCH, "vpp": limits.VIRTUAL_STAGES, "seq_len": limits.SEQ_LEN,
            "global_batch_size": limits.GLOBAL_BATCH}

@@ -17,6 +17,9 @@ from advisor.fileio import atomic_write_bytes
 COLOURS = {"fits": "#91cf60", "likely fits": "#d9ef8b", "tight": "#fee08b", "likely oom": "#fdae61",
            "oom": "#f46d43", None: "#eeeeee"}
 MAX_ROWS = 80
+AXIS_LIMIT = 1.5
+"""The memory axis ends at 150% of the GPU's memory: a bar beyond it (an oom row with --all,
+once 725%) is drawn to the edge with its value written, so that the rows that fit keep their width."""
 
 
 def _label(row: dict) -> str:
@@ -41,11 +44,16 @@ def sweep_plot(rows: list[dict], path: Path, title: str = "") -> Path:
     labels = [_label(row) for row in rows]
     share = [(row.get("usage_gib") or row["total_gib"]) / row["memory_gib"] for row in rows]
     y = list(range(n))
-    memory_ax.barh(y, share, color=[COLOURS.get(row["verdict"], COLOURS[None]) for row in rows],
-                   edgecolor="white")
+    limit = min(max(share), AXIS_LIMIT) * 1.18  # room for the labels
+    memory_ax.barh(y, [min(value, AXIS_LIMIT) for value in share], edgecolor="white",
+                   color=[COLOURS.get(row["verdict"], COLOURS[None]) for row in rows],
+                   hatch=["//" if value > AXIS_LIMIT else None for value in share])
+    memory_ax.set_xlim(0, max(limit, 1.05))
     memory_ax.axvline(1.0, color="black", linewidth=1)
     for i, value in enumerate(share):
-        memory_ax.text(value, i, f" {100 * value:.0f}%", va="center", fontsize=7)
+        clipped = value > AXIS_LIMIT
+        memory_ax.text(min(value, AXIS_LIMIT), i, f" {100 * value:.0f}%" + (" (clipped)" if clipped else ""),
+                       va="center", fontsize=7)
     memory_ax.set_yticks(y, labels, fontsize=7)
     memory_ax.invert_yaxis()
     memory_ax.set_xlabel("predicted memory / GPU memory")
@@ -59,7 +67,7 @@ def sweep_plot(rows: list[dict], path: Path, title: str = "") -> Path:
         time_ax.barh(y, tflops, color=["#3b6fb6" if row.get("rank") else "#b9c7dd" for row in rows])
         for i, value in enumerate(tflops):
             time_ax.text(value, i, f" {value:.0f}", va="center", fontsize=7)
-        time_ax.set_xlabel("predicted TFLOP/s per GPU (ranked: dark)")
+        time_ax.set_xlabel("predicted TFLOP/s per GPU (dark: expected to run, ranked; pale: not ranked)")
     fig.suptitle(title, fontsize=8)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)

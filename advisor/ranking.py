@@ -3,7 +3,10 @@
 ``rank_by``:
 - ``throughput``: among the rows expected to run (``fits`` and ``likely fits``; with the paper's
   memory model ``fits`` and ``tight``), the highest predicted TFLOP/s per GPU first (for a given
-  GPU count that is the shortest step); ties by the paper's rule.
+  GPU count that is the shortest step); ties by the paper's rule. The rows within ``tolerance``
+  of the fastest (a gain smaller than the time model orders right, ``advisor/calibration.json``'s
+  ``ranking`` section) come first ordered by ``simplicity_key``: the simplest layout whose speed
+  the model cannot tell from the fastest's.
 - ``memory``: the most headroom first (lowest predicted usage).
 - ``paper``: seed 004, Section 4.2's rule as ``advisor.sweep.ranking_key`` implements it.
 Rows not expected to run are never ranked.
@@ -26,6 +29,21 @@ def expected_to_run(verdict: str | None) -> bool:
     return verdict in EXPECTED_TO_RUN
 
 
+def simplicity_key(row) -> tuple:
+    """Simpler first, for rows the time model cannot tell apart: fewer pipeline chunks (PP x VPP),
+    no recomputation (then selective before full, fewer recomputed layers), smaller TP x CP x PP;
+    then, where a row has them (training options, MoE), the distributed optimizer before FSDP
+    sharding, no CPU offload, BF16 before FP8, smaller EP. Absent fields take the simple value."""
+    p, o = row.parallel, row.options
+    recompute = getattr(o, "recompute", "none")
+    sharding = getattr(o, "data_parallel_sharding_strategy", "no_shard") or "no_shard"
+    fsdp = bool(getattr(o, "use_megatron_fsdp", False)) or sharding != "no_shard"
+    return (p.pp * p.vpp, {"none": 0, "selective": 1}.get(recompute, 2),
+            getattr(row, "recomputed_layers", 0), p.tp * p.cp * p.pp, fsdp,
+            bool(getattr(o, "optimizer_cpu_offload", False)), getattr(o, "fp8_format", None) is not None,
+            getattr(p, "ep", 1))
+
+
 def order(
     rows: Sequence[Row],
     rank_by: RankBy,
@@ -34,8 +52,13 @@ def order(
     paper_key: Callable[[Row], tuple],
     tflops: Callable[[Row], float | None] = lambda row: None,
     usage_gib: Callable[[Row], float] = lambda row: 0.0,
+    tolerance: float = 0.0,
+    simplicity: Callable[[Row], tuple] | None = None,
 ) -> list[Row]:
-    """The rows expected to run, best first. Accessors keep this independent of the row type."""
+    """The rows expected to run, best first. Accessors keep this independent of the row type.
+    ``tolerance`` (throughput only): the rows predicted within this fraction of the fastest
+    (``tflops >= (1 - tolerance) x fastest``) lead, ordered by ``simplicity`` (default
+    ``paper_key``)."""
     if rank_by not in RANK_BY:
         raise AdvisorError(f"--rank-by must be one of {', '.join(RANK_BY)}, got {rank_by!r}")
     survivors = [row for row in rows if expected_to_run(verdict(row))]
@@ -45,7 +68,13 @@ def order(
         return sorted(survivors, key=lambda row: (usage_gib(row), paper_key(row)))
     if any(tflops(row) is None for row in survivors):
         raise AdvisorError("ranking by throughput needs a GPU preset (--gpu NAME) for the time model")
-    return sorted(survivors, key=lambda row: (-tflops(row), paper_key(row)))
+    fastest = sorted(survivors, key=lambda row: (-tflops(row), paper_key(row)))
+    if not fastest or tolerance <= 0:
+        return fastest
+    floor = (1 - tolerance) * tflops(fastest[0])
+    near = [row for row in fastest if tflops(row) >= floor]  # a prefix: sorted by speed
+    simplicity = simplicity or paper_key
+    return sorted(near, key=lambda row: (simplicity(row), -tflops(row), paper_key(row))) + fastest[len(near):]
 
 
 # --- what the sweep calls ------------------------------------------------------------------
@@ -54,6 +83,13 @@ MemoryModel = Literal["paper", "calibrated", "profile"]
 MEMORY_MODELS: tuple[MemoryModel, ...] = ("paper", "calibrated", "profile")
 """'profile': the calibrated model with measured activations (``advisor.profile_terms``)."""
 SECONDS_PER_DAY = 86400.0
+
+
+def ranking_tolerance() -> float:
+    """The shipped tolerance of the throughput ranking (``advisor/calibration.json``)."""
+    from advisor.throughput.calibration import load_ranking_tolerance
+
+    return load_ranking_tolerance()["tolerance"]
 
 
 def timing_fields(model, step, gpus, tp, tokens: float | None = None) -> list[dict]:
@@ -87,12 +123,13 @@ def check_memory_model(memory_model: str, measured) -> None:
 def assess_rows(rows, spec, workload, memory_gib: float, *, gpu=None, memory_model: MemoryModel = "paper",
                 rank_by: RankBy | None = None, options=None, time_options=None, tokens: float | None = None,
                 threshold: float = 0.8, memory_calibration=None, calibration=None, measured=None,
-                assessments=None):
+                assessments=None, tolerance: float | None = None):
     """The sweep's rows with verdicts (Eq. 18's 80% rule, or the calibrated model), predicted
     time where a GPU preset is given, and ranks in ``rank_by`` order (default: throughput with a
     preset, the paper's rule without). Returns the ranked rows first, then the unranked.
     ``assessments``: the calibrated model's, one per row, already computed (the sweep does it for
-    all rows at once, ``advisor.verdicts.assess_stages``)."""
+    all rows at once, ``advisor.verdicts.assess_stages``). ``tolerance``: the throughput ranking's
+    (default: the shipped one, ``load_ranking_tolerance``)."""
     from dataclasses import replace
 
     import numpy as np
@@ -133,6 +170,7 @@ def assess_rows(rows, spec, workload, memory_gib: float, *, gpu=None, memory_mod
         out, rank_by, verdict=lambda r: r.verdict, paper_key=ranking_key,
         tflops=lambda r: r.timing["tflops_per_gpu"] if r.timing else None,
         usage_gib=lambda r: r.assessment.usage_gib if r.assessment else r.estimate.total_gib,
+        tolerance=ranking_tolerance() if tolerance is None else tolerance, simplicity=simplicity_key,
     )
     ranked = [replace(r, rank=i) for i, r in enumerate(ranked, start=1)]
     chosen = {id(r.parallel) for r in ranked}

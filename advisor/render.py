@@ -25,6 +25,9 @@ class Column:
     justify: str = "right"
     scale: float = 1
     """Divide by this before formatting (for example 2**20 to show bytes in MiB)."""
+    drop: int = 0
+    """Where a table is wider than the terminal, the columns with the highest ``drop`` are left
+    out first (ties: the rightmost); ``--wide`` or JSON shows them."""
 
     def cell(self, row: dict) -> str:
         value = row.get(self.key)
@@ -87,6 +90,19 @@ def to_csv(rows: Sequence[dict]) -> str:
     return buffer.getvalue()
 
 
+DEFAULT_WIDTH = 100
+WIDE = False
+"""Set by ``--wide`` (``advisor.cli.options``): every column, however wide the table."""
+
+
+def terminal_width() -> int:
+    """``$COLUMNS`` where it is a sensible width, else 100 (a pipe or an unset variable)."""
+    import os
+
+    text = os.environ.get("COLUMNS", "")
+    return int(text) if text.isdigit() and 20 <= int(text) <= 10_000 else DEFAULT_WIDTH
+
+
 def to_table(
     rows: Sequence[dict],
     columns: Sequence[Column],
@@ -97,7 +113,34 @@ def to_table(
     color: bool = False,
     width: int | None = None,
 ) -> str:
+    """A table no wider than ``width`` (default ``terminal_width()``; ``--wide``: unbounded):
+    columns are left out by their ``drop`` until it fits, and the caption names them."""
     from rich.console import Console
+
+    limit = None if WIDE and width is None else (width or terminal_width())
+    kept, hidden = list(columns), []
+    cells = [[column.cell(row) for column in columns] for row in rows]
+    while limit is not None and len(kept) > 1 and _natural_width(kept, columns, cells) > limit:
+        worst = max(range(1, len(kept)), key=lambda i: (kept[i].drop, i))
+        hidden.append(kept.pop(worst))
+    if hidden:
+        names = ", ".join(c.header for c in sorted(hidden, key=lambda c: columns.index(c)))
+        note = f"not shown to fit {limit} columns: {names} (--wide shows them)"
+        caption = note if caption is None else f"{caption}\n{note}"
+    table = _table(rows, kept, [[line[columns.index(c)] for c in kept] for line in cells], title, caption, row_style)
+    console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, width=limit or 10_000)
+    console.print(table)
+    return "\n".join(line.rstrip() for line in console.file.getvalue().split("\n"))
+
+
+def _natural_width(kept: list[Column], columns: Sequence[Column], cells: list[list[str]]) -> int:
+    """Characters a SQUARE-boxed table of ``kept`` needs unwrapped: each column its widest cell or
+    header plus a border and two spaces of padding, and the closing border."""
+    return 1 + sum(3 + max([len(column.header)] + [len(line[columns.index(column)]) for line in cells])
+                   for column in kept)
+
+
+def _table(rows, columns, cells, title, caption, row_style):
     from rich.table import Table
     from rich.text import Text
 
@@ -107,11 +150,9 @@ def to_table(
                   header_style="bold")
     for column in columns:
         table.add_column(Text(column.header), justify=column.justify)
-    for row in rows:
-        table.add_row(*(Text(column.cell(row)) for column in columns), style=row_style(row) if row_style else None)
-    console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, width=width or 200)
-    console.print(table)
-    return console.file.getvalue()
+    for row, line in zip(rows, cells):
+        table.add_row(*(Text(cell) for cell in line), style=row_style(row) if row_style else None)
+    return table
 
 
 def verdict_style(row: dict) -> str | None:

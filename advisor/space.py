@@ -479,11 +479,28 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
     ``memory_calibration``, against the calibrated model's usage (``advisor.verdicts``: fits,
     within 1 - band of the memory, then likely fits, within all of it), its activations scaled by
     the ``measured`` ratios of ``--memory-model profile`` where given."""
+    from advisor.space_chunks import chunks, merge
+
+    bases = launchable(spec, workload, gpus, max_tp, options, space.split)
+    group_base, group_vpp = _groups(spec, bases, space)
+    parts, indices = [], chunks(bases.pp, group_base, timing is not None)  # a bounded working set (space_chunks)
+    for index in indices:
+        inside = np.isin(group_base, index)
+        parts.append(_search_part(spec, workload, bases.take(index), np.searchsorted(index, group_base[inside]),
+                                  group_vpp[inside], memory_gib, threshold=threshold, options=options, space=space,
+                                  timing=timing, memory_calibration=memory_calibration, measured=measured))
+    return merge(parts, indices)
+
+
+def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: np.ndarray, group_vpp: np.ndarray,
+                 memory_gib: float, *, threshold: float, options: MemoryOptions, space: SpaceOptions,
+                 timing: Timing | None, memory_calibration: MemoryCalibration | None, measured) -> tuple:
+    """``search`` over some of the bases (``group_base`` indexes them): (SpaceResult, the indices
+    of the bases kept, a pinned VPP dropping those that cannot interleave so)."""
     layers = spec.num_layers
     calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
     state = _Search(spec, workload, options, timing, space.split == "even", calibrated)
-    bases = launchable(spec, workload, gpus, max_tp, options, space.split)
-    group_base, group_vpp = _groups(spec, bases, space)
+    kept = np.arange(len(bases))
     if space.vpp is not None:  # a pinned VPP drops the layouts that cannot interleave that way
         kept = np.unique(group_base)
         bases = bases.take(kept)
@@ -546,7 +563,7 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
             picks.counts[todo, :split.counts.shape[1]] = split.counts
             picks.planned[todo] = True
     return SpaceResult(bases=bases, chosen=_rows(state, bases, picks, families), considered=considered,
-                       evaluated=evaluated)
+                       evaluated=evaluated), kept
 
 
 def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, limit: float, bases: int):
@@ -647,7 +664,8 @@ def _rows(search: _Search, bases: Bases, picks: _Picks, families: list) -> Chose
                 pricer = search.pricer(picks.variants(members, bases, families))
                 for name, value in pricer.steps(picks.counts[members][:, :pricer.width]).items():
                     parts.setdefault(name, np.full(len(bases), np.nan))[members] = value
-        steps = StepTime(**parts)
+        # no base at all (33 GPUs: no launchable layout) leaves no parts: empty arrays, not a TypeError
+        steps = StepTime(**{name: parts.get(name, np.zeros(0)) for name in StepTime.__dataclass_fields__})
     n = picks.recompute_layers
     selective = np.array([families[f][0] for f in picks.family], dtype=bool)
     uniform = np.array([families[f][1] for f in picks.family], dtype=bool)

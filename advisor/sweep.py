@@ -33,7 +33,7 @@ from advisor.errors import AdvisorError
 from advisor.memory import MemoryEstimate, MemoryOptions, StageTerms
 from advisor.models import LlamaSpec
 from advisor.options import TrainingOptions
-from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload
+from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload, check_whole_nodes
 
 if TYPE_CHECKING:
     from advisor.space import SpaceOptions
@@ -189,8 +189,12 @@ def sweep(
     if not 0 < threshold <= 1:
         raise AdvisorError(f"the threshold must be in (0, 1], got {threshold}")
     check_memory_model(memory_model, measured)
+    check_whole_nodes(gpus, gpu.gpus_per_node if gpu is not None else max_tp)
     space = space or SpaceOptions()
     training, options = options, options.memory_options()
+    if space.recompute_num_layers is not None and space.recompute_num_layers > spec.num_layers:
+        raise AdvisorError(f"--recompute-num-layers {space.recompute_num_layers} is more than the model's "
+                           f"{spec.num_layers} layers")
     timing = None
     if gpu is not None:
         from advisor.rank_times import Timing

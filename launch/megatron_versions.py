@@ -44,6 +44,8 @@ from typing import Callable, Literal, Mapping, Sequence
 from advisor.errors import AdvisorError
 
 PACKAGE_INFO = Path("megatron") / "core" / "package_info.py"
+PACKAGE_INFO_BYTES = 1 << 20
+"""A real one is about 1 KiB; a megabyte is room enough and bounds what a bad checkout costs."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,12 +119,16 @@ def _known() -> str:
 
 def read_version(checkout: Path) -> tuple[int, int, int]:
     """(major, minor, patch) from ``checkout/megatron/core/package_info.py``, parsed, not imported."""
+    from advisor.fileio import decode_utf8, read_bytes
+
     path = checkout / PACKAGE_INFO
+    if not path.exists() and not path.is_symlink():
+        raise AdvisorError(f"Megatron-LM checkout {checkout} has no {PACKAGE_INFO}: is it a Megatron-LM checkout?")
+    # the bounded regular-file reader: a FIFO there would hang a plain read, /dev/zero never end
+    text = decode_utf8(read_bytes(path, max_bytes=PACKAGE_INFO_BYTES, what="package_info.py"), str(path))
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except FileNotFoundError:
-        raise AdvisorError(f"Megatron-LM checkout {checkout} has no {PACKAGE_INFO}: is it a Megatron-LM checkout?") from None
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
+        tree = ast.parse(text, filename=str(path))
+    except (SyntaxError, ValueError) as exc:
         raise AdvisorError(f"{path}: cannot read its version ({type(exc).__name__})") from None
     numbers: dict[str, int] = {}
     for node in tree.body:

@@ -140,13 +140,30 @@ def test_estimate_table_shows_every_stage(advisor):
 
 
 def test_estimate_extensions_reach_the_estimator(advisor):
-    base = advisor.json("estimate", "--tp", 2, "--gpus", 4)
-    for flags in (["--no-distributed-optimizer"], ["--grad-dtype", "bf16"], ["--recompute", "full"],
-                  ["--vocab-divisible-by", 100], ["--no-flash-attn"],
-                  ["--no-sequence-parallel"]):
-        changed = advisor.json("estimate", "--tp", 2, "--gpus", 4, *flags)
-        assert changed["total_gib"] != base["total_gib"], flags
-        assert changed["options"], flags
+    """Each option changes the estimate by what its equation says, by hand for Llama-3.1-8B on TP 2,
+    DP 2 (L 32, a 32, s 8192, b 1, h 4096, v 128256)."""
+    base = advisor.json("estimate", "--tp", 2, "--gpus", 4)["stages"][0]
+    gib = 2**30
+
+    def stage(*flags):
+        row = advisor.json("estimate", "--tp", 2, "--gpus", 4, *flags)
+        assert row["options"], flags
+        return row["stages"][0]
+
+    # Eq. 10: Adam's 12 bytes per parameter no longer sharded over DP 2
+    assert stage("--no-distributed-optimizer")["optimizer_gib"] == pytest.approx(2 * base["optimizer_gib"])
+    assert stage("--grad-dtype", "bf16")["gradients_gib"] == pytest.approx(base["gradients_gib"] / 2)
+    # v padded to a multiple of 100 x TP: 128400, 144 more rows in the embedding and the LM head
+    assert stage("--vocab-divisible-by", 100)["weights_gib"] - base["weights_gib"] == pytest.approx(
+        2 * 144 * 4096 / 2 * 2 / gib)
+    # without FlashAttention the softmax output, 2 a s^2 b bytes per layer, split over TP
+    assert stage("--no-flash-attn")["activations_gib"] - base["activations_gib"] == pytest.approx(
+        32 * 2 * 32 * 8192**2 / 2 / gib)
+    # without SP the 8 s b h bytes per layer (norm inputs, dropout masks, ...) stay whole per TP rank
+    assert stage("--no-sequence-parallel")["layer_activations_gib"] - base["layer_activations_gib"] == pytest.approx(
+        32 * 8 * 8192 * 4096 * (1 - 1 / 2) / gib)
+    full = stage("--recompute", "full")
+    assert full["model_states_gib"] == base["model_states_gib"] and full["activations_gib"] < base["activations_gib"]
 
 
 def test_models_lists_the_presets(advisor):
@@ -213,7 +230,7 @@ def test_bad_config_files(advisor, tmp_path):
     malformed.write_text("{not json")
     assert "malformed JSON" in advisor.error("sweep", "--gpus", 8, "--mem", 40, "--model", malformed)
     incomplete = tmp_path / "config.json"
-    incomplete.write_text(json.dumps({"hidden_size": 4096}))
+    incomplete.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096}))
     assert "missing required key(s): num_hidden_layers" in advisor.error(
         "sweep", "--gpus", 8, "--mem", 40, "--model", incomplete
     )

@@ -186,3 +186,125 @@ def test_emulate_without_torch_is_one_line(tmp_path):
         "Error: python -m megatron_hooks.emulate needs torch and megatron-core, and torch cannot be imported here: "
         "pip install torch && pip install -e '.[megatron]'"]
     assert not (tmp_path / "out").exists()
+
+
+# --- issue 24's hostile inputs -------------------------------------------------------------
+
+ISSUE24 = [  # (arguments, what the line says): each crashed, or was accepted without a word
+    (["sweep", "--gpus", 33, "--gpu", "h100-80gb"], "33 GPUs are not whole nodes of 8 (--gpus-per-node)"),
+    (["sweep", "--gpus", 1048575, "--gpu", "h100-80gb"], "1048575 GPUs are not whole nodes of 8"),
+    # on nodes of one GPU no layout exists: the time model's rows were a TypeError in space._rows
+    (["sweep", "--gpus", 33, "--gpu", "h100-80gb", "--gpus-per-node", 1], "no valid (TP, CP, PP, MBS) for 33 GPUs"),
+    (["sweep", "--gpus", 1023, "--gpu", "h100-80gb", "--gpus-per-node", 1], "no valid (TP, CP, PP, MBS) for 1023"),
+    (["sweep", "--gpus", 3, "--num-layers", 1, "--gpu", "h100-80gb", "--gpus-per-node", 4],
+     "no valid (TP, CP, PP, MBS) for 3 GPUs"),
+    (SWEEP + ["--gpus-per-node", 3], "8 GPUs are not whole nodes of 3 (--gpus-per-node)"),
+    (["estimate", "--gpus", 8, "--mem", 80, "--gpus-per-node", 3], "8 GPUs are not whole nodes of 3"),
+    (SWEEP + ["--recompute", "full", "--recompute-num-layers", 99], "--recompute-num-layers 99 is more than the "
+                                                                      "model's 32 layers"),
+    (["estimate", "--gpus", 3, "--pp", 3, "--vpp", 11, "--mem", 80], "32 layers cannot fill PP 3 x VPP 11"),
+]
+
+
+@pytest.mark.parametrize("args,message", ISSUE24, ids=[" ".join(map(str, a))[-50:] for a, _ in ISSUE24])
+def test_issue24_flags(advisor, args, message):
+    assert message in advisor.error(*args)
+
+
+def test_a_config_without_model_type_is_refused(advisor, tmp_path):
+    """Without model_type it was read as Llama: a guess about the architecture."""
+    path = _config(tmp_path, json.dumps({k: v for k, v in HF.items() if k != "model_type"}))
+    assert "model_type is missing: give the model's family (llama, mistral, qwen2)" in advisor.error(
+        *SWEEP, "--model", path)
+
+
+def test_a_campaign_whose_flags_build_another_model_is_refused(advisor, tmp_path):
+    """The CPU emulator ran the edited flags' size; the real path blamed the output directory."""
+    campaign = json.loads((ROOT / "tables" / "data" / "capture" / "campaigns" / "heldout-pp2.json").read_text())
+    args = campaign["runs"][0]["megatron_args"]
+    args[args.index("--hidden-size") + 1] = "256"
+    path = tmp_path / "campaign.json"
+    path.write_text(json.dumps(campaign))
+    line = advisor.error("profile", "run", path, "--out", tmp_path / "runs")
+    assert "'megatron_args' give --hidden-size 256, but the campaign's model and seq_len say 128" in line
+
+
+def test_closed_stdout_is_one_line(tmp_path):
+    """'>&-': sys.stdout is None; color_wanted called .isatty() on it (an AttributeError)."""
+    result = subprocess.run([sys.executable, "-m", "advisor", *map(str, SWEEP), "--top", "1"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, timeout=120, cwd=tmp_path,
+                            preexec_fn=lambda: os.close(1))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["Error: standard output is closed; redirect it to a file or /dev/null"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_package_info_is_read_through_the_bounded_reader(tmp_path, kind):
+    """A FIFO hung the launcher (advisor-launch torchrun --dry-run, args, profile run
+    --megatron-lm); a link to /dev/zero was read without end (MemoryError)."""
+    from launch_support import launcher, make_checkout
+
+    from conftest import Invoker
+
+    checkout = make_checkout(tmp_path / "megatron-lm")
+    info = checkout / "megatron" / "core" / "package_info.py"
+    info.unlink()
+    os.mkfifo(info) if kind == "fifo" else info.symlink_to("/dev/zero")
+    sweep = tmp_path / "sweep.json"
+    Invoker()(*SWEEP, "--top", 1, "--format", "json", "-o", sweep)
+    line = launcher().error("args", "--from", sweep, "--megatron-lm", checkout)
+    assert line.endswith("package_info.py is a FIFO (named pipe); a package_info.py is read from a regular file only"
+                         if kind == "fifo" else "package_info.py is a character device; a package_info.py is read "
+                                                "from a regular file only")
+
+
+EST = ["estimate", "--mem", 40]
+OWN = [  # issue 24: thirty more, each tried for real first (all already one line; kept so they stay so)
+    (["sweep", "--gpus", 0, "--mem", 40], "'--gpus': must be at least 1, got 0"),
+    (["sweep", "--gpus", 8, "--mem", -5], "'--mem': must be above 0, got -5"),
+    (SWEEP + ["--gbs", 0], "'--gbs': must be at least 1, got 0"),
+    (EST + ["--tp", 3, "--gpus", 3], "TP 3 must divide the attention heads (32) and the KV heads (8)"),
+    (EST + ["--cp", 3, "--gpus", 3], "sequence length 8192 must be divisible by 2 x CP = 6"),
+    (EST + ["--tp", 2, "--gpus", 3], "--gpus 3 is not divisible by TP x CP x PP = 2"),
+    (EST + ["--pp", 2, "--gpus", 2, "--layers-per-stage", "10,10,10"], "layers per stage lists 3 stages, but PP is 2"),
+    (EST + ["--pp", 2, "--gpus", 2, "--layers-per-stage", "a,b"], "--layers-per-stage must be comma-separated integers"),
+    (EST + ["--pp", 2, "--gpus", 2, "--layers-per-stage", "-1,33"], "must be non-negative and sum to 32 layers"),
+    (EST + ["--vpp", 0, "--gpus", 2, "--pp", 2], "'--vpp': must be at least 1, got 0"),
+    (EST + ["--dp", 3, "--gpus", 8], "--dp 3 disagrees with --gpus 8 / (TP x CP x PP) = 8"),
+    (EST + ["--mbs", 3, "--gpus", 8], "global batch size 1024 is not divisible by micro-batch size x data parallel"),
+    (EST + ["--gpus", 8, "--seq-len", 8191, "--cp", 2], "sequence length 8191 must be divisible by 2 x CP = 4"),
+    (EST + ["--pp", 4, "--vpp", 2, "--gpus", 4, "--gbs", 6], "the interleaved schedule needs the microbatches (6)"),
+    (EST + ["--gpus", 8, "--threshold", 1.5], "'--threshold': must be at most 1, got 1.5"),
+    (EST + ["--gpus", 8, "--tokens", "15T"], "--tokens needs --gpu NAME"),
+    (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "-5"], "'-5' must be a positive, finite token count"),
+    (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "15Q"], "'15Q' is not a token count"),
+    (["sweep", "--gpus", 8, "--gpu", "nonexistent-gpu"], "unknown GPU 'nonexistent-gpu'"),
+    (SWEEP + ["--top", -1], "'--top': -1 is not in the range x>=1"),
+    (SWEEP + ["--model", "nonexistent-model"], "unknown model 'nonexistent-model'"),
+    (SWEEP + ["--model", "/dev/null"], "/dev/null is a character device; a model config.json is read from a regular"),
+    (SWEEP + ["--model", ROOT / "tests"], "tests is a directory, not a model config.json"),
+    (SWEEP + ["--num-query-groups", 5], "num_attention_heads (32) must be a multiple of num_query_groups (5)"),
+    (SWEEP + ["--hidden-size", 4097], "hidden_size (4097) must be a multiple of num_attention_heads (32)"),
+    (SWEEP + ["--rank-by", "throughput"], "--rank-by throughput needs --gpu NAME"),
+    (SWEEP + ["--memory-model", "profile"], "--memory-model profile needs --profile DIR"),
+    (SWEEP + ["--profile", "/nonexistent"], "--profile /nonexistent: not a directory"),
+    (SWEEP + ["--vpp", 0], "--vpp must be auto or a positive integer, got '0'"),
+    (SWEEP + ["--vpp", 64], "VPP 64 needs PP > 1, at least 64 layers per stage"),
+    (["gpus", "--format", "xml"], "'xml' is not one of 'table', 'json', 'csv'"),
+    (["profile", "plan", "--gpus", 8, "--fractions", "0.5"], "give two different batch fractions in (0, 1], got [0.5]"),
+    (["profile", "plan", "--gpus", 8, "--fractions", "2,3"], "fractions in (0, 1], got [2.0, 3.0]"),
+    (["profile", "plan", "--gpus", 8, "--units", "1,2"], "merged units [1, 2] must be positive and sum to 32 layers"),
+    (["profile", "plan", "--gpus", 8, "--gpus-per-node", 3], "--gpus 8 is not a whole number of nodes of 3 GPUs"),
+    (["profile", "show", ROOT / "pyproject.toml"], "pyproject.toml: not a directory"),
+]
+
+
+@pytest.mark.parametrize("args,message", OWN, ids=[" ".join(map(str, a))[-50:] for a, _ in OWN])
+def test_issue24_own_hostile_inputs(advisor, args, message):
+    assert message in advisor.error(*args)
+
+
+def test_nothing_fits_is_exit_1_with_one_line(advisor):
+    result = advisor(*SWEEP[:-2], "--mem", "1e-30", expect=1)
+    assert result.stdout == "" and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("advisor sweep: nothing fits: 0 fits, 0 tight, 205 oom")

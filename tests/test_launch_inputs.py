@@ -89,8 +89,9 @@ def test_a_sweep_row_becomes_its_layout(advisor, tmp_path):
 
 def test_an_estimate_keeps_its_split_and_options(advisor, tmp_path):
     path = tmp_path / "estimate.json"
-    advisor("estimate", "--tp", "2", "--pp", "3", "--gpus", "12", "--model", "llama3.2-3b", "--layers-per-stage",
-            "8,10,10", "--recompute", "selective", "--format", "json", "-o", path)
+    # 12 GPUs as 3 nodes of 4 (whole nodes: 12 is not a multiple of the default 8)
+    advisor("estimate", "--tp", "2", "--pp", "3", "--gpus", "12", "--gpus-per-node", "4", "--model", "llama3.2-3b",
+            "--layers-per-stage", "8,10,10", "--recompute", "selective", "--format", "json", "-o", path)
     config = read_input(path)
     assert config.kind == "estimate" and config.layers_per_stage == (8, 10, 10) and config.dp == 2
     values = flag_values(config.megatron_args)

@@ -108,3 +108,23 @@ def test_layouts_build_in_megatron_core_as_priced(counts, vpp):
     assert built == [[expected[k * len(counts) + i] for k in range(vpp)] for i in range(len(counts))]
     assert "embedding" in [kind.name for kind in layout.layout[0][0]]
     assert "loss" in [kind.name for kind in layout.layout[-1][-1]]
+
+
+def test_the_model_defining_flags_in_full():
+    """Issue 24: removing --attention-dropout 0 --hidden-dropout 0 passed every test that runs
+    without the real checkouts. Llama-3.1-8B's config.json, flag by flag: no dropout (Megatron's
+    defaults are 0.1), RMSNorm with its epsilon, SwiGLU, RoPE base 500000 with Llama 3.1's
+    scaling (factor 8), GQA 8 groups, no biases, untied embeddings."""
+    from advisor.megatron_args import model_args
+
+    assert model_args(PRESETS["llama3.1-8b"], 8192) == [
+        "--num-layers", "32", "--hidden-size", "4096", "--ffn-hidden-size", "14336", "--num-attention-heads", "32",
+        "--group-query-attention", "--num-query-groups", "8", "--seq-length", "8192",
+        "--max-position-embeddings", "8192", "--normalization", "RMSNorm", "--norm-epsilon", "1e-05", "--swiglu",
+        "--position-embedding-type", "rope", "--rotary-base", "500000", "--use-rope-scaling",
+        "--rope-scaling-factor", "8", "--attention-dropout", "0", "--hidden-dropout", "0", "--disable-bias-linear",
+        "--untie-embeddings-and-output-weights"]
+    # a tied model (Llama-3.2-1B) has no untie flag, and multi-head attention no GQA flags
+    tied = flag_values(model_args(PRESETS["llama3.2-1b"], 2048))
+    assert "--untie-embeddings-and-output-weights" not in tied and tied["--attention-dropout"] == "0"
+    assert "--group-query-attention" not in flag_values(model_args(PRESETS["llama2-7b"], 4096))

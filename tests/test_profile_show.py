@@ -89,7 +89,8 @@ def test_bad_requests(advisor, tmp_path, args, message):
 
 
 def test_bad_directories(advisor, tmp_path):
-    assert "no profile files" in advisor.error("profile", "show", tmp_path)
+    line = advisor.error("profile", "show", tmp_path)
+    assert "no profile files (rank*.jsonl) nor run directories holding them" in line
     assert "not a directory" in advisor.error("profile", "show", tmp_path / "missing")
     path = profile().write(tmp_path)
     text = path.read_text()

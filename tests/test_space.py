@@ -257,3 +257,25 @@ def test_the_sweeps_vectorised_assessments_are_each_rows_own(profiled):
         assert row.assessment.usage_gib == pytest.approx(alone.usage_gib, rel=1e-12)
         assert (row.assessment.peak_stage, row.assessment.verdict, row.verdict) == (alone.peak_stage, alone.verdict,
                                                                                      alone.verdict)
+
+
+def test_a_chunked_search_gives_the_same_rows(monkeypatch):
+    """Issue 24: the search plans its bases in chunks of bounded (variants, ranks) arrays; with
+    tiny chunks (dozens of them) every row, verdict, rank and step time is the single search's."""
+    from advisor import space_chunks
+    from advisor.hardware import get_gpu
+    from advisor.models import preset
+    from advisor.parallel import Workload
+    from advisor.sweep import sweep
+
+    def rows():
+        result = sweep(preset("llama3.1-8b"), Workload(), 8, 40, gpu=get_gpu("a100-40gb"), memory_model="calibrated")
+        return [(r.parallel, r.layers_per_stage, r.verdict, r.rank, r.timing["step_time_s"], r.options)
+                for r in result.rows], result.considered, result.evaluated
+
+    whole = rows()
+    calls = []
+    original = space_chunks.chunks
+    monkeypatch.setattr(space_chunks, "chunks", lambda *a: calls.append(original(*a)) or calls[-1])
+    monkeypatch.setattr(space_chunks, "ELEMENTS", 50)
+    assert rows() == whole and len(calls[0]) > 5

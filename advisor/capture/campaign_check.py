@@ -142,9 +142,37 @@ def _check_run(fields: _Fields, spec: LlamaSpec, seq_len: int, gpus: int, per_no
     args = run.get("megatron_args", [])
     if not isinstance(args, list) or not all(isinstance(arg, str) and "\0" not in arg for arg in args):
         raise AdvisorError(f"{where}: 'megatron_args' must be a list of strings without NUL bytes")
+    if problem := model_args_problem(args, spec, seq_len):
+        raise AdvisorError(f"{where}: 'megatron_args' {problem}")
     for key in ("launchable",):
         if key in run and not isinstance(run[key], bool):
             raise AdvisorError(f"{where}: {key!r} must be true or false, got {_kind(run[key])}")
+
+
+def _flag_values(args) -> dict[str, str | None]:
+    """'--flag value' and bare '--switch' pairs of an argument list: flag -> value (None: a switch)."""
+    values: dict[str, str | None] = {}
+    for i, arg in enumerate(args):
+        if arg.startswith("--"):
+            following = args[i + 1] if i + 1 < len(args) else None
+            values[arg] = None if following is None or following.startswith("--") else following
+    return values
+
+
+def model_args_problem(args, spec: LlamaSpec, seq_len: int) -> str | None:
+    """Where a run's Megatron flags build another network than the campaign's ``model`` (an edited
+    file: the emulator ran the flags' size, the real path blamed its output directory), or None."""
+    from advisor.megatron_args import model_args
+
+    if not args:  # a run without flags is launched from the model itself
+        return None
+    given = _flag_values(args)
+    for flag, value in _flag_values(model_args(spec, seq_len)).items():
+        if flag not in given:
+            return f"lack {flag}, which the campaign's model needs"
+        if given[flag] != value:
+            return f"give {flag} {given[flag]}, but the campaign's model and seq_len say {value}"
+    return None
 
 
 def emulation_problems(campaign: dict) -> list[str]:

@@ -298,7 +298,7 @@ def run_directories(paths: Iterable[str | Path]) -> list[Path]:
             continue
         runs = sorted(child for child in path.iterdir() if child.is_dir() and any(child.glob("rank*.jsonl")))
         if not runs:
-            raise ProfileError(f"{path}: no profile runs (directories with rank*.jsonl files)")
+            raise ProfileError(f"{path}: no profile files (rank*.jsonl) nor run directories holding them")
         found += runs
     return found
 

@@ -29,25 +29,25 @@ def _row_columns(calibrated: bool = False, timed: bool = False, tokens: bool = F
         Column("vpp", "VPP"),
         Column("mbs", "MBS"),
         Column("dp", "DP"),
-        Column("num_microbatches", "m"),
-        Column("split", "layers per stage", justify="left"),
+        Column("num_microbatches", "m", drop=4),
+        Column("split", "layers", justify="left", drop=1),
         Column("recompute_text", "recompute", justify="left"),
-        Column("model_states_gib", "states GiB", ".2f"),
-        Column("activations_gib", "act. GiB", ".2f"),
-        Column("total_gib", "Eq.18 GiB", ".2f") if calibrated else Column("total_gib", "total GiB", ".2f"),
+        Column("model_states_gib", "states", ".1f", drop=5),
+        Column("activations_gib", "act.", ".1f", drop=5),
+        Column("total_gib", "Eq.18", ".1f", drop=3) if calibrated else Column("total_gib", "GiB", ".2f"),
     ]
     if calibrated:
-        columns += [Column("usage_gib", "pred. GiB", ".1f"), Column("margin_gib", "margin", "+.1f")]
+        columns += [Column("usage_gib", "GiB", ".1f"), Column("margin_gib", "margin", "+.1f", drop=2)]
     else:
         columns.append(Column("memory_fraction", "of mem", ".0%"))
-    columns.append(Column("verdict", "verdict", justify="left"))
+    columns.append(Column("verdict", "verdict", justify="left", drop=-1))
     if timed:
-        columns += [Column("tflops_per_gpu", "TFLOP/s", ".0f"), Column("mfu", "MFU", ".0%"),
-                    Column("step_time_s", "step s", ".2f")]
+        columns += [Column("tflops_per_gpu", "TFLOP/s", ".0f"), Column("mfu", "MFU", ".0%", drop=4),
+                    Column("step_time_s", "step s", ".2f", drop=3)]
     if tokens:
-        columns += [Column("days", "days", ".1f"), Column("gpu_hours", "GPU-h", ",.0f")]
+        columns += [Column("days", "days", ".1f"), Column("gpu_hours", "GPU-h", ",.0f", drop=4)]
     if priced:
-        columns.append(Column("cost_usd", "cost $", ",.0f"))
+        columns.append(Column("cost_usd", "cost $", ",.0f", drop=4))
     return columns
 
 
@@ -179,8 +179,13 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         top = TABLE_ROWS  # a screenful; JSON and CSV give every row
     shown = selected[:top] if top is not None else selected
     # Each row carries its setup and its Megatron flags, so that one row launches on its own.
+    tolerance = None
+    if rank_by == "throughput":
+        from advisor.ranking import ranking_tolerance
+
+        tolerance = ranking_tolerance()
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
-             "memory_model": memory_model, "gpu": gpu.name if gpu else None,
+             "memory_model": memory_model, "gpu": gpu.name if gpu else None, "ranking_tolerance": tolerance,
              "model": spec.to_dict() if fmt == "json" else spec.name}
     changed: dict = {}  # few distinct options among many rows
     dicts = []
@@ -222,7 +227,9 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         text = render.to_table(
             dicts, _row_columns(memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None),
             title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by),
-            caption=f"{caption}\n{searched}", row_style=render.verdict_style, color=color_wanted(output),
+            caption=f"{caption}\n{searched}" + (
+                f"\nwithin {tolerance:.1%} of the fastest (the time model's held-out ordering error) the simplest "
+                f"ranks first" if tolerance else ""), row_style=render.verdict_style, color=color_wanted(output),
         )
     if fmt != "table":
         click.echo(f"advisor sweep: {searched}", err=True)
@@ -265,7 +272,9 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
 @click.option("--layers-per-stage", default=None, metavar="N,N,...",
               help="Uneven pipeline split, one layer count per stage (for example 7,9,9,7).")
 @gpu_options
-@click.option("--threshold", type=FRACTION, default=0.8, show_default=True)
+@click.option("--threshold", type=FRACTION, default=0.8, show_default=True,
+              help="The paper's rule (--memory-model paper): fits at most this fraction of --mem, tight up to "
+                   "all of it, oom beyond.")
 @click.option("--memory-model", type=click.Choice(["calibrated", "paper"]), default=None,
               help="calibrated (default with --gpu) or paper (Eq. 18 and its 80% rule; default without).")
 @click.option("--tokens", type=TokenCount(), default=None,
@@ -313,6 +322,8 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     from advisor.memory import GIB
     from advisor.parallel import ParallelConfig
 
+    from advisor.parallel import check_whole_nodes
+
     given_memory_model = memory_model
     memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens, gpu_hour_price=gpu_hour_price)
     read = None
@@ -338,6 +349,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         if dp is not None and dp != gpus // model_parallel:
             raise InputError(f"--dp {dp} disagrees with --gpus {gpus} / (TP x CP x PP) = {gpus // model_parallel}")
         dp = gpus // model_parallel
+    check_whole_nodes(gpus or dp * model_parallel, gpus_per_node)
     settings = moe_settings(spec, ep, etp, **moe, options=options, unpriced={
         "--memory-model (the 80% rule judges MoE layouts)": given_memory_model is not None,
         "--tokens": tokens is not None, "--gpu-hour-price": gpu_hour_price is not None,
@@ -356,6 +368,11 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     except ValueError as error:
         raise InputError(f"--layers-per-stage: {error}") from None
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
+    planned = stages is None and spec.num_layers % (pp * vpp) != 0
+    if planned:  # PP does not divide the layers: the planner's split, as the sweep's rows have
+        if spec.num_layers < pp * vpp:
+            raise InputError(f"{spec.num_layers} layers cannot fill PP {pp} x VPP {vpp} model chunks (one layer each)")
+        stages = _evenest_split(spec.num_layers, pp)
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
         tokens=tokens, release=release)
@@ -400,6 +417,9 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         )
         peak = result.peak
         caption = f"peak: stage {peak.stage}, {peak.total_bytes / GIB:.2f} GiB (Eq. 18)"
+        if planned:
+            caption = (f"{spec.num_layers} layers do not divide over PP {pp}: split "
+                       f"{render.counts_text(stages)}, the evenest (--layers-per-stage to choose)\n{caption}")
         if assessment is not None:
             caption += (f"; calibrated: {assessment.usage_gib:.1f} of {mem:g} GiB, margin "
                         f"{assessment.margin_gib:+.1f} GiB -> {assessment.verdict}")
@@ -421,6 +441,18 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
             row_style=lambda stage_row: style if stage_row["stage"] == peak.stage else None, color=color_wanted(output),
         )
     emit(text, output)
+
+
+def _evenest_split(layers: int, pp: int) -> tuple[int, ...]:
+    """``layers`` over ``pp`` ranks as evenly as they go, the ranks with one layer fewer at the
+    ends first (the first rank also holds the embedding, the last the LM head): 126 over 16 ->
+    7,8x14,7, the split the README's 405B example gives by hand."""
+    base, extra = divmod(layers, pp)
+    order = list(range(1, pp - 1)) + [0, pp - 1][:pp]  # the middle ranks take the extra layers first
+    counts = [base] * pp
+    for rank in order[:extra]:
+        counts[rank] += 1
+    return tuple(counts)
 
 
 def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, threshold, memory_model, tokens=None,

@@ -59,16 +59,17 @@ def gpus(fmt: str, output: Path | None) -> None:
         columns = [
             render.Column("name", "name", justify="left"),
             render.Column("memory_gib", "GiB", "g"),
-            render.Column("bf16_dense_tflops", "BF16 TFLOP/s", "g"),
-            render.Column("fp8_dense_tflops", "FP8 TFLOP/s", "g"),
-            render.Column("hbm_tb_per_s", "HBM TB/s", "g"),
-            render.Column("nvlink_bidirectional_gb_per_s", "NVLink GB/s", "g"),
-            render.Column("network_gb_per_s", "net GB/s/GPU", "g"),
-            render.Column("gpus_per_node", "per node"),
-            render.Column("description", "what", justify="left"),
+            render.Column("bf16_dense_tflops", "BF16", "g"),
+            render.Column("fp8_dense_tflops", "FP8", "g"),
+            render.Column("hbm_tb_per_s", "HBM", "g"),
+            render.Column("nvlink_bidirectional_gb_per_s", "NVLink", "g"),
+            render.Column("network_gb_per_s", "net", "g"),
+            render.Column("gpus_per_node", "/node"),
+            render.Column("description", "what", justify="left", drop=1),
         ]
-        text = render.to_table(rows, columns, caption="dense (no sparsity); NVLink both directions; sources: "
-                               "advisor gpus --format json", color=color_wanted(output))
+        text = render.to_table(rows, columns, caption="BF16, FP8: dense TFLOP/s (no sparsity); HBM TB/s; NVLink GB/s "
+                               "both directions; net GB/s per GPU; sources: advisor gpus --format json",
+                               color=color_wanted(output))
     else:
         rows = [gpu.to_dict() for gpu in presets]
         if fmt == "csv":

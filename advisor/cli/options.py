@@ -35,6 +35,9 @@ class OneLineErrors:
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        if sys.stdout is None:  # started with stdout closed ('>&-'): nothing could be printed
+            click.echo("Error: standard output is closed; redirect it to a file or /dev/null", err=True)
+            sys.exit(2)
         try:
             status = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as exc:
@@ -268,10 +271,21 @@ def output_option(help: str) -> Callable:
                         metavar="FILE", help=help)
 
 
+def _wide(ctx, param, value: bool) -> None:
+    from advisor import render
+
+    render.WIDE = bool(value)  # set on every call, so that one --wide does not outlive its command
+
+
+WIDE_OPTION = click.option("--wide", is_flag=True, expose_value=False, is_eager=True, callback=_wide,
+                           help="Tables with every column, however wide (default: fit $COLUMNS, else 100).")
+
+
 def output_options(func: Callable) -> Callable:
-    """--format table|json|csv and --output FILE (written atomically)."""
+    """--format table|json|csv and --output FILE (written atomically), --wide."""
     return apply_options(
         [
+            WIDE_OPTION,
             click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
                          show_default=True, help="table for people; json or csv for machines."),
             output_option("Write to this regular file (atomically, with your umask) instead of stdout; '-' is "
@@ -286,6 +300,7 @@ def document_options(func: Callable) -> Callable:
     file always gets the document, the terminal gets what --format asks for."""
     return apply_options(
         [
+            WIDE_OPTION,
             click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                          show_default=True, help="What to print: a table for people, or the JSON document."),
             output_option("Also write the JSON document to this regular file (atomically, with your umask); "
@@ -352,7 +367,7 @@ def parse_layer_counts(text: str) -> tuple[int, ...]:
 
 def color_wanted(output: Path | None) -> bool:
     """Colour only a table drawn on a terminal."""
-    return (output is None or output == STDOUT) and sys.stdout.isatty()
+    return (output is None or output == STDOUT) and sys.stdout is not None and sys.stdout.isatty()
 
 
 # --- GPU presets and the time model (issue 16) ---------------------------------------------

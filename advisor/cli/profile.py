@@ -35,7 +35,8 @@ def profile() -> None:
 @output_options
 def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int | None, fmt: str,
          output: Path | None) -> None:
-    """Summarise a profile run directory: per rank, per layer, and against seed 004.
+    """Summarise a profile run directory (or each run of a campaign's --out): per rank, per
+    layer, and against seed 004.
 
     \b
     ranks    peak allocated (and reserved, allocator retries on CUDA), static memory, status
@@ -49,15 +50,42 @@ def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int |
     Examples:
       advisor profile show runs/tp2
       advisor profile show runs/tp2 --section compare --rank 0 --format csv
+      advisor profile show runs/                  # every run of a campaign's --out
     """
     from advisor import render
-    from advisor.profile_report import compare_rank, layer_rows, rank_summary, run_description
+    from advisor.capture.observations import run_directories
     from advisor.profiles import load_run
 
-    run = load_run(directory)
+    if fmt == "csv" and section == "all":
+        raise InputError("--format csv needs one --section (ranks, layers or compare)")
+    # a run directory, or a campaign's --out holding one directory per run (as recommend --profile takes)
+    directories = run_directories([directory])
+    titled = [_show_run(load_run(path), section, ranks, iteration) for path in directories]
+    shown = [doc for _, doc in titled]
+    if fmt == "json":
+        text = render.to_json(shown[0] if len(shown) == 1 and directories[0] == directory else {"runs": shown})
+    elif fmt == "csv":
+        single = len(shown) == 1 and directories[0] == directory  # a campaign's rows say their run
+        text = render.to_csv([row if single else {"run_id": doc["run"]["run_id"], **row}
+                              for doc in shown for row in doc[section]])
+    else:
+        first = _sections(section)[0]
+        text = "\n".join(_table(name, doc[name], title if name == first else None, color_wanted(output))
+                          for title, doc in titled for name in _sections(section))
+    emit(text, output)
+
+
+def _sections(section: str) -> tuple[str, ...]:
+    return SECTIONS if section == "all" else (section,)
+
+
+def _show_run(run, section: str, ranks: tuple[int, ...], iteration: int | None) -> tuple[str, dict]:
+    """One run's title and document for ``profile show``: its header, status and the chosen sections."""
+    from advisor.profile_report import compare_rank, layer_rows, rank_summary, run_description
+
     profiles = [rank for rank in run.ranks if not ranks or rank.header.rank in ranks]
     if not profiles:
-        raise InputError(f"no rank {', '.join(map(str, ranks))} in {directory}")
+        raise InputError(f"no rank {', '.join(map(str, ranks))} in {run.directory}")
     for rank in profiles:
         known = {it.iteration for it in rank.iterations}
         if iteration is not None and iteration not in known:
@@ -67,36 +95,27 @@ def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int |
         "layers": [row for rank in profiles for row in layer_rows(rank, iteration)],
         "compare": [row.to_dict() for rank in profiles for row in compare_rank(rank, iteration)],
     }
-    chosen = SECTIONS if section == "all" else (section,)
-    if fmt == "json":
-        text = render.to_json({"run": run.header.to_dict(), "status": run.status,
-                               **{name: tables[name] for name in chosen}})
-    elif fmt == "csv":
-        if section == "all":
-            raise InputError("--format csv needs one --section (ranks, layers or compare)")
-        text = render.to_csv(tables[section])
-    else:
-        text = "\n".join(
-            _table(name, tables[name], run_description(run) if name == chosen[0] else None, color_wanted(output))
-            for name in chosen
-        )
-    emit(text, output)
+    return run_description(run), {"run": run.header.to_dict(), "status": run.status,
+                                  **{name: tables[name] for name in _sections(section)}}
 
 
 def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
     from advisor.render import Column, byte_unit, to_table
 
-    def byte_columns(keys_and_headers):
+    def byte_columns(keys_and_headers, drops=None):
         unit, size = byte_unit(row[key] for row in rows for key, _ in keys_and_headers)
-        return [Column(key, f"{header} {unit}", ".2f", scale=size) for key, header in keys_and_headers]
+        return [Column(key, f"{header} {unit}", ".2f", scale=size, drop=(drops or {}).get(key, 0))
+                for key, header in keys_and_headers]
 
     if name == "ranks":
-        columns = [Column("rank", "rank"), Column("tp_rank", "tp"), Column("cp_rank", "cp"),
-                   Column("pp_rank", "pp"), Column("dp_rank", "dp"), Column("layers", "layers"),
-                   Column("in_flight_microbatches", "in flight"), Column("num_microbatches", "m"),
+        # the rank's coordinates in the mesh, not the degrees: named as Megatron's parallel_state names them
+        columns = [Column("rank", "rank"), Column("tp_rank", "tp_rank"), Column("cp_rank", "cp_rank"),
+                   Column("pp_rank", "pp_rank"), Column("dp_rank", "dp_rank"), Column("layers", "layers"),
+                   Column("in_flight_microbatches", "in flight", drop=2), Column("num_microbatches", "m", drop=2),
                    *byte_columns([("static_bytes", "static"), ("peak_allocated_bytes", "peak alloc."),
-                                  ("peak_reserved_bytes", "peak reserved")]),
-                   Column("alloc_retries", "retries"), Column("status", "status", justify="left")]
+                                  ("peak_reserved_bytes", "peak reserved")],
+                                 {"static_bytes": 1, "peak_allocated_bytes": -1, "peak_reserved_bytes": 3}),
+                   Column("alloc_retries", "retries", drop=3), Column("status", "status", justify="left", drop=-1)]
         caption = "; ".join(f"rank {row['rank']}: {row['where']}" for row in rows if row["where"]) or None
         return to_table(rows, columns, title=title, caption=caption, color=color)
     if name == "layers":

@@ -191,15 +191,18 @@ def parse_calibration(data, where: str = "calibration") -> Calibration:
     return Calibration(**values)
 
 
-def calibration_document(time: Calibration, memory) -> dict:
-    """The JSON document of ``advisor/calibration.json``: the time and the memory constants."""
-    return {"schema": SCHEMA, "time": time.to_dict(), "memory": memory.to_dict()}
+def calibration_document(time: Calibration, memory, ranking: dict | None = None) -> dict:
+    """The JSON document of ``advisor/calibration.json``: the time and the memory constants, and
+    the ranking's tolerance (``load_ranking_tolerance``) where computed."""
+    document = {"schema": SCHEMA, "time": time.to_dict(), "memory": memory.to_dict()}
+    return document if ranking is None else {**document, "ranking": ranking}
 
 
 @lru_cache(maxsize=None)
 def _document(path: Path) -> dict:
     data = read_json(path)
-    if not isinstance(data, dict) or set(data) != {"schema", "time", "memory"} or data["schema"] != SCHEMA:
+    if (not isinstance(data, dict) or not {"schema", "time", "memory"} <= set(data) <= {"schema", "time", "memory", "ranking"}
+            or data["schema"] != SCHEMA):
         raise AdvisorError(f"{path}: expected an object with \"schema\": {SCHEMA!r}, \"time\" and \"memory\"")
     return data
 
@@ -214,6 +217,18 @@ def load_calibration(path: Path = CALIBRATION_FILE) -> Calibration:
 @lru_cache(maxsize=None)
 def _parse_cached(path: Path) -> Calibration:
     return parse_calibration(_document(path)["time"], f"{path}, time")
+
+
+def load_ranking_tolerance(path: Path = CALIBRATION_FILE) -> dict:
+    """The throughput ranking's tolerance with how it was computed (``ranking`` of the document,
+    ``tables.seed004.validation.ordering_tolerance``); 0 (no tolerance) where absent."""
+    ranking = _document(Path(path)).get("ranking") if Path(path).exists() else None
+    if ranking is None:
+        return {"tolerance": 0.0}
+    tolerance = ranking.get("tolerance") if isinstance(ranking, dict) else None
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+        raise AdvisorError(f"{path}, ranking: 'tolerance' must be a number in [0, 1), got {tolerance!r}")
+    return ranking
 
 
 def load_memory_calibration(path: Path = CALIBRATION_FILE):

@@ -38,7 +38,9 @@ def fitted_document(on: str = "all") -> dict:
     fit = validation.fit_on(measured, label)
     notes = {"memory_tie_break": fit.tie_break, "rank_by_selected": fit.rank_by,
              "selected_by": "leave one table out on the same runs (tables/seed004/validation.py, fit_on)"}
-    return calibration_document(fit.time.with_values(notes=notes), fit.memory)
+    # the ranking's tolerance is a statistic of the held-out validation (never of this fit's own runs)
+    ranking = validation.validate(analyse().measured).tolerance if on == "all" else None
+    return calibration_document(fit.time.with_values(notes=notes), fit.memory, ranking)
 
 
 def probe_fit(path: Path = timing.PROBE) -> dict:

@@ -21,7 +21,7 @@ from statistics import fmean
 import numpy as np
 from scipy.stats import spearmanr
 
-from advisor.ranking import RANK_BY, order
+from advisor.ranking import RANK_BY, order, simplicity_key
 from advisor.sweep import ranking_key
 from advisor.throughput import Calibration
 from advisor.verdicts import CALIBRATED_VERDICTS, MemoryCalibration, verdict_for
@@ -182,18 +182,63 @@ class ColumnPick:
         return (self.pick.run.tflops if self.pick.ran else 0.0) / self.best.run.tflops
 
 
-def column_picks(predictions: list[Prediction], rank_by: str) -> list[ColumnPick]:
+def column_picks(predictions: list[Prediction], rank_by: str, tolerance: float = 0.0) -> list[ColumnPick]:
     columns: dict[tuple, list[Prediction]] = {}
     for p in predictions:
         columns.setdefault((p.run.table.number, p.run.paper.gpus), []).append(p)
     picks = []
     for (table, gpus), column in sorted(columns.items()):
         ranked = order(column, rank_by, verdict=lambda p: p.verdict, paper_key=lambda p: ranking_key(p.run.row),
-                       tflops=lambda p: p.tflops, usage_gib=lambda p: p.usage_gib)
+                       tflops=lambda p: p.tflops, usage_gib=lambda p: p.usage_gib, tolerance=tolerance,
+                       simplicity=lambda p: simplicity_key(p.run.row))
         ran = [p for p in column if p.ran]
         picks.append(ColumnPick(table, gpus, rank_by, ranked[0] if ranked else None,
                                 max(ran, key=lambda p: p.run.tflops) if ran else None))
     return picks
+
+
+ORDERED_SHARE = 0.9
+"""The share of held-out pairs a gap must order right to count as a real difference."""
+
+
+def ordered_pairs(predictions: list[Prediction]) -> list[tuple[float, bool]]:
+    """(relative gap in predicted TFLOP/s |a - b| / max(a, b), ordered as measured) of every pair
+    of runs in one column that both ran with different measured speeds, smallest gap first."""
+    columns: dict[tuple, list[Prediction]] = {}
+    for p in predictions:
+        if p.ran:
+            columns.setdefault((p.run.table.number, p.run.paper.gpus), []).append(p)
+    pairs = []
+    for column in columns.values():
+        for i, a in enumerate(column):
+            for b in column[i + 1:]:
+                if a.run.tflops != b.run.tflops:
+                    pairs.append((abs(a.tflops - b.tflops) / max(a.tflops, b.tflops),
+                                  (a.tflops - b.tflops) * (a.run.tflops - b.run.tflops) > 0))
+    return sorted(pairs)
+
+
+def ordering_tolerance(predictions: list[Prediction], share: float = ORDERED_SHARE) -> dict:
+    """The ranking's tolerance: the smallest relative gap g in predicted TFLOP/s such that, for g
+    and every larger pair's gap g', at least ``share`` of the held-out pairs whose predicted gap
+    lies in [g', 2 g') are ordered as measured (``ordered_pairs``). A band of a factor of two,
+    not every pair above g: the many pairs far apart, almost all right, would hide that close
+    ones are a coin toss. Returns ``advisor/calibration.json``'s ``ranking`` section."""
+    pairs = ordered_pairs(predictions)
+    gaps = np.array([gap for gap, _ in pairs])
+    right = np.r_[0, np.cumsum([ok for _, ok in pairs])]
+    start = np.arange(len(pairs))
+    end = np.maximum(np.searchsorted(gaps, 2 * gaps, side="left"), start + 1)  # the band [g, 2g) of each gap g
+    shares = (right[end] - right[start]) / (end - start)
+    failing = np.flatnonzero(shares < share)
+    first = failing[-1] + 1 if failing.size else 0
+    tolerance = gaps[first] if first < len(pairs) else gaps[-1]
+    return {"tolerance": round(float(tolerance), 4), "share": share, "pairs": len(pairs),
+            "pairs_at_or_above": int(len(pairs) - first),
+            "computed": "tables/seed004/validation.py ordering_tolerance: the smallest relative gap in predicted "
+                        "TFLOP/s from which every band [g, 2g) of held-out pairs (runs of one column that both ran, "
+                        "each predicted by the constants fitted on the other GPU type) is ordered right at least "
+                        f"{share:.0%} of the time"}
 
 
 def spearman_by_column(predictions: list[Prediction]) -> list[tuple[tuple, float]]:
@@ -233,8 +278,13 @@ class Validation:
         return {v: {o: sum(p.verdict == v and p.run.outcome == o for p in predictions) for o in ("ran", "OOM")}
                 for v in CALIBRATED_VERDICTS}
 
-    def picks(self, rank_by: str, direction: Direction | None = None) -> list[ColumnPick]:
-        return column_picks(self.of(direction), rank_by)
+    def picks(self, rank_by: str, direction: Direction | None = None, tolerance: float = 0.0) -> list[ColumnPick]:
+        return column_picks(self.of(direction), rank_by, tolerance)
+
+    @cached_property
+    def tolerance(self) -> dict:
+        """The ranking's tolerance over all held-out predictions (``ordering_tolerance``)."""
+        return ordering_tolerance(list(self.predictions))
 
     def selected_picks(self, direction: Direction | None = None) -> list[ColumnPick]:
         """Each direction's columns ranked by the rule its training side chose."""

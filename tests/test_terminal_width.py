@@ -1,0 +1,86 @@
+"""Issue 24: every table the CLI prints fits $COLUMNS (100 when unset), --wide shows the rest;
+and the small fixes of the same item (profile show of a campaign, coordinates, the split hint)."""
+
+import json
+
+import pytest
+from conftest import ROOT
+
+HELDOUT = ROOT / "tables" / "data" / "capture" / "heldout-pp2"
+RUN = ROOT / "examples" / "launch" / "profiles" / "pp-b1-2,2,2,2"
+COMMANDS = [
+    ["sweep", "--gpus", 64, "--mem", 40, "--top", 3],
+    ["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--top", 5, "--tokens", "15T"],
+    ["sweep", "--gpus", 64, "--gpu", "a100-80gb", "--model", "llama3.1-70b", "--top", 5, "--memory-model", "paper"],
+    ["gpus"],
+    ["models"],
+    ["estimate", "--gpus", 8, "--tp", 2, "--gpu", "h100-80gb", "--tokens", "15T"],
+    ["profile", "show", RUN],
+    ["profile", "show", HELDOUT, "--section", "ranks"],
+    ["profile", "plan", "--gpus", 16, "--gpus-per-node", 4, "--mbs", 8],
+    ["recommend", "--profile", HELDOUT, "--gpus", 2, "--pp", 2, "--mbs", 4, "--gbs", 16],
+]
+
+
+def _widest(text: str) -> int:
+    return max(len(line) for line in text.splitlines())
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=[" ".join(map(str, a[:3])) for a in COMMANDS])
+def test_every_table_fits_the_terminal(advisor, monkeypatch, args):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert _widest(advisor(*args).stdout) <= 100
+    monkeypatch.setenv("COLUMNS", "80")
+    assert _widest(advisor(*args).stdout) <= 80
+
+
+def test_wide_shows_every_column_and_the_default_names_what_it_left_out(advisor, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    args = ("sweep", "--gpus", 8, "--gpu", "h100-80gb", "--top", 3, "--tokens", "15T")
+    narrow, wide = advisor(*args).stdout, advisor(*args, "--wide").stdout
+    assert "not shown to fit 100 columns: m, states, act., Eq.18, margin, MFU, step s, GPU-h (--wide shows them)" \
+        in " ".join(narrow.split())
+    assert _widest(wide) > 120 and "GPU-h" in wide and "not shown" not in wide
+    assert "not shown" in advisor(*args).stdout  # --wide does not outlive its command
+
+
+def test_profile_show_takes_a_campaign_directory_and_names_coordinates(advisor):
+    """'profile show runs/' said 'no profile files' where 'recommend --profile runs/' took it."""
+    document = advisor.json("profile", "show", HELDOUT, "--section", "ranks")
+    runs = sorted(p.name for p in HELDOUT.iterdir() if p.is_dir())
+    assert [run["run"]["run_id"].rsplit("-", 1)[0] for run in document["runs"]] == runs
+    assert [row["pp_rank"] for row in document["runs"][0]["ranks"]] == [0, 1]
+    header = next(line for line in advisor("profile", "show", RUN, "--section", "ranks").stdout.splitlines()
+                  if "rank" in line and "tp_rank" in line)
+    assert [cell.strip() for cell in header.strip("┃ ").split("┃")][:5] == ["rank", "tp_rank", "cp_rank", "pp_rank",
+                                                                       "dp_rank"]
+
+
+def test_estimate_splits_layers_pp_does_not_divide(advisor):
+    """126 layers over PP 16 failed with no hint; it is the evenest split, the ends lighter."""
+    row = advisor.json("estimate", "--tp", 8, "--pp", 16, "--gpus", 16384, "--gpu", "h100-80gb", "--model",
+                       "llama3.1-405b", "--gbs", 2048)
+    assert row["layers_per_stage"] == [7] + [8] * 14 + [7]
+    three = advisor.json("estimate", "--pp", 3, "--gpus", 3, "--mem", 80)
+    assert three["layers_per_stage"] == [11, 11, 10]
+    table = advisor("estimate", "--pp", 3, "--gpus", 3, "--mem", 80).stdout
+    assert "32 layers do not divide over PP 3: split 11x2,10, the evenest (--layers-per-stage to choose)" in table
+
+
+def test_estimate_threshold_has_help(advisor):
+    text = " ".join(advisor("estimate", "--help").stdout.split())
+    assert "--threshold FLOAT The paper's rule (--memory-model paper): fits at most this fraction of --mem" in text
+
+
+def test_plot_with_all_clips_the_memory_axis(advisor, tmp_path):
+    """--plot --all stretched the memory axis to 725%: the bars that fit were slivers."""
+    from PIL import Image
+
+    path = tmp_path / "sweep.png"
+    advisor("sweep", "--gpus", 64, "--mem", 40, "--model", "llama3.1-70b", "--all", "--top", 20, "--plot", path)
+    image = Image.open(path).convert("RGB")
+    width, height = image.size
+    assert width == 715 and height > 400  # 6.5 in at 110 dpi, no time panel without --gpu
+    # the widest green (fits) bar spans more than a quarter of the figure: the axis ends near 150%
+    green = [x for y in range(0, height, 2) for x in range(width) if image.getpixel((x, y)) == (0x91, 0xcf, 0x60)]
+    assert green and max(green) - min(green) > width // 4

@@ -1,0 +1,141 @@
+"""Issue 24: each time term against a value derived by hand from its source, with the rates set to
+round numbers (no fitted constant enters), so that a wrong factor fails here and not only in a
+comparison with the code's own output (which a refit absorbs)."""
+
+import numpy as np
+import pytest
+
+from advisor.models import preset
+from advisor.throughput import terms
+from advisor.throughput.terms import Rates
+
+SPEC = preset("llama3.1-8b")  # h 4096, a 32, k 8, d 128, h_ffn 14336
+H, A, K, D, F = 4096, 32, 8, 128, 14336
+RATES = Rates(gemm_flops_per_s=1e12, gemm_latency_s=0.0, attention_flops_per_s=5e11, attention_latency_s=0.0,
+              hbm_bytes_per_s=1e12, nvlink_bytes_per_s=1e11, network_bytes_per_s=1e10, collective_latency_s=0.0,
+              gpus_per_node=8, host_mask_s_per_element=1e-9)
+LATENT = Rates(**{**{f: getattr(RATES, f) for f in Rates.__dataclass_fields__}, "gemm_latency_s": 1e-5,
+                  "collective_latency_s": 1e-6})
+
+
+def test_a_gemm_is_2mnk_flops_plus_its_latency():
+    assert terms.gemm_time(2, 3, 5, RATES) == 60 / 1e12
+    assert terms.gemm_time(2, 3, 5, LATENT) == pytest.approx(60 / 1e12 + 1e-5, rel=1e-15)
+
+
+def test_a_layers_gemms_forward_and_backward_by_hand():
+    """QKV [T, h] x [h, (a + 2k) d / t], output [T, a d / t] x [., h], FC1 [T, h] x [h, 2 f / t],
+    FC2 [T, f / t] x [., h]; backward: a data- and a weight-gradient GEMM each, 2 x forward."""
+    tokens, tp = 8192, 2
+    flops = 2 * tokens * (H * (A + 2 * K) * D / tp + A * D / tp * H + H * 2 * F / tp + F / tp * H)
+    forward, backward = terms.layer_gemm_time(SPEC, tokens, tp, RATES)
+    assert forward == pytest.approx(flops / 1e12, rel=1e-12)
+    assert backward == pytest.approx(2 * flops / 1e12, rel=1e-12)
+
+
+def test_causal_flash_attention_by_hand():
+    """Q K^T and P V over the lower triangle: 2 x 2 b s^2 a d / 2 per layer, split over t and c;
+    backward 2.5 x forward (FlashAttention-2, Section 3)."""
+    s, b, tp, cp = 8192, 2, 2, 2
+    flops = 2 * 2 * b * s * s * A * D / 2 / (tp * cp)
+    forward, backward = terms.attention_time(SPEC, s, b, tp, cp, RATES)
+    assert float(forward) == pytest.approx(flops / 5e11, rel=1e-12)
+    assert float(backward) == pytest.approx(2.5 * flops / 5e11, rel=1e-12)
+
+
+def test_memory_bound_kernels_by_hand():
+    tokens, tp = 1000, 4
+    # norms 2 x (read h + write h), residuals 2 x (read 2h + write h), RoPE read+write (a + k) d, SwiGLU 3 f
+    elements = 2 * 2 * H + 2 * 3 * H + 2 * (A + K) * D + 3 * F
+    assert float(terms.layer_elementwise_bytes(SPEC, tokens, tp)) == 2 * elements * tokens / tp
+    forward, backward = terms.embedding_time(SPEC, tokens, tp, RATES)
+    assert float(forward) == pytest.approx(2 * H * tokens / tp / 1e12) and float(backward) == pytest.approx(
+        2 * 2 * H * tokens / tp / 1e12)
+
+
+def test_ring_reduce_scatter_and_all_gather_move_n_minus_1_over_n():
+    """Patarasuk and Yuan 2009: each rank sends (n - 1)/n of the tensor; plus n - 1 latencies."""
+    assert terms.ring_collective_time(8e9, 8, 1e11, RATES) == pytest.approx(7 / 8 * 8e9 / 1e11)
+    assert terms.ring_collective_time(8e9, 4, 1e11, LATENT) == pytest.approx(3 / 4 * 8e9 / 1e11 + 3e-6)
+    assert terms.ring_collective_time(8e9, 1, 1e11, LATENT) == 0
+
+
+def test_data_parallel_collectives_by_hand():
+    """Distributed optimizer: reduce-scatter FP32 gradients, all-gather BF16 parameters;
+    without it one all-reduce, 2 (n - 1)/n of the FP32 gradients (twice a reduce-scatter)."""
+    p, n = 1e9, 8
+    reduce, gather = terms.data_parallel_time(p, n, n, RATES)
+    assert float(reduce) == pytest.approx(7 / 8 * 4 * p / 1e11) and float(gather) == pytest.approx(7 / 8 * 2 * p / 1e11)
+    all_reduce, none = terms.data_parallel_time(p, n, n, RATES, distributed_optimizer=False)
+    assert float(all_reduce) == pytest.approx(2 * 7 / 8 * 4 * p / 1e11) and float(none) == 0
+    bf16, _ = terms.data_parallel_time(p, n, n, RATES, grad_bytes=2)
+    assert float(bf16) == pytest.approx(7 / 8 * 2 * p / 1e11)
+    # 16 ranks over two nodes of 8: the network, 8 NICs of the node together (capped by NVLink)
+    across, _ = terms.data_parallel_time(p, 16, 16, RATES, ranks_per_node=8)
+    assert float(across) == pytest.approx(15 / 16 * 4 * p / min(8 * 1e10, 1e11))
+
+
+def test_tensor_parallel_collectives_by_hand():
+    """Sequence parallelism: 2 all-gathers and 2 reduce-scatters of the [T, h] BF16 activation
+    forward, the same backward (Korthikanti et al. 2023, Section 4.2.2)."""
+    tokens, tp = 8192, 4
+    one = 3 / 4 * 2 * tokens * H / 1e11
+    forward, backward = terms.tensor_parallel_time(SPEC, tokens, tp, RATES)
+    assert float(forward) == pytest.approx(4 * one) and float(backward) == pytest.approx(4 * one)
+
+
+def test_context_parallel_ring_by_hand():
+    """c - 1 sends of this rank's K and V (2 x T/c x k d / t BF16), hidden behind the step's
+    attention where it is longer; backward twice the bytes."""
+    s, b, tp, cp = 8192, 1, 1, 4
+    send = 2 * 2 * (b * s / cp) * K * D / tp / 1e11
+    forward, backward = terms.context_parallel_time(SPEC, s, b, tp, cp, RATES, 0.0, 0.0)
+    assert float(forward) == pytest.approx(3 * send) and float(backward) == pytest.approx(3 * 2 * send)
+    hidden, _ = terms.context_parallel_time(SPEC, s, b, tp, cp, RATES, cp * send, 0.0)
+    assert float(hidden) == 0  # the attention step is as long as the send: nothing shows
+    half, _ = terms.context_parallel_time(SPEC, s, b, tp, cp, RATES, cp * send / 2, 0.0)
+    assert float(half) == pytest.approx(3 * send / 2)
+
+
+def test_pipeline_send_and_optimizer_by_hand():
+    tokens, tp = 8192, 2
+    assert float(terms.pipeline_p2p_time(SPEC, tokens, tp, False, RATES)) == pytest.approx(2 * tokens * H / tp / 1e11)
+    assert float(terms.pipeline_p2p_time(SPEC, tokens, tp, True, RATES)) == pytest.approx(2 * tokens * H / tp / 1e10)
+    # Adam: 38 bytes per parameter of this rank's shard, at HBM speed
+    assert float(terms.optimizer_time(8e9, 8, RATES)) == pytest.approx(38 * 1e9 / 1e12)
+    assert float(terms.optimizer_time(8e9, 8, RATES, distributed_optimizer=False)) == pytest.approx(38 * 8e9 / 1e12)
+
+
+def test_lm_head_by_hand():
+    """The GEMM [T, h] x [h, v/t] (backward twice), the final norm (read and write h), and the
+    cross-entropy's 22 bytes per logit forward, 6 backward."""
+    tokens, tp, v = 1000, 2, 128256
+    gemm = 2 * tokens * H * v / tp / 1e12
+    norm = 2 * 2 * H * tokens / tp / 1e12
+    logits = tokens * v / tp
+    forward, backward = terms.lm_head_time(SPEC, tokens, tp, v, RATES)
+    assert float(forward) == pytest.approx(gemm + norm + 22 * logits / 1e12)
+    assert float(backward) == pytest.approx(2 * gemm + 2 * norm + 6 * logits / 1e12)
+
+
+def test_links_inside_and_across_nodes():
+    assert float(terms.link_bandwidth(8, RATES)) == 1e11
+    assert float(terms.link_bandwidth(16, RATES, ranks_per_node=4)) == 4e10
+    assert float(terms.link_bandwidth(np.array([16]), RATES, ranks_per_node=1)[0]) == 1e10
+
+
+def test_unequal_stages_pace_the_pipeline_by_the_slowest():
+    """1F1B with stage times t_i: T = m max t_i + (sum t_i - max t_i) / v (Narayanan et al. 2021,
+    Section 2.2). With equal stages m max t_i = m sum t_i / p, so only unequal ones tell the
+    slowest stage's pace from the average's (a mutant the equal-stage test let through)."""
+    from advisor.hardware import get_gpu
+    from advisor.throughput import Calibration, TimeModel
+
+    model = TimeModel(SPEC, get_gpu("h100-80gb"), 8192, 1024, Calibration())
+    short, long = model.stage(2, 1, 1, 4), model.stage(2, 1, 1, 12)
+    t = [float(short.total), float(long.total)]
+    m, p = 1024 // 8, 2
+    for v in (1, 2):
+        step = model.step_from_stages([short, long], 2, 1, 8, 1, vpp=v)
+        pipeline = m * max(t) + (sum(t) - max(t)) / v
+        assert float(step.bubble_s) == pytest.approx(pipeline - m * sum(t) / p, rel=1e-9)

@@ -1,0 +1,117 @@
+"""A small mutation pass over the core (issue 24): each mutant changes one operator or constant in
+a memory term, the schedule, a verdict, a time term or an emitted flag; the fast tests that cover
+that code run against it; a mutant the tests pass "survives".
+
+    python tests/tools/mutate.py                 # every mutant, a table on stdout
+    python tests/tools/mutate.py --only 3,7      # some of them
+
+Each mutant is (file, the exact text, its replacement, the tests to run). The text must occur
+exactly once, so a mutant cannot silently stop applying when the code moves (the pass fails
+instead). The file is restored after each run, also on Ctrl-C. mutmut was not used: it rewrites
+every operator of a file and needs hours for these tests on two shared cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MEMORY = ["tests/test_memory.py", "tests/test_cli.py::test_estimate_extensions_reach_the_estimator"]
+SCHEDULE = ["tests/test_schedule.py", "tests/test_memory.py"]
+TIME = ["tests/test_terms_by_hand.py", "tests/test_throughput.py"]
+VERDICTS = ["tests/test_verdicts_ranking.py"]
+FLAGS = ["tests/test_megatron_args.py"]
+
+MUTANTS = [  # (file, text, replacement, tests)
+    ("advisor/equations.py", "return 3 * spec.hidden_size * spec.ffn_hidden_size / tp",
+     "return 2 * spec.hidden_size * spec.ffn_hidden_size / tp", MEMORY),
+    ("advisor/equations.py", "weights = 2 * h * h * (1 + k / a)", "weights = 2 * h * h * (1 + k / h)", MEMORY),
+    ("advisor/equations.py", "    return 2 * spec.hidden_size\n", "    return spec.hidden_size\n", MEMORY),
+    ("advisor/equations.py", "OPTIMIZER_BYTES = 12", "OPTIMIZER_BYTES = 16", MEMORY),
+    ("advisor/equations.py", "return 6 * s * b * h + 4 * s * b * h", "return 6 * s * b * h + 2 * s * b * h", MEMORY),
+    ("advisor/equations.py", "return 2 * spec.num_attention_heads * seq_len * seq_len * mbs",
+     "return spec.num_attention_heads * seq_len * seq_len * mbs", MEMORY),
+    ("advisor/equations.py", "return 2 * seq_len * mbs * (spec.hidden_size + 4 * spec.ffn_hidden_size)",
+     "return 2 * seq_len * mbs * (spec.hidden_size + 3 * spec.ffn_hidden_size)", MEMORY),
+    ("advisor/equations.py", "return 4 * seq_len * mbs * (spec.vocab_size if vocab is None else vocab)",
+     "return 2 * seq_len * mbs * (spec.vocab_size if vocab is None else vocab)", MEMORY),
+    ("advisor/equations.py", "return -(-vocab_size // multiple) * multiple", "return vocab_size // multiple * multiple",
+     MEMORY),
+    ("advisor/schedule.py", "warm = np.where(vpp == 1, pp - stage, interleaved)",
+     "warm = np.where(vpp == 1, pp - stage + 1, interleaved)", SCHEDULE),
+    ("advisor/schedule.py", "interleaved = 2 * (pp - stage - 1) + (vpp - 1) * pp + 1",
+     "interleaved = 2 * (pp - stage - 1) + (vpp - 1) * pp", SCHEDULE),
+    ("advisor/schedule.py", "return np.minimum(warm, np.asarray(num_microbatches, dtype=float) * vpp)",
+     "return warm", SCHEDULE),
+    ("advisor/sweep.py", "    if total_gib <= threshold * memory_gib:", "    if total_gib < threshold * memory_gib:",
+     VERDICTS),
+    ("advisor/sweep.py", "    if total_gib <= memory_gib:\n        return \"tight\"",
+     "    if total_gib < memory_gib:\n        return \"tight\"", VERDICTS),
+    ("advisor/verdicts.py", "    if ratio <= 1 - band:", "    if ratio <= 1:", VERDICTS),
+    ("advisor/verdicts.py", "    if ratio <= 1 + band:", "    if ratio <= 1 + 2 * band:", VERDICTS),
+    ("advisor/ranking.py", "    floor = (1 - tolerance) * tflops(fastest[0])", "    floor = tflops(fastest[0])",
+     VERDICTS),
+    ("advisor/throughput/terms.py", "    return forward, 2.0 * forward", "    return forward, 1.0 * forward", TIME),
+    ("advisor/throughput/terms.py", "return 2.0 * m * k * n / rates.gemm_flops_per_s",
+     "return 1.0 * m * k * n / rates.gemm_flops_per_s", TIME),
+    ("advisor/throughput/terms.py", "    return steps / n * size_bytes / bandwidth", "    return size_bytes / bandwidth",
+     TIME),
+    ("advisor/throughput/terms.py", "    return 2 * reduce, 0.0 * gather", "    return reduce, 0.0 * gather", TIME),
+    ("advisor/throughput/terms.py", "    return 4 * one, 4 * one", "    return 2 * one, 4 * one", TIME),
+    ("advisor/throughput/terms.py", "return flops / rate + latency / 3.5, 2.5 * flops / rate",
+     "return flops / rate + latency / 3.5, 2.0 * flops / rate", TIME),
+    ("advisor/throughput/terms.py", "    backward = steps * np.maximum(0.0, 2 * send - attention_backward / c)",
+     "    backward = steps * np.maximum(0.0, send - attention_backward / c)", TIME),
+    ("advisor/throughput/terms.py", "    return elementwise_time(38 * shard, rates)",
+     "    return elementwise_time(30 * shard, rates)", TIME),
+    ("advisor/throughput/terms.py", "    size = BF16 * tokens * spec.hidden_size / np.asarray(tp, dtype=float)\n"
+     "    bandwidth = np.where(cross_node", "    size = BF16 * tokens * spec.hidden_size\n"
+     "    bandwidth = np.where(cross_node", TIME),
+    ("advisor/throughput/model.py", "        pipeline = m * slowest + (total - slowest) / v",
+     "        pipeline = m * slowest + (total - slowest)", TIME),
+    ("advisor/throughput/model.py", "        pipeline = m * slowest + (total - slowest) / v",
+     "        pipeline = m * total / p + (total - slowest) / v", TIME),
+    ("advisor/megatron_args.py", '"--attention-dropout", "0", "--hidden-dropout", "0",', "", FLAGS),
+    ("advisor/megatron_args.py", '"--disable-bias-linear"', '"--add-bias-linear"', FLAGS),
+    ("advisor/megatron_args.py", '        args.append("--sequence-parallel")', "        pass", FLAGS),
+    ("advisor/megatron_args.py", '"--accumulate-allreduce-grads-in-fp32" if options.gradient_bytes == 4',
+     '"--accumulate-allreduce-grads-in-fp32" if options.gradient_bytes == 2', FLAGS),
+]
+
+
+def run(index: int, mutant, python: str) -> tuple[str, float]:
+    path, text, replacement, tests = mutant
+    file = ROOT / path
+    original = file.read_text()
+    if original.count(text) != 1:
+        return f"does not apply ({original.count(text)} matches)", 0.0
+    file.write_text(original.replace(text, replacement))
+    start = time.monotonic()
+    try:
+        result = subprocess.run([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=ROOT,
+                                capture_output=True, text=True, timeout=900)
+    finally:
+        file.write_text(original)
+    return ("killed" if result.returncode else "SURVIVED"), time.monotonic() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default=None, help="comma-separated mutant numbers (1-based)")
+    args = parser.parse_args()
+    chosen = range(1, len(MUTANTS) + 1) if args.only is None else [int(n) for n in args.only.split(",")]
+    print("| # | file | mutant | tests | result |\n|---:|---|---|---|---|")
+    for n in chosen:
+        path, text, replacement, tests = MUTANTS[n - 1]
+        outcome, seconds = run(n, MUTANTS[n - 1], sys.executable)
+        change = f"`{text.strip().splitlines()[0][:60]}` -> `{(replacement.strip().splitlines() or [''])[0][:60]}`"
+        print(f"| {n} | {path} | {change} | {', '.join(Path(t.split('::')[0]).stem for t in tests)} | {outcome} "
+              f"({seconds:.0f} s) |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
