@@ -252,16 +252,18 @@ def cuda_kernels() -> Iterator[None]:
             setattr(owner, name, value)
 
 
-def transformer_engine_spec(num_layers: int):
+def transformer_engine_spec(num_layers: int, num_experts: int | None = None):
     """The block spec of a GPT stage with ``--transformer-impl transformer_engine``, from
     megatron-core's local modules where they keep what TE's keep (the column and row parallel
     linears save their local input and weight, as TE's Linear does) and the stand-ins above where
     they do not: the RMSNorms (before attention, before the MLP, and the final one) and the core
-    attention."""
+    attention. With ``num_experts``, the MLP is megatron-core's ``MoELayer`` with its
+    ``SequentialMLP`` experts (TE's grouped GEMM keeps, per token copy, the same FC1 and FC2
+    inputs as the experts' linears do one by one)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    layer = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm")
     layer.submodules.input_layernorm = FusedRMSNorm
     layer.submodules.pre_mlp_layernorm = FusedRMSNorm
     layer.submodules.self_attention.submodules.core_attention = TEAttention

@@ -150,13 +150,18 @@ def build_gpt_model(
         raise ValueError(f"layers {numbers[0]}..{numbers[-1]} are outside 1..{spec.num_layers}")
     if layer_spec not in LAYER_SPECS:
         raise ValueError(f"layer spec must be one of {', '.join(LAYER_SPECS)}, got {layer_spec!r}")
+    experts = getattr(spec, "num_experts", None)
+    if experts:
+        from megatron_hooks.moe_layer import moe_config_overrides
+
+        config_overrides = {**moe_config_overrides(spec), **config_overrides}
     if layer_spec == "transformer_engine":
         from megatron_hooks.kernels import transformer_engine_spec
 
         config_overrides = {**_TE_SPEC_FUSIONS, **config_overrides}
-        layer_specs = transformer_engine_spec(len(numbers))
+        layer_specs = transformer_engine_spec(len(numbers), experts)
     else:
-        layer_specs = get_gpt_layer_local_spec(normalization="RMSNorm")
+        layer_specs = get_gpt_layer_local_spec(num_experts=experts, normalization="RMSNorm")
     config = transformer_config(spec, num_layers=len(numbers), params_dtype=params_dtype, **config_overrides)
     model = GPTModel(
         config=config,

@@ -119,6 +119,23 @@ def test_copied_ranks_equal_the_ranks_run(tmp_path):
     assert_same_bytes(load_run(tmp_path / "every"), copied)
 
 
+def test_distributed_optimizer_dp_ranks_are_run_not_copied(tmp_path):
+    """With the distributed optimizer, DP ranks hold different shards: each module's optimizer
+    bytes differ between DP ranks 0 and 1 (and with them the iteration peak), so the symbolic
+    backend runs every DP (and CP) rank and copies only TP ranks; the result equals running every
+    rank, byte for byte."""
+    flags = [*model_flags(2, 64, 160, 4, 2, 256), "--layers-per-stage", "1,1", "--seq-len", "64",
+             "--num-microbatches", "2", "--tp", "2", "--cp", "2", "--dp", "2", "--sequence-parallel",
+             "--distributed-optimizer", *TE_RUN]
+    copied = emulate(tmp_path / "copied", *flags)
+    every_rank(tmp_path / "every", flags)
+    assert len(copied.ranks) == 16
+    assert_same_bytes(load_run(tmp_path / "every"), copied)
+    first = {tuple(sorted(r.header.coords.items())): r for r in copied.ranks}
+    dp0, dp1 = (first[(("cp", 0), ("dp", d), ("pp", 0), ("tp", 0))] for d in (0, 1))
+    assert [r.optimizer_bytes for r in dp0.layers] != [r.optimizer_bytes for r in dp1.layers]
+
+
 def hand_count_te_layer(s, b, h, a, k, f, t, c) -> int:
     """Bytes one Transformer Engine (BF16) decoder layer keeps per microbatch on one rank, read off
     the code rather than measured: S = s/c tokens per CP rank, each split over TP by SP between

@@ -1,0 +1,60 @@
+"""Wall and CPU time of the reduced symbolic campaign of Llama-3.1-8B on 8 GPUs (issue 24, item 6).
+
+The campaign is the README's (``advisor profile plan --gpus 8 --gpus-per-node 4 --mode reduced
+--mbs 2 --gbs 256``: 34 runs, 272 rank files; BF16, distributed optimizer, sequence
+parallelism), profiled by ``advisor profile run --backend symbolic`` in one process. Prints the
+wall seconds, the CPU seconds of the runner (``getrusage`` of the children: wall over CPU is the
+machine's load), and how many stage profiles ran against how many rank files were written (the
+rest are copies of symmetric ranks, ``megatron_hooks/symbolic.py``). ``--runs ID ...`` keeps only
+those runs of the campaign (a quick sample).
+
+    python benchmarks/bench_symbolic_campaign.py [--runs pp-b1-4x8 tp4-b1-16x2 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PLAN = ["profile", "plan", "--gpus", "8", "--gpus-per-node", "4", "--mode", "reduced", "--mbs", "2", "--gbs", "256"]
+
+
+def stage_profiles(run: dict, distributed_optimizer: bool) -> tuple[int, int]:
+    """(stage profiles run, rank files written) for one campaign run: TP ranks are copied, and DP
+    ranks too unless the distributed optimizer shards them differently."""
+    stages = len(run["layers_per_stage"])
+    ranks_run = run.get("cp", 1) * (run["dp"] if distributed_optimizer else 1)
+    return stages * ranks_run, stages * run["tp"] * run.get("cp", 1) * run["dp"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", nargs="*", help="Campaign run ids to keep (default: all 34).")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        campaign = Path(tmp) / "campaign.json"
+        subprocess.run([sys.executable, "-m", "advisor", *PLAN, "-o", str(campaign)], check=True,
+                       stdout=subprocess.DEVNULL)
+        document = json.loads(campaign.read_text())
+        if args.runs:
+            document["runs"] = [run for run in document["runs"] if run["id"] in set(args.runs)]
+            campaign.write_text(json.dumps(document))
+        distributed = bool(document["setup"].get("distributed_optimizer"))
+        ran, files = map(sum, zip(*(stage_profiles(run, distributed) for run in document["runs"])))
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "advisor", "profile", "run", str(campaign), "--out", f"{tmp}/runs",
+                        "--backend", "symbolic"], check=True, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - start
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        print(f"{len(document['runs'])} runs, {ran} stage profiles run for {files} rank files: "
+              f"{wall:.0f} s wall, {usage.ru_utime + usage.ru_stime:.0f} s CPU")
+
+
+if __name__ == "__main__":
+    main()
