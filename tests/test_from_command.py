@@ -126,14 +126,14 @@ README_TORCHRUN = r"""CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 
 
 
 def test_readme_launch_examples_read_back():
-    """README's Launch section: the torchrun dry run and the Slurm script (both as printed there)."""
+    """docs/launch.md: the torchrun dry run and the Slurm script (both as printed there)."""
     result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--mem", "80", "--format", "json"],
                                 input=README_TORCHRUN)
     assert result.exit_code == 0, result.output
     estimate = json.loads(result.stdout)
     assert (estimate["gpus"], estimate["tp"], estimate["dp"], estimate["model"]["vocab_size"]) == (8, 2, 4, 128256)
     assert estimate["unpriced"] == []
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[1] / "docs" / "launch.md").read_text()
     script = readme[readme.index("#!/bin/bash\n# Written by advisor-launch"):]
     script = script[:script.index("```")]
     result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--mem", "80", "--format", "json"],

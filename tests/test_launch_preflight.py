@@ -39,6 +39,9 @@ def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_p
     cp2 = tmp_path / "cp2.json"
     advisor("estimate", "--gpus", "8", "--mem", "80", "--tp", "2", "--cp", "2", "--pp", "1", "--mbs", "1",
             "--format", "json", "-o", cp2)
+    tp_overlap = tmp_path / "tp-overlap.json"  # priced with TE's TP overlap, so its flags carry it
+    advisor("estimate", "--gpus", "8", "--mem", "80", "--tp", "2", "--pp", "1", "--mbs", "1", "--tp-comm-overlap",
+            "--format", "json", "-o", tp_overlap)
     prefix = tmp_path / "corpus_text_document"
     (tmp_path / "corpus_text_document.bin").touch()  # its .idx is missing
     a_file = tmp_path / "a-file"
@@ -67,7 +70,7 @@ def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_p
         "no Transformer Engine": (None, {"extras": no_te_switch},
                                   "cannot import transformer_engine, which Megatron-LM's default --transformer-impl"),
         "CP with local": (None, {"source": cp2}, "CP 2 (megatron-core's DotProductAttention asserts CP 1"),
-        "TP overlap with local": (None, {"extras": [*CPU_TEST_JOB, "--tp-comm-overlap"]},
+        "TP overlap with local": (None, {"source": tp_overlap},
                                   "--tp-comm-overlap (TE's userbuffers) needs Transformer Engine"),
         "dataset without .idx": (None, {"extras": [*CPU_TEST_JOB, "--data-path", str(prefix), *null_tokenizer],
                                                   "command": "sbatch", "mock": False},

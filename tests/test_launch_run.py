@@ -149,8 +149,10 @@ def test_sbatch_script_runs_torchrun_on_two_nodes(core_0_15, advisor, tmp_path):
                "--gpus-per-node", 1, "--rdzv-port", free_port(), "--profile-dir", tmp_path / "profile",
                "--mock-data", "-o", script, "--dry-run", "--", *CPU_TRAINING)
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in script.read_text()
+    # What Slurm's batch environment would hold on these two stand-in nodes (SLURM_CPUS_ON_NODE:
+    # the script's srun gives each task the node's CPUs).
     env = launch_env(core_0_15, SLURM_JOB_NODELIST="n[1-2]", SLURM_NNODES="2", SLURM_JOB_ID="4242",
-                     SLURM_STANDIN_HOSTS="127.0.0.1 127.0.0.2")
+                     SLURM_CPUS_ON_NODE=str(os.cpu_count() or 1), SLURM_STANDIN_HOSTS="127.0.0.1 127.0.0.2")
     env["PATH"] = f"{SLURM}{os.pathsep}{env['PATH']}"
     result = subprocess.run(["bash", script], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=env,
                             cwd=tmp_path)

@@ -28,18 +28,22 @@ class AdvisorGroup(OneLineErrors, click.Group):
 @click.group(cls=AdvisorGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="megatron-4d-advisor", prog_name="advisor")
 def cli() -> None:
-    """Plan 4D parallelism (TP, CP, PP, DP, micro-batch) for Llama training with Megatron-LM.
+    """Plan 4D parallelism (TP, CP, PP, DP, micro-batch, and EP for mixtures of experts) for
+    training with Megatron-LM, before spending a cluster-hour.
 
     \b
-    Before spending a cluster-hour:
-      advisor sweep --gpus 64 --mem 40       which (TP, CP, PP, MBS) fit on 64 GPUs of 40 GiB
-      advisor estimate --tp 2 --cp 1 --pp 1 --mbs 1 --gpus 4
-                                             the per-stage memory of one configuration
-      advisor models                         the built-in Llama presets
-      advisor gpus                           the GPU presets for --gpu (cited specifications)
+      advisor sweep --gpus 64 --mem 40            which layouts fit on 64 GPUs of 40 GiB, ranked
+      advisor sweep --gpus 64 --gpu h100-80gb     which run and how fast on 64 H100s
+      advisor estimate --tp 2 --pp 2 --mbs 1 --gpus 8 --gpu h100-80gb
+                                                  one layout, stage by stage, and its step time
+      advisor estimate --from-command train.sh    the same for your own launch script
+      advisor report sweep --gpus 64 --gpu h100-80gb -o report.html
+                                                  one self-contained page to share
+      advisor models, advisor gpus                the model and GPU presets
 
     Memory comes from the analytical estimator of "Accelerating LLM Training with 4D
-    Parallelism and Memory Consumption Estimator" (seed 004, Eq. 1-18), in GiB.
+    Parallelism and Memory Consumption Estimator" (Eq. 1-18), in GiB, extended to today's
+    training options; time from a calibrated model of Megatron-LM's iteration.
     """
 
 

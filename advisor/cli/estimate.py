@@ -400,13 +400,13 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     else:
         columns = [
             render.Column("stage", "stage"),
-            render.Column("position", "position", justify="left"),
+            render.Column("position", "position", justify="left", drop=1),
             render.Column("layers", "layers"),
-            render.Column("in_flight_microbatches", "in flight", "g"),
+            render.Column("in_flight_microbatches", "in flight", ".4g"),
             render.Column("weights_gib", "weights", ".2f"),
             render.Column("gradients_gib", "grads", ".2f"),
             render.Column("optimizer_gib", "optimizer", ".2f"),
-            render.Column("model_states_gib", "states", ".2f"),
+            render.Column("model_states_gib", "states", ".2f", drop=2),
             render.Column("activations_gib", "activations", ".2f"),
             render.Column("total_gib", "total GiB", ".2f"),
         ]

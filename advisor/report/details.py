@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from advisor.errors import AdvisorError
-from advisor.memory import GIB, MemoryOptions
+from advisor.memory import GIB
 from advisor.report.inputs import number
 
 SEGMENTS = ("weights", "gradients", "optimizer", "layer activations", "embedding activations",
@@ -64,17 +64,21 @@ def row_spec(row: dict):
         raise AdvisorError(f"'model' is not a model spec ({exc})") from None
 
 
-def row_options(row: dict) -> MemoryOptions:
-    """The estimator's options of a row: its changed options and its own recomputation."""
-    known = {f.name for f in fields(MemoryOptions)}
-    options = row.get("options") if isinstance(row.get("options"), dict) else {}
-    values = {key: value for key, value in options.items() if key in known}
+def row_options(row: dict):
+    """The training options of a row (``advisor.options.TrainingOptions``): its changed options
+    and its own recomputation, as the sweep priced it."""
+    from advisor.options import TrainingOptions
+
+    values = dict(row.get("options")) if isinstance(row.get("options"), dict) else {}
     recompute = row.get("recompute", "none")
     values["recompute"] = recompute
     if recompute == "full":
         values["recompute_method"] = row.get("recompute_method") or "uniform"
         values["recompute_num_layers"] = row.get("recompute_num_layers") or 1
-    return MemoryOptions(**values)
+    try:
+        return TrainingOptions.from_dict(values).at_tp(row["tp"])
+    except AdvisorError as exc:
+        raise AdvisorError(f"the row's options cannot be read: {exc}") from None
 
 
 def _layout(row: dict, spec):
@@ -107,7 +111,8 @@ def layout_detail(row: dict) -> LayoutDetail:
     from advisor.memory import estimate_memory
 
     spec = row_spec(row)
-    options = row_options(row)
+    training = row_options(row)
+    options = training.memory_options()
     parallel, workload, layers = _layout(row, spec)
     estimate = estimate_memory(spec, parallel, workload, options, layers)
     memory = number(row, "memory_gib")
@@ -121,7 +126,7 @@ def layout_detail(row: dict) -> LayoutDetail:
                                       load_memory_calibration(), memory)
     parts = forward = backward = None
     if row.get("gpu"):
-        parts, forward, backward = _times(row, spec, parallel, workload, layers, options)
+        parts, forward, backward = _times(row, spec, parallel, workload, layers, training)
     threshold = 0.8 * memory if memory and row.get("memory_model", "paper") == "paper" else None
     return LayoutDetail(label=row_label(row), pp=parallel.pp, vpp=parallel.vpp,
                         num_microbatches=workload.num_microbatches(parallel) or 1, memory_gib=memory,
@@ -130,7 +135,7 @@ def layout_detail(row: dict) -> LayoutDetail:
                         forward_s=forward, backward_s=backward)
 
 
-def _times(row, spec, parallel, workload, layers, options):
+def _times(row, spec, parallel, workload, layers, training):
     """The step's parts (as 'advisor estimate' prices them) and each rank's per-microbatch times."""
     from advisor.cli.estimate import _one_layout_time
     from advisor.hardware import get_gpu
@@ -140,9 +145,10 @@ def _times(row, spec, parallel, workload, layers, options):
     gpu = get_gpu(row["gpu"])
     if number(row, "memory_gib"):
         gpu = gpu.with_overrides(memory_gib=number(row, "memory_gib"))
-    _, parts = _one_layout_time(spec, gpu, workload, parallel, layers, options, None)
+    _, parts = _one_layout_time(spec, gpu, workload, parallel, layers, training, None)
+    options = training.memory_options()
     p = parallel
-    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size)
+    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, options=training.time_options())
     layouts = Timing(model, gpu.gpus_per_node).layouts(
         tp=np.array([p.tp]), cp=np.array([p.cp]), dp=np.array([p.dp]), mbs=np.array([p.mbs]), pp=np.array([p.pp]),
         selective=options.recompute == "selective")
