@@ -82,43 +82,77 @@ FP8_SCALE_BYTES = {"delayed": 0.0, "tensorwise": 0.0, "blockwise": 0.0, "mxfp8":
 """Scale bytes per FP8 element: MXFP8 keeps one E8M0 scale per 32 elements (Transformer Engine,
 'Using FP8 with Transformer Engine', MXFP8 recipe); per-tensor and 128-element block scales
 are a few bytes per tensor or per 128 x 128 block, which we count as zero."""
-AMAX_TENSORS_PER_LAYER = 4 * 3
-"""Delayed scaling's FP8 tensors per layer: the 4 GEMM modules (QKV, proj, FC1, FC2) each
-scale their input, weight and output-gradient (Transformer Engine ``fp8_meta``, forward and
-backward ``amax_history``)."""
+AMAX_TENSORS_PER_LAYER = 4 * (3 + 2)
+"""Delayed scaling's FP8 tensors per layer: each of the 4 GEMM modules (QKV and FC1 as
+LayerNormLinear, proj and FC2 as Linear, one GEMM each) scales 3 forward tensors (input,
+weight, output) and 2 backward ones (output gradient, input gradient): Transformer Engine
+``module/base.py``, ``init_fp8_meta_tensors``: ``num_gemms * 3`` if forward else ``num_gemms * 2``."""
+AMAX_FLOATS_PER_TENSOR_EXTRA = 1
+"""FP32 values per FP8 tensor beside its ``--fp8-amax-history-len`` amax history: the scale
+(TE 2.x ``quantization.py``, ``DelayedScalingRecipeState``: ``scale`` and ``amax_history``;
+TE 1.x also kept ``scale_inv`` there, 4 bytes more per tensor, 80 bytes per layer)."""
 
 
 def fp8_weight_bytes_per_layer(spec: LlamaSpec, tp, options):
     """The FP8 weight copies Transformer Engine keeps per layer beyond the BF16 weights, and its
-    amax history. With FP8 GEMMs on Hopper, TE caches each weight quantized twice, row-wise for
-    the forward GEMM and column-wise (the transpose) for the data-gradient GEMM: 2 bytes per
-    GEMM weight (plus MXFP8's scales). --fp8-param-gather keeps the weight only in FP8 (no BF16
-    copy), so the BF16 bytes of those weights come off. Delayed scaling keeps
-    ``--fp8-amax-history-len`` FP32 amax values plus a scale and its inverse per FP8 tensor."""
+    amax history; they live across microbatches and steps, not per microbatch in flight.
+
+    Sources. megatron-core passes ``is_first_microbatch`` to every TE linear layer
+    (``extensions/transformer_engine.py``, ``TELinear.forward``/``TELayerNormColumnParallelLinear
+    .forward``: ``None if self.disable_parameter_transpose_cache else self.is_first_microbatch``;
+    set True once per step by ``schedules.forward_step`` through ``MegatronModule
+    .set_is_first_microbatch``). TE then casts the weight into a cached workspace: ``linear.py``,
+    ``Linear.forward`` -> ``get_fp8_workspace``/``get_weight_workspace(cache_name="weight" unless
+    is_first_microbatch is None, update_workspace=is_first_microbatch)``, kept in
+    ``self._fp8_workspaces`` (``module/base.py``). On Hopper the workspace holds the row-wise
+    FP8 data and its transpose: TE 1.11 ``get_fp8_workspace`` allocates ``data`` (uint8, the
+    weight's shape) and ``data_transpose`` whenever grad is enabled; TE 2.x sets the weight
+    quantizer's usage to ``rowwise=True, columnwise=is_grad_enabled`` (column-wise data of a
+    ``Float8Tensor`` is the transpose). So 2 bytes per GEMM weight (plus MXFP8's scales).
+    --fp8-param-gather builds the weights as FP8 parameters (``fp8_model_init``): the BF16
+    weight is gone (Megatron's parameter buffer is uint8, ``param_and_grad_buffer.py``) and the
+    parameter keeps its own transpose cache (TE 1.11 ``Float8Tensor.to_float8(...,
+    with_transpose_cache=torch.is_grad_enabled())`` in ``reset_parameters``; TE 2.x quantizes
+    it row- and column-wise): 1 + 1 bytes, so the BF16 bytes of those weights come off. Delayed
+    scaling keeps ``--fp8-amax-history-len`` FP32 amax values plus a scale per FP8 tensor."""
     if options.fp8_format is None:
         return 0.0 * np.asarray(tp, dtype=float)
     linear = linear_parameters(spec, tp)
     copies = 2 * (1 + FP8_SCALE_BYTES[options.fp8_recipe]) * linear
     dropped = options.element_bytes * linear if options.fp8_param_gather else 0.0
-    amax = 4 * (options.fp8_amax_history_len + 2) * AMAX_TENSORS_PER_LAYER if options.fp8_recipe == "delayed" else 0
+    amax = 0
+    if options.fp8_recipe == "delayed":
+        amax = 4 * (options.fp8_amax_history_len + AMAX_FLOATS_PER_TENSOR_EXTRA) * AMAX_TENSORS_PER_LAYER
     return copies - dropped + amax
 
 
 def fp8_activation_saving(spec: LlamaSpec, seq_len: int, mbs, options):
     """(saved with SP/TP split, saved that stays whole per TP rank without SP): bytes that one
-    layer's activations shrink by for one microbatch when the GEMM inputs are saved in FP8.
-    Transformer Engine saves each FP8 GEMM's input quantized (1 byte, plus MXFP8's scales) for
-    its weight-gradient GEMM instead of BF16 (2 bytes): the QKV input (sbh), the attention
-    output entering the projection (sb a d), the FC1 input (sbh) and the SwiGLU output entering
-    FC2 (sb h_ffn) of Eq. 11-12. The QKV and FC1 inputs are among the 8sbh that tensor
-    parallelism alone leaves whole."""
+    layer's activations shrink by for one microbatch with FP8 GEMMs (negative: they grow).
+
+    Transformer Engine saves each FP8 GEMM's input for the weight-gradient GEMM in FP8, one
+    copy of 1 byte per element (plus MXFP8's scales): TE 1.11 ``linear.py`` ``_Linear.forward``
+    saves ``inputmat`` (``cast_to_fp8``) or ``inputmat_t`` (``fp8_cast_transpose_fused``), not
+    both; TE 2.x keeps one usage (``inputmat.update_usage(rowwise_usage=False)`` or row-wise
+    only for the sequence-parallel all-gather). What that changes depends on who else holds the
+    BF16 tensor (Eq. 11-12 count each once):
+    - QKV and FC1 inputs (sbh each, whole per TP rank without SP): the fused norm writes FP8
+      directly and that FP8 output is what is saved (TE 1.11 ``layernorm_linear.py``:
+      ``ln_out_dtype = torch.uint8 if fp8 and not return_layernorm_output``, saved ``ln_out``;
+      TE 2.x ``with_quantized_norm``); the norm's BF16 input is saved as before. 2 -> 1 byte.
+    - FC2 input (sb h_ffn): Megatron's SwiGLU saves its own input, not its output, so the BF16
+      output is freed once FC2 has its FP8 copy. 2 -> 1 byte.
+    - Projection input (the attention output, sb a d): core attention keeps its BF16 output for
+      its backward (TE ``FusedAttnFunc``: ``qkvo_tensors = (q, k, v, out)`` unless FP8 attention),
+      which in BF16 is the same tensor the projection saves; in FP8 the projection saves an FP8
+      copy beside it. 2 -> 2 + 1 bytes: it grows."""
     zero = 0.0 * np.asarray(mbs, dtype=float)
     if options.fp8_format is None:
         return zero, zero
-    per_element = 1 - FP8_SCALE_BYTES[options.fp8_recipe]  # 2 bytes become 1 (+ scale)
+    scale = FP8_SCALE_BYTES[options.fp8_recipe]
     tokens = seq_len * np.asarray(mbs, dtype=float)
-    split = per_element * tokens * (spec.query_size + spec.ffn_hidden_size)
-    whole = per_element * tokens * 2 * spec.hidden_size
+    split = tokens * ((1 - scale) * spec.ffn_hidden_size - (1 + scale) * spec.query_size)
+    whole = (1 - scale) * tokens * 2 * spec.hidden_size
     return split + zero, whole + zero
 
 

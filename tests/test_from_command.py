@@ -111,6 +111,33 @@ def test_megatron_gpt3_175b_example_names_what_a_llama_spec_cannot_say():
     assert result.exit_code == 2 and "--vocab-size N" in result.stderr and result.stderr.count("\n") == 1
 
 
+
+def test_megatron_gpt3_175b_example_prices_fp16_gradients_as_megatron_reduces_them():
+    """--fp16 without --accumulate-allreduce-grads-in-fp32: Megatron keeps and reduces the gradients
+    in FP16 (``DistributedDataParallelConfig.grad_reduce_in_fp32`` stays False, so the grad buffer
+    takes the parameters' dtype), 2 bytes each in memory, in the DP reduction and in the flags."""
+    from advisor.options import TrainingOptions
+
+    options = TrainingOptions().with_(params_dtype="float16", grad_reduce_dtype="fp16", distributed_optimizer=False,
+                                      overlap_param_gather=False)
+    older = {"params_dtype": "float16", "gradient_bytes": 2}  # a row written before grad_reduce_dtype existed
+    assert TrainingOptions.from_dict(older).precision.grad_reduce_dtype == "fp16"
+    assert (options.memory_options().gradient_bytes, options.time_options().grad_reduce_bytes) == (2, 2)
+    args = options.megatron_args(tp=8)
+    assert "--fp16" in args and "--accumulate-allreduce-grads-in-fp32" not in args
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", str(COMMANDS / "megatron_gpt3_175b.sh"),
+                                      "--gpus", "1024", "--vocab-size", "50257", "--gpu", "h100-80gb",
+                                      "--format", "json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["options"]["grad_reduce_dtype"] == "fp16" and report["step_time_s"] > 0
+    # no distributed optimizer: 2-byte FP16 gradients, as many as the 2-byte FP16 weights, on every stage
+    assert all(stage["gradients_gib"] == stage["weights_gib"] for stage in report["stages"])
+    assert "--fp16" in report["megatron_args"] and "--accumulate-allreduce-grads-in-fp32" not in report["megatron_args"]
+    # what a Llama-shaped spec cannot say about GPT-3 is named, not ignored
+    assert any(item.startswith("no --swiglu") for item in report["unpriced"])
+    assert "--normalization LayerNorm (priced as RMSNorm)" in report["unpriced"]
+
 README_TORCHRUN = r"""CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 --standalone \
     -m launch.entry --megatron-lm Megatron-LM --profile-dir profiles/best -- \
     --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 \

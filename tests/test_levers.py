@@ -49,15 +49,21 @@ def test_fsdp_buffers():
 
 def test_fp8_weight_copies_and_saved_activations():
     options = memory(fp8_format="hybrid")
-    # two FP8 copies (row- and column-wise) of 218,103,808 GEMM weights, plus delayed scaling's amax history:
-    # 12 tensors x (1 + 2) FP32 values
-    assert levers.fp8_weight_bytes_per_layer(SPEC, 1, options) == 2 * 218_103_808 + 12 * 3 * 4
+    # two cached FP8 copies (row-wise and its transpose) of 218,103,808 GEMM weights, plus delayed scaling's
+    # amax history: 4 GEMMs x (3 forward + 2 backward) tensors x (history 1 + scale 1) FP32 values
+    assert levers.fp8_weight_bytes_per_layer(SPEC, 1, options) == 2 * 218_103_808 + 20 * 2 * 4
     # --fp8-param-gather drops the BF16 copy of those weights: 2 - 2 bytes, the amax history stays
     gather = memory(fp8_format="hybrid", fp8_param_gather=True)
-    assert levers.fp8_weight_bytes_per_layer(SPEC, 1, gather) == 144
+    assert levers.fp8_weight_bytes_per_layer(SPEC, 1, gather) == 160
+    history = memory(fp8_format="hybrid", fp8_amax_history_len=1024)
+    assert levers.fp8_weight_bytes_per_layer(SPEC, 1, history) == 2 * 218_103_808 + 20 * 1025 * 4
     split, whole = levers.fp8_activation_saving(SPEC, 8192, 1, options)
-    # one byte less per element of: attention output (a d = 4096) and SwiGLU output (14336); QKV and FC1 inputs (2h)
-    assert (float(split), float(whole)) == (8192 * (4096 + 14336), 8192 * 2 * 4096)
+    # one byte less per element of the SwiGLU output (14336) and of the QKV and FC1 inputs (2h); one byte
+    # more per element of the attention output (a d = 4096): attention keeps its BF16 copy beside the FP8 one
+    assert (float(split), float(whole)) == (8192 * (14336 - 4096), 8192 * 2 * 4096)
+    mx_split, mx_whole = levers.fp8_activation_saving(SPEC, 8192, 1, memory(fp8_format="e4m3", fp8_recipe="mxfp8"))
+    # MXFP8: each FP8 element carries 1/32 byte of scale
+    assert (float(mx_split), float(mx_whole)) == (8192 * (14336 * 31 / 32 - 4096 * 33 / 32), 8192 * 2 * 4096 * 31 / 32)
 
 
 def test_estimate_with_zero2_sharding():

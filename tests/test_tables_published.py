@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -22,6 +23,8 @@ def test_the_data_file_keeps_its_schema_and_marks_every_run_test():
                         r"\(.*read 2026-11-25\), table '.*'", run.source), run.source
         assert run.tp * run.cp * run.pp <= run.gpus and run.gpus % (run.tp * run.cp * run.pp) == 0
         assert "--bf16" in run.training_flags and ("--fp8-format" in run.training_flags) == (run.precision == "fp8")
+        # the recipe's configure.sh passes +model.fp8_params=$FP8_ENABLED: FP8 primary weights
+        assert ("--fp8-param-gather" in run.training_flags) == (run.precision == "fp8")
 
 
 def test_a_run_is_written_as_the_torchrun_line_a_user_would_paste():
@@ -41,3 +44,16 @@ def test_the_report_prices_every_run_and_the_bf16_runs_meet_their_targets():
     assert all(row["verdict"] in ("fits", "likely fits") for row in report["runs"] if row["precision"] == "bf16")
     bf16 = report["summary"]["bf16"]
     assert bf16["within_target"] == bf16["runs"] == 17 and bf16["mape"] <= 0.06
+
+
+def test_the_readme_section_is_what_the_command_writes(tmp_path):
+    readme = Path(__file__).parents[1] / "tables" / "README.md"
+    copy = tmp_path / "README.md"
+    copy.write_text(readme.read_text(encoding="utf-8"), encoding="utf-8")
+    result = CliRunner().invoke(main, ["--readme", str(copy)])
+    assert result.exit_code == 0, result.output
+    assert copy.read_text(encoding="utf-8") == readme.read_text(encoding="utf-8")  # committed README is current
+    bare = tmp_path / "bare.md"
+    bare.write_text("no markers\n", encoding="utf-8")
+    result = CliRunner().invoke(main, ["--readme", str(bare)])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and bare.read_text() == "no markers\n"

@@ -264,7 +264,8 @@ class TrainingOptions:
         older keys (``gradient_bytes``, ``element_bytes``) of files written before these options."""
         values = dict(values)
         if "gradient_bytes" in values:
-            values.setdefault("grad_reduce_dtype", "fp32" if values.pop("gradient_bytes") == 4 else "bf16")
+            half = "fp16" if values.get("params_dtype") == "float16" else "bf16"  # 2-byte gradients take the weights' type
+            values.setdefault("grad_reduce_dtype", "fp32" if values.pop("gradient_bytes") == 4 else half)
         if "element_bytes" in values:
             values.setdefault("params_dtype", "float32" if values.pop("element_bytes") == 4 else "bfloat16")
         if values.get("params_dtype") == "float32":
