@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,23 +33,11 @@ from advisor.errors import AdvisorError
 from advisor.memory import MemoryEstimate, MemoryOptions, StageTerms
 from advisor.models import LlamaSpec
 from advisor.options import TrainingOptions
+from advisor.paper_rule import DEFAULT_THRESHOLD, classify
 from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload, check_whole_nodes
 
 if TYPE_CHECKING:
     from advisor.space import SpaceOptions
-
-Verdict = Literal["fits", "tight", "oom"]
-"""The paper's verdicts; the calibrated memory model's are ``advisor.verdicts.CalibratedVerdict``."""
-DEFAULT_THRESHOLD = 0.8
-
-
-def classify(total_gib: float, memory_gib: float, threshold: float = DEFAULT_THRESHOLD) -> Verdict:
-    if total_gib <= threshold * memory_gib:
-        return "fits"
-    if total_gib <= memory_gib:
-        return "tight"
-    return "oom"
-
 
 @dataclass(frozen=True, slots=True)
 class SweepRow:
@@ -118,12 +106,6 @@ class SweepRow:
             **(self.assessment.to_dict() if self.assessment is not None else {}),
             **(self.timing or {}),
         }
-
-
-def ranking_key(row: SweepRow) -> tuple:
-    p = row.parallel
-    return (row.verdict != "fits", row.options.recompute != "none", p.model_parallel_size, -p.mbs, p.tp, p.pp,
-            row.recomputed_layers, row.estimate.total_gib, p.cp, p.vpp)
 
 
 @dataclass(frozen=True, slots=True)

@@ -267,7 +267,7 @@ OWN = [  # issue 24: thirty more, each tried for real first (all already one lin
     (EST + ["--cp", 3, "--gpus", 3], "sequence length 8192 must be divisible by 2 x CP = 6"),
     (EST + ["--tp", 2, "--gpus", 3], "--gpus 3 is not divisible by TP x CP x PP = 2"),
     (EST + ["--pp", 2, "--gpus", 2, "--layers-per-stage", "10,10,10"], "layers per stage lists 3 stages, but PP is 2"),
-    (EST + ["--pp", 2, "--gpus", 2, "--layers-per-stage", "a,b"], "--layers-per-stage must be comma-separated integers"),
+    (EST + ["--pp", 2, "--gpus", 2, "--layers-per-stage", "a,b"], "--layers-per-stage: expected comma-separated layer counts"),
     (EST + ["--pp", 2, "--gpus", 2, "--layers-per-stage", "-1,33"], "must be non-negative and sum to 32 layers"),
     (EST + ["--vpp", 0, "--gpus", 2, "--pp", 2], "'--vpp': must be at least 1, got 0"),
     (EST + ["--dp", 3, "--gpus", 8], "--dp 3 disagrees with --gpus 8 / (TP x CP x PP) = 8"),

@@ -11,9 +11,9 @@ from advisor.cli import moe as moe_cli
 from advisor.cli.moe import moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit,
-    gpu_options, memory_options, model_choice_options, model_options, output_options, parse_layer_counts,
-    workload_options,
+    gpu_options, model_choice_options, model_options, output_options, parse_layer_counts, workload_options,
 )
+from advisor.cli.training_flags import memory_options
 
 TABLE_ROWS = 30
 
@@ -462,7 +462,8 @@ def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, thresh
     None, the time parts or None). The one pricing of ``estimate``, also behind ``compare-log``."""
     from advisor.megatron_args import megatron_args
     from advisor.memory import estimate_memory
-    from advisor.sweep import SweepRow, classify
+    from advisor.paper_rule import classify
+    from advisor.sweep import SweepRow
 
     training = training.at_tp(parallel.tp)
     options = training.memory_options()
