@@ -29,7 +29,7 @@ from typing import Literal
 
 from advisor.memory import MemoryOptions
 from advisor.models import LlamaSpec
-from advisor.options import Attention, DataParallel, Precision, TensorParallel, TrainingOptions
+from advisor.options import Attention, DataParallel, Precision, TensorParallel, TrainingOptions, training_args
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -114,7 +114,7 @@ def _model_args(spec: LlamaSpec, seq_len: int) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=256)
 def _training_args(tp_above_one: bool, options: TrainingOptions, release) -> tuple[str, ...]:
-    return tuple(options.megatron_args(tp=2 if tp_above_one else 1, release=release))
+    return tuple(training_args(options, tp=2 if tp_above_one else 1, release=release))
 
 
 def _number(value: float) -> str:

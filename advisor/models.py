@@ -8,126 +8,15 @@ Megatron-LM's argument names, so that a spec maps one-to-one onto its flags.
 from __future__ import annotations
 
 import difflib
-import math
 import os
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 from pathlib import Path
 
-from advisor import limits
 from advisor.errors import AdvisorError
-
-
-# Bounds on a model's sizes and RoPE numbers live in advisor/limits.py, each with its reason. Each
-# is far above any released model (Llama-3.1-405B: 126 layers, h 16384, h_ffn 53248, 128 heads,
-# v 128256) and keeps every product the estimator forms a finite float.
-MODEL_LIMITS = {key: int(bound.high) for key, bound in limits.MODEL.items()}
-ROTARY_BASE_LIMIT = limits.ROTARY_BASE.high
-ROPE_SCALING_LIMIT = limits.ROPE_SCALING.high
-
-
-def _describe(value) -> str:
-    """A value for a one-line message, in JSON's words; a huge integer by its length."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, int) and abs(value) > 10**12:
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return repr(value if len(value) <= 40 else value[:37] + "...")
-    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
-
-
-def _positive_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LlamaSpec:
-    """The architecture of one Llama-family decoder (RMSNorm, SwiGLU, GQA, RoPE, no MLP biases).
-
-    Every field that Megatron-LM has a flag for is here, so that the launched network is the one
-    the user named (``advisor.megatron_args.model_args`` writes them)."""
-
-    name: str
-    """Preset name, or where the spec came from."""
-    num_layers: int
-    """L: transformer layers."""
-    hidden_size: int
-    """h."""
-    ffn_hidden_size: int
-    """h_ffn: the SwiGLU intermediate size."""
-    num_attention_heads: int
-    """a."""
-    num_query_groups: int
-    """k: key-value heads (k = a without grouped-query attention)."""
-    vocab_size: int
-    """v, before any padding."""
-    tie_embeddings: bool = False
-    """Whether the LM head shares the input embedding's weight (Llama 3.2 1B/3B do)."""
-    kv_channels: int | None = None
-    """d, the size of one attention head (Megatron's --kv-channels, Hugging Face's head_dim);
-    None: h/a. Mistral-NeMo has a x d = 4096 with h = 5120."""
-    add_qkv_bias: bool = False
-    """Biases on the Q, K and V projections only (Megatron's --add-qkv-bias; Qwen2)."""
-    rotary_base: float = 10000.0
-    """RoPE's theta (--rotary-base; Hugging Face's rope_theta). 10000 is both defaults."""
-    rope_scaling_factor: float | None = None
-    """Llama 3.1's RoPE frequency scaling, with this factor (--use-rope-scaling
-    --rope-scaling-factor; Megatron implements Llama 3's low 1 / high 4 / 8192 variant only)."""
-    norm_epsilon: float = 1e-5
-    """The RMSNorm epsilon (--norm-epsilon; Hugging Face's rms_norm_eps)."""
-
-    def __post_init__(self) -> None:
-        for key, limit in MODEL_LIMITS.items():
-            value = getattr(self, key)
-            if value is None and key == "kv_channels":
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise AdvisorError(f"model {self.name!r}: {key} must be a positive integer, got {_describe(value)}")
-            if value > limit:
-                raise AdvisorError(f"model {self.name!r}: {key} is {_describe(value)}, more than this tool "
-                                   f"handles ({limit})")
-        for key in ("tie_embeddings", "add_qkv_bias"):
-            if not isinstance(getattr(self, key), bool):
-                raise AdvisorError(f"model {self.name!r}: {key} must be true or false, got "
-                                   f"{_describe(getattr(self, key))}")
-        if not _positive_number(self.rotary_base) or self.rotary_base > ROTARY_BASE_LIMIT:
-            raise AdvisorError(f"model {self.name!r}: rotary_base must be a positive number up to "
-                               f"{ROTARY_BASE_LIMIT:g}, got {_describe(self.rotary_base)}")
-        if self.rope_scaling_factor is not None and not (
-                _positive_number(self.rope_scaling_factor) and 1 <= self.rope_scaling_factor <= ROPE_SCALING_LIMIT):
-            raise AdvisorError(f"model {self.name!r}: rope_scaling_factor must be a number from 1 to "
-                               f"{ROPE_SCALING_LIMIT:g}, got {_describe(self.rope_scaling_factor)}")
-        if not _positive_number(self.norm_epsilon) or self.norm_epsilon >= 1:
-            raise AdvisorError(f"model {self.name!r}: norm_epsilon must be a number between 0 and 1, "
-                               f"got {_describe(self.norm_epsilon)}")
-        if self.num_attention_heads % self.num_query_groups:
-            raise AdvisorError(
-                f"model {self.name!r}: num_attention_heads ({self.num_attention_heads}) must be a "
-                f"multiple of num_query_groups ({self.num_query_groups})"
-            )
-        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
-            raise AdvisorError(
-                f"model {self.name!r}: hidden_size ({self.hidden_size}) must be a multiple of "
-                f"num_attention_heads ({self.num_attention_heads}), or give kv_channels (head_dim)"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        """d: kv_channels, else h/a (Megatron's default for --kv-channels)."""
-        return self.kv_channels or self.hidden_size // self.num_attention_heads
-
-    @property
-    def query_size(self) -> int:
-        """a x d: the width of Q and of the attention output (h unless head_dim is explicit)."""
-        return self.num_attention_heads * self.head_dim
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from advisor.model_spec import _HF_MODEL_TYPES, LlamaSpec, _Config, _describe, dense_values
+from advisor.moe import spec as moe
+from advisor.moe.spec import PRESETS as MOE_PRESETS
 
 
 def _preset(name: str, L: int, h: int, ffn: int, a: int, k: int, v: int, *, rope_theta: float,
@@ -176,8 +65,6 @@ def _normalise(name: str) -> str:
 
 
 def preset(name: str) -> LlamaSpec:
-    from advisor.moe.spec import PRESETS as MOE_PRESETS
-
     key = _normalise(name)
     if key in PRESETS:
         return PRESETS[key]
@@ -186,104 +73,6 @@ def preset(name: str) -> LlamaSpec:
     close = difflib.get_close_matches(key, [*PRESETS, *MOE_PRESETS], n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise AdvisorError(f"unknown model {name!r}{hint} (run 'advisor models' for the presets, or pass a config.json)")
-
-
-# Hugging Face config.json -> LlamaSpec. The model types whose decoder is Llama's (pre-RMSNorm,
-# SwiGLU, RoPE, GQA); their configuration classes (LlamaConfig, MistralConfig, Qwen2Config) share
-# these keys and defaults: no GQA without num_key_value_heads, untied embeddings, rope_theta
-# 10000, rms_norm_eps 1e-6, hidden_act silu, head_dim h/a.
-_HF_REQUIRED = {
-    "num_hidden_layers": "num_layers",
-    "hidden_size": "hidden_size",
-    "intermediate_size": "ffn_hidden_size",
-    "num_attention_heads": "num_attention_heads",
-    "vocab_size": "vocab_size",
-}
-_HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
-_HF_DEFAULTS = {"tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
-# The only RoPE scaling Megatron-LM implements (--use-rope-scaling): Llama 3's, with these
-# constants fixed (megatron/core/models/common/embeddings/rotary_pos_embedding.py, _apply_scaling).
-_LLAMA3_ROPE_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-
-
-class _Config:
-    """One config.json, with messages that name the file and the key."""
-
-    def __init__(self, path: Path, config: dict) -> None:
-        self.path, self.config = path, config
-
-    def error(self, key: str, why: str) -> AdvisorError:
-        return AdvisorError(f"{self.path}: {key} {why}")
-
-    def get(self, key: str):
-        return self.config.get(key, _HF_DEFAULTS.get(key))
-
-    def integer(self, key: str) -> int:
-        value = self.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise self.error(key, f"must be a positive integer, got {_describe(value)}")
-        limit = MODEL_LIMITS[_HF_REQUIRED.get(key, {"num_key_value_heads": "num_query_groups",
-                                                    "head_dim": "kv_channels"}.get(key, key))]
-        if value > limit:
-            raise self.error(key, f"is {_describe(value)}, more than this tool handles ({limit})")
-        return value
-
-    def number(self, key: str) -> float:
-        value = self.get(key)
-        if not _positive_number(value):
-            raise self.error(key, f"must be a positive number, got {_describe(value)}")
-        return float(value)
-
-    def flag(self, key: str) -> bool:
-        value = self.get(key)
-        if value is None:
-            return False
-        if not isinstance(value, bool):
-            raise self.error(key, f"must be true or false, got {_describe(value)}")
-        return value
-
-    def rope_scaling(self) -> float | None:
-        """Llama 3's RoPE scaling factor, or None; any other scaling is refused by name."""
-        scaling = self.config.get("rope_scaling")
-        if scaling is None:
-            return None
-        if not isinstance(scaling, dict):
-            raise self.error("rope_scaling", f"must be an object or null, got {_describe(scaling)}")
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind != "llama3":
-            raise self.error("rope_scaling", f"of type {kind!r}: Megatron-LM implements only Llama 3's "
-                                             "(rope_type 'llama3', --use-rope-scaling)")
-        for key, fixed in _LLAMA3_ROPE_SCALING.items():
-            if scaling.get(key) != fixed:
-                raise self.error(f"rope_scaling.{key}", f"is {_describe(scaling.get(key))}: Megatron-LM's "
-                                                        f"--use-rope-scaling fixes it at {fixed:g}")
-        factor = scaling.get("factor")
-        if not _positive_number(factor) or not 1 <= factor <= ROPE_SCALING_LIMIT:
-            raise self.error("rope_scaling.factor", f"must be a number from 1 to {ROPE_SCALING_LIMIT:g}, "
-                                                    f"got {_describe(factor)}")
-        return float(factor)
-
-    def refuse(self, model_type: str) -> None:
-        """What the Llama decoder Megatron builds here cannot be: one line naming the key."""
-        if self.get("hidden_act") != "silu":
-            raise self.error("hidden_act", f"is {_describe(self.get('hidden_act'))}: this tool models SwiGLU "
-                                           "(silu), Megatron's --swiglu")
-        if model_type != "qwen2" and self.flag("attention_bias"):
-            raise self.error("attention_bias", "true puts biases on Q, K, V and the output projection; Megatron-LM "
-                                               "has --add-qkv-bias (Q, K, V only) or --add-bias-linear (every linear "
-                                               "layer), neither is this model")
-        if self.flag("mlp_bias"):
-            raise self.error("mlp_bias", "true: this tool models bias-free SwiGLU layers (--disable-bias-linear)")
-        if model_type in ("mistral", "mixtral") and self.config.get("sliding_window") is not None:
-            raise self.error("sliding_window", f"is {_describe(self.config['sliding_window'])}: this tool and "
-                                               "pretrain_gpt.py's Llama layers attend over the whole sequence; "
-                                               "set it to null if that is the model you train")
-        if model_type in ("qwen2", "qwen3_moe") and self.flag("use_sliding_window"):
-            raise self.error("use_sliding_window", "true: this tool and pretrain_gpt.py's Llama layers attend "
-                                                   "over the whole sequence")
-        partial = self.config.get("partial_rotary_factor", 1.0)
-        if partial != 1.0:
-            raise self.error("partial_rotary_factor", f"is {_describe(partial)}: this tool models RoPE on whole heads")
 
 
 def load_hf_config(path: str | Path) -> LlamaSpec:
@@ -302,8 +91,6 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
     model_type = document["model_type"]
     if not isinstance(model_type, str):
         raise config.error("model_type", f"must be a string, got {_describe(model_type)}")
-    from advisor.moe import spec as moe
-
     if model_type in moe.HF_MODEL_TYPES:
         return moe.load_moe_config(config, model_type)
     if model_type not in _HF_MODEL_TYPES:
@@ -314,29 +101,6 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
             raise config.error(key, f"is {_describe(document[key])}: a mixture of experts under model_type "
                                     f"{model_type!r}; this tool prices experts for {', '.join(moe.HF_MODEL_TYPES)}")
     return LlamaSpec(name=str(path), **dense_values(config, model_type))
-
-
-def dense_values(config: _Config, model_type: str, rope_scaling: bool = True) -> dict:
-    """The LlamaSpec fields of a config.json's decoder (every model type shares them)."""
-    document = config.config
-    missing = [key for key in _HF_REQUIRED if key not in document]
-    if missing:
-        raise AdvisorError(f"{config.path}: missing required key(s): {', '.join(missing)}")
-    values = {field: config.integer(key) for key, field in _HF_REQUIRED.items()}
-    heads = values["num_attention_heads"]
-    values["num_query_groups"] = heads if document.get("num_key_value_heads") is None else config.integer(
-        "num_key_value_heads")
-    if document.get("head_dim") is not None:
-        head_dim = config.integer("head_dim")
-        if head_dim * heads != values["hidden_size"]:  # else it is Megatron's default, h/a
-            values["kv_channels"] = head_dim
-    config.refuse(model_type)
-    values["tie_embeddings"] = config.flag("tie_word_embeddings")
-    values["add_qkv_bias"] = model_type == "qwen2"  # Qwen2Attention: biases on q, k, v; none on o
-    values["rotary_base"] = config.number("rope_theta")
-    values["rope_scaling_factor"] = config.rope_scaling() if rope_scaling else None
-    values["norm_epsilon"] = config.number("rms_norm_eps")
-    return values
 
 
 def load_model(name_or_path: str) -> LlamaSpec:

@@ -8,7 +8,7 @@
   ``ranking`` section) come first ordered by ``simplicity_key``: the simplest layout whose speed
   the model cannot tell from the fastest's.
 - ``memory``: the most headroom first (lowest predicted usage).
-- ``paper``: seed 004, Section 4.2's rule as ``advisor.sweep.ranking_key`` implements it.
+- ``paper``: seed 004, Section 4.2's rule as ``advisor.paper_rule.ranking_key`` implements it.
 Rows not expected to run are never ranked.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Callable, Literal, Sequence, TypeVar
 
 from advisor.errors import AdvisorError
+from advisor.paper_rule import classify, ranking_key
 from advisor.verdicts import EXPECTED_TO_RUN
 
 RankBy = Literal["throughput", "memory", "paper"]
@@ -135,7 +136,6 @@ def assess_rows(rows, spec, workload, memory_gib: float, *, gpu=None, memory_mod
     import numpy as np
 
     from advisor.memory import MemoryOptions
-    from advisor.sweep import classify, ranking_key
     from advisor.throughput import TimeModel, TimeOptions
     from advisor.verdicts import assess
 

@@ -52,6 +52,7 @@ from advisor.memory_levers import state_bytes_per_parameter
 from advisor.models import LlamaSpec
 from advisor.parallel import Workload
 from advisor.splits import Pipelines, Split, fastest_within, fill, lowest_memory, memory_caps, min_max
+from advisor import space_chunks
 from advisor.verdicts import MemoryCalibration, calibrated_terms
 
 if TYPE_CHECKING:
@@ -479,17 +480,15 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
     ``memory_calibration``, against the calibrated model's usage (``advisor.verdicts``: fits,
     within 1 - band of the memory, then likely fits, within all of it), its activations scaled by
     the ``measured`` ratios of ``--memory-model profile`` where given."""
-    from advisor.space_chunks import chunks, merge
-
     bases = launchable(spec, workload, gpus, max_tp, options, space.split)
     group_base, group_vpp = _groups(spec, bases, space)
-    parts, indices = [], chunks(bases.pp, group_base, timing is not None)  # a bounded working set (space_chunks)
+    parts, indices = [], space_chunks.chunks(bases.pp, group_base, timing is not None)  # a bounded working set
     for index in indices:
         inside = np.isin(group_base, index)
         parts.append(_search_part(spec, workload, bases.take(index), np.searchsorted(index, group_base[inside]),
                                   group_vpp[inside], memory_gib, threshold=threshold, options=options, space=space,
                                   timing=timing, memory_calibration=memory_calibration, measured=measured))
-    return merge(parts, indices)
+    return space_chunks.merge(parts, indices)
 
 
 def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: np.ndarray, group_vpp: np.ndarray,

@@ -37,9 +37,9 @@ def chunks(pp: np.ndarray, group_base: np.ndarray, timed: bool) -> list[np.ndarr
 
 def merge(parts: list, indices: list[np.ndarray]):
     """One ``SpaceResult`` from the chunks' (result, kept) ``parts``, each chunk's ``indices``
-    into the bases, in the bases' order."""
+    into the bases, in the bases' order. The merged values have the parts' own types (this
+    module serves ``advisor.space`` and does not import it)."""
     from advisor.memory import StageTerms
-    from advisor.space import Bases, Chosen, SpaceResult
 
     if len(parts) == 1:
         return parts[0][0]
@@ -59,6 +59,7 @@ def merge(parts: list, indices: list[np.ndarray]):
     if chosen[0].steps is not None:
         steps = type(chosen[0].steps)(**{f.name: rows([np.asarray(getattr(c.steps, f.name)) for c in chosen])
                                          for f in fields(chosen[0].steps)})
+    Bases, Chosen, SpaceResult = type(results[0].bases), type(chosen[0]), type(results[0])
     merged = Chosen(**{name: rows([getattr(c, name) for c in chosen])
                        for name in ("vpp", "recompute", "recompute_method", "recompute_layers", "counts", "step_time")},
                     terms=terms, steps=steps)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,23 +33,11 @@ from advisor.errors import AdvisorError
 from advisor.memory import MemoryEstimate, MemoryOptions, StageTerms
 from advisor.models import LlamaSpec
 from advisor.options import TrainingOptions
+from advisor.paper_rule import DEFAULT_THRESHOLD, classify
 from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload, check_whole_nodes
 
 if TYPE_CHECKING:
     from advisor.space import SpaceOptions
-
-Verdict = Literal["fits", "tight", "oom"]
-"""The paper's verdicts; the calibrated memory model's are ``advisor.verdicts.CalibratedVerdict``."""
-DEFAULT_THRESHOLD = 0.8
-
-
-def classify(total_gib: float, memory_gib: float, threshold: float = DEFAULT_THRESHOLD) -> Verdict:
-    if total_gib <= threshold * memory_gib:
-        return "fits"
-    if total_gib <= memory_gib:
-        return "tight"
-    return "oom"
-
 
 @dataclass(frozen=True, slots=True)
 class SweepRow:
@@ -120,12 +108,6 @@ class SweepRow:
         }
 
 
-def ranking_key(row: SweepRow) -> tuple:
-    p = row.parallel
-    return (row.verdict != "fits", row.options.recompute != "none", p.model_parallel_size, -p.mbs, p.tp, p.pp,
-            row.recomputed_layers, row.estimate.total_gib, p.cp, p.vpp)
-
-
 @dataclass(frozen=True, slots=True)
 class Sweep:
     """The rows, ranked ones first in rank order, then the oom ones by memory; and how much of the
@@ -150,6 +132,79 @@ def _row_options(options: TrainingOptions, recompute: str, method: str, layers: 
     if recompute == "selective":
         return options.with_(recompute="selective", recompute_method="uniform", recompute_num_layers=1)
     return options.with_(recompute="full", recompute_method=method, recompute_num_layers=int(layers))
+
+
+def _check_inputs(spec: LlamaSpec, gpus: int, memory_gib: float, *, threshold: float, memory_model: str,
+                  measured, whole_node: int, space: SpaceOptions) -> None:
+    """One line (AdvisorError) for a sweep that cannot be asked, before anything is priced."""
+    from advisor.ranking import check_memory_model
+
+    if gpus < 1:
+        raise AdvisorError(f"the GPU count must be positive, got {gpus}")
+    if not memory_gib > 0 or math.isinf(memory_gib):
+        raise AdvisorError(f"GPU memory must be a positive number of GiB, got {memory_gib}")
+    if not 0 < threshold <= 1:
+        raise AdvisorError(f"the threshold must be in (0, 1], got {threshold}")
+    check_memory_model(memory_model, measured)
+    check_whole_nodes(gpus, whole_node)
+    if space.recompute_num_layers is not None and space.recompute_num_layers > spec.num_layers:
+        raise AdvisorError(f"--recompute-num-layers {space.recompute_num_layers} is more than the model's "
+                           f"{spec.num_layers} layers")
+
+
+def _timing(spec: LlamaSpec, workload: Workload, gpu, time_options):
+    """The time model that plans and prices the rows on ``gpu`` (``advisor.rank_times.Timing``)."""
+    from advisor.rank_times import Timing
+    from advisor.throughput import TimeModel
+
+    if workload.global_batch_size is None:
+        raise AdvisorError("predicting time needs a global batch size (--gbs)")
+    return Timing(TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, None, time_options),
+                  gpu.gpus_per_node)
+
+
+def _no_layout(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, space: SpaceOptions) -> AdvisorError:
+    """Why no (TP, CP, PP, MBS) is launchable: every rule a layout must meet, in one line."""
+    split = "PP must divide" if space.split == "even" else "PP at most"
+    return AdvisorError(
+        f"no valid (TP, CP, PP, MBS) for {gpus} GPUs with {spec.name}: DP = GPUs / (TP x CP x PP) "
+        f"must be whole, {split} {spec.num_layers} layers, TP (at most {max_tp}) must divide "
+        f"{spec.num_attention_heads} heads and {spec.num_query_groups} KV heads, and the global "
+        f"batch {workload.global_batch_size} must be divisible by MBS x DP"
+        + (f"; VPP {space.vpp} needs PP > 1, at least {space.vpp} layers per stage and the microbatches a "
+           f"multiple of PP" if space.vpp not in (None, 1) else "")
+    )
+
+
+def _rows(bases, chosen, training: TrainingOptions, memory_gib: float, threshold: float, timing,
+          tokens: float | None) -> list[SweepRow]:
+    """One ``SweepRow`` per base of the search's result, with the paper's verdict (Eq. 18's rule)."""
+    from advisor.ranking import timing_fields
+
+    row_options = {}  # few distinct recomputations among thousands of rows
+    rows = []
+    columns = np.arange(chosen.terms.parameters.shape[1])[None, :]
+    totals = np.where(columns < bases.pp[:, None], chosen.terms.total, -np.inf)
+    peak = totals.argmax(axis=1)
+    total = totals.max(axis=1) / 2**30
+    timings = (timing_fields(timing.model, chosen.steps, bases.tp * bases.cp * bases.pp * bases.dp, bases.tp, tokens)
+               if timing is not None else [None] * len(bases))
+    for b in range(len(bases)):
+        pp = int(bases.pp[b])
+        parallel = ParallelConfig(tp=int(bases.tp[b]), cp=int(bases.cp[b]), pp=pp, dp=int(bases.dp[b]),
+                                  mbs=int(bases.mbs[b]), vpp=int(chosen.vpp[b]))
+        terms = StageTerms(**{name: getattr(chosen.terms, name)[b, :pp] for name in StageTerms.__dataclass_fields__})
+        m = bases.microbatches[b]
+        recompute = (str(chosen.recompute[b]), str(chosen.recompute_method[b]), int(chosen.recompute_layers[b]))
+        if recompute not in row_options:
+            trained = _row_options(training, *recompute)
+            row_options[recompute] = trained, trained.memory_options()
+        rows.append(SweepRow(
+            parallel=parallel, num_microbatches=None if math.isinf(m) else int(m),
+            estimate=MemoryEstimate(terms, tuple(chosen.counts[b, :pp].tolist()), int(peak[b])),
+            memory_gib=memory_gib, verdict=classify(float(total[b]), memory_gib, threshold),
+            options=row_options[recompute][1], training=row_options[recompute][0], timing=timings[b]))
+    return rows
 
 
 def sweep(
@@ -179,31 +234,14 @@ def sweep(
     Eq. 18 and the 80% rule, 'calibrated', or 'profile' with ``measured`` activations,
     ``advisor.profile_terms``; the space is planned against the same model, its variants and
     splits chosen to fit by the verdicts' own rule; ``rank_by`` throughput | memory | paper)."""
-    from advisor.ranking import assess_rows, check_memory_model, timing_fields
+    from advisor.ranking import assess_rows
     from advisor.space import SpaceOptions, search
 
-    if gpus < 1:
-        raise AdvisorError(f"the GPU count must be positive, got {gpus}")
-    if not memory_gib > 0 or math.isinf(memory_gib):
-        raise AdvisorError(f"GPU memory must be a positive number of GiB, got {memory_gib}")
-    if not 0 < threshold <= 1:
-        raise AdvisorError(f"the threshold must be in (0, 1], got {threshold}")
-    check_memory_model(memory_model, measured)
-    check_whole_nodes(gpus, gpu.gpus_per_node if gpu is not None else max_tp)
     space = space or SpaceOptions()
+    _check_inputs(spec, gpus, memory_gib, threshold=threshold, memory_model=memory_model, measured=measured,
+                  whole_node=gpu.gpus_per_node if gpu is not None else max_tp, space=space)
     training, options = options, options.memory_options()
-    if space.recompute_num_layers is not None and space.recompute_num_layers > spec.num_layers:
-        raise AdvisorError(f"--recompute-num-layers {space.recompute_num_layers} is more than the model's "
-                           f"{spec.num_layers} layers")
-    timing = None
-    if gpu is not None:
-        from advisor.rank_times import Timing
-        from advisor.throughput import TimeModel
-
-        if workload.global_batch_size is None:
-            raise AdvisorError("predicting time needs a global batch size (--gbs)")
-        timing = Timing(TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, None,
-                                  time_options or training.time_options()), gpu.gpus_per_node)
+    timing = _timing(spec, workload, gpu, time_options or training.time_options()) if gpu is not None else None
     memory_calibration = None
     if memory_model in ("calibrated", "profile"):  # plan against the model that judges the rows
         from advisor.throughput.calibration import load_memory_calibration
@@ -213,37 +251,8 @@ def sweep(
                     space=space, timing=timing, memory_calibration=memory_calibration, measured=measured)
     bases, chosen = result.bases, result.chosen
     if not len(bases):
-        split = "PP must divide" if space.split == "even" else "PP at most"
-        raise AdvisorError(
-            f"no valid (TP, CP, PP, MBS) for {gpus} GPUs with {spec.name}: DP = GPUs / (TP x CP x PP) "
-            f"must be whole, {split} {spec.num_layers} layers, TP (at most {max_tp}) must divide "
-            f"{spec.num_attention_heads} heads and {spec.num_query_groups} KV heads, and the global "
-            f"batch {workload.global_batch_size} must be divisible by MBS x DP"
-            + (f"; VPP {space.vpp} needs PP > 1, at least {space.vpp} layers per stage and the microbatches a "
-               f"multiple of PP" if space.vpp not in (None, 1) else "")
-        )
-    rows, row_options = [], {}  # few distinct recomputations among thousands of rows
-    columns = np.arange(chosen.terms.parameters.shape[1])[None, :]
-    totals = np.where(columns < bases.pp[:, None], chosen.terms.total, -np.inf)
-    peak = totals.argmax(axis=1)
-    total = totals.max(axis=1) / 2**30
-    timings = (timing_fields(timing.model, chosen.steps, bases.tp * bases.cp * bases.pp * bases.dp, bases.tp, tokens)
-               if timing is not None else [None] * len(bases))
-    for b in range(len(bases)):
-        pp = int(bases.pp[b])
-        parallel = ParallelConfig(tp=int(bases.tp[b]), cp=int(bases.cp[b]), pp=pp, dp=int(bases.dp[b]),
-                                  mbs=int(bases.mbs[b]), vpp=int(chosen.vpp[b]))
-        terms = StageTerms(**{name: getattr(chosen.terms, name)[b, :pp] for name in StageTerms.__dataclass_fields__})
-        m = bases.microbatches[b]
-        recompute = (str(chosen.recompute[b]), str(chosen.recompute_method[b]), int(chosen.recompute_layers[b]))
-        if recompute not in row_options:
-            trained = _row_options(training, *recompute)
-            row_options[recompute] = trained, trained.memory_options()
-        rows.append(SweepRow(
-            parallel=parallel, num_microbatches=None if math.isinf(m) else int(m),
-            estimate=MemoryEstimate(terms, tuple(chosen.counts[b, :pp].tolist()), int(peak[b])),
-            memory_gib=memory_gib, verdict=classify(float(total[b]), memory_gib, threshold),
-            options=row_options[recompute][1], training=row_options[recompute][0], timing=timings[b]))
+        raise _no_layout(spec, workload, gpus, max_tp, space)
+    rows = _rows(bases, chosen, training, memory_gib, threshold, timing, tokens)
     assessments = None
     if memory_calibration is not None:  # the calibrated (or profile) model judges all rows at once
         from advisor.verdicts import assess_stages

@@ -18,14 +18,13 @@ are the physical estimates they start from.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from advisor.errors import AdvisorError
 from advisor.memory import GIB, MemoryEstimate, MemoryOptions
+from advisor.memory_calibration import MemoryCalibration
 from advisor.models import LlamaSpec
 from advisor import memory_terms as terms
 from advisor.equations import padded_vocab_size
@@ -34,48 +33,6 @@ CalibratedVerdict = Literal["fits", "likely fits", "likely oom", "oom"]
 CALIBRATED_VERDICTS: tuple[CalibratedVerdict, ...] = ("fits", "likely fits", "likely oom", "oom")
 EXPECTED_TO_RUN = ("fits", "likely fits", "tight")
 """Verdicts a ranking keeps: the calibrated model's two that fit, and the paper's fits/tight."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MemoryCalibration:
-    """The calibrated memory model's constants."""
-
-    overhead_gib: float = 2.5
-    """Memory outside PyTorch's tensors (CUDA context, NCCL buffers, workspaces), GiB: a
-    physical estimate (``memory_terms.runtime_overhead_bytes``), not fitted."""
-    reserve_fraction: float = 0.05
-    """The caching allocator's reserve and fragmentation, which grow with the device: a
-    fraction of the GPU's memory."""
-    activation_factor: float = 1.0
-    """Allocator fragmentation and reserve on the activations (caching-allocator blocks that
-    cannot be reused at the peak): reserved / allocated."""
-    band: float = 0.05
-    """Half-width of the 'likely' zone around the memory size, as a fraction of it."""
-    dataloader_mask: bool = True
-    """Count the data loader's s x s mask (Megatron's default creates it)."""
-    fitted: tuple[str, ...] = ()
-    fitted_on: str = "not fitted: physical estimates"
-
-    def __post_init__(self) -> None:
-        for name in ("overhead_gib", "reserve_fraction", "activation_factor", "band"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise AdvisorError(f"memory calibration: {name} must be a non-negative number, got {value!r}")
-
-    def to_dict(self) -> dict:
-        return {
-            "overhead_gib": self.overhead_gib, "reserve_fraction": self.reserve_fraction,
-            "activation_factor": self.activation_factor, "band": self.band,
-            "dataloader_mask": self.dataloader_mask, "fitted": list(self.fitted), "fitted_on": self.fitted_on,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict, where: str = "memory calibration") -> "MemoryCalibration":
-        keys = {"overhead_gib", "reserve_fraction", "activation_factor", "band", "dataloader_mask", "fitted",
-                "fitted_on"}
-        if not isinstance(data, dict) or set(data) != keys:
-            raise AdvisorError(f"{where}: expected exactly the keys {', '.join(sorted(keys))}")
-        return cls(**{**data, "fitted": tuple(data["fitted"])})
 
 
 @dataclass(frozen=True, slots=True)

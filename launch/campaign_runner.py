@@ -41,7 +41,8 @@ from typing import Sequence
 
 import click
 
-from advisor.capture.campaign_run import PROFILING_ITERATIONS, prepare, run_campaign, world_size
+from advisor.capture.campaign import PROFILING_ITERATIONS
+from advisor.capture.campaign_run import prepare, run_campaign, world_size
 from advisor.cli.options import OneLineCommand
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec

@@ -1,4 +1,5 @@
-"""The Megatron-LM versions the launcher knows, as data: the one place that knows them.
+"""The Megatron-LM versions the launcher knows: the release table (``advisor.releases``, the one
+place that knows them) and what a launch does with it.
 
 Each entry was read from, and is tested against, a real checkout of the release named in
 ``checked`` (``tests/test_megatron_real.py`` runs the launcher's argument lists through that
@@ -39,74 +40,19 @@ import ast
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from advisor.errors import AdvisorError
+from advisor.releases import RELEASES, MegatronRelease
 
 PACKAGE_INFO = Path("megatron") / "core" / "package_info.py"
 PACKAGE_INFO_BYTES = 1 << 20
 """A real one is about 1 KiB; a megabyte is room enough and bounds what a bad checkout costs."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MegatronVersion:
-    """What one Megatron-LM release line needs and builds (see the module docstring)."""
-
-    release: tuple[int, int]
-    """(major, minor): the rules hold for every patch release of this minor."""
-    checked: str
-    """The release tag these rules were read from and are tested against."""
-    python: tuple[int, int]
-    """The oldest Python it runs on (requires-python of its pyproject.toml)."""
-    null_tokenizer_extra_rows: int
-    """NullTokenizer.vocab_size - --vocab-size: 1 where it adds an end-of-document token."""
-    mock_data_max_token_id: int | None
-    """The largest token id --mock-data feeds whatever the vocabulary; None: ids modulo it."""
-    pretrain: Literal["providers", "config_container"]
-    """pretrain(dataset_provider, model_provider, ...) or pretrain(config_container, dataset_provider,
-    model_type, forward_step, model_provider=None, ...)."""
-    transformer_config_module: str
-    """Where core_transformer_config_from_args lives."""
-    lacks: frozenset[str] = frozenset()
-    """Flags the launcher may write that this release does not have."""
-    imports: tuple[tuple[str, str], ...] = ()
-    """(module, why) for each module outside the standard library that its pretrain_gpt.py imports
-    on the way to training: found by importing the script's module level (and, for core_v0.15.2,
-    the tokenizer module it builds) with each candidate refused in turn, and by the modules a
-    real launch loaded (PYTHONPROFILEIMPORTTIME); the ``megatron`` extra of pyproject.toml
-    installs them all. torch's own dependencies (sympy, setuptools) come with torch."""
-
-    @property
-    def name(self) -> str:
-        return f"Megatron-LM core {self.release[0]}.{self.release[1]}"
-
-    @property
-    def python_text(self) -> str:
-        return f"Python >= {self.python[0]}.{self.python[1]}"
-
-    def null_tokenizer_vocab_flag(self, rows: int) -> int:
-        """The --vocab-size that makes its NullTokenizer give ``rows`` tokens."""
-        return rows - self.null_tokenizer_extra_rows
-
-
-VERSIONS: tuple[MegatronVersion, ...] = (
-    MegatronVersion(
-        release=(0, 15), checked="core_v0.15.2", python=(3, 10), null_tokenizer_extra_rows=1,
-        mock_data_max_token_id=4094, pretrain="providers",
-        transformer_config_module="megatron.training.arguments",
-        imports=(("torch", ""), ("numpy", ""), ("packaging", ": megatron/training/arguments.py"),
-                 ("six", ": megatron/training/tokenizer/bert_tokenization.py"),
-                 ("regex", ": megatron/training/tokenizer/gpt2_tokenization.py"),
-                 ("yaml", ": megatron/training/yaml_arguments.py")),
-    ),
-    MegatronVersion(
-        release=(0, 19), checked="core_v0.19.0", python=(3, 12), null_tokenizer_extra_rows=0,
-        mock_data_max_token_id=None, pretrain="config_container",
-        transformer_config_module="megatron.training.argument_utils",
-        imports=(("torch", ""), ("numpy", ""),
-                 ("packaging", ": megatron/core/dist_checkpointing/strategies/torch.py")),
-    ),
-)
+MegatronVersion = MegatronRelease
+"""The launcher's name for one release's facts (``advisor.releases.MegatronRelease``)."""
+VERSIONS: tuple[MegatronVersion, ...] = RELEASES
 NEWEST = VERSIONS[-1]
 
 

@@ -23,7 +23,8 @@ from typing import Sequence
 
 import click
 
-from advisor.capture.campaign_run import PROFILING_ITERATIONS, prepare, scan
+from advisor.capture.campaign import PROFILING_ITERATIONS
+from advisor.capture.campaign_run import prepare, scan
 from advisor.cli.options import OneLineCommand
 from advisor.errors import AdvisorError
 from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS, ShellWord, SlurmJob, Topology, wrap

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import click
 
-from advisor.capture.campaign_run import PROFILING_ITERATIONS
+from advisor.capture.campaign import PROFILING_ITERATIONS
 from advisor.cli.profile import run_options
 from advisor.cli.options import OneLineCommand
 from advisor.memory import GIB
@@ -188,7 +188,7 @@ class SymbolicExecutor:
         gc.freeze()  # torch's and megatron's objects: each stage's collections skip them
 
     def run(self, campaign: dict, run: dict, directory: Path) -> None:
-        from megatron_hooks.symbolic import run_symbolic
+        from megatron_hooks.symbolic_run import run_symbolic
 
         config = _config(campaign, run, directory, None, self.memory_limit_bytes, backend="symbolic",
                          layer_spec=self.layer_spec)

@@ -113,7 +113,7 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
         import gc
 
         from megatron_hooks.emulate import _checked
-        from megatron_hooks.symbolic import run_symbolic
+        from megatron_hooks.symbolic_run import run_symbolic
 
         gc.freeze()  # torch's and megatron's objects: the collection before each iteration skips them
         from advisor.profiles import load_run

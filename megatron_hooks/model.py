@@ -152,8 +152,6 @@ def build_gpt_model(
         raise ValueError(f"layer spec must be one of {', '.join(LAYER_SPECS)}, got {layer_spec!r}")
     experts = getattr(spec, "num_experts", None)
     if experts:
-        from megatron_hooks.moe_layer import moe_config_overrides
-
         config_overrides = {**moe_config_overrides(spec), **config_overrides}
     if layer_spec == "transformer_engine":
         from megatron_hooks.kernels import transformer_engine_spec
@@ -203,3 +201,27 @@ def _renumber(layer: torch.nn.Module, number: int) -> None:
 def causal_mask(seq_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Megatron's boolean attention mask, [1, 1, s, s], True where a position is masked."""
     return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), diagonal=1)[None, None]
+
+
+def moe_config_overrides(spec) -> dict:
+    """megatron-core ``TransformerConfig`` fields of an MoE spec, as Megatron-LM's MoE flags set
+    them (``--num-experts --moe-router-topk --moe-ffn-hidden-size
+    --moe-shared-expert-intermediate-size --moe-router-score-function ...``), dropless, with the
+    allgather dispatcher (EP 1) and no auxiliary loss (its scalars keep a few E-sized tensors)."""
+    if spec.mla is not None:
+        # megatron-core 0.16.1's local spec hands MLA's k_channels to DotProductAttention, which
+        # takes none; MLA needs Transformer Engine's attention, which does not import here.
+        raise NotImplementedError("multi-latent attention does not build without Transformer Engine "
+                                  "(megatron-core's local DotProductAttention takes no k_channels)")
+    values = dict(num_moe_experts=spec.num_experts, moe_router_topk=spec.moe_router_topk,
+                  moe_ffn_hidden_size=spec.moe_ffn_hidden_size, moe_token_dispatcher_type="allgather",
+                  moe_router_load_balancing_type="none", moe_router_score_function=spec.score_function,
+                  moe_router_enable_expert_bias=spec.expert_bias, moe_router_dtype="fp32",
+                  qk_layernorm=spec.qk_layernorm)
+    if spec.shared_expert_size:
+        values["moe_shared_expert_intermediate_size"] = spec.shared_expert_size
+    if spec.router_num_groups:
+        values.update(moe_router_num_groups=spec.router_num_groups, moe_router_group_topk=spec.router_group_topk)
+    if spec.router_topk_scaling_factor:
+        values["moe_router_topk_scaling_factor"] = spec.router_topk_scaling_factor
+    return values

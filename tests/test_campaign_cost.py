@@ -102,7 +102,7 @@ def test_the_cost_is_said_before_the_runner_starts(advisor, tmp_path, monkeypatc
 
     path = tmp_path / "c.json"
     path.write_text(json.dumps(campaign()))
-    monkeypatch.setattr(relay, "missing_modules", lambda checkout=None: [])
+    monkeypatch.setattr(relay, "missing_modules", lambda *args: [])
     monkeypatch.setattr(relay, "relay", interrupted)
     result = advisor("profile", "run", path, "--out", tmp_path / "runs", expect=130)
     first, second = result.stderr.strip().splitlines()

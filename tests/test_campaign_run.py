@@ -168,7 +168,7 @@ def campaign_file(tmp_path):
 
 def test_missing_torch_is_one_line(advisor, campaign_file, tmp_path, monkeypatch):
     """torch is installed here; what the command sees of a machine without it is faked."""
-    monkeypatch.setattr("advisor.capture.relay.missing_modules", lambda checkout=None: ["torch", "megatron.core"])
+    monkeypatch.setattr("advisor.capture.relay.missing_modules", lambda *args: ["torch", "megatron.core"])
     line = advisor.error("profile", "run", campaign_file, "--out", tmp_path / "runs")
     assert line == ("Error: advisor profile run needs torch and megatron-core, and torch and megatron.core cannot "
                     "be imported here: pip install torch && pip install -e '.[megatron]'")

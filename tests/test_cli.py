@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from advisor.models import preset
 from advisor.parallel import Workload
-from advisor.sweep import ranking_key, sweep
+from advisor.paper_rule import ranking_key
+from advisor.sweep import sweep
 
 ROW_KEYS = {"tp", "cp", "pp", "mbs", "dp", "gpus", "total_gib", "model_states_gib", "activations_gib",
             "verdict", "rank"}

@@ -3,7 +3,7 @@
 import pytest
 
 from advisor.errors import AdvisorError
-from advisor.options import TrainingOptions, parse_training_args, release_defaults
+from advisor.options import TrainingOptions, parse_training_args, release_defaults, training_args
 
 LEVERS = TrainingOptions().with_(grad_reduce_dtype="bf16", fsdp_strategy="optim_grads", fp8_format="hybrid",
                                  fp8_param_gather=True, optimizer_cpu_offload=True, recompute="full",
@@ -16,7 +16,7 @@ LEVERS = TrainingOptions().with_(grad_reduce_dtype="bf16", fsdp_strategy="optim_
                                                              overlap_grad_reduce=False, vocab_divisible_by=128)])
 @pytest.mark.parametrize("tp", [1, 8])
 def test_flags_read_back_as_the_same_options(options, tp):
-    argv = [*options.megatron_args(tp=tp), "--tensor-model-parallel-size", str(tp)]
+    argv = [*training_args(options, tp=tp), "--tensor-model-parallel-size", str(tp)]
     for release in ("core_v0.15.2", "0.19"):
         assert parse_training_args(argv, release) == (options.at_tp(tp), [])
 

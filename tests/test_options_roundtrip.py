@@ -6,7 +6,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from advisor.options import FP8_RECIPES, FSDP_STRATEGIES, TrainingOptions, parse_training_args
+from advisor.options import FP8_RECIPES, FSDP_STRATEGIES, TrainingOptions, parse_training_args, training_args
 
 @st.composite
 def training_options(draw) -> TrainingOptions:
@@ -40,7 +40,7 @@ def training_options(draw) -> TrainingOptions:
 @settings(max_examples=300, deadline=None)
 @given(training_options(), st.sampled_from([1, 2, 8]), st.sampled_from(["core_v0.15.2", "0.19"]))
 def test_any_options_read_back_from_their_flags(options, tp, release):
-    argv = [*options.megatron_args(tp=tp, release=release), "--tensor-model-parallel-size", str(tp)]
+    argv = [*training_args(options, tp=tp, release=release), "--tensor-model-parallel-size", str(tp)]
     assert parse_training_args(argv, release) == (options.at_tp(tp), [])
 
 

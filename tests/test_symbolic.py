@@ -98,7 +98,7 @@ TE_RUN = ["--layer-spec", "transformer_engine", "--dtype", "bfloat16", "--backen
 def every_rank(out, flags) -> None:
     """The same run with every TP, CP and DP rank run (run_symbolic(every_rank=True))."""
     code = (
-        "import sys; from megatron_hooks.emulate_cli import main; import megatron_hooks.symbolic as s; "
+        "import sys; from megatron_hooks.emulate_cli import main; import megatron_hooks.symbolic_run as s; "
         "run = s.run_symbolic; s.run_symbolic = lambda c, st, **k: run(c, st, every_rank=True, **k); "
         f"sys.argv = ['emulate'] + {json.dumps(list(map(str, flags)))} + ['--out', {str(out)!r}]; main()"
     )

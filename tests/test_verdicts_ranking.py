@@ -11,7 +11,8 @@ from advisor.models import preset
 from advisor.parallel import ParallelConfig, Workload
 from advisor.ranking import order
 from advisor.space import PAPER_SPACE
-from advisor.sweep import DEFAULT_THRESHOLD, classify, sweep
+from advisor.paper_rule import DEFAULT_THRESHOLD, classify
+from advisor.sweep import sweep
 from advisor.throughput.calibration import CALIBRATION_FILE, SCHEMA, load_memory_calibration, parse_calibration
 from advisor.verdicts import MemoryCalibration, assess, verdict_for
 from conftest import Invoker

@@ -55,6 +55,8 @@ from advisor.render import counts_text
 
 SCHEMA = "megatron-4d-advisor/campaign"
 VERSION = 1
+PROFILING_ITERATIONS = 2
+"""Training iterations of one profiling run, as CAPTURE's."""
 Mode = Literal["full", "reduced", "measure"]
 
 

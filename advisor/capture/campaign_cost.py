@@ -36,7 +36,7 @@ from pathlib import Path
 
 from advisor import equations as eq
 from advisor import limits
-from advisor.capture.campaign_run import PROFILING_ITERATIONS
+from advisor.capture.campaign import PROFILING_ITERATIONS
 from advisor.models import LlamaSpec
 
 # Fitted by benchmarks/bench_emulation_cost.py (non-negative least squares on its FIT shapes) on

@@ -40,12 +40,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Literal, Protocol
 
+from advisor.capture.campaign_cost import available_memory, emulation_cost
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.profiles import ProfileError, ProfileRun, load_run
 
-PROFILING_ITERATIONS = 2
-"""Training iterations of one profiling run, as CAPTURE's."""
 EVENTS_SCHEMA = "megatron-4d-advisor/campaign-events"
 EVENTS_VERSION = 1
 State = Literal["absent", "partial", "complete"]
@@ -80,15 +79,11 @@ class EmulationBudget:
     memory_limit_bytes: float | None = None
 
     def cost(self, campaign: dict, out: Path):
-        from advisor.capture.campaign_cost import emulation_cost
-
         states = scan(campaign, out)
         pending = [run for run in campaign["runs"] if states[run["id"]].state != "complete"]
         return emulation_cost(campaign, pending, threads=self.threads, memory_limit_bytes=self.memory_limit_bytes)
 
     def refusal(self, campaign: dict, out: Path) -> str | None:
-        from advisor.capture.campaign_cost import available_memory
-
         return self.cost(campaign, out).problem(available_memory())
 
 

@@ -36,7 +36,7 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
       srun ... 2>&1 | tee train.log; advisor compare-log train.log --from-command job.sbatch --format json
     """
     from advisor import limits, render
-    from advisor.cli.estimate import price_layout
+    from advisor.pricing import price_layout
     from advisor.cli.from_command import read_inputs
     from advisor.fileio import read_text
     from advisor.megatron_log import compare, read_log, theoretical_note

@@ -11,9 +11,9 @@ from advisor.cli import moe as moe_cli
 from advisor.cli.moe import moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit,
-    gpu_options, memory_options, model_choice_options, model_options, output_options, parse_layer_counts,
-    workload_options,
+    gpu_options, model_choice_options, model_options, output_options, parse_layer_counts, workload_options,
 )
+from advisor.cli.training_flags import memory_options
 
 TABLE_ROWS = 30
 
@@ -143,8 +143,6 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
       advisor sweep --gpus 8 --mem 94 --seq-len 32768 --split even --recompute none --all --format json
       advisor sweep --gpus 64 --gpu h100-80gb --profile runs/   # activations as profiled
     """
-    from advisor import render
-    from advisor.megatron_args import megatron_args
     from advisor.sweep import sweep as run_sweep
 
     if mem is None:
@@ -157,43 +155,78 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all,
                              top, fmt, output, space)
     memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir, gpu_hour_price)
-    measured = None
-    if profile_dir is not None:
-        from advisor.profile_terms import measured_activations
-
-        measured = measured_activations(profile_dir)
-        measured.check_sweep(spec, options.attention.flash_attention, options.tensor_parallel.sequence_parallel)
+    measured = _measured(profile_dir, spec, options)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
                        space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens,
                        measured=measured)
-    rows = result.rows
     if result.escalation:
         click.echo(f"advisor sweep: nothing fits with the options given; the rows use {result.escalation} "
                    "(their options and megatron_args say so; lever_time_cost_s is its step-time cost)", err=True)
-    searched = (f"{result.considered:,} layouts considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
-                f"{result.pruned:,} pruned as unable to fit or to win")
     verdicts = ("fits", "tight", "oom") if memory_model == "paper" else ("fits", "likely fits", "likely oom", "oom")
-    counts = {verdict: sum(row.verdict == verdict for row in rows) for verdict in verdicts}
-    selected = [row for row in rows if show_all or row.verdict != "oom"]
+    counts = {verdict: sum(row.verdict == verdict for row in result.rows) for verdict in verdicts}
+    selected = [row for row in result.rows if show_all or row.verdict != "oom"]
     if top is None and fmt == "table" and not show_all:
         top = TABLE_ROWS  # a screenful; JSON and CSV give every row
     shown = selected[:top] if top is not None else selected
-    # Each row carries its setup and its Megatron flags, so that one row launches on its own.
-    tolerance = None
-    if rank_by == "throughput":
-        from advisor.ranking import ranking_tolerance
-
-        tolerance = ranking_tolerance()
+    tolerance = _tolerance(rank_by)
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
              "memory_model": memory_model, "gpu": gpu.name if gpu else None, "ranking_tolerance": tolerance,
              "model": spec.to_dict() if fmt == "json" else spec.name}
+    dicts = _sweep_entries(shown, setup, spec, workload, fmt, plot is not None, gpu_hour_price, release)
+    title = _setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by)
+    if plot is not None:
+        from advisor.plots import sweep_plot
+
+        sweep_plot(dicts, plot, title=title)
+        click.echo(f"wrote {plot}", err=True)
+    caption = _caption(counts, show_all, len(shown), len(selected))
+    columns = (memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None)
+    _emit_sweep(dicts, fmt, output, result, title, caption, columns, tolerance,
+                nothing=None if any(row.rank for row in result.rows) or show_all else
+                _nothing_fits(result.rows, counts, space, mem))
+
+
+def _caption(counts: dict, show_all: bool, shown: int, selected: int) -> str:
+    caption = ", ".join(f"{n} {v}" for v, n in counts.items()) + ("" if show_all else " (--all shows oom)")
+    if shown < selected:
+        caption += f"; best {shown} of {selected} shown (--top N)"
+    return caption
+
+
+def _measured(profile_dir, spec, options):
+    """``--profile DIR``: the activations as profiled (``advisor.profile_terms``), checked against
+    the sweep's model and options; None without it."""
+    if profile_dir is None:
+        return None
+    from advisor.profile_terms import measured_activations
+
+    measured = measured_activations(profile_dir)
+    measured.check_sweep(spec, options.attention.flash_attention, options.tensor_parallel.sequence_parallel)
+    return measured
+
+
+def _tolerance(rank_by: str) -> float | None:
+    """The throughput ranking's tolerance (``advisor.ranking.ranking_tolerance``); None otherwise."""
+    if rank_by != "throughput":
+        return None
+    from advisor.ranking import ranking_tolerance
+
+    return ranking_tolerance()
+
+
+def _sweep_entries(shown, setup: dict, spec, workload, fmt: str, plotted: bool, gpu_hour_price, release) -> list[dict]:
+    """One dict per row shown. Each row carries its setup and its Megatron flags, so that one row
+    launches on its own."""
+    from advisor import render
+    from advisor.megatron_args import megatron_args
+
     changed: dict = {}  # few distinct options among many rows
     dicts = []
     for row in shown:
         entry = {**row.to_dict(), **setup}
         if gpu_hour_price is not None:
             entry["cost_usd"] = entry["gpu_hours"] * gpu_hour_price
-        if fmt == "table" or plot is not None:
+        if fmt == "table" or plotted:
             entry.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
         if fmt != "table":
             p, row_options = row.parallel, row.training.at_tp(row.parallel.tp)
@@ -209,33 +242,32 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
                 entry["layers_per_stage"] = render.counts_text(entry["layers_per_stage"])
                 entry.pop("split", None), entry.pop("recompute_text", None)
         dicts.append(entry)
-    if plot is not None:
-        from advisor.plots import sweep_plot
+    return dicts
 
-        sweep_plot(dicts, plot, title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model,
-                                                   rank_by))
-        click.echo(f"wrote {plot}", err=True)
+
+def _emit_sweep(dicts: list[dict], fmt: str, output, result, title: str, caption: str, columns: tuple,
+                tolerance: float | None, nothing: str | None) -> None:
+    """Write the rows (JSON, CSV or the table); with ``nothing`` (no row ranked), the line saying
+    why instead of an empty table, and exit status 1 (no result)."""
+    from advisor import render
+
+    searched = (f"{result.considered:,} layouts considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
+                f"{result.pruned:,} pruned as unable to fit or to win")
     if fmt == "json":
         text = render.to_json(dicts)
     elif fmt == "csv":
         text = render.to_csv(dicts)
     else:
-        hidden = "" if show_all else " (--all shows oom)"
-        caption = ", ".join(f"{n} {v}" for v, n in counts.items()) + hidden
-        if len(shown) < len(selected):
-            caption += f"; best {len(shown)} of {len(selected)} shown (--top N)"
         text = render.to_table(
-            dicts, _row_columns(memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None),
-            title=_setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by),
+            dicts, _row_columns(*columns), title=title,
             caption=f"{caption}\n{searched}" + (
                 f"\nwithin {tolerance:.1%} of the fastest (the time model's held-out ordering error) the simplest "
                 f"ranks first" if tolerance else ""), row_style=render.verdict_style, color=color_wanted(output),
         )
     if fmt != "table":
         click.echo(f"advisor sweep: {searched}", err=True)
-    if not any(row.rank for row in rows) and not show_all:
-        # No empty table: one line saying why, and what is left to try; exit status 1 (no result).
-        click.echo(_nothing_fits(rows, counts, space, mem), err=True)
+    if nothing is not None:
+        click.echo(nothing, err=True)
         if fmt != "table":
             emit(text, output)
         click.get_current_context().exit(1)
@@ -318,61 +350,27 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
       advisor estimate --tp 8 --pp 16 --gpus 16384 --gpu h100-80gb --model llama3.1-405b \\
           --gbs 2048 --layers-per-stage 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 --tokens 15T
     """
-    from advisor import render
-    from advisor.memory import GIB
     from advisor.parallel import ParallelConfig
-
-    from advisor.parallel import check_whole_nodes
+    from advisor.pricing import price_layout
 
     given_memory_model = memory_model
     memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens, gpu_hour_price=gpu_hour_price)
     read = None
     if from_command is not None:
-        from advisor.cli.from_command import read_inputs, refuse_explicit
-        from advisor.parallel import Workload
-
-        ctx = click.get_current_context()
-        refuse_explicit(ctx)
-        read = read_inputs(from_command, gpus=gpus, vocab_size=ctx.params.get("vocab_size"), release=release)
-        run, layout = read.run, read.run.layout
-        spec, options, gpus, dp = run.spec, run.options, read.gpus, read.dp
-        tp, cp, pp, mbs, vpp = layout.tp, layout.cp, layout.pp, layout.mbs, layout.vpp
-        layers_per_stage = ",".join(map(str, layout.layers_per_stage)) if pp > 1 else None
-        # Megatron's default global batch: one microbatch per DP rank (validate_args).
-        workload = Workload(seq_len=run.seq_len, global_batch_size=layout.global_batch_size or mbs * dp)
-    model_parallel = tp * cp * pp
-    if gpus is None and dp is None:
-        raise InputError("give --gpus or --dp")
-    if gpus is not None:
-        if gpus % model_parallel:
-            raise InputError(f"--gpus {gpus} is not divisible by TP x CP x PP = {model_parallel}")
-        if dp is not None and dp != gpus // model_parallel:
-            raise InputError(f"--dp {dp} disagrees with --gpus {gpus} / (TP x CP x PP) = {gpus // model_parallel}")
-        dp = gpus // model_parallel
-    check_whole_nodes(gpus or dp * model_parallel, gpus_per_node)
+        read, (spec, options, gpus, dp, tp, cp, pp, mbs, vpp, layers_per_stage, workload) = _read_command(
+            from_command, gpus, release)
+    dp = _data_parallel(gpus, dp, tp * cp * pp, gpus_per_node)
     settings = moe_settings(spec, ep, etp, **moe, options=options, unpriced={
         "--memory-model (the 80% rule judges MoE layouts)": given_memory_model is not None,
         "--tokens": tokens is not None, "--gpu-hour-price": gpu_hour_price is not None,
         "--from-command": from_command is not None,
         "--layers-per-stage (the balanced split is priced)": bool(layers_per_stage)})
     if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP
-        recomputation = options.recomputation
-        if recomputation.recompute == "full" and (recomputation.recompute_method,
-                                                  recomputation.recompute_num_layers) != ("uniform", 1):
-            raise InputError("for MoE models, full recomputation is priced for every layer (--recompute-method "
-                             "uniform --recompute-num-layers 1)")
         return moe_cli.estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt,
-                                output, vpp, recomputation.recompute)
-    try:
-        stages = parse_layer_counts(layers_per_stage) if layers_per_stage else None
-    except ValueError as error:
-        raise InputError(f"--layers-per-stage: {error}") from None
+                                output, vpp, _moe_recompute(options))
+    given = _layer_counts(layers_per_stage)
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
-    planned = stages is None and spec.num_layers % (pp * vpp) != 0
-    if planned:  # PP does not divide the layers: the planner's split, as the sweep's rows have
-        if spec.num_layers < pp * vpp:
-            raise InputError(f"{spec.num_layers} layers cannot fill PP {pp} x VPP {vpp} model chunks (one layer each)")
-        stages = _evenest_split(spec.num_layers, pp)
+    stages, planned = _planned_split(spec, given, pp, vpp)
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
         tokens=tokens, release=release)
@@ -393,54 +391,136 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         row["best_sweep_row"] = best
         notes.append(line)
     stage_rows = [stage.to_dict() for stage in result.stages]
-    if fmt == "json":
-        text = render.to_json({**row, "stages": stage_rows})
-    elif fmt == "csv":
-        text = render.to_csv(stage_rows)
-    else:
-        columns = [
-            render.Column("stage", "stage"),
-            render.Column("position", "position", justify="left", drop=1),
-            render.Column("layers", "layers"),
-            render.Column("in_flight_microbatches", "in flight", ".4g"),
-            render.Column("weights_gib", "weights", ".2f"),
-            render.Column("gradients_gib", "grads", ".2f"),
-            render.Column("optimizer_gib", "optimizer", ".2f"),
-            render.Column("model_states_gib", "states", ".2f", drop=2),
-            render.Column("activations_gib", "activations", ".2f"),
-            render.Column("total_gib", "total GiB", ".2f"),
-        ]
-        title = (
-            f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, DP {dp}, MBS {mbs}"
-            + (f", VPP {vpp}" if vpp > 1 else "") + f", seq {workload.seq_len}, gbs {workload.global_batch_size}"
-            + (f", {gpu.name}" if gpu else "")
-        )
-        peak = result.peak
-        caption = f"peak: stage {peak.stage}, {peak.total_bytes / GIB:.2f} GiB (Eq. 18)"
-        if planned:
-            caption = (f"{spec.num_layers} layers do not divide over PP {pp}: split "
-                       f"{render.counts_text(stages)}, the evenest (--layers-per-stage to choose)\n{caption}")
-        if assessment is not None:
-            caption += (f"; calibrated: {assessment.usage_gib:.1f} of {mem:g} GiB, margin "
-                        f"{assessment.margin_gib:+.1f} GiB -> {assessment.verdict}")
-        elif mem:
-            caption += f" = {row['memory_fraction']:.0%} of {mem:g} GiB -> {row['verdict']}"
-        if timing is not None:
-            caption += (f"\nstep {timing['step_time_s']:.2f} s, {timing['tflops_per_gpu']:.0f} TFLOP/s per GPU "
-                        f"(MFU {timing['mfu']:.0%}), {timing['tokens_per_s']:,.0f} tokens/s; "
-                        + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}" for k, v in parts.items()
-                                    if k != "total_s" and v > 0))
-            if tokens is not None:
-                caption += f"\n{tokens:.3g} tokens: {timing['days']:.1f} days, {timing['gpu_hours']:,.0f} GPU-hours"
-                if gpu_hour_price is not None:
-                    caption += f", ${row['cost_usd']:,.0f} at ${gpu_hour_price:g} per GPU-hour"
-        caption += "".join("\n" + note for note in notes)
-        style = render.VERDICT_STYLES.get(row["verdict"])
-        text = render.to_table(
-            stage_rows, columns, title=title, caption=caption,
-            row_style=lambda stage_row: style if stage_row["stage"] == peak.stage else None, color=color_wanted(output),
-        )
-    emit(text, output)
+    if fmt == "table":
+        caption = _estimate_caption(spec, parallel, stages if planned else None, result, row, assessment, timing,
+                                    parts, mem, tokens, gpu_hour_price, notes)
+        emit(_stage_table(stage_rows, spec, parallel, workload, gpu, result.peak.stage, caption, row["verdict"],
+                          output), output)
+        return
+    from advisor import render
+
+    emit(render.to_json({**row, "stages": stage_rows}) if fmt == "json" else render.to_csv(stage_rows), output)
+
+
+def _read_command(from_command, gpus, release):
+    """``--from-command``: the launch's reading (``advisor.cli.from_command.read_inputs``) and the
+    command's values it gives (spec, options, gpus, dp, tp, cp, pp, mbs, vpp, layers per stage,
+    workload)."""
+    from advisor.cli.from_command import read_inputs, refuse_explicit
+    from advisor.parallel import Workload
+
+    ctx = click.get_current_context()
+    refuse_explicit(ctx)
+    read = read_inputs(from_command, gpus=gpus, vocab_size=ctx.params.get("vocab_size"), release=release)
+    run, layout = read.run, read.run.layout
+    pp, mbs = layout.pp, layout.mbs
+    layers_per_stage = ",".join(map(str, layout.layers_per_stage)) if pp > 1 else None
+    # Megatron's default global batch: one microbatch per DP rank (validate_args).
+    workload = Workload(seq_len=run.seq_len, global_batch_size=layout.global_batch_size or mbs * read.dp)
+    return read, (run.spec, run.options, read.gpus, read.dp, layout.tp, layout.cp, pp, mbs, layout.vpp,
+                  layers_per_stage, workload)
+
+
+def _data_parallel(gpus: int | None, dp: int | None, model_parallel: int, gpus_per_node: int) -> int:
+    """DP from --gpus or --dp (one line where they disagree), the GPUs filling whole nodes."""
+    from advisor.parallel import check_whole_nodes
+
+    if gpus is None and dp is None:
+        raise InputError("give --gpus or --dp")
+    if gpus is not None:
+        if gpus % model_parallel:
+            raise InputError(f"--gpus {gpus} is not divisible by TP x CP x PP = {model_parallel}")
+        if dp is not None and dp != gpus // model_parallel:
+            raise InputError(f"--dp {dp} disagrees with --gpus {gpus} / (TP x CP x PP) = {gpus // model_parallel}")
+        dp = gpus // model_parallel
+    check_whole_nodes(gpus or dp * model_parallel, gpus_per_node)
+    return dp
+
+
+def _moe_recompute(options) -> str:
+    """The recomputation MoE stages price: none, selective, or full on every layer."""
+    recomputation = options.recomputation
+    if recomputation.recompute == "full" and (recomputation.recompute_method,
+                                              recomputation.recompute_num_layers) != ("uniform", 1):
+        raise InputError("for MoE models, full recomputation is priced for every layer (--recompute-method "
+                         "uniform --recompute-num-layers 1)")
+    return recomputation.recompute
+
+
+def _layer_counts(layers_per_stage: str | None) -> tuple[int, ...] | None:
+    try:
+        return parse_layer_counts(layers_per_stage) if layers_per_stage else None
+    except ValueError as error:
+        raise InputError(f"--layers-per-stage: {error}") from None
+
+
+def _planned_split(spec, stages: tuple[int, ...] | None, pp: int, vpp: int) -> tuple[tuple[int, ...] | None, bool]:
+    """The layers per stage given, or, where PP does not divide the layers, the planner's split (as
+    the sweep's rows have it; ``planned`` True); None for Megatron's even split."""
+    planned = stages is None and spec.num_layers % (pp * vpp) != 0
+    if planned:
+        if spec.num_layers < pp * vpp:
+            raise InputError(f"{spec.num_layers} layers cannot fill PP {pp} x VPP {vpp} model chunks (one layer each)")
+        stages = _evenest_split(spec.num_layers, pp)
+    return stages, planned
+
+
+def _estimate_caption(spec, parallel, planned_split, result, row: dict, assessment, timing, parts, mem, tokens,
+                      gpu_hour_price, notes: list[str]) -> str:
+    """The table's caption: the peak stage and the verdict, the step time and the notes."""
+    from advisor import render
+    from advisor.memory import GIB
+
+    peak = result.peak
+    caption = f"peak: stage {peak.stage}, {peak.total_bytes / GIB:.2f} GiB (Eq. 18)"
+    if planned_split is not None:
+        caption = (f"{spec.num_layers} layers do not divide over PP {parallel.pp}: split "
+                   f"{render.counts_text(planned_split)}, the evenest (--layers-per-stage to choose)\n{caption}")
+    if assessment is not None:
+        caption += (f"; calibrated: {assessment.usage_gib:.1f} of {mem:g} GiB, margin "
+                    f"{assessment.margin_gib:+.1f} GiB -> {assessment.verdict}")
+    elif mem:
+        caption += f" = {row['memory_fraction']:.0%} of {mem:g} GiB -> {row['verdict']}"
+    if timing is not None:
+        caption += (f"\nstep {timing['step_time_s']:.2f} s, {timing['tflops_per_gpu']:.0f} TFLOP/s per GPU "
+                    f"(MFU {timing['mfu']:.0%}), {timing['tokens_per_s']:,.0f} tokens/s; "
+                    + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}" for k, v in parts.items()
+                                if k != "total_s" and v > 0))
+        if tokens is not None:
+            caption += f"\n{tokens:.3g} tokens: {timing['days']:.1f} days, {timing['gpu_hours']:,.0f} GPU-hours"
+            if gpu_hour_price is not None:
+                caption += f", ${row['cost_usd']:,.0f} at ${gpu_hour_price:g} per GPU-hour"
+    return caption + "".join("\n" + note for note in notes)
+
+
+def _stage_table(stage_rows: list[dict], spec, parallel, workload, gpu, peak_stage: int, caption: str, verdict: str,
+                 output) -> str:
+    """One row per pipeline stage, the peak stage in its verdict's colour."""
+    from advisor import render
+
+    columns = [
+        render.Column("stage", "stage"),
+        render.Column("position", "position", justify="left", drop=1),
+        render.Column("layers", "layers"),
+        render.Column("in_flight_microbatches", "in flight", ".4g"),
+        render.Column("weights_gib", "weights", ".2f"),
+        render.Column("gradients_gib", "grads", ".2f"),
+        render.Column("optimizer_gib", "optimizer", ".2f"),
+        render.Column("model_states_gib", "states", ".2f", drop=2),
+        render.Column("activations_gib", "activations", ".2f"),
+        render.Column("total_gib", "total GiB", ".2f"),
+    ]
+    p = parallel
+    title = (
+        f"{spec.name}: TP {p.tp}, CP {p.cp}, PP {p.pp}, DP {p.dp}, MBS {p.mbs}"
+        + (f", VPP {p.vpp}" if p.vpp > 1 else "") + f", seq {workload.seq_len}, gbs {workload.global_batch_size}"
+        + (f", {gpu.name}" if gpu else "")
+    )
+    style = render.VERDICT_STYLES.get(verdict)
+    return render.to_table(
+        stage_rows, columns, title=title, caption=caption,
+        row_style=lambda stage_row: style if stage_row["stage"] == peak_stage else None, color=color_wanted(output),
+    )
 
 
 def _evenest_split(layers: int, pp: int) -> tuple[int, ...]:
@@ -453,68 +533,3 @@ def _evenest_split(layers: int, pp: int) -> tuple[int, ...]:
     for rank in order[:extra]:
         counts[rank] += 1
     return tuple(counts)
-
-
-def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, threshold, memory_model, tokens=None,
-                 release=None):
-    """One layout priced with its training options (``advisor.options.TrainingOptions``): (the
-    estimate's row, the memory estimate, the calibrated assessment or None, the timing fields or
-    None, the time parts or None). The one pricing of ``estimate``, also behind ``compare-log``."""
-    from advisor.megatron_args import megatron_args
-    from advisor.memory import estimate_memory
-    from advisor.sweep import SweepRow, classify
-
-    training = training.at_tp(parallel.tp)
-    options = training.memory_options()
-    result = estimate_memory(spec, parallel, workload, options, stages)
-    assessment = timing = parts = verdict = None
-    if mem and memory_model == "calibrated":
-        from advisor.verdicts import assess
-
-        assessment = assess(result, spec, workload.seq_len, parallel.mbs, parallel.tp, parallel.cp, mem, options)
-        verdict = assessment.verdict
-    elif mem:
-        verdict = classify(result.total_gib, mem, threshold)
-    if gpu is not None:
-        timing, parts = _one_layout_time(spec, gpu, workload, parallel, stages, training, tokens)
-    row = {
-        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
-                   assessment=assessment, timing=timing, training=training).to_dict(),
-        "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
-        "options": training.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
-        "megatron_args": megatron_args(spec, workload.seq_len, tp=parallel.tp, cp=parallel.cp,
-                                       layers_per_stage=result.layers, micro_batch_size=parallel.mbs,
-                                       global_batch_size=workload.global_batch_size, options=training,
-                                       virtual_stages=parallel.vpp, release=release),
-    }
-    if parts is not None:
-        row["time_parts"] = parts
-    return row, result, assessment, timing, parts
-
-
-def _one_layout_time(spec, gpu, workload, parallel, stages, training, tokens):
-    """(timing fields, time parts in seconds) of one layout, priced as the sweep prices its rows
-    (``advisor.rank_times``: its split, interleaving and recomputation) with its training options."""
-    import numpy as np
-
-    from advisor.memory import StageModel
-    from advisor.ranking import timing_fields
-    from advisor.rank_times import Timing, recomputed_per_chunk
-    from advisor.throughput import TimeModel
-
-    if workload.global_batch_size is None:
-        raise InputError("predicting time needs a global batch size (--gbs)")
-    options = training.memory_options()
-    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, None, training.time_options())
-    p = parallel
-    counts = np.array([stages or (spec.num_layers // p.pp,) * p.pp])
-    layouts = Timing(model, gpu.gpus_per_node).layouts(
-        tp=np.array([p.tp]), cp=np.array([p.cp]), dp=np.array([p.dp]), mbs=np.array([p.mbs]), pp=np.array([p.pp]),
-        selective=options.recompute == "selective")
-    recompute = recomputed_per_chunk(options.recompute, options.recompute_method,
-                                     np.array([options.recompute_num_layers]), spec.num_layers)
-    memory = StageModel(spec, workload.seq_len, options, tp=p.tp, cp=p.cp, dp=p.dp, mbs=p.mbs, pp=p.pp, vpp=p.vpp,
-                        num_microbatches=workload.num_microbatches(p), stage=np.arange(p.pp)[None, :])
-    step = layouts.step(np.array([0]), np.array([p.vpp]), recompute, counts, memory.parameters(counts).max(axis=1))
-    timing = timing_fields(model, step, p.gpus, p.tp, tokens)[0]
-    return timing, {k: float(v) for k, v in step.row(0).items()}

@@ -323,9 +323,41 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
     from advisor.cli import progress
     from advisor.capture.campaign_run import EmulationBudget, prepare, scan
     from advisor.limits import GIB as GIB_BYTES
-    from advisor.capture.relay import missing_modules, relay
+    from advisor.capture.relay import relay
 
     gpus = megatron_lm is not None
+    _check_backend_flags(gpus, backend, threads, memory_limit, layer_spec,
+                         mock_data=mock_data, train_iters=train_iters, slurm=slurm, rdzv_port=rdzv_port,
+                         user_args=user_args)
+    array = {"--partition": partition, "--account": account, "--time": time_limit, "--qos": qos,
+             "--dry-run": dry_run or None}
+    if _slurm_array(slurm_array, array, gpus and not slurm):
+        _submit_array(campaign, out, megatron_lm, mock_data, train_iters, rdzv_port, array, user_args)
+        return
+    emulated = not gpus and backend == "cpu"
+    budget = EmulationBudget(threads=threads, memory_limit_bytes=memory_limit and memory_limit * GIB_BYTES)
+    document = prepare(campaign, out, backend="megatron" if gpus else backend, layer_spec=layer_spec,
+                       budget=budget if emulated and not force else None)
+    scan(document, out)  # runs of another campaign under --out: refused before the runner starts
+    _before_start(document, out, megatron_lm, budget if emulated else None)
+    options = (["--megatron-lm", megatron_lm, *(["--mock-data"] if mock_data else []),
+                *(["--train-iters", str(train_iters)] if train_iters else []), *(["--slurm"] if slurm else []),
+                *(["--rdzv-port", str(rdzv_port)] if rdzv_port else []), "--", *user_args] if gpus
+               else _emulator_options(backend, layer_spec, threads, memory_limit))
+    try:
+        status, summary, last = relay(campaign, out, options, progress.view(sys.stderr.isatty()), gpus=gpus)
+    except KeyboardInterrupt:
+        complete = sum(check.state == "complete" for check in scan(document, out).values())
+        click.echo(f"interrupted: {complete} of {len(document['runs'])} runs are complete; run the same command "
+                   f"to resume", err=True)
+        sys.exit(130)
+    _finish(status, summary, last, out)
+
+
+def _check_backend_flags(gpus: bool, backend: str, threads: int | None, memory_limit: float | None,
+                         layer_spec: str | None, *, mock_data: bool, train_iters: int | None, slurm: bool,
+                         rdzv_port: int | None, user_args: tuple[str, ...]) -> None:
+    """One line (InputError) for a flag of one backend given to another."""
     if gpus and (threads or memory_limit):
         raise InputError("--threads and --memory-limit are the CPU emulator's; with --megatron-lm the GPUs decide")
     if gpus and backend != "cpu":
@@ -340,42 +372,37 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
                  else "--rdzv-port" if rdzv_port else f"'{user_args[0]}'")
         raise InputError(f"{given} is for Megatron-LM runs: give --megatron-lm DIR (the CPU emulator takes no "
                          f"Megatron-LM arguments)")
-    array = {"--partition": partition, "--account": account, "--time": time_limit, "--qos": qos,
-             "--dry-run": dry_run or None}
-    if not slurm_array and (given := next((name for name, value in array.items() if value), None)):
-        raise InputError(f"{given} is for --slurm-array")
-    if slurm_array:
-        if not gpus or slurm:
-            raise InputError("--slurm-array submits Megatron-LM runs from a login node: give --megatron-lm DIR, "
-                             "without --slurm (each array task runs inside its own allocation)")
-        _submit_array(campaign, out, megatron_lm, mock_data, train_iters, rdzv_port, array, user_args)
-        return
-    emulated = not gpus and backend == "cpu"
-    budget = EmulationBudget(threads=threads, memory_limit_bytes=memory_limit and memory_limit * GIB_BYTES)
-    document = prepare(campaign, out, backend="megatron" if gpus else backend, layer_spec=layer_spec,
-                       budget=budget if emulated and not force else None)
-    scan(document, out)  # runs of another campaign under --out: refused before the runner starts
+
+
+def _before_start(document: dict, out: Path, megatron_lm: str | None, budget) -> None:
+    """One line (exit status 2) without torch and megatron-core; with the CPU emulator's
+    ``budget``, the line that says what its runs will cost."""
+    from advisor.capture.relay import missing_modules
+
     if missing := missing_modules(megatron_lm):
         raise InputError(f"advisor profile run needs torch and megatron-core, and {' and '.join(missing)} "
                          f"cannot be imported here: pip install torch && pip install -e '.[megatron]'")
-    if emulated and (cost := budget.cost(document, out)).runs:
+    if budget is not None and (cost := budget.cost(document, out)).runs:
         click.echo(f"advisor profile run: {cost.summary()}", err=True)
-    if gpus:
-        options = ["--megatron-lm", megatron_lm, *(["--mock-data"] if mock_data else []),
-                   *(["--train-iters", str(train_iters)] if train_iters else []), *(["--slurm"] if slurm else []),
-                   *(["--rdzv-port", str(rdzv_port)] if rdzv_port else []), "--", *user_args]
-    else:
-        options = ["--backend", backend, *(["--layer-spec", layer_spec] if layer_spec else []),
-                   *(["--threads", str(threads)] if threads else []),
-                   *(["--memory-limit", repr(memory_limit)] if memory_limit else [])]
-    try:
-        status, summary, last = relay(campaign, out, options, progress.view(sys.stderr.isatty()), gpus=gpus)
-    except KeyboardInterrupt:
-        complete = sum(check.state == "complete" for check in scan(document, out).values())
-        click.echo(f"interrupted: {complete} of {len(document['runs'])} runs are complete; run the same command "
-                   f"to resume", err=True)
-        sys.exit(130)
-    _finish(status, summary, last, out)
+
+
+def _slurm_array(slurm_array: bool, array: dict, megatron_without_slurm: bool) -> bool:
+    """Whether to submit a job array; one line for its flags without --slurm-array, or for
+    --slurm-array without --megatron-lm or with --slurm."""
+    if not slurm_array and (given := next((name for name, value in array.items() if value), None)):
+        raise InputError(f"{given} is for --slurm-array")
+    if slurm_array and not megatron_without_slurm:
+        raise InputError("--slurm-array submits Megatron-LM runs from a login node: give --megatron-lm DIR, "
+                         "without --slurm (each array task runs inside its own allocation)")
+    return slurm_array
+
+
+def _emulator_options(backend: str, layer_spec: str | None, threads: int | None, memory_limit: float | None
+                      ) -> list[str]:
+    """The campaign runner's flags for the CPU or symbolic backend."""
+    return ["--backend", backend, *(["--layer-spec", layer_spec] if layer_spec else []),
+            *(["--threads", str(threads)] if threads else []),
+            *(["--memory-limit", repr(memory_limit)] if memory_limit else [])]
 
 
 def _submit_array(campaign: Path, out: Path, megatron_lm: str, mock_data: bool, train_iters: int | None,

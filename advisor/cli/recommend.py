@@ -9,8 +9,9 @@ import click
 
 from advisor.cli.options import (
     DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, color_wanted, document_options, emit_document,
-    gpu_options, memory_options, model_options, workload_options,
+    gpu_options, model_options, workload_options,
 )
+from advisor.cli.training_flags import memory_options
 
 
 PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",

@@ -3,10 +3,13 @@ that turns click's values into ``advisor.options.TrainingOptions``."""
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import click
 
 from advisor import limits
-from advisor.cli.options import VOCABULARY, Bounded, InputError
+from advisor.cli.options import LAYERS, VOCABULARY, Bounded, InputError, apply_options
 from advisor.errors import AdvisorError
 from advisor.options import FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES
 
@@ -119,3 +122,79 @@ def training_options(kwargs: dict, fixed: dict):
         raise InputError(str(exc)) from None
     kwargs["release"] = release
     return options
+
+
+def _recompute_options(searchable: bool) -> list:
+    if not searchable:
+        return [
+            click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none",
+                         show_default=True, help="Activation recomputation (--recompute-granularity)."),
+            click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default="uniform",
+                         show_default=True, help="With --recompute full: how layers are checkpointed."),
+            click.option("--recompute-num-layers", type=LAYERS, default=1, show_default=True,
+                         help="With --recompute full: N of --recompute-num-layers."),
+        ]
+    return [
+        click.option("--recompute", type=click.Choice(["auto", "none", "selective", "full"]), default="auto",
+                     show_default=True,
+                     help="auto: none, or the fewest recomputed layers needed to fit (with a time model: "
+                          "whatever is fastest); none: the paper's space; selective/full: every row."),
+        click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default=None,
+                     help="With --recompute full: pin the method (default: block, N searched)."),
+        click.option("--recompute-num-layers", type=LAYERS, default=None,
+                     help="With --recompute full: pin N (default: searched)."),
+        click.option("--split", type=click.Choice(["auto", "even"]), default="auto", show_default=True,
+                     help="auto: any PP, each row's layers per stage chosen by the planner; even: Megatron's "
+                          "default split only (PP divides the layers: the paper's space)."),
+        click.option("--vpp", default="auto", show_default=True, metavar="auto|N",
+                     help="Virtual pipeline stages per rank: auto searches them (they can only win on time, "
+                          "so with a time model), N pins them (1: no interleaving)."),
+    ]
+
+
+def memory_options(func: Callable | None = None, *, searchable: bool = False) -> Callable:
+    """The training options (Megatron-LM's flag names) -> ``options: TrainingOptions``
+    (``advisor.options``), from which memory, time and the emitted flags all derive. Defaults
+    are the advisor's stack (seed 004's, with DP overlap).
+
+    ``searchable`` (sweep): recomputation, the split and VPP become dimensions of the search,
+    handed over as ``space: SpaceOptions`` too."""
+    if func is None:
+        return functools.partial(memory_options, searchable=searchable)
+
+    @functools.wraps(func)
+    def wrapper(*args, recompute, recompute_method, recompute_num_layers, **kwargs):
+        fixed = dict(recompute=recompute, recompute_method=recompute_method, recompute_num_layers=recompute_num_layers)
+        if searchable:
+            from advisor.space import SpaceOptions
+
+            kwargs["space"] = SpaceOptions(
+                split=kwargs.pop("split"), vpp=_vpp(kwargs.pop("vpp")), recompute=recompute,
+                recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
+                sharding=kwargs.pop("sharding"))
+            if recompute != "full" and (recompute_method or recompute_num_layers):
+                raise InputError("--recompute-method and --recompute-num-layers need --recompute full")
+            fixed = {}
+        return func(*args, options=training_options(kwargs, fixed), **kwargs)
+
+    return apply_options(
+        [
+            *TRAINING_FLAGS[:2],
+            *_recompute_options(searchable),
+            *([sharding_search_option()] if searchable else []),
+            *TRAINING_FLAGS[2:],
+        ],
+        wrapper,
+    )
+
+
+def _vpp(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InputError(f"--vpp must be auto or a positive integer, got {text!r}")
+    return value

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from advisor.errors import AdvisorError
-from advisor.models import LlamaSpec, _Config, _describe
+from advisor.model_spec import LlamaSpec, _Config, _describe, dense_values
 
 ScoreFunction = Literal["softmax", "sigmoid"]
 
@@ -242,8 +242,6 @@ def _deepseek_fields(config: _Config) -> dict:
 def load_moe_config(config: _Config, model_type: str) -> MoESpec:
     """A MoE config.json (``advisor.models.load_hf_config`` hands it here by model_type): the dense
     fields as for Llama, the expert fields per family; one line naming the key for the rest."""
-    from advisor.models import dense_values
-
     values = dense_values(config, model_type, rope_scaling=model_type != "deepseek_v3")
     family = {"mixtral": _mixtral_fields, "qwen3_moe": _qwen3_fields, "deepseek_v3": _deepseek_fields}[model_type]
     fields = family(config)

@@ -4,7 +4,7 @@ derive from it, and Megatron-LM flags parse back into it.
     options = TrainingOptions().with_(grad_reduce_dtype="bf16", fsdp_strategy="optim_grads")
     options.memory_options()          # advisor.memory.MemoryOptions
     options.time_options()            # advisor.throughput.TimeOptions
-    options.megatron_args(tp=8)       # the flags, each priced option stated
+    training_args(options, tp=8)      # the flags, each priced option stated
     parse_training_args(argv, "0.15") # -> (TrainingOptions, flags it cannot price)
 """
 

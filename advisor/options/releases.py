@@ -3,36 +3,18 @@ a flag a command line leaves out, where they differ between releases.
 
 Read from each release's ``megatron/training/arguments.py`` (and, for core_v0.19.0, the
 dataclasses its parser is generated from) in ``../shared/megatron-lm``; ``tests/test_options_real.py``
-checks them against the real parsers. ``launch.megatron_versions`` holds what a *launch* needs of
-a release; this module holds only what the options need, because the core (``advisor``) cannot
-import the launcher.
+checks them against the real parsers. The release table itself is ``advisor.releases`` (one for the
+options and the launcher, ``launch.megatron_versions``); this module looks a release up for them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from advisor.errors import AdvisorError
+from advisor.releases import NEWEST, RELEASES, MegatronRelease
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ReleaseDefaults:
-    """One release line's defaults for the training options (every patch of ``release``)."""
-
-    release: tuple[int, int]
-    """(major, minor) of megatron-core."""
-    checked: str
-    """The tag these defaults were read from."""
-    fsdp_sharding_strategy: str
-    """``--data-parallel-sharding-strategy``'s default: 'no_shard' in core_v0.15.2
-    (arguments.py, ``_add_distributed_args``), 'optim_grads_params' in core_v0.19.0."""
-
-
-RELEASES: tuple[ReleaseDefaults, ...] = (
-    ReleaseDefaults(release=(0, 15), checked="core_v0.15.2", fsdp_sharding_strategy="no_shard"),
-    ReleaseDefaults(release=(0, 19), checked="core_v0.19.0", fsdp_sharding_strategy="optim_grads_params"),
-)
-NEWEST = RELEASES[-1]
+ReleaseDefaults = MegatronRelease
+"""One release line's facts (``advisor.releases``); the options read ``fsdp_sharding_strategy``."""
 
 
 def release_defaults(release: "str | tuple[int, int] | ReleaseDefaults | None" = None) -> ReleaseDefaults:

@@ -317,12 +317,6 @@ class TrainingOptions:
             **model_choices,
         )
 
-    def megatron_args(self, *, tp: int, release=None) -> list[str]:
-        """The flags behind every priced option (``advisor.options.flags.training_args``)."""
-        from advisor.options.flags import training_args
-
-        return training_args(self, tp=tp, release=release)
-
     def describe(self) -> str:
         """One line for people: what differs from the advisor's defaults."""
         changed = self.changed()

@@ -137,7 +137,7 @@ def layout_detail(row: dict) -> LayoutDetail:
 
 def _times(row, spec, parallel, workload, layers, training):
     """The step's parts (as 'advisor estimate' prices them) and each rank's per-microbatch times."""
-    from advisor.cli.estimate import _one_layout_time
+    from advisor.pricing import one_layout_time
     from advisor.hardware import get_gpu
     from advisor.rank_times import Timing, recomputed_per_chunk
     from advisor.throughput import TimeModel
@@ -145,7 +145,7 @@ def _times(row, spec, parallel, workload, layers, training):
     gpu = get_gpu(row["gpu"])
     if number(row, "memory_gib"):
         gpu = gpu.with_overrides(memory_gib=number(row, "memory_gib"))
-    _, parts = _one_layout_time(spec, gpu, workload, parallel, layers, training, None)
+    _, parts = one_layout_time(spec, gpu, workload, parallel, layers, training, None)
     options = training.memory_options()
     p = parallel
     model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, options=training.time_options())

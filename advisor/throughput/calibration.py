@@ -14,6 +14,7 @@ from pathlib import Path
 
 from advisor.errors import AdvisorError
 from advisor.fileio import read_json
+from advisor.memory_calibration import MemoryCalibration
 
 CALIBRATION_FILE = Path(__file__).resolve().parent.parent / "calibration.json"
 SCHEMA = "advisor-calibration/1"
@@ -231,10 +232,8 @@ def load_ranking_tolerance(path: Path = CALIBRATION_FILE) -> dict:
     return ranking
 
 
-def load_memory_calibration(path: Path = CALIBRATION_FILE):
-    """The calibrated memory model's constants (``advisor.verdicts.MemoryCalibration``)."""
-    from advisor.verdicts import MemoryCalibration
-
+def load_memory_calibration(path: Path = CALIBRATION_FILE) -> MemoryCalibration:
+    """The calibrated memory model's constants (``advisor.memory_calibration.MemoryCalibration``)."""
     if not Path(path).exists():
         return MemoryCalibration()
     return MemoryCalibration.from_dict(_document(Path(path))["memory"], f"{path}, memory")

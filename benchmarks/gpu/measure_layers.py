@@ -119,7 +119,7 @@ def _byte_terms(rank, iteration) -> dict:
 def part_symbolic(args, shape) -> dict:
     from advisor.profile_report import compare_rank
     from advisor.profiles import load_run
-    from megatron_hooks.symbolic import run_symbolic
+    from megatron_hooks.symbolic_run import run_symbolic
 
     result, runs = {}, {}
     for kernels in ("cuda", "cpu"):

@@ -1,7 +1,7 @@
 """Published Megatron-core runs (``dense_runs.csv``) priced by the advisor exactly as a user's own
 launch would be: each run's flags are written as a torchrun line and read back through
 ``advisor estimate --from-command``'s path (``advisor.shell_command`` -> ``advisor.megatron_readback``
--> ``advisor.cli.estimate.price_layout``), with the GPU preset's calibrated memory model.
+-> ``advisor.pricing.price_layout``), with the GPU preset's calibrated memory model.
 
 Every run is marked ``test``: none was used to fit any constant. The schema is strict: a missing
 or unknown column, or a ``use`` other than test/fit, is an error naming it.
@@ -88,7 +88,7 @@ def command_line(run: PublishedRun) -> str:
 
 def price(run: PublishedRun) -> dict:
     """The estimate of the run's command line, as ``advisor estimate --from-command`` makes it."""
-    from advisor.cli.estimate import price_layout
+    from advisor.pricing import price_layout
     from advisor.hardware import get_gpu
     from advisor.megatron_readback import read_run
     from advisor.parallel import ParallelConfig, Workload

@@ -14,7 +14,8 @@ from advisor.errors import AdvisorError
 from advisor.models import load_model
 from advisor.parallel import Workload
 from advisor.space import PAPER_SPACE
-from advisor.sweep import SweepRow, Verdict, classify, sweep
+from advisor.paper_rule import Verdict, classify
+from advisor.sweep import SweepRow, sweep
 from tables.seed004.paper import Layout, Misprint, PaperCell, PaperTable
 
 TOLERANCE_GIB = 0.01

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advisor.fileio import atomic_write_bytes
-from advisor.sweep import DEFAULT_THRESHOLD, Verdict
+from advisor.paper_rule import DEFAULT_THRESHOLD, Verdict
 from tables.seed004.estimates import EstimatedTable
 from tables.seed004.paper import PaperTable
 from tables.seed004.reality import ColumnRanking, picks_and_bests

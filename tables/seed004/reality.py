@@ -11,7 +11,8 @@ from collections import Counter
 from dataclasses import dataclass
 from statistics import fmean
 
-from advisor.sweep import SweepRow, Verdict
+from advisor.paper_rule import Verdict
+from advisor.sweep import SweepRow
 from tables.seed004.estimates import swept_row
 from tables.seed004.paper import PaperCell, PaperTable
 

@@ -7,7 +7,7 @@ memory), yellow (tight, 80-100%), red (oom), from our own estimate.
 from __future__ import annotations
 
 from advisor.render import to_csv
-from advisor.sweep import DEFAULT_THRESHOLD
+from advisor.paper_rule import DEFAULT_THRESHOLD
 from tables.seed004.estimates import TOLERANCE_GIB, EstimatedCell, EstimatedTable
 from tables.seed004.paper import Layout, PaperTable
 from tables.seed004.reality import OUTCOMES, VERDICTS, ColumnRanking, Run, picks_and_bests

@@ -22,7 +22,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from advisor.ranking import RANK_BY, order, simplicity_key
-from advisor.sweep import ranking_key
+from advisor.paper_rule import ranking_key
 from advisor.throughput import Calibration
 from advisor.verdicts import CALIBRATED_VERDICTS, MemoryCalibration, verdict_for
 from tables.seed004 import oomfit, timing

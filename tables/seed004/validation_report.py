@@ -100,9 +100,15 @@ def _met(value, target, higher_is_better=True) -> str:
 
 def markdown(val: Validation, paper_ranking, measured_tables) -> list[str]:
     s = summary(val, paper_ranking)
+    return [*_target_lines(val, s), "", *_verdict_lines(val, s["verdicts"]), "", *_ranking_lines(val, s["ranking"]),
+            "", *_pick_lines(val), "", *_closing_lines(measured_tables)]
+
+
+def _target_lines(val: Validation, s: dict) -> list[str]:
+    """The method in a paragraph, then issue 16's targets against what the held-out runs reached."""
     v, r, t = s["verdicts"], s["ranking"], s["throughput"]
     thr = r["selected"]["combined"]
-    lines = [
+    return [
         "### Time, verdicts and ranking on the held-out GPU type (issue 16)",
         "",
         "Every number below comes from constants fitted on the *other* GPU type's runs (`tables/seed004/"
@@ -137,7 +143,12 @@ def markdown(val: Validation, paper_ranking, measured_tables) -> list[str]:
         f"| within-column Spearman >= 0.8 on average | {t['spearman_mean']:.3f} ({t['spearman_columns']} columns) | "
         f"{_met(t['spearman_mean'], TARGETS['spearman'])} |",
         f"| Table 11 on its own | MAPE {_pct(t['mape']['11'])} | see below |",
-        "",
+    ]
+
+
+def _verdict_lines(val: Validation, v: dict) -> list[str]:
+    """The calibrated verdicts' confusion tables and the runs called fitting that went OOM."""
+    return [
         "**Verdicts**, all 454 runs and the 76 of the tight band, combined:",
         "",
         *_confusion_lines(val, list(val.predictions), "all"),
@@ -147,6 +158,20 @@ def markdown(val: Validation, paper_ranking, measured_tables) -> list[str]:
         "Runs called *fits* or *likely fits* that went out of memory:",
         "",
         *[f"- {text}" for text in v["false_fits"]],
+    ]
+
+
+def _ranking_lines(val: Validation, r: dict) -> list[str]:
+    """Each ranking rule's fraction of the column's best, the shipped rule's tolerance first."""
+    tol = r["throughput_within_tolerance"]["tolerance"]
+    intro = (f"The shipped rule (`advisor sweep --gpu`) ranks by throughput, but orders the layouts predicted within "
+             f"{_pct(tol['tolerance'])} of the fastest by simplicity (`advisor.ranking.simplicity_key`): "
+             f"{_pct(tol['tolerance'])} is the smallest relative gap in predicted TFLOP/s from which every band "
+             f"[g, 2g) of the {tol['pairs']} held-out pairs of runs in one column (both ran) is ordered as measured "
+             f"at least {tol['share']:.0%} of the time (`validation.ordering_tolerance`; stored in "
+             "`advisor/calibration.json`, section `ranking`).")
+    lines = [
+        intro,
         "",
         "**Ranking**, each column's pick among the runs the paper made there, its measured TFLOP/s over the "
         "column's best (0 if it went out of memory). The targets are scored on the rule each training side "
@@ -157,14 +182,6 @@ def markdown(val: Validation, paper_ranking, measured_tables) -> list[str]:
         "| ranking | combined mean / min | A100 -> H100 | H100 -> A100 |",
         "|---|---:|---:|---:|",
     ]
-    tol = r["throughput_within_tolerance"]["tolerance"]
-    intro = (f"The shipped rule (`advisor sweep --gpu`) ranks by throughput, but orders the layouts predicted within "
-             f"{_pct(tol['tolerance'])} of the fastest by simplicity (`advisor.ranking.simplicity_key`): "
-             f"{_pct(tol['tolerance'])} is the smallest relative gap in predicted TFLOP/s from which every band "
-             f"[g, 2g) of the {tol['pairs']} held-out pairs of runs in one column (both ran) is ordered as measured "
-             f"at least {tol['share']:.0%} of the time (`validation.ordering_tolerance`; stored in "
-             "`advisor/calibration.json`, section `ranking`).")
-    lines[-4:-4] = [intro, ""]
     for rank_by in ("selected", *RANKINGS):
         row = r[rank_by]
         names = [d.name for d in val.directions]
@@ -179,7 +196,13 @@ def markdown(val: Validation, paper_ranking, measured_tables) -> list[str]:
     lines += [
         f"| the paper's rule with Eq. 18's 80% verdicts (above) | {_pct(r['paper_rule_as_published']['mean'])} / "
         f"{_pct(r['paper_rule_as_published']['min'])} | | |",
-        "",
+    ]
+    return lines
+
+
+def _pick_lines(val: Validation) -> list[str]:
+    """Each column's pick by the selected rule against the column's fastest run."""
+    lines = [
         "| table | GPUs | rule | pick (verdict) | its TFLOP/s | fastest run | TFLOP/s | fraction |",
         "|---:|---:|---|---|---:|---|---:|---:|",
     ]
@@ -190,8 +213,12 @@ def markdown(val: Validation, paper_ranking, measured_tables) -> list[str]:
                   else "none | -")
         lines.append(f"| {pick.table} | {pick.gpus} | {pick.rank_by} | {chosen} | {_layout(pick.best)} | "
                      f"{pick.best.run.paper.text} | {_pct(pick.fraction)} |")
-    lines += [
-        "",
+    return lines
+
+
+def _closing_lines(measured_tables) -> list[str]:
+    """Where the throughput scatter is, and Table 11's data-loader bound."""
+    return [
         "**Throughput**: predicted against measured TFLOP/s of every run that ran, each from the other GPU "
         "type's constants, is `tables/out/throughput_scatter.png`.",
         "",
@@ -205,7 +232,6 @@ def markdown(val: Validation, paper_ranking, measured_tables) -> list[str]:
         "`pretrain_gpt.loss_func` all-reduces the loss over the data-parallel group at every microbatch, which "
         "makes every replica wait, microbatch by microbatch, for the slowest data loader.",
     ]
-    return lines
 
 
 def scatter(val: Validation, path: Path) -> Path:

@@ -1,0 +1,74 @@
+"""One layout priced with its training options: memory per stage, the verdict, the step time and
+its parts, and the Megatron-LM flags, as one row. The one pricing behind ``advisor estimate``,
+``advisor compare-log``, the published-runs report (``tables.published``) and the report's
+per-layout detail (``advisor.report``); the sweep prices the same terms vectorised."""
+
+from __future__ import annotations
+
+from advisor.errors import AdvisorError
+
+
+def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, threshold, memory_model, tokens=None,
+                 release=None):
+    """One layout priced with its training options (``advisor.options.TrainingOptions``): (the
+    estimate's row, the memory estimate, the calibrated assessment or None, the timing fields or
+    None, the time parts or None). The one pricing of ``estimate``, also behind ``compare-log``."""
+    from advisor.megatron_args import megatron_args
+    from advisor.memory import estimate_memory
+    from advisor.paper_rule import classify
+    from advisor.sweep import SweepRow
+
+    training = training.at_tp(parallel.tp)
+    options = training.memory_options()
+    result = estimate_memory(spec, parallel, workload, options, stages)
+    assessment = timing = parts = verdict = None
+    if mem and memory_model == "calibrated":
+        from advisor.verdicts import assess
+
+        assessment = assess(result, spec, workload.seq_len, parallel.mbs, parallel.tp, parallel.cp, mem, options)
+        verdict = assessment.verdict
+    elif mem:
+        verdict = classify(result.total_gib, mem, threshold)
+    if gpu is not None:
+        timing, parts = one_layout_time(spec, gpu, workload, parallel, stages, training, tokens)
+    row = {
+        **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
+                   assessment=assessment, timing=timing, training=training).to_dict(),
+        "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
+        "options": training.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
+        "megatron_args": megatron_args(spec, workload.seq_len, tp=parallel.tp, cp=parallel.cp,
+                                       layers_per_stage=result.layers, micro_batch_size=parallel.mbs,
+                                       global_batch_size=workload.global_batch_size, options=training,
+                                       virtual_stages=parallel.vpp, release=release),
+    }
+    if parts is not None:
+        row["time_parts"] = parts
+    return row, result, assessment, timing, parts
+
+
+def one_layout_time(spec, gpu, workload, parallel, stages, training, tokens):
+    """(timing fields, time parts in seconds) of one layout, priced as the sweep prices its rows
+    (``advisor.rank_times``: its split, interleaving and recomputation) with its training options."""
+    import numpy as np
+
+    from advisor.memory import StageModel
+    from advisor.ranking import timing_fields
+    from advisor.rank_times import Timing, recomputed_per_chunk
+    from advisor.throughput import TimeModel
+
+    if workload.global_batch_size is None:
+        raise AdvisorError("predicting time needs a global batch size (--gbs)")
+    options = training.memory_options()
+    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, None, training.time_options())
+    p = parallel
+    counts = np.array([stages or (spec.num_layers // p.pp,) * p.pp])
+    layouts = Timing(model, gpu.gpus_per_node).layouts(
+        tp=np.array([p.tp]), cp=np.array([p.cp]), dp=np.array([p.dp]), mbs=np.array([p.mbs]), pp=np.array([p.pp]),
+        selective=options.recompute == "selective")
+    recompute = recomputed_per_chunk(options.recompute, options.recompute_method,
+                                     np.array([options.recompute_num_layers]), spec.num_layers)
+    memory = StageModel(spec, workload.seq_len, options, tp=p.tp, cp=p.cp, dp=p.dp, mbs=p.mbs, pp=p.pp, vpp=p.vpp,
+                        num_microbatches=workload.num_microbatches(p), stage=np.arange(p.pp)[None, :])
+    step = layouts.step(np.array([0]), np.array([p.vpp]), recompute, counts, memory.parameters(counts).max(axis=1))
+    timing = timing_fields(model, step, p.gpus, p.tp, tokens)[0]
+    return timing, {k: float(v) for k, v in step.row(0).items()}

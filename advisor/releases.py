@@ -1,0 +1,79 @@
+"""The Megatron-LM releases the advisor knows, as data: the one table of release facts.
+
+Each entry was read from, and is tested against, a real checkout of the release named in
+``checked``: ``launch.megatron_versions`` (which imports this table and adds what a launch does
+with it: reading a checkout's version, environment rules) explains each launch fact and
+``tests/test_megatron_real.py`` checks them; ``advisor.options.releases`` reads the training
+flags' defaults (``fsdp_sharding_strategy``), checked by ``tests/test_options_real.py``. It lives
+in the core because the core (``advisor``) cannot import the launcher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MegatronRelease:
+    """What one Megatron-LM release line needs, builds and defaults to (see the module docstring)."""
+
+    release: tuple[int, int]
+    """(major, minor): the rules hold for every patch release of this minor."""
+    checked: str
+    """The release tag these rules were read from and are tested against."""
+    python: tuple[int, int]
+    """The oldest Python it runs on (requires-python of its pyproject.toml)."""
+    null_tokenizer_extra_rows: int
+    """NullTokenizer.vocab_size - --vocab-size: 1 where it adds an end-of-document token."""
+    mock_data_max_token_id: int | None
+    """The largest token id --mock-data feeds whatever the vocabulary; None: ids modulo it."""
+    pretrain: Literal["providers", "config_container"]
+    """pretrain(dataset_provider, model_provider, ...) or pretrain(config_container, dataset_provider,
+    model_type, forward_step, model_provider=None, ...)."""
+    transformer_config_module: str
+    """Where core_transformer_config_from_args lives."""
+    fsdp_sharding_strategy: str
+    """``--data-parallel-sharding-strategy``'s default: 'no_shard' in core_v0.15.2
+    (arguments.py, ``_add_distributed_args``), 'optim_grads_params' in core_v0.19.0."""
+    lacks: frozenset[str] = frozenset()
+    """Flags the launcher may write that this release does not have."""
+    imports: tuple[tuple[str, str], ...] = ()
+    """(module, why) for each module outside the standard library that its pretrain_gpt.py imports
+    on the way to training: found by importing the script's module level (and, for core_v0.15.2,
+    the tokenizer module it builds) with each candidate refused in turn, and by the modules a
+    real launch loaded (PYTHONPROFILEIMPORTTIME); the ``megatron`` extra of pyproject.toml
+    installs them all. torch's own dependencies (sympy, setuptools) come with torch."""
+
+    @property
+    def name(self) -> str:
+        return f"Megatron-LM core {self.release[0]}.{self.release[1]}"
+
+    @property
+    def python_text(self) -> str:
+        return f"Python >= {self.python[0]}.{self.python[1]}"
+
+    def null_tokenizer_vocab_flag(self, rows: int) -> int:
+        """The --vocab-size that makes its NullTokenizer give ``rows`` tokens."""
+        return rows - self.null_tokenizer_extra_rows
+
+
+RELEASES: tuple[MegatronRelease, ...] = (
+    MegatronRelease(
+        release=(0, 15), checked="core_v0.15.2", python=(3, 10), null_tokenizer_extra_rows=1,
+        mock_data_max_token_id=4094, pretrain="providers",
+        transformer_config_module="megatron.training.arguments", fsdp_sharding_strategy="no_shard",
+        imports=(("torch", ""), ("numpy", ""), ("packaging", ": megatron/training/arguments.py"),
+                 ("six", ": megatron/training/tokenizer/bert_tokenization.py"),
+                 ("regex", ": megatron/training/tokenizer/gpt2_tokenization.py"),
+                 ("yaml", ": megatron/training/yaml_arguments.py")),
+    ),
+    MegatronRelease(
+        release=(0, 19), checked="core_v0.19.0", python=(3, 12), null_tokenizer_extra_rows=0,
+        mock_data_max_token_id=None, pretrain="config_container",
+        transformer_config_module="megatron.training.argument_utils", fsdp_sharding_strategy="optim_grads_params",
+        imports=(("torch", ""), ("numpy", ""),
+                 ("packaging", ": megatron/core/dist_checkpointing/strategies/torch.py")),
+    ),
+)
+NEWEST = RELEASES[-1]
