@@ -34,7 +34,9 @@ _REDIRECTS = re.compile(r"^\d*(>|>>|<|>&|&>|<&|>\|)$")
 _TORCHRUN_VALUED = {"nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port", "rdzv-backend",
                     "rdzv-endpoint", "rdzv-id", "rdzv-conf", "max-restarts", "monitor-interval", "start-method",
                     "role", "log-dir", "redirects", "tee", "local-addr", "logs-specs", "local-ranks-filter",
-                    "r", "t"}
+                    "shutdown-timeout", "signals-to-handle", "event-log-handler", "duplicate-stdout-filters",
+                    "duplicate-stderr-filters", "r", "t"}
+"""torchrun's options that take a value (``python -m torch.distributed.run --help``, torch 2.13)."""
 # srun's options that take a value (slurm's srun(1)); '--opt=value' needs no table.
 _SRUN_VALUED = {"N", "nodes", "n", "ntasks", "ntasks-per-node", "gpus-per-node", "G", "gpus", "gres", "c",
                 "cpus-per-task", "p", "partition", "t", "time", "J", "job-name", "o", "output", "e", "error",
@@ -205,6 +207,8 @@ def _logical_lines(text: str):
             if line.lstrip().startswith("#"):
                 yield start, line  # a comment (#SBATCH directives are read from these)
                 continue
+        if buffer and _ARRAY_ASSIGN.match(buffer) and line.lstrip().startswith("#"):
+            continue  # a comment line inside an array literal (its apostrophes open no quote)
         buffer = buffer + "\n" + line if buffer else line
         array = _ARRAY_ASSIGN.match(buffer)
         if array and _closing(buffer, array.end() - 1, "(", ")") < 0:

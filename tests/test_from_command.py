@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from advisor.cli import cli
+from advisor.options.flags import training_args
 
 COMMANDS = Path(__file__).parent / "data" / "commands"
 PRICED = ("total_gib", "model_states_gib", "activations_gib", "verdict", "usage_gib", "margin_gib", "step_time_s",
@@ -123,7 +124,7 @@ def test_megatron_gpt3_175b_example_prices_fp16_gradients_as_megatron_reduces_th
     older = {"params_dtype": "float16", "gradient_bytes": 2}  # a row written before grad_reduce_dtype existed
     assert TrainingOptions.from_dict(older).precision.grad_reduce_dtype == "fp16"
     assert (options.memory_options().gradient_bytes, options.time_options().grad_reduce_bytes) == (2, 2)
-    args = options.megatron_args(tp=8)
+    args = training_args(options, tp=8)
     assert "--fp16" in args and "--accumulate-allreduce-grads-in-fp32" not in args
     result = CliRunner().invoke(cli, ["estimate", "--from-command", str(COMMANDS / "megatron_gpt3_175b.sh"),
                                       "--gpus", "1024", "--vocab-size", "50257", "--gpu", "h100-80gb",
@@ -208,3 +209,13 @@ def test_gpu_hour_price_turns_the_token_budget_into_a_cost():
     assert [row["cost_usd"] for row in rows] == [row["gpu_hours"] * 2 for row in rows]
     result = CliRunner().invoke(cli, ["estimate", "--gpus", "8", "--gpu", "h100-80gb", "--gpu-hour-price", "2"])
     assert result.exit_code == 2 and "--gpu-hour-price needs --tokens" in result.stderr
+
+
+def test_a_comment_with_an_apostrophe_inside_an_array_is_a_comment():
+    """Bash ends a word-starting '#' comment at the line's end inside an array literal too, so its
+    apostrophe opens no quote (the Slurm script's own comment, "Slurm's SIGTERM ...", did)."""
+    from advisor.shell_command import read_command
+
+    script = "args=(\n    --num-layers 2\n    # Slurm's SIGTERM: save, then exit\n    --hidden-size 64\n)\n" \
+             "torchrun --nproc-per-node 1 pretrain_gpt.py \"${args[@]}\"\n"
+    assert read_command(script).arguments == ("--num-layers", "2", "--hidden-size", "64")
