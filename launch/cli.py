@@ -322,9 +322,8 @@ def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_p
       advisor-launch sbatch --from sweep.json --megatron-lm ~/Megatron-LM -o job.sh --dry-run \\
           -- --data-path ... --tokenizer-type ... --train-iters 1000
     """
-    from advisor.fileio import atomic_write_text
     from launch.commands import SlurmJob, resolve_topology, sbatch_script
-    from launch.process import require_program, run_process_group
+    from launch.process import write_or_submit
 
     topology = resolve_topology(config, nnodes=nodes, per_node=gpus_per_node, names=("--nodes", "--gpus-per-node"))
     model = config.model.name.partition("[")[0]  # a preset's name, without the overrides
@@ -335,17 +334,9 @@ def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_p
                               per_node=topology.nproc_per_node, gpus_here=False)
     script = sbatch_script(job, topology, entry, megatron.groups, description=config.describe(),
                            environment=env.settings, environment_reason=env.reason)
-    if output is not None:
-        atomic_write_text(output, script)
-        click.echo(f"wrote {output}", err=True)
-    if dry_run:
-        if output is None:
-            click.echo(script, nl=False)
-        return 0
-    require_program("sbatch", "submit from a Slurm login node, or write the script with --dry-run -o FILE")
-    argv = ["sbatch", str(output)] if output is not None else ["sbatch"]
-    _announce(config, shlex.join(argv), release)
-    return run_process_group(argv, stdin_text=None if output is not None else script)
+    status = write_or_submit(script, output, dry_run=dry_run,
+                             announce=lambda argv: _announce(config, shlex.join(argv), release))
+    return 0 if status is None else status
 
 
 @cli.command("check", cls=LaunchCommand, epilog=EPILOG)

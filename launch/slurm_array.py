@@ -28,7 +28,7 @@ from advisor.capture.campaign_run import prepare, scan
 from advisor.cli.options import OneLineCommand
 from advisor.errors import AdvisorError
 from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS, ShellWord, SlurmJob, Topology, wrap
-from launch.process import require_program, run_process_group
+from launch.process import write_or_submit
 
 RUNNER = "launch.campaign_runner"
 TASK_RUN = ShellWord('"${runs[$SLURM_ARRAY_TASK_ID]}"')
@@ -75,7 +75,6 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
          partition: str | None, account: str | None, time: str | None, qos: str | None, rdzv_port: int,
          output: Path | None, dry_run: bool, user_args: tuple[str, ...]) -> None:
     """Write (and submit) a campaign's job array; see the module docstring."""
-    from advisor.fileio import atomic_write_text
     from launch.campaign_runner import TorchrunExecutor, launch_problem, topology
     from launch.checkout import resolve_release
 
@@ -100,16 +99,9 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
     nodes = Topology(nnodes=widest, nproc_per_node=document["gpus_per_node"])
     script = array_script(job, nodes, pending, runner, user_args, description=(
         f"the {len(pending)} runs of {campaign} ({len(document['runs'])} in all) not complete under {out}"))
-    if output is not None:
-        atomic_write_text(output, script)
-        click.echo(f"wrote {output}", err=True)
-    if dry_run:
-        if output is None:
-            click.echo(script, nl=False)
-        return
-    require_program("sbatch", "submit from a Slurm login node, or write the script with --dry-run -o FILE")
-    argv = ["sbatch", str(output)] if output is not None else ["sbatch"]
-    sys.exit(run_process_group(argv, stdin_text=None if output is not None else script))
+    status = write_or_submit(script, output, dry_run=dry_run)
+    if status is not None:
+        sys.exit(status)
 
 
 if __name__ == "__main__":
