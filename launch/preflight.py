@@ -93,10 +93,21 @@ def _importable(name: str) -> bool:
         return False
 
 
+def _builds_dataset_helpers(checkout: Path) -> bool:
+    """The checkout ships the dataset helpers' source but no compiled ``helpers_cpp`` module."""
+    datasets = checkout / "megatron" / "core" / "datasets"
+    return (datasets / "Makefile").is_file() and not any(datasets.glob("helpers_cpp*"))
+
+
 def import_problems(setup: Setup, importable: Callable[[str], bool] = _importable) -> list[str]:
     """Each module the release imports at run time that this Python cannot import."""
     problems = [f"cannot import {module} ({setup.rules.name} imports it at run time{why}): {INSTALL}"
                 for module, why in setup.rules.imports if not importable(module)]
+    if setup.checkout is not None and _builds_dataset_helpers(setup.checkout) and not importable("pybind11"):
+        # megatron/core/datasets/Makefile: CPPFLAGS += $(shell python3 -m pybind11 --includes); the
+        # first rank compiles helpers_cpp at start-up when the checkout has none built
+        problems.append(f"cannot import pybind11 ({setup.rules.name} compiles its dataset helpers with it at "
+                        f"start-up: megatron/core/datasets/Makefile): {INSTALL}")
     provided = setup.checkout is not None and (setup.checkout / "megatron" / "core" / "__init__.py").is_file()
     if setup.checkout is not None and not provided and not importable("megatron.core"):
         problems.append(f"cannot import megatron.core: the checkout {setup.checkout} has no megatron/core and none "

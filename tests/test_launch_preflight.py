@@ -63,6 +63,9 @@ def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_p
     cases = {
         "missing import": (lambda patch: patch.setitem(sys.modules, "six", None), {},
                            "cannot import six (Megatron-LM core 0.15 imports it at run time"),
+        "no pybind11 to build the dataset helpers": (
+            lambda patch: patch.setitem(sys.modules, "pybind11", None), {},
+            "cannot import pybind11 (Megatron-LM core 0.15 compiles its dataset helpers with it at start-up"),
         "fewer GPUs": (lambda patch: patch.setenv("PATH", f"{four}:/usr/bin:/bin"), {"extras": no_gloo},
                        "this node has 4 GPU(s) (nvidia-smi -L, CUDA_VISIBLE_DEVICES), the launch needs 8 per node"),
         "no GPUs": (lambda patch: patch.setenv("PATH", f"{none}:/usr/bin:/bin"), {"extras": no_gloo},

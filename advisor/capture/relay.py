@@ -9,6 +9,7 @@ temporary file, whose last lines explain a crash.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,6 +85,28 @@ def _last_lines(log, count: int = 3) -> str:
     return " | ".join(lines[-count:])
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (Slurm's scancel, a job timeout, ``kill``) seen as an interrupt, so that the runner
+    is stopped too rather than left running as an orphan; ``args[0]`` is the signal."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """Within the block SIGTERM raises :class:`Terminated` (where this is the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, _frame):
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def relay(campaign: Path, out: Path, options: list[str], view, *, gpus: bool = False) -> tuple[int, Summary, str]:
     """Run the runner (the GPU one with ``gpus``) to the end; returns (its exit status, the
     summary, its last stderr lines). ``view.handle(event)`` sees every event. Ctrl-C stops the
@@ -90,7 +114,7 @@ def relay(campaign: Path, out: Path, options: list[str], view, *, gpus: bool = F
     module = LAUNCH_RUNNER_MODULE if gpus else RUNNER_MODULE
     command = [sys.executable, "-m", module, str(campaign), "--out", str(out), *options]
     summary = Summary()
-    with tempfile.TemporaryFile("w+", encoding="utf-8") as log:
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as log, _terminate_as_interrupt():
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=_environment())
         try:
             for line in process.stdout:
@@ -101,8 +125,8 @@ def relay(campaign: Path, out: Path, options: list[str], view, *, gpus: bool = F
                 summary.take(event)
                 view.handle(event)
             status = process.wait()
-        except KeyboardInterrupt:
-            process.send_signal(signal.SIGINT)
+        except KeyboardInterrupt as stop:
+            process.send_signal(stop.args[0] if isinstance(stop, Terminated) else signal.SIGINT)
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:

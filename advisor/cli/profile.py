@@ -318,12 +318,13 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
       salloc --nodes 4 --gpus-per-node 8 advisor profile run wide.json --out wide-runs/ \\
           --megatron-lm ~/Megatron-LM --slurm --mock-data -- --lr 1e-4
     """
+    import signal
     import sys
 
     from advisor.cli import progress
     from advisor.capture.campaign_run import EmulationBudget, prepare, scan
+    from advisor.capture.relay import Terminated, relay
     from advisor.limits import GIB as GIB_BYTES
-    from advisor.capture.relay import relay
 
     gpus = megatron_lm is not None
     _check_backend_flags(gpus, backend, threads, memory_limit, layer_spec,
@@ -346,11 +347,11 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
                else _emulator_options(backend, layer_spec, threads, memory_limit))
     try:
         status, summary, last = relay(campaign, out, options, progress.view(sys.stderr.isatty()), gpus=gpus)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         complete = sum(check.state == "complete" for check in scan(document, out).values())
         click.echo(f"interrupted: {complete} of {len(document['runs'])} runs are complete; run the same command "
                    f"to resume", err=True)
-        sys.exit(130)
+        sys.exit(128 + (stop.args[0] if isinstance(stop, Terminated) else signal.SIGINT))
     _finish(status, summary, last, out)
 
 
