@@ -128,8 +128,9 @@ class _CudnnAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         _fake_only(q, k, v)
-        s, b, heads, d = q.shape
-        out = torch.empty((s, b, heads, d), dtype=q.dtype, device=q.device)
+        s, b, heads, _ = q.shape
+        # The output has V's head size (MLA: d_v 128 where Q and K have d_nope + d_rope 192).
+        out = torch.empty((s, b, heads, v.shape[-1]), dtype=q.dtype, device=q.device)
         stats = torch.empty((b, heads, s, 1), dtype=torch.float32, device=q.device)
         rng_state = torch.empty(_RNG_STATE, dtype=torch.uint64, device=q.device)
         ctx.save_for_backward(q, k, v, out, stats, rng_state)
@@ -190,10 +191,13 @@ class TEAttention(MegatronModule):
 
     def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 k_channels: int | None = None, v_channels: int | None = None,
                  cp_comm_type: str | None = None, pg_collection=None) -> None:
         super().__init__(config=config)
         if cp_comm_type not in (None, "p2p"):
             raise ValueError(f"the symbolic backend models TE's p2p context parallelism, not {cp_comm_type!r}")
+        if k_channels != v_channels and config.context_parallel_size > 1:
+            raise ValueError("the symbolic backend's TE ring attention takes equal K and V head sizes (no MLA)")
         self.layer_number = layer_number
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
@@ -231,6 +235,61 @@ def fused_apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, transpose_o
     return _FusedRoPE.apply(t, freqs)
 
 
+# --- MLA's fused YaRN RoPE (Triton) ----------------------------------------------------------
+
+
+class _FusedMLARoPEQ(torch.autograd.Function):
+    """megatron-core's ``ApplyMLARotaryEmbQ`` (fusions/fused_mla_yarn_rope_apply.py, a Triton
+    kernel): RoPE on the last d_rope of each query head, in place; saves only cos and sin."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        _fake_only(q, cos, sin)
+        ctx.mark_dirty(q)
+        ctx.save_for_backward(cos, sin)
+        return q
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None, None
+
+
+class _FusedMLARoPEKV(torch.autograd.Function):
+    """megatron-core's ``ApplyMLARotaryEmbKV``: splits the KV up projection's output into a new
+    key [.., d_nope + d_rope] (the roped, shared k_pos_emb appended to each head) and a new value
+    [.., d_v]; saves only cos and sin."""
+
+    @staticmethod
+    def forward(ctx, kv: torch.Tensor, k_pos_emb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                emb_dim: int, k_dim: int, v_dim: int):
+        _fake_only(kv, k_pos_emb, cos, sin)
+        ctx.save_for_backward(cos, sin)
+        ctx.shapes = (kv.shape, k_pos_emb.shape)
+        *lead, heads, _ = kv.shape
+        return kv.new_empty((*lead, heads, emb_dim + k_dim)), kv.new_empty((*lead, heads, v_dim))
+
+    @staticmethod
+    def backward(ctx, grad_key: torch.Tensor, grad_value: torch.Tensor):
+        kv_shape, emb_shape = ctx.shapes
+        return grad_key.new_empty(kv_shape), grad_key.new_empty(emb_shape), None, None, None, None, None
+
+
+def fused_apply_mla_rope_for_q(t, cos, sin, qk_head_dim, emb_dim, cu_seqlens_q=None, cp_rank=0, cp_size=1,
+                               rotary_interleaved=False):
+    """megatron-core's ``fused_apply_mla_rope_for_q``, sbhd, on fake tensors."""
+    if cu_seqlens_q is not None:
+        raise ValueError("the symbolic backend's fused MLA RoPE takes no packed sequences")
+    return _FusedMLARoPEQ.apply(t, cos, sin)
+
+
+def fused_apply_mla_rope_for_kv(kv, k_pos_emb, cos, sin, emb_dim, k_dim, v_dim, cu_seqlens_kv=None, cp_rank=0,
+                                cp_size=1, rotary_interleaved=False):
+    """megatron-core's ``fused_apply_mla_rope_for_kv``, sbhd, on fake tensors."""
+    if cu_seqlens_kv is not None:
+        raise ValueError("the symbolic backend's fused MLA RoPE takes no packed sequences")
+    return _FusedMLARoPEKV.apply(kv, k_pos_emb, cos, sin, emb_dim, k_dim, v_dim)
+
+
 # --- installing them ----------------------------------------------------------------------
 
 
@@ -239,12 +298,24 @@ def cuda_kernels() -> Iterator[None]:
     """The stand-ins that megatron-core reaches through functions, installed while the context
     is open: torch's RMSNorm (``F.rms_norm``, which ``torch.nn.RMSNorm`` and so the local spec's
     norm call) and megatron-core's fused RoPE (used when ``apply_rope_fusion`` is set)."""
+    import megatron.core.extensions.transformer_engine as extensions
     import megatron.core.models.common.embeddings.rope_utils as rope_utils
+    import megatron.core.transformer.multi_latent_attention as mla
 
     saved = [(torch.nn.functional, "rms_norm", torch.nn.functional.rms_norm),
-             (rope_utils, "fused_apply_rotary_pos_emb", rope_utils.fused_apply_rotary_pos_emb)]
+             (rope_utils, "fused_apply_rotary_pos_emb", rope_utils.fused_apply_rotary_pos_emb),
+             (mla, "fused_apply_mla_rope_for_q", mla.fused_apply_mla_rope_for_q),
+             (mla, "fused_apply_mla_rope_for_kv", mla.fused_apply_mla_rope_for_kv)]
     torch.nn.functional.rms_norm = fused_rms_norm
     rope_utils.fused_apply_rotary_pos_emb = fused_apply_rotary_pos_emb
+    # MLA's fused YaRN RoPE is Triton (None here: Triton needs CUDA).
+    mla.fused_apply_mla_rope_for_q = fused_apply_mla_rope_for_q
+    mla.fused_apply_mla_rope_for_kv = fused_apply_mla_rope_for_kv
+    # megatron-core 0.16.1's MLA sets HAVE_TE when its TE extension module imports, which it does
+    # without Transformer Engine (its TE classes are then MagicMocks, and MLASelfAttention's
+    # isinstance(linear_proj, TELinear) raises): the extension's own HAVE_TE says TE is absent.
+    saved.append((mla, "HAVE_TE", mla.HAVE_TE))
+    mla.HAVE_TE = extensions.HAVE_TE
     try:
         yield
     finally:
@@ -252,19 +323,29 @@ def cuda_kernels() -> Iterator[None]:
             setattr(owner, name, value)
 
 
-def transformer_engine_spec(num_layers: int, num_experts: int | None = None):
+def transformer_engine_spec(num_layers: int, num_experts: int | None = None, multi_latent_attention: bool = False):
     """The block spec of a GPT stage with ``--transformer-impl transformer_engine``, from
     megatron-core's local modules where they keep what TE's keep (the column and row parallel
     linears save their local input and weight, as TE's Linear does) and the stand-ins above where
     they do not: the RMSNorms (before attention, before the MLP, and the final one) and the core
     attention. With ``num_experts``, the MLP is megatron-core's ``MoELayer`` with its
     ``SequentialMLP`` experts (TE's grouped GEMM keeps, per token copy, the same FC1 and FC2
-    inputs as the experts' linears do one by one)."""
+    inputs as the experts' linears do one by one). With ``multi_latent_attention``, megatron-core's
+    ``MLASelfAttention``: TE's spec fuses the q and kv latent RMSNorms into the up projections
+    (``TELayerNormColumnParallelLinear``, which saves the latent, the weight, rsigma and the normed
+    latent as its GEMM input), here the RMSNorm stand-in and then the up projection, which save the
+    same; the down projections are TE's duplicated ``TELinear`` there, column-parallel linears
+    here (the same at TP 1)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    layer = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm")
+    layer = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm",
+                                     multi_latent_attention=multi_latent_attention,
+                                     qk_layernorm=multi_latent_attention)
     layer.submodules.input_layernorm = FusedRMSNorm
     layer.submodules.pre_mlp_layernorm = FusedRMSNorm
-    layer.submodules.self_attention.submodules.core_attention = TEAttention
+    attention = layer.submodules.self_attention.submodules
+    attention.core_attention = TEAttention
+    if multi_latent_attention:
+        attention.q_layernorm = attention.kv_layernorm = FusedRMSNorm
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=FusedRMSNorm)

@@ -62,7 +62,7 @@ def transformer_config(spec: LlamaSpec, *, num_layers: int, params_dtype: torch.
     ``overrides`` go to ``TransformerConfig`` unchanged (for example ``recompute_granularity``).
     """
     from megatron.core import parallel_state
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
     from megatron.core.utils import scaled_init_method_normal
 
     init_std = 0.02
@@ -99,7 +99,8 @@ def transformer_config(spec: LlamaSpec, *, num_layers: int, params_dtype: torch.
         output_layer_init_method=scaled_init_method_normal(init_std, spec.num_layers),
     )
     values.update(overrides)
-    return TransformerConfig(**values)
+    # Megatron-LM builds an MLATransformerConfig for --multi-latent-attention (core_transformer_config_from_args).
+    return (MLATransformerConfig if values.get("multi_latent_attention") else TransformerConfig)(**values)
 
 
 LAYER_SPECS = ("local", "transformer_engine")
@@ -151,13 +152,19 @@ def build_gpt_model(
     if layer_spec not in LAYER_SPECS:
         raise ValueError(f"layer spec must be one of {', '.join(LAYER_SPECS)}, got {layer_spec!r}")
     experts = getattr(spec, "num_experts", None)
+    mla = getattr(spec, "mla", None) is not None
     if experts:
         config_overrides = {**moe_config_overrides(spec), **config_overrides}
     if layer_spec == "transformer_engine":
         from megatron_hooks.kernels import transformer_engine_spec
 
         config_overrides = {**_TE_SPEC_FUSIONS, **config_overrides}
-        layer_specs = transformer_engine_spec(len(numbers), experts)
+        layer_specs = transformer_engine_spec(len(numbers), experts, multi_latent_attention=mla)
+    elif mla:
+        # megatron-core 0.16.1's local spec hands MLA's k_channels to its DotProductAttention,
+        # which takes none: only the Transformer Engine spec (stood in for) builds MLA here.
+        raise NotImplementedError("multi-latent attention builds with the transformer_engine layer spec only "
+                                  "(megatron-core's local DotProductAttention takes no k_channels)")
     else:
         layer_specs = get_gpt_layer_local_spec(num_experts=experts, normalization="RMSNorm")
     config = transformer_config(spec, num_layers=len(numbers), params_dtype=params_dtype, **config_overrides)
@@ -207,12 +214,9 @@ def moe_config_overrides(spec) -> dict:
     """megatron-core ``TransformerConfig`` fields of an MoE spec, as Megatron-LM's MoE flags set
     them (``--num-experts --moe-router-topk --moe-ffn-hidden-size
     --moe-shared-expert-intermediate-size --moe-router-score-function ...``), dropless, with the
-    allgather dispatcher (EP 1) and no auxiliary loss (its scalars keep a few E-sized tensors)."""
-    if spec.mla is not None:
-        # megatron-core 0.16.1's local spec hands MLA's k_channels to DotProductAttention, which
-        # takes none; MLA needs Transformer Engine's attention, which does not import here.
-        raise NotImplementedError("multi-latent attention does not build without Transformer Engine "
-                                  "(megatron-core's local DotProductAttention takes no k_channels)")
+    allgather dispatcher (EP 1) and no auxiliary loss (its scalars keep a few E-sized tensors);
+    with MLA, ``--multi-latent-attention`` and its sizes, the q/kv latent RMSNorms
+    (``--qk-layernorm``, as Megatron-LM's DeepSeek recipes set it) and YaRN's ``--rope-type yarn``."""
     values = dict(num_moe_experts=spec.num_experts, moe_router_topk=spec.moe_router_topk,
                   moe_ffn_hidden_size=spec.moe_ffn_hidden_size, moe_token_dispatcher_type="allgather",
                   moe_router_load_balancing_type="none", moe_router_score_function=spec.score_function,
@@ -224,4 +228,22 @@ def moe_config_overrides(spec) -> dict:
         values.update(moe_router_num_groups=spec.router_num_groups, moe_router_group_topk=spec.router_group_topk)
     if spec.router_topk_scaling_factor:
         values["moe_router_topk_scaling_factor"] = spec.router_topk_scaling_factor
+    if spec.mla is not None:
+        values.update(_mla_overrides(spec))
+    return values
+
+
+def _mla_overrides(spec) -> dict:
+    """``MLATransformerConfig`` fields of a spec with multi-latent attention (``advisor.moe.flags``
+    emits the same as Megatron-LM flags)."""
+    mla, yarn = spec.mla, spec.yarn
+    values = dict(multi_latent_attention=True, q_lora_rank=mla.q_lora_rank, kv_lora_rank=mla.kv_lora_rank,
+                  qk_head_dim=mla.qk_head_dim, qk_pos_emb_head_dim=mla.qk_pos_emb_head_dim,
+                  v_head_dim=mla.v_head_dim, qk_layernorm=True, rotary_base=spec.rotary_base,
+                  rope_type="rope" if yarn is None else "yarn")
+    if yarn is not None:
+        values.update(rotary_scaling_factor=yarn.factor,
+                      original_max_position_embeddings=yarn.original_max_position_embeddings,
+                      beta_fast=yarn.beta_fast, beta_slow=yarn.beta_slow, mscale=yarn.mscale,
+                      mscale_all_dim=yarn.mscale_all_dim)
     return values

@@ -24,9 +24,13 @@ compiled kernel crashes the process on fake tensors: torch.compile is off inside
 so the same Python runs eagerly (``WeightedSwiGLUFunction`` saves its input and the
 probabilities either way).
 
-Only at EP 1 (all E experts on this rank), the allgather dispatcher, and without token dropping
-(``moe_expert_capacity_factor`` None): there the selections cover all E experts. Everything is
-undone on exit.
+The alltoall dispatcher (``MoEAlltoAllTokenDispatcher``) also sizes its all-to-all and its
+sort of the received chunks by the routing's counts, copied to the host on a CUDA side stream:
+``fake_routing`` gives it the balanced counts as host values (``_alltoall_preprocess``), no side
+stream, and its chunk orders as host arrays. With EP > 1 (torch's fake process group, a world
+of EP ranks of which this process is rank 0) the all-to-all moves no data and returns the
+received shapes. Without token dropping only (``moe_expert_capacity_factor`` None), TP = 1.
+Everything is undone on exit.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import numpy
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -63,14 +68,48 @@ def balanced_split(copies: int, experts: int) -> list[int]:
     return [share + (expert < extra) for expert in range(experts)]
 
 
+def _alltoall_preprocess(self, routing_map: torch.Tensor):
+    """``MoEAlltoAllTokenDispatcher.preprocess`` under balanced dropless routing, with the values
+    its device-to-host copies would bring (``_maybe_dtoh_and_synchronize``): each of the TP x EP
+    ranks sends ``balanced_split(N k, E)`` copies to the E experts, so this rank sends the sums
+    over each EP rank's experts (input splits), receives its local experts' share from each
+    peer (output splits), and its experts get TP x EP times their share."""
+    tp, ep, local = self.tp_size, self.ep_size, self.num_local_experts
+    per_expert = balanced_split(routing_map.size(0) * self.config.moe_router_topk, self.num_experts)
+    first = self.local_expert_indices[0]
+    mine = per_expert[first:first + local]
+    self.num_out_tokens = routing_map.size(0) * self.config.moe_router_topk
+    self.input_splits = [sum(per_expert[r * local:(r + 1) * local]) for r in range(ep)]
+    self.output_splits = [sum(mine)] * ep
+    self.output_splits_tp = [sum(mine) * ep] * tp
+    # Host values, as after the copies (numpy, as ``maybe_move_tensor_to_cpu(as_numpy=True)``).
+    self.num_global_tokens_per_local_expert = numpy.array([mine] * (tp * ep))
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        return torch.tensor([count * tp * ep for count in mine])
+
+
+def _alltoall_index_tensors(init):
+    """The dispatcher's chunk orders (``torch.arange`` at construction, read with ``tolist()`` by
+    ``sort_chunks_by_idxs``) as real tensors: constants of the layout, not of the routing."""
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        chunks = numpy.arange(self.num_experts * self.tp_size)
+        self.sort_input_by_local_experts = chunks.reshape(-1, self.num_local_experts).T.ravel()
+        self.restore_output_by_local_experts = chunks.reshape(self.num_local_experts, -1).T.ravel()
+    return __init__
+
+
 @contextlib.contextmanager
 def fake_routing(num_experts: int, topk: int) -> Iterator[None]:
     """megatron-core's dropless top-``topk`` routing over ``num_experts`` experts on fake
     tensors (module docstring)."""
     from megatron.core.transformer.moe import experts, moe_utils
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as AllToAll
 
     select = torch.Tensor.masked_select
     sequential_forward = experts.SequentialMLP.forward
+    alltoall = {name: AllToAll.__dict__[name] for name in
+                ("__init__", "preprocess", "_maybe_dtoh_and_synchronize", "cuda_dtoh_stream")}
 
     def masked_select(self, mask):
         if not isinstance(mask, FakeTensor) or mask.dtype != torch.bool:
@@ -91,6 +130,12 @@ def fake_routing(num_experts: int, topk: int) -> Iterator[None]:
     experts.SequentialMLP.forward = forward
     if unbound:
         moe_utils.te_general_gemm = None
+    # The alltoall dispatcher: a CUDA side stream for its device-to-host copies (made once, at
+    # construction; none here: nothing is copied), and the routing's counts.
+    AllToAll.cuda_dtoh_stream = "no CUDA stream: fake tensors"
+    AllToAll.__init__ = _alltoall_index_tensors(alltoall["__init__"])
+    AllToAll.preprocess = _alltoall_preprocess
+    AllToAll._maybe_dtoh_and_synchronize = lambda self, point, tokens_per_expert=None: tokens_per_expert
     try:
         with torch._dynamo.config.patch(disable=True):
             yield
@@ -99,3 +144,5 @@ def fake_routing(num_experts: int, topk: int) -> Iterator[None]:
             del moe_utils.te_general_gemm
         torch.Tensor.masked_select = select
         experts.SequentialMLP.forward = sequential_forward
+        for name, value in alltoall.items():
+            setattr(AllToAll, name, value)

@@ -2,10 +2,11 @@
 
 ``measure_moe_layer(spec, seq_len=4096)`` builds the middle-stage ``GPTModel`` of one decoder
 layer of a ``advisor.moe.spec.MoESpec`` (``model.build_gpt_model``: megatron-core's
-``TransformerLayer`` with its ``MoELayer``: the ``TopKRouter``, the allgather token dispatcher
-and ``SequentialMLP`` experts, plus ``SharedExpertMLP`` where the spec has shared experts; the
-Transformer Engine spec's norm and attention stand-ins of ``kernels.py``), in a fake world of
-one rank (TP = EP = 1; ``symbolic.fake_world``) under ``FakeTensorMode``, and runs one
+``TransformerLayer`` with its ``MoELayer``: the ``TopKRouter``, the allgather or alltoall token
+dispatcher and ``SequentialMLP`` experts, plus ``SharedExpertMLP`` where the spec has shared
+experts, and ``MLASelfAttention`` where it has multi-latent attention; the Transformer Engine
+spec's norm, attention and RoPE stand-ins of ``kernels.py``), as rank 0 of a fake world of EP
+ranks (TP = 1, E / EP experts on this rank; ``symbolic.fake_world``) under ``FakeTensorMode``, and runs one
 microbatch forward and backward. What autograd saves is counted as the hooks count it
 (``hooks.py``: each storage once, in the first part that saves it; parameters never), per part:
 
@@ -17,47 +18,53 @@ microbatch forward and backward. What autograd saves is counted as the hooks cou
 
 The routing's sizes on fake tensors are ``moe_fake.fake_routing``'s: every byte exact but the
 split among the experts, which is the balanced one. ``advisor.moe.memory`` prices the same
-parts; ``compare`` lines each analytic term up with its measured part.
+parts; ``advisor.moe.layer_profile.compare`` lines each analytic term up with its measured part.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-from dataclasses import dataclass
+import weakref
 
 import torch
 
-PARTS = ("attention", "router", "dispatch", "experts", "shared_experts")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MoELayerMeasurement:
-    """One MoE layer, one microbatch, one rank: bytes per part (``PARTS``)."""
-
-    parameter_bytes: dict[str, int]
-    """The part's parameters (BF16 after megatron's Float16Module cast)."""
-    activation_bytes: dict[str, int]
-    """What the part's forward pass keeps for the backward pass."""
-    gradient_bytes: int
-    """The layer's parameter gradients after the backward pass (plain autograd, the weights' dtype)."""
+from advisor.moe.layer_profile import DISPATCHERS, PARTS, MoELayerProfile, compare
 
 
 class _SavedByPart:
-    """Saved-tensor accounting per part: forward pre/post hooks keep the innermost open part."""
+    """Saved-tensor accounting per part: forward pre/post hooks keep the innermost open part.
 
-    def __init__(self, parts: dict[str, list[torch.nn.Module]], parameters) -> None:
+    A storage is known by its address (``static.storage_key``), which a later storage can reuse
+    once the first is freed: a tensor saved by an autograd node that dies during the forward pass
+    (a branch whose output is not used) is not kept. So each saved storage is remembered with a
+    weak reference to the tensor saved, an address whose tensor is gone counts anew, and
+    ``kept()`` counts, after the forward pass, only what is still alive. A norm's output counts in
+    the part of ``norms`` that owns the norm, whoever saves it first: the pre-MLP norm's output is
+    the router's input (the analytic router term) and the shared experts' FC1 input, which
+    megatron-core's ``MoELayer`` runs first."""
+
+    def __init__(self, parts: dict[str, list[torch.nn.Module]], norms: dict[str, torch.nn.Module],
+                 parameters) -> None:
         from megatron_hooks.static import storage_key
 
         self.key = storage_key
-        self.bytes = dict.fromkeys(PARTS, 0)
-        self.seen = {storage_key(p) for p in parameters}
+        self.parameters = {storage_key(p) for p in parameters}
+        self.saved: dict[int, tuple[weakref.ref, str, int]] = {}
+        self.claimed: dict[int, str] = {}
         self.open: list[str] = []
         self.handles = []
         for name, modules in parts.items():
             for module in modules:
                 self.handles.append(module.register_forward_pre_hook(self._opener(name)))
                 self.handles.append(module.register_forward_hook(self._close))
+        for name, norm in norms.items():
+            self.handles.append(norm.register_forward_hook(self._claimer(name)))
+
+    def _claimer(self, name: str):
+        def claim(_module, _args, output: torch.Tensor) -> None:
+            self.claimed[self.key(output)] = name
+        return claim
 
     def _opener(self, name: str):
         def open_part(*_) -> None:  # a hook that returns a value replaces the module's input
@@ -69,10 +76,21 @@ class _SavedByPart:
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         key = self.key(tensor)
-        if self.open and key not in self.seen:
-            self.seen.add(key)
-            self.bytes[self.open[-1]] += tensor.untyped_storage().nbytes()
+        if not self.open or key in self.parameters:
+            return tensor
+        known = self.saved.get(key)
+        if known is None or known[0]() is None:
+            part = self.claimed.get(key, self.open[-1])
+            self.saved[key] = (weakref.ref(tensor), part, tensor.untyped_storage().nbytes())
         return tensor
+
+    def kept(self) -> dict[str, int]:
+        """Bytes per part of the saved storages still alive."""
+        counted = dict.fromkeys(PARTS, 0)
+        for alive, part, nbytes in self.saved.values():
+            if alive() is not None:
+                counted[part] += nbytes
+        return counted
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -88,10 +106,15 @@ def _parts(layer) -> dict[str, list[torch.nn.Module]]:
     return parts
 
 
-def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "transformer_engine"
-                      ) -> MoELayerMeasurement:
-    """One BF16 MoE layer of ``spec`` (a ``MoESpec``) on one rank, one microbatch; see the module
-    docstring."""
+def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "transformer_engine",
+                      ep: int = 1, dispatcher: str = "allgather") -> MoELayerProfile:
+    """One BF16 MoE layer of ``spec`` (a ``MoESpec``) on rank 0 of a fake world of ``ep`` data-
+    parallel ranks folded into ``ep`` expert-parallel ranks (TP = 1), one microbatch, with the
+    token ``dispatcher`` ("allgather" or "alltoall"); see the module docstring."""
+    if dispatcher not in DISPATCHERS:
+        raise ValueError(f"dispatcher must be one of {', '.join(DISPATCHERS)}, got {dispatcher!r}")
+    if ep < 1 or spec.num_experts % ep:
+        raise ValueError(f"EP {ep} must divide the {spec.num_experts} experts")
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from megatron_hooks.kernels import cuda_kernels
@@ -100,16 +123,18 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
     from megatron_hooks.symbolic import fake_world
 
     with contextlib.ExitStack() as context:
-        context.enter_context(fake_world(1, 1, 1, 0))
+        context.enter_context(fake_world(1, 1, ep, 0, ep=ep))
         context.enter_context(FakeTensorMode())
         context.enter_context(cuda_kernels())
         context.enter_context(fake_routing(spec.num_experts, spec.moe_router_topk))
         model = build_gpt_model(spec, seq_len=seq_len, layers=[spec.num_layers // 2 + 1], pre_process=False,
                                 post_process=False, params_dtype=torch.bfloat16, layer_spec=layer_spec,
-                                use_cpu_initialization=True)
+                                use_cpu_initialization=True, expert_model_parallel_size=ep,
+                                moe_token_dispatcher_type=dispatcher)
         layer = model.decoder.layers[0]
         parts = _parts(layer)
-        counter = _SavedByPart(parts, model.parameters())
+        counter = _SavedByPart(parts, {"attention": layer.input_layernorm, "router": layer.pre_mlp_layernorm},
+                               model.parameters())
         received = torch.randn(seq_len, mbs, spec.hidden_size, dtype=torch.bfloat16, requires_grad=True)
         model.set_input_tensor(received)
         mask = causal_mask(seq_len) if layer_spec == "local" else None
@@ -117,6 +142,7 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
         try:
             with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda tensor: tensor):
                 output = model(None, positions, mask)
+            kept = counter.kept()
             output.backward(torch.randn_like(output))
         finally:
             counter.remove()
@@ -125,42 +151,24 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
         params["dispatch"] = 0  # MoELayer's own parameters are its router's and experts'
         params.setdefault("shared_experts", 0)
         grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
-        measured = MoELayerMeasurement(parameter_bytes={n: params[n] for n in PARTS},
-                                       activation_bytes=dict(counter.bytes), gradient_bytes=grads)
+        measured = MoELayerProfile(model=spec, seq_len=seq_len, mbs=mbs, ep=ep, dispatcher=dispatcher,
+                                   parameter_bytes={n: params[n] for n in PARTS}, activation_bytes=kept,
+                                   gradient_bytes=grads)
     gc.collect()
     return measured
 
 
-def compare(spec, measured: MoELayerMeasurement, *, seq_len: int, mbs: int = 1) -> list[dict]:
-    """Each analytic term of ``advisor.moe`` (one rank, TP = CP = EP = ETP = 1, balanced
-    routing) beside the measured part it prices: rows of term, analytic and measured bytes."""
-    from advisor.moe import memory, params
-
-    tokens = memory.tokens_per_rank(seq_len, mbs, 1, 1)
-    copies = memory.expert_token_copies(spec, tokens, 1, 1, memory.RoutedTokens())
-    act, par = measured.activation_bytes, measured.parameter_bytes
-    rows = [
-        ("attention activations", memory.attention_activation_bytes(spec, seq_len, mbs, 1, 1), act["attention"]),
-        ("router activations", memory.router_activation_bytes(spec, tokens), act["router"]),
-        # the analytic expert term holds the permutation's index, which the dispatcher saves
-        ("expert + dispatch activations", memory.expert_activation_bytes(spec, copies, 1),
-         act["experts"] + act["dispatch"]),
-        ("shared expert activations", memory.shared_expert_activation_bytes(spec, seq_len, mbs, 1, 1),
-         act["shared_experts"]),
-        ("layer weights (BF16)", memory.BF16 * (params.moe_layer_dense_parameters(spec)
-                                                + params.local_expert_parameters(spec)), sum(par.values())),
-    ]
-    rows.append(("layer activations", sum(r[1] for r in rows[:4]), sum(r[2] for r in rows[:4])))
-    return [{"term": term, "analytic_bytes": int(analytic), "measured_bytes": int(got)} for term, analytic, got in rows]
-
-
 def main(argv: list[str] | None = None) -> None:
-    """``python -m megatron_hooks.moe_layer MODEL [--seq-len S] [--mbs B]``: one JSON object, the
-    measurement and its comparison with the analytic terms (a preset of ``advisor models``)."""
+    """``python -m megatron_hooks.moe_layer MODEL [--seq-len S] [--mbs B] [--ep E] [--dispatcher D]
+    [--out DIR]``: one MoE layer of a preset of ``advisor models``, measured; prints one JSON object
+    (the profile and its comparison with the analytic terms), and with --out writes
+    DIR/moe_layer.json for ``advisor profile show DIR``."""
     import argparse
-    import dataclasses
     import json
+    from pathlib import Path
 
+    from advisor.fileio import atomic_write_text
+    from advisor.moe.layer_profile import FILENAME
     from advisor.moe.spec import PRESETS
     from megatron_hooks.emulate import quiet_megatron
 
@@ -168,16 +176,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model", choices=sorted(PRESETS))
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--mbs", type=int, default=1)
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (--expert-model-parallel-size)")
+    parser.add_argument("--dispatcher", choices=DISPATCHERS, default="allgather",
+                        help="--moe-token-dispatcher-type")
+    parser.add_argument("--out", type=Path, help="write DIR/moe_layer.json (advisor profile show DIR)")
     args = parser.parse_args(argv)
     quiet_megatron()
     spec = PRESETS[args.model]
     try:
-        measured = measure_moe_layer(spec, seq_len=args.seq_len, mbs=args.mbs)
-    except NotImplementedError as exc:
+        profile = measure_moe_layer(spec, seq_len=args.seq_len, mbs=args.mbs, ep=args.ep, dispatcher=args.dispatcher)
+    except (NotImplementedError, ValueError) as exc:
         parser.exit(2, f"Error: {args.model}: {exc}\n")
-    print(json.dumps({"model": args.model, "seq_len": args.seq_len, "mbs": args.mbs,
-                      "measured": dataclasses.asdict(measured),
-                      "comparison": compare(spec, measured, seq_len=args.seq_len, mbs=args.mbs)}, indent=1))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out / FILENAME, json.dumps(profile.to_dict(), indent=1) + "\n")
+    print(json.dumps({**profile.to_dict(), "comparison": compare(profile)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -59,9 +59,10 @@ class SymbolicBackend(CpuBackend):
 
 
 @contextlib.contextmanager
-def fake_world(tp: int, cp: int, dp: int, rank: int) -> Iterator[None]:
+def fake_world(tp: int, cp: int, dp: int, rank: int, ep: int = 1) -> Iterator[None]:
     """This process as rank ``rank`` of a fake TP x CP x DP world, with megatron-core's parallel
-    state (one pipeline stage, as the emulator's), the CPU shim and the fake-tensor replacements
+    state (one pipeline stage, as the emulator's; ``ep``: the expert-parallel size, which
+    megatron-core folds out of the same world), the CPU shim and the fake-tensor replacements
     of the module docstring; all undone on exit."""
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -72,7 +73,8 @@ def fake_world(tp: int, cp: int, dp: int, rank: int) -> Iterator[None]:
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=tp * cp * dp)
     shim = CpuShim().install()
     try:
-        parallel_state.initialize_model_parallel(tp, 1, context_parallel_size=cp, create_gloo_process_groups=False)
+        parallel_state.initialize_model_parallel(tp, 1, context_parallel_size=cp, expert_model_parallel_size=ep,
+                                                 create_gloo_process_groups=False)
         with _megatron_on_fake_tensors():
             yield
     finally:

@@ -1,6 +1,9 @@
 """megatron-core's MoE layer on fake tensors (megatron_hooks/moe_layer.py): hand counts of what each
-part keeps on a small layer, and a real-size Mixtral 8x7B layer against advisor.moe's analytic
-terms, each difference accounted for term by term (README, "MoE layers measured symbolically")."""
+part keeps on small layers (Mixtral-shaped at EP 1 and at EP 4 with the alltoall dispatcher,
+DeepSeek-V3-shaped with MLA), and real-size Mixtral 8x7B and DeepSeek-V3 (EP 8) layers against
+advisor.moe's analytic terms, each difference accounted for term by term (docs/profiling.md,
+"MoE layers measured symbolically"). Real megatron-core modules; the stand-ins are for CUDA, TE
+and Triton kernels only (kernels.py, moe_fake.py)."""
 
 import json
 import subprocess
@@ -16,15 +19,26 @@ SCRIPT = """
 import dataclasses, json
 from megatron_hooks.emulate import quiet_megatron; quiet_megatron()
 from advisor.moe.spec import PRESETS
-from megatron_hooks.moe_layer import compare, measure_moe_layer
-mixtral = PRESETS["mixtral-8x7b"]
+from advisor.moe.layer_profile import compare
+from megatron_hooks.moe_layer import measure_moe_layer
+mixtral, deepseek = PRESETS["mixtral-8x7b"], PRESETS["deepseek-v3"]
 small = dataclasses.replace(mixtral, hidden_size=64, moe_ffn_hidden_size=32, ffn_hidden_size=96,
                             num_attention_heads=4, num_query_groups=2, vocab_size=256)
-out = {"small": dataclasses.asdict(measure_moe_layer(small, seq_len=32))}
-real = measure_moe_layer(mixtral, seq_len=4096)
-out["real"] = {row["term"]: row for row in compare(mixtral, real, seq_len=4096)}
+small_mla = dataclasses.replace(
+    deepseek, hidden_size=64, moe_ffn_hidden_size=32, ffn_hidden_size=96, shared_expert_size=32,
+    num_attention_heads=4, num_query_groups=4, vocab_size=256, num_experts=16, moe_router_topk=4,
+    router_num_groups=4, router_group_topk=2,
+    mla=dataclasses.replace(deepseek.mla, q_lora_rank=24, kv_lora_rank=16, qk_head_dim=8,
+                            qk_pos_emb_head_dim=4, v_head_dim=8))
+out = {"small": measure_moe_layer(small, seq_len=32).to_dict(),
+       "small_ep4": measure_moe_layer(small, seq_len=32, ep=4, dispatcher="alltoall").to_dict(),
+       "small_mla": measure_moe_layer(small_mla, seq_len=32).to_dict()}
+out["real"] = {row["term"]: row for row in compare(measure_moe_layer(mixtral, seq_len=4096))}
+real = measure_moe_layer(deepseek, seq_len=4096, ep=8, dispatcher="alltoall")
+out["deepseek"] = {row["term"]: row for row in compare(real)}
+out["deepseek_profile"] = real.to_dict()
 try:
-    measure_moe_layer(PRESETS["deepseek-v3"], seq_len=64)
+    measure_moe_layer(small_mla, seq_len=32, layer_spec="local")
 except NotImplementedError as exc:
     out["mla"] = str(exc)
 print(json.dumps(out))
@@ -83,5 +97,63 @@ def test_a_real_size_mixtral_layer_against_the_analytic_terms(measured):
     assert abs(total["measured_bytes"] / total["analytic_bytes"] - 1) < 0.05
 
 
-def test_multi_latent_attention_is_refused_in_one_line(measured):
-    assert "multi-latent attention does not build without Transformer Engine" in measured["mla"]
+def test_expert_parallel_alltoall_keeps_the_hand_count(measured):
+    """The small layer at EP 4 with the alltoall dispatcher (torch's fake process group, rank 0 of
+    4): 2 of the 8 experts here, and under balanced routing the N k = 64 copies this rank sends
+    come back as the 64 its two experts receive."""
+    s, h, E, k, f, ep = 32, 64, 8, 2, 32, 4
+    copies = s * k
+    got = measured["small_ep4"]
+    assert got["parameter_bytes"]["experts"] == 2 * (E // ep) * 3 * h * f
+    assert got["activation_bytes"]["experts"] == copies * (2 * h + 2 * 2 * f + 4 + 2 * f)
+    # the permutation before the all-to-all: int64 index per copy; masked_select of the FP32
+    # probabilities over all E experts and the bool routing map
+    assert got["activation_bytes"]["dispatch"] == copies * 8 + s * E * (4 + 1)
+    assert got["activation_bytes"]["router"] == measured["small"]["activation_bytes"]["router"]
+
+
+def test_multi_latent_attention_keeps_the_hand_count(measured):
+    """A small DeepSeek-V3-shaped layer (MLA, sigmoid routing with expert bias and groups, a shared
+    expert): h 64, 4 heads, q_lora 24, kv_lora 16, d_nope 8, d_rope 4, d_v 8, 16 experts of 32,
+    top-4, shared expert 32, 32 tokens."""
+    s, h, a, ql, kl, dn, dr, dv, E, k, f, fs = 32, 64, 4, 24, 16, 8, 4, 8, 16, 4, 32, 32
+    got = measured["small_mla"]
+    assert got["parameter_bytes"]["attention"] == 2 * (
+        h + h * ql + ql + h * (kl + dr) + kl + ql * a * (dn + dr) + kl * a * (dn + dv) + a * dv * h)
+    per_token = (2 * h + 2 * h            # input norm's input; the down projections' input (one tensor)
+                 + 2 * ql + 2 * (kl + dr)  # the latent norms' inputs (kv's a view of the kv_lora + d_rope output)
+                 + 2 * ql + 2 * kl         # the up projections' inputs (the normed latents)
+                 + 3 * 4                   # three FP32 rstd
+                 + 2 * 2 * dr              # the fused YaRN RoPE's cos and sin, BF16, per position
+                 + 2 * 2 * a * (dn + dr)   # Q and K (new tensors from the fused RoPE)
+                 + 2 * a * dv + 2 * a * dv  # V; the attention output (the projection's input)
+                 + 4 * a)                  # FP32 softmax statistics
+    assert got["activation_bytes"]["attention"] == s * per_token + 16
+    # norm input and rstd, router input; sigmoid scores FP32 (4E), top-k indices int64 and the
+    # normalised top-k probabilities FP32 with their FP32 sum (group-limited selection keeps nothing)
+    assert got["activation_bytes"]["router"] == s * (2 * h + 4 + 2 * h + 4 * E + 8 * k + 4 * k + 4)
+    assert got["activation_bytes"]["shared_experts"] == s * (2 * 2 * fs + 2 * fs)  # fused SwiGLU input, FC2 input
+    assert got["activation_bytes"]["experts"] == s * k * (2 * h + 2 * 2 * f + 4 + 2 * f)
+
+
+def test_a_real_size_deepseek_v3_layer_against_the_analytic_terms(measured):
+    """DeepSeek-V3, sequence 4096, MBS 1, BF16, EP 8 with the alltoall dispatcher (32 of the 256
+    experts on this rank): weights exact, activations within 5%, and each term's difference the
+    one docs/profiling.md explains."""
+    rows = measured["deepseek"]
+    s, h, a, dr, E, k, fs = 4096, 7168, 128, 64, 256, 8, 2048
+    diff = {term: row["measured_bytes"] - row["analytic_bytes"] for term, row in rows.items()}
+    assert rows["layer weights (BF16)"]["measured_bytes"] == 2 * (
+        2 * h + h * 1536 + 1536 + h * (512 + dr) + 512 + 1536 * a * 192 + 512 * a * 256 + a * 128 * h
+        + E * h + 3 * h * fs + E // 8 * 3 * h * 2048)
+    assert diff["layer weights (BF16)"] == 0
+    assert diff["attention activations"] == s * (3 * 4 + 4 * dr + 4 * a) + 16
+    assert diff["router activations"] == s * (8 + 12 * k - 5 * E)
+    assert diff["expert + dispatch activations"] == s * 5 * E
+    assert diff["shared expert activations"] == -s * 2 * fs
+    total = rows["layer activations"]
+    assert abs(total["measured_bytes"] / total["analytic_bytes"] - 1) < 0.05
+
+
+def test_multi_latent_attention_on_the_local_spec_is_refused_in_one_line(measured):
+    assert "multi-latent attention builds with the transformer_engine layer spec only" in measured["mla"]

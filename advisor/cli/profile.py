@@ -14,6 +14,7 @@ from advisor.cli.options import (
 )
 
 SECTIONS = ("ranks", "layers", "compare")
+MOE_LAYER_FILE = "moe_layer.json"  # advisor.moe.layer_profile.FILENAME, without importing it at start-up
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,7 +45,9 @@ def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int |
              by one microbatch, transient forward/backward peaks
     compare  each measured term / the seed-004 term for this run's model, layout and dtype:
              Eq. 6-9 (weights), Eq. 12/15 (a layer's activations), Eq. 13 (embedding),
-             Eq. 14 (LM head), Eq. 16-17 (activations in flight), Eq. 18 (peak)
+             Eq. 14 (LM head), Eq. 16-17 (activations in flight), Eq. 18 (peak);
+             for a symbolic MoE layer (DIR/moe_layer.json, python -m
+             megatron_hooks.moe_layer --out DIR): each advisor/moe term / its measured part
 
     \b
     Examples:
@@ -56,6 +59,9 @@ def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int |
     from advisor.capture.observations import run_directories
     from advisor.profiles import load_run
 
+    if (directory / MOE_LAYER_FILE).is_file():
+        emit(_show_moe_layer(directory, section, fmt, color_wanted(output)), output)
+        return
     if fmt == "csv" and section == "all":
         raise InputError("--format csv needs one --section (ranks, layers or compare)")
     # a run directory, or a campaign's --out holding one directory per run (as recommend --profile takes)
@@ -73,6 +79,36 @@ def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int |
         text = "\n".join(_table(name, doc[name], title if name == first else None, color_wanted(output))
                           for title, doc in titled for name in _sections(section))
     emit(text, output)
+
+
+def _show_moe_layer(directory: Path, section: str, fmt: str, color: bool) -> str:
+    """A symbolic MoE layer profile (``advisor/moe/layer_profile.py``): each analytic term of
+    advisor.moe beside the measured part it prices."""
+    from advisor import render
+    from advisor.errors import AdvisorError
+    from advisor.moe import layer_profile
+
+    if section not in ("all", "compare"):
+        raise InputError(f"{directory / MOE_LAYER_FILE} is one MoE layer: it has the compare section only")
+    try:
+        profile = layer_profile.load(directory)
+    except AdvisorError as exc:
+        raise InputError(str(exc)) from None
+    rows = layer_profile.compare(profile)
+    if fmt == "json":
+        return render.to_json({"moe_layer": profile.to_dict(), "compare": rows})
+    if fmt == "csv":
+        return render.to_csv(rows)
+    columns = [render.Column("term", "term", justify="left"),  # MiB: a layer's terms are tens to thousands
+               render.Column("analytic_bytes", "analytic MiB", ".2f", scale=2**20),
+               render.Column("measured_bytes", "measured MiB", ".2f", scale=2**20),
+               render.Column("ratio", "measured/analytic", ".3f"),
+               render.Column("analytic", "advisor/moe function", justify="left", drop=1)]
+    title = (f"{profile.model.name}: one MoE layer, sequence {profile.seq_len}, MBS {profile.mbs}, EP {profile.ep}, "
+             f"{profile.dispatcher} dispatcher, BF16, symbolic")
+    return render.to_table(rows, columns, title=title, color=color,
+                           caption="analytic: advisor/moe (memory.py, params.py), balanced routing; "
+                                   "differences term by term: docs/profiling.md")
 
 
 def _sections(section: str) -> tuple[str, ...]:
