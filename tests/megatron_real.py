@@ -234,8 +234,11 @@ def validate(release: Checkout, cases: list[dict]) -> list[dict]:
     if key not in _VALIDATORS:
         _VALIDATORS[key] = Validator(release.path, python=release.python)
         atexit.register(_VALIDATORS[key].close)
-    # Hundreds of cases through the real parser take minutes on a loaded CI machine.
-    return _VALIDATORS[key](cases, timeout=1800)
+    try:  # hundreds of cases through the real parser take minutes on a loaded CI machine
+        return _VALIDATORS[key](cases, timeout=1800)
+    except RuntimeError:
+        del _VALIDATORS[key]  # it has exited (and said why): the next test starts a fresh one
+        raise
 
 
 def assert_built_as_priced(release: Checkout, inputs: list[Priced]) -> None:
