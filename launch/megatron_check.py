@@ -23,7 +23,9 @@ this machine has none, so both answer ``--device-arch`` (9, Hopper, by default; 
 with ``--tokenizer-type NullTokenizer`` is supported (a real tokenizer needs its files).
 
 ``validate(checkout, cases, python=...)`` runs this module in a subprocess of the given Python
-(core_v0.19.0 needs 3.12) and returns the results.
+(core_v0.19.0 needs 3.12) and returns the results; ``Validator`` keeps one such process
+(``--serve``: a JSON array of cases per input line, its results on one output line) for many
+batches.
 """
 
 from __future__ import annotations
@@ -55,6 +57,50 @@ def validate(checkout: str | os.PathLike, cases: Sequence[dict], *, python: str 
     if completed.returncode != 0:
         raise RuntimeError(f"launch.megatron_check failed ({completed.returncode}): {completed.stderr[-3000:]}")
     return json.loads(completed.stdout)
+
+
+class Validator:
+    """One validator process kept for many batches of cases (``--serve``): what ``validate`` does,
+    without importing torch and the checkout again for every batch (about 10 s of CPU each here).
+    The cases of all batches run in the one process, as the cases of one batch always have."""
+
+    def __init__(self, checkout: str | os.PathLike, *, python: str | None = None, device_arch: int = 9) -> None:
+        import tempfile
+
+        root = Path(__file__).resolve().parent.parent
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+                   NO_VCS_VERSION="1")
+        # Megatron prints as it parses; a file, not a pipe nobody reads, takes it (a full pipe blocks).
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self._process = subprocess.Popen(
+            [python or sys.executable, "-m", "launch.megatron_check", "--megatron-lm", str(checkout),
+             "--device-arch", str(device_arch), "--serve"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+
+    def __call__(self, cases: Sequence[dict], *, timeout: float = 600) -> list[dict]:
+        """One result per case, as ``validate`` returns them."""
+        import select
+
+        self._process.stdin.write(json.dumps(list(cases)) + "\n")
+        self._process.stdin.flush()
+        ready, _, _ = select.select([self._process.stdout], [], [], timeout)
+        line = self._process.stdout.readline() if ready else ""
+        if not line:
+            self.close()
+            self._log.seek(0)
+            raise RuntimeError(f"launch.megatron_check --serve: no answer ({'timed out' if not ready else 'exited'}): "
+                               f"{self._log.read()[-3000:]}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.stdin.close()
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._log.close()
 
 
 # --- inside the checkout's Python ------------------------------------------------------------
@@ -158,6 +204,26 @@ def _run_case(case: dict) -> dict:
         os.environ.update(saved_env)
 
 
+def _remember_field_docstrings() -> None:
+    """core_v0.19.0's parse_args builds its argument groups from dataclasses and reads each
+    field's help text from the class's source (ArgumentGroupFactory._get_field_docstrings:
+    inspect.getsource and ast.parse, about 0.7 s of every parse here). The text depends on the
+    class alone, so one reading per class serves every case; the parsing itself is untouched.
+    Releases without the factory (core_v0.15.2) are left as they are."""
+    try:
+        from megatron.training.argument_utils import ArgumentGroupFactory
+    except ImportError:
+        return
+    read, seen = ArgumentGroupFactory._get_field_docstrings, {}
+
+    def remembered(self, cls):
+        if cls not in seen:
+            seen[cls] = read(self, cls)
+        return dict(seen[cls])
+
+    ArgumentGroupFactory._get_field_docstrings = remembered
+
+
 _RULES = None
 
 
@@ -167,13 +233,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launch.megatron_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--megatron-lm", required=True, help="The Megatron-LM checkout.")
     parser.add_argument("--device-arch", type=int, default=9, help="The GPU architecture validate_args sees.")
+    parser.add_argument("--serve", action="store_true",
+                        help="Read one JSON array of cases per line and answer each with one line of results.")
     options = parser.parse_args(argv)
     global _RULES
     from launch.megatron_versions import of_checkout
 
     checkout = Path(options.megatron_lm)
     _RULES = of_checkout(checkout)
-    cases = json.load(sys.stdin)
+    cases = None if options.serve else json.load(sys.stdin)
     sys.path.insert(0, str(checkout.resolve()))
     with contextlib.redirect_stdout(sys.stderr):
         from megatron.training import arguments, utils
@@ -184,8 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.cuda.get_device_capability = lambda device=None: (options.device_arch, 0)
-    results = [_run_case(case) for case in cases]
-    json.dump(results, sys.stdout)
+    _remember_field_docstrings()
+    if cases is not None:
+        json.dump([_run_case(case) for case in cases], sys.stdout)
+        return 0
+    for line in sys.stdin:
+        sys.stdout.write(json.dumps([_run_case(case) for case in json.loads(line)]) + "\n")
+        sys.stdout.flush()
     return 0
 
 

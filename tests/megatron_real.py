@@ -219,13 +219,32 @@ def lever_fields(training, tp: int) -> dict:
     return fields
 
 
+_VALIDATORS: dict[tuple[str, str], object] = {}
+
+
+def validate(release: Checkout, cases: list[dict]) -> list[dict]:
+    """Each case through the release's parse_args + validate_args (launch.megatron_check), in one
+    validator process per release for the whole session (launch.megatron_check.Validator):
+    importing torch and Megatron once, not once per test."""
+    import atexit
+
+    from launch.megatron_check import Validator
+
+    key = (str(release.path), release.python)
+    if key not in _VALIDATORS:
+        _VALIDATORS[key] = Validator(release.path, python=release.python)
+        atexit.register(_VALIDATORS[key].close)
+    try:  # hundreds of cases through the real parser take minutes on a loaded CI machine
+        return _VALIDATORS[key](cases, timeout=1800)
+    except RuntimeError:
+        del _VALIDATORS[key]  # it has exited (and said why): the next test starts a fresh one
+        raise
+
+
 def assert_built_as_priced(release: Checkout, inputs: list[Priced]) -> None:
     """Every input through the release's parse_args + validate_args (launch.megatron_check): none
     refused, and what Megatron derives is what the advisor priced."""
-    from launch.megatron_check import validate
-
-    # Hundreds of cases through the real parser take minutes on a loaded CI machine.
-    results = validate(release.path, [item.case() for item in inputs], python=release.python, timeout=1800)
+    results = validate(release, [item.case() for item in inputs])
     refused = [f"{item.label}: {result['error']}" for item, result in zip(inputs, results) if not result["ok"]]
     assert not refused, f"{len(refused)} of {len(inputs)} refused:\n" + "\n".join(refused[:20])
     wrong = [f"{item.label}: {'; '.join(problems)}" for item, result in zip(inputs, results)

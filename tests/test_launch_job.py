@@ -6,9 +6,8 @@ import json
 
 import pytest
 from launch_support import launcher, sweep_file, write_json
-from megatron_real import NO_TRANSFORMER_ENGINE, checkout
+from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
 
-from launch.megatron_check import validate
 
 JOB = """\
 mock_data = true
@@ -38,8 +37,8 @@ def test_a_job_file_gives_flags_megatron_accepts(tag, advisor, tmp_path):
     assert args[args.index("--train-samples") + 1] == args[args.index("--lr-decay-samples") + 1] == str(samples)
     assert args[args.index("--lr-warmup-samples") + 1] == str(round(samples * 0.02))
     row = json.loads(sweep.read_text())[0]
-    [verdict] = validate(release.path, [{"args": args, "world_size": row["gpus"],
-                                         "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}], python=release.python)
+    [verdict] = validate(release, [{"args": args, "world_size": row["gpus"],
+                                    "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}])
     assert verdict["ok"], verdict
     assert verdict["derived"]["global_batch_size"] == gbs
 

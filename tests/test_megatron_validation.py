@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 from launch_support import plan_files
-from megatron_real import NO_TRANSFORMER_ENGINE, assert_built_as_priced, checkout, priced_input
+from megatron_real import NO_TRANSFORMER_ENGINE, assert_built_as_priced, checkout, priced_input, validate
 
 from advisor.options import TrainingOptions, parse_training_args
 from advisor.megatron_args import MegatronSetup
 from launch.inputs import read_input
-from launch.megatron_check import validate
 from launch.megatron_versions import named
 
 HF = Path(__file__).parent / "fixtures" / "hf_configs"
@@ -66,25 +65,40 @@ EXTENSIONS = {
 }
 
 
-def all_inputs(advisor, root: Path, rules) -> list:
-    """Every argument list, as advisor-launch would start it on ``rules``' release."""
-    inputs = []
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict:
+    """Every file the advisor writes for the argument lists, written once for both releases (the
+    documents do not depend on the release; only the launcher's composition does): the sweeps,
+    the estimates, the plans and the campaign."""
+    from conftest import Invoker
+
+    root, advisor = tmp_path_factory.mktemp("written"), Invoker()
     for name, args in SWEEPS.items():
+        advisor("sweep", *args, "--format", "json", "-o", root / f"sweep-{name}.json")
+    for name, args in EXTENSIONS.items():
+        advisor("estimate", *ESTIMATE, *args, "--format", "json", "-o", root / f"estimate-{name}.json")
+    advisor("profile", "plan", "--gpus", "16", "--gpus-per-node", "4", "--mbs", "8", "--gbs", "256", "--mode",
+            "reduced", "-o", root / "campaign.json")
+    return {"root": root, "plans": plan_files(advisor, root)}
+
+
+def all_inputs(written: dict, rules) -> list:
+    """Every argument list, as advisor-launch would start it on ``rules``' release."""
+    root, inputs = written["root"], []
+    for name in SWEEPS:
         path = root / f"sweep-{name}.json"
-        advisor("sweep", *args, "--format", "json", "-o", path)
         for row in json.loads(path.read_text()):
             config = read_input(path, row["rank"])
             inputs.append(priced_input(config, rules, label=f"sweep {name} rank {row['rank']}",
                                        options=TrainingOptions.from_dict(row["options"]), extras=NO_TRANSFORMER_ENGINE,
                                        num_microbatches=row["num_microbatches"]))
-    for name, args in EXTENSIONS.items():
+    for name in EXTENSIONS:
         path = root / f"estimate-{name}.json"
-        advisor("estimate", *ESTIMATE, *args, "--format", "json", "-o", path)
         document = json.loads(path.read_text())
         inputs.append(priced_input(read_input(path), rules, label=f"estimate {name}",
                                    options=TrainingOptions.from_dict(document["options"]), extras=NO_TRANSFORMER_ENGINE,
                                    num_microbatches=document["num_microbatches"]))
-    for name, path in plan_files(advisor, root).items():
+    for name, path in written["plans"].items():
         document = json.loads(path.read_text())
         if not document["launchable"]:
             continue
@@ -93,11 +107,10 @@ def all_inputs(advisor, root: Path, rules) -> list:
         assert not unpriced and options.data_parallel.distributed_optimizer == document["setup"]["distributed_optimizer"]
         inputs.append(priced_input(read_input(path), rules, label=f"plan {name}", options=options,
                                    extras=NO_TRANSFORMER_ENGINE, num_microbatches=document["num_microbatches"]))
-    inputs += campaign_inputs(advisor, root, rules)
-    return inputs
+    return inputs + campaign_inputs(root / "campaign.json", rules)
 
 
-def campaign_inputs(advisor, root: Path, rules) -> list:
+def campaign_inputs(path: Path, rules) -> list:
     """The runs of a reduced campaign on 16 GPUs (TP and DP scenarios, uneven splits), as
     ``advisor profile run --megatron-lm`` starts them (launch.campaign_runner)."""
     from launch.campaign_runner import TorchrunExecutor
@@ -105,9 +118,6 @@ def campaign_inputs(advisor, root: Path, rules) -> list:
     from launch.inputs import LaunchInput
     from advisor.models import LlamaSpec
 
-    path = root / "campaign.json"
-    advisor("profile", "plan", "--gpus", "16", "--gpus-per-node", "4", "--mbs", "8", "--gbs", "256", "--mode",
-            "reduced", "-o", path)
     campaign = json.loads(path.read_text())
     setup, spec = MegatronSetup(**campaign["setup"]), LlamaSpec(**campaign["model"])
     executor = TorchrunExecutor(Release(rules=rules, checkout=None, given=None), mock_data=True, train_iters=2,
@@ -125,10 +135,10 @@ def campaign_inputs(advisor, root: Path, rules) -> list:
 
 
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
-def test_megatron_accepts_and_builds_what_the_advisor_priced(tag, advisor, tmp_path):
-    release = checkout(tag)
+def test_megatron_accepts_and_builds_what_the_advisor_priced(tag, request):
+    release = checkout(tag)  # skips without it, before the files are written
     rules = named(tag)
-    inputs = all_inputs(advisor, tmp_path, rules)
+    inputs = all_inputs(request.getfixturevalue("written"), rules)
     kinds = {item.label.split()[0] for item in inputs}
     assert kinds == {"sweep", "estimate", "plan", "campaign"}
     assert any(item.cp > 1 for item in inputs) and any(item.pp > 1 and len(set(item.layers_per_stage)) > 1
@@ -136,19 +146,18 @@ def test_megatron_accepts_and_builds_what_the_advisor_priced(tag, advisor, tmp_p
     assert_built_as_priced(release, inputs)
 
 
-def test_without_the_launchers_environment_megatron_refuses_tp_and_cp(advisor, tmp_path):
+def test_without_the_launchers_environment_megatron_refuses_tp_and_cp(request):
     """The issue's evidence, reproduced: the same lists without CUDA_DEVICE_MAX_CONNECTIONS=1 are
     refused by validate_args whenever TP > 1 or CP > 1 (and only then)."""
     release = checkout("core_v0.15.2")
     rules = named("core_v0.15.2")
-    path = tmp_path / "sweep.json"
-    advisor("sweep", *SWEEPS["llama3.1-8b"], "--format", "json", "-o", path)
+    path = request.getfixturevalue("written")["root"] / "sweep-llama3.1-8b.json"
     inputs = [priced_input(read_input(path, row["rank"]), rules, label=str(row["rank"]),
                            options=TrainingOptions.from_dict(row["options"]),
                            extras=NO_TRANSFORMER_ENGINE, num_microbatches=row["num_microbatches"])
               for row in json.loads(path.read_text())]
     cases = [{**item.case(), "env": {"CUDA_DEVICE_MAX_CONNECTIONS": None}} for item in inputs]
-    results = validate(release.path, cases, python=release.python)
+    results = validate(release, cases)
     for item, result in zip(inputs, results):
         needs = item.tp > 1 or item.cp > 1
         assert result["ok"] is not needs, (item.label, result)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from advisor.cli import cli
 from advisor.models import load_model
-from tests.megatron_real import NO_TRANSFORMER_ENGINE, checkout
+from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
 
 
 def _rows(model, gpus, *extra):
@@ -47,8 +47,6 @@ def _expected(spec, row) -> dict:
 
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
 def test_megatron_accepts_and_builds_moe_rows(tag):
-    from launch.megatron_check import validate
-
     release = checkout(tag)
     rows = [(name, row) for name, gpus, top in (("mixtral-8x7b", 64, 3), ("deepseek-v3", 1024, 3),
                                                 ("qwen3-30b-a3b", 64, 2))
@@ -60,7 +58,7 @@ def test_megatron_accepts_and_builds_moe_rows(tag):
     cases = [{"args": [*row["megatron_args"], *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
                        "NullTokenizer", "--vocab-size", str(load_model(name).vocab_size), "--train-iters", "10"],
               "world_size": row["gpus"], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for name, row in rows]
-    results = validate(release.path, cases, python=release.python)
+    results = validate(release, cases)
     refused = [(name, row["tp"], row["pp"], row["ep"], result.get("error")) for (name, row), result in
                zip(rows, results) if not result["ok"]]
     assert not refused, refused

@@ -47,22 +47,31 @@ def _kind(row: dict) -> tuple:
     return (row["vpp"] > 1, len(set(layers)) > 1, row["recompute"], row["model"]["num_layers"] % row["pp"] == 0)
 
 
-def sweep_inputs(advisor, tmp_path, rules):
-    inputs, rows = [], []
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> list[tuple]:
+    """The chosen rows of each sweep, with the sweep's file: swept once for the module's tests
+    (the 405B sweeps with --all take seconds each; the rows do not depend on the release)."""
+    from conftest import Invoker
+
+    root, advisor, chosen = tmp_path_factory.mktemp("space-sweeps"), Invoker(), []
     for name, args in SWEEPS.items():
-        path = tmp_path / f"{name}.json"
+        path = root / f"{name}.json"
         advisor("sweep", *args, "--all", "--format", "json", "-o", path)
-        for row in chosen_rows(json.loads(path.read_text())):
-            rows.append(row)
-            inputs.append(priced_input(read_input(path, row["rank"]), rules, label=f"{name} rank {row['rank']}",
-                                       options=TrainingOptions.from_dict(row["options"]), extras=NO_TRANSFORMER_ENGINE,
-                                       num_microbatches=row["num_microbatches"]))
-    return inputs, rows
+        chosen += [(name, path, row) for row in chosen_rows(json.loads(path.read_text()))]
+    return chosen
 
 
-def test_the_rows_show_every_new_kind(advisor, tmp_path):
+def sweep_inputs(swept, rules):
+    """Each chosen row's argument list as advisor-launch starts it on ``rules``' release."""
+    inputs = [priced_input(read_input(path, row["rank"]), rules, label=f"{name} rank {row['rank']}",
+                           options=TrainingOptions.from_dict(row["options"]), extras=NO_TRANSFORMER_ENGINE,
+                           num_microbatches=row["num_microbatches"]) for name, path, row in swept]
+    return inputs, [row for _, _, row in swept]
+
+
+def test_the_rows_show_every_new_kind(swept):
     """Uneven depths, interleaving (with uneven chunks) and recomputation, each where it helps."""
-    _, rows = sweep_inputs(advisor, tmp_path, named("core_v0.15.2"))
+    _, rows = sweep_inputs(swept, named("core_v0.15.2"))
     assert any(row["pp"] not in (1, 2) and 126 % row["pp"] for row in rows if row["model"]["num_layers"] == 126)
     assert any(row["vpp"] > 1 for row in rows)
     assert any(row["vpp"] > 1 and "--pipeline-model-parallel-layout" in row["megatron_args"] for row in rows)
@@ -71,9 +80,9 @@ def test_the_rows_show_every_new_kind(advisor, tmp_path):
 
 
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
-def test_megatron_accepts_and_builds_the_whole_spaces_rows(tag, advisor, tmp_path):
-    release = checkout(tag)
-    inputs, _ = sweep_inputs(advisor, tmp_path, named(tag))
+def test_megatron_accepts_and_builds_the_whole_spaces_rows(tag, request):
+    release = checkout(tag)  # skips without it, before the sweeps
+    inputs, _ = sweep_inputs(request.getfixturevalue("swept"), named(tag))
     assert_built_as_priced(release, inputs)
 
 
@@ -90,7 +99,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
-def test_each_rows_layout_builds_its_chunks_in_megatron(tag, advisor, tmp_path):
+def test_each_rows_layout_builds_its_chunks_in_megatron(tag, request):
     """The layouts of interleaved rows with uneven chunks, parsed by the release's own
     PipelineParallelLayerLayout: every model chunk of every rank holds the layers priced for it
     (megatron_args.chunk_layers: each rank's remainder on its last chunks)."""
@@ -100,7 +109,7 @@ def test_each_rows_layout_builds_its_chunks_in_megatron(tag, advisor, tmp_path):
     from advisor.megatron_args import chunk_layers
 
     release = checkout(tag)
-    _, rows = sweep_inputs(advisor, tmp_path, named(tag))
+    rows = [row for _, _, row in request.getfixturevalue("swept")]
     layouts = []
     for row in rows:
         args = row["megatron_args"]

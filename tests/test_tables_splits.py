@@ -46,7 +46,9 @@ def test_the_405b_table_shows_llama_3s_split():
 
 def test_megatron_builds_its_account_for_splits_as_priced():
     """The real core_v0.15.2: --account-for-embedding/loss-in-pipeline-split for every case where the
-    table prices them, through parse_args, validate_args and megatron-core's split of the layers."""
+    table prices them, through parse_args, validate_args and megatron-core's split of the layers.
+    (The one test of the one-shot ``launch.megatron_check.validate``; the others share a session's
+    validator process per release: megatron_real.validate.)"""
     from advisor.models import PRESETS
     from launch.megatron_check import validate
 
