@@ -225,9 +225,9 @@ def _layout_segments(text: str) -> list[int]:
     flat = text.replace(",", "")
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
         flat = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), flat)
-    if set(flat) - set("ELt|"):
-        raise AdvisorError(f"--pipeline-model-parallel-layout {text!r}: only E, L and t layers are priced "
-                           f"(found {''.join(sorted(set(flat) - set('ELt|')))})")
+    if set(flat) - set("ELtm|"):  # m: an MTP layer (priced with --mtp-num-layers, advisor.moe.mtp)
+        raise AdvisorError(f"--pipeline-model-parallel-layout {text!r}: only E, L, t and m layers are priced "
+                           f"(found {''.join(sorted(set(flat) - set('ELtm|')))})")
     return [segment.count("t") for segment in flat.split("|")]
 
 
@@ -301,6 +301,9 @@ class ReadRun:
     skipped: tuple[str, ...]
     """Flags known to change neither, skipped."""
     vocab_source: str
+    moe: object = None
+    """The MoE part (``advisor.moe.readback.MoERead``: EP, ETP, dispatcher, routing, MTP) of a
+    command with --num-experts; None for a dense one."""
 
 
 def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", vocab_size: int | None = None,
@@ -319,10 +322,24 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     if seq_len is None:
         raise AdvisorError("the command does not give --seq-length")
     layout = read_layout(parsed.layout, spec.num_layers)
-    options, unpriced = training_options(parsed.rest, layout.tp, release)
+    moe_values, rest = ({}, parsed.rest) if "--num-experts" not in _flags(parsed.rest) else _moe_values(parsed.rest)
+    options, unpriced = training_options(rest, layout.tp, release)
+    moe = None
+    if moe_values:  # a mixture of experts (advisor.moe.readback)
+        from advisor.moe import readback
+
+        spec = readback.moe_spec(spec, moe_values)
+        moe, moe_unpriced = readback.read(moe_values, layout.tp, options.recomputation.recompute)
+        unpriced = moe_unpriced + unpriced
     return ReadRun(spec=spec, seq_len=seq_len, layout=layout, options=options,
                    unpriced=tuple(_unpriced_model(parsed.model) + unpriced), skipped=tuple(parsed.skipped),
-                   vocab_source=source)
+                   vocab_source=source, moe=moe)
+
+
+def _moe_values(rest: list[str]) -> tuple[dict, list[str]]:
+    from advisor.moe import readback
+
+    return readback.take(rest)
 
 
 def _flags(arguments: list[str]) -> list[str]:
