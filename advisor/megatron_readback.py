@@ -70,6 +70,8 @@ HARMLESS_SWITCHES = {
 _MULTI_VALUED = {"rampup-batch-size": 3, "data-path": None, "train-data-path": None, "valid-data-path": None,
                  "test-data-path": None, "profile-ranks": None}
 """Flags that take several values (None: any number, up to the next flag)."""
+_PRICED_MULTI = {"recompute-modules": None}
+"""Priced flags with several values (``advisor.moe.readback``), kept whole for their reader."""
 
 
 @dataclass
@@ -106,7 +108,7 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
                 target[name] = True
             i += 1
             continue
-        count = _MULTI_VALUED.get(name, 1)
+        count = _MULTI_VALUED.get(name, _PRICED_MULTI.get(name, 1))
         if has_value:
             values, i = [value], i + 1
         else:

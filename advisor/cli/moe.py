@@ -67,6 +67,10 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
         raise InputError(f"{spec.name} is a mixture of experts; its model does not price {', '.join(named)}")
     if moe_routing == "capacity" and capacity_factor is None:
         raise InputError("--moe-routing capacity needs --moe-expert-capacity-factor")
+    fp8 = training.precision
+    if fp8.fp8_format is not None and fp8.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(recompute_modules):
+        raise InputError("--recompute-modules moe_act or layernorm with FP8 needs an --fp8-recipe other than delayed "
+                         "(megatron-core refuses them with delayed scaling)")
     if mtp_num_layers is not None:
         spec = replace(spec, mtp_num_layers=mtp_num_layers)
     return spec, MoEOptions(dispatcher=dispatcher, training=training.with_(recompute="none"),

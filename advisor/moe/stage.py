@@ -62,10 +62,22 @@ class MoEOptions:
 
     def recompute_modules(self, spec: MoESpec) -> frozenset[str]:
         """What 'selective' recomputes (--recompute-modules): the given modules, or by default the
-        MoE activation and the norms, and MLA's up projections where the model has MLA."""
+        MoE activation and the norms, and MLA's up projections where the model has MLA. FP8 with
+        delayed scaling cannot recompute moe_act or layernorm (``transformer_config.py``,
+        ``__post_init__``: 'Delayed scaling does not support moe_act and layernorm recompute for
+        fp8'): then MLA's up projections alone, or core_attn (which saves nothing with fused
+        attention) without MLA."""
         if self.modules is not None:
             return self.modules
-        return frozenset({"moe_act", "layernorm"} | ({"mla_up_proj"} if spec.mla is not None else set()))
+        mla = {"mla_up_proj"} if spec.mla is not None else set()
+        if self.delayed_fp8:
+            return frozenset(mla or {"core_attn"})
+        return frozenset({"moe_act", "layernorm"} | mla)
+
+    @property
+    def delayed_fp8(self) -> bool:
+        precision = self.training.precision
+        return precision.fp8_format is not None and precision.fp8_recipe == "delayed"
 
 
 @functools.lru_cache(maxsize=64)
