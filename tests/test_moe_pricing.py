@@ -173,3 +173,29 @@ def test_fp8_layouts_carry_their_flags_and_cost_less_time_and_more_states():
     interleaved = _estimate("--vpp", "2")
     assert interleaved["vpp"] == 2 and "--num-layers-per-virtual-pipeline-stage" in interleaved["megatron_args"]
     assert interleaved["stages"][0]["in_flight_microbatches"] > bf16["stages"][0]["in_flight_microbatches"]
+
+
+def test_report_detail_shows_the_moe_stage_terms():
+    """advisor.report's per-layout detail of an MoE row: its own buckets (expert states, FP8 weights,
+    the dispatcher's buffers), stacked to the calibrated usage of each stage of its estimate."""
+    from advisor.report.details import layout_detail
+    from advisor.report.moe_detail import MOE_SEGMENTS
+
+    row = _sweep("--fp8-format", "hybrid", "--top", "1")[0]
+    detail = layout_detail(row)
+    assert list(detail.stages[0]) == list(MOE_SEGMENTS) and detail.model_name == "calibrated MoE"
+    assert all(stage["expert states"] > 0 and stage["FP8 weights"] > 0 for stage in detail.stages)
+    estimate = _estimate_of(row)
+    assert [sum(stage.values()) for stage in detail.stages] == pytest.approx(
+        [stage["usage_gib"] for stage in estimate["stages"]])
+    assert f"EP {row['ep']}" in detail.label or row["ep"] == 1
+
+
+def _estimate_of(row: dict) -> dict:
+    args = ["estimate", "--model", "mixtral-8x7b", "--gpu", "h100-80gb", "--seq-len", "4096", "--gbs", "256",
+            "--format", "json", "--fp8-format", "hybrid", "--recompute", row["recompute"]]
+    for key in ("tp", "cp", "pp", "ep", "etp", "mbs", "vpp"):
+        args += [f"--{key}", str(row[key])]
+    result = CliRunner().invoke(cli, [*args, "--gpus", str(row["gpus"])])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
