@@ -199,3 +199,21 @@ def _estimate_of(row: dict) -> dict:
     result = CliRunner().invoke(cli, [*args, "--gpus", str(row["gpus"])])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
+
+
+def test_advisor_launch_keeps_an_fp8_mtp_rows_flags(tmp_path):
+    import shlex
+    import subprocess
+    import sys
+
+    path = tmp_path / "rows.json"
+    result = CliRunner().invoke(cli, ["sweep", "--model", "deepseek-v3", "--gpus", "256", "--gpu", "h100-80gb",
+                                      "--seq-len", "4096", "--gbs", "512", "--fp8-format", "hybrid", "--mtp-num-layers",
+                                      "1", "--top", "1", "--format", "json", "-o", str(path)])
+    assert result.exit_code == 0, result.output
+    row = json.loads(path.read_text())[0]
+    done = subprocess.run([sys.executable, "-m", "launch", "args", "--from", str(path), "--rank", "1"],
+                          capture_output=True, text=True, check=True)
+    args = shlex.split(done.stdout)
+    assert args == row["megatron_args"]
+    assert args[args.index("--fp8-format") + 1] == "hybrid" and args[args.index("--mtp-num-layers") + 1] == "1"
