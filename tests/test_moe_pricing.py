@@ -217,3 +217,15 @@ def test_advisor_launch_keeps_an_fp8_mtp_rows_flags(tmp_path):
     args = shlex.split(done.stdout)
     assert args == row["megatron_args"]
     assert args[args.index("--fp8-format") + 1] == "hybrid" and args[args.index("--mtp-num-layers") + 1] == "1"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "mixtral-8x7b", "--gpu", "a100-80gb", "--fp8-format", "hybrid"], "no FP8 tensor cores"),
+    (["--gpu", "h100-80gb", "--mtp-num-layers", "1"], "need a mixture-of-experts model"),
+    (["--model", "mixtral-8x7b", "--gpu", "h100-80gb", "--fp8-format", "hybrid", "--recompute", "selective",
+      "--recompute-modules", "moe_act"], "other than delayed"),
+    (["--model", "mixtral-8x7b", "--gpu", "h100-80gb", "--use-megatron-fsdp"], "does not price --use-megatron-fsdp"),
+])
+def test_what_moe_rows_cannot_price_is_one_line(argv, message):
+    result = CliRunner().invoke(cli, ["sweep", "--gpus", "64", *argv])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
