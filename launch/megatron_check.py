@@ -20,7 +20,8 @@ split, the padded vocabulary and every architectural field of the resulting Tran
 The stand-ins: ``validate_args`` asks the GPU for its architecture
 (``get_device_arch_version``, and ``torch.cuda.get_device_capability`` for --moe-grouped-gemm);
 this machine has none, so both answer ``--device-arch`` (9, Hopper, by default; 10 is Blackwell).
-MoE with FP8 asks Transformer Engine's version, absent here: ``TE_STAND_IN`` answers. Everything else is the checkout's own code. Only ``--mock-data``
+MoE with FP8 asks Transformer Engine's version, absent here: ``TE_STAND_IN`` answers.
+Everything else is the checkout's own code. Only ``--mock-data``
 with ``--tokenizer-type NullTokenizer`` is supported (a real tokenizer needs its files).
 
 ``validate(checkout, cases, python=...)`` runs this module in a subprocess of the given Python

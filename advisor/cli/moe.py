@@ -61,7 +61,8 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
                "--vocab-divisible-by": memory.vocab_divisible_by is not None,
                **_levers_not_priced(training), **(unpriced or {})}
     if space is not None:
-        refused["--recompute-method/--recompute-num-layers"] = bool(space.recompute_method or space.recompute_num_layers)
+        refused["--recompute-method/--recompute-num-layers"] = bool(space.recompute_method
+                                                                    or space.recompute_num_layers)
     named = [flag for flag, given in refused.items() if given]
     if named:
         raise InputError(f"{spec.name} is a mixture of experts; its model does not price {', '.join(named)}")
@@ -142,7 +143,7 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
         title = (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {gpus} GPUs x {mem:g} GiB, "
                  f"{rule}; routing {settings.routing.routing}, dispatcher {settings.dispatcher}"
                  + (f", MTP {spec.mtp_num_layers}" if spec.mtp_num_layers else "")
-                 + (f", FP8 {settings.training.precision.fp8_format}" if settings.training.precision.fp8_format else ""))
+                 + (f", FP8 {fp8}" if (fp8 := settings.training.precision.fp8_format) else ""))
         caption = (", ".join(f"{n} {v}" for v, n in result.counts.items())
                    + f" (each layout with the recomputation and VPP it needs, or the fastest); {result.considered:,} "
                    "layouts x recomputation x VPP priced"
@@ -215,7 +216,8 @@ def _stage_table(row, spec, layout, timing, mem, notes, output) -> str:
     caption = f"peak: stage {peak['stage']}, {peak[key]:.2f} GiB" + (
         " (calibrated)" if calibrated else "") + (f" -> {row['verdict']}" if mem else "")
     if timing:
-        caption += f"\nstep {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} TFLOP/s per GPU (MFU {row['mfu']:.0%})"
+        caption += (f"\nstep {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} TFLOP/s per GPU "
+                    f"(MFU {row['mfu']:.0%})")
     caption += "".join(f"\n{note}" for note in notes)
     extra = "".join(f", {name} {value}" for name, value in (("VPP", vpp), ("MTP", spec.mtp_num_layers)) if value > 1
                     or (name == "MTP" and value))

@@ -107,7 +107,8 @@ def _mla_and_yarn(values: dict):
     mla = None
     if values.get("multi-latent-attention"):
         mla = MLA(q_lora_rank=_int(values, "q-lora-rank"), kv_lora_rank=_int(values, "kv-lora-rank", 32),
-                  qk_head_dim=_int(values, "qk-head-dim", 128), qk_pos_emb_head_dim=_int(values, "qk-pos-emb-head-dim", 64),
+                  qk_head_dim=_int(values, "qk-head-dim", 128),
+                  qk_pos_emb_head_dim=_int(values, "qk-pos-emb-head-dim", 64),
                   v_head_dim=_int(values, "v-head-dim", 128))
     yarn = None
     if values.get("rope-type") == "yarn":  # MLATransformerConfig's fixed beta_fast 32, beta_slow 1, context 4096
@@ -128,7 +129,8 @@ def moe_spec(dense: LlamaSpec, values: dict):
         raise AdvisorError(f"--moe-router-score-function {score!r} is not priced (softmax or sigmoid)")
     mla, yarn = _mla_and_yarn(values)
     fields = {name: getattr(dense, name) for name in dense.__dataclass_fields__}
-    return MoESpec(**fields, num_experts=_int(values, "num-experts"), moe_router_topk=_int(values, "moe-router-topk", 2),
+    return MoESpec(**fields, num_experts=_int(values, "num-experts"),
+                   moe_router_topk=_int(values, "moe-router-topk", 2),
                    moe_ffn_hidden_size=_int(values, "moe-ffn-hidden-size", dense.ffn_hidden_size),
                    shared_expert_size=_int(values, "moe-shared-expert-intermediate-size", 0) or 0,
                    first_dense_layers=first_dense_layers(values.get("moe-layer-freq", "1"), dense.num_layers),

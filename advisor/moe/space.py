@@ -172,7 +172,7 @@ def calibrated_judge(spec: MoESpec, seq_len: int, options: st.MoEOptions, memory
     from advisor.verdicts import calibrated_terms
 
     calibration = load_memory_calibration()
-    memory_options = options.fp8  # the estimator's view of the training options
+    memory_options = options.memory  # the estimator's view of the training options
 
     def judge(b: st.StageBytes, columns: dict, stage, recompute: str):
         terms = calibrated_terms(spec, seq_len, columns["mbs"], columns["tp"], columns["cp"], stage, columns["pp"],

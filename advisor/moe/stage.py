@@ -55,7 +55,7 @@ class MoEOptions:
         return self.training.data_parallel.distributed_optimizer
 
     @property
-    def fp8(self):
+    def memory(self):
         """The estimator's view of the precision (``MemoryOptions``: fp8_format, recipe, param
         gather, amax history, element bytes), read by ``advisor.memory_levers``' FP8 terms."""
         return _memory_options(self.training)
@@ -173,7 +173,7 @@ def _model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, s
         distributed_optimizer=options.distributed_optimizer)
     expert_states = mm.expert_state_bytes(spec, ep, etp, edp, moe_layers + mtp, gradient_bytes=options.gradient_bytes,
                                           distributed_optimizer=options.distributed_optimizer)
-    fp8 = options.fp8
+    fp8 = options.memory
     fp8_weights = ((moe_layers + mtp) * fp8_terms.weight_bytes(spec, tp, ep, etp, fp8)
                    + dense * fp8_terms.weight_bytes(spec, tp, ep, etp, fp8, dense=True))
     return dense_states, expert_states, fp8_weights
@@ -202,8 +202,9 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     moe_act = mm.moe_layer_activation_bytes(spec, seq_len, mbs, tp, cp, ep, etp, options.routing, modules)
     dense_act = _dense_layer_activations(spec, seq_len, mbs, tp, cp, modules)
     if recompute != "full" and "moe" not in modules:  # FP8 GEMM inputs saved in 1 byte
-        moe_act = moe_act - fp8_terms.activation_saving(spec, seq_len, mbs, tp, cp, copies, etp, options.fp8, modules)
-        dense_act = dense_act - sum(levers.fp8_activation_saving(spec, seq_len, mbs, options.fp8)) / (tp * cp)
+        moe_act = moe_act - fp8_terms.activation_saving(spec, seq_len, mbs, tp, cp, copies, etp, options.memory,
+                                                        modules)
+        dense_act = dense_act - sum(levers.fp8_activation_saving(spec, seq_len, mbs, options.memory)) / (tp * cp)
     per_microbatch = moe_layers * moe_act + dense * dense_act
     if recompute == "full":  # every layer keeps its input; one layer is rebuilt at a time
         checkpoint = eq.layer_checkpoint_bytes(spec, seq_len, mbs) / (tp * cp)

@@ -213,6 +213,7 @@ def _data_parallel(c: dict, training, first, forward_s, rates: Rates):
     dp = training.data_parallel
     hidden_reduce = 2 * forward_s if dp.overlap_grad_reduce else 0.0
     hidden_gather = forward_s if dp.overlap_param_gather else 0.0
-    exposed = (np.maximum(0.0, reduce_d + reduce_e - hidden_reduce) + np.maximum(0.0, gather_d + gather_e - hidden_gather))
+    exposed = (np.maximum(0.0, reduce_d + reduce_e - hidden_reduce)
+               + np.maximum(0.0, gather_d + gather_e - hidden_gather))
     return exposed, terms.optimizer_time(dense_params, c["dp"] * c["cp"], rates) + terms.optimizer_time(
         expert_params, edp, rates)
