@@ -229,3 +229,28 @@ def test_advisor_launch_keeps_an_fp8_mtp_rows_flags(tmp_path):
 def test_what_moe_rows_cannot_price_is_one_line(argv, message):
     result = CliRunner().invoke(cli, ["sweep", "--gpus", "64", *argv])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_fp8_casts_and_mtp_time_by_hand():
+    # Mixtral (GQA a 32, k 8, d 128), 4096 tokens, TP 2, 8192 copies, ETP 1: forward inputs h + a d over t and
+    # h + h_moe per copy; backward output gradients (a + 2k) d + h over t and 2 h_moe + h per copy; 3 bytes each
+    forward, backward = fp8.cast_bytes(MIXTRAL, 4096.0, 2, 8192.0, 1)
+    assert forward == 3 * (4096 * (4096 + 32 * 128) / 2 + 8192 * (4096 + 14336))
+    assert backward == 3 * (4096 * ((32 + 16) * 128 + 4096) / 2 + 8192 * (2 * 14336 + 4096))
+    # one MTP layer on the last stage: its MoE layer, eh_proj forward plus a backward twice it, embedding, head
+    calls = []
+
+    def gemm(m, k, n):
+        calls.append((m, k, n))
+        return 1.0
+    assert mtp.extra_time(DSV3, 4096.0, 8, 10.0, 2.0, 0.5, gemm) == 10.0 + 3 * 1.0 + 2.0 + 0.5
+    assert calls == [(4096.0, 2 * 7168, 7168 / 8)]
+
+
+def test_deepseek_dense_layers_keep_the_fused_swiglu_activations():
+    # first dense layer, TP 1, CP 1, MBS 1: attention's terms + 2 s (h + 3 h_ffn) (fused SwiGLU) + 2 s h (pre-MLP norm)
+    from advisor.moe import memory as mm
+
+    s, h, f = 4096, 7168, 18432
+    kept = st._dense_layer_activations(DSV3, s, 1, 1, 1)
+    assert kept == mm.attention_activation_bytes(DSV3, s, 1, 1, 1) + 2 * s * (h + 3 * f) + 2 * s * h
