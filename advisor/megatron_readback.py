@@ -222,21 +222,25 @@ class Layout:
         return len(self.layers_per_stage)
 
 
-def _layout_segments(text: str) -> list[int]:
-    """Decoder layers of each segment of --pipeline-model-parallel-layout, as Megatron unrolls it."""
+def _layout_segments(text: str, mtp_layers: int = 0) -> list[int]:
+    """Decoder layers of each segment of --pipeline-model-parallel-layout, as Megatron unrolls it;
+    its MTP layers (m) must be the command's --mtp-num-layers (``validate_layer_layout``)."""
     flat = text.replace(",", "")
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
         flat = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), flat)
     if set(flat) - set("ELtm|"):  # m: an MTP layer (priced with --mtp-num-layers, advisor.moe.mtp)
         raise AdvisorError(f"--pipeline-model-parallel-layout {text!r}: only E, L, t and m layers are priced "
                            f"(found {''.join(sorted(set(flat) - set('ELtm|')))})")
+    if flat.count("m") != mtp_layers:
+        raise AdvisorError(f"--pipeline-model-parallel-layout {text!r} has {flat.count('m')} MTP layers (m); "
+                           f"--mtp-num-layers gives {mtp_layers} (Megatron requires them equal)")
     return [segment.count("t") for segment in flat.split("|")]
 
 
-def _split(layout: dict, num_layers: int, pp: int) -> tuple[list[int], int]:
+def _split(layout: dict, num_layers: int, pp: int, mtp_layers: int = 0) -> tuple[list[int], int]:
     """(layers per pipeline rank, VPP) as get_num_layers_to_build builds them."""
     if "pipeline-model-parallel-layout" in layout:
-        segments = _layout_segments(layout["pipeline-model-parallel-layout"])
+        segments = _layout_segments(layout["pipeline-model-parallel-layout"], mtp_layers)
         if len(segments) % pp or sum(segments) != num_layers:
             raise AdvisorError(f"--pipeline-model-parallel-layout has {len(segments)} stages and {sum(segments)} "
                                f"layers: Megatron needs a multiple of PP = {pp} stages and --num-layers {num_layers}")
@@ -279,10 +283,11 @@ def _split(layout: dict, num_layers: int, pp: int) -> tuple[list[int], int]:
     return counts, vpp or 1
 
 
-def read_layout(layout: dict, num_layers: int) -> Layout:
-    """The layout a dict of Megatron's layout flags describes (Megatron's defaults: 1, no GBS)."""
+def read_layout(layout: dict, num_layers: int, mtp_layers: int = 0) -> Layout:
+    """The layout a dict of Megatron's layout flags describes (Megatron's defaults: 1, no GBS);
+    ``mtp_layers``: the command's --mtp-num-layers."""
     pp = _int(layout, "pipeline-model-parallel-size", 1)
-    counts, vpp = _split(layout, num_layers, pp) if pp > 1 else ([num_layers], 1)
+    counts, vpp = _split(layout, num_layers, pp, mtp_layers) if pp > 1 else ([num_layers], 1)
     mbs = _int(layout, "micro-batch-size", 1)
     return Layout(tp=_int(layout, "tensor-model-parallel-size", 1), cp=_int(layout, "context-parallel-size", 1),
                   layers_per_stage=tuple(counts), vpp=vpp, mbs=mbs,
@@ -323,8 +328,8 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     seq_len = _int(parsed.model, "seq-length")
     if seq_len is None:
         raise AdvisorError("the command does not give --seq-length")
-    layout = read_layout(parsed.layout, spec.num_layers)
     moe_values, rest = ({}, parsed.rest) if "--num-experts" not in _flags(parsed.rest) else _moe_values(parsed.rest)
+    layout = read_layout(parsed.layout, spec.num_layers, _int(moe_values, "mtp-num-layers") or 0)
     options, unpriced = training_options(rest, layout.tp, release)
     moe = None
     if moe_values:  # a mixture of experts (advisor.moe.readback)

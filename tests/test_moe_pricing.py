@@ -254,3 +254,14 @@ def test_deepseek_dense_layers_keep_the_fused_swiglu_activations():
     s, h, f = 4096, 7168, 18432
     kept = st._dense_layer_activations(DSV3, s, 1, 1, 1)
     assert kept == mm.attention_activation_bytes(DSV3, s, 1, 1, 1) + 2 * s * (h + 3 * f) + 2 * s * h
+
+
+@pytest.mark.parametrize("pp", [4, 16, 32])
+def test_representative_stages_hold_the_peak_with_leading_dense_layers(pp):
+    """DeepSeek-V3's three dense layers: the first all-MoE stage (stage 3 at PP 32, two MoE layers
+    with 29 microbatches in flight) can be the peak; the sweep's stages must include it."""
+    layout = dict(tp=4, cp=1, pp=pp, ep=4, etp=2, dp=2, mbs=2, num_microbatches=64)
+    every = st.stage_bytes(DSV3, 4096, st.MoEOptions(), stage=np.arange(pp), **layout).total.max()
+    chosen = max(st.stage_bytes(DSV3, 4096, st.MoEOptions(), stage=stage, **layout).total.max()
+                 for stage in st.representative_stages(DSV3, np.array(pp)))
+    assert chosen == every

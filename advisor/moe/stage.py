@@ -230,10 +230,13 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
 
 
 def representative_stages(spec: MoESpec, pp) -> list:
-    """The stages whose peak bounds every stage's: the first, the second, the first of the
-    stages with an extra layer, the last (in-flight microbatches fall with the stage index, and
-    the middle stages differ only in that and in one extra layer)."""
+    """The stages whose peak bounds every stage's: the first ``first_dense_layers`` + 1 (those
+    holding dense layers, and the first all-MoE one: each stage has at least one layer, so it is
+    at most stage ``first_dense_layers``), the first of the stages with an extra layer, the last
+    (in-flight microbatches fall with the stage index, and the other middle stages differ only in
+    that and in one extra layer)."""
     pp = np.asarray(pp)
     extra = spec.num_layers % pp
     first_extra = np.where(extra <= pp - 2, np.maximum(1, pp - 1 - extra), pp - extra)
-    return [np.zeros_like(pp), np.minimum(1, pp - 1), np.minimum(first_extra, pp - 1), pp - 1]
+    leading = [np.minimum(k, pp - 1) for k in range(max(2, spec.first_dense_layers + 1))]
+    return [*leading, np.minimum(first_extra, pp - 1), pp - 1]
