@@ -70,6 +70,8 @@ HARMLESS_SWITCHES = {
 _MULTI_VALUED = {"rampup-batch-size": 3, "data-path": None, "train-data-path": None, "valid-data-path": None,
                  "test-data-path": None, "profile-ranks": None}
 """Flags that take several values (None: any number, up to the next flag)."""
+_PRICED_MULTI = {"recompute-modules": None}
+"""Priced flags with several values (``advisor.moe.readback``), kept whole for their reader."""
 
 
 @dataclass
@@ -106,7 +108,7 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
                 target[name] = True
             i += 1
             continue
-        count = _MULTI_VALUED.get(name, 1)
+        count = _MULTI_VALUED.get(name, _PRICED_MULTI.get(name, 1))
         if has_value:
             values, i = [value], i + 1
         else:
@@ -220,21 +222,25 @@ class Layout:
         return len(self.layers_per_stage)
 
 
-def _layout_segments(text: str) -> list[int]:
-    """Decoder layers of each segment of --pipeline-model-parallel-layout, as Megatron unrolls it."""
+def _layout_segments(text: str, mtp_layers: int = 0) -> list[int]:
+    """Decoder layers of each segment of --pipeline-model-parallel-layout, as Megatron unrolls it;
+    its MTP layers (m) must be the command's --mtp-num-layers (``validate_layer_layout``)."""
     flat = text.replace(",", "")
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
         flat = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), flat)
-    if set(flat) - set("ELt|"):
-        raise AdvisorError(f"--pipeline-model-parallel-layout {text!r}: only E, L and t layers are priced "
-                           f"(found {''.join(sorted(set(flat) - set('ELt|')))})")
+    if set(flat) - set("ELtm|"):  # m: an MTP layer (priced with --mtp-num-layers, advisor.moe.mtp)
+        raise AdvisorError(f"--pipeline-model-parallel-layout {text!r}: only E, L, t and m layers are priced "
+                           f"(found {''.join(sorted(set(flat) - set('ELtm|')))})")
+    if flat.count("m") != mtp_layers:
+        raise AdvisorError(f"--pipeline-model-parallel-layout {text!r} has {flat.count('m')} MTP layers (m); "
+                           f"--mtp-num-layers gives {mtp_layers} (Megatron requires them equal)")
     return [segment.count("t") for segment in flat.split("|")]
 
 
-def _split(layout: dict, num_layers: int, pp: int) -> tuple[list[int], int]:
+def _split(layout: dict, num_layers: int, pp: int, mtp_layers: int = 0) -> tuple[list[int], int]:
     """(layers per pipeline rank, VPP) as get_num_layers_to_build builds them."""
     if "pipeline-model-parallel-layout" in layout:
-        segments = _layout_segments(layout["pipeline-model-parallel-layout"])
+        segments = _layout_segments(layout["pipeline-model-parallel-layout"], mtp_layers)
         if len(segments) % pp or sum(segments) != num_layers:
             raise AdvisorError(f"--pipeline-model-parallel-layout has {len(segments)} stages and {sum(segments)} "
                                f"layers: Megatron needs a multiple of PP = {pp} stages and --num-layers {num_layers}")
@@ -277,10 +283,11 @@ def _split(layout: dict, num_layers: int, pp: int) -> tuple[list[int], int]:
     return counts, vpp or 1
 
 
-def read_layout(layout: dict, num_layers: int) -> Layout:
-    """The layout a dict of Megatron's layout flags describes (Megatron's defaults: 1, no GBS)."""
+def read_layout(layout: dict, num_layers: int, mtp_layers: int = 0) -> Layout:
+    """The layout a dict of Megatron's layout flags describes (Megatron's defaults: 1, no GBS);
+    ``mtp_layers``: the command's --mtp-num-layers."""
     pp = _int(layout, "pipeline-model-parallel-size", 1)
-    counts, vpp = _split(layout, num_layers, pp) if pp > 1 else ([num_layers], 1)
+    counts, vpp = _split(layout, num_layers, pp, mtp_layers) if pp > 1 else ([num_layers], 1)
     mbs = _int(layout, "micro-batch-size", 1)
     return Layout(tp=_int(layout, "tensor-model-parallel-size", 1), cp=_int(layout, "context-parallel-size", 1),
                   layers_per_stage=tuple(counts), vpp=vpp, mbs=mbs,
@@ -301,6 +308,9 @@ class ReadRun:
     skipped: tuple[str, ...]
     """Flags known to change neither, skipped."""
     vocab_source: str
+    moe: object = None
+    """The MoE part (``advisor.moe.readback.MoERead``: EP, ETP, dispatcher, routing, MTP) of a
+    command with --num-experts; None for a dense one."""
 
 
 def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", vocab_size: int | None = None,
@@ -318,11 +328,25 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     seq_len = _int(parsed.model, "seq-length")
     if seq_len is None:
         raise AdvisorError("the command does not give --seq-length")
-    layout = read_layout(parsed.layout, spec.num_layers)
-    options, unpriced = training_options(parsed.rest, layout.tp, release)
+    moe_values, rest = ({}, parsed.rest) if "--num-experts" not in _flags(parsed.rest) else _moe_values(parsed.rest)
+    layout = read_layout(parsed.layout, spec.num_layers, _int(moe_values, "mtp-num-layers") or 0)
+    options, unpriced = training_options(rest, layout.tp, release)
+    moe = None
+    if moe_values:  # a mixture of experts (advisor.moe.readback)
+        from advisor.moe import readback
+
+        spec = readback.moe_spec(spec, moe_values)
+        moe, moe_unpriced = readback.read(moe_values, layout.tp, options.recomputation.recompute)
+        unpriced = moe_unpriced + unpriced
     return ReadRun(spec=spec, seq_len=seq_len, layout=layout, options=options,
                    unpriced=tuple(_unpriced_model(parsed.model) + unpriced), skipped=tuple(parsed.skipped),
-                   vocab_source=source)
+                   vocab_source=source, moe=moe)
+
+
+def _moe_values(rest: list[str]) -> tuple[dict, list[str]]:
+    from advisor.moe import readback
+
+    return readback.take(rest)
 
 
 def _flags(arguments: list[str]) -> list[str]:

@@ -117,12 +117,19 @@ def fp8_weight_bytes_per_layer(spec: LlamaSpec, tp, options):
     scaling keeps ``--fp8-amax-history-len`` FP32 amax values plus a scale per FP8 tensor."""
     if options.fp8_format is None:
         return 0.0 * np.asarray(tp, dtype=float)
-    linear = linear_parameters(spec, tp)
+    return fp8_weight_bytes(linear_parameters(spec, tp), AMAX_TENSORS_PER_LAYER, options)
+
+
+def fp8_weight_bytes(linear, amax_tensors, options):
+    """``fp8_weight_bytes_per_layer``'s sum for ``linear`` GEMM weights on one GPU and
+    ``amax_tensors`` FP8 tensors (5 per GEMM, ``AMAX_TENSORS_PER_LAYER``'s count): the FP8 copy
+    and its transpose, 2 bytes (plus MXFP8's scales), less the BF16 weight with
+    --fp8-param-gather, plus delayed scaling's amax history and scale (same sources)."""
     copies = 2 * (1 + FP8_SCALE_BYTES[options.fp8_recipe]) * linear
     dropped = options.element_bytes * linear if options.fp8_param_gather else 0.0
     amax = 0
     if options.fp8_recipe == "delayed":
-        amax = 4 * (options.fp8_amax_history_len + AMAX_FLOATS_PER_TENSOR_EXTRA) * AMAX_TENSORS_PER_LAYER
+        amax = 4 * (options.fp8_amax_history_len + AMAX_FLOATS_PER_TENSOR_EXTRA) * amax_tensors
     return copies - dropped + amax
 
 

@@ -36,13 +36,19 @@ def simplicity_key(row) -> tuple:
     then, where a row has them (training options, MoE), the distributed optimizer before FSDP
     sharding, no CPU offload, BF16 before FP8, smaller EP. Absent fields take the simple value."""
     p, o = row.parallel, row.options
-    recompute = getattr(o, "recompute", "none")
     sharding = getattr(o, "data_parallel_sharding_strategy", "no_shard") or "no_shard"
-    fsdp = bool(getattr(o, "use_megatron_fsdp", False)) or sharding != "no_shard"
-    return (p.pp * p.vpp, {"none": 0, "selective": 1}.get(recompute, 2),
-            getattr(row, "recomputed_layers", 0), p.tp * p.cp * p.pp, fsdp,
-            bool(getattr(o, "optimizer_cpu_offload", False)), getattr(o, "fp8_format", None) is not None,
-            getattr(p, "ep", 1))
+    return simplicity(pp=p.pp, vpp=p.vpp, recompute=getattr(o, "recompute", "none"),
+                      recomputed_layers=getattr(row, "recomputed_layers", 0), model_parallel=p.tp * p.cp * p.pp,
+                      fsdp=bool(getattr(o, "use_megatron_fsdp", False)) or sharding != "no_shard",
+                      offload=bool(getattr(o, "optimizer_cpu_offload", False)),
+                      fp8=getattr(o, "fp8_format", None) is not None, ep=getattr(p, "ep", 1))
+
+
+def simplicity(*, pp: int, vpp: int, recompute: str, recomputed_layers: int, model_parallel: int, fsdp: bool,
+               offload: bool, fp8: bool, ep: int) -> tuple:
+    """``simplicity_key``'s order from the fields themselves (dense rows and MoE rows alike)."""
+    return (pp * vpp, {"none": 0, "selective": 1}.get(recompute, 2), recomputed_layers, model_parallel, fsdp,
+            offload, fp8, ep)
 
 
 def order(

@@ -92,12 +92,15 @@ def _ratio(measured, kind: str, tp, cp, default: float):
 
 def calibrated_terms(
     spec: LlamaSpec, seq_len: int, mbs, tp, cp, stage, pp, full_recompute, options: MemoryOptions,
-    calibration: MemoryCalibration, memory_gib: float, measured=None,
+    calibration: MemoryCalibration, memory_gib: float, measured=None, layer_share: float | None = None,
 ) -> CalibratedTerms:
     """The calibrated model's terms for stage ``stage`` of ``pp`` (any of them numpy arrays).
     ``measured`` (``advisor.profile_terms.MeasuredActivations``, ``--memory-model profile``)
     replaces the Eq. 12-14 corrections by the profiled ratios measured / Eq. 12-14; fully
-    recomputed layers keep only their input, which no profile here measured: their term stays."""
+    recomputed layers keep only their input, which no profile here measured: their term stays.
+    ``layer_share``: the share of the layer activations megatron-core keeps, where the layer
+    terms are not Eq. 12 (MoE layers, ``advisor.moe``, count the kept tensors: 1); default
+    ``memory_terms.swiglu_fusion_fraction``."""
     vocab = padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, tp)
     first, last = np.asarray(stage) == 0, np.asarray(stage) == np.asarray(pp) - 1
     added = terms.runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * memory_gib * GIB
@@ -105,7 +108,8 @@ def calibrated_terms(
     if calibration.dataloader_mask:
         added = added + np.where(first | last, terms.dataloader_mask_bytes(seq_len, mbs, cp), 0.0)
     factor = calibration.activation_factor
-    layer = _ratio(measured, "decoder", tp, cp, terms.swiglu_fusion_fraction(spec))
+    share = terms.swiglu_fusion_fraction(spec) if layer_share is None else layer_share
+    layer = _ratio(measured, "decoder", tp, cp, share)
     return CalibratedTerms(
         layer_factor=factor * np.where(full_recompute, 1.0, layer),
         embedding_factor=factor * _ratio(measured, "embedding", tp, cp, terms.embedding_ids_fraction(spec)),

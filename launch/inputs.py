@@ -238,7 +238,7 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
                            f"({split_layers(spec.num_layers, row['pp'])})")
     gpus = row["tp"] * row["cp"] * row["pp"] * row["dp"]
     problem = layout_problem(spec, Workload(seq_len=seq_len, global_batch_size=gbs), gpus, row["tp"], row["cp"],
-                             row["pp"], row["ep"], row["etp"], row["mbs"])
+                             row["pp"], row["ep"], row["etp"], row["mbs"], row["vpp"])
     if problem:
         raise AdvisorError(f"{fields.origin}: {problem}")
     grads, sharded = fields.document.get("gradient_bytes", 4), fields.document.get("distributed_optimizer", True)
@@ -250,6 +250,8 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
     row.update(layers_per_stage=list(layers), recompute=recompute, dispatcher=dispatcher, recompute_modules=modules,
                recompute_num_layers=1 if recompute == "full" else None, gradient_bytes=grads,
                distributed_optimizer=sharded, capacity_factor=capacity)
+    if "options" in fields.document:  # the training options the row was priced with (FP8, ...)
+        row["options"] = fields.options().changed()
     return row_args(spec, seq_len, gbs, row)
 
 

@@ -52,7 +52,8 @@ def rows(path: Path = RUNS) -> list[dict]:
             size = {k: int(run[k]) for k in ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs")}
             dp = int(run["gpus"]) // (size["tp"] * size["cp"] * size["pp"])
             ours = estimate_layout(spec, Workload(seq_len=int(run["seq_len"]), global_batch_size=int(run["gbs"])),
-                                   dp=dp, recompute=run["recompute"], memory_gib=gpu.memory_gib, gpu=gpu, **size)
+                                   dp=dp, recompute=run["recompute"], memory_gib=gpu.memory_gib, gpu=gpu,
+                                   memory_model="paper", **size)
             published = _published_step(spec, run)
             error = None if published is None else ours["step_time_s"] / published - 1
             out.append({"id": run["id"], "role": run["role"], "precision": run["precision"], "gpu": run["gpu"],

@@ -18,12 +18,18 @@ from advisor.options.flags import training_args
 
 COMMANDS = Path(__file__).parent / "data" / "commands"
 PRICED = ("total_gib", "model_states_gib", "activations_gib", "verdict", "usage_gib", "margin_gib", "step_time_s",
-          "tflops_per_gpu", "layers_per_stage", "vpp", "recompute", "recompute_num_layers", "num_microbatches")
+          "tflops_per_gpu", "layers_per_stage", "vpp", "recompute", "recompute_num_layers", "num_microbatches", "ep",
+          "etp", "recompute_modules", "options")
 SWEEPS = [  # (argv, vocabulary): every row of these is read back
     (["--gpus", "8", "--gpu", "h100-80gb"], 128256),
     (["--gpus", "64", "--gpu", "h100-80gb", "--model", "llama3.1-70b", "--seq-len", "4096", "--gbs", "256"], 128256),
     (["--gpus", "32", "--gpu", "a100-40gb", "--model", "llama3.1-8b", "--grad-dtype", "bf16", "--top", "40"], 128256),
     (["--gpus", "16", "--mem", "80", "--model", "llama3.1-8b", "--seq-len", "2048", "--gbs", "64"], 128256),
+    # mixtures of experts (advisor.moe): EP, ETP, VPP, oom rows; FP8 and DeepSeek-V3's MTP module
+    (["--gpus", "64", "--gpu", "h100-80gb", "--model", "mixtral-8x7b", "--seq-len", "4096", "--gbs", "256", "--all"],
+     32000),
+    (["--gpus", "256", "--gpu", "h100-80gb", "--model", "deepseek-v3", "--seq-len", "4096", "--gbs", "512",
+      "--fp8-format", "hybrid", "--mtp-num-layers", "1", "--top", "40"], 129280),
 ]
 
 
@@ -45,7 +51,7 @@ def rows(draw):
     return index, draw(st.sampled_from(sweep_rows(index)))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rows())
 def test_every_sweep_row_reads_back_to_its_own_price(drawn):
     index, row = drawn

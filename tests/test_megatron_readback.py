@@ -37,7 +37,9 @@ def test_layouts_read_as_megatron_builds_them(flags, layers, expected):
     ({"pipeline-model-parallel-size": "3"}, 32, "not divisible by --pipeline-model-parallel-size 3"),
     ({"pipeline-model-parallel-size": "4", "decoder-first-pipeline-num-layers": "6"}, 32,  # 26 over 3 stages
      "the middle stages must divide the rest evenly"),
-    ({"pipeline-model-parallel-size": "2", "pipeline-model-parallel-layout": "Et|tm,L"}, 2, "only E, L and t"),
+    ({"pipeline-model-parallel-size": "2", "pipeline-model-parallel-layout": "Et|tx,L"}, 2, "only E, L, t and m"),
+    # an MTP layer (m) without --mtp-num-layers: Megatron requires the counts equal
+    ({"pipeline-model-parallel-size": "2", "pipeline-model-parallel-layout": "Et|tm,L"}, 2, "1 MTP layers"),
     ({"pipeline-model-parallel-size": "2", "pipeline-model-parallel-layout": "Et|t,L"}, 3, "--num-layers 3"),
 ])
 def test_layouts_megatron_refuses_are_refused_in_one_line(flags, layers, error):

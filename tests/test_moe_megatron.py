@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from advisor.cli import cli
 from advisor.models import load_model
+from advisor.moe.spec import spec_from_dict
 from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
 
 
@@ -42,7 +43,9 @@ def _expected(spec, row) -> dict:
             "multi_latent_attention": mla is not None,
             **({"q_lora_rank": mla.q_lora_rank, "kv_lora_rank": mla.kv_lora_rank, "qk_head_dim": mla.qk_head_dim,
                 "qk_pos_emb_head_dim": mla.qk_pos_emb_head_dim, "v_head_dim": mla.v_head_dim} if mla else {}),
-            "layers_per_stage": row["layers_per_stage"], "tp": row["tp"], "pp": row["pp"], "dp": row["dp"]}
+            "layers_per_stage": row["layers_per_stage"], "tp": row["tp"], "pp": row["pp"], "dp": row["dp"],
+            "vpp": row["vpp"], "mtp_num_layers": spec.mtp_num_layers or None,
+            "fp8": row["options"].get("fp8_format"), "overlap_grad_reduce": True, "use_distributed_optimizer": True}
 
 
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
@@ -51,10 +54,16 @@ def test_megatron_accepts_and_builds_moe_rows(tag):
     rows = [(name, row) for name, gpus, top in (("mixtral-8x7b", 64, 3), ("deepseek-v3", 1024, 3),
                                                 ("qwen3-30b-a3b", 64, 2))
             for row in _rows(name, gpus, "--top", str(top))]
-    small = _rows("qwen3-30b-a3b", 8)  # and the first row of each recomputation (--recompute-modules)
-    rows += [("qwen3-30b-a3b", next(row for row in small if row["recompute"] == kind)) for kind in ("selective", "full")]
+    # and a row of each recomputation (--recompute-modules)
+    rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 8, "--all", "--recompute", kind, "--top", "1")[0])
+             for kind in ("selective", "full")]
     rows += [("mixtral-8x7b", _rows("mixtral-8x7b", 64, "--top", "1", "--moe-routing", "capacity",
                                     "--moe-expert-capacity-factor", "1.5", "--moe-token-dispatcher-type", "allgather")[0])]
+    # interleaved (VPP), FP8 and DeepSeek-V3's MTP module (its layer in the pipeline layout, 'm')
+    rows += [("mixtral-8x7b", next(row for row in _rows("mixtral-8x7b", 64, "--all") if row["vpp"] > 1))]
+    rows += [("deepseek-v3", row) for row in _rows("deepseek-v3", 1024, "--top", "2", "--fp8-format", "hybrid",
+                                                   "--mtp-num-layers", "1")]
+    assert {row["vpp"] > 1 for _, row in rows} == {True, False}
     cases = [{"args": [*row["megatron_args"], *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
                        "NullTokenizer", "--vocab-size", str(load_model(name).vocab_size), "--train-iters", "10"],
               "world_size": row["gpus"], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for name, row in rows]
@@ -63,7 +72,7 @@ def test_megatron_accepts_and_builds_moe_rows(tag):
                zip(rows, results) if not result["ok"]]
     assert not refused, refused
     for (name, row), result in zip(rows, results):
-        expected = _expected(load_model(name), row)
+        expected = _expected(spec_from_dict(row["model"]), row)
         wrong = {key: (result["derived"].get(key), value) for key, value in expected.items()
                  if result["derived"].get(key) != value}
         assert not wrong, (name, wrong)

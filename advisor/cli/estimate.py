@@ -147,13 +147,13 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
 
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
-    settings = moe_settings(spec, ep, etp, **moe, options=options, space=space, unpriced={
-        "--memory-model (the 80% rule judges MoE rows)": memory_model is not None, "--profile": profile_dir is not None,
+    spec, settings = moe_settings(spec, ep, etp, **moe, options=options, space=space, unpriced={
+        "--memory-model profile": memory_model == "profile", "--profile": profile_dir is not None,
         "--rank-by (fastest first with --gpu)": rank_by is not None, "--tokens": tokens is not None,
         "--plot": plot is not None, "--gpu-hour-price": gpu_hour_price is not None})
     if settings is not None:  # a mixture of experts: advisor.moe's space (EP and ETP as dimensions)
         return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all,
-                             top, fmt, output, space)
+                             top, fmt, output, space, memory_model)
     memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir, gpu_hour_price)
     measured = _measured(profile_dir, spec, options)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
@@ -360,14 +360,17 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         read, (spec, options, gpus, dp, tp, cp, pp, mbs, vpp, layers_per_stage, workload) = _read_command(
             from_command, gpus, release)
     dp = _data_parallel(gpus, dp, tp * cp * pp, gpus_per_node)
-    settings = moe_settings(spec, ep, etp, **moe, options=options, unpriced={
-        "--memory-model (the 80% rule judges MoE layouts)": given_memory_model is not None,
+    if read is not None and read.moe is not None:  # the command's own MoE flags (advisor.moe.readback)
+        ep, etp, moe = read.moe.ep, read.moe.etp, {**moe, **read.moe.settings}
+    spec, settings = moe_settings(spec, ep, etp, **moe, options=options, unpriced={
         "--tokens": tokens is not None, "--gpu-hour-price": gpu_hour_price is not None,
-        "--from-command": from_command is not None,
-        "--layers-per-stage (the balanced split is priced)": bool(layers_per_stage)})
+        "--compare-best": compare_best,
+        "--layers-per-stage (the balanced split is priced)": bool(layers_per_stage) and read is None})
     if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP
+        if read is not None:
+            _check_moe_split(spec, pp, layers_per_stage)
         return moe_cli.estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt,
-                                output, vpp, _moe_recompute(options))
+                                output, vpp, _moe_recompute(options), given_memory_model, read)
     given = _layer_counts(layers_per_stage)
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     stages, planned = _planned_split(spec, given, pp, vpp)
@@ -435,6 +438,16 @@ def _data_parallel(gpus: int | None, dp: int | None, model_parallel: int, gpus_p
         dp = gpus // model_parallel
     check_whole_nodes(gpus or dp * model_parallel, gpus_per_node)
     return dp
+
+
+def _check_moe_split(spec, pp: int, layers_per_stage: str | None) -> None:
+    """A command's pipeline split must be the one MoE layouts price (``advisor.moe.stage.split_layers``)."""
+    from advisor.moe.stage import split_layers
+
+    given = [int(n) for n in layers_per_stage.split(",")] if layers_per_stage else [spec.num_layers // pp] * pp
+    if given != split_layers(spec.num_layers, pp):
+        raise InputError(f"the command splits the layers {given}; MoE layouts are priced with the split "
+                         f"{split_layers(spec.num_layers, pp)}")
 
 
 def _moe_recompute(options) -> str:

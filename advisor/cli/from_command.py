@@ -32,6 +32,11 @@ class CommandInputs:
     source: str
     """One line: what was read, and where the world size came from."""
 
+    @property
+    def moe(self):
+        """The command's MoE part (``advisor.moe.readback.MoERead``), or None."""
+        return self.run.moe
+
 
 def refuse_explicit(ctx: click.Context) -> None:
     """One line for the first option given beside --from-command that the command decides."""

@@ -9,7 +9,8 @@ from advisor.cli.options import DEGREE, InputError, apply_options, color_wanted,
 
 
 def moe_options(func):
-    """--ep, --etp, --moe-token-dispatcher-type, --moe-routing, --moe-expert-capacity-factor, --moe-imbalance."""
+    """--ep, --etp, --moe-token-dispatcher-type, --moe-routing, --moe-expert-capacity-factor, --moe-imbalance,
+    --mtp-num-layers, --recompute-modules."""
     return apply_options([
         click.option("--ep", type=DEGREE, default=None,
                      help="Expert parallel size (--expert-model-parallel-size); sweep: only this EP. MoE models."),
@@ -24,6 +25,9 @@ def moe_options(func):
                      default=None, help="Megatron's capacity factor (with --moe-routing capacity)."),
         click.option("--moe-imbalance", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
                      help="The busiest rank's routed tokens over the mean (balanced routing)."),
+        click.option("--mtp-num-layers", "mtp_num_layers", type=click.IntRange(min=0, max=16), default=None,
+                     help="Multi-token-prediction layers (DeepSeek-V3's MTP, Megatron's --mtp-num-layers): priced on "
+                          "the last pipeline stage. MoE models."),
         click.option("--recompute-modules", "recompute_modules", multiple=True, type=click.Choice(RECOMPUTE_MODULES),
                      help="MoE models, with --recompute selective: Megatron's --recompute-modules (repeat the "
                           "option; default moe_act, layernorm and, with MLA, mla_up_proj)."),
@@ -35,45 +39,53 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 more with fused attention (no s^2 scores), so it changes no term."""
 
 
-def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance, recompute_modules, *,
-                 options, space=None, unpriced: dict | None = None):
-    """MoEOptions from the flags; a dense model refuses EP/ETP above 1; for an MoE model, every
-    option the MoE model does not price is refused by name (none is ignored)."""
+def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance, recompute_modules,
+                 mtp_num_layers=None, *, options, space=None, unpriced: dict | None = None):
+    """(spec, MoEOptions) from the flags, the run's training options inside (the one description
+    dense rows are priced from); a dense model refuses EP/ETP above 1; for an MoE model, every
+    option the MoE model does not price is refused by name (none is ignored). The spec gets
+    ``mtp_num_layers`` where given."""
+    from dataclasses import replace
+
     from advisor.moe.memory import RoutedTokens
     from advisor.moe.spec import is_moe
     from advisor.moe.stage import MoEOptions
 
     if not is_moe(spec):
-        if (ep or 1) > 1 or (etp or 1) > 1 or recompute_modules:
-            raise InputError(f"--ep/--etp/--recompute-modules need a mixture-of-experts model; {spec.name} is dense")
-        return None
-    training, options = options, options.memory_options()  # advisor.options.TrainingOptions
-    refused = {"--no-sequence-parallel": not options.sequence_parallel, "--no-flash-attn": not options.flash_attention,
-               "--vocab-divisible-by": options.vocab_divisible_by is not None,
+        if (ep or 1) > 1 or (etp or 1) > 1 or recompute_modules or mtp_num_layers:
+            raise InputError("--ep/--etp/--recompute-modules/--mtp-num-layers need a mixture-of-experts model; "
+                             f"{spec.name} is dense")
+        return spec, None
+    training, memory = options, options.memory_options()  # advisor.options.TrainingOptions
+    refused = {"--no-sequence-parallel": not memory.sequence_parallel, "--no-flash-attn": not memory.flash_attention,
+               "--vocab-divisible-by": memory.vocab_divisible_by is not None,
                **_levers_not_priced(training), **(unpriced or {})}
     if space is not None:
-        refused.update({"--vpp N (advisor estimate --vpp prices interleaving)": space.vpp not in (None, 1),
-                        "--recompute-method/--recompute-num-layers": bool(space.recompute_method
-                                                                          or space.recompute_num_layers)})
+        refused["--recompute-method/--recompute-num-layers"] = bool(space.recompute_method
+                                                                    or space.recompute_num_layers)
     named = [flag for flag, given in refused.items() if given]
     if named:
         raise InputError(f"{spec.name} is a mixture of experts; its model does not price {', '.join(named)}")
     if moe_routing == "capacity" and capacity_factor is None:
         raise InputError("--moe-routing capacity needs --moe-expert-capacity-factor")
-    return MoEOptions(dispatcher=dispatcher, routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
-                                                                  imbalance=moe_imbalance),
-                      gradient_bytes=options.gradient_bytes, distributed_optimizer=options.distributed_optimizer,
-                      modules=frozenset(recompute_modules) if recompute_modules else None)
+    fp8 = training.precision
+    if fp8.fp8_format is not None and fp8.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(recompute_modules):
+        raise InputError("--recompute-modules moe_act or layernorm with FP8 needs an --fp8-recipe other than delayed "
+                         "(megatron-core refuses them with delayed scaling)")
+    if mtp_num_layers is not None:
+        spec = replace(spec, mtp_num_layers=mtp_num_layers)
+    return spec, MoEOptions(dispatcher=dispatcher, training=training.with_(recompute="none"),
+                            routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
+                                                 imbalance=moe_imbalance),
+                            modules=frozenset(recompute_modules) if recompute_modules else None)
 
 
 def _levers_not_priced(training) -> dict[str, bool]:
     """The training options (advisor.options) the MoE model does not price yet: named, never ignored."""
     dp, precision = training.data_parallel, training.precision
-    return {"--use-megatron-fsdp": dp.fsdp_strategy is not None, "--fp8-format": precision.fp8_format is not None,
+    return {"--use-megatron-fsdp": dp.fsdp_strategy is not None,
             "--optimizer-cpu-offload": training.offload.optimizer_cpu_offload,
             "--tp-comm-overlap": training.tensor_parallel.tp_comm_overlap,
-            "--no-overlap-grad-reduce/--no-overlap-param-gather": not (dp.overlap_grad_reduce
-                                                                        and dp.overlap_param_gather),
             "--params-dtype other than bf16": precision.params_dtype != "bfloat16",
             "--dataloader-mask cached/rebuilt": training.attention.dataloader_mask != "off"}
 
@@ -85,14 +97,15 @@ def row_flags(spec, workload, row: dict) -> list[str]:
     return row_args(spec, workload.seq_len, workload.global_batch_size, row)
 
 
-def _columns(timed: bool):
+def _columns(timed: bool, calibrated: bool):
     """The table's columns, within 100 characters (the states and activations split is in the
     JSON and in advisor estimate's stages)."""
     from advisor.render import Column
 
-    columns = [Column("rank", "rank"), Column("tp", "TP"), Column("cp", "CP"), Column("pp", "PP"), Column("ep", "EP"),
-               Column("etp", "ETP"), Column("mbs", "MBS"), Column("dp", "DP"),
-               Column("recompute", "recompute", justify="left"), Column("total_gib", "peak GiB", ".1f"),
+    columns = [Column("rank", "rank"), Column("tp", "TP"), Column("cp", "CP"), Column("pp", "PP"),
+               Column("vpp", "VPP"), Column("ep", "EP"), Column("etp", "ETP"), Column("mbs", "MBS"),
+               Column("dp", "DP"), Column("recompute", "recompute", justify="left"),
+               Column("usage_gib" if calibrated else "total_gib", "GiB", ".1f"),
                Column("verdict", "verdict", justify="left")]
     if timed:
         columns += [Column("mfu", "MFU", ".0%"), Column("step_time_s", "step s", ".2f")]
@@ -100,7 +113,7 @@ def _columns(timed: bool):
 
 
 def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all, top, fmt, output,
-          space=None):
+          space=None, memory_model=None):
     from advisor import render
     from advisor.errors import AdvisorError
     from advisor.moe.space import sweep as run
@@ -108,67 +121,106 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
     try:
         result = run(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, options=settings,
                      ep=ep, etp=etp, even_split=space is not None and space.split == "even",
-                     recompute=None if space is None or space.recompute == "auto" else space.recompute)
+                     recompute=None if space is None or space.recompute == "auto" else space.recompute,
+                     memory_model=memory_model, vpp=None if space is None else space.vpp)
     except AdvisorError as error:
         raise InputError(str(error)) from None
     shown = result.rows(include_oom=show_all, limit=top or (30 if fmt == "table" else None))
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
-             "gpu": gpu.name if gpu else None, "model": spec.to_dict() if fmt == "json" else spec.name}
+             "memory_model": result.memory_model, "gpu": gpu.name if gpu else None,
+             "ranking_tolerance": result.tolerance, "model": spec.to_dict() if fmt == "json" else spec.name}
     if fmt != "table":
         shown = [{**row, **setup, "megatron_args": row_flags(spec, workload, row)} for row in shown]
     if fmt == "json":
         text = render.to_json(shown)
     elif fmt == "csv":
-        text = render.to_csv([{**row, "megatron_args": " ".join(row["megatron_args"]),
+        text = render.to_csv([{**row, "megatron_args": " ".join(row["megatron_args"]), "options": str(row["options"]),
                                "layers_per_stage": render.counts_text(row["layers_per_stage"]),
                                "recompute_modules": " ".join(row["recompute_modules"] or [])} for row in shown])
     else:
+        calibrated = result.memory_model == "calibrated"
+        rule = f"calibrated, band {_band():.1%}" if calibrated else f"fits <= {threshold:.0%}"
         title = (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {gpus} GPUs x {mem:g} GiB, "
-                 f"fits <= {threshold:.0%}; routing {settings.routing.routing}, dispatcher {settings.dispatcher}")
+                 f"{rule}; routing {settings.routing.routing}, dispatcher {settings.dispatcher}"
+                 + (f", MTP {spec.mtp_num_layers}" if spec.mtp_num_layers else "")
+                 + (f", FP8 {fp8}" if (fp8 := settings.training.precision.fp8_format) else ""))
         caption = (", ".join(f"{n} {v}" for v, n in result.counts.items())
-                   + f" (each layout with the recomputation it needs, or the fastest); {result.considered:,} "
-                   "layouts x recomputation priced")
-        text = render.to_table(shown, _columns(gpu is not None), title=title, row_style=render.verdict_style,
-                               caption=caption, color=color_wanted(output))
-    if not result.counts["fits"] + result.counts["tight"] and not show_all:
+                   + f" (each layout with the recomputation and VPP it needs, or the fastest); {result.considered:,} "
+                   "layouts x recomputation x VPP priced"
+                   + (f"\nwithin {result.tolerance:.1%} of the fastest (the time model's held-out ordering error) the "
+                      "simplest ranks first" if result.tolerance else ""))
+        text = render.to_table(shown, _columns(gpu is not None, calibrated), title=title,
+                               row_style=render.verdict_style, caption=caption, color=color_wanted(output))
+    if not result.ranked and not show_all:
         least = result.least()
-        click.echo(f"advisor sweep: nothing fits; the least any layout needs is {least['total_gib']:.1f} GiB per GPU "
+        need = least.get("usage_gib", least["total_gib"])
+        click.echo(f"advisor sweep: nothing fits; the least any layout needs is {need:.1f} GiB per GPU "
                    f"(TP {least['tp']}, PP {least['pp']}, EP {least['ep']}) against {mem:g} GiB", err=True)
         click.get_current_context().exit(1)
     emit(text, output)
 
 
+def _band() -> float:
+    from advisor.throughput.calibration import load_memory_calibration
+
+    return load_memory_calibration().band
+
+
 def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt, output, vpp=1,
-             recompute="none"):
-    """One MoE layout, every stage."""
+             recompute="none", memory_model=None, read=None):
+    """One MoE layout, every stage (``read``: the --from-command reading, named in the output)."""
     from advisor import render
     from advisor.errors import AdvisorError
     from advisor.moe.space import estimate_layout
 
     try:
         row = estimate_layout(spec, workload, tp=tp, cp=cp, pp=pp, ep=ep or 1, etp=etp or 1, dp=dp, mbs=mbs, vpp=vpp,
-                              recompute=recompute, memory_gib=mem, threshold=threshold, gpu=gpu, options=settings)
+                              recompute=recompute, memory_gib=mem, threshold=threshold, gpu=gpu, options=settings,
+                              memory_model=memory_model)
     except AdvisorError as error:
         raise InputError(str(error)) from None
     row.update(megatron_args=row_flags(spec, workload, row), model=spec.to_dict(), memory_gib=mem)
-    stages, timing = row["stages"], gpu is not None
-    peak = stages[row["peak_stage"]]
-    if fmt == "json":
-        text = render.to_json(row)
-    elif fmt == "csv":
-        text = render.to_csv(stages)
-    else:
-        from advisor.render import Column
+    notes = []
+    if read is not None:
+        from advisor.cli.from_command import unpriced_line
 
-        columns = [Column("stage", "stage"), Column("layers", "layers"), Column("dense_layers", "dense"),
-                   Column("in_flight_microbatches", "in flight", "g"), Column("dense_states_gib", "dense st.", ".2f"),
-                   Column("expert_states_gib", "expert st.", ".2f"), Column("activations_gib", "act.", ".2f"),
-                   Column("transient_gib", "transient", ".2f"), Column("total_gib", "total GiB", ".2f")]
-        caption = f"peak: stage {peak['stage']}, {peak['total_gib']:.2f} GiB" + (
-            f" -> {row['verdict']}" if mem else "")
-        if timing:
-            caption += f"\nstep {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} TFLOP/s per GPU (MFU {row['mfu']:.0%})"
-        text = render.to_table(stages, columns, caption=caption, color=color_wanted(output),
-                               title=f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, EP {row['ep']}, ETP {row['etp']}, "
-                                     f"DP {dp}, MBS {mbs}" + (f", VPP {vpp}" if vpp > 1 else ""))
-    emit(text, output)
+        row.update(read_from=read.source, unpriced=list(read.run.unpriced))
+        notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced)] if line]
+        if read.run.unpriced:
+            click.echo(f"advisor estimate: {notes[-1]}", err=True)
+    stages, timing = row["stages"], gpu is not None
+    if fmt == "json":
+        emit(render.to_json(row), output)
+        return
+    if fmt == "csv":
+        emit(render.to_csv(stages), output)
+        return
+    emit(_stage_table(row, spec, (tp, cp, pp, dp, mbs, vpp), timing, mem, notes, output), output)
+
+
+def _stage_table(row, spec, layout, timing, mem, notes, output) -> str:
+    from advisor import render
+    from advisor.render import Column
+
+    tp, cp, pp, dp, mbs, vpp = layout
+    stages = row["stages"]
+    calibrated = row["memory_model"] == "calibrated"
+    columns = [Column("stage", "stage"), Column("layers", "layers"), Column("dense_layers", "dense"),
+               Column("in_flight_microbatches", "in flight", "g"), Column("dense_states_gib", "dense st.", ".2f"),
+               Column("expert_states_gib", "expert st.", ".2f"), Column("activations_gib", "act.", ".2f"),
+               Column("transient_gib", "transient", ".2f"), Column("total_gib", "total GiB", ".2f")]
+    if calibrated:
+        columns.append(Column("usage_gib", "pred. GiB", ".2f"))
+    key = "usage_gib" if calibrated else "total_gib"
+    peak = max(stages, key=lambda stage: stage[key])
+    caption = f"peak: stage {peak['stage']}, {peak[key]:.2f} GiB" + (
+        " (calibrated)" if calibrated else "") + (f" -> {row['verdict']}" if mem else "")
+    if timing:
+        caption += (f"\nstep {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} TFLOP/s per GPU "
+                    f"(MFU {row['mfu']:.0%})")
+    caption += "".join(f"\n{note}" for note in notes)
+    extra = "".join(f", {name} {value}" for name, value in (("VPP", vpp), ("MTP", spec.mtp_num_layers)) if value > 1
+                    or (name == "MTP" and value))
+    return render.to_table(stages, columns, caption=caption, color=color_wanted(output),
+                           title=f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, EP {row['ep']}, ETP {row['etp']}, "
+                                 f"DP {dp}, MBS {mbs}{extra}")

@@ -63,25 +63,52 @@ def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[
     return args
 
 
-def row_args(spec: MoESpec, seq_len: int, global_batch_size: int, row: dict) -> list[str]:
-    """Every Megatron flag of one MoE sweep row or estimate: the dense model, layout, batch and
-    memory flags (``advisor.megatron_args``), the MoE model's, EP, ETP, the dispatcher and the
-    recomputation's modules."""
+def row_options(row: dict):
+    """The training options a row was priced with: its ``options`` (``TrainingOptions.changed``),
+    or, for rows written before they carried them, its gradient dtype and optimizer sharding;
+    with the row's recomputation."""
+    given = row.get("options")
+    key = tuple(sorted(given.items())) if isinstance(given, dict) else None
+    return _row_options(key, row.get("distributed_optimizer", True), row.get("gradient_bytes", 4), row["recompute"],
+                        row.get("recompute_num_layers") or 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _row_options(given: tuple | None, distributed: bool, gradient_bytes: int, recompute: str, layers: int):
     from advisor.options import TrainingOptions
 
-    # The advisor's default training options (overlapped DP reduction, as advisor.moe.space prices
-    # it) with the row's recomputation, gradient dtype and optimizer sharding.
-    distributed = row.get("distributed_optimizer", True)
-    options = TrainingOptions().with_(
-        recompute=row["recompute"], recompute_method="uniform",
-        recompute_num_layers=row.get("recompute_num_layers") or 1,
-        grad_reduce_dtype="fp32" if row.get("gradient_bytes", 4) == 4 else "bf16",
-        distributed_optimizer=distributed, overlap_param_gather=distributed)
-    return [*_layout_args(spec, seq_len, row["tp"], row["cp"], tuple(row["layers_per_stage"]), row["mbs"],
-                          global_batch_size, options, row.get("vpp", 1)),
-            *_model_flags(spec),
+    if given is not None:
+        options = TrainingOptions.from_dict(dict(given))
+    else:
+        options = TrainingOptions().with_(grad_reduce_dtype="fp32" if gradient_bytes == 4 else "bf16",
+                                          distributed_optimizer=distributed, overlap_param_gather=distributed)
+    return options.with_(recompute=recompute, recompute_method="uniform", recompute_num_layers=layers)
+
+
+def row_args(spec: MoESpec, seq_len: int, global_batch_size: int, row: dict) -> list[str]:
+    """Every Megatron flag of one MoE sweep row or estimate: the dense model, layout, batch and
+    training-option flags (``advisor.megatron_args``, from the row's ``TrainingOptions``), the
+    MoE model's, EP, ETP, the dispatcher and the recomputation's modules."""
+    layout = _layout_args(spec, seq_len, row["tp"], row["cp"], tuple(row["layers_per_stage"]), row["mbs"],
+                          global_batch_size, row_options(row), row.get("vpp", 1))
+    return [*_with_mtp(layout, spec.mtp_num_layers), *_model_flags(spec),
             *layout_flags(ep=row["ep"], etp=row["etp"], dispatcher=row["dispatcher"],
                           recompute_modules=row.get("recompute_modules"), capacity_factor=row.get("capacity_factor"))]
+
+
+def _with_mtp(args: tuple[str, ...], mtp_layers: int) -> tuple[str, ...]:
+    """A --pipeline-model-parallel-layout with the MTP layers: Megatron requires them in it, ``m``
+    each, in the last stage's last chunk before the loss (``pipeline_parallel_layer_layout.py``,
+    ``validate_layer_layout``: 'Number of mtp layers in layout must match mtp_num_layers')."""
+    flag = "--pipeline-model-parallel-layout"
+    if not mtp_layers or flag not in args:
+        return args
+    at = args.index(flag) + 1
+    layout = args[at]
+    mtp = "m" if mtp_layers == 1 else f"m*{mtp_layers}"
+    head, _, tail = layout.rpartition("L")
+    layout = head + (mtp + ",L" if head.endswith((",", "|")) or not head else "," + mtp + ",L") + tail
+    return (*args[:at], layout, *args[at + 1:])
 
 
 @functools.lru_cache(maxsize=4096)

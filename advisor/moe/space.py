@@ -5,25 +5,30 @@ Valid layouts follow megatron-core's ``parallel_state.initialize_model_parallel`
 grid is TP x CP x DP x PP; the expert grid reuses the same ranks as ETP x EP x EDP x PP, so
 ETP x EP must divide TP x CP x DP (world / PP), and EP must divide the experts. TP divides the
 heads (and the KV heads); sequence parallelism is on whenever TP > 1 (Megatron requires it for
-MoE with TP). Verdicts: seed 004's rule, fits <= threshold x memory, tight <= memory, oom.
+MoE with TP); VPP (with a GPU preset, as for dense rows) where Megatron interleaves: PP > 1,
+the microbatches a multiple of PP, at least v layers on every stage.
+
+The rows are priced, judged and ranked by the dense rows' own pieces: the training options
+(``advisor.options.TrainingOptions``, inside ``stage.MoEOptions``), the verdicts (seed 004's
+80% rule, ``advisor.paper_rule.classify``, or the calibrated model, ``advisor.verdicts``:
+fits / likely fits / likely oom / oom, with ``calibrated_terms`` on the MoE stage's buckets),
+and the ranking (``advisor.ranking.order``: the rows within the stated tolerance of the
+fastest ordered by ``advisor.ranking.simplicity``, smaller EP simpler).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from advisor import equations as eq
 from advisor.errors import AdvisorError
 from advisor.hardware import GpuSpec
 from advisor.moe import stage as st
-from advisor.moe import time as mt
 from advisor.moe.spec import MoESpec
 from advisor.parallel import Workload
-from advisor.throughput import terms
-from advisor.throughput.calibration import load_calibration
 
 GIB = 2**30
 RECOMPUTES = ("none", "selective", "full")
@@ -42,10 +47,19 @@ class Layouts:
     mbs: np.ndarray
     recompute: np.ndarray
     """Index into RECOMPUTES."""
+    vpp: np.ndarray
+    base: np.ndarray
+    """The (TP, CP, PP, EP, ETP, DP, MBS) each variant belongs to: one row is kept per base."""
+
+    def take(self, which) -> "Layouts":
+        return Layouts(*(getattr(self, f)[which] for f in Layouts.__dataclass_fields__))
+
+    def columns(self, which=slice(None)) -> dict:
+        return {k: getattr(self, k)[which] for k in ("tp", "cp", "pp", "ep", "etp", "dp", "mbs", "vpp")}
 
 
 def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: int, pp: int, ep: int, etp: int,
-                   mbs: int) -> str | None:
+                   mbs: int, vpp: int = 1) -> str | None:
     """Why megatron-core cannot run this layout, or None."""
     heads = spec.num_attention_heads
     groups = heads if spec.mla is not None else spec.num_query_groups
@@ -66,13 +80,17 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
     dp = gpus // (tp * cp * pp)
     if workload.global_batch_size % (mbs * dp):
         return f"global batch {workload.global_batch_size} is not a multiple of MBS x DP = {mbs * dp}"
+    m = workload.global_batch_size // (mbs * dp)
+    if vpp > 1 and (pp == 1 or min(st.split_layers(spec.num_layers, pp)) < vpp or m % pp):
+        return (f"VPP {vpp} needs PP > 1, at least {vpp} layers on every stage and the microbatches "
+                f"({m}) a multiple of PP {pp}")
     return None
 
 
-def enumerate_layouts(spec: MoESpec, workload: Workload, gpus: int, max_tp: int) -> Layouts:
-    """Every valid layout (``layout_problem``'s rules, vectorised): TP, CP, ETP, MBS powers of 2
-    (ETP up to TP, MBS up to 8); PP any divisor; EP any divisor of the experts; each with three
-    recomputation choices (none; selective: --recompute-modules; full)."""
+def _bases(spec: MoESpec, workload: Workload, gpus: int, max_tp: int) -> np.ndarray:
+    """Every valid (TP, CP, PP, EP, ETP, DP, MBS) (``layout_problem``'s rules, vectorised), as a
+    7 x n array: TP, CP, ETP, MBS powers of 2 (ETP up to TP, MBS up to 8); PP any divisor; EP any
+    divisor of the experts."""
     powers = np.array([2**i for i in range(int(math.log2(gpus)) + 1)])
     small = powers[powers <= max_tp]
     pps = np.array([p for p in range(1, min(gpus, spec.num_layers) + 1) if gpus % p == 0])
@@ -88,192 +106,283 @@ def enumerate_layouts(spec: MoESpec, workload: Workload, gpus: int, max_tp: int)
     ok &= (dp >= 1) & (gbs % np.maximum(mbs * dp, 1) == 0)
     if not ok.any():
         raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs satisfies megatron-core's constraints")
-    base = np.stack([tp, cp, pp, ep, etp, dp, mbs])[:, ok]
-    repeat = np.repeat(base, len(RECOMPUTES), axis=1)
-    return Layouts(*repeat, recompute=np.tile(np.arange(len(RECOMPUTES)), base.shape[1]))
+    return np.stack([tp, cp, pp, ep, etp, dp, mbs])[:, ok]
 
 
-def _by_recompute(func, layouts: Layouts, **kwargs):
-    """Call ``func(..., recompute=name)`` on each recomputation's subset, gathered back."""
-    out = None
+def enumerate_layouts(spec: MoESpec, workload: Workload, gpus: int, max_tp: int, interleave: bool = False) -> Layouts:
+    """Every valid layout, each with three recomputation choices (none; selective:
+    --recompute-modules; full) and, with ``interleave``, every VPP from 2 to the fewest layers
+    of a stage where Megatron interleaves (``layout_problem``)."""
+    base = _bases(spec, workload, gpus, max_tp)
+    n = base.shape[1]
+    vpps = [np.ones(n, dtype=np.int64)]
+    if interleave:
+        pp, m = base[2], workload.global_batch_size // (base[6] * base[5])
+        fewest = spec.num_layers // np.maximum(pp, 1)  # split_layers' smallest stage
+        can = (pp > 1) & (m % np.maximum(pp, 1) == 0)
+        for v in range(2, int(fewest[can].max(initial=1)) + 1):
+            vpps.append(np.where(can & (fewest >= v), v, 0))
+    vpp = np.stack(vpps)  # (V, n); 0: not a variant
+    index, ks = np.nonzero(vpp.T)  # per base, its VPPs in order
+    reps = len(RECOMPUTES)
+    which = np.repeat(index, reps)
+    return Layouts(*base[:, which], recompute=np.tile(np.arange(reps), len(index)),
+                   vpp=np.repeat(vpp[ks, index], reps), base=which)
+
+
+def _subsets(layouts: Layouts):
+    """(recompute name, indices) of each recomputation's subset."""
     for index, name in enumerate(RECOMPUTES):
-        which = layouts.recompute == index
-        if not which.any():
-            continue
-        part = func({k: getattr(layouts, k)[which] for k in ("tp", "cp", "pp", "ep", "etp", "dp", "mbs")},
-                    name, **kwargs)
-        if out is None:
-            out = {key: np.zeros(len(layouts.tp)) for key in part}
-        for key, value in part.items():
-            out[key][which] = value
+        which = np.flatnonzero(layouts.recompute == index)
+        if which.size:
+            yield name, which
+
+
+def _memory(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoEOptions, judge) -> dict:
+    """The peak stage of each layout over ``stage.representative_stages``: its total (the MoE
+    model's terms) and, with ``judge`` (the calibrated model), its calibrated usage, bytes."""
+    n = len(layouts.tp)
+    out = {key: np.zeros(n) for key in ("total", "states", "activations", "stage", "usage", "usage_stage")}
+    for recompute, which in _subsets(layouts):
+        columns = layouts.columns(which)
+        vpp = columns.pop("vpp")
+        m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
+        for stage in st.representative_stages(spec, columns["pp"]):
+            b = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=stage, recompute=recompute,
+                               vpp=vpp, **columns)
+            total = b.total
+            pick = total > out["total"][which]
+            out["total"][which] = np.where(pick, total, out["total"][which])
+            out["states"][which] = np.where(pick, b.model_states, out["states"][which])
+            out["activations"][which] = np.where(pick, b.activations + b.transient, out["activations"][which])
+            out["stage"][which] = np.where(pick, stage, out["stage"][which])
+            if judge is not None:
+                usage = judge(b, columns, stage, recompute)
+                pick = usage > out["usage"][which]
+                out["usage"][which] = np.where(pick, usage, out["usage"][which])
+                out["usage_stage"][which] = np.where(pick, stage, out["usage_stage"][which])
     return out
 
 
-def _memory(columns, recompute, *, spec, workload, options):
-    """The peak over the representative stages (``stage.representative_stages``)."""
-    m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
-    peak = None
-    for stage in st.representative_stages(spec, columns["pp"]):
-        b = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=stage, recompute=recompute,
-                           **columns)
-        fields = {"total": b.total, "states": b.model_states, "activations": b.activations + b.transient,
-                  "stage": stage * np.ones_like(b.total)}
-        if peak is None:
-            peak = fields
-        else:
-            pick = fields["total"] > peak["total"]
-            peak = {key: np.where(pick, fields[key], peak[key]) for key in fields}
-    return peak
+def calibrated_judge(spec: MoESpec, seq_len: int, options: st.MoEOptions, memory_gib: float):
+    """The calibrated model on MoE stage buckets: ``advisor.verdicts.calibrated_terms`` (its
+    runtime, allocator and loss terms, and its factors), with the layer activations (the
+    transient buffers with them) as counted: MoE terms are the tensors megatron-core keeps."""
+    from advisor.throughput.calibration import load_memory_calibration
+    from advisor.verdicts import calibrated_terms
+
+    calibration = load_memory_calibration()
+    memory_options = options.memory  # the estimator's view of the training options
+
+    def judge(b: st.StageBytes, columns: dict, stage, recompute: str):
+        terms = calibrated_terms(spec, seq_len, columns["mbs"], columns["tp"], columns["cp"], stage, columns["pp"],
+                                 recompute == "full", memory_options, calibration, memory_gib, layer_share=1.0)
+        return terms.stage_bytes(b.model_states, b.layer_activations + b.transient, b.embedding_activations,
+                                 b.output_activations)
+
+    return judge, calibration.band
 
 
-RECOMPUTE_PASSES = {"none": 3.0, "selective": 3.1, "full": 4.0}
-"""Compute passes of a layer per microbatch: forward and a backward of twice its FLOPs; full
-recomputation runs the forward again; selective recomputation of --recompute-modules moe_act,
-layernorm (and mla_up_proj) redoes elementwise work and MLA's up projections, taken as a tenth
-of a forward (an assumption)."""
+def _verdicts(memory: dict, memory_gib: float, threshold: float, band: float | None) -> np.ndarray:
+    """The paper's rule on the totals, or the calibrated verdicts on the usage: the dense rows'
+    own functions. Both grow monotonically with the memory, so each is called only where the
+    verdict changes (a bisection over the sorted values), not once per layout."""
+    from advisor.paper_rule import classify
+    from advisor.verdicts import verdict_for
+
+    values = (memory["total"] if band is None else memory["usage"]) / GIB
+    judge = (lambda v: classify(v, memory_gib, threshold)) if band is None else (lambda v: verdict_for(v, memory_gib,
+                                                                                                        band))
+    unique, inverse = np.unique(values, return_inverse=True)
+    verdicts = np.empty(len(unique), dtype=object)
+    start = 0
+    while start < len(unique):
+        kind = judge(float(unique[start]))
+        low, high = start, len(unique)  # the first index past ``kind``'s run
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if judge(float(unique[middle])) == kind else (low, middle)
+        verdicts[start:high] = kind
+        start = high
+    return verdicts[inverse.ravel()]
 
 
-def _times(columns, recompute, *, spec, workload, gpu, options, vpp: int = 1):
-    """Step time: 1F1B over the stages (Narayanan et al. 2021: m x the slowest stage + the
-    others' fill and drain), the exposed DP gradient reduce-scatter and parameter all-gather
-    (dense parts over DP x CP, experts over EDP, overlapped with the first stage's backward and
-    forward), Adam on the shards; ``vpp`` interleaved chunks divide the fill and drain. Communication of a layer runs once forward and once backward
-    (and again when fully recomputed)."""
-    cal = load_calibration()
-    rates = terms.Rates.of(gpu, cal)
-    c = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
-    dense_f, moe_f, comm, _ = mt.layer_times(spec, workload.seq_len, tp=c["tp"], cp=c["cp"], ep=c["ep"],
-                                             etp=c["etp"], mbs=c["mbs"], rates=rates,
-                                             imbalance=options.routing.imbalance)
-    passes = RECOMPUTE_PASSES[recompute]
-    moe_t = passes * (moe_f - comm) + (3.0 if recompute == "full" else 2.0) * comm
-    dense_t = passes * dense_f
-    most = np.ceil(spec.num_layers / c["pp"])  # the largest stage of split_layers
-    tokens = c["mbs"] * workload.seq_len / c["cp"]
-    head_f, head_b = terms.lm_head_time(spec, tokens, c["tp"], spec.vocab_size, rates)
-    overhead = cal.microbatch_overhead_s
-    total = spec.first_dense_layers * dense_t + spec.moe_layers * moe_t + head_f + head_b + c["pp"] * overhead
-    slowest = np.maximum(most * moe_t + overhead + np.where(c["pp"] == 1, head_f + head_b, 0), total / c["pp"])
-    m = workload.global_batch_size / (c["mbs"] * c["dp"])
-    pipeline = m * slowest + (total - slowest) / vpp  # interleaving shrinks the fill and drain v-fold
-    edp = c["tp"] * c["cp"] * c["dp"] / (c["etp"] * c["ep"])
-    first = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=0 * c["pp"],
-                           recompute=recompute, vpp=vpp, **columns)
-    dense_params = first.weights_gradients_optimizer / (6 + 12 / (c["dp"] * c["cp"]))
-    expert_params = first.expert_states / (6 + 12 / edp)
-    span = c["tp"] * c["cp"] * c["dp"]
-    reduce_d, gather_d = terms.data_parallel_time(dense_params, c["dp"] * c["cp"], span, rates)
-    reduce_e, gather_e = terms.data_parallel_time(expert_params, edp, span, rates)
-    dp_comm = (np.maximum(0.0, reduce_d + reduce_e - most * 2 * moe_f)
-               + np.maximum(0.0, gather_d + gather_e - most * moe_f))
-    optimizer = (terms.optimizer_time(dense_params, c["dp"] * c["cp"], rates)
-                 + terms.optimizer_time(expert_params, edp, rates))
-    step = pipeline + dp_comm + optimizer
-    vocab = eq.padded_vocab_size(spec.vocab_size, None, c["tp"])
-    flops = mt.megatron_flops_per_iteration(spec, workload.seq_len, workload.global_batch_size, vocab)
-    tflops = flops / (step * c["tp"] * c["cp"] * c["pp"] * c["dp"]) / 1e12
-    return {"step_time_s": step, "tflops_per_gpu": tflops, "mfu": tflops / gpu.bf16_dense_tflops,
-            "tokens_per_s": workload.global_batch_size * workload.seq_len / step,
-            "ep_comm_s": m * spec.moe_layers / c["pp"] * (3.0 if recompute == "full" else 2.0) * comm}
+def _judged(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoEOptions, judge, memory_gib: float,
+            threshold: float, band: float | None):
+    """(layouts, memory, verdicts) of the variants worth pricing: every one without interleaving,
+    and an interleaved one only where its plain sibling (same base and recomputation) is expected
+    to run: interleaving only adds memory (rank i holds p + (p - 1)/v - i ... >= p - i stages of
+    microbatches, ``schedule.forward_passes_in_flight``), so it cannot fit where that did not."""
+    plain = layouts.vpp == 1
+    first = layouts.take(plain)
+    memory = _memory(spec, workload, first, options, judge)
+    verdict = _verdicts(memory, memory_gib, threshold, band)
+    if plain.all():
+        return first, memory, verdict
+    from advisor.verdicts import EXPECTED_TO_RUN
+
+    runs = np.isin(verdict, EXPECTED_TO_RUN)
+    key = first.base * len(RECOMPUTES) + first.recompute
+    sibling = np.isin(layouts.base * len(RECOMPUTES) + layouts.recompute, key[runs])
+    rest = layouts.take(~plain & sibling)
+    if not len(rest.tp):
+        return first, memory, verdict
+    more = _memory(spec, workload, rest, options, judge)
+    both = np.concatenate([np.flatnonzero(plain), np.flatnonzero(~plain & sibling)])
+    order = np.argsort(both, kind="stable")  # back in enumeration order: a base's variants together
+    merged = layouts.take(both[order])
+    memory = {k: np.concatenate([memory[k], more[k]])[order] for k in memory}
+    verdict = np.concatenate([verdict, _verdicts(more, memory_gib, threshold, band)])[order]
+    return merged, memory, verdict
 
 
-def classify(total_gib, memory_gib: float, threshold: float):
-    return np.where(total_gib <= threshold * memory_gib, "fits", np.where(total_gib <= memory_gib, "tight", "oom"))
+def _one_variant_each(layouts: Layouts, verdict, speed, memory) -> np.ndarray:
+    """Per base layout, the variant (recomputation, VPP) kept: the fastest (with a GPU; else the
+    least recomputation, no interleaving) among those that fit, else among those expected to run
+    (tight, likely fits), else the one that needs the least memory."""
+    grade = np.select([verdict == "fits", np.isin(verdict, ("tight", "likely fits"))], [0, 1], 2)
+    key = np.where(grade == 2, memory, speed)
+    order = np.lexsort((key, grade, layouts.base))
+    first = np.r_[True, layouts.base[order][1:] != layouts.base[order][:-1]]
+    return order[first]
 
 
 @dataclass(frozen=True, slots=True)
 class SweepResult:
-    """The ranked layouts as columns (``order``: best first); rows are made only for what is shown."""
+    """The ranked layouts as columns (``order``: the ranked ones best first, then the rest by
+    memory); rows are made only for what is shown."""
 
     spec: MoESpec
     layouts: Layouts
     memory: dict
-    total_gib: np.ndarray
     verdict: np.ndarray
     timing: dict | None
     memory_gib: float
     options: st.MoEOptions
     order: np.ndarray
+    ranked: int
     considered: int
+    memory_model: str
+    tolerance: float | None
 
     @property
     def counts(self) -> dict:
-        """Verdicts of the layouts kept (one recomputation each)."""
-        return {v: int((self.verdict[self.order] == v).sum()) for v in ("fits", "tight", "oom")}
+        """Verdicts of the layouts kept (one variant each)."""
+        kinds = ("fits", "tight", "oom") if self.memory_model == "paper" else ("fits", "likely fits", "likely oom",
+                                                                                "oom")
+        return {v: int((self.verdict[self.order] == v).sum()) for v in kinds}
 
     def rows(self, include_oom: bool = False, limit: int | None = None) -> list[dict]:
-        chosen = self.order if include_oom else self.order[self.verdict[self.order] != "oom"]
-        ranked = int((self.verdict[self.order] != "oom").sum())
+        chosen = self.order if include_oom else self.order[:self.ranked]
         out = []
         for position, i in enumerate(chosen[:limit]):
-            row = _row(self.spec, self.layouts, i, self.memory, self.total_gib, self.verdict, self.timing,
-                       self.memory_gib, self.options)
-            row["rank"] = position + 1 if position < ranked and row["verdict"] != "oom" else None
+            row = self.row(i)
+            row["rank"] = position + 1 if position < self.ranked else None
             out.append(row)
         return out
 
+    def row(self, i: int) -> dict:
+        return _row(self.spec, self.layouts, i, self.memory, self.verdict, self.timing, self.memory_gib, self.options,
+                    self.memory_model)
+
     def least(self) -> dict:
         """The layout that needs the least memory (for the nothing-fits message)."""
-        i = int(np.argmin(self.total_gib))
-        return _row(self.spec, self.layouts, i, self.memory, self.total_gib, self.verdict, self.timing,
-                    self.memory_gib, self.options)
+        key = self.memory["total"] if self.memory_model == "paper" else self.memory["usage"]
+        return self.row(int(self.order[np.argmin(key[self.order])]))
 
 
-def _one_recompute_each(layouts: Layouts, verdict, speed) -> np.ndarray:
-    """Per base layout, the recomputation kept: the fastest (with a GPU; else the least
-    recomputation) among those that fit, else among those that are tight, else the one that
-    needs the least memory. The three variants of a base layout are consecutive."""
-    n = len(RECOMPUTES) if len(np.unique(layouts.recompute)) == len(RECOMPUTES) else 1
-    grade = np.select([verdict == "fits", verdict == "tight"], [0, 1], 2).reshape(-1, n)
-    key = grade * 1e9 + speed.reshape(-1, n)
-    return np.arange(0, len(verdict), n) + np.argmin(key, axis=1)
+def _rank(layouts: Layouts, kept: np.ndarray, verdict, memory: dict, timing, options: st.MoEOptions, memory_model: str,
+          tolerance: float) -> np.ndarray:
+    """The kept layouts in ``advisor.ranking.order``'s order (the dense rows' ranking: with a GPU
+    the fastest first, the rows within ``tolerance`` of it by simplicity; else the paper's rule),
+    then the rest by memory."""
+    from advisor.ranking import order, simplicity
+
+    usage = memory["total"] if memory_model == "paper" else memory["usage"]
+    fp8 = options.training.precision.fp8_format is not None
+    tflops = timing["tflops_per_gpu"] if timing else None
+    records = []
+    for i in kept.tolist():
+        tp, cp, pp, ep = int(layouts.tp[i]), int(layouts.cp[i]), int(layouts.pp[i]), int(layouts.ep[i])
+        vpp, mbs, recompute = int(layouts.vpp[i]), int(layouts.mbs[i]), RECOMPUTES[int(layouts.recompute[i])]
+        paper = (verdict[i] != "fits", recompute != "none", tp * cp * pp, -mbs, tp, pp, int(recompute == "full"),
+                 float(usage[i]), cp, vpp, ep)
+        simple = simplicity(pp=pp, vpp=vpp, recompute=recompute, recomputed_layers=int(recompute == "full"),
+                            model_parallel=tp * cp * pp, fsdp=False, offload=False, fp8=fp8, ep=ep)
+        records.append((i, verdict[i], paper, simple, None if tflops is None else float(tflops[i])))
+    ranked = order(records, "throughput" if timing else "paper", verdict=lambda r: r[1], paper_key=lambda r: r[2],
+                   tflops=lambda r: r[4], tolerance=tolerance if timing else 0.0, simplicity=lambda r: r[3])
+    first = np.array([r[0] for r in ranked], dtype=np.int64)
+    rest = np.setdiff1d(kept, first)
+    return np.concatenate([first, rest[np.argsort(usage[rest], kind="stable")]]), len(first)
 
 
 def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float = 0.8,
           max_tp: int = 8, gpu: GpuSpec | None = None, options: st.MoEOptions = st.MoEOptions(),
           ep: int | None = None, etp: int | None = None, even_split: bool = False,
-          recompute: str | None = None) -> SweepResult:
-    """Every valid layout with the recomputation it needs (or, with a GPU, the fastest that
-    fits), ranked: fits before tight, then (with a GPU) the shortest step, else the smallest
-    TP x CP x PP x EP; then the larger MBS. ``ep``/``etp`` pin those; ``even_split`` keeps PP
-    dividing the layers; ``recompute`` pins the recomputation (none, selective, full)."""
-    layouts = enumerate_layouts(spec, workload, gpus, max_tp)
+          recompute: str | None = None, memory_model: str | None = None, vpp: int | None = None,
+          tolerance: float | None = None) -> SweepResult:
+    """Every valid layout with the variant (recomputation, VPP) it needs, or with a GPU the
+    fastest expected to run, judged (``memory_model`` 'paper' or 'calibrated'; default:
+    calibrated with a GPU, as dense rows) and ranked (``_rank``). ``ep``/``etp``/``vpp`` pin
+    those; ``even_split`` keeps PP dividing the layers; ``recompute`` pins the recomputation."""
+    memory_model = memory_model or ("calibrated" if gpu is not None else "paper")
+    layouts = enumerate_layouts(spec, workload, gpus, max_tp, interleave=gpu is not None and vpp != 1)
     keep = np.ones(len(layouts.tp), dtype=bool)
+    for given, column in ((ep, layouts.ep), (etp, layouts.etp), (vpp, layouts.vpp)):
+        if given is not None:
+            keep &= column == given
     if even_split:
         keep &= spec.num_layers % layouts.pp == 0
     if recompute is not None:
         keep &= layouts.recompute == RECOMPUTES.index(recompute)
-    if ep is not None:
-        keep &= layouts.ep == ep
-    if etp is not None:
-        keep &= layouts.etp == etp
-    layouts = Layouts(*(getattr(layouts, f)[keep] for f in Layouts.__dataclass_fields__))
+    layouts = layouts.take(keep)
     if not len(layouts.tp):
         raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs with these choices (EP {ep or 'any'}, ETP "
-                           f"{etp or 'any'}" + (", an even split" if even_split else "")
+                           f"{etp or 'any'}, VPP {vpp or 'any'}" + (", an even split" if even_split else "")
                            + (f", recompute {recompute}" if recompute else "") + ")")
-    memory = _by_recompute(_memory, layouts, spec=spec, workload=workload, options=options)
-    total_gib = memory["total"] / GIB
-    verdict = classify(total_gib, memory_gib, threshold)
-    timing = _by_recompute(_times, layouts, spec=spec, workload=workload, gpu=gpu, options=options) if gpu else None
+    judge, band = calibrated_judge(spec, workload.seq_len, options, memory_gib) if memory_model == "calibrated" \
+        else (None, None)
+    layouts, memory, verdict = _judged(spec, workload, layouts, options, judge, memory_gib, threshold, band)
+    timing = _timing(spec, workload, layouts, gpu, options) if gpu else None
     if timing:
         speed = timing["step_time_s"]
-    else:  # the paper's rule: the least model parallelism, no recomputation first
-        speed = (layouts.tp * layouts.cp * layouts.pp * layouts.ep).astype(float) + layouts.recompute / 10
-    kept = _one_recompute_each(layouts, verdict, np.where(verdict == "oom", total_gib, speed))
-    # ties (CP trades against MBS at equal tokens per rank): the fewer CP ranks, then the larger MBS, smaller EP
-    order = kept[np.lexsort((layouts.ep[kept], -layouts.mbs[kept], layouts.cp[kept], speed[kept],
-                             verdict[kept] == "tight", verdict[kept] == "oom"))]
-    return SweepResult(spec, layouts, memory, total_gib, verdict, timing, memory_gib, options, order,
-                       considered=len(layouts.tp))
+    else:  # the least recomputation first, no interleaving
+        speed = layouts.recompute + layouts.vpp / 100.0
+    kept = _one_variant_each(layouts, verdict, speed, memory["total"] if band is None else memory["usage"])
+    if tolerance is None:
+        from advisor.ranking import ranking_tolerance
+
+        tolerance = ranking_tolerance()
+    order, ranked = _rank(layouts, kept, verdict, memory, timing, options, memory_model, tolerance)
+    return SweepResult(spec, layouts, memory, verdict, timing, memory_gib, options, order, ranked,
+                       considered=len(layouts.tp), memory_model=memory_model, tolerance=tolerance if timing else None)
 
 
-def _row(spec, layouts, i, memory, total_gib, verdict, timing, memory_gib, options) -> dict:
-    tp, cp, pp, ep, etp, dp, mbs = (int(layouts.tp[i]), int(layouts.cp[i]), int(layouts.pp[i]), int(layouts.ep[i]),
-                                    int(layouts.etp[i]), int(layouts.dp[i]), int(layouts.mbs[i]))
+def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, options: st.MoEOptions) -> dict:
+    """``time.step_times`` per recomputation's subset, gathered back."""
+    from advisor.moe import time as mt
+
+    out: dict = {}
+    for recompute, which in _subsets(layouts):
+        columns = layouts.columns(which)
+        m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
+        first = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=0 * columns["pp"],
+                               recompute=recompute, **columns)
+        part = mt.step_times(spec, workload.seq_len, workload.global_batch_size, columns, recompute, gpu=gpu,
+                             options=options, first_stage=first)
+        for key, value in part.items():
+            out.setdefault(key, np.zeros(len(layouts.tp)))[which] = value
+    return out
+
+
+def _row(spec, layouts, i, memory, verdict, timing, memory_gib, options, memory_model) -> dict:
+    tp, cp, pp, ep, etp, dp, mbs, vpp = (int(getattr(layouts, k)[i]) for k in ("tp", "cp", "pp", "ep", "etp", "dp",
+                                                                              "mbs", "vpp"))
     recompute = RECOMPUTES[int(layouts.recompute[i])]
+    total = float(memory["total"][i] / GIB)
     row = {"rank": None, "tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp, "mbs": mbs, "dp": dp,
-           "gpus": tp * cp * pp * dp, "edp": tp * cp * dp // (ep * etp), "vpp": 1,
+           "gpus": tp * cp * pp * dp, "edp": tp * cp * dp // (ep * etp), "vpp": vpp,
            "layers_per_stage": st.split_layers(spec.num_layers, pp), "recompute": recompute,
            "recompute_modules": sorted(options.recompute_modules(spec)) if recompute == "selective" else None,
            "recompute_method": "uniform" if recompute == "full" else None,
@@ -281,10 +390,13 @@ def _row(spec, layouts, i, memory, total_gib, verdict, timing, memory_gib, optio
            "dispatcher": options.dispatcher, "routing": options.routing.routing,
            "capacity_factor": options.routing.capacity_factor if options.routing.routing == "capacity" else None,
            "gradient_bytes": options.gradient_bytes, "distributed_optimizer": options.distributed_optimizer,
-           "imbalance": options.routing.imbalance,
-           "total_gib": float(total_gib[i]), "model_states_gib": float(memory["states"][i] / GIB),
+           "imbalance": options.routing.imbalance, "options": dict(_changed(options.training, recompute, tp > 1)),
+           "total_gib": total, "model_states_gib": float(memory["states"][i] / GIB),
            "activations_gib": float(memory["activations"][i] / GIB), "peak_stage": int(memory["stage"][i]),
-           "memory_fraction": float(total_gib[i] / memory_gib), "verdict": str(verdict[i])}
+           "memory_fraction": total / memory_gib, "verdict": str(verdict[i])}
+    if memory_model != "paper":
+        usage = float(memory["usage"][i] / GIB)
+        row.update(usage_gib=usage, margin_gib=memory_gib - usage, calibrated_peak_stage=int(memory["usage_stage"][i]))
     if timing is not None:
         row.update({key: float(value[i]) for key, value in timing.items()})
     return row
@@ -293,35 +405,51 @@ def _row(spec, layouts, i, memory, total_gib, verdict, timing, memory_gib, optio
 def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: int, ep: int, etp: int, dp: int,
                     mbs: int, vpp: int = 1, recompute: str = "none", memory_gib: float | None = None,
                     threshold: float = 0.8, gpu: GpuSpec | None = None,
-                    options: st.MoEOptions = st.MoEOptions()) -> dict:
-    """One layout: a sweep row's keys plus ``stages`` (every stage's bytes); AdvisorError when
-    megatron-core cannot run it."""
-    problem = layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs)
-    m = workload.global_batch_size / (mbs * dp)
-    if not problem and vpp > 1 and (pp == 1 or min(st.split_layers(spec.num_layers, pp)) < vpp or m % pp):
-        problem = (f"VPP {vpp} needs PP > 1, at least {vpp} layers on every stage and the microbatches "
-                   f"({m:g}) a multiple of PP {pp}")
+                    options: st.MoEOptions = st.MoEOptions(), memory_model: str | None = None) -> dict:
+    """One layout: a sweep row's keys (priced, judged as the sweep does) plus ``stages`` (every
+    stage's buckets); AdvisorError when megatron-core cannot run it."""
+    problem = layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs, vpp)
     if problem:
         raise AdvisorError(problem)
-    b = st.stage_bytes(spec, workload.seq_len, options, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, dp=dp, mbs=mbs,
-                       num_microbatches=m, stage=np.arange(pp), recompute=recompute, vpp=vpp)
+    memory_model = memory_model or ("calibrated" if gpu is not None and memory_gib is not None else "paper")
+    layouts = Layouts(*(np.array([x]) for x in (tp, cp, pp, ep, etp, dp, mbs, RECOMPUTES.index(recompute), vpp, 0)))
+    m = workload.global_batch_size / (mbs * dp)
+    columns = layouts.columns()
+    del columns["vpp"]
+    b = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=np.arange(pp), recompute=recompute,
+                       vpp=vpp, **{k: int(v[0]) for k, v in columns.items()})
+    judge, band = (calibrated_judge(spec, workload.seq_len, options, memory_gib) if memory_model == "calibrated"
+                   else (None, None))
+    usage = judge(b, {k: int(v[0]) for k, v in columns.items()}, np.arange(pp), recompute) if judge else b.total
     stages = [{"stage": i, "layers": int(b.layers[i]), "dense_layers": int(b.dense_layers[i]),
                "in_flight_microbatches": float(b.in_flight[i]),
-               "dense_states_gib": float(b.weights_gradients_optimizer[i] / GIB),
-               "expert_states_gib": float(b.expert_states[i] / GIB), "model_states_gib": float(b.model_states[i] / GIB),
-               "activations_gib": float(b.activations[i] / GIB), "transient_gib": float(b.transient[i] / GIB),
-               "total_gib": float(b.total[i] / GIB)} for i in range(pp)]
-    peak = int(np.argmax(b.total))
-    layouts = Layouts(*(np.array([x]) for x in (tp, cp, pp, ep, etp, dp, mbs, RECOMPUTES.index(recompute))))
+               **{f"{key}_gib": float(getattr(b, name)[i] / GIB) for name, key in STAGE_TERMS.items()},
+               "total_gib": float(b.total[i] / GIB),
+               **({"usage_gib": float(usage[i] / GIB)} if judge else {})} for i in range(pp)]
+    peak, top = int(np.argmax(b.total)), int(np.argmax(usage))
     memory = {"total": b.total[peak:peak + 1], "states": b.model_states[peak:peak + 1],
-              "activations": (b.activations + b.transient)[peak:peak + 1], "stage": np.array([peak])}
-    total = memory["total"] / GIB
+              "activations": (b.activations + b.transient)[peak:peak + 1], "stage": np.array([peak]),
+              "usage": np.asarray(usage)[top:top + 1], "usage_stage": np.array([top])}
     limit = np.inf if memory_gib is None else memory_gib
-    timing = _by_recompute(_times, layouts, spec=spec, workload=workload, gpu=gpu, options=options,
-                           vpp=vpp) if gpu else None
-    row = _row(spec, layouts, 0, memory, total, classify(total, limit, threshold), timing, limit, options)
-    row.update(vpp=vpp, model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
-               gpu=gpu.name if gpu else None, stages=stages)
+    verdict = _verdicts(memory, limit, threshold, band)
+    timing = _timing(spec, workload, layouts, gpu, options) if gpu else None
+    row = _row(spec, layouts, 0, memory, verdict, timing, limit, options, memory_model)
+    row.update(model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
+               gpu=gpu.name if gpu else None, memory_model=memory_model, stages=stages)
     if memory_gib is None:
         row.update(verdict=None, memory_fraction=None)
     return row
+
+
+STAGE_TERMS = {"weights_gradients_optimizer": "dense_states", "expert_states": "expert_states",
+               "fp8_weights": "fp8_weights", "model_states": "model_states", "layer_activations": "layer_activations",
+               "embedding_activations": "embedding_activations", "output_activations": "output_activations",
+               "activations": "activations", "transient": "transient"}
+"""The per-stage buckets an estimate shows (``stage.StageBytes`` field: its ``<key>_gib``)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _changed(training, recompute: str, tp_above_one: bool) -> tuple:
+    """A row's ``options`` (``TrainingOptions.changed`` with its recomputation), once per kind."""
+    row = training.with_(recompute=recompute, recompute_method="uniform", recompute_num_layers=1)
+    return tuple(row.at_tp(2 if tp_above_one else 1).changed().items())

@@ -18,34 +18,71 @@ import numpy as np
 
 from advisor import equations as eq
 from advisor import schedule
+from advisor import memory_levers as levers
+from advisor.moe import fp8 as fp8_terms
 from advisor.moe import memory as mm
+from advisor.moe import mtp as mtp_terms
 from advisor.moe import params
 from advisor.moe.spec import MoESpec
+from advisor.options import TrainingOptions
 
 Recompute = Literal["none", "selective", "full"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MoEOptions:
-    """MoE settings of a run (Megatron's flag names)."""
+    """MoE settings of a run (Megatron's flag names) beside its ``training`` options: the one
+    description (``advisor.options.TrainingOptions``) that dense rows are priced from too, whose
+    gradient dtype, optimizer sharding, DP overlap and FP8 the MoE terms read."""
 
     dispatcher: mm.Dispatcher = "alltoall"
     """--moe-token-dispatcher-type."""
     routing: mm.RoutedTokens = field(default_factory=mm.RoutedTokens)
     grouped_gemm: bool = True
     """--moe-grouped-gemm."""
-    gradient_bytes: int = 4
-    distributed_optimizer: bool = True
+    training: TrainingOptions = TrainingOptions()
+    """The run's training options (its recomputation is the row's, set per layout)."""
 
     modules: frozenset[str] | None = None
     """--recompute-modules of 'selective' recomputation; None: ``recompute_modules``' default."""
 
+    @property
+    def gradient_bytes(self) -> int:
+        return self.training.precision.gradient_bytes
+
+    @property
+    def distributed_optimizer(self) -> bool:
+        return self.training.data_parallel.distributed_optimizer
+
+    @property
+    def memory(self):
+        """The estimator's view of the precision (``MemoryOptions``: fp8_format, recipe, param
+        gather, amax history, element bytes), read by ``advisor.memory_levers``' FP8 terms."""
+        return _memory_options(self.training)
+
     def recompute_modules(self, spec: MoESpec) -> frozenset[str]:
         """What 'selective' recomputes (--recompute-modules): the given modules, or by default the
-        MoE activation and the norms, and MLA's up projections where the model has MLA."""
+        MoE activation and the norms, and MLA's up projections where the model has MLA. FP8 with
+        delayed scaling cannot recompute moe_act or layernorm (``transformer_config.py``,
+        ``__post_init__``: 'Delayed scaling does not support moe_act and layernorm recompute for
+        fp8'): then MLA's up projections alone, or core_attn (which saves nothing with fused
+        attention) without MLA."""
         if self.modules is not None:
             return self.modules
-        return frozenset({"moe_act", "layernorm"} | ({"mla_up_proj"} if spec.mla is not None else set()))
+        mla = {"mla_up_proj"} if spec.mla is not None else set()
+        if self.delayed_fp8:
+            return frozenset(mla or {"core_attn"})
+        return frozenset({"moe_act", "layernorm"} | mla)
+
+    @property
+    def delayed_fp8(self) -> bool:
+        precision = self.training.precision
+        return precision.fp8_format is not None and precision.fp8_recipe == "delayed"
+
+
+@functools.lru_cache(maxsize=64)
+def _memory_options(training: TrainingOptions):
+    return training.memory_options()
 
 
 def split_layers(num_layers: int, pp: int) -> list[int]:
@@ -77,19 +114,29 @@ def _stage_arrays(spec: MoESpec, pp, stage):
 
 @dataclass(frozen=True, slots=True)
 class StageBytes:
-    """Bytes per GPU of stages (arrays over layouts)."""
+    """Bytes per GPU of stages (arrays over layouts), in the buckets the calibrated model
+    corrects (``advisor.verdicts.calibrated_terms``): model states, the layers' activations, the
+    embedding's and the output's, and one layer's transient buffers."""
 
     layers: np.ndarray
     dense_layers: np.ndarray
     in_flight: np.ndarray
     weights_gradients_optimizer: np.ndarray
     expert_states: np.ndarray
-    activations: np.ndarray
+    fp8_weights: np.ndarray
+    """Transformer Engine's FP8 weight copies and amax history (``advisor.moe.fp8``); 0 in BF16."""
+    layer_activations: np.ndarray
+    embedding_activations: np.ndarray
+    output_activations: np.ndarray
     transient: np.ndarray
 
     @property
     def model_states(self):
-        return self.weights_gradients_optimizer + self.expert_states
+        return self.weights_gradients_optimizer + self.expert_states + self.fp8_weights
+
+    @property
+    def activations(self):
+        return self.layer_activations + self.embedding_activations + self.output_activations
 
     @property
     def total(self):
@@ -97,12 +144,39 @@ class StageBytes:
 
 
 def _dense_layer_activations(spec: MoESpec, s, b, tp, cp, modules: frozenset[str] = frozenset()):
-    """A dense layer (DeepSeek-V3's first three): the attention block's terms and the MLP's
-    (seed 004's 2sb(h + 4 h_ffn) with the pre-MLP norm input 2sbh), over t c;
-    --recompute-modules mlp keeps only the MLP's input (2sbh), mla_up_proj as in the MoE layers."""
-    mlp = eq.mlp_activation_bytes(spec, s, 1) if "mlp" not in modules else 2 * s * spec.hidden_size
+    """A dense layer (DeepSeek-V3's first three): the attention block's terms and the MLP's with
+    Megatron's fused SwiGLU (``fusions/fused_bias_swiglu.py``: it saves its input, FC1's output
+    2 h_ffn, and FC2 saves its own, h_ffn: seed 004's 2sb(h + 4 h_ffn) less 2 s b h_ffn, as
+    ``memory_terms.swiglu_fusion_fraction`` corrects dense layers) with the pre-MLP norm input
+    2sbh, over t c; --recompute-modules mlp keeps only the MLP's input (2sbh), mla_up_proj as in
+    the MoE layers."""
+    fused = eq.mlp_activation_bytes(spec, s, 1) - 2 * s * spec.ffn_hidden_size
+    mlp = fused if "mlp" not in modules else 2 * s * spec.hidden_size
     attention = mm.attention_activation_bytes(spec, s, b, tp, cp, "mla_up_proj" in modules)
     return attention + (mlp + 2 * s * spec.hidden_size) * b / (tp * cp)
+
+
+def _model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, stage, dense, moe_layers, mtp):
+    """(dense states, expert states, FP8 weights) of a stage: dense parts over DP x CP, experts
+    over EDP = t c d / (etp ep); ``mtp`` MTP layers (and their embedding copy) on it."""
+    edp = tp * cp * dp // (etp * ep)
+    state = options.gradient_bytes + mm.BF16
+    shards = np.where(options.distributed_optimizer, dp * cp, 1)
+    vocab = eq.padded_vocab_size(spec.vocab_size, None, tp)
+    ends = np.where(stage == 0, eq.embedding_parameters(spec, tp, vocab), 0) + np.where(
+        stage == pp - 1, eq.embedding_parameters(spec, tp, vocab) + spec.hidden_size, 0)
+    ends = ends + mtp * mtp_terms.dense_parameters(spec, tp) + np.where(
+        mtp > 0, mtp_terms.embedding_copy_parameters(spec, tp, pp, vocab), 0.0)
+    dense_params = dense * params.dense_layer_parameters(spec, tp) + ends
+    dense_states = dense_params * (state + eq.OPTIMIZER_BYTES / shards) + mm.moe_dense_state_bytes(
+        spec, tp, shards, moe_layers, gradient_bytes=options.gradient_bytes,
+        distributed_optimizer=options.distributed_optimizer)
+    expert_states = mm.expert_state_bytes(spec, ep, etp, edp, moe_layers + mtp, gradient_bytes=options.gradient_bytes,
+                                          distributed_optimizer=options.distributed_optimizer)
+    fp8 = options.memory
+    fp8_weights = ((moe_layers + mtp) * fp8_terms.weight_bytes(spec, tp, ep, etp, fp8)
+                   + dense * fp8_terms.weight_bytes(spec, tp, ep, etp, fp8, dense=True))
+    return dense_states, expert_states, fp8_weights
 
 
 def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp, ep, etp, dp, mbs,
@@ -111,26 +185,26 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     experts over the expert-data-parallel group gpus / (etp ep pp)), activations of the
     microbatches in flight (1F1B: p - i; interleaved with ``vpp`` chunks: Megatron's warm-up,
     ``advisor.schedule.forward_passes_in_flight`` over v, in whole-stage units), and one layer's
-    transient dispatcher and expert buffers plus the grouped GEMM workspace."""
+    transient dispatcher and expert buffers plus the grouped GEMM workspace. FP8
+    (``advisor.moe.fp8``) adds its weight copies and saves activations; the MTP layers
+    (``advisor.moe.mtp``) sit on the last stage, their activations counted once, as the
+    output's (the last stage's one microbatch in flight)."""
     tp, cp, pp, ep, etp, dp, mbs, stage = (np.asarray(x) for x in (tp, cp, pp, ep, etp, dp, mbs, stage))
     layers, dense = _stage_arrays(spec, pp, stage)
     moe_layers = layers - dense
-    edp = tp * cp * dp // (etp * ep)
-    state = options.gradient_bytes + mm.BF16
-    shards = np.where(options.distributed_optimizer, dp * cp, 1)
-    vocab = eq.padded_vocab_size(spec.vocab_size, None, tp)
-    ends = np.where(stage == 0, eq.embedding_parameters(spec, tp, vocab), 0) + np.where(
-        stage == pp - 1, eq.embedding_parameters(spec, tp, vocab) + spec.hidden_size, 0)
-    dense_params = dense * params.dense_layer_parameters(spec, tp) + ends
-    dense_states = dense_params * (state + eq.OPTIMIZER_BYTES / shards) + mm.moe_dense_state_bytes(
-        spec, tp, shards, moe_layers, gradient_bytes=options.gradient_bytes,
-        distributed_optimizer=options.distributed_optimizer)
-    expert_states = mm.expert_state_bytes(spec, ep, etp, edp, moe_layers, gradient_bytes=options.gradient_bytes,
-                                          distributed_optimizer=options.distributed_optimizer)
+    mtp = np.where(stage == pp - 1, spec.mtp_num_layers, 0)
+    dense_states, expert_states, fp8_weights = _model_states(spec, options, tp, cp, pp, ep, etp, dp, stage, dense,
+                                                             moe_layers, mtp)
     in_flight = schedule.forward_passes_in_flight(stage, pp, vpp, num_microbatches) / np.asarray(vpp)
     modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
+    tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
+    copies = mm.expert_token_copies(spec, tokens, ep, etp, options.routing)
     moe_act = mm.moe_layer_activation_bytes(spec, seq_len, mbs, tp, cp, ep, etp, options.routing, modules)
     dense_act = _dense_layer_activations(spec, seq_len, mbs, tp, cp, modules)
+    if recompute != "full" and "moe" not in modules:  # FP8 GEMM inputs saved in 1 byte
+        moe_act = moe_act - fp8_terms.activation_saving(spec, seq_len, mbs, tp, cp, copies, etp, options.memory,
+                                                        modules)
+        dense_act = dense_act - sum(levers.fp8_activation_saving(spec, seq_len, mbs, options.memory)) / (tp * cp)
     per_microbatch = moe_layers * moe_act + dense * dense_act
     if recompute == "full":  # every layer keeps its input; one layer is rebuilt at a time
         checkpoint = eq.layer_checkpoint_bytes(spec, seq_len, mbs) / (tp * cp)
@@ -138,25 +212,31 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
         rebuilt = np.where(moe_layers > 0, moe_act, dense_act)
     else:
         rebuilt = 0.0
+    vocab = eq.padded_vocab_size(spec.vocab_size, None, tp)
     embedding = np.where(stage == 0, eq.embedding_activation_bytes(spec, seq_len, mbs) / (tp * cp), 0.0)
     output = np.where(stage == pp - 1, (eq.output_hidden_activation_bytes(spec, seq_len, mbs)
                                         + eq.logits_bytes(spec, seq_len, mbs, vocab)) / (tp * cp), 0.0)
-    activations = in_flight * (per_microbatch + embedding) + output + rebuilt
-    tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
-    copies = mm.expert_token_copies(spec, tokens, ep, etp, options.routing)
+    mtp_layer, mtp_embedding, mtp_output = mtp_terms.activation_bytes(spec, seq_len, mbs, tp, cp, vocab, moe_act)
     transient = np.where(moe_layers > 0, mm.dispatcher_buffer_bytes(spec, tokens, copies, tp, ep, options.dispatcher)
                          + mm.expert_transient_bytes(spec, copies, etp)
                          + mm.grouped_gemm_workspace_bytes(options.grouped_gemm), 0.0)
+    ones = np.ones_like(layers, dtype=float)
     return StageBytes(layers=layers, dense_layers=dense, in_flight=in_flight * np.ones_like(layers),
-                      weights_gradients_optimizer=dense_states, expert_states=expert_states,
-                      activations=activations, transient=transient)
+                      weights_gradients_optimizer=dense_states * ones, expert_states=expert_states * ones,
+                      fp8_weights=fp8_weights * ones,
+                      layer_activations=(in_flight * per_microbatch + rebuilt + mtp * mtp_layer) * ones,
+                      embedding_activations=(in_flight * embedding + mtp * mtp_embedding) * ones,
+                      output_activations=(output + mtp * mtp_output) * ones, transient=transient * ones)
 
 
 def representative_stages(spec: MoESpec, pp) -> list:
-    """The stages whose peak bounds every stage's: the first, the second, the first of the
-    stages with an extra layer, the last (in-flight microbatches fall with the stage index, and
-    the middle stages differ only in that and in one extra layer)."""
+    """The stages whose peak bounds every stage's: the first ``first_dense_layers`` + 1 (those
+    holding dense layers, and the first all-MoE one: each stage has at least one layer, so it is
+    at most stage ``first_dense_layers``), the first of the stages with an extra layer, the last
+    (in-flight microbatches fall with the stage index, and the other middle stages differ only in
+    that and in one extra layer)."""
     pp = np.asarray(pp)
     extra = spec.num_layers % pp
     first_extra = np.where(extra <= pp - 2, np.maximum(1, pp - 1 - extra), pp - extra)
-    return [np.zeros_like(pp), np.minimum(1, pp - 1), np.minimum(first_extra, pp - 1), pp - 1]
+    leading = [np.minimum(k, pp - 1) for k in range(max(2, spec.first_dense_layers + 1))]
+    return [*leading, np.minimum(first_extra, pp - 1), pp - 1]

@@ -107,8 +107,13 @@ def _stage_segments(estimate, calibrated) -> list[dict]:
 
 
 def layout_detail(row: dict) -> LayoutDetail:
-    """The detail of a sweep row or an estimate (their JSON)."""
+    """The detail of a sweep row or an estimate (their JSON); an MoE row's by its own terms
+    (``advisor.report.moe_detail``)."""
     from advisor.memory import estimate_memory
+    from advisor.report.moe_detail import is_moe_row
+
+    if is_moe_row(row):
+        return _moe_detail(row)
 
     spec = row_spec(row)
     training = row_options(row)
@@ -133,6 +138,22 @@ def layout_detail(row: dict) -> LayoutDetail:
                         threshold_gib=threshold, stages=_stage_segments(estimate, calibrated),
                         model_name="calibrated" if calibrated is not None else "Eq. 18", time_parts=parts,
                         forward_s=forward, backward_s=backward)
+
+
+def _moe_detail(row: dict) -> LayoutDetail:
+    """An MoE row: its stages' MoE terms (dense and expert states, FP8 weights, the activation
+    buckets, the dispatcher's buffers); the schedule in layer units (the MoE time model prices the
+    step, not each rank's microbatch)."""
+    from advisor.report.moe_detail import moe_stages
+
+    stages, calibrated, spec = moe_stages(row)
+    memory = number(row, "memory_gib")
+    pp, vpp = row["pp"], row.get("vpp") or 1
+    return LayoutDetail(label=row_label(row), pp=pp, vpp=vpp,
+                        num_microbatches=max(1, row["global_batch_size"] // (row["mbs"] * row["dp"])),
+                        memory_gib=memory, threshold_gib=0.8 * memory if memory and not calibrated else None,
+                        stages=stages, model_name="calibrated MoE" if calibrated else "MoE", time_parts=None,
+                        forward_s=None, backward_s=None)
 
 
 def _times(row, spec, parallel, workload, layers, training):

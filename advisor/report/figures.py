@@ -17,7 +17,7 @@ from advisor.report.inputs import memory_share, number
 
 PANEL_ROWS = 70
 """Layouts per heatmap panel; more panels side by side beyond it."""
-SEGMENT_COLOURS = ("#4c72b0", "#6f8fc7", "#9db3dc", "#dd8452", "#e8a677", "#f2c7a6", "#8c8c8c")
+SEGMENT_COLOURS = ("#4c72b0", "#6f8fc7", "#9db3dc", "#dd8452", "#e8a677", "#f2c7a6", "#8c8c8c", "#55a868")
 PART_COLOURS = {"compute_s": "#4c72b0", "tp_comm_s": "#dd8452", "cp_comm_s": "#c44e52", "pp_comm_s": "#937860",
                 "overhead_s": "#8c8c8c", "bubble_s": "#e6e6e6", "dp_comm_s": "#55a868", "optimizer_s": "#8172b3",
                 "data_wait_s": "#da8bc3"}
@@ -177,8 +177,9 @@ def stage_memory(detail: LayoutDetail, name: str) -> str:
     from advisor.report.bars import stacked_columns
 
     keys = list(detail.stages[0]) if detail.stages else []
-    series = [(key, SEGMENT_COLOURS[SEGMENTS.index(key)] if key in SEGMENTS else SEGMENT_COLOURS[0],
-               [stage[key] for stage in detail.stages]) for key in keys]
+    # dense rows: SEGMENTS' colours; an MoE row's own segments (advisor.report.moe_detail) by position
+    series = [(key, SEGMENT_COLOURS[SEGMENTS.index(key) if key in SEGMENTS else i % len(SEGMENT_COLOURS)],
+               [stage[key] for stage in detail.stages]) for i, key in enumerate(keys)]
     series = [entry for entry in series if any(entry[2])]
     lines = []
     if detail.memory_gib:

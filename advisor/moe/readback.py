@@ -1,0 +1,163 @@
+"""A command line's mixture-of-experts flags read back: the inverse of ``advisor.moe.flags`` (the
+flags an MoE sweep row carries), for ``advisor estimate --from-command``.
+
+Megatron's defaults for what a command leaves out (core_v0.15.2 ``megatron/training/arguments.py``):
+--moe-ffn-hidden-size defaults to --ffn-hidden-size, --expert-tensor-parallel-size to TP
+(``validate_args``), --expert-model-parallel-size to 1, --moe-token-dispatcher-type to
+allgather, --moe-layer-freq to 1 (every layer an MoE layer), the router's score function to
+softmax. What the MoE model does not price is named, never dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from advisor.errors import AdvisorError
+from advisor.models import LlamaSpec
+
+VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size",
+          "moe-layer-freq", "moe-router-score-function", "moe-router-num-groups", "moe-router-group-topk",
+          "moe-router-topk-scaling-factor", "moe-router-load-balancing-type", "q-lora-rank", "kv-lora-rank",
+          "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim", "rope-type", "rotary-scaling-factor", "mscale",
+          "mscale-all-dim", "mtp-num-layers", "expert-model-parallel-size", "expert-tensor-parallel-size",
+          "moe-token-dispatcher-type", "moe-expert-capacity-factor", "moe-aux-loss-coeff",
+          "original-max-position-embeddings", "moe-router-dtype"}
+SWITCHES = {"moe-grouped-gemm", "qk-layernorm", "moe-router-enable-expert-bias", "multi-latent-attention",
+            "moe-router-force-load-balancing"}
+MULTI = {"recompute-modules"}
+HARMLESS = {"moe-router-load-balancing-type", "moe-aux-loss-coeff", "original-max-position-embeddings",
+            "moe-router-dtype"}
+"""Read and known not to change the price: the balancing loss's kind and weight (a few FLOPs on
+E-wide tensors), YaRN's original context (fixed by Megatron's MLA config), the router's dtype
+(its logits are priced in FP32, ``memory.router_activation_bytes``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoERead:
+    """The MoE part of a command: the layout's EP and ETP, and the keyword arguments of
+    ``advisor.cli.moe.moe_settings`` (dispatcher, routing, recomputed modules, MTP)."""
+
+    ep: int
+    etp: int
+    settings: dict
+
+
+def take(rest: list[str]) -> tuple[dict, list[str]]:
+    """(the MoE flags' values, the other arguments) of ``rest``; None when it has no --num-experts."""
+    values: dict = {}
+    other: list[str] = []
+    i = 0
+    while i < len(rest):
+        name, has_value, value = rest[i][2:].partition("=")
+        if name in SWITCHES and not has_value:
+            values[name], i = True, i + 1
+        elif name in VALUED | MULTI:
+            end = i + 1
+            while end < len(rest) and not rest[end].startswith("--"):
+                end += 1
+            words = [value] if has_value else rest[i + 1:end]
+            if name in VALUED and len(words) != 1:
+                raise AdvisorError(f"--{name} takes one value, got {len(words)}")
+            values[name], i = (words if name in MULTI else words[0]), (i + 1 if has_value else end)
+        else:
+            other.append(rest[i])
+            i += 1
+    return values, other
+
+
+def _int(values: dict, name: str, default=None):
+    text = values.get(name)
+    if text is None:
+        return default
+    try:
+        number = int(text)
+    except ValueError:
+        raise AdvisorError(f"--{name} must be an integer, got {text!r}") from None
+    if number < (0 if name == "mtp-num-layers" else 1):
+        raise AdvisorError(f"--{name} must be positive, got {number}")
+    return number
+
+
+def _float(values: dict, name: str, default=None):
+    text = values.get(name)
+    if text is None:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise AdvisorError(f"--{name} must be a number, got {text!r}") from None
+
+
+def first_dense_layers(text: str, num_layers: int) -> int:
+    """--moe-layer-freq as the leading dense layers it gives: 1, or a pattern of leading zeros
+    then ones, '([0]*k+[1]*(L-k))' (``moe_freq_type``'s list); another pattern is not priced."""
+    if text.strip() == "1":
+        return 0
+    match = re.fullmatch(r"\(?\[0\]\*(\d+)\+\[1\]\*(\d+)\)?", text.replace(" ", ""))
+    if not match or int(match.group(1)) + int(match.group(2)) != num_layers:
+        raise AdvisorError(f"--moe-layer-freq {text!r}: only leading dense layers then MoE layers are priced "
+                           f"('([0]*k+[1]*{num_layers}-k)' or 1)")
+    return int(match.group(1))
+
+
+def _mla_and_yarn(values: dict):
+    from advisor.moe.spec import MLA, YarnScaling
+
+    mla = None
+    if values.get("multi-latent-attention"):
+        mla = MLA(q_lora_rank=_int(values, "q-lora-rank"), kv_lora_rank=_int(values, "kv-lora-rank", 32),
+                  qk_head_dim=_int(values, "qk-head-dim", 128),
+                  qk_pos_emb_head_dim=_int(values, "qk-pos-emb-head-dim", 64),
+                  v_head_dim=_int(values, "v-head-dim", 128))
+    yarn = None
+    if values.get("rope-type") == "yarn":  # MLATransformerConfig's fixed beta_fast 32, beta_slow 1, context 4096
+        yarn = YarnScaling(factor=_float(values, "rotary-scaling-factor", 1.0), original_max_position_embeddings=4096,
+                           beta_fast=32.0, beta_slow=1.0, mscale=_float(values, "mscale", 1.0),
+                           mscale_all_dim=_float(values, "mscale-all-dim", 0.0))
+    elif values.get("rope-type") not in (None, "rope"):
+        raise AdvisorError(f"--rope-type {values['rope-type']!r} is not priced (rope or yarn)")
+    return mla, yarn
+
+
+def moe_spec(dense: LlamaSpec, values: dict):
+    """The MoESpec the dense spec and the MoE flags describe."""
+    from advisor.moe.spec import MoESpec
+
+    score = values.get("moe-router-score-function", "softmax")
+    if score not in ("softmax", "sigmoid"):
+        raise AdvisorError(f"--moe-router-score-function {score!r} is not priced (softmax or sigmoid)")
+    mla, yarn = _mla_and_yarn(values)
+    fields = {name: getattr(dense, name) for name in dense.__dataclass_fields__}
+    return MoESpec(**fields, num_experts=_int(values, "num-experts"),
+                   moe_router_topk=_int(values, "moe-router-topk", 2),
+                   moe_ffn_hidden_size=_int(values, "moe-ffn-hidden-size", dense.ffn_hidden_size),
+                   shared_expert_size=_int(values, "moe-shared-expert-intermediate-size", 0) or 0,
+                   first_dense_layers=first_dense_layers(values.get("moe-layer-freq", "1"), dense.num_layers),
+                   qk_layernorm=bool(values.get("qk-layernorm")), score_function=score,
+                   expert_bias=bool(values.get("moe-router-enable-expert-bias")),
+                   router_num_groups=_int(values, "moe-router-num-groups"),
+                   router_group_topk=_int(values, "moe-router-group-topk"),
+                   router_topk_scaling_factor=_float(values, "moe-router-topk-scaling-factor"), mla=mla, yarn=yarn,
+                   mtp_num_layers=_int(values, "mtp-num-layers", 0))
+
+
+def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
+    """(EP, ETP and the settings, what is not priced) of the MoE flags."""
+    unpriced = []
+    if not values.get("moe-grouped-gemm"):
+        unpriced.append("no --moe-grouped-gemm (sequential experts; priced as grouped GEMMs)")
+    if values.get("moe-router-force-load-balancing"):
+        unpriced.append("--moe-router-force-load-balancing (priced as balanced routing, which it forces)")
+    capacity = _float(values, "moe-expert-capacity-factor")
+    modules = values.get("recompute-modules")
+    if modules is not None and recompute != "selective":
+        unpriced.append("--recompute-modules without --recompute-granularity selective")
+    settings = {"dispatcher": values.get("moe-token-dispatcher-type", "allgather"),
+                "moe_routing": "capacity" if capacity is not None else "balanced", "capacity_factor": capacity,
+                "moe_imbalance": 1.0, "recompute_modules": tuple(modules or ()),
+                "mtp_num_layers": _int(values, "mtp-num-layers", 0)}
+    if settings["dispatcher"] not in ("alltoall", "allgather", "flex"):
+        raise AdvisorError(f"--moe-token-dispatcher-type {settings['dispatcher']!r} is not one of Megatron's")
+    ep = _int(values, "expert-model-parallel-size", 1)
+    return MoERead(ep=ep, etp=_int(values, "expert-tensor-parallel-size", tp), settings=settings), unpriced

@@ -1,0 +1,71 @@
+"""One MoE layout in detail (a sweep row or an estimate of ``advisor.moe``): its per-stage terms
+as ``advisor.moe.space.estimate_layout`` prices them from the row (EP, ETP, VPP, the dispatcher,
+the routing assumption, the training options with FP8, the MTP layers in the model), the
+calibrated model's additions where the row was judged by it. Nothing is priced here.
+"""
+
+from __future__ import annotations
+
+from advisor.errors import AdvisorError
+from advisor.report.inputs import number
+
+MOE_SEGMENTS = ("dense states", "expert states", "FP8 weights", "layer activations", "embedding activations",
+                "output activations", "dispatcher and expert buffers", "runtime, allocator, logits, mask")
+"""Stacked memory of an MoE stage, bottom to top (``advisor.moe.stage.StageBytes``' buckets); the
+last is the calibrated model's addition (its factors are applied to the activation buckets)."""
+_KEYS = ("dense_states_gib", "expert_states_gib", "fp8_weights_gib", "layer_activations_gib",
+         "embedding_activations_gib", "output_activations_gib", "transient_gib")
+
+
+def is_moe_row(row: dict) -> bool:
+    return isinstance(row.get("model"), dict) and "num_experts" in row["model"]
+
+
+def _settings(row: dict):
+    from advisor.moe.memory import RoutedTokens
+    from advisor.moe.stage import MoEOptions
+    from advisor.options import TrainingOptions
+
+    modules = row.get("recompute_modules")
+    try:
+        training = TrainingOptions.from_dict({k: v for k, v in (row.get("options") or {}).items()
+                                              if not k.startswith("recompute")})
+        return MoEOptions(dispatcher=row.get("dispatcher") or "alltoall", training=training,
+                          routing=RoutedTokens(routing=row.get("routing") or "balanced",
+                                               capacity_factor=row.get("capacity_factor"),
+                                               imbalance=row.get("imbalance") or 1.0),
+                          modules=frozenset(modules) if modules else None)
+    except (AdvisorError, TypeError) as exc:
+        raise AdvisorError(f"the MoE row's options cannot be read: {exc}") from None
+
+
+def moe_stages(row: dict) -> tuple[list[dict], bool, object]:
+    """(per stage each of MOE_SEGMENTS in GiB, whether calibrated, the spec) of an MoE row."""
+    from advisor.hardware import get_gpu
+    from advisor.moe.space import estimate_layout
+    from advisor.moe.spec import spec_from_dict
+    from advisor.parallel import Workload
+
+    spec = spec_from_dict(row["model"])
+    memory = number(row, "memory_gib")
+    calibrated = row.get("memory_model") == "calibrated" and bool(memory)
+    estimate = estimate_layout(
+        spec, Workload(seq_len=row["seq_len"], global_batch_size=row["global_batch_size"]), tp=row["tp"], cp=row["cp"],
+        pp=row["pp"], ep=row["ep"], etp=row["etp"], dp=row["dp"], mbs=row["mbs"], vpp=row.get("vpp") or 1,
+        recompute=row.get("recompute") or "none", memory_gib=memory,
+        gpu=get_gpu(row["gpu"]) if row.get("gpu") else None,
+        options=_settings(row), memory_model="calibrated" if calibrated else "paper")
+    stages = []
+    for stage in estimate["stages"]:
+        values = [stage[key] for key in _KEYS]
+        added = stage["usage_gib"] - stage["total_gib"] if calibrated else 0.0
+        if calibrated:  # the calibrated factors act on the activations; the rest of the difference is added
+            from advisor.throughput.calibration import load_memory_calibration
+
+            cal = load_memory_calibration()
+            scaled = [cal.activation_factor * values[3], cal.activation_factor / spec.hidden_size * values[4],
+                      cal.activation_factor * values[5], cal.activation_factor * values[6]]
+            added -= sum(scaled) - (values[3] + values[4] + values[5] + values[6])
+            values[3:7] = scaled
+        stages.append(dict(zip(MOE_SEGMENTS, [*values, added])))
+    return stages, calibrated, spec
