@@ -259,15 +259,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
 
         torch.cuda.get_device_capability = lambda device=None: (options.device_arch, 0)
-<<<<<<< HEAD
-    _remember_field_docstrings()
-    if cases is not None:
-        json.dump([_run_case(case) for case in cases], sys.stdout)
-        return 0
-    for line in sys.stdin:
-        sys.stdout.write(json.dumps([_run_case(case) for case in json.loads(line)]) + "\n")
-        sys.stdout.flush()
-=======
         # MoE with --fp8-format: TransformerConfig asks Transformer Engine's version
         # (is_te_min_version("1.7.0.dev0"), "1.11.0" with grouped GEMMs); TE needs CUDA and is not
         # installed here, so, where it is absent, the version answers TE_STAND_IN.
@@ -277,9 +268,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if core_utils.get_te_version() in (None, Version("0.0.0")):  # 0.15.2: None; 0.19.0: 0.0.0
             core_utils._te_version = Version(TE_STAND_IN)
-    results = [_run_case(case) for case in cases]
-    json.dump(results, sys.stdout)
->>>>>>> moe-price
+    _remember_field_docstrings()
+    if cases is not None:
+        json.dump([_run_case(case) for case in cases], sys.stdout)
+        return 0
+    for line in sys.stdin:
+        sys.stdout.write(json.dumps([_run_case(case) for case in json.loads(line)]) + "\n")
+        sys.stdout.flush()
     return 0
 
 
