@@ -100,6 +100,10 @@ class StageEmulation:
     """Intra-op threads per process; default: the machine's cores / (tp x dp)."""
     seed: int = 1234
     run_id: str = field(default_factory=lambda: f"emulated-{uuid.uuid4().hex[:12]}")
+    every_microbatch: bool = False
+    """Run all ``num_microbatches`` of each iteration. Off, the symbolic backend runs only those
+    that reach a new state of the 1F1B schedule (``steady_microbatches``); the CPU backend always
+    runs them all (its times are means over them)."""
     memory_limit_bytes: int | None = None
     """The memory of the emulated GPU: an allocation that takes the tracked bytes of a process
     above it raises ``torch.OutOfMemoryError``, which the rank file records (status "oom").
@@ -216,6 +220,19 @@ def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[tuple[str, i
     return order
 
 
+def steady_microbatches(stage: int, stages: int, microbatches: int) -> int:
+    """How many microbatches of a 1F1B stage reach every memory state of its iteration: the
+    warm-up forwards and one steady forward-backward pair, ``w + 1`` (or all ``m`` when the
+    warm-up is all of them). Each later steady pair starts and ends holding the same ``w``
+    microbatches' activations and runs the same shapes, so it repeats the first pair's
+    allocations exactly, and the cool-down of ``w`` backwards is the same after any number of
+    pairs; the per-module terms are maxima over microbatches and the iteration's peak a maximum
+    over time, which the repeats cannot raise. The one thing that grows with each pair is the
+    last stage's list of loss scalars, which ``_Stage.iteration`` holds for the microbatches not
+    run. ``tests/test_symbolic.py`` runs every microbatch and compares, byte for byte."""
+    return min(microbatches, min(stages - stage - 1, microbatches) + 1)
+
+
 # --- the worker: one process of the tp x dp group ----------------------------------------
 
 
@@ -311,8 +328,15 @@ class _Stage:
             self.optimizer.zero_grad()
         else:
             self.optimizer.zero_grad(set_to_none=False)
-        outputs, losses = {}, []
-        for kind, k in one_f_one_b(self.stage, self.config.pp, self.config.num_microbatches):
+        config, microbatches = self.config, self.config.num_microbatches
+        if config.symbolic and not config.every_microbatch:
+            microbatches = steady_microbatches(self.stage, config.pp, microbatches)
+        # Megatron's last stage keeps each microbatch's loss (a 4-byte FP32 scalar) to the end of
+        # the iteration: those of the microbatches not run are held from the start.
+        losses = [torch.zeros((), device=self.device) for _ in range(config.num_microbatches - microbatches)] \
+            if self.last else []
+        outputs = {}
+        for kind, k in one_f_one_b(self.stage, config.pp, microbatches):
             if kind == "F":
                 outputs[k] = self.forward()
                 if self.last:

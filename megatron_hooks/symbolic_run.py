@@ -6,6 +6,12 @@ its records are written for the other TP ranks too (``tests/test_symbolic.py`` r
 and compares). CP ranks differ in their ring steps and DP ranks in their distributed-optimizer
 shards, so each is run; without the distributed optimizer DP ranks are symmetric too.
 
+Microbatches: each stage runs its 1F1B warm-up and one steady forward-backward pair, which
+reach every memory state of the full schedule (``emulate.steady_microbatches``).
+
+``every_rank=True`` runs every rank and every microbatch instead: the reference that
+``tests/test_symbolic.py`` compares the shortcuts with, byte for byte.
+
 Apart from ``symbolic.py`` because it drives ``emulate.run_stage``, which itself uses the
 symbolic backend's pieces.
 """
@@ -41,10 +47,12 @@ def run_symbolic(config, stages: Sequence[int], *, after_oom: str = "raise", eve
     ``backend="symbolic"``) in this process; returns every rank file written. With
     ``after_oom="continue"`` a rank that exceeds ``memory_limit_bytes`` is recorded and the others
     still run, as ``emulate.run_stages`` does. ``every_rank`` runs every TP and DP rank instead
-    of writing copies for the symmetric ones (to check the symmetry)."""
+    of writing copies for the symmetric ones, and every microbatch (to check the shortcuts)."""
     from advisor.profiles import read_rank_file
     from megatron_hooks.recorder import is_out_of_memory
 
+    if every_rank:
+        config = dataclasses.replace(config, every_microbatch=True)
     written = []
     for stage in stages:
         for tp_rank, cp_rank, dp_rank in _ranks_to_run(config, every_rank):

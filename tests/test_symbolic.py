@@ -96,7 +96,8 @@ TE_RUN = ["--layer-spec", "transformer_engine", "--dtype", "bfloat16", "--backen
 
 
 def every_rank(out, flags) -> None:
-    """The same run with every TP, CP and DP rank run (run_symbolic(every_rank=True))."""
+    """The same run with every TP, CP and DP rank and every microbatch run
+    (run_symbolic(every_rank=True))."""
     code = (
         "import sys; from megatron_hooks.emulate_cli import main; import megatron_hooks.symbolic_run as s; "
         "run = s.run_symbolic; s.run_symbolic = lambda c, st, **k: run(c, st, every_rank=True, **k); "
@@ -110,9 +111,11 @@ def test_copied_ranks_equal_the_ranks_run(tmp_path):
     """TP ranks (and DP ranks without the distributed optimizer) are symmetric in megatron-core:
     running each one gives the records the symbolic backend writes from TP rank 0. With the
     distributed optimizer each DP rank is run anyway (their shards differ), and so is each CP
-    rank (their ring steps differ)."""
+    rank (their ring steps differ). Of 5 microbatches the three stages run 3, 2 and 1
+    (emulate.steady_microbatches), the last holding the 4 loss scalars of those not run: equal,
+    byte for byte, to running all 5."""
     flags = [*model_flags(4, 64, 160, 4, 2, 256), "--layers-per-stage", "1,2,1", "--seq-len", "64",
-             "--num-microbatches", "3", "--tp", "2", "--dp", "2", "--sequence-parallel", *TE_RUN]
+             "--num-microbatches", "5", "--tp", "2", "--dp", "2", "--sequence-parallel", *TE_RUN]
     copied = emulate(tmp_path / "copied", *flags)
     every_rank(tmp_path / "every", flags)
     assert len(copied.ranks) == 12
@@ -122,10 +125,10 @@ def test_copied_ranks_equal_the_ranks_run(tmp_path):
 def test_distributed_optimizer_dp_ranks_are_run_not_copied(tmp_path):
     """With the distributed optimizer, DP ranks hold different shards: each module's optimizer
     bytes differ between DP ranks 0 and 1 (and with them the iteration peak), so the symbolic
-    backend runs every DP (and CP) rank and copies only TP ranks; the result equals running every
-    rank, byte for byte."""
+    backend runs every DP (and CP) rank and copies only TP ranks; the result (the two stages
+    running 2 and 1 of 3 microbatches) equals running every rank and microbatch, byte for byte."""
     flags = [*model_flags(2, 64, 160, 4, 2, 256), "--layers-per-stage", "1,1", "--seq-len", "64",
-             "--num-microbatches", "2", "--tp", "2", "--cp", "2", "--dp", "2", "--sequence-parallel",
+             "--num-microbatches", "3", "--tp", "2", "--cp", "2", "--dp", "2", "--sequence-parallel",
              "--distributed-optimizer", *TE_RUN]
     copied = emulate(tmp_path / "copied", *flags)
     every_rank(tmp_path / "every", flags)
@@ -134,6 +137,16 @@ def test_distributed_optimizer_dp_ranks_are_run_not_copied(tmp_path):
     first = {tuple(sorted(r.header.coords.items())): r for r in copied.ranks}
     dp0, dp1 = (first[(("cp", 0), ("dp", d), ("pp", 0), ("tp", 0))] for d in (0, 1))
     assert [r.optimizer_bytes for r in dp0.layers] != [r.optimizer_bytes for r in dp1.layers]
+
+
+def test_steady_microbatches_by_hand():
+    """1F1B stage i of p with m microbatches: w = min(p - i - 1, m) warm-up forwards, then one
+    steady pair: w + 1, or m when the warm-up is all of them."""
+    from megatron_hooks.emulate import steady_microbatches
+
+    assert [steady_microbatches(i, 4, 8) for i in range(4)] == [4, 3, 2, 1]
+    assert [steady_microbatches(i, 8, 2) for i in (0, 5, 6, 7)] == [2, 2, 2, 1]
+    assert steady_microbatches(0, 1, 128) == 1
 
 
 def hand_count_te_layer(s, b, h, a, k, f, t, c) -> int:
