@@ -176,6 +176,8 @@ def _fsdp_on_fake_tensors() -> Iterator[None]:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.device_mesh import DeviceMesh
 
+    from megatron_hooks.symbolic import replacing
+
     def real(function):
         @functools.wraps(function)
         def outside_fake_mode(*args, **kwargs):
@@ -196,11 +198,5 @@ def _fsdp_on_fake_tensors() -> Iterator[None]:
             replaced.append((DeviceMesh, name, property(real(value.fget))))
         elif inspect.isfunction(value) and name not in ("__init__", "from_group"):
             replaced.append((DeviceMesh, name, real(value)))
-    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in replaced]
-    for owner, name, value in replaced:
-        setattr(owner, name, value)
-    try:
+    with replacing(replaced):
         yield
-    finally:
-        for owner, name, value in saved:
-            setattr(owner, name, value)
