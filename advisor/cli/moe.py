@@ -69,7 +69,8 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
 def _levers_not_priced(training) -> dict[str, bool]:
     """The training options (advisor.options) the MoE model does not price yet: named, never ignored."""
     dp, precision = training.data_parallel, training.precision
-    return {"--use-megatron-fsdp": dp.fsdp_strategy is not None, "--fp8-format": precision.fp8_format is not None,
+    return {"--use-megatron-fsdp": dp.fsdp_strategy is not None, "--use-torch-fsdp2": dp.torch_fsdp2,
+            "--fp8-format": precision.fp8_format is not None,
             "--optimizer-cpu-offload": training.offload.optimizer_cpu_offload,
             "--tp-comm-overlap": training.tensor_parallel.tp_comm_overlap,
             "--no-overlap-grad-reduce/--no-overlap-param-gather": not (dp.overlap_grad_reduce
