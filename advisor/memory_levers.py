@@ -20,10 +20,21 @@ FSDP_RS_QUEUE_ELEMENTS = 1_000_000_000
 gradient buckets wait there until this many elements are queued."""
 
 SHARDING = {None: None, "no_shard": (False, False, False), "optim": (True, False, False),
-            "optim_grads": (True, True, False), "optim_grads_params": (True, True, True)}
+            "optim_grads": (True, True, False), "optim_grads_params": (True, True, True),
+            "torch_fsdp2": (True, True, True)}
 """(optimizer states and main weights, gradients, weights) sharded, per Megatron-FSDP strategy:
 ``ParamAndGradBuffer._init_each_parameter_group_buffers`` (is_main_weight_buffer_distributed,
-is_grad_buffer_distributed, is_model_weight_buffer_distributed) in param_and_grad_buffer.py."""
+is_grad_buffer_distributed, is_model_weight_buffer_distributed) in param_and_grad_buffer.py.
+'torch_fsdp2' is torch FSDP2 (--use-torch-fsdp2): megatron-core's ``TorchFullyShardedDataParallel``
+calls ``fully_shard`` on every transformer layer (and the embedding, RoPE and output layer), which
+shards the weights and their gradients over DP x CP; Megatron's (non-distributed) mixed-precision
+optimizer then keeps its FP32 main weights and Adam states for those shards only."""
+TORCH_FSDP2_UNITS_IN_FLIGHT = 2
+"""torch FSDP2's unsharded layers at once, for weights and for gradients: forward prefetches the
+next layer's all-gather while the current one runs (torch ``_fully_shard/_fsdp_param_group.py``,
+"Overlapping all-gather copy-in and all-gather": the current output is kept until the next
+copy-in), backward prefetches the next likewise, and one reduce-scatter input may stay in flight
+while the next layer's gradients are produced (``reduce_scatter_max_input_buffers``, default 1)."""
 
 
 def state_bytes_per_parameter(options, shards):
@@ -57,7 +68,8 @@ def fsdp_buffer_bytes(options, unit_parameters, layers):
     to ``FSDP_AG_PREFETCH_ELEMENTS``: the unit in use plus min(prefetch budget, the other
     layers). optim_grads and optim_grads_params produce each unit's full gradient and queue it
     for the reduce-scatter until ``FSDP_RS_QUEUE_ELEMENTS`` are queued: min(all layers, the
-    queue plus the unit being produced). Both in the stage's element and gradient dtypes."""
+    queue plus the unit being produced). Both in the stage's element and gradient dtypes. torch
+    FSDP2 ('torch_fsdp2') keeps two layers of each, in the weights' dtype."""
     sharding = SHARDING[options.fsdp_strategy]
     layers = np.asarray(layers, dtype=float)
     zero = 0.0 * layers * unit_parameters
@@ -65,6 +77,12 @@ def fsdp_buffer_bytes(options, unit_parameters, layers):
         return zero, zero
     _, grads_sharded, weights_sharded = sharding
     held = layers * unit_parameters
+    if options.fsdp_strategy == "torch_fsdp2":
+        # Two layers unsharded at once, weights and gradients (TORCH_FSDP2_UNITS_IN_FLIGHT), both
+        # in the weights' dtype: Megatron passes fully_shard no MixedPrecisionPolicy, so FSDP2
+        # reduces in the parameters' dtype (``MixedPrecisionPolicy.reduce_dtype`` None).
+        unsharded = options.element_bytes * np.minimum(held, TORCH_FSDP2_UNITS_IN_FLIGHT * unit_parameters)
+        return unsharded + zero, unsharded + zero
     gathered = np.minimum(held, unit_parameters + np.minimum(FSDP_AG_PREFETCH_ELEMENTS, held - unit_parameters))
     queued = np.minimum(held, FSDP_RS_QUEUE_ELEMENTS + unit_parameters)
     weights = options.element_bytes * np.maximum(gathered, 0.0) if weights_sharded else zero

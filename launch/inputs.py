@@ -5,7 +5,9 @@ What a file holds is decided from its content:
 - a JSON array: the rows of ``advisor sweep --format json``; ``--rank N`` picks the row ranked N
   (default 1);
 - an object with ``schema``: a plan, ``megatron-4d-advisor/plan`` v1 (``advisor recommend -o``),
-  launched with its own ``megatron_args``; a plan that is not launchable is refused;
+  launched with the flags of the training options it was priced with (its ``options``; they
+  must be its ``megatron_args``), or, written before plans recorded them, with its own
+  ``megatron_args``; a plan that is not launchable is refused;
 - an object with ``stages``: ``advisor estimate --format json``;
 - another object with a row's keys: one sweep row saved on its own.
 
@@ -284,11 +286,29 @@ def _from_plan(fields: _Fields) -> LaunchInput:
         "--seq-length": seq_len,
     })
     check_plan(document, origin)  # its stages, GPUs, batch and split against each other
+    if document.get("options") is not None:  # what was priced is what is launched
+        args = _priced_plan_args(fields, spec, seq_len, tp, cp, layers, mbs, gbs, args)
     return LaunchInput(
         kind="plan", origin=origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=1,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=args,
         gpus_per_node=per_node, total_gib=fields.number("peak_predicted_gib"),
     )
+
+
+def _priced_plan_args(fields: _Fields, spec, seq_len: int, tp: int, cp: int, layers: tuple[int, ...], mbs: int,
+                      gbs: int, written: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags of the training options a plan records (its ``options``, what it was priced
+    with), emitted as a sweep row's are; refused where the plan's ``megatron_args`` say otherwise
+    (a hand edit of one without the other)."""
+    args = tuple(megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
+                               global_batch_size=gbs, options=fields.options()))
+    if args != written:
+        missing = [arg for arg in args if arg.startswith("--") and arg not in written]
+        extra = [arg for arg in written if arg.startswith("--") and arg not in args]
+        raise AdvisorError(f"{fields.origin}: inconsistent plan: its megatron_args are not the flags of its options "
+                           f"(missing {' '.join(missing) or 'no flag'}; not priced {' '.join(extra) or 'no flag'}, "
+                           "or a value differs)")
+    return args
 
 
 def _check_plan_args(origin: str, args: tuple[str, ...], expected: dict[str, int]) -> None:

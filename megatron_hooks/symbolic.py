@@ -124,6 +124,13 @@ def _megatron_on_fake_tensors() -> Iterator[None]:
                 (MegatronOptimizer, "get_grad_norm", lambda self: 0.0),
                 (ChainedOptimizer, "get_grad_norm", lambda self: 0.0),
                 (MixedPrecisionOptimizer, "_unscale_main_grads_and_check_for_nan", lambda self: False)]
+    with replacing(replaced):
+        yield
+
+
+@contextlib.contextmanager
+def replacing(replaced: list) -> Iterator[None]:
+    """Set each (owner, name, value) of ``replaced`` while the block runs; restore on exit."""
     # What each owner defines itself, or None where the name is inherited (torch.Tensor.type
     # comes from torch._C.TensorBase): restoring deletes the replacement there.
     saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in replaced]

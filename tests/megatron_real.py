@@ -188,8 +188,9 @@ def mismatches(priced: Priced, derived: dict) -> list[str]:
         "use_rope_scaling": spec.rope_scaling_factor is not None, "rope_scaling_factor": spec.rope_scaling_factor,
         "tie_embeddings": spec.tie_embeddings, "params_dtype": priced.params_dtype,
         "sequence_parallel": options.sequence_parallel and priced.tp > 1,
-        "use_distributed_optimizer": options.distributed_optimizer,
-        "grad_reduce_in_fp32": options.gradient_bytes == 4 and priced.params_dtype != "float32",
+        "use_distributed_optimizer": training.data_parallel.distributed_optimizer,
+        # What Megatron derives from the flags (torch FSDP2 then reduces in BF16 regardless).
+        "grad_reduce_in_fp32": training.precision.grad_reduce_dtype == "fp32" and priced.params_dtype != "float32",
         "recompute_granularity": None if options.recompute == "none" else options.recompute,
         "recompute_method": options.recompute_method if options.recompute == "full" else None,
         "recompute_num_layers": options.recompute_num_layers if options.recompute == "full" else None,
@@ -212,6 +213,8 @@ def lever_fields(training, tp: int) -> dict:
     }
     if dp.fsdp_strategy is not None:
         fields.update(data_parallel_sharding_strategy=dp.fsdp_strategy, ckpt_format="fsdp_dtensor")
+    if dp.torch_fsdp2:
+        fields.update(use_torch_fsdp2=True, gradient_accumulation_fusion=False, ckpt_format="torch_dist")
     if p.fp8_format is not None:
         fields.update(fp8_recipe=p.fp8_recipe, fp8_amax_history_len=p.fp8_amax_history_len)
     if o.optimizer_cpu_offload:

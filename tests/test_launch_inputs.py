@@ -150,3 +150,33 @@ def test_bad_inputs_are_one_clear_error(advisor, tmp_path, plans):
             read_input(path, rank)
         assert message in str(error.value), (path, str(error.value))
         assert "\n" not in str(error.value)
+
+
+def test_a_plan_launches_the_options_it_was_priced_with(advisor, tmp_path):
+    """Issue 21: a plan records its TrainingOptions whole; the launcher emits the flags from them
+    (the same writer as a sweep row's), and refuses a plan whose flags and options disagree."""
+    from advisor.megatron_args import megatron_args
+    from advisor.models import preset
+    from advisor.options import TrainingOptions
+
+    path = tmp_path / "plan.json"
+    advisor("recommend", "--model", "llama3.2-1b", "--gpus", "8", "--pp", "4", "--mbs", "1", "--gbs", "16",
+            "--grad-dtype", "bf16", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads",
+            "--recompute", "selective", "-o", path)
+    document = json.loads(path.read_text())
+    priced = TrainingOptions().with_(grad_reduce_dtype="bf16", fsdp_strategy="optim_grads", recompute="selective")
+    assert document["options"] == priced.flat()
+    config = read_input(path)
+    assert config.megatron_args == tuple(megatron_args(
+        preset("llama3.2-1b"), 8192, tp=1, cp=1, layers_per_stage=config.layers_per_stage, micro_batch_size=1,
+        global_batch_size=16, options=priced))
+    values = flag_values(config.megatron_args)
+    assert values["--data-parallel-sharding-strategy"] == ("optim_grads",) and "--grad-reduce-in-bf16" in values
+    # Options changed by hand without the flags: refused, naming both sides.
+    edited = dict(document, options=dict(document["options"], grad_reduce_dtype="fp32"))
+    with pytest.raises(AdvisorError, match="megatron_args are not the flags of its options .*missing "
+                                           "--accumulate-allreduce-grads-in-fp32; not priced --grad-reduce-in-bf16"):
+        read_input(corrupt(tmp_path, edited))
+    # A plan written before plans recorded options still launches its own flags.
+    older = {key: value for key, value in document.items() if key != "options"}
+    assert read_input(corrupt(tmp_path, older)).megatron_args == config.megatron_args

@@ -57,6 +57,7 @@ EXTENSIONS = {
     "grad-reduce-in-bf16": ["--grad-reduce-in-bf16"],
     "fsdp-optim-grads": ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"],
     "fsdp-release-default": ["--use-megatron-fsdp"],  # 0.19's optim_grads_params, written out for 0.15 too
+    "torch-fsdp2": ["--use-torch-fsdp2", "--pp", "1"],  # FSDP2 runs without pipeline parallelism
     "cpu-offload": ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"],
     "mask-rebuilt": ["--dataloader-mask", "rebuilt"],
     "fp8-param-gather": ["--fp8-format", "hybrid", "--fp8-param-gather"],
@@ -102,9 +103,9 @@ def all_inputs(written: dict, rules) -> list:
         document = json.loads(path.read_text())
         if not document["launchable"]:
             continue
-        # A plan records its profiles' setup, not the training options: read them from its flags.
-        options, unpriced = parse_training_args(document["megatron_args"])
-        assert not unpriced and options.data_parallel.distributed_optimizer == document["setup"]["distributed_optimizer"]
+        # A plan records the training options it was priced with, and its flags say the same.
+        options = TrainingOptions.from_dict(document["options"])
+        assert parse_training_args(document["megatron_args"]) == (options.at_tp(document["tp"]), [])
         inputs.append(priced_input(read_input(path), rules, label=f"plan {name}", options=options,
                                    extras=NO_TRANSFORMER_ENGINE, num_microbatches=document["num_microbatches"]))
     return inputs + campaign_inputs(root / "campaign.json", rules)

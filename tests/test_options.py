@@ -34,8 +34,8 @@ def test_the_release_decides_what_a_left_out_flag_means():
 
 
 def test_flags_that_change_cost_but_are_not_priced_are_named():
-    _, unpriced = parse_training_args(["--bf16", "--use-torch-fsdp2", "--lr", "3e-4", "--cpu-offloading"])
-    assert unpriced == ["--use-torch-fsdp2", "--cpu-offloading"]
+    _, unpriced = parse_training_args(["--bf16", "--fp4-format", "e2m1", "--lr", "3e-4", "--cpu-offloading"])
+    assert unpriced == ["--fp4-format", "--cpu-offloading"]
 
 
 @pytest.mark.parametrize("argv, message", [

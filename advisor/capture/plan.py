@@ -28,6 +28,9 @@ Schema ``megatron-4d-advisor/plan``, version 1. One JSON object:
         stage_predicted_gib [per stage], peak_predicted_gib, stage_predicted_time_s, period_s,
         predicted_step_time_s}),
     excluded [{scenario, reason}]: stage configs the planner could not consider,
+    options: the training options the plan was priced with, every field
+        (``advisor.options.TrainingOptions.flat``); the launcher emits the flags from them, so
+        what is launched is what was priced (older plans without it launch their megatron_args),
     megatron_args [str] (launchable plans only; null otherwise): model, parallel, split and batch
         flags of Megatron-LM core_v0.15.2; the launcher adds data, tokenizer and iterations.
 
@@ -48,6 +51,7 @@ from advisor.errors import AdvisorError
 from advisor.megatron_args import MegatronSetup
 from advisor.memory import GIB
 from advisor.models import LlamaSpec
+from advisor.options import TrainingOptions
 
 SCHEMA = "megatron-4d-advisor/plan"
 VERSION = 1
@@ -125,6 +129,9 @@ class Plan:
     """The time objective's limit on every stage (the memory objective has none)."""
     step_time_s: float | None = None
     """The predicted iteration time (with a time model)."""
+    options: TrainingOptions | None = None
+    """The training options the plan was priced with (issue 21): written whole (``flat``) as the
+    plan's ``options``, and what the launcher emits the flags from."""
 
     @property
     def launchable(self) -> bool:
@@ -178,6 +185,7 @@ class Plan:
             "period_s": self.period_s, "predicted_step_time_s": self.step_time_s,
             "baseline": self.baseline.to_dict() if self.baseline else None,
             "excluded": [{"scenario": name, "reason": reason} for name, reason in self.excluded],
+            "options": None if self.options is None else self.options.flat(),
             "megatron_args": list(self.megatron_args) if self.megatron_args is not None else None,
         }
 

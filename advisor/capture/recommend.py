@@ -100,6 +100,7 @@ def _common(profiles: ProfileSet, predictor) -> dict:
         predictor=predictor.name, model=profiles.model, seq_len=profiles.seq_len, setup=profiles.setup,
         profile_runs=tuple(run.run for run in profiles.runs), skipped_runs=profiles.skipped,
         fits=tuple(fit.to_dict() for fit in getattr(predictor, "fits", ())),
+        options=profiles.setup.training_options(),
     )
 
 
@@ -214,6 +215,7 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOpt
                                           micro_batch_size=micro_batch_size, global_batch_size=gbs,
                                           options=training)),
         objective=objective, memory_limit_bytes=memory_limit if objective == "time" else None, step_time_s=step,
+        options=training,
     )
 
 

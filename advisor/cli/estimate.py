@@ -373,6 +373,8 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
                                 output, vpp, _moe_recompute(options), given_memory_model, read)
     given = _layer_counts(layers_per_stage)
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
+    if problem := options.layout_problem(pp=pp, tie_embeddings=spec.tie_embeddings):
+        raise InputError(problem)
     stages, planned = _planned_split(spec, given, pp, vpp)
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,

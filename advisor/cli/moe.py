@@ -83,7 +83,7 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
 def _levers_not_priced(training) -> dict[str, bool]:
     """The training options (advisor.options) the MoE model does not price yet: named, never ignored."""
     dp, precision = training.data_parallel, training.precision
-    return {"--use-megatron-fsdp": dp.fsdp_strategy is not None,
+    return {"--use-megatron-fsdp": dp.fsdp_strategy is not None, "--use-torch-fsdp2": dp.torch_fsdp2,
             "--optimizer-cpu-offload": training.offload.optimizer_cpu_offload,
             "--tp-comm-overlap": training.tensor_parallel.tp_comm_overlap,
             "--params-dtype other than bf16": precision.params_dtype != "bfloat16",

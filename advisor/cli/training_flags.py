@@ -40,6 +40,10 @@ TRAINING_FLAGS = [
                  help="With --use-megatron-fsdp: no_shard (DDP-like), optim (ZeRO-1), optim_grads (ZeRO-2), "
                       "optim_grads_params (ZeRO-3). Default: --megatron-version's (no_shard in 0.15, "
                       "optim_grads_params in 0.19); always emitted."),
+    click.option("--use-torch-fsdp2", is_flag=True, default=False,
+                 help="torch FSDP2 instead of DDP (advisor estimate only): weights, gradients and optimizer "
+                      "states sharded over DP x CP, gathered and reduce-scattered layer by layer in BF16; "
+                      "without the distributed optimizer, PP 1 and untied embeddings only (Megatron's rules)."),
     click.option("--optimizer-cpu-offload", is_flag=True, default=False,
                  help="Keep optimizer states in host memory and step them on the CPU (Megatron's "
                       "HybridDeviceOptimizer; emitted with --use-precision-aware-optimizer): frees up to 12 "
@@ -73,7 +77,8 @@ TRAINING_FLAGS = [
 """--distributed-optimizer and --grad-dtype first (as before), then the rest."""
 
 _NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "overlap_grad_reduce", "overlap_param_gather",
-          "tp_comm_overlap", "use_megatron_fsdp", "data_parallel_sharding_strategy", "optimizer_cpu_offload",
+          "tp_comm_overlap", "use_megatron_fsdp", "data_parallel_sharding_strategy", "use_torch_fsdp2",
+          "optimizer_cpu_offload",
           "optimizer_offload_fraction", "fp8_format", "fp8_recipe", "fp8_param_gather", "sequence_parallel",
           "flash_attn", "dataloader_mask", "vocab_divisible_by", "megatron_version")
 
@@ -104,7 +109,15 @@ def training_options(kwargs: dict, fixed: dict):
         fp8_given = v["fp8_param_gather"] or v["fp8_recipe"] != "delayed"
         if fp8_given and v["fp8_format"] is None:
             raise AdvisorError("--fp8-recipe and --fp8-param-gather need --fp8-format e4m3|hybrid")
-        distributed = v["distributed_optimizer"] or fsdp is not None
+        torch_fsdp2 = v["use_torch_fsdp2"]
+        command = click.get_current_context().info_name
+        if torch_fsdp2 and command != "estimate":  # PP 1 only, and not an escalation step
+            raise AdvisorError(f"advisor {command} does not search torch FSDP2 (--use-torch-fsdp2): price a layout "
+                               "with advisor estimate --use-torch-fsdp2 (PP 1)")
+        if torch_fsdp2 and fsdp is not None:
+            raise AdvisorError("--use-torch-fsdp2 and --use-megatron-fsdp are two FSDPs: choose one")
+        # torch FSDP2 shards by itself; Megatron refuses its distributed optimizer beside it.
+        distributed = (v["distributed_optimizer"] or fsdp is not None) and not torch_fsdp2
         gather = v["overlap_param_gather"]
         if gather is None:  # on where Megatron allows it
             gather = v["overlap_grad_reduce"] and distributed
@@ -113,7 +126,8 @@ def training_options(kwargs: dict, fixed: dict):
             grad_reduce_dtype="bf16" if v["grad_reduce_in_bf16"] or v["grad_dtype"] == "bf16" else "fp32",
             fp8_format=v["fp8_format"], fp8_recipe=v["fp8_recipe"], fp8_param_gather=v["fp8_param_gather"],
             distributed_optimizer=distributed, overlap_grad_reduce=v["overlap_grad_reduce"],
-            overlap_param_gather=gather, fsdp_strategy=fsdp, tp_comm_overlap=v["tp_comm_overlap"],
+            overlap_param_gather=gather, fsdp_strategy=fsdp, torch_fsdp2=torch_fsdp2,
+            tp_comm_overlap=v["tp_comm_overlap"],
             sequence_parallel=v["sequence_parallel"], flash_attention=v["flash_attn"], dataloader_mask=mask,
             optimizer_cpu_offload=v["optimizer_cpu_offload"],
             optimizer_offload_fraction=v["optimizer_offload_fraction"], vocab_divisible_by=v["vocab_divisible_by"],

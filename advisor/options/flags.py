@@ -48,6 +48,10 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
         # Megatron-FSDP saves only in its own checkpoint format (validate_args asserts it).
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", dp.fsdp_strategy,
                  "--ckpt-format", "fsdp_dtensor"]
+    if dp.torch_fsdp2:
+        # validate_args: FSDP2 refuses gradient-accumulation fusion (on by default) and saves only
+        # in torch_dist or torch_dcp (torch_dist is the default; stated, as Megatron-FSDP's).
+        args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format", "torch_dist"]
     if dp.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
     if dp.overlap_param_gather:
@@ -84,7 +88,7 @@ SWITCHES = frozenset({
     "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
     "--sequence-parallel", "--tp-comm-overlap", "--recompute-activations", "--no-create-attention-mask-in-dataloader",
     "--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss", "--optimizer-cpu-offload",
-    "--use-precision-aware-optimizer", "--use-flash-attn",
+    "--use-precision-aware-optimizer", "--use-flash-attn", "--use-torch-fsdp2",
 })
 VALUED = frozenset({
     "--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--data-parallel-sharding-strategy", "--ckpt-format",
@@ -94,7 +98,7 @@ VALUED = frozenset({
 })
 UNPRICED = frozenset({
     # Flags that change memory or time which the options do not describe.
-    "--use-torch-fsdp2", "--fp4-format", "--fp4-recipe", "--fp4-param-gather", "--recompute-modules",
+    "--fp4-format", "--fp4-recipe", "--fp4-param-gather", "--recompute-modules",
     "--cpu-offloading", "--cpu-offloading-num-layers", "--fine-grained-activation-offloading",
     "--overlap-param-gather-with-optimizer-step", "--no-overlap-p2p-communication", "--cuda-graph-impl", "--cuda-graph-scope",
     "--enable-cuda-graph", "--external-cuda-graph", "--main-grads-dtype", "--main-params-dtype",
@@ -181,11 +185,14 @@ def _data_parallel(values: dict, release) -> DataParallel:
     if "--use-megatron-fsdp" in values:
         fsdp = _one_of(values, "--data-parallel-sharding-strategy", FSDP_STRATEGIES,
                        release_defaults(release).fsdp_sharding_strategy)
+    torch_fsdp2 = "--use-torch-fsdp2" in values
+    if torch_fsdp2 and "--use-distributed-optimizer" in values:
+        raise AdvisorError("--use-torch-fsdp2 with --use-distributed-optimizer (Megatron-LM refuses the two together)")
     return DataParallel(
         # Megatron-FSDP shards with its own buffers; core_v0.19.0 turns the flag on under it.
         distributed_optimizer="--use-distributed-optimizer" in values or fsdp is not None,
         overlap_grad_reduce="--overlap-grad-reduce" in values,
-        overlap_param_gather="--overlap-param-gather" in values, fsdp_strategy=fsdp)
+        overlap_param_gather="--overlap-param-gather" in values, fsdp_strategy=fsdp, torch_fsdp2=torch_fsdp2)
 
 
 def _recomputation(values: dict) -> Recomputation:
@@ -244,4 +251,6 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
                         optimizer_offload_fraction=fraction),
         vocab_divisible_by=None if divisible == 1 else divisible,
     )
+    if options.data_parallel.torch_fsdp2:  # required by FSDP2 and priced with it
+        unpriced = [flag for flag in unpriced if flag != "--no-gradient-accumulation-fusion"]
     return options.at_tp(tp), unpriced

@@ -108,8 +108,20 @@ class DataParallel:
     (nothing sharded), 'optim' (optimizer states and main weights: ZeRO-1), 'optim_grads'
     (and gradients: ZeRO-2), 'optim_grads_params' (and weights: ZeRO-3), over DP x CP. None:
     megatron-core's DDP."""
+    torch_fsdp2: bool = False
+    """--use-torch-fsdp2: torch FSDP2 (``fully_shard`` per transformer layer) shards weights,
+    gradients and optimizer states over DP x CP like optim_grads_params, reducing in the weights'
+    dtype, with Megatron's non-distributed optimizer over the shards. Megatron's validate_args
+    refuses it with the distributed optimizer (so with --overlap-param-gather), FP16, tied
+    embeddings and PP or EP > 1 (the last two are the layout's: ``torch_fsdp2_problem``)."""
 
     def __post_init__(self) -> None:
+        if self.torch_fsdp2:
+            if self.fsdp_strategy is not None:
+                raise AdvisorError("--use-torch-fsdp2 and --use-megatron-fsdp are two FSDPs: choose one")
+            if self.distributed_optimizer:
+                raise AdvisorError("--use-torch-fsdp2 runs without --use-distributed-optimizer (Megatron-LM refuses "
+                                   "the two together)")
         if self.fsdp_strategy is not None:
             _choice(self.fsdp_strategy, FSDP_STRATEGIES, "--data-parallel-sharding-strategy")
             if not self.distributed_optimizer:
@@ -123,6 +135,8 @@ class DataParallel:
     @property
     def sharded(self) -> tuple[bool, bool, bool]:
         """(optimizer states, gradients, weights) sharded over DP x CP."""
+        if self.torch_fsdp2:
+            return True, True, True
         if self.fsdp_strategy is None:
             return self.distributed_optimizer, False, False
         return {"no_shard": (False, False, False), "optim": (True, False, False),
@@ -225,8 +239,10 @@ class TrainingOptions:
         if self.vocab_divisible_by is not None and self.vocab_divisible_by < 1:
             raise AdvisorError(f"vocab_divisible_by must be positive, got {self.vocab_divisible_by}")
         precision, offload, dp = self.precision, self.offload, self.data_parallel
-        if precision.fp8_param_gather and not dp.distributed_optimizer:
-            raise AdvisorError("--fp8-param-gather needs the distributed optimizer or Megatron-FSDP")
+        if precision.fp8_param_gather and not (dp.distributed_optimizer or dp.torch_fsdp2):
+            raise AdvisorError("--fp8-param-gather needs the distributed optimizer, Megatron-FSDP or torch FSDP2")
+        if dp.torch_fsdp2 and precision.params_dtype == "float16":
+            raise AdvisorError("--use-torch-fsdp2 does not run with --fp16 (Megatron-LM refuses it)")
         if offload.optimizer_cpu_offload and precision.fp8_param_gather and precision.fp8_recipe != "delayed":
             raise AdvisorError("--optimizer-cpu-offload with --fp8-param-gather needs --fp8-recipe delayed "
                                "(Megatron-LM refuses it otherwise)")
@@ -292,13 +308,15 @@ class TrainingOptions:
 
         p, dp, r = self.precision, self.data_parallel, self.recomputation
         return MemoryOptions(
-            distributed_optimizer=dp.distributed_optimizer, gradient_bytes=p.gradient_bytes,
+            # torch FSDP2 keeps its sharded gradients in the weights' dtype (advisor.memory_levers).
+            distributed_optimizer=dp.distributed_optimizer or dp.torch_fsdp2,
+            gradient_bytes=p.element_bytes if dp.torch_fsdp2 else p.gradient_bytes,
             element_bytes=p.element_bytes, recompute=r.recompute, recompute_method=r.recompute_method,
             recompute_num_layers=r.recompute_num_layers, sequence_parallel=self.tensor_parallel.sequence_parallel,
             flash_attention=self.attention.flash_attention, vocab_divisible_by=self.vocab_divisible_by,
-            fsdp_strategy=dp.fsdp_strategy, optimizer_host_fraction=self.offload.host_fraction,
-            fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe, fp8_param_gather=p.fp8_param_gather,
-            fp8_amax_history_len=p.fp8_amax_history_len,
+            fsdp_strategy="torch_fsdp2" if dp.torch_fsdp2 else dp.fsdp_strategy,
+            optimizer_host_fraction=self.offload.host_fraction, fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe,
+            fp8_param_gather=p.fp8_param_gather, fp8_amax_history_len=p.fp8_amax_history_len,
         )
 
     def time_options(self, **model_choices):
@@ -307,15 +325,36 @@ class TrainingOptions:
         from advisor.throughput.model import TimeOptions
 
         dp, p = self.data_parallel, self.precision
+        if dp.torch_fsdp2:
+            # The same collectives as Megatron-FSDP's optim_grads_params, per layer and microbatch:
+            # all-gather before forward and backward (reshard_after_forward, Megatron's default),
+            # reduce-scatter after backward, in the weights' dtype, on FSDP2's own streams,
+            # overlapped with the neighbouring layers' compute by its prefetching.
+            fsdp = dict(overlap_grad_reduce=True, overlap_param_gather=True, distributed_optimizer=True,
+                        grad_reduce_bytes=p.element_bytes, fsdp_strategy="optim_grads_params")
+        else:
+            fsdp = dict(overlap_grad_reduce=dp.overlap_grad_reduce, overlap_param_gather=dp.overlap_param_gather,
+                        distributed_optimizer=dp.distributed_optimizer, grad_reduce_bytes=p.gradient_bytes,
+                        fsdp_strategy=dp.fsdp_strategy)
         return TimeOptions(
-            overlap_grad_reduce=dp.overlap_grad_reduce, overlap_param_gather=dp.overlap_param_gather,
-            distributed_optimizer=dp.distributed_optimizer, grad_reduce_bytes=p.gradient_bytes,
-            tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,
+            **fsdp, tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,
             dataloader_mask="rebuilt" if self.attention.dataloader_mask == "rebuilt" else "cached",
-            fsdp_strategy=dp.fsdp_strategy, optimizer_host_fraction=self.offload.host_fraction,
+            optimizer_host_fraction=self.offload.host_fraction,
             fp8_format=p.fp8_format, fp8_param_gather=p.fp8_param_gather,
             **model_choices,
         )
+
+    def layout_problem(self, *, pp: int, tie_embeddings: bool) -> str | None:
+        """Why Megatron-LM's validate_args refuses these options with this layout, or None:
+        --use-torch-fsdp2 with pipeline parallelism or tied embeddings (arguments.py, both
+        releases; EP > 1 too, which dense layouts never have)."""
+        if not self.data_parallel.torch_fsdp2:
+            return None
+        if pp > 1:
+            return f"--use-torch-fsdp2 runs without pipeline parallelism (PP 1), got PP {pp} (Megatron-LM refuses it)"
+        if tie_embeddings:
+            return "--use-torch-fsdp2 needs untied embeddings (Megatron-LM refuses it with tied ones)"
+        return None
 
     def describe(self) -> str:
         """One line for people: what differs from the advisor's defaults."""
