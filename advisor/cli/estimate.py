@@ -336,7 +336,6 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     (as Megatron-LM counts FLOPs), MFU and tokens/s.
 
     \b
-    \b
     --from-command reads your own launch instead: a pretrain_gpt.py argument list, a
     torchrun / srun / python -m torch.distributed.run line, or a launch script as you
     paste it (continuations, comments, VAR=value, $VAR, arrays). Flags that change
@@ -381,13 +380,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         tokens=tokens, release=release)
     if gpu_hour_price is not None:
         row["cost_usd"] = row["gpu_hours"] * gpu_hour_price
-    notes = []
-    if read is not None:
-        from advisor.cli.from_command import unpriced_line
-
-        row.update(read_from=read.source, unpriced=list(read.run.unpriced))
-        notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced)] if line]
-        click.echo(f"advisor estimate: {notes[-1]}", err=True) if read.run.unpriced else None
+    notes = _from_command_notes(row, read)
     if compare_best:
         from advisor.cli.from_command import best_row_line
 
@@ -405,6 +398,20 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     from advisor import render
 
     emit(render.to_json({**row, "stages": stage_rows}) if fmt == "json" else render.to_csv(stage_rows), output)
+
+
+def _from_command_notes(row: dict, read) -> list[str]:
+    """Where a --from-command estimate was read from, and the flags it does not price (also said
+    on stderr); the row records both."""
+    if read is None:
+        return []
+    from advisor.cli.from_command import unpriced_line
+
+    row.update(read_from=read.source, unpriced=list(read.run.unpriced))
+    notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced)] if line]
+    if read.run.unpriced:
+        click.echo(f"advisor estimate: {notes[-1]}", err=True)
+    return notes
 
 
 def _read_command(from_command, gpus, release):
