@@ -99,3 +99,15 @@ def test_models_json_has_total_and_active(tmp_path):
     by_name = {row["name"]: row for row in rows}
     assert by_name["llama3.1-8b"]["active_parameters_billions"] == by_name["llama3.1-8b"]["parameters_billions"]
     assert by_name["deepseek-v3"]["active_parameters_billions"] == pytest.approx(DEEPSEEK_V3_ACTIVE / 1e9)
+
+
+def test_mla_latent_norms_need_qk_layernorm():
+    """DeepSeek-V3's q_a_layernorm and kv_a_layernorm exist in Megatron only with --qk-layernorm
+    (gpt_layer_specs.py builds the up projections as layer-norm linears then): the preset sets
+    it, its rows emit it, and without it each layer has q_lora + kv_lora = 1536 + 512 weights fewer."""
+    from advisor.moe.flags import model_flags
+    from advisor.moe.params import attention_parameters
+
+    spec = PRESETS["deepseek-v3"]
+    assert spec.qk_layernorm and "--qk-layernorm" in model_flags(spec)
+    assert attention_parameters(spec) - attention_parameters(replace(spec, qk_layernorm=False)) == 1536 + 512

@@ -17,7 +17,7 @@ from advisor.moe.spec import MoESpec
 def attention_parameters(spec: MoESpec, tp: int = 1) -> float:
     """One layer's attention on one GPU. Multi-latent attention
     (``transformer/multi_latent_attention.py``, ``MLASelfAttention.__init__``): the down
-    projections h x q_lora and h x (kv_lora + d_rope) and the q/kv layernorms are
+    projections h x q_lora and h x (kv_lora + d_rope) and the q/kv latent layernorms (with --qk-layernorm) are
     'duplicated' over TP (Transformer Engine's spec); the up projections q_lora x a(d_nope +
     d_rope) and kv_lora x a(d_nope + d_v) and the output projection a d_v x h split over t.
     Otherwise seed 004's Eq. 1, plus Qwen3's per-head Q and K RMSNorms (2d, replicated;
@@ -28,11 +28,12 @@ def attention_parameters(spec: MoESpec, tp: int = 1) -> float:
         return eq.attention_parameters(spec, tp) + norms
     a, h = spec.num_attention_heads, spec.hidden_size
     q_head = mla.qk_head_dim + mla.qk_pos_emb_head_dim
+    norms = ((mla.q_lora_rank or 0) + mla.kv_lora_rank) if spec.qk_layernorm else 0
     if mla.q_lora_rank is None:
-        replicated, split = 0, h * a * q_head
+        replicated, split = norms, h * a * q_head
     else:
-        replicated, split = h * mla.q_lora_rank + mla.q_lora_rank, mla.q_lora_rank * a * q_head
-    replicated += h * (mla.kv_lora_rank + mla.qk_pos_emb_head_dim) + mla.kv_lora_rank
+        replicated, split = h * mla.q_lora_rank + norms, mla.q_lora_rank * a * q_head
+    replicated += h * (mla.kv_lora_rank + mla.qk_pos_emb_head_dim)
     split += mla.kv_lora_rank * a * (mla.qk_head_dim + mla.v_head_dim) + a * mla.v_head_dim * h
     return replicated + split / tp
 

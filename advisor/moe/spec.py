@@ -58,7 +58,9 @@ class MoESpec(LlamaSpec):
     first_dense_layers: int = 0
     """Leading dense layers (HF first_k_dense_replace), priced by the dense terms."""
     qk_layernorm: bool = False
-    """RMSNorm on each Q and K head (Qwen3; --qk-layernorm)."""
+    """RMSNorm on each Q and K head (Qwen3; --qk-layernorm). With MLA the same flag builds the q and
+    kv latent norms (DeepSeek-V3's q_a_layernorm, kv_a_layernorm): megatron-core
+    ``gpt_layer_specs.py`` makes the up projections layer-norm linears only with qk_layernorm."""
     score_function: ScoreFunction = "softmax"
     expert_bias: bool = False
     """Aux-loss-free balancing with a per-expert bias (--moe-router-enable-expert-bias)."""
@@ -138,7 +140,7 @@ DEEPSEEK_V3 = MoESpec(
     num_query_groups=128, vocab_size=129280, rotary_base=10000.0, norm_epsilon=1e-6,
     num_experts=256, moe_router_topk=8, moe_ffn_hidden_size=2048, shared_expert_size=2048,
     first_dense_layers=3, score_function="sigmoid", expert_bias=True, router_num_groups=8, router_group_topk=4,
-    router_topk_scaling_factor=2.5,
+    router_topk_scaling_factor=2.5, qk_layernorm=True,
     mla=MLA(q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128),
     yarn=YarnScaling(factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0,
                      mscale=1.0, mscale_all_dim=1.0),
@@ -236,7 +238,7 @@ def _deepseek_fields(config: _Config) -> dict:
                 first_dense_layers=_count(config, "first_k_dense_replace", 0, low=0), score_function="sigmoid",
                 expert_bias=True, router_num_groups=_count(config, "n_group"),
                 router_group_topk=_count(config, "topk_group"), router_topk_scaling_factor=float(scaling),
-                mla=mla, yarn=_yarn(config) if config.config.get("rope_scaling") is not None else None)
+                qk_layernorm=True, mla=mla, yarn=_yarn(config) if config.config.get("rope_scaling") is not None else None)
 
 
 def load_moe_config(config: _Config, model_type: str) -> MoESpec:
