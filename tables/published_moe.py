@@ -7,7 +7,8 @@ CLI's own parsing (``advisor.cli``), so an option the MoE model does not price i
 name, and never silently dropped.
 
 Roles: ``test`` rows have a published throughput on H100 and are the targets (step time within
-15%); ``layout`` rows ran with no throughput published: checked for their verdict only;
+15%); ``extra`` rows are timed runs on another GPU with a preset (B200): reported, not
+targets; ``layout`` rows ran with no throughput published: checked for their verdict only;
 ``context`` rows are not Megatron runs (DeepSeek-V3's own DualPipe and FP8), shown with what the
 model says and why it differs. Every row is *test* data: none was used to fit any constant.
 
@@ -44,7 +45,7 @@ COLUMNS = ("id", "role", "model", "gpu", "gpus", "tp", "cp", "pp", "vpp", "ep", 
            "precision", "options", "fp8_flags", "routing", "published_tflops_per_gpu", "published_tokens_per_gpu_s",
            "published_step_time_s", "source", "note")
 INTEGERS = ("gpus", "tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "gbs", "seq_len")
-ROLES = ("test", "layout", "context")
+ROLES = ("test", "extra", "layout", "context")
 TARGET = 0.15
 """Issue 22's target: each H100 test run's step time within 15%."""
 RUNNABLE = ("fits", "tight")
@@ -193,7 +194,7 @@ def markdown(results: list[dict] | None = None) -> str:
     for r in results:
         published = "-" if r["published_step_time_s"] is None else f"{r['published_step_time_s']:.1f}"
         unpriced = r["priced_precision"] != r["precision"]
-        error = "-" if r["error"] is None else f"{r['error']:+.1%}" + ("*" if unpriced else "")
+        error = "-" if r["error"] is None else f"{r['error']:+.{0 if abs(r['error']) >= 1 else 1}%}"
         lines.append(f"| {r['id']} | {r['role']} | {r['gpus']} {r['layout']} | {r['precision']}{'*' if unpriced else ''} "
                      f"| {r['total_gib']:.0f} | {r['verdict']} | {r['step_time_s']:.1f} | {published} | {error} |")
     tests = [r for r in results if r["targeted"]]
@@ -204,7 +205,7 @@ def markdown(results: list[dict] | None = None) -> str:
              "tables/published/moe_runs.csv.",
              f"H100 test runs priced in their own precision: {within} of {len(tests)} within 15%. {unpriced} FP8 test "
              "runs are priced in BF16 (*: the MoE model refuses --fp8-format) and not held to the target yet.",
-             "Every Megatron run (test, layout) called runnable: " + ("yes." if runnable else "NO."),
+             "Every Megatron run (test, extra, layout) called runnable: " + ("yes." if runnable else "NO."),
              *(f"Known miss, {key}: {why}." for key, why in MISSES.items())]
     return "\n".join(lines + [""] + [textwrap.fill(note, 100) for note in notes]) + "\n"
 
