@@ -32,7 +32,7 @@ def test_fp8_runs_priced_in_fp8_or_the_refusal_kept(results):
     fp8 = [r for r in results if r["precision"] == "fp8"]
     assert fp8
     for r in fp8:
-        assert r["priced_precision"] == "fp8" or "--fp8-format" in r["fp8_refused"], r
+        assert r["priced_precision"] == "fp8" or "--fp8" in r["fp8_refused"], r
         assert r["targeted"] == (r["priced_precision"] == "fp8" and r["gpu"] == "h100-80gb" and r["role"] == "test")
 
 
