@@ -1,7 +1,9 @@
-"""tables.published_moe: the published Megatron-core MoE runs (tables/published/moe_runs.csv)."""
+"""tables.published_moe: the published Megatron-core MoE runs (tables/published/moe_runs.csv),
+priced through the real ``advisor estimate`` command."""
 
 import pytest
 
+from advisor.errors import AdvisorError
 from tables import published_moe
 
 
@@ -10,20 +12,62 @@ def results():
     return published_moe.rows()
 
 
+def _run(run_id):
+    return next(r for r in published_moe.load() if r.id == run_id)
+
+
 def test_every_megatron_run_is_called_runnable(results):
-    assert all(r["runnable"] for r in results if r["role"] in ("test", "layout"))
+    assert all(r["runnable"] for r in results if r["role"] in ("test", "extra", "layout"))
 
 
-def test_test_runs_within_fifteen_percent(results):
-    tests = [r for r in results if r["role"] == "test"]
-    assert tests and all(r["within_target"] for r in tests), [(r["id"], r["error"]) for r in tests]
+def test_h100_runs_within_fifteen_percent_or_a_stated_miss(results):
+    targeted = [r for r in results if r["targeted"]]
+    assert sum(r["precision"] == "bf16" for r in targeted) >= 2
+    misses = {r["id"] for r in targeted if not r["within_target"]}
+    assert misses <= set(published_moe.MISSES), misses
+    assert set(published_moe.MISSES) <= misses, "a stated miss is now within target: drop it from MISSES"
+
+
+def test_fp8_runs_priced_in_fp8_or_the_refusal_kept(results):
+    fp8 = [r for r in results if r["precision"] == "fp8"]
+    assert fp8
+    for r in fp8:
+        assert r["priced_precision"] == "fp8" or "--fp8" in r["fp8_refused"], r
+        assert r["targeted"] == (r["priced_precision"] == "fp8" and r["gpu"] == "h100-80gb" and r["role"] == "test")
 
 
 def test_published_step_from_megatrons_flops():
     # Mixtral 8x7B, gbs 256, seq 4096, vocab 32000: 12 L h (1.5 f k + h (1 + 8/32 + s/2h)) + 6 h v per token
     h, L, s = 4096, 32, 4096
     per_token = 12 * L * h * (1.5 * 14336 * 2 + h * (1 + 8 / 32 + s / h / 2)) + 6 * h * 32000
-    step = 256 * s * per_token / (468e12 * 64)
-    row = next(r for r in published_moe.rows() if r["id"] == "mixtral-8x7b-mcore")
-    assert row["published_step_time_s"] == pytest.approx(step)
-    assert "published" in published_moe.markdown()
+    assert published_moe.published_step(_run("mcore-mixtral-8x7b")) == pytest.approx(256 * s * per_token / (468e12 * 64))
+
+
+def test_published_step_from_tokens_per_gpu_and_as_given():
+    # Qwen3-235B-A22B, 26.04.01: 8192 sequences x 4096 tokens / (1712 tokens/s/GPU x 256 GPUs) = 76.56 s
+    assert published_moe.published_step(_run("mb2604-q235")) == pytest.approx(76.5607, abs=1e-4)
+    assert published_moe.published_step(_run("dgxc-dsv3-bf16")) == 52.04
+    assert published_moe.published_step(_run("mcore-mixtral-8x22b")) is None
+
+
+def test_estimate_args_carry_the_published_options():
+    run = _run("dgxc-dsv3-bf16")
+    args = published_moe.estimate_args(run)
+    assert args[:3] == ["estimate", "--model", "deepseek-v3"] and "--vpp" not in args
+    assert args[-4:] == ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.0"]
+    fp8 = published_moe.estimate_args(_run("mb2509-dsv3"))
+    assert fp8[fp8.index("--vpp") + 1] == "4" and "--fp8-format" not in fp8  # FP8 flags are tried apart
+    assert fp8.count("--recompute-modules") == 2 and ["--moe-token-dispatcher-type", "flex"] == \
+        fp8[fp8.index("--moe-token-dispatcher-type"):][:2]
+
+
+def test_bad_table_is_an_error_naming_the_line(tmp_path):
+    text = published_moe.RUNS.read_text()
+    header, first, *_ = text.splitlines()
+    bad = tmp_path / "runs.csv"
+    bad.write_text(header + "\n" + first.replace(",test,", ",fitted,", 1) + "\n")
+    with pytest.raises(AdvisorError, match=r"runs.csv:2: role must be"):
+        published_moe.load(bad)
+    bad.write_text(header.replace("fp8_flags,", "") + "\n")
+    with pytest.raises(AdvisorError, match="columns must be"):
+        published_moe.load(bad)
