@@ -22,10 +22,9 @@ routing, ``--moe-router-force-load-balancing``; token-drop recipes pad every exp
 factor 1.0) and how it is priced: ``--moe-routing balanced --moe-imbalance 1.0`` for forced and
 aux-loss balancing, ``--moe-routing capacity --moe-expert-capacity-factor 1.0`` for token drop.
 
-FP8 runs are priced with their ``fp8_flags`` (Megatron's ``--fp8-format``/``--fp8-recipe``) when
-the MoE model accepts them; while it refuses ``--fp8-format`` they are priced in BF16 and marked
-so (``priced_precision`` bf16, the one-line refusal in ``fp8_refused`` and in the output): their error is then expected to be
-positive, and they are not held to the 15% target until FP8 is priced.
+FP8 runs are priced with their ``fp8_flags`` (Megatron's ``--fp8-format``/``--fp8-recipe``); a
+run whose FP8 flags the MoE model refuses is priced in BF16 and marked so (``priced_precision``
+bf16, the one-line refusal in ``fp8_refused`` and in the output) and not held to the target.
 """
 
 from __future__ import annotations
@@ -49,11 +48,23 @@ ROLES = ("test", "extra", "layout", "context")
 TARGET = 0.15
 """Issue 22's target: each H100 test run's step time within 15%."""
 RUNNABLE = ("fits", "tight")
-"""A run that ran must be called runnable: fits or tight (seed 004's 80% rule)."""
+"""A run that ran must be called runnable: fits or tight (seed 004's 80% rule, ``--memory-model
+paper``). The calibrated model (``--gpu``'s default) was fitted on dense runs only; on MoE stages,
+whose terms already count each kept tensor, its allocator factor and reserve overshoot (it calls
+the Mixtral 8x22B mapping and the two Qwen3-30B-A3B MBS 2 runs oom: docs/moe.md)."""
 MISSES = {
-    "dgxc-dsv3-bf16": "predicted faster than NeMo 25.04's DeepSeek-V3 BF16 run (16.5% MFU, its own "
-                           "figure): the run's one MTP layer and the padding of every expert to capacity "
-                           "are not priced; no constant is tuned on it",
+    "mb2509-dsv3": "predicted slower: its flex dispatcher (DeepEP) sends each token once per remote node, "
+                   "while advisor.moe.time prices every dispatcher's all-to-all as one copy per routed "
+                   "expert, and exposes it (no all-to-all overlap is priced)",
+    "mb2509-q30-td": "predicted faster: the grouped-GEMM efficiency depends on the tokens per expert only, "
+                     "not on the expert's width (Qwen3-30B-A3B's experts are 768 wide)",
+    "mb2511-q30": "predicted faster, as mb2509-q30-td: the same layout, published at 12.5 s there (token "
+                  "drop) and 24.8 s here (dropless), a 2x difference between two releases' figures",
+    "mb2602-q30": "predicted faster, as mb2509-q30-td; this layout was published at 5,113 tokens/s per GPU "
+                  "by 26.02 and 9,058 by its patch 26.02.01",
+    "mb2511-q235": "predicted slower: the recipe overlaps the EP all-to-all with compute (moe_a2a_overlap), "
+                   "which is not priced",
+    "mb2604-q235": "predicted slower, as mb2511-q235 (moe_a2a_overlap not priced)",
 }
 """Test runs outside the target, each with why (docs/validation.md shows them); never tuned away."""
 
@@ -109,7 +120,8 @@ def estimate_args(run: MoERun) -> list[str]:
     """The ``advisor estimate`` arguments of the run: its layout and its ``options``."""
     args = ["estimate", "--model", run.model, "--gpu", run.gpu, "--gpus", str(run.gpus), "--tp", str(run.tp),
             "--cp", str(run.cp), "--pp", str(run.pp), "--ep", str(run.ep), "--etp", str(run.etp), "--mbs",
-            str(run.mbs), "--gbs", str(run.gbs), "--seq-len", str(run.seq_len), "--format", "json"]
+            str(run.mbs), "--gbs", str(run.gbs), "--seq-len", str(run.seq_len), "--memory-model", "paper",
+            "--format", "json"]
     if run.vpp > 1:
         args += ["--vpp", str(run.vpp)]
     return args + shlex.split(run.options)
