@@ -25,7 +25,6 @@ from advisor import schedule
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, Workload
-from advisor.splits import settle
 
 GIB = 2**30
 """Seed 004's tables say GB and mean GiB (2^30 bytes): its Eq. 10/17 values printed in Tables 2-11
@@ -439,7 +438,8 @@ class StageModel:
             estimate = self._inverse(bound, fixed, per_layer, 0.0, 0.0, high)
         estimate = np.clip(estimate, low - 1, high).astype(np.int64)
         for _ in range(int(np.max(self.vpp)) + 2):  # one step fixes rounding; more would mean a wrong estimate
-            up, down = settle(self.total, estimate, bound, low, high)
+            up = (estimate < high) & (self.total(np.minimum(estimate + 1, high)) <= bound)
+            down = (estimate >= low) & (self.total(np.maximum(estimate, low)) > bound)
             if not (up.any() or down.any()):
                 return estimate
             estimate = estimate + up - down

@@ -20,7 +20,6 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from advisor.splits import settle
 from advisor.throughput import StageTimes, StepTime, TimeModel
 
 
@@ -46,7 +45,8 @@ class RankTimes:
         estimate = np.where(recomputing >= self.recomputable, np.maximum(beyond, self.recomputable), recomputing)
         estimate = np.clip(estimate, low - 1, high).astype(np.int64)
         for _ in range(3):
-            up, down = settle(self, estimate, bound, low, high)
+            up = (estimate < high) & (self(np.minimum(estimate + 1, high)) <= bound)
+            down = (estimate >= low) & (self(np.maximum(estimate, low)) > bound)
             if not (up.any() or down.any()):
                 break
             estimate = estimate + up - down

@@ -58,14 +58,6 @@ Inverse = Callable[[np.ndarray, np.ndarray, np.ndarray], "np.ndarray | None"]
 """inverse(bound, low, high): what ``caps`` computes, in closed form; None where it has none."""
 
 
-def settle(cost, estimate, bound, low, high):
-    """(up, down): where an inverse's ``estimate`` of the most n in [low, high] with cost(n) <=
-    bound is one short, and where it is one over. Both sides in one call of ``cost`` (every
-    cost here is elementwise in n): the planners' arrays are small, so calls, not cells, cost."""
-    below, above = cost(np.stack(np.broadcast_arrays(np.maximum(estimate, low), np.minimum(estimate + 1, high))))
-    return (estimate < high) & (above <= bound), (estimate >= low) & (below > bound)
-
-
 def caps(cost: Cost, bound: np.ndarray, low: np.ndarray, high: np.ndarray, inverse: Inverse | None = None
          ) -> np.ndarray:
     """The most layers n in [low, high] with cost(n) <= bound, per (layout, rank); low - 1 where
