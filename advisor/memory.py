@@ -336,6 +336,7 @@ class StageModel:
         # Eq. 4 and 10, with the levers' sharding and offload (advisor.memory_levers)
         self.weight_bytes, self.gradient_bytes, self.optimizer_bytes = levers.state_bytes_per_parameter(options, d * c)
         self.layer_extra_bytes = levers.fp8_weight_bytes_per_layer(spec, t, options)
+        self.fp8 = options.fp8_format is not None
         self.options = options
         sharding = levers.SHARDING[options.fsdp_strategy]
         self.buffered = sharding is not None and sharding[1]  # Megatron-FSDP's unsharded gradient queue
@@ -343,6 +344,7 @@ class StageModel:
         kept, checkpoint = layer_bytes(spec, seq_len, b, t, c, options)
         self.kept, self.checkpoint = kept * dtype_scale, checkpoint * dtype_scale
         self.vpp, self.recompute_layers = v, np.asarray(recompute_layers)
+        self.recomputing = bool((self.recompute_layers > 0).any())
         self.interleaved = bool((v > 1).any())
         self.uniform = options.recompute_method == "uniform"
         self.in_flight = schedule.InFlight.at(i, p, v, num_microbatches)
@@ -357,7 +359,7 @@ class StageModel:
         self.output_activations = np.where(
             last, eq.output_hidden_activation_bytes(spec, seq_len, b) * dtype_scale / whole
             + eq.logits_bytes(spec, seq_len, b, vocab) / sharded, 0.0)
-        self.calibrated, self.added = calibrated is not None, 0.0
+        self.calibrated, self.added, self._total_at_zero = calibrated is not None, 0.0, None
         if calibrated is not None:
             self.kept, self.checkpoint = self.kept * calibrated.layer_factor, self.checkpoint * calibrated.layer_factor
             self.embedding_activations = self.embedding_activations * calibrated.embedding_factor
@@ -389,6 +391,8 @@ class StageModel:
             per_chunk, extra, larger = layers, 0, 0
         passes = self.in_flight.passes
         held = per_chunk * passes + larger  # X
+        if not self.recomputing:  # what both methods below give with N = 0, without their zero terms
+            return np.where(layers > 0, kept * held, 0.0)
         if self.uniform:
             unit = np.maximum(n, 1)
             units = -(-per_chunk // unit) * (passes - larger) + -(-(per_chunk + 1) // unit) * larger
@@ -411,14 +415,47 @@ class StageModel:
         microbatch in flight, and one layer rebuilt), beyond it each further layer kept whole;
         and total(v q + r) - total(v q) = s r + c R_r, with s a layer's model states, c the
         checkpoint (q < N) or a kept layer, and R_r the passes in flight of the last r chunks,
-        itself two lines in r (``schedule.InFlight``). The estimate is then corrected by
-        evaluating ``total`` beside it, so rounding cannot move the answer."""
-        if (self.uniform and (self.recompute_layers > 0).any()) or self.buffered:
-            return None  # Megatron-FSDP's buffers are not linear in the layers either
-        n, passes, v, kept, checkpoint = self.recompute_layers, self.in_flight.passes, self.vpp, self.kept, self.checkpoint
-        fixed = self.total(0)
+        itself two lines in r (``schedule.InFlight``).
+
+        Megatron-FSDP's buffers (``memory_levers.fsdp_buffer_bytes``) are each the smaller of two
+        lines in n (n layers' worth, or a capped queue): the total is the smallest of the
+        totals with one line of each, each of the form above (another slope s, another fixed
+        part), and each increasing in n, so n is the largest of their inverses.
+
+        The estimate is then corrected by evaluating ``total`` beside it, so rounding cannot move
+        the answer; should it not settle within v + 2 steps, None (the planner bisects)."""
+        if self.uniform and (self.recompute_layers > 0).any():
+            return None
+        fixed = self._fixed()
         per_layer = self.layer_parameters * (self.weight_bytes + self.gradient_bytes + self.optimizer_bytes) \
             + self.layer_extra_bytes
+        if self.buffered:
+            estimate = None
+            for slope, intercept in levers.fsdp_buffer_lines(self.options, self.layer_parameters):
+                line = self._inverse(bound, fixed + intercept, per_layer + slope, slope, intercept, high)
+                estimate = line if estimate is None else np.maximum(estimate, line)
+        else:
+            estimate = self._inverse(bound, fixed, per_layer, 0.0, 0.0, high)
+        estimate = np.clip(estimate, low - 1, high).astype(np.int64)
+        for _ in range(int(np.max(self.vpp)) + 2):  # one step fixes rounding; more would mean a wrong estimate
+            up = (estimate < high) & (self.total(np.minimum(estimate + 1, high)) <= bound)
+            down = (estimate >= low) & (self.total(np.maximum(estimate, low)) > bound)
+            if not (up.any() or down.any()):
+                return estimate
+            estimate = estimate + up - down
+        return None
+
+    def _fixed(self):
+        """total(0), which no bound changes: computed once per model."""
+        if self._total_at_zero is None:
+            self._total_at_zero = self.total(0)
+        return self._total_at_zero
+
+    def _inverse(self, bound, fixed, per_layer, slope, intercept, high):
+        """``most_layers``' estimate for a total whose model states are ``per_layer`` bytes per
+        layer over ``fixed`` (the lines of the docstring); ``slope`` n + ``intercept`` are the
+        buffer bytes that line adds to ``total`` without its buffers."""
+        n, passes, v, kept, checkpoint = self.recompute_layers, self.in_flight.passes, self.vpp, self.kept, self.checkpoint
         rebuilt = np.where(n > 0, kept - checkpoint, 0)
         beyond = np.floor((bound - fixed - (checkpoint - kept) * n * passes) / (per_layer * v + kept * passes))
         within = np.minimum(np.floor((bound - fixed - rebuilt) / (per_layer * v + checkpoint * passes)), n)
@@ -426,7 +463,8 @@ class StageModel:
         q = np.clip(q, -1, np.maximum(high // v, 0))
         estimate = v * q
         if self.interleaved:
-            budget = bound - self.total(np.maximum(estimate, 0))
+            at = np.maximum(estimate, 0)
+            budget = bound - (self.total(at, buffers=False) + slope * at + intercept)
             c = np.where(n > q, checkpoint, kept)
             pp, rounds, rest = self.in_flight.pp, self.in_flight.rounds, self.in_flight.rest
             filled = rest // pp
@@ -435,31 +473,28 @@ class StageModel:
             many = np.floor((budget - c * (rest - filled * pp - start * pp)) / (per_layer + c * (rounds + 1) * pp))
             extra = np.clip(np.where(many >= start, many, np.maximum(few, 0)), 0, v - 1)
             estimate = np.where(q >= 0, estimate + extra, -1)
-        estimate = np.clip(estimate, low - 1, high).astype(np.int64)
-        for _ in range(int(np.max(v)) + 2):  # one step fixes rounding; more would mean a wrong estimate
-            up = (estimate < high) & (self.total(np.minimum(estimate + 1, high)) <= bound)
-            down = (estimate >= low) & (self.total(np.maximum(estimate, low)) > bound)
-            if not (up.any() or down.any()):
-                break
-            estimate = estimate + up - down
         return estimate
 
     def parameters(self, layers):
         return np.asarray(layers) * self.layer_parameters + self.end_parameters
 
-    def states(self, layers, parameters):
+    def states(self, layers, parameters, buffers: bool = True):
         """(weights, gradients, optimizer) bytes of a rank: per parameter (Eq. 4, 10 with the
         levers' sharding), plus Transformer Engine's FP8 weight copies per layer and
-        Megatron-FSDP's gathered weights and queued gradients (``advisor.memory_levers``)."""
-        gathered, queued = levers.fsdp_buffer_bytes(self.options, self.layer_parameters, layers)
+        Megatron-FSDP's gathered weights and queued gradients (``advisor.memory_levers``;
+        without them where not ``buffers``)."""
+        if not (self.fp8 or (self.buffered and buffers)):  # the sums below with only zeros added: the same bytes
+            return self.weight_bytes * parameters, self.gradient_bytes * parameters, self.optimizer_bytes * parameters
+        gathered, queued = levers.fsdp_buffer_bytes(self.options, self.layer_parameters, layers) if buffers else (0, 0)
         weights = self.weight_bytes * parameters + (np.asarray(layers) * self.layer_extra_bytes + gathered)
         return weights, self.gradient_bytes * parameters + queued, self.optimizer_bytes * parameters
 
-    def total(self, layers):
+    def total(self, layers, buffers: bool = True):
         """Peak bytes per GPU of a rank holding ``layers`` decoder layers (Eq. 18 per stage); the
-        same sums, in the same order, as ``terms(layers).total``."""
+        same sums, in the same order, as ``terms(layers).total``. Without Megatron-FSDP's buffers
+        where not ``buffers`` (``most_layers`` adds them as lines)."""
         parameters = self.parameters(layers)
-        weights, gradients, optimizer = self.states(layers, parameters)
+        weights, gradients, optimizer = self.states(layers, parameters, buffers)
         states = weights + gradients + optimizer
         return states + (self.layer_activations(layers) + self.embedding_activations + self.output_activations) \
             + self.added

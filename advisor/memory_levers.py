@@ -90,6 +90,21 @@ def fsdp_buffer_bytes(options, unit_parameters, layers):
     return weights + zero, gradients + zero
 
 
+def fsdp_buffer_lines(options, unit_parameters) -> list[tuple]:
+    """``fsdp_buffer_bytes`` as lines in the layers n: each buffer is the smaller of two lines,
+    n units (slope u, nothing at 0) or its cap (slope 0): gathered = min(n u, u + prefetch)
+    (for n >= 1, u + min(prefetch, (n - 1) u) is that; at 0 both are 0) and queued = min(n u,
+    queue + u). Their sum is the smallest of the (slope, intercept) bytes of every choice of one
+    line per buffer, which this lists (one zero line where a buffer is not held)."""
+    _, grads_sharded, weights_sharded = SHARDING[options.fsdp_strategy] or (False, False, False)
+    u = np.asarray(unit_parameters, dtype=float)
+    gathered = [(options.element_bytes * u, 0.0), (0.0, options.element_bytes * (u + FSDP_AG_PREFETCH_ELEMENTS))] \
+        if weights_sharded else [(0.0, 0.0)]
+    queued = [(options.gradient_bytes * u, 0.0), (0.0, options.gradient_bytes * (u + FSDP_RS_QUEUE_ELEMENTS))] \
+        if grads_sharded else [(0.0, 0.0)]
+    return [(a + c, b + d) for a, b in gathered for c, d in queued]
+
+
 def linear_parameters(spec: LlamaSpec, tp) -> float:
     """The GEMM weights of one layer on one GPU (QKV, output projection, FC1 with gate, FC2):
     Eq. 6 without the two RMSNorm weights; what Transformer Engine runs in FP8."""

@@ -40,6 +40,7 @@ Pruning (only what provably cannot win; counted, and reported by the sweep):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
@@ -174,9 +175,15 @@ class Variants:
 
     def options(self, options: MemoryOptions) -> MemoryOptions:
         """The estimator's options of this set (recompute_layers go per variant)."""
-        if self.selective:
-            return replace(options, recompute="selective")
-        return replace(options, recompute="none", recompute_method="uniform" if self.uniform else "block")
+        return _family_options(options, self.selective, self.uniform)
+
+
+@functools.lru_cache(maxsize=64)
+def _family_options(options: MemoryOptions, selective: bool, uniform: bool) -> MemoryOptions:
+    """``Variants.options``, made once per search: every pricer of a family asks for the same."""
+    if selective:
+        return replace(options, recompute="selective")
+    return replace(options, recompute="none", recompute_method="uniform" if uniform else "block")
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +382,11 @@ class _Search:
     times: dict = field(default_factory=dict)
     """LayoutTimes of every base, per recomputation family (selective or not), made once."""
 
+    def memory(self) -> _Search:
+        """The same search without the time model: for pricers that only judge memory (``fits``,
+        the memory side of ``fastest``), which then build no rank times."""
+        return replace(self, timing=None, times={}) if self.timing is not None else self
+
     def pricer(self, variants: Variants) -> _Pricer:
         times = None
         if self.timing is not None:
@@ -392,6 +404,7 @@ def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> t
     with the block method memory never grows with N, so the lowest first, then bisection; the
     uniform method's does not fall with N (fewer checkpoints, a larger unit rebuilt), so every N
     in turn."""
+    search = search.memory()
     if variants.uniform:
         least, n, priced = np.full(len(variants), -1), low.copy(), 0
         open_ = n <= high
@@ -558,7 +571,7 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
         todo = np.flatnonzero(~picks.planned & (picks.family == family))
         if todo.size:
             variants = picks.variants(todo, bases, families)
-            split = replace(state, timing=None, times={}).pricer(variants).lowest()
+            split = state.memory().pricer(variants).lowest()
             picks.counts[todo, :split.counts.shape[1]] = split.counts
             picks.planned[todo] = True
     return SpaceResult(bases=bases, chosen=_rows(state, bases, picks, families), considered=considered,
@@ -634,7 +647,8 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
         if variants.uniform:
             free = pricer.fastest(np.inf).value  # no N' > N has a shorter period than this
         else:
-            free = pricer.fastest(limit, memory=search.pricer(variants.take(index).with_recompute(high[index]))).value
+            free = pricer.fastest(limit, memory=search.memory().pricer(
+                variants.take(index).with_recompute(high[index]))).value
         n[index] += 1
         open_[index] = (n[index] <= high[index]) & (free < best_period[index])
     return best, best_n, best_counts, planned

@@ -9,20 +9,78 @@
     options.py     what they share: option bundles, one-line errors, output
     progress.py    the progress of a running campaign
 
-Only click is imported at start-up; numpy, rich and matplotlib load inside the commands that
-need them, so ``advisor --help`` starts fast.
+Only click and ``options`` are imported at start-up: each command's module loads when that
+command runs (``COMMANDS``, click's "lazily loading subcommands" pattern), and numpy, rich and
+matplotlib inside the commands that need them, so ``advisor --help`` starts fast.
 """
 
 from __future__ import annotations
 
-import click
+import importlib
+from typing import NamedTuple
 
-from advisor.cli import compare_log, estimate, models, profile, recommend
+import click
+from click.utils import make_default_short_help
+
 from advisor.cli.options import EPILOG, OneLineErrors
 
 
+class Lazy(NamedTuple):
+    module: str
+    attribute: str
+    short_help: str
+    """What ``advisor --help`` lists; the one place it is written (the command gets it too)."""
+
+
+COMMANDS = {
+    "compare-log": Lazy("advisor.cli.compare_log", "compare_log",
+                        "Measured against predicted: the step time, TFLOP/s per GPU and peak memory per pipeline "
+                        "stage of a Megatron-LM training log, beside the advisor's estimate of its command."),
+    "estimate": Lazy("advisor.cli.estimate", "estimate",
+                     "Per-GPU memory of one configuration, stage by stage; with --gpu, its step time too."),
+    "gpus": Lazy("advisor.cli.models", "gpus",
+                 "List the GPU presets for --gpu: memory, dense BF16/FP8 TFLOP/s, HBM, NVLink and network bandwidth, "
+                 "GPUs per node, and the vendor specification each number comes from (JSON)."),
+    "models": Lazy("advisor.cli.models", "models",
+                   "List the built-in presets (Llama and mixtures of experts) and their hyper-parameters; total and "
+                   "active parameters (equal for dense models; MoE: top-k experts, embeddings included)."),
+    "profile": Lazy("advisor.cli.profile", "profile", "Plan, run and read layer-by-layer memory profiles of Megatron runs."),
+    "recommend": Lazy("advisor.cli.recommend", "recommend",
+                      "Recommend the layers per stage (and, in hybrid mode, per-stage degrees) with the lowest "
+                      "predicted peak memory, or with the shortest predicted period under the memory limit."),
+    "report": Lazy("advisor.cli.report", "report",
+                   "One self-contained HTML page (no network at view time) for a sweep, an estimate or a plan."),
+    "sweep": Lazy("advisor.cli.estimate", "sweep",
+                  "Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its layers "
+                  "per stage, interleaving (VPP) and recomputation; judge which run, and rank them."),
+}
+"""Every command: where it lives and its short help. A command's module (and what it imports:
+the training options, MoE, the report) loads only when that command is asked for."""
+
+
 class AdvisorGroup(OneLineErrors, click.Group):
-    """The ``advisor`` group: every input error as one line with exit status 2."""
+    """The ``advisor`` group: every input error as one line with exit status 2; commands load
+    on demand (``COMMANDS``)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in COMMANDS:
+            lazy = COMMANDS[name]
+            command = getattr(importlib.import_module(lazy.module), lazy.attribute)
+            command.short_help = lazy.short_help
+            self.add_command(command, name)
+        return self.commands.get(name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands with their short help from ``COMMANDS``, without importing them."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = [(name, make_default_short_help(COMMANDS[name].short_help, limit) if name in COMMANDS
+                 else self.get_command(ctx, name).get_short_help_str(limit)) for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(cls=AdvisorGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -46,11 +104,6 @@ def cli() -> None:
     training options; time from a calibrated model of Megatron-LM's iteration.
     """
 
-
-for command in (models.models, models.gpus, estimate.sweep, estimate.estimate, profile.profile,
-                recommend.recommend, compare_log.compare_log):
-    cli.add_command(command)
-cli.add_command(__import__("advisor.cli.report", fromlist=["report"]).report)  # issue 25: HTML report
 
 
 def main() -> None:
