@@ -98,6 +98,9 @@ def fsdp_buffer_lines(options, unit_parameters) -> list[tuple]:
     line per buffer, which this lists (one zero line where a buffer is not held)."""
     _, grads_sharded, weights_sharded = SHARDING[options.fsdp_strategy] or (False, False, False)
     u = np.asarray(unit_parameters, dtype=float)
+    if options.fsdp_strategy == "torch_fsdp2":  # min(n u, 2 u) of each, in the weights' dtype
+        each = [(options.element_bytes * u, 0.0), (0.0, options.element_bytes * TORCH_FSDP2_UNITS_IN_FLIGHT * u)]
+        return [(a + c, b + d) for a, b in each for c, d in each]
     gathered = [(options.element_bytes * u, 0.0), (0.0, options.element_bytes * (u + FSDP_AG_PREFETCH_ELEMENTS))] \
         if weights_sharded else [(0.0, 0.0)]
     queued = [(options.gradient_bytes * u, 0.0), (0.0, options.gradient_bytes * (u + FSDP_RS_QUEUE_ELEMENTS))] \

@@ -15,7 +15,7 @@ from advisor.splits import caps
 @given(st.sampled_from(["llama3.1-8b", "llama3.1-70b", "llama3.1-405b"]), st.sampled_from([1, 2, 4, 8]),
        st.sampled_from([1, 2, 4]), st.integers(1, 32), st.integers(0, 40), st.integers(1, 4),
        st.floats(1.0, 200.0), st.booleans(), st.integers(1, 6), st.sampled_from([1, 2, 3]),
-       st.sampled_from([None, "no_shard", "optim", "optim_grads", "optim_grads_params"]), st.sampled_from([1, 4, 64]),
+       st.sampled_from([None, "no_shard", "optim", "optim_grads", "optim_grads_params", "torch_fsdp2"]), st.sampled_from([1, 4, 64]),
        st.sampled_from([None, "hybrid"]), st.sampled_from([2, 4]))
 def test_the_closed_form_inverse_is_the_bisection(model, tp, cp, pp, recompute, mbs, gib, sequence_parallel, vpp,
                                                   groups, fsdp, dp, fp8, gradient_bytes):

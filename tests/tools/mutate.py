@@ -25,6 +25,9 @@ SCHEDULE = ["tests/test_schedule.py", "tests/test_memory.py"]
 TIME = ["tests/test_terms_by_hand.py", "tests/test_throughput.py"]
 VERDICTS = ["tests/test_verdicts_ranking.py"]
 FLAGS = ["tests/test_megatron_args.py"]
+OPTIONS = ["tests/test_megatron_args.py", "tests/test_options.py", "tests/test_levers.py"]
+LEVERS = ["tests/test_levers.py", "tests/test_torch_fsdp2.py"]
+MOE = ["tests/test_moe_memory.py", "tests/test_moe_time_stage.py", "tests/test_moe_pricing.py"]
 
 MUTANTS = [  # (file, text, replacement, tests)
     ("advisor/equations.py", "return 3 * spec.hidden_size * spec.ffn_hidden_size / tp",
@@ -77,9 +80,27 @@ MUTANTS = [  # (file, text, replacement, tests)
      "        pipeline = m * total / p + (total - slowest) / v", TIME),
     ("advisor/megatron_args.py", '"--attention-dropout", "0", "--hidden-dropout", "0",', "", FLAGS),
     ("advisor/megatron_args.py", '"--disable-bias-linear"', '"--add-bias-linear"', FLAGS),
-    ("advisor/megatron_args.py", '        args.append("--sequence-parallel")', "        pass", FLAGS),
-    ("advisor/megatron_args.py", '"--accumulate-allreduce-grads-in-fp32" if options.gradient_bytes == 4',
-     '"--accumulate-allreduce-grads-in-fp32" if options.gradient_bytes == 2', FLAGS),
+    # the emitted flags moved to advisor/options/flags.py with the training options (issue 21)
+    ("advisor/options/flags.py", '        args.append("--sequence-parallel")', "        pass", OPTIONS),
+    ("advisor/options/flags.py", 'if p.params_dtype != "float32" and p.grad_reduce_dtype == "fp32":',
+     'if p.params_dtype != "float32" and p.grad_reduce_dtype == "bf16":', OPTIONS),
+    # the levers' memory and time terms (issue 21)
+    ("advisor/memory_levers.py", "    gradients = options.gradient_bytes / np.where(grads_sharded, shards, 1.0)",
+     "    gradients = options.gradient_bytes / np.where(weights_sharded, shards, 1.0)", LEVERS),
+    ("advisor/memory_levers.py", "    return weights, gradients, optimizer * (1.0 - options.optimizer_host_fraction)",
+     "    return weights, gradients, optimizer", LEVERS),
+    ("advisor/throughput/levers.py", "    return gather, gather + scatter", "    return gather, scatter", LEVERS),
+    ("advisor/throughput/levers.py", "    copies = offloaded * (gradient_bytes + BF16) / link_bytes_per_s",
+     "    copies = offloaded * gradient_bytes / link_bytes_per_s", LEVERS),
+    # the MoE terms (issue 22)
+    ("advisor/moe/memory.py", "    optimizer = eq.optimizer_bytes_per_parameter(edp if distributed_optimizer else 1)",
+     "    optimizer = eq.optimizer_bytes_per_parameter(1)", MOE),
+    ("advisor/moe/memory.py", "    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f)) + 4 + 8",
+     "    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f)) + 4", MOE),
+    ("advisor/moe/time.py", "    return forward, 2 * forward\n\n\ndef all_to_all_time",
+     "    return forward, forward\n\n\ndef all_to_all_time", MOE),
+    ("advisor/moe/time.py", "    outside = size * (ep - in_node) / ep / rates.network_bytes_per_s",
+     "    outside = size * (ep - in_node) / ep / rates.nvlink_bytes_per_s", MOE),
 ]
 
 
