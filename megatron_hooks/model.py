@@ -239,7 +239,7 @@ def _mla_overrides(spec) -> dict:
     mla, yarn = spec.mla, spec.yarn
     values = dict(multi_latent_attention=True, q_lora_rank=mla.q_lora_rank, kv_lora_rank=mla.kv_lora_rank,
                   qk_head_dim=mla.qk_head_dim, qk_pos_emb_head_dim=mla.qk_pos_emb_head_dim,
-                  v_head_dim=mla.v_head_dim, qk_layernorm=True, rotary_base=spec.rotary_base,
+                  v_head_dim=mla.v_head_dim, qk_layernorm=spec.qk_layernorm, rotary_base=spec.rotary_base,
                   rope_type="rope" if yarn is None else "yarn")
     if yarn is not None:
         values.update(rotary_scaling_factor=yarn.factor,
