@@ -81,6 +81,9 @@ def test_the_plans_the_recommender_writes_pass(plans, tmp_path):
     (["--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "6"], 4, (2, 12, 12, 6)),
     (["--pipeline-model-parallel-layout", "E,t*5|t*9|t*9|t*9,L"], 4, (5, 9, 9, 9)),
     (["--pipeline-model-parallel-layout", "Et|(tt|)*2t,L"], 4, (1, 2, 2, 1)),
+    # PP 2 with both ends given, as advisor recommend writes an uneven split (no middle stage:
+    # transformer_config.py checks the middle only when there is one)
+    (["--decoder-first-pipeline-num-layers", "14", "--decoder-last-pipeline-num-layers", "18"], 2, (14, 18)),
 ])
 def test_the_split_megatron_builds_from_its_flags(args, pp, split):
     """Megatron-LM's own readings of these flags (its layout parser expands 't*n' and '(..)*n')."""
@@ -90,3 +93,21 @@ def test_the_split_megatron_builds_from_its_flags(args, pp, split):
 def test_an_impossible_split_is_refused():
     with pytest.raises(AdvisorError, match="cannot split 32 layers over PP 3 with an even split"):
         split_from_args([], 32, 3, "x")
+    with pytest.raises(AdvisorError, match="cannot split 32 layers over PP 2 with first stage 14, last stage 17"):
+        split_from_args(["--decoder-first-pipeline-num-layers", "14", "--decoder-last-pipeline-num-layers", "17"],
+                        32, 2, "x")
+
+
+def test_a_recommended_uneven_pp2_plan_launches(advisor, tmp_path):
+    """advisor recommend writes both end counts for an uneven PP 2 split; advisor-launch reads its
+    own plan back (it refused it before)."""
+    from launch_support import launcher
+    from megatron_real import checkout as real_checkout
+
+    plan = tmp_path / "plan.json"
+    advisor("recommend", "--model", "llama3.2-1b", "--gpus", "8", "--pp", "2", "--mem", "80", "-o", plan)
+    args = json.loads(plan.read_text())["megatron_args"]
+    assert "--decoder-first-pipeline-num-layers" in args and "--decoder-last-pipeline-num-layers" in args
+    checkout = real_checkout("core_v0.15.2").path
+    out = launcher()("torchrun", "--from", plan, "--megatron-lm", checkout, "--dry-run").stdout
+    assert "--decoder-last-pipeline-num-layers" in out

@@ -240,6 +240,8 @@ def split_from_args(args: list[str], num_layers: int, pp: int, origin: str) -> t
             ends[key] = int(value)
     middle_stages = pp - len(ends)
     middle_layers = num_layers - sum(ends.values())
+    if pp == 2 and len(ends) == 2 and middle_layers == 0:  # no middle stage: both ends given, adding up
+        return ends["first"], ends["last"]
     if pp == 1 or middle_stages <= 0 or middle_layers < 0 or middle_layers % middle_stages:
         if not ends and pp == 1:
             return (num_layers,)
