@@ -38,6 +38,7 @@ from pathlib import Path
 import click
 
 from advisor.errors import AdvisorError
+from tables.published.csv_rows import typed_rows
 
 RUNS = Path(__file__).parent / "published" / "moe_runs.csv"
 COLUMNS = ("id", "role", "model", "gpu", "gpus", "tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "gbs", "seq_len",
@@ -98,21 +99,14 @@ class MoERun:
 
 def load(path: Path = RUNS) -> list[MoERun]:
     """The runs of ``path``, every column present and typed; a bad row is an error naming it."""
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        if tuple(reader.fieldnames or ()) != COLUMNS:
-            raise AdvisorError(f"{path}: columns must be {', '.join(COLUMNS)}; got {', '.join(reader.fieldnames or [])}")
-        runs = []
-        for line, row in enumerate(reader, start=2):
-            try:
-                run = MoERun(**{**row, **{key: int(row[key]) for key in INTEGERS}})
-            except ValueError as exc:
-                raise AdvisorError(f"{path}:{line}: {exc}") from None
-            if run.role not in ROLES or run.precision not in ("bf16", "fp8") or (run.precision == "fp8") != bool(
-                    run.fp8_flags):
-                raise AdvisorError(f"{path}:{line}: role must be one of {', '.join(ROLES)}, precision bf16 or fp8, "
-                                   "and fp8_flags given exactly for fp8 runs")
-            runs.append(run)
+    runs = []
+    for line, values in typed_rows(path, COLUMNS, INTEGERS):
+        run = MoERun(**values)
+        if run.role not in ROLES or run.precision not in ("bf16", "fp8") or (run.precision == "fp8") != bool(
+                run.fp8_flags):
+            raise AdvisorError(f"{path}:{line}: role must be one of {', '.join(ROLES)}, precision bf16 or fp8, "
+                               "and fp8_flags given exactly for fp8 runs")
+        runs.append(run)
     return runs
 
 

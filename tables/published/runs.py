@@ -9,13 +9,13 @@ or unknown column, or a ``use`` other than test/fit, is an error naming it.
 
 from __future__ import annotations
 
-import csv
 import shlex
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from advisor.errors import AdvisorError
+from tables.published.csv_rows import typed_rows
 
 DATA = Path(__file__).with_name("dense_runs.csv")
 COLUMNS = ("run", "model", "num_layers", "vocab_size", "gpu", "gpus", "precision", "seq_len", "global_batch_size",
@@ -52,19 +52,11 @@ class PublishedRun:
 
 def load(path: Path = DATA) -> list[PublishedRun]:
     """The runs of ``path``, every column present and typed."""
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        if tuple(reader.fieldnames or ()) != COLUMNS:
-            raise AdvisorError(f"{path}: columns must be {', '.join(COLUMNS)}; got {', '.join(reader.fieldnames or [])}")
-        runs = []
-        for line, row in enumerate(reader, start=2):
-            try:
-                values = {**row, **{key: int(row[key]) for key in INTEGERS}, "step_time_s": float(row["step_time_s"])}
-            except ValueError as exc:
-                raise AdvisorError(f"{path}:{line}: {exc}") from None
-            if values["use"] not in ("test", "fit") or values["precision"] not in TARGETS:
-                raise AdvisorError(f"{path}:{line}: use must be test or fit and precision bf16 or fp8")
-            runs.append(PublishedRun(**values))
+    runs = []
+    for line, values in typed_rows(path, COLUMNS, INTEGERS, ("step_time_s",)):
+        if values["use"] not in ("test", "fit") or values["precision"] not in TARGETS:
+            raise AdvisorError(f"{path}:{line}: use must be test or fit and precision bf16 or fp8")
+        runs.append(PublishedRun(**values))
     return runs
 
 
