@@ -179,6 +179,9 @@ def test_readme_launch_examples_read_back():
     assert estimate["model"]["vocab_size"] == 4096 and estimate["unpriced"] == []
 
 
+_MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 64"
+
+
 @pytest.mark.parametrize("text, error", [
     ("if true; then\n  torchrun pretrain_gpt.py --num-layers 2\nfi\n", "line 2: the launch command inside 'if'"),
     ("A=(--num-layers 2\n", "line 1: an unclosed quote or array"),
@@ -186,6 +189,17 @@ def test_readme_launch_examples_read_back():
     ("torchrun a.py\ntorchrun b.py --x\n", "found 2 Megatron launches (lines 1, 2)"),
     ("echo hello\n", "found no Megatron launch"),
     ("--num-layers $L --hidden-size 64 --num-attention-heads 4\n", "--num-layers is $L, which the command does not set"),
+    # the MoE flags (advisor.moe.readback)
+    (f"{_MOE} --moe-router-topk --num-experts 8\n", "--moe-router-topk takes one value, got 0"),
+    (f"{_MOE} --num-experts eight\n", "--num-experts must be an integer, got 'eight'"),
+    (f"{_MOE} --num-experts 0\n", "--num-experts must be positive, got 0"),
+    (f"{_MOE} --num-experts 8 --moe-router-topk-scaling-factor big\n",
+     "--moe-router-topk-scaling-factor must be a number, got 'big'"),
+    (f"{_MOE} --num-experts 8 --moe-layer-freq '[1,0]*2'\n", "only leading dense layers then MoE layers are priced"),
+    (f"{_MOE} --num-experts 8 --rope-type mrope\n", "--rope-type 'mrope' is not priced (rope or yarn)"),
+    (f"{_MOE} --num-experts 8 --moe-router-score-function relu\n", "--moe-router-score-function 'relu' is not priced"),
+    (f"{_MOE} --num-experts 8 --moe-token-dispatcher-type nccl\n",
+     "--moe-token-dispatcher-type 'nccl' is not one of Megatron's"),
 ])
 def test_what_cannot_be_read_is_refused_in_one_line(text, error):
     result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size", "1000"],
