@@ -45,17 +45,18 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
     dense rows are priced from); a dense model refuses EP/ETP above 1; for an MoE model, every
     option the MoE model does not price is refused by name (none is ignored). The spec gets
     ``mtp_num_layers`` where given."""
-    from dataclasses import replace
-
-    from advisor.moe.memory import RoutedTokens
     from advisor.moe.spec import is_moe
-    from advisor.moe.stage import MoEOptions
 
-    if not is_moe(spec):
+    if not is_moe(spec):  # a dense model: nothing of advisor.moe's pricing is imported for it
         if (ep or 1) > 1 or (etp or 1) > 1 or recompute_modules or mtp_num_layers:
             raise InputError("--ep/--etp/--recompute-modules/--mtp-num-layers need a mixture-of-experts model; "
                              f"{spec.name} is dense")
         return spec, None
+    from dataclasses import replace
+
+    from advisor.moe.memory import RoutedTokens
+    from advisor.moe.stage import MoEOptions
+
     training, memory = options, options.memory_options()  # advisor.options.TrainingOptions
     refused = {"--no-sequence-parallel": not memory.sequence_parallel, "--no-flash-attn": not memory.flash_attention,
                "--vocab-divisible-by": memory.vocab_divisible_by is not None,
