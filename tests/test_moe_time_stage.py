@@ -52,19 +52,82 @@ def test_deepseek_dense_layers_and_interleaving():
     assert c.in_flight[0] == 5.5
 
 
-def test_grouped_gemm_and_all_to_all_by_hand():
+def test_all_to_all_by_hand():
     gpu = get_gpu("h800-80gb")
     rates = Rates.of(gpu, load_calibration())
-    assert mt.grouped_gemm_efficiency(256) == 0.5
     # EP 16 spanning two 8-GPU nodes: 7/16 of the bytes on NVLink, 8/16 on the network
     size = 1000 * 2 * 7168
     expected = max(size * 7 / 16 / rates.nvlink_bytes_per_s, size * 8 / 16 / rates.network_bytes_per_s)
     assert mt.all_to_all_time(DSV3, 1000, 16, 1, rates) == pytest.approx(expected + rates.collective_latency_s)
     assert mt.all_to_all_time(DSV3, 1000, 1, 1, rates) == 0
+
+
+def test_grouped_gemm_from_its_shapes_by_hand():
+    rates = Rates.of(get_gpu("h800-80gb"), load_calibration())
+    # 16 experts of 200 rows, [200, 2048] x [2048, 1536]: 16 x 2 x 12 = 384 tiles of 128 x 128 in
+    # ceil(384 / 132) = 3 waves, useful 16 x 200 x 1536 / (3 x 132 x 128^2) of them; its bytes (weights
+    # 2048 x 1536, input 200 x 2048, output 200 x 1536, BF16, per expert) take longer: memory-bound
+    useful = 16 * 200 * 1536 / (3 * 132 * 16384)
+    compute = 2 * 16 * 200 * 2048 * 1536 / (rates.gemm_flops_per_s * useful)
+    memory = 16 * 2 * (2048 * 1536 + 200 * 2048 + 200 * 1536) / rates.hbm_bytes_per_s
+    assert memory > compute
+    assert mt.grouped_gemm_time(16, 200, 2048, 1536, rates, 132) == pytest.approx(memory + rates.gemm_latency_s)
+    # Mixtral at EP 8: one expert of 4096 copies; FC1 [4096, 4096] x [4096, 28672]: 32 x 224 = 7168
+    # tiles, 55 waves; FC2 [4096, 14336] x [14336, 4096]: 32 x 32 = 1024 tiles, 8 waves; compute-bound
     forward, backward = mt.expert_gemm_time(MIXTRAL, 4096.0, 8, 1, rates)
-    flops = 2 * 4096 * 3 * 4096 * 14336
-    assert forward == pytest.approx(flops / (rates.gemm_flops_per_s * 4096 / (4096 + 256)) + 2 * rates.gemm_latency_s)
+    fc1 = 2 * 4096 * 4096 * 28672 / (rates.gemm_flops_per_s * 4096 * 28672 / (55 * 132 * 16384))
+    fc2 = 2 * 4096 * 14336 * 4096 / (rates.gemm_flops_per_s * 4096 * 4096 / (8 * 132 * 16384))
+    assert forward == pytest.approx(fc1 + fc2 + 2 * rates.gemm_latency_s)
     assert backward == 2 * forward
+
+
+def test_deepep_sends_a_token_once_per_remote_node_and_once_per_rank_by_hand():
+    # 4 items in 2 bins, 2 drawn: both in one bin with chance C(2, 2) / C(4, 2) = 1/6 each
+    assert mt.distinct_bins(2, 4, 2) == pytest.approx(2 * (1 - 1 / 6))
+    assert mt.distinct_bins(8, 8, 4) == pytest.approx(4)  # 4 of 8 one-item bins: 4 bins
+    # DeepSeek-V3 at EP 64 over 8 nodes: group-limited routing picks 4 of the 8 groups, one node
+    # each; 7/8 of those remote; its 8 experts fall among the 32 ranks of the 4 groups (4 each)
+    ranks, remote = mt.flex_destinations(DSV3, 64, 8)
+    assert remote == pytest.approx(4 * 7 / 8)
+    miss = np.prod([(124 - i) / (128 - i) for i in range(8)])
+    assert ranks == pytest.approx(32 * (1 - miss))
+    rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
+    copies = 2048 * 8.0
+    token = 2048 * 2 * 7168
+    expected = max(token * ranks * 7 / 8 / rates.nvlink_bytes_per_s, token * 3.5 / rates.network_bytes_per_s)
+    got = mt.all_to_all_time(DSV3, copies, 64, 1, rates, "flex")
+    assert got == pytest.approx(expected + rates.collective_latency_s)
+    assert got < mt.all_to_all_time(DSV3, copies, 64, 1, rates)  # alltoall: 8 x 56/64 = 7 copies leave the node
+    # Qwen3-30B-A3B at EP 16 over 2 nodes, no groups: the other node is hit unless all 8 experts are local
+    qwen = PRESETS["qwen3-30b-a3b"]
+    _, remote = mt.flex_destinations(qwen, 16, 8)
+    assert remote == pytest.approx(1 - np.prod([(64 - i) / (128 - i) for i in range(8)]))
+
+
+def test_overlapped_layer_by_hand():
+    # a = 1, x = 2, comm 8 (four of 2): max(2, 1) + max(2, 2) + max(2, 4) + max(2, 2) = 10
+    assert mt.overlapped_layer_time(1.0, 2.0, 8.0) == pytest.approx(10.0)
+    # DeepEP's SMs, a quarter: each compute beside a communication gains 0.25 x 2 = 0.5
+    assert mt.overlapped_layer_time(1.0, 2.0, 8.0, 0.25) == pytest.approx(2 + 2.5 + 4.5 + 2.5)
+    assert mt.overlapped_layer_time(1.0, 2.0, 0.0) == pytest.approx(9.0)  # the plain 3a + 3x
+    assert mt.overlapped_layer_time(0.0, 0.0, 8.0) == pytest.approx(8.0)  # the plain communication
+    assert mt.comm_sm_share("flex", "hopper") == pytest.approx(20 / 132)
+    assert mt.comm_sm_share("alltoall", "hopper") == 0
+
+
+def test_overlap_holds_one_more_forward():
+    # PP 1: microbatch i + 1's forward beside i's backward, two held; PP 4 VPP 2 stage 0: 11 chunk
+    # passes (2(p - 1) + (v - 1) p + 1), one more is half a stage; one microbatch: nothing more
+    assert st.in_flight_extra(0, 1, 1, 4) == 1.0
+    assert st.in_flight_extra(0, 4, 2, 16) == 0.5
+    assert st.in_flight_extra(0, 1, 1, 1) == 0.0
+    plain = st.stage_bytes(MIXTRAL, 4096, st.MoEOptions(), tp=1, cp=1, pp=4, ep=8, etp=1, dp=16, mbs=1,
+                           num_microbatches=16, stage=np.array([0]), vpp=2)
+    overlap = st.stage_bytes(MIXTRAL, 4096, st.MoEOptions(a2a_overlap=True), tp=1, cp=1, pp=4, ep=8, etp=1, dp=16,
+                             mbs=1, num_microbatches=16, stage=np.array([0]), vpp=2)
+    assert overlap.in_flight[0] == 6.0
+    per_stage = (plain.layer_activations[0]) / plain.in_flight[0]
+    assert overlap.layer_activations[0] == pytest.approx(plain.layer_activations[0] + 0.5 * per_stage)
 
 
 def test_megatron_flops_by_hand():
