@@ -142,3 +142,31 @@ def test_megatron_flops_by_hand():
                     + s * a * 192 / 2 + s * a * 128 / 2)
     dsv3_mlp = 12 * 61 * hd * 1.5 * (18432 * 3 / 61 + (2048 * 8 + 2048) * 58 / 61)
     assert mt.megatron_flops_per_iteration(DSV3, s, 1, 129280) == pytest.approx(s * (dsv3_mlp + mla + 6 * hd * 129280))
+
+
+def test_overlap_in_the_step_by_hand():
+    # PP 1 (Qwen3-30B-A3B, EP 16, 16 microbatches of one DP rank): the combined schedule runs the
+    # first forward and the last backward plain and pairs the other 15, so the step shortens by
+    # (m - 1) x the MoE layers x (a plain layer - an overlapped one), nothing else changing
+    from advisor.moe.stage import MoEOptions
+    from advisor.options import TrainingOptions
+    from advisor.throughput import terms
+
+    qwen, gpu = PRESETS["qwen3-30b-a3b"], get_gpu("h100-80gb")
+    columns = {"tp": 1, "cp": 1, "pp": 1, "ep": 16, "etp": 1, "dp": 16, "mbs": 1, "vpp": 1}
+    m = 256 / 16
+
+    def step(options):
+        first = st.stage_bytes(qwen, 4096, options, num_microbatches=m, stage=0, **columns)
+        return mt.step_times(qwen, 4096, 256, columns, "none", gpu=gpu, options=options, first_stage=first)
+
+    flex = dict(dispatcher="flex", training=TrainingOptions())
+    plain, overlap = step(MoEOptions(**flex)), step(MoEOptions(**flex, a2a_overlap=True))
+    rates = terms.Rates.of(gpu, load_calibration())
+    _, moe_f, comm, expert = mt.layer_times(qwen, 4096, tp=1, cp=1, ep=16, etp=1, mbs=1, rates=rates,
+                                            dispatcher="flex")
+    layer = 3 * (moe_f - comm) + 2 * comm
+    paired = mt.overlapped_layer_time(moe_f - comm - expert, expert, 2 * comm, 20 / 132)
+    assert paired < layer
+    assert plain["step_time_s"] - overlap["step_time_s"] == pytest.approx((m - 1) * qwen.moe_layers * (layer - paired))
+    assert overlap["ep_comm_s"] == pytest.approx(m * qwen.moe_layers * (paired - 3 * (moe_f - comm)))
