@@ -67,6 +67,8 @@ def test_megatron_accepts_and_builds_moe_rows(tag):
     # implementation, which these CPU checks replace by the local one, so it is left out here)
     rows += [("qwen3-30b-a3b", row) for row in _rows("qwen3-30b-a3b", 64, "--top", "2",
                                                      "--overlap-moe-expert-parallel-comm")]
+    rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--all", "--recompute", "selective",
+                                     "--overlap-moe-expert-parallel-comm", "--top", "1")[0])]
     assert {row["vpp"] > 1 for _, row in rows} == {True, False}
     cases = [{"args": [*row["megatron_args"], *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
                        "NullTokenizer", "--vocab-size", str(load_model(name).vocab_size), "--train-iters", "10"],
