@@ -292,15 +292,17 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     tokens_cp = c["mbs"] * seq_len / c["cp"]
     head_f, head_b = terms.lm_head_time(spec, tokens_cp, c["tp"], spec.vocab_size, rates)
     emb_f, emb_b = terms.embedding_time(spec, tokens_cp, c["tp"], rates)
-    mtp = spec.mtp_num_layers * mtp_terms.extra_time(
-        spec, tokens_cp, c["tp"], moe_t, head_f + head_b, emb_f + emb_b,
-        lambda m, k, n: terms.gemm_time(m, k, n, gemm_rates or rates))
     cross = c["tp"] * c["cp"] * c["dp"] >= rates.gpus_per_node
     p2p = np.where(c["pp"] > 1, terms.pipeline_p2p_time(spec, tokens_cp, c["tp"], cross, rates), 0.0)
     chunk = vpp * 2 * p2p + cal.microbatch_overhead_s  # per microbatch on a rank: its chunks' sends, its overhead
-    ends = head_f + head_b + mtp
 
     def stages(layer):  # (all stages' work, the slowest stage's) with one MoE layer's time ``layer``
+        # the MTP layers' MoE layer is one of the chunk's layers in the combined schedule too
+        # (``TransformerModelChunkSchedulePlan`` builds a layer plan for each MTP layer)
+        mtp = spec.mtp_num_layers * mtp_terms.extra_time(
+            spec, tokens_cp, c["tp"], layer, head_f + head_b, emb_f + emb_b,
+            lambda m, k, n: terms.gemm_time(m, k, n, gemm_rates or rates))
+        ends = head_f + head_b + mtp
         last = np.floor(spec.num_layers / c["pp"]) * layer + ends  # split_layers' last is the shortest
         total = spec.first_dense_layers * dense_t + spec.moe_layers * layer + ends + c["pp"] * chunk
         return total, np.maximum(np.where(c["pp"] == 1, total, np.maximum(most * layer, last) + chunk), total / c["pp"])
