@@ -170,3 +170,18 @@ def test_overlap_in_the_step_by_hand():
     assert paired < layer
     assert plain["step_time_s"] - overlap["step_time_s"] == pytest.approx((m - 1) * qwen.moe_layers * (layer - paired))
     assert overlap["ep_comm_s"] == pytest.approx(m * qwen.moe_layers * (paired - 3 * (moe_f - comm)))
+
+
+def test_elementwise_bytes_by_hand():
+    # Qwen3-30B-A3B (GQA 32/4 heads of 128, QK norms): norms and residuals 10h, RoPE on Q and K
+    # read and written 2 (32 + 4) 128, the QK norms as much again; 1000 tokens over TP 2
+    qwen = PRESETS["qwen3-30b-a3b"]
+    attention, dense, experts = mt.elementwise_bytes(qwen, 1000.0, 2, 8000.0, 1)
+    assert attention == 2 * 1000 * (10 * 2048 + 2 * 2 * 36 * 128) / 2
+    assert dense == 2 * 1000 * 3 * 6144 / 2
+    assert experts == 2 * 8000 * 3 * 768  # SwiGLU on every copy: read 2 x 768, write 768; no shared expert
+    # DeepSeek-V3 (MLA: RoPE on the 128 heads' and the shared key's 64 rotary dims, its norms on the
+    # 1536 and 512 wide latents; a 2048-wide shared expert over TP 2)
+    attention, _, experts = mt.elementwise_bytes(DSV3, 1000.0, 2, 8000.0, 1)
+    assert attention == 2 * 1000 * (10 * 7168 + 2 * 129 * 64 + 2 * (1536 + 512)) / 2
+    assert experts == 2 * 3 * (8000 * 2048 + 1000 * 2048 / 2)

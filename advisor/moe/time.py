@@ -161,14 +161,17 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         + 4 * rates.gemm_latency_s
     core = attention_flops(spec, seq_len, mbs, tp, cp) / rates.attention_flops_per_s + rates.attention_latency_s
     tp_comm, _ = terms.tensor_parallel_time(spec, tokens_cp, tp, rates)
-    elementwise = terms.elementwise_time(mm.BF16 * 10 * spec.hidden_size * tokens_cp / tp, rates)
-    cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, 2.5 * core)
-    attention = attention_gemm + core + tp_comm / 2 + elementwise + cp_comm
-    dense_mlp = terms.gemm_time(tokens_cp, spec.hidden_size, 3 * spec.ffn_hidden_size / tp, gemm_rates) + tp_comm / 2
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     copies = mm.expert_token_copies(spec, tokens, ep, etp, mm.RoutedTokens()) * imbalance
+    elementwise, dense_swiglu, expert_swiglu = (terms.elementwise_time(b, rates) for b in elementwise_bytes(
+        spec, tokens_cp, tp, copies, etp))
+    cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, 2.5 * core)
+    attention = attention_gemm + core + tp_comm / 2 + elementwise + cp_comm
+    dense_mlp = terms.gemm_time(tokens_cp, spec.hidden_size, 3 * spec.ffn_hidden_size / tp, gemm_rates) \
+        + tp_comm / 2 + dense_swiglu
     expert_f, _ = expert_gemm_time(spec, copies, ep, etp, gemm_rates, sms, 1 if fp8 else mm.BF16)
-    shared = 2.0 * tokens_cp * params.shared_expert_parameters(spec, tp) / gemm_rates.gemm_flops_per_s
+    shared = 2.0 * tokens_cp * params.shared_expert_parameters(spec, tp) / gemm_rates.gemm_flops_per_s \
+        + expert_swiglu
     router = 2.0 * tokens * spec.hidden_size * spec.num_experts / rates.gemm_flops_per_s
     permute = terms.elementwise_time(4 * copies * mm.BF16 * spec.hidden_size, rates)
     a2a = 2 * all_to_all_time(spec, copies / np.asarray(etp, dtype=float), ep, etp, rates,
@@ -179,6 +182,28 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     if fp8:
         moe = moe + terms.elementwise_time(fp8_terms.cast_bytes(spec, tokens_cp, tp, copies, etp)[0], rates)
     return attention + dense_mlp, moe, a2a + 2 * gather, expert_f + shared
+
+
+def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp):
+    """(attention block, dense MLP, routed and shared experts) HBM bytes of one layer's
+    memory-bound kernels forward on one GPU, BF16, each tensor read and written once: the two
+    RMSNorms and residual adds (10h per token, as ``terms.layer_elementwise_bytes`` counts a dense
+    layer's), RoPE on Q and K (read and write (a + k) d; MLA only its rotary parts, a d_rope +
+    d_rope) and the QK norms (Qwen3's on (a + k) d; MLA's on its latents, q_lora_rank +
+    kv_lora_rank), all over t (sequence parallel or head split);
+    SwiGLU, read 2f and write f: the dense MLP's (f = h_ffn per token over t), the routed experts'
+    (f = h_moe over etp per token copy) and the shared experts' (f = h_shared per token over t)."""
+    h, a, t, mla = spec.hidden_size, spec.num_attention_heads, np.asarray(tp, dtype=float), spec.mla
+    if mla is not None:  # MLA's QK norms are its latent norms (q_a, kv_a layernorm): the LoRA ranks
+        rotary, normed = (a + 1) * mla.qk_pos_emb_head_dim, (mla.q_lora_rank or 0) + mla.kv_lora_rank
+    else:
+        rotary = normed = (a + spec.num_query_groups) * spec.head_dim
+    per_token = 10 * h + 2 * rotary + (2 * normed if spec.qk_layernorm else 0)
+    attention = mm.BF16 * per_token * tokens_cp / t
+    dense = mm.BF16 * 3 * spec.ffn_hidden_size * tokens_cp / t
+    experts = mm.BF16 * 3 * (copies * spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float)
+                             + tokens_cp * spec.shared_expert_size / t)
+    return attention, dense, experts
 
 
 def overlapped_layer_time(rest, expert, comm, comm_sm_share=0.0):
