@@ -185,3 +185,13 @@ def test_elementwise_bytes_by_hand():
     attention, _, experts = mt.elementwise_bytes(DSV3, 1000.0, 2, 8000.0, 1)
     assert attention == 2 * 1000 * (10 * 7168 + 2 * 129 * 64 + 2 * (1536 + 512)) / 2
     assert experts == 2 * 3 * (8000 * 2048 + 1000 * 2048 / 2)
+
+
+def test_permutation_bytes_by_hand():
+    # 1000 copies of h = 2048 read and written (2 x 2 x 2048 bytes each) by the permutation and its
+    # inverse; the alltoall dispatcher sorts them by local expert again after the all-to-all (and
+    # back before the combine) where a rank holds more than one expert
+    qwen = PRESETS["qwen3-30b-a3b"]
+    assert mt.permutation_bytes(qwen, 1000.0, 8) == 8 * 1000 * 2 * 2048
+    assert mt.permutation_bytes(qwen, 1000.0, 8, "flex") == 4 * 1000 * 2 * 2048
+    assert mt.permutation_bytes(qwen, 1000.0, 128) == 4 * 1000 * 2 * 2048  # one expert per rank

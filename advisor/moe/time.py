@@ -173,7 +173,7 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     shared = 2.0 * tokens_cp * params.shared_expert_parameters(spec, tp) / gemm_rates.gemm_flops_per_s \
         + expert_swiglu
     router = 2.0 * tokens * spec.hidden_size * spec.num_experts / rates.gemm_flops_per_s
-    permute = terms.elementwise_time(4 * copies * mm.BF16 * spec.hidden_size, rates)
+    permute = terms.elementwise_time(permutation_bytes(spec, copies, ep, dispatcher), rates)
     a2a = 2 * all_to_all_time(spec, copies / np.asarray(etp, dtype=float), ep, etp, rates,
                               dispatcher)  # dispatch + combine
     gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
@@ -182,6 +182,17 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     if fp8:
         moe = moe + terms.elementwise_time(fp8_terms.cast_bytes(spec, tokens_cp, tp, copies, etp)[0], rates)
     return attention + dense_mlp, moe, a2a + 2 * gather, expert_f + shared
+
+
+def permutation_bytes(spec: MoESpec, copies, ep, dispatcher: str = "alltoall"):
+    """HBM bytes of one layer's token permutations forward, each reading and writing every token
+    copy (2h bytes): the permutation by expert before the dispatch and its inverse after the
+    combine; with the alltoall dispatcher and more than one local expert, also its second pair
+    (``token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher``: 'Permutation 2: Sort tokens by
+    local expert' after the all-to-all, 'Unpermutation 2' before the combine; the flex
+    dispatcher's DeepEP receives them unsorted and permutes once)."""
+    second = (dispatcher == "alltoall") & (spec.num_experts / np.asarray(ep, dtype=float) > 1)
+    return (4 + 4 * second) * copies * mm.BF16 * spec.hidden_size
 
 
 def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp):
