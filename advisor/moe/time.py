@@ -36,16 +36,18 @@ H100 SXM5 132 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, also H800 an
 
 
 TILE = 128
-"""Output tile of a Hopper grouped GEMM, rows and columns (CUTLASS's sm90 grouped GEMM and
-cuBLASLt's 128 x 128 tile for FP8 and BF16; one thread block per tile, one tile per SM at a time)."""
+"""Output tile of a Hopper grouped GEMM, rows and columns: CUTLASS's Hopper grouped GEMM
+(``examples/57_hopper_grouped_gemm``) tiles 128 x 128, one thread block per tile, one tile per SM
+at a time. Transformer Engine's ``GroupedLinear`` runs one cuBLAS GEMM per expert over several
+streams instead, which fills the SMs across experts the same way; an assumption, not a probe."""
 
 
 def grouped_gemm_time(groups, m, k, n, rates: Rates, sms: int, element_bytes: float = mm.BF16):
     """One grouped GEMM of ``groups`` experts, each [m, k] x [k, n] (m the token copies per local
     expert), from its shapes: the TILE x TILE output tiles, ceil(m / T) ceil(n / T) per expert,
     run in waves of one per SM, so the tensor cores do useful work for groups m n / (waves x
-    sms x T^2) of the time (tile and wave quantisation) at the dense GEMM rate; and, where that
-    is shorter, the HBM roofline of its bytes (each expert's weights k n and input m k in
+    sms x T^2) of the time (tile and wave quantisation) at the dense GEMM rate; or, where it
+    takes longer, the HBM roofline of its bytes (each expert's weights k n and input m k in
     ``element_bytes``, its BF16 output m n). Plus one kernel cost."""
     m = np.asarray(m, dtype=float)
     tiles = groups * np.ceil(m / TILE) * np.ceil(n / TILE)
