@@ -239,8 +239,13 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
         raise AdvisorError(f"{fields.origin}: 'layers_per_stage' {list(layers)} is not the split MoE rows price "
                            f"({split_layers(spec.num_layers, row['pp'])})")
     gpus = row["tp"] * row["cp"] * row["pp"] * row["dp"]
+    overlap, delay = fields.document.get("a2a_overlap", False), fields.document.get("delay_wgrad", False)
+    if not isinstance(overlap, bool) or not isinstance(delay, bool) or (delay and not overlap):
+        raise AdvisorError(f"{fields.origin}: 'a2a_overlap' and 'delay_wgrad' must be true or false, delay_wgrad "
+                           "only with a2a_overlap")
     problem = layout_problem(spec, Workload(seq_len=seq_len, global_batch_size=gbs), gpus, row["tp"], row["cp"],
-                             row["pp"], row["ep"], row["etp"], row["mbs"], row["vpp"])
+                             row["pp"], row["ep"], row["etp"], row["mbs"], row["vpp"], a2a_overlap=overlap,
+                             recompute=recompute)
     if problem:
         raise AdvisorError(f"{fields.origin}: {problem}")
     grads, sharded = fields.document.get("gradient_bytes", 4), fields.document.get("distributed_optimizer", True)
@@ -251,7 +256,7 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
                            "and 'capacity_factor' null or a positive number")
     row.update(layers_per_stage=list(layers), recompute=recompute, dispatcher=dispatcher, recompute_modules=modules,
                recompute_num_layers=1 if recompute == "full" else None, gradient_bytes=grads,
-               distributed_optimizer=sharded, capacity_factor=capacity)
+               distributed_optimizer=sharded, capacity_factor=capacity, a2a_overlap=overlap, delay_wgrad=delay)
     if "options" in fields.document:  # the training options the row was priced with (FP8, ...)
         row["options"] = fields.options().changed()
     return row_args(spec, seq_len, gbs, row)

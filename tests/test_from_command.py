@@ -30,6 +30,10 @@ SWEEPS = [  # (argv, vocabulary): every row of these is read back
      32000),
     (["--gpus", "256", "--gpu", "h100-80gb", "--model", "deepseek-v3", "--seq-len", "4096", "--gbs", "512",
       "--fp8-format", "hybrid", "--mtp-num-layers", "1", "--top", "40"], 129280),
+    # the EP all-to-all overlapped (combined 1F1B) with the flex dispatcher
+    (["--gpus", "16", "--gpu", "h100-80gb", "--model", "qwen3-30b-a3b", "--seq-len", "4096", "--gbs", "256",
+      "--moe-token-dispatcher-type", "flex", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
+      "--top", "20"], 151936),
 ]
 
 

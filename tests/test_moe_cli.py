@@ -77,3 +77,37 @@ def test_advisor_launch_rebuilds_an_moe_rows_flags(tmp_path):
         done = subprocess.run([sys.executable, "-m", "launch", "args", "--from", str(tmp_path / "rows.json"),
                                "--rank", str(rank)], capture_output=True, text=True, check=True)
         assert shlex.split(done.stdout) == rows[rank - 1]["megatron_args"]
+
+
+def test_the_ep_all_to_all_overlap_is_refused_where_megatron_refuses_it():
+    runner = CliRunner()
+    base = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--seq-len", "4096",
+            "--gbs", "256"]
+    _one_line_error(runner.invoke(cli, [*base, "--ep", "8", "--delay-wgrad-compute"]),
+                    "--delay-wgrad-compute", "--overlap-moe-expert-parallel-comm")
+    _one_line_error(runner.invoke(cli, [*base, "--ep", "8", "--overlap-moe-expert-parallel-comm",
+                                        "--moe-token-dispatcher-type", "allgather"]), "alltoall or flex")
+    _one_line_error(runner.invoke(cli, [*base, "--ep", "1", "--overlap-moe-expert-parallel-comm"]), "EP > 1")
+    _one_line_error(runner.invoke(cli, [*base, "--ep", "8", "--pp", "2", "--overlap-moe-expert-parallel-comm"]),
+                    "--vpp")
+    _one_line_error(runner.invoke(cli, [*base, "--ep", "8", "--recompute", "full",
+                                        "--overlap-moe-expert-parallel-comm"]), "full")
+    _one_line_error(runner.invoke(cli, ["sweep", "--gpus", "8", "--mem", "80", "--overlap-moe-expert-parallel-comm"]),
+                    "dense")
+
+
+def test_the_overlap_is_priced_emitted_and_hides_communication():
+    base = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--seq-len", "4096",
+            "--gbs", "256", "--ep", "16", "--format", "json"]
+    plain = json.loads(CliRunner().invoke(cli, base).stdout)
+    overlap = json.loads(CliRunner().invoke(cli, [*base, "--overlap-moe-expert-parallel-comm",
+                                                  "--delay-wgrad-compute"]).stdout)
+    assert overlap["a2a_overlap"] and overlap["delay_wgrad"]
+    assert "--overlap-moe-expert-parallel-comm" in overlap["megatron_args"]
+    assert "--delay-wgrad-compute" in overlap["megatron_args"]
+    assert "--overlap-moe-expert-parallel-comm" not in plain["megatron_args"]
+    # PP 1: one forward and one backward stay plain; the other microbatches' layers overlap
+    assert overlap["ep_comm_s"] < plain["ep_comm_s"] and overlap["step_time_s"] < plain["step_time_s"]
+    assert overlap["stages"][0]["in_flight_microbatches"] == plain["stages"][0]["in_flight_microbatches"] + 1
+    rows = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--overlap-moe-expert-parallel-comm", "--all"]).stdout)
+    assert rows and all(r["ep"] > 1 and r["recompute"] != "full" and (r["pp"] == 1 or r["vpp"] > 1) for r in rows)

@@ -51,10 +51,12 @@ def test_fp8_expert_gemms_run_at_the_fp8_rate():
     gpu = get_gpu("h100-80gb")
     rates = Rates.of(gpu, load_calibration())
     fast = fp8_rates(rates, gpu)
-    forward, _ = mt.expert_gemm_time(MIXTRAL, 4096.0, 8, 1, fast)
-    flops = 2 * 4096 * 3 * 4096 * 14336
-    rate = rates.gemm_flops_per_s * gpu.fp8_dense_tflops / gpu.bf16_dense_tflops * 4096 / (4096 + 256)
-    assert forward == pytest.approx(flops / rate + 2 * rates.gemm_latency_s)
+    forward, _ = mt.expert_gemm_time(MIXTRAL, 4096.0, 8, 1, fast, element_bytes=1)
+    # one expert of 4096 copies: FC1 in 55 waves of 132 tiles, FC2 in 8 (``test_grouped_gemm_from_its_shapes``)
+    rate = rates.gemm_flops_per_s * gpu.fp8_dense_tflops / gpu.bf16_dense_tflops
+    fc1 = 2 * 4096 * 4096 * 28672 / (rate * 4096 * 28672 / (55 * 132 * 16384))
+    fc2 = 2 * 4096 * 14336 * 4096 / (rate * 4096 * 4096 / (8 * 132 * 16384))
+    assert forward == pytest.approx(fc1 + fc2 + 2 * rates.gemm_latency_s)
 
 
 def test_mtp_terms_by_hand():

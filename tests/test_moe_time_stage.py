@@ -52,19 +52,82 @@ def test_deepseek_dense_layers_and_interleaving():
     assert c.in_flight[0] == 5.5
 
 
-def test_grouped_gemm_and_all_to_all_by_hand():
+def test_all_to_all_by_hand():
     gpu = get_gpu("h800-80gb")
     rates = Rates.of(gpu, load_calibration())
-    assert mt.grouped_gemm_efficiency(256) == 0.5
     # EP 16 spanning two 8-GPU nodes: 7/16 of the bytes on NVLink, 8/16 on the network
     size = 1000 * 2 * 7168
     expected = max(size * 7 / 16 / rates.nvlink_bytes_per_s, size * 8 / 16 / rates.network_bytes_per_s)
     assert mt.all_to_all_time(DSV3, 1000, 16, 1, rates) == pytest.approx(expected + rates.collective_latency_s)
     assert mt.all_to_all_time(DSV3, 1000, 1, 1, rates) == 0
+
+
+def test_grouped_gemm_from_its_shapes_by_hand():
+    rates = Rates.of(get_gpu("h800-80gb"), load_calibration())
+    # 16 experts of 200 rows, [200, 2048] x [2048, 1536]: 16 x 2 x 12 = 384 tiles of 128 x 128 in
+    # ceil(384 / 132) = 3 waves, useful 16 x 200 x 1536 / (3 x 132 x 128^2) of them; its bytes (weights
+    # 2048 x 1536, input 200 x 2048, output 200 x 1536, BF16, per expert) take longer: memory-bound
+    useful = 16 * 200 * 1536 / (3 * 132 * 16384)
+    compute = 2 * 16 * 200 * 2048 * 1536 / (rates.gemm_flops_per_s * useful)
+    memory = 16 * 2 * (2048 * 1536 + 200 * 2048 + 200 * 1536) / rates.hbm_bytes_per_s
+    assert memory > compute
+    assert mt.grouped_gemm_time(16, 200, 2048, 1536, rates, 132) == pytest.approx(memory + rates.gemm_latency_s)
+    # Mixtral at EP 8: one expert of 4096 copies; FC1 [4096, 4096] x [4096, 28672]: 32 x 224 = 7168
+    # tiles, 55 waves; FC2 [4096, 14336] x [14336, 4096]: 32 x 32 = 1024 tiles, 8 waves; compute-bound
     forward, backward = mt.expert_gemm_time(MIXTRAL, 4096.0, 8, 1, rates)
-    flops = 2 * 4096 * 3 * 4096 * 14336
-    assert forward == pytest.approx(flops / (rates.gemm_flops_per_s * 4096 / (4096 + 256)) + 2 * rates.gemm_latency_s)
+    fc1 = 2 * 4096 * 4096 * 28672 / (rates.gemm_flops_per_s * 4096 * 28672 / (55 * 132 * 16384))
+    fc2 = 2 * 4096 * 14336 * 4096 / (rates.gemm_flops_per_s * 4096 * 4096 / (8 * 132 * 16384))
+    assert forward == pytest.approx(fc1 + fc2 + 2 * rates.gemm_latency_s)
     assert backward == 2 * forward
+
+
+def test_deepep_sends_a_token_once_per_remote_node_and_once_per_rank_by_hand():
+    # 4 items in 2 bins, 2 drawn: both in one bin with chance C(2, 2) / C(4, 2) = 1/6 each
+    assert mt.distinct_bins(2, 4, 2) == pytest.approx(2 * (1 - 1 / 6))
+    assert mt.distinct_bins(8, 8, 4) == pytest.approx(4)  # 4 of 8 one-item bins: 4 bins
+    # DeepSeek-V3 at EP 64 over 8 nodes: group-limited routing picks 4 of the 8 groups, one node
+    # each; 7/8 of those remote; its 8 experts fall among the 32 ranks of the 4 groups (4 each)
+    ranks, remote = mt.flex_destinations(DSV3, 64, 8)
+    assert remote == pytest.approx(4 * 7 / 8)
+    miss = np.prod([(124 - i) / (128 - i) for i in range(8)])
+    assert ranks == pytest.approx(32 * (1 - miss))
+    rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
+    copies = 2048 * 8.0
+    token = 2048 * 2 * 7168
+    expected = max(token * ranks * 7 / 8 / rates.nvlink_bytes_per_s, token * 3.5 / rates.network_bytes_per_s)
+    got = mt.all_to_all_time(DSV3, copies, 64, 1, rates, "flex")
+    assert got == pytest.approx(expected + rates.collective_latency_s)
+    assert got < mt.all_to_all_time(DSV3, copies, 64, 1, rates)  # alltoall: 8 x 56/64 = 7 copies leave the node
+    # Qwen3-30B-A3B at EP 16 over 2 nodes, no groups: the other node is hit unless all 8 experts are local
+    qwen = PRESETS["qwen3-30b-a3b"]
+    _, remote = mt.flex_destinations(qwen, 16, 8)
+    assert remote == pytest.approx(1 - np.prod([(64 - i) / (128 - i) for i in range(8)]))
+
+
+def test_overlapped_layer_by_hand():
+    # a = 1, x = 2, comm 8 (four of 2): max(2, 1) + max(2, 2) + max(2, 4) + max(2, 2) = 10
+    assert mt.overlapped_layer_time(1.0, 2.0, 8.0) == pytest.approx(10.0)
+    # DeepEP's SMs, a quarter: each compute beside a communication gains 0.25 x 2 = 0.5
+    assert mt.overlapped_layer_time(1.0, 2.0, 8.0, 0.25) == pytest.approx(2 + 2.5 + 4.5 + 2.5)
+    assert mt.overlapped_layer_time(1.0, 2.0, 0.0) == pytest.approx(9.0)  # the plain 3a + 3x
+    assert mt.overlapped_layer_time(0.0, 0.0, 8.0) == pytest.approx(8.0)  # the plain communication
+    assert mt.comm_sm_share("flex", "hopper") == pytest.approx(20 / 132)
+    assert mt.comm_sm_share("alltoall", "hopper") == 0
+
+
+def test_overlap_holds_one_more_forward():
+    # PP 1: microbatch i + 1's forward beside i's backward, two held; PP 4 VPP 2 stage 0: 11 chunk
+    # passes (2(p - 1) + (v - 1) p + 1), one more is half a stage; one microbatch: nothing more
+    assert st.in_flight_extra(0, 1, 1, 4) == 1.0
+    assert st.in_flight_extra(0, 4, 2, 16) == 0.5
+    assert st.in_flight_extra(0, 1, 1, 1) == 0.0
+    plain = st.stage_bytes(MIXTRAL, 4096, st.MoEOptions(), tp=1, cp=1, pp=4, ep=8, etp=1, dp=16, mbs=1,
+                           num_microbatches=16, stage=np.array([0]), vpp=2)
+    overlap = st.stage_bytes(MIXTRAL, 4096, st.MoEOptions(a2a_overlap=True), tp=1, cp=1, pp=4, ep=8, etp=1, dp=16,
+                             mbs=1, num_microbatches=16, stage=np.array([0]), vpp=2)
+    assert overlap.in_flight[0] == 6.0
+    per_stage = (plain.layer_activations[0]) / plain.in_flight[0]
+    assert overlap.layer_activations[0] == pytest.approx(plain.layer_activations[0] + 0.5 * per_stage)
 
 
 def test_megatron_flops_by_hand():
@@ -79,3 +142,56 @@ def test_megatron_flops_by_hand():
                     + s * a * 192 / 2 + s * a * 128 / 2)
     dsv3_mlp = 12 * 61 * hd * 1.5 * (18432 * 3 / 61 + (2048 * 8 + 2048) * 58 / 61)
     assert mt.megatron_flops_per_iteration(DSV3, s, 1, 129280) == pytest.approx(s * (dsv3_mlp + mla + 6 * hd * 129280))
+
+
+def test_overlap_in_the_step_by_hand():
+    # PP 1 (Qwen3-30B-A3B, EP 16, 16 microbatches of one DP rank): the combined schedule runs the
+    # first forward and the last backward plain and pairs the other 15, so the step shortens by
+    # (m - 1) x the MoE layers x (a plain layer - an overlapped one), nothing else changing
+    from advisor.moe.stage import MoEOptions
+    from advisor.options import TrainingOptions
+    from advisor.throughput import terms
+
+    qwen, gpu = PRESETS["qwen3-30b-a3b"], get_gpu("h100-80gb")
+    columns = {"tp": 1, "cp": 1, "pp": 1, "ep": 16, "etp": 1, "dp": 16, "mbs": 1, "vpp": 1}
+    m = 256 / 16
+
+    def step(options):
+        first = st.stage_bytes(qwen, 4096, options, num_microbatches=m, stage=0, **columns)
+        return mt.step_times(qwen, 4096, 256, columns, "none", gpu=gpu, options=options, first_stage=first)
+
+    flex = dict(dispatcher="flex", training=TrainingOptions())
+    plain, overlap = step(MoEOptions(**flex)), step(MoEOptions(**flex, a2a_overlap=True))
+    rates = terms.Rates.of(gpu, load_calibration())
+    _, moe_f, comm, expert = mt.layer_times(qwen, 4096, tp=1, cp=1, ep=16, etp=1, mbs=1, rates=rates,
+                                            dispatcher="flex")
+    layer = 3 * (moe_f - comm) + 2 * comm
+    paired = mt.overlapped_layer_time(moe_f - comm - expert, expert, 2 * comm, 20 / 132)
+    assert paired < layer
+    assert plain["step_time_s"] - overlap["step_time_s"] == pytest.approx((m - 1) * qwen.moe_layers * (layer - paired))
+    assert overlap["ep_comm_s"] == pytest.approx(m * qwen.moe_layers * (paired - 3 * (moe_f - comm)))
+
+
+def test_elementwise_bytes_by_hand():
+    # Qwen3-30B-A3B (GQA 32/4 heads of 128, QK norms): norms and residuals 10h, RoPE on Q and K
+    # read and written 2 (32 + 4) 128, the QK norms as much again; 1000 tokens over TP 2
+    qwen = PRESETS["qwen3-30b-a3b"]
+    attention, dense, experts = mt.elementwise_bytes(qwen, 1000.0, 2, 8000.0, 1)
+    assert attention == 2 * 1000 * (10 * 2048 + 2 * 2 * 36 * 128) / 2
+    assert dense == 2 * 1000 * 3 * 6144 / 2
+    assert experts == 2 * 8000 * 3 * 768  # SwiGLU on every copy: read 2 x 768, write 768; no shared expert
+    # DeepSeek-V3 (MLA: RoPE on the 128 heads' and the shared key's 64 rotary dims, its norms on the
+    # 1536 and 512 wide latents; a 2048-wide shared expert over TP 2)
+    attention, _, experts = mt.elementwise_bytes(DSV3, 1000.0, 2, 8000.0, 1)
+    assert attention == 2 * 1000 * (10 * 7168 + 2 * 129 * 64 + 2 * (1536 + 512)) / 2
+    assert experts == 2 * 3 * (8000 * 2048 + 1000 * 2048 / 2)
+
+
+def test_permutation_bytes_by_hand():
+    # 1000 copies of h = 2048 read and written (2 x 2 x 2048 bytes each) by the permutation and its
+    # inverse; the alltoall dispatcher sorts them by local expert again after the all-to-all (and
+    # back before the combine) where a rank holds more than one expert
+    qwen = PRESETS["qwen3-30b-a3b"]
+    assert mt.permutation_bytes(qwen, 1000.0, 8) == 8 * 1000 * 2 * 2048
+    assert mt.permutation_bytes(qwen, 1000.0, 8, "flex") == 4 * 1000 * 2 * 2048
+    assert mt.permutation_bytes(qwen, 1000.0, 128) == 4 * 1000 * 2 * 2048  # one expert per rank

@@ -28,6 +28,11 @@ def moe_options(func):
         click.option("--mtp-num-layers", "mtp_num_layers", type=click.IntRange(min=0, max=16), default=None,
                      help="Multi-token-prediction layers (DeepSeek-V3's MTP, Megatron's --mtp-num-layers): priced on "
                           "the last pipeline stage. MoE models."),
+        click.option("--overlap-moe-expert-parallel-comm", "a2a_overlap", is_flag=True,
+                     help="Megatron's combined 1F1B: the EP all-to-all hidden behind the other microbatch's compute "
+                          "(needs EP > 1, the alltoall or flex dispatcher, VPP with PP > 1, no full recompute)."),
+        click.option("--delay-wgrad-compute", "delay_wgrad", is_flag=True,
+                     help="Megatron's delayed weight gradients (with --overlap-moe-expert-parallel-comm only)."),
         click.option("--recompute-modules", "recompute_modules", multiple=True, type=click.Choice(RECOMPUTE_MODULES),
                      help="MoE models, with --recompute selective: Megatron's --recompute-modules (repeat the "
                           "option; default moe_act, layernorm and, with MLA, mla_up_proj)."),
@@ -40,7 +45,8 @@ more with fused attention (no s^2 scores), so it changes no term."""
 
 
 def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance, recompute_modules,
-                 mtp_num_layers=None, *, options, space=None, unpriced: dict | None = None):
+                 mtp_num_layers=None, a2a_overlap=False, delay_wgrad=False, *, options, space=None,
+                 unpriced: dict | None = None):
     """(spec, MoEOptions) from the flags, the run's training options inside (the one description
     dense rows are priced from); a dense model refuses EP/ETP above 1; for an MoE model, every
     option the MoE model does not price is refused by name (none is ignored). The spec gets
@@ -48,8 +54,9 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
     from advisor.moe.spec import is_moe
 
     if not is_moe(spec):  # a dense model: nothing of advisor.moe's pricing is imported for it
-        if (ep or 1) > 1 or (etp or 1) > 1 or recompute_modules or mtp_num_layers:
-            raise InputError("--ep/--etp/--recompute-modules/--mtp-num-layers need a mixture-of-experts model; "
+        if (ep or 1) > 1 or (etp or 1) > 1 or recompute_modules or mtp_num_layers or a2a_overlap or delay_wgrad:
+            raise InputError("--ep/--etp/--recompute-modules/--mtp-num-layers/--overlap-moe-expert-parallel-comm/"
+                             "--delay-wgrad-compute need a mixture-of-experts model; "
                              f"{spec.name} is dense")
         return spec, None
     from dataclasses import replace
@@ -73,12 +80,25 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
     if fp8.fp8_format is not None and fp8.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(recompute_modules):
         raise InputError("--recompute-modules moe_act or layernorm with FP8 needs an --fp8-recipe other than delayed "
                          "(megatron-core refuses them with delayed scaling)")
+    _check_overlap(a2a_overlap, delay_wgrad, dispatcher, spec.mtp_num_layers if mtp_num_layers is None else mtp_num_layers)
     if mtp_num_layers is not None:
         spec = replace(spec, mtp_num_layers=mtp_num_layers)
     return spec, MoEOptions(dispatcher=dispatcher, training=training.with_(recompute="none"),
+                            a2a_overlap=a2a_overlap, delay_wgrad=delay_wgrad,
                             routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
                                                  imbalance=moe_imbalance),
                             modules=frozenset(recompute_modules) if recompute_modules else None)
+
+
+def _check_overlap(a2a_overlap: bool, delay_wgrad: bool, dispatcher: str, mtp_num_layers) -> None:
+    """megatron-core's refusals of the EP all-to-all overlap that do not depend on the layout
+    (``transformer_config.py``, ``__post_init__``; the layout's: ``advisor.moe.space.overlap_problem``)."""
+    if delay_wgrad and not a2a_overlap:
+        raise InputError("--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (megatron-core refuses it alone)")
+    if a2a_overlap and dispatcher == "allgather":
+        raise InputError("--overlap-moe-expert-parallel-comm needs --moe-token-dispatcher-type alltoall or flex")
+    if a2a_overlap and (mtp_num_layers or 0) > 1:
+        raise InputError("--overlap-moe-expert-parallel-comm allows at most one MTP layer (--mtp-num-layers 1)")
 
 
 def _levers_not_priced(training) -> dict[str, bool]:
@@ -143,6 +163,7 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
         rule = f"calibrated, band {_band():.1%}" if calibrated else f"fits <= {threshold:.0%}"
         title = (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {gpus} GPUs x {mem:g} GiB, "
                  f"{rule}; routing {settings.routing.routing}, dispatcher {settings.dispatcher}"
+                 + (", a2a overlapped" if settings.a2a_overlap else "")
                  + (f", MTP {spec.mtp_num_layers}" if spec.mtp_num_layers else "")
                  + (f", FP8 {fp8}" if (fp8 := settings.training.precision.fp8_format) else ""))
         caption = (", ".join(f"{n} {v}" for v, n in result.counts.items())

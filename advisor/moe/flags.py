@@ -51,11 +51,16 @@ def model_flags(spec: MoESpec) -> list[str]:
 
 
 def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[str] | None = None,
-                 capacity_factor: float | None = None) -> list[str]:
-    """EP, ETP, the dispatcher, the capacity factor the routing assumed, and selective
-    recomputation's modules."""
+                 capacity_factor: float | None = None, a2a_overlap: bool = False,
+                 delay_wgrad: bool = False) -> list[str]:
+    """EP, ETP, the dispatcher (and the overlap of its all-to-all with the other microbatch's
+    compute), the capacity factor the routing assumed, and selective recomputation's modules."""
     args = ["--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(etp),
             "--moe-token-dispatcher-type", dispatcher]
+    if a2a_overlap:
+        args.append("--overlap-moe-expert-parallel-comm")
+    if delay_wgrad:
+        args.append("--delay-wgrad-compute")
     if capacity_factor is not None:
         args += ["--moe-expert-capacity-factor", _number(capacity_factor)]
     if recompute_modules:
@@ -93,7 +98,8 @@ def row_args(spec: MoESpec, seq_len: int, global_batch_size: int, row: dict) -> 
                           global_batch_size, row_options(row), row.get("vpp", 1))
     return [*_with_mtp(layout, spec.mtp_num_layers), *_model_flags(spec),
             *layout_flags(ep=row["ep"], etp=row["etp"], dispatcher=row["dispatcher"],
-                          recompute_modules=row.get("recompute_modules"), capacity_factor=row.get("capacity_factor"))]
+                          recompute_modules=row.get("recompute_modules"), capacity_factor=row.get("capacity_factor"),
+                          a2a_overlap=bool(row.get("a2a_overlap")), delay_wgrad=bool(row.get("delay_wgrad")))]
 
 
 def _with_mtp(args: tuple[str, ...], mtp_layers: int) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-e
           "moe-token-dispatcher-type", "moe-expert-capacity-factor", "moe-aux-loss-coeff",
           "original-max-position-embeddings", "moe-router-dtype"}
 SWITCHES = {"moe-grouped-gemm", "qk-layernorm", "moe-router-enable-expert-bias", "multi-latent-attention",
-            "moe-router-force-load-balancing"}
+            "moe-router-force-load-balancing", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute"}
 MULTI = {"recompute-modules"}
 HARMLESS = {"moe-router-load-balancing-type", "moe-aux-loss-coeff", "original-max-position-embeddings",
             "moe-router-dtype"}
@@ -156,7 +156,9 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
     settings = {"dispatcher": values.get("moe-token-dispatcher-type", "allgather"),
                 "moe_routing": "capacity" if capacity is not None else "balanced", "capacity_factor": capacity,
                 "moe_imbalance": 1.0, "recompute_modules": tuple(modules or ()),
-                "mtp_num_layers": _int(values, "mtp-num-layers", 0)}
+                "mtp_num_layers": _int(values, "mtp-num-layers", 0),
+                "a2a_overlap": bool(values.get("overlap-moe-expert-parallel-comm")),
+                "delay_wgrad": bool(values.get("delay-wgrad-compute"))}
     if settings["dispatcher"] not in ("alltoall", "allgather", "flex"):
         raise AdvisorError(f"--moe-token-dispatcher-type {settings['dispatcher']!r} is not one of Megatron's")
     ep = _int(values, "expert-model-parallel-size", 1)

@@ -59,8 +59,9 @@ class Layouts:
 
 
 def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: int, pp: int, ep: int, etp: int,
-                   mbs: int, vpp: int = 1) -> str | None:
-    """Why megatron-core cannot run this layout, or None."""
+                   mbs: int, vpp: int = 1, *, a2a_overlap: bool = False, recompute: str = "none") -> str | None:
+    """Why megatron-core cannot run this layout (with --overlap-moe-expert-parallel-comm where
+    ``a2a_overlap``, and ``recompute``), or None."""
     heads = spec.num_attention_heads
     groups = heads if spec.mla is not None else spec.num_query_groups
     if heads % tp or groups % tp:
@@ -84,6 +85,19 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
     if vpp > 1 and (pp == 1 or min(st.split_layers(spec.num_layers, pp)) < vpp or m % pp):
         return (f"VPP {vpp} needs PP > 1, at least {vpp} layers on every stage and the microbatches "
                 f"({m}) a multiple of PP {pp}")
+    return overlap_problem(ep, pp, vpp, recompute) if a2a_overlap else None
+
+
+def overlap_problem(ep: int, pp: int, vpp: int, recompute: str) -> str | None:
+    """Why megatron-core refuses --overlap-moe-expert-parallel-comm on this layout, or None
+    (``transformer_config.py``, ``__post_init__``; core_v0.15.2 and core_v0.19.0): it needs EP > 1,
+    interleaving where PP > 1, and no full recomputation (nor its method and layer count)."""
+    if ep <= 1:
+        return "--overlap-moe-expert-parallel-comm needs EP > 1 (megatron-core refuses it without expert parallelism)"
+    if pp > 1 and vpp <= 1:
+        return "--overlap-moe-expert-parallel-comm with PP > 1 needs --vpp above 1 (megatron-core refuses it otherwise)"
+    if recompute == "full":
+        return "--overlap-moe-expert-parallel-comm refuses --recompute full (megatron-core refuses it)"
     return None
 
 
@@ -336,11 +350,16 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
         keep &= spec.num_layers % layouts.pp == 0
     if recompute is not None:
         keep &= layouts.recompute == RECOMPUTES.index(recompute)
+    if options.a2a_overlap:  # overlap_problem's rules, vectorised
+        keep &= (layouts.ep > 1) & ((layouts.pp == 1) | (layouts.vpp > 1))
+        keep &= layouts.recompute != RECOMPUTES.index("full")
     layouts = layouts.take(keep)
     if not len(layouts.tp):
         raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs with these choices (EP {ep or 'any'}, ETP "
                            f"{etp or 'any'}, VPP {vpp or 'any'}" + (", an even split" if even_split else "")
-                           + (f", recompute {recompute}" if recompute else "") + ")")
+                           + (f", recompute {recompute}" if recompute else "")
+                           + (", --overlap-moe-expert-parallel-comm: EP > 1, VPP > 1 with PP > 1, no full recompute"
+                              if options.a2a_overlap else "") + ")")
     judge, band = calibrated_judge(spec, workload.seq_len, options, memory_gib) if memory_model == "calibrated" \
         else (None, None)
     layouts, memory, verdict = _judged(spec, workload, layouts, options, judge, memory_gib, threshold, band)
@@ -387,7 +406,8 @@ def _row(spec, layouts, i, memory, verdict, timing, memory_gib, options, memory_
            "recompute_modules": sorted(options.recompute_modules(spec)) if recompute == "selective" else None,
            "recompute_method": "uniform" if recompute == "full" else None,
            "recompute_num_layers": 1 if recompute == "full" else None,
-           "dispatcher": options.dispatcher, "routing": options.routing.routing,
+           "dispatcher": options.dispatcher, "a2a_overlap": options.a2a_overlap,
+           "delay_wgrad": options.delay_wgrad, "routing": options.routing.routing,
            "capacity_factor": options.routing.capacity_factor if options.routing.routing == "capacity" else None,
            "gradient_bytes": options.gradient_bytes, "distributed_optimizer": options.distributed_optimizer,
            "imbalance": options.routing.imbalance, "options": dict(_changed(options.training, recompute, tp > 1)),
@@ -408,7 +428,8 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
                     options: st.MoEOptions = st.MoEOptions(), memory_model: str | None = None) -> dict:
     """One layout: a sweep row's keys (priced, judged as the sweep does) plus ``stages`` (every
     stage's buckets); AdvisorError when megatron-core cannot run it."""
-    problem = layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs, vpp)
+    problem = layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs, vpp,
+                             a2a_overlap=options.a2a_overlap, recompute=recompute)
     if problem:
         raise AdvisorError(problem)
     memory_model = memory_model or ("calibrated" if gpu is not None and memory_gib is not None else "paper")

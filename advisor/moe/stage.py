@@ -45,6 +45,13 @@ class MoEOptions:
 
     modules: frozenset[str] | None = None
     """--recompute-modules of 'selective' recomputation; None: ``recompute_modules``' default."""
+    a2a_overlap: bool = False
+    """--overlap-moe-expert-parallel-comm: the combined 1F1B schedule, which runs one microbatch's
+    forward beside another's backward, layer by layer, so that each one's EP dispatch and combine
+    hide behind the other's compute (``advisor.moe.time.overlapped_layer_time``); the schedule
+    keeps one more forward in flight (``in_flight_extra``)."""
+    delay_wgrad: bool = False
+    """--delay-wgrad-compute (only with ``a2a_overlap``: megatron-core refuses it alone)."""
 
     @property
     def gradient_bytes(self) -> int:
@@ -196,6 +203,8 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     dense_states, expert_states, fp8_weights = _model_states(spec, options, tp, cp, pp, ep, etp, dp, stage, dense,
                                                              moe_layers, mtp)
     in_flight = schedule.forward_passes_in_flight(stage, pp, vpp, num_microbatches) / np.asarray(vpp)
+    if options.a2a_overlap:
+        in_flight = in_flight + in_flight_extra(stage, pp, vpp, num_microbatches)
     modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     copies = mm.expert_token_copies(spec, tokens, ep, etp, options.routing)
@@ -227,6 +236,19 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
                       layer_activations=(in_flight * per_microbatch + rebuilt + mtp * mtp_layer) * ones,
                       embedding_activations=(in_flight * embedding + mtp * mtp_embedding) * ones,
                       output_activations=(output + mtp * mtp_output) * ones, transient=transient * ones)
+
+
+def in_flight_extra(stage, pp, vpp, num_microbatches):
+    """The forward passes (in whole-stage units) the combined 1F1B schedule of
+    --overlap-moe-expert-parallel-comm holds beyond plain 1F1B's: one more chunk forward, where
+    the microbatches allow. With PP > 1 Megatron's interleaved schedule adds one warm-up
+    microbatch ('we schedule one extra micro-batch forward step before the 1f1b stages',
+    ``pipeline_parallel/schedules.py``, ``get_pp_rank_microbatches``; core_v0.15.2); with PP = 1
+    (``combined_1f1b.py``, ``combined_1f1b_schedule_for_no_pipelining``) microbatch i + 1's
+    forward runs beside microbatch i's backward: two held instead of one."""
+    vpp = np.asarray(vpp, dtype=float)
+    passes = schedule.forward_passes_in_flight(stage, pp, vpp, num_microbatches)
+    return (np.minimum(passes + 1, np.asarray(num_microbatches, dtype=float) * vpp) - passes) / vpp
 
 
 def representative_stages(spec: MoESpec, pp) -> list:

@@ -1,16 +1,19 @@
 """Time terms of MoE layers and the iteration of an MoE layout, vectorised over layouts.
 
 Assumptions, stated once:
-- Grouped GEMM efficiency: the experts' GEMMs run at the dense GEMM rate times M / (M + 256),
-  M the token copies per local expert (``GROUPED_GEMM_HALF_TOKENS``): small per-expert shapes
-  run at half the rate at 256 rows. An assumption (no grouped-GEMM probe here), not a fit.
-- The EP all-to-all (dispatch and combine, forward and backward: four per layer) is exposed:
-  megatron-core 0.15 runs it on the compute stream (``token_dispatcher.py``,
-  ``MoEAlltoAllTokenDispatcher``); only the shared experts overlap it with
-  --moe-shared-expert-overlap, which the rows do not set.
+- Grouped GEMMs from their shapes (``grouped_gemm_time``): 128 x 128 output tiles in waves over
+  the GPU's SMs (tile and wave quantisation of M rows per expert and the expert's width) at the
+  dense GEMM rate, or the HBM roofline of the weights and activations where that is slower. No
+  constant fitted; the dense rate is the calibration's (fitted on dense runs, none of these).
+- The EP all-to-all (dispatch and combine, forward and backward: four per layer): alltoall and
+  allgather send one copy per routed expert; flex (DeepEP / HybridEP) one per remote node and
+  one per destination rank (``flex_destinations``; routing uniform, as forced balancing draws it).
+  Exposed on the compute stream (``token_dispatcher.py``), except with
+  --overlap-moe-expert-parallel-comm: combined 1F1B (``overlapped_layer_time``) in the steady
+  state, plain in the fill and drain.
 - Load imbalance: the busiest rank's expert GEMMs and all-to-all scale by
-  ``RoutedTokens.imbalance`` (default 1, balanced: the published runs this is checked against
-  force balanced routing or use aux-loss balancing after warm-up).
+  ``RoutedTokens.imbalance`` (--moe-imbalance, default 1, balanced: the published runs this is
+  checked against force balanced routing or use aux-loss balancing after warm-up).
 """
 
 from __future__ import annotations
@@ -26,37 +29,105 @@ from advisor.moe.spec import MoESpec
 from advisor.throughput import terms
 from advisor.throughput.terms import Rates
 
-GROUPED_GEMM_HALF_TOKENS = 256.0
+STREAMING_MULTIPROCESSORS = {"ampere": 108, "hopper": 132, "blackwell": 148}
+"""SMs per GPU by architecture: A100 108 (NVIDIA A100 Tensor Core GPU Architecture whitepaper),
+H100 SXM5 132 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, also H800 and H200), B200
+148 (NVIDIA Blackwell Architecture Technical Brief)."""
 
 
-def grouped_gemm_efficiency(tokens_per_expert):
-    """The fraction of the dense GEMM rate a grouped GEMM keeps with M rows per expert."""
-    m = np.asarray(tokens_per_expert, dtype=float)
-    return m / (m + GROUPED_GEMM_HALF_TOKENS)
+TILE = 128
+"""Output tile of a Hopper grouped GEMM, rows and columns: CUTLASS's Hopper grouped GEMM
+(``examples/57_hopper_grouped_gemm``) tiles 128 x 128, one thread block per tile, one tile per SM
+at a time. Transformer Engine's ``GroupedLinear`` runs one cuBLAS GEMM per expert over several
+streams instead, which fills the SMs across experts the same way; an assumption, not a probe."""
 
 
-def expert_gemm_time(spec: MoESpec, copies, ep, etp, rates: Rates):
-    """(forward, backward) of the routed experts: FC1 [copies, h] x [h, 2 h_moe / etp] and FC2
-    [copies, h_moe / etp] x [h_moe / etp, h], 2 x 3 h h_moe / etp FLOPs per copy forward, twice
-    that backward, at the grouped efficiency, plus one kernel cost per grouped GEMM."""
+def grouped_gemm_time(groups, m, k, n, rates: Rates, sms: int, element_bytes: float = mm.BF16):
+    """One grouped GEMM of ``groups`` experts, each [m, k] x [k, n] (m the token copies per local
+    expert), from its shapes: the TILE x TILE output tiles, ceil(m / T) ceil(n / T) per expert,
+    run in waves of one per SM, so the tensor cores do useful work for groups m n / (waves x
+    sms x T^2) of the time (tile and wave quantisation) at the dense GEMM rate; or, where it
+    takes longer, the HBM roofline of its bytes (each expert's weights k n and input m k in
+    ``element_bytes``, its BF16 output m n). Plus one kernel cost."""
+    m = np.asarray(m, dtype=float)
+    tiles = groups * np.ceil(m / TILE) * np.ceil(n / TILE)
+    waves = np.ceil(tiles / sms)
+    useful = groups * m * n / np.maximum(waves * sms * TILE * TILE, 1.0)
+    compute = 2.0 * groups * m * k * n / (rates.gemm_flops_per_s * np.maximum(useful, 1e-9))
+    memory = groups * (k * n * element_bytes + m * k * element_bytes + m * n * mm.BF16) / rates.hbm_bytes_per_s
+    return np.maximum(compute, memory) + rates.gemm_latency_s
+
+
+def expert_gemm_time(spec: MoESpec, copies, ep, etp, rates: Rates, sms: int = STREAMING_MULTIPROCESSORS["hopper"],
+                     element_bytes: float = mm.BF16):
+    """(forward, backward) of the routed experts' two grouped GEMMs (``experts.py``,
+    ``TEGroupedMLP``: one GEMM per local expert in one call): FC1 [M, h] x [h, 2 h_moe / etp] and
+    FC2 [M, h_moe / etp] x [h_moe / etp, h] per local expert, M = copies / (E / ep), each from its
+    shapes (``grouped_gemm_time``); backward twice the forward."""
     local = spec.num_experts / np.asarray(ep, dtype=float)
-    flops = 2.0 * copies * 3 * spec.hidden_size * spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float)
-    rate = rates.gemm_flops_per_s * grouped_gemm_efficiency(copies / local)
-    forward = flops / rate + 2 * rates.gemm_latency_s
+    width = spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float)
+    m = copies / local
+    forward = (grouped_gemm_time(local, m, spec.hidden_size, 2 * width, rates, sms, element_bytes)
+               + grouped_gemm_time(local, m, width, spec.hidden_size, rates, sms, element_bytes))
     return forward, 2 * forward
 
 
-def all_to_all_time(spec: MoESpec, copies, ep, etp, rates: Rates):
+def all_to_all_time(spec: MoESpec, copies, ep, etp, rates: Rates, dispatcher: str = "alltoall"):
     """One all-to-all of ``copies`` tokens (2h bytes each) over an EP group of ``ep`` ranks,
     ``etp`` apart (the expert rank order tp-ep-dp-pp: ``parallel_state``, expert RankGenerator).
-    The (ep - 1)/ep that leaves the rank splits into the peers inside the node, over NVLink,
-    and those outside, over the GPU's network share; the slower of the two paces it."""
+    alltoall and allgather: one copy per routed expert (``MoEAlltoAllTokenDispatcher`` permutes
+    by local expert and sends every (token, expert) pair); the (ep - 1)/ep that leaves the rank
+    splits into the peers inside the node, over NVLink, and those outside, over the GPU's
+    network share. flex (DeepEP, ``fused_a2a.py``: ``get_dispatch_layout``'s
+    ``num_tokens_per_rdma_rank`` and ``is_token_in_rank``): each token once per remote node over
+    RDMA and once per destination rank over NVLink (``flex_destinations``). The slower of the
+    two links paces it."""
     ep, etp = np.asarray(ep, dtype=float), np.asarray(etp, dtype=float)
     size = copies * mm.BF16 * spec.hidden_size
     in_node = np.minimum(ep, np.maximum(1.0, rates.gpus_per_node / etp))
-    inside = size * (in_node - 1) / ep / rates.nvlink_bytes_per_s
-    outside = size * (ep - in_node) / ep / rates.network_bytes_per_s
+    if dispatcher == "flex":
+        ranks, remote_nodes = flex_destinations(spec, ep, in_node)
+        per_token = size / spec.moe_router_topk  # the copies of one token carry it k times
+        inside = per_token * ranks * (in_node - 1) / in_node / rates.nvlink_bytes_per_s
+        outside = per_token * remote_nodes / rates.network_bytes_per_s
+    else:
+        inside = size * (in_node - 1) / ep / rates.nvlink_bytes_per_s
+        outside = size * (ep - in_node) / ep / rates.network_bytes_per_s
     return np.where(ep > 1, np.maximum(inside, outside) + rates.collective_latency_s, 0.0)
+
+
+def distinct_bins(bins, items, draws):
+    """Expected bins hit when ``draws`` distinct items are drawn uniformly from ``items`` spread
+    evenly over ``bins``: bins x (1 - C(items - items/bins, draws) / C(items, draws)), the
+    hypergeometric chance that a bin gets none, as a product over the draws."""
+    bins, items = np.asarray(bins, dtype=float), np.asarray(items, dtype=float)
+    i = np.arange(int(draws)).reshape((-1,) + (1,) * np.ndim(bins * items))
+    missed = np.prod(np.clip((items - items / bins - i) / (items - i), 0.0, None), axis=0)
+    return bins * (1.0 - missed)
+
+
+def flex_destinations(spec: MoESpec, ep, in_node):
+    """(EP ranks, remote nodes) one token goes to under balanced routing, expected: its k experts
+    drawn uniformly (Megatron's forced balancing draws random logits,
+    ``moe_utils.apply_random_logits``) from the E experts, E / ep per rank, ``in_node`` ranks per
+    node. Group-limited routing (``--moe-router-num-groups`` G, ``--moe-router-group-topk`` g,
+    DeepSeek-V3's 8 and 4) first picks g of the G groups of contiguous experts: where every node
+    holds whole groups a token reaches the nodes of g groups, taken as each getting one of its
+    experts; where every group spans whole ranks it reaches the ranks of g E / G experts."""
+    ep, in_node = np.asarray(ep, dtype=float), np.asarray(in_node, dtype=float)
+    experts, k = spec.num_experts, spec.moe_router_topk
+    nodes = ep / in_node
+    ranks = distinct_bins(ep, experts, k)
+    hit_nodes = distinct_bins(nodes, experts, k)
+    groups, chosen = spec.router_num_groups, spec.router_group_topk
+    if groups and chosen:
+        whole_groups = (groups % nodes == 0) & (nodes > 1)
+        hit_nodes = np.where(whole_groups, distinct_bins(np.where(whole_groups, nodes, 1.0), groups, chosen),
+                             hit_nodes)
+        spans = (ep % groups == 0)
+        ranks = np.where(spans, distinct_bins(np.maximum(chosen * ep / groups, 1.0), chosen * experts / groups, k),
+                         ranks)
+    return ranks, hit_nodes * (nodes - 1) / nodes
 
 
 def attention_flops(spec: MoESpec, seq_len: int, mbs, tp, cp):
@@ -71,9 +142,12 @@ def attention_flops(spec: MoESpec, seq_len: int, mbs, tp, cp):
 
 
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates, imbalance: float = 1.0,
-                gemm_rates: Rates | None = None):
-    """(dense forward, MoE forward, all-to-all, expert) seconds of one layer, one microbatch;
-    backward is twice the compute and the same communication. ``gemm_rates``: the linear
+                gemm_rates: Rates | None = None, dispatcher: str = "alltoall",
+                sms: int = STREAMING_MULTIPROCESSORS["hopper"]):
+    """(dense forward, MoE forward, EP communication, expert MLP) seconds of one layer, one
+    microbatch; the communication is dispatch and combine with the ETP gathers, the expert MLP
+    the routed and shared experts' GEMMs (what --overlap-moe-expert-parallel-comm's ``mlp`` node
+    computes); backward is twice the compute and the same communication. ``gemm_rates``: the linear
     layers' GEMM rates (``throughput.levers.fp8_rates`` with --fp8-format: attention
     projections, dense and shared MLPs and the routed experts' grouped GEMMs at FP8, core
     attention and the router at BF16), with Transformer Engine's forward casts
@@ -89,23 +163,96 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         + 4 * rates.gemm_latency_s
     core = attention_flops(spec, seq_len, mbs, tp, cp) / rates.attention_flops_per_s + rates.attention_latency_s
     tp_comm, _ = terms.tensor_parallel_time(spec, tokens_cp, tp, rates)
-    elementwise = terms.elementwise_time(mm.BF16 * 10 * spec.hidden_size * tokens_cp / tp, rates)
-    cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, 2.5 * core)
-    attention = attention_gemm + core + tp_comm / 2 + elementwise + cp_comm
-    dense_mlp = terms.gemm_time(tokens_cp, spec.hidden_size, 3 * spec.ffn_hidden_size / tp, gemm_rates) + tp_comm / 2
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     copies = mm.expert_token_copies(spec, tokens, ep, etp, mm.RoutedTokens()) * imbalance
-    expert_f, _ = expert_gemm_time(spec, copies, ep, etp, gemm_rates)
-    shared = 2.0 * tokens_cp * params.shared_expert_parameters(spec, tp) / gemm_rates.gemm_flops_per_s
+    elementwise, dense_swiglu, expert_swiglu = (terms.elementwise_time(b, rates) for b in elementwise_bytes(
+        spec, tokens_cp, tp, copies, etp))
+    cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, 2.5 * core)
+    attention = attention_gemm + core + tp_comm / 2 + elementwise + cp_comm
+    dense_mlp = terms.gemm_time(tokens_cp, spec.hidden_size, 3 * spec.ffn_hidden_size / tp, gemm_rates) \
+        + tp_comm / 2 + dense_swiglu
+    expert_f, _ = expert_gemm_time(spec, copies, ep, etp, gemm_rates, sms, 1 if fp8 else mm.BF16)
+    shared = 2.0 * tokens_cp * params.shared_expert_parameters(spec, tp) / gemm_rates.gemm_flops_per_s \
+        + expert_swiglu
     router = 2.0 * tokens * spec.hidden_size * spec.num_experts / rates.gemm_flops_per_s
-    permute = terms.elementwise_time(4 * copies * mm.BF16 * spec.hidden_size, rates)
-    a2a = 2 * all_to_all_time(spec, copies / np.asarray(etp, dtype=float), ep, etp, rates)  # dispatch + combine
+    permute = terms.elementwise_time(permutation_bytes(spec, copies, ep, dispatcher), rates)
+    a2a = 2 * all_to_all_time(spec, copies / np.asarray(etp, dtype=float), ep, etp, rates,
+                              dispatcher)  # dispatch + combine
     gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
                                         terms.link_bandwidth(etp, rates), rates)
     moe = attention + expert_f + shared + router + permute + a2a + 2 * gather
     if fp8:
         moe = moe + terms.elementwise_time(fp8_terms.cast_bytes(spec, tokens_cp, tp, copies, etp)[0], rates)
-    return attention + dense_mlp, moe, a2a + 2 * gather, expert_f
+    return attention + dense_mlp, moe, a2a + 2 * gather, expert_f + shared
+
+
+def permutation_bytes(spec: MoESpec, copies, ep, dispatcher: str = "alltoall"):
+    """HBM bytes of one layer's token permutations forward, each reading and writing every token
+    copy (2h bytes): the permutation by expert before the dispatch and its inverse after the
+    combine; with the alltoall dispatcher and more than one local expert, also its second pair
+    (``token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher``: 'Permutation 2: Sort tokens by
+    local expert' after the all-to-all, 'Unpermutation 2' before the combine; the flex
+    dispatcher's DeepEP receives them unsorted and permutes once)."""
+    second = (dispatcher == "alltoall") & (spec.num_experts / np.asarray(ep, dtype=float) > 1)
+    return (4 + 4 * second) * copies * mm.BF16 * spec.hidden_size
+
+
+def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp):
+    """(attention block, dense MLP, routed and shared experts) HBM bytes of one layer's
+    memory-bound kernels forward on one GPU, BF16, each tensor read and written once: the two
+    RMSNorms and residual adds (10h per token, as ``terms.layer_elementwise_bytes`` counts a dense
+    layer's), RoPE on Q and K (read and write (a + k) d; MLA only its rotary parts, a d_rope +
+    d_rope) and the QK norms (Qwen3's on (a + k) d; MLA's on its latents, q_lora_rank +
+    kv_lora_rank), all over t (sequence parallel or head split);
+    SwiGLU, read 2f and write f: the dense MLP's (f = h_ffn per token over t), the routed experts'
+    (f = h_moe over etp per token copy) and the shared experts' (f = h_shared per token over t)."""
+    h, a, t, mla = spec.hidden_size, spec.num_attention_heads, np.asarray(tp, dtype=float), spec.mla
+    if mla is not None:  # MLA's QK norms are its latent norms (q_a, kv_a layernorm): the LoRA ranks
+        rotary, normed = (a + 1) * mla.qk_pos_emb_head_dim, (mla.q_lora_rank or 0) + mla.kv_lora_rank
+    else:
+        rotary = normed = (a + spec.num_query_groups) * spec.head_dim
+    per_token = 10 * h + 2 * rotary + (2 * normed if spec.qk_layernorm else 0)
+    attention = mm.BF16 * per_token * tokens_cp / t
+    dense = mm.BF16 * 3 * spec.ffn_hidden_size * tokens_cp / t
+    experts = mm.BF16 * 3 * (copies * spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float)
+                             + tokens_cp * spec.shared_expert_size / t)
+    return attention, dense, experts
+
+
+def overlapped_layer_time(rest, expert, comm, comm_sm_share=0.0):
+    """One MoE layer's forward and backward, communication included, under
+    --overlap-moe-expert-parallel-comm: ``rest`` and ``expert`` the forward's compute outside and
+    inside the MLP (recomputation's share added to both), ``comm`` the plain layer's
+    communication (dispatch and combine, forward and backward). megatron-core's combined 1F1B
+    (``models/common/model_chunk_schedule_plan.py``, ``TransformerLayerSchedulePlan.run``;
+    core_v0.15.2) runs microbatch i + 1's forward of the layer beside microbatch i's backward,
+    the communication on its own stream: combine backward beside attention forward (a), dispatch
+    forward beside the MLP's backward, dispatch backward beside the MLP's forward (2x and x, in
+    either order: --delay-wgrad-compute moves the MLP's weight gradient from the one to the
+    other), combine forward beside attention backward (2a). Each communication c = comm / 4
+    against its partner's compute w; a communication kernel holding a share f of the SMs
+    (``comm_sm_share``: DeepEP's, ``DEEPEP_SMS``) slows w by f while both run:
+    max(c, w + f c) per pair. With no communication it is the plain compute 3a + 3x; with no
+    compute, comm."""
+    c = np.asarray(comm) / 4
+    return sum(np.maximum(c, w + comm_sm_share * c) for w in (rest, expert, 2 * expert, 2 * rest))
+
+
+DEEPEP_SMS = 20
+"""SMs DeepEP's dispatch and combine kernels take (megatron-core ``transformer_config.py``,
+``moe_deepep_num_sms`` default 20; core_v0.15.2), which compute beside them loses. NCCL's
+all-to-all (the alltoall dispatcher) also runs on SMs, a number NCCL picks: not priced."""
+
+def comm_sm_share(dispatcher: str, architecture: str) -> float:
+    """The share of the SMs the overlapped EP communication takes from compute (``DEEPEP_SMS``)."""
+    if dispatcher != "flex":
+        return 0.0
+    return DEEPEP_SMS / streaming_multiprocessors(architecture)
+
+
+def streaming_multiprocessors(architecture: str) -> int:
+    """``STREAMING_MULTIPROCESSORS`` of the architecture (Hopper's where none is listed)."""
+    return STREAMING_MULTIPROCESSORS.get(architecture, STREAMING_MULTIPROCESSORS["hopper"])
 
 
 def megatron_flops_per_iteration(spec: MoESpec, seq_len: int, global_batch_size: int, padded_vocab: int) -> float:
@@ -156,7 +303,8 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     weights with --fp8-param-gather), hidden behind the first stage's backward and forward where
     --overlap-grad-reduce / --overlap-param-gather are on, else exposed; Adam on the shards.
     ``first_stage``: ``stage.stage_bytes`` of stage 0 (its parameters). Communication of a layer
-    runs once forward and once backward (and again when fully recomputed)."""
+    runs once forward and once backward (and again when fully recomputed); with
+    --overlap-moe-expert-parallel-comm the steady state's MoE layers are ``overlapped_layer_time``'s."""
     from advisor.throughput import levers
     from advisor.throughput.calibration import load_calibration
 
@@ -167,26 +315,42 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     gemm_rates = levers.fp8_rates(rates, gpu) if fp8 else None
     c = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
     vpp = c["vpp"]
-    dense_f, moe_f, comm, _ = layer_times(spec, seq_len, tp=c["tp"], cp=c["cp"], ep=c["ep"], etp=c["etp"], mbs=c["mbs"],
-                                          rates=rates, imbalance=options.routing.imbalance, gemm_rates=gemm_rates)
+    dense_f, moe_f, comm, expert = layer_times(spec, seq_len, tp=c["tp"], cp=c["cp"], ep=c["ep"], etp=c["etp"],
+                                               mbs=c["mbs"], rates=rates, imbalance=options.routing.imbalance,
+                                               gemm_rates=gemm_rates, dispatcher=options.dispatcher,
+                                               sms=streaming_multiprocessors(gpu.architecture))
     passes = RECOMPUTE_PASSES[recompute]
     moe_t = passes * (moe_f - comm) + (3.0 if recompute == "full" else 2.0) * comm
+    steady = moe_t  # a layer in 1F1B's steady state: overlapped where Megatron overlaps it
+    if options.a2a_overlap:  # Megatron refuses it with full recomputation (``layout_problem``)
+        steady = overlapped_layer_time((moe_f - comm - expert) * passes / 3, expert * passes / 3, 2 * comm,
+                                       comm_sm_share(options.dispatcher, gpu.architecture))
     dense_t = passes * dense_f
     most = np.ceil(spec.num_layers / c["pp"])  # the largest stage of split_layers
     tokens_cp = c["mbs"] * seq_len / c["cp"]
     head_f, head_b = terms.lm_head_time(spec, tokens_cp, c["tp"], spec.vocab_size, rates)
     emb_f, emb_b = terms.embedding_time(spec, tokens_cp, c["tp"], rates)
-    mtp = spec.mtp_num_layers * mtp_terms.extra_time(
-        spec, tokens_cp, c["tp"], moe_t, head_f + head_b, emb_f + emb_b,
-        lambda m, k, n: terms.gemm_time(m, k, n, gemm_rates or rates))
     cross = c["tp"] * c["cp"] * c["dp"] >= rates.gpus_per_node
     p2p = np.where(c["pp"] > 1, terms.pipeline_p2p_time(spec, tokens_cp, c["tp"], cross, rates), 0.0)
     chunk = vpp * 2 * p2p + cal.microbatch_overhead_s  # per microbatch on a rank: its chunks' sends, its overhead
-    last = np.floor(spec.num_layers / c["pp"]) * moe_t + head_f + head_b + mtp  # split_layers' last is the shortest
-    total = (spec.first_dense_layers * dense_t + spec.moe_layers * moe_t + head_f + head_b + mtp + c["pp"] * chunk)
-    slowest = np.maximum(np.where(c["pp"] == 1, total, np.maximum(most * moe_t, last) + chunk), total / c["pp"])
+
+    def stages(layer):  # (all stages' work, the slowest stage's) with one MoE layer's time ``layer``
+        # the MTP layers' MoE layer is one of the chunk's layers in the combined schedule too
+        # (``TransformerModelChunkSchedulePlan`` builds a layer plan for each MTP layer)
+        mtp = spec.mtp_num_layers * mtp_terms.extra_time(
+            spec, tokens_cp, c["tp"], layer, head_f + head_b, emb_f + emb_b,
+            lambda m, k, n: terms.gemm_time(m, k, n, gemm_rates or rates))
+        ends = head_f + head_b + mtp
+        last = np.floor(spec.num_layers / c["pp"]) * layer + ends  # split_layers' last is the shortest
+        total = spec.first_dense_layers * dense_t + spec.moe_layers * layer + ends + c["pp"] * chunk
+        return total, np.maximum(np.where(c["pp"] == 1, total, np.maximum(most * layer, last) + chunk), total / c["pp"])
+
+    total, _ = stages(moe_t)
+    _, slowest = stages(steady)
     m = global_batch_size / (c["mbs"] * c["dp"])
-    pipeline = m * slowest + (total - slowest) / vpp  # interleaving shrinks the fill and drain v-fold
+    # the steady state's m passes at the slowest stage's pace; the fill and drain (no forward
+    # beside a backward to overlap with) at the plain pace, shrunk v-fold by interleaving
+    pipeline = m * slowest + (total - slowest) / vpp
     dp_comm, optimizer = _data_parallel(c, training, first_stage, most * moe_f, rates)
     step = pipeline + dp_comm + optimizer
     vocab = eq.padded_vocab_size(spec.vocab_size, None, c["tp"])
@@ -194,7 +358,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     tflops = flops / (step * c["tp"] * c["cp"] * c["pp"] * c["dp"]) / 1e12
     return {"step_time_s": step, "tflops_per_gpu": tflops, "mfu": tflops / gpu.bf16_dense_tflops,
             "tokens_per_s": global_batch_size * seq_len / step,
-            "ep_comm_s": m * spec.moe_layers / c["pp"] * (3.0 if recompute == "full" else 2.0) * comm}
+            "ep_comm_s": m * spec.moe_layers / c["pp"] * (steady - passes * (moe_f - comm))}
 
 
 def _data_parallel(c: dict, training, first, forward_s, rates: Rates):

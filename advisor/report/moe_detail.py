@@ -31,6 +31,7 @@ def _settings(row: dict):
         training = TrainingOptions.from_dict({k: v for k, v in (row.get("options") or {}).items()
                                               if not k.startswith("recompute")})
         return MoEOptions(dispatcher=row.get("dispatcher") or "alltoall", training=training,
+                          a2a_overlap=bool(row.get("a2a_overlap")), delay_wgrad=bool(row.get("delay_wgrad")),
                           routing=RoutedTokens(routing=row.get("routing") or "balanced",
                                                capacity_factor=row.get("capacity_factor"),
                                                imbalance=row.get("imbalance") or 1.0),
