@@ -59,8 +59,8 @@ class Layouts:
 
 
 def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: int, pp: int, ep: int, etp: int,
-                   mbs: int, vpp: int = 1) -> str | None:
-    """Why megatron-core cannot run this layout, or None."""
+                   mbs: int, vpp: int = 1, layers_per_stage: tuple[int, ...] | None = None) -> str | None:
+    """Why megatron-core cannot run this layout (with ``layers_per_stage``, its own split), or None."""
     heads = spec.num_attention_heads
     groups = heads if spec.mla is not None else spec.num_query_groups
     if heads % tp or groups % tp:
@@ -71,7 +71,12 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
         return f"EP {ep} must divide the {spec.num_experts} experts"
     if (gpus // pp) % (ep * etp):
         return f"EP x ETP = {ep * etp} must divide TP x CP x DP = {gpus // pp} (megatron-core's expert groups)"
-    if pp > spec.num_layers:
+    if layers_per_stage is not None:
+        from advisor.memory import split_problem
+
+        if problem := split_problem(spec.num_layers, pp, vpp, layers_per_stage):
+            return problem
+    elif pp > spec.num_layers:
         return f"PP {pp} exceeds the {spec.num_layers} layers"
     if cp > 1 and workload.seq_len % (2 * cp):
         return f"sequence length {workload.seq_len} must be divisible by 2 x CP = {2 * cp}"
@@ -81,7 +86,7 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
     if workload.global_batch_size % (mbs * dp):
         return f"global batch {workload.global_batch_size} is not a multiple of MBS x DP = {mbs * dp}"
     m = workload.global_batch_size // (mbs * dp)
-    if vpp > 1 and (pp == 1 or min(st.split_layers(spec.num_layers, pp)) < vpp or m % pp):
+    if vpp > 1 and (pp == 1 or min(layers_per_stage or st.split_layers(spec.num_layers, pp)) < vpp or m % pp):
         return (f"VPP {vpp} needs PP > 1, at least {vpp} layers on every stage and the microbatches "
                 f"({m}) a multiple of PP {pp}")
     return None
@@ -359,8 +364,10 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
                        considered=len(layouts.tp), memory_model=memory_model, tolerance=tolerance if timing else None)
 
 
-def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, options: st.MoEOptions) -> dict:
-    """``time.step_times`` per recomputation's subset, gathered back."""
+def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, options: st.MoEOptions,
+            layers_per_stage: tuple[int, ...] | None = None) -> dict:
+    """``time.step_times`` per recomputation's subset, gathered back (``layers_per_stage``: one
+    layout's own split)."""
     from advisor.moe import time as mt
 
     out: dict = {}
@@ -368,22 +375,22 @@ def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, o
         columns = layouts.columns(which)
         m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
         first = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=0 * columns["pp"],
-                               recompute=recompute, **columns)
+                               recompute=recompute, layers_per_stage=layers_per_stage, **columns)
         part = mt.step_times(spec, workload.seq_len, workload.global_batch_size, columns, recompute, gpu=gpu,
-                             options=options, first_stage=first)
+                             options=options, first_stage=first, layers_per_stage=layers_per_stage)
         for key, value in part.items():
             out.setdefault(key, np.zeros(len(layouts.tp)))[which] = value
     return out
 
 
-def _row(spec, layouts, i, memory, verdict, timing, memory_gib, options, memory_model) -> dict:
+def _row(spec, layouts, i, memory, verdict, timing, memory_gib, options, memory_model, layers_per_stage=None) -> dict:
     tp, cp, pp, ep, etp, dp, mbs, vpp = (int(getattr(layouts, k)[i]) for k in ("tp", "cp", "pp", "ep", "etp", "dp",
                                                                               "mbs", "vpp"))
     recompute = RECOMPUTES[int(layouts.recompute[i])]
     total = float(memory["total"][i] / GIB)
     row = {"rank": None, "tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp, "mbs": mbs, "dp": dp,
            "gpus": tp * cp * pp * dp, "edp": tp * cp * dp // (ep * etp), "vpp": vpp,
-           "layers_per_stage": st.split_layers(spec.num_layers, pp), "recompute": recompute,
+           "layers_per_stage": list(layers_per_stage or st.split_layers(spec.num_layers, pp)), "recompute": recompute,
            "recompute_modules": sorted(options.recompute_modules(spec)) if recompute == "selective" else None,
            "recompute_method": "uniform" if recompute == "full" else None,
            "recompute_num_layers": 1 if recompute == "full" else None,
@@ -405,10 +412,13 @@ def _row(spec, layouts, i, memory, verdict, timing, memory_gib, options, memory_
 def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: int, ep: int, etp: int, dp: int,
                     mbs: int, vpp: int = 1, recompute: str = "none", memory_gib: float | None = None,
                     threshold: float = 0.8, gpu: GpuSpec | None = None,
-                    options: st.MoEOptions = st.MoEOptions(), memory_model: str | None = None) -> dict:
+                    options: st.MoEOptions = st.MoEOptions(), memory_model: str | None = None,
+                    layers_per_stage: tuple[int, ...] | None = None) -> dict:
     """One layout: a sweep row's keys (priced, judged as the sweep does) plus ``stages`` (every
-    stage's buckets); AdvisorError when megatron-core cannot run it."""
-    problem = layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs, vpp)
+    stage's buckets); AdvisorError when megatron-core cannot run it. ``layers_per_stage``: its
+    own split (default ``stage.split_layers``)."""
+    split = tuple(layers_per_stage) if layers_per_stage is not None else None
+    problem = layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs, vpp, split)
     if problem:
         raise AdvisorError(problem)
     memory_model = memory_model or ("calibrated" if gpu is not None and memory_gib is not None else "paper")
@@ -417,7 +427,7 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
     columns = layouts.columns()
     del columns["vpp"]
     b = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=np.arange(pp), recompute=recompute,
-                       vpp=vpp, **{k: int(v[0]) for k, v in columns.items()})
+                       vpp=vpp, layers_per_stage=split, **{k: int(v[0]) for k, v in columns.items()})
     judge, band = (calibrated_judge(spec, workload.seq_len, options, memory_gib) if memory_model == "calibrated"
                    else (None, None))
     usage = judge(b, {k: int(v[0]) for k, v in columns.items()}, np.arange(pp), recompute) if judge else b.total
@@ -432,8 +442,8 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
               "usage": np.asarray(usage)[top:top + 1], "usage_stage": np.array([top])}
     limit = np.inf if memory_gib is None else memory_gib
     verdict = _verdicts(memory, limit, threshold, band)
-    timing = _timing(spec, workload, layouts, gpu, options) if gpu else None
-    row = _row(spec, layouts, 0, memory, verdict, timing, limit, options, memory_model)
+    timing = _timing(spec, workload, layouts, gpu, options, split) if gpu else None
+    row = _row(spec, layouts, 0, memory, verdict, timing, limit, options, memory_model, split)
     row.update(model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
                gpu=gpu.name if gpu else None, memory_model=memory_model, stages=stages)
     if memory_gib is None:

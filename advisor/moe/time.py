@@ -145,7 +145,7 @@ of a forward (an assumption)."""
 
 
 def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dict, recompute: str, *, gpu, options,
-               first_stage) -> dict:
+               first_stage, layers_per_stage: tuple[int, ...] | None = None) -> dict:
     """Step time of MoE layouts (``columns``: tp, cp, pp, ep, etp, dp, mbs, vpp arrays): 1F1B over
     the stages (Narayanan et al. 2021: m x the slowest stage + the others' fill and drain), the
     interleaved schedule's fill and drain divided by v, each chunk's boundary sends
@@ -156,7 +156,8 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     weights with --fp8-param-gather), hidden behind the first stage's backward and forward where
     --overlap-grad-reduce / --overlap-param-gather are on, else exposed; Adam on the shards.
     ``first_stage``: ``stage.stage_bytes`` of stage 0 (its parameters). Communication of a layer
-    runs once forward and once backward (and again when fully recomputed)."""
+    runs once forward and once backward (and again when fully recomputed). ``layers_per_stage``:
+    one layout's own split (its largest and its last stage) instead of ``stage.split_layers``."""
     from advisor.throughput import levers
     from advisor.throughput.calibration import load_calibration
 
@@ -172,7 +173,8 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     passes = RECOMPUTE_PASSES[recompute]
     moe_t = passes * (moe_f - comm) + (3.0 if recompute == "full" else 2.0) * comm
     dense_t = passes * dense_f
-    most = np.ceil(spec.num_layers / c["pp"])  # the largest stage of split_layers
+    most, fewest_last = ((np.ceil(spec.num_layers / c["pp"]), np.floor(spec.num_layers / c["pp"]))
+                         if layers_per_stage is None else (max(layers_per_stage), layers_per_stage[-1]))
     tokens_cp = c["mbs"] * seq_len / c["cp"]
     head_f, head_b = terms.lm_head_time(spec, tokens_cp, c["tp"], spec.vocab_size, rates)
     emb_f, emb_b = terms.embedding_time(spec, tokens_cp, c["tp"], rates)
@@ -182,7 +184,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     cross = c["tp"] * c["cp"] * c["dp"] >= rates.gpus_per_node
     p2p = np.where(c["pp"] > 1, terms.pipeline_p2p_time(spec, tokens_cp, c["tp"], cross, rates), 0.0)
     chunk = vpp * 2 * p2p + cal.microbatch_overhead_s  # per microbatch on a rank: its chunks' sends, its overhead
-    last = np.floor(spec.num_layers / c["pp"]) * moe_t + head_f + head_b + mtp  # split_layers' last is the shortest
+    last = fewest_last * moe_t + head_f + head_b + mtp  # split_layers' last is the shortest
     total = (spec.first_dense_layers * dense_t + spec.moe_layers * moe_t + head_f + head_b + mtp + c["pp"] * chunk)
     slowest = np.maximum(np.where(c["pp"] == 1, total, np.maximum(most * moe_t, last) + chunk), total / c["pp"])
     m = global_batch_size / (c["mbs"] * c["dp"])
