@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import weakref
 
 import torch
 
@@ -35,22 +34,20 @@ from advisor.moe.layer_profile import DISPATCHERS, PARTS, MoELayerProfile, compa
 class _SavedByPart:
     """Saved-tensor accounting per part: forward pre/post hooks keep the innermost open part.
 
-    A storage is known by its address (``static.storage_key``), which a later storage can reuse
-    once the first is freed: a tensor saved by an autograd node that dies during the forward pass
-    (a branch whose output is not used) is not kept. So each saved storage is remembered with a
-    weak reference to the tensor saved, an address whose tensor is gone counts anew, and
-    ``kept()`` counts, after the forward pass, only what is still alive. A norm's output counts in
-    the part of ``norms`` that owns the norm, whoever saves it first: the pre-MLP norm's output is
-    the router's input (the analytic router term) and the shared experts' FC1 input, which
-    megatron-core's ``MoELayer`` runs first."""
+    Each saved storage counts once, in the first part that saves it, if it is still kept after
+    the forward pass (``static.SavedStorages``: a tensor saved by an autograd node that dies
+    during the forward pass is not kept, and its address can come back for a new storage). A
+    norm's output counts in the part of ``norms`` that owns the norm, whoever saves it first:
+    the pre-MLP norm's output is the router's input (the analytic router term) and the shared
+    experts' FC1 input, which megatron-core's ``MoELayer`` runs first."""
 
     def __init__(self, parts: dict[str, list[torch.nn.Module]], norms: dict[str, torch.nn.Module],
                  parameters) -> None:
-        from megatron_hooks.static import storage_key
+        from megatron_hooks.static import SavedStorages, storage_key
 
         self.key = storage_key
         self.parameters = {storage_key(p) for p in parameters}
-        self.saved: dict[int, tuple[weakref.ref, str, int]] = {}
+        self.saved = SavedStorages()
         self.claimed: dict[int, str] = {}
         self.open: list[str] = []
         self.handles = []
@@ -76,21 +73,13 @@ class _SavedByPart:
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         key = self.key(tensor)
-        if not self.open or key in self.parameters:
-            return tensor
-        known = self.saved.get(key)
-        if known is None or known[0]() is None:
-            part = self.claimed.get(key, self.open[-1])
-            self.saved[key] = (weakref.ref(tensor), part, tensor.untyped_storage().nbytes())
+        if self.open and key not in self.parameters:
+            self.saved.add(tensor, key, self.claimed.get(key, self.open[-1]), tensor.untyped_storage().nbytes())
         return tensor
 
     def kept(self) -> dict[str, int]:
         """Bytes per part of the saved storages still alive."""
-        counted = dict.fromkeys(PARTS, 0)
-        for alive, part, nbytes in self.saved.values():
-            if alive() is not None:
-                counted[part] += nbytes
-        return counted
+        return {**dict.fromkeys(PARTS, 0), **self.saved.kept()}
 
     def remove(self) -> None:
         for handle in self.handles:
