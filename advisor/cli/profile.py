@@ -283,20 +283,30 @@ def run_options(func):
     ], func)
 
 
+def megatron_options(func):
+    """--megatron-lm, --mock-data, --train-iters, --slurm, --rdzv-port: shared by 'advisor profile
+    run' and the GPU runner it starts (python -m launch.campaign_runner, advisor.cli.runners),
+    which receives them unchanged."""
+    return apply_options([
+        click.option("--megatron-lm", metavar="DIR", default=None,
+                     help="Run on this node's GPUs: each run through torchrun and your Megatron-LM checkout's "
+                          "pretrain_gpt.py, with the hooks (advisor-launch's entry). Without it, emulate on the "
+                          "CPU."),
+        click.option("--mock-data", is_flag=True,
+                     help="With --megatron-lm: Megatron-LM's mock data, with a NullTokenizer sized to the model."),
+        click.option("--train-iters", type=click.IntRange(min=1), default=None,
+                     help="With --megatron-lm: iterations per run (default 2, as CAPTURE's profiling runs)."),
+        click.option("--slurm", is_flag=True,
+                     help="With --megatron-lm, inside a Slurm allocation (salloc or a batch script): each run as "
+                          "srun of one torchrun per node, for campaigns wider than a node."),
+        click.option("--rdzv-port", type=click.IntRange(1, 65535), default=None,
+                     help="With --slurm: the c10d rendezvous port on the allocation's first node (default 29500)."),
+    ], func)
+
+
 @profile.command("run", epilog=EPILOG)
 @run_options
-@click.option("--megatron-lm", metavar="DIR", default=None,
-              help="Run on this node's GPUs: each run through torchrun and your Megatron-LM checkout's "
-                   "pretrain_gpt.py, with the hooks (advisor-launch's entry). Without it, emulate on the CPU.")
-@click.option("--mock-data", is_flag=True,
-              help="With --megatron-lm: Megatron-LM's mock data, with a NullTokenizer sized to the model.")
-@click.option("--train-iters", type=click.IntRange(min=1), default=None,
-              help="With --megatron-lm: iterations per run (default 2, as CAPTURE's profiling runs).")
-@click.option("--slurm", is_flag=True,
-              help="With --megatron-lm, inside a Slurm allocation (salloc or a batch script): each run as srun "
-                   "of one torchrun per node, for campaigns wider than a node.")
-@click.option("--rdzv-port", type=click.IntRange(1, 65535), default=None,
-              help="With --slurm: the c10d rendezvous port on the allocation's first node (default 29500).")
+@megatron_options
 @click.option("--slurm-array", is_flag=True,
               help="With --megatron-lm: submit the campaign as one Slurm job array, one task per run not yet "
                    "complete under --out (submit again to resume: complete runs are skipped, killed ones redone).")
