@@ -104,10 +104,14 @@ def _show_moe_layer(directory: Path, section: str, fmt: str, color: bool) -> str
                render.Column("measured_bytes", "measured MiB", ".2f", scale=2**20),
                render.Column("ratio", "measured/analytic", ".3f"),
                render.Column("analytic", "advisor/moe function", justify="left", drop=1)]
-    title = (f"{profile.model.name}: one MoE layer, sequence {profile.seq_len}, MBS {profile.mbs}, EP {profile.ep}, "
-             f"{profile.dispatcher} dispatcher, BF16, symbolic")
+    degrees = "".join(f"{name} {value}, " for name, value in (("TP", profile.tp), ("EP", profile.ep),
+                                                              ("ETP", profile.etp)) if value > 1 or name == "EP")
+    dropping = "" if profile.capacity_factor is None else f", capacity {profile.capacity_factor:g} (padded)"
+    title = (f"{profile.model.name}: one MoE layer, sequence {profile.seq_len}, MBS {profile.mbs}, {degrees}"
+             f"{profile.dispatcher} dispatcher{dropping}, BF16, {profile.backend}")
+    routing = "balanced" if profile.capacity_factor is None else "capacity"
     return render.to_table(rows, columns, title=title, color=color,
-                           caption="analytic: advisor/moe (memory.py, params.py), balanced routing; "
+                           caption=f"analytic: advisor/moe (memory.py, params.py), {routing} routing; "
                                    "differences term by term: docs/profiling.md")
 
 
