@@ -24,12 +24,13 @@ parts; ``advisor.moe.layer_profile.compare`` lines each analytic term up with it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 
 import torch
 
-from advisor.moe.layer_profile import DISPATCHERS, PARTS, MoELayerProfile, compare, layer_problem
+from advisor.moe.layer_profile import BACKENDS, DISPATCHERS, PARTS, MoELayerProfile, compare, layer_problem
 
 
 class _SavedByPart:
@@ -175,10 +176,16 @@ def _world(context: contextlib.ExitStack, backend: str, *, tp: int, ep: int, etp
     context.enter_context(FakeTensorMode())
 
 
+SIZES = ("hidden_size", "ffn_hidden_size", "moe_ffn_hidden_size", "num_attention_heads", "num_query_groups",
+         "vocab_size")
+"""The preset's sizes ``main`` can shrink (a real-tensor layer at Mixtral's size is gigabytes)."""
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m megatron_hooks.moe_layer MODEL [--seq-len S] [--mbs B] [--tp T] [--ep E] [--etp T]
-    [--dispatcher D] [--capacity-factor F] [--out DIR]``: one MoE layer of a preset of ``advisor
-    models``, measured; prints one JSON object (the profile and its comparison with the analytic
+    [--dispatcher D] [--capacity-factor F] [--backend symbolic|cpu] [--hidden-size H ...] [--out DIR]``:
+    one MoE layer of a preset of ``advisor models`` (the size options shrink it, for the CPU
+    backend), measured; prints one JSON object (the profile and its comparison with the analytic
     terms), and with --out writes DIR/moe_layer.json for ``advisor profile show DIR``."""
     import argparse
     import json
@@ -200,13 +207,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="--moe-token-dispatcher-type (flex needs DeepEP, CUDA only: refused in one line)")
     parser.add_argument("--capacity-factor", type=float, default=None,
                         help="--moe-expert-capacity-factor, padded to capacity (alltoall)")
+    parser.add_argument("--backend", choices=BACKENDS, default="symbolic",
+                        help="symbolic: fake tensors, real size, the TE spec's kernels stood in for; cpu: real "
+                             "tensors over gloo (TP = EP = ETP = 1), the local spec on torch's CPU kernels")
+    for field in SIZES:
+        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=None, help="shrink the preset")
     parser.add_argument("--out", type=Path, help="write DIR/moe_layer.json (advisor profile show DIR)")
     args = parser.parse_args(argv)
     quiet_megatron()
-    spec = PRESETS[args.model]
+    spec = dataclasses.replace(PRESETS[args.model], **{f: getattr(args, f) for f in SIZES if getattr(args, f)})
+    cpu = dict(layer_spec="local", kernels="cpu") if args.backend == "cpu" else {}
     try:
         profile = measure_moe_layer(spec, seq_len=args.seq_len, mbs=args.mbs, ep=args.ep, dispatcher=args.dispatcher,
-                                    tp=args.tp, etp=args.etp, capacity_factor=args.capacity_factor)
+                                    tp=args.tp, etp=args.etp, capacity_factor=args.capacity_factor,
+                                    backend=args.backend, **cpu)
     except (NotImplementedError, ValueError, ImportError) as exc:
         parser.exit(2, f"Error: {args.model}: {' '.join(str(exc).split())}\n")
     if args.out is not None:

@@ -50,6 +50,12 @@ for name, layout in (("flex", dict(ep=4, dispatcher="flex")), ("mla_tp2", dict(t
         measure_moe_layer(small_mla if name == "mla_tp2" else small, seq_len=32, **layout)
     except (ImportError, ValueError) as exc:
         out[name] = f"{type(exc).__name__}: {exc}"
+for dispatcher in ("allgather", "alltoall"):  # the CPU backend: real tensors over gloo, and the same spec symbolically
+    cpu = measure_moe_layer(small, seq_len=32, layer_spec="local", kernels="cpu", backend="cpu", dispatcher=dispatcher)
+    out[f"cpu_{dispatcher}"] = cpu.to_dict()
+    out[f"cpu_symbolic_{dispatcher}"] = measure_moe_layer(small, seq_len=32, layer_spec="local", kernels="cpu",
+                                                          dispatcher=dispatcher).to_dict()
+out["cpu_compare"] = {row["term"]: row for row in compare(cpu)}
 try:
     import deep_ep
 except ImportError as exc:
@@ -222,3 +228,33 @@ def test_what_cannot_be_measured_here_says_why(measured):
     assert measured["flex"].startswith("ImportError: DeepEP is not installed. Please install DeepEP package from "
                                        "https://github.com/deepseek-ai/deepep.")
     assert measured["mla_tp2"].startswith("ValueError: multi-latent attention at TP > 1")
+
+
+@pytest.mark.parametrize("dispatcher", ["allgather", "alltoall"])
+def test_the_cpu_backend_measures_what_the_symbolic_one_does(measured, dispatcher):
+    """A real megatron-core MoE layer executing on the CPU (real tensors and values, real routing,
+    one gloo rank), the local spec on torch's CPU kernels: every part's parameters and kept
+    activations, and the gradients, equal the symbolic backend's with the same spec and kernels
+    byte for byte (at EP 1 every routed copy is this rank's, so the balanced split changes no byte)."""
+    cpu, symbolic = measured[f"cpu_{dispatcher}"], measured[f"cpu_symbolic_{dispatcher}"]
+    assert (cpu["backend"], symbolic["backend"]) == ("cpu", "symbolic")
+    for key in ("parameter_bytes", "activation_bytes", "gradient_bytes"):
+        assert cpu[key] == symbolic[key], key
+
+
+def test_the_cpu_backend_against_the_analytic_terms(measured):
+    """The small layer on the CPU (local spec, BF16, s 32): what it keeps by hand, and each term's
+    difference from advisor.moe's (which price the TE spec on a GPU): torch's CPU RMSNorm keeps
+    an FP32 copy of its input and x rsqrt (4h + 4h + 4 per token) where the fused kernel keeps the
+    BF16 input and rstd; the unfused attention keeps its s x s scores (FP32 softmax and its BF16
+    copy) and the shared causal mask, K and V expanded to every head, RoPE's cos and sin; the
+    local experts' unfused SwiGLU keeps 6 h_moe more per copy."""
+    s, h, a, d, E, k, f = 32, 64, 4, 16, 8, 2, 32
+    rows = measured["cpu_compare"]
+    diff = {term: row["measured_bytes"] - row["analytic_bytes"] for term, row in rows.items()}
+    assert diff["layer weights (BF16)"] == 0
+    # the norm (FP32 input, x rsqrt, rsqrt), its BF16 output (QKV input), Q, K and V on all heads,
+    # the context: s (18 h + 4); cos and sin for Q and K (8 s d); scores 4 a s^2 + 2 a s^2; mask s^2
+    assert rows["attention activations"]["measured_bytes"] == s * (18 * h + 4) + 8 * s * d + 6 * a * s * s + s * s
+    assert diff["router activations"] == s * (6 * h + 4 + 12 * k - 9 * E)
+    assert diff["expert + dispatch activations"] == s * k * 6 * f + s * 5 * E
