@@ -202,9 +202,13 @@ def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
               help="Megatron's --use-distributed-optimizer (the CPU emulator runs without it).")
 @click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
               help="--sequence-parallel in the TP runs (the CPU emulator runs without it).")
+@click.option("--ep", type=DEGREE, default=None,
+              help="Mixture of experts: every run's expert-parallel size (default 1; the runs carry EP and ETP, "
+                   "'advisor profile run' refuses them yet).")
+@click.option("--etp", type=DEGREE, default=None, help="Mixture of experts: every run's expert tensor-parallel size.")
 @document_options
 def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, cp, microbatches, units, dtype,
-                 distributed_optimizer, sequence_parallel, fmt, output) -> None:
+                 distributed_optimizer, sequence_parallel, ep, etp, fmt, output) -> None:
     """Plan the profiling runs of CAPTURE (seed 000, Section III-A) as Megatron runs.
 
     \b
@@ -230,7 +234,7 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
         mode=mode, fractions=parse_numbers(fractions, float, "--fractions"), cp=cp, num_microbatches=microbatches,
         units=parse_numbers(units, int, "--units") if units else None,
         setup=MegatronSetup(params_dtype=dtype, distributed_optimizer=distributed_optimizer,
-                            sequence_parallel=sequence_parallel),
+                            sequence_parallel=sequence_parallel), ep=ep, etp=etp,
     )
     rows = [run.to_dict() for run in campaign.runs]
     for row in rows:
