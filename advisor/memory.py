@@ -194,6 +194,19 @@ def tp_problem(spec: LlamaSpec, tp: int) -> str | None:
     return None
 
 
+def split_problem(num_layers: int, pp: int, vpp: int, layers_per_stage: tuple[int, ...]) -> str | None:
+    """Why Megatron cannot build ``layers_per_stage`` over PP x VPP model chunks, or None (dense
+    and MoE layouts alike)."""
+    if len(layers_per_stage) != pp:
+        return f"layers per stage lists {len(layers_per_stage)} stages, but PP is {pp}"
+    if any(n < 0 for n in layers_per_stage) or sum(layers_per_stage) != num_layers:
+        return f"layers per stage {list(layers_per_stage)} must be non-negative and sum to {num_layers} layers"
+    if vpp > 1 and min(layers_per_stage) < vpp:
+        return (f"with {vpp} virtual stages every stage needs at least {vpp} layers (one per model chunk), "
+                f"got {list(layers_per_stage)}")
+    return None
+
+
 def check_layout(
     spec: LlamaSpec,
     parallel: ParallelConfig,
@@ -213,16 +226,8 @@ def check_layout(
     if v > 1 and p == 1:
         raise AdvisorError("interleaved virtual pipeline stages need PP > 1")
     if layers_per_stage is not None:
-        if len(layers_per_stage) != p:
-            raise AdvisorError(f"layers per stage lists {len(layers_per_stage)} stages, but PP is {p}")
-        if any(n < 0 for n in layers_per_stage) or sum(layers_per_stage) != spec.num_layers:
-            raise AdvisorError(
-                f"layers per stage {list(layers_per_stage)} must be non-negative and sum to "
-                f"{spec.num_layers} layers"
-            )
-        if v > 1 and min(layers_per_stage) < v:
-            raise AdvisorError(f"with {v} virtual stages every stage needs at least {v} layers (one per model "
-                               f"chunk), got {list(layers_per_stage)}")
+        if problem := split_problem(spec.num_layers, p, v, layers_per_stage):
+            raise AdvisorError(problem)
     elif spec.num_layers % (p * v):
         raise AdvisorError(
             f"{spec.num_layers} layers cannot be split evenly over PP {p}"

@@ -33,22 +33,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import click
-
 from advisor.capture.campaign import PROFILING_ITERATIONS
 from advisor.capture.campaign_run import prepare, run_campaign, world_size
-from advisor.cli.options import OneLineCommand
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from launch.arguments import compose, flag_values
 from launch.checkout import Release
-from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS, Rendezvous, Topology, entry_options, split_world, torchrun_argv
+from launch.commands import DEFAULT_RDZV_PORT, Rendezvous, Topology, entry_options, split_world, torchrun_argv
 from launch.megatron_versions import LaunchShape, environment
 from launch.process import TORCH_ENVIRONMENT, require_program, run_process_group
 
@@ -151,38 +147,23 @@ class TorchrunExecutor:
         pass
 
 
-@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("campaign", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory for the runs: OUT/<run id>/rank*.jsonl.")
-@click.option("--megatron-lm", metavar="DIR", default=None,
-              help="Your Megatron-LM checkout, holding pretrain_gpt.py (default: $MEGATRON_LM).")
-@click.option("--mock-data", is_flag=True, help="Megatron-LM's mock data, with a NullTokenizer sized to the model.")
-@click.option("--train-iters", type=click.IntRange(min=1), default=PROFILING_ITERATIONS, show_default=True,
-              help="Iterations per profiling run (unless your arguments give --train-iters).")
-@click.option("--slurm", is_flag=True,
-              help="Inside a Slurm allocation: each run as srun of one torchrun per node (runs of several nodes).")
-@click.option("--rdzv-port", type=click.IntRange(*TCP_PORTS), default=DEFAULT_RDZV_PORT, show_default=True,
-              help="With --slurm: the c10d rendezvous port on the allocation's first node.")
-@click.option("--run", "only", metavar="ID", default=None,
-              help="Only this run of the campaign (a job array's task: launch.slurm_array).")
-@click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]")
-def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, train_iters: int, slurm: bool,
-         rdzv_port: int, only: str | None, user_args: tuple[str, ...]) -> None:
-    """Run a profiling campaign (advisor profile plan) through torchrun and Megatron-LM, one run
-    after another, resuming where it stopped.
-
-    Prints one JSON event per line on stdout (advisor profile run draws them as a progress bar).
-    """
+def run(campaign: Path, out: Path, megatron_lm: str | None = None, mock_data: bool = False,
+        train_iters: int | None = None, slurm: bool = False, rdzv_port: int | None = None,
+        only: str | None = None, user_args: Sequence[str] = ()) -> int:
+    """Run a campaign through torchrun and Megatron-LM into ``out`` (``only``: one run of it, a job
+    array's task; ``train_iters`` None: ``PROFILING_ITERATIONS``, ``rdzv_port`` None:
+    ``DEFAULT_RDZV_PORT``); returns the exit status (module docstring). Bad input raises
+    AdvisorError before any run starts."""
     from launch.checkout import resolve_release
     from launch.preflight import Setup, import_problems, python_problems
 
     document = prepare(campaign, out, backend="megatron")  # bad input before any work
     if only is not None:
-        document = {**document, "runs": [run for run in document["runs"] if run["id"] == only]}
+        document = {**document, "runs": [each for each in document["runs"] if each["id"] == only]}
         if not document["runs"]:
             raise AdvisorError(f"--run {only!r}: {campaign} has no such run")
-    allocation = SlurmAllocation.from_environment(rdzv_port) if slurm else None
+    port = DEFAULT_RDZV_PORT if rdzv_port is None else rdzv_port
+    allocation = SlurmAllocation.from_environment(port) if slurm else None
     if problem := launch_problem(document, slurm_nodes=allocation.nodes if allocation else None):
         raise AdvisorError(problem)
     release = resolve_release(megatron_lm, None, need_checkout=True)
@@ -190,13 +171,15 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
     setup = Setup(rules=release.rules, checkout=release.checkout, args=tuple(user_args), cp=1, gpus_per_node=1)
     if problems := python_problems(setup) + import_problems(setup):
         raise AdvisorError("; ".join(problems))
-    executor = TorchrunExecutor(release, mock_data=mock_data, train_iters=train_iters, extras=user_args,
-                                slurm=allocation)
-    for run in document["runs"]:  # a conflict with the user's arguments, before any run starts
-        executor.argv(document, run, out / run["id"])
+    executor = TorchrunExecutor(release, mock_data=mock_data, train_iters=train_iters or PROFILING_ITERATIONS,
+                                extras=user_args, slurm=allocation)
+    for each in document["runs"]:  # a conflict with the user's arguments, before any run starts
+        executor.argv(document, each, Path(out) / each["id"])
     require_program("torchrun", TORCH_ENVIRONMENT)
-    sys.exit(run_campaign(document, out, executor))
+    return run_campaign(document, Path(out), executor)
 
 
-if __name__ == "__main__":
-    main(prog_name="python -m launch.campaign_runner")
+if __name__ == "__main__":  # the command line is the one CLI's (advisor.cli.runners)
+    from advisor.cli.runners import megatron_runner
+
+    megatron_runner(run).main(prog_name="python -m launch.campaign_runner")

@@ -226,7 +226,6 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
     checked as megatron-core builds its expert groups, the flags from ``advisor.moe.flags``."""
     from advisor.moe.flags import row_args
     from advisor.moe.space import RECOMPUTES, layout_problem
-    from advisor.moe.stage import split_layers
 
     row = {key: fields.positive(key) for key in ("tp", "cp", "pp", "dp", "mbs", "ep", "etp")}
     row["vpp"] = fields.positive("vpp", default=1)
@@ -235,17 +234,14 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
     if recompute not in RECOMPUTES or dispatcher not in ("alltoall", "allgather", "flex") or not (
             modules is None or isinstance(modules, list) and all(isinstance(m, str) for m in modules)):
         raise AdvisorError(f"{fields.origin}: 'recompute', 'dispatcher' or 'recompute_modules' is not an MoE row's")
-    if list(layers) != split_layers(spec.num_layers, row["pp"]):
-        raise AdvisorError(f"{fields.origin}: 'layers_per_stage' {list(layers)} is not the split MoE rows price "
-                           f"({split_layers(spec.num_layers, row['pp'])})")
     gpus = row["tp"] * row["cp"] * row["pp"] * row["dp"]
     overlap, delay = fields.document.get("a2a_overlap", False), fields.document.get("delay_wgrad", False)
     if not isinstance(overlap, bool) or not isinstance(delay, bool) or (delay and not overlap):
         raise AdvisorError(f"{fields.origin}: 'a2a_overlap' and 'delay_wgrad' must be true or false, delay_wgrad "
                            "only with a2a_overlap")
     problem = layout_problem(spec, Workload(seq_len=seq_len, global_batch_size=gbs), gpus, row["tp"], row["cp"],
-                             row["pp"], row["ep"], row["etp"], row["mbs"], row["vpp"], a2a_overlap=overlap,
-                             recompute=recompute)
+                             row["pp"], row["ep"], row["etp"], row["mbs"], row["vpp"], tuple(layers),
+                             a2a_overlap=overlap, recompute=recompute)
     if problem:
         raise AdvisorError(f"{fields.origin}: {problem}")
     grads, sharded = fields.document.get("gradient_bytes", 4), fields.document.get("distributed_optimizer", True)

@@ -30,16 +30,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import queue
-import sys
 import time
 import uuid
 from pathlib import Path
 
-import click
-
 from advisor.capture.campaign import PROFILING_ITERATIONS
-from advisor.cli.profile import run_options
-from advisor.cli.options import OneLineCommand
 from advisor.memory import GIB
 
 GRACE_S = 30.0
@@ -202,20 +197,10 @@ class SymbolicExecutor:
         pass
 
 
-@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@run_options
-def main(campaign: Path, out: Path, backend: str, layer_spec: str | None, threads: int | None,
-         memory_limit: float | None) -> None:
-    """Run a profiling campaign (advisor profile plan) by emulating its pipeline stages on the CPU.
-
-    Prints one JSON event per line on stdout (advisor profile run draws them as a progress bar).
-    Runs already complete under --out are skipped; partial ones are run again.
-
-    \b
-    Example:
-      python -m megatron_hooks.campaign_runner campaign.json --out runs/
-      python -m megatron_hooks.campaign_runner campaign.json --out runs/ --backend symbolic
-    """
+def run(campaign: Path, out: Path, backend: str = "cpu", layer_spec: str | None = None, threads: int | None = None,
+        memory_limit: float | None = None) -> int:
+    """Run a campaign (``advisor profile run``'s options: ``memory_limit`` in GiB) into ``out``;
+    returns the exit status (module docstring). Bad input raises AdvisorError before any work."""
     from advisor.capture.campaign_run import LAYER_SPECS, prepare, run_campaign
     from advisor.errors import AdvisorError
     from megatron_hooks.emulate import quiet_megatron
@@ -229,8 +214,10 @@ def main(campaign: Path, out: Path, backend: str, layer_spec: str | None, thread
         executor = SymbolicExecutor(layer_spec=layer_spec or LAYER_SPECS[0], memory_limit_bytes=limit)
     else:
         executor = EmulateExecutor(threads=threads, memory_limit_bytes=limit)
-    sys.exit(run_campaign(document, out, executor))
+    return run_campaign(document, out, executor)
 
 
-if __name__ == "__main__":
-    main(prog_name="python -m megatron_hooks.campaign_runner")
+if __name__ == "__main__":  # the command line is the one CLI's (advisor.cli.runners)
+    from advisor.cli.runners import cpu_runner
+
+    cpu_runner(run).main(prog_name="python -m megatron_hooks.campaign_runner")

@@ -20,8 +20,10 @@ What each record field means (the profile schema is in ``advisor/profiles.py``):
     Bytes that one microbatch's forward pass through the region keeps for the backward pass.
     Counted with ``torch.autograd.graph.saved_tensors_hooks``: every tensor autograd saves is
     seen once, at the moment it is saved, and its whole storage counts (a saved view keeps its
-    storage alive). A storage counts once per microbatch, in the first region that saves it;
-    parameters and buffers never count. This is exact where an allocation tracker is not:
+    storage alive). A storage counts once per microbatch, in the first region that saves it,
+    if the forward pass's graph still holds it at the end (a node that dies in the forward pass,
+    a branch whose output is unused, keeps nothing; ``static.SavedStorages``); parameters and
+    buffers never count. This is exact where an allocation tracker is not:
     what the region *keeps* is what autograd saved, not what was allocated and freed, and the
     region's output (the next region's input) counts where it is saved. The same count runs on
     CUDA and on the CPU. Tensors that a custom ``autograd.Function`` keeps as plain ``ctx``
@@ -66,7 +68,8 @@ from torch.utils._pytree import tree_leaves
 from advisor.profiles import IterationRecord, LayerRecord
 from megatron_hooks.backends import MemoryBackend, select_backend
 from megatron_hooks.static import (
-    gradient_bytes, gradient_of, optimizer_bytes_by_parameter, optimizer_tensors, parameter_bytes, storage_key,
+    SavedStorages, gradient_bytes, gradient_of, optimizer_bytes_by_parameter, optimizer_tensors, parameter_bytes,
+    storage_key,
 )
 
 Phase = Literal["forward", "backward"]
@@ -94,8 +97,8 @@ class Region:
 @dataclass(eq=False, slots=True)
 class _Microbatch:
     index: int
-    saved: set[int] = field(default_factory=set)
-    activation: dict[int, int] = field(default_factory=dict)  # id(region) -> bytes
+    saved: SavedStorages = field(default_factory=SavedStorages)
+    """What autograd saved in this microbatch's forward pass, labelled id(region)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,8 +358,9 @@ class LayerMemoryHooks:
             self._last_forward_region = None
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
+            kept = microbatch.saved.kept()  # what the forward pass's graph still holds
             for region in self.regions:
-                region.activation_bytes = max(region.activation_bytes, microbatch.activation.get(id(region), 0))
+                region.activation_bytes = max(region.activation_bytes, kept.get(id(region), 0))
             self.where = f"iteration {self.iteration}, microbatch {microbatch.index}, after the forward"
             tensor = output if isinstance(output, torch.Tensor) else output[0]
             self._watch_backward(tensor, output_region, microbatch, root=True)
@@ -384,9 +388,9 @@ class LayerMemoryHooks:
             return tensor
         storage = tensor.untyped_storage()
         key = storage._cdata  # storage_key(tensor), without a second untyped_storage() call
-        if key not in microbatch.saved and key not in self._static_storages:
-            microbatch.saved.add(key)
-            microbatch.activation[id(region)] = microbatch.activation.get(id(region), 0) + storage.nbytes()
+        if key not in self._static_storages:
+            # by address, with weak references: an address freed by a dead node can come back
+            microbatch.saved.add(tensor, key, id(region), storage.nbytes())
         return tensor
 
     # --- backward ----------------------------------------------------------------------

@@ -29,8 +29,15 @@ sort of the received chunks by the routing's counts, copied to the host on a CUD
 ``fake_routing`` gives it the balanced counts as host values (``_alltoall_preprocess``), no side
 stream, and its chunk orders as host arrays. With EP > 1 (torch's fake process group, a world
 of EP ranks of which this process is rank 0) the all-to-all moves no data and returns the
-received shapes. Without token dropping only (``moe_expert_capacity_factor`` None), TP = 1.
-Everything is undone on exit.
+received shapes; with ETP > 1 the all-gather over the expert TP group likewise.
+
+Token dropping padded to capacity (``moe_expert_capacity_factor`` with
+``moe_pad_expert_input_to_capacity``, alltoall) needs no routing value: every expert gets its
+capacity (``moe_utils.get_capacity``), the router's capacity mask and the permutation
+(``permute(drop_and_pad=True)``: argsort and index_select) have static sizes, and the
+dispatcher's own ``preprocess`` runs, its host-side counts as real tensors. Token dropping
+without padding (sizes that depend on which tokens drop) is not stood in for. Everything is
+undone on exit.
 """
 
 from __future__ import annotations
@@ -79,13 +86,27 @@ def _alltoall_preprocess(self, routing_map: torch.Tensor):
     first = self.local_expert_indices[0]
     mine = per_expert[first:first + local]
     self.num_out_tokens = routing_map.size(0) * self.config.moe_router_topk
-    self.input_splits = [sum(per_expert[r * local:(r + 1) * local]) for r in range(ep)]
-    self.output_splits = [sum(mine)] * ep
-    self.output_splits_tp = [sum(mine) * ep] * tp
     # Host values, as after the copies (numpy, as ``maybe_move_tensor_to_cpu(as_numpy=True)``).
+    self.input_splits = numpy.array([sum(per_expert[r * local:(r + 1) * local]) for r in range(ep)])
+    self.output_splits = numpy.array([sum(mine)] * ep)
+    self.output_splits_tp = numpy.array([sum(mine) * ep] * tp)
     self.num_global_tokens_per_local_expert = numpy.array([mine] * (tp * ep))
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
         return torch.tensor([count * tp * ep for count in mine])
+
+
+def _capacity_or_balanced(preprocess):
+    """The dispatcher's own ``preprocess`` on real tensors (the CPU backend) and when it pads to
+    capacity (sizes of the layout only; its count tensors made real, as host values), else the
+    balanced one."""
+    def choose(self, routing_map: torch.Tensor):
+        if not isinstance(routing_map, FakeTensor):
+            return preprocess(self, routing_map)
+        if self.drop_and_pad:
+            with torch._subclasses.fake_tensor.unset_fake_temporarily():
+                return preprocess(self, routing_map)
+        return _alltoall_preprocess(self, routing_map)
+    return choose
 
 
 def _alltoall_index_tensors(init):
@@ -134,7 +155,7 @@ def fake_routing(num_experts: int, topk: int) -> Iterator[None]:
     # construction; none here: nothing is copied), and the routing's counts.
     AllToAll.cuda_dtoh_stream = "no CUDA stream: fake tensors"
     AllToAll.__init__ = _alltoall_index_tensors(alltoall["__init__"])
-    AllToAll.preprocess = _alltoall_preprocess
+    AllToAll.preprocess = _capacity_or_balanced(alltoall["preprocess"])
     AllToAll._maybe_dtoh_and_synchronize = lambda self, point, tokens_per_expert=None: tokens_per_expert
     try:
         with torch._dynamo.config.patch(disable=True):

@@ -24,33 +24,32 @@ parts; ``advisor.moe.layer_profile.compare`` lines each analytic term up with it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
-import weakref
+import math
 
 import torch
 
-from advisor.moe.layer_profile import DISPATCHERS, PARTS, MoELayerProfile, compare
+from advisor.moe.layer_profile import BACKENDS, DISPATCHERS, PARTS, MoELayerProfile, compare, layer_problem
 
 
 class _SavedByPart:
     """Saved-tensor accounting per part: forward pre/post hooks keep the innermost open part.
 
-    A storage is known by its address (``static.storage_key``), which a later storage can reuse
-    once the first is freed: a tensor saved by an autograd node that dies during the forward pass
-    (a branch whose output is not used) is not kept. So each saved storage is remembered with a
-    weak reference to the tensor saved, an address whose tensor is gone counts anew, and
-    ``kept()`` counts, after the forward pass, only what is still alive. A norm's output counts in
-    the part of ``norms`` that owns the norm, whoever saves it first: the pre-MLP norm's output is
-    the router's input (the analytic router term) and the shared experts' FC1 input, which
-    megatron-core's ``MoELayer`` runs first."""
+    Each saved storage counts once, in the first part that saves it, if it is still kept after
+    the forward pass (``static.SavedStorages``: a tensor saved by an autograd node that dies
+    during the forward pass is not kept, and its address can come back for a new storage). A
+    norm's output counts in the part of ``norms`` that owns the norm, whoever saves it first:
+    the pre-MLP norm's output is the router's input (the analytic router term) and the shared
+    experts' FC1 input, which megatron-core's ``MoELayer`` runs first."""
 
     def __init__(self, parts: dict[str, list[torch.nn.Module]], norms: dict[str, torch.nn.Module],
                  parameters) -> None:
-        from megatron_hooks.static import storage_key
+        from megatron_hooks.static import SavedStorages, storage_key
 
         self.key = storage_key
         self.parameters = {storage_key(p) for p in parameters}
-        self.saved: dict[int, tuple[weakref.ref, str, int]] = {}
+        self.saved = SavedStorages()
         self.claimed: dict[int, str] = {}
         self.open: list[str] = []
         self.handles = []
@@ -76,21 +75,13 @@ class _SavedByPart:
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         key = self.key(tensor)
-        if not self.open or key in self.parameters:
-            return tensor
-        known = self.saved.get(key)
-        if known is None or known[0]() is None:
-            part = self.claimed.get(key, self.open[-1])
-            self.saved[key] = (weakref.ref(tensor), part, tensor.untyped_storage().nbytes())
+        if self.open and key not in self.parameters:
+            self.saved.add(tensor, key, self.claimed.get(key, self.open[-1]), tensor.untyped_storage().nbytes())
         return tensor
 
     def kept(self) -> dict[str, int]:
         """Bytes per part of the saved storages still alive."""
-        counted = dict.fromkeys(PARTS, 0)
-        for alive, part, nbytes in self.saved.values():
-            if alive() is not None:
-                counted[part] += nbytes
-        return counted
+        return {**dict.fromkeys(PARTS, 0), **self.saved.kept()}
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -107,35 +98,45 @@ def _parts(layer) -> dict[str, list[torch.nn.Module]]:
 
 
 def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "transformer_engine",
-                      ep: int = 1, dispatcher: str = "allgather") -> MoELayerProfile:
-    """One BF16 MoE layer of ``spec`` (a ``MoESpec``) on rank 0 of a fake world of ``ep`` data-
-    parallel ranks folded into ``ep`` expert-parallel ranks (TP = 1), one microbatch, with the
-    token ``dispatcher`` ("allgather" or "alltoall"); see the module docstring."""
-    if dispatcher not in DISPATCHERS:
-        raise ValueError(f"dispatcher must be one of {', '.join(DISPATCHERS)}, got {dispatcher!r}")
-    if ep < 1 or spec.num_experts % ep:
-        raise ValueError(f"EP {ep} must divide the {spec.num_experts} experts")
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from megatron_hooks.kernels import cuda_kernels
+                      ep: int = 1, dispatcher: str = "allgather", tp: int = 1, etp: int = 1,
+                      capacity_factor: float | None = None, backend: str = "symbolic",
+                      kernels: str = "cuda") -> MoELayerProfile:
+    """One BF16 MoE layer of ``spec`` (a ``MoESpec``) on rank 0 of a fake world whose data-parallel
+    ranks fold into ``ep`` expert-parallel ranks of ``etp`` expert tensor-parallel ranks, with TP
+    ``tp`` (sequence parallel when above 1, as Megatron requires for MoE), one microbatch, with
+    the token ``dispatcher`` ("allgather" or "alltoall"); ``capacity_factor``: token dropping,
+    every expert padded to its capacity (--moe-expert-capacity-factor with
+    --moe-pad-expert-input-to-capacity, alltoall only); see the module docstring. ``backend``
+    "cpu": real tensors, this process one gloo rank (TP = EP = ETP = 1), the real routing;
+    ``kernels`` "cpu": torch's own CPU paths instead of the CUDA kernels' stand-ins (the CPU
+    backend's)."""
+    problem = layer_problem(spec, tp=tp, ep=ep, etp=etp, dispatcher=dispatcher, capacity_factor=capacity_factor)
+    if backend == "cpu" and (tp, ep, etp, kernels) != (1, 1, 1, "cpu"):
+        problem = "the CPU backend runs one gloo rank (TP = EP = ETP = 1) with torch's CPU kernels"
+    if problem:
+        raise ValueError(problem)
     from megatron_hooks.model import build_gpt_model, causal_mask
     from megatron_hooks.moe_fake import fake_routing
-    from megatron_hooks.symbolic import fake_world
 
     with contextlib.ExitStack() as context:
-        context.enter_context(fake_world(1, 1, ep, 0, ep=ep))
-        context.enter_context(FakeTensorMode())
-        context.enter_context(cuda_kernels())
+        _world(context, backend, tp=tp, ep=ep, etp=etp)
+        if kernels == "cuda":
+            from megatron_hooks.kernels import cuda_kernels
+
+            context.enter_context(cuda_kernels())
         context.enter_context(fake_routing(spec.num_experts, spec.moe_router_topk))
         model = build_gpt_model(spec, seq_len=seq_len, layers=[spec.num_layers // 2 + 1], pre_process=False,
                                 post_process=False, params_dtype=torch.bfloat16, layer_spec=layer_spec,
                                 use_cpu_initialization=True, expert_model_parallel_size=ep,
-                                moe_token_dispatcher_type=dispatcher)
+                                expert_tensor_parallel_size=etp, sequence_parallel=tp > 1,
+                                moe_token_dispatcher_type=dispatcher, moe_expert_capacity_factor=capacity_factor,
+                                moe_pad_expert_input_to_capacity=capacity_factor is not None)
         layer = model.decoder.layers[0]
         parts = _parts(layer)
         counter = _SavedByPart(parts, {"attention": layer.input_layernorm, "router": layer.pre_mlp_layernorm},
                                model.parameters())
-        received = torch.randn(seq_len, mbs, spec.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+        # this rank's sequence-parallel share of the tokens
+        received = torch.randn(seq_len // tp, mbs, spec.hidden_size, dtype=torch.bfloat16, requires_grad=True)
         model.set_input_tensor(received)
         mask = causal_mask(seq_len) if layer_spec == "local" else None
         positions = torch.arange(seq_len).unsqueeze(0).expand(mbs, seq_len)
@@ -151,18 +152,41 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
         params["dispatch"] = 0  # MoELayer's own parameters are its router's and experts'
         params.setdefault("shared_experts", 0)
         grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
-        measured = MoELayerProfile(model=spec, seq_len=seq_len, mbs=mbs, ep=ep, dispatcher=dispatcher,
+        measured = MoELayerProfile(model=spec, seq_len=seq_len, mbs=mbs, ep=ep, dispatcher=dispatcher, tp=tp,
+                                   etp=etp, capacity_factor=capacity_factor, backend=backend,
                                    parameter_bytes={n: params[n] for n in PARTS}, activation_bytes=kept,
                                    gradient_bytes=grads)
     gc.collect()
     return measured
 
 
+def _world(context: contextlib.ExitStack, backend: str, *, tp: int, ep: int, etp: int) -> None:
+    """Symbolic: rank 0 of a fake world of TP x DP ranks (the fewest DP ranks whose world holds EP
+    x ETP) under FakeTensorMode; cpu: this process as the one rank of a gloo group."""
+    if backend == "cpu":
+        from megatron_hooks.emulate import free_port, process_group
+
+        context.enter_context(process_group(0, 1, free_port(), 1))
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from megatron_hooks.symbolic import fake_world
+
+    context.enter_context(fake_world(tp, 1, ep * etp // math.gcd(tp, ep * etp), 0, ep=ep, etp=etp))
+    context.enter_context(FakeTensorMode())
+
+
+SIZES = ("hidden_size", "ffn_hidden_size", "moe_ffn_hidden_size", "num_attention_heads", "num_query_groups",
+         "vocab_size")
+"""The preset's sizes ``main`` can shrink (a real-tensor layer at Mixtral's size is gigabytes)."""
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``python -m megatron_hooks.moe_layer MODEL [--seq-len S] [--mbs B] [--ep E] [--dispatcher D]
-    [--out DIR]``: one MoE layer of a preset of ``advisor models``, measured; prints one JSON object
-    (the profile and its comparison with the analytic terms), and with --out writes
-    DIR/moe_layer.json for ``advisor profile show DIR``."""
+    """``python -m megatron_hooks.moe_layer MODEL [--seq-len S] [--mbs B] [--tp T] [--ep E] [--etp T]
+    [--dispatcher D] [--capacity-factor F] [--backend symbolic|cpu] [--hidden-size H ...] [--out DIR]``:
+    one MoE layer of a preset of ``advisor models`` (the size options shrink it, for the CPU
+    backend), measured; prints one JSON object (the profile and its comparison with the analytic
+    terms), and with --out writes DIR/moe_layer.json for ``advisor profile show DIR``."""
     import argparse
     import json
     from pathlib import Path
@@ -176,17 +200,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model", choices=sorted(PRESETS))
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--mbs", type=int, default=1)
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (sequence parallel above 1)")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (--expert-model-parallel-size)")
-    parser.add_argument("--dispatcher", choices=DISPATCHERS, default="allgather",
-                        help="--moe-token-dispatcher-type")
+    parser.add_argument("--etp", type=int, default=1, help="--expert-tensor-parallel-size")
+    parser.add_argument("--dispatcher", choices=(*DISPATCHERS, "flex"), default="allgather",
+                        help="--moe-token-dispatcher-type (flex needs DeepEP, CUDA only: refused in one line)")
+    parser.add_argument("--capacity-factor", type=float, default=None,
+                        help="--moe-expert-capacity-factor, padded to capacity (alltoall)")
+    parser.add_argument("--backend", choices=BACKENDS, default="symbolic",
+                        help="symbolic: fake tensors, real size, the TE spec's kernels stood in for; cpu: real "
+                             "tensors over gloo (TP = EP = ETP = 1), the local spec on torch's CPU kernels")
+    for field in SIZES:
+        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=None, help="shrink the preset")
     parser.add_argument("--out", type=Path, help="write DIR/moe_layer.json (advisor profile show DIR)")
     args = parser.parse_args(argv)
     quiet_megatron()
-    spec = PRESETS[args.model]
+    spec = dataclasses.replace(PRESETS[args.model], **{f: getattr(args, f) for f in SIZES if getattr(args, f)})
+    cpu = dict(layer_spec="local", kernels="cpu") if args.backend == "cpu" else {}
     try:
-        profile = measure_moe_layer(spec, seq_len=args.seq_len, mbs=args.mbs, ep=args.ep, dispatcher=args.dispatcher)
-    except (NotImplementedError, ValueError) as exc:
-        parser.exit(2, f"Error: {args.model}: {exc}\n")
+        profile = measure_moe_layer(spec, seq_len=args.seq_len, mbs=args.mbs, ep=args.ep, dispatcher=args.dispatcher,
+                                    tp=args.tp, etp=args.etp, capacity_factor=args.capacity_factor,
+                                    backend=args.backend, **cpu)
+    except (NotImplementedError, ValueError, ImportError) as exc:
+        parser.exit(2, f"Error: {args.model}: {' '.join(str(exc).split())}\n")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.out / FILENAME, json.dumps(profile.to_dict(), indent=1) + "\n")

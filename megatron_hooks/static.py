@@ -24,6 +24,7 @@ one that shares the model parameter's storage (an FP32 shard view) does not.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -33,6 +34,41 @@ def storage_key(tensor: torch.Tensor) -> int:
     """One key per storage (the address of its ``StorageImpl``), shared by every view of it.
     Not ``data_ptr()``: the fake tensors of the symbolic backend have no data, and all report 0."""
     return tensor.untyped_storage()._cdata
+
+
+class SavedStorages:
+    """The storages autograd saved during one forward pass, each once, under the label of its
+    first saver, and which of them are still kept.
+
+    A storage is known by its address (``storage_key``), which a later storage can take once
+    the first is freed: a tensor saved by an autograd node that dies during the forward pass (a
+    branch whose output is not used) is freed with it, and its address can come back for a new
+    storage that must count anew. So each storage is remembered with weak references to the
+    tensor objects saved from it (a saved-tensors hook that returns the tensor keeps that object
+    alive as long as its node): a known address whose saved tensors are all gone is a new
+    storage, and ``kept()`` counts only what is still alive."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[object, int, list[weakref.ref]]] = {}
+
+    def add(self, tensor: torch.Tensor, key: int, label: object, nbytes: int) -> bool:
+        """Remember ``tensor`` (storage ``key`` of ``nbytes``); True if its storage is new here."""
+        known = self.entries.get(key)
+        if known is not None and any(ref() is not None for ref in known[2]):
+            known[2].append(weakref.ref(tensor))
+            return False
+        self.entries[key] = (label, nbytes, [weakref.ref(tensor)])
+        return True
+
+    def kept(self) -> dict:
+        """Bytes per label of the saved storages still alive."""
+        counted: dict = {}
+        for label, nbytes, refs in self.entries.values():
+            if any(ref() is not None for ref in refs):
+                counted[label] = counted.get(label, 0) + nbytes
+        return counted
 
 
 def tensor_bytes(tensor: torch.Tensor | None) -> int:

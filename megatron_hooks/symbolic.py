@@ -59,11 +59,11 @@ class SymbolicBackend(CpuBackend):
 
 
 @contextlib.contextmanager
-def fake_world(tp: int, cp: int, dp: int, rank: int, ep: int = 1) -> Iterator[None]:
+def fake_world(tp: int, cp: int, dp: int, rank: int, ep: int = 1, etp: int | None = None) -> Iterator[None]:
     """This process as rank ``rank`` of a fake TP x CP x DP world, with megatron-core's parallel
-    state (one pipeline stage, as the emulator's; ``ep``: the expert-parallel size, which
-    megatron-core folds out of the same world), the CPU shim and the fake-tensor replacements
-    of the module docstring; all undone on exit."""
+    state (one pipeline stage, as the emulator's; ``ep``, ``etp``: the expert-parallel and expert
+    tensor-parallel sizes, which megatron-core folds out of the same world; ``etp`` None: TP),
+    the CPU shim and the fake-tensor replacements of the module docstring; all undone on exit."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -74,7 +74,7 @@ def fake_world(tp: int, cp: int, dp: int, rank: int, ep: int = 1) -> Iterator[No
     shim = CpuShim().install()
     try:
         parallel_state.initialize_model_parallel(tp, 1, context_parallel_size=cp, expert_model_parallel_size=ep,
-                                                 create_gloo_process_groups=False)
+                                                 expert_tensor_parallel_size=etp, create_gloo_process_groups=False)
         with _megatron_on_fake_tensors():
             yield
     finally:

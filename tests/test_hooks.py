@@ -291,3 +291,63 @@ def test_a_loss_that_is_not_finite_is_recorded_as_null(megatron_world):
         assert hooks.end_iteration(loss=float("nan")).iteration.loss is None
         hooks.begin_iteration(2)
         assert hooks.end_iteration(loss=2.5).iteration.loss == 2.5
+
+
+def _activations_with(model, before=None, after=None) -> dict[str, int]:
+    """Each region's activation bytes over one forward pass; ``before(model)`` and ``after(model)``
+    run before and after the hooks are installed (forward pre-hooks run in that order)."""
+    from megatron_hooks.model import causal_mask
+
+    if before is not None:
+        before(model)
+    hooks = LayerMemoryHooks(model, backend=CpuBackend()).install()
+    (tokens, labels), = batches(1)
+    positions, mask = torch.arange(SEQ).unsqueeze(0).expand(MBS, SEQ), causal_mask(SEQ)
+    try:
+        if after is not None:
+            after(model)
+        hooks.begin_iteration(1)
+        model(tokens, positions, mask, labels=labels).sum().backward()
+        measured = {region.name: region.activation_bytes for region in hooks.regions}
+        hooks.end_iteration()
+        return measured
+    finally:
+        hooks.remove()
+
+
+def test_a_storage_freed_in_the_forward_pass_and_its_address_reused_count_right(megatron_world):
+    """Storages are known by address, and an address comes back once its storage is freed.
+    Layer 1's region saves a tensor for a branch whose node dies in the forward pass (it keeps
+    nothing); layer 2's then saves a new storage at that very address (it keeps it). Keyed by
+    address alone, layer 1 counted the dead tensor and layer 2 not its own. Both run as layer 2's
+    forward pre-hooks, one before the hooks open its region (still layer 1's), one after."""
+    from megatron_hooks.static import storage_key
+
+    n = 4096  # FP32 elements
+    freed = {}
+
+    def dead_branch(_module, _args):
+        leaf = torch.randn(n, requires_grad=True)
+        _ = leaf * leaf  # saves leaf; the node dies with the result, and leaf's storage with it
+        freed["key"] = storage_key(leaf)
+
+    def reused(_module, args, kwargs):
+        held = []  # candidates at other addresses stay alive until one takes the freed address
+        candidate = torch.randn(n, requires_grad=True)
+        while storage_key(candidate) != freed["key"] and len(held) < 1000:
+            held.append(candidate)
+            candidate = torch.randn(n, requires_grad=True)
+        assert storage_key(candidate) == freed["key"], "the allocator gave the freed address to no new storage"
+        kwargs["hidden_states"] = kwargs["hidden_states"] + 0 * (candidate * candidate).sum()  # keeps candidate
+        return args, kwargs
+
+    def first(model):
+        model.decoder.layers[2].register_forward_pre_hook(dead_branch)
+
+    def then(model):
+        model.decoder.layers[2].register_forward_pre_hook(reused, with_kwargs=True)
+
+    plain = _activations_with(tiny_model())
+    measured = _activations_with(tiny_model(), first, then)
+    assert measured["decoder.layers.1"] == plain["decoder.layers.1"]
+    assert measured["decoder.layers.2"] == plain["decoder.layers.2"] + n * FP32

@@ -134,3 +134,22 @@ def test_dependencies_point_one_way():
     wrong = [f"{name} -> {target}" for name, targets in _graph().items() for target in targets
              if target.split(".")[0] in FORBIDDEN.get(name.split(".")[0], ())]
     assert wrong == []
+
+
+def test_the_campaign_runners_take_their_command_line_from_the_one_cli(tmp_path):
+    """The two runners that ``advisor profile run`` starts as processes are plain ``run``
+    functions: no click in the plugin's or the launcher's runner; their options are parsed by
+    ``advisor.cli.runners``, which their ``__main__`` hands ``run`` to. Bad input is still one
+    line and exit status 2."""
+    import subprocess
+    import sys
+
+    for module in ("megatron_hooks.campaign_runner", "launch.campaign_runner"):
+        tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+        names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not {name for name in names if name and name.split(".")[0] == "click"}, module
+        done = subprocess.run([sys.executable, "-m", module, str(tmp_path / "missing.json"), "--out",
+                               str(tmp_path / "runs")], capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+            f"Error: {tmp_path / 'missing.json'}: no such file"], done.stderr

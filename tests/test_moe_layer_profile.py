@@ -49,9 +49,35 @@ def test_json_carries_the_rows_with_hand_derived_analytic_terms(advisor):
 def test_bad_profiles_are_refused_in_one_line(advisor, tmp_path):
     doc = json.loads((EXAMPLE / layer_profile.FILENAME).read_text())
     (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "ep": 3}))
-    assert "ep 3 does not divide the model's 256 experts" in advisor.error("profile", "show", tmp_path)
+    assert "EP 3 must divide the 256 experts" in advisor.error("profile", "show", tmp_path)
+    (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "version": 2, "dispatcher": "flex"}))
+    assert "dispatcher must be one of allgather, alltoall, got 'flex'" in advisor.error("profile", "show", tmp_path)
+    (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "version": 2, "tp": 2}))
+    assert "multi-latent attention at TP > 1" in advisor.error("profile", "show", tmp_path)
+    (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "version": 2, "capacity_factor": 0}))
+    assert "capacity_factor" in advisor.error("profile", "show", tmp_path)
     (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "activation_bytes": {"attention": 1}}))
     assert "activation_bytes must map exactly" in advisor.error("profile", "show", tmp_path)
     (tmp_path / layer_profile.FILENAME).write_text("[1, 2")
     advisor.error("profile", "show", tmp_path)
     assert "compare section only" in advisor.error("profile", "show", EXAMPLE, "--section", "layers")
+
+
+def test_a_version_2_profile_prices_its_tp_etp_and_capacity(advisor, tmp_path):
+    """Version 2 records TP, ETP and the capacity factor; the analytic terms follow them: N = s / t
+    tokens routed here, f N k etp copies at capacity f, each with the experts' width over etp and
+    the permutation's int64 index once per copy routed here (advisor.moe.memory)."""
+    from advisor.moe.spec import PRESETS
+
+    doc = json.loads((EXAMPLE / layer_profile.FILENAME).read_text())
+    mixtral = PRESETS["mixtral-8x7b"]
+    v2 = {**doc, "version": 2, "model": mixtral.to_dict(), "tp": 2, "ep": 4, "etp": 2, "capacity_factor": 1.5}
+    (tmp_path / layer_profile.FILENAME).write_text(json.dumps(v2))
+    rows = {row["term"]: row for row in advisor.json("profile", "show", tmp_path)["compare"]}
+    n, k, h, f = 4096 // 2, 2, 4096, 14336
+    copies = 1.5 * n * k * 2
+    assert rows["expert + dispatch activations"]["analytic_bytes"] == copies * (2 * (h + 3 * f // 2) + 4) + 1.5 * n * k * 8
+    assert rows["router activations"]["analytic_bytes"] == n * (4 * h + 9 * 8)
+    out = advisor("profile", "show", tmp_path).stdout
+    assert "TP 2, EP 4, ETP 2, alltoall dispatcher, capacity 1.5 (padded)" in " ".join(out.split())
+    assert "capacity routing" in " ".join(out.split())

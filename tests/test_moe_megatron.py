@@ -82,3 +82,28 @@ def test_megatron_accepts_and_builds_moe_rows(tag):
         wrong = {key: (result["derived"].get(key), value) for key, value in expected.items()
                  if result["derived"].get(key) != value}
         assert not wrong, (name, wrong)
+
+
+def test_megatron_accepts_moe_campaign_runs_and_a_given_split():
+    """An MoE profiling campaign's runs (advisor profile plan --ep 4) and an MoE estimate with its own
+    split (--layers-per-stage 7,9,9,7: --decoder-first/last-pipeline-num-layers) through core_v0.15.2's
+    parse_args + validate_args: Megatron builds the runs' EP, ETP and layers per stage."""
+    release = checkout("core_v0.15.2")
+    runner = CliRunner()
+    campaign = json.loads(runner.invoke(cli, ["profile", "plan", "--model", "mixtral-8x7b", "--gpus", "8",
+                                              "--gpus-per-node", "8", "--mode", "reduced", "--seq-len", "4096",
+                                              "--mbs", "2", "--gbs", "16", "--ep", "4", "--format", "json"]).stdout)
+    runs = [(run["megatron_args"], run["world_size"], run) for run in campaign["runs"][::4]]
+    estimate = json.loads(runner.invoke(cli, ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--pp", "4",
+                                              "--ep", "8", "--gbs", "256", "--seq-len", "4096",
+                                              "--layers-per-stage", "7,9,9,7", "--format", "json"]).stdout)
+    runs.append((estimate["megatron_args"], 64, estimate))
+    cases = [{"args": [*args, *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type", "NullTokenizer",
+                       "--vocab-size", "32000", "--train-iters", "10"],
+              "world_size": world, "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for args, world, _ in runs]
+    results = validate(release, cases)
+    assert all(result["ok"] for result in results), [result.get("error") for result in results]
+    for (_, _, row), result in zip(runs, results):
+        derived = result["derived"]
+        assert (derived["expert_model_parallel_size"], derived["expert_tensor_parallel_size"]) == (row["ep"], row["etp"])
+        assert derived["layers_per_stage"] == row["layers_per_stage"]

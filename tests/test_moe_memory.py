@@ -51,6 +51,16 @@ def test_mixtral_layer_activations_by_hand():
         == attention + router + experts - copies * 2 * 14336
 
 
+def test_expert_activations_under_expert_tensor_parallelism_by_hand():
+    """ETP 2: each copy's FC1 output, SwiGLU and FC2 input are half as wide; the all-gather over the
+    expert TP group doubles the copies the experts process (with their FP32 probabilities), but
+    the permutation's int64 index is made before it, once per copy this rank routes (N k)."""
+    n, k, h, f = 2048, 2, 4096, 14336
+    copies = mm.expert_token_copies(MIXTRAL, n, 4, 2, mm.RoutedTokens())
+    assert copies == n * k * 2
+    assert mm.expert_activation_bytes(MIXTRAL, copies, 2) == copies * (2 * (h + 3 * f / 2) + 4) + n * k * 8
+
+
 def test_mla_attention_activations_by_hand():
     s, t = 4096, 2
     per_token_split = 2 * (2 * 7168 + 1536 + 512 + 64) / t

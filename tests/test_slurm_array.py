@@ -23,7 +23,10 @@ def test_the_array_script_and_its_refusals(advisor, tmp_path):
     from click import Context
     from launch_support import make_checkout
 
-    from launch.campaign_runner import main as runner
+    from advisor.cli.runners import megatron_runner
+    from launch.campaign_runner import run
+
+    runner = megatron_runner(run)
 
     plan(advisor, tmp_path / "campaign.json", 2, 2)
     checkout = make_checkout(tmp_path / "Megatron LM")

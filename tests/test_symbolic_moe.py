@@ -37,10 +37,31 @@ out["real"] = {row["term"]: row for row in compare(measure_moe_layer(mixtral, se
 real = measure_moe_layer(deepseek, seq_len=4096, ep=8, dispatcher="alltoall")
 out["deepseek"] = {row["term"]: row for row in compare(real)}
 out["deepseek_profile"] = real.to_dict()
+for name, layout in (("tp2_ep4", dict(tp=2, ep=4)), ("tp2_ep4_etp2", dict(tp=2, ep=4, etp=2)),
+                     ("ep8_capacity", dict(ep=8, capacity_factor=1.25))):
+    out[name] = {row["term"]: row for row in compare(measure_moe_layer(mixtral, seq_len=4096, dispatcher="alltoall",
+                                                                       **layout))}
 try:
     measure_moe_layer(small_mla, seq_len=32, layer_spec="local")
 except NotImplementedError as exc:
     out["mla"] = str(exc)
+for name, layout in (("flex", dict(ep=4, dispatcher="flex")), ("mla_tp2", dict(tp=2, ep=4, dispatcher="alltoall"))):
+    try:
+        measure_moe_layer(small_mla if name == "mla_tp2" else small, seq_len=32, **layout)
+    except (ImportError, ValueError) as exc:
+        out[name] = f"{type(exc).__name__}: {exc}"
+for dispatcher in ("allgather", "alltoall"):  # the CPU backend: real tensors over gloo, and the same spec symbolically
+    cpu = measure_moe_layer(small, seq_len=32, layer_spec="local", kernels="cpu", backend="cpu", dispatcher=dispatcher)
+    out[f"cpu_{dispatcher}"] = cpu.to_dict()
+    out[f"cpu_symbolic_{dispatcher}"] = measure_moe_layer(small, seq_len=32, layer_spec="local", kernels="cpu",
+                                                          dispatcher=dispatcher).to_dict()
+out["cpu_compare"] = {row["term"]: row for row in compare(cpu)}
+try:
+    import deep_ep
+except ImportError as exc:
+    out["deep_ep"] = f"{type(exc).__name__}: {exc}"
+import torch
+out["torch_cuda"] = torch.version.cuda
 print(json.dumps(out))
 """
 
@@ -157,3 +178,83 @@ def test_a_real_size_deepseek_v3_layer_against_the_analytic_terms(measured):
 
 def test_multi_latent_attention_on_the_local_spec_is_refused_in_one_line(measured):
     assert "multi-latent attention builds with the transformer_engine layer spec only" in measured["mla"]
+
+
+def _mixtral_differences(rows: dict, tp: int) -> tuple[dict, int, int]:
+    """(measured - analytic per term, s, N = s / tp tokens on this rank), weights exact."""
+    diff = {term: row["measured_bytes"] - row["analytic_bytes"] for term, row in rows.items()}
+    assert diff.pop("layer weights (BF16)") == 0
+    total = rows["layer activations"]
+    assert abs(total["measured_bytes"] / total["analytic_bytes"] - 1) < 0.05
+    return diff, 4096, 4096 // tp
+
+
+@pytest.mark.parametrize("layout", ["tp2_ep4", "tp2_ep4_etp2"])
+def test_a_real_size_mixtral_layer_at_tp_2_against_the_analytic_terms(measured, layout):
+    """Mixtral 8x7B at TP 2 (sequence parallel), EP 4, alltoall, ETP 1 and 2: weights exact,
+    activations within 5%, each term's difference the TP 1 one with what TP splits split: the
+    fused QKV output that V keeps and the softmax statistics over t, the RMSNorm's rstd over t
+    (sequence parallel), the RoPE frequencies whole; per routed token (N = s / t) the router's
+    and the dispatch's as at TP 1. At ETP 2 the experts see twice the copies, half as wide, and
+    the permutation's index stays one per copy this rank routes (advisor.moe.memory prices it so)."""
+    a, g, d, E, k, t = 32, 8, 128, 8, 2, 2
+    diff, s, n = _mixtral_differences(measured[layout], t)
+    assert diff["attention activations"] == s * ((2 * (a + 2 * g) * d - 2 * g * d) // t + 4 * d + 4 * a // t + 4 // t) + 16
+    assert diff["router activations"] == n * (4 + 12 * k - 9 * E)
+    assert diff["expert + dispatch activations"] == n * 5 * E
+
+
+def test_token_dropping_padded_to_capacity_against_the_analytic_terms(measured):
+    """Mixtral 8x7B, EP 8, alltoall, --moe-expert-capacity-factor 1.25 padded to capacity: every
+    expert gets ceil(N k / E x 1.25) = 1280 copies, 10,240 here, which is what capacity routing
+    prices. The router also keeps the capacity mask it multiplies the probabilities by (bool, E
+    per token); the dispatch keeps two int64 index vectors per padded copy (the tokens' argsort and
+    the probabilities' 1-D index, permute(drop_and_pad=True)) where the analytic term has one, and
+    no masked_select (no FP32 E x N probabilities and bool map)."""
+    E, k = 8, 2
+    diff, s, n = _mixtral_differences(measured["ep8_capacity"], 1)
+    copies = -(-n * k * 5 // (E * 4)) * E  # ceil(N k / E x 1.25) per expert, every expert padded
+    assert copies == 10240
+    assert diff["router activations"] == n * (4 + 12 * k - 9 * E + E)
+    assert diff["expert + dispatch activations"] == copies * 8
+
+
+def test_what_cannot_be_measured_here_says_why(measured):
+    """The flex dispatcher needs DeepEP, which is CUDA code (its build needs a CUDA torch; this one
+    is CPU only): megatron-core refuses to build the layer without it. MLA at TP > 1 needs TE's
+    duplicated down projections, which have no stand-in."""
+    assert measured["torch_cuda"] is None
+    assert measured["deep_ep"] == "ModuleNotFoundError: No module named 'deep_ep'"
+    assert measured["flex"].startswith("ImportError: DeepEP is not installed. Please install DeepEP package from "
+                                       "https://github.com/deepseek-ai/deepep.")
+    assert measured["mla_tp2"].startswith("ValueError: multi-latent attention at TP > 1")
+
+
+@pytest.mark.parametrize("dispatcher", ["allgather", "alltoall"])
+def test_the_cpu_backend_measures_what_the_symbolic_one_does(measured, dispatcher):
+    """A real megatron-core MoE layer executing on the CPU (real tensors and values, real routing,
+    one gloo rank), the local spec on torch's CPU kernels: every part's parameters and kept
+    activations, and the gradients, equal the symbolic backend's with the same spec and kernels
+    byte for byte (at EP 1 every routed copy is this rank's, so the balanced split changes no byte)."""
+    cpu, symbolic = measured[f"cpu_{dispatcher}"], measured[f"cpu_symbolic_{dispatcher}"]
+    assert (cpu["backend"], symbolic["backend"]) == ("cpu", "symbolic")
+    for key in ("parameter_bytes", "activation_bytes", "gradient_bytes"):
+        assert cpu[key] == symbolic[key], key
+
+
+def test_the_cpu_backend_against_the_analytic_terms(measured):
+    """The small layer on the CPU (local spec, BF16, s 32): what it keeps by hand, and each term's
+    difference from advisor.moe's (which price the TE spec on a GPU): torch's CPU RMSNorm keeps
+    an FP32 copy of its input and x rsqrt (4h + 4h + 4 per token) where the fused kernel keeps the
+    BF16 input and rstd; the unfused attention keeps its s x s scores (FP32 softmax and its BF16
+    copy) and the shared causal mask, K and V expanded to every head, RoPE's cos and sin; the
+    local experts' unfused SwiGLU keeps 6 h_moe more per copy."""
+    s, h, a, d, E, k, f = 32, 64, 4, 16, 8, 2, 32
+    rows = measured["cpu_compare"]
+    diff = {term: row["measured_bytes"] - row["analytic_bytes"] for term, row in rows.items()}
+    assert diff["layer weights (BF16)"] == 0
+    # the norm (FP32 input, x rsqrt, rsqrt), its BF16 output (QKV input), Q, K and V on all heads,
+    # the context: s (18 h + 4); cos and sin for Q and K (8 s d); scores 4 a s^2 + 2 a s^2; mask s^2
+    assert rows["attention activations"]["measured_bytes"] == s * (18 * h + 4) + 8 * s * d + 6 * a * s * s + s * s
+    assert diff["router activations"] == s * (6 * h + 4 + 12 * k - 9 * E)
+    assert diff["expert + dispatch activations"] == s * k * 6 * f + s * 5 * E

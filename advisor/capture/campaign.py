@@ -72,6 +72,10 @@ class CampaignRun:
     """Which part of the generator asked for it: 'description-1', 'reduced', or the caller's
     label of a measured layout ('measure', 'held-out')."""
     megatron_args: tuple[str, ...]
+    ep: int | None = None
+    """A mixture of experts' expert-parallel size (None: a dense model)."""
+    etp: int | None = None
+    """A mixture of experts' expert tensor-parallel size (None: a dense model)."""
 
     @property
     def micro_batch_size(self) -> int:
@@ -93,6 +97,7 @@ class CampaignRun:
             "global_batch_size": self.global_batch_size, "world_size": self.world_size,
             "layers_per_stage": list(self.layers_per_stage), "source": self.source, "launchable": True,
             "megatron_args": list(self.megatron_args),
+            **({"ep": self.ep, "etp": self.etp} if self.ep is not None else {}),
         }
 
 
@@ -192,12 +197,15 @@ def plan_campaign(
     spec: LlamaSpec, *, gpus: int, gpus_per_node: int, seq_len: int, micro_batch_size: int,
     global_batch_size: int, mode: Mode = "full", fractions: tuple[float, ...] = (0.5, 0.25), cp: int = 1,
     setup: MegatronSetup = MegatronSetup(), units: tuple[int, ...] | None = None,
-    num_microbatches: int | None = None,
+    num_microbatches: int | None = None, ep: int | None = None, etp: int | None = None,
 ) -> Campaign:
     """Every profiling run for ``spec`` on ``gpus`` GPUs. ``units`` (layers per merged unit, from
     the layer merger, Section III-A3) applies to the DP and TP scenarios; the pipeline-only
-    scenario is always profiled layer by layer, as the merger needs its statistics first."""
+    scenario is always profiled layer by layer, as the merger needs its statistics first. A
+    mixture of experts' runs carry ``ep`` and ``etp`` (default 1) and the MoE flags; a scenario
+    whose TP x CP x DP ranks cannot hold EP x ETP (megatron-core's expert groups) is skipped."""
     _check_inputs(spec, gpus, gpus_per_node, cp, micro_batch_size, global_batch_size, fractions, units)
+    experts = _expert_degrees(spec, ep, etp)
     target_m = global_batch_size // micro_batch_size
     chosen, skipped = _scenarios(spec, gpus // cp, gpus_per_node // cp)
     generate = partitionings.description1 if mode == "full" else partitionings.reduced
@@ -207,6 +215,10 @@ def plan_campaign(
         if len(scenario_units) < stages:
             skipped.append((scenario.name, f"{len(scenario_units)} merged units cannot fill {stages} stages"))
             continue
+        if experts and (scenario.gpus * cp) % (experts[0] * experts[1]):
+            skipped.append((scenario.name, f"EP x ETP = {experts[0] * experts[1]} does not divide its TP x CP x DP "
+                                           f"= {scenario.gpus * cp} ranks"))
+            continue
         found = generate(len(scenario_units), stages)
         missing_mi, missing_ma = sources(r for p in found for r in stage_ranges(p)).missing(len(scenario_units))
         batches = profile_microbatches(micro_batch_size, fractions, scenario.dp)
@@ -214,13 +226,16 @@ def plan_campaign(
         for batch in batches:
             for unit_counts in found:
                 runs.append(_campaign_run(spec, seq_len, scenario, cp, _expand(unit_counts, scenario_units), batch, m,
-                                          setup, "description-1" if mode == "full" else "reduced"))
+                                          setup, "description-1" if mode == "full" else "reduced", experts))
         plans.append(ScenarioPlan(
             scenario=scenario, stages=stages, pipeline_microbatches=batches, units=scenario_units,
             partitionings=len(found),
             uncovered_mi=tuple(missing_mi) if mode == "full" else (),
             uncovered_ma=tuple(missing_ma) if mode == "full" else (),
         ))
+    if experts and not runs:
+        raise AdvisorError(f"no scenario's TP x CP x DP ranks on {gpus} GPUs ({gpus_per_node} per node) hold EP x ETP "
+                           f"= {experts[0] * experts[1]}: plan more GPUs per node or a smaller --ep/--etp")
     return Campaign(
         mode=mode, model=spec, seq_len=seq_len, gpus=gpus, gpus_per_node=gpus_per_node, cp=cp, setup=setup,
         micro_batch_size=micro_batch_size, global_batch_size=global_batch_size, fractions=tuple(fractions),
@@ -228,15 +243,31 @@ def plan_campaign(
     )
 
 
+def _expert_degrees(spec: LlamaSpec, ep: int | None, etp: int | None) -> tuple[int, int] | None:
+    """(EP, ETP) of a mixture of experts' runs (1 where not given), None for a dense model."""
+    if not getattr(spec, "num_experts", None):
+        if (ep or 1) > 1 or (etp or 1) > 1:
+            raise AdvisorError(f"--ep/--etp need a mixture-of-experts model; {spec.name} is dense")
+        return None
+    ep, etp = ep or 1, etp or 1
+    if spec.num_experts % ep:
+        raise AdvisorError(f"EP {ep} must divide the {spec.num_experts} experts")
+    return ep, etp
+
+
 def _campaign_run(spec: LlamaSpec, seq_len: int, scenario: Scenario, cp: int, layers: tuple[int, ...], batch: int,
-                  m: int, setup: MegatronSetup, source: str) -> CampaignRun:
+                  m: int, setup: MegatronSetup, source: str, experts: tuple[int, int] | None = None) -> CampaignRun:
     args = megatron_args(
         spec, seq_len, tp=scenario.tp, cp=cp, layers_per_stage=layers, micro_batch_size=batch // scenario.dp,
         global_batch_size=batch * m, options=setup.training_options(),
     )
+    if experts is not None:  # the MoE model's and expert layout's flags (advisor.moe.flags, as MoE rows have them)
+        from advisor.moe.flags import layout_flags, model_flags
+
+        args += model_flags(spec) + layout_flags(ep=experts[0], etp=experts[1], dispatcher="alltoall")
     return CampaignRun(id=f"{scenario.name}-b{batch}-{counts_text(layers, '.')}", scenario=scenario, cp=cp,
                        layers_per_stage=layers, pipeline_microbatch=batch, num_microbatches=m, source=source,
-                       megatron_args=tuple(args))
+                       megatron_args=tuple(args), ep=experts and experts[0], etp=experts and experts[1])
 
 
 def layout_campaign(

@@ -67,8 +67,18 @@ def run_id_problem(name: object) -> str | None:
     return None
 
 
+MOE_REFUSAL = ("is a mixture of experts: its campaign's runs carry EP and ETP, but the profilers build "
+               "dense stages and the rank files hold a dense model; measure its MoE layer with python -m "
+               "megatron_hooks.moe_layer (advisor profile show DIR) and price it with advisor sweep/estimate --ep")
+"""Why an MoE campaign is not run (nor its profiles recommended from): one line."""
+
+
 def check_campaign(document: object, path: Path | str) -> LlamaSpec:
-    """Check a campaign document (see the module docstring); returns its model."""
+    """Check a campaign document (see the module docstring); returns its model. A mixture of
+    experts' campaign is refused in one line (``MOE_REFUSAL``)."""
+    model = document.get("model") if isinstance(document, dict) else None
+    if isinstance(model, dict) and "num_experts" in model:
+        raise AdvisorError(f"{path}: {model.get('name')} {MOE_REFUSAL}")
     top = _Fields(document, str(path))
     try:
         spec = LlamaSpec(**_Fields(top.get("model"), f"{path}: 'model'").document)

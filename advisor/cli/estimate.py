@@ -362,15 +362,12 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     if read is not None and read.moe is not None:  # the command's own MoE flags (advisor.moe.readback)
         ep, etp, moe = read.moe.ep, read.moe.etp, {**moe, **read.moe.settings}
     spec, settings = moe_settings(spec, ep, etp, **moe, options=options, unpriced={
-        "--tokens": tokens is not None, "--gpu-hour-price": gpu_hour_price is not None,
-        "--compare-best": compare_best,
-        "--layers-per-stage (the balanced split is priced)": bool(layers_per_stage) and read is None})
-    if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP
-        if read is not None:
-            _check_moe_split(spec, pp, layers_per_stage)
-        return moe_cli.estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt,
-                                output, vpp, _moe_recompute(options), given_memory_model, read)
+        "--tokens": tokens is not None, "--gpu-hour-price": gpu_hour_price is not None})
     given = _layer_counts(layers_per_stage)
+    if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP
+        return moe_cli.estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt,
+                                output, vpp, _moe_recompute(options), given_memory_model, read, layers_per_stage=given,
+                                compare_best=compare_best, gpus_per_node=gpus_per_node)
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     if problem := options.layout_problem(pp=pp, tie_embeddings=spec.tie_embeddings):
         raise InputError(problem)
@@ -380,7 +377,9 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         tokens=tokens, release=release)
     if gpu_hour_price is not None:
         row["cost_usd"] = row["gpu_hours"] * gpu_hour_price
-    notes = _from_command_notes(row, read)
+    from advisor.cli.from_command import read_notes
+
+    notes = read_notes(row, read)
     if compare_best:
         from advisor.cli.from_command import best_row_line
 
@@ -398,20 +397,6 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     from advisor import render
 
     emit(render.to_json({**row, "stages": stage_rows}) if fmt == "json" else render.to_csv(stage_rows), output)
-
-
-def _from_command_notes(row: dict, read) -> list[str]:
-    """Where a --from-command estimate was read from, and the flags it does not price (also said
-    on stderr); the row records both."""
-    if read is None:
-        return []
-    from advisor.cli.from_command import unpriced_line
-
-    row.update(read_from=read.source, unpriced=list(read.run.unpriced))
-    notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced)] if line]
-    if read.run.unpriced:
-        click.echo(f"advisor estimate: {notes[-1]}", err=True)
-    return notes
 
 
 def _read_command(from_command, gpus, release):
@@ -447,16 +432,6 @@ def _data_parallel(gpus: int | None, dp: int | None, model_parallel: int, gpus_p
         dp = gpus // model_parallel
     check_whole_nodes(gpus or dp * model_parallel, gpus_per_node)
     return dp
-
-
-def _check_moe_split(spec, pp: int, layers_per_stage: str | None) -> None:
-    """A command's pipeline split must be the one MoE layouts price (``advisor.moe.stage.split_layers``)."""
-    from advisor.moe.stage import split_layers
-
-    given = [int(n) for n in layers_per_stage.split(",")] if layers_per_stage else [spec.num_layers // pp] * pp
-    if given != split_layers(spec.num_layers, pp):
-        raise InputError(f"the command splits the layers {given}; MoE layouts are priced with the split "
-                         f"{split_layers(spec.num_layers, pp)}")
 
 
 def _moe_recompute(options) -> str:

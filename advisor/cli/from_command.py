@@ -78,23 +78,47 @@ def unpriced_line(unpriced: tuple[str, ...]) -> str | None:
     return "not priced (they change memory or time): " + ", ".join(unpriced)
 
 
+def read_notes(row: dict, read: CommandInputs | None) -> list[str]:
+    """Where a --from-command estimate was read from, and the flags it does not price (also said
+    on stderr); the row records both."""
+    if read is None:
+        return []
+    row.update(read_from=read.source, unpriced=list(read.run.unpriced))
+    notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced)] if line]
+    if read.run.unpriced:
+        click.echo(f"advisor estimate: {notes[-1]}", err=True)
+    return notes
+
+
 def best_row_line(row: dict, spec, workload, gpus: int, mem: float | None, threshold: float, gpu, gpus_per_node: int,
                   options, memory_model: str) -> tuple[dict | None, str]:
     """(the best sweep row on the same GPUs, model, batch and options, one line comparing it with ``row``)."""
     from advisor.sweep import sweep
 
-    if mem is None:
-        raise InputError("--compare-best needs --gpu NAME or --mem GIB")
+    need_memory(mem)
     result = sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options, gpu=gpu,
                    memory_model=memory_model)
     ranked = [candidate for candidate in result.rows if candidate.rank]
-    if not ranked:
-        return None, f"best sweep row on {gpus} GPUs: nothing the sweep considers fits"
-    best = ranked[0].to_dict()
-    p = ranked[0].parallel
-    line = (f"best sweep row on {gpus} GPUs: TP {p.tp}, CP {p.cp}, PP {p.pp}, DP {p.dp}, MBS {p.mbs}, VPP {p.vpp}, "
-            f"recompute {best['recompute']}, {best['total_gib']:.1f} GiB, {best['verdict']}")
+    best = ranked[0].to_dict() if ranked else None
+    return best, comparison_line(best, row, gpus)
+
+
+def need_memory(mem: float | None) -> None:
+    if mem is None:
+        raise InputError("--compare-best needs --gpu NAME or --mem GIB")
+
+
+def comparison_line(best: dict | None, row: dict, gpus: int, *, experts: bool = False,
+                    gib_key: str = "total_gib") -> str:
+    """One line: the best sweep row ``best`` (its degrees, recomputation, memory ``gib_key`` and
+    verdict; EP and ETP with ``experts``) and its step time against ``row``'s."""
+    if best is None:
+        return f"best sweep row on {gpus} GPUs: nothing the sweep considers fits"
+    names = ("TP", "CP", "PP") + (("EP", "ETP") if experts else ()) + ("DP", "MBS", "VPP")
+    degrees = ", ".join(f"{name} {best[name.lower()]}" for name in names)
+    line = (f"best sweep row on {gpus} GPUs: {degrees}, recompute {best['recompute']}, {best[gib_key]:.1f} GiB, "
+            f"{best['verdict']}")
     if best.get("step_time_s") is not None and row.get("step_time_s") is not None:
         line += (f"; {best['step_time_s']:.2f} s per step against yours {row['step_time_s']:.2f} s "
                  f"({row['step_time_s'] / best['step_time_s']:.2f}x)")
-    return best, line
+    return line

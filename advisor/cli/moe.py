@@ -189,27 +189,32 @@ def _band() -> float:
 
 
 def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt, output, vpp=1,
-             recompute="none", memory_model=None, read=None):
-    """One MoE layout, every stage (``read``: the --from-command reading, named in the output)."""
+             recompute="none", memory_model=None, read=None, *, layers_per_stage=None, compare_best=False,
+             gpus_per_node=8):
+    """One MoE layout, every stage (``read``: the --from-command reading, named in the output;
+    ``layers_per_stage``: its own split; ``compare_best``: the best sweep row on its GPUs too)."""
     from advisor import render
     from advisor.errors import AdvisorError
     from advisor.moe.space import estimate_layout
 
+    if compare_best:
+        from advisor.cli.from_command import need_memory
+
+        need_memory(mem)
     try:
         row = estimate_layout(spec, workload, tp=tp, cp=cp, pp=pp, ep=ep or 1, etp=etp or 1, dp=dp, mbs=mbs, vpp=vpp,
                               recompute=recompute, memory_gib=mem, threshold=threshold, gpu=gpu, options=settings,
-                              memory_model=memory_model)
+                              memory_model=memory_model, layers_per_stage=layers_per_stage)
     except AdvisorError as error:
         raise InputError(str(error)) from None
     row.update(megatron_args=row_flags(spec, workload, row), model=spec.to_dict(), memory_gib=mem)
-    notes = []
-    if read is not None:
-        from advisor.cli.from_command import unpriced_line
+    from advisor.cli.from_command import read_notes
 
-        row.update(read_from=read.source, unpriced=list(read.run.unpriced))
-        notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced)] if line]
-        if read.run.unpriced:
-            click.echo(f"advisor estimate: {notes[-1]}", err=True)
+    notes = read_notes(row, read)
+    if compare_best:
+        best, line = _best_row_line(row, spec, workload, mem, threshold, gpu, gpus_per_node, settings, memory_model)
+        row["best_sweep_row"] = best
+        notes.append(line)
     stages, timing = row["stages"], gpu is not None
     if fmt == "json":
         emit(render.to_json(row), output)
@@ -218,6 +223,25 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
         emit(render.to_csv(stages), output)
         return
     emit(_stage_table(row, spec, (tp, cp, pp, dp, mbs, vpp), timing, mem, notes, output), output)
+
+
+def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node, settings, memory_model):
+    """(the best MoE sweep row on the estimate's GPUs, model, batch and options, one line comparing
+    it with ``row``): ``advisor sweep``'s own first row."""
+    from advisor.cli.from_command import comparison_line
+    from advisor.errors import AdvisorError
+    from advisor.moe.space import sweep as run
+
+    gpus = row["gpus"]
+    try:
+        result = run(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, options=settings,
+                     memory_model=memory_model)
+    except AdvisorError as error:
+        raise InputError(str(error)) from None
+    ranked = result.rows(limit=1)
+    best = ranked[0] if ranked else None
+    gib_key = "usage_gib" if result.memory_model == "calibrated" else "total_gib"
+    return best, comparison_line(best, row, gpus, experts=True, gib_key=gib_key)
 
 
 def _stage_table(row, spec, layout, timing, mem, notes, output) -> str:

@@ -104,10 +104,14 @@ def _show_moe_layer(directory: Path, section: str, fmt: str, color: bool) -> str
                render.Column("measured_bytes", "measured MiB", ".2f", scale=2**20),
                render.Column("ratio", "measured/analytic", ".3f"),
                render.Column("analytic", "advisor/moe function", justify="left", drop=1)]
-    title = (f"{profile.model.name}: one MoE layer, sequence {profile.seq_len}, MBS {profile.mbs}, EP {profile.ep}, "
-             f"{profile.dispatcher} dispatcher, BF16, symbolic")
+    degrees = "".join(f"{name} {value}, " for name, value in (("TP", profile.tp), ("EP", profile.ep),
+                                                              ("ETP", profile.etp)) if value > 1 or name == "EP")
+    dropping = "" if profile.capacity_factor is None else f", capacity {profile.capacity_factor:g} (padded)"
+    title = (f"{profile.model.name}: one MoE layer, sequence {profile.seq_len}, MBS {profile.mbs}, {degrees}"
+             f"{profile.dispatcher} dispatcher{dropping}, BF16, {profile.backend}")
+    routing = "balanced" if profile.capacity_factor is None else "capacity"
     return render.to_table(rows, columns, title=title, color=color,
-                           caption="analytic: advisor/moe (memory.py, params.py), balanced routing; "
+                           caption=f"analytic: advisor/moe (memory.py, params.py), {routing} routing; "
                                    "differences term by term: docs/profiling.md")
 
 
@@ -198,9 +202,13 @@ def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
               help="Megatron's --use-distributed-optimizer (the CPU emulator runs without it).")
 @click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
               help="--sequence-parallel in the TP runs (the CPU emulator runs without it).")
+@click.option("--ep", type=DEGREE, default=None,
+              help="Mixture of experts: every run's expert-parallel size (default 1; the runs carry EP and ETP, "
+                   "'advisor profile run' refuses them yet).")
+@click.option("--etp", type=DEGREE, default=None, help="Mixture of experts: every run's expert tensor-parallel size.")
 @document_options
 def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, cp, microbatches, units, dtype,
-                 distributed_optimizer, sequence_parallel, fmt, output) -> None:
+                 distributed_optimizer, sequence_parallel, ep, etp, fmt, output) -> None:
     """Plan the profiling runs of CAPTURE (seed 000, Section III-A) as Megatron runs.
 
     \b
@@ -226,7 +234,7 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
         mode=mode, fractions=parse_numbers(fractions, float, "--fractions"), cp=cp, num_microbatches=microbatches,
         units=parse_numbers(units, int, "--units") if units else None,
         setup=MegatronSetup(params_dtype=dtype, distributed_optimizer=distributed_optimizer,
-                            sequence_parallel=sequence_parallel),
+                            sequence_parallel=sequence_parallel), ep=ep, etp=etp,
     )
     rows = [run.to_dict() for run in campaign.runs]
     for row in rows:
@@ -283,20 +291,30 @@ def run_options(func):
     ], func)
 
 
+def megatron_options(func):
+    """--megatron-lm, --mock-data, --train-iters, --slurm, --rdzv-port: shared by 'advisor profile
+    run' and the GPU runner it starts (python -m launch.campaign_runner, advisor.cli.runners),
+    which receives them unchanged."""
+    return apply_options([
+        click.option("--megatron-lm", metavar="DIR", default=None,
+                     help="Run on this node's GPUs: each run through torchrun and your Megatron-LM checkout's "
+                          "pretrain_gpt.py, with the hooks (advisor-launch's entry). Without it, emulate on the "
+                          "CPU."),
+        click.option("--mock-data", is_flag=True,
+                     help="With --megatron-lm: Megatron-LM's mock data, with a NullTokenizer sized to the model."),
+        click.option("--train-iters", type=click.IntRange(min=1), default=None,
+                     help="With --megatron-lm: iterations per run (default 2, as CAPTURE's profiling runs)."),
+        click.option("--slurm", is_flag=True,
+                     help="With --megatron-lm, inside a Slurm allocation (salloc or a batch script): each run as "
+                          "srun of one torchrun per node, for campaigns wider than a node."),
+        click.option("--rdzv-port", type=click.IntRange(1, 65535), default=None,
+                     help="With --slurm: the c10d rendezvous port on the allocation's first node (default 29500)."),
+    ], func)
+
+
 @profile.command("run", epilog=EPILOG)
 @run_options
-@click.option("--megatron-lm", metavar="DIR", default=None,
-              help="Run on this node's GPUs: each run through torchrun and your Megatron-LM checkout's "
-                   "pretrain_gpt.py, with the hooks (advisor-launch's entry). Without it, emulate on the CPU.")
-@click.option("--mock-data", is_flag=True,
-              help="With --megatron-lm: Megatron-LM's mock data, with a NullTokenizer sized to the model.")
-@click.option("--train-iters", type=click.IntRange(min=1), default=None,
-              help="With --megatron-lm: iterations per run (default 2, as CAPTURE's profiling runs).")
-@click.option("--slurm", is_flag=True,
-              help="With --megatron-lm, inside a Slurm allocation (salloc or a batch script): each run as srun "
-                   "of one torchrun per node, for campaigns wider than a node.")
-@click.option("--rdzv-port", type=click.IntRange(1, 65535), default=None,
-              help="With --slurm: the c10d rendezvous port on the allocation's first node (default 29500).")
+@megatron_options
 @click.option("--slurm-array", is_flag=True,
               help="With --megatron-lm: submit the campaign as one Slurm job array, one task per run not yet "
                    "complete under --out (submit again to resume: complete runs are skipped, killed ones redone).")

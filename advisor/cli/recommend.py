@@ -110,6 +110,9 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
         else:
             plan = recommend_hybrid(profile_set, **common)
     else:
+        if getattr(spec, "num_experts", None):  # priced as dense it would be wrong, not approximate
+            raise InputError(f"{spec.name} is a mixture of experts: the recommender's stages are dense layers; "
+                             "use advisor sweep or advisor estimate (--ep, --layers-per-stage)")
         if gpu is not None:
             timing = _timing(spec, gpu, workload.seq_len, workload.global_batch_size, options.time_options())
         plan = recommend_analytic(spec, workload, options, tp=tp, cp=cp, pp=pp, objective=objective,

@@ -1,11 +1,13 @@
-"""A symbolic MoE layer profile: what one real megatron-core MoE layer keeps, part by part, and
+"""A measured MoE layer profile: what one real megatron-core MoE layer keeps, part by part, and
 each analytic term of ``advisor.moe.memory`` beside the part it prices.
 
-``python -m megatron_hooks.moe_layer MODEL --out DIR`` measures one layer on fake tensors
+``python -m megatron_hooks.moe_layer MODEL --out DIR`` measures one layer
 (``megatron_hooks/moe_layer.py``) and writes ``DIR/moe_layer.json`` (``FILENAME``; schema
-``megatron-4d-advisor/moe-layer`` v1): the model, sequence, micro-batch, EP and token
-dispatcher, and per part (``PARTS``) the parameter and kept activation bytes. ``advisor profile
-show DIR`` reads it back (no torch) and prints ``compare``'s rows; ``--format json`` carries them.
+``megatron-4d-advisor/moe-layer`` v2): the model, sequence, micro-batch, TP, EP, ETP, token
+dispatcher, capacity factor (token dropping, padded to capacity) and backend (symbolic or cpu),
+and per part (``PARTS``) the parameter and kept activation bytes. Version 1 (TP = ETP = 1, no
+token dropping, symbolic) is read too. ``advisor profile show DIR`` reads it back (no torch)
+and prints ``compare``'s rows; ``--format json`` carries them.
 """
 
 from __future__ import annotations
@@ -17,15 +19,21 @@ from advisor.errors import AdvisorError
 from advisor.moe import memory, params
 from advisor.moe.spec import MoESpec, spec_from_dict
 
-SCHEMA, VERSION, FILENAME = "megatron-4d-advisor/moe-layer", 1, "moe_layer.json"
+SCHEMA, VERSION, FILENAME = "megatron-4d-advisor/moe-layer", 2, "moe_layer.json"
+VERSIONS = (1, 2)
+"""Versions read: 1 has no tp, etp, capacity_factor (TP = ETP = 1, dropless)."""
 PARTS = ("attention", "router", "dispatch", "experts", "shared_experts")
+BACKENDS = ("symbolic", "cpu")
 DISPATCHERS = ("allgather", "alltoall")
+"""The dispatchers measured. megatron-core's third, flex, needs DeepEP (CUDA; its build needs a
+CUDA torch), which does not import here: a measurement fails with megatron-core's ImportError."""
 _BYTES = limits.Bound(0, 2**50, "one layer's part on one GPU is at most a few hundred GiB; 2^50 B is a PiB")
+_FACTOR = limits.Bound(0, 1000, "a capacity factor above the experts' count drops nothing")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MoELayerProfile:
-    """One MoE layer, one microbatch, one rank (TP = CP = ETP = 1), bytes per part (``PARTS``)."""
+    """One MoE layer, one microbatch, one rank (CP = 1), bytes per part (``PARTS``)."""
 
     model: MoESpec
     seq_len: int
@@ -40,31 +48,75 @@ class MoELayerProfile:
     """What the part's forward pass keeps for the backward pass."""
     gradient_bytes: int
     """The layer's parameter gradients after the backward pass (plain autograd, BF16)."""
+    tp: int = 1
+    """Tensor-parallel size (sequence parallel when above 1)."""
+    etp: int = 1
+    """Expert tensor-parallel size."""
+    capacity_factor: float | None = None
+    """--moe-expert-capacity-factor, every expert padded to its capacity; None: dropless."""
+    backend: str = "symbolic"
+    """How it was measured: "symbolic" (fake tensors, real size) or "cpu" (real tensors over gloo)."""
+
+    @property
+    def routing(self) -> memory.RoutedTokens:
+        """The routing assumption that prices the layer: balanced, or capacity when tokens drop."""
+        if self.capacity_factor is None:
+            return memory.RoutedTokens()
+        return memory.RoutedTokens(routing="capacity", capacity_factor=self.capacity_factor)
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "version": VERSION, "model": self.model.to_dict(), "seq_len": self.seq_len,
-                "mbs": self.mbs, "ep": self.ep, "dispatcher": self.dispatcher,
+                "mbs": self.mbs, "tp": self.tp, "ep": self.ep, "etp": self.etp, "dispatcher": self.dispatcher,
+                "capacity_factor": self.capacity_factor, "backend": self.backend,
                 "parameter_bytes": dict(self.parameter_bytes), "activation_bytes": dict(self.activation_bytes),
                 "gradient_bytes": self.gradient_bytes}
 
 
+def layer_problem(spec: MoESpec, *, tp: int, ep: int, etp: int, dispatcher: str,
+                  capacity_factor: float | None) -> str | None:
+    """Why one layer cannot be measured (or was not) with these settings, or None (flex is
+    tried: megatron-core says why it cannot build)."""
+    if dispatcher not in (*DISPATCHERS, "flex"):
+        return f"dispatcher must be one of {', '.join(DISPATCHERS)} or flex, got {dispatcher!r}"
+    if spec.mla is not None and tp > 1:
+        return ("multi-latent attention at TP > 1: Transformer Engine duplicates its down projections "
+                "(TELinear, parallel_mode 'duplicated'), which has no stand-in here")
+    if spec.num_experts % ep:
+        return f"EP {ep} must divide the {spec.num_experts} experts"
+    groups = spec.num_attention_heads if spec.mla is not None else spec.num_query_groups
+    if spec.num_attention_heads % tp or groups % tp:
+        return f"TP {tp} must divide the attention heads ({spec.num_attention_heads}) and the KV heads ({groups})"
+    if spec.moe_ffn_hidden_size % etp:
+        return f"ETP {etp} must divide the experts' width ({spec.moe_ffn_hidden_size})"
+    if capacity_factor is not None and (dispatcher != "alltoall" or not capacity_factor > 0):
+        return "a capacity factor (token dropping, padded to capacity) needs the alltoall dispatcher and a factor > 0"
+    return None
+
+
 def from_dict(doc: object, where: str) -> MoELayerProfile:
-    """A profile from its ``to_dict()``; AdvisorError naming ``where`` and the field otherwise."""
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("version") != VERSION:
-        raise AdvisorError(f"{where}: not a {SCHEMA} v{VERSION} document")
+    """A profile from its ``to_dict()`` (or a version 1 document); AdvisorError naming ``where``
+    and the field otherwise."""
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("version") not in VERSIONS:
+        raise AdvisorError(f"{where}: not a {SCHEMA} v{' or v'.join(map(str, VERSIONS))} document")
     try:
         model = spec_from_dict(doc.get("model"))
     except (TypeError, AdvisorError) as exc:
         raise AdvisorError(f"{where}: model: {exc}") from None
+    degrees = {key: limits.check_int(doc.get(key, 1), key, limits.DEGREE, where) for key in ("tp", "ep", "etp")}
+    factor = doc.get("capacity_factor")
+    if factor is not None:
+        factor = limits.check_float(factor, "capacity_factor", _FACTOR, where, low_open=True)
     if doc.get("dispatcher") not in DISPATCHERS:
         raise AdvisorError(f"{where}: dispatcher must be one of {', '.join(DISPATCHERS)}, got {doc.get('dispatcher')!r}")
-    ep = limits.check_int(doc.get("ep"), "ep", limits.DEGREE, where)
-    if model.num_experts % ep:
-        raise AdvisorError(f"{where}: ep {ep} does not divide the model's {model.num_experts} experts")
+    if doc.get("backend", "symbolic") not in BACKENDS:
+        raise AdvisorError(f"{where}: backend must be one of {', '.join(BACKENDS)}, got {doc.get('backend')!r}")
+    if problem := layer_problem(model, **degrees, dispatcher=doc["dispatcher"], capacity_factor=factor):
+        raise AdvisorError(f"{where}: {problem}")
     return MoELayerProfile(
         model=model, seq_len=limits.check_int(doc.get("seq_len"), "seq_len", limits.SEQ_LEN, where),
-        mbs=limits.check_int(doc.get("mbs"), "mbs", limits.MICRO_BATCH, where), ep=ep,
-        dispatcher=doc["dispatcher"], parameter_bytes=_parts(doc, "parameter_bytes", where),
+        mbs=limits.check_int(doc.get("mbs"), "mbs", limits.MICRO_BATCH, where), **degrees, capacity_factor=factor,
+        dispatcher=doc["dispatcher"], backend=doc.get("backend", "symbolic"),
+        parameter_bytes=_parts(doc, "parameter_bytes", where),
         activation_bytes=_parts(doc, "activation_bytes", where),
         gradient_bytes=limits.check_int(doc.get("gradient_bytes"), "gradient_bytes", _BYTES, where))
 
@@ -83,26 +135,28 @@ def load(directory) -> MoELayerProfile:
 
 
 def compare(profile: MoELayerProfile) -> list[dict]:
-    """Each analytic term of ``advisor.moe.memory`` for the profile's layout (TP = CP = ETP = 1,
-    its EP, balanced routing) beside the measured part it prices: rows of term, source function,
-    analytic and measured bytes, and their ratio. The expert term holds the permutation's index,
-    which the dispatcher saves, so the experts and the dispatch are compared together."""
-    spec, s, b, ep = profile.model, profile.seq_len, profile.mbs, profile.ep
-    tokens = memory.tokens_per_rank(s, b, 1, 1)
-    copies = memory.expert_token_copies(spec, tokens, ep, 1, memory.RoutedTokens())
+    """Each analytic term of ``advisor.moe.memory`` for the profile's layout (its TP, EP, ETP, CP
+    1, balanced routing or, with token dropping, capacity routing) beside the measured part it
+    prices: rows of term, source function, analytic and measured bytes, and their ratio. The
+    expert term holds the permutation's index, which the dispatcher saves, so the experts and
+    the dispatch are compared together."""
+    spec, s, b = profile.model, profile.seq_len, profile.mbs
+    tp, ep, etp, routing = profile.tp, profile.ep, profile.etp, profile.routing
+    tokens = memory.tokens_per_rank(s, b, tp, 1)
+    copies = memory.expert_token_copies(spec, tokens, ep, etp, routing)
     act, par = profile.activation_bytes, profile.parameter_bytes
     rows = [
-        ("attention activations", "attention_activation_bytes", memory.attention_activation_bytes(spec, s, b, 1, 1),
+        ("attention activations", "attention_activation_bytes", memory.attention_activation_bytes(spec, s, b, tp, 1),
          act["attention"]),
         ("router activations", "router_activation_bytes", memory.router_activation_bytes(spec, tokens), act["router"]),
-        ("expert + dispatch activations", "expert_activation_bytes", memory.expert_activation_bytes(spec, copies, 1),
+        ("expert + dispatch activations", "expert_activation_bytes", memory.expert_activation_bytes(spec, copies, etp),
          act["experts"] + act["dispatch"]),
         ("shared expert activations", "shared_expert_activation_bytes",
-         memory.shared_expert_activation_bytes(spec, s, b, 1, 1), act["shared_experts"]),
-        ("layer activations", "moe_layer_activation_bytes", memory.moe_layer_activation_bytes(spec, s, b, 1, 1, ep, 1),
-         sum(act.values())),
+         memory.shared_expert_activation_bytes(spec, s, b, tp, 1), act["shared_experts"]),
+        ("layer activations", "moe_layer_activation_bytes",
+         memory.moe_layer_activation_bytes(spec, s, b, tp, 1, ep, etp, routing), sum(act.values())),
         ("layer weights (BF16)", "moe_layer_dense_parameters + local_expert_parameters",
-         memory.BF16 * (params.moe_layer_dense_parameters(spec) + params.local_expert_parameters(spec, ep)),
+         memory.BF16 * (params.moe_layer_dense_parameters(spec, tp) + params.local_expert_parameters(spec, ep, etp)),
          sum(par.values())),
     ]
     return [{"term": term, "analytic": source, "analytic_bytes": int(analytic), "measured_bytes": int(measured),

@@ -128,9 +128,11 @@ def expert_activation_bytes(spec: MoESpec, copies: float, etp: int, recompute_ac
     FC1's input (h), FC1's output, the SwiGLU input (2 h_moe / etp), the SwiGLU output, FC2's
     input (h_moe / etp; not kept with --recompute-modules moe_act), the FP32 routing prob
     applied in the activation (4 bytes), and the permutation's int64 index (8 bytes,
-    ``moe_utils.permute``: sorted_indices); BF16."""
+    ``moe_utils.permute``: sorted_indices), made before the all-gather over the expert TP group
+    (``MoEAlltoAllTokenDispatcher.dispatch_preprocess``), so once per copy this rank routes, one
+    in etp of those its experts process (measured: docs/profiling.md); BF16."""
     f = spec.moe_ffn_hidden_size / etp
-    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f)) + 4 + 8
+    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f)) + 4 + 8 / etp
     return copies * per_copy
 
 

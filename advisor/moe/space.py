@@ -59,9 +59,10 @@ class Layouts:
 
 
 def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: int, pp: int, ep: int, etp: int,
-                   mbs: int, vpp: int = 1, *, a2a_overlap: bool = False, recompute: str = "none") -> str | None:
-    """Why megatron-core cannot run this layout (with --overlap-moe-expert-parallel-comm where
-    ``a2a_overlap``, and ``recompute``), or None."""
+                   mbs: int, vpp: int = 1, layers_per_stage: tuple[int, ...] | None = None, *,
+                   a2a_overlap: bool = False, recompute: str = "none") -> str | None:
+    """Why megatron-core cannot run this layout (with ``layers_per_stage``, its own split; with
+    --overlap-moe-expert-parallel-comm where ``a2a_overlap``, and ``recompute``), or None."""
     heads = spec.num_attention_heads
     groups = heads if spec.mla is not None else spec.num_query_groups
     if heads % tp or groups % tp:
@@ -72,7 +73,12 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
         return f"EP {ep} must divide the {spec.num_experts} experts"
     if (gpus // pp) % (ep * etp):
         return f"EP x ETP = {ep * etp} must divide TP x CP x DP = {gpus // pp} (megatron-core's expert groups)"
-    if pp > spec.num_layers:
+    if layers_per_stage is not None:
+        from advisor.memory import split_problem
+
+        if problem := split_problem(spec.num_layers, pp, vpp, layers_per_stage):
+            return problem
+    elif pp > spec.num_layers:
         return f"PP {pp} exceeds the {spec.num_layers} layers"
     if cp > 1 and workload.seq_len % (2 * cp):
         return f"sequence length {workload.seq_len} must be divisible by 2 x CP = {2 * cp}"
@@ -82,7 +88,7 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
     if workload.global_batch_size % (mbs * dp):
         return f"global batch {workload.global_batch_size} is not a multiple of MBS x DP = {mbs * dp}"
     m = workload.global_batch_size // (mbs * dp)
-    if vpp > 1 and (pp == 1 or min(st.split_layers(spec.num_layers, pp)) < vpp or m % pp):
+    if vpp > 1 and (pp == 1 or min(layers_per_stage or st.split_layers(spec.num_layers, pp)) < vpp or m % pp):
         return (f"VPP {vpp} needs PP > 1, at least {vpp} layers on every stage and the microbatches "
                 f"({m}) a multiple of PP {pp}")
     return overlap_problem(ep, pp, vpp, recompute) if a2a_overlap else None
@@ -378,8 +384,10 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
                        considered=len(layouts.tp), memory_model=memory_model, tolerance=tolerance if timing else None)
 
 
-def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, options: st.MoEOptions) -> dict:
-    """``time.step_times`` per recomputation's subset, gathered back."""
+def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, options: st.MoEOptions,
+            layers_per_stage: tuple[int, ...] | None = None) -> dict:
+    """``time.step_times`` per recomputation's subset, gathered back (``layers_per_stage``: one
+    layout's own split)."""
     from advisor.moe import time as mt
 
     out: dict = {}
@@ -387,22 +395,22 @@ def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, o
         columns = layouts.columns(which)
         m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
         first = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=0 * columns["pp"],
-                               recompute=recompute, **columns)
+                               recompute=recompute, layers_per_stage=layers_per_stage, **columns)
         part = mt.step_times(spec, workload.seq_len, workload.global_batch_size, columns, recompute, gpu=gpu,
-                             options=options, first_stage=first)
+                             options=options, first_stage=first, layers_per_stage=layers_per_stage)
         for key, value in part.items():
             out.setdefault(key, np.zeros(len(layouts.tp)))[which] = value
     return out
 
 
-def _row(spec, layouts, i, memory, verdict, timing, memory_gib, options, memory_model) -> dict:
+def _row(spec, layouts, i, memory, verdict, timing, memory_gib, options, memory_model, layers_per_stage=None) -> dict:
     tp, cp, pp, ep, etp, dp, mbs, vpp = (int(getattr(layouts, k)[i]) for k in ("tp", "cp", "pp", "ep", "etp", "dp",
                                                                               "mbs", "vpp"))
     recompute = RECOMPUTES[int(layouts.recompute[i])]
     total = float(memory["total"][i] / GIB)
     row = {"rank": None, "tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp, "mbs": mbs, "dp": dp,
            "gpus": tp * cp * pp * dp, "edp": tp * cp * dp // (ep * etp), "vpp": vpp,
-           "layers_per_stage": st.split_layers(spec.num_layers, pp), "recompute": recompute,
+           "layers_per_stage": list(layers_per_stage or st.split_layers(spec.num_layers, pp)), "recompute": recompute,
            "recompute_modules": sorted(options.recompute_modules(spec)) if recompute == "selective" else None,
            "recompute_method": "uniform" if recompute == "full" else None,
            "recompute_num_layers": 1 if recompute == "full" else None,
@@ -425,10 +433,13 @@ def _row(spec, layouts, i, memory, verdict, timing, memory_gib, options, memory_
 def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: int, ep: int, etp: int, dp: int,
                     mbs: int, vpp: int = 1, recompute: str = "none", memory_gib: float | None = None,
                     threshold: float = 0.8, gpu: GpuSpec | None = None,
-                    options: st.MoEOptions = st.MoEOptions(), memory_model: str | None = None) -> dict:
+                    options: st.MoEOptions = st.MoEOptions(), memory_model: str | None = None,
+                    layers_per_stage: tuple[int, ...] | None = None) -> dict:
     """One layout: a sweep row's keys (priced, judged as the sweep does) plus ``stages`` (every
-    stage's buckets); AdvisorError when megatron-core cannot run it."""
-    problem = layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs, vpp,
+    stage's buckets); AdvisorError when megatron-core cannot run it. ``layers_per_stage``: its
+    own split (default ``stage.split_layers``)."""
+    split = tuple(layers_per_stage) if layers_per_stage is not None else None
+    problem = layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs, vpp, split,
                              a2a_overlap=options.a2a_overlap, recompute=recompute)
     if problem:
         raise AdvisorError(problem)
@@ -438,7 +449,7 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
     columns = layouts.columns()
     del columns["vpp"]
     b = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=np.arange(pp), recompute=recompute,
-                       vpp=vpp, **{k: int(v[0]) for k, v in columns.items()})
+                       vpp=vpp, layers_per_stage=split, **{k: int(v[0]) for k, v in columns.items()})
     judge, band = (calibrated_judge(spec, workload.seq_len, options, memory_gib) if memory_model == "calibrated"
                    else (None, None))
     usage = judge(b, {k: int(v[0]) for k, v in columns.items()}, np.arange(pp), recompute) if judge else b.total
@@ -453,8 +464,8 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
               "usage": np.asarray(usage)[top:top + 1], "usage_stage": np.array([top])}
     limit = np.inf if memory_gib is None else memory_gib
     verdict = _verdicts(memory, limit, threshold, band)
-    timing = _timing(spec, workload, layouts, gpu, options) if gpu else None
-    row = _row(spec, layouts, 0, memory, verdict, timing, limit, options, memory_model)
+    timing = _timing(spec, workload, layouts, gpu, options, split) if gpu else None
+    row = _row(spec, layouts, 0, memory, verdict, timing, limit, options, memory_model, split)
     row.update(model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
                gpu=gpu.name if gpu else None, memory_model=memory_model, stages=stages)
     if memory_gib is None:

@@ -5,7 +5,9 @@ microbatches in flight (Section 3.2.2).
 
 The split: L layers over p stages as evenly as possible, the remainder on the stages just
 before the last (they hold fewer microbatches than the first); the first dense layers
-(first_k_dense_replace) are the model's first layers, wherever they fall.
+(first_k_dense_replace) are the model's first layers, wherever they fall. One layout can give
+its own split instead (``advisor estimate --layers-per-stage``, a command's
+--decoder-first/last-pipeline-num-layers or layout).
 """
 
 from __future__ import annotations
@@ -106,16 +108,21 @@ def _split(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(base + (i in extras) for i in range(pp))
 
 
-def _stage_arrays(spec: MoESpec, pp, stage):
-    """(layers, dense layers) of ``stage`` under ``split_layers``, vectorised."""
-    base, extra = np.divmod(spec.num_layers, pp)
-    start_extra = np.where(extra <= pp - 2, np.maximum(1, pp - 1 - extra), pp - extra)
-    end_extra = np.where(extra <= pp - 2, pp - 1, pp)
-    has_extra = (stage >= start_extra) & (stage < end_extra) & (pp > 1)
-    layers = np.where(pp == 1, spec.num_layers, base + has_extra)
-    # first global layer of the stage: base x stage plus the extras before it
-    before = base * stage + np.clip(stage - start_extra, 0, np.maximum(end_extra - start_extra, 0)) * (pp > 1)
-    dense = np.clip(spec.first_dense_layers - before, 0, layers)
+def _stage_arrays(spec: MoESpec, pp, stage, layers_per_stage: tuple[int, ...] | None = None):
+    """(layers, dense layers) of ``stage`` under ``split_layers``, vectorised, or under the given
+    ``layers_per_stage`` (one layout's split: ``pp`` a number)."""
+    if layers_per_stage is not None:
+        counts = np.asarray(layers_per_stage)
+        layers, before = counts[stage], (np.cumsum(counts) - counts)[stage]
+    else:
+        base, extra = np.divmod(spec.num_layers, pp)
+        start_extra = np.where(extra <= pp - 2, np.maximum(1, pp - 1 - extra), pp - extra)
+        end_extra = np.where(extra <= pp - 2, pp - 1, pp)
+        has_extra = (stage >= start_extra) & (stage < end_extra) & (pp > 1)
+        layers = np.where(pp == 1, spec.num_layers, base + has_extra)
+        # first global layer of the stage: base x stage plus the extras before it
+        before = base * stage + np.clip(stage - start_extra, 0, np.maximum(end_extra - start_extra, 0)) * (pp > 1)
+    dense = np.clip(spec.first_dense_layers - before, 0, layers)  # the model's first layers are its dense ones
     return layers, dense
 
 
@@ -187,7 +194,8 @@ def _model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, s
 
 
 def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp, ep, etp, dp, mbs,
-                num_microbatches, stage, recompute: Recompute = "none", vpp=1) -> StageBytes:
+                num_microbatches, stage, recompute: Recompute = "none", vpp=1,
+                layers_per_stage: tuple[int, ...] | None = None) -> StageBytes:
     """Memory of pipeline ``stage`` of each layout: model states (dense parts over DP x CP,
     experts over the expert-data-parallel group gpus / (etp ep pp)), activations of the
     microbatches in flight (1F1B: p - i; interleaved with ``vpp`` chunks: Megatron's warm-up,
@@ -195,9 +203,10 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     transient dispatcher and expert buffers plus the grouped GEMM workspace. FP8
     (``advisor.moe.fp8``) adds its weight copies and saves activations; the MTP layers
     (``advisor.moe.mtp``) sit on the last stage, their activations counted once, as the
-    output's (the last stage's one microbatch in flight)."""
+    output's (the last stage's one microbatch in flight). ``layers_per_stage``: one layout's own
+    split (``advisor estimate --layers-per-stage``) instead of ``split_layers``."""
     tp, cp, pp, ep, etp, dp, mbs, stage = (np.asarray(x) for x in (tp, cp, pp, ep, etp, dp, mbs, stage))
-    layers, dense = _stage_arrays(spec, pp, stage)
+    layers, dense = _stage_arrays(spec, pp, stage, layers_per_stage)
     moe_layers = layers - dense
     mtp = np.where(stage == pp - 1, spec.mtp_num_layers, 0)
     dense_states, expert_states, fp8_weights = _model_states(spec, options, tp, cp, pp, ep, etp, dp, stage, dense,

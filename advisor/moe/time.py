@@ -292,7 +292,7 @@ of a forward (an assumption)."""
 
 
 def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dict, recompute: str, *, gpu, options,
-               first_stage) -> dict:
+               first_stage, layers_per_stage: tuple[int, ...] | None = None) -> dict:
     """Step time of MoE layouts (``columns``: tp, cp, pp, ep, etp, dp, mbs, vpp arrays): 1F1B over
     the stages (Narayanan et al. 2021: m x the slowest stage + the others' fill and drain), the
     interleaved schedule's fill and drain divided by v, each chunk's boundary sends
@@ -304,7 +304,9 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     --overlap-grad-reduce / --overlap-param-gather are on, else exposed; Adam on the shards.
     ``first_stage``: ``stage.stage_bytes`` of stage 0 (its parameters). Communication of a layer
     runs once forward and once backward (and again when fully recomputed); with
-    --overlap-moe-expert-parallel-comm the steady state's MoE layers are ``overlapped_layer_time``'s."""
+    --overlap-moe-expert-parallel-comm the steady state's MoE layers are ``overlapped_layer_time``'s.
+    ``layers_per_stage``: one layout's own split (its largest and its last stage) instead of
+    ``stage.split_layers``."""
     from advisor.throughput import levers
     from advisor.throughput.calibration import load_calibration
 
@@ -326,7 +328,8 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
         steady = overlapped_layer_time((moe_f - comm - expert) * passes / 3, expert * passes / 3, 2 * comm,
                                        comm_sm_share(options.dispatcher, gpu.architecture))
     dense_t = passes * dense_f
-    most = np.ceil(spec.num_layers / c["pp"])  # the largest stage of split_layers
+    most, fewest_last = ((np.ceil(spec.num_layers / c["pp"]), np.floor(spec.num_layers / c["pp"]))
+                         if layers_per_stage is None else (max(layers_per_stage), layers_per_stage[-1]))
     tokens_cp = c["mbs"] * seq_len / c["cp"]
     head_f, head_b = terms.lm_head_time(spec, tokens_cp, c["tp"], spec.vocab_size, rates)
     emb_f, emb_b = terms.embedding_time(spec, tokens_cp, c["tp"], rates)
@@ -341,7 +344,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
             spec, tokens_cp, c["tp"], layer, head_f + head_b, emb_f + emb_b,
             lambda m, k, n: terms.gemm_time(m, k, n, gemm_rates or rates))
         ends = head_f + head_b + mtp
-        last = np.floor(spec.num_layers / c["pp"]) * layer + ends  # split_layers' last is the shortest
+        last = fewest_last * layer + ends  # split_layers' last is the shortest
         total = spec.first_dense_layers * dense_t + spec.moe_layers * layer + ends + c["pp"] * chunk
         return total, np.maximum(np.where(c["pp"] == 1, total, np.maximum(most * layer, last) + chunk), total / c["pp"])
 
