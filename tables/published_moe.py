@@ -69,15 +69,19 @@ with its cause and shown under the table, never hidden."""
 MISSES = {
     "mb2511-q30": "predicted faster, and a data conflict: the same layout was published at 12.5 s (25.09, "
                   "token drop: -8.3% here, mb2509-q30-td) and 24.8 s (25.11, dropless, the all-to-all "
-                  "overlapped), 2x apart",
+                  "overlapped), 2x apart. Not the dropless dispatcher's host wait for its token counts "
+                  "(priced: 0 s here, the fused permutation and the other microbatch's MLP backward are "
+                  "queued on the GPU when it comes)",
     "mb2602-q30": "predicted faster (-25%), against 26.02.01's 9,058 tokens/s per GPU; 26.02 published "
                   "5,113 for this layout (a data conflict). Qwen3-30B-A3B's experts (768 wide, 8 to 16 per "
-                  "GPU) run at 97-99% of the dense rate by their shapes: the missing time is outside the "
-                  "expert GEMMs (a small model, h = 2048: per-kernel costs of its many small kernels are "
-                  "the candidate), not found",
+                  "GPU) run at 97-99% of the dense rate by their shapes and the dispatcher's host wait "
+                  "costs 0 s here (as mb2511-q30): the missing time is outside both (a small model, "
+                  "h = 2048: the host time of its many small kernels is the candidate, which needs a "
+                  "measurement of a layer's host time; none here), not found",
     "mb2606-q30-ep16": "predicted faster (-31%), as mb2602-q30; its HybridEP (flex) all-to-all is priced "
                        "with DeepEP's deduplication (each token once to the other node: +7.1% before, when "
-                       "priced as one copy per routed expert)",
+                       "priced as one copy per routed expert); DeepEP's host wait for its receive counts "
+                       "adds 0.06 s of the 9.2 s missing",
 }
 """Test runs outside the target, each with why (docs/validation.md shows them); never tuned away."""
 
