@@ -233,3 +233,21 @@ def test_host_sync_idle_in_the_step(monkeypatch):
     without = step()
     assert with_waits["step_time_s"] - without["step_time_s"] == pytest.approx(16 * 48 * 20e-6)
     assert with_waits["ep_comm_s"] == pytest.approx(without["ep_comm_s"])
+
+
+def test_te_cross_entropy_keeps_the_bf16_logits_on_the_last_stage():
+    # Qwen3-30B-A3B, s 4096, b 2, PP 2 (TP 1, CP 1): Eq. 14's FP32 logits, 4 s b v with v = 151,936,
+    # become Transformer Engine's BF16 logits, 2 s b v, on the last stage only
+    from advisor.moe.stage import MoEOptions
+    from advisor.options import TrainingOptions
+
+    qwen = PRESETS["qwen3-30b-a3b"]
+    columns = {"tp": 1, "cp": 1, "pp": 2, "ep": 8, "etp": 1, "dp": 8, "mbs": 2}
+
+    def stages(fusion):
+        options = MoEOptions(training=TrainingOptions().with_(cross_entropy_fusion=fusion))
+        return [st.stage_bytes(qwen, 4096, options, num_microbatches=32, stage=s, **columns) for s in (0, 1)]
+
+    (first, last), (first_te, last_te) = stages("none"), stages("te")
+    assert first.output_activations == first_te.output_activations == 0.0
+    assert last.output_activations - last_te.output_activations == pytest.approx(2 * 4096 * 2 * 151936)
