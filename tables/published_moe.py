@@ -56,9 +56,10 @@ NOT_RUNNABLE = {
     "mb2509-q30-td": "likely oom by the default verdict (85.1 GiB predicted on the last stage, 84.2 on the first, "
                      "of 80; 89.6 before the recipe's Transformer Engine cross-entropy was priced, which keeps "
                      "the BF16 logits and no FP32 copy): the MoE terms, each a kept tensor megatron-core "
-                     "allocates, give 72.0 GiB; the calibration adds its dense-fitted allocator reserve (15.5% of "
-                     "memory, 12.4 GiB) and runtime (2.5 GiB). The run fits if this MoE run's allocator reserve "
-                     "is under 8 GiB; no MoE memory measurement is available here to refit it",
+                     "allocates (a real megatron-core Qwen3-30B-A3B MoE layer measured under fake tensors at MBS 2, "
+                     "EP 8: 941.2 MB of activations, 941.4 analytic), give 72.0 GiB; the calibration adds its dense-fitted allocator reserve (15.5% of "
+                     "memory, 12.4 GiB) and runtime (2.5 GiB); with a reserve under 7.3 GiB it would be called "
+                     "likely fits. No MoE memory measurement is available here to refit it",
     "mb2511-q30": "likely oom by the default verdict, as mb2509-q30-td (85.8 GiB: the same layout, one more "
                   "chunk in flight with the all-to-all overlap)",
 }
@@ -73,9 +74,10 @@ MISSES = {
     "mb2602-q30": "predicted faster (-25%), against 26.02.01's 9,058 tokens/s per GPU; 26.02 published "
                   "5,113 for this layout (a data conflict). Qwen3-30B-A3B's experts (768 wide, 8 to 16 per "
                   "GPU) run at 97-99% of the dense rate by their shapes and the dispatcher's host wait "
-                  "costs 0 s here (as mb2511-q30): the missing time is outside both (a small model, "
-                  "h = 2048: the host time of its many small kernels is the candidate, which needs a "
-                  "measurement of a layer's host time; none here), not found",
+                  "costs 0 s here (as mb2511-q30). Candidate, not priced: Transformer Engine runs one "
+                  "cuBLAS GEMM per local expert over 4 streams (96 per layer and microbatch here) where "
+                  "the model charges one GEMM's fixed cost per grouped GEMM; 13.8 us per expert GEMM, "
+                  "serial, would give -11.4%, overlapped 4 ways -22.0%: which holds needs a measurement",
     "mb2606-q30-ep16": "predicted faster (-31%), as mb2602-q30; its HybridEP (flex) all-to-all is priced "
                        "with DeepEP's deduplication (each token once to the other node: +7.1% before, when "
                        "priced as one copy per routed expert); DeepEP's host wait for its receive counts "
