@@ -21,6 +21,7 @@ import numpy as np
 
 from advisor import equations as eq
 from advisor import memory_levers as levers
+from advisor import memory_terms
 from advisor import schedule
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
@@ -75,6 +76,8 @@ class MemoryOptions:
     """--fp8-param-gather: no BF16 copy of the compute weights."""
     fp8_amax_history_len: int = 1
     """--fp8-amax-history-len."""
+    cross_entropy_fusion: str = "none"
+    """The loss kernel (``advisor.options.training.Loss``): 'te' keeps no FP32 logits."""
 
     def __post_init__(self) -> None:
         if self.gradient_bytes not in (2, 4):
@@ -363,7 +366,7 @@ class StageModel:
         # Eq. 14: the last stage runs each microbatch's backward at once
         self.output_activations = np.where(
             last, eq.output_hidden_activation_bytes(spec, seq_len, b) * dtype_scale / whole
-            + eq.logits_bytes(spec, seq_len, b, vocab) / sharded, 0.0)
+            + memory_terms.loss_logits_bytes(spec, seq_len, b, vocab, options.cross_entropy_fusion) / sharded, 0.0)
         self.calibrated, self.added, self._total_at_zero = calibrated is not None, 0.0, None
         if calibrated is not None:
             self.kept, self.checkpoint = self.kept * calibrated.layer_factor, self.checkpoint * calibrated.layer_factor

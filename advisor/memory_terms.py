@@ -9,6 +9,7 @@ that is the source.
 
 from __future__ import annotations
 
+from advisor import equations as eq
 from advisor.models import LlamaSpec
 
 GIB = 2**30
@@ -32,14 +33,32 @@ def swiglu_fusion_fraction(spec: LlamaSpec) -> float:
     return 1.0 - 2 * f / per_layer
 
 
-def cross_entropy_working_bytes(spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int, vocab: int) -> float:
+def cross_entropy_working_bytes(spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int, vocab: int,
+                                fusion: str = "none"):
     """Megatron's vocab-parallel cross-entropy (megatron-core ``tensor_parallel/cross_entropy.py``)
     turns the LM head's BF16 logits into an FP32 copy (``.float()``) and works in place on it:
     exp, softmax, and in backward the gradient (``grad_input = softmax``, ``mul_``). Eq. 14 counts
     that FP32 copy (4 s b v); the BF16 logits stay referenced by the caller through the loss's
     forward, and the backward casts the FP32 gradient back to BF16 for the LM head: 2 s b v / (t c)
-    more at the last stage's peak."""
+    more at the last stage's peak. With Transformer Engine's kernel (``fusion`` 'te') the BF16
+    logits are what ``loss_logits_bytes`` keeps, and nothing more."""
+    if fusion == "te":
+        return 0.0
     return 2.0 * seq_len * mbs * vocab / (tp * cp)
+
+
+def loss_logits_bytes(spec: LlamaSpec, seq_len: int, mbs, vocab: int, fusion: str = "none"):
+    """The logits the loss keeps for the backward, one microbatch, before the t c split: Eq. 14's
+    FP32 copy, 4 s b v (Megatron's vocab-parallel cross-entropy, and its 'native' fusion, which
+    saves the same FP32 softmax); with --cross-entropy-fusion-impl te (``fusion`` 'te'), 2 s b v:
+    megatron-core's ``te_parallel_cross_entropy`` calls Transformer Engine's
+    ``parallel_cross_entropy``, whose Triton kernels read the BF16 logits and write their
+    gradient into them in place (``transformer_engine/pytorch/triton/cross_entropy.py``), keeping
+    only them and three FP32 softmax statistics per token (12 s b bytes, under 0.1 MiB at s b =
+    8192: left out)."""
+    if fusion == "te":
+        return 2.0 * seq_len * mbs * vocab
+    return eq.logits_bytes(spec, seq_len, mbs, vocab)
 
 
 def dataloader_mask_bytes(seq_len: int, mbs: int, cp: int) -> float:

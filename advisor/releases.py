@@ -38,6 +38,9 @@ class MegatronRelease:
     (arguments.py, ``_add_distributed_args``), 'optim_grads_params' in core_v0.19.0."""
     lacks: frozenset[str] = frozenset()
     """Flags the launcher may write that this release does not have."""
+    te_cross_entropy: bool = True
+    """Whether validate_args accepts --cross-entropy-loss-fusion with --cross-entropy-fusion-impl te:
+    core_v0.19.0's asserts against it ('disabled due to stability issues', arguments.py)."""
     imports: tuple[tuple[str, str], ...] = ()
     """(module, why) for each module outside the standard library that its pretrain_gpt.py imports
     on the way to training: found by importing the script's module level (and, for core_v0.15.2,
@@ -72,6 +75,7 @@ RELEASES: tuple[MegatronRelease, ...] = (
         release=(0, 19), checked="core_v0.19.0", python=(3, 12), null_tokenizer_extra_rows=0,
         mock_data_max_token_id=None, pretrain="config_container",
         transformer_config_module="megatron.training.argument_utils", fsdp_sharding_strategy="optim_grads_params",
+        te_cross_entropy=False,
         imports=(("torch", ""), ("numpy", ""),
                  ("packaging", ": megatron/core/dist_checkpointing/strategies/torch.py")),
     ),

@@ -104,7 +104,8 @@ def calibrated_terms(
     vocab = padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, tp)
     first, last = np.asarray(stage) == 0, np.asarray(stage) == np.asarray(pp) - 1
     added = terms.runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * memory_gib * GIB
-    added = added + np.where(last, terms.cross_entropy_working_bytes(spec, seq_len, mbs, tp, cp, vocab), 0.0)
+    added = added + np.where(last, terms.cross_entropy_working_bytes(spec, seq_len, mbs, tp, cp, vocab,
+                                                                      options.cross_entropy_fusion), 0.0)
     if calibration.dataloader_mask:
         added = added + np.where(first | last, terms.dataloader_mask_bytes(seq_len, mbs, cp), 0.0)
     factor = calibration.activation_factor

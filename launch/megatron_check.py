@@ -167,7 +167,8 @@ def _derive(args) -> dict:
             "overlap_grad_reduce", "overlap_param_gather", "use_megatron_fsdp", "data_parallel_sharding_strategy",
             "tp_comm_overlap", "fp8", "fp8_recipe", "fp8_param_gather", "fp8_amax_history_len",
             "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer",
-            "create_attention_mask_in_dataloader", "ckpt_format", "use_torch_fsdp2", "gradient_accumulation_fusion")},
+            "create_attention_mask_in_dataloader", "ckpt_format", "use_torch_fsdp2", "gradient_accumulation_fusion",
+            "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")},
         **{key: getattr(config, key, None) for key in MOE_FIELDS},
     }
 

@@ -210,6 +210,9 @@ def lever_fields(training, tp: int) -> dict:
         "fp8": p.fp8_format, "fp8_param_gather": p.fp8_param_gather,
         "optimizer_cpu_offload": o.optimizer_cpu_offload,
         "create_attention_mask_in_dataloader": training.attention.dataloader_mask != "off",
+        "cross_entropy_loss_fusion": training.loss.cross_entropy_fusion != "none",
+        "cross_entropy_fusion_impl": "native" if training.loss.cross_entropy_fusion == "none"
+        else training.loss.cross_entropy_fusion,
     }
     if dp.fsdp_strategy is not None:
         fields.update(data_parallel_sharding_strategy=dp.fsdp_strategy, ckpt_format="fsdp_dtensor")

@@ -87,9 +87,9 @@ def test_megatron_llama3_8b_fp8_example_reads_with_every_unpriced_flag_named():
     assert model["rotary_base"] == 1000000 and not model["tie_embeddings"]
     options = estimate["options"]
     assert options["fp8_format"] == "hybrid" and options["fp8_param_gather"] and options["grad_reduce_dtype"] == "bf16"
+    assert options["cross_entropy_fusion"] == "native"  # --cross-entropy-loss-fusion, Megatron's default kernel
     assert estimate["unpriced"] == [
         "--normalization LayerNorm (priced as RMSNorm)",  # the script keeps Megatron's default, with 1p
-        "--cross-entropy-loss-fusion (not known to the advisor)",
         "--empty-unused-memory-level (not known to the advisor)",
         "--fp8-amax-compute-algo (not known to the advisor)"]
     assert stderr.startswith("advisor estimate: not priced (they change memory or time): --normalization")
@@ -101,7 +101,6 @@ def test_megatron_llama3_8b_bf16_example_runs_torch_distributed_run_and_skips_wh
     assert estimate["model"]["vocab_size"] == 128256  # HuggingFaceTokenizer: the command's --vocab-size as given
     assert "--no-create-attention-mask-in-dataloader" in estimate["megatron_args"]
     assert estimate["unpriced"] == ["--normalization LayerNorm (priced as RMSNorm)",
-                                    "--cross-entropy-loss-fusion (not known to the advisor)",
                                     "--empty-unused-memory-level (not known to the advisor)"]
 
 

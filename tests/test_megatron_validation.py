@@ -63,6 +63,7 @@ EXTENSIONS = {
     "fp8-param-gather": ["--fp8-format", "hybrid", "--fp8-param-gather"],
     "fp8-tensorwise": ["--fp8-format", "e4m3", "--fp8-recipe", "tensorwise"],
     "tp-comm-overlap": ["--tp-comm-overlap"],
+    "cross-entropy-fusion": ["--cross-entropy-loss-fusion"],  # the native kernel (te: core 0.15 only)
 }
 
 
@@ -164,3 +165,26 @@ def test_without_the_launchers_environment_megatron_refuses_tp_and_cp(request):
         assert result["ok"] is not needs, (item.label, result)
         if needs:
             assert "CUDA_DEVICE_MAX_CONNECTIONS to 1" in result["error"]
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_te_cross_entropy_where_the_advisor_allows_it(tag, request):
+    # --cross-entropy-fusion-impl te: core_v0.15.2's validate_args takes it, core_v0.19.0's refuses
+    # it ('disabled due to stability issues'), as advisor.releases says
+    from advisor.options import release_defaults
+
+    release = checkout(tag)  # skips without it
+    rules = named(tag)
+    path = request.getfixturevalue("written")["root"] / "estimate-paper.json"
+    document = json.loads(path.read_text())
+    te = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
+    item = priced_input(read_input(path), rules, label="estimate paper, te loss",
+                        options=TrainingOptions().with_(cross_entropy_fusion="te"),
+                        extras=[*NO_TRANSFORMER_ENGINE, *te], num_microbatches=document["num_microbatches"])
+    [result] = validate(release, [item.case()])
+    assert result["ok"] == release_defaults(tag).te_cross_entropy, result.get("error")
+    if result["ok"]:
+        assert (result["derived"]["cross_entropy_loss_fusion"], result["derived"]["cross_entropy_fusion_impl"]) == (
+            True, "te")
+    else:
+        assert "stability" in result["error"]

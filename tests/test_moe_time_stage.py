@@ -195,3 +195,59 @@ def test_permutation_bytes_by_hand():
     assert mt.permutation_bytes(qwen, 1000.0, 8) == 8 * 1000 * 2 * 2048
     assert mt.permutation_bytes(qwen, 1000.0, 8, "flex") == 4 * 1000 * 2 * 2048
     assert mt.permutation_bytes(qwen, 1000.0, 128) == 4 * 1000 * 2 * 2048  # one expert per rank
+
+
+def test_host_sync_idle_by_hand():
+    # The dropless dispatcher's host wait for the token counts, once per MoE layer forward: the
+    # GPU idles for the launches after it (20 us each) until it has work again. alltoall: the
+    # wait comes after permutation 1 is queued, N k copies of 2h bytes read and written; 4096
+    # tokens take 2 x 4096 x 8 x 2 x 2048 bytes, longer than a launch: no idle; 100 tokens
+    # 6,553,600 bytes. allgather and flex (DeepEP's host wait for its receive counts): nothing
+    # queued, one launch. Token drop padded to capacity: the counts are known, no wait.
+    qwen = PRESETS["qwen3-30b-a3b"]
+    rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
+    assert mt.host_sync_idle(qwen, 4096.0, rates) == 0.0
+    assert 2 * 4096 * 8 * 2 * 2048 / rates.hbm_bytes_per_s > 20e-6
+    assert mt.host_sync_idle(qwen, 100.0, rates) == pytest.approx(20e-6 - 6_553_600 / rates.hbm_bytes_per_s)
+    assert mt.host_sync_idle(qwen, 4096.0, rates, "flex") == pytest.approx(20e-6)
+    assert mt.host_sync_idle(qwen, 4096.0, rates, "allgather") == pytest.approx(20e-6)
+    assert mt.host_sync_idle(qwen, 4096.0, rates, "flex", "capacity") == 0.0
+
+
+def test_host_sync_idle_in_the_step(monkeypatch):
+    # PP 1: the step is m microbatches of every layer, so the waits add m x 48 MoE layers x one
+    # launch with the flex dispatcher (forward only: none in the backward)
+    from advisor.moe.stage import MoEOptions
+    from advisor.options import TrainingOptions
+
+    qwen, gpu = PRESETS["qwen3-30b-a3b"], get_gpu("h100-80gb")
+    columns = {"tp": 1, "cp": 1, "pp": 1, "ep": 16, "etp": 1, "dp": 16, "mbs": 1, "vpp": 1}
+    options = MoEOptions(dispatcher="flex", training=TrainingOptions())
+    first = st.stage_bytes(qwen, 4096, options, num_microbatches=16, stage=0, **columns)
+
+    def step():
+        return mt.step_times(qwen, 4096, 256, columns, "none", gpu=gpu, options=options, first_stage=first)
+
+    with_waits = step()
+    monkeypatch.setattr(mt, "HOST_LAUNCH_S", 0.0)
+    without = step()
+    assert with_waits["step_time_s"] - without["step_time_s"] == pytest.approx(16 * 48 * 20e-6)
+    assert with_waits["ep_comm_s"] == pytest.approx(without["ep_comm_s"])
+
+
+def test_te_cross_entropy_keeps_the_bf16_logits_on_the_last_stage():
+    # Qwen3-30B-A3B, s 4096, b 2, PP 2 (TP 1, CP 1): Eq. 14's FP32 logits, 4 s b v with v = 151,936,
+    # become Transformer Engine's BF16 logits, 2 s b v, on the last stage only
+    from advisor.moe.stage import MoEOptions
+    from advisor.options import TrainingOptions
+
+    qwen = PRESETS["qwen3-30b-a3b"]
+    columns = {"tp": 1, "cp": 1, "pp": 2, "ep": 8, "etp": 1, "dp": 8, "mbs": 2}
+
+    def stages(fusion):
+        options = MoEOptions(training=TrainingOptions().with_(cross_entropy_fusion=fusion))
+        return [st.stage_bytes(qwen, 4096, options, num_microbatches=32, stage=s, **columns) for s in (0, 1)]
+
+    (first, last), (first_te, last_te) = stages("none"), stages("te")
+    assert first.output_activations == first_te.output_activations == 0.0
+    assert last.output_activations - last_te.output_activations == pytest.approx(2 * 4096 * 2 * 151936)

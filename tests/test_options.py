@@ -74,3 +74,55 @@ def test_estimate_states_every_priced_option(advisor):
                             "--use-megatron-fsdp", "--megatron-version", "0.15")
     assert document["options"] == {"grad_reduce_dtype": "bf16", "fsdp_strategy": "no_shard"}
     assert parse_training_args(document["megatron_args"], "0.19")[0] == TrainingOptions.from_dict(document["options"])
+
+
+def test_the_loss_kernel_reads_back_and_core_0_19_refuses_te():
+    # --cross-entropy-loss-fusion alone is Megatron's 'native' kernel; with --cross-entropy-fusion-impl
+    # te, Transformer Engine's, which core_v0.19.0's validate_args refuses (arguments.py)
+    for fusion in ("native", "te"):
+        options = TrainingOptions().with_(cross_entropy_fusion=fusion)
+        argv = training_args(options, tp=1, release="0.15")
+        assert argv[-5:-2] == ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", fusion]
+        assert parse_training_args(argv, "0.15") == (options, [])
+    assert parse_training_args(["--cross-entropy-loss-fusion"], "0.15")[0].loss.cross_entropy_fusion == "native"
+    assert parse_training_args(["--cross-entropy-fusion-impl", "te"], "0.15")[0].loss.cross_entropy_fusion == "none"
+    te = TrainingOptions().with_(cross_entropy_fusion="te")
+    with pytest.raises(AdvisorError, match="refuses it"):
+        training_args(te, tp=1, release="0.19")
+    with pytest.raises(AdvisorError, match="refuses it"):
+        parse_training_args(["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"], "0.19")
+
+
+def test_the_te_loss_kernel_keeps_the_bf16_logits_only(advisor):
+    # Llama 3.1 8B, s 8192, b 1, TP 2, PP 2: Megatron's cross-entropy keeps an FP32 copy of the
+    # logits (Eq. 14: 4 s b v / t) and, at the peak, the BF16 logits and their gradient (2 s b v / t
+    # more, the calibrated model's working term); Transformer Engine's kernel writes the gradient
+    # into the BF16 logits in place: 2 s b v / t in all. v = 128,256 (a multiple of t).
+    from advisor.memory import GIB
+    from advisor.memory_terms import cross_entropy_working_bytes, loss_logits_bytes
+    from advisor.models import PRESETS
+    from advisor.throughput.calibration import load_memory_calibration
+
+    spec = PRESETS["llama3.1-8b"]
+    assert loss_logits_bytes(spec, 8192, 1, 128256) == 4 * 8192 * 128256
+    assert loss_logits_bytes(spec, 8192, 1, 128256, "native") == 4 * 8192 * 128256
+    assert loss_logits_bytes(spec, 8192, 1, 128256, "te") == 2 * 8192 * 128256
+    assert cross_entropy_working_bytes(spec, 8192, 1, 2, 1, 128256, "te") == 0.0
+    args = ["estimate", "--gpus", "8", "--tp", "2", "--pp", "2", "--megatron-version", "0.15"]
+    for memory_model, saved in (["--mem", "80"], 2), (["--gpu", "h100-80gb"], None):
+        plain, fused = (advisor.json(*args, *memory_model, *extra)
+                        for extra in ([], ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]))
+        assert fused["stages"][0] == plain["stages"][0]  # the first stage has no loss
+        last, last_fused = plain["stages"][-1], fused["stages"][-1]
+        if saved is not None:  # the 4D paper's Eq. 14, the FP32 copy halved
+            assert last["output_activations_gib"] - last_fused["output_activations_gib"] == pytest.approx(
+                saved * 8192 * 128256 / 2 / GIB)
+    # the calibrated model, at PP 1 (one stage, the loss's): 2 s b v / t fewer kept (times the
+    # allocator's activation factor) and no working term (2 s b v / t)
+    factor = load_memory_calibration().activation_factor
+    plain, fused = (advisor.json(*args[:-4], "--pp", "1", "--gpu", "h100-80gb", *extra)
+                    for extra in ([], ["--megatron-version", "0.15", "--cross-entropy-loss-fusion",
+                                       "--cross-entropy-fusion-impl", "te"]))
+    assert plain["usage_gib"] - fused["usage_gib"] == pytest.approx((2 * factor + 2) * 8192 * 128256 / 2 / GIB)
+    assert fused["options"] == {"cross_entropy_fusion": "te"}
+    assert "--cross-entropy-fusion-impl" in fused["megatron_args"]

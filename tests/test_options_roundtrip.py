@@ -3,9 +3,11 @@ as the options it was priced with (issue 21), for generated options and for real
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from advisor.errors import AdvisorError
 from advisor.options import FP8_RECIPES, FSDP_STRATEGIES, TrainingOptions, parse_training_args, training_args
 
 @st.composite
@@ -34,12 +36,17 @@ def training_options(draw) -> TrainingOptions:
         dataloader_mask=draw(st.sampled_from(["off", "cached", "rebuilt"] if flash else ["cached", "rebuilt"])),
         optimizer_cpu_offload=offload,
         optimizer_offload_fraction=draw(st.sampled_from([1.0, 0.5, 0.25])) if offload else 1.0,
+        cross_entropy_fusion=draw(st.sampled_from(["none", "native", "te"])),
         vocab_divisible_by=draw(st.sampled_from([None, 64, 128])))
 
 
 @settings(max_examples=300, deadline=None)
 @given(training_options(), st.sampled_from([1, 2, 8]), st.sampled_from(["core_v0.15.2", "0.19"]))
 def test_any_options_read_back_from_their_flags(options, tp, release):
+    if options.loss.cross_entropy_fusion == "te" and release == "0.19":  # validate_args refuses it there
+        with pytest.raises(AdvisorError, match="refuses it"):
+            training_args(options, tp=tp, release=release)
+        return
     argv = [*training_args(options, tp=tp, release=release), "--tensor-model-parallel-size", str(tp)]
     assert parse_training_args(argv, release) == (options.at_tp(tp), [])
 

@@ -66,6 +66,13 @@ TRAINING_FLAGS = [
                  help="The data loader's s x s attention mask: off (--no-create-attention-mask-in-dataloader, "
                       "default with flash attention), cached (built once: Megatron's default), rebuilt (per "
                       "sample, with --reset-attention-mask/--eod-mask-loss: priced as host time)."),
+    click.option("--cross-entropy-loss-fusion", is_flag=True, default=False,
+                 help="Megatron's fused cross-entropy (--cross-entropy-fusion-impl picks the kernel)."),
+    click.option("--cross-entropy-fusion-impl", type=click.Choice(["native", "te"]), default="native",
+                 show_default=True,
+                 help="With --cross-entropy-loss-fusion: te (Transformer Engine's kernel, 0.15 only) writes the "
+                      "gradient into the BF16 logits and keeps no FP32 copy (4 s b v / (t c) less on the last "
+                      "stage); native keeps the FP32 softmax as the unfused loss does."),
     click.option("--vocab-divisible-by", type=VOCABULARY, default=None,
                  help="Pad v to a multiple of this x TP, like Megatron's "
                       "--make-vocab-size-divisible-by (128 there). Default: 1, i.e. v padded to a multiple of TP "
@@ -80,7 +87,8 @@ _NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "overlap
           "tp_comm_overlap", "use_megatron_fsdp", "data_parallel_sharding_strategy", "use_torch_fsdp2",
           "optimizer_cpu_offload",
           "optimizer_offload_fraction", "fp8_format", "fp8_recipe", "fp8_param_gather", "sequence_parallel",
-          "flash_attn", "dataloader_mask", "vocab_divisible_by", "megatron_version")
+          "flash_attn", "dataloader_mask", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
+          "vocab_divisible_by", "megatron_version")
 
 
 def sharding_search_option():
@@ -95,6 +103,7 @@ def training_options(kwargs: dict, fixed: dict):
     """Pop the training flags' values from ``kwargs`` (leaving ``release`` for the command) and
     build the options; one line (InputError) for a combination Megatron would refuse."""
     from advisor.options import TrainingOptions, release_defaults
+    from advisor.options.flags import te_cross_entropy_problem
 
     v = {name: kwargs.pop(name) for name in _NAMES}
     try:
@@ -122,6 +131,9 @@ def training_options(kwargs: dict, fixed: dict):
         if gather is None:  # on where Megatron allows it
             gather = v["overlap_grad_reduce"] and distributed
         mask = v["dataloader_mask"] or ("off" if v["flash_attn"] else "cached")
+        if v["cross_entropy_fusion_impl"] != "native" and not v["cross_entropy_loss_fusion"]:
+            raise AdvisorError("--cross-entropy-fusion-impl needs --cross-entropy-loss-fusion")
+        fusion = v["cross_entropy_fusion_impl"] if v["cross_entropy_loss_fusion"] else "none"
         options = TrainingOptions().with_(
             grad_reduce_dtype="bf16" if v["grad_reduce_in_bf16"] or v["grad_dtype"] == "bf16" else "fp32",
             fp8_format=v["fp8_format"], fp8_recipe=v["fp8_recipe"], fp8_param_gather=v["fp8_param_gather"],
@@ -131,7 +143,8 @@ def training_options(kwargs: dict, fixed: dict):
             sequence_parallel=v["sequence_parallel"], flash_attention=v["flash_attn"], dataloader_mask=mask,
             optimizer_cpu_offload=v["optimizer_cpu_offload"],
             optimizer_offload_fraction=v["optimizer_offload_fraction"], vocab_divisible_by=v["vocab_divisible_by"],
-            **fixed)
+            cross_entropy_fusion=fusion, **fixed)
+        te_cross_entropy_problem(options, release)
     except AdvisorError as exc:
         raise InputError(str(exc)) from None
     kwargs["release"] = release

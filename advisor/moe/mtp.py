@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from advisor import equations as eq
+from advisor import memory_terms
 from advisor.moe import memory as mm
 from advisor.moe import params
 from advisor.moe.spec import MoESpec
@@ -39,7 +40,7 @@ def embedding_copy_parameters(spec: MoESpec, tp, pp, vocab) -> float:
     return np.where(np.asarray(pp) > 1, eq.embedding_parameters(spec, tp, vocab), 0.0)
 
 
-def activation_bytes(spec: MoESpec, seq_len: int, mbs, tp, cp, vocab, moe_layer_bytes):
+def activation_bytes(spec: MoESpec, seq_len: int, mbs, tp, cp, vocab, moe_layer_bytes, fusion: str = "none"):
     """(layer, embedding, output) bytes one MTP layer keeps for one microbatch, in the buckets of
     the stage's other activations (the calibrated model corrects each bucket as for the main
     model): layer: its transformer layer (``moe_layer_bytes``, the MoE layer's term), the
@@ -47,13 +48,14 @@ def activation_bytes(spec: MoESpec, seq_len: int, mbs, tp, cp, vocab, moe_layer_
     4h per token; with sequence parallelism Transformer Engine saves it before the all-gather),
     sequence-parallel over t c; the hnorm input is the main model's final output, already kept
     by its output layer. Embedding: the rolled token ids (Eq. 13's term, as the first stage's).
-    Output: Eq. 14 for the MTP's final norm and output layer and its FP32 logits."""
+    Output: Eq. 14 for the MTP's final norm and output layer and the logits its loss keeps
+    (``memory_terms.loss_logits_bytes``: FP32, or BF16 with ``fusion`` te)."""
     t, c = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
     tokens = seq_len * np.asarray(mbs, dtype=float)
     layer = moe_layer_bytes + mm.BF16 * tokens * spec.hidden_size * 3 / (t * c)
     embedding = eq.embedding_activation_bytes(spec, seq_len, mbs) / (t * c)
-    output = (eq.output_hidden_activation_bytes(spec, seq_len, mbs) + eq.logits_bytes(spec, seq_len, mbs, vocab)) / (
-        t * c)
+    output = (eq.output_hidden_activation_bytes(spec, seq_len, mbs)
+              + memory_terms.loss_logits_bytes(spec, seq_len, mbs, vocab, fusion)) / (t * c)
     return layer, embedding, output
 
 

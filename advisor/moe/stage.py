@@ -21,6 +21,7 @@ import numpy as np
 from advisor import equations as eq
 from advisor import schedule
 from advisor import memory_levers as levers
+from advisor import memory_terms
 from advisor.moe import fp8 as fp8_terms
 from advisor.moe import memory as mm
 from advisor.moe import mtp as mtp_terms
@@ -232,9 +233,12 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
         rebuilt = 0.0
     vocab = eq.padded_vocab_size(spec.vocab_size, None, tp)
     embedding = np.where(stage == 0, eq.embedding_activation_bytes(spec, seq_len, mbs) / (tp * cp), 0.0)
-    output = np.where(stage == pp - 1, (eq.output_hidden_activation_bytes(spec, seq_len, mbs)
-                                        + eq.logits_bytes(spec, seq_len, mbs, vocab)) / (tp * cp), 0.0)
-    mtp_layer, mtp_embedding, mtp_output = mtp_terms.activation_bytes(spec, seq_len, mbs, tp, cp, vocab, moe_act)
+    fusion = options.memory.cross_entropy_fusion
+    logits = memory_terms.loss_logits_bytes(spec, seq_len, mbs, vocab, fusion)
+    output = np.where(stage == pp - 1, (eq.output_hidden_activation_bytes(spec, seq_len, mbs) + logits) / (tp * cp),
+                      0.0)
+    mtp_layer, mtp_embedding, mtp_output = mtp_terms.activation_bytes(spec, seq_len, mbs, tp, cp, vocab, moe_act,
+                                                                      fusion)
     transient = np.where(moe_layers > 0, mm.dispatcher_buffer_bytes(spec, tokens, copies, tp, ep, options.dispatcher)
                          + mm.expert_transient_bytes(spec, copies, etp)
                          + mm.grouped_gemm_workspace_bytes(options.grouped_gemm), 0.0)

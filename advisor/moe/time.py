@@ -14,6 +14,9 @@ Assumptions, stated once:
 - Load imbalance: the busiest rank's expert GEMMs and all-to-all scale by
   ``RoutedTokens.imbalance`` (--moe-imbalance, default 1, balanced: the published runs this is
   checked against force balanced routing or use aux-loss balancing after warm-up).
+- The dropless dispatcher's host wait for the token counts (``host_sync_idle``): one per MoE
+  layer forward, the GPU idle for the launches after it until it has work, at ``HOST_LAUNCH_S``
+  each (the documented upper end of a launch's host time).
 """
 
 from __future__ import annotations
@@ -197,6 +200,39 @@ def permutation_bytes(spec: MoESpec, copies, ep, dispatcher: str = "alltoall"):
     return (4 + 4 * second) * copies * mm.BF16 * spec.hidden_size
 
 
+HOST_LAUNCH_S = 20e-6
+"""Host time of one kernel launch from PyTorch: 'usually ... between 5-20 microseconds' on the
+CPU side (Holistic Trace Analysis documentation, facebookresearch/HolisticTraceAnalysis
+``docs/source/features/cuda_kernel_launch_stats.rst``). The upper end, an assumption: it bounds
+what a host synchronisation in the dispatcher can leave the GPU idle for."""
+
+
+def host_sync_idle(spec: MoESpec, tokens, rates: Rates, dispatcher: str = "alltoall", routing: str = "balanced"):
+    """Seconds the GPU idles per MoE layer forward, one microbatch, while the host waits on the
+    device for the dropless dispatcher's token counts (megatron-core core_v0.15.2 and
+    core_v0.19.0 ``token_dispatcher.py``): the kernels the host launches after the wait, until
+    the GPU has work again, times ``HOST_LAUNCH_S``. The backward's all-to-all and grouped GEMMs
+    reuse the host copies: no wait there.
+    - alltoall: one wait (``_maybe_dtoh_and_synchronize``'s ``d2h_event.synchronize()`` before
+      the EP all-to-all, or before returning at EP x TP 1), after permutation 1 of the rank's
+      N k copies (2h bytes each, read and written) is queued: idle only where one launch
+      outlasts that permutation.
+    - allgather: ``local_map.sum().cpu()`` before its permutation, nothing queued: one launch.
+    - flex: DeepEP's normal-mode dispatch waits on the host for the receive counts
+      (``fused_a2a.py``: 'the CPU will wait for GPU's signal to arrive') before launching the
+      dispatch kernel: one launch.
+    - capacity routing, priced padded to capacity as the token-drop recipes run it
+      (--moe-pad-expert-input-to-capacity): the counts are known on the host (``preprocess``'s
+      drop_and_pad branch), no wait."""
+    tokens = np.asarray(tokens, dtype=float)
+    if routing == "capacity":
+        return np.zeros_like(tokens)
+    if dispatcher == "alltoall":
+        permutation = terms.elementwise_time(2 * tokens * spec.moe_router_topk * mm.BF16 * spec.hidden_size, rates)
+        return np.maximum(0.0, HOST_LAUNCH_S - permutation)
+    return np.full_like(tokens, HOST_LAUNCH_S)
+
+
 def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp):
     """(attention block, dense MLP, routed and shared experts) HBM bytes of one layer's
     memory-bound kernels forward on one GPU, BF16, each tensor read and written once: the two
@@ -322,11 +358,14 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
                                                gemm_rates=gemm_rates, dispatcher=options.dispatcher,
                                                sms=streaming_multiprocessors(gpu.architecture))
     passes = RECOMPUTE_PASSES[recompute]
-    moe_t = passes * (moe_f - comm) + (3.0 if recompute == "full" else 2.0) * comm
+    forwards = 2.0 if recompute == "full" else 1.0  # full recomputation dispatches again
+    idle = forwards * host_sync_idle(spec, mm.tokens_per_rank(seq_len, c["mbs"], c["tp"], c["cp"]), rates,
+                                     options.dispatcher, options.routing.routing)
+    moe_t = passes * (moe_f - comm) + (forwards + 1.0) * comm + idle
     steady = moe_t  # a layer in 1F1B's steady state: overlapped where Megatron overlaps it
     if options.a2a_overlap:  # Megatron refuses it with full recomputation (``layout_problem``)
         steady = overlapped_layer_time((moe_f - comm - expert) * passes / 3, expert * passes / 3, 2 * comm,
-                                       comm_sm_share(options.dispatcher, gpu.architecture))
+                                       comm_sm_share(options.dispatcher, gpu.architecture)) + idle
     dense_t = passes * dense_f
     most, fewest_last = ((np.ceil(spec.num_layers / c["pp"]), np.floor(spec.num_layers / c["pp"]))
                          if layers_per_stage is None else (max(layers_per_stage), layers_per_stage[-1]))
@@ -361,7 +400,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     tflops = flops / (step * c["tp"] * c["cp"] * c["pp"] * c["dp"]) / 1e12
     return {"step_time_s": step, "tflops_per_gpu": tflops, "mfu": tflops / gpu.bf16_dense_tflops,
             "tokens_per_s": global_batch_size * seq_len / step,
-            "ep_comm_s": m * spec.moe_layers / c["pp"] * (steady - passes * (moe_f - comm))}
+            "ep_comm_s": m * spec.moe_layers / c["pp"] * (steady - idle - passes * (moe_f - comm))}
 
 
 def _data_parallel(c: dict, training, first, forward_s, rates: Rates):

@@ -15,9 +15,16 @@ from typing import Sequence
 from advisor.errors import AdvisorError
 from advisor.options.releases import release_defaults
 from advisor.options.training import (
-    FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, Attention, DataParallel, Offload, Precision, Recomputation,
-    TensorParallel, TrainingOptions,
+    CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, Attention, DataParallel, Loss, Offload,
+    Precision, Recomputation, TensorParallel, TrainingOptions,
 )
+
+
+def te_cross_entropy_problem(options: TrainingOptions, release) -> None:
+    """AdvisorError where ``release`` (a ``release_defaults``) refuses the options' loss kernel."""
+    if options.loss.cross_entropy_fusion == "te" and not release.te_cross_entropy:
+        raise AdvisorError(f"--cross-entropy-fusion-impl te: {release.name}'s validate_args refuses it "
+                           "('disabled due to stability issues'); use native or --megatron-version 0.15")
 
 
 def _number(value: float) -> str:
@@ -26,8 +33,12 @@ def _number(value: float) -> str:
 
 def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[str]:
     """The flags of every option the models priced, for a layout with this TP on ``release``
-    (default the newest the advisor knows; the list is the same on every release it knows)."""
-    release_defaults(release)  # an unknown release is refused here, before anything is written
+    (default the newest the advisor knows; the list is the same on every release it knows, but
+    --cross-entropy-fusion-impl te, which only core_v0.15 takes: refused for a release given
+    that refuses it)."""
+    defaults = release_defaults(release)  # an unknown release is refused here, before anything is written
+    if release is not None:  # the CLI checked the loss kernel against the release its user named
+        te_cross_entropy_problem(options, defaults)
     p, dp, tpo, r, a, o = (options.precision, options.data_parallel, options.tensor_parallel,
                            options.recomputation, options.attention, options.offload)
     args = {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float32": []}[p.params_dtype]
@@ -76,6 +87,8 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
     if o.optimizer_cpu_offload:
         args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer",
                  "--optimizer-offload-fraction", _number(o.optimizer_offload_fraction)]
+    if options.loss.cross_entropy_fusion != "none":
+        args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", options.loss.cross_entropy_fusion]
     # Megatron pads the vocabulary to 128 x TP by default; 1 keeps it unpadded, as the paper.
     args += ["--make-vocab-size-divisible-by", str(options.vocab_divisible_by or 1)]
     return args
@@ -88,13 +101,13 @@ SWITCHES = frozenset({
     "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
     "--sequence-parallel", "--tp-comm-overlap", "--recompute-activations", "--no-create-attention-mask-in-dataloader",
     "--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss", "--optimizer-cpu-offload",
-    "--use-precision-aware-optimizer", "--use-flash-attn", "--use-torch-fsdp2",
+    "--use-precision-aware-optimizer", "--use-flash-attn", "--use-torch-fsdp2", "--cross-entropy-loss-fusion",
 })
 VALUED = frozenset({
     "--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--data-parallel-sharding-strategy", "--ckpt-format",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--attention-backend",
     "--optimizer-offload-fraction", "--make-vocab-size-divisible-by", "--tensor-model-parallel-size",
-    "--transformer-impl",
+    "--transformer-impl", "--cross-entropy-fusion-impl",
 })
 UNPRICED = frozenset({
     # Flags that change memory or time which the options do not describe.
@@ -249,8 +262,11 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
         recomputation=_recomputation(values), attention=_attention(values),
         offload=Offload(optimizer_cpu_offload="--optimizer-cpu-offload" in values,
                         optimizer_offload_fraction=fraction),
+        loss=Loss(cross_entropy_fusion=_one_of(values, "--cross-entropy-fusion-impl", CROSS_ENTROPY_FUSIONS[1:],
+                                               "native") if "--cross-entropy-loss-fusion" in values else "none"),
         vocab_divisible_by=None if divisible == 1 else divisible,
     )
+    te_cross_entropy_problem(options, release_defaults(release))
     if options.data_parallel.torch_fsdp2:  # required by FSDP2 and priced with it
         unpriced = [flag for flag in unpriced if flag != "--no-gradient-accumulation-fusion"]
     return options.at_tp(tp), unpriced

@@ -31,10 +31,12 @@ FsdpStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
 Recompute = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
 DataloaderMask = Literal["off", "cached", "rebuilt"]
+CrossEntropyFusion = Literal["none", "native", "te"]
 
 FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 FP8_FORMATS = ("e4m3", "hybrid")
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
+CROSS_ENTROPY_FUSIONS = ("none", "native", "te")
 
 
 def _choice(value, allowed, what: str) -> None:
@@ -215,8 +217,24 @@ class Offload:
         return self.optimizer_offload_fraction if self.optimizer_cpu_offload else 0.0
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Loss:
+    """The cross-entropy loss's kernel."""
+
+    cross_entropy_fusion: CrossEntropyFusion = "none"
+    """'none': Megatron's default vocab-parallel cross-entropy (an FP32 copy of the logits, kept
+    for the backward); 'native': --cross-entropy-loss-fusion, megatron-core's fused version of it
+    (``fusions/fused_cross_entropy.py``: the same FP32 softmax saved), priced as 'none'; 'te':
+    --cross-entropy-loss-fusion --cross-entropy-fusion-impl te, Transformer Engine's kernel, which
+    writes the gradient into the BF16 logits in place and keeps no FP32 copy
+    (``advisor.memory_terms.loss_logits_bytes``). Time is priced as 'none' for all three."""
+
+    def __post_init__(self) -> None:
+        _choice(self.cross_entropy_fusion, CROSS_ENTROPY_FUSIONS, "cross_entropy_fusion")
+
+
 _CONCERNS = {"precision": Precision, "data_parallel": DataParallel, "tensor_parallel": TensorParallel,
-             "recomputation": Recomputation, "attention": Attention, "offload": Offload}
+             "recomputation": Recomputation, "attention": Attention, "offload": Offload, "loss": Loss}
 _OWNER = {f.name: concern for concern, cls in _CONCERNS.items() for f in fields(cls)}
 """Each flat field name -> the concern that holds it (names are unique over the concerns)."""
 
@@ -231,6 +249,7 @@ class TrainingOptions:
     recomputation: Recomputation = Recomputation()
     attention: Attention = Attention()
     offload: Offload = Offload()
+    loss: Loss = Loss()
     vocab_divisible_by: int | None = None
     """Pad v to a multiple of this x TP (--make-vocab-size-divisible-by, 128 in Megatron); None:
     1, the smallest padding Megatron does (the paper's vocabularies divide by every TP)."""
@@ -317,6 +336,7 @@ class TrainingOptions:
             fsdp_strategy="torch_fsdp2" if dp.torch_fsdp2 else dp.fsdp_strategy,
             optimizer_host_fraction=self.offload.host_fraction, fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe,
             fp8_param_gather=p.fp8_param_gather, fp8_amax_history_len=p.fp8_amax_history_len,
+            cross_entropy_fusion=self.loss.cross_entropy_fusion,
         )
 
     def time_options(self, **model_choices):
