@@ -354,6 +354,57 @@ def _groups(spec: LlamaSpec, bases: Bases, space: SpaceOptions) -> tuple[np.ndar
     return np.array(base, dtype=np.int64), np.array(vpp, dtype=np.int64)
 
 
+def _families(space: SpaceOptions, options: MemoryOptions) -> list[tuple[bool, bool]]:
+    """The recomputation families searched, as (selective, uniform): full (block, or the pinned
+    uniform method) with N = 0 meaning none; selective where asked, or, with ``auto``, where it
+    saves memory (without FlashAttention: the s^2 scores)."""
+    if space.recompute == "selective":
+        return [(True, False)]
+    families = [(False, space.recompute == "full" and space.recompute_method == "uniform")]
+    if space.recompute == "auto" and not options.flash_attention:
+        families.append((True, False))
+    return families
+
+
+def may_fit(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *, max_tp: int,
+            options: MemoryOptions, space: SpaceOptions = SpaceOptions(),
+            memory_calibration: MemoryCalibration | None = None, measured=None) -> bool:
+    """False only where ``search`` with these arguments can find no variant within the memory
+    (so every row it returns is oom): a lower bound that lets ``advisor.escalation`` skip a rung.
+
+    Per launchable base, only its least-memory variants are priced, with the search's own
+    pricer (``fits``) and limit (all of the memory, the search's second pass):
+    - its smallest VPP: a VPP v rank holds at least the 1F1B microbatches on every chunk
+      (``schedule``: each chunk p - i or more, the first chunk too) over fewer allowed splits
+      (n >= v), so v = 1 never needs more (the module docstring's pruning rule);
+    - per recomputation family, N at both ends of its range: the block method's memory never
+      grows with N once N >= 1, the uniform method's never falls with N, and N = 0 (none) is
+      priced apart, since a calibrated model scales a recomputing layout's activations by other
+      factors than a plain one's;
+    - bases whose model states alone exceed the memory are skipped, as the search does.
+    ``tests/test_space.py`` checks against whole sweeps that it never says False where one fits."""
+    bases = launchable(spec, workload, gpus, max_tp, options, space.split)
+    group_base, group_vpp = _groups(spec, bases, space)
+    if not len(group_base):
+        return False
+    first_vpp = np.full(len(bases), np.iinfo(np.int64).max)
+    np.minimum.at(first_vpp, group_base, group_vpp)
+    memory = memory_gib * GIB
+    candidates = np.flatnonzero((first_vpp < np.iinfo(np.int64).max) & (_states_lower_bound(spec, bases, options)
+                                                                          <= memory))
+    calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
+    state = _Search(spec, workload, options, None, space.split == "even", calibrated)
+    for index in space_chunks.chunks(bases.pp[candidates], np.arange(len(candidates)), False):
+        which = candidates[index]
+        for selective, uniform in _families(space, options):
+            variants = Variants(which, bases, first_vpp[which], np.zeros(len(which), np.int64), selective, uniform)
+            low, high = _recompute_range(variants.pp, variants.vpp, spec.num_layers, space, selective)
+            for n in (low, high) if (high != low).any() else (low,):
+                if state.pricer(variants.with_recompute(n)).fits(memory).any():
+                    return True
+    return False
+
+
 def _recompute_range(pp: np.ndarray, vpp: np.ndarray, layers: int, space: SpaceOptions, selective: bool):
     """(lowest, highest) N per (base, VPP): 0 (none) .. the largest chunk any split can have (more
     recomputes nothing more); one value where recomputation is off or pinned."""
@@ -520,10 +571,7 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
     possible = _states_lower_bound(spec, bases, options) <= memory_gib * GIB
     first_vpp = np.full(len(bases), np.iinfo(np.int64).max)
     np.minimum.at(first_vpp, group_base, group_vpp)  # each base's smallest VPP
-    families = [(True, False)] if space.recompute == "selective" else \
-        [(False, space.recompute == "full" and space.recompute_method == "uniform")]
-    if space.recompute == "auto" and not options.flash_attention:  # selective saves the s^2 scores
-        families.append((True, False))
+    families = _families(space, options)
     considered = 0
     for selective, _ in families:
         low, high = _recompute_range(bases.pp[group_base], group_vpp, layers, space, selective)

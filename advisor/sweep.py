@@ -267,9 +267,12 @@ def sweep(
     if space.sharding != "auto":
         return swept
     from advisor.escalation import escalate
+    from advisor.space import may_fit
 
     fixed = replace(space, sharding="fixed")
     return escalate(swept, lambda lever: sweep(
         spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=lever, space=fixed, gpu=gpu,
         memory_model=memory_model, rank_by=rank_by, time_options=time_options, tokens=tokens, measured=measured),
-        training, gpu)
+        training, gpu, may_help=lambda lever: may_fit(
+            spec, workload, gpus, memory_gib, max_tp=max_tp, options=lever.memory_options(), space=fixed,
+            memory_calibration=memory_calibration, measured=measured))
