@@ -384,25 +384,33 @@ def may_fit(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *
     - bases whose model states alone exceed the memory are skipped, as the search does.
     ``tests/test_space.py`` checks against whole sweeps that it never says False where one fits."""
     bases = launchable(spec, workload, gpus, max_tp, options, space.split)
-    group_base, group_vpp = _groups(spec, bases, space)
+    calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
+    return _fits_somewhere(spec, workload, bases, *_groups(spec, bases, space), memory_gib, options, space,
+                           calibrated)[0]
+
+
+def _fits_somewhere(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: np.ndarray, group_vpp: np.ndarray,
+                    memory_gib: float, options: MemoryOptions, space: SpaceOptions, calibrated) -> tuple[bool, int]:
+    """``may_fit`` over launchable ``bases`` and their (base, VPP) groups: (whether some base's
+    least-memory variant fits, variants priced to say so)."""
     if not len(group_base):
-        return False
+        return False, 0
     first_vpp = np.full(len(bases), np.iinfo(np.int64).max)
     np.minimum.at(first_vpp, group_base, group_vpp)
     memory = memory_gib * GIB
     candidates = np.flatnonzero((first_vpp < np.iinfo(np.int64).max) & (_states_lower_bound(spec, bases, options)
                                                                           <= memory))
-    calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
-    state = _Search(spec, workload, options, None, space.split == "even", calibrated)
+    state, priced = _Search(spec, workload, options, None, space.split == "even", calibrated), 0
     for index in space_chunks.chunks(bases.pp[candidates], np.arange(len(candidates)), False):
         which = candidates[index]
         for selective, uniform in _families(space, options):
             variants = Variants(which, bases, first_vpp[which], np.zeros(len(which), np.int64), selective, uniform)
             low, high = _recompute_range(variants.pp, variants.vpp, spec.num_layers, space, selective)
             for n in (low, high) if (high != low).any() else (low,):
+                priced += len(which)
                 if state.pricer(variants.with_recompute(n)).fits(memory).any():
-                    return True
-    return False
+                    return True, priced
+    return False, priced
 
 
 def _recompute_range(pp: np.ndarray, vpp: np.ndarray, layers: int, space: SpaceOptions, selective: bool):
@@ -544,22 +552,45 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
     ``memory_calibration``, against the calibrated model's usage (``advisor.verdicts``: fits,
     within 1 - band of the memory, then likely fits, within all of it), its activations scaled by
     the ``measured`` ratios of ``--memory-model profile`` where given."""
+    parts = search_parts(spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=options,
+                         space=space, timing=timing, memory_calibration=memory_calibration, measured=measured)
+    return space_chunks.merge(parts)
+
+
+def search_parts(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float,
+                 max_tp: int, options: MemoryOptions, space: SpaceOptions = SpaceOptions(),
+                 timing: Timing | None = None, memory_calibration: MemoryCalibration | None = None,
+                 measured=None) -> list[tuple[SpaceResult, np.ndarray]]:
+    """``search``, chunk by chunk: (the chunk's SpaceResult, the indices of its bases among all
+    launchable ones), shallow pipelines first. Each chunk's arrays are as wide as its own deepest
+    pipeline: merged, 12,766 bases padded to PP 4,096 took 3 GB (``space_chunks``)."""
     bases = launchable(spec, workload, gpus, max_tp, options, space.split)
     group_base, group_vpp = _groups(spec, bases, space)
-    parts, indices = [], space_chunks.chunks(bases.pp, group_base, timing is not None)  # a bounded working set
-    for index in indices:
+    calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
+    # Where no layout can fit at all (the largest inputs: minutes of planning), skip the planning:
+    # every row is its plain variant, as the search would have made it (``may_fit``).
+    somewhere, checked = _fits_somewhere(spec, workload, bases, group_base, group_vpp, memory_gib, options, space,
+                                         calibrated)
+    parts = []
+    for index in space_chunks.chunks(bases.pp, group_base, timing is not None and somewhere):  # bounded arrays
         inside = np.isin(group_base, index)
-        parts.append(_search_part(spec, workload, bases.take(index), np.searchsorted(index, group_base[inside]),
-                                  group_vpp[inside], memory_gib, threshold=threshold, options=options, space=space,
-                                  timing=timing, memory_calibration=memory_calibration, measured=measured))
-    return space_chunks.merge(parts, indices)
+        result, kept = _search_part(spec, workload, bases.take(index), np.searchsorted(index, group_base[inside]),
+                                    group_vpp[inside], memory_gib, threshold=threshold, options=options, space=space,
+                                    timing=timing, memory_calibration=memory_calibration, measured=measured,
+                                    plan=somewhere)
+        parts.append((result, index[kept]))
+    if not somewhere:  # what the check priced
+        parts[0] = (replace(parts[0][0], evaluated=parts[0][0].evaluated + checked), parts[0][1])
+    return parts
 
 
 def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: np.ndarray, group_vpp: np.ndarray,
                  memory_gib: float, *, threshold: float, options: MemoryOptions, space: SpaceOptions,
-                 timing: Timing | None, memory_calibration: MemoryCalibration | None, measured) -> tuple:
+                 timing: Timing | None, memory_calibration: MemoryCalibration | None, measured,
+                 plan: bool = True) -> tuple:
     """``search`` over some of the bases (``group_base`` indexes them): (SpaceResult, the indices
-    of the bases kept, a pinned VPP dropping those that cannot interleave so)."""
+    of the bases kept, a pinned VPP dropping those that cannot interleave so). Without ``plan``
+    (nothing can fit), only the plain variants that do not."""
     layers = spec.num_layers
     calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
     state = _Search(spec, workload, options, timing, space.split == "even", calibrated)
@@ -583,7 +614,7 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
     picks = _Picks(len(bases), int(bases.pp.max()) if len(bases) else 1)
     evaluated = 0
     first = threshold if memory_calibration is None else 1 - memory_calibration.band
-    for limit in (first * memory_gib * GIB, memory_gib * GIB):
+    for limit in (first * memory_gib * GIB, memory_gib * GIB) if plan else ():
         open_ = picks.open[group_base]
         found = []
         for family, (selective, uniform) in enumerate(families):

@@ -358,3 +358,30 @@ def test_may_fit_says_both(memory, expected):
     from advisor.space import may_fit
 
     assert may_fit(PRESETS["llama3.1-8b"], Workload(), 8, memory, max_tp=8, options=MemoryOptions()) is expected
+
+
+@pytest.mark.parametrize("gpu", [None, "a100-40gb"])
+def test_where_nothing_fits_the_unplanned_rows_are_the_planned_ones(monkeypatch, gpu):
+    """Issue 24: where no layout can fit (``_fits_somewhere`` False), the search skips planning;
+    every row (split, VPP, recomputation, memory, verdict, step time) is what the whole search,
+    planning every variant in vain, gives; only the count of variants priced differs."""
+    from advisor import space
+    from advisor.hardware import get_gpu
+    from advisor.sweep import sweep
+
+    def rows():
+        # 67 of the 125 layouts' model states fit in 24 GiB, but none of them with 65,536 tokens
+        result = sweep(PRESETS["llama3.1-8b"], Workload(seq_len=65536, global_batch_size=64), 8, 24.0,
+                       gpu=gpu and get_gpu(gpu),
+                       memory_model="calibrated" if gpu else "paper", space=space.SpaceOptions(sharding="fixed"))
+        return [(r.parallel, r.layers_per_stage, r.verdict, r.rank, r.options, r.estimate.terms, r.timing)
+                for r in result.rows], result.evaluated
+
+    checks = []
+    original = space._fits_somewhere
+    monkeypatch.setattr(space, "_fits_somewhere", lambda *a: checks.append(original(*a)) or checks[-1])
+    skipped, evaluated = rows()
+    assert checks[0][0] is False and not any(row[3] for row in skipped)
+    monkeypatch.setattr(space, "_fits_somewhere", lambda *a: (True, 0))  # plan as before the shortcut
+    planned, planned_evaluated = rows()
+    assert repr(skipped) == repr(planned) and evaluated < planned_evaluated
