@@ -385,3 +385,24 @@ def test_where_nothing_fits_the_unplanned_rows_are_the_planned_ones(monkeypatch,
     monkeypatch.setattr(space, "_fits_somewhere", lambda *a: (True, 0))  # plan as before the shortcut
     planned, planned_evaluated = rows()
     assert repr(skipped) == repr(planned) and evaluated < planned_evaluated
+
+
+@pytest.mark.parametrize("split,vpp", [("auto", None), ("even", None), ("auto", 2), ("even", 3), ("auto", 1)])
+@pytest.mark.parametrize("model,gpus,gbs", [("llama3.2-1b", 24, 16), ("llama3.1-70b", 512, 1024),
+                                            ("llama3.1-405b", 16384, 2048), ("llama3.1-8b", 64, None),
+                                            ("llama3.1-8b", 33, 1024)])
+def test_the_groups_are_every_vpp_megatron_interleaves(model, gpus, gbs, split, vpp):
+    """space._groups (vectorised) lists, base by base, VPP 1 or 1 .. L/PP where the interleaved
+    schedule runs (PP > 1, microbatches a multiple of PP, or unknown), as a plain loop does."""
+    from advisor.space import SpaceOptions, _groups, launchable
+
+    spec, workload = PRESETS[model], Workload(seq_len=8192, global_batch_size=gbs)
+    bases, space = launchable(spec, workload, gpus, 8, MemoryOptions(), split), SpaceOptions(split=split, vpp=vpp)
+    expected = []
+    for b in range(len(bases)):
+        p, m = int(bases.pp[b]), float(bases.microbatches[b])
+        top = spec.num_layers // p if p > 1 and (m == float("inf") or (m >= p and m % p == 0)) else 1
+        expected += [(b, v) for v in ([vpp] if vpp else range(1, top + 1))
+                     if v <= top and (split == "auto" or spec.num_layers % (p * v) == 0)]
+    base, vpps = _groups(spec, bases, space)
+    assert list(zip(base.tolist(), vpps.tolist())) == expected and base.dtype == vpps.dtype == np.int64
