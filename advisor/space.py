@@ -252,7 +252,7 @@ class _Pricer:
         value, feasible = np.full(len(self.variants), np.inf), np.zeros(len(self.variants), dtype=bool)
         models = [group[1] for group in (memory or self).groups]
         for (index, _, times, pipelines), model in zip(self.groups, models):
-            split = plan(model, times, pipelines)
+            split = plan(model, times, pipelines, index)
             counts[index, :split.counts.shape[1]] = split.counts
             value[index], feasible[index] = split.value, split.feasible
         return Split(counts=counts, value=value, feasible=feasible)
@@ -285,13 +285,13 @@ class _Pricer:
 
     def lowest(self) -> Split:
         if self.even:
-            return self._each(lambda model, times, pipelines: self._even(model.total, pipelines))
-        return self._each(lambda model, times, pipelines: lowest_memory(model.total, pipelines, model.most_layers))
+            return self._each(lambda model, times, pipelines, _: self._even(model.total, pipelines))
+        return self._each(lambda model, times, pipelines, _: lowest_memory(model.total, pipelines, model.most_layers))
 
     def fastest(self, limit: float, memory: _Pricer | None = None) -> Split:
         """MadPipe's split within ``limit`` bytes per GPU (inf: memory ignored); the memory of
         ``memory``'s variants (the same bases and VPP) where given."""
-        def plan(model, times, pipelines):
+        def plan(model, times, pipelines, _):
             if self.even:
                 split = self._even(times, pipelines)
                 fits = self._even(model.total, pipelines).value <= limit
@@ -301,6 +301,20 @@ class _Pricer:
             return fastest_within(times, model.total, pipelines, limit, time_inverse=times.inverse,
                                   memory_inverse=model.most_layers)
         return self._each(plan, memory)
+
+    def memory_caps(self, limit: float) -> np.ndarray:
+        """(K, width): the most layers each rank of each variant can hold within ``limit`` (the
+        planner's split; beyond a variant's PP, 0)."""
+        cap = np.zeros((len(self.variants), self.width), dtype=np.int64)
+        for index, model, _, pipelines in self.groups:
+            cap[index, :pipelines.width] = memory_caps(model.total, pipelines, limit, model.most_layers)
+        return cap
+
+    def fastest_capped(self, cap: np.ndarray) -> Split:
+        """MadPipe's split with each rank at most ``cap`` layers (``memory_caps`` of a pricer of
+        the same variants, rows aligned): ``fastest(limit, memory=that pricer)``, its caps made once."""
+        return self._each(lambda model, times, pipelines, index: min_max(
+            times, pipelines, cap[index, :pipelines.width], inverse=times.inverse))
 
     def steps(self, counts: np.ndarray, which: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The time model's iteration of the variants ``which`` (default all) with ``counts``
@@ -723,6 +737,12 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
     n = least.copy()
     open_ = least >= 0
     planned = 0
+    ceiling = None  # the memory caps at the highest N, made once (the bound below asks every round)
+    if not (variants.uniform or search.even or math.isinf(limit)) and open_.any():
+        ceiling = np.zeros_like(best_counts)
+        at = np.flatnonzero(open_)
+        caps = search.memory().pricer(variants.take(at).with_recompute(high[at])).memory_caps(limit)
+        ceiling[at, :caps.shape[1]] = caps
     while open_.any():
         index = np.flatnonzero(open_)
         part = variants.take(index).with_recompute(n[index])
@@ -740,6 +760,8 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
         best_period[index] = np.minimum(best_period[index], split.value)
         if variants.uniform:
             free = pricer.fastest(np.inf).value  # no N' > N has a shorter period than this
+        elif ceiling is not None:
+            free = pricer.fastest_capped(ceiling[index]).value
         else:
             free = pricer.fastest(limit, memory=search.memory().pricer(
                 variants.take(index).with_recompute(high[index]))).value
