@@ -29,19 +29,25 @@ def _runs(sweep) -> bool:
     return any(row.rank for row in sweep.rows)
 
 
-def escalate(first, run: Callable[[TrainingOptions], object], options: TrainingOptions, gpu=None):
+def escalate(first, run: Callable[[TrainingOptions], object], options: TrainingOptions, gpu=None,
+             may_help: Callable[[TrainingOptions], bool] | None = None):
     """``first`` (a Sweep with ``options``) if anything in it runs or the options already use a
     lever; else the first rung of ``LADDER`` whose sweep (``run(options)``) has a layout expected
     to run, with ``escalation`` set and each timed row's ``lever_time_cost_s``: its step time
-    minus that of the same (TP, CP, PP, DP, MBS) under ``options``."""
+    minus that of the same (TP, CP, PP, DP, MBS) under ``options``. A rung for which
+    ``may_help(options)`` is False (``advisor.space.may_fit``: no layout can fit on it) is not
+    swept: its sweep would have nothing that runs."""
     if _runs(first) or options.data_parallel.fsdp_strategy or options.offload.optimizer_cpu_offload:
         return first
     base = {_layout(row): row.timing["step_time_s"] for row in first.rows if row.timing}
     for label, changes in LADDER:
         if "optimizer_cpu_offload" in changes and gpu is not None and gpu.host_link_gb_per_s is None:
             continue  # cannot be timed on this preset
+        lever = options.with_(**changes)
         try:
-            candidate = run(options.with_(**changes))
+            if may_help is not None and not may_help(lever):
+                continue  # a whole search (minutes at the largest inputs) that cannot find a layout
+            candidate = run(lever)
         except AdvisorError:
             continue
         if _runs(candidate):

@@ -252,7 +252,7 @@ class _Pricer:
         value, feasible = np.full(len(self.variants), np.inf), np.zeros(len(self.variants), dtype=bool)
         models = [group[1] for group in (memory or self).groups]
         for (index, _, times, pipelines), model in zip(self.groups, models):
-            split = plan(model, times, pipelines)
+            split = plan(model, times, pipelines, index)
             counts[index, :split.counts.shape[1]] = split.counts
             value[index], feasible[index] = split.value, split.feasible
         return Split(counts=counts, value=value, feasible=feasible)
@@ -274,15 +274,24 @@ class _Pricer:
             ok[index] = pipelines.possible & (cap >= pipelines.lowest).all(axis=1) & (cap.sum(axis=1) >= self.layers)
         return ok
 
+    def floor_within(self, limit: float) -> np.ndarray:
+        """Per variant, whether every rank holding its fewest layers is within ``limit``: what
+        ``fits`` needs first (caps at least the fewest), at one total per rank."""
+        ok = np.zeros(len(self.variants), dtype=bool)
+        for index, model, _, pipelines in self.groups:
+            least = model.total(np.where(pipelines.active, pipelines.lowest, 1))
+            ok[index] = pipelines.possible & ((least <= limit) | ~pipelines.active).all(axis=1)
+        return ok
+
     def lowest(self) -> Split:
         if self.even:
-            return self._each(lambda model, times, pipelines: self._even(model.total, pipelines))
-        return self._each(lambda model, times, pipelines: lowest_memory(model.total, pipelines, model.most_layers))
+            return self._each(lambda model, times, pipelines, _: self._even(model.total, pipelines))
+        return self._each(lambda model, times, pipelines, _: lowest_memory(model.total, pipelines, model.most_layers))
 
     def fastest(self, limit: float, memory: _Pricer | None = None) -> Split:
         """MadPipe's split within ``limit`` bytes per GPU (inf: memory ignored); the memory of
         ``memory``'s variants (the same bases and VPP) where given."""
-        def plan(model, times, pipelines):
+        def plan(model, times, pipelines, _):
             if self.even:
                 split = self._even(times, pipelines)
                 fits = self._even(model.total, pipelines).value <= limit
@@ -292,6 +301,20 @@ class _Pricer:
             return fastest_within(times, model.total, pipelines, limit, time_inverse=times.inverse,
                                   memory_inverse=model.most_layers)
         return self._each(plan, memory)
+
+    def memory_caps(self, limit: float) -> np.ndarray:
+        """(K, width): the most layers each rank of each variant can hold within ``limit`` (the
+        planner's split; beyond a variant's PP, 0)."""
+        cap = np.zeros((len(self.variants), self.width), dtype=np.int64)
+        for index, model, _, pipelines in self.groups:
+            cap[index, :pipelines.width] = memory_caps(model.total, pipelines, limit, model.most_layers)
+        return cap
+
+    def fastest_capped(self, cap: np.ndarray) -> Split:
+        """MadPipe's split with each rank at most ``cap`` layers (``memory_caps`` of a pricer of
+        the same variants, rows aligned): ``fastest(limit, memory=that pricer)``, its caps made once."""
+        return self._each(lambda model, times, pipelines, index: min_max(
+            times, pipelines, cap[index, :pipelines.width], inverse=times.inverse))
 
     def steps(self, counts: np.ndarray, which: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The time model's iteration of the variants ``which`` (default all) with ``counts``
@@ -343,15 +366,80 @@ def _states_lower_bound(spec: LlamaSpec, bases: Bases, options: MemoryOptions) -
 def _groups(spec: LlamaSpec, bases: Bases, space: SpaceOptions) -> tuple[np.ndarray, np.ndarray]:
     """Every (base, VPP) Megatron runs: 1, or 2 .. L/PP chunks per rank where the interleaved
     schedule runs (PP > 1, the microbatches a multiple of PP)."""
-    layers, base, vpp = spec.num_layers, [], []
-    for index, (p, m) in enumerate(zip(bases.pp.tolist(), bases.microbatches.tolist())):
-        interleavable = p > 1 and (math.isinf(m) or (m >= p and m % p == 0))
-        top = layers // p if interleavable else 1
-        values = [space.vpp] if space.vpp is not None else range(1, top + 1)
-        values = [v for v in values if v <= top and (space.split == "auto" or layers % (p * v) == 0)]
-        base += [index] * len(values)
-        vpp += values
-    return np.array(base, dtype=np.int64), np.array(vpp, dtype=np.int64)
+    layers, p, m = spec.num_layers, bases.pp, bases.microbatches
+    with np.errstate(invalid="ignore"):  # inf microbatches: no cap
+        interleavable = (p > 1) & (np.isinf(m) | ((m >= p) & (np.fmod(m, p) == 0)))
+    top = np.where(interleavable, layers // np.maximum(p, 1), 1).astype(np.int64)
+    if space.vpp is not None:
+        base, vpp = np.flatnonzero(space.vpp <= top), np.full(int((space.vpp <= top).sum()), space.vpp)
+    else:  # 1 .. top for each base, in base order (412,000 of them at 1,048,576 GPUs)
+        base = np.repeat(np.arange(len(top)), top)
+        vpp = np.arange(len(base)) - np.repeat(np.cumsum(top) - top, top) + 1
+    if space.split != "auto":
+        keep = layers % (p[base] * vpp) == 0
+        base, vpp = base[keep], vpp[keep]
+    return base.astype(np.int64), vpp.astype(np.int64)
+
+
+def _families(space: SpaceOptions, options: MemoryOptions) -> list[tuple[bool, bool]]:
+    """The recomputation families searched, as (selective, uniform): full (block, or the pinned
+    uniform method) with N = 0 meaning none; selective where asked, or, with ``auto``, where it
+    saves memory (without FlashAttention: the s^2 scores)."""
+    if space.recompute == "selective":
+        return [(True, False)]
+    families = [(False, space.recompute == "full" and space.recompute_method == "uniform")]
+    if space.recompute == "auto" and not options.flash_attention:
+        families.append((True, False))
+    return families
+
+
+def may_fit(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *, max_tp: int,
+            options: MemoryOptions, space: SpaceOptions = SpaceOptions(),
+            memory_calibration: MemoryCalibration | None = None, measured=None) -> bool:
+    """False only where ``search`` with these arguments can find no variant within the memory
+    (so every row it returns is oom): a lower bound that lets ``advisor.escalation`` skip a rung.
+
+    Per launchable base, only its least-memory variants are priced, with the search's own
+    pricer (``fits``) and limit (all of the memory, the search's second pass):
+    - its smallest VPP: a VPP v rank holds at least the 1F1B microbatches on every chunk
+      (``schedule``: each chunk p - i or more, the first chunk too) over fewer allowed splits
+      (n >= v), so v = 1 never needs more (the module docstring's pruning rule);
+    - per recomputation family, N at both ends of its range: the block method's memory never
+      grows with N once N >= 1, the uniform method's never falls with N, and N = 0 (none) is
+      priced apart, since a calibrated model scales a recomputing layout's activations by other
+      factors than a plain one's;
+    - bases whose model states alone exceed the memory are skipped, as the search does.
+    ``tests/test_space.py`` checks against whole sweeps that it never says False where one fits."""
+    bases = launchable(spec, workload, gpus, max_tp, options, space.split)
+    calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
+    return _fits_somewhere(spec, workload, bases, *_groups(spec, bases, space), memory_gib, options, space,
+                           calibrated)[0]
+
+
+def _fits_somewhere(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: np.ndarray, group_vpp: np.ndarray,
+                    memory_gib: float, options: MemoryOptions, space: SpaceOptions, calibrated) -> tuple[bool, int]:
+    """``may_fit`` over launchable ``bases`` and their (base, VPP) groups: (whether some base's
+    least-memory variant fits, variants priced to say so)."""
+    if not len(group_base):
+        return False, 0
+    first_vpp = np.full(len(bases), np.iinfo(np.int64).max)
+    np.minimum.at(first_vpp, group_base, group_vpp)
+    memory = memory_gib * GIB
+    candidates = np.flatnonzero((first_vpp < np.iinfo(np.int64).max) & (_states_lower_bound(spec, bases, options)
+                                                                          <= memory))
+    state, priced = _Search(spec, workload, options, None, space.split == "even", calibrated), 0
+    for index in space_chunks.chunks(bases.pp[candidates], np.arange(len(candidates)), False):
+        which = candidates[index]
+        for selective, uniform in _families(space, options):
+            variants = Variants(which, bases, first_vpp[which], np.zeros(len(which), np.int64), selective, uniform)
+            low, high = _recompute_range(variants.pp, variants.vpp, spec.num_layers, space, selective)
+            for n in (low, high) if (high != low).any() else (low,):
+                priced += len(which)
+                pricer = state.pricer(variants.with_recompute(n))
+                rest = np.flatnonzero(pricer.floor_within(memory))  # one total per rank rules most out
+                if rest.size and state.pricer(variants.take(rest).with_recompute(n[rest])).fits(memory).any():
+                    return True, priced
+    return False, priced
 
 
 def _recompute_range(pp: np.ndarray, vpp: np.ndarray, layers: int, space: SpaceOptions, selective: bool):
@@ -493,22 +581,45 @@ def search(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *,
     ``memory_calibration``, against the calibrated model's usage (``advisor.verdicts``: fits,
     within 1 - band of the memory, then likely fits, within all of it), its activations scaled by
     the ``measured`` ratios of ``--memory-model profile`` where given."""
+    parts = search_parts(spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=options,
+                         space=space, timing=timing, memory_calibration=memory_calibration, measured=measured)
+    return space_chunks.merge(parts)
+
+
+def search_parts(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float,
+                 max_tp: int, options: MemoryOptions, space: SpaceOptions = SpaceOptions(),
+                 timing: Timing | None = None, memory_calibration: MemoryCalibration | None = None,
+                 measured=None) -> list[tuple[SpaceResult, np.ndarray]]:
+    """``search``, chunk by chunk: (the chunk's SpaceResult, the indices of its bases among all
+    launchable ones), shallow pipelines first. Each chunk's arrays are as wide as its own deepest
+    pipeline: merged, 12,766 bases padded to PP 4,096 took 3 GB (``space_chunks``)."""
     bases = launchable(spec, workload, gpus, max_tp, options, space.split)
     group_base, group_vpp = _groups(spec, bases, space)
-    parts, indices = [], space_chunks.chunks(bases.pp, group_base, timing is not None)  # a bounded working set
-    for index in indices:
+    calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
+    # Where no layout can fit at all (the largest inputs: minutes of planning), skip the planning:
+    # every row is its plain variant, as the search would have made it (``may_fit``).
+    somewhere, checked = _fits_somewhere(spec, workload, bases, group_base, group_vpp, memory_gib, options, space,
+                                         calibrated)
+    parts = []
+    for index in space_chunks.chunks(bases.pp, group_base, timing is not None and somewhere):  # bounded arrays
         inside = np.isin(group_base, index)
-        parts.append(_search_part(spec, workload, bases.take(index), np.searchsorted(index, group_base[inside]),
-                                  group_vpp[inside], memory_gib, threshold=threshold, options=options, space=space,
-                                  timing=timing, memory_calibration=memory_calibration, measured=measured))
-    return space_chunks.merge(parts, indices)
+        result, kept = _search_part(spec, workload, bases.take(index), np.searchsorted(index, group_base[inside]),
+                                    group_vpp[inside], memory_gib, threshold=threshold, options=options, space=space,
+                                    timing=timing, memory_calibration=memory_calibration, measured=measured,
+                                    plan=somewhere)
+        parts.append((result, index[kept]))
+    if not somewhere:  # what the check priced
+        parts[0] = (replace(parts[0][0], evaluated=parts[0][0].evaluated + checked), parts[0][1])
+    return parts
 
 
 def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: np.ndarray, group_vpp: np.ndarray,
                  memory_gib: float, *, threshold: float, options: MemoryOptions, space: SpaceOptions,
-                 timing: Timing | None, memory_calibration: MemoryCalibration | None, measured) -> tuple:
+                 timing: Timing | None, memory_calibration: MemoryCalibration | None, measured,
+                 plan: bool = True) -> tuple:
     """``search`` over some of the bases (``group_base`` indexes them): (SpaceResult, the indices
-    of the bases kept, a pinned VPP dropping those that cannot interleave so)."""
+    of the bases kept, a pinned VPP dropping those that cannot interleave so). Without ``plan``
+    (nothing can fit), only the plain variants that do not."""
     layers = spec.num_layers
     calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
     state = _Search(spec, workload, options, timing, space.split == "even", calibrated)
@@ -520,10 +631,7 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
     possible = _states_lower_bound(spec, bases, options) <= memory_gib * GIB
     first_vpp = np.full(len(bases), np.iinfo(np.int64).max)
     np.minimum.at(first_vpp, group_base, group_vpp)  # each base's smallest VPP
-    families = [(True, False)] if space.recompute == "selective" else \
-        [(False, space.recompute == "full" and space.recompute_method == "uniform")]
-    if space.recompute == "auto" and not options.flash_attention:  # selective saves the s^2 scores
-        families.append((True, False))
+    families = _families(space, options)
     considered = 0
     for selective, _ in families:
         low, high = _recompute_range(bases.pp[group_base], group_vpp, layers, space, selective)
@@ -535,7 +643,7 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
     picks = _Picks(len(bases), int(bases.pp.max()) if len(bases) else 1)
     evaluated = 0
     first = threshold if memory_calibration is None else 1 - memory_calibration.band
-    for limit in (first * memory_gib * GIB, memory_gib * GIB):
+    for limit in (first * memory_gib * GIB, memory_gib * GIB) if plan else ():
         open_ = picks.open[group_base]
         found = []
         for family, (selective, uniform) in enumerate(families):
@@ -629,6 +737,12 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
     n = least.copy()
     open_ = least >= 0
     planned = 0
+    ceiling = None  # the memory caps at the highest N, made once (the bound below asks every round)
+    if not (variants.uniform or search.even or math.isinf(limit)) and open_.any():
+        ceiling = np.zeros_like(best_counts)
+        at = np.flatnonzero(open_)
+        caps = search.memory().pricer(variants.take(at).with_recompute(high[at])).memory_caps(limit)
+        ceiling[at, :caps.shape[1]] = caps
     while open_.any():
         index = np.flatnonzero(open_)
         part = variants.take(index).with_recompute(n[index])
@@ -646,6 +760,8 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
         best_period[index] = np.minimum(best_period[index], split.value)
         if variants.uniform:
             free = pricer.fastest(np.inf).value  # no N' > N has a shorter period than this
+        elif ceiling is not None:
+            free = pricer.fastest_capped(ceiling[index]).value
         else:
             free = pricer.fastest(limit, memory=search.memory().pricer(
                 variants.take(index).with_recompute(high[index]))).value

@@ -35,17 +35,21 @@ def chunks(pp: np.ndarray, group_base: np.ndarray, timed: bool) -> list[np.ndarr
     return out
 
 
-def merge(parts: list, indices: list[np.ndarray]):
-    """One ``SpaceResult`` from the chunks' (result, kept) ``parts``, each chunk's ``indices``
-    into the bases, in the bases' order. The merged values have the parts' own types (this
-    module serves ``advisor.space`` and does not import it)."""
+def order(parts: list) -> np.ndarray:
+    """The positions that put the chunks' rows, concatenated, back in the bases' order."""
+    return np.argsort(np.concatenate([where for _, where in parts]), kind="stable")
+
+
+def merge(parts: list):
+    """One ``SpaceResult`` from the chunks' (result, indices of its bases) ``parts``, in the
+    bases' order, every array as wide as the deepest pipeline. The merged values have the
+    parts' own types (this module serves ``advisor.space`` and does not import it)."""
     from advisor.memory import StageTerms
 
     if len(parts) == 1:
         return parts[0][0]
     results = [result for result, _ in parts]
-    where = np.concatenate([index[kept] for index, (_, kept) in zip(indices, parts)])
-    back = np.argsort(where, kind="stable")
+    back = order(parts)
     width = max(result.chosen.counts.shape[1] for result in results)
 
     def rows(arrays):  # concatenated along the bases, wider ones padded with zeros, in base order

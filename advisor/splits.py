@@ -54,6 +54,10 @@ class Pipelines:
         """(K,): a layer (per chunk) for every rank."""
 
 
+WIDE = 1 << 16
+"""Ranks x layers beyond which ``min_max`` brackets from the evenest split: the halvings it saves
+(up to log2 of the pipeline's depth) then outweigh a fill and a cost."""
+
 Inverse = Callable[[np.ndarray, np.ndarray, np.ndarray], "np.ndarray | None"]
 """inverse(bound, low, high): what ``caps`` computes, in closed form; None where it has none."""
 
@@ -125,9 +129,18 @@ def min_max(cost: Cost, pipelines: Pipelines, ceiling: np.ndarray | None = None,
     floor = masked(low).max(axis=1)  # every rank holds at least its lowest
     top = np.where(feasible, np.where(active, masked(np.maximum(ceiling, low)), -np.inf).max(axis=1), floor)
     below = np.nextafter(floor, -np.inf)  # not achievable: below every rank's lowest cost
-    above = top  # achievable where feasible
-    # enough halvings that the walk meets few attained costs (up to P x L of them in the bracket)
-    for _ in range(max(BISECTIONS, math.ceil(math.log2(max(2, pipelines.width * pipelines.layers))))):
+    # achievable where feasible: the evenest split under the ceilings, far below ``top`` (a rank
+    # holding all it can) in long pipelines. The bracket changes only how fast the walk below
+    # reaches the min-max: it ends at caps(min-max) from any achievable upper bound.
+    above, share = top, 1.0
+    if pipelines.width * pipelines.layers > WIDE:
+        evenest = np.where(feasible, masked(fill(np.maximum(ceiling, low), pipelines)).max(axis=1), top)
+        above = np.minimum(top, evenest)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = float(np.where(feasible & (top > floor), (above - floor) / (top - floor), 0.0).max(initial=0.0))
+    # enough halvings that the walk meets few attained costs (up to P x L of them in the
+    # bracket, the share of them left in the narrower one)
+    for _ in range(max(BISECTIONS, math.ceil(math.log2(max(2.0, pipelines.width * pipelines.layers * share))))):
         middle = (below + above) / 2
         within = _achievable(_caps(middle), pipelines)
         below, above = np.where(within, below, middle), np.where(within, middle, above)

@@ -235,7 +235,8 @@ def sweep(
     ``advisor.profile_terms``; the space is planned against the same model, its variants and
     splits chosen to fit by the verdicts' own rule; ``rank_by`` throughput | memory | paper)."""
     from advisor.ranking import assess_rows
-    from advisor.space import SpaceOptions, search
+    from advisor import space_chunks
+    from advisor.space import SpaceOptions, search_parts
 
     space = space or SpaceOptions()
     _check_inputs(spec, gpus, memory_gib, threshold=threshold, memory_model=memory_model, measured=measured,
@@ -247,29 +248,38 @@ def sweep(
         from advisor.throughput.calibration import load_memory_calibration
 
         memory_calibration = load_memory_calibration()
-    result = search(spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=options,
-                    space=space, timing=timing, memory_calibration=memory_calibration, measured=measured)
-    bases, chosen = result.bases, result.chosen
-    if not len(bases):
-        raise _no_layout(spec, workload, gpus, max_tp, space)
-    rows = _rows(bases, chosen, training, memory_gib, threshold, timing, tokens)
-    assessments = None
-    if memory_calibration is not None:  # the calibrated (or profile) model judges all rows at once
-        from advisor.verdicts import assess_stages
+    parts = search_parts(spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=options,
+                         space=space, timing=timing, memory_calibration=memory_calibration, measured=measured)
+    rows, assessments = [], None if memory_calibration is None else []
+    for result, _ in parts:  # chunk by chunk: merged, the (rows, deepest PP) arrays grow to GBs
+        bases, chosen = result.bases, result.chosen
+        rows += _rows(bases, chosen, training, memory_gib, threshold, timing, tokens)
+        if memory_calibration is not None:  # the calibrated (or profile) model judges all rows at once
+            from advisor.verdicts import assess_stages
 
-        assessments = assess_stages(spec, workload.seq_len, chosen.terms, bases.pp, bases.mbs, bases.tp, bases.cp,
-                                    chosen.recompute == "full", memory_gib, options, memory_calibration, measured)
+            assessments += assess_stages(spec, workload.seq_len, chosen.terms, bases.pp, bases.mbs, bases.tp,
+                                         bases.cp, chosen.recompute == "full", memory_gib, options,
+                                         memory_calibration, measured)
+    if not rows:
+        raise _no_layout(spec, workload, gpus, max_tp, space)
+    back = space_chunks.order(parts).tolist()  # the bases' order
+    rows = [rows[i] for i in back]
+    assessments = None if assessments is None else [assessments[i] for i in back]
     ranked = assess_rows(rows, spec, workload, memory_gib, memory_model=memory_model,
                          rank_by=rank_by or ("throughput" if timing is not None else "paper"), options=options,
                          threshold=threshold, memory_calibration=memory_calibration, measured=measured,
                          assessments=assessments)
-    swept = Sweep(rows=ranked, considered=result.considered, evaluated=result.evaluated)
+    swept = Sweep(rows=ranked, considered=sum(result.considered for result, _ in parts),
+                  evaluated=sum(result.evaluated for result, _ in parts))
     if space.sharding != "auto":
         return swept
     from advisor.escalation import escalate
+    from advisor.space import may_fit
 
     fixed = replace(space, sharding="fixed")
     return escalate(swept, lambda lever: sweep(
         spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=lever, space=fixed, gpu=gpu,
         memory_model=memory_model, rank_by=rank_by, time_options=time_options, tokens=tokens, measured=measured),
-        training, gpu)
+        training, gpu, may_help=lambda lever: may_fit(
+            spec, workload, gpus, memory_gib, max_tp=max_tp, options=lever.memory_options(), space=fixed,
+            memory_calibration=memory_calibration, measured=measured))

@@ -2,9 +2,10 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from advisor.errors import AdvisorError
 from advisor.memory import MemoryOptions, StageModel
 from advisor.models import PRESETS
 from advisor.parallel import Workload
@@ -284,3 +285,124 @@ def test_a_chunked_search_gives_the_same_rows(monkeypatch):
     monkeypatch.setattr(space_chunks, "chunks", lambda *a: calls.append(original(*a)) or calls[-1])
     monkeypatch.setattr(space_chunks, "ELEMENTS", 50)
     assert rows() == whole and len(calls[0]) > 5
+
+
+def _every_variant_fits(spec, workload, gpus, memory_gib, options, space, calibration):
+    """Whether any (base, VPP, recomputation family, N) the space offers fits within all of the
+    memory, every one of them priced with no pruning at all (the brute force behind may_fit)."""
+    from advisor.space import Variants, _families, _groups, _Pricer, _recompute_range, launchable
+
+    options = options.memory_options()
+    bases = launchable(spec, workload, gpus, 8, options, space.split)
+    group_base, group_vpp = _groups(spec, bases, space)
+    calibrated = None if calibration is None else (calibration, memory_gib, None)
+    for selective, uniform in _families(space, options):
+        low, high = _recompute_range(bases.pp[group_base], group_vpp, spec.num_layers, space, selective)
+        owner = np.repeat(np.arange(len(group_base)), np.maximum(high - low + 1, 0))
+        if not owner.size:
+            continue
+        n = np.concatenate([np.arange(a, b + 1) for a, b in zip(low, high)])
+        variants = Variants(group_base[owner], bases, group_vpp[owner], n, selective, uniform)
+        pricer = _Pricer(spec, workload, options, variants, even=space.split == "even",
+                         calibrated=calibrated)
+        if pricer.fits(memory_gib * 2**30).any():
+            return True
+    return False
+
+
+_RUNGS = [{}, {"fsdp_strategy": "optim_grads"}, {"fsdp_strategy": "optim_grads_params"},
+          {"optimizer_cpu_offload": True}]
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.sampled_from(["llama3.2-1b", "llama3.2-3b", "llama3.1-8b"]), st.sampled_from([1, 2, 4, 8, 16]),
+       st.floats(1.0, 60.0), st.sampled_from(range(len(_RUNGS))), st.booleans(),
+       st.sampled_from([("auto", None, "auto", None), ("auto", None, "none", None), ("even", 1, "none", None),
+                        ("auto", 2, "auto", None), ("auto", None, "full", "uniform"), ("auto", None, "selective", None),
+                        ("even", None, "auto", None)]),
+       st.booleans(), st.sampled_from([1024, 4096, 16384]), st.sampled_from([16, 64]))
+def test_a_rung_that_may_fit_skips_never_has_a_layout_that_fits(model, gpus, memory, rung, calibrated, space_args,
+                                                                  flash, seq_len, gbs):
+    """advisor.space.may_fit (the bound that lets the escalation skip a rung, issue 24) says
+    False only where no variant at all fits, by brute force over every (base, VPP, family, N),
+    and where the whole sweep of that rung ranks no row (so escalate would not have taken it)."""
+    from advisor.options import TrainingOptions
+    from advisor.space import SpaceOptions, may_fit
+    from advisor.sweep import sweep
+    from advisor.verdicts import MemoryCalibration
+
+    split, vpp, recompute, method = space_args
+    space = SpaceOptions(split=split, vpp=vpp, recompute=recompute, recompute_method=method)
+    spec, workload = PRESETS[model], Workload(seq_len=seq_len, global_batch_size=gbs)
+    attention = {} if flash else {"flash_attention": False, "dataloader_mask": "cached"}
+    options = TrainingOptions().with_(**attention, **_RUNGS[rung])
+    calibration = MemoryCalibration(reserve_fraction=0.08, activation_factor=1.15, band=0.04) if calibrated else None
+    bound = may_fit(spec, workload, gpus, memory, max_tp=8, options=options.memory_options(), space=space,
+                    memory_calibration=calibration)
+    brute = _every_variant_fits(spec, workload, gpus, memory, options, space, calibration)
+    assert bound or not brute
+    event(f"may fit: {bound}, some variant fits: {brute}")
+    if not bound:
+        try:
+            rows = sweep(spec, workload, gpus, memory, max_tp=8, options=options, space=space,
+                         memory_model="calibrated" if calibrated else "paper").rows
+        except AdvisorError:
+            return  # nothing launchable at all: the escalation skips such a rung too
+        assert not any(row.rank for row in rows)
+
+
+@pytest.mark.parametrize("memory,expected", [(16.0, False), (20.0, True)])
+def test_may_fit_says_both(memory, expected):
+    """The bound is not vacuous: Llama-3.1-8B on 8 GPUs has no layout within 16 GiB and some
+    within 20 GiB (TP 4, PP 2, MBS 2 with full recomputation: the sweep ranks it)."""
+    from advisor.space import may_fit
+
+    assert may_fit(PRESETS["llama3.1-8b"], Workload(), 8, memory, max_tp=8, options=MemoryOptions()) is expected
+
+
+@pytest.mark.parametrize("gpu", [None, "a100-40gb"])
+def test_where_nothing_fits_the_unplanned_rows_are_the_planned_ones(monkeypatch, gpu):
+    """Issue 24: where no layout can fit (``_fits_somewhere`` False), the search skips planning;
+    every row (split, VPP, recomputation, memory, verdict, step time) is what the whole search,
+    planning every variant in vain, gives; only the count of variants priced differs."""
+    from advisor import space
+    from advisor.hardware import get_gpu
+    from advisor.sweep import sweep
+
+    def rows():
+        # 67 of the 125 layouts' model states fit in 24 GiB, but none of them with 65,536 tokens
+        result = sweep(PRESETS["llama3.1-8b"], Workload(seq_len=65536, global_batch_size=64), 8, 24.0,
+                       gpu=gpu and get_gpu(gpu),
+                       memory_model="calibrated" if gpu else "paper", space=space.SpaceOptions(sharding="fixed"))
+        return [(r.parallel, r.layers_per_stage, r.verdict, r.rank, r.options, r.estimate.terms, r.timing)
+                for r in result.rows], result.evaluated
+
+    checks = []
+    original = space._fits_somewhere
+    monkeypatch.setattr(space, "_fits_somewhere", lambda *a: checks.append(original(*a)) or checks[-1])
+    skipped, evaluated = rows()
+    assert checks[0][0] is False and not any(row[3] for row in skipped)
+    monkeypatch.setattr(space, "_fits_somewhere", lambda *a: (True, 0))  # plan as before the shortcut
+    planned, planned_evaluated = rows()
+    assert repr(skipped) == repr(planned) and evaluated < planned_evaluated
+
+
+@pytest.mark.parametrize("split,vpp", [("auto", None), ("even", None), ("auto", 2), ("even", 3), ("auto", 1)])
+@pytest.mark.parametrize("model,gpus,gbs", [("llama3.2-1b", 24, 16), ("llama3.1-70b", 512, 1024),
+                                            ("llama3.1-405b", 16384, 2048), ("llama3.1-8b", 64, None),
+                                            ("llama3.1-8b", 33, 1024)])
+def test_the_groups_are_every_vpp_megatron_interleaves(model, gpus, gbs, split, vpp):
+    """space._groups (vectorised) lists, base by base, VPP 1 or 1 .. L/PP where the interleaved
+    schedule runs (PP > 1, microbatches a multiple of PP, or unknown), as a plain loop does."""
+    from advisor.space import SpaceOptions, _groups, launchable
+
+    spec, workload = PRESETS[model], Workload(seq_len=8192, global_batch_size=gbs)
+    bases, space = launchable(spec, workload, gpus, 8, MemoryOptions(), split), SpaceOptions(split=split, vpp=vpp)
+    expected = []
+    for b in range(len(bases)):
+        p, m = int(bases.pp[b]), float(bases.microbatches[b])
+        top = spec.num_layers // p if p > 1 and (m == float("inf") or (m >= p and m % p == 0)) else 1
+        expected += [(b, v) for v in ([vpp] if vpp else range(1, top + 1))
+                     if v <= top and (split == "auto" or spec.num_layers % (p * v) == 0)]
+    base, vpps = _groups(spec, bases, space)
+    assert list(zip(base.tolist(), vpps.tolist())) == expected and base.dtype == vpps.dtype == np.int64

@@ -103,3 +103,25 @@ def test_infeasible_layouts_say_so():
     result = fastest_within(table_cost(table), table_cost(table), pipelines, 2.5)  # each rank at most 2
     assert result.feasible.tolist() == [False, False]
     assert min_max(table_cost(table), pipelines).feasible.tolist() == [False, True]
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems())
+def test_the_evenest_bracket_gives_the_same_splits(problem):
+    """min_max brackets from the evenest split in wide problems (``splits.WIDE``): the walk ends
+    at the caps of the min-max from any bracket, so the splits (and values) are those of the
+    full bracket, for the lowest memory and MadPipe within a limit alike."""
+    from advisor import splits
+
+    pipelines, memory, time, limit = problem
+    plans = []
+    for wide in (1 << 60, 0):  # never, always
+        splits.WIDE = wide
+        try:
+            plans.append([lowest_memory(table_cost(memory), pipelines),
+                          fastest_within(table_cost(time), table_cost(memory), pipelines, limit)])
+        finally:
+            splits.WIDE = 1 << 16
+    for full, evenest in zip(*plans):
+        assert np.array_equal(full.counts, evenest.counts) and np.array_equal(full.value, evenest.value)
+        assert np.array_equal(full.feasible, evenest.feasible)
