@@ -182,7 +182,9 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
         calibrated = result.memory_model == "calibrated"
         rule = f"calibrated, band {_band():.1%}" if calibrated else f"fits <= {threshold:.0%}"
         title = (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {gpus} GPUs x {mem:g} GiB, "
-                 f"{rule}; routing {settings.routing.routing}, dispatcher {settings.dispatcher}"
+                 f"{rule}; routing {settings.routing.routing}"
+                 + (" unpadded" if settings.routing.routing == "capacity" and not settings.routing.pad_to_capacity
+                    else "") + f", dispatcher {settings.dispatcher}"
                  + (", a2a overlapped" if settings.a2a_overlap else "")
                  + (f", MTP {spec.mtp_num_layers}" if spec.mtp_num_layers else "")
                  + (f", FP8 {fp8}" if (fp8 := settings.training.precision.fp8_format) else ""))
