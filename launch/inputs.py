@@ -224,7 +224,7 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
 def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, ...]) -> list[str]:
     """A mixture of experts' row: its EP, ETP, dispatcher and recomputation read back, the layout
     checked as megatron-core builds its expert groups, the flags from ``advisor.moe.flags``."""
-    from advisor.moe.flags import row_args
+    from advisor.moe.flags import pad_problem, row_args
     from advisor.moe.space import RECOMPUTES, layout_problem
 
     row = {key: fields.positive(key) for key in ("tp", "cp", "pp", "dp", "mbs", "ep", "etp")}
@@ -245,14 +245,18 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
     if problem:
         raise AdvisorError(f"{fields.origin}: {problem}")
     grads, sharded = fields.document.get("gradient_bytes", 4), fields.document.get("distributed_optimizer", True)
-    capacity = fields.document.get("capacity_factor")
+    capacity, pad = fields.document.get("capacity_factor"), fields.document.get("pad_to_capacity")
     if grads not in (2, 4) or not isinstance(sharded, bool) or not (
-            capacity is None or isinstance(capacity, (int, float)) and not isinstance(capacity, bool) and capacity > 0):
-        raise AdvisorError(f"{fields.origin}: 'gradient_bytes' must be 2 or 4, 'distributed_optimizer' true or false "
-                           "and 'capacity_factor' null or a positive number")
+            capacity is None or isinstance(capacity, (int, float)) and not isinstance(capacity, bool) and capacity > 0
+    ) or not (pad is None or isinstance(pad, bool)):
+        raise AdvisorError(f"{fields.origin}: 'gradient_bytes' must be 2 or 4, 'distributed_optimizer' true or false, "
+                           "'capacity_factor' null or a positive number and 'pad_to_capacity' null, true or false")
+    if problem := pad_problem(dispatcher, capacity, capacity is not None and pad is not False):
+        raise AdvisorError(f"{fields.origin}: {problem}")
     row.update(layers_per_stage=list(layers), recompute=recompute, dispatcher=dispatcher, recompute_modules=modules,
                recompute_num_layers=1 if recompute == "full" else None, gradient_bytes=grads,
-               distributed_optimizer=sharded, capacity_factor=capacity, a2a_overlap=overlap, delay_wgrad=delay)
+               distributed_optimizer=sharded, capacity_factor=capacity, pad_to_capacity=pad, a2a_overlap=overlap,
+               delay_wgrad=delay)
     if "options" in fields.document:  # the training options the row was priced with (FP8, ...)
         row["options"] = fields.options().changed()
     return row_args(spec, seq_len, gbs, row)

@@ -19,7 +19,7 @@ from advisor.options.flags import training_args
 COMMANDS = Path(__file__).parent / "data" / "commands"
 PRICED = ("total_gib", "model_states_gib", "activations_gib", "verdict", "usage_gib", "margin_gib", "step_time_s",
           "tflops_per_gpu", "layers_per_stage", "vpp", "recompute", "recompute_num_layers", "num_microbatches", "ep",
-          "etp", "recompute_modules", "options")
+          "etp", "recompute_modules", "options", "capacity_factor", "pad_to_capacity")
 SWEEPS = [  # (argv, vocabulary): every row of these is read back
     (["--gpus", "8", "--gpu", "h100-80gb"], 128256),
     (["--gpus", "64", "--gpu", "h100-80gb", "--model", "llama3.1-70b", "--seq-len", "4096", "--gbs", "256"], 128256),
@@ -34,6 +34,12 @@ SWEEPS = [  # (argv, vocabulary): every row of these is read back
     (["--gpus", "16", "--gpu", "h100-80gb", "--model", "qwen3-30b-a3b", "--seq-len", "4096", "--gbs", "256",
       "--moe-token-dispatcher-type", "flex", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
       "--top", "20"], 151936),
+    # token dropping, padded to capacity (--moe-pad-expert-input-to-capacity) and not padded
+    (["--gpus", "32", "--gpu", "h100-80gb", "--model", "mixtral-8x7b", "--seq-len", "4096", "--gbs", "256",
+      "--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.5", "--top", "10"], 32000),
+    (["--gpus", "32", "--gpu", "h100-80gb", "--model", "mixtral-8x7b", "--seq-len", "4096", "--gbs", "256",
+      "--moe-routing", "capacity", "--moe-expert-capacity-factor", "0.75", "--no-moe-pad-expert-input-to-capacity",
+      "--top", "10"], 32000),
 ]
 
 
@@ -58,7 +64,18 @@ def rows(draw):
 @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rows())
 def test_every_sweep_row_reads_back_to_its_own_price(drawn):
-    index, row = drawn
+    _reads_back(*drawn)
+
+
+@pytest.mark.parametrize("index", [len(SWEEPS) - 2, len(SWEEPS) - 1])
+def test_token_dropping_rows_read_back_padded_or_not(index):
+    rows = sweep_rows(index)
+    assert {row["pad_to_capacity"] for row in rows} == {index == len(SWEEPS) - 2}
+    for row in rows[:3]:
+        _reads_back(index, row)
+
+
+def _reads_back(index: int, row: dict) -> None:
     argv, vocab = SWEEPS[index]
     hardware = argv[argv.index("--gpu"):argv.index("--gpu") + 2] if "--gpu" in argv else ["--mem", "80"]
     command = shlex.join(row["megatron_args"] + ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab - 1)])
@@ -203,6 +220,10 @@ _MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-siz
     (f"{_MOE} --num-experts 8 --moe-router-score-function relu\n", "--moe-router-score-function 'relu' is not priced"),
     (f"{_MOE} --num-experts 8 --moe-token-dispatcher-type nccl\n",
      "--moe-token-dispatcher-type 'nccl' is not one of Megatron's"),
+    (f"{_MOE} --num-experts 8 --moe-pad-expert-input-to-capacity\n",
+     "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor"),
+    (f"{_MOE} --num-experts 8 --moe-token-dispatcher-type flex --moe-expert-capacity-factor 1 "
+     "--moe-pad-expert-input-to-capacity\n", "the flex dispatcher cannot pad expert inputs to capacity"),
 ])
 def test_what_cannot_be_read_is_refused_in_one_line(text, error):
     result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size", "1000"],
@@ -242,3 +263,23 @@ def test_a_comment_with_an_apostrophe_inside_an_array_is_a_comment():
     script = "args=(\n    --num-layers 2\n    # Slurm's SIGTERM: save, then exit\n    --hidden-size 64\n)\n" \
              "torchrun --nproc-per-node 1 pretrain_gpt.py \"${args[@]}\"\n"
     assert read_command(script).arguments == ("--num-layers", "2", "--hidden-size", "64")
+
+
+def test_a_capacity_factor_without_the_pad_is_priced_unpadded():
+    """--moe-expert-capacity-factor alone drops tokens but pads nothing (megatron-core
+    ``moe_utils.apply_router_token_dropping``: the routing map AND the capacity mask): the same
+    command priced as the advisor's unpadded capacity row, and with the pad flag as its padded one."""
+    argv, _ = SWEEPS[-2]  # capacity 1.5, padded
+    row = sweep_rows(len(SWEEPS) - 2)[0]
+    assert row["pad_to_capacity"] is True and "--moe-pad-expert-input-to-capacity" in row["megatron_args"]
+    dropped = [arg for arg in row["megatron_args"] if arg != "--moe-pad-expert-input-to-capacity"]
+    common = ["estimate", "--from-command", "-", "--gpus", str(row["gpus"]), "--gpu", "h100-80gb", "--format", "json"]
+    tail = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "31999"]
+    unpadded = invoke(common, stdin=shlex.join(dropped + tail))
+    asked = invoke(["estimate", *argv[:argv.index("--top")], "--no-moe-pad-expert-input-to-capacity",
+                    *(f"--{key}={row[key]}" for key in ("tp", "cp", "pp", "ep", "etp", "mbs", "vpp")),
+                    "--format", "json"])
+    assert unpadded["pad_to_capacity"] is False and unpadded["megatron_args"] == dropped
+    assert {key: unpadded.get(key) for key in PRICED} == {key: asked.get(key) for key in PRICED}
+    # factor 1.5 > 1: unpadded, every routed copy fits, so less memory and time than padded
+    assert unpadded["activations_gib"] < row["activations_gib"] and unpadded["step_time_s"] < row["step_time_s"]

@@ -180,3 +180,23 @@ def test_a_plan_launches_the_options_it_was_priced_with(advisor, tmp_path):
     # A plan written before plans recorded options still launches its own flags.
     older = {key: value for key, value in document.items() if key != "options"}
     assert read_input(corrupt(tmp_path, older)).megatron_args == config.megatron_args
+
+
+def test_moe_token_dropping_rows_launch_as_priced(advisor, tmp_path):
+    """A capacity row launches with --moe-pad-expert-input-to-capacity where it was priced padded
+    (and where it predates ``pad_to_capacity``: those were priced padded), with the factor alone
+    where not; a padded flex row is refused as megatron-core refuses it."""
+    path = tmp_path / "moe.json"
+    advisor("estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--pp", "4", "--ep", "8", "--seq-len", "4096",
+            "--gbs", "256", "--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.5", "--format", "json",
+            "-o", path)
+    row = json.loads(path.read_text())
+    old = {key: value for key, value in row.items() if key != "pad_to_capacity"}
+    for pad, document in ((True, row), (False, {**row, "pad_to_capacity": False}), (True, old)):
+        args = read_input(write_json(tmp_path / "row.json", document)).megatron_args
+        assert ("--moe-pad-expert-input-to-capacity" in args) is pad
+        assert args[args.index("--moe-expert-capacity-factor") + 1] == "1.5"
+    with pytest.raises(AdvisorError, match="flex dispatcher cannot pad"):
+        read_input(write_json(tmp_path / "row.json", {**row, "dispatcher": "flex"}))
+    with pytest.raises(AdvisorError, match="'pad_to_capacity' null, true or false"):
+        read_input(write_json(tmp_path / "row.json", {**row, "pad_to_capacity": 1}))

@@ -47,6 +47,37 @@ def test_sweep_choices_apply_to_moe_rows():
     assert modules["megatron_args"][-3:] == ["--recompute-modules", "moe", "shared_experts"]
     flags = capped["megatron_args"]
     assert flags[flags.index("--moe-expert-capacity-factor") + 1] == "1.25"
+    assert "--moe-pad-expert-input-to-capacity" in flags and capped["pad_to_capacity"] is True
+
+
+def test_capacity_routing_is_launched_as_priced():
+    """--moe-routing capacity is priced padded and emits --moe-pad-expert-input-to-capacity; with
+    --no-moe-pad-expert-input-to-capacity it is priced unpadded (min(f, 1) of the balanced copies,
+    ``memory.capacity_share``) and emits the factor alone; the flex dispatcher refuses the pad."""
+    layout = ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb", "--pp", "4", "--ep", "8",
+              "--seq-len", "4096", "--gbs", "256", "--format", "json"]
+
+    def estimate(*extra):
+        result = CliRunner().invoke(cli, [*layout, *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    capacity = ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.5"]
+    balanced, padded = estimate(), estimate(*capacity)
+    unpadded = estimate(*capacity, "--no-moe-pad-expert-input-to-capacity")
+    assert "--moe-pad-expert-input-to-capacity" in padded["megatron_args"]
+    assert "--moe-pad-expert-input-to-capacity" not in unpadded["megatron_args"]
+    assert "--moe-expert-capacity-factor" in unpadded["megatron_args"] and unpadded["pad_to_capacity"] is False
+    # unpadded at 1.5 every balanced copy fits: balanced's memory and time (both wait on the host
+    # for the counts, which only the padded alltoall dispatcher knows in advance)
+    assert unpadded["activations_gib"] == balanced["activations_gib"] < padded["activations_gib"]
+    assert unpadded["step_time_s"] == balanced["step_time_s"] < padded["step_time_s"]
+    _one_line_error(CliRunner().invoke(cli, [*layout, *capacity, "--moe-token-dispatcher-type", "flex"]),
+                    "flex dispatcher cannot pad", "--no-moe-pad-expert-input-to-capacity")
+    flex = estimate(*capacity, "--moe-token-dispatcher-type", "flex", "--no-moe-pad-expert-input-to-capacity")
+    assert "--moe-pad-expert-input-to-capacity" not in flex["megatron_args"]
+    _one_line_error(CliRunner().invoke(cli, [*layout, "--moe-pad-expert-input-to-capacity"]),
+                    "--moe-pad-expert-input-to-capacity needs --moe-routing capacity")
 
 
 def test_dense_rows_and_estimates_carry_ep_and_etp_one():

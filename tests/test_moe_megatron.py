@@ -36,6 +36,7 @@ def _expected(spec, row) -> dict:
             "moe_shared_expert_intermediate_size": spec.shared_expert_size or None,
             "expert_model_parallel_size": row["ep"], "expert_tensor_parallel_size": row["etp"],
             "moe_expert_capacity_factor": row["capacity_factor"],
+            "moe_pad_expert_input_to_capacity": row["capacity_factor"] is not None and row["pad_to_capacity"],
             "moe_token_dispatcher_type": row["dispatcher"], "moe_grouped_gemm": True,
             "moe_router_score_function": spec.score_function, "moe_router_enable_expert_bias": spec.expert_bias,
             "moe_router_num_groups": spec.router_num_groups, "moe_router_group_topk": spec.router_group_topk,
@@ -59,6 +60,10 @@ def test_megatron_accepts_and_builds_moe_rows(tag):
              for kind in ("selective", "full")]
     rows += [("mixtral-8x7b", _rows("mixtral-8x7b", 64, "--top", "1", "--moe-routing", "capacity",
                                     "--moe-expert-capacity-factor", "1.5", "--moe-token-dispatcher-type", "allgather")[0])]
+    # token dropping padded (--moe-pad-expert-input-to-capacity) and not, with the alltoall dispatcher
+    rows += [("mixtral-8x7b", _rows("mixtral-8x7b", 64, "--top", "1", "--moe-routing", "capacity",
+                                    "--moe-expert-capacity-factor", "1.0", *pad)[0])
+             for pad in ((), ("--no-moe-pad-expert-input-to-capacity",))]
     # interleaved (VPP), FP8 and DeepSeek-V3's MTP module (its layer in the pipeline layout, 'm')
     rows += [("mixtral-8x7b", next(row for row in _rows("mixtral-8x7b", 64, "--all") if row["vpp"] > 1))]
     rows += [("deepseek-v3", row) for row in _rows("deepseek-v3", 1024, "--top", "2", "--fp8-format", "hybrid",

@@ -28,6 +28,15 @@ def test_routed_token_copies_per_assumption():
     assert mm.expert_token_copies(MIXTRAL, n, 4, 1, mm.RoutedTokens()) == 2048 * 2
     assert mm.expert_token_copies(MIXTRAL, n, 4, 2, mm.RoutedTokens(routing="capacity", capacity_factor=1.5)) \
         == 1.5 * 2048 * 2 * 2
+    # capacity, by hand from get_capacity (moe_utils.py): each source rank's N = 2048 tokens give
+    # every expert C = ceil(N k f / E) = ceil(2048 x 2 x f / 8) slots against a balanced share of
+    # 2048 x 2 / 8 = 512 copies; this rank's 8/4 = 2 experts hear from ep x etp = 8 source ranks
+    share, local, sources = 512, 2, 4 * 2
+    for f, capacity in ((1.5, 768), (0.5, 256)):
+        padded = mm.RoutedTokens(routing="capacity", capacity_factor=f)
+        unpadded = mm.RoutedTokens(routing="capacity", capacity_factor=f, pad_to_capacity=False)
+        assert mm.expert_token_copies(MIXTRAL, n, 4, 2, padded) == local * sources * capacity
+        assert mm.expert_token_copies(MIXTRAL, n, 4, 2, unpadded) == local * sources * min(share, capacity)
     # dropless worst case: every token of the 4 EP ranks sends min(k = 2, 8/4 local) copies here
     assert mm.expert_token_copies(MIXTRAL, n, 4, 1, mm.RoutedTokens(routing="dropless")) == 2048 * 4 * 2
     assert mm.expert_token_copies(MIXTRAL, n, 8, 1, mm.RoutedTokens(routing="dropless")) == 2048 * 8 * 1

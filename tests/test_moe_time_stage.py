@@ -203,7 +203,9 @@ def test_host_sync_idle_by_hand():
     # wait comes after permutation 1 is queued, N k copies of 2h bytes read and written; 4096
     # tokens take 2 x 4096 x 8 x 2 x 2048 bytes, longer than a launch: no idle; 100 tokens
     # 6,553,600 bytes. allgather and flex (DeepEP's host wait for its receive counts): nothing
-    # queued, one launch. Token drop padded to capacity: the counts are known, no wait.
+    # queued, one launch. Token drop padded to capacity (alltoall's drop_and_pad): the counts are
+    # known, no wait; not padded, the dropless wait; allgather copies its counts to the host
+    # either way (token_dispatcher.py, MoEAllGatherTokenDispatcher: local_map.sum(dim=0).cpu()).
     qwen = PRESETS["qwen3-30b-a3b"]
     rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
     assert mt.host_sync_idle(qwen, 4096.0, rates) == 0.0
@@ -211,7 +213,29 @@ def test_host_sync_idle_by_hand():
     assert mt.host_sync_idle(qwen, 100.0, rates) == pytest.approx(20e-6 - 6_553_600 / rates.hbm_bytes_per_s)
     assert mt.host_sync_idle(qwen, 4096.0, rates, "flex") == pytest.approx(20e-6)
     assert mt.host_sync_idle(qwen, 4096.0, rates, "allgather") == pytest.approx(20e-6)
-    assert mt.host_sync_idle(qwen, 4096.0, rates, "flex", "capacity") == 0.0
+    padded = mm.RoutedTokens(routing="capacity", capacity_factor=1.0)
+    unpadded = mm.RoutedTokens(routing="capacity", capacity_factor=1.0, pad_to_capacity=False)
+    assert mt.host_sync_idle(qwen, 100.0, rates, "alltoall", padded) == 0.0
+    assert mt.host_sync_idle(qwen, 100.0, rates, "alltoall", unpadded) == mt.host_sync_idle(qwen, 100.0, rates)
+    assert mt.host_sync_idle(qwen, 4096.0, rates, "allgather", padded) == pytest.approx(20e-6)
+    assert mt.host_sync_idle(qwen, 4096.0, rates, "flex", unpadded) == pytest.approx(20e-6)
+
+
+def test_capacity_routing_paces_the_expert_work_as_memory_counts_it():
+    # layer_times takes the copies from memory.expert_token_copies: padded to factor 1.5 the
+    # experts run 1.5 x the balanced copies; unpadded at 1.5 nothing drops (min(1.5, 1) = 1),
+    # at 0.5 half drop, the same as padded at 0.5
+    qwen = PRESETS["qwen3-30b-a3b"]
+    rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
+
+    def expert(**routing):
+        given = mm.RoutedTokens(routing="capacity", **routing) if routing else None
+        return mt.layer_times(qwen, 4096, tp=1, cp=1, ep=8, etp=1, mbs=1, rates=rates, routing=given)[3]
+
+    balanced = expert()
+    assert expert(capacity_factor=1.5, pad_to_capacity=False) == balanced
+    assert expert(capacity_factor=1.5) > balanced
+    assert expert(capacity_factor=0.5, pad_to_capacity=False) == expert(capacity_factor=0.5) < balanced
 
 
 def test_host_sync_idle_in_the_step(monkeypatch):

@@ -9,8 +9,8 @@ from advisor.cli.options import DEGREE, InputError, apply_options, color_wanted,
 
 
 def moe_options(func):
-    """--ep, --etp, --moe-token-dispatcher-type, --moe-routing, --moe-expert-capacity-factor, --moe-imbalance,
-    --mtp-num-layers, --recompute-modules."""
+    """--ep, --etp, --moe-token-dispatcher-type, --moe-routing, --moe-expert-capacity-factor,
+    --moe-pad-expert-input-to-capacity, --moe-imbalance, --mtp-num-layers, --recompute-modules."""
     return apply_options([
         click.option("--ep", type=DEGREE, default=None,
                      help="Expert parallel size (--expert-model-parallel-size); sweep: only this EP. MoE models."),
@@ -23,6 +23,9 @@ def moe_options(func):
                      "(x --moe-expert-capacity-factor), dropless (the worst case)."),
         click.option("--moe-expert-capacity-factor", "capacity_factor", type=click.FloatRange(min=0, min_open=True),
                      default=None, help="Megatron's capacity factor (with --moe-routing capacity)."),
+        click.option("--moe-pad-expert-input-to-capacity/--no-moe-pad-expert-input-to-capacity", "pad_to_capacity",
+                     default=None, help="With --moe-routing capacity: every expert runs its full capacity (the "
+                     "default, as token-drop recipes run it) or only the routed tokens it kept."),
         click.option("--moe-imbalance", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
                      help="The busiest rank's routed tokens over the mean (balanced routing)."),
         click.option("--mtp-num-layers", "mtp_num_layers", type=click.IntRange(min=0, max=16), default=None,
@@ -45,8 +48,8 @@ more with fused attention (no s^2 scores), so it changes no term."""
 
 
 def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance, recompute_modules,
-                 mtp_num_layers=None, a2a_overlap=False, delay_wgrad=False, *, options, space=None,
-                 unpriced: dict | None = None):
+                 mtp_num_layers=None, a2a_overlap=False, delay_wgrad=False, pad_to_capacity=None, *, options,
+                 space=None, unpriced: dict | None = None):
     """(spec, MoEOptions) from the flags, the run's training options inside (the one description
     dense rows are priced from); a dense model refuses EP/ETP above 1; for an MoE model, every
     option the MoE model does not price is refused by name (none is ignored). The spec gets
@@ -76,6 +79,7 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
         raise InputError(f"{spec.name} is a mixture of experts; its model does not price {', '.join(named)}")
     if moe_routing == "capacity" and capacity_factor is None:
         raise InputError("--moe-routing capacity needs --moe-expert-capacity-factor")
+    padded = _padded(moe_routing, capacity_factor, pad_to_capacity, dispatcher)
     fp8 = training.precision
     if fp8.fp8_format is not None and fp8.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(recompute_modules):
         raise InputError("--recompute-modules moe_act or layernorm with FP8 needs an --fp8-recipe other than delayed "
@@ -86,8 +90,24 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
     return spec, MoEOptions(dispatcher=dispatcher, training=training.with_(recompute="none"),
                             a2a_overlap=a2a_overlap, delay_wgrad=delay_wgrad,
                             routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
-                                                 imbalance=moe_imbalance),
+                                                 pad_to_capacity=padded, imbalance=moe_imbalance),
                             modules=frozenset(recompute_modules) if recompute_modules else None)
+
+
+def _padded(moe_routing: str, capacity_factor, pad_to_capacity: bool | None, dispatcher: str) -> bool:
+    """Whether capacity routing pads the expert inputs (padded unless told not to), refused where
+    megatron-core refuses the pad (``advisor.moe.flags.pad_problem``)."""
+    from advisor.moe.flags import pad_problem
+
+    if moe_routing != "capacity":
+        if pad_to_capacity:
+            raise InputError("--moe-pad-expert-input-to-capacity needs --moe-routing capacity and "
+                             "--moe-expert-capacity-factor")
+        return True
+    padded = pad_to_capacity is not False
+    if problem := pad_problem(dispatcher, capacity_factor, padded):
+        raise InputError(f"{problem}; give --no-moe-pad-expert-input-to-capacity or another dispatcher")
+    return padded
 
 
 def _check_overlap(a2a_overlap: bool, delay_wgrad: bool, dispatcher: str, mtp_num_layers) -> None:
@@ -162,7 +182,9 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
         calibrated = result.memory_model == "calibrated"
         rule = f"calibrated, band {_band():.1%}" if calibrated else f"fits <= {threshold:.0%}"
         title = (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {gpus} GPUs x {mem:g} GiB, "
-                 f"{rule}; routing {settings.routing.routing}, dispatcher {settings.dispatcher}"
+                 f"{rule}; routing {settings.routing.routing}"
+                 + (" unpadded" if settings.routing.routing == "capacity" and not settings.routing.pad_to_capacity
+                    else "") + f", dispatcher {settings.dispatcher}"
                  + (", a2a overlapped" if settings.a2a_overlap else "")
                  + (f", MTP {spec.mtp_num_layers}" if spec.mtp_num_layers else "")
                  + (f", FP8 {fp8}" if (fp8 := settings.training.precision.fp8_format) else ""))

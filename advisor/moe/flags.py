@@ -51,10 +51,12 @@ def model_flags(spec: MoESpec) -> list[str]:
 
 
 def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[str] | None = None,
-                 capacity_factor: float | None = None, a2a_overlap: bool = False,
+                 capacity_factor: float | None = None, pad_to_capacity: bool = True, a2a_overlap: bool = False,
                  delay_wgrad: bool = False) -> list[str]:
     """EP, ETP, the dispatcher (and the overlap of its all-to-all with the other microbatch's
-    compute), the capacity factor the routing assumed, and selective recomputation's modules."""
+    compute), the capacity factor the routing assumed with its padding (priced padded, the
+    expert inputs are padded only with --moe-pad-expert-input-to-capacity: megatron-core
+    ``moe_utils.apply_router_token_dropping``), and selective recomputation's modules."""
     args = ["--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(etp),
             "--moe-token-dispatcher-type", dispatcher]
     if a2a_overlap:
@@ -63,6 +65,8 @@ def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[
         args.append("--delay-wgrad-compute")
     if capacity_factor is not None:
         args += ["--moe-expert-capacity-factor", _number(capacity_factor)]
+        if pad_to_capacity:
+            args.append("--moe-pad-expert-input-to-capacity")
     if recompute_modules:
         args += ["--recompute-modules", *recompute_modules]
     return args
@@ -99,7 +103,29 @@ def row_args(spec: MoESpec, seq_len: int, global_batch_size: int, row: dict) -> 
     return [*_with_mtp(layout, spec.mtp_num_layers), *_model_flags(spec),
             *layout_flags(ep=row["ep"], etp=row["etp"], dispatcher=row["dispatcher"],
                           recompute_modules=row.get("recompute_modules"), capacity_factor=row.get("capacity_factor"),
+                          pad_to_capacity=row_pads(row),
                           a2a_overlap=bool(row.get("a2a_overlap")), delay_wgrad=bool(row.get("delay_wgrad")))]
+
+
+def pad_problem(dispatcher: str, capacity_factor: float | None, pad_to_capacity: bool) -> str | None:
+    """Why megatron-core refuses padding expert inputs to capacity here, or None (core_v0.15.2
+    and core_v0.19.0 ``transformer_config.py``, ``__post_init__``: the pad needs
+    moe_expert_capacity_factor, and the flex dispatcher refuses it; in core_v0.19.0 with the
+    DeepEP backend, its default and the one the flex rows are priced as)."""
+    if not pad_to_capacity:
+        return None
+    if capacity_factor is None:
+        return "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (megatron-core refuses it alone)"
+    if dispatcher == "flex":
+        return ("the flex dispatcher cannot pad expert inputs to capacity (megatron-core refuses "
+                "--moe-pad-expert-input-to-capacity with it)")
+    return None
+
+
+def row_pads(row: dict) -> bool:
+    """Whether a capacity row's expert inputs are padded to capacity: its ``pad_to_capacity``;
+    rows written before they carried it were priced padded."""
+    return row.get("pad_to_capacity") is not False
 
 
 def _with_mtp(args: tuple[str, ...], mtp_layers: int) -> tuple[str, ...]:

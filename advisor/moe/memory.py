@@ -10,7 +10,9 @@ MoE (``training/arguments.py``, ``validate_args``), so every rank routes N = s b
 Routing assumptions (``RoutedTokens``): how many token copies the busiest rank's experts
 receive. ``balanced``: N k etp (every expert gets its share: what many published runs force
 with --moe-router-force-load-balancing); ``capacity``: --moe-expert-capacity-factor f caps each
-expert at f times its share (``moe_utils.get_capacity``), f N k etp; ``dropless``: the worst a
+expert at f times its share (``moe_utils.get_capacity``), f N k etp padded to capacity
+(--moe-pad-expert-input-to-capacity), min(f, 1) N k etp not padded (``RoutedTokens.pad_to_capacity``);
+``dropless``: the worst a
 dropless router can send one rank, all copies of the EP group's tokens that fit its experts,
 N ep min(k, E/ep) etp (what the MoE guide warns about in the first few hundred steps). An
 ``imbalance`` factor in between scales the balanced case (default 1).
@@ -37,6 +39,9 @@ class RoutedTokens:
     routing: Routing = "balanced"
     capacity_factor: float | None = None
     """--moe-expert-capacity-factor (with routing 'capacity')."""
+    pad_to_capacity: bool = True
+    """--moe-pad-expert-input-to-capacity (with routing 'capacity'): every expert runs its full
+    capacity, or (False) only the routed copies it kept; see ``capacity_share``."""
     imbalance: float = 1.0
     """The busiest rank's load over the mean, with routing 'balanced' (1: perfectly balanced)."""
 
@@ -44,6 +49,19 @@ class RoutedTokens:
 def tokens_per_rank(seq_len: int, mbs: int, tp: int, cp: int) -> float:
     """N = s b / (c t): the tokens one rank routes (sequence parallel over t, context over c)."""
     return seq_len * mbs / (cp * tp)
+
+
+def capacity_share(assumption: RoutedTokens) -> float:
+    """Each expert's copies over its balanced share N k / E, with routing 'capacity'. Megatron
+    (megatron-core core_v0.15.2 and core_v0.19.0 ``transformer/moe/moe_utils.py``) gives each
+    expert C = get_capacity(N k, E, f) = ceil(N k f / E) copies of a rank's N tokens
+    (``apply_router_token_dropping``; the alltoall dispatcher's ``preprocess`` the same). Padded
+    (``pad_to_capacity``: the routing map becomes the capacity mask) it runs C, f of the share
+    (the ceil dropped: under one copy per expert); not padded (``routing_map AND capacity_mask``)
+    it runs the copies routed to it that fit, min(N k / E, C) under balanced routing, so
+    min(1, f) of the share: f below 1 drops, above 1 nothing."""
+    factor = assumption.capacity_factor or 1.0
+    return factor if assumption.pad_to_capacity else min(factor, 1.0)
 
 
 def expert_token_copies(spec: MoESpec, tokens: float, ep: int, etp: int, assumption: RoutedTokens) -> float:
@@ -55,7 +73,7 @@ def expert_token_copies(spec: MoESpec, tokens: float, ep: int, etp: int, assumpt
     if assumption.routing == "dropless":
         return tokens * ep * min(k, local) * etp
     if assumption.routing == "capacity":
-        return (assumption.capacity_factor or 1.0) * tokens * k * etp
+        return capacity_share(assumption) * tokens * k * etp
     return assumption.imbalance * tokens * k * etp
 
 

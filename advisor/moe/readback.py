@@ -5,7 +5,8 @@ Megatron's defaults for what a command leaves out (core_v0.15.2 ``megatron/train
 --moe-ffn-hidden-size defaults to --ffn-hidden-size, --expert-tensor-parallel-size to TP
 (``validate_args``), --expert-model-parallel-size to 1, --moe-token-dispatcher-type to
 allgather, --moe-layer-freq to 1 (every layer an MoE layer), the router's score function to
-softmax. What the MoE model does not price is named, never dropped.
+softmax, --moe-pad-expert-input-to-capacity to off (a capacity factor alone drops tokens without
+padding: priced unpadded). What the MoE model does not price is named, never dropped.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-e
           "moe-token-dispatcher-type", "moe-expert-capacity-factor", "moe-aux-loss-coeff",
           "original-max-position-embeddings", "moe-router-dtype"}
 SWITCHES = {"moe-grouped-gemm", "qk-layernorm", "moe-router-enable-expert-bias", "multi-latent-attention",
-            "moe-router-force-load-balancing", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute"}
+            "moe-router-force-load-balancing", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute",
+            "moe-pad-expert-input-to-capacity"}
 MULTI = {"recompute-modules"}
 HARMLESS = {"moe-router-load-balancing-type", "moe-aux-loss-coeff", "original-max-position-embeddings",
             "moe-router-dtype"}
@@ -150,6 +152,7 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
     if values.get("moe-router-force-load-balancing"):
         unpriced.append("--moe-router-force-load-balancing (priced as balanced routing, which it forces)")
     capacity = _float(values, "moe-expert-capacity-factor")
+    pad = bool(values.get("moe-pad-expert-input-to-capacity"))  # a factor alone drops without padding
     modules = values.get("recompute-modules")
     if modules is not None and recompute != "selective":
         unpriced.append("--recompute-modules without --recompute-granularity selective")
@@ -158,8 +161,12 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
                 "moe_imbalance": 1.0, "recompute_modules": tuple(modules or ()),
                 "mtp_num_layers": _int(values, "mtp-num-layers", 0),
                 "a2a_overlap": bool(values.get("overlap-moe-expert-parallel-comm")),
-                "delay_wgrad": bool(values.get("delay-wgrad-compute"))}
+                "delay_wgrad": bool(values.get("delay-wgrad-compute")), "pad_to_capacity": pad}
     if settings["dispatcher"] not in ("alltoall", "allgather", "flex"):
         raise AdvisorError(f"--moe-token-dispatcher-type {settings['dispatcher']!r} is not one of Megatron's")
+    from advisor.moe.flags import pad_problem
+
+    if problem := pad_problem(settings["dispatcher"], capacity, pad):
+        raise AdvisorError(problem)
     ep = _int(values, "expert-model-parallel-size", 1)
     return MoERead(ep=ep, etp=_int(values, "expert-tensor-parallel-size", tp), settings=settings), unpriced

@@ -417,6 +417,7 @@ def _row(spec, layouts, i, memory, verdict, timing, memory_gib, options, memory_
            "dispatcher": options.dispatcher, "a2a_overlap": options.a2a_overlap,
            "delay_wgrad": options.delay_wgrad, "routing": options.routing.routing,
            "capacity_factor": options.routing.capacity_factor if options.routing.routing == "capacity" else None,
+           "pad_to_capacity": options.routing.pad_to_capacity if options.routing.routing == "capacity" else None,
            "gradient_bytes": options.gradient_bytes, "distributed_optimizer": options.distributed_optimizer,
            "imbalance": options.routing.imbalance, "options": dict(_changed(options.training, recompute, tp > 1)),
            "total_gib": total, "model_states_gib": float(memory["states"][i] / GIB),

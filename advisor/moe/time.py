@@ -146,7 +146,7 @@ def attention_flops(spec: MoESpec, seq_len: int, mbs, tp, cp):
 
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates, imbalance: float = 1.0,
                 gemm_rates: Rates | None = None, dispatcher: str = "alltoall",
-                sms: int = STREAMING_MULTIPROCESSORS["hopper"]):
+                sms: int = STREAMING_MULTIPROCESSORS["hopper"], routing: mm.RoutedTokens | None = None):
     """(dense forward, MoE forward, EP communication, expert MLP) seconds of one layer, one
     microbatch; the communication is dispatch and combine with the ETP gathers, the expert MLP
     the routed and shared experts' GEMMs (what --overlap-moe-expert-parallel-comm's ``mlp`` node
@@ -155,7 +155,10 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     projections, dense and shared MLPs and the routed experts' grouped GEMMs at FP8, core
     attention and the router at BF16), with Transformer Engine's forward casts
     (``advisor.moe.fp8.cast_bytes``; the backward, priced as twice the forward, carries twice
-    the forward casts where the backward's own are 1.3-1.7 times those bytes)."""
+    the forward casts where the backward's own are 1.3-1.7 times those bytes). ``routing``: with
+    routing 'capacity', the copies the memory prices (``memory.expert_token_copies``: padded to
+    capacity or not); otherwise balanced x ``imbalance`` (dropless's worst case is a bound on
+    memory, not the steady state's pace)."""
     fp8 = gemm_rates is not None
     gemm_rates = gemm_rates or rates
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
@@ -167,7 +170,10 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     core = attention_flops(spec, seq_len, mbs, tp, cp) / rates.attention_flops_per_s + rates.attention_latency_s
     tp_comm, _ = terms.tensor_parallel_time(spec, tokens_cp, tp, rates)
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
-    copies = mm.expert_token_copies(spec, tokens, ep, etp, mm.RoutedTokens()) * imbalance
+    if routing is not None and routing.routing == "capacity":
+        copies = mm.expert_token_copies(spec, tokens, ep, etp, routing)
+    else:
+        copies = mm.expert_token_copies(spec, tokens, ep, etp, mm.RoutedTokens()) * imbalance
     elementwise, dense_swiglu, expert_swiglu = (terms.elementwise_time(b, rates) for b in elementwise_bytes(
         spec, tokens_cp, tp, copies, etp))
     cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, 2.5 * core)
@@ -207,7 +213,8 @@ CPU side (Holistic Trace Analysis documentation, facebookresearch/HolisticTraceA
 what a host synchronisation in the dispatcher can leave the GPU idle for."""
 
 
-def host_sync_idle(spec: MoESpec, tokens, rates: Rates, dispatcher: str = "alltoall", routing: str = "balanced"):
+def host_sync_idle(spec: MoESpec, tokens, rates: Rates, dispatcher: str = "alltoall",
+                   routing: mm.RoutedTokens = mm.RoutedTokens()):
     """Seconds the GPU idles per MoE layer forward, one microbatch, while the host waits on the
     device for the dropless dispatcher's token counts (megatron-core core_v0.15.2 and
     core_v0.19.0 ``token_dispatcher.py``): the kernels the host launches after the wait, until
@@ -221,11 +228,12 @@ def host_sync_idle(spec: MoESpec, tokens, rates: Rates, dispatcher: str = "allto
     - flex: DeepEP's normal-mode dispatch waits on the host for the receive counts
       (``fused_a2a.py``: 'the CPU will wait for GPU's signal to arrive') before launching the
       dispatch kernel: one launch.
-    - capacity routing, priced padded to capacity as the token-drop recipes run it
+    - alltoall with capacity routing padded to capacity, as the token-drop recipes run it
       (--moe-pad-expert-input-to-capacity): the counts are known on the host (``preprocess``'s
-      drop_and_pad branch), no wait."""
+      drop_and_pad branch), no wait; not padded it waits as a dropless one does, and the
+      allgather dispatcher copies its counts to the host whether padded or not."""
     tokens = np.asarray(tokens, dtype=float)
-    if routing == "capacity":
+    if dispatcher == "alltoall" and routing.routing == "capacity" and routing.pad_to_capacity:
         return np.zeros_like(tokens)
     if dispatcher == "alltoall":
         permutation = terms.elementwise_time(2 * tokens * spec.moe_router_topk * mm.BF16 * spec.hidden_size, rates)
@@ -356,11 +364,11 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     dense_f, moe_f, comm, expert = layer_times(spec, seq_len, tp=c["tp"], cp=c["cp"], ep=c["ep"], etp=c["etp"],
                                                mbs=c["mbs"], rates=rates, imbalance=options.routing.imbalance,
                                                gemm_rates=gemm_rates, dispatcher=options.dispatcher,
-                                               sms=streaming_multiprocessors(gpu.architecture))
+                                               sms=streaming_multiprocessors(gpu.architecture), routing=options.routing)
     passes = RECOMPUTE_PASSES[recompute]
     forwards = 2.0 if recompute == "full" else 1.0  # full recomputation dispatches again
     idle = forwards * host_sync_idle(spec, mm.tokens_per_rank(seq_len, c["mbs"], c["tp"], c["cp"]), rates,
-                                     options.dispatcher, options.routing.routing)
+                                     options.dispatcher, options.routing)
     moe_t = passes * (moe_f - comm) + (forwards + 1.0) * comm + idle
     steady = moe_t  # a layer in 1F1B's steady state: overlapped where Megatron overlaps it
     if options.a2a_overlap:  # Megatron refuses it with full recomputation (``layout_problem``)

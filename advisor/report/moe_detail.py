@@ -22,6 +22,7 @@ def is_moe_row(row: dict) -> bool:
 
 
 def _settings(row: dict):
+    from advisor.moe.flags import row_pads
     from advisor.moe.memory import RoutedTokens
     from advisor.moe.stage import MoEOptions
     from advisor.options import TrainingOptions
@@ -34,6 +35,7 @@ def _settings(row: dict):
                           a2a_overlap=bool(row.get("a2a_overlap")), delay_wgrad=bool(row.get("delay_wgrad")),
                           routing=RoutedTokens(routing=row.get("routing") or "balanced",
                                                capacity_factor=row.get("capacity_factor"),
+                                               pad_to_capacity=row_pads(row),
                                                imbalance=row.get("imbalance") or 1.0),
                           modules=frozenset(modules) if modules else None)
     except (AdvisorError, TypeError) as exc:
