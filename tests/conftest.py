@@ -9,6 +9,29 @@ from advisor.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Under pytest-xdist (the README's test command: -n auto --dist loadgroup) each worker is one of
+# the machine's cores: torch's intra-op threads, here and in the subprocesses the tests start,
+# would only contend with the other workers' (set before any test module imports torch).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+SHARED_SCOPES = ("module", "class", "package")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under --dist loadgroup, a module whose tests share a module- or class-scoped fixture (a
+    profiled campaign, a sweep, a browser) runs on one worker, so the fixture is built once, not
+    once per worker. Modules that name their own group (xdist_group: the single Slurm node's jobs,
+    the session's Megatron validator processes) keep it. Runs before xdist reads the marks."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        definitions = getattr(item, "_fixtureinfo", None)
+        if definitions is not None and any(fixture.scope in SHARED_SCOPES
+                                           for chain in definitions.name2fixturedefs.values() for fixture in chain):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
 
 class Invoker:
     """Runs a click command in-process (CliRunner; the real ``advisor`` group by default),
