@@ -12,6 +12,7 @@ dataset helpers inside the checkout) and runs it under the GPU test double
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -86,9 +87,22 @@ _COPIES: dict[str, Checkout] = {}
 
 def session_copy(tag: str, tmp_path_factory) -> Checkout:
     """One writable copy of the checkout ``tag`` for the whole session, shared by the modules that
-    launch it (a copy and its build take about 15 s of CPU; the launches only read it)."""
+    launch it (a copy and its build take about 15 s of CPU; the launches only read it, and write
+    no bytecode: launch_env). Under pytest-xdist the workers share it too: it lies in the run's
+    common temporary directory, built by the first worker that asks while the others wait."""
     if tag not in _COPIES:
-        _COPIES[tag] = writable_copy(checkout(tag), tmp_path_factory.mktemp(f"megatron-{tag}"))
+        source = checkout(tag)
+        base = tmp_path_factory.getbasetemp()
+        root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+        directory, done = root / f"megatron-{tag}", root / f"megatron-{tag}.built"
+        with open(root / f"megatron-{tag}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not done.exists():
+                shutil.rmtree(directory, ignore_errors=True)  # a build that failed half-way
+                directory.mkdir()
+                writable_copy(source, directory)
+                done.touch()
+        _COPIES[tag] = Checkout(tag, directory / tag, source.python)
     return _COPIES[tag]
 
 

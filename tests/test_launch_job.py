@@ -8,6 +8,10 @@ import pytest
 from launch_support import launcher, sweep_file, write_json
 from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
 
+# One worker under pytest-xdist for the tests of the session's validator processes (megatron_real.validate):
+# each worker would start its own (torch and Megatron imported again, 10-13 s of CPU per release).
+pytestmark = pytest.mark.xdist_group("megatron-validator")
+
 
 JOB = """\
 mock_data = true

@@ -48,7 +48,9 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module")
+# Session scope: the copy is the session's anyway, and a module-scoped fixture would keep the
+# module's launches on one xdist worker (conftest.pytest_collection_modifyitems).
+@pytest.fixture(scope="session")
 def core_0_15(tmp_path_factory):
     return session_copy("core_v0.15.2", tmp_path_factory)
 

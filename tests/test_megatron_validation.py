@@ -25,6 +25,10 @@ from advisor.megatron_args import MegatronSetup
 from launch.inputs import read_input
 from launch.megatron_versions import named
 
+# One worker under pytest-xdist for the tests of the session's validator processes (megatron_real.validate):
+# each worker would start its own (torch and Megatron imported again, 10-13 s of CPU per release).
+pytestmark = pytest.mark.xdist_group("megatron-validator")
+
 HF = Path(__file__).parent / "fixtures" / "hf_configs"
 SWEEPS = {
     "llama3.1-8b": ["--model", "llama3.1-8b", "--gpus", "32", "--mem", "80", "--gbs", "256"],

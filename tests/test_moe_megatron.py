@@ -14,6 +14,10 @@ from advisor.models import load_model
 from advisor.moe.spec import spec_from_dict
 from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
 
+# One worker under pytest-xdist for the tests of the session's validator processes (megatron_real.validate):
+# each worker would start its own (torch and Megatron imported again, 10-13 s of CPU per release).
+pytestmark = pytest.mark.xdist_group("megatron-validator")
+
 
 def _rows(model, gpus, *extra):
     result = CliRunner().invoke(cli, ["sweep", "--model", model, "--gpus", str(gpus), "--gpu", "h100-80gb",

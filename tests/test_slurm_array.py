@@ -16,6 +16,10 @@ from test_profile_run_megatron import plan
 from advisor.capture.campaign_run import scan
 from advisor.profiles import load_run
 
+# One worker under pytest-xdist for the one-node Slurm's jobs (tests/slurm_real.py): they would only
+# queue behind each other's --exclusive jobs on its 2 CPUs, their wait counted in their timeouts.
+pytestmark = pytest.mark.xdist_group("slurm")
+
 
 def test_the_array_script_and_its_refusals(advisor, tmp_path):
     """Six runs on nodes of 2 GPUs: six tasks, each the runner restricted to one run (parsed back

@@ -16,6 +16,10 @@ from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, launch_env, session_co
 from slurm_real import cluster, read_logs, submitted_id, wait_finished, wait_until
 from test_launch_run import LAYOUTS, check_run, estimate
 
+# One worker under pytest-xdist for the one-node Slurm's jobs (tests/slurm_real.py): they would only
+# queue behind each other's --exclusive jobs on its 2 CPUs, their wait counted in their timeouts.
+pytestmark = pytest.mark.xdist_group("slurm")
+
 JOB = "megatron-llama3.1-8b"
 
 

@@ -16,6 +16,10 @@ from advisor.options import TrainingOptions
 from launch.inputs import read_input
 from launch.megatron_versions import named
 
+# One worker under pytest-xdist for the tests of the session's validator processes (megatron_real.validate):
+# each worker would start its own (torch and Megatron imported again, 10-13 s of CPU per release).
+pytestmark = pytest.mark.xdist_group("megatron-validator")
+
 H100 = ["--gpu", "h100-80gb"]
 SWEEPS = {
     "405b-16384": ["--model", "llama3.1-405b", "--gpus", "16384", "--gbs", "2048", *H100],

@@ -10,6 +10,10 @@ from advisor.errors import AdvisorError
 from advisor.memory_levers import fsdp_buffer_bytes, state_bytes_per_parameter
 from advisor.options import TrainingOptions, parse_training_args, training_args
 
+# One worker under pytest-xdist for the tests of the session's validator processes (megatron_real.validate):
+# each worker would start its own (torch and Megatron imported again, 10-13 s of CPU per release).
+pytestmark = pytest.mark.xdist_group("megatron-validator")
+
 FSDP2 = TrainingOptions().with_(torch_fsdp2=True, distributed_optimizer=False, overlap_param_gather=False)
 
 
