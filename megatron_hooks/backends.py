@@ -193,9 +193,14 @@ class _StorageTracker(TorchDispatchMode):
         return release
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.run(func, args, kwargs or {}, func)
+
+    def run(self, func, args: tuple, kwargs: dict, call):
+        """``call(*args, **kwargs)``, the op ``func`` (itself, or the dispatch of the mode this
+        tracker is part of: ``symbolic.TrackingFakeTensorMode``), counting the storages it makes."""
         if func.namespace == "c10d" and func._opname not in _POINT_TO_POINT:
-            return _collective_on_copies(func, args, kwargs or {})
-        out = func(*args, **(kwargs or {}))
+            return _collective_on_copies(func, args, kwargs)
+        out = call(*args, **kwargs)
         if _returns_fresh_storage(func):
             if isinstance(out, torch.Tensor):
                 self.add(out)

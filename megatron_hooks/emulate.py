@@ -365,15 +365,14 @@ def run_stage(config: StageEmulation, stage: int, probe=None) -> Path:
     reads the memory around each optimizer step (symbolic backend)."""
     with contextlib.ExitStack() as context:
         if config.symbolic:
-            from torch._subclasses.fake_tensor import FakeTensorMode
-
             from megatron_hooks.kernels import cuda_kernels
             from megatron_hooks.symbolic import SymbolicBackend
 
-            context.enter_context(FakeTensorMode())
+            backend = SymbolicBackend(config.kernels, config.memory_limit_bytes)
+            context.enter_context(backend.mode)  # a FakeTensorMode that also counts storages
             if config.kernels == "cuda":
                 context.enter_context(cuda_kernels())
-            return _run_stage(config, stage, SymbolicBackend(config.kernels, config.memory_limit_bytes), probe)
+            return _run_stage(config, stage, backend, probe)
         return _run_stage(config, stage, None)
 
 
