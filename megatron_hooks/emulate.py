@@ -369,6 +369,10 @@ def run_stage(config: StageEmulation, stage: int, probe=None) -> Path:
             from megatron_hooks.symbolic import SymbolicBackend
 
             backend = SymbolicBackend(config.kernels, config.memory_limit_bytes)
+            # torch.compile skips every frame under a dispatch mode that is not torch's own (the
+            # tracker's, before it moved into the fake mode): megatron's compiled functions (the
+            # fused SwiGLU) ran eagerly, and still do. Compiled for the fake mode, they crash.
+            context.enter_context(torch._dynamo.config.patch(disable=True))
             context.enter_context(backend.mode)  # a FakeTensorMode that also counts storages
             if config.kernels == "cuda":
                 context.enter_context(cuda_kernels())
