@@ -47,7 +47,8 @@ disagreed by a [s, b] tensor (256 bytes in the tiny test model: the flaky
 64 KiB). The tracker therefore runs every c10d collective on untracked copies of its tensors, waits
 for it, and copies the results back in place: the communication thread holds only the copies, and
 the program's tensors live exactly as long as the program keeps them, as the CUDA caching
-allocator counts a tensor that NCCL reduces in place.
+allocator counts a tensor that NCCL reduces in place. The symbolic backend runs them on the tensors
+themselves: torch's fake process group has no thread and keeps no tensor.
 
 Point-to-point ops (``send``, ``recv_``, ``recv_any_source_``: pipeline parallelism) go through
 untouched. Their tensors are not held by a worker thread (the work object holds them, and the

@@ -11,7 +11,9 @@ torch has every piece of it, and this module only assembles them around megatron
   ranks of which this process is one, with no peers; collectives return at once and move no
   data, so megatron-core builds and runs each rank's real shapes (TP, SP and CP splits).
 - The layer hooks (``hooks.py``) and the CPU backend's storage tracker, unchanged: the
-  ``SymbolicBackend`` below is that tracker over fake storages, without a clock.
+  ``SymbolicBackend`` below is that tracker over fake storages, without a clock, run inside
+  the fake mode (``TrackingFakeTensorMode``) rather than as a dispatch mode of its own above it,
+  which costs a second Python dispatch per op.
 
 A stage runs as on the CPU backend (``emulate.run_stage``: 1F1B order, stand-ins for its
 neighbours), with, by default, megatron-core's own DDP (FP32 gradient buffer) and optimizer
