@@ -47,7 +47,8 @@ disagreed by a [s, b] tensor (256 bytes in the tiny test model: the flaky
 64 KiB). The tracker therefore runs every c10d collective on untracked copies of its tensors, waits
 for it, and copies the results back in place: the communication thread holds only the copies, and
 the program's tensors live exactly as long as the program keeps them, as the CUDA caching
-allocator counts a tensor that NCCL reduces in place.
+allocator counts a tensor that NCCL reduces in place. The symbolic backend runs them on the tensors
+themselves: torch's fake process group has no thread and keeps no tensor.
 
 Point-to-point ops (``send``, ``recv_``, ``recv_any_source_``: pipeline parallelism) go through
 untouched. Their tensors are not held by a worker thread (the work object holds them, and the
@@ -174,6 +175,9 @@ class _StorageTracker(TorchDispatchMode):
         self.current = 0
         self.peak = 0
         self.limit = limit
+        self.collectives_on_copies = True
+        """c10d collectives run on untracked copies (module docstring); off under the symbolic
+        backend, whose fake process group has no thread to hold a tensor."""
 
     def add(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
@@ -193,9 +197,16 @@ class _StorageTracker(TorchDispatchMode):
         return release
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.run(func, args, kwargs or {}, func)
+
+    def run(self, func, args: tuple, kwargs: dict, call):
+        """``call(*args, **kwargs)``, the op ``func`` (itself, or the dispatch of the mode this
+        tracker is part of: ``symbolic.TrackingFakeTensorMode``), counting the storages it makes."""
         if func.namespace == "c10d" and func._opname not in _POINT_TO_POINT:
-            return _collective_on_copies(func, args, kwargs or {})
-        out = func(*args, **(kwargs or {}))
+            if self.collectives_on_copies:
+                return _collective_on_copies(func, args, kwargs)
+            return _waited(call(*args, **kwargs))
+        out = call(*args, **kwargs)
         if _returns_fresh_storage(func):
             if isinstance(out, torch.Tensor):
                 self.add(out)
@@ -237,6 +248,14 @@ def _give_back(value, lent: dict):
     return value
 
 
+def _waited(out):
+    """A c10d op's result, its work handles waited for."""
+    for item in out if isinstance(out, (list, tuple)) else (out,):
+        if hasattr(item, "wait") and not isinstance(item, torch.Tensor):
+            item.wait()
+    return out
+
+
 def _collective_on_copies(func, args: tuple, kwargs: dict):
     """Run the c10d op ``func`` on copies of its tensor arguments (made inside the dispatch handler,
     so untracked), wait for it, copy every argument back into the caller's tensor, and return its
@@ -244,10 +263,7 @@ def _collective_on_copies(func, args: tuple, kwargs: dict):
     over the tensors: a reference cycle would keep them until the next garbage collection, which
     the emulator runs only between iterations."""
     lent: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    out = func(*_lend(args, lent), **{key: _lend(value, lent) for key, value in kwargs.items()})
-    for item in out if isinstance(out, (list, tuple)) else (out,):
-        if hasattr(item, "wait") and not isinstance(item, torch.Tensor):
-            item.wait()
+    out = _waited(func(*_lend(args, lent), **{key: _lend(value, lent) for key, value in kwargs.items()}))
     for original, copy in lent.values():  # c10d schemas do not mark what they write: all of it
         original.copy_(copy)
     try:

@@ -260,12 +260,12 @@ def _run_info(config: StageEmulation, stage: int):
 class _Stage:
     """One stage's model and optimizer, and its 1F1B iteration with stand-ins for its neighbours."""
 
-    def __init__(self, config: StageEmulation, stage: int) -> None:
+    def __init__(self, config: StageEmulation, stage: int, probe=None) -> None:
         from megatron.core import parallel_state
 
         from megatron_hooks.model import DTYPES, build_gpt_model, causal_mask, stage_layers
 
-        self.config, self.stage = config, stage
+        self.config, self.stage, self.probe = config, stage, probe
         self.first, self.last = stage == 0, stage == config.pp - 1
         self.dtype = DTYPES[config.params_dtype]
         torch.manual_seed(config.seed + stage)
@@ -336,7 +336,10 @@ class _Stage:
         losses = [torch.zeros((), device=self.device) for _ in range(config.num_microbatches - microbatches)] \
             if self.last else []
         outputs = {}
-        for kind, k in one_f_one_b(self.stage, config.pp, microbatches):
+        # An optimizer-only probe (symbolic_run.StepProbe) runs no microbatch: the step alone.
+        order = [] if self.probe is not None and self.probe.optimizer_only else \
+            one_f_one_b(self.stage, config.pp, microbatches)
+        for kind, k in order:
             if kind == "F":
                 outputs[k] = self.forward()
                 if self.last:
@@ -347,29 +350,37 @@ class _Stage:
             self.module.finish_grad_sync()
         else:
             all_reduce_gradients(self.model, self.config.dp)
+        if self.probe is not None:
+            self.probe.before_step()
         self.optimizer.step()
+        if self.probe is not None:
+            self.probe.after_step()
         return float(sum(losses)) if self.last and not self.config.symbolic else None
 
 
-def run_stage(config: StageEmulation, stage: int) -> Path:
+def run_stage(config: StageEmulation, stage: int, probe=None) -> Path:
     """Emulate one stage in this process, which ``process_group`` (``symbolic.fake_world`` for
     the symbolic backend) has set up; returns its rank file. Raises what the stage raised (an
-    OOM after recording it, with status "oom")."""
+    OOM after recording it, with status "oom"). ``probe``: a ``symbolic_run.StepProbe`` that
+    reads the memory around each optimizer step (symbolic backend)."""
     with contextlib.ExitStack() as context:
         if config.symbolic:
-            from torch._subclasses.fake_tensor import FakeTensorMode
-
             from megatron_hooks.kernels import cuda_kernels
             from megatron_hooks.symbolic import SymbolicBackend
 
-            context.enter_context(FakeTensorMode())
+            backend = SymbolicBackend(config.kernels, config.memory_limit_bytes)
+            # torch.compile skips every frame under a dispatch mode that is not torch's own (the
+            # tracker's, before it moved into the fake mode): megatron's compiled functions (the
+            # fused SwiGLU) ran eagerly, and still do. Compiled for the fake mode, they crash.
+            context.enter_context(torch._dynamo.config.patch(disable=True))
+            context.enter_context(backend.mode)  # a FakeTensorMode that also counts storages
             if config.kernels == "cuda":
                 context.enter_context(cuda_kernels())
-            return _run_stage(config, stage, SymbolicBackend(config.kernels, config.memory_limit_bytes))
+            return _run_stage(config, stage, backend, probe)
         return _run_stage(config, stage, None)
 
 
-def _run_stage(config: StageEmulation, stage: int, backend) -> Path:
+def _run_stage(config: StageEmulation, stage: int, backend, probe=None) -> Path:
     """``run_stage`` with ``backend``, or (None) the backend of the device the stage is built on."""
     from megatron.core import parallel_state
 
@@ -381,10 +392,12 @@ def _run_stage(config: StageEmulation, stage: int, backend) -> Path:
     # buffer of the score product), allocated in its first forward pass. A process that runs
     # several stages, or several runs, must not hand one stage's buffer to the next.
     parallel_state.get_global_memory_buffer().buffer.clear()
-    emulated = _Stage(config, stage)
+    emulated = _Stage(config, stage, probe)
     device = next(emulated.model.parameters()).device
     backend = backend or select_backend(device, config.memory_limit_bytes)
     hooks = LayerMemoryHooks(emulated.module, optimizer=emulated.optimizer, backend=backend).install()
+    if probe is not None:
+        probe.attach(hooks, backend)
     try:
         recorder = ProfileRecorder(hooks, _run_info(config, stage), config.output_dir).start()
         for iteration in range(1, config.iterations + 1):

@@ -301,6 +301,10 @@ class LayerMemoryHooks:
 
     # --- the peak meter ----------------------------------------------------------------
 
+    def peak_so_far(self) -> int:
+        """The iteration's peak up to now (reads the backend, resets nothing)."""
+        return max(self._peak, self.backend.peak())
+
     def _fold_peak(self, peak: int | None = None) -> None:
         """Fold the backend's peak since the last reset (``peak`` if the caller just read it)."""
         self._peak = max(self._peak, self.backend.peak() if peak is None else peak)

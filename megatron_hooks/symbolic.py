@@ -11,7 +11,9 @@ torch has every piece of it, and this module only assembles them around megatron
   ranks of which this process is one, with no peers; collectives return at once and move no
   data, so megatron-core builds and runs each rank's real shapes (TP, SP and CP splits).
 - The layer hooks (``hooks.py``) and the CPU backend's storage tracker, unchanged: the
-  ``SymbolicBackend`` below is that tracker over fake storages, without a clock.
+  ``SymbolicBackend`` below is that tracker over fake storages, without a clock, run inside
+  the fake mode (``TrackingFakeTensorMode``) rather than as a dispatch mode of its own above it,
+  which costs a second Python dispatch per op.
 
 A stage runs as on the CPU backend (``emulate.run_stage``: 1F1B order, stand-ins for its
 neighbours), with, by default, megatron-core's own DDP (FP32 gradient buffer) and optimizer
@@ -40,12 +42,36 @@ import contextlib
 from typing import Iterator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from megatron_hooks.backends import CpuBackend
 
 
+class TrackingFakeTensorMode(FakeTensorMode):
+    """``FakeTensorMode`` that, while ``tracking``, counts the storages of each op's results in
+    ``tracker`` (a ``backends._StorageTracker``), as that tracker does when it is a dispatch mode
+    of its own above the fake mode: the same ops (those dispatched from outside both modes; what
+    the fake mode runs inside an op is not seen, ``depth``), the same counts, one Python
+    dispatch per op instead of two (a fifth of a stage's CPU time)."""
+
+    def __init__(self, tracker) -> None:
+        super().__init__()
+        self.tracker, self.tracking, self.depth = tracker, False, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.tracking or self.depth:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        self.depth += 1
+        try:
+            return self.tracker.run(func, args, kwargs or {},
+                                    lambda *a, **k: FakeTensorMode.__torch_dispatch__(self, func, types, a, k))
+        finally:
+            self.depth -= 1
+
+
 class SymbolicBackend(CpuBackend):
-    """The CPU backend's storage tracker over fake tensors: exact bytes, no clock."""
+    """The CPU backend's storage tracker over fake tensors: exact bytes, no clock. ``mode``: the
+    fake mode the stage runs under, which does the tracking (``TrackingFakeTensorMode``)."""
 
     name = "symbolic"
 
@@ -53,6 +79,16 @@ class SymbolicBackend(CpuBackend):
         super().__init__(memory_limit=memory_limit)
         self.kernels = kernels
         self.device = f"fake CPU tensors ({'CUDA kernel stand-ins' if kernels == 'cuda' else 'CPU kernels'})"
+        # torch's fake process group moves nothing and keeps no tensor: the collectives run on
+        # the tensors themselves, not on copies (a third of a TP 4 stage's CPU time).
+        self._tracker.collectives_on_copies = False
+        self.mode = TrackingFakeTensorMode(self._tracker)
+
+    def start(self) -> None:
+        self.mode.tracking = True
+
+    def stop(self) -> None:
+        self.mode.tracking = False
 
     def clock(self) -> None:
         return None

@@ -122,21 +122,60 @@ def test_copied_ranks_equal_the_ranks_run(tmp_path):
     assert_same_bytes(load_run(tmp_path / "every"), copied)
 
 
-def test_distributed_optimizer_dp_ranks_are_run_not_copied(tmp_path):
+def derived_dp_ranks(out, flags) -> None:
+    """The emulator's run with every DP rank other than 0 derived from DP rank 0 and an
+    optimizer-only run (symbolic_run._derived_dp_ranks), failing where the derivation's own check
+    would fall back to running them in full; counts the derivations in ``out/derived``."""
+    code = (
+        "import sys, pathlib; from megatron_hooks.emulate_cli import main; import megatron_hooks.symbolic_run as s; "
+        f"derive = s._derived_dp_ranks; out = pathlib.Path({str(out)!r}); derived = []\n"
+        "def checked(*args):\n"
+        "    result = derive(*args); assert result is not None, 'fell back'; derived.append(len(result))\n"
+        "    return result\n"
+        f"s._derived_dp_ranks = checked; sys.argv = ['emulate'] + {json.dumps(list(map(str, flags)))} + "
+        f"['--out', {str(out)!r}]; main(standalone_mode=False)\n"
+        "(out / 'derived').write_text(str(derived))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_distributed_optimizer_dp_ranks_are_derived_from_dp_rank_0(tmp_path):
     """With the distributed optimizer, DP ranks hold different shards: each module's optimizer
-    bytes differ between DP ranks 0 and 1 (and with them the iteration peak), so the symbolic
-    backend runs every DP (and CP) rank and copies only TP ranks; the result (the two stages
-    running 2 and 1 of 3 microbatches) equals running every rank and microbatch, byte for byte."""
+    bytes differ between DP ranks 0 and 1 (and with them the iteration peak). The symbolic
+    backend runs DP rank 0 of each CP rank in full and derives DP rank 1's records from it and an
+    optimizer-only run; the result (the two stages running 2 and 1 of 3 microbatches) equals
+    running every rank and microbatch, byte for byte."""
     flags = [*model_flags(2, 64, 160, 4, 2, 256), "--layers-per-stage", "1,1", "--seq-len", "64",
              "--num-microbatches", "3", "--tp", "2", "--cp", "2", "--dp", "2", "--sequence-parallel",
              "--distributed-optimizer", *TE_RUN]
-    copied = emulate(tmp_path / "copied", *flags)
+    derived_dp_ranks(tmp_path / "derived", flags)
+    assert (tmp_path / "derived" / "derived").read_text() == "[1, 1, 1, 1]"  # 2 stages x 2 CP ranks, DP rank 1
+    derived = load_run(tmp_path / "derived")
     every_rank(tmp_path / "every", flags)
-    assert len(copied.ranks) == 16
-    assert_same_bytes(load_run(tmp_path / "every"), copied)
-    first = {tuple(sorted(r.header.coords.items())): r for r in copied.ranks}
+    assert len(derived.ranks) == 16
+    assert_same_bytes(load_run(tmp_path / "every"), derived)
+    first = {tuple(sorted(r.header.coords.items())): r for r in derived.ranks}
     dp0, dp1 = (first[(("cp", 0), ("dp", d), ("pp", 0), ("tp", 0))] for d in (0, 1))
     assert [r.optimizer_bytes for r in dp0.layers] != [r.optimizer_bytes for r in dp1.layers]
+
+
+def test_derived_dp_ranks_with_uneven_shards(tmp_path):
+    """DP 3 on buffers that 3 does not split at parameter bounds (megatron pads the buffer and
+    each shard cuts parameters at other places), first and last stages of 3, 4 microbatches: the
+    DP ranks derived from DP rank 0 equal running each in full with every microbatch, byte for
+    byte, and each rank's optimizer bytes and iteration peaks differ from the others'."""
+    flags = [*model_flags(3, 64, 96, 4, 2, 200), "--layers-per-stage", "2,1", "--seq-len", "32",
+             "--num-microbatches", "4", "--dp", "3", "--distributed-optimizer", *TE_RUN]
+    derived_dp_ranks(tmp_path / "derived", flags)
+    assert (tmp_path / "derived" / "derived").read_text() == "[2, 2]"
+    derived = load_run(tmp_path / "derived")
+    every_rank(tmp_path / "every", flags)
+    assert len(derived.ranks) == 6
+    assert_same_bytes(load_run(tmp_path / "every"), derived)
+    for stage in (0, 1):
+        ranks = sorted((r for r in derived.ranks if r.header.coords["pp"] == stage), key=lambda r: r.header.rank)
+        assert len({tuple(layer.optimizer_bytes for layer in r.layers) for r in ranks}) == 3
 
 
 def test_steady_microbatches_by_hand():
