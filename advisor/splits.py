@@ -58,6 +58,11 @@ WIDE = 1 << 16
 """Ranks x layers beyond which ``min_max`` brackets from the evenest split: the halvings it saves
 (up to log2 of the pipeline's depth) then outweigh a fill and a cost."""
 
+WALK = 8
+"""(Rank, layers) costs left between the bracket's caps at which ``min_max`` stops halving: a
+halving (``caps``: an inversion and two costs per cell) costs about four steps of the walk (one
+cost each), and each halving saves at most half the walk's steps."""
+
 Inverse = Callable[[np.ndarray, np.ndarray, np.ndarray], "np.ndarray | None"]
 """inverse(bound, low, high): what ``caps`` computes, in closed form; None where it has none."""
 
@@ -132,20 +137,28 @@ def min_max(cost: Cost, pipelines: Pipelines, ceiling: np.ndarray | None = None,
     # achievable where feasible: the evenest split under the ceilings, far below ``top`` (a rank
     # holding all it can) in long pipelines. The bracket changes only how fast the walk below
     # reaches the min-max: it ends at caps(min-max) from any achievable upper bound.
-    above, share = top, 1.0
-    if pipelines.width * pipelines.layers > WIDE:
+    above, share, wide = top, 1.0, pipelines.width * pipelines.layers > WIDE
+    if wide:
         evenest = np.where(feasible, masked(fill(np.maximum(ceiling, low), pipelines)).max(axis=1), top)
         above = np.minimum(top, evenest)
         with np.errstate(invalid="ignore", divide="ignore"):
             share = float(np.where(feasible & (top > floor), (above - floor) / (top - floor), 0.0).max(initial=0.0))
-    # enough halvings that the walk meets few attained costs (up to P x L of them in the
-    # bracket, the share of them left in the narrower one)
-    for _ in range(max(BISECTIONS, math.ceil(math.log2(max(2.0, pipelines.width * pipelines.layers * share))))):
-        middle = (below + above) / 2
-        within = _achievable(_caps(middle), pipelines)
-        below, above = np.where(within, below, middle), np.where(within, middle, above)
-    # Walk up from below: raise the bound to the next cost that gives some rank one more layer.
+    # Enough halvings that the walk meets few attained costs (up to P x L of them in the
+    # bracket, the share of them left in the narrower one). From the evenest split, halve only
+    # while more than WALK (rank, layers) costs lie between the bounds' caps (exact, so counted):
+    # in the deepest pipelines the evenest split is often the min-max already (none between).
     cap = _caps(below)
+    upper = _caps(above) if wide else None
+    for _ in range(max(BISECTIONS, math.ceil(math.log2(max(2.0, pipelines.width * pipelines.layers * share))))):
+        if upper is not None and np.where(feasible, (upper - cap).sum(axis=1), 0).max(initial=0) <= WALK:
+            break
+        middle = (below + above) / 2
+        middle_cap = _caps(middle)
+        within = _achievable(middle_cap, pipelines)
+        below, above = np.where(within, below, middle), np.where(within, middle, above)
+        cap = np.where(within[:, None], cap, middle_cap)
+        upper = None if upper is None else np.where(within[:, None], middle_cap, upper)
+    # Walk up from below: raise the bound to the next cost that gives some rank one more layer.
     bound = below.copy()
     done = _achievable(cap, pipelines) | ~feasible
     while not done.all():

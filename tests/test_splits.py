@@ -125,3 +125,27 @@ def test_the_evenest_bracket_gives_the_same_splits(problem):
     for full, evenest in zip(*plans):
         assert np.array_equal(full.counts, evenest.counts) and np.array_equal(full.value, evenest.value)
         assert np.array_equal(full.feasible, evenest.feasible)
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems())
+def test_halving_stops_at_any_count_with_the_same_splits(problem):
+    """min_max stops halving once few costs lie between its bounds' caps (``splits.WALK``): the
+    walk then takes the rest from the same non-achievable lower bound, so never stopping early
+    (-1, the fixed count of halvings), the default and never halving at all give the same splits
+    (bracketed from the evenest split, where it counts them: ``splits.WIDE`` 0)."""
+    from advisor import splits
+
+    pipelines, memory, time, limit = problem
+    plans = []
+    for walk in (-1, splits.WALK, 1 << 60):
+        defaults, (splits.WALK, splits.WIDE) = (splits.WALK, splits.WIDE), (walk, 0)
+        try:
+            plans.append([lowest_memory(table_cost(memory), pipelines),
+                          fastest_within(table_cost(time), table_cost(memory), pipelines, limit)])
+        finally:
+            splits.WALK, splits.WIDE = defaults
+    for never, *others in zip(*plans):
+        for other in others:
+            assert np.array_equal(never.counts, other.counts) and np.array_equal(never.value, other.value)
+            assert np.array_equal(never.feasible, other.feasible)
