@@ -125,6 +125,9 @@ def test_the_ep_all_to_all_overlap_is_refused_where_megatron_refuses_it():
                                         "--overlap-moe-expert-parallel-comm"]), "full")
     _one_line_error(runner.invoke(cli, ["sweep", "--gpus", "8", "--mem", "80", "--overlap-moe-expert-parallel-comm"]),
                     "dense")
+    _one_line_error(runner.invoke(cli, ["estimate", "--model", "deepseek-v3", "--gpus", "2048", "--gpu", "h100-80gb",
+                                        "--ep", "64", "--pp", "16", "--vpp", "2", "--mtp-num-layers", "2",
+                                        "--overlap-moe-expert-parallel-comm"]), "at most one MTP layer")
 
 
 def test_the_overlap_is_priced_emitted_and_hides_communication():

@@ -93,6 +93,14 @@ def test_the_loss_kernel_reads_back_and_core_0_19_refuses_te():
         parse_training_args(["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"], "0.19")
 
 
+def test_the_loss_kernel_flags_are_refused_in_one_line(advisor):
+    layout = ["estimate", "--tp", "1", "--pp", "1", "--mbs", "1", "--gpus", "8", "--mem", "80"]
+    assert "--cross-entropy-fusion-impl needs --cross-entropy-loss-fusion" in advisor.error(
+        *layout, "--cross-entropy-fusion-impl", "te")
+    assert "refuses it" in advisor.error(*layout, "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te",
+                                         "--megatron-version", "0.19")
+
+
 def test_the_te_loss_kernel_keeps_the_bf16_logits_only(advisor):
     # Llama 3.1 8B, s 8192, b 1, TP 2, PP 2: Megatron's cross-entropy keeps an FP32 copy of the
     # logits (Eq. 14: 4 s b v / t) and, at the peak, the BF16 logits and their gradient (2 s b v / t
