@@ -229,7 +229,7 @@ def test_capacity_routing_paces_the_expert_work_as_memory_counts_it():
     rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
 
     def expert(**routing):
-        given = mm.RoutedTokens(routing="capacity", **routing) if routing else None
+        given = mm.RoutedTokens(routing="capacity", **routing) if routing else mm.RoutedTokens()
         return mt.layer_times(qwen, 4096, tp=1, cp=1, ep=8, etp=1, mbs=1, rates=rates, routing=given)[3]
 
     balanced = expert()

@@ -21,6 +21,8 @@ Assumptions, stated once:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from advisor import equations as eq
@@ -144,9 +146,9 @@ def attention_flops(spec: MoESpec, seq_len: int, mbs, tp, cp):
         np.asarray(tp) * np.asarray(cp))
 
 
-def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates, imbalance: float = 1.0,
+def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates,
                 gemm_rates: Rates | None = None, dispatcher: str = "alltoall",
-                sms: int = STREAMING_MULTIPROCESSORS["hopper"], routing: mm.RoutedTokens | None = None):
+                sms: int = STREAMING_MULTIPROCESSORS["hopper"], routing: mm.RoutedTokens = mm.RoutedTokens()):
     """(dense forward, MoE forward, EP communication, expert MLP) seconds of one layer, one
     microbatch; the communication is dispatch and combine with the ETP gathers, the expert MLP
     the routed and shared experts' GEMMs (what --overlap-moe-expert-parallel-comm's ``mlp`` node
@@ -155,10 +157,10 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     projections, dense and shared MLPs and the routed experts' grouped GEMMs at FP8, core
     attention and the router at BF16), with Transformer Engine's forward casts
     (``advisor.moe.fp8.cast_bytes``; the backward, priced as twice the forward, carries twice
-    the forward casts where the backward's own are 1.3-1.7 times those bytes). ``routing``: with
-    routing 'capacity', the copies the memory prices (``memory.expert_token_copies``: padded to
-    capacity or not); otherwise balanced x ``imbalance`` (dropless's worst case is a bound on
-    memory, not the steady state's pace)."""
+    the forward casts where the backward's own are 1.3-1.7 times those bytes). ``routing``: the
+    copies the memory prices (``memory.expert_token_copies``: balanced x its imbalance, or padded
+    to capacity or not), but dropless's as balanced (its worst case bounds memory, not the steady
+    state's pace)."""
     fp8 = gemm_rates is not None
     gemm_rates = gemm_rates or rates
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
@@ -170,10 +172,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     core = attention_flops(spec, seq_len, mbs, tp, cp) / rates.attention_flops_per_s + rates.attention_latency_s
     tp_comm, _ = terms.tensor_parallel_time(spec, tokens_cp, tp, rates)
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
-    if routing is not None and routing.routing == "capacity":
-        copies = mm.expert_token_copies(spec, tokens, ep, etp, routing)
-    else:
-        copies = mm.expert_token_copies(spec, tokens, ep, etp, mm.RoutedTokens()) * imbalance
+    pace = replace(routing, routing="balanced") if routing.routing == "dropless" else routing
+    copies = mm.expert_token_copies(spec, tokens, ep, etp, pace)
     elementwise, dense_swiglu, expert_swiglu = (terms.elementwise_time(b, rates) for b in elementwise_bytes(
         spec, tokens_cp, tp, copies, etp))
     cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, 2.5 * core)
@@ -362,7 +362,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     c = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
     vpp = c["vpp"]
     dense_f, moe_f, comm, expert = layer_times(spec, seq_len, tp=c["tp"], cp=c["cp"], ep=c["ep"], etp=c["etp"],
-                                               mbs=c["mbs"], rates=rates, imbalance=options.routing.imbalance,
+                                               mbs=c["mbs"], rates=rates,
                                                gemm_rates=gemm_rates, dispatcher=options.dispatcher,
                                                sms=streaming_multiprocessors(gpu.architecture), routing=options.routing)
     passes = RECOMPUTE_PASSES[recompute]
