@@ -145,3 +145,21 @@ def test_the_overlap_is_priced_emitted_and_hides_communication():
     assert overlap["stages"][0]["in_flight_microbatches"] == plain["stages"][0]["in_flight_microbatches"] + 1
     rows = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--overlap-moe-expert-parallel-comm", "--all"]).stdout)
     assert rows and all(r["ep"] > 1 and r["recompute"] != "full" and (r["pp"] == 1 or r["vpp"] > 1) for r in rows)
+
+
+
+def test_a_dropless_sweep_prices_every_layout(advisor):
+    # --moe-routing dropless over the sweep's layout arrays (it raised a numpy truth-value error
+    # with a traceback: the worst case took min(k, E / ep) of a whole EP column); its worst case
+    # holds at least the balanced copies, so no layout needs less memory than balanced
+    def rows(*routing):
+        out = advisor("sweep", "--model", "qwen3-30b-a3b", "--gpus", "16", "--mem", "80", "--seq-len", "4096",
+                      "--gbs", "256", "--all", "--format", "json", *routing).stdout
+        return {(r["tp"], r["cp"], r["pp"], r["ep"], r["etp"], r["mbs"], r["vpp"], r["recompute"]): r
+                for r in json.loads(out)}
+
+    dropless, balanced = rows("--moe-routing", "dropless"), rows()
+    both = dropless.keys() & balanced.keys()
+    assert both and all(row["routing"] == "dropless" for row in dropless.values())
+    assert all(dropless[key]["total_gib"] >= balanced[key]["total_gib"] for key in both)
+    assert any(dropless[key]["total_gib"] > balanced[key]["total_gib"] for key in both)

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from advisor import equations as eq
 from advisor.moe import params
 from advisor.moe.spec import MoESpec
@@ -69,9 +71,9 @@ def expert_token_copies(spec: MoESpec, tokens: float, ep: int, etp: int, assumpt
     dispatcher (``token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher.token_dispatch``) sends each
     of a rank's N tokens to its k experts' EP ranks, then all-gathers over the expert TP group
     (etp), so a balanced rank receives N k etp copies; see the module docstring for the others."""
-    k, local = spec.moe_router_topk, spec.num_experts / ep
-    if assumption.routing == "dropless":
-        return tokens * ep * min(k, local) * etp
+    k, local = spec.moe_router_topk, spec.num_experts / np.asarray(ep, dtype=float)
+    if assumption.routing == "dropless":  # vectorised over layouts: np.minimum, not min
+        return tokens * ep * np.minimum(k, local) * etp
     if assumption.routing == "capacity":
         return capacity_share(assumption) * tokens * k * etp
     return assumption.imbalance * tokens * k * etp
