@@ -69,7 +69,7 @@ from advisor.profiles import IterationRecord, LayerRecord
 from megatron_hooks.backends import MemoryBackend, select_backend
 from megatron_hooks.static import (
     SavedStorages, gradient_bytes, gradient_of, optimizer_bytes_by_parameter, optimizer_tensors, parameter_bytes,
-    storage_key,
+    storage_key, untyped_storage_key,
 )
 
 Phase = Literal["forward", "backward"]
@@ -391,7 +391,7 @@ class LayerMemoryHooks:
         if microbatch is None or region is None:
             return tensor
         storage = tensor.untyped_storage()
-        key = storage._cdata  # storage_key(tensor), without a second untyped_storage() call
+        key = untyped_storage_key(storage)
         if key not in self._static_storages:
             # by address, with weak references: an address freed by a dead node can come back
             microbatch.saved.add(tensor, key, id(region), storage.nbytes())

@@ -33,7 +33,12 @@ import torch
 def storage_key(tensor: torch.Tensor) -> int:
     """One key per storage (the address of its ``StorageImpl``), shared by every view of it.
     Not ``data_ptr()``: the fake tensors of the symbolic backend have no data, and all report 0."""
-    return tensor.untyped_storage()._cdata
+    return untyped_storage_key(tensor.untyped_storage())
+
+
+def untyped_storage_key(storage: torch.UntypedStorage) -> int:
+    """``storage_key`` for a storage already in hand (the saved-tensors hook has it)."""
+    return storage._cdata
 
 
 class SavedStorages:
