@@ -3,11 +3,12 @@
 A fake CUDA tensor cannot exist on a CPU-only torch, so the symbolic backend runs megatron-core
 on meta tensors, and there torch's paths for devices other than CUDA would run, the CPU's:
 torch's CPU RMSNorm decomposes into FP32 ops and keeps two FP32 copies of its input, where the
-CUDA kernel keeps the input and one FP32 number per row. What a layer keeps for the backward pass is what its kernels save, so each
-kernel that a GPU run would use is replaced here by a stand-in that allocates the kernel's
-outputs and saves (``ctx.save_for_backward``, which the hooks' saved-tensor count sees) exactly
-the tensors that the CUDA kernel's autograd node saves, with their shapes and dtypes. The
-stand-ins compute nothing: they accept meta and fake tensors only.
+CUDA kernel keeps the input and one FP32 number per row. What a layer keeps for the backward
+pass is what its kernels save, so each kernel that a GPU run would use is replaced here by a
+stand-in that allocates the kernel's outputs and saves (``ctx.save_for_backward``, which the
+hooks' saved-tensor count sees) exactly the tensors that the CUDA kernel's autograd node
+saves, with their shapes and dtypes. The stand-ins compute nothing: they accept meta and fake
+tensors only.
 
 ========================  =====================================================================
 stand-in                  the kernel, and what its autograd node saves

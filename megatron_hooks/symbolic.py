@@ -15,8 +15,8 @@ torch has every piece of it, and this module only assembles them around megatron
   ``SymbolicBackend`` below is that tracker over meta storages, without a clock.
 
 The backend ran on ``FakeTensorMode`` (torch._subclasses: fake CPU tensors over meta ones)
-until meta tensors alone proved to give the same records, byte for byte, at about a third of
-the CPU time: the fake mode's Python work per op (its cache key over every argument's
+until meta tensors alone proved to give the same records, byte for byte, at a quarter to a
+third of the CPU time: the fake mode's Python work per op (its cache key over every argument's
 metadata, a new FakeTensor for every result) was most of a stage's time, and a meta op runs in
 C++ (docs/performance.md, "Symbolic campaign speed"). A meta tensor names its device "meta",
 not "cpu", which is all that the replacements below add for it.
@@ -35,8 +35,8 @@ tensors and are replaced while a symbolic world is open (``_megatron_on_fake_ten
 ``all_gather_object`` (every rank of this world holds this rank's object); the
 ``"torch.cuda.*"`` type names megatron's mixed-precision optimizers check and ``Tensor.cuda()``
 (a fake or meta tensor stands for a CUDA one); the device check of torch's fused Adam (which
-names the devices it runs on; its meta kernel is exact); the pinned host copy of the CP rank's RoPE chunk index
-(made on the CPU); torch's ``_coalescing_manager`` (which has no fake kernel for coalesced
+names the devices it runs on; its meta kernel is exact); the pinned host copy of the CP rank's
+RoPE chunk index (made on the CPU); torch's ``_coalescing_manager`` (which has no fake kernel for coalesced
 reduce-scatters; the collectives run one by one); and the gradient norm and the FP16 overflow
 check, which read a number off the gradients (0.0 and "no overflow"; a few scalars on a GPU).
 
