@@ -11,7 +11,7 @@ Both backends answer the same questions, which is all the layer hooks ask:
   which times the device's work without synchronising; ``time.perf_counter()`` on the CPU) and
   the seconds between two marks, read once the iteration's work is done (``synchronize()``).
 
-The symbolic backend (``megatron_hooks/symbolic.py``) is the CPU tracker over fake tensors,
+The symbolic backend (``megatron_hooks/symbolic.py``) is the CPU tracker over meta tensors,
 with no clock: nothing is computed, so there is nothing to time.
 
 ``select_backend(device)`` picks one from the device that holds the model: CUDA when the
@@ -178,6 +178,8 @@ class _StorageTracker(TorchDispatchMode):
         self.collectives_on_copies = True
         """c10d collectives run on untracked copies (module docstring); off under the symbolic
         backend, whose fake process group has no thread to hold a tensor."""
+        self.uncounted: frozenset = frozenset()
+        """Ops whose results are not counted (the symbolic backend's wrapped Python numbers)."""
 
     def add(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
@@ -197,17 +199,13 @@ class _StorageTracker(TorchDispatchMode):
         return release
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return self.run(func, args, kwargs or {}, func)
-
-    def run(self, func, args: tuple, kwargs: dict, call):
-        """``call(*args, **kwargs)``, the op ``func`` (itself, or the dispatch of the mode this
-        tracker is part of: ``symbolic.TrackingFakeTensorMode``), counting the storages it makes."""
+        kwargs = kwargs or {}
         if func.namespace == "c10d" and func._opname not in _POINT_TO_POINT:
             if self.collectives_on_copies:
                 return _collective_on_copies(func, args, kwargs)
-            return _waited(call(*args, **kwargs))
-        out = call(*args, **kwargs)
-        if _returns_fresh_storage(func):
+            return _waited(func(*args, **kwargs))
+        out = func(*args, **kwargs)
+        if _returns_fresh_storage(func) and func not in self.uncounted:
             if isinstance(out, torch.Tensor):
                 self.add(out)
             elif isinstance(out, (tuple, list)):
@@ -283,6 +281,8 @@ class CpuBackend:
     name: Literal["cpu", "symbolic"] = "cpu"
     device = "cpu"
     kernels: Literal["cuda", "cpu"] = "cpu"
+    tracked_device = "cpu"
+    """The device type of the tensors ``track`` counts (the symbolic backend's: meta)."""
 
     def __init__(self, memory_limit: int | None = None) -> None:
         self._tracker = _StorageTracker(memory_limit)
@@ -303,7 +303,7 @@ class CpuBackend:
 
     def track(self, tensors: Iterable[torch.Tensor]) -> None:
         for tensor in tensors:
-            if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+            if isinstance(tensor, torch.Tensor) and tensor.device.type == self.tracked_device:
                 self._tracker.add(tensor)
 
     def allocated(self) -> int:

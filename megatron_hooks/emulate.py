@@ -273,7 +273,7 @@ class _Stage:
                                      layers=stage_layers(config.layers_per_stage, stage), pre_process=self.first,
                                      post_process=self.last, params_dtype=self.dtype, layer_spec=config.layer_spec,
                                      sequence_parallel=config.sequence_parallel and config.tp > 1,
-                                     # fake CPU tensors, even where CUDA is available
+                                     # meta tensors, even where CUDA is available
                                      **({"use_cpu_initialization": True} if config.symbolic else {}))
         if config.megatron_optimizer:
             from megatron_hooks.symbolic import megatron_ddp_and_optimizer
@@ -369,11 +369,11 @@ def run_stage(config: StageEmulation, stage: int, probe=None) -> Path:
             from megatron_hooks.symbolic import SymbolicBackend
 
             backend = SymbolicBackend(config.kernels, config.memory_limit_bytes)
-            # torch.compile skips every frame under a dispatch mode that is not torch's own (the
-            # tracker's, before it moved into the fake mode): megatron's compiled functions (the
-            # fused SwiGLU) ran eagerly, and still do. Compiled for the fake mode, they crash.
+            # megatron's compiled functions (the fused SwiGLU) run eagerly, as they always have
+            # here (torch.compile skips every frame under the tracker's dispatch mode, and
+            # compiled for FakeTensorMode they crashed at real size).
             context.enter_context(torch._dynamo.config.patch(disable=True))
-            context.enter_context(backend.mode)  # a FakeTensorMode that also counts storages
+            context.enter_context(backend.mode)  # every tensor on the meta device
             if config.kernels == "cuda":
                 context.enter_context(cuda_kernels())
             return _run_stage(config, stage, backend, probe)

@@ -1,13 +1,14 @@
-"""Stand-ins for the CUDA kernels of a GPU run, for the symbolic backend's CPU fake tensors.
+"""Stand-ins for the CUDA kernels of a GPU run, for the symbolic backend's meta tensors.
 
 A fake CUDA tensor cannot exist on a CPU-only torch, so the symbolic backend runs megatron-core
-on fake *CPU* tensors, and there the CPU paths would run: torch's CPU RMSNorm decomposes into
-FP32 ops and keeps two FP32 copies of its input, where the CUDA kernel keeps the input and one
-FP32 number per row. What a layer keeps for the backward pass is what its kernels save, so each
-kernel that a GPU run would use is replaced here by a stand-in that allocates the kernel's
-outputs and saves (``ctx.save_for_backward``, which the hooks' saved-tensor count sees) exactly
-the tensors that the CUDA kernel's autograd node saves, with their shapes and dtypes. The
-stand-ins compute nothing: they accept fake tensors only.
+on meta tensors, and there torch's paths for devices other than CUDA would run, the CPU's:
+torch's CPU RMSNorm decomposes into FP32 ops and keeps two FP32 copies of its input, where the
+CUDA kernel keeps the input and one FP32 number per row. What a layer keeps for the backward
+pass is what its kernels save, so each kernel that a GPU run would use is replaced here by a
+stand-in that allocates the kernel's outputs and saves (``ctx.save_for_backward``, which the
+hooks' saved-tensor count sees) exactly the tensors that the CUDA kernel's autograd node
+saves, with their shapes and dtypes. The stand-ins compute nothing: they accept meta and fake
+tensors only.
 
 ========================  =====================================================================
 stand-in                  the kernel, and what its autograd node saves
@@ -70,7 +71,7 @@ _RNG_STATE = (2,)  # [seed, offset], uint64, in every TE attention kernel's save
 
 def _fake_only(*tensors: torch.Tensor) -> None:
     for tensor in tensors:
-        if tensor is not None and not isinstance(tensor, FakeTensor):
+        if tensor is not None and not (tensor.is_meta or isinstance(tensor, FakeTensor)):
             raise TypeError("the CUDA kernel stand-ins compute nothing: they run on the symbolic backend's fake "
                             "tensors only")
 

@@ -264,11 +264,18 @@ class SavedTensors:
         self.hooks.__exit__(*exc)
 
 
-def test_the_stand_ins_save_what_the_cuda_kernels_save():
+def _tensors_without_data(kind: str):
+    from megatron_hooks.symbolic import MetaDevice
+
+    return MetaDevice() if kind == "meta" else FakeTensorMode()
+
+
+@pytest.mark.parametrize("kind", ["meta", "fake"])  # the symbolic stages' tensors; moe_layer.py's
+def test_the_stand_ins_save_what_the_cuda_kernels_save(kind):
     from megatron_hooks.kernels import _CudnnAttention, _RingAttention, fused_apply_rotary_pos_emb, fused_rms_norm
 
     bf16, fp32 = torch.bfloat16, torch.float32
-    with FakeTensorMode():
+    with _tensors_without_data(kind):
         x = torch.randn(16, 2, 64, dtype=bf16, requires_grad=True)
         w = torch.ones(64, dtype=bf16, requires_grad=True)
         with SavedTensors() as norm:
@@ -299,6 +306,53 @@ def test_the_stand_ins_save_what_the_cuda_kernels_save():
         assert rope.saved == [((16, 1, 1, 32), fp32)]  # TE's FusedRoPEFunc: the frequencies only
     with pytest.raises(TypeError, match="compute nothing"):
         fused_rms_norm(torch.ones(2, 4), (4,), torch.ones(4))
+
+
+def test_meta_device_puts_every_tensor_a_stage_makes_on_meta():
+    """Whatever device megatron-core names (none, "cpu", "cuda", an index, the shim's current
+    device), and with a CPU generator, a tensor made under MetaDevice is a meta tensor, with its
+    dtype; torch.cuda.current_device is "meta" inside and what it was after."""
+    from megatron_hooks.symbolic import MetaDevice
+
+    before = torch.cuda.current_device
+    with MetaDevice():
+        assert torch.cuda.current_device() == "meta"
+        made = [torch.empty(2), torch.zeros(2, device="cpu"), torch.tensor([1.0], device="cuda"),
+                torch.ones(3, device=torch.cuda.current_device()), torch.arange(4, device=0),
+                torch.randn(2, 3, generator=torch.Generator().manual_seed(1), dtype=torch.bfloat16)]
+        assert all(t.is_meta for t in made)
+        x = made[0]
+        moved = [x.to("cpu"), x.to(torch.device("cuda"), torch.float16), x.to(device="cpu"), x.to(0),
+                 x.to(torch.bfloat16, False), x.to(torch.float16, non_blocking=True)]
+        assert all(t.is_meta for t in moved)
+        assert [t.dtype for t in moved] == [torch.float32, torch.float16, torch.float32, torch.float32,
+                                            torch.bfloat16, torch.float16]
+        assert made[-1].shape == (2, 3) and made[-1].dtype == torch.bfloat16
+    assert torch.cuda.current_device is before
+    assert torch.empty(1).device.type == "cpu"
+
+
+def test_a_python_number_an_op_takes_as_a_tensor_is_not_counted():
+    """``x[mask] = 0`` on a meta tensor makes the 0 a meta int64 scalar (aten.scalar_tensor), which
+    FakeTensorMode made as a host scalar and lifted uncounted: 0 bytes counted, not 8."""
+    from megatron_hooks.symbolic import SymbolicBackend
+
+    def peak_rise(uncounted: bool) -> int:
+        backend = SymbolicBackend("cuda")
+        if not uncounted:
+            backend._tracker.uncounted = frozenset()
+        with backend.mode:
+            x = torch.zeros(16, dtype=torch.int64)
+            mask = torch.zeros(16, dtype=torch.bool)
+            backend.track([x, mask])
+            start = backend.allocated()
+            backend.start()
+            x[mask] = 0
+            backend.stop()
+        return backend.peak() - start
+
+    assert peak_rise(uncounted=True) == 0
+    assert peak_rise(uncounted=False) == 8  # one int64 scalar
 
 
 @pytest.mark.parametrize("flags,message", [
