@@ -52,6 +52,7 @@ class Layouts:
     """The (TP, CP, PP, EP, ETP, DP, MBS) each variant belongs to: one row is kept per base."""
 
     def take(self, which) -> "Layouts":
+        which = np.flatnonzero(which) if np.asarray(which).dtype == bool else which  # a mask read once, not per field
         return Layouts(*(getattr(self, f)[which] for f in Layouts.__dataclass_fields__))
 
     def columns(self, which=slice(None)) -> dict:
@@ -167,20 +168,29 @@ def _memory(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoE
         columns = layouts.columns(which)
         vpp = columns.pop("vpp")
         m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
+        # a base's interleaved variants differ only in their microbatches in flight: the rest once per base
+        _, first, inverse = np.unique(layouts.base[which], return_index=True, return_inverse=True)
+        shared = len(first) < len(which)
+        bases = {k: v[first] for k, v in columns.items()} if shared else columns
+        peak = {key: np.zeros(len(which)) for key in out}  # this subset's (written back once)
         for stage in st.representative_stages(spec, columns["pp"]):
-            b = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=stage, recompute=recompute,
-                               vpp=vpp, **columns)
+            parts = st.stage_parts(spec, workload.seq_len, options, stage=stage[first] if shared else stage,
+                                   recompute=recompute, **bases)
+            b = (parts.take(inverse.ravel()) if shared else parts).with_in_flight(
+                st.microbatches_in_flight(options, stage, columns["pp"], vpp, m))
             total = b.total
-            pick = total > out["total"][which]
-            out["total"][which] = np.where(pick, total, out["total"][which])
-            out["states"][which] = np.where(pick, b.model_states, out["states"][which])
-            out["activations"][which] = np.where(pick, b.activations + b.transient, out["activations"][which])
-            out["stage"][which] = np.where(pick, stage, out["stage"][which])
+            pick = total > peak["total"]
+            peak["total"] = np.where(pick, total, peak["total"])
+            peak["states"] = np.where(pick, b.model_states, peak["states"])
+            peak["activations"] = np.where(pick, b.activations + b.transient, peak["activations"])
+            peak["stage"] = np.where(pick, stage, peak["stage"])
             if judge is not None:
                 usage = judge(b, columns, stage, recompute)
-                pick = usage > out["usage"][which]
-                out["usage"][which] = np.where(pick, usage, out["usage"][which])
-                out["usage_stage"][which] = np.where(pick, stage, out["usage_stage"][which])
+                pick = usage > peak["usage"]
+                peak["usage"] = np.where(pick, usage, peak["usage"])
+                peak["usage_stage"] = np.where(pick, stage, peak["usage_stage"])
+        for key, values in peak.items():
+            out[key][which] = values
     return out
 
 
@@ -293,17 +303,16 @@ class SweepResult:
         return {v: int((self.verdict[self.order] == v).sum()) for v in kinds}
 
     def rows(self, include_oom: bool = False, limit: int | None = None) -> list[dict]:
-        chosen = self.order if include_oom else self.order[:self.ranked]
-        out = []
-        for position, i in enumerate(chosen[:limit]):
-            row = self.row(i)
-            row["rank"] = position + 1 if position < self.ranked else None
-            out.append(row)
+        chosen = (self.order if include_oom else self.order[:self.ranked])[:limit]
+        out = _rows(self.spec, self.layouts, chosen, self.memory, self.verdict, self.timing, self.memory_gib,
+                    self.options, self.memory_model)
+        for position, row in enumerate(out[:self.ranked]):
+            row["rank"] = position + 1
         return out
 
     def row(self, i: int) -> dict:
-        return _row(self.spec, self.layouts, i, self.memory, self.verdict, self.timing, self.memory_gib, self.options,
-                    self.memory_model)
+        return _rows(self.spec, self.layouts, np.array([i]), self.memory, self.verdict, self.timing, self.memory_gib,
+                     self.options, self.memory_model)[0]
 
     def least(self) -> dict:
         """The layout that needs the least memory (for the nothing-fits message)."""
@@ -403,32 +412,77 @@ def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, o
     return out
 
 
-def _row(spec, layouts, i, memory, verdict, timing, memory_gib, options, memory_model, layers_per_stage=None) -> dict:
-    tp, cp, pp, ep, etp, dp, mbs, vpp = (int(getattr(layouts, k)[i]) for k in ("tp", "cp", "pp", "ep", "etp", "dp",
-                                                                              "mbs", "vpp"))
-    recompute = RECOMPUTES[int(layouts.recompute[i])]
-    total = float(memory["total"][i] / GIB)
-    row = {"rank": None, "tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp, "mbs": mbs, "dp": dp,
-           "gpus": tp * cp * pp * dp, "edp": tp * cp * dp // (ep * etp), "vpp": vpp,
-           "layers_per_stage": list(layers_per_stage or st.split_layers(spec.num_layers, pp)), "recompute": recompute,
-           "recompute_modules": sorted(options.recompute_modules(spec)) if recompute == "selective" else None,
-           "recompute_method": "uniform" if recompute == "full" else None,
-           "recompute_num_layers": 1 if recompute == "full" else None,
-           "dispatcher": options.dispatcher, "a2a_overlap": options.a2a_overlap,
-           "delay_wgrad": options.delay_wgrad, "routing": options.routing.routing,
-           "capacity_factor": options.routing.capacity_factor if options.routing.routing == "capacity" else None,
-           "pad_to_capacity": options.routing.pad_to_capacity if options.routing.routing == "capacity" else None,
-           "gradient_bytes": options.gradient_bytes, "distributed_optimizer": options.distributed_optimizer,
-           "imbalance": options.routing.imbalance, "options": dict(_changed(options.training, recompute, tp > 1)),
-           "total_gib": total, "model_states_gib": float(memory["states"][i] / GIB),
-           "activations_gib": float(memory["activations"][i] / GIB), "peak_stage": int(memory["stage"][i]),
-           "memory_fraction": total / memory_gib, "verdict": str(verdict[i])}
-    if memory_model != "paper":
-        usage = float(memory["usage"][i] / GIB)
-        row.update(usage_gib=usage, margin_gib=memory_gib - usage, calibrated_peak_stage=int(memory["usage_stage"][i]))
-    if timing is not None:
-        row.update({key: float(value[i]) for key, value in timing.items()})
-    return row
+def _rows(spec, layouts, which, memory, verdict, timing, memory_gib, options, memory_model,
+          layers_per_stage=None) -> list[dict]:
+    """The rows of the layouts at ``which``, in that order (``rank`` None). The columns are read
+    out as Python values once (not element by element), and what depends only on the
+    recomputation, TP > 1 or PP is made once (``_RowParts``)."""
+    columns = {k: getattr(layouts, k)[which].tolist() for k in ("tp", "cp", "pp", "ep", "etp", "dp", "mbs", "vpp",
+                                                                "recompute")}
+    gib = {k: (memory[k][which] / GIB).tolist() for k in ("total", "states", "activations")}
+    stage, verdicts = memory["stage"][which].tolist(), verdict[which].tolist()
+    calibrated = memory_model != "paper"
+    if calibrated:
+        usage, usage_stage = (memory["usage"][which] / GIB).tolist(), memory["usage_stage"][which].tolist()
+    timed = {key: np.asarray(value, dtype=float)[which].tolist() for key, value in (timing or {}).items()}
+    parts = _RowParts(spec, options, layers_per_stage)
+    rows = []
+    for j, (tp, cp, pp, ep, etp, dp, mbs, vpp, recompute) in enumerate(zip(*columns.values())):
+        total = gib["total"][j]
+        row = {"rank": None, "tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp, "mbs": mbs, "dp": dp,
+               "gpus": tp * cp * pp * dp, "edp": tp * cp * dp // (ep * etp), "vpp": vpp,
+               "layers_per_stage": parts.split(pp), **parts.recomputation(recompute), **parts.fixed,
+               "options": parts.options(recompute, tp > 1), "total_gib": total, "model_states_gib": gib["states"][j],
+               "activations_gib": gib["activations"][j], "peak_stage": int(stage[j]),
+               "memory_fraction": total / memory_gib, "verdict": str(verdicts[j])}
+        if calibrated:
+            row.update(usage_gib=usage[j], margin_gib=memory_gib - usage[j],
+                       calibrated_peak_stage=int(usage_stage[j]))
+        for key, values in timed.items():
+            row[key] = values[j]
+        rows.append(row)
+    return rows
+
+
+class _RowParts:
+    """The parts of a row that depend on few values (the recomputation, TP > 1, PP), made once
+    per value; each row gets its own copy of the lists and dicts (a caller may edit a row)."""
+
+    def __init__(self, spec: MoESpec, options: st.MoEOptions, layers_per_stage):
+        routing = options.routing
+        capacity = routing.routing == "capacity"
+        self.fixed = {"dispatcher": options.dispatcher, "a2a_overlap": options.a2a_overlap,
+                      "delay_wgrad": options.delay_wgrad, "routing": routing.routing,
+                      "capacity_factor": routing.capacity_factor if capacity else None,
+                      "pad_to_capacity": routing.pad_to_capacity if capacity else None,
+                      "gradient_bytes": options.gradient_bytes, "distributed_optimizer": options.distributed_optimizer,
+                      "imbalance": routing.imbalance}
+        self._spec, self._options, self._layers = spec, options, layers_per_stage
+        self._splits: dict = {}
+        self._recomputations: dict = {}
+        self._changed: dict = {}
+
+    def split(self, pp: int) -> list[int]:
+        if pp not in self._splits:
+            self._splits[pp] = tuple(self._layers or st.split_layers(self._spec.num_layers, pp))
+        return list(self._splits[pp])
+
+    def recomputation(self, index: int) -> dict:
+        """``recompute`` and its modules, method and layer count, from its index in RECOMPUTES."""
+        if index not in self._recomputations:
+            recompute = RECOMPUTES[index]
+            modules = sorted(self._options.recompute_modules(self._spec)) if recompute == "selective" else None
+            self._recomputations[index] = (recompute, modules, "uniform" if recompute == "full" else None,
+                                           1 if recompute == "full" else None)
+        recompute, modules, method, layers = self._recomputations[index]
+        return {"recompute": recompute, "recompute_modules": None if modules is None else list(modules),
+                "recompute_method": method, "recompute_num_layers": layers}
+
+    def options(self, index: int, tp_above_one: bool) -> dict:
+        key = index, tp_above_one
+        if key not in self._changed:
+            self._changed[key] = _changed(self._options.training, RECOMPUTES[index], tp_above_one)
+        return dict(self._changed[key])
 
 
 def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: int, ep: int, etp: int, dp: int,
@@ -466,7 +520,7 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
     limit = np.inf if memory_gib is None else memory_gib
     verdict = _verdicts(memory, limit, threshold, band)
     timing = _timing(spec, workload, layouts, gpu, options, split) if gpu else None
-    row = _row(spec, layouts, 0, memory, verdict, timing, limit, options, memory_model, split)
+    row = _rows(spec, layouts, np.array([0]), memory, verdict, timing, limit, options, memory_model, split)[0]
     row.update(model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
                gpu=gpu.name if gpu else None, memory_model=memory_model, stages=stages)
     if memory_gib is None:
