@@ -326,23 +326,28 @@ def _rank(layouts: Layouts, kept: np.ndarray, verdict, memory: dict, timing, opt
     the fastest first, the rows within ``tolerance`` of it by simplicity; else the paper's rule),
     then the rest by memory."""
     from advisor.ranking import order, simplicity
+    from advisor.verdicts import EXPECTED_TO_RUN
 
     usage = memory["total"] if memory_model == "paper" else memory["usage"]
     fp8 = options.training.precision.fp8_format is not None
-    tflops = timing["tflops_per_gpu"] if timing else None
+    runs = kept[np.isin(verdict[kept], EXPECTED_TO_RUN)]  # ``order`` ranks only these, in this order
+    columns = {k: getattr(layouts, k)[runs].tolist() for k in ("tp", "cp", "pp", "ep", "vpp", "mbs", "recompute")}
+    speeds = timing["tflops_per_gpu"][runs].tolist() if timing else [None] * len(runs)
     records = []
-    for i in kept.tolist():
-        tp, cp, pp, ep = int(layouts.tp[i]), int(layouts.cp[i]), int(layouts.pp[i]), int(layouts.ep[i])
-        vpp, mbs, recompute = int(layouts.vpp[i]), int(layouts.mbs[i]), RECOMPUTES[int(layouts.recompute[i])]
-        paper = (verdict[i] != "fits", recompute != "none", tp * cp * pp, -mbs, tp, pp, int(recompute == "full"),
-                 float(usage[i]), cp, vpp, ep)
+    for i, kind, used, speed, tp, cp, pp, ep, vpp, mbs, index in zip(runs.tolist(), verdict[runs].tolist(),
+                                                                   usage[runs].tolist(), speeds, *columns.values()):
+        recompute = RECOMPUTES[index]
+        paper = (kind != "fits", recompute != "none", tp * cp * pp, -mbs, tp, pp, int(recompute == "full"), used, cp,
+                 vpp, ep)
         simple = simplicity(pp=pp, vpp=vpp, recompute=recompute, recomputed_layers=int(recompute == "full"),
                             model_parallel=tp * cp * pp, fsdp=False, offload=False, fp8=fp8, ep=ep)
-        records.append((i, verdict[i], paper, simple, None if tflops is None else float(tflops[i])))
+        records.append((i, kind, paper, simple, speed))
     ranked = order(records, "throughput" if timing else "paper", verdict=lambda r: r[1], paper_key=lambda r: r[2],
                    tflops=lambda r: r[4], tolerance=tolerance if timing else 0.0, simplicity=lambda r: r[3])
     first = np.array([r[0] for r in ranked], dtype=np.int64)
-    rest = np.setdiff1d(kept, first)
+    ranks = np.zeros(len(layouts.tp), dtype=bool)
+    ranks[first] = True
+    rest = np.sort(kept[~ranks[kept]])  # np.setdiff1d's order, without its np.unique (which imports numpy.ma)
     return np.concatenate([first, rest[np.argsort(usage[rest], kind="stable")]]), len(first)
 
 
