@@ -95,11 +95,8 @@ def test_interleaved_variants_priced_from_their_base_parts():
     stage = np.minimum(2, columns["pp"] - 1)
     whole = st.stage_bytes(DSV3, 4096, st.MoEOptions(), num_microbatches=m, stage=stage, recompute="selective",
                            vpp=vpp, **columns)
-    _, first, inverse = np.unique(layouts.base[which], return_index=True, return_inverse=True)
-    assert len(first) < len(which)
-    parts = st.stage_parts(DSV3, 4096, st.MoEOptions(), stage=stage[first], recompute="selective",
-                           **{k: v[first] for k, v in columns.items()})
-    shared = parts.take(inverse).with_in_flight(st.microbatches_in_flight(st.MoEOptions(), stage, columns["pp"],
-                                                                          vpp, m))
+    by_base = sp._ByBase(layouts.base[which], {**columns, "vpp": vpp})
+    assert by_base.shared and len(by_base.first) < len(which) / 3
+    shared = by_base.stage_bytes(DSV3, 4096, st.MoEOptions(), stage, "selective", vpp, m)
     for name in st.StageBytes.__dataclass_fields__:
         assert np.array_equal(getattr(shared, name), getattr(whole, name)), name

@@ -168,16 +168,10 @@ def _memory(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoE
         columns = layouts.columns(which)
         vpp = columns.pop("vpp")
         m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
-        # a base's interleaved variants differ only in their microbatches in flight: the rest once per base
-        _, first, inverse = np.unique(layouts.base[which], return_index=True, return_inverse=True)
-        shared = len(first) < len(which)
-        bases = {k: v[first] for k, v in columns.items()} if shared else columns
+        by_base = _ByBase(layouts.base[which], columns)
         peak = {key: np.zeros(len(which)) for key in out}  # this subset's (written back once)
         for stage in st.representative_stages(spec, columns["pp"]):
-            parts = st.stage_parts(spec, workload.seq_len, options, stage=stage[first] if shared else stage,
-                                   recompute=recompute, **bases)
-            b = (parts.take(inverse.ravel()) if shared else parts).with_in_flight(
-                st.microbatches_in_flight(options, stage, columns["pp"], vpp, m))
+            b = by_base.stage_bytes(spec, workload.seq_len, options, stage, recompute, vpp, m)
             total = b.total
             pick = total > peak["total"]
             peak["total"] = np.where(pick, total, peak["total"])
@@ -192,6 +186,27 @@ def _memory(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoE
         for key, values in peak.items():
             out[key][which] = values
     return out
+
+
+class _ByBase:
+    """``stage.stage_bytes`` of layouts of which many are variants (VPP) of one base layout: they
+    differ only in their microbatches in flight, so the rest (``stage.stage_parts``) is priced
+    once per base and gathered back."""
+
+    def __init__(self, base: np.ndarray, columns: dict):
+        _, self.first, inverse = np.unique(base, return_index=True, return_inverse=True)
+        self.inverse = inverse.ravel()
+        self.shared = len(self.first) < len(base)
+        self.columns = {k: v[self.first] if self.shared else v for k, v in columns.items() if k != "vpp"}
+        self.pp = columns["pp"]
+
+    def stage_bytes(self, spec: MoESpec, seq_len: int, options: st.MoEOptions, stage, recompute: str, vpp, m,
+                    layers_per_stage: tuple[int, ...] | None = None) -> st.StageBytes:
+        parts = st.stage_parts(spec, seq_len, options, stage=stage[self.first] if self.shared else stage,
+                               recompute=recompute, layers_per_stage=layers_per_stage, **self.columns)
+        if self.shared:
+            parts = parts.take(self.inverse)
+        return parts.with_in_flight(st.microbatches_in_flight(options, stage, self.pp, vpp, m))
 
 
 def calibrated_judge(spec: MoESpec, seq_len: int, options: st.MoEOptions, memory_gib: float):
@@ -258,9 +273,12 @@ def _judged(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoE
     if not len(rest.tp):
         return first, memory, verdict
     more = _memory(spec, workload, rest, options, judge)
-    both = np.concatenate([np.flatnonzero(plain), np.flatnonzero(~plain & sibling)])
-    order = np.argsort(both, kind="stable")  # back in enumeration order: a base's variants together
-    merged = layouts.take(both[order])
+    index = np.flatnonzero(plain | sibling)  # back in enumeration order: a base's variants together
+    merged = layouts.take(index)
+    from_first = plain[index]  # where each comes from in (first, rest): a merge of two sorted runs
+    order = np.empty(len(index), dtype=np.int64)
+    order[from_first] = np.arange(len(first.tp))
+    order[~from_first] = len(first.tp) + np.arange(len(rest.tp))
     memory = {k: np.concatenate([memory[k], more[k]])[order] for k in memory}
     verdict = np.concatenate([verdict, _verdicts(more, memory_gib, threshold, band)])[order]
     return merged, memory, verdict
@@ -373,7 +391,7 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
     if options.a2a_overlap:  # overlap_problem's rules, vectorised
         keep &= (layouts.ep > 1) & ((layouts.pp == 1) | (layouts.vpp > 1))
         keep &= layouts.recompute != RECOMPUTES.index("full")
-    layouts = layouts.take(keep)
+    layouts = layouts if keep.all() else layouts.take(keep)
     if not len(layouts.tp):
         raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs with these choices (EP {ep or 'any'}, ETP "
                            f"{etp or 'any'}, VPP {vpp or 'any'}" + (", an even split" if even_split else "")
@@ -408,8 +426,8 @@ def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, o
     for recompute, which in _subsets(layouts):
         columns = layouts.columns(which)
         m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
-        first = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=0 * columns["pp"],
-                               recompute=recompute, layers_per_stage=layers_per_stage, **columns)
+        first = _ByBase(layouts.base[which], columns).stage_bytes(spec, workload.seq_len, options, 0 * columns["pp"],
+                                                                  recompute, columns["vpp"], m, layers_per_stage)
         part = mt.step_times(spec, workload.seq_len, workload.global_batch_size, columns, recompute, gpu=gpu,
                              options=options, first_stage=first, layers_per_stage=layers_per_stage)
         for key, value in part.items():
