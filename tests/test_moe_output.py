@@ -100,3 +100,22 @@ def test_interleaved_variants_priced_from_their_base_parts():
     shared = by_base.stage_bytes(DSV3, 4096, st.MoEOptions(), stage, "selective", vpp, m)
     for name in st.StageBytes.__dataclass_fields__:
         assert np.array_equal(getattr(shared, name), getattr(whole, name)), name
+
+
+def test_a_pinned_vpp_sweep_prices_its_variants():
+    # --vpp N above 1 leaves no plain sibling to prune by: it ended in an IndexError traceback
+    from click.testing import CliRunner
+
+    from advisor.cli import cli
+
+    base = ["--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb", "--seq-len", "4096", "--gbs", "256"]
+    done = CliRunner().invoke(cli, ["sweep", *base, "--vpp", "4", "--top", "3", "--format", "json"])
+    assert done.exit_code == 0, done.output
+    rows = json.loads(done.stdout)
+    assert len(rows) == 3 and all(row["vpp"] == 4 and row["pp"] > 1 for row in rows)
+    row = rows[0]
+    one = json.loads(CliRunner().invoke(cli, ["estimate", *base, "--format", "json", "--recompute", row["recompute"],
+                                              *(f"--{k}={row[k]}" for k in ("tp", "cp", "pp", "vpp", "ep", "etp",
+                                                                            "mbs"))]).stdout)
+    assert (one["usage_gib"], one["step_time_s"], one["verdict"]) == (row["usage_gib"], row["step_time_s"],
+                                                                     row["verdict"])

@@ -259,6 +259,9 @@ def _judged(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoE
     to run: interleaving only adds memory (rank i holds p + (p - 1)/v - i ... >= p - i stages of
     microbatches, ``schedule.forward_passes_in_flight``), so it cannot fit where that did not."""
     plain = layouts.vpp == 1
+    if not plain.any():  # --vpp N pinned: no plain sibling to prune by, every variant priced
+        memory = _memory(spec, workload, layouts, options, judge)
+        return layouts, memory, _verdicts(memory, memory_gib, threshold, band)
     first = layouts.take(plain)
     memory = _memory(spec, workload, first, options, judge)
     verdict = _verdicts(memory, memory_gib, threshold, band)
