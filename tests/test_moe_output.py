@@ -119,3 +119,28 @@ def test_a_pinned_vpp_sweep_prices_its_variants():
                                                                             "mbs"))]).stdout)
     assert (one["usage_gib"], one["step_time_s"], one["verdict"]) == (row["usage_gib"], row["step_time_s"],
                                                                      row["verdict"])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_step_times_priced_once_per_base_are_each_layouts(overlap):
+    from dataclasses import replace
+
+    from advisor.moe import time as mt
+
+    spec = replace(DSV3, mtp_num_layers=1) if not overlap else MIXTRAL
+    options = st.MoEOptions(a2a_overlap=overlap, training=st.MoEOptions().training.with_(fp8_format="hybrid"))
+    layouts = sp.enumerate_layouts(spec, WORKLOAD, 512, 8, interleave=True)
+    which = np.flatnonzero((layouts.recompute == 0) & (layouts.pp > 1) & (layouts.ep > 1))[::3]
+    columns = layouts.columns(which)
+    m = WORKLOAD.global_batch_size / (columns["mbs"] * columns["dp"])
+    by_base = sp._ByBase(layouts.base[which], columns)
+    assert by_base.shared
+    first = st.stage_bytes(spec, 4096, options, num_microbatches=m, stage=0 * columns["pp"], recompute="none",
+                           **columns)
+    gpu = get_gpu("h100-80gb")
+    whole = mt.step_times(spec, 4096, 256, columns, "none", gpu=gpu, options=options, first_stage=first)
+    once = mt.step_times(spec, 4096, 256, columns, "none", gpu=gpu, options=options, first_stage=first,
+                         bases=(by_base.first, by_base.inverse))
+    assert whole.keys() == once.keys()
+    for key in whole:
+        assert np.array_equal(whole[key], once[key]), key

@@ -429,10 +429,12 @@ def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, o
     for recompute, which in _subsets(layouts):
         columns = layouts.columns(which)
         m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
-        first = _ByBase(layouts.base[which], columns).stage_bytes(spec, workload.seq_len, options, 0 * columns["pp"],
-                                                                  recompute, columns["vpp"], m, layers_per_stage)
+        by_base = _ByBase(layouts.base[which], columns)
+        first = by_base.stage_bytes(spec, workload.seq_len, options, 0 * columns["pp"], recompute, columns["vpp"], m,
+                                    layers_per_stage)
         part = mt.step_times(spec, workload.seq_len, workload.global_batch_size, columns, recompute, gpu=gpu,
-                             options=options, first_stage=first, layers_per_stage=layers_per_stage)
+                             options=options, first_stage=first, layers_per_stage=layers_per_stage,
+                             bases=(by_base.first, by_base.inverse) if by_base.shared else None)
         for key, value in part.items():
             out.setdefault(key, np.zeros(len(layouts.tp)))[which] = value
     return out
