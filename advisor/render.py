@@ -77,23 +77,24 @@ def rows_to_json(rows: Sequence[dict], shared: dict, key: str, parts: Sequence[S
     names = (*shared, key)
     head = (", " + _dumps(shared)[1:-1] if shared else "") + f", {_dumps(key)}: ["
     encoded: dict[int, tuple] = {}  # id -> (the part, kept alive so that its id stays its own; its text)
-    lines = []
+    out = ["[\n  "]  # every piece of the text, joined once at the end: the text can be tens of MB
     for row, row_parts in zip(rows, parts, strict=True):
         if not row or not row.keys().isdisjoint(names):
-            lines.append(_dumps({**row, **shared, key: [item for part in row_parts for item in part]}))
+            out += _dumps({**row, **shared, key: [item for part in row_parts for item in part]}), ",\n  "
             continue
-        pieces = []
+        out += _dumps(row)[:-1], head
+        comma = ""
         for part in row_parts:
             held, text = encoded.get(id(part), (None, ""))
             if held is not part:
                 text = _dumps(list(part))[1:-1]
                 encoded[id(part)] = part, text
             if text:
-                pieces.append(text)
-        lines.append(f"{_dumps(row)[:-1]}{head}{', '.join(pieces)}]}}")
-    lines[0] = "[\n  " + lines[0]  # one join, no copies after: the text can be tens of MB
-    lines[-1] += "\n]\n"
-    return ",\n  ".join(lines)
+                out += comma, text
+                comma = ", "
+        out.append("]},\n  ")
+    out[-1] = out[-1][:-4] + "\n]\n"  # the last row's "]}" or its whole text, without the separator
+    return "".join(out)
 
 
 def _dumps(obj: object) -> str:

@@ -48,6 +48,9 @@ def test_rows_to_json_edge_rows():
     rows = [{"rank": 1, "total_gib": 0.1}, {"model": "mine", "rank": 2}, {}, {"rank": None, "total_gib": 1e-300}]
     parts = [(a, b, a), (a,), (b,), (b, b)]  # a row naming a shared key keeps its place; empty parts vanish
     assert render.rows_to_json(rows, shared, "megatron_args", parts) == _whole(rows, shared, parts)
+    rows, parts = rows[:3], parts[:3]  # the last row through the plain path
+    assert render.rows_to_json(rows, shared, "megatron_args", parts) == _whole(rows, shared, parts)
+    assert render.rows_to_json(rows[1:2], shared, "megatron_args", parts[1:2]) == _whole(rows[1:2], shared, parts[1:2])
     assert render.rows_to_json(rows, {}, "args", parts) == render.to_json(
         [{**row, "args": [f for p in ps for f in p]} for row, ps in zip(rows, parts)])
     with pytest.raises(ValueError):  # JSON as the standard has it, as to_json
