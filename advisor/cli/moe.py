@@ -208,7 +208,8 @@ def _machine_text(shown: list[dict], setup: dict, spec, workload, fmt: str) -> s
     if fmt == "json":
         return render.rows_to_json(shown, setup, "megatron_args", parts)
     return render.to_csv([{**row, **setup, "megatron_args": " ".join(flag for part in flags for flag in part),
-                           "options": str(row["options"]), "layers_per_stage": render.counts_text(row["layers_per_stage"]),
+                           "options": str(row["options"]),
+                           "layers_per_stage": render.counts_text(row["layers_per_stage"]),
                            "recompute_modules": " ".join(row["recompute_modules"] or [])}
                           for row, flags in zip(shown, parts)])
 

@@ -253,7 +253,8 @@ class StageParts:
         ones = np.ones_like(self.layers, dtype=float)
         dense_states, expert_states, fp8_weights = self.states
         return StageBytes(layers=self.layers, dense_layers=self.dense_layers,
-                          in_flight=in_flight * np.ones_like(self.layers), weights_gradients_optimizer=dense_states * ones,
+                          in_flight=in_flight * np.ones_like(self.layers),
+                          weights_gradients_optimizer=dense_states * ones,
                           expert_states=expert_states * ones, fp8_weights=fp8_weights * ones,
                           layer_activations=(in_flight * self.per_microbatch + self.rebuilt + self.mtp_layers) * ones,
                           embedding_activations=(in_flight * self.embedding + self.mtp_embedding) * ones,
