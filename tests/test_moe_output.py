@@ -147,3 +147,19 @@ def test_step_times_priced_once_per_base_are_each_layouts(overlap):
     assert whole.keys() == once.keys()
     for key in whole:
         assert np.array_equal(whole[key], once[key]), key
+
+
+def test_the_variant_kept_per_base_is_lexsorts_first():
+    rng = np.random.default_rng(22)
+    for _ in range(200):
+        n = int(rng.integers(1, 60))
+        group = np.sort(rng.integers(0, 12, n))
+        grade = rng.integers(0, 3, n)
+        key = rng.choice([0.5, 1.0, 1.5, -0.0, 0.0, 2.0], n)  # ties, and -0.0 == 0.0
+        order = np.lexsort((key, grade, group))
+        expected = order[np.r_[True, group[order][1:] != group[order][:-1]]]
+        assert np.array_equal(sp._first_best(group, grade, key), expected)
+        shuffled = rng.permutation(n)  # out of order: the sort itself
+        order = np.lexsort((key[shuffled], grade[shuffled], group[shuffled]))
+        expected = order[np.r_[True, group[shuffled][order][1:] != group[shuffled][order][:-1]]]
+        assert np.array_equal(sp._first_best(group[shuffled], grade[shuffled], key[shuffled]), expected)

@@ -172,11 +172,12 @@ def _memory(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoE
         peak = {key: np.zeros(len(which)) for key in out}  # this subset's (written back once)
         for stage in st.representative_stages(spec, columns["pp"]):
             b = by_base.stage_bytes(spec, workload.seq_len, options, stage, recompute, vpp, m)
-            total = b.total
+            states, activations = b.model_states, b.activations  # b.total's sum, each made once
+            total = states + activations + b.transient
             pick = total > peak["total"]
             peak["total"] = np.where(pick, total, peak["total"])
-            peak["states"] = np.where(pick, b.model_states, peak["states"])
-            peak["activations"] = np.where(pick, b.activations + b.transient, peak["activations"])
+            peak["states"] = np.where(pick, states, peak["states"])
+            peak["activations"] = np.where(pick, activations + b.transient, peak["activations"])
             peak["stage"] = np.where(pick, stage, peak["stage"])
             if judge is not None:
                 usage = judge(b, columns, stage, recompute)
@@ -293,9 +294,22 @@ def _one_variant_each(layouts: Layouts, verdict, speed, memory) -> np.ndarray:
     (tight, likely fits), else the one that needs the least memory."""
     grade = np.select([verdict == "fits", np.isin(verdict, ("tight", "likely fits"))], [0, 1], 2)
     key = np.where(grade == 2, memory, speed)
-    order = np.lexsort((key, grade, layouts.base))
-    first = np.r_[True, layouts.base[order][1:] != layouts.base[order][:-1]]
-    return order[first]
+    return _first_best(layouts.base, grade, key)
+
+
+def _first_best(group: np.ndarray, grade: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Per group (in increasing order), the index of the lowest (grade, key), the first on ties:
+    ``np.lexsort((key, grade, group))``'s first of each group. A sweep's groups come in order,
+    each contiguous: then a minimum per group twice (no sort of the 200,000 variants)."""
+    if not len(group) or np.any(group[1:] < group[:-1]) or not np.isfinite(key).all():
+        order = np.lexsort((key, grade, group))
+        return order[np.r_[True, group[order][1:] != group[order][:-1]]]
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    of = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(group)]))  # each variant's group number
+    best = grade == np.minimum.reduceat(grade, starts)[of]
+    best &= key == np.minimum.reduceat(np.where(best, key, np.inf), starts)[of]
+    index = np.flatnonzero(best)
+    return index[np.r_[True, group[index][1:] != group[index][:-1]]]
 
 
 @dataclass(frozen=True, slots=True)
