@@ -66,6 +66,37 @@ def to_json(obj: object) -> str:
     return _indented(obj, 0) + "\n"
 
 
+def rows_to_json(rows: Sequence[dict], shared: dict, key: str, parts: Sequence[Sequence[Sequence]]) -> str:
+    """``to_json([{**row, **shared, key: [*a, *b, ...]} for row, (a, b, ...) in zip(rows, parts)])``,
+    byte for byte, without building those dicts: a sweep's rows share ``shared`` (the model, the
+    batch) and most of their flags, so ``shared`` is encoded once and each part once per distinct
+    object (the caller hands the same tuple to the rows that share it); json's C encoder then sees
+    only each row's own values. A row holding a key of ``shared`` or ``key`` takes the plain path."""
+    if not rows:
+        return to_json([])
+    names = (*shared, key)
+    head = (", " + _dumps(shared)[1:-1] if shared else "") + f", {_dumps(key)}: ["
+    encoded: dict[int, tuple] = {}  # id -> (the part, kept alive so that its id stays its own; its text)
+    out = ["[\n  "]  # every piece of the text, joined once at the end: the text can be tens of MB
+    for row, row_parts in zip(rows, parts, strict=True):
+        if not row or not row.keys().isdisjoint(names):
+            out += _dumps({**row, **shared, key: [item for part in row_parts for item in part]}), ",\n  "
+            continue
+        out += _dumps(row)[:-1], head
+        comma = ""
+        for part in row_parts:
+            held, text = encoded.get(id(part), (None, ""))
+            if held is not part:
+                text = _dumps(list(part))[1:-1]
+                encoded[id(part)] = part, text
+            if text:
+                out += comma, text
+                comma = ", "
+        out.append("]},\n  ")
+    out[-1] = out[-1][:-4] + "\n]\n"  # the last row's "]}" or its whole text, without the separator
+    return "".join(out)
+
+
 def _dumps(obj: object) -> str:
     return json.dumps(obj, allow_nan=False)
 

@@ -6,7 +6,9 @@ Targets (issue: the estimator): ``advisor --help`` and ``advisor-launch --help``
 recomputation), and with ``--gpu h100-80gb`` (issue 16: the time model on every row and the
 calibrated verdicts) also interleaving and MadPipe's time-optimal splits, also < 1 s, and with
 issue 21's levers (Megatron-FSDP's buffers, FP8) also < 1 s; a DeepSeek-V3 sweep on 2,048 GPUs
-with EP and ETP as dimensions (issue 22) < 2 s. Each
+with EP and ETP as dimensions (issue 22) < 2 s, issue 22's own command (``--all``, every
+layout) and the table a user runs too (the Mixtral 8x7B table beside them, held to the same
+target). ``BENCH_ONLY='deepseek|mixtral'`` runs only the commands whose label holds one of those. Each
 command runs REPEAT times in a fresh process; the median and the worst are reported, the median
 is compared with the target.
 """
@@ -23,6 +25,9 @@ import sys
 import time
 
 REPEAT = int(os.environ.get("BENCH_REPEAT", 15))
+ONLY = tuple(os.environ.get("BENCH_ONLY", "").split("|"))
+"""Only the commands whose label holds one of these texts (``BENCH_ONLY='deepseek|mixtral'``);
+every one by default."""
 CASES = [
     ("advisor --help", ["advisor", "--help"], 0.5),
     (
@@ -55,6 +60,24 @@ CASES = [
          "--gbs", "8192", "--format", "json"],
         2.0,
     ),
+    (
+        "advisor sweep --model deepseek-v3 --gpus 2048 --gpu h100-80gb --all --format json (issue 22's own "
+        "command: every layout, 14,248 rows)",
+        ["advisor", "sweep", "--model", "deepseek-v3", "--gpus", "2048", "--gpu", "h100-80gb", "--all", "--format",
+         "json"],
+        2.0,
+    ),
+    (
+        "advisor sweep --model deepseek-v3 --gpus 2048 --gpu h100-80gb (table: what a user runs)",
+        ["advisor", "sweep", "--model", "deepseek-v3", "--gpus", "2048", "--gpu", "h100-80gb"],
+        2.0,
+    ),
+    (
+        "advisor sweep --model mixtral-8x7b --gpus 64 --gpu h100-80gb --seq-len 4096 --gbs 256 (table)",
+        ["advisor", "sweep", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb", "--seq-len", "4096",
+         "--gbs", "256"],
+        2.0,
+    ),
     ("advisor-launch --help", ["advisor-launch", "--help"], 0.5),
 ]
 
@@ -84,6 +107,8 @@ def main() -> int:
     ok = True
     results = []
     for label, args, target in CASES:
+        if not any(text in label for text in ONLY):
+            continue
         times, cpu = wall_times([programs[args[0]], *args[1:]])
         median = statistics.median(times)
         passed = median < target
@@ -92,7 +117,7 @@ def main() -> int:
                         statistics.median(cpu), "cpu_min_s": min(cpu), "target_s": target})
         print(f"{'PASS' if passed else 'FAIL'}  median {median:.3f} s, max {max(times):.3f} s, CPU median "
               f"{statistics.median(cpu):.3f} s, min {min(cpu):.3f} s (target < {target} s): {label}")
-    for case in CASES[1:3]:
+    for case in CASES[1:3] if ONLY == ("",) else []:
         done = subprocess.run([programs["advisor"], *case[1][1:]], check=True, capture_output=True, text=True)
         print(f"{len(json.loads(done.stdout))} rows; {done.stderr.strip()}")
     return 0 if ok else 1

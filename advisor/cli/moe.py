@@ -171,13 +171,7 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
              "memory_model": result.memory_model, "gpu": gpu.name if gpu else None,
              "ranking_tolerance": result.tolerance, "model": spec.to_dict() if fmt == "json" else spec.name}
     if fmt != "table":
-        shown = [{**row, **setup, "megatron_args": row_flags(spec, workload, row)} for row in shown]
-    if fmt == "json":
-        text = render.to_json(shown)
-    elif fmt == "csv":
-        text = render.to_csv([{**row, "megatron_args": " ".join(row["megatron_args"]), "options": str(row["options"]),
-                               "layers_per_stage": render.counts_text(row["layers_per_stage"]),
-                               "recompute_modules": " ".join(row["recompute_modules"] or [])} for row in shown])
+        text = _machine_text(shown, setup, spec, workload, fmt)
     else:
         calibrated = result.memory_model == "calibrated"
         rule = f"calibrated, band {_band():.1%}" if calibrated else f"fits <= {threshold:.0%}"
@@ -202,6 +196,22 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
                    f"(TP {least['tp']}, PP {least['pp']}, EP {least['ep']}) against {mem:g} GiB", err=True)
         click.get_current_context().exit(1)
     emit(text, output)
+
+
+def _machine_text(shown: list[dict], setup: dict, spec, workload, fmt: str) -> str:
+    """The rows as JSON or CSV, each with the setup and its Megatron flags (``rows_arg_parts``:
+    the rows share most of their flags, and JSON encodes each shared part once)."""
+    from advisor import render
+    from advisor.moe.flags import rows_arg_parts
+
+    parts = rows_arg_parts(spec, workload.seq_len, workload.global_batch_size, shown)
+    if fmt == "json":
+        return render.rows_to_json(shown, setup, "megatron_args", parts)
+    return render.to_csv([{**row, **setup, "megatron_args": " ".join(flag for part in flags for flag in part),
+                           "options": str(row["options"]),
+                           "layers_per_stage": render.counts_text(row["layers_per_stage"]),
+                           "recompute_modules": " ".join(row["recompute_modules"] or [])}
+                          for row, flags in zip(shown, parts)])
 
 
 def _band() -> float:

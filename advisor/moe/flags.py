@@ -76,10 +76,16 @@ def row_options(row: dict):
     """The training options a row was priced with: its ``options`` (``TrainingOptions.changed``),
     or, for rows written before they carried them, its gradient dtype and optimizer sharding;
     with the row's recomputation."""
+    return _row_options(*_options_key(row))
+
+
+def _options_key(row: dict) -> tuple:
+    """What ``row_options`` reads of a row, as a key of plain values (cheap to hash, unlike the
+    options it stands for)."""
     given = row.get("options")
     key = tuple(sorted(given.items())) if isinstance(given, dict) else None
-    return _row_options(key, row.get("distributed_optimizer", True), row.get("gradient_bytes", 4), row["recompute"],
-                        row.get("recompute_num_layers") or 1)
+    return key, row.get("distributed_optimizer", True), row.get("gradient_bytes", 4), row["recompute"], \
+        row.get("recompute_num_layers") or 1
 
 
 @functools.lru_cache(maxsize=256)
@@ -98,13 +104,36 @@ def row_args(spec: MoESpec, seq_len: int, global_batch_size: int, row: dict) -> 
     """Every Megatron flag of one MoE sweep row or estimate: the dense model, layout, batch and
     training-option flags (``advisor.megatron_args``, from the row's ``TrainingOptions``), the
     MoE model's, EP, ETP, the dispatcher and the recomputation's modules."""
-    layout = _layout_args(spec, seq_len, row["tp"], row["cp"], tuple(row["layers_per_stage"]), row["mbs"],
-                          global_batch_size, row_options(row), row.get("vpp", 1))
-    return [*_with_mtp(layout, spec.mtp_num_layers), *_model_flags(spec),
-            *layout_flags(ep=row["ep"], etp=row["etp"], dispatcher=row["dispatcher"],
-                          recompute_modules=row.get("recompute_modules"), capacity_factor=row.get("capacity_factor"),
-                          pad_to_capacity=row_pads(row),
-                          a2a_overlap=bool(row.get("a2a_overlap")), delay_wgrad=bool(row.get("delay_wgrad")))]
+    return [flag for part in rows_arg_parts(spec, seq_len, global_batch_size, [row])[0] for flag in part]
+
+
+def rows_arg_parts(spec: MoESpec, seq_len: int, global_batch_size: int, rows) -> list[tuple[tuple[str, ...], ...]]:
+    """``row_args`` of many rows, each as its three parts (the layout's flags, the model's, the
+    experts' and dispatcher's), concatenated in that order. Rows of one sweep share few of each
+    part: each is made once per distinct key of plain values and shared (the same tuple object),
+    so that a writer can encode it once too; hashing the nested frozen spec and options per row
+    cost more than making the flags."""
+    model = _model_flags(spec)
+    layouts: dict = {}
+    experts: dict = {}
+    out = []
+    for row in rows:
+        key = (row["tp"], row["cp"], tuple(row["layers_per_stage"]), row["mbs"], row.get("vpp", 1),
+               _options_key(row))
+        layout = layouts.get(key)
+        if layout is None:
+            layout = layouts[key] = _with_mtp(_layout_args(spec, seq_len, *key[:4], global_batch_size,
+                                                           _row_options(*key[5]), key[4]), spec.mtp_num_layers)
+        modules = row.get("recompute_modules")
+        key = (row["ep"], row["etp"], row["dispatcher"], None if modules is None else tuple(modules),
+               row.get("capacity_factor"), row_pads(row), bool(row.get("a2a_overlap")), bool(row.get("delay_wgrad")))
+        flags = experts.get(key)
+        if flags is None:
+            flags = experts[key] = tuple(layout_flags(ep=key[0], etp=key[1], dispatcher=key[2],
+                                                      recompute_modules=key[3], capacity_factor=key[4],
+                                                      pad_to_capacity=key[5], a2a_overlap=key[6], delay_wgrad=key[7]))
+        out.append((layout, model, flags))
+    return out
 
 
 def pad_problem(dispatcher: str, capacity_factor: float | None, pad_to_capacity: bool) -> str | None:

@@ -52,6 +52,7 @@ class Layouts:
     """The (TP, CP, PP, EP, ETP, DP, MBS) each variant belongs to: one row is kept per base."""
 
     def take(self, which) -> "Layouts":
+        which = np.flatnonzero(which) if np.asarray(which).dtype == bool else which  # a mask read once, not per field
         return Layouts(*(getattr(self, f)[which] for f in Layouts.__dataclass_fields__))
 
     def columns(self, which=slice(None)) -> dict:
@@ -167,21 +168,46 @@ def _memory(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoE
         columns = layouts.columns(which)
         vpp = columns.pop("vpp")
         m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
+        by_base = _ByBase(layouts.base[which], columns)
+        peak = {key: np.zeros(len(which)) for key in out}  # this subset's (written back once)
         for stage in st.representative_stages(spec, columns["pp"]):
-            b = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=stage, recompute=recompute,
-                               vpp=vpp, **columns)
-            total = b.total
-            pick = total > out["total"][which]
-            out["total"][which] = np.where(pick, total, out["total"][which])
-            out["states"][which] = np.where(pick, b.model_states, out["states"][which])
-            out["activations"][which] = np.where(pick, b.activations + b.transient, out["activations"][which])
-            out["stage"][which] = np.where(pick, stage, out["stage"][which])
+            b = by_base.stage_bytes(spec, workload.seq_len, options, stage, recompute, vpp, m)
+            states, activations = b.model_states, b.activations  # b.total's sum, each made once
+            total = states + activations + b.transient
+            pick = total > peak["total"]
+            peak["total"] = np.where(pick, total, peak["total"])
+            peak["states"] = np.where(pick, states, peak["states"])
+            peak["activations"] = np.where(pick, activations + b.transient, peak["activations"])
+            peak["stage"] = np.where(pick, stage, peak["stage"])
             if judge is not None:
                 usage = judge(b, columns, stage, recompute)
-                pick = usage > out["usage"][which]
-                out["usage"][which] = np.where(pick, usage, out["usage"][which])
-                out["usage_stage"][which] = np.where(pick, stage, out["usage_stage"][which])
+                pick = usage > peak["usage"]
+                peak["usage"] = np.where(pick, usage, peak["usage"])
+                peak["usage_stage"] = np.where(pick, stage, peak["usage_stage"])
+        for key, values in peak.items():
+            out[key][which] = values
     return out
+
+
+class _ByBase:
+    """``stage.stage_bytes`` of layouts of which many are variants (VPP) of one base layout: they
+    differ only in their microbatches in flight, so the rest (``stage.stage_parts``) is priced
+    once per base and gathered back."""
+
+    def __init__(self, base: np.ndarray, columns: dict):
+        _, self.first, inverse = np.unique(base, return_index=True, return_inverse=True)
+        self.inverse = inverse.ravel()
+        self.shared = len(self.first) < len(base)
+        self.columns = {k: v[self.first] if self.shared else v for k, v in columns.items() if k != "vpp"}
+        self.pp = columns["pp"]
+
+    def stage_bytes(self, spec: MoESpec, seq_len: int, options: st.MoEOptions, stage, recompute: str, vpp, m,
+                    layers_per_stage: tuple[int, ...] | None = None) -> st.StageBytes:
+        parts = st.stage_parts(spec, seq_len, options, stage=stage[self.first] if self.shared else stage,
+                               recompute=recompute, layers_per_stage=layers_per_stage, **self.columns)
+        if self.shared:
+            parts = parts.take(self.inverse)
+        return parts.with_in_flight(st.microbatches_in_flight(options, stage, self.pp, vpp, m))
 
 
 def calibrated_judge(spec: MoESpec, seq_len: int, options: st.MoEOptions, memory_gib: float):
@@ -234,6 +260,9 @@ def _judged(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoE
     to run: interleaving only adds memory (rank i holds p + (p - 1)/v - i ... >= p - i stages of
     microbatches, ``schedule.forward_passes_in_flight``), so it cannot fit where that did not."""
     plain = layouts.vpp == 1
+    if not plain.any():  # --vpp N pinned: no plain sibling to prune by, every variant priced
+        memory = _memory(spec, workload, layouts, options, judge)
+        return layouts, memory, _verdicts(memory, memory_gib, threshold, band)
     first = layouts.take(plain)
     memory = _memory(spec, workload, first, options, judge)
     verdict = _verdicts(memory, memory_gib, threshold, band)
@@ -248,9 +277,12 @@ def _judged(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoE
     if not len(rest.tp):
         return first, memory, verdict
     more = _memory(spec, workload, rest, options, judge)
-    both = np.concatenate([np.flatnonzero(plain), np.flatnonzero(~plain & sibling)])
-    order = np.argsort(both, kind="stable")  # back in enumeration order: a base's variants together
-    merged = layouts.take(both[order])
+    index = np.flatnonzero(plain | sibling)  # back in enumeration order: a base's variants together
+    merged = layouts.take(index)
+    from_first = plain[index]  # where each comes from in (first, rest): a merge of two sorted runs
+    order = np.empty(len(index), dtype=np.int64)
+    order[from_first] = np.arange(len(first.tp))
+    order[~from_first] = len(first.tp) + np.arange(len(rest.tp))
     memory = {k: np.concatenate([memory[k], more[k]])[order] for k in memory}
     verdict = np.concatenate([verdict, _verdicts(more, memory_gib, threshold, band)])[order]
     return merged, memory, verdict
@@ -262,9 +294,22 @@ def _one_variant_each(layouts: Layouts, verdict, speed, memory) -> np.ndarray:
     (tight, likely fits), else the one that needs the least memory."""
     grade = np.select([verdict == "fits", np.isin(verdict, ("tight", "likely fits"))], [0, 1], 2)
     key = np.where(grade == 2, memory, speed)
-    order = np.lexsort((key, grade, layouts.base))
-    first = np.r_[True, layouts.base[order][1:] != layouts.base[order][:-1]]
-    return order[first]
+    return _first_best(layouts.base, grade, key)
+
+
+def _first_best(group: np.ndarray, grade: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Per group (in increasing order), the index of the lowest (grade, key), the first on ties:
+    ``np.lexsort((key, grade, group))``'s first of each group. A sweep's groups come in order,
+    each contiguous: then a minimum per group twice (no sort of the 200,000 variants)."""
+    if not len(group) or np.any(group[1:] < group[:-1]) or not np.isfinite(key).all():
+        order = np.lexsort((key, grade, group))
+        return order[np.r_[True, group[order][1:] != group[order][:-1]]]
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    of = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(group)]))  # each variant's group number
+    best = grade == np.minimum.reduceat(grade, starts)[of]
+    best &= key == np.minimum.reduceat(np.where(best, key, np.inf), starts)[of]
+    index = np.flatnonzero(best)
+    return index[np.r_[True, group[index][1:] != group[index][:-1]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,17 +338,16 @@ class SweepResult:
         return {v: int((self.verdict[self.order] == v).sum()) for v in kinds}
 
     def rows(self, include_oom: bool = False, limit: int | None = None) -> list[dict]:
-        chosen = self.order if include_oom else self.order[:self.ranked]
-        out = []
-        for position, i in enumerate(chosen[:limit]):
-            row = self.row(i)
-            row["rank"] = position + 1 if position < self.ranked else None
-            out.append(row)
+        chosen = (self.order if include_oom else self.order[:self.ranked])[:limit]
+        out = _rows(self.spec, self.layouts, chosen, self.memory, self.verdict, self.timing, self.memory_gib,
+                    self.options, self.memory_model)
+        for position, row in enumerate(out[:self.ranked]):
+            row["rank"] = position + 1
         return out
 
     def row(self, i: int) -> dict:
-        return _row(self.spec, self.layouts, i, self.memory, self.verdict, self.timing, self.memory_gib, self.options,
-                    self.memory_model)
+        return _rows(self.spec, self.layouts, np.array([i]), self.memory, self.verdict, self.timing, self.memory_gib,
+                     self.options, self.memory_model)[0]
 
     def least(self) -> dict:
         """The layout that needs the least memory (for the nothing-fits message)."""
@@ -317,23 +361,28 @@ def _rank(layouts: Layouts, kept: np.ndarray, verdict, memory: dict, timing, opt
     the fastest first, the rows within ``tolerance`` of it by simplicity; else the paper's rule),
     then the rest by memory."""
     from advisor.ranking import order, simplicity
+    from advisor.verdicts import EXPECTED_TO_RUN
 
     usage = memory["total"] if memory_model == "paper" else memory["usage"]
     fp8 = options.training.precision.fp8_format is not None
-    tflops = timing["tflops_per_gpu"] if timing else None
+    runs = kept[np.isin(verdict[kept], EXPECTED_TO_RUN)]  # ``order`` ranks only these, in this order
+    columns = {k: getattr(layouts, k)[runs].tolist() for k in ("tp", "cp", "pp", "ep", "vpp", "mbs", "recompute")}
+    speeds = timing["tflops_per_gpu"][runs].tolist() if timing else [None] * len(runs)
     records = []
-    for i in kept.tolist():
-        tp, cp, pp, ep = int(layouts.tp[i]), int(layouts.cp[i]), int(layouts.pp[i]), int(layouts.ep[i])
-        vpp, mbs, recompute = int(layouts.vpp[i]), int(layouts.mbs[i]), RECOMPUTES[int(layouts.recompute[i])]
-        paper = (verdict[i] != "fits", recompute != "none", tp * cp * pp, -mbs, tp, pp, int(recompute == "full"),
-                 float(usage[i]), cp, vpp, ep)
+    for i, kind, used, speed, tp, cp, pp, ep, vpp, mbs, index in zip(runs.tolist(), verdict[runs].tolist(),
+                                                                   usage[runs].tolist(), speeds, *columns.values()):
+        recompute = RECOMPUTES[index]
+        paper = (kind != "fits", recompute != "none", tp * cp * pp, -mbs, tp, pp, int(recompute == "full"), used, cp,
+                 vpp, ep)
         simple = simplicity(pp=pp, vpp=vpp, recompute=recompute, recomputed_layers=int(recompute == "full"),
                             model_parallel=tp * cp * pp, fsdp=False, offload=False, fp8=fp8, ep=ep)
-        records.append((i, verdict[i], paper, simple, None if tflops is None else float(tflops[i])))
+        records.append((i, kind, paper, simple, speed))
     ranked = order(records, "throughput" if timing else "paper", verdict=lambda r: r[1], paper_key=lambda r: r[2],
                    tflops=lambda r: r[4], tolerance=tolerance if timing else 0.0, simplicity=lambda r: r[3])
     first = np.array([r[0] for r in ranked], dtype=np.int64)
-    rest = np.setdiff1d(kept, first)
+    ranks = np.zeros(len(layouts.tp), dtype=bool)
+    ranks[first] = True
+    rest = np.sort(kept[~ranks[kept]])  # np.setdiff1d's order, without its np.unique (which imports numpy.ma)
     return np.concatenate([first, rest[np.argsort(usage[rest], kind="stable")]]), len(first)
 
 
@@ -359,7 +408,7 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
     if options.a2a_overlap:  # overlap_problem's rules, vectorised
         keep &= (layouts.ep > 1) & ((layouts.pp == 1) | (layouts.vpp > 1))
         keep &= layouts.recompute != RECOMPUTES.index("full")
-    layouts = layouts.take(keep)
+    layouts = layouts if keep.all() else layouts.take(keep)
     if not len(layouts.tp):
         raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs with these choices (EP {ep or 'any'}, ETP "
                            f"{etp or 'any'}, VPP {vpp or 'any'}" + (", an even split" if even_split else "")
@@ -394,41 +443,88 @@ def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, o
     for recompute, which in _subsets(layouts):
         columns = layouts.columns(which)
         m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
-        first = st.stage_bytes(spec, workload.seq_len, options, num_microbatches=m, stage=0 * columns["pp"],
-                               recompute=recompute, layers_per_stage=layers_per_stage, **columns)
+        by_base = _ByBase(layouts.base[which], columns)
+        first = by_base.stage_bytes(spec, workload.seq_len, options, 0 * columns["pp"], recompute, columns["vpp"], m,
+                                    layers_per_stage)
         part = mt.step_times(spec, workload.seq_len, workload.global_batch_size, columns, recompute, gpu=gpu,
-                             options=options, first_stage=first, layers_per_stage=layers_per_stage)
+                             options=options, first_stage=first, layers_per_stage=layers_per_stage,
+                             bases=(by_base.first, by_base.inverse) if by_base.shared else None)
         for key, value in part.items():
             out.setdefault(key, np.zeros(len(layouts.tp)))[which] = value
     return out
 
 
-def _row(spec, layouts, i, memory, verdict, timing, memory_gib, options, memory_model, layers_per_stage=None) -> dict:
-    tp, cp, pp, ep, etp, dp, mbs, vpp = (int(getattr(layouts, k)[i]) for k in ("tp", "cp", "pp", "ep", "etp", "dp",
-                                                                              "mbs", "vpp"))
-    recompute = RECOMPUTES[int(layouts.recompute[i])]
-    total = float(memory["total"][i] / GIB)
-    row = {"rank": None, "tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp, "mbs": mbs, "dp": dp,
-           "gpus": tp * cp * pp * dp, "edp": tp * cp * dp // (ep * etp), "vpp": vpp,
-           "layers_per_stage": list(layers_per_stage or st.split_layers(spec.num_layers, pp)), "recompute": recompute,
-           "recompute_modules": sorted(options.recompute_modules(spec)) if recompute == "selective" else None,
-           "recompute_method": "uniform" if recompute == "full" else None,
-           "recompute_num_layers": 1 if recompute == "full" else None,
-           "dispatcher": options.dispatcher, "a2a_overlap": options.a2a_overlap,
-           "delay_wgrad": options.delay_wgrad, "routing": options.routing.routing,
-           "capacity_factor": options.routing.capacity_factor if options.routing.routing == "capacity" else None,
-           "pad_to_capacity": options.routing.pad_to_capacity if options.routing.routing == "capacity" else None,
-           "gradient_bytes": options.gradient_bytes, "distributed_optimizer": options.distributed_optimizer,
-           "imbalance": options.routing.imbalance, "options": dict(_changed(options.training, recompute, tp > 1)),
-           "total_gib": total, "model_states_gib": float(memory["states"][i] / GIB),
-           "activations_gib": float(memory["activations"][i] / GIB), "peak_stage": int(memory["stage"][i]),
-           "memory_fraction": total / memory_gib, "verdict": str(verdict[i])}
-    if memory_model != "paper":
-        usage = float(memory["usage"][i] / GIB)
-        row.update(usage_gib=usage, margin_gib=memory_gib - usage, calibrated_peak_stage=int(memory["usage_stage"][i]))
-    if timing is not None:
-        row.update({key: float(value[i]) for key, value in timing.items()})
-    return row
+def _rows(spec, layouts, which, memory, verdict, timing, memory_gib, options, memory_model,
+          layers_per_stage=None) -> list[dict]:
+    """The rows of the layouts at ``which``, in that order (``rank`` None). The columns are read
+    out as Python values once (not element by element), and what depends only on the
+    recomputation, TP > 1 or PP is made once (``_RowParts``)."""
+    columns = {k: getattr(layouts, k)[which].tolist() for k in ("tp", "cp", "pp", "ep", "etp", "dp", "mbs", "vpp",
+                                                                "recompute")}
+    gib = {k: (memory[k][which] / GIB).tolist() for k in ("total", "states", "activations")}
+    stage, verdicts = memory["stage"][which].tolist(), verdict[which].tolist()
+    calibrated = memory_model != "paper"
+    if calibrated:
+        usage, usage_stage = (memory["usage"][which] / GIB).tolist(), memory["usage_stage"][which].tolist()
+    timed = {key: np.asarray(value, dtype=float)[which].tolist() for key, value in (timing or {}).items()}
+    parts = _RowParts(spec, options, layers_per_stage)
+    rows = []
+    for j, (tp, cp, pp, ep, etp, dp, mbs, vpp, recompute) in enumerate(zip(*columns.values())):
+        total = gib["total"][j]
+        row = {"rank": None, "tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp, "mbs": mbs, "dp": dp,
+               "gpus": tp * cp * pp * dp, "edp": tp * cp * dp // (ep * etp), "vpp": vpp,
+               "layers_per_stage": parts.split(pp), **parts.recomputation(recompute), **parts.fixed,
+               "options": parts.options(recompute, tp > 1), "total_gib": total, "model_states_gib": gib["states"][j],
+               "activations_gib": gib["activations"][j], "peak_stage": int(stage[j]),
+               "memory_fraction": total / memory_gib, "verdict": str(verdicts[j])}
+        if calibrated:
+            row.update(usage_gib=usage[j], margin_gib=memory_gib - usage[j],
+                       calibrated_peak_stage=int(usage_stage[j]))
+        for key, values in timed.items():
+            row[key] = values[j]
+        rows.append(row)
+    return rows
+
+
+class _RowParts:
+    """The parts of a row that depend on few values (the recomputation, TP > 1, PP), made once
+    per value; each row gets its own copy of the lists and dicts (a caller may edit a row)."""
+
+    def __init__(self, spec: MoESpec, options: st.MoEOptions, layers_per_stage):
+        routing = options.routing
+        capacity = routing.routing == "capacity"
+        self.fixed = {"dispatcher": options.dispatcher, "a2a_overlap": options.a2a_overlap,
+                      "delay_wgrad": options.delay_wgrad, "routing": routing.routing,
+                      "capacity_factor": routing.capacity_factor if capacity else None,
+                      "pad_to_capacity": routing.pad_to_capacity if capacity else None,
+                      "gradient_bytes": options.gradient_bytes, "distributed_optimizer": options.distributed_optimizer,
+                      "imbalance": routing.imbalance}
+        self._spec, self._options, self._layers = spec, options, layers_per_stage
+        self._splits: dict = {}
+        self._recomputations: dict = {}
+        self._changed: dict = {}
+
+    def split(self, pp: int) -> list[int]:
+        if pp not in self._splits:
+            self._splits[pp] = tuple(self._layers or st.split_layers(self._spec.num_layers, pp))
+        return list(self._splits[pp])
+
+    def recomputation(self, index: int) -> dict:
+        """``recompute`` and its modules, method and layer count, from its index in RECOMPUTES."""
+        if index not in self._recomputations:
+            recompute = RECOMPUTES[index]
+            modules = sorted(self._options.recompute_modules(self._spec)) if recompute == "selective" else None
+            self._recomputations[index] = (recompute, modules, "uniform" if recompute == "full" else None,
+                                           1 if recompute == "full" else None)
+        recompute, modules, method, layers = self._recomputations[index]
+        return {"recompute": recompute, "recompute_modules": None if modules is None else list(modules),
+                "recompute_method": method, "recompute_num_layers": layers}
+
+    def options(self, index: int, tp_above_one: bool) -> dict:
+        key = index, tp_above_one
+        if key not in self._changed:
+            self._changed[key] = _changed(self._options.training, RECOMPUTES[index], tp_above_one)
+        return dict(self._changed[key])
 
 
 def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: int, ep: int, etp: int, dp: int,
@@ -466,7 +562,7 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
     limit = np.inf if memory_gib is None else memory_gib
     verdict = _verdicts(memory, limit, threshold, band)
     timing = _timing(spec, workload, layouts, gpu, options, split) if gpu else None
-    row = _row(spec, layouts, 0, memory, verdict, timing, limit, options, memory_model, split)
+    row = _rows(spec, layouts, np.array([0]), memory, verdict, timing, limit, options, memory_model, split)[0]
     row.update(model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
                gpu=gpu.name if gpu else None, memory_model=memory_model, stages=stages)
     if memory_gib is None:

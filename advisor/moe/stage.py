@@ -206,15 +206,69 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     (``advisor.moe.mtp``) sit on the last stage, their activations counted once, as the
     output's (the last stage's one microbatch in flight). ``layers_per_stage``: one layout's own
     split (``advisor estimate --layers-per-stage``) instead of ``split_layers``."""
+    parts = stage_parts(spec, seq_len, options, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, dp=dp, mbs=mbs, stage=stage,
+                        recompute=recompute, layers_per_stage=layers_per_stage)
+    return parts.with_in_flight(microbatches_in_flight(options, stage, pp, vpp, num_microbatches))
+
+
+def microbatches_in_flight(options: MoEOptions, stage, pp, vpp, num_microbatches):
+    """Microbatches in flight on ``stage``, in whole-stage units (``stage_bytes``)."""
+    passes = schedule.forward_passes_in_flight(stage, pp, vpp, num_microbatches) / np.asarray(vpp)
+    if options.a2a_overlap:
+        passes = passes + in_flight_extra(stage, pp, vpp, num_microbatches)
+    return passes
+
+
+@dataclass(frozen=True, slots=True)
+class StageParts:
+    """What ``stage_bytes`` holds of a stage before its microbatches in flight: everything but
+    the schedule (so layouts that differ only in VPP or the number of microbatches share it).
+    Each field is an array over layouts or a number (broadcast)."""
+
+    layers: np.ndarray
+    dense_layers: np.ndarray
+    states: tuple
+    """(dense states, expert states, FP8 weights)."""
+    per_microbatch: np.ndarray
+    """The layers' activations of one microbatch in flight."""
+    rebuilt: np.ndarray
+    """The layer being rebuilt (full recomputation), held once."""
+    mtp_layers: np.ndarray
+    """The MTP layers' activations, held once."""
+    embedding: np.ndarray
+    """The embedding's activations of one microbatch in flight."""
+    mtp_embedding: np.ndarray
+    output: np.ndarray
+    transient: np.ndarray
+
+    def take(self, index) -> "StageParts":
+        """The layouts at ``index`` (numbers stay numbers)."""
+        pick = lambda x: x[index] if np.ndim(x) else x  # noqa: E731
+        return StageParts(pick(self.layers), pick(self.dense_layers), tuple(map(pick, self.states)),
+                          *(pick(getattr(self, name)) for name in ("per_microbatch", "rebuilt", "mtp_layers",
+                                                                   "embedding", "mtp_embedding", "output",
+                                                                   "transient")))
+
+    def with_in_flight(self, in_flight) -> StageBytes:
+        ones = np.ones_like(self.layers, dtype=float)
+        dense_states, expert_states, fp8_weights = self.states
+        return StageBytes(layers=self.layers, dense_layers=self.dense_layers,
+                          in_flight=in_flight * np.ones_like(self.layers),
+                          weights_gradients_optimizer=dense_states * ones,
+                          expert_states=expert_states * ones, fp8_weights=fp8_weights * ones,
+                          layer_activations=(in_flight * self.per_microbatch + self.rebuilt + self.mtp_layers) * ones,
+                          embedding_activations=(in_flight * self.embedding + self.mtp_embedding) * ones,
+                          output_activations=self.output * ones, transient=self.transient * ones)
+
+
+def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp, ep, etp, dp, mbs, stage,
+                recompute: Recompute = "none", layers_per_stage: tuple[int, ...] | None = None) -> StageParts:
+    """``stage_bytes`` without the microbatches in flight (``StageParts``)."""
     tp, cp, pp, ep, etp, dp, mbs, stage = (np.asarray(x) for x in (tp, cp, pp, ep, etp, dp, mbs, stage))
     layers, dense = _stage_arrays(spec, pp, stage, layers_per_stage)
     moe_layers = layers - dense
     mtp = np.where(stage == pp - 1, spec.mtp_num_layers, 0)
-    dense_states, expert_states, fp8_weights = _model_states(spec, options, tp, cp, pp, ep, etp, dp, stage, dense,
-                                                             moe_layers, mtp)
-    in_flight = schedule.forward_passes_in_flight(stage, pp, vpp, num_microbatches) / np.asarray(vpp)
-    if options.a2a_overlap:
-        in_flight = in_flight + in_flight_extra(stage, pp, vpp, num_microbatches)
+    states = _model_states(spec, options, tp, cp, pp, ep, etp, dp, stage, dense, moe_layers, mtp)
     modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     copies = mm.expert_token_copies(spec, tokens, ep, etp, options.routing)
@@ -242,13 +296,8 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     transient = np.where(moe_layers > 0, mm.dispatcher_buffer_bytes(spec, tokens, copies, tp, ep, options.dispatcher)
                          + mm.expert_transient_bytes(spec, copies, etp)
                          + mm.grouped_gemm_workspace_bytes(options.grouped_gemm), 0.0)
-    ones = np.ones_like(layers, dtype=float)
-    return StageBytes(layers=layers, dense_layers=dense, in_flight=in_flight * np.ones_like(layers),
-                      weights_gradients_optimizer=dense_states * ones, expert_states=expert_states * ones,
-                      fp8_weights=fp8_weights * ones,
-                      layer_activations=(in_flight * per_microbatch + rebuilt + mtp * mtp_layer) * ones,
-                      embedding_activations=(in_flight * embedding + mtp * mtp_embedding) * ones,
-                      output_activations=(output + mtp * mtp_output) * ones, transient=transient * ones)
+    return StageParts(layers, dense, states, per_microbatch, rebuilt, mtp * mtp_layer, embedding, mtp * mtp_embedding,
+                      output + mtp * mtp_output, transient)
 
 
 def in_flight_extra(stage, pp, vpp, num_microbatches):

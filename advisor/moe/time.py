@@ -336,7 +336,7 @@ of a forward (an assumption)."""
 
 
 def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dict, recompute: str, *, gpu, options,
-               first_stage, layers_per_stage: tuple[int, ...] | None = None) -> dict:
+               first_stage, layers_per_stage: tuple[int, ...] | None = None, bases=None) -> dict:
     """Step time of MoE layouts (``columns``: tp, cp, pp, ep, etp, dp, mbs, vpp arrays): 1F1B over
     the stages (Narayanan et al. 2021: m x the slowest stage + the others' fill and drain), the
     interleaved schedule's fill and drain divided by v, each chunk's boundary sends
@@ -350,7 +350,9 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     runs once forward and once backward (and again when fully recomputed); with
     --overlap-moe-expert-parallel-comm the steady state's MoE layers are ``overlapped_layer_time``'s.
     ``layers_per_stage``: one layout's own split (its largest and its last stage) instead of
-    ``stage.split_layers``."""
+    ``stage.split_layers``. ``bases``: (index, inverse) where many layouts are variants (VPP) of
+    one base layout (the columns at ``index`` are the bases, ``inverse`` maps each layout to its
+    own): all but the interleaved schedule's terms are priced once per base."""
     from advisor.throughput import levers
     from advisor.throughput.calibration import load_calibration
 
@@ -361,13 +363,14 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     gemm_rates = levers.fp8_rates(rates, gpu) if fp8 else None
     c = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
     vpp = c["vpp"]
-    dense_f, moe_f, comm, expert = layer_times(spec, seq_len, tp=c["tp"], cp=c["cp"], ep=c["ep"], etp=c["etp"],
-                                               mbs=c["mbs"], rates=rates,
+    b, base_of, spread = _by_base(c, bases)
+    dense_f, moe_f, comm, expert = layer_times(spec, seq_len, tp=b["tp"], cp=b["cp"], ep=b["ep"], etp=b["etp"],
+                                               mbs=b["mbs"], rates=rates,
                                                gemm_rates=gemm_rates, dispatcher=options.dispatcher,
                                                sms=streaming_multiprocessors(gpu.architecture), routing=options.routing)
     passes = RECOMPUTE_PASSES[recompute]
     forwards = 2.0 if recompute == "full" else 1.0  # full recomputation dispatches again
-    idle = forwards * host_sync_idle(spec, mm.tokens_per_rank(seq_len, c["mbs"], c["tp"], c["cp"]), rates,
+    idle = forwards * host_sync_idle(spec, mm.tokens_per_rank(seq_len, b["mbs"], b["tp"], b["cp"]), rates,
                                      options.dispatcher, options.routing)
     moe_t = passes * (moe_f - comm) + (forwards + 1.0) * comm + idle
     steady = moe_t  # a layer in 1F1B's steady state: overlapped where Megatron overlaps it
@@ -375,25 +378,26 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
         steady = overlapped_layer_time((moe_f - comm - expert) * passes / 3, expert * passes / 3, 2 * comm,
                                        comm_sm_share(options.dispatcher, gpu.architecture)) + idle
     dense_t = passes * dense_f
-    most, fewest_last = ((np.ceil(spec.num_layers / c["pp"]), np.floor(spec.num_layers / c["pp"]))
+    most, fewest_last = ((np.ceil(spec.num_layers / b["pp"]), np.floor(spec.num_layers / b["pp"]))
                          if layers_per_stage is None else (max(layers_per_stage), layers_per_stage[-1]))
-    tokens_cp = c["mbs"] * seq_len / c["cp"]
-    head_f, head_b = terms.lm_head_time(spec, tokens_cp, c["tp"], spec.vocab_size, rates)
-    emb_f, emb_b = terms.embedding_time(spec, tokens_cp, c["tp"], rates)
-    cross = c["tp"] * c["cp"] * c["dp"] >= rates.gpus_per_node
-    p2p = np.where(c["pp"] > 1, terms.pipeline_p2p_time(spec, tokens_cp, c["tp"], cross, rates), 0.0)
+    tokens_cp = b["mbs"] * seq_len / b["cp"]
+    head_f, head_b = terms.lm_head_time(spec, tokens_cp, b["tp"], spec.vocab_size, rates)
+    emb_f, emb_b = terms.embedding_time(spec, tokens_cp, b["tp"], rates)
+    cross = b["tp"] * b["cp"] * b["dp"] >= rates.gpus_per_node
+    p2p = spread(np.where(b["pp"] > 1, terms.pipeline_p2p_time(spec, tokens_cp, b["tp"], cross, rates), 0.0))
     chunk = vpp * 2 * p2p + cal.microbatch_overhead_s  # per microbatch on a rank: its chunks' sends, its overhead
 
     def stages(layer):  # (all stages' work, the slowest stage's) with one MoE layer's time ``layer``
         # the MTP layers' MoE layer is one of the chunk's layers in the combined schedule too
         # (``TransformerModelChunkSchedulePlan`` builds a layer plan for each MTP layer)
         mtp = spec.mtp_num_layers * mtp_terms.extra_time(
-            spec, tokens_cp, c["tp"], layer, head_f + head_b, emb_f + emb_b,
+            spec, tokens_cp, b["tp"], layer, head_f + head_b, emb_f + emb_b,
             lambda m, k, n: terms.gemm_time(m, k, n, gemm_rates or rates))
         ends = head_f + head_b + mtp
-        last = fewest_last * layer + ends  # split_layers' last is the shortest
-        total = spec.first_dense_layers * dense_t + spec.moe_layers * layer + ends + c["pp"] * chunk
-        return total, np.maximum(np.where(c["pp"] == 1, total, np.maximum(most * layer, last) + chunk), total / c["pp"])
+        last = spread(fewest_last * layer + ends)  # split_layers' last is the shortest
+        total = spread(spec.first_dense_layers * dense_t + spec.moe_layers * layer + ends) + c["pp"] * chunk
+        return total, np.maximum(np.where(c["pp"] == 1, total, np.maximum(spread(most * layer), last) + chunk),
+                                 total / c["pp"])
 
     total, _ = stages(moe_t)
     _, slowest = stages(steady)
@@ -401,23 +405,34 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     # the steady state's m passes at the slowest stage's pace; the fill and drain (no forward
     # beside a backward to overlap with) at the plain pace, shrunk v-fold by interleaving
     pipeline = m * slowest + (total - slowest) / vpp
-    dp_comm, optimizer = _data_parallel(c, training, first_stage, most * moe_f, rates)
-    step = pipeline + dp_comm + optimizer
-    vocab = eq.padded_vocab_size(spec.vocab_size, None, c["tp"])
-    flops = megatron_flops_per_iteration(spec, seq_len, global_batch_size, vocab)
+    dp_comm, optimizer = _data_parallel(b, training, base_of(first_stage.weights_gradients_optimizer),
+                                        base_of(first_stage.expert_states), most * moe_f, rates)
+    step = pipeline + spread(dp_comm) + spread(optimizer)
+    vocab = eq.padded_vocab_size(spec.vocab_size, None, b["tp"])
+    flops = spread(megatron_flops_per_iteration(spec, seq_len, global_batch_size, vocab))
     tflops = flops / (step * c["tp"] * c["cp"] * c["pp"] * c["dp"]) / 1e12
     return {"step_time_s": step, "tflops_per_gpu": tflops, "mfu": tflops / gpu.bf16_dense_tflops,
             "tokens_per_s": global_batch_size * seq_len / step,
-            "ep_comm_s": m * spec.moe_layers / c["pp"] * (steady - idle - passes * (moe_f - comm))}
+            "ep_comm_s": m * spec.moe_layers / c["pp"] * spread(steady - idle - passes * (moe_f - comm))}
 
 
-def _data_parallel(c: dict, training, first, forward_s, rates: Rates):
-    """(exposed DP communication, optimizer) seconds of the first stage (see ``step_times``)."""
+def _by_base(c: dict, bases):
+    """(the bases' columns, a layout array's base values, a base term gathered to every layout)
+    for ``step_times``' ``bases``; without them every layout is its own base."""
+    if bases is None:
+        return c, lambda x: x, lambda x: x
+    index, inverse = bases
+    return {k: v[index] for k, v in c.items()}, lambda x: x[index], lambda x: x[inverse] if np.ndim(x) else x
+
+
+def _data_parallel(c: dict, training, dense_states, expert_states, forward_s, rates: Rates):
+    """(exposed DP communication, optimizer) seconds of the first stage, from its dense and expert
+    states (bytes; see ``step_times``)."""
     edp = c["tp"] * c["cp"] * c["dp"] / (c["etp"] * c["ep"])
     grad = training.precision.gradient_bytes
     sharded = training.data_parallel.distributed_optimizer
-    dense_params = first.weights_gradients_optimizer / (mm.BF16 + grad + 12 / (c["dp"] * c["cp"] if sharded else 1))
-    expert_params = first.expert_states / (mm.BF16 + grad + 12 / (edp if sharded else 1))
+    dense_params = dense_states / (mm.BF16 + grad + 12 / (c["dp"] * c["cp"] if sharded else 1))
+    expert_params = expert_states / (mm.BF16 + grad + 12 / (edp if sharded else 1))
     span = c["tp"] * c["cp"] * c["dp"]
     param_bytes = 1 if training.precision.fp8_param_gather else mm.BF16
     reduce_d, gather_d = terms.data_parallel_time(dense_params, c["dp"] * c["cp"], span, rates, grad_bytes=grad,
