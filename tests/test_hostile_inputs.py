@@ -308,3 +308,94 @@ def test_nothing_fits_is_exit_1_with_one_line(advisor):
     result = advisor(*SWEEP[:-2], "--mem", "1e-30", expect=1)
     assert result.stdout == "" and len(result.stderr.splitlines()) == 1
     assert result.stderr.startswith("advisor sweep: nothing fits: 0 fits, 0 tight, 205 oom")
+
+
+# --- issue 24, item 4: the features added since (MoE, training options, --from-command, compare-log) ---------
+
+MIXTRAL = ["estimate", "--model", "mixtral-8x7b", "--gpus", 8, "--ep", 8, "--gpu", "h100-80gb"]
+SINCE = [  # (arguments, what the line says): each was a traceback, found by a fuzzing of every option
+    (MIXTRAL + ["--moe-imbalance", "1e300", "--format", "json"], "'--moe-imbalance': must be at most 16384, got 1e+300"),
+    (MIXTRAL + ["--moe-imbalance", "nan"], "'--moe-imbalance': must be a finite number, got nan"),
+    (MIXTRAL + ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "1e308"],
+     "'--moe-expert-capacity-factor': must be at most 16384, got 1e+308"),
+    (MIXTRAL + ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "0"],
+     "'--moe-expert-capacity-factor': must be above 0, got 0"),
+    (MIXTRAL + ["--mtp-num-layers", 17], "'--mtp-num-layers': must be at most 16, got 17"),
+]
+
+
+@pytest.mark.parametrize("args,message", SINCE, ids=[" ".join(map(str, a))[-50:] for a, _ in SINCE])
+def test_since_issue24_flags(advisor, args, message):
+    assert message in advisor.error(*args)
+
+
+def test_a_pinned_vpp_sweeps_moe_layouts(advisor):
+    """An MoE sweep with --vpp 2 and a GPU: no plain (VPP 1) sibling to prune the interleaved
+    layouts by, and an empty space ended in numpy's IndexError; every row has the VPP asked for."""
+    rows = advisor.json("sweep", "--model", "mixtral-8x7b", "--gpus", 64, "--gpu", "h100-80gb", "--vpp", 2)
+    assert rows and {row["vpp"] for row in rows} == {2} and rows[0]["rank"] == 1
+
+
+MOE_COMMAND = (ROOT / "tests" / "data" / "logs" / "core_v0.15.2_cpu_pp2.command").read_text().replace(
+    "--seq-length 32", "--num-experts 4 --moe-router-topk 2 --moe-grouped-gemm --expert-model-parallel-size 2 "
+    "--moe-token-dispatcher-type alltoall --seq-length 32")
+COMMANDS_SINCE = [  # (what the command adds, what the line says): read and priced, or a traceback or a hang
+    ("--moe-expert-capacity-factor nan", "--moe-expert-capacity-factor must be a finite number, got nan"),
+    ("--moe-expert-capacity-factor -1", "--moe-expert-capacity-factor must be above 0, got -1"),
+    ("--moe-expert-capacity-factor 1e400", "--moe-expert-capacity-factor must be a finite number, got inf"),
+    ("--mtp-num-layers 1000", "--mtp-num-layers must be at most 16, got 1000"),
+    ("--moe-router-topk-scaling-factor 0", "--moe-router-topk-scaling-factor must be above 0, got 0"),
+    ("--pipeline-model-parallel-layout 'E|t*99999999999999|t,L'", "'t*99999999999999' unrolls past 16,384 layers"),
+    ("--pipeline-model-parallel-layout 'E|(t|)*99999999,L'", "'(t|)*99999999' unrolls past 16,384 layers"),
+    ("--pipeline-model-parallel-layout '" + "t*9000|" * 2000 + "'", "'t*9000' unrolls past 16,384 layers"),
+]
+
+
+@pytest.mark.parametrize("extra,message", COMMANDS_SINCE, ids=[e[:50] for e, _ in COMMANDS_SINCE])
+def test_since_issue24_commands(advisor, tmp_path, extra, message):
+    path = tmp_path / "train.sh"
+    path.write_text(MOE_COMMAND.rstrip() + " " + extra + "\n")
+    assert message in advisor.error("estimate", "--from-command", path, "--mem", 80)
+
+
+EXPANDS = "the variables' expansions add more than 1,048,576 characters to the script"
+
+
+@pytest.mark.parametrize("script,message", [
+    ("A=1\n" + "A=$A$A\n" * 60 + "torchrun pretrain_gpt.py --lr $A\n", "line 17: a word of 65,538 characters"),
+    ("V=$V$V$V\n" * 40 + "echo $V\n", "line 10: a word of 177,155 characters"),
+    ("A=(x)\n" + "A=(${A[@]} ${A[@]})\n" * 60 + "torchrun pretrain_gpt.py ${A[@]}\n", EXPANDS),
+    (f"A=({'x ' * 300_000})\ntorchrun pretrain_gpt.py \"${{A[@]}}\" \"${{A[@]}}\"\n", EXPANDS),
+], ids=["doubling", "tripling", "doubling array", "array"])
+def test_expansions_are_bounded(advisor, tmp_path, script, message):
+    """Variables that double a line each time ran to 2^60 characters (a hang)."""
+    path = tmp_path / "train.sh"
+    path.write_text(script)
+    assert message in advisor.error("estimate", "--from-command", path)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e999"])
+def test_a_log_with_a_non_finite_number(advisor, tmp_path, value):
+    """A log's 'nan' or '1e999' (inf) went into the JSON document: a ValueError traceback."""
+    logs = ROOT / "tests" / "data" / "logs"
+    text = (logs / "core_v0.15.2_cpu_pp2.log").read_text()
+    path = tmp_path / "train.log"
+    path.write_text(text.replace("max allocated: 0.0", f"max allocated: {value}", 1))
+    line = advisor.error("compare-log", path, "--from-command", logs / "core_v0.15.2_cpu_pp2.command", "--gpu",
+                         "h100-80gb", "--format", "json")
+    assert f"of the log: {value!r} is not a finite number" in line
+
+
+@pytest.mark.parametrize("script,message", [
+    ("A='\n" + "x\n" * 200_000, "line 1: an unclosed quote or array runs to the end of the text"),
+    ('A="\n' + '\\"\n' * 200_000, "line 1: an unclosed quote or array runs to the end of the text"),
+    ("A=(\n" + "')'\n" * 200_000, "line 1: an unclosed quote or array runs to the end of the text"),
+    ("torchrun pretrain_gpt.py --data-path " + "x" * 900_000 + "\n", "line 1: a word of 900,000 characters"),
+    ("#SBATCH --comment '" + "y " * 400_000 + "'\ntorchrun pretrain_gpt.py\n", "line 1: a word of 800,002 characters"),
+], ids=["open quote", "open escaped quotes", "open array", "long word", "long #SBATCH word"])
+def test_long_scripts_are_read_in_linear_time(advisor, tmp_path, script, message):
+    """Each line of a quote or array left open re-read the whole text (minutes over a long
+    file), and shlex builds a word one character at a time (a word of 1 MiB: minutes)."""
+    path = tmp_path / "train.sh"
+    path.write_text(script)
+    assert message in advisor.error("estimate", "--from-command", path)

@@ -234,6 +234,8 @@ def _judged(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoE
     to run: interleaving only adds memory (rank i holds p + (p - 1)/v - i ... >= p - i stages of
     microbatches, ``schedule.forward_passes_in_flight``), so it cannot fit where that did not."""
     plain = layouts.vpp == 1
+    if not plain.any():  # --vpp N > 1 pinned: no plain sibling to prune by (an empty space was an IndexError)
+        plain = np.ones_like(plain)
     first = layouts.take(plain)
     memory = _memory(spec, workload, first, options, judge)
     verdict = _verdicts(memory, memory_gib, threshold, band)
