@@ -399,3 +399,70 @@ def test_long_scripts_are_read_in_linear_time(advisor, tmp_path, script, message
     path = tmp_path / "train.sh"
     path.write_text(script)
     assert message in advisor.error("estimate", "--from-command", path)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A dense sweep, an MoE sweep and a plan, as the commands save them."""
+    from conftest import Invoker
+
+    where = tmp_path_factory.mktemp("saved")
+    run = Invoker()
+    run("sweep", "--gpus", 16, "--gpu", "h100-80gb", "--top", 2, "--format", "json", "-o", where / "sweep.json")
+    run("sweep", "--model", "mixtral-8x7b", "--gpus", 64, "--gpu", "h100-80gb", "--top", 1, "--format", "json", "-o",
+        where / "moe.json")
+    run("recommend", "--gpus", 16, "--tp", 2, "--pp", 4, "-o", where / "plan.json")
+    return {name: json.loads((where / f"{name}.json").read_text()) for name in ("sweep", "moe", "plan")}
+
+
+def _edit_row(**changes):
+    return lambda rows: [{**rows[0], **changes}, *rows[1:]]
+
+
+def _drop(key):
+    return lambda rows: [{k: v for k, v in rows[0].items() if k != key}]
+
+
+REPORT_INPUTS = [  # (saved document, its edit, what the line says): each was a traceback in the page's figures
+    ("sweep", _drop("dp"), "row 1: 'dp' must be a positive integer, got nothing"),
+    ("sweep", _edit_row(mbs="1"), "row 1: 'mbs' must be a positive integer, got '1'"),
+    ("sweep", _edit_row(layers_per_stage=["16", "16"]), "'layers_per_stage' must be a list of layer counts"),
+    ("sweep", _edit_row(total_gib=1e308), "'total_gib' must be a finite number or null, got 1e+308"),
+    ("sweep", _edit_row(gpu=8), "'gpu' must be a string or null, got 8"),
+    ("sweep", _edit_row(options=True), "'options' must be an object, got True"),
+    ("moe", _drop("ep"), "row 1: an MoE row's 'ep' must be a positive integer, got nothing"),
+    ("plan", lambda plan: {**plan, "megatron_args": [*plan["megatron_args"], True]},
+     "'megatron_args' must be a list of strings"),
+    ("plan", lambda plan: {**plan, "baseline": []}, "'baseline' must be an object, got []"),
+]
+
+
+@pytest.mark.parametrize("name,edit,message", REPORT_INPUTS, ids=[m[:40] for _, _, m in REPORT_INPUTS])
+def test_report_inputs_are_checked_before_the_page(advisor, tmp_path, saved, name, edit, message):
+    path = tmp_path / "input.json"
+    path.write_text(json.dumps(edit(saved[name])))
+    assert message in advisor.error("report", "--from", path, "-o", tmp_path / "r.html")
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_k8s_without_a_checkout_path_is_one_line(tmp_path, saved):
+    """'$MEGATRON_LM' in a pod's args (no shell expands it) was a yaml RepresenterError traceback."""
+    from launch_support import launcher
+
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps(saved["sweep"]))
+    line = launcher().error("k8s", "--from", sweep, "--image", "img", "--megatron-version", "0.19")
+    assert line == ("Error: advisor-launch k8s needs --megatron-lm DIR (or $MEGATRON_LM): the checkout's path inside "
+                    "--image (a pod's arguments are not read by a shell)")
+
+
+def test_launch_notes_wait_for_the_checks(tmp_path, saved):
+    """The release assumed and the oom warning were printed ahead of the error line."""
+    from launch_support import launcher
+
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps([{**saved["sweep"][0], "verdict": "oom"}]))
+    assert "2 nodes of 8 GPUs need a rendezvous" in launcher().error("torchrun", "--from", sweep, "--dry-run",
+                                                                      "--mock-data")
+    printed = launcher()("args", "--from", sweep, "--mock-data", "--megatron-version", "0.15")
+    assert printed.stderr.splitlines()[0].startswith("warning: ") and printed.stdout.startswith("--num-layers")
