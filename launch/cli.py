@@ -390,7 +390,8 @@ def check_command(config, release, megatron, job_plan, profiling, nproc_per_node
     \b
     Examples:
       advisor-launch check --from sweep.json --megatron-lm ~/Megatron-LM --job-config job.toml
-      advisor-launch check --from plan.json --megatron-lm ~/Megatron-LM --no-gpus-here -- --data-path ...
+      advisor-launch check --from plan.json --megatron-lm ~/Megatron-LM --no-gpus-here \\
+          -- --data-path ...
     """
     from launch.commands import resolve_topology
 

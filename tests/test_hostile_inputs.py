@@ -466,3 +466,39 @@ def test_launch_notes_wait_for_the_checks(tmp_path, saved):
                                                                       "--mock-data")
     printed = launcher()("args", "--from", sweep, "--mock-data", "--megatron-version", "0.15")
     assert printed.stderr.splitlines()[0].startswith("warning: ") and printed.stdout.startswith("--num-layers")
+
+
+def _commands(group, path=()):
+    import click
+
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        yield (*path, name)
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+
+
+@pytest.mark.parametrize("program", ["advisor", "advisor-launch"])
+def test_every_help_fits_100_columns_and_teaches(program):
+    """Each command's --help: no traceback, within 100 columns, and an example to copy."""
+    from click.testing import CliRunner
+
+    from advisor.cli import cli
+    from launch.cli import cli as launch_cli
+
+    group = cli if program == "advisor" else launch_cli
+    for path in [(), *_commands(group)]:
+        result = CliRunner().invoke(group, [*path, "--help"], terminal_width=100, catch_exceptions=False)
+        assert result.exit_code == 0 and "Traceback" not in result.output, path
+        assert max(map(len, result.stdout.splitlines())) <= 100, (path, result.stdout)
+        assert f"\n    {program} " in result.stdout or f"\n      {program} " in result.stdout, path
+
+
+def test_a_launch_input_with_options_not_an_object_names_the_file_once(tmp_path, saved):
+    from launch_support import launcher
+
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps([{**saved["sweep"][0], "options": "abc"}]))
+    line = launcher().error("args", "--from", sweep, "--megatron-version", "0.19")
+    assert line == f"Error: rank 1 of {sweep}: 'options' must be an object, got 'abc'"
