@@ -502,3 +502,25 @@ def test_a_launch_input_with_options_not_an_object_names_the_file_once(tmp_path,
     sweep.write_text(json.dumps([{**saved["sweep"][0], "options": "abc"}]))
     line = launcher().error("args", "--from", sweep, "--megatron-version", "0.19")
     assert line == f"Error: rank 1 of {sweep}: 'options' must be an object, got 'abc'"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ep", "0"], "argument --ep: must be at least 1, got 0"),
+    (["--seq-len", "0"], "argument --seq-len: must be at least 1, got 0"),
+    (["--mbs", "-1"], "argument --mbs: must be at least 1, got -1"),
+    (["--capacity-factor", "nan"], "argument --capacity-factor: must be a finite number, got nan"),
+    (["--hidden-size", "0"], "argument --hidden-size: must be at least 1, got 0"),
+    (["--seq-len", "abc"], "argument --seq-len: 'abc' is not an integer"),
+    (["--out", "/dev/full"], "--out /dev/full is not a directory"),
+])
+def test_moe_layer_tool_bad_input_is_one_line(capsys, args, message):
+    """python -m megatron_hooks.moe_layer: --ep 0 was a ZeroDivisionError, --seq-len 0 and --mbs -1
+    errors deep in megatron-core, --out /dev/full a FileExistsError; argparse's usage came first."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
+    from megatron_hooks.moe_layer import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["mixtral-8x7b", "--backend", "symbolic", *args])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and captured.out == ""
+    assert captured.err.splitlines() == [f"Error: {message}"]
