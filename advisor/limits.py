@@ -44,6 +44,9 @@ about 50 KiB; a layer record is under 1 KiB."""
 COMMAND_FILE_BYTES = 1 * MIB
 """A launch script or argument list read by ``--from-command``: the longest published Megatron
 launch scripts are a few KiB."""
+COMMAND_EXPANSION_BYTES = 256 * KIB
+"""What a launch script's variables may add to it when expanded: Megatron-LM's example scripts
+expand to a few KiB; 'A=$A$A' sixty times over would add 2^60 characters."""
 LOG_FILE_BYTES = 1 * GIB
 """A Megatron-LM training log read by ``compare-log`` (read whole, then line by line): a logged
 iteration is one line of about 500 bytes, so 1 GiB holds about two million of them."""

@@ -100,12 +100,12 @@ class _Expander:
         """Characters the expansions have added to the script so far."""
 
     def _grow(self, expansion: str) -> None:
-        """Refuse expansions that add more than a whole script may hold ('A=$A$A' sixty times
+        """Refuse expansions past ``limits.COMMAND_EXPANSION_BYTES`` ('A=$A$A' sixty times
         doubled a value to 2^60 characters: a hang)."""
         self.grown += len(expansion)
-        if self.grown > limits.COMMAND_FILE_BYTES:
-            raise AdvisorError(f"the variables' expansions add more than {limits.COMMAND_FILE_BYTES:,} characters "
-                               "to the script (the bound on a whole launch script)")
+        if self.grown > limits.COMMAND_EXPANSION_BYTES:
+            raise AdvisorError(f"the variables' expansions add more than {limits.COMMAND_EXPANSION_BYTES:,} "
+                               "characters to the script (a launch script's variables expand to a few KiB)")
 
     def _values(self, name: str, index: str | None, default: str | None) -> list[str] | None:
         if name in self.arrays:
