@@ -44,6 +44,9 @@ about 50 KiB; a layer record is under 1 KiB."""
 COMMAND_FILE_BYTES = 1 * MIB
 """A launch script or argument list read by ``--from-command``: the longest published Megatron
 launch scripts are a few KiB."""
+COMMAND_EXPANSION_BYTES = 256 * KIB
+"""What a launch script's variables may add to it when expanded: Megatron-LM's example scripts
+expand to a few KiB; 'A=$A$A' sixty times over would add 2^60 characters."""
 LOG_FILE_BYTES = 1 * GIB
 """A Megatron-LM training log read by ``compare-log`` (read whole, then line by line): a logged
 iteration is one line of about 500 bytes, so 1 GiB holds about two million of them."""
@@ -90,6 +93,20 @@ MEMORY_FRACTION = Bound(0, 1, "a fraction of the GPU's memory")
 DEGREE = Bound(1, GPUS.high, "a parallel degree cannot exceed the GPU count bound")
 MICRO_BATCH = Bound(1, GLOBAL_BATCH.high, "a micro-batch is part of the global batch")
 VIRTUAL_STAGES = Bound(1, MODEL["num_layers"].high, "each virtual stage holds at least one layer")
+
+# --- mixtures of experts ------------------------------------------------------------------
+
+EXPERTS = 2**14
+"""DeepSeek-V3 routes over 256 experts; 2^14 is 64 times that (advisor.moe.spec refuses more)."""
+MOE_IMBALANCE = Bound(1, EXPERTS, "the busiest rank receives at most every routed token, EP times the mean, and "
+                                  "EP is at most the experts")
+MOE_CAPACITY_FACTOR = Bound(0, EXPERTS, "at a factor of E an expert's capacity holds every routed token "
+                                        "(megatron-core moe/moe_utils.py, get_capacity: ceil(tokens / E x factor))")
+"""Exclusive at 0: a capacity of no tokens drops them all."""
+MOE_TOPK_SCALING = Bound(0, 1e3, "DeepSeek-V3 scales the routed experts' output by 2.5")
+"""Exclusive at 0: --moe-router-topk-scaling-factor."""
+YARN_MSCALE = Bound(0, 1e3, "DeepSeek-V3's yarn mscale and mscale_all_dim are 1.0")
+MTP_LAYERS = Bound(0, 16, "DeepSeek-V3 trains one multi-token-prediction layer")
 
 # --- profiling ----------------------------------------------------------------------------
 

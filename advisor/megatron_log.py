@@ -18,6 +18,7 @@ Lines may carry a launcher's prefix (torchrun ``--tee``'s ``[default0]:``, srun 
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -94,22 +95,31 @@ class TrainingLog:
 def read_log(lines: Iterable[str]) -> TrainingLog:
     """The records of a Megatron-LM log's lines; AdvisorError if it holds no iteration line."""
     log = TrainingLog()
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         if match := _ITERATION.search(line):
             throughput, batch = _THROUGHPUT.search(line), _BATCH.search(line)
             log.iterations.append(Iteration(
-                iteration=int(match.group(1)), elapsed_ms=float(match.group(3)),
-                tflops_per_gpu=float(throughput.group(1)) if throughput else None,
+                iteration=int(match.group(1)), elapsed_ms=_finite(match.group(3), number),
+                tflops_per_gpu=_finite(throughput.group(1), number) if throughput else None,
                 global_batch_size=int(batch.group(1)) if batch else None))
         elif match := _MEMORY.search(line):
             rank, after, *values = match.groups()
-            log.memory.append(MemoryReport(int(rank), int(after), *map(float, values)))
+            log.memory.append(MemoryReport(int(rank), int(after), *(_finite(v, number) for v in values)))
         elif match := _THEORETICAL.search(line):
-            log.theoretical.append(Theoretical(*map(float, match.groups())))
+            log.theoretical.append(Theoretical(*(_finite(v, number) for v in match.groups())))
     if not log.iterations:
         raise AdvisorError("no Megatron-LM iteration line ('iteration N/ T | ... elapsed time per iteration (ms): "
                            "...') in the log")
     return log
+
+
+def _finite(text: str, line: int) -> float:
+    """A logged number; nan or inf (1e999 reads as inf) has no measured meaning, and JSON none."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise AdvisorError(f"line {line} of the log: {text!r} is not a finite number; compare-log reads only "
+                           "measured times and memory")
+    return value
 
 
 def stage_of_rank(rank: int, *, world_size: int, pp: int) -> int:

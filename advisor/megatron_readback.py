@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.shell_command import unset_name
@@ -222,12 +223,35 @@ class Layout:
         return len(self.layers_per_stage)
 
 
+_LAYOUT_CHARS = 4 * limits.MODEL["num_layers"].high
+"""The longest unrolled --pipeline-model-parallel-layout: each layer bounded, with a stage mark
+(|) and an E, L or m beside it ('t*99999999999999' was a MemoryError)."""
+
+
+def _unrolled(text: str) -> str:
+    """The layout with its repetitions ('(t|)*3', 't*4') written out, as Megatron's
+    ``parse_str_to_list`` does, refused past ``_LAYOUT_CHARS``; without the commas."""
+    flat = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        grown = [len(flat)]
+
+        def repeat(match: re.Match) -> str:
+            unit, count = match.group(1), match.group(2)
+            grown[0] += len(unit) * int(count) if len(count) <= 6 else _LAYOUT_CHARS
+            if grown[0] > _LAYOUT_CHARS:
+                raise AdvisorError(f"--pipeline-model-parallel-layout {text[:60]!r}: {match.group(0)[:40]!r} "
+                                   f"unrolls past {_LAYOUT_CHARS:,} layers and stages (--num-layers is at most "
+                                   f"{limits.MODEL['num_layers'].high:,})")
+            return unit * int(count)
+
+        flat = re.sub(pattern, repeat, flat)
+    return flat
+
+
 def _layout_segments(text: str, mtp_layers: int = 0) -> list[int]:
     """Decoder layers of each segment of --pipeline-model-parallel-layout, as Megatron unrolls it;
     its MTP layers (m) must be the command's --mtp-num-layers (``validate_layer_layout``)."""
-    flat = text.replace(",", "")
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        flat = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), flat)
+    flat = _unrolled(text)
     if set(flat) - set("ELtm|"):  # m: an MTP layer (priced with --mtp-num-layers, advisor.moe.mtp)
         raise AdvisorError(f"--pipeline-model-parallel-layout {text!r}: only E, L, t and m layers are priced "
                            f"(found {''.join(sorted(set(flat) - set('ELtm|')))})")

@@ -17,6 +17,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from advisor import limits
 from advisor.errors import AdvisorError
 
 MARK = "\x00"
@@ -95,6 +96,16 @@ class _Expander:
     def __init__(self) -> None:
         self.scalars: dict[str, str] = {}
         self.arrays: dict[str, list[str]] = {}
+        self.grown = 0
+        """Characters the expansions have added to the script so far."""
+
+    def _grow(self, expansion: str) -> None:
+        """Refuse expansions past ``limits.COMMAND_EXPANSION_BYTES`` ('A=$A$A' sixty times
+        doubled a value to 2^60 characters: a hang)."""
+        self.grown += len(expansion)
+        if self.grown > limits.COMMAND_EXPANSION_BYTES:
+            raise AdvisorError(f"the variables' expansions add more than {limits.COMMAND_EXPANSION_BYTES:,} "
+                               "characters to the script (a launch script's variables expand to a few KiB)")
 
     def _values(self, name: str, index: str | None, default: str | None) -> list[str] | None:
         if name in self.arrays:
@@ -151,12 +162,14 @@ class _Expander:
                 elif quote == '"' and whole and text[i - 1] == '"' and text[stop:stop + 1] == '"':
                     out[-1] = " ".join(shlex.quote(v) for v in values) + " "  # "${A[@]}": one word each
                     i, quote = stop + 1, None
+                    self._grow(out[-1])
                     continue
                 elif quote == '"':
                     out.append(re.sub(r'(["\\$`])', r"\\\1", " ".join(values)))
                 else:  # unquoted: split into words
                     out.append(" ".join(shlex.quote(word) for value in values for word in value.split()))
                 i = stop
+                self._grow(out[-1])
                 continue
             else:
                 if char in "'\"" and quote is None:
@@ -168,8 +181,22 @@ class _Expander:
         return "".join(out)
 
 
+_WORD = re.compile(r"""(?:\\.|'[^']*'|"(?:[^"\\]|\\.)*"|[^\s\\'"])+""", re.S)
+_WORD_CHARS = 64 * 1024
+"""The longest word read: a path or a data blend is a few KiB, and shlex builds a word one
+character at a time, in time quadratic in its length (a word of 1 MiB took minutes)."""
+
+
+def _check_words(text: str, where: str) -> None:
+    longest = max((len(match.group()) for match in _WORD.finditer(text)), default=0)
+    if longest > _WORD_CHARS:
+        raise AdvisorError(f"{where}: a word of {longest:,} characters; a launch script's words (flags, paths, "
+                           f"values) are read up to {_WORD_CHARS:,}")
+
+
 def _words(text: str, where: str) -> list[str]:
     """shlex's words of one logical line, separators (; && || |) and redirections as their own words."""
+    _check_words(text, where)
     lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|<>")
     lexer.whitespace_split, lexer.commenters = True, "#"
     try:
@@ -196,30 +223,88 @@ def _commands(words: list[str]) -> list[list[str]]:
     return [command for command in commands + [current] if command]
 
 
+class _Growing:
+    """A logical line growing one physical line at a time, each character read once: whether a
+    quote (as shlex.split(comments=True) reads them) or an array literal (as ``_closing``) is
+    still open. Re-reading the whole text at every line was quadratic: minutes for a quote or an
+    array left open over a long file."""
+
+    def __init__(self, first: str) -> None:
+        array = _ARRAY_ASSIGN.match(first)
+        self.array, self.closed = array is not None, array is None
+        self.parts: list[str] = []
+        self.quote, self.escape = None, False  # shlex: None, a quote, '#' (a comment); a backslash pending
+        self.depth, self.bracket_quote, self.bracket_escape = 0, None, False
+        self._add(first, array.end() - 1 if array else 0)
+
+    @property
+    def open(self) -> bool:
+        return not self.closed or self.quote in ("'", '"') or self.escape
+
+    def add(self, line: str) -> None:
+        self._add("\n" + line, 0)
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def _add(self, chunk: str, array_from: int) -> None:
+        self.parts.append(chunk)
+        for char in chunk:
+            if self.escape:
+                self.escape = False
+            elif self.quote == "#":
+                self.quote = None if char == "\n" else "#"
+            elif self.quote == "'":
+                self.quote = None if char == "'" else "'"
+            elif self.quote == '"':
+                self.escape, self.quote = char == "\\", None if char == '"' else '"'
+            elif char == "\\":
+                self.escape = True
+            elif char in "'\"#":
+                self.quote = char
+        if not self.closed:
+            self._brackets(chunk[array_from:])
+
+    def _brackets(self, chunk: str) -> None:
+        for char in chunk:
+            if self.bracket_escape:
+                self.bracket_escape = False
+            elif self.bracket_quote:
+                if char == "\\" and self.bracket_quote == '"':
+                    self.bracket_escape = True
+                elif char == self.bracket_quote:
+                    self.bracket_quote = None
+            elif char in "'\"":
+                self.bracket_quote = char
+            elif char == "\\":
+                self.bracket_escape = True
+            elif char in "()":
+                self.depth += 1 if char == "(" else -1
+                if self.depth == 0:
+                    self.closed = True
+                    return
+
+
 def _logical_lines(text: str):
     """(first line number, text) of each logical line: continuations joined, an open quote or
     array carried over to the next physical line."""
     text = text.replace("\r\n", "\n").replace("\\\n", "")
-    buffer, start = "", 1
+    growing, start = None, 1
     for number, line in enumerate(text.split("\n"), start=1):
-        if not buffer:
+        if growing is None:
             start = number
             if line.lstrip().startswith("#"):
                 yield start, line  # a comment (#SBATCH directives are read from these)
                 continue
-        if buffer and _ARRAY_ASSIGN.match(buffer) and line.lstrip().startswith("#"):
+            growing = _Growing(line)
+        elif growing.array and line.lstrip().startswith("#"):
             continue  # a comment line inside an array literal (its apostrophes open no quote)
-        buffer = buffer + "\n" + line if buffer else line
-        array = _ARRAY_ASSIGN.match(buffer)
-        if array and _closing(buffer, array.end() - 1, "(", ")") < 0:
-            continue
-        try:
-            shlex.split(buffer, comments=True)
-        except ValueError:
-            continue  # an open quote: the line goes on
-        yield start, buffer
-        buffer = ""
-    if buffer:
+        else:
+            growing.add(line)
+        if not growing.open:
+            yield start, growing.text()
+            growing = None
+    if growing is not None:
         raise AdvisorError(f"line {start}: an unclosed quote or array runs to the end of the text")
 
 
@@ -256,6 +341,7 @@ class _Script:
         stripped = text.strip()
         if stripped.startswith("#"):
             if stripped.startswith("#SBATCH"):
+                _check_words(stripped, f"line {line}")
                 self.sbatch += shlex.split(stripped[len("#SBATCH"):], comments=True)
             return
         match = _ARRAY_ASSIGN.match(text)

@@ -35,7 +35,32 @@ USER_ARGS_HELP = textwrap.dedent("""\
 
 
 class LaunchGroup(OneLineErrors, click.Group):
-    """Every input error as one line with exit status 2."""
+    """Every input error as one line with exit status 2: the notes and warnings a command
+    gathers (``_note``) are printed once its checks have passed (before its output, or before
+    it starts a process), never ahead of its error line."""
+
+    def invoke(self, ctx: click.Context):
+        status = super().invoke(ctx)
+        _flush_notes()
+        return status
+
+
+def _note(line: str) -> None:
+    """A note or warning for stderr, held until the command succeeds or launches (``LaunchGroup``)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        click.echo(line, err=True)
+    else:
+        ctx.find_root().meta.setdefault(_NOTES, []).append(line)
+
+
+def _flush_notes() -> None:
+    ctx = click.get_current_context(silent=True)
+    for line in ctx.find_root().meta.pop(_NOTES, []) if ctx is not None else ():
+        click.echo(line, err=True)
+
+
+_NOTES = "advisor-launch notes"
 
 
 class LaunchCommand(click.Command):
@@ -63,7 +88,7 @@ def input_options(func: Callable) -> Callable:
         if config.verdict == "oom":  # an --all row or an estimate: launchable, but it will not fit
             estimate = f"{config.total_gib:.1f} GiB" if config.total_gib is not None else "the estimate"
             limit = f" of {config.memory_gib:g} GiB" if config.memory_gib else ""
-            click.echo(f"warning: {config.source} does not fit: {estimate} per GPU{limit} (oom)", err=True)
+            _note(f"warning: {config.source} does not fit: {estimate} per GPU{limit} (oom)")
         return func(*args, config=config, **kwargs)
 
     return apply_options([
@@ -97,7 +122,7 @@ def megatron_options(func: Callable) -> Callable:
         job_file = read_job_file(job_config) if job_config is not None else None
         mock_data = mock_data or bool(job_file and job_file.mock_data)
         if (note := release.assumption()) and (mock_data or "dry_run" in kwargs):  # where the release matters
-            click.echo(f"advisor-launch: {note}", err=True)
+            _note(f"advisor-launch: {note}")
         job = plan_job(config, job_file=job_file, tokens=tokens, bandwidth_gbs=fs_bandwidth, user_args=user_args)
         megatron = compose(config.source, config.megatron_args, rules=release.rules, model=config.model,
                            mock_data=mock_data, extras=user_args, job=job.group)
@@ -161,14 +186,17 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,
                         checks=checks)
     for line in job.report(megatron.args) if (dry_run if show_job is None else show_job) else ():
-        click.echo(f"advisor-launch: {line}", err=True)
+        _note(f"advisor-launch: {line}")
     for note in report.notes:
-        click.echo(f"advisor-launch: {note}", err=True)
+        _note(f"advisor-launch: {note}")
     problems = report.problems + ([report.incomplete] if report.incomplete else [])
-    for problem in problems:
-        click.echo(f"{'warning' if dry_run else 'Error'}: {problem}", err=True)
-    if problems and not dry_run:
+    if problems and not dry_run:  # every problem, one line each (the preflight's own report)
+        for problem in problems:
+            click.echo(f"Error: {problem}", err=True)
         click.get_current_context().exit(2)
+    for problem in problems:
+        _note(f"warning: {problem}")
+    _flush_notes()  # the command's checks passed: its notes come before its output
     return entry_options(release.checkout or release.given, **profiling), env
 
 
@@ -186,6 +214,7 @@ def _preflight(config, release, megatron, profiling: dict, job, *, per_node: int
 
 
 def _announce(config, command: str, release) -> None:
+    _flush_notes()  # a process starts: what was held is said first
     click.echo(f"advisor-launch: {config.describe()}; {release.rules.name} ({release.checkout})\n+ {command}",
                err=True)
 
@@ -361,7 +390,8 @@ def check_command(config, release, megatron, job_plan, profiling, nproc_per_node
     \b
     Examples:
       advisor-launch check --from sweep.json --megatron-lm ~/Megatron-LM --job-config job.toml
-      advisor-launch check --from plan.json --megatron-lm ~/Megatron-LM --no-gpus-here -- --data-path ...
+      advisor-launch check --from plan.json --megatron-lm ~/Megatron-LM --no-gpus-here \\
+          -- --data-path ...
     """
     from launch.commands import resolve_topology
 
@@ -433,6 +463,9 @@ def k8s_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_
     """
     from launch.manifests import pytorchjob
 
+    if release.checkout is None and release.given is None:  # "$MEGATRON_LM" in a pod's args is not expanded
+        raise InputError("advisor-launch k8s needs --megatron-lm DIR (or $MEGATRON_LM): the checkout's path inside "
+                         "--image (a pod's arguments are not read by a shell)")
     return _write_manifest(config, release, megatron, job_plan, profiling, nodes=nodes, gpus_per_node=gpus_per_node,
                            name=name, output=output, dry_run=dry_run,
                            build=lambda job: pytorchjob(job, image, namespace))
@@ -478,6 +511,7 @@ def args_command(config, release, megatron, job_plan, fmt) -> int:
       advisor-launch args --from sweep.json --rank 3
       advisor-launch args --from plan.json --format json -- --train-iters 100
     """
+    _flush_notes()
     if fmt == "json":
         from advisor.render import to_json
 

@@ -171,8 +171,9 @@ class _Fields:
             raise AdvisorError(f"{self.origin}: {exc}") from None
 
     def options(self) -> TrainingOptions:
+        values = self.obj("options", {})  # its own error names the file once
         try:
-            return TrainingOptions.from_dict(self.obj("options", {}))
+            return TrainingOptions.from_dict(values)
         except TypeError as exc:
             raise AdvisorError(f"{self.origin}: 'options' are not training options ({exc})") from None
         except AdvisorError as exc:

@@ -23,6 +23,7 @@ parts; ``advisor.moe.layer_profile.compare`` lines each analytic term up with it
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import gc
@@ -30,6 +31,8 @@ import math
 
 import torch
 
+from advisor import limits
+from advisor.errors import AdvisorError
 from advisor.moe.layer_profile import BACKENDS, DISPATCHERS, PARTS, MoELayerProfile, compare, layer_problem
 
 
@@ -181,13 +184,33 @@ SIZES = ("hidden_size", "ffn_hidden_size", "moe_ffn_hidden_size", "num_attention
 """The preset's sizes ``main`` can shrink (a real-tensor layer at Mixtral's size is gigabytes)."""
 
 
+_BOUND = {"moe_ffn_hidden_size": "ffn_hidden_size"}
+"""The bound of a size without one of its own in ``advisor.limits.MODEL``."""
+
+
+def _bounded(bound, kind=int):
+    """An argparse type: a number within ``bound`` (advisor.limits), else argparse's one line
+    (--ep 0 was a ZeroDivisionError, --seq-len 0 a reshape error, deep in megatron-core)."""
+    def convert(text: str):
+        try:
+            number = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        try:
+            if kind is int:
+                return limits.check_int(number, "", bound)
+            return limits.check_float(number, "", bound, low_open=True)
+        except AdvisorError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m megatron_hooks.moe_layer MODEL [--seq-len S] [--mbs B] [--tp T] [--ep E] [--etp T]
     [--dispatcher D] [--capacity-factor F] [--backend symbolic|cpu] [--hidden-size H ...] [--out DIR]``:
     one MoE layer of a preset of ``advisor models`` (the size options shrink it, for the CPU
     backend), measured; prints one JSON object (the profile and its comparison with the analytic
     terms), and with --out writes DIR/moe_layer.json for ``advisor profile show DIR``."""
-    import argparse
     import json
     from pathlib import Path
 
@@ -197,23 +220,29 @@ def main(argv: list[str] | None = None) -> None:
     from megatron_hooks.emulate import quiet_megatron
 
     parser = argparse.ArgumentParser(prog="python -m megatron_hooks.moe_layer", description=main.__doc__)
+    parser.error = lambda message: parser.exit(2, f"Error: {message}\n")  # one line, not the usage first
     parser.add_argument("model", choices=sorted(PRESETS))
-    parser.add_argument("--seq-len", type=int, default=4096)
-    parser.add_argument("--mbs", type=int, default=1)
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (sequence parallel above 1)")
-    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (--expert-model-parallel-size)")
-    parser.add_argument("--etp", type=int, default=1, help="--expert-tensor-parallel-size")
+    parser.add_argument("--seq-len", type=_bounded(limits.SEQ_LEN), default=4096)
+    parser.add_argument("--mbs", type=_bounded(limits.MICRO_BATCH), default=1)
+    parser.add_argument("--tp", type=_bounded(limits.DEGREE), default=1,
+                        help="tensor-parallel size (sequence parallel above 1)")
+    parser.add_argument("--ep", type=_bounded(limits.DEGREE), default=1,
+                        help="expert-parallel size (--expert-model-parallel-size)")
+    parser.add_argument("--etp", type=_bounded(limits.DEGREE), default=1, help="--expert-tensor-parallel-size")
     parser.add_argument("--dispatcher", choices=(*DISPATCHERS, "flex"), default="allgather",
                         help="--moe-token-dispatcher-type (flex needs DeepEP, CUDA only: refused in one line)")
-    parser.add_argument("--capacity-factor", type=float, default=None,
+    parser.add_argument("--capacity-factor", type=_bounded(limits.MOE_CAPACITY_FACTOR, float), default=None,
                         help="--moe-expert-capacity-factor, padded to capacity (alltoall)")
     parser.add_argument("--backend", choices=BACKENDS, default="symbolic",
                         help="symbolic: fake tensors, real size, the TE spec's kernels stood in for; cpu: real "
                              "tensors over gloo (TP = EP = ETP = 1), the local spec on torch's CPU kernels")
     for field in SIZES:
-        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=None, help="shrink the preset")
+        parser.add_argument(f"--{field.replace('_', '-')}", type=_bounded(limits.MODEL[_BOUND.get(field, field)]),
+                            default=None, help="shrink the preset")
     parser.add_argument("--out", type=Path, help="write DIR/moe_layer.json (advisor profile show DIR)")
     args = parser.parse_args(argv)
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out} is not a directory")
     quiet_megatron()
     spec = dataclasses.replace(PRESETS[args.model], **{f: getattr(args, f) for f in SIZES if getattr(args, f)})
     cpu = dict(layer_spec="local", kernels="cpu") if args.backend == "cpu" else {}
@@ -224,8 +253,11 @@ def main(argv: list[str] | None = None) -> None:
     except (NotImplementedError, ValueError, ImportError) as exc:
         parser.exit(2, f"Error: {args.model}: {' '.join(str(exc).split())}\n")
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out / FILENAME, json.dumps(profile.to_dict(), indent=1) + "\n")
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(args.out / FILENAME, json.dumps(profile.to_dict(), indent=1) + "\n")
+        except (OSError, AdvisorError) as exc:
+            parser.exit(2, f"Error: --out {args.out}: {getattr(exc, 'strerror', None) or exc}\n")
     print(json.dumps({**profile.to_dict(), "comparison": compare(profile)}, indent=1))
 
 

@@ -308,3 +308,219 @@ def test_nothing_fits_is_exit_1_with_one_line(advisor):
     result = advisor(*SWEEP[:-2], "--mem", "1e-30", expect=1)
     assert result.stdout == "" and len(result.stderr.splitlines()) == 1
     assert result.stderr.startswith("advisor sweep: nothing fits: 0 fits, 0 tight, 205 oom")
+
+
+# --- issue 24, item 4: the features added since (MoE, training options, --from-command, compare-log) ---------
+
+MIXTRAL = ["estimate", "--model", "mixtral-8x7b", "--gpus", 8, "--ep", 8, "--gpu", "h100-80gb"]
+SINCE = [  # (arguments, what the line says): each was a traceback, found by a fuzzing of every option
+    (MIXTRAL + ["--moe-imbalance", "1e300", "--format", "json"], "'--moe-imbalance': must be at most 16384, got 1e+300"),
+    (MIXTRAL + ["--moe-imbalance", "nan"], "'--moe-imbalance': must be a finite number, got nan"),
+    (MIXTRAL + ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "1e308"],
+     "'--moe-expert-capacity-factor': must be at most 16384, got 1e+308"),
+    (MIXTRAL + ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "0"],
+     "'--moe-expert-capacity-factor': must be above 0, got 0"),
+    (MIXTRAL + ["--mtp-num-layers", 17], "'--mtp-num-layers': must be at most 16, got 17"),
+]
+
+
+@pytest.mark.parametrize("args,message", SINCE, ids=[" ".join(map(str, a))[-50:] for a, _ in SINCE])
+def test_since_issue24_flags(advisor, args, message):
+    assert message in advisor.error(*args)
+
+
+def test_a_pinned_vpp_sweeps_moe_layouts(advisor):
+    """An MoE sweep with --vpp 2 and a GPU: no plain (VPP 1) sibling to prune the interleaved
+    layouts by, and an empty space ended in numpy's IndexError; every row has the VPP asked for."""
+    rows = advisor.json("sweep", "--model", "mixtral-8x7b", "--gpus", 64, "--gpu", "h100-80gb", "--vpp", 2)
+    assert rows and {row["vpp"] for row in rows} == {2} and rows[0]["rank"] == 1
+
+
+MOE_COMMAND = (ROOT / "tests" / "data" / "logs" / "core_v0.15.2_cpu_pp2.command").read_text().replace(
+    "--seq-length 32", "--num-experts 4 --moe-router-topk 2 --moe-grouped-gemm --expert-model-parallel-size 2 "
+    "--moe-token-dispatcher-type alltoall --seq-length 32")
+COMMANDS_SINCE = [  # (what the command adds, what the line says): read and priced, or a traceback or a hang
+    ("--moe-expert-capacity-factor nan", "--moe-expert-capacity-factor must be a finite number, got nan"),
+    ("--moe-expert-capacity-factor -1", "--moe-expert-capacity-factor must be above 0, got -1"),
+    ("--moe-expert-capacity-factor 1e400", "--moe-expert-capacity-factor must be a finite number, got inf"),
+    ("--mtp-num-layers 1000", "--mtp-num-layers must be at most 16, got 1000"),
+    ("--moe-router-topk-scaling-factor 0", "--moe-router-topk-scaling-factor must be above 0, got 0"),
+    ("--pipeline-model-parallel-layout 'E|t*99999999999999|t,L'", "'t*99999999999999' unrolls past 16,384 layers"),
+    ("--pipeline-model-parallel-layout 'E|(t|)*99999999,L'", "'(t|)*99999999' unrolls past 16,384 layers"),
+    ("--pipeline-model-parallel-layout '" + "t*9000|" * 2000 + "'", "'t*9000' unrolls past 16,384 layers"),
+]
+
+
+@pytest.mark.parametrize("extra,message", COMMANDS_SINCE, ids=[e[:50] for e, _ in COMMANDS_SINCE])
+def test_since_issue24_commands(advisor, tmp_path, extra, message):
+    path = tmp_path / "train.sh"
+    path.write_text(MOE_COMMAND.rstrip() + " " + extra + "\n")
+    assert message in advisor.error("estimate", "--from-command", path, "--mem", 80)
+
+
+EXPANDS = "the variables' expansions add more than 262,144 characters to the script"
+
+
+@pytest.mark.parametrize("script,message", [
+    ("A=1\n" + "A=$A$A\n" * 60 + "torchrun pretrain_gpt.py --lr $A\n", "line 17: a word of 65,538 characters"),
+    ("V=$V$V$V\n" * 40 + "echo $V\n", EXPANDS),
+    ("A=(x)\n" + "A=(${A[@]} ${A[@]})\n" * 60 + "torchrun pretrain_gpt.py ${A[@]}\n", EXPANDS),
+    (f"A=({'x ' * 70_000})\ntorchrun pretrain_gpt.py \"${{A[@]}}\" \"${{A[@]}}\"\n", EXPANDS),
+], ids=["doubling", "tripling", "doubling array", "array"])
+def test_expansions_are_bounded(advisor, tmp_path, script, message):
+    """Variables that double a line each time ran to 2^60 characters (a hang)."""
+    path = tmp_path / "train.sh"
+    path.write_text(script)
+    assert message in advisor.error("estimate", "--from-command", path)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e999"])
+def test_a_log_with_a_non_finite_number(advisor, tmp_path, value):
+    """A log's 'nan' or '1e999' (inf) went into the JSON document: a ValueError traceback."""
+    logs = ROOT / "tests" / "data" / "logs"
+    text = (logs / "core_v0.15.2_cpu_pp2.log").read_text()
+    path = tmp_path / "train.log"
+    path.write_text(text.replace("max allocated: 0.0", f"max allocated: {value}", 1))
+    line = advisor.error("compare-log", path, "--from-command", logs / "core_v0.15.2_cpu_pp2.command", "--gpu",
+                         "h100-80gb", "--format", "json")
+    assert f"of the log: {value!r} is not a finite number" in line
+
+
+@pytest.mark.parametrize("script,message", [
+    ("A='\n" + "x\n" * 200_000, "line 1: an unclosed quote or array runs to the end of the text"),
+    ('A="\n' + '\\"\n' * 200_000, "line 1: an unclosed quote or array runs to the end of the text"),
+    ("A=(\n" + "')'\n" * 200_000, "line 1: an unclosed quote or array runs to the end of the text"),
+    ("torchrun pretrain_gpt.py --data-path " + "x" * 900_000 + "\n", "line 1: a word of 900,000 characters"),
+    ("#SBATCH --comment '" + "y " * 400_000 + "'\ntorchrun pretrain_gpt.py\n", "line 1: a word of 800,002 characters"),
+], ids=["open quote", "open escaped quotes", "open array", "long word", "long #SBATCH word"])
+def test_long_scripts_are_read_in_linear_time(advisor, tmp_path, script, message):
+    """Each line of a quote or array left open re-read the whole text (minutes over a long
+    file), and shlex builds a word one character at a time (a word of 1 MiB: minutes)."""
+    path = tmp_path / "train.sh"
+    path.write_text(script)
+    assert message in advisor.error("estimate", "--from-command", path)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A dense sweep, an MoE sweep and a plan, as the commands save them."""
+    from conftest import Invoker
+
+    where = tmp_path_factory.mktemp("saved")
+    run = Invoker()
+    run("sweep", "--gpus", 16, "--gpu", "h100-80gb", "--top", 2, "--format", "json", "-o", where / "sweep.json")
+    run("sweep", "--model", "mixtral-8x7b", "--gpus", 64, "--gpu", "h100-80gb", "--top", 1, "--format", "json", "-o",
+        where / "moe.json")
+    run("recommend", "--gpus", 16, "--tp", 2, "--pp", 4, "-o", where / "plan.json")
+    return {name: json.loads((where / f"{name}.json").read_text()) for name in ("sweep", "moe", "plan")}
+
+
+def _edit_row(**changes):
+    return lambda rows: [{**rows[0], **changes}, *rows[1:]]
+
+
+def _drop(key):
+    return lambda rows: [{k: v for k, v in rows[0].items() if k != key}]
+
+
+REPORT_INPUTS = [  # (saved document, its edit, what the line says): each was a traceback in the page's figures
+    ("sweep", _drop("dp"), "row 1: 'dp' must be a positive integer, got nothing"),
+    ("sweep", _edit_row(mbs="1"), "row 1: 'mbs' must be a positive integer, got '1'"),
+    ("sweep", _edit_row(layers_per_stage=["16", "16"]), "'layers_per_stage' must be a list of layer counts"),
+    ("sweep", _edit_row(total_gib=1e308), "'total_gib' must be a finite number or null, got 1e+308"),
+    ("sweep", _edit_row(gpu=8), "'gpu' must be a string or null, got 8"),
+    ("sweep", _edit_row(options=True), "'options' must be an object, got True"),
+    ("moe", _drop("ep"), "row 1: an MoE row's 'ep' must be a positive integer, got nothing"),
+    ("plan", lambda plan: {**plan, "megatron_args": [*plan["megatron_args"], True]},
+     "'megatron_args' must be a list of strings"),
+    ("plan", lambda plan: {**plan, "baseline": []}, "'baseline' must be an object, got []"),
+]
+
+
+@pytest.mark.parametrize("name,edit,message", REPORT_INPUTS, ids=[m[:40] for _, _, m in REPORT_INPUTS])
+def test_report_inputs_are_checked_before_the_page(advisor, tmp_path, saved, name, edit, message):
+    path = tmp_path / "input.json"
+    path.write_text(json.dumps(edit(saved[name])))
+    assert message in advisor.error("report", "--from", path, "-o", tmp_path / "r.html")
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_k8s_without_a_checkout_path_is_one_line(tmp_path, saved):
+    """'$MEGATRON_LM' in a pod's args (no shell expands it) was a yaml RepresenterError traceback."""
+    from launch_support import launcher
+
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps(saved["sweep"]))
+    line = launcher().error("k8s", "--from", sweep, "--image", "img", "--megatron-version", "0.19")
+    assert line == ("Error: advisor-launch k8s needs --megatron-lm DIR (or $MEGATRON_LM): the checkout's path inside "
+                    "--image (a pod's arguments are not read by a shell)")
+
+
+def test_launch_notes_wait_for_the_checks(tmp_path, saved):
+    """The release assumed and the oom warning were printed ahead of the error line."""
+    from launch_support import launcher
+
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps([{**saved["sweep"][0], "verdict": "oom"}]))
+    assert "2 nodes of 8 GPUs need a rendezvous" in launcher().error("torchrun", "--from", sweep, "--dry-run",
+                                                                      "--mock-data")
+    printed = launcher()("args", "--from", sweep, "--mock-data", "--megatron-version", "0.15")
+    assert printed.stderr.splitlines()[0].startswith("warning: ") and printed.stdout.startswith("--num-layers")
+
+
+def _commands(group, path=()):
+    import click
+
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        yield (*path, name)
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+
+
+@pytest.mark.parametrize("program", ["advisor", "advisor-launch"])
+def test_every_help_fits_100_columns_and_teaches(program):
+    """Each command's --help: no traceback, within 100 columns, and an example to copy."""
+    from click.testing import CliRunner
+
+    from advisor.cli import cli
+    from launch.cli import cli as launch_cli
+
+    group = cli if program == "advisor" else launch_cli
+    for path in [(), *_commands(group)]:
+        result = CliRunner().invoke(group, [*path, "--help"], terminal_width=100, catch_exceptions=False)
+        assert result.exit_code == 0 and "Traceback" not in result.output, path
+        assert max(map(len, result.stdout.splitlines())) <= 100, (path, result.stdout)
+        assert f"\n    {program} " in result.stdout or f"\n      {program} " in result.stdout, path
+
+
+def test_a_launch_input_with_options_not_an_object_names_the_file_once(tmp_path, saved):
+    from launch_support import launcher
+
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps([{**saved["sweep"][0], "options": "abc"}]))
+    line = launcher().error("args", "--from", sweep, "--megatron-version", "0.19")
+    assert line == f"Error: rank 1 of {sweep}: 'options' must be an object, got 'abc'"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ep", "0"], "argument --ep: must be at least 1, got 0"),
+    (["--seq-len", "0"], "argument --seq-len: must be at least 1, got 0"),
+    (["--mbs", "-1"], "argument --mbs: must be at least 1, got -1"),
+    (["--capacity-factor", "nan"], "argument --capacity-factor: must be a finite number, got nan"),
+    (["--hidden-size", "0"], "argument --hidden-size: must be at least 1, got 0"),
+    (["--seq-len", "abc"], "argument --seq-len: 'abc' is not an integer"),
+    (["--out", "/dev/full"], "--out /dev/full is not a directory"),
+])
+def test_moe_layer_tool_bad_input_is_one_line(capsys, args, message):
+    """python -m megatron_hooks.moe_layer: --ep 0 was a ZeroDivisionError, --seq-len 0 and --mbs -1
+    errors deep in megatron-core, --out /dev/full a FileExistsError; argparse's usage came first."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
+    from megatron_hooks.moe_layer import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["mixtral-8x7b", "--backend", "symbolic", *args])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and captured.out == ""
+    assert captured.err.splitlines() == [f"Error: {message}"]

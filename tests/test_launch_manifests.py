@@ -99,7 +99,8 @@ def test_the_skypilot_task_validates_against_skypilots_schema(sweep, tmp_path):
 
 
 def test_bad_manifest_input_is_one_line(sweep):
-    result = launcher()("k8s", "--from", sweep, "--image", "x", "--name", "Not_A_Label", expect=2)
+    result = launcher()("k8s", "--from", sweep, "--image", "x", "--megatron-lm", "/workspace/Megatron-LM", "--name",
+                        "Not_A_Label", expect=2)
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
     assert errors == ["Error: --name 'Not_A_Label': a job name must be a DNS label (lower-case letters, digits and "
                       "'-', at most 63 characters)"] and result.stdout == ""

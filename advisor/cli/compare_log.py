@@ -33,7 +33,8 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     \b
     Examples:
       advisor compare-log train.log --from-command train.sh --gpu h100-80gb
-      srun ... 2>&1 | tee train.log; advisor compare-log train.log --from-command job.sbatch --format json
+      srun ... 2>&1 | tee train.log
+      advisor compare-log train.log --from-command job.sbatch --format json
     """
     from advisor import limits, render
     from advisor.pricing import price_layout

@@ -140,7 +140,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
       advisor sweep --gpus 128 --gpu a100-80gb --model llama3.1-70b --rank-by paper
       advisor sweep --gpus 8 --gpu h100-94gb --seq-len 32768 --all --plot sweep.png
       advisor sweep --gpus 16384 --gpu h100-80gb --model llama3.1-405b --gbs 2048
-      advisor sweep --gpus 8 --mem 94 --seq-len 32768 --split even --recompute none --all --format json
+      advisor sweep --gpus 8 --mem 94 --seq-len 32768 --split even --recompute none --all --format csv
       advisor sweep --gpus 64 --gpu h100-80gb --profile runs/   # activations as profiled
     """
     from advisor.sweep import sweep as run_sweep

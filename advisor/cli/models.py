@@ -13,7 +13,14 @@ from advisor.cli.options import EPILOG, color_wanted, emit, output_options
 @output_options
 def models(fmt: str, output: Path | None) -> None:
     """List the built-in presets (Llama and mixtures of experts) and their hyper-parameters;
-    total and active parameters (equal for dense models; MoE: top-k experts, embeddings included)."""
+    total and active parameters (equal for dense models; MoE: top-k experts, embeddings included).
+
+    \b
+    Examples:
+      advisor models
+      advisor models --format json   # parameters_billions, active_parameters_billions, ...
+      advisor sweep --gpus 64 --gpu h100-80gb --model mixtral-8x7b   # a preset by its name
+    """
     from advisor import render
     from advisor.equations import model_parameters
     from advisor.models import PRESETS
@@ -49,7 +56,14 @@ def models(fmt: str, output: Path | None) -> None:
 @output_options
 def gpus(fmt: str, output: Path | None) -> None:
     """List the GPU presets for --gpu: memory, dense BF16/FP8 TFLOP/s, HBM, NVLink and network
-    bandwidth, GPUs per node, and the vendor specification each number comes from (JSON)."""
+    bandwidth, GPUs per node, and the vendor specification each number comes from (JSON).
+
+    \b
+    Examples:
+      advisor gpus --wide
+      advisor gpus --format json   # with each number's source
+      advisor sweep --gpus 64 --gpu h200-141gb   # a preset by its name
+    """
     from advisor import render
     from advisor.hardware import load_gpus
 

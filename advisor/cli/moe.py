@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import click
 
-from advisor.cli.options import DEGREE, InputError, apply_options, color_wanted, emit
+from advisor import limits
+from advisor.cli.options import DEGREE, Bounded, InputError, apply_options, color_wanted, emit
+
+MOE_CAPACITY_FACTOR = Bounded(limits.MOE_CAPACITY_FACTOR, integer=False, low_open=True)
+MOE_IMBALANCE = Bounded(limits.MOE_IMBALANCE, integer=False)
+MTP_LAYERS = Bounded(limits.MTP_LAYERS)
 
 
 def moe_options(func):
@@ -21,14 +26,14 @@ def moe_options(func):
         click.option("--moe-routing", type=click.Choice(["balanced", "capacity", "dropless"]), default="balanced",
                      show_default=True, help="Routed tokens per rank: balanced (x --moe-imbalance), capacity "
                      "(x --moe-expert-capacity-factor), dropless (the worst case)."),
-        click.option("--moe-expert-capacity-factor", "capacity_factor", type=click.FloatRange(min=0, min_open=True),
+        click.option("--moe-expert-capacity-factor", "capacity_factor", type=MOE_CAPACITY_FACTOR,
                      default=None, help="Megatron's capacity factor (with --moe-routing capacity)."),
         click.option("--moe-pad-expert-input-to-capacity/--no-moe-pad-expert-input-to-capacity", "pad_to_capacity",
                      default=None, help="With --moe-routing capacity: every expert runs its full capacity (the "
                      "default, as token-drop recipes run it) or only the routed tokens it kept."),
-        click.option("--moe-imbalance", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
+        click.option("--moe-imbalance", type=MOE_IMBALANCE, default=1.0, show_default=True,
                      help="The busiest rank's routed tokens over the mean (balanced routing)."),
-        click.option("--mtp-num-layers", "mtp_num_layers", type=click.IntRange(min=0, max=16), default=None,
+        click.option("--mtp-num-layers", "mtp_num_layers", type=MTP_LAYERS, default=None,
                      help="Multi-token-prediction layers (DeepSeek-V3's MTP, Megatron's --mtp-num-layers): priced on "
                           "the last pipeline stage. MoE models."),
         click.option("--overlap-moe-expert-parallel-comm", "a2a_overlap", is_flag=True,

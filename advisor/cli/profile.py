@@ -23,6 +23,13 @@ def profile() -> None:
 
     Profiles are written by the Megatron plugin (megatron_hooks), one JSON Lines file per
     rank; their schema is documented in advisor/profiles.py.
+
+    \b
+    Examples:
+      advisor profile plan --gpus 16 --gpus-per-node 4 --mode reduced -o campaign.json
+      advisor profile run campaign.json --out runs/ --backend symbolic
+      advisor profile show runs/
+      advisor recommend --profile runs/ --gpus 64 --pp 4 --mbs 1 --gbs 512
     """
 
 
@@ -366,8 +373,8 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
       advisor profile run real.json --out real-runs/ --backend symbolic
       advisor recommend --profile real-runs/ --gpus 64 --pp 4 --mbs 1 --gbs 512
     \b
-      advisor profile plan --gpus 8 --gpus-per-node 8 --mode reduced -o campaign.json
-      advisor profile run campaign.json --out runs/ --megatron-lm ~/Megatron-LM --mock-data -- --lr 1e-4
+      advisor profile plan --gpus 8 --gpus-per-node 8 --mode reduced -o gpu.json
+      advisor profile run gpu.json --out runs/ --megatron-lm ~/Megatron-LM --mock-data -- --lr 1e-4
       advisor profile plan --gpus 32 --gpus-per-node 8 --mode reduced -o wide.json
       salloc --nodes 4 --gpus-per-node 8 advisor profile run wide.json --out wide-runs/ \\
           --megatron-lm ~/Megatron-LM --slurm --mock-data -- --lr 1e-4

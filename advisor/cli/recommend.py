@@ -65,7 +65,7 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
     \b
     Examples:
       advisor recommend --profile runs/ --gpus 16 --pp 4 --mbs 1 --gbs 64
-      advisor recommend --profile runs/ --gpus 16 --gpu h100-94gb --pp 4   (memory and node size from the preset)
+      advisor recommend --profile runs/ --gpus 16 --gpu h100-94gb --pp 4   # the preset's memory
       advisor recommend --profile runs/ --gpus 16 --gpus-per-node 4 --mode hybrid --mbs 8 \\
           --predictor capture -o plan.json --png plan.png
       advisor recommend --model llama3.1-405b --gpus 16384 --tp 8 --pp 16 --gbs 2048 \\

@@ -69,6 +69,12 @@ def _page(kind: str, rows: list, document, profiles, detail: int, output: Path) 
     _write(build_page(report, detail), output)
 
 
+_EXAMPLES = {"sweep": "advisor report sweep --gpus 64 --gpu h100-80gb -o report.html",
+             "estimate": "advisor report estimate --tp 2 --pp 2 --mbs 1 --gpus 16 --gpu h100-80gb -o one.html",
+             "recommend": "advisor report recommend --gpus 64 --tp 2 --pp 4 --objective time --gpu h100-80gb "
+                          "-o plan.html"}
+
+
 def _wrapped(name: str, command: click.Command, json_output) -> click.Command:
     """``advisor report NAME``: ``command``'s options, its JSON (``json_output`` of its keyword
     arguments) made into a page."""
@@ -87,7 +93,8 @@ def _wrapped(name: str, command: click.Command, json_output) -> click.Command:
 
     params = [param for param in command.params if param.name not in DROPPED]
     report = click.Command(name, params=params, callback=callback, epilog=EPILOG,
-                           help=f"The page of 'advisor {name}' (same options; see 'advisor {name} --help').")
+                           help=f"The page of 'advisor {name}' (same options; see 'advisor {name} --help')."
+                                f"\n\n\b\nExample:\n  {_EXAMPLES[name]}")
     return _report_options(report)
 
 
@@ -121,7 +128,8 @@ def report(ctx: click.Context, source: Path | None, profiles: tuple[Path, ...], 
     \b
     Examples:
       advisor report sweep --gpus 64 --gpu h100-80gb -o r.html
-      advisor report sweep --model llama3.1-405b --gpus 16384 --gpu h100-80gb --gbs 2048 --all -o r.html
+      advisor report sweep --model llama3.1-405b --gpus 16384 --gpu h100-80gb --gbs 2048 --all \\
+          -o r.html
       advisor report estimate --tp 2 --pp 2 --mbs 1 --gpus 16 --gpu h100-80gb -o one.html
       advisor report recommend --model llama3.1-8b --gpus 64 --tp 2 --pp 4 --objective time \\
           --gpu h100-80gb -o plan.html

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 
@@ -78,17 +79,19 @@ def _int(values: dict, name: str, default=None):
         raise AdvisorError(f"--{name} must be an integer, got {text!r}") from None
     if number < (0 if name == "mtp-num-layers" else 1):
         raise AdvisorError(f"--{name} must be positive, got {number}")
-    return number
+    return limits.check_int(number, f"--{name}", limits.MTP_LAYERS) if name == "mtp-num-layers" else number
 
 
-def _float(values: dict, name: str, default=None):
+def _float(values: dict, name: str, default=None, *, bound: limits.Bound, low_open: bool = True):
+    """A finite number within ``bound`` (nan, inf and negative factors were read and priced)."""
     text = values.get(name)
     if text is None:
         return default
     try:
-        return float(text)
+        number = float(text)
     except ValueError:
         raise AdvisorError(f"--{name} must be a number, got {text!r}") from None
+    return limits.check_float(number, f"--{name}", bound, low_open=low_open)
 
 
 def first_dense_layers(text: str, num_layers: int) -> int:
@@ -114,9 +117,12 @@ def _mla_and_yarn(values: dict):
                   v_head_dim=_int(values, "v-head-dim", 128))
     yarn = None
     if values.get("rope-type") == "yarn":  # MLATransformerConfig's fixed beta_fast 32, beta_slow 1, context 4096
-        yarn = YarnScaling(factor=_float(values, "rotary-scaling-factor", 1.0), original_max_position_embeddings=4096,
-                           beta_fast=32.0, beta_slow=1.0, mscale=_float(values, "mscale", 1.0),
-                           mscale_all_dim=_float(values, "mscale-all-dim", 0.0))
+        scale = limits.YARN_MSCALE
+        yarn = YarnScaling(factor=_float(values, "rotary-scaling-factor", 1.0, bound=limits.ROPE_SCALING,
+                                         low_open=False), original_max_position_embeddings=4096,
+                           beta_fast=32.0, beta_slow=1.0,
+                           mscale=_float(values, "mscale", 1.0, bound=scale, low_open=False),
+                           mscale_all_dim=_float(values, "mscale-all-dim", 0.0, bound=scale, low_open=False))
     elif values.get("rope-type") not in (None, "rope"):
         raise AdvisorError(f"--rope-type {values['rope-type']!r} is not priced (rope or yarn)")
     return mla, yarn
@@ -140,7 +146,8 @@ def moe_spec(dense: LlamaSpec, values: dict):
                    expert_bias=bool(values.get("moe-router-enable-expert-bias")),
                    router_num_groups=_int(values, "moe-router-num-groups"),
                    router_group_topk=_int(values, "moe-router-group-topk"),
-                   router_topk_scaling_factor=_float(values, "moe-router-topk-scaling-factor"), mla=mla, yarn=yarn,
+                   router_topk_scaling_factor=_float(values, "moe-router-topk-scaling-factor",
+                                                     bound=limits.MOE_TOPK_SCALING), mla=mla, yarn=yarn,
                    mtp_num_layers=_int(values, "mtp-num-layers", 0))
 
 
@@ -151,7 +158,7 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
         unpriced.append("no --moe-grouped-gemm (sequential experts; priced as grouped GEMMs)")
     if values.get("moe-router-force-load-balancing"):
         unpriced.append("--moe-router-force-load-balancing (priced as balanced routing, which it forces)")
-    capacity = _float(values, "moe-expert-capacity-factor")
+    capacity = _float(values, "moe-expert-capacity-factor", bound=limits.MOE_CAPACITY_FACTOR)
     pad = bool(values.get("moe-pad-expert-input-to-capacity"))  # a factor alone drops without padding
     modules = values.get("recompute-modules")
     if modules is not None and recompute != "selective":

@@ -7,9 +7,11 @@ expert-parallel degree) is shown as it is, a field it lacks is left out, never a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from advisor import limits
 from advisor.errors import AdvisorError
 
 PLAN_SCHEMA = "megatron-4d-advisor/plan"
@@ -29,6 +31,60 @@ class ReportInput:
     profiles: tuple[Path, ...] = field(default_factory=tuple)
 
 
+_LAYOUT = ("tp", "cp", "pp", "dp", "mbs", "seq_len", "global_batch_size")
+"""What every sweep row and estimate holds, and the report re-prices a layout from."""
+_FIELDS = {  # key: (what it must be, the check) for the fields the report reads where present
+    **{key: ("a positive integer or null", lambda v: v is None or _positive(v))
+       for key in ("vpp", "ep", "etp", "gpus", "rank", "recompute_num_layers")},
+    **{key: ("a finite number or null", lambda v: v is None or _finite(v))
+       for key in ("total_gib", "usage_gib", "memory_gib", "margin_gib", "memory_fraction", "model_states_gib",
+                   "activations_gib", "step_time_s", "tflops_per_gpu", "mfu", "tokens_per_s", "imbalance",
+                   "capacity_factor", "days", "gpu_hours", "cost_usd")},
+    **{key: ("a string or null", lambda v: v is None or isinstance(v, str))
+       for key in ("verdict", "gpu", "memory_model", "recompute", "recompute_method", "dispatcher", "routing")},
+    **{key: ("true, false or null", lambda v: v is None or isinstance(v, bool))
+       for key in ("a2a_overlap", "delay_wgrad", "pad_to_capacity", "distributed_optimizer")},
+    "options": ("an object", lambda v: isinstance(v, dict)),
+    "layers_per_stage": ("a list of layer counts", lambda v: isinstance(v, list) and all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v)),
+    **{key: ("a list of strings or null", lambda v: v is None or isinstance(v, list) and all(
+        isinstance(x, str) for x in v)) for key in ("megatron_args", "recompute_modules")},
+}
+
+
+def _positive(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limits.JSON_INT
+
+
+def _finite(value) -> bool:
+    """A number the figures can scale: 1e308 GiB overflowed a log axis's ticks."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and abs(value) <= 1e15
+
+
+def _check_row(row: dict, where: str) -> None:
+    """One line naming the first field the report could not read (a hand-edited or truncated
+    row was a KeyError or TypeError deep in the page's figures)."""
+    for key in _LAYOUT:
+        if not _positive(row.get(key)):
+            raise AdvisorError(f"{where}: '{key}' must be a positive integer, got {_shown(row.get(key))}")
+    for key, (what, valid) in _FIELDS.items():
+        if key in row and not valid(row[key]):
+            raise AdvisorError(f"{where}: '{key}' must be {what}, got {_shown(row[key])}")
+    if "model" in row and not isinstance(row["model"], (str, dict)):
+        raise AdvisorError(f"{where}: 'model' must be a preset's name or a model object, got {_shown(row['model'])}")
+    if isinstance(row.get("model"), dict) and "num_experts" in row["model"]:  # an MoE row is priced by EP, ETP
+        for key in ("ep", "etp"):
+            if not _positive(row.get(key)):
+                raise AdvisorError(f"{where}: an MoE row's '{key}' must be a positive integer, got "
+                                   f"{_shown(row.get(key))}")
+
+
+def _shown(value) -> str:
+    text = "nothing" if value is None else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def classify(document: object, where: str) -> tuple[str, list[dict], dict | None]:
     """(kind, rows, document) of the JSON of 'advisor sweep --format json', one sweep row,
     'advisor estimate --format json' or 'advisor recommend -o'."""
@@ -37,12 +93,21 @@ def classify(document: object, where: str) -> tuple[str, list[dict], dict | None
             raise AdvisorError(f"{where}: the sweep holds no rows")
         if not all(isinstance(row, dict) and "tp" in row for row in document):
             raise AdvisorError(f"{where}: a sweep array must hold row objects (advisor sweep --format json)")
+        for number_, row in enumerate(document, 1):
+            _check_row(row, f"{where}, row {number_}")
         return "sweep", document, None
     if isinstance(document, dict) and document.get("schema") == PLAN_SCHEMA:
+        from advisor.capture.plan import check_plan
+
+        check_plan(document, where)  # the plan's own reader (advisor-launch's): every field it holds
+        if not isinstance(document.get("baseline", {}), dict):
+            raise AdvisorError(f"{where}: 'baseline' must be an object, got {_shown(document['baseline'])}")
         return "plan", [], document
     if isinstance(document, dict) and isinstance(document.get("stages"), list) and "tp" in document:
+        _check_row(document, where)
         return "estimate", [document], document
     if isinstance(document, dict) and "tp" in document and "pp" in document:
+        _check_row(document, where)
         return "sweep", [document], None
     raise AdvisorError(f"{where}: neither a sweep, a sweep row, an estimate nor a plan (expected the JSON of "
                        "'advisor sweep --format json', 'advisor estimate --format json' or 'advisor recommend -o')")
