@@ -374,6 +374,25 @@ class StageModel:
             self.output_activations = self.output_activations * calibrated.output_factor
             self.added = calibrated.added
 
+    def take(self, rows: np.ndarray, count: int, recompute_layers) -> StageModel:
+        """This model for layouts ``rows`` of its ``count`` (the leading axis of every per-layout
+        array) with ``recompute_layers`` N: what building it for them gives, without pricing
+        again what N does not change (the sweep's planners step N over the same layouts).
+
+        Only the layer activations read N, except the calibrated layer factor, which reads
+        whether N > 0: a calibrated model must keep that per layout (``advisor.space``'s pricer
+        takes from one built with the same). Every array is elementwise in the layouts, so its
+        rows are the values a new build computes; what reduces over layouts is recomputed."""
+        new = object.__new__(StageModel)
+        for name, value in vars(self).items():
+            setattr(new, name, _rows_of(value, rows, count))
+        new.in_flight = schedule.InFlight(**{name: _rows_of(getattr(self.in_flight, name), rows, count)
+                                             for name in schedule.InFlight.__dataclass_fields__})
+        new.recompute_layers = np.asarray(recompute_layers)
+        new.recomputing = bool((new.recompute_layers > 0).any())
+        new.interleaved = bool((new.vpp > 1).any())
+        return new
+
     def layer_activations(self, layers):
         """Activations of a rank's transformer layers at its peak, all microbatches in flight
         (Eq. 16-17).
@@ -522,6 +541,14 @@ class StageModel:
             output_activations=self.output_activations,
             in_flight=self.in_flight.passes / self.vpp,
         )
+
+
+def _rows_of(value, rows: np.ndarray, count: int):
+    """``value``'s rows ``rows`` where it is an array over ``count`` layouts (its leading axis);
+    as it is where it does not vary with the layout (a number, or one row for all)."""
+    if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == count:
+        return value[rows]
+    return value
 
 
 def stage_layer_activation_bytes(

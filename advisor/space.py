@@ -230,7 +230,7 @@ class _Pricer:
         self.width = int(variants.pp.max()) if len(variants) else 1
         self.groups = []
         col = (slice(None), None)
-        for depth in np.unique(variants.pp).tolist():
+        for depth in sorted(set(variants.pp.tolist())):  # np.unique imports numpy.ma (10 ms)
             index = np.flatnonzero(variants.pp == depth)
             part = variants.take(index)
             layout = dict(tp=part.tp[col], cp=part.cp[col], dp=part.dp[col], mbs=part.mbs[col], pp=depth,
@@ -244,6 +244,28 @@ class _Pricer:
             ranks = None if times is None else times.ranks(part.base, part.vpp, part.recomputed(spec.num_layers), depth)
             self.groups.append((index, model, ranks, Pipelines(pp=part.pp, vpp=part.vpp, layers=spec.num_layers)))
         self.times = times
+
+    def take(self, rows: np.ndarray, variants: Variants, times: LayoutTimes | None) -> _Pricer:
+        """The pricer of ``variants``, which are this one's variants ``rows`` (increasing) with
+        their own N, the same recomputing or not as here where calibrated: its stage models
+        taken from these (``StageModel.take``) instead of built, the rank times ``times``'."""
+        new = object.__new__(_Pricer)
+        new.variants, new.layers, new.even, new.times = variants, self.layers, self.even, times
+        new.width = int(variants.pp.max()) if len(variants) else 1
+        new.groups = []
+        position = np.full(len(self.variants), -1)
+        position[rows] = np.arange(len(rows))
+        for index, model, _, _ in self.groups:
+            at = np.flatnonzero(position[index] >= 0)
+            if not at.size:
+                continue
+            mine = position[index[at]]
+            part = variants.take(mine)
+            depth = model.in_flight.passes.shape[1]
+            ranks = None if times is None else times.ranks(part.base, part.vpp, part.recomputed(self.layers), depth)
+            new.groups.append((mine, model.take(at, len(index), part.recompute_layers[:, None]), ranks,
+                               Pipelines(pp=part.pp, vpp=part.vpp, layers=self.layers)))
+        return new
 
     def _each(self, plan, memory: _Pricer | None = None) -> Split:
         """``plan(memory model, times, pipelines)`` per group; the memory models of ``memory``
@@ -469,6 +491,9 @@ class _Search:
     calibrated (or profile) model's usage."""
     times: dict = field(default_factory=dict)
     """LayoutTimes of every base, per recomputation family (selective or not), made once."""
+    reusable: dict = field(default_factory=dict)
+    """Per recomputation family, the variants ``reuse`` was given and the pricers built for all
+    of them (``pricer`` takes its stage models from those)."""
 
     def memory(self) -> _Search:
         """The same search without the time model: for pricers that only judge memory (``fits``,
@@ -483,7 +508,40 @@ class _Search:
                 self.times[variants.selective] = self.timing.layouts(
                     tp=bases.tp, cp=bases.cp, dp=bases.dp, mbs=bases.mbs, pp=bases.pp, selective=variants.selective)
             times = self.times[variants.selective]
+        built = self._built(variants)
+        if built is not None:
+            return built[0].take(built[1], variants, times)
         return _Pricer(self.spec, self.workload, self.options, variants, times, self.even, self.calibrated)
+
+    def reuse(self, variants: Variants) -> None:
+        """Build the stage models of ``variants`` at most once (per recomputing or not, where
+        calibrated): ``pricer`` then takes those of any of them, with any N, from these. The
+        planners price the same (base, VPP) at N after N; the models read N alone (1,600 stage
+        models were built for the 405B sweep on 16,384 GPUs, 267 of them per search)."""
+        key = variants.base * (self.spec.num_layers + 1) + variants.vpp
+        order = np.argsort(key, kind="stable")
+        self.reusable[variants.selective, variants.uniform] = (variants, key[order], order, {})
+
+    def _built(self, variants: Variants) -> tuple[_Pricer, np.ndarray] | None:
+        """(a pricer built for ``reuse``'s variants, the rows of ``variants`` among them) where
+        ``variants`` are some of those, in the same order, all recomputing or none where calibrated."""
+        entry = self.reusable.get((variants.selective, variants.uniform))
+        if entry is None or not len(variants) or variants.bases is not entry[0].bases:
+            return None
+        registered, keys, order, built = entry
+        recomputing = variants.recompute_layers > 0
+        flag = bool(recomputing[0]) if self.calibrated is not None else False
+        if self.calibrated is not None and (recomputing != flag).any():
+            return None  # the calibrated layer factor reads N > 0 per layout
+        key = variants.base * (self.spec.num_layers + 1) + variants.vpp
+        at = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+        rows = order[at]
+        if not (keys[at] == key).all() or (np.diff(rows) <= 0).any():
+            return None
+        if flag not in built:
+            built[flag] = _Pricer(self.spec, self.workload, self.options, registered.with_recompute(int(flag)), None,
+                                  self.even, self.calibrated)
+        return built[flag], rows
 
 
 def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> tuple[np.ndarray, int]:
@@ -652,6 +710,7 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
             if not len(variants):
                 continue
             if timing is None:  # the fewest recomputed layers; selective before full
+                state.reuse(variants)
                 low, high = _recompute_range(variants.pp, variants.vpp, layers, space, selective)
                 least, priced = _least_recompute(state, variants, low, high, limit)
                 evaluated += priced
@@ -693,6 +752,7 @@ def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, 
     no memory limit at all (recomputation and the limit can only slow it). The (base, VPP) are
     planned in two rounds, the one with the lowest bound first, then those others whose bound is
     better than their base's best so far; the rest are pruned. Returns ((variants, N, step, counts), variants priced)."""
+    search.reuse(variants)
     free = search.pricer(variants.with_recompute(0))
     unlimited = free.fastest(np.inf)
     bound = np.where(unlimited.feasible, free.step_time(unlimited.counts), np.inf)
@@ -778,7 +838,8 @@ def _rows(search: _Search, bases: Bases, picks: _Picks, families: list) -> Chose
         members = np.flatnonzero(picks.family == family)
         if not members.size:
             continue
-        pricer = replace(search, timing=None, times={}, calibrated=None).pricer(picks.variants(members, bases, families))
+        pricer = replace(search, timing=None, times={}, calibrated=None, reusable={}).pricer(
+            picks.variants(members, bases, families))
         part = pricer.terms(picks.counts[members][:, :pricer.width])
         for name, values in terms.items():
             values[members, :pricer.width] = getattr(part, name)

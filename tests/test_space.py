@@ -406,3 +406,51 @@ def test_the_groups_are_every_vpp_megatron_interleaves(model, gpus, gbs, split, 
                      if v <= top and (split == "auto" or spec.num_layers % (p * v) == 0)]
     base, vpps = _groups(spec, bases, space)
     assert list(zip(base.tolist(), vpps.tolist())) == expected and base.dtype == vpps.dtype == np.int64
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["llama3.2-1b", "llama3.1-8b", "llama3.1-70b"]), st.sampled_from([8, 32, 64, 256]),
+       st.sampled_from([None, "optim_grads", "optim_grads_params"]), st.sampled_from([None, "hybrid"]),
+       st.booleans(), st.booleans(), st.sampled_from(["none", "some", "all"]), st.integers(0, 2**32 - 1))
+def test_stage_models_taken_for_some_variants_are_the_ones_built_for_them(model, gpus, fsdp, fp8, calibrated, uniform,
+                                                                           recomputing, seed):
+    """_Search.reuse: the pricer of some of the variants, at another N, takes its stage models
+    from those built once for all of them (StageModel.take); its caps, splits, steps and terms
+    are those of a pricer built for them anew, calibrated or not, with the levers' buffers."""
+    from advisor.hardware import get_gpu
+    from advisor.rank_times import Timing
+    from advisor.space import SpaceOptions, Variants, _groups, _Pricer, _Search, launchable
+    from advisor.throughput import TimeModel
+    from advisor.throughput.calibration import load_memory_calibration
+
+    spec, workload, rng = PRESETS[model], Workload(seq_len=4096, global_batch_size=512), np.random.default_rng(seed)
+    options = MemoryOptions(fsdp_strategy=fsdp, fp8_format=fp8, recompute_method="uniform" if uniform else "block")
+    bases = launchable(spec, workload, gpus, 8, options)
+    group_base, group_vpp = _groups(spec, bases, SpaceOptions())
+    all_of_them = Variants(group_base, bases, group_vpp, np.zeros(len(group_base), np.int64), False, uniform)
+    search = _Search(spec, workload, options, Timing(TimeModel(spec, get_gpu("h100-80gb"), 4096, 512), 8), False,
+                     (load_memory_calibration(), 80.0, None) if calibrated else None)
+    search.reuse(all_of_them)
+    some = np.flatnonzero(rng.random(len(all_of_them)) < 0.5)
+    if not some.size:
+        some = np.array([0])
+    largest = spec.num_layers // np.maximum(all_of_them.pp[some] * all_of_them.vpp[some], 1)
+    n = {"none": np.zeros(len(some), np.int64), "all": rng.integers(1, largest + 1),
+         "some": rng.integers(0, largest + 1)}[recomputing]
+    part = all_of_them.take(some).with_recompute(n)
+    taken = search.pricer(part)
+    mixed = calibrated and 0 < (n > 0).sum() < len(n)
+    assert (search._built(part) is None) == mixed  # taken unless the calibrated factor differs per layout
+    built = _Pricer(spec, workload, options, part, search.times[False], False, search.calibrated)
+    limit = 60 * 2**30
+    assert (taken.memory_caps(limit) == built.memory_caps(limit)).all()
+    assert (taken.fits(limit) == built.fits(limit)).all()
+    for mine, theirs in ((taken.fastest(limit), built.fastest(limit)), (taken.lowest(), built.lowest())):
+        assert (mine.counts == theirs.counts).all() and (mine.feasible == theirs.feasible).all()
+        assert np.array_equal(mine.value, theirs.value)
+    counts = built.lowest().counts
+    assert np.array_equal(taken.step_time(counts), built.step_time(counts))
+    if not calibrated:
+        mine, theirs = taken.terms(counts), built.terms(counts)
+        assert all(np.array_equal(getattr(mine, f), getattr(theirs, f)) for f in mine.__dataclass_fields__)
+    event(f"taken: {search._built(part) is not None}")
