@@ -457,9 +457,7 @@ def _fits_somewhere(spec: LlamaSpec, workload: Workload, bases: Bases, group_bas
             low, high = _recompute_range(variants.pp, variants.vpp, spec.num_layers, space, selective)
             for n in (low, high) if (high != low).any() else (low,):
                 priced += len(which)
-                pricer = state.pricer(variants.with_recompute(n))
-                rest = np.flatnonzero(pricer.floor_within(memory))  # one total per rank rules most out
-                if rest.size and state.pricer(variants.take(rest).with_recompute(n[rest])).fits(memory).any():
+                if _fits(state, variants.with_recompute(n), memory).any():
                     return True, priced
     return False, priced
 
@@ -544,6 +542,20 @@ class _Search:
         return built[flag], rows
 
 
+def _fits(search: _Search, variants: Variants, limit: float) -> np.ndarray:
+    """Per variant, at its own N, whether some split fits within ``limit`` (``_Pricer.fits``),
+    planned only where every rank holding its fewest layers is: a split needs that first, and one
+    total per rank rules out most of what does not fit (the 405B sweep on 16,384 GPUs: a third)."""
+    pricer = search.pricer(variants)
+    if search.even:  # one total per rank already
+        return pricer.fits(limit)
+    ok = np.zeros(len(variants), dtype=bool)
+    rest = np.flatnonzero(pricer.floor_within(limit))
+    if rest.size:
+        ok[rest] = search.pricer(variants.take(rest)).fits(limit)
+    return ok
+
+
 def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> tuple[np.ndarray, int]:
     """Per variant (its N ignored), the fewest recomputed layers N in [low, high] with which some
     split fits within ``limit`` (-1 where none does), and how many (variant, N) were priced:
@@ -556,24 +568,24 @@ def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> t
         open_ = n <= high
         while open_.any():
             index = np.flatnonzero(open_)
-            ok = search.pricer(variants.take(index).with_recompute(n[index])).fits(limit)
+            ok = _fits(search, variants.take(index).with_recompute(n[index]), limit)
             priced += len(index)
             least[index[ok]] = n[index[ok]]
             n[index] += 1
             open_[index] = ~ok & (n[index] <= high[index])
         return least, priced
-    fits_low = search.pricer(variants.with_recompute(low)).fits(limit)  # most need none
+    fits_low = _fits(search, variants.with_recompute(low), limit)  # most need none
     rest = np.flatnonzero(~fits_low & (high > low))
     fits_high = fits_low.copy()
     if rest.size:
-        fits_high[rest] = search.pricer(variants.take(rest).with_recompute(high[rest])).fits(limit)
+        fits_high[rest] = _fits(search, variants.take(rest).with_recompute(high[rest]), limit)
     priced = len(variants) + rest.size
     below, above = np.where(fits_low, low - 1, low), np.where(fits_low, low, np.where(fits_high, high, -1))
     open_ = fits_high & (above - below > 1)
     while open_.any():
         index = np.flatnonzero(open_)
         middle = (below[index] + above[index]) // 2
-        ok = search.pricer(variants.take(index).with_recompute(middle)).fits(limit)
+        ok = _fits(search, variants.take(index).with_recompute(middle), limit)
         priced += len(index)
         below[index] = np.where(ok, below[index], middle)
         above[index] = np.where(ok, middle, above[index])
