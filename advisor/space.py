@@ -246,20 +246,22 @@ class _Pricer:
         self.times = times
 
     def take(self, rows: np.ndarray, variants: Variants, times: LayoutTimes | None) -> _Pricer:
-        """The pricer of ``variants``, which are this one's variants ``rows`` (increasing) with
-        their own N, the same recomputing or not as here where calibrated: its stage models
-        taken from these (``StageModel.take``) instead of built, the rank times ``times``'."""
+        """The pricer of ``variants``, which are this one's variants ``rows`` (in any order, any
+        of them more than once) with their own N, the same recomputing or not as here where
+        calibrated: its stage models taken from these (``StageModel.take``) instead of built,
+        the rank times ``times``'."""
         new = object.__new__(_Pricer)
         new.variants, new.layers, new.even, new.times = variants, self.layers, self.even, times
         new.width = int(variants.pp.max()) if len(variants) else 1
         new.groups = []
-        position = np.full(len(self.variants), -1)
-        position[rows] = np.arange(len(rows))
-        for index, model, _, _ in self.groups:
-            at = np.flatnonzero(position[index] >= 0)
-            if not at.size:
+        group, local = np.empty(len(self.variants), np.int64), np.empty(len(self.variants), np.int64)
+        for number, (index, *_) in enumerate(self.groups):
+            group[index], local[index] = number, np.arange(len(index))
+        for number, (index, model, _, _) in enumerate(self.groups):
+            mine = np.flatnonzero(group[rows] == number)
+            if not mine.size:
                 continue
-            mine = position[index[at]]
+            at = local[rows[mine]]
             part = variants.take(mine)
             depth = model.in_flight.passes.shape[1]
             ranks = None if times is None else times.ranks(part.base, part.vpp, part.recomputed(self.layers), depth)
@@ -489,6 +491,8 @@ class _Search:
     calibrated (or profile) model's usage."""
     times: dict = field(default_factory=dict)
     """LayoutTimes of every base, per recomputation family (selective or not), made once."""
+    steps_unlimited: dict = field(default_factory=dict)
+    """Per recomputation family, ``unlimited_steps`` of the variants it priced, by (base, VPP)."""
     reusable: dict = field(default_factory=dict)
     """Per recomputation family, the variants ``reuse`` was given and the pricers built for all
     of them (``pricer`` takes its stage models from those)."""
@@ -511,6 +515,23 @@ class _Search:
             return built[0].take(built[1], variants, times)
         return _Pricer(self.spec, self.workload, self.options, variants, times, self.even, self.calibrated)
 
+    def unlimited_steps(self, variants: Variants) -> np.ndarray:
+        """Per variant, the step of its fastest split with no recomputation and no memory limit
+        (inf where it has none): ``_fastest_variants``' bound, which no limit changes, so made
+        once for the variants the first limit plans (the second plans some of them again)."""
+        key = variants.base * (self.spec.num_layers + 1) + variants.vpp
+        known = self.steps_unlimited.get((variants.selective, variants.uniform))
+        if known is not None:
+            at = np.minimum(np.searchsorted(known[0], key), len(known[0]) - 1)
+            if (known[0][at] == key).all():
+                return known[1][at]
+        free = self.pricer(variants.with_recompute(0))
+        unlimited = free.fastest(np.inf)
+        bound = np.where(unlimited.feasible, free.step_time(unlimited.counts), np.inf)
+        order = np.argsort(key, kind="stable")
+        self.steps_unlimited[variants.selective, variants.uniform] = (key[order], bound[order])
+        return bound
+
     def reuse(self, variants: Variants) -> None:
         """Build the stage models of ``variants`` at most once (per recomputing or not, where
         calibrated): ``pricer`` then takes those of any of them, with any N, from these. The
@@ -522,7 +543,7 @@ class _Search:
 
     def _built(self, variants: Variants) -> tuple[_Pricer, np.ndarray] | None:
         """(a pricer built for ``reuse``'s variants, the rows of ``variants`` among them) where
-        ``variants`` are some of those, in the same order, all recomputing or none where calibrated."""
+        ``variants`` are some of those, all recomputing or none where calibrated."""
         entry = self.reusable.get((variants.selective, variants.uniform))
         if entry is None or not len(variants) or variants.bases is not entry[0].bases:
             return None
@@ -534,7 +555,7 @@ class _Search:
         key = variants.base * (self.spec.num_layers + 1) + variants.vpp
         at = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
         rows = order[at]
-        if not (keys[at] == key).all() or (np.diff(rows) <= 0).any():
+        if not (keys[at] == key).all():
             return None
         if flag not in built:
             built[flag] = _Pricer(self.spec, self.workload, self.options, registered.with_recompute(int(flag)), None,
@@ -765,9 +786,7 @@ def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, 
     planned in two rounds, the one with the lowest bound first, then those others whose bound is
     better than their base's best so far; the rest are pruned. Returns ((variants, N, step, counts), variants priced)."""
     search.reuse(variants)
-    free = search.pricer(variants.with_recompute(0))
-    unlimited = free.fastest(np.inf)
-    bound = np.where(unlimited.feasible, free.step_time(unlimited.counts), np.inf)
+    bound = search.unlimited_steps(variants)
     order = np.lexsort((bound, variants.base))
     rank = np.empty(len(variants), dtype=np.int64)
     start = np.r_[0, np.flatnonzero(np.diff(variants.base[order])) + 1]  # each base's first position in order
@@ -779,6 +798,9 @@ def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, 
     priced = len(variants)
     for first_round in (True, False):  # each base's most promising VPP, then the rest that may beat it
         todo = np.flatnonzero(((rank == 0) if first_round else (rank > 0)) & (bound < best[variants.base]))
+        if not first_round and todo.size:
+            todo, unfit = _drop_unfit_bases(search, variants, todo, best, space, limit)
+            priced += unfit
         if not todo.size:
             continue
         part = variants.take(todo)
@@ -792,6 +814,57 @@ def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, 
     return (variants, chosen, step, counts), priced
 
 
+def _drop_unfit_bases(search: _Search, variants: Variants, todo: np.ndarray, best: np.ndarray, space: SpaceOptions,
+                      limit: float) -> tuple[np.ndarray, int]:
+    """The variants ``todo`` less those of bases none of whose variants fits within ``limit``, and
+    what ``_least_recompute`` would have priced to find that (so the count is the rules', not
+    this shortcut's).
+
+    Only bases with no step yet (their first round found no fit) are checked, each by its
+    least-memory variants alone, ``may_fit``'s: its smallest VPP (no larger one needs less) at
+    both ends of its N range (the block method's memory never grows with N >= 1, the uniform's
+    never falls, N = 0 apart). Where these do not fit, no variant of the base does: its other
+    VPPs would each have been priced to no avail (the 405B levers sweep on 16,384 GPUs: 13,300
+    of its 14,500 second-round variants). ``tests/test_space.py`` checks the rule per base
+    against every variant priced."""
+    base = variants.base[todo]
+    open_ = np.isinf(best[base])
+    if not open_.any():
+        return todo, 0
+    first = np.full(len(best), np.iinfo(np.int64).max)
+    np.minimum.at(first, variants.base, variants.vpp)  # every VPP of an open base is among the variants
+    checked = np.flatnonzero(np.bincount(base[open_], minlength=len(best)))
+    least = Variants(checked, variants.bases, first[checked], np.zeros(len(checked), np.int64), variants.selective,
+                     variants.uniform)
+    fits = _may_fit_at_all(search, least, space, limit)
+    if fits.all():
+        return todo, 0
+    unfit = np.zeros(len(best), dtype=bool)
+    unfit[checked[~fits]] = True
+    drop = unfit[base]
+    dropped = variants.take(todo[drop])
+    low, high = _recompute_range(dropped.pp, dropped.vpp, search.spec.num_layers, space, dropped.selective)
+    # _least_recompute's count where nothing fits: block, N low and high; uniform, every N
+    priced = np.maximum(high - low + 1, 0) if variants.uniform else 1 + (high > low)
+    return todo[~drop], int(priced.sum())
+
+
+def _may_fit_at_all(search: _Search, variants: Variants, space: SpaceOptions, limit: float) -> np.ndarray:
+    """Per variant, whether it fits within ``limit`` at either end of its N range."""
+    low, high = _recompute_range(variants.pp, variants.vpp, search.spec.num_layers, space, variants.selective)
+    ok = _fits(search.memory(), variants.with_recompute(low), limit)
+    rest = np.flatnonzero(~ok & (high != low))
+    if rest.size:
+        ok[rest] = _fits(search.memory(), variants.take(rest).with_recompute(high[rest]), limit)
+    return ok
+
+
+AHEAD = 128
+"""(Variant, N) planned together at most when few variants are left to step N: their N, N + 1,
+... at once (a round's numpy calls cost the same for 2 rows as for 100), the stopping rule then
+applied N by N as if planned one at a time."""
+
+
 def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
     """Per variant, from its least N upwards, MadPipe's split within ``limit`` and its step.
 
@@ -800,8 +873,10 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
     with N's times and the memory of the highest N (uniform: with the memory limit ignored);
     once that is no better than the best period found, no larger N can shorten the period, nor
     the step (which grows with the period and with the sum of the ranks' times, and that sum
-    grows with N), and the search stops. The step time picks among the N planned. Returns
-    (step, N, counts, variants planned beyond their least N)."""
+    grows with N), and the search stops. The step time picks among the N planned. Where few
+    variants are left, the next N of each are planned together (``AHEAD``); what lies beyond a
+    variant's stop is dropped unseen. Returns (step, N, counts, variants planned beyond their
+    least N)."""
     count = len(variants)
     best, best_period = np.full(count, np.inf), np.full(count, np.inf)
     best_n = np.full(count, -1)
@@ -817,29 +892,46 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
         ceiling[at, :caps.shape[1]] = caps
     while open_.any():
         index = np.flatnonzero(open_)
-        part = variants.take(index).with_recompute(n[index])
-        pricer = search.pricer(part)
-        split = pricer.fastest(limit)
-        planned += int((n[index] > least[index]).sum())
-        step = np.full(len(index), np.inf)
-        if split.feasible.any():
-            ok = np.flatnonzero(split.feasible)
-            step[ok] = pricer.step_time(split.counts, ok)
-        better = step < best[index]
-        best[index[better]] = step[better]
-        best_n[index[better]] = n[index[better]]
-        best_counts[index[better], :split.counts.shape[1]] = split.counts[better]
-        best_period[index] = np.minimum(best_period[index], split.value)
-        if variants.uniform:
-            free = pricer.fastest(np.inf).value  # no N' > N has a shorter period than this
-        elif ceiling is not None:
-            free = pricer.fastest_capped(ceiling[index]).value
-        else:
-            free = pricer.fastest(limit, memory=search.memory().pricer(
-                variants.take(index).with_recompute(high[index]))).value
-        n[index] += 1
-        open_[index] = (n[index] <= high[index]) & (free < best_period[index])
+        ahead = max(1, min(AHEAD // len(index), int((high[index] - n[index]).max()) + 1))
+        which = np.repeat(index, ahead)  # each open variant at N, N + 1, ... (within its range)
+        at_n = n[which] + np.tile(np.arange(ahead), len(index))
+        keep = at_n <= high[which]
+        which, at_n = which[keep], at_n[keep]
+        step, counts, period, free = _plan_at(search, variants, which, at_n, limit, ceiling, high)
+        for _ in range(ahead):  # the stopping rule, N by N: the rows at each open variant's N
+            row = np.flatnonzero(open_[which] & (at_n == n[which]))
+            if not row.size:
+                break
+            mine = which[row]
+            planned += int((n[mine] > least[mine]).sum())
+            better = step[row] < best[mine]
+            best[mine[better]] = step[row[better]]
+            best_n[mine[better]] = n[mine[better]]
+            best_counts[mine[better], :counts.shape[1]] = counts[row[better]]
+            best_period[mine] = np.minimum(best_period[mine], period[row])
+            n[mine] += 1
+            open_[mine] = (n[mine] <= high[mine]) & (free[row] < best_period[mine])
     return best, best_n, best_counts, planned
+
+
+def _plan_at(search: _Search, variants: Variants, which: np.ndarray, n: np.ndarray, limit: float, ceiling, high):
+    """Variants ``which`` at N ``n``: their steps with MadPipe's split within ``limit`` (inf where
+    none fits), the splits, their periods, and the shortest period any larger N could reach
+    (``_fastest_recompute``)."""
+    pricer = search.pricer(variants.take(which).with_recompute(n))
+    split = pricer.fastest(limit)
+    step = np.full(len(which), np.inf)
+    if split.feasible.any():
+        ok = np.flatnonzero(split.feasible)
+        step[ok] = pricer.step_time(split.counts, ok)
+    if variants.uniform:
+        free = pricer.fastest(np.inf).value  # no N' > N has a shorter period than this
+    elif ceiling is not None:
+        free = pricer.fastest_capped(ceiling[which]).value
+    else:
+        free = pricer.fastest(limit, memory=search.memory().pricer(
+            variants.take(which).with_recompute(high[which]))).value
+    return step, split.counts, split.value, free
 
 
 def _rows(search: _Search, bases: Bases, picks: _Picks, families: list) -> Chosen:
