@@ -463,7 +463,7 @@ class StageModel:
                 estimate = line if estimate is None else np.maximum(estimate, line)
         else:
             estimate = self._inverse(bound, fixed, per_layer, 0.0, 0.0, high)
-        estimate = np.clip(estimate, low - 1, high).astype(np.int64)
+        estimate = np.minimum(np.maximum(estimate, low - 1), high).astype(np.int64)  # np.clip, without its wrapper
         for _ in range(int(np.max(self.vpp)) + 2):  # one step fixes rounding; more would mean a wrong estimate
             up = (estimate < high) & (self.total(np.minimum(estimate + 1, high)) <= bound)
             down = (estimate >= low) & (self.total(np.maximum(estimate, low)) > bound)
@@ -487,7 +487,7 @@ class StageModel:
         beyond = np.floor((bound - fixed - (checkpoint - kept) * n * passes) / (per_layer * v + kept * passes))
         within = np.minimum(np.floor((bound - fixed - rebuilt) / (per_layer * v + checkpoint * passes)), n)
         q = np.where(beyond > n, beyond, np.where(within >= 1, within, np.where(bound >= fixed, 0, -1)))
-        q = np.clip(q, -1, np.maximum(high // v, 0))
+        q = np.minimum(np.maximum(q, -1), np.maximum(high // v, 0))
         estimate = v * q
         if self.interleaved:
             at = np.maximum(estimate, 0)
@@ -498,7 +498,7 @@ class StageModel:
             start = v - filled  # R_r gains p per chunk from r = v - filled on, plus the partial chunk
             few = np.minimum(np.floor(budget / (per_layer + c * rounds * pp)), start - 1)
             many = np.floor((budget - c * (rest - filled * pp - start * pp)) / (per_layer + c * (rounds + 1) * pp))
-            extra = np.clip(np.where(many >= start, many, np.maximum(few, 0)), 0, v - 1)
+            extra = np.minimum(np.maximum(np.where(many >= start, many, np.maximum(few, 0)), 0), v - 1)
             estimate = np.where(q >= 0, estimate + extra, -1)
         return estimate
 
@@ -519,7 +519,9 @@ class StageModel:
     def total(self, layers, buffers: bool = True):
         """Peak bytes per GPU of a rank holding ``layers`` decoder layers (Eq. 18 per stage); the
         same sums, in the same order, as ``terms(layers).total``. Without Megatron-FSDP's buffers
-        where not ``buffers`` (``most_layers`` adds them as lines)."""
+        where not ``buffers`` (``most_layers`` adds them as lines). The layers as floats once: every
+        term multiplies them by floats (the same values; one conversion instead of one per term)."""
+        layers = np.asarray(layers, dtype=float)
         parameters = self.parameters(layers)
         weights, gradients, optimizer = self.states(layers, parameters, buffers)
         states = weights + gradients + optimizer
