@@ -572,6 +572,8 @@ def _fits(search: _Search, variants: Variants, limit: float) -> np.ndarray:
         return pricer.fits(limit)
     ok = np.zeros(len(variants), dtype=bool)
     rest = np.flatnonzero(pricer.floor_within(limit))
+    if rest.size == len(variants):
+        return pricer.fits(limit)
     if rest.size:
         ok[rest] = search.pricer(variants.take(rest)).fits(limit)
     return ok
