@@ -374,6 +374,25 @@ class StageModel:
             self.output_activations = self.output_activations * calibrated.output_factor
             self.added = calibrated.added
 
+    def take(self, rows: np.ndarray, count: int, recompute_layers) -> StageModel:
+        """This model for layouts ``rows`` of its ``count`` (the leading axis of every per-layout
+        array) with ``recompute_layers`` N: what building it for them gives, without pricing
+        again what N does not change (the sweep's planners step N over the same layouts).
+
+        Only the layer activations read N, except the calibrated layer factor, which reads
+        whether N > 0: a calibrated model must keep that per layout (``advisor.space``'s pricer
+        takes from one built with the same). Every array is elementwise in the layouts, so its
+        rows are the values a new build computes; what reduces over layouts is recomputed."""
+        new = object.__new__(StageModel)
+        for name, value in vars(self).items():
+            setattr(new, name, _rows_of(value, rows, count))
+        new.in_flight = schedule.InFlight(**{name: _rows_of(getattr(self.in_flight, name), rows, count)
+                                             for name in schedule.InFlight.__dataclass_fields__})
+        new.recompute_layers = np.asarray(recompute_layers)
+        new.recomputing = bool((new.recompute_layers > 0).any())
+        new.interleaved = bool((new.vpp > 1).any())
+        return new
+
     def layer_activations(self, layers):
         """Activations of a rank's transformer layers at its peak, all microbatches in flight
         (Eq. 16-17).
@@ -444,7 +463,7 @@ class StageModel:
                 estimate = line if estimate is None else np.maximum(estimate, line)
         else:
             estimate = self._inverse(bound, fixed, per_layer, 0.0, 0.0, high)
-        estimate = np.clip(estimate, low - 1, high).astype(np.int64)
+        estimate = np.minimum(np.maximum(estimate, low - 1), high).astype(np.int64)  # np.clip, without its wrapper
         for _ in range(int(np.max(self.vpp)) + 2):  # one step fixes rounding; more would mean a wrong estimate
             up = (estimate < high) & (self.total(np.minimum(estimate + 1, high)) <= bound)
             down = (estimate >= low) & (self.total(np.maximum(estimate, low)) > bound)
@@ -468,7 +487,7 @@ class StageModel:
         beyond = np.floor((bound - fixed - (checkpoint - kept) * n * passes) / (per_layer * v + kept * passes))
         within = np.minimum(np.floor((bound - fixed - rebuilt) / (per_layer * v + checkpoint * passes)), n)
         q = np.where(beyond > n, beyond, np.where(within >= 1, within, np.where(bound >= fixed, 0, -1)))
-        q = np.clip(q, -1, np.maximum(high // v, 0))
+        q = np.minimum(np.maximum(q, -1), np.maximum(high // v, 0))
         estimate = v * q
         if self.interleaved:
             at = np.maximum(estimate, 0)
@@ -479,7 +498,7 @@ class StageModel:
             start = v - filled  # R_r gains p per chunk from r = v - filled on, plus the partial chunk
             few = np.minimum(np.floor(budget / (per_layer + c * rounds * pp)), start - 1)
             many = np.floor((budget - c * (rest - filled * pp - start * pp)) / (per_layer + c * (rounds + 1) * pp))
-            extra = np.clip(np.where(many >= start, many, np.maximum(few, 0)), 0, v - 1)
+            extra = np.minimum(np.maximum(np.where(many >= start, many, np.maximum(few, 0)), 0), v - 1)
             estimate = np.where(q >= 0, estimate + extra, -1)
         return estimate
 
@@ -500,7 +519,9 @@ class StageModel:
     def total(self, layers, buffers: bool = True):
         """Peak bytes per GPU of a rank holding ``layers`` decoder layers (Eq. 18 per stage); the
         same sums, in the same order, as ``terms(layers).total``. Without Megatron-FSDP's buffers
-        where not ``buffers`` (``most_layers`` adds them as lines)."""
+        where not ``buffers`` (``most_layers`` adds them as lines). The layers as floats once: every
+        term multiplies them by floats (the same values; one conversion instead of one per term)."""
+        layers = np.asarray(layers, dtype=float)
         parameters = self.parameters(layers)
         weights, gradients, optimizer = self.states(layers, parameters, buffers)
         states = weights + gradients + optimizer
@@ -522,6 +543,14 @@ class StageModel:
             output_activations=self.output_activations,
             in_flight=self.in_flight.passes / self.vpp,
         )
+
+
+def _rows_of(value, rows: np.ndarray, count: int):
+    """``value``'s rows ``rows`` where it is an array over ``count`` layouts (its leading axis);
+    as it is where it does not vary with the layout (a number, or one row for all)."""
+    if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == count:
+        return value[rows]
+    return value
 
 
 def stage_layer_activation_bytes(

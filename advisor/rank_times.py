@@ -34,7 +34,7 @@ class RankTimes:
     """v N: the most layers a rank recomputes."""
 
     def __call__(self, layers) -> np.ndarray:
-        layers = np.asarray(layers)
+        layers = np.asarray(layers, dtype=float)  # once, not per term
         return self.alpha * layers + self.rho * np.minimum(layers, self.recomputable) + self.beta
 
     def inverse(self, bound, low, high) -> np.ndarray:
@@ -43,7 +43,7 @@ class RankTimes:
         recomputing = np.floor((bound - self.beta) / (self.alpha + self.rho))
         beyond = np.floor((bound - self.beta - self.rho * self.recomputable) / self.alpha)
         estimate = np.where(recomputing >= self.recomputable, np.maximum(beyond, self.recomputable), recomputing)
-        estimate = np.clip(estimate, low - 1, high).astype(np.int64)
+        estimate = np.minimum(np.maximum(estimate, low - 1), high).astype(np.int64)  # np.clip, without its wrapper
         for _ in range(3):
             up = (estimate < high) & (self(np.minimum(estimate + 1, high)) <= bound)
             down = (estimate >= low) & (self(np.maximum(estimate, low)) > bound)

@@ -230,7 +230,7 @@ class _Pricer:
         self.width = int(variants.pp.max()) if len(variants) else 1
         self.groups = []
         col = (slice(None), None)
-        for depth in np.unique(variants.pp).tolist():
+        for depth in sorted(set(variants.pp.tolist())):  # np.unique imports numpy.ma (10 ms)
             index = np.flatnonzero(variants.pp == depth)
             part = variants.take(index)
             layout = dict(tp=part.tp[col], cp=part.cp[col], dp=part.dp[col], mbs=part.mbs[col], pp=depth,
@@ -244,6 +244,30 @@ class _Pricer:
             ranks = None if times is None else times.ranks(part.base, part.vpp, part.recomputed(spec.num_layers), depth)
             self.groups.append((index, model, ranks, Pipelines(pp=part.pp, vpp=part.vpp, layers=spec.num_layers)))
         self.times = times
+
+    def take(self, rows: np.ndarray, variants: Variants, times: LayoutTimes | None) -> _Pricer:
+        """The pricer of ``variants``, which are this one's variants ``rows`` (in any order, any
+        of them more than once) with their own N, the same recomputing or not as here where
+        calibrated: its stage models taken from these (``StageModel.take``) instead of built,
+        the rank times ``times``'."""
+        new = object.__new__(_Pricer)
+        new.variants, new.layers, new.even, new.times = variants, self.layers, self.even, times
+        new.width = int(variants.pp.max()) if len(variants) else 1
+        new.groups = []
+        group, local = np.empty(len(self.variants), np.int64), np.empty(len(self.variants), np.int64)
+        for number, (index, *_) in enumerate(self.groups):
+            group[index], local[index] = number, np.arange(len(index))
+        for number, (index, model, _, _) in enumerate(self.groups):
+            mine = np.flatnonzero(group[rows] == number)
+            if not mine.size:
+                continue
+            at = local[rows[mine]]
+            part = variants.take(mine)
+            depth = model.in_flight.passes.shape[1]
+            ranks = None if times is None else times.ranks(part.base, part.vpp, part.recomputed(self.layers), depth)
+            new.groups.append((mine, model.take(at, len(index), part.recompute_layers[:, None]), ranks,
+                               Pipelines(pp=part.pp, vpp=part.vpp, layers=self.layers)))
+        return new
 
     def _each(self, plan, memory: _Pricer | None = None) -> Split:
         """``plan(memory model, times, pipelines)`` per group; the memory models of ``memory``
@@ -435,9 +459,7 @@ def _fits_somewhere(spec: LlamaSpec, workload: Workload, bases: Bases, group_bas
             low, high = _recompute_range(variants.pp, variants.vpp, spec.num_layers, space, selective)
             for n in (low, high) if (high != low).any() else (low,):
                 priced += len(which)
-                pricer = state.pricer(variants.with_recompute(n))
-                rest = np.flatnonzero(pricer.floor_within(memory))  # one total per rank rules most out
-                if rest.size and state.pricer(variants.take(rest).with_recompute(n[rest])).fits(memory).any():
+                if _fits(state, variants.with_recompute(n), memory).any():
                     return True, priced
     return False, priced
 
@@ -469,6 +491,11 @@ class _Search:
     calibrated (or profile) model's usage."""
     times: dict = field(default_factory=dict)
     """LayoutTimes of every base, per recomputation family (selective or not), made once."""
+    steps_unlimited: dict = field(default_factory=dict)
+    """Per recomputation family, ``unlimited_steps`` of the variants it priced, by (base, VPP)."""
+    reusable: dict = field(default_factory=dict)
+    """Per recomputation family, the variants ``reuse`` was given and the pricers built for all
+    of them (``pricer`` takes its stage models from those)."""
 
     def memory(self) -> _Search:
         """The same search without the time model: for pricers that only judge memory (``fits``,
@@ -483,7 +510,73 @@ class _Search:
                 self.times[variants.selective] = self.timing.layouts(
                     tp=bases.tp, cp=bases.cp, dp=bases.dp, mbs=bases.mbs, pp=bases.pp, selective=variants.selective)
             times = self.times[variants.selective]
+        built = self._built(variants)
+        if built is not None:
+            return built[0].take(built[1], variants, times)
         return _Pricer(self.spec, self.workload, self.options, variants, times, self.even, self.calibrated)
+
+    def unlimited_steps(self, variants: Variants) -> np.ndarray:
+        """Per variant, the step of its fastest split with no recomputation and no memory limit
+        (inf where it has none): ``_fastest_variants``' bound, which no limit changes, so made
+        once for the variants the first limit plans (the second plans some of them again)."""
+        key = variants.base * (self.spec.num_layers + 1) + variants.vpp
+        known = self.steps_unlimited.get((variants.selective, variants.uniform))
+        if known is not None:
+            at = np.minimum(np.searchsorted(known[0], key), len(known[0]) - 1)
+            if (known[0][at] == key).all():
+                return known[1][at]
+        free = self.pricer(variants.with_recompute(0))
+        unlimited = free.fastest(np.inf)
+        bound = np.where(unlimited.feasible, free.step_time(unlimited.counts), np.inf)
+        order = np.argsort(key, kind="stable")
+        self.steps_unlimited[variants.selective, variants.uniform] = (key[order], bound[order])
+        return bound
+
+    def reuse(self, variants: Variants) -> None:
+        """Build the stage models of ``variants`` at most once (per recomputing or not, where
+        calibrated): ``pricer`` then takes those of any of them, with any N, from these. The
+        planners price the same (base, VPP) at N after N; the models read N alone (1,600 stage
+        models were built for the 405B sweep on 16,384 GPUs, 267 of them per search)."""
+        key = variants.base * (self.spec.num_layers + 1) + variants.vpp
+        order = np.argsort(key, kind="stable")
+        self.reusable[variants.selective, variants.uniform] = (variants, key[order], order, {})
+
+    def _built(self, variants: Variants) -> tuple[_Pricer, np.ndarray] | None:
+        """(a pricer built for ``reuse``'s variants, the rows of ``variants`` among them) where
+        ``variants`` are some of those, all recomputing or none where calibrated."""
+        entry = self.reusable.get((variants.selective, variants.uniform))
+        if entry is None or not len(variants) or variants.bases is not entry[0].bases:
+            return None
+        registered, keys, order, built = entry
+        recomputing = variants.recompute_layers > 0
+        flag = bool(recomputing[0]) if self.calibrated is not None else False
+        if self.calibrated is not None and (recomputing != flag).any():
+            return None  # the calibrated layer factor reads N > 0 per layout
+        key = variants.base * (self.spec.num_layers + 1) + variants.vpp
+        at = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+        rows = order[at]
+        if not (keys[at] == key).all():
+            return None
+        if flag not in built:
+            built[flag] = _Pricer(self.spec, self.workload, self.options, registered.with_recompute(int(flag)), None,
+                                  self.even, self.calibrated)
+        return built[flag], rows
+
+
+def _fits(search: _Search, variants: Variants, limit: float) -> np.ndarray:
+    """Per variant, at its own N, whether some split fits within ``limit`` (``_Pricer.fits``),
+    planned only where every rank holding its fewest layers is: a split needs that first, and one
+    total per rank rules out most of what does not fit (the 405B sweep on 16,384 GPUs: a third)."""
+    pricer = search.pricer(variants)
+    if search.even:  # one total per rank already
+        return pricer.fits(limit)
+    ok = np.zeros(len(variants), dtype=bool)
+    rest = np.flatnonzero(pricer.floor_within(limit))
+    if rest.size == len(variants):
+        return pricer.fits(limit)
+    if rest.size:
+        ok[rest] = search.pricer(variants.take(rest)).fits(limit)
+    return ok
 
 
 def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> tuple[np.ndarray, int]:
@@ -498,24 +591,24 @@ def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> t
         open_ = n <= high
         while open_.any():
             index = np.flatnonzero(open_)
-            ok = search.pricer(variants.take(index).with_recompute(n[index])).fits(limit)
+            ok = _fits(search, variants.take(index).with_recompute(n[index]), limit)
             priced += len(index)
             least[index[ok]] = n[index[ok]]
             n[index] += 1
             open_[index] = ~ok & (n[index] <= high[index])
         return least, priced
-    fits_low = search.pricer(variants.with_recompute(low)).fits(limit)  # most need none
+    fits_low = _fits(search, variants.with_recompute(low), limit)  # most need none
     rest = np.flatnonzero(~fits_low & (high > low))
     fits_high = fits_low.copy()
     if rest.size:
-        fits_high[rest] = search.pricer(variants.take(rest).with_recompute(high[rest])).fits(limit)
+        fits_high[rest] = _fits(search, variants.take(rest).with_recompute(high[rest]), limit)
     priced = len(variants) + rest.size
     below, above = np.where(fits_low, low - 1, low), np.where(fits_low, low, np.where(fits_high, high, -1))
     open_ = fits_high & (above - below > 1)
     while open_.any():
         index = np.flatnonzero(open_)
         middle = (below[index] + above[index]) // 2
-        ok = search.pricer(variants.take(index).with_recompute(middle)).fits(limit)
+        ok = _fits(search, variants.take(index).with_recompute(middle), limit)
         priced += len(index)
         below[index] = np.where(ok, below[index], middle)
         above[index] = np.where(ok, middle, above[index])
@@ -652,6 +745,7 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
             if not len(variants):
                 continue
             if timing is None:  # the fewest recomputed layers; selective before full
+                state.reuse(variants)
                 low, high = _recompute_range(variants.pp, variants.vpp, layers, space, selective)
                 least, priced = _least_recompute(state, variants, low, high, limit)
                 evaluated += priced
@@ -693,9 +787,8 @@ def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, 
     no memory limit at all (recomputation and the limit can only slow it). The (base, VPP) are
     planned in two rounds, the one with the lowest bound first, then those others whose bound is
     better than their base's best so far; the rest are pruned. Returns ((variants, N, step, counts), variants priced)."""
-    free = search.pricer(variants.with_recompute(0))
-    unlimited = free.fastest(np.inf)
-    bound = np.where(unlimited.feasible, free.step_time(unlimited.counts), np.inf)
+    search.reuse(variants)
+    bound = search.unlimited_steps(variants)
     order = np.lexsort((bound, variants.base))
     rank = np.empty(len(variants), dtype=np.int64)
     start = np.r_[0, np.flatnonzero(np.diff(variants.base[order])) + 1]  # each base's first position in order
@@ -707,6 +800,9 @@ def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, 
     priced = len(variants)
     for first_round in (True, False):  # each base's most promising VPP, then the rest that may beat it
         todo = np.flatnonzero(((rank == 0) if first_round else (rank > 0)) & (bound < best[variants.base]))
+        if not first_round and todo.size:
+            todo, unfit = _drop_unfit_bases(search, variants, todo, best, space, limit)
+            priced += unfit
         if not todo.size:
             continue
         part = variants.take(todo)
@@ -720,6 +816,57 @@ def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, 
     return (variants, chosen, step, counts), priced
 
 
+def _drop_unfit_bases(search: _Search, variants: Variants, todo: np.ndarray, best: np.ndarray, space: SpaceOptions,
+                      limit: float) -> tuple[np.ndarray, int]:
+    """The variants ``todo`` less those of bases none of whose variants fits within ``limit``, and
+    what ``_least_recompute`` would have priced to find that (so the count is the rules', not
+    this shortcut's).
+
+    Only bases with no step yet (their first round found no fit) are checked, each by its
+    least-memory variants alone, ``may_fit``'s: its smallest VPP (no larger one needs less) at
+    both ends of its N range (the block method's memory never grows with N >= 1, the uniform's
+    never falls, N = 0 apart). Where these do not fit, no variant of the base does: its other
+    VPPs would each have been priced to no avail (the 405B levers sweep on 16,384 GPUs: 13,300
+    of its 14,500 second-round variants). ``tests/test_space.py`` checks the rule per base
+    against every variant priced."""
+    base = variants.base[todo]
+    open_ = np.isinf(best[base])
+    if not open_.any():
+        return todo, 0
+    first = np.full(len(best), np.iinfo(np.int64).max)
+    np.minimum.at(first, variants.base, variants.vpp)  # every VPP of an open base is among the variants
+    checked = np.flatnonzero(np.bincount(base[open_], minlength=len(best)))
+    least = Variants(checked, variants.bases, first[checked], np.zeros(len(checked), np.int64), variants.selective,
+                     variants.uniform)
+    fits = _may_fit_at_all(search, least, space, limit)
+    if fits.all():
+        return todo, 0
+    unfit = np.zeros(len(best), dtype=bool)
+    unfit[checked[~fits]] = True
+    drop = unfit[base]
+    dropped = variants.take(todo[drop])
+    low, high = _recompute_range(dropped.pp, dropped.vpp, search.spec.num_layers, space, dropped.selective)
+    # _least_recompute's count where nothing fits: block, N low and high; uniform, every N
+    priced = np.maximum(high - low + 1, 0) if variants.uniform else 1 + (high > low)
+    return todo[~drop], int(priced.sum())
+
+
+def _may_fit_at_all(search: _Search, variants: Variants, space: SpaceOptions, limit: float) -> np.ndarray:
+    """Per variant, whether it fits within ``limit`` at either end of its N range."""
+    low, high = _recompute_range(variants.pp, variants.vpp, search.spec.num_layers, space, variants.selective)
+    ok = _fits(search.memory(), variants.with_recompute(low), limit)
+    rest = np.flatnonzero(~ok & (high != low))
+    if rest.size:
+        ok[rest] = _fits(search.memory(), variants.take(rest).with_recompute(high[rest]), limit)
+    return ok
+
+
+AHEAD = 128
+"""(Variant, N) planned together at most when few variants are left to step N: their N, N + 1,
+... at once (a round's numpy calls cost the same for 2 rows as for 100), the stopping rule then
+applied N by N as if planned one at a time."""
+
+
 def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
     """Per variant, from its least N upwards, MadPipe's split within ``limit`` and its step.
 
@@ -728,8 +875,10 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
     with N's times and the memory of the highest N (uniform: with the memory limit ignored);
     once that is no better than the best period found, no larger N can shorten the period, nor
     the step (which grows with the period and with the sum of the ranks' times, and that sum
-    grows with N), and the search stops. The step time picks among the N planned. Returns
-    (step, N, counts, variants planned beyond their least N)."""
+    grows with N), and the search stops. The step time picks among the N planned. Where few
+    variants are left, the next N of each are planned together (``AHEAD``); what lies beyond a
+    variant's stop is dropped unseen. Returns (step, N, counts, variants planned beyond their
+    least N)."""
     count = len(variants)
     best, best_period = np.full(count, np.inf), np.full(count, np.inf)
     best_n = np.full(count, -1)
@@ -745,29 +894,46 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
         ceiling[at, :caps.shape[1]] = caps
     while open_.any():
         index = np.flatnonzero(open_)
-        part = variants.take(index).with_recompute(n[index])
-        pricer = search.pricer(part)
-        split = pricer.fastest(limit)
-        planned += int((n[index] > least[index]).sum())
-        step = np.full(len(index), np.inf)
-        if split.feasible.any():
-            ok = np.flatnonzero(split.feasible)
-            step[ok] = pricer.step_time(split.counts, ok)
-        better = step < best[index]
-        best[index[better]] = step[better]
-        best_n[index[better]] = n[index[better]]
-        best_counts[index[better], :split.counts.shape[1]] = split.counts[better]
-        best_period[index] = np.minimum(best_period[index], split.value)
-        if variants.uniform:
-            free = pricer.fastest(np.inf).value  # no N' > N has a shorter period than this
-        elif ceiling is not None:
-            free = pricer.fastest_capped(ceiling[index]).value
-        else:
-            free = pricer.fastest(limit, memory=search.memory().pricer(
-                variants.take(index).with_recompute(high[index]))).value
-        n[index] += 1
-        open_[index] = (n[index] <= high[index]) & (free < best_period[index])
+        ahead = max(1, min(AHEAD // len(index), int((high[index] - n[index]).max()) + 1))
+        which = np.repeat(index, ahead)  # each open variant at N, N + 1, ... (within its range)
+        at_n = n[which] + np.tile(np.arange(ahead), len(index))
+        keep = at_n <= high[which]
+        which, at_n = which[keep], at_n[keep]
+        step, counts, period, free = _plan_at(search, variants, which, at_n, limit, ceiling, high)
+        for _ in range(ahead):  # the stopping rule, N by N: the rows at each open variant's N
+            row = np.flatnonzero(open_[which] & (at_n == n[which]))
+            if not row.size:
+                break
+            mine = which[row]
+            planned += int((n[mine] > least[mine]).sum())
+            better = step[row] < best[mine]
+            best[mine[better]] = step[row[better]]
+            best_n[mine[better]] = n[mine[better]]
+            best_counts[mine[better], :counts.shape[1]] = counts[row[better]]
+            best_period[mine] = np.minimum(best_period[mine], period[row])
+            n[mine] += 1
+            open_[mine] = (n[mine] <= high[mine]) & (free[row] < best_period[mine])
     return best, best_n, best_counts, planned
+
+
+def _plan_at(search: _Search, variants: Variants, which: np.ndarray, n: np.ndarray, limit: float, ceiling, high):
+    """Variants ``which`` at N ``n``: their steps with MadPipe's split within ``limit`` (inf where
+    none fits), the splits, their periods, and the shortest period any larger N could reach
+    (``_fastest_recompute``)."""
+    pricer = search.pricer(variants.take(which).with_recompute(n))
+    split = pricer.fastest(limit)
+    step = np.full(len(which), np.inf)
+    if split.feasible.any():
+        ok = np.flatnonzero(split.feasible)
+        step[ok] = pricer.step_time(split.counts, ok)
+    if variants.uniform:
+        free = pricer.fastest(np.inf).value  # no N' > N has a shorter period than this
+    elif ceiling is not None:
+        free = pricer.fastest_capped(ceiling[which]).value
+    else:
+        free = pricer.fastest(limit, memory=search.memory().pricer(
+            variants.take(which).with_recompute(high[which]))).value
+    return step, split.counts, split.value, free
 
 
 def _rows(search: _Search, bases: Bases, picks: _Picks, families: list) -> Chosen:
@@ -778,7 +944,8 @@ def _rows(search: _Search, bases: Bases, picks: _Picks, families: list) -> Chose
         members = np.flatnonzero(picks.family == family)
         if not members.size:
             continue
-        pricer = replace(search, timing=None, times={}, calibrated=None).pricer(picks.variants(members, bases, families))
+        pricer = replace(search, timing=None, times={}, calibrated=None, reusable={}).pricer(
+            picks.variants(members, bases, families))
         part = pricer.terms(picks.counts[members][:, :pricer.width])
         for name, values in terms.items():
             values[members, :pricer.width] = getattr(part, name)

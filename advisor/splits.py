@@ -94,9 +94,9 @@ def fill(cap: np.ndarray, pipelines: Pipelines) -> np.ndarray:
     below, above = np.zeros(len(cap), dtype=np.int64), np.full(len(cap), total + 1, dtype=np.int64)
     while (above - below > 1).any():  # the largest level whose split does not exceed L
         middle = (below + above) // 2
-        under = np.clip(middle[:, None], low, cap).sum(axis=1) <= total
+        under = np.minimum(np.maximum(middle[:, None], low), cap).sum(axis=1) <= total  # np.clip, without its wrapper
         below, above = np.where(under, middle, below), np.where(under, above, middle)
-    counts = np.clip(below[:, None], low, cap)
+    counts = np.minimum(np.maximum(below[:, None], low), cap)
     left = total - counts.sum(axis=1)
     room = active & (cap > counts)
     from_end = np.cumsum(room[:, ::-1], axis=1)[:, ::-1]  # 1 for the last rank with room, 2 for the one before, ...
@@ -124,12 +124,14 @@ def min_max(cost: Cost, pipelines: Pipelines, ceiling: np.ndarray | None = None,
     active, low = pipelines.active, pipelines.lowest
     ceiling = pipelines.highest if ceiling is None else np.where(active, np.minimum(ceiling, pipelines.highest), 0)
     feasible = pipelines.possible & _achievable(ceiling, pipelines)
+    whole = bool(active.all())  # pipelines of one depth (the sweep groups them so): nothing to mask
 
     def masked(n):
-        return np.where(active, cost(np.where(active, n, low)), -np.inf)
+        return np.asarray(cost(n), dtype=float) if whole else np.where(active, cost(np.where(active, n, low)), -np.inf)
 
     def _caps(bound):
-        return np.where(active, caps(masked, bound[:, None], low, ceiling, inverse), 0)
+        found = caps(masked, bound[:, None], low, ceiling, inverse)
+        return found if whole else np.where(active, found, 0)
 
     floor = masked(low).max(axis=1)  # every rank holds at least its lowest
     top = np.where(feasible, np.where(active, masked(np.maximum(ceiling, low)), -np.inf).max(axis=1), floor)

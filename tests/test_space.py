@@ -290,24 +290,33 @@ def test_a_chunked_search_gives_the_same_rows(monkeypatch):
 def _every_variant_fits(spec, workload, gpus, memory_gib, options, space, calibration):
     """Whether any (base, VPP, recomputation family, N) the space offers fits within all of the
     memory, every one of them priced with no pruning at all (the brute force behind may_fit)."""
-    from advisor.space import Variants, _families, _groups, _Pricer, _recompute_range, launchable
+    from advisor.space import _families, _groups, _Pricer, launchable
 
     options = options.memory_options()
     bases = launchable(spec, workload, gpus, 8, options, space.split)
     group_base, group_vpp = _groups(spec, bases, space)
     calibrated = None if calibration is None else (calibration, memory_gib, None)
     for selective, uniform in _families(space, options):
-        low, high = _recompute_range(bases.pp[group_base], group_vpp, spec.num_layers, space, selective)
-        owner = np.repeat(np.arange(len(group_base)), np.maximum(high - low + 1, 0))
-        if not owner.size:
+        variants = _every_n(spec, bases, group_base, group_vpp, space, selective, uniform)
+        if variants is None:
             continue
-        n = np.concatenate([np.arange(a, b + 1) for a, b in zip(low, high)])
-        variants = Variants(group_base[owner], bases, group_vpp[owner], n, selective, uniform)
         pricer = _Pricer(spec, workload, options, variants, even=space.split == "even",
                          calibrated=calibrated)
         if pricer.fits(memory_gib * 2**30).any():
             return True
     return False
+
+
+def _every_n(spec, bases, group_base, group_vpp, space, selective, uniform):
+    """Every (base, VPP) with every N of its range in one recomputation family (None: none)."""
+    from advisor.space import Variants, _recompute_range
+
+    low, high = _recompute_range(bases.pp[group_base], group_vpp, spec.num_layers, space, selective)
+    owner = np.repeat(np.arange(len(group_base)), np.maximum(high - low + 1, 0))
+    if not owner.size:
+        return None
+    n = np.concatenate([np.arange(a, b + 1) for a, b in zip(low, high)])
+    return Variants(group_base[owner], bases, group_vpp[owner], n, selective, uniform)
 
 
 _RUNGS = [{}, {"fsdp_strategy": "optim_grads"}, {"fsdp_strategy": "optim_grads_params"},
@@ -406,3 +415,126 @@ def test_the_groups_are_every_vpp_megatron_interleaves(model, gpus, gbs, split, 
                      if v <= top and (split == "auto" or spec.num_layers % (p * v) == 0)]
     base, vpps = _groups(spec, bases, space)
     assert list(zip(base.tolist(), vpps.tolist())) == expected and base.dtype == vpps.dtype == np.int64
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["llama3.2-1b", "llama3.1-8b", "llama3.1-70b"]), st.sampled_from([8, 32, 64, 256]),
+       st.sampled_from([None, "optim_grads", "optim_grads_params"]), st.sampled_from([None, "hybrid"]),
+       st.booleans(), st.booleans(), st.sampled_from(["none", "some", "all"]), st.integers(0, 2**32 - 1))
+def test_stage_models_taken_for_some_variants_are_the_ones_built_for_them(model, gpus, fsdp, fp8, calibrated, uniform,
+                                                                           recomputing, seed):
+    """_Search.reuse: the pricer of some of the variants, at another N, takes its stage models
+    from those built once for all of them (StageModel.take); its caps, splits, steps and terms
+    are those of a pricer built for them anew, calibrated or not, with the levers' buffers."""
+    from advisor.hardware import get_gpu
+    from advisor.rank_times import Timing
+    from advisor.space import SpaceOptions, Variants, _groups, _Pricer, _Search, launchable
+    from advisor.throughput import TimeModel
+    from advisor.throughput.calibration import load_memory_calibration
+
+    spec, workload, rng = PRESETS[model], Workload(seq_len=4096, global_batch_size=512), np.random.default_rng(seed)
+    options = MemoryOptions(fsdp_strategy=fsdp, fp8_format=fp8, recompute_method="uniform" if uniform else "block")
+    bases = launchable(spec, workload, gpus, 8, options)
+    group_base, group_vpp = _groups(spec, bases, SpaceOptions())
+    all_of_them = Variants(group_base, bases, group_vpp, np.zeros(len(group_base), np.int64), False, uniform)
+    search = _Search(spec, workload, options, Timing(TimeModel(spec, get_gpu("h100-80gb"), 4096, 512), 8), False,
+                     (load_memory_calibration(), 80.0, None) if calibrated else None)
+    search.reuse(all_of_them)
+    some = np.flatnonzero(rng.random(len(all_of_them)) < 0.5)
+    if not some.size:
+        some = np.array([0])
+    largest = spec.num_layers // np.maximum(all_of_them.pp[some] * all_of_them.vpp[some], 1)
+    n = {"none": np.zeros(len(some), np.int64), "all": rng.integers(1, largest + 1),
+         "some": rng.integers(0, largest + 1)}[recomputing]
+    part = all_of_them.take(some).with_recompute(n)
+    taken = search.pricer(part)
+    mixed = calibrated and 0 < (n > 0).sum() < len(n)
+    assert (search._built(part) is None) == mixed  # taken unless the calibrated factor differs per layout
+    built = _Pricer(spec, workload, options, part, search.times[False], False, search.calibrated)
+    limit = 60 * 2**30
+    assert (taken.memory_caps(limit) == built.memory_caps(limit)).all()
+    assert (taken.fits(limit) == built.fits(limit)).all()
+    for mine, theirs in ((taken.fastest(limit), built.fastest(limit)), (taken.lowest(), built.lowest())):
+        assert (mine.counts == theirs.counts).all() and (mine.feasible == theirs.feasible).all()
+        assert np.array_equal(mine.value, theirs.value)
+    counts = built.lowest().counts
+    assert np.array_equal(taken.step_time(counts), built.step_time(counts))
+    if not calibrated:
+        mine, theirs = taken.terms(counts), built.terms(counts)
+        assert all(np.array_equal(getattr(mine, f), getattr(theirs, f)) for f in mine.__dataclass_fields__)
+    event(f"taken: {search._built(part) is not None}")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(["llama3.2-1b", "llama3.2-3b", "llama3.1-8b"]), st.sampled_from([8, 16, 32, 64]),
+       st.floats(2.0, 60.0), st.sampled_from(range(len(_RUNGS))), st.booleans(),
+       st.sampled_from([("auto", None, "auto", None), ("auto", None, "full", "uniform"), ("auto", None, "selective", None),
+                        ("even", None, "auto", None), ("auto", None, "full", None)]), st.booleans())
+def test_a_base_whose_least_memory_variants_do_not_fit_has_no_variant_that_fits(model, gpus, memory, rung, calibrated,
+                                                                              space_args, flash):
+    """space._drop_unfit_bases: per base, where its smallest VPP fits at neither end of its N
+    range, no (VPP, N) of the same recomputation family fits, every one of them priced."""
+    from advisor.options import TrainingOptions
+    from advisor.space import SpaceOptions, Variants, _families, _groups, _may_fit_at_all, _Pricer, _Search, launchable
+    from advisor.throughput.calibration import load_memory_calibration
+
+    spec, workload = PRESETS[model], Workload(seq_len=4096, global_batch_size=64)
+    split, vpp, recompute, method = space_args
+    space = SpaceOptions(split=split, vpp=vpp, recompute=recompute, recompute_method=method)
+    attention = {} if flash else {"flash_attention": False, "dataloader_mask": "cached"}
+    options = TrainingOptions().with_(**attention, **_RUNGS[rung]).memory_options()
+    bases = launchable(spec, workload, gpus, 8, options, space.split)
+    group_base, group_vpp = _groups(spec, bases, space)
+    if not len(group_base):
+        return
+    calibrated = (load_memory_calibration(), memory, None) if calibrated else None
+    search, limit = _Search(spec, workload, options, None, split == "even", calibrated), memory * 2**30
+    first = np.full(len(bases), np.iinfo(np.int64).max)
+    np.minimum.at(first, group_base, group_vpp)
+    present = np.flatnonzero(first < np.iinfo(np.int64).max)
+    for selective, uniform in _families(space, options):
+        least = Variants(present, bases, first[present], np.zeros(len(present), np.int64), selective, uniform)
+        may = np.zeros(len(bases), dtype=bool)
+        may[present] = _may_fit_at_all(search, least, space, limit)
+        every = _every_n(spec, bases, group_base, group_vpp, space, selective, uniform)
+        if every is None:
+            continue
+        fits = _Pricer(spec, workload, options, every, even=split == "even", calibrated=calibrated).fits(limit)
+        some = np.zeros(len(bases), dtype=bool)
+        np.logical_or.at(some, every.base, fits)
+        assert not (some & ~may).any()
+        event(f"bases that fit: {int(some.sum()) > 0}, bases ruled out: {int((~may[present]).sum()) > 0}")
+
+
+@pytest.mark.parametrize("model,gpus,gbs,fsdp,calibrated", [("llama3.1-8b", 64, 512, None, True),
+                                                            ("llama3.1-70b", 256, 1024, "optim_grads", True),
+                                                            ("llama3.1-70b", 128, 512, None, False)])
+def test_planning_several_n_ahead_gives_the_same_rows_and_counts(monkeypatch, model, gpus, gbs, fsdp, calibrated):
+    """space.AHEAD: planning the next N of the last variants together, then stopping N by N,
+    chooses what planning one N per round chooses, and counts the same variants planned."""
+    from advisor import space
+    from advisor.hardware import get_gpu
+    from advisor.rank_times import Timing
+    from advisor.throughput import TimeModel
+    from advisor.throughput.calibration import load_memory_calibration
+
+    spec, workload = PRESETS[model], Workload(seq_len=8192, global_batch_size=gbs)
+    timing = Timing(TimeModel(spec, get_gpu("h100-80gb"), 8192, gbs), 8)
+
+    rounds, plan_at = [], space._plan_at
+    monkeypatch.setattr(space, "_plan_at", lambda *args: rounds.append(len(args[2])) or plan_at(*args))
+
+    def result():
+        rounds.clear()
+        found = space.search(spec, workload, gpus, 80.0, threshold=0.8, max_tp=8,
+                             options=MemoryOptions(fsdp_strategy=fsdp, gradient_bytes=2 if fsdp else 4), timing=timing,
+                             memory_calibration=load_memory_calibration() if calibrated else None)
+        return found, len(rounds)
+
+    ahead, together = result()
+    monkeypatch.setattr(space, "AHEAD", 1)
+    alone, one_by_one = result()
+    assert together < one_by_one  # some rounds planned several N
+    assert ahead.evaluated == alone.evaluated and ahead.considered == alone.considered
+    for name in ("vpp", "recompute", "recompute_layers", "counts", "step_time"):
+        assert np.array_equal(getattr(ahead.chosen, name), getattr(alone.chosen, name), equal_nan=name == "step_time")
