@@ -34,6 +34,9 @@ SWEEPS = [  # (argv, vocabulary): every row of these is read back
     (["--gpus", "16", "--gpu", "h100-80gb", "--model", "qwen3-30b-a3b", "--seq-len", "4096", "--gbs", "256",
       "--moe-token-dispatcher-type", "flex", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
       "--top", "20"], 151936),
+    # Megatron's defaults for the vocabulary's padding (128 x TP) and the data loader's mask, rebuilt
+    (["--gpus", "32", "--gpu", "h100-80gb", "--model", "mixtral-8x7b", "--seq-len", "4096", "--gbs", "256",
+      "--vocab-divisible-by", "128", "--dataloader-mask", "rebuilt", "--top", "20"], 32000),
     # token dropping, padded to capacity (--moe-pad-expert-input-to-capacity) and not padded
     (["--gpus", "32", "--gpu", "h100-80gb", "--model", "mixtral-8x7b", "--seq-len", "4096", "--gbs", "256",
       "--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.5", "--top", "10"], 32000),

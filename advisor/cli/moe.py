@@ -74,7 +74,6 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
 
     training, memory = options, options.memory_options()  # advisor.options.TrainingOptions
     refused = {"--no-sequence-parallel": not memory.sequence_parallel, "--no-flash-attn": not memory.flash_attention,
-               "--vocab-divisible-by": memory.vocab_divisible_by is not None,
                **_levers_not_priced(training), **(unpriced or {})}
     if space is not None:
         refused["--recompute-method/--recompute-num-layers"] = bool(space.recompute_method
@@ -132,8 +131,7 @@ def _levers_not_priced(training) -> dict[str, bool]:
     return {"--use-megatron-fsdp": dp.fsdp_strategy is not None, "--use-torch-fsdp2": dp.torch_fsdp2,
             "--optimizer-cpu-offload": training.offload.optimizer_cpu_offload,
             "--tp-comm-overlap": training.tensor_parallel.tp_comm_overlap,
-            "--params-dtype other than bf16": precision.params_dtype != "bfloat16",
-            "--dataloader-mask cached/rebuilt": training.attention.dataloader_mask != "off"}
+            "--params-dtype other than bf16": precision.params_dtype != "bfloat16"}
 
 
 def row_flags(spec, workload, row: dict) -> list[str]:

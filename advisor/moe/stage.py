@@ -177,7 +177,7 @@ def _model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, s
     edp = tp * cp * dp // (etp * ep)
     state = options.gradient_bytes + mm.BF16
     shards = np.where(options.distributed_optimizer, dp * cp, 1)
-    vocab = eq.padded_vocab_size(spec.vocab_size, None, tp)
+    vocab = eq.padded_vocab_size(spec.vocab_size, options.training.vocab_divisible_by, tp)
     ends = np.where(stage == 0, eq.embedding_parameters(spec, tp, vocab), 0) + np.where(
         stage == pp - 1, eq.embedding_parameters(spec, tp, vocab) + spec.hidden_size, 0)
     ends = ends + mtp * mtp_terms.dense_parameters(spec, tp) + np.where(
@@ -285,7 +285,7 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
         rebuilt = np.where(moe_layers > 0, moe_act, dense_act)
     else:
         rebuilt = 0.0
-    vocab = eq.padded_vocab_size(spec.vocab_size, None, tp)
+    vocab = eq.padded_vocab_size(spec.vocab_size, options.training.vocab_divisible_by, tp)
     embedding = np.where(stage == 0, eq.embedding_activation_bytes(spec, seq_len, mbs) / (tp * cp), 0.0)
     fusion = options.memory.cross_entropy_fusion
     logits = memory_terms.loss_logits_bytes(spec, seq_len, mbs, vocab, fusion)

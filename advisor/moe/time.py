@@ -381,7 +381,8 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     most, fewest_last = ((np.ceil(spec.num_layers / b["pp"]), np.floor(spec.num_layers / b["pp"]))
                          if layers_per_stage is None else (max(layers_per_stage), layers_per_stage[-1]))
     tokens_cp = b["mbs"] * seq_len / b["cp"]
-    head_f, head_b = terms.lm_head_time(spec, tokens_cp, b["tp"], spec.vocab_size, rates)
+    vocab = eq.padded_vocab_size(spec.vocab_size, training.vocab_divisible_by, b["tp"])  # the rows Megatron builds
+    head_f, head_b = terms.lm_head_time(spec, tokens_cp, b["tp"], vocab, rates)
     emb_f, emb_b = terms.embedding_time(spec, tokens_cp, b["tp"], rates)
     cross = b["tp"] * b["cp"] * b["dp"] >= rates.gpus_per_node
     p2p = spread(np.where(b["pp"] > 1, terms.pipeline_p2p_time(spec, tokens_cp, b["tp"], cross, rates), 0.0))
@@ -407,13 +408,21 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     pipeline = m * slowest + (total - slowest) / vpp
     dp_comm, optimizer = _data_parallel(b, training, base_of(first_stage.weights_gradients_optimizer),
                                         base_of(first_stage.expert_states), most * moe_f, rates)
-    step = pipeline + spread(dp_comm) + spread(optimizer)
-    vocab = eq.padded_vocab_size(spec.vocab_size, None, b["tp"])
+    step = _data_loader_bound(training, pipeline + spread(dp_comm) + spread(optimizer), global_batch_size / c["dp"],
+                              seq_len, rates)
     flops = spread(megatron_flops_per_iteration(spec, seq_len, global_batch_size, vocab))
     tflops = flops / (step * c["tp"] * c["cp"] * c["pp"] * c["dp"]) / 1e12
     return {"step_time_s": step, "tflops_per_gpu": tflops, "mfu": tflops / gpu.bf16_dense_tflops,
             "tokens_per_s": global_batch_size * seq_len / step,
             "ep_comm_s": m * spec.moe_layers / c["pp"] * spread(steady - idle - passes * (moe_f - comm))}
+
+
+def _data_loader_bound(training, step, samples_per_replica, seq_len: int, rates):
+    """A replica steps no faster than its data loader builds the attention masks it cannot cache
+    (--dataloader-mask rebuilt), as in the dense model (``throughput.model``)."""
+    if training.attention.dataloader_mask != "rebuilt":
+        return step
+    return np.maximum(step, samples_per_replica * terms.host_mask_time(seq_len, rates))
 
 
 def _by_base(c: dict, bases):
