@@ -12,9 +12,10 @@ of one decoder layer on one microbatch, both iterations) ran against the full 1F
 (``emulate.steady_microbatches``).
 ``--runs ID ...`` keeps only those runs of the campaign (a quick sample).
 
-Measured on meta tensors (2026-11-26, shared 2-core machine, load average 2.8-3.8): 84 s of CPU
-and 143 s wall (58% of a core) for the issue's 2-minute target; on FakeTensorMode the same
-stage runs took 336 s of CPU, and 437 s before the shortcuts (docs/performance.md).
+Measured on meta tensors (2026-11-26): on a fresh clone, the machine idle, 69 s wall and 70 s of
+CPU against the issue's 2-minute target (on the shared machine, load average 2.8-3.8: 84 s of
+CPU, 143 s wall); on FakeTensorMode the same stage runs took 336 s of CPU, and 437 s before the
+shortcuts (docs/performance.md).
 
     python benchmarks/bench_symbolic_campaign.py [--runs pp-b1-4x8 tp4-b1-16x2 ...]
 """
