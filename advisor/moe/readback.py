@@ -134,14 +134,17 @@ def _mla_and_yarn(values: dict):
                   qk_pos_emb_head_dim=_int(values, "qk-pos-emb-head-dim", 64),
                   v_head_dim=_int(values, "v-head-dim", 128))
     yarn = None
-    if values.get("rope-type") == "yarn":  # MLATransformerConfig's fixed beta_fast 32, beta_slow 1, context 4096
+    # --rope-type left out: MLA takes YaRN, other attention RoPE (arguments.py pops the None so
+    # MLATransformerConfig's rope_type "yarn" stands), with --rotary-scaling-factor's own default.
+    rope_type = values.get("rope-type") or ("yarn" if mla is not None else "rope")
+    if rope_type == "yarn":  # MLATransformerConfig's fixed beta_fast 32, beta_slow 1, context 4096
         scale = limits.YARN_MSCALE
         yarn = YarnScaling(factor=_float(values, "rotary-scaling-factor", 1.0, bound=limits.ROPE_SCALING,
                                          low_open=False), original_max_position_embeddings=4096,
                            beta_fast=32.0, beta_slow=1.0,
                            mscale=_float(values, "mscale", 1.0, bound=scale, low_open=False),
                            mscale_all_dim=_float(values, "mscale-all-dim", 0.0, bound=scale, low_open=False))
-    elif values.get("rope-type") not in (None, "rope"):
+    elif rope_type != "rope":
         raise AdvisorError(f"--rope-type {values['rope-type']!r} is not priced (rope or yarn)")
     return mla, yarn
 
