@@ -388,6 +388,29 @@ def test_modelzoo_qwen3_30b_reads_as_the_preset_on_the_release_that_runs_it():
                                 "--enable-experimental (experimental kernels, priced as the default ones)"]
 
 
+def test_modelzoo_deepseek_v3_h100_fp8_reads_its_layout_and_names_the_optimizer_dtypes():
+    """Megatron-MoE-ModelZoo's DeepSeek-V3 on 1,024 H100 (TP 2, PP 8, EP 64, FP8 blockwise,
+    DeepEP with the all-to-all overlapped). Its layout 'Et|(tt|)*30mL' by hand: 32 chunks, VPP 4;
+    rank 0 holds chunks 0, 8, 16, 24 (1 + 2 + 2 + 2 = 7 layers), rank 7 chunks 7, 15, 23, 31 (2 + 2 + 2
+    + the MTP chunk's 0 = 6), the others 8. The precision-aware optimizer's BF16 moments are not
+    priced: named."""
+    read = _same_price(COMMANDS / "moe_deepseek_v3_modelzoo_h100_fp8.sh", ("--vocab-size", "129280"),
+                       ["--model", "deepseek-v3", "--gpus", "1024", "--tp", "2", "--pp", "8", "--vpp", "4",
+                        "--layers-per-stage", "7,8,8,8,8,8,8,6", "--ep", "64", "--etp", "1", "--mbs", "1", "--gbs",
+                        "8192", "--seq-len", "4096", "--recompute", "selective", "--recompute-modules", "mla_up_proj",
+                        "--recompute-modules", "mlp", "--vocab-divisible-by", "3232", "--moe-token-dispatcher-type",
+                        "flex", "--mtp-num-layers", "1", "--dataloader-mask", "off", "--overlap-grad-reduce",
+                        "--overlap-param-gather", "--sequence-parallel", "--cross-entropy-loss-fusion",
+                        "--cross-entropy-fusion-impl", "native", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise",
+                        "--fp8-param-gather", "--delay-wgrad-compute", "--overlap-moe-expert-parallel-comm"])
+    assert (read["layers_per_stage"], read["vpp"], read["dp"]) == ([7, 8, 8, 8, 8, 8, 8, 6], 4, 64)
+    assert read["unpriced"] == ["--moe-permute-fusion (fused permutation, priced unfused)",
+                                "--moe-router-fusion (fused router, priced unfused)",
+                                "--enable-experimental (experimental kernels, priced as the default ones)",
+                                "--moe-router-padding-for-fp8 (experts' tokens padded to 16/32, not priced)",
+                                "--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"]
+
+
 _SMALL = (f"{_MOE} --num-experts 8 --disable-bias-linear --swiglu --normalization RMSNorm "
           "--position-embedding-type rope --attention-dropout 0 --hidden-dropout 0 --bf16")
 

@@ -30,7 +30,8 @@ VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-e
 SWITCHES = {"moe-grouped-gemm", "qk-layernorm", "moe-router-enable-expert-bias", "multi-latent-attention",
             "moe-router-force-load-balancing", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute",
             "moe-pad-expert-input-to-capacity", "moe-router-pre-softmax", "moe-permute-fusion", "moe-router-fusion",
-            "enable-experimental", "moe-enable-deepep"}
+            "enable-experimental", "moe-enable-deepep", "moe-router-padding-for-fp8",
+            "moe-router-padding-for-quantization"}
 MULTI = {"recompute-modules"}
 HARMLESS = {"moe-router-load-balancing-type", "moe-aux-loss-coeff", "original-max-position-embeddings",
             "moe-router-dtype", "moe-router-bias-update-rate", "mtp-loss-scaling-factor", "moe-router-pre-softmax"}
@@ -44,6 +45,9 @@ NAMED = {
     "moe-permute-fusion": "--moe-permute-fusion (fused permutation, priced unfused)",
     "moe-router-fusion": "--moe-router-fusion (fused router, priced unfused)",
     "enable-experimental": "--enable-experimental (experimental kernels, priced as the default ones)",
+    "moe-router-padding-for-fp8": "--moe-router-padding-for-fp8 (experts' tokens padded to 16/32, not priced)",
+    "moe-router-padding-for-quantization": "--moe-router-padding-for-quantization (experts' tokens padded to the "
+                                           "quantized GEMM's alignment, not priced)",
 }
 """Read, and changing memory or time by less than the model resolves: named with what is priced
 in their place (megatron-core core_v0.15.2): Transformer Engine's fused permutation
@@ -51,7 +55,9 @@ in their place (megatron-core core_v0.15.2): Transformer Engine's fused permutat
 an int64 index per token copy (``memory.expert_activation_bytes``) in the same HBM passes
 (``time.permutation_bytes``); the fused router (``router.py``) keeps less than the FP32 logits
 and scores priced (``memory.router_activation_bytes``); ``is_experimental_enabled()`` switches
-the dispatchers' routing-map conversions and padding to Triton kernels (``token_dispatcher.py``)."""
+the dispatchers' routing-map conversions and padding to Triton kernels (``token_dispatcher.py``);
+the router's padding for FP8 (core_v0.19.0: for quantization) rounds each expert's routed tokens
+up to the FP8 GEMM's alignment (fewer than 32 more per local expert)."""
 
 
 @dataclass(frozen=True, slots=True)
