@@ -70,6 +70,7 @@ HARMLESS_SWITCHES = {
     "no-check-for-nan-in-loss-and-grad", "use-rotary-position-embeddings", "auto-detect-ckpt-format",
     "exit-on-missing-checkpoint", "no-initialization", "log-energy", "adlr-autoresume", "use-checkpoint-opt_param-scheduler",
     "override-opt_param-scheduler", "save-retain-interval", "disable-tensorboard", "exit-signal-handler",
+    "no-ckpt-fully-parallel-save",
 }
 _MULTI_VALUED = {"rampup-batch-size": 3, "data-path": None, "train-data-path": None, "valid-data-path": None,
                  "test-data-path": None, "profile-ranks": None}

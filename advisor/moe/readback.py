@@ -26,12 +26,12 @@ VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-e
           "mscale-all-dim", "mtp-num-layers", "expert-model-parallel-size", "expert-tensor-parallel-size",
           "moe-token-dispatcher-type", "moe-expert-capacity-factor", "moe-aux-loss-coeff",
           "original-max-position-embeddings", "moe-router-dtype", "moe-router-bias-update-rate",
-          "mtp-loss-scaling-factor", "moe-flex-dispatcher-backend"}
+          "mtp-loss-scaling-factor", "moe-flex-dispatcher-backend", "moe-deepep-num-sms"}
 SWITCHES = {"moe-grouped-gemm", "qk-layernorm", "moe-router-enable-expert-bias", "multi-latent-attention",
             "moe-router-force-load-balancing", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute",
             "moe-pad-expert-input-to-capacity", "moe-router-pre-softmax", "moe-permute-fusion", "moe-router-fusion",
             "enable-experimental", "moe-enable-deepep", "moe-router-padding-for-fp8",
-            "moe-router-padding-for-quantization"}
+            "moe-router-padding-for-quantization", "moe-shared-expert-overlap"}
 MULTI = {"recompute-modules"}
 HARMLESS = {"moe-router-load-balancing-type", "moe-aux-loss-coeff", "original-max-position-embeddings",
             "moe-router-dtype", "moe-router-bias-update-rate", "mtp-loss-scaling-factor", "moe-router-pre-softmax"}
@@ -48,6 +48,8 @@ NAMED = {
     "moe-router-padding-for-fp8": "--moe-router-padding-for-fp8 (experts' tokens padded to 16/32, not priced)",
     "moe-router-padding-for-quantization": "--moe-router-padding-for-quantization (experts' tokens padded to the "
                                            "quantized GEMM's alignment, not priced)",
+    "moe-shared-expert-overlap": "--moe-shared-expert-overlap (shared experts beside the dispatch, priced in "
+                                 "series)",
 }
 """Read, and changing memory or time by less than the model resolves: named with what is priced
 in their place (megatron-core core_v0.15.2): Transformer Engine's fused permutation
@@ -57,7 +59,8 @@ an int64 index per token copy (``memory.expert_activation_bytes``) in the same H
 and scores priced (``memory.router_activation_bytes``); ``is_experimental_enabled()`` switches
 the dispatchers' routing-map conversions and padding to Triton kernels (``token_dispatcher.py``);
 the router's padding for FP8 (core_v0.19.0: for quantization) rounds each expert's routed tokens
-up to the FP8 GEMM's alignment (fewer than 32 more per local expert)."""
+up to the FP8 GEMM's alignment (fewer than 32 more per local expert); the shared experts'
+overlap with the dispatch (``moe_layer.py``) is priced in series (``time.py``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +189,8 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
     if values.get("moe-router-force-load-balancing"):
         unpriced.append("--moe-router-force-load-balancing (priced as balanced routing, which it forces)")
     unpriced += [note for name, note in NAMED.items() if values.get(name)]
+    if values.get("moe-deepep-num-sms", "20") != "20":  # time.DEEPEP_SMS, megatron-core's default
+        unpriced.append(f"--moe-deepep-num-sms {values['moe-deepep-num-sms']} (priced at DeepEP's default 20 SMs)")
     dispatcher, backend_note = _dispatcher(values)
     unpriced += backend_note
     capacity = _float(values, "moe-expert-capacity-factor", bound=limits.MOE_CAPACITY_FACTOR)
