@@ -28,7 +28,8 @@ _MODEL_VALUED = {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-
                  "position-embedding-type", "rotary-base", "rope-scaling-factor", "rotary-percent", "vocab-size",
                  "tokenizer-type", "attention-dropout", "hidden-dropout"}
 _MODEL_SWITCHES = {"group-query-attention", "swiglu", "use-rope-scaling", "disable-bias-linear", "add-qkv-bias",
-                   "untie-embeddings-and-output-weights", "add-bias-linear", "use-mcore-models"}
+                   "untie-embeddings-and-output-weights", "add-bias-linear", "use-mcore-models",
+                   "no-position-embedding"}
 _LAYOUT_VALUED = {"tensor-model-parallel-size", "context-parallel-size", "pipeline-model-parallel-size",
                   "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers",
                   "pipeline-model-parallel-layout", "num-layers-per-virtual-pipeline-stage",
@@ -57,6 +58,8 @@ HARMLESS_VALUED = {
     "manual-gc-interval", "memory-snapshot-path", "rerun-mode", "check-weight-hash-across-dp-replicas-interval",
     "object-storage-cache-path", "ckpt-fully-parallel-save", "non-persistent-save-interval",
     "non-persistent-ckpt-type", "non-persistent-global-ckpt-dir", "use-checkpoint-args", "data-sharding",
+    # RoPE's position interpolation scales the positions (rotary_pos_embedding.py): no tensor changes.
+    "rotary-seq-len-interpolation-factor",
 }
 HARMLESS_SWITCHES = {
     "mock-data", "no-mmap-bin-files", "log-throughput", "log-timers-to-tensorboard", "log-validation-ppl-to-tensorboard",
@@ -67,6 +70,7 @@ HARMLESS_SWITCHES = {
     "no-check-for-nan-in-loss-and-grad", "use-rotary-position-embeddings", "auto-detect-ckpt-format",
     "exit-on-missing-checkpoint", "no-initialization", "log-energy", "adlr-autoresume", "use-checkpoint-opt_param-scheduler",
     "override-opt_param-scheduler", "save-retain-interval", "disable-tensorboard", "exit-signal-handler",
+    "no-ckpt-fully-parallel-save",
 }
 _MULTI_VALUED = {"rampup-batch-size": 3, "data-path": None, "train-data-path": None, "valid-data-path": None,
                  "test-data-path": None, "profile-ranks": None}
@@ -190,6 +194,11 @@ def model_spec(model: dict, *, name: str, vocab_size: int) -> LlamaSpec:
     missing = [flag for flag in ("num-layers", "hidden-size", "num-attention-heads") if flag not in model]
     if missing:
         raise AdvisorError("the command does not give " + ", ".join(f"--{flag}" for flag in missing))
+    # validate_args refuses the deprecated switch but with RoPE, where it changes nothing: the
+    # learned position table is built only for learned_absolute (language_model_embedding.py).
+    if model.get("no-position-embedding") and model.get("position-embedding-type") != "rope":
+        raise AdvisorError("--no-position-embedding without --position-embedding-type rope (Megatron refuses it: "
+                           "deprecated, use --position-embedding-type)")
     hidden = _int(model, "hidden-size")
     heads = _int(model, "num-attention-heads")
     # megatron/training/arguments.py, validate_args: the FFN default with and without SwiGLU.
@@ -354,7 +363,11 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
         raise AdvisorError("the command does not give --seq-length")
     moe_values, rest = ({}, parsed.rest) if "--num-experts" not in _flags(parsed.rest) else _moe_values(parsed.rest)
     layout = read_layout(parsed.layout, spec.num_layers, _int(moe_values, "mtp-num-layers") or 0)
+    fusion_off = _SOFTMAX_FUSION_OFF in rest
+    rest = [word for word in rest if word != _SOFTMAX_FUSION_OFF]
     options, unpriced = training_options(rest, layout.tp, release)
+    if fusion_off:
+        unpriced += _softmax_fusion_note(rest, options)
     moe = None
     if moe_values:  # a mixture of experts (advisor.moe.readback)
         from advisor.moe import readback
@@ -365,6 +378,21 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     return ReadRun(spec=spec, seq_len=seq_len, layout=layout, options=options,
                    unpriced=tuple(_unpriced_model(parsed.model) + unpriced), skipped=tuple(parsed.skipped),
                    vocab_source=source, moe=moe)
+
+
+_SOFTMAX_FUSION_OFF = "--no-masked-softmax-fusion"
+
+
+def _softmax_fusion_note(rest: list[str], options) -> list[str]:
+    """What --no-masked-softmax-fusion leaves unpriced: only megatron-core's own attention fuses
+    its scale, mask and softmax (dot_product_attention.py, ``FusedScaleMaskSoftmax``); Transformer
+    Engine's flash or fused attention, priced by default, never runs it (Megatron-LM's own MoE
+    examples pass the switch beside it)."""
+    impl = [rest[i + 1] for i, word in enumerate(rest[:-1]) if word == "--transformer-impl"]
+    impl += [word.partition("=")[2] for word in rest if word.startswith("--transformer-impl=")]
+    if options.attention.flash_attention and (impl or ["transformer_engine"])[-1] != "local":
+        return []
+    return [f"{_SOFTMAX_FUSION_OFF} (megatron-core's own attention's softmax unfused, not priced)"]
 
 
 def _moe_values(rest: list[str]) -> tuple[dict, list[str]]:

@@ -286,3 +286,167 @@ def test_a_capacity_factor_without_the_pad_is_priced_unpadded():
     assert {key: unpadded.get(key) for key in PRICED} == {key: asked.get(key) for key in PRICED}
     # factor 1.5 > 1: unpadded, every routed copy fits, so less memory and time than padded
     assert unpadded["activations_gib"] < row["activations_gib"] and unpadded["step_time_s"] < row["step_time_s"]
+
+
+# --- published MoE launch scripts (issues 21 and 22) -------------------------------------------
+
+_H100 = ("--gpu", "h100-80gb")
+
+
+def _same_price(command: Path, extra: tuple[str, ...], preset: list[str]) -> dict:
+    """The command's estimate, checked equal in every priced key to the preset model's estimate
+    with the layout and options written out by hand from the script (not read by the advisor)."""
+    read, _ = estimate_of(command, *_H100, *extra)
+    by_hand = invoke(["estimate", *preset, *_H100, "--format", "json"])
+    assert {key: read.get(key) for key in PRICED} == {key: by_hand.get(key) for key in PRICED}
+    return read
+
+
+def test_megatron_mixtral_example_reads_as_the_preset_with_no_flag_left_unpriced():
+    """examples/mixtral/train_mixtral_8x7b_distributed.sh: TP 1, PP 4, EP 8 on 8 nodes, alltoall,
+    Megatron's defaults (vocabulary padded to 128, the mask built by the data loader, ETP = TP).
+    --no-position-embedding (RoPE), --no-masked-softmax-fusion (Transformer Engine attention), the
+    aux-loss type and coefficient change nothing and are read silently."""
+    read = _same_price(COMMANDS / "moe_mixtral_8x7b_megatron_example.sh", ("--vocab-size", "32000"),
+                       ["--model", "mixtral-8x7b", "--gpus", "64", "--tp", "1", "--pp", "4", "--ep", "8", "--etp", "1",
+                        "--mbs", "1", "--gbs", "256", "--seq-len", "4096", "--recompute", "none",
+                        "--vocab-divisible-by", "128", "--dataloader-mask", "cached", "--moe-token-dispatcher-type",
+                        "alltoall", "--overlap-grad-reduce", "--overlap-param-gather", "--sequence-parallel"])
+    assert (read["gpus"], read["dp"], read["ep"], read["etp"], read["layers_per_stage"]) == (64, 16, 8, 1, [8] * 4)
+    assert read["unpriced"] == []
+
+
+def test_megatron_moe_guide_mixtral_names_only_the_fused_permutation():
+    """megatron-core's MoE guide's Mixtral example (32 GPUs, 8 layers per virtual stage: VPP 1)."""
+    read = _same_price(COMMANDS / "moe_mixtral_8x7b_moe_guide.sh", ("--vocab-size", "32000"),
+                       ["--model", "mixtral-8x7b", "--gpus", "32", "--tp", "1", "--pp", "4", "--ep", "8", "--etp", "1",
+                        "--mbs", "1", "--gbs", "128", "--seq-len", "4096", "--recompute", "none",
+                        "--vocab-divisible-by", "128", "--dataloader-mask", "cached", "--moe-token-dispatcher-type",
+                        "alltoall", "--overlap-grad-reduce", "--overlap-param-gather", "--sequence-parallel"])
+    assert (read["dp"], read["vpp"]) == (8, 1)
+    assert read["unpriced"] == ["--moe-permute-fusion (fused permutation, priced unfused)"]
+
+
+_DSV3 = COMMANDS / "moe_deepseek_v3_megatron_fsdp_example.sh"
+_DSV3_FSDP = ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --no-gradient-accumulation-fusion "
+              "--use-distributed-optimizer --calculate-per-token-loss --init-model-with-meta-device --ckpt-format "
+              "fsdp_dtensor --fsdp-double-buffer --use-nccl-ub --megatron-fsdp-grad-comm-dtype bf16 "
+              "--megatron-fsdp-main-grads-dtype bf16")
+
+
+def test_megatron_deepseek_v3_example_reads_as_the_preset_and_is_called_oom_without_fsdp():
+    """examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh with USE_MEGATRON_FSDP=0 on 256 GPUs
+    (its sbatch leaves the nodes to the user): MLA with YaRN, which Megatron takes without
+    --rope-type; sigmoid group-limited routing, HybridEP (the flex dispatcher), MTP 1, selective
+    recomputation of four modules, MBS 4. PP 1 keeps every layer on every GPU; by hand, the routed
+    experts alone: 58 MoE layers + 1 MTP layer, 256 / EP 8 = 32 experts each of 3 x 7168 x 2048
+    weights, at 2 (BF16) + 4 (FP32 gradient) + 12 / 32 (Adam over the expert DP group, 256 / EP 8)
+    bytes: 493.7 GiB, far past 80."""
+    read = _same_price(_DSV3, ("--vocab-size", "129280", "--gpus", "256"),
+                       ["--model", "deepseek-v3", "--gpus", "256", "--tp", "1", "--pp", "1", "--ep", "8", "--etp", "1",
+                        "--mbs", "4", "--gbs", "2048", "--seq-len", "4096", "--recompute", "selective",
+                        *[word for module in ("mlp", "moe", "mla_up_proj", "layernorm")
+                          for word in ("--recompute-modules", module)],
+                        "--vocab-divisible-by", "3232", "--moe-token-dispatcher-type", "flex", "--mtp-num-layers",
+                        "1", "--dataloader-mask", "off", "--overlap-grad-reduce", "--overlap-param-gather",
+                        "--sequence-parallel"])
+    assert read["model"]["yarn"]["factor"] == 40.0 and read["model"]["first_dense_layers"] == 3
+    assert read["stages"][0]["expert_states_gib"] == pytest.approx(59 * 32 * 3 * 7168 * 2048 * (2 + 4 + 12 / 32) / 2**30,
+                                                                   rel=1e-12)
+    assert read["verdict"] == "oom"
+    assert read["unpriced"] == ["--moe-router-force-load-balancing (priced as balanced routing, which it forces)",
+                                "--moe-permute-fusion (fused permutation, priced unfused)",
+                                "--enable-experimental (experimental kernels, priced as the default ones)"]
+
+
+def test_megatron_deepseek_v3_example_with_its_default_fsdp_is_refused_by_name():
+    text = _DSV3.read_text().replace("python pretrain_gpt.py ${PRETRAIN_ARGS[@]}",
+                                     "python pretrain_gpt.py ${PRETRAIN_ARGS[@]} " + _DSV3_FSDP)
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", *_H100, "--vocab-size", "129280",
+                                      "--gpus", "256"], input=text)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "does not price --use-megatron-fsdp" in result.stderr
+
+
+def test_modelzoo_qwen3_30b_reads_as_the_preset_on_the_release_that_runs_it():
+    """Megatron-MoE-ModelZoo's Qwen3-30B-A3B benchmark (32 GPUs, EP 8, Transformer Engine's
+    cross-entropy): core_v0.19.0 refuses --cross-entropy-fusion-impl te, said in one line; on
+    core_v0.15 it reads as the preset with the same options."""
+    path = COMMANDS / "moe_qwen3_30b_a3b_modelzoo.sh"
+    refused = CliRunner().invoke(cli, ["estimate", "--from-command", str(path), *_H100, "--vocab-size", "151936"])
+    assert refused.exit_code == 2 and "--cross-entropy-fusion-impl te" in refused.stderr
+    read = _same_price(path, ("--vocab-size", "151936", "--megatron-version", "0.15"),
+                       ["--model", "qwen3-30b-a3b", "--gpus", "32", "--tp", "1", "--pp", "1", "--ep", "8", "--etp",
+                        "1", "--mbs", "1", "--gbs", "256", "--seq-len", "4096", "--recompute", "none",
+                        "--vocab-divisible-by", "1187", "--moe-token-dispatcher-type", "alltoall",
+                        "--dataloader-mask", "off", "--overlap-grad-reduce", "--overlap-param-gather",
+                        "--sequence-parallel", "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te",
+                        "--megatron-version", "0.15"])
+    assert read["unpriced"] == ["--moe-router-force-load-balancing (priced as balanced routing, which it forces)",
+                                "--moe-permute-fusion (fused permutation, priced unfused)",
+                                "--moe-router-fusion (fused router, priced unfused)",
+                                "--enable-experimental (experimental kernels, priced as the default ones)"]
+
+
+def test_modelzoo_deepseek_v3_h100_fp8_reads_its_layout_and_names_the_optimizer_dtypes():
+    """Megatron-MoE-ModelZoo's DeepSeek-V3 on 1,024 H100 (TP 2, PP 8, EP 64, FP8 blockwise,
+    DeepEP with the all-to-all overlapped). Its layout 'Et|(tt|)*30mL' by hand: 32 chunks, VPP 4;
+    rank 0 holds chunks 0, 8, 16, 24 (1 + 2 + 2 + 2 = 7 layers), rank 7 chunks 7, 15, 23, 31 (2 + 2 + 2
+    + the MTP chunk's 0 = 6), the others 8. The precision-aware optimizer's BF16 moments are not
+    priced: named."""
+    read = _same_price(COMMANDS / "moe_deepseek_v3_modelzoo_h100_fp8.sh", ("--vocab-size", "129280"),
+                       ["--model", "deepseek-v3", "--gpus", "1024", "--tp", "2", "--pp", "8", "--vpp", "4",
+                        "--layers-per-stage", "7,8,8,8,8,8,8,6", "--ep", "64", "--etp", "1", "--mbs", "1", "--gbs",
+                        "8192", "--seq-len", "4096", "--recompute", "selective", "--recompute-modules", "mla_up_proj",
+                        "--recompute-modules", "mlp", "--vocab-divisible-by", "3232", "--moe-token-dispatcher-type",
+                        "flex", "--mtp-num-layers", "1", "--dataloader-mask", "off", "--overlap-grad-reduce",
+                        "--overlap-param-gather", "--sequence-parallel", "--cross-entropy-loss-fusion",
+                        "--cross-entropy-fusion-impl", "native", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise",
+                        "--fp8-param-gather", "--delay-wgrad-compute", "--overlap-moe-expert-parallel-comm"])
+    assert (read["layers_per_stage"], read["vpp"], read["dp"]) == ([7, 8, 8, 8, 8, 8, 8, 6], 4, 64)
+    assert read["unpriced"] == ["--moe-permute-fusion (fused permutation, priced unfused)",
+                                "--moe-router-fusion (fused router, priced unfused)",
+                                "--enable-experimental (experimental kernels, priced as the default ones)",
+                                "--moe-router-padding-for-fp8 (experts' tokens padded to 16/32, not priced)",
+                                "--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"]
+
+
+_SMALL = (f"{_MOE} --num-experts 8 --disable-bias-linear --swiglu --normalization RMSNorm "
+          "--position-embedding-type rope --attention-dropout 0 --hidden-dropout 0 --bf16")
+
+
+@pytest.mark.parametrize("flags, note", [
+    ("--moe-router-pre-softmax --moe-router-bias-update-rate 1e-3 --mtp-loss-scaling-factor 0.1", None),
+    ("--no-position-embedding --no-masked-softmax-fusion", None),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep", None),
+    ("--moe-token-dispatcher-type flex --moe-enable-deepep --moe-deepep-num-sms 20", None),
+    ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 32",
+     "--moe-deepep-num-sms 32 (priced at DeepEP's default 20 SMs)"),
+    ("--moe-shared-expert-intermediate-size 64 --moe-shared-expert-overlap",
+     "--moe-shared-expert-overlap (shared experts beside the dispatch, priced in series)"),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend ncclep",
+     "--moe-flex-dispatcher-backend ncclep (NCCL's EP all-to-all, priced as DeepEP's)"),
+    ("--no-masked-softmax-fusion --transformer-impl local",
+     "--no-masked-softmax-fusion (megatron-core's own attention's softmax unfused, not priced)"),
+])
+def test_moe_flags_that_change_nothing_are_silent_and_the_rest_named(flags, note):
+    estimate = invoke(["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size", "1000",
+                       "--format", "json"], stdin=f"{_SMALL} --moe-grouped-gemm {flags}\n")
+    assert estimate["unpriced"] == ([note] if note else [])
+
+
+@pytest.mark.parametrize("flags, error", [
+    ("--moe-enable-deepep", "--moe-enable-deepep needs --moe-token-dispatcher-type flex"),
+    ("--moe-flex-dispatcher-backend ncclep", "--moe-flex-dispatcher-backend ncclep needs --moe-token-dispatcher-type"),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend nvshmem", "'nvshmem' is not one of Megatron's"),
+    ("--moe-token-dispatcher-type flex --moe-enable-deepep --moe-flex-dispatcher-backend hybridep",
+     "only one backend"),
+    ("--no-position-embedding --position-embedding-type learned_absolute", "Megatron refuses it"),
+])
+def test_backend_and_position_flags_megatron_refuses_are_refused_in_one_line(flags, error):
+    text = f"{_SMALL} --moe-grouped-gemm {flags}\n"
+    if "--position-embedding-type learned_absolute" in flags:
+        text = text.replace("--position-embedding-type rope ", "")
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size",
+                                      "1000"], input=text)
+    assert result.exit_code == 2 and error in result.stderr and result.stderr.count("\n") == 1, result.output

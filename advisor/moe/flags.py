@@ -45,6 +45,8 @@ def model_flags(spec: MoESpec) -> list[str]:
         y = spec.yarn
         args += ["--rope-type", "yarn", "--rotary-scaling-factor", _number(y.factor), "--mscale", _number(y.mscale),
                  "--mscale-all-dim", _number(y.mscale_all_dim)]
+    elif spec.mla is not None:  # without it MLA takes YaRN (megatron-core MLATransformerConfig.rope_type)
+        args += ["--rope-type", "rope"]
     if spec.mtp_num_layers:
         args += ["--mtp-num-layers", str(spec.mtp_num_layers)]
     return args

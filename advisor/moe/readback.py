@@ -6,7 +6,8 @@ Megatron's defaults for what a command leaves out (core_v0.15.2 ``megatron/train
 (``validate_args``), --expert-model-parallel-size to 1, --moe-token-dispatcher-type to
 allgather, --moe-layer-freq to 1 (every layer an MoE layer), the router's score function to
 softmax, --moe-pad-expert-input-to-capacity to off (a capacity factor alone drops tokens without
-padding: priced unpadded). What the MoE model does not price is named, never dropped.
+padding: priced unpadded), --moe-flex-dispatcher-backend to deepep. What the MoE model does not
+price is named, never dropped; what it knows to change nothing (``HARMLESS``) is read silently.
 """
 
 from __future__ import annotations
@@ -24,16 +25,42 @@ VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-e
           "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim", "rope-type", "rotary-scaling-factor", "mscale",
           "mscale-all-dim", "mtp-num-layers", "expert-model-parallel-size", "expert-tensor-parallel-size",
           "moe-token-dispatcher-type", "moe-expert-capacity-factor", "moe-aux-loss-coeff",
-          "original-max-position-embeddings", "moe-router-dtype"}
+          "original-max-position-embeddings", "moe-router-dtype", "moe-router-bias-update-rate",
+          "mtp-loss-scaling-factor", "moe-flex-dispatcher-backend", "moe-deepep-num-sms"}
 SWITCHES = {"moe-grouped-gemm", "qk-layernorm", "moe-router-enable-expert-bias", "multi-latent-attention",
             "moe-router-force-load-balancing", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute",
-            "moe-pad-expert-input-to-capacity"}
+            "moe-pad-expert-input-to-capacity", "moe-router-pre-softmax", "moe-permute-fusion", "moe-router-fusion",
+            "enable-experimental", "moe-enable-deepep", "moe-router-padding-for-fp8",
+            "moe-router-padding-for-quantization", "moe-shared-expert-overlap"}
 MULTI = {"recompute-modules"}
 HARMLESS = {"moe-router-load-balancing-type", "moe-aux-loss-coeff", "original-max-position-embeddings",
-            "moe-router-dtype"}
+            "moe-router-dtype", "moe-router-bias-update-rate", "mtp-loss-scaling-factor", "moe-router-pre-softmax"}
 """Read and known not to change the price: the balancing loss's kind and weight (a few FLOPs on
 E-wide tensors), YaRN's original context (fixed by Megatron's MLA config), the router's dtype
-(its logits are priced in FP32, ``memory.router_activation_bytes``)."""
+(its logits are priced in FP32, ``memory.router_activation_bytes``), the expert bias's update
+step (E numbers once per step), the MTP loss's weight (a scalar), and softmax before the top-k
+(``moe_utils.topk_routing_with_score_function``: the E-wide FP32 scores the router term already
+keeps; the sigmoid score function ignores it)."""
+NAMED = {
+    "moe-permute-fusion": "--moe-permute-fusion (fused permutation, priced unfused)",
+    "moe-router-fusion": "--moe-router-fusion (fused router, priced unfused)",
+    "enable-experimental": "--enable-experimental (experimental kernels, priced as the default ones)",
+    "moe-router-padding-for-fp8": "--moe-router-padding-for-fp8 (experts' tokens padded to 16/32, not priced)",
+    "moe-router-padding-for-quantization": "--moe-router-padding-for-quantization (experts' tokens padded to the "
+                                           "quantized GEMM's alignment, not priced)",
+    "moe-shared-expert-overlap": "--moe-shared-expert-overlap (shared experts beside the dispatch, priced in "
+                                 "series)",
+}
+"""Read, and changing memory or time by less than the model resolves: named with what is priced
+in their place (megatron-core core_v0.15.2): Transformer Engine's fused permutation
+(``moe_utils.permute`` with fused=True) keeps its own row map where the unfused one, priced, keeps
+an int64 index per token copy (``memory.expert_activation_bytes``) in the same HBM passes
+(``time.permutation_bytes``); the fused router (``router.py``) keeps less than the FP32 logits
+and scores priced (``memory.router_activation_bytes``); ``is_experimental_enabled()`` switches
+the dispatchers' routing-map conversions and padding to Triton kernels (``token_dispatcher.py``);
+the router's padding for FP8 (core_v0.19.0: for quantization) rounds each expert's routed tokens
+up to the FP8 GEMM's alignment (fewer than 32 more per local expert); the shared experts'
+overlap with the dispatch (``moe_layer.py``) is priced in series (``time.py``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,14 +143,17 @@ def _mla_and_yarn(values: dict):
                   qk_pos_emb_head_dim=_int(values, "qk-pos-emb-head-dim", 64),
                   v_head_dim=_int(values, "v-head-dim", 128))
     yarn = None
-    if values.get("rope-type") == "yarn":  # MLATransformerConfig's fixed beta_fast 32, beta_slow 1, context 4096
+    # --rope-type left out: MLA takes YaRN, other attention RoPE (arguments.py pops the None so
+    # MLATransformerConfig's rope_type "yarn" stands), with --rotary-scaling-factor's own default.
+    rope_type = values.get("rope-type") or ("yarn" if mla is not None else "rope")
+    if rope_type == "yarn":  # MLATransformerConfig's fixed beta_fast 32, beta_slow 1, context 4096
         scale = limits.YARN_MSCALE
         yarn = YarnScaling(factor=_float(values, "rotary-scaling-factor", 1.0, bound=limits.ROPE_SCALING,
                                          low_open=False), original_max_position_embeddings=4096,
                            beta_fast=32.0, beta_slow=1.0,
                            mscale=_float(values, "mscale", 1.0, bound=scale, low_open=False),
                            mscale_all_dim=_float(values, "mscale-all-dim", 0.0, bound=scale, low_open=False))
-    elif values.get("rope-type") not in (None, "rope"):
+    elif rope_type != "rope":
         raise AdvisorError(f"--rope-type {values['rope-type']!r} is not priced (rope or yarn)")
     return mla, yarn
 
@@ -158,22 +188,49 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
         unpriced.append("no --moe-grouped-gemm (sequential experts; priced as grouped GEMMs)")
     if values.get("moe-router-force-load-balancing"):
         unpriced.append("--moe-router-force-load-balancing (priced as balanced routing, which it forces)")
+    unpriced += [note for name, note in NAMED.items() if values.get(name)]
+    if values.get("moe-deepep-num-sms", "20") != "20":  # time.DEEPEP_SMS, megatron-core's default
+        unpriced.append(f"--moe-deepep-num-sms {values['moe-deepep-num-sms']} (priced at DeepEP's default 20 SMs)")
+    dispatcher, backend_note = _dispatcher(values)
+    unpriced += backend_note
     capacity = _float(values, "moe-expert-capacity-factor", bound=limits.MOE_CAPACITY_FACTOR)
     pad = bool(values.get("moe-pad-expert-input-to-capacity"))  # a factor alone drops without padding
     modules = values.get("recompute-modules")
     if modules is not None and recompute != "selective":
         unpriced.append("--recompute-modules without --recompute-granularity selective")
-    settings = {"dispatcher": values.get("moe-token-dispatcher-type", "allgather"),
+    settings = {"dispatcher": dispatcher,
                 "moe_routing": "capacity" if capacity is not None else "balanced", "capacity_factor": capacity,
                 "moe_imbalance": 1.0, "recompute_modules": tuple(modules or ()),
                 "mtp_num_layers": _int(values, "mtp-num-layers", 0),
                 "a2a_overlap": bool(values.get("overlap-moe-expert-parallel-comm")),
                 "delay_wgrad": bool(values.get("delay-wgrad-compute")), "pad_to_capacity": pad}
-    if settings["dispatcher"] not in ("alltoall", "allgather", "flex"):
-        raise AdvisorError(f"--moe-token-dispatcher-type {settings['dispatcher']!r} is not one of Megatron's")
     from advisor.moe.flags import pad_problem
 
     if problem := pad_problem(settings["dispatcher"], capacity, pad):
         raise AdvisorError(problem)
     ep = _int(values, "expert-model-parallel-size", 1)
     return MoERead(ep=ep, etp=_int(values, "expert-tensor-parallel-size", tp), settings=settings), unpriced
+
+
+def _dispatcher(values: dict) -> tuple[str, list[str]]:
+    """(--moe-token-dispatcher-type, what its backend adds unpriced). The flex dispatcher is
+    priced as DeepEP's deduplicated all-to-all (``advisor.moe.time``), which HybridEP also sends;
+    Megatron's backend checks are ours (core_v0.19.0 ``transformer_config.py``: DeepEP and NCCL-EP
+    only under flex; core_v0.15.2's ``--moe-enable-deepep`` the same)."""
+    dispatcher = values.get("moe-token-dispatcher-type", "allgather")
+    if dispatcher not in ("alltoall", "allgather", "flex"):
+        raise AdvisorError(f"--moe-token-dispatcher-type {dispatcher!r} is not one of Megatron's")
+    backend = values.get("moe-flex-dispatcher-backend", "deepep")
+    if backend not in ("deepep", "hybridep", "ncclep"):
+        raise AdvisorError(f"--moe-flex-dispatcher-backend {backend!r} is not one of Megatron's (deepep, hybridep, "
+                           "ncclep)")
+    if dispatcher != "flex" and (values.get("moe-enable-deepep") or backend == "ncclep"):
+        flag = "--moe-enable-deepep" if values.get("moe-enable-deepep") else "--moe-flex-dispatcher-backend ncclep"
+        raise AdvisorError(f"{flag} needs --moe-token-dispatcher-type flex (megatron-core refuses it with "
+                           f"{dispatcher})")
+    if values.get("moe-enable-deepep") and "moe-flex-dispatcher-backend" in values and backend != "deepep":
+        raise AdvisorError(f"--moe-enable-deepep with --moe-flex-dispatcher-backend {backend} (megatron-core: only "
+                           "one backend for the flex dispatcher)")
+    if dispatcher == "flex" and backend == "ncclep":
+        return dispatcher, ["--moe-flex-dispatcher-backend ncclep (NCCL's EP all-to-all, priced as DeepEP's)"]
+    return dispatcher, []
