@@ -184,3 +184,32 @@ def megatron_args(
                        global_batch_size=global_batch_size, virtual_stages=virtual_stages),
         *_training_args(tp > 1, options, release),
     ]
+
+
+def rows_arg_parts(spec: LlamaSpec, seq_len: int, global_batch_size: int, rows, release=None) -> tuple[list, list]:
+    """``megatron_args`` of many sweep rows (``advisor.sweep.SweepRow``), each as its three parts
+    (the model's flags, the layout's, the training options'), concatenated in that order; and each
+    row's options at its TP (``TrainingOptions.at_tp``). The rows of one sweep share few of each
+    part: each is made once per distinct key and shared (the same tuple object), so that a writer
+    encodes it once too (``advisor.render.rows_to_json``). The options are told apart by identity
+    first (the rows share a handful of objects): hashing the nested frozen options per row cost
+    more than writing the flags."""
+    model = _model_args(spec, seq_len)
+    layouts: dict = {}
+    trainings: dict = {}  # (id of a row's options, TP > 1) -> (those options, their flags, at TP)
+    parts, options = [], []
+    for row in rows:
+        p = row.parallel
+        key = (p.tp, p.cp, tuple(row.layers_per_stage), p.mbs, p.vpp)
+        layout = layouts.get(key)
+        if layout is None:
+            layout = layouts[key] = tuple(parallel_args(tp=p.tp, cp=p.cp, layers_per_stage=key[2], micro_batch_size=p.mbs,
+                                                        global_batch_size=global_batch_size, virtual_stages=p.vpp))
+        held = trainings.get((id(row.training), p.tp > 1))
+        if held is None or held[0] is not row.training:
+            at_tp = row.training.at_tp(p.tp)  # depends on TP > 1 only
+            held = trainings[id(row.training), p.tp > 1] = (row.training, _training_args(p.tp > 1, at_tp, release),
+                                                           at_tp)
+        parts.append((model, layout, held[1]))
+        options.append(held[2])
+    return parts, options
