@@ -107,8 +107,9 @@ def rows_to_json(rows: Sequence[dict], shared: dict, key: str, parts: Sequence[S
     return "".join(out)
 
 
-def _dumps(obj: object) -> str:
-    return json.dumps(obj, allow_nan=False)
+_dumps: Callable[[object], str] = json.JSONEncoder(allow_nan=False).encode
+"""``json.dumps(obj, allow_nan=False)`` with one encoder made once: dumps makes a new one per call
+when given any option, a quarter of the time of encoding a sweep row."""
 
 
 def _indented(obj: object, depth: int) -> str:
