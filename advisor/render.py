@@ -6,7 +6,6 @@ when a table is drawn, so that the CLI starts fast.
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 from dataclasses import dataclass
@@ -124,6 +123,8 @@ def _indented(obj: object, depth: int) -> str:
 
 
 def to_csv(rows: Sequence[dict]) -> str:
+    import csv  # only CSV output needs it: kept off the start-up of the others
+
     buffer = io.StringIO()
     keys = list(rows[0]) if rows else []
     writer = csv.DictWriter(buffer, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
