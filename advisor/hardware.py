@@ -8,7 +8,6 @@ its memory and node size (``GpuSpec.with_overrides``).
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
@@ -159,6 +158,8 @@ def get_gpu(name: str) -> GpuSpec:
     key = name.strip().lower()
     if key in presets:
         return presets[key]
+    import difflib  # only a misspelt name needs it: kept off the start-up
+
     close = difflib.get_close_matches(key, presets, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise AdvisorError(f"unknown GPU {name!r}{hint} (advisor gpus lists {len(presets)} presets)")

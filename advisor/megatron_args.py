@@ -159,14 +159,17 @@ def parallel_args(
     global_batch_size: int, virtual_stages: int = 1,
 ) -> list[str]:
     """TP, CP, PP, the split (and VPP) and the batch."""
-    return [
-        "--tensor-model-parallel-size", str(tp),
-        "--context-parallel-size", str(cp),
-        "--pipeline-model-parallel-size", str(len(layers_per_stage)),
-        *split_args(layers_per_stage, virtual_stages),
-        "--micro-batch-size", str(micro_batch_size),
-        "--global-batch-size", str(global_batch_size),
-    ]
+    return [*_sizes_args(tp, cp, len(layers_per_stage)), *split_args(layers_per_stage, virtual_stages),
+            *_batch_args(micro_batch_size, global_batch_size)]
+
+
+def _sizes_args(tp: int, cp: int, pp: int) -> list[str]:
+    return ["--tensor-model-parallel-size", str(tp), "--context-parallel-size", str(cp),
+            "--pipeline-model-parallel-size", str(pp)]
+
+
+def _batch_args(micro_batch_size: int, global_batch_size: int) -> list[str]:
+    return ["--micro-batch-size", str(micro_batch_size), "--global-batch-size", str(global_batch_size)]
 
 
 def megatron_args(
@@ -184,3 +187,40 @@ def megatron_args(
                        global_batch_size=global_batch_size, virtual_stages=virtual_stages),
         *_training_args(tp > 1, options, release),
     ]
+
+
+def rows_arg_parts(spec: LlamaSpec, seq_len: int, global_batch_size: int, rows, release=None) -> tuple[list, list]:
+    """``megatron_args`` of many sweep rows (``advisor.sweep.SweepRow``), each as its parts (the
+    model's flags, the sizes', the split's, the batch's, the training options'), concatenated in
+    that order; and each row's options at its TP (``TrainingOptions.at_tp``). Each row is its own
+    layout, but the rows share few of each part: each is made once per distinct key and shared
+    (the same tuple object), so that a writer encodes it once too (``render.rows_to_json``). The
+    options are told apart by identity first (the rows share a handful of objects): hashing the
+    nested frozen options per row cost more than writing the flags."""
+    model = _model_args(spec, seq_len)
+    sizes: dict = {}
+    splits: dict = {}
+    batches: dict = {}
+    trainings: dict = {}  # (id of a row's options, TP > 1) -> (those options, their flags, at TP)
+    parts, options = [], []
+    for row in rows:
+        p = row.parallel
+        layers = tuple(row.layers_per_stage)
+        held = trainings.get((id(row.training), p.tp > 1))
+        if held is None or held[0] is not row.training:
+            at_tp = row.training.at_tp(p.tp)  # depends on TP > 1 only
+            held = trainings[id(row.training), p.tp > 1] = (row.training, _training_args(p.tp > 1, at_tp, release),
+                                                           at_tp)
+        parts.append((model, _once(sizes, (p.tp, p.cp, len(layers)), _sizes_args),
+                      _once(splits, (layers, p.vpp), split_args),
+                      _once(batches, (p.mbs, global_batch_size), _batch_args), held[1]))
+        options.append(held[2])
+    return parts, options
+
+
+def _once(made: dict, key: tuple, make) -> tuple[str, ...]:
+    """``make(*key)`` as a tuple, made once per key in ``made``."""
+    value = made.get(key)
+    if value is None:
+        value = made[key] = tuple(make(*key))
+    return value

@@ -7,7 +7,6 @@ Megatron-LM's argument names, so that a spec maps one-to-one onto its flags.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from dataclasses import replace
@@ -70,6 +69,8 @@ def preset(name: str) -> LlamaSpec:
         return PRESETS[key]
     if key in MOE_PRESETS:
         return MOE_PRESETS[key]
+    import difflib  # only a misspelt name needs it: kept off the start-up
+
     close = difflib.get_close_matches(key, [*PRESETS, *MOE_PRESETS], n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise AdvisorError(f"unknown model {name!r}{hint} (run 'advisor models' for the presets, or pass a config.json)")

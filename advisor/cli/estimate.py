@@ -172,18 +172,24 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
              "memory_model": memory_model, "gpu": gpu.name if gpu else None, "ranking_tolerance": tolerance,
              "model": spec.to_dict() if fmt == "json" else spec.name}
-    dicts = _sweep_entries(shown, setup, spec, workload, fmt, plot is not None, gpu_hour_price, release)
+    dicts = _sweep_entries(shown, setup, gpu_hour_price, table=True) if fmt == "table" or plot is not None else []
+    text = None if fmt == "table" else _sweep_text(shown, setup, spec, workload, fmt, plot is not None, gpu_hour_price,
+                                                   release)
     title = _setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by)
     if plot is not None:
-        from advisor.plots import sweep_plot
-
-        sweep_plot(dicts, plot, title=title)
-        click.echo(f"wrote {plot}", err=True)
+        _plot(dicts, plot, title)
     caption = _caption(counts, show_all, len(shown), len(selected))
     columns = (memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None)
-    _emit_sweep(dicts, fmt, output, result, title, caption, columns, tolerance,
+    _emit_sweep(dicts, text, fmt, output, result, title, caption, columns, tolerance,
                 nothing=None if any(row.rank for row in result.rows) or show_all else
                 _nothing_fits(result.rows, counts, space, mem))
+
+
+def _plot(dicts: list[dict], plot: Path, title: str) -> None:
+    from advisor.plots import sweep_plot
+
+    sweep_plot(dicts, plot, title=title)
+    click.echo(f"wrote {plot}", err=True)
 
 
 def _caption(counts: dict, show_all: bool, shown: int, selected: int) -> str:
@@ -214,50 +220,63 @@ def _tolerance(rank_by: str) -> float | None:
     return ranking_tolerance()
 
 
-def _sweep_entries(shown, setup: dict, spec, workload, fmt: str, plotted: bool, gpu_hour_price, release) -> list[dict]:
-    """One dict per row shown. Each row carries its setup and its Megatron flags, so that one row
-    launches on its own."""
+def _sweep_entries(shown, setup: dict, gpu_hour_price, *, table: bool) -> list[dict]:
+    """One dict per row shown, with its setup (``table``: with the split and recomputation as
+    the table and the plot show them; the rows as JSON and CSV write them are ``_sweep_text``'s)."""
     from advisor import render
-    from advisor.megatron_args import megatron_args
 
-    changed: dict = {}  # few distinct options among many rows
     dicts = []
     for row in shown:
         entry = {**row.to_dict(), **setup}
         if gpu_hour_price is not None:
             entry["cost_usd"] = entry["gpu_hours"] * gpu_hour_price
-        if fmt == "table" or plotted:
+        if table:
             entry.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
-        if fmt != "table":
-            p, row_options = row.parallel, row.training.at_tp(row.parallel.tp)
-            if row_options not in changed:
-                changed[row_options] = row_options.changed()
-            entry.update(options=changed[row_options], megatron_args=megatron_args(
-                spec, workload.seq_len, tp=p.tp, cp=p.cp, layers_per_stage=row.layers_per_stage,
-                micro_batch_size=p.mbs, global_batch_size=workload.global_batch_size, options=row_options,
-                virtual_stages=p.vpp, release=release))
-            if fmt == "csv":  # the README's columns: the options as one JSON cell, the flags as one line
-                entry["options"] = json.dumps(entry["options"], sort_keys=True)
-                entry["megatron_args"] = " ".join(entry["megatron_args"])
-                entry["layers_per_stage"] = render.counts_text(entry["layers_per_stage"])
-                entry.pop("split", None), entry.pop("recompute_text", None)
         dicts.append(entry)
     return dicts
 
 
-def _emit_sweep(dicts: list[dict], fmt: str, output, result, title: str, caption: str, columns: tuple,
-                tolerance: float | None, nothing: str | None) -> None:
+def _sweep_text(shown, setup: dict, spec, workload, fmt: str, plotted: bool, gpu_hour_price, release) -> str:
+    """The rows as JSON or CSV, each with its setup, options and Megatron flags, so that one row
+    launches on its own. The flags come in parts shared between rows (``rows_arg_parts``), and
+    JSON encodes the setup, each part and each options dict once (``render.rows_to_json``)."""
+    from advisor import render
+    from advisor.megatron_args import rows_arg_parts
+
+    parts, row_options = rows_arg_parts(spec, workload.seq_len, workload.global_batch_size, shown, release)
+    plotted = plotted and fmt == "json"  # CSV leaves the plot's columns out
+    shared_tails: dict = {}  # id of options -> (those options, the tail of the rows with them): a handful
+    rows, tails = [], []
+    for row, options in zip(shown, row_options):
+        held = shared_tails.get(id(options))
+        if held is None or held[0] is not options:
+            held = shared_tails[id(options)] = (options, {"options": options.changed()})
+        entry, tail = row.to_dict(), held[1]
+        if gpu_hour_price is not None or plotted:  # keys of the row's own before its options, as ever
+            tail = {"cost_usd": entry["gpu_hours"] * gpu_hour_price} if gpu_hour_price is not None else {}
+            if plotted:
+                tail.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
+            tail["options"] = held[1]["options"]
+        rows.append(entry)
+        tails.append(tail)
+    if fmt == "json":
+        return render.rows_to_json(rows, setup, "megatron_args", parts, tails)
+    # CSV, the README's columns: the options as one JSON cell, the flags as one line
+    return render.to_csv([{**entry, **setup, **tail, "options": json.dumps(tail["options"], sort_keys=True),
+                           "megatron_args": " ".join(flag for part in flags for flag in part),
+                           "layers_per_stage": render.counts_text(entry["layers_per_stage"])}
+                          for entry, tail, flags in zip(rows, tails, parts)])
+
+
+def _emit_sweep(dicts: list[dict], text: str | None, fmt: str, output, result, title: str, caption: str,
+                columns: tuple, tolerance: float | None, nothing: str | None) -> None:
     """Write the rows (JSON, CSV or the table); with ``nothing`` (no row ranked), the line saying
     why instead of an empty table, and exit status 1 (no result)."""
     from advisor import render
 
     searched = (f"{result.considered:,} layouts considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
                 f"{result.pruned:,} pruned as unable to fit or to win")
-    if fmt == "json":
-        text = render.to_json(dicts)
-    elif fmt == "csv":
-        text = render.to_csv(dicts)
-    else:
+    if fmt == "table":
         text = render.to_table(
             dicts, _row_columns(*columns), title=title,
             caption=f"{caption}\n{searched}" + (
