@@ -27,7 +27,9 @@ def sleeper_checkout(tmp_path: Path) -> Path:
     return make_checkout(tmp_path / "sleeper", script=(
         "import os, pathlib, time\n"
         "pids = pathlib.Path(os.environ['PIDS_DIR'], f\"rank{os.environ['RANK']}\")\n"
-        "pids.write_text(f'{os.getpid()} {os.getppid()}')\n"
+        "written = pids.with_name(f'.{pids.name}')  # renamed once whole: the test never reads half a file\n"
+        "written.write_text(f'{os.getpid()} {os.getppid()}')\n"
+        "os.replace(written, pids)\n"
         "time.sleep(600)\n"))
 
 
