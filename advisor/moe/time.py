@@ -408,21 +408,13 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     pipeline = m * slowest + (total - slowest) / vpp
     dp_comm, optimizer = _data_parallel(b, training, base_of(first_stage.weights_gradients_optimizer),
                                         base_of(first_stage.expert_states), most * moe_f, rates)
-    step = _data_loader_bound(training, pipeline + spread(dp_comm) + spread(optimizer), global_batch_size / c["dp"],
-                              seq_len, rates)
+    step = terms.data_loader_bound(pipeline + spread(dp_comm) + spread(optimizer), training.attention.dataloader_mask
+                                   == "rebuilt", global_batch_size / c["dp"], seq_len, rates)
     flops = spread(megatron_flops_per_iteration(spec, seq_len, global_batch_size, vocab))
     tflops = flops / (step * c["tp"] * c["cp"] * c["pp"] * c["dp"]) / 1e12
     return {"step_time_s": step, "tflops_per_gpu": tflops, "mfu": tflops / gpu.bf16_dense_tflops,
             "tokens_per_s": global_batch_size * seq_len / step,
             "ep_comm_s": m * spec.moe_layers / c["pp"] * spread(steady - idle - passes * (moe_f - comm))}
-
-
-def _data_loader_bound(training, step, samples_per_replica, seq_len: int, rates):
-    """A replica steps no faster than its data loader builds the attention masks it cannot cache
-    (--dataloader-mask rebuilt), as in the dense model (``throughput.model``)."""
-    if training.attention.dataloader_mask != "rebuilt":
-        return step
-    return np.maximum(step, samples_per_replica * terms.host_mask_time(seq_len, rates))
 
 
 def _by_base(c: dict, bases):

@@ -260,11 +260,8 @@ class TimeModel:
         dp_comm = self._data_parallel(params, shards, span, per_node, m, fwd_first, bwd_first)
         optimizer = self._optimizer(params, shards)
         compute_bound = pipeline + dp_comm + optimizer
-        if opts.dataloader_mask == "rebuilt":
-            data = self.gbs / _f(dp) * terms.host_mask_time(self.seq_len, rates, opts.dataloader_workers)
-        else:
-            data = 0.0 * compute_bound
-        total_s = np.maximum(compute_bound, data)
+        total_s = terms.data_loader_bound(compute_bound, opts.dataloader_mask == "rebuilt", self.gbs / _f(dp),
+                                          self.seq_len, rates, opts.dataloader_workers)
         share = m / p
         return StepTime(
             total_s=total_s,

@@ -214,3 +214,11 @@ def host_mask_time(seq_len, rates: Rates, workers: int = 2):
     (2 by default). The mask is built per data-parallel replica; with the loader running
     ahead, a replica cannot step faster than its samples arrive."""
     return rates.host_mask_s_per_element * float(seq_len) ** 2 / workers
+
+
+def data_loader_bound(step, rebuilt: bool, samples_per_replica, seq_len, rates: Rates, workers: int = 2):
+    """The step time no faster than a replica's data loader builds its samples' masks, where it
+    cannot cache them (--dataloader-mask rebuilt; ``host_mask_time``); ``step`` otherwise."""
+    if not rebuilt:
+        return step
+    return np.maximum(step, samples_per_replica * host_mask_time(seq_len, rates, workers))
