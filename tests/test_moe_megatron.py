@@ -78,6 +78,9 @@ def test_megatron_accepts_and_builds_moe_rows(tag):
                                                      "--overlap-moe-expert-parallel-comm")]
     rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--all", "--recompute", "selective",
                                      "--overlap-moe-expert-parallel-comm", "--top", "1")[0])]
+    # Megatron's own defaults its MoE scripts keep: the vocabulary padded to 128 x TP, the mask built
+    rows += [("mixtral-8x7b", _rows("mixtral-8x7b", 64, "--top", "1", "--vocab-divisible-by", "128",
+                                    "--dataloader-mask", "cached")[0])]
     assert {row["vpp"] > 1 for _, row in rows} == {True, False}
     cases = [{"args": [*row["megatron_args"], *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
                        "NullTokenizer", "--vocab-size", str(load_model(name).vocab_size), "--train-iters", "10"],
