@@ -5,6 +5,11 @@ launch would be: each run's flags are written as a torchrun line and read back t
 
 Every run is marked ``test``: none was used to fit any constant. The schema is strict: a missing
 or unknown column, or a ``use`` other than test/fit, is an error naming it.
+
+The same recipe was published twice (DGX Cloud Benchmarking v25.01 on NeMo 24.09, v25.02 on NeMo
+24.12: the same configuration files, layouts and batch sizes, another container), so each layout
+has two published step times; ``release_changes`` sets them side by side, which shows how far a
+published figure moves without any change the advisor could price.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from advisor.errors import AdvisorError
 from tables.published.csv_rows import typed_rows
 
 DATA = Path(__file__).with_name("dense_runs.csv")
-COLUMNS = ("run", "model", "num_layers", "vocab_size", "gpu", "gpus", "precision", "seq_len", "global_batch_size",
+COLUMNS = ("run", "framework", "model", "num_layers", "vocab_size", "gpu", "gpus", "precision", "seq_len", "global_batch_size",
            "micro_batch_size", "tp", "pp", "cp", "vpp", "step_time_s", "training_flags", "use", "source")
 INTEGERS = ("num_layers", "vocab_size", "gpus", "seq_len", "global_batch_size", "micro_batch_size", "tp", "pp", "cp",
             "vpp")
@@ -31,6 +36,7 @@ MAPE_TARGET = 0.06
 @dataclass(frozen=True, slots=True)
 class PublishedRun:
     run: str
+    framework: str
     model: str
     num_layers: int
     vocab_size: int
@@ -98,16 +104,26 @@ def price(run: PublishedRun) -> dict:
 
 
 def report(runs: list[PublishedRun]) -> tuple[list[dict], dict]:
-    """(one row per run: published and predicted step time, error, verdict; the summary per precision)."""
+    """(one row per run: published and predicted step time, error, verdict; the summary per precision,
+    over every run, and per framework release under ``by_framework``)."""
     rows = []
     for run in runs:
         estimate = price(run)
         error = estimate["step_time_s"] / run.step_time_s - 1
-        rows.append({"run": run.run, "precision": run.precision, "gpus": run.gpus, "use": run.use,
+        rows.append({"run": run.run, "framework": run.framework, "precision": run.precision, "gpus": run.gpus,
+                     "use": run.use,
                      "layout": f"TP {run.tp} PP {run.pp} CP {run.cp} VP {run.vpp} GBS {run.global_batch_size}",
                      "published_s": run.step_time_s, "predicted_s": estimate["step_time_s"], "error": error,
                      "within_target": abs(error) <= TARGETS[run.precision], "verdict": estimate["verdict"],
                      "usage_gib": estimate["usage_gib"], "unpriced": estimate["unpriced"]})
+    summary = _summary(rows)
+    frameworks = list(dict.fromkeys(row["framework"] for row in rows))
+    if len(frameworks) > 1:
+        summary["by_framework"] = {name: _summary([r for r in rows if r["framework"] == name]) for name in frameworks}
+    return rows, summary
+
+
+def _summary(rows: list[dict]) -> dict:
     summary = {}
     for precision in TARGETS:
         errors = [abs(r["error"]) for r in rows if r["precision"] == precision]
@@ -116,4 +132,22 @@ def report(runs: list[PublishedRun]) -> tuple[list[dict], dict]:
                                   "within_target": sum(e <= TARGETS[precision] for e in errors),
                                   "verdicts_ok": sum(r["verdict"] in ("fits", "likely fits") for r in rows
                                                      if r["precision"] == precision)}
-    return rows, summary
+    return summary
+
+
+def release_changes(runs: list[PublishedRun]) -> list[dict]:
+    """For each configuration published by more than one framework release (the same model,
+    layers, GPUs, layout, batch and options): the first release's run, each later one's, and how
+    much the published step time changed, in the order of ``runs``."""
+    first: dict[tuple, PublishedRun] = {}
+    changes = []
+    for run in runs:
+        key = (run.model, run.num_layers, run.vocab_size, run.gpu, run.gpus, run.precision, run.seq_len,
+               run.global_batch_size, run.micro_batch_size, run.tp, run.pp, run.cp, run.vpp, run.training_flags)
+        if key not in first:
+            first[key] = run
+        elif run.framework != first[key].framework:
+            before = first[key]
+            changes.append({"before": before.run, "after": run.run, "precision": run.precision,
+                            "change": run.step_time_s / before.step_time_s - 1})
+    return changes
