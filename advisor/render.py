@@ -56,6 +56,13 @@ def counts_text(counts, separator: str = ",") -> str:
     return separator.join(str(count) if times == 1 else f"{count}x{times}" for count, times in runs)
 
 
+def time_parts_text(parts: dict[str, float]) -> str:
+    """A step's parts in seconds, as the estimates' captions show them: 'compute 93.55, tp comm
+    6.20, ...' (the nonzero parts, not the total)."""
+    return ", ".join(f"{name.removesuffix('_s').replace('_', ' ')} {value:.2f}" for name, value in parts.items()
+                     if name != "total_s" and value > 0)
+
+
 def to_json(obj: object) -> str:
     """Indented JSON: objects one key per line, an array of objects or arrays one element per line,
     an array of numbers or strings on one line. Each line is written by json's C encoder: a

@@ -500,8 +500,7 @@ def _estimate_caption(spec, parallel, planned_split, result, row: dict, assessme
     if timing is not None:
         caption += (f"\nstep {timing['step_time_s']:.2f} s, {timing['tflops_per_gpu']:.0f} TFLOP/s per GPU "
                     f"(MFU {timing['mfu']:.0%}), {timing['tokens_per_s']:,.0f} tokens/s; "
-                    + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.2f}" for k, v in parts.items()
-                                if k != "total_s" and v > 0))
+                    + render.time_parts_text(parts))
         if tokens is not None:
             caption += f"\n{tokens:.3g} tokens: {timing['days']:.1f} days, {timing['gpu_hours']:,.0f} GPU-hours"
             if gpu_hour_price is not None:

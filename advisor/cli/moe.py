@@ -298,7 +298,8 @@ def _stage_table(row, spec, layout, timing, mem, notes, output) -> str:
         " (calibrated)" if calibrated else "") + (f" -> {row['verdict']}" if mem else "")
     if timing:
         caption += (f"\nstep {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} TFLOP/s per GPU "
-                    f"(MFU {row['mfu']:.0%})")
+                    f"(MFU {row['mfu']:.0%}), {row['tokens_per_s']:,.0f} tokens/s; "
+                    + render.time_parts_text(row["time_parts"]))
     caption += "".join(f"\n{note}" for note in notes)
     extra = "".join(f", {name} {value}" for name, value in (("VPP", vpp), ("MTP", spec.mtp_num_layers)) if value > 1
                     or (name == "MTP" and value))

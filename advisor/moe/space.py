@@ -434,9 +434,9 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
 
 
 def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, options: st.MoEOptions,
-            layers_per_stage: tuple[int, ...] | None = None) -> dict:
+            layers_per_stage: tuple[int, ...] | None = None, with_parts: bool = False) -> dict:
     """``time.step_times`` per recomputation's subset, gathered back (``layers_per_stage``: one
-    layout's own split)."""
+    layout's own split; ``with_parts``: ``time_parts`` too, each part an array like the rest)."""
     from advisor.moe import time as mt
 
     out: dict = {}
@@ -448,7 +448,10 @@ def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, o
                                     layers_per_stage)
         part = mt.step_times(spec, workload.seq_len, workload.global_batch_size, columns, recompute, gpu=gpu,
                              options=options, first_stage=first, layers_per_stage=layers_per_stage,
-                             bases=(by_base.first, by_base.inverse) if by_base.shared else None)
+                             bases=(by_base.first, by_base.inverse) if by_base.shared else None,
+                             with_parts=with_parts)
+        for key, value in part.pop("time_parts", {}).items():
+            out.setdefault("time_parts", {}).setdefault(key, np.zeros(len(layouts.tp)))[which] = value
         for key, value in part.items():
             out.setdefault(key, np.zeros(len(layouts.tp)))[which] = value
     return out
@@ -561,10 +564,13 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
               "usage": np.asarray(usage)[top:top + 1], "usage_stage": np.array([top])}
     limit = np.inf if memory_gib is None else memory_gib
     verdict = _verdicts(memory, limit, threshold, band)
-    timing = _timing(spec, workload, layouts, gpu, options, split) if gpu else None
+    timing = _timing(spec, workload, layouts, gpu, options, split, with_parts=True) if gpu else None
+    parts = timing.pop("time_parts") if timing else None
     row = _rows(spec, layouts, np.array([0]), memory, verdict, timing, limit, options, memory_model, split)[0]
     row.update(model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
                gpu=gpu.name if gpu else None, memory_model=memory_model, stages=stages)
+    if parts is not None:
+        row["time_parts"] = {name: float(value[0]) for name, value in parts.items()}
     if memory_gib is None:
         row.update(verdict=None, memory_fraction=None)
     return row

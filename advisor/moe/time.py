@@ -336,7 +336,8 @@ of a forward (an assumption)."""
 
 
 def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dict, recompute: str, *, gpu, options,
-               first_stage, layers_per_stage: tuple[int, ...] | None = None, bases=None) -> dict:
+               first_stage, layers_per_stage: tuple[int, ...] | None = None, bases=None,
+               with_parts: bool = False) -> dict:
     """Step time of MoE layouts (``columns``: tp, cp, pp, ep, etp, dp, mbs, vpp arrays): 1F1B over
     the stages (Narayanan et al. 2021: m x the slowest stage + the others' fill and drain), the
     interleaved schedule's fill and drain divided by v, each chunk's boundary sends
@@ -352,7 +353,8 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     ``layers_per_stage``: one layout's own split (its largest and its last stage) instead of
     ``stage.split_layers``. ``bases``: (index, inverse) where many layouts are variants (VPP) of
     one base layout (the columns at ``index`` are the bases, ``inverse`` maps each layout to its
-    own): all but the interleaved schedule's terms are priced once per base."""
+    own): all but the interleaved schedule's terms are priced once per base. ``with_parts``: also
+    ``time_parts``, where the step goes (``step_parts``)."""
     from advisor.throughput import levers
     from advisor.throughput.calibration import load_calibration
 
@@ -368,16 +370,8 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
                                                mbs=b["mbs"], rates=rates,
                                                gemm_rates=gemm_rates, dispatcher=options.dispatcher,
                                                sms=streaming_multiprocessors(gpu.architecture), routing=options.routing)
-    passes = RECOMPUTE_PASSES[recompute]
-    forwards = 2.0 if recompute == "full" else 1.0  # full recomputation dispatches again
-    idle = forwards * host_sync_idle(spec, mm.tokens_per_rank(seq_len, b["mbs"], b["tp"], b["cp"]), rates,
-                                     options.dispatcher, options.routing)
-    moe_t = passes * (moe_f - comm) + (forwards + 1.0) * comm + idle
-    steady = moe_t  # a layer in 1F1B's steady state: overlapped where Megatron overlaps it
-    if options.a2a_overlap:  # Megatron refuses it with full recomputation (``layout_problem``)
-        steady = overlapped_layer_time((moe_f - comm - expert) * passes / 3, expert * passes / 3, 2 * comm,
-                                       comm_sm_share(options.dispatcher, gpu.architecture)) + idle
-    dense_t = passes * dense_f
+    moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, moe_f, comm, expert)
+    dense_t = RECOMPUTE_PASSES[recompute] * dense_f
     most, fewest_last = ((np.ceil(spec.num_layers / b["pp"]), np.floor(spec.num_layers / b["pp"]))
                          if layers_per_stage is None else (max(layers_per_stage), layers_per_stage[-1]))
     tokens_cp = b["mbs"] * seq_len / b["cp"]
@@ -412,9 +406,45 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
                                    == "rebuilt", global_batch_size / c["dp"], seq_len, rates)
     flops = spread(megatron_flops_per_iteration(spec, seq_len, global_batch_size, vocab))
     tflops = flops / (step * c["tp"] * c["cp"] * c["pp"] * c["dp"]) / 1e12
-    return {"step_time_s": step, "tflops_per_gpu": tflops, "mfu": tflops / gpu.bf16_dense_tflops,
-            "tokens_per_s": global_batch_size * seq_len / step,
-            "ep_comm_s": m * spec.moe_layers / c["pp"] * spread(steady - idle - passes * (moe_f - comm))}
+    ep_comm = m * spec.moe_layers / c["pp"] * spread(exposed)
+    out = {"step_time_s": step, "tflops_per_gpu": tflops, "mfu": tflops / gpu.bf16_dense_tflops,
+           "tokens_per_s": global_batch_size * seq_len / step, "ep_comm_s": ep_comm}
+    if with_parts:
+        out["time_parts"] = step_parts(step, m=m, slowest=slowest, total=total, vpp=vpp,
+                                       pp_comm=m * vpp * 2 * p2p, overhead=m * cal.microbatch_overhead_s,
+                                       ep_comm=ep_comm, dp_comm=spread(dp_comm), optimizer=spread(optimizer))
+    return out
+
+
+def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, options, gpu, rates: Rates, moe_f, comm,
+                     expert):
+    """(an MoE layer's forward and backward, the same in 1F1B's steady state, the EP communication
+    the steady state leaves exposed) in seconds per microbatch (``step_times``' terms): the
+    steady state overlapped where Megatron overlaps it (--overlap-moe-expert-parallel-comm, which
+    Megatron refuses with full recomputation: ``layout_problem``)."""
+    passes = RECOMPUTE_PASSES[recompute]
+    forwards = 2.0 if recompute == "full" else 1.0  # full recomputation dispatches again
+    idle = forwards * host_sync_idle(spec, mm.tokens_per_rank(seq_len, b["mbs"], b["tp"], b["cp"]), rates,
+                                     options.dispatcher, options.routing)
+    plain = passes * (moe_f - comm) + (forwards + 1.0) * comm + idle
+    steady = plain
+    if options.a2a_overlap:
+        steady = overlapped_layer_time((moe_f - comm - expert) * passes / 3, expert * passes / 3, 2 * comm,
+                                       comm_sm_share(options.dispatcher, gpu.architecture)) + idle
+    return plain, steady, steady - idle - passes * (moe_f - comm)
+
+
+def step_parts(step, *, m, slowest, total, vpp, pp_comm, overhead, ep_comm, dp_comm, optimizer) -> dict:
+    """Where an MoE step goes, in seconds, the parts adding up to ``step``: the m microbatches of
+    1F1B's steady state at the slowest stage's pace (its layers' compute, TP and CP communication
+    inside the layers included; the EP all-to-all left exposed; each microbatch's stage-boundary
+    sends and overhead), the fill and drain (``bubble_s``), the exposed DP communication, the
+    optimizer, and the wait for the data loader where it bounds the step. ``step_times`` names
+    each input."""
+    pipeline = m * slowest + (total - slowest) / vpp
+    return {"total_s": step, "compute_s": m * slowest - pp_comm - overhead - ep_comm, "ep_comm_s": ep_comm,
+            "pp_comm_s": pp_comm, "overhead_s": overhead, "bubble_s": (total - slowest) / vpp, "dp_comm_s": dp_comm,
+            "optimizer_s": optimizer, "data_wait_s": step - (pipeline + dp_comm + optimizer)}
 
 
 def _by_base(c: dict, bases):

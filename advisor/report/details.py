@@ -152,7 +152,8 @@ def _moe_detail(row: dict) -> LayoutDetail:
     return LayoutDetail(label=row_label(row), pp=pp, vpp=vpp,
                         num_microbatches=max(1, row["global_batch_size"] // (row["mbs"] * row["dp"])),
                         memory_gib=memory, threshold_gib=0.8 * memory if memory and not calibrated else None,
-                        stages=stages, model_name="calibrated MoE" if calibrated else "MoE", time_parts=None,
+                        stages=stages, model_name="calibrated MoE" if calibrated else "MoE",
+                        time_parts=row.get("time_parts"),
                         forward_s=None, backward_s=None)
 
 

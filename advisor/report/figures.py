@@ -18,7 +18,8 @@ from advisor.report.inputs import memory_share, number
 PANEL_ROWS = 70
 """Layouts per heatmap panel; more panels side by side beyond it."""
 SEGMENT_COLOURS = ("#4c72b0", "#6f8fc7", "#9db3dc", "#dd8452", "#e8a677", "#f2c7a6", "#8c8c8c", "#55a868")
-PART_COLOURS = {"compute_s": "#4c72b0", "tp_comm_s": "#dd8452", "cp_comm_s": "#c44e52", "pp_comm_s": "#937860",
+PART_COLOURS = {"compute_s": "#4c72b0", "tp_comm_s": "#dd8452", "cp_comm_s": "#c44e52", "ep_comm_s": "#ccb974",
+                "pp_comm_s": "#937860",
                 "overhead_s": "#8c8c8c", "bubble_s": "#e6e6e6", "dp_comm_s": "#55a868", "optimizer_s": "#8172b3",
                 "data_wait_s": "#da8bc3"}
 
@@ -195,8 +196,9 @@ def stage_memory(detail: LayoutDetail, name: str) -> str:
 
 
 def time_parts(details: list[LayoutDetail]) -> str | None:
-    """One bar per layout: the step's parts (compute, TP/CP/PP communication, overhead, the
-    pipeline bubble, exposed DP communication, the optimizer, waiting for data)."""
+    """One bar per layout: the step's parts (compute, TP/CP/EP/PP communication, overhead, the
+    pipeline bubble, exposed DP communication, the optimizer, waiting for data; an MoE step has
+    no separate TP/CP part, ``advisor.moe.time.step_parts``)."""
     from advisor.report.bars import stacked_rows
 
     timed = [d for d in details if d.time_parts]
@@ -204,6 +206,7 @@ def time_parts(details: list[LayoutDetail]) -> str | None:
         return None
     series = [(part.removesuffix("_s").replace("_", " "), colour, [d.time_parts.get(part, 0.0) for d in timed])
               for part, colour in PART_COLOURS.items()]
-    return stacked_rows("time-parts", f"Step time broken into its parts for {len(timed)} layouts",
+    which = "one layout" if len(timed) == 1 else f"{len(timed)} layouts"
+    return stacked_rows("time-parts", f"Step time broken into its parts for {which}",
                         [d.label for d in timed], [entry for entry in series if any(entry[2])],
                         x_label="seconds per iteration")
