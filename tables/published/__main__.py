@@ -32,7 +32,8 @@ def markdown(rows: list[dict], summary: dict, changes: list[dict]) -> str:
         for precision in TARGETS:
             if (s := group.get(precision)) is None:
                 continue
-            target = f"each within {TARGETS[precision]:.0%}" + (f", MAPE <= {MAPE_TARGET:.0%}" if precision == "bf16" else "")
+            target = f"each within {TARGETS[precision]:.0%}" + (
+                f", MAPE <= {MAPE_TARGET:.0%}" if precision == "bf16" else "")
             lines.append(f"- {prefix}{precision.upper()}: {s['runs']} runs, MAPE {s['mape']:.1%}, largest error "
                          f"{s['max_error']:.1%}, {s['within_target']} of {s['runs']} within target ({target}); "
                          f"{s['verdicts_ok']} of {s['runs']} called fits or likely fits (every one ran).")
@@ -74,7 +75,8 @@ def main(fmt: str, readme: Path | None) -> None:
         atomic_write_text(readme, replace_between(readme.read_text(encoding="utf-8"), BEGIN, END,
                                                   f"{BEGIN}\n\n{table}\n{END}"))
     if fmt == "json":
-        click.echo(json.dumps({"runs": rows, "summary": summary, "release_changes": changes, "meta_405b": meta405b.rows()}, indent=1))
+        click.echo(json.dumps({"runs": rows, "summary": summary, "release_changes": changes,
+                               "meta_405b": meta405b.rows()}, indent=1))
         return
     click.echo(table)
     click.echo(meta405b.markdown(), nl=False)
