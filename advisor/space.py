@@ -457,7 +457,7 @@ def _fits_somewhere(spec: LlamaSpec, workload: Workload, bases: Bases, group_bas
         for selective, uniform in _families(space, options):
             variants = Variants(which, bases, first_vpp[which], np.zeros(len(which), np.int64), selective, uniform)
             low, high = _recompute_range(variants.pp, variants.vpp, spec.num_layers, space, selective)
-            for n in (low, high) if (high != low).any() else (low,):
+            for n in _least_memory_recompute(low, high, uniform):
                 priced += len(which)
                 if _fits(state, variants.with_recompute(n), memory).any():
                     return True, priced
@@ -824,8 +824,8 @@ def _drop_unfit_bases(search: _Search, variants: Variants, todo: np.ndarray, bes
 
     Only bases with no step yet (their first round found no fit) are checked, each by its
     least-memory variants alone, ``may_fit``'s: its smallest VPP (no larger one needs less) at
-    both ends of its N range (the block method's memory never grows with N >= 1, the uniform's
-    never falls, N = 0 apart). Where these do not fit, no variant of the base does: its other
+    the N that bound its memory (``_least_memory_recompute``). Where these do not fit, no
+    variant of the base does: its other
     VPPs would each have been priced to no avail (the 405B levers sweep on 16,384 GPUs: 13,300
     of its 14,500 second-round variants). ``tests/test_space.py`` checks the rule per base
     against every variant priced."""
@@ -852,13 +852,26 @@ def _drop_unfit_bases(search: _Search, variants: Variants, todo: np.ndarray, bes
 
 
 def _may_fit_at_all(search: _Search, variants: Variants, space: SpaceOptions, limit: float) -> np.ndarray:
-    """Per variant, whether it fits within ``limit`` at either end of its N range."""
+    """Per variant, whether it fits within ``limit`` at some N of ``_least_memory_recompute``."""
     low, high = _recompute_range(variants.pp, variants.vpp, search.spec.num_layers, space, variants.selective)
-    ok = _fits(search.memory(), variants.with_recompute(low), limit)
-    rest = np.flatnonzero(~ok & (high != low))
-    if rest.size:
-        ok[rest] = _fits(search.memory(), variants.take(rest).with_recompute(high[rest]), limit)
+    ok, last = np.zeros(len(variants), dtype=bool), None
+    for n in _least_memory_recompute(low, high, variants.uniform):
+        rest = np.flatnonzero(~ok & (True if last is None else n != last))
+        if rest.size:
+            ok[rest] = _fits(search.memory(), variants.take(rest).with_recompute(n[rest]), limit)
+        last = n
     return ok
+
+
+def _least_memory_recompute(low: np.ndarray, high: np.ndarray, uniform: bool) -> list[np.ndarray]:
+    """Per variant, the N of its range [low, high] among which its least memory lies: the two
+    ends with the block method (its memory never grows with N >= 1, N = 0 apart); every N with
+    the uniform method, whose memory is not monotone in N (fewer checkpoints, L / N, but a
+    larger group rebuilt at once, N layers; tests/test_space.py found a layout fitting at N = 2
+    and at no other N of 1..27)."""
+    if uniform:
+        return [np.clip(n, low, high) for n in range(int(low.min(initial=0)), int(high.max(initial=0)) + 1)]
+    return [low, high] if (high != low).any() else [low]
 
 
 AHEAD = 128
