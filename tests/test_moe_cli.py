@@ -143,7 +143,10 @@ def test_the_overlap_is_priced_emitted_and_hides_communication():
     assert "--overlap-moe-expert-parallel-comm" not in plain["megatron_args"]
     # PP 1: one forward and one backward stay plain; the other microbatches' layers overlap
     assert overlap["ep_comm_s"] < plain["ep_comm_s"] and overlap["step_time_s"] < plain["step_time_s"]
-    assert overlap["stages"][0]["in_flight_microbatches"] == plain["stages"][0]["in_flight_microbatches"] + 1
+    # the combined step holds one layer of its 48 more, not a second microbatch
+    one, two = plain["stages"][0], overlap["stages"][0]
+    assert two["in_flight_microbatches"] == one["in_flight_microbatches"] == 1
+    assert two["layer_activations_gib"] == pytest.approx(one["layer_activations_gib"] * 49 / 48)
     rows = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--overlap-moe-expert-parallel-comm", "--all"]).stdout)
     assert rows and all(r["ep"] > 1 and r["recompute"] != "full" and (r["pp"] == 1 or r["vpp"] > 1) for r in rows)
 

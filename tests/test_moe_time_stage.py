@@ -4,6 +4,7 @@ count for MoE, against hand-derived values."""
 import numpy as np
 import pytest
 
+from advisor import equations as eq
 from advisor.hardware import get_gpu
 from advisor.moe import memory as mm
 from advisor.moe import stage as st
@@ -115,19 +116,27 @@ def test_overlapped_layer_by_hand():
     assert mt.comm_sm_share("alltoall", "hopper") == 0
 
 
-def test_overlap_holds_one_more_forward():
-    # PP 1: microbatch i + 1's forward beside i's backward, two held; PP 4 VPP 2 stage 0: 11 chunk
-    # passes (2(p - 1) + (v - 1) p + 1), one more is half a stage; one microbatch: nothing more
-    assert st.in_flight_extra(0, 1, 1, 4) == 1.0
-    assert st.in_flight_extra(0, 4, 2, 16) == 0.5
-    assert st.in_flight_extra(0, 1, 1, 1) == 0.0
-    plain = st.stage_bytes(MIXTRAL, 4096, st.MoEOptions(), tp=1, cp=1, pp=4, ep=8, etp=1, dp=16, mbs=1,
-                           num_microbatches=16, stage=np.array([0]), vpp=2)
-    overlap = st.stage_bytes(MIXTRAL, 4096, st.MoEOptions(a2a_overlap=True), tp=1, cp=1, pp=4, ep=8, etp=1, dp=16,
-                             mbs=1, num_microbatches=16, stage=np.array([0]), vpp=2)
-    assert overlap.in_flight[0] == 6.0
-    per_stage = (plain.layer_activations[0]) / plain.in_flight[0]
-    assert overlap.layer_activations[0] == pytest.approx(plain.layer_activations[0] + 0.5 * per_stage)
+def test_overlap_holds_one_more_layer():
+    # a combined step runs forward layer j of one chunk beside backward layer L - 1 - j of another,
+    # each backward layer freeing its tensors: L + 1 layers, one more than plain 1F1B's peak, where
+    # a combined step runs: PP 1 with two microbatches or more; PP 4 VPP 2 stage 0 warms up
+    # 2(p - 1) + (v - 1) p + 1 = 11 chunk passes, fewer than m v = 32 (m = 16), not than 8 (m = 4)
+    overlap = st.MoEOptions(a2a_overlap=True)
+    assert st.overlap_layers_in_flight(overlap, 0, 1, 1, 4) == 1.0
+    assert st.overlap_layers_in_flight(overlap, 0, 1, 1, 1) == 0.0
+    assert st.overlap_layers_in_flight(overlap, 0, 4, 2, 16) == 1.0
+    assert st.overlap_layers_in_flight(overlap, 0, 4, 2, 4) == 0.0
+    assert st.overlap_layers_in_flight(st.MoEOptions(), 0, 1, 1, 4) == 0.0
+    layout = dict(tp=1, cp=1, pp=4, ep=8, etp=1, dp=16, mbs=1, num_microbatches=16, stage=np.array([0]), vpp=2)
+    plain = st.stage_bytes(MIXTRAL, 4096, st.MoEOptions(), **layout)
+    combined = st.stage_bytes(MIXTRAL, 4096, overlap, **layout)
+    assert combined.in_flight[0] == plain.in_flight[0] == 5.5  # the same 11 chunk passes, in stages
+    one_layer = mm.moe_layer_activation_bytes(MIXTRAL, 4096, 1, 1, 1, 8, 1, mm.RoutedTokens(), frozenset())
+    assert combined.layer_activations[0] - plain.layer_activations[0] == pytest.approx(one_layer)
+    assert one_layer == pytest.approx(plain.layer_activations[0] / (5.5 * 8))  # Mixtral's 32 layers: 8 a stage
+    # and the combined step's forward embeds its microbatch before the other's embedding is freed
+    embedded = eq.embedding_activation_bytes(MIXTRAL, 4096, 1)
+    assert combined.embedding_activations[0] - plain.embedding_activations[0] == pytest.approx(embedded)
 
 
 def test_megatron_flops_by_hand():

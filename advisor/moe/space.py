@@ -207,7 +207,7 @@ class _ByBase:
                                recompute=recompute, layers_per_stage=layers_per_stage, **self.columns)
         if self.shared:
             parts = parts.take(self.inverse)
-        return parts.with_in_flight(st.microbatches_in_flight(options, stage, self.pp, vpp, m))
+        return parts.with_in_flight(*st.in_flight(options, stage, self.pp, vpp, m))
 
 
 def calibrated_judge(spec: MoESpec, seq_len: int, options: st.MoEOptions, memory_gib: float):

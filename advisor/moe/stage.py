@@ -52,7 +52,7 @@ class MoEOptions:
     """--overlap-moe-expert-parallel-comm: the combined 1F1B schedule, which runs one microbatch's
     forward beside another's backward, layer by layer, so that each one's EP dispatch and combine
     hide behind the other's compute (``advisor.moe.time.overlapped_layer_time``); the schedule
-    keeps one more forward in flight (``in_flight_extra``)."""
+    holds one more layer's activations (``overlap_layers_in_flight``)."""
     delay_wgrad: bool = False
     """--delay-wgrad-compute (only with ``a2a_overlap``: megatron-core refuses it alone)."""
 
@@ -208,15 +208,14 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     split (``advisor estimate --layers-per-stage``) instead of ``split_layers``."""
     parts = stage_parts(spec, seq_len, options, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, dp=dp, mbs=mbs, stage=stage,
                         recompute=recompute, layers_per_stage=layers_per_stage)
-    return parts.with_in_flight(microbatches_in_flight(options, stage, pp, vpp, num_microbatches))
+    return parts.with_in_flight(*in_flight(options, stage, pp, vpp, num_microbatches))
 
 
-def microbatches_in_flight(options: MoEOptions, stage, pp, vpp, num_microbatches):
-    """Microbatches in flight on ``stage``, in whole-stage units (``stage_bytes``)."""
+def in_flight(options: MoEOptions, stage, pp, vpp, num_microbatches):
+    """(microbatches in flight on ``stage`` in whole-stage units, layers held beyond them:
+    ``overlap_layers_in_flight``), as ``StageParts.with_in_flight`` takes them."""
     passes = schedule.forward_passes_in_flight(stage, pp, vpp, num_microbatches) / np.asarray(vpp)
-    if options.a2a_overlap:
-        passes = passes + in_flight_extra(stage, pp, vpp, num_microbatches)
-    return passes
+    return passes, overlap_layers_in_flight(options, stage, pp, vpp, num_microbatches)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +239,8 @@ class StageParts:
     mtp_embedding: np.ndarray
     output: np.ndarray
     transient: np.ndarray
+    largest_layer: np.ndarray
+    """One microbatch's activations of the stage's largest layer (``overlap_layers_in_flight``)."""
 
     def take(self, index) -> "StageParts":
         """The layouts at ``index`` (numbers stay numbers)."""
@@ -247,17 +248,23 @@ class StageParts:
         return StageParts(pick(self.layers), pick(self.dense_layers), tuple(map(pick, self.states)),
                           *(pick(getattr(self, name)) for name in ("per_microbatch", "rebuilt", "mtp_layers",
                                                                    "embedding", "mtp_embedding", "output",
-                                                                   "transient")))
+                                                                   "transient", "largest_layer")))
 
-    def with_in_flight(self, in_flight) -> StageBytes:
+    def with_in_flight(self, in_flight, layers_beyond=0.0) -> StageBytes:
+        """The stage with ``in_flight`` microbatches (whole-stage units) and ``layers_beyond``
+        more of its largest layer, each with an embedding output on the first stage (a combined
+        step embeds its forward's microbatch before the layers, and frees the other's embedding
+        gradient path after them: ``TransformerModelChunkSchedulePlan.run``)."""
         ones = np.ones_like(self.layers, dtype=float)
         dense_states, expert_states, fp8_weights = self.states
+        held = in_flight * self.per_microbatch + layers_beyond * self.largest_layer + self.rebuilt + self.mtp_layers
         return StageBytes(layers=self.layers, dense_layers=self.dense_layers,
                           in_flight=in_flight * np.ones_like(self.layers),
                           weights_gradients_optimizer=dense_states * ones,
                           expert_states=expert_states * ones, fp8_weights=fp8_weights * ones,
-                          layer_activations=(in_flight * self.per_microbatch + self.rebuilt + self.mtp_layers) * ones,
-                          embedding_activations=(in_flight * self.embedding + self.mtp_embedding) * ones,
+                          layer_activations=held * ones,
+                          embedding_activations=((in_flight + layers_beyond) * self.embedding
+                                                 + self.mtp_embedding) * ones,
                           output_activations=self.output * ones, transient=self.transient * ones)
 
 
@@ -297,20 +304,26 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
                          + mm.expert_transient_bytes(spec, copies, etp)
                          + mm.grouped_gemm_workspace_bytes(options.grouped_gemm), 0.0)
     return StageParts(layers, dense, states, per_microbatch, rebuilt, mtp * mtp_layer, embedding, mtp * mtp_embedding,
-                      output + mtp * mtp_output, transient)
+                      output + mtp * mtp_output, transient, np.where(moe_layers > 0, moe_act, dense_act))
 
 
-def in_flight_extra(stage, pp, vpp, num_microbatches):
-    """The forward passes (in whole-stage units) the combined 1F1B schedule of
-    --overlap-moe-expert-parallel-comm holds beyond plain 1F1B's: one more chunk forward, where
-    the microbatches allow. With PP > 1 Megatron's interleaved schedule adds one warm-up
-    microbatch ('we schedule one extra micro-batch forward step before the 1f1b stages',
-    ``pipeline_parallel/schedules.py``, ``get_pp_rank_microbatches``; core_v0.15.2); with PP = 1
-    (``combined_1f1b.py``, ``combined_1f1b_schedule_for_no_pipelining``) microbatch i + 1's
-    forward runs beside microbatch i's backward: two held instead of one."""
+def overlap_layers_in_flight(options: MoEOptions, stage, pp, vpp, num_microbatches):
+    """Layers the combined 1F1B schedule of --overlap-moe-expert-parallel-comm holds beyond plain
+    1F1B's peak: one, where it runs a combined step. Megatron's interleaved schedule warms up one
+    microbatch more ('we schedule one extra micro-batch forward step before the 1f1b stages',
+    ``pipeline_parallel/schedules.py``, ``get_pp_rank_microbatches``; core_v0.15.2), which plain
+    1F1B also holds at its peak (its forward before the first backward); with PP = 1
+    (``combined_1f1b.py``) microbatch i + 1's forward runs beside microbatch i's backward. Either
+    way a combined step (``TransformerModelChunkSchedulePlan.run``) runs forward layer j of one
+    chunk beside backward layer L - 1 - j of the other, and each layer's nodes release their
+    saved tensors when their backward ends (``pipeline_parallel/utils.py``, ``ScheduleNode``,
+    ``_release_state``; ``keep_graph=False``): (j + 1) + (L - j) = L + 1 layers, one more than the
+    chunk (an upper bound: the backward layer's MLP is freed before the forward's MLP runs)."""
+    if not options.a2a_overlap:
+        return 0.0
     vpp = np.asarray(vpp, dtype=float)
     passes = schedule.forward_passes_in_flight(stage, pp, vpp, num_microbatches)
-    return (np.minimum(passes + 1, np.asarray(num_microbatches, dtype=float) * vpp) - passes) / vpp
+    return np.where(passes < np.asarray(num_microbatches, dtype=float) * vpp, 1.0, 0.0)
 
 
 def representative_stages(spec: MoESpec, pp) -> list:
