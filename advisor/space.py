@@ -825,10 +825,9 @@ def _drop_unfit_bases(search: _Search, variants: Variants, todo: np.ndarray, bes
     Only bases with no step yet (their first round found no fit) are checked, each by its
     least-memory variants alone, ``may_fit``'s: its smallest VPP (no larger one needs less) at
     the N that bound its memory (``_least_memory_recompute``). Where these do not fit, no
-    variant of the base does: its other
-    VPPs would each have been priced to no avail (the 405B levers sweep on 16,384 GPUs: 13,300
-    of its 14,500 second-round variants). ``tests/test_space.py`` checks the rule per base
-    against every variant priced."""
+    variant of the base does: its other VPPs would each have been priced to no avail (the 405B
+    levers sweep on 16,384 GPUs: 13,300 of its 14,500 second-round variants).
+    ``tests/test_space.py`` checks the rule per base against every variant priced."""
     base = variants.base[todo]
     open_ = np.isinf(best[base])
     if not open_.any():
@@ -854,9 +853,9 @@ def _drop_unfit_bases(search: _Search, variants: Variants, todo: np.ndarray, bes
 def _may_fit_at_all(search: _Search, variants: Variants, space: SpaceOptions, limit: float) -> np.ndarray:
     """Per variant, whether it fits within ``limit`` at some N of ``_least_memory_recompute``."""
     low, high = _recompute_range(variants.pp, variants.vpp, search.spec.num_layers, space, variants.selective)
-    ok, last = np.zeros(len(variants), dtype=bool), None
+    ok, last = np.zeros(len(variants), dtype=bool), np.full(len(variants), -1)
     for n in _least_memory_recompute(low, high, variants.uniform):
-        rest = np.flatnonzero(~ok & (True if last is None else n != last))
+        rest = np.flatnonzero(~ok & (n != last))  # an N clipped to its range is not priced again
         if rest.size:
             ok[rest] = _fits(search.memory(), variants.take(rest).with_recompute(n[rest]), limit)
         last = n

@@ -8,9 +8,10 @@ name, and never silently dropped.
 
 Roles: ``test`` rows have a published throughput on H100 and are the targets (step time within
 15%); ``extra`` rows are timed runs on another GPU with a preset (B200), or with a routing whose
-imbalance was not published (natural routing early in training): reported, not targets; ``layout`` rows ran with no throughput published: checked for their verdict only;
-``context`` rows are not Megatron runs (DeepSeek-V3's own DualPipe and FP8), shown with what the
-model says and why it differs. Every row is *test* data: none was used to fit any constant.
+imbalance was not published (natural routing early in training): reported, not targets;
+``layout`` rows ran with no throughput published: checked for their verdict only; ``context``
+rows are not Megatron runs (DeepSeek-V3's own DualPipe and FP8), shown with what the model says
+and why it differs. Every row is *test* data: none was used to fit any constant.
 
 Published step time: the ``published_step_time_s`` column where the source gives it; else global
 batch x sequence / (tokens/s per GPU x GPUs); else Megatron's FLOPs count
