@@ -85,9 +85,10 @@ MISSES = {
                        "-10.7%); the overlap saves 3.6 s here and 3.7 s in NVIDIA's matched A/B (24.71 s to "
                        "20.99 s). This FP8 run took 29.7 s, 18% longer than BF16, where the model makes FP8 "
                        "1.9 s faster (20.5 s against 22.4 s): the missing time lies most likely in FP8 on "
-                       "these small expert GEMMs (768 wide, 8 per GPU), Transformer Engine's current-scaling quantisation "
-                       "of each expert's inputs and gradients beyond its bytes, which needs the GPU timing of "
-                       "GroupedLinear this issue asks for (the run is another container and harness, 26.06). "
+                       "these small expert GEMMs (768 wide, 8 per GPU), Transformer Engine's "
+                       "current-scaling quantisation of each expert's inputs and gradients beyond its "
+                       "bytes, which needs the GPU timing of GroupedLinear this issue asks for (the run is "
+                       "another container and harness, 26.06). "
                        "HybridEP is priced with DeepEP's deduplication (+7.1% when priced as one copy per "
                        "routed expert) and DeepEP's host wait for its receive counts (0.06 s)",
     "mbdoc-q30-a2a-overlap": "predicted faster (-24.6%): the model hides 13.0 s of the plain run's 16.7 s of "
