@@ -60,7 +60,11 @@ NOT_RUNNABLE = {
                      "allocates (a real megatron-core Qwen3-30B-A3B MoE layer measured under fake tensors at MBS 2, "
                      "EP 8: 941.2 MB of activations, 941.4 analytic), give 72.0 GiB; the calibration adds its dense-fitted allocator reserve (15.5% of "
                      "memory, 12.4 GiB) and runtime (2.5 GiB); with a reserve under 7.3 GiB it would be called "
-                     "likely fits. No MoE memory measurement is available here to refit it",
+                     "likely fits. Published reserves of MoE runs on H100, peak reserved less peak allocated "
+                     "(Megatron-Bridge's model cards at 067f987d, other architectures): 4.5 GiB (GLM-5.2, 352 "
+                     "GPUs), 5.3 (Nemotron 3.5 Lightning, 16), 7.1 (Gemma 4 26B-A4B, 8, expandable segments), "
+                     "10.3 and 12.3 (Nemotron 3 Super, 64): the dense-fitted 12.4 sits at their top and 3 of the "
+                     "5 are under 7.3; too few, and of other models, to refit the reserve on",
     "mb2511-q30": "likely oom by the default verdict, as mb2509-q30-td (85.8 GiB: the same layout, one more "
                   "layer in flight with the all-to-all overlap, a whole chunk at VP 24)",
 }
