@@ -104,6 +104,7 @@ MOE_CAPACITY_FACTOR = Bound(0, EXPERTS, "at a factor of E an expert's capacity h
                                         "(megatron-core moe/moe_utils.py, get_capacity: ceil(tokens / E x factor))")
 """Exclusive at 0: a capacity of no tokens drops them all."""
 MOE_TOPK_SCALING = Bound(0, 1e3, "DeepSeek-V3 scales the routed experts' output by 2.5")
+AUX_LOSS_COEFF = Bound(0, 1e3, "released MoE models weigh their load-balancing loss 0.001 to 0.02")
 """Exclusive at 0: --moe-router-topk-scaling-factor."""
 YARN_MSCALE = Bound(0, 1e3, "DeepSeek-V3's yarn mscale and mscale_all_dim are 1.0")
 MTP_LAYERS = Bound(0, 16, "DeepSeek-V3 trains one multi-token-prediction layer")

@@ -94,7 +94,7 @@ def test_moe_estimate_json_matches_its_sweep_row():
                                               "allgather"]).stdout)[0]
     args = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--seq-len", "4096",
             "--gbs", "256", "--format", "json", "--moe-token-dispatcher-type", "allgather",
-            *(f"--{k}={row[k]}" for k in ("tp", "cp", "pp", "ep", "etp", "mbs")), "--recompute", row["recompute"]]
+            *(f"--{k}={row[k]}" for k in ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs")), "--recompute", row["recompute"]]
     one = json.loads(CliRunner().invoke(cli, args).stdout)
     assert one["total_gib"] == row["total_gib"] and one["step_time_s"] == row["step_time_s"]
     assert len(one["stages"]) == row["pp"] and one["megatron_args"] == row["megatron_args"]

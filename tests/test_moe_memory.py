@@ -49,12 +49,17 @@ def test_mixtral_layer_activations_by_hand():
     copies = s * 2
     experts = copies * (2 * (4096 + 3 * 14336) + 12)
     assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1) == attention + router + experts
-    # moe recomputed: only the MoE block's input beside attention
+    # moe recomputed: the checkpointed block keeps its input (the pre-MLP norm's output) and the
+    # norm, outside it (transformer_layer._forward_mlp), its own input: 2h per token each
     assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"moe"})) \
+        == attention + 2 * s * 2 * 4096
+    # with layernorm too, the norm's output is discarded, and with it the block's input
+    assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"moe", "layernorm"})) \
         == attention + s * 2 * 4096
-    # layernorm drops both norms' outputs, 2h per token each
+    # layernorm drops pre_mlp_layernorm's output only: with GQA, Transformer Engine fuses the input
+    # norm into the QKV projection (gpt_layer_specs: input_layernorm IdentityOp), not recomputed
     assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"layernorm"})) \
-        == attention + router + experts - 2 * s * 2 * 4096
+        == attention + router + experts - s * 2 * 4096
     # moe_act drops FC2's input (h_moe per copy)
     assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"moe_act"})) \
         == attention + router + experts - copies * 2 * 14336
@@ -81,9 +86,25 @@ def test_mla_attention_activations_by_hand():
         s * (per_token_split + latents + (heads - up) / t))
 
 
+def test_layernorm_recomputation_frees_mlas_own_input_norm():
+    # MLA's input_layernorm is a module of its own (gpt_layer_specs, MLA branch), so layernorm
+    # recomputation discards its output, the down projections' input: 2h per token, sequence
+    # parallel over t; and pre_mlp_layernorm's, the router's input, as for GQA
+    s, t, h = 4096, 2, 7168
+    tokens = s / t
+    full = mm.moe_layer_activation_bytes(DSV3, s, 1, t, 1, 8, 1)
+    assert mm.moe_layer_activation_bytes(DSV3, s, 1, t, 1, 8, 1, recompute_modules=frozenset({"layernorm"})) \
+        == pytest.approx(full - 2 * tokens * 2 * h)
+    assert mm.input_norm_recomputed_bytes(DSV3, tokens, frozenset({"layernorm"})) == tokens * 2 * h
+    assert mm.input_norm_recomputed_bytes(MIXTRAL, tokens, frozenset({"layernorm"})) == 0.0
+
+
 def test_dispatcher_buffers():
     n, copies = 1024.0, 2048.0
     assert mm.dispatcher_buffer_bytes(MIXTRAL, n, copies, 2, 4, "alltoall") == 1024 * 2 * 2 * 4096
-    assert mm.dispatcher_buffer_bytes(MIXTRAL, n, copies, 2, 4, "allgather") == 1024 * 8 * (2 * 4096 + 72)
+    # allgather over the expert TP x EP group (ETP 2 x EP 4 = 8 ranks): its combine, the unpermuted
+    # rows (2h) and their FP32 copy for the reduce-scatter (4h), outgrows the dispatch (2h + 9E)
+    assert mm.dispatcher_buffer_bytes(MIXTRAL, n, copies, 2, 4, "allgather") == 1024 * 8 * 6 * 4096
+    assert mm.dispatcher_buffer_bytes(MIXTRAL, n, copies, 1, 4, "allgather") == 1024 * 4 * 6 * 4096
     assert mm.dispatcher_buffer_bytes(MIXTRAL, n, copies, 2, 4, "flex") == 2048 * 2 * 4096
     assert mm.grouped_gemm_workspace_bytes() == 4 * (32 * 2**20 + 256)

@@ -77,7 +77,8 @@ def test_a_given_split_moves_the_slowest_stage_by_hand():
     even = estimate_layout(MIXTRAL, workload, **layout)
     uneven = estimate_layout(MIXTRAL, workload, **layout, layers_per_stage=(7, 9, 9, 7))
     rates = terms.Rates.of(get_gpu("h100-80gb"), load_calibration())
-    _, moe_f, comm, _ = mt.layer_times(MIXTRAL, 4096, tp=1, cp=1, ep=8, etp=1, mbs=1, rates=rates)
+    times = mt.layer_times(MIXTRAL, 4096, tp=1, cp=1, ep=8, etp=1, mbs=1, rates=rates)
+    moe_f, comm = times.moe, times.comm
     layer = 3 * (moe_f - comm) + 2 * comm  # forward, backward twice its compute, the all-to-all both ways
     head = sum(terms.lm_head_time(MIXTRAL, 4096.0, 1, MIXTRAL.vocab_size, rates))
     assert 2 * layer > head  # 9 layers outlast 7 and the head

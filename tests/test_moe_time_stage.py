@@ -172,13 +172,59 @@ def test_overlap_in_the_step_by_hand():
     flex = dict(dispatcher="flex", training=TrainingOptions())
     plain, overlap = step(MoEOptions(**flex)), step(MoEOptions(**flex, a2a_overlap=True))
     rates = terms.Rates.of(gpu, load_calibration())
-    _, moe_f, comm, expert = mt.layer_times(qwen, 4096, tp=1, cp=1, ep=16, etp=1, mbs=1, rates=rates,
-                                            dispatcher="flex")
+    times = mt.layer_times(qwen, 4096, tp=1, cp=1, ep=16, etp=1, mbs=1, rates=rates, dispatcher="flex")
+    moe_f, comm, expert = times.moe, times.comm, times.expert
     layer = 3 * (moe_f - comm) + 2 * comm
     paired = mt.overlapped_layer_time(moe_f - comm - expert, expert, 2 * comm, 20 / 132)
     assert paired < layer
     assert plain["step_time_s"] - overlap["step_time_s"] == pytest.approx((m - 1) * qwen.moe_layers * (layer - paired))
     assert overlap["ep_comm_s"] == pytest.approx(m * qwen.moe_layers * (paired - 3 * (moe_f - comm)))
+
+
+def test_allgather_dispatcher_gathers_and_reduce_scatters_over_the_expert_tp_ep_group_by_hand():
+    # Mixtral, N = 4096 tokens a rank, EP 8 x ETP 1 = 8 ranks of one node (NVLink rings): the
+    # dispatch gathers 8 x 4096 tokens of 2h bytes with their FP32 probabilities (4E) and
+    # routing map (E); the combine reduce-scatters 8 x 4096 rows of 4h (FP32); each rank moves
+    # 7/8 of each, in 7 ring steps
+    from advisor.throughput import terms
+
+    rates = terms.Rates.of(get_gpu("h100-80gb"), load_calibration())
+    n, h, e = 4096, 4096, 8
+    gathered = 7 / 8 * 8 * n * (2 * h + 5 * e) / rates.nvlink_bytes_per_s
+    scattered = 7 / 8 * 8 * n * 4 * h / rates.nvlink_bytes_per_s
+    expected = gathered + scattered + 2 * 7 * rates.collective_latency_s
+    assert mt.allgather_dispatch_time(MIXTRAL, n, 8, 1, rates) == pytest.approx(expected)
+    times = mt.layer_times(MIXTRAL, 4096, tp=1, cp=1, ep=8, etp=1, mbs=1, rates=rates, dispatcher="allgather")
+    assert times.comm == pytest.approx(expected)
+    # six times the all-to-all's bytes here: k = 2 copies of 2h, 7/8 of them leaving, both ways
+    assert times.comm > 5 * mt.layer_times(MIXTRAL, 4096, tp=1, cp=1, ep=8, etp=1, mbs=1, rates=rates).comm
+
+
+def test_recomputing_the_moe_block_runs_its_compute_and_all_to_alls_again():
+    # --recompute-modules moe checkpoints MoELayer.forward whole (moe_layer.py, custom_forward:
+    # router, dispatch, experts, combine, shared experts), so each MoE layer's backward runs its
+    # block, its dispatch and combine, and (flex) DeepEP's host wait once more than moe_act's
+    from advisor.moe.stage import MoEOptions
+    from advisor.options import TrainingOptions
+    from advisor.throughput import terms
+
+    qwen, gpu = PRESETS["qwen3-30b-a3b"], get_gpu("h100-80gb")
+    columns = {"tp": 1, "cp": 1, "pp": 1, "ep": 16, "etp": 1, "dp": 16, "mbs": 1, "vpp": 1}
+    m = 256 / 16
+
+    def step(modules):
+        options = MoEOptions(dispatcher="flex", training=TrainingOptions(), modules=frozenset(modules))
+        first = st.stage_bytes(qwen, 4096, options, num_microbatches=m, stage=0, recompute="selective", **columns)
+        return mt.step_times(qwen, 4096, 256, columns, "selective", gpu=gpu, options=options, first_stage=first)
+
+    rates = terms.Rates.of(gpu, load_calibration())
+    times = mt.layer_times(qwen, 4096, tp=1, cp=1, ep=16, etp=1, mbs=1, rates=rates, dispatcher="flex")
+    again = times.block + times.comm + mt.HOST_LAUNCH_S
+    cheap, whole = step({"moe_act"}), step({"moe"})
+    assert whole["step_time_s"] - cheap["step_time_s"] == pytest.approx(m * qwen.moe_layers * again)
+    assert whole["ep_comm_s"] - cheap["ep_comm_s"] == pytest.approx(m * qwen.moe_layers * times.comm)
+    # the block is the layer's compute less attention: most of it, and more than the experts' GEMMs
+    assert times.expert < times.block < times.moe - times.comm
 
 
 def test_elementwise_bytes_by_hand():
@@ -239,7 +285,7 @@ def test_capacity_routing_paces_the_expert_work_as_memory_counts_it():
 
     def expert(**routing):
         given = mm.RoutedTokens(routing="capacity", **routing) if routing else mm.RoutedTokens()
-        return mt.layer_times(qwen, 4096, tp=1, cp=1, ep=8, etp=1, mbs=1, rates=rates, routing=given)[3]
+        return mt.layer_times(qwen, 4096, tp=1, cp=1, ep=8, etp=1, mbs=1, rates=rates, routing=given).expert
 
     balanced = expert()
     assert expert(capacity_factor=1.5, pad_to_capacity=False) == balanced

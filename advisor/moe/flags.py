@@ -19,6 +19,11 @@ def model_flags(spec: MoESpec) -> list[str]:
     args = ["--num-experts", str(spec.num_experts), "--moe-router-topk", str(spec.moe_router_topk),
             "--moe-ffn-hidden-size", str(spec.moe_ffn_hidden_size), "--moe-grouped-gemm",
             "--moe-router-load-balancing-type", "aux_loss" if not spec.expert_bias else "none"]
+    if not spec.expert_bias and spec.aux_loss_coeff:
+        args += ["--moe-aux-loss-coeff", _number(spec.aux_loss_coeff)]
+    # the router's logits and probabilities in FP32, as memory.router_activation_bytes and the
+    # allgather dispatcher's combine are priced (router.py: else the input's BF16)
+    args += ["--moe-router-dtype", "fp32"]
     if spec.first_dense_layers:
         args += ["--moe-layer-freq", f"([0]*{spec.first_dense_layers}+[1]*{spec.moe_layers})"]
     if spec.shared_expert_size:
@@ -61,6 +66,11 @@ def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[
     ``moe_utils.apply_router_token_dropping``), and selective recomputation's modules."""
     args = ["--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(etp),
             "--moe-token-dispatcher-type", dispatcher]
+    if dispatcher == "flex":
+        # core_v0.15.2's flex dispatcher asserts it ('Please set --moe-enable-deepep',
+        # token_dispatcher.py); core_v0.19.0 takes it as its default backend, deepep, with a
+        # deprecation warning: the flex rows are priced as DeepEP
+        args.append("--moe-enable-deepep")
     if a2a_overlap:
         args.append("--overlap-moe-expert-parallel-comm")
     if delay_wgrad:

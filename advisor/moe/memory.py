@@ -136,6 +136,17 @@ def attention_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
     return tokens * (sequence_split / tp + latents + heads / tp)
 
 
+def input_norm_recomputed_bytes(spec: MoESpec, tokens: float, recompute_modules: frozenset[str]) -> float:
+    """What --recompute-modules layernorm frees of the attention block: input_layernorm's output
+    (2h per token) where it is a module of its own, with MLA; with GQA Transformer Engine fuses
+    the norm into the QKV projection (``gpt_layer_specs.py``: linear_qkv a
+    column_parallel_layer_norm_linear, input_layernorm IdentityOp), which ``transformer_layer.py``
+    does not recompute (``recompute_input_layernorm`` needs a norm that is not IdentityOp)."""
+    if "layernorm" not in recompute_modules or spec.mla is None:
+        return 0.0
+    return tokens * BF16 * spec.hidden_size
+
+
 def router_activation_bytes(spec: MoESpec, tokens: float) -> float:
     """The pre-MLP norm's input and the router's input (2h each, BF16), and its FP32 logits and
     scores (4E each) with the top-k routing map (E bool) (``router.py``, ``TopKRouter.routing``
@@ -167,21 +178,23 @@ def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
                                recompute_modules: frozenset[str] = frozenset()) -> float:
     """Everything one MoE layer keeps for one microbatch on the busiest rank. --recompute-modules
     (``transformer/transformer_config.py``, recompute_modules): ``moe`` keeps only the MoE
-    block's input (2h per token; ``moe_layer.py``, ``MoELayer.forward`` under checkpoint),
-    ``moe_act`` drops FC2's input, ``mla_up_proj`` the MLA up projections' outputs,
-    ``shared_experts`` the shared experts' activations, ``layernorm`` the outputs of
-    input_layernorm and pre_mlp_layernorm (the QKV or MLA down projections' input and the
-    router's: 2h per token each; Megatron's help: "recompute the input_layernorm and
-    pre_mlp_layernorm", output-discarding checkpointing)."""
+    block's input, the pre-MLP norm's output (``moe_layer.py``, ``MoELayer.forward`` under
+    checkpoint), beside that norm's own input (``transformer_layer.py``, ``_forward_mlp``: the norm
+    is outside the checkpoint), 2h per token each; ``moe_act`` drops FC2's input, ``mla_up_proj``
+    the MLA up projections' outputs, ``shared_experts`` the shared experts' activations,
+    ``layernorm`` the outputs of the norms that are modules of their own (output-discarding
+    checkpoints): pre_mlp_layernorm's, the router's input (2h per token), and with MLA
+    input_layernorm's (``input_norm_recomputed_bytes``)."""
     tokens = tokens_per_rank(seq_len, mbs, tp, cp)
-    attention = attention_activation_bytes(spec, seq_len, mbs, tp, cp, "mla_up_proj" in recompute_modules)
-    if "moe" in recompute_modules:
-        return attention + tokens * BF16 * spec.hidden_size
+    norms = "layernorm" in recompute_modules
+    attention = attention_activation_bytes(spec, seq_len, mbs, tp, cp, "mla_up_proj" in recompute_modules) \
+        - input_norm_recomputed_bytes(spec, tokens, recompute_modules)
+    if "moe" in recompute_modules:  # the norm's output is freed with the MoE input where it is recomputed
+        return attention + tokens * BF16 * spec.hidden_size * (1 if norms else 2)
     copies = expert_token_copies(spec, tokens, ep, etp, assumption)
     router = router_activation_bytes(spec, tokens)
-    if "layernorm" in recompute_modules:  # both norms' outputs: the QKV (or MLA down) input, the router's
+    if norms:  # pre_mlp_layernorm's output, the router's input
         router -= tokens * BF16 * spec.hidden_size
-        attention -= tokens * BF16 * spec.hidden_size
     shared = 0.0 if "shared_experts" in recompute_modules else shared_expert_activation_bytes(spec, seq_len, mbs, tp, cp)
     # The combine keeps no tokens: every dispatcher unpermutes without probabilities
     # (token_dispatcher.py: token_combine / get_restored_hidden_states_by_experts call unpermute
@@ -193,19 +206,21 @@ def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
 # --- transient buffers (one layer at a time) --------------------------------------------------
 
 
-def dispatcher_buffer_bytes(spec: MoESpec, tokens: float, copies: float, tp: int, ep: int,
+def dispatcher_buffer_bytes(spec: MoESpec, tokens: float, copies: float, etp: int, ep: int,
                             dispatcher: Dispatcher) -> float:
-    """The token dispatcher's working buffers during one layer's dispatch, beyond what is kept.
-    ``alltoall`` (``MoEAlltoAllTokenDispatcher``): the permuted send buffer, N k copies of 2h,
-    live with the received buffer (counted as kept). ``allgather``
-    (``MoEAllGatherTokenDispatcher.token_dispatch``): every token of the TP x EP group,
-    gathered (N t ep x 2h) with its FP32 probabilities and routing map (9E), before the local
-    permutation. ``flex`` (``MoEFlexTokenDispatcher`` with DeepEP, ``fused_a2a.py``): DeepEP
+    """The token dispatcher's working buffers during one layer's dispatch or combine, beyond what
+    is kept. ``alltoall`` (``MoEAlltoAllTokenDispatcher``): the permuted send buffer, N k copies
+    of 2h, live with the received buffer (counted as kept). ``allgather``
+    (``MoEAllGatherTokenDispatcher``, over ``tp_ep_group``, the expert TP x EP group of etp ep
+    ranks): the dispatch gathers every token of the group (N etp ep x 2h) with its FP32
+    probabilities and routing map (9E); the combine unpermutes into as many rows (2h) and
+    reduce-scatters their copy in the probabilities' dtype (4h, FP32 with --moe-router-dtype
+    fp32): the larger of the two. ``flex`` (``MoEFlexTokenDispatcher`` with DeepEP, ``fused_a2a.py``): DeepEP
     permutes inside its kernels and sends from its own registered buffers, whose size is the
     received copies (2h each) again."""
     h, k = spec.hidden_size, spec.moe_router_topk
     if dispatcher == "allgather":
-        return tokens * tp * ep * (BF16 * h + 9 * spec.num_experts)
+        return tokens * etp * ep * max(BF16 * h + 9 * spec.num_experts, (BF16 + 4) * h)
     if dispatcher == "flex":
         return copies * BF16 * h
     return tokens * k * BF16 * h

@@ -174,6 +174,8 @@ def moe_spec(dense: LlamaSpec, values: dict):
                    first_dense_layers=first_dense_layers(values.get("moe-layer-freq", "1"), dense.num_layers),
                    qk_layernorm=bool(values.get("qk-layernorm")), score_function=score,
                    expert_bias=bool(values.get("moe-router-enable-expert-bias")),
+                   aux_loss_coeff=_float(values, "moe-aux-loss-coeff", 0.0, bound=limits.AUX_LOSS_COEFF,
+                                         low_open=False),
                    router_num_groups=_int(values, "moe-router-num-groups"),
                    router_group_topk=_int(values, "moe-router-group-topk"),
                    router_topk_scaling_factor=_float(values, "moe-router-topk-scaling-factor",

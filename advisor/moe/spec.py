@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.model_spec import LlamaSpec, _Config, _describe, dense_values
 
@@ -64,6 +65,10 @@ class MoESpec(LlamaSpec):
     score_function: ScoreFunction = "softmax"
     expert_bias: bool = False
     """Aux-loss-free balancing with a per-expert bias (--moe-router-enable-expert-bias)."""
+    aux_loss_coeff: float = 0.0
+    """The auxiliary load-balancing loss's weight (--moe-aux-loss-coeff; Hugging Face's
+    router_aux_loss_coef). Megatron's default, 0, leaves the aux_loss router unbalanced
+    (``router.py``: no loss at coefficient 0), so a row priced balanced must launch with it."""
     router_num_groups: int | None = None
     router_group_topk: int | None = None
     router_topk_scaling_factor: float | None = None
@@ -85,6 +90,10 @@ class MoESpec(LlamaSpec):
         if not 0 <= self.first_dense_layers < self.num_layers:
             raise AdvisorError(f"model {self.name!r}: first_dense_layers must be from 0 to num_layers - 1, got "
                                f"{_describe(self.first_dense_layers)}")
+        if (isinstance(self.aux_loss_coeff, bool) or not isinstance(self.aux_loss_coeff, (int, float))
+                or not 0 <= self.aux_loss_coeff <= limits.AUX_LOSS_COEFF.high):
+            raise AdvisorError(f"model {self.name!r}: aux_loss_coeff must be a number from 0 to "
+                               f"{limits.AUX_LOSS_COEFF.high:g}, got {_describe(self.aux_loss_coeff)}")
         if (self.router_num_groups is None) != (self.router_group_topk is None):
             raise AdvisorError(f"model {self.name!r}: group-limited routing needs both router_num_groups and "
                                "router_group_topk")
@@ -122,17 +131,17 @@ def spec_from_dict(fields: dict) -> MoESpec:
 # mistralai/Mixtral-8x22B-v0.1, Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, deepseek-ai/DeepSeek-V3);
 # the same values are committed as tests/data/moe/*.json and read back in the tests.
 
-def _mixtral(name, L, h, ffn, a, v) -> MoESpec:
+def _mixtral(name, L, h, ffn, a, v, aux) -> MoESpec:
     return MoESpec(name=name, num_layers=L, hidden_size=h, ffn_hidden_size=ffn, num_attention_heads=a,
                    num_query_groups=8, vocab_size=v, rotary_base=1e6, norm_epsilon=1e-5,
-                   num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=ffn)
+                   num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=ffn, aux_loss_coeff=aux)
 
 
 def _qwen3(name, L, h, ffn, a, moe_ffn) -> MoESpec:
     return MoESpec(name=name, num_layers=L, hidden_size=h, ffn_hidden_size=ffn,
                    num_attention_heads=a, num_query_groups=4, vocab_size=151936, kv_channels=128,
                    rotary_base=1e6, norm_epsilon=1e-6, num_experts=128, moe_router_topk=8,
-                   moe_ffn_hidden_size=moe_ffn, qk_layernorm=True)
+                   moe_ffn_hidden_size=moe_ffn, qk_layernorm=True, aux_loss_coeff=0.001)
 
 
 DEEPSEEK_V3 = MoESpec(
@@ -147,8 +156,8 @@ DEEPSEEK_V3 = MoESpec(
 )
 
 PRESETS: dict[str, MoESpec] = {spec.name: spec for spec in (
-    _mixtral("mixtral-8x7b", 32, 4096, 14336, 32, 32000),
-    _mixtral("mixtral-8x22b", 56, 6144, 16384, 48, 32768),
+    _mixtral("mixtral-8x7b", 32, 4096, 14336, 32, 32000, 0.02),
+    _mixtral("mixtral-8x22b", 56, 6144, 16384, 48, 32768, 0.001),
     _qwen3("qwen3-30b-a3b", 48, 2048, 6144, 32, 768),
     _qwen3("qwen3-235b-a22b", 94, 4096, 12288, 64, 1536),
     DEEPSEEK_V3,
@@ -208,7 +217,17 @@ def _mixtral_fields(config: _Config) -> dict:
     _expect(config, "router_jitter_noise", 0.0, "this tool prices routers without input jitter")
     experts = _count(config, "num_local_experts")
     return dict(num_experts=experts, moe_router_topk=_count(config, "num_experts_per_tok"),
-                moe_ffn_hidden_size=_count(config, "intermediate_size"))
+                moe_ffn_hidden_size=_count(config, "intermediate_size"), aux_loss_coeff=_aux_loss_coeff(config))
+
+
+def _aux_loss_coeff(config: _Config) -> float:
+    """router_aux_loss_coef, or Transformers' default (0.001, MixtralConfig and Qwen3MoeConfig)."""
+    value = config.config.get("router_aux_loss_coef", 0.001)
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 <= value <= limits.AUX_LOSS_COEFF.high):
+        raise config.error("router_aux_loss_coef", f"must be a number from 0 to {limits.AUX_LOSS_COEFF.high:g}, "
+                                                   f"got {_describe(value)}")
+    return float(value)
 
 
 def _qwen3_fields(config: _Config) -> dict:
@@ -216,7 +235,8 @@ def _qwen3_fields(config: _Config) -> dict:
     _expect(config, "mlp_only_layers", [], "this tool prices MoE in every layer")
     _expect(config, "norm_topk_prob", True, "Megatron's softmax router renormalises the top-k probabilities")
     return dict(num_experts=_count(config, "num_experts"), moe_router_topk=_count(config, "num_experts_per_tok"),
-                moe_ffn_hidden_size=_count(config, "moe_intermediate_size"), qk_layernorm=True)
+                moe_ffn_hidden_size=_count(config, "moe_intermediate_size"), qk_layernorm=True,
+                aux_loss_coeff=_aux_loss_coeff(config))
 
 
 def _deepseek_fields(config: _Config) -> dict:

@@ -163,11 +163,12 @@ def _dense_layer_activations(spec: MoESpec, s, b, tp, cp, modules: frozenset[str
     Megatron's fused SwiGLU (``fusions/fused_bias_swiglu.py``: it saves its input, FC1's output
     2 h_ffn, and FC2 saves its own, h_ffn: seed 004's 2sb(h + 4 h_ffn) less 2 s b h_ffn, as
     ``memory_terms.swiglu_fusion_fraction`` corrects dense layers) with the pre-MLP norm input
-    2sbh, over t c; --recompute-modules mlp keeps only the MLP's input (2sbh), mla_up_proj as in
-    the MoE layers."""
+    2sbh, over t c; --recompute-modules mlp keeps only the MLP's input (2sbh), mla_up_proj and
+    layernorm as in the MoE layers' attention (the dense MLP's norm is fused into FC1)."""
     fused = eq.mlp_activation_bytes(spec, s, 1) - 2 * s * spec.ffn_hidden_size
     mlp = fused if "mlp" not in modules else 2 * s * spec.hidden_size
-    attention = mm.attention_activation_bytes(spec, s, b, tp, cp, "mla_up_proj" in modules)
+    attention = mm.attention_activation_bytes(spec, s, b, tp, cp, "mla_up_proj" in modules) \
+        - mm.input_norm_recomputed_bytes(spec, mm.tokens_per_rank(s, b, tp, cp), modules)
     return attention + (mlp + 2 * s * spec.hidden_size) * b / (tp * cp)
 
 
@@ -300,7 +301,7 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
                       0.0)
     mtp_layer, mtp_embedding, mtp_output = mtp_terms.activation_bytes(spec, seq_len, mbs, tp, cp, vocab, moe_act,
                                                                       fusion)
-    transient = np.where(moe_layers > 0, mm.dispatcher_buffer_bytes(spec, tokens, copies, tp, ep, options.dispatcher)
+    transient = np.where(moe_layers > 0, mm.dispatcher_buffer_bytes(spec, tokens, copies, etp, ep, options.dispatcher)
                          + mm.expert_transient_bytes(spec, copies, etp)
                          + mm.grouped_gemm_workspace_bytes(options.grouped_gemm), 0.0)
     return StageParts(layers, dense, states, per_microbatch, rebuilt, mtp * mtp_layer, embedding, mtp * mtp_embedding,

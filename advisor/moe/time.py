@@ -5,9 +5,11 @@ Assumptions, stated once:
   the GPU's SMs (tile and wave quantisation of M rows per expert and the expert's width) at the
   dense GEMM rate, or the HBM roofline of the weights and activations where that is slower. No
   constant fitted; the dense rate is the calibration's (fitted on dense runs, none of these).
-- The EP all-to-all (dispatch and combine, forward and backward: four per layer): alltoall and
-  allgather send one copy per routed expert; flex (DeepEP / HybridEP) one per remote node and
-  one per destination rank (``flex_destinations``; routing uniform, as forced balancing draws it).
+- The EP all-to-all (dispatch and combine, forward and backward: four per layer): alltoall sends
+  one copy per routed expert; flex (DeepEP / HybridEP) one per remote node and one per
+  destination rank (``flex_destinations``; routing uniform, as forced balancing draws it);
+  allgather gathers every token of the expert TP x EP group and reduce-scatters the combine
+  (``allgather_dispatch_time``).
   Exposed on the compute stream (``token_dispatcher.py``), except with
   --overlap-moe-expert-parallel-comm: combined 1F1B (``overlapped_layer_time``) in the steady
   state, plain in the fill and drain.
@@ -22,6 +24,7 @@ Assumptions, stated once:
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -80,10 +83,11 @@ def expert_gemm_time(spec: MoESpec, copies, ep, etp, rates: Rates, sms: int = ST
 def all_to_all_time(spec: MoESpec, copies, ep, etp, rates: Rates, dispatcher: str = "alltoall"):
     """One all-to-all of ``copies`` tokens (2h bytes each) over an EP group of ``ep`` ranks,
     ``etp`` apart (the expert rank order tp-ep-dp-pp: ``parallel_state``, expert RankGenerator).
-    alltoall and allgather: one copy per routed expert (``MoEAlltoAllTokenDispatcher`` permutes
-    by local expert and sends every (token, expert) pair); the (ep - 1)/ep that leaves the rank
-    splits into the peers inside the node, over NVLink, and those outside, over the GPU's
-    network share. flex (DeepEP, ``fused_a2a.py``: ``get_dispatch_layout``'s
+    alltoall: one copy per routed expert (``MoEAlltoAllTokenDispatcher`` permutes by local
+    expert and sends every (token, expert) pair); the (ep - 1)/ep that leaves the rank splits
+    into the peers inside the node, over NVLink, and those outside, over the GPU's network
+    share. (The allgather dispatcher's is ``allgather_dispatch_time``.) flex (DeepEP,
+    ``fused_a2a.py``: ``get_dispatch_layout``'s
     ``num_tokens_per_rdma_rank`` and ``is_token_in_rank``): each token once per remote node over
     RDMA and once per destination rank over NVLink (``flex_destinations``). The slower of the
     two links paces it."""
@@ -99,6 +103,22 @@ def all_to_all_time(spec: MoESpec, copies, ep, etp, rates: Rates, dispatcher: st
         inside = size * (in_node - 1) / ep / rates.nvlink_bytes_per_s
         outside = size * (ep - in_node) / ep / rates.network_bytes_per_s
     return np.where(ep > 1, np.maximum(inside, outside) + rates.collective_latency_s, 0.0)
+
+
+def allgather_dispatch_time(spec: MoESpec, tokens, ep, etp, rates: Rates):
+    """Dispatch and combine of the allgather dispatcher, one layer forward
+    (``MoEAllGatherTokenDispatcher``, core_v0.15.2 ``token_dispatcher.py``): over its
+    ``tp_ep_group``, the expert TP x EP group of g = etp ep ranks (consecutive in the expert rank
+    order), the dispatch all-gathers every rank's N tokens (2h), their probabilities (4E, FP32
+    with --moe-router-dtype fp32) and routing map (E); the combine reduce-scatters the g N
+    unpermuted rows in the probabilities' dtype (4h). Rings (``terms.ring_collective_time``)
+    over NVLink inside a node, else the network."""
+    g = np.asarray(ep, dtype=float) * np.asarray(etp, dtype=float)
+    link = terms.link_bandwidth(g, rates, np.minimum(g, rates.gpus_per_node))
+    h, experts = spec.hidden_size, spec.num_experts
+    dispatch = terms.ring_collective_time(g * tokens * (mm.BF16 * h + 5 * experts), g, link, rates)
+    combine = terms.ring_collective_time(g * tokens * 4 * h, g, link, rates)
+    return np.where(g > 1, dispatch + combine, 0.0)
 
 
 def distinct_bins(bins, items, draws):
@@ -146,13 +166,28 @@ def attention_flops(spec: MoESpec, seq_len: int, mbs, tp, cp):
         np.asarray(tp) * np.asarray(cp))
 
 
+class LayerTimes(NamedTuple):
+    """One layer's forward, one microbatch, in seconds (``layer_times``)."""
+
+    dense: object
+    """A dense layer (attention and MLP)."""
+    moe: object
+    """An MoE layer, its communication included."""
+    comm: object
+    """The MoE layer's EP communication: dispatch and combine, with the ETP gathers."""
+    expert: object
+    """The routed and shared experts' GEMMs (--overlap-moe-expert-parallel-comm's ``mlp`` node)."""
+    block: object
+    """The MoE block's compute, what --recompute-modules moe runs again (``moe_layer.py``,
+    ``MoELayer.forward``'s checkpointed custom_forward): router, permutations, routed and shared
+    experts; its communication is ``comm``."""
+
+
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates,
                 gemm_rates: Rates | None = None, dispatcher: str = "alltoall",
                 sms: int = STREAMING_MULTIPROCESSORS["hopper"], routing: mm.RoutedTokens = mm.RoutedTokens()):
-    """(dense forward, MoE forward, EP communication, expert MLP) seconds of one layer, one
-    microbatch; the communication is dispatch and combine with the ETP gathers, the expert MLP
-    the routed and shared experts' GEMMs (what --overlap-moe-expert-parallel-comm's ``mlp`` node
-    computes); backward is twice the compute and the same communication. ``gemm_rates``: the linear
+    """``LayerTimes`` of one layer, one microbatch; backward is twice the compute and the same
+    communication. ``gemm_rates``: the linear
     layers' GEMM rates (``throughput.levers.fp8_rates`` with --fp8-format: attention
     projections, dense and shared MLPs and the routed experts' grouped GEMMs at FP8, core
     attention and the router at BF16), with Transformer Engine's forward casts
@@ -185,14 +220,18 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         + expert_swiglu
     router = 2.0 * tokens * spec.hidden_size * spec.num_experts / rates.gemm_flops_per_s
     permute = terms.elementwise_time(permutation_bytes(spec, copies, ep, dispatcher), rates)
-    a2a = 2 * all_to_all_time(spec, copies / np.asarray(etp, dtype=float), ep, etp, rates,
-                              dispatcher)  # dispatch + combine
-    gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
-                                        terms.link_bandwidth(etp, rates), rates)
+    if dispatcher == "allgather":  # its gather over the expert TP x EP group is the dispatch
+        a2a, gather = allgather_dispatch_time(spec, tokens, ep, etp, rates), 0.0
+    else:
+        a2a = 2 * all_to_all_time(spec, copies / np.asarray(etp, dtype=float), ep, etp, rates,
+                                  dispatcher)  # dispatch + combine
+        gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
+                                            terms.link_bandwidth(etp, rates), rates)
     moe = attention + expert_f + shared + router + permute + a2a + 2 * gather
     if fp8:
         moe = moe + terms.elementwise_time(fp8_terms.cast_bytes(spec, tokens_cp, tp, copies, etp)[0], rates)
-    return attention + dense_mlp, moe, a2a + 2 * gather, expert_f + shared
+    return LayerTimes(dense=attention + dense_mlp, moe=moe, comm=a2a + 2 * gather, expert=expert_f + shared,
+                      block=expert_f + shared + router + permute)
 
 
 def permutation_bytes(spec: MoESpec, copies, ep, dispatcher: str = "alltoall"):
@@ -332,7 +371,8 @@ RECOMPUTE_PASSES = {"none": 3.0, "selective": 3.1, "full": 4.0}
 """Compute passes of a layer per microbatch: forward and a backward of twice its FLOPs; full
 recomputation runs the forward again; selective recomputation of --recompute-modules moe_act,
 layernorm (and mla_up_proj) redoes elementwise work and MLA's up projections, taken as a tenth
-of a forward (an assumption)."""
+of a forward (an assumption); with ``moe`` among them the MoE block runs again besides
+(``_moe_layer_paces``)."""
 
 
 def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dict, recompute: str, *, gpu, options,
@@ -366,11 +406,11 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     c = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
     vpp = c["vpp"]
     b, base_of, spread = _by_base(c, bases)
-    dense_f, moe_f, comm, expert = layer_times(spec, seq_len, tp=b["tp"], cp=b["cp"], ep=b["ep"], etp=b["etp"],
-                                               mbs=b["mbs"], rates=rates,
-                                               gemm_rates=gemm_rates, dispatcher=options.dispatcher,
-                                               sms=streaming_multiprocessors(gpu.architecture), routing=options.routing)
-    moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, moe_f, comm, expert)
+    layer = layer_times(spec, seq_len, tp=b["tp"], cp=b["cp"], ep=b["ep"], etp=b["etp"], mbs=b["mbs"], rates=rates,
+                        gemm_rates=gemm_rates, dispatcher=options.dispatcher,
+                        sms=streaming_multiprocessors(gpu.architecture), routing=options.routing)
+    dense_f, moe_f = layer.dense, layer.moe
+    moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
     dense_t = RECOMPUTE_PASSES[recompute] * dense_f
     most, fewest_last = ((np.ceil(spec.num_layers / b["pp"]), np.floor(spec.num_layers / b["pp"]))
                          if layers_per_stage is None else (max(layers_per_stage), layers_per_stage[-1]))
@@ -416,22 +456,30 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     return out
 
 
-def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, options, gpu, rates: Rates, moe_f, comm,
-                     expert):
+def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, options, gpu, rates: Rates,
+                     layer: LayerTimes):
     """(an MoE layer's forward and backward, the same in 1F1B's steady state, the EP communication
     the steady state leaves exposed) in seconds per microbatch (``step_times``' terms): the
     steady state overlapped where Megatron overlaps it (--overlap-moe-expert-parallel-comm, which
-    Megatron refuses with full recomputation: ``layout_problem``)."""
+    Megatron refuses with full recomputation: ``layout_problem``). Full recomputation, and
+    selective recomputation of ``moe``, run the dispatch and combine again in the backward
+    (``moe_layer.py``: the whole block is checkpointed), with the host wait for the token counts;
+    ``moe`` also runs the block's compute again (``LayerTimes.block``), in series with the
+    overlapped pairs (the recomputed communication is not one the combined schedule pairs)."""
+    moe_f, comm, expert = layer.moe, layer.comm, layer.expert
     passes = RECOMPUTE_PASSES[recompute]
-    forwards = 2.0 if recompute == "full" else 1.0  # full recomputation dispatches again
+    again = recompute == "selective" and "moe" in options.recompute_modules(spec)
+    forwards = 2.0 if recompute == "full" or again else 1.0
     idle = forwards * host_sync_idle(spec, mm.tokens_per_rank(seq_len, b["mbs"], b["tp"], b["cp"]), rates,
                                      options.dispatcher, options.routing)
-    plain = passes * (moe_f - comm) + (forwards + 1.0) * comm + idle
+    block = layer.block if again else 0.0
+    plain = passes * (moe_f - comm) + block + (forwards + 1.0) * comm + idle
     steady = plain
     if options.a2a_overlap:
         steady = overlapped_layer_time((moe_f - comm - expert) * passes / 3, expert * passes / 3, 2 * comm,
-                                       comm_sm_share(options.dispatcher, gpu.architecture)) + idle
-    return plain, steady, steady - idle - passes * (moe_f - comm)
+                                       comm_sm_share(options.dispatcher, gpu.architecture)) + idle \
+            + (block + comm if again else 0.0)
+    return plain, steady, steady - idle - passes * (moe_f - comm) - block
 
 
 def step_parts(step, *, m, slowest, total, vpp, pp_comm, overhead, ep_comm, dp_comm, optimizer) -> dict:
