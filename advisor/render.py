@@ -56,11 +56,23 @@ def counts_text(counts, separator: str = ",") -> str:
     return separator.join(str(count) if times == 1 else f"{count}x{times}" for count, times in runs)
 
 
+def recompute_text(row: dict) -> str:
+    """A row's recomputation as the sweep tables show it: 'none', 'selective', 'full block 1'."""
+    if row["recompute"] != "full":
+        return row["recompute"]
+    return f"full {row['recompute_method']} {row['recompute_num_layers']}"
+
+
 def time_parts_text(parts: dict[str, float]) -> str:
-    """A step's parts in seconds, as the estimates' captions show them: 'compute 93.55, tp comm
-    6.20, ...' (the nonzero parts, not the total)."""
-    return ", ".join(f"{name.removesuffix('_s').replace('_', ' ')} {value:.2f}" for name, value in parts.items()
+    """A step's parts in seconds, as the estimates' captions show them: 'compute 93.55 s, tp comm
+    6.20 s, ...' (the nonzero parts, not the total)."""
+    return ", ".join(f"{name.removesuffix('_s').replace('_', ' ')} {value:.2f} s" for name, value in parts.items()
                      if name != "total_s" and value > 0)
+
+
+def ranking_note(tolerance: float) -> str:
+    """A throughput ranking's caption line on its tolerance (``advisor.ranking.order``)."""
+    return f"within {tolerance:.1%} of the fastest (the time model's held-out ordering error) the simplest ranks first"
 
 
 def to_json(obj: object) -> str:
@@ -136,7 +148,9 @@ def to_csv(rows: Sequence[dict]) -> str:
     keys = list(rows[0]) if rows else []
     writer = csv.DictWriter(buffer, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    # a nested value (a row's options) as JSON, not Python's repr
+    writer.writerows({k: json.dumps(v) if isinstance(v, (dict, list, tuple)) else v for k, v in row.items()}
+                     for row in rows)
     return buffer.getvalue()
 
 
@@ -177,10 +191,24 @@ def to_table(
         names = ", ".join(c.header for c in sorted(hidden, key=lambda c: columns.index(c)))
         note = f"not shown to fit {limit} columns: {names} (--wide shows them)"
         caption = note if caption is None else f"{caption}\n{note}"
-    table = _table(rows, kept, [[line[columns.index(c)] for c in kept] for line in cells], title, caption, row_style)
+    table = _table(rows, kept, [[line[columns.index(c)] for c in kept] for line in cells], row_style)
     console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, width=limit or 10_000)
     console.print(table)
-    return "\n".join(line.rstrip() for line in console.file.getvalue().split("\n"))
+    body = "\n".join(line.rstrip() for line in console.file.getvalue().rstrip("\n").split("\n"))
+    return "\n".join(part for part in (_wrapped(title, limit), body, _wrapped(caption, limit)) if part) + "\n"
+
+
+def _wrapped(text: str | None, width: int | None) -> str:
+    """A title or caption left-aligned under the terminal's width, each of its lines wrapped on
+    its own (rich would centre it and wrap it at the table's narrower width)."""
+    import textwrap
+
+    if not text:
+        return ""
+    if width is None:
+        return text
+    return "\n".join("\n".join(textwrap.wrap(line, width, break_on_hyphens=False) or [""])
+                     for line in text.split("\n"))
 
 
 def _natural_width(kept: list[Column], columns: Sequence[Column], cells: list[list[str]]) -> int:
@@ -190,14 +218,13 @@ def _natural_width(kept: list[Column], columns: Sequence[Column], cells: list[li
                    for column in kept)
 
 
-def _table(rows, columns, cells, title, caption, row_style):
+def _table(rows, columns, cells, row_style):
     from rich.table import Table
     from rich.text import Text
 
     # Text, not markup: '[...]' in a name (an overridden model 'llama3.1-8b[num_layers=8]', a
     # file name) is shown as it is, not taken for a style and dropped.
-    table = Table(title=None if title is None else Text(title), caption=None if caption is None else Text(caption),
-                  header_style="bold")
+    table = Table(header_style="bold")
     for column in columns:
         table.add_column(Text(column.header), justify=column.justify)
     for row, line in zip(rows, cells):

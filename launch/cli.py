@@ -141,7 +141,7 @@ def megatron_options(func: Callable) -> Callable:
         click.option("--job-config", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
                      help="A job file (TOML or JSON): data_path, mock_data, tokenizer_type, tokenizer_model, save, "
                           "load, save_interval, tensorboard_dir, lr, min_lr, tokens, lr_warmup_fraction, "
-                          "fs_bandwidth_gbs; become Megatron-LM's flags (README: Complete jobs)."),
+                          "fs_bandwidth_gbs; become Megatron-LM's flags (docs/launch.md: Preflight, complete jobs)."),
         click.option("--tokens", type=TokenCount(), default=None,
                      help="The token budget (15T, 300B): --train-samples, --lr-decay-samples and "
                           "--lr-warmup-samples (1%) from it (default: the job file's, else the sweep row's)."),
@@ -236,14 +236,6 @@ def cli() -> None:
       advisor-launch sbatch --from plan.json --megatron-lm ~/Megatron-LM -o job.sh --dry-run \\
           -- --data-path ... --tokenizer-type ... --train-iters 1000
 
-    \b
-    Commands:
-      torchrun   run torchrun on this node (or one node of several)
-      sbatch     write and submit a Slurm batch script for several nodes
-      check      check this setup before a launch (preflight)
-      args       print only the Megatron-LM arguments
-      k8s        write a Kubeflow PyTorchJob manifest
-      skypilot   write a SkyPilot task YAML
     """
 
 

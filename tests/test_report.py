@@ -131,5 +131,5 @@ def test_page_without_a_time_model(advisor, tmp_path):
     advisor("report", "sweep", "--gpus", "8", "--mem", "80", "--seq-len", "4096", "--all", "-o", out)
     page = out.read_text()
     assert 'data-figure="heatmap"' in page and 'data-figure="scatter"' not in page
-    assert 'data-figure="time-parts"' not in page and "80% (seed 004)" in page
+    assert 'data-figure="time-parts"' not in page and "80% (4D paper)" in page
     assert "layer-forward units" in page

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from advisor import render
-from advisor.cli.estimate import _sweep_text, recompute_text
+from advisor.cli.estimate import _sweep_text
+from advisor.render import recompute_text
 from advisor.hardware import get_gpu
 from advisor.megatron_args import megatron_args, rows_arg_parts
 from advisor.models import PRESETS

@@ -13,60 +13,10 @@ from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit,
     gpu_options, model_choice_options, model_options, output_options, parse_layer_counts, workload_options,
 )
+from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 from advisor.cli.training_flags import memory_options
 
 TABLE_ROWS = 30
-
-
-def _row_columns(calibrated: bool = False, timed: bool = False, tokens: bool = False, priced: bool = False):
-    from advisor.render import Column
-
-    columns = [
-        Column("rank", "rank"),
-        Column("tp", "TP"),
-        Column("cp", "CP"),
-        Column("pp", "PP"),
-        Column("vpp", "VPP"),
-        Column("mbs", "MBS"),
-        Column("dp", "DP"),
-        Column("num_microbatches", "m", drop=4),
-        Column("split", "layers", justify="left", drop=1),
-        Column("recompute_text", "recompute", justify="left"),
-        Column("model_states_gib", "states", ".1f", drop=5),
-        Column("activations_gib", "act.", ".1f", drop=5),
-        Column("total_gib", "Eq.18", ".1f", drop=3) if calibrated else Column("total_gib", "GiB", ".2f"),
-    ]
-    if calibrated:
-        columns += [Column("usage_gib", "GiB", ".1f"), Column("margin_gib", "margin", "+.1f", drop=2)]
-    else:
-        columns.append(Column("memory_fraction", "of mem", ".0%"))
-    columns.append(Column("verdict", "verdict", justify="left", drop=-1))
-    if timed:
-        columns += [Column("tflops_per_gpu", "TFLOP/s", ".0f"), Column("mfu", "MFU", ".0%", drop=4),
-                    Column("step_time_s", "step s", ".2f", drop=3)]
-    if tokens:
-        columns += [Column("days", "days", ".1f"), Column("gpu_hours", "GPU-h", ",.0f", drop=4)]
-    if priced:
-        columns.append(Column("cost_usd", "cost $", ",.0f", drop=4))
-    return columns
-
-
-def recompute_text(row: dict) -> str:
-    if row["recompute"] != "full":
-        return row["recompute"]
-    return f"full {row['recompute_method']} {row['recompute_num_layers']}"
-
-
-def _setup_line(spec, workload, gpus: int, mem: float, threshold: float, options, gpu=None,
-                memory_model: str = "paper", rank_by: str = "paper") -> str:
-    changed = options.changed()
-    extras = "; " + ", ".join(f"{key}={value}" for key, value in changed.items()) if changed else ""
-    where = f"{gpus} x {gpu.name} ({mem:g} GiB, {gpu.gpus_per_node}/node)" if gpu else f"{gpus} GPUs x {mem:g} GiB"
-    rule = (f"fits <= {threshold * mem:.1f} GiB ({threshold:.0%})" if memory_model == "paper"
-            else "calibrated memory model" if memory_model == "calibrated"
-            else "calibrated memory model with profiled activations")
-    return (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {where}, {rule}, "
-            f"ranked by {rank_by}{extras}")
 
 
 def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_hour_price=None):
@@ -118,7 +68,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     (--recompute-method block, N layers per chunk) only where needed to fit or, with --gpu,
     where it is faster. Without --gpu: no interleaving (it only adds memory), the fewest
     recomputed layers that fit, the split with the lowest peak. With --gpu: the fastest
-    variant and split that fit seed 004's 80% rule (MadPipe's planner under the limit).
+    variant and split that fit the 4D paper's 80% rule (MadPipe's planner under the limit).
     --split even --vpp 1 --recompute none keeps the paper's space.
 
     \b
@@ -126,7 +76,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     the time model: verdicts fits / likely fits / likely oom / oom with the margin in GiB,
     predicted TFLOP/s (as Megatron-LM counts FLOPs), MFU and step time, and the rows
     expected to run ranked fastest first.
-    With --mem alone, seed 004 as published: fits (<= threshold x mem), tight (<= mem),
+    With --mem alone, the 4D paper as published: fits (<= threshold x mem), tight (<= mem),
     oom (> mem; hidden without --all), ranked by its rule (Section 4.2):
       1. fits before tight   2. no recomputation first   3. smallest TP x CP x PP
       4. largest MBS   5. smallest TP   6. smallest PP, fewest recomputed layers, lowest memory
@@ -175,10 +125,10 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     dicts = _sweep_entries(shown, setup, gpu_hour_price, table=True) if fmt == "table" or plot is not None else []
     text = None if fmt == "table" else _sweep_text(shown, setup, spec, workload, fmt, plot is not None, gpu_hour_price,
                                                    release)
-    title = _setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by)
+    title = setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by)
     if plot is not None:
         _plot(dicts, plot, title)
-    caption = _caption(counts, show_all, len(shown), len(selected))
+    caption = counts_caption(counts, show_all, len(shown), len(selected))
     columns = (memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None)
     _emit_sweep(dicts, text, fmt, output, result, title, caption, columns, tolerance,
                 nothing=None if any(row.rank for row in result.rows) or show_all else
@@ -190,13 +140,6 @@ def _plot(dicts: list[dict], plot: Path, title: str) -> None:
 
     sweep_plot(dicts, plot, title=title)
     click.echo(f"wrote {plot}", err=True)
-
-
-def _caption(counts: dict, show_all: bool, shown: int, selected: int) -> str:
-    caption = ", ".join(f"{n} {v}" for v, n in counts.items()) + ("" if show_all else " (--all shows oom)")
-    if shown < selected:
-        caption += f"; best {shown} of {selected} shown (--top N)"
-    return caption
 
 
 def _measured(profile_dir, spec, options):
@@ -231,7 +174,8 @@ def _sweep_entries(shown, setup: dict, gpu_hour_price, *, table: bool) -> list[d
         if gpu_hour_price is not None:
             entry["cost_usd"] = entry["gpu_hours"] * gpu_hour_price
         if table:
-            entry.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
+            entry.update(split=render.counts_text(entry["layers_per_stage"]),
+                         recompute_text=render.recompute_text(entry))
         dicts.append(entry)
     return dicts
 
@@ -255,7 +199,8 @@ def _sweep_text(shown, setup: dict, spec, workload, fmt: str, plotted: bool, gpu
         if gpu_hour_price is not None or plotted:  # keys of the row's own before its options, as ever
             tail = {"cost_usd": entry["gpu_hours"] * gpu_hour_price} if gpu_hour_price is not None else {}
             if plotted:
-                tail.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
+                tail.update(split=render.counts_text(entry["layers_per_stage"]),
+                            recompute_text=render.recompute_text(entry))
             tail["options"] = held[1]["options"]
         rows.append(entry)
         tails.append(tail)
@@ -278,10 +223,9 @@ def _emit_sweep(dicts: list[dict], text: str | None, fmt: str, output, result, t
                 f"{result.pruned:,} pruned as unable to fit or to win")
     if fmt == "table":
         text = render.to_table(
-            dicts, _row_columns(*columns), title=title,
-            caption=f"{caption}\n{searched}" + (
-                f"\nwithin {tolerance:.1%} of the fastest (the time model's held-out ordering error) the simplest "
-                f"ranks first" if tolerance else ""), row_style=render.verdict_style, color=color_wanted(output),
+            dicts, sweep_columns(*columns), title=title,
+            caption=f"{caption}\n{searched}" + (f"\n{render.ranking_note(tolerance)}" if tolerance else ""),
+            row_style=render.verdict_style, color=color_wanted(output),
         )
     if fmt != "table":
         click.echo(f"advisor sweep: {searched}", err=True)
@@ -321,7 +265,8 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
 @click.option("--vpp", type=DEGREE, default=1, show_default=True,
               help="Virtual pipeline stages per rank (interleaved 1F1B).")
 @click.option("--layers-per-stage", default=None, metavar="N,N,...",
-              help="Uneven pipeline split, one layer count per stage (for example 7,9,9,7).")
+              help="Uneven pipeline split, one layer count per stage (for example 7,9,9,7), or in runs as "
+                   "the sweep prints them (7,9x2,7).")
 @gpu_options
 @click.option("--threshold", type=FRACTION, default=0.8, show_default=True,
               help="The paper's rule (--memory-model paper): fits at most this fraction of --mem, tight up to "

@@ -141,21 +141,6 @@ def row_flags(spec, workload, row: dict) -> list[str]:
     return row_args(spec, workload.seq_len, workload.global_batch_size, row)
 
 
-def _columns(timed: bool, calibrated: bool):
-    """The table's columns, within 100 characters (the states and activations split is in the
-    JSON and in advisor estimate's stages)."""
-    from advisor.render import Column
-
-    columns = [Column("rank", "rank"), Column("tp", "TP"), Column("cp", "CP"), Column("pp", "PP"),
-               Column("vpp", "VPP"), Column("ep", "EP"), Column("etp", "ETP"), Column("mbs", "MBS"),
-               Column("dp", "DP"), Column("recompute", "recompute", justify="left"),
-               Column("usage_gib" if calibrated else "total_gib", "GiB", ".1f"),
-               Column("verdict", "verdict", justify="left")]
-    if timed:
-        columns += [Column("mfu", "MFU", ".0%"), Column("step_time_s", "step s", ".2f")]
-    return columns
-
-
 def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all, top, fmt, output,
           space=None, memory_model=None):
     from advisor import render
@@ -176,22 +161,7 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
     if fmt != "table":
         text = _machine_text(shown, setup, spec, workload, fmt)
     else:
-        calibrated = result.memory_model == "calibrated"
-        rule = f"calibrated, band {_band():.1%}" if calibrated else f"fits <= {threshold:.0%}"
-        title = (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {gpus} GPUs x {mem:g} GiB, "
-                 f"{rule}; routing {settings.routing.routing}"
-                 + (" unpadded" if settings.routing.routing == "capacity" and not settings.routing.pad_to_capacity
-                    else "") + f", dispatcher {settings.dispatcher}"
-                 + (", a2a overlapped" if settings.a2a_overlap else "")
-                 + (f", MTP {spec.mtp_num_layers}" if spec.mtp_num_layers else "")
-                 + (f", FP8 {fp8}" if (fp8 := settings.training.precision.fp8_format) else ""))
-        caption = (", ".join(f"{n} {v}" for v, n in result.counts.items())
-                   + f" (each layout with the recomputation and VPP it needs, or the fastest); {result.considered:,} "
-                   "layouts x recomputation x VPP priced"
-                   + (f"\nwithin {result.tolerance:.1%} of the fastest (the time model's held-out ordering error) the "
-                      "simplest ranks first" if result.tolerance else ""))
-        text = render.to_table(shown, _columns(gpu is not None, calibrated), title=title,
-                               row_style=render.verdict_style, caption=caption, color=color_wanted(output))
+        text = _sweep_table(result, shown, spec, workload, gpus, mem, threshold, gpu, settings, show_all, output)
     if not result.ranked and not show_all:
         least = result.least()
         need = least.get("usage_gib", least["total_gib"])
@@ -199,6 +169,32 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
                    f"(TP {least['tp']}, PP {least['pp']}, EP {least['ep']}) against {mem:g} GiB", err=True)
         click.get_current_context().exit(1)
     emit(text, output)
+
+
+def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold, gpu, settings, show_all: bool,
+                 output) -> str:
+    """The MoE sweep's table: the dense sweep's title, columns and caption (``sweep_table``), with
+    EP and ETP, and the MoE settings in the title."""
+    from advisor import render
+    from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
+
+    routing = settings.routing
+    title = (setup_line(spec, workload, gpus, mem, threshold, settings.training, gpu, result.memory_model,
+                        "throughput" if result.tolerance else "paper")
+             + f"; routing {routing.routing}" + (" unpadded" if routing.routing == "capacity"
+                                                  and not routing.pad_to_capacity else "")
+             + f", dispatcher {settings.dispatcher}" + (", a2a overlapped" if settings.a2a_overlap else "")
+             + (f", MTP {spec.mtp_num_layers}" if spec.mtp_num_layers else "")
+             + (f", FP8 {fp8}" if (fp8 := settings.training.precision.fp8_format) else ""))
+    selected = len(result.order) if show_all else result.ranked
+    caption = (counts_caption(result.counts, show_all, len(shown), selected)
+               + f"\n{result.considered:,} layouts x recomputation x VPP priced; each row the variant it needs to "
+                 "fit, or its fastest"
+               + (f"\n{render.ranking_note(result.tolerance)}" if result.tolerance else ""))
+    rows = [{**row, "split": render.counts_text(row["layers_per_stage"]), "recompute_text": render.recompute_text(row),
+             "num_microbatches": workload.global_batch_size // (row["mbs"] * row["dp"])} for row in shown]
+    return render.to_table(rows, sweep_columns(result.memory_model == "calibrated", gpu is not None, experts=True),
+                           title=title, row_style=render.verdict_style, caption=caption, color=color_wanted(output))
 
 
 def _machine_text(shown: list[dict], setup: dict, spec, workload, fmt: str) -> str:
@@ -211,16 +207,9 @@ def _machine_text(shown: list[dict], setup: dict, spec, workload, fmt: str) -> s
     if fmt == "json":
         return render.rows_to_json(shown, setup, "megatron_args", parts)
     return render.to_csv([{**row, **setup, "megatron_args": " ".join(flag for part in flags for flag in part),
-                           "options": str(row["options"]),
                            "layers_per_stage": render.counts_text(row["layers_per_stage"]),
                            "recompute_modules": " ".join(row["recompute_modules"] or [])}
                           for row, flags in zip(shown, parts)])
-
-
-def _band() -> float:
-    from advisor.throughput.calibration import load_memory_calibration
-
-    return load_memory_calibration().band
 
 
 def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt, output, vpp=1,
@@ -250,14 +239,14 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
         best, line = _best_row_line(row, spec, workload, mem, threshold, gpu, gpus_per_node, settings, memory_model)
         row["best_sweep_row"] = best
         notes.append(line)
-    stages, timing = row["stages"], gpu is not None
+    stages = row["stages"]
     if fmt == "json":
         emit(render.to_json(row), output)
         return
     if fmt == "csv":
         emit(render.to_csv(stages), output)
         return
-    emit(_stage_table(row, spec, (tp, cp, pp, dp, mbs, vpp), timing, mem, notes, output), output)
+    emit(_stage_table(row, spec, workload, gpu, (tp, cp, pp, dp, mbs, vpp), mem, notes, output), output)
 
 
 def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node, settings, memory_model):
@@ -279,7 +268,8 @@ def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node
     return best, comparison_line(best, row, gpus, experts=True, gib_key=gib_key)
 
 
-def _stage_table(row, spec, layout, timing, mem, notes, output) -> str:
+def _stage_table(row, spec, workload, gpu, layout, mem, notes, output) -> str:
+    """One row per pipeline stage; the caption the peak stage, its verdict and the step time."""
     from advisor import render
     from advisor.render import Column
 
@@ -294,9 +284,13 @@ def _stage_table(row, spec, layout, timing, mem, notes, output) -> str:
         columns.append(Column("usage_gib", "pred. GiB", ".2f"))
     key = "usage_gib" if calibrated else "total_gib"
     peak = max(stages, key=lambda stage: stage[key])
-    caption = f"peak: stage {peak['stage']}, {peak[key]:.2f} GiB" + (
-        " (calibrated)" if calibrated else "") + (f" -> {row['verdict']}" if mem else "")
-    if timing:
+    caption = f"peak: stage {peak['stage']}, {peak['total_gib']:.2f} GiB (analytic)"
+    if calibrated:
+        caption += (f"; calibrated: {peak['usage_gib']:.1f} of {mem:g} GiB, margin {mem - peak['usage_gib']:+.1f} GiB "
+                    f"-> {row['verdict']}")
+    elif mem:
+        caption += f" = {peak['total_gib'] / mem:.0%} of {mem:g} GiB -> {row['verdict']}"
+    if gpu is not None:
         caption += (f"\nstep {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} TFLOP/s per GPU "
                     f"(MFU {row['mfu']:.0%}), {row['tokens_per_s']:,.0f} tokens/s; "
                     + render.time_parts_text(row["time_parts"]))
@@ -305,4 +299,5 @@ def _stage_table(row, spec, layout, timing, mem, notes, output) -> str:
                     or (name == "MTP" and value))
     return render.to_table(stages, columns, caption=caption, color=color_wanted(output),
                            title=f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, EP {row['ep']}, ETP {row['etp']}, "
-                                 f"DP {dp}, MBS {mbs}{extra}")
+                                 f"DP {dp}, MBS {mbs}{extra}, seq {workload.seq_len}, gbs {workload.global_batch_size}"
+                                 + (f", {gpu.name}" if gpu else ""))

@@ -130,7 +130,8 @@ def model_options(func: Callable) -> Callable:
         [
             click.option(
                 "--model", default="llama3.1-8b", show_default=True, metavar="NAME|config.json",
-                help="A preset (see 'advisor models') or a Hugging Face Llama config.json.",
+                help="A preset (see 'advisor models') or a Hugging Face config.json (model_type llama, mistral, "
+                     "qwen2, mixtral, qwen3_moe or deepseek_v3).",
             ),
             click.option("--num-layers", type=Bounded(limits.MODEL["num_layers"]), help="Override L."),
             click.option("--hidden-size", type=Bounded(limits.MODEL["hidden_size"]), help="Override h."),
@@ -366,7 +367,7 @@ def model_choice_options(func: Callable) -> Callable:
                               "to Eq. 12-14, replace the equations' (implies --memory-model profile)."),
             click.option("--rank-by", type=click.Choice(["throughput", "memory", "paper"]), default=None,
                          help="throughput: the fastest predicted layout expected to run (default with --gpu); "
-                              "memory: most headroom; paper: seed 004's rule (default without --gpu)."),
+                              "memory: most headroom; paper: the 4D paper's rule (default without --gpu)."),
             click.option("--tokens", type=TokenCount(), default=None,
                          help="A token budget (15T, 300B): adds the days and GPU-hours it takes (needs --gpu)."),
             GPU_HOUR_PRICE,

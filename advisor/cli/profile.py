@@ -36,7 +36,7 @@ def profile() -> None:
 @profile.command(epilog=EPILOG)
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--section", type=click.Choice(("all", *SECTIONS)), default="all", show_default=True,
-              help="ranks: one row per rank; layers: one row per module; compare: measured / seed 004.")
+              help="ranks: one row per rank; layers: one row per module; compare: measured / the 4D paper's terms.")
 @click.option("--rank", "ranks", type=int, multiple=True, help="Only these ranks (repeatable).")
 @click.option("--iteration", type=click.IntRange(min=0), default=None,
               help="Which recorded iteration to show per layer (default: the last).")
@@ -44,7 +44,7 @@ def profile() -> None:
 def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int | None, fmt: str,
          output: Path | None) -> None:
     """Summarise a profile run directory (or each run of a campaign's --out): per rank, per
-    layer, and against seed 004.
+    layer, and against the 4D paper's terms.
 
     \b
     ranks    peak allocated (and reserved, allocator retries on CUDA), static memory, status
@@ -173,11 +173,11 @@ def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
                                   ("forward_peak_bytes", "fwd peak"), ("backward_peak_bytes", "bwd peak")])]
         return to_table(rows, columns, title=title, color=color)
     columns = [Column("rank", "rank"), Column("module", "module", justify="left"),
-               Column("term", "term", justify="left"), Column("equation", "seed 004", justify="left"),
+               Column("term", "term", justify="left"), Column("equation", "4D paper", justify="left"),
                *byte_columns([("measured_bytes", "measured"), ("estimated_bytes", "estimated")]),
                Column("ratio", "measured/est.", ".3f")]
     return to_table(rows, columns, title=title, color=color,
-                    caption="estimates: seed 004 for this run's model, layout, sequence, micro-batch and dtype")
+                    caption="estimates: the 4D paper's for this run's model, layout, sequence, micro-batch and dtype")
 
 
 # --- advisor profile plan ----------------------------------------------------------------

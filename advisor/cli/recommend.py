@@ -23,7 +23,7 @@ PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num
 @click.command("recommend", epilog=EPILOG)
 @click.option("--profile", "profiles", multiple=True, type=click.Path(path_type=Path),
               help="A run directory (rank*.jsonl) or a directory of them; repeat for more. Without it the plan "
-                   "comes from the analytic models (seed 004's memory, the time model with --gpu).")
+                   "comes from the analytic models (the 4D paper's memory, the time model with --gpu).")
 @click.option("--gpus", type=GPUS, required=True, help="GPUs of the target run.")
 @gpu_options
 @click.option("--objective", type=click.Choice(["memory", "time"]), default="memory", show_default=True,
@@ -45,7 +45,7 @@ PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num
               help="Merge layers to this many units first (CAPTURE's layer merger, Section III-A3).")
 @click.option("--threshold", type=FRACTION, default=None,
               help="--objective time keeps every stage within this fraction of --mem (default 0.8 for the "
-                   "analytic estimator, seed 004's rule; 1.0 with profiles, which measure what it leaves out).")
+                   "analytic estimator, the 4D paper's rule; 1.0 with profiles, which measure what it leaves out).")
 @click.option("--png", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Draw the per-GPU memory of the plan beside the even split (like CAPTURE's Fig. 6).")
 @model_options

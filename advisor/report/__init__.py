@@ -40,7 +40,7 @@ def build_page(report: ReportInput, top: int = TOP) -> str:
         memory = report.rows[0].get("memory_gib")
         sections.append('<h2 id="space">The space</h2>' + page.figure_block(
             figures.heatmap(report.rows, memory),
-            "Predicted memory of every layout in the rows, as seed 004's tables colour them: (TP, CP, PP) down, "
+            "Predicted memory of every layout in the rows, as the 4D paper's tables colour them: (TP, CP, PP) down, "
             "MBS across; green to yellow within the GPU's memory, orange to red beyond it (dotted cells), blank "
             "where no row has that layout.")
             + page.figure_block(figures.scatter(report.rows, top), "Predicted step time against memory of every "

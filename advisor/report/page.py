@@ -71,7 +71,7 @@ def assumptions(report: ReportInput, first: dict, shared: dict) -> str:
     if "tp" in first and "model" in first and isinstance(first.get("model"), dict) and report.kind != "plan":
         pairs.append(("estimator options (all)", asdict(row_options(first))))
     if first.get("memory_model", "paper") == "paper" and report.kind != "plan":
-        pairs.append(("verdict rule", "seed 004: fits <= 80% of memory (unless --threshold), tight <= 100%, oom"))
+        pairs.append(("verdict rule", "the 4D paper's: fits <= 80% of memory (unless --threshold), tight <= 100%, oom"))
     pairs += [(f"{key} (every row)", value) for key, value in shared.items() if key not in dict(pairs)]
     pairs += [("advisor version", _version()), *_calibration()]
     return key_value_table(pairs, "The question and every assumption", "assumptions")
