@@ -63,6 +63,17 @@ def recompute_text(row: dict) -> str:
     return f"full {row['recompute_method']} {row['recompute_num_layers']}"
 
 
+def memory_call_text(memory_gib: float, verdict: str, *, usage_gib: float | None = None,
+                     fraction: float | None = None) -> str:
+    """The estimates' verdict after the peak stage's analytic total: the calibrated model's
+    usage and margin ('; calibrated: 67.7 of 80 GiB, margin +12.3 GiB -> fits'), or the 80%
+    rule's share of memory (' = 72% of 80 GiB -> fits')."""
+    if usage_gib is not None:
+        return (f"; calibrated: {usage_gib:.1f} of {memory_gib:g} GiB, margin {memory_gib - usage_gib:+.1f} GiB "
+                f"-> {verdict}")
+    return f" = {fraction:.0%} of {memory_gib:g} GiB -> {verdict}"
+
+
 def time_parts_text(parts: dict[str, float]) -> str:
     """A step's parts in seconds, as the estimates' captions show them: 'compute 93.55 s, tp comm
     6.20 s, ...' (the nonzero parts, not the total)."""

@@ -37,6 +37,10 @@ SWEEPS = [  # (argv, vocabulary): every row of these is read back
     # Megatron's defaults for the vocabulary's padding (128 x TP) and the data loader's mask, rebuilt
     (["--gpus", "32", "--gpu", "h100-80gb", "--model", "mixtral-8x7b", "--seq-len", "4096", "--gbs", "256",
       "--vocab-divisible-by", "128", "--dataloader-mask", "rebuilt", "--top", "20"], 32000),
+    # the allgather dispatcher, the MoE block recomputed whole (--recompute-modules moe)
+    (["--gpus", "32", "--gpu", "h100-80gb", "--model", "mixtral-8x7b", "--seq-len", "4096", "--gbs", "256",
+      "--moe-token-dispatcher-type", "allgather", "--recompute", "selective", "--recompute-modules", "moe",
+      "--all", "--top", "10"], 32000),
     # token dropping, padded to capacity (--moe-pad-expert-input-to-capacity) and not padded
     (["--gpus", "32", "--gpu", "h100-80gb", "--model", "mixtral-8x7b", "--seq-len", "4096", "--gbs", "256",
       "--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.5", "--top", "10"], 32000),
@@ -68,6 +72,15 @@ def rows(draw):
 @given(rows())
 def test_every_sweep_row_reads_back_to_its_own_price(drawn):
     _reads_back(*drawn)
+
+
+def test_allgather_rows_recomputing_the_moe_block_read_back():
+    index = len(SWEEPS) - 3
+    rows = sweep_rows(index)
+    assert {row["dispatcher"] for row in rows} == {"allgather"}
+    assert any(row["recompute_modules"] == ["moe"] for row in rows)
+    for row in rows[:3] + [row for row in rows if row["recompute_modules"] == ["moe"]][:2]:
+        _reads_back(index, row)
 
 
 @pytest.mark.parametrize("index", [len(SWEEPS) - 2, len(SWEEPS) - 1])

@@ -111,3 +111,40 @@ def test_mla_latent_norms_need_qk_layernorm():
     spec = PRESETS["deepseek-v3"]
     assert spec.qk_layernorm and "--qk-layernorm" in model_flags(spec)
     assert attention_parameters(spec) - attention_parameters(replace(spec, qk_layernorm=False)) == 1536 + 512
+
+
+def test_the_aux_loss_weight_is_read_from_config_json_and_bad_values_are_one_line_errors(tmp_path):
+    from click.testing import CliRunner
+
+    from advisor.cli import cli
+
+    # Transformers' default where the key is absent (MixtralConfig, Qwen3MoeConfig: 0.001)
+    config = {k: v for k, v in json.loads((DATA / "mixtral-8x7b.json").read_text()).items()
+              if k not in ("_source", "router_aux_loss_coef")}
+    (tmp_path / "plain.json").write_text(json.dumps(config))
+    assert load_model(str(tmp_path / "plain.json")).aux_loss_coeff == 0.001
+    assert load_model(_write(tmp_path, "qwen3-30b-a3b", router_aux_loss_coef=0.01)).aux_loss_coeff == 0.01
+    for bad in (-0.1, "0.01", True, 1e9):
+        result = CliRunner().invoke(cli, ["estimate", "--model", _write(tmp_path, "mixtral-8x7b", router_aux_loss_coef=bad),
+                                          "--gpus", "8", "--ep", "8"])
+        assert result.exit_code == 2, result.output
+        assert "router_aux_loss_coef" in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_commands_aux_loss_weight_reads_back_and_a_bad_one_is_refused(tmp_path):
+    from click.testing import CliRunner
+
+    from advisor.cli import cli
+
+    base = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+            "--group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 "
+            "--swiglu --normalization RMSNorm --micro-batch-size 1 --global-batch-size 256 --bf16 "
+            "--tokenizer-type NullTokenizer --vocab-size 31999 --num-experts 8 --moe-router-topk 2 "
+            "--moe-grouped-gemm --expert-model-parallel-size 8 --moe-aux-loss-coeff ")
+    good = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "8", "--mem", "80", "--format",
+                                    "json"], input=base + "0.02")
+    assert good.exit_code == 0, good.output
+    assert json.loads(good.stdout)["model"]["aux_loss_coeff"] == 0.02
+    bad = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "8", "--mem", "80"], input=base + "-1")
+    assert bad.exit_code == 2 and "--moe-aux-loss-coeff" in bad.output and "Traceback" not in bad.output, bad.output

@@ -438,10 +438,9 @@ def _estimate_caption(spec, parallel, planned_split, result, row: dict, assessme
         caption = (f"{spec.num_layers} layers do not divide over PP {parallel.pp}: split "
                    f"{render.counts_text(planned_split)}, the evenest (--layers-per-stage to choose)\n{caption}")
     if assessment is not None:
-        caption += (f"; calibrated: {assessment.usage_gib:.1f} of {mem:g} GiB, margin "
-                    f"{assessment.margin_gib:+.1f} GiB -> {assessment.verdict}")
+        caption += render.memory_call_text(mem, assessment.verdict, usage_gib=assessment.usage_gib)
     elif mem:
-        caption += f" = {row['memory_fraction']:.0%} of {mem:g} GiB -> {row['verdict']}"
+        caption += render.memory_call_text(mem, row["verdict"], fraction=row["memory_fraction"])
     if timing is not None:
         caption += (f"\nstep {timing['step_time_s']:.2f} s, {timing['tflops_per_gpu']:.0f} TFLOP/s per GPU "
                     f"(MFU {timing['mfu']:.0%}), {timing['tokens_per_s']:,.0f} tokens/s; "

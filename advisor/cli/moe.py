@@ -286,10 +286,9 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output) -> str:
     peak = max(stages, key=lambda stage: stage[key])
     caption = f"peak: stage {peak['stage']}, {peak['total_gib']:.2f} GiB (analytic)"
     if calibrated:
-        caption += (f"; calibrated: {peak['usage_gib']:.1f} of {mem:g} GiB, margin {mem - peak['usage_gib']:+.1f} GiB "
-                    f"-> {row['verdict']}")
+        caption += render.memory_call_text(mem, row["verdict"], usage_gib=peak["usage_gib"])
     elif mem:
-        caption += f" = {peak['total_gib'] / mem:.0%} of {mem:g} GiB -> {row['verdict']}"
+        caption += render.memory_call_text(mem, row["verdict"], fraction=peak["total_gib"] / mem)
     if gpu is not None:
         caption += (f"\nstep {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} TFLOP/s per GPU "
                     f"(MFU {row['mfu']:.0%}), {row['tokens_per_s']:,.0f} tokens/s; "
