@@ -9,7 +9,7 @@ Megatron-LM's argument names, so that a spec maps one-to-one onto its flags.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass
 from pathlib import Path
 
 from advisor import limits
@@ -22,6 +22,7 @@ from advisor.errors import AdvisorError
 MODEL_LIMITS = {key: int(bound.high) for key, bound in limits.MODEL.items()}
 ROTARY_BASE_LIMIT = limits.ROTARY_BASE.high
 ROPE_SCALING_LIMIT = limits.ROPE_SCALING.high
+_NAME_CHARS = 4096  # PATH_MAX: a spec read from a config.json is named by its path
 
 
 def _describe(value) -> str:
@@ -41,6 +42,20 @@ def _describe(value) -> str:
 
 def _positive_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def from_fields(kind: type, values: object, what: str):
+    """``kind(**values)`` for a spec dataclass read from JSON; a value that is not an object, or a
+    missing or unknown field, in one line (dataclasses raise TypeError)."""
+    if not isinstance(values, dict):
+        raise AdvisorError(f"{what} must be an object, got {_describe(values)}")
+    known = kind.__dataclass_fields__
+    if unknown := sorted((str(key) for key in values if key not in known)):
+        raise AdvisorError(f"{what} has an unknown field, {_describe(unknown[0])}")
+    if missing := sorted(name for name, field in known.items() if name not in values
+                         and field.default is MISSING and field.default_factory is MISSING):
+        raise AdvisorError(f"{what} lacks the field {missing[0]!r}")
+    return kind(**values)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +95,9 @@ class LlamaSpec:
     """The RMSNorm epsilon (--norm-epsilon; Hugging Face's rms_norm_eps)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or len(self.name) > _NAME_CHARS:
+            raise AdvisorError(f"model name must be a string of at most {_NAME_CHARS} characters, got "
+                               f"{_describe(self.name)}")
         for key, limit in MODEL_LIMITS.items():
             value = getattr(self, key)
             if value is None and key == "kv_channels":

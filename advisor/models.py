@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from advisor.errors import AdvisorError
-from advisor.model_spec import _HF_MODEL_TYPES, LlamaSpec, _Config, _describe, dense_values
+from advisor.model_spec import _HF_MODEL_TYPES, LlamaSpec, _Config, _describe, dense_values, from_fields
 from advisor.moe import spec as moe
 from advisor.moe.spec import PRESETS as MOE_PRESETS
 
@@ -110,6 +110,14 @@ def load_model(name_or_path: str) -> LlamaSpec:
     if name_or_path.endswith(".json") or os.path.lexists(name_or_path):
         return load_hf_config(name_or_path)
     return preset(name_or_path)
+
+
+def spec_from_dict(fields: object) -> LlamaSpec:
+    """A spec from its ``to_dict()`` (the 'model' of a sweep row, an estimate, a plan): an MoE spec
+    when it has experts; AdvisorError in one line naming the field otherwise."""
+    if isinstance(fields, dict) and "num_experts" in fields:
+        return moe.spec_from_dict(fields)
+    return from_fields(LlamaSpec, fields, "model")
 
 
 def with_overrides(spec: LlamaSpec, **overrides: int | bool | None) -> LlamaSpec:

@@ -160,13 +160,10 @@ class _Fields:
         return value
 
     def model(self) -> LlamaSpec:
-        from advisor.moe.spec import spec_from_dict
+        from advisor.models import spec_from_dict
 
-        fields = self.obj("model")
         try:
-            return spec_from_dict(fields) if "num_experts" in fields else LlamaSpec(**fields)
-        except TypeError as exc:
-            raise AdvisorError(f"{self.origin}: 'model' is not a model spec ({exc})") from None
+            return spec_from_dict(self.obj("model"))
         except AdvisorError as exc:
             raise AdvisorError(f"{self.origin}: {exc}") from None
 

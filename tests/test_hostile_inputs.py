@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from launch_support import launcher, write_json
 
 EXAMPLE_RUN = ROOT / "examples" / "launch" / "profiles" / "pp-b1-2,2,2,2"
 HF = json.loads((ROOT / "tests" / "fixtures" / "hf_configs" / "llama3.1-8b.json").read_text())
@@ -524,3 +525,56 @@ def test_moe_layer_tool_bad_input_is_one_line(capsys, args, message):
     captured = capsys.readouterr()
     assert exit_.value.code == 2 and captured.out == ""
     assert captured.err.splitlines() == [f"Error: {message}"]
+
+
+MALFORMED_MOE_MODELS = [  # (field, value, what the line says): each was a TypeError, ValueError or ZeroDivisionError
+    ("shared_expert_size", None, "shared_expert_size must be an integer, got None"),
+    ("first_dense_layers", "3", "first_dense_layers must be an integer, got '3'"),
+    ("mtp_num_layers", None, "mtp_num_layers must be an integer, got None"),
+    ("mtp_num_layers", -1, "mtp_num_layers must be at least 0, got -1"),
+    ("name", ["x"], "model name must be a string of at most 4096 characters, got a list"),
+    ("router_topk_scaling_factor", "x", "router_topk_scaling_factor must be a number, got 'x'"),
+    ("router_num_groups", 0, "router_num_groups must be at least 1, got 0"),
+    ("router_group_topk", 9, "router_group_topk must be at most 8, got 9"),
+    ("qk_layernorm", "yes", "qk_layernorm must be true or false, got 'yes'"),
+    ("score_function", "relu", "score_function must be softmax or sigmoid, got 'relu'"),
+    ("mla", {"q_lora_rank": 1}, "model mla lacks the field 'kv_lora_rank'"),
+    ("yarn", [1], "model yarn must be an object, got a list"),
+    ("extra_key", 1, "model has an unknown field, 'extra_key'"),
+]
+
+
+def _deepseek_row(advisor, tmp_path, field, value):
+    row = advisor.json("estimate", "--model", "deepseek-v3", "--gpus", 64, "--pp", 8, "--ep", 8,
+                       "--gpu", "h100-80gb")
+    row["model"][field] = value
+    return write_json(tmp_path / "row.json", row)
+
+
+@pytest.mark.parametrize("field,value,message", MALFORMED_MOE_MODELS, ids=[f"{f}={v!r}" for f, v, _ in MALFORMED_MOE_MODELS])
+def test_a_malformed_moe_model_is_one_line_in_the_report_and_the_launch(advisor, tmp_path, field, value, message):
+    """A hand-edited 'model' of an MoE row: the report and advisor-launch name the field in one
+    line, exit 2 (the spec was built unchecked and failed deep in the estimator)."""
+    path = _deepseek_row(advisor, tmp_path, field, value)
+    assert message in advisor.error("report", "--from", path, "-o", tmp_path / "page.html")
+    assert not (tmp_path / "page.html").exists()
+    assert message in launcher().error("args", "--from", path)
+
+
+LAYER_PROFILE = ROOT / "examples" / "symbolic" / "deepseek-v3-moe-layer-ep8" / "moe_layer.json"
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda doc: doc.update(model="deepseek-v3"), "model must be an object (a model spec), got 'deepseek-v3'"),
+    (lambda doc: doc["model"].update(router_num_groups=0), "router_num_groups must be at least 1, got 0"),
+    (lambda doc: doc["model"].update(shared_expert_size=None), "shared_expert_size must be an integer, got None"),
+], ids=["preset name", "no groups", "null shared experts"])
+def test_a_malformed_layer_profile_model_is_one_line(advisor, tmp_path, change, message):
+    """'advisor profile show' of an MoE layer profile whose model was edited by hand (a
+    ValueError, a ZeroDivisionError and a TypeError before)."""
+    document = json.loads(LAYER_PROFILE.read_text())
+    change(document)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LAYER_PROFILE.name).write_text(json.dumps(document))
+    assert message in advisor.error("profile", "show", run)

@@ -141,7 +141,7 @@ def test_bad_inputs_are_one_clear_error(advisor, tmp_path, plans):
         (corrupt(tmp_path, {**rows[0], "tp": "2"}), None, "'tp' must be a positive integer, got '2'"),
         (corrupt(tmp_path, {k: v for k, v in rows[0].items() if k != "model"}), None, "neither a sweep row"),
         (corrupt(tmp_path, {**rows[0], "model": {**rows[0]["model"], "layers": 3}}), None,
-         "'model' is not a model spec"),
+         "model has an unknown field, 'layers'"),
         (corrupt(tmp_path, {**rows[0], "options": {"recompute": "some"}}), None, "recompute must be none, selective"),
         (corrupt(tmp_path, {**rows[0], "tp": 3, "dp": 1, "gpus": 3}), None, "TP 3 must divide the attention heads"),
     ]

@@ -5,6 +5,7 @@ counts exact against the hand computations written out below (embeddings include
 bias buffer not counted)."""
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,6 +83,20 @@ def _write(tmp_path, name, **changes):
 def test_unpriced_keys_refused_by_name(tmp_path, name, key, value):
     with pytest.raises(AdvisorError, match=key):
         load_model(_write(tmp_path, name, **{key: value}))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"topk_group": 9}, "topk_group is 9, more than the n_group (8) it chooses among"),
+    ({"n_group": 7}, "router_num_groups (7) must divide num_experts (256)"),
+    ({"topk_group": 1, "num_experts_per_tok": 40}, "router_group_topk (1) groups of 32 experts hold fewer than "
+                                                    "moe_router_topk (40)"),
+    ({"first_k_dense_replace": 61}, "first_dense_layers must be at most 60, got 61"),
+])
+def test_deepseek_routing_keys_are_range_checked(tmp_path, changes, message):
+    """Group-limited routing that megatron-core's group_limited_topk cannot run, and a model
+    without an MoE layer, refused in one line (before: priced)."""
+    with pytest.raises(AdvisorError, match=re.escape(message)):
+        load_model(_write(tmp_path, "deepseek-v3", **changes))
 
 
 def test_llama_with_experts_is_refused_not_priced_dense(tmp_path):

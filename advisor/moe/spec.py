@@ -12,9 +12,12 @@ from typing import Literal
 
 from advisor import limits
 from advisor.errors import AdvisorError
-from advisor.model_spec import LlamaSpec, _Config, _describe, dense_values
+from advisor.model_spec import LlamaSpec, _Config, _describe, dense_values, from_fields
 
 ScoreFunction = Literal["softmax", "sigmoid"]
+SCORE_FUNCTIONS = ("softmax", "sigmoid")
+_WIDTH = limits.MODEL["ffn_hidden_size"]
+_EXPERTS = limits.Bound(1, limits.EXPERTS, "DeepSeek-V3 routes over 256 experts; 2^14 is 64 times that")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -31,6 +34,12 @@ class MLA:
     """The rotary part (HF qk_rope_head_dim), shared by all heads on the K side."""
     v_head_dim: int
 
+    def __post_init__(self) -> None:
+        if self.q_lora_rank is not None:
+            limits.check_int(self.q_lora_rank, "mla.q_lora_rank", _WIDTH)
+        for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+            limits.check_int(getattr(self, key), f"mla.{key}", _WIDTH)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class YarnScaling:
@@ -43,6 +52,13 @@ class YarnScaling:
     beta_slow: float
     mscale: float
     mscale_all_dim: float
+
+    def __post_init__(self) -> None:
+        limits.check_float(self.factor, "yarn.factor", limits.ROPE_SCALING)
+        limits.check_int(self.original_max_position_embeddings, "yarn.original_max_position_embeddings",
+                         limits.SEQ_LEN)
+        for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+            limits.check_float(getattr(self, key), f"yarn.{key}", limits.YARN_MSCALE, low_open=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,26 +96,54 @@ class MoESpec(LlamaSpec):
 
     def __post_init__(self) -> None:
         LlamaSpec.__post_init__(self)
-        for key in ("num_experts", "moe_router_topk", "moe_ffn_hidden_size"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise AdvisorError(f"model {self.name!r}: {key} must be a positive integer, got {_describe(value)}")
-        if self.moe_router_topk > self.num_experts:
-            raise AdvisorError(f"model {self.name!r}: moe_router_topk ({self.moe_router_topk}) exceeds "
-                               f"num_experts ({self.num_experts})")
-        if not 0 <= self.first_dense_layers < self.num_layers:
-            raise AdvisorError(f"model {self.name!r}: first_dense_layers must be from 0 to num_layers - 1, got "
-                               f"{_describe(self.first_dense_layers)}")
-        if (isinstance(self.aux_loss_coeff, bool) or not isinstance(self.aux_loss_coeff, (int, float))
-                or not 0 <= self.aux_loss_coeff <= limits.AUX_LOSS_COEFF.high):
-            raise AdvisorError(f"model {self.name!r}: aux_loss_coeff must be a number from 0 to "
-                               f"{limits.AUX_LOSS_COEFF.high:g}, got {_describe(self.aux_loss_coeff)}")
-        if (self.router_num_groups is None) != (self.router_group_topk is None):
-            raise AdvisorError(f"model {self.name!r}: group-limited routing needs both router_num_groups and "
-                               "router_group_topk")
-        if self.router_num_groups is not None and self.num_experts % self.router_num_groups:
-            raise AdvisorError(f"model {self.name!r}: router_num_groups ({self.router_num_groups}) must divide "
-                               f"num_experts ({self.num_experts})")
+        try:
+            self._check_moe_fields()
+        except AdvisorError as error:
+            raise AdvisorError(f"model {self.name!r}: {error}") from None
+
+    def _check_moe_fields(self) -> None:
+        """Every MoE field's type and range, so that a spec read back from JSON is priced or
+        refused in one line (never a TypeError deep in the estimator)."""
+        experts = limits.check_int(self.num_experts, "num_experts", _EXPERTS)
+        limits.check_int(self.moe_router_topk, "moe_router_topk",
+                         limits.Bound(1, experts, f"top-k picks among the {experts} experts"))
+        limits.check_int(self.moe_ffn_hidden_size, "moe_ffn_hidden_size", _WIDTH)
+        limits.check_int(self.shared_expert_size, "shared_expert_size", limits.Bound(0, _WIDTH.high, _WIDTH.why))
+        limits.check_int(self.first_dense_layers, "first_dense_layers",
+                         limits.Bound(0, self.num_layers - 1, "at least one layer must be a mixture of experts"))
+        limits.check_int(self.mtp_num_layers, "mtp_num_layers", limits.MTP_LAYERS)
+        for key in ("qk_layernorm", "expert_bias"):
+            if not isinstance(getattr(self, key), bool):
+                raise AdvisorError(f"{key} must be true or false, got {_describe(getattr(self, key))}")
+        if self.score_function not in SCORE_FUNCTIONS:
+            raise AdvisorError(f"score_function must be {' or '.join(SCORE_FUNCTIONS)}, got "
+                               f"{_describe(self.score_function)}")
+        limits.check_float(self.aux_loss_coeff, "aux_loss_coeff", limits.AUX_LOSS_COEFF)
+        if self.router_topk_scaling_factor is not None:
+            limits.check_float(self.router_topk_scaling_factor, "router_topk_scaling_factor",
+                               limits.MOE_TOPK_SCALING, low_open=True)
+        self._check_groups()
+        for key, kind in (("mla", MLA), ("yarn", YarnScaling)):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), kind):
+                raise AdvisorError(f"{key} must be an object or null, got {_describe(getattr(self, key))}")
+
+    def _check_groups(self) -> None:
+        """Group-limited routing (--moe-router-num-groups, --moe-router-group-topk) as megatron-core's
+        ``group_limited_topk`` (moe/moe_utils.py) can run it: the groups split the experts evenly,
+        and the chosen groups hold at least top-k experts."""
+        groups, chosen = self.router_num_groups, self.router_group_topk
+        if (groups is None) != (chosen is None):
+            raise AdvisorError("group-limited routing needs both router_num_groups and router_group_topk")
+        if groups is None:
+            return
+        limits.check_int(groups, "router_num_groups",
+                         limits.Bound(1, self.num_experts, "each group holds at least one expert"))
+        if self.num_experts % groups:
+            raise AdvisorError(f"router_num_groups ({groups}) must divide num_experts ({self.num_experts})")
+        limits.check_int(chosen, "router_group_topk", limits.Bound(1, groups, f"there are {groups} groups"))
+        if chosen * (self.num_experts // groups) < self.moe_router_topk:
+            raise AdvisorError(f"router_group_topk ({chosen}) groups of {self.num_experts // groups} experts "
+                               f"hold fewer than moe_router_topk ({self.moe_router_topk})")
 
     @property
     def moe_layers(self) -> int:
@@ -114,16 +158,17 @@ def is_moe(spec: LlamaSpec) -> bool:
     return isinstance(spec, MoESpec)
 
 
-def spec_from_dict(fields: dict) -> MoESpec:
-    """A MoESpec from its ``to_dict()`` (a sweep row's or an estimate's 'model'); TypeError or
-    AdvisorError when it is not one."""
+def spec_from_dict(fields: object) -> MoESpec:
+    """A MoESpec from its ``to_dict()`` (a sweep row's or an estimate's 'model'); AdvisorError,
+    in one line naming the field, when it is not one."""
+    if not isinstance(fields, dict):
+        raise AdvisorError(f"model must be an object (a model spec), got {_describe(fields)}")
     values = dict(fields)
     for key, kind in (("mla", MLA), ("yarn", YarnScaling)):
         if values.get(key) is not None:
-            if not isinstance(values[key], dict):
-                raise AdvisorError(f"model {key} must be an object, got {_describe(values[key])}")
-            values[key] = kind(**values[key])
-    return MoESpec(**values)
+            values[key] = from_fields(kind, values[key], f"model {key}")
+    return from_fields(MoESpec, values, "model")
+
 
 
 # --- presets ------------------------------------------------------------------------------------
@@ -169,7 +214,7 @@ PRESETS: dict[str, MoESpec] = {spec.name: spec for spec in (
 HF_MODEL_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3")
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 """The keys by which a config.json says its MLPs are experts (Mixtral, Qwen-MoE, DeepSeek)."""
-_EXPERT_LIMIT = 2**14  # DeepSeek-V3 has 256 routed experts; 2^14 is 64 times that
+_EXPERT_LIMIT = limits.EXPERTS
 
 
 def _count(config: _Config, key: str, default=None, low: int = 1) -> int:
@@ -253,11 +298,14 @@ def _deepseek_fields(config: _Config) -> dict:
     scaling = config.config.get("routed_scaling_factor", 1.0)
     if not isinstance(scaling, (int, float)) or isinstance(scaling, bool) or scaling <= 0:
         raise config.error("routed_scaling_factor", f"must be a positive number, got {_describe(scaling)}")
+    groups, chosen = _count(config, "n_group"), _count(config, "topk_group")
+    if chosen > groups:
+        raise config.error("topk_group", f"is {chosen}, more than the n_group ({groups}) it chooses among")
     return dict(num_experts=_count(config, "n_routed_experts"), moe_router_topk=_count(config, "num_experts_per_tok"),
                 moe_ffn_hidden_size=moe_ffn, shared_expert_size=shared * moe_ffn,
                 first_dense_layers=_count(config, "first_k_dense_replace", 0, low=0), score_function="sigmoid",
-                expert_bias=True, router_num_groups=_count(config, "n_group"),
-                router_group_topk=_count(config, "topk_group"), router_topk_scaling_factor=float(scaling),
+                expert_bias=True, router_num_groups=groups,
+                router_group_topk=chosen, router_topk_scaling_factor=float(scaling),
                 qk_layernorm=True, mla=mla, yarn=_yarn(config) if config.config.get("rope_scaling") is not None else None)
 
 

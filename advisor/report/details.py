@@ -9,7 +9,7 @@ the page shows the numbers the terminal shows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,18 +50,14 @@ def row_label(row: dict) -> str:
 
 
 def row_spec(row: dict):
-    from advisor.models import LlamaSpec, load_model
+    from advisor.models import load_model, spec_from_dict
 
     model = row.get("model")
     if isinstance(model, str):
         return load_model(model)
     if not isinstance(model, dict):
         raise AdvisorError("a row without its model: save sweeps with --format json")
-    known = {f.name for f in fields(LlamaSpec)}
-    try:
-        return LlamaSpec(**{key: value for key, value in model.items() if key in known})
-    except TypeError as exc:
-        raise AdvisorError(f"'model' is not a model spec ({exc})") from None
+    return spec_from_dict(model)
 
 
 def row_options(row: dict):
