@@ -25,11 +25,12 @@ from typing import Iterable, Sequence
 
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
+from advisor.moe import flags as moe_flags
 from launch.megatron_versions import MegatronVersion, check_flags, check_mock_data
 
 MODEL_FLAGS = (
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
-    "--num-query-groups", "--kv-channels", "--num-experts", "--seq-length", "--max-position-embeddings",
+    "--num-query-groups", "--kv-channels", "--seq-length", "--max-position-embeddings",
     "--normalization", "--norm-epsilon", "--swiglu", "--position-embedding-type", "--rotary-base", "--rotary-percent",
     "--use-rope-scaling", "--rope-scaling-factor", "--attention-dropout", "--hidden-dropout", "--disable-bias-linear",
     "--add-bias-linear", "--add-qkv-bias",
@@ -53,8 +54,10 @@ MEMORY_FLAGS = (
     "--fp8-recipe", "--fp8-param-gather", "--fp8-amax-history-len", "--no-create-attention-mask-in-dataloader",
 )
 """Every flag behind a priced training option (``advisor.options.training_args``) is decided."""
-DECIDED_FLAGS = frozenset(MODEL_FLAGS + LAYOUT_FLAGS + BATCH_FLAGS + MEMORY_FLAGS)
-"""Flags whose value (or absence) the advisor decided: a user's value for them must agree."""
+DECIDED_FLAGS = frozenset(MODEL_FLAGS + LAYOUT_FLAGS + BATCH_FLAGS + MEMORY_FLAGS + moe_flags.MODEL_FLAGS
+                          + moe_flags.LAYOUT_FLAGS)
+"""Flags whose value (or absence) the advisor decided: a user's value for them must agree. A
+dense row decides the MoE flags too: it has no experts."""
 
 DATA_FLAGS = frozenset({
     "--mock-data", "--data-path", "--train-data-path", "--valid-data-path", "--test-data-path", "--data-args-path",
@@ -76,12 +79,14 @@ _RELATED = (
     ("--disable-bias-linear", "--add-bias-linear", "--add-qkv-bias"),
     ("--micro-batch-size", "--global-batch-size", "--rampup-batch-size"),
     tuple(sorted(DATA_FLAGS)),
+    *moe_flags.RELATED_FLAGS,
 )
 
 # Values of an unset flag that restate what the generated arguments assume.
 _ASSUMED_WHEN_UNSET = {
     "--attention-backend": {("flash",), ("auto",)},  # no --attention-backend: FlashAttention assumed
     "--use-flash-attn": {()},
+    "--rope-type": {("rope",)},  # no --rope-type: RoPE (it picks YaRN for MLA only, and MLA rows set it)
 }
 
 

@@ -126,3 +126,63 @@ def test_mock_data_refuses_what_core_0_15_cannot_feed(vocab, tp, refused):
     else:
         assert mock_data_args(spec, OLD, decided)[-1] == str(vocab - 1)
     assert mock_data_args(spec, NEW, decided)[-1] == str(vocab)  # core 0.19 takes ids modulo the vocabulary
+
+
+def _moe_row_args(model="deepseek-v3", **layout):
+    from advisor.moe.flags import row_args
+    from advisor.moe.spec import PRESETS as MOE
+
+    row = {"tp": 1, "cp": 1, "pp": 1, "layers_per_stage": [MOE[model].num_layers], "mbs": 1, "vpp": 1,
+           "recompute": "none", "options": {}, "ep": 8, "etp": 1, "dispatcher": "alltoall", **layout}
+    return MOE[model], row_args(MOE[model], 4096, 512, row)
+
+
+@pytest.mark.parametrize("extras,named", [
+    # the expert layout and the model's expert flags, each once passed through and taken last by argparse
+    (["--expert-model-parallel-size", "16"], "--expert-model-parallel-size 16 (after --) conflicts with "
+                                             "--expert-model-parallel-size 8"),
+    (["--expert-tensor-parallel-size", "2"], "conflicts with --expert-tensor-parallel-size 1"),
+    (["--moe-router-topk", "2"], "conflicts with --moe-router-topk 8"),
+    (["--moe-token-dispatcher-type", "allgather"], "conflicts with --moe-token-dispatcher-type alltoall"),
+    (["--moe-ffn-hidden-size", "1024"], "conflicts with --moe-ffn-hidden-size 2048"),
+    (["--moe-layer-freq", "1"], "conflicts with --moe-layer-freq ([0]*3+[1]*58)"),
+    (["--mtp-num-layers", "1"], "--mtp-num-layers 1 (after --) conflicts with the plan (plan.json), which leaves "
+                                "--mtp-num-layers unset"),
+    (["--moe-expert-capacity-factor", "1.0"], "which leaves --moe-expert-capacity-factor unset"),
+    (["--moe-enable-deepep"], "--moe-enable-deepep (after --) conflicts with --moe-token-dispatcher-type alltoall"),
+    (["--moe-aux-loss-coeff", "0.01"], "conflicts with --moe-router-load-balancing-type none"),
+    (["--rope-type", "rope"], "--rope-type rope (after --) conflicts with --rope-type yarn"),
+])
+def test_an_moe_rows_expert_flags_cannot_be_overridden(extras, named):
+    """advisor-launch passed these through: Megatron took the user's last value, and the run
+    launched was not the one priced."""
+    spec, decided = _moe_row_args()
+    with pytest.raises(AdvisorError) as error:
+        compose(SOURCE, decided, rules=OLD, model=spec, extras=extras)
+    assert named in str(error.value)
+
+
+def test_restating_an_moe_row_is_no_conflict():
+    spec, decided = _moe_row_args("qwen3-30b-a3b", dispatcher="flex")
+    same = ["--expert-model-parallel-size", "8", "--moe-router-topk", "8", "--moe-token-dispatcher-type", "flex",
+            "--moe-enable-deepep", "--num-experts", "128", "--moe-grouped-gemm"]
+    assert compose(SOURCE, decided, rules=OLD, model=spec, extras=same).args[-len(same):] == same
+
+
+def test_a_dense_row_refuses_expert_flags():
+    assert "which leaves --num-experts unset" in conflict(["--num-experts", "8"])
+    assert "which leaves --expert-model-parallel-size unset" in conflict(["--expert-model-parallel-size", "2"])
+    assert compose(SOURCE, plan_args(), rules=OLD, model=SPEC, extras=["--rope-type", "rope"])  # RoPE, restated
+
+
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"])
+@pytest.mark.parametrize("layout", [
+    {"dispatcher": "flex", "a2a_overlap": False}, {"dispatcher": "alltoall", "a2a_overlap": True, "delay_wgrad": True},
+    {"dispatcher": "alltoall", "capacity_factor": 1.25}, {"dispatcher": "allgather", "etp": 2}])
+def test_every_flag_an_moe_row_writes_is_decided(model, layout):
+    """The conflict check covers what the MoE flag writer emits: a flag outside DECIDED_FLAGS
+    would pass through a user's other value unrefused."""
+    from launch.arguments import DECIDED_FLAGS
+
+    _, decided = _moe_row_args(model, **layout)
+    assert {flag.name for flag in parse_flags(decided)} - DECIDED_FLAGS == set()

@@ -8,6 +8,33 @@ from advisor.megatron_args import _number
 from advisor.moe.spec import MoESpec
 
 
+MODEL_FLAGS = (
+    "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-grouped-gemm",
+    "--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-router-dtype", "--moe-layer-freq",
+    "--moe-shared-expert-intermediate-size", "--qk-layernorm", "--moe-router-score-function",
+    "--moe-router-enable-expert-bias", "--moe-router-num-groups", "--moe-router-group-topk",
+    "--moe-router-topk-scaling-factor", "--multi-latent-attention", "--kv-lora-rank", "--qk-head-dim",
+    "--qk-pos-emb-head-dim", "--v-head-dim", "--q-lora-rank", "--rope-type", "--rotary-scaling-factor", "--mscale",
+    "--mscale-all-dim", "--mtp-num-layers",
+)
+"""Every flag ``model_flags`` writes (its presence or absence is the model)."""
+LAYOUT_FLAGS = (
+    "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--moe-token-dispatcher-type",
+    "--moe-enable-deepep", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
+    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
+)
+"""Every flag ``layout_flags`` writes but --recompute-modules (a dense recomputation flag too)."""
+RELATED_FLAGS = (
+    ("--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-router-enable-expert-bias"),
+    ("--moe-router-num-groups", "--moe-router-group-topk"),
+    ("--rope-type", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim"),
+    ("--moe-token-dispatcher-type", "--moe-enable-deepep"),
+    ("--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity"),
+)
+"""Flags that decide one thing together: a user's flag that a row leaves unset conflicts with
+those of its group that the row sets."""
+
+
 @functools.lru_cache(maxsize=16)
 def _model_flags(spec: MoESpec) -> tuple[str, ...]:
     return tuple(model_flags(spec))
