@@ -362,6 +362,8 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     if seq_len is None:
         raise AdvisorError("the command does not give --seq-length")
     moe_values, rest = ({}, parsed.rest) if "--num-experts" not in _flags(parsed.rest) else _moe_values(parsed.rest)
+    if not moe_values:
+        _refuse_expert_parallelism_without_experts(parsed.rest)
     layout = read_layout(parsed.layout, spec.num_layers, _int(moe_values, "mtp-num-layers") or 0)
     fusion_off = _SOFTMAX_FUSION_OFF in rest
     rest = [word for word in rest if word != _SOFTMAX_FUSION_OFF]
@@ -393,6 +395,15 @@ def _softmax_fusion_note(rest: list[str], options) -> list[str]:
     if options.attention.flash_attention and (impl or ["transformer_engine"])[-1] != "local":
         return []
     return [f"{_SOFTMAX_FUSION_OFF} (megatron-core's own attention's softmax unfused, not priced)"]
+
+
+def _refuse_expert_parallelism_without_experts(rest: list[str]) -> None:
+    """EP > 1 on a dense command: validate_args asserts 'num_experts must be non None to use expert
+    model parallelism' (arguments.py, both releases); it was priced as the dense model."""
+    ep = _moe_values(rest)[0].get("expert-model-parallel-size", "1")
+    if ep != "1":
+        raise AdvisorError(f"--expert-model-parallel-size {ep} without --num-experts: Megatron-LM refuses expert "
+                           "parallelism without experts (give --num-experts, or drop the EP flag)")
 
 
 def _moe_values(rest: list[str]) -> tuple[dict, list[str]]:

@@ -322,12 +322,54 @@ SINCE = [  # (arguments, what the line says): each was a traceback, found by a f
     (MIXTRAL + ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "0"],
      "'--moe-expert-capacity-factor': must be above 0, got 0"),
     (MIXTRAL + ["--mtp-num-layers", 17], "'--mtp-num-layers': must be at most 16, got 17"),
+    # read and ignored, where their siblings were refused
+    (MIXTRAL + ["--moe-routing", "balanced", "--moe-expert-capacity-factor", "1.25"],
+     "--moe-expert-capacity-factor drops tokens (capacity routing); --moe-routing balanced routes every token"),
+    (MIXTRAL + ["--recompute-modules", "moe"], "--recompute-modules needs --recompute selective (this estimate "
+                                                "recomputes none)"),
+    (MIXTRAL + ["--recompute", "full", "--recompute-modules", "moe"], "(this estimate recomputes full)"),
+    (["sweep", "--model", "mixtral-8x7b", "--gpus", 64, "--gpu", "h100-80gb", "--recompute", "none",
+      "--recompute-modules", "moe"], "--recompute-modules needs --recompute selective (this sweep recomputes none)"),
+    # Transformer Engine runs MXFP8 on Blackwell only (it was priced on Hopper)
+    (MIXTRAL + ["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"],
+     "--fp8-recipe mxfp8 needs Blackwell tensor cores; h100-80gb is hopper"),
+    (["sweep", "--gpus", 16, "--gpu", "h100-80gb", "--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"],
+     "--fp8-recipe mxfp8 needs Blackwell tensor cores; h100-80gb is hopper"),
 ]
 
 
 @pytest.mark.parametrize("args,message", SINCE, ids=[" ".join(map(str, a))[-50:] for a, _ in SINCE])
 def test_since_issue24_flags(advisor, args, message):
     assert message in advisor.error(*args)
+
+
+def test_a_capacity_factor_alone_is_capacity_routing_as_in_megatron(advisor):
+    row = advisor.json(*MIXTRAL, "--moe-expert-capacity-factor", "1.25")
+    assert (row["routing"], row["capacity_factor"]) == ("capacity", 1.25)
+
+
+def test_a_commands_recompute_modules_without_selective_are_priced_as_megatron_ignores_them(advisor, tmp_path):
+    path = tmp_path / "train.sh"
+    path.write_text(MOE_COMMAND.rstrip() + " --recompute-modules moe\n")
+    result = advisor("estimate", "--from-command", path, "--gpus", 4, "--mem", 80, "--format", "json")
+    row = json.loads(result.stdout)
+    assert (row["recompute"], row["recompute_modules"]) == ("none", None)
+    assert "--recompute-modules without --recompute-granularity selective (Megatron ignores them" in result.stderr
+
+
+def test_expert_parallelism_without_experts_is_refused(advisor, tmp_path):
+    """Megatron's validate_args asserts it; it was priced as the dense model, exit 0."""
+    path = tmp_path / "train.sh"
+    path.write_text(MOE_COMMAND.replace("--num-experts 4 --moe-router-topk 2 --moe-grouped-gemm ", ""))
+    assert ("--expert-model-parallel-size 2 without --num-experts: Megatron-LM refuses expert parallelism without "
+            "experts") in advisor.error("estimate", "--from-command", path, "--gpus", 4, "--mem", 80)
+
+
+def test_mxfp8_is_priced_on_blackwell(advisor):
+    for model in (["--model", "mixtral-8x7b", "--ep", 8], []):
+        row = advisor.json("estimate", *model, "--gpus", 8, "--gpu", "b200-180gb", "--fp8-format", "hybrid",
+                           "--fp8-recipe", "mxfp8")
+        assert row["step_time_s"] > 0 and row["options"]["fp8_recipe"] == "mxfp8"
 
 
 def test_a_pinned_vpp_sweeps_moe_layouts(advisor):

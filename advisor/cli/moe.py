@@ -23,11 +23,11 @@ def moe_options(func):
                      help="Expert tensor parallel size (--expert-tensor-parallel-size); sweep: only this ETP."),
         click.option("--moe-token-dispatcher-type", "dispatcher", type=click.Choice(["alltoall", "allgather", "flex"]),
                      default="alltoall", show_default=True, help="Megatron's token dispatcher (MoE models)."),
-        click.option("--moe-routing", type=click.Choice(["balanced", "capacity", "dropless"]), default="balanced",
-                     show_default=True, help="Routed tokens per rank: balanced (x --moe-imbalance), capacity "
-                     "(x --moe-expert-capacity-factor), dropless (the worst case)."),
+        click.option("--moe-routing", type=click.Choice(["balanced", "capacity", "dropless"]), default=None,
+                     help="Routed tokens per rank: balanced (x --moe-imbalance; the default), capacity "
+                     "(x --moe-expert-capacity-factor; the default with a factor), dropless (the worst case)."),
         click.option("--moe-expert-capacity-factor", "capacity_factor", type=MOE_CAPACITY_FACTOR,
-                     default=None, help="Megatron's capacity factor (with --moe-routing capacity)."),
+                     default=None, help="Megatron's capacity factor: tokens over it are dropped (capacity routing)."),
         click.option("--moe-pad-expert-input-to-capacity/--no-moe-pad-expert-input-to-capacity", "pad_to_capacity",
                      default=None, help="With --moe-routing capacity: every expert runs its full capacity (the "
                      "default, as token-drop recipes run it) or only the routed tokens it kept."),
@@ -81,8 +81,12 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
     named = [flag for flag, given in refused.items() if given]
     if named:
         raise InputError(f"{spec.name} is a mixture of experts; its model does not price {', '.join(named)}")
-    if moe_routing == "capacity" and capacity_factor is None:
-        raise InputError("--moe-routing capacity needs --moe-expert-capacity-factor")
+    moe_routing = _routing(moe_routing, capacity_factor)
+    recompute = space.recompute if space is not None else training.recomputation.recompute
+    if recompute_modules and recompute not in ("selective", "auto"):
+        # Megatron reads --recompute-modules only with --recompute-granularity selective
+        raise InputError(f"--recompute-modules needs --recompute selective (this {'sweep' if space else 'estimate'} "
+                         f"recomputes {recompute})")
     padded = _padded(moe_routing, capacity_factor, pad_to_capacity, dispatcher)
     fp8 = training.precision
     if fp8.fp8_format is not None and fp8.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(recompute_modules):
@@ -96,6 +100,19 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
                             routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
                                                  pad_to_capacity=padded, imbalance=moe_imbalance),
                             modules=frozenset(recompute_modules) if recompute_modules else None)
+
+
+def _routing(moe_routing: str | None, capacity_factor: float | None) -> str:
+    """--moe-routing: capacity when a factor is given (Megatron drops tokens over it), else
+    balanced; a factor with another routing would be read and ignored, so it is refused."""
+    if moe_routing is None:
+        return "balanced" if capacity_factor is None else "capacity"
+    if moe_routing == "capacity" and capacity_factor is None:
+        raise InputError("--moe-routing capacity needs --moe-expert-capacity-factor")
+    if moe_routing != "capacity" and capacity_factor is not None:
+        raise InputError(f"--moe-expert-capacity-factor drops tokens (capacity routing); --moe-routing {moe_routing} "
+                         "routes every token: give one of them")
+    return moe_routing
 
 
 def _padded(moe_routing: str, capacity_factor, pad_to_capacity: bool | None, dispatcher: str) -> bool:

@@ -198,8 +198,10 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
     capacity = _float(values, "moe-expert-capacity-factor", bound=limits.MOE_CAPACITY_FACTOR)
     pad = bool(values.get("moe-pad-expert-input-to-capacity"))  # a factor alone drops without padding
     modules = values.get("recompute-modules")
-    if modules is not None and recompute != "selective":
-        unpriced.append("--recompute-modules without --recompute-granularity selective")
+    if modules is not None and recompute != "selective":  # Megatron reads them only with selective
+        unpriced.append("--recompute-modules without --recompute-granularity selective (Megatron ignores them; "
+                        "priced without)")
+        modules = None
     settings = {"dispatcher": dispatcher,
                 "moe_routing": "capacity" if capacity is not None else "balanced", "capacity_factor": capacity,
                 "moe_imbalance": 1.0, "recompute_modules": tuple(modules or ()),

@@ -402,7 +402,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     rates = terms.Rates.of(gpu, cal)
     training = options.training
     fp8 = training.precision.fp8_format is not None
-    gemm_rates = levers.fp8_rates(rates, gpu) if fp8 else None
+    gemm_rates = levers.fp8_rates(rates, gpu, training.precision.fp8_recipe) if fp8 else None
     c = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
     vpp = c["vpp"]
     b, base_of, spread = _by_base(c, bases)

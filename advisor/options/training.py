@@ -360,7 +360,7 @@ class TrainingOptions:
             **fsdp, tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,
             dataloader_mask="rebuilt" if self.attention.dataloader_mask == "rebuilt" else "cached",
             optimizer_host_fraction=self.offload.host_fraction,
-            fp8_format=p.fp8_format, fp8_param_gather=p.fp8_param_gather,
+            fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe, fp8_param_gather=p.fp8_param_gather,
             **model_choices,
         )
 

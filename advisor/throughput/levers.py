@@ -20,12 +20,22 @@ FP8_EFFICIENCY_NOTE = (
 """The stated assumption behind ``fp8_rates`` (issue 21 asks for it to be said)."""
 
 
-def fp8_rates(rates: Rates, gpu: GpuSpec) -> Rates:
+MXFP8_ARCHITECTURES = ("blackwell",)
+"""MXFP8's block scales (32 elements per E8M0 scale) are a Blackwell tensor-core format:
+Transformer Engine refuses the recipe on earlier GPUs (transformer_engine/pytorch/fp8.py,
+``check_mxfp8_support``: compute capability 10.0 or newer)."""
+
+
+def fp8_rates(rates: Rates, gpu: GpuSpec, recipe: str = "delayed") -> Rates:
     """The rates with the GEMMs at FP8: the sustained BF16 GEMM rate scaled by the vendor's FP8 to
     BF16 dense peak ratio (``FP8_EFFICIENCY_NOTE``); attention stays BF16 (Transformer Engine runs
-    core attention in BF16 unless FP8 attention is asked for)."""
+    core attention in BF16 unless FP8 attention is asked for). AdvisorError for FP8 the GPU cannot
+    run."""
     if gpu.fp8_dense_tflops is None:
         raise AdvisorError(f"{gpu.name} has no FP8 tensor cores (gpus.json lists no FP8 rate): drop --fp8-format")
+    if recipe == "mxfp8" and gpu.architecture not in MXFP8_ARCHITECTURES:
+        raise AdvisorError(f"--fp8-recipe mxfp8 needs Blackwell tensor cores; {gpu.name} is {gpu.architecture}: "
+                           "use --fp8-recipe delayed, tensorwise or blockwise")
     return replace(rates, gemm_flops_per_s=rates.gemm_flops_per_s * gpu.fp8_dense_tflops / gpu.bf16_dense_tflops)
 
 

@@ -58,6 +58,8 @@ class TimeOptions:
     """The share of the optimizer's step that runs on the host CPU (--optimizer-cpu-offload)."""
     fp8_format: str | None = None
     """--fp8-format: the linear layers' GEMMs in FP8 (None: BF16)."""
+    fp8_recipe: str = "delayed"
+    """--fp8-recipe, with --fp8-format (mxfp8 needs Blackwell's tensor cores)."""
     fp8_param_gather: bool = False
     """--fp8-param-gather: parameters gathered in FP8 (1 byte)."""
 
@@ -128,7 +130,7 @@ class TimeModel:
         self.options = options
         self.rates = terms.Rates.of(gpu, self.cal, flash2=options.attention_kernel == "flash2")
         # FP8 runs the linear layers' GEMMs at the FP8 rate (levers.FP8_EFFICIENCY_NOTE); the rest stays BF16.
-        self.gemm_rates = levers.fp8_rates(self.rates, gpu) if options.fp8_format else self.rates
+        self.gemm_rates = levers.fp8_rates(self.rates, gpu, options.fp8_recipe) if options.fp8_format else self.rates
         self.host = levers.host_link(gpu) if options.optimizer_host_fraction > 0 else None
 
     # --- one layer, one microbatch ---------------------------------------------------------
