@@ -84,3 +84,36 @@ def test_plot_with_all_clips_the_memory_axis(advisor, tmp_path):
     # the widest green (fits) bar spans more than a quarter of the figure: the axis ends near 150%
     green = [x for y in range(0, height, 2) for x in range(width) if image.getpixel((x, y)) == (0x91, 0xcf, 0x60)]
     assert green and max(green) - min(green) > width // 4
+
+
+def _on_a_terminal(env: dict) -> str:
+    """``advisor models`` with its stdout on a real pseudo-terminal; what the terminal received."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "advisor", "models"], stdout=follower, stderr=subprocess.PIPE,
+                               env={**os.environ, "COLUMNS": "100", **env})
+    os.close(follower)
+    received = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the writer closed its side
+            break
+        if not chunk:
+            break
+        received += chunk
+    os.close(leader)
+    assert process.wait(timeout=60) == 0
+    return received.decode()
+
+
+def test_colour_on_a_terminal_unless_no_color():
+    """NO_COLOR (https://no-color.org) was ignored on a terminal: the tables passed rich
+    no_color=False themselves."""
+    assert "\x1b[" in _on_a_terminal({"NO_COLOR": "", "TERM": "xterm"})
+    plain = _on_a_terminal({"NO_COLOR": "1", "TERM": "xterm"})
+    assert "\x1b[" not in plain and "llama3.1-8b" in plain

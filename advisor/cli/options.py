@@ -10,6 +10,7 @@ document (a campaign, a plan).
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -288,7 +289,10 @@ def parse_layer_counts(text: str) -> tuple[int, ...]:
 
 
 def color_wanted(output: Path | None) -> bool:
-    """Colour only a table drawn on a terminal."""
+    """Colour only a table drawn on a terminal, and not when NO_COLOR is set to anything but
+    the empty string (https://no-color.org) or the terminal is dumb."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
     return (output is None or output == STDOUT) and sys.stdout is not None and sys.stdout.isatty()
 
 
