@@ -239,6 +239,17 @@ def test_closed_stdout_is_one_line(tmp_path):
     assert result.stderr.splitlines() == ["Error: standard output is closed; redirect it to a file or /dev/null"]
 
 
+def test_a_reader_that_leaves_gets_no_error_line(tmp_path):
+    """'advisor sweep | head -0': the pipe closed before the table was written was 'Error: Broken
+    pipe' with exit 2, as if the input were bad; now click's own exit 1 without a word."""
+    process = subprocess.Popen([sys.executable, "-m", "advisor", *map(str, SWEEP), "--top", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    process.stdout.close()  # before the interpreter has started: nothing is read
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 1
+    assert "Error" not in stderr and "Traceback" not in stderr
+
+
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
 def test_package_info_is_read_through_the_bounded_reader(tmp_path, kind):
     """A FIFO hung the launcher (advisor-launch torchrun --dry-run, args, profile run

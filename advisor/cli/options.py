@@ -59,6 +59,8 @@ class OneLineErrors:
             return super().invoke(ctx)
         except AdvisorError as exc:
             raise InputError(str(exc)) from None
+        except BrokenPipeError:  # stdout's reader left (| head): click exits 1 without a word
+            raise
         except OSError as exc:
             raise InputError(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")) from None
 
