@@ -5,6 +5,8 @@ and the CAPTURE recommender plans dense layers) rather than price it as dense. N
 
 import json
 
+import pytest
+
 from click.testing import CliRunner
 
 from advisor.cli import cli
@@ -61,3 +63,14 @@ def test_running_or_recommending_moe_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "runs").exists()
     _one_line_error(runner.invoke(cli, ["recommend", "--model", "mixtral-8x7b", "--gpus", "8", "--pp", "2", "--mbs", "1",
                                         "--gbs", "16"]), "mixtral-8x7b is a mixture of experts", "advisor estimate")
+
+
+@pytest.mark.parametrize("model", ["llama3.1-8b", "qwen3-235b-a22b"])
+def test_a_campaign_of_no_runs_names_why(model):
+    """1,024 GPUs: every scenario's stages outnumber the layers. A dense plan printed an empty
+    table with exit 0; an MoE plan advised a smaller EP, of 1 already."""
+    from advisor.models import load_model
+
+    layers = load_model(model).num_layers
+    _one_line_error(CliRunner().invoke(cli, ["profile", "plan", "--model", model, "--gpus", "1024"]),
+                    f"pp: {layers} layers cannot fill 1024 stages", f"profile on at most {layers} GPUs")

@@ -233,14 +233,28 @@ def plan_campaign(
             uncovered_mi=tuple(missing_mi) if mode == "full" else (),
             uncovered_ma=tuple(missing_ma) if mode == "full" else (),
         ))
-    if experts and not runs:
-        raise AdvisorError(f"no scenario's TP x CP x DP ranks on {gpus} GPUs ({gpus_per_node} per node) hold EP x ETP "
-                           f"= {experts[0] * experts[1]}: plan more GPUs per node or a smaller --ep/--etp")
+    if not runs:
+        raise AdvisorError(_no_runs(spec, gpus, gpus_per_node, cp, skipped, experts))
     return Campaign(
         mode=mode, model=spec, seq_len=seq_len, gpus=gpus, gpus_per_node=gpus_per_node, cp=cp, setup=setup,
         micro_batch_size=micro_batch_size, global_batch_size=global_batch_size, fractions=tuple(fractions),
         scenarios=tuple(plans), skipped=tuple(skipped), runs=tuple(runs),
     )
+
+
+def _no_runs(spec: LlamaSpec, gpus: int, gpus_per_node: int, cp: int, skipped: list, experts) -> str:
+    """Why a campaign has no run, from its skipped scenarios' own reasons, and what to change (a
+    plan of no runs was printed as an empty table, exit 0; a mixture of experts was told to lower
+    EP whatever the reason)."""
+    if experts and all(reason.startswith("EP x ETP") for _, reason in skipped):
+        return (f"no scenario's TP x CP x DP ranks on {gpus} GPUs ({gpus_per_node} per node) hold EP x ETP "
+                f"= {experts[0] * experts[1]}: plan more GPUs per node or a smaller --ep/--etp")
+    reasons = "; ".join(f"{name}: {reason}" for name, reason in skipped)
+    hint = ""
+    if gpus // cp > spec.num_layers:  # each scenario's sub-meshes are its pipeline stages
+        hint = (f"; profile on at most {spec.num_layers * cp} GPUs (a few nodes: 'advisor recommend --gpus' then "
+                "plans the whole cluster from their profiles)")
+    return f"no scenario can be profiled on {gpus} GPUs ({gpus_per_node} per node): {reasons}{hint}"
 
 
 def _expert_degrees(spec: LlamaSpec, ep: int | None, etp: int | None) -> tuple[int, int] | None:
