@@ -256,3 +256,34 @@ def test_json_documents_read_back_as_written(document):
         assert len(text.splitlines()) >= len(document) + 2
     if isinstance(document, list) and any(isinstance(item, (dict, list)) for item in document):
         assert [json.loads(line.strip().rstrip(",")) for line in text.splitlines()[1:-1]] == document
+
+
+def test_megatron_spellings_mean_the_same_as_the_short_options(advisor):
+    """A Megatron-LM user types --tensor-model-parallel-size, --micro-batch-size, --seq-length:
+    click's 'did you mean' pointed at other options."""
+    short = advisor.json("estimate", "--tp", 2, "--pp", 2, "--cp", 2, "--mbs", 2, "--seq-len", 4096, "--gbs", 64,
+                         "--vpp", 2, "--recompute", "selective", "--gpus", 16, "--gpu", "h100-80gb")
+    megatron = advisor.json("estimate", "--tensor-model-parallel-size", 2, "--pipeline-model-parallel-size", 2,
+                            "--context-parallel-size", 2, "--micro-batch-size", 2, "--seq-length", 4096,
+                            "--global-batch-size", 64, "--num-virtual-stages-per-pipeline-rank", 2,
+                            "--recompute-granularity", "selective", "--gpus", 16, "--gpu", "h100-80gb")
+    assert megatron == short and short["vpp"] == 2 and short["seq_len"] == 4096
+    moe = ["estimate", "--model", "mixtral-8x7b", "--gpus", 16, "--gpu", "h100-80gb"]
+    assert advisor.json(*moe, "--expert-model-parallel-size", 8, "--expert-tensor-parallel-size", 2) == \
+        advisor.json(*moe, "--ep", 8, "--etp", 2)
+    assert "--tp, --tensor-model-parallel-size" in advisor("estimate", "--help").stdout
+
+
+def test_every_megatron_spelling_names_an_option():
+    from advisor.cli import COMMANDS, cli
+    from advisor.cli.options import MEGATRON_SPELLINGS
+
+    import click
+
+    def names(command):
+        own = {name for param in command.params for name in getattr(param, "opts", [])}
+        return own.union(*(names(sub) for sub in getattr(command, "commands", {}).values()))
+
+    ctx = click.Context(cli)
+    known = set().union(*(names(cli.get_command(ctx, name)) for name in COMMANDS))
+    assert set(MEGATRON_SPELLINGS.values()) <= known

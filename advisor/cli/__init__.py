@@ -22,7 +22,7 @@ from typing import NamedTuple
 import click
 from click.utils import make_default_short_help
 
-from advisor.cli.options import EPILOG, OneLineErrors
+from advisor.cli.options import EPILOG, OneLineErrors, add_megatron_spellings
 
 
 class Lazy(NamedTuple):
@@ -70,6 +70,7 @@ class AdvisorGroup(OneLineErrors, click.Group):
             lazy = COMMANDS[name]
             command = getattr(importlib.import_module(lazy.module), lazy.attribute)
             command.short_help = lazy.short_help
+            add_megatron_spellings(command)
             self.add_command(command, name)
         return self.commands.get(name)
 

@@ -23,6 +23,28 @@ from advisor.errors import AdvisorError
 EPILOG = "Docs, the method and the file schemas: README.md and docs/. Errors exit with status 2."
 
 
+MEGATRON_SPELLINGS = {
+    "--tp": "--tensor-model-parallel-size", "--pp": "--pipeline-model-parallel-size",
+    "--cp": "--context-parallel-size", "--ep": "--expert-model-parallel-size",
+    "--etp": "--expert-tensor-parallel-size", "--vpp": "--num-virtual-stages-per-pipeline-rank",
+    "--mbs": "--micro-batch-size", "--gbs": "--global-batch-size", "--seq-len": "--seq-length",
+    "--recompute": "--recompute-granularity",
+}
+"""Megatron-LM's own names (core_v0.15.2 arguments.py) for the options that mean the same, accepted
+beside the short ones: a Megatron user's hands type them."""
+
+
+def add_megatron_spellings(command: click.Command) -> None:
+    """Give every option of ``command`` (and of its subcommands) named in ``MEGATRON_SPELLINGS``
+    Megatron-LM's name as a second spelling, in its help too; once per command object."""
+    for param in command.params:
+        if isinstance(param, click.Option):
+            param.opts += [MEGATRON_SPELLINGS[name] for name in param.opts
+                           if name in MEGATRON_SPELLINGS and MEGATRON_SPELLINGS[name] not in param.opts]
+    for sub in getattr(command, "commands", {}).values():
+        add_megatron_spellings(sub)
+
+
 class InputError(click.ClickException):
     """Bad input: one line on stderr, exit status 2."""
 
