@@ -101,3 +101,16 @@ def test_a_tail_rebuilt_at_a_reused_address_is_encoded_anew():
     rows = [{"rank": i} for i in range(50)]
     text = render.rows_to_json(rows, {}, "args", [()] * 50, ({"cost_usd": i} for i in range(50)))
     assert [row["cost_usd"] for row in json.loads(text)] == list(range(50))
+
+
+def test_the_title_says_when_the_rows_use_a_lever_nothing_fits_without(advisor):
+    """405B on 64 H100s at GBS 256: only optimizer CPU offload fits. stderr said so, the rows'
+    options and flags too, but the table's title, the one line a reader keeps, did not."""
+    result = advisor("sweep", "--model", "llama3.1-405b", "--gpus", 64, "--gpu", "h100-80gb", "--gbs", 256,
+                     "--seq-len", 4096, "--top", 1)
+    assert "the rows use optimizer CPU offload" in result.stderr
+    title = " ".join(result.stdout.split("┏")[0].split())
+    assert title.endswith("; the rows use optimizer CPU offload, as nothing fits without it")
+    plain = advisor("sweep", "--model", "llama3.1-405b", "--gpus", 128, "--gpu", "h100-80gb", "--gbs", 256,
+                    "--seq-len", 4096, "--top", 1)
+    assert "the rows use" not in plain.stdout

@@ -125,7 +125,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     dicts = _sweep_entries(shown, setup, gpu_hour_price, table=True) if fmt == "table" or plot is not None else []
     text = None if fmt == "table" else _sweep_text(shown, setup, spec, workload, fmt, plot is not None, gpu_hour_price,
                                                    release)
-    title = setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by)
+    title = setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by, result.escalation)
     if plot is not None:
         _plot(dicts, plot, title)
     caption = counts_caption(counts, show_all, len(shown), len(selected))
