@@ -174,7 +174,8 @@ def run_options(func: Callable) -> Callable:
 
 
 def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bool, per_node: int,
-                 gpus_here: bool = True, show_job: bool | None = None, checks: bool = True):
+                 gpus_here: bool = True, show_job: bool | None = None, checks: bool = True,
+                 elsewhere_option: str | None = None):
     """The entry's options and the environment every rank needs, after the preflight
     (launch.preflight) and the job's report (``show_job``, default: in a dry run): a dry run
     prints the problems as warnings; a real run with a problem prints every one, one line each,
@@ -184,7 +185,7 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
 
     env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
     report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,
-                        checks=checks)
+                        checks=checks, elsewhere_option=elsewhere_option)
     for line in job.report(megatron.args) if (dry_run if show_job is None else show_job) else ():
         _note(f"advisor-launch: {line}")
     for note in report.notes:
@@ -200,14 +201,16 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     return entry_options(release.checkout or release.given, **profiling), env
 
 
-def _preflight(config, release, megatron, profiling: dict, job, *, per_node: int, gpus_here: bool, checks: bool):
+def _preflight(config, release, megatron, profiling: dict, job, *, per_node: int, gpus_here: bool, checks: bool,
+               elsewhere_option: str | None = None):
     """launch.preflight's report (without ``checks``, where the job runs in an image or on nodes
     this machine cannot see, an empty one), with the job's missing parts (``incomplete``)."""
     from launch.job import missing
     from launch.preflight import Report, Setup, preflight
 
     setup = Setup(rules=release.rules, checkout=release.checkout, args=tuple(megatron.args), cp=config.cp,
-                  gpus_per_node=per_node, profile_dir=profiling.get("profile_dir"), gpus_here=gpus_here)
+                  gpus_per_node=per_node, profile_dir=profiling.get("profile_dir"), gpus_here=gpus_here,
+                  elsewhere_option=elsewhere_option)
     report = preflight(setup) if checks else Report()
     report.incomplete = missing(megatron.args)
     return report
@@ -389,7 +392,7 @@ def check_command(config, release, megatron, job_plan, profiling, nproc_per_node
 
     topology = resolve_topology(config, nnodes=nnodes, per_node=nproc_per_node)
     _launch_plan(config, release, megatron, profiling, job_plan, dry_run=False, per_node=topology.nproc_per_node,
-                 gpus_here=not no_gpus_here, show_job=True)
+                 gpus_here=not no_gpus_here, show_job=True, elsewhere_option="--no-gpus-here")
     click.echo(f"advisor-launch check: ok: {config.describe()}; {release.rules.name} ({release.checkout})")
     return 0
 

@@ -65,6 +65,9 @@ class Setup:
     profile_dir: Path | None = None
     gpus_here: bool = True
     """Whether the ranks run on this node (torchrun, check) or elsewhere (sbatch: on the job's nodes)."""
+    elsewhere_option: str | None = None
+    """The command's option that says the ranks run elsewhere (check: --no-gpus-here), named
+    where this node has no GPUs."""
 
 
 @dataclass(slots=True)
@@ -141,7 +144,9 @@ def gpu_problems(setup: Setup, report: Report, found: int | None) -> list[str]:
             report.notes.append(CPU_TEST_NOTE)
             return []
         where = "nvidia-smi -L lists none" if found == 0 else "no nvidia-smi on PATH (no NVIDIA driver)"
-        return [f"no GPUs on this node ({where}); the launch starts {setup.gpus_per_node} ranks per node, one per GPU"]
+        elsewhere = f" (ranks on other nodes: {setup.elsewhere_option})" if setup.elsewhere_option else ""
+        return [f"no GPUs on this node ({where}); the launch starts {setup.gpus_per_node} ranks per node, one per "
+                f"GPU{elsewhere}"]
     if found < setup.gpus_per_node:
         return [f"this node has {found} GPU(s) (nvidia-smi -L, CUDA_VISIBLE_DEVICES), the launch needs "
                 f"{setup.gpus_per_node} per node"]
