@@ -306,6 +306,10 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     memory or time and are not priced are named in one line; data, logging, checkpoint
     and learning-rate flags are skipped.
 
+    The exit status is 0 whenever the estimate is made, whatever its verdict (a script
+    reads 'verdict' from --format json: fits, likely fits, tight, likely oom, oom); a
+    sweep's is 1 when no layout fits.
+
     \b
     Examples (the public code's test case: 44.87 GiB states, 22.64 GiB activations):
       advisor estimate --tp 2 --pp 1 --mbs 1 --gpus 4 --model llama3.1-8b
