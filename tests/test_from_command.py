@@ -435,6 +435,10 @@ _SMALL = (f"{_MOE} --num-experts 8 --disable-bias-linear --swiglu --normalizatio
     ("--moe-token-dispatcher-type flex --moe-enable-deepep --moe-deepep-num-sms 20", None),
     ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 32",
      "--moe-deepep-num-sms 32 (priced at DeepEP's default 20 SMs)"),
+    # core_v0.19.0's unified knob wins over the deprecated per-backend ones (HybridEP recipes give 32)
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --moe-hybridep-num-sms 32",
+     "--moe-hybridep-num-sms 32 (priced at DeepEP's default 20 SMs)"),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-num-sms 20 --moe-deepep-num-sms 32", None),
     ("--moe-shared-expert-intermediate-size 64 --moe-shared-expert-overlap",
      "--moe-shared-expert-overlap (shared experts beside the dispatch, priced in series)"),
     ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend ncclep",

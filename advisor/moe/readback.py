@@ -26,7 +26,8 @@ VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-e
           "mscale-all-dim", "mtp-num-layers", "expert-model-parallel-size", "expert-tensor-parallel-size",
           "moe-token-dispatcher-type", "moe-expert-capacity-factor", "moe-aux-loss-coeff",
           "original-max-position-embeddings", "moe-router-dtype", "moe-router-bias-update-rate",
-          "mtp-loss-scaling-factor", "moe-flex-dispatcher-backend", "moe-deepep-num-sms"}
+          "mtp-loss-scaling-factor", "moe-flex-dispatcher-backend", "moe-deepep-num-sms",
+          "moe-hybridep-num-sms", "moe-flex-dispatcher-num-sms"}
 SWITCHES = {"moe-grouped-gemm", "qk-layernorm", "moe-router-enable-expert-bias", "multi-latent-attention",
             "moe-router-force-load-balancing", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute",
             "moe-pad-expert-input-to-capacity", "moe-router-pre-softmax", "moe-permute-fusion", "moe-router-fusion",
@@ -191,8 +192,7 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
     if values.get("moe-router-force-load-balancing"):
         unpriced.append("--moe-router-force-load-balancing (priced as balanced routing, which it forces)")
     unpriced += [note for name, note in NAMED.items() if values.get(name)]
-    if values.get("moe-deepep-num-sms", "20") != "20":  # time.DEEPEP_SMS, megatron-core's default
-        unpriced.append(f"--moe-deepep-num-sms {values['moe-deepep-num-sms']} (priced at DeepEP's default 20 SMs)")
+    unpriced += _dispatcher_sms_note(values)
     dispatcher, backend_note = _dispatcher(values)
     unpriced += backend_note
     capacity = _float(values, "moe-expert-capacity-factor", bound=limits.MOE_CAPACITY_FACTOR)
@@ -214,6 +214,21 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
         raise AdvisorError(problem)
     ep = _int(values, "expert-model-parallel-size", 1)
     return MoERead(ep=ep, etp=_int(values, "expert-tensor-parallel-size", tp), settings=settings), unpriced
+
+
+SM_FLAGS = ("moe-flex-dispatcher-num-sms", "moe-deepep-num-sms", "moe-hybridep-num-sms")
+"""The flex dispatcher's SM count, first the one that wins: core_v0.19.0's
+moe_flex_dispatcher_num_sms, which takes the deprecated per-backend knobs when it is unset
+(``transformer_config.py``, __post_init__); core_v0.15.2 has --moe-deepep-num-sms only."""
+
+
+def _dispatcher_sms_note(values: dict) -> list[str]:
+    """The SMs the command gives the flex dispatcher's kernels, named where they are not the 20
+    the overlap is priced with (``time.DEEPEP_SMS``, DeepEP's default; HybridEP recipes give 32)."""
+    given = next((flag for flag in SM_FLAGS if flag in values), None)
+    if given is None or values[given] == "20":
+        return []
+    return [f"--{given} {values[given]} (priced at DeepEP's default 20 SMs)"]
 
 
 def _dispatcher(values: dict) -> tuple[str, list[str]]:
