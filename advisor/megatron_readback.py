@@ -400,8 +400,10 @@ def _softmax_fusion_note(rest: list[str], options) -> list[str]:
 def _refuse_expert_parallelism_without_experts(rest: list[str]) -> None:
     """EP > 1 on a dense command: validate_args asserts 'num_experts must be non None to use expert
     model parallelism' (arguments.py, both releases); it was priced as the dense model."""
-    ep = _moe_values(rest)[0].get("expert-model-parallel-size", "1")
-    if ep != "1":
+    from advisor.moe.readback import flag_int
+
+    ep = flag_int(_moe_values(rest)[0], "expert-model-parallel-size", 1)
+    if ep != 1:
         raise AdvisorError(f"--expert-model-parallel-size {ep} without --num-experts: Megatron-LM refuses expert "
                            "parallelism without experts (give --num-experts, or drop the EP flag)")
 

@@ -97,7 +97,7 @@ def take(rest: list[str]) -> tuple[dict, list[str]]:
     return values, other
 
 
-def _int(values: dict, name: str, default=None):
+def flag_int(values: dict, name: str, default=None):
     text = values.get(name)
     if text is None:
         return default
@@ -139,10 +139,10 @@ def _mla_and_yarn(values: dict):
 
     mla = None
     if values.get("multi-latent-attention"):
-        mla = MLA(q_lora_rank=_int(values, "q-lora-rank"), kv_lora_rank=_int(values, "kv-lora-rank", 32),
-                  qk_head_dim=_int(values, "qk-head-dim", 128),
-                  qk_pos_emb_head_dim=_int(values, "qk-pos-emb-head-dim", 64),
-                  v_head_dim=_int(values, "v-head-dim", 128))
+        mla = MLA(q_lora_rank=flag_int(values, "q-lora-rank"), kv_lora_rank=flag_int(values, "kv-lora-rank", 32),
+                  qk_head_dim=flag_int(values, "qk-head-dim", 128),
+                  qk_pos_emb_head_dim=flag_int(values, "qk-pos-emb-head-dim", 64),
+                  v_head_dim=flag_int(values, "v-head-dim", 128))
     yarn = None
     # --rope-type left out: MLA takes YaRN, other attention RoPE (arguments.py pops the None so
     # MLATransformerConfig's rope_type "yarn" stands), with --rotary-scaling-factor's own default.
@@ -168,20 +168,20 @@ def moe_spec(dense: LlamaSpec, values: dict):
         raise AdvisorError(f"--moe-router-score-function {score!r} is not priced (softmax or sigmoid)")
     mla, yarn = _mla_and_yarn(values)
     fields = {name: getattr(dense, name) for name in dense.__dataclass_fields__}
-    return MoESpec(**fields, num_experts=_int(values, "num-experts"),
-                   moe_router_topk=_int(values, "moe-router-topk", 2),
-                   moe_ffn_hidden_size=_int(values, "moe-ffn-hidden-size", dense.ffn_hidden_size),
-                   shared_expert_size=_int(values, "moe-shared-expert-intermediate-size", 0) or 0,
+    return MoESpec(**fields, num_experts=flag_int(values, "num-experts"),
+                   moe_router_topk=flag_int(values, "moe-router-topk", 2),
+                   moe_ffn_hidden_size=flag_int(values, "moe-ffn-hidden-size", dense.ffn_hidden_size),
+                   shared_expert_size=flag_int(values, "moe-shared-expert-intermediate-size", 0) or 0,
                    first_dense_layers=first_dense_layers(values.get("moe-layer-freq", "1"), dense.num_layers),
                    qk_layernorm=bool(values.get("qk-layernorm")), score_function=score,
                    expert_bias=bool(values.get("moe-router-enable-expert-bias")),
                    aux_loss_coeff=_float(values, "moe-aux-loss-coeff", 0.0, bound=limits.AUX_LOSS_COEFF,
                                          low_open=False),
-                   router_num_groups=_int(values, "moe-router-num-groups"),
-                   router_group_topk=_int(values, "moe-router-group-topk"),
+                   router_num_groups=flag_int(values, "moe-router-num-groups"),
+                   router_group_topk=flag_int(values, "moe-router-group-topk"),
                    router_topk_scaling_factor=_float(values, "moe-router-topk-scaling-factor",
                                                      bound=limits.MOE_TOPK_SCALING), mla=mla, yarn=yarn,
-                   mtp_num_layers=_int(values, "mtp-num-layers", 0))
+                   mtp_num_layers=flag_int(values, "mtp-num-layers", 0))
 
 
 def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
@@ -205,15 +205,15 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
     settings = {"dispatcher": dispatcher,
                 "moe_routing": "capacity" if capacity is not None else "balanced", "capacity_factor": capacity,
                 "moe_imbalance": 1.0, "recompute_modules": tuple(modules or ()),
-                "mtp_num_layers": _int(values, "mtp-num-layers", 0),
+                "mtp_num_layers": flag_int(values, "mtp-num-layers", 0),
                 "a2a_overlap": bool(values.get("overlap-moe-expert-parallel-comm")),
                 "delay_wgrad": bool(values.get("delay-wgrad-compute")), "pad_to_capacity": pad}
     from advisor.moe.flags import pad_problem
 
     if problem := pad_problem(settings["dispatcher"], capacity, pad):
         raise AdvisorError(problem)
-    ep = _int(values, "expert-model-parallel-size", 1)
-    return MoERead(ep=ep, etp=_int(values, "expert-tensor-parallel-size", tp), settings=settings), unpriced
+    ep = flag_int(values, "expert-model-parallel-size", 1)
+    return MoERead(ep=ep, etp=flag_int(values, "expert-tensor-parallel-size", tp), settings=settings), unpriced
 
 
 SM_FLAGS = ("moe-flex-dispatcher-num-sms", "moe-deepep-num-sms", "moe-hybridep-num-sms")
