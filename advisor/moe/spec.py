@@ -170,7 +170,6 @@ def spec_from_dict(fields: object) -> MoESpec:
     return from_fields(MoESpec, values, "model")
 
 
-
 # --- presets ------------------------------------------------------------------------------------
 # Values of each model's Hugging Face config.json (mistralai/Mixtral-8x7B-v0.1,
 # mistralai/Mixtral-8x22B-v0.1, Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B, deepseek-ai/DeepSeek-V3);
@@ -214,7 +213,6 @@ PRESETS: dict[str, MoESpec] = {spec.name: spec for spec in (
 HF_MODEL_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3")
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 """The keys by which a config.json says its MLPs are experts (Mixtral, Qwen-MoE, DeepSeek)."""
-_EXPERT_LIMIT = limits.EXPERTS
 
 
 def _count(config: _Config, key: str, default=None, low: int = 1) -> int:
@@ -315,9 +313,9 @@ def load_moe_config(config: _Config, model_type: str) -> MoESpec:
     values = dense_values(config, model_type, rope_scaling=model_type != "deepseek_v3")
     family = {"mixtral": _mixtral_fields, "qwen3_moe": _qwen3_fields, "deepseek_v3": _deepseek_fields}[model_type]
     fields = family(config)
-    if fields["num_experts"] > _EXPERT_LIMIT:
+    if fields["num_experts"] > _EXPERTS.high:
         raise config.error(EXPERT_COUNT_KEYS[0], f"is {fields['num_experts']}, more than this tool handles "
-                                                 f"({_EXPERT_LIMIT})")
+                                                 f"({_EXPERTS.high:g})")
     try:
         return MoESpec(name=str(config.path), **values, **fields)
     except AdvisorError as error:
