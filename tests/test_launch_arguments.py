@@ -186,3 +186,13 @@ def test_every_flag_an_moe_row_writes_is_decided(model, layout):
 
     _, decided = _moe_row_args(model, **layout)
     assert {flag.name for flag in parse_flags(decided)} - DECIDED_FLAGS == set()
+
+
+def test_an_moe_conflict_is_one_line_and_exit_2_from_advisor_launch(advisor, tmp_path):
+    from launch_support import launcher, write_json
+
+    row = advisor.json("estimate", "--model", "mixtral-8x7b", "--gpus", 8, "--ep", 8, "--gpu", "h100-80gb")
+    path = write_json(tmp_path / "row.json", row)
+    line = launcher().error("args", "--from", path, "--", "--expert-model-parallel-size", "4", "--moe-router-topk", "1")
+    assert "--expert-model-parallel-size 4 (after --) conflicts with --expert-model-parallel-size 8" in line
+    assert "--moe-router-topk 1 (after --) conflicts with --moe-router-topk 2" in line

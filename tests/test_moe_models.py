@@ -163,3 +163,9 @@ def test_a_commands_aux_loss_weight_reads_back_and_a_bad_one_is_refused(tmp_path
     assert json.loads(good.stdout)["model"]["aux_loss_coeff"] == 0.02
     bad = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "8", "--mem", "80"], input=base + "-1")
     assert bad.exit_code == 2 and "--moe-aux-loss-coeff" in bad.output and "Traceback" not in bad.output, bad.output
+
+
+def test_a_deepseek_routing_key_is_one_line_and_exit_2_on_the_command_line(advisor, tmp_path):
+    line = advisor.error("estimate", "--model", _write(tmp_path, "deepseek-v3", topk_group=9), "--gpus", 64,
+                         "--pp", 8, "--ep", 8, "--mem", 80)
+    assert "topk_group is 9, more than the n_group (8) it chooses among" in line
