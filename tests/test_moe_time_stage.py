@@ -221,7 +221,11 @@ def test_recomputing_the_moe_block_runs_its_compute_and_all_to_alls_again():
     times = mt.layer_times(qwen, 4096, tp=1, cp=1, ep=16, etp=1, mbs=1, rates=rates, dispatcher="flex")
     again = times.block + times.comm + mt.HOST_LAUNCH_S
     cheap, whole = step({"moe_act"}), step({"moe"})
-    assert whole["step_time_s"] - cheap["step_time_s"] == pytest.approx(m * qwen.moe_layers * again)
+    # moe_act runs the routed experts' SwiGLU again: 3 x 2 bytes x 768 per copy, 8 copies of 4096
+    # tokens, at the HBM rate
+    swiglu = 2 * 3 * 768 * 8 * 4096 / rates.hbm_bytes_per_s
+    assert times.moe_act == pytest.approx(swiglu)
+    assert whole["step_time_s"] - cheap["step_time_s"] == pytest.approx(m * qwen.moe_layers * (again - swiglu))
     assert whole["ep_comm_s"] - cheap["ep_comm_s"] == pytest.approx(m * qwen.moe_layers * times.comm)
     # the block is the layer's compute less attention: most of it, and more than the experts' GEMMs
     assert times.expert < times.block < times.moe - times.comm
@@ -231,15 +235,16 @@ def test_elementwise_bytes_by_hand():
     # Qwen3-30B-A3B (GQA 32/4 heads of 128, QK norms): norms and residuals 10h, RoPE on Q and K
     # read and written 2 (32 + 4) 128, the QK norms as much again; 1000 tokens over TP 2
     qwen = PRESETS["qwen3-30b-a3b"]
-    attention, dense, experts = mt.elementwise_bytes(qwen, 1000.0, 2, 8000.0, 1)
+    attention, dense, routed, shared = mt.elementwise_bytes(qwen, 1000.0, 2, 8000.0, 1)
     assert attention == 2 * 1000 * (10 * 2048 + 2 * 2 * 36 * 128) / 2
     assert dense == 2 * 1000 * 3 * 6144 / 2
-    assert experts == 2 * 8000 * 3 * 768  # SwiGLU on every copy: read 2 x 768, write 768; no shared expert
+    assert routed == 2 * 8000 * 3 * 768  # SwiGLU on every copy: read 2 x 768, write 768
+    assert shared == 0  # no shared expert
     # DeepSeek-V3 (MLA: RoPE on the 128 heads' and the shared key's 64 rotary dims, its norms on the
     # 1536 and 512 wide latents; a 2048-wide shared expert over TP 2)
-    attention, _, experts = mt.elementwise_bytes(DSV3, 1000.0, 2, 8000.0, 1)
+    attention, _, routed, shared = mt.elementwise_bytes(DSV3, 1000.0, 2, 8000.0, 1)
     assert attention == 2 * 1000 * (10 * 7168 + 2 * 129 * 64 + 2 * (1536 + 512)) / 2
-    assert experts == 2 * 3 * (8000 * 2048 + 1000 * 2048 / 2)
+    assert (routed, shared) == (2 * 3 * 8000 * 2048, 2 * 3 * 1000 * 2048 / 2)
 
 
 def test_permutation_bytes_by_hand():
@@ -330,3 +335,61 @@ def test_te_cross_entropy_keeps_the_bf16_logits_on_the_last_stage():
     (first, last), (first_te, last_te) = stages("none"), stages("te")
     assert first.output_activations == first_te.output_activations == 0.0
     assert last.output_activations - last_te.output_activations == pytest.approx(2 * 4096 * 2 * 151936)
+
+
+def test_mla_up_projections_by_hand():
+    # DeepSeek-V3 at TP 2, 4096 tokens: Q up [4096, 1536] x [1536, 128 (128 + 64) / 2], KV up
+    # [4096, 512] x [512, 128 (128 + 128) / 2], two GEMM kernels; the fused latent norms read and
+    # write 1536 + 512, RoPE reads and writes the 128 heads' and the shared key's 64 rotary dims
+    rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
+    gemms = 2 * 4096 * (1536 * 128 * 192 + 512 * 128 * 256) / 2 / rates.gemm_flops_per_s + 2 * rates.gemm_latency_s
+    elementwise = 2 * 4096 * (2 * 129 * 64 + 2 * (1536 + 512)) / 2 / rates.hbm_bytes_per_s
+    assert mt.mla_up_time(DSV3, 4096.0, 2, rates, rates) == pytest.approx(gemms + elementwise)
+    assert mt.mla_up_time(MIXTRAL, 4096.0, 2, rates, rates) == 0
+
+
+def test_selective_recomputation_runs_each_module_once_more_by_hand():
+    # megatron-core's Transformer Engine specs: the input norm is a module of its own only with
+    # MLA, the pre-MLP norm only in MoE layers; mlp recomputes dense layers' MLPs only
+    rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
+    qwen = PRESETS["qwen3-30b-a3b"]
+    for spec, input_norms in ((DSV3, 1), (qwen, 0)):
+        layer = mt.layer_times(spec, 4096, tp=2, cp=1, ep=8, etp=1, mbs=1, rates=rates)
+        # one RMSNorm: read and write h of 4096 tokens over TP 2
+        assert layer.norm == pytest.approx(2 * 2 * spec.hidden_size * 4096 / 2 / rates.hbm_bytes_per_s)
+        by_module = {m: mt.recomputed_forward(spec, layer, frozenset({m})) for m in
+                     ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts", "moe")}
+        assert by_module["core_attn"] == (layer.core, layer.core, 0)
+        assert by_module["layernorm"] == pytest.approx((input_norms * layer.norm, (input_norms + 1) * layer.norm, 0))
+        assert by_module["mla_up_proj"] == (layer.mla_up, layer.mla_up, 0)
+        assert by_module["mlp"] == (layer.dense_mlp, 0, 0)
+        assert by_module["moe_act"] == (0, 0, layer.moe_act)
+        assert by_module["shared_experts"] == (0, 0, layer.shared)
+        assert by_module["moe"] == (0, 0, 0)  # the whole block: _moe_layer_paces
+        everything = mt.recomputed_forward(spec, layer, frozenset(by_module))
+        assert everything == pytest.approx(tuple(sum(v[i] for v in by_module.values()) for i in range(3)))
+    # the parts that are priced again sit inside the layer they are recomputed from
+    layer = mt.layer_times(DSV3, 4096, tp=2, cp=1, ep=8, etp=1, mbs=1, rates=rates)
+    assert layer.moe_act + layer.shared < layer.expert < layer.block
+    assert layer.core + layer.mla_up + 2 * layer.norm < layer.moe - layer.block - layer.comm
+
+
+def test_selective_step_adds_each_layers_recomputed_forward():
+    # DeepSeek-V3 on one stage (memory aside): --recompute-modules mla_up_proj mlp against
+    # mla_up_proj alone costs the three dense layers' MLP forward once more per microbatch
+    from advisor.moe.stage import MoEOptions
+    from advisor.options import TrainingOptions
+
+    gpu = get_gpu("h100-80gb")
+    columns = {"tp": 2, "cp": 1, "pp": 1, "ep": 8, "etp": 1, "dp": 4, "mbs": 1, "vpp": 1}
+    m = 64 / 4
+
+    def step(modules):
+        options = MoEOptions(training=TrainingOptions(), modules=frozenset(modules))
+        first = st.stage_bytes(DSV3, 4096, options, num_microbatches=m, stage=0, recompute="selective", **columns)
+        return mt.step_times(DSV3, 4096, 64, columns, "selective", gpu=gpu, options=options, first_stage=first)
+
+    rates = Rates.of(gpu, load_calibration())
+    layer = mt.layer_times(DSV3, 4096, tp=2, cp=1, ep=8, etp=1, mbs=1, rates=rates)
+    with_mlp, without = step({"mla_up_proj", "mlp"}), step({"mla_up_proj"})
+    assert with_mlp["step_time_s"] - without["step_time_s"] == pytest.approx(m * 3 * layer.dense_mlp)

@@ -181,6 +181,18 @@ class LayerTimes(NamedTuple):
     """The MoE block's compute, what --recompute-modules moe runs again (``moe_layer.py``,
     ``MoELayer.forward``'s checkpointed custom_forward): router, permutations, routed and shared
     experts; its communication is ``comm``."""
+    core: object
+    """Core attention (--recompute-modules core_attn)."""
+    norm: object
+    """One RMSNorm over the layer's tokens (--recompute-modules layernorm, ``recomputed_forward``)."""
+    mla_up: object
+    """MLA's up projections with their latent norms and RoPE (--recompute-modules mla_up_proj)."""
+    moe_act: object
+    """The routed experts' SwiGLU (--recompute-modules moe_act)."""
+    shared: object
+    """The shared experts (--recompute-modules shared_experts)."""
+    dense_mlp: object
+    """A dense layer's MLP with its sequence-parallel gather and scatter (--recompute-modules mlp)."""
 
 
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates,
@@ -209,7 +221,7 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     pace = replace(routing, routing="balanced") if routing.routing == "dropless" else routing
     copies = mm.expert_token_copies(spec, tokens, ep, etp, pace)
-    elementwise, dense_swiglu, expert_swiglu = (terms.elementwise_time(b, rates) for b in elementwise_bytes(
+    elementwise, dense_swiglu, moe_act, shared_swiglu = (terms.elementwise_time(b, rates) for b in elementwise_bytes(
         spec, tokens_cp, tp, copies, etp))
     cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, 2.5 * core)
     attention = attention_gemm + core + tp_comm / 2 + elementwise + cp_comm
@@ -217,7 +229,7 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         + tp_comm / 2 + dense_swiglu
     expert_f, _ = expert_gemm_time(spec, copies, ep, etp, gemm_rates, sms, 1 if fp8 else mm.BF16)
     shared = 2.0 * tokens_cp * params.shared_expert_parameters(spec, tp) / gemm_rates.gemm_flops_per_s \
-        + expert_swiglu
+        + shared_swiglu
     router = 2.0 * tokens * spec.hidden_size * spec.num_experts / rates.gemm_flops_per_s
     permute = terms.elementwise_time(permutation_bytes(spec, copies, ep, dispatcher), rates)
     if dispatcher == "allgather":  # its gather over the expert TP x EP group is the dispatch
@@ -227,11 +239,32 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
                                   dispatcher)  # dispatch + combine
         gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
                                             terms.link_bandwidth(etp, rates), rates)
-    moe = attention + expert_f + shared + router + permute + a2a + 2 * gather
+    moe = attention + expert_f + moe_act + shared + router + permute + a2a + 2 * gather
     if fp8:
         moe = moe + terms.elementwise_time(fp8_terms.cast_bytes(spec, tokens_cp, tp, copies, etp)[0], rates)
-    return LayerTimes(dense=attention + dense_mlp, moe=moe, comm=a2a + 2 * gather, expert=expert_f + shared,
-                      block=expert_f + shared + router + permute)
+    norm = terms.elementwise_time(mm.BF16 * 2 * spec.hidden_size * tokens_cp / tp, rates)  # read h, write h
+    return LayerTimes(dense=attention + dense_mlp, moe=moe, comm=a2a + 2 * gather, expert=expert_f + moe_act + shared,
+                      block=expert_f + moe_act + shared + router + permute, core=core, norm=norm,
+                      mla_up=mla_up_time(spec, tokens_cp, tp, gemm_rates, rates), moe_act=moe_act, shared=shared,
+                      dense_mlp=dense_mlp)
+
+
+def mla_up_time(spec: MoESpec, tokens_cp, tp, gemm_rates: Rates, rates: Rates):
+    """MLA's up projections forward on one GPU, what --recompute-modules mla_up_proj runs again
+    (``multi_latent_attention.py``, ``qkv_up_proj_and_rope_apply`` under ``CheckpointWithoutOutput``):
+    the Q and KV up projections [tokens, rank] x [rank, a d / t], column-parallel (Q's whole
+    projection [h, a (d_nope + d_rope)] where the model has no q_lora_rank), the latent norms
+    fused into them (``qk_layernorm``) and RoPE on the rotary parts, at ``elementwise_bytes``'
+    bytes; the Q/K concatenations are not counted. 0 without MLA."""
+    mla = spec.mla
+    if mla is None:
+        return np.zeros_like(np.asarray(tokens_cp, dtype=float))
+    a, t = spec.num_attention_heads, np.asarray(tp, dtype=float)
+    q_rank = mla.q_lora_rank or spec.hidden_size
+    up = q_rank * a * (mla.qk_head_dim + mla.qk_pos_emb_head_dim) + mla.kv_lora_rank * a * (mla.qk_head_dim
+                                                                                           + mla.v_head_dim)
+    return (2.0 * tokens_cp * up / t / gemm_rates.gemm_flops_per_s + 2 * rates.gemm_latency_s
+            + terms.elementwise_time(mm.BF16 * _rope_and_qk_norm_elements(spec) * tokens_cp / t, rates))
 
 
 def permutation_bytes(spec: MoESpec, copies, ep, dispatcher: str = "alltoall"):
@@ -281,7 +314,7 @@ def host_sync_idle(spec: MoESpec, tokens, rates: Rates, dispatcher: str = "allto
 
 
 def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp):
-    """(attention block, dense MLP, routed and shared experts) HBM bytes of one layer's
+    """(attention block, dense MLP, routed experts, shared experts) HBM bytes of one layer's
     memory-bound kernels forward on one GPU, BF16, each tensor read and written once: the two
     RMSNorms and residual adds (10h per token, as ``terms.layer_elementwise_bytes`` counts a dense
     layer's), RoPE on Q and K (read and write (a + k) d; MLA only its rotary parts, a d_rope +
@@ -289,23 +322,30 @@ def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp):
     kv_lora_rank), all over t (sequence parallel or head split);
     SwiGLU, read 2f and write f: the dense MLP's (f = h_ffn per token over t), the routed experts'
     (f = h_moe over etp per token copy) and the shared experts' (f = h_shared per token over t)."""
-    h, a, t, mla = spec.hidden_size, spec.num_attention_heads, np.asarray(tp, dtype=float), spec.mla
+    h, t = spec.hidden_size, np.asarray(tp, dtype=float)
+    per_token = 10 * h + _rope_and_qk_norm_elements(spec)
+    attention = mm.BF16 * per_token * tokens_cp / t
+    dense = mm.BF16 * 3 * spec.ffn_hidden_size * tokens_cp / t
+    routed = mm.BF16 * 3 * copies * spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float)
+    shared = mm.BF16 * 3 * tokens_cp * spec.shared_expert_size / t
+    return attention, dense, routed, shared
+
+
+def _rope_and_qk_norm_elements(spec: MoESpec) -> int:
+    """Elements per token that RoPE and the QK norms read and write (``elementwise_bytes``)."""
+    a, mla = spec.num_attention_heads, spec.mla
     if mla is not None:  # MLA's QK norms are its latent norms (q_a, kv_a layernorm): the LoRA ranks
         rotary, normed = (a + 1) * mla.qk_pos_emb_head_dim, (mla.q_lora_rank or 0) + mla.kv_lora_rank
     else:
         rotary = normed = (a + spec.num_query_groups) * spec.head_dim
-    per_token = 10 * h + 2 * rotary + (2 * normed if spec.qk_layernorm else 0)
-    attention = mm.BF16 * per_token * tokens_cp / t
-    dense = mm.BF16 * 3 * spec.ffn_hidden_size * tokens_cp / t
-    experts = mm.BF16 * 3 * (copies * spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float)
-                             + tokens_cp * spec.shared_expert_size / t)
-    return attention, dense, experts
+    return 2 * rotary + (2 * normed if spec.qk_layernorm else 0)
 
 
-def overlapped_layer_time(rest, expert, comm, comm_sm_share=0.0):
+def overlapped_layer_time(rest, expert, comm, comm_sm_share=0.0, *, rest_again=0.0, expert_again=0.0):
     """One MoE layer's forward and backward, communication included, under
     --overlap-moe-expert-parallel-comm: ``rest`` and ``expert`` the forward's compute outside and
-    inside the MLP (recomputation's share added to both), ``comm`` the plain layer's
+    inside the MLP, ``rest_again`` and ``expert_again`` what selective recomputation runs again in
+    their backward (``recomputed_forward``), ``comm`` the plain layer's
     communication (dispatch and combine, forward and backward). megatron-core's combined 1F1B
     (``models/common/model_chunk_schedule_plan.py``, ``TransformerLayerSchedulePlan.run``;
     core_v0.15.2) runs microbatch i + 1's forward of the layer beside microbatch i's backward,
@@ -318,7 +358,8 @@ def overlapped_layer_time(rest, expert, comm, comm_sm_share=0.0):
     max(c, w + f c) per pair. With no communication it is the plain compute 3a + 3x; with no
     compute, comm."""
     c = np.asarray(comm) / 4
-    return sum(np.maximum(c, w + comm_sm_share * c) for w in (rest, expert, 2 * expert, 2 * rest))
+    return sum(np.maximum(c, w + comm_sm_share * c)
+               for w in (rest, expert, 2 * expert + expert_again, 2 * rest + rest_again))
 
 
 DEEPEP_SMS = 20
@@ -367,12 +408,27 @@ def megatron_flops_per_iteration(spec: MoESpec, seq_len: int, global_batch_size:
     return global_batch_size * seq_len * (mlp + attention + mtp_terms + 6 * h * padded_vocab * (mtp + 1))
 
 
-RECOMPUTE_PASSES = {"none": 3.0, "selective": 3.1, "full": 4.0}
-"""Compute passes of a layer per microbatch: forward and a backward of twice its FLOPs; full
-recomputation runs the forward again; selective recomputation of --recompute-modules moe_act,
-layernorm (and mla_up_proj) redoes elementwise work and MLA's up projections, taken as a tenth
-of a forward (an assumption); with ``moe`` among them the MoE block runs again besides
-(``_moe_layer_paces``)."""
+def recomputed_forward(spec: MoESpec, layer: LayerTimes, modules: frozenset[str]):
+    """(a dense layer's, an MoE layer's outside its MLP, an MoE layer's inside it) forward seconds,
+    one microbatch, that selective recomputation of ``modules`` runs again in the backward
+    (megatron-core core_v0.15.2; ``moe`` is the whole block, ``_moe_layer_paces``):
+    - core_attn: core attention (``attention.py``, ``_checkpointed_attention_forward``);
+    - layernorm: the RMSNorms that are modules of their own (``transformer_layer.py``: a
+      TransformerLayer recomputes its input_layernorm and pre_mlp_layernorm unless they are
+      IdentityOp). In the Transformer Engine layer specs (``gpt_layer_specs.py``) the input norm is
+      one only with MLA (otherwise fused into linear_qkv), and the pre-MLP norm only in MoE layers
+      (fused into a dense MLP's linear_fc1);
+    - mla_up_proj: ``mla_up_time``;
+    - mlp: a dense layer's MLP (MoE layers ignore it: ``not isinstance(self.mlp, MoELayer)``);
+    - moe_act: the routed experts' activation (``experts.py``); shared_experts: the shared experts
+      (``shared_experts.py``)."""
+    mla = spec.mla is not None
+    attention = ("core_attn" in modules) * layer.core + ("mla_up_proj" in modules) * layer.mla_up
+    norms = "layernorm" in modules
+    dense = attention + norms * mla * layer.norm + ("mlp" in modules) * layer.dense_mlp
+    moe_rest = attention + norms * (1 + mla) * layer.norm
+    moe_expert = ("moe_act" in modules) * layer.moe_act + ("shared_experts" in modules) * layer.shared
+    return dense, moe_rest, moe_expert
 
 
 def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dict, recompute: str, *, gpu, options,
@@ -411,7 +467,9 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
                         sms=streaming_multiprocessors(gpu.architecture), routing=options.routing)
     dense_f, moe_f = layer.dense, layer.moe
     moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
-    dense_t = RECOMPUTE_PASSES[recompute] * dense_f
+    dense_t = (3.0 + (recompute == "full")) * dense_f
+    if recompute == "selective":
+        dense_t = dense_t + recomputed_forward(spec, layer, options.recompute_modules(spec))[0]
     most, fewest_last = ((np.ceil(spec.num_layers / b["pp"]), np.floor(spec.num_layers / b["pp"]))
                          if layers_per_stage is None else (max(layers_per_stage), layers_per_stage[-1]))
     tokens_cp = b["mbs"] * seq_len / b["cp"]
@@ -465,21 +523,28 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     selective recomputation of ``moe``, run the dispatch and combine again in the backward
     (``moe_layer.py``: the whole block is checkpointed), with the host wait for the token counts;
     ``moe`` also runs the block's compute again (``LayerTimes.block``), in series with the
-    overlapped pairs (the recomputed communication is not one the combined schedule pairs)."""
-    moe_f, comm, expert = layer.moe, layer.comm, layer.expert
-    passes = RECOMPUTE_PASSES[recompute]
-    again = recompute == "selective" and "moe" in options.recompute_modules(spec)
+    overlapped pairs (the recomputed communication is not one the combined schedule pairs); the
+    other modules run their own forward again in their node's backward (``recomputed_forward``)."""
+    comm, expert = layer.comm, layer.expert
+    compute = layer.moe - comm
+    modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
+    again = "moe" in modules
     forwards = 2.0 if recompute == "full" or again else 1.0
     idle = forwards * host_sync_idle(spec, mm.tokens_per_rank(seq_len, b["mbs"], b["tp"], b["cp"]), rates,
                                      options.dispatcher, options.routing)
+    _, rest_again, expert_again = recomputed_forward(spec, layer, modules)
+    if recompute == "full":
+        rest_again, expert_again = compute - expert, expert
     block = layer.block if again else 0.0
-    plain = passes * (moe_f - comm) + block + (forwards + 1.0) * comm + idle
+    work = 3.0 * compute + rest_again + expert_again + block
+    plain = work + (forwards + 1.0) * comm + idle
     steady = plain
     if options.a2a_overlap:
-        steady = overlapped_layer_time((moe_f - comm - expert) * passes / 3, expert * passes / 3, 2 * comm,
-                                       comm_sm_share(options.dispatcher, gpu.architecture)) + idle \
+        steady = overlapped_layer_time(compute - expert, expert, 2 * comm,
+                                       comm_sm_share(options.dispatcher, gpu.architecture),
+                                       rest_again=rest_again, expert_again=expert_again) + idle \
             + (block + comm if again else 0.0)
-    return plain, steady, steady - idle - passes * (moe_f - comm) - block
+    return plain, steady, steady - idle - work
 
 
 def step_parts(step, *, m, slowest, total, vpp, pp_comm, overhead, ep_comm, dp_comm, optimizer) -> dict:
