@@ -393,3 +393,19 @@ def test_selective_step_adds_each_layers_recomputed_forward():
     layer = mt.layer_times(DSV3, 4096, tp=2, cp=1, ep=8, etp=1, mbs=1, rates=rates)
     with_mlp, without = step({"mla_up_proj", "mlp"}), step({"mla_up_proj"})
     assert with_mlp["step_time_s"] - without["step_time_s"] == pytest.approx(m * 3 * layer.dense_mlp)
+
+
+def test_core_attention_as_the_dense_model_prices_it_by_hand():
+    # Mixtral at seq 4096, MBS 2, TP 2, CP 4: causal attention executes 2 x 2 b s^2 a d / 2 over
+    # t c forward, 2.5 times that backward (FlashAttention-2); one call's fixed cost per CP ring
+    # step, forward and backward together, split as the FLOPs are
+    rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
+    flops = 2 * 2 * 2 * 4096 ** 2 * 32 * 128 / 2 / (2 * 4)
+    forward = flops / rates.attention_flops_per_s + 4 * rates.attention_latency_s / 3.5
+    backward = 2.5 * flops / rates.attention_flops_per_s + 2.5 * 4 * rates.attention_latency_s / 3.5
+    layer = mt.layer_times(MIXTRAL, 4096, tp=2, cp=4, ep=8, etp=1, mbs=2, rates=rates)
+    assert layer.core == pytest.approx(forward)
+    assert layer.core_backward_extra == pytest.approx(backward - 2 * forward)
+    # the same numbers as the dense model's own term for a layer of these heads
+    from advisor.throughput import terms
+    assert (forward, backward) == pytest.approx(terms.attention_time(MIXTRAL, 4096, 2, 2, 4, rates))

@@ -182,7 +182,10 @@ class LayerTimes(NamedTuple):
     ``MoELayer.forward``'s checkpointed custom_forward): router, permutations, routed and shared
     experts; its communication is ``comm``."""
     core: object
-    """Core attention (--recompute-modules core_attn)."""
+    """Core attention (--recompute-modules core_attn): ``terms.attention_kernel_time``'s forward."""
+    core_backward_extra: object
+    """Core attention's backward beyond the twice its forward that every part's backward is
+    priced at: FlashAttention-2 executes 2.5 times the forward's FLOPs."""
     norm: object
     """One RMSNorm over the layer's tokens (--recompute-modules layernorm, ``recomputed_forward``)."""
     mla_up: object
@@ -198,8 +201,8 @@ class LayerTimes(NamedTuple):
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates,
                 gemm_rates: Rates | None = None, dispatcher: str = "alltoall",
                 sms: int = STREAMING_MULTIPROCESSORS["hopper"], routing: mm.RoutedTokens = mm.RoutedTokens()):
-    """``LayerTimes`` of one layer, one microbatch; backward is twice the compute and the same
-    communication. ``gemm_rates``: the linear
+    """``LayerTimes`` of one layer, one microbatch; backward is twice the compute (core attention's
+    ``core_backward_extra`` besides) and the same communication. ``gemm_rates``: the linear
     layers' GEMM rates (``throughput.levers.fp8_rates`` with --fp8-format: attention
     projections, dense and shared MLPs and the routed experts' grouped GEMMs at FP8, core
     attention and the router at BF16), with Transformer Engine's forward casts
@@ -216,14 +219,14 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     # duplicated down projections by their sequence-parallel tokens
     attention_gemm = 2.0 * tokens_cp * params.attention_parameters(spec) / tp / gemm_rates.gemm_flops_per_s \
         + 4 * rates.gemm_latency_s
-    core = attention_flops(spec, seq_len, mbs, tp, cp) / rates.attention_flops_per_s + rates.attention_latency_s
+    core, core_backward = terms.attention_kernel_time(attention_flops(spec, seq_len, mbs, tp, cp), cp, rates)
     tp_comm, _ = terms.tensor_parallel_time(spec, tokens_cp, tp, rates)
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     pace = replace(routing, routing="balanced") if routing.routing == "dropless" else routing
     copies = mm.expert_token_copies(spec, tokens, ep, etp, pace)
     elementwise, dense_swiglu, moe_act, shared_swiglu = (terms.elementwise_time(b, rates) for b in elementwise_bytes(
         spec, tokens_cp, tp, copies, etp))
-    cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, 2.5 * core)
+    cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, core_backward)
     attention = attention_gemm + core + tp_comm / 2 + elementwise + cp_comm
     dense_mlp = terms.gemm_time(tokens_cp, spec.hidden_size, 3 * spec.ffn_hidden_size / tp, gemm_rates) \
         + tp_comm / 2 + dense_swiglu
@@ -244,7 +247,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         moe = moe + terms.elementwise_time(fp8_terms.cast_bytes(spec, tokens_cp, tp, copies, etp)[0], rates)
     norm = terms.elementwise_time(mm.BF16 * 2 * spec.hidden_size * tokens_cp / tp, rates)  # read h, write h
     return LayerTimes(dense=attention + dense_mlp, moe=moe, comm=a2a + 2 * gather, expert=expert_f + moe_act + shared,
-                      block=expert_f + moe_act + shared + router + permute, core=core, norm=norm,
+                      block=expert_f + moe_act + shared + router + permute, core=core,
+                      core_backward_extra=core_backward - 2 * core, norm=norm,
                       mla_up=mla_up_time(spec, tokens_cp, tp, gemm_rates, rates), moe_act=moe_act, shared=shared,
                       dense_mlp=dense_mlp)
 
@@ -467,7 +471,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
                         sms=streaming_multiprocessors(gpu.architecture), routing=options.routing)
     dense_f, moe_f = layer.dense, layer.moe
     moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
-    dense_t = (3.0 + (recompute == "full")) * dense_f
+    dense_t = (3.0 + (recompute == "full")) * dense_f + layer.core_backward_extra
     if recompute == "selective":
         dense_t = dense_t + recomputed_forward(spec, layer, options.recompute_modules(spec))[0]
     most, fewest_last = ((np.ceil(spec.num_layers / b["pp"]), np.floor(spec.num_layers / b["pp"]))
@@ -536,6 +540,7 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     if recompute == "full":
         rest_again, expert_again = compute - expert, expert
     block = layer.block if again else 0.0
+    rest_again = rest_again + layer.core_backward_extra  # attention's backward is in the rest's node
     work = 3.0 * compute + rest_again + expert_again + block
     plain = work + (forwards + 1.0) * comm + idle
     steady = plain

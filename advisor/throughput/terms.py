@@ -86,10 +86,16 @@ def attention_time(spec: LlamaSpec, seq_len, mbs, tp, cp, rates: Rates):
     (``attention_executed_flops``; backward 2.5x, FlashAttention-2 Section 3) at the kernel's
     sustained rate, plus one call's fixed cost per CP ring step (TE's P2P context parallelism
     calls the kernel once per step, ``cp`` steps)."""
-    flops = attention_executed_flops(spec, seq_len, mbs, tp, cp)
+    return attention_kernel_time(attention_executed_flops(spec, seq_len, mbs, tp, cp), cp, rates)
+
+
+def attention_kernel_time(forward_flops, cp, rates: Rates):
+    """(forward, backward) of the flash-attention calls of one layer executing ``forward_flops``
+    forward (``attention_time``): 2.5 times the FLOPs backward, one call's fixed cost per CP ring
+    step, split between the passes as the FLOPs are."""
     rate = rates.attention_flops_per_s
     latency = rates.attention_latency_s * np.asarray(cp)
-    return flops / rate + latency / 3.5, 2.5 * flops / rate + 2.5 * latency / 3.5
+    return forward_flops / rate + latency / 3.5, 2.5 * forward_flops / rate + 2.5 * latency / 3.5
 
 
 def layer_elementwise_bytes(spec: LlamaSpec, tokens, tp):
