@@ -469,11 +469,9 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     layer = layer_times(spec, seq_len, tp=b["tp"], cp=b["cp"], ep=b["ep"], etp=b["etp"], mbs=b["mbs"], rates=rates,
                         gemm_rates=gemm_rates, dispatcher=options.dispatcher,
                         sms=streaming_multiprocessors(gpu.architecture), routing=options.routing)
-    dense_f, moe_f = layer.dense, layer.moe
+    moe_f = layer.moe
     moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
-    dense_t = (3.0 + (recompute == "full")) * dense_f + layer.core_backward_extra
-    if recompute == "selective":
-        dense_t = dense_t + recomputed_forward(spec, layer, options.recompute_modules(spec))[0]
+    dense_t = _dense_layer_pace(spec, recompute, options, layer)
     most, fewest_last = ((np.ceil(spec.num_layers / b["pp"]), np.floor(spec.num_layers / b["pp"]))
                          if layers_per_stage is None else (max(layers_per_stage), layers_per_stage[-1]))
     tokens_cp = b["mbs"] * seq_len / b["cp"]
@@ -516,6 +514,15 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
                                        pp_comm=m * vpp * 2 * p2p, overhead=m * cal.microbatch_overhead_s,
                                        ep_comm=ep_comm, dp_comm=spread(dp_comm), optimizer=spread(optimizer))
     return out
+
+
+def _dense_layer_pace(spec: MoESpec, recompute: str, options, layer: LayerTimes):
+    """A dense layer's forward and backward per microbatch: the forward once more with full
+    recomputation, its selective modules' forward (``recomputed_forward``) with selective."""
+    pace = (3.0 + (recompute == "full")) * layer.dense + layer.core_backward_extra
+    if recompute == "selective":
+        pace = pace + recomputed_forward(spec, layer, options.recompute_modules(spec))[0]
+    return pace
 
 
 def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, options, gpu, rates: Rates,
