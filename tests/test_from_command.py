@@ -447,8 +447,9 @@ _SMALL = (f"{_MOE} --num-experts 8 --disable-bias-linear --swiglu --normalizatio
      "--no-masked-softmax-fusion (megatron-core's own attention's softmax unfused, not priced)"),
 ])
 def test_moe_flags_that_change_nothing_are_silent_and_the_rest_named(flags, note):
-    estimate = invoke(["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size", "1000",
-                       "--format", "json"], stdin=f"{_SMALL} --moe-grouped-gemm {flags}\n")
+    # EP 2: the flex dispatcher needs EP x ETP > 1 (megatron-core's MoEFlexTokenDispatcher asserts it)
+    estimate = invoke(["estimate", "--from-command", "-", "--gpus", "2", "--mem", "80", "--vocab-size", "1000",
+                       "--format", "json"], stdin=f"{_SMALL} --moe-grouped-gemm --expert-model-parallel-size 2 {flags}\n")
     assert estimate["unpriced"] == ([note] if note else [])
 
 

@@ -232,3 +232,117 @@ def test_a_mask_rebuilt_per_sample_bounds_the_moe_step_as_the_dense_one():
     host = 64 / 1 * rates.host_mask_s_per_element * 32768.0**2 / 2
     assert host > cached["step_time_s"]  # the case where the data loader is the bound
     assert rebuilt["step_time_s"] == pytest.approx(max(cached["step_time_s"], host), rel=1e-12)
+
+
+_MIXTRAL_COMMAND = (
+    "torchrun --nproc-per-node 8 --nnodes 1 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+    "--ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention --num-query-groups 8 "
+    "--seq-length 4096 --max-position-embeddings 32768 --normalization RMSNorm --swiglu "
+    "--position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights --vocab-size 32000 "
+    "--make-vocab-size-divisible-by 128 --micro-batch-size 1 --global-batch-size 256 --bf16 "
+    "--use-distributed-optimizer --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm "
+    "--expert-model-parallel-size 8 --moe-token-dispatcher-type alltoall --moe-router-load-balancing-type aux_loss "
+    "--moe-aux-loss-coeff 1e-2")
+
+
+def _from_command(extra: str, *options: str):
+    return CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpu", "h100-80gb", *options],
+                              input=f"{_MIXTRAL_COMMAND} {extra}\n")
+
+
+def test_selective_recomputation_in_a_command_is_megatrons_core_attn_by_default():
+    """Without --recompute-modules Megatron recomputes core_attn (transformer_config.py,
+    __post_init__, both releases): the command is priced so, as the same estimate with
+    --recompute-modules core_attn, not with the advisor's own default (moe_act, layernorm)."""
+    read = json.loads(_from_command("--recompute-granularity selective", "--format", "json").stdout)
+    given = json.loads(_from_command("--recompute-granularity selective --recompute-modules core_attn",
+                                     "--format", "json").stdout)
+    ours = json.loads(_from_command("--recompute-granularity selective --recompute-modules moe_act layernorm",
+                                    "--format", "json").stdout)
+    assert read["recompute_modules"] == ["core_attn"]
+    assert (read["total_gib"], read["step_time_s"]) == (given["total_gib"], given["step_time_s"])
+    assert ours["total_gib"] < read["total_gib"]  # what the command does not recompute is kept
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("--recompute-granularity selective --recompute-modules", ("--recompute-modules names no module",)),
+    ("--recompute-granularity selective --recompute-modules core_attn bogus", ("bogus", "not one of Megatron's")),
+    ("--moe-router-enable-expert-bias", ("expert_bias", "sigmoid")),
+    ("--overlap-moe-expert-parallel-comm --moe-shared-expert-intermediate-size 4096 --moe-shared-expert-overlap",
+     ("--moe-shared-expert-overlap",)),
+    ("--moe-token-dispatcher-type flex --moe-enable-deepep --expert-model-parallel-size 1",
+     ("flex dispatcher needs EP x ETP > 1",)),
+    ("--moe-router-topk 1", ("--moe-router-pre-softmax",)),
+])
+def test_commands_megatron_refuses_are_refused_in_one_line(extra, words):
+    _one_line_error(_from_command(extra), *words)
+
+
+def test_top_one_routing_is_read_and_launched_with_pre_softmax():
+    read = json.loads(_from_command("--moe-router-topk 1 --moe-router-pre-softmax", "--format", "json").stdout)
+    assert "--moe-router-pre-softmax" in read["megatron_args"]
+    assert read["megatron_args"][read["megatron_args"].index("--moe-router-topk") + 1] == "1"
+
+
+def test_yarn_without_mscale_all_dim_is_megatrons_default():
+    # --mscale-all-dim defaults to 0.0 in both releases (_yarn_get_mscale(scale, 0) is 1)
+    mla = ("--multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 "
+           "--qk-pos-emb-head-dim 64 --v-head-dim 128")
+    result = _from_command(mla, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert "--mscale-all-dim" in json.loads(result.stdout)["megatron_args"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model", "mixtral-8x7b", "--gpus", "8", "--ep", "1", "--moe-token-dispatcher-type", "flex"],
+     ("flex dispatcher needs EP x ETP > 1",)),
+    (["--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--overlap-moe-expert-parallel-comm", "--recompute",
+      "selective", "--recompute-modules", "moe"], ("--recompute-modules moe",)),
+    (["--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--recompute", "selective", "--recompute-modules",
+      "mla_up_proj"], ("mla_up_proj", "multi-latent attention")),
+])
+def test_estimates_megatron_refuses_are_refused_in_one_line(args, words):
+    _one_line_error(CliRunner().invoke(cli, ["estimate", "--gpu", "h100-80gb", *args]), *words)
+
+
+def test_a_flex_sweep_has_no_row_without_expert_or_tensor_parallelism():
+    rows = json.loads(CliRunner().invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--gpu", "b200-180gb",
+                                               "--moe-token-dispatcher-type", "flex", "--all", "--format",
+                                               "json"]).stdout)
+    assert rows and all(r["ep"] * r["etp"] > 1 for r in rows)
+
+
+def test_a_selective_row_without_modules_launches_the_modules_it_was_priced_with():
+    from advisor.moe.flags import row_args
+    from advisor.moe.spec import PRESETS
+
+    row = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--recompute", "selective", "--top", "1"]).stdout)[0]
+    priced = row["recompute_modules"]
+    row["recompute_modules"] = None  # a hand-edited row: priced with the default (MoEOptions.recompute_modules)
+    args = row_args(PRESETS["qwen3-30b-a3b"], 4096, 256, row)
+    assert args[args.index("--recompute-modules") + 1:][:len(priced)] == priced
+
+
+def test_tied_embeddings_share_the_lm_head_at_pp_1_by_hand():
+    # Mixtral at TP 1, PP 1, EP 8 on 64 GPUs (DP 64): tied, the LM head is the embedding, so the
+    # last stage drops v h parameters of BF16 weights, FP32 gradients and Adam's 12 bytes over DP
+    layout = ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb", "--tp", "1", "--pp", "1",
+              "--ep", "8", "--format", "json"]
+    untied = json.loads(CliRunner().invoke(cli, layout).stdout)
+    tied = json.loads(CliRunner().invoke(cli, [*layout, "--tie-embeddings"]).stdout)
+    head = 32000 * 4096 * (2 + 4 + 12 / 64)
+    assert (untied["total_gib"] - tied["total_gib"]) * 2**30 == pytest.approx(head)
+    assert "--untie-embeddings-and-output-weights" in untied["megatron_args"]
+    assert "--untie-embeddings-and-output-weights" not in tied["megatron_args"]
+    # at PP 2 the last stage keeps a copy (Megatron syncs the two): the same memory as untied
+    staged = [*layout[:-6], "--pp", "2", "--ep", "8", "--format", "json"]
+    assert json.loads(CliRunner().invoke(cli, [*staged, "--tie-embeddings"]).stdout)["total_gib"] == pytest.approx(
+        json.loads(CliRunner().invoke(cli, staged).stdout)["total_gib"])
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("--moe-router-load-balancing-type bogus", ("'bogus' is not one of Megatron's",)),
+    ("--moe-router-load-balancing-type sinkhorn --moe-expert-capacity-factor 1.0", ("sinkhorn", "drops tokens")),
+])
+def test_balancing_types_megatron_refuses_are_refused_in_one_line(extra, words):
+    _one_line_error(_from_command(extra), *words)

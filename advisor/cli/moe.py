@@ -7,6 +7,7 @@ import click
 
 from advisor import limits
 from advisor.cli.options import DEGREE, Bounded, InputError, apply_options, color_wanted, emit
+from advisor.moe.spec import RECOMPUTE_MODULES
 
 MOE_CAPACITY_FACTOR = Bounded(limits.MOE_CAPACITY_FACTOR, integer=False, low_open=True)
 MOE_IMBALANCE = Bounded(limits.MOE_IMBALANCE, integer=False)
@@ -42,14 +43,14 @@ def moe_options(func):
         click.option("--delay-wgrad-compute", "delay_wgrad", is_flag=True,
                      help="Megatron's delayed weight gradients (with --overlap-moe-expert-parallel-comm only)."),
         click.option("--recompute-modules", "recompute_modules", multiple=True, type=click.Choice(RECOMPUTE_MODULES),
-                     help="MoE models, with --recompute selective: Megatron's --recompute-modules (repeat the "
-                          "option; default moe_act, layernorm and, with MLA, mla_up_proj)."),
+                     metavar="MODULE",
+                     help=f"MoE models, with --recompute selective: Megatron's --recompute-modules, one of "
+                          f"{', '.join(RECOMPUTE_MODULES)} (repeat the option). Default here: moe_act, "
+                          "layernorm and, with MLA, mla_up_proj, which save memory; Megatron's own default, "
+                          "core_attn, saves none with fused attention. The rows always write the modules."),
     ], func)
 
 
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
-"""Megatron's --recompute-modules values (core_v0.15.2 arguments.py); core_attn keeps nothing
-more with fused attention (no s^2 scores), so it changes no term."""
 
 
 def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance, recompute_modules,
@@ -92,7 +93,11 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
     if fp8.fp8_format is not None and fp8.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(recompute_modules):
         raise InputError("--recompute-modules moe_act or layernorm with FP8 needs an --fp8-recipe other than delayed "
                          "(megatron-core refuses them with delayed scaling)")
-    _check_overlap(a2a_overlap, delay_wgrad, dispatcher, spec.mtp_num_layers if mtp_num_layers is None else mtp_num_layers)
+    if "mla_up_proj" in recompute_modules and spec.mla is None:
+        raise InputError(f"--recompute-modules mla_up_proj needs multi-latent attention, which {spec.name} does not "
+                         "have (megatron-core refuses it)")
+    _check_overlap(a2a_overlap, delay_wgrad, dispatcher, spec.mtp_num_layers if mtp_num_layers is None else mtp_num_layers,
+                   recompute_modules)
     if mtp_num_layers is not None:
         spec = replace(spec, mtp_num_layers=mtp_num_layers)
     return spec, MoEOptions(dispatcher=dispatcher, training=training.with_(recompute="none"),
@@ -131,9 +136,12 @@ def _padded(moe_routing: str, capacity_factor, pad_to_capacity: bool | None, dis
     return padded
 
 
-def _check_overlap(a2a_overlap: bool, delay_wgrad: bool, dispatcher: str, mtp_num_layers) -> None:
+def _check_overlap(a2a_overlap: bool, delay_wgrad: bool, dispatcher: str, mtp_num_layers, recompute_modules) -> None:
     """megatron-core's refusals of the EP all-to-all overlap that do not depend on the layout
     (``transformer_config.py``, ``__post_init__``; the layout's: ``advisor.moe.space.overlap_problem``)."""
+    if a2a_overlap and "moe" in recompute_modules:  # core_v0.19.0's assertion
+        raise InputError("--overlap-moe-expert-parallel-comm refuses --recompute-modules moe (megatron-core: "
+                         "'disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm')")
     if delay_wgrad and not a2a_overlap:
         raise InputError("--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (megatron-core refuses it alone)")
     if a2a_overlap and dispatcher == "allgather":

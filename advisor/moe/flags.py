@@ -15,7 +15,7 @@ MODEL_FLAGS = (
     "--moe-router-enable-expert-bias", "--moe-router-num-groups", "--moe-router-group-topk",
     "--moe-router-topk-scaling-factor", "--multi-latent-attention", "--kv-lora-rank", "--qk-head-dim",
     "--qk-pos-emb-head-dim", "--v-head-dim", "--q-lora-rank", "--rope-type", "--rotary-scaling-factor", "--mscale",
-    "--mscale-all-dim", "--mtp-num-layers",
+    "--mscale-all-dim", "--mtp-num-layers", "--moe-router-pre-softmax",
 )
 """Every flag ``model_flags`` writes (its presence or absence is the model)."""
 LAYOUT_FLAGS = (
@@ -59,6 +59,8 @@ def model_flags(spec: MoESpec) -> list[str]:
         args.append("--qk-layernorm")
     if spec.score_function == "sigmoid":
         args += ["--moe-router-score-function", "sigmoid"]
+    elif spec.moe_router_topk == 1:  # megatron-core refuses top-1 softmax after the top-k (no gradient)
+        args.append("--moe-router-pre-softmax")
     if spec.expert_bias:
         args.append("--moe-router-enable-expert-bias")
     if spec.router_num_groups is not None:
@@ -163,7 +165,7 @@ def rows_arg_parts(spec: MoESpec, seq_len: int, global_batch_size: int, rows) ->
         if layout is None:
             layout = layouts[key] = _with_mtp(_layout_args(spec, seq_len, *key[:4], global_batch_size,
                                                            _row_options(*key[5]), key[4]), spec.mtp_num_layers)
-        modules = row.get("recompute_modules")
+        modules = _recomputed_modules(spec, row)
         key = (row["ep"], row["etp"], row["dispatcher"], None if modules is None else tuple(modules),
                row.get("capacity_factor"), row_pads(row), bool(row.get("a2a_overlap")), bool(row.get("delay_wgrad")))
         flags = experts.get(key)
@@ -173,6 +175,17 @@ def rows_arg_parts(spec: MoESpec, seq_len: int, global_batch_size: int, rows) ->
                                                       pad_to_capacity=key[5], a2a_overlap=key[6], delay_wgrad=key[7]))
         out.append((layout, model, flags))
     return out
+
+
+def _recomputed_modules(spec: MoESpec, row: dict) -> list[str] | None:
+    """The row's --recompute-modules: its own, or, for a selective row without them, the default
+    it was priced with (``MoEOptions.recompute_modules``), never Megatron's core_attn."""
+    modules = row.get("recompute_modules")
+    if modules is None and row.get("recompute") == "selective":
+        from advisor.moe.stage import MoEOptions
+
+        modules = sorted(MoEOptions(training=row_options(row)).recompute_modules(spec))
+    return modules
 
 
 def pad_problem(dispatcher: str, capacity_factor: float | None, pad_to_capacity: bool) -> str | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
+from advisor.moe.spec import RECOMPUTE_MODULES
 
 VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size",
           "moe-layer-freq", "moe-router-score-function", "moe-router-num-groups", "moe-router-group-topk",
@@ -167,9 +168,14 @@ def moe_spec(dense: LlamaSpec, values: dict):
     if score not in ("softmax", "sigmoid"):
         raise AdvisorError(f"--moe-router-score-function {score!r} is not priced (softmax or sigmoid)")
     mla, yarn = _mla_and_yarn(values)
+    top_k = flag_int(values, "moe-router-topk", 2)
+    if top_k == 1 and score == "softmax" and not values.get("moe-router-pre-softmax") \
+            and values.get("moe-router-load-balancing-type") != "sinkhorn":  # transformer_config.py, __post_init__
+        raise AdvisorError("--moe-router-topk 1 with the softmax score function needs --moe-router-pre-softmax "
+                           "(megatron-core refuses it: a softmax over one expert has no gradient)")
     fields = {name: getattr(dense, name) for name in dense.__dataclass_fields__}
     return MoESpec(**fields, num_experts=flag_int(values, "num-experts"),
-                   moe_router_topk=flag_int(values, "moe-router-topk", 2),
+                   moe_router_topk=top_k,
                    moe_ffn_hidden_size=flag_int(values, "moe-ffn-hidden-size", dense.ffn_hidden_size),
                    shared_expert_size=flag_int(values, "moe-shared-expert-intermediate-size", 0) or 0,
                    first_dense_layers=first_dense_layers(values.get("moe-layer-freq", "1"), dense.num_layers),
@@ -196,15 +202,15 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
     dispatcher, backend_note = _dispatcher(values)
     unpriced += backend_note
     capacity = _float(values, "moe-expert-capacity-factor", bound=limits.MOE_CAPACITY_FACTOR)
+    _check_balancing(values.get("moe-router-load-balancing-type", "aux_loss"), capacity)
     pad = bool(values.get("moe-pad-expert-input-to-capacity"))  # a factor alone drops without padding
-    modules = values.get("recompute-modules")
-    if modules is not None and recompute != "selective":  # Megatron reads them only with selective
-        unpriced.append("--recompute-modules without --recompute-granularity selective (Megatron ignores them; "
-                        "priced without)")
-        modules = None
+    modules = _recompute_modules(values, recompute, unpriced)
+    if values.get("overlap-moe-expert-parallel-comm") and values.get("moe-shared-expert-overlap"):
+        raise AdvisorError("--overlap-moe-expert-parallel-comm refuses --moe-shared-expert-overlap (megatron-core: "
+                           "'disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm')")
     settings = {"dispatcher": dispatcher,
                 "moe_routing": "capacity" if capacity is not None else "balanced", "capacity_factor": capacity,
-                "moe_imbalance": 1.0, "recompute_modules": tuple(modules or ()),
+                "moe_imbalance": 1.0, "recompute_modules": modules,
                 "mtp_num_layers": flag_int(values, "mtp-num-layers", 0),
                 "a2a_overlap": bool(values.get("overlap-moe-expert-parallel-comm")),
                 "delay_wgrad": bool(values.get("delay-wgrad-compute")), "pad_to_capacity": pad}
@@ -214,6 +220,43 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
         raise AdvisorError(problem)
     ep = flag_int(values, "expert-model-parallel-size", 1)
     return MoERead(ep=ep, etp=flag_int(values, "expert-tensor-parallel-size", tp), settings=settings), unpriced
+
+
+BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none", "quantile_balancing")
+"""--moe-router-load-balancing-type's values: core_v0.15.2's choices, and core_v0.19.0's
+quantile_balancing (``router.py``)."""
+
+
+def _check_balancing(balancing: str, capacity: float | None) -> None:
+    """Megatron's refusals of the balancing type: its choices, and a capacity factor only with a
+    loss-based balancing or none (core_v0.19.0 ``transformer_config.py``, __post_init__)."""
+    if balancing not in BALANCING:
+        raise AdvisorError(f"--moe-router-load-balancing-type {balancing!r} is not one of Megatron's "
+                           f"({', '.join(BALANCING)})")
+    if capacity is not None and balancing in ("sinkhorn", "quantile_balancing"):
+        raise AdvisorError(f"--moe-expert-capacity-factor with --moe-router-load-balancing-type {balancing}: "
+                           "megatron-core drops tokens only with aux_loss, seq_aux_loss, global_aux_loss or none")
+
+
+def _recompute_modules(values: dict, recompute: str, unpriced: list[str]) -> tuple[str, ...]:
+    """The modules selective recomputation runs again, as Megatron reads the command: its default
+    core_attn where --recompute-modules is absent (``transformer_config.py``, __post_init__, both
+    releases), none without selective (Megatron ignores them; named in ``unpriced``)."""
+    modules = values.get("recompute-modules")
+    if recompute != "selective":
+        if modules is not None:
+            unpriced.append("--recompute-modules without --recompute-granularity selective (Megatron ignores them; "
+                            "priced without)")
+        return ()
+    if modules is None:
+        return ("core_attn",)
+    if not modules:  # core_v0.15.2's nargs='*' takes it and recomputes nothing; core_v0.19.0's nargs='+' refuses it
+        raise AdvisorError("--recompute-modules names no module: give the modules to recompute, or drop "
+                           "--recompute-granularity selective")
+    if unknown := sorted(set(modules) - set(RECOMPUTE_MODULES)):
+        raise AdvisorError(f"--recompute-modules {' '.join(unknown)}: not one of Megatron's "
+                           f"({', '.join(RECOMPUTE_MODULES)})")
+    return tuple(modules)
 
 
 SM_FLAGS = ("moe-flex-dispatcher-num-sms", "moe-deepep-num-sms", "moe-hybridep-num-sms")

@@ -61,9 +61,10 @@ class Layouts:
 
 def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: int, pp: int, ep: int, etp: int,
                    mbs: int, vpp: int = 1, layers_per_stage: tuple[int, ...] | None = None, *,
-                   a2a_overlap: bool = False, recompute: str = "none") -> str | None:
+                   a2a_overlap: bool = False, recompute: str = "none", dispatcher: str = "alltoall") -> str | None:
     """Why megatron-core cannot run this layout (with ``layers_per_stage``, its own split; with
-    --overlap-moe-expert-parallel-comm where ``a2a_overlap``, and ``recompute``), or None."""
+    --overlap-moe-expert-parallel-comm where ``a2a_overlap``, and ``recompute``; with the
+    ``dispatcher``), or None."""
     heads = spec.num_attention_heads
     groups = heads if spec.mla is not None else spec.num_query_groups
     if heads % tp or groups % tp:
@@ -74,6 +75,8 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
         return f"EP {ep} must divide the {spec.num_experts} experts"
     if (gpus // pp) % (ep * etp):
         return f"EP x ETP = {ep * etp} must divide TP x CP x DP = {gpus // pp} (megatron-core's expert groups)"
+    if dispatcher == "flex" and ep * etp == 1:  # token_dispatcher.py, MoEFlexTokenDispatcher (both releases)
+        return "the flex dispatcher needs EP x ETP > 1 (megatron-core asserts 'Flex token dispatcher requires TPxEP > 1')"
     if layers_per_stage is not None:
         from advisor.memory import split_problem
 
@@ -408,13 +411,16 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
     if options.a2a_overlap:  # overlap_problem's rules, vectorised
         keep &= (layouts.ep > 1) & ((layouts.pp == 1) | (layouts.vpp > 1))
         keep &= layouts.recompute != RECOMPUTES.index("full")
+    if options.dispatcher == "flex":  # layout_problem's rule, vectorised
+        keep &= layouts.ep * layouts.etp > 1
     layouts = layouts if keep.all() else layouts.take(keep)
     if not len(layouts.tp):
         raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs with these choices (EP {ep or 'any'}, ETP "
                            f"{etp or 'any'}, VPP {vpp or 'any'}" + (", an even split" if even_split else "")
                            + (f", recompute {recompute}" if recompute else "")
                            + (", --overlap-moe-expert-parallel-comm: EP > 1, VPP > 1 with PP > 1, no full recompute"
-                              if options.a2a_overlap else "") + ")")
+                              if options.a2a_overlap else "")
+                           + (", the flex dispatcher: EP x ETP > 1" if options.dispatcher == "flex" else "") + ")")
     judge, band = calibrated_judge(spec, workload.seq_len, options, memory_gib) if memory_model == "calibrated" \
         else (None, None)
     layouts, memory, verdict = _judged(spec, workload, layouts, options, judge, memory_gib, threshold, band)
@@ -540,7 +546,7 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
     own split (default ``stage.split_layers``)."""
     split = tuple(layers_per_stage) if layers_per_stage is not None else None
     problem = layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs, vpp, split,
-                             a2a_overlap=options.a2a_overlap, recompute=recompute)
+                             a2a_overlap=options.a2a_overlap, recompute=recompute, dispatcher=options.dispatcher)
     if problem:
         raise AdvisorError(problem)
     memory_model = memory_model or ("calibrated" if gpu is not None and memory_gib is not None else "paper")

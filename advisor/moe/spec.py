@@ -20,6 +20,10 @@ _WIDTH = limits.MODEL["ffn_hidden_size"]
 _EXPERTS = limits.Bound(1, limits.EXPERTS, "DeepSeek-V3 routes over 256 experts; 2^14 is 64 times that")
 
 
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+"""Megatron's --recompute-modules values (core_v0.15.2 arguments.py; ``transformer_config.py``
+__post_init__'s allowed modules in both releases)."""
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MLA:
     """Multi-latent attention's sizes (DeepSeek-V2/V3; Megatron's --multi-latent-attention with
@@ -57,8 +61,11 @@ class YarnScaling:
         limits.check_float(self.factor, "yarn.factor", limits.ROPE_SCALING)
         limits.check_int(self.original_max_position_embeddings, "yarn.original_max_position_embeddings",
                          limits.SEQ_LEN)
-        for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        for key in ("beta_fast", "beta_slow"):
             limits.check_float(getattr(self, key), f"yarn.{key}", limits.YARN_MSCALE, low_open=True)
+        # 0 is Megatron's default --mscale-all-dim: ``_yarn_get_mscale(scale, 0)`` is 1, no scaling
+        for key in ("mscale", "mscale_all_dim"):
+            limits.check_float(getattr(self, key), f"yarn.{key}", limits.YARN_MSCALE)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -118,6 +125,9 @@ class MoESpec(LlamaSpec):
         if self.score_function not in SCORE_FUNCTIONS:
             raise AdvisorError(f"score_function must be {' or '.join(SCORE_FUNCTIONS)}, got "
                                f"{_describe(self.score_function)}")
+        if self.expert_bias and self.score_function != "sigmoid":  # transformer_config.py, __post_init__
+            raise AdvisorError("expert_bias (--moe-router-enable-expert-bias) needs the sigmoid score function "
+                               "(--moe-router-score-function sigmoid): megatron-core refuses it with softmax")
         limits.check_float(self.aux_loss_coeff, "aux_loss_coeff", limits.AUX_LOSS_COEFF)
         if self.router_topk_scaling_factor is not None:
             limits.check_float(self.router_topk_scaling_factor, "router_topk_scaling_factor",

@@ -179,10 +179,13 @@ def _model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, s
     state = options.gradient_bytes + mm.BF16
     shards = np.where(options.distributed_optimizer, dp * cp, 1)
     vocab = eq.padded_vocab_size(spec.vocab_size, options.training.vocab_divisible_by, tp)
-    ends = np.where(stage == 0, eq.embedding_parameters(spec, tp, vocab), 0) + np.where(
-        stage == pp - 1, eq.embedding_parameters(spec, tp, vocab) + spec.hidden_size, 0)
+    embedding = eq.embedding_parameters(spec, tp, vocab)
+    # the LM head, as for dense models (advisor.memory): none with tied embeddings at PP 1; a
+    # copy of the embedding on the last stage otherwise, which MTP's embedding then is
+    head = np.where(spec.tie_embeddings & (pp == 1), 0, embedding)
+    ends = np.where(stage == 0, embedding, 0) + np.where(stage == pp - 1, head + spec.hidden_size, 0)
     ends = ends + mtp * mtp_terms.dense_parameters(spec, tp) + np.where(
-        mtp > 0, mtp_terms.embedding_copy_parameters(spec, tp, pp, vocab), 0.0)
+        (mtp > 0) & (not spec.tie_embeddings), mtp_terms.embedding_copy_parameters(spec, tp, pp, vocab), 0.0)
     dense_params = dense * params.dense_layer_parameters(spec, tp) + ends
     dense_states = dense_params * (state + eq.OPTIMIZER_BYTES / shards) + mm.moe_dense_state_bytes(
         spec, tp, shards, moe_layers, gradient_bytes=options.gradient_bytes,
