@@ -218,21 +218,36 @@ class JsonLines:
 # --- writing -------------------------------------------------------------------------------
 
 
+_PSEUDO = (("/", "proc"), ("/", "sys"))
+"""The kernel's file systems: their permission bits do not say whether a file can be created."""
+
+
 def _resolve(path: Path) -> Path:
-    """``path`` with its symbolic links followed, refusing a way through /proc: /dev/stdout and
-    /dev/fd/N are links to an open descriptor, whose "target" is whatever it is connected to."""
-    refused = AdvisorError(f"{path} names an open file descriptor, not a file: output files are written "
-                           f"atomically (for standard output, leave out -o or give -o -)")
+    """``path`` with its symbolic links followed, refusing a descriptor's: /dev/stdout, /dev/fd/N
+    and /proc/PID/fd/N are links to an open descriptor, whose "target" is whatever it is
+    connected to."""
     current = Path(os.path.abspath(path))
     for _ in range(40):  # Linux's own limit on links followed (ELOOP)
         parent = Path(os.path.realpath(current.parent))
         current = parent / current.name
-        if parent.parts[:2] == ("/", "proc"):
-            raise refused
+        if parent.parts[:2] == ("/", "proc") and parent.name == "fd":
+            raise AdvisorError(f"{path} names an open file descriptor, not a file: output files are written "
+                               f"atomically (for standard output, leave out -o or give -o -)")
         if not current.is_symlink():
             return current
         current = Path(os.path.join(parent, os.readlink(current)))
     raise AdvisorError(f"{path}: too many levels of symbolic links")
+
+
+def _check_creatable(path: Path, parent: Path) -> None:
+    """In /proc or /sys, create (and remove) the temporary file a write would, for the error the
+    write would meet (/proc/x.out: 'No such file or directory'), before any work."""
+    probe = parent / _temporary_name("probe")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except OSError as exc:
+        raise AdvisorError(f"{path}: cannot create files in {parent}: {exc.strerror or exc}") from None
+    probe.unlink(missing_ok=True)
 
 
 def output_target(path: str | Path) -> tuple[Path, os.stat_result | None]:
@@ -241,6 +256,8 @@ def output_target(path: str | Path) -> tuple[Path, os.stat_result | None]:
     cannot be written to. Called before the work (so a bad -o fails fast) and by every write."""
     if os.fspath(path) in ("", "."):
         raise AdvisorError(f"the output path {os.fspath(path)!r} names no file")
+    if os.fspath(path).endswith(os.sep):  # Path() would drop the '/': a directory, by POSIX
+        raise AdvisorError(f"{os.fspath(path)} ends in '{os.sep}', which names a directory; give a file name")
     path = Path(path)
     if len(os.fsencode(path.name)) > limits.NAME_BYTES:
         raise AdvisorError(f"{path}: the file name is longer than {limits.NAME_BYTES} bytes")
@@ -269,6 +286,8 @@ def output_target(path: str | Path) -> tuple[Path, os.stat_result | None]:
         raise AdvisorError(f"{path}: no such directory: {parent}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise AdvisorError(f"{path}: cannot create files in {parent}: permission denied")
+    if parent.parts[:2] in _PSEUDO:
+        _check_creatable(path, parent)
     return target, info
 
 

@@ -14,13 +14,14 @@ the training options' parser, and whatever nobody prices is named, never dropped
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
 from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
-from advisor.shell_command import unset_name
+from advisor.shell_command import as_written, unexpanded, unset_variable
 
 # Flags read here, and how many values each takes.
 _MODEL_VALUED = {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
@@ -56,6 +57,7 @@ HARMLESS_VALUED = {
     "dataloader-type", "mid-level-dataset-surplus", "ckpt-step", "async-save", "dist-ckpt-strictness",
     "one-logger-project", "one-logger-run-name", "wandb-entity", "log-straggler", "straggler-minmax-count",
     "manual-gc-interval", "memory-snapshot-path", "rerun-mode", "check-weight-hash-across-dp-replicas-interval",
+    "save-retain-interval",
     "object-storage-cache-path", "ckpt-fully-parallel-save", "non-persistent-save-interval",
     "non-persistent-ckpt-type", "non-persistent-global-ckpt-dir", "use-checkpoint-args", "data-sharding",
     # RoPE's position interpolation scales the positions (rotary_pos_embedding.py): no tensor changes.
@@ -69,7 +71,7 @@ HARMLESS_SWITCHES = {
     "apply-layernorm-1p", "calculate-per-token-loss", "manual-gc", "check-for-nan-in-loss-and-grad",
     "no-check-for-nan-in-loss-and-grad", "use-rotary-position-embeddings", "auto-detect-ckpt-format",
     "exit-on-missing-checkpoint", "no-initialization", "log-energy", "adlr-autoresume", "use-checkpoint-opt_param-scheduler",
-    "override-opt_param-scheduler", "save-retain-interval", "disable-tensorboard", "exit-signal-handler",
+    "override-opt_param-scheduler", "disable-tensorboard", "exit-signal-handler",
     "no-ckpt-fully-parallel-save",
 }
 _MULTI_VALUED = {"rampup-batch-size": 3, "data-path": None, "train-data-path": None, "valid-data-path": None,
@@ -89,10 +91,40 @@ class ParsedArguments:
     """Everything else, in order: for the training options' parser."""
     skipped: list[str] = field(default_factory=list)
     """The harmless flags met (names)."""
+    unset: list[str] = field(default_factory=list)
+    """Words that are one variable the script does not set, where a flag may stand ($EXTRA_ARGS):
+    read as empty, as bash expands them, and named as written."""
 
 
 def _is_value(word: str) -> bool:
     return not word.startswith("--") and not re.fullmatch(r"-[A-Za-z].*", word)
+
+
+@functools.cache
+def _switches() -> frozenset[str]:
+    """Every flag known to be a switch (store_true or store_false in Megatron's argparse): read
+    here, by the training options' parser or by the MoE reader."""
+    from advisor.moe.readback import SWITCHES as MOE_SWITCHES
+    from advisor.options.flags import SWITCHES
+
+    return frozenset(_MODEL_SWITCHES | _LAYOUT_SWITCHES | HARMLESS_SWITCHES | MOE_SWITCHES
+                     | {flag[2:] for flag in SWITCHES} | {_SOFTMAX_FUSION_OFF[2:]})
+
+
+def _stray_value(name: str, words: list[str], i: int, has_value: bool, value: str) -> None:
+    """A value after a switch (--moe-grouped-gemm false): Megatron's argparse refuses the command
+    (unrecognized arguments; ignored explicit argument for --switch=value), so one line here."""
+    stray = value if has_value else words[i + 1] if i + 1 < len(words) and _is_value(words[i + 1]) else None
+    if stray is not None and not has_value and unset_variable(stray):
+        return  # $EXTRA after a switch: no word at all where the script leaves it unset
+    if stray is not None:
+        raise AdvisorError(f"--{name} is a switch and takes no value, got {as_written(stray)!r} (Megatron-LM "
+                           f"refuses the command): write --{name} alone to set it, or leave it out")
+
+
+def _unexpanded_problem(name: str, text: str) -> str | None:
+    shown = unexpanded(text)
+    return None if shown is None else f"--{name} is {shown}: write its value in the command"
 
 
 def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
@@ -102,8 +134,16 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
     while i < len(words):
         word = words[i]
         if not word.startswith("--"):
+            if unset_variable(word):  # bash expands it to nothing: flags it may hold are not seen
+                parsed.unset.append(as_written(word))
+                i += 1
+                continue
+            if (shown := unexpanded(word)) is not None:
+                raise AdvisorError(f"{shown}, stands where Megatron's arguments are: write them in the command")
             raise AdvisorError(f"{word!r} is not a flag (Megatron's arguments are --name [value])")
         name, has_value, value = word[2:].partition("=")
+        if name in _switches():
+            _stray_value(name, words, i, bool(has_value), value)
         if name in _MODEL_SWITCHES | _LAYOUT_SWITCHES | HARMLESS_SWITCHES and not has_value:
             target = (parsed.model if name in _MODEL_SWITCHES else parsed.layout if name in _LAYOUT_SWITCHES
                       else None)
@@ -113,7 +153,7 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
                 target[name] = True
             i += 1
             continue
-        count = _MULTI_VALUED.get(name, _PRICED_MULTI.get(name, 1))
+        count = 0 if name in _switches() else _MULTI_VALUED.get(name, _PRICED_MULTI.get(name, 1))
         if has_value:
             values, i = [value], i + 1
         else:
@@ -137,9 +177,8 @@ def _number(values: dict, name: str, kind: type, default):
     text = values.get(name)
     if text is None:
         return default
-    unset = unset_name(text)
-    if unset is not None:
-        raise AdvisorError(f"--{name} is ${unset}, which the command does not set")
+    if (problem := _unexpanded_problem(name, text)) is not None:
+        raise AdvisorError(problem)
     try:
         return kind(text)
     except ValueError:
@@ -162,11 +201,12 @@ def _unpriced_model(model: dict) -> list[str]:
     notes = []
     if not model.get("swiglu"):
         notes.append("no --swiglu (a GELU MLP, priced as SwiGLU with the same h_ffn)")
-    if model.get("normalization", "LayerNorm") != "RMSNorm":
-        notes.append(f"--normalization {model.get('normalization', 'LayerNorm')} (priced as RMSNorm)")
-    if model.get("position-embedding-type", "learned_absolute") not in ("rope",):
-        notes.append(f"--position-embedding-type {model.get('position-embedding-type', 'learned_absolute')} "
-                     "(priced as RoPE)")
+    for name, default, priced, as_priced in (("normalization", "LayerNorm", "RMSNorm", "RMSNorm"),
+                                             ("position-embedding-type", "learned_absolute", "rope", "RoPE")):
+        if name not in model:  # Megatron's default, which the script may keep unknowingly
+            notes.append(f"--{name} {default} (Megatron's default: the command sets none; priced as {as_priced})")
+        elif model[name] != priced:
+            notes.append(f"--{name} {as_written(str(model[name]))} (priced as {as_priced})")
     if not model.get("disable-bias-linear"):
         notes.append("no --disable-bias-linear (linear-layer biases, not priced)")
     for name in ("attention-dropout", "hidden-dropout"):
@@ -351,6 +391,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     """Megatron's ``pretrain_gpt.py`` arguments -> the model, layout and options they train.
     ``vocab_size`` (the user's, for a tokenizer read from files) overrides the command's."""
     parsed = split_arguments(arguments)
+    _refuse_unexpanded(parsed)
     command_vocab, source = vocabulary(parsed.model)
     if vocab_size is not None:
         command_vocab, source = vocab_size, f"--vocab-size {vocab_size} (given to the advisor)"
@@ -378,11 +419,42 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
         moe, moe_unpriced = readback.read(moe_values, layout.tp, options.recomputation.recompute)
         unpriced = moe_unpriced + unpriced
     return ReadRun(spec=spec, seq_len=seq_len, layout=layout, options=options,
-                   unpriced=tuple(_unpriced_model(parsed.model) + unpriced), skipped=tuple(parsed.skipped),
+                   unpriced=tuple(_unpriced_model(parsed.model) + unpriced + [
+                       f"{name} (a variable the script does not set: read as empty, as bash does; flags it may "
+                       "hold are not priced)" for name in dict.fromkeys(parsed.unset)]),
+                   skipped=tuple(parsed.skipped),
                    vocab_source=source, moe=moe)
 
 
 _SOFTMAX_FUSION_OFF = "--no-masked-softmax-fusion"
+_SHOWN_AS_WRITTEN = {"normalization", "position-embedding-type", "tokenizer-type"}
+"""Model flags whose text is compared or shown, never parsed: an unexpanded one is named as written."""
+
+
+def _priced_valued() -> set[str]:
+    """The flags whose value the training options' parser or the MoE reader parses (their own
+    messages would show it unexpanded)."""
+    from advisor.moe import readback
+    from advisor.options.flags import VALUED
+
+    return {flag[2:] for flag in VALUED} | (readback.VALUED - readback.HARMLESS) | readback.MULTI
+
+
+def _refuse_unexpanded(parsed: ParsedArguments) -> None:
+    """One line for a priced value the script did not expand ($EP unset, $(nproc), $((N*8))),
+    named as written; data paths and other unpriced values may stay unexpanded."""
+    values = [(name, value) for name, value in {**parsed.model, **parsed.layout}.items()
+              if isinstance(value, str) and name not in _SHOWN_AS_WRITTEN]
+    priced, flag = _priced_valued(), None
+    for word in parsed.rest:
+        if word.startswith("--"):
+            flag, has_value, value = word[2:].partition("=")
+            values += [(flag, value)] if has_value and flag in priced else []
+        elif flag in priced:
+            values.append((flag, word))
+    for name, value in values:
+        if (problem := _unexpanded_problem(name, value)) is not None:
+            raise AdvisorError(problem)
 
 
 def _softmax_fusion_note(rest: list[str], options) -> list[str]:

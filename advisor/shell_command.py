@@ -7,8 +7,9 @@ them (``#SBATCH`` lines, backslash continuations, comments, ``VAR=value`` and ``
 ``$VAR``/``${VAR}``/``${VAR:-default}`` and arrays ``A=(...)``, ``A+=(...)``, ``"${A[@]}"``, with
 bash's quoting and word splitting, done by ``shlex``). Not run: command substitution ``$(...)``,
 arithmetic, and assignments or the launch inside ``if``/``for``/``while`` (refused in one line).
-A variable the script does not set expands to a marker (``unset_name``): harmless in a data
-path, an error where a priced value needs it.
+A variable the script does not set, and a substitution not run, expand to a marker
+(``unexpanded``): harmless in a data path, an error where a priced value needs it, and shown as
+written in every message (``as_written``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from advisor import limits
 from advisor.errors import AdvisorError
 
 MARK = "\x00"
-"""Brackets the name of a variable the script leaves unset (or sets by a command we do not run)."""
+"""Brackets what the script did not expand: the name of a variable it leaves unset (EP), or a
+command substitution ((nproc)), arithmetic (((N*8))) or backticks (BACKTICK + hostname), their
+text '...' where it holds spaces or quotes; no '$' or '`' inside, which double quotes would escape.
+Never shown: ``as_written`` gives the script's text back ($EP, $(nproc), $((N*8)), `hostname`)."""
+BACKTICK = "\x01"
+
+_SUBSTITUTION_TEXT = re.compile(r"[\w.,:+*/%=-]{1,40}")
+"""The inside of a substitution kept in its marker (shown as written); others become '...'."""
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?]")
 _ARRAY_ASSIGN = re.compile(r"\s*(?:export\s+|declare\s+-a\s+|local\s+)?([A-Za-z_]\w*)(\+?)=\(")
@@ -57,13 +65,52 @@ class LaunchCommand:
     world_size: int | None
     """GPUs, from the launcher's own arguments; None where it does not say."""
     world_source: str
-    """How world_size was read, for the report ('torchrun --nproc-per-node 8 x --nnodes 2')."""
+    """How world_size was read, for the report ('torchrun --nproc-per-node 8 x --nnodes 2'), or
+    where it is None, why ('no torchrun or srun in it')."""
 
 
 def unset_name(token: str) -> str | None:
-    """The variable an argument depends on that the script does not set, or None."""
+    """The variable an argument depends on that the script does not set (or the substitution,
+    as written, it does not run), or None."""
     match = re.search(MARK + "(.*?)" + MARK, token)
     return match.group(1) if match else None
+
+
+def unset_variable(word: str) -> bool:
+    """Whether ``word`` is one variable the script does not set, whole: bash expands it, unquoted,
+    to no word at all (``${EXTRA_ARGS[@]}`` left for the environment to fill)."""
+    match = re.fullmatch(MARK + "(.*?)" + MARK, word)
+    return match is not None and _NAME.fullmatch(match.group(1)) is not None
+
+
+def _written(inside: str) -> str:
+    return f"`{inside[1:]}`" if inside.startswith(BACKTICK) else "$" + inside
+
+
+def as_written(token: str) -> str:
+    """``token`` as the script wrote it: each marker back to its $VAR, $(...), $((...)) or `...`."""
+    return re.sub(MARK + "(.*?)" + MARK, lambda match: _written(match.group(1)), token)
+
+
+def unexpanded(token: str) -> str | None:
+    """What ``token`` holds that the script did not expand, said for a message ('$EP, a shell
+    variable the script does not set'), or None."""
+    inside = unset_name(token)
+    if inside is None:
+        return None
+    what = ("shell arithmetic the advisor does not evaluate" if inside.startswith("((") else
+            "a command substitution the advisor does not run" if inside[:1] in ("(", BACKTICK) else
+            "a shell variable the script does not set")
+    shown = as_written(token)
+    return f"{shown}, {what}" if shown == _written(inside) else f"{shown} ({_written(inside)} is {what})"
+
+
+def _substitution(text: str, start: int, end: int, open_: str, close: str) -> str:
+    """The marker of the substitution ``text[start:end + 1]`` (``open_`` ... ``close``), its inside
+    kept where it is short and plain."""
+    inside = text[start + len(open_):end + 1 - len(close)]
+    inside = inside if _SUBSTITUTION_TEXT.fullmatch(inside) else "..."
+    return MARK + (BACKTICK + inside if open_ == "`" else open_[1:] + inside + close) + MARK
 
 
 def _closing(text: str, start: int, open_: str, close: str) -> int:
@@ -123,8 +170,9 @@ class _Expander:
             end = _closing(text, i + 1, "(", ")")
             if end < 0:
                 raise AdvisorError(f"unclosed $( in {text[i:i + 40]!r}")
-            # named without its text, which may hold spaces and quotes: "$(...)" in messages
-            return [MARK + ("((...))" if text.startswith("$((", i) else "(...)") + MARK], None, end + 1, False
+            # named as written where its text is plain, else "$(...)": spaces and quotes would split it
+            opener, closer = ("$((", "))") if text.startswith("$((", i) else ("$(", ")")
+            return [_substitution(text, i, end, opener, closer)], None, end + 1, False
         if text.startswith("${", i):
             end = text.find("}", i)
             if end < 0:
@@ -154,7 +202,8 @@ class _Expander:
             elif char == "$" or (char == "`" and quote is None):
                 if char == "`":
                     end = text.find("`", i + 1)
-                    values, default, stop, whole = [MARK + "(...)" + MARK], None, (end if end > 0 else len(text)) + 1, False
+                    end = end if end > 0 else len(text)
+                    values, default, stop, whole = [_substitution(text, i, end, "`", "`")], None, end + 1, False
                 else:
                     values, default, stop, whole = self._parameter(text, i)
                 if values is None:
@@ -405,9 +454,9 @@ def _integer(options: dict, keys: tuple[str, ...], what: str) -> int | None:
     for key in keys:
         if key in options:
             value = options[key]
-            name = unset_name(value)
-            if name is not None:
-                raise AdvisorError(f"{what} --{key} is ${name}, which the text does not set: set it, or give --gpus")
+            shown = unexpanded(value)
+            if shown is not None:
+                raise AdvisorError(f"{what} --{key} is {shown}: write its value, or give --gpus")
             if key == "nnodes" and ":" in value:
                 value = value.split(":")[-1]  # elastic MIN:MAX: the most it runs on
             if key == "gres":
@@ -446,7 +495,7 @@ def _python_target(words: list[str]) -> list[str]:
 
 def _unwrap(words: list[str], sbatch: dict) -> LaunchCommand:
     """Peel srun, torchrun / python -m torch.distributed.run, python and launch.entry off the arguments."""
-    launchers, world, source, slurm = [], None, "the command gives no world size", None
+    launchers, world, source, slurm = [], None, "no torchrun or srun in it", None
     while words:
         name = _basename(words[0])
         if name == "srun":
@@ -470,7 +519,7 @@ def _unwrap(words: list[str], sbatch: dict) -> LaunchCommand:
             words = words[1:] if words[0].endswith(".py") else words
             break
         else:
-            raise AdvisorError(f"cannot read {words[0]!r} as a launcher or a Megatron script")
+            raise AdvisorError(f"cannot read {as_written(words[0])!r} as a launcher or a Megatron script")
     if world is None and slurm is not None:
         world, source = _slurm_world(slurm)
     return LaunchCommand(tuple(words), "+".join(launchers) or "arguments", world, source)

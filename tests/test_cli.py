@@ -274,6 +274,27 @@ def test_megatron_spellings_mean_the_same_as_the_short_options(advisor):
     assert "--tp, --tensor-model-parallel-size" in advisor("estimate", "--help").stdout
 
 
+@pytest.mark.parametrize("command", ["estimate", "sweep"])
+def test_megatron_training_flag_spellings_set_the_advisor_value(advisor, command):
+    """The README promises Megatron's flag names; --use-distributed-optimizer,
+    --make-vocab-size-divisible-by and --untie-embeddings-and-output-weights were refused."""
+    base = [command, "--gpus", 8, "--gpu", "h100-80gb", "--model", "llama2-7b",
+            *(["--tp", 2] if command == "estimate" else ["--top", 3])]
+    cases = [  # Megatron's spelling, the advisor's, and a value they must differ from
+        (["--no-distributed-optimizer", "--use-distributed-optimizer"], ["--distributed-optimizer"],
+         ["--no-distributed-optimizer"]),
+        (["--make-vocab-size-divisible-by", 128], ["--vocab-divisible-by", 128], []),
+        (["--tie-embeddings", "--untie-embeddings-and-output-weights"], ["--untie-embeddings"], ["--tie-embeddings"])]
+    for megatron, ours, other in cases:
+        assert advisor.json(*base, *megatron) == advisor.json(*base, *ours) != advisor.json(*base, *other)
+
+
+def test_megatron_flag_that_means_something_else_says_why(advisor):
+    """Megatron Core ignores --use-flash-attn; it is no spelling of --flash-attn."""
+    message = advisor.error("estimate", "--tp", 2, "--gpus", 8, "--use-flash-attn")
+    assert "Megatron Core ignores --use-flash-attn" in message and "--attention-backend unfused" in message
+
+
 def test_every_megatron_spelling_names_an_option():
     from advisor.cli import COMMANDS, cli
     from advisor.cli.options import MEGATRON_SPELLINGS
@@ -281,7 +302,8 @@ def test_every_megatron_spelling_names_an_option():
     import click
 
     def names(command):
-        own = {name for param in command.params for name in getattr(param, "opts", [])}
+        own = {name for param in command.params
+               for name in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]}
         return own.union(*(names(sub) for sub in getattr(command, "commands", {}).values()))
 
     ctx = click.Context(cli)

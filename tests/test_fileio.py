@@ -162,6 +162,10 @@ def test_a_245_character_name_is_written(tmp_path):
     ("dir", "dir is a directory"),
     ("x" * 256, "the file name is longer than 255 bytes"),
     ("", "the output path '' names no file"),
+    ("new/", "new/ ends in '/', which names a directory; give a file name"),
+    ("dir/", "dir/ ends in '/', which names a directory"),
+    ("readonly.json/", "readonly.json/ ends in '/', which names a directory"),
+    ("/proc/self/fd/1", "/proc/self/fd/1 names an open file descriptor"),
 ])
 def test_what_cannot_be_replaced_atomically_is_refused_by_its_name(tmp_path, monkeypatch, name, message):
     monkeypatch.chdir(tmp_path)
@@ -174,6 +178,24 @@ def test_what_cannot_be_replaced_atomically_is_refused_by_its_name(tmp_path, mon
     assert message in str(error.value) and ".tmp" not in str(error.value)
     assert (tmp_path / "readonly.json").read_text() == "keep"
     assert sorted(os.listdir(tmp_path)) == ["dir", "fifo", "readonly.json"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc here (Linux's process file system)")
+def test_a_proc_path_that_is_no_descriptor_gets_the_error_a_write_would_meet():
+    """'/proc/x.out names an open file descriptor' was said of every path in /proc."""
+    with pytest.raises(AdvisorError) as error:
+        output_target("/proc/x.out")
+    assert str(error.value) == "/proc/x.out: cannot create files in /proc: No such file or directory"
+    assert not os.path.exists("/proc/x.out")
+
+
+def test_a_trailing_slash_on_the_command_line_is_refused_before_any_work(advisor, tmp_path):
+    """-o out/ (a directory, by POSIX) wrote the regular file 'out' and exited 0; --plot likewise."""
+    assert advisor.error("models", "-o", f"{tmp_path}/new/") == (
+        f"Error: Invalid value for '-o' / '--output': {tmp_path}/new/ ends in '/', which names a directory; give a "
+        "file name (see 'cli models --help')")
+    assert "ends in '/'" in advisor.error("sweep", "--gpus", 8, "--mem", 40, "--plot", f"{tmp_path}/p/")
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_failed_write_names_the_users_path_and_leaves_nothing(tmp_path, monkeypatch):

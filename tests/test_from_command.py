@@ -102,6 +102,10 @@ def _reads_back(index: int, row: dict) -> None:
     assert estimate["unpriced"] == []
 
 
+LAYERNORM_KEPT = "--normalization LayerNorm (Megatron's default: the command sets none; priced as RMSNorm)"
+"""The scripts keep Megatron's default normalization (Llama 3's with 1p): said so, not as if they wrote it."""
+
+
 def estimate_of(path: Path, *extra: str) -> tuple[dict, str]:
     result = CliRunner().invoke(cli, ["estimate", "--from-command", str(path), *extra, "--format", "json"])
     assert result.exit_code == 0, result.output
@@ -122,7 +126,7 @@ def test_megatron_llama3_8b_fp8_example_reads_with_every_unpriced_flag_named():
     assert options["fp8_format"] == "hybrid" and options["fp8_param_gather"] and options["grad_reduce_dtype"] == "bf16"
     assert options["cross_entropy_fusion"] == "native"  # --cross-entropy-loss-fusion, Megatron's default kernel
     assert estimate["unpriced"] == [
-        "--normalization LayerNorm (priced as RMSNorm)",  # the script keeps Megatron's default, with 1p
+        LAYERNORM_KEPT,
         "--empty-unused-memory-level (not known to the advisor)",
         "--fp8-amax-compute-algo (not known to the advisor)"]
     assert stderr.startswith("advisor estimate: not priced (they change memory or time): --normalization")
@@ -133,8 +137,9 @@ def test_megatron_llama3_8b_bf16_example_runs_torch_distributed_run_and_skips_wh
     assert estimate["gpus"] == 8 and estimate["read_from"].startswith("megatron_llama3_8b_h200_bf16.sh: python+torchrun")
     assert estimate["model"]["vocab_size"] == 128256  # HuggingFaceTokenizer: the command's --vocab-size as given
     assert "--no-create-attention-mask-in-dataloader" in estimate["megatron_args"]
-    assert estimate["unpriced"] == ["--normalization LayerNorm (priced as RMSNorm)",
-                                    "--empty-unused-memory-level (not known to the advisor)"]
+    assert estimate["unpriced"] == [LAYERNORM_KEPT, "--empty-unused-memory-level (not known to the advisor)",
+                                    "$DTYPE_ARGS (a variable the script does not set: read as empty, as bash does; "
+                                    "flags it may hold are not priced)"]
 
 
 def test_megatron_gpt3_175b_example_names_what_a_llama_spec_cannot_say():
@@ -179,7 +184,9 @@ def test_megatron_gpt3_175b_example_prices_fp16_gradients_as_megatron_reduces_th
     assert "--fp16" in report["megatron_args"] and "--accumulate-allreduce-grads-in-fp32" not in report["megatron_args"]
     # what a Llama-shaped spec cannot say about GPT-3 is named, not ignored
     assert any(item.startswith("no --swiglu") for item in report["unpriced"])
-    assert "--normalization LayerNorm (priced as RMSNorm)" in report["unpriced"]
+    assert LAYERNORM_KEPT in report["unpriced"]
+    assert "--position-embedding-type learned_absolute (Megatron's default: the command sets none; priced as " \
+        "RoPE)" in report["unpriced"]
 
 README_TORCHRUN = r"""CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 --standalone \
     -m launch.entry --megatron-lm Megatron-LM --profile-dir profiles/best -- \
@@ -224,7 +231,8 @@ _MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-siz
     ("torchrun --nproc-per-node $N pretrain_gpt.py --num-layers 2\n", "torchrun's --nproc-per-node is $N"),
     ("torchrun a.py\ntorchrun b.py --x\n", "found 2 Megatron launches (lines 1, 2)"),
     ("echo hello\n", "found no Megatron launch"),
-    ("--num-layers $L --hidden-size 64 --num-attention-heads 4\n", "--num-layers is $L, which the command does not set"),
+    ("--num-layers $L --hidden-size 64 --num-attention-heads 4\n",
+     "--num-layers is $L, a shell variable the script does not set: write its value in the command"),
     # the MoE flags (advisor.moe.readback)
     (f"{_MOE} --moe-router-topk --num-experts 8\n", "--moe-router-topk takes one value, got 0"),
     (f"{_MOE} --num-experts eight\n", "--num-experts must be an integer, got 'eight'"),
@@ -238,6 +246,8 @@ _MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-siz
      "--moe-token-dispatcher-type 'nccl' is not one of Megatron's"),
     (f"{_MOE} --num-experts 8 --moe-pad-expert-input-to-capacity\n",
      "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor"),
+    (f"{_MOE} --num-experts 8 --moe-grouped-gemm false\n",
+     "--moe-grouped-gemm is a switch and takes no value, got 'false' (Megatron-LM refuses the command)"),
     (f"{_MOE} --num-experts 8 --moe-token-dispatcher-type flex --moe-expert-capacity-factor 1 "
      "--moe-pad-expert-input-to-capacity\n", "the flex dispatcher cannot pad expert inputs to capacity"),
 ])
@@ -245,6 +255,32 @@ def test_what_cannot_be_read_is_refused_in_one_line(text, error):
     result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size", "1000"],
                                 input=text)
     assert result.exit_code == 2 and error in result.stderr and result.stderr.count("\n") == 1, result.output
+
+
+def test_a_command_without_its_world_size_says_so_once():
+    """'(the command gives no world size)' repeated the sentence it stood in."""
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", str(COMMANDS / "moe_deepseek_v3_megatron_fsdp_example.sh"),
+                                      "--gpu", "h100-80gb", "--vocab-size", "32000"])
+    assert result.exit_code == 2 and result.stderr == (
+        "Error: the command does not give its world size (no torchrun or srun in it): give --gpus N\n")
+    srun = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--mem", "80", "--vocab-size", "1000"],
+                              input=f"srun --nodes 2 python pretrain_gpt.py {_MOE}\n")
+    assert srun.exit_code == 2 and srun.stderr == ("Error: the command does not give its world size (srun gives no "
+                                                   "--ntasks or --ntasks-per-node): give --gpus N\n")
+
+
+@pytest.mark.parametrize("setting, shown", [
+    ("", "$EP, a shell variable the script does not set"),
+    ("EP=$(nproc)\n", "$(nproc), a command substitution the advisor does not run"),
+    ("EP=$((GPUS/8))\n", "$((GPUS/8)), shell arithmetic the advisor does not evaluate"),
+    ("EP=`nproc`\n", "`nproc`, a command substitution the advisor does not run"),
+])
+def test_an_unexpanded_value_is_named_as_the_script_writes_it(setting, shown):
+    """Error: --expert-model-parallel-size must be an integer, got '\\x00EP\\x00'."""
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "8", "--mem", "80", "--vocab-size",
+                                      "1000"], input=f"{setting}{_MOE} --num-experts 8 --expert-model-parallel-size $EP\n")
+    assert result.exit_code == 2 and result.stderr == (
+        f"Error: --expert-model-parallel-size is {shown}: write its value in the command\n")
 
 
 def test_slurm_world_size_and_shell_expansion():

@@ -76,7 +76,7 @@ FLAGS = [  # (arguments, what the line says)
     (SWEEP + ["--gpus-per-node", 0], "'--gpus-per-node': must be at least 1"),
     (["profile", "plan", "--gpus", 8, "--num-layers", 100000, "--mode", "full"], "'--num-layers': must be at most"),
     (["estimate", "--gpus", 8, "--tp", "2.5"], "'--tp' / '--tensor-model-parallel-size': '2.5' is not an integer"),
-    (SWEEP + ["--vocab-divisible-by", 10**30], "'--vocab-divisible-by': must be at most 16,777,216"),
+    (SWEEP + ["--vocab-divisible-by", 10**30], "'--vocab-divisible-by' / '--make-vocab-size-divisible-by': must be at most"),
     (SWEEP + ["--recompute", "full", "--recompute-num-layers", 10**21], "'--recompute-num-layers': must be at most"),
     (SWEEP[:-2] + ["--gpu", "h100-80gb", "--gpus-per-node", 5000], "'--gpus-per-node': must be at most 1,024"),
     (SWEEP[:-2] + ["--gpu", "h100-80gb", "--tokens", "1e400"], "must be a positive, finite token count"),

@@ -78,3 +78,74 @@ def test_shell_words_split_as_bash_splits_them():
     # $B unquoted: split into x, y, z; "${C[@]}": one word each; '$A' stays literal
     assert launch.arguments == ("x", "y", "z", "--one", "x y", "$A", "d")
     assert launch.world_size == 12  # 4 per node x the elastic maximum of 3 nodes
+
+
+@pytest.mark.parametrize("arguments, error", [
+    (["--moe-grouped-gemm", "false"], "--moe-grouped-gemm is a switch and takes no value, got 'false'"),
+    (["--use-distributed-optimizer", "1"], "--use-distributed-optimizer is a switch and takes no value, got '1'"),
+    (["--swiglu=true"], "--swiglu is a switch and takes no value, got 'true'"),
+    (["--mock-data", "yes"], "--mock-data is a switch and takes no value, got 'yes'"),
+])
+def test_a_value_after_a_switch_is_refused_as_megatron_refuses_it(arguments, error):
+    """Megatron's argparse stops at the stray word ('unrecognized arguments'); it was dropped."""
+    with pytest.raises(AdvisorError, match=error):
+        split_arguments(["--num-layers", "4", *arguments, "--seed", "1"])
+
+
+def test_switches_and_valued_harmless_flags_read_as_megatron_declares_them():
+    parsed = split_arguments(["--moe-grouped-gemm", "--swiglu", "--save-retain-interval", "1000", "--seed", "-1"])
+    assert parsed.rest == ["--moe-grouped-gemm"] and parsed.model == {"swiglu": True}
+    assert parsed.skipped == ["save-retain-interval", "seed"]  # --save-retain-interval takes an int
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("EP=$UNSET_EP\n", "$UNSET_EP, a shell variable the script does not set"),
+    ("EP=$(nproc)\n", "$(nproc), a command substitution the advisor does not run"),
+    ("EP=`nproc`\n", "`nproc`, a command substitution the advisor does not run"),
+    ("EP=$((N*2))\n", "$((N*2)), shell arithmetic the advisor does not evaluate"),
+    ('EP="$(nproc --all)"\n', "$(...), a command substitution the advisor does not run"),
+    ('EP="x${UNSET_EP}"\n', "x$UNSET_EP ($UNSET_EP is a shell variable the script does not set)"),
+])
+def test_what_the_script_does_not_expand_is_named_as_written(text, shown):
+    """'\\x00EP\\x00' was shown: the marker of an unexpanded value never reaches a message."""
+    from advisor.megatron_readback import read_run
+    from advisor.shell_command import as_written, unexpanded
+
+    launch = read_command(text + 'python pretrain_gpt.py --expert-model-parallel-size "$EP" --num-experts 8\n')
+    (value,) = launch.arguments[1:2]
+    assert unexpanded(value) == shown and "\x00" not in as_written(value)
+    with pytest.raises(AdvisorError) as error:
+        read_run([*launch.arguments, "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                  "--seq-length", "64", "--vocab-size", "1000"])
+    assert str(error.value) == f"--expert-model-parallel-size is {shown}: write its value in the command"
+
+
+def test_unexpanded_values_in_notes_and_launchers_are_shown_as_written():
+    from advisor.megatron_readback import read_run
+
+    model = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+             "--vocab-size", "1000", "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope",
+             "--attention-dropout", "0", "--hidden-dropout", "0"]
+    run = read_run([*read_command("python pretrain_gpt.py --normalization $NORM\n").arguments, *model])
+    assert run.unpriced == ("--normalization $NORM (priced as RMSNorm)",)
+    assert read_run(model).unpriced == (
+        "--normalization LayerNorm (Megatron's default: the command sets none; priced as RMSNorm)",)
+    with pytest.raises(AdvisorError, match=r"^cannot read '\$LAUNCHER' as a launcher"):
+        read_command("$LAUNCHER pretrain_gpt.py --num-layers 2\n")
+    with pytest.raises(AdvisorError, match=r"^\$\(get_args\), a command substitution the advisor does not run, "
+                                           "stands where Megatron's arguments are"):
+        read_run([*model, *read_command("python pretrain_gpt.py $(get_args)\n").arguments])
+
+
+def test_a_variable_the_script_leaves_unset_where_flags_stand_is_read_as_empty_and_named():
+    """bash expands an unset ${DTYPE_ARGS[@]} to no word (Megatron's Llama 3 BF16 example has one
+    after --overlap-param-gather): neither a flag's value nor an error, but named."""
+    from advisor.megatron_readback import read_run
+
+    launch = read_command("python pretrain_gpt.py --num-layers 2 --overlap-grad-reduce ${DTYPE_ARGS[@]} $MORE "
+                          "--hidden-size 64 --num-attention-heads 4 --seq-length 64 --vocab-size 1000\n")
+    parsed = split_arguments(launch.arguments)
+    assert parsed.rest == ["--overlap-grad-reduce"] and parsed.unset == ["$DTYPE_ARGS", "$MORE"]
+    assert read_run(launch.arguments).unpriced[-2:] == tuple(
+        f"{name} (a variable the script does not set: read as empty, as bash does; flags it may hold are not "
+        "priced)" for name in ("$DTYPE_ARGS", "$MORE"))

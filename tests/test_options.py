@@ -69,6 +69,41 @@ def test_refused_levers_are_one_line(advisor, args, message):
     assert message in advisor.error("estimate", "--gpus", "8", "--mem", "80", *args)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--recompute-method", "block"], "--recompute-method and --recompute-num-layers need --recompute full"),
+    (["--recompute-method", "uniform"], "--recompute-method and --recompute-num-layers need --recompute full"),
+    (["--recompute", "selective", "--recompute-num-layers", "4"],
+     "--recompute-method and --recompute-num-layers need --recompute full"),
+    (["--optimizer-offload-fraction", "0.5"], "--optimizer-offload-fraction needs --optimizer-cpu-offload"),
+    (["--optimizer-offload-fraction", "1"], "--optimizer-offload-fraction needs --optimizer-cpu-offload"),
+    (["--fp8-recipe", "delayed"], "--fp8-recipe and --fp8-param-gather need --fp8-format e4m3|hybrid"),
+    (["--cross-entropy-fusion-impl", "native"], "--cross-entropy-fusion-impl needs --cross-entropy-loss-fusion"),
+])
+def test_options_given_without_the_option_they_qualify_are_refused(advisor, args, message):
+    """They were ignored without a word, even when given their default's value: the option
+    source tells a given value from the default."""
+    layout = ["--tp", "2", "--pp", "1", "--mbs", "1", "--gpus", "8", "--gpu", "h100-80gb"]
+    assert advisor.error("estimate", *layout, *args) == f"Error: {message}"
+
+
+def test_qualifying_options_are_taken_with_what_they_qualify(advisor):
+    layout = ["estimate", "--tp", "2", "--pp", "2", "--mbs", "1", "--gpus", "8", "--gpu", "h100-80gb"]
+    row = advisor.json(*layout, "--recompute", "full", "--recompute-method", "block", "--recompute-num-layers", "4")
+    assert (row["recompute"], row["recompute_method"], row["recompute_num_layers"]) == ("full", "block", 4)
+    offloaded = advisor.json(*layout, "--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5")
+    assert offloaded["options"]["optimizer_offload_fraction"] == 0.5
+
+
+def test_sweep_refuses_what_its_search_would_ignore(advisor):
+    """--sharding fixed never offloads; --sharding auto may (at the fraction given)."""
+    sweep = ["sweep", "--gpus", "8", "--gpu", "h100-80gb"]
+    assert advisor.error(*sweep, "--sharding", "fixed", "--optimizer-offload-fraction", "0.5") == \
+        "Error: --optimizer-offload-fraction needs --optimizer-cpu-offload"
+    assert "need --recompute full" in advisor.error(*sweep, "--recompute", "none", "--recompute-method", "block")
+    rows = advisor.json(*sweep, "--top", "1", "--optimizer-offload-fraction", "0.5")
+    assert len(rows) == 1 and rows[0]["rank"] == 1
+
+
 def test_estimate_states_every_priced_option(advisor):
     document = advisor.json("estimate", "--gpus", "8", "--tp", "2", "--mem", "80", "--grad-reduce-in-bf16",
                             "--use-megatron-fsdp", "--megatron-version", "0.15")

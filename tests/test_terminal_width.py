@@ -67,6 +67,14 @@ def test_estimate_splits_layers_pp_does_not_divide(advisor):
     assert "32 layers do not divide over PP 3: split 11x2,10, the evenest (--layers-per-stage to choose)" in table
 
 
+def test_estimate_split_caption_names_vpp_when_it_is_vpp_that_does_not_divide(advisor):
+    """32 layers divide over PP 4; the caption blamed PP where 8 layers per stage do not divide
+    over VPP 3."""
+    table = " ".join(advisor("estimate", "--tp", 2, "--pp", 4, "--vpp", 3, "--mbs", 1, "--gpus", 8,
+                             "--gpu", "h100-80gb").stdout.split())
+    assert "32 layers do not divide over PP 4 x VPP 3 (12 model chunks): split 8x4, the evenest" in table
+
+
 def test_estimate_threshold_has_help(advisor):
     text = " ".join(advisor("estimate", "--help").stdout.split())
     assert "--threshold FLOAT The paper's rule (--memory-model paper): fits at most this fraction of --mem" in text
@@ -117,3 +125,39 @@ def test_colour_on_a_terminal_unless_no_color():
     assert "\x1b[" in _on_a_terminal({"NO_COLOR": "", "TERM": "xterm"})
     plain = _on_a_terminal({"NO_COLOR": "1", "TERM": "xterm"})
     assert "\x1b[" not in plain and "llama3.1-8b" in plain
+
+
+def _help_pages():
+    """Every ``advisor`` command and subcommand, as its argument list ('profile', 'show')."""
+    import click
+
+    from advisor.cli import cli
+
+    def walk(command, path):
+        yield path
+        if isinstance(command, click.Group):
+            ctx = click.Context(command)
+            for name in command.list_commands(ctx):
+                yield from walk(command.get_command(ctx, name), [*path, name])
+
+    return list(walk(cli, []))
+
+
+@pytest.mark.parametrize("path", _help_pages(), ids=lambda path: " ".join(path) or "advisor")
+def test_every_help_page_fits_80_columns(advisor, monkeypatch, path):
+    """At COLUMNS=80, 21 of 22 pages had lines up to 100 characters: hand-wrapped \\b blocks and
+    long choice metavars (--data-parallel-sharding-strategy [no_shard|optim|...])."""
+    monkeypatch.setenv("COLUMNS", "80")
+    text = advisor(*path, "--help").stdout
+    assert "Usage:" in text and _widest(text) <= 80, [line for line in text.splitlines() if len(line) > 80]
+
+
+@pytest.mark.parametrize("runner", ["cpu_runner", "megatron_runner"])
+def test_campaign_runner_help_fits_80_columns(monkeypatch, runner):
+    """python -m megatron_hooks.campaign_runner / launch.campaign_runner: the advisor's text too."""
+    from advisor.cli import runners
+    from conftest import Invoker
+
+    monkeypatch.setenv("COLUMNS", "80")
+    text = Invoker(getattr(runners, runner)(lambda **options: 0))("--help").stdout
+    assert "Usage:" in text and _widest(text) <= 80

@@ -91,14 +91,18 @@ def cli() -> None:
     training with Megatron-LM, before spending a cluster-hour.
 
     \b
-      advisor sweep --gpus 64 --mem 40            which layouts fit on 64 GPUs of 40 GiB, ranked
-      advisor sweep --gpus 64 --gpu h100-80gb     which run and how fast on 64 H100s
+      advisor sweep --gpus 64 --mem 40
+          which layouts fit on 64 GPUs of 40 GiB, ranked
+      advisor sweep --gpus 64 --gpu h100-80gb
+          which run and how fast on 64 H100s
       advisor estimate --tp 2 --pp 2 --mbs 1 --gpus 8 --gpu h100-80gb
-                                                  one layout, stage by stage, and its step time
-      advisor estimate --from-command train.sh    the same for your own launch script
+          one layout, stage by stage, and its step time
+      advisor estimate --from-command train.sh
+          the same for your own launch script
       advisor report sweep --gpus 64 --gpu h100-80gb -o report.html
-                                                  one self-contained page to share
-      advisor models, advisor gpus                the model and GPU presets
+          one self-contained page to share
+      advisor models, advisor gpus
+          the model and GPU presets
 
     Memory comes from the analytical estimator of "Accelerating LLM Training with 4D
     Parallelism and Memory Consumption Estimator" (Eq. 1-18), in GiB, extended to today's

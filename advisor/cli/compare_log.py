@@ -24,10 +24,11 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     stage of a Megatron-LM training log, beside the advisor's estimate of its command.
 
     \b
-    Read from the log (megatron/training): 'elapsed time per iteration (ms)' and 'throughput
-    per GPU (TFLOP/s/GPU)' (needs --log-throughput) of every logged iteration after the first
-    (start-up), their median; the '[Rank N] (after N iterations) memory (MB)' reports (one per
-    model-parallel rank); Megatron's own 'Theoretical memory footprints' line.
+    Read from the log (megatron/training): 'elapsed time per iteration (ms)'
+    and 'throughput per GPU (TFLOP/s/GPU)' (needs --log-throughput) of every
+    logged iteration after the first (start-up), their median; the '[Rank N]
+    (after N iterations) memory (MB)' reports (one per model-parallel rank);
+    Megatron's own 'Theoretical memory footprints' line.
     The step time and TFLOP/s need --gpu (the time model); memory needs neither.
 
     \b

@@ -11,7 +11,7 @@ from advisor.cli import moe as moe_cli
 from advisor.cli.moe import moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit,
-    gpu_options, model_choice_options, model_options, output_options, parse_layer_counts, workload_options,
+    file_path, gpu_options, model_choice_options, model_options, output_options, parse_layer_counts, workload_options,
 )
 from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 from advisor.cli.training_flags import memory_options
@@ -37,7 +37,56 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_h
     return memory_model, rank_by
 
 
-@click.command(epilog=EPILOG)
+SWEEP_HELP = """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
+layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
+
+\b
+Enumerated: TP a power of 2 dividing the heads and KV heads, up to
+--gpus-per-node; CP a power of 2 with the sequence divisible by 2 x CP; any
+PP up to the layers that leaves DP = GPUs / (TP x CP x PP) whole; MBS a
+power of 2 with --gbs divisible by MBS x DP.
+Per row: the split (Megatron's --pipeline-model-parallel-layout builds
+any), VPP where Megatron interleaves (PP > 1, microbatches a multiple of
+PP), and recomputation (--recompute-method block, N layers per chunk) only
+where needed to fit or, with --gpu, where it is faster. Without --gpu: no
+interleaving (it only adds memory), the fewest recomputed layers that fit,
+the split with the lowest peak. With --gpu: the fastest variant and split
+that fit the 4D paper's 80% rule (MadPipe's planner under the limit).
+--split even --vpp 1 --recompute none keeps the paper's space.
+
+\b
+With --gpu (a preset: advisor gpus), the defaults are the calibrated memory
+model and the time model: verdicts fits / likely fits / likely oom / oom
+with the margin in GiB, predicted TFLOP/s (as Megatron-LM counts FLOPs),
+MFU and step time, and the rows expected to run ranked fastest first.
+With --mem alone, the 4D paper as published: fits (<= threshold x mem),
+tight (<= mem), oom (> mem; hidden without --all), ranked by its rule
+(Section 4.2):
+  1. fits before tight   2. no recomputation first
+  3. smallest TP x CP x PP   4. largest MBS   5. smallest TP
+  6. smallest PP, fewest recomputed layers, lowest memory
+When nothing fits, one line says what the least layout needs, and the exit
+status is 1 (bad input is 2).
+
+\b
+Examples:
+  advisor sweep --gpus 64 --mem 40
+  advisor sweep --gpus 64 --gpu h100-80gb --tokens 15T --top 10
+  advisor sweep --gpus 128 --gpu a100-80gb --model llama3.1-70b \\
+      --rank-by paper
+  advisor sweep --gpus 8 --gpu h100-94gb --seq-len 32768 --all \\
+      --plot sweep.png
+  advisor sweep --gpus 16384 --gpu h100-80gb --model llama3.1-405b \\
+      --gbs 2048
+  advisor sweep --gpus 8 --mem 94 --seq-len 32768 --split even \\
+      --recompute none --all --format csv
+  advisor sweep --gpus 64 --gpu h100-80gb --profile runs/
+      # activations as profiled
+"""
+"""advisor sweep --help (here, not in the docstring: the function stays within 80 lines)."""
+
+
+@click.command(epilog=EPILOG, help=SWEEP_HELP)
 @click.option("--gpus", type=GPUS, required=True, help="Total number of GPUs.")
 @gpu_options
 @model_options
@@ -48,7 +97,7 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_h
 @click.option("--top", type=click.IntRange(min=1), default=None,
               help=f"Show only the N best-ranked rows (table default: {TABLE_ROWS}, json/csv: all).")
 @model_choice_options
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, callback=file_path, metavar="FILE",
               help="Also draw the rows shown as a PNG: memory per layout (the paper's colours) beside the "
                    "predicted TFLOP/s per GPU.")
 @memory_options(searchable=True)
@@ -56,43 +105,7 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_h
 @output_options
 def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
           tokens, gpu_hour_price, plot, options, space, release, fmt, output, ep, etp, **moe) -> None:
-    """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
-    layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
-
-    \b
-    Enumerated: TP a power of 2 dividing the heads and KV heads, up to --gpus-per-node;
-    CP a power of 2 with the sequence divisible by 2 x CP; any PP up to the layers that
-    leaves DP = GPUs / (TP x CP x PP) whole; MBS a power of 2 with --gbs divisible by MBS x DP.
-    Per row: the split (Megatron's --pipeline-model-parallel-layout builds any), VPP where
-    Megatron interleaves (PP > 1, microbatches a multiple of PP), and recomputation
-    (--recompute-method block, N layers per chunk) only where needed to fit or, with --gpu,
-    where it is faster. Without --gpu: no interleaving (it only adds memory), the fewest
-    recomputed layers that fit, the split with the lowest peak. With --gpu: the fastest
-    variant and split that fit the 4D paper's 80% rule (MadPipe's planner under the limit).
-    --split even --vpp 1 --recompute none keeps the paper's space.
-
-    \b
-    With --gpu (a preset: advisor gpus), the defaults are the calibrated memory model and
-    the time model: verdicts fits / likely fits / likely oom / oom with the margin in GiB,
-    predicted TFLOP/s (as Megatron-LM counts FLOPs), MFU and step time, and the rows
-    expected to run ranked fastest first.
-    With --mem alone, the 4D paper as published: fits (<= threshold x mem), tight (<= mem),
-    oom (> mem; hidden without --all), ranked by its rule (Section 4.2):
-      1. fits before tight   2. no recomputation first   3. smallest TP x CP x PP
-      4. largest MBS   5. smallest TP   6. smallest PP, fewest recomputed layers, lowest memory
-    When nothing fits, one line says what the least layout needs, and the exit
-    status is 1 (bad input is 2).
-
-    \b
-    Examples:
-      advisor sweep --gpus 64 --mem 40
-      advisor sweep --gpus 64 --gpu h100-80gb --tokens 15T --top 10
-      advisor sweep --gpus 128 --gpu a100-80gb --model llama3.1-70b --rank-by paper
-      advisor sweep --gpus 8 --gpu h100-94gb --seq-len 32768 --all --plot sweep.png
-      advisor sweep --gpus 16384 --gpu h100-80gb --model llama3.1-405b --gbs 2048
-      advisor sweep --gpus 8 --mem 94 --seq-len 32768 --split even --recompute none --all --format csv
-      advisor sweep --gpus 64 --gpu h100-80gb --profile runs/   # activations as profiled
-    """
+    """``advisor sweep``: ``SWEEP_HELP`` says what it does."""
     from advisor.sweep import sweep as run_sweep
 
     if mem is None:
@@ -293,29 +306,31 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     """Per-GPU memory of one configuration, stage by stage; with --gpu, its step time too.
 
     \b
-    Model states (BF16 weights, FP32 gradients, Adam states sharded over DP x CP) and
-    activations (1F1B: stage i holds PP - i microbatches) for every pipeline stage. The
-    peak stage decides the verdict. With --gpu the calibrated memory model gives the
-    verdict and its margin, and the time model the step time, its parts, TFLOP/s per GPU
-    (as Megatron-LM counts FLOPs), MFU and tokens/s.
+    Model states (BF16 weights, FP32 gradients, Adam states sharded over
+    DP x CP) and activations (1F1B: stage i holds PP - i microbatches) for every
+    pipeline stage. The peak stage decides the verdict. With --gpu the
+    calibrated memory model gives the verdict and its margin, and the time
+    model the step time, its parts, TFLOP/s per GPU (as Megatron-LM counts
+    FLOPs), MFU and tokens/s.
 
     \b
-    --from-command reads your own launch instead: a pretrain_gpt.py argument list, a
-    torchrun / srun / python -m torch.distributed.run line, or a launch script as you
-    paste it (continuations, comments, VAR=value, $VAR, arrays). Flags that change
-    memory or time and are not priced are named in one line; data, logging, checkpoint
-    and learning-rate flags are skipped.
+    --from-command reads your own launch instead: a pretrain_gpt.py argument
+    list, a torchrun / srun / python -m torch.distributed.run line, or a launch
+    script as you paste it (continuations, comments, VAR=value, $VAR, arrays).
+    Flags that change memory or time and are not priced are named in one line;
+    data, logging, checkpoint and learning-rate flags are skipped.
 
     The exit status is 0 whenever the estimate is made, whatever its verdict (a script
     reads 'verdict' from --format json: fits, likely fits, tight, likely oom, oom); a
     sweep's is 1 when no layout fits.
 
     \b
-    Examples (the public code's test case: 44.87 GiB states, 22.64 GiB activations):
+    Examples (the public code's test: 44.87 GiB states, 22.64 GiB activations):
       advisor estimate --tp 2 --pp 1 --mbs 1 --gpus 4 --model llama3.1-8b
       advisor estimate --from-command train.sh --gpu h100-80gb --compare-best
-      advisor estimate --tp 8 --pp 16 --gpus 16384 --gpu h100-80gb --model llama3.1-405b \\
-          --gbs 2048 --layers-per-stage 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7 --tokens 15T
+      advisor estimate --tp 8 --pp 16 --gpus 16384 --gpu h100-80gb \\
+          --model llama3.1-405b --gbs 2048 --tokens 15T \\
+          --layers-per-stage 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7
     """
     from advisor.parallel import ParallelConfig
     from advisor.pricing import price_layout
@@ -439,7 +454,9 @@ def _estimate_caption(spec, parallel, planned_split, result, row: dict, assessme
     peak = result.peak
     caption = f"peak: stage {peak.stage}, {peak.total_bytes / GIB:.2f} GiB (Eq. 18)"
     if planned_split is not None:
-        caption = (f"{spec.num_layers} layers do not divide over PP {parallel.pp}: split "
+        over = (f"PP {parallel.pp}" if parallel.vpp == 1 else
+                f"PP {parallel.pp} x VPP {parallel.vpp} ({parallel.pp * parallel.vpp} model chunks)")
+        caption = (f"{spec.num_layers} layers do not divide over {over}: split "
                    f"{render.counts_text(planned_split)}, the evenest (--layers-per-stage to choose)\n{caption}")
     if assessment is not None:
         caption += render.memory_call_text(mem, assessment.verdict, usage_gib=assessment.usage_gib)

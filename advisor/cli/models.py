@@ -18,8 +18,10 @@ def models(fmt: str, output: Path | None) -> None:
     \b
     Examples:
       advisor models
-      advisor models --format json   # parameters_billions, active_parameters_billions, ...
-      advisor sweep --gpus 64 --gpu h100-80gb --model mixtral-8x7b   # a preset by its name
+      advisor models --format json
+          # parameters_billions, active_parameters_billions, ...
+      advisor sweep --gpus 64 --gpu h100-80gb --model mixtral-8x7b
+          # a preset by its name
     """
     from advisor import render
     from advisor.equations import model_parameters

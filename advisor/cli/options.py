@@ -29,18 +29,65 @@ MEGATRON_SPELLINGS = {
     "--etp": "--expert-tensor-parallel-size", "--vpp": "--num-virtual-stages-per-pipeline-rank",
     "--mbs": "--micro-batch-size", "--gbs": "--global-batch-size", "--seq-len": "--seq-length",
     "--recompute": "--recompute-granularity",
+    "--distributed-optimizer": "--use-distributed-optimizer",
+    "--vocab-divisible-by": "--make-vocab-size-divisible-by",
+    "--untie-embeddings": "--untie-embeddings-and-output-weights",
 }
-"""Megatron-LM's own names (core_v0.15.2 arguments.py) for the options that mean the same, accepted
-beside the short ones: a Megatron user's hands type them."""
+"""Megatron-LM's own names (core_v0.15.2 and core_v0.19.0 arguments.py) for the options that mean
+the same, accepted beside the short ones: a Megatron user's hands type them. A key may be either
+side of a boolean pair (--tie-embeddings/--untie-embeddings): its Megatron name joins that side, so
+sets the same value. Not --use-flash-attn: it picks the legacy model's kernel only (Megatron Core's
+is --attention-backend), so it does not mean --flash-attn."""
+
+
+MEGATRON_LOOKALIKES = {
+    "--use-flash-attn": "Megatron Core ignores --use-flash-attn (legacy models only; its kernel is "
+                        "--attention-backend): flash attention is the advisor's default (--flash-attn), "
+                        "--no-flash-attn prices --attention-backend unfused",
+}
+"""Megatron flags that look like an advisor option's spelling but do not mean it: refused with why."""
+
+
+HELP_NAMES_WIDTH = 76
+"""The longest names column of an option's help line: with click's indent of 2, within 78 columns."""
+
+
+class SpelledOption(click.Option):
+    """An option with Megatron-LM's spelling (``megatron``) beside the advisor's. The help's names
+    column lists both where they fit; where they do not (--distributed-optimizer,
+    --use-distributed-optimizer / --no-distributed-optimizer), it keeps the advisor's and the help
+    text names Megatron's."""
+
+    megatron: tuple[str, ...] = ()
+
+    def get_help_record(self, ctx: click.Context):
+        record = super().get_help_record(ctx)
+        if record is None or len(record[0]) <= HELP_NAMES_WIDTH:
+            return record
+        names, text = record
+        for name in self.megatron:
+            names = names.replace(f", {name}", "")
+        missing = [name for name in self.megatron if name not in text]
+        return names, (f"Megatron: {', '.join(missing)}. {text}" if missing else text)
+
+
+def _with_spellings(names: list[str]) -> list[str]:
+    return names + [MEGATRON_SPELLINGS[name] for name in names
+                    if name in MEGATRON_SPELLINGS and MEGATRON_SPELLINGS[name] not in names]
 
 
 def add_megatron_spellings(command: click.Command) -> None:
     """Give every option of ``command`` (and of its subcommands) named in ``MEGATRON_SPELLINGS``
-    Megatron-LM's name as a second spelling, in its help too; once per command object."""
+    Megatron-LM's name as a second spelling, in its help too; once per command object. A boolean
+    pair's spelling joins the side it means (--untie-embeddings-and-output-weights: the negative)."""
     for param in command.params:
-        if isinstance(param, click.Option):
-            param.opts += [MEGATRON_SPELLINGS[name] for name in param.opts
-                           if name in MEGATRON_SPELLINGS and MEGATRON_SPELLINGS[name] not in param.opts]
+        if isinstance(param, click.Option) and not isinstance(param, SpelledOption):
+            opts, secondary = _with_spellings(param.opts), _with_spellings(param.secondary_opts)
+            added = tuple(name for name in (*opts, *secondary) if name not in (*param.opts, *param.secondary_opts))
+            if added:
+                param.opts, param.secondary_opts = opts, secondary
+                param.__class__ = SpelledOption  # the same option, whose help keeps to 80 columns
+                param.megatron = added
     for sub in getattr(command, "commands", {}).values():
         add_megatron_spellings(sub)
 
@@ -66,7 +113,10 @@ class OneLineErrors:
             status = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as exc:
             where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-            click.echo(f"Error: {exc.format_message()}{where}", err=True)
+            message = exc.format_message()
+            if isinstance(exc, click.NoSuchOption) and exc.option_name in MEGATRON_LOOKALIKES:
+                message = MEGATRON_LOOKALIKES[exc.option_name]
+            click.echo(f"Error: {message}{where}", err=True)
             sys.exit(2)
         except click.ClickException as exc:
             exc.show()
@@ -196,25 +246,34 @@ STDOUT = Path("-")
 """``-o -`` (or ``-o /dev/stdout``): standard output, asked for explicitly."""
 
 
-def _output_path(ctx, param, value: Path | None) -> Path | None:
-    """-o checked before any work: a regular file or a new one (written atomically), or stdout."""
+def file_path(ctx, param, value: str | None) -> Path | None:
+    """A file to write (--plot, --png), checked before any work: a regular file or a new one in a
+    writable directory. Its type is click.Path() (text): Path() would drop a trailing '/', which
+    names a directory ('-o out/' wrote the file 'out')."""
     if value is None:
         return None
-    from advisor.fileio import is_stdout, output_target
+    from advisor.fileio import output_target
 
-    if is_stdout(value):
-        return STDOUT
     try:
         output_target(value)
     except AdvisorError as exc:
         raise click.BadParameter(str(exc)) from None
-    return value
+    return Path(value)
+
+
+def _output_path(ctx, param, value: str | None) -> Path | None:
+    """-o checked before any work: a regular file or a new one (written atomically), or stdout."""
+    from advisor.fileio import is_stdout
+
+    if value is not None and is_stdout(value):
+        return STDOUT
+    return file_path(ctx, param, value)
 
 
 def output_option(help: str) -> Callable:
     """-o/--output FILE: written atomically; '-' or /dev/stdout for standard output; devices,
     FIFOs, directories and read-only files refused before any work."""
-    return click.option("-o", "--output", type=click.Path(path_type=Path), default=None, callback=_output_path,
+    return click.option("-o", "--output", type=click.Path(), default=None, callback=_output_path,
                         metavar="FILE", help=help)
 
 

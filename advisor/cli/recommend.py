@@ -9,7 +9,7 @@ import click
 
 from advisor.cli.options import (
     DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, color_wanted, document_options, emit_document,
-    gpu_options, model_options, workload_options,
+    file_path, gpu_options, model_options, workload_options,
 )
 from advisor.cli.training_flags import memory_options
 
@@ -46,7 +46,7 @@ PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num
 @click.option("--threshold", type=FRACTION, default=None,
               help="--objective time keeps every stage within this fraction of --mem (default 0.8 for the "
                    "analytic estimator, the 4D paper's rule; 1.0 with profiles, which measure what it leaves out).")
-@click.option("--png", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--png", type=click.Path(dir_okay=False), default=None, callback=file_path, metavar="FILE",
               help="Draw the per-GPU memory of the plan beside the even split (like CAPTURE's Fig. 6).")
 @model_options
 @workload_options
@@ -58,18 +58,20 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
     predicted peak memory, or with the shortest predicted period under the memory limit.
 
     \b
-    Both planners are exact and polynomial: CAPTURE's lowest peak, breaking ties as CAPTURE does
-    (the next-highest GPU, and so on); MadPipe's shortest period under the limit for Megatron's
-    1F1B (stage i keeps PP - i microbatches), ties to the lowest memory.
+    Both planners are exact and polynomial: CAPTURE's lowest peak, breaking
+    ties as CAPTURE does (the next-highest GPU, and so on); MadPipe's shortest
+    period under the limit for Megatron's 1F1B (stage i keeps PP - i
+    microbatches), ties to the lowest memory.
 
     \b
     Examples:
       advisor recommend --profile runs/ --gpus 16 --pp 4 --mbs 1 --gbs 64
-      advisor recommend --profile runs/ --gpus 16 --gpu h100-94gb --pp 4   # the preset's memory
-      advisor recommend --profile runs/ --gpus 16 --gpus-per-node 4 --mode hybrid --mbs 8 \\
-          --predictor capture -o plan.json --png plan.png
-      advisor recommend --model llama3.1-405b --gpus 16384 --tp 8 --pp 16 --gbs 2048 \\
-          --objective time --gpu h100-80gb
+      advisor recommend --profile runs/ --gpus 16 --gpu h100-94gb --pp 4
+          # the preset's memory
+      advisor recommend --profile runs/ --gpus 16 --gpus-per-node 4 \\
+          --mode hybrid --mbs 8 --predictor capture -o plan.json --png plan.png
+      advisor recommend --model llama3.1-405b --gpus 16384 --tp 8 --pp 16 \\
+          --gbs 2048 --objective time --gpu h100-80gb
     """
     from click.core import ParameterSource
 

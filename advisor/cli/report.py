@@ -70,9 +70,11 @@ def _page(kind: str, rows: list, document, profiles, detail: int, output: Path) 
 
 
 _EXAMPLES = {"sweep": "advisor report sweep --gpus 64 --gpu h100-80gb -o report.html",
-             "estimate": "advisor report estimate --tp 2 --pp 2 --mbs 1 --gpus 16 --gpu h100-80gb -o one.html",
-             "recommend": "advisor report recommend --gpus 64 --tp 2 --pp 4 --objective time --gpu h100-80gb "
-                          "-o plan.html"}
+             "estimate": "advisor report estimate --tp 2 --pp 2 --mbs 1 --gpus 16 --gpu h100-80gb \\\n"
+                         "      -o one.html",
+             "recommend": "advisor report recommend --gpus 64 --tp 2 --pp 4 --objective time \\\n"
+                          "      --gpu h100-80gb -o plan.html"}
+"""One example per page, continued (\\) within 78 columns."""
 
 
 def _wrapped(name: str, command: click.Command, json_output) -> click.Command:
@@ -128,13 +130,15 @@ def report(ctx: click.Context, source: Path | None, profiles: tuple[Path, ...], 
     \b
     Examples:
       advisor report sweep --gpus 64 --gpu h100-80gb -o r.html
-      advisor report sweep --model llama3.1-405b --gpus 16384 --gpu h100-80gb --gbs 2048 --all \\
-          -o r.html
-      advisor report estimate --tp 2 --pp 2 --mbs 1 --gpus 16 --gpu h100-80gb -o one.html
-      advisor report recommend --model llama3.1-8b --gpus 64 --tp 2 --pp 4 --objective time \\
-          --gpu h100-80gb -o plan.html
+      advisor report sweep --model llama3.1-405b --gpus 16384 --gpu h100-80gb \\
+          --gbs 2048 --all -o r.html
+      advisor report estimate --tp 2 --pp 2 --mbs 1 --gpus 16 --gpu h100-80gb \\
+          -o one.html
+      advisor report recommend --model llama3.1-8b --gpus 64 --tp 2 --pp 4 \\
+          --objective time --gpu h100-80gb -o plan.html
       advisor sweep --gpus 64 --gpu h100-80gb --all --format json -o sweep.json
-      advisor report --from sweep.json --profile examples/launch/profiles -o r.html
+      advisor report --from sweep.json --profile examples/launch/profiles \\
+          -o r.html
     """
     if ctx.invoked_subcommand is not None:
         if source is not None or profiles or output is not None:

@@ -28,7 +28,8 @@ Runs already complete under --out are skipped; partial ones are run again.
 \b
 Example:
   python -m megatron_hooks.campaign_runner campaign.json --out runs/
-  python -m megatron_hooks.campaign_runner campaign.json --out runs/ --backend symbolic
+  python -m megatron_hooks.campaign_runner campaign.json --out runs/ \\
+      --backend symbolic
 """
 
 MEGATRON_HELP = """Run a profiling campaign (advisor profile plan) through torchrun and Megatron-LM, one run

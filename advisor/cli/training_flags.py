@@ -7,6 +7,7 @@ import functools
 from typing import Callable
 
 import click
+from click.core import ParameterSource
 
 from advisor import limits
 from advisor.cli.options import LAYERS, VOCABULARY, Bounded, InputError, apply_options
@@ -37,6 +38,7 @@ TRAINING_FLAGS = [
                  help="Megatron-FSDP instead of DDP: shards per --data-parallel-sharding-strategy over DP x CP, "
                       "gathering and reduce-scattering layer by layer; emitted with --ckpt-format fsdp_dtensor."),
     click.option("--data-parallel-sharding-strategy", type=click.Choice(FSDP_STRATEGIES), default=None,
+                 metavar="STRATEGY",
                  help="With --use-megatron-fsdp: no_shard (DDP-like), optim (ZeRO-1), optim_grads (ZeRO-2), "
                       "optim_grads_params (ZeRO-3). Default: --megatron-version's (no_shard in 0.15, "
                       "optim_grads_params in 0.19); always emitted."),
@@ -49,7 +51,8 @@ TRAINING_FLAGS = [
                       "HybridDeviceOptimizer; emitted with --use-precision-aware-optimizer): frees up to 12 "
                       "bytes per parameter, costs the host link and CPU Adam time."),
     click.option("--optimizer-offload-fraction", type=_FRACTION, default=1.0, show_default=True,
-                 help="With --optimizer-cpu-offload: the share of the optimizer offloaded."),
+                 help="With --optimizer-cpu-offload (or, in a sweep, the offload --sharding auto may "
+                      "try): the share of the optimizer offloaded."),
     click.option("--fp8-format", type=click.Choice(FP8_FORMATS), default=None,
                  help="Transformer Engine FP8 GEMMs (hybrid: E4M3 forward, E5M2 backward). Changes numerics, so "
                       "never chosen for you. Prices FP8 weight copies, FP8-saved activations and the GPU's FP8 "
@@ -99,9 +102,36 @@ def sharding_search_option():
              "options given.")
 
 
-def training_options(kwargs: dict, fixed: dict):
+def given(name: str) -> bool:
+    """Whether the running command's option ``name`` was given (on the command line or in the
+    environment), not left at its default: a dependent option's default is never an error."""
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)
+
+
+def _needs_problem(v: dict, offload_searched: bool) -> str | None:
+    """An option given without the one it qualifies (Megatron would ignore it): the line that
+    says so. ``offload_searched``: the sweep's --sharding auto may turn optimizer offload on, at
+    --optimizer-offload-fraction."""
+    if v["data_parallel_sharding_strategy"] and not v["use_megatron_fsdp"]:
+        return "--data-parallel-sharding-strategy needs --use-megatron-fsdp"
+    if (v["fp8_param_gather"] or v["fp8_recipe"] != "delayed" or given("fp8_recipe")) and v["fp8_format"] is None:
+        return "--fp8-recipe and --fp8-param-gather need --fp8-format e4m3|hybrid"
+    fraction = v["optimizer_offload_fraction"] != 1.0 or given("optimizer_offload_fraction")
+    if fraction and not v["optimizer_cpu_offload"] and not offload_searched:
+        return "--optimizer-offload-fraction needs --optimizer-cpu-offload"
+    if (v["cross_entropy_fusion_impl"] != "native" or given("cross_entropy_fusion_impl")) \
+            and not v["cross_entropy_loss_fusion"]:
+        return "--cross-entropy-fusion-impl needs --cross-entropy-loss-fusion"
+    return None
+
+
+def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = False):
     """Pop the training flags' values from ``kwargs`` (leaving ``release`` for the command) and
-    build the options; one line (InputError) for a combination Megatron would refuse."""
+    build the options; one line (InputError) for a combination Megatron would refuse, or for an
+    option given without the one it qualifies (not with --from-command, whose own line names
+    the option the command decides)."""
     from advisor.options import TrainingOptions, release_defaults
     from advisor.options.flags import te_cross_entropy_problem
 
@@ -110,14 +140,11 @@ def training_options(kwargs: dict, fixed: dict):
         release = release_defaults(v["megatron_version"])
         if v["grad_reduce_in_bf16"] and v["grad_dtype"] == "fp32":
             raise AdvisorError("--grad-reduce-in-bf16 contradicts --grad-dtype fp32")
+        if not kwargs.get("from_command") and (problem := _needs_problem(v, offload_searched)):
+            raise AdvisorError(problem)
         fsdp = None
         if v["use_megatron_fsdp"]:
             fsdp = v["data_parallel_sharding_strategy"] or release.fsdp_sharding_strategy
-        elif v["data_parallel_sharding_strategy"]:
-            raise AdvisorError("--data-parallel-sharding-strategy needs --use-megatron-fsdp")
-        fp8_given = v["fp8_param_gather"] or v["fp8_recipe"] != "delayed"
-        if fp8_given and v["fp8_format"] is None:
-            raise AdvisorError("--fp8-recipe and --fp8-param-gather need --fp8-format e4m3|hybrid")
         torch_fsdp2 = v["use_torch_fsdp2"]
         command = click.get_current_context().info_name
         if torch_fsdp2 and command != "estimate":  # PP 1 only, and not an escalation step
@@ -131,8 +158,6 @@ def training_options(kwargs: dict, fixed: dict):
         if gather is None:  # on where Megatron allows it
             gather = v["overlap_grad_reduce"] and distributed
         mask = v["dataloader_mask"] or ("off" if v["flash_attn"] else "cached")
-        if v["cross_entropy_fusion_impl"] != "native" and not v["cross_entropy_loss_fusion"]:
-            raise AdvisorError("--cross-entropy-fusion-impl needs --cross-entropy-loss-fusion")
         fusion = v["cross_entropy_fusion_impl"] if v["cross_entropy_loss_fusion"] else "none"
         options = TrainingOptions().with_(
             grad_reduce_dtype="bf16" if v["grad_reduce_in_bf16"] or v["grad_dtype"] == "bf16" else "fp32",
@@ -192,6 +217,12 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
     @functools.wraps(func)
     def wrapper(*args, recompute, recompute_method, recompute_num_layers, **kwargs):
         fixed = dict(recompute=recompute, recompute_method=recompute_method, recompute_num_layers=recompute_num_layers)
+        # estimate's defaults are uniform and 1, the sweep's None (searched)
+        pinned = given("recompute_method") or given("recompute_num_layers") or (
+            searchable and (recompute_method is not None or recompute_num_layers is not None))
+        if recompute != "full" and pinned and not kwargs.get("from_command"):
+            raise InputError("--recompute-method and --recompute-num-layers need --recompute full")
+        offload_searched = False
         if searchable:
             from advisor.space import SpaceOptions
 
@@ -199,10 +230,8 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
                 split=kwargs.pop("split"), vpp=_vpp(kwargs.pop("vpp")), recompute=recompute,
                 recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
                 sharding=kwargs.pop("sharding"))
-            if recompute != "full" and (recompute_method or recompute_num_layers):
-                raise InputError("--recompute-method and --recompute-num-layers need --recompute full")
-            fixed = {}
-        return func(*args, options=training_options(kwargs, fixed), **kwargs)
+            offload_searched, fixed = kwargs["space"].sharding == "auto", {}
+        return func(*args, options=training_options(kwargs, fixed, offload_searched=offload_searched), **kwargs)
 
     return apply_options(
         [
