@@ -5,13 +5,16 @@ releases ``launch.megatron_versions`` knows accept; tests run them through each 
 Uneven stages are written the oldest way Megatron understands them:
 
 - every stage equal: no flag (Megatron's default split, which needs L divisible by PP);
-- equal middle stages, different first and/or last stage:
+- equal middle stages, different first and/or last stage, none empty:
   ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (core >= 0.9;
-  Megatron requires the middle layers to divide evenly over the middle stages);
-- anything else: ``--pipeline-model-parallel-layout`` (core >= 0.13), for example
-  ``"E,t*3|t*3|t*2,L"`` for 3, 3 and 2 layers: stages separated by ``|``, ``E`` the embedding,
-  ``t`` a decoder layer, ``t*n`` n of them, ``L`` the loss; commas are cosmetic
-  (megatron/core/transformer/pipeline_parallel_layer_layout.py, ``parse_str_to_list``).
+  Megatron requires the middle layers to divide evenly over the middle stages, and refuses 0 for
+  either: transformer_config.py ``__post_init__``, 'num_layers_in_last_pipeline_stage must be
+  larger than 0');
+- anything else, an empty stage included: ``--pipeline-model-parallel-layout`` (core >= 0.13),
+  for example ``"E,t*3|t*3|t*2,L"`` for 3, 3 and 2 layers, ``"E,t*32|L"`` for 32 and 0: stages
+  separated by ``|``, ``E`` the embedding, ``t`` a decoder layer, ``t*n`` n of them, ``L`` the
+  loss; commas are cosmetic (megatron/core/transformer/pipeline_parallel_layer_layout.py,
+  ``parse_str_to_list``).
 
 Interleaved virtual stages: ``--num-layers-per-virtual-pipeline-stage L / (PP x VPP)`` when every
 chunk holds the same layers, otherwise the layout with PP x VPP segments in model order (chunk k
@@ -93,11 +96,13 @@ def split_args(layers_per_stage: list[int] | tuple[int, ...], virtual_stages: in
         return ["--pipeline-model-parallel-layout", pipeline_layout(counts, virtual_stages)]
     if len(set(counts)) <= 1:
         return []
+    if min(counts) == 0:  # Megatron takes an empty stage only in a layout (module docstring)
+        return ["--pipeline-model-parallel-layout", pipeline_layout(counts)]
     if len(counts) == 2:
         return ["--decoder-first-pipeline-num-layers", str(counts[0]),
                 "--decoder-last-pipeline-num-layers", str(counts[1])]
     middle = counts[1:-1]
-    if len(set(middle)) == 1 and min(counts) > 0:
+    if len(set(middle)) == 1:
         args = []
         if counts[0] != middle[0]:
             args += ["--decoder-first-pipeline-num-layers", str(counts[0])]

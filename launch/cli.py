@@ -18,7 +18,8 @@ from typing import Callable
 
 import click
 
-from advisor.cli.options import GPUS, GPUS_PER_NODE, InputError, OneLineErrors, TokenCount, apply_options
+from advisor.cli.options import (GPUS, GPUS_PER_NODE, STDOUT, InputError, OneLineErrors, TokenCount, apply_options,
+                                 output_option)
 from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S, TCP_PORTS
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
@@ -175,11 +176,12 @@ def run_options(func: Callable) -> Callable:
 
 def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bool, per_node: int,
                  gpus_here: bool = True, show_job: bool | None = None, checks: bool = True,
-                 elsewhere_option: str | None = None):
+                 elsewhere_option: str | None = None, hold_notes: bool = False):
     """The entry's options and the environment every rank needs, after the preflight
     (launch.preflight) and the job's report (``show_job``, default: in a dry run): a dry run
     prints the problems as warnings; a real run with a problem prints every one, one line each,
-    and exits with status 2 before anything starts."""
+    and exits with status 2 before anything starts. ``hold_notes``: the caller prints the notes
+    (``_flush_notes``) once its -o file is written, so that a write that fails is one line."""
     from launch.commands import entry_options
     from launch.megatron_versions import LaunchShape, environment
 
@@ -197,7 +199,8 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
         click.get_current_context().exit(2)
     for problem in problems:
         _note(f"warning: {problem}")
-    _flush_notes()  # the command's checks passed: its notes come before its output
+    if not hold_notes:
+        _flush_notes()  # the command's checks passed: its notes come before its output
     return entry_options(release.checkout or release.given, **profiling), env
 
 
@@ -321,8 +324,7 @@ _JOB_NAME = re.compile(r"[^\w.-]+")
                    "--save and --load the same directory after '--' so that it resumes.")
 @click.option("--rdzv-port", type=click.IntRange(*TCP_PORTS), default=DEFAULT_RDZV_PORT, show_default=True,
               help="The c10d rendezvous port on the first node.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the script here (atomically) and submit this file.")
+@output_option("Write the script here (atomically) and submit this file; '-' prints it.")
 @click.option("--dry-run", is_flag=True, help="Do not submit: print the script (or only write it, with -o).")
 @megatron_options
 def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, partition, account, time,
@@ -355,10 +357,10 @@ def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_p
                    account=account, time=time, qos=qos, cpus_per_task=cpus_per_task, signal_time_s=signal_time,
                    requeue=requeue, rdzv_port=rdzv_port)
     entry, env = _launch_plan(config, release, megatron, profiling, job_plan, dry_run=dry_run,
-                              per_node=topology.nproc_per_node, gpus_here=False)
+                              per_node=topology.nproc_per_node, gpus_here=False, hold_notes=True)
     script = sbatch_script(job, topology, entry, megatron.groups, description=config.describe(),
                            environment=env.settings, environment_reason=env.reason)
-    status = write_or_submit(script, output, dry_run=dry_run,
+    status = write_or_submit(script, output, dry_run=dry_run, ready=_flush_notes,
                              announce=lambda argv: _announce(config, shlex.join(argv), release))
     return 0 if status is None else status
 
@@ -404,8 +406,7 @@ def manifest_options(func: Callable) -> Callable:
         click.option("--gpus-per-node", type=GPUS_PER_NODE, default=None,
                      help="GPUs per node (default: the plan's, else 8, at most the world size)."),
         click.option("--name", default=None, help="The job's name (default: megatron-MODEL)."),
-        click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Write it here (atomically) instead of printing it."),
+        output_option("Write it here (atomically) instead of printing it; '-' is stdout."),
         click.option("--dry-run", is_flag=True, help="Print it (the default without -o; nothing is submitted)."),
     ], func)
 
@@ -421,12 +422,15 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
     name = check_name(name or job_name(config.model.name))
     topology = resolve_topology(config, nnodes=nodes, per_node=gpus_per_node, names=("--nodes", "--gpus-per-node"))
     entry, env = _launch_plan(config, release, megatron, profiling, job_plan, dry_run=True,
-                              per_node=topology.nproc_per_node, gpus_here=False, checks=False)
+                              per_node=topology.nproc_per_node, gpus_here=False, checks=False, hold_notes=True)
     job = Job(name=name, topology=topology, entry=tuple(entry),
               megatron=tuple(megatron.args), environment=env.settings)
     text = to_yaml(build(job))
+    output = None if output == STDOUT else output
     if output is not None:
-        atomic_write_text(output, text)
+        atomic_write_text(output, text)  # before the notes: a file that cannot be written is one line
+    _flush_notes()
+    if output is not None:
         click.echo(f"wrote {output}", err=True)
     if output is None or dry_run:
         click.echo(text, nl=False)

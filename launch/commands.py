@@ -197,6 +197,20 @@ def format_command(argv: Sequence[str], environment: Mapping[str, str] | None = 
 # --- Slurm ------------------------------------------------------------------------------------
 
 _SLURM_VALUE = re.compile(r"^[\w.:@%+/=,-]+$")
+# sbatch(1) --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
+# days-hours:minutes:seconds; "UNLIMITED" or "INFINITE" in any case (Slurm's
+# src/common/parse_time.c time_str2secs, which checks no field's range).
+_SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite", re.IGNORECASE | re.ASCII)
+
+
+def check_slurm_time(value: str) -> str:
+    """A Slurm time limit (#SBATCH --time) as sbatch accepts it, else AdvisorError in one line."""
+    if not _SLURM_TIME.fullmatch(value):
+        raise AdvisorError(f"--time {value!r} is not a Slurm time limit: give minutes, MM:SS, HH:MM:SS, D-HH, "
+                           "D-HH:MM, D-HH:MM:SS or UNLIMITED (e.g. 02:00:00 or 1-12:00:00)")
+    return value
+
+
 SIGNAL_TIME_S = 300
 """Seconds before the time limit that Slurm sends SIGTERM (``#SBATCH --signal=TERM@300``): one
 iteration and a checkpoint save. Slurm may send it up to 60 s earlier (its event resolution)."""
@@ -234,6 +248,8 @@ class SlurmJob:
             value = getattr(self, name)
             if value is not None and not _SLURM_VALUE.match(value):
                 raise AdvisorError(f"--{name.replace('_', '-')} {value!r}: use letters, digits and . : @ % + / = , - _")
+        if self.time is not None:
+            check_slurm_time(self.time)
         if not TCP_PORTS[0] <= self.rdzv_port <= TCP_PORTS[1]:
             raise AdvisorError(f"--rdzv-port must be a TCP port, got {self.rdzv_port}")
 

@@ -67,6 +67,9 @@ class LaunchInput:
     """The token budget the row was priced for (``advisor sweep --tokens``), else None."""
     step_time_s: float | None = None
     """The estimated time of one iteration (with a GPU preset), else None."""
+    ep: int | None = None
+    etp: int | None = None
+    """A mixture of experts' expert parallel and expert tensor parallel sizes, else None."""
 
     @property
     def world_size(self) -> int:
@@ -79,8 +82,9 @@ class LaunchInput:
     def layout(self) -> str:
         vpp = f", VPP {self.vpp}" if self.vpp > 1 else ""
         split = "" if len(set(self.layers_per_stage)) == 1 else f" ({'/'.join(map(str, self.layers_per_stage))})"
-        return (f"TP {self.tp}, CP {self.cp}, PP {self.pp}{split}{vpp}, DP {self.dp}, MBS {self.micro_batch_size}, "
-                f"GBS {self.global_batch_size}, seq {self.seq_len}")
+        experts = f", EP {self.ep}, ETP {self.etp}" if self.ep is not None else ""
+        return (f"TP {self.tp}, CP {self.cp}, PP {self.pp}{split}{vpp}, DP {self.dp}{experts}, "
+                f"MBS {self.micro_batch_size}, GBS {self.global_batch_size}, seq {self.seq_len}")
 
     def describe(self) -> str:
         return f"{self.model.name}: {self.layout()}; {self.source}"
@@ -142,6 +146,14 @@ class _Fields:
             raise AdvisorError(f"{self.origin}: {key!r} must be a positive integer, got {value!r}")
         return value
 
+    def count(self, key: str) -> int:
+        """A non-negative integer: a stage's layers, 0 for an empty stage (which Megatron builds
+        from a --pipeline-model-parallel-layout: advisor.megatron_args.split_args)."""
+        value = self._get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise AdvisorError(f"{self.origin}: {key!r} must be a non-negative integer, got {value!r}")
+        return value
+
     def number(self, key: str) -> float | None:
         value = self.document.get(key)
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -188,7 +200,7 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         stages = fields.document["stages"]
         if not isinstance(stages, list) or not all(isinstance(stage, dict) for stage in stages):
             raise AdvisorError(f"{fields.origin}: 'stages' must be a list of stage objects")
-        layers = tuple(_Fields(stage, f"{fields.origin}, stage {i}").positive("layers") for i, stage in enumerate(stages))
+        layers = tuple(_Fields(stage, f"{fields.origin}, stage {i}").count("layers") for i, stage in enumerate(stages))
         if len(layers) != pp or sum(layers) != spec.num_layers:
             raise AdvisorError(f"{fields.origin}: the stages hold {list(layers)} layers, not {spec.num_layers} "
                                f"layers over PP {pp}")
@@ -199,8 +211,10 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
                                f"{spec.num_layers} layers over PP {pp}")
     else:
         layers = (spec.num_layers // pp,) * pp
+    ep = etp = None
     if is_moe(spec):
         args = _moe_args(fields, spec, seq_len, gbs, layers)
+        ep, etp = fields.positive("ep"), fields.positive("etp")  # checked by _moe_args
     else:
         parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
         try:  # what Megatron-LM would refuse, refused here before anything starts
@@ -215,46 +229,31 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=tuple(args),
         verdict=fields.document.get("verdict"), total_gib=fields.number("total_gib"),
         memory_gib=fields.number("memory_gib"), tokens=fields.number("tokens"),
-        step_time_s=fields.number("step_time_s"),
+        step_time_s=fields.number("step_time_s"), ep=ep, etp=etp,
     )
 
 
 def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, ...]) -> list[str]:
-    """A mixture of experts' row: its EP, ETP, dispatcher and recomputation read back, the layout
-    checked as megatron-core builds its expert groups, the flags from ``advisor.moe.flags``."""
-    from advisor.moe.flags import pad_problem, row_args
-    from advisor.moe.space import RECOMPUTES, layout_problem
+    """A mixture of experts' row: its EP, ETP, dispatcher, routing and recomputation read back
+    by the check the report reads it with too (``advisor.report.inputs.moe_row_settings``: what
+    is launched is what was priced, and shown), the layout checked as megatron-core builds its
+    expert groups, the flags from ``advisor.moe.flags``."""
+    from advisor.moe.flags import row_args
+    from advisor.moe.space import layout_problem
+    from advisor.report.inputs import moe_row_settings
 
-    row = {key: fields.positive(key) for key in ("tp", "cp", "pp", "dp", "mbs", "ep", "etp")}
+    row = {key: fields.positive(key) for key in ("tp", "cp", "pp", "dp", "mbs")}
     row["vpp"] = fields.positive("vpp", default=1)
-    recompute, dispatcher = fields.document.get("recompute", "none"), fields.document.get("dispatcher")
-    modules = fields.document.get("recompute_modules")
-    if recompute not in RECOMPUTES or dispatcher not in ("alltoall", "allgather", "flex") or not (
-            modules is None or isinstance(modules, list) and all(isinstance(m, str) for m in modules)):
-        raise AdvisorError(f"{fields.origin}: 'recompute', 'dispatcher' or 'recompute_modules' is not an MoE row's")
+    settings = moe_row_settings(fields.document, fields.origin)
     gpus = row["tp"] * row["cp"] * row["pp"] * row["dp"]
-    overlap, delay = fields.document.get("a2a_overlap", False), fields.document.get("delay_wgrad", False)
-    if not isinstance(overlap, bool) or not isinstance(delay, bool) or (delay and not overlap):
-        raise AdvisorError(f"{fields.origin}: 'a2a_overlap' and 'delay_wgrad' must be true or false, delay_wgrad "
-                           "only with a2a_overlap")
     problem = layout_problem(spec, Workload(seq_len=seq_len, global_batch_size=gbs), gpus, row["tp"], row["cp"],
-                             row["pp"], row["ep"], row["etp"], row["mbs"], row["vpp"], tuple(layers),
-                             a2a_overlap=overlap, recompute=recompute)
+                             row["pp"], settings["ep"], settings["etp"], row["mbs"], row["vpp"], tuple(layers),
+                             a2a_overlap=settings["a2a_overlap"], recompute=settings["recompute"],
+                             dispatcher=settings["dispatcher"])
     if problem:
         raise AdvisorError(f"{fields.origin}: {problem}")
-    grads, sharded = fields.document.get("gradient_bytes", 4), fields.document.get("distributed_optimizer", True)
-    capacity, pad = fields.document.get("capacity_factor"), fields.document.get("pad_to_capacity")
-    if grads not in (2, 4) or not isinstance(sharded, bool) or not (
-            capacity is None or isinstance(capacity, (int, float)) and not isinstance(capacity, bool) and capacity > 0
-    ) or not (pad is None or isinstance(pad, bool)):
-        raise AdvisorError(f"{fields.origin}: 'gradient_bytes' must be 2 or 4, 'distributed_optimizer' true or false, "
-                           "'capacity_factor' null or a positive number and 'pad_to_capacity' null, true or false")
-    if problem := pad_problem(dispatcher, capacity, capacity is not None and pad is not False):
-        raise AdvisorError(f"{fields.origin}: {problem}")
-    row.update(layers_per_stage=list(layers), recompute=recompute, dispatcher=dispatcher, recompute_modules=modules,
-               recompute_num_layers=1 if recompute == "full" else None, gradient_bytes=grads,
-               distributed_optimizer=sharded, capacity_factor=capacity, pad_to_capacity=pad, a2a_overlap=overlap,
-               delay_wgrad=delay)
+    row.update(settings, layers_per_stage=list(layers),
+               recompute_num_layers=1 if settings["recompute"] == "full" else None)
     if "options" in fields.document:  # the training options the row was priced with (FP8, ...)
         row["options"] = fields.options().changed()
     return row_args(spec, seq_len, gbs, row)

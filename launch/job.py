@@ -210,11 +210,17 @@ def missing(args: Sequence[str]) -> str | None:
             "save_interval, tensorboard_dir)")
 
 
+def user_length(user_args: Sequence[str]) -> list[str]:
+    """The user's own length flags after ``--`` with their values (``--train-iters 20``), or []."""
+    given = flag_values(user_args)
+    return [word for flag in LENGTH_FLAGS if flag in given for word in (flag, *given[flag])]
+
+
 def job_group(job: JobFile | None, schedule: Schedule | None, user_args: Sequence[str]) -> ArgGroup | None:
     """The job file's flags and the schedule's, as one group of the command line; the schedule is
     left out where the user gives the length (``--train-iters``/``--train-samples``) after ``--``."""
     args = list(job.flags) if job is not None else []
-    if schedule is not None and not any(flag in flag_values(user_args) for flag in LENGTH_FLAGS):
+    if schedule is not None and not user_length(user_args):
         args += schedule.flags()
     if not args:
         return None
@@ -230,12 +236,17 @@ class JobPlan:
     schedule: Schedule | None
     checkpoint: Checkpoint
     step_time_s: float | None
+    user_length: tuple[str, ...] = ()
+    """The user's length flags after ``--``: then ``job_group`` adds no schedule, and the report says so."""
 
     def report(self, args: Sequence[str]) -> list[str]:
         """The lines a launch prints about the job: its length and its checkpoint (what it lacks
         is ``missing``'s)."""
         lines = []
-        if self.schedule is not None:
+        if self.schedule is not None and self.user_length:
+            lines.append(f"length: your {' '.join(self.user_length)} (after --); the {self.schedule.tokens:.4g}-token "
+                         "budget adds no --train-samples or LR schedule")
+        elif self.schedule is not None:
             s = self.schedule
             lines.append(f"length: {s.tokens:.4g} tokens = {s.samples:,} samples of {s.seq_len} tokens = "
                          f"{s.iterations:,} iterations of {s.global_batch_size}; LR warm-up {s.warmup_samples:,} "
@@ -263,4 +274,4 @@ def plan_job(config, *, job_file: JobFile | None, tokens: float | None, bandwidt
     checkpoint = Checkpoint(parameters=model_parameters(config.model), weight_bytes=weight_bytes,
                             world_size=config.world_size, bandwidth_gbs=bandwidth)
     return JobPlan(group=job_group(job_file, schedule, user_args), schedule=schedule, checkpoint=checkpoint,
-                   step_time_s=config.step_time_s)
+                   step_time_s=config.step_time_s, user_length=tuple(user_length(user_args)))

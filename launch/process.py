@@ -89,24 +89,32 @@ def _wait_for_exit(pid: int, received: list[int], grace_s: float) -> None:
         time.sleep(0.1)
 
 
-def write_or_submit(script: str, output, *, dry_run: bool, announce=None) -> int | None:
+def write_or_submit(script: str, output, *, dry_run: bool, announce=None, ready=None) -> int | None:
     """A Slurm batch script: written atomically to ``output`` (if given), printed (a dry run without
-    ``output``), or submitted with sbatch (the file, else the script on its standard input).
-    Returns sbatch's exit status, or None when nothing was submitted. ``announce(argv)`` is called
-    just before submitting. One place for ``advisor-launch sbatch`` and ``--slurm-array``."""
+    ``output``, or ``output`` '-': advisor.cli.options.STDOUT), or submitted with sbatch (the file,
+    else the script on its standard input). Returns sbatch's exit status, or None when nothing was
+    submitted. ``ready()`` is called once the file is written, before anything is printed or
+    submitted: a caller's held notes come out then, never ahead of a file that could not be
+    written (its one error line). ``announce(argv)`` is called just before submitting. One place
+    for ``advisor-launch sbatch`` and ``--slurm-array``."""
     import click
 
     from advisor.fileio import atomic_write_text
 
-    if output is not None:
-        atomic_write_text(output, script)
-        click.echo(f"wrote {output}", err=True)
+    printed = output is not None and str(output) == "-"
+    written = None if output is None or printed else output
+    if written is not None:
+        atomic_write_text(written, script)
+    if ready is not None:
+        ready()
+    if written is not None:
+        click.echo(f"wrote {written}", err=True)
+    if printed or (dry_run and written is None):
+        click.echo(script, nl=False)
     if dry_run:
-        if output is None:
-            click.echo(script, nl=False)
         return None
     require_program("sbatch", "submit from a Slurm login node, or write the script with --dry-run -o FILE")
-    argv = ["sbatch", str(output)] if output is not None else ["sbatch"]
+    argv = ["sbatch", str(written)] if written is not None else ["sbatch"]
     if announce is not None:
         announce(argv)
-    return run_process_group(argv, stdin_text=None if output is not None else script)
+    return run_process_group(argv, stdin_text=None if written is not None else script)

@@ -25,7 +25,7 @@ import click
 
 from advisor.capture.campaign import PROFILING_ITERATIONS
 from advisor.capture.campaign_run import prepare, scan
-from advisor.cli.options import OneLineCommand
+from advisor.cli.options import OneLineCommand, output_option
 from advisor.errors import AdvisorError
 from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS, ShellWord, SlurmJob, Topology, wrap
 from launch.process import write_or_submit
@@ -68,22 +68,30 @@ def array_script(job: SlurmJob, nodes: Topology, run_ids: Sequence[str], runner:
 @click.option("--time", default=None)
 @click.option("--qos", default=None)
 @click.option("--rdzv-port", type=click.IntRange(*TCP_PORTS), default=DEFAULT_RDZV_PORT)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@output_option("Write the script here (atomically) and submit this file; '-' prints it.")
 @click.option("--dry-run", is_flag=True)
 @click.argument("user_args", nargs=-1, type=click.UNPROCESSED)
 def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, train_iters: int,
          partition: str | None, account: str | None, time: str | None, qos: str | None, rdzv_port: int,
          output: Path | None, dry_run: bool, user_args: tuple[str, ...]) -> None:
     """Write (and submit) a campaign's job array; see the module docstring."""
-    from launch.campaign_runner import TorchrunExecutor, launch_problem, topology
+    from launch.campaign_runner import SlurmAllocation, TorchrunExecutor, launch_problem, topology
     from launch.checkout import resolve_release
 
+    # the #SBATCH settings first (--time's format among them), with the other inputs
+    job = SlurmJob(job_name=f"profile-{campaign.stem}", partition=partition, account=account, time=time, qos=qos,
+                   signal_time_s=None, rdzv_port=rdzv_port)
     document = prepare(campaign, out, backend="megatron")
     widest = max(topology(document, run).nnodes for run in document["runs"])
     if problem := launch_problem(document, slurm_nodes=widest):
         raise AdvisorError(problem)
     release = resolve_release(megatron_lm, None, need_checkout=True)
-    executor = TorchrunExecutor(release, mock_data=mock_data, train_iters=train_iters, extras=user_args)
+    # Each task runs the runner with --slurm (array_script): srun of torchrun per node, meeting on the
+    # allocation's first node. Build the same commands here, the allocation's job and head node
+    # stand-ins known only inside the job, so that a multi-node run needs no --rdzv-endpoint.
+    allocation = SlurmAllocation(job_id="SLURM_JOB_ID", nodes=widest, head_node="HEAD_NODE", rdzv_port=rdzv_port)
+    executor = TorchrunExecutor(release, mock_data=mock_data, train_iters=train_iters, extras=user_args,
+                                slurm=allocation)
     for run in document["runs"]:  # a conflict with the user's arguments, before anything is submitted
         executor.argv(document, run, out / run["id"])
     states = scan(document, out)
@@ -91,8 +99,6 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
     if not pending:
         click.echo(f"every run of {campaign} is complete under {out}: nothing to submit", err=True)
         return
-    job = SlurmJob(job_name=f"profile-{campaign.stem}", partition=partition, account=account, time=time, qos=qos,
-                   signal_time_s=None, rdzv_port=rdzv_port)
     runner = [sys.executable, "-m", RUNNER, str(campaign.resolve()), "--out", str(out.resolve()), "--megatron-lm",
               str(release.checkout.resolve()), "--train-iters", str(train_iters), "--slurm", "--rdzv-port",
               str(rdzv_port), *(["--mock-data"] if mock_data else [])]

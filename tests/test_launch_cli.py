@@ -302,3 +302,45 @@ def test_a_dry_run_shows_every_priced_lever_and_no_connections_limit_under_fsdp(
     values = flag_values(megatron)
     assert values["--data-parallel-sharding-strategy"] == ("optim_grads",) and values["--ckpt-format"] == ("fsdp_dtensor",)
     assert {"--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather"} <= set(values)
+
+
+def test_an_unusable_output_is_one_line_before_any_note(advisor, tmp_path, monkeypatch):
+    """-o is checked with the other inputs (advisor.cli.options.output_option, as advisor's own -o),
+    and a file that cannot be created after all (/sys as root) is written before the notes (the
+    assumed release, the job's length and checkpoint) come out: one line either way."""
+    monkeypatch.delenv("MEGATRON_LM", raising=False)
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpu", "h100-80gb", "--gpus", "16", "--tokens", "1T")
+    commands = {"sbatch": ["--dry-run"], "skypilot": [], "k8s": ["--image", "img", "--megatron-lm", "/opt/Megatron"]}
+    outputs = {tmp_path / "missing" / "x": "no such directory", tmp_path: "is a directory",
+               "/sys/advisor-x": "/sys/advisor-x"}
+    for command, more in commands.items():
+        for output, message in outputs.items():
+            line = launcher().error(command, "--from", sweep, *more, "-o", output, "--", "--train-iters", "20")
+            assert message in line, (command, line)
+        printed = launcher()(command, "--from", sweep, *more, "-o", "-", "--", "--train-iters", "20")
+        assert printed.stdout.startswith(("#!/bin/bash\n", "name: ", "apiVersion: ")), printed.stdout[:40]
+    assert not list(tmp_path.glob("*.tmp")) and not (tmp_path / "-").exists()
+
+
+def test_sbatch_time_limits_are_slurms(advisor, tmp_path):
+    """sbatch(1)'s --time formats pass; anything else is one line, as Slurm would refuse it at submit."""
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    for limit in ("30", "30:00", "01:00:00", "2-12", "2-12:30", "2-12:30:15", "UNLIMITED", "infinite", "0"):
+        script = launcher()("sbatch", "--from", sweep, "--megatron-version", "0.15", "--time", limit,
+                            "--dry-run").stdout
+        assert f"\n#SBATCH --time={limit}\n" in script
+    for limit in ("abc", "1:", "1.5", "1-2-3", "1:2:3:4", "-1", "1h"):
+        line = launcher().error("sbatch", "--from", sweep, "--megatron-version", "0.15", "--time", limit, "--dry-run")
+        assert f"--time {limit!r} is not a Slurm time limit: give minutes, MM:SS, HH:MM:SS, D-HH" in line, line
+
+
+def test_an_moe_scripts_header_names_its_expert_layout(advisor, tmp_path):
+    sweep = sweep_file(advisor, tmp_path / "moe.json", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb",
+                       "--top", "1")
+    row = json.loads(sweep.read_text())[0]
+    script = launcher()("sbatch", "--from", sweep, "--megatron-version", "0.15", "--dry-run").stdout
+    header = script.splitlines()[1]
+    assert f"DP {row['dp']}, EP {row['ep']}, ETP {row['etp']}, MBS {row['mbs']}," in header, header
+    dense = launcher()("sbatch", "--from", sweep_file(advisor, tmp_path / "dense.json", "--gpus", "8", "--mem", "80"),
+                       "--megatron-version", "0.15", "--dry-run").stdout
+    assert "EP" not in dense.splitlines()[1]

@@ -198,5 +198,33 @@ def test_moe_token_dropping_rows_launch_as_priced(advisor, tmp_path):
         assert args[args.index("--moe-expert-capacity-factor") + 1] == "1.5"
     with pytest.raises(AdvisorError, match="flex dispatcher cannot pad"):
         read_input(write_json(tmp_path / "row.json", {**row, "dispatcher": "flex"}))
-    with pytest.raises(AdvisorError, match="'pad_to_capacity' null, true or false"):
+    with pytest.raises(AdvisorError, match="'pad_to_capacity' must be null, true or false, got 1"):
         read_input(write_json(tmp_path / "row.json", {**row, "pad_to_capacity": 1}))
+
+
+@pytest.mark.xdist_group("megatron-validator")
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_an_empty_pipeline_stage_launches_as_a_layout(tag, advisor, tmp_path):
+    """An estimate with an empty last stage (--layers-per-stage 32,0), dense and MoE: the launcher
+    reads it and writes the split as a layout, which the release's parse_args + validate_args
+    accept and build as priced (its --decoder-last-pipeline-num-layers 0 both refuse)."""
+    from launch_support import launcher
+    from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
+
+    release = checkout(tag)
+    common = ["--pp", "2", "--layers-per-stage", "32,0", "--gpu", "h100-80gb", "--format", "json"]
+    estimates = {"llama3.1-8b": ["--gpus", "2"], "mixtral-8x7b": ["--gpus", "64", "--ep", "8"]}
+    cases = []
+    for model, more in estimates.items():
+        path = tmp_path / f"{model}.json"
+        advisor("estimate", "--model", model, *more, *common, "-o", path)
+        args = json.loads(launcher()("args", "--from", path, "--megatron-version", tag, "--format", "json", "--",
+                                     *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type", "NullTokenizer",
+                                     "--vocab-size", "32000", "--train-iters", "10").stdout)
+        assert flag_values(args)["--pipeline-model-parallel-layout"] == ("E,t*32|L",)
+        assert "--decoder-last-pipeline-num-layers" not in args
+        cases.append({"args": args, "world_size": json.loads(path.read_text())["gpus"],
+                      "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}})
+    for result in validate(release, cases):
+        assert result["ok"], result.get("error")
+        assert result["derived"]["layers_per_stage"] == [32, 0]

@@ -82,3 +82,14 @@ def test_a_bad_job_file_is_one_line(advisor, tmp_path):
     # the user's own length wins over the budget's (no schedule is derived, so nothing conflicts)
     args = launcher()("args", "--from", sweep, "--tokens", "1B", "--", "--train-samples", "5").stdout.split()
     assert args[-2:] == ["--train-samples", "5"] and "--lr-decay-samples" not in args
+
+
+def test_the_users_length_replaces_the_budgets_in_the_report(advisor, tmp_path):
+    """With --train-iters after --, job_group adds no schedule: the report does not print one either."""
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpu", "h100-80gb", "--gpus", "16", "--tokens", "1T")
+    result = launcher()("sbatch", "--dry-run", "--from", sweep, "--megatron-version", "0.15", "--mock-data", "--",
+                        "--train-iters", "20", "--lr", "3e-4")
+    lengths = [line for line in result.stderr.splitlines() if "length:" in line]
+    assert lengths == ["advisor-launch: length: your --train-iters 20 (after --); the 1e+12-token budget adds "
+                       "no --train-samples or LR schedule"], result.stderr
+    assert "--train-samples" not in result.stdout and "--train-iters 20" in result.stdout

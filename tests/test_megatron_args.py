@@ -79,6 +79,15 @@ def test_uneven_splits():
     assert split_args((2, 8, 8, 6)) == ["--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "6"]
 
 
+@pytest.mark.parametrize("counts,layout", [((32, 0), "E,t*32|L"), ((0, 32), "E|t*32,L"),
+                                           ((0, 8, 8, 8), "E|t*8|t*8|t*8,L"), ((8, 8, 8, 0), "E,t*8|t*8|t*8|L"),
+                                           ((4, 0, 4), "E,t*4||t*4,L")])
+def test_an_empty_stage_is_a_layout(counts, layout):
+    """Megatron refuses --decoder-first/last-pipeline-num-layers 0 (transformer_config.py: 'must be
+    larger than 0'); its layout builds an empty stage."""
+    assert split_args(counts) == ["--pipeline-model-parallel-layout", layout]
+
+
 def test_virtual_pipeline_stages():
     spec = PRESETS["llama3.1-8b"]  # 32 layers
     args = flag_values(megatron_args(spec, 8192, tp=1, cp=1, layers_per_stage=(8, 8, 8, 8), micro_batch_size=1,
@@ -95,7 +104,8 @@ def test_virtual_pipeline_stages():
 
 
 @pytest.mark.parametrize("counts,vpp", [((9, 7, 8, 8), 2), ((8, 8, 8, 8), 3), ((7,) + (8,) * 14 + (7,), 2),
-                                        ((5, 9, 9, 9), 4), ((1, 3, 1), 1), ((0, 4, 4), 1)])
+                                        ((5, 9, 9, 9), 4), ((1, 3, 1), 1), ((0, 4, 4), 1), ((32, 0), 1),
+                                        ((0, 32), 1), ((8, 8, 8, 0), 1), ((4, 0, 4), 1)])
 def test_layouts_build_in_megatron_core_as_priced(counts, vpp):
     """megatron-core's own parser builds, per pipeline rank and model chunk, the layers we price."""
     layout_module = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")

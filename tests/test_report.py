@@ -133,3 +133,58 @@ def test_page_without_a_time_model(advisor, tmp_path):
     assert 'data-figure="heatmap"' in page and 'data-figure="scatter"' not in page
     assert 'data-figure="time-parts"' not in page and "80% (4D paper)" in page
     assert "layer-forward units" in page
+
+
+MOE_ROW_EDITS = [  # (a hand edit of an MoE sweep row, the line both readers print), as the CLI's flags refuse it
+    ({"routing": "balanced", "capacity_factor": 1.25},
+     "'capacity_factor' drops tokens (capacity routing); 'routing' balanced routes every token"),
+    ({"routing": "capacity", "capacity_factor": None}, "'routing' capacity needs a 'capacity_factor'"),
+    ({"routing": "bogus"}, "'routing' must be balanced, capacity or dropless, got 'bogus'"),
+    ({"dispatcher": "bogus"}, "'dispatcher' must be alltoall, allgather or flex, got 'bogus'"),
+    ({"capacity_factor": -1}, "'capacity_factor' must be above 0, got -1"),
+    ({"imbalance": 0}, "'imbalance' must be at least 1, got 0"),
+    ({"pad_to_capacity": True}, "'pad_to_capacity' needs capacity routing and a 'capacity_factor'"),
+    ({"recompute_modules": ["moe_act"]}, "'recompute_modules' needs 'recompute' selective, got 'none'"),
+    ({"delay_wgrad": True}, "'delay_wgrad' needs 'a2a_overlap'"),
+    ({"ep": 0}, "'ep' must be a positive integer"),
+]
+
+
+@pytest.fixture(scope="module")
+def moe_row(tmp_path_factory):
+    from conftest import Invoker
+
+    path = tmp_path_factory.mktemp("moe") / "moe_sweep.json"
+    Invoker()("sweep", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb", "--top", "2", "--format",
+              "json", "-o", path)
+    return json.loads(path.read_text())[0]
+
+
+@pytest.mark.parametrize("edit,message", MOE_ROW_EDITS, ids=[message[:30] for _, message in MOE_ROW_EDITS])
+def test_a_hand_edited_moe_row_is_refused_by_the_report_and_the_launcher_alike(advisor, tmp_path, moe_row, edit,
+                                                                              message):
+    """One check (advisor.report.inputs.moe_row_settings) for both readers: a row the report would
+    price one way and advisor-launch launch another (or only one of them refuse) is one line in each."""
+    from launch_support import launcher, write_json
+
+    path = write_json(tmp_path / "row.json", {**moe_row, **edit})
+    assert message in advisor.error("report", "--from", path, "-o", tmp_path / "r.html")
+    assert message in launcher().error("args", "--from", path)
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_an_moe_row_as_written_is_read_by_both(advisor, tmp_path, moe_row):
+    from launch_support import launcher, write_json
+
+    path = write_json(tmp_path / "row.json", moe_row)
+    advisor("report", "--from", path, "-o", tmp_path / "r.html")
+    args = json.loads(launcher()("args", "--from", path, "--format", "json").stdout)
+    assert args[args.index("--expert-model-parallel-size") + 1] == str(moe_row["ep"])
+
+
+def test_a_flex_row_edited_to_ep_1_is_not_launched(tmp_path, moe_row):
+    # megatron-core's flex dispatcher asserts EP x ETP > 1 (token_dispatcher.py, both releases)
+    from launch_support import launcher, write_json
+
+    row = {**moe_row, "dispatcher": "flex", "ep": 1, "etp": 1, "dp": moe_row["dp"], "a2a_overlap": False}
+    assert "flex dispatcher needs EP x ETP > 1" in launcher().error("args", "--from", write_json(tmp_path / "r.json", row))

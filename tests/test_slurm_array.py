@@ -57,6 +57,27 @@ def test_the_array_script_and_its_refusals(advisor, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_campaign_of_multi_node_runs_is_one_array(advisor, tmp_path):
+    """Runs of 4 GPUs on nodes of 2: every task asks for 2 nodes, and the check of the user's
+    arguments builds each run's command as its task does (srun does the rendezvous), so no
+    --rdzv-endpoint is asked for; a conflict with them is still refused before the script."""
+    from launch_support import make_checkout
+
+    plan(advisor, tmp_path / "wide.json", 4, 2)
+    checkout = make_checkout(tmp_path / "Megatron-LM")
+    common = ["profile", "run", tmp_path / "wide.json", "--out", tmp_path / "runs", "--megatron-lm", checkout,
+              "--slurm-array", "--partition", "gpu", "--time", "00:30:00", "--mock-data", "--dry-run"]
+    script = advisor(*common, "--", "--lr", "1e-4").stdout
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=2\n" in script
+    assert "--slurm --rdzv-port 29500" in script.replace("\\\n   ", "")
+    assert "--micro-batch-size 3 (after --) conflicts with --micro-batch-size" in advisor.error(
+        *common, "--", "--micro-batch-size", "3")
+    # each task's time limit in one of sbatch(1)'s formats, as advisor-launch sbatch takes it
+    assert "--time 'abc' is not a Slurm time limit: give minutes, MM:SS" in advisor.error(*common, "--time", "abc")
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.fixture(scope="module")
 def core_0_15(tmp_path_factory):
     cluster()

@@ -73,11 +73,112 @@ def _check_row(row: dict, where: str) -> None:
             raise AdvisorError(f"{where}: '{key}' must be {what}, got {_shown(row[key])}")
     if "model" in row and not isinstance(row["model"], (str, dict)):
         raise AdvisorError(f"{where}: 'model' must be a preset's name or a model object, got {_shown(row['model'])}")
-    if isinstance(row.get("model"), dict) and "num_experts" in row["model"]:  # an MoE row is priced by EP, ETP
-        for key in ("ep", "etp"):
-            if not _positive(row.get(key)):
-                raise AdvisorError(f"{where}: an MoE row's '{key}' must be a positive integer, got "
-                                   f"{_shown(row.get(key))}")
+    if isinstance(row.get("model"), dict) and "num_experts" in row["model"]:
+        moe_row_settings(row, where)  # as advisor-launch reads it: what one refuses, the other does
+
+
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
+"""--moe-token-dispatcher-type's choices (advisor.cli.moe.moe_options)."""
+MOE_ROUTINGS = ("balanced", "capacity", "dropless")
+"""--moe-routing's choices (advisor.cli.moe.moe_options)."""
+
+
+def moe_row_settings(row: dict, where: str) -> dict:
+    """The MoE settings of a sweep row or an estimate (EP, ETP, dispatcher, routing, recomputation,
+    overlap, gradients), checked as ``advisor sweep`` and ``estimate`` check the flags they come
+    from (``advisor.cli.moe.moe_settings``: the same refusals, one line naming the row's field),
+    an absent one at the command's default. The one check of both readers of a saved MoE row,
+    advisor-launch's (``launch.inputs``) and the report's (``classify``): a hand-edited row that
+    one would launch or price differently from the other is refused by both."""
+    from advisor.moe.space import RECOMPUTES
+    from advisor.moe.spec import RECOMPUTE_MODULES
+
+    def refuse(text: str):
+        raise AdvisorError(f"{where}: {text}")
+
+    for key in ("ep", "etp"):  # an MoE row is priced by EP and ETP
+        if not _positive(row.get(key)):
+            refuse(f"an MoE row's '{key}' must be a positive integer, got {_shown(row.get(key))}")
+    dispatcher = _given(row, "dispatcher", "alltoall")
+    if dispatcher not in MOE_DISPATCHERS:
+        refuse(f"'dispatcher' must be {_choices(MOE_DISPATCHERS)}, got {_shown(dispatcher)}")
+    settings = {"ep": row["ep"], "etp": row["etp"], "dispatcher": dispatcher, **_moe_routing(row, dispatcher, refuse)}
+    recompute, modules = _given(row, "recompute", "none"), row.get("recompute_modules")
+    if recompute not in RECOMPUTES:
+        refuse(f"'recompute' must be {_choices(RECOMPUTES)}, got {_shown(recompute)}")
+    if modules is not None and (not isinstance(modules, list) or not modules
+                                or not all(module in RECOMPUTE_MODULES for module in modules)):
+        refuse(f"'recompute_modules' must be null or a list of {_choices(RECOMPUTE_MODULES)}, got {_shown(modules)}")
+    if modules and recompute != "selective":  # Megatron reads --recompute-modules only with selective
+        refuse(f"'recompute_modules' needs 'recompute' selective, got {_shown(recompute)}")
+    overlap, delay = _given(row, "a2a_overlap", False), _given(row, "delay_wgrad", False)
+    grads, sharded = _given(row, "gradient_bytes", 4), _given(row, "distributed_optimizer", True)
+    if not all(isinstance(value, bool) for value in (overlap, delay, sharded)) or grads not in (2, 4):
+        refuse("'a2a_overlap', 'delay_wgrad' and 'distributed_optimizer' must be true or false, 'gradient_bytes' 2 "
+               "or 4")
+    # megatron-core's refusals of the EP all-to-all overlap that the layout does not decide
+    # (transformer_config.py __post_init__; the layout's: advisor.moe.space.layout_problem)
+    if delay and not overlap:
+        refuse("'delay_wgrad' needs 'a2a_overlap' (megatron-core refuses --delay-wgrad-compute alone)")
+    if overlap and dispatcher == "allgather":
+        refuse("'a2a_overlap' needs the alltoall or flex dispatcher")
+    if overlap and "moe" in (modules or ()):
+        refuse("'a2a_overlap' refuses 'recompute_modules' moe (megatron-core: 'disable moe in recompute_modules "
+               "when enabling overlap_moe_expert_parallel_comm')")
+    return {**settings, "recompute": recompute, "recompute_modules": modules, "a2a_overlap": overlap,
+            "delay_wgrad": delay, "gradient_bytes": grads, "distributed_optimizer": sharded}
+
+
+def _moe_routing(row: dict, dispatcher: str, refuse) -> dict:
+    """The routing, its capacity factor, padding and imbalance, as advisor.cli.moe's ``_routing``
+    and ``_padded`` take them: a factor alone is capacity routing (Megatron drops tokens over
+    it), capacity routing needs one, another routing refuses one (it would be read and ignored)."""
+    from advisor.moe.flags import pad_problem
+
+    factor, routing = row.get("capacity_factor"), row.get("routing")
+    if factor is not None:
+        _bounded(factor, "capacity_factor", limits.MOE_CAPACITY_FACTOR, refuse, low_open=True)
+    if routing is None:
+        routing = "balanced" if factor is None else "capacity"
+    elif routing not in MOE_ROUTINGS:
+        refuse(f"'routing' must be {_choices(MOE_ROUTINGS)}, got {_shown(routing)}")
+    if routing == "capacity" and factor is None:
+        refuse("'routing' capacity needs a 'capacity_factor' (--moe-routing capacity needs "
+               "--moe-expert-capacity-factor)")
+    if routing != "capacity" and factor is not None:
+        refuse(f"'capacity_factor' drops tokens (capacity routing); 'routing' {routing} routes every token: give "
+               "one of them")
+    pad = row.get("pad_to_capacity")
+    if pad is not None and not isinstance(pad, bool):
+        refuse(f"'pad_to_capacity' must be null, true or false, got {_shown(pad)}")
+    if pad and routing != "capacity":
+        refuse("'pad_to_capacity' needs capacity routing and a 'capacity_factor'")
+    if routing == "capacity" and (problem := pad_problem(dispatcher, factor, pad is not False)):
+        refuse(problem)
+    imbalance = _given(row, "imbalance", 1.0)
+    _bounded(imbalance, "imbalance", limits.MOE_IMBALANCE, refuse)
+    return {"routing": routing, "capacity_factor": factor, "pad_to_capacity": pad, "imbalance": imbalance}
+
+
+def _given(row: dict, key: str, default):
+    """A field's value, its default where absent or null."""
+    value = row.get(key)
+    return default if value is None else value
+
+
+def _choices(names) -> str:
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _bounded(value, key: str, bound: limits.Bound, refuse, *, low_open: bool = False) -> None:
+    """A number within the bound the command's option has (advisor.cli.moe: MOE_CAPACITY_FACTOR,
+    MOE_IMBALANCE), else ``refuse`` with limits.check_float's reason."""
+    try:
+        limits.check_float(value, f"'{key}'", bound, low_open=low_open)
+        return
+    except AdvisorError as exc:
+        problem = str(exc)
+    refuse(problem)
 
 
 def _shown(value) -> str:
