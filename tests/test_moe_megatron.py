@@ -5,6 +5,7 @@ validate_args call torch.cuda.get_device_capability(); with no GPU here it answe
 (9, 0) (launch.megatron_check, as for get_device_arch_version)."""
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -13,6 +14,8 @@ from advisor.cli import cli
 from advisor.models import load_model
 from advisor.moe.spec import spec_from_dict
 from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
+
+DATA = Path(__file__).parent / "data" / "moe"
 
 # One worker under pytest-xdist for the tests of the session's validator processes (megatron_real.validate):
 # each worker would start its own (torch and Megatron imported again, 10-13 s of CPU per release).
@@ -66,8 +69,12 @@ def _one(key: str, value):
 
 
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
-def test_megatron_accepts_and_builds_moe_rows(tag):
+def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
     release = checkout(tag)
+    # top-1 routing (written with --moe-router-pre-softmax, which Megatron asks for) and tied embeddings
+    top_one = json.loads((DATA / "mixtral-8x7b.json").read_text()) | {"num_experts_per_tok": 1,
+                                                                      "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(top_one))
     rows = [(name, row) for name, gpus, top in (("mixtral-8x7b", 64, 3), ("deepseek-v3", 1024, 3),
                                                 ("qwen3-30b-a3b", 64, 2))
             for row in _rows(name, gpus, "--top", str(top))]
@@ -95,6 +102,9 @@ def test_megatron_accepts_and_builds_moe_rows(tag):
     # Megatron's own defaults its MoE scripts keep: the vocabulary padded to 128 x TP, the mask built
     rows += [("mixtral-8x7b", _rows("mixtral-8x7b", 64, "--top", "1", "--vocab-divisible-by", "128",
                                     "--dataloader-mask", "cached")[0])]
+    rows += [(str(tmp_path / "config.json"), _rows(str(tmp_path / "config.json"), 64, "--top", "1")[0])]
+    assert "--moe-router-pre-softmax" in rows[-1][1]["megatron_args"]
+    assert "--untie-embeddings-and-output-weights" not in rows[-1][1]["megatron_args"]
     assert {row["vpp"] > 1 for _, row in rows} == {True, False}
     cases = [{"args": [*row["megatron_args"], *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
                        "NullTokenizer", "--vocab-size", str(load_model(name).vocab_size), "--train-iters", "10"],
