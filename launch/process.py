@@ -99,9 +99,9 @@ def write_or_submit(script: str, output, *, dry_run: bool, announce=None, ready=
     for ``advisor-launch sbatch`` and ``--slurm-array``."""
     import click
 
-    from advisor.fileio import atomic_write_text
+    from advisor.fileio import atomic_write_text, is_stdout
 
-    printed = output is not None and str(output) == "-"
+    printed = output is not None and is_stdout(output)
     written = None if output is None or printed else output
     if written is not None:
         atomic_write_text(written, script)
