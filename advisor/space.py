@@ -427,7 +427,8 @@ def may_fit(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *
     pricer (``fits``) and limit (all of the memory, the search's second pass):
     - its smallest VPP: a VPP v rank holds at least the 1F1B microbatches on every chunk
       (``schedule``: each chunk p - i or more, the first chunk too) over fewer allowed splits
-      (n >= v), so v = 1 never needs more (the module docstring's pruning rule);
+      (n >= v), so v = 1 never needs more (the module docstring's pruning rule); but every VPP
+      with the uniform method (``_least_memory_variants``);
     - per recomputation family, N at both ends of its range: the block method's memory never
       grows with N once N >= 1, the uniform method's never falls with N, and N = 0 (none) is
       priced apart, since a calibrated model scales a recomputing layout's activations by other
@@ -446,19 +447,20 @@ def _fits_somewhere(spec: LlamaSpec, workload: Workload, bases: Bases, group_bas
     least-memory variant fits, variants priced to say so)."""
     if not len(group_base):
         return False, 0
-    first_vpp = np.full(len(bases), np.iinfo(np.int64).max)
-    np.minimum.at(first_vpp, group_base, group_vpp)
     memory = memory_gib * GIB
-    candidates = np.flatnonzero((first_vpp < np.iinfo(np.int64).max) & (_states_lower_bound(spec, bases, options)
-                                                                          <= memory))
+    candidates = np.flatnonzero(np.isin(np.arange(len(bases)), group_base)
+                                & (_states_lower_bound(spec, bases, options) <= memory))
     state, priced = _Search(spec, workload, options, None, space.split == "even", calibrated), 0
-    for index in space_chunks.chunks(bases.pp[candidates], np.arange(len(candidates)), False):
+    families = _families(space, options)
+    every_vpp = any(uniform for _, uniform in families)  # chunks as wide as the variants checked
+    among = np.isin(group_base, candidates)
+    for index in space_chunks.chunks(bases.pp[candidates], np.searchsorted(candidates, group_base[among]), every_vpp):
         which = candidates[index]
-        for selective, uniform in _families(space, options):
-            variants = Variants(which, bases, first_vpp[which], np.zeros(len(which), np.int64), selective, uniform)
+        for selective, uniform in families:
+            variants = _least_memory_variants(bases, group_base, group_vpp, which, selective, uniform)
             low, high = _recompute_range(variants.pp, variants.vpp, spec.num_layers, space, selective)
             for n in _least_memory_recompute(low, high, uniform):
-                priced += len(which)
+                priced += len(variants)
                 if _fits(state, variants.with_recompute(n), memory).any():
                     return True, priced
     return False, priced
@@ -823,31 +825,50 @@ def _drop_unfit_bases(search: _Search, variants: Variants, todo: np.ndarray, bes
     this shortcut's).
 
     Only bases with no step yet (their first round found no fit) are checked, each by its
-    least-memory variants alone, ``may_fit``'s: its smallest VPP (no larger one needs less) at
-    the N that bound its memory (``_least_memory_recompute``). Where these do not fit, no
-    variant of the base does: its other VPPs would each have been priced to no avail (the 405B
-    levers sweep on 16,384 GPUs: 13,300 of its 14,500 second-round variants).
-    ``tests/test_space.py`` checks the rule per base against every variant priced."""
+    least-memory variants alone (``_least_memory_variants``, at the N that bound their memory:
+    ``_least_memory_recompute``). Where these do not fit, no variant of the base does: its
+    other VPPs would each have been priced to no avail (the 405B levers sweep on 16,384 GPUs:
+    13,300 of its 14,500 second-round variants). ``tests/test_space.py`` checks the rule per
+    base against every variant priced."""
     base = variants.base[todo]
     open_ = np.isinf(best[base])
     if not open_.any():
         return todo, 0
-    first = np.full(len(best), np.iinfo(np.int64).max)
-    np.minimum.at(first, variants.base, variants.vpp)  # every VPP of an open base is among the variants
     checked = np.flatnonzero(np.bincount(base[open_], minlength=len(best)))
-    least = Variants(checked, variants.bases, first[checked], np.zeros(len(checked), np.int64), variants.selective,
-                     variants.uniform)
-    fits = _may_fit_at_all(search, least, space, limit)
-    if fits.all():
-        return todo, 0
+    # every VPP of an open base is among the variants
+    least = _least_memory_variants(variants.bases, variants.base, variants.vpp, checked, variants.selective,
+                                   variants.uniform)
+    fits = np.zeros(len(best), dtype=bool)
+    np.logical_or.at(fits, least.base, _may_fit_at_all(search, least, space, limit))
     unfit = np.zeros(len(best), dtype=bool)
-    unfit[checked[~fits]] = True
+    unfit[checked[~fits[checked]]] = True
+    if not unfit.any():
+        return todo, 0
     drop = unfit[base]
     dropped = variants.take(todo[drop])
     low, high = _recompute_range(dropped.pp, dropped.vpp, search.spec.num_layers, space, dropped.selective)
     # _least_recompute's count where nothing fits: block, N low and high; uniform, every N
     priced = np.maximum(high - low + 1, 0) if variants.uniform else 1 + (high > low)
     return todo[~drop], int(priced.sum())
+
+
+def _least_memory_variants(bases: Bases, base: np.ndarray, vpp: np.ndarray, which: np.ndarray, selective: bool,
+                           uniform: bool) -> Variants:
+    """Among the (base, VPP) pairs ``base``, ``vpp``, those of the bases ``which`` among which
+    each base's least memory lies, with no recomputation yet (``_least_memory_recompute`` gives
+    their N): its smallest VPP (``may_fit``), or every VPP with the uniform method. A uniform
+    unit rebuilds at most its chunk's layers at once, so smaller chunks can need less: of
+    llama3.2-3b's [26, 2] split at TP 8, CP 2, PP 2, 2 microbatches, N = 2, the last rank's 2
+    layers rebuild together at VPP 1, one at a time at VPP 2 (one kept layer less for two
+    checkpoints more), 12.95 GiB at VPP 2 against 13.03 GiB, VPP 1's least at any N and split
+    (``tests/test_space.py`` found it)."""
+    pick = np.flatnonzero(np.isin(base, which))
+    if not uniform:
+        first = np.full(len(bases), np.iinfo(np.int64).max)
+        np.minimum.at(first, base[pick], vpp[pick])
+        pick = pick[vpp[pick] == first[base[pick]]]
+        pick = pick[np.unique(base[pick], return_index=True)[1]]  # one row per base
+    return Variants(base[pick], bases, vpp[pick], np.zeros(len(pick), np.int64), selective, uniform)
 
 
 def _may_fit_at_all(search: _Search, variants: Variants, space: SpaceOptions, limit: float) -> np.ndarray:
