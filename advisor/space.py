@@ -35,6 +35,9 @@ Pruning (only what provably cannot win; counted, and reported by the sweep):
 - without a time model, interleaving can only add memory: every chunk of rank i holds at least
   the p - i microbatches of 1F1B (``advisor.schedule``), and with N recomputed layers per chunk
   the same layers recomputed once per rank (N v) cost no more memory, so no VPP variant can win;
+  but with the uniform method, whose unit rebuilds at most its chunk's layers at once, smaller
+  chunks can need less (``_least_memory_variants``): there every VPP is priced, and the
+  smallest that fits is chosen;
 - recomputation beyond the largest chunk recomputes nothing more: N stops there.
 """
 
@@ -732,8 +735,8 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
         low, high = _recompute_range(bases.pp[group_base], group_vpp, layers, space, selective)
         considered += int(np.maximum(high - low + 1, 0).sum())
     keep = possible[group_base]
-    if timing is None and space.vpp is None:  # interleaving can only add memory (module docstring)
-        keep &= group_vpp == 1
+    if timing is None and space.vpp is None and not any(uniform for _, uniform in families):
+        keep &= group_vpp == 1  # interleaving can only add memory (module docstring)
     group_base, group_vpp = group_base[keep], group_vpp[keep]
     picks = _Picks(len(bases), int(bases.pp.max()) if len(bases) else 1)
     evaluated = 0
@@ -751,7 +754,9 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
                 low, high = _recompute_range(variants.pp, variants.vpp, layers, space, selective)
                 least, priced = _least_recompute(state, variants, low, high, limit)
                 evaluated += priced
-                found.append((family, variants, least, least + 0.5 * selective, None))
+                # uniform: N is the unit, every layer is recomputed; the smallest VPP that fits first
+                key = (variants.vpp - 1) * (layers + 1) + least if uniform else least + 0.5 * selective
+                found.append((family, variants, least, key, None))
             else:
                 (_, chosen, steps, counts), priced = _fastest_variants(state, variants, space, limit, len(bases))
                 found.append((family, variants, chosen, steps, counts))

@@ -542,3 +542,25 @@ def test_planning_several_n_ahead_gives_the_same_rows_and_counts(monkeypatch, mo
     assert ahead.evaluated == alone.evaluated and ahead.considered == alone.considered
     for name in ("vpp", "recompute", "recompute_layers", "counts", "step_time"):
         assert np.array_equal(getattr(ahead.chosen, name), getattr(alone.chosen, name), equal_nan=name == "step_time")
+
+
+def test_without_a_time_model_the_uniform_method_interleaves_where_only_that_fits():
+    """With the uniform method a unit rebuilds at most its chunk's layers, so a smaller chunk can
+    need less (space._least_memory_variants): llama3.2-3b at TP 8, CP 2, PP 2, MBS 32 fits 13 GiB
+    (calibrated) at VPP 2 only, and the sweep without a time model must not call it oom; at
+    14 GiB VPP 1 fits, and interleaving is not chosen where it is not needed."""
+    from advisor.options import TrainingOptions
+    from advisor.space import SpaceOptions
+    from advisor.sweep import sweep
+
+    spec, workload = PRESETS["llama3.2-3b"], Workload(seq_len=4096, global_batch_size=64)
+    space = SpaceOptions(split="auto", vpp=None, recompute="full", recompute_method="uniform")
+    options = TrainingOptions().with_(fsdp_strategy="optim_grads_params")
+
+    def row(memory):
+        rows = sweep(spec, workload, 32, memory, max_tp=8, options=options, space=space, memory_model="calibrated").rows
+        return next(r for r in rows if (r.parallel.tp, r.parallel.cp, r.parallel.pp, r.parallel.mbs) == (8, 2, 2, 32))
+
+    tight, roomy = row(13.0), row(14.0)
+    assert tight.rank is not None and tight.parallel.vpp == 2 and tight.verdict == "likely fits"
+    assert roomy.rank is not None and roomy.parallel.vpp == 1

@@ -49,8 +49,9 @@ Per row: the split (Megatron's --pipeline-model-parallel-layout builds
 any), VPP where Megatron interleaves (PP > 1, microbatches a multiple of
 PP), and recomputation (--recompute-method block, N layers per chunk) only
 where needed to fit or, with --gpu, where it is faster. Without --gpu: no
-interleaving (it only adds memory), the fewest recomputed layers that fit,
-the split with the lowest peak. With --gpu: the fastest variant and split
+interleaving (it only adds memory; with --recompute-method uniform, only
+where nothing else fits), the fewest recomputed layers that fit, the split
+with the lowest peak. With --gpu: the fastest variant and split
 that fit the 4D paper's 80% rule (MadPipe's planner under the limit).
 --split even --vpp 1 --recompute none keeps the paper's space.
 
