@@ -28,10 +28,11 @@ EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those
 
 USER_ARGS_HELP = textwrap.dedent("""\
     \b
-    The input decides the model, the layout (TP, CP, PP and the split), the batch and the
-    memory switches. You add the rest after '--': data (--data-path ... or --mock-data),
-    tokenizer (--tokenizer-type ...), iterations (--train-iters N), learning rate (--lr ...),
-    logging and checkpoints. --mock-data here adds Megatron-LM's mock data with a
+    The input decides the model, the layout (TP, CP, PP and the split), the
+    batch and the memory switches. You add the rest after '--': data
+    (--data-path ... or --mock-data), tokenizer (--tokenizer-type ...),
+    iterations (--train-iters N), learning rate (--lr ...), logging and
+    checkpoints. --mock-data here adds Megatron-LM's mock data with a
     NullTokenizer sized to the model's vocabulary.""")
 
 
@@ -237,9 +238,10 @@ def cli() -> None:
     From a sweep row, an estimate or a plan to a real run, with the layer
     memory hooks when --profile-dir is given:
       advisor sweep --gpus 8 --mem 80 --format json -o sweep.json
-      advisor-launch torchrun --from sweep.json --megatron-lm ~/Megatron-LM --mock-data \\
-          --profile-dir profiles/run-1 -- --train-iters 10 --lr 3e-4
-      advisor-launch sbatch --from plan.json --megatron-lm ~/Megatron-LM -o job.sh --dry-run \\
+      advisor-launch torchrun --from sweep.json --megatron-lm ~/Megatron-LM \\
+          --mock-data --profile-dir profiles/run-1 -- --train-iters 10 --lr 3e-4
+      advisor-launch sbatch --from plan.json --megatron-lm ~/Megatron-LM \\
+          -o job.sh --dry-run \\
           -- --data-path ... --tokenizer-type ... --train-iters 1000
 
     """
@@ -272,10 +274,11 @@ def torchrun_command(config, release, megatron, job_plan, profiling, nproc_per_n
 
     \b
     Examples:
-      advisor-launch torchrun --from sweep.json --rank 2 --megatron-lm ~/Megatron-LM \\
-          --mock-data -- --train-iters 20 --lr 1e-4
-      advisor-launch torchrun --from plan.json --nnodes 2 --rdzv-endpoint node001:29500 \\
-          --megatron-lm ~/Megatron-LM --dry-run -- --data-path ... --train-iters 1000
+      advisor-launch torchrun --from sweep.json --rank 2 \\
+          --megatron-lm ~/Megatron-LM --mock-data -- --train-iters 20 --lr 1e-4
+      advisor-launch torchrun --from plan.json --nnodes 2 \\
+          --rdzv-endpoint node001:29500 --megatron-lm ~/Megatron-LM --dry-run \\
+          -- --data-path ... --train-iters 1000
     """
     from launch.commands import Rendezvous, format_command, resolve_topology, torchrun_argv
     from launch.process import TORCH_ENVIRONMENT, require_program, run_process_group
@@ -343,9 +346,11 @@ def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_p
 
     \b
     Examples:
-      advisor-launch sbatch --from plan.json --megatron-lm ~/Megatron-LM --partition gpu \\
-          --time 01:00:00 --profile-dir profiles/plan-1 --mock-data -- --train-iters 20
-      advisor-launch sbatch --from sweep.json --megatron-lm ~/Megatron-LM -o job.sh --dry-run \\
+      advisor-launch sbatch --from plan.json --megatron-lm ~/Megatron-LM \\
+          --partition gpu --time 01:00:00 --profile-dir profiles/plan-1 \\
+          --mock-data -- --train-iters 20
+      advisor-launch sbatch --from sweep.json --megatron-lm ~/Megatron-LM \\
+          -o job.sh --dry-run \\
           -- --data-path ... --tokenizer-type ... --train-iters 1000
     """
     from launch.commands import SlurmJob, resolve_topology, sbatch_script
@@ -386,9 +391,10 @@ def check_command(config, release, megatron, job_plan, profiling, nproc_per_node
 
     \b
     Examples:
-      advisor-launch check --from sweep.json --megatron-lm ~/Megatron-LM --job-config job.toml
-      advisor-launch check --from plan.json --megatron-lm ~/Megatron-LM --no-gpus-here \\
-          -- --data-path ...
+      advisor-launch check --from sweep.json --megatron-lm ~/Megatron-LM \\
+          --job-config job.toml
+      advisor-launch check --from plan.json --megatron-lm ~/Megatron-LM \\
+          --no-gpus-here -- --data-path ...
     """
     from launch.commands import resolve_topology
 
@@ -458,7 +464,8 @@ def k8s_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_
     \b
     Examples:
       advisor-launch k8s --from plan.json --image ghcr.io/me/megatron:latest \\
-          --megatron-lm /workspace/Megatron-LM -o job.yaml -- --data-path ... --lr 3e-4
+          --megatron-lm /workspace/Megatron-LM -o job.yaml \\
+          -- --data-path ... --lr 3e-4
     """
     from launch.manifests import pytorchjob
 
@@ -488,8 +495,9 @@ def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus
 
     \b
     Examples:
-      advisor-launch skypilot --from sweep.json --megatron-lm ~/Megatron-LM --accelerator H100 \\
-          --mock-data -o task.yaml -- --train-iters 100 --lr 3e-4
+      advisor-launch skypilot --from sweep.json --megatron-lm ~/Megatron-LM \\
+          --accelerator H100 --mock-data -o task.yaml \\
+          -- --train-iters 100 --lr 3e-4
     """
     from launch.manifests import skypilot_task
 

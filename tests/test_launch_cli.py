@@ -289,6 +289,27 @@ def test_help_teaches_and_the_cli_imports_no_torch():
     assert subprocess.run([sys.executable, "-c", core], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 
+def _help_pages(command=None, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every ``advisor-launch`` command and subcommand, groups included, as its argument list."""
+    from launch.cli import cli
+
+    command = cli if command is None else command
+    children = sorted(getattr(command, "commands", {}).items())  # a click.Group's; none for a command
+    return [path, *(page for name, child in children for page in _help_pages(child, (*path, name)))]
+
+
+@pytest.mark.parametrize("path", _help_pages(), ids=lambda path: " ".join(path) or "advisor-launch")
+def test_every_help_page_fits_80_columns(monkeypatch, path):
+    """As every ``advisor`` page does (tests/test_terminal_width.py): at COLUMNS=80 the shared
+    paragraph on the inputs and the examples (\\b blocks, which click does not rewrap) were up to
+    94 characters wide."""
+    monkeypatch.setenv("COLUMNS", "80")
+    text = launcher()(*path, "--help").stdout
+    assert "Usage:" in text
+    wide = [line for line in text.splitlines() if len(line) > 80]
+    assert not wide, "\n".join(f"{len(line)}: {line}" for line in wide)
+
+
 def test_a_dry_run_shows_every_priced_lever_and_no_connections_limit_under_fsdp(advisor, tmp_path):
     """Issue 21: the overlap flags and the Megatron-FSDP strategy are in the printed command, and under
     FSDP (with TP > 1) the launcher does not set CUDA_DEVICE_MAX_CONNECTIONS=1, which Megatron refuses there."""
