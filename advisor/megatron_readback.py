@@ -416,7 +416,9 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
         from advisor.moe import readback
 
         spec = readback.moe_spec(spec, moe_values)
-        moe, moe_unpriced = readback.read(moe_values, layout.tp, options.recomputation.recompute)
+        moe, moe_unpriced = readback.read(moe_values, layout.tp, options.recomputation.recompute,
+                                          recompute_method=_last_value(rest, "--recompute-method"),
+                                          recompute_num_layers=_last_value(rest, "--recompute-num-layers"))
         unpriced = moe_unpriced + unpriced
     return ReadRun(spec=spec, seq_len=seq_len, layout=layout, options=options,
                    unpriced=tuple(_unpriced_model(parsed.model) + unpriced + [
@@ -462,11 +464,22 @@ def _softmax_fusion_note(rest: list[str], options) -> list[str]:
     its scale, mask and softmax (dot_product_attention.py, ``FusedScaleMaskSoftmax``); Transformer
     Engine's flash or fused attention, priced by default, never runs it (Megatron-LM's own MoE
     examples pass the switch beside it)."""
-    impl = [rest[i + 1] for i, word in enumerate(rest[:-1]) if word == "--transformer-impl"]
-    impl += [word.partition("=")[2] for word in rest if word.startswith("--transformer-impl=")]
-    if options.attention.flash_attention and (impl or ["transformer_engine"])[-1] != "local":
+    impl = _last_value(rest, "--transformer-impl") or "transformer_engine"
+    if options.attention.flash_attention and impl != "local":
         return []
     return [f"{_SOFTMAX_FUSION_OFF} (megatron-core's own attention's softmax unfused, not priced)"]
+
+
+def _last_value(rest: list[str], flag: str) -> str | None:
+    """The value the command last gives ``flag`` ('--flag value' or '--flag=value'), None without
+    one: for the readers that need a flag the training options keep only in part (--recompute-method
+    and --recompute-num-layers, kept under full recomputation only)."""
+    value = None
+    for i, word in enumerate(rest):
+        name, has_value, inline = word.partition("=")
+        if name == flag:
+            value = inline if has_value else rest[i + 1] if i + 1 < len(rest) and _is_value(rest[i + 1]) else None
+    return value
 
 
 def _refuse_expert_parallelism_without_experts(rest: list[str]) -> None:

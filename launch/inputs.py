@@ -213,8 +213,7 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         layers = (spec.num_layers // pp,) * pp
     ep = etp = None
     if is_moe(spec):
-        args = _moe_args(fields, spec, seq_len, gbs, layers)
-        ep, etp = fields.positive("ep"), fields.positive("etp")  # checked by _moe_args
+        args, ep, etp = _moe_args(fields, spec, seq_len, gbs, layers)
     else:
         parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
         try:  # what Megatron-LM would refuse, refused here before anything starts
@@ -233,11 +232,11 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
     )
 
 
-def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, ...]) -> list[str]:
-    """A mixture of experts' row: its EP, ETP, dispatcher, routing and recomputation read back
-    by the check the report reads it with too (``advisor.report.inputs.moe_row_settings``: what
-    is launched is what was priced, and shown), the layout checked as megatron-core builds its
-    expert groups, the flags from ``advisor.moe.flags``."""
+def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, ...]) -> tuple[list[str], int, int]:
+    """(the flags, EP, ETP) of a mixture of experts' row: its EP, ETP, dispatcher, routing and
+    recomputation read back by the check the report reads it with too
+    (``advisor.report.inputs.moe_row_settings``: what is launched is what was priced, and shown),
+    the layout checked as megatron-core builds its expert groups, the flags from ``advisor.moe.flags``."""
     from advisor.moe.flags import row_args
     from advisor.moe.space import layout_problem
     from advisor.report.inputs import moe_row_settings
@@ -256,7 +255,7 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
                recompute_num_layers=1 if settings["recompute"] == "full" else None)
     if "options" in fields.document:  # the training options the row was priced with (FP8, ...)
         row["options"] = fields.options().changed()
-    return row_args(spec, seq_len, gbs, row)
+    return row_args(spec, seq_len, gbs, row), settings["ep"], settings["etp"]
 
 
 def _from_plan(fields: _Fields) -> LaunchInput:

@@ -131,6 +131,81 @@ def test_the_ep_all_to_all_overlap_is_refused_where_megatron_refuses_it():
                                         "--overlap-moe-expert-parallel-comm"]), "at most one MTP layer")
 
 
+OVERLAP = "--overlap-moe-expert-parallel-comm"
+OVERLAP_ESTIMATE = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--seq-len", "4096",
+                    "--gbs", "256", "--ep", "8"]
+OVERLAP_RULES = [  # (megatron-core's rule, the flags breaking it, a saved overlap row broken so, the one line of both)
+    ("delay alone", ["--delay-wgrad-compute"], lambda row: {"a2a_overlap": False, "delay_wgrad": True},
+     f"--delay-wgrad-compute needs {OVERLAP} (megatron-core refuses it alone)"),
+    ("allgather", [OVERLAP, "--moe-token-dispatcher-type", "allgather"], lambda row: {"dispatcher": "allgather"},
+     f"{OVERLAP} needs --moe-token-dispatcher-type alltoall or flex, got allgather"),
+    ("moe recomputed", [OVERLAP, "--recompute", "selective", "--recompute-modules", "moe"],
+     lambda row: {"recompute": "selective", "recompute_modules": ["moe"]},
+     f"{OVERLAP} refuses --recompute-modules moe (megatron-core: 'disable moe in recompute_modules when enabling "
+     "overlap_moe_expert_parallel_comm')"),
+    ("two MTP layers", [OVERLAP, "--mtp-num-layers", "2"], lambda row: {"model": {**row["model"], "mtp_num_layers": 2}},
+     f"{OVERLAP} allows at most one MTP layer, got --mtp-num-layers 2 (megatron-core refuses more)"),
+]
+
+
+@pytest.fixture(scope="module")
+def overlap_row(tmp_path_factory):
+    """A saved sweep row with the overlap, as the sweep writes it (every rule kept)."""
+    from conftest import Invoker
+
+    path = tmp_path_factory.mktemp("overlap") / "rows.json"
+    Invoker()(*MOE_ROW, "--ep", "8", OVERLAP, "--recompute", "selective", "--top", "1", "-o", path)
+    row = json.loads(path.read_text())[0]
+    assert row["a2a_overlap"] and row["recompute"] == "selective"
+    return row
+
+
+@pytest.mark.parametrize("flags, edit, message", [rule[1:] for rule in OVERLAP_RULES],
+                         ids=[rule[0] for rule in OVERLAP_RULES])
+def test_each_overlap_rule_is_one_message_in_both_paths(advisor, tmp_path, overlap_row, flags, edit, message):
+    """One check (advisor.moe.overlap.settings_problem) for the command line and a saved row (the
+    report and advisor-launch): the same line, naming Megatron's flags, exit 2 everywhere."""
+    from launch_support import launcher, write_json
+
+    assert advisor.error(*OVERLAP_ESTIMATE, *flags) == f"Error: {message}"
+    path = write_json(tmp_path / "row.json", {**overlap_row, **edit(overlap_row)})
+    assert advisor.error("report", "--from", path, "-o", tmp_path / "r.html").endswith(f": {message}")
+    assert launcher().error("args", "--from", path).endswith(f": {message}")
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    # core_v0.15.2 transformer_config.py:1463-1465, core_v0.19.0 :2691-2693 (the reader kept the
+    # method only under full recomputation, so the command was priced)
+    ("--recompute-granularity selective --recompute-method uniform",
+     f"{OVERLAP} refuses --recompute-method uniform (megatron-core: 'disable recomputation method when enabling "
+     "overlap_moe_expert_parallel_comm')"),
+    ("--recompute-num-layers=2",  # core_v0.15.2 :1466-1468, core_v0.19.0 :2694-2696
+     f"{OVERLAP} refuses --recompute-num-layers 2 (megatron-core: 'recompute_num_layers must be None when enabling "
+     "overlap_moe_expert_parallel_comm')"),
+    ("--moe-shared-expert-intermediate-size 4096 --moe-shared-expert-overlap",
+     f"{OVERLAP} refuses --moe-shared-expert-overlap (megatron-core: 'disable moe_shared_expert_overlap when "
+     "enabling overlap_moe_expert_parallel_comm')"),
+])
+def test_a_commands_overlap_rules_the_flags_cannot_give_are_one_line(extra, message):
+    result = _from_command(f"{OVERLAP} {extra}")
+    _one_line_error(result, message)
+    assert result.output.strip() == f"Error: {message}"
+
+
+def test_a_saved_rows_recomputation_method_is_never_launched_beside_the_overlap(tmp_path, overlap_row):
+    """What a command gives and a row cannot: a row's method and layer count are launched under
+    full recomputation only (advisor.moe.flags), which the overlap refuses by its layout
+    (advisor.moe.space.overlap_problem); an overlap row edited to carry them launches without."""
+    from launch_support import launcher, write_json
+
+    row = {**overlap_row, "recompute_method": "block", "recompute_num_layers": 2}
+    args = json.loads(launcher()("args", "--from", write_json(tmp_path / "row.json", row), "--format",
+                                 "json").stdout)
+    assert OVERLAP in args and "--recompute-method" not in args and "--recompute-num-layers" not in args
+    assert args == overlap_row["megatron_args"]
+
+
 def test_the_overlap_is_priced_emitted_and_hides_communication():
     base = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--seq-len", "4096",
             "--gbs", "256", "--ep", "16", "--format", "json"]

@@ -145,7 +145,9 @@ MOE_ROW_EDITS = [  # (a hand edit of an MoE sweep row, the line both readers pri
     ({"imbalance": 0}, "'imbalance' must be at least 1, got 0"),
     ({"pad_to_capacity": True}, "'pad_to_capacity' needs capacity routing and a 'capacity_factor'"),
     ({"recompute_modules": ["moe_act"]}, "'recompute_modules' needs 'recompute' selective, got 'none'"),
-    ({"delay_wgrad": True}, "'delay_wgrad' needs 'a2a_overlap'"),
+    # the overlap's rules in the command line's words, Megatron's flags (advisor.moe.overlap; all of
+    # them through both paths: tests/test_moe_cli.py, test_each_overlap_rule_is_one_message_in_both_paths)
+    ({"delay_wgrad": True}, "--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm"),
     ({"ep": 0}, "'ep' must be a positive integer"),
 ]
 

@@ -55,11 +55,14 @@ def moe_options(func):
 
 def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance, recompute_modules,
                  mtp_num_layers=None, a2a_overlap=False, delay_wgrad=False, pad_to_capacity=None, *, options,
-                 space=None, unpriced: dict | None = None):
+                 space=None, unpriced: dict | None = None, recompute_method: str | None = None,
+                 recompute_num_layers: str | None = None, shared_expert_overlap: bool = False):
     """(spec, MoEOptions) from the flags, the run's training options inside (the one description
     dense rows are priced from); a dense model refuses EP/ETP above 1; for an MoE model, every
     option the MoE model does not price is refused by name (none is ignored). The spec gets
-    ``mtp_num_layers`` where given."""
+    ``mtp_num_layers`` where given. ``recompute_method``, ``recompute_num_layers`` and
+    ``shared_expert_overlap``: what a command read back (``advisor.moe.readback``) gives, for
+    the overlap's refusals (``advisor.moe.overlap``)."""
     from advisor.moe.spec import is_moe
 
     if not is_moe(spec):  # a dense model: nothing of advisor.moe's pricing is imported for it
@@ -71,6 +74,7 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
     from dataclasses import replace
 
     from advisor.moe.memory import RoutedTokens
+    from advisor.moe.overlap import settings_problem
     from advisor.moe.stage import MoEOptions
 
     training, memory = options, options.memory_options()  # advisor.options.TrainingOptions
@@ -96,8 +100,12 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
     if "mla_up_proj" in recompute_modules and spec.mla is None:
         raise InputError(f"--recompute-modules mla_up_proj needs multi-latent attention, which {spec.name} does not "
                          "have (megatron-core refuses it)")
-    _check_overlap(a2a_overlap, delay_wgrad, dispatcher, spec.mtp_num_layers if mtp_num_layers is None else mtp_num_layers,
-                   recompute_modules)
+    if problem := settings_problem(
+            a2a_overlap=a2a_overlap, delay_wgrad=delay_wgrad, dispatcher=dispatcher, recompute=recompute,
+            recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
+            recompute_modules=recompute_modules, shared_expert_overlap=shared_expert_overlap,
+            mtp_num_layers=spec.mtp_num_layers if mtp_num_layers is None else mtp_num_layers):
+        raise InputError(problem)
     if mtp_num_layers is not None:
         spec = replace(spec, mtp_num_layers=mtp_num_layers)
     return spec, MoEOptions(dispatcher=dispatcher, training=training.with_(recompute="none"),
@@ -134,20 +142,6 @@ def _padded(moe_routing: str, capacity_factor, pad_to_capacity: bool | None, dis
     if problem := pad_problem(dispatcher, capacity_factor, padded):
         raise InputError(f"{problem}; give --no-moe-pad-expert-input-to-capacity or another dispatcher")
     return padded
-
-
-def _check_overlap(a2a_overlap: bool, delay_wgrad: bool, dispatcher: str, mtp_num_layers, recompute_modules) -> None:
-    """megatron-core's refusals of the EP all-to-all overlap that do not depend on the layout
-    (``transformer_config.py``, ``__post_init__``; the layout's: ``advisor.moe.space.overlap_problem``)."""
-    if a2a_overlap and "moe" in recompute_modules:  # core_v0.19.0's assertion
-        raise InputError("--overlap-moe-expert-parallel-comm refuses --recompute-modules moe (megatron-core: "
-                         "'disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm')")
-    if delay_wgrad and not a2a_overlap:
-        raise InputError("--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (megatron-core refuses it alone)")
-    if a2a_overlap and dispatcher == "allgather":
-        raise InputError("--overlap-moe-expert-parallel-comm needs --moe-token-dispatcher-type alltoall or flex")
-    if a2a_overlap and (mtp_num_layers or 0) > 1:
-        raise InputError("--overlap-moe-expert-parallel-comm allows at most one MTP layer (--mtp-num-layers 1)")
 
 
 def _levers_not_priced(training) -> dict[str, bool]:

@@ -190,8 +190,11 @@ def moe_spec(dense: LlamaSpec, values: dict):
                    mtp_num_layers=flag_int(values, "mtp-num-layers", 0))
 
 
-def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
-    """(EP, ETP and the settings, what is not priced) of the MoE flags."""
+def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None = None,
+         recompute_num_layers: str | None = None) -> tuple[MoERead, list[str]]:
+    """(EP, ETP and the settings, what is not priced) of the MoE flags. ``recompute_method`` and
+    ``recompute_num_layers``: the command's own (None: not given), whatever its granularity, for
+    the overlap's refusals (``advisor.moe.overlap``, checked by ``advisor.cli.moe.moe_settings``)."""
     unpriced = []
     if not values.get("moe-grouped-gemm"):
         unpriced.append("no --moe-grouped-gemm (sequential experts; priced as grouped GEMMs)")
@@ -205,15 +208,14 @@ def read(values: dict, tp: int, recompute: str) -> tuple[MoERead, list[str]]:
     _check_balancing(values.get("moe-router-load-balancing-type", "aux_loss"), capacity)
     pad = bool(values.get("moe-pad-expert-input-to-capacity"))  # a factor alone drops without padding
     modules = _recompute_modules(values, recompute, unpriced)
-    if values.get("overlap-moe-expert-parallel-comm") and values.get("moe-shared-expert-overlap"):
-        raise AdvisorError("--overlap-moe-expert-parallel-comm refuses --moe-shared-expert-overlap (megatron-core: "
-                           "'disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm')")
     settings = {"dispatcher": dispatcher,
                 "moe_routing": "capacity" if capacity is not None else "balanced", "capacity_factor": capacity,
                 "moe_imbalance": 1.0, "recompute_modules": modules,
                 "mtp_num_layers": flag_int(values, "mtp-num-layers", 0),
                 "a2a_overlap": bool(values.get("overlap-moe-expert-parallel-comm")),
-                "delay_wgrad": bool(values.get("delay-wgrad-compute")), "pad_to_capacity": pad}
+                "delay_wgrad": bool(values.get("delay-wgrad-compute")), "pad_to_capacity": pad,
+                "shared_expert_overlap": bool(values.get("moe-shared-expert-overlap")),
+                "recompute_method": recompute_method, "recompute_num_layers": recompute_num_layers}
     from advisor.moe.flags import pad_problem
 
     if problem := pad_problem(settings["dispatcher"], capacity, pad):

@@ -90,6 +90,7 @@ def moe_row_settings(row: dict, where: str) -> dict:
     an absent one at the command's default. The one check of both readers of a saved MoE row,
     advisor-launch's (``launch.inputs``) and the report's (``classify``): a hand-edited row that
     one would launch or price differently from the other is refused by both."""
+    from advisor.moe.overlap import settings_problem
     from advisor.moe.space import RECOMPUTES
     from advisor.moe.spec import RECOMPUTE_MODULES
 
@@ -116,17 +117,23 @@ def moe_row_settings(row: dict, where: str) -> dict:
     if not all(isinstance(value, bool) for value in (overlap, delay, sharded)) or grads not in (2, 4):
         refuse("'a2a_overlap', 'delay_wgrad' and 'distributed_optimizer' must be true or false, 'gradient_bytes' 2 "
                "or 4")
-    # megatron-core's refusals of the EP all-to-all overlap that the layout does not decide
-    # (transformer_config.py __post_init__; the layout's: advisor.moe.space.layout_problem)
-    if delay and not overlap:
-        refuse("'delay_wgrad' needs 'a2a_overlap' (megatron-core refuses --delay-wgrad-compute alone)")
-    if overlap and dispatcher == "allgather":
-        refuse("'a2a_overlap' needs the alltoall or flex dispatcher")
-    if overlap and "moe" in (modules or ()):
-        refuse("'a2a_overlap' refuses 'recompute_modules' moe (megatron-core: 'disable moe in recompute_modules "
-               "when enabling overlap_moe_expert_parallel_comm')")
+    # megatron-core's refusals of the EP all-to-all overlap that the layout does not decide, in the
+    # words the command line's check uses (advisor.moe.overlap; the layout's: advisor.moe.space.layout_problem).
+    # A row carries no --moe-shared-expert-overlap, and its recomputation method and layer count
+    # are launched under full recomputation only (advisor.moe.flags), which the layout's check refuses.
+    if problem := settings_problem(a2a_overlap=overlap, delay_wgrad=delay, dispatcher=dispatcher,
+                                   recompute=recompute, recompute_modules=modules, mtp_num_layers=_mtp_layers(row)):
+        refuse(problem)
     return {**settings, "recompute": recompute, "recompute_modules": modules, "a2a_overlap": overlap,
             "delay_wgrad": delay, "gradient_bytes": grads, "distributed_optimizer": sharded}
+
+
+def _mtp_layers(row: dict) -> int:
+    """The MTP layers of a row's model object (0 without one, or where the model's own check,
+    ``spec_from_dict``, will refuse what it holds)."""
+    model = row.get("model")
+    layers = model.get("mtp_num_layers", 0) if isinstance(model, dict) else 0
+    return layers if isinstance(layers, int) and not isinstance(layers, bool) else 0
 
 
 def _moe_routing(row: dict, dispatcher: str, refuse) -> dict:
