@@ -44,6 +44,13 @@ def test_flags_that_change_cost_but_are_not_priced_are_named():
     (["--tp-comm-overlap", "--sequence-parallel", "--transformer-impl", "local"], "needs Transformer Engine"),
     (["--bf16", "--optimizer-cpu-offload"], "needs --use-precision-aware-optimizer"),
     (["--bf16", "--fp8-format", "e5m2"], "--fp8-format must be"),
+    # arguments.py validate_args, both releases: 'recompute method is not yet supported for selective'
+    (["--recompute-granularity", "selective", "--recompute-method", "block"],
+     "--recompute-method is for --recompute-granularity full"),
+    (["--recompute-activations", "--recompute-num-layers", "2"],  # TransformerConfig: 'must be None'
+     "--recompute-num-layers is for --recompute-granularity full"),
+    # TransformerConfig.__post_init__: 'recompute_num_layers must be between 1 and ...' (no default)
+    (["--recompute-granularity", "full", "--recompute-method", "uniform"], "needs --recompute-num-layers N"),
 ])
 def test_what_megatron_refuses_is_one_line(argv, message):
     with pytest.raises(AdvisorError, match=message):

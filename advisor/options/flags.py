@@ -212,12 +212,21 @@ def _recomputation(values: dict) -> Recomputation:
     granularity = _one_of(values, "--recompute-granularity", ("full", "selective"), None)
     if granularity is None and "--recompute-activations" in values:
         granularity = "selective"  # Megatron's alias (validate_args)
+    if granularity == "selective":
+        # validate_args asserts 'recompute method is not yet supported for selective recomputing
+        # granularity'; TransformerConfig.__post_init__ 'recompute_num_layers must be None' (both releases)
+        for flag in ("--recompute-method", "--recompute-num-layers"):
+            if flag in values:
+                raise AdvisorError(f"{flag} is for --recompute-granularity full; Megatron-LM refuses it with selective")
     if granularity != "full":
         return Recomputation(recompute=granularity or "none")
     method = _one_of(values, "--recompute-method", ("uniform", "block"), None)
     if method is None:
         raise AdvisorError("--recompute-granularity full needs --recompute-method uniform|block "
                            "(Megatron-LM refuses it without)")
+    if "--recompute-num-layers" not in values:  # TransformerConfig.__post_init__, both releases
+        raise AdvisorError("--recompute-granularity full needs --recompute-num-layers N (megatron-core refuses it "
+                           "without)")
     return Recomputation(recompute="full", recompute_method=method,
                          recompute_num_layers=_int(values, "--recompute-num-layers", 1))
 
