@@ -1,6 +1,6 @@
 """The CPU emulator's cost model (advisor/capture/campaign_cost.py) against measured stages.
 
-Times ``megatron_hooks.emulate.run_stage`` (two iterations, the CPU backend, one process, the
+Times ``megatron_hooks.stage_emulation.run_stage`` (two iterations, the CPU backend, one process, the
 runner's default threads) for stage shapes of two sets: the FIT set determines the model's three
 constants (non-negative least squares on FLOPs / threads, module passes and a constant per
 stage), the CHECK set, different shapes, reports measured / estimated with the constants in the
@@ -50,7 +50,7 @@ CHECK = [
 
 def measure(case) -> tuple[float, float, campaign_cost.StageTerms]:
     """(measured seconds, the module's estimate, the stage's terms) of one stage shape."""
-    from megatron_hooks.emulate import StageEmulation, run_stage
+    from megatron_hooks.stage_emulation import StageEmulation, run_stage
 
     name, fields, counts, stage, seq, mbs, m = case
     spec = LlamaSpec(name=name, **fields)
@@ -71,7 +71,7 @@ THREADS = os.cpu_count() or 1
 
 
 def main() -> None:
-    from megatron_hooks.emulate import free_port, process_group, quiet_megatron
+    from megatron_hooks.stage_emulation import free_port, process_group, quiet_megatron
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["fit", "check"], default=None)

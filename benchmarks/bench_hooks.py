@@ -184,7 +184,7 @@ def main() -> int:
     from megatron.core import parallel_state
 
     from megatron_hooks.cpu_shim import CpuShim
-    from megatron_hooks.emulate import free_port
+    from megatron_hooks.stage_emulation import free_port
 
     h = options.hidden_size
     spec = LlamaSpec(name=f"bench-L{options.layers}-h{h}", num_layers=options.layers, hidden_size=h,

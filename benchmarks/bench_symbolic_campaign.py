@@ -9,7 +9,7 @@ two optimizer steps, from which DP ranks under the distributed optimizer are der
 how many rank files were written (the rest are copies of symmetric ranks,
 ``megatron_hooks/symbolic_run.py``), and how many layer-microbatch passes (forward and backward
 of one decoder layer on one microbatch, both iterations) ran against the full 1F1B schedules'
-(``emulate.steady_microbatches``).
+(``stage_emulation.steady_microbatches``).
 ``--runs ID ...`` keeps only those runs of the campaign (a quick sample).
 
 Measured on meta tensors (2026-11-26): on a fresh clone, the machine idle, 69 s wall and 70 s of
@@ -39,7 +39,7 @@ def stage_profiles(run: dict, distributed_optimizer: bool) -> tuple[int, int, in
     layer-microbatch passes run, passes of the full schedules) for one campaign run: TP ranks
     are copied, and DP ranks too without the distributed optimizer; with it, DP rank 0 runs in
     full and every DP rank once optimizer-only; each stage runs its warm-up and one steady pair."""
-    from megatron_hooks.emulate import steady_microbatches
+    from megatron_hooks.stage_emulation import steady_microbatches
 
     layers, m, cp, dp = run["layers_per_stage"], run["num_microbatches"], run.get("cp", 1), run["dp"]
     optimizer_only = len(layers) * cp * dp if distributed_optimizer and dp > 1 else 0

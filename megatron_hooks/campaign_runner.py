@@ -6,7 +6,7 @@ torch) and draws its progress from the events it prints: one JSON object per lin
 else this process or its libraries print goes to stderr.
 
 Each campaign run is emulated stage by stage with real megatron-core modules
-(``megatron_hooks.emulate``, 1F1B order, two iterations as CAPTURE's profiling runs), into
+(``megatron_hooks.stage_emulation``, 1F1B order, two iterations as CAPTURE's profiling runs), into
 ``DIR/<run id>/``. torch and megatron-core are imported once: runs without TP or DP execute in
 this process, one after another; runs with TP x DP > 1 in a pool of TP x DP spawned gloo
 processes that lives as long as consecutive runs share their degrees. A stage that runs out of
@@ -46,7 +46,7 @@ def _config(campaign: dict, run: dict, directory: Path, threads: int | None, mem
     """The StageEmulation of one campaign run (``symbolic``: backend and layer_spec, with the
     campaign's setup)."""
     from advisor.models import LlamaSpec
-    from megatron_hooks.emulate import StageEmulation
+    from megatron_hooks.stage_emulation import StageEmulation
 
     setup = campaign.get("setup", {})
     if symbolic:
@@ -63,7 +63,7 @@ def _config(campaign: dict, run: dict, directory: Path, threads: int | None, mem
 
 def _pool_worker(rank: int, world: int, port: int, tp: int, threads: int | None, tasks, results) -> None:
     """One process of a TP x DP pool: set up once, then run every configuration it is sent."""
-    from megatron_hooks.emulate import process_group, quiet_megatron, run_stages
+    from megatron_hooks.stage_emulation import process_group, quiet_megatron, run_stages
 
     quiet_megatron()
 
@@ -83,7 +83,7 @@ class _Pool:
     def __init__(self, tp: int, dp: int, threads: int | None) -> None:
         import torch.multiprocessing as mp
 
-        from megatron_hooks.emulate import free_port
+        from megatron_hooks.stage_emulation import free_port
 
         context = mp.get_context("spawn")
         self.degrees, self.world = (tp, dp), tp * dp
@@ -135,7 +135,7 @@ class _Pool:
 
 
 class EmulateExecutor:
-    """Campaign runs on the CPU with ``megatron_hooks.emulate``; see the module docstring."""
+    """Campaign runs on the CPU with ``megatron_hooks.stage_emulation``; see the module docstring."""
 
     def __init__(self, *, threads: int | None = None, memory_limit_bytes: int | None = None) -> None:
         self.threads, self.memory_limit_bytes = threads, memory_limit_bytes
@@ -143,7 +143,7 @@ class EmulateExecutor:
         self._pool: _Pool | None = None
 
     def run(self, campaign: dict, run: dict, directory: Path) -> None:
-        from megatron_hooks.emulate import free_port, process_group, run_stages
+        from megatron_hooks.stage_emulation import free_port, process_group, run_stages
 
         config = _config(campaign, run, directory, self.threads, self.memory_limit_bytes)
         if config.tp * config.dp == 1:
@@ -203,7 +203,7 @@ def run(campaign: Path, out: Path, backend: str = "cpu", layer_spec: str | None 
     returns the exit status (module docstring). Bad input raises AdvisorError before any work."""
     from advisor.capture.campaign_run import LAYER_SPECS, prepare, run_campaign
     from advisor.errors import AdvisorError
-    from megatron_hooks.emulate import quiet_megatron
+    from megatron_hooks.stage_emulation import quiet_megatron
 
     document = prepare(campaign, out, backend=backend, layer_spec=layer_spec)  # bad input before any work
     if backend != "symbolic" and layer_spec:

@@ -167,7 +167,7 @@ def _world(context: contextlib.ExitStack, backend: str, *, tp: int, ep: int, etp
     """Symbolic: rank 0 of a fake world of TP x DP ranks (the fewest DP ranks whose world holds EP
     x ETP) under FakeTensorMode; cpu: this process as the one rank of a gloo group."""
     if backend == "cpu":
-        from megatron_hooks.emulate import free_port, process_group
+        from megatron_hooks.stage_emulation import free_port, process_group
 
         context.enter_context(process_group(0, 1, free_port(), 1))
         return
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     from advisor.fileio import atomic_write_text
     from advisor.moe.layer_profile import FILENAME
     from advisor.moe.spec import PRESETS
-    from megatron_hooks.emulate import quiet_megatron
+    from megatron_hooks.stage_emulation import quiet_megatron
 
     parser = argparse.ArgumentParser(prog="python -m megatron_hooks.moe_layer", description=main.__doc__)
     parser.error = lambda message: parser.exit(2, f"Error: {message}\n")  # one line, not the usage first

@@ -21,7 +21,7 @@ metadata, a new FakeTensor for every result) was most of a stage's time, and a m
 C++ (docs/performance.md, "Symbolic campaign speed"). A meta tensor names its device "meta",
 not "cpu", which is all that the replacements below add for it.
 
-A stage runs as on the CPU backend (``emulate.run_stage``: 1F1B order, stand-ins for its
+A stage runs as on the CPU backend (``stage_emulation.run_stage``: 1F1B order, stand-ins for its
 neighbours), with, by default, megatron-core's own DDP (FP32 gradient buffer) and optimizer
 (the distributed optimizer when asked), and the CUDA kernel stand-ins of ``kernels.py``, so the
 records say what a GPU rank of the user's run would hold. With ``kernels="cpu"`` and

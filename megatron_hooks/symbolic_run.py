@@ -20,12 +20,12 @@ measured records, byte for byte; where it does not, or under a memory limit (a r
 of memory in its passes), every DP rank runs in full.
 
 Microbatches: each stage runs its 1F1B warm-up and one steady forward-backward pair, which
-reach every memory state of the full schedule (``emulate.steady_microbatches``).
+reach every memory state of the full schedule (``stage_emulation.steady_microbatches``).
 
 ``every_rank=True`` runs every rank and every microbatch instead: the reference that
 ``tests/test_symbolic.py`` compares the shortcuts with, byte for byte.
 
-Apart from ``symbolic.py`` because it drives ``emulate.run_stage``, which itself uses the
+Apart from ``symbolic.py`` because it drives ``stage_emulation.run_stage``, which itself uses the
 symbolic backend's pieces.
 """
 
@@ -37,12 +37,12 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from megatron_hooks.emulate import run_stage
+from megatron_hooks.stage_emulation import run_stage
 from megatron_hooks.symbolic import fake_world
 
 
 class StepProbe:
-    """The memory around each optimizer step of one stage run (``emulate._Stage.iteration``
+    """The memory around each optimizer step of one stage run (``stage_emulation._Stage.iteration``
     calls it): per iteration (peak before the step, bytes held at its start, peak during it).
     ``optimizer_only``: the run has no microbatch, only its steps (see the module docstring)."""
 
@@ -85,10 +85,10 @@ def _copies(config, cp_rank: int, dp_rank: int) -> list[tuple[int, int, int]]:
 
 
 def run_symbolic(config, stages: Sequence[int], *, after_oom: str = "raise", every_rank: bool = False) -> list[Path]:
-    """Profile ``stages`` of ``config`` (an ``emulate.StageEmulation`` with
+    """Profile ``stages`` of ``config`` (an ``stage_emulation.StageEmulation`` with
     ``backend="symbolic"``) in this process; returns every rank file written. With
     ``after_oom="continue"`` a rank that exceeds ``memory_limit_bytes`` is recorded and the others
-    still run, as ``emulate.run_stages`` does. ``every_rank`` runs every TP and DP rank instead
+    still run, as ``stage_emulation.run_stages`` does. ``every_rank`` runs every TP and DP rank instead
     of writing copies for the symmetric ones, and every microbatch (to check the shortcuts)."""
     from advisor.profiles import read_rank_file
 

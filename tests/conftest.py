@@ -92,7 +92,7 @@ def megatron_world():
     from megatron.core import parallel_state
 
     from megatron_hooks.cpu_shim import CpuShim, needs_shim
-    from megatron_hooks.emulate import free_port
+    from megatron_hooks.stage_emulation import free_port
 
     shim = CpuShim().install() if needs_shim() else None
     # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine a

@@ -3,7 +3,7 @@
 Test modules that need megatron-core call ``pytest.importorskip`` first, so that they are
 skipped, with the reason, where it is not installed. In-process tests share the session
 fixture ``megatron_world`` of conftest.py; multi-rank tests run in spawned processes
-(``megatron_hooks.emulate``).
+(``megatron_hooks.stage_emulation``).
 """
 
 from __future__ import annotations

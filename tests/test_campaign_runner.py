@@ -105,7 +105,7 @@ def test_a_rerun_skips_complete_runs_and_redoes_partial_ones(profiled, advisor):
 def test_a_reused_process_measures_what_a_fresh_one_does(profiled, tmp_path):
     """The runner ran pp-b2-3.1 in a process that had run pp-b2-2x2 before it (megatron-core's
     attention buffer is reset per stage); a freshly spawned emulation process agrees byte for byte."""
-    from megatron_hooks.emulate import StageEmulation, emulate_stages
+    from megatron_hooks.stage_emulation import StageEmulation, emulate_stages
 
     root, _, _ = profiled
     config = StageEmulation(model=TINY, layers_per_stage=(3, 1), seq_len=SEQ, micro_batch_size=2, num_microbatches=2,

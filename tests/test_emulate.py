@@ -11,8 +11,8 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip
 from advisor import equations as eq  # noqa: E402
 from advisor.profiles import load_run  # noqa: E402
 from conftest import ROOT, Invoker  # noqa: E402
-from megatron_hooks.emulate import StageEmulation, emulate_stages, free_port, one_f_one_b  # noqa: E402
-from megatron_hooks.emulate_cli import main as emulate_cli  # noqa: E402
+from megatron_hooks.stage_emulation import StageEmulation, emulate_stages, free_port, one_f_one_b  # noqa: E402
+from megatron_hooks.emulate import main as emulate_main  # noqa: E402
 from megatron_hooks.static import storage_key  # noqa: E402
 from megatron_support import MBS, SEQ, TINY  # noqa: E402
 
@@ -67,7 +67,7 @@ def test_emulated_pipeline_stages_follow_1f1b(tmp_path):
 def test_a_stage_keeps_its_gradients_and_steps_in_place(megatron_world, tmp_path):
     """As on a Megatron rank (DDP's gradient buffer, a fused Adam): every gradient exists from the
     start, keeps its storage through the iterations, and the optimizer is torch's fused Adam."""
-    from megatron_hooks.emulate import _Stage
+    from megatron_hooks.stage_emulation import _Stage
 
     config = StageEmulation(model=TINY, layers_per_stage=(2, 2), seq_len=SEQ, micro_batch_size=MBS,
                             num_microbatches=2, output_dir=tmp_path)
@@ -136,7 +136,7 @@ def test_dp2_under_torchrun(tmp_path):
 
 @pytest.fixture
 def emulate():
-    return Invoker(emulate_cli)
+    return Invoker(emulate_main)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -163,12 +163,12 @@ def test_a_failed_worker_is_one_line_and_exit_1(emulate, tmp_path, monkeypatch):
     raises when a worker does (a real out-of-memory cannot be provoked safely)."""
     from torch.multiprocessing import ProcessRaisedException
 
-    import megatron_hooks.emulate
+    import megatron_hooks.stage_emulation
 
     def dies(config, stages):
         raise ProcessRaisedException("Traceback ...\ntorch.OutOfMemoryError: simulated", 0, 4321)
 
-    monkeypatch.setattr(megatron_hooks.emulate, "emulate_stages", dies)
+    monkeypatch.setattr(megatron_hooks.stage_emulation, "emulate_stages", dies)
     result = emulate(*TINY_FLAGS, "--layers-per-stage", "4", "--seq-len", "8", "--out", tmp_path, expect=1)
     assert result.stderr.strip() == (f"Error: an emulation process failed: torch.OutOfMemoryError: simulated "
                                      f"(see the rank files in {tmp_path})")

@@ -169,7 +169,7 @@ def test_emulate_layer_counts_are_bounded_before_a_list_is_built(counts):
     counts (an out-of-memory) and 1x10^30 an OverflowError traceback."""
     from conftest import Invoker
 
-    from megatron_hooks.emulate_cli import main
+    from megatron_hooks.emulate import main
 
     line = Invoker(main).error("--layers-per-stage", counts, "--seq-len", 16, "--out", "unused")
     assert "'--layers-per-stage': more than 4,096 stages" in line

@@ -143,7 +143,7 @@ def test_sbatch_script_runs_torchrun_on_two_nodes(core_0_15, advisor, tmp_path):
     """The generated script, run by bash with Slurm's commands stood in: srun starts one real
     torchrun per "node" (two here, one rank each, TP 2), meeting at a real c10d rendezvous on the
     first; the script's export of CUDA_DEVICE_MAX_CONNECTIONS is what lets Megatron accept TP 2."""
-    from megatron_hooks.emulate import free_port
+    from megatron_hooks.stage_emulation import free_port
 
     document = estimate(advisor, tmp_path / "estimate.json", *LAYOUTS["tp2"][:2])
     script = tmp_path / "job.sh"

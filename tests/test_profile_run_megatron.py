@@ -180,7 +180,7 @@ def test_the_runner_refuses_what_it_cannot_launch(advisor, small_campaign, tmp_p
 def test_slurm_runs_span_nodes(advisor, tmp_path, monkeypatch, real_checkout):
     """Inside an allocation (Slurm's commands stood in: tests/fixtures/slurm_standin), a run on 2
     nodes of 1 GPU is srun of one real torchrun per node, meeting at a c10d rendezvous."""
-    from megatron_hooks.emulate import free_port
+    from megatron_hooks.stage_emulation import free_port
 
     document = plan(advisor, tmp_path / "wide.json", 2, 1)
     document["runs"] = document["runs"][:1]  # one run is enough (each takes about 25 s)

@@ -85,7 +85,7 @@ def core_0_15(tmp_path_factory):
 
 
 def test_a_campaign_runs_as_a_job_array_and_resumes_after_scancel(core_0_15, advisor, tmp_path):
-    from megatron_hooks.emulate import free_port
+    from megatron_hooks.stage_emulation import free_port
 
     document = plan(advisor, tmp_path / "full.json", 2, 2)
     document["runs"] = document["runs"][:2]  # two runs of PP 2 are enough (each about 30 s here)

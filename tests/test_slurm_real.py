@@ -32,7 +32,7 @@ def core_0_15(tmp_path_factory):
 def submit(release, directory, *, profile: bool, extra: list[str]) -> str:
     """``advisor-launch sbatch`` (no --dry-run: it runs the real sbatch) from ``directory``, where
     the job's output files land; the job id."""
-    from megatron_hooks.emulate import free_port
+    from megatron_hooks.stage_emulation import free_port
 
     result = subprocess.run(
         [str(release.bin / "advisor-launch"), "sbatch", "--from", "estimate.json", "--megatron-lm", str(release.path),

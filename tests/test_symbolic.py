@@ -99,7 +99,7 @@ def every_rank(out, flags) -> None:
     """The same run with every TP, CP and DP rank and every microbatch run
     (run_symbolic(every_rank=True))."""
     code = (
-        "import sys; from megatron_hooks.emulate_cli import main; import megatron_hooks.symbolic_run as s; "
+        "import sys; from megatron_hooks.emulate import main; import megatron_hooks.symbolic_run as s; "
         "run = s.run_symbolic; s.run_symbolic = lambda c, st, **k: run(c, st, every_rank=True, **k); "
         f"sys.argv = ['emulate'] + {json.dumps(list(map(str, flags)))} + ['--out', {str(out)!r}]; main()"
     )
@@ -112,7 +112,7 @@ def test_copied_ranks_equal_the_ranks_run(tmp_path):
     running each one gives the records the symbolic backend writes from TP rank 0. With the
     distributed optimizer each DP rank is run anyway (their shards differ), and so is each CP
     rank (their ring steps differ). Of 5 microbatches the three stages run 3, 2 and 1
-    (emulate.steady_microbatches), the last holding the 4 loss scalars of those not run: equal,
+    (stage_emulation.steady_microbatches), the last holding the 4 loss scalars of those not run: equal,
     byte for byte, to running all 5."""
     flags = [*model_flags(4, 64, 160, 4, 2, 256), "--layers-per-stage", "1,2,1", "--seq-len", "64",
              "--num-microbatches", "5", "--tp", "2", "--dp", "2", "--sequence-parallel", *TE_RUN]
@@ -127,7 +127,7 @@ def derived_dp_ranks(out, flags) -> None:
     optimizer-only run (symbolic_run._derived_dp_ranks), failing where the derivation's own check
     would fall back to running them in full; counts the derivations in ``out/derived``."""
     code = (
-        "import sys, pathlib; from megatron_hooks.emulate_cli import main; import megatron_hooks.symbolic_run as s; "
+        "import sys, pathlib; from megatron_hooks.emulate import main; import megatron_hooks.symbolic_run as s; "
         f"derive = s._derived_dp_ranks; out = pathlib.Path({str(out)!r}); derived = []\n"
         "def checked(*args):\n"
         "    result = derive(*args); assert result is not None, 'fell back'; derived.append(len(result))\n"
@@ -181,7 +181,7 @@ def test_derived_dp_ranks_with_uneven_shards(tmp_path):
 def test_steady_microbatches_by_hand():
     """1F1B stage i of p with m microbatches: w = min(p - i - 1, m) warm-up forwards, then one
     steady pair: w + 1, or m when the warm-up is all of them."""
-    from megatron_hooks.emulate import steady_microbatches
+    from megatron_hooks.stage_emulation import steady_microbatches
 
     assert [steady_microbatches(i, 4, 8) for i in range(4)] == [4, 3, 2, 1]
     assert [steady_microbatches(i, 8, 2) for i in (0, 5, 6, 7)] == [2, 2, 2, 1]

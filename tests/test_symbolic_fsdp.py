@@ -20,7 +20,7 @@ from advisor.options import TrainingOptions  # noqa: E402
 
 SCRIPT = """
 import dataclasses, json
-from megatron_hooks.emulate import quiet_megatron; quiet_megatron()
+from megatron_hooks.stage_emulation import quiet_megatron; quiet_megatron()
 from advisor.models import preset
 from megatron_hooks.fsdp_symbolic import FSDP_STRATEGIES, measure_fsdp
 spec = preset("llama3.1-8b")

@@ -17,7 +17,7 @@ from conftest import ROOT  # noqa: E402
 
 SCRIPT = """
 import dataclasses, json
-from megatron_hooks.emulate import quiet_megatron; quiet_megatron()
+from megatron_hooks.stage_emulation import quiet_megatron; quiet_megatron()
 from advisor.moe.spec import PRESETS
 from advisor.moe.layer_profile import compare
 from megatron_hooks.moe_layer import measure_moe_layer

@@ -1,7 +1,8 @@
 """What a campaign will cost the CPU emulator, from its shapes, said before it starts.
 
 ``advisor profile run`` on a CPU emulates every stage of every run with real megatron-core modules
-(``megatron_hooks.emulate``): two iterations of ``m`` microbatches, 1F1B, in TP x DP processes.
+(``megatron_hooks.stage_emulation``): two iterations of ``m`` microbatches, 1F1B, in TP x DP
+processes.
 A real model's campaign there takes hours and more memory than the machine has; this module
 estimates both, so that the command can say so and refuse (``limits.CPU_EMULATION_SECONDS``, the
 machine's available memory) unless the user insists.

@@ -6,7 +6,7 @@ Unattended, one GPU, under 8 minutes; each part is guarded, so that one failure 
    FFN 14336, 32 heads, 8 KV heads, vocabulary 128256) at sequence 8192, MBS 1, BF16, local spec
    (no Transformer Engine on the machine), three 1-layer stages (first: embedding; middle; last:
    final norm, LM head, loss), 2 microbatches in 1F1B order, 2 iterations
-   (``megatron_hooks.emulate``; the rank files go to ``OUT/cuda``).
+   (``megatron_hooks.stage_emulation``; the rank files go to ``OUT/cuda``).
 2. ``symbolic``: the same configuration under the symbolic backend, with the CUDA kernel
    stand-ins (``OUT/symbolic-cuda``) and with torch's CPU paths (``OUT/symbolic-cpu``), and every
    per-layer term of both against the CUDA records and against seed 004's Eq. 12-14 / Eq. 6-9
@@ -72,7 +72,7 @@ def shapes(tiny: bool) -> dict:
 
 
 def stage_config(spec, seq: int, out: Path, **changes):
-    from megatron_hooks.emulate import StageEmulation
+    from megatron_hooks.stage_emulation import StageEmulation
 
     values = dict(model=spec, layers_per_stage=(1,) * spec.num_layers, seq_len=seq, output_dir=out,
                   micro_batch_size=1, num_microbatches=2, iterations=2, params_dtype="bfloat16", threads=None,
@@ -84,7 +84,7 @@ def stage_config(spec, seq: int, out: Path, **changes):
 @contextlib.contextmanager
 def one_process(device: str):
     """This process as the one rank of an emulation (NCCL on a GPU, gloo on the CPU)."""
-    from megatron_hooks.emulate import free_port, process_group
+    from megatron_hooks.stage_emulation import free_port, process_group
 
     if device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -98,7 +98,7 @@ def one_process(device: str):
 
 def part_cuda(args, shape) -> dict:
     from advisor.profiles import load_run
-    from megatron_hooks.emulate import run_stages
+    from megatron_hooks.stage_emulation import run_stages
 
     config = stage_config(shape["spec"], shape["seq"], args.out / args.device)
     config.output_dir.mkdir(parents=True)
@@ -180,7 +180,7 @@ def _step_seconds(stage, sync) -> float:
 def part_overhead(args, shape) -> dict:
     import torch
 
-    from megatron_hooks.emulate import _Stage
+    from megatron_hooks.stage_emulation import _Stage
     from megatron_hooks.hooks import LayerMemoryHooks
 
     spec, seq = shape["overhead"]
@@ -274,7 +274,7 @@ def main() -> int:
     if any(args.out.iterdir()):
         print(f"{args.out} is not empty", file=sys.stderr)
         return 2
-    from megatron_hooks.emulate import quiet_megatron
+    from megatron_hooks.stage_emulation import quiet_megatron
     from megatron_hooks.recorder import megatron_core_version
 
     quiet_megatron()
