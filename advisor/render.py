@@ -155,8 +155,10 @@ def _indented(obj: object, depth: int) -> str:
 def to_csv(rows: Sequence[dict]) -> str:
     import csv  # only CSV output needs it: kept off the start-up of the others
 
+    if not rows:
+        return ""  # no columns to name: the empty document
     buffer = io.StringIO()
-    keys = list(rows[0]) if rows else []
+    keys = list(rows[0])
     writer = csv.DictWriter(buffer, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     # a nested value (a row's options) as JSON, not Python's repr

@@ -1,6 +1,7 @@
 """Random combinations of the commands' options, each checked for what issue 24 forbids: a
 traceback, an exit status other than 0, 1 (nothing fits) or 2, more than one line before an
-error, output on stdout after one, a hang (--timeout), or an -o file left behind by a failure.
+error, output on stdout after one, a hang (--timeout), or an -o file left behind by a failure
+(exit 1, nothing fits, writes the empty document: JSON [] or an empty CSV).
 
     python benchmarks/fuzz_cli.py [--cases 400] [--seed 1] [--only estimate,sweep,command,log]
 
@@ -122,7 +123,9 @@ def check(args: list[str], timeout: int, stdin: str | None = None, output: Path 
         problems.append(f"not one error line: {result.stderr[:200]!r} / stdout {result.stdout[:80]!r}")
     if result.exit_code == 1 and "nothing fits" not in result.stderr and "no split" not in result.stderr:
         problems.append(f"exit 1 without 'nothing fits': {result.stderr[:200]!r}")
-    if output is not None and result.exit_code != 0 and output.exists():
+    # exit 1 (nothing fits) writes the empty document, JSON [] or an empty CSV; a failure nothing
+    if output is not None and output.exists() and (result.exit_code == 2 or result.exit_code == 1
+                                                   and output.read_text().strip() not in ("", "[]")):
         problems.append(f"{output} left behind")
     return result.exit_code, problems
 

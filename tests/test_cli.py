@@ -106,6 +106,17 @@ def test_sweep_with_nothing_fitting_says_so(advisor):
     assert narrow.stdout == "[]\n" and "Try more GPUs, --split auto, --recompute auto or a shorter" in narrow.stderr
 
 
+@pytest.mark.parametrize("model", ["llama3.1-70b", "qwen3-30b-a3b"])
+def test_nothing_fitting_writes_the_empty_document(advisor, tmp_path, model):
+    """Exit 1 with JSON or CSV: the empty document (JSON [], an empty CSV, not a lone newline),
+    the same for a mixture of experts as for a dense model (which printed nothing before)."""
+    common = ("sweep", "--gpus", 8, "--mem", 5, "--model", model, "--gpu", "h100-80gb")
+    assert advisor(*common, "--format", "json", expect=1).stdout == "[]\n"
+    target = tmp_path / "rows.csv"
+    advisor(*common, "--format", "csv", "-o", target, expect=1)
+    assert target.read_text() == ""
+
+
 def test_output_is_written_atomically(advisor, tmp_path):
     target = tmp_path / "sweep.json"
     result = advisor("sweep", "--gpus", 8, "--mem", 40, "--format", "json", "-o", target)

@@ -66,8 +66,8 @@ tight (<= mem), oom (> mem; hidden without --all), ranked by its rule
   1. fits before tight   2. no recomputation first
   3. smallest TP x CP x PP   4. largest MBS   5. smallest TP
   6. smallest PP, fewest recomputed layers, lowest memory
-When nothing fits, one line says what the least layout needs, and the exit
-status is 1 (bad input is 2).
+When nothing fits, one line says what the least layout needs, JSON and CSV
+are their empty documents, and the exit status is 1 (bad input is 2).
 
 \b
 Examples:

@@ -186,6 +186,8 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
         need = least.get("usage_gib", least["total_gib"])
         click.echo(f"advisor sweep: nothing fits; the least any layout needs is {need:.1f} GiB per GPU "
                    f"(TP {least['tp']}, PP {least['pp']}, EP {least['ep']}) against {mem:g} GiB", err=True)
+        if fmt != "table":  # the empty document, as the dense sweep gives it
+            emit(text, output)
         click.get_current_context().exit(1)
     emit(text, output)
 
