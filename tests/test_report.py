@@ -149,6 +149,10 @@ MOE_ROW_EDITS = [  # (a hand edit of an MoE sweep row, the line both readers pri
     # them through both paths: tests/test_moe_cli.py, test_each_overlap_rule_is_one_message_in_both_paths)
     ({"delay_wgrad": True}, "--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm"),
     ({"ep": 0}, "'ep' must be a positive integer"),
+    # shown as block 2 by the report, launched as uniform 1 (every layer, as priced) before
+    ({"recompute": "full", "recompute_method": "block", "recompute_num_layers": 2},
+     "an MoE row's full recomputation is 'recompute_method' uniform with 'recompute_num_layers' 1 (every layer, as "
+     "priced), got 'block' and 2"),
 ]
 
 

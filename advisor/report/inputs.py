@@ -112,6 +112,11 @@ def moe_row_settings(row: dict, where: str) -> dict:
         refuse(f"'recompute_modules' must be null or a list of {_choices(RECOMPUTE_MODULES)}, got {_shown(modules)}")
     if modules and recompute != "selective":  # Megatron reads --recompute-modules only with selective
         refuse(f"'recompute_modules' needs 'recompute' selective, got {_shown(recompute)}")
+    method, layers = row.get("recompute_method"), row.get("recompute_num_layers")
+    if recompute == "full" and (method not in (None, "uniform") or layers not in (None, 1) or layers is True):
+        # the MoE model prices full recomputation of every layer, launched so (advisor.moe.flags)
+        refuse(f"an MoE row's full recomputation is 'recompute_method' uniform with 'recompute_num_layers' 1 (every "
+               f"layer, as priced), got {_shown(method)} and {_shown(layers)}")
     overlap, delay = _given(row, "a2a_overlap", False), _given(row, "delay_wgrad", False)
     grads, sharded = _given(row, "gradient_bytes", 4), _given(row, "distributed_optimizer", True)
     if not all(isinstance(value, bool) for value in (overlap, delay, sharded)) or grads not in (2, 4):
