@@ -416,9 +416,11 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
         from advisor.moe import readback
 
         spec = readback.moe_spec(spec, moe_values)
+        impl = _last_value(rest, "--transformer-impl") or "transformer_engine"
         moe, moe_unpriced = readback.read(moe_values, layout.tp, options.recomputation.recompute,
                                           recompute_method=_last_value(rest, "--recompute-method"),
-                                          recompute_num_layers=_last_value(rest, "--recompute-num-layers"))
+                                          recompute_num_layers=_last_value(rest, "--recompute-num-layers"),
+                                          transformer_impl=impl)
         unpriced = moe_unpriced + unpriced
     return ReadRun(spec=spec, seq_len=seq_len, layout=layout, options=options,
                    unpriced=tuple(_unpriced_model(parsed.model) + unpriced + [

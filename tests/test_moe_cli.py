@@ -183,6 +183,8 @@ def test_each_overlap_rule_is_one_message_in_both_paths(advisor, tmp_path, overl
     ("--recompute-num-layers=2",  # core_v0.15.2 :1466-1468, core_v0.19.0 :2694-2696
      f"{OVERLAP} refuses --recompute-num-layers 2 (megatron-core: 'recompute_num_layers must be None when enabling "
      "overlap_moe_expert_parallel_comm')"),
+    ("--delay-wgrad-compute --transformer-impl local",  # arguments.py: core_v0.15.2 :1173-1175, v0.19.0 :1822-1824
+     "--delay-wgrad-compute needs --transformer-impl transformer_engine, got local (Megatron-LM refuses it)"),
     ("--moe-shared-expert-intermediate-size 4096 --moe-shared-expert-overlap",
      f"{OVERLAP} refuses --moe-shared-expert-overlap (megatron-core: 'disable moe_shared_expert_overlap when "
      "enabling overlap_moe_expert_parallel_comm')"),

@@ -56,13 +56,14 @@ def moe_options(func):
 def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance, recompute_modules,
                  mtp_num_layers=None, a2a_overlap=False, delay_wgrad=False, pad_to_capacity=None, *, options,
                  space=None, unpriced: dict | None = None, recompute_method: str | None = None,
-                 recompute_num_layers: str | None = None, shared_expert_overlap: bool = False):
+                 recompute_num_layers: str | None = None, shared_expert_overlap: bool = False,
+                 transformer_impl: str = "transformer_engine"):
     """(spec, MoEOptions) from the flags, the run's training options inside (the one description
     dense rows are priced from); a dense model refuses EP/ETP above 1; for an MoE model, every
     option the MoE model does not price is refused by name (none is ignored). The spec gets
-    ``mtp_num_layers`` where given. ``recompute_method``, ``recompute_num_layers`` and
-    ``shared_expert_overlap``: what a command read back (``advisor.moe.readback``) gives, for
-    the overlap's refusals (``advisor.moe.overlap``)."""
+    ``mtp_num_layers`` where given. ``recompute_method``, ``recompute_num_layers``,
+    ``shared_expert_overlap`` and ``transformer_impl``: what a command read back
+    (``advisor.moe.readback``) gives, for the overlap's refusals (``advisor.moe.overlap``)."""
     from advisor.moe.spec import is_moe
 
     if not is_moe(spec):  # a dense model: nothing of advisor.moe's pricing is imported for it
@@ -104,6 +105,7 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
             a2a_overlap=a2a_overlap, delay_wgrad=delay_wgrad, dispatcher=dispatcher, recompute=recompute,
             recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
             recompute_modules=recompute_modules, shared_expert_overlap=shared_expert_overlap,
+            transformer_impl=transformer_impl,
             mtp_num_layers=spec.mtp_num_layers if mtp_num_layers is None else mtp_num_layers):
         raise InputError(problem)
     if mtp_num_layers is not None:

@@ -9,7 +9,8 @@ Megatron's rules (``transformer_config.py``, ``TransformerConfig.__post_init__``
 lines 1441-1486, core_v0.19.0 lines 2669-2752), in its order: the overlap needs the alltoall or
 flex dispatcher, no recomputation method and no recomputation layer count (both must be None),
 no ``moe`` in the recomputed modules (core_v0.19.0 only; held for both here), no
---moe-shared-expert-overlap, at most one MTP layer; --delay-wgrad-compute needs the overlap. Each
+--moe-shared-expert-overlap, at most one MTP layer; --delay-wgrad-compute needs the overlap, and
+Transformer Engine (``arguments.py``, ``validate_args``, both releases). Each
 message names Megatron's flags, which the user knows, whatever the reader: a row's fields are
 those flags (``a2a_overlap`` is --overlap-moe-expert-parallel-comm, ``delay_wgrad``
 --delay-wgrad-compute, ``dispatcher`` --moe-token-dispatcher-type).
@@ -29,7 +30,8 @@ def _refuses(flag: str, megatron: str) -> str:
 def settings_problem(*, a2a_overlap: bool, delay_wgrad: bool = False, dispatcher: str = "alltoall",
                      recompute: str = "none", recompute_method: str | None = None,
                      recompute_num_layers: int | str | None = None, recompute_modules: Iterable[str] | None = (),
-                     shared_expert_overlap: bool = False, mtp_num_layers: int | None = 0) -> str | None:
+                     shared_expert_overlap: bool = False, mtp_num_layers: int | None = 0,
+                     transformer_impl: str = "transformer_engine") -> str | None:
     """The first rule these settings break, as one line naming Megatron's flags, or None.
 
     ``recompute_method`` and ``recompute_num_layers`` are what the command gives (None: not
@@ -51,4 +53,7 @@ def settings_problem(*, a2a_overlap: bool, delay_wgrad: bool = False, dispatcher
                    "refuses more)"
     if delay_wgrad and not a2a_overlap:
         return f"--delay-wgrad-compute needs {OVERLAP} (megatron-core refuses it alone)"
+    if delay_wgrad and transformer_impl != "transformer_engine":  # arguments.py validate_args, both releases
+        return f"--delay-wgrad-compute needs --transformer-impl transformer_engine, got {transformer_impl} " \
+               "(Megatron-LM refuses it)"
     return None

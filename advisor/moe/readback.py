@@ -191,7 +191,8 @@ def moe_spec(dense: LlamaSpec, values: dict):
 
 
 def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None = None,
-         recompute_num_layers: str | None = None) -> tuple[MoERead, list[str]]:
+         recompute_num_layers: str | None = None,
+         transformer_impl: str = "transformer_engine") -> tuple[MoERead, list[str]]:
     """(EP, ETP and the settings, what is not priced) of the MoE flags. ``recompute_method`` and
     ``recompute_num_layers``: the command's own (None: not given), whatever its granularity, for
     the overlap's refusals (``advisor.moe.overlap``, checked by ``advisor.cli.moe.moe_settings``)."""
@@ -215,7 +216,8 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
                 "a2a_overlap": bool(values.get("overlap-moe-expert-parallel-comm")),
                 "delay_wgrad": bool(values.get("delay-wgrad-compute")), "pad_to_capacity": pad,
                 "shared_expert_overlap": bool(values.get("moe-shared-expert-overlap")),
-                "recompute_method": recompute_method, "recompute_num_layers": recompute_num_layers}
+                "recompute_method": recompute_method, "recompute_num_layers": recompute_num_layers,
+                "transformer_impl": transformer_impl}
     from advisor.moe.flags import pad_problem
 
     if problem := pad_problem(settings["dispatcher"], capacity, pad):
