@@ -77,7 +77,7 @@ HARMLESS_SWITCHES = {
 _MULTI_VALUED = {"rampup-batch-size": 3, "data-path": None, "train-data-path": None, "valid-data-path": None,
                  "test-data-path": None, "profile-ranks": None}
 """Flags that take several values (None: any number, up to the next flag)."""
-_PRICED_MULTI = {"recompute-modules": None}
+_PRICED_MULTI = {"recompute-modules": None, "moe-router-load-balancing-type": None, "moe-aux-loss-coeff": None}
 """Priced flags with several values (``advisor.moe.readback``), kept whole for their reader."""
 
 

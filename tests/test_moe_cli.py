@@ -423,3 +423,31 @@ def test_tied_embeddings_share_the_lm_head_at_pp_1_by_hand():
 ])
 def test_balancing_types_megatron_refuses_are_refused_in_one_line(extra, words):
     _one_line_error(_from_command(extra), *words)
+
+
+def test_several_balancing_losses_are_read_and_launched_as_given():
+    """--moe-router-load-balancing-type and --moe-aux-loss-coeff take several values (nargs='+',
+    both releases): read, not priced (the same estimate as the aux_loss command), and launched as
+    read (tests/test_moe_megatron.py checks Megatron's own reading of them)."""
+    base = json.loads(_from_command("", "--format", "json").stdout)
+    extra = "--moe-router-load-balancing-type seq_aux_loss global_aux_loss --moe-aux-loss-coeff 1e-3 1e-4"
+    # the base command's own balancing flags come first; Megatron and the reader keep the last
+    read = json.loads(_from_command(extra, "--format", "json").stdout)
+    assert (read["model"]["load_balancing"], read["model"]["aux_loss_coeff"]) == (
+        ["seq_aux_loss", "global_aux_loss"], [1e-3, 1e-4])
+    assert (read["total_gib"], read["step_time_s"]) == (base["total_gib"], base["step_time_s"])
+    args = " ".join(read["megatron_args"])
+    assert "--moe-router-load-balancing-type seq_aux_loss global_aux_loss --moe-aux-loss-coeff 0.001 0.0001" in args
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("--moe-router-load-balancing-type seq_aux_loss global_aux_loss --moe-aux-loss-coeff 1e-3",
+     "--moe-aux-loss-coeff gives 1 weight for 2 load-balancing types: megatron-core needs one per type"),
+    ("--moe-aux-loss-coeff 1e-3 1e-4", "gives 2 weights for 1 load-balancing type:"),
+    ("--moe-router-load-balancing-type aux_loss bogus --moe-aux-loss-coeff 1e-3 1e-4",
+     "--moe-router-load-balancing-type 'bogus' is not one of Megatron's"),
+    ("--moe-router-load-balancing-type aux_loss sinkhorn --moe-aux-loss-coeff 1e-3 0 --moe-expert-capacity-factor 1",
+     "--moe-expert-capacity-factor with --moe-router-load-balancing-type sinkhorn"),
+])
+def test_balancing_losses_megatron_refuses_are_one_line(extra, message):
+    _one_line_error(_from_command(extra), message)

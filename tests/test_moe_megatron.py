@@ -56,9 +56,20 @@ def _expected(spec, row) -> dict:
             "fp8": row["options"].get("fp8_format"), "overlap_grad_reduce": True, "use_distributed_optimizer": True,
             # the balancing the rows are priced with (balanced routing): an aux-loss router with the
             # model's own weight (Megatron's default 0 would not balance), or the expert bias
-            "moe_aux_loss_coeff": 0.0 if spec.expert_bias else spec.aux_loss_coeff,
-            "moe_router_load_balancing_type": "none" if spec.expert_bias else "aux_loss",
+            **_balancing(spec),
             "moe_enable_deepep": row["dispatcher"] == "flex", "moe_router_dtype": "fp32"}
+
+
+def _balancing(spec) -> dict:
+    """The balancing a command gave (MoESpec.load_balancing, lists where several), else the one the
+    rows are priced with (balanced routing): an aux-loss router with the model's own weight
+    (Megatron's default 0 would not balance), or the expert bias."""
+    if spec.load_balancing is not None:
+        several = len(spec.load_balancing) > 1
+        return {"moe_router_load_balancing_type": list(spec.load_balancing) if several else spec.load_balancing[0],
+                "moe_aux_loss_coeff": list(spec.aux_loss_coeff) if several else spec.aux_loss_coeff}
+    return {"moe_aux_loss_coeff": 0.0 if spec.expert_bias else spec.aux_loss_coeff,
+            "moe_router_load_balancing_type": "none" if spec.expert_bias else "aux_loss"}
 
 
 def _one(key: str, value):
@@ -134,6 +145,17 @@ def test_megatron_accepts_moe_campaign_runs_and_a_given_split():
                                               "--ep", "8", "--gbs", "256", "--seq-len", "4096",
                                               "--layers-per-stage", "7,9,9,7", "--format", "json"]).stdout)
     runs.append((estimate["megatron_args"], 64, estimate))
+    # a command's two balancing losses with their weights (nargs='+'), launched as read
+    command = ("pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 "
+               "--group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 32768 "
+               "--normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear "
+               "--untie-embeddings-and-output-weights --vocab-size 32000 --micro-batch-size 1 --global-batch-size 256 "
+               "--bf16 --tensor-model-parallel-size 2 --sequence-parallel --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm "
+               "--expert-model-parallel-size 4 --moe-router-load-balancing-type seq_aux_loss global_aux_loss "
+               "--moe-aux-loss-coeff 1e-3 1e-4")
+    read = json.loads(runner.invoke(cli, ["estimate", "--from-command", "-", "--gpus", "8", "--format", "json"],
+                                    input=command).stdout)
+    runs.append((read["megatron_args"], 8, read))
     cases = [{"args": [*args, *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type", "NullTokenizer",
                        "--vocab-size", "32000", "--train-iters", "10"],
               "world_size": world, "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for args, world, _ in runs]
@@ -143,3 +165,5 @@ def test_megatron_accepts_moe_campaign_runs_and_a_given_split():
         derived = result["derived"]
         assert (derived["expert_model_parallel_size"], derived["expert_tensor_parallel_size"]) == (row["ep"], row["etp"])
         assert derived["layers_per_stage"] == row["layers_per_stage"]
+    assert (derived["moe_router_load_balancing_type"], derived["moe_aux_loss_coeff"]) == (
+        ["seq_aux_loss", "global_aux_loss"], [1e-3, 1e-4])

@@ -40,14 +40,25 @@ def _model_flags(spec: MoESpec) -> tuple[str, ...]:
     return tuple(model_flags(spec))
 
 
+def _balancing_flags(spec: MoESpec) -> list[str]:
+    """The balancing a command gave, as read (``MoESpec.load_balancing``); else an aux-loss router
+    with the model's weight (Megatron's default 0 would not balance), or none with the expert bias."""
+    if spec.load_balancing is None:
+        if spec.expert_bias:
+            return ["--moe-router-load-balancing-type", "none"]
+        weight = ["--moe-aux-loss-coeff", _number(spec.aux_loss_coeff)] if spec.aux_loss_coeff else []
+        return ["--moe-router-load-balancing-type", "aux_loss", *weight]
+    weights = spec.aux_loss_coeff if isinstance(spec.aux_loss_coeff, tuple) else (spec.aux_loss_coeff,)
+    given = ["--moe-aux-loss-coeff", *map(_number, weights)] if any(weights) else []
+    return ["--moe-router-load-balancing-type", *spec.load_balancing, *given]
+
+
 def model_flags(spec: MoESpec) -> list[str]:
     """The expert, router, MLA and YaRN flags of ``spec`` (the dense ones come from
     ``advisor.megatron_args.model_args``)."""
     args = ["--num-experts", str(spec.num_experts), "--moe-router-topk", str(spec.moe_router_topk),
-            "--moe-ffn-hidden-size", str(spec.moe_ffn_hidden_size), "--moe-grouped-gemm",
-            "--moe-router-load-balancing-type", "aux_loss" if not spec.expert_bias else "none"]
-    if not spec.expert_bias and spec.aux_loss_coeff:
-        args += ["--moe-aux-loss-coeff", _number(spec.aux_loss_coeff)]
+            "--moe-ffn-hidden-size", str(spec.moe_ffn_hidden_size), "--moe-grouped-gemm"]
+    args += _balancing_flags(spec)
     # the router's logits and probabilities in FP32, as memory.router_activation_bytes and the
     # allgather dispatcher's combine are priced (router.py: else the input's BF16)
     args += ["--moe-router-dtype", "fp32"]

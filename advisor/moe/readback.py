@@ -22,10 +22,10 @@ from advisor.moe.spec import RECOMPUTE_MODULES
 
 VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size",
           "moe-layer-freq", "moe-router-score-function", "moe-router-num-groups", "moe-router-group-topk",
-          "moe-router-topk-scaling-factor", "moe-router-load-balancing-type", "q-lora-rank", "kv-lora-rank",
+          "moe-router-topk-scaling-factor", "q-lora-rank", "kv-lora-rank",
           "qk-head-dim", "qk-pos-emb-head-dim", "v-head-dim", "rope-type", "rotary-scaling-factor", "mscale",
           "mscale-all-dim", "mtp-num-layers", "expert-model-parallel-size", "expert-tensor-parallel-size",
-          "moe-token-dispatcher-type", "moe-expert-capacity-factor", "moe-aux-loss-coeff",
+          "moe-token-dispatcher-type", "moe-expert-capacity-factor",
           "original-max-position-embeddings", "moe-router-dtype", "moe-router-bias-update-rate",
           "mtp-loss-scaling-factor", "moe-flex-dispatcher-backend", "moe-deepep-num-sms",
           "moe-hybridep-num-sms", "moe-flex-dispatcher-num-sms"}
@@ -34,11 +34,12 @@ SWITCHES = {"moe-grouped-gemm", "qk-layernorm", "moe-router-enable-expert-bias",
             "moe-pad-expert-input-to-capacity", "moe-router-pre-softmax", "moe-permute-fusion", "moe-router-fusion",
             "enable-experimental", "moe-enable-deepep", "moe-router-padding-for-fp8",
             "moe-router-padding-for-quantization", "moe-shared-expert-overlap"}
-MULTI = {"recompute-modules"}
-HARMLESS = {"moe-router-load-balancing-type", "moe-aux-loss-coeff", "original-max-position-embeddings",
-            "moe-router-dtype", "moe-router-bias-update-rate", "mtp-loss-scaling-factor", "moe-router-pre-softmax"}
-"""Read and known not to change the price: the balancing loss's kind and weight (a few FLOPs on
-E-wide tensors), YaRN's original context (fixed by Megatron's MLA config), the router's dtype
+MULTI = {"recompute-modules", "moe-router-load-balancing-type", "moe-aux-loss-coeff"}
+"""Megatron's nargs='+' flags that the reader takes: the balancing loss's types and their weights
+(not priced, a few FLOPs on E-wide tensors, but carried by the spec and launched as read)."""
+HARMLESS = {"original-max-position-embeddings", "moe-router-dtype", "moe-router-bias-update-rate",
+            "mtp-loss-scaling-factor", "moe-router-pre-softmax"}
+"""Read and known not to change the price: YaRN's original context (fixed by Megatron's MLA config), the router's dtype
 (its logits are priced in FP32, ``memory.router_activation_bytes``), the expert bias's update
 step (E numbers once per step), the MTP loss's weight (a scalar), and softmax before the top-k
 (``moe_utils.topk_routing_with_score_function``: the E-wide FP32 scores the router term already
@@ -169,8 +170,9 @@ def moe_spec(dense: LlamaSpec, values: dict):
         raise AdvisorError(f"--moe-router-score-function {score!r} is not priced (softmax or sigmoid)")
     mla, yarn = _mla_and_yarn(values)
     top_k = flag_int(values, "moe-router-topk", 2)
+    balancing, weights = _balancing(values)
     if top_k == 1 and score == "softmax" and not values.get("moe-router-pre-softmax") \
-            and values.get("moe-router-load-balancing-type") != "sinkhorn":  # transformer_config.py, __post_init__
+            and balancing != ("sinkhorn",):  # transformer_config.py, __post_init__ (a list is never 'sinkhorn')
         raise AdvisorError("--moe-router-topk 1 with the softmax score function needs --moe-router-pre-softmax "
                            "(megatron-core refuses it: a softmax over one expert has no gradient)")
     fields = {name: getattr(dense, name) for name in dense.__dataclass_fields__}
@@ -181,8 +183,7 @@ def moe_spec(dense: LlamaSpec, values: dict):
                    first_dense_layers=first_dense_layers(values.get("moe-layer-freq", "1"), dense.num_layers),
                    qk_layernorm=bool(values.get("qk-layernorm")), score_function=score,
                    expert_bias=bool(values.get("moe-router-enable-expert-bias")),
-                   aux_loss_coeff=_float(values, "moe-aux-loss-coeff", 0.0, bound=limits.AUX_LOSS_COEFF,
-                                         low_open=False),
+                   aux_loss_coeff=weights, load_balancing=balancing,
                    router_num_groups=flag_int(values, "moe-router-num-groups"),
                    router_group_topk=flag_int(values, "moe-router-group-topk"),
                    router_topk_scaling_factor=_float(values, "moe-router-topk-scaling-factor",
@@ -206,7 +207,8 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
     dispatcher, backend_note = _dispatcher(values)
     unpriced += backend_note
     capacity = _float(values, "moe-expert-capacity-factor", bound=limits.MOE_CAPACITY_FACTOR)
-    _check_balancing(values.get("moe-router-load-balancing-type", "aux_loss"), capacity)
+    for kind in values.get("moe-router-load-balancing-type") or ("aux_loss",):
+        _check_capacity_balancing(kind, capacity)
     pad = bool(values.get("moe-pad-expert-input-to-capacity"))  # a factor alone drops without padding
     modules = _recompute_modules(values, recompute, unpriced)
     settings = {"dispatcher": dispatcher,
@@ -226,17 +228,29 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
     return MoERead(ep=ep, etp=flag_int(values, "expert-tensor-parallel-size", tp), settings=settings), unpriced
 
 
-BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none", "quantile_balancing")
-"""--moe-router-load-balancing-type's values: core_v0.15.2's choices, and core_v0.19.0's
-quantile_balancing (``router.py``)."""
+def _balancing(values: dict) -> tuple[tuple[str, ...], float | tuple[float, ...]]:
+    """(--moe-router-load-balancing-type's types, --moe-aux-loss-coeff's weights), as Megatron
+    reads them (nargs='+'; validate_args keeps one value as a scalar): Megatron's choices
+    (``BALANCING``), and one weight per type where there are several (``transformer_config.py``)."""
+    from advisor.moe.spec import BALANCING
+
+    kinds = tuple(values.get("moe-router-load-balancing-type") or ("aux_loss",))
+    for kind in kinds:
+        if kind not in BALANCING:
+            raise AdvisorError(f"--moe-router-load-balancing-type {kind!r} is not one of Megatron's "
+                               f"({', '.join(BALANCING)})")
+    texts = values.get("moe-aux-loss-coeff") or ["0"]
+    weights = tuple(_float({"moe-aux-loss-coeff": text}, "moe-aux-loss-coeff", bound=limits.AUX_LOSS_COEFF,
+                           low_open=False) for text in texts)
+    if len(kinds) > 1 and len(weights) != len(kinds) or len(kinds) == 1 and len(weights) > 1:
+        raise AdvisorError(f"--moe-aux-loss-coeff gives {len(weights)} weight{'s' * (len(weights) > 1)} for "
+                           f"{len(kinds)} load-balancing type{'s' * (len(kinds) > 1)}: megatron-core needs one per type")
+    return kinds, (weights if len(kinds) > 1 else weights[0])
 
 
-def _check_balancing(balancing: str, capacity: float | None) -> None:
-    """Megatron's refusals of the balancing type: its choices, and a capacity factor only with a
-    loss-based balancing or none (core_v0.19.0 ``transformer_config.py``, __post_init__)."""
-    if balancing not in BALANCING:
-        raise AdvisorError(f"--moe-router-load-balancing-type {balancing!r} is not one of Megatron's "
-                           f"({', '.join(BALANCING)})")
+def _check_capacity_balancing(balancing: str, capacity: float | None) -> None:
+    """A capacity factor only with a loss-based balancing or none (``transformer_config.py``,
+    __post_init__, each type of a list)."""
     if capacity is not None and balancing in ("sinkhorn", "quantile_balancing"):
         raise AdvisorError(f"--moe-expert-capacity-factor with --moe-router-load-balancing-type {balancing}: "
                            "megatron-core drops tokens only with aux_loss, seq_aux_loss, global_aux_loss or none")

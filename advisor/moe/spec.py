@@ -16,6 +16,9 @@ from advisor.model_spec import LlamaSpec, _Config, _describe, dense_values, from
 
 ScoreFunction = Literal["softmax", "sigmoid"]
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
+BALANCING = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none", "quantile_balancing")
+"""--moe-router-load-balancing-type's values: core_v0.15.2's choices, and core_v0.19.0's
+quantile_balancing (``router.py``)."""
 _WIDTH = limits.MODEL["ffn_hidden_size"]
 _EXPERTS = limits.Bound(1, limits.EXPERTS, "DeepSeek-V3 routes over 256 experts; 2^14 is 64 times that")
 
@@ -88,10 +91,15 @@ class MoESpec(LlamaSpec):
     score_function: ScoreFunction = "softmax"
     expert_bias: bool = False
     """Aux-loss-free balancing with a per-expert bias (--moe-router-enable-expert-bias)."""
-    aux_loss_coeff: float = 0.0
+    aux_loss_coeff: float | tuple[float, ...] = 0.0
     """The auxiliary load-balancing loss's weight (--moe-aux-loss-coeff; Hugging Face's
-    router_aux_loss_coef). Megatron's default, 0, leaves the aux_loss router unbalanced
-    (``router.py``: no loss at coefficient 0), so a row priced balanced must launch with it."""
+    router_aux_loss_coef), one per ``load_balancing`` type where it has several (Megatron's
+    nargs='+'). Megatron's default, 0, leaves the aux_loss router unbalanced (``router.py``: no
+    loss at coefficient 0), so a row priced balanced must launch with it."""
+    load_balancing: tuple[str, ...] | None = None
+    """--moe-router-load-balancing-type, one type or several (``BALANCING``), as a command gave
+    it; None: aux_loss, or none with the expert bias (the presets and config.json). Not priced
+    (a few FLOPs on E-wide tensors): carried so that what is launched is what was read."""
     router_num_groups: int | None = None
     router_group_topk: int | None = None
     router_topk_scaling_factor: float | None = None
@@ -128,7 +136,7 @@ class MoESpec(LlamaSpec):
         if self.expert_bias and self.score_function != "sigmoid":  # transformer_config.py, __post_init__
             raise AdvisorError("expert_bias (--moe-router-enable-expert-bias) needs the sigmoid score function "
                                "(--moe-router-score-function sigmoid): megatron-core refuses it with softmax")
-        limits.check_float(self.aux_loss_coeff, "aux_loss_coeff", limits.AUX_LOSS_COEFF)
+        self._check_balancing()
         if self.router_topk_scaling_factor is not None:
             limits.check_float(self.router_topk_scaling_factor, "router_topk_scaling_factor",
                                limits.MOE_TOPK_SCALING, low_open=True)
@@ -136,6 +144,22 @@ class MoESpec(LlamaSpec):
         for key, kind in (("mla", MLA), ("yarn", YarnScaling)):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), kind):
                 raise AdvisorError(f"{key} must be an object or null, got {_describe(getattr(self, key))}")
+
+    def _check_balancing(self) -> None:
+        """The balancing types and their weights: one weight per type where there are several
+        (megatron-core ``transformer_config.py``, __post_init__, both releases), one otherwise."""
+        types, weights = self.load_balancing, self.aux_loss_coeff
+        if types is not None and (not isinstance(types, tuple) or not types
+                                  or not all(isinstance(kind, str) and kind in BALANCING for kind in types)):
+            raise AdvisorError(f"load_balancing must be null or a list of {', '.join(BALANCING)}, got "
+                               f"{_describe(types)}")
+        several = types is not None and len(types) > 1
+        if several != isinstance(weights, tuple) or several and len(weights) != len(types):
+            given = len(weights) if isinstance(weights, tuple) else 1
+            raise AdvisorError(f"aux_loss_coeff needs one weight per load-balancing type ({len(types or ('',))}), "
+                               f"got {given} (megatron-core refuses other counts)")
+        for weight in weights if isinstance(weights, tuple) else (weights,):
+            limits.check_float(weight, "aux_loss_coeff", limits.AUX_LOSS_COEFF)
 
     def _check_groups(self) -> None:
         """Group-limited routing (--moe-router-num-groups, --moe-router-group-topk) as megatron-core's
@@ -174,6 +198,9 @@ def spec_from_dict(fields: object) -> MoESpec:
     if not isinstance(fields, dict):
         raise AdvisorError(f"model must be an object (a model spec), got {_describe(fields)}")
     values = dict(fields)
+    for key in ("load_balancing", "aux_loss_coeff"):  # JSON's lists, the spec's tuples
+        if isinstance(values.get(key), list):
+            values[key] = tuple(values[key])
     for key, kind in (("mla", MLA), ("yarn", YarnScaling)):
         if values.get(key) is not None:
             values[key] = from_fields(kind, values[key], f"model {key}")
