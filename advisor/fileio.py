@@ -337,5 +337,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
+    """Write ``text`` (UTF-8) to ``path`` atomically. A file name that is not UTF-8 (Python holds its
+    bytes as surrogates, os.fsdecode) is written back as those bytes, as standard output writes it
+    (a model or profile path with byte 0xff in a report or a batch script was a UnicodeEncodeError)."""
+    return atomic_write_bytes(path, text.encode("utf-8", "surrogateescape"))

@@ -90,6 +90,11 @@ GPU_MEMORY_GIB = Bound(0, 2**14, "a GPU has at most a few hundred GiB (B300: 288
 """Exclusive at 0: memory must be positive; must be finite (inf and nan are refused)."""
 MEMORY_FRACTION = Bound(0, 1, "a fraction of the GPU's memory")
 """Exclusive at 0: --threshold."""
+GPU_HOUR_PRICE_USD = Bound(0, 1e6, "a GPU-hour rents for a few dollars")
+"""Exclusive at 0: --gpu-hour-price (nan passed click's FloatRange and wrote NaN into the JSON)."""
+FS_BANDWIDTH_GBS = Bound(1e-3, 1e6, "the fastest parallel file systems write a few TB/s")
+"""advisor-launch --fs-bandwidth and a job file's fs_bandwidth_gbs: 1 MB/s to 1 PB/s (nan, and 1e-300,
+whose save took 1e311 s, were a traceback pricing the save interval)."""
 DEGREE = Bound(1, GPUS.high, "a parallel degree cannot exceed the GPU count bound")
 MICRO_BATCH = Bound(1, GLOBAL_BATCH.high, "a micro-batch is part of the global batch")
 VIRTUAL_STAGES = Bound(1, MODEL["num_layers"].high, "each virtual stage holds at least one layer")

@@ -18,8 +18,9 @@ from typing import Callable
 
 import click
 
-from advisor.cli.options import (GPUS, GPUS_PER_NODE, STDOUT, InputError, OneLineErrors, TokenCount, apply_options,
-                                 output_option)
+from advisor import limits
+from advisor.cli.options import (GPUS, GPUS_PER_NODE, STDOUT, Bounded, InputError, InputPath, OneLineErrors,
+                                 TokenCount, apply_options, output_option)
 from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S, TCP_PORTS
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
@@ -94,7 +95,7 @@ def input_options(func: Callable) -> Callable:
         return func(*args, config=config, **kwargs)
 
     return apply_options([
-        click.option("--from", "source", type=click.Path(dir_okay=False, path_type=Path), required=True,
+        click.option("--from", "source", type=InputPath(dir_okay=False, path_type=Path), required=True,
                      metavar="FILE", help="A sweep (advisor sweep --format json), one sweep row, an estimate "
                                           "(advisor estimate --format json) or a plan (advisor recommend -o)."),
         click.option("--rank", type=click.IntRange(min=1), default=None,
@@ -140,14 +141,15 @@ def megatron_options(func: Callable) -> Callable:
         click.option("--mock-data", is_flag=True,
                      help="Add --mock-data --tokenizer-type NullTokenizer --vocab-size sized so that your release "
                           "builds the input's vocabulary; refused where its mock data cannot feed the model."),
-        click.option("--job-config", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+        click.option("--job-config", type=InputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
                      help="A job file (TOML or JSON): data_path, mock_data, tokenizer_type, tokenizer_model, save, "
                           "load, save_interval, tensorboard_dir, lr, min_lr, tokens, lr_warmup_fraction, "
                           "fs_bandwidth_gbs; become Megatron-LM's flags (docs/launch.md: Preflight, complete jobs)."),
         click.option("--tokens", type=TokenCount(), default=None,
                      help="The token budget (15T, 300B): --train-samples, --lr-decay-samples and "
                           "--lr-warmup-samples (1%) from it (default: the job file's, else the sweep row's)."),
-        click.option("--fs-bandwidth", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GB/S",
+        click.option("--fs-bandwidth", type=Bounded(limits.FS_BANDWIDTH_GBS, integer=False), default=None,
+                     metavar="GB/S",
                      help="Aggregate file-system write bandwidth that prices a checkpoint save "
                           "(default 10 GB/s, or the job file's fs_bandwidth_gbs)."),
         click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]"),
@@ -168,7 +170,7 @@ def run_options(func: Callable) -> Callable:
         return func(*args, profiling={"profile_dir": profile_dir, "run_id": run_id}, **kwargs)
 
     return apply_options([
-        click.option("--profile-dir", type=click.Path(path_type=Path), default=None,
+        click.option("--profile-dir", type=InputPath(path_type=Path), default=None,
                      help="Profile the run: install megatron_hooks and write one rank*.jsonl per rank here "
                           "(a new directory; on several nodes, a shared file system). Without it, no hooks."),
         click.option("--run-id", default=None, help="The profiled run's id (default: a new one)."),

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from advisor import limits
 from advisor.capture.plan import SCHEMA as PLAN_SCHEMA
 from advisor.capture.plan import check_plan
 from advisor.capture.plan import VERSION as PLAN_VERSION
@@ -35,6 +36,14 @@ from advisor.moe.spec import is_moe
 from advisor.parallel import ParallelConfig, Workload
 from launch.arguments import flag_values
 
+NUMBERS = {
+    "total_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
+    "peak_predicted_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
+    "memory_gib": limits.GPU_MEMORY_GIB,
+    "tokens": limits.Bound(0, 1e300, "a token budget is a finite count"),
+    "step_time_s": limits.Bound(1e-6, 1e9, "a training step takes milliseconds to minutes"),
+}
+"""The numbers an input may carry besides its layout (positive: 0 is above none of them)."""
 ROW_KEYS = ("tp", "cp", "pp", "mbs", "dp", "gpus", "seq_len", "global_batch_size", "model")
 
 
@@ -104,7 +113,7 @@ def read_input(path: str | Path, rank: int | None = None) -> LaunchInput:
         raise AdvisorError(f"{path}: expected a JSON object or array, got {type(document).__name__}")
     if rank is not None:
         raise AdvisorError(f"--rank picks a row of a sweep array; {path} holds one object")
-    if "schema" in document:
+    if "schema" in document or {"world_size", "micro_batch_size"} <= document.keys():  # a plan's keys, no row's
         return _from_plan(_Fields(document, str(path)))
     if "stages" in document:
         return _from_row(_Fields(document, str(path)), "estimate")
@@ -155,8 +164,13 @@ class _Fields:
         return value
 
     def number(self, key: str) -> float | None:
+        """A positive, finite number within ``NUMBERS[key]``, or None where absent or null (a row's
+        step time of 1e-300 s was an OverflowError pricing the save interval, tokens 0 or -1 became
+        --train-samples 0, a string was ignored without a word)."""
         value = self.document.get(key)
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if value is None:
+            return None
+        return limits.check_float(value, repr(key), NUMBERS[key], self.origin, low_open=True)
 
     def obj(self, key: str, default: dict | None = None) -> dict:
         value = self.document.get(key, default) if default is not None else self._get(key)
@@ -174,8 +188,9 @@ class _Fields:
     def model(self) -> LlamaSpec:
         from advisor.models import spec_from_dict
 
+        values = self.obj("model")  # its own error names the file once
         try:
-            return spec_from_dict(self.obj("model"))
+            return spec_from_dict(values)
         except AdvisorError as exc:
             raise AdvisorError(f"{self.origin}: {exc}") from None
 
@@ -260,8 +275,9 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
 
 def _from_plan(fields: _Fields) -> LaunchInput:
     document, origin = fields.document, fields.origin
-    if document["schema"] != PLAN_SCHEMA:
-        raise AdvisorError(f"{origin}: unknown schema {document['schema']!r} (this launcher reads {PLAN_SCHEMA})")
+    if document.get("schema") != PLAN_SCHEMA:
+        given = f"unknown schema {document['schema']!r}" if "schema" in document else "missing 'schema'"
+        raise AdvisorError(f"{origin}: {given} (this launcher reads {PLAN_SCHEMA})")
     if document.get("version") != PLAN_VERSION:
         raise AdvisorError(f"{origin}: plan version {document.get('version')!r} is not supported "
                            f"(this launcher reads version {PLAN_VERSION})")

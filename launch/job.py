@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.fileio import decode_utf8, parse_json, read_bytes
 from launch.arguments import ArgGroup, flag_values
@@ -40,7 +41,7 @@ JOB_KEYS = {
     "tokenizer_type": ("--tokenizer-type", "text"), "tokenizer_model": ("--tokenizer-model", "text"),
     "save": ("--save", "text"), "load": ("--load", "text"), "save_interval": ("--save-interval", "count"),
     "tensorboard_dir": ("--tensorboard-dir", "text"), "lr": ("--lr", "number"), "min_lr": ("--min-lr", "number"),
-    "tokens": (None, "number"), "lr_warmup_fraction": (None, "fraction"), "fs_bandwidth_gbs": (None, "number"),
+    "tokens": (None, "number"), "lr_warmup_fraction": (None, "fraction"), "fs_bandwidth_gbs": (None, "bandwidth"),
 }
 LENGTH_FLAGS = ("--train-iters", "--train-samples")
 DATA_SOURCES = ("--mock-data", "--data-path", "--train-data-path", "--data-args-path", "--per-split-data-args-path")
@@ -96,15 +97,21 @@ def _text(value) -> str:
 
 
 def _check_value(path: Path, key: str, kind: str, value) -> None:
+    if kind == "bandwidth":  # bounded as --fs-bandwidth is
+        limits.check_float(value, key, limits.FS_BANDWIDTH_GBS, str(path))
+        return
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = {"paths": isinstance(value, list) and bool(value) and all(isinstance(v, str) and v for v in value),
-          "switch": isinstance(value, bool), "text": isinstance(value, str) and bool(value),
+    # a NUL byte cannot pass through exec, and was written into the batch script and the manifests
+    ok = {"paths": isinstance(value, list) and bool(value) and all(isinstance(v, str) and v and "\0" not in v
+                                                                   for v in value),
+          "switch": isinstance(value, bool), "text": isinstance(value, str) and bool(value) and "\0" not in value,
           "count": isinstance(value, int) and not isinstance(value, bool) and value > 0,
           "number": number and 0 < value < math.inf, "fraction": number and 0 <= value < 1}[kind]
     if not ok:
-        want = {"paths": "a list of paths", "switch": "true or false", "text": "a non-empty string",
-                "count": "a positive integer", "number": "a positive number", "fraction": "a number in [0, 1)"}[kind]
-        raise AdvisorError(f"{path}: {key} must be {want}, got {json.dumps(value)}")
+        want = {"paths": "a list of paths without NUL bytes", "switch": "true or false",
+                "text": "a non-empty string without NUL bytes", "count": "a positive integer",
+                "number": "a positive number", "fraction": "a number in [0, 1)"}[kind]
+        raise AdvisorError(f"{path}: {key} must be {want}, got {json.dumps(value)[:60]}")
 
 
 # --- the run's length --------------------------------------------------------------------

@@ -219,8 +219,10 @@ def _run0(**changes):
     (lambda d: d.update(runs={}), "'runs' must be a non-empty list of runs, got {}"),
     (lambda d: d.update(gpus=-1), "'gpus' must be at least 1, got -1"),
     (lambda d: d.update(gpus=1), "'world_size' 2 is more than the campaign's 1 GPUs"),
-    (lambda d: d.update(model=[]), "'model' must be a JSON object, got []"),
-    (lambda d: d["model"].update(heads=4), "'model' is not a model spec"),
+    (lambda d: d.update(model=[]), "'model' must be an object, got a list"),
+    (lambda d: d["model"].update(heads=4), "'model' has an unknown field, 'heads'"),  # was Python's TypeError
+    (lambda d: d.pop("model"), "c.json: missing 'model'"),  # the file was named twice
+    (lambda d: d["model"].pop("vocab_size"), "'model' lacks the field 'vocab_size'"),
     (lambda d: d.pop("runs"), "missing 'runs'"),
 ])
 def test_bad_campaigns(advisor, tmp_path, change, message):

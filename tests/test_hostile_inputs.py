@@ -631,3 +631,176 @@ def test_a_malformed_layer_profile_model_is_one_line(advisor, tmp_path, change, 
     run.mkdir()
     (run / LAYER_PROFILE.name).write_text(json.dumps(document))
     assert message in advisor.error("profile", "show", run)
+
+
+# --- the commands the fuzzer (benchmarks/fuzz_cli.py) does not reach: report, recommend, profile,
+# --- advisor-launch; each case below was a traceback, a wrong exit status or a misleading line --------
+
+
+def _saved_file(tmp_path, document, name="input.json"):
+    return write_json(tmp_path / name, document)
+
+
+PLAN_PAGE = [  # (edit of a plan, what the line says): fields the page draws that check_plan left alone
+    (lambda plan: plan.update(predictor="seed004"), "'predictor' must be null or an object with a string 'name'"),
+    (lambda plan: plan.update(predictor=[1]), "'predictor' must be null or an object with a string 'name'"),
+    (lambda plan: plan.update(launchable=False, megatron_args=[1]), "'megatron_args' must be null or a list of "
+                                                                     "strings, got [1]"),
+    (lambda plan: plan["stages"][0].update(predicted_gib="x"), "stage 0: 'predicted_gib' must be a finite number"),
+    (lambda plan: plan["baseline"].update(stage_predicted_gib="x"), "'stage_predicted_gib' must be a list of finite"),
+    (lambda plan: plan.update(peak_predicted_gib="x"), "'peak_predicted_gib' must be a finite number or null"),
+    (lambda plan: plan.update(schema="other"), "unknown schema 'other' (a plan of 'advisor recommend -o' has schema "
+                                               "megatron-4d-advisor/plan)"),  # was "'mbs' must be a positive integer"
+    (lambda plan: plan.pop("schema"), "missing 'schema' (a plan of 'advisor recommend -o'"),
+    (lambda plan: plan.update(model=None), "'model' must be an object, got null"),  # Python's TypeError text
+    (lambda plan: plan["model"].pop("vocab_size"), "'model' lacks the field 'vocab_size'"),
+]
+
+
+@pytest.mark.parametrize("edit,message", PLAN_PAGE, ids=[m[:40] for _, m in PLAN_PAGE])
+def test_report_checks_what_it_draws_of_a_plan(advisor, tmp_path, saved, edit, message):
+    """'advisor report --from plan.json' of a hand-edited plan: a TypeError or an AttributeError
+    while the page was drawn (predictor, flags, stage memory), or a message about another kind of file."""
+    plan = json.loads(json.dumps(saved["plan"]))
+    edit(plan)
+    path = _saved_file(tmp_path, plan)
+    line = advisor.error("report", "--from", path, "-o", tmp_path / "r.html")
+    assert message in line and line.count(str(path)) == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+ROW_PRICING = [  # (edit of a sweep's first row, what the line says after "FILE, row 1: ")
+    ({"gpu": "nonexistent"}, "unknown GPU 'nonexistent'"),
+    ({"memory_gib": -1}, "'memory_gib' must be above 0, got -1"),
+    ({"options": {"bogus": 1}}, "the row's options cannot be read: unknown training options: bogus"),
+    ({"model": {}}, "model lacks the field"),
+    ({"cp": 3, "gpus": None}, "sequence length 8192 must be divisible by 2 x CP = 6"),
+    ({"gpus": 7}, "'gpus' is 7, but TP x CP x PP x DP = 16"),  # drawn as it was; advisor-launch refused it
+    ({"layers_per_stage": []}, "layers per stage lists 0 stages"),  # drawn as an even split; launch refused it
+    ({"tp": None}, "'tp' must be a positive integer, got nothing"),  # "a sweep array must hold row objects"
+]
+
+
+@pytest.mark.parametrize("change,message", ROW_PRICING, ids=[m[:40] for _, m in ROW_PRICING])
+def test_report_names_the_row_it_cannot_price(advisor, tmp_path, saved, change, message):
+    """A row the page re-prices (model, options, layout, GPU, memory) failed while the figures were
+    drawn, in a line that named neither the file nor the row, or was drawn where the launcher refuses it."""
+    rows = json.loads(json.dumps(saved["sweep"]))
+    rows[0].update(change)
+    rows[0] = {key: value for key, value in rows[0].items() if value is not None}
+    path = _saved_file(tmp_path, rows)
+    line = advisor.error("report", "--from", path, "-o", tmp_path / "r.html")
+    assert line.startswith(f"Error: {path}, row 1: ") and message in line
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_row_without_its_model_names_the_row(advisor, tmp_path, saved):
+    rows = [{key: value for key, value in saved["sweep"][0].items() if key != "model"}]
+    path = _saved_file(tmp_path, rows)
+    assert advisor.error("report", "--from", path, "-o", tmp_path / "r.html") == (
+        f"Error: {path}, row 1: a row without its model: save sweeps with --format json")
+
+
+@pytest.mark.parametrize("kind,edit,message", [
+    ("sweep", lambda rows: rows[0].update(model=None), "'model' must be an object, got None"),
+    ("sweep", lambda rows: rows[0].pop("model"), "missing 'model'"),
+    ("plan", lambda plan: plan.update(model="llama3.1-8b"), "'model' must be an object, got 'llama3.1-8b'"),
+    ("plan", lambda plan: plan.pop("schema"), "missing 'schema' (this launcher reads megatron-4d-advisor/plan)"),
+], ids=["row null", "row none", "plan preset", "plan without schema"])
+def test_launch_names_the_file_once(tmp_path, saved, kind, edit, message):
+    """'rank 1 of FILE: rank 1 of FILE: ...': the model's error was prefixed twice; a plan without
+    its schema was read as a sweep row ("missing 'mbs'")."""
+    document = json.loads(json.dumps(saved[kind]))
+    edit(document)
+    path = _saved_file(tmp_path, document)
+    line = launcher().error("args", "--from", path, "--megatron-version", "0.19")
+    assert message in line and line.count(str(path)) == 1
+
+
+def test_recommend_refuses_gpus_that_are_not_whole_nodes(advisor):
+    """16 GPUs on nodes of 3 was planned (exit 0), where sweep and estimate refuse it."""
+    for extra in ([], ["--gpu", "h100-80gb"]):
+        assert advisor.error("recommend", "--gpus", 16, "--pp", 4, "--gpus-per-node", 3, *extra) == (
+            "Error: 16 GPUs are not whole nodes of 3 (--gpus-per-node): give a multiple of 3, or at most one node")
+
+
+@pytest.mark.parametrize("value,message", [
+    ("nan", "'--gpu-hour-price': must be a finite number, got nan"),  # a ValueError writing the JSON
+    ("inf", "'--gpu-hour-price': must be a finite number, got inf"),
+    ("0", "'--gpu-hour-price': must be above 0, got 0"),
+])
+def test_gpu_hour_price_is_finite(advisor, value, message):
+    assert message in advisor.error("sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "1T", "--gpu-hour-price",
+                                    value, "--format", "json")
+
+
+@pytest.mark.parametrize("how,message", [
+    (["--fs-bandwidth", "nan"], "'--fs-bandwidth': must be a finite number, got nan"),  # a ValueError
+    (["--fs-bandwidth", "1e-300"], "'--fs-bandwidth': must be at least 0.001, got 1e-300"),  # a 300-digit interval
+    ({"fs_bandwidth_gbs": 1e-300}, "fs_bandwidth_gbs must be at least 0.001, got 1e-300"),
+    ({"tokenizer_model": "tok\0"}, "tokenizer_model must be a non-empty string without NUL bytes"),  # into the script
+    ({"data_path": ["a\0b"]}, "data_path must be a list of paths without NUL bytes"),
+    ({"step_time_s": 1e-300}, "'step_time_s' must be above 1e-06, got 1e-300"),  # an OverflowError
+    ({"step_time_s": "slow"}, "'step_time_s' must be a number, got 'slow'"),  # ignored without a word
+    ({"tokens": 0}, "'tokens' must be above 0, got 0"),  # became --train-samples 0
+], ids=["bandwidth nan", "bandwidth tiny", "job bandwidth", "job NUL", "job paths NUL", "step time tiny",
+        "step time text", "tokens 0"])
+def test_launch_job_numbers_and_strings(tmp_path, saved, how, message):
+    """advisor-launch sbatch -o job.sh with a job that saves checkpoints (its save interval is priced
+    from the bandwidth and the row's step time)."""
+    row = dict(saved["sweep"][0])
+    options = []
+    if isinstance(how, list):
+        options = how
+    elif set(how) & {"step_time_s", "tokens"}:
+        row.update(how)
+    else:
+        job = tmp_path / "job.json"
+        job.write_text(json.dumps(how))
+        options = ["--job-config", job]
+    sweep = _saved_file(tmp_path, [row], "sweep.json")
+    line = launcher().error("sbatch", "--from", sweep, "--megatron-version", "0.19", "--dry-run", *options,
+                            "-o", tmp_path / "job.sh", "--", "--save", tmp_path / "ckpt")
+    assert message in line
+    assert not (tmp_path / "job.sh").exists()
+
+
+def test_file_names_that_are_not_utf8_are_written_back_as_their_bytes(tmp_path, saved):
+    """A name with byte 0xff (Python holds it as a surrogate) in the page or the batch script was a
+    UnicodeEncodeError: report -o, a report of a model read from such a path, sbatch -o of it."""
+    from conftest import Invoker
+
+    odd = os.fsdecode(b"\xff")
+    (tmp_path / f"{odd}.json").write_text((ROOT / "tests" / "fixtures" / "hf_configs" / "llama3.1-8b.json").read_text())
+    sweep = _saved_file(tmp_path, saved["sweep"], "sweep.json")
+    run = Invoker()
+    run("report", "--from", sweep, "-o", tmp_path / f"{odd}.html")
+    assert b"\xff" in (tmp_path / f"{odd}.html").read_bytes()
+    run("report", "estimate", "--gpus", 8, "--mem", 80, "--model", tmp_path / f"{odd}.json", "-o", tmp_path / "m.html")
+    run("estimate", "--gpus", 8, "--mem", 80, "--model", tmp_path / f"{odd}.json", "--format", "json", "-o",
+        tmp_path / "estimate.json")
+    launcher()("sbatch", "--from", tmp_path / "estimate.json", "--megatron-version", "0.19", "--dry-run", "-o",
+               tmp_path / "job.sh")
+    assert b"\xff.json" in (tmp_path / "job.sh").read_bytes()
+
+
+@pytest.mark.parametrize("program,args", [
+    ("advisor", ["report", "--from", "", "-o", "r.html"]),
+    ("advisor", ["report", "--from", "sweep.json", "--profile", "", "-o", "r.html"]),
+    ("advisor", ["recommend", "--gpus", 4, "--pp", 4, "--profile", ""]),
+    ("advisor", ["sweep", "--gpus", 8, "--mem", 80, "--profile", ""]),
+    ("advisor", ["profile", "show", ""]),
+    ("advisor", ["profile", "run", "", "--out", "runs"]),
+    ("advisor-launch", ["args", "--from", ""]),
+    ("advisor-launch", ["args", "--from", "sweep.json", "--job-config", ""]),
+    ("advisor-launch", ["check", "--from", "sweep.json", "--profile-dir", ""]),
+], ids=lambda value: value if isinstance(value, str) else " ".join(map(str, value))[:40])
+def test_an_empty_path_is_refused(advisor, tmp_path, monkeypatch, saved, program, args):
+    """Path('') is '.': --from '' said '. is a directory', --profile '' profiled whatever the current
+    directory held, profile show '' read it."""
+    monkeypatch.chdir(tmp_path)
+    _saved_file(tmp_path, saved["sweep"], "sweep.json")
+    shutil.copytree(EXAMPLE_RUN, tmp_path / "run")  # what '.' would have been read as
+    invoker = advisor if program == "advisor" else launcher()
+    assert "an empty path names no file or directory" in invoker.error(*args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "sweep.json"]

@@ -20,6 +20,7 @@ from pathlib import Path
 from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.memory import tp_problem
+from advisor.model_spec import from_fields
 from advisor.models import LlamaSpec
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
@@ -80,12 +81,11 @@ def check_campaign(document: object, path: Path | str) -> LlamaSpec:
     if isinstance(model, dict) and "num_experts" in model:
         raise AdvisorError(f"{path}: {model.get('name')} {MOE_REFUSAL}")
     top = _Fields(document, str(path))
-    try:
-        spec = LlamaSpec(**_Fields(top.get("model"), f"{path}: 'model'").document)
-    except TypeError as exc:
-        raise AdvisorError(f"{path}: 'model' is not a model spec ({exc})") from None
+    model = top.get("model")  # its own error names the file once
+    try:  # an object of LlamaSpec's fields, each checked (a dataclass's TypeError named Python's internals)
+        spec = from_fields(LlamaSpec, model, "'model'")
     except AdvisorError as exc:
-        raise AdvisorError(f"{path}: 'model': {exc}") from None
+        raise AdvisorError(f"{path}: {exc}") from None
     seq_len = top.integer("seq_len", limits.SEQ_LEN)
     gpus, per_node = top.integer("gpus", limits.GPUS), top.integer("gpus_per_node", limits.GPUS_PER_NODE)
     cp = top.integer("cp", limits.DEGREE)

@@ -50,6 +50,7 @@ from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.megatron_args import MegatronSetup
 from advisor.memory import GIB
+from advisor.model_spec import from_fields
 from advisor.models import LlamaSpec
 from advisor.options import TrainingOptions
 
@@ -257,10 +258,12 @@ def check_plan(document: dict, origin: str) -> None:
     GPUs; a launchable plan gives every stage the plan's degrees and Megatron rank order, its batch
     adds up, and its megatron_args split the layers as its layers_per_stage says."""
     where = origin
-    try:
-        spec = LlamaSpec(**document["model"])
-    except (KeyError, TypeError) as exc:
-        raise AdvisorError(f"{where}: 'model' is not a model spec ({exc})") from None
+    if "model" not in document:
+        raise AdvisorError(f"{where}: missing 'model'")
+    try:  # an object of LlamaSpec's fields, each checked (a dataclass's TypeError named Python's internals)
+        spec = from_fields(LlamaSpec, document["model"], "'model'")
+    except AdvisorError as exc:
+        raise AdvisorError(f"{where}: {exc}") from None
     world = _int(document, "world_size", where, limits.GPUS)
     counts = document.get("layers_per_stage")
     if not isinstance(counts, list) or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0

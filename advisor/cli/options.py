@@ -246,6 +246,16 @@ STDOUT = Path("-")
 """``-o -`` (or ``-o /dev/stdout``): standard output, asked for explicitly."""
 
 
+class InputPath(click.Path):
+    """click.Path for a file or directory to read: an empty value is refused (Path("") is ".", so
+    --from '' was read as the current directory, and --profile '' profiled whatever was there)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value == "":
+            self.fail("an empty path names no file or directory", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def file_path(ctx, param, value: str | None) -> Path | None:
     """A file to write (--plot, --png), checked before any work: a regular file or a new one in a
     writable directory. Its type is click.Path() (text): Path() would drop a trailing '/', which
@@ -405,7 +415,8 @@ class TokenCount(click.ParamType):
 
 
 GPU_HOUR_PRICE = click.option(
-    "--gpu-hour-price", type=click.FloatRange(min=0, min_open=True, max=1e6), default=None, metavar="USD",
+    "--gpu-hour-price", type=Bounded(limits.GPU_HOUR_PRICE_USD, integer=False, low_open=True), default=None,
+    metavar="USD",
     help="With --tokens: the price of one GPU-hour, to turn the GPU-hours into a cost (cost_usd).")
 
 
@@ -448,7 +459,7 @@ def model_choice_options(func: Callable) -> Callable:
                               "oom / oom with the margin (default with --gpu); paper: Eq. 18 exactly and its 80% "
                               "rule, fits / tight / oom (default without --gpu); profile: the calibrated model "
                               "with the activations a profile measured (--profile DIR)."),
-            click.option("--profile", "profile_dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+            click.option("--profile", "profile_dir", type=InputPath(path_type=Path), default=None, metavar="DIR",
                          help="Profiles (a run, or a campaign's --out; advisor profile run --backend symbolic "
                               "takes them at the real size without a GPU) whose measured activations, as ratios "
                               "to Eq. 12-14, replace the equations' (implies --memory-model profile)."),

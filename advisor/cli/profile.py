@@ -9,8 +9,8 @@ import click
 
 from advisor import limits
 from advisor.cli.options import (
-    DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MICRO_BATCH, SEQ_LEN, Bounded, InputError, apply_options,
-    color_wanted, document_options, emit, emit_document, model_options, output_options, parse_numbers,
+    DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MICRO_BATCH, SEQ_LEN, Bounded, InputError, InputPath,
+    apply_options, color_wanted, document_options, emit, emit_document, model_options, output_options, parse_numbers,
 )
 
 SECTIONS = ("ranks", "layers", "compare")
@@ -35,7 +35,7 @@ def profile() -> None:
 
 
 @profile.command(epilog=EPILOG)
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("directory", type=InputPath(path_type=Path))
 @click.option("--section", type=click.Choice(("all", *SECTIONS)), default="all", show_default=True,
               help="ranks: one row per rank; layers: one row per module; compare: measured / the 4D paper's terms.")
 @click.option("--rank", "ranks", type=int, multiple=True, help="Only these ranks (repeatable).")
@@ -285,7 +285,7 @@ def run_options(func):
     profile run' and the runner it starts (python -m megatron_hooks.campaign_runner), which
     receives them unchanged."""
     return apply_options([
-        click.argument("campaign", type=click.Path(dir_okay=False, path_type=Path)),
+        click.argument("campaign", type=InputPath(dir_okay=False, path_type=Path)),
         click.option("--out", required=True, type=click.Path(file_okay=False), callback=_named_directory,
                      help="Directory for the runs: OUT/<run id>/rank*.jsonl (what 'advisor recommend --profile' "
                           "reads)."),

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from advisor.cli.options import (
-    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, color_wanted, document_options, emit_document,
+    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, InputPath, color_wanted, document_options, emit_document,
     file_path, gpu_options, model_options, workload_options,
 )
 from advisor.cli.training_flags import memory_options
@@ -21,7 +21,7 @@ PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num
 
 
 @click.command("recommend", epilog=EPILOG)
-@click.option("--profile", "profiles", multiple=True, type=click.Path(path_type=Path),
+@click.option("--profile", "profiles", multiple=True, type=InputPath(path_type=Path),
               help="A run directory (rank*.jsonl) or a directory of them; repeat for more. Without it the plan "
                    "comes from the analytic models (the 4D paper's memory, the time model with --gpu).")
 @click.option("--gpus", type=GPUS, required=True, help="GPUs of the target run.")
@@ -77,6 +77,7 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
 
     from advisor.capture.recommend import recommend_analytic, recommend_hybrid, recommend_megatron
     from advisor.memory import GIB
+    from advisor.parallel import check_whole_nodes
 
     if mode == "megatron" and pp is None:
         raise InputError("--mode megatron needs --pp (the number of pipeline stages)")
@@ -84,6 +85,7 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
         raise InputError("--mode hybrid chooses TP, DP and PP per stage itself; drop --tp and --pp")
     if mode == "hybrid" and (objective == "time" or not profiles):
         raise InputError("--mode hybrid plans CAPTURE's space from profiles, for --objective memory only")
+    check_whole_nodes(gpus, gpus_per_node)  # as advisor sweep and estimate: 16 GPUs on nodes of 3 is no cluster
     context = click.get_current_context()
     if profiles:
         given = [name for name in PROFILE_DECIDES if context.get_parameter_source(name) == ParameterSource.COMMANDLINE]

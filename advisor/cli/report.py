@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from advisor.cli.options import EPILOG, STDOUT, InputError, output_option
+from advisor.cli.options import EPILOG, STDOUT, InputError, InputPath, output_option
 
 DROPPED = {"fmt", "output", "plot", "top", "png"}
 """The wrapped command's own output options: the report writes the page instead."""
@@ -28,13 +28,14 @@ def _report_options(func):
 
 
 def _write(page: str, output: Path) -> None:
-    from advisor.fileio import atomic_write_text
+    from advisor.fileio import atomic_write_bytes
 
     if output == STDOUT:
         click.echo(page, nl=False)
         return
-    atomic_write_text(output, page)
-    click.echo(f"wrote {output} ({len(page.encode()) / 1e6:.2f} MB)", err=True)
+    data = page.encode("utf-8", "surrogateescape")  # as atomic_write_text: a path that is not UTF-8 as its bytes
+    atomic_write_bytes(output, data)
+    click.echo(f"wrote {output} ({len(data) / 1e6:.2f} MB)", err=True)
 
 
 def _profiles(values) -> tuple[Path, ...]:
@@ -113,10 +114,10 @@ def _recommend_json(kwargs: dict) -> dict:
 
 
 @click.group("report", invoke_without_command=True, epilog=EPILOG)
-@click.option("--from", "source", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+@click.option("--from", "source", type=InputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="A saved sweep (advisor sweep --format json), sweep row, estimate (advisor estimate --format "
                    "json) or plan (advisor recommend -o).")
-@click.option("--profile", "profiles", multiple=True, type=click.Path(path_type=Path), metavar="DIR",
+@click.option("--profile", "profiles", multiple=True, type=InputPath(path_type=Path), metavar="DIR",
               help="Profiles (a run, or a campaign's directory of runs) to set against the prediction; repeatable.")
 @_report_options
 @click.pass_context

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from advisor.errors import AdvisorError
 from advisor.memory import GIB
-from advisor.report.inputs import number
+from advisor.report.inputs import number, row_options, row_spec
 
 SEGMENTS = ("weights", "gradients", "optimizer", "layer activations", "embedding activations",
             "output activations", "runtime, allocator, logits, mask")
@@ -47,34 +46,6 @@ def row_label(row: dict) -> str:
     extra = "".join(f" {key.upper()} {row[key]}" for key in ("vpp", "ep", "etp")
                     if isinstance(row.get(key), int) and row[key] > 1)
     return f"{rank}TP {row.get('tp')} CP {row.get('cp')} PP {row.get('pp')} MBS {row.get('mbs')}{extra}"
-
-
-def row_spec(row: dict):
-    from advisor.models import load_model, spec_from_dict
-
-    model = row.get("model")
-    if isinstance(model, str):
-        return load_model(model)
-    if not isinstance(model, dict):
-        raise AdvisorError("a row without its model: save sweeps with --format json")
-    return spec_from_dict(model)
-
-
-def row_options(row: dict):
-    """The training options of a row (``advisor.options.TrainingOptions``): its changed options
-    and its own recomputation, as the sweep priced it."""
-    from advisor.options import TrainingOptions
-
-    values = dict(row.get("options")) if isinstance(row.get("options"), dict) else {}
-    recompute = row.get("recompute", "none")
-    values["recompute"] = recompute
-    if recompute == "full":
-        values["recompute_method"] = row.get("recompute_method") or "uniform"
-        values["recompute_num_layers"] = row.get("recompute_num_layers") or 1
-    try:
-        return TrainingOptions.from_dict(values).at_tp(row["tp"])
-    except AdvisorError as exc:
-        raise AdvisorError(f"the row's options cannot be read: {exc}") from None
 
 
 def _layout(row: dict, spec):

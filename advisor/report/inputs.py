@@ -2,7 +2,9 @@
 where it came from, and the profiles to compare against.
 
 Rows are read by key and defensively: a field another version of the advisor adds (an option, an
-expert-parallel degree) is shown as it is, a field it lacks is left out, never an error.
+expert-parallel degree) is shown as it is, a field it lacks is left out, never an error. What the
+page re-prices a row with (its model, options, layout, GPU preset) is checked as advisor-launch
+checks it, each problem one line naming the file and the row.
 """
 
 from __future__ import annotations
@@ -75,6 +77,63 @@ def _check_row(row: dict, where: str) -> None:
         raise AdvisorError(f"{where}: 'model' must be a preset's name or a model object, got {_shown(row['model'])}")
     if isinstance(row.get("model"), dict) and "num_experts" in row["model"]:
         moe_row_settings(row, where)  # as advisor-launch reads it: what one refuses, the other does
+    _check_pricing(row, where)
+
+
+def row_spec(row: dict):
+    from advisor.models import load_model, spec_from_dict
+
+    model = row.get("model")
+    if isinstance(model, str):
+        return load_model(model)
+    if not isinstance(model, dict):
+        raise AdvisorError("a row without its model: save sweeps with --format json")
+    return spec_from_dict(model)
+
+
+def row_options(row: dict):
+    """The training options of a row (``advisor.options.TrainingOptions``): its changed options
+    and its own recomputation, as the sweep priced it."""
+    from advisor.options import TrainingOptions
+
+    values = dict(row.get("options")) if isinstance(row.get("options"), dict) else {}
+    recompute = row.get("recompute", "none")
+    values["recompute"] = recompute
+    if recompute == "full":
+        values["recompute_method"] = row.get("recompute_method") or "uniform"
+        values["recompute_num_layers"] = row.get("recompute_num_layers") or 1
+    try:
+        return TrainingOptions.from_dict(values).at_tp(row["tp"])
+    except AdvisorError as exc:
+        raise AdvisorError(f"the row's options cannot be read: {exc}") from None
+
+
+def _check_pricing(row: dict, where: str) -> None:
+    """What the page re-prices a row with (its model, options, layout, GPU preset and memory),
+    checked here so that one line names the file and the row (their errors, raised while the
+    figures were drawn, named neither), and refused as advisor-launch refuses it."""
+    from advisor.hardware import get_gpu
+    from advisor.memory import check_layout
+    from advisor.parallel import ParallelConfig, Workload
+
+    try:
+        spec = row_spec(row)  # a row without its model cannot be priced (nor launched)
+        row_options(row)
+        gpus = row["tp"] * row["cp"] * row["pp"] * row["dp"]
+        if row.get("gpus") is not None and row["gpus"] != gpus:
+            raise AdvisorError(f"'gpus' is {row['gpus']}, but TP x CP x PP x DP = {gpus}")
+        if row.get("gpu") is not None:
+            get_gpu(row["gpu"])
+        if row.get("memory_gib") is not None and not row["memory_gib"] > 0:
+            raise AdvisorError(f"'memory_gib' must be above 0, got {_shown(row['memory_gib'])}")
+        if not (isinstance(row["model"], dict) and "num_experts" in row["model"]):  # MoE: moe_row_settings
+            layers = row.get("layers_per_stage")
+            check_layout(spec, ParallelConfig(tp=row["tp"], cp=row["cp"], pp=row["pp"], dp=row["dp"], mbs=row["mbs"],
+                                              vpp=row.get("vpp") or 1),
+                         Workload(seq_len=row["seq_len"], global_batch_size=row["global_batch_size"]),
+                         None if layers is None else tuple(layers))
+    except AdvisorError as exc:
+        raise AdvisorError(f"{where}: {exc}") from None
 
 
 MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
@@ -198,13 +257,17 @@ def _shown(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+_PLAN_KEYS = {"world_size", "micro_batch_size"}
+"""Keys of a plan that no sweep row or estimate has: a plan whose schema was lost is not read as a row."""
+
+
 def classify(document: object, where: str) -> tuple[str, list[dict], dict | None]:
     """(kind, rows, document) of the JSON of 'advisor sweep --format json', one sweep row,
     'advisor estimate --format json' or 'advisor recommend -o'."""
     if isinstance(document, list):
         if not document:
             raise AdvisorError(f"{where}: the sweep holds no rows")
-        if not all(isinstance(row, dict) and "tp" in row for row in document):
+        if not all(isinstance(row, dict) for row in document):
             raise AdvisorError(f"{where}: a sweep array must hold row objects (advisor sweep --format json)")
         for number_, row in enumerate(document, 1):
             _check_row(row, f"{where}, row {number_}")
@@ -213,9 +276,11 @@ def classify(document: object, where: str) -> tuple[str, list[dict], dict | None
         from advisor.capture.plan import check_plan
 
         check_plan(document, where)  # the plan's own reader (advisor-launch's): every field it holds
-        if not isinstance(document.get("baseline", {}), dict):
-            raise AdvisorError(f"{where}: 'baseline' must be an object, got {_shown(document['baseline'])}")
+        _check_plan_page(document, where)
         return "plan", [], document
+    if isinstance(document, dict) and ("schema" in document or _PLAN_KEYS <= document.keys()):
+        given = f"unknown schema {repr(document['schema'])[:40]}" if "schema" in document else "missing 'schema'"
+        raise AdvisorError(f"{where}: {given} (a plan of 'advisor recommend -o' has schema {PLAN_SCHEMA})")
     if isinstance(document, dict) and isinstance(document.get("stages"), list) and "tp" in document:
         _check_row(document, where)
         return "estimate", [document], document
@@ -224,6 +289,32 @@ def classify(document: object, where: str) -> tuple[str, list[dict], dict | None
         return "sweep", [document], None
     raise AdvisorError(f"{where}: neither a sweep, a sweep row, an estimate nor a plan (expected the JSON of "
                        "'advisor sweep --format json', 'advisor estimate --format json' or 'advisor recommend -o')")
+
+
+def _check_plan_page(plan: dict, where: str) -> None:
+    """The fields of a plan that the page draws and ``check_plan`` leaves (they launch nothing):
+    one line naming the field, where they were a TypeError or an AttributeError in the figures."""
+    def refuse(key: str, what: str, value) -> None:
+        raise AdvisorError(f"{where}: {key} must be {what}, got {_shown(value)}")
+
+    if not isinstance(plan.get("baseline", {}), dict):
+        raise AdvisorError(f"{where}: 'baseline' must be an object, got {_shown(plan['baseline'])}")
+    predictor = plan.get("predictor")
+    if predictor is not None and not (isinstance(predictor, dict) and isinstance(predictor.get("name", ""), str)):
+        refuse("'predictor'", "null or an object with a string 'name'", predictor)
+    args = plan.get("megatron_args")
+    if args is not None and not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
+        refuse("'megatron_args'", "null or a list of strings", args)
+    for key in ("peak_predicted_gib", "memory_limit_gib", "period_s", "predicted_step_time_s"):
+        if plan.get(key) is not None and not _finite(plan[key]):
+            refuse(f"'{key}'", "a finite number or null", plan[key])
+    even = (plan.get("baseline") or {}).get("stage_predicted_gib")
+    if even is not None and not (isinstance(even, list) and all(v is None or _finite(v) for v in even)):
+        refuse("'baseline' 'stage_predicted_gib'", "a list of finite numbers", even)
+    for index, stage in enumerate(plan["stages"]):  # check_plan: a list of objects
+        for key in ("predicted_gib", "predicted_time_s"):
+            if stage.get(key) is not None and not _finite(stage[key]):
+                refuse(f"stage {index}: '{key}'", "a finite number or null", stage[key])
 
 
 def read_input(path: Path, profiles: tuple[Path, ...] = ()) -> ReportInput:

@@ -12,8 +12,8 @@ import html
 from dataclasses import asdict
 
 from advisor.report import figures
-from advisor.report.details import LayoutDetail, plan_detail, row_options
-from advisor.report.inputs import ReportInput, number
+from advisor.report.details import LayoutDetail, plan_detail
+from advisor.report.inputs import ReportInput, number, row_options, row_spec
 from advisor.report.schedule_figure import schedule
 from advisor.report.table import (
     common_flags, flag_groups, flags_text, key_value_table, plain_table, rows_table, split_columns,
@@ -90,7 +90,6 @@ def _flags(row: dict) -> list[str]:
     if isinstance(args, str):
         return args.split()
     from advisor.megatron_args import megatron_args
-    from advisor.report.details import row_spec
 
     return megatron_args(row_spec(row), row["seq_len"], tp=row["tp"], cp=row["cp"],
                          layers_per_stage=row["layers_per_stage"], micro_batch_size=row["mbs"],
