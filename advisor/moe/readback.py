@@ -115,8 +115,11 @@ def flag_int(values: dict, name: str, default=None):
 def _float(values: dict, name: str, default=None, *, bound: limits.Bound, low_open: bool = True):
     """A finite number within ``bound`` (nan, inf and negative factors were read and priced)."""
     text = values.get(name)
-    if text is None:
-        return default
+    return default if text is None else _number(text, name, bound=bound, low_open=low_open)
+
+
+def _number(text: str, name: str, *, bound: limits.Bound, low_open: bool = True) -> float:
+    """One value of --name as a finite number within ``bound``."""
     try:
         number = float(text)
     except ValueError:
@@ -240,8 +243,8 @@ def _balancing(values: dict) -> tuple[tuple[str, ...], float | tuple[float, ...]
             raise AdvisorError(f"--moe-router-load-balancing-type {kind!r} is not one of Megatron's "
                                f"({', '.join(BALANCING)})")
     texts = values.get("moe-aux-loss-coeff") or ["0"]
-    weights = tuple(_float({"moe-aux-loss-coeff": text}, "moe-aux-loss-coeff", bound=limits.AUX_LOSS_COEFF,
-                           low_open=False) for text in texts)
+    weights = tuple(_number(text, "moe-aux-loss-coeff", bound=limits.AUX_LOSS_COEFF, low_open=False)
+                    for text in texts)
     if len(kinds) > 1 and len(weights) != len(kinds) or len(kinds) == 1 and len(weights) > 1:
         raise AdvisorError(f"--moe-aux-loss-coeff gives {len(weights)} weight{'s' * (len(weights) > 1)} for "
                            f"{len(kinds)} load-balancing type{'s' * (len(kinds) > 1)}: megatron-core needs one per type")
