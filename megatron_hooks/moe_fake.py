@@ -15,14 +15,15 @@ two things by the routing's values, which fake tensors do not have:
   routing assumption ``advisor.moe.memory.RoutedTokens(routing="balanced")`` prices; the
   sum, and so every byte that does not depend on the split, is exact.
 
-megatron-core 0.16.1 also refers to ``te_general_gemm`` in its router's GEMM
+megatron-core (0.15.2 and 0.16.1) also refers to ``te_general_gemm`` in its router's GEMM
 (``moe_utils.RouterGatingLinearFunction``) where Transformer Engine did not import and the name
 was never bound; the context binds it to None, megatron's own fallback (``torch.mm`` in the
 router dtype). And megatron-core's fused SwiGLU with the routing probabilities
 (``fusions/fused_bias_swiglu.py``, ``weighted_swiglu``) is ``torch.compile``d, and inductor's
 compiled kernel crashes the process on fake tensors: torch.compile is off inside the context,
 so the same Python runs eagerly (``WeightedSwiGLUFunction`` saves its input and the
-probabilities either way).
+probabilities either way). These two alone are ``moe_without_te``, which the CUDA backend's
+real tensors need (and nothing else here).
 
 The alltoall dispatcher (``MoEAlltoAllTokenDispatcher``) also sizes its all-to-all and its
 sort of the received chunks by the routing's counts, copied to the host on a CUDA side stream:
@@ -124,7 +125,7 @@ def _alltoall_index_tensors(init):
 def fake_routing(num_experts: int, topk: int) -> Iterator[None]:
     """megatron-core's dropless top-``topk`` routing over ``num_experts`` experts on fake
     tensors (module docstring)."""
-    from megatron.core.transformer.moe import experts, moe_utils
+    from megatron.core.transformer.moe import experts
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as AllToAll
 
     select = torch.Tensor.masked_select
@@ -146,11 +147,8 @@ def fake_routing(num_experts: int, topk: int) -> Iterator[None]:
                 tokens_per_expert = torch.tensor(balanced_split(hidden.shape[0], self.num_local_experts))
         return sequential_forward(self, hidden, tokens_per_expert, probs)
 
-    unbound = not hasattr(moe_utils, "te_general_gemm")
     torch.Tensor.masked_select = masked_select
     experts.SequentialMLP.forward = forward
-    if unbound:
-        moe_utils.te_general_gemm = None
     # The alltoall dispatcher: a CUDA side stream for its device-to-host copies (made once, at
     # construction; none here: nothing is copied), and the routing's counts.
     AllToAll.cuda_dtoh_stream = "no CUDA stream: fake tensors"
@@ -158,12 +156,29 @@ def fake_routing(num_experts: int, topk: int) -> Iterator[None]:
     AllToAll.preprocess = _capacity_or_balanced(alltoall["preprocess"])
     AllToAll._maybe_dtoh_and_synchronize = lambda self, point, tokens_per_expert=None: tokens_per_expert
     try:
+        with moe_without_te():
+            yield
+    finally:
+        torch.Tensor.masked_select = select
+        experts.SequentialMLP.forward = sequential_forward
+        for name, value in alltoall.items():
+            setattr(AllToAll, name, value)
+
+
+@contextlib.contextmanager
+def moe_without_te() -> Iterator[None]:
+    """megatron-core's MoE layer where Transformer Engine does not import, on any tensors: the
+    router GEMM's ``te_general_gemm`` bound to None (megatron's torch.mm fallback) and
+    torch.compile off (megatron's ``jit_fuser`` functions run eagerly, as on the symbolic backend,
+    and no inductor compile eats a GPU run's minutes); both undone on exit."""
+    from megatron.core.transformer.moe import moe_utils
+
+    unbound = not hasattr(moe_utils, "te_general_gemm")
+    if unbound:
+        moe_utils.te_general_gemm = None
+    try:
         with torch._dynamo.config.patch(disable=True):
             yield
     finally:
         if unbound:
             del moe_utils.te_general_gemm
-        torch.Tensor.masked_select = select
-        experts.SequentialMLP.forward = sequential_forward
-        for name, value in alltoall.items():
-            setattr(AllToAll, name, value)

@@ -19,6 +19,8 @@ microbatch forward and backward. What autograd saves is counted as the hooks cou
 The routing's sizes on fake tensors are ``moe_fake.fake_routing``'s: every byte exact but the
 split among the experts, which is the balanced one. ``advisor.moe.memory`` prices the same
 parts; ``advisor.moe.layer_profile.compare`` lines each analytic term up with its measured part.
+The cpu and cuda backends run the same layer on real tensors, one rank, the local spec, the real
+router (``measure_moe_layer``; benchmarks/gpu/measure_moe_layers.py runs the cuda one).
 """
 
 from __future__ import annotations
@@ -111,38 +113,33 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
     every expert padded to its capacity (--moe-expert-capacity-factor with
     --moe-pad-expert-input-to-capacity, alltoall only); see the module docstring. ``backend``
     "cpu": real tensors, this process one gloo rank (TP = EP = ETP = 1), the real routing;
+    "cuda": likewise on the GPU (one NCCL rank, parameters and inputs on the GPU, torch's CUDA
+    kernels, the real router; the profile's ``cuda_memory`` holds the allocator's readings).
     ``kernels`` "cpu": torch's own CPU paths instead of the CUDA kernels' stand-ins (the CPU
-    backend's)."""
-    problem = layer_problem(spec, tp=tp, ep=ep, etp=etp, dispatcher=dispatcher, capacity_factor=capacity_factor)
-    if backend == "cpu" and (tp, ep, etp, kernels) != (1, 1, 1, "cpu"):
-        problem = "the CPU backend runs one gloo rank (TP = EP = ETP = 1) with torch's CPU kernels"
+    backend's); the real backends take the local spec and their own device's kernels."""
+    problem = (layer_problem(spec, tp=tp, ep=ep, etp=etp, dispatcher=dispatcher, capacity_factor=capacity_factor)
+               or _backend_problem(backend, tp=tp, ep=ep, etp=etp, kernels=kernels, layer_spec=layer_spec))
     if problem:
         raise ValueError(problem)
-    from megatron_hooks.model import build_gpt_model, causal_mask
-    from megatron_hooks.moe_fake import fake_routing
+    from megatron_hooks.model import causal_mask
 
+    device = "cuda" if backend == "cuda" else "cpu"
     with contextlib.ExitStack() as context:
         _world(context, backend, tp=tp, ep=ep, etp=etp)
-        if kernels == "cuda":
-            from megatron_hooks.kernels import cuda_kernels
-
-            context.enter_context(cuda_kernels())
-        context.enter_context(fake_routing(spec.num_experts, spec.moe_router_topk))
-        model = build_gpt_model(spec, seq_len=seq_len, layers=[spec.num_layers // 2 + 1], pre_process=False,
-                                post_process=False, params_dtype=torch.bfloat16, layer_spec=layer_spec,
-                                use_cpu_initialization=True, expert_model_parallel_size=ep,
-                                expert_tensor_parallel_size=etp, sequence_parallel=tp > 1,
-                                moe_token_dispatcher_type=dispatcher, moe_expert_capacity_factor=capacity_factor,
-                                moe_pad_expert_input_to_capacity=capacity_factor is not None)
+        _kernels_and_routing(context, backend, kernels, spec)
+        model = _layer_model(spec, seq_len=seq_len, layer_spec=layer_spec, tp=tp, ep=ep, etp=etp,
+                             dispatcher=dispatcher, capacity_factor=capacity_factor, device=device)
         layer = model.decoder.layers[0]
         parts = _parts(layer)
         counter = _SavedByPart(parts, {"attention": layer.input_layernorm, "router": layer.pre_mlp_layernorm},
                                model.parameters())
         # this rank's sequence-parallel share of the tokens
-        received = torch.randn(seq_len // tp, mbs, spec.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+        received = torch.randn(seq_len // tp, mbs, spec.hidden_size, dtype=torch.bfloat16, device=device,
+                               requires_grad=True)
         model.set_input_tensor(received)
-        mask = causal_mask(seq_len) if layer_spec == "local" else None
-        positions = torch.arange(seq_len).unsqueeze(0).expand(mbs, seq_len)
+        mask = causal_mask(seq_len, device) if layer_spec == "local" else None
+        positions = torch.arange(seq_len, device=device).unsqueeze(0).expand(mbs, seq_len)
+        before = _allocator_before() if backend == "cuda" else None
         try:
             with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda tensor: tensor):
                 output = model(None, positions, mask)
@@ -150,6 +147,7 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
             output.backward(torch.randn_like(output))
         finally:
             counter.remove()
+        cuda_memory = None if before is None else _allocator_after(before)
         params = {name: sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
                   for name, modules in parts.items()}
         params["dispatch"] = 0  # MoELayer's own parameters are its router's and experts'
@@ -158,17 +156,90 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
         measured = MoELayerProfile(model=spec, seq_len=seq_len, mbs=mbs, ep=ep, dispatcher=dispatcher, tp=tp,
                                    etp=etp, capacity_factor=capacity_factor, backend=backend,
                                    parameter_bytes={n: params[n] for n in PARTS}, activation_bytes=kept,
-                                   gradient_bytes=grads)
+                                   gradient_bytes=grads, cuda_memory=cuda_memory)
     gc.collect()
     return measured
 
 
+def _backend_problem(backend: str, *, tp: int, ep: int, etp: int, kernels: str, layer_spec: str) -> str | None:
+    """Why ``backend`` cannot measure these settings, or None. The real-tensor backends run one
+    rank (no peers to exchange tokens or shards with) and the local spec (the TE spec's
+    stand-ins compute nothing), on their own device's kernels."""
+    if backend not in BACKENDS:
+        return f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+    if backend == "symbolic":
+        return None
+    device, group = backend.upper(), "gloo" if backend == "cpu" else "NCCL"
+    if (tp, ep, etp, kernels, layer_spec) != (1, 1, 1, backend, "local"):
+        return (f"the {device} backend runs one {group} rank (TP = EP = ETP = 1), the local layer spec, "
+                f"torch's {device} kernels")
+    if backend == "cuda" and not torch.cuda.is_available():
+        return "the CUDA backend needs a GPU, and torch sees none (torch.cuda.is_available() is False)"
+    return None
+
+
+def _kernels_and_routing(context: contextlib.ExitStack, backend: str, kernels: str, spec) -> None:
+    """Symbolic: the CUDA kernels' stand-ins (with ``kernels`` "cuda") and the fake routing
+    (``moe_fake``); cpu: the fake routing too, which passes real tensors through; cuda: no
+    stand-in and no routing patch (the alltoall dispatcher's side stream and device-to-host
+    copies are real there), only what the layer needs without Transformer Engine."""
+    from megatron_hooks.moe_fake import fake_routing, moe_without_te
+
+    if backend == "cuda":
+        context.enter_context(moe_without_te())
+        return
+    if kernels == "cuda":
+        from megatron_hooks.kernels import cuda_kernels
+
+        context.enter_context(cuda_kernels())
+    context.enter_context(fake_routing(spec.num_experts, spec.moe_router_topk))
+
+
+def _layer_model(spec, *, seq_len: int, layer_spec: str, tp: int, ep: int, etp: int, dispatcher: str,
+                 capacity_factor: float | None, device: str):
+    """The middle-stage GPTModel of one decoder layer, BF16. On CUDA megatron initialises its
+    weights on the GPU (faster than on the CPU, Mixtral's 2.8 GB of experts), and ``.cuda()``
+    moves what it makes on the CPU whatever the flag (torch's RMSNorm, the router's weight)."""
+    from megatron_hooks.model import build_gpt_model
+
+    model = build_gpt_model(spec, seq_len=seq_len, layers=[spec.num_layers // 2 + 1], pre_process=False,
+                            post_process=False, params_dtype=torch.bfloat16, layer_spec=layer_spec,
+                            use_cpu_initialization=device != "cuda", expert_model_parallel_size=ep,
+                            expert_tensor_parallel_size=etp, sequence_parallel=tp > 1,
+                            moe_token_dispatcher_type=dispatcher, moe_expert_capacity_factor=capacity_factor,
+                            moe_pad_expert_input_to_capacity=capacity_factor is not None)
+    return model.cuda() if device == "cuda" else model  # Module.to would swap the symbolic backend's fake tensors
+
+
+def _allocator_before() -> dict[str, int]:
+    """The caching allocator's state before the forward pass, its peaks reset."""
+    torch.cuda.synchronize()
+    before = {"allocated_before_forward_bytes": torch.cuda.memory_allocated(),
+              "reserved_before_forward_bytes": torch.cuda.memory_reserved(),
+              "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0)}
+    torch.cuda.reset_peak_memory_stats()
+    return before
+
+
+def _allocator_after(before: dict[str, int]) -> dict[str, int]:
+    """``CUDA_MEMORY``: the peaks since ``_allocator_before`` and the retries meanwhile."""
+    torch.cuda.synchronize()
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) - before["alloc_retries"]
+    return {**before, "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved(), "alloc_retries": retries}
+
+
 def _world(context: contextlib.ExitStack, backend: str, *, tp: int, ep: int, etp: int) -> None:
     """Symbolic: rank 0 of a fake world of TP x DP ranks (the fewest DP ranks whose world holds EP
-    x ETP) under FakeTensorMode; cpu: this process as the one rank of a gloo group."""
-    if backend == "cpu":
+    x ETP) under FakeTensorMode; cpu: this process as the one rank of a gloo group; cuda: of an
+    NCCL group (``process_group`` picks NCCL where CUDA is), on a GPU freed of earlier runs'
+    cached blocks, so that its reserved bytes are this layer's."""
+    if backend in ("cpu", "cuda"):
         from megatron_hooks.stage_emulation import free_port, process_group
 
+        if backend == "cuda":
+            gc.collect()  # megatron's modules hold cycles: an earlier layer's tensors go with them
+            torch.cuda.empty_cache()
         context.enter_context(process_group(0, 1, free_port(), 1))
         return
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -207,7 +278,7 @@ def _bounded(bound, kind=int):
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m megatron_hooks.moe_layer MODEL [--seq-len S] [--mbs B] [--tp T] [--ep E] [--etp T]
-    [--dispatcher D] [--capacity-factor F] [--backend symbolic|cpu] [--hidden-size H ...] [--out DIR]``:
+    [--dispatcher D] [--capacity-factor F] [--backend symbolic|cpu|cuda] [--hidden-size H ...] [--out DIR]``:
     one MoE layer of a preset of ``advisor models`` (the size options shrink it, for the CPU
     backend), measured; prints one JSON object (the profile and its comparison with the analytic
     terms), and with --out writes DIR/moe_layer.json for ``advisor profile show DIR``."""
@@ -235,7 +306,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="--moe-expert-capacity-factor, padded to capacity (alltoall)")
     parser.add_argument("--backend", choices=BACKENDS, default="symbolic",
                         help="symbolic: fake tensors, real size, the TE spec's kernels stood in for; cpu: real "
-                             "tensors over gloo (TP = EP = ETP = 1), the local spec on torch's CPU kernels")
+                             "tensors over gloo (TP = EP = ETP = 1), the local spec on torch's CPU kernels; cuda: "
+                             "the same on the GPU (one NCCL rank), torch's CUDA kernels")
     for field in SIZES:
         parser.add_argument(f"--{field.replace('_', '-')}", type=_bounded(limits.MODEL[_BOUND.get(field, field)]),
                             default=None, help="shrink the preset")
@@ -245,11 +317,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--out {args.out} is not a directory")
     quiet_megatron()
     spec = dataclasses.replace(PRESETS[args.model], **{f: getattr(args, f) for f in SIZES if getattr(args, f)})
-    cpu = dict(layer_spec="local", kernels="cpu") if args.backend == "cpu" else {}
+    # the real-tensor backends run the local spec on their own device's kernels
+    real = {} if args.backend == "symbolic" else dict(layer_spec="local", kernels=args.backend)
     try:
         profile = measure_moe_layer(spec, seq_len=args.seq_len, mbs=args.mbs, ep=args.ep, dispatcher=args.dispatcher,
                                     tp=args.tp, etp=args.etp, capacity_factor=args.capacity_factor,
-                                    backend=args.backend, **cpu)
+                                    backend=args.backend, **real)
     except (NotImplementedError, ValueError, ImportError) as exc:
         parser.exit(2, f"Error: {args.model}: {' '.join(str(exc).split())}\n")
     if args.out is not None:

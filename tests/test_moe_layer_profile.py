@@ -58,7 +58,7 @@ def test_bad_profiles_are_refused_in_one_line(advisor, tmp_path):
     assert "capacity_factor" in advisor.error("profile", "show", tmp_path)
     (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "activation_bytes": {"attention": 1}}))
     assert "activation_bytes must map exactly" in advisor.error("profile", "show", tmp_path)
-    (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "version": 2, "backend": "cuda"}))
+    (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "version": 2, "backend": "tpu"}))
     assert "backend must be one of" in advisor.error("profile", "show", tmp_path)
     (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "version": 3}))
     assert "not a" in advisor.error("profile", "show", tmp_path)

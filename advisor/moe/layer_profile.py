@@ -4,8 +4,9 @@ each analytic term of ``advisor.moe.memory`` beside the part it prices.
 ``python -m megatron_hooks.moe_layer MODEL --out DIR`` measures one layer
 (``megatron_hooks/moe_layer.py``) and writes ``DIR/moe_layer.json`` (``FILENAME``; schema
 ``megatron-4d-advisor/moe-layer`` v2): the model, sequence, micro-batch, TP, EP, ETP, token
-dispatcher, capacity factor (token dropping, padded to capacity) and backend (symbolic or cpu),
-and per part (``PARTS``) the parameter and kept activation bytes. Version 1 (TP = ETP = 1, no
+dispatcher, capacity factor (token dropping, padded to capacity) and backend (``BACKENDS``),
+and per part (``PARTS``) the parameter and kept activation bytes; from the cuda backend, also
+``cuda_memory``: the caching allocator's readings (``CUDA_MEMORY``). Version 1 (TP = ETP = 1, no
 token dropping, symbolic) is read too. ``advisor profile show DIR`` reads it back (no torch)
 and prints ``compare``'s rows; ``--format json`` carries them.
 """
@@ -23,7 +24,12 @@ SCHEMA, VERSION, FILENAME = "megatron-4d-advisor/moe-layer", 2, "moe_layer.json"
 VERSIONS = (1, 2)
 """Versions read: 1 has no tp, etp, capacity_factor (TP = ETP = 1, dropless)."""
 PARTS = ("attention", "router", "dispatch", "experts", "shared_experts")
-BACKENDS = ("symbolic", "cpu")
+BACKENDS = ("symbolic", "cpu", "cuda")
+CUDA_MEMORY = ("allocated_before_forward_bytes", "reserved_before_forward_bytes", "peak_allocated_bytes",
+               "peak_reserved_bytes", "alloc_retries")
+"""The cuda backend's allocator readings: allocated and reserved before the forward pass, the
+peaks over forward and backward (``torch.cuda.max_memory_allocated`` / ``_reserved`` after a
+reset), and the allocations retried after freeing the cache (``num_alloc_retries``) meanwhile."""
 DISPATCHERS = ("allgather", "alltoall")
 """The dispatchers measured. megatron-core's third, flex, needs DeepEP (CUDA; its build needs a
 CUDA torch), which does not import here: a measurement fails with megatron-core's ImportError."""
@@ -55,7 +61,10 @@ class MoELayerProfile:
     capacity_factor: float | None = None
     """--moe-expert-capacity-factor, every expert padded to its capacity; None: dropless."""
     backend: str = "symbolic"
-    """How it was measured: "symbolic" (fake tensors, real size) or "cpu" (real tensors over gloo)."""
+    """How it was measured: "symbolic" (fake tensors, real size), "cpu" (real tensors over gloo) or
+    "cuda" (real tensors on one GPU, one NCCL rank)."""
+    cuda_memory: dict[str, int] | None = None
+    """The cuda backend's allocator readings (``CUDA_MEMORY``); None from the other backends."""
 
     @property
     def routing(self) -> memory.RoutedTokens:
@@ -65,11 +74,14 @@ class MoELayerProfile:
         return memory.RoutedTokens(routing="capacity", capacity_factor=self.capacity_factor)
 
     def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "version": VERSION, "model": self.model.to_dict(), "seq_len": self.seq_len,
-                "mbs": self.mbs, "tp": self.tp, "ep": self.ep, "etp": self.etp, "dispatcher": self.dispatcher,
-                "capacity_factor": self.capacity_factor, "backend": self.backend,
-                "parameter_bytes": dict(self.parameter_bytes), "activation_bytes": dict(self.activation_bytes),
-                "gradient_bytes": self.gradient_bytes}
+        doc = {"schema": SCHEMA, "version": VERSION, "model": self.model.to_dict(), "seq_len": self.seq_len,
+               "mbs": self.mbs, "tp": self.tp, "ep": self.ep, "etp": self.etp, "dispatcher": self.dispatcher,
+               "capacity_factor": self.capacity_factor, "backend": self.backend,
+               "parameter_bytes": dict(self.parameter_bytes), "activation_bytes": dict(self.activation_bytes),
+               "gradient_bytes": self.gradient_bytes}
+        if self.cuda_memory is not None:  # only the cuda backend's: the other documents stay as they were
+            doc["cuda_memory"] = dict(self.cuda_memory)
+        return doc
 
 
 def layer_problem(spec: MoESpec, *, tp: int, ep: int, etp: int, dispatcher: str,
@@ -118,14 +130,15 @@ def from_dict(doc: object, where: str) -> MoELayerProfile:
         dispatcher=doc["dispatcher"], backend=doc.get("backend", "symbolic"),
         parameter_bytes=_parts(doc, "parameter_bytes", where),
         activation_bytes=_parts(doc, "activation_bytes", where),
-        gradient_bytes=limits.check_int(doc.get("gradient_bytes"), "gradient_bytes", _BYTES, where))
+        gradient_bytes=limits.check_int(doc.get("gradient_bytes"), "gradient_bytes", _BYTES, where),
+        cuda_memory=None if doc.get("cuda_memory") is None else _parts(doc, "cuda_memory", where, CUDA_MEMORY))
 
 
-def _parts(doc: dict, key: str, where: str) -> dict[str, int]:
+def _parts(doc: dict, key: str, where: str, names: tuple[str, ...] = PARTS) -> dict[str, int]:
     values = doc.get(key)
-    if not isinstance(values, dict) or sorted(values) != sorted(PARTS):
-        raise AdvisorError(f"{where}: {key} must map exactly {', '.join(PARTS)} to bytes")
-    return {part: limits.check_int(values[part], f"{key}.{part}", _BYTES, where) for part in PARTS}
+    if not isinstance(values, dict) or sorted(values) != sorted(names):
+        raise AdvisorError(f"{where}: {key} must map exactly {', '.join(names)} to integers")
+    return {name: limits.check_int(values[name], f"{key}.{name}", _BYTES, where) for name in names}
 
 
 def load(directory) -> MoELayerProfile:
