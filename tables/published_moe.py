@@ -79,20 +79,21 @@ MISSES = {
     "mb2602-q30": "predicted faster (-29%), against 26.02.01's 9,058 tokens/s per GPU; 26.02 published "
                   "5,113 for this layout (a data conflict). Qwen3-30B-A3B's experts (768 wide, 8 to 16 per "
                   "GPU) run at 97-99% of the dense rate by their shapes and the dispatcher's host wait "
-                  "costs 0 s here (as mb2511-q30). Candidate, not priced: Transformer Engine runs one "
-                  "cuBLAS GEMM per local expert over 4 streams (96 per layer and microbatch here) where "
-                  "the model charges one GEMM's fixed cost per grouped GEMM; 13.8 us per expert GEMM, "
-                  "serial, would give -15.6%, overlapped 4 ways -26.2%: which holds needs a measurement",
+                  "costs 0 s here (as mb2511-q30). Not the expert GEMMs either: timed on one H200 as Transformer "
+                  "Engine issues them (one cuBLAS GEMM per expert over 4 streams; tables/moe_gemm_probe.py), "
+                  "this layout's BF16 GEMMs take 0.99 of the modelled time, and its FP8 GEMMs 1.24 of it: "
+                  "charged as measured, -26.9%",
     "mb2606-q30-ep16": "predicted faster (-35%), and not in the EP all-to-all: NVIDIA's BF16 runs of this "
                        "layout and dispatcher, forced balanced, took 25.1 s without the EP overlap "
                        "(mbcard0718-q30-hybridep, -15.7% here) and 21.0 s with it (mbcard0725-q30-overlap, "
                        "-16.5%); the overlap saves 3.6 s here and 3.7 s in NVIDIA's matched A/B (24.71 s to "
                        "20.99 s). This FP8 run took 29.7 s, 18% longer than BF16, where the model makes FP8 "
-                       "1.9 s faster (19.3 s against 21.2 s): the missing time lies most likely in FP8 on "
-                       "these small expert GEMMs (768 wide, 8 per GPU), Transformer Engine's "
+                       "1.9 s faster (19.3 s against 21.2 s). Not FP8's GEMMs: timed on one H200 at this layout's "
+                       "shapes (tables/moe_gemm_probe.py), FP8 expert GEMMs run 1.6x BF16 and take 1.11 of "
+                       "the modelled time; charged as measured, -34.3%. Left: Transformer Engine's "
                        "current-scaling quantisation of each expert's inputs and gradients beyond its "
-                       "bytes, which needs the GPU timing of GroupedLinear this issue asks for (the run is "
-                       "another container and harness, 26.06). "
+                       "bytes (not timed: no Transformer Engine on that machine), or the run's other "
+                       "container and harness (26.06). "
                        "HybridEP is priced with DeepEP's deduplication (+7.1% when priced as one copy per "
                        "routed expert) and DeepEP's host wait for its receive counts (0.06 s)",
     "mbdoc-q30-a2a-overlap": "predicted faster (-26.7%): the model hides 12.4 s of the plain run's 16.7 s of "
@@ -107,12 +108,12 @@ MISSES = {
                                "card run, EP 16 with HybridEP, forced balanced, no EP overlap. Within 15% "
                                "(-10.9%) while core attention's fixed cost was charged three times a layer; "
                                "it is charged once a call, forward and backward together, as the dense model "
-                               "and the probe it comes from have it. Candidate, not priced (as mb2602-q30): "
-                               "one cuBLAS GEMM per local expert, 48 per layer and microbatch here, where the "
-                               "model charges 6 fixed costs: serial -8.6%, over 4 streams -14.7%",
+                               "and the probe it comes from have it. Not the per-expert GEMMs: timed on one H200 "
+                               "at these shapes, one cuBLAS GEMM per expert over 4 streams takes 0.93 of the "
+                               "modelled time (tables/moe_gemm_probe.py)",
     "mbcard0725-q30-overlap": "predicted faster (-16.5%), as mbcard0718-q30-hybridep with the EP overlap "
-                              "(-10.7% before core attention's fixed cost was charged once a call); the "
-                              "per-expert GEMM candidate gives -8.0% serial, -15.3% over 4 streams",
+                              "(-10.7% before core attention's fixed cost was charged once a call); not the "
+                              "per-expert GEMMs (as mbcard0718-q30-hybridep)",
 }
 """Test runs outside the target, each with why (docs/validation.md shows them); never tuned away."""
 
