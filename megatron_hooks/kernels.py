@@ -324,7 +324,8 @@ def cuda_kernels() -> Iterator[None]:
             setattr(owner, name, value)
 
 
-def transformer_engine_spec(num_layers: int, num_experts: int | None = None, multi_latent_attention: bool = False):
+def transformer_engine_spec(num_layers: int, num_experts: int | None = None, multi_latent_attention: bool = False,
+                            qk_layernorm: bool = False):
     """The block spec of a GPT stage with ``--transformer-impl transformer_engine``, from
     megatron-core's local modules where they keep what TE's keep (the column and row parallel
     linears save their local input and weight, as TE's Linear does) and the stand-ins above where
@@ -336,17 +337,20 @@ def transformer_engine_spec(num_layers: int, num_experts: int | None = None, mul
     (``TELayerNormColumnParallelLinear``, which saves the latent, the weight, rsigma and the normed
     latent as its GEMM input), here the RMSNorm stand-in and then the up projection, which save the
     same; the down projections are TE's duplicated ``TELinear`` there, column-parallel linears
-    here (the same at TP 1)."""
+    here (the same at TP 1). With ``qk_layernorm`` (Qwen3's --qk-layernorm), the per-head Q and K
+    RMSNorms, TE's ``TENorm`` in its spec, the RMSNorm stand-in here."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     layer = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm",
                                      multi_latent_attention=multi_latent_attention,
-                                     qk_layernorm=multi_latent_attention)
+                                     qk_layernorm=multi_latent_attention or qk_layernorm)
     layer.submodules.input_layernorm = FusedRMSNorm
     layer.submodules.pre_mlp_layernorm = FusedRMSNorm
     attention = layer.submodules.self_attention.submodules
     attention.core_attention = TEAttention
     if multi_latent_attention:
         attention.q_layernorm = attention.kv_layernorm = FusedRMSNorm
+    elif qk_layernorm:
+        attention.q_layernorm = attention.k_layernorm = FusedRMSNorm
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=FusedRMSNorm)

@@ -153,20 +153,22 @@ def build_gpt_model(
         raise ValueError(f"layer spec must be one of {', '.join(LAYER_SPECS)}, got {layer_spec!r}")
     experts = getattr(spec, "num_experts", None)
     mla = getattr(spec, "mla", None) is not None
+    qk_layernorm = getattr(spec, "qk_layernorm", False)  # Qwen3's per-head Q and K norms (MoESpec only)
     if experts:
         config_overrides = {**moe_config_overrides(spec), **config_overrides}
     if layer_spec == "transformer_engine":
         from megatron_hooks.kernels import transformer_engine_spec
 
         config_overrides = {**_TE_SPEC_FUSIONS, **config_overrides}
-        layer_specs = transformer_engine_spec(len(numbers), experts, multi_latent_attention=mla)
+        layer_specs = transformer_engine_spec(len(numbers), experts, multi_latent_attention=mla,
+                                              qk_layernorm=qk_layernorm)
     elif mla:
         # megatron-core 0.16.1's local spec hands MLA's k_channels to its DotProductAttention,
         # which takes none: only the Transformer Engine spec (stood in for) builds MLA here.
         raise NotImplementedError("multi-latent attention builds with the transformer_engine layer spec only "
                                   "(megatron-core's local DotProductAttention takes no k_channels)")
     else:
-        layer_specs = get_gpt_layer_local_spec(num_experts=experts, normalization="RMSNorm")
+        layer_specs = get_gpt_layer_local_spec(num_experts=experts, normalization="RMSNorm", qk_layernorm=qk_layernorm)
     config = transformer_config(spec, num_layers=len(numbers), params_dtype=params_dtype, **config_overrides)
     model = GPTModel(
         config=config,

@@ -51,11 +51,8 @@ def test_each_model_has_every_part_per_backend_and_the_comparison(tiny_run):
         rows = {row["term"]: row for row in model["compare"]}
         assert rows["layer activations"]["measured_bytes"] == sum(v["cpu"] for v in activations.values())
         weights = rows["layer weights (BF16)"]
-        # advisor.moe.params counts Qwen3's Q/K RMSNorm weights (d each, BF16), which the layer
-        # built here lacks (build_gpt_model's specs add Q/K norms for MLA only): the whole difference,
-        # with --tiny's head size 16
-        missing = 2 * 16 * 2 if pair.startswith("qwen3") else 0
-        assert weights["analytic_bytes"] - weights["measured_bytes"] == missing, pair
+        # every weight, Qwen3's per-head Q and K RMSNorm weights (--qk-layernorm) included
+        assert weights["analytic_bytes"] == weights["measured_bytes"], pair
         assert model["cuda_memory"] is None  # the cpu backend has no caching allocator to read
 
 
