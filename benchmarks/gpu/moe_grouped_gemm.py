@@ -25,7 +25,7 @@ calls of one MoE layer and microbatch: FC1 and FC2 forward ([m, h] x [h, 2f], [m
 their data gradients and their weight gradients. Each time is the median of ``REPLAYS`` timed runs
 (CUDA events) after warm-ups; random normal data (never zeros).
 
-    python3 benchmarks/gpu/moe_grouped_gemm.py OUT.json            # about 2 minutes on one H100
+    python3 benchmarks/gpu/moe_grouped_gemm.py OUT.json            # 8 s of timing on one H200 (2026-11-28)
     python3 benchmarks/gpu/moe_grouped_gemm.py OUT.json --device cpu --tiny   # a check of the script
 
 The advisor is not fitted to the result; ``tables/moe_gemm_probe.py`` sets it beside the model.
