@@ -185,6 +185,10 @@ def build_gpt_model(
     )
     for layer, number in zip(model.decoder.layers, numbers, strict=True):
         _renumber(layer, number)
+    if not config.use_cpu_initialization and torch.cuda.is_available():
+        # megatron makes its own weights on the GPU, but torch's RMSNorm (the local spec's norm)
+        # makes its weight on the CPU whatever the flag: seen on an H200, 2026-11-28
+        model.cuda()
     if params_dtype != torch.float32:
         # Megatron-LM's Float16Module casts the whole model (the torch RMSNorm weights too).
         _cast_floating(model, params_dtype)

@@ -121,6 +121,7 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
                or _backend_problem(backend, tp=tp, ep=ep, etp=etp, kernels=kernels, layer_spec=layer_spec))
     if problem:
         raise ValueError(problem)
+    from megatron_hooks.backends import CudaBackend
     from megatron_hooks.model import causal_mask
 
     device = "cuda" if backend == "cuda" else "cpu"
@@ -139,7 +140,8 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
         model.set_input_tensor(received)
         mask = causal_mask(seq_len, device) if layer_spec == "local" else None
         positions = torch.arange(seq_len, device=device).unsqueeze(0).expand(mbs, seq_len)
-        before = _allocator_before() if backend == "cuda" else None
+        cuda = CudaBackend(received.device) if backend == "cuda" else None
+        before = None if cuda is None else _allocator_before(cuda)
         try:
             with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda tensor: tensor):
                 output = model(None, positions, mask)
@@ -147,7 +149,7 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
             output.backward(torch.randn_like(output))
         finally:
             counter.remove()
-        cuda_memory = None if before is None else _allocator_after(before)
+        cuda_memory = None if cuda is None else _allocator_after(cuda, before)
         params = {name: sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
                   for name, modules in parts.items()}
         params["dispatch"] = 0  # MoELayer's own parameters are its router's and experts'
@@ -198,8 +200,8 @@ def _kernels_and_routing(context: contextlib.ExitStack, backend: str, kernels: s
 def _layer_model(spec, *, seq_len: int, layer_spec: str, tp: int, ep: int, etp: int, dispatcher: str,
                  capacity_factor: float | None, device: str):
     """The middle-stage GPTModel of one decoder layer, BF16. On CUDA megatron initialises its
-    weights on the GPU (faster than on the CPU, Mixtral's 2.8 GB of experts), and ``.cuda()``
-    moves what it makes on the CPU whatever the flag (torch's RMSNorm, the router's weight)."""
+    weights on the GPU (faster than on the CPU, Mixtral's 2.8 GB of experts); ``build_gpt_model``
+    moves what it makes on the CPU whatever the flag (torch's RMSNorm)."""
     from megatron_hooks.model import build_gpt_model
 
     model = build_gpt_model(spec, seq_len=seq_len, layers=[spec.num_layers // 2 + 1], pre_process=False,
@@ -208,25 +210,25 @@ def _layer_model(spec, *, seq_len: int, layer_spec: str, tp: int, ep: int, etp: 
                             expert_tensor_parallel_size=etp, sequence_parallel=tp > 1,
                             moe_token_dispatcher_type=dispatcher, moe_expert_capacity_factor=capacity_factor,
                             moe_pad_expert_input_to_capacity=capacity_factor is not None)
-    return model.cuda() if device == "cuda" else model  # Module.to would swap the symbolic backend's fake tensors
+    return model
 
 
-def _allocator_before() -> dict[str, int]:
-    """The caching allocator's state before the forward pass, its peaks reset."""
-    torch.cuda.synchronize()
-    before = {"allocated_before_forward_bytes": torch.cuda.memory_allocated(),
-              "reserved_before_forward_bytes": torch.cuda.memory_reserved(),
-              "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0)}
-    torch.cuda.reset_peak_memory_stats()
+def _allocator_before(cuda) -> dict[str, int]:
+    """The caching allocator's state before the forward pass (``cuda``: a ``backends.CudaBackend``,
+    the hooks' reader of the same counters), its peaks reset."""
+    cuda.synchronize()
+    before = {"allocated_before_forward_bytes": cuda.allocated(),
+              "reserved_before_forward_bytes": torch.cuda.memory_reserved(),  # the backend reads peaks only
+              "alloc_retries": cuda.alloc_retries()}
+    cuda.reset_peak()
     return before
 
 
-def _allocator_after(before: dict[str, int]) -> dict[str, int]:
+def _allocator_after(cuda, before: dict[str, int]) -> dict[str, int]:
     """``CUDA_MEMORY``: the peaks since ``_allocator_before`` and the retries meanwhile."""
-    torch.cuda.synchronize()
-    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) - before["alloc_retries"]
-    return {**before, "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved(), "alloc_retries": retries}
+    cuda.synchronize()
+    return {**before, "peak_allocated_bytes": cuda.peak(), "peak_reserved_bytes": cuda.peak_reserved(),
+            "alloc_retries": cuda.alloc_retries() - before["alloc_retries"]}
 
 
 def _world(context: contextlib.ExitStack, backend: str, *, tp: int, ep: int, etp: int) -> None:

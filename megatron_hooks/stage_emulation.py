@@ -271,9 +271,6 @@ class _Stage:
                                      sequence_parallel=config.sequence_parallel and config.tp > 1,
                                      # meta tensors, even where CUDA is available
                                      **({"use_cpu_initialization": True} if config.symbolic else {}))
-        if not config.symbolic and torch.cuda.is_available():
-            # torch's RMSNorm (the local spec's norm) makes its weight on the CPU whatever the flag
-            self.model = self.model.cuda()
         if config.megatron_optimizer:
             from megatron_hooks.symbolic import megatron_ddp_and_optimizer
 

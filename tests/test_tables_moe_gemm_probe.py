@@ -60,3 +60,20 @@ def test_fp8_is_optimistic_for_qwen3_30b_a3b_experts_and_right_for_wide_ones(res
 def test_the_table_fits_100_columns():
     text = probe.markdown() + probe.NOTE
     assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_the_probe_script_runs_on_the_cpu(tmp_path):
+    # its structure, on tiny shapes (no GPU here: no streams, graphs or FP8; those ran on the H200)
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "probe.json"
+    done = subprocess.run([sys.executable, "benchmarks/gpu/moe_grouped_gemm.py", str(out), "--device", "cpu",
+                           "--tiny", "--precisions", "bf16"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert not result["errors"] and not result["skipped"]
+    calls = {(r["model"], r["groups"], r["m"], r["call"], r["mode"]) for r in result["rows"]}
+    assert {c[3] for c in calls} == set(probe.CALLS) and {c[4] for c in calls} == {"eager", "serial", "one"}
+    assert all(r["seconds"] > 0 for r in result["rows"])

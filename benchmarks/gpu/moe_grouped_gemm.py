@@ -47,8 +47,6 @@ STREAMS = 4
 """Transformer Engine's GEMM streams (``num_streams`` of its multi-stream cuBLAS GEMM)."""
 REPLAYS, WARMUPS = 15, 3
 DEADLINE_S = 150.0
-PRECISIONS = "all"
-"""Which modes run (--precisions): an error that takes the CUDA context ends only its own process."""
 GROUPED_MM = False
 """torch._grouped_mm is left out: on torch 2.11 (H200, 2026-11-28) a run with it ended in an illegal
 memory access that took the CUDA context, and every later shape, with it."""
@@ -158,15 +156,15 @@ def graphed(fn, device: str):
     return graph.replay
 
 
-def modes(call: Call, device: str, streams: list) -> dict:
+def modes(call: Call, device: str, streams: list, precisions: str) -> dict:
     """Each mode's callable for one call."""
     serial = lambda gemm: (lambda: [gemm(i) for i in range(call.groups)])  # noqa: E731
     found = {}
-    if PRECISIONS in ("bf16", "all"):
+    if precisions in ("bf16", "all"):
         found = {"eager": serial(call.gemm), "serial": graphed(serial(call.gemm), device)}
         if device == "cuda":
             found["streams4"] = graphed(lambda: run_streams(call, call.gemm, streams), device)
-    if device == "cuda" and PRECISIONS in ("fp8", "all"):
+    if device == "cuda" and precisions in ("fp8", "all"):
         if call.fp8:
             found["fp8_serial"] = graphed(serial(call.gemm_fp8), device)
             found["fp8_streams4"] = graphed(lambda: run_streams(call, call.gemm_fp8, streams), device)
@@ -193,12 +191,13 @@ def one_and_grouped(call: Call, device: str) -> dict:
     return found
 
 
-def measure_shape(model: str, h: int, f: int, groups: int, m: int, device: str, streams: list) -> list[dict]:
+def measure_shape(model: str, h: int, f: int, groups: int, m: int, device: str, streams: list,
+                  precisions: str) -> list[dict]:
     rows_out = []
     for name, (rows, inner, cols) in operands(h, f, m).items():
         call = Call(groups, rows, inner, cols, device)
-        found = modes(call, device, streams)
-        if not name.endswith("wgrad") and PRECISIONS != "fp8":
+        found = modes(call, device, streams, precisions)
+        if not name.endswith("wgrad") and precisions != "fp8":
             try:
                 found.update(one_and_grouped(call, device))
             except Exception as exc:  # noqa: BLE001 - a missing kernel is a result, not a stop
@@ -233,10 +232,9 @@ def main() -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a check of the script)")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S, help="seconds; later shapes are skipped")
-    parser.add_argument("--precisions", choices=("bf16", "fp8", "all"), default="all")
+    parser.add_argument("--precisions", choices=("bf16", "fp8", "all"), default="all",
+                        help="the modes to run: an error that takes the CUDA context ends only its own process")
     args = parser.parse_args()
-    global PRECISIONS
-    PRECISIONS = args.precisions
     started = time.perf_counter()
     streams = [torch.cuda.Stream() for _ in range(STREAMS)] if args.device == "cuda" else []
     result = {"machine": machine(args.device), "streams": STREAMS, "replays": REPLAYS, "rows": [], "skipped": [],
@@ -246,7 +244,7 @@ def main() -> int:
             result["skipped"].append(shape)
             continue
         try:
-            result["rows"] += measure_shape(*shape, args.device, streams)
+            result["rows"] += measure_shape(*shape, args.device, streams, args.precisions)
         except Exception:  # noqa: BLE001 - keep the other shapes
             result["errors"].append({"shape": shape, "traceback": traceback.format_exc()[-2000:]})
         result["seconds"] = time.perf_counter() - started
