@@ -185,14 +185,18 @@ def build_gpt_model(
     )
     for layer, number in zip(model.decoder.layers, numbers, strict=True):
         _renumber(layer, number)
-    if not config.use_cpu_initialization and torch.cuda.is_available():
-        # megatron makes its own weights on the GPU, but torch's RMSNorm (the local spec's norm)
-        # makes its weight on the CPU whatever the flag: seen on an H200, 2026-11-28
-        model.cuda()
-    if params_dtype != torch.float32:
-        # Megatron-LM's Float16Module casts the whole model (the torch RMSNorm weights too).
-        _cast_floating(model, params_dtype)
+    _place(model, on_gpu=not config.use_cpu_initialization and torch.cuda.is_available(), dtype=params_dtype)
     return model
+
+
+def _place(model: torch.nn.Module, *, on_gpu: bool, dtype: torch.dtype) -> None:
+    """The whole model on the GPU where megatron initialised on it: torch's RMSNorm (the local
+    spec's norm) makes its weight on the CPU whatever the flag (seen on an H200, 2026-11-28); and
+    in ``dtype``, as Megatron-LM's Float16Module casts the whole model (the RMSNorm weights too)."""
+    if on_gpu:
+        model.cuda()
+    if dtype != torch.float32:
+        _cast_floating(model, dtype)
 
 
 def _cast_floating(model: torch.nn.Module, dtype: torch.dtype) -> None:

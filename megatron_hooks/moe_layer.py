@@ -121,7 +121,6 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
                or _backend_problem(backend, tp=tp, ep=ep, etp=etp, kernels=kernels, layer_spec=layer_spec))
     if problem:
         raise ValueError(problem)
-    from megatron_hooks.backends import CudaBackend
     from megatron_hooks.model import causal_mask
 
     device = "cuda" if backend == "cuda" else "cpu"
@@ -140,8 +139,7 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
         model.set_input_tensor(received)
         mask = causal_mask(seq_len, device) if layer_spec == "local" else None
         positions = torch.arange(seq_len, device=device).unsqueeze(0).expand(mbs, seq_len)
-        cuda = CudaBackend(received.device) if backend == "cuda" else None
-        before = None if cuda is None else _allocator_before(cuda)
+        readings = _AllocatorReadings(received.device) if backend == "cuda" else None
         try:
             with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda tensor: tensor):
                 output = model(None, positions, mask)
@@ -149,7 +147,7 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
             output.backward(torch.randn_like(output))
         finally:
             counter.remove()
-        cuda_memory = None if cuda is None else _allocator_after(cuda, before)
+        cuda_memory = None if readings is None else readings.after()
         params = {name: sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
                   for name, modules in parts.items()}
         params["dispatch"] = 0  # MoELayer's own parameters are its router's and experts'
@@ -213,22 +211,27 @@ def _layer_model(spec, *, seq_len: int, layer_spec: str, tp: int, ep: int, etp: 
     return model
 
 
-def _allocator_before(cuda) -> dict[str, int]:
-    """The caching allocator's state before the forward pass (``cuda``: a ``backends.CudaBackend``,
-    the hooks' reader of the same counters), its peaks reset."""
-    cuda.synchronize()
-    before = {"allocated_before_forward_bytes": cuda.allocated(),
-              "reserved_before_forward_bytes": torch.cuda.memory_reserved(),  # the backend reads peaks only
-              "alloc_retries": cuda.alloc_retries()}
-    cuda.reset_peak()
-    return before
+class _AllocatorReadings:
+    """``CUDA_MEMORY`` over one forward and backward pass, through ``backends.CudaBackend`` (the
+    hooks' reader of the same counters): made before the forward pass, it notes the allocated and
+    reserved bytes and the retries so far and resets the peaks; ``after()`` adds the peaks since
+    and the retries meanwhile."""
 
+    def __init__(self, device) -> None:
+        from megatron_hooks.backends import CudaBackend
 
-def _allocator_after(cuda, before: dict[str, int]) -> dict[str, int]:
-    """``CUDA_MEMORY``: the peaks since ``_allocator_before`` and the retries meanwhile."""
-    cuda.synchronize()
-    return {**before, "peak_allocated_bytes": cuda.peak(), "peak_reserved_bytes": cuda.peak_reserved(),
-            "alloc_retries": cuda.alloc_retries() - before["alloc_retries"]}
+        self.cuda = CudaBackend(device)
+        self.cuda.synchronize()
+        self.before = {"allocated_before_forward_bytes": self.cuda.allocated(),
+                       "reserved_before_forward_bytes": torch.cuda.memory_reserved(),  # the backend reads peaks
+                       "alloc_retries": self.cuda.alloc_retries()}
+        self.cuda.reset_peak()
+
+    def after(self) -> dict[str, int]:
+        self.cuda.synchronize()
+        return {**self.before, "peak_allocated_bytes": self.cuda.peak(),
+                "peak_reserved_bytes": self.cuda.peak_reserved(),
+                "alloc_retries": self.cuda.alloc_retries() - self.before["alloc_retries"]}
 
 
 def _world(context: contextlib.ExitStack, backend: str, *, tp: int, ep: int, etp: int) -> None:
