@@ -83,7 +83,8 @@ def time_parts_text(parts: dict[str, float]) -> str:
 
 def ranking_note(tolerance: float) -> str:
     """A throughput ranking's caption line on its tolerance (``advisor.ranking.order``)."""
-    return f"within {tolerance:.1%} of the fastest (the time model's held-out ordering error) the simplest ranks first"
+    return (f"rows within {tolerance:.1%} of the fastest (the time model's held-out ordering error) rank simplest "
+            "first")
 
 
 def to_json(obj: object) -> str:
