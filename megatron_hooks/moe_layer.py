@@ -35,7 +35,9 @@ import torch
 
 from advisor import limits
 from advisor.errors import AdvisorError
-from advisor.moe.layer_profile import BACKENDS, DISPATCHERS, PARTS, MoELayerProfile, compare, layer_problem
+from advisor.moe.layer_profile import (
+    BACKENDS, DISPATCHERS, KERNELS, PARTS, MoELayerProfile, build_note, compare, layer_problem,
+)
 
 
 class _SavedByPart:
@@ -156,7 +158,8 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
         measured = MoELayerProfile(model=spec, seq_len=seq_len, mbs=mbs, ep=ep, dispatcher=dispatcher, tp=tp,
                                    etp=etp, capacity_factor=capacity_factor, backend=backend,
                                    parameter_bytes={n: params[n] for n in PARTS}, activation_bytes=kept,
-                                   gradient_bytes=grads, cuda_memory=cuda_memory)
+                                   gradient_bytes=grads, cuda_memory=cuda_memory, layer_spec=layer_spec,
+                                   kernels=kernels)
     gc.collect()
     return measured
 
@@ -167,6 +170,8 @@ def _backend_problem(backend: str, *, tp: int, ep: int, etp: int, kernels: str, 
     stand-ins compute nothing), on their own device's kernels."""
     if backend not in BACKENDS:
         return f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
+    if kernels not in KERNELS:  # recorded in the profile, which reads back only these
+        return f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}"
     if backend == "symbolic":
         return None
     device, group = backend.upper(), "gloo" if backend == "cpu" else "NCCL"
@@ -286,7 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     [--dispatcher D] [--capacity-factor F] [--backend symbolic|cpu|cuda] [--hidden-size H ...] [--out DIR]``:
     one MoE layer of a preset of ``advisor models`` (the size options shrink it, for the CPU
     backend), measured; prints one JSON object (the profile and its comparison with the analytic
-    terms), and with --out writes DIR/moe_layer.json for ``advisor profile show DIR``."""
+    terms, with ``build_note`` where the layer was not built as those terms price it), and with --out
+    writes DIR/moe_layer.json for ``advisor profile show DIR``."""
     import json
     from pathlib import Path
 
@@ -336,7 +342,9 @@ def main(argv: list[str] | None = None) -> None:
             atomic_write_text(args.out / FILENAME, json.dumps(profile.to_dict(), indent=1) + "\n")
         except (OSError, AdvisorError) as exc:
             parser.exit(2, f"Error: --out {args.out}: {getattr(exc, 'strerror', None) or exc}\n")
-    print(json.dumps({**profile.to_dict(), "comparison": compare(profile)}, indent=1))
+    note = build_note(profile)  # the real-tensor backends' local spec is not what the analytic terms price
+    print(json.dumps({**profile.to_dict(), "comparison": compare(profile), "build_note": note and note.to_dict()},
+                     indent=1))
 
 
 if __name__ == "__main__":

@@ -96,14 +96,19 @@ def test_the_cuda_backends_allocator_readings_round_trip_and_bad_ones_are_refuse
         layer_profile.from_dict(_profile_doc(cuda_memory={**doc["cuda_memory"], "alloc_retries": -1}), "x")
 
 
-def test_the_cuda_backend_without_a_gpu_is_refused_in_one_line():
+def test_moe_layer_cuda_backend_without_a_gpu_is_refused_in_one_line(tmp_path):
+    """``python -m megatron_hooks.moe_layer --backend cuda`` on a machine without a GPU (the real
+    module, in its own process): exit 2, one line on stderr and no traceback, nothing on stdout,
+    and no profile left in --out (the refusal comes before the layer is built)."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the cuda backend would run")
-    done = subprocess.run([sys.executable, "-m", "megatron_hooks.moe_layer", "mixtral-8x7b", "--backend", "cuda"],
-                          cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 2 and done.stdout == ""
+    out = tmp_path / "layer"
+    done = subprocess.run([sys.executable, "-m", "megatron_hooks.moe_layer", "mixtral-8x7b", "--backend", "cuda",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == ["Error: mixtral-8x7b: the CUDA backend needs a GPU, and torch sees "
                                                 "none (torch.cuda.is_available() is False)"]
+    assert not (out / layer_profile.FILENAME).exists()

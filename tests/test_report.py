@@ -194,3 +194,54 @@ def test_a_flex_row_edited_to_ep_1_is_not_launched(tmp_path, moe_row):
 
     row = {**moe_row, "dispatcher": "flex", "ep": 1, "etp": 1, "dp": moe_row["dp"], "a2a_overlap": False}
     assert "flex dispatcher needs EP x ETP > 1" in launcher().error("args", "--from", write_json(tmp_path / "r.json", row))
+
+
+def _two_runs(tmp_path, **second):
+    """Two synthetic profile runs (tests/capture_synth.py) of one model and setup; ``second``
+    edits the second run's headers."""
+    from dataclasses import replace
+
+    from capture_synth import Truth, write_run
+
+    from advisor.profiles import load_run
+
+    first = write_run(tmp_path / "a", Truth(), [4, 4], mbs=1, name="r1")
+    other = write_run(tmp_path / "b", Truth(), [4, 4], mbs=2, name="r2")
+    for rank in load_run(other).ranks:
+        replace(rank, header=replace(rank.header, **second)).write(other)
+    return first, other
+
+
+@pytest.mark.parametrize("second,values", [
+    ({"seq_len": 64}, "seq_len (64 vs 32)"),
+    ({"params_dtype": "bfloat16"}, "params_dtype ('bfloat16' vs 'float32')"),
+])
+def test_profiles_of_different_setups_are_refused_as_recommend_refuses_them(advisor, tmp_path, second, values):
+    """'report --profile A --profile B' with runs that disagree: one line naming the two runs and the
+    two values, before any work, no page; the same line 'recommend --profile' gives for that set."""
+    first, other = _two_runs(tmp_path, **second)
+    estimate = tmp_path / "estimate.json"
+    estimate.write_text(advisor("estimate", "--tp", "1", "--pp", "2", "--gpus", "2", "--mem", "80",
+                                "--format", "json").stdout)
+    page = tmp_path / "page.html"
+    line = advisor.error("report", "--from", estimate, "--profile", first, "--profile", other, "-o", page)
+    assert line == f"Error: run r2 differs from run r1 in {values}; profile one setup at a time"
+    recommend = ("--profile", first, "--profile", other, "--gpus", "2", "--mem", "80", "--pp", "2")
+    assert line == advisor.error("recommend", *recommend)
+    assert line == advisor.error("report", "recommend", *recommend, "-o", page)
+    assert not page.exists()
+
+
+def test_profiles_of_different_models_name_the_fields_that_differ(advisor, tmp_path):
+    from capture_synth import TINY, Truth, write_run
+
+    from advisor.models import LlamaSpec
+
+    first = write_run(tmp_path, Truth(), [4, 4], mbs=1, name="r1")
+    wider = LlamaSpec(**{**TINY.to_dict(), "name": "wider", "hidden_size": 128})
+    other = write_run(tmp_path, Truth(spec=wider), [4, 4], mbs=1, name="r2")
+    estimate = tmp_path / "estimate.json"
+    estimate.write_text(advisor("estimate", "--tp", "1", "--pp", "2", "--gpus", "2", "--mem", "80",
+                                "--format", "json").stdout)
+    line = advisor.error("report", "--from", estimate, "--profile", tmp_path, "-o", tmp_path / "page.html")
+    assert line == "Error: run r2 differs from run r1 in model (hidden_size 128 vs 64); profile one setup at a time"

@@ -56,6 +56,9 @@ for dispatcher in ("allgather", "alltoall"):  # the CPU backend: real tensors ov
     out[f"cpu_symbolic_{dispatcher}"] = measure_moe_layer(small, seq_len=32, layer_spec="local", kernels="cpu",
                                                           dispatcher=dispatcher).to_dict()
 out["cpu_compare"] = {row["term"]: row for row in compare(cpu)}
+shared = dataclasses.replace(small, shared_expert_size=32)  # the build's effect on shared experts too
+out["shared_builds"] = {spec: measure_moe_layer(shared, seq_len=32, layer_spec=spec).to_dict()
+                        for spec in ("transformer_engine", "local")}
 try:
     import deep_ep
 except ImportError as exc:
@@ -258,3 +261,22 @@ def test_the_cpu_backend_against_the_analytic_terms(measured):
     assert rows["attention activations"]["measured_bytes"] == s * (18 * h + 4) + 8 * s * d + 6 * a * s * s + s * s
     assert diff["router activations"] == s * (6 * h + 4 + 12 * k - 9 * E)
     assert diff["expert + dispatch activations"] == s * k * 6 * f + s * 5 * E
+
+
+def test_each_profile_records_its_build_and_the_local_spec_changes_the_terms_its_note_names(measured):
+    """The profile says which layer spec built the layer and which kernels it ran (schema v3); on a
+    small layer with shared experts, the local spec (CUDA stand-ins) keeps different bytes from the
+    TE spec in exactly the terms ``BUILD_DIFFERENCES`` names for it, and the same weights."""
+    from advisor.moe.layer_profile import BUILD_DIFFERENCES, PARTS
+
+    builds = {name: (measured[name]["layer_spec"], measured[name]["kernels"])
+              for name in ("small", "cpu_allgather", "cpu_symbolic_allgather")}
+    assert builds == {"small": ("transformer_engine", "cuda"), "cpu_allgather": ("local", "cpu"),
+                      "cpu_symbolic_allgather": ("local", "cpu")}
+    te, local = measured["shared_builds"]["transformer_engine"], measured["shared_builds"]["local"]
+    assert te["parameter_bytes"] == local["parameter_bytes"] and local["layer_spec"] == "local"
+    term = {"attention": "attention activations", "router": "router activations",
+            "dispatch": "expert + dispatch activations", "experts": "expert + dispatch activations",
+            "shared_experts": "shared expert activations"}
+    changed = {term[part] for part in PARTS if te["activation_bytes"][part] != local["activation_bytes"][part]}
+    assert changed == set(BUILD_DIFFERENCES["layer_spec"][0])

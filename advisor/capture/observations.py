@@ -251,10 +251,12 @@ def _setup(run: ProfileRun) -> dict:
     }
 
 
-def profile_set(runs: Iterable[ProfileRun]) -> ProfileSet:
-    """Observations of finished runs; all runs must share the model and setup."""
-    observed, skipped, reference, model, sequence_parallel = [], [], None, None, None
-    directories: dict[str, Path] = {}
+def check_one_setup(runs: Iterable[ProfileRun]) -> None:
+    """The runs are of one model and setup (``_setup``: model shape, sequence, CP, dtype,
+    distributed optimizer, recompute, layer spec, backend), each given once: otherwise a
+    ProfileError naming the two runs and the two values that differ. Runs that did not finish
+    are checked too: they are still of the set that was given."""
+    reference, directories = None, {}
     for run in runs:
         name = run.directory.name
         if name in directories:
@@ -263,24 +265,43 @@ def profile_set(runs: Iterable[ProfileRun]) -> ProfileSet:
         directories[name] = run.directory
         setup = _setup(run)
         if reference is None:
-            reference, model = (name, setup), run.header.model
+            reference = (name, setup)
         for key, value in setup.items():
             if value != reference[1][key]:
-                raise ProfileError(f"run {name} differs from run {reference[0]} in {key} "
-                                   f"({value!r} vs {reference[1][key]!r}); profile one setup at a time")
+                difference = _difference(key, value, reference[1][key])
+                raise ProfileError(f"run {name} differs from run {reference[0]} in {difference}; profile one setup "
+                                   f"at a time")
+
+
+def _difference(key: str, value: object, other: object) -> str:
+    """``key (value vs other)``; for a model, each field that differs (``_setup`` blanks its name)."""
+    if isinstance(value, LlamaSpec) and isinstance(other, LlamaSpec):
+        fields = [name for name in value.__dataclass_fields__ if getattr(value, name) != getattr(other, name)]
+        pairs = ", ".join(f"{name} {getattr(value, name)!r} vs {getattr(other, name)!r}" for name in fields)
+        return f"{key} ({pairs})"
+    return f"{key} ({value!r} vs {other!r})"
+
+
+def profile_set(runs: Iterable[ProfileRun]) -> ProfileSet:
+    """Observations of finished runs; all runs must share the model and setup (``check_one_setup``)."""
+    runs = list(runs)
+    if not runs:
+        raise ProfileError("no profile runs given")
+    check_one_setup(runs)
+    observed, skipped, sequence_parallel = [], [], None
+    for run in runs:
+        name = run.directory.name
         if run.status != "ok":
             skipped.append((name, run.status))
             continue
         observed.append(observe_run(run, name))
         if run.header.parallel.tp > 1 and sequence_parallel is None:
             sequence_parallel = run.header.sequence_parallel
-    if reference is None:
-        raise ProfileError("no profile runs given")
     if not observed:
         raise ProfileError(f"none of the {len(skipped)} profile runs finished ('ok')")
-    setup = reference[1]
+    setup = _setup(runs[0])
     return ProfileSet(
-        model=model, seq_len=setup["seq_len"], cp=setup["cp"],
+        model=runs[0].header.model, seq_len=setup["seq_len"], cp=setup["cp"],
         setup=MegatronSetup(params_dtype=setup["params_dtype"], distributed_optimizer=setup["distributed_optimizer"],
                             sequence_parallel=sequence_parallel is not False),
         runs=tuple(observed), skipped=tuple(skipped),

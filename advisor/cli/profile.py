@@ -57,7 +57,8 @@ def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int |
              activations), Eq. 13 (embedding), Eq. 14 (LM head), Eq. 16-17
              (activations in flight), Eq. 18 (peak); for a symbolic MoE layer
              (DIR/moe_layer.json, python -m megatron_hooks.moe_layer --out DIR):
-             each advisor/moe term / its measured part
+             each advisor/moe term / its measured part, and a note where the
+             layer was not built as those terms price it (the TE spec, CUDA)
 
     \b
     Examples:
@@ -105,8 +106,10 @@ def _show_moe_layer(directory: Path, section: str, fmt: str, color: bool) -> str
     except AdvisorError as exc:
         raise InputError(str(exc)) from None
     rows = layer_profile.compare(profile)
+    note = layer_profile.build_note(profile)  # a layer not built as the terms price it: said, not a bare ratio
     if fmt == "json":
-        return render.to_json({"moe_layer": profile.to_dict(), "compare": rows})
+        return render.to_json({"moe_layer": profile.to_dict(), "compare": rows,
+                               "build_note": note and note.to_dict()})
     if fmt == "csv":
         return render.to_csv(rows)
     columns = [render.Column("term", "term", justify="left"),  # MiB: a layer's terms are tens to thousands
@@ -120,9 +123,10 @@ def _show_moe_layer(directory: Path, section: str, fmt: str, color: bool) -> str
     title = (f"{profile.model.name}: one MoE layer, sequence {profile.seq_len}, MBS {profile.mbs}, {degrees}"
              f"{profile.dispatcher} dispatcher{dropping}, BF16, {profile.backend}")
     routing = "balanced" if profile.capacity_factor is None else "capacity"
+    caption = (f"analytic: advisor/moe (memory.py, params.py), {routing} routing; differences term by term: "
+               "docs/profiling.md")
     return render.to_table(rows, columns, title=title, color=color,
-                           caption=f"analytic: advisor/moe (memory.py, params.py), {routing} routing; "
-                                   "differences term by term: docs/profiling.md")
+                           caption=caption if note is None else f"{caption}\nnote: {note.text}")
 
 
 def _sections(section: str) -> tuple[str, ...]:

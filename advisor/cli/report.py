@@ -39,9 +39,16 @@ def _write(page: str, output: Path) -> None:
 
 
 def _profiles(values) -> tuple[Path, ...]:
+    """The profile directories given, checked before any work: runs of one model and setup
+    (``advisor.report.profile.load_profiles``), else one line naming the values that differ."""
     if values is None:
         return ()
-    return tuple(values) if isinstance(values, (tuple, list)) else (values,)
+    paths = tuple(values) if isinstance(values, (tuple, list)) else (values,)
+    if paths:
+        from advisor.report.profile import load_profiles
+
+        load_profiles(paths)
+    return paths
 
 
 def command_line(ctx: click.Context) -> str:
@@ -88,11 +95,12 @@ def _wrapped(name: str, command: click.Command, json_output) -> click.Command:
         from advisor.fileio import parse_json
         from advisor.report.inputs import classify
 
+        profiles = _profiles(kwargs.get("profile_dir") or kwargs.get("profiles"))  # a mixed set: refused first
         buffer = io.StringIO()
         with contextlib.redirect_stdout(buffer):  # the command prints its JSON; the page is made of it
             command.callback(**json_output(kwargs))
         kind, rows, document = classify(parse_json(buffer.getvalue(), f"advisor {name}"), f"advisor {name}")
-        _page(kind, rows, document, _profiles(kwargs.get("profile_dir") or kwargs.get("profiles")), detail, output)
+        _page(kind, rows, document, profiles, detail, output)
 
     params = [param for param in command.params if param.name not in DROPPED]
     report = click.Command(name, params=params, callback=callback, epilog=EPILOG,
@@ -152,7 +160,7 @@ def report(ctx: click.Context, source: Path | None, profiles: tuple[Path, ...], 
         raise InputError("give -o FILE.html (or -o - for stdout)")
     from advisor.report import read_input
 
-    document = read_input(source, profiles)
+    document = read_input(source, _profiles(profiles))
     _page(document.kind, document.rows, document.document, profiles, detail, output)
 
 

@@ -3,27 +3,39 @@ each analytic term of ``advisor.moe.memory`` beside the part it prices.
 
 ``python -m megatron_hooks.moe_layer MODEL --out DIR`` measures one layer
 (``megatron_hooks/moe_layer.py``) and writes ``DIR/moe_layer.json`` (``FILENAME``; schema
-``megatron-4d-advisor/moe-layer`` v2): the model, sequence, micro-batch, TP, EP, ETP, token
-dispatcher, capacity factor (token dropping, padded to capacity) and backend (``BACKENDS``),
-and per part (``PARTS``) the parameter and kept activation bytes; from the cuda backend, also
-``cuda_memory``: the caching allocator's readings (``CUDA_MEMORY``). Version 1 (TP = ETP = 1, no
-token dropping, symbolic) is read too. ``advisor profile show DIR`` reads it back (no torch)
-and prints ``compare``'s rows; ``--format json`` carries them.
+``megatron-4d-advisor/moe-layer`` v3): the model, sequence, micro-batch, TP, EP, ETP, token
+dispatcher, capacity factor (token dropping, padded to capacity), backend (``BACKENDS``), the
+layer spec that built the layer and the kernels it ran (``LAYER_SPECS``, ``KERNELS``, as
+``advisor.profiles`` names them in a rank file's header), and per part (``PARTS``) the parameter
+and kept activation bytes; from the cuda backend, also ``cuda_memory``: the caching allocator's
+readings (``CUDA_MEMORY``). ``advisor profile show DIR`` reads it back (no torch) and prints
+``compare``'s rows; ``--format json`` carries them, and ``build_note``'s note where the layer was
+not built as the analytic terms price it (``PRICED``).
+
+Older versions are read too. Version 1: TP = ETP = 1, no token dropping, symbolic. Versions 1
+and 2 do not record the layer spec or the kernels; each reads as what its writer could only have
+built, else "unknown" (``_unrecorded_build``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 from advisor import fileio, limits
 from advisor.errors import AdvisorError
 from advisor.moe import memory, params
 from advisor.moe.spec import MoESpec, spec_from_dict
+from advisor.profiles import Kernels, LayerSpec
 
-SCHEMA, VERSION, FILENAME = "megatron-4d-advisor/moe-layer", 2, "moe_layer.json"
-VERSIONS = (1, 2)
-"""Versions read: 1 has no tp, etp, capacity_factor (TP = ETP = 1, dropless)."""
+SCHEMA, VERSION, FILENAME = "megatron-4d-advisor/moe-layer", 3, "moe_layer.json"
+VERSIONS = (1, 2, 3)
+"""Versions read: 1 has no tp, etp, capacity_factor (TP = ETP = 1, dropless); 1 and 2 no
+layer_spec, kernels."""
 PARTS = ("attention", "router", "dispatch", "experts", "shared_experts")
+TERMS = ("attention activations", "router activations", "expert + dispatch activations", "shared expert activations",
+         "layer activations", "layer weights (BF16)")
+"""``compare``'s rows, in order."""
 BACKENDS = ("symbolic", "cpu", "cuda")
 CUDA_MEMORY = ("allocated_before_forward_bytes", "reserved_before_forward_bytes", "peak_allocated_bytes",
                "peak_reserved_bytes", "alloc_retries")
@@ -33,6 +45,18 @@ reset), and the allocations retried after freeing the cache (``num_alloc_retries
 DISPATCHERS = ("allgather", "alltoall")
 """The dispatchers measured. megatron-core's third, flex, needs DeepEP (CUDA; its build needs a
 CUDA torch), which does not import here: a measurement fails with megatron-core's ImportError."""
+LAYER_SPECS: tuple[str, ...] = get_args(LayerSpec)
+"""megatron_hooks/model.py's build_gpt_model: "transformer_engine" (Megatron-LM's default
+--transformer-impl; TE's modules stood in for on fake tensors, megatron_hooks/kernels.py) or
+"local" (megatron-core's own modules, with the TE spec's RoPE and SwiGLU fusions off)."""
+KERNELS: tuple[str, ...] = get_args(Kernels)
+"""What the layer's norms ran: "cuda" (a GPU's kernels, or their stand-ins on fake tensors) or
+"cpu" (torch's CPU paths)."""
+UNKNOWN = "unknown"
+"""A layer spec or kernels that a version 1 or 2 file does not record and its writer did not fix."""
+PRICED = {"layer_spec": "transformer_engine", "kernels": "cuda"}
+"""What ``advisor.moe.memory``'s activation terms price: the TE spec on a GPU (fused RMSNorm, flash
+attention, fused RoPE and SwiGLU; docs/profiling.md, "MoE layers measured symbolically")."""
 _BYTES = limits.Bound(0, 2**50, "one layer's part on one GPU is at most a few hundred GiB; 2^50 B is a PiB")
 _FACTOR = limits.Bound(0, 1000, "a capacity factor above the experts' count drops nothing")
 
@@ -65,6 +89,10 @@ class MoELayerProfile:
     "cuda" (real tensors on one GPU, one NCCL rank)."""
     cuda_memory: dict[str, int] | None = None
     """The cuda backend's allocator readings (``CUDA_MEMORY``); None from the other backends."""
+    layer_spec: str = "transformer_engine"
+    """The layer spec that built the layer (``LAYER_SPECS``), or ``UNKNOWN`` (an old file)."""
+    kernels: str = "cuda"
+    """The kernels its norms ran (``KERNELS``), or ``UNKNOWN`` (an old file)."""
 
     @property
     def routing(self) -> memory.RoutedTokens:
@@ -76,9 +104,9 @@ class MoELayerProfile:
     def to_dict(self) -> dict:
         doc = {"schema": SCHEMA, "version": VERSION, "model": self.model.to_dict(), "seq_len": self.seq_len,
                "mbs": self.mbs, "tp": self.tp, "ep": self.ep, "etp": self.etp, "dispatcher": self.dispatcher,
-               "capacity_factor": self.capacity_factor, "backend": self.backend,
-               "parameter_bytes": dict(self.parameter_bytes), "activation_bytes": dict(self.activation_bytes),
-               "gradient_bytes": self.gradient_bytes}
+               "capacity_factor": self.capacity_factor, "backend": self.backend, "layer_spec": self.layer_spec,
+               "kernels": self.kernels, "parameter_bytes": dict(self.parameter_bytes),
+               "activation_bytes": dict(self.activation_bytes), "gradient_bytes": self.gradient_bytes}
         if self.cuda_memory is not None:  # only the cuda backend's: the other documents stay as they were
             doc["cuda_memory"] = dict(self.cuda_memory)
         return doc
@@ -125,6 +153,7 @@ def from_dict(doc: object, where: str) -> MoELayerProfile:
     if problem := layer_problem(model, **degrees, dispatcher=doc["dispatcher"], capacity_factor=factor):
         raise AdvisorError(f"{where}: {problem}")
     return MoELayerProfile(
+        **_build(doc, model, where),
         model=model, seq_len=limits.check_int(doc.get("seq_len"), "seq_len", limits.SEQ_LEN, where),
         mbs=limits.check_int(doc.get("mbs"), "mbs", limits.MICRO_BATCH, where), **degrees, capacity_factor=factor,
         dispatcher=doc["dispatcher"], backend=doc.get("backend", "symbolic"),
@@ -132,6 +161,32 @@ def from_dict(doc: object, where: str) -> MoELayerProfile:
         activation_bytes=_parts(doc, "activation_bytes", where),
         gradient_bytes=limits.check_int(doc.get("gradient_bytes"), "gradient_bytes", _BYTES, where),
         cuda_memory=None if doc.get("cuda_memory") is None else _parts(doc, "cuda_memory", where, CUDA_MEMORY))
+
+
+def _build(doc: dict, model: MoESpec, where: str) -> dict[str, str]:
+    """The layer spec and kernels a file records (version 3; "unknown" is what an older file read
+    and written back says), or for an older file ``_unrecorded_build``'s."""
+    if doc["version"] < 3:
+        return _unrecorded_build(doc.get("backend", "symbolic"), model, doc["version"])
+    build = {}
+    for key, allowed in (("layer_spec", LAYER_SPECS), ("kernels", KERNELS)):
+        if doc.get(key) not in (*allowed, UNKNOWN):
+            raise AdvisorError(f"{where}: {key} must be one of {', '.join(allowed)}, got {doc.get(key)!r}")
+        build[key] = doc[key]
+    return build
+
+
+def _unrecorded_build(backend: str, model: MoESpec, version: int) -> dict[str, str]:
+    """What a version 1 or 2 writer (megatron_hooks/moe_layer.py) could only have built: its cpu and
+    cuda backends build the local spec on their own device's kernels, nothing else
+    (``_backend_problem`` since they exist); version 1's symbolic backend always ran the CUDA
+    kernels' stand-ins (``kernels`` came with version 2); multi-latent attention builds with the
+    TE spec only (the local ``DotProductAttention`` takes no ``k_channels``,
+    ``megatron_hooks.model.build_gpt_model``). Anything else: unknown."""
+    if backend in ("cpu", "cuda"):
+        return {"layer_spec": "local", "kernels": backend}
+    return {"layer_spec": "transformer_engine" if model.mla is not None else UNKNOWN,
+            "kernels": "cuda" if version == 1 else UNKNOWN}
 
 
 def _parts(doc: dict, key: str, where: str, names: tuple[str, ...] = PARTS) -> dict[str, int]:
@@ -174,3 +229,73 @@ def compare(profile: MoELayerProfile) -> list[dict]:
     ]
     return [{"term": term, "analytic": source, "analytic_bytes": int(analytic), "measured_bytes": int(measured),
              "ratio": measured / analytic if analytic else None} for term, source, analytic, measured in rows]
+
+
+BUILD_DIFFERENCES = {
+    "layer_spec": (("attention activations", "expert + dispatch activations", "shared expert activations"),
+                   "the local spec's unfused core attention keeps the s x s scores (FP32 softmax and their BF16 "
+                   "copy) and K and V expanded to every query head, and it runs without the TE spec's fused RoPE "
+                   "and SwiGLU"),
+    "kernels": (("attention activations", "router activations"),
+                "torch's CPU RMSNorm (the input and pre-MLP norms) computes in FP32 and keeps FP32 copies of its "
+                "input"),
+}
+"""Per build fact (``PRICED``), the terms it changes when the layer was built otherwise, and why:
+measured symbolically on a small Mixtral-shaped layer with shared experts, the local spec changes
+attention, experts and shared experts (not the router, dispatch or weights), and the CPU kernels
+the attention's and the router's norms (tests/test_moe_layer_profile.py; docs/profiling.md: the
+CPU backend's bytes by hand; megatron_hooks/kernels.py, the CPU RMSNorm; megatron_hooks/model.py,
+``_TE_SPEC_FUSIONS``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BuildNote:
+    """Why some of ``compare``'s rows set the measurement against terms for another build: the
+    layer's build differs from ``PRICED`` (or was not recorded), and which terms that touches."""
+
+    layer_spec: str
+    kernels: str
+    unknown: tuple[str, ...]
+    """The build facts the file does not record (``UNKNOWN``)."""
+    terms: tuple[str, ...]
+    """``compare``'s terms the difference touches (the layer total among them)."""
+    reasons: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        """One paragraph: what was measured, what is priced, the terms that differ and why."""
+        priced = _build_words(PRICED["layer_spec"], PRICED["kernels"])
+        parts = [term.removesuffix(" activations") for term in self.terms]
+        touched = (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]) + " activations"
+        measured = _build_words(self.layer_spec, self.kernels)
+        if self.unknown:  # files before v3 do not say; whether the ratios compare like with like is unknown
+            lead = (f"built with {measured} (files before schema v3 do not record the {' or '.join(self.unknown)}), "
+                    f"and the analytic terms price {priced}: if the layer was built otherwise, its {touched} "
+                    f"compare different code")
+        else:
+            lead = f"built with {measured}, but the analytic terms price {priced}: its {touched} compare different code"
+        why = "; ".join(self.reasons)
+        return f"{lead}. {why[0].upper()}{why[1:]}."
+
+    def to_dict(self) -> dict:
+        return {"layer_spec": self.layer_spec, "kernels": self.kernels, "priced": dict(PRICED),
+                "unknown": list(self.unknown), "terms": list(self.terms), "note": self.text}
+
+
+def _build_words(layer_spec: str, kernels: str) -> str:
+    spec = {"transformer_engine": "the Transformer Engine spec", "local": "megatron-core's local spec",
+            UNKNOWN: "an unrecorded layer spec"}[layer_spec]
+    return f"{spec} on {'unrecorded' if kernels == UNKNOWN else kernels.upper()} kernels"
+
+
+def build_note(profile: MoELayerProfile) -> BuildNote | None:
+    """The note for a layer not built as the analytic terms price it (``PRICED``), or not known to
+    be; None where it was (the ratios then compare like with like)."""
+    differing = [key for key in PRICED if getattr(profile, key) != PRICED[key]]
+    if not differing:
+        return None
+    touched = {term for key in differing for term in BUILD_DIFFERENCES[key][0]} | {"layer activations"}
+    return BuildNote(layer_spec=profile.layer_spec, kernels=profile.kernels,
+                     unknown=tuple(key.replace("_", " ") for key in differing if getattr(profile, key) == UNKNOWN),
+                     terms=tuple(term for term in TERMS if term in touched),
+                     reasons=tuple(BUILD_DIFFERENCES[key][1] for key in differing))

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from advisor.report.svg import figure_svg
+
+if TYPE_CHECKING:
+    from advisor.profiles import ProfileRun
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,14 +25,24 @@ class ProfileComparison:
     """Per (run, rank, module): weights and activations, measured and estimated bytes."""
 
 
-def compare_profiles(paths: tuple[Path, ...]) -> ProfileComparison:
-    from advisor.capture.observations import run_directories
-    from advisor.profile_report import compare_rank, run_description
+def load_profiles(paths: tuple[Path, ...]) -> list[ProfileRun]:
+    """Every run under ``paths`` (a run, or a campaign's directory of runs), checked to be of one
+    model and setup as ``advisor recommend --profile`` checks its set
+    (``capture.observations.check_one_setup``): one page sets one setup against its prediction,
+    and a ProfileError names the two runs and the two values that differ."""
+    from advisor.capture.observations import check_one_setup, run_directories
     from advisor.profiles import load_run
 
+    runs = [load_run(directory) for directory in run_directories(list(paths))]
+    check_one_setup(runs)
+    return runs
+
+
+def compare_profiles(paths: tuple[Path, ...]) -> ProfileComparison:
+    from advisor.profile_report import compare_rank, run_description
+
     runs, stages, layers = [], [], []
-    for directory in run_directories(list(paths)):
-        run = load_run(directory)
+    for run in load_profiles(paths):
         runs.append(run_description(run))
         for rank in run.ranks:
             for row in compare_rank(rank):
