@@ -19,6 +19,16 @@ def check_whole_nodes(gpus: int, gpus_per_node: int) -> None:
                            f"of {gpus_per_node}, or at most one node")
 
 
+def world_size_problem(gpus: int, tp: int, cp: int, pp: int, dp: int, *, key: str = "gpus") -> str | None:
+    """Why ``gpus`` (a saved row's or plan's field ``key``) is not the world of this layout, or None:
+    megatron-core's world is TP x CP x PP x DP (core_v0.15.2 parallel_state.py,
+    initialize_model_parallel: data_parallel_size = world_size // (TP x PP x CP)). The one check of
+    the launcher's inputs (``launch.inputs``) and the report's (``advisor.report.inputs``)."""
+    if gpus == tp * cp * pp * dp:
+        return None
+    return f"{key!r} is {gpus}, but TP x CP x PP x DP = {tp * cp * pp * dp}"
+
+
 _BOUNDS = {"tp": limits.DEGREE, "cp": limits.DEGREE, "pp": limits.DEGREE, "dp": limits.DEGREE,
            "mbs": limits.MICRO_BATCH, "vpp": limits.VIRTUAL_STAGES, "seq_len": limits.SEQ_LEN,
            "global_batch_size": limits.GLOBAL_BATCH}

@@ -63,14 +63,25 @@ class Release:
                 f"--megatron-version picks another")
 
 
-def resolve_release(directory: str | os.PathLike | None, version: str | None, *, need_checkout: bool) -> Release:
+def resolve_release(directory: str | os.PathLike | None, version: str | None, *, need_checkout: bool,
+                    elsewhere: bool = False) -> Release:
     """The checkout (``--megatron-lm`` or ``$MEGATRON_LM``) and its version's rules. Without
-    ``need_checkout`` (dry runs, ``advisor-launch args``) a missing checkout is fine: the rules are
-    ``--megatron-version``'s, else the newest release's. A version given that the checkout is not
-    is an error."""
+    ``need_checkout`` (dry runs, ``advisor-launch args``) no checkout is fine: the rules are
+    ``--megatron-version``'s, else the newest release's. A checkout given is read here, and one
+    that is not here (or holds no pretrain_gpt.py) is an error: a typo silently took the newest
+    release's rules (its --mock-data vocabulary differs by one from core 0.15's), unless
+    ``elsewhere``: the path names a checkout in an image or on other nodes (k8s, skypilot), read
+    where this machine has one. A version given that the checkout is not is an error."""
     given = str(directory) if directory not in (None, "") else os.environ.get(ENV_VAR) or None
-    if need_checkout or (given is not None and (Path(given) / SCRIPT).is_file()):
-        checkout = resolve_checkout(given)
+    here = given is not None and (not elsewhere or (Path(given) / SCRIPT).is_file())
+    if need_checkout or here:
+        try:
+            checkout = resolve_checkout(given)
+        except AdvisorError as exc:
+            if need_checkout:
+                raise
+            raise AdvisorError(f"{exc} (without a checkout here, give neither --megatron-lm nor ${ENV_VAR}: "
+                               "--megatron-version picks the rules)") from None
         rules = of_checkout(checkout)
         if version is not None and named(version) is not rules:
             found = ".".join(map(str, read_version(checkout)))

@@ -117,11 +117,13 @@ def megatron_options(func: Callable) -> Callable:
         from launch.checkout import resolve_release
         from launch.job import plan_job, read_job_file
 
-        # a checkout on this machine: for check, and for a real torchrun or sbatch (args, k8s and
-        # skypilot name a checkout elsewhere: in the image, on the nodes)
+        # a checkout on this machine: for check, and for a real torchrun or sbatch; one given to args
+        # or a dry run must be here too. k8s and skypilot name a checkout elsewhere (in the image, on
+        # the nodes), which need not be here.
         need_checkout = func.__name__ == "check_command" or (
             func.__name__ in ("torchrun_command", "sbatch_command") and not kwargs.get("dry_run"))
-        release = resolve_release(megatron_lm, megatron_version, need_checkout=need_checkout)
+        elsewhere = func.__name__ in ("k8s_command", "skypilot_command")
+        release = resolve_release(megatron_lm, megatron_version, need_checkout=need_checkout, elsewhere=elsewhere)
         job_file = read_job_file(job_config) if job_config is not None else None
         mock_data = mock_data or bool(job_file and job_file.mock_data)
         if (note := release.assumption()) and (mock_data or "dry_run" in kwargs):  # where the release matters

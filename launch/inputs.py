@@ -29,11 +29,12 @@ from advisor.capture.plan import VERSION as PLAN_VERSION
 from advisor.errors import AdvisorError
 from advisor.fileio import read_json
 from advisor.megatron_args import megatron_args
-from advisor.memory import check_layout
+from advisor.memory import check_layout, split_problem
 from advisor.options import TrainingOptions
 from advisor.models import LlamaSpec
 from advisor.moe.spec import is_moe
-from advisor.parallel import ParallelConfig, Workload
+from advisor.moe.stage import split_layers
+from advisor.parallel import ParallelConfig, Workload, world_size_problem
 from launch.arguments import flag_values
 
 NUMBERS = {
@@ -209,31 +210,20 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
     tp, cp, pp, dp, mbs = (fields.positive(key) for key in ("tp", "cp", "pp", "dp", "mbs"))
     vpp = fields.positive("vpp", default=1)
     seq_len, gbs, gpus = fields.positive("seq_len"), fields.positive("global_batch_size"), fields.positive("gpus")
-    if gpus != tp * cp * pp * dp:
-        raise AdvisorError(f"{fields.origin}: 'gpus' is {gpus}, but TP x CP x PP x DP = {tp * cp * pp * dp}")
-    if kind == "estimate":
-        stages = fields.document["stages"]
-        if not isinstance(stages, list) or not all(isinstance(stage, dict) for stage in stages):
-            raise AdvisorError(f"{fields.origin}: 'stages' must be a list of stage objects")
-        layers = tuple(_Fields(stage, f"{fields.origin}, stage {i}").count("layers") for i, stage in enumerate(stages))
-        if len(layers) != pp or sum(layers) != spec.num_layers:
-            raise AdvisorError(f"{fields.origin}: the stages hold {list(layers)} layers, not {spec.num_layers} "
-                               f"layers over PP {pp}")
-    elif "layers_per_stage" in fields.document:  # a sweep row carries its own split
-        layers = tuple(fields.array("layers_per_stage", int))
-        if len(layers) != pp or sum(layers) != spec.num_layers:
-            raise AdvisorError(f"{fields.origin}: 'layers_per_stage' {list(layers)} does not split "
-                               f"{spec.num_layers} layers over PP {pp}")
-    else:
-        layers = (spec.num_layers // pp,) * pp
+    if problem := world_size_problem(gpus, tp, cp, pp, dp):
+        raise AdvisorError(f"{fields.origin}: {problem}")
+    given = _split(fields, kind, spec, pp, vpp)
+    # without a split of its own, the one the sweep and the MoE model price (even where PP divides the
+    # layers; a dense model's uneven default is refused by check_layout below, as Megatron refuses it)
+    layers = given if given is not None else tuple(split_layers(spec.num_layers, pp))
     ep = etp = None
     if is_moe(spec):
         args, ep, etp = _moe_args(fields, spec, seq_len, gbs, layers)
     else:
+        _refuse_experts(fields, spec)
         parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
         try:  # what Megatron-LM would refuse, refused here before anything starts
-            check_layout(spec, parallel, Workload(seq_len=seq_len, global_batch_size=gbs),
-                         layers)
+            check_layout(spec, parallel, Workload(seq_len=seq_len, global_batch_size=gbs), given)
         except AdvisorError as exc:
             raise AdvisorError(f"{fields.origin}: {exc}") from None
         args = megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
@@ -247,6 +237,37 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
     )
 
 
+def _split(fields: _Fields, kind: str, spec: LlamaSpec, pp: int, vpp: int) -> tuple[int, ...] | None:
+    """The input's own pipeline split, or None where it has none. Layers per pipeline rank, each
+    rank's VPP chunks together (``advisor.megatron_args.chunk_layers`` splits them), checked as
+    Megatron builds it (``advisor.memory.split_problem``: PP counts, summing to the model's layers,
+    at least VPP on each). An estimate's split is its stages'; a 'layers_per_stage' beside them
+    that differs was ignored without a word."""
+    listed = tuple(fields.array("layers_per_stage", int)) if "layers_per_stage" in fields.document else None
+    if kind == "estimate":
+        stages = fields.document["stages"]
+        if not isinstance(stages, list) or not all(isinstance(stage, dict) for stage in stages):
+            raise AdvisorError(f"{fields.origin}: 'stages' must be a list of stage objects")
+        layers = tuple(_Fields(stage, f"{fields.origin}, stage {i}").count("layers") for i, stage in enumerate(stages))
+        if listed is not None and listed != layers:
+            raise AdvisorError(f"{fields.origin}: 'layers_per_stage' {list(listed)} is not the stages' split "
+                               f"{list(layers)}")
+    else:
+        layers = listed
+    if layers is not None and (problem := split_problem(spec.num_layers, pp, vpp, layers)):
+        raise AdvisorError(f"{fields.origin}: {problem}")
+    return layers
+
+
+def _refuse_experts(fields: _Fields, spec: LlamaSpec) -> None:
+    """A dense model's row with EP or ETP above 1: its flags come from the model, which has no
+    experts, so the degree was dropped without a word (an MoE row's: ``_moe_args``)."""
+    for key in ("ep", "etp"):
+        if fields.document.get(key) is not None and fields.positive(key) > 1:
+            raise AdvisorError(f"{fields.origin}: {key!r} is {fields.document[key]}, but {spec.name} is a dense "
+                               "model: expert parallelism needs a mixture of experts")
+
+
 def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, ...]) -> tuple[list[str], int, int]:
     """(the flags, EP, ETP) of a mixture of experts' row: its EP, ETP, dispatcher, routing and
     recomputation read back by the check the report reads it with too
@@ -258,7 +279,7 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
 
     row = {key: fields.positive(key) for key in ("tp", "cp", "pp", "dp", "mbs")}
     row["vpp"] = fields.positive("vpp", default=1)
-    settings = moe_row_settings(fields.document, fields.origin)
+    settings = moe_row_settings(fields.document, fields.origin, spec)
     gpus = row["tp"] * row["cp"] * row["pp"] * row["dp"]
     problem = layout_problem(spec, Workload(seq_len=seq_len, global_batch_size=gbs), gpus, row["tp"], row["cp"],
                              row["pp"], settings["ep"], settings["etp"], row["mbs"], row["vpp"], tuple(layers),
@@ -292,11 +313,10 @@ def _from_plan(fields: _Fields) -> LaunchInput:
     seq_len, world, per_node = fields.positive("seq_len"), fields.positive("world_size"), fields.positive("gpus_per_node")
     layers = tuple(fields.array("layers_per_stage", int))
     args = tuple(fields.array("megatron_args", str))
-    if world != tp * cp * pp * dp:
-        raise AdvisorError(f"{origin}: 'world_size' is {world}, but TP x CP x PP x DP = {tp * cp * pp * dp}")
-    if len(layers) != pp or sum(layers) != spec.num_layers or min(layers) < 0:
-        raise AdvisorError(f"{origin}: 'layers_per_stage' {list(layers)} does not split {spec.num_layers} layers "
-                           f"over {pp} stages")
+    if problem := world_size_problem(world, tp, cp, pp, dp, key="world_size"):
+        raise AdvisorError(f"{origin}: {problem}")
+    if problem := split_problem(spec.num_layers, pp, 1, layers):
+        raise AdvisorError(f"{origin}: {problem}")
     _check_plan_args(origin, args, {
         "--tensor-model-parallel-size": tp, "--context-parallel-size": cp, "--pipeline-model-parallel-size": pp,
         "--micro-batch-size": mbs, "--global-batch-size": gbs, "--num-layers": spec.num_layers,

@@ -263,15 +263,40 @@ class JobPlan:
         return lines
 
 
+def _budget(tokens: float | None, job_file: JobFile | None, config) -> tuple[float | None, str]:
+    """The token budget and, for messages, where it came from: --tokens, else the job file's, else
+    the input's (``advisor sweep --tokens``)."""
+    if tokens:
+        return tokens, "--tokens"
+    if job_file is not None and job_file.tokens:
+        return job_file.tokens, f"{job_file.origin}: tokens"
+    return config.tokens, f"{config.source}: 'tokens'"
+
+
+def _check_budget(tokens: float, seq_len: int, source: str) -> None:
+    """A budget whose --train-samples Megatron can count: ceil(tokens / seq_len) at most 2^63 - 1,
+    since megatron-core indexes the samples with numpy.int64 (core_v0.15.2
+    megatron/core/datasets/gpt_dataset.py, _build_shuffle_index: numpy.arange(0, num_samples,
+    dtype=numpy.int64)); 1e300 tokens were a 300-digit --train-samples. Each reader has already
+    refused a budget that is not positive or not finite (TokenCount, the job file's 'number', the
+    input's NUMBERS); the ratio's check catches one that got past them."""
+    samples = tokens / seq_len
+    if not (math.isfinite(samples) and math.ceil(samples) <= limits.JSON_INT):
+        raise AdvisorError(f"{source} {tokens:g} is {samples:.4g} samples of {seq_len} tokens: --train-samples must "
+                           f"fit Megatron's int64 sample index (at most {limits.JSON_INT:,} samples, "
+                           f"{limits.JSON_INT * seq_len:.4g} tokens)")
+
+
 def plan_job(config, *, job_file: JobFile | None, tokens: float | None, bandwidth_gbs: float | None,
              user_args: Sequence[str]) -> JobPlan:
     """The job of ``config`` (a ``launch.inputs.LaunchInput``): --tokens, else the job file's, else the
     sweep row's budget; the bandwidth from --fs-bandwidth, else the job file's, else the default."""
     from advisor.equations import model_parameters
 
-    budget = tokens or (job_file.tokens if job_file else None) or config.tokens
+    budget, source = _budget(tokens, job_file, config)
     schedule = None
     if budget is not None:
+        _check_budget(budget, config.seq_len, source)
         fraction = job_file.lr_warmup_fraction if job_file else DEFAULT_WARMUP_FRACTION
         schedule = Schedule(tokens=budget, seq_len=config.seq_len, global_batch_size=config.global_batch_size,
                             warmup_fraction=fraction)

@@ -261,13 +261,13 @@ def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, chec
 
 
 def test_a_dry_run_needs_no_checkout(advisor, tmp_path, monkeypatch):
-    """It says which release's rules it assumed; --megatron-version picks the vocabulary rule."""
+    """It says which release's rules it assumed; --megatron-version picks the vocabulary rule. A
+    checkout it is given must be one (tests/test_launch_strictness.py)."""
     monkeypatch.delenv("MEGATRON_LM", raising=False)
     sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
-    newest = launcher()("torchrun", "--from", sweep, "--megatron-lm", tmp_path / "Megatron-LM", "--mock-data",
-                        "--dry-run")
-    assert newest.stderr.startswith(f"advisor-launch: no checkout at {tmp_path / 'Megatron-LM'}: assuming the rules "
-                                    "of Megatron-LM core 0.19 (checked with core_v0.19.0); --megatron-version picks "
+    newest = launcher()("torchrun", "--from", sweep, "--mock-data", "--dry-run")
+    assert newest.stderr.startswith("advisor-launch: no --megatron-lm or $MEGATRON_LM: assuming the rules of "
+                                    "Megatron-LM core 0.19 (checked with core_v0.19.0); --megatron-version picks "
                                     "another\n")
     assert flag_values(shell_words(newest.stdout))["--vocab-size"] == ("128256",)
     old = launcher()("torchrun", "--from", sweep, "--megatron-version", "core_v0.15.2", "--mock-data", "--dry-run")

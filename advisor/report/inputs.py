@@ -12,9 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from advisor import limits
 from advisor.errors import AdvisorError
+
+if TYPE_CHECKING:  # the report's readers import the models only when they read a row
+    from advisor.models import LlamaSpec
+    from advisor.moe.spec import MoESpec
 
 PLAN_SCHEMA = "megatron-4d-advisor/plan"
 
@@ -75,9 +80,13 @@ def _check_row(row: dict, where: str) -> None:
             raise AdvisorError(f"{where}: '{key}' must be {what}, got {_shown(row[key])}")
     if "model" in row and not isinstance(row["model"], (str, dict)):
         raise AdvisorError(f"{where}: 'model' must be a preset's name or a model object, got {_shown(row['model'])}")
-    if isinstance(row.get("model"), dict) and "num_experts" in row["model"]:
-        moe_row_settings(row, where)  # as advisor-launch reads it: what one refuses, the other does
-    _check_pricing(row, where)
+    try:
+        spec = row_spec(row)  # a row without its model cannot be priced (nor launched)
+    except AdvisorError as exc:
+        raise AdvisorError(f"{where}: {exc}") from None
+    if isinstance(row["model"], dict) and "num_experts" in row["model"]:
+        moe_row_settings(row, where, spec)  # as advisor-launch reads it: what one refuses, the other does
+    _check_pricing(row, where, spec)
 
 
 def row_spec(row: dict):
@@ -108,20 +117,19 @@ def row_options(row: dict):
         raise AdvisorError(f"the row's options cannot be read: {exc}") from None
 
 
-def _check_pricing(row: dict, where: str) -> None:
-    """What the page re-prices a row with (its model, options, layout, GPU preset and memory),
-    checked here so that one line names the file and the row (their errors, raised while the
-    figures were drawn, named neither), and refused as advisor-launch refuses it."""
+def _check_pricing(row: dict, where: str, spec: LlamaSpec) -> None:
+    """What the page re-prices a row with (its model ``spec``, options, layout, GPU preset and
+    memory), checked here so that one line names the file and the row (their errors, raised while
+    the figures were drawn, named neither), and refused as advisor-launch refuses it."""
     from advisor.hardware import get_gpu
     from advisor.memory import check_layout
-    from advisor.parallel import ParallelConfig, Workload
+    from advisor.parallel import ParallelConfig, Workload, world_size_problem
 
     try:
-        spec = row_spec(row)  # a row without its model cannot be priced (nor launched)
         row_options(row)
-        gpus = row["tp"] * row["cp"] * row["pp"] * row["dp"]
-        if row.get("gpus") is not None and row["gpus"] != gpus:
-            raise AdvisorError(f"'gpus' is {row['gpus']}, but TP x CP x PP x DP = {gpus}")
+        if row.get("gpus") is not None and (problem := world_size_problem(row["gpus"], row["tp"], row["cp"],
+                                                                           row["pp"], row["dp"])):
+            raise AdvisorError(problem)
         if row.get("gpu") is not None:
             get_gpu(row["gpu"])
         if row.get("memory_gib") is not None and not row["memory_gib"] > 0:
@@ -142,11 +150,13 @@ MOE_ROUTINGS = ("balanced", "capacity", "dropless")
 """--moe-routing's choices (advisor.cli.moe.moe_options)."""
 
 
-def moe_row_settings(row: dict, where: str) -> dict:
+def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
     """The MoE settings of a sweep row or an estimate (EP, ETP, dispatcher, routing, recomputation,
     overlap, gradients), checked as ``advisor sweep`` and ``estimate`` check the flags they come
     from (``advisor.cli.moe.moe_settings``: the same refusals, one line naming the row's field),
-    an absent one at the command's default. The one check of both readers of a saved MoE row,
+    an absent one at the command's default. ``spec`` is the row's model as its reader built it
+    (``row_spec``, ``spec_from_dict``): the MTP layers the overlap's rule counts are read from it,
+    never from the raw 'model' again. The one check of both readers of a saved MoE row,
     advisor-launch's (``launch.inputs``) and the report's (``classify``): a hand-edited row that
     one would launch or price differently from the other is refused by both."""
     from advisor.moe.overlap import settings_problem
@@ -186,18 +196,11 @@ def moe_row_settings(row: dict, where: str) -> dict:
     # A row carries no --moe-shared-expert-overlap, and its recomputation method and layer count
     # are launched under full recomputation only (advisor.moe.flags), which the layout's check refuses.
     if problem := settings_problem(a2a_overlap=overlap, delay_wgrad=delay, dispatcher=dispatcher,
-                                   recompute=recompute, recompute_modules=modules, mtp_num_layers=_mtp_layers(row)):
+                                   recompute=recompute, recompute_modules=modules,
+                                   mtp_num_layers=spec.mtp_num_layers):
         refuse(problem)
     return {**settings, "recompute": recompute, "recompute_modules": modules, "a2a_overlap": overlap,
             "delay_wgrad": delay, "gradient_bytes": grads, "distributed_optimizer": sharded}
-
-
-def _mtp_layers(row: dict) -> int:
-    """The MTP layers of a row's model object (0 without one, or where the model's own check,
-    ``spec_from_dict``, will refuse what it holds)."""
-    model = row.get("model")
-    layers = model.get("mtp_num_layers", 0) if isinstance(model, dict) else 0
-    return layers if isinstance(layers, int) and not isinstance(layers, bool) else 0
 
 
 def _moe_routing(row: dict, dispatcher: str, refuse) -> dict:
