@@ -37,7 +37,7 @@ import numpy as np
 from advisor.capture.costs import CostTable, empty, upper
 from advisor.capture.layout import Scenario
 from advisor.capture.search import Solution, plan_megatron
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, NothingFits
 from advisor.memory import MemoryOptions, StageModel
 from advisor.models import LlamaSpec
 from advisor.rank_times import RankTimes, recomputed_per_chunk
@@ -47,7 +47,8 @@ def plan_fastest(time: CostTable, memory: CostTable, stages: int, limit: float,
                  scenario: Scenario = Scenario()) -> tuple[Solution, float]:
     """(the plan, its period): the smallest period with every stage's memory within ``limit``,
     then the lowest memory levels among the plans with that period. Each stage of the plan carries
-    its memory as ``cost``."""
+    its memory as ``cost``. ``NothingFits`` where no split is within ``limit``, with the lowest
+    peak any split reaches (CAPTURE's plan of the same table: one more pass of the planner)."""
     if stages > memory.num_units:
         raise AdvisorError(f"{memory.num_units} layers cannot fill {stages} pipeline stages")
     rows = memory.values.shape[0]
@@ -57,8 +58,10 @@ def plan_fastest(time: CostTable, memory: CostTable, stages: int, limit: float,
     try:
         period = plan_megatron(CostTable(np.where(allowed, times, np.inf), memory.layers), stages, scenario).peak
     except AdvisorError:
-        raise AdvisorError(f"no split of {memory.num_units} layers over {stages} stages keeps every stage within "
-                           f"{limit / 2**30:.2f} GiB") from None
+        least = plan_megatron(memory, stages, scenario).peak
+        raise NothingFits(f"no split of {memory.num_units} layers over {stages} stages keeps every stage within "
+                          f"{limit / 2**30:.2f} GiB; the lowest peak any split reaches is {least / 2**30:.2f} GiB"
+                          ) from None
     fastest = CostTable(np.where(allowed & (times <= period), memories, np.inf), memory.layers)
     return plan_megatron(fastest, stages, scenario), float(period)
 

@@ -41,6 +41,15 @@ class MegatronRelease:
     te_cross_entropy: bool = True
     """Whether validate_args accepts --cross-entropy-loss-fusion with --cross-entropy-fusion-impl te:
     core_v0.19.0's asserts against it ('disabled due to stability issues', arguments.py)."""
+    uniform_recompute_any_n: bool = True
+    """Whether --recompute-method uniform runs with any --recompute-num-layers N: core_v0.19.0's
+    ``checkpointed_forward`` ends each unit at ``min(layer_idx + recompute_num_layers,
+    num_layers_per_pipeline_rank)`` (megatron/core/recompute.py), so a model chunk's last unit may
+    be shorter. core_v0.15.2's ``TransformerBlock._checkpointed_forward`` runs
+    ``custom(layer_idx, layer_idx + self.config.recompute_num_layers)``, whose loop takes
+    ``self.layers[index]`` (megatron/core/transformer/transformer_block.py): a chunk whose layers N
+    does not divide (N above them included) fails with IndexError at its first training forward.
+    Neither release validates N against the layers (transformer_config.py only refuses None)."""
     imports: tuple[tuple[str, str], ...] = ()
     """(module, why) for each module outside the standard library that its pretrain_gpt.py imports
     on the way to training: found by importing the script's module level (and, for core_v0.15.2,
@@ -66,6 +75,7 @@ RELEASES: tuple[MegatronRelease, ...] = (
         release=(0, 15), checked="core_v0.15.2", python=(3, 10), null_tokenizer_extra_rows=1,
         mock_data_max_token_id=4094, pretrain="providers",
         transformer_config_module="megatron.training.arguments", fsdp_sharding_strategy="no_shard",
+        uniform_recompute_any_n=False,
         imports=(("torch", ""), ("numpy", ""), ("packaging", ": megatron/training/arguments.py"),
                  ("six", ": megatron/training/tokenizer/bert_tokenization.py"),
                  ("regex", ": megatron/training/tokenizer/gpt2_tokenization.py"),

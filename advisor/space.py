@@ -83,6 +83,9 @@ class SpaceOptions:
     sharding: Literal["auto", "fixed"] = "fixed"
     """'auto': when no layout fits with the options given, ``advisor.sweep`` tries Megatron-FSDP and
     optimizer CPU offload (``advisor.escalation``); 'fixed': the options given only."""
+    chunk_multiple: int = 1
+    """With ``split='even'``: only layouts whose model chunks hold a multiple of this many layers
+    (the pinned uniform N on a release that fails on others: ``advisor.sweep._chunk_multiple``)."""
 
 
 PAPER_SPACE = SpaceOptions(split="even", vpp=1, recompute="none")
@@ -118,8 +121,9 @@ def _divisors(n: int) -> list[int]:
 
 
 def launchable(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, options: MemoryOptions,
-               split: SplitChoice = "auto") -> Bases:
-    """Every (TP, CP, PP, DP, MBS) Megatron-LM can run on ``gpus`` GPUs (see the module docstring)."""
+               split: SplitChoice = "auto", chunk_multiple: int = 1) -> Bases:
+    """Every (TP, CP, PP, DP, MBS) Megatron-LM can run on ``gpus`` GPUs (see the module docstring);
+    with the even split, its stages' layers a multiple of ``chunk_multiple`` (``SpaceOptions``)."""
     s, gbs, layers = workload.seq_len, workload.global_batch_size, spec.num_layers
     max_mbs = gbs or s  # without a global batch, any MBS is allowed
     rows = []
@@ -130,7 +134,7 @@ def launchable(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, opti
             if gpus % (t * c) or (c > 1 and (s % (2 * c) or not options.flash_attention)) or (t > 1 and (s // c) % t):
                 continue
             for p in _divisors(gpus // (t * c)):
-                if p > layers or (split == "even" and layers % p):
+                if p > layers or (split == "even" and (layers % p or (layers // p) % chunk_multiple)):
                     continue
                 d = gpus // (t * c * p)
                 for b in _powers_of_two(max_mbs // d):
@@ -392,7 +396,8 @@ def _states_lower_bound(spec: LlamaSpec, bases: Bases, options: MemoryOptions) -
 
 def _groups(spec: LlamaSpec, bases: Bases, space: SpaceOptions) -> tuple[np.ndarray, np.ndarray]:
     """Every (base, VPP) Megatron runs: 1, or 2 .. L/PP chunks per rank where the interleaved
-    schedule runs (PP > 1, the microbatches a multiple of PP)."""
+    schedule runs (PP > 1, the microbatches a multiple of PP); with the even split, its chunks
+    whole and a multiple of ``space.chunk_multiple`` (``Recomputation.chunk_problem``'s test)."""
     layers, p, m = spec.num_layers, bases.pp, bases.microbatches
     with np.errstate(invalid="ignore"):  # inf microbatches: no cap
         interleavable = (p > 1) & (np.isinf(m) | ((m >= p) & (np.fmod(m, p) == 0)))
@@ -403,7 +408,8 @@ def _groups(spec: LlamaSpec, bases: Bases, space: SpaceOptions) -> tuple[np.ndar
         base = np.repeat(np.arange(len(top)), top)
         vpp = np.arange(len(base)) - np.repeat(np.cumsum(top) - top, top) + 1
     if space.split != "auto":
-        keep = layers % (p[base] * vpp) == 0
+        chunks = p[base] * vpp
+        keep = (layers % chunks == 0) & ((layers // chunks) % space.chunk_multiple == 0)
         base, vpp = base[keep], vpp[keep]
     return base.astype(np.int64), vpp.astype(np.int64)
 
@@ -438,7 +444,7 @@ def may_fit(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *
       factors than a plain one's;
     - bases whose model states alone exceed the memory are skipped, as the search does.
     ``tests/test_space.py`` checks against whole sweeps that it never says False where one fits."""
-    bases = launchable(spec, workload, gpus, max_tp, options, space.split)
+    bases = launchable(spec, workload, gpus, max_tp, options, space.split, space.chunk_multiple)
     calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
     return _fits_somewhere(spec, workload, bases, *_groups(spec, bases, space), memory_gib, options, space,
                            calibrated)[0]
@@ -691,7 +697,7 @@ def search_parts(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: flo
     """``search``, chunk by chunk: (the chunk's SpaceResult, the indices of its bases among all
     launchable ones), shallow pipelines first. Each chunk's arrays are as wide as its own deepest
     pipeline: merged, 12,766 bases padded to PP 4,096 took 3 GB (``space_chunks``)."""
-    bases = launchable(spec, workload, gpus, max_tp, options, space.split)
+    bases = launchable(spec, workload, gpus, max_tp, options, space.split, space.chunk_multiple)
     group_base, group_vpp = _groups(spec, bases, space)
     calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
     # Where no layout can fit at all (the largest inputs: minutes of planning), skip the planning:

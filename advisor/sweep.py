@@ -134,9 +134,10 @@ def _row_options(options: TrainingOptions, recompute: str, method: str, layers: 
     return options.with_(recompute="full", recompute_method=method, recompute_num_layers=int(layers))
 
 
-def _check_inputs(spec: LlamaSpec, gpus: int, memory_gib: float, *, threshold: float, memory_model: str,
-                  measured, whole_node: int, space: SpaceOptions) -> None:
-    """One line (AdvisorError) for a sweep that cannot be asked, before anything is priced."""
+def _check_inputs(gpus: int, memory_gib: float, *, threshold: float, memory_model: str, measured, whole_node: int,
+                  space: SpaceOptions, release) -> SpaceOptions:
+    """One line (AdvisorError) for a sweep that cannot be asked, before anything is priced; else
+    the space the search takes (``_chunk_multiple``)."""
     from advisor.ranking import check_memory_model
 
     if gpus < 1:
@@ -147,9 +148,31 @@ def _check_inputs(spec: LlamaSpec, gpus: int, memory_gib: float, *, threshold: f
         raise AdvisorError(f"the threshold must be in (0, 1], got {threshold}")
     check_memory_model(memory_model, measured)
     check_whole_nodes(gpus, whole_node)
-    if space.recompute_num_layers is not None and space.recompute_num_layers > spec.num_layers:
-        raise AdvisorError(f"--recompute-num-layers {space.recompute_num_layers} is more than the model's "
-                           f"{spec.num_layers} layers")
+    return _chunk_multiple(space, release)
+
+
+def _chunk_multiple(space: SpaceOptions, release) -> SpaceOptions:
+    """``space`` with the multiple of layers every model chunk needs on ``release``
+    (``Recomputation.chunk_multiple``: the pinned uniform N on core 0.15, else 1), or one line
+    where the search would choose what that release fails on: N (the uniform method's, searched),
+    or an uneven split (the planners' splits take any count). With --split even the search keeps
+    the layouts whose chunks N divides (``space._groups``)."""
+    from advisor.options import Recomputation, release_defaults
+    from advisor.options.training import uniform_chunk_rule
+
+    if space.recompute != "full" or space.recompute_method != "uniform" \
+            or release_defaults(release).uniform_recompute_any_n:
+        return space
+    if space.recompute_num_layers is None:
+        raise AdvisorError("advisor sweep needs --recompute-num-layers N with --recompute-method uniform here (it "
+                           f"would choose N per layout; 1 runs on every one): {uniform_chunk_rule(release)}")
+    multiple = Recomputation(recompute="full", recompute_method="uniform",
+                             recompute_num_layers=space.recompute_num_layers).chunk_multiple(release)
+    if multiple > 1 and space.split == "auto":
+        raise AdvisorError(f"advisor sweep needs --split even with --recompute-method uniform --recompute-num-layers "
+                           f"{multiple} here (its planned splits give a chunk any count of layers; the even split "
+                           f"is kept where N divides its chunks): {uniform_chunk_rule(release)}")
+    return replace(space, chunk_multiple=multiple)
 
 
 def _timing(spec: LlamaSpec, workload: Workload, gpu, time_options):
@@ -173,6 +196,8 @@ def _no_layout(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, spac
         f"batch {workload.global_batch_size} must be divisible by MBS x DP"
         + (f"; VPP {space.vpp} needs PP > 1, at least {space.vpp} layers per stage and the microbatches a "
            f"multiple of PP" if space.vpp not in (None, 1) else "")
+        + (f"; with --recompute-method uniform --recompute-num-layers {space.chunk_multiple}, every model chunk's "
+           f"layers a multiple of it" if space.chunk_multiple > 1 else "")
     )
 
 
@@ -223,6 +248,7 @@ def sweep(
     time_options=None,
     tokens: float | None = None,
     measured=None,
+    release=None,
 ) -> Sweep:
     """One row per launchable (TP, CP, PP, DP, MBS), with its best split, VPP and recomputation,
     priced with the training ``options`` (``advisor.options``: memory and time both read them;
@@ -233,14 +259,15 @@ def sweep(
     verdicts and ranking come from ``advisor.ranking.assess_rows`` (``memory_model`` 'paper':
     Eq. 18 and the 80% rule, 'calibrated', or 'profile' with ``measured`` activations,
     ``advisor.profile_terms``; the space is planned against the same model, its variants and
-    splits chosen to fit by the verdicts' own rule; ``rank_by`` throughput | memory | paper)."""
+    splits chosen to fit by the verdicts' own rule; ``rank_by`` throughput | memory | paper); the
+    rows run on Megatron-LM ``release`` (``advisor.options.release_defaults``; None: the newest)."""
     from advisor.ranking import assess_rows
     from advisor import space_chunks
     from advisor.space import SpaceOptions, search_parts
 
     space = space or SpaceOptions()
-    _check_inputs(spec, gpus, memory_gib, threshold=threshold, memory_model=memory_model, measured=measured,
-                  whole_node=gpu.gpus_per_node if gpu is not None else max_tp, space=space)
+    space = _check_inputs(gpus, memory_gib, threshold=threshold, memory_model=memory_model, measured=measured,
+                          whole_node=gpu.gpus_per_node if gpu is not None else max_tp, space=space, release=release)
     training, options = options, options.memory_options()
     timing = _timing(spec, workload, gpu, time_options or training.time_options()) if gpu is not None else None
     memory_calibration = None
@@ -279,7 +306,8 @@ def sweep(
     fixed = replace(space, sharding="fixed")
     return escalate(swept, lambda lever: sweep(
         spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=lever, space=fixed, gpu=gpu,
-        memory_model=memory_model, rank_by=rank_by, time_options=time_options, tokens=tokens, measured=measured),
+        memory_model=memory_model, rank_by=rank_by, time_options=time_options, tokens=tokens, measured=measured,
+        release=release),
         training, gpu, may_help=lambda lever: may_fit(
             spec, workload, gpus, memory_gib, max_tp=max_tp, options=lever.memory_options(), space=fixed,
             memory_calibration=memory_calibration, measured=measured))

@@ -201,8 +201,11 @@ ISSUE24 = [  # (arguments, what the line says): each crashed, or was accepted wi
      "no valid (TP, CP, PP, MBS) for 3 GPUs"),
     (SWEEP + ["--gpus-per-node", 3], "8 GPUs are not whole nodes of 3 (--gpus-per-node)"),
     (["estimate", "--gpus", 8, "--mem", 80, "--gpus-per-node", 3], "8 GPUs are not whole nodes of 3"),
-    (SWEEP + ["--recompute", "full", "--recompute-num-layers", 99], "--recompute-num-layers 99 is more than the "
-                                                                      "model's 32 layers"),
+    # N above the layers: block recomputes every layer (both releases run it, tests/test_recompute_layers.py);
+    # core 0.15's uniform method fails on it, so no even split is left
+    (SWEEP + ["--recompute", "full", "--recompute-method", "uniform", "--recompute-num-layers", 99, "--split", "even",
+              "--megatron-version", "0.15"],
+     "with --recompute-method uniform --recompute-num-layers 99, every model chunk's layers a multiple of it"),
     (["estimate", "--gpus", 3, "--pp", 3, "--vpp", 11, "--mem", 80], "32 layers cannot fill PP 3 x VPP 11"),
 ]
 

@@ -166,13 +166,34 @@ def _split_times(time: CostTable, layers_per_stage) -> tuple[float, ...]:
     return tuple(time.cost(int(bounds[i]) + 1, int(bounds[i + 1]), count - i) for i in range(count))
 
 
+def _chunk_units(spec: LlamaSpec, training: TrainingOptions, pp: int, release,
+                 tables: tuple[CostTable, CostTable | None]) -> tuple[CostTable, CostTable | None]:
+    """The tables the planner may split: over layers, or, where ``release`` runs the recomputation
+    only on stages whose layers N divides (``Recomputation.chunk_multiple``: the uniform method on
+    core 0.15), over units of N layers, so that every planned stage holds a multiple of N (as
+    CAPTURE's merged units do). One line where no split can."""
+    multiple = training.recomputation.chunk_multiple(release)
+    if multiple == 1:
+        return tables
+    from advisor.options.training import uniform_chunk_rule
+
+    layers = spec.num_layers
+    if layers % multiple or layers // multiple < pp:
+        raise AdvisorError(f"--recompute-method uniform --recompute-num-layers {multiple}: no split of {layers} "
+                           f"layers over PP {pp} gives every stage a multiple of {multiple} layers; "
+                           f"{uniform_chunk_rule(release)}")
+    groups = tuple((first, first + multiple - 1) for first in range(1, layers + 1, multiple))
+    return tuple(None if table is None else unit_table(table.values, groups) for table in tables)
+
+
 def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOptions, *, gpus: int,
                        gpus_per_node: int, tp: int, cp: int, pp: int, micro_batch_size: int,
                        objective: Objective = "memory", memory_limit: float | None = None,
-                       timing: Timing | None = None) -> Plan:
+                       timing: Timing | None = None, release=None) -> Plan:
     """Without profiles: seed 004's memory per stage and position, the time model's stage times;
-    the lowest peak, or MadPipe's shortest period within ``memory_limit`` bytes; the plan's flags
-    state every training option of ``options``."""
+    the lowest peak, or MadPipe's shortest period within ``memory_limit`` bytes, among the splits
+    Megatron-LM ``release`` runs (None: the newest); the plan's flags state every training option
+    of ``options``."""
     training, options = options.at_tp(tp), options.memory_options()
     gbs = workload.global_batch_size
     if gbs is None:
@@ -183,9 +204,10 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOpt
     scenario = Scenario(tp=tp, dp=dp)
     memory, time = analytic_tables(spec, workload.seq_len, options, tp=tp, cp=cp, dp=dp, mbs=micro_batch_size,
                                    pp=pp, num_microbatches=m, timing=timing)
-    solution, times = _plan_split(memory, time, pp, scenario, objective, memory_limit)
+    units = _chunk_units(spec, training, pp, release, (memory, time))
+    solution, times = _plan_split(*units, pp, scenario, objective, memory_limit)
     per_stage = tp * cp * dp
-    stages = _stages(solution, memory, m, cp,
+    stages = _stages(solution, units[0], m, cp,
                      lambda index, stage: tuple(range(index * per_stage, (index + 1) * per_stage)), times)
     layers = tuple(stage.layers for stage in stages)
     even = tuple(even_split(spec.num_layers, pp))
@@ -213,7 +235,7 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOpt
         num_microbatches=m, stages=stages, baseline=baseline,
         megatron_args=tuple(megatron_args(spec, workload.seq_len, tp=tp, cp=cp, layers_per_stage=layers,
                                           micro_batch_size=micro_batch_size, global_batch_size=gbs,
-                                          options=training)),
+                                          options=training, release=release)),
         objective=objective, memory_limit_bytes=memory_limit if objective == "time" else None, step_time_s=step,
         options=training,
     )

@@ -11,7 +11,8 @@ from advisor.cli import moe as moe_cli
 from advisor.cli.moe import moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit,
-    file_path, gpu_options, model_choice_options, model_options, output_options, parse_layer_counts, workload_options,
+    file_path, gpu_options, model_choice_options, model_options, nothing_fits, output_options, parse_layer_counts,
+    workload_options,
 )
 from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 from advisor.cli.training_flags import memory_options
@@ -122,7 +123,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     measured = _measured(profile_dir, spec, options)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
                        space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens,
-                       measured=measured)
+                       measured=measured, release=release)
     if result.escalation:
         click.echo(f"advisor sweep: nothing fits with the options given; the rows use {result.escalation} "
                    "(their options and megatron_args say so; lever_time_cost_s is its step-time cost)", err=True)
@@ -244,10 +245,9 @@ def _emit_sweep(dicts: list[dict], text: str | None, fmt: str, output, result, t
     if fmt != "table":
         click.echo(f"advisor sweep: {searched}", err=True)
     if nothing is not None:
-        click.echo(nothing, err=True)
         if fmt != "table":
             emit(text, output)
-        click.get_current_context().exit(1)
+        nothing_fits(nothing)
     emit(text, output)
 
 
@@ -353,9 +353,8 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
                                 output, vpp, _moe_recompute(options), given_memory_model, read, layers_per_stage=given,
                                 compare_best=compare_best, gpus_per_node=gpus_per_node)
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
-    if problem := options.layout_problem(pp=pp, tie_embeddings=spec.tie_embeddings):
-        raise InputError(problem)
     stages, planned = _planned_split(spec, given, pp, vpp)
+    _check_layout_options(options, spec, pp, stages or (spec.num_layers // pp,) * pp, vpp, release)
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
         tokens=tokens, release=release)
@@ -416,6 +415,21 @@ def _data_parallel(gpus: int | None, dp: int | None, model_parallel: int, gpus_p
         dp = gpus // model_parallel
     check_whole_nodes(gpus or dp * model_parallel, gpus_per_node)
     return dp
+
+
+def _check_layout_options(options, spec, pp: int, layers_per_stage, vpp: int, release) -> None:
+    """One line where Megatron-LM refuses the options with this layout (``layout_problem``), or,
+    the split being one it builds, where the release fails on --recompute-num-layers with its
+    model chunks (``Recomputation.chunk_problem``, the check advisor sweep and recommend share)."""
+    from advisor.megatron_args import chunk_layers
+    from advisor.memory import split_problem
+
+    if problem := options.layout_problem(pp=pp, tie_embeddings=spec.tie_embeddings):
+        raise InputError(problem)
+    if problem := split_problem(spec.num_layers, pp, vpp, tuple(layers_per_stage)):
+        raise InputError(problem)
+    if problem := options.recomputation.chunk_problem(chunk_layers(layers_per_stage, vpp), release):
+        raise InputError(problem)
 
 
 def _moe_recompute(options) -> str:

@@ -341,6 +341,13 @@ def emit(text: str, output: Path | None) -> None:
         _write(output, text)
 
 
+def nothing_fits(line: str) -> None:
+    """"Nothing fits": ``line`` on stderr and exit status 1, after whatever the command has
+    written (bad input is 2). The one way every command ends so (README, "nothing fits")."""
+    click.echo(line, err=True)
+    click.get_current_context().exit(1)
+
+
 def emit_document(document: dict, table: str | Callable[[], str], fmt: str, output: Path | None) -> None:
     """A document: its JSON to ``output`` if given, and the table or the JSON to stdout
     (``table`` may be a function: drawn only when shown)."""

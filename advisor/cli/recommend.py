@@ -9,7 +9,7 @@ import click
 
 from advisor.cli.options import (
     DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, InputPath, color_wanted, document_options, emit_document,
-    file_path, gpu_options, model_options, workload_options,
+    file_path, gpu_options, model_options, nothing_fits, workload_options,
 )
 from advisor.cli.training_flags import memory_options
 
@@ -20,7 +20,37 @@ PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num
                    "flash_attn", "vocab_divisible_by")
 
 
-@click.command("recommend", epilog=EPILOG)
+RECOMMEND_HELP = """Recommend the layers per stage (and, in hybrid mode, per-stage degrees) with the lowest
+predicted peak memory, or with the shortest predicted period under the memory limit.
+
+\b
+Both planners are exact and polynomial: CAPTURE's lowest peak, breaking
+ties as CAPTURE does (the next-highest GPU, and so on); MadPipe's shortest
+period under the limit for Megatron's 1F1B (stage i keeps PP - i
+microbatches), ties to the lowest memory. Every planned stage is one
+Megatron-LM runs: with --recompute-method uniform on --megatron-version
+0.15, its layers a multiple of --recompute-num-layers.
+
+The exit status is 0 for a plan within the memory; 1 when nothing fits: with
+--objective time no split keeps every stage within the limit (one line says the
+lowest peak any split reaches, and no plan is written), with --objective memory
+the lowest peak is above --mem or the --gpu's memory (the plan is still written,
+and one line on stderr says it does not fit); 2 for bad input.
+
+\b
+Examples:
+  advisor recommend --profile runs/ --gpus 16 --pp 4 --mbs 1 --gbs 64
+  advisor recommend --profile runs/ --gpus 16 --gpu h100-94gb --pp 4
+      # the preset's memory
+  advisor recommend --profile runs/ --gpus 16 --gpus-per-node 4 \\
+      --mode hybrid --mbs 8 --predictor capture -o plan.json --png plan.png
+  advisor recommend --model llama3.1-405b --gpus 16384 --tp 8 --pp 16 \\
+      --gbs 2048 --objective time --gpu h100-80gb
+"""
+"""advisor recommend --help (here, not in the docstring: the function stays within 80 lines)."""
+
+
+@click.command("recommend", epilog=EPILOG, help=RECOMMEND_HELP)
 @click.option("--profile", "profiles", multiple=True, type=InputPath(path_type=Path),
               help="A run directory (rank*.jsonl) or a directory of them; repeat for more. Without it the plan "
                    "comes from the analytic models (the 4D paper's memory, the time model with --gpu).")
@@ -54,28 +84,11 @@ PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num
 @document_options
 def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predictor, tp, cp, pp, mbs, merge_to,
               threshold, png, spec, workload, options, release, fmt, output) -> None:
-    """Recommend the layers per stage (and, in hybrid mode, per-stage degrees) with the lowest
-    predicted peak memory, or with the shortest predicted period under the memory limit.
-
-    \b
-    Both planners are exact and polynomial: CAPTURE's lowest peak, breaking
-    ties as CAPTURE does (the next-highest GPU, and so on); MadPipe's shortest
-    period under the limit for Megatron's 1F1B (stage i keeps PP - i
-    microbatches), ties to the lowest memory.
-
-    \b
-    Examples:
-      advisor recommend --profile runs/ --gpus 16 --pp 4 --mbs 1 --gbs 64
-      advisor recommend --profile runs/ --gpus 16 --gpu h100-94gb --pp 4
-          # the preset's memory
-      advisor recommend --profile runs/ --gpus 16 --gpus-per-node 4 \\
-          --mode hybrid --mbs 8 --predictor capture -o plan.json --png plan.png
-      advisor recommend --model llama3.1-405b --gpus 16384 --tp 8 --pp 16 \\
-          --gbs 2048 --objective time --gpu h100-80gb
-    """
+    """``advisor recommend``: ``RECOMMEND_HELP`` says what it does."""
     from click.core import ParameterSource
 
     from advisor.capture.recommend import recommend_analytic, recommend_hybrid, recommend_megatron
+    from advisor.errors import NothingFits
     from advisor.memory import GIB
     from advisor.parallel import check_whole_nodes
 
@@ -99,34 +112,48 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
             raise InputError("--objective time needs the memory limit: --mem GIB or --gpu NAME")
         limit = (threshold or (1.0 if profiles else 0.8)) * mem * GIB
     common = dict(gpus=gpus, gpus_per_node=gpus_per_node, micro_batch_size=mbs)
-    if profiles:
-        from advisor.capture.observations import load_profile_set
+    try:
+        if profiles:
+            from advisor.capture.observations import load_profile_set
 
-        profile_set = load_profile_set(profiles)
-        if gpu is not None:
-            # priced as launched: the profiles' setup decides the plan's flags (advisor.megatron_args)
-            timing = _timing(profile_set.model, gpu, profile_set.seq_len, workload.global_batch_size,
-                             profile_set.setup.training_options().time_options())
-        common.update(global_batch_size=workload.global_batch_size, predictor=predictor, merge_to=merge_to)
-        if mode == "megatron":
-            plan = recommend_megatron(profile_set, tp=tp, pp=pp, objective=objective, memory_limit=limit,
-                                      timing=timing, **common)
+            profile_set = load_profile_set(profiles)
+            if gpu is not None:
+                # priced as launched: the profiles' setup decides the plan's flags (advisor.megatron_args)
+                timing = _timing(profile_set.model, gpu, profile_set.seq_len, workload.global_batch_size,
+                                 profile_set.setup.training_options().time_options())
+            common.update(global_batch_size=workload.global_batch_size, predictor=predictor, merge_to=merge_to)
+            if mode == "megatron":
+                plan = recommend_megatron(profile_set, tp=tp, pp=pp, objective=objective, memory_limit=limit,
+                                          timing=timing, **common)
+            else:
+                plan = recommend_hybrid(profile_set, **common)
         else:
-            plan = recommend_hybrid(profile_set, **common)
-    else:
-        if getattr(spec, "num_experts", None):  # priced as dense it would be wrong, not approximate
-            raise InputError(f"{spec.name} is a mixture of experts: the recommender's stages are dense layers; "
-                             "use advisor sweep or advisor estimate (--ep, --layers-per-stage)")
-        if gpu is not None:
-            timing = _timing(spec, gpu, workload.seq_len, workload.global_batch_size, options.time_options())
-        plan = recommend_analytic(spec, workload, options, tp=tp, cp=cp, pp=pp, objective=objective,
-                                  memory_limit=limit, timing=timing, **common)
+            if getattr(spec, "num_experts", None):  # priced as dense it would be wrong, not approximate
+                raise InputError(f"{spec.name} is a mixture of experts: the recommender's stages are dense layers; "
+                                 "use advisor sweep or advisor estimate (--ep, --layers-per-stage)")
+            if gpu is not None:
+                timing = _timing(spec, gpu, workload.seq_len, workload.global_batch_size, options.time_options())
+            plan = recommend_analytic(spec, workload, options, tp=tp, cp=cp, pp=pp, objective=objective,
+                                      memory_limit=limit, timing=timing, release=release, **common)
+    except NothingFits as exc:
+        nothing_fits(f"advisor recommend: nothing fits: {exc} (TP {tp}, PP {pp}, MBS {mbs}, --threshold "
+                     f"{limit / GIB / mem:g} x {mem:g} GiB). {_tries(profiles, options)}")
     if png is not None:
         from advisor.capture.chart import draw
 
         draw(plan, png, mem)
         click.echo(f"wrote {png}", err=True)
     emit_document(plan.to_dict(), lambda: _plan_table(plan, mem), fmt, output)
+    if mem and plan.peak_bytes > mem * GIB:  # the lowest peak, shown, but over the memory
+        nothing_fits(f"advisor recommend: nothing fits: the lowest peak any split reaches is "
+                     f"{plan.peak_bytes / GIB:.2f} GiB per GPU, above {mem:g} GiB. {_tries(profiles, options)}")
+
+
+def _tries(profiles, options) -> str:
+    """What can bring a plan's peak down, but what was given already (as advisor sweep's hints)."""
+    full = not profiles and options.recomputation.recompute != "full"  # profiles decide their recomputation
+    return "Try more GPUs, a larger --pp or --tp" + (", or --recompute full" if full else "") + \
+        " (advisor sweep searches the layouts)"
 
 
 def _timing(spec, gpu, seq_len: int, global_batch_size: int, time_options=None):

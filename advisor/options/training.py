@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 from advisor.errors import AdvisorError
+from advisor.options.releases import release_defaults
 
 ParamsDtype = Literal["bfloat16", "float16", "float32"]
 GradDtype = Literal["fp32", "bf16", "fp16"]
@@ -176,6 +177,41 @@ class Recomputation:
         _choice(self.recompute_method, ("uniform", "block"), "recompute_method")
         if self.recompute_num_layers < 1:
             raise AdvisorError(f"recompute_num_layers must be at least 1, got {self.recompute_num_layers}")
+
+    def chunk_multiple(self, release=None) -> int:
+        """What the layers of every model chunk (a pipeline stage, or each of its virtual stages)
+        must be a multiple of for Megatron-LM ``release`` (what ``release_defaults`` takes; None:
+        the newest) to run this recomputation: N with the uniform method on a release that cannot
+        end a unit early (``MegatronRelease.uniform_recompute_any_n``: core_v0.15.2), else 1.
+
+        The block method runs any N on both releases: its loop checkpoints the layers with
+        ``layer_idx < recompute_num_layers`` (transformer_block.py, core_v0.19.0 recompute.py), so
+        an N above a chunk's layers recomputes all of them, and is priced as N = those layers."""
+        if self.recompute != "full" or self.recompute_method != "uniform" \
+                or release_defaults(release).uniform_recompute_any_n:
+            return 1
+        return self.recompute_num_layers
+
+    def chunk_problem(self, chunk_layers, release=None) -> str | None:
+        """The line refusing a layout whose model chunks hold ``chunk_layers`` layers each
+        (``megatron_args.chunk_layers``) where ``release`` would fail on them, or None: the one
+        check of --recompute-num-layers against a layout, for every command."""
+        multiple = self.chunk_multiple(release)
+        bad = sorted({int(layers) for layers in chunk_layers if layers % multiple})
+        if not bad:
+            return None
+        chunks = ", ".join(map(str, bad))
+        return (f"--recompute-method uniform --recompute-num-layers {multiple} with model chunks of {chunks} layers: "
+                f"{uniform_chunk_rule(release)}; give an N that divides every chunk, --recompute-method block or "
+                "--megatron-version 0.19")
+
+
+def uniform_chunk_rule(release=None) -> str:
+    """Why ``Recomputation.chunk_multiple`` is N on ``release``, for the lines that refuse a layout
+    or a search over splits."""
+    return (f"{release_defaults(release).name} runs --recompute-method uniform in units of N layers per model "
+            "chunk and fails on a chunk that N does not divide (IndexError at the first forward: "
+            "transformer_block.py, _checkpointed_forward; core 0.19 ends the last unit early)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
