@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from advisor import limits
-from advisor.cli.options import DEGREE, Bounded, InputError, apply_options, color_wanted, emit
+from advisor.cli.options import DEGREE, Bounded, InputError, apply_options, color_wanted, emit, nothing_fits
 from advisor.moe.spec import RECOMPUTE_MODULES
 
 MOE_CAPACITY_FACTOR = Bounded(limits.MOE_CAPACITY_FACTOR, integer=False, low_open=True)
@@ -186,11 +186,10 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
     if not result.ranked and not show_all:
         least = result.least()
         need = least.get("usage_gib", least["total_gib"])
-        click.echo(f"advisor sweep: nothing fits; the least any layout needs is {need:.1f} GiB per GPU "
-                   f"(TP {least['tp']}, PP {least['pp']}, EP {least['ep']}) against {mem:g} GiB", err=True)
         if fmt != "table":  # the empty document, as the dense sweep gives it
             emit(text, output)
-        click.get_current_context().exit(1)
+        nothing_fits(f"advisor sweep: nothing fits; the least any layout needs is {need:.1f} GiB per GPU "
+                     f"(TP {least['tp']}, PP {least['pp']}, EP {least['ep']}) against {mem:g} GiB")
     emit(text, output)
 
 
