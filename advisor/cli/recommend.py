@@ -137,7 +137,7 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
                                       memory_limit=limit, timing=timing, release=release, **common)
     except NothingFits as exc:
         nothing_fits(f"advisor recommend: nothing fits: {exc} (TP {tp}, PP {pp}, MBS {mbs}, --threshold "
-                     f"{limit / GIB / mem:g} x {mem:g} GiB). {_tries(profiles, options)}")
+                     f"{limit / GIB / mem:g} x {mem:g} GiB). {_tries(profiles, options, mode)}")
     if png is not None:
         from advisor.capture.chart import draw
 
@@ -146,11 +146,14 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
     emit_document(plan.to_dict(), lambda: _plan_table(plan, mem), fmt, output)
     if mem and plan.peak_bytes > mem * GIB:  # the lowest peak, shown, but over the memory
         nothing_fits(f"advisor recommend: nothing fits: the lowest peak any split reaches is "
-                     f"{plan.peak_bytes / GIB:.2f} GiB per GPU, above {mem:g} GiB. {_tries(profiles, options)}")
+                     f"{plan.peak_bytes / GIB:.2f} GiB per GPU, above {mem:g} GiB. {_tries(profiles, options, mode)}")
 
 
-def _tries(profiles, options) -> str:
-    """What can bring a plan's peak down, but what was given already (as advisor sweep's hints)."""
+def _tries(profiles, options, mode: str = "megatron") -> str:
+    """What can bring a plan's peak down, but what was given already (as advisor sweep's hints);
+    hybrid mode chooses TP and PP itself, so only more GPUs."""
+    if mode == "hybrid":
+        return "Try more GPUs"
     full = not profiles and options.recomputation.recompute != "full"  # profiles decide their recomputation
     return "Try more GPUs, a larger --pp or --tp" + (", or --recompute full" if full else "") + \
         " (advisor sweep searches the layouts)"
