@@ -220,7 +220,7 @@ class SpaceResult:
     considered: int
     """Layout variants in the space: (TP, CP, PP, DP, MBS) x VPP x recomputation."""
     evaluated: int
-    """Variants whose splits were planned; the others were pruned by the rules above."""
+    """Distinct variants priced (``_Priced``); the others were pruned by the rules above."""
 
     @property
     def pruned(self) -> int:
@@ -459,7 +459,7 @@ def _fits_somewhere(spec: LlamaSpec, workload: Workload, bases: Bases, group_bas
     memory = memory_gib * GIB
     candidates = np.flatnonzero(np.isin(np.arange(len(bases)), group_base)
                                 & (_states_lower_bound(spec, bases, options) <= memory))
-    state, priced = _Search(spec, workload, options, None, space.split == "even", calibrated), 0
+    state = _Search(spec, workload, options, None, space.split == "even", calibrated)
     families = _families(space, options)
     every_vpp = any(uniform for _, uniform in families)  # chunks as wide as the variants checked
     among = np.isin(group_base, candidates)
@@ -469,10 +469,9 @@ def _fits_somewhere(spec: LlamaSpec, workload: Workload, bases: Bases, group_bas
             variants = _least_memory_variants(bases, group_base, group_vpp, which, selective, uniform)
             low, high = _recompute_range(variants.pp, variants.vpp, spec.num_layers, space, selective)
             for n in _least_memory_recompute(low, high, uniform):
-                priced += len(variants)
                 if _fits(state, variants.with_recompute(n), memory).any():
-                    return True, priced
-    return False, priced
+                    return True, state.priced.count(spec.num_layers, space)
+    return False, state.priced.count(spec.num_layers, space)
 
 
 def _recompute_range(pp: np.ndarray, vpp: np.ndarray, layers: int, space: SpaceOptions, selective: bool):
@@ -485,6 +484,45 @@ def _recompute_range(pp: np.ndarray, vpp: np.ndarray, layers: int, space: SpaceO
         pinned = np.full_like(pp, space.recompute_num_layers)
         return pinned, pinned
     return np.full_like(pp, 1 if space.recompute == "full" else 0), largest_chunk
+
+
+class _Priced:
+    """The distinct variants (recomputation family, base, VPP, N) a search priced: what it did
+    not prune. The planners price some of them more than once (the second memory limit plans
+    again what the first left open; the uniform method tries every N), so a count of pricings
+    can exceed the space: 3,862 layouts considered and "-1,351 pruned" on 64 GPUs with
+    ``--recompute-method uniform``."""
+
+    def __init__(self) -> None:
+        self._keys: list[np.ndarray] = []
+        self._bases: Bases | None = None
+
+    def add(self, variants: Variants, n=None) -> None:
+        """``variants``, each at its own N or at ``n``."""
+        if not len(variants):
+            return
+        self._bases = variants.bases
+        n = variants.recompute_layers if n is None else n
+        family = 2 * variants.selective + variants.uniform
+        self._keys.append(np.stack(np.broadcast_arrays(np.int64(family), variants.base, variants.vpp,
+                                                       np.asarray(n, dtype=np.int64))))
+
+    def count(self, layers: int, space: SpaceOptions) -> int:
+        """How many distinct variants were priced among those ``considered`` counts: per family,
+        N within its range (a bound priced at N = 0 without recomputation lies outside a family
+        that always recomputes)."""
+        if not self._keys:
+            return 0
+        keys = np.concatenate(self._keys, axis=1)
+        keys = keys[:, np.unique(np.ravel_multi_index(tuple(keys), tuple(keys.max(axis=1) + 1)),
+                                 return_index=True)[1]]
+        family, base, vpp, n = keys
+        inside = np.zeros(len(base), dtype=bool)
+        for code in np.unique(family):
+            at = np.flatnonzero(family == code)
+            low, high = _recompute_range(self._bases.pp[base[at]], vpp[at], layers, space, bool(code >= 2))
+            inside[at] = (n[at] >= low) & (n[at] <= high)
+        return int(inside.sum())
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,6 +542,8 @@ class _Search:
     """LayoutTimes of every base, per recomputation family (selective or not), made once."""
     steps_unlimited: dict = field(default_factory=dict)
     """Per recomputation family, ``unlimited_steps`` of the variants it priced, by (base, VPP)."""
+    priced: _Priced = field(default_factory=_Priced)
+    """Every variant priced so far (``memory`` shares it)."""
     reusable: dict = field(default_factory=dict)
     """Per recomputation family, the variants ``reuse`` was given and the pricers built for all
     of them (``pricer`` takes its stage models from those)."""
@@ -537,6 +577,7 @@ class _Search:
             if (known[0][at] == key).all():
                 return known[1][at]
         free = self.pricer(variants.with_recompute(0))
+        self.priced.add(variants, 0)
         unlimited = free.fastest(np.inf)
         bound = np.where(unlimited.feasible, free.step_time(unlimited.counts), np.inf)
         order = np.argsort(key, kind="stable")
@@ -578,6 +619,7 @@ def _fits(search: _Search, variants: Variants, limit: float) -> np.ndarray:
     """Per variant, at its own N, whether some split fits within ``limit`` (``_Pricer.fits``),
     planned only where every rank holding its fewest layers is: a split needs that first, and one
     total per rank rules out most of what does not fit (the 405B sweep on 16,384 GPUs: a third)."""
+    search.priced.add(variants)
     pricer = search.pricer(variants)
     if search.even:  # one total per rank already
         return pricer.fits(limit)
@@ -590,41 +632,37 @@ def _fits(search: _Search, variants: Variants, limit: float) -> np.ndarray:
     return ok
 
 
-def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> tuple[np.ndarray, int]:
+def _least_recompute(search: _Search, variants: Variants, low, high, limit) -> np.ndarray:
     """Per variant (its N ignored), the fewest recomputed layers N in [low, high] with which some
-    split fits within ``limit`` (-1 where none does), and how many (variant, N) were priced:
-    with the block method memory never grows with N, so the lowest first, then bisection; the
+    split fits within ``limit`` (-1 where none does): with the block method memory never grows with N, so the lowest first, then bisection; the
     uniform method's does not fall with N (fewer checkpoints, a larger unit rebuilt), so every N
     in turn."""
     search = search.memory()
     if variants.uniform:
-        least, n, priced = np.full(len(variants), -1), low.copy(), 0
+        least, n = np.full(len(variants), -1), low.copy()
         open_ = n <= high
         while open_.any():
             index = np.flatnonzero(open_)
             ok = _fits(search, variants.take(index).with_recompute(n[index]), limit)
-            priced += len(index)
             least[index[ok]] = n[index[ok]]
             n[index] += 1
             open_[index] = ~ok & (n[index] <= high[index])
-        return least, priced
+        return least
     fits_low = _fits(search, variants.with_recompute(low), limit)  # most need none
     rest = np.flatnonzero(~fits_low & (high > low))
     fits_high = fits_low.copy()
     if rest.size:
         fits_high[rest] = _fits(search, variants.take(rest).with_recompute(high[rest]), limit)
-    priced = len(variants) + rest.size
     below, above = np.where(fits_low, low - 1, low), np.where(fits_low, low, np.where(fits_high, high, -1))
     open_ = fits_high & (above - below > 1)
     while open_.any():
         index = np.flatnonzero(open_)
         middle = (below[index] + above[index]) // 2
         ok = _fits(search, variants.take(index).with_recompute(middle), limit)
-        priced += len(index)
         below[index] = np.where(ok, below[index], middle)
         above[index] = np.where(ok, middle, above[index])
         open_ = fits_high & (above - below > 1)
-    return above, priced
+    return above
 
 
 class _Picks:
@@ -745,7 +783,6 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
         keep &= group_vpp == 1  # interleaving can only add memory (module docstring)
     group_base, group_vpp = group_base[keep], group_vpp[keep]
     picks = _Picks(len(bases), int(bases.pp.max()) if len(bases) else 1)
-    evaluated = 0
     first = threshold if memory_calibration is None else 1 - memory_calibration.band
     for limit in (first * memory_gib * GIB, memory_gib * GIB) if plan else ():
         open_ = picks.open[group_base]
@@ -758,15 +795,13 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
             if timing is None:  # the fewest recomputed layers; selective before full
                 state.reuse(variants)
                 low, high = _recompute_range(variants.pp, variants.vpp, layers, space, selective)
-                least, priced = _least_recompute(state, variants, low, high, limit)
-                evaluated += priced
+                least = _least_recompute(state, variants, low, high, limit)
                 # uniform: N is the unit, every layer is recomputed; the smallest VPP that fits first
                 key = (variants.vpp - 1) * (layers + 1) + least if uniform else least + 0.5 * selective
                 found.append((family, variants, least, key, None))
             else:
-                (_, chosen, steps, counts), priced = _fastest_variants(state, variants, space, limit, len(bases))
+                _, chosen, steps, counts = _fastest_variants(state, variants, space, limit, len(bases))
                 found.append((family, variants, chosen, steps, counts))
-                evaluated += priced
         picks.take_best(found, families)
     # What fits nowhere: its plain variant (its first VPP, no recomputation). Where some split of
     # it might fit within the memory with recomputation, the lowest-memory split shows by how
@@ -780,8 +815,7 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
     if evenest.any():
         pipelines = Pipelines(pp=plain.pp[evenest], vpp=plain.vpp[evenest], layers=layers)
         picks.counts[missing[evenest], :pipelines.width] = fill(pipelines.highest, pipelines)
-        picks.planned[missing[evenest]] = True
-        evaluated += int(evenest.sum())
+        picks.planned[missing[evenest]] = True  # pruned, not priced: the model states rule them out
     for family in range(len(families)):  # the lowest-memory split of what is still to plan
         todo = np.flatnonzero(~picks.planned & (picks.family == family))
         if todo.size:
@@ -790,7 +824,7 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
             picks.counts[todo, :split.counts.shape[1]] = split.counts
             picks.planned[todo] = True
     return SpaceResult(bases=bases, chosen=_rows(state, bases, picks, families), considered=considered,
-                       evaluated=evaluated), kept
+                       evaluated=state.priced.count(layers, space)), kept
 
 
 def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, limit: float, bases: int):
@@ -799,7 +833,7 @@ def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, 
     Each (base, VPP) has a lower bound, the step of its fastest split with no recomputation and
     no memory limit at all (recomputation and the limit can only slow it). The (base, VPP) are
     planned in two rounds, the one with the lowest bound first, then those others whose bound is
-    better than their base's best so far; the rest are pruned. Returns ((variants, N, step, counts), variants priced)."""
+    better than their base's best so far; the rest are pruned. Returns (variants, N, step, counts)."""
     search.reuse(variants)
     bound = search.unlimited_steps(variants)
     order = np.lexsort((bound, variants.base))
@@ -810,30 +844,27 @@ def _fastest_variants(search: _Search, variants: Variants, space: SpaceOptions, 
     step = np.full(len(variants), np.inf)
     chosen = np.full(len(variants), -1)
     counts = np.zeros((len(variants), int(variants.pp.max())), dtype=np.int64)
-    priced = len(variants)
     for first_round in (True, False):  # each base's most promising VPP, then the rest that may beat it
         todo = np.flatnonzero(((rank == 0) if first_round else (rank > 0)) & (bound < best[variants.base]))
         if not first_round and todo.size:
-            todo, unfit = _drop_unfit_bases(search, variants, todo, best, space, limit)
-            priced += unfit
+            todo = _drop_unfit_bases(search, variants, todo, best, space, limit)
         if not todo.size:
             continue
         part = variants.take(todo)
         low, high = _recompute_range(part.pp, part.vpp, search.spec.num_layers, space, part.selective)
-        least, checked = _least_recompute(search, part, low, high, limit)
-        steps, n, part_counts, planned = _fastest_recompute(search, part, least, high, limit)
-        priced += checked + planned
+        least = _least_recompute(search, part, low, high, limit)
+        steps, n, part_counts = _fastest_recompute(search, part, least, high, limit)
         step[todo], chosen[todo] = steps, n
         counts[todo, :part_counts.shape[1]] = part_counts
         np.minimum.at(best, part.base, steps)
-    return (variants, chosen, step, counts), priced
+    return variants, chosen, step, counts
 
 
 def _drop_unfit_bases(search: _Search, variants: Variants, todo: np.ndarray, best: np.ndarray, space: SpaceOptions,
-                      limit: float) -> tuple[np.ndarray, int]:
-    """The variants ``todo`` less those of bases none of whose variants fits within ``limit``, and
-    what ``_least_recompute`` would have priced to find that (so the count is the rules', not
-    this shortcut's).
+                      limit: float) -> np.ndarray:
+    """The variants ``todo`` less those of bases none of whose variants fits within ``limit``,
+    counted as priced where ``_least_recompute`` would have priced them to find that (so the
+    count is the rules', not this shortcut's).
 
     Only bases with no step yet (their first round found no fit) are checked, each by its
     least-memory variants alone (``_least_memory_variants``, at the N that bound their memory:
@@ -844,7 +875,7 @@ def _drop_unfit_bases(search: _Search, variants: Variants, todo: np.ndarray, bes
     base = variants.base[todo]
     open_ = np.isinf(best[base])
     if not open_.any():
-        return todo, 0
+        return todo
     checked = np.flatnonzero(np.bincount(base[open_], minlength=len(best)))
     # every VPP of an open base is among the variants
     least = _least_memory_variants(variants.bases, variants.base, variants.vpp, checked, variants.selective,
@@ -854,13 +885,14 @@ def _drop_unfit_bases(search: _Search, variants: Variants, todo: np.ndarray, bes
     unfit = np.zeros(len(best), dtype=bool)
     unfit[checked[~fits[checked]]] = True
     if not unfit.any():
-        return todo, 0
+        return todo
     drop = unfit[base]
     dropped = variants.take(todo[drop])
     low, high = _recompute_range(dropped.pp, dropped.vpp, search.spec.num_layers, space, dropped.selective)
-    # _least_recompute's count where nothing fits: block, N low and high; uniform, every N
-    priced = np.maximum(high - low + 1, 0) if variants.uniform else 1 + (high > low)
-    return todo[~drop], int(priced.sum())
+    # what _least_recompute prices where nothing fits: block, N low and high; uniform, every N
+    for n in _least_memory_recompute(low, high, variants.uniform):
+        search.priced.add(dropped, n)
+    return todo[~drop]
 
 
 def _least_memory_variants(bases: Bases, base: np.ndarray, vpp: np.ndarray, which: np.ndarray, selective: bool,
@@ -921,15 +953,14 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
     the step (which grows with the period and with the sum of the ranks' times, and that sum
     grows with N), and the search stops. The step time picks among the N planned. Where few
     variants are left, the next N of each are planned together (``AHEAD``); what lies beyond a
-    variant's stop is dropped unseen. Returns (step, N, counts, variants planned beyond their
-    least N)."""
+    variant's stop is dropped unseen. Returns (step, N, counts); each N it stepped through is
+    counted as priced."""
     count = len(variants)
     best, best_period = np.full(count, np.inf), np.full(count, np.inf)
     best_n = np.full(count, -1)
     best_counts = np.zeros((count, int(variants.pp.max()) if count else 1), dtype=np.int64)
     n = least.copy()
     open_ = least >= 0
-    planned = 0
     ceiling = None  # the memory caps at the highest N, made once (the bound below asks every round)
     if not (variants.uniform or search.even or math.isinf(limit)) and open_.any():
         ceiling = np.zeros_like(best_counts)
@@ -949,7 +980,7 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
             if not row.size:
                 break
             mine = which[row]
-            planned += int((n[mine] > least[mine]).sum())
+            search.priced.add(variants.take(mine), n[mine])
             better = step[row] < best[mine]
             best[mine[better]] = step[row[better]]
             best_n[mine[better]] = n[mine[better]]
@@ -957,7 +988,7 @@ def _fastest_recompute(search: _Search, variants: Variants, least, high, limit):
             best_period[mine] = np.minimum(best_period[mine], period[row])
             n[mine] += 1
             open_[mine] = (n[mine] <= high[mine]) & (free[row] < best_period[mine])
-    return best, best_n, best_counts, planned
+    return best, best_n, best_counts
 
 
 def _plan_at(search: _Search, variants: Variants, which: np.ndarray, n: np.ndarray, limit: float, ceiling, high):
