@@ -23,7 +23,8 @@ def world_size_problem(gpus: int, tp: int, cp: int, pp: int, dp: int, *, key: st
     """Why ``gpus`` (a saved row's or plan's field ``key``) is not the world of this layout, or None:
     megatron-core's world is TP x CP x PP x DP (core_v0.15.2 parallel_state.py,
     initialize_model_parallel: data_parallel_size = world_size // (TP x PP x CP)). The one check of
-    the launcher's inputs (``launch.inputs``) and the report's (``advisor.report.inputs``)."""
+    the launcher's inputs (``launch.inputs``), the report's (``advisor.report.inputs``) and a
+    profile's header (``advisor.profiles``)."""
     if gpus == tp * cp * pp * dp:
         return None
     return f"{key!r} is {gpus}, but TP x CP x PP x DP = {tp * cp * pp * dp}"

@@ -68,7 +68,7 @@ from advisor.errors import AdvisorError
 from advisor.fileio import JsonLines, atomic_write_text
 from advisor.memory import Recompute
 from advisor.models import LlamaSpec
-from advisor.parallel import ParallelConfig
+from advisor.parallel import ParallelConfig, world_size_problem
 
 SCHEMA = "megatron-4d-advisor/profile"
 VERSION = 2
@@ -417,9 +417,8 @@ def _check_header(h: RankHeader, where: str) -> None:
     rank and its coordinates lie in it, the stages place the model's layers, and this rank's
     layers are its stage's (with VPP, its chunks': increasing, without gaps per chunk)."""
     p = h.parallel
-    if h.world_size != p.gpus:
-        raise ProfileError(f"{where}: world_size {h.world_size} is not TP x CP x PP x DP = {p.tp} x {p.cp} x {p.pp} "
-                           f"x {p.dp} = {p.gpus}")
+    if problem := world_size_problem(h.world_size, p.tp, p.cp, p.pp, p.dp, key="world_size"):
+        raise ProfileError(f"{where}: {problem}")
     if h.rank >= h.world_size:
         raise ProfileError(f"{where}: rank {h.rank} is not in a world of {h.world_size}")
     for name in _COORDS:

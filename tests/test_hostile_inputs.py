@@ -101,7 +101,7 @@ FILES = [  # (make the file under tmp_path, the command given it, what the line 
     (_run_with(lambda path: path.write_bytes(path.read_bytes()[:-2] + b"\xff\n")), "show", "not UTF-8 text"),
     (_run_with(_header(layers_per_stage=["2", "2", "2", "2"])), "show",
      "field 'layers_per_stage' must be a list of integers"),
-    (_run_with(_header(world_size=8)), "show", "world_size 8 is not TP x CP x PP x DP"),
+    (_run_with(_header(world_size=8)), "show", "'world_size' is 8, but TP x CP x PP x DP = "),
     (_run_with(_header(coords={"tp": 3, "cp": 0, "pp": 1, "dp": 0})), "show", "coords tp = 3 is out of range"),
     (_run_with(_header(rank=2)), "show", "rank00001.jsonl: the header says rank 2, the file name another"),
     (_run_with(_fifo_rank), "show", "rank00001.jsonl is a FIFO (named pipe)"),

@@ -107,7 +107,7 @@ def _first_layer(lines, **changes):
         (lambda lines: _header(lines, coords={"tp": -1, "cp": 0, "pp": 0, "dp": 0}), "coords tp = -1 is out of range"),
         (lambda lines: _header(lines, coords={"tp": 0, "pp": 0}), "'coords' must give integer tp, cp, pp and dp"),
         (lambda lines: _header(lines, rank=2), "rank 2 is not in a world of 2"),
-        (lambda lines: _header(lines, world_size=3), "world_size 3 is not TP x CP x PP x DP"),
+        (lambda lines: _header(lines, world_size=3), "'world_size' is 3, but TP x CP x PP x DP = "),
         (lambda lines: _header(lines, layers_per_stage=[1, 2]), "does not place 4 layers on PP 2 stages"),
         (lambda lines: _header(lines, stage_layers=[3, 4]), "are not stage 0's layers 1..2"),
         (lambda lines: _header(lines, first_stage=False), "disagree with pipeline stage 0 of 2"),
