@@ -73,7 +73,7 @@ def test_a_second_run_into_the_same_directory_is_refused_in_one_line(tiny_run):
     out, _ = tiny_run
     again = subprocess.run([sys.executable, "benchmarks/gpu/measure_moe_layers.py", str(out), "--device", "cpu",
                             "--tiny"], cwd=ROOT, capture_output=True, text=True)
-    assert again.returncode == 2 and again.stderr.strip().endswith("is not empty")
+    assert again.returncode == 2 and again.stderr.strip() == f"Error: {out} is not empty"
 
 
 def _profile_doc(**changes) -> dict:

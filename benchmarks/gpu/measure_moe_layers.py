@@ -56,6 +56,8 @@ STARTED = time.perf_counter()  # the deadline counts from here: torch's and mega
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import script_cli  # noqa: E402  (this folder's shared command line)
+
 DEADLINE_S = 140.0
 """Seconds from the start after which parts not started are skipped (the run must end well under
 150 s; each part took under 2 s on an H200)."""
@@ -73,14 +75,8 @@ TINY = dict(hidden_size=64, ffn_hidden_size=96, moe_ffn_hidden_size=32, num_atte
 
 
 def parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="directory for the results (created; must not hold results)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cuda: the cuda backend; cpu: the cpu backend in its place")
-    parser.add_argument("--tiny", action="store_true", help="shrunken presets, sequence 32 (a quick check)")
-    parser.add_argument("--deadline", type=float, default=DEADLINE_S,
-                        help="seconds from the start after which parts not started are skipped")
-    return parser.parse_args()
+    return script_cli.parser(__doc__, deadline_s=DEADLINE_S, tiny_help="shrunken presets, sequence 32 (a quick check)",
+                             device_help="cuda: the cuda backend; cpu: the cpu backend in its place").parse_args()
 
 
 def preset(name: str, tiny: bool):
@@ -166,14 +162,6 @@ def write_summary(args: argparse.Namespace, summary: dict) -> None:
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
 
 
-def refusal(args: argparse.Namespace, torch) -> str | None:
-    """Why the run cannot start (no GPU for --device cuda, or OUT already holds results), or None."""
-    if args.device == "cuda" and not torch.cuda.is_available():
-        return "no CUDA device: use --device cpu"
-    args.out.mkdir(parents=True, exist_ok=True)
-    return f"{args.out} is not empty" if any(args.out.iterdir()) else None
-
-
 def header(args: argparse.Namespace, torch) -> dict:
     """What ran where: the command, the device, the versions, the layout, the routing per backend."""
     from megatron_hooks.recorder import megatron_core_version
@@ -194,8 +182,8 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     import torch
 
-    if problem := refusal(args, torch):
-        print(problem, file=sys.stderr)
+    if problem := script_cli.refusal(args, torch):
+        print(f"Error: {problem}", file=sys.stderr)
         return 2
     from megatron_hooks.stage_emulation import quiet_megatron
 

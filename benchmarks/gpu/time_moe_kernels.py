@@ -83,6 +83,8 @@ STARTED = time.perf_counter()  # the deadline counts from here: torch's and mega
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import script_cli  # noqa: E402  (this folder's shared command line)
+
 DEADLINE_S = 120.0
 """Seconds from the start after which parts not started are skipped (the run must end well under
 150 s; ``measure_moe_layers.py`` built and ran each such layer in under 2 s on an H200)."""
@@ -126,28 +128,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 3600, got {text}")
-    return value
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.error = lambda message: parser.exit(2, f"Error: {message}\n")  # one line, not the usage first
-    parser.add_argument("out", type=Path, help="directory for the results (created; must not hold results)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cuda: one GPU, one NCCL rank; cpu: gloo, perf_counter and CPU profiling")
-    parser.add_argument("--tiny", action="store_true", help="a shrunken preset, sequence 32 (a quick check)")
-    parser.add_argument("--deadline", type=_positive_number, default=DEADLINE_S,
-                        help="seconds from the start after which parts not started are skipped")
+    parser = script_cli.parser(__doc__, deadline_s=DEADLINE_S, tiny_help="a shrunken preset, sequence 32 (a quick check)",
+                               device_help="cuda: one GPU, one NCCL rank; cpu: gloo, perf_counter and CPU profiling")
     parser.add_argument("--repeats", type=_positive_int, default=None,
                         help="timed repeats of the router and dispatch parts (default 20 on CUDA, 3 on the CPU)")
-    parser.add_argument("--z-loss-coeff", type=_positive_number, default=None, metavar="COEFF",
+    parser.add_argument("--z-loss-coeff", type=script_cli.positive_number, default=None, metavar="COEFF",
                         help="--moe-z-loss-coeff for the router (default: none, as the advisor's flags and the "
                              "published Qwen3 runs' notes have it)")
     args = parser.parse_args(argv)
@@ -558,17 +544,6 @@ def write_summary(args: argparse.Namespace, summary: dict) -> None:
     atomic_write_text(args.out / "summary.json", json.dumps(summary, indent=1, default=str) + "\n")
 
 
-def refusal(args: argparse.Namespace, torch) -> str | None:
-    """Why the run cannot start (no GPU for --device cuda, or OUT already holds results), or None."""
-    if args.device == "cuda" and not torch.cuda.is_available():
-        return "no CUDA device: use --device cpu"
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"{args.out}: {exc.strerror or exc}"
-    return f"{args.out} is not empty" if any(args.out.iterdir()) else None
-
-
 def header(args: argparse.Namespace, torch) -> dict:
     """What ran where: the command, the device, the versions, the layer and its router, the plan."""
     from advisor.throughput.calibration import CALIBRATION_FILE
@@ -597,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     import torch
 
-    if problem := refusal(args, torch):
+    if problem := script_cli.refusal(args, torch):
         print(f"Error: {problem}", file=sys.stderr)
         return 2
     from megatron_hooks.stage_emulation import quiet_megatron
