@@ -26,7 +26,8 @@ from typing import Iterable, Sequence
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.moe import flags as moe_flags
-from launch.megatron_versions import MegatronVersion, check_flags, check_mock_data
+from advisor.options.training import Recomputation
+from launch.megatron_versions import MegatronVersion, check_flags, check_mock_data, check_recomputation
 
 MODEL_FLAGS = (
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
@@ -204,6 +205,19 @@ def mock_data_args(spec: LlamaSpec, rules: MegatronVersion, decided: Sequence[st
     return ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab_flag)]
 
 
+def recomputation(args: Sequence[str]) -> Recomputation | None:
+    """The full recomputation an argument list asks for (--recompute-granularity full, its method
+    and N, as argparse keeps them), or None: without it, or where Megatron refuses the flags itself."""
+    values = flag_values(args)
+    method, layers = values.get("--recompute-method") or ("",), values.get("--recompute-num-layers") or ("",)
+    if values.get("--recompute-granularity") != ("full",) or not layers[0].isdigit():
+        return None
+    try:
+        return Recomputation(recompute="full", recompute_method=method[0], recompute_num_layers=int(layers[0]))
+    except AdvisorError:  # no method, or one Megatron does not know: its own validate_args says so
+        return None
+
+
 USER_LABEL = "yours (after --)"
 
 
@@ -219,12 +233,14 @@ class CommandLine:
 
 
 def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, model: LlamaSpec,
-            mock_data: bool = False, extras: Sequence[str] = (), job: ArgGroup | None = None) -> CommandLine:
+            mock_data: bool = False, extras: Sequence[str] = (), job: ArgGroup | None = None,
+            chunk_layers: Sequence[int] | None = None) -> CommandLine:
     """The input's arguments (``decided``, from ``source``, for ``model``), ``--mock-data``'s if
     asked, the ``job``'s (``launch.job``: its file, its schedule), then the user's ``extras``
     unchanged; AdvisorError on a conflict, on a flag the
-    Megatron-LM release ``rules`` lacks, or on mock data (the launcher's or the user's own) that
-    release cannot feed the model."""
+    Megatron-LM release ``rules`` lacks, on mock data (the launcher's or the user's own) that
+    release cannot feed the model, or, given the layers of each model chunk (``chunk_layers``),
+    on a --recompute-num-layers that release fails on with them (``check_recomputation``)."""
     groups = [ArgGroup(source=source, args=tuple(decided), owns=DECIDED_FLAGS)]
     if mock_data:
         groups.append(ArgGroup(source="--mock-data", args=tuple(mock_data_args(model, rules, decided)),
@@ -235,5 +251,7 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     if not mock_data and "--mock-data" in flag_values(extras):  # the user's own, after '--'
         check_mock_data(rules, model_rows(model, decided), model.vocab_size)
     check_flags(rules, [arg for group in groups for arg in group.args])
+    if chunk_layers is not None:
+        check_recomputation(rules, recomputation([*decided, *extras]), chunk_layers, source)
     labelled = [(group.source, group.args) for group in groups] + [(USER_LABEL, tuple(extras))]
     return CommandLine(groups=tuple(labelled))

@@ -28,7 +28,7 @@ from advisor.capture.plan import check_plan
 from advisor.capture.plan import VERSION as PLAN_VERSION
 from advisor.errors import AdvisorError
 from advisor.fileio import read_json
-from advisor.megatron_args import megatron_args
+from advisor.megatron_args import chunk_layers, megatron_args
 from advisor.memory import check_layout, split_problem
 from advisor.options import TrainingOptions
 from advisor.models import LlamaSpec
@@ -98,6 +98,10 @@ class LaunchInput:
 
     def describe(self) -> str:
         return f"{self.model.name}: {self.layout()}; {self.source}"
+
+    def chunk_layers(self) -> list[int]:
+        """The decoder layers of each model chunk (a pipeline stage, or each of its virtual stages)."""
+        return chunk_layers(self.layers_per_stage, self.vpp)
 
 
 # --- reading ---------------------------------------------------------------------------------

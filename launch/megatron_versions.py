@@ -18,7 +18,10 @@ What differs between them, and why it matters to a launch:
 - the signature of ``megatron.training.pretrain``: core_v0.15.2 takes the dataset and model
   providers positionally; core_v0.19.0 takes a config container first and builds the model from
   it (``model_provider=None``), which is what ``megatron_hooks.integration`` must hook;
-- where ``core_transformer_config_from_args`` lives.
+- where ``core_transformer_config_from_args`` lives;
+- which ``--recompute-method uniform --recompute-num-layers N`` it runs: core_v0.15.2 only an N
+  that divides every model chunk's layers (else IndexError at the first forward), core_v0.19.0
+  any (``check_recomputation``, through the advisor's ``Recomputation.chunk_problem``).
 
 The version of a checkout is read by parsing ``megatron/core/package_info.py`` (never by
 importing it: core_v0.19.0's says 0.19.1 and appends the git hash of whatever repository it
@@ -40,10 +43,13 @@ import ast
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from advisor.errors import AdvisorError
 from advisor.releases import RELEASES, MegatronRelease
+
+if TYPE_CHECKING:
+    from advisor.options.training import Recomputation
 
 PACKAGE_INFO = Path("megatron") / "core" / "package_info.py"
 PACKAGE_INFO_BYTES = 1 << 20
@@ -136,6 +142,20 @@ def check_mock_data(rules: MegatronVersion, rows: int, spec_vocab: int) -> None:
             f"(MockGPTLowLevelDataset), and this model's embedding has {rows} rows (v {spec_vocab}): it would fail "
             f"at the first iteration; use a vocabulary of at least {highest + 1} (--vocab-size) or your own data "
             f"(--data-path after --)")
+
+
+def check_recomputation(rules: MegatronVersion, recomputation: Recomputation | None, chunk_layers: Sequence[int],
+                        source: str) -> None:
+    """Refuse, before anything starts, a --recompute-num-layers N that this release fails on with
+    the input's model chunks (``Recomputation.chunk_problem``, the advisor's one check: core_v0.15.2
+    runs the uniform method in whole units of N layers, an IndexError at the first forward of a
+    chunk that N does not divide). ``recomputation``: the launch's, None where it has none."""
+    newer = next((version for version in VERSIONS if version.uniform_recompute_any_n), NEWEST)
+    release = f"{rules.release[0]}.{rules.release[1]}"
+    remedy = (f"plan again for core {release} (advisor ... --megatron-version {release}) with an N that divides "
+              f"every chunk or with --recompute-method block, or launch with a {newer.name} checkout")
+    if recomputation is not None and (problem := recomputation.chunk_problem(chunk_layers, rules, remedy)):
+        raise AdvisorError(f"{source}: {problem}")
 
 
 # --- the environment Megatron demands ------------------------------------------------------

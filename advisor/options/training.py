@@ -192,18 +192,19 @@ class Recomputation:
             return 1
         return self.recompute_num_layers
 
-    def chunk_problem(self, chunk_layers, release=None) -> str | None:
+    def chunk_problem(self, chunk_layers, release=None, remedy: str | None = None) -> str | None:
         """The line refusing a layout whose model chunks hold ``chunk_layers`` layers each
         (``megatron_args.chunk_layers``) where ``release`` would fail on them, or None: the one
-        check of --recompute-num-layers against a layout, for every command."""
+        check of --recompute-num-layers against a layout, for every command. ``remedy``: what the
+        line ends with, what to do (default: the advisor's options; the launcher names its own)."""
         multiple = self.chunk_multiple(release)
         bad = sorted({int(layers) for layers in chunk_layers if layers % multiple})
         if not bad:
             return None
         chunks = ", ".join(map(str, bad))
+        remedy = remedy or "give an N that divides every chunk, --recompute-method block or --megatron-version 0.19"
         return (f"--recompute-method uniform --recompute-num-layers {multiple} with model chunks of {chunks} layers: "
-                f"{uniform_chunk_rule(release)}; give an N that divides every chunk, --recompute-method block or "
-                "--megatron-version 0.19")
+                f"{uniform_chunk_rule(release)}; {remedy}")
 
 
 def uniform_chunk_rule(release=None) -> str:
