@@ -382,7 +382,7 @@ class ReadRun:
     """Flags known to change neither, skipped."""
     vocab_source: str
     moe: object = None
-    """The MoE part (``advisor.moe.readback.MoERead``: EP, ETP, dispatcher, routing, MTP) of a
+    """The MoE part (``advisor.moe.readback.MoEFlags``: EP, ETP, dispatcher, routing, MTP) of a
     command with --num-experts; None for a dense one."""
 
 

@@ -106,19 +106,19 @@ Examples:
 @moe_options
 @output_options
 def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
-          tokens, gpu_hour_price, plot, options, space, release, fmt, output, ep, etp, **moe) -> None:
+          tokens, gpu_hour_price, plot, options, space, release, fmt, output, moe) -> None:
     """``advisor sweep``: ``SWEEP_HELP`` says what it does."""
     from advisor.sweep import sweep as run_sweep
 
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
-    spec, settings = moe_settings(spec, ep, etp, **moe, options=options, space=space, unpriced={
+    spec, settings = moe_settings(spec, moe, options=options, space=space, unpriced={
         "--memory-model profile": memory_model == "profile", "--profile": profile_dir is not None,
         "--rank-by (fastest first with --gpu)": rank_by is not None, "--tokens": tokens is not None,
         "--plot": plot is not None, "--gpu-hour-price": gpu_hour_price is not None})
     if settings is not None:  # a mixture of experts: advisor.moe's space (EP and ETP as dimensions)
-        return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all,
-                             top, fmt, output, space, memory_model)
+        return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, moe.ep, moe.etp,
+                             show_all, top, fmt, output, space, memory_model)
     memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir, gpu_hour_price)
     measured = _measured(profile_dir, spec, options)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
@@ -302,8 +302,8 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
 @moe_options
 @output_options
 def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_per_node, threshold, memory_model,
-             tokens, gpu_hour_price, spec, workload, options, release, from_command, compare_best, fmt, output, ep, etp,
-             **moe) -> None:
+             tokens, gpu_hour_price, spec, workload, options, release, from_command, compare_best, fmt, output,
+             moe) -> None:
     """Per-GPU memory of one configuration, stage by stage; with --gpu, its step time too.
 
     \b
@@ -344,14 +344,14 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
             from_command, gpus, release)
     dp = _data_parallel(gpus, dp, tp * cp * pp, gpus_per_node)
     if read is not None and read.moe is not None:  # the command's own MoE flags (advisor.moe.readback)
-        ep, etp, moe = read.moe.ep, read.moe.etp, {**moe, **read.moe.settings}
-    spec, settings = moe_settings(spec, ep, etp, **moe, options=options, unpriced={
+        moe = read.moe
+    spec, settings = moe_settings(spec, moe, options=options, unpriced={
         "--tokens": tokens is not None, "--gpu-hour-price": gpu_hour_price is not None})
     given = _layer_counts(layers_per_stage)
     if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP
-        return moe_cli.estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt,
-                                output, vpp, _moe_recompute(options), given_memory_model, read, layers_per_stage=given,
-                                compare_best=compare_best, gpus_per_node=gpus_per_node)
+        return moe_cli.estimate(spec, workload, tp, cp, pp, moe.ep, moe.etp, dp, mbs, mem, threshold, gpu, settings,
+                                fmt, output, vpp, _moe_recompute(options), given_memory_model, read,
+                                layers_per_stage=given, compare_best=compare_best, gpus_per_node=gpus_per_node)
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     stages, planned = _planned_split(spec, given, pp, vpp)
     _check_layout_options(options, spec, pp, stages or (spec.num_layers // pp,) * pp, vpp, release)

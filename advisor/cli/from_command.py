@@ -34,7 +34,7 @@ class CommandInputs:
 
     @property
     def moe(self):
-        """The command's MoE part (``advisor.moe.readback.MoERead``), or None."""
+        """The command's MoE part (``advisor.moe.readback.MoEFlags``), or None."""
         return self.run.moe
 
 

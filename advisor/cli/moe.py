@@ -3,6 +3,9 @@ add (--ep, --etp, the dispatcher and the routing assumption) and their output.""
 
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING
+
 import click
 
 from advisor import limits
@@ -13,10 +16,26 @@ MOE_CAPACITY_FACTOR = Bounded(limits.MOE_CAPACITY_FACTOR, integer=False, low_ope
 MOE_IMBALANCE = Bounded(limits.MOE_IMBALANCE, integer=False)
 MTP_LAYERS = Bounded(limits.MTP_LAYERS)
 
+if TYPE_CHECKING:
+    from advisor.moe.readback import MoEFlags
+
+_FLAG_FIELDS = ("ep", "etp", "dispatcher", "moe_routing", "capacity_factor", "pad_to_capacity", "moe_imbalance",
+                "mtp_num_layers", "a2a_overlap", "delay_wgrad", "recompute_modules")
+"""The ``MoEFlags`` fields that ``moe_options`` adds an option for (the rest: a Megatron command's only)."""
+
 
 def moe_options(func):
     """--ep, --etp, --moe-token-dispatcher-type, --moe-routing, --moe-expert-capacity-factor,
-    --moe-pad-expert-input-to-capacity, --moe-imbalance, --mtp-num-layers, --recompute-modules."""
+    --moe-pad-expert-input-to-capacity, --moe-imbalance, --mtp-num-layers,
+    --overlap-moe-expert-parallel-comm, --delay-wgrad-compute, --recompute-modules ->
+    ``moe: MoEFlags`` (``advisor.moe.readback``)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        from advisor.moe.readback import MoEFlags
+
+        return func(*args, moe=MoEFlags(**{name: kwargs.pop(name) for name in _FLAG_FIELDS}), **kwargs)
+
     return apply_options([
         click.option("--ep", type=DEGREE, default=None,
                      help="Expert parallel size (--expert-model-parallel-size); sweep: only this EP. MoE models."),
@@ -48,26 +67,20 @@ def moe_options(func):
                           f"{', '.join(RECOMPUTE_MODULES)} (repeat the option). Default here: moe_act, "
                           "layernorm and, with MLA, mla_up_proj, which save memory; Megatron's own default, "
                           "core_attn, saves none with fused attention. The rows always write the modules."),
-    ], func)
+    ], wrapper)
 
 
-
-
-def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_imbalance, recompute_modules,
-                 mtp_num_layers=None, a2a_overlap=False, delay_wgrad=False, pad_to_capacity=None, *, options,
-                 space=None, unpriced: dict | None = None, recompute_method: str | None = None,
-                 recompute_num_layers: str | None = None, shared_expert_overlap: bool = False,
-                 transformer_impl: str = "transformer_engine"):
-    """(spec, MoEOptions) from the flags, the run's training options inside (the one description
-    dense rows are priced from); a dense model refuses EP/ETP above 1; for an MoE model, every
-    option the MoE model does not price is refused by name (none is ignored). The spec gets
-    ``mtp_num_layers`` where given. ``recompute_method``, ``recompute_num_layers``,
-    ``shared_expert_overlap`` and ``transformer_impl``: what a command read back
-    (``advisor.moe.readback``) gives, for the overlap's refusals (``advisor.moe.overlap``)."""
+def moe_settings(spec, flags: MoEFlags, *, options, space=None, unpriced: dict | None = None):
+    """(spec, MoEOptions) from the MoE flags (the advisor's own or a command's read back), the
+    run's training options inside (the one description dense rows are priced from); a dense model
+    refuses EP/ETP above 1; for an MoE model, every option the MoE model does not price is refused
+    by name (none is ignored). The spec gets the flags' ``mtp_num_layers`` where given."""
     from advisor.moe.spec import is_moe
 
+    recompute_modules, mtp_num_layers = flags.recompute_modules, flags.mtp_num_layers
     if not is_moe(spec):  # a dense model: nothing of advisor.moe's pricing is imported for it
-        if (ep or 1) > 1 or (etp or 1) > 1 or recompute_modules or mtp_num_layers or a2a_overlap or delay_wgrad:
+        if ((flags.ep or 1) > 1 or (flags.etp or 1) > 1 or recompute_modules or mtp_num_layers or flags.a2a_overlap
+                or flags.delay_wgrad):
             raise InputError("--ep/--etp/--recompute-modules/--mtp-num-layers/--overlap-moe-expert-parallel-comm/"
                              "--delay-wgrad-compute need a mixture-of-experts model; "
                              f"{spec.name} is dense")
@@ -87,13 +100,14 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
     named = [flag for flag, given in refused.items() if given]
     if named:
         raise InputError(f"{spec.name} is a mixture of experts; its model does not price {', '.join(named)}")
-    moe_routing = _routing(moe_routing, capacity_factor)
+    capacity_factor, dispatcher = flags.capacity_factor, flags.dispatcher
+    moe_routing = _routing(flags.moe_routing, capacity_factor)
     recompute = space.recompute if space is not None else training.recomputation.recompute
     if recompute_modules and recompute not in ("selective", "auto"):
         # Megatron reads --recompute-modules only with --recompute-granularity selective
         raise InputError(f"--recompute-modules needs --recompute selective (this {'sweep' if space else 'estimate'} "
                          f"recomputes {recompute})")
-    padded = _padded(moe_routing, capacity_factor, pad_to_capacity, dispatcher)
+    padded = _padded(moe_routing, capacity_factor, flags.pad_to_capacity, dispatcher)
     fp8 = training.precision
     if fp8.fp8_format is not None and fp8.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(recompute_modules):
         raise InputError("--recompute-modules moe_act or layernorm with FP8 needs an --fp8-recipe other than delayed "
@@ -102,18 +116,18 @@ def moe_settings(spec, ep, etp, dispatcher, moe_routing, capacity_factor, moe_im
         raise InputError(f"--recompute-modules mla_up_proj needs multi-latent attention, which {spec.name} does not "
                          "have (megatron-core refuses it)")
     if problem := settings_problem(
-            a2a_overlap=a2a_overlap, delay_wgrad=delay_wgrad, dispatcher=dispatcher, recompute=recompute,
-            recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
-            recompute_modules=recompute_modules, shared_expert_overlap=shared_expert_overlap,
-            transformer_impl=transformer_impl,
+            a2a_overlap=flags.a2a_overlap, delay_wgrad=flags.delay_wgrad, dispatcher=dispatcher, recompute=recompute,
+            recompute_method=flags.recompute_method, recompute_num_layers=flags.recompute_num_layers,
+            recompute_modules=recompute_modules, shared_expert_overlap=flags.shared_expert_overlap,
+            transformer_impl=flags.transformer_impl,
             mtp_num_layers=spec.mtp_num_layers if mtp_num_layers is None else mtp_num_layers):
         raise InputError(problem)
     if mtp_num_layers is not None:
         spec = replace(spec, mtp_num_layers=mtp_num_layers)
     return spec, MoEOptions(dispatcher=dispatcher, training=training.with_(recompute="none"),
-                            a2a_overlap=a2a_overlap, delay_wgrad=delay_wgrad,
+                            a2a_overlap=flags.a2a_overlap, delay_wgrad=flags.delay_wgrad,
                             routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
-                                                 pad_to_capacity=padded, imbalance=moe_imbalance),
+                                                 pad_to_capacity=padded, imbalance=flags.moe_imbalance),
                             modules=frozenset(recompute_modules) if recompute_modules else None)
 
 

@@ -67,13 +67,45 @@ overlap with the dispatch (``moe_layer.py``) is priced in series (``time.py``)."
 
 
 @dataclass(frozen=True, slots=True)
-class MoERead:
-    """The MoE part of a command: the layout's EP and ETP, and the keyword arguments of
-    ``advisor.cli.moe.moe_settings`` (dispatcher, routing, recomputed modules, MTP)."""
+class MoEFlags:
+    """The mixture-of-experts flags of one command line, as given: ``advisor sweep``'s and
+    ``advisor estimate``'s own (``advisor.cli.moe.moe_options``) or a Megatron command's read back
+    (``read``). ``advisor.cli.moe.moe_settings`` checks them and prices from them. The last four
+    are a Megatron command's only (the advisor's options leave them at their defaults): the
+    overlap's refusals (``advisor.moe.overlap``) read them."""
 
-    ep: int
-    etp: int
-    settings: dict
+    ep: int | None
+    """--expert-model-parallel-size; None: not given (a sweep tries every EP, an estimate runs 1)."""
+    etp: int | None
+    """--expert-tensor-parallel-size; None: not given (a sweep tries every ETP, an estimate runs 1)."""
+    dispatcher: str
+    """--moe-token-dispatcher-type: alltoall, allgather or flex."""
+    moe_routing: str | None
+    """The advisor's --moe-routing (no Megatron flag): balanced, capacity or dropless; None: capacity
+    with --moe-expert-capacity-factor, else balanced."""
+    capacity_factor: float | None
+    """--moe-expert-capacity-factor; None: dropless (no factor)."""
+    moe_imbalance: float
+    """The advisor's --moe-imbalance (no Megatron flag): the busiest rank's routed tokens over the mean."""
+    recompute_modules: tuple[str, ...]
+    """--recompute-modules (with --recompute-granularity selective); empty: not given."""
+    mtp_num_layers: int | None
+    """--mtp-num-layers; None: the model's own."""
+    a2a_overlap: bool
+    """--overlap-moe-expert-parallel-comm."""
+    delay_wgrad: bool
+    """--delay-wgrad-compute."""
+    pad_to_capacity: bool | None
+    """--moe-pad-expert-input-to-capacity (False: --no-moe-pad-expert-input-to-capacity); None: not
+    said (capacity routing pads)."""
+    recompute_method: str | None = None
+    """--recompute-method as the command writes it, whatever its granularity; None: not given."""
+    recompute_num_layers: str | None = None
+    """--recompute-num-layers as the command writes it; None: not given."""
+    shared_expert_overlap: bool = False
+    """--moe-shared-expert-overlap."""
+    transformer_impl: str = "transformer_engine"
+    """--transformer-impl."""
 
 
 def take(rest: list[str]) -> tuple[dict, list[str]]:
@@ -196,10 +228,11 @@ def moe_spec(dense: LlamaSpec, values: dict):
 
 def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None = None,
          recompute_num_layers: str | None = None,
-         transformer_impl: str = "transformer_engine") -> tuple[MoERead, list[str]]:
-    """(EP, ETP and the settings, what is not priced) of the MoE flags. ``recompute_method`` and
-    ``recompute_num_layers``: the command's own (None: not given), whatever its granularity, for
-    the overlap's refusals (``advisor.moe.overlap``, checked by ``advisor.cli.moe.moe_settings``)."""
+         transformer_impl: str = "transformer_engine") -> tuple[MoEFlags, list[str]]:
+    """(the MoE flags, what is not priced) of the command's MoE flags, EP and ETP at Megatron's
+    defaults where left out. ``recompute_method`` and ``recompute_num_layers``: the command's own
+    (None: not given), whatever its granularity, for the overlap's refusals
+    (``advisor.moe.overlap``, checked by ``advisor.cli.moe.moe_settings``)."""
     unpriced = []
     if not values.get("moe-grouped-gemm"):
         unpriced.append("no --moe-grouped-gemm (sequential experts; priced as grouped GEMMs)")
@@ -214,21 +247,20 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
         _check_capacity_balancing(kind, capacity)
     pad = bool(values.get("moe-pad-expert-input-to-capacity"))  # a factor alone drops without padding
     modules = _recompute_modules(values, recompute, unpriced)
-    settings = {"dispatcher": dispatcher,
-                "moe_routing": "capacity" if capacity is not None else "balanced", "capacity_factor": capacity,
-                "moe_imbalance": 1.0, "recompute_modules": modules,
-                "mtp_num_layers": flag_int(values, "mtp-num-layers", 0),
-                "a2a_overlap": bool(values.get("overlap-moe-expert-parallel-comm")),
-                "delay_wgrad": bool(values.get("delay-wgrad-compute")), "pad_to_capacity": pad,
-                "shared_expert_overlap": bool(values.get("moe-shared-expert-overlap")),
-                "recompute_method": recompute_method, "recompute_num_layers": recompute_num_layers,
-                "transformer_impl": transformer_impl}
+    mtp_num_layers = flag_int(values, "mtp-num-layers", 0)
     from advisor.moe.flags import pad_problem
 
-    if problem := pad_problem(settings["dispatcher"], capacity, pad):
+    if problem := pad_problem(dispatcher, capacity, pad):
         raise AdvisorError(problem)
-    ep = flag_int(values, "expert-model-parallel-size", 1)
-    return MoERead(ep=ep, etp=flag_int(values, "expert-tensor-parallel-size", tp), settings=settings), unpriced
+    return MoEFlags(ep=flag_int(values, "expert-model-parallel-size", 1),
+                    etp=flag_int(values, "expert-tensor-parallel-size", tp), dispatcher=dispatcher,
+                    moe_routing="capacity" if capacity is not None else "balanced", capacity_factor=capacity,
+                    moe_imbalance=1.0, recompute_modules=modules, mtp_num_layers=mtp_num_layers,
+                    a2a_overlap=bool(values.get("overlap-moe-expert-parallel-comm")),
+                    delay_wgrad=bool(values.get("delay-wgrad-compute")), pad_to_capacity=pad,
+                    recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
+                    shared_expert_overlap=bool(values.get("moe-shared-expert-overlap")),
+                    transformer_impl=transformer_impl), unpriced
 
 
 def _balancing(values: dict) -> tuple[tuple[str, ...], float | tuple[float, ...]]:
