@@ -78,6 +78,9 @@ class MemoryOptions:
     """--fp8-amax-history-len."""
     cross_entropy_fusion: str = "none"
     """The loss kernel (``advisor.options.training.Loss``): 'te' keeps no FP32 logits."""
+    dataloader_mask: bool = True
+    """The data loader builds the s x s attention mask (Megatron's default, the paper's runs);
+    False with --no-create-attention-mask-in-dataloader (``memory_terms.dataloader_mask_bytes``)."""
 
     def __post_init__(self) -> None:
         if self.gradient_bytes not in (2, 4):

@@ -175,11 +175,11 @@ def assess_rows(rows, spec, workload, memory_gib: float, *, gpu=None, memory_mod
     ranked = order(
         out, rank_by, verdict=lambda r: r.verdict, paper_key=ranking_key,
         tflops=lambda r: r.timing["tflops_per_gpu"] if r.timing else None,
-        usage_gib=lambda r: r.assessment.usage_gib if r.assessment else r.estimate.total_gib,
+        usage_gib=lambda r: r.judged_gib,
         tolerance=ranking_tolerance() if tolerance is None else tolerance, simplicity=simplicity_key,
     )
     ranked = [replace(r, rank=i) for i, r in enumerate(ranked, start=1)]
     chosen = {id(r.parallel) for r in ranked}
     rest = sorted((r for r in out if id(r.parallel) not in chosen),
-                  key=lambda r: r.assessment.usage_gib if r.assessment else r.estimate.total_gib)
+                  key=lambda r: r.judged_gib)
     return ranked + rest

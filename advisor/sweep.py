@@ -68,6 +68,12 @@ class SweepRow:
         return None if self.memory_gib is None else self.estimate.total_gib / self.memory_gib
 
     @property
+    def judged_gib(self) -> float:
+        """The memory its verdict judged: the calibrated model's usage where that model judged,
+        else Eq. 18's total."""
+        return self.assessment.usage_gib if self.assessment else self.estimate.total_gib
+
+    @property
     def layers_per_stage(self) -> tuple[int, ...]:
         return self.estimate.layers
 

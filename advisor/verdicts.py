@@ -106,7 +106,7 @@ def calibrated_terms(
     added = terms.runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * memory_gib * GIB
     added = added + np.where(last, terms.cross_entropy_working_bytes(spec, seq_len, mbs, tp, cp, vocab,
                                                                       options.cross_entropy_fusion), 0.0)
-    if calibration.dataloader_mask:
+    if calibration.dataloader_mask and options.dataloader_mask:  # the calibrated model has the term; the run, the mask
         added = added + np.where(first | last, terms.dataloader_mask_bytes(seq_len, mbs, cp), 0.0)
     factor = calibration.activation_factor
     share = terms.swiglu_fusion_fraction(spec) if layer_share is None else layer_share

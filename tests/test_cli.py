@@ -106,6 +106,20 @@ def test_sweep_with_nothing_fitting_says_so(advisor):
     assert narrow.stdout == "[]\n" and "Try more GPUs, --split auto, --recompute auto or a shorter" in narrow.stderr
 
 
+def test_nothing_fitting_with_calibrated_verdicts_quotes_the_memory_they_judged(advisor):
+    """With --gpu the calibrated model judges the rows, so 'the least any layout needs' is its
+    usage, not Eq. 18's total (which quoted 10.9 GiB against 186 for a row judged at 1,081)."""
+    common = ("sweep", "--gpus", 8, "--gpu", "h100-80gb", "--seq-len", 524288, "--gbs", 8, "--sharding", "fixed")
+    result = advisor(*common, expect=1)
+    rows = advisor.json(*common, "--all")
+    least = min(rows, key=lambda row: row["usage_gib"])
+    assert all(row["verdict"] == "oom" for row in rows)
+    assert round(least["usage_gib"], 1) != round(min(row["total_gib"] for row in rows), 1)
+    layout = f"(TP {least['tp']}, CP {least['cp']}, PP {least['pp']}, MBS {least['mbs']})"
+    assert f"; the least any layout needs is {least['usage_gib']:.1f} GiB per GPU against 80 GiB {layout}" \
+        in result.stderr
+
+
 @pytest.mark.parametrize("model", ["llama3.1-70b", "qwen3-30b-a3b"])
 def test_nothing_fitting_writes_the_empty_document(advisor, tmp_path, model):
     """Exit 1 with JSON or CSV: the empty document (JSON [], an empty CSV, not a lone newline),
@@ -320,3 +334,17 @@ def test_every_megatron_spelling_names_an_option():
     ctx = click.Context(cli)
     known = set().union(*(names(cli.get_command(ctx, name)) for name in COMMANDS))
     assert set(MEGATRON_SPELLINGS.values()) <= known
+
+
+def test_output_and_plot_must_be_two_png_files_apart(advisor, tmp_path):
+    """--plot draws a PNG, so it wants a .png name (matplotlib wrote one into 'p.txt'); -o and
+    --plot naming one file wrote both there, the picture last. Refused before any work, nothing
+    written."""
+    common = ("sweep", "--gpus", 8, "--gpu", "h100-80gb")
+    assert "name a file ending in .png, not" in advisor.error(*common, "--plot", tmp_path / "p.txt")
+    same = tmp_path / "same.png"
+    line = advisor.error(*common, "--format", "json", "-o", same, "--plot", tmp_path / "." / "same.png")
+    assert line == f"Error: --output and --plot name the same file {tmp_path / '.' / 'same.png'}: give each its own"
+    assert list(tmp_path.iterdir()) == []
+    advisor(*common, "--format", "json", "-o", tmp_path / "rows.json", "--plot", tmp_path / "rows.PNG")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.PNG", "rows.json"]

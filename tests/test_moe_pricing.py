@@ -100,21 +100,24 @@ def test_megatron_flops_count_the_mtp_layers():
     assert mt.megatron_flops_per_iteration(with_mtp, s, gbs, v) == pytest.approx(expected, rel=1e-12)
 
 
-def test_calibrated_verdicts_of_moe_stages_compose_the_dense_terms():
+@pytest.mark.parametrize("mask", ["off", "cached"])
+def test_calibrated_verdicts_of_moe_stages_compose_the_dense_terms(mask):
     """usage = states + f (layers + transient) + f/h embedding + f output + runtime + reserve +
-    the cross-entropy's BF16 logits on the last stage (the calibrated model's terms)."""
+    the cross-entropy's BF16 logits on the last stage (the calibrated model's terms), and the
+    data loader's s x s mask on both where the run builds it (not with the default 'off')."""
     cal = load_memory_calibration()
-    judge, band = sp.calibrated_judge(MIXTRAL, 4096, st.MoEOptions(), 80.0)
+    options = st.MoEOptions(training=TrainingOptions().with_(dataloader_mask=mask))
+    judge, band = sp.calibrated_judge(MIXTRAL, 4096, options, 80.0)
     columns = dict(tp=1, cp=1, pp=2, ep=8, etp=1, dp=8, mbs=1)
-    b = st.stage_bytes(MIXTRAL, 4096, st.MoEOptions(), num_microbatches=4, stage=np.array([0, 1]), **columns)
+    b = st.stage_bytes(MIXTRAL, 4096, options, num_microbatches=4, stage=np.array([0, 1]), **columns)
     usage = judge(b, columns, np.array([0, 1]), "none")
     f, added = cal.activation_factor, cal.overhead_gib * 2**30 + cal.reserve_fraction * 80 * 2**30
+    loader_mask = 4096 * 4096 * 2 * (cal.dataloader_mask and mask != "off")  # b s^2 (1 + 1/c) bytes
     first = (b.model_states[0] + f * (b.layer_activations[0] + b.transient[0]) + f / 4096 * b.embedding_activations[0]
-             + added + 4096 * 4096 * 2)  # the data loader's s x s mask, b s^2 (1 + 1/c)
+             + added + loader_mask)
     last = b.model_states[1] + f * (b.layer_activations[1] + b.transient[1]) + f * b.output_activations[1] + added \
-        + 2 * 4096 * 32000 + 4096 * 4096 * 2 * cal.dataloader_mask
-    assert usage[0] == pytest.approx(first if cal.dataloader_mask else first - 4096 * 4096 * 2)
-    assert usage[1] == pytest.approx(last)
+        + 2 * 4096 * 32000 + loader_mask
+    assert usage[0] == pytest.approx(first) and usage[1] == pytest.approx(last)
     assert band == cal.band
 
 

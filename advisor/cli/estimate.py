@@ -11,8 +11,8 @@ from advisor.cli import moe as moe_cli
 from advisor.cli.moe import moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit,
-    file_path, gpu_options, model_choice_options, model_options, nothing_fits, output_options, parse_layer_counts,
-    workload_options,
+    distinct_files, gpu_options, model_choice_options, model_options, nothing_fits, output_options, parse_layer_counts,
+    png_path, workload_options,
 )
 from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 from advisor.cli.training_flags import memory_options
@@ -52,8 +52,9 @@ PP), and recomputation (--recompute-method block, N layers per chunk) only
 where needed to fit or, with --gpu, where it is faster. Without --gpu: no
 interleaving (it only adds memory; with --recompute-method uniform, only
 where nothing else fits), the fewest recomputed layers that fit, the split
-with the lowest peak. With --gpu: the fastest variant and split
-that fit the 4D paper's 80% rule (MadPipe's planner under the limit).
+with the lowest peak. With --gpu: the fastest variant and split that
+the memory model judges to fit (MadPipe's planner under its limit: the
+paper's 80% rule, or the calibrated model's 'fits', then 'likely fits').
 --split even --vpp 1 --recompute none keeps the paper's space.
 
 \b
@@ -99,7 +100,7 @@ Examples:
 @click.option("--top", type=click.IntRange(min=1), default=None,
               help=f"Show only the N best-ranked rows (table default: {TABLE_ROWS}, json/csv: all).")
 @model_choice_options
-@click.option("--plot", type=click.Path(dir_okay=False), default=None, callback=file_path, metavar="FILE",
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, callback=png_path, metavar="FILE.png",
               help="Also draw the rows shown as a PNG: memory per layout (the paper's colours) beside the "
                    "predicted TFLOP/s per GPU.")
 @memory_options(searchable=True)
@@ -112,6 +113,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
 
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
+    distinct_files(**{"--output": output, "--plot": plot})
     spec, settings = moe_settings(spec, moe, options=options, space=space, unpriced={
         "--memory-model profile": memory_model == "profile", "--profile": profile_dir is not None,
         "--rank-by (fastest first with --gpu)": rank_by is not None, "--tokens": tokens is not None,
@@ -252,7 +254,7 @@ def _emit_sweep(dicts: list[dict], text: str | None, fmt: str, output, result, t
 
 
 def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
-    least = min(rows, key=lambda row: row.estimate.total_gib, default=None)
+    least = min(rows, key=lambda row: row.judged_gib, default=None)  # the memory the verdicts judged
     hints = ["more GPUs", "a shorter --seq-len"]
     if space.recompute in ("none", "selective"):  # auto and full have tried full recomputation
         hints.insert(1, "--recompute auto")
@@ -261,7 +263,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
     if space.sharding == "fixed":  # auto has tried Megatron-FSDP and CPU offload
         hints.insert(1, "--sharding auto")
     need = "" if least is None else (
-        f"; the least any layout needs is {least.estimate.total_gib:.1f} GiB per GPU against {mem:g} GiB "
+        f"; the least any layout needs is {least.judged_gib:.1f} GiB per GPU against {mem:g} GiB "
         f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
     tally = ", ".join(f"{n} {v}" for v, n in counts.items())
     tries = f"{', '.join(hints[:-1])} or {hints[-1]}"

@@ -271,6 +271,28 @@ def file_path(ctx, param, value: str | None) -> Path | None:
     return Path(value)
 
 
+def png_path(ctx, param, value: str | None) -> Path | None:
+    """A picture to write (--plot, --png): ``file_path``'s checks, and a name ending in .png
+    (matplotlib writes the PNG under any name, so 'plot.txt' got one)."""
+    path = file_path(ctx, param, value)
+    if path is not None and path.suffix.lower() != ".png":
+        raise click.BadParameter(f"draws a PNG: name a file ending in .png, not {value!r}")
+    return path
+
+
+def distinct_files(**named: Path | None) -> None:
+    """Refuse two options that name one file (``--output=path, plot=path``): the second write
+    would replace the first, and 'wrote' would be said of both."""
+    seen: dict[str, str] = {}
+    for option, path in named.items():
+        if path is None or path == STDOUT:
+            continue
+        where = os.path.realpath(path)
+        if where in seen:
+            raise InputError(f"{seen[where]} and {option} name the same file {path}: give each its own")
+        seen[where] = option
+
+
 def _output_path(ctx, param, value: str | None) -> Path | None:
     """-o checked before any work: a regular file or a new one (written atomically), or stdout."""
     from advisor.fileio import is_stdout

@@ -374,6 +374,7 @@ class TrainingOptions:
             optimizer_host_fraction=self.offload.host_fraction, fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe,
             fp8_param_gather=p.fp8_param_gather, fp8_amax_history_len=p.fp8_amax_history_len,
             cross_entropy_fusion=self.loss.cross_entropy_fusion,
+            dataloader_mask=self.attention.dataloader_mask != "off",
         )
 
     def time_options(self, **model_choices):
