@@ -33,7 +33,9 @@ def test_bad_expert_layouts_are_one_line():
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
                                         "--no-flash-attn", "--tokens", "1T"]), "--no-flash-attn", "--tokens")
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
-                                        "--ep", "4", "--etp", "4"]), "no layout", "EP 4")
+                                        "--ep", "4", "--etp", "4"]), "EP x ETP = 16 must divide", "8")
+    _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
+                                        "--ep", "4", "--vpp", "2"]), "no layout", "EP 4", "VPP 2")
 
 
 def test_sweep_choices_apply_to_moe_rows():

@@ -34,7 +34,8 @@ def moe_options(func):
     def wrapper(*args, **kwargs):
         from advisor.moe.readback import MoEFlags
 
-        return func(*args, moe=MoEFlags(**{name: kwargs.pop(name) for name in _FLAG_FIELDS}), **kwargs)
+        values = {name: kwargs.pop(name) for name in _FLAG_FIELDS}
+        return func(*args, moe=MoEFlags(**values, given=_given(values)), **kwargs)
 
     return apply_options([
         click.option("--ep", type=DEGREE, default=None,
@@ -70,20 +71,39 @@ def moe_options(func):
     ], wrapper)
 
 
+def _given(values: dict) -> tuple[str, ...]:
+    """The options of ``values`` (``moe_options``' parameters) given on the command line, as
+    spelled there (the way ``from_command.refuse_explicit`` tells them from their defaults)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return ()
+    return tuple(param.secondary_opts[0] if values[param.name] is False and param.secondary_opts else param.opts[0]
+                 for param in ctx.command.params if param.name in values
+                 and ctx.get_parameter_source(param.name) == click.core.ParameterSource.COMMANDLINE)
+
+
+def _dense_refused(flags: MoEFlags) -> list[str]:
+    """The MoE options a dense model refuses: every one given (``MoEFlags.given``) but --ep 1 and
+    --etp 1 (a dense run's own, as its rows state them), and any set otherwise."""
+    set_ = {"--ep": (flags.ep or 1) > 1, "--etp": (flags.etp or 1) > 1,
+            "--recompute-modules": bool(flags.recompute_modules), "--mtp-num-layers": bool(flags.mtp_num_layers),
+            "--overlap-moe-expert-parallel-comm": flags.a2a_overlap, "--delay-wgrad-compute": flags.delay_wgrad}
+    named = [flag for flag in flags.given if flag not in ("--ep", "--etp") or set_[flag]]
+    return named + [flag for flag, on in set_.items() if on and flag not in named]
+
+
 def moe_settings(spec, flags: MoEFlags, *, options, space=None, unpriced: dict | None = None):
     """(spec, MoEOptions) from the MoE flags (the advisor's own or a command's read back), the
     run's training options inside (the one description dense rows are priced from); a dense model
-    refuses EP/ETP above 1; for an MoE model, every option the MoE model does not price is refused
-    by name (none is ignored). The spec gets the flags' ``mtp_num_layers`` where given."""
+    refuses the MoE options given (``_dense_refused``); for an MoE model, every option the MoE
+    model does not price is refused by name (none is ignored). The spec gets the flags'
+    ``mtp_num_layers`` where given."""
     from advisor.moe.spec import is_moe
 
     recompute_modules, mtp_num_layers = flags.recompute_modules, flags.mtp_num_layers
     if not is_moe(spec):  # a dense model: nothing of advisor.moe's pricing is imported for it
-        if ((flags.ep or 1) > 1 or (flags.etp or 1) > 1 or recompute_modules or mtp_num_layers or flags.a2a_overlap
-                or flags.delay_wgrad):
-            raise InputError("--ep/--etp/--recompute-modules/--mtp-num-layers/--overlap-moe-expert-parallel-comm/"
-                             "--delay-wgrad-compute need a mixture-of-experts model; "
-                             f"{spec.name} is dense")
+        if named := _dense_refused(flags):
+            raise InputError(f"{spec.name} is dense; MoE options need a mixture-of-experts model: {', '.join(named)}")
         return spec, None
     from dataclasses import replace
 
@@ -178,7 +198,9 @@ def row_flags(spec, workload, row: dict) -> list[str]:
 
 def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all, top, fmt, output,
           space=None, memory_model=None):
-    from advisor import render
+    """The MoE rows of ``advisor sweep`` (``advisor.moe.space.sweep``) as the dense sweep writes
+    its own: the table, or JSON or CSV with the count line on stderr; where nothing fits, the
+    line saying why (``_nothing_fits``) and exit status 1."""
     from advisor.errors import AdvisorError
     from advisor.moe.space import sweep as run
 
@@ -195,16 +217,39 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
              "ranking_tolerance": result.tolerance, "model": spec.to_dict() if fmt == "json" else spec.name}
     if fmt != "table":
         text = _machine_text(shown, setup, spec, workload, fmt)
+        click.echo(f"advisor sweep: {_searched(result)}", err=True)
     else:
         text = _sweep_table(result, shown, spec, workload, gpus, mem, threshold, gpu, settings, show_all, output)
     if not result.ranked and not show_all:
-        least = result.least()
-        need = least.get("usage_gib", least["total_gib"])
         if fmt != "table":  # the empty document, as the dense sweep gives it
             emit(text, output)
-        nothing_fits(f"advisor sweep: nothing fits; the least any layout needs is {need:.1f} GiB per GPU "
-                     f"(TP {least['tp']}, PP {least['pp']}, EP {least['ep']}) against {mem:g} GiB")
+        nothing_fits(_nothing_fits(result, mem, space, ep, etp, settings.a2a_overlap))
     emit(text, output)
+
+
+def _searched(result) -> str:
+    """What the search priced: the table's caption line, and with JSON or CSV the stderr line."""
+    return (f"{result.considered:,} layouts x recomputation x VPP priced; each row the variant it needs to fit, "
+            "or its fastest")
+
+
+def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
+    """The dense sweep's nothing-fits line (``advisor.cli.estimate``) for MoE rows: the verdicts'
+    tally, the layout that needs the least of the memory its verdict judged (the calibrated usage
+    where calibrated, else the analytic total) with its EP and ETP, and the choices given that
+    the search could relax (recomputation, the split, VPP, EP, ETP, the overlap)."""
+    least = result.least()
+    need = least.get("usage_gib", least["total_gib"])
+    recompute, split, vpp = (space.recompute, space.split, space.vpp) if space is not None else ("auto", "auto", None)
+    pinned = "/".join(f"--{name}" for name, value in (("vpp", vpp if vpp != 1 else None), ("ep", ep), ("etp", etp))
+                      if value is not None)
+    levers = {"--recompute auto": recompute in ("none", "selective"), "--split auto": split == "even",
+              f"no {pinned}": bool(pinned), "no --overlap-moe-expert-parallel-comm": a2a_overlap}
+    hints = ["more GPUs", *(hint for hint, helps in levers.items() if helps), "a shorter --seq-len"]
+    tally = ", ".join(f"{n} {verdict}" for verdict, n in result.counts.items())
+    return (f"advisor sweep: nothing fits: {tally}; the least any layout needs is {need:.1f} GiB per GPU against "
+            f"{mem:g} GiB (TP {least['tp']}, CP {least['cp']}, PP {least['pp']}, EP {least['ep']}, ETP "
+            f"{least['etp']}, MBS {least['mbs']}). Try {', '.join(hints[:-1])} or {hints[-1]} (--all shows the rows)")
 
 
 def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold, gpu, settings, show_all: bool,
@@ -224,8 +269,7 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
              + (f", FP8 {fp8}" if (fp8 := settings.training.precision.fp8_format) else ""))
     selected = len(result.order) if show_all else result.ranked
     caption = (counts_caption(result.counts, show_all, len(shown), selected)
-               + f"\n{result.considered:,} layouts x recomputation x VPP priced; each row the variant it needs to "
-                 "fit, or its fastest"
+               + f"\n{_searched(result)}"
                + (f"\n{render.ranking_note(result.tolerance)}" if result.tolerance else ""))
     rows = [{**row, "split": render.counts_text(row["layers_per_stage"]), "recompute_text": render.recompute_text(row),
              "num_microbatches": workload.global_batch_size // (row["mbs"] * row["dp"])} for row in shown]

@@ -106,6 +106,9 @@ class MoEFlags:
     """--moe-shared-expert-overlap."""
     transformer_impl: str = "transformer_engine"
     """--transformer-impl."""
+    given: tuple[str, ...] = ()
+    """The advisor's own options given on its command line, as spelled (``moe_options``; a dense
+    model refuses them); a Megatron command's read back: none."""
 
 
 def take(rest: list[str]) -> tuple[dict, list[str]]:

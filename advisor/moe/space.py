@@ -28,7 +28,7 @@ from advisor.errors import AdvisorError
 from advisor.hardware import GpuSpec
 from advisor.moe import stage as st
 from advisor.moe.spec import MoESpec
-from advisor.parallel import Workload
+from advisor.parallel import Workload, check_whole_nodes
 
 GIB = 2**30
 RECOMPUTES = ("none", "selective", "full")
@@ -71,12 +71,8 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
         return f"TP {tp} must divide the attention heads ({heads}) and the KV heads ({groups})"
     if gpus % (tp * cp * pp):
         return f"{gpus} GPUs are not a multiple of TP x CP x PP = {tp * cp * pp}"
-    if spec.num_experts % ep:
-        return f"EP {ep} must divide the {spec.num_experts} experts"
-    if (gpus // pp) % (ep * etp):
-        return f"EP x ETP = {ep * etp} must divide TP x CP x DP = {gpus // pp} (megatron-core's expert groups)"
-    if dispatcher == "flex" and ep * etp == 1:  # token_dispatcher.py, MoEFlexTokenDispatcher (both releases)
-        return "the flex dispatcher needs EP x ETP > 1 (megatron-core asserts 'Flex token dispatcher requires TPxEP > 1')"
+    if problem := expert_problem(spec, gpus // pp, ep, etp, dispatcher):
+        return problem
     if layers_per_stage is not None:
         from advisor.memory import split_problem
 
@@ -96,6 +92,19 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
         return (f"VPP {vpp} needs PP > 1, at least {vpp} layers on every stage and the microbatches "
                 f"({m}) a multiple of PP {pp}")
     return overlap_problem(ep, pp, vpp, recompute) if a2a_overlap else None
+
+
+def expert_problem(spec: MoESpec, world: int, ep: int, etp: int, dispatcher: str | None) -> str | None:
+    """Why megatron-core cannot build EP x ETP expert groups within ``world`` = TP x CP x DP ranks
+    (GPUs / PP) with the ``dispatcher`` (None: any), or None: EP divides the experts, EP x ETP the
+    ranks, and the flex dispatcher needs EP x ETP > 1."""
+    if spec.num_experts % ep:
+        return f"EP {ep} must divide the {spec.num_experts} experts"
+    if world % (ep * etp):
+        return f"EP x ETP = {ep * etp} must divide TP x CP x DP = {world} (megatron-core's expert groups)"
+    if dispatcher == "flex" and ep * etp == 1:  # token_dispatcher.py, MoEFlexTokenDispatcher (both releases)
+        return "the flex dispatcher needs EP x ETP > 1 (megatron-core asserts 'Flex token dispatcher requires TPxEP > 1')"
+    return None
 
 
 def overlap_problem(ep: int, pp: int, vpp: int, recompute: str) -> str | None:
@@ -398,6 +407,7 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
     fastest expected to run, judged (``memory_model`` 'paper' or 'calibrated'; default:
     calibrated with a GPU, as dense rows) and ranked (``_rank``). ``ep``/``etp``/``vpp`` pin
     those; ``even_split`` keeps PP dividing the layers; ``recompute`` pins the recomputation."""
+    _check_sweep(spec, gpus, gpu.gpus_per_node if gpu is not None else max_tp, max_tp, ep, etp, options.dispatcher)
     memory_model = memory_model or ("calibrated" if gpu is not None else "paper")
     layouts = enumerate_layouts(spec, workload, gpus, max_tp, interleave=gpu is not None and vpp != 1)
     keep = np.ones(len(layouts.tp), dtype=bool)
@@ -437,6 +447,22 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
     order, ranked = _rank(layouts, kept, verdict, memory, timing, options, memory_model, tolerance)
     return SweepResult(spec, layouts, memory, verdict, timing, memory_gib, options, order, ranked,
                        considered=len(layouts.tp), memory_model=memory_model, tolerance=tolerance if timing else None)
+
+
+def _check_sweep(spec: MoESpec, gpus: int, whole_node: int, max_tp: int, ep: int | None, etp: int | None,
+                 dispatcher: str) -> None:
+    """One line (AdvisorError) for a sweep that cannot be asked, before anything is priced: GPUs
+    that are not whole nodes (the dense sweep's ``check_whole_nodes``), a pinned EP or ETP that no
+    PP lets megatron-core run (``expert_problem`` at PP 1, the largest TP x CP x DP; the flex
+    dispatcher's rule where both are pinned), or a pinned ETP the search never tries."""
+    check_whole_nodes(gpus, whole_node)
+    if ep is None and etp is None:
+        return
+    if problem := expert_problem(spec, gpus, ep or 1, etp or 1, dispatcher if ep and etp else None):
+        raise AdvisorError(problem)
+    if etp is not None and (etp & (etp - 1) or etp > max_tp):
+        raise AdvisorError(f"ETP {etp} is not searched: the sweep's ETP is a power of 2 up to TP, which is at most "
+                           f"{max_tp} (--gpus-per-node)")
 
 
 def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, options: st.MoEOptions,
