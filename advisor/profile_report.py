@@ -12,7 +12,7 @@ from the paper, not that the equation is wrong.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from advisor import equations as eq
 from advisor.memory import MemoryOptions, StageModel, estimate_memory
@@ -36,10 +36,15 @@ class TermComparison:
         return self.measured_bytes / self.estimated_bytes if self.estimated_bytes else None
 
     def to_dict(self) -> dict:
-        return {
-            "rank": self.rank, "module": self.module, "term": self.term, "equation": self.equation,
-            "measured_bytes": self.measured_bytes, "estimated_bytes": self.estimated_bytes, "ratio": self.ratio,
-        }
+        return {**{name: getattr(self, name) for name in COMPARE_COLUMNS[:-1]}, "ratio": self.ratio}
+
+
+COMPARE_COLUMNS = (*(field.name for field in fields(TermComparison)), "ratio")
+"""The keys of ``TermComparison.to_dict``: the compare section's columns."""
+LAYER_FIELDS = ("layer_number", "parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes",
+                "forward_peak_bytes", "backward_peak_bytes")
+LAYER_COLUMNS = ("rank", "module", *LAYER_FIELDS)
+"""The keys of ``layer_rows``: the layers section's columns."""
 
 
 def run_options(profile: RankProfile) -> MemoryOptions:
@@ -156,12 +161,35 @@ def rank_summary(profile: RankProfile) -> dict:
 def layer_rows(profile: RankProfile, iteration: int | None = None) -> list[dict]:
     iteration = last_iteration(profile) if iteration is None else iteration
     return [
-        {"rank": profile.header.rank, "module": r.name, "layer_number": r.layer_number,
-         "parameter_bytes": r.parameter_bytes, "gradient_bytes": r.gradient_bytes,
-         "optimizer_bytes": r.optimizer_bytes, "activation_bytes": r.activation_bytes,
-         "forward_peak_bytes": r.forward_peak_bytes, "backward_peak_bytes": r.backward_peak_bytes}
+        {"rank": profile.header.rank, "module": r.name, **{name: getattr(r, name) for name in LAYER_FIELDS}}
         for r in profile.layers_of(iteration)
     ] if iteration is not None else []
+
+
+def run_status(run: ProfileRun) -> str:
+    """The run's status as shown: its ranks' (``ProfileRun.status``: ``oom``, ``error``, ``running``
+    or ``ok``), except that a run whose ranks all ended ok but lacks some ranks' files is
+    ``partial``, as the campaign runner calls it (a run of some stages only, or one that died
+    before a rank started; ``advisor recommend --profile`` refuses it: not every GPU was measured)."""
+    return "partial" if run.status == "ok" and run.missing_ranks else run.status
+
+
+def missing_text(run: ProfileRun, named: int = 8) -> str | None:
+    """'no rank file for ranks 1, 4-7 of its world of 8' (at most ``named`` spans, then how many
+    more ranks), or None where every rank of the run's world has its file."""
+    spans: list[list[int]] = []
+    for rank in run.missing_ranks:
+        if spans and spans[-1][1] == rank - 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    if not spans:
+        return None
+    text = ", ".join(str(low) if low == high else f"{low}-{high}" for low, high in spans[:named])
+    if rest := sum(high - low + 1 for low, high in spans[named:]):
+        text += f" and {rest} more"
+    plural = "s" if len(run.missing_ranks) > 1 else ""
+    return f"no rank file for rank{plural} {text} of its world of {run.header.world_size}"
 
 
 def run_description(run: ProfileRun) -> str:
@@ -170,5 +198,5 @@ def run_description(run: ProfileRun) -> str:
     return (
         f"{h.model.name}: TP {p.tp}, CP {p.cp}, PP {p.pp}, DP {p.dp}, MBS {p.mbs}, seq {h.seq_len}, "
         f"{h.params_dtype}, {h.layer_spec} spec, {h.backend}{' (emulated stages)' if h.emulated else ''}; "
-        f"run {h.run_id}: {run.status}"
+        f"run {h.run_id}: {run_status(run)}" + (f", {missing}" if (missing := missing_text(run)) else "")
     )

@@ -1,5 +1,10 @@
 """``advisor profile show`` on runs whose numbers are worked out by hand from seed 004."""
 
+import csv
+import io
+import shutil
+from pathlib import Path
+
 import pytest
 
 from factories import TINY, header, iteration, layer, profile
@@ -14,6 +19,7 @@ LAYER_ACTIVATIONS = 2 * SBH * (12 + 2 + 16) + 2 * (2 * 4 * 32 * 32 * 1)  # 12 + 
 EMBEDDING_ACTIVATIONS = 8 * SBH  # Eq. 13 as the paper writes it (int64, no dtype scaling)
 OUTPUT_ACTIVATIONS = 2 * 4 * SBH + 4 * 32 * 1 * 256  # Eq. 14: hidden inputs in FP32, FP32 logits
 OUTPUT_PARAMS = 64 * 256 + 64  # LM head + final norm (Eq. 9)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def two_stage_run(tmp_path):
@@ -101,3 +107,64 @@ def test_bad_directories(advisor, tmp_path):
     assert "running" in advisor("profile", "show", tmp_path, "--section", "ranks").stdout
     path.write_text(text.replace('"version": 2', '"version": 3'))
     assert "schema version 3" in advisor.error("profile", "show", tmp_path)
+
+
+def _title(table: str) -> str:
+    """The run's title line, unwrapped (the table wraps it at the terminal's width)."""
+    return " ".join(table.split("┏")[0].split())
+
+
+def test_a_run_without_a_rank_file_is_partial_and_names_the_rank(advisor, tmp_path):
+    """Rank 1's file deleted: what the run has is shown, but the run is partial, not ok, and the
+    missing rank is named, in the table, the JSON and (CSV cannot say it) on stderr; exit 0 as for
+    a run whose ranks ended oom or running. recommend --profile refuses the same directory."""
+    (two_stage_run(tmp_path) / "rank00001.jsonl").unlink()
+    table = advisor("profile", "show", tmp_path, "--section", "ranks").stdout
+    assert _title(table).endswith("run run-1: partial, no rank file for rank 1 of its world of 2")
+    report = advisor.json("profile", "show", tmp_path)
+    assert report["status"] == "partial" and report["missing_ranks"] == [1]
+    assert [row["rank"] for row in report["ranks"]] == [0]
+    result = advisor("profile", "show", tmp_path, "--section", "ranks", "--format", "csv")
+    assert [line.split(",")[0] for line in result.stdout.splitlines()] == ["rank", "0"]
+    assert result.stderr == "advisor profile show: run run-1: partial, no rank file for rank 1 of its world of 2\n"
+    refused = advisor.error("recommend", "--profile", tmp_path, "--gpus", 4, "--pp", 2, "--mbs", 1, "--gbs", 4)
+    assert "no rank file for rank 1 of its world of 2" in refused
+
+
+def test_a_partial_run_that_ran_out_of_memory_says_both(advisor, tmp_path):
+    profile(status="oom", where="iteration 1, forward of decoder.layers.1").write(tmp_path)  # rank 0 of 2
+    report = advisor.json("profile", "show", tmp_path)
+    assert report["status"] == "oom" and report["missing_ranks"] == [1]
+    table = advisor("profile", "show", tmp_path).stdout
+    assert _title(table).endswith("run run-1: oom, no rank file for rank 1 of its world of 2")
+
+
+def test_a_run_of_some_stages_names_its_missing_ranks_as_spans(advisor, tmp_path):
+    """The committed 70B example profiles TP ranks 0-7 of stages 0, 40 and 79 of 80 (world 640):
+    partial, as recommend --profile would refuse it; with ten gaps, eight are named."""
+    example = ROOT / "examples" / "symbolic" / "llama3.1-70b-tp8"
+    report = advisor.json("profile", "show", example)
+    assert report["status"] == "partial" and len(report["missing_ranks"]) == 640 - 24
+    assert report["missing"] == "no rank file for ranks 8-319, 328-631 of its world of 640"
+    for path in example.glob("rank*.jsonl"):
+        if path.name not in {f"rank{rank:05d}.jsonl" for rank in (1, 3, 5, 321, 323, 325, 633, 635)}:
+            shutil.copy(path, tmp_path)
+    assert advisor.json("profile", "show", tmp_path)["missing"] == (
+        "no rank file for ranks 1, 3, 5, 8-319, 321, 323, 325, 328-631 and 2 more of its world of 640")
+
+
+def test_a_section_without_rows_is_still_a_csv_with_its_header(advisor, tmp_path):
+    """A rank killed before its first iteration has no layer or compare row: the CSV is the header
+    alone, with the columns of a run that has rows, which a CSV reader takes as an empty table."""
+    rows, killed = tmp_path / "rows", tmp_path / "killed"
+    rows.mkdir()
+    killed.mkdir()
+    two_stage_run(rows)
+    profile(iterations=(), layers=(), status="running").write(killed)
+    for section in ("layers", "compare"):
+        full = advisor("profile", "show", rows, "--section", section, "--format", "csv").stdout
+        empty = advisor("profile", "show", killed, "--section", section, "--format", "csv").stdout
+        assert len(full.splitlines()) > 1
+        assert empty == full.splitlines()[0] + "\n"
+        assert list(csv.DictReader(io.StringIO(empty))) == []
+        assert csv.DictReader(io.StringIO(empty)).fieldnames == csv.DictReader(io.StringIO(full)).fieldnames

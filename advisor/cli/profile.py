@@ -45,7 +45,8 @@ def profile() -> None:
 def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int | None, fmt: str,
          output: Path | None) -> None:
     """Summarise a profile run directory (or each run of a campaign's --out): per rank, per
-    layer, and against the 4D paper's terms.
+    layer, and against the 4D paper's terms. A run lacking some ranks' files (some stages only,
+    or a rank that never started) shows as partial, naming them; recommend --profile refuses it.
 
     \b
     ranks    peak allocated (and reserved, allocator retries on CUDA), static
@@ -82,14 +83,29 @@ def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int |
     if fmt == "json":
         text = render.to_json(shown[0] if len(shown) == 1 and directories[0] == directory else {"runs": shown})
     elif fmt == "csv":
-        single = len(shown) == 1 and directories[0] == directory  # a campaign's rows say their run
-        text = render.to_csv([row if single else {"run_id": doc["run"]["run_id"], **row}
-                              for doc in shown for row in doc[section]])
+        text = _csv(shown, section, single=len(shown) == 1 and directories[0] == directory)
     else:
         first = _sections(section)[0]
         text = "\n".join(_table(name, doc[name], title if name == first else None, color_wanted(output))
                           for title, doc in titled for name in _sections(section))
     emit(text, output)
+
+
+def _csv(shown: list[dict], section: str, single: bool) -> str:
+    """One section of every run as CSV (a campaign's rows say their run, ``run_id``); its header
+    even where no rank recorded an iteration. A partial run (ranks without a file), which a CSV
+    cannot say, is said on stderr."""
+    from advisor import render
+    from advisor.profile_report import COMPARE_COLUMNS, LAYER_COLUMNS
+
+    for doc in shown:
+        if doc["missing_ranks"]:
+            click.echo(f"advisor profile show: run {doc['run']['run_id']}: {doc['status']}, {doc['missing']}",
+                       err=True)
+    columns = {"layers": LAYER_COLUMNS, "compare": COMPARE_COLUMNS}.get(section, ())
+    return render.to_csv([row if single else {"run_id": doc["run"]["run_id"], **row}
+                          for doc in shown for row in doc[section]],
+                         columns=columns if single else ("run_id", *columns))
 
 
 def _show_moe_layer(directory: Path, section: str, fmt: str, color: bool) -> str:
@@ -135,7 +151,7 @@ def _sections(section: str) -> tuple[str, ...]:
 
 def _show_run(run, section: str, ranks: tuple[int, ...], iteration: int | None) -> tuple[str, dict]:
     """One run's title and document for ``profile show``: its header, status and the chosen sections."""
-    from advisor.profile_report import compare_rank, layer_rows, rank_summary, run_description
+    from advisor.profile_report import compare_rank, layer_rows, missing_text, rank_summary, run_description, run_status
 
     profiles = [rank for rank in run.ranks if not ranks or rank.header.rank in ranks]
     if not profiles:
@@ -149,7 +165,8 @@ def _show_run(run, section: str, ranks: tuple[int, ...], iteration: int | None) 
         "layers": [row for rank in profiles for row in layer_rows(rank, iteration)],
         "compare": [row.to_dict() for rank in profiles for row in compare_rank(rank, iteration)],
     }
-    return run_description(run), {"run": run.header.to_dict(), "status": run.status,
+    return run_description(run), {"run": run.header.to_dict(), "status": run_status(run),
+                                  "missing_ranks": list(run.missing_ranks), "missing": missing_text(run),
                                   **{name: tables[name] for name in _sections(section)}}
 
 
