@@ -153,6 +153,12 @@ def _indented(obj: object, depth: int) -> str:
     return _dumps(obj)
 
 
+def csv_header(text: str) -> str:
+    """The header line alone of a CSV document: the empty table with its columns (an empty file
+    is no CSV to pandas), for output where nothing is shown."""
+    return text.partition("\n")[0] + "\n"
+
+
 def to_csv(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:
     """The rows under a header of their keys (the first row's); with no rows, the header of
     ``columns`` alone: a CSV reader takes it as a table with those columns and no rows (an empty

@@ -122,13 +122,19 @@ def test_nothing_fitting_with_calibrated_verdicts_quotes_the_memory_they_judged(
 
 @pytest.mark.parametrize("model", ["llama3.1-70b", "qwen3-30b-a3b"])
 def test_nothing_fitting_writes_the_empty_document(advisor, tmp_path, model):
-    """Exit 1 with JSON or CSV: the empty document (JSON [], an empty CSV, not a lone newline),
-    the same for a mixture of experts as for a dense model (which printed nothing before)."""
+    """Exit 1 with JSON or CSV: the empty document (JSON []; CSV, its header line alone, the
+    columns of the rows --all shows: an empty file is no CSV to pandas), the same for a mixture
+    of experts as for a dense model (which printed nothing before)."""
     common = ("sweep", "--gpus", 8, "--mem", 5, "--model", model, "--gpu", "h100-80gb")
     assert advisor(*common, "--format", "json", expect=1).stdout == "[]\n"
     target = tmp_path / "rows.csv"
     advisor(*common, "--format", "csv", "-o", target, expect=1)
-    assert target.read_text() == ""
+    every = advisor(*common, "--all", "--format", "csv").stdout  # the oom rows, shown
+    header = every.partition("\n")[0]
+    assert len(every.splitlines()) > 1 and target.read_text() == header + "\n"
+    with target.open(newline="") as rows:
+        reader = csv.DictReader(rows)
+        assert list(reader) == [] and reader.fieldnames == next(csv.reader([header]))
 
 
 def test_output_is_written_atomically(advisor, tmp_path):

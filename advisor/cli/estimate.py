@@ -142,6 +142,11 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     dicts = _sweep_entries(shown, setup, gpu_hour_price, table=True) if fmt == "table" or plot is not None else []
     text = None if fmt == "table" else _sweep_text(shown, setup, spec, workload, fmt, plot is not None, gpu_hour_price,
                                                    release)
+    if fmt == "csv" and not shown:  # nothing shown: the columns of a row (the search always makes one)
+        from advisor import render
+
+        text = render.csv_header(_sweep_text(result.rows[:1], setup, spec, workload, fmt, False, gpu_hour_price,
+                                             release))
     title = setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by, result.escalation)
     if plot is not None:
         _plot(dicts, plot, title)

@@ -217,6 +217,10 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
              "ranking_tolerance": result.tolerance, "model": spec.to_dict() if fmt == "json" else spec.name}
     if fmt != "table":
         text = _machine_text(shown, setup, spec, workload, fmt)
+        if fmt == "csv" and not shown:  # nothing shown: the columns of a row (the search always makes one)
+            from advisor import render
+
+            text = render.csv_header(_machine_text(result.rows(include_oom=True, limit=1), setup, spec, workload, fmt))
         click.echo(f"advisor sweep: {_searched(result)}", err=True)
     else:
         text = _sweep_table(result, shown, spec, workload, gpus, mem, threshold, gpu, settings, show_all, output)
