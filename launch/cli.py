@@ -415,7 +415,7 @@ def manifest_options(func: Callable) -> Callable:
         click.option("--nodes", type=GPUS, default=None, help="Nodes (default: the world size / --gpus-per-node)."),
         click.option("--gpus-per-node", type=GPUS_PER_NODE, default=None,
                      help="GPUs per node (default: the plan's, else 8, at most the world size)."),
-        click.option("--name", default=None, help="The job's name (default: megatron-MODEL)."),
+        click.option("--name", default=None, help="The job's name, a DNS label (default: megatron-MODEL)."),
         output_option("Write it here (atomically) instead of printing it; '-' is stdout."),
         click.option("--dry-run", is_flag=True, help="Print it (the default without -o; nothing is submitted)."),
     ], func)
@@ -429,7 +429,10 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
     from launch.commands import resolve_topology
     from launch.manifests import Job, check_name, job_name, to_yaml
 
-    name = check_name(name or job_name(config.model.name))
+    name = check_name(name if name is not None else job_name(config.model.name))  # --name '' is refused
+    if release.given is not None and not release.given.strip():  # '' is unset, as for $MEGATRON_LM
+        raise InputError(f"--megatron-lm {release.given!r} (or $MEGATRON_LM) is blank: give the checkout's path "
+                         "in the image or on the nodes")
     topology = resolve_topology(config, nnodes=nodes, per_node=gpus_per_node, names=("--nodes", "--gpus-per-node"))
     entry, env = _launch_plan(config, release, megatron, profiling, job_plan, dry_run=True,
                               per_node=topology.nproc_per_node, gpus_here=False, checks=False, hold_notes=True)
@@ -452,8 +455,9 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
 @run_options
 @manifest_options
 @click.option("--image", required=True, metavar="IMAGE",
-              help="The container image: torch, your Megatron-LM checkout (at --megatron-lm) and this package.")
-@click.option("--namespace", default=None, help="metadata.namespace (default: kubectl's).")
+              help="The container image: torch, your Megatron-LM checkout (at --megatron-lm) and this package "
+                   "(a reference without blanks).")
+@click.option("--namespace", default=None, help="metadata.namespace, a DNS label (default: kubectl's).")
 @megatron_options
 def k8s_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, name, output, dry_run, image,
                 namespace) -> int:
@@ -486,7 +490,8 @@ def k8s_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_
 @run_options
 @manifest_options
 @click.option("--accelerator", default="H100", show_default=True,
-              help="SkyPilot's accelerator name (resources.accelerators NAME:GPUS_PER_NODE), e.g. A100-80GB.")
+              help="SkyPilot's accelerator name alone, e.g. A100-80GB: the task asks for NAME:GPUS_PER_NODE "
+                   "(resources.accelerators), so a NAME:COUNT is refused; --gpus-per-node sets the count.")
 @megatron_options
 def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, name, output, dry_run,
                      accelerator) -> int:

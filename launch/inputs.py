@@ -13,7 +13,10 @@ What a file holds is decided from its content:
 
 A sweep row or an estimate becomes arguments through ``advisor.megatron_args`` (the one writer
 of Megatron-LM flags) from its model, layout, batch and estimator options, with BF16 weights as
-the estimator assumes. Anything malformed, truncated or inconsistent is one AdvisorError.
+the estimator assumes; its own ``megatron_args``, where it has them (rows and estimates written
+before they carried their flags have none), must be exactly those flags, as a plan's must be its
+options' (one check, ``_check_own_args``: a hand edit of one without the other is refused).
+Anything malformed, truncated or inconsistent is one AdvisorError.
 """
 
 from __future__ import annotations
@@ -232,6 +235,8 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
             raise AdvisorError(f"{fields.origin}: {exc}") from None
         args = megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
                              global_batch_size=gbs, options=options, virtual_stages=vpp)
+    if "megatron_args" in fields.document:  # rows written before they carried their flags launch from their fields
+        _check_own_args(fields.origin, kind, tuple(fields.array("megatron_args", str)), tuple(args))
     return LaunchInput(
         kind=kind, origin=fields.origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=tuple(args),
@@ -321,7 +326,7 @@ def _from_plan(fields: _Fields) -> LaunchInput:
         raise AdvisorError(f"{origin}: {problem}")
     if problem := split_problem(spec.num_layers, pp, 1, layers):
         raise AdvisorError(f"{origin}: {problem}")
-    _check_plan_args(origin, args, {
+    _check_own_args(origin, "plan", args, {
         "--tensor-model-parallel-size": tp, "--context-parallel-size": cp, "--pipeline-model-parallel-size": pp,
         "--micro-batch-size": mbs, "--global-batch-size": gbs, "--num-layers": spec.num_layers,
         "--seq-length": seq_len,
@@ -343,20 +348,33 @@ def _priced_plan_args(fields: _Fields, spec, seq_len: int, tp: int, cp: int, lay
     (a hand edit of one without the other)."""
     args = tuple(megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
                                global_batch_size=gbs, options=fields.options()))
-    if args != written:
-        missing = [arg for arg in args if arg.startswith("--") and arg not in written]
-        extra = [arg for arg in written if arg.startswith("--") and arg not in args]
-        raise AdvisorError(f"{fields.origin}: inconsistent plan: its megatron_args are not the flags of its options "
-                           f"(missing {' '.join(missing) or 'no flag'}; not priced {' '.join(extra) or 'no flag'}, "
-                           "or a value differs)")
+    _check_own_args(fields.origin, "plan", written, args)
     return args
 
 
-def _check_plan_args(origin: str, args: tuple[str, ...], expected: dict[str, int]) -> None:
-    """The plan's flags must say what its fields say (a hand-edited plan may not)."""
-    values = flag_values(args)
-    for flag, value in expected.items():
-        if values.get(flag) != (str(value),):
-            given = " ".join(values[flag]) if flag in values else "nothing"
-            raise AdvisorError(f"{origin}: inconsistent plan: its megatron_args give {flag} {given}, "
-                               f"its fields say {value}")
+def _check_own_args(origin: str, kind: str, written: tuple[str, ...],
+                    derived: tuple[str, ...] | dict[str, int]) -> None:
+    """An input's own ``megatron_args`` must say what its fields say (a hand edit of one without
+    the other is refused, naming the first flag that differs): ``derived`` is either every flag the
+    fields make (a sweep row's, an estimate's, a plan's with its options: then the lists must be
+    equal) or the flags the fields decide, with their values (an older plan, launched with its own)."""
+    whole = isinstance(derived, tuple)
+    expected = flag_values(derived) if whole else {flag: (str(value),) for flag, value in derived.items()}
+    given = flag_values(written)
+    beyond = [flag for flag in given if flag not in expected] if whole else []
+    for flag in (*expected, *beyond):
+        ours, theirs = given.get(flag), expected.get(flag)
+        if ours != theirs:
+            raise AdvisorError(f"{origin}: inconsistent {kind}: its megatron_args {_difference(flag, ours, theirs)}")
+    if whole and written != derived:
+        raise AdvisorError(f"{origin}: inconsistent {kind}: its megatron_args repeat, reorder or add words to the "
+                           "flags its fields make")
+
+
+def _difference(flag: str, ours: tuple[str, ...] | None, theirs: tuple[str, ...] | None) -> str:
+    """How an input's own flag differs from its fields': 'give --micro-batch-size 4, its fields say 1'."""
+    if ours is None:
+        return f"lack {flag}, its fields say {' '.join(theirs)}" if theirs else f"lack {flag}, which its fields give"
+    if theirs is None:
+        return f"give {' '.join((flag, *ours))}, its fields do not"
+    return f"give {flag} {' '.join(ours) or '(no value)'}, its fields say {' '.join(theirs) or '(no value)'}"

@@ -29,6 +29,7 @@ from advisor.errors import AdvisorError
 from launch.commands import DEFAULT_RDZV_PORT, ENTRY_MODULE, ShellWord, Topology, wrap
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_ACCELERATOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,10 +55,41 @@ class Job:
 
 def check_name(name: str) -> str:
     """A Kubernetes object name (and a SkyPilot task name): a DNS label (RFC 1123)."""
-    if len(name) > 63 or not _DNS_LABEL.match(name):
-        raise AdvisorError(f"--name {name!r}: a job name must be a DNS label (lower-case letters, digits and '-', "
+    return _dns_label("--name", name, "a job name")
+
+
+def check_namespace(namespace: str) -> str:
+    """A Kubernetes namespace: a DNS label too (``--namespace ''`` left the manifest without one)."""
+    return _dns_label("--namespace", namespace, "a namespace")
+
+
+def _dns_label(option: str, value: str, what: str) -> str:
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise AdvisorError(f"{option} {value!r}: {what} must be a DNS label (lower-case letters, digits and '-', "
                            "at most 63 characters)")
-    return name
+    return value
+
+
+def check_image(image: str) -> str:
+    """A container image reference: neither blank nor holding blanks (``--image ''`` wrote
+    ``image: ''``, which Kubernetes refuses only when the job is created)."""
+    if not image.strip() or any(char.isspace() for char in image):
+        raise AdvisorError(f"--image {image!r}: give a container image reference without blanks, e.g. "
+                           "ghcr.io/me/megatron:25.04")
+    return image
+
+
+def check_accelerator(accelerator: str) -> str:
+    """A SkyPilot accelerator name alone (H100, A100-80GB): the writer adds the count, the GPUs per
+    node (``H100:8`` became ``accelerators: H100:8:8``, which SkyPilot cannot parse)."""
+    if ":" in accelerator:
+        name = accelerator.partition(":")[0].strip() or "H100"
+        raise AdvisorError(f"--accelerator {accelerator!r}: give the accelerator's name alone (e.g. {name}): "
+                           "the count is the GPUs per node, which the launcher adds (--gpus-per-node sets it)")
+    if not _ACCELERATOR.match(accelerator):
+        raise AdvisorError(f"--accelerator {accelerator!r}: an accelerator name is letters, digits, '-', '_' and "
+                           "'.', e.g. H100 or A100-80GB")
+    return accelerator
 
 
 def job_name(model_name: str) -> str:
@@ -71,6 +103,7 @@ def job_name(model_name: str) -> str:
 
 def pod_template(job: Job, image: str) -> dict:
     """The pod template of every replica (a ``V1PodTemplateSpec``)."""
+    check_image(image)
     env = [{"name": name, "value": value} for name, value in job.environment.items()]
     container = {
         "name": "pytorch",  # the container name the training operator looks for
@@ -88,12 +121,15 @@ def pod_template(job: Job, image: str) -> dict:
 
 
 def pytorchjob(job: Job, image: str, namespace: str | None = None) -> dict:
-    """A ``kubeflow.org/v1`` PyTorchJob: one Master and nodes - 1 Workers."""
+    """A ``kubeflow.org/v1`` PyTorchJob: one Master and nodes - 1 Workers (in ``namespace``, else
+    in kubectl's)."""
+    if namespace is not None:
+        check_namespace(namespace)
     replica = {"restartPolicy": "OnFailure", "template": pod_template(job, image)}
     specs = {"Master": {"replicas": 1, **replica}}
     if job.topology.nnodes > 1:
         specs["Worker"] = {"replicas": job.topology.nnodes - 1, **replica}
-    metadata = {"name": job.name, **({"namespace": namespace} if namespace else {})}
+    metadata = {"name": job.name, **({"namespace": namespace} if namespace is not None else {})}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": metadata,
             "spec": {"runPolicy": {"cleanPodPolicy": "None"}, "pytorchReplicaSpecs": specs}}
 
@@ -102,7 +138,9 @@ def pytorchjob(job: Job, image: str, namespace: str | None = None) -> dict:
 
 
 def skypilot_task(job: Job, accelerator: str) -> dict:
-    """A SkyPilot task: the nodes, their GPUs, the environment and the run script."""
+    """A SkyPilot task: the nodes, their GPUs (``accelerator``, a name alone), the environment and
+    the run script."""
+    check_accelerator(accelerator)
     head = ShellWord('"$(echo "$SKYPILOT_NODE_IPS" | head -n1)"')
     torchrun = job.torchrun(ShellWord('"$SKYPILOT_NODE_RANK"'), head, str(job.port))
     lines = wrap(torchrun, width=96, break_before=frozenset({"-m"}), break_after=frozenset({"--"}))

@@ -174,8 +174,8 @@ def test_a_plan_launches_the_options_it_was_priced_with(advisor, tmp_path):
     assert values["--data-parallel-sharding-strategy"] == ("optim_grads",) and "--grad-reduce-in-bf16" in values
     # Options changed by hand without the flags: refused, naming both sides.
     edited = dict(document, options=dict(document["options"], grad_reduce_dtype="fp32"))
-    with pytest.raises(AdvisorError, match="megatron_args are not the flags of its options .*missing "
-                                           "--accumulate-allreduce-grads-in-fp32; not priced --grad-reduce-in-bf16"):
+    with pytest.raises(AdvisorError, match="inconsistent plan: its megatron_args lack "
+                                           "--accumulate-allreduce-grads-in-fp32, which its fields give"):
         read_input(corrupt(tmp_path, edited))
     # A plan written before plans recorded options still launches its own flags.
     older = {key: value for key, value in document.items() if key != "options"}
@@ -191,11 +191,16 @@ def test_moe_token_dropping_rows_launch_as_priced(advisor, tmp_path):
             "--gbs", "256", "--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.5", "--format", "json",
             "-o", path)
     row = json.loads(path.read_text())
-    old = {key: value for key, value in row.items() if key != "pad_to_capacity"}
-    for pad, document in ((True, row), (False, {**row, "pad_to_capacity": False}), (True, old)):
+    # edited rows drop their flags, as rows written before they carried them do
+    old = {key: value for key, value in row.items() if key not in ("pad_to_capacity", "megatron_args")}
+    unpadded = {key: value for key, value in row.items() if key != "megatron_args"} | {"pad_to_capacity": False}
+    for pad, document in ((True, row), (False, unpadded), (True, old)):
         args = read_input(write_json(tmp_path / "row.json", document)).megatron_args
         assert ("--moe-pad-expert-input-to-capacity" in args) is pad
         assert args[args.index("--moe-expert-capacity-factor") + 1] == "1.5"
+    with pytest.raises(AdvisorError, match="its megatron_args give --moe-pad-expert-input-to-capacity, its "
+                                           "fields do not"):  # edited, its flags not
+        read_input(write_json(tmp_path / "row.json", {**row, "pad_to_capacity": False}))
     with pytest.raises(AdvisorError, match="flex dispatcher cannot pad"):
         read_input(write_json(tmp_path / "row.json", {**row, "dispatcher": "flex"}))
     with pytest.raises(AdvisorError, match="'pad_to_capacity' must be null, true or false, got 1"):

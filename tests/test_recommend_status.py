@@ -29,15 +29,17 @@ def test_time_objective_with_nothing_within_the_limit_exits_1(advisor):
         assert "TP 8, PP 8, MBS 1, --threshold 0.8 x 80 GiB" in lines[0]
 
 
-def test_memory_objective_above_the_memory_writes_the_plan_and_exits_1(advisor, tmp_path):
+def test_memory_objective_above_the_memory_prints_the_plan_writes_none_and_exits_1(advisor, tmp_path):
     result = advisor(*TOO_BIG, "--format", "json", "-o", tmp_path / "plan.json", expect=1)
-    plan = json.loads((tmp_path / "plan.json").read_text())
-    assert plan == json.loads(result.stdout) and plan["peak_predicted_gib"] > 80
+    assert not (tmp_path / "plan.json").exists()  # a plan that does not fit is nothing to launch
+    plan = json.loads(result.stdout)
+    assert plan["peak_predicted_gib"] > 80
     assert plan["layers_per_stage"] and sum(plan["layers_per_stage"]) == 126  # the lowest peak, still useful
     notes = [line for line in result.stderr.splitlines() if line.startswith("advisor recommend")]
     assert notes == [f"advisor recommend: nothing fits: the lowest peak any split reaches is "
                      f"{plan['peak_predicted_gib']:.2f} GiB per GPU, above 80 GiB. Try more GPUs, a larger --pp or "
-                     "--tp, or --recompute full (advisor sweep searches the layouts)"]
+                     f"--tp, or --recompute full (advisor sweep searches the layouts); no plan written to "
+                     f"{tmp_path / 'plan.json'}"]
     recomputed = advisor(*TOO_BIG, "--recompute", "full", expect=1)
     assert recomputed.stderr.rstrip().endswith("Try more GPUs, a larger --pp or --tp (advisor sweep searches the "
                                                "layouts)")  # not what was given already

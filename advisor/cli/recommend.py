@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from advisor.cli.options import (
-    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, InputPath, color_wanted, document_options, emit_document,
-    file_path, gpu_options, model_options, nothing_fits, workload_options,
+    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, STDOUT, InputError, InputPath, color_wanted, document_options,
+    emit_document, file_path, gpu_options, model_options, nothing_fits, workload_options,
 )
 from advisor.cli.training_flags import memory_options
 
@@ -33,9 +33,11 @@ Megatron-LM runs: with --recompute-method uniform on --megatron-version
 
 The exit status is 0 for a plan within the memory; 1 when nothing fits: with
 --objective time no split keeps every stage within the limit (one line says the
-lowest peak any split reaches, and no plan is written), with --objective memory
-the lowest peak is above --mem or the --gpu's memory (the plan is still written,
-and one line on stderr says it does not fit); 2 for bad input.
+lowest peak any split reaches, and no plan is printed), with --objective memory
+the lowest peak is above --mem or the --gpu's memory (the plan is still printed,
+and one line on stderr says it does not fit); either way -o FILE writes no plan
+(the line says so: a plan that does not fit is nothing to launch); 2 for bad
+input.
 
 \b
 Examples:
@@ -137,16 +139,18 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
                                       memory_limit=limit, timing=timing, release=release, **common)
     except NothingFits as exc:
         nothing_fits(f"advisor recommend: nothing fits: {exc} (TP {tp}, PP {pp}, MBS {mbs}, --threshold "
-                     f"{limit / GIB / mem:g} x {mem:g} GiB). {_tries(profiles, options, mode)}")
+                     f"{limit / GIB / mem:g} x {mem:g} GiB). {_tries(profiles, options, mode)}{_unwritten(output)}")
     if png is not None:
         from advisor.capture.chart import draw
 
         draw(plan, png, mem)
         click.echo(f"wrote {png}", err=True)
-    emit_document(plan.to_dict(), lambda: _plan_table(plan, mem), fmt, output)
-    if mem and plan.peak_bytes > mem * GIB:  # the lowest peak, shown, but over the memory
+    over = bool(mem) and plan.peak_bytes > mem * GIB  # the lowest peak, shown, but over the memory: no file
+    emit_document(plan.to_dict(), lambda: _plan_table(plan, mem), fmt, None if over and output != STDOUT else output)
+    if over:
         nothing_fits(f"advisor recommend: nothing fits: the lowest peak any split reaches is "
-                     f"{plan.peak_bytes / GIB:.2f} GiB per GPU, above {mem:g} GiB. {_tries(profiles, options, mode)}")
+                     f"{plan.peak_bytes / GIB:.2f} GiB per GPU, above {mem:g} GiB. "
+                     f"{_tries(profiles, options, mode)}{_unwritten(output)}")
 
 
 def _tries(profiles, options, mode: str = "megatron") -> str:
@@ -157,6 +161,12 @@ def _tries(profiles, options, mode: str = "megatron") -> str:
     full = not profiles and options.recomputation.recompute != "full"  # profiles decide their recomputation
     return "Try more GPUs, a larger --pp or --tp" + (", or --recompute full" if full else "") + \
         " (advisor sweep searches the layouts)"
+
+
+def _unwritten(output: Path | None) -> str:
+    """What ends a nothing-fits line where -o named a file: a plan that does not fit is not
+    written (one that was got launched without a word: its file recorded no memory limit)."""
+    return "" if output is None or output == STDOUT else f"; no plan written to {output}"
 
 
 def _timing(spec, gpu, seq_len: int, global_batch_size: int, time_options=None):
