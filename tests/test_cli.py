@@ -354,3 +354,12 @@ def test_output_and_plot_must_be_two_png_files_apart(advisor, tmp_path):
     assert list(tmp_path.iterdir()) == []
     advisor(*common, "--format", "json", "-o", tmp_path / "rows.json", "--plot", tmp_path / "rows.PNG")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.PNG", "rows.json"]
+
+
+def test_recommend_png_is_a_png_file_of_its_own(advisor, tmp_path):
+    """recommend --png, as sweep --plot: a .png name, and not the file -o writes."""
+    common = ("recommend", "--gpus", 8, "--pp", 4, "--mem", 80)
+    assert "name a file ending in .png, not" in advisor.error(*common, "--png", tmp_path / "plan.txt")
+    line = advisor.error(*common, "-o", tmp_path / "plan.png", "--png", tmp_path / "plan.png")
+    assert line.endswith("name the same file " + str(tmp_path / "plan.png") + ": give each its own")
+    assert list(tmp_path.iterdir()) == []

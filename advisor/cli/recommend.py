@@ -9,7 +9,7 @@ import click
 
 from advisor.cli.options import (
     DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, STDOUT, InputError, InputPath, color_wanted, document_options,
-    emit_document, file_path, gpu_options, model_options, nothing_fits, workload_options,
+    distinct_files, emit_document, gpu_options, model_options, nothing_fits, png_path, workload_options,
 )
 from advisor.cli.training_flags import memory_options
 
@@ -78,7 +78,7 @@ Examples:
 @click.option("--threshold", type=FRACTION, default=None,
               help="--objective time keeps every stage within this fraction of --mem (default 0.8 for the "
                    "analytic estimator, the 4D paper's rule; 1.0 with profiles, which measure what it leaves out).")
-@click.option("--png", type=click.Path(dir_okay=False), default=None, callback=file_path, metavar="FILE",
+@click.option("--png", type=click.Path(dir_okay=False), default=None, callback=png_path, metavar="FILE.png",
               help="Draw the per-GPU memory of the plan beside the even split (like CAPTURE's Fig. 6).")
 @model_options
 @workload_options
@@ -94,6 +94,7 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
     from advisor.memory import GIB
     from advisor.parallel import check_whole_nodes
 
+    distinct_files(**{"--output": output, "--png": png})
     if mode == "megatron" and pp is None:
         raise InputError("--mode megatron needs --pp (the number of pipeline stages)")
     if mode == "hybrid" and (pp is not None or tp != 1):
