@@ -451,11 +451,13 @@ def may_fit(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *
 
 
 def _fits_somewhere(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: np.ndarray, group_vpp: np.ndarray,
-                    memory_gib: float, options: MemoryOptions, space: SpaceOptions, calibrated) -> tuple[bool, int]:
+                    memory_gib: float, options: MemoryOptions, space: SpaceOptions,
+                    calibrated) -> tuple[bool, _Priced]:
     """``may_fit`` over launchable ``bases`` and their (base, VPP) groups: (whether some base's
-    least-memory variant fits, variants priced to say so)."""
+    least-memory variant fits, the variants priced to say so: counted only where the search
+    plans nothing, so that ``may_fit`` pays no count)."""
     if not len(group_base):
-        return False, 0
+        return False, _Priced()
     memory = memory_gib * GIB
     candidates = np.flatnonzero(np.isin(np.arange(len(bases)), group_base)
                                 & (_states_lower_bound(spec, bases, options) <= memory))
@@ -470,8 +472,8 @@ def _fits_somewhere(spec: LlamaSpec, workload: Workload, bases: Bases, group_bas
             low, high = _recompute_range(variants.pp, variants.vpp, spec.num_layers, space, selective)
             for n in _least_memory_recompute(low, high, uniform):
                 if _fits(state, variants.with_recompute(n), memory).any():
-                    return True, state.priced.count(spec.num_layers, space)
-    return False, state.priced.count(spec.num_layers, space)
+                    return True, state.priced
+    return False, state.priced
 
 
 def _recompute_range(pp: np.ndarray, vpp: np.ndarray, layers: int, space: SpaceOptions, selective: bool):
@@ -751,7 +753,8 @@ def search_parts(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: flo
                                     plan=somewhere)
         parts.append((result, index[kept]))
     if not somewhere:  # what the check priced
-        parts[0] = (replace(parts[0][0], evaluated=parts[0][0].evaluated + checked), parts[0][1])
+        priced = checked.count(spec.num_layers, space)
+        parts[0] = (replace(parts[0][0], evaluated=parts[0][0].evaluated + priced), parts[0][1])
     return parts
 
 

@@ -395,7 +395,7 @@ def test_where_nothing_fits_the_unplanned_rows_are_the_planned_ones(monkeypatch,
     monkeypatch.setattr(space, "_fits_somewhere", lambda *a: checks.append(original(*a)) or checks[-1])
     skipped, evaluated = rows()
     assert checks[0][0] is False and not any(row[3] for row in skipped)
-    monkeypatch.setattr(space, "_fits_somewhere", lambda *a: (True, 0))  # plan as before the shortcut
+    monkeypatch.setattr(space, "_fits_somewhere", lambda *a: (True, space._Priced()))  # plan as before the shortcut
     planned, planned_evaluated = rows()
     assert repr(skipped) == repr(planned) and 0 < evaluated <= planned_evaluated
     assert (evaluated < planned_evaluated) == (gpu is not None)

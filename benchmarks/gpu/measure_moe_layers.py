@@ -45,11 +45,9 @@ import argparse
 import dataclasses
 import gc
 import json
-import os
 import sys
 import time
 import traceback
-import warnings
 from pathlib import Path
 
 STARTED = time.perf_counter()  # the deadline counts from here: torch's and megatron's imports took ~30 s on an H200
@@ -177,17 +175,8 @@ def header(args: argparse.Namespace, torch) -> dict:
 
 def main() -> int:
     args = parse()
-    if args.device == "cpu":  # before torch looks: the cpu backend's gloo rank and CPU shim, even on a GPU machine
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    warnings.filterwarnings("ignore")
-    import torch
-
-    if problem := script_cli.refusal(args, torch):
-        print(f"Error: {problem}", file=sys.stderr)
+    if (torch := script_cli.start(args)) is None:
         return 2
-    from megatron_hooks.stage_emulation import quiet_megatron
-
-    quiet_megatron()
     args.seq_len = 32 if args.tiny else 4096
     summary = {**header(args, torch), "parts": {}, "models": {}}
     run_parts(args, summary)

@@ -33,6 +33,28 @@ def parser(doc: str, *, deadline_s: float, device_help: str, tiny_help: str) -> 
     return made
 
 
+def start(args: argparse.Namespace):
+    """torch, imported for ``args.device`` (a CPU run hides any GPU first: the cpu backend's gloo
+    rank and CPU shim, even on a GPU machine), with warnings and Megatron's logging quieted; None
+    after one ``Error:`` line where the run cannot start (``refusal``)."""
+    import os
+    import sys
+    import warnings
+
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    warnings.filterwarnings("ignore")
+    import torch
+
+    if problem := refusal(args, torch):
+        print(f"Error: {problem}", file=sys.stderr)
+        return None
+    from megatron_hooks.stage_emulation import quiet_megatron
+
+    quiet_megatron()
+    return torch
+
+
 def refusal(args: argparse.Namespace, torch) -> str | None:
     """Why the run cannot start (no GPU for --device cuda, OUT not a folder it can make, or OUT
     already holds results), or None."""

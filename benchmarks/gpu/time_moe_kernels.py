@@ -72,7 +72,6 @@ import dataclasses
 import gc
 import gzip
 import json
-import os
 import statistics
 import sys
 import time
@@ -565,19 +564,8 @@ def header(args: argparse.Namespace, torch) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    if args.device == "cpu":  # before torch looks: the gloo rank and CPU shim, even on a GPU machine
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    import torch
-
-    if problem := script_cli.refusal(args, torch):
-        print(f"Error: {problem}", file=sys.stderr)
+    if (torch := script_cli.start(args)) is None:
         return 2
-    from megatron_hooks.stage_emulation import quiet_megatron
-
-    quiet_megatron()
     summary = {**header(args, torch), "predicted": {}, "parts": {}, "readout": {}}
     write_summary(args, summary)
     try:
