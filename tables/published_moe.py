@@ -110,10 +110,22 @@ MISSES = {
                                "it is charged once a call, forward and backward together, as the dense model "
                                "and the probe it comes from have it. Not the per-expert GEMMs: timed on one H200 "
                                "at these shapes, one cuBLAS GEMM per expert over 4 streams takes 0.93 of the "
-                               "modelled time (tables/moe_gemm_probe.py)",
+                               "modelled time (tables/moe_gemm_probe.py). Where the time goes, from NVIDIA's "
+                               "own Nsight profile of this recipe (its matched A/B, 24.71 s; Megatron-Bridge "
+                               "skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md at 067f987d): rank 0's GPU "
+                               "ran kernels 22.82 s, 8.3 s of it communication kernels (the 9.1 ms they shared "
+                               "with GEMMs or attention is 0.11% of them), so about 14.6 s computing and 1.9 s "
+                               "idle; the model charges 15.1 s of compute, 4.4 s of EP communication and 1.7 s "
+                               "of per-microbatch overhead. Compute agrees within 4%; the miss is in the "
+                               "HybridEP dispatch and combine kernels, about 1.9x their line-rate price (read "
+                               "as one profiled step, which its 22.8 s of GPU activity suggests)",
     "mbcard0725-q30-overlap": "predicted faster (-16.5%), as mbcard0718-q30-hybridep with the EP overlap "
                               "(-10.7% before core attention's fixed cost was charged once a call); not the "
-                              "per-expert GEMMs (as mbcard0718-q30-hybridep)",
+                              "per-expert GEMMs (as mbcard0718-q30-hybridep). The same Nsight A/B with the "
+                              "overlap: 21.22 s of GPU activity, 10.8 s of it communication kernels of which "
+                              "3.96 s (36.55%) ran beside GEMMs or attention, so about 14.4 s computing; the "
+                              "model charges 15.1 s of compute and 4.4 s of communication, 3.7 s of it hidden: "
+                              "the communication kernels take 2.5x their line-rate price beside the compute",
 }
 """Test runs outside the target, each with why (docs/validation.md shows them); never tuned away."""
 
