@@ -45,8 +45,9 @@ def test_memory_objective_above_the_memory_prints_the_plan_writes_none_and_exits
                                                "layouts)")  # not what was given already
     table = advisor(*TOO_BIG, expect=1)
     assert "predicted peak" in table.stdout and table.stderr.count("nothing fits") == 1
-    # --mem decides where it is given: the same plan within 200 GiB runs
-    assert json.loads(advisor(*TOO_BIG, "--mem", 200, "--format", "json").stdout) == plan
+    # --mem decides where it is given: the same plan within 200 GiB runs, and says so
+    roomy = json.loads(advisor(*TOO_BIG, "--mem", 200, "--format", "json").stdout)
+    assert (roomy.pop("memory_limit_gib"), plan.pop("memory_limit_gib")) == (200, 80) and roomy == plan
 
 
 def test_memory_objective_without_a_memory_limit_exits_0(advisor):

@@ -245,3 +245,19 @@ def test_profiles_of_different_models_name_the_fields_that_differ(advisor, tmp_p
                                 "--format", "json").stdout)
     line = advisor.error("report", "--from", estimate, "--profile", tmp_path, "-o", tmp_path / "page.html")
     assert line == "Error: run r2 differs from run r1 in model (hidden_size 128 vs 64); profile one setup at a time"
+
+
+def test_a_time_plans_stage_limit_is_its_threshold_line():
+    """A time plan records the GPU's memory and the limit every stage was kept within
+    (--threshold x memory): the page draws the first as the GPU memory and the second as the
+    plan's own line, not as the paper's 80%."""
+    from advisor.report.details import plan_detail
+
+    plan = {"tp": 1, "cp": 1, "pp": 2, "micro_batch_size": 1, "num_microbatches": 8,
+            "memory_limit_gib": 80.0, "stage_limit_gib": 64.0, "predictor": {"name": "seed004"},
+            "stages": [{"predicted_gib": 50.0, "predicted_time_s": 0.3}, {"predicted_gib": 60.0, "predicted_time_s": 0.3}]}
+    detail = plan_detail(plan)
+    assert (detail.memory_gib, detail.threshold_gib) == (80.0, 64.0)
+    assert "80%" not in detail.threshold_label
+    memory_plan = dict(plan, stage_limit_gib=None)
+    assert plan_detail(memory_plan).threshold_gib is None

@@ -3,12 +3,13 @@
 Schema ``megatron-4d-advisor/plan``, version 1. One JSON object:
 
     schema, version, mode ("megatron" | "hybrid"), objective ("memory": the lowest peak;
-        "time": MadPipe's shortest period within memory_limit_gib),
+        "time": MadPipe's shortest period with every stage within stage_limit_gib),
     launchable (true: stock Megatron-LM runs it with ``megatron_args``; false: stages have
         different TP/DP degrees, which stock Megatron cannot build; only per-stage emulation or a
         framework with per-stage meshes, such as Alpa, can run it),
     not_launchable_reason (null when launchable),
-    predictor {name ("1f1b" | "capture" from profiles; "seed004": the analytic estimator),
+    predictor {name: the predictor that priced the plan ("1f1b" | "capture" from profiles;
+        "seed004": the analytic estimator, without profiles),
         profile_runs (directory names), skipped_runs [{run, status}], fits (1f1b: per scenario and
         microbatch, c0, c1 and the residuals)},
     model (LlamaSpec fields), seq_len, setup {params_dtype, distributed_optimizer,
@@ -22,8 +23,11 @@ Schema ``megatron-4d-advisor/plan``, version 1. One JSON object:
         nodes [node indices], in_flight_microbatches, predicted_bytes, predicted_gib}],
     gpu_memory [{gpu, node, stage, predicted_gib}] for every GPU (Megatron rank order
         tp-cp-dp-pp: stage i holds ranks i*t*c*d .. (i+1)*t*c*d - 1),
-    peak_predicted_gib, memory_limit_gib (time objective; null otherwise), period_s (the slowest
-        stage's time; null without times), predicted_step_time_s (with a time model; null otherwise),
+    peak_predicted_gib, memory_limit_gib (the memory of each GPU the plan is for: --mem or the
+        --gpu preset's; null when neither was given), stage_limit_gib (time objective: --threshold x
+        memory_limit_gib, the limit every stage was kept within; null otherwise), period_s (the
+        slowest stage's time; null without times), predicted_step_time_s (with a time model; null
+        otherwise),
     baseline (null, or the even split with the same degrees: {label, layers_per_stage,
         stage_predicted_gib [per stage], peak_predicted_gib, stage_predicted_time_s, period_s,
         predicted_step_time_s}),
@@ -127,7 +131,10 @@ class Plan:
     excluded: tuple[tuple[str, str], ...] = ()
     objective: Literal["memory", "time"] = "memory"
     memory_limit_bytes: float | None = None
-    """The time objective's limit on every stage (the memory objective has none)."""
+    """The memory of each GPU (--mem, or the --gpu preset's), whatever the objective; None where
+    neither was given. The same in the plan printed and the plan written."""
+    stage_limit_bytes: float | None = None
+    """The time objective's limit on every stage (--threshold x the memory); None otherwise."""
     step_time_s: float | None = None
     """The predicted iteration time (with a time model)."""
     options: TrainingOptions | None = None
@@ -183,6 +190,7 @@ class Plan:
             "gpu_memory": self.gpu_memory(),
             "peak_predicted_gib": self.peak_bytes / GIB,
             "memory_limit_gib": None if self.memory_limit_bytes is None else self.memory_limit_bytes / GIB,
+            "stage_limit_gib": None if self.stage_limit_bytes is None else self.stage_limit_bytes / GIB,
             "period_s": self.period_s, "predicted_step_time_s": self.step_time_s,
             "baseline": self.baseline.to_dict() if self.baseline else None,
             "excluded": [{"scenario": name, "reason": reason} for name, reason in self.excluded],

@@ -73,14 +73,14 @@ def _stages(solution: Solution, table: CostTable, num_microbatches: int, cp: int
 
 
 def _plan_split(memory: CostTable, time: CostTable | None, pp: int, scenario: Scenario, objective: Objective,
-                memory_limit: float | None) -> tuple[Solution, tuple[float, ...] | None]:
+                stage_limit: float | None) -> tuple[Solution, tuple[float, ...] | None]:
     """The memory objective: CAPTURE's lowest peak. The time objective: MadPipe's shortest period
-    within ``memory_limit`` bytes (``advisor.madpipe``). With the stage times where there are any."""
+    within ``stage_limit`` bytes (``advisor.madpipe``). With the stage times where there are any."""
     if objective == "time":
-        if time is None or memory_limit is None:
+        if time is None or stage_limit is None:
             raise AdvisorError("--objective time needs stage times (profiles with per-layer times, or --gpu NAME "
                                "for the time model) and a memory limit (--mem)")
-        solution, _ = plan_fastest(time, memory, pp, memory_limit, scenario)
+        solution, _ = plan_fastest(time, memory, pp, stage_limit, scenario)
     else:
         solution = plan_megatron(memory, pp, scenario)
     return solution, None if time is None else stage_times(time, solution)
@@ -125,11 +125,12 @@ def _uniform_layout(spec: LlamaSpec, gpus: int, gpus_per_node: int, tp: int, cp:
 def recommend_megatron(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, tp: int, pp: int,
                        micro_batch_size: int, global_batch_size: int, predictor: PredictorName = "1f1b",
                        merge_to: int | None = None, objective: Objective = "memory",
-                       memory_limit: float | None = None, timing: Timing | None = None) -> Plan:
+                       stage_limit: float | None = None, gpu_memory: float | None = None,
+                       timing: Timing | None = None) -> Plan:
     """Uniform TP/CP/DP, PP stages: the layers per stage with the lowest predicted peak, or
-    (``objective="time"``) with the shortest period whose stages stay within ``memory_limit``
+    (``objective="time"``) with the shortest period whose stages stay within ``stage_limit``
     bytes, the stage times from the profiles' per-layer times or, given ``timing``, the time
-    model."""
+    model. ``gpu_memory`` (bytes per GPU, if known) is the plan's memory limit."""
     cp = profiles.cp
     dp, m = _uniform_layout(profiles.model, gpus, gpus_per_node, tp, cp, pp, micro_batch_size, global_batch_size)
     scenario, batch = Scenario(tp=tp, dp=dp), micro_batch_size * dp
@@ -144,7 +145,7 @@ def recommend_megatron(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, t
             time = profile_time_table(*profiled_times(profiles, scenario, batch))
         if predictor.groups:
             time = unit_table(time.values, predictor.groups)
-    solution, times = _plan_split(table, time, pp, scenario, objective, memory_limit)
+    solution, times = _plan_split(table, time, pp, scenario, objective, stage_limit)
     per_stage = tp * cp * dp
     stages = _stages(solution, table, m, cp,  # Megatron's rank order tp-cp-dp-pp: PP outermost
                      lambda index, stage: tuple(range(index * per_stage, (index + 1) * per_stage)), times)
@@ -155,8 +156,14 @@ def recommend_megatron(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, t
         mode="megatron", **_common(profiles, predictor), gpus=gpus, gpus_per_node=gpus_per_node, tp=tp, cp=cp, dp=dp,
         micro_batch_size=micro_batch_size, global_batch_size=global_batch_size, num_microbatches=m, stages=stages,
         baseline=baseline, megatron_args=_megatron_args(profiles, tp, stages, micro_batch_size, global_batch_size),
-        objective=objective, memory_limit_bytes=memory_limit if objective == "time" else None,
+        objective=objective, **_limits(objective, stage_limit, gpu_memory),
     )
+
+
+def _limits(objective: Objective, stage_limit: float | None, gpu_memory: float | None) -> dict:
+    """A plan's limits: the GPU's memory whatever the objective (a plan printed and a plan
+    written say the same), the stage limit for the time objective only."""
+    return dict(memory_limit_bytes=gpu_memory, stage_limit_bytes=stage_limit if objective == "time" else None)
 
 
 def _split_times(time: CostTable, layers_per_stage) -> tuple[float, ...]:
@@ -188,12 +195,12 @@ def _chunk_units(spec: LlamaSpec, training: TrainingOptions, pp: int, release,
 
 def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOptions, *, gpus: int,
                        gpus_per_node: int, tp: int, cp: int, pp: int, micro_batch_size: int,
-                       objective: Objective = "memory", memory_limit: float | None = None,
-                       timing: Timing | None = None, release=None) -> Plan:
+                       objective: Objective = "memory", stage_limit: float | None = None,
+                       gpu_memory: float | None = None, timing: Timing | None = None, release=None) -> Plan:
     """Without profiles: seed 004's memory per stage and position, the time model's stage times;
-    the lowest peak, or MadPipe's shortest period within ``memory_limit`` bytes, among the splits
+    the lowest peak, or MadPipe's shortest period within ``stage_limit`` bytes, among the splits
     Megatron-LM ``release`` runs (None: the newest); the plan's flags state every training option
-    of ``options``."""
+    of ``options``. ``gpu_memory`` (bytes per GPU, if known) is the plan's memory limit."""
     training, options = options.at_tp(tp), options.memory_options()
     gbs = workload.global_batch_size
     if gbs is None:
@@ -205,7 +212,7 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOpt
     memory, time = analytic_tables(spec, workload.seq_len, options, tp=tp, cp=cp, dp=dp, mbs=micro_batch_size,
                                    pp=pp, num_microbatches=m, timing=timing)
     units = _chunk_units(spec, training, pp, release, (memory, time))
-    solution, times = _plan_split(*units, pp, scenario, objective, memory_limit)
+    solution, times = _plan_split(*units, pp, scenario, objective, stage_limit)
     per_stage = tp * cp * dp
     stages = _stages(solution, units[0], m, cp,
                      lambda index, stage: tuple(range(index * per_stage, (index + 1) * per_stage)), times)
@@ -236,8 +243,7 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOpt
         megatron_args=tuple(megatron_args(spec, workload.seq_len, tp=tp, cp=cp, layers_per_stage=layers,
                                           micro_batch_size=micro_batch_size, global_batch_size=gbs,
                                           options=training, release=release)),
-        objective=objective, memory_limit_bytes=memory_limit if objective == "time" else None, step_time_s=step,
-        options=training,
+        objective=objective, **_limits(objective, stage_limit, gpu_memory), step_time_s=step, options=training,
     )
 
 
@@ -268,8 +274,10 @@ def hybrid_tables(predictor, *, devices_per_node: int, devices: int, micro_batch
 
 
 def recommend_hybrid(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, micro_batch_size: int,
-                     global_batch_size: int, predictor: PredictorName = "1f1b", merge_to: int | None = None) -> Plan:
-    """CAPTURE's hybrid space on ``gpus`` GPUs in nodes of ``gpus_per_node``."""
+                     global_batch_size: int, predictor: PredictorName = "1f1b", merge_to: int | None = None,
+                     gpu_memory: float | None = None) -> Plan:
+    """CAPTURE's hybrid space on ``gpus`` GPUs in nodes of ``gpus_per_node``; ``gpu_memory``
+    (bytes per GPU, if known) is the plan's memory limit."""
     cp = profiles.cp
     if gpus % gpus_per_node or gpus_per_node % cp:
         raise AdvisorError(f"--gpus {gpus} must be whole nodes of {gpus_per_node} GPUs, and CP {cp} must divide "
@@ -299,5 +307,5 @@ def recommend_hybrid(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, mic
                            f"even split, PP {devices}"),
         megatron_args=_megatron_args(profiles, tp, stages, micro_batch_size // dp, global_batch_size)
         if uniform else None,
-        excluded=tuple(excluded),
+        excluded=tuple(excluded), memory_limit_bytes=gpu_memory,
     )

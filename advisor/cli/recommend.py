@@ -36,8 +36,8 @@ The exit status is 0 for a plan within the memory; 1 when nothing fits: with
 lowest peak any split reaches, and no plan is printed), with --objective memory
 the lowest peak is above --mem or the --gpu's memory (the plan is still printed,
 and one line on stderr says it does not fit); either way -o FILE writes no plan
-(the line says so: a plan that does not fit is nothing to launch); 2 for bad
-input.
+(the line says so: a plan that does not fit is nothing to launch) and --png
+draws none; 2 for bad input.
 
 \b
 Examples:
@@ -65,8 +65,10 @@ Examples:
 @click.option("--mode", type=click.Choice(["megatron", "hybrid"]), default="megatron", show_default=True,
               help="megatron: uniform TP/CP/DP, uneven layers per stage (launchable); hybrid: CAPTURE's "
                    "per-stage DP/TP degrees (not launchable on stock Megatron; profiles, memory objective).")
-@click.option("--predictor", type=click.Choice(["1f1b", "capture"]), default="1f1b", show_default=True,
-              help="With profiles: 1f1b: per-module terms by pipeline position; capture: CAPTURE's M_i/M_a.")
+@click.option("--predictor", type=click.Choice(["1f1b", "capture", "seed004"]), default=None,
+              help="From profiles (--profile): 1f1b (their default): per-module terms by pipeline position; "
+                   "capture: CAPTURE's M_i/M_a. Without profiles: seed004 (the default there): the analytic "
+                   "models. The plan records the one used.")
 @click.option("--tp", type=DEGREE, default=1, show_default=True, help="Megatron mode: TP.")
 @click.option("--cp", type=DEGREE, default=1, show_default=True,
               help="Without profiles: CP (profiles carry their own).")
@@ -87,34 +89,20 @@ Examples:
 def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predictor, tp, cp, pp, mbs, merge_to,
               threshold, png, spec, workload, options, release, fmt, output) -> None:
     """``advisor recommend``: ``RECOMMEND_HELP`` says what it does."""
-    from click.core import ParameterSource
-
     from advisor.capture.recommend import recommend_analytic, recommend_hybrid, recommend_megatron
     from advisor.errors import NothingFits
     from advisor.memory import GIB
-    from advisor.parallel import check_whole_nodes
 
-    distinct_files(**{"--output": output, "--png": png})
-    if mode == "megatron" and pp is None:
-        raise InputError("--mode megatron needs --pp (the number of pipeline stages)")
-    if mode == "hybrid" and (pp is not None or tp != 1):
-        raise InputError("--mode hybrid chooses TP, DP and PP per stage itself; drop --tp and --pp")
-    if mode == "hybrid" and (objective == "time" or not profiles):
-        raise InputError("--mode hybrid plans CAPTURE's space from profiles, for --objective memory only")
-    check_whole_nodes(gpus, gpus_per_node)  # as advisor sweep and estimate: 16 GPUs on nodes of 3 is no cluster
-    context = click.get_current_context()
-    if profiles:
-        given = [name for name in PROFILE_DECIDES if context.get_parameter_source(name) == ParameterSource.COMMANDLINE]
-        if given:
-            flags = ", ".join("--" + name.replace("_", "-") for name in given)
-            raise InputError(f"{flags}: the profiles decide the model, sequence and setup; drop them with --profile")
+    predictor = _check_input(profiles, gpus, gpus_per_node, objective, mode, predictor, tp, pp, output, png)
     timing = None
     limit = None
     if objective == "time":
         if mem is None:
             raise InputError("--objective time needs the memory limit: --mem GIB or --gpu NAME")
         limit = (threshold or (1.0 if profiles else 0.8)) * mem * GIB
-    common = dict(gpus=gpus, gpus_per_node=gpus_per_node, micro_batch_size=mbs)
+    # the GPU's memory, in every plan: the plan printed and the plan written say the same
+    common = dict(gpus=gpus, gpus_per_node=gpus_per_node, micro_batch_size=mbs,
+                  gpu_memory=None if mem is None else mem * GIB)
     try:
         if profiles:
             from advisor.capture.observations import load_profile_set
@@ -126,7 +114,7 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
                                  profile_set.setup.training_options().time_options())
             common.update(global_batch_size=workload.global_batch_size, predictor=predictor, merge_to=merge_to)
             if mode == "megatron":
-                plan = recommend_megatron(profile_set, tp=tp, pp=pp, objective=objective, memory_limit=limit,
+                plan = recommend_megatron(profile_set, tp=tp, pp=pp, objective=objective, stage_limit=limit,
                                           timing=timing, **common)
             else:
                 plan = recommend_hybrid(profile_set, **common)
@@ -137,21 +125,56 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
             if gpu is not None:
                 timing = _timing(spec, gpu, workload.seq_len, workload.global_batch_size, options.time_options())
             plan = recommend_analytic(spec, workload, options, tp=tp, cp=cp, pp=pp, objective=objective,
-                                      memory_limit=limit, timing=timing, release=release, **common)
+                                      stage_limit=limit, timing=timing, release=release, **common)
     except NothingFits as exc:
         nothing_fits(f"advisor recommend: nothing fits: {exc} (TP {tp}, PP {pp}, MBS {mbs}, --threshold "
-                     f"{limit / GIB / mem:g} x {mem:g} GiB). {_tries(profiles, options, mode)}{_unwritten(output)}")
-    if png is not None:
+                     f"{limit / GIB / mem:g} x {mem:g} GiB). {_tries(profiles, options, mode)}"
+                     f"{_unwritten(output, png)}")
+    over = bool(mem) and plan.peak_bytes > mem * GIB  # the lowest peak, shown, but over the memory: no files
+    if png is not None and not over:
         from advisor.capture.chart import draw
 
         draw(plan, png, mem)
         click.echo(f"wrote {png}", err=True)
-    over = bool(mem) and plan.peak_bytes > mem * GIB  # the lowest peak, shown, but over the memory: no file
     emit_document(plan.to_dict(), lambda: _plan_table(plan, mem), fmt, None if over and output != STDOUT else output)
     if over:
         nothing_fits(f"advisor recommend: nothing fits: the lowest peak any split reaches is "
                      f"{plan.peak_bytes / GIB:.2f} GiB per GPU, above {mem:g} GiB. "
-                     f"{_tries(profiles, options, mode)}{_unwritten(output)}")
+                     f"{_tries(profiles, options, mode)}{_unwritten(output, png)}")
+
+
+def _check_input(profiles, gpus: int, gpus_per_node: int, objective: str, mode: str, predictor: str | None,
+                 tp: int, pp: int | None, output: Path | None, png: Path | None) -> str:
+    """The checks before any work (one line and exit 2 for each); the predictor to use: the one
+    asked for, or 1f1b with profiles and seed004 without."""
+    from click.core import ParameterSource
+
+    from advisor.parallel import check_whole_nodes
+
+    distinct_files(**{"--output": output, "--png": png})
+    if mode == "megatron" and pp is None:
+        raise InputError("--mode megatron needs --pp (the number of pipeline stages)")
+    if mode == "hybrid" and (pp is not None or tp != 1):
+        raise InputError("--mode hybrid chooses TP, DP and PP per stage itself; drop --tp and --pp")
+    if mode == "hybrid" and (objective == "time" or not profiles):
+        raise InputError("--mode hybrid plans CAPTURE's space from profiles, for --objective memory only")
+    check_whole_nodes(gpus, gpus_per_node)  # as advisor sweep and estimate: 16 GPUs on nodes of 3 is no cluster
+    if profiles:
+        context = click.get_current_context()
+        given = [name for name in PROFILE_DECIDES if context.get_parameter_source(name) == ParameterSource.COMMANDLINE]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise InputError(f"{flags}: the profiles decide the model, sequence and setup; drop them with --profile")
+        if predictor == "seed004":
+            raise InputError("--predictor seed004 is the analytic models', which read no profiles: drop --profile, "
+                             "or use --predictor 1f1b or capture")
+        return predictor or "1f1b"
+    # 1f1b and capture price layers from measured profiles: without them the plan would silently be
+    # the analytic models' (seed004), not the predictor asked for
+    if predictor in ("1f1b", "capture"):
+        raise InputError(f"--predictor {predictor} needs profiles: give --profile DIR (made by 'advisor profile "
+                         f"run'), or use --predictor seed004")
+    return "seed004"
 
 
 def _tries(profiles, options, mode: str = "megatron") -> str:
@@ -164,10 +187,15 @@ def _tries(profiles, options, mode: str = "megatron") -> str:
         " (advisor sweep searches the layouts)"
 
 
-def _unwritten(output: Path | None) -> str:
-    """What ends a nothing-fits line where -o named a file: a plan that does not fit is not
-    written (one that was got launched without a word: its file recorded no memory limit)."""
-    return "" if output is None or output == STDOUT else f"; no plan written to {output}"
+def _unwritten(output: Path | None, png: Path | None = None) -> str:
+    """What ends a nothing-fits line where -o named a file or --png a picture: a plan that does
+    not fit is not written, nor drawn (one that was got launched without a word)."""
+    plan = output is not None and output != STDOUT
+    if plan and png is not None:
+        return f"; no plan written to {output}, no picture to {png}"
+    if plan:
+        return f"; no plan written to {output}"
+    return "" if png is None else f"; no picture written to {png}"
 
 
 def _timing(spec, gpu, seq_len: int, global_batch_size: int, time_options=None):
@@ -213,7 +241,7 @@ def _plan_table(plan, mem: float | None) -> str:
             ("lower)" if change >= 0 else "higher)")
     if plan.objective == "time":
         caption += (f"\nperiod (slowest stage) {plan.period_s * 1e3:.1f} ms with every stage within "
-                    f"{plan.memory_limit_bytes / GIB:.1f} GiB")
+                    f"{plan.stage_limit_bytes / GIB:.1f} GiB")
         if baseline is not None and baseline.stage_times is not None:
             caption += f"; even split {max(baseline.stage_times) * 1e3:.1f} ms"
         if plan.step_time_s is not None:

@@ -29,7 +29,7 @@ class LayoutDetail:
     num_microbatches: int
     memory_gib: float | None
     threshold_gib: float | None
-    """The paper's 80% line (memory model 'paper'), else None."""
+    """The paper's 80% line (memory model 'paper'), a time plan's limit per stage, else None."""
     stages: list[dict]
     """Per stage: each of SEGMENTS in GiB."""
     model_name: str
@@ -39,6 +39,8 @@ class LayoutDetail:
     forward_s: list[float] | None
     backward_s: list[float] | None
     """Each rank's forward and backward time per microbatch (all its chunks)."""
+    threshold_label: str = "80% (4D paper)"
+    """What the threshold line is: the paper's rule, or a time plan's limit per stage."""
 
 
 def row_label(row: dict) -> str:
@@ -158,6 +160,7 @@ def plan_detail(plan: dict) -> LayoutDetail:
     return LayoutDetail(
         label=f"plan: TP {plan.get('tp')} CP {plan.get('cp')} PP {plan.get('pp')} MBS {plan.get('micro_batch_size')}",
         pp=len(stages), vpp=1, num_microbatches=int(plan.get("num_microbatches") or 1), memory_gib=limit,
-        threshold_gib=None, stages=stages, model_name=f"{(plan.get('predictor') or {}).get('name', 'plan')} prediction",
+        threshold_gib=number(plan, "stage_limit_gib"), threshold_label="limit per stage (--threshold)", stages=stages,
+        model_name=f"{(plan.get('predictor') or {}).get('name', 'plan')} prediction",
         time_parts=None, forward_s=[t / 3 for t in times] if timed else None,
         backward_s=[2 * t / 3 for t in times] if timed else None)

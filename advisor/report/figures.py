@@ -186,7 +186,7 @@ def stage_memory(detail: LayoutDetail, name: str) -> str:
     if detail.memory_gib:
         lines.append((detail.memory_gib, "GPU memory", False))
     if detail.threshold_gib:
-        lines.append((detail.threshold_gib, "80% (4D paper)", True))
+        lines.append((detail.threshold_gib, detail.threshold_label, True))
     peak = max((sum(stage.values()) for stage in detail.stages), default=0)
     limit = f" against {detail.memory_gib:g} GiB" if detail.memory_gib else ""
     return stacked_columns(name, f"Memory per pipeline stage of {detail.label}: {detail.pp} stages, peak "
