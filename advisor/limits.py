@@ -98,6 +98,10 @@ whose save took 1e311 s, were a traceback pricing the save interval)."""
 DEGREE = Bound(1, GPUS.high, "a parallel degree cannot exceed the GPU count bound")
 MICRO_BATCH = Bound(1, GLOBAL_BATCH.high, "a micro-batch is part of the global batch")
 VIRTUAL_STAGES = Bound(1, MODEL["num_layers"].high, "each virtual stage holds at least one layer")
+MERGED_UNITS = Bound(1, MODEL["num_layers"].high, "CAPTURE's layer merger makes at most one unit per layer")
+"""Units the layer merger makes (recommend's --merge-to)."""
+STAGE_INDEX = Bound(0, MODEL["num_layers"].high - 1, "a pipeline stage holds at least one layer")
+"""A 0-based pipeline stage (the emulator's --stage)."""
 
 # --- mixtures of experts ------------------------------------------------------------------
 
@@ -120,6 +124,8 @@ PROFILING_MICROBATCHES = Bound(1, 4096, "a 1F1B stage holds at most PP microbatc
                                         "the layer bound, so a profiling run gains nothing from more")
 PROFILING_ITERATIONS = Bound(1, 10_000, "CAPTURE profiles two iterations; memory is steady from the second")
 CAMPAIGN_RUNS = Bound(1, 100_000, "a full campaign has about 10 runs per layer: 40,000 at the layer bound")
+ITERATION = Bound(0, JSON_INT, "torch and Megatron-LM count iterations in int64")
+"""A recorded iteration, 0-based (advisor profile show --iteration)."""
 PROFILE_LAYER_ITERATIONS = 10
 """A rank file holds per-layer records for its first iterations only; later iterations append one
 iteration record each (peak, static memory, time), so a long training's file grows by a constant
@@ -135,6 +141,21 @@ def threads() -> Bound:
     """Intra-op threads per emulated GPU, up to this machine's cores."""
     return Bound(1, os.cpu_count() or 1, "more threads than this machine's cores only oversubscribe them "
                                         "(100,000 crashed the runner)")
+
+
+# --- what is shown, and where it runs -----------------------------------------------------
+
+ROWS = Bound(1, JSON_INT, "the largest JSON integer")
+"""A count or rank of a sweep's rows (--top, advisor-launch --rank): beyond the rows there are,
+all are shown (or none is found)."""
+DETAILED_LAYOUTS = Bound(1, 20, "each is drawn in full (memory per stage, time parts); more would bury the ranking")
+"""advisor report --top: the best-ranked layouts the page draws in detail."""
+TCP_PORT = Bound(1, 65535, "a TCP port is a 16-bit number")
+NODE_RANK = Bound(0, GPUS.high - 1, "a node holds at least one GPU, so there are no more nodes than GPUs")
+"""0-based, below the node count (torchrun --node-rank)."""
+CPUS_PER_TASK = Bound(1, 2**16, "the largest nodes have about 1,000 hardware threads; 2^16 is 64 times that")
+SIGNAL_TIME_S = Bound(60, 65535, "Slurm's --signal takes at most 65535 seconds")
+"""#SBATCH --signal=TERM@S: at least Slurm's event resolution of 60 s (it may signal that much early)."""
 
 
 # --- checks -------------------------------------------------------------------------------

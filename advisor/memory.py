@@ -200,16 +200,20 @@ def tp_problem(spec: LlamaSpec, tp: int) -> str | None:
     return None
 
 
-def split_problem(num_layers: int, pp: int, vpp: int, layers_per_stage: tuple[int, ...]) -> str | None:
+def split_problem(num_layers: int, pp: int, vpp: int, layers_per_stage: tuple[int, ...], *,
+                  name: str = "--layers-per-stage") -> str | None:
     """Why Megatron cannot build ``layers_per_stage`` over PP x VPP model chunks, or None (dense
-    and MoE layouts alike)."""
+    and MoE layouts alike). ``name``: where the split was given, the flag (its counts shown as
+    typed, 7,9,9,7) or an input's field such as "'layers_per_stage'" (shown as its JSON list)."""
+    shown = ",".join(map(str, layers_per_stage)) if name.startswith("--") else str(list(layers_per_stage))
     if len(layers_per_stage) != pp:
-        return f"layers per stage lists {len(layers_per_stage)} stages, but PP is {pp}"
+        stages = len(layers_per_stage)
+        return f"{name} lists {stages} stage{'' if stages == 1 else 's'}, but PP is {pp}"
     if any(n < 0 for n in layers_per_stage) or sum(layers_per_stage) != num_layers:
-        return f"layers per stage {list(layers_per_stage)} must be non-negative and sum to {num_layers} layers"
+        return f"{name} {shown} must be non-negative and sum to {num_layers} layers"
     if vpp > 1 and min(layers_per_stage) < vpp:
         return (f"with {vpp} virtual stages every stage needs at least {vpp} layers (one per model chunk), "
-                f"got {list(layers_per_stage)}")
+                f"got {name} {shown}")
     return None
 
 
@@ -218,8 +222,11 @@ def check_layout(
     parallel: ParallelConfig,
     workload: Workload,
     layers_per_stage: tuple[int, ...] | None = None,
+    *,
+    split_name: str = "--layers-per-stage",
 ) -> None:
-    """Raise AdvisorError unless Megatron-LM can run this layout."""
+    """Raise AdvisorError unless Megatron-LM can run this layout (``split_name``: where
+    ``layers_per_stage`` was given, as ``split_problem`` names it)."""
     t, c, p, v = parallel.tp, parallel.cp, parallel.pp, parallel.vpp
     if problem := tp_problem(spec, t):
         raise AdvisorError(problem)
@@ -232,7 +239,7 @@ def check_layout(
     if v > 1 and p == 1:
         raise AdvisorError("interleaved virtual pipeline stages need PP > 1")
     if layers_per_stage is not None:
-        if problem := split_problem(spec.num_layers, p, v, layers_per_stage):
+        if problem := split_problem(spec.num_layers, p, v, layers_per_stage, name=split_name):
             raise AdvisorError(problem)
     elif spec.num_layers % (p * v):
         raise AdvisorError(

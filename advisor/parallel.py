@@ -30,6 +30,29 @@ def world_size_problem(gpus: int, tp: int, cp: int, pp: int, dp: int, *, key: st
     return f"{key!r} is {gpus}, but TP x CP x PP x DP = {tp * cp * pp * dp}"
 
 
+def model_parallel_problem(gpus: int, tp: int, cp: int, pp: int, *, subject: str | None = None) -> str | None:
+    """Why ``gpus`` cannot hold whole replicas of TP x CP x PP GPUs each, or None: DP is
+    gpus / (TP x CP x PP) (core_v0.15.2 parallel_state.py, initialize_model_parallel raises unless
+    it divides). The one wording of it; ``subject`` says how the count was given (default
+    '--gpus N')."""
+    model_parallel = tp * cp * pp
+    if gpus % model_parallel == 0:
+        return None
+    subject = subject or f"--gpus {gpus}"
+    return f"{subject} is not divisible by TP x CP x PP = {tp} x {cp} x {pp} = {model_parallel}"
+
+
+def global_batch_problem(global_batch_size: int, mbs: int, dp: int, *, subject: str | None = None) -> str | None:
+    """Why the global batch is not a whole number of microbatches per pipeline, or None: m =
+    GBS / (MBS x DP) (core_v0.15.2 num_microbatches_calculator.py asserts it divides). The one
+    wording of it; ``subject`` says how the batch was given (default '--gbs N')."""
+    per_step = mbs * dp
+    if global_batch_size % per_step == 0:
+        return None
+    subject = subject or f"--gbs {global_batch_size}"
+    return f"{subject} is not divisible by MBS x DP = {mbs} x {dp} = {per_step}"
+
+
 _BOUNDS = {"tp": limits.DEGREE, "cp": limits.DEGREE, "pp": limits.DEGREE, "dp": limits.DEGREE,
            "mbs": limits.MICRO_BATCH, "vpp": limits.VIRTUAL_STAGES, "seq_len": limits.SEQ_LEN,
            "global_batch_size": limits.GLOBAL_BATCH}
@@ -93,10 +116,6 @@ class Workload:
         """m = gbs / (b x d), the microbatches per pipeline per iteration."""
         if self.global_batch_size is None:
             return None
-        per_step = parallel.mbs * parallel.dp
-        if self.global_batch_size % per_step:
-            raise AdvisorError(
-                f"global batch size {self.global_batch_size} is not divisible by "
-                f"micro-batch size x data parallel size = {parallel.mbs} x {parallel.dp}"
-            )
-        return self.global_batch_size // per_step
+        if problem := global_batch_problem(self.global_batch_size, parallel.mbs, parallel.dp):
+            raise AdvisorError(problem)
+        return self.global_batch_size // (parallel.mbs * parallel.dp)

@@ -19,9 +19,9 @@ from typing import Callable
 import click
 
 from advisor import limits
-from advisor.cli.options import (GPUS, GPUS_PER_NODE, STDOUT, Bounded, InputError, InputPath, OneLineErrors,
-                                 TokenCount, apply_options, output_option)
-from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S, TCP_PORTS
+from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, STDOUT, TCP_PORT, Bounded, InputError,
+                                 InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, output_option)
+from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
           "(layout, batch, model, memory switches) are refused. Errors exit with status 2; otherwise the exit "
@@ -98,7 +98,7 @@ def input_options(func: Callable) -> Callable:
         click.option("--from", "source", type=InputPath(dir_okay=False, path_type=Path), required=True,
                      metavar="FILE", help="A sweep (advisor sweep --format json), one sweep row, an estimate "
                                           "(advisor estimate --format json) or a plan (advisor recommend -o)."),
-        click.option("--rank", type=click.IntRange(min=1), default=None,
+        click.option("--rank", type=ROWS, default=None,
                      help="The sweep row ranked N (default 1). Only for sweep arrays."),
     ], wrapper)
 
@@ -134,7 +134,7 @@ def megatron_options(func: Callable) -> Callable:
         return func(*args, config=config, release=release, megatron=megatron, job_plan=job, **kwargs)
 
     return apply_options([
-        click.option("--megatron-lm", metavar="DIR", default=None,
+        click.option("--megatron-lm", type=MEGATRON_CHECKOUT, metavar="DIR", default=None,
                      help="Your Megatron-LM checkout, holding pretrain_gpt.py (default: $MEGATRON_LM). Its "
                           "version (megatron/core/package_info.py) decides the flags and the environment."),
         click.option("--megatron-version", metavar="VERSION", default=None,
@@ -175,7 +175,8 @@ def run_options(func: Callable) -> Callable:
         click.option("--profile-dir", type=InputPath(path_type=Path), default=None,
                      help="Profile the run: install megatron_hooks and write one rank*.jsonl per rank here "
                           "(a new directory; on several nodes, a shared file system). Without it, no hooks."),
-        click.option("--run-id", default=None, help="The profiled run's id (default: a new one)."),
+        click.option("--run-id", type=NonEmpty("give the profiled run's id, or leave it out for a new one"),
+                     default=None, help="The profiled run's id (default: a new one)."),
     ], wrapper)
 
 
@@ -258,12 +259,13 @@ def cli() -> None:
               help="GPUs per node (default: the plan's GPUs per node, else 8, at most the world size).")
 @click.option("--nnodes", type=GPUS, default=None,
               help="Nodes (default: the world size / --nproc-per-node).")
-@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+@click.option("--rdzv-endpoint", type=NonEmpty("give HOST:PORT, for example node001:29500"), default=None,
+              metavar="HOST:PORT",
               help="Several nodes: where they meet (c10d rendezvous; run the same command on every node).")
-@click.option("--node-rank", type=click.IntRange(min=0), default=None,
+@click.option("--node-rank", type=Bounded(limits.NODE_RANK), default=None,
               help="Several nodes: this node's rank; switches to torchrun's static rendezvous "
                    "(--master-addr/--master-port = the endpoint), as Megatron-LM's examples.")
-@click.option("--rdzv-id", default=None, help="Several nodes, c10d: the job id all nodes share.")
+@click.option("--rdzv-id", type=NonEmpty("give the job id all nodes share"), default=None, help="Several nodes, c10d: the job id all nodes share.")
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
 @megatron_options
 def torchrun_command(config, release, megatron, job_plan, profiling, nproc_per_node, nnodes, rdzv_endpoint, node_rank,
@@ -317,11 +319,12 @@ _JOB_NAME = re.compile(r"[^\w.-]+")
 @click.option("--account", default=None, help="#SBATCH --account.")
 @click.option("--time", default=None, help="#SBATCH --time, e.g. 02:00:00.")
 @click.option("--qos", default=None, help="#SBATCH --qos.")
-@click.option("--job-name", default=None, help="#SBATCH --job-name (default: megatron-MODEL).")
-@click.option("--cpus-per-task", type=click.IntRange(min=1), default=None,
+@click.option("--job-name", type=NonEmpty("give a Slurm job name, or leave it out for megatron-MODEL"), default=None,
+              help="#SBATCH --job-name (default: megatron-MODEL).")
+@click.option("--cpus-per-task", type=Bounded(limits.CPUS_PER_TASK), default=None,
               help="CPUs of each node's task (torchrun and its ranks; default: all the node's CPUs, which "
                    "--exclusive gives the job).")
-@click.option("--signal-time", type=click.IntRange(60, 65535), default=SIGNAL_TIME_S, show_default=True,
+@click.option("--signal-time", type=Bounded(limits.SIGNAL_TIME_S), default=SIGNAL_TIME_S, show_default=True,
               metavar="SECONDS",
               help="Slurm sends SIGTERM this long before the time limit (#SBATCH --signal=TERM@SECONDS); "
                    "Megatron (--exit-signal-handler) finishes its iteration, saves with --save, and exits; "
@@ -329,7 +332,7 @@ _JOB_NAME = re.compile(r"[^\w.-]+")
 @click.option("--requeue", is_flag=True,
               help="#SBATCH --requeue: Slurm may requeue the job (node failure, preemption); give "
                    "--save and --load the same directory after '--' so that it resumes.")
-@click.option("--rdzv-port", type=click.IntRange(*TCP_PORTS), default=DEFAULT_RDZV_PORT, show_default=True,
+@click.option("--rdzv-port", type=TCP_PORT, default=DEFAULT_RDZV_PORT, show_default=True,
               help="The c10d rendezvous port on the first node.")
 @output_option("Write the script here (atomically) and submit this file; '-' prints it.")
 @click.option("--dry-run", is_flag=True, help="Do not submit: print the script (or only write it, with -o).")

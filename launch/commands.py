@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.parallel import DEFAULT_GPUS_PER_NODE
 
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
 
 ENTRY_MODULE = "launch.entry"
 DEFAULT_RDZV_PORT = 29500
-TCP_PORTS = (1, 65535)
 WIDTH = 100
 
 
@@ -250,7 +250,7 @@ class SlurmJob:
                 raise AdvisorError(f"--{name.replace('_', '-')} {value!r}: use letters, digits and . : @ % + / = , - _")
         if self.time is not None:
             check_slurm_time(self.time)
-        if not TCP_PORTS[0] <= self.rdzv_port <= TCP_PORTS[1]:
+        if not limits.TCP_PORT.low <= self.rdzv_port <= limits.TCP_PORT.high:
             raise AdvisorError(f"--rdzv-port must be a TCP port, got {self.rdzv_port}")
 
     def directives(self, topology: Topology, *, logs: str = "%x-%j") -> list[str]:

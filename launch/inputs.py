@@ -263,7 +263,8 @@ def _split(fields: _Fields, kind: str, spec: LlamaSpec, pp: int, vpp: int) -> tu
                                f"{list(layers)}")
     else:
         layers = listed
-    if layers is not None and (problem := split_problem(spec.num_layers, pp, vpp, layers)):
+    key = "'stages'" if kind == "estimate" else "'layers_per_stage'"
+    if layers is not None and (problem := split_problem(spec.num_layers, pp, vpp, layers, name=key)):
         raise AdvisorError(f"{fields.origin}: {problem}")
     return layers
 
@@ -324,7 +325,7 @@ def _from_plan(fields: _Fields) -> LaunchInput:
     args = tuple(fields.array("megatron_args", str))
     if problem := world_size_problem(world, tp, cp, pp, dp, key="world_size"):
         raise AdvisorError(f"{origin}: {problem}")
-    if problem := split_problem(spec.num_layers, pp, 1, layers):
+    if problem := split_problem(spec.num_layers, pp, 1, layers, name="'layers_per_stage'"):
         raise AdvisorError(f"{origin}: {problem}")
     _check_own_args(origin, "plan", args, {
         "--tensor-model-parallel-size": tp, "--context-parallel-size": cp, "--pipeline-model-parallel-size": pp,

@@ -25,9 +25,9 @@ import click
 
 from advisor.capture.campaign import PROFILING_ITERATIONS
 from advisor.capture.campaign_run import prepare, scan
-from advisor.cli.options import OneLineCommand, output_option
+from advisor.cli.options import MEGATRON_CHECKOUT, TCP_PORT, TRAIN_ITERS, OneLineCommand, output_option
 from advisor.errors import AdvisorError
-from launch.commands import DEFAULT_RDZV_PORT, TCP_PORTS, ShellWord, SlurmJob, Topology, wrap
+from launch.commands import DEFAULT_RDZV_PORT, ShellWord, SlurmJob, Topology, wrap
 from launch.process import write_or_submit
 
 RUNNER = "launch.campaign_runner"
@@ -60,14 +60,14 @@ def array_script(job: SlurmJob, nodes: Topology, run_ids: Sequence[str], runner:
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("campaign", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--megatron-lm", metavar="DIR", default=None)
+@click.option("--megatron-lm", type=MEGATRON_CHECKOUT, metavar="DIR", default=None)
 @click.option("--mock-data", is_flag=True)
-@click.option("--train-iters", type=click.IntRange(min=1), default=PROFILING_ITERATIONS)
+@click.option("--train-iters", type=TRAIN_ITERS, default=PROFILING_ITERATIONS)
 @click.option("--partition", default=None)
 @click.option("--account", default=None)
 @click.option("--time", default=None)
 @click.option("--qos", default=None)
-@click.option("--rdzv-port", type=click.IntRange(*TCP_PORTS), default=DEFAULT_RDZV_PORT)
+@click.option("--rdzv-port", type=TCP_PORT, default=DEFAULT_RDZV_PORT)
 @output_option("Write the script here (atomically) and submit this file; '-' prints it.")
 @click.option("--dry-run", is_flag=True)
 @click.argument("user_args", nargs=-1, type=click.UNPROCESSED)

@@ -14,7 +14,7 @@ import click
 
 from advisor import limits
 from advisor.cli.options import GIB as GIB_TYPE
-from advisor.cli.options import Bounded, OneLineCommand, model_options, parse_layer_counts
+from advisor.cli.options import Bounded, NonEmpty, OneLineCommand, model_options, parse_layer_counts
 from advisor.memory import GIB
 from advisor.profiles import PARAMS_DTYPES
 
@@ -39,10 +39,11 @@ def require_runtime() -> None:
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @model_options
-@click.option("--layers-per-stage", required=True, callback=_layer_counts, metavar="N,N,...",
+@click.option("--layers-per-stage", type=NonEmpty("give one layer count per stage, for example 7,9,9,7"),
+              required=True, callback=_layer_counts, metavar="N,N,...",
               help="Decoder layers on each pipeline stage, first to last (they sum to the model's layers); "
                    "LxN is N stages of L layers.")
-@click.option("--stage", "stages", type=click.IntRange(min=0), multiple=True,
+@click.option("--stage", "stages", type=Bounded(limits.STAGE_INDEX), multiple=True,
               help="0-based stage to emulate (repeat for several). Default: every stage.")
 @click.option("--seq-len", type=Bounded(limits.SEQ_LEN), required=True, help="Sequence length s.")
 @click.option("--mbs", type=Bounded(limits.MICRO_BATCH), default=1, show_default=True, help="Micro-batch size b.")
@@ -70,7 +71,8 @@ def require_runtime() -> None:
               help="Intra-op threads per process (default: cores / (TP x DP)).")
 @click.option("--memory-limit", type=GIB_TYPE, default=None, metavar="GIB",
               help="Memory of the emulated GPU in GiB: a rank that needs more records an OOM (default: none).")
-@click.option("--run-id", default=None, help="Run id in the headers (default: a new one).")
+@click.option("--run-id", type=NonEmpty("give the run's id, or leave it out for a new one"), default=None,
+              help="Run id in the headers (default: a new one).")
 @click.option("--out", "output_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Run directory for the rank*.jsonl files.")
 def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterations, tp, dp, cp, dtype, backend,

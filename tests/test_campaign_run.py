@@ -234,7 +234,7 @@ def test_bad_campaigns(advisor, tmp_path, change, message):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--out", ""], "'--out': an empty path names no directory"),  # wrote into the current directory
+    (["--out", ""], "--out is empty; give the directory for the runs"),  # wrote into the current directory
     (["--out", "runs", "--memory-limit", "nan"], "'--memory-limit': must be a finite number, got nan"),
     (["--out", "runs", "--memory-limit", "inf"], "'--memory-limit': must be a finite number, got inf"),
     (["--out", "runs", "--threads", "100000"], "'--threads': must be at most"),  # the runner segfaulted

@@ -244,7 +244,7 @@ def test_overrides_change_the_model(advisor):
         (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "-3T"], "must be a positive"),
         (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--mem", 0], "'--mem'"),
         (["estimate", "--tp", 2, "--gpus", 8, "--gpu", "a100"], "unknown GPU 'a100'"),
-        (["estimate", "--tp", 2, "--gpus", 7], "--gpus 7 is not divisible by TP x CP x PP = 2"),
+        (["estimate", "--tp", 2, "--gpus", 7], "--gpus 7 is not divisible by TP x CP x PP = 2 x 1 x 1 = 2"),
         (["estimate", "--tp", 2], "give --gpus or --dp"),
         (["estimate", "--tp", 2, "--gpus", 8, "--dp", 2], "--dp 2 disagrees"),
         (["estimate", "--pp", 2, "--gpus", 8, "--layers-per-stage", "a,b"], "comma-separated layer counts"),

@@ -73,4 +73,4 @@ def test_a_log_of_another_batch_is_refused(tmp_path):
     other = tmp_path / "other.log"
     other.write_text(REAL_LOG.read_text().replace("global batch size:     4", "global batch size:     8"))
     result = run("compare-log", other, "--from-command", REAL_COMMAND)
-    assert result.exit_code == 2 and "the log trains global batch [8], the command 4" in result.output
+    assert result.exit_code == 2 and "the log trains global batch size 8, the command 4" in result.output

@@ -133,11 +133,11 @@ def test_a_dense_row_with_expert_parallelism_is_refused(tmp_path, rows, key):
 
 
 SPLITS = [  # (the row's edit, the words of its refusal) on a PP 2 row of the 32-layer model
-    ({"layers_per_stage": [32]}, "layers per stage lists 1 stages, but PP is 2"),
-    ({"layers_per_stage": [16, 15]}, "layers per stage [16, 15] must be non-negative and sum to 32 layers"),
-    ({"layers_per_stage": [16, 16, 0]}, "layers per stage lists 3 stages, but PP is 2"),
+    ({"layers_per_stage": [32]}, "'layers_per_stage' lists 1 stage, but PP is 2"),
+    ({"layers_per_stage": [16, 15]}, "'layers_per_stage' [16, 15] must be non-negative and sum to 32 layers"),
+    ({"layers_per_stage": [16, 16, 0]}, "'layers_per_stage' lists 3 stages, but PP is 2"),
     ({"layers_per_stage": [1, 31], "vpp": 2},
-     "with 2 virtual stages every stage needs at least 2 layers (one per model chunk), got [1, 31]"),
+     "with 2 virtual stages every stage needs at least 2 layers (one per model chunk), got 'layers_per_stage' [1, 31]"),
 ]
 
 

@@ -171,7 +171,7 @@ def test_uneven_layers_per_stage():
         (ParallelConfig(vpp=2), Workload(), None, "need PP > 1"),
         (ParallelConfig(dp=3), Workload(global_batch_size=1024), None, "not divisible"),
         (ParallelConfig(pp=2), Workload(), (10, 10), "sum to 32"),
-        (ParallelConfig(pp=2), Workload(), (32,), "lists 1 stages"),
+        (ParallelConfig(pp=2), Workload(), (32,), "--layers-per-stage lists 1 stage, but PP is 2"),
         (ParallelConfig(tp=8), Workload(seq_len=8196), None, "divisible by TP 8"),
     ],
 )

@@ -118,8 +118,8 @@ def test_layers_per_stage_on_the_command_line_and_read_back(tmp_path):
 
 
 @pytest.mark.parametrize("split, words", [
-    ("8,8", "layers per stage lists 2 stages, but PP is 4"),
-    ("8,8,8,9", "layers per stage [8, 8, 8, 9] must be non-negative and sum to 32 layers"),
+    ("8,8", "--layers-per-stage lists 2 stages, but PP is 4"),
+    ("8,8,8,9", "--layers-per-stage 8,8,8,9 must be non-negative and sum to 32 layers"),
 ])
 def test_a_bad_moe_split_is_one_line(split, words):
     result = CliRunner().invoke(cli, ["estimate", *MIXTRAL_64, "--layers-per-stage", split])

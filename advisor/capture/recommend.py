@@ -35,7 +35,7 @@ from advisor.megatron_args import MegatronSetup, megatron_args
 from advisor.memory import StageModel, check_layout, tp_problem
 from advisor.options import TrainingOptions
 from advisor.models import LlamaSpec
-from advisor.parallel import ParallelConfig, Workload
+from advisor.parallel import ParallelConfig, Workload, global_batch_problem, model_parallel_problem
 from advisor.rank_times import recomputed_per_chunk
 
 if TYPE_CHECKING:
@@ -107,8 +107,8 @@ def _common(profiles: ProfileSet, predictor) -> dict:
 def _uniform_layout(spec: LlamaSpec, gpus: int, gpus_per_node: int, tp: int, cp: int, pp: int,
                     micro_batch_size: int, global_batch_size: int) -> tuple[int, int]:
     """(DP, microbatches) of a Megatron layout, or AdvisorError saying why it cannot run."""
-    if gpus % (tp * cp * pp):
-        raise AdvisorError(f"--gpus {gpus} is not divisible by TP x CP x PP = {tp} x {cp} x {pp}")
+    if problem := model_parallel_problem(gpus, tp, cp, pp):
+        raise AdvisorError(problem)
     if tp > gpus_per_node:
         raise AdvisorError(f"TP {tp} spans nodes of {gpus_per_node} GPUs")
     if reason := tp_problem(spec, tp):
@@ -116,9 +116,8 @@ def _uniform_layout(spec: LlamaSpec, gpus: int, gpus_per_node: int, tp: int, cp:
     if pp > spec.num_layers:
         raise AdvisorError(f"{spec.num_layers} layers cannot fill {pp} pipeline stages")
     dp = gpus // (tp * cp * pp)
-    if global_batch_size % (micro_batch_size * dp):
-        raise AdvisorError(f"global batch {global_batch_size} is not divisible by micro-batch x DP = "
-                           f"{micro_batch_size} x {dp}")
+    if problem := global_batch_problem(global_batch_size, micro_batch_size, dp):
+        raise AdvisorError(problem)
     return dp, global_batch_size // (micro_batch_size * dp)
 
 
@@ -282,8 +281,9 @@ def recommend_hybrid(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, mic
     if gpus % gpus_per_node or gpus_per_node % cp:
         raise AdvisorError(f"--gpus {gpus} must be whole nodes of {gpus_per_node} GPUs, and CP {cp} must divide "
                            f"a node")
-    if global_batch_size % micro_batch_size:
-        raise AdvisorError(f"global batch {global_batch_size} is not divisible by the microbatch {micro_batch_size}")
+    if global_batch_size % micro_batch_size:  # hybrid mode: the pipeline's microbatch, no DP factor
+        raise AdvisorError(f"--gbs {global_batch_size} is not divisible by the pipeline microbatch (--mbs) "
+                           f"{micro_batch_size}")
     m = global_batch_size // micro_batch_size
     per_node, devices = gpus_per_node // cp, gpus // cp
     predictor = make_predictor(profiles, predictor, merge_to, micro_batch_size)

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import click
 
-from advisor.cli.options import EPILOG, GPUS, InputError, document_options, emit_document, gpu_options
+from advisor.cli.options import (EPILOG, GPUS, VOCABULARY, InputError, InputPath, document_options, emit_document,
+                                 gpu_options)
 
 
 @click.command("compare-log", epilog=EPILOG)
-@click.argument("log", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--from-command", "command", type=click.Path(dir_okay=False, allow_dash=True), required=True,
+@click.argument("log", type=InputPath(dir_okay=False, allow_dash=True))
+@click.option("--from-command", "command", type=InputPath(dir_okay=False, allow_dash=True), required=True,
               metavar="FILE|-", help="The launch that wrote the log (as 'advisor estimate --from-command' reads it).")
 @click.option("--gpus", type=GPUS, default=None, help="World size, where the command does not give it.")
-@click.option("--vocab-size", type=int, default=None, help="The tokenizer's vocabulary, where the command does not give it.")
+@click.option("--vocab-size", type=VOCABULARY, default=None, help="The tokenizer's vocabulary, where the command does not give it.")
 @click.option("--megatron-version", "release", default=None, metavar="RELEASE",
               help="The Megatron-LM release whose defaults apply to flags the command leaves out (default: the newest "
                    "the advisor knows).")
@@ -50,9 +51,11 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     run, layout = read.run, read.run.layout
     training = read_log(read_text(log, max_bytes=limits.LOG_FILE_BYTES, what="training log").splitlines())
     workload = Workload(seq_len=run.seq_len, global_batch_size=layout.global_batch_size or layout.mbs * read.dp)
-    logged = {i.global_batch_size for i in training.iterations} - {None}
-    if logged and logged != {workload.global_batch_size}:
-        raise InputError(f"the log trains global batch {sorted(logged)}, the command {workload.global_batch_size}: "
+    logged = sorted({i.global_batch_size for i in training.iterations} - {None})
+    if logged and logged != [workload.global_batch_size]:
+        sizes = (f"size {logged[0]}" if len(logged) == 1
+                 else "sizes " + ", ".join(map(str, logged[:-1])) + f" and {logged[-1]}")
+        raise InputError(f"the log trains global batch {sizes}, the command {workload.global_batch_size}: "
                          "is it the command that wrote the log?")
     parallel = ParallelConfig(tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=read.dp, mbs=layout.mbs, vpp=layout.vpp)
     estimate, result, *_ = price_layout(

@@ -10,9 +10,9 @@ import click
 from advisor.cli import moe as moe_cli
 from advisor.cli.moe import moe_options, moe_settings
 from advisor.cli.options import (
-    GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, InputError, TokenCount, color_wanted, emit,
-    distinct_files, gpu_options, model_choice_options, model_options, nothing_fits, output_options, parse_layer_counts,
-    png_path, workload_options,
+    GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, ROWS, InputError, InputPath, NonEmpty, TokenCount,
+    color_wanted, emit, distinct_files, gpu_options, model_choice_options, model_options, nothing_fits, output_options,
+    parse_layer_counts, png_path, workload_options,
 )
 from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 from advisor.cli.training_flags import memory_options
@@ -97,7 +97,7 @@ Examples:
 @click.option("--threshold", type=FRACTION, default=0.8, show_default=True,
               help="With --memory-model paper: 'fits' up to this fraction of --mem; 'tight' up to all of it.")
 @click.option("--all", "show_all", is_flag=True, help="Include the oom rows.")
-@click.option("--top", type=click.IntRange(min=1), default=None,
+@click.option("--top", type=ROWS, default=None,
               help=f"Show only the N best-ranked rows (table default: {TABLE_ROWS}, json/csv: all).")
 @model_choice_options
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, callback=png_path, metavar="FILE.png",
@@ -285,7 +285,8 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
 @click.option("--dp", type=DEGREE, default=None, help="Data parallel size (instead of --gpus).")
 @click.option("--vpp", type=DEGREE, default=1, show_default=True,
               help="Virtual pipeline stages per rank (interleaved 1F1B).")
-@click.option("--layers-per-stage", default=None, metavar="N,N,...",
+@click.option("--layers-per-stage", type=NonEmpty("give one layer count per stage, for example 7,9,9,7"),
+              default=None, metavar="N,N,...",
               help="Uneven pipeline split, one layer count per stage (for example 7,9,9,7), or in runs as "
                    "the sweep prints them (7,9x2,7).")
 @gpu_options
@@ -300,7 +301,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
 @model_options
 @workload_options
 @memory_options
-@click.option("--from-command", type=click.Path(dir_okay=False, allow_dash=True), default=None, metavar="FILE|-",
+@click.option("--from-command", type=InputPath(dir_okay=False, allow_dash=True), default=None, metavar="FILE|-",
               help="Read the layout, model and training options from your own pretrain_gpt.py argument list, "
                    "torchrun / srun / python -m torch.distributed.run line or launch script ('-': stdin). "
                    "The world size comes from torchrun's or Slurm's arguments, or --gpus.")
@@ -349,7 +350,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     if from_command is not None:
         read, (spec, options, gpus, dp, tp, cp, pp, mbs, vpp, layers_per_stage, workload) = _read_command(
             from_command, gpus, release)
-    dp = _data_parallel(gpus, dp, tp * cp * pp, gpus_per_node)
+    dp = _data_parallel(gpus, dp, tp, cp, pp, gpus_per_node)
     if read is not None and read.moe is not None:  # the command's own MoE flags (advisor.moe.readback)
         moe = read.moe
     spec, settings = moe_settings(spec, moe, options=options, unpriced={
@@ -361,7 +362,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
                                 layers_per_stage=given, compare_best=compare_best, gpus_per_node=gpus_per_node)
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     stages, planned = _planned_split(spec, given, pp, vpp)
-    _check_layout_options(options, spec, pp, stages or (spec.num_layers // pp,) * pp, vpp, release)
+    _check_layout_options(options, spec, tp, pp, stages or (spec.num_layers // pp,) * pp, vpp, release)
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
         tokens=tokens, release=release)
@@ -408,15 +409,16 @@ def _read_command(from_command, gpus, release):
                   layers_per_stage, workload)
 
 
-def _data_parallel(gpus: int | None, dp: int | None, model_parallel: int, gpus_per_node: int) -> int:
+def _data_parallel(gpus: int | None, dp: int | None, tp: int, cp: int, pp: int, gpus_per_node: int) -> int:
     """DP from --gpus or --dp (one line where they disagree), the GPUs filling whole nodes."""
-    from advisor.parallel import check_whole_nodes
+    from advisor.parallel import check_whole_nodes, model_parallel_problem
 
     if gpus is None and dp is None:
         raise InputError("give --gpus or --dp")
+    model_parallel = tp * cp * pp
     if gpus is not None:
-        if gpus % model_parallel:
-            raise InputError(f"--gpus {gpus} is not divisible by TP x CP x PP = {model_parallel}")
+        if problem := model_parallel_problem(gpus, tp, cp, pp):
+            raise InputError(problem)
         if dp is not None and dp != gpus // model_parallel:
             raise InputError(f"--dp {dp} disagrees with --gpus {gpus} / (TP x CP x PP) = {gpus // model_parallel}")
         dp = gpus // model_parallel
@@ -424,14 +426,14 @@ def _data_parallel(gpus: int | None, dp: int | None, model_parallel: int, gpus_p
     return dp
 
 
-def _check_layout_options(options, spec, pp: int, layers_per_stage, vpp: int, release) -> None:
+def _check_layout_options(options, spec, tp: int, pp: int, layers_per_stage, vpp: int, release) -> None:
     """One line where Megatron-LM refuses the options with this layout (``layout_problem``), or,
     the split being one it builds, where the release fails on --recompute-num-layers with its
     model chunks (``Recomputation.chunk_problem``, the check advisor sweep and recommend share)."""
     from advisor.megatron_args import chunk_layers
     from advisor.memory import split_problem
 
-    if problem := options.layout_problem(pp=pp, tie_embeddings=spec.tie_embeddings):
+    if problem := options.layout_problem(tp=tp, pp=pp, tie_embeddings=spec.tie_embeddings):
         raise InputError(problem)
     if problem := split_problem(spec.num_layers, pp, vpp, tuple(layers_per_stage)):
         raise InputError(problem)

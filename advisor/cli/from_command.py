@@ -53,6 +53,7 @@ def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=
     from advisor import limits
     from advisor.fileio import read_text
     from advisor.megatron_readback import read_run
+    from advisor.parallel import model_parallel_problem
     from advisor.shell_command import read_command
 
     text = read_text(path, max_bytes=limits.COMMAND_FILE_BYTES, what="command file")
@@ -64,9 +65,9 @@ def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=
         raise InputError(f"the command does not give its world size ({where}): give --gpus N")
     layout = run.layout
     model_parallel = layout.tp * layout.cp * layout.pp
-    if world % model_parallel:
-        raise InputError(f"{world} GPUs ({where}) are not divisible by TP x CP x PP = {model_parallel}: "
-                         "give --gpus N for the run you mean")
+    subject = f"--gpus {world}" if where == "--gpus" else f"the world size {world} ({where})"
+    if problem := model_parallel_problem(world, layout.tp, layout.cp, layout.pp, subject=subject):
+        raise InputError(f"{problem}: give --gpus N for the run you mean")
     source = f"{name}: {launch.launcher}, {world} GPUs ({where}); vocabulary {run.vocab_source}"
     return CommandInputs(run=run, gpus=world, dp=world // model_parallel, source=source)
 

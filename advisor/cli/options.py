@@ -176,6 +176,11 @@ GLOBAL_BATCH = Bounded(limits.GLOBAL_BATCH)
 MICRO_BATCH = Bounded(limits.MICRO_BATCH)
 LAYERS = Bounded(limits.MODEL["num_layers"])
 VOCABULARY = Bounded(limits.MODEL["vocab_size"])
+ROWS = Bounded(limits.ROWS)
+"""A count or rank of a sweep's rows (--top, advisor-launch --rank)."""
+TCP_PORT = Bounded(limits.TCP_PORT)
+TRAIN_ITERS = Bounded(limits.PROFILING_ITERATIONS)
+"""Iterations of a profiling run (--train-iters)."""
 
 
 def apply_options(options: list[Callable], func: Callable) -> Callable:
@@ -246,13 +251,45 @@ STDOUT = Path("-")
 """``-o -`` (or ``-o /dev/stdout``): standard output, asked for explicitly."""
 
 
+def empty_value(param: click.Parameter | None, hint: str) -> InputError:
+    """The one refusal of an empty value (``--name ''``): '--name is empty; ' and what to give
+    instead. An empty string is a value given, never the option left out: taken for absent, it
+    ran something else without a word (--layers-per-stage '' an even split, --megatron-lm '' the
+    CPU emulator)."""
+    if isinstance(param, click.Option):
+        name = next((opt for opt in param.opts if opt.startswith("--")), param.opts[0])
+    else:
+        name = param.human_readable_name if param is not None else "the value"
+    return InputError(f"{name} is empty; {hint}")
+
+
+class NonEmpty(click.ParamType):
+    """Text that is not empty (``empty_value`` refuses ''): ``hint`` says what to give, e.g.
+    'give one layer count per stage, for example 7,9,9,7'."""
+
+    name = "text"
+
+    def __init__(self, hint: str) -> None:
+        self.hint = hint
+
+    def convert(self, value, param, ctx):
+        if value == "":
+            raise empty_value(param, self.hint)
+        return value
+
+
+MEGATRON_CHECKOUT = NonEmpty("give the directory of your Megatron-LM checkout")
+"""--megatron-lm DIR ('' was taken for no checkout: the CPU emulator, or $MEGATRON_LM)."""
+
+
 class InputPath(click.Path):
     """click.Path for a file or directory to read: an empty value is refused (Path("") is ".", so
     --from '' was read as the current directory, and --profile '' profiled whatever was there)."""
 
     def convert(self, value, param, ctx):
         if isinstance(value, str) and value == "":
-            self.fail("an empty path names no file or directory", param, ctx)
+            kind = "a file" if not self.dir_okay else "a directory" if not self.file_okay else "a file or directory"
+            raise empty_value(param, f"give {kind}" + (", or - for standard input" if self.allow_dash else ""))
         return super().convert(value, param, ctx)
 
 
@@ -262,6 +299,8 @@ def file_path(ctx, param, value: str | None) -> Path | None:
     names a directory ('-o out/' wrote the file 'out')."""
     if value is None:
         return None
+    if value == "":
+        raise empty_value(param, "give a file" + (", or - for standard output" if param.name == "output" else ""))
     from advisor.fileio import output_target
 
     try:
@@ -274,6 +313,8 @@ def file_path(ctx, param, value: str | None) -> Path | None:
 def png_path(ctx, param, value: str | None) -> Path | None:
     """A picture to write (--plot, --png): ``file_path``'s checks, and a name ending in .png
     (matplotlib writes the PNG under any name, so 'plot.txt' got one)."""
+    if value == "":
+        raise empty_value(param, "give a file ending in .png")
     path = file_path(ctx, param, value)
     if path is not None and path.suffix.lower() != ".png":
         raise click.BadParameter(f"draws a PNG: name a file ending in .png, not {value!r}")

@@ -9,8 +9,9 @@ import click
 
 from advisor import limits
 from advisor.cli.options import (
-    DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MICRO_BATCH, SEQ_LEN, Bounded, InputError, InputPath,
-    apply_options, color_wanted, document_options, emit, emit_document, model_options, output_options, parse_numbers,
+    DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, MICRO_BATCH, TRAIN_ITERS,
+    SEQ_LEN, TCP_PORT, Bounded, InputError, InputPath, NonEmpty, apply_options, color_wanted, document_options, emit,
+    emit_document, empty_value, model_options, output_options, parse_numbers,
 )
 
 SECTIONS = ("ranks", "layers", "compare")
@@ -39,7 +40,7 @@ def profile() -> None:
 @click.option("--section", type=click.Choice(("all", *SECTIONS)), default="all", show_default=True,
               help="ranks: one row per rank; layers: one row per module; compare: measured / the 4D paper's terms.")
 @click.option("--rank", "ranks", type=int, multiple=True, help="Only these ranks (repeatable).")
-@click.option("--iteration", type=click.IntRange(min=0), default=None,
+@click.option("--iteration", type=Bounded(limits.ITERATION), default=None,
               help="Which recorded iteration to show per layer (default: the last).")
 @output_options
 def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int | None, fmt: str,
@@ -159,7 +160,10 @@ def _show_run(run, section: str, ranks: tuple[int, ...], iteration: int | None) 
     for rank in profiles:
         known = {it.iteration for it in rank.iterations}
         if iteration is not None and iteration not in known:
-            raise InputError(f"rank {rank.header.rank} recorded no iteration {iteration} (it has {sorted(known)})")
+            first, last = min(known, default=None), max(known, default=None)
+            has = ("none" if first is None else f"{first} to {last}" if len(known) == last - first + 1
+                   else ", ".join(map(str, sorted(known))))
+            raise InputError(f"rank {rank.header.rank} recorded no iteration {iteration} (it has {has})")
     tables = {
         "ranks": [rank_summary(rank) for rank in profiles],
         "layers": [row for rank in profiles for row in layer_rows(rank, iteration)],
@@ -225,7 +229,8 @@ def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
               help="Context parallel size of every run (and of the target).")
 @click.option("--microbatches", type=Bounded(limits.PROFILING_MICROBATCHES), default=None,
               help="Microbatches per profiling run (default: min(stages, target's)).")
-@click.option("--units", default=None, metavar="N,N,...",
+@click.option("--units", type=NonEmpty("give the layers of each merged unit, summing to the model's layers"), default=None,
+              metavar="N,N,...",
               help="Layers per merged unit for the DP/TP runs (CAPTURE's layer merger, Section III-A3).")
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
               show_default=True, help="Dtype of weights and activations (Megatron's --bf16 / --fp16 / neither).")
@@ -297,7 +302,7 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
 
 def _named_directory(ctx, param, value: str) -> Path:
     if value == "":  # Path("") is ".": the runs would land in the current directory
-        raise click.BadParameter("an empty path names no directory; give the directory for the runs")
+        raise empty_value(param, "give the directory for the runs")
     return Path(value)
 
 
@@ -330,18 +335,18 @@ def megatron_options(func):
     run' and the GPU runner it starts (python -m launch.campaign_runner, advisor.cli.runners),
     which receives them unchanged."""
     return apply_options([
-        click.option("--megatron-lm", metavar="DIR", default=None,
+        click.option("--megatron-lm", type=MEGATRON_CHECKOUT, metavar="DIR", default=None,
                      help="Run on this node's GPUs: each run through torchrun and your Megatron-LM checkout's "
                           "pretrain_gpt.py, with the hooks (advisor-launch's entry). Without it, emulate on the "
                           "CPU."),
         click.option("--mock-data", is_flag=True,
                      help="With --megatron-lm: Megatron-LM's mock data, with a NullTokenizer sized to the model."),
-        click.option("--train-iters", type=click.IntRange(min=1), default=None,
+        click.option("--train-iters", type=TRAIN_ITERS, default=None,
                      help="With --megatron-lm: iterations per run (default 2, as CAPTURE's profiling runs)."),
         click.option("--slurm", is_flag=True,
                      help="With --megatron-lm, inside a Slurm allocation (salloc or a batch script): each run as "
                           "srun of one torchrun per node, for campaigns wider than a node."),
-        click.option("--rdzv-port", type=click.IntRange(1, 65535), default=None,
+        click.option("--rdzv-port", type=TCP_PORT, default=None,
                      help="With --slurm: the c10d rendezvous port on the allocation's first node (default 29500)."),
     ], func)
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
+from advisor import limits
 from advisor.cli.options import (
-    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, STDOUT, InputError, InputPath, color_wanted, document_options,
+    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, STDOUT, Bounded, InputError, InputPath, color_wanted, document_options,
     distinct_files, emit_document, gpu_options, model_options, nothing_fits, png_path, workload_options,
 )
 from advisor.cli.training_flags import memory_options
@@ -75,7 +76,7 @@ Examples:
 @click.option("--pp", type=DEGREE, default=None, help="Megatron mode: pipeline stages (required).")
 @click.option("--mbs", type=MICRO_BATCH, default=1, show_default=True,
               help="Micro-batch size (Megatron's, per DP replica; in hybrid mode the pipeline microbatch).")
-@click.option("--merge-to", type=click.IntRange(min=1), default=None,
+@click.option("--merge-to", type=Bounded(limits.MERGED_UNITS), default=None,
               help="Merge layers to this many units first (CAPTURE's layer merger, Section III-A3).")
 @click.option("--threshold", type=FRACTION, default=None,
               help="--objective time keeps every stage within this fraction of --mem (default 0.8 for the "

@@ -15,14 +15,15 @@ from pathlib import Path
 
 import click
 
-from advisor.cli.options import EPILOG, STDOUT, InputError, InputPath, output_option
+from advisor import limits
+from advisor.cli.options import EPILOG, STDOUT, Bounded, InputError, InputPath, output_option
 
 DROPPED = {"fmt", "output", "plot", "top", "png"}
 """The wrapped command's own output options: the report writes the page instead."""
 
 
 def _report_options(func):
-    func = click.option("--top", "detail", type=click.IntRange(min=1, max=20), default=3, show_default=True,
+    func = click.option("--top", "detail", type=Bounded(limits.DETAILED_LAYOUTS), default=3, show_default=True,
                         help="Draw this many best-ranked layouts in detail (memory per stage, time parts).")(func)
     return output_option("Write the page here (atomically, with your umask); '-' is stdout.")(func)
 

@@ -28,7 +28,7 @@ from advisor.errors import AdvisorError
 from advisor.hardware import GpuSpec
 from advisor.moe import stage as st
 from advisor.moe.spec import MoESpec
-from advisor.parallel import Workload, check_whole_nodes
+from advisor.parallel import Workload, check_whole_nodes, global_batch_problem, model_parallel_problem
 
 GIB = 2**30
 RECOMPUTES = ("none", "selective", "full")
@@ -69,8 +69,8 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
     groups = heads if spec.mla is not None else spec.num_query_groups
     if heads % tp or groups % tp:
         return f"TP {tp} must divide the attention heads ({heads}) and the KV heads ({groups})"
-    if gpus % (tp * cp * pp):
-        return f"{gpus} GPUs are not a multiple of TP x CP x PP = {tp * cp * pp}"
+    if problem := model_parallel_problem(gpus, tp, cp, pp):
+        return problem
     if problem := expert_problem(spec, gpus // pp, ep, etp, dispatcher):
         return problem
     if layers_per_stage is not None:
@@ -85,8 +85,8 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
     if (workload.seq_len // cp) % tp:
         return f"sequence parallelism needs the sequence per CP rank divisible by TP {tp}"
     dp = gpus // (tp * cp * pp)
-    if workload.global_batch_size % (mbs * dp):
-        return f"global batch {workload.global_batch_size} is not a multiple of MBS x DP = {mbs * dp}"
+    if problem := global_batch_problem(workload.global_batch_size, mbs, dp):
+        return problem
     m = workload.global_batch_size // (mbs * dp)
     if vpp > 1 and (pp == 1 or min(layers_per_stage or st.split_layers(spec.num_layers, pp)) < vpp or m % pp):
         return (f"VPP {vpp} needs PP > 1, at least {vpp} layers on every stage and the microbatches "

@@ -402,10 +402,17 @@ class TrainingOptions:
             **model_choices,
         )
 
-    def layout_problem(self, *, pp: int, tie_embeddings: bool) -> str | None:
+    def layout_problem(self, *, pp: int, tie_embeddings: bool, tp: int | None = None) -> str | None:
         """Why Megatron-LM's validate_args refuses these options with this layout, or None:
         --use-torch-fsdp2 with pipeline parallelism or tied embeddings (arguments.py, both
-        releases; EP > 1 too, which dense layouts never have)."""
+        releases; EP > 1 too, which dense layouts never have); --tp-comm-overlap at TP 1, where
+        validate_args switches sequence parallelism off and then asserts it for the overlap
+        (core_v0.15.2 and core_v0.19.0: 'Tensor parallel communication/GEMM overlap can happen
+        only when sequence parallelism is enabled'). ``tp`` None: TP is searched (a sweep), whose
+        TP 1 rows run without the overlap."""
+        if tp == 1 and self.tensor_parallel.tp_comm_overlap:
+            return ("--tp-comm-overlap needs TP > 1: at TP 1 Megatron-LM turns sequence parallelism off, "
+                    "and refuses the overlap without it")
         if not self.data_parallel.torch_fsdp2:
             return None
         if pp > 1:

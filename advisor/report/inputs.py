@@ -139,7 +139,7 @@ def _check_pricing(row: dict, where: str, spec: LlamaSpec) -> None:
             check_layout(spec, ParallelConfig(tp=row["tp"], cp=row["cp"], pp=row["pp"], dp=row["dp"], mbs=row["mbs"],
                                               vpp=row.get("vpp") or 1),
                          Workload(seq_len=row["seq_len"], global_batch_size=row["global_batch_size"]),
-                         None if layers is None else tuple(layers))
+                         None if layers is None else tuple(layers), split_name="'layers_per_stage'")
     except AdvisorError as exc:
         raise AdvisorError(f"{where}: {exc}") from None
 
@@ -308,7 +308,7 @@ def _check_plan_page(plan: dict, where: str) -> None:
     args = plan.get("megatron_args")
     if args is not None and not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
         refuse("'megatron_args'", "null or a list of strings", args)
-    for key in ("peak_predicted_gib", "memory_limit_gib", "period_s", "predicted_step_time_s"):
+    for key in ("peak_predicted_gib", "memory_limit_gib", "stage_limit_gib", "period_s", "predicted_step_time_s"):
         if plan.get(key) is not None and not _finite(plan[key]):
             refuse(f"'{key}'", "a finite number or null", plan[key])
     even = (plan.get("baseline") or {}).get("stage_predicted_gib")

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import click
 
+from advisor import limits
 from advisor.cli import AdvisorGroup
+from advisor.cli.options import Bounded
 from tables.readme import replace_between
 
 TABLES_DIR = Path(__file__).resolve().parent.parent
@@ -22,7 +24,7 @@ def main() -> None:
 @main.command()
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DATA,
               show_default="tables/data/capture", help="Where the campaigns and the runs go.")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
+@click.option("--threads", type=Bounded(limits.threads()), default=None,
               help="Intra-op threads per emulated GPU (default: the runner's).")
 def measure(data: Path, threads: int | None) -> None:
     """Plan the campaigns and run them (the profiling runs and the held-out layouts).
