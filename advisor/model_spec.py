@@ -8,7 +8,11 @@ Megatron-LM's argument names, so that a spec maps one-to-one onto its flags.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import string
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass
 from pathlib import Path
 
@@ -42,6 +46,56 @@ def _describe(value) -> str:
 
 def _positive_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+class FieldError(AdvisorError):
+    """A spec field's bad value. The words name any other field they mention as ``{field}``, and
+    take their values positionally (``{0}``), so that a config.json reader can name each field by
+    the key it read it from (``_Config.naming``); ``str()`` names them as the spec does, after the
+    model's name when ``model`` is given."""
+
+    def __init__(self, field: str, words: str, *values: object, model: str | None = None) -> None:
+        self.field, self.words, self.values, self.model = field, words, values, model
+        text = self.worded()
+        super().__init__(text if model is None else f"model {model!r}: {text}")
+
+    def worded(self, name: Callable[[str], str] = str) -> str:
+        """The message without the model's name, each field named by ``name(field)``."""
+        return f"{name(self.field)} {_Naming(name).vformat(self.words, self.values, {})}"
+
+    def about(self, model: str) -> FieldError:
+        """The same error, said of the model ``model``."""
+        return FieldError(self.field, self.words, *self.values, model=model)
+
+    def __reduce__(self):  # pickled (a worker process's error) as it was made, not from its message
+        return functools.partial(FieldError, model=self.model), (self.field, self.words, *self.values)
+
+
+class _Naming(string.Formatter):
+    """``str.format`` whose named fields are spec fields (dotted ones too: ``mla.kv_lora_rank``),
+    each replaced by ``name(field)``."""
+
+    def __init__(self, name: Callable[[str], str]) -> None:
+        self.name = name
+
+    def get_field(self, field_name: str, args, kwargs):
+        return (args[int(field_name)] if field_name.isdigit() else self.name(field_name)), field_name
+
+
+def check_field(value: object, field: str, bound: limits.Bound, *, top: str | None = None, number: bool = False,
+                low_open: bool = False) -> int | float:
+    """``limits.check_int`` (``check_float`` with ``number``) of a spec field, refused as a
+    ``FieldError``; ``top``: the field whose value the bound's top is (named in the message)."""
+    try:
+        if number:
+            return limits.check_float(value, "", bound, low_open=low_open)
+        return limits.check_int(value, "", bound)
+    except AdvisorError as error:
+        words = str(error)
+    at_most = "must be at most "
+    if top is not None and words.startswith(at_most):
+        raise FieldError(field, at_most + "{" + top + "} = {0}", words.removeprefix(at_most))
+    raise FieldError(field, "{0}", words)
 
 
 def from_fields(kind: type, values: object, what: str):
@@ -98,39 +152,40 @@ class LlamaSpec:
         if not isinstance(self.name, str) or len(self.name) > _NAME_CHARS:
             raise AdvisorError(f"model name must be a string of at most {_NAME_CHARS} characters, got "
                                f"{_describe(self.name)}")
+        try:
+            self._check_fields()
+        except FieldError as error:
+            raise error.about(self.name) from None
+
+    def _check_fields(self) -> None:
+        """Every field's type and range, and what Megatron needs of them together; a FieldError."""
         for key, limit in MODEL_LIMITS.items():
             value = getattr(self, key)
             if value is None and key == "kv_channels":
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise AdvisorError(f"model {self.name!r}: {key} must be a positive integer, got {_describe(value)}")
+                raise FieldError(key, "must be a positive integer, got {0}", _describe(value))
             if value > limit:
-                raise AdvisorError(f"model {self.name!r}: {key} is {_describe(value)}, more than this tool "
-                                   f"handles ({limit})")
+                raise FieldError(key, "is {0}, more than this tool handles ({1})", _describe(value), limit)
         for key in ("tie_embeddings", "add_qkv_bias"):
             if not isinstance(getattr(self, key), bool):
-                raise AdvisorError(f"model {self.name!r}: {key} must be true or false, got "
-                                   f"{_describe(getattr(self, key))}")
+                raise FieldError(key, "must be true or false, got {0}", _describe(getattr(self, key)))
         if not _positive_number(self.rotary_base) or self.rotary_base > ROTARY_BASE_LIMIT:
-            raise AdvisorError(f"model {self.name!r}: rotary_base must be a positive number up to "
-                               f"{ROTARY_BASE_LIMIT:g}, got {_describe(self.rotary_base)}")
+            raise FieldError("rotary_base", "must be a positive number up to {0:g}, got {1}", ROTARY_BASE_LIMIT,
+                             _describe(self.rotary_base))
         if self.rope_scaling_factor is not None and not (
                 _positive_number(self.rope_scaling_factor) and 1 <= self.rope_scaling_factor <= ROPE_SCALING_LIMIT):
-            raise AdvisorError(f"model {self.name!r}: rope_scaling_factor must be a number from 1 to "
-                               f"{ROPE_SCALING_LIMIT:g}, got {_describe(self.rope_scaling_factor)}")
+            raise FieldError("rope_scaling_factor", "must be a number from 1 to {0:g}, got {1}", ROPE_SCALING_LIMIT,
+                             _describe(self.rope_scaling_factor))
         if not _positive_number(self.norm_epsilon) or self.norm_epsilon >= 1:
-            raise AdvisorError(f"model {self.name!r}: norm_epsilon must be a number between 0 and 1, "
-                               f"got {_describe(self.norm_epsilon)}")
+            raise FieldError("norm_epsilon", "must be a number between 0 and 1, got {0}",
+                             _describe(self.norm_epsilon))
         if self.num_attention_heads % self.num_query_groups:
-            raise AdvisorError(
-                f"model {self.name!r}: num_attention_heads ({self.num_attention_heads}) must be a "
-                f"multiple of num_query_groups ({self.num_query_groups})"
-            )
+            raise FieldError("num_attention_heads", "= {0} must be a multiple of {num_query_groups} = {1}",
+                             self.num_attention_heads, self.num_query_groups)
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
-            raise AdvisorError(
-                f"model {self.name!r}: hidden_size ({self.hidden_size}) must be a multiple of "
-                f"num_attention_heads ({self.num_attention_heads}), or give kv_channels (head_dim)"
-            )
+            raise FieldError("hidden_size", "= {0} must be a multiple of {num_attention_heads} = {1}, or give "
+                             "{kv_channels}", self.hidden_size, self.num_attention_heads)
 
     @property
     def head_dim(self) -> int:
@@ -150,13 +205,33 @@ class LlamaSpec:
 # SwiGLU, RoPE, GQA); their configuration classes (LlamaConfig, MistralConfig, Qwen2Config) share
 # these keys and defaults: no GQA without num_key_value_heads, untied embeddings, rope_theta
 # 10000, rms_norm_eps 1e-6, hidden_act silu, head_dim h/a.
-_HF_REQUIRED = {
-    "num_hidden_layers": "num_layers",
+HF_KEYS = {
+    "num_layers": "num_hidden_layers",
     "hidden_size": "hidden_size",
-    "intermediate_size": "ffn_hidden_size",
+    "ffn_hidden_size": "intermediate_size",
     "num_attention_heads": "num_attention_heads",
     "vocab_size": "vocab_size",
+    "num_query_groups": "num_key_value_heads",
+    "kv_channels": "head_dim",
+    "tie_embeddings": "tie_word_embeddings",
+    "rotary_base": "rope_theta",
+    "rope_scaling_factor": "rope_scaling.factor",
+    "norm_epsilon": "rms_norm_eps",
 }
+"""Each LlamaSpec field read from a config.json -> the key it is read from (``dense_values``), for
+every model type; an error about the field names the key (``_Config.naming``)."""
+FIELD_FLAGS = {
+    "num_layers": "--num-layers",
+    "ffn_hidden_size": "--ffn-hidden-size",
+    "num_query_groups": "--num-query-groups",
+    "kv_channels": "--kv-channels",
+    "rotary_base": "--rotary-base",
+    "rope_scaling_factor": "--rope-scaling-factor",
+    "norm_epsilon": "--norm-epsilon",
+}
+"""Megatron-LM's flag of each field whose config.json key is named otherwise, said after the key."""
+_HF_REQUIRED = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
+_HF_FIELDS = {key: field for field, key in HF_KEYS.items()}
 _HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _HF_DEFAULTS = {"tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
 # The only RoPE scaling Megatron-LM implements (--use-rope-scaling): Llama 3's, with these
@@ -173,6 +248,15 @@ class _Config:
     def error(self, key: str, why: str) -> AdvisorError:
         return AdvisorError(f"{self.path}: {key} {why}")
 
+    @contextlib.contextmanager
+    def naming(self, keys: dict[str, str] = HF_KEYS, flags: dict[str, str] = FIELD_FLAGS):
+        """A ``FieldError`` of the specs built inside, as one line that names each field by the key
+        it was read from (``keys``: field -> key) and its Megatron flag (``flags``) where that helps."""
+        try:
+            yield
+        except FieldError as error:
+            raise AdvisorError(f"{self.path}: {error.worded(functools.partial(_key_name, keys, flags))}") from None
+
     def get(self, key: str):
         return self.config.get(key, _HF_DEFAULTS.get(key))
 
@@ -180,8 +264,7 @@ class _Config:
         value = self.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise self.error(key, f"must be a positive integer, got {_describe(value)}")
-        limit = MODEL_LIMITS[_HF_REQUIRED.get(key, {"num_key_value_heads": "num_query_groups",
-                                                    "head_dim": "kv_channels"}.get(key, key))]
+        limit = MODEL_LIMITS[_HF_FIELDS[key]]
         if value > limit:
             raise self.error(key, f"is {_describe(value)}, more than this tool handles ({limit})")
         return value
@@ -244,24 +327,32 @@ class _Config:
             raise self.error("partial_rotary_factor", f"is {_describe(partial)}: this tool models RoPE on whole heads")
 
 
+def _key_name(keys: dict[str, str], flags: dict[str, str], field: str) -> str:
+    """A spec field as a config.json names it: its key, then the Megatron flag unless the key
+    already reads as the flag (kv_lora_rank, --kv-lora-rank)."""
+    key = keys.get(field, field)
+    flag = flags.get(field)
+    return f"{key} ({flag})" if flag and flag != "--" + key.replace("_", "-") else key
+
+
 def dense_values(config: _Config, model_type: str, rope_scaling: bool = True) -> dict:
     """The LlamaSpec fields of a config.json's decoder (every model type shares them)."""
     document = config.config
-    missing = [key for key in _HF_REQUIRED if key not in document]
+    missing = [HF_KEYS[field] for field in _HF_REQUIRED if HF_KEYS[field] not in document]
     if missing:
         raise AdvisorError(f"{config.path}: missing required key(s): {', '.join(missing)}")
-    values = {field: config.integer(key) for key, field in _HF_REQUIRED.items()}
+    values = {field: config.integer(HF_KEYS[field]) for field in _HF_REQUIRED}
     heads = values["num_attention_heads"]
-    values["num_query_groups"] = heads if document.get("num_key_value_heads") is None else config.integer(
-        "num_key_value_heads")
-    if document.get("head_dim") is not None:
-        head_dim = config.integer("head_dim")
+    groups = HF_KEYS["num_query_groups"]
+    values["num_query_groups"] = heads if document.get(groups) is None else config.integer(groups)
+    if document.get(HF_KEYS["kv_channels"]) is not None:
+        head_dim = config.integer(HF_KEYS["kv_channels"])
         if head_dim * heads != values["hidden_size"]:  # else it is Megatron's default, h/a
             values["kv_channels"] = head_dim
     config.refuse(model_type)
-    values["tie_embeddings"] = config.flag("tie_word_embeddings")
+    values["tie_embeddings"] = config.flag(HF_KEYS["tie_embeddings"])
     values["add_qkv_bias"] = model_type == "qwen2"  # Qwen2Attention: biases on q, k, v; none on o
-    values["rotary_base"] = config.number("rope_theta")
+    values["rotary_base"] = config.number(HF_KEYS["rotary_base"])
     values["rope_scaling_factor"] = config.rope_scaling() if rope_scaling else None
-    values["norm_epsilon"] = config.number("rms_norm_eps")
+    values["norm_epsilon"] = config.number(HF_KEYS["norm_epsilon"])
     return values

@@ -101,7 +101,9 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
         if document.get(key) not in (None, 0, 1):
             raise config.error(key, f"is {_describe(document[key])}: a mixture of experts under model_type "
                                     f"{model_type!r}; this tool prices experts for {', '.join(moe.HF_MODEL_TYPES)}")
-    return LlamaSpec(name=str(path), **dense_values(config, model_type))
+    values = dense_values(config, model_type)
+    with config.naming():
+        return LlamaSpec(name=str(path), **values)
 
 
 def load_model(name_or_path: str) -> LlamaSpec:

@@ -80,7 +80,7 @@ FLAGS = [  # (arguments, what the line says)
     (SWEEP + ["--recompute", "full", "--recompute-num-layers", 10**21], "'--recompute-num-layers': must be at most"),
     (SWEEP[:-2] + ["--gpu", "h100-80gb", "--gpus-per-node", 5000], "'--gpus-per-node': must be at most 1,024"),
     (SWEEP[:-2] + ["--gpu", "h100-80gb", "--tokens", "1e400"], "must be a positive, finite token count"),
-    (["profile", "run", ROOT / "pyproject.toml", "--out", ""], "'--out': an empty path names no directory"),
+    (["profile", "run", ROOT / "pyproject.toml", "--out", ""], "--out is empty; give the directory for the runs"),
 ]
 
 
@@ -280,13 +280,13 @@ OWN = [  # issue 24: thirty more, each tried for real first (all already one lin
     (SWEEP + ["--gbs", 0], "'--gbs' / '--global-batch-size': must be at least 1, got 0"),
     (EST + ["--tp", 3, "--gpus", 3], "TP 3 must divide the attention heads (32) and the KV heads (8)"),
     (EST + ["--cp", 3, "--gpus", 3], "sequence length 8192 must be divisible by 2 x CP = 6"),
-    (EST + ["--tp", 2, "--gpus", 3], "--gpus 3 is not divisible by TP x CP x PP = 2"),
-    (EST + ["--pp", 2, "--gpus", 2, "--layers-per-stage", "10,10,10"], "layers per stage lists 3 stages, but PP is 2"),
+    (EST + ["--tp", 2, "--gpus", 3], "--gpus 3 is not divisible by TP x CP x PP = 2 x 1 x 1 = 2"),
+    (EST + ["--pp", 2, "--gpus", 2, "--layers-per-stage", "10,10,10"], "--layers-per-stage lists 3 stages, but PP is 2"),
     (EST + ["--pp", 2, "--gpus", 2, "--layers-per-stage", "a,b"], "--layers-per-stage: expected comma-separated layer counts"),
     (EST + ["--pp", 2, "--gpus", 2, "--layers-per-stage", "-1,33"], "must be non-negative and sum to 32 layers"),
     (EST + ["--vpp", 0, "--gpus", 2, "--pp", 2], "'--vpp' / '--num-virtual-stages-per-pipeline-rank': must be at least 1, got 0"),
     (EST + ["--dp", 3, "--gpus", 8], "--dp 3 disagrees with --gpus 8 / (TP x CP x PP) = 8"),
-    (EST + ["--mbs", 3, "--gpus", 8], "global batch size 1024 is not divisible by micro-batch size x data parallel"),
+    (EST + ["--mbs", 3, "--gpus", 8], "--gbs 1024 is not divisible by MBS x DP = 3 x 8 = 24"),
     (EST + ["--gpus", 8, "--seq-len", 8191, "--cp", 2], "sequence length 8191 must be divisible by 2 x CP = 4"),
     (EST + ["--pp", 4, "--vpp", 2, "--gpus", 4, "--gbs", 6], "the interleaved schedule needs the microbatches (6)"),
     (EST + ["--gpus", 8, "--threshold", 1.5], "'--threshold': must be at most 1, got 1.5"),
@@ -294,12 +294,12 @@ OWN = [  # issue 24: thirty more, each tried for real first (all already one lin
     (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "-5"], "'-5' must be a positive, finite token count"),
     (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "15Q"], "'15Q' is not a token count"),
     (["sweep", "--gpus", 8, "--gpu", "nonexistent-gpu"], "unknown GPU 'nonexistent-gpu'"),
-    (SWEEP + ["--top", -1], "'--top': -1 is not in the range x>=1"),
+    (SWEEP + ["--top", -1], "'--top': must be at least 1, got -1"),
     (SWEEP + ["--model", "nonexistent-model"], "unknown model 'nonexistent-model'"),
     (SWEEP + ["--model", "/dev/null"], "/dev/null is a character device; a model config.json is read from a regular"),
     (SWEEP + ["--model", ROOT / "tests"], "tests is a directory, not a model config.json"),
-    (SWEEP + ["--num-query-groups", 5], "num_attention_heads (32) must be a multiple of num_query_groups (5)"),
-    (SWEEP + ["--hidden-size", 4097], "hidden_size (4097) must be a multiple of num_attention_heads (32)"),
+    (SWEEP + ["--num-query-groups", 5], "num_attention_heads = 32 must be a multiple of num_query_groups = 5"),
+    (SWEEP + ["--hidden-size", 4097], "hidden_size = 4097 must be a multiple of num_attention_heads = 32"),
     (SWEEP + ["--rank-by", "throughput"], "--rank-by throughput needs --gpu NAME"),
     (SWEEP + ["--memory-model", "profile"], "--memory-model profile needs --profile DIR"),
     (SWEEP + ["--profile", "/nonexistent"], "--profile /nonexistent: not a directory"),
@@ -591,7 +591,7 @@ MALFORMED_MOE_MODELS = [  # (field, value, what the line says): each was a TypeE
     ("name", ["x"], "model name must be a string of at most 4096 characters, got a list"),
     ("router_topk_scaling_factor", "x", "router_topk_scaling_factor must be a number, got 'x'"),
     ("router_num_groups", 0, "router_num_groups must be at least 1, got 0"),
-    ("router_group_topk", 9, "router_group_topk must be at most 8, got 9"),
+    ("router_group_topk", 9, "router_group_topk must be at most router_num_groups = 8, got 9"),
     ("qk_layernorm", "yes", "qk_layernorm must be true or false, got 'yes'"),
     ("score_function", "relu", "score_function must be softmax or sigmoid, got 'relu'"),
     ("mla", {"q_lora_rank": 1}, "model mla lacks the field 'kv_lora_rank'"),
@@ -679,7 +679,7 @@ ROW_PRICING = [  # (edit of a sweep's first row, what the line says after "FILE,
     ({"model": {}}, "model lacks the field"),
     ({"cp": 3, "gpus": None}, "sequence length 8192 must be divisible by 2 x CP = 6"),
     ({"gpus": 7}, "'gpus' is 7, but TP x CP x PP x DP = 16"),  # drawn as it was; advisor-launch refused it
-    ({"layers_per_stage": []}, "layers per stage lists 0 stages"),  # drawn as an even split; launch refused it
+    ({"layers_per_stage": []}, "'layers_per_stage' lists 0 stages"),  # drawn as an even split; launch refused it
     ({"tp": None}, "'tp' must be a positive integer, got nothing"),  # "a sweep array must hold row objects"
 ]
 
@@ -805,5 +805,5 @@ def test_an_empty_path_is_refused(advisor, tmp_path, monkeypatch, saved, program
     _saved_file(tmp_path, saved["sweep"], "sweep.json")
     shutil.copytree(EXAMPLE_RUN, tmp_path / "run")  # what '.' would have been read as
     invoker = advisor if program == "advisor" else launcher()
-    assert "an empty path names no file or directory" in invoker.error(*args)
+    assert " is empty; give a " in invoker.error(*args)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "sweep.json"]

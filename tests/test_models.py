@@ -81,7 +81,7 @@ def test_hf_config_defaults_follow_llamaconfig(tmp_path):
         ({"num_hidden_layers": None}, "missing required key.*num_hidden_layers"),
         ({"model_type": "gpt2"}, "not a Llama-family model"),
         ({"hidden_size": -4096}, "hidden_size must be a positive integer"),
-        ({"num_key_value_heads": 5}, "multiple of num_query_groups"),
+        ({"num_key_value_heads": 5}, r"multiple of num_key_value_heads \(--num-query-groups\) = 5"),
         ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
         # issue 17's model files: one line naming the key, never a traceback or a silent MHA
         ({"hidden_size": 10**400}, r"config.json: line 1: hidden_size = 1000000.*\.\.\. does not fit in 64 bits"),

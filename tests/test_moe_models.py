@@ -86,11 +86,13 @@ def test_unpriced_keys_refused_by_name(tmp_path, name, key, value):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"topk_group": 9}, "topk_group is 9, more than the n_group (8) it chooses among"),
-    ({"n_group": 7}, "router_num_groups (7) must divide num_experts (256)"),
-    ({"topk_group": 1, "num_experts_per_tok": 40}, "router_group_topk (1) groups of 32 experts hold fewer than "
-                                                    "moe_router_topk (40)"),
-    ({"first_k_dense_replace": 61}, "first_dense_layers must be at most 60, got 61"),
+    ({"topk_group": 9}, "topk_group (--moe-router-group-topk) must be at most n_group (--moe-router-num-groups) = 8, "
+                        "got 9: there are 8 groups"),
+    ({"n_group": 7}, "n_group (--moe-router-num-groups) = 7 must divide n_routed_experts (--num-experts) = 256"),
+    ({"topk_group": 1, "num_experts_per_tok": 40}, "topk_group (--moe-router-group-topk) = 1: the 1 chosen groups of "
+                                                    "32 experts hold fewer than num_experts_per_tok (--moe-router-topk) "
+                                                    "= 40"),
+    ({"first_k_dense_replace": 61}, "first_k_dense_replace (--moe-layer-freq) must be at most 60, got 61"),
 ])
 def test_deepseek_routing_keys_are_range_checked(tmp_path, changes, message):
     """Group-limited routing that megatron-core's group_limited_topk cannot run, and a model
@@ -168,4 +170,4 @@ def test_a_commands_aux_loss_weight_reads_back_and_a_bad_one_is_refused(tmp_path
 def test_a_deepseek_routing_key_is_one_line_and_exit_2_on_the_command_line(advisor, tmp_path):
     line = advisor.error("estimate", "--model", _write(tmp_path, "deepseek-v3", topk_group=9), "--gpus", 64,
                          "--pp", 8, "--ep", 8, "--mem", 80)
-    assert "topk_group is 9, more than the n_group (8) it chooses among" in line
+    assert "topk_group (--moe-router-group-topk) must be at most n_group (--moe-router-num-groups) = 8" in line

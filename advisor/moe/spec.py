@@ -12,7 +12,8 @@ from typing import Literal
 
 from advisor import limits
 from advisor.errors import AdvisorError
-from advisor.model_spec import LlamaSpec, _Config, _describe, dense_values, from_fields
+from advisor.model_spec import (FIELD_FLAGS, HF_KEYS, FieldError, LlamaSpec, _Config, _describe, check_field,
+                                 dense_values, from_fields)
 
 ScoreFunction = Literal["softmax", "sigmoid"]
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
@@ -43,9 +44,9 @@ class MLA:
 
     def __post_init__(self) -> None:
         if self.q_lora_rank is not None:
-            limits.check_int(self.q_lora_rank, "mla.q_lora_rank", _WIDTH)
+            check_field(self.q_lora_rank, "mla.q_lora_rank", _WIDTH)
         for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
-            limits.check_int(getattr(self, key), f"mla.{key}", _WIDTH)
+            check_field(getattr(self, key), f"mla.{key}", _WIDTH)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,14 +62,13 @@ class YarnScaling:
     mscale_all_dim: float
 
     def __post_init__(self) -> None:
-        limits.check_float(self.factor, "yarn.factor", limits.ROPE_SCALING)
-        limits.check_int(self.original_max_position_embeddings, "yarn.original_max_position_embeddings",
-                         limits.SEQ_LEN)
+        check_field(self.factor, "yarn.factor", limits.ROPE_SCALING, number=True)
+        check_field(self.original_max_position_embeddings, "yarn.original_max_position_embeddings", limits.SEQ_LEN)
         for key in ("beta_fast", "beta_slow"):
-            limits.check_float(getattr(self, key), f"yarn.{key}", limits.YARN_MSCALE, low_open=True)
+            check_field(getattr(self, key), f"yarn.{key}", limits.YARN_MSCALE, number=True, low_open=True)
         # 0 is Megatron's default --mscale-all-dim: ``_yarn_get_mscale(scale, 0)`` is 1, no scaling
         for key in ("mscale", "mscale_all_dim"):
-            limits.check_float(getattr(self, key), f"yarn.{key}", limits.YARN_MSCALE)
+            check_field(getattr(self, key), f"yarn.{key}", limits.YARN_MSCALE, number=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,41 +109,36 @@ class MoESpec(LlamaSpec):
     """Multi-token-prediction layers (--mtp-num-layers): an option, 0 by default (DeepSeek-V3's
     671B is without its one MTP module)."""
 
-    def __post_init__(self) -> None:
-        LlamaSpec.__post_init__(self)
-        try:
-            self._check_moe_fields()
-        except AdvisorError as error:
-            raise AdvisorError(f"model {self.name!r}: {error}") from None
-
-    def _check_moe_fields(self) -> None:
-        """Every MoE field's type and range, so that a spec read back from JSON is priced or
-        refused in one line (never a TypeError deep in the estimator)."""
-        experts = limits.check_int(self.num_experts, "num_experts", _EXPERTS)
-        limits.check_int(self.moe_router_topk, "moe_router_topk",
-                         limits.Bound(1, experts, f"top-k picks among the {experts} experts"))
-        limits.check_int(self.moe_ffn_hidden_size, "moe_ffn_hidden_size", _WIDTH)
-        limits.check_int(self.shared_expert_size, "shared_expert_size", limits.Bound(0, _WIDTH.high, _WIDTH.why))
-        limits.check_int(self.first_dense_layers, "first_dense_layers",
-                         limits.Bound(0, self.num_layers - 1, "at least one layer must be a mixture of experts"))
-        limits.check_int(self.mtp_num_layers, "mtp_num_layers", limits.MTP_LAYERS)
+    def _check_fields(self) -> None:
+        """The dense fields, then every MoE field's type and range, so that a spec read back from
+        JSON is priced or refused in one line (never a TypeError deep in the estimator)."""
+        LlamaSpec._check_fields(self)
+        experts = check_field(self.num_experts, "num_experts", _EXPERTS)
+        check_field(self.moe_router_topk, "moe_router_topk",
+                    limits.Bound(1, experts, f"top-k picks among the {experts} experts"), top="num_experts")
+        check_field(self.moe_ffn_hidden_size, "moe_ffn_hidden_size", _WIDTH)
+        check_field(self.shared_expert_size, "shared_expert_size", limits.Bound(0, _WIDTH.high, _WIDTH.why))
+        check_field(self.first_dense_layers, "first_dense_layers",
+                    limits.Bound(0, self.num_layers - 1, "at least one layer must be a mixture of experts"))
+        check_field(self.mtp_num_layers, "mtp_num_layers", limits.MTP_LAYERS)
         for key in ("qk_layernorm", "expert_bias"):
             if not isinstance(getattr(self, key), bool):
-                raise AdvisorError(f"{key} must be true or false, got {_describe(getattr(self, key))}")
+                raise FieldError(key, "must be true or false, got {0}", _describe(getattr(self, key)))
         if self.score_function not in SCORE_FUNCTIONS:
-            raise AdvisorError(f"score_function must be {' or '.join(SCORE_FUNCTIONS)}, got "
-                               f"{_describe(self.score_function)}")
+            raise FieldError("score_function", "must be {0}, got {1}", " or ".join(SCORE_FUNCTIONS),
+                             _describe(self.score_function))
         if self.expert_bias and self.score_function != "sigmoid":  # transformer_config.py, __post_init__
-            raise AdvisorError("expert_bias (--moe-router-enable-expert-bias) needs the sigmoid score function "
-                               "(--moe-router-score-function sigmoid): megatron-core refuses it with softmax")
+            raise FieldError("expert_bias", "(--moe-router-enable-expert-bias) needs the sigmoid score function "
+                                            "(--moe-router-score-function sigmoid): megatron-core refuses it with "
+                                            "softmax")
         self._check_balancing()
         if self.router_topk_scaling_factor is not None:
-            limits.check_float(self.router_topk_scaling_factor, "router_topk_scaling_factor",
-                               limits.MOE_TOPK_SCALING, low_open=True)
+            check_field(self.router_topk_scaling_factor, "router_topk_scaling_factor", limits.MOE_TOPK_SCALING,
+                        number=True, low_open=True)
         self._check_groups()
         for key, kind in (("mla", MLA), ("yarn", YarnScaling)):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), kind):
-                raise AdvisorError(f"{key} must be an object or null, got {_describe(getattr(self, key))}")
+                raise FieldError(key, "must be an object or null, got {0}", _describe(getattr(self, key)))
 
     def _check_balancing(self) -> None:
         """The balancing types and their weights: one weight per type where there are several
@@ -151,15 +146,15 @@ class MoESpec(LlamaSpec):
         types, weights = self.load_balancing, self.aux_loss_coeff
         if types is not None and (not isinstance(types, tuple) or not types
                                   or not all(isinstance(kind, str) and kind in BALANCING for kind in types)):
-            raise AdvisorError(f"load_balancing must be null or a list of {', '.join(BALANCING)}, got "
-                               f"{_describe(types)}")
+            raise FieldError("load_balancing", "must be null or a list of {0}, got {1}", ", ".join(BALANCING),
+                             _describe(types))
         several = types is not None and len(types) > 1
         if several != isinstance(weights, tuple) or several and len(weights) != len(types):
             given = len(weights) if isinstance(weights, tuple) else 1
-            raise AdvisorError(f"aux_loss_coeff needs one weight per load-balancing type ({len(types or ('',))}), "
-                               f"got {given} (megatron-core refuses other counts)")
+            raise FieldError("aux_loss_coeff", "needs one weight per load-balancing type ({0}), got {1} "
+                                               "(megatron-core refuses other counts)", len(types or ("",)), given)
         for weight in weights if isinstance(weights, tuple) else (weights,):
-            limits.check_float(weight, "aux_loss_coeff", limits.AUX_LOSS_COEFF)
+            check_field(weight, "aux_loss_coeff", limits.AUX_LOSS_COEFF, number=True)
 
     def _check_groups(self) -> None:
         """Group-limited routing (--moe-router-num-groups, --moe-router-group-topk) as megatron-core's
@@ -167,17 +162,20 @@ class MoESpec(LlamaSpec):
         and the chosen groups hold at least top-k experts."""
         groups, chosen = self.router_num_groups, self.router_group_topk
         if (groups is None) != (chosen is None):
-            raise AdvisorError("group-limited routing needs both router_num_groups and router_group_topk")
+            raise FieldError("router_num_groups", "and {router_group_topk} go together: group-limited routing "
+                                                  "needs both")
         if groups is None:
             return
-        limits.check_int(groups, "router_num_groups",
-                         limits.Bound(1, self.num_experts, "each group holds at least one expert"))
+        check_field(groups, "router_num_groups", limits.Bound(1, self.num_experts, "each group holds at least one "
+                                                                                   "expert"), top="num_experts")
         if self.num_experts % groups:
-            raise AdvisorError(f"router_num_groups ({groups}) must divide num_experts ({self.num_experts})")
-        limits.check_int(chosen, "router_group_topk", limits.Bound(1, groups, f"there are {groups} groups"))
+            raise FieldError("router_num_groups", "= {0} must divide {num_experts} = {1}", groups, self.num_experts)
+        check_field(chosen, "router_group_topk", limits.Bound(1, groups, f"there are {groups} groups"),
+                    top="router_num_groups")
         if chosen * (self.num_experts // groups) < self.moe_router_topk:
-            raise AdvisorError(f"router_group_topk ({chosen}) groups of {self.num_experts // groups} experts "
-                               f"hold fewer than moe_router_topk ({self.moe_router_topk})")
+            raise FieldError("router_group_topk", "= {0}: the {0} chosen groups of {1} experts hold fewer than "
+                                                  "{moe_router_topk} = {2}", chosen, self.num_experts // groups,
+                             self.moe_router_topk)
 
     @property
     def moe_layers(self) -> int:
@@ -247,8 +245,41 @@ PRESETS: dict[str, MoESpec] = {spec.name: spec for spec in (
 
 # --- Hugging Face config.json ------------------------------------------------------------------
 
-HF_MODEL_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3")
-EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+_EXPERT_KEYS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size")
+"""The MoESpec fields every family's config.json gives, counts all."""
+_MLA_KEYS = {"mla.q_lora_rank": "q_lora_rank", "mla.kv_lora_rank": "kv_lora_rank",
+             "mla.qk_head_dim": "qk_nope_head_dim", "mla.qk_pos_emb_head_dim": "qk_rope_head_dim",
+             "mla.v_head_dim": "v_head_dim"}
+FAMILY_KEYS: dict[str, dict[str, str]] = {
+    "mixtral": {"num_experts": "num_local_experts", "moe_router_topk": "num_experts_per_tok",
+                "moe_ffn_hidden_size": "intermediate_size", "aux_loss_coeff": "router_aux_loss_coef"},
+    "qwen3_moe": {"num_experts": "num_experts", "moe_router_topk": "num_experts_per_tok",
+                  "moe_ffn_hidden_size": "moe_intermediate_size", "aux_loss_coeff": "router_aux_loss_coef"},
+    "deepseek_v3": {
+        "num_experts": "n_routed_experts", "moe_router_topk": "num_experts_per_tok",
+        "moe_ffn_hidden_size": "moe_intermediate_size",
+        "shared_expert_size": "n_shared_experts x moe_intermediate_size", "first_dense_layers": "first_k_dense_replace",
+        "router_num_groups": "n_group", "router_group_topk": "topk_group",
+        "router_topk_scaling_factor": "routed_scaling_factor", **_MLA_KEYS,
+        **{f"yarn.{name}": f"rope_scaling.{name}" for name in YarnScaling.__dataclass_fields__},
+    },
+}
+"""Each family's MoESpec fields -> the config.json key each is read from (the family's reader
+reads them by this table; the dense fields are ``HF_KEYS``'s): an error about a field names the
+key (``_Config.naming``)."""
+MOE_FIELD_FLAGS = {
+    "num_experts": "--num-experts", "moe_router_topk": "--moe-router-topk",
+    "moe_ffn_hidden_size": "--moe-ffn-hidden-size", "aux_loss_coeff": "--moe-aux-loss-coeff",
+    "shared_expert_size": "--moe-shared-expert-intermediate-size",
+    "first_dense_layers": "--moe-layer-freq", "router_num_groups": "--moe-router-num-groups",
+    "router_group_topk": "--moe-router-group-topk", "router_topk_scaling_factor": "--moe-router-topk-scaling-factor",
+    "mla.q_lora_rank": "--q-lora-rank", "mla.kv_lora_rank": "--kv-lora-rank", "mla.qk_head_dim": "--qk-head-dim",
+    "mla.qk_pos_emb_head_dim": "--qk-pos-emb-head-dim", "mla.v_head_dim": "--v-head-dim",
+    "yarn.factor": "--rotary-scaling-factor", "yarn.mscale": "--mscale", "yarn.mscale_all_dim": "--mscale-all-dim",
+}
+"""Megatron-LM's flag of each MoE field a config.json names otherwise (``advisor.moe.flags`` writes them)."""
+HF_MODEL_TYPES = tuple(FAMILY_KEYS)
+EXPERT_COUNT_KEYS = tuple(keys["num_experts"] for keys in FAMILY_KEYS.values())
 """The keys by which a config.json says its MLPs are experts (Mixtral, Qwen-MoE, DeepSeek)."""
 
 
@@ -268,92 +299,94 @@ def _expect(config: _Config, key: str, wanted, why: str) -> None:
         raise config.error(key, f"is {_describe(value)}: {why}")
 
 
-def _yarn(config: _Config) -> YarnScaling:
+def _yarn(config: _Config, keys: dict[str, str]) -> YarnScaling:
     scaling = config.config.get("rope_scaling")
     if not isinstance(scaling, dict) or scaling.get("type", scaling.get("rope_type")) != "yarn":
         kind = scaling.get("type", scaling.get("rope_type")) if isinstance(scaling, dict) else scaling
         raise config.error("rope_scaling", f"of type {_describe(kind)}: this tool reads DeepSeek-V3's yarn "
                                            "(Megatron's --rope-type yarn)")
     numbers = {}
-    for key in ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
-        value = scaling.get(key)
+    for field in ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+        key = keys[f"yarn.{field}"]
+        value = scaling.get(key.removeprefix("rope_scaling."))
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise config.error(f"rope_scaling.{key}", f"must be a positive number, got {_describe(value)}")
-        numbers[key] = float(value)
-    original = scaling.get("original_max_position_embeddings")
+            raise config.error(key, f"must be a positive number, got {_describe(value)}")
+        numbers[field] = float(value)
+    original_key = keys["yarn.original_max_position_embeddings"]
+    original = scaling.get(original_key.removeprefix("rope_scaling."))
     if not isinstance(original, int) or isinstance(original, bool) or original < 1:
-        raise config.error("rope_scaling.original_max_position_embeddings",
-                           f"must be a positive integer, got {_describe(original)}")
+        raise config.error(original_key, f"must be a positive integer, got {_describe(original)}")
     # Megatron-LM has no flags for these: MLATransformerConfig fixes them
     # (transformer/transformer_config.py: original_max_position_embeddings 4096, beta_fast 32, beta_slow 1).
-    for key, fixed in (("original_max_position_embeddings", 4096), ("beta_fast", 32.0), ("beta_slow", 1.0)):
-        value = original if key == "original_max_position_embeddings" else numbers[key]
+    for field, fixed in (("original_max_position_embeddings", 4096), ("beta_fast", 32.0), ("beta_slow", 1.0)):
+        value = original if field == "original_max_position_embeddings" else numbers[field]
         if value != fixed:
-            raise config.error(f"rope_scaling.{key}", f"is {_describe(value)}: Megatron-LM's MLA fixes it at {fixed:g}")
+            raise config.error(keys[f"yarn.{field}"], f"is {_describe(value)}: Megatron-LM's MLA fixes it at {fixed:g}")
     return YarnScaling(original_max_position_embeddings=original, **numbers)
 
 
-def _mixtral_fields(config: _Config) -> dict:
+def _expert_fields(config: _Config, keys: dict[str, str]) -> dict:
+    """The fields every family gives (``_EXPERT_KEYS``), read by the family's keys."""
+    return {field: _count(config, keys[field]) for field in _EXPERT_KEYS}
+
+
+def _mixtral_fields(config: _Config, keys: dict[str, str]) -> dict:
     _expect(config, "router_jitter_noise", 0.0, "this tool prices routers without input jitter")
-    experts = _count(config, "num_local_experts")
-    return dict(num_experts=experts, moe_router_topk=_count(config, "num_experts_per_tok"),
-                moe_ffn_hidden_size=_count(config, "intermediate_size"), aux_loss_coeff=_aux_loss_coeff(config))
+    return dict(_expert_fields(config, keys), aux_loss_coeff=_aux_loss_coeff(config, keys["aux_loss_coeff"]))
 
 
-def _aux_loss_coeff(config: _Config) -> float:
+def _aux_loss_coeff(config: _Config, key: str) -> float:
     """router_aux_loss_coef, or Transformers' default (0.001, MixtralConfig and Qwen3MoeConfig)."""
-    value = config.config.get("router_aux_loss_coef", 0.001)
+    value = config.config.get(key, 0.001)
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not 0 <= value <= limits.AUX_LOSS_COEFF.high):
-        raise config.error("router_aux_loss_coef", f"must be a number from 0 to {limits.AUX_LOSS_COEFF.high:g}, "
-                                                   f"got {_describe(value)}")
+        raise config.error(key, f"must be a number from 0 to {limits.AUX_LOSS_COEFF.high:g}, got {_describe(value)}")
     return float(value)
 
 
-def _qwen3_fields(config: _Config) -> dict:
+def _qwen3_fields(config: _Config, keys: dict[str, str]) -> dict:
     _expect(config, "decoder_sparse_step", 1, "this tool prices MoE in every layer (Megatron's --moe-layer-freq 1)")
     _expect(config, "mlp_only_layers", [], "this tool prices MoE in every layer")
     _expect(config, "norm_topk_prob", True, "Megatron's softmax router renormalises the top-k probabilities")
-    return dict(num_experts=_count(config, "num_experts"), moe_router_topk=_count(config, "num_experts_per_tok"),
-                moe_ffn_hidden_size=_count(config, "moe_intermediate_size"), qk_layernorm=True,
-                aux_loss_coeff=_aux_loss_coeff(config))
+    return dict(_expert_fields(config, keys), qk_layernorm=True,
+                aux_loss_coeff=_aux_loss_coeff(config, keys["aux_loss_coeff"]))
 
 
-def _deepseek_fields(config: _Config) -> dict:
+def _mla(config: _Config, keys: dict[str, str]) -> MLA:
+    """MLA's sizes by ``_MLA_KEYS``; without q_lora_rank, Q is projected from h (DeepSeek-V2-Lite)."""
+    values = {}
+    for name in MLA.__dataclass_fields__:
+        key = keys[f"mla.{name}"]
+        direct = name == "q_lora_rank" and config.config.get(key) is None
+        values[name] = None if direct else _count(config, key)
+    return MLA(**values)
+
+
+def _deepseek_fields(config: _Config, keys: dict[str, str]) -> dict:
     _expect(config, "scoring_func", "sigmoid", "this tool reads DeepSeek-V3's sigmoid router")
     _expect(config, "topk_method", "noaux_tc", "this tool reads DeepSeek-V3's aux-loss-free routing (noaux_tc)")
     _expect(config, "norm_topk_prob", True, "Megatron's sigmoid router renormalises the top-k scores")
     _expect(config, "moe_layer_freq", 1, "this tool prices MoE in every layer after first_k_dense_replace")
-    q_lora = config.config.get("q_lora_rank")
-    mla = MLA(q_lora_rank=None if q_lora is None else _count(config, "q_lora_rank"),
-              kv_lora_rank=_count(config, "kv_lora_rank"), qk_head_dim=_count(config, "qk_nope_head_dim"),
-              qk_pos_emb_head_dim=_count(config, "qk_rope_head_dim"), v_head_dim=_count(config, "v_head_dim"))
-    shared = _count(config, "n_shared_experts", 0, low=0)
-    moe_ffn = _count(config, "moe_intermediate_size")
-    scaling = config.config.get("routed_scaling_factor", 1.0)
+    values = _expert_fields(config, keys)
+    shared = _count(config, "n_shared_experts", 0, low=0)  # FAMILY_KEYS: x moe_intermediate_size
+    scaling_key = keys["router_topk_scaling_factor"]
+    scaling = config.config.get(scaling_key, 1.0)
     if not isinstance(scaling, (int, float)) or isinstance(scaling, bool) or scaling <= 0:
-        raise config.error("routed_scaling_factor", f"must be a positive number, got {_describe(scaling)}")
-    groups, chosen = _count(config, "n_group"), _count(config, "topk_group")
-    if chosen > groups:
-        raise config.error("topk_group", f"is {chosen}, more than the n_group ({groups}) it chooses among")
-    return dict(num_experts=_count(config, "n_routed_experts"), moe_router_topk=_count(config, "num_experts_per_tok"),
-                moe_ffn_hidden_size=moe_ffn, shared_expert_size=shared * moe_ffn,
-                first_dense_layers=_count(config, "first_k_dense_replace", 0, low=0), score_function="sigmoid",
-                expert_bias=True, router_num_groups=groups,
-                router_group_topk=chosen, router_topk_scaling_factor=float(scaling),
-                qk_layernorm=True, mla=mla, yarn=_yarn(config) if config.config.get("rope_scaling") is not None else None)
+        raise config.error(scaling_key, f"must be a positive number, got {_describe(scaling)}")
+    return dict(values, shared_expert_size=shared * values["moe_ffn_hidden_size"],
+                first_dense_layers=_count(config, keys["first_dense_layers"], 0, low=0), score_function="sigmoid",
+                expert_bias=True, router_num_groups=_count(config, keys["router_num_groups"]),
+                router_group_topk=_count(config, keys["router_group_topk"]),
+                router_topk_scaling_factor=float(scaling), qk_layernorm=True, mla=_mla(config, keys),
+                yarn=_yarn(config, keys) if config.config.get("rope_scaling") is not None else None)
 
 
 def load_moe_config(config: _Config, model_type: str) -> MoESpec:
     """A MoE config.json (``advisor.models.load_hf_config`` hands it here by model_type): the dense
-    fields as for Llama, the expert fields per family; one line naming the key for the rest."""
+    fields as for Llama, the expert fields per family by its ``FAMILY_KEYS``; one line naming the
+    key for the rest."""
     values = dense_values(config, model_type, rope_scaling=model_type != "deepseek_v3")
     family = {"mixtral": _mixtral_fields, "qwen3_moe": _qwen3_fields, "deepseek_v3": _deepseek_fields}[model_type]
-    fields = family(config)
-    if fields["num_experts"] > _EXPERTS.high:
-        raise config.error(EXPERT_COUNT_KEYS[0], f"is {fields['num_experts']}, more than this tool handles "
-                                                 f"({_EXPERTS.high:g})")
-    try:
-        return MoESpec(name=str(config.path), **values, **fields)
-    except AdvisorError as error:
-        raise AdvisorError(f"{config.path}: {error}") from None
+    keys = FAMILY_KEYS[model_type]
+    with config.naming({**HF_KEYS, **keys}, {**FIELD_FLAGS, **MOE_FIELD_FLAGS}):
+        return MoESpec(name=str(config.path), **values, **family(config, keys))
