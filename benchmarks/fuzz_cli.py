@@ -101,6 +101,13 @@ def _alarm(*_) -> None:
     raise Hang()
 
 
+
+def _empty_document(text: str) -> bool:
+    """JSON [] or a CSV with no row: what a sweep where nothing fits writes."""
+    text = text.strip()
+    return text in ("", "[]") or ("\n" not in text and not text.startswith(("[", "{")))
+
+
 def check(args: list[str], timeout: int, stdin: str | None = None, output: Path | None = None) -> tuple[int, list]:
     """(exit status, problems) of one in-process run."""
     signal.signal(signal.SIGALRM, _alarm)
@@ -123,9 +130,10 @@ def check(args: list[str], timeout: int, stdin: str | None = None, output: Path 
         problems.append(f"not one error line: {result.stderr[:200]!r} / stdout {result.stdout[:80]!r}")
     if result.exit_code == 1 and "nothing fits" not in result.stderr and "no split" not in result.stderr:
         problems.append(f"exit 1 without 'nothing fits': {result.stderr[:200]!r}")
-    # exit 1 (nothing fits) writes the empty document, JSON [] or an empty CSV; a failure nothing
+    # exit 1 (nothing fits) writes the empty document, JSON [] or a CSV of the header line alone
+    # (advisor.render.csv_header); a failure nothing
     if output is not None and output.exists() and (result.exit_code == 2 or result.exit_code == 1
-                                                   and output.read_text().strip() not in ("", "[]")):
+                                                   and not _empty_document(output.read_text())):
         problems.append(f"{output} left behind")
     return result.exit_code, problems
 
