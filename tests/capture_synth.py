@@ -161,3 +161,15 @@ def write_scenario(root: Path, truth: Truth, partitionings, pipeline_batches, *,
     for batch in pipeline_batches:
         for layers_per_stage in partitionings:
             write_run(root, truth, layers_per_stage, mbs=batch // dp, tp=tp, dp=dp)
+
+
+def write_campaign(root: Path) -> Path:
+    """A full campaign of the 8-layer model into ``root``: pipeline-only on 4 stages, DP 2 and TP 2
+    on 3 (what recommend's megatron and hybrid modes read)."""
+    from advisor.capture.partitionings import description1
+
+    truth = Truth(spec=TINY)
+    write_scenario(root, truth, description1(8, 4), (2, 4))
+    write_scenario(root, truth, description1(8, 3), (2, 4), tp=2)
+    write_scenario(root, truth, description1(8, 3), (2, 4), dp=2)
+    return root

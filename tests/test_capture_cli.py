@@ -7,22 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from capture_synth import TINY, Truth, write_run, write_scenario
+from capture_synth import TINY, Truth, write_campaign, write_run
 
-from advisor.capture.partitionings import description1, reduced
+from advisor.capture.partitionings import reduced
 
 FLAGS = set((Path(__file__).parent.parent / "tables/data/megatron_lm_core_v0.15.2_flags.txt").read_text().split())
 
 
 @pytest.fixture(scope="module")
 def campaign_dir(tmp_path_factory):
-    """A full campaign of the 8-layer model: pipeline-only on 4 stages, DP 2 and TP 2 on 3."""
-    root = tmp_path_factory.mktemp("profiles")
-    truth = Truth(spec=TINY)
-    write_scenario(root, truth, description1(8, 4), (2, 4))
-    write_scenario(root, truth, description1(8, 3), (2, 4), tp=2)
-    write_scenario(root, truth, description1(8, 3), (2, 4), dp=2)
-    return root
+    return write_campaign(tmp_path_factory.mktemp("profiles"))
 
 
 def test_profile_plan_prints_and_writes(advisor, tmp_path):

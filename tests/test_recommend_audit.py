@@ -6,9 +6,8 @@ without profiles ran the analytic seed004 without a word), no picture where no p
 import json
 
 import pytest
-from capture_synth import TINY, Truth, write_scenario
+from capture_synth import write_campaign
 
-from advisor.capture.partitionings import description1
 from advisor.hardware import get_gpu
 
 FITS = ["recommend", "--model", "llama3.1-8b", "--gpus", 64, "--tp", 2, "--pp", 4]
@@ -21,13 +20,7 @@ NEEDS_PROFILES = ("Error: --predictor {} needs profiles: give --profile DIR (mad
 
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory):
-    """The 8-layer model profiled on 4 pipeline stages, and with TP 2 and DP 2 on 3."""
-    root = tmp_path_factory.mktemp("profiles")
-    truth = Truth(spec=TINY)
-    write_scenario(root, truth, description1(8, 4), (2, 4))
-    write_scenario(root, truth, description1(8, 3), (2, 4), tp=2)
-    write_scenario(root, truth, description1(8, 3), (2, 4), dp=2)
-    return root
+    return write_campaign(tmp_path_factory.mktemp("profiles"))
 
 
 # --- 1: the predictor asked for, or none ----------------------------------------------------------
