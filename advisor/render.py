@@ -56,6 +56,12 @@ def counts_text(counts, separator: str = ",") -> str:
     return separator.join(str(count) if times == 1 else f"{count}x{times}" for count, times in runs)
 
 
+def listed(items) -> str:
+    """Items as a sentence lists them: 'a', 'a and b', 'a, b and c'."""
+    words = [str(item) for item in items]
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
+
+
 def recompute_text(row: dict) -> str:
     """A row's recomputation as the sweep tables show it: 'none', 'selective', 'full block 1'."""
     if row["recompute"] != "full":

@@ -207,3 +207,10 @@ def test_recommend_words_divisibility_as_estimate_does():
     result = CliRunner().invoke(cli, ["recommend", "--gpus", "8", "--pp", "2", "--mbs", "3", "--gbs", "64"])
     assert result.exit_code == 2
     assert global_batch_problem(64, 3, 4) in result.output
+
+
+@pytest.mark.parametrize("items,text", [([8], "8"), ([8, 16], "8 and 16"), ([2, 4, 8], "2, 4 and 8"), ([], "")])
+def test_lists_read_as_a_sentence(items, text):
+    from advisor.render import listed
+
+    assert listed(items) == text

@@ -7,6 +7,7 @@ import click
 
 from advisor.cli.options import (EPILOG, GPUS, VOCABULARY, InputError, InputPath, document_options, emit_document,
                                  gpu_options)
+from advisor.render import listed
 
 
 @click.command("compare-log", epilog=EPILOG)
@@ -53,8 +54,7 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     workload = Workload(seq_len=run.seq_len, global_batch_size=layout.global_batch_size or layout.mbs * read.dp)
     logged = sorted({i.global_batch_size for i in training.iterations} - {None})
     if logged and logged != [workload.global_batch_size]:
-        sizes = (f"size {logged[0]}" if len(logged) == 1
-                 else "sizes " + ", ".join(map(str, logged[:-1])) + f" and {logged[-1]}")
+        sizes = ("size " if len(logged) == 1 else "sizes ") + listed(logged)
         raise InputError(f"the log trains global batch {sizes}, the command {workload.global_batch_size}: "
                          "is it the command that wrote the log?")
     parallel = ParallelConfig(tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=read.dp, mbs=layout.mbs, vpp=layout.vpp)

@@ -26,6 +26,7 @@ from advisor import fileio, limits
 from advisor.errors import AdvisorError
 from advisor.moe import memory, params
 from advisor.moe.spec import MoESpec, spec_from_dict
+from advisor.render import listed
 from advisor.profiles import Kernels, LayerSpec
 
 SCHEMA, VERSION, FILENAME = "megatron-4d-advisor/moe-layer", 3, "moe_layer.json"
@@ -266,7 +267,7 @@ class BuildNote:
         """One paragraph: what was measured, what is priced, the terms that differ and why."""
         priced = _build_words(PRICED["layer_spec"], PRICED["kernels"])
         parts = [term.removesuffix(" activations") for term in self.terms]
-        touched = (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]) + " activations"
+        touched = listed(parts) + " activations"
         measured = _build_words(self.layer_spec, self.kernels)
         if self.unknown:  # files before v3 do not say; whether the ratios compare like with like is unknown
             lead = (f"built with {measured} (files before schema v3 do not record the {' or '.join(self.unknown)}), "
