@@ -246,6 +246,8 @@ class SlurmJob:
     def __post_init__(self) -> None:
         for name in ("job_name", "partition", "account", "time", "qos"):
             value = getattr(self, name)
+            if value == "":
+                raise AdvisorError(f"--{name.replace('_', '-')} is empty: give a value, or leave the option out")
             if value is not None and not _SLURM_VALUE.match(value):
                 raise AdvisorError(f"--{name.replace('_', '-')} {value!r}: use letters, digits and . : @ % + / = , - _")
         if self.time is not None:

@@ -123,9 +123,9 @@ def test_merged_units_apply_to_the_parallel_scenarios():
 
 @pytest.mark.parametrize("bad,message", [
     (dict(gpus=10, gpus_per_node=4), "not a whole number of nodes"),
-    (dict(fractions=(0.5, 0.5)), "two different batch fractions"),
-    (dict(micro_batch_size=3, global_batch_size=64), "not a multiple"),
-    (dict(units=(3, 3)), "must be positive and sum to 16"),
+    (dict(fractions=(0.5, 0.5)), "--fractions 0.5,0.5: give two different fractions"),
+    (dict(micro_batch_size=3, global_batch_size=64), "--gbs 64 is not divisible by --mbs 3"),
+    (dict(units=(3, 3)), "--units 3,3 sums to 6 layers, not the model's 16"),
 ])
 def test_campaign_input_errors(bad, message):
     values = dict(gpus=8, gpus_per_node=4, seq_len=4096, micro_batch_size=4, global_batch_size=64)

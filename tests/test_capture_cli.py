@@ -34,9 +34,12 @@ def test_profile_plan_prints_and_writes(advisor, tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--gpus", 10, "--gpus-per-node", 4], "--gpus 10 is not a whole number of nodes of 4 GPUs"),
-    (["--gpus", 8, "--fractions", "0.5"], "give two different batch fractions"),
+    (["--gpus", 8, "--fractions", "0.5"], "--fractions 0.5: give two different fractions of --mbs in (0, 1]"),
     (["--gpus", 8, "--fractions", "half,quarter"], "--fractions must be comma-separated numbers"),
-    (["--gpus", 8, "--units", "3,3"], "merged units [3, 3] must be positive and sum to 32"),
+    (["--gpus", 8, "--units", "3,3"], "--units 3,3 sums to 6 layers, not the model's 32"),
+    (["--gpus", 8, "--units", "0,32"], "--units 0,32: every merged unit holds at least one layer"),
+    (["--gpus", 8, "--gpus-per-node", 4, "--cp", 8], "--cp 8 must divide --gpus-per-node 4"),
+    (["--gpus", 8, "--mbs", 3, "--gbs", 1024], "--gbs 1024 is not divisible by --mbs 3"),
     (["--gpus", 8, "--model", "llama9"], "unknown model"),
 ])
 def test_profile_plan_errors(advisor, args, message):

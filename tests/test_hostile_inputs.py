@@ -306,9 +306,9 @@ OWN = [  # issue 24: thirty more, each tried for real first (all already one lin
     (SWEEP + ["--vpp", 0], "--vpp must be auto or a positive integer, got '0'"),
     (SWEEP + ["--vpp", 64], "VPP 64 needs PP > 1, at least 64 layers per stage"),
     (["gpus", "--format", "xml"], "'xml' is not one of 'table', 'json', 'csv'"),
-    (["profile", "plan", "--gpus", 8, "--fractions", "0.5"], "give two different batch fractions in (0, 1], got [0.5]"),
-    (["profile", "plan", "--gpus", 8, "--fractions", "2,3"], "fractions in (0, 1], got [2.0, 3.0]"),
-    (["profile", "plan", "--gpus", 8, "--units", "1,2"], "merged units [1, 2] must be positive and sum to 32 layers"),
+    (["profile", "plan", "--gpus", 8, "--fractions", "0.5"], "--fractions 0.5: give two different fractions of --mbs in (0, 1]"),
+    (["profile", "plan", "--gpus", 8, "--fractions", "2,3"], "--fractions 2,3: give two different fractions of --mbs in (0, 1]"),
+    (["profile", "plan", "--gpus", 8, "--units", "1,2"], "--units 1,2 sums to 3 layers, not the model's 32"),
     (["profile", "plan", "--gpus", 8, "--gpus-per-node", 3], "--gpus 8 is not a whole number of nodes of 3 GPUs"),
     (["profile", "show", ROOT / "pyproject.toml"], "pyproject.toml: not a directory"),
 ]

@@ -220,6 +220,7 @@ def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, chec
         ([*run, "--train-iters", "5"], "no such option: --train-iters (Megatron-LM arguments go after '--')", ""),
         (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--job-name", "my job"], "--job-name 'my job'", ""),
         (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--qos", "hi\n#SBATCH --x"], "--qos 'hi\\n#SBATCH", ""),
+        (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--partition", ""], "--partition is empty", ""),
         (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--signal-time", 10], "--signal-time",
          "must be at least 60, got 10"),
         (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--cpus-per-task", 0], "--cpus-per-task",

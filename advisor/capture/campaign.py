@@ -311,13 +311,21 @@ def _check_inputs(spec, gpus, gpus_per_node, cp, micro_batch_size, global_batch_
     if gpus % gpus_per_node:
         raise AdvisorError(f"--gpus {gpus} is not a whole number of nodes of {gpus_per_node} GPUs")
     if gpus_per_node % cp:
-        raise AdvisorError(f"CP {cp} must divide the GPUs per node ({gpus_per_node})")
+        raise AdvisorError(f"--cp {cp} must divide --gpus-per-node {gpus_per_node} (CP groups stay inside a node)")
     if global_batch_size % micro_batch_size:
-        raise AdvisorError(f"global batch {global_batch_size} is not a multiple of the micro-batch {micro_batch_size}")
+        raise AdvisorError(f"--gbs {global_batch_size} is not divisible by --mbs {micro_batch_size}")
     if len(fractions) != 2 or len(set(fractions)) != 2 or not all(0 < f <= 1 for f in fractions):
-        raise AdvisorError(f"give two different batch fractions in (0, 1], got {list(fractions)}")
-    if units is not None and (sum(units) != spec.num_layers or min(units) < 1):
-        raise AdvisorError(f"merged units {list(units)} must be positive and sum to {spec.num_layers} layers")
+        raise AdvisorError(f"--fractions {_listed(fractions)}: give two different fractions of --mbs in (0, 1], "
+                           "such as 0.5,0.25")
+    if units is not None and min(units) < 1:
+        raise AdvisorError(f"--units {_listed(units)}: every merged unit holds at least one layer")
+    if units is not None and sum(units) != spec.num_layers:
+        raise AdvisorError(f"--units {_listed(units)} sums to {sum(units)} layers, not the model's {spec.num_layers}")
+
+
+def _listed(values) -> str:
+    """Numbers as the user typed them, comma-separated."""
+    return ",".join(f"{value:g}" for value in values)
 
 
 def read_campaign(path: str | Path) -> dict:

@@ -492,7 +492,7 @@ def _before_start(document: dict, out: Path, megatron_lm: str | None, budget) ->
 def _slurm_array(slurm_array: bool, array: dict, megatron_without_slurm: bool) -> bool:
     """Whether to submit a job array; one line for its flags without --slurm-array, or for
     --slurm-array without --megatron-lm or with --slurm."""
-    if not slurm_array and (given := next((name for name, value in array.items() if value), None)):
+    if not slurm_array and (given := next((name for name, value in array.items() if value is not None), None)):
         raise InputError(f"{given} is for --slurm-array")
     if slurm_array and not megatron_without_slurm:
         raise InputError("--slurm-array submits Megatron-LM runs from a login node: give --megatron-lm DIR, "
