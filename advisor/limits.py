@@ -107,6 +107,8 @@ STAGE_INDEX = Bound(0, MODEL["num_layers"].high - 1, "a pipeline stage holds at 
 
 EXPERTS = 2**14
 """DeepSeek-V3 routes over 256 experts; 2^14 is 64 times that (advisor.moe.spec refuses more)."""
+DISPATCHER_SMS = Bound(2, 1024, "no GPU has more SMs (B200 has 148)")
+"""--moe-deepep-num-sms: checked against the GPU's own SMs where it is known (``advisor.moe.time``)."""
 MOE_IMBALANCE = Bound(1, EXPERTS, "the busiest rank receives at most every routed token, EP times the mean, and "
                                   "EP is at most the experts")
 MOE_CAPACITY_FACTOR = Bound(0, EXPERTS, "at a factor of E an expert's capacity holds every routed token "

@@ -180,7 +180,7 @@ MOE_FIELDS = ("num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_
               "moe_router_topk_scaling_factor", "qk_layernorm", "multi_latent_attention", "q_lora_rank",
               "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "recompute_modules", "mtp_num_layers",
               "moe_pad_expert_input_to_capacity", "moe_aux_loss_coeff", "moe_router_load_balancing_type", "moe_router_dtype",
-              "moe_enable_deepep")
+              "moe_enable_deepep", "moe_deepep_num_sms", "moe_flex_dispatcher_num_sms")
 """The TransformerConfig fields of mixtures of experts and multi-latent attention (advisor.moe
 checks them against its spec); None where the release's config lacks one."""
 

@@ -469,12 +469,8 @@ _SMALL = (f"{_MOE} --num-experts 8 --disable-bias-linear --swiglu --normalizatio
     ("--no-position-embedding --no-masked-softmax-fusion", None),
     ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep", None),
     ("--moe-token-dispatcher-type flex --moe-enable-deepep --moe-deepep-num-sms 20", None),
-    ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 32",
-     "--moe-deepep-num-sms 32 (priced at DeepEP's default 20 SMs)"),
-    # core_v0.19.0's unified knob wins over the deprecated per-backend ones (HybridEP recipes give 32)
-    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --moe-hybridep-num-sms 32",
-     "--moe-hybridep-num-sms 32 (priced at DeepEP's default 20 SMs)"),
-    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-num-sms 20 --moe-deepep-num-sms 32", None),
+    ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 32", None),
+    ("--moe-deepep-num-sms 32", "--moe-deepep-num-sms 32 without the flex dispatcher (Megatron ignores it)"),
     ("--moe-shared-expert-intermediate-size 64 --moe-shared-expert-overlap",
      "--moe-shared-expert-overlap (shared experts beside the dispatch, priced in series)"),
     ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend ncclep",
@@ -489,7 +485,28 @@ def test_moe_flags_that_change_nothing_are_silent_and_the_rest_named(flags, note
     assert estimate["unpriced"] == ([note] if note else [])
 
 
+@pytest.mark.parametrize("flags, sms", [
+    ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 32", 32),
+    # core_v0.19.0's unified knob wins over the deprecated per-backend ones (HybridEP recipes give 32)
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --moe-hybridep-num-sms 32", 32),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-num-sms 24 --moe-deepep-num-sms 32", 24),
+    ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 32 --moe-hybridep-num-sms 32", 32),
+    ("--moe-token-dispatcher-type flex", None),
+])
+def test_the_flex_dispatchers_sms_are_read_priced_and_written_back(flags, sms):
+    estimate = invoke(["estimate", "--from-command", "-", "--gpus", "2", "--mem", "80", "--vocab-size", "1000",
+                       "--format", "json"], stdin=f"{_SMALL} --moe-grouped-gemm --expert-model-parallel-size 2 {flags}\n")
+    assert estimate["dispatcher_sms"] == sms
+    args = estimate["megatron_args"]
+    assert (args[args.index("--moe-deepep-num-sms") + 1] if "--moe-deepep-num-sms" in args else None) == \
+        (None if sms is None else str(sms))
+
+
 @pytest.mark.parametrize("flags, error", [
+    ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 20 --moe-hybridep-num-sms 32",
+     "--moe-deepep-num-sms 20 and --moe-hybridep-num-sms 32 conflict"),
+    ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 21", "DeepEP takes an even number of SMs"),
+    ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 132", "the GPU has 132 SMs"),
     ("--moe-enable-deepep", "--moe-enable-deepep needs --moe-token-dispatcher-type flex"),
     ("--moe-flex-dispatcher-backend ncclep", "--moe-flex-dispatcher-backend ncclep needs --moe-token-dispatcher-type"),
     ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend nvshmem", "'nvshmem' is not one of Megatron's"),

@@ -231,6 +231,43 @@ def test_the_overlap_is_priced_emitted_and_hides_communication():
 
 
 
+def test_the_flex_dispatchers_sms_are_priced_written_and_launched(tmp_path):
+    flex = [*MOE_ROW, "--moe-token-dispatcher-type", "flex", "--overlap-moe-expert-parallel-comm", "--ep", "16",
+            "--top", "2"]
+    default = json.loads(CliRunner().invoke(cli, flex).stdout)
+    result = CliRunner().invoke(cli, [*flex, "--moe-deepep-num-sms", "32", "-o", str(tmp_path / "rows.json")])
+    assert result.exit_code == 0, result.output
+    given = json.loads((tmp_path / "rows.json").read_text())
+    assert [row["dispatcher_sms"] for row in default] == [None, None]
+    assert [row["dispatcher_sms"] for row in given] == [32, 32]
+    for row in given:
+        args = row["megatron_args"]
+        assert args[args.index("--moe-deepep-num-sms") + 1] == "32"
+    assert all("--moe-deepep-num-sms" not in row["megatron_args"] for row in default)
+    # the overlapped compute keeps 100 of 132 SMs instead of 112: the same layout is slower
+    same = next(row for row in default if (row["tp"], row["pp"], row["mbs"]) == (given[0]["tp"], given[0]["pp"],
+                                                                                  given[0]["mbs"]))
+    assert given[0]["step_time_s"] > same["step_time_s"]
+    done = subprocess.run([sys.executable, "-m", "launch", "args", "--from", str(tmp_path / "rows.json")],
+                          capture_output=True, text=True, check=True)
+    assert shlex.split(done.stdout) == given[0]["megatron_args"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--moe-deepep-num-sms", "32"], "only the flex dispatcher's DeepEP kernels take it"),
+    (["--moe-token-dispatcher-type", "flex", "--moe-deepep-num-sms", "31"], "an even number of SMs"),
+    (["--moe-token-dispatcher-type", "flex", "--moe-deepep-num-sms", "132"], "the GPU has 132 SMs"),
+    (["--moe-token-dispatcher-type", "flex", "--moe-deepep-num-sms", "0"], ("--moe-deepep-num-sms", "at least 2")),
+])
+def test_dispatcher_sms_megatron_or_deepep_refuse_are_one_line(extra, words):
+    _one_line_error(CliRunner().invoke(cli, [*MOE_ROW, *extra]), *([words] if isinstance(words, str) else words))
+
+
+def test_a_dense_model_refuses_the_dispatchers_sms():
+    _one_line_error(CliRunner().invoke(cli, ["sweep", "--gpus", "8", "--mem", "80", "--moe-deepep-num-sms", "32"]),
+                    "dense", "--moe-deepep-num-sms")
+
+
 def test_a_dropless_sweep_prices_every_layout(advisor):
     # --moe-routing dropless over the sweep's layout arrays (it raised a numpy truth-value error
     # with a traceback: the worst case took min(k, E / ep) of a whole EP column); its worst case

@@ -108,8 +108,12 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
                                                      "--overlap-moe-expert-parallel-comm")]
     rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--all", "--recompute", "selective",
                                      "--overlap-moe-expert-parallel-comm", "--top", "1")[0])]
-    # the flex dispatcher (DeepEP: core_v0.15.2's asserts --moe-enable-deepep when it builds one)
+    # the flex dispatcher (DeepEP: core_v0.15.2's asserts --moe-enable-deepep when it builds one),
+    # with DeepEP's default SMs and with 32 (--moe-deepep-num-sms, overlapped)
     rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--top", "1", "--moe-token-dispatcher-type", "flex")[0])]
+    rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--top", "1", "--moe-token-dispatcher-type", "flex",
+                                     "--moe-deepep-num-sms", "32", "--overlap-moe-expert-parallel-comm")[0])]
+    assert [row.get("dispatcher_sms") for _, row in rows[-2:]] == [None, 32]
     # Megatron's own defaults its MoE scripts keep: the vocabulary padded to 128 x TP, the mask built
     rows += [("mixtral-8x7b", _rows("mixtral-8x7b", 64, "--top", "1", "--vocab-divisible-by", "128",
                                     "--dataloader-mask", "cached")[0])]
@@ -129,6 +133,13 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
         wrong = {key: (result["derived"].get(key), value) for key, value in expected.items()
                  if _one(key, result["derived"].get(key)) != value}
         assert not wrong, (name, wrong)
+        # the SMs the flex dispatcher gets: core_v0.15.2's moe_deepep_num_sms (default 20), core_v0.19.0's
+        # moe_flex_dispatcher_num_sms, which __post_init__ routes the deprecated flag to (unset: None, 20 in DeepEP)
+        sms = row.get("dispatcher_sms")
+        if tag == "core_v0.15.2":
+            assert result["derived"]["moe_deepep_num_sms"] == (20 if sms is None else sms), name
+        else:
+            assert result["derived"]["moe_flex_dispatcher_num_sms"] == sms, name
 
 
 def test_megatron_accepts_moe_campaign_runs_and_a_given_split():

@@ -114,6 +114,34 @@ def test_overlapped_layer_by_hand():
     assert mt.overlapped_layer_time(0.0, 0.0, 8.0) == pytest.approx(8.0)  # the plain communication
     assert mt.comm_sm_share("flex", "hopper") == pytest.approx(20 / 132)
     assert mt.comm_sm_share("alltoall", "hopper") == 0
+    # --moe-deepep-num-sms 32 (HybridEP recipes' count): 32 of Hopper's 132, of Blackwell's 148
+    assert mt.comm_sm_share("flex", "hopper", 32) == pytest.approx(32 / 132)
+    assert mt.comm_sm_share("flex", "blackwell", 32) == pytest.approx(32 / 148)
+    assert mt.comm_sm_share("alltoall", "hopper", 32) == 0
+
+
+def test_the_dispatchers_sms_slow_only_the_overlapped_compute():
+    # Qwen3-30B-A3B, EP 16 on 2 nodes of H100, flex: with the overlap, each compute beside a
+    # communication loses f c, so 32 SMs instead of 20 add at most (32 - 20)/132 x comm per layer
+    # and microbatch; without the overlap the SM count changes nothing (line-rate communication)
+    from advisor.moe.space import estimate_layout
+    from advisor.parallel import Workload
+
+    qwen, gpu = PRESETS["qwen3-30b-a3b"], get_gpu("h100-80gb")
+    work = Workload(seq_len=4096, global_batch_size=1024)
+
+    def step(sms, overlap):
+        options = st.MoEOptions(dispatcher="flex", a2a_overlap=overlap, dispatcher_sms=sms)
+        return estimate_layout(qwen, work, tp=1, cp=1, pp=1, ep=16, etp=1, dp=16, mbs=1, memory_gib=80, gpu=gpu,
+                               options=options)["step_time_s"]
+
+    assert step(32, False) == step(None, False) == step(20, False)
+    assert step(20, True) == step(None, True)
+    slower = step(32, True) - step(20, True)
+    assert slower > 0
+    rates = Rates.of(gpu, load_calibration())
+    comm = 4 * mt.all_to_all_time(qwen, 4096 * 8.0, 16, 1, rates, "flex")  # dispatch and combine, both ways
+    assert slower <= 64 * qwen.num_layers * (32 - 20) / 132 * comm * (1 + 1e-9)  # 64 microbatches, 48 layers
 
 
 def test_overlap_holds_one_more_layer():

@@ -15,19 +15,20 @@ from advisor.moe.spec import RECOMPUTE_MODULES
 MOE_CAPACITY_FACTOR = Bounded(limits.MOE_CAPACITY_FACTOR, integer=False, low_open=True)
 MOE_IMBALANCE = Bounded(limits.MOE_IMBALANCE, integer=False)
 MTP_LAYERS = Bounded(limits.MTP_LAYERS)
+DISPATCHER_SMS = Bounded(limits.DISPATCHER_SMS)
 
 if TYPE_CHECKING:
     from advisor.moe.readback import MoEFlags
 
 _FLAG_FIELDS = ("ep", "etp", "dispatcher", "moe_routing", "capacity_factor", "pad_to_capacity", "moe_imbalance",
-                "mtp_num_layers", "a2a_overlap", "delay_wgrad", "recompute_modules")
+                "mtp_num_layers", "a2a_overlap", "delay_wgrad", "dispatcher_sms", "recompute_modules")
 """The ``MoEFlags`` fields that ``moe_options`` adds an option for (the rest: a Megatron command's only)."""
 
 
 def moe_options(func):
     """--ep, --etp, --moe-token-dispatcher-type, --moe-routing, --moe-expert-capacity-factor,
     --moe-pad-expert-input-to-capacity, --moe-imbalance, --mtp-num-layers,
-    --overlap-moe-expert-parallel-comm, --delay-wgrad-compute, --recompute-modules ->
+    --overlap-moe-expert-parallel-comm, --delay-wgrad-compute, --moe-deepep-num-sms, --recompute-modules ->
     ``moe: MoEFlags`` (``advisor.moe.readback``)."""
 
     @functools.wraps(func)
@@ -62,6 +63,9 @@ def moe_options(func):
                           "(needs EP > 1, the alltoall or flex dispatcher, VPP with PP > 1, no full recompute)."),
         click.option("--delay-wgrad-compute", "delay_wgrad", is_flag=True,
                      help="Megatron's delayed weight gradients (with --overlap-moe-expert-parallel-comm only)."),
+        click.option("--moe-deepep-num-sms", "dispatcher_sms", type=DISPATCHER_SMS, default=None, metavar="N",
+                     help="The flex dispatcher's SMs (DeepEP's default 20; an even number): the overlapped compute "
+                          "runs on the rest, and the rows write the flag."),
         click.option("--recompute-modules", "recompute_modules", multiple=True, type=click.Choice(RECOMPUTE_MODULES),
                      metavar="MODULE",
                      help=f"MoE models, with --recompute selective: Megatron's --recompute-modules, one of "
@@ -87,17 +91,18 @@ def _dense_refused(flags: MoEFlags) -> list[str]:
     --etp 1 (a dense run's own, as its rows state them), and any set otherwise."""
     set_ = {"--ep": (flags.ep or 1) > 1, "--etp": (flags.etp or 1) > 1,
             "--recompute-modules": bool(flags.recompute_modules), "--mtp-num-layers": bool(flags.mtp_num_layers),
-            "--overlap-moe-expert-parallel-comm": flags.a2a_overlap, "--delay-wgrad-compute": flags.delay_wgrad}
+            "--overlap-moe-expert-parallel-comm": flags.a2a_overlap, "--delay-wgrad-compute": flags.delay_wgrad,
+            "--moe-deepep-num-sms": flags.dispatcher_sms is not None}
     named = [flag for flag in flags.given if flag not in ("--ep", "--etp") or set_[flag]]
     return named + [flag for flag, on in set_.items() if on and flag not in named]
 
 
-def moe_settings(spec, flags: MoEFlags, *, options, space=None, unpriced: dict | None = None):
+def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unpriced: dict | None = None):
     """(spec, MoEOptions) from the MoE flags (the advisor's own or a command's read back), the
     run's training options inside (the one description dense rows are priced from); a dense model
     refuses the MoE options given (``_dense_refused``); for an MoE model, every option the MoE
     model does not price is refused by name (none is ignored). The spec gets the flags'
-    ``mtp_num_layers`` where given."""
+    ``mtp_num_layers`` where given; ``gpu`` (None: a Hopper's SMs) bounds the dispatcher's SMs."""
     from advisor.moe.spec import is_moe
 
     recompute_modules, mtp_num_layers = flags.recompute_modules, flags.mtp_num_layers
@@ -110,6 +115,7 @@ def moe_settings(spec, flags: MoEFlags, *, options, space=None, unpriced: dict |
     from advisor.moe.memory import RoutedTokens
     from advisor.moe.overlap import settings_problem
     from advisor.moe.stage import MoEOptions
+    from advisor.moe.time import dispatcher_sms_problem
 
     training, memory = options, options.memory_options()  # advisor.options.TrainingOptions
     refused = {"--no-sequence-parallel": not memory.sequence_parallel, "--no-flash-attn": not memory.flash_attention,
@@ -142,10 +148,13 @@ def moe_settings(spec, flags: MoEFlags, *, options, space=None, unpriced: dict |
             transformer_impl=flags.transformer_impl,
             mtp_num_layers=spec.mtp_num_layers if mtp_num_layers is None else mtp_num_layers):
         raise InputError(problem)
+    if problem := dispatcher_sms_problem(flags.dispatcher_sms, dispatcher, gpu.architecture if gpu else "hopper"):
+        raise InputError(problem)
     if mtp_num_layers is not None:
         spec = replace(spec, mtp_num_layers=mtp_num_layers)
     return spec, MoEOptions(dispatcher=dispatcher, training=training.with_(recompute="none"),
                             a2a_overlap=flags.a2a_overlap, delay_wgrad=flags.delay_wgrad,
+                            dispatcher_sms=flags.dispatcher_sms,
                             routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
                                                  pad_to_capacity=padded, imbalance=flags.moe_imbalance),
                             modules=frozenset(recompute_modules) if recompute_modules else None)

@@ -21,7 +21,7 @@ MODEL_FLAGS = (
 LAYOUT_FLAGS = (
     "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--moe-token-dispatcher-type",
     "--moe-enable-deepep", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
-    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
+    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-deepep-num-sms",
 )
 """Every flag ``layout_flags`` writes but --recompute-modules (a dense recomputation flag too)."""
 RELATED_FLAGS = (
@@ -99,11 +99,12 @@ def model_flags(spec: MoESpec) -> list[str]:
 
 def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[str] | None = None,
                  capacity_factor: float | None = None, pad_to_capacity: bool = True, a2a_overlap: bool = False,
-                 delay_wgrad: bool = False) -> list[str]:
+                 delay_wgrad: bool = False, dispatcher_sms: int | None = None) -> list[str]:
     """EP, ETP, the dispatcher (and the overlap of its all-to-all with the other microbatch's
     compute), the capacity factor the routing assumed with its padding (priced padded, the
     expert inputs are padded only with --moe-pad-expert-input-to-capacity: megatron-core
-    ``moe_utils.apply_router_token_dropping``), and selective recomputation's modules."""
+    ``moe_utils.apply_router_token_dropping``), the flex dispatcher's SMs where given, and
+    selective recomputation's modules."""
     args = ["--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(etp),
             "--moe-token-dispatcher-type", dispatcher]
     if dispatcher == "flex":
@@ -111,6 +112,10 @@ def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[
         # token_dispatcher.py); core_v0.19.0 takes it as its default backend, deepep, with a
         # deprecation warning: the flex rows are priced as DeepEP
         args.append("--moe-enable-deepep")
+        if dispatcher_sms is not None:
+            # both releases take it: core_v0.19.0 routes it to moe_flex_dispatcher_num_sms, with a
+            # deprecation warning, as it takes --moe-enable-deepep
+            args += ["--moe-deepep-num-sms", str(dispatcher_sms)]
     if a2a_overlap:
         args.append("--overlap-moe-expert-parallel-comm")
     if delay_wgrad:
@@ -178,12 +183,14 @@ def rows_arg_parts(spec: MoESpec, seq_len: int, global_batch_size: int, rows) ->
                                                            _row_options(*key[5]), key[4]), spec.mtp_num_layers)
         modules = _recomputed_modules(spec, row)
         key = (row["ep"], row["etp"], row["dispatcher"], None if modules is None else tuple(modules),
-               row.get("capacity_factor"), row_pads(row), bool(row.get("a2a_overlap")), bool(row.get("delay_wgrad")))
+               row.get("capacity_factor"), row_pads(row), bool(row.get("a2a_overlap")), bool(row.get("delay_wgrad")),
+               row.get("dispatcher_sms"))
         flags = experts.get(key)
         if flags is None:
             flags = experts[key] = tuple(layout_flags(ep=key[0], etp=key[1], dispatcher=key[2],
                                                       recompute_modules=key[3], capacity_factor=key[4],
-                                                      pad_to_capacity=key[5], a2a_overlap=key[6], delay_wgrad=key[7]))
+                                                      pad_to_capacity=key[5], a2a_overlap=key[6], delay_wgrad=key[7],
+                                                      dispatcher_sms=key[8]))
         out.append((layout, model, flags))
     return out
 

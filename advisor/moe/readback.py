@@ -106,6 +106,9 @@ class MoEFlags:
     """--moe-shared-expert-overlap."""
     transformer_impl: str = "transformer_engine"
     """--transformer-impl."""
+    dispatcher_sms: int | None = None
+    """--moe-deepep-num-sms (a command's core_v0.19.0 --moe-flex-dispatcher-num-sms, or its
+    deprecated --moe-hybridep-num-sms, as megatron-core routes them: ``SM_FLAGS``); None: not given."""
     given: tuple[str, ...] = ()
     """The advisor's own options given on its command line, as spelled (``moe_options``; a dense
     model refuses them); a Megatron command's read back: none."""
@@ -242,9 +245,12 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
     if values.get("moe-router-force-load-balancing"):
         unpriced.append("--moe-router-force-load-balancing (priced as balanced routing, which it forces)")
     unpriced += [note for name, note in NAMED.items() if values.get(name)]
-    unpriced += _dispatcher_sms_note(values)
     dispatcher, backend_note = _dispatcher(values)
     unpriced += backend_note
+    sms = _dispatcher_sms(values)
+    if sms is not None and dispatcher != "flex":
+        unpriced.append(f"--moe-deepep-num-sms {sms} without the flex dispatcher (Megatron ignores it)")
+        sms = None
     capacity = _float(values, "moe-expert-capacity-factor", bound=limits.MOE_CAPACITY_FACTOR)
     for kind in values.get("moe-router-load-balancing-type") or ("aux_loss",):
         _check_capacity_balancing(kind, capacity)
@@ -263,7 +269,7 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
                     delay_wgrad=bool(values.get("delay-wgrad-compute")), pad_to_capacity=pad,
                     recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
                     shared_expert_overlap=bool(values.get("moe-shared-expert-overlap")),
-                    transformer_impl=transformer_impl), unpriced
+                    transformer_impl=transformer_impl, dispatcher_sms=sms), unpriced
 
 
 def _balancing(values: dict) -> tuple[tuple[str, ...], float | tuple[float, ...]]:
@@ -321,13 +327,19 @@ moe_flex_dispatcher_num_sms, which takes the deprecated per-backend knobs when i
 (``transformer_config.py``, __post_init__); core_v0.15.2 has --moe-deepep-num-sms only."""
 
 
-def _dispatcher_sms_note(values: dict) -> list[str]:
-    """The SMs the command gives the flex dispatcher's kernels, named where they are not the 20
-    the overlap is priced with (``time.DEEPEP_SMS``, DeepEP's default; HybridEP recipes give 32)."""
-    given = next((flag for flag in SM_FLAGS if flag in values), None)
-    if given is None or values[given] == "20":
-        return []
-    return [f"--{given} {values[given]} (priced at DeepEP's default 20 SMs)"]
+def _dispatcher_sms(values: dict) -> int | None:
+    """The SMs the command gives the flex dispatcher's kernels, as megatron-core routes the flags
+    (``SM_FLAGS``: core_v0.19.0 refuses two deprecated knobs that differ); None: not given."""
+    given = {flag: flag_int(values, flag) for flag in SM_FLAGS if flag in values}
+    if not given:
+        return None
+    if SM_FLAGS[0] in given:
+        return given[SM_FLAGS[0]]
+    if len(set(given.values())) > 1:
+        both = " and ".join(f"--{flag} {count}" for flag, count in given.items())
+        raise AdvisorError(f"{both} conflict (megatron-core refuses differing deprecated SM counts): give one "
+                           f"--{SM_FLAGS[0]}")
+    return next(iter(given.values()))
 
 
 def _dispatcher(values: dict) -> tuple[str, list[str]]:

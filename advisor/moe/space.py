@@ -529,7 +529,8 @@ class _RowParts:
         routing = options.routing
         capacity = routing.routing == "capacity"
         self.fixed = {"dispatcher": options.dispatcher, "a2a_overlap": options.a2a_overlap,
-                      "delay_wgrad": options.delay_wgrad, "routing": routing.routing,
+                      "delay_wgrad": options.delay_wgrad, "dispatcher_sms": options.dispatcher_sms,
+                      "routing": routing.routing,
                       "capacity_factor": routing.capacity_factor if capacity else None,
                       "pad_to_capacity": routing.pad_to_capacity if capacity else None,
                       "gradient_bytes": options.gradient_bytes, "distributed_optimizer": options.distributed_optimizer,

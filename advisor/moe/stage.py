@@ -55,6 +55,9 @@ class MoEOptions:
     holds one more layer's activations (``overlap_layers_in_flight``)."""
     delay_wgrad: bool = False
     """--delay-wgrad-compute (only with ``a2a_overlap``: megatron-core refuses it alone)."""
+    dispatcher_sms: int | None = None
+    """--moe-deepep-num-sms: the SMs the flex dispatcher's kernels hold, which the overlapped
+    compute loses (``advisor.moe.time.comm_sm_share``); None: not given, DeepEP's default."""
 
     @property
     def gradient_bytes(self) -> int:

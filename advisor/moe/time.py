@@ -367,15 +367,36 @@ def overlapped_layer_time(rest, expert, comm, comm_sm_share=0.0, *, rest_again=0
 
 
 DEEPEP_SMS = 20
-"""SMs DeepEP's dispatch and combine kernels take (megatron-core ``transformer_config.py``,
-``moe_deepep_num_sms`` default 20; core_v0.15.2), which compute beside them loses. NCCL's
-all-to-all (the alltoall dispatcher) also runs on SMs, a number NCCL picks: not priced."""
+"""SMs DeepEP's dispatch and combine kernels take unless --moe-deepep-num-sms says otherwise
+(megatron-core ``transformer_config.py``, ``moe_deepep_num_sms`` default 20, core_v0.15.2;
+core_v0.19.0's ``token_dispatcher.py`` sets 20 when ``moe_flex_dispatcher_num_sms`` is unset),
+which compute beside them loses. NCCL's all-to-all (the alltoall dispatcher) also runs on SMs, a
+number NCCL picks: not priced."""
 
-def comm_sm_share(dispatcher: str, architecture: str) -> float:
-    """The share of the SMs the overlapped EP communication takes from compute (``DEEPEP_SMS``)."""
+
+def comm_sm_share(dispatcher: str, architecture: str, sms: int | None = None) -> float:
+    """The share of the SMs the overlapped EP communication takes from compute: the flex
+    dispatcher's ``sms`` (--moe-deepep-num-sms; default ``DEEPEP_SMS``) of the GPU's."""
     if dispatcher != "flex":
         return 0.0
-    return DEEPEP_SMS / streaming_multiprocessors(architecture)
+    return (DEEPEP_SMS if sms is None else sms) / streaming_multiprocessors(architecture)
+
+
+def dispatcher_sms_problem(sms: int | None, dispatcher: str, architecture: str) -> str | None:
+    """Why --moe-deepep-num-sms cannot be priced, or None: only the flex dispatcher reads it
+    (megatron-core hands it to DeepEP's ``Buffer.set_num_sms``, ``fused_a2a.py``), DeepEP asserts
+    an even count ('The SM count must be even', ``deep_ep/buffer.py``), and the kernels must leave
+    the GPU some SMs to overlap with."""
+    if sms is None:
+        return None
+    if dispatcher != "flex":
+        return (f"--moe-deepep-num-sms {sms}: only the flex dispatcher's DeepEP kernels take it; give "
+                "--moe-token-dispatcher-type flex, or leave it out")
+    if sms % 2:
+        return f"--moe-deepep-num-sms {sms}: DeepEP takes an even number of SMs"
+    if sms >= (total := streaming_multiprocessors(architecture)):
+        return f"--moe-deepep-num-sms {sms}: the GPU has {total} SMs, and compute needs some of them"
+    return None
 
 
 def streaming_multiprocessors(architecture: str) -> int:
@@ -553,7 +574,7 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     steady = plain
     if options.a2a_overlap:
         steady = overlapped_layer_time(compute - expert, expert, 2 * comm,
-                                       comm_sm_share(options.dispatcher, gpu.architecture),
+                                       comm_sm_share(options.dispatcher, gpu.architecture, options.dispatcher_sms),
                                        rest_again=rest_again, expert_again=expert_again) + idle \
             + (block + comm if again else 0.0)
     return plain, steady, steady - idle - work

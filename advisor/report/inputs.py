@@ -42,7 +42,7 @@ _LAYOUT = ("tp", "cp", "pp", "dp", "mbs", "seq_len", "global_batch_size")
 """What every sweep row and estimate holds, and the report re-prices a layout from."""
 _FIELDS = {  # key: (what it must be, the check) for the fields the report reads where present
     **{key: ("a positive integer or null", lambda v: v is None or _positive(v))
-       for key in ("vpp", "ep", "etp", "gpus", "rank", "recompute_num_layers")},
+       for key in ("vpp", "ep", "etp", "gpus", "rank", "recompute_num_layers", "dispatcher_sms")},
     **{key: ("a finite number or null", lambda v: v is None or _finite(v))
        for key in ("total_gib", "usage_gib", "memory_gib", "margin_gib", "memory_fraction", "model_states_gib",
                    "activations_gib", "step_time_s", "tflops_per_gpu", "mfu", "tokens_per_s", "imbalance",
@@ -161,6 +161,7 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
     one would launch or price differently from the other is refused by both."""
     from advisor.moe.overlap import settings_problem
     from advisor.moe.space import RECOMPUTES
+    from advisor.moe.time import dispatcher_sms_problem
     from advisor.moe.spec import RECOMPUTE_MODULES
 
     def refuse(text: str):
@@ -199,8 +200,18 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
                                    recompute=recompute, recompute_modules=modules,
                                    mtp_num_layers=spec.mtp_num_layers):
         refuse(problem)
+    sms = row.get("dispatcher_sms")
+    if problem := dispatcher_sms_problem(sms, dispatcher, _architecture(row)):
+        refuse(problem.replace("--moe-deepep-num-sms", "'dispatcher_sms'"))
     return {**settings, "recompute": recompute, "recompute_modules": modules, "a2a_overlap": overlap,
-            "delay_wgrad": delay, "gradient_bytes": grads, "distributed_optimizer": sharded}
+            "delay_wgrad": delay, "gradient_bytes": grads, "distributed_optimizer": sharded, "dispatcher_sms": sms}
+
+
+def _architecture(row: dict) -> str:
+    """The architecture of the row's GPU preset (its SMs bound the dispatcher's), else Hopper's."""
+    from advisor.hardware import get_gpu
+
+    return get_gpu(row["gpu"]).architecture if isinstance(row.get("gpu"), str) else "hopper"
 
 
 def _moe_routing(row: dict, dispatcher: str, refuse) -> dict:
