@@ -291,7 +291,7 @@ def plan_job(config, *, job_file: JobFile | None, tokens: float | None, bandwidt
              user_args: Sequence[str]) -> JobPlan:
     """The job of ``config`` (a ``launch.inputs.LaunchInput``): --tokens, else the job file's, else the
     sweep row's budget; the bandwidth from --fs-bandwidth, else the job file's, else the default."""
-    from advisor.equations import model_parameters
+    from advisor.moe.params import every_parameter
 
     budget, source = _budget(tokens, job_file, config)
     schedule = None
@@ -303,7 +303,7 @@ def plan_job(config, *, job_file: JobFile | None, tokens: float | None, bandwidt
     decided = flag_values(config.megatron_args)
     weight_bytes = 2 if ("--bf16" in decided or "--fp16" in decided) else 4
     bandwidth = bandwidth_gbs or (job_file.fs_bandwidth_gbs if job_file else None) or DEFAULT_FS_BANDWIDTH_GBS
-    checkpoint = Checkpoint(parameters=model_parameters(config.model), weight_bytes=weight_bytes,
+    checkpoint = Checkpoint(parameters=every_parameter(config.model), weight_bytes=weight_bytes,
                             world_size=config.world_size, bandwidth_gbs=bandwidth)
     return JobPlan(group=job_group(job_file, schedule, user_args), schedule=schedule, checkpoint=checkpoint,
                    step_time_s=config.step_time_s, user_length=tuple(user_length(user_args)))

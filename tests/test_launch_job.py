@@ -65,6 +65,19 @@ def test_the_dry_run_prices_the_checkpoint_and_names_what_is_missing(advisor, tm
     assert "--train-samples 122071" in result.stdout
 
 
+def test_an_moe_checkpoint_holds_every_expert(advisor, tmp_path):
+    # Mixtral 8x7B: 46.70 B parameters (Mistral AI's 46.7 B; advisor.moe.params.total_parameters,
+    # tested against it), not the 7.2 B of one FFN a layer that the dense Eq. 3 would count;
+    # 14 bytes each with BF16 weights (2 + 4 main + 8 Adam): 46.70e9 x 14 / 2^30 = 609 GiB
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--model", "mixtral-8x7b", "--gpu", "h100-80gb",
+                       "--gpus", "64", "--seq-len", "4096", "--gbs", "256")
+    result = launcher()("sbatch", "--from", sweep, "--megatron-version", "0.15", "--mock-data", "--dry-run",
+                        "--", "--train-iters", "10", "--lr", "1e-4")
+    priced = next(line for line in result.stderr.splitlines() if "checkpoint:" in line)
+    gib = float(priced.split("checkpoint:")[1].split("GiB")[0].replace(",", ""))
+    assert gib == pytest.approx(46.70e9 * 14 / 2**30, rel=0.002), priced
+
+
 def test_a_bad_job_file_is_one_line(advisor, tmp_path):
     sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
     cases = {

@@ -96,6 +96,14 @@ def total_parameters(spec: MoESpec, mtp: bool | None = None) -> float:
             + with_mtp * mtp_parameters(spec))
 
 
+def every_parameter(spec) -> float:
+    """Every parameter of a dense model (Eq. 3, ``equations.model_parameters``) or of a mixture of
+    experts (``total_parameters``, every expert and the MTP modules): what a checkpoint holds."""
+    if isinstance(spec, MoESpec):
+        return total_parameters(spec)
+    return eq.model_parameters(spec)
+
+
 def active_parameters(spec: MoESpec) -> float:
     """Parameters one token passes through (top-k routed experts), embeddings included, no MTP."""
     return (_ends(spec) + spec.first_dense_layers * dense_layer_parameters(spec)
