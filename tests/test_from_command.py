@@ -521,3 +521,15 @@ def test_backend_and_position_flags_megatron_refuses_are_refused_in_one_line(fla
     result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size",
                                       "1000"], input=text)
     assert result.exit_code == 2 and error in result.stderr and result.stderr.count("\n") == 1, result.output
+
+
+def test_compare_best_shows_the_memory_the_sweep_judged():
+    # with --gpu the sweep judges the calibrated usage (its GiB column), not the analytic Eq. 18 total:
+    # the best row's line quotes the number the sweep table shows, and says which run is slower
+    best = invoke(["sweep", "--gpus", "8", "--gpu", "h100-80gb", "--format", "json"])[0]
+    assert best["usage_gib"] > best["total_gib"]
+    result = CliRunner().invoke(cli, ["estimate", "--tp", "2", "--pp", "1", "--gpus", "8", "--gpu", "h100-80gb",
+                                      "--compare-best"], env={"COLUMNS": "200"})
+    line = next(line for line in result.stdout.splitlines() if line.startswith("best sweep row"))
+    assert f"{best['usage_gib']:.1f} GiB, {best['verdict']}" in line
+    assert "x as long)" in line

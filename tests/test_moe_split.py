@@ -139,6 +139,6 @@ def test_compare_best_is_the_sweeps_first_row(tmp_path):
     line = " ".join(table.split())
     assert (f"best sweep row on 16 GPUs: TP {best['tp']}, CP {best['cp']}, PP {best['pp']}, EP {best['ep']}, "
             f"ETP {best['etp']}, DP {best['dp']}") in line
-    assert f"({row['step_time_s'] / best['step_time_s']:.2f}x)" in line
+    assert f"(yours takes {row['step_time_s'] / best['step_time_s']:.2f}x as long)" in line
     refused = runner.invoke(cli, ["estimate", *common[:4], "--compare-best"])
     assert refused.exit_code == 2 and "--compare-best needs --gpu NAME or --mem GIB" in refused.output

@@ -109,17 +109,17 @@ def need_memory(mem: float | None) -> None:
         raise InputError("--compare-best needs --gpu NAME or --mem GIB")
 
 
-def comparison_line(best: dict | None, row: dict, gpus: int, *, experts: bool = False,
-                    gib_key: str = "total_gib") -> str:
-    """One line: the best sweep row ``best`` (its degrees, recomputation, memory ``gib_key`` and
-    verdict; EP and ETP with ``experts``) and its step time against ``row``'s."""
+def comparison_line(best: dict | None, row: dict, gpus: int, *, experts: bool = False) -> str:
+    """One line: the best sweep row ``best`` (its degrees, recomputation, the memory its verdict
+    judged, the calibrated usage where there is one, and the verdict; EP and ETP with
+    ``experts``) and its step time against ``row``'s."""
     if best is None:
         return f"best sweep row on {gpus} GPUs: nothing the sweep considers fits"
     names = ("TP", "CP", "PP") + (("EP", "ETP") if experts else ()) + ("DP", "MBS", "VPP")
     degrees = ", ".join(f"{name} {best[name.lower()]}" for name in names)
-    line = (f"best sweep row on {gpus} GPUs: {degrees}, recompute {best['recompute']}, {best[gib_key]:.1f} GiB, "
-            f"{best['verdict']}")
+    gib = best["usage_gib"] if best.get("usage_gib") is not None else best["total_gib"]
+    line = f"best sweep row on {gpus} GPUs: {degrees}, recompute {best['recompute']}, {gib:.1f} GiB, {best['verdict']}"
     if best.get("step_time_s") is not None and row.get("step_time_s") is not None:
         line += (f"; {best['step_time_s']:.2f} s per step against yours {row['step_time_s']:.2f} s "
-                 f"({row['step_time_s'] / best['step_time_s']:.2f}x)")
+                 f"(yours takes {row['step_time_s'] / best['step_time_s']:.2f}x as long)")
     return line

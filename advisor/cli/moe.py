@@ -357,8 +357,7 @@ def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node
         raise InputError(str(error)) from None
     ranked = result.rows(limit=1)
     best = ranked[0] if ranked else None
-    gib_key = "usage_gib" if result.memory_model == "calibrated" else "total_gib"
-    return best, comparison_line(best, row, gpus, experts=True, gib_key=gib_key)
+    return best, comparison_line(best, row, gpus, experts=True)
 
 
 def _stage_table(row, spec, workload, gpu, layout, mem, notes, output) -> str:
