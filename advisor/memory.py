@@ -25,7 +25,7 @@ from advisor import memory_terms
 from advisor import schedule
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
-from advisor.parallel import ParallelConfig, Workload
+from advisor.parallel import ParallelConfig, Workload, sequence_problem
 
 GIB = 2**30
 """Seed 004's tables say GB and mean GiB (2^30 bytes): its Eq. 10/17 values printed in Tables 2-11
@@ -230,12 +230,8 @@ def check_layout(
     t, c, p, v = parallel.tp, parallel.cp, parallel.pp, parallel.vpp
     if problem := tp_problem(spec, t):
         raise AdvisorError(problem)
-    if c > 1 and workload.seq_len % (2 * c):
-        raise AdvisorError(f"sequence length {workload.seq_len} must be divisible by 2 x CP = {2 * c}")
-    if t > 1 and (workload.seq_len // c) % t:
-        raise AdvisorError(
-            f"sequence parallelism needs the sequence per CP rank ({workload.seq_len // c}) divisible by TP {t}"
-        )
+    if problem := sequence_problem(workload.seq_len, c, t):
+        raise AdvisorError(problem)
     if v > 1 and p == 1:
         raise AdvisorError("interleaved virtual pipeline stages need PP > 1")
     if layers_per_stage is not None:

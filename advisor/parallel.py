@@ -53,6 +53,17 @@ def global_batch_problem(global_batch_size: int, mbs: int, dp: int, *, subject: 
     return f"{subject} is not divisible by MBS x DP = {mbs} x {dp} = {per_step}"
 
 
+def sequence_problem(seq_len: int, cp: int, tp: int) -> str | None:
+    """Why the sequence cannot be split over CP and TP, or None: CP splits it into 2 x CP chunks
+    (load-balanced causal attention; core_v0.15.2 ``get_batch_on_this_cp_rank``), and sequence
+    parallelism, on whenever TP > 1, splits each CP rank's part over TP. The one wording of it."""
+    if cp > 1 and seq_len % (2 * cp):
+        return f"sequence length {seq_len} must be divisible by 2 x CP = {2 * cp}"
+    if tp > 1 and (seq_len // cp) % tp:
+        return f"sequence parallelism needs the sequence per CP rank ({seq_len // cp}) divisible by TP {tp}"
+    return None
+
+
 _BOUNDS = {"tp": limits.DEGREE, "cp": limits.DEGREE, "pp": limits.DEGREE, "dp": limits.DEGREE,
            "mbs": limits.MICRO_BATCH, "vpp": limits.VIRTUAL_STAGES, "seq_len": limits.SEQ_LEN,
            "global_batch_size": limits.GLOBAL_BATCH}

@@ -28,7 +28,8 @@ from advisor.errors import AdvisorError
 from advisor.hardware import GpuSpec
 from advisor.moe import stage as st
 from advisor.moe.spec import MoESpec
-from advisor.parallel import Workload, check_whole_nodes, global_batch_problem, model_parallel_problem
+from advisor.parallel import (Workload, check_whole_nodes, global_batch_problem, model_parallel_problem,
+                             sequence_problem)
 
 GIB = 2**30
 RECOMPUTES = ("none", "selective", "full")
@@ -80,10 +81,8 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
             return problem
     elif pp > spec.num_layers:
         return f"PP {pp} exceeds the {spec.num_layers} layers"
-    if cp > 1 and workload.seq_len % (2 * cp):
-        return f"sequence length {workload.seq_len} must be divisible by 2 x CP = {2 * cp}"
-    if (workload.seq_len // cp) % tp:
-        return f"sequence parallelism needs the sequence per CP rank divisible by TP {tp}"
+    if problem := sequence_problem(workload.seq_len, cp, tp):
+        return problem
     dp = gpus // (tp * cp * pp)
     if problem := global_batch_problem(workload.global_batch_size, mbs, dp):
         return problem
