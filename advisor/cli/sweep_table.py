@@ -15,7 +15,7 @@ def sweep_columns(calibrated: bool = False, timed: bool = False, tokens: bool = 
     columns = [Column("rank", "rank"), Column("tp", "TP"), Column("cp", "CP"), Column("pp", "PP"),
                Column("vpp", "VPP")]
     if experts:
-        columns += [Column("ep", "EP"), Column("etp", "ETP", drop=3)]
+        columns += [Column("ep", "EP"), Column("etp", "ETP")]  # a degree of the layout: never left out
     columns += [
         Column("mbs", "MBS"),
         Column("dp", "DP"),
