@@ -360,17 +360,49 @@ WIDE_OPTION = click.option("--wide", is_flag=True, expose_value=False, is_eager=
                            help="Tables with every column, however wide (default: fit $COLUMNS, else 100).")
 
 
+_FILE_FORMATS = {".json": "json", ".csv": "csv"}
+"""The formats a file's name says (-o rows.json): written so unless --format says otherwise."""
+
+_WRITTEN = {"table": "a table", "json": "JSON", "csv": "CSV"}
+
+
+def file_format(fmt: str, output: Path | None) -> str:
+    """The format the rows are written in: ``fmt``, or, when --format was left out and -o names a
+    file ending in .json or .csv (any case), that format ('-o sweep.json' wrote the table into
+    sweep.json, which 'advisor-launch --from' and 'advisor report --from' then could not read).
+    A --format given that differs from the name's is refused (InputError) before any work."""
+    if output is None or output == STDOUT:
+        return fmt
+    from click.core import ParameterSource
+
+    named = _FILE_FORMATS.get(output.suffix.lower())
+    if named is None or named == fmt:
+        return fmt
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source("fmt") if ctx is not None else None
+    if source in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+        return named
+    raise InputError(f"--format {fmt} would write {_WRITTEN.get(fmt, fmt)} into {output}: give --format {named}, "
+                     "or another file name")
+
+
 def output_options(func: Callable) -> Callable:
-    """--format table|json|csv and --output FILE (written atomically), --wide."""
+    """--format table|json|csv and --output FILE (written atomically), --wide; the command gets
+    ``fmt`` as ``file_format`` settles it (-o rows.json without --format: json)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, fmt: str, output: Path | None, **kwargs):
+        return func(*args, fmt=file_format(fmt, output), output=output, **kwargs)
+
     return apply_options(
         [
             WIDE_OPTION,
             click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
                          show_default=True, help="table for people; json or csv for machines."),
             output_option("Write to this regular file (atomically, with your umask) instead of stdout; '-' is "
-                          "stdout."),
+                          "stdout. A FILE ending in .json or .csv gets that format unless --format is given."),
         ],
-        func,
+        wrapper,
     )
 
 
