@@ -14,6 +14,10 @@ The lines, as megatron/training/ writes them (core_v0.15.2 and core_v0.19.0 alik
 
 Lines may carry a launcher's prefix (torchrun ``--tee``'s ``[default0]:``, srun ``--label``'s
 ``0: ``): each pattern is searched for anywhere in a line. Other lines are skipped.
+
+Megatron prints whole lines, so a text that stops without a line end was cut (a log still being
+written, or a copy cut short): its last line, if it begins an iteration or memory line, may have
+lost digits (``531.2`` cut to ``53``) or fields, and is not read (``TrainingLog.cut_line``).
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ from typing import Iterable
 
 from advisor.errors import AdvisorError
 
-_NUMBER = r"([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|nan|inf)"
+# The sign is matched so that a negative number is refused by _measured, not skipped with its line.
+_NUMBER = r"([+-]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|nan|inf))"
 _ITERATION = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|.*?elapsed time per iteration \(ms\): " + _NUMBER)
 _THROUGHPUT = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): " + _NUMBER)
 _BATCH = re.compile(r"global batch size:\s*(\d+)")
 _MEMORY = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: " + _NUMBER
                      + r" \| max allocated: " + _NUMBER + r" \| reserved: " + _NUMBER + r" \| max reserved: " + _NUMBER)
+_CUT = re.compile(r"iteration\s+\d+/|\[Rank \d+\] \(after ")
+"""The beginning of an iteration or memory line: enough to tell that a cut last line was one."""
 _THEORETICAL = re.compile(r"Theoretical memory footprints: weight and optimizer=" + _NUMBER
                           + r" MB, activation=" + _NUMBER + r" MB, total=" + _NUMBER + " MB")
 MIB = 2**20
@@ -68,6 +75,8 @@ class TrainingLog:
     iterations: list[Iteration] = field(default_factory=list)
     memory: list[MemoryReport] = field(default_factory=list)
     theoretical: list[Theoretical] = field(default_factory=list)
+    cut_line: int | None = None
+    """The last line's number where it is an iteration or memory line without a line end (not read)."""
 
     def steady(self) -> list[Iteration]:
         """The iterations after the first logged one (which carries start-up: compilation, NCCL
@@ -92,32 +101,51 @@ class TrainingLog:
         return out
 
 
-def read_log(lines: Iterable[str]) -> TrainingLog:
-    """The records of a Megatron-LM log's lines; AdvisorError if it holds no iteration line."""
+def read_log(lines: Iterable[str], *, last_line_ended: bool = True) -> TrainingLog:
+    """The records of a Megatron-LM log's lines; AdvisorError if it holds no iteration line.
+    ``last_line_ended`` False: the text stops without a line end, so its last line may be cut."""
+    lines = list(lines)
     log = TrainingLog()
     for number, line in enumerate(lines, 1):
-        if match := _ITERATION.search(line):
+        if number == len(lines) and not last_line_ended and _CUT.search(line):
+            log.cut_line = number
+        elif match := _ITERATION.search(line):
             throughput, batch = _THROUGHPUT.search(line), _BATCH.search(line)
             log.iterations.append(Iteration(
-                iteration=int(match.group(1)), elapsed_ms=_finite(match.group(3), number),
-                tflops_per_gpu=_finite(throughput.group(1), number) if throughput else None,
+                iteration=int(match.group(1)), elapsed_ms=_measured(match.group(3), number),
+                tflops_per_gpu=_measured(throughput.group(1), number) if throughput else None,
                 global_batch_size=int(batch.group(1)) if batch else None))
         elif match := _MEMORY.search(line):
             rank, after, *values = match.groups()
-            log.memory.append(MemoryReport(int(rank), int(after), *(_finite(v, number) for v in values)))
+            log.memory.append(MemoryReport(int(rank), int(after), *(_measured(v, number) for v in values)))
         elif match := _THEORETICAL.search(line):
-            log.theoretical.append(Theoretical(*(_finite(v, number) for v in match.groups())))
+            log.theoretical.append(Theoretical(*(_measured(v, number) for v in match.groups())))
     if not log.iterations:
+        cut = f"; line {log.cut_line}, the last, stops without a line end and is not read" if log.cut_line else ""
         raise AdvisorError("no Megatron-LM iteration line ('iteration N/ T | ... elapsed time per iteration (ms): "
-                           "...') in the log")
+                           f"...') in the log{cut}")
     return log
 
 
-def _finite(text: str, line: int) -> float:
-    """A logged number; nan or inf (1e999 reads as inf) has no measured meaning, and JSON none."""
+def cut_note(log: TrainingLog) -> str | None:
+    """The note that the log's cut last line was not read; None if it was not cut."""
+    if log.cut_line is None:
+        return None
+    return f"line {log.cut_line}, the last, stops without a line end (a log still being written, or cut): not read"
+
+
+def ends_a_line(text: str) -> bool:
+    """Whether ``text`` is empty or ends with a line end (any of str.splitlines's)."""
+    return text[-1:].splitlines() in ([], [""])
+
+
+def _measured(text: str, line: int) -> float:
+    """A logged number; nan or inf (1e999 reads as inf) has no measured meaning, and JSON none;
+    no time, rate or memory Megatron prints is negative."""
     value = float(text)
-    if not math.isfinite(value):
-        raise AdvisorError(f"line {line} of the log: {text!r} is not a finite number; compare-log reads only "
+    if not math.isfinite(value) or value < 0:
+        what = "not a finite number" if not math.isfinite(value) else "negative"
+        raise AdvisorError(f"line {line} of the log: {text!r} is {what}; compare-log reads only "
                            "measured times and memory")
     return value
 

@@ -74,3 +74,49 @@ def test_a_log_of_another_batch_is_refused(tmp_path):
     other.write_text(REAL_LOG.read_text().replace("global batch size:     4", "global batch size:     8"))
     result = run("compare-log", other, "--from-command", REAL_COMMAND)
     assert result.exit_code == 2 and "the log trains global batch size 8, the command 4" in result.output
+
+
+def _cut_after(tmp_path, marker: str) -> Path:
+    """The real log cut just after ``marker``'s first occurrence, as a log still being written is."""
+    text = REAL_LOG.read_text()
+    path = tmp_path / "cut.log"
+    path.write_text(text[:text.index(marker) + len(marker)])
+    return path
+
+
+def test_a_cut_last_iteration_line_is_not_read_and_said(tmp_path):
+    """The log cut in 531.2 read 53 ms, silently; the cut line is now left out, in a note."""
+    path = _cut_after(tmp_path, "per iteration (ms): 53")
+    result = run("compare-log", path, "--from-command", REAL_COMMAND, "--gpu", "h100-80gb", "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert {row["what"]: row for row in document["rows"]}["step time"]["measured"] == 0.9886  # iteration 1 alone
+    assert "1 logged iterations, 2 memory reports" in document["notes"]
+    assert ("line 697, the last, stops without a line end (a log still being written, or cut): not read"
+            in document["notes"])
+
+
+def test_a_cut_last_memory_line_is_not_read_and_said(tmp_path):
+    path = _cut_after(tmp_path, "[Rank 0] (after 1 iterations) memory (MB) | allocated: 0.0 | max allocated: 0")
+    result = run("compare-log", path, "--from-command", REAL_COMMAND, "--format", "json")
+    assert result.exit_code == 0, result.output
+    notes = json.loads(result.stdout)["notes"]
+    assert "1 logged iterations, 1 memory reports" in notes
+    assert "line 696, the last, stops without a line end (a log still being written, or cut): not read" in notes
+
+
+def test_a_log_whose_only_iteration_line_is_cut_is_refused(advisor, tmp_path):
+    path = _cut_after(tmp_path, "per iteration (ms): 98")
+    line = advisor.error("compare-log", path, "--from-command", REAL_COMMAND)
+    assert line.startswith("Error: no Megatron-LM iteration line") and line.endswith(
+        "; line 684, the last, stops without a line end and is not read")
+
+
+def test_a_whole_last_line_is_read(tmp_path):
+    """A last line with its line end ('\\r\\n' too) is whole: read, and no note."""
+    path = tmp_path / "whole.log"
+    path.write_bytes("\r\n".join(REAL_LOG.read_text().splitlines()[:697]).encode() + b"\r\n")  # to iteration 2
+    result = run("compare-log", path, "--from-command", REAL_COMMAND, "--format", "json")
+    assert result.exit_code == 0, result.output
+    notes = json.loads(result.stdout)["notes"]
+    assert "2 logged iterations, 2 memory reports" in notes and not any("line end" in note for note in notes)

@@ -443,6 +443,35 @@ def test_a_log_with_a_non_finite_number(advisor, tmp_path, value):
     assert f"of the log: {value!r} is not a finite number" in line
 
 
+@pytest.mark.parametrize("old,new,number", [
+    ("max allocated: 0.0", "max allocated: -1", 685),
+    ("per iteration (ms): 531.2", "per iteration (ms): -531.2", 697),
+    ("per iteration (ms): 988.6", "per iteration (ms): -988.6", 684),
+    ("throughput per GPU (TFLOP/s/GPU): 0.0", "throughput per GPU (TFLOP/s/GPU): -4.5", 684),
+], ids=["memory", "iteration", "first iteration", "throughput"])
+def test_a_log_with_a_negative_number(advisor, tmp_path, old, new, number):
+    """A number's sign failed the line's pattern: a negative memory report, or iteration, was
+    skipped with exit 0 (another step time), and one on every iteration line read as no iteration."""
+    logs = ROOT / "tests" / "data" / "logs"
+    text = (logs / "core_v0.15.2_cpu_pp2.log").read_text()
+    path = tmp_path / "train.log"
+    path.write_text(text.replace(old, new, 1))
+    line = advisor.error("compare-log", path, "--from-command", logs / "core_v0.15.2_cpu_pp2.command", "--gpu",
+                         "h100-80gb")
+    value = new.rsplit(" ", 1)[1]
+    assert line == (f"Error: line {number} of the log: {value!r} is negative; compare-log reads only measured "
+                    "times and memory")
+
+
+def test_a_log_negative_on_every_iteration_line(advisor, tmp_path):
+    logs = ROOT / "tests" / "data" / "logs"
+    text = (logs / "core_v0.15.2_cpu_pp2.log").read_text()
+    path = tmp_path / "train.log"
+    path.write_text(text.replace("per iteration (ms): ", "per iteration (ms): -"))
+    line = advisor.error("compare-log", path, "--from-command", logs / "core_v0.15.2_cpu_pp2.command")
+    assert line.startswith("Error: line 684 of the log: '-988.6' is negative")
+
+
 @pytest.mark.parametrize("script,message", [
     ("A='\n" + "x\n" * 200_000, "line 1: an unclosed quote or array runs to the end of the text"),
     ('A="\n' + '\\"\n' * 200_000, "line 1: an unclosed quote or array runs to the end of the text"),

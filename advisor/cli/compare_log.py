@@ -43,14 +43,15 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     from advisor.pricing import price_layout
     from advisor.cli.from_command import read_inputs
     from advisor.fileio import read_text
-    from advisor.megatron_log import compare, read_log, theoretical_note
+    from advisor.megatron_log import compare, cut_note, ends_a_line, read_log, theoretical_note
     from advisor.parallel import ParallelConfig, Workload
 
     if log == "-" and command == "-":
         raise InputError("the log and the command cannot both be standard input")
     read = read_inputs(command, gpus=gpus, vocab_size=vocab_size, release=release)
     run, layout = read.run, read.run.layout
-    training = read_log(read_text(log, max_bytes=limits.LOG_FILE_BYTES, what="training log").splitlines())
+    text = read_text(log, max_bytes=limits.LOG_FILE_BYTES, what="training log")
+    training = read_log(text.splitlines(), last_line_ended=ends_a_line(text))
     workload = Workload(seq_len=run.seq_len, global_batch_size=layout.global_batch_size or layout.mbs * read.dp)
     logged = sorted({i.global_batch_size for i in training.iterations} - {None})
     if logged and logged != [workload.global_batch_size]:
@@ -64,7 +65,7 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     estimate["stages"] = [stage.to_dict() for stage in result.stages]
     rows = compare(training, estimate, world_size=read.gpus)
     notes = [f"read {read.source}", theoretical_note(training, estimate),
-             f"{len(training.iterations)} logged iterations, {len(training.memory)} memory reports"]
+             f"{len(training.iterations)} logged iterations, {len(training.memory)} memory reports", cut_note(training)]
     if run.unpriced:
         notes.append("not priced: " + ", ".join(run.unpriced))
     document = {"rows": rows, "notes": [note for note in notes if note], "estimate": estimate}
