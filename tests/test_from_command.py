@@ -19,7 +19,7 @@ from advisor.options.flags import training_args
 COMMANDS = Path(__file__).parent / "data" / "commands"
 PRICED = ("total_gib", "model_states_gib", "activations_gib", "verdict", "usage_gib", "margin_gib", "step_time_s",
           "tflops_per_gpu", "layers_per_stage", "vpp", "recompute", "recompute_num_layers", "num_microbatches", "ep",
-          "etp", "recompute_modules", "options", "capacity_factor", "pad_to_capacity")
+          "etp", "recompute_modules", "options", "capacity_factor", "pad_to_capacity", "dispatcher_sms")
 SWEEPS = [  # (argv, vocabulary): every row of these is read back
     (["--gpus", "8", "--gpu", "h100-80gb"], 128256),
     (["--gpus", "64", "--gpu", "h100-80gb", "--model", "llama3.1-70b", "--seq-len", "4096", "--gbs", "256"], 128256),
@@ -30,10 +30,10 @@ SWEEPS = [  # (argv, vocabulary): every row of these is read back
      32000),
     (["--gpus", "256", "--gpu", "h100-80gb", "--model", "deepseek-v3", "--seq-len", "4096", "--gbs", "512",
       "--fp8-format", "hybrid", "--mtp-num-layers", "1", "--top", "40"], 129280),
-    # the EP all-to-all overlapped (combined 1F1B) with the flex dispatcher
+    # the EP all-to-all overlapped (combined 1F1B) with the flex dispatcher, on 32 of its SMs
     (["--gpus", "16", "--gpu", "h100-80gb", "--model", "qwen3-30b-a3b", "--seq-len", "4096", "--gbs", "256",
       "--moe-token-dispatcher-type", "flex", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
-      "--top", "20"], 151936),
+      "--moe-deepep-num-sms", "32", "--top", "20"], 151936),
     # Megatron's defaults for the vocabulary's padding (128 x TP) and the data loader's mask, rebuilt
     (["--gpus", "32", "--gpu", "h100-80gb", "--model", "mixtral-8x7b", "--seq-len", "4096", "--gbs", "256",
       "--vocab-divisible-by", "128", "--dataloader-mask", "rebuilt", "--top", "20"], 32000),
@@ -72,6 +72,14 @@ def rows(draw):
 @given(rows())
 def test_every_sweep_row_reads_back_to_its_own_price(drawn):
     _reads_back(*drawn)
+
+
+def test_rows_with_the_dispatchers_sms_read_back_to_their_price():
+    index = next(i for i, (argv, _) in enumerate(SWEEPS) if "--moe-deepep-num-sms" in argv)
+    rows = sweep_rows(index)
+    assert {row["dispatcher_sms"] for row in rows} == {32}
+    for row in rows[:3]:
+        _reads_back(index, row)
 
 
 def test_allgather_rows_recomputing_the_moe_block_read_back():
