@@ -24,14 +24,13 @@ def models(fmt: str, output: Path | None) -> None:
           # a preset by its name
     """
     from advisor import render
-    from advisor.equations import model_parameters
     from advisor.models import PRESETS
     from advisor.moe import params as moe_params
     from advisor.moe.spec import PRESETS as MOE_PRESETS
 
-    rows = [{**spec.to_dict(), "parameters_billions": model_parameters(spec) / 1e9,
-             "active_parameters_billions": model_parameters(spec) / 1e9} for spec in PRESETS.values()]
-    rows += [{**spec.to_dict(), "parameters_billions": moe_params.total_parameters(spec) / 1e9,
+    rows = [{**spec.to_dict(), "parameters_billions": moe_params.every_parameter(spec) / 1e9,
+             "active_parameters_billions": moe_params.every_parameter(spec) / 1e9} for spec in PRESETS.values()]
+    rows += [{**spec.to_dict(), "parameters_billions": moe_params.every_parameter(spec) / 1e9,
               "active_parameters_billions": moe_params.active_parameters(spec) / 1e9,
               "experts": f"{spec.moe_router_topk}/{spec.num_experts}"} for spec in MOE_PRESETS.values()]
     if fmt == "table":
