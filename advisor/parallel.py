@@ -64,6 +64,47 @@ def sequence_problem(seq_len: int, cp: int, tp: int) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Pinned:
+    """Degrees the user fixed (advisor sweep --tp/--cp/--pp/--mbs, Megatron's sizes); None: searched.
+    A pinned degree need not be one the search would try (a power of 2 for TP, CP and MBS): any
+    value Megatron-LM launches is enumerated, under the same rules as the searched ones."""
+
+    tp: int | None = None
+    cp: int | None = None
+    pp: int | None = None
+    mbs: int | None = None
+
+    def values(self, name: str, searched) -> list[int]:
+        """The candidates of dimension ``name``: the pinned value alone, or ``searched``."""
+        pin = getattr(self, name)
+        return list(searched) if pin is None else [pin]
+
+    def given(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__ if getattr(self, name) is not None}
+
+    def problem(self, gpus: int, *, heads: int, kv_heads: int, layers: int, seq_len: int,
+                global_batch_size: int | None, max_tp: int) -> str | None:
+        """Why no layout on ``gpus`` GPUs can have these degrees, named by their flags, or None
+        (the rules of the search's enumeration, ``advisor.space.launchable``; the MoE sweep's
+        ``advisor.moe.space._bases``)."""
+        tp, cp, pp, mbs = (value or 1 for value in (self.tp, self.cp, self.pp, self.mbs))
+        if tp > max_tp:
+            return (f"--tp {tp} is more than --gpus-per-node {max_tp}: the sweep keeps TP within a node "
+                    "(advisor estimate prices a TP across nodes)")
+        if heads % tp or kv_heads % tp:
+            return f"--tp {tp} must divide the attention heads ({heads}) and the KV heads ({kv_heads})"
+        if pp > layers:
+            return f"--pp {pp} exceeds the {layers} layers"
+        if problem := model_parallel_problem(gpus, tp, cp, pp):
+            return problem
+        if problem := sequence_problem(seq_len, cp, tp):
+            return problem
+        if global_batch_size is not None and global_batch_size % mbs:
+            return f"--gbs {global_batch_size} is not divisible by --mbs {mbs}"
+        return None
+
+
 _BOUNDS = {"tp": limits.DEGREE, "cp": limits.DEGREE, "pp": limits.DEGREE, "dp": limits.DEGREE,
            "mbs": limits.MICRO_BATCH, "vpp": limits.VIRTUAL_STAGES, "seq_len": limits.SEQ_LEN,
            "global_batch_size": limits.GLOBAL_BATCH}

@@ -54,7 +54,7 @@ from advisor import equations as eq
 from advisor.memory import GIB, MemoryOptions, StageModel, StageTerms, tp_problem
 from advisor.memory_levers import state_bytes_per_parameter
 from advisor.models import LlamaSpec
-from advisor.parallel import Workload
+from advisor.parallel import Pinned, Workload
 from advisor.splits import Pipelines, Split, fastest_within, fill, lowest_memory, memory_caps, min_max
 from advisor import space_chunks
 from advisor.verdicts import MemoryCalibration, calibrated_terms
@@ -86,6 +86,8 @@ class SpaceOptions:
     chunk_multiple: int = 1
     """With ``split='even'``: only layouts whose model chunks hold a multiple of this many layers
     (the pinned uniform N on a release that fails on others: ``advisor.sweep._chunk_multiple``)."""
+    pinned: Pinned = Pinned()
+    """TP, CP, PP or MBS fixed by the user; the rest searched."""
 
 
 PAPER_SPACE = SpaceOptions(split="even", vpp=1, recompute="none")
@@ -121,23 +123,25 @@ def _divisors(n: int) -> list[int]:
 
 
 def launchable(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, options: MemoryOptions,
-               split: SplitChoice = "auto", chunk_multiple: int = 1) -> Bases:
+               split: SplitChoice = "auto", chunk_multiple: int = 1, pinned: Pinned = Pinned()) -> Bases:
     """Every (TP, CP, PP, DP, MBS) Megatron-LM can run on ``gpus`` GPUs (see the module docstring);
-    with the even split, its stages' layers a multiple of ``chunk_multiple`` (``SpaceOptions``)."""
+    with the even split, its stages' layers a multiple of ``chunk_multiple`` (``SpaceOptions``);
+    the ``pinned`` degrees only."""
     s, gbs, layers = workload.seq_len, workload.global_batch_size, spec.num_layers
     max_mbs = gbs or s  # without a global batch, any MBS is allowed
     rows = []
-    for t in _powers_of_two(min(max_tp, gpus)):
+    for t in pinned.values("tp", _powers_of_two(min(max_tp, gpus))):
         if gpus % t or tp_problem(spec, t):
             continue
-        for c in _powers_of_two(gpus // t):
+        for c in pinned.values("cp", _powers_of_two(gpus // t)):
             if gpus % (t * c) or (c > 1 and (s % (2 * c) or not options.flash_attention)) or (t > 1 and (s // c) % t):
                 continue
-            for p in _divisors(gpus // (t * c)):
-                if p > layers or (split == "even" and (layers % p or (layers // p) % chunk_multiple)):
+            for p in pinned.values("pp", _divisors(gpus // (t * c))):
+                if gpus % (t * c * p) or p > layers or (
+                        split == "even" and (layers % p or (layers // p) % chunk_multiple)):
                     continue
                 d = gpus // (t * c * p)
-                for b in _powers_of_two(max_mbs // d):
+                for b in pinned.values("mbs", _powers_of_two(max_mbs // d)):
                     if gbs is None or gbs % (b * d) == 0:
                         rows.append((t, c, p, d, b, gbs // (b * d) if gbs else math.inf))
     if not rows:
@@ -444,7 +448,7 @@ def may_fit(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *
       factors than a plain one's;
     - bases whose model states alone exceed the memory are skipped, as the search does.
     ``tests/test_space.py`` checks against whole sweeps that it never says False where one fits."""
-    bases = launchable(spec, workload, gpus, max_tp, options, space.split, space.chunk_multiple)
+    bases = launchable(spec, workload, gpus, max_tp, options, space.split, space.chunk_multiple, space.pinned)
     calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
     return _fits_somewhere(spec, workload, bases, *_groups(spec, bases, space), memory_gib, options, space,
                            calibrated)[0]
@@ -737,7 +741,7 @@ def search_parts(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: flo
     """``search``, chunk by chunk: (the chunk's SpaceResult, the indices of its bases among all
     launchable ones), shallow pipelines first. Each chunk's arrays are as wide as its own deepest
     pipeline: merged, 12,766 bases padded to PP 4,096 took 3 GB (``space_chunks``)."""
-    bases = launchable(spec, workload, gpus, max_tp, options, space.split, space.chunk_multiple)
+    bases = launchable(spec, workload, gpus, max_tp, options, space.split, space.chunk_multiple, space.pinned)
     group_base, group_vpp = _groups(spec, bases, space)
     calibrated = None if memory_calibration is None else (memory_calibration, memory_gib, measured)
     # Where no layout can fit at all (the largest inputs: minutes of planning), skip the planning:

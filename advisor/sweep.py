@@ -140,10 +140,12 @@ def _row_options(options: TrainingOptions, recompute: str, method: str, layers: 
     return options.with_(recompute="full", recompute_method=method, recompute_num_layers=int(layers))
 
 
-def _check_inputs(gpus: int, memory_gib: float, *, threshold: float, memory_model: str, measured, whole_node: int,
-                  space: SpaceOptions, release) -> SpaceOptions:
-    """One line (AdvisorError) for a sweep that cannot be asked, before anything is priced; else
-    the space the search takes (``_chunk_multiple``)."""
+def _check_inputs(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float,
+                  memory_model: str, measured, whole_node: int, max_tp: int, space: SpaceOptions,
+                  release) -> SpaceOptions:
+    """One line (AdvisorError) for a sweep that cannot be asked, before anything is priced (pinned
+    degrees no layout can have: ``Pinned.problem``); else the space the search takes
+    (``_chunk_multiple``)."""
     from advisor.ranking import check_memory_model
 
     if gpus < 1:
@@ -154,6 +156,10 @@ def _check_inputs(gpus: int, memory_gib: float, *, threshold: float, memory_mode
         raise AdvisorError(f"the threshold must be in (0, 1], got {threshold}")
     check_memory_model(memory_model, measured)
     check_whole_nodes(gpus, whole_node)
+    if problem := space.pinned.problem(gpus, heads=spec.num_attention_heads, kv_heads=spec.num_query_groups,
+                                       layers=spec.num_layers, seq_len=workload.seq_len,
+                                       global_batch_size=workload.global_batch_size, max_tp=max_tp):
+        raise AdvisorError(problem)
     return _chunk_multiple(space, release)
 
 
@@ -204,6 +210,8 @@ def _no_layout(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, spac
            f"multiple of PP" if space.vpp not in (None, 1) else "")
         + (f"; with --recompute-method uniform --recompute-num-layers {space.chunk_multiple}, every model chunk's "
            f"layers a multiple of it" if space.chunk_multiple > 1 else "")
+        + (f"; pinned: {', '.join(f'{name.upper()} {value}' for name, value in space.pinned.given().items())}"
+           if space.pinned.given() else "")
     )
 
 
@@ -272,8 +280,9 @@ def sweep(
     from advisor.space import SpaceOptions, search_parts
 
     space = space or SpaceOptions()
-    space = _check_inputs(gpus, memory_gib, threshold=threshold, memory_model=memory_model, measured=measured,
-                          whole_node=gpu.gpus_per_node if gpu is not None else max_tp, space=space, release=release)
+    space = _check_inputs(spec, workload, gpus, memory_gib, threshold=threshold, memory_model=memory_model,
+                          measured=measured, whole_node=gpu.gpus_per_node if gpu is not None else max_tp,
+                          max_tp=max_tp, space=space, release=release)
     training, options = options, options.memory_options()
     timing = _timing(spec, workload, gpu, time_options or training.time_options()) if gpu is not None else None
     memory_calibration = None

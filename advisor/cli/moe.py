@@ -217,7 +217,8 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
         result = run(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, options=settings,
                      ep=ep, etp=etp, even_split=space is not None and space.split == "even",
                      recompute=None if space is None or space.recompute == "auto" else space.recompute,
-                     memory_model=memory_model, vpp=None if space is None else space.vpp)
+                     memory_model=memory_model, vpp=None if space is None else space.vpp,
+                     **({} if space is None else {"pinned": space.pinned}))
     except AdvisorError as error:
         raise InputError(str(error)) from None
     shown = result.rows(include_oom=show_all, limit=top or (30 if fmt == "table" else None))

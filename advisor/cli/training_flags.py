@@ -10,7 +10,7 @@ import click
 from click.core import ParameterSource
 
 from advisor import limits
-from advisor.cli.options import LAYERS, VOCABULARY, Bounded, InputError, apply_options
+from advisor.cli.options import DEGREE, LAYERS, MICRO_BATCH, VOCABULARY, Bounded, InputError, apply_options
 from advisor.errors import AdvisorError
 from advisor.options import FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES
 
@@ -204,6 +204,22 @@ def _recompute_options(searchable: bool) -> list:
     ]
 
 
+def _pin_options() -> list:
+    """The sweep's --tp, --cp, --pp and --mbs: each pins its dimension to one value (any Megatron
+    launches, not only the powers of 2 the search tries); the rest stay searched."""
+    return [
+        click.option("--tp", "pin_tp", type=DEGREE, default=None,
+                     help="Sweep only this tensor parallel size (default: searched, powers of 2 up to "
+                          "--gpus-per-node)."),
+        click.option("--cp", "pin_cp", type=DEGREE, default=None,
+                     help="Sweep only this context parallel size (default: searched, powers of 2)."),
+        click.option("--pp", "pin_pp", type=DEGREE, default=None,
+                     help="Sweep only this pipeline parallel size (default: searched, any that divides)."),
+        click.option("--mbs", "pin_mbs", type=MICRO_BATCH, default=None,
+                     help="Sweep only this micro-batch size (default: searched, powers of 2)."),
+    ]
+
+
 def memory_options(func: Callable | None = None, *, searchable: bool = False) -> Callable:
     """The training options (Megatron-LM's flag names) -> ``options: TrainingOptions``
     (``advisor.options``), from which memory, time and the emitted flags all derive. Defaults
@@ -226,15 +242,19 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
         if searchable:
             from advisor.space import SpaceOptions
 
+            from advisor.parallel import Pinned
+
             kwargs["space"] = SpaceOptions(
                 split=kwargs.pop("split"), vpp=_vpp(kwargs.pop("vpp")), recompute=recompute,
                 recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
-                sharding=kwargs.pop("sharding"))
+                sharding=kwargs.pop("sharding"),
+                pinned=Pinned(*(kwargs.pop(f"pin_{name}") for name in ("tp", "cp", "pp", "mbs"))))
             offload_searched, fixed = kwargs["space"].sharding == "auto", {}
         return func(*args, options=training_options(kwargs, fixed, offload_searched=offload_searched), **kwargs)
 
     return apply_options(
         [
+            *(_pin_options() if searchable else []),
             *TRAINING_FLAGS[:2],
             *_recompute_options(searchable),
             *([sharding_search_option()] if searchable else []),

@@ -28,7 +28,7 @@ from advisor.errors import AdvisorError
 from advisor.hardware import GpuSpec
 from advisor.moe import stage as st
 from advisor.moe.spec import MoESpec
-from advisor.parallel import (Workload, check_whole_nodes, global_batch_problem, model_parallel_problem,
+from advisor.parallel import (Pinned, Workload, check_whole_nodes, global_batch_problem, model_parallel_problem,
                              sequence_problem)
 
 GIB = 2**30
@@ -119,16 +119,17 @@ def overlap_problem(ep: int, pp: int, vpp: int, recompute: str) -> str | None:
     return None
 
 
-def _bases(spec: MoESpec, workload: Workload, gpus: int, max_tp: int) -> np.ndarray:
+def _bases(spec: MoESpec, workload: Workload, gpus: int, max_tp: int, pinned: Pinned = Pinned()) -> np.ndarray:
     """Every valid (TP, CP, PP, EP, ETP, DP, MBS) (``layout_problem``'s rules, vectorised), as a
     7 x n array: TP, CP, ETP, MBS powers of 2 (ETP up to TP, MBS up to 8); PP any divisor; EP any
-    divisor of the experts."""
+    divisor of the experts; the ``pinned`` degrees only."""
     powers = np.array([2**i for i in range(int(math.log2(gpus)) + 1)])
     small = powers[powers <= max_tp]
-    pps = np.array([p for p in range(1, min(gpus, spec.num_layers) + 1) if gpus % p == 0])
+    pps = [p for p in range(1, min(gpus, spec.num_layers) + 1) if gpus % p == 0]
     eps = np.array([e for e in range(1, spec.num_experts + 1) if spec.num_experts % e == 0])
-    tp, cp, pp, ep, etp, mbs = (x.ravel() for x in np.meshgrid(small, powers, pps, eps, small, powers[powers <= 8],
-                                                                 indexing="ij"))
+    tp, cp, pp, ep, etp, mbs = (x.ravel() for x in np.meshgrid(
+        pinned.values("tp", small), pinned.values("cp", powers), pinned.values("pp", pps), eps, small,
+        pinned.values("mbs", powers[powers <= 8]), indexing="ij"))
     heads = spec.num_attention_heads
     groups = heads if spec.mla is not None else spec.num_query_groups
     s, gbs = workload.seq_len, workload.global_batch_size
@@ -137,15 +138,18 @@ def _bases(spec: MoESpec, workload: Workload, gpus: int, max_tp: int) -> np.ndar
     dp = gpus // np.maximum(tp * cp * pp, 1)
     ok &= (dp >= 1) & (gbs % np.maximum(mbs * dp, 1) == 0)
     if not ok.any():
-        raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs satisfies megatron-core's constraints")
+        pins = ", ".join(f"{name.upper()} {value}" for name, value in pinned.given().items())
+        raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs satisfies megatron-core's constraints"
+                           + (f" with {pins}" if pins else ""))
     return np.stack([tp, cp, pp, ep, etp, dp, mbs])[:, ok]
 
 
-def enumerate_layouts(spec: MoESpec, workload: Workload, gpus: int, max_tp: int, interleave: bool = False) -> Layouts:
-    """Every valid layout, each with three recomputation choices (none; selective:
-    --recompute-modules; full) and, with ``interleave``, every VPP from 2 to the fewest layers
-    of a stage where Megatron interleaves (``layout_problem``)."""
-    base = _bases(spec, workload, gpus, max_tp)
+def enumerate_layouts(spec: MoESpec, workload: Workload, gpus: int, max_tp: int, interleave: bool = False,
+                      pinned: Pinned = Pinned()) -> Layouts:
+    """Every valid layout (the ``pinned`` degrees only), each with three recomputation choices
+    (none; selective: --recompute-modules; full) and, with ``interleave``, every VPP from 2 to the
+    fewest layers of a stage where Megatron interleaves (``layout_problem``)."""
+    base = _bases(spec, workload, gpus, max_tp, pinned)
     n = base.shape[1]
     vpps = [np.ones(n, dtype=np.int64)]
     if interleave:
@@ -401,14 +405,16 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
           max_tp: int = 8, gpu: GpuSpec | None = None, options: st.MoEOptions = st.MoEOptions(),
           ep: int | None = None, etp: int | None = None, even_split: bool = False,
           recompute: str | None = None, memory_model: str | None = None, vpp: int | None = None,
-          tolerance: float | None = None) -> SweepResult:
+          tolerance: float | None = None, pinned: Pinned = Pinned()) -> SweepResult:
     """Every valid layout with the variant (recomputation, VPP) it needs, or with a GPU the
     fastest expected to run, judged (``memory_model`` 'paper' or 'calibrated'; default:
-    calibrated with a GPU, as dense rows) and ranked (``_rank``). ``ep``/``etp``/``vpp`` pin
-    those; ``even_split`` keeps PP dividing the layers; ``recompute`` pins the recomputation."""
-    _check_sweep(spec, gpus, gpu.gpus_per_node if gpu is not None else max_tp, max_tp, ep, etp, options.dispatcher)
+    calibrated with a GPU, as dense rows) and ranked (``_rank``). ``ep``/``etp``/``vpp`` and
+    ``pinned`` (TP, CP, PP, MBS) pin those; ``even_split`` keeps PP dividing the layers;
+    ``recompute`` pins the recomputation."""
+    _check_sweep(spec, workload, gpus, gpu.gpus_per_node if gpu is not None else max_tp, max_tp, ep, etp,
+                 options.dispatcher, pinned)
     memory_model = memory_model or ("calibrated" if gpu is not None else "paper")
-    layouts = enumerate_layouts(spec, workload, gpus, max_tp, interleave=gpu is not None and vpp != 1)
+    layouts = enumerate_layouts(spec, workload, gpus, max_tp, interleave=gpu is not None and vpp != 1, pinned=pinned)
     keep = np.ones(len(layouts.tp), dtype=bool)
     for given, column in ((ep, layouts.ep), (etp, layouts.etp), (vpp, layouts.vpp)):
         if given is not None:
@@ -424,7 +430,9 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
         keep &= layouts.ep * layouts.etp > 1
     layouts = layouts if keep.all() else layouts.take(keep)
     if not len(layouts.tp):
-        raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs with these choices (EP {ep or 'any'}, ETP "
+        raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs with these choices ("
+                           + "".join(f"{name.upper()} {value}, " for name, value in pinned.given().items())
+                           + f"EP {ep or 'any'}, ETP "
                            f"{etp or 'any'}, VPP {vpp or 'any'}" + (", an even split" if even_split else "")
                            + (f", recompute {recompute}" if recompute else "")
                            + (", --overlap-moe-expert-parallel-comm: EP > 1, VPP > 1 with PP > 1, no full recompute"
@@ -448,13 +456,19 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
                        considered=len(layouts.tp), memory_model=memory_model, tolerance=tolerance if timing else None)
 
 
-def _check_sweep(spec: MoESpec, gpus: int, whole_node: int, max_tp: int, ep: int | None, etp: int | None,
-                 dispatcher: str) -> None:
+def _check_sweep(spec: MoESpec, workload: Workload, gpus: int, whole_node: int, max_tp: int, ep: int | None,
+                 etp: int | None, dispatcher: str, pinned: Pinned = Pinned()) -> None:
     """One line (AdvisorError) for a sweep that cannot be asked, before anything is priced: GPUs
-    that are not whole nodes (the dense sweep's ``check_whole_nodes``), a pinned EP or ETP that no
-    PP lets megatron-core run (``expert_problem`` at PP 1, the largest TP x CP x DP; the flex
-    dispatcher's rule where both are pinned), or a pinned ETP the search never tries."""
+    that are not whole nodes (the dense sweep's ``check_whole_nodes``), pinned TP, CP, PP or MBS
+    no layout can have (``Pinned.problem``), a pinned EP or ETP that no PP lets megatron-core run
+    (``expert_problem`` at PP 1, the largest TP x CP x DP; the flex dispatcher's rule where both
+    are pinned), or a pinned ETP the search never tries."""
     check_whole_nodes(gpus, whole_node)
+    heads = spec.num_attention_heads
+    if problem := pinned.problem(gpus, heads=heads, kv_heads=heads if spec.mla is not None else spec.num_query_groups,
+                                 layers=spec.num_layers, seq_len=workload.seq_len,
+                                 global_batch_size=workload.global_batch_size, max_tp=max_tp):
+        raise AdvisorError(problem)
     if ep is None and etp is None:
         return
     if problem := expert_problem(spec, gpus, ep or 1, etp or 1, dispatcher if ep and etp else None):
