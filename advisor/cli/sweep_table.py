@@ -45,10 +45,13 @@ def sweep_columns(calibrated: bool = False, timed: bool = False, tokens: bool = 
 def setup_line(spec, workload, gpus: int, mem: float, threshold: float, options, gpu=None,
                memory_model: str = "paper", rank_by: str = "paper", lever: str | None = None) -> str:
     """The table's title: the model, the batch, the GPUs, the memory model and the ranking, the
-    training options that differ from the defaults, and the lever the rows use because nothing
-    fit without it (``advisor.escalation``; the title said nothing of it)."""
-    changed = options.changed()
-    extras = "; " + ", ".join(f"{key}={value}" for key, value in changed.items()) if changed else ""
+    training options that differ from the defaults as the Megatron flags they change
+    (``changed_args``), and the lever the rows use because nothing fit without it
+    (``advisor.escalation``; the title said nothing of it)."""
+    from advisor.options.flags import changed_args
+
+    changed = changed_args(options)
+    extras = f"; {changed}" if changed else ""
     if lever:
         extras += f"; the rows use {lever.partition(' (')[0]}, as nothing fits without it"
     where = f"{gpus} x {gpu.name} ({mem:g} GiB, {gpu.gpus_per_node}/node)" if gpu else f"{gpus} GPUs x {mem:g} GiB"

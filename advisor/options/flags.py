@@ -94,6 +94,17 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
     return args
 
 
+def changed_args(options: TrainingOptions, *, tp: int = 2, release=None) -> str:
+    """The Megatron flags by which ``options`` differ from the advisor's defaults, for people (a
+    table's title): the flags they add or give another value, then 'no --X' for a default flag
+    they drop. Derived from ``training_args``, so the title says what the rows launch; ``tp``
+    above 1 so that the TP-only flags show."""
+    mine, _ = _flag_values(training_args(options, tp=tp, release=release))
+    base, _ = _flag_values(training_args(TrainingOptions(), tp=tp, release=release))
+    added = [" ".join([flag, *values]) for flag, values in mine.items() if base.get(flag) != values]
+    return ", ".join(added + [f"no {flag}" for flag in base if flag not in mine])
+
+
 # --- reading flags back ------------------------------------------------------------------
 
 SWITCHES = frozenset({
