@@ -166,7 +166,8 @@ def csv_header(text: str) -> str:
 
 
 def to_csv(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:
-    """The rows under a header of their keys (the first row's); with no rows, the header of
+    """The rows under a header of their keys (every row's, in the order first met: a key only
+    later rows have is a column too, empty where a row lacks it); with no rows, the header of
     ``columns`` alone: a CSV reader takes it as a table with those columns and no rows (an empty
     file is refused by pandas). Neither: the empty document."""
     import csv  # only CSV output needs it: kept off the start-up of the others
@@ -174,7 +175,7 @@ def to_csv(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:
     if not rows and not columns:
         return ""  # no columns to name: the empty document
     buffer = io.StringIO()
-    keys = list(rows[0]) if rows else list(columns)
+    keys = list(dict.fromkeys(key for row in rows for key in row)) if rows else list(columns)
     writer = csv.DictWriter(buffer, fieldnames=keys, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     # a nested value (a row's options) as JSON, not Python's repr

@@ -8,6 +8,9 @@ import click
 
 from advisor.cli.options import EPILOG, color_wanted, emit, output_options
 
+DERIVED = ("parameters_billions", "active_parameters_billions", "experts")
+"""What ``advisor models`` adds to each spec's fields, after them (``experts``: MoE only, 'k/E')."""
+
 
 @click.command(epilog=EPILOG)
 @output_options
@@ -20,10 +23,25 @@ def models(fmt: str, output: Path | None) -> None:
       advisor models
       advisor models --format json
           # parameters_billions, active_parameters_billions, ...
+      advisor models --format csv
+          # the same fields, MLA and YaRN as mla.* and yarn.* columns
       advisor sweep --gpus 64 --gpu h100-80gb --model mixtral-8x7b
           # a preset by its name
     """
     from advisor import render
+
+    rows = _rows()
+    if fmt == "table":
+        text = _table(rows, color_wanted(output))
+    elif fmt == "json":
+        text = render.to_json(rows)
+    else:
+        text = render.to_csv(_flat(rows, _csv_columns()))
+    emit(text, output)
+
+
+def _rows() -> list[dict]:
+    """Each preset's fields and its parameter counts, dense models first (the JSON rows)."""
     from advisor.models import PRESETS
     from advisor.moe import params as moe_params
     from advisor.moe.spec import PRESETS as MOE_PRESETS
@@ -33,24 +51,76 @@ def models(fmt: str, output: Path | None) -> None:
     rows += [{**spec.to_dict(), "parameters_billions": moe_params.every_parameter(spec) / 1e9,
               "active_parameters_billions": moe_params.active_parameters(spec) / 1e9,
               "experts": f"{spec.moe_router_topk}/{spec.num_experts}"} for spec in MOE_PRESETS.values()]
-    if fmt == "table":
-        columns = [
-            render.Column("name", "model", justify="left"),
-            render.Column("num_layers", "L"),
-            render.Column("hidden_size", "h"),
-            render.Column("ffn_hidden_size", "h_ffn"),
-            render.Column("num_attention_heads", "a"),
-            render.Column("num_query_groups", "k"),
-            render.Column("vocab_size", "v"),
-            render.Column("tie_embeddings", "tied"),
-            render.Column("experts", "k/E", justify="left"),
-            render.Column("parameters_billions", "params B", ".2f"),
-            render.Column("active_parameters_billions", "active B", ".2f"),
-        ]
-        text = render.to_table(rows, columns, color=color_wanted(output))
-    else:
-        text = render.to_json(rows) if fmt == "json" else render.to_csv(rows)
-    emit(text, output)
+    return rows
+
+
+def _csv_columns() -> list[str]:
+    """Every field a preset can have, in MoESpec's order (a dense spec's fields come first: MoESpec
+    extends LlamaSpec), MLA's and YaRN's as dotted columns, then ``DERIVED``. Taken from the
+    dataclasses, not from the rows: a CSV header is the first row's keys, and a dense first row
+    had left out every MoE column."""
+    from dataclasses import fields
+
+    from advisor.moe.spec import MLA, MoESpec, YarnScaling
+
+    nested = {"mla": MLA, "yarn": YarnScaling}
+    columns = []
+    for field in fields(MoESpec):
+        kind = nested.get(field.name)
+        columns += [f"{field.name}.{inner.name}" for inner in fields(kind)] if kind else [field.name]
+    return columns + list(DERIVED)
+
+
+def _flat(rows: list[dict], columns: list[str]) -> list[dict]:
+    """Each row with every column, in ``columns``' order: a nested value (MLA, YaRN) spread over
+    its dotted columns, so that a spreadsheet gets numbers, not JSON; a field the model does not
+    have (a dense model's MoE fields, MLA where there is none) None, an empty cell."""
+    def value(row: dict, column: str):
+        outer, _, inner = column.partition(".")
+        return (row.get(outer) or {}).get(inner) if inner else row.get(column)
+
+    return [{column: value(row, column) for column in columns} for row in rows]
+
+
+def _table(rows: list[dict], color: bool) -> str:
+    """The presets as a table under a legend of its abbreviations; the routed experts' width
+    beside the dense MLP's (Qwen3-30B-A3B: h_ffn 6144 is config.json's, the experts are 768)."""
+    from advisor import render
+
+    columns = [
+        render.Column("name", "model", justify="left"),
+        render.Column("num_layers", "L"),
+        render.Column("hidden_size", "h"),
+        render.Column("ffn_hidden_size", "h_ffn"),
+        render.Column("num_attention_heads", "a"),
+        render.Column("num_query_groups", "kv"),
+        render.Column("vocab_size", "v"),
+        render.Column("experts", "k/E", justify="left"),
+        render.Column("moe_ffn_hidden_size", "h_exp"),
+        render.Column("parameters_billions", "params B", ".2f"),
+        render.Column("active_parameters_billions", "active B", ".2f"),
+    ]
+    return render.to_table(rows, columns, caption=_legend(rows), color=color)
+
+
+def _legend(rows: list[dict]) -> str:
+    """What the table's headers mean, and the two things a column would say of a few models
+    only: which MoE models have dense layers (where h_ffn applies), which tie their embeddings."""
+    from advisor import render
+
+    moe = [row for row in rows if "num_experts" in row]
+    dense_first = [f"{row['first_dense_layers']} in {row['name']}" for row in moe if row["first_dense_layers"]]
+    tied = [row["name"] for row in rows if row["tie_embeddings"]]
+    lines = [
+        "L layers, h hidden size, a attention heads, kv key-value heads (query groups), v vocabulary",
+        "h_ffn dense MLP width; MoE models use it only in leading dense layers"
+        + (f" ({render.listed(dense_first)}, else none)" if dense_first else ""),
+        "k/E each token goes to k of E routed experts, each an MLP h_exp wide",
+        "params B: billions of parameters; active B: those one token uses (top-k experts, embeddings too)",
+    ]
+    if tied:
+        lines.append(f"input and output embeddings tied (one matrix): {render.listed(tied)}")
+    return "\n".join(lines)
 
 
 @click.command(epilog=EPILOG)

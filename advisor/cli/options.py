@@ -98,6 +98,11 @@ class InputError(click.ClickException):
     exit_code = 2
 
 
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+"""click 8.2 and later raise it for a group given nothing (as a usage error, status 2); 8.1 printed
+the help and exited 0 itself."""
+
+
 class OneLineErrors:
     """Mix into a click Group or Command: the core's AdvisorError (and unwritable outputs)
     become InputError, and every input error, click's usage errors included, prints as one
@@ -111,6 +116,9 @@ class OneLineErrors:
             sys.exit(2)
         try:
             status = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _NO_ARGS_IS_HELP as exc:  # a bare group ('advisor'): its help, as --help, not an error
+            click.echo(exc.ctx.get_help(), color=exc.ctx.color)
+            sys.exit(0)
         except click.UsageError as exc:
             where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
             message = exc.format_message()
@@ -409,6 +417,15 @@ def output_options(func: Callable) -> Callable:
 def document_options(func: Callable) -> Callable:
     """--format table|json and --output FILE for a command whose result is one JSON document: the
     file always gets the document, the terminal gets what --format asks for."""
+
+    @functools.wraps(func)
+    def wrapper(*args, output: Path | None, **kwargs):
+        if output is not None and output != STDOUT and output.suffix.lower() == ".csv":
+            # a nested document has no rows to write as CSV; JSON under a .csv name misleads a spreadsheet
+            raise InputError(f"-o {output}: this command writes one JSON document, not CSV rows: name the file "
+                             f"{output.with_suffix('.json')}")
+        return func(*args, output=output, **kwargs)
+
     return apply_options(
         [
             WIDE_OPTION,
@@ -417,7 +434,7 @@ def document_options(func: Callable) -> Callable:
             output_option("Also write the JSON document to this regular file (atomically, with your umask); "
                           "'-' prints the JSON document to stdout instead of the table."),
         ],
-        func,
+        wrapper,
     )
 
 
