@@ -56,10 +56,10 @@ def counts_text(counts, separator: str = ",") -> str:
     return separator.join(str(count) if times == 1 else f"{count}x{times}" for count, times in runs)
 
 
-def listed(items) -> str:
-    """Items as a sentence lists them: 'a', 'a and b', 'a, b and c'."""
+def listed(items, conjunction: str = "and") -> str:
+    """Items as a sentence lists them: 'a', 'a and b', 'a, b and c' (or 'a, b or c')."""
     words = [str(item) for item in items]
-    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
+    return ", ".join(words[:-1]) + f" {conjunction} " + words[-1] if len(words) > 1 else "".join(words)
 
 
 def recompute_text(row: dict) -> str:

@@ -214,3 +214,24 @@ def test_lists_read_as_a_sentence(items, text):
     from advisor.render import listed
 
     assert listed(items) == text
+
+
+# --- where nothing fits or an estimate does not fit: one wording, dense or MoE ----------------------
+
+
+def test_dense_and_moe_word_the_states_bound_and_the_hypothetical_step_alike():
+    """The clause that no layout's states fit at any --seq-len, and the 'if it fit:' of an oom
+    estimate's step, read the same for a dense model and a mixture of experts."""
+    import re
+
+    runner = CliRunner()
+    clause = re.compile(r", and its weights, gradients and optimizer states alone need [\d.]+ GiB \(no layout's fit "
+                        r"in 80 GiB at any --seq-len\)")
+    for model, gpus in (("llama3-405b", "8"), ("deepseek-v3", "16")):
+        result = runner.invoke(cli, ["sweep", "--model", model, "--gpus", gpus, "--gpu", "h100-80gb"])
+        assert result.exit_code == 1 and clause.search(result.stderr), result.stderr
+        assert "a shorter --seq-len" not in result.stderr
+    for args in (["--model", "llama3-405b", "--gpus", "8", "--tp", "8"], ["--model", "mixtral-8x7b", "--gpus", "8",
+                                                                            "--ep", "8"]):
+        result = runner.invoke(cli, ["estimate", *args, "--gpu", "h100-80gb"])
+        assert result.exit_code == 0 and "-> oom\nif it fit: step " in result.stdout, result.output

@@ -115,3 +115,14 @@ def test_estimate_keeps_its_own_tp():
     # the pins are the sweep's: estimate's --tp is the layout it prices (default 1), not a filter
     result = CliRunner().invoke(cli, ["estimate", "--gpus", "8", "--tp", "8", "--format", "json"])
     assert result.exit_code == 0 and '"tp": 8' in result.stdout
+
+
+def test_where_nothing_fits_a_pin_is_among_the_hints():
+    dense = CliRunner().invoke(cli, ["sweep", "--gpus", "8", "--gpu", "h100-80gb", "--seq-len", "524288", "--gbs", "8",
+                                     "--pp", "2"])
+    assert dense.exit_code == 1
+    assert dense.stderr.rstrip().endswith("Try more GPUs, no --pp or a shorter --seq-len (--all shows the rows)")
+    moe = CliRunner().invoke(cli, ["sweep", "--gpus", "8", "--gpu", "h100-80gb", "--model", "mixtral-8x7b", "--tp", "2",
+                                   "--pp", "2"])
+    assert moe.exit_code == 1
+    assert moe.stderr.rstrip().endswith("Try more GPUs, no --tp/--pp or a GPU with more memory (--all shows the rows)")

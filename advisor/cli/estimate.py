@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from advisor.cli import hints as hints_text
 from advisor.cli import moe as moe_cli
 from advisor.cli.moe import moe_options, moe_settings
 from advisor.cli.options import (
@@ -259,7 +260,17 @@ def _emit_sweep(dicts: list[dict], text: str | None, fmt: str, output, result, t
 
 
 def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
+    from advisor import render
+
     least = min(rows, key=lambda row: row.judged_gib, default=None)  # the memory the verdicts judged
+    tally = ", ".join(f"{n} {v}" for v, n in counts.items())
+    if least is None:
+        return f"advisor sweep: nothing fits: {tally}. Try more GPUs (--all shows the rows)"
+    need = (f"; the least any layout needs is {least.judged_gib:.1f} GiB per GPU against {mem:g} GiB "
+            f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
+    floor = min(_states_gib(row) for row in rows)
+    if floor > mem:  # the --seq-len, the micro-batch and recomputation touch activations only
+        return _states_bound(f"advisor sweep: nothing fits: {tally}{need}", rows, least, space, mem, floor)
     hints = ["more GPUs", "a shorter --seq-len"]
     if space.recompute in ("none", "selective"):  # auto and full have tried full recomputation
         hints.insert(1, "--recompute auto")
@@ -267,12 +278,51 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
         hints.insert(1, "--split auto")
     if space.sharding == "fixed":  # auto has tried Megatron-FSDP and CPU offload
         hints.insert(1, "--sharding auto")
-    need = "" if least is None else (
-        f"; the least any layout needs is {least.judged_gib:.1f} GiB per GPU against {mem:g} GiB "
-        f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
-    tally = ", ".join(f"{n} {v}" for v, n in counts.items())
-    tries = f"{', '.join(hints[:-1])} or {hints[-1]}"
-    return f"advisor sweep: nothing fits: {tally}{need}. Try {tries} (--all shows the rows)"
+    hints[1:1] = hints_text.unpinned(space.pinned)
+    return f"advisor sweep: nothing fits: {tally}{need}. Try {render.listed(hints, 'or')} (--all shows the rows)"
+
+
+def _states_gib(row) -> float:
+    """The weights, gradients and optimizer states of a row's fullest stage, GiB."""
+    from advisor.memory import GIB
+
+    return float(row.estimate.terms.model_states.max()) / GIB
+
+
+def _states_bound(head: str, rows, least, space, mem: float, floor: float) -> str:
+    """The nothing-fits line where no row's model states alone fit: what they need, and only the
+    hints that can shrink them. Megatron-FSDP and optimizer CPU offload can, down to the weights
+    and gradients sharded over every GPU (a floor: their gathered buffers come on top); where
+    even that floor does not fit, no sharding can make room for any activations either."""
+    from advisor import render
+    from advisor.memory import GIB
+
+    training = least.training
+    plain = not (training.data_parallel.fsdp_strategy or training.offload.optimizer_cpu_offload)
+    sharded = min(float((row.estimate.terms.weights + row.estimate.terms.gradients).max())
+                  / (row.parallel.dp * row.parallel.cp) for row in rows) / GIB
+    text = head + hints_text.states_text(_states_gib(least), mem)
+    hints = ["more GPUs", *hints_text.unpinned(space.pinned), *(["--split auto"] if space.split == "even" else [])]
+    if sharded > mem:
+        text += (f"; sharded over all {least.parallel.gpus} GPUs with the optimizer in host memory, the weights "
+                 f"and gradients alone would still need {sharded:.1f} GiB")
+    elif plain and space.sharding == "auto":  # escalation tried them, at this --seq-len
+        text += ("; Megatron-FSDP and optimizer CPU offload (--sharding auto), which shrink them, "
+                 "fit no layout at this --seq-len")
+        hints.append("a shorter --seq-len with them")
+    elif plain:
+        hints.append("--sharding auto (Megatron-FSDP, optimizer CPU offload)")
+    else:  # a lever given: the sweep escalates no further
+        fsdp = training.data_parallel.fsdp_strategy
+        hints += [flag for flag, unused in (
+            (("" if fsdp else "--use-megatron-fsdp ") + "--data-parallel-sharding-strategy optim_grads_params",
+             fsdp != "optim_grads_params"),
+            ("--optimizer-cpu-offload", not training.offload.optimizer_cpu_offload)) if unused]
+    if sharded <= mem and space.recompute in ("none", "selective"):  # with states shrunk, activations count
+        hints.append("--recompute auto")
+    if hints_text.bigger_gpu(floor, mem):
+        hints.append("a GPU with more memory")
+    return f"{text}. Try {render.listed(hints, 'or')} (--all shows the rows)"
 
 
 @click.command(epilog=EPILOG)
@@ -487,11 +537,13 @@ def _estimate_caption(spec, parallel, planned_split, result, row: dict, assessme
     elif mem:
         caption += render.memory_call_text(mem, row["verdict"], fraction=row["memory_fraction"])
     if timing is not None:
-        caption += (f"\nstep {timing['step_time_s']:.2f} s, {timing['tflops_per_gpu']:.0f} TFLOP/s per GPU "
-                    f"(MFU {timing['mfu']:.0%}), {timing['tokens_per_s']:,.0f} tokens/s; "
+        hypothetical = hints_text.if_it_fit(row["verdict"])
+        caption += (f"\n{hypothetical}step {timing['step_time_s']:.2f} s, {timing['tflops_per_gpu']:.0f} TFLOP/s "
+                    f"per GPU (MFU {timing['mfu']:.0%}), {timing['tokens_per_s']:,.0f} tokens/s; "
                     + render.time_parts_text(parts))
         if tokens is not None:
-            caption += f"\n{tokens:.3g} tokens: {timing['days']:.1f} days, {timing['gpu_hours']:,.0f} GPU-hours"
+            caption += (f"\n{hypothetical}{tokens:.3g} tokens: {timing['days']:.1f} days, "
+                        f"{timing['gpu_hours']:,.0f} GPU-hours")
             if gpu_hour_price is not None:
                 caption += f", ${row['cost_usd']:,.0f} at ${gpu_hour_price:g} per GPU-hour"
     return caption + "".join("\n" + note for note in notes)

@@ -251,19 +251,35 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
     """The dense sweep's nothing-fits line (``advisor.cli.estimate``) for MoE rows: the verdicts'
     tally, the layout that needs the least of the memory its verdict judged (the calibrated usage
     where calibrated, else the analytic total) with its EP and ETP, and the choices given that
-    the search could relax (recomputation, the split, VPP, EP, ETP, the overlap)."""
+    the search could relax (recomputation, the split, VPP, EP, ETP, the overlap). Where no
+    layout's model states alone fit, it says so, and hints neither recomputation nor a shorter
+    --seq-len; and it says that this sweep does not try --sharding auto's levers."""
+    from advisor import render
+    from advisor.cli.hints import bigger_gpu, states_text
+    from advisor.memory import GIB
+
     least = result.least()
     need = least.get("usage_gib", least["total_gib"])
+    # each layout's states at its peak stage: no more than its fullest stage's, so a floor
+    floor = float(result.memory["states"][result.order].min()) / GIB
+    bound = floor > mem  # what the --seq-len and recomputation shrink, activations, cannot help
     recompute, split, vpp = (space.recompute, space.split, space.vpp) if space is not None else ("auto", "auto", None)
-    pinned = "/".join(f"--{name}" for name, value in (("vpp", vpp if vpp != 1 else None), ("ep", ep), ("etp", etp))
-                      if value is not None)
-    levers = {"--recompute auto": recompute in ("none", "selective"), "--split auto": split == "even",
-              f"no {pinned}": bool(pinned), "no --overlap-moe-expert-parallel-comm": a2a_overlap}
-    hints = ["more GPUs", *(hint for hint, helps in levers.items() if helps), "a shorter --seq-len"]
+    given = space.pinned.given() if space is not None else {}
+    pinned = "/".join(f"--{name}" for name, value in (*given.items(), ("vpp", vpp if vpp != 1 else None), ("ep", ep),
+                                                      ("etp", etp)) if value is not None)
+    levers = {"--recompute auto": recompute in ("none", "selective") and not bound, "--split auto": split == "even",
+              f"no {pinned}": bool(pinned), "no --overlap-moe-expert-parallel-comm": a2a_overlap,
+              "a shorter --seq-len": not bound, "a GPU with more memory": bound and bigger_gpu(floor, mem)}
+    hints = ["more GPUs", *(hint for hint, helps in levers.items() if helps)]
     tally = ", ".join(f"{n} {verdict}" for verdict, n in result.counts.items())
+    states = states_text(least["model_states_gib"], mem) if bound else ""
+    # the MoE model prices neither lever (``_levers_not_priced``), so --sharding auto is not tried
+    skipped = "" if space is not None and space.sharding == "fixed" else (
+        "; MoE sweeps do not try --sharding auto's Megatron-FSDP or optimizer CPU offload (not priced for MoE)")
     return (f"advisor sweep: nothing fits: {tally}; the least any layout needs is {need:.1f} GiB per GPU against "
             f"{mem:g} GiB (TP {least['tp']}, CP {least['cp']}, PP {least['pp']}, EP {least['ep']}, ETP "
-            f"{least['etp']}, MBS {least['mbs']}). Try {', '.join(hints[:-1])} or {hints[-1]} (--all shows the rows)")
+            f"{least['etp']}, MBS {least['mbs']}){states}{skipped}. Try {render.listed(hints, 'or')} "
+            "(--all shows the rows)")
 
 
 def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold, gpu, settings, show_all: bool,
@@ -383,8 +399,10 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output) -> str:
     elif mem:
         caption += render.memory_call_text(mem, row["verdict"], fraction=peak["total_gib"] / mem)
     if gpu is not None:
-        caption += (f"\nstep {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} TFLOP/s per GPU "
-                    f"(MFU {row['mfu']:.0%}), {row['tokens_per_s']:,.0f} tokens/s; "
+        from advisor.cli.hints import if_it_fit
+
+        caption += (f"\n{if_it_fit(row['verdict'])}step {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} "
+                    f"TFLOP/s per GPU (MFU {row['mfu']:.0%}), {row['tokens_per_s']:,.0f} tokens/s; "
                     + render.time_parts_text(row["time_parts"]))
     caption += "".join(f"\n{note}" for note in notes)
     extra = "".join(f", {name} {value}" for name, value in (("VPP", vpp), ("MTP", spec.mtp_num_layers)) if value > 1

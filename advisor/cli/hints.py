@@ -1,0 +1,32 @@
+"""The words of a sweep or estimate that did not fit, dense and MoE alike: what the model states
+alone need, whether a larger GPU preset would hold them, and the time lines of a layout that would
+not run."""
+
+from __future__ import annotations
+
+
+def states_text(states_gib: float, mem: float) -> str:
+    """The clause of a nothing-fits line (dense or MoE) where no layout's model states alone fit
+    the memory: the least layout's states, and that no --seq-len changes them."""
+    return (f", and its weights, gradients and optimizer states alone need {states_gib:.1f} GiB (no layout's fit "
+            f"in {mem:g} GiB at any --seq-len)")
+
+
+def bigger_gpu(states_gib: float, mem: float) -> bool:
+    """Whether a GPU preset has room for model states of ``states_gib`` that ``mem`` has not."""
+    from advisor.hardware import load_gpus
+
+    return max(gpu.memory_gib for gpu in load_gpus().values()) > max(states_gib, mem)
+
+
+def if_it_fit(verdict: str | None) -> str:
+    """The prefix of an estimate's time lines (dense or MoE): a layout judged oom or likely oom
+    would not run, so its step time, throughput and days are what it would take if it fit."""
+    return "if it fit: " if verdict in ("oom", "likely oom") else ""
+
+
+def unpinned(pinned) -> list[str]:
+    """The hint to search the dimensions the user pinned (``advisor.parallel.Pinned``): 'no
+    --tp/--pp', or none."""
+    names = "/".join(f"--{name}" for name in pinned.given())
+    return [f"no {names}"] if names else []
