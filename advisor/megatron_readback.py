@@ -217,6 +217,47 @@ def _unpriced_model(model: dict) -> list[str]:
     return notes
 
 
+@dataclass(frozen=True, slots=True)
+class Missing:
+    """One input the command leaves out."""
+
+    what: str
+    """'--seq-length', 'its vocabulary'."""
+    why: str | None = None
+    """Why the command cannot say it ('its tokenizer is read from files'); None for a flag."""
+    give: str | None = None
+    """The advisor's option that supplies it ('--gpus N'); None: only the command can (a flag)."""
+
+
+class MissingInputs(AdvisorError):
+    """The command leaves out inputs the reading needs, every one named in a single line: found
+    one per run, a user would learn them one failed run at a time."""
+
+    def __init__(self, missing):
+        self.missing = tuple(missing)
+        super().__init__(missing_line(self.missing))
+
+
+def missing_line(missing: tuple[Missing, ...]) -> str:
+    """'the command does not give A (why) or B: write A in the command; give --option N'."""
+    from advisor.render import listed
+
+    named = [item.what + (f" ({item.why})" if item.why else "") for item in missing]
+    flags = [item.what for item in missing if item.give is None]
+    given = [item.give for item in missing if item.give is not None]
+    remedies = []
+    if flags:  # beside the advisor's options, the flags are named again: those go in the script
+        written = listed(flags) if given else "it" if len(flags) == 1 else "them"
+        remedies.append(f"write {written} in the command")
+    if given:
+        remedies.append("give " + listed(given))
+    return f"the command does not give {listed(named, 'or')}: {'; '.join(remedies)}"
+
+
+_REQUIRED_MODEL = ("num-layers", "hidden-size", "num-attention-heads")
+"""The model flags Megatron has no default for (validate_args asserts them)."""
+
+
 def vocabulary(model: dict) -> tuple[int | None, str]:
     """The tokenizer's vocabulary as Megatron builds it, and where it came from: NullTokenizer
     adds one row (megatron/training/tokenizer/tokenizer.py, ``_NullTokenizer.vocab_size``); other
@@ -231,9 +272,8 @@ def vocabulary(model: dict) -> tuple[int | None, str]:
 
 def model_spec(model: dict, *, name: str, vocab_size: int) -> LlamaSpec:
     """The LlamaSpec a Megatron model-flag dict builds, with validate_args' defaults."""
-    missing = [flag for flag in ("num-layers", "hidden-size", "num-attention-heads") if flag not in model]
-    if missing:
-        raise AdvisorError("the command does not give " + ", ".join(f"--{flag}" for flag in missing))
+    if missing := [Missing(f"--{flag}") for flag in _REQUIRED_MODEL if flag not in model]:
+        raise MissingInputs(missing)
     # validate_args refuses the deprecated switch but with RoPE, where it changes nothing: the
     # learned position table is built only for learned_absolute (language_model_embedding.py).
     if model.get("no-position-embedding") and model.get("position-embedding-type") != "rope":
@@ -395,13 +435,10 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     command_vocab, source = vocabulary(parsed.model)
     if vocab_size is not None:
         command_vocab, source = vocab_size, f"--vocab-size {vocab_size} (given to the advisor)"
-    if command_vocab is None:
-        raise AdvisorError("the command does not give the vocabulary (its tokenizer is read from files): give "
-                           "--vocab-size N, the tokenizer's size")
+    if missing := _missing(parsed.model, command_vocab):
+        raise MissingInputs(missing)
     spec = model_spec(parsed.model, name=name, vocab_size=command_vocab)
     seq_len = _int(parsed.model, "seq-length")
-    if seq_len is None:
-        raise AdvisorError("the command does not give --seq-length")
     moe_values, rest = ({}, parsed.rest) if "--num-experts" not in _flags(parsed.rest) else _moe_values(parsed.rest)
     if not moe_values:
         _refuse_expert_parallelism_without_experts(parsed.rest)
@@ -428,6 +465,16 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
                        "hold are not priced)" for name in dict.fromkeys(parsed.unset)]),
                    skipped=tuple(parsed.skipped),
                    vocab_source=source, moe=moe)
+
+
+def _missing(model: dict, vocab_size: int | None) -> list[Missing]:
+    """Every input the reading needs that neither the command nor the advisor's options give:
+    each is known without the others, so all are named at once."""
+    missing = [Missing(f"--{flag}") for flag in (*_REQUIRED_MODEL, "seq-length") if flag not in model]
+    if vocab_size is None:
+        missing.append(Missing("its vocabulary", "its tokenizer is read from files",
+                               "--vocab-size N (the tokenizer's size)"))
+    return missing
 
 
 _SOFTMAX_FUSION_OFF = "--no-masked-softmax-fusion"

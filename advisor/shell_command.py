@@ -450,19 +450,25 @@ def _options(words: list[str], valued: set[str]) -> tuple[dict[str, str], list[s
     return options, words[i:]
 
 
+class _Unreadable(Exception):
+    """A launcher's count the advisor cannot read (its text is why): the world size is unknown,
+    which the user's --gpus settles, so it is not refused here but named with the other missing
+    inputs (``advisor.cli.from_command``)."""
+
+
 def _integer(options: dict, keys: tuple[str, ...], what: str) -> int | None:
     for key in keys:
         if key in options:
             value = options[key]
             shown = unexpanded(value)
             if shown is not None:
-                raise AdvisorError(f"{what} --{key} is {shown}: write its value, or give --gpus")
+                raise _Unreadable(f"{what} --{key} is {shown}")
             if key == "nnodes" and ":" in value:
                 value = value.split(":")[-1]  # elastic MIN:MAX: the most it runs on
             if key == "gres":
                 value = value.rsplit(":", 1)[-1]
             if not value.isdigit() or int(value) < 1:
-                raise AdvisorError(f"{what} --{key} {value!r} is not a positive integer: give --gpus")
+                raise _Unreadable(f"{what} --{key} {value!r} is not a positive integer")
             return int(value)
     return None
 
@@ -471,6 +477,15 @@ def _torchrun_world(options: dict) -> tuple[int, str]:
     per_node = _integer(options, ("nproc-per-node",), "torchrun's") or 1
     nodes = _integer(options, ("nnodes",), "torchrun's") or 1
     return per_node * nodes, f"torchrun --nproc-per-node {per_node} x --nnodes {nodes}"
+
+
+def _world(read, options: dict) -> tuple[int | None, str]:
+    """(the world size ``read`` finds in a launcher's ``options``, how it was read); (None, why)
+    where a count cannot be read."""
+    try:
+        return read(options)
+    except _Unreadable as problem:
+        return None, str(problem)
 
 
 def _slurm_world(options: dict) -> tuple[int | None, str]:
@@ -503,7 +518,7 @@ def _unwrap(words: list[str], sbatch: dict) -> LaunchCommand:
             slurm, launchers = {**sbatch, **options}, launchers + ["srun"]
         elif name == "torchrun" or words[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
             options, words = _options(words[1 if name == "torchrun" else 2:], _TORCHRUN_VALUED)
-            world, source = _torchrun_world(options)
+            world, source = _world(_torchrun_world, options)
             launchers.append("torchrun")
             if "no-python" in options or "m" in options or "module" in options:
                 words = ["-m", *words] if "no-python" not in options else words
@@ -520,8 +535,9 @@ def _unwrap(words: list[str], sbatch: dict) -> LaunchCommand:
             break
         else:
             raise AdvisorError(f"cannot read {as_written(words[0])!r} as a launcher or a Megatron script")
-    if world is None and slurm is not None:
-        world, source = _slurm_world(slurm)
+    # srun's tasks are torchrun's agents, not the ranks: an unreadable torchrun count stays unknown.
+    if world is None and slurm is not None and "torchrun" not in launchers:
+        world, source = _world(_slurm_world, slurm)
     return LaunchCommand(tuple(words), "+".join(launchers) or "arguments", world, source)
 
 

@@ -52,17 +52,22 @@ def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=
     """The pasted command's run, its world size (--gpus overrides the launcher's) and DP."""
     from advisor import limits
     from advisor.fileio import read_text
-    from advisor.megatron_readback import read_run
+    from advisor.megatron_readback import Missing, MissingInputs, missing_line, read_run
     from advisor.parallel import model_parallel_problem
     from advisor.shell_command import read_command
 
     text = read_text(path, max_bytes=limits.COMMAND_FILE_BYTES, what="command file")
     launch = read_command(text)
     name = "stdin" if path == "-" else Path(path).name
-    run = read_run(launch.arguments, name=name, vocab_size=vocab_size, release=release)
     world, where = (gpus, "--gpus") if gpus is not None else (launch.world_size, launch.world_source)
-    if world is None:
-        raise InputError(f"the command does not give its world size ({where}): give --gpus N")
+    # The world size is missing independently of what the reading misses: one line names all.
+    unknown = () if world is not None else (Missing("its world size", where, "--gpus N"),)
+    try:
+        run = read_run(launch.arguments, name=name, vocab_size=vocab_size, release=release)
+    except MissingInputs as missing:
+        raise InputError(missing_line(missing.missing + unknown)) from None
+    if unknown:
+        raise InputError(missing_line(unknown))
     layout = run.layout
     model_parallel = layout.tp * layout.cp * layout.pp
     subject = f"--gpus {world}" if where == "--gpus" else f"the world size {world} ({where})"
