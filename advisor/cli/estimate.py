@@ -69,8 +69,10 @@ tight (<= mem), oom (> mem; hidden without --all), ranked by its rule
   1. fits before tight   2. no recomputation first
   3. smallest TP x CP x PP   4. largest MBS   5. smallest TP
   6. smallest PP, fewest recomputed layers, lowest memory
-When nothing fits, one line says what the least layout needs, JSON and CSV
-are their empty documents, and the exit status is 1 (bad input is 2).
+When nothing fits, one line says what the least layout needs (and what its
+weights, gradients and optimizer states alone need, where those do not fit
+either), JSON and CSV are their empty documents, and the exit status is 1
+(bad input is 2).
 
 \b
 Examples:
@@ -86,6 +88,8 @@ Examples:
       --recompute none --all --format csv
   advisor sweep --gpus 64 --gpu h100-80gb --profile runs/
       # activations as profiled
+  advisor sweep --gpus 64 --gpu h100-80gb --model llama3.1-70b --tp 8
+      # TP pinned (also --cp, --pp, --mbs); the rest searched
 """
 """advisor sweep --help (here, not in the docstring: the function stays within 80 lines)."""
 

@@ -295,8 +295,7 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
              + f"; routing {routing.routing}" + (" unpadded" if routing.routing == "capacity"
                                                   and not routing.pad_to_capacity else "")
              + f", dispatcher {settings.dispatcher}" + (", a2a overlapped" if settings.a2a_overlap else "")
-             + (f", MTP {spec.mtp_num_layers}" if spec.mtp_num_layers else "")
-             + (f", FP8 {fp8}" if (fp8 := settings.training.precision.fp8_format) else ""))
+             + (f", MTP {spec.mtp_num_layers}" if spec.mtp_num_layers else ""))  # FP8: setup_line's --fp8-format
     selected = len(result.order) if show_all else result.ranked
     caption = (counts_caption(result.counts, show_all, len(shown), selected)
                + f"\n{_searched(result)}"
