@@ -25,7 +25,7 @@ from advisor import memory_terms
 from advisor import schedule
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
-from advisor.parallel import ParallelConfig, Workload, sequence_problem
+from advisor.parallel import ParallelConfig, Workload, heads_problem, sequence_problem
 
 GIB = 2**30
 """Seed 004's tables say GB and mean GiB (2^30 bytes): its Eq. 10/17 values printed in Tables 2-11
@@ -194,10 +194,7 @@ class MemoryEstimate:
 
 def tp_problem(spec: LlamaSpec, tp: int) -> str | None:
     """Why Megatron-LM cannot split this model's attention over ``tp`` ranks, or None."""
-    a, k = spec.num_attention_heads, spec.num_query_groups
-    if a % tp or k % tp:
-        return f"TP {tp} must divide the attention heads ({a}) and the KV heads ({k})"
-    return None
+    return heads_problem(tp, spec.num_attention_heads, spec.num_query_groups)
 
 
 def split_problem(num_layers: int, pp: int, vpp: int, layers_per_stage: tuple[int, ...], *,

@@ -53,6 +53,15 @@ def global_batch_problem(global_batch_size: int, mbs: int, dp: int, *, subject: 
     return f"{subject} is not divisible by MBS x DP = {mbs} x {dp} = {per_step}"
 
 
+def heads_problem(tp: int, heads: int, kv_heads: int, *, name: str = "TP") -> str | None:
+    """Why TP cannot split the attention of ``heads`` heads and ``kv_heads`` key-value heads, or
+    None: each rank takes whole heads of both (megatron-core's ``divide`` asserts it). The one
+    wording; ``name`` says how TP was given (default 'TP', the sweep's '--tp')."""
+    if heads % tp or kv_heads % tp:
+        return f"{name} {tp} must divide the attention heads ({heads}) and the KV heads ({kv_heads})"
+    return None
+
+
 def sequence_problem(seq_len: int, cp: int, tp: int) -> str | None:
     """Why the sequence cannot be split over CP and TP, or None: CP splits it into 2 x CP chunks
     (load-balanced causal attention; core_v0.15.2 ``get_batch_on_this_cp_rank``), and sequence
@@ -83,6 +92,10 @@ class Pinned:
     def given(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__ if getattr(self, name) is not None}
 
+    def text(self) -> str:
+        """'TP 8, PP 2' (the pinned degrees, for a line that says why no layout has them)."""
+        return ", ".join(f"{name.upper()} {value}" for name, value in self.given().items())
+
     def problem(self, gpus: int, *, heads: int, kv_heads: int, layers: int, seq_len: int,
                 global_batch_size: int | None, max_tp: int) -> str | None:
         """Why no layout on ``gpus`` GPUs can have these degrees, named by their flags, or None
@@ -92,8 +105,8 @@ class Pinned:
         if tp > max_tp:
             return (f"--tp {tp} is more than --gpus-per-node {max_tp}: the sweep keeps TP within a node "
                     "(advisor estimate prices a TP across nodes)")
-        if heads % tp or kv_heads % tp:
-            return f"--tp {tp} must divide the attention heads ({heads}) and the KV heads ({kv_heads})"
+        if problem := heads_problem(tp, heads, kv_heads, name="--tp"):
+            return problem
         if pp > layers:
             return f"--pp {pp} exceeds the {layers} layers"
         if problem := model_parallel_problem(gpus, tp, cp, pp):

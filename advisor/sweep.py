@@ -210,8 +210,7 @@ def _no_layout(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, spac
            f"multiple of PP" if space.vpp not in (None, 1) else "")
         + (f"; with --recompute-method uniform --recompute-num-layers {space.chunk_multiple}, every model chunk's "
            f"layers a multiple of it" if space.chunk_multiple > 1 else "")
-        + (f"; pinned: {', '.join(f'{name.upper()} {value}' for name, value in space.pinned.given().items())}"
-           if space.pinned.given() else "")
+        + (f"; pinned: {space.pinned.text()}" if space.pinned.given() else "")
     )
 
 

@@ -282,7 +282,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
         hints.insert(1, "--split auto")
     if space.sharding == "fixed":  # auto has tried Megatron-FSDP and CPU offload
         hints.insert(1, "--sharding auto")
-    hints[1:1] = hints_text.unpinned(space.pinned)
+    hints[1:1] = hints_text.unpinned(space.pinned.given())
     return f"advisor sweep: nothing fits: {tally}{need}. Try {render.listed(hints, 'or')} (--all shows the rows)"
 
 
@@ -306,7 +306,7 @@ def _states_bound(head: str, rows, least, space, mem: float, floor: float) -> st
     sharded = min(float((row.estimate.terms.weights + row.estimate.terms.gradients).max())
                   / (row.parallel.dp * row.parallel.cp) for row in rows) / GIB
     text = head + hints_text.states_text(_states_gib(least), mem)
-    hints = ["more GPUs", *hints_text.unpinned(space.pinned), *(["--split auto"] if space.split == "even" else [])]
+    hints = ["more GPUs", *hints_text.unpinned(space.pinned.given()), *(["--split auto"] if space.split == "even" else [])]
     if sharded > mem:
         text += (f"; sharded over all {least.parallel.gpus} GPUs with the optimizer in host memory, the weights "
                  f"and gradients alone would still need {sharded:.1f} GiB")

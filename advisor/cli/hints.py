@@ -25,8 +25,8 @@ def if_it_fit(verdict: str | None) -> str:
     return "if it fit: " if verdict in ("oom", "likely oom") else ""
 
 
-def unpinned(pinned) -> list[str]:
-    """The hint to search the dimensions the user pinned (``advisor.parallel.Pinned``): 'no
-    --tp/--pp', or none."""
-    names = "/".join(f"--{name}" for name in pinned.given())
-    return [f"no {names}"] if names else []
+def unpinned(names) -> list[str]:
+    """The hint to search the dimensions the user pinned (``advisor.parallel.Pinned``'s, and an
+    MoE sweep's VPP, EP and ETP), by option name: 'no --tp/--pp', or none."""
+    flags = "/".join(f"--{name}" for name in names)
+    return [f"no {flags}"] if flags else []

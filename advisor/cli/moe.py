@@ -255,7 +255,7 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
     layout's model states alone fit, it says so, and hints neither recomputation nor a shorter
     --seq-len; and it says that this sweep does not try --sharding auto's levers."""
     from advisor import render
-    from advisor.cli.hints import bigger_gpu, states_text
+    from advisor.cli.hints import bigger_gpu, states_text, unpinned
     from advisor.memory import GIB
 
     least = result.least()
@@ -265,10 +265,10 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
     bound = floor > mem  # what the --seq-len and recomputation shrink, activations, cannot help
     recompute, split, vpp = (space.recompute, space.split, space.vpp) if space is not None else ("auto", "auto", None)
     given = space.pinned.given() if space is not None else {}
-    pinned = "/".join(f"--{name}" for name, value in (*given.items(), ("vpp", vpp if vpp != 1 else None), ("ep", ep),
-                                                      ("etp", etp)) if value is not None)
+    pins = unpinned([*given, *(name for name, value in (("vpp", vpp if vpp != 1 else None), ("ep", ep), ("etp", etp))
+                               if value is not None)])
     levers = {"--recompute auto": recompute in ("none", "selective") and not bound, "--split auto": split == "even",
-              f"no {pinned}": bool(pinned), "no --overlap-moe-expert-parallel-comm": a2a_overlap,
+              **dict.fromkeys(pins, True), "no --overlap-moe-expert-parallel-comm": a2a_overlap,
               "a shorter --seq-len": not bound, "a GPU with more memory": bound and bigger_gpu(floor, mem)}
     hints = ["more GPUs", *(hint for hint, helps in levers.items() if helps)]
     tally = ", ".join(f"{n} {verdict}" for verdict, n in result.counts.items())

@@ -26,6 +26,7 @@ from advisor import fileio, limits
 from advisor.errors import AdvisorError
 from advisor.moe import memory, params
 from advisor.moe.spec import MoESpec, spec_from_dict
+from advisor.parallel import heads_problem
 from advisor.render import listed
 from advisor.profiles import Kernels, LayerSpec
 
@@ -124,9 +125,8 @@ def layer_problem(spec: MoESpec, *, tp: int, ep: int, etp: int, dispatcher: str,
                 "(TELinear, parallel_mode 'duplicated'), which has no stand-in here")
     if spec.num_experts % ep:
         return f"EP {ep} must divide the {spec.num_experts} experts"
-    groups = spec.num_attention_heads if spec.mla is not None else spec.num_query_groups
-    if spec.num_attention_heads % tp or groups % tp:
-        return f"TP {tp} must divide the attention heads ({spec.num_attention_heads}) and the KV heads ({groups})"
+    if problem := heads_problem(tp, spec.num_attention_heads, spec.tp_kv_heads):
+        return problem
     if spec.moe_ffn_hidden_size % etp:
         return f"ETP {etp} must divide the experts' width ({spec.moe_ffn_hidden_size})"
     if capacity_factor is not None and (dispatcher != "alltoall" or not capacity_factor > 0):

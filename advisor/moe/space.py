@@ -28,8 +28,8 @@ from advisor.errors import AdvisorError
 from advisor.hardware import GpuSpec
 from advisor.moe import stage as st
 from advisor.moe.spec import MoESpec
-from advisor.parallel import (Pinned, Workload, check_whole_nodes, global_batch_problem, model_parallel_problem,
-                             sequence_problem)
+from advisor.parallel import (Pinned, Workload, check_whole_nodes, global_batch_problem, heads_problem,
+                             model_parallel_problem, sequence_problem)
 
 GIB = 2**30
 RECOMPUTES = ("none", "selective", "full")
@@ -66,10 +66,8 @@ def layout_problem(spec: MoESpec, workload: Workload, gpus: int, tp: int, cp: in
     """Why megatron-core cannot run this layout (with ``layers_per_stage``, its own split; with
     --overlap-moe-expert-parallel-comm where ``a2a_overlap``, and ``recompute``; with the
     ``dispatcher``), or None."""
-    heads = spec.num_attention_heads
-    groups = heads if spec.mla is not None else spec.num_query_groups
-    if heads % tp or groups % tp:
-        return f"TP {tp} must divide the attention heads ({heads}) and the KV heads ({groups})"
+    if problem := heads_problem(tp, spec.num_attention_heads, spec.tp_kv_heads):
+        return problem
     if problem := model_parallel_problem(gpus, tp, cp, pp):
         return problem
     if problem := expert_problem(spec, gpus // pp, ep, etp, dispatcher):
@@ -130,17 +128,15 @@ def _bases(spec: MoESpec, workload: Workload, gpus: int, max_tp: int, pinned: Pi
     tp, cp, pp, ep, etp, mbs = (x.ravel() for x in np.meshgrid(
         pinned.values("tp", small), pinned.values("cp", powers), pinned.values("pp", pps), eps, small,
         pinned.values("mbs", powers[powers <= 8]), indexing="ij"))
-    heads = spec.num_attention_heads
-    groups = heads if spec.mla is not None else spec.num_query_groups
+    heads, groups = spec.num_attention_heads, spec.tp_kv_heads
     s, gbs = workload.seq_len, workload.global_batch_size
     ok = (heads % tp == 0) & (groups % tp == 0) & (gpus % (tp * cp * pp) == 0) & (etp <= tp)
     ok &= ((gpus // pp) % (ep * etp) == 0) & ((cp == 1) | (s % (2 * cp) == 0)) & ((s // cp) % tp == 0)
     dp = gpus // np.maximum(tp * cp * pp, 1)
     ok &= (dp >= 1) & (gbs % np.maximum(mbs * dp, 1) == 0)
     if not ok.any():
-        pins = ", ".join(f"{name.upper()} {value}" for name, value in pinned.given().items())
         raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs satisfies megatron-core's constraints"
-                           + (f" with {pins}" if pins else ""))
+                           + (f" with {pinned.text()}" if pinned.given() else ""))
     return np.stack([tp, cp, pp, ep, etp, dp, mbs])[:, ok]
 
 
@@ -431,7 +427,7 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
     layouts = layouts if keep.all() else layouts.take(keep)
     if not len(layouts.tp):
         raise AdvisorError(f"no layout of {spec.name} on {gpus} GPUs with these choices ("
-                           + "".join(f"{name.upper()} {value}, " for name, value in pinned.given().items())
+                           + (f"{pinned.text()}, " if pinned.given() else "")
                            + f"EP {ep or 'any'}, ETP "
                            f"{etp or 'any'}, VPP {vpp or 'any'}" + (", an even split" if even_split else "")
                            + (f", recompute {recompute}" if recompute else "")
@@ -464,8 +460,7 @@ def _check_sweep(spec: MoESpec, workload: Workload, gpus: int, whole_node: int, 
     (``expert_problem`` at PP 1, the largest TP x CP x DP; the flex dispatcher's rule where both
     are pinned), or a pinned ETP the search never tries."""
     check_whole_nodes(gpus, whole_node)
-    heads = spec.num_attention_heads
-    if problem := pinned.problem(gpus, heads=heads, kv_heads=heads if spec.mla is not None else spec.num_query_groups,
+    if problem := pinned.problem(gpus, heads=spec.num_attention_heads, kv_heads=spec.tp_kv_heads,
                                  layers=spec.num_layers, seq_len=workload.seq_len,
                                  global_batch_size=workload.global_batch_size, max_tp=max_tp):
         raise AdvisorError(problem)

@@ -178,6 +178,12 @@ class MoESpec(LlamaSpec):
                              self.moe_router_topk)
 
     @property
+    def tp_kv_heads(self) -> int:
+        """The key-value heads TP splits: MLA's per-head keys and values (one per attention head),
+        else the query groups."""
+        return self.num_attention_heads if self.mla is not None else self.num_query_groups
+
+    @property
     def moe_layers(self) -> int:
         return self.num_layers - self.first_dense_layers
 
