@@ -173,7 +173,7 @@ def test_recommend_writes_its_plan_to_a_json_name(advisor, tmp_path):
 # --- 4. a bare command prints its help, exit status 0 ----------------------------------------
 
 
-@pytest.mark.parametrize("group", [[], ["profile"]], ids=["advisor", "profile"])
+@pytest.mark.parametrize("group", [[], ["profile"], ["report"]], ids=["advisor", "profile", "report"])
 def test_a_bare_group_prints_its_help(group):
     runner = CliRunner()
     bare = runner.invoke(cli, group, prog_name="advisor")
@@ -198,11 +198,10 @@ def test_an_unknown_command_stays_an_error(args, line):
     assert (result.exit_code, result.stdout, result.stderr.strip()) == (2, "", line)
 
 
-def test_bare_report_still_says_what_it_needs(advisor):
-    """``advisor report`` runs its own callback bare (a page --from a file, or a subcommand's):
-    tests/test_report.py holds it to its one-line error."""
-    assert advisor.error("report") == ("Error: give --from FILE, or a subcommand: advisor report "
-                                       "sweep|estimate|recommend ...")
+def test_report_without_a_source_still_says_what_it_needs(advisor):
+    """``advisor report`` with options but neither --from nor a subcommand: its one-line error."""
+    assert advisor.error("report", "--profile", "examples/launch/profiles") == (
+        "Error: give --from FILE, or a subcommand: advisor report sweep|estimate|recommend ...")
 
 
 def test_a_group_with_its_own_bare_action_still_runs_it():

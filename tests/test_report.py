@@ -106,7 +106,8 @@ def test_estimate_and_plan_pages(advisor, tmp_path):
 
 
 @pytest.mark.parametrize("args", [
-    ("report",), ("report", "--from", "/nonexistent.json", "-o", "x.html"), ("report", "-o", "x.html", "sweep"),
+    ("report", "--profile", "examples/launch/profiles"),  # neither --from nor a subcommand
+    ("report", "--from", "/nonexistent.json", "-o", "x.html"), ("report", "-o", "x.html", "sweep"),
     ("report", "sweep", "--gpus", "8", "--mem", "80"),  # no -o
     ("report", "--from", "README.md", "-o", "x.html"),
 ])

@@ -122,7 +122,7 @@ def _recommend_json(kwargs: dict) -> dict:
     return {**kwargs, "fmt": "json", "output": STDOUT, "png": None}
 
 
-@click.group("report", invoke_without_command=True, epilog=EPILOG)
+@click.group("report", invoke_without_command=True, no_args_is_help=True, epilog=EPILOG)
 @click.option("--from", "source", type=InputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="A saved sweep (advisor sweep --format json), sweep row, estimate (advisor estimate --format "
                    "json) or plan (advisor recommend -o).")
