@@ -211,7 +211,7 @@ def _unpriced_model(model: dict) -> list[str]:
         notes.append("no --disable-bias-linear (linear-layer biases, not priced)")
     for name in ("attention-dropout", "hidden-dropout"):
         if _float(model, name, 0.1) != 0:
-            notes.append(f"--{name} {model.get(name, '0.1 (the default)')} (dropout masks, not priced)")
+            notes.append(f"--{name} {model.get(name, '0.1, the default,')} (dropout masks, not priced)")
     if _float(model, "rotary-percent", 1.0) != 1.0:
         notes.append(f"--rotary-percent {model['rotary-percent']}")
     return notes
@@ -405,6 +405,14 @@ def read_layout(layout: dict, num_layers: int, mtp_layers: int = 0) -> Layout:
     return Layout(tp=_int(layout, "tensor-model-parallel-size", 1), cp=_int(layout, "context-parallel-size", 1),
                   layers_per_stage=tuple(counts), vpp=vpp, mbs=mbs,
                   global_batch_size=_int(layout, "global-batch-size"))
+
+
+def model_parallel_degrees(arguments: list[str] | tuple[str, ...]) -> tuple[int, int, int]:
+    """(TP, CP, PP) of Megatron's arguments, Megatron's default 1 for each: what a world size must
+    be a multiple of, readable where the rest of the run is not (a missing vocabulary)."""
+    layout = split_arguments(arguments).layout
+    return (_int(layout, "tensor-model-parallel-size", 1), _int(layout, "context-parallel-size", 1),
+            _int(layout, "pipeline-model-parallel-size", 1))
 
 
 @dataclass(frozen=True, slots=True)

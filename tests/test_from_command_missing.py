@@ -97,6 +97,18 @@ def test_a_world_size_that_depends_on_the_missing_one_is_checked_once_given():
     assert "not divisible by TP x CP x PP = 4 x 1 x 1 = 4" in line and "does not give" not in line
 
 
+def test_a_world_size_the_layout_cannot_use_joins_the_missing_inputs_line():
+    """Megatron-LM's GPT-3 175B example: 8 GPUs for TP 8 x PP 16 and a tokenizer from files. Both
+    are told at once; TP, CP and PP are read without the vocabulary."""
+    line = refused(estimate(str(COMMANDS / "megatron_gpt3_175b.sh"), "--gpu", "h100-80gb"))
+    assert line == (f"the command does not give {VOCABULARY}: give --vocab-size N (the tokenizer's size); also, the "
+                    "world size 8 (torchrun --nproc-per-node 8 x --nnodes 1) is not divisible by TP x CP x PP = 8 x 1 "
+                    "x 16 = 128: give --gpus N for the run you mean")
+    fixed = estimate(str(COMMANDS / "megatron_gpt3_175b.sh"), "--gpu", "h100-80gb", "--vocab-size", "50257",
+                     "--gpus", "128")
+    assert fixed.exit_code == 0, fixed.output
+
+
 def test_the_readers_own_refusal_names_every_missing_input():
     """``read_run`` alone (no launcher, so no world size): the same line, its inputs kept."""
     from advisor.errors import AdvisorError

@@ -52,8 +52,7 @@ def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=
     """The pasted command's run, its world size (--gpus overrides the launcher's) and DP."""
     from advisor import limits
     from advisor.fileio import read_text
-    from advisor.megatron_readback import Missing, MissingInputs, missing_line, read_run
-    from advisor.parallel import model_parallel_problem
+    from advisor.megatron_readback import Missing, MissingInputs, missing_line, model_parallel_degrees, read_run
     from advisor.shell_command import read_command
 
     text = read_text(path, max_bytes=limits.COMMAND_FILE_BYTES, what="command file")
@@ -65,16 +64,26 @@ def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=
     try:
         run = read_run(launch.arguments, name=name, vocab_size=vocab_size, release=release)
     except MissingInputs as missing:
-        raise InputError(missing_line(missing.missing + unknown)) from None
+        # a world size the layout cannot use is told in the same line: TP, CP and PP read without the rest
+        problems = [missing_line(missing.missing + unknown),
+                    world is not None and _world_problem(world, where, *model_parallel_degrees(launch.arguments))]
+        raise InputError("; also, ".join(filter(None, problems))) from None
     if unknown:
         raise InputError(missing_line(unknown))
     layout = run.layout
-    model_parallel = layout.tp * layout.cp * layout.pp
-    subject = f"--gpus {world}" if where == "--gpus" else f"the world size {world} ({where})"
-    if problem := model_parallel_problem(world, layout.tp, layout.cp, layout.pp, subject=subject):
-        raise InputError(f"{problem}: give --gpus N for the run you mean")
+    if problem := _world_problem(world, where, layout.tp, layout.cp, layout.pp):
+        raise InputError(problem)
     source = f"{name}: {launch.launcher}, {world} GPUs ({where}); vocabulary {run.vocab_source}"
-    return CommandInputs(run=run, gpus=world, dp=world // model_parallel, source=source)
+    return CommandInputs(run=run, gpus=world, dp=world // (layout.tp * layout.cp * layout.pp), source=source)
+
+
+def _world_problem(world: int, where: str, tp: int, cp: int, pp: int) -> str | None:
+    """Why the command's world size (or --gpus) cannot hold its TP x CP x PP, with the remedy."""
+    from advisor.parallel import model_parallel_problem
+
+    subject = f"--gpus {world}" if where == "--gpus" else f"the world size {world} ({where})"
+    problem = model_parallel_problem(world, tp, cp, pp, subject=subject)
+    return problem and f"{problem}: give --gpus N for the run you mean"
 
 
 def unpriced_line(unpriced: tuple[str, ...]) -> str | None:
