@@ -5,7 +5,7 @@ split, VPP, the padded vocabulary, recomputation, SP, the distributed optimizer,
 dtype, and every architectural field of the TransformerConfig) is what the advisor priced.
 
 Kinds: the ranked rows of sweeps of several models (CP > 1, PP > 1, tied embeddings, QKV
-biases, an explicit head size, MHA), estimates with every extension (uneven splits, VPP,
+biases, an explicit head size, MHA, a pinned micro-batch the search does not try), estimates with every extension (uneven splits, VPP,
 recomputation, no SP, no distributed optimizer, BF16 gradients, no FlashAttention, padding),
 plans of the recommender (uneven splits) and the runs of profiling campaigns.
 
@@ -38,6 +38,9 @@ SWEEPS = {
                           "--seq-len", "4096"],
     "mistral-nemo-head-dim": ["--model", str(HF / "mistral-nemo-12b.json"), "--gpus", "8", "--mem", "80",
                               "--gbs", "64", "--seq-len", "4096"],
+    # pinned: MBS 3, which the search alone never tries, with TP, CP and recomputation still searched
+    "llama3.1-8b-pinned-mbs3-pp2": ["--model", "llama3.1-8b", "--gpus", "8", "--mem", "80", "--gbs", "48",
+                                    "--mbs", "3", "--pp", "2"],
 }
 ESTIMATE = ["--model", "llama3.1-8b", "--gpus", "32", "--tp", "2", "--cp", "2", "--pp", "4", "--mbs", "1",
             "--gbs", "64"]
