@@ -28,9 +28,8 @@ def swiglu_fusion_fraction(spec: LlamaSpec) -> float:
     its own input (h_ffn): 6 s b h_ffn bytes per layer where Eq. 12 counts 8 (up, gate, SiLU and
     the down projection's input). The fraction of Eq. 12's layer activations really kept; fully
     recomputed layers keep only their input, so there is none to correct (``advisor.verdicts``)."""
-    h, f, k, a = spec.hidden_size, spec.ffn_hidden_size, spec.num_query_groups, spec.num_attention_heads
-    per_layer = h * (12 + 4 * k / a + 8 * f / h)  # Eq. 12 over s b
-    return 1.0 - 2 * f / per_layer
+    # Eq. 12 per token (s b = 1), with its attention term for an explicit head size where there is one
+    return 1.0 - 2 * spec.ffn_hidden_size / eq.layer_activation_bytes(spec, 1, 1)
 
 
 def cross_entropy_working_bytes(spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int, vocab: int,
