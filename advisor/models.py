@@ -55,6 +55,8 @@ PRESETS: dict[str, LlamaSpec] = {
 }
 
 DEFAULT_MODEL = "llama3.1-8b"
+"""The model a command prices without --model."""
+
 
 def _normalise(name: str) -> str:
     """'meta-llama/Meta-Llama-3.1-8B' -> 'llama3.1-8b'."""

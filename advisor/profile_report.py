@@ -1,11 +1,12 @@
 """Summaries of a profile run, and measured/estimated ratios against seed 004's terms.
 
 The estimate for each term is seed 004's equation evaluated for the rank's own model,
-parallel layout, sequence length and micro-batch size, with two facts of the run given to the
-estimator as ``MemoryOptions`` because the equations cannot see them otherwise: the element
-size of its weights and activations (``element_bytes``: the paper assumes BF16; a CPU run may
-use FP32), and its attention (the local layer spec keeps the s x s softmax output, which
-FlashAttention does not; ``flash_attention=False``). Gradients and optimizer states keep the paper's assumptions
+parallel layout, sequence length and micro-batch size, with the facts of the run the equations
+cannot see given to the estimator as ``MemoryOptions`` (``run_options``): the distributed
+optimizer, sequence parallelism and recomputation its header records, the element size of its
+weights and activations (``element_bytes``: the paper assumes BF16; a CPU run may use FP32), and
+its attention (the local layer spec keeps the s x s softmax output, which FlashAttention does
+not; ``flash_attention=False``). Gradients and optimizer states keep the paper's assumptions
 (FP32 gradients, 12-byte Adam states), so a ratio away from 1 there says how the run differs
 from the paper, not that the equation is wrong.
 """

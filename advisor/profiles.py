@@ -110,10 +110,6 @@ class LayerRecord:
         return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes
 
 
-LAYER_TIME_FIELDS = ("forward_time_s", "backward_time_s")
-"""Per-layer times, new in version 2 (published for the MadPipe planner)."""
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class IterationRecord:
     iteration: int

@@ -206,6 +206,7 @@ _MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_
 
 def model_options(func: Callable) -> Callable:
     """--model NAME|config.json plus Megatron-style overrides -> ``spec: LlamaSpec``."""
+    from advisor.models import DEFAULT_MODEL
 
     @functools.wraps(func)
     def wrapper(*args, model: str, **kwargs):
@@ -217,7 +218,7 @@ def model_options(func: Callable) -> Callable:
     return apply_options(
         [
             click.option(
-                "--model", default="llama3.1-8b", show_default=True, metavar="NAME|config.json",
+                "--model", default=DEFAULT_MODEL, show_default=True, metavar="NAME|config.json",
                 help="A preset (see 'advisor models') or a Hugging Face config.json (model_type llama, mistral, "
                      "qwen2, mixtral, qwen3_moe or deepseek_v3).",
             ),
