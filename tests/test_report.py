@@ -12,7 +12,7 @@ import pytest
 from advisor import schedule
 from advisor.report import ReportInput, build_page
 from advisor.report.details import layout_detail
-from advisor.report.table import split_columns
+from advisor.report.table import cell_value, split_columns
 
 
 @pytest.mark.parametrize("p,v,m", [(4, 1, 8), (4, 2, 8), (4, 3, 12), (2, 1, 1), (8, 1, 3), (3, 2, 6)])
@@ -67,6 +67,14 @@ def test_new_row_fields_show_without_code_changes(sweep_rows):
     assert "ep" in columns and shared["ranking_tolerance"] == 0.02
     page = build_page(ReportInput(kind="sweep", rows=rows, question="test"), top=1)
     assert "ranking_tolerance (every row)" in page and ">EP</button>" in page
+
+
+def test_the_pages_recomputation_cell_is_the_terminals(sweep_rows):
+    from advisor.render import recompute_text
+
+    full = {**sweep_rows[0], "recompute": "full", "recompute_method": "block", "recompute_num_layers": 2}
+    assert cell_value(full, "recompute") == recompute_text(full) == "full block 2"
+    assert cell_value({**full, "recompute": "selective"}, "recompute") == "selective"
 
 
 def test_cli_writes_the_page_atomically_with_the_umask(advisor, tmp_path):
@@ -185,6 +193,9 @@ def test_an_moe_row_as_written_is_read_by_both(advisor, tmp_path, moe_row):
 
     path = write_json(tmp_path / "row.json", moe_row)
     advisor("report", "--from", path, "-o", tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    # MoE memory is the analytic model's, not Eq. 18 (seed 004's dense total), as the terminal says
+    assert ">analytic GiB</button>" in page and "Eq.18" not in page
     args = json.loads(launcher()("args", "--from", path, "--format", "json").stdout)
     assert args[args.index("--expert-model-parallel-size") + 1] == str(moe_row["ep"])
 

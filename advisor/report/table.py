@@ -9,7 +9,7 @@ import html
 import json
 
 from advisor.plots import COLOURS
-from advisor.render import counts_text
+from advisor.render import counts_text, recompute_text
 
 
 def verdict_css() -> str:
@@ -31,6 +31,13 @@ HIDDEN = {"megatron_args", "model", "recompute_method", "recompute_num_layers", 
 """Shown elsewhere: the flags per row, the model in the assumptions, recomputation in one cell."""
 
 
+def header(key: str, experts: bool = False) -> str:
+    """A column's header; MoE rows' memory is the analytic model's, not seed 004's Eq. 18 (as in
+    the terminal's sweep table, ``advisor.cli.sweep_table``)."""
+    text = KNOWN.get(key, (key, ""))[0]
+    return text.replace("Eq.18", "analytic") if experts else text
+
+
 def _scalar(value) -> bool:
     return value is None or isinstance(value, (bool, int, float, str))
 
@@ -38,8 +45,8 @@ def _scalar(value) -> bool:
 def cell_value(row: dict, key: str):
     """The value a column shows: recomputation as one word, a split as runs, options as JSON."""
     value = row.get(key)
-    if key == "recompute" and value == "full":
-        return f"full {row.get('recompute_method')} {row.get('recompute_num_layers')}"
+    if key == "recompute" and value is not None:
+        return recompute_text(row)
     if isinstance(value, list) and all(isinstance(v, int) for v in value):
         return counts_text(value)
     if isinstance(value, dict):  # options: name=value, what the row changes (recomputation has its column)
@@ -80,7 +87,7 @@ def _format(value, spec: str) -> str:
         return str(value)
 
 
-def _groups(args: list[str]) -> list[tuple[str, ...]]:
+def flag_groups(args: list[str]) -> list[tuple[str, ...]]:
     """An argument list as (flag, values...) groups."""
     groups: list[list[str]] = []
     for token in args:
@@ -89,11 +96,6 @@ def _groups(args: list[str]) -> list[tuple[str, ...]]:
         else:
             groups[-1].append(token)
     return [tuple(group) for group in groups]
-
-
-def flag_groups(args: list[str]) -> list[tuple[str, ...]]:
-    """An argument list as (flag, values...) groups."""
-    return _groups(args)
 
 
 def common_flags(groups: list[list[tuple]]) -> list[tuple[str, ...]]:
@@ -114,9 +116,10 @@ def rows_table(rows: list[dict], columns: list[str], flag_groups: list[list[tupl
                nodes: list[int], gpus_per_node: int) -> str:
     """The table; the last column holds each row's own flags, and buttons that copy them whole."""
     shared = set(common)
+    experts = any("ep" in row for row in rows)
     head = "".join(
         f'<th scope="col" data-key="{key}" aria-sort="none"><button type="button">'
-        f"{html.escape(KNOWN.get(key, (key, ''))[0])}</button></th>" for key in columns)
+        f"{html.escape(header(key, experts))}</button></th>" for key in columns)
     body = []
     for row, groups, node_count in zip(rows, flag_groups, nodes):
         cells = []
