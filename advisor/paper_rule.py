@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 
 Verdict = Literal["fits", "tight", "oom"]
 """The paper's verdicts; the calibrated memory model's are ``advisor.verdicts.CalibratedVerdict``."""
+PAPER_VERDICTS: tuple[Verdict, ...] = ("fits", "tight", "oom")
 DEFAULT_THRESHOLD = 0.8
+"""Section 4.1: no run OOMed at or below 80% of the GPU's memory (``--threshold``'s default)."""
 
 
 def classify(total_gib: float, memory_gib: float, threshold: float = DEFAULT_THRESHOLD) -> Verdict:
@@ -29,5 +31,14 @@ def classify(total_gib: float, memory_gib: float, threshold: float = DEFAULT_THR
 
 def ranking_key(row: SweepRow) -> tuple:
     p = row.parallel
-    return (row.verdict != "fits", row.options.recompute != "none", p.model_parallel_size, -p.mbs, p.tp, p.pp,
-            row.recomputed_layers, row.estimate.total_gib, p.cp, p.vpp)
+    return rule_key(verdict=row.verdict, recompute=row.options.recompute, tp=p.tp, cp=p.cp, pp=p.pp, mbs=p.mbs,
+                    recomputed_layers=row.recomputed_layers, memory_gib=row.estimate.total_gib, vpp=p.vpp)
+
+
+def rule_key(*, verdict: str | None, recompute: str, tp: int, cp: int, pp: int, mbs: int, recomputed_layers: int,
+             memory_gib: float, vpp: int, ep: int = 1) -> tuple:
+    """``ranking_key``'s order from the fields themselves (dense rows and MoE rows alike);
+    ``memory_gib``: Eq. 18's total for a dense row, the memory its verdict judged for an MoE row
+    (``advisor.moe.space``); last, for MoE rows, the smaller EP (1 for dense rows)."""
+    return (verdict != "fits", recompute != "none", tp * cp * pp, -mbs, tp, pp, recomputed_layers, memory_gib, cp,
+            vpp, ep)

@@ -5,8 +5,6 @@ per-layout detail (``advisor.report``); the sweep prices the same terms vectoris
 
 from __future__ import annotations
 
-from advisor.errors import AdvisorError
-
 
 def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, threshold, memory_model, tokens=None,
                  release=None):
@@ -53,22 +51,33 @@ def one_layout_time(spec, gpu, workload, parallel, stages, training, tokens):
 
     from advisor.memory import StageModel
     from advisor.ranking import timing_fields
-    from advisor.rank_times import Timing, recomputed_per_chunk
-    from advisor.throughput import TimeModel
 
-    if workload.global_batch_size is None:
-        raise AdvisorError("predicting time needs a global batch size (--gbs)")
+    model, layouts, recompute = layout_times(spec, gpu, workload, parallel, training)
     options = training.memory_options()
-    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, None, training.time_options())
     p = parallel
     counts = np.array([stages or (spec.num_layers // p.pp,) * p.pp])
-    layouts = Timing(model, gpu.gpus_per_node).layouts(
-        tp=np.array([p.tp]), cp=np.array([p.cp]), dp=np.array([p.dp]), mbs=np.array([p.mbs]), pp=np.array([p.pp]),
-        selective=options.recompute == "selective")
-    recompute = recomputed_per_chunk(options.recompute, options.recompute_method,
-                                     np.array([options.recompute_num_layers]), spec.num_layers)
     memory = StageModel(spec, workload.seq_len, options, tp=p.tp, cp=p.cp, dp=p.dp, mbs=p.mbs, pp=p.pp, vpp=p.vpp,
                         num_microbatches=workload.num_microbatches(p), stage=np.arange(p.pp)[None, :])
     step = layouts.step(np.array([0]), np.array([p.vpp]), recompute, counts, memory.parameters(counts).max(axis=1))
     timing = timing_fields(model, step, p.gpus, p.tp, tokens)[0]
     return timing, {k: float(v) for k, v in step.row(0).items()}
+
+
+def layout_times(spec, gpu, workload, parallel, training):
+    """(the time model, the layout's ``rank_times.LayoutTimes``, its recomputed layers per model
+    chunk): one layout as the sweep times its rows (``advisor.sweep.run_timing``), for its step
+    (``one_layout_time``) and each rank's times per microbatch (the report's schedule)."""
+    import numpy as np
+
+    from advisor.rank_times import recomputed_per_chunk
+    from advisor.sweep import run_timing
+
+    options = training.memory_options()
+    timing = run_timing(spec, workload, gpu, training.time_options())
+    p = parallel
+    layouts = timing.layouts(
+        tp=np.array([p.tp]), cp=np.array([p.cp]), dp=np.array([p.dp]), mbs=np.array([p.mbs]), pp=np.array([p.pp]),
+        selective=options.recompute == "selective")
+    recompute = recomputed_per_chunk(options.recompute, options.recompute_method,
+                                     np.array([options.recompute_num_layers]), spec.num_layers)
+    return timing.model, layouts, recompute

@@ -9,7 +9,9 @@
   the model cannot tell from the fastest's.
 - ``memory``: the most headroom first (lowest predicted usage).
 - ``paper``: seed 004, Section 4.2's rule as ``advisor.paper_rule.ranking_key`` implements it.
-Rows not expected to run are never ranked.
+Rows not expected to run are never ranked. Without ``--rank-by``: throughput with a GPU preset,
+else the paper's rule (``default_rank_by``). The sweep judges its rows (``judge_rows``), then
+ranks them (``rank_rows``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from typing import Callable, Literal, Sequence, TypeVar
 
 from advisor.errors import AdvisorError
-from advisor.paper_rule import classify, ranking_key
+from advisor.paper_rule import DEFAULT_THRESHOLD, classify, ranking_key
 from advisor.verdicts import EXPECTED_TO_RUN
 
 RankBy = Literal["throughput", "memory", "paper"]
@@ -33,15 +35,20 @@ def expected_to_run(verdict: str | None) -> bool:
 def simplicity_key(row) -> tuple:
     """Simpler first, for rows the time model cannot tell apart: fewer pipeline chunks (PP x VPP),
     no recomputation (then selective before full, fewer recomputed layers), smaller TP x CP x PP;
-    then, where a row has them (training options, MoE), the distributed optimizer before FSDP
-    sharding, no CPU offload, BF16 before FP8, smaller EP. Absent fields take the simple value."""
+    then the levers of the row's options (``option_levers``): DDP before FSDP, no CPU offload,
+    BF16 before FP8."""
     p, o = row.parallel, row.options
-    sharding = getattr(o, "data_parallel_sharding_strategy", "no_shard") or "no_shard"
-    return simplicity(pp=p.pp, vpp=p.vpp, recompute=getattr(o, "recompute", "none"),
-                      recomputed_layers=getattr(row, "recomputed_layers", 0), model_parallel=p.tp * p.cp * p.pp,
-                      fsdp=bool(getattr(o, "use_megatron_fsdp", False)) or sharding != "no_shard",
-                      offload=bool(getattr(o, "optimizer_cpu_offload", False)),
-                      fp8=getattr(o, "fp8_format", None) is not None, ep=getattr(p, "ep", 1))
+    return simplicity(pp=p.pp, vpp=p.vpp, recompute=o.recompute, recomputed_layers=row.recomputed_layers,
+                      model_parallel=p.tp * p.cp * p.pp, **option_levers(o), ep=1)  # dense: no experts
+
+
+def option_levers(options) -> dict:
+    """``simplicity``'s fields that a run's estimator options (``advisor.memory.MemoryOptions``)
+    decide: ``fsdp`` for Megatron-FSDP with any strategy (no_shard too: another data-parallel
+    wrapper than DDP's) or torch FSDP2, ``offload`` for optimizer states in host memory, ``fp8``
+    for FP8 GEMMs."""
+    return {"fsdp": options.fsdp_strategy is not None, "offload": options.optimizer_host_fraction > 0,
+            "fp8": options.fp8_format is not None}
 
 
 def simplicity(*, pp: int, vpp: int, recompute: str, recomputed_layers: int, model_parallel: int, fsdp: bool,
@@ -127,59 +134,45 @@ def check_memory_model(memory_model: str, measured) -> None:
         raise AdvisorError("--memory-model profile and --profile DIR go together")
 
 
-def assess_rows(rows, spec, workload, memory_gib: float, *, gpu=None, memory_model: MemoryModel = "paper",
-                rank_by: RankBy | None = None, options=None, time_options=None, tokens: float | None = None,
-                threshold: float = 0.8, memory_calibration=None, calibration=None, measured=None,
-                assessments=None, tolerance: float | None = None):
-    """The sweep's rows with verdicts (Eq. 18's 80% rule, or the calibrated model), predicted
-    time where a GPU preset is given, and ranks in ``rank_by`` order (default: throughput with a
-    preset, the paper's rule without). Returns the ranked rows first, then the unranked.
-    ``assessments``: the calibrated model's, one per row, already computed (the sweep does it for
-    all rows at once, ``advisor.verdicts.assess_stages``). ``tolerance``: the throughput ranking's
-    (default: the shipped one, ``load_ranking_tolerance``)."""
+def default_rank_by(timed: bool) -> RankBy:
+    """The ranking asked for by no ``--rank-by``: the fastest first where the rows are timed (a
+    GPU preset), else the paper's rule (nothing else orders rows by speed without a time model)."""
+    return "throughput" if timed else "paper"
+
+
+def judge_rows(rows, spec, workload, memory_gib: float, *, memory_model: MemoryModel = "paper",
+               threshold: float = DEFAULT_THRESHOLD, memory_calibration=None, measured=None, assessments=None):
+    """The sweep's rows with their verdicts and no rank: Eq. 18's 80% rule (``threshold``) with
+    ``memory_model`` 'paper', else the calibrated model's ('profile': with the ``measured``
+    activations). ``assessments``: the calibrated model's, one per row, already computed (the
+    sweep does it for all rows at once, ``advisor.verdicts.assess_stages``); without them each
+    row is assessed alone, with its own options (its recomputation)."""
     from dataclasses import replace
 
-    import numpy as np
-
-    from advisor.memory import MemoryOptions
-    from advisor.throughput import TimeModel, TimeOptions
     from advisor.verdicts import assess
 
     check_memory_model(memory_model, measured)
-    rank_by = rank_by or ("throughput" if gpu is not None else "paper")
-    options = options or MemoryOptions()
-    out = []
-    for i, row in enumerate(rows):
-        p = row.parallel
-        if assessments is not None:
-            out.append(replace(row, verdict=assessments[i].verdict, assessment=assessments[i], rank=None))
-        elif memory_model in ("calibrated", "profile"):
-            row_options = getattr(row, "options", None) or options  # a sweep row carries its own recomputation
-            a = assess(row.estimate, spec, workload.seq_len, p.mbs, p.tp, p.cp, memory_gib, row_options,
-                       memory_calibration, measured)
-            out.append(replace(row, verdict=a.verdict, assessment=a, rank=None))
-        else:
-            out.append(replace(row, verdict=classify(row.estimate.total_gib, memory_gib, threshold), rank=None))
-    if gpu is not None and out:
-        if workload.global_batch_size is None:
-            raise AdvisorError("predicting time needs a global batch size (--gbs)")
-        model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, calibration,
-                          time_options or TimeOptions())
-        arrays = {k: np.array([getattr(r.parallel, k) for r in out]) for k in ("tp", "cp", "pp", "dp", "mbs", "vpp")}
-        recompute = options.recompute if options.recompute in ("none", "selective", "full") else "none"
-        step = model.step(arrays["tp"], arrays["cp"], arrays["pp"], arrays["dp"], arrays["mbs"], arrays["vpp"],
-                          recompute=recompute)
-        gpus = arrays["tp"] * arrays["cp"] * arrays["pp"] * arrays["dp"]
-        fields = timing_fields(model, step, gpus, arrays["tp"], tokens)
-        out = [replace(r, timing=f) for r, f in zip(out, fields)]
+    if assessments is None and memory_model != "paper":
+        assessments = [assess(row.estimate, spec, workload.seq_len, row.parallel.mbs, row.parallel.tp,
+                              row.parallel.cp, memory_gib, row.options, memory_calibration, measured) for row in rows]
+    if assessments is None:
+        return [replace(row, verdict=classify(row.estimate.total_gib, memory_gib, threshold), rank=None)
+                for row in rows]
+    return [replace(row, verdict=a.verdict, assessment=a, rank=None) for row, a in zip(rows, assessments)]
+
+
+def rank_rows(rows, rank_by: RankBy):
+    """Judged rows (``judge_rows``) in ``order``'s order, ranked from 1 (throughput: by each row's
+    timing, with the shipped tolerance), then the rows not expected to run, least memory first
+    (the memory their verdict judged)."""
+    from dataclasses import replace
+
     ranked = order(
-        out, rank_by, verdict=lambda r: r.verdict, paper_key=ranking_key,
-        tflops=lambda r: r.timing["tflops_per_gpu"] if r.timing else None,
-        usage_gib=lambda r: r.judged_gib,
-        tolerance=ranking_tolerance() if tolerance is None else tolerance, simplicity=simplicity_key,
+        rows, rank_by, verdict=lambda r: r.verdict, paper_key=ranking_key,
+        tflops=lambda r: r.timing["tflops_per_gpu"] if r.timing else None, usage_gib=lambda r: r.judged_gib,
+        tolerance=ranking_tolerance() if rank_by == "throughput" else 0.0, simplicity=simplicity_key,
     )
     ranked = [replace(r, rank=i) for i, r in enumerate(ranked, start=1)]
-    chosen = {id(r.parallel) for r in ranked}
-    rest = sorted((r for r in out if id(r.parallel) not in chosen),
-                  key=lambda r: r.judged_gib)
+    chosen = {id(r.parallel) for r in ranked}  # replace keeps each row's ParallelConfig
+    rest = sorted((r for r in rows if id(r.parallel) not in chosen), key=lambda r: r.judged_gib)
     return ranked + rest

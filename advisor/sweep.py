@@ -37,6 +37,7 @@ from advisor.paper_rule import DEFAULT_THRESHOLD, classify
 from advisor.parallel import DEFAULT_GPUS_PER_NODE, ParallelConfig, Workload, check_whole_nodes
 
 if TYPE_CHECKING:
+    from advisor.rank_times import Timing
     from advisor.space import SpaceOptions
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +188,10 @@ def _chunk_multiple(space: SpaceOptions, release) -> SpaceOptions:
     return replace(space, chunk_multiple=multiple)
 
 
-def _timing(spec: LlamaSpec, workload: Workload, gpu, time_options):
-    """The time model that plans and prices the rows on ``gpu`` (``advisor.rank_times.Timing``)."""
+def run_timing(spec: LlamaSpec, workload: Workload, gpu, time_options) -> Timing:
+    """The time model of a run on ``gpu`` (``advisor.rank_times.Timing``): what plans and prices
+    the sweep's rows, and one layout's (``advisor.pricing.layout_times``); AdvisorError without a
+    global batch (a step's microbatches, hence its time, need it)."""
     from advisor.rank_times import Timing
     from advisor.throughput import TimeModel
 
@@ -269,12 +272,13 @@ def sweep(
 
     With a GPU preset (``gpu``, an ``advisor.hardware.GpuSpec``) the time model plans each row
     (MadPipe's splits, interleaving and recomputation where they are faster) and prices it;
-    verdicts and ranking come from ``advisor.ranking.assess_rows`` (``memory_model`` 'paper':
+    verdicts and ranking come from ``advisor.ranking`` (``judge_rows``, ``memory_model`` 'paper':
     Eq. 18 and the 80% rule, 'calibrated', or 'profile' with ``measured`` activations,
     ``advisor.profile_terms``; the space is planned against the same model, its variants and
-    splits chosen to fit by the verdicts' own rule; ``rank_by`` throughput | memory | paper); the
-    rows run on Megatron-LM ``release`` (``advisor.options.release_defaults``; None: the newest)."""
-    from advisor.ranking import assess_rows
+    splits chosen to fit by the verdicts' own rule; ``rank_rows``, ``rank_by`` throughput | memory |
+    paper, default ``default_rank_by``); the rows run on Megatron-LM ``release``
+    (``advisor.options.release_defaults``; None: the newest)."""
+    from advisor.ranking import default_rank_by, judge_rows, rank_rows
     from advisor import space_chunks
     from advisor.space import SpaceOptions, search_parts
 
@@ -283,7 +287,7 @@ def sweep(
                           measured=measured, whole_node=gpu.gpus_per_node if gpu is not None else max_tp,
                           max_tp=max_tp, space=space, release=release)
     training, options = options, options.memory_options()
-    timing = _timing(spec, workload, gpu, time_options or training.time_options()) if gpu is not None else None
+    timing = run_timing(spec, workload, gpu, time_options or training.time_options()) if gpu is not None else None
     memory_calibration = None
     if memory_model in ("calibrated", "profile"):  # plan against the model that judges the rows
         from advisor.throughput.calibration import load_memory_calibration
@@ -306,10 +310,9 @@ def sweep(
     back = space_chunks.order(parts).tolist()  # the bases' order
     rows = [rows[i] for i in back]
     assessments = None if assessments is None else [assessments[i] for i in back]
-    ranked = assess_rows(rows, spec, workload, memory_gib, memory_model=memory_model,
-                         rank_by=rank_by or ("throughput" if timing is not None else "paper"), options=options,
-                         threshold=threshold, memory_calibration=memory_calibration, measured=measured,
-                         assessments=assessments)
+    judged = judge_rows(rows, spec, workload, memory_gib, memory_model=memory_model, threshold=threshold,
+                        memory_calibration=memory_calibration, measured=measured, assessments=assessments)
+    ranked = rank_rows(judged, rank_by or default_rank_by(timing is not None))
     swept = Sweep(rows=ranked, considered=sum(result.considered for result, _ in parts),
                   evaluated=sum(result.evaluated for result, _ in parts))
     if space.sharding != "auto":

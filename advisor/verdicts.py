@@ -27,12 +27,19 @@ from advisor.memory import GIB, MemoryEstimate, MemoryOptions
 from advisor.memory_calibration import MemoryCalibration
 from advisor.models import LlamaSpec
 from advisor import memory_terms as terms
+from advisor.paper_rule import PAPER_VERDICTS
 from advisor.equations import padded_vocab_size
 
 CalibratedVerdict = Literal["fits", "likely fits", "likely oom", "oom"]
 CALIBRATED_VERDICTS: tuple[CalibratedVerdict, ...] = ("fits", "likely fits", "likely oom", "oom")
 EXPECTED_TO_RUN = ("fits", "likely fits", "tight")
 """Verdicts a ranking keeps: the calibrated model's two that fit, and the paper's fits/tight."""
+
+
+def verdict_kinds(memory_model: str) -> tuple[str, ...]:
+    """The verdicts a memory model gives, best first: the paper's (``memory_model`` 'paper') or
+    the calibrated model's ('calibrated', and 'profile' which judges by the same rule)."""
+    return PAPER_VERDICTS if memory_model == "paper" else CALIBRATED_VERDICTS
 
 
 @dataclass(frozen=True, slots=True)

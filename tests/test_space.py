@@ -225,14 +225,14 @@ def test_the_sweep_plans_against_the_profile_model_that_judges_it():
     """With --memory-model profile the space is planned with the profiled ratios: every layout
     that a plan made for the calibrated model would fit under the profile model fits as planned,
     and some fit only because they were planned against the ratios they are judged by."""
-    from advisor.ranking import assess_rows
+    from advisor.ranking import judge_rows
     from advisor.sweep import sweep
 
     spec, workload = PRESETS["llama3.1-70b"], Workload(seq_len=8192, global_batch_size=256)
     measured = _measured(spec)
     planned = sweep(spec, workload, 128, 40, memory_model="profile", measured=measured).rows
     naive = sweep(spec, workload, 128, 40, memory_model="calibrated").rows
-    rejudged = assess_rows(naive, spec, workload, 40, memory_model="profile", measured=measured)
+    rejudged = judge_rows(naive, spec, workload, 40, memory_model="profile", measured=measured)
 
     def verdicts(rows):
         return {(r.parallel.tp, r.parallel.cp, r.parallel.pp, r.parallel.dp, r.parallel.mbs): r.verdict for r in rows}

@@ -7,6 +7,7 @@ import click
 
 from advisor.cli.options import (EPILOG, GPUS, VOCABULARY, InputError, InputPath, document_options, emit_document,
                                  gpu_options)
+from advisor.paper_rule import DEFAULT_THRESHOLD
 from advisor.render import listed
 
 
@@ -61,7 +62,8 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     parallel = ParallelConfig(tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=read.dp, mbs=layout.mbs, vpp=layout.vpp)
     estimate, result, *_ = price_layout(
         run.spec, workload, parallel, layout.layers_per_stage if layout.pp > 1 else None, run.options, gpu=gpu,
-        mem=mem, threshold=0.8, memory_model="calibrated" if gpu is not None else "paper", release=release)
+        mem=mem, threshold=DEFAULT_THRESHOLD, memory_model="calibrated" if gpu is not None else "paper",
+        release=release)
     estimate["stages"] = [stage.to_dict() for stage in result.stages]
     rows = compare(training, estimate, world_size=read.gpus)
     notes = [f"read {read.source}", theoretical_note(training, estimate),

@@ -17,12 +17,15 @@ from advisor.cli.options import (
 )
 from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 from advisor.cli.training_flags import memory_options
+from advisor.paper_rule import DEFAULT_THRESHOLD
 
 TABLE_ROWS = 30
 
 
 def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_hour_price=None):
     """The defaults that depend on --gpu (and --profile), and the combinations that need it."""
+    from advisor.ranking import default_rank_by
+
     if gpu_hour_price is not None and tokens is None:
         raise InputError("--gpu-hour-price needs --tokens N: the cost is the GPU-hours of a token budget")
     if memory_model == "profile" and profile_dir is None:
@@ -35,8 +38,7 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_h
     if rank_by == "throughput" and gpu is None:
         raise InputError("--rank-by throughput needs --gpu NAME (see 'advisor gpus')")
     memory_model = memory_model or ("calibrated" if gpu is not None else "paper")
-    rank_by = rank_by or ("throughput" if gpu is not None else "paper")
-    return memory_model, rank_by
+    return memory_model, rank_by or default_rank_by(gpu is not None)
 
 
 SWEEP_HELP = """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
@@ -99,7 +101,7 @@ Examples:
 @gpu_options
 @model_options
 @workload_options
-@click.option("--threshold", type=FRACTION, default=0.8, show_default=True,
+@click.option("--threshold", type=FRACTION, default=DEFAULT_THRESHOLD, show_default=True,
               help="With --memory-model paper: 'fits' up to this fraction of --mem; 'tight' up to all of it.")
 @click.option("--all", "show_all", is_flag=True, help="Include the oom rows.")
 @click.option("--top", type=ROWS, default=None,
@@ -115,6 +117,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
           tokens, gpu_hour_price, plot, options, space, release, fmt, output, moe) -> None:
     """``advisor sweep``: ``SWEEP_HELP`` says what it does."""
     from advisor.sweep import sweep as run_sweep
+    from advisor.verdicts import verdict_kinds
 
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
@@ -134,8 +137,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     if result.escalation:
         click.echo(f"advisor sweep: nothing fits with the options given; the rows use {result.escalation} "
                    "(their options and megatron_args say so; lever_time_cost_s is its step-time cost)", err=True)
-    verdicts = ("fits", "tight", "oom") if memory_model == "paper" else ("fits", "likely fits", "likely oom", "oom")
-    counts = {verdict: sum(row.verdict == verdict for row in result.rows) for verdict in verdicts}
+    counts = {verdict: sum(row.verdict == verdict for row in result.rows) for verdict in verdict_kinds(memory_model)}
     selected = [row for row in result.rows if show_all or row.verdict != "oom"]
     if top is None and fmt == "table" and not show_all:
         top = TABLE_ROWS  # a screenful; JSON and CSV give every row
@@ -344,7 +346,7 @@ def _states_bound(head: str, rows, least, space, mem: float, floor: float) -> st
               help="Uneven pipeline split, one layer count per stage (for example 7,9,9,7), or in runs as "
                    "the sweep prints them (7,9x2,7).")
 @gpu_options
-@click.option("--threshold", type=FRACTION, default=0.8, show_default=True,
+@click.option("--threshold", type=FRACTION, default=DEFAULT_THRESHOLD, show_default=True,
               help="The paper's rule (--memory-model paper): fits at most this fraction of --mem, tight up to "
                    "all of it, oom beyond.")
 @click.option("--memory-model", type=click.Choice(["calibrated", "paper"]), default=None,

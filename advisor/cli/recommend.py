@@ -13,6 +13,7 @@ from advisor.cli.options import (
     distinct_files, emit_document, gpu_options, model_options, nothing_fits, png_path, workload_options,
 )
 from advisor.cli.training_flags import memory_options
+from advisor.paper_rule import DEFAULT_THRESHOLD
 
 
 PROFILE_DECIDES = ("model", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -79,8 +80,9 @@ Examples:
 @click.option("--merge-to", type=Bounded(limits.MERGED_UNITS), default=None,
               help="Merge layers to this many units first (CAPTURE's layer merger, Section III-A3).")
 @click.option("--threshold", type=FRACTION, default=None,
-              help="--objective time keeps every stage within this fraction of --mem (default 0.8 for the "
-                   "analytic estimator, the 4D paper's rule; 1.0 with profiles, which measure what it leaves out).")
+              help=f"--objective time keeps every stage within this fraction of --mem (default {DEFAULT_THRESHOLD:g} "
+                   "for the analytic estimator, the 4D paper's rule; 1.0 with profiles, which measure what it "
+                   "leaves out).")
 @click.option("--png", type=click.Path(dir_okay=False), default=None, callback=png_path, metavar="FILE.png",
               help="Draw the per-GPU memory of the plan beside the even split (like CAPTURE's Fig. 6).")
 @model_options
@@ -100,7 +102,7 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
     if objective == "time":
         if mem is None:
             raise InputError("--objective time needs the memory limit: --mem GIB or --gpu NAME")
-        limit = (threshold or (1.0 if profiles else 0.8)) * mem * GIB
+        limit = (threshold or (1.0 if profiles else DEFAULT_THRESHOLD)) * mem * GIB
     # the GPU's memory, in every plan: the plan printed and the plan written say the same
     common = dict(gpus=gpus, gpus_per_node=gpus_per_node, micro_batch_size=mbs,
                   gpu_memory=None if mem is None else mem * GIB)

@@ -28,6 +28,7 @@ from advisor.errors import AdvisorError
 from advisor.hardware import GpuSpec
 from advisor.moe import stage as st
 from advisor.moe.spec import MoESpec
+from advisor.paper_rule import DEFAULT_THRESHOLD
 from advisor.parallel import (Pinned, Workload, check_whole_nodes, global_batch_problem, heads_problem,
                              model_parallel_problem, sequence_problem)
 
@@ -344,9 +345,9 @@ class SweepResult:
     @property
     def counts(self) -> dict:
         """Verdicts of the layouts kept (one variant each)."""
-        kinds = ("fits", "tight", "oom") if self.memory_model == "paper" else ("fits", "likely fits", "likely oom",
-                                                                                "oom")
-        return {v: int((self.verdict[self.order] == v).sum()) for v in kinds}
+        from advisor.verdicts import verdict_kinds
+
+        return {v: int((self.verdict[self.order] == v).sum()) for v in verdict_kinds(self.memory_model)}
 
     def rows(self, include_oom: bool = False, limit: int | None = None) -> list[dict]:
         chosen = (self.order if include_oom else self.order[:self.ranked])[:limit]
@@ -371,11 +372,12 @@ def _rank(layouts: Layouts, kept: np.ndarray, verdict, memory: dict, timing, opt
     """The kept layouts in ``advisor.ranking.order``'s order (the dense rows' ranking: with a GPU
     the fastest first, the rows within ``tolerance`` of it by simplicity; else the paper's rule),
     then the rest by memory."""
-    from advisor.ranking import order, simplicity
+    from advisor.paper_rule import rule_key
+    from advisor.ranking import default_rank_by, option_levers, order, simplicity
     from advisor.verdicts import EXPECTED_TO_RUN
 
     usage = memory["total"] if memory_model == "paper" else memory["usage"]
-    fp8 = options.training.precision.fp8_format is not None
+    levers = option_levers(options.training.memory_options())  # one options for every row: FSDP, offload, FP8
     runs = kept[np.isin(verdict[kept], EXPECTED_TO_RUN)]  # ``order`` ranks only these, in this order
     columns = {k: getattr(layouts, k)[runs].tolist() for k in ("tp", "cp", "pp", "ep", "vpp", "mbs", "recompute")}
     speeds = timing["tflops_per_gpu"][runs].tolist() if timing else [None] * len(runs)
@@ -383,12 +385,13 @@ def _rank(layouts: Layouts, kept: np.ndarray, verdict, memory: dict, timing, opt
     for i, kind, used, speed, tp, cp, pp, ep, vpp, mbs, index in zip(runs.tolist(), verdict[runs].tolist(),
                                                                    usage[runs].tolist(), speeds, *columns.values()):
         recompute = RECOMPUTES[index]
-        paper = (kind != "fits", recompute != "none", tp * cp * pp, -mbs, tp, pp, int(recompute == "full"), used, cp,
-                 vpp, ep)
-        simple = simplicity(pp=pp, vpp=vpp, recompute=recompute, recomputed_layers=int(recompute == "full"),
-                            model_parallel=tp * cp * pp, fsdp=False, offload=False, fp8=fp8, ep=ep)
+        recomputed = int(recompute == "full")  # full: uniform, 1 layer per chunk (``_RowParts.recomputation``)
+        paper = rule_key(verdict=kind, recompute=recompute, tp=tp, cp=cp, pp=pp, mbs=mbs, recomputed_layers=recomputed,
+                         memory_gib=used, vpp=vpp, ep=ep)
+        simple = simplicity(pp=pp, vpp=vpp, recompute=recompute, recomputed_layers=recomputed,
+                            model_parallel=tp * cp * pp, **levers, ep=ep)
         records.append((i, kind, paper, simple, speed))
-    ranked = order(records, "throughput" if timing else "paper", verdict=lambda r: r[1], paper_key=lambda r: r[2],
+    ranked = order(records, default_rank_by(bool(timing)), verdict=lambda r: r[1], paper_key=lambda r: r[2],
                    tflops=lambda r: r[4], tolerance=tolerance if timing else 0.0, simplicity=lambda r: r[3])
     first = np.array([r[0] for r in ranked], dtype=np.int64)
     ranks = np.zeros(len(layouts.tp), dtype=bool)
@@ -397,7 +400,7 @@ def _rank(layouts: Layouts, kept: np.ndarray, verdict, memory: dict, timing, opt
     return np.concatenate([first, rest[np.argsort(usage[rest], kind="stable")]]), len(first)
 
 
-def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float = 0.8,
+def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float = DEFAULT_THRESHOLD,
           max_tp: int = 8, gpu: GpuSpec | None = None, options: st.MoEOptions = st.MoEOptions(),
           ep: int | None = None, etp: int | None = None, even_split: bool = False,
           recompute: str | None = None, memory_model: str | None = None, vpp: int | None = None,
@@ -573,7 +576,7 @@ class _RowParts:
 
 def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: int, ep: int, etp: int, dp: int,
                     mbs: int, vpp: int = 1, recompute: str = "none", memory_gib: float | None = None,
-                    threshold: float = 0.8, gpu: GpuSpec | None = None,
+                    threshold: float = DEFAULT_THRESHOLD, gpu: GpuSpec | None = None,
                     options: st.MoEOptions = st.MoEOptions(), memory_model: str | None = None,
                     layers_per_stage: tuple[int, ...] | None = None) -> dict:
     """One layout: a sweep row's keys (priced, judged as the sweep does) plus ``stages`` (every

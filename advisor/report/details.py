@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from advisor.memory import GIB
+from advisor.paper_rule import DEFAULT_THRESHOLD
 from advisor.report.inputs import number, row_options, row_spec
 
 SEGMENTS = ("weights", "gradients", "optimizer", "layer activations", "embedding activations",
@@ -29,7 +30,8 @@ class LayoutDetail:
     num_microbatches: int
     memory_gib: float | None
     threshold_gib: float | None
-    """The paper's 80% line (memory model 'paper'), a time plan's limit per stage, else None."""
+    """The paper's 80% line (memory model 'paper'; the default threshold: a sweep's rows do not
+    record a --threshold), a time plan's limit per stage, else None."""
     stages: list[dict]
     """Per stage: each of SEGMENTS in GiB."""
     model_name: str
@@ -39,7 +41,7 @@ class LayoutDetail:
     forward_s: list[float] | None
     backward_s: list[float] | None
     """Each rank's forward and backward time per microbatch (all its chunks)."""
-    threshold_label: str = "80% (4D paper)"
+    threshold_label: str = f"{DEFAULT_THRESHOLD:.0%} (4D paper)"
     """What the threshold line is: the paper's rule, or a time plan's limit per stage."""
 
 
@@ -101,7 +103,7 @@ def layout_detail(row: dict) -> LayoutDetail:
     parts = forward = backward = None
     if row.get("gpu"):
         parts, forward, backward = _times(row, spec, parallel, workload, layers, training)
-    threshold = 0.8 * memory if memory and row.get("memory_model", "paper") == "paper" else None
+    threshold = DEFAULT_THRESHOLD * memory if memory and row.get("memory_model", "paper") == "paper" else None
     return LayoutDetail(label=row_label(row), pp=parallel.pp, vpp=parallel.vpp,
                         num_microbatches=workload.num_microbatches(parallel) or 1, memory_gib=memory,
                         threshold_gib=threshold, stages=_stage_segments(estimate, calibrated),
@@ -120,32 +122,23 @@ def _moe_detail(row: dict) -> LayoutDetail:
     pp, vpp = row["pp"], row.get("vpp") or 1
     return LayoutDetail(label=row_label(row), pp=pp, vpp=vpp,
                         num_microbatches=max(1, row["global_batch_size"] // (row["mbs"] * row["dp"])),
-                        memory_gib=memory, threshold_gib=0.8 * memory if memory and not calibrated else None,
+                        memory_gib=memory,
+                        threshold_gib=DEFAULT_THRESHOLD * memory if memory and not calibrated else None,
                         stages=stages, model_name="calibrated MoE" if calibrated else "MoE",
-                        time_parts=row.get("time_parts"),
-                        forward_s=None, backward_s=None)
+                        time_parts=row.get("time_parts"), forward_s=None, backward_s=None)
 
 
 def _times(row, spec, parallel, workload, layers, training):
     """The step's parts (as 'advisor estimate' prices them) and each rank's per-microbatch times."""
-    from advisor.pricing import one_layout_time
+    from advisor.pricing import layout_times, one_layout_time
     from advisor.hardware import get_gpu
-    from advisor.rank_times import Timing, recomputed_per_chunk
-    from advisor.throughput import TimeModel
 
     gpu = get_gpu(row["gpu"])
     if number(row, "memory_gib"):
         gpu = gpu.with_overrides(memory_gib=number(row, "memory_gib"))
     _, parts = one_layout_time(spec, gpu, workload, parallel, layers, training, None)
-    options = training.memory_options()
-    p = parallel
-    model = TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, options=training.time_options())
-    layouts = Timing(model, gpu.gpus_per_node).layouts(
-        tp=np.array([p.tp]), cp=np.array([p.cp]), dp=np.array([p.dp]), mbs=np.array([p.mbs]), pp=np.array([p.pp]),
-        selective=options.recompute == "selective")
-    recompute = recomputed_per_chunk(options.recompute, options.recompute_method,
-                                     np.array([options.recompute_num_layers]), spec.num_layers)
-    stages = layouts.stage_times(np.array([0]), np.array([p.vpp]), recompute, np.array([layers]))
+    _, layouts, recompute = layout_times(spec, gpu, workload, parallel, training)
+    stages = layouts.stage_times(np.array([0]), np.array([parallel.vpp]), recompute, np.array([layers]))
     return parts, [float(s.forward[0]) for s in stages], [float(s.backward[0]) for s in stages]
 
 
