@@ -62,6 +62,12 @@ def heads_problem(tp: int, heads: int, kv_heads: int, *, name: str = "TP") -> st
     return None
 
 
+def sequence_splits(seq_len: int, cp, tp):
+    """Whether the sequence splits over CP and TP, elementwise over arrays of degrees (the
+    enumerators'); ``sequence_problem`` says why not, in the one wording."""
+    return ((cp == 1) | (seq_len % (2 * cp) == 0)) & ((seq_len // cp) % tp == 0)
+
+
 def sequence_problem(seq_len: int, cp: int, tp: int) -> str | None:
     """Why the sequence cannot be split over CP and TP, or None: CP splits it into 2 x CP chunks
     (load-balanced causal attention; core_v0.15.2 ``get_batch_on_this_cp_rank``), and sequence

@@ -54,7 +54,7 @@ from advisor import equations as eq
 from advisor.memory import GIB, MemoryOptions, StageModel, StageTerms, tp_problem
 from advisor.memory_levers import state_bytes_per_parameter
 from advisor.models import LlamaSpec
-from advisor.parallel import Pinned, Workload
+from advisor.parallel import Pinned, Workload, sequence_splits
 from advisor.splits import Pipelines, Split, fastest_within, fill, lowest_memory, memory_caps, min_max
 from advisor import space_chunks
 from advisor.verdicts import MemoryCalibration, calibrated_terms
@@ -134,7 +134,7 @@ def launchable(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, opti
         if gpus % t or tp_problem(spec, t):
             continue
         for c in pinned.values("cp", _powers_of_two(gpus // t)):
-            if gpus % (t * c) or (c > 1 and (s % (2 * c) or not options.flash_attention)) or (t > 1 and (s // c) % t):
+            if gpus % (t * c) or not sequence_splits(s, c, t) or (c > 1 and not options.flash_attention):
                 continue
             for p in pinned.values("pp", _divisors(gpus // (t * c))):
                 if gpus % (t * c * p) or p > layers or (

@@ -22,6 +22,7 @@ from advisor.errors import AdvisorError
 from advisor.memory import tp_problem
 from advisor.model_spec import from_fields
 from advisor.models import LlamaSpec
+from advisor.parallel import sequence_problem
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
 SETUP_DTYPES = ("bfloat16", "float16", "float32")
@@ -144,11 +145,8 @@ def _check_run(fields: _Fields, spec: LlamaSpec, seq_len: int, gpus: int, per_no
                            f"{per_node} (gpus_per_node)")
     if problem := tp_problem(spec, tp):
         raise AdvisorError(f"{where}: {problem}")
-    if run_cp > 1 and seq_len % (2 * run_cp):
-        raise AdvisorError(f"{where}: the sequence length {seq_len} must be divisible by 2 x CP = {2 * run_cp}")
-    if sequence_parallel and tp > 1 and (seq_len // run_cp) % tp:
-        raise AdvisorError(f"{where}: sequence parallelism needs the sequence per CP rank ({seq_len // run_cp}) "
-                           f"divisible by TP {tp}")
+    if problem := sequence_problem(seq_len, run_cp, tp if sequence_parallel else 1):
+        raise AdvisorError(f"{where}: {problem}")
     args = run.get("megatron_args", [])
     if not isinstance(args, list) or not all(isinstance(arg, str) and "\0" not in arg for arg in args):
         raise AdvisorError(f"{where}: 'megatron_args' must be a list of strings without NUL bytes")
