@@ -8,8 +8,8 @@ from __future__ import annotations
 def states_text(states_gib: float, mem: float) -> str:
     """The clause of a nothing-fits line (dense or MoE) where no layout's model states alone fit
     the memory: the least layout's states, and that no --seq-len changes them."""
-    return (f", and its weights, gradients and optimizer states alone need {states_gib:.1f} GiB (no layout's fit "
-            f"in {mem:g} GiB at any --seq-len)")
+    return (f", and its weights, gradients and optimizer states alone need {states_gib:.1f} GiB (more than "
+            f"{mem:g} GiB in every layout, whatever the --seq-len)")
 
 
 def bigger_gpu(states_gib: float, mem: float) -> bool:
