@@ -30,7 +30,7 @@ from advisor.moe import stage as st
 from advisor.moe.spec import MoESpec
 from advisor.paper_rule import DEFAULT_THRESHOLD
 from advisor.parallel import (Pinned, Workload, check_whole_nodes, global_batch_problem, heads_problem,
-                             model_parallel_problem, sequence_problem)
+                             model_parallel_problem, sequence_problem, sequence_splits)
 
 GIB = 2**30
 RECOMPUTES = ("none", "selective", "full")
@@ -132,7 +132,7 @@ def _bases(spec: MoESpec, workload: Workload, gpus: int, max_tp: int, pinned: Pi
     heads, groups = spec.num_attention_heads, spec.tp_kv_heads
     s, gbs = workload.seq_len, workload.global_batch_size
     ok = (heads % tp == 0) & (groups % tp == 0) & (gpus % (tp * cp * pp) == 0) & (etp <= tp)
-    ok &= ((gpus // pp) % (ep * etp) == 0) & ((cp == 1) | (s % (2 * cp) == 0)) & ((s // cp) % tp == 0)
+    ok &= ((gpus // pp) % (ep * etp) == 0) & sequence_splits(s, cp, tp)
     dp = gpus // np.maximum(tp * cp * pp, 1)
     ok &= (dp >= 1) & (gbs % np.maximum(mbs * dp, 1) == 0)
     if not ok.any():
