@@ -41,6 +41,7 @@ from advisor.errors import AdvisorError, NothingFits
 from advisor.memory import MemoryOptions, StageModel
 from advisor.models import LlamaSpec
 from advisor.rank_times import RankTimes, recomputed_per_chunk
+from advisor.verdicts import calibrated_terms
 
 
 def plan_fastest(time: CostTable, memory: CostTable, stages: int, limit: float,
@@ -73,17 +74,23 @@ def stage_times(time: CostTable, solution: Solution) -> tuple[float, ...]:
 
 
 def analytic_tables(spec: LlamaSpec, seq_len: int, options: MemoryOptions, *, tp: int, cp: int, dp: int, mbs: int,
-                    pp: int, num_microbatches: float, timing=None) -> tuple[CostTable, CostTable | None]:
+                    pp: int, num_microbatches: float, timing=None, calibrated=None
+                    ) -> tuple[CostTable, CostTable | None]:
     """(memory, time) cost tables of stages of alike layers: seed 004's stage memory at every
-    position (``memory.StageModel``; row j is the j-th stage from the end) and, with ``timing``
-    (``advisor.rank_times.Timing``), the time model's stage time. Entry [l, r] is the stage
-    holding layers l..r; a plan's first stage starts at layer 1 (the embedding is priced on the
-    first position's row) and its last ends at L (the LM head on the last row)."""
+    position (``memory.StageModel``; row j is the j-th stage from the end), or, with
+    ``calibrated`` (a ``MemoryCalibration`` and the GPU's GiB), the calibrated model's usage, as
+    advisor sweep and estimate judge it; and, with ``timing`` (``advisor.rank_times.Timing``),
+    the time model's stage time. Entry [l, r] is the stage holding layers l..r; a plan's first
+    stage starts at layer 1 (the embedding is priced on the first position's row) and its last
+    ends at L (the LM head on the last row)."""
     layers = spec.num_layers
     first, last = upper(layers)
     count = last - first + 1
+    stage = (pp - np.arange(1, pp + 1))[:, None]
+    terms = None if calibrated is None else calibrated_terms(
+        spec, seq_len, mbs, tp, cp, stage, pp, options.recompute == "full", options, *calibrated)
     model = StageModel(spec, seq_len, options, tp=tp, cp=cp, dp=dp, mbs=mbs, pp=pp, vpp=1,
-                       num_microbatches=num_microbatches, stage=(pp - np.arange(1, pp + 1))[:, None])
+                       num_microbatches=num_microbatches, stage=stage, calibrated=terms)
     memory = empty(layers, pp)
     memory[:, first, last] = model.total(count[None, :])
     table = CostTable(memory, tuple((layer, layer) for layer in range(1, layers + 1)))

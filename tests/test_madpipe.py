@@ -158,8 +158,9 @@ def test_recommend_time_for_405b_on_pp16_is_launchable_and_fits(advisor):
     plan = advisor.json("recommend", "--model", "llama3.1-405b", "--gpus", 16384, "--tp", 8, "--pp", 16, "--gbs",
                         2048, "--objective", "time", "--gpu", "h100-80gb")
     assert plan["launchable"] and sum(plan["layers_per_stage"]) == 126 and len(plan["layers_per_stage"]) == 16
-    assert plan["peak_predicted_gib"] <= 0.8 * 80 and plan["stage_limit_gib"] == pytest.approx(64)
-    assert plan["memory_limit_gib"] == 80  # the GPU's memory; the stages are kept within --threshold 0.8 of it
+    # --gpu: the calibrated model, whose usage (the allocator's reserve included) may fill the memory
+    assert plan["peak_predicted_gib"] <= 80 and plan["stage_limit_gib"] == pytest.approx(80)
+    assert plan["memory_limit_gib"] == 80 and plan["verdict"] in ("fits", "likely fits")
     assert plan["predicted_step_time_s"] > 0 and plan["period_s"] == max(s["predicted_time_s"] for s in plan["stages"])
     flags = plan["megatron_args"]
     assert "--pipeline-model-parallel-layout" in flags or "--decoder-first-pipeline-num-layers" in flags

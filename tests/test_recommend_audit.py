@@ -103,8 +103,8 @@ def test_stdout_and_file_plans_carry_the_same_memory_limit(advisor, tmp_path, ob
     shown = advisor.json(*common)
     assert written == printed == shown
     assert written["memory_limit_gib"] == pytest.approx(memory)
-    if objective == "time":  # the analytic estimator's default --threshold: 0.8 of the memory
-        assert written["stage_limit_gib"] == pytest.approx(0.8 * memory)
+    if objective == "time":  # --gpu: the calibrated model's default --threshold, all of the memory
+        assert written["stage_limit_gib"] == pytest.approx(memory)
     else:
         assert written["stage_limit_gib"] is None
 

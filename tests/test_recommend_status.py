@@ -4,6 +4,8 @@ objective printed a plan at 188% of the memory and exited 0."""
 
 import json
 
+import pytest
+
 # 405B on 64 H100s, TP 8 and PP 8: no split fits (the lowest peak is about 150 GiB per GPU)
 TOO_BIG = ["recommend", "--model", "llama3.1-405b", "--gpus", 64, "--tp", 8, "--pp", 8, "--gbs", 2048,
            "--gpu", "h100-80gb"]
@@ -23,10 +25,13 @@ def test_time_objective_with_nothing_within_the_limit_exits_1(advisor):
         assert result.stdout == ""  # no plan: none keeps the limit
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and "Traceback" not in result.stderr
+        # --gpu: the calibrated model, whose usage may fill the memory (the paper's rule keeps 80%)
         assert lines[0].startswith("advisor recommend: nothing fits: no split of 126 layers over 8 stages keeps "
-                                   "every stage within 64.00 GiB")
+                                   "every stage within 80.00 GiB")
         assert f"the lowest peak any split reaches is {lowest:.2f} GiB" in lines[0]
-        assert "TP 8, PP 8, MBS 1, --threshold 0.8 x 80 GiB" in lines[0]
+        assert "TP 8, PP 8, MBS 1, --threshold 1 x 80 GiB" in lines[0]
+    paper = advisor(*TOO_BIG, "--objective", "time", "--memory-model", "paper", expect=1)
+    assert "keeps every stage within 64.00 GiB" in paper.stderr and "--threshold 0.8 x 80 GiB" in paper.stderr
 
 
 def test_memory_objective_above_the_memory_prints_the_plan_writes_none_and_exits_1(advisor, tmp_path):
@@ -45,9 +50,31 @@ def test_memory_objective_above_the_memory_prints_the_plan_writes_none_and_exits
                                                "layouts)")  # not what was given already
     table = advisor(*TOO_BIG, expect=1)
     assert "predicted peak" in table.stdout and table.stderr.count("nothing fits") == 1
-    # --mem decides where it is given: the same plan within 200 GiB runs, and says so
+    assert plan["verdict"] == "oom" and plan["memory_model"] == "calibrated"
+    # --mem decides where it is given: within 200 GiB a plan runs, and says so
     roomy = json.loads(advisor(*TOO_BIG, "--mem", 200, "--format", "json").stdout)
-    assert (roomy.pop("memory_limit_gib"), plan.pop("memory_limit_gib")) == (200, 80) and roomy == plan
+    assert roomy["memory_limit_gib"] == 200 and roomy["verdict"] in ("fits", "likely fits")
+    # Eq. 18 does not depend on the GPU's memory (the calibrated reserve does): the same plan
+    paper = json.loads(advisor(*TOO_BIG, "--memory-model", "paper", "--format", "json", expect=1).stdout)
+    roomy = json.loads(advisor(*TOO_BIG, "--memory-model", "paper", "--mem", 200, "--format", "json").stdout)
+    assert (roomy.pop("memory_limit_gib"), paper.pop("memory_limit_gib")) == (200, 80)
+    assert (roomy.pop("verdict"), paper.pop("verdict")) == ("fits", "oom") and roomy == paper
+
+
+def test_the_plan_is_judged_as_advisor_estimate_judges_its_split(advisor):
+    """Llama-3.1-8B on 64 A100 40 GB, PP 4: Eq. 18's lowest peak (92% of the memory, 'tight') was
+    a split the calibrated model calls oom, and the plan exited 0. The plan is now priced with the
+    model that judges it: its peak is estimate's calibrated usage of the same split, its verdict
+    estimate's, and a plan above the memory exits 1."""
+    command = ["recommend", "--gpus", 64, "--pp", 4, "--gpu", "a100-40gb", "--format", "json"]
+    for model, status, key in (("calibrated", 1, "usage_gib"), ("paper", 0, "total_gib")):
+        plan = json.loads(advisor(*command, "--memory-model", model, expect=status).stdout)
+        split = ",".join(str(n) for n in plan["layers_per_stage"])
+        estimate = advisor.json("estimate", "--gpus", 64, "--pp", 4, "--gpu", "a100-40gb", "--layers-per-stage", split,
+                                "--memory-model", model)
+        assert plan["peak_predicted_gib"] == pytest.approx(estimate[key], rel=1e-9)
+        assert plan["verdict"] == estimate["verdict"] and plan["memory_model"] == model
+    assert plan["verdict"] == "tight"  # the paper's rule: above 80%, within the memory
 
 
 def test_memory_objective_without_a_memory_limit_exits_0(advisor):

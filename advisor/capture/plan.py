@@ -140,6 +140,12 @@ class Plan:
     options: TrainingOptions | None = None
     """The training options the plan was priced with (issue 21): written whole (``flat``) as the
     plan's ``options``, and what the launcher emits the flags from."""
+    memory_model: str | None = None
+    """How an analytic plan's stage memory was priced: 'calibrated' (what advisor sweep and
+    estimate judge with a GPU preset) or 'paper' (Eq. 18); None for a plan from profiles."""
+    verdict: str | None = None
+    """The analytic plan's peak judged as advisor estimate judges a layout under ``memory_model``
+    (``advisor.verdicts.verdict_for``, or the paper's 80% rule); None without a memory or profiles."""
 
     @property
     def launchable(self) -> bool:
@@ -188,7 +194,7 @@ class Plan:
             "num_microbatches": self.num_microbatches, "layers_per_stage": list(self.layers_per_stage),
             "stages": [stage.to_dict(self.gpus_per_node) for stage in self.stages],
             "gpu_memory": self.gpu_memory(),
-            "peak_predicted_gib": self.peak_bytes / GIB,
+            "peak_predicted_gib": self.peak_bytes / GIB, "memory_model": self.memory_model, "verdict": self.verdict,
             "memory_limit_gib": None if self.memory_limit_bytes is None else self.memory_limit_bytes / GIB,
             "stage_limit_gib": None if self.stage_limit_bytes is None else self.stage_limit_bytes / GIB,
             "period_s": self.period_s, "predicted_step_time_s": self.step_time_s,

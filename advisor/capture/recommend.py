@@ -32,11 +32,14 @@ from advisor.capture.statistics import merge_groups
 from advisor.errors import AdvisorError
 from advisor.madpipe import analytic_tables, plan_fastest, profile_time_table, profiled_times, stage_times
 from advisor.megatron_args import MegatronSetup, megatron_args
-from advisor.memory import StageModel, check_layout, tp_problem
+from advisor.memory import GIB, StageModel, check_layout, tp_problem
+from advisor.memory_calibration import MemoryCalibration
 from advisor.options import TrainingOptions
 from advisor.models import LlamaSpec
+from advisor.paper_rule import DEFAULT_THRESHOLD, classify
 from advisor.parallel import ParallelConfig, Workload, global_batch_problem, model_parallel_problem
 from advisor.rank_times import recomputed_per_chunk
+from advisor.verdicts import verdict_for
 
 if TYPE_CHECKING:
     from advisor.rank_times import Timing
@@ -195,11 +198,16 @@ def _chunk_units(spec: LlamaSpec, training: TrainingOptions, pp: int, release,
 def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOptions, *, gpus: int,
                        gpus_per_node: int, tp: int, cp: int, pp: int, micro_batch_size: int,
                        objective: Objective = "memory", stage_limit: float | None = None,
-                       gpu_memory: float | None = None, timing: Timing | None = None, release=None) -> Plan:
-    """Without profiles: seed 004's memory per stage and position, the time model's stage times;
-    the lowest peak, or MadPipe's shortest period within ``stage_limit`` bytes, among the splits
-    Megatron-LM ``release`` runs (None: the newest); the plan's flags state every training option
-    of ``options``. ``gpu_memory`` (bytes per GPU, if known) is the plan's memory limit."""
+                       gpu_memory: float | None = None, timing: Timing | None = None, release=None,
+                       calibration: MemoryCalibration | None = None, threshold: float = DEFAULT_THRESHOLD) -> Plan:
+    """Without profiles: seed 004's memory per stage and position, or with ``calibration`` the
+    calibrated model's usage (as advisor sweep and estimate judge a layout on ``gpu_memory``),
+    the time model's stage times; the lowest peak, or MadPipe's shortest period within
+    ``stage_limit`` bytes, among the splits Megatron-LM ``release`` runs (None: the newest); the
+    plan's flags state every training option of ``options``. ``gpu_memory`` (bytes per GPU, if
+    known) is the plan's memory limit, and its peak's verdict (``threshold``: the paper rule's)."""
+    if calibration is not None and gpu_memory is None:
+        raise AdvisorError("the calibrated memory model needs the GPU's memory")
     training, options = options.at_tp(tp), options.memory_options()
     gbs = workload.global_batch_size
     if gbs is None:
@@ -209,7 +217,8 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOpt
     dp, m = _uniform_layout(spec, gpus, gpus_per_node, tp, cp, pp, micro_batch_size, gbs)
     scenario = Scenario(tp=tp, dp=dp)
     memory, time = analytic_tables(spec, workload.seq_len, options, tp=tp, cp=cp, dp=dp, mbs=micro_batch_size,
-                                   pp=pp, num_microbatches=m, timing=timing)
+                                   pp=pp, num_microbatches=m, timing=timing,
+                                   calibrated=None if calibration is None else (calibration, gpu_memory / GIB))
     units = _chunk_units(spec, training, pp, release, (memory, time))
     solution, times = _plan_split(*units, pp, scenario, objective, stage_limit)
     per_stage = tp * cp * dp
@@ -243,7 +252,20 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOpt
                                           micro_batch_size=micro_batch_size, global_batch_size=gbs,
                                           options=training, release=release)),
         objective=objective, **_limits(objective, stage_limit, gpu_memory), step_time_s=step, options=training,
+        memory_model="paper" if calibration is None else "calibrated",
+        verdict=_verdict(max(stage.predicted_bytes for stage in stages), gpu_memory, calibration, threshold),
     )
+
+
+def _verdict(peak_bytes: float, gpu_memory: float | None, calibration: MemoryCalibration | None,
+             threshold: float) -> str | None:
+    """The verdict advisor estimate gives a layout of this peak: the calibrated model's, or the
+    paper's 80% rule on Eq. 18; None without the GPU's memory."""
+    if gpu_memory is None:
+        return None
+    if calibration is None:
+        return classify(peak_bytes / GIB, gpu_memory / GIB, threshold)
+    return verdict_for(peak_bytes / GIB, gpu_memory / GIB, calibration.band)
 
 
 def _megatron_args(profiles: ProfileSet, tp: int, stages, micro_batch_size: int, global_batch_size: int):

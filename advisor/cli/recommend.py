@@ -83,6 +83,9 @@ Examples:
               help=f"--objective time keeps every stage within this fraction of --mem (default {DEFAULT_THRESHOLD:g} "
                    "for the analytic estimator, the 4D paper's rule; 1.0 with profiles, which measure what it "
                    "leaves out).")
+@click.option("--memory-model", type=click.Choice(["calibrated", "paper"]), default=None,
+              help="Without profiles, how a stage's memory is priced: calibrated (default with --gpu: the usage "
+                   "advisor sweep and estimate judge, fits up to all of --mem) or paper (Eq. 18; default without).")
 @click.option("--png", type=click.Path(dir_okay=False), default=None, callback=png_path, metavar="FILE.png",
               help="Draw the per-GPU memory of the plan beside the even split (like CAPTURE's Fig. 6).")
 @model_options
@@ -90,19 +93,21 @@ Examples:
 @memory_options
 @document_options
 def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predictor, tp, cp, pp, mbs, merge_to,
-              threshold, png, spec, workload, options, release, fmt, output) -> None:
+              threshold, memory_model, png, spec, workload, options, release, fmt, output) -> None:
     """``advisor recommend``: ``RECOMMEND_HELP`` says what it does."""
     from advisor.capture.recommend import recommend_analytic, recommend_hybrid, recommend_megatron
     from advisor.errors import NothingFits
     from advisor.memory import GIB
 
     predictor = _check_input(profiles, gpus, gpus_per_node, objective, mode, predictor, tp, pp, output, png)
+    calibration = _calibration(profiles, gpu, mem, memory_model)
     timing = None
     limit = None
     if objective == "time":
         if mem is None:
             raise InputError("--objective time needs the memory limit: --mem GIB or --gpu NAME")
-        limit = (threshold or (1.0 if profiles else DEFAULT_THRESHOLD)) * mem * GIB
+        # profiles and the calibrated model measure or price what the paper's 80% leaves as headroom
+        limit = (threshold or (1.0 if profiles or calibration else DEFAULT_THRESHOLD)) * mem * GIB
     # the GPU's memory, in every plan: the plan printed and the plan written say the same
     common = dict(gpus=gpus, gpus_per_node=gpus_per_node, micro_batch_size=mbs,
                   gpu_memory=None if mem is None else mem * GIB)
@@ -128,7 +133,8 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
             if gpu is not None:
                 timing = _timing(spec, gpu, workload.seq_len, workload.global_batch_size, options.time_options())
             plan = recommend_analytic(spec, workload, options, tp=tp, cp=cp, pp=pp, objective=objective,
-                                      stage_limit=limit, timing=timing, release=release, **common)
+                                      stage_limit=limit, timing=timing, release=release, calibration=calibration,
+                                      threshold=threshold or DEFAULT_THRESHOLD, **common)
     except NothingFits as exc:
         nothing_fits(f"advisor recommend: nothing fits: {exc} (TP {tp}, PP {pp}, MBS {mbs}, --threshold "
                      f"{limit / GIB / mem:g} x {mem:g} GiB). {_tries(profiles, options, mode)}"
@@ -144,6 +150,23 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
         nothing_fits(f"advisor recommend: nothing fits: the lowest peak any split reaches is "
                      f"{plan.peak_bytes / GIB:.2f} GiB per GPU, above {mem:g} GiB. "
                      f"{_tries(profiles, options, mode)}{_unwritten(output, png)}")
+
+
+def _calibration(profiles, gpu, mem: float | None, memory_model: str | None):
+    """The calibrated memory model's constants where the analytic plan is priced with it (the
+    default with --gpu, as in advisor sweep and estimate), else None (Eq. 18, or profiles)."""
+    if profiles:
+        if memory_model is not None:
+            raise InputError(f"--memory-model {memory_model} prices the analytic plan; profiles measure their own "
+                             "memory: drop it with --profile")
+        return None
+    if (memory_model or ("calibrated" if gpu is not None else "paper")) == "paper":
+        return None
+    if mem is None:
+        raise InputError("--memory-model calibrated needs the GPU's memory: --gpu NAME or --mem GIB")
+    from advisor.throughput.calibration import load_memory_calibration
+
+    return load_memory_calibration()
 
 
 def _check_input(profiles, gpus: int, gpus_per_node: int, objective: str, mode: str, predictor: str | None,
@@ -235,8 +258,12 @@ def _plan_table(plan, mem: float | None) -> str:
         columns.append(render.Column("time", "ms / microbatch", ".1f", scale=1e-3))
     peak = plan.peak_bytes
     caption = f"predicted peak {peak / size:.2f} {unit}"
+    if plan.memory_model is not None:
+        caption += ", calibrated memory model" if plan.memory_model == "calibrated" else ", Eq. 18"
     if mem:
         caption += f" ({peak / GIB / mem:.0%} of {mem:g} GiB)"
+    if plan.verdict is not None:
+        caption += f" -> {plan.verdict}"
     if baseline:
         even = max(baseline.stage_bytes)
         change = (even - peak) / even
