@@ -122,7 +122,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
     distinct_files(**{"--output": output, "--plot": plot})
-    spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, space=space, unpriced={
+    spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, space=space, unsupported={
         "--memory-model profile": memory_model == "profile", "--profile": profile_dir is not None,
         "--rank-by (fastest first with --gpu)": rank_by is not None, "--tokens": tokens is not None,
         "--plot": plot is not None, "--gpu-hour-price": gpu_hour_price is not None})
@@ -409,7 +409,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     dp = _data_parallel(gpus, dp, tp, cp, pp, gpus_per_node)
     if read is not None and read.moe is not None:  # the command's own MoE flags (advisor.moe.readback)
         moe = read.moe
-    spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, unpriced={
+    spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, unsupported={
         "--tokens": tokens is not None, "--gpu-hour-price": gpu_hour_price is not None})
     given = _layer_counts(layers_per_stage)
     if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP
@@ -562,15 +562,16 @@ def _stage_table(stage_rows: list[dict], spec, parallel, workload, gpu, peak_sta
 
     columns = [
         render.Column("stage", "stage"),
-        render.Column("position", "position", justify="left", drop=1),
+        render.Column("position", "position", justify="left", drop=3),
         render.Column("layers", "layers"),
         render.Column("in_flight_microbatches", "in flight", ".4g"),
-        render.Column("weights_gib", "weights", ".2f"),
-        render.Column("gradients_gib", "grads", ".2f"),
-        render.Column("optimizer_gib", "optimizer", ".2f"),
-        render.Column("model_states_gib", "states", ".2f", drop=2),
+        # narrow terminals keep the states' sum before its parts, and the total always
+        render.Column("weights_gib", "weights", ".2f", drop=2),
+        render.Column("gradients_gib", "grads", ".2f", drop=2),
+        render.Column("optimizer_gib", "optimizer", ".2f", drop=2),
+        render.Column("model_states_gib", "states", ".2f", drop=1),
         render.Column("activations_gib", "activations", ".2f"),
-        render.Column("total_gib", "total GiB", ".2f"),
+        render.Column("total_gib", "total GiB", ".2f", drop=-1),
     ]
     p = parallel
     title = (
@@ -578,6 +579,9 @@ def _stage_table(stage_rows: list[dict], spec, parallel, workload, gpu, peak_sta
         + (f", VPP {p.vpp}" if p.vpp > 1 else "") + f", seq {workload.seq_len}, gbs {workload.global_batch_size}"
         + (f", {gpu.name}" if gpu else "")
     )
+    if any(row["in_flight_microbatches"] % 1 for row in stage_rows):
+        caption += ("\nin flight: microbatches' worth of a rank's layers held at its peak; interleaved, its model "
+                    "chunks hold different counts (forward chunk passes / VPP, docs/estimator.md)")
     style = render.VERDICT_STYLES.get(verdict)
     return render.to_table(
         stage_rows, columns, title=title, caption=caption,

@@ -97,11 +97,12 @@ def _dense_refused(flags: MoEFlags) -> list[str]:
     return named + [flag for flag, on in set_.items() if on and flag not in named]
 
 
-def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unpriced: dict | None = None):
+def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupported: dict | None = None):
     """(spec, MoEOptions) from the MoE flags (the advisor's own or a command's read back), the
     run's training options inside (the one description dense rows are priced from); a dense model
     refuses the MoE options given (``_dense_refused``); for an MoE model, every option the MoE
-    model does not price is refused by name (none is ignored). The spec gets the flags'
+    model does not price is refused by name (none is ignored), as is every option of the command
+    that MoE rows do not offer yet (``unsupported``: flag -> given). The spec gets the flags'
     ``mtp_num_layers`` where given; ``gpu`` (None: a Hopper's SMs) bounds the dispatcher's SMs."""
     from advisor.moe.spec import is_moe
 
@@ -116,16 +117,20 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unpric
     from advisor.moe.overlap import settings_problem
     from advisor.moe.stage import MoEOptions
     from advisor.moe.time import dispatcher_sms_problem
+    from advisor.render import listed
 
     training, memory = options, options.memory_options()  # advisor.options.TrainingOptions
     refused = {"--no-sequence-parallel": not memory.sequence_parallel, "--no-flash-attn": not memory.flash_attention,
-               **_levers_not_priced(training), **(unpriced or {})}
+               **_levers_not_priced(training)}
     if space is not None:
         refused["--recompute-method/--recompute-num-layers"] = bool(space.recompute_method
                                                                     or space.recompute_num_layers)
     named = [flag for flag, given in refused.items() if given]
-    if named:
-        raise InputError(f"{spec.name} is a mixture of experts; its model does not price {', '.join(named)}")
+    lacking = [flag for flag, given in (unsupported or {}).items() if given]
+    if named or lacking:
+        parts = ([f"its model does not price {', '.join(named)}"] if named else []) + (
+            [f"its rows have no {listed(lacking)} yet (drop {'it' if len(lacking) == 1 else 'them'})"] if lacking else [])
+        raise InputError(f"{spec.name} is a mixture of experts; {'; '.join(parts)}")
     capacity_factor, dispatcher = flags.capacity_factor, flags.dispatcher
     moe_routing = _routing(flags.moe_routing, capacity_factor)
     recompute = space.recompute if space is not None else training.recomputation.recompute
@@ -384,12 +389,14 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output) -> str:
     tp, cp, pp, dp, mbs, vpp = layout
     stages = row["stages"]
     calibrated = row["memory_model"] == "calibrated"
-    columns = [Column("stage", "stage"), Column("layers", "layers"), Column("dense_layers", "dense"),
+    # narrow terminals keep the memory the verdict judges (the calibrated usage, else the total)
+    columns = [Column("stage", "stage"), Column("layers", "layers"), Column("dense_layers", "dense", drop=2),
                Column("in_flight_microbatches", "in flight", "g"), Column("dense_states_gib", "dense st.", ".2f"),
                Column("expert_states_gib", "expert st.", ".2f"), Column("activations_gib", "act.", ".2f"),
-               Column("transient_gib", "transient", ".2f"), Column("total_gib", "total GiB", ".2f")]
+               Column("transient_gib", "transient", ".2f", drop=1),
+               Column("total_gib", "total GiB", ".2f", drop=1 if calibrated else -1)]
     if calibrated:
-        columns.append(Column("usage_gib", "pred. GiB", ".2f"))
+        columns.append(Column("usage_gib", "pred. GiB", ".2f", drop=-1))
     key = "usage_gib" if calibrated else "total_gib"
     peak = max(stages, key=lambda stage: stage[key])
     caption = f"peak: stage {peak['stage']}, {peak['total_gib']:.2f} GiB (analytic)"
