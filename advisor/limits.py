@@ -6,7 +6,8 @@ these bounds before any work, so that a hostile or mistaken input is one error l
 beyond any real training run, and small enough that the work it admits is bounded. New readers
 (GPU data, profile schema versions, model files) take their bounds from here.
 
-``check_int``/``check_float`` raise ``AdvisorError`` with the bound's reason in the message.
+``check_int``/``check_float`` raise ``AdvisorError`` with the bound's reason in the message;
+``check_bool`` refuses what is not true or false.
 """
 
 from __future__ import annotations
@@ -120,6 +121,14 @@ AUX_LOSS_COEFF = Bound(0, 1e3, "released MoE models weigh their load-balancing l
 YARN_MSCALE = Bound(0, 1e3, "DeepSeek-V3's yarn mscale and mscale_all_dim are 1.0")
 MTP_LAYERS = Bound(0, 16, "DeepSeek-V3 trains one multi-token-prediction layer")
 
+# --- training options ---------------------------------------------------------------------
+
+OFFLOAD_FRACTION = Bound(0, 1, "the share of the optimizer's parameters whose states live on the CPU")
+"""--optimizer-offload-fraction (``advisor.options.Offload``)."""
+FP8_AMAX_HISTORY = Bound(1, 2**16, "Transformer Engine's DelayedScaling keeps 1,024 amax values by default "
+                                   "(Megatron-LM 1); 2^16 is 64 times that")
+"""--fp8-amax-history-len (``advisor.options.Precision``): 10^400 was an OverflowError pricing the history."""
+
 # --- profiling ----------------------------------------------------------------------------
 
 PROFILING_MICROBATCHES = Bound(1, 4096, "a 1F1B stage holds at most PP microbatches at once, and PP is at most "
@@ -173,6 +182,14 @@ def check_int(value: object, name: str, bound: Bound, where: str = "") -> int:
         raise AdvisorError(f"{prefix}{name}must be at least {bound.low:g}, got {_show(value)}")
     if value > bound.high:
         raise AdvisorError(f"{prefix}{name}must be at most {int(bound.high):,}, got {_show(value)}: {bound.why}")
+    return value
+
+
+def check_bool(value: object, name: str, where: str = "") -> bool:
+    """``value`` as a bool (true or false in JSON); AdvisorError naming ``name`` otherwise."""
+    if not isinstance(value, bool):
+        prefix = f"{where}: " if where else ""
+        raise AdvisorError(f"{prefix}{name} must be true or false, got {_show(value)}")
     return value
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -27,12 +27,17 @@ from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, Workload, heads_problem, sequence_problem
 
+if TYPE_CHECKING:  # a run-time import would close a cycle: TrainingOptions.memory_options imports this module
+    from advisor.options.training import RecomputeMethod
+
 GIB = 2**30
 """Seed 004's tables say GB and mean GiB (2^30 bytes): its Eq. 10/17 values printed in Tables 2-11
 are bytes / 2^30 (tables/seed004 reproduces them so; README, "The method")."""
 
 Recompute = Literal["none", "selective", "full"]
-RecomputeMethod = Literal["uniform", "block"]
+"""``advisor.options.training.Recompute``, which this module cannot import (see above), for
+``advisor.profiles``, which reads a profile's recompute against it (tests/test_options_types.py
+keeps the two equal)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,7 +69,8 @@ class MemoryOptions:
     128 there); None = 1, the smallest padding Megatron does: to a multiple of t (the paper's
     vocabularies divide by every t it uses)."""
     fsdp_strategy: str | None = None
-    """Megatron-FSDP's --data-parallel-sharding-strategy (``advisor.memory_terms_ext``); None: DDP."""
+    """Megatron-FSDP's --data-parallel-sharding-strategy, or 'torch_fsdp2': a key of
+    ``advisor.memory_levers.SHARDING``; None: DDP."""
     optimizer_host_fraction: float = 0.0
     """The share of the optimizer states in host memory (--optimizer-cpu-offload x
     --optimizer-offload-fraction)."""
@@ -83,18 +89,13 @@ class MemoryOptions:
     False with --no-create-attention-mask-in-dataloader (``memory_terms.dataloader_mask_bytes``)."""
 
     def __post_init__(self) -> None:
+        # The estimator's own encodings and the keys of its tables. Megatron's rules (recomputation,
+        # padding, which options go together) are the options' (``advisor.options.TrainingOptions``,
+        # whose ``memory_options`` builds this).
         if self.gradient_bytes not in (2, 4):
             raise AdvisorError(f"gradient_bytes must be 2 (BF16) or 4 (FP32), got {self.gradient_bytes}")
         if self.element_bytes not in (2, 4):
             raise AdvisorError(f"element_bytes must be 2 (BF16) or 4 (FP32), got {self.element_bytes}")
-        if self.recompute not in ("none", "selective", "full"):
-            raise AdvisorError(f"recompute must be none, selective or full, got {self.recompute!r}")
-        if self.recompute_method not in ("uniform", "block"):
-            raise AdvisorError(f"recompute_method must be uniform or block, got {self.recompute_method!r}")
-        if self.recompute_num_layers < 1:
-            raise AdvisorError(f"recompute_num_layers must be at least 1, got {self.recompute_num_layers}")
-        if self.vocab_divisible_by is not None and self.vocab_divisible_by < 1:
-            raise AdvisorError(f"vocab_divisible_by must be positive, got {self.vocab_divisible_by}")
         if self.fsdp_strategy not in levers.SHARDING:
             raise AdvisorError(f"fsdp_strategy must be None or a Megatron-FSDP strategy, got {self.fsdp_strategy!r}")
         if not 0.0 <= self.optimizer_host_fraction <= 1.0:
@@ -554,15 +555,6 @@ def _rows_of(value, rows: np.ndarray, count: int):
     if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == count:
         return value[rows]
     return value
-
-
-def stage_layer_activation_bytes(
-    spec: LlamaSpec, seq_len: int, mbs: int, layers: int, parallel: ParallelConfig, options: MemoryOptions
-) -> float:
-    """Activations that ``layers`` transformer layers keep on one GPU for one microbatch."""
-    model = StageModel(spec, seq_len, options, tp=parallel.tp, cp=parallel.cp, dp=parallel.dp, mbs=mbs, pp=1,
-                       vpp=parallel.vpp, num_microbatches=1, stage=0)
-    return float(model.layer_activations(layers))
 
 
 def estimate_memory(

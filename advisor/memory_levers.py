@@ -37,6 +37,13 @@ copy-in), backward prefetches the next likewise, and one reduce-scatter input ma
 while the next layer's gradients are produced (``reduce_scatter_max_input_buffers``, default 1)."""
 
 
+def _sharded(options) -> tuple:
+    """(optimizer states and main weights, gradients, weights) sharded over DP x CP: as the FSDP
+    strategy shards them (``SHARDING``), or under DDP only the distributed optimizer's states."""
+    sharding = SHARDING[options.fsdp_strategy]
+    return (options.distributed_optimizer, False, False) if sharding is None else sharding
+
+
 def state_bytes_per_parameter(options, shards):
     """(weights, gradients, optimizer) bytes per parameter on one GPU, over ``shards`` = DP x CP.
 
@@ -48,11 +55,7 @@ def state_bytes_per_parameter(options, shards):
     optimizer states in host memory (Megatron's HybridDeviceOptimizer moves those parameters'
     master weights and Adam states to the CPU), so only the rest stays on the GPU."""
     shards = np.asarray(shards, dtype=float)
-    sharding = SHARDING[options.fsdp_strategy]
-    if sharding is None:
-        optimizer_sharded, grads_sharded, weights_sharded = options.distributed_optimizer, False, False
-    else:
-        optimizer_sharded, grads_sharded, weights_sharded = sharding
+    optimizer_sharded, grads_sharded, weights_sharded = _sharded(options)
     weights = options.element_bytes / np.where(weights_sharded, shards, 1.0)
     gradients = options.gradient_bytes / np.where(grads_sharded, shards, 1.0)
     optimizer = eq.optimizer_bytes_per_parameter(np.where(optimizer_sharded, shards, 1.0))
@@ -96,7 +99,7 @@ def fsdp_buffer_lines(options, unit_parameters) -> list[tuple]:
     (for n >= 1, u + min(prefetch, (n - 1) u) is that; at 0 both are 0) and queued = min(n u,
     queue + u). Their sum is the smallest of the (slope, intercept) bytes of every choice of one
     line per buffer, which this lists (one zero line where a buffer is not held)."""
-    _, grads_sharded, weights_sharded = SHARDING[options.fsdp_strategy] or (False, False, False)
+    _, grads_sharded, weights_sharded = _sharded(options)
     u = np.asarray(unit_parameters, dtype=float)
     if options.fsdp_strategy == "torch_fsdp2":  # min(n u, 2 u) of each, in the weights' dtype
         each = [(options.element_bytes * u, 0.0), (0.0, options.element_bytes * TORCH_FSDP2_UNITS_IN_FLIGHT * u)]
@@ -198,13 +201,3 @@ def fp8_activation_saving(spec: LlamaSpec, seq_len: int, mbs, options):
     whole = (1 - scale) * tokens * 2 * spec.hidden_size
     return split + zero, whole + zero
 
-
-def host_optimizer_bytes(parameters, shards, options):
-    """Host (CPU) memory of the offloaded optimizer per GPU: its share of the FP32 master weight,
-    momentum and variance (12 bytes per parameter, divided by DP x CP as on the GPU), plus the
-    pinned FP32 gradient and parameter copies HybridDeviceOptimizer keeps (``cpu_copy_map_grad``,
-    pinned params: 4 + 4 bytes)."""
-    sharding = SHARDING[options.fsdp_strategy]
-    sharded = options.distributed_optimizer if sharding is None else sharding[0]
-    per_gpu = np.asarray(parameters, dtype=float) / np.where(sharded, np.asarray(shards, dtype=float), 1.0)
-    return options.optimizer_host_fraction * per_gpu * (eq.OPTIMIZER_BYTES + 8)

@@ -205,9 +205,7 @@ class _Fields:
     def options(self) -> TrainingOptions:
         values = self.obj("options", {})  # its own error names the file once
         try:
-            return TrainingOptions.from_dict(values)
-        except TypeError as exc:
-            raise AdvisorError(f"{self.origin}: 'options' are not training options ({exc})") from None
+            return TrainingOptions.from_dict(values)  # its fields' types are checked there
         except AdvisorError as exc:
             raise AdvisorError(f"{self.origin}: {exc}") from None
 

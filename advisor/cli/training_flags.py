@@ -12,9 +12,12 @@ from click.core import ParameterSource
 from advisor import limits
 from advisor.cli.options import DEGREE, LAYERS, MICRO_BATCH, VOCABULARY, Bounded, InputError, apply_options
 from advisor.errors import AdvisorError
-from advisor.options import FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES
+from advisor.options.training import (
+    CROSS_ENTROPY_FUSIONS, DATALOADER_MASKS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, RECOMPUTE_METHODS, RECOMPUTES,
+    DataParallel,
+)
 
-_FRACTION = Bounded(limits.MEMORY_FRACTION, integer=False)
+_FRACTION = Bounded(limits.OFFLOAD_FRACTION, integer=False)
 
 TRAINING_FLAGS = [
     click.option("--distributed-optimizer/--no-distributed-optimizer", default=True, show_default=True,
@@ -65,13 +68,13 @@ TRAINING_FLAGS = [
                  help="Sequence parallelism with TP > 1; without it 8sbh per layer stays whole per TP rank."),
     click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
                  help="Without FlashAttention the softmax output (2as^2b per layer) is kept."),
-    click.option("--dataloader-mask", type=click.Choice(["off", "cached", "rebuilt"]), default=None,
+    click.option("--dataloader-mask", type=click.Choice(DATALOADER_MASKS), default=None,
                  help="The data loader's s x s attention mask: off (--no-create-attention-mask-in-dataloader, "
                       "default with flash attention), cached (built once: Megatron's default), rebuilt (per "
                       "sample, with --reset-attention-mask/--eod-mask-loss: priced as host time)."),
     click.option("--cross-entropy-loss-fusion", is_flag=True, default=False,
                  help="Megatron's fused cross-entropy (--cross-entropy-fusion-impl picks the kernel)."),
-    click.option("--cross-entropy-fusion-impl", type=click.Choice(["native", "te"]), default="native",
+    click.option("--cross-entropy-fusion-impl", type=click.Choice(CROSS_ENTROPY_FUSIONS[1:]), default="native",
                  show_default=True,
                  help="With --cross-entropy-loss-fusion: te (Transformer Engine's kernel, 0.15 only) writes the "
                       "gradient into the BF16 logits and keeps no FP32 copy (4 s b v / (t c) less on the last "
@@ -150,10 +153,9 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
         if torch_fsdp2 and command != "estimate":  # PP 1 only, and not an escalation step
             raise AdvisorError(f"advisor {command} does not search torch FSDP2 (--use-torch-fsdp2): price a layout "
                                "with advisor estimate --use-torch-fsdp2 (PP 1)")
-        if torch_fsdp2 and fsdp is not None:
-            raise AdvisorError("--use-torch-fsdp2 and --use-megatron-fsdp are two FSDPs: choose one")
-        # torch FSDP2 shards by itself; Megatron refuses its distributed optimizer beside it.
-        distributed = (v["distributed_optimizer"] or fsdp is not None) and not torch_fsdp2
+        # --distributed-optimizer is on by default, and torch FSDP2 runs without it; what Megatron refuses
+        # (two FSDPs) is DataParallel's to say.
+        distributed = DataParallel.distributed_optimizer_for(v["distributed_optimizer"] and not torch_fsdp2, fsdp)
         gather = v["overlap_param_gather"]
         if gather is None:  # on where Megatron allows it
             gather = v["overlap_grad_reduce"] and distributed
@@ -179,19 +181,19 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
 def _recompute_options(searchable: bool) -> list:
     if not searchable:
         return [
-            click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none",
+            click.option("--recompute", type=click.Choice(RECOMPUTES), default="none",
                          show_default=True, help="Activation recomputation (--recompute-granularity)."),
-            click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default="uniform",
+            click.option("--recompute-method", type=click.Choice(RECOMPUTE_METHODS), default="uniform",
                          show_default=True, help="With --recompute full: how layers are checkpointed."),
             click.option("--recompute-num-layers", type=LAYERS, default=1, show_default=True,
                          help="With --recompute full: N of --recompute-num-layers."),
         ]
     return [
-        click.option("--recompute", type=click.Choice(["auto", "none", "selective", "full"]), default="auto",
+        click.option("--recompute", type=click.Choice(("auto", *RECOMPUTES)), default="auto",
                      show_default=True,
                      help="auto: none, or the fewest recomputed layers needed to fit (with a time model: "
                           "whatever is fastest); none: the paper's space; selective/full: every row."),
-        click.option("--recompute-method", type=click.Choice(["uniform", "block"]), default=None,
+        click.option("--recompute-method", type=click.Choice(RECOMPUTE_METHODS), default=None,
                      help="With --recompute full: pin the method (default: block, N searched)."),
         click.option("--recompute-num-layers", type=LAYERS, default=None,
                      help="With --recompute full: pin N (default: searched)."),

@@ -15,8 +15,8 @@ from typing import Sequence
 from advisor.errors import AdvisorError
 from advisor.options.releases import release_defaults
 from advisor.options.training import (
-    CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, Attention, DataParallel, Loss, Offload,
-    Precision, Recomputation, TensorParallel, TrainingOptions,
+    CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, RECOMPUTE_METHODS, RECOMPUTES, Attention,
+    DataParallel, Loss, Offload, Precision, Recomputation, TensorParallel, TrainingOptions,
 )
 
 
@@ -209,18 +209,16 @@ def _data_parallel(values: dict, release) -> DataParallel:
     if "--use-megatron-fsdp" in values:
         fsdp = _one_of(values, "--data-parallel-sharding-strategy", FSDP_STRATEGIES,
                        release_defaults(release).fsdp_sharding_strategy)
-    torch_fsdp2 = "--use-torch-fsdp2" in values
-    if torch_fsdp2 and "--use-distributed-optimizer" in values:
-        raise AdvisorError("--use-torch-fsdp2 with --use-distributed-optimizer (Megatron-LM refuses the two together)")
+    # DataParallel refuses what Megatron refuses (torch FSDP2 with the distributed optimizer, two FSDPs).
     return DataParallel(
-        # Megatron-FSDP shards with its own buffers; core_v0.19.0 turns the flag on under it.
-        distributed_optimizer="--use-distributed-optimizer" in values or fsdp is not None,
+        distributed_optimizer=DataParallel.distributed_optimizer_for("--use-distributed-optimizer" in values, fsdp),
         overlap_grad_reduce="--overlap-grad-reduce" in values,
-        overlap_param_gather="--overlap-param-gather" in values, fsdp_strategy=fsdp, torch_fsdp2=torch_fsdp2)
+        overlap_param_gather="--overlap-param-gather" in values, fsdp_strategy=fsdp,
+        torch_fsdp2="--use-torch-fsdp2" in values)
 
 
 def _recomputation(values: dict) -> Recomputation:
-    granularity = _one_of(values, "--recompute-granularity", ("full", "selective"), None)
+    granularity = _one_of(values, "--recompute-granularity", RECOMPUTES[1:], None)  # Megatron has no 'none'
     if granularity is None and "--recompute-activations" in values:
         granularity = "selective"  # Megatron's alias (validate_args)
     if granularity == "selective":
@@ -231,7 +229,7 @@ def _recomputation(values: dict) -> Recomputation:
                 raise AdvisorError(f"{flag} is for --recompute-granularity full; Megatron-LM refuses it with selective")
     if granularity != "full":
         return Recomputation(recompute=granularity or "none")
-    method = _one_of(values, "--recompute-method", ("uniform", "block"), None)
+    method = _one_of(values, "--recompute-method", RECOMPUTE_METHODS, None)
     if method is None:
         raise AdvisorError("--recompute-granularity full needs --recompute-method uniform|block "
                            "(Megatron-LM refuses it without)")

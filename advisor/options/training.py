@@ -19,8 +19,9 @@ optimizer, no overlap, no SP): every emitted list states each option explicitly,
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Literal
+from typing import Literal, get_args
 
+from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.options.releases import release_defaults
 
@@ -34,16 +35,31 @@ RecomputeMethod = Literal["uniform", "block"]
 DataloaderMask = Literal["off", "cached", "rebuilt"]
 CrossEntropyFusion = Literal["none", "native", "te"]
 
-FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
-FP8_FORMATS = ("e4m3", "hybrid")
-FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")
-CROSS_ENTROPY_FUSIONS = ("none", "native", "te")
+# Each choice's values, from its type: the fields' checks, the command line's choices and the
+# flag readers all take them from here.
+PARAMS_DTYPES: tuple[str, ...] = get_args(ParamsDtype)
+GRAD_DTYPES: tuple[str, ...] = get_args(GradDtype)
+FP8_FORMATS: tuple[str, ...] = get_args(Fp8Format)
+FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
+FSDP_STRATEGIES: tuple[str, ...] = get_args(FsdpStrategy)
+RECOMPUTES: tuple[str, ...] = get_args(Recompute)
+RECOMPUTE_METHODS: tuple[str, ...] = get_args(RecomputeMethod)
+DATALOADER_MASKS: tuple[str, ...] = get_args(DataloaderMask)
+CROSS_ENTROPY_FUSIONS: tuple[str, ...] = get_args(CrossEntropyFusion)
 
 
 def _choice(value, allowed, what: str) -> None:
     if value not in allowed:
         names = [str(name) for name in allowed]
         raise AdvisorError(f"{what} must be {', '.join(names[:-1])} or {names[-1]}, got {value!r}")
+
+
+def _switches(concern) -> None:
+    """Every bool field of ``concern`` holds a bool: a saved row's options are JSON a person may
+    edit, where "false" would be a switch read as on."""
+    for field in fields(concern):
+        if field.type == "bool":  # the annotation's text (``from __future__ import annotations``)
+            limits.check_bool(getattr(concern, field.name), field.name)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,8 +84,9 @@ class Precision:
     """--fp8-amax-history-len (Megatron's default 1): amax values kept per FP8 tensor (delayed scaling)."""
 
     def __post_init__(self) -> None:
-        _choice(self.params_dtype, ("bfloat16", "float16", "float32"), "params_dtype")
-        _choice(self.grad_reduce_dtype, ("fp32", "bf16", "fp16"), "the gradient reduction dtype")
+        _switches(self)
+        _choice(self.params_dtype, PARAMS_DTYPES, "params_dtype")
+        _choice(self.grad_reduce_dtype, GRAD_DTYPES, "the gradient reduction dtype")
         if self.fp8_format is not None:
             _choice(self.fp8_format, FP8_FORMATS, "--fp8-format")
         _choice(self.fp8_recipe, FP8_RECIPES, "--fp8-recipe")
@@ -81,8 +98,8 @@ class Precision:
             raise AdvisorError("FP8 (--fp8-format) runs with BF16 or FP16 weights, not FP32")
         if self.fp8_param_gather and self.fp8_format is None:
             raise AdvisorError("--fp8-param-gather needs --fp8-format")
-        if self.fp8_amax_history_len < 1:
-            raise AdvisorError(f"--fp8-amax-history-len must be at least 1, got {self.fp8_amax_history_len}")
+        limits.check_int(self.fp8_amax_history_len, "fp8_amax_history_len (--fp8-amax-history-len)",
+                         limits.FP8_AMAX_HISTORY)
 
     @property
     def element_bytes(self) -> int:
@@ -116,9 +133,10 @@ class DataParallel:
     gradients and optimizer states over DP x CP like optim_grads_params, reducing in the weights'
     dtype, with Megatron's non-distributed optimizer over the shards. Megatron's validate_args
     refuses it with the distributed optimizer (so with --overlap-param-gather), FP16, tied
-    embeddings and PP or EP > 1 (the last two are the layout's: ``torch_fsdp2_problem``)."""
+    embeddings and PP or EP > 1 (the last two are the layout's: ``TrainingOptions.layout_problem``)."""
 
     def __post_init__(self) -> None:
+        _switches(self)
         if self.torch_fsdp2:
             if self.fsdp_strategy is not None:
                 raise AdvisorError("--use-torch-fsdp2 and --use-megatron-fsdp are two FSDPs: choose one")
@@ -127,23 +145,19 @@ class DataParallel:
                                    "the two together)")
         if self.fsdp_strategy is not None:
             _choice(self.fsdp_strategy, FSDP_STRATEGIES, "--data-parallel-sharding-strategy")
-            if not self.distributed_optimizer:
-                # core_v0.19.0's validate_args turns it on; the advisor states it.
+            if not self.distributed_optimizer:  # see distributed_optimizer_for
                 raise AdvisorError("Megatron-FSDP (--use-megatron-fsdp) runs with --use-distributed-optimizer")
         if self.overlap_param_gather and not self.overlap_grad_reduce:
             raise AdvisorError("--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM refuses it alone)")
         if self.overlap_param_gather and not self.distributed_optimizer:
             raise AdvisorError("--overlap-param-gather needs the distributed optimizer or Megatron-FSDP")
 
-    @property
-    def sharded(self) -> tuple[bool, bool, bool]:
-        """(optimizer states, gradients, weights) sharded over DP x CP."""
-        if self.torch_fsdp2:
-            return True, True, True
-        if self.fsdp_strategy is None:
-            return self.distributed_optimizer, False, False
-        return {"no_shard": (False, False, False), "optim": (True, False, False),
-                "optim_grads": (True, True, False), "optim_grads_params": (True, True, True)}[self.fsdp_strategy]
+    @staticmethod
+    def distributed_optimizer_for(asked: bool, fsdp_strategy: str | None) -> bool:
+        """``distributed_optimizer`` for a command line that asks ``asked`` of it beside
+        ``fsdp_strategy``: Megatron-FSDP runs with the distributed optimizer asked or not
+        (core_v0.19.0's validate_args turns it on), and the options state it."""
+        return asked or fsdp_strategy is not None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -157,6 +171,7 @@ class TensorParallel:
     reduce-scatters with the GEMMs; needs Transformer Engine and sequence parallelism."""
 
     def __post_init__(self) -> None:
+        _switches(self)
         if self.tp_comm_overlap and not self.sequence_parallel:
             raise AdvisorError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM refuses it without)")
 
@@ -173,10 +188,11 @@ class Recomputation:
     """N of --recompute-num-layers (per model chunk)."""
 
     def __post_init__(self) -> None:
-        _choice(self.recompute, ("none", "selective", "full"), "recompute")
-        _choice(self.recompute_method, ("uniform", "block"), "recompute_method")
-        if self.recompute_num_layers < 1:
-            raise AdvisorError(f"recompute_num_layers must be at least 1, got {self.recompute_num_layers}")
+        _choice(self.recompute, RECOMPUTES, "recompute")
+        _choice(self.recompute_method, RECOMPUTE_METHODS, "recompute_method")
+        # A layer count, as --recompute-num-layers on the command line (advisor.cli.options.LAYERS).
+        limits.check_int(self.recompute_num_layers, "recompute_num_layers (--recompute-num-layers)",
+                         limits.MODEL["num_layers"])
 
     def chunk_multiple(self, release=None) -> int:
         """What the layers of every model chunk (a pipeline stage, or each of its virtual stages)
@@ -229,7 +245,8 @@ class Attention:
     --eod-mask-loss with the mask on: the paper's runs), which the time model prices."""
 
     def __post_init__(self) -> None:
-        _choice(self.dataloader_mask, ("off", "cached", "rebuilt"), "dataloader_mask")
+        _switches(self)
+        _choice(self.dataloader_mask, DATALOADER_MASKS, "dataloader_mask")
         if self.dataloader_mask == "off" and not self.flash_attention:
             raise AdvisorError("unfused attention needs the data loader's mask: keep it (cached or rebuilt)")
 
@@ -245,8 +262,9 @@ class Offload:
     parameters whose states and step live on the CPU."""
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.optimizer_offload_fraction <= 1.0:
-            raise AdvisorError(f"--optimizer-offload-fraction must be in [0, 1], got {self.optimizer_offload_fraction}")
+        _switches(self)
+        limits.check_float(self.optimizer_offload_fraction, "optimizer_offload_fraction (--optimizer-offload-fraction)",
+                           limits.OFFLOAD_FRACTION)
 
     @property
     def host_fraction(self) -> float:
@@ -292,8 +310,9 @@ class TrainingOptions:
     1, the smallest padding Megatron does (the paper's vocabularies divide by every TP)."""
 
     def __post_init__(self) -> None:
-        if self.vocab_divisible_by is not None and self.vocab_divisible_by < 1:
-            raise AdvisorError(f"vocab_divisible_by must be positive, got {self.vocab_divisible_by}")
+        if self.vocab_divisible_by is not None:  # bounded as --vocab-divisible-by (advisor.cli.options.VOCABULARY)
+            limits.check_int(self.vocab_divisible_by, "vocab_divisible_by (--make-vocab-size-divisible-by)",
+                             limits.MODEL["vocab_size"])
         precision, offload, dp = self.precision, self.offload, self.data_parallel
         if precision.fp8_param_gather and not (dp.distributed_optimizer or dp.torch_fsdp2):
             raise AdvisorError("--fp8-param-gather needs the distributed optimizer, Megatron-FSDP or torch FSDP2")
