@@ -43,6 +43,24 @@ def test_causal_flash_attention_by_hand():
     assert float(backward) == pytest.approx(2.5 * flops / 5e11, rel=1e-12)
 
 
+def test_unfused_attention_by_hand():
+    """--no-flash-attn: b a / t full s x s matrices (E elements). Forward: two batched GEMMs of
+    2 s^2 d FLOPs a head (QK^T, PV) and the softmax's read and write of E BF16; backward: four
+    GEMMs (dP, dV, dQ, dK) and the softmax backward's three passes. Each GEMM the slower of its
+    FLOPs and one BF16 pass over E."""
+    s, b, tp = 4096, 2, 2
+    elements = b * A / tp * s * s  # 536,870,912
+    gemm, one_pass = 2 * D * elements / 1e12, 2 * elements / 1e12  # 0.1374 s, 0.0011 s: compute-bound
+    forward, backward = terms.unfused_attention_time(SPEC, s, b, tp, RATES)
+    assert float(forward) == pytest.approx(2 * gemm + 2 * one_pass, rel=1e-12)  # 0.2770 s
+    assert float(backward) == pytest.approx(4 * gemm + 3 * one_pass, rel=1e-12)  # 0.5530 s
+    slow_memory = Rates(**{**{f: getattr(RATES, f) for f in Rates.__dataclass_fields__}, "hbm_bytes_per_s": 1e9})
+    one_pass = 2 * elements / 1e9  # 1.0737 s: now every GEMM waits on its s x s matrix
+    forward, backward = terms.unfused_attention_time(SPEC, s, b, tp, slow_memory)
+    assert float(forward) == pytest.approx(4 * one_pass, rel=1e-12)
+    assert float(backward) == pytest.approx(7 * one_pass, rel=1e-12)
+
+
 def test_memory_bound_kernels_by_hand():
     tokens, tp = 1000, 4
     # norms 2 x (read h + write h), residuals 2 x (read 2h + write h), RoPE read+write (a + k) d, SwiGLU 3 f

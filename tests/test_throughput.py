@@ -141,3 +141,29 @@ def test_the_rebuilt_mask_bounds_a_replica_by_its_samples():
     per_sample = Calibration().host_mask_ns_per_element * 1e-9 * (3200 / 4800) * 32768**2 / 2
     assert step.total_s == pytest.approx([1024 * per_sample] * 2)
     assert np.all(step.data_wait_s > 0)
+
+
+def test_unfused_attention_is_what_the_layer_runs_without_flash_attention():
+    """--no-flash-attn cost memory and no time (the layer priced flash attention whatever the
+    option): the layer now runs ``terms.unfused_attention_time``, and nothing else changes."""
+    from advisor.throughput import terms
+
+    spec, gpu = preset("llama3.1-8b"), get_gpu("h100-80gb")
+    fused = TimeModel(spec, gpu, 8192, 1024, None, TimeOptions())
+    unfused = TimeModel(spec, gpu, 8192, 1024, None, TimeOptions(flash_attention=False))
+    f, u = fused.layer(2, 1, 1), unfused.layer(2, 1, 1)
+    forward, backward = terms.unfused_attention_time(spec, 8192, 1, 2, unfused.rates)
+    flash_forward, flash_backward = terms.attention_time(spec, 8192, 1, 2, 1, fused.rates)
+    assert float(u[5]) == pytest.approx(float(forward))
+    assert float(u[0] - f[0]) == pytest.approx(float(forward - flash_forward))
+    assert float(u[1] - f[1]) == pytest.approx(float(backward - flash_backward))
+    assert float(forward) > float(flash_forward)  # every s x s score computed and written, not half in SRAM
+
+
+def test_the_no_flash_attn_option_reaches_the_time_model():
+    from advisor.options import TrainingOptions
+    from advisor.options.training import Attention
+
+    unfused = Attention(flash_attention=False, dataloader_mask="cached")  # unfused attention reads the mask
+    assert TrainingOptions(attention=unfused).time_options().flash_attention is False
+    assert TrainingOptions().time_options().flash_attention is True

@@ -416,7 +416,7 @@ class TrainingOptions:
         return TimeOptions(
             **fsdp, tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,
             dataloader_mask="rebuilt" if self.attention.dataloader_mask == "rebuilt" else "cached",
-            optimizer_host_fraction=self.offload.host_fraction,
+            optimizer_host_fraction=self.offload.host_fraction, flash_attention=self.attention.flash_attention,
             fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe, fp8_param_gather=p.fp8_param_gather,
             **model_choices,
         )

@@ -48,6 +48,9 @@ class TimeOptions:
     flops_convention: FlopsConvention = "megatron"
     """How TFLOP/s and MFU count attention: 'megatron' (causal, Megatron-LM >= core_r0.10) or
     'paper' (full s x s, the paper's Megatron-LM fork)."""
+    flash_attention: bool = True
+    """A fused attention kernel (Megatron's --attention-backend auto); False: --no-flash-attn's
+    unfused core attention (``terms.unfused_attention_time``)."""
     attention_kernel: AttentionKernel = "fused"
     """'fused': a current fused attention kernel (cuDNN / FlashAttention-3 class, what
     Transformer Engine picks on Hopper today); 'flash2': FlashAttention-2 (the paper's 2024
@@ -141,7 +144,10 @@ class TimeModel:
         spec, rates, s = self.spec, self.rates, self.seq_len
         tokens = _f(mbs) * s / _f(cp)
         gemm_f, gemm_b = terms.layer_gemm_time(spec, tokens, tp, self.gemm_rates)
-        attn_f, attn_b = terms.attention_time(spec, s, mbs, tp, cp, rates)
+        if self.options.flash_attention:
+            attn_f, attn_b = terms.attention_time(spec, s, mbs, tp, cp, rates)
+        else:  # CP runs inside fused attention only (advisor.memory refuses CP > 1 without it)
+            attn_f, attn_b = terms.unfused_attention_time(spec, s, mbs, tp, rates)
         elem = terms.elementwise_time(terms.layer_elementwise_bytes(spec, tokens, tp), rates)
         if self.options.fp8_format:
             cast_f, cast_b = levers.fp8_cast_bytes(spec, tokens, tp)

@@ -98,6 +98,22 @@ def attention_kernel_time(forward_flops, cp, rates: Rates):
     return forward_flops / rate + latency / 3.5, 2.5 * forward_flops / rate + 2.5 * latency / 3.5
 
 
+def unfused_attention_time(spec: LlamaSpec, seq_len, mbs, tp, rates: Rates):
+    """(forward, backward) of core attention without a fused kernel for one layer (--no-flash-attn:
+    megatron-core's unfused ``DotProductAttention``, core_v0.15.2 ``transformer/dot_product_attention.py``:
+    ``baddbmm`` for the scores, ``FusedScaleMaskSoftmax``, ``bmm`` with V). Every one of the s x s
+    scores of the a / t heads of the rank's b sequences is computed (the causal mask is applied
+    to them, not skipped), and each s x s matrix passes through HBM in BF16. Each batched GEMM
+    (2 s^2 d FLOPs a head) takes the slower of the GEMM rate and the HBM roofline of the s x s
+    matrix it writes or reads, plus one kernel cost. Forward: S = QK^T (writes S), the softmax
+    (reads S, writes P), PV (reads P). Backward: dP = dO V^T (writes dP), dV = P^T dO (reads P),
+    the softmax's backward (reads P and dP, writes dS), dQ = dS K and dK = dS^T Q (read dS)."""
+    elements = np.asarray(mbs) * spec.num_attention_heads / np.asarray(tp) * float(seq_len) ** 2
+    matrix = BF16 * elements / rates.hbm_bytes_per_s  # one pass of an s x s matrix of every head
+    gemm = np.maximum(2.0 * spec.head_dim * elements / rates.gemm_flops_per_s, matrix) + rates.gemm_latency_s
+    return 2 * gemm + 2 * matrix, 4 * gemm + 3 * matrix
+
+
 def layer_elementwise_bytes(spec: LlamaSpec, tokens, tp):
     """HBM bytes the memory-bound kernels of one layer move forward, on one GPU: the two RMSNorms
     (read and write h each), the two residual adds (read 2h, write h), RoPE on Q and K (read and
