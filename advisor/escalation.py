@@ -13,9 +13,13 @@ from typing import Callable
 from advisor.errors import AdvisorError
 from advisor.options import TrainingOptions
 
+# Megatron-FSDP runs with the distributed optimizer (DataParallel.distributed_optimizer_for): its
+# rungs turn it on where the user's options had it off.
 LADDER: tuple[tuple[str, dict], ...] = (
-    ("Megatron-FSDP optim_grads (gradients and optimizer states sharded, ZeRO-2)", {"fsdp_strategy": "optim_grads"}),
-    ("Megatron-FSDP optim_grads_params (weights too, ZeRO-3)", {"fsdp_strategy": "optim_grads_params"}),
+    ("Megatron-FSDP optim_grads (gradients and optimizer states sharded, ZeRO-2)",
+     {"fsdp_strategy": "optim_grads", "distributed_optimizer": True}),
+    ("Megatron-FSDP optim_grads_params (weights too, ZeRO-3)",
+     {"fsdp_strategy": "optim_grads_params", "distributed_optimizer": True}),
     ("optimizer CPU offload (optimizer states in host memory)", {"optimizer_cpu_offload": True}),
 )
 
@@ -43,8 +47,8 @@ def escalate(first, run: Callable[[TrainingOptions], object], options: TrainingO
     for label, changes in LADDER:
         if "optimizer_cpu_offload" in changes and gpu is not None and gpu.host_link_gb_per_s is None:
             continue  # cannot be timed on this preset
-        lever = options.with_(**changes)
         try:
+            lever = options.with_(**changes)  # a rung these options cannot take is skipped, as one that fails
             if may_help is not None and not may_help(lever):
                 continue  # a whole search (minutes at the largest inputs) that cannot find a layout
             candidate = run(lever)

@@ -568,3 +568,18 @@ def test_without_a_time_model_the_uniform_method_interleaves_where_only_that_fit
     tight, roomy = row(13.0), row(14.0)
     assert tight.rank is not None and tight.parallel.vpp == 2 and tight.verdict == "likely fits"
     assert roomy.rank is not None and roomy.parallel.vpp == 1
+
+
+def test_the_escalation_ladder_climbs_from_options_without_the_distributed_optimizer(advisor):
+    """--no-distributed-optimizer with nothing fitting: the Megatron-FSDP rungs were built outside
+    the ladder's error handling without the distributed optimizer they need, and the sweep ended
+    on 'Megatron-FSDP runs with --use-distributed-optimizer' (exit 2). Each rung now states what
+    it runs with; this 70B case climbs to the CPU offload, as it does with the default options."""
+    import json
+
+    rows = json.loads(advisor("sweep", "--model", "llama3.1-70b", "--gpus", 8, "--mem", 80,
+                              "--no-distributed-optimizer", "--top", 1, "--format", "json").stdout)
+    default = json.loads(advisor("sweep", "--model", "llama3.1-70b", "--gpus", 8, "--mem", 80, "--top", 1,
+                                 "--format", "json").stdout)
+    assert rows[0]["rank"] == 1 and rows[0]["options"]["optimizer_cpu_offload"]
+    assert not rows[0]["options"]["distributed_optimizer"] and default[0]["options"]["optimizer_cpu_offload"]
