@@ -28,16 +28,11 @@ from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, Workload, heads_problem, sequence_problem
 
 if TYPE_CHECKING:  # a run-time import would close a cycle: TrainingOptions.memory_options imports this module
-    from advisor.options.training import RecomputeMethod
+    from advisor.options.training import Recompute, RecomputeMethod
 
 GIB = 2**30
 """Seed 004's tables say GB and mean GiB (2^30 bytes): its Eq. 10/17 values printed in Tables 2-11
 are bytes / 2^30 (tables/seed004 reproduces them so; README, "The method")."""
-
-Recompute = Literal["none", "selective", "full"]
-"""``advisor.options.training.Recompute``, which this module cannot import (see above), for
-``advisor.profiles``, which reads a profile's recompute against it (tests/test_options_types.py
-keeps the two equal)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

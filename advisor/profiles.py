@@ -66,7 +66,7 @@ from typing import Iterable, Literal, get_args
 from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.fileio import JsonLines, atomic_write_text
-from advisor.memory import Recompute
+from advisor.options.training import Recompute
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, world_size_problem
 
