@@ -12,7 +12,6 @@ import pytest
 from conftest import Invoker
 from launch_support import launcher, write_json
 
-from advisor import memory
 from advisor.errors import AdvisorError
 from advisor.options import TrainingOptions, parse_training_args
 from advisor.options import training
