@@ -190,7 +190,7 @@ def test_recommend_writes_no_plan_that_does_not_fit(tmp_path, fmt):
         f"Try more GPUs, a larger --pp or --tp, or --recompute full (advisor sweep searches the layouts); no plan "
         f"written to {plan}"]
     if fmt == "table":  # the plan is still shown, as before
-        assert "predicted peak 50.00 GiB (500% of 10 GiB)" in result.stdout
+        assert "predicted peak 50.00 GiB, Eq. 18 (500% of 10 GiB) -> oom" in result.stdout
     else:
         assert json.loads(result.stdout)["peak_predicted_gib"] == pytest.approx(50, abs=0.01)
 
@@ -208,7 +208,9 @@ def test_recommend_leaves_an_earlier_file_alone_and_prints_to_stdout_when_asked(
 
 def test_recommend_time_objective_writes_no_plan(tmp_path):
     plan = tmp_path / "nfplan.json"
-    result = script("advisor", *NOTHING_FITS, "--gpu", "h100-80gb", "--objective", "time", "-o", plan)
+    # Eq. 18 and its 80% rule (--gpu alone would price with the calibrated model, within all 10 GiB)
+    result = script("advisor", *NOTHING_FITS, "--gpu", "h100-80gb", "--memory-model", "paper", "--objective", "time",
+                    "-o", plan)
     assert result.returncode == 1 and result.stdout == "" and not plan.exists()
     [line] = result.stderr.splitlines()
     assert line.startswith("advisor recommend: nothing fits: no split of 32 layers over 4 stages keeps every stage "

@@ -562,14 +562,14 @@ def _stage_table(stage_rows: list[dict], spec, parallel, workload, gpu, peak_sta
 
     columns = [
         render.Column("stage", "stage"),
-        render.Column("position", "position", justify="left", drop=3),
+        render.Column("position", "position", justify="left", drop=2),
         render.Column("layers", "layers"),
         render.Column("in_flight_microbatches", "in flight", ".4g"),
-        # narrow terminals keep the states' sum before its parts, and the total always
-        render.Column("weights_gib", "weights", ".2f", drop=2),
-        render.Column("gradients_gib", "grads", ".2f", drop=2),
-        render.Column("optimizer_gib", "optimizer", ".2f", drop=2),
-        render.Column("model_states_gib", "states", ".2f", drop=1),
+        # narrow terminals drop the states' sum (its parts are beside it), then the parts, never the total
+        render.Column("weights_gib", "weights", ".2f", drop=3),
+        render.Column("gradients_gib", "grads", ".2f", drop=3),
+        render.Column("optimizer_gib", "optimizer", ".2f", drop=3),
+        render.Column("model_states_gib", "states", ".2f", drop=4),
         render.Column("activations_gib", "activations", ".2f"),
         render.Column("total_gib", "total GiB", ".2f", drop=-1),
     ]
