@@ -271,9 +271,8 @@ def vocabulary(model: dict) -> tuple[int | None, str]:
 
 
 def model_spec(model: dict, *, name: str, vocab_size: int) -> LlamaSpec:
-    """The LlamaSpec a Megatron model-flag dict builds, with validate_args' defaults."""
-    if missing := [Missing(f"--{flag}") for flag in _REQUIRED_MODEL if flag not in model]:
-        raise MissingInputs(missing)
+    """The LlamaSpec a Megatron model-flag dict builds, with validate_args' defaults; the flags
+    Megatron has no default for are there (``read_run`` names every missing one first, ``_missing``)."""
     # validate_args refuses the deprecated switch but with RoPE, where it changes nothing: the
     # learned position table is built only for learned_absolute (language_model_embedding.py).
     if model.get("no-position-embedding") and model.get("position-embedding-type") != "rope":
@@ -399,20 +398,22 @@ def _split(layout: dict, num_layers: int, pp: int, mtp_layers: int = 0) -> tuple
 def read_layout(layout: dict, num_layers: int, mtp_layers: int = 0) -> Layout:
     """The layout a dict of Megatron's layout flags describes (Megatron's defaults: 1, no GBS);
     ``mtp_layers``: the command's --mtp-num-layers."""
-    pp = _int(layout, "pipeline-model-parallel-size", 1)
+    tp, cp, pp = _degrees(layout)
     counts, vpp = _split(layout, num_layers, pp, mtp_layers) if pp > 1 else ([num_layers], 1)
-    mbs = _int(layout, "micro-batch-size", 1)
-    return Layout(tp=_int(layout, "tensor-model-parallel-size", 1), cp=_int(layout, "context-parallel-size", 1),
-                  layers_per_stage=tuple(counts), vpp=vpp, mbs=mbs,
+    return Layout(tp=tp, cp=cp, layers_per_stage=tuple(counts), vpp=vpp, mbs=_int(layout, "micro-batch-size", 1),
                   global_batch_size=_int(layout, "global-batch-size"))
 
 
-def model_parallel_degrees(arguments: list[str] | tuple[str, ...]) -> tuple[int, int, int]:
-    """(TP, CP, PP) of Megatron's arguments, Megatron's default 1 for each: what a world size must
-    be a multiple of, readable where the rest of the run is not (a missing vocabulary)."""
-    layout = split_arguments(arguments).layout
+def _degrees(layout: dict) -> tuple[int, int, int]:
+    """(TP, CP, PP) of a dict of Megatron's layout flags, Megatron's default 1 for each."""
     return (_int(layout, "tensor-model-parallel-size", 1), _int(layout, "context-parallel-size", 1),
             _int(layout, "pipeline-model-parallel-size", 1))
+
+
+def model_parallel_degrees(arguments: list[str] | tuple[str, ...]) -> tuple[int, int, int]:
+    """(TP, CP, PP) of Megatron's arguments: what a world size must be a multiple of, readable
+    where the rest of the run is not (a missing vocabulary)."""
+    return _degrees(split_arguments(arguments).layout)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from advisor.memory import GIB, MemoryEstimate, MemoryOptions
 from advisor.memory_calibration import MemoryCalibration
 from advisor.models import LlamaSpec
 from advisor import memory_terms as terms
-from advisor.paper_rule import PAPER_VERDICTS
+from advisor.paper_rule import PAPER_VERDICTS, classify
 from advisor.equations import padded_vocab_size
 
 CalibratedVerdict = Literal["fits", "likely fits", "likely oom", "oom"]
@@ -160,6 +160,21 @@ def assess_stages(
     return [Assessment(usage_gib=u, peak_stage=p, memory_gib=memory_gib, verdict=verdict_for(u, memory_gib,
                                                                                             calibration.band))
             for u, p in zip(usage, peak.tolist())]
+
+
+def default_memory_model(gpu_preset: bool) -> str:
+    """The memory model without --memory-model: the calibrated one where a GPU preset gives the
+    time model and the calibration's reference (advisor sweep, estimate, recommend, compare-log),
+    else the paper's Eq. 18 and its 80% rule."""
+    return "calibrated" if gpu_preset else "paper"
+
+
+def judge(gib: float, memory_gib: float, *, band: float | None, threshold: float) -> str:
+    """A layout's verdict from the memory its model gives: the calibrated model's usage with its
+    ``band`` (``verdict_for``), or, ``band`` None, Eq. 18's total under the paper's rule."""
+    if band is None:
+        return classify(gib, memory_gib, threshold)
+    return verdict_for(gib, memory_gib, band)
 
 
 def verdict_for(usage_gib: float, memory_gib: float, band: float) -> CalibratedVerdict:

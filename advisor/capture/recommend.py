@@ -36,10 +36,10 @@ from advisor.memory import GIB, StageModel, check_layout, tp_problem
 from advisor.memory_calibration import MemoryCalibration
 from advisor.options import TrainingOptions
 from advisor.models import LlamaSpec
-from advisor.paper_rule import DEFAULT_THRESHOLD, classify
+from advisor.paper_rule import DEFAULT_THRESHOLD
 from advisor.parallel import ParallelConfig, Workload, global_batch_problem, model_parallel_problem
 from advisor.rank_times import recomputed_per_chunk
-from advisor.verdicts import verdict_for
+from advisor.verdicts import judge
 
 if TYPE_CHECKING:
     from advisor.rank_times import Timing
@@ -263,9 +263,7 @@ def _verdict(peak_bytes: float, gpu_memory: float | None, calibration: MemoryCal
     paper's 80% rule on Eq. 18; None without the GPU's memory."""
     if gpu_memory is None:
         return None
-    if calibration is None:
-        return classify(peak_bytes / GIB, gpu_memory / GIB, threshold)
-    return verdict_for(peak_bytes / GIB, gpu_memory / GIB, calibration.band)
+    return judge(peak_bytes / GIB, gpu_memory / GIB, band=calibration and calibration.band, threshold=threshold)
 
 
 def _megatron_args(profiles: ProfileSet, tp: int, stages, micro_batch_size: int, global_batch_size: int):

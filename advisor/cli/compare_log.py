@@ -42,6 +42,7 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     """
     from advisor import limits, render
     from advisor.pricing import price_layout
+    from advisor.verdicts import default_memory_model
     from advisor.cli.from_command import read_inputs
     from advisor.fileio import read_text
     from advisor.megatron_log import compare, cut_note, ends_a_line, read_log, theoretical_note
@@ -62,7 +63,7 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     parallel = ParallelConfig(tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=read.dp, mbs=layout.mbs, vpp=layout.vpp)
     estimate, result, *_ = price_layout(
         run.spec, workload, parallel, layout.layers_per_stage if layout.pp > 1 else None, run.options, gpu=gpu,
-        mem=mem, threshold=DEFAULT_THRESHOLD, memory_model="calibrated" if gpu is not None else "paper",
+        mem=mem, threshold=DEFAULT_THRESHOLD, memory_model=default_memory_model(gpu is not None),
         release=release)
     estimate["stages"] = [stage.to_dict() for stage in result.stages]
     rows = compare(training, estimate, world_size=read.gpus)

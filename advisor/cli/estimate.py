@@ -25,6 +25,7 @@ TABLE_ROWS = 30
 def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_hour_price=None):
     """The defaults that depend on --gpu (and --profile), and the combinations that need it."""
     from advisor.ranking import default_rank_by
+    from advisor.verdicts import default_memory_model
 
     if gpu_hour_price is not None and tokens is None:
         raise InputError("--gpu-hour-price needs --tokens N: the cost is the GPU-hours of a token budget")
@@ -37,7 +38,7 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_h
         raise InputError("--tokens needs --gpu NAME: the time model needs the GPU's FLOP/s and bandwidths")
     if rank_by == "throughput" and gpu is None:
         raise InputError("--rank-by throughput needs --gpu NAME (see 'advisor gpus')")
-    memory_model = memory_model or ("calibrated" if gpu is not None else "paper")
+    memory_model = memory_model or default_memory_model(gpu is not None)
     return memory_model, rank_by or default_rank_by(gpu is not None)
 
 

@@ -160,7 +160,9 @@ def _calibration(profiles, gpu, mem: float | None, memory_model: str | None):
             raise InputError(f"--memory-model {memory_model} prices the analytic plan; profiles measure their own "
                              "memory: drop it with --profile")
         return None
-    if (memory_model or ("calibrated" if gpu is not None else "paper")) == "paper":
+    from advisor.verdicts import default_memory_model
+
+    if (memory_model or default_memory_model(gpu is not None)) == "paper":
         return None
     if mem is None:
         raise InputError("--memory-model calibrated needs the GPU's memory: --gpu NAME or --mem GIB")

@@ -29,6 +29,7 @@ from advisor.hardware import GpuSpec
 from advisor.moe import stage as st
 from advisor.moe.spec import MoESpec
 from advisor.paper_rule import DEFAULT_THRESHOLD
+from advisor.verdicts import default_memory_model
 from advisor.parallel import (Pinned, Workload, check_whole_nodes, global_batch_problem, heads_problem,
                              model_parallel_problem, sequence_problem, sequence_splits)
 
@@ -245,12 +246,10 @@ def _verdicts(memory: dict, memory_gib: float, threshold: float, band: float | N
     """The paper's rule on the totals, or the calibrated verdicts on the usage: the dense rows'
     own functions. Both grow monotonically with the memory, so each is called only where the
     verdict changes (a bisection over the sorted values), not once per layout."""
-    from advisor.paper_rule import classify
-    from advisor.verdicts import verdict_for
+    from advisor.verdicts import judge as judged
 
     values = (memory["total"] if band is None else memory["usage"]) / GIB
-    judge = (lambda v: classify(v, memory_gib, threshold)) if band is None else (lambda v: verdict_for(v, memory_gib,
-                                                                                                        band))
+    judge = functools.partial(judged, memory_gib=memory_gib, band=band, threshold=threshold)
     unique, inverse = np.unique(values, return_inverse=True)
     verdicts = np.empty(len(unique), dtype=object)
     start = 0
@@ -412,7 +411,7 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
     ``recompute`` pins the recomputation."""
     _check_sweep(spec, workload, gpus, gpu.gpus_per_node if gpu is not None else max_tp, max_tp, ep, etp,
                  options.dispatcher, pinned)
-    memory_model = memory_model or ("calibrated" if gpu is not None else "paper")
+    memory_model = memory_model or default_memory_model(gpu is not None)
     layouts = enumerate_layouts(spec, workload, gpus, max_tp, interleave=gpu is not None and vpp != 1, pinned=pinned)
     keep = np.ones(len(layouts.tp), dtype=bool)
     for given, column in ((ep, layouts.ep), (etp, layouts.etp), (vpp, layouts.vpp)):
@@ -587,7 +586,7 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
                              a2a_overlap=options.a2a_overlap, recompute=recompute, dispatcher=options.dispatcher)
     if problem:
         raise AdvisorError(problem)
-    memory_model = memory_model or ("calibrated" if gpu is not None and memory_gib is not None else "paper")
+    memory_model = memory_model or default_memory_model(gpu is not None and memory_gib is not None)
     layouts = Layouts(*(np.array([x]) for x in (tp, cp, pp, ep, etp, dp, mbs, RECOMPUTES.index(recompute), vpp, 0)))
     m = workload.global_batch_size / (mbs * dp)
     columns = layouts.columns()
