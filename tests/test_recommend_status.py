@@ -98,3 +98,16 @@ def test_the_help_states_the_exit_statuses(advisor):
     text = " ".join(advisor("recommend", "--help").stdout.split())
     assert "The exit status is 0 for a plan within the memory; 1 when nothing fits" in text
     assert "2 for bad input" in text
+
+
+def test_the_memory_model_is_refused_where_it_cannot_apply(advisor, tmp_path):
+    """--memory-model prices the analytic plan: profiles measure their own memory, and the
+    calibrated model needs the GPU's memory. Each is one line, exit 2, and no plan written."""
+    plan = tmp_path / "plan.json"
+    assert advisor.error("recommend", "--profile", "examples/launch/profiles", "--gpus", 16, "--pp", 4,
+                         "--memory-model", "paper", "-o", plan) == (
+        "Error: --memory-model paper prices the analytic plan; profiles measure their own memory: drop it with "
+        "--profile")
+    assert advisor.error("recommend", "--gpus", 64, "--pp", 4, "--memory-model", "calibrated", "-o", plan) == (
+        "Error: --memory-model calibrated needs the GPU's memory: --gpu NAME or --mem GIB")
+    assert not plan.exists()
