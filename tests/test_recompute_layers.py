@@ -104,6 +104,24 @@ def test_estimate_refuses_what_core_015_fails_on(advisor, extra, chunks):
                  "--megatron-version", "0.15", *extra)
 
 
+@pytest.mark.parametrize("command", [ESTIMATE, ["recommend", "--model", "llama3.1-8b", "--gpus", 64, "--tp", 2,
+                                                  "--pp", 4, "--recompute", "full"]])
+@pytest.mark.parametrize("half,needs", [(["--recompute-num-layers", 27], "needs --recompute-method block or uniform"),
+                                        (["--recompute-method", "block"], "needs --recompute-num-layers N")])
+def test_half_a_full_recomputation_is_refused(advisor, command, half, needs):
+    """Megatron-LM has no default method or N (TransformerConfig raises without either): a sweep
+    row's "full block 27" copied as --recompute-num-layers 27 alone was priced as uniform 27."""
+    assert needs in advisor.error(*command, *half)
+
+
+def test_full_recomputation_alone_is_every_layer(advisor):
+    """Neither given: uniform 1, every layer recomputed, as block with all of a stage's layers."""
+    alone = advisor.json(*ESTIMATE, "--gpu", "h100-80gb")
+    assert (alone["recompute_method"], alone["recompute_num_layers"]) == ("uniform", 1)
+    assert alone["total_gib"] == _priced(advisor, "block", 8)[0]
+    assert alone["total_gib"] == _priced(advisor, "uniform", 1)[0]
+
+
 def _priced(advisor, method: str, n: int, *extra) -> tuple[float, float, float]:
     row = advisor.json(*ESTIMATE, "--gpu", "h100-80gb", "--recompute-method", method, "--recompute-num-layers", n,
                        *extra)

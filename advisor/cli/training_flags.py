@@ -183,10 +183,12 @@ def _recompute_options(searchable: bool) -> list:
         return [
             click.option("--recompute", type=click.Choice(RECOMPUTES), default="none",
                          show_default=True, help="Activation recomputation (--recompute-granularity)."),
-            click.option("--recompute-method", type=click.Choice(RECOMPUTE_METHODS), default="uniform",
-                         show_default=True, help="With --recompute full: how layers are checkpointed."),
-            click.option("--recompute-num-layers", type=LAYERS, default=1, show_default=True,
-                         help="With --recompute full: N of --recompute-num-layers."),
+            click.option("--recompute-method", type=click.Choice(RECOMPUTE_METHODS), default=None,
+                         help="With --recompute full: block checkpoints the first N layers of each chunk, "
+                              "uniform every group of N; give it with --recompute-num-layers (neither: "
+                              "uniform 1, every layer)."),
+            click.option("--recompute-num-layers", type=LAYERS, default=None,
+                         help="With --recompute full and --recompute-method: N."),
         ]
     return [
         click.option("--recompute", type=click.Choice(("auto", *RECOMPUTES)), default="auto",
@@ -235,11 +237,13 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
     @functools.wraps(func)
     def wrapper(*args, recompute, recompute_method, recompute_num_layers, **kwargs):
         fixed = dict(recompute=recompute, recompute_method=recompute_method, recompute_num_layers=recompute_num_layers)
-        # estimate's defaults are uniform and 1, the sweep's None (searched)
+        # both default to None: estimate fills in uniform 1 (_method_and_layers), the sweep searches them
         pinned = given("recompute_method") or given("recompute_num_layers") or (
             searchable and (recompute_method is not None or recompute_num_layers is not None))
         if recompute != "full" and pinned and not kwargs.get("from_command"):
             raise InputError("--recompute-method and --recompute-num-layers need --recompute full")
+        if not searchable:
+            fixed.update(_method_and_layers(recompute_method, recompute_num_layers))
         offload_searched = False
         if searchable:
             from advisor.space import SpaceOptions
@@ -264,6 +268,19 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
         ],
         wrapper,
     )
+
+
+def _method_and_layers(method: str | None, layers: int | None) -> dict:
+    """A pinned full recomputation's method and N. Megatron-LM has no default for either and
+    refuses one without the other (core_v0.15.2 transformer_config.py, __post_init__): a sweep
+    row's "full block 27" copied as --recompute-num-layers 27 alone must not be priced as uniform
+    27. Neither given: every layer (uniform 1), what "--recompute full" asks for."""
+    if (method is None) != (layers is None):
+        given_flag, missing = (("--recompute-method " + method, "--recompute-num-layers N") if layers is None
+                               else (f"--recompute-num-layers {layers}", "--recompute-method block or uniform"))
+        raise InputError(f"{given_flag} needs {missing}, as Megatron-LM does (it has no default; block N "
+                         "checkpoints the first N layers of each chunk, uniform N every group of N)")
+    return dict(recompute_method=method or "uniform", recompute_num_layers=layers or 1)
 
 
 def _vpp(text: str) -> int | None:
