@@ -157,7 +157,8 @@ def stage_of_rank(rank: int, *, world_size: int, pp: int) -> int:
 
 
 def _row(what: str, measured: float | None, predicted: float | None, unit: str) -> dict:
-    ratio = measured / predicted if measured is not None and predicted else None
+    # a logged 0 is no measurement: a run without CUDA (on the CPU) logs 0 MB and 0 TFLOP/s
+    ratio = measured / predicted if measured and predicted else None
     return {"what": what, "unit": unit, "measured": measured, "predicted": predicted, "measured_over_predicted": ratio}
 
 
@@ -180,6 +181,15 @@ def compare(log: TrainingLog, estimate: dict, *, world_size: int) -> list[dict]:
         rows.append(_row("peak max reserved (calibrated)", None if reserved is None else reserved * MIB / 2**30,
                          estimate["usage_gib"], "GiB"))
     return rows
+
+
+def unmeasured_note(rows: list[dict]) -> str | None:
+    """The note naming the quantities the log gives as 0, as a run without CUDA (on the CPU)
+    logs its memory and TFLOP/s, which therefore have no ratio; None if there are none."""
+    zeros = [row["what"] for row in rows if row["measured"] == 0]
+    if not zeros:
+        return None
+    return f"logged as 0, so not measured (a run without CUDA, such as a CPU run), no ratio: {', '.join(zeros)}"
 
 
 def theoretical_note(log: TrainingLog, estimate: dict) -> str | None:

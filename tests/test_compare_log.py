@@ -66,6 +66,11 @@ def test_compare_log_sets_the_real_log_beside_the_same_estimate():
     stage_totals = [stage["total_gib"] for stage in estimate["stages"]]
     assert [rows[f"stage {i} max allocated"]["predicted"] for i in (0, 1)] == stage_totals
     assert rows["stage 0 max allocated"]["measured"] == 0.0  # the CPU double's counters
+    # a logged 0 is no measurement: no ratio (it read 0.000), and a note names the quantities
+    assert [rows[what]["measured_over_predicted"] for what in ("TFLOP/s per GPU", "stage 0 max allocated",
+                                                               "peak max reserved (calibrated)")] == [None] * 3
+    zeros = [note for note in document["notes"] if note.startswith("logged as 0")]
+    assert len(zeros) == 1 and "stage 1 max allocated" in zeros[0] and "step time" not in zeros[0]
     assert any(note.startswith("Megatron's own theoretical memory (stage 0)") for note in document["notes"])
 
 

@@ -45,7 +45,7 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     from advisor.verdicts import default_memory_model
     from advisor.cli.from_command import read_inputs
     from advisor.fileio import read_text
-    from advisor.megatron_log import compare, cut_note, ends_a_line, read_log, theoretical_note
+    from advisor.megatron_log import compare, cut_note, ends_a_line, read_log, theoretical_note, unmeasured_note
     from advisor.parallel import ParallelConfig, Workload
 
     if log == "-" and command == "-":
@@ -68,7 +68,8 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     estimate["stages"] = [stage.to_dict() for stage in result.stages]
     rows = compare(training, estimate, world_size=read.gpus)
     notes = [f"read {read.source}", theoretical_note(training, estimate),
-             f"{len(training.iterations)} logged iterations, {len(training.memory)} memory reports", cut_note(training)]
+             f"{len(training.iterations)} logged iterations, {len(training.memory)} memory reports", cut_note(training),
+             unmeasured_note(rows)]
     if run.unpriced:
         notes.append("not priced: " + ", ".join(run.unpriced))
     document = {"rows": rows, "notes": [note for note in notes if note], "estimate": estimate}
