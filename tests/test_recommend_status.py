@@ -41,8 +41,10 @@ def test_memory_objective_above_the_memory_prints_the_plan_writes_none_and_exits
     assert plan["peak_predicted_gib"] > 80
     assert plan["layers_per_stage"] and sum(plan["layers_per_stage"]) == 126  # the lowest peak, still useful
     notes = [line for line in result.stderr.splitlines() if line.startswith("advisor recommend")]
+    shown = notes[0].split("reaches is ")[1].split(" GiB")[0]
+    assert 80 < float(shown) <= plan["peak_predicted_gib"] < float(shown) + 0.01 and len(shown.split(".")[1]) == 2
     assert notes == [f"advisor recommend: nothing fits: the lowest peak any split reaches is "
-                     f"{plan['peak_predicted_gib']:.2f} GiB per GPU, above 80 GiB. Try more GPUs, a larger --pp or "
+                     f"{shown} GiB per GPU, above 80 GiB. Try more GPUs, a larger --pp or "
                      f"--tp, or --recompute full (advisor sweep searches the layouts); no plan written to "
                      f"{tmp_path / 'plan.json'}"]
     recomputed = advisor(*TOO_BIG, "--recompute", "full", expect=1)
@@ -111,3 +113,12 @@ def test_the_memory_model_is_refused_where_it_cannot_apply(advisor, tmp_path):
     assert advisor.error("recommend", "--gpus", 64, "--pp", 4, "--memory-model", "calibrated", "-o", plan) == (
         "Error: --memory-model calibrated needs the GPU's memory: --gpu NAME or --mem GIB")
     assert not plan.exists()
+
+
+@pytest.mark.parametrize("peak,mem,shown", [(80.5, 80, "80.50"), (80.001, 80, "80.001"), (0.0412, 0.04, "0.041"),
+                                            (0.04504, 0.045, "0.04504")])
+def test_a_peak_over_the_memory_never_reads_as_the_memory(peak, mem, shown):
+    """A MiB-scale CPU plan said "0.04 GiB per GPU, above 0.04 GiB": as many decimals as it takes."""
+    from advisor.cli.recommend import _above
+
+    assert _above(peak, mem) == shown

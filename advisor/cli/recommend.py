@@ -3,6 +3,7 @@ MadPipe's (seed 001) for --objective time, from profiles or from the analytic mo
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -148,8 +149,18 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
     emit_document(plan.to_dict(), lambda: _plan_table(plan, mem), fmt, None if over and output != STDOUT else output)
     if over:
         nothing_fits(f"advisor recommend: nothing fits: the lowest peak any split reaches is "
-                     f"{plan.peak_bytes / GIB:.2f} GiB per GPU, above {mem:g} GiB. "
+                     f"{_above(plan.peak_bytes / GIB, mem)} GiB per GPU, above {mem:g} GiB. "
                      f"{_tries(profiles, options, mode)}{_unwritten(output, png)}")
+
+
+def _above(peak_gib: float, mem: float) -> str:
+    """``peak_gib`` to 2 decimals, or as many more as it takes to read as above ``mem`` (a MiB-scale
+    CPU plan read "0.04 GiB per GPU, above 0.04 GiB"); cut, not rounded, so it never rounds up past."""
+    for decimals in range(2, 10):
+        cut = math.floor(peak_gib * 10**decimals) / 10**decimals
+        if cut > mem:
+            return f"{cut:.{decimals}f}"
+    return repr(peak_gib)
 
 
 def _calibration(profiles, gpu, mem: float | None, memory_model: str | None):
