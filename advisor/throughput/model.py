@@ -11,7 +11,7 @@ the data loader. Every input that describes a layout may be a numpy array; all b
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -21,9 +21,11 @@ from advisor.throughput import levers, terms
 from advisor.throughput.calibration import Calibration, load_calibration
 from advisor.throughput.flops import FlopsConvention, megatron_flops_per_iteration, padded_vocab
 
+if TYPE_CHECKING:  # the options' one Recompute type; TrainingOptions.time_options imports this module
+    from advisor.options.training import Recompute
+
 DataloaderMask = Literal["cached", "rebuilt"]
 AttentionKernel = Literal["fused", "flash2"]
-Recompute = Literal["none", "selective", "full"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
