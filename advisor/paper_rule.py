@@ -21,6 +21,13 @@ DEFAULT_THRESHOLD = 0.8
 """Section 4.1: no run OOMed at or below 80% of the GPU's memory (``--threshold``'s default)."""
 
 
+def judged_threshold(memory_model: str, threshold: float) -> float | None:
+    """The ``threshold`` a sweep's rows record: the --threshold the paper's rule judged them by,
+    so that a saved sweep's reader (``advisor report``) draws and names the line they were judged
+    against; None where the calibrated or profile model judged them (its band decides 'fits')."""
+    return threshold if memory_model == "paper" else None
+
+
 def classify(total_gib: float, memory_gib: float, threshold: float = DEFAULT_THRESHOLD) -> Verdict:
     if total_gib <= threshold * memory_gib:
         return "fits"

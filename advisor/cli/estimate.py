@@ -16,8 +16,8 @@ from advisor.cli.options import (
     parse_layer_counts, png_path, workload_options,
 )
 from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
-from advisor.cli.training_flags import memory_options
-from advisor.paper_rule import DEFAULT_THRESHOLD
+from advisor.cli.training_flags import given, memory_options
+from advisor.paper_rule import DEFAULT_THRESHOLD, judged_threshold
 
 TABLE_ROWS = 30
 
@@ -39,7 +39,17 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_h
     if rank_by == "throughput" and gpu is None:
         raise InputError("--rank-by throughput needs --gpu NAME (see 'advisor gpus')")
     memory_model = memory_model or default_memory_model(gpu is not None)
+    _threshold_needs_paper(memory_model)
     return memory_model, rank_by or default_rank_by(gpu is not None)
+
+
+def _threshold_needs_paper(memory_model: str) -> None:
+    """--threshold is the paper's rule's fraction; the calibrated (and profile) model judges by
+    its own band, so a --threshold beside it would be silently ignored: refused instead."""
+    if given("threshold") and memory_model != "paper":
+        with_gpu = " (the default with --gpu)" if memory_model == "calibrated" else ""
+        raise InputError(f"--threshold is the 4D paper's rule (--memory-model paper); the {memory_model} memory "
+                         f"model{with_gpu} judges by its own margin: drop --threshold, or add --memory-model paper")
 
 
 SWEEP_HELP = """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
@@ -118,7 +128,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
           tokens, gpu_hour_price, plot, options, space, release, fmt, output, moe) -> None:
     """``advisor sweep``: ``SWEEP_HELP`` says what it does."""
     from advisor.sweep import sweep as run_sweep
-    from advisor.verdicts import verdict_kinds
+    from advisor.verdicts import default_memory_model, verdict_kinds
 
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
@@ -128,6 +138,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         "--rank-by (fastest first with --gpu)": rank_by is not None, "--tokens": tokens is not None,
         "--plot": plot is not None, "--gpu-hour-price": gpu_hour_price is not None})
     if settings is not None:  # a mixture of experts: advisor.moe's space (EP and ETP as dimensions)
+        _threshold_needs_paper(memory_model or default_memory_model(gpu is not None))
         return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, moe.ep, moe.etp,
                              show_all, top, fmt, output, space, memory_model)
     memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir, gpu_hour_price)
@@ -145,7 +156,8 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     shown = selected[:top] if top is not None else selected
     tolerance = _tolerance(rank_by)
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
-             "memory_model": memory_model, "gpu": gpu.name if gpu else None, "ranking_tolerance": tolerance,
+             "memory_model": memory_model, "threshold": judged_threshold(memory_model, threshold),
+             "gpu": gpu.name if gpu else None, "ranking_tolerance": tolerance,
              "model": spec.to_dict() if fmt == "json" else spec.name}
     dicts = _sweep_entries(shown, setup, gpu_hour_price, table=True) if fmt == "table" or plot is not None else []
     text = None if fmt == "table" else _sweep_text(shown, setup, spec, workload, fmt, plot is not None, gpu_hour_price,
@@ -444,7 +456,8 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         return
     from advisor import render
 
-    emit(render.to_json({**row, "stages": stage_rows}) if fmt == "json" else render.to_csv(stage_rows), output)
+    emit(render.to_json({**row, "stages": stage_rows}) if fmt == "json" else moe_cli.estimate_csv(row, stage_rows),
+         output)
 
 
 def _read_command(from_command, gpus, release):

@@ -1,5 +1,6 @@
 """The MoE side of ``advisor sweep`` and ``advisor estimate`` (advisor.moe): the options they
-add (--ep, --etp, the dispatcher and the routing assumption) and their output."""
+add (--ep, --etp, the dispatcher and the routing assumption) and their output, with the
+estimate's CSV, which the dense estimate shares."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import click
 from advisor import limits
 from advisor.cli.options import DEGREE, Bounded, InputError, apply_options, color_wanted, emit, nothing_fits
 from advisor.moe.spec import RECOMPUTE_MODULES
+from advisor.paper_rule import judged_threshold
 
 MOE_CAPACITY_FACTOR = Bounded(limits.MOE_CAPACITY_FACTOR, integer=False, low_open=True)
 MOE_IMBALANCE = Bounded(limits.MOE_IMBALANCE, integer=False)
@@ -228,8 +230,9 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
         raise InputError(str(error)) from None
     shown = result.rows(include_oom=show_all, limit=top or (30 if fmt == "table" else None))
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
-             "memory_model": result.memory_model, "gpu": gpu.name if gpu else None,
-             "ranking_tolerance": result.tolerance, "model": spec.to_dict() if fmt == "json" else spec.name}
+             "memory_model": result.memory_model, "threshold": judged_threshold(result.memory_model, threshold),
+             "gpu": gpu.name if gpu else None, "ranking_tolerance": result.tolerance,
+             "model": spec.to_dict() if fmt == "json" else spec.name}
     if fmt != "table":
         text = _machine_text(shown, setup, spec, workload, fmt)
         if fmt == "csv" and not shown:  # nothing shown: the columns of a row (the search always makes one)
@@ -358,9 +361,32 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
         emit(render.to_json(row), output)
         return
     if fmt == "csv":
-        emit(render.to_csv(stages), output)
+        emit(estimate_csv(row, stages), output)
         return
     emit(_stage_table(row, spec, workload, gpu, (tp, cp, pp, dp, mbs, vpp), mem, notes, output), output)
+
+
+ESTIMATE_RUN_KEYS = ("verdict", "memory_model", "memory_gib", "memory_fraction", "usage_gib", "margin_gib",
+                    "peak_stage", "calibrated_peak_stage", "step_time_s", "tflops_per_gpu", "mfu", "tokens_per_s",
+                    "days", "gpu_hours", "cost_usd")
+"""The estimate's own JSON keys that its CSV repeats on every stage's row, where its JSON has them:
+the verdict and what it judged, and the time figures (their parts follow, ``estimate_csv``)."""
+
+
+def estimate_csv(row: dict, stages: list[dict]) -> str:
+    """'advisor estimate --format csv', dense or MoE: one row per pipeline stage, its columns first
+    as ever, then the run's verdict and time figures (``ESTIMATE_RUN_KEYS``) and its step's parts
+    as ``time_parts.<part>`` (pandas' ``json_normalize`` name for the JSON's nested keys), the same
+    on every stage's row: one table a reader filters or groups without a summary row to skip. A
+    run's key that a stage also has (its ``total_gib``, an MoE stage's ``usage_gib``) stays the
+    stage's own: the run's is its peak stage's (``peak_stage``; the calibrated usage's,
+    ``calibrated_peak_stage``)."""
+    from advisor import render
+
+    own = {key for stage in stages for key in stage}
+    run = {key: row[key] for key in ESTIMATE_RUN_KEYS if key in row and key not in own}
+    run.update({f"time_parts.{part}": seconds for part, seconds in (row.get("time_parts") or {}).items()})
+    return render.to_csv([{**stage, **run} for stage in stages])
 
 
 def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node, settings, memory_model):

@@ -30,8 +30,8 @@ class LayoutDetail:
     num_microbatches: int
     memory_gib: float | None
     threshold_gib: float | None
-    """The paper's 80% line (memory model 'paper'; the default threshold: a sweep's rows do not
-    record a --threshold), a time plan's limit per stage, else None."""
+    """The paper's rule's line (memory model 'paper': the row's recorded --threshold of the
+    memory, ``paper_threshold``), a time plan's limit per stage, else None."""
     stages: list[dict]
     """Per stage: each of SEGMENTS in GiB."""
     model_name: str
@@ -42,7 +42,27 @@ class LayoutDetail:
     backward_s: list[float] | None
     """Each rank's forward and backward time per microbatch (all its chunks)."""
     threshold_label: str = f"{DEFAULT_THRESHOLD:.0%} (4D paper)"
-    """What the threshold line is: the paper's rule, or a time plan's limit per stage."""
+    """What the threshold line is: the paper's rule (``threshold_label``), or a time plan's
+    limit per stage."""
+
+
+def paper_threshold(row: dict) -> float:
+    """The fraction of the memory under which the paper's rule judged ``row`` 'fits': the
+    'threshold' a sweep's rows record (its --threshold), else the default, as for a file saved
+    before the rows recorded it (or an estimate, which does not); checked in (0, 1] by
+    ``advisor.report.inputs``."""
+    recorded = number(row, "threshold")
+    return DEFAULT_THRESHOLD if recorded is None else recorded
+
+
+def percent(fraction: float) -> str:
+    """A --threshold as given, in percent: 80%, 87.5% (not rounded to 88%, a rule it is not)."""
+    return f"{round(fraction * 100, 2):g}%"
+
+
+def threshold_label(threshold: float) -> str:
+    """The line's name: the paper's own 80%, or another --threshold."""
+    return f"{percent(threshold)} ({'4D paper' if threshold == DEFAULT_THRESHOLD else '--threshold'})"
 
 
 def row_label(row: dict) -> str:
@@ -103,12 +123,13 @@ def layout_detail(row: dict) -> LayoutDetail:
     parts = forward = backward = None
     if row.get("gpu"):
         parts, forward, backward = _times(row, spec, parallel, workload, layers, training)
-    threshold = DEFAULT_THRESHOLD * memory if memory and row.get("memory_model", "paper") == "paper" else None
+    fraction = paper_threshold(row)
+    threshold = fraction * memory if memory and row.get("memory_model", "paper") == "paper" else None
     return LayoutDetail(label=row_label(row), pp=parallel.pp, vpp=parallel.vpp,
                         num_microbatches=workload.num_microbatches(parallel) or 1, memory_gib=memory,
                         threshold_gib=threshold, stages=_stage_segments(estimate, calibrated),
                         model_name="calibrated" if calibrated is not None else "Eq. 18", time_parts=parts,
-                        forward_s=forward, backward_s=backward)
+                        forward_s=forward, backward_s=backward, threshold_label=threshold_label(fraction))
 
 
 def _moe_detail(row: dict) -> LayoutDetail:
@@ -120,12 +141,14 @@ def _moe_detail(row: dict) -> LayoutDetail:
     stages, calibrated, spec = moe_stages(row)
     memory = number(row, "memory_gib")
     pp, vpp = row["pp"], row.get("vpp") or 1
+    fraction = paper_threshold(row)
     return LayoutDetail(label=row_label(row), pp=pp, vpp=vpp,
                         num_microbatches=max(1, row["global_batch_size"] // (row["mbs"] * row["dp"])),
                         memory_gib=memory,
-                        threshold_gib=DEFAULT_THRESHOLD * memory if memory and not calibrated else None,
+                        threshold_gib=fraction * memory if memory and not calibrated else None,
                         stages=stages, model_name="calibrated MoE" if calibrated else "MoE",
-                        time_parts=row.get("time_parts"), forward_s=None, backward_s=None)
+                        time_parts=row.get("time_parts"), forward_s=None, backward_s=None,
+                        threshold_label=threshold_label(fraction))
 
 
 def _times(row, spec, parallel, workload, layers, training):

@@ -174,7 +174,8 @@ def scatter(rows: list[dict], chosen: int) -> str | None:
 
 
 def stage_memory(detail: LayoutDetail, name: str) -> str:
-    """Per stage, the memory terms stacked against the GPU's memory (and the paper's 80% line)."""
+    """Per stage, the memory terms stacked against the GPU's memory (and the paper's rule's line,
+    at the rows' --threshold)."""
     from advisor.report.bars import stacked_columns
 
     keys = list(detail.stages[0]) if detail.stages else []

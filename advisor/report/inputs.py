@@ -51,6 +51,8 @@ _FIELDS = {  # key: (what it must be, the check) for the fields the report reads
        for key in ("verdict", "gpu", "memory_model", "recompute", "recompute_method", "dispatcher", "routing")},
     **{key: ("true, false or null", lambda v: v is None or isinstance(v, bool))
        for key in ("a2a_overlap", "delay_wgrad", "pad_to_capacity", "distributed_optimizer")},
+    # the paper's rule's fraction, bounded as advisor sweep's --threshold is (a hand-edited 5 drew no rule)
+    "threshold": ("a number in (0, 1] or null", lambda v: v is None or _finite(v) and 0 < v <= 1),
     "options": ("an object", lambda v: isinstance(v, dict)),
     "layers_per_stage": ("a list of layer counts", lambda v: isinstance(v, list) and all(
         isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v)),

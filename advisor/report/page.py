@@ -12,7 +12,7 @@ import html
 from dataclasses import asdict
 
 from advisor.report import figures
-from advisor.report.details import LayoutDetail, plan_detail
+from advisor.report.details import LayoutDetail, paper_threshold, percent, plan_detail
 from advisor.report.inputs import ReportInput, number, row_options, row_spec
 from advisor.report.schedule_figure import schedule
 from advisor.report.table import (
@@ -71,10 +71,18 @@ def assumptions(report: ReportInput, first: dict, shared: dict) -> str:
     if "tp" in first and "model" in first and isinstance(first.get("model"), dict) and report.kind != "plan":
         pairs.append(("estimator options (all)", asdict(row_options(first))))
     if first.get("memory_model", "paper") == "paper" and report.kind != "plan":
-        pairs.append(("verdict rule", "the 4D paper's: fits <= 80% of memory (unless --threshold), tight <= 100%, oom"))
+        pairs.append(("verdict rule", _paper_rule(first)))
     pairs += [(f"{key} (every row)", value) for key, value in shared.items() if key not in dict(pairs)]
     pairs += [("advisor version", _version()), *_calibration()]
     return key_value_table(pairs, "The question and every assumption", "assumptions")
+
+
+def _paper_rule(first: dict) -> str:
+    """The paper's rule as the rows were judged by it: their recorded --threshold, or the default
+    where the file does not record one (saved before sweeps did, or an estimate)."""
+    given = ("the sweep's --threshold" if first.get("threshold") is not None
+             else "the default; this file does not record --threshold")
+    return f"the 4D paper's: fits <= {percent(paper_threshold(first))} of memory ({given}), tight <= 100%, oom"
 
 
 def figure_block(svg: str | None, caption: str) -> str:

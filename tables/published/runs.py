@@ -92,6 +92,7 @@ def price(run: PublishedRun) -> dict:
     from advisor.pricing import price_layout
     from advisor.hardware import get_gpu
     from advisor.megatron_readback import read_run
+    from advisor.paper_rule import DEFAULT_THRESHOLD
     from advisor.parallel import ParallelConfig, Workload
     from advisor.shell_command import read_command
 
@@ -102,7 +103,8 @@ def price(run: PublishedRun) -> dict:
     parallel = ParallelConfig(tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=dp, mbs=layout.mbs, vpp=layout.vpp)
     workload = Workload(seq_len=read.seq_len, global_batch_size=layout.global_batch_size)
     row, *_ = price_layout(read.spec, workload, parallel, layout.layers_per_stage if layout.pp > 1 else None,
-                           read.options, gpu=gpu, mem=gpu.memory_gib, threshold=0.8, memory_model="calibrated")
+                           read.options, gpu=gpu, mem=gpu.memory_gib, threshold=DEFAULT_THRESHOLD,
+                           memory_model="calibrated")
     return {**row, "unpriced": list(read.unpriced)}
 
 
