@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
+from advisor.parallel import default_layers_per_stage
 from advisor.shell_command import as_written, unexpanded, unset_variable
 
 # Flags read here, and how many values each takes.
@@ -379,7 +380,7 @@ def _split(layout: dict, num_layers: int, pp: int, mtp_layers: int = 0) -> tuple
         if total % pp:
             raise AdvisorError(f"--num-layers {num_layers} (+{embedding + loss} for embedding/loss) is not "
                                f"divisible by --pipeline-model-parallel-size {pp}")
-        counts = [total // pp] * pp
+        counts = list(default_layers_per_stage(total, pp))
         counts[0] -= embedding
         counts[-1] -= loss
     vpp = _int(layout, "num-virtual-stages-per-pipeline-rank")

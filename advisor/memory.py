@@ -25,7 +25,7 @@ from advisor import memory_terms
 from advisor import schedule
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
-from advisor.parallel import ParallelConfig, Workload, heads_problem, sequence_problem
+from advisor.parallel import ParallelConfig, Workload, default_layers_per_stage, heads_problem, sequence_problem
 
 if TYPE_CHECKING:  # a run-time import would close a cycle: TrainingOptions.memory_options imports this module
     from advisor.options.training import Recompute, RecomputeMethod
@@ -281,6 +281,16 @@ class StageTerms:
         return self.model_states + self.activations
 
 
+def head_shares_embedding(spec: LlamaSpec, pp):
+    """Whether the LM head holds no weights of its own: with tied embeddings at PP 1 it uses the
+    input embedding's (core_v0.15.2 models/gpt/gpt_model.py: the output layer skips its weight
+    when pre_process and share_embeddings_and_output_weights). Tied at PP > 1, the last stage
+    keeps its own copy of the embedding, kept equal to the first stage's by an all-reduce
+    (models/common/language_module/language_module.py, setup_embeddings_and_output_layer); untied,
+    the head is a matrix of its own. Elementwise over an array ``pp``."""
+    return spec.tie_embeddings & (pp == 1)
+
+
 def layer_bytes(spec: LlamaSpec, seq_len: int, mbs, tp, cp, options: MemoryOptions):
     """(kept, checkpoint): what one transformer layer keeps on one GPU for one microbatch, and
     what it keeps when fully recomputed.
@@ -335,9 +345,7 @@ class StageModel:
         vocab = eq.padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, t)
         first, last = i == 0, i == p - 1
         embedding = eq.embedding_parameters(spec, t, vocab)
-        # Untied: the LM head on the last stage. Tied with p > 1: Megatron keeps a copy of the
-        # embedding there, kept in sync by an all-reduce.
-        head = np.where(spec.tie_embeddings & (p == 1), 0, embedding)
+        head = np.where(head_shares_embedding(spec, p), 0, embedding)
         self.layer_parameters = eq.layer_parameters(spec, t)  # Eq. 6
         self.end_parameters = np.where(first, embedding, 0) + np.where(last, eq.final_norm_parameters(spec) + head, 0)
         # Eq. 4 and 10, with the levers' sharding and offload (advisor.memory_levers)
@@ -568,7 +576,7 @@ def estimate_memory(
         )
     p = parallel.pp
     m = workload.num_microbatches(parallel)
-    layers = layers_per_stage or (spec.num_layers // p,) * p
+    layers = layers_per_stage or default_layers_per_stage(spec.num_layers, p)
     model = StageModel(spec, workload.seq_len, options, tp=parallel.tp, cp=parallel.cp, dp=parallel.dp,
                        mbs=parallel.mbs, pp=p, vpp=parallel.vpp, num_microbatches=math.inf if m is None else m,
                        stage=np.arange(p))

@@ -53,6 +53,14 @@ def global_batch_problem(global_batch_size: int, mbs: int, dp: int, *, subject: 
     return f"{subject} is not divisible by MBS x DP = {mbs} x {dp} = {per_step}"
 
 
+def default_layers_per_stage(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Megatron's split when none is given: the same share of the layers on every pipeline stage
+    (core_v0.15.2 transformer/transformer_block.py, get_num_layers_to_build: num_layers //
+    pipeline_model_parallel_size, after asserting that it divides; ``num_layers`` there includes
+    the embedding and loss under --account-for-*-in-pipeline-split)."""
+    return (num_layers // pp,) * pp
+
+
 def heads_problem(tp: int, heads: int, kv_heads: int, *, name: str = "TP") -> str | None:
     """Why TP cannot split the attention of ``heads`` heads and ``kv_heads`` key-value heads, or
     None: each rank takes whole heads of both (megatron-core's ``divide`` asserts it). The one

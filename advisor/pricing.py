@@ -50,12 +50,13 @@ def one_layout_time(spec, gpu, workload, parallel, stages, training, tokens):
     import numpy as np
 
     from advisor.memory import StageModel
+    from advisor.parallel import default_layers_per_stage
     from advisor.ranking import timing_fields
 
     model, layouts, recompute = layout_times(spec, gpu, workload, parallel, training)
     options = training.memory_options()
     p = parallel
-    counts = np.array([stages or (spec.num_layers // p.pp,) * p.pp])
+    counts = np.array([stages or default_layers_per_stage(spec.num_layers, p.pp)])
     memory = StageModel(spec, workload.seq_len, options, tp=p.tp, cp=p.cp, dp=p.dp, mbs=p.mbs, pp=p.pp, vpp=p.vpp,
                         num_microbatches=workload.num_microbatches(p), stage=np.arange(p.pp)[None, :])
     step = layouts.step(np.array([0]), np.array([p.vpp]), recompute, counts, memory.parameters(counts).max(axis=1))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from advisor import equations as eq
-from advisor.memory import MemoryOptions, StageModel, estimate_memory
+from advisor.memory import MemoryOptions, StageModel, estimate_memory, head_shares_embedding
 from advisor.parallel import Workload
 from advisor.profiles import LayerRecord, ProfileRun, RankProfile
 
@@ -98,7 +98,7 @@ def compare_rank(profile: RankProfile, iteration: int | None = None) -> list[Ter
             add(record, "activations", "Eq. 13", record.activation_bytes, embedding_activations)
         else:
             parameters = eq.final_norm_parameters(spec)
-            if not (spec.tie_embeddings and h.first_stage):
+            if not head_shares_embedding(spec, parallel.pp):
                 parameters += eq.embedding_parameters(spec, t)
             add(record, "weights", "Eq. 9", record.parameter_bytes, parameters * element_bytes)
             add(record, "activations", "Eq. 14", record.activation_bytes, output_activations)

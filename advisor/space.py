@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from advisor import equations as eq
-from advisor.memory import GIB, MemoryOptions, StageModel, StageTerms, tp_problem
+from advisor.memory import GIB, MemoryOptions, StageModel, StageTerms, head_shares_embedding, tp_problem
 from advisor.memory_levers import state_bytes_per_parameter
 from advisor.models import LlamaSpec
 from advisor.parallel import Pinned, Workload, sequence_splits
@@ -392,7 +392,7 @@ def _states_lower_bound(spec: LlamaSpec, bases: Bases, options: MemoryOptions) -
     t = bases.tp
     vocab = eq.padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, t)
     embedding = eq.embedding_parameters(spec, t, vocab)
-    head = np.where(spec.tie_embeddings & (bases.pp == 1), 0, embedding)
+    head = np.where(head_shares_embedding(spec, bases.pp), 0, embedding)
     parameters = spec.num_layers * eq.layer_parameters(spec, t) + embedding + head + eq.final_norm_parameters(spec)
     weights, gradients, optimizer = state_bytes_per_parameter(options, bases.dp * bases.cp)
     return parameters * (weights + gradients + optimizer) / bases.pp

@@ -410,7 +410,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
           --model llama3.1-405b --gbs 2048 --tokens 15T \\
           --layers-per-stage 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7
     """
-    from advisor.parallel import ParallelConfig
+    from advisor.parallel import ParallelConfig, default_layers_per_stage
     from advisor.pricing import price_layout
 
     given_memory_model = memory_model
@@ -431,7 +431,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
                                 layers_per_stage=given, compare_best=compare_best, gpus_per_node=gpus_per_node)
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     stages, planned = _planned_split(spec, given, pp, vpp)
-    _check_layout_options(options, spec, tp, pp, stages or (spec.num_layers // pp,) * pp, vpp, release)
+    _check_layout_options(options, spec, tp, pp, stages or default_layers_per_stage(spec.num_layers, pp), vpp, release)
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
         tokens=tokens, release=release)

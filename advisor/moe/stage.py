@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
@@ -22,14 +21,14 @@ from advisor import equations as eq
 from advisor import schedule
 from advisor import memory_levers as levers
 from advisor import memory_terms
+from advisor.memory import head_shares_embedding
 from advisor.moe import fp8 as fp8_terms
 from advisor.moe import memory as mm
 from advisor.moe import mtp as mtp_terms
 from advisor.moe import params
 from advisor.moe.spec import MoESpec
 from advisor.options import TrainingOptions
-
-Recompute = Literal["none", "selective", "full"]
+from advisor.options.training import Recompute
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -183,9 +182,9 @@ def _model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, s
     shards = np.where(options.distributed_optimizer, dp * cp, 1)
     vocab = eq.padded_vocab_size(spec.vocab_size, options.training.vocab_divisible_by, tp)
     embedding = eq.embedding_parameters(spec, tp, vocab)
-    # the LM head, as for dense models (advisor.memory): none with tied embeddings at PP 1; a
-    # copy of the embedding on the last stage otherwise, which MTP's embedding then is
-    head = np.where(spec.tie_embeddings & (pp == 1), 0, embedding)
+    # tied at PP > 1 the head is the last stage's copy of the embedding, which MTP's embedding then
+    # shares: it gets a copy of its own below only when untied
+    head = np.where(head_shares_embedding(spec, pp), 0, embedding)
     ends = np.where(stage == 0, embedding, 0) + np.where(stage == pp - 1, head + spec.hidden_size, 0)
     ends = ends + mtp * mtp_terms.dense_parameters(spec, tp) + np.where(
         (mtp > 0) & (not spec.tie_embeddings), mtp_terms.embedding_copy_parameters(spec, tp, pp, vocab), 0.0)

@@ -73,12 +73,12 @@ def row_label(row: dict) -> str:
 
 
 def _layout(row: dict, spec):
-    from advisor.parallel import ParallelConfig, Workload
+    from advisor.parallel import ParallelConfig, Workload, default_layers_per_stage
 
     parallel = ParallelConfig(tp=row["tp"], cp=row["cp"], pp=row["pp"], dp=row["dp"], mbs=row["mbs"],
                               vpp=row.get("vpp") or 1)
     workload = Workload(seq_len=row["seq_len"], global_batch_size=row["global_batch_size"])
-    layers = tuple(row.get("layers_per_stage") or (spec.num_layers // parallel.pp,) * parallel.pp)
+    layers = tuple(row.get("layers_per_stage") or default_layers_per_stage(spec.num_layers, parallel.pp))
     return parallel, workload, layers
 
 
