@@ -7,10 +7,12 @@ from __future__ import annotations
 
 
 def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, threshold, memory_model, tokens=None,
-                 release=None):
+                 release=None, time_constants=None):
     """One layout priced with its training options (``advisor.options.TrainingOptions``): (the
     estimate's row, the memory estimate, the calibrated assessment or None, the timing fields or
-    None, the time parts or None). The one pricing of ``estimate``, also behind ``compare-log``."""
+    None, the time parts or None). The one pricing of ``estimate``, also behind ``compare-log``.
+    ``time_constants``: the time model's fitted constants (``advisor.throughput.Calibration``;
+    None: the shipped ones), for checks that price without one of them."""
     from advisor.megatron_args import megatron_args
     from advisor.memory import estimate_memory
     from advisor.paper_rule import classify
@@ -28,7 +30,7 @@ def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, thresh
     elif mem:
         verdict = classify(result.total_gib, mem, threshold)
     if gpu is not None:
-        timing, parts = one_layout_time(spec, gpu, workload, parallel, stages, training, tokens)
+        timing, parts = one_layout_time(spec, gpu, workload, parallel, stages, training, tokens, time_constants)
     row = {
         **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
                    assessment=assessment, timing=timing, training=training).to_dict(),
@@ -44,7 +46,7 @@ def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, thresh
     return row, result, assessment, timing, parts
 
 
-def one_layout_time(spec, gpu, workload, parallel, stages, training, tokens):
+def one_layout_time(spec, gpu, workload, parallel, stages, training, tokens, time_constants=None):
     """(timing fields, time parts in seconds) of one layout, priced as the sweep prices its rows
     (``advisor.rank_times``: its split, interleaving and recomputation) with its training options."""
     import numpy as np
@@ -53,7 +55,7 @@ def one_layout_time(spec, gpu, workload, parallel, stages, training, tokens):
     from advisor.parallel import default_layers_per_stage
     from advisor.ranking import timing_fields
 
-    model, layouts, recompute = layout_times(spec, gpu, workload, parallel, training)
+    model, layouts, recompute = layout_times(spec, gpu, workload, parallel, training, time_constants)
     options = training.memory_options()
     p = parallel
     counts = np.array([stages or default_layers_per_stage(spec.num_layers, p.pp)])
@@ -64,7 +66,7 @@ def one_layout_time(spec, gpu, workload, parallel, stages, training, tokens):
     return timing, {k: float(v) for k, v in step.row(0).items()}
 
 
-def layout_times(spec, gpu, workload, parallel, training):
+def layout_times(spec, gpu, workload, parallel, training, time_constants=None):
     """(the time model, the layout's ``rank_times.LayoutTimes``, its recomputed layers per model
     chunk): one layout as the sweep times its rows (``advisor.sweep.run_timing``), for its step
     (``one_layout_time``) and each rank's times per microbatch (the report's schedule)."""
@@ -74,7 +76,7 @@ def layout_times(spec, gpu, workload, parallel, training):
     from advisor.sweep import run_timing
 
     options = training.memory_options()
-    timing = run_timing(spec, workload, gpu, training.time_options())
+    timing = run_timing(spec, workload, gpu, training.time_options(), time_constants)
     p = parallel
     layouts = timing.layouts(
         tp=np.array([p.tp]), cp=np.array([p.cp]), dp=np.array([p.dp]), mbs=np.array([p.mbs]), pp=np.array([p.pp]),

@@ -188,16 +188,17 @@ def _chunk_multiple(space: SpaceOptions, release) -> SpaceOptions:
     return replace(space, chunk_multiple=multiple)
 
 
-def run_timing(spec: LlamaSpec, workload: Workload, gpu, time_options) -> Timing:
+def run_timing(spec: LlamaSpec, workload: Workload, gpu, time_options, time_constants=None) -> Timing:
     """The time model of a run on ``gpu`` (``advisor.rank_times.Timing``): what plans and prices
     the sweep's rows, and one layout's (``advisor.pricing.layout_times``); AdvisorError without a
-    global batch (a step's microbatches, hence its time, need it)."""
+    global batch (a step's microbatches, hence its time, need it). ``time_constants``: the fitted
+    constants (``advisor.throughput.Calibration``; None: the shipped ones)."""
     from advisor.rank_times import Timing
     from advisor.throughput import TimeModel
 
     if workload.global_batch_size is None:
         raise AdvisorError("predicting time needs a global batch size (--gbs)")
-    return Timing(TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, None, time_options),
+    return Timing(TimeModel(spec, gpu, workload.seq_len, workload.global_batch_size, time_constants, time_options),
                   gpu.gpus_per_node)
 
 

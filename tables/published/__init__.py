@@ -3,4 +3,6 @@
     runs.py        dense_runs.csv (Megatron-core / NeMo runs on H100, BF16 and FP8, each with its
                    layout, options and source; all marked test) priced through --from-command's path
     meta405b.py    Llama 3 405B's TFLOP/s as Meta reports them (Dubey et al. 2024, Table 4)
+    short_sequences.py  short_sequence_runs.csv: the per-microbatch overhead against published
+                   runs at sequence 2048-4096, priced with and without it
 """

@@ -55,7 +55,8 @@ def markdown(rows: list[dict], summary: dict, changes: list[dict]) -> str:
                    "RESULTS markers) with the per-run table and summary, e.g. tables/README.md.")
 def main(fmt: str, readme: Path | None) -> None:
     """Price every run of tables/published/dense_runs.csv and compare its step time; then Meta's
-    Llama 3 405B TFLOP/s (tables/published/meta405b.py).
+    Llama 3 405B TFLOP/s (tables/published/meta405b.py); then the per-microbatch overhead against
+    the runs at sequence 2048-4096 (tables/published/short_sequences.py).
 
     \b
     Examples:
@@ -63,7 +64,7 @@ def main(fmt: str, readme: Path | None) -> None:
       python -m tables.published --readme tables/README.md   # and rewrite its results section
     """
     from advisor.fileio import atomic_write_text
-    from tables.published import meta405b
+    from tables.published import meta405b, short_sequences
     from tables.published.runs import load, release_changes, report
     from tables.readme import replace_between
 
@@ -74,12 +75,14 @@ def main(fmt: str, readme: Path | None) -> None:
     if readme is not None:  # made before anything is printed, so a README without markers stops first
         atomic_write_text(readme, replace_between(readme.read_text(encoding="utf-8"), BEGIN, END,
                                                   f"{BEGIN}\n\n{table}\n{END}"))
+    short = short_sequences.report()
     if fmt == "json":
         click.echo(json.dumps({"runs": rows, "summary": summary, "release_changes": changes,
-                               "meta_405b": meta405b.rows()}, indent=1))
+                               "meta_405b": meta405b.rows(), "short_sequences": short}, indent=1))
         return
     click.echo(table)
-    click.echo(meta405b.markdown(), nl=False)
+    click.echo(meta405b.markdown())
+    click.echo(short_sequences.markdown(short["runs"], short["summary"]), nl=False)
 
 
 if __name__ == "__main__":

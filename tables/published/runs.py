@@ -76,19 +76,31 @@ def command_line(run: PublishedRun) -> str:
     from advisor.models import preset, with_overrides
 
     spec = with_overrides(preset(run.model), num_layers=run.num_layers, vocab_size=run.vocab_size)
-    args = [*model_args(spec, run.seq_len),
-            "--tensor-model-parallel-size", str(run.tp), "--context-parallel-size", str(run.cp),
+    return torchrun_line([*model_args(spec, run.seq_len)], run, run.num_layers, ["--vocab-size", str(run.vocab_size)])
+
+
+def torchrun_line(model: list[str], run, num_layers: int, extra: list[str] = ()) -> str:
+    """The torchrun line a user would paste for a published ``run`` (its layout, batch, training
+    flags and GPUs, 8 per node): ``model``'s flags, then the layout's, then ``extra``."""
+    args = [*model, "--tensor-model-parallel-size", str(run.tp), "--context-parallel-size", str(run.cp),
             "--pipeline-model-parallel-size", str(run.pp)]
     if run.vpp > 1:
-        args += ["--num-layers-per-virtual-pipeline-stage", str(run.num_layers // (run.pp * run.vpp))]
+        args += ["--num-layers-per-virtual-pipeline-stage", str(num_layers // (run.pp * run.vpp))]
     args += ["--micro-batch-size", str(run.micro_batch_size), "--global-batch-size", str(run.global_batch_size),
-             *shlex.split(run.training_flags), "--vocab-size", str(run.vocab_size)]
+             *shlex.split(run.training_flags), *extra]
     nodes, per_node = (run.gpus // 8, 8) if run.gpus % 8 == 0 else (1, run.gpus)
     return shlex.join(["torchrun", "--nproc-per-node", str(per_node), "--nnodes", str(nodes), "pretrain_gpt.py", *args])
 
 
 def price(run: PublishedRun) -> dict:
     """The estimate of the run's command line, as ``advisor estimate --from-command`` makes it."""
+    return price_line(command_line(run), run.run, run.gpu)
+
+
+def price_line(line: str, name: str, gpu_name: str, time_constants=None) -> dict:
+    """The estimate of a torchrun line on ``gpu_name``, as ``advisor estimate --from-command``
+    makes it, with the calibrated memory model; ``time_constants``: the time model's constants
+    (None: the shipped ones). ``unpriced``: the flags the advisor reads but does not price."""
     from advisor.pricing import price_layout
     from advisor.hardware import get_gpu
     from advisor.megatron_readback import read_run
@@ -96,15 +108,15 @@ def price(run: PublishedRun) -> dict:
     from advisor.parallel import ParallelConfig, Workload
     from advisor.shell_command import read_command
 
-    launch = read_command(command_line(run))
-    read = read_run(launch.arguments, name=run.run)
-    layout, gpu = read.layout, get_gpu(run.gpu)
+    launch = read_command(line)
+    read = read_run(launch.arguments, name=name)
+    layout, gpu = read.layout, get_gpu(gpu_name)
     dp = launch.world_size // (layout.tp * layout.cp * layout.pp)
     parallel = ParallelConfig(tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=dp, mbs=layout.mbs, vpp=layout.vpp)
     workload = Workload(seq_len=read.seq_len, global_batch_size=layout.global_batch_size)
     row, *_ = price_layout(read.spec, workload, parallel, layout.layers_per_stage if layout.pp > 1 else None,
                            read.options, gpu=gpu, mem=gpu.memory_gib, threshold=DEFAULT_THRESHOLD,
-                           memory_model="calibrated")
+                           memory_model="calibrated", time_constants=time_constants)
     return {**row, "unpriced": list(read.unpriced)}
 
 
