@@ -15,7 +15,7 @@ def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, thresh
     None: the shipped ones), for checks that price without one of them."""
     from advisor.megatron_args import megatron_args
     from advisor.memory import estimate_memory
-    from advisor.paper_rule import classify
+    from advisor.paper_rule import classify, judged_threshold
     from advisor.sweep import SweepRow
 
     training = training.at_tp(parallel.tp)
@@ -35,7 +35,8 @@ def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, thresh
         **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
                    assessment=assessment, timing=timing, training=training).to_dict(),
         "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
-        "options": training.changed(), "memory_model": memory_model, "gpu": gpu.name if gpu else None,
+        "options": training.changed(), "memory_model": memory_model,
+        "threshold": judged_threshold(memory_model, threshold), "gpu": gpu.name if gpu else None,
         "megatron_args": megatron_args(spec, workload.seq_len, tp=parallel.tp, cp=parallel.cp,
                                        layers_per_stage=result.layers, micro_batch_size=parallel.mbs,
                                        global_batch_size=workload.global_batch_size, options=training,

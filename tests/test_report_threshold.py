@@ -95,7 +95,7 @@ def test_the_page_of_a_saved_sweep_uses_its_threshold(invoke, dense_rows, tmp_pa
     invoke("report", "--from", saved, "-o", page)
     text = page.read_text()
     assert "90% (--threshold)" in text and "(4D paper)" not in text
-    assert _assumed_rule(text).startswith("the 4D paper&#x27;s: fits &lt;= 90% of memory (the sweep&#x27;s")
+    assert _assumed_rule(text).startswith("the 4D paper&#x27;s: fits &lt;= 90% of memory (the --threshold the file records)")
     old = tmp_path / "old.json"  # saved before the rows recorded it
     old.write_text(json.dumps([{k: v for k, v in row.items() if k != "threshold"} for row in dense_rows]))
     invoke("report", "--from", old, "-o", page)
@@ -121,3 +121,15 @@ def test_a_threshold_the_calibrated_model_would_ignore_is_refused(invoke, comman
     assert "--threshold is the 4D paper's rule (--memory-model paper)" in line
     judged = invoke.json(*command, "--gpu", "h100-80gb", "--threshold", "0.9", "--memory-model", "paper")
     assert judged  # with the paper's rule, it judges
+
+
+def test_a_saved_moe_estimate_is_drawn_at_its_threshold(invoke, tmp_path):
+    """The estimate records its --threshold as the sweep rows do (an MoE estimate's report drew 80%)."""
+    row = json.loads(invoke("estimate", "--model", "mixtral-8x7b", "--tp", "2", "--ep", "8", "--pp", "4", "--gpus",
+                            "64", "--mem", "80", "--threshold", "0.9", "--format", "json").stdout)
+    assert row["threshold"] == 0.9 and row["memory_model"] == "paper"
+    detail = layout_detail(row)
+    assert detail.threshold_gib == pytest.approx(0.9 * 80) and detail.threshold_label == "90% (--threshold)"
+    dense = json.loads(invoke("estimate", "--tp", "2", "--gpus", "8", "--mem", "80", "--threshold", "0.9",
+                              "--format", "json").stdout)
+    assert dense["threshold"] == 0.9

@@ -348,7 +348,8 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
                               memory_model=memory_model, layers_per_stage=layers_per_stage)
     except AdvisorError as error:
         raise InputError(str(error)) from None
-    row.update(megatron_args=row_flags(spec, workload, row), model=spec.to_dict(), memory_gib=mem)
+    row.update(megatron_args=row_flags(spec, workload, row), model=spec.to_dict(), memory_gib=mem,
+               threshold=judged_threshold(row["memory_model"], threshold))
     from advisor.cli.from_command import read_notes
 
     notes = read_notes(row, read)
@@ -366,7 +367,7 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
     emit(_stage_table(row, spec, workload, gpu, (tp, cp, pp, dp, mbs, vpp), mem, notes, output), output)
 
 
-ESTIMATE_RUN_KEYS = ("verdict", "memory_model", "memory_gib", "memory_fraction", "usage_gib", "margin_gib",
+ESTIMATE_RUN_KEYS = ("verdict", "memory_model", "threshold", "memory_gib", "memory_fraction", "usage_gib", "margin_gib",
                     "peak_stage", "calibrated_peak_stage", "step_time_s", "tflops_per_gpu", "mfu", "tokens_per_s",
                     "days", "gpu_hours", "cost_usd")
 """The estimate's own JSON keys that its CSV repeats on every stage's row, where its JSON has them:

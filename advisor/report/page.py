@@ -80,7 +80,7 @@ def assumptions(report: ReportInput, first: dict, shared: dict) -> str:
 def _paper_rule(first: dict) -> str:
     """The paper's rule as the rows were judged by it: their recorded --threshold, or the default
     where the file does not record one (saved before sweeps did, or an estimate)."""
-    given = ("the sweep's --threshold" if first.get("threshold") is not None
+    given = ("the --threshold the file records" if first.get("threshold") is not None
              else "the default; this file does not record --threshold")
     return f"the 4D paper's: fits <= {percent(paper_threshold(first))} of memory ({given}), tight <= 100%, oom"
 
