@@ -16,6 +16,23 @@ VERDICT_STYLES = {"fits": "green", "likely fits": "green3", "tight": "yellow", "
 
 
 @dataclass(frozen=True, slots=True)
+class Fold:
+    """What a column leaves in another where it is itself left out: ``text(row)`` (nothing where
+    empty) in parentheses after the cell of the column ``into`` ('4 (5,7,10,10)'); where that is
+    still too wide, ``mark`` in its place ('4*'), which costs at most a character."""
+    into: str
+    """The key of the column that carries the text."""
+    text: Callable[[dict], str]
+    note: str
+    """The caption's words for the text: 'an uneven split's layers per stage follow its PP'."""
+    drop: int = 0
+    """As a column's: where the table with the text is still too wide, the text goes (for the mark)."""
+    mark: str = ""
+    mark_note: str = ""
+    """The caption's words for the mark: 'PP* marks an uneven split'."""
+
+
+@dataclass(frozen=True, slots=True)
 class Column:
     key: str
     header: str
@@ -27,6 +44,11 @@ class Column:
     drop: int = 0
     """Where a table is wider than the terminal, the columns with the highest ``drop`` are left
     out first (ties: the rightmost); ``--wide`` or JSON shows them."""
+    keep: bool = False
+    """Never left out, however narrow the terminal (a layout's degrees: a row without them names
+    no layout); where these alone overflow, the table drops its cell padding instead."""
+    fold: Fold | None = None
+    """What this column leaves in another where it is left out (an uneven split after its PP)."""
 
     def cell(self, row: dict) -> str:
         value = row.get(self.key)
@@ -208,24 +230,77 @@ def to_table(
     width: int | None = None,
 ) -> str:
     """A table no wider than ``width`` (default ``terminal_width()``; ``--wide``: unbounded):
-    columns are left out by their ``drop`` until it fits, and the caption names them."""
+    columns are left out by their ``drop`` until it fits (never the first, nor one to ``keep``),
+    and the caption names them; a column left out leaves its ``fold`` in another."""
     from rich.console import Console
 
     limit = None if WIDE and width is None else (width or terminal_width())
-    kept, hidden = list(columns), []
     cells = [[column.cell(row) for column in columns] for row in rows]
-    while limit is not None and len(kept) > 1 and _natural_width(kept, columns, cells) > limit:
-        worst = max(range(1, len(kept)), key=lambda i: (kept[i].drop, i))
-        hidden.append(kept.pop(worst))
-    if hidden:
-        names = ", ".join(c.header for c in sorted(hidden, key=lambda c: columns.index(c)))
-        note = f"not shown to fit {limit} columns: {names} (--wide shows them)"
+    folds = {i: [column.fold.text(row) for row in rows] for i, column in enumerate(columns) if column.fold}
+    kept, padding, full = list(range(len(columns))), 1, set(folds)
+    if limit is not None:
+        kept, padding, full = _fitted(columns, cells, folds, limit)
+    shown, justify = _folded(columns, cells, _suffixes(columns, folds, full), kept)
+    if hidden := [i for i in range(len(columns)) if i not in kept]:
+        names = ", ".join(columns[i].header for i in hidden)
+        notes = [columns[i].fold.note if i in full else columns[i].fold.mark_note for i in hidden
+                 if i in folds and any(folds[i]) and (i in full or columns[i].fold.mark)
+                 and any(columns[j].key == columns[i].fold.into for j in kept)]
+        note = f"not shown to fit {limit} columns: {names} (--wide shows them)" + "".join(f"; {n}" for n in notes)
         caption = note if caption is None else f"{caption}\n{note}"
-    table = _table(rows, kept, [[line[columns.index(c)] for c in kept] for line in cells], row_style)
+    table = _table(rows, [columns[i] for i in kept], justify, list(zip(*shown)), row_style, padding)
     console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, width=limit or 10_000)
     console.print(table)
     body = "\n".join(line.rstrip() for line in console.file.getvalue().rstrip("\n").split("\n"))
     return "\n".join(part for part in (_wrapped(title, limit), body, _wrapped(caption, limit)) if part) + "\n"
+
+
+def _fitted(columns: Sequence[Column], cells: list[list[str]], folds: dict[int, list[str]],
+            limit: int) -> tuple[list[int], int, set[int]]:
+    """(the indices of the columns kept, the cells' padding either side, the folds whose text is
+    kept): columns, and the texts the left-out ones fold into others, go highest ``drop`` first
+    until the table fits ``limit``; where the ones never left out do not fit with a space either
+    side of each cell, none (a narrow box beats rich's '…' in every header)."""
+    for padding in (1, 0):
+        kept, full = list(range(len(columns))), set(folds)
+        while _natural_width(columns, cells, _suffixes(columns, folds, full), kept, padding) > limit:
+            # (drop, position, is a fold's text, index): a fold's text stands where its column did
+            droppable = [(columns[i].drop, i, False, i) for i in kept[1:] if not columns[i].keep]
+            droppable += [(columns[i].fold.drop, i, True, i) for i in full if i not in kept]
+            if not droppable:
+                break
+            *_, text, i = max(droppable)
+            (full.discard if text else kept.remove)(i)
+        else:
+            return kept, padding, full
+    return kept, 0, full
+
+
+def _suffixes(columns: Sequence[Column], folds: dict[int, list[str]], full: set[int]) -> dict[int, list[str]]:
+    """What each fold adds after its cells, row by row: ' (text)' where its text is kept, else its
+    mark (if any) where the text is not empty."""
+    return {i: [(f" ({text})" if i in full else columns[i].fold.mark) if text else "" for text in texts]
+            for i, texts in folds.items() if i in full or columns[i].fold.mark}
+
+
+def _folded(columns: Sequence[Column], cells: list[list[str]], suffixes: dict[int, list[str]],
+            kept: list[int]) -> tuple[list[list[str]], list[str]]:
+    """Each kept column's cells and justification, with what the columns left out fold into it:
+    the cell right-aligned to its column's widest, the suffix after it ('16 (7,8x14,7)', ' 4*'), the
+    column left-justified: the numbers stay in line."""
+    shown, justify = [], []
+    for j in kept:
+        own = [line[j] for line in cells]
+        extras = [suffixes[i] for i in suffixes if i not in kept and columns[i].fold.into == columns[j].key
+                  and any(suffixes[i])]
+        if not extras:
+            shown.append(own)
+            justify.append(columns[j].justify)
+            continue
+        wide = max(map(len, own), default=0)
+        shown.append([f"{cell:>{wide}}" + "".join(extra[r] for extra in extras) for r, cell in enumerate(own)])
+        justify.append("left")  # right-justified, rich would strip the space that keeps '2' above the '4' of '4*'
+    return shown, justify
 
 
 def _wrapped(text: str | None, width: int | None) -> str:
@@ -241,22 +316,25 @@ def _wrapped(text: str | None, width: int | None) -> str:
                      for line in text.split("\n"))
 
 
-def _natural_width(kept: list[Column], columns: Sequence[Column], cells: list[list[str]]) -> int:
-    """Characters a SQUARE-boxed table of ``kept`` needs unwrapped: each column its widest cell or
-    header plus a border and two spaces of padding, and the closing border."""
-    return 1 + sum(3 + max([len(column.header)] + [len(line[columns.index(column)]) for line in cells])
-                   for column in kept)
+def _natural_width(columns: Sequence[Column], cells: list[list[str]], suffixes: dict[int, list[str]],
+                   kept: list[int], padding: int = 1) -> int:
+    """Characters a SQUARE-boxed table of the ``kept`` columns needs unwrapped: each column its
+    widest cell (with what folds into it) or header plus a border and ``padding`` either side, and
+    the closing border."""
+    shown, _ = _folded(columns, cells, suffixes, kept)
+    return 1 + sum(1 + 2 * padding + max([len(columns[j].header), *map(len, texts)])
+                   for j, texts in zip(kept, shown))
 
 
-def _table(rows, columns, cells, row_style):
+def _table(rows, columns, justify, cells, row_style, padding: int = 1):
     from rich.table import Table
     from rich.text import Text
 
     # Text, not markup: '[...]' in a name (an overridden model 'llama3.1-8b[num_layers=8]', a
     # file name) is shown as it is, not taken for a style and dropped.
-    table = Table(header_style="bold")
-    for column in columns:
-        table.add_column(Text(column.header), justify=column.justify)
+    table = Table(header_style="bold", padding=(0, padding))
+    for column, side in zip(columns, justify):
+        table.add_column(Text(column.header), justify=side)
     for row, line in zip(rows, cells):
         table.add_row(*(Text(cell) for cell in line), style=row_style(row) if row_style else None)
     return table

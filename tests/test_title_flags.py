@@ -1,6 +1,9 @@
 """A sweep's title names the training options it was given as the Megatron flags they change
-(``advisor.options.flags.changed_args``), not as the advisor's field names: what a Megatron user
-reads in the rows' ``megatron_args``."""
+(``advisor.options.flags.changed_args``), not as the advisor's field names, and in the fewest
+words: the flag by which a Megatron user makes each change, not the defaults and requirements that
+come with it ('--fp8-format hybrid', not also '--fp8-recipe delayed, --fp8-amax-history-len 1';
+'--grad-reduce-in-bf16', not also 'no --accumulate-allreduce-grads-in-fp32'). Every flag it names
+is one the rows launch (``training_args``), or one they drop."""
 
 from __future__ import annotations
 
@@ -9,28 +12,100 @@ from click.testing import CliRunner
 
 from advisor.cli import cli
 from advisor.options import TrainingOptions
-from advisor.options.flags import changed_args
+from advisor.options.flags import changed_args, training_args
 
-
-@pytest.mark.parametrize("changes, flags", [
+CHANGES = [
     ({}, ""),
-    # with --bf16 Megatron reduces in FP32 unless told otherwise: the one flag swaps for the other
-    ({"grad_reduce_dtype": "bf16"}, "--grad-reduce-in-bf16, no --accumulate-allreduce-grads-in-fp32"),
+    # with --bf16 Megatron reduces in FP32 unless told otherwise: the flag that changes it is all
+    ({"grad_reduce_dtype": "bf16"}, "--grad-reduce-in-bf16"),
+    ({"params_dtype": "float16", "grad_reduce_dtype": "fp16"}, "--fp16"),
+    ({"params_dtype": "float16"}, "--fp16, --accumulate-allreduce-grads-in-fp32"),
+    ({"params_dtype": "float32"}, "no --bf16"),
+    ({"fp8_format": "hybrid"}, "--fp8-format hybrid"),  # Megatron's recipe and amax history go unsaid
+    ({"fp8_format": "e4m3", "fp8_recipe": "tensorwise", "fp8_amax_history_len": 1024, "fp8_param_gather": True},
+     "--fp8-format e4m3, --fp8-recipe tensorwise, --fp8-amax-history-len 1024, --fp8-param-gather"),
     ({"tp_comm_overlap": True}, "--tp-comm-overlap"),
-    ({"distributed_optimizer": False, "overlap_param_gather": False},
-     "no --use-distributed-optimizer, no --overlap-param-gather"),
-    ({"fsdp_strategy": "optim_grads"},
-     "--use-megatron-fsdp, --data-parallel-sharding-strategy optim_grads, --ckpt-format fsdp_dtensor"),
+    ({"sequence_parallel": False}, "no --sequence-parallel"),
+    # the parameter gather needs the distributed optimizer: it goes with it, unsaid
+    ({"distributed_optimizer": False, "overlap_param_gather": False}, "no --use-distributed-optimizer"),
+    ({"overlap_grad_reduce": False, "overlap_param_gather": False}, "no --overlap-grad-reduce"),
+    ({"overlap_param_gather": False}, "no --overlap-param-gather"),
+    # the checkpoint format Megatron-FSDP needs comes with it; the strategy is said (releases differ)
+    ({"fsdp_strategy": "optim_grads"}, "--use-megatron-fsdp, --data-parallel-sharding-strategy optim_grads"),
+    ({"torch_fsdp2": True, "distributed_optimizer": False, "overlap_param_gather": False}, "--use-torch-fsdp2"),
+    ({"optimizer_cpu_offload": True}, "--optimizer-cpu-offload"),  # with the precision-aware optimizer it needs
+    ({"optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5},
+     "--optimizer-cpu-offload, --optimizer-offload-fraction 0.5"),
+    ({"recompute": "selective"}, "--recompute-granularity selective"),
+    ({"recompute": "full", "recompute_method": "block", "recompute_num_layers": 4},
+     "--recompute-granularity full, --recompute-method block, --recompute-num-layers 4"),
+    # unfused attention needs the data loader's mask: it comes with it
+    ({"flash_attention": False, "dataloader_mask": "cached"}, "--attention-backend unfused"),
+    ({"flash_attention": False, "dataloader_mask": "rebuilt"}, "--attention-backend unfused, --eod-mask-loss"),
+    ({"dataloader_mask": "cached"}, "--dataloader-mask cached"),
+    ({"dataloader_mask": "rebuilt"}, "--eod-mask-loss"),
+    ({"cross_entropy_fusion": "native"}, "--cross-entropy-loss-fusion"),
+    ({"cross_entropy_fusion": "te"}, "--cross-entropy-loss-fusion, --cross-entropy-fusion-impl te"),
     ({"vocab_divisible_by": 128}, "--make-vocab-size-divisible-by 128"),
-])
-def test_changed_options_read_as_the_flags_they_change(changes, flags):
-    assert changed_args(TrainingOptions().with_(**changes)) == flags
+    ({"vocab_divisible_by": 1}, ""),  # the advisor's default, said another way
+    ({"grad_reduce_dtype": "bf16", "fp8_format": "hybrid", "overlap_grad_reduce": False, "overlap_param_gather": False},
+     "--grad-reduce-in-bf16, --fp8-format hybrid, no --overlap-grad-reduce"),
+]
+
+
+@pytest.mark.parametrize("changes, words", CHANGES, ids=[w or "defaults" for _, w in CHANGES])
+def test_changed_options_read_as_the_flags_that_change_them(changes, words):
+    assert changed_args(TrainingOptions().with_(**changes)) == words
+
+
+def test_every_option_has_its_words():
+    """An option added to TrainingOptions without words in the title would go unsaid."""
+    changed = {name for changes, _ in CHANGES for name in changes}
+    assert set(TrainingOptions().flat()) <= changed
+
+
+@pytest.mark.parametrize("changes", [c for c, _ in CHANGES if c], ids=[w for c, w in CHANGES if c])
+def test_the_words_are_flags_the_rows_launch_or_drop(changes):
+    """Each word is a flag (with its value) that the rows' Megatron arguments hold, or, as 'no
+    --X', one that the defaults' arguments hold and these do not; the one exception, the data
+    loader's mask kept with flash attention, is the advisor's --dataloader-mask (Megatron has only
+    the flag that turns it off)."""
+    options = TrainingOptions().with_(**changes)
+    launched, default = training_args(options, tp=2), training_args(TrainingOptions(), tp=2)
+    for word in filter(None, changed_args(options).split(", ")):
+        if word == "--dataloader-mask cached":
+            assert "--no-create-attention-mask-in-dataloader" in set(default) - set(launched)
+        elif word.startswith("no "):
+            assert word[3:] in default and word[3:] not in launched, word
+        else:
+            flag, *value = word.split(" ")
+            at = launched.index(flag)
+            assert launched[at + 1:at + 1 + len(value)] == value, word
+
+
+def _title(*args: str) -> str:
+    result = CliRunner().invoke(cli, ["sweep", "--gpus", "8", "--gpu", "h100-80gb", "--top", "1", *args],
+                                env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    return result.stdout.splitlines()[0]
 
 
 def test_the_sweep_title_says_the_flags_not_the_fields():
-    result = CliRunner().invoke(cli, ["sweep", "--gpus", "8", "--gpu", "h100-80gb", "--grad-dtype", "bf16",
-                                      "--tp-comm-overlap", "--top", "1"], env={"COLUMNS": "200"})
-    assert result.exit_code == 0, result.output
-    title = result.stdout.splitlines()[0]
-    assert title.endswith("; --grad-reduce-in-bf16, --tp-comm-overlap, no --accumulate-allreduce-grads-in-fp32")
-    assert "grad_reduce_dtype" not in result.stdout
+    title = _title("--grad-dtype", "bf16", "--tp-comm-overlap")
+    assert title.endswith("ranked by throughput; --grad-reduce-in-bf16, --tp-comm-overlap")
+    assert "grad_reduce_dtype" not in title
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--fp8-format", "hybrid"), "--fp8-format hybrid"),
+    (("--fp8-format", "hybrid", "--fp8-recipe", "delayed"), "--fp8-format hybrid"),
+    (("--grad-reduce-in-bf16",), "--grad-reduce-in-bf16"),
+    (("--no-distributed-optimizer",), "no --use-distributed-optimizer"),
+    (("--no-overlap-grad-reduce",), "no --overlap-grad-reduce"),
+    (("--no-flash-attn",), "--attention-backend unfused"),
+    (("--use-megatron-fsdp", "--megatron-version", "0.15"),
+     "--use-megatron-fsdp, --data-parallel-sharding-strategy no_shard"),
+    (("--optimizer-cpu-offload", "--sharding", "fixed"), "--optimizer-cpu-offload"),
+])
+def test_the_title_names_what_the_user_changed(args, words):
+    assert _title(*args).endswith(f"ranked by throughput; {words}")

@@ -1,7 +1,21 @@
-"""The sweep tables' columns, dense and MoE alike: one layout per row, the ones that decide the
-ranking (the verdict, TFLOP/s) kept longest where the terminal is narrow."""
+"""The sweep tables' columns, dense and MoE alike: one layout per row. Where the terminal is
+narrow, what an engineer choosing a layout reads goes last: the layout (TP, CP, PP, VPP, EP, ETP,
+MBS) never, then the verdict, the recomputation (part of what is launched), TFLOP/s, the days of
+a token budget, how close the row is to the memory limit (the margin, or the share of memory)
+and whether its split is uneven (marked on its PP). Before them goes what follows from the
+others: DP (the GPUs over TP x CP x PP) and the memory used in GiB (the margin says it against
+the limit); and before those the memory's parts and the secondary times."""
 
 from __future__ import annotations
+
+
+def uneven_split(row: dict) -> str:
+    """A row's layers per stage where its stages differ ('5,7,10,10'), else '': an even split is
+    the layers over PP, which the row's PP already says."""
+    from advisor.render import counts_text
+
+    stages = row.get("layers_per_stage") or ()
+    return counts_text(stages) if len(set(stages)) > 1 else ""
 
 
 def sweep_columns(calibrated: bool = False, timed: bool = False, tokens: bool = False, priced: bool = False,
@@ -9,36 +23,42 @@ def sweep_columns(calibrated: bool = False, timed: bool = False, tokens: bool = 
     """``render.Column``s of a sweep table: ``calibrated`` the calibrated model's usage and
     margin beside the analytic total (Eq. 18 for dense models), else the 80% rule's share of
     memory; ``timed`` the time model's columns; ``tokens`` and ``priced`` the token budget's
-    days, GPU-hours and cost; ``experts`` EP and ETP (MoE rows)."""
-    from advisor.render import Column
+    days, GPU-hours and cost; ``experts`` EP and ETP (MoE rows). ``drop``: the highest is left
+    out first."""
+    from advisor.render import Column, Fold
 
-    columns = [Column("rank", "rank"), Column("tp", "TP"), Column("cp", "CP"), Column("pp", "PP"),
-               Column("vpp", "VPP")]
+    # The rank stays (a table's first column always does): the report's '#3', and '-' on a row
+    # --all shows unranked. The degrees and MBS are the layout: never left out.
+    columns = [Column("rank", "rank"), Column("tp", "TP", keep=True), Column("cp", "CP", keep=True),
+               Column("pp", "PP", keep=True), Column("vpp", "VPP", keep=True)]
     if experts:
-        columns += [Column("ep", "EP"), Column("etp", "ETP")]  # a degree of the layout: never left out
+        columns += [Column("ep", "EP", keep=True), Column("etp", "ETP", keep=True)]
+    split = Fold("pp", uneven_split, "an uneven split's layers per stage follow its PP", drop=4, mark="*",
+                 mark_note="PP* marks an uneven split")
     columns += [
-        Column("mbs", "MBS"),
-        Column("dp", "DP"),
-        Column("num_microbatches", "m", drop=4),
-        Column("split", "layers", justify="left", drop=1),
-        Column("recompute_text", "recompute", justify="left"),
-        Column("model_states_gib", "states", ".1f", drop=5),
-        Column("activations_gib", "act.", ".1f", drop=5),
+        Column("mbs", "MBS", keep=True),
+        Column("dp", "DP", drop=6),
+        Column("num_microbatches", "m", drop=9),
+        Column("split", "layers", justify="left", drop=5, fold=split),
+        Column("recompute_text", "recompute", justify="left", drop=0),
+        Column("model_states_gib", "states", ".1f", drop=10),
+        Column("activations_gib", "act.", ".1f", drop=10),
     ]
     analytic = "analytic" if experts else "Eq.18"
-    columns.append(Column("total_gib", analytic, ".1f", drop=3) if calibrated else Column("total_gib", "GiB", ".2f"))
+    columns.append(Column("total_gib", analytic, ".1f", drop=8) if calibrated
+                   else Column("total_gib", "GiB", ".2f", drop=7))
     if calibrated:
-        columns += [Column("usage_gib", "GiB", ".1f"), Column("margin_gib", "margin", "+.1f", drop=2)]
+        columns += [Column("usage_gib", "GiB", ".1f", drop=7), Column("margin_gib", "margin", "+.1f", drop=3)]
     else:
-        columns.append(Column("memory_fraction", "of mem", ".0%"))
+        columns.append(Column("memory_fraction", "of mem", ".0%", drop=3))
     columns.append(Column("verdict", "verdict", justify="left", drop=-1))
     if timed:
-        columns += [Column("tflops_per_gpu", "TFLOP/s", ".0f", drop=-1), Column("mfu", "MFU", ".0%", drop=4),
-                    Column("step_time_s", "step s", ".2f", drop=3)]
+        columns += [Column("tflops_per_gpu", "TFLOP/s", ".0f", drop=1), Column("mfu", "MFU", ".0%", drop=9),
+                    Column("step_time_s", "step s", ".2f", drop=8)]
     if tokens:
-        columns += [Column("days", "days", ".1f"), Column("gpu_hours", "GPU-h", ",.0f", drop=4)]
+        columns += [Column("days", "days", ".1f", drop=2), Column("gpu_hours", "GPU-h", ",.0f", drop=9)]
     if priced:
-        columns.append(Column("cost_usd", "cost $", ",.0f", drop=4))
+        columns.append(Column("cost_usd", "cost $", ",.0f", drop=9))
     return columns
 
 

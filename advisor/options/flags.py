@@ -94,15 +94,84 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
     return args
 
 
-def changed_args(options: TrainingOptions, *, tp: int = 2, release=None) -> str:
-    """The Megatron flags by which ``options`` differ from the advisor's defaults, for people (a
-    table's title): the flags they add or give another value, then 'no --X' for a default flag
-    they drop. Derived from ``training_args``, so the title says what the rows launch; ``tp``
-    above 1 so that the TP-only flags show."""
-    mine, _ = _flag_values(training_args(options, tp=tp, release=release))
-    base, _ = _flag_values(training_args(TrainingOptions(), tp=tp, release=release))
-    added = [" ".join([flag, *values]) for flag, values in mine.items() if base.get(flag) != values]
-    return ", ".join(added + [f"no {flag}" for flag in base if flag not in mine])
+def changed_args(options: TrainingOptions) -> str:
+    """The options that differ from the advisor's defaults, for people (a table's title), in the
+    fewest words a Megatron-LM user reads: the flag by which each change is made, never what comes
+    with it. '--grad-reduce-in-bf16', not also 'no --accumulate-allreduce-grads-in-fp32' (with
+    --bf16 Megatron reduces in FP32 unless told otherwise); '--fp8-format hybrid' without Megatron's
+    default recipe and amax history; '--use-megatron-fsdp' with its sharding strategy (the
+    releases' defaults differ) but not the checkpoint format it needs; 'no --use-distributed-optimizer'
+    without the parameter gather it rules out. The flags are ``training_args``'s
+    (tests/test_title_flags.py holds the two together). The Megatron defaults left unsaid
+    (--fp8-recipe delayed, --fp8-amax-history-len 1, --optimizer-offload-fraction 1,
+    --cross-entropy-fusion-impl native) are both releases': megatron/training/arguments.py, and
+    in core_v0.19.0 megatron-core transformer_config.py and model_parallel_config.py."""
+    p, dp, tpo, r, a, o = (options.precision, options.data_parallel, options.tensor_parallel,
+                           options.recomputation, options.attention, options.offload)
+    words = _precision_words(p) + _data_parallel_words(dp)
+    if not tpo.sequence_parallel:
+        words.append("no --sequence-parallel")
+    if tpo.tp_comm_overlap:
+        words.append("--tp-comm-overlap")
+    if r.recompute != "none":
+        words.append(f"--recompute-granularity {r.recompute}")
+        if r.recompute == "full":
+            words += [f"--recompute-method {r.recompute_method}", f"--recompute-num-layers {r.recompute_num_layers}"]
+    if not a.flash_attention:
+        words.append("--attention-backend unfused")  # which needs the mask: 'cached' comes with it
+    if a.dataloader_mask == "rebuilt":
+        words.append("--eod-mask-loss")
+    elif a.dataloader_mask == "cached" and a.flash_attention:
+        # Megatron has only the flag that turns the mask off, and 'no --no-create-...' reads as a riddle
+        words.append("--dataloader-mask cached")
+    if o.optimizer_cpu_offload:  # --use-precision-aware-optimizer comes with it (Megatron requires it)
+        words.append("--optimizer-cpu-offload")
+        if o.optimizer_offload_fraction != 1:
+            words.append(f"--optimizer-offload-fraction {_number(o.optimizer_offload_fraction)}")
+    if options.loss.cross_entropy_fusion != "none":
+        words.append("--cross-entropy-loss-fusion")
+        if options.loss.cross_entropy_fusion != "native":  # Megatron's default kernel
+            words.append(f"--cross-entropy-fusion-impl {options.loss.cross_entropy_fusion}")
+    if (options.vocab_divisible_by or 1) != 1:
+        words.append(f"--make-vocab-size-divisible-by {options.vocab_divisible_by}")
+    return ", ".join(words)
+
+
+def _precision_words(p: Precision) -> list[str]:
+    """``changed_args``'s words for the number formats."""
+    words = {"bfloat16": [], "float16": ["--fp16"], "float32": ["no --bf16"]}[p.params_dtype]
+    # Megatron's reduction dtype unless told: FP32 with --bf16, FP16 with --fp16
+    # (megatron/training/arguments.py, validate_args)
+    if p.grad_reduce_dtype != ("fp16" if p.params_dtype == "float16" else "fp32"):
+        words.append("--grad-reduce-in-bf16" if p.grad_reduce_dtype == "bf16"
+                     else "--accumulate-allreduce-grads-in-fp32")
+    if p.fp8_format is not None:
+        words.append(f"--fp8-format {p.fp8_format}")
+        if p.fp8_recipe != "delayed":  # Megatron's default recipe and amax history go unsaid
+            words.append(f"--fp8-recipe {p.fp8_recipe}")
+        if p.fp8_amax_history_len != 1:
+            words.append(f"--fp8-amax-history-len {p.fp8_amax_history_len}")
+    if p.fp8_param_gather:
+        words.append("--fp8-param-gather")
+    return words
+
+
+def _data_parallel_words(dp: DataParallel) -> list[str]:
+    """``changed_args``'s words for data parallelism: each sharding names itself alone (torch FSDP2
+    runs without the distributed optimizer, Megatron-FSDP with it), and the parameter gather is
+    named only where it could run (the overlapped reduction and the distributed optimizer, which
+    the CLI's default asks for) but does not."""
+    if dp.torch_fsdp2:
+        words = ["--use-torch-fsdp2"]
+    elif dp.fsdp_strategy is not None:
+        words = ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {dp.fsdp_strategy}"]
+    else:
+        words = [] if dp.distributed_optimizer else ["no --use-distributed-optimizer"]
+    if not dp.overlap_grad_reduce:
+        words.append("no --overlap-grad-reduce")
+    if dp.overlap_grad_reduce and dp.distributed_optimizer and not dp.overlap_param_gather:
+        words.append("no --overlap-param-gather")
+    return words
 
 
 # --- reading flags back ------------------------------------------------------------------
