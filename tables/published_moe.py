@@ -96,13 +96,15 @@ MISSES = {
                        "container and harness (26.06). "
                        "HybridEP is priced with DeepEP's deduplication (+7.1% when priced as one copy per "
                        "routed expert) and DeepEP's host wait for its receive counts (0.06 s)",
-    "mbdoc-q30-a2a-overlap": "predicted faster (-26.7%): the model hides 12.4 s of the plain run's 16.7 s of "
-                             "all-to-all behind the other microbatch's compute (35.3 s to 22.9 s), where NVIDIA "
-                             "measured 9.9 s saved (41.25 s to 31.31 s; mbdoc-q30-a2a, -14.3% here). Not priced: "
-                             "the unfused permutations of moe_permute_fusion=false, on the compute stream; "
-                             "NCCL's all-to-all kernels taking SMs from the compute beside them (priced only for "
-                             "the flex dispatcher's, whose count the command gives): alone they would need 43% of the SMs to bring this run within 15%",
-    "mbdoc-q30-a2a-overlap-dw": "predicted faster (-26.5%), as mbdoc-q30-a2a-overlap (--delay-wgrad-compute "
+    "mbdoc-q30-a2a-overlap": "predicted faster (-16.4%): the model hides 13.5 s of the plain run's 21.0 s of "
+                             "all-to-all behind the other microbatch's compute (39.6 s to 26.2 s), where NVIDIA "
+                             "measured 9.9 s saved (41.25 s to 31.31 s; mbdoc-q30-a2a, -3.9% here; at the "
+                             "network's line rate, before NCCL's measured all-to-all rate was priced, -14.3% "
+                             "and -26.7%). Not priced: the unfused permutations of moe_permute_fusion=false, on "
+                             "the compute stream; NCCL's all-to-all kernels taking SMs from the compute beside "
+                             "them (priced only for the flex dispatcher's, whose count the command gives): alone "
+                             "they would need 8% of the SMs (11 of 132) to bring this run within 15%",
+    "mbdoc-q30-a2a-overlap-dw": "predicted faster (-16.1%), as mbdoc-q30-a2a-overlap (--delay-wgrad-compute "
                                 "changes the prediction by 0.0 s and the measurement by 0.11 s)",
     "mbcard0718-q30-hybridep": "predicted faster (-15.7%), as every Qwen3-30B-A3B run: NVIDIA's BF16 model "
                                "card run, EP 16 with HybridEP, forced balanced, no EP overlap. Within 15% "
@@ -118,7 +120,11 @@ MISSES = {
                                "idle; the model charges 15.1 s of compute, 4.4 s of EP communication and 1.7 s "
                                "of per-microbatch overhead. Compute agrees within 4%; the miss is in the "
                                "HybridEP dispatch and combine kernels, about 1.9x their line-rate price (read "
-                               "as one profiled step, which its 22.8 s of GPU activity suggests)",
+                               "as one profiled step, which its 22.8 s of GPU activity suggests). DeepEP's own "
+                               "kernels measure 43% of line rate off-node at EP 16 on 2 H800 nodes but 87-89% at "
+                               "EP 32 and 64 (DeepEP docs/legacy.md; third-party H100 and H200 runs on 2-4 nodes, "
+                               "DeepEP issues #397 and #493, 41-46%): not priced, a dependence on EP the model "
+                               "has no term for; the flex dispatcher stays at line rate",
 }
 """Test runs outside the target, each with why (docs/validation.md shows them); never tuned away."""
 

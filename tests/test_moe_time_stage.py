@@ -56,11 +56,16 @@ def test_deepseek_dense_layers_and_interleaving():
 def test_all_to_all_by_hand():
     gpu = get_gpu("h800-80gb")
     rates = Rates.of(gpu, load_calibration())
-    # EP 16 spanning two 8-GPU nodes: 7/16 of the bytes on NVLink, 8/16 on the network
+    # EP 16 spanning two 8-GPU nodes: 7/16 of the bytes on NVLink, 8/16 on the network at 83.4%
+    # of its 50 GB/s, and 8 messages to the other node's peers at 10.4 us each
     size = 1000 * 2 * 7168
-    expected = max(size * 7 / 16 / rates.nvlink_bytes_per_s, size * 8 / 16 / rates.network_bytes_per_s)
+    assert rates.network_bytes_per_s == 50e9
+    expected = max(size * 7 / 16 / rates.nvlink_bytes_per_s, size * 8 / 16 / (0.834 * 50e9) + 8 * 10.4e-6)
     assert mt.all_to_all_time(DSV3, 1000, 16, 1, rates) == pytest.approx(expected + rates.collective_latency_s)
     assert mt.all_to_all_time(DSV3, 1000, 1, 1, rates) == 0
+    # inside one node (EP 8) only NVLink: no network term
+    assert mt.all_to_all_time(DSV3, 1000, 8, 1, rates) == pytest.approx(
+        size * 7 / 8 / rates.nvlink_bytes_per_s + rates.collective_latency_s)
 
 
 def test_grouped_gemm_from_its_shapes_by_hand():

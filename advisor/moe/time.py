@@ -6,7 +6,8 @@ Assumptions, stated once:
   dense GEMM rate, or the HBM roofline of the weights and activations where that is slower. No
   constant fitted; the dense rate is the calibration's (fitted on dense runs, none of these).
 - The EP all-to-all (dispatch and combine, forward and backward: four per layer): alltoall sends
-  one copy per routed expert; flex (DeepEP / HybridEP) one per remote node and one per
+  one copy per routed expert, across nodes at NCCL's all-to-all rate as nccl-tests measured it
+  elsewhere (``A2A_NETWORK_FRACTION``, ``A2A_PEER_S``), not the line rate; flex (DeepEP / HybridEP) one per remote node and one per
   destination rank (``flex_destinations``; routing uniform, as forced balancing draws it);
   allgather gathers every token of the expert TP x EP group and reduce-scatters the combine
   (``allgather_dispatch_time``).
@@ -37,6 +38,14 @@ from advisor.moe.spec import MoESpec
 from advisor.throughput import terms
 from advisor.throughput.terms import Rates
 
+A2A_NETWORK_FRACTION = 0.834
+"""What a multi-node NCCL all-to-all reaches of the network's line rate at large messages, and
+what each message to a peer on another node costs besides (``A2A_PEER_S``): fitted on nccl-tests'
+alltoall_perf on 2-8 nodes of H100s by ``python -m tables.published.alltoall_rate`` (measured
+elsewhere; none of the MoE runs checked against enters it). NCCL's maintainers call line rate the
+best case (nccl-tests #130, #267): an all-to-all cannot aggregate NICs and sends every peer its
+own message. Not applied to the flex dispatcher, whose DeepEP kernels forward over NVLink."""
+A2A_PEER_S = 10.4e-6
 STREAMING_MULTIPROCESSORS = {"ampere": 108, "hopper": 132, "blackwell": 148}
 """SMs per GPU by architecture: A100 108 (NVIDIA A100 Tensor Core GPU Architecture whitepaper),
 H100 SXM5 132 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, also H800 and H200), B200
@@ -86,7 +95,8 @@ def all_to_all_time(spec: MoESpec, copies, ep, etp, rates: Rates, dispatcher: st
     alltoall: one copy per routed expert (``MoEAlltoAllTokenDispatcher`` permutes by local
     expert and sends every (token, expert) pair); the (ep - 1)/ep that leaves the rank splits
     into the peers inside the node, over NVLink, and those outside, over the GPU's network
-    share. (The allgather dispatcher's is ``allgather_dispatch_time``.) flex (DeepEP,
+    share at NCCL's measured all-to-all rate (``A2A_NETWORK_FRACTION`` of it, plus ``A2A_PEER_S``
+    a remote peer). (The allgather dispatcher's is ``allgather_dispatch_time``.) flex (DeepEP,
     ``fused_a2a.py``: ``get_dispatch_layout``'s
     ``num_tokens_per_rdma_rank`` and ``is_token_in_rank``): each token once per remote node over
     RDMA and once per destination rank over NVLink (``flex_destinations``). The slower of the
@@ -101,7 +111,8 @@ def all_to_all_time(spec: MoESpec, copies, ep, etp, rates: Rates, dispatcher: st
         outside = per_token * remote_nodes / rates.network_bytes_per_s
     else:
         inside = size * (in_node - 1) / ep / rates.nvlink_bytes_per_s
-        outside = size * (ep - in_node) / ep / rates.network_bytes_per_s
+        outside = (size * (ep - in_node) / ep / (A2A_NETWORK_FRACTION * rates.network_bytes_per_s)
+                   + (ep - in_node) * A2A_PEER_S)
     return np.where(ep > 1, np.maximum(inside, outside) + rates.collective_latency_s, 0.0)
 
 
