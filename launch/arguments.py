@@ -27,6 +27,7 @@ from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.moe import flags as moe_flags
 from advisor.options.training import Recomputation
+from launch.megatron_flags import values_needed
 from launch.megatron_versions import MegatronVersion, check_flags, check_mock_data, check_recomputation
 
 MODEL_FLAGS = (
@@ -127,6 +128,42 @@ def parse_flags(args: Iterable[str]) -> list[Flag]:
 def flag_values(args: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """The last value of each flag, as argparse keeps it."""
     return {flag.name: flag.values for flag in parse_flags(args)}
+
+
+def _given(extras: Sequence[str]) -> list[tuple[str, int, str | None]]:
+    """Each flag of ``extras`` with the number of values that follow it, as ``parse_flags`` reads
+    them (up to the next ``--flag``: a single dash does not end them, so ``--lr -1`` and
+    ``--adam-eps 1e-8`` keep theirs), and the flag that ends them (None at the end);
+    ``--flag=value`` is one value, ``--flag=`` none (ended by '=')."""
+    found = []
+    for i, word in enumerate(extras):
+        if not is_flag(word):
+            continue
+        name, equals, value = word.partition("=")
+        if equals:
+            found.append((name, 1 if value else 0, "="))
+            continue
+        end = next((j for j in range(i + 1, len(extras)) if is_flag(extras[j])), len(extras))
+        found.append((name, end - i - 1, extras[end].partition("=")[0] if end < len(extras) else None))
+    return found
+
+
+def check_values(rules: MegatronVersion, extras: Sequence[str]) -> None:
+    """AdvisorError, one line naming each flag after ``--`` that lacks the values its release's
+    parser needs (``launch.megatron_flags``): ``--lr`` at the end, or before another flag. A flag
+    the release lacks is left to ``check_flags`` and Megatron."""
+    needs = values_needed(rules)
+    problems = []
+    for name, count, then in _given(extras):
+        least = needs.get(name, 0)
+        if count < least:
+            wanted = "a value" if least == 1 else f"{least} values"
+            where = (f", got {count}" if count else " and nothing follows it" if then is None
+                     else f" and {name}= gives it empty" if then == "=" else f" and {then} follows it")
+            problems.append(f"{name} (after --) needs {wanted}{where}")
+    if problems:
+        raise AdvisorError(f"{'; '.join(problems)}: {rules.name}'s argument parser refuses that on every rank at "
+                           "start-up (give the value, or leave the flag out)")
 
 
 def _same(a: Sequence[str], b: Sequence[str]) -> bool:
@@ -237,10 +274,11 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
             chunk_layers: Sequence[int] | None = None) -> CommandLine:
     """The input's arguments (``decided``, from ``source``, for ``model``), ``--mock-data``'s if
     asked, the ``job``'s (``launch.job``: its file, its schedule), then the user's ``extras``
-    unchanged; AdvisorError on a conflict, on a flag the
+    unchanged; AdvisorError on a user flag without the values it needs, on a conflict, on a flag the
     Megatron-LM release ``rules`` lacks, on mock data (the launcher's or the user's own) that
     release cannot feed the model, or, given the layers of each model chunk (``chunk_layers``),
     on a --recompute-num-layers that release fails on with them (``check_recomputation``)."""
+    check_values(rules, extras)  # first: a flag without its value would misread the flags after it
     groups = [ArgGroup(source=source, args=tuple(decided), owns=DECIDED_FLAGS)]
     if mock_data:
         groups.append(ArgGroup(source="--mock-data", args=tuple(mock_data_args(model, rules, decided)),

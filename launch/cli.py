@@ -24,8 +24,8 @@ from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, S
 from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
-          "(layout, batch, model, memory switches) are refused. Errors exit with status 2; otherwise the exit "
-          "status is the launched command's. Docs: docs/launch.md.")
+          "(layout, batch, model, memory switches), or lack the value Megatron's parser needs, are refused. Errors "
+          "exit with status 2; otherwise the exit status is the launched command's. Docs: docs/launch.md.")
 
 USER_ARGS_HELP = textwrap.dedent("""\
     \b
@@ -187,9 +187,12 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     (launch.preflight) and the job's report (``show_job``, default: in a dry run): a dry run
     prints the problems as warnings; a real run with a problem prints every one, one line each,
     and exits with status 2 before anything starts. ``hold_notes``: the caller prints the notes
-    (``_flush_notes``) once its -o file is written, so that a write that fails is one line."""
+    (``_flush_notes``) once its -o file is written, so that a write that fails is one line. Where
+    the ranks run elsewhere (``gpus_here`` false: sbatch), Transformer Engine is not checked here
+    but by each rank's entry (``--check-transformer-engine``), on the nodes that need it."""
     from launch.commands import entry_options
     from launch.megatron_versions import LaunchShape, environment
+    from launch.preflight import uses_transformer_engine
 
     env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
     report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,
@@ -207,7 +210,10 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
         _note(f"warning: {problem}")
     if not hold_notes:
         _flush_notes()  # the command's checks passed: its notes come before its output
-    return entry_options(release.checkout or release.given, **profiling), env
+    entry = entry_options(release.checkout or release.given, **profiling)
+    if checks and not gpus_here and uses_transformer_engine(megatron.args):
+        entry.append("--check-transformer-engine")  # the ranks' nodes check what this one could not
+    return entry, env
 
 
 def _preflight(config, release, megatron, profiling: dict, job, *, per_node: int, gpus_here: bool, checks: bool,
@@ -349,7 +355,8 @@ def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_p
     (--exit-signal-handler) turns into a save and a clean exit. The job inherits your
     environment (Slurm's default), so submit it from the environment that has
     torch and this package. The checkout and --profile-dir must be on a file
-    system the nodes share.
+    system the nodes share. Transformer Engine is checked on the job's nodes,
+    before Megatron starts, not on this one.
 
     \b
     Examples:
@@ -384,7 +391,8 @@ def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_p
               help="GPUs per node the launch will use (default: as torchrun's).")
 @click.option("--nnodes", type=GPUS, default=None, help="Nodes (default: as torchrun's).")
 @click.option("--no-gpus-here", is_flag=True,
-              help="The ranks run on other nodes (a login node preparing a Slurm job): skip the GPU check.")
+              help="The ranks run on other nodes (a login node preparing a Slurm job): skip the GPU and "
+                   "Transformer Engine checks (sbatch's job checks TE on its nodes).")
 @megatron_options
 def check_command(config, release, megatron, job_plan, profiling, nproc_per_node, nnodes, no_gpus_here) -> int:
     """Check, before any rank starts, everything that would stop the launch later.

@@ -1,6 +1,7 @@
 """The program torchrun starts on every GPU: the user's ``pretrain_gpt.py``, with the hooks.
 
-    python -m launch.entry --megatron-lm DIR [--profile-dir DIR [--run-id ID]] -- MEGATRON_ARGS...
+    python -m launch.entry --megatron-lm DIR [--profile-dir DIR [--run-id ID]] [--check-transformer-engine]
+        -- MEGATRON_ARGS...
 
 It does what ``python DIR/pretrain_gpt.py MEGATRON_ARGS...`` does (the checkout first on
 ``sys.path``, ``sys.argv`` the script and its arguments, the script run as ``__main__`` with
@@ -8,6 +9,12 @@ It does what ``python DIR/pretrain_gpt.py MEGATRON_ARGS...`` does (the checkout 
 installs ``megatron_hooks`` (``megatron_hooks.integration.install``), which writes this rank's
 ``rank{RANK:05d}.jsonl`` there, and uninstalls them when the script returns. The exit status is
 the script's. ``--megatron-lm`` defaults to ``$MEGATRON_LM``.
+
+``--check-transformer-engine`` first checks that ``transformer_engine`` is importable here, and
+otherwise exits with status 2 before Megatron is imported, local rank 0 printing one line (so at
+most one per node): ``advisor-launch sbatch`` asks for it where the launch uses Transformer Engine, because
+the node it submits from (a login node) need not have TE, while the job's nodes must. Without it
+the entry adds no check of its own.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import argparse
 import os
 import runpy
 import signal
+import socket
 import sys
 from typing import Sequence
 
@@ -31,7 +39,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--megatron-lm", default=None, help="The Megatron-LM checkout (default: $MEGATRON_LM).")
     parser.add_argument("--profile-dir", default=None, help="Install the hooks; rank files go here.")
     parser.add_argument("--run-id", default=None, help="The profiled run's id (default: a new one from rank 0).")
+    parser.add_argument("--check-transformer-engine", action="store_true",
+                        help="Exit with status 2 before the script if transformer_engine cannot be imported here.")
     return parser
+
+
+def transformer_engine_missing(megatron_args: Sequence[str]) -> str | None:
+    """The line for a ``transformer_engine`` this rank cannot import, naming the node and the
+    interpreter (what a job's log needs to find the environment that lacks it), or None."""
+    from launch.preflight import importable_module, transformer_engine_import_problem
+
+    if importable_module("transformer_engine"):
+        return None
+    return transformer_engine_import_problem(megatron_args, f" on {socket.gethostname()} ({sys.executable})")
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -96,6 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkout = resolve_checkout(options.megatron_lm)
     except AdvisorError as exc:
         print(f"Error: {exc}", file=sys.stderr)
+        return 2
+    if options.check_transformer_engine and (problem := transformer_engine_missing(megatron_args)):
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # one line per node, not one per GPU
+            print(f"Error: {problem}", file=sys.stderr)
         return 2
     return run(checkout, megatron_args, profile_dir=options.profile_dir, run_id=options.run_id)
 

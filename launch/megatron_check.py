@@ -28,6 +28,11 @@ with ``--tokenizer-type NullTokenizer`` is supported (a real tokenizer needs its
 (core_v0.19.0 needs 3.12) and returns the results; ``Validator`` keeps one such process
 (``--serve``: a JSON array of cases per input line, its results on one output line) for many
 batches.
+
+``--flags`` instead prints, as a JSON object, every flag of the checkout's own parser that needs
+values after it and how many at least (``value_counts``: ``launch.megatron_flags`` keeps them, to
+refuse a ``--lr`` left without its value before anything starts); ``flag_value_counts(checkout,
+python=...)`` runs it.
 """
 
 from __future__ import annotations
@@ -58,6 +63,21 @@ def validate(checkout: str | os.PathLike, cases: Sequence[dict], *, python: str 
         input=json.dumps(list(cases)), capture_output=True, text=True, env=env, timeout=timeout)
     if completed.returncode != 0:
         raise RuntimeError(f"launch.megatron_check failed ({completed.returncode}): {completed.stderr[-3000:]}")
+    return json.loads(completed.stdout)
+
+
+def flag_value_counts(checkout: str | os.PathLike, *, python: str | None = None,
+                      timeout: float = 600) -> dict[str, int]:
+    """``--flags`` in a subprocess of ``python``: each flag of the checkout's parser that needs
+    values, with the least number it takes."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+               NO_VCS_VERSION="1")
+    completed = subprocess.run(
+        [python or sys.executable, "-m", "launch.megatron_check", "--megatron-lm", str(checkout), "--flags"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=timeout)
+    if completed.returncode != 0:
+        raise RuntimeError(f"launch.megatron_check --flags failed ({completed.returncode}): {completed.stderr[-3000:]}")
     return json.loads(completed.stdout)
 
 
@@ -214,6 +234,26 @@ def _run_case(case: dict) -> dict:
         os.environ.update(saved_env)
 
 
+def value_counts() -> dict[str, int]:
+    """Every option string of the parser ``parse_args`` builds (megatron/training/arguments.py:
+    ``add_megatron_arguments`` on an ``ArgumentParser(allow_abbrev=False)``) whose action needs
+    values, with the least number it takes: 1 for a single value (nargs None) or nargs='+', N for
+    nargs=N. Switches (store_true, store_false, BooleanOptionalAction) and nargs '?' or '*' take
+    none at least, and are left out. pretrain_gpt.py's ``extra_args_provider`` (ModelOpt's flags,
+    only where nvidia-modelopt is installed) is not added: its flags are not checked."""
+    import argparse
+
+    from megatron.training import arguments
+
+    parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    counts = {}
+    for action in parser._actions:  # argparse keeps no public list of its actions
+        least = action.nargs if isinstance(action.nargs, int) else 1 if action.nargs in (None, "+") else 0
+        if least and action.option_strings:
+            counts.update((flag, least) for flag in action.option_strings if flag.startswith("--"))
+    return dict(sorted(counts.items()))
+
+
 def _remember_field_docstrings() -> None:
     """core_v0.19.0's parse_args builds its argument groups from dataclasses and reads each
     field's help text from the class's source (ArgumentGroupFactory._get_field_docstrings:
@@ -245,14 +285,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device-arch", type=int, default=9, help="The GPU architecture validate_args sees.")
     parser.add_argument("--serve", action="store_true",
                         help="Read one JSON array of cases per line and answer each with one line of results.")
+    parser.add_argument("--flags", action="store_true",
+                        help="Print the flags that need values (a JSON object: flag -> least number) and exit.")
     options = parser.parse_args(argv)
     global _RULES
     from launch.megatron_versions import of_checkout
 
     checkout = Path(options.megatron_lm)
     _RULES = of_checkout(checkout)
-    cases = None if options.serve else json.load(sys.stdin)
+    cases = None if options.serve or options.flags else json.load(sys.stdin)
     sys.path.insert(0, str(checkout.resolve()))
+    if options.flags:
+        with contextlib.redirect_stdout(sys.stderr):  # Megatron prints as it imports
+            counts = value_counts()
+        json.dump(counts, sys.stdout)
+        return 0
     with contextlib.redirect_stdout(sys.stderr):
         from megatron.training import arguments, utils
 

@@ -15,7 +15,11 @@ line each, so that every problem of a setup is named at once:
   ``--transformer-impl local``: ``--tp-comm-overlap`` (userbuffers, ``initialize_ub``), FP8
   (``--fp8-format``: TE's autocast), CP > 1 (megatron-core's ``DotProductAttention`` asserts
   ``context_parallel_size == 1``, "Context parallelism is only supported by
-  TEDotProductAttention!", when the model is built, 40-50 s into the run, on every rank);
+  TEDotProductAttention!", when the model is built, 40-50 s into the run, on every rank). Its
+  import is checked only where the ranks run here: a Slurm login node often lacks TE (no GPU, an
+  environment of its own), so for ``sbatch`` the job's ranks check it on their nodes instead
+  (``launch.entry --check-transformer-engine``: at most one line per node and exit status 2
+  before Megatron starts), and this node's lack of it is a note;
 - data and tokenizer files: each ``--data-path`` prefix has its ``.bin`` and ``.idx`` (Megatron's
   ``IndexedDataset``), the tokenizer's files exist;
 - the directories a run writes (``--save``, ``--tensorboard-dir``, ``--wandb-save-dir``, the
@@ -64,7 +68,8 @@ class Setup:
     gpus_per_node: int
     profile_dir: Path | None = None
     gpus_here: bool = True
-    """Whether the ranks run on this node (torchrun, check) or elsewhere (sbatch: on the job's nodes)."""
+    """Whether the ranks run on this node (torchrun, check) or elsewhere (sbatch: on the job's nodes):
+    elsewhere, neither this node's GPUs nor its Transformer Engine is checked."""
     elsewhere_option: str | None = None
     """The command's option that says the ranks run elsewhere (check: --no-gpus-here), named
     where this node has no GPUs."""
@@ -89,7 +94,7 @@ def python_problems(setup: Setup, running: tuple[int, int] | None = None) -> lis
     return []
 
 
-def _importable(name: str) -> bool:
+def importable_module(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):  # a parent package absent, or a broken module in sys.modules
@@ -102,7 +107,7 @@ def _builds_dataset_helpers(checkout: Path) -> bool:
     return (datasets / "Makefile").is_file() and not any(datasets.glob("helpers_cpp*"))
 
 
-def import_problems(setup: Setup, importable: Callable[[str], bool] = _importable) -> list[str]:
+def import_problems(setup: Setup, importable: Callable[[str], bool] = importable_module) -> list[str]:
     """Each module the release imports at run time that this Python cannot import."""
     problems = [f"cannot import {module} ({setup.rules.name} imports it at run time{why}): {INSTALL}"
                 for module, why in setup.rules.imports if not importable(module)]
@@ -153,7 +158,22 @@ def gpu_problems(setup: Setup, report: Report, found: int | None) -> list[str]:
     return []
 
 
-def transformer_engine_problems(setup: Setup, importable: Callable[[str], bool] = _importable) -> list[str]:
+def uses_transformer_engine(args) -> bool:
+    """Whether ``args`` run Megatron-LM's Transformer Engine modules (``--transformer-impl
+    transformer_engine``, its default; the last one given wins, as argparse keeps it)."""
+    return (flag_values(args).get("--transformer-impl") or ("transformer_engine",))[0] == "transformer_engine"
+
+
+def transformer_engine_import_problem(args, where: str = "") -> str:
+    """The line for a missing ``transformer_engine`` that ``args`` need (``where``: the node, for
+    a rank's message)."""
+    given = "--transformer-impl transformer_engine" if "--transformer-impl" in flag_values(args) else \
+        "Megatron-LM's default --transformer-impl transformer_engine"
+    return (f"cannot import transformer_engine{where}, which {given} needs: install Transformer Engine, or add "
+            "--transformer-impl local after -- (megatron-core's own modules; no CP > 1, FP8 or TP overlap)")
+
+
+def transformer_engine_problems(setup: Setup, importable: Callable[[str], bool] = importable_module) -> list[str]:
     values = flag_values(setup.args)
     impl = (values.get("--transformer-impl") or ("transformer_engine",))[0]
     if impl == "local":
@@ -163,12 +183,18 @@ def transformer_engine_problems(setup: Setup, importable: Callable[[str], bool] 
         return [f"{use} needs Transformer Engine, and the launch has --transformer-impl local: Megatron-LM refuses "
                 f"it on every rank after start-up; drop --transformer-impl local and install Transformer Engine"
                 for use in uses]
-    if impl == "transformer_engine" and not importable("transformer_engine"):
-        given = "--transformer-impl transformer_engine" if "--transformer-impl" in values else \
-            "Megatron-LM's default --transformer-impl transformer_engine"
-        return [f"cannot import transformer_engine, which {given} needs: install Transformer Engine, or add "
-                "--transformer-impl local after -- (megatron-core's own modules; no CP > 1, FP8 or TP overlap)"]
+    if impl == "transformer_engine" and setup.gpus_here and not importable("transformer_engine"):
+        return [transformer_engine_import_problem(setup.args)]
     return []
+
+
+def transformer_engine_note(setup: Setup, importable: Callable[[str], bool] = importable_module) -> str | None:
+    """Where the ranks run elsewhere: that this node lacks the Transformer Engine they need, as a
+    note (the nodes that run them are what matters; sbatch's job checks it there)."""
+    if setup.gpus_here or not uses_transformer_engine(setup.args) or importable("transformer_engine"):
+        return None
+    return ("transformer_engine is not importable on this node, where no rank runs: the job's nodes need it "
+            "(advisor-launch sbatch's script checks it there before Megatron starts)")
 
 
 def data_problems(setup: Setup) -> list[str]:
@@ -241,6 +267,8 @@ def preflight(setup: Setup, *, gpus_found: int | None | Callable[[], int | None]
     report.problems += import_problems(setup)
     report.problems += gpu_problems(setup, report, found if setup.gpus_here else None)
     report.problems += transformer_engine_problems(setup)
+    if (note := transformer_engine_note(setup)) is not None:
+        report.notes.append(note)
     report.problems += data_problems(setup)
     report.problems += directory_problems(setup)
     return report

@@ -1,0 +1,118 @@
+"""A Megatron-LM flag after '--' that needs a value must have one (launch.arguments.check_values,
+the table launch.megatron_flags keeps from each release's own parser).
+
+``--lr`` with nothing after it was passed through (and even silenced the launcher's "no learning
+rate" warning); Megatron's argparse then refused the command on every rank at start-up. Now it
+is one line, exit status 2, before anything is printed or written. What takes no value (switches,
+nargs '*'), several values (nargs '+'), negative numbers and ``--flag=value`` pass as before."""
+
+import json
+
+import pytest
+from launch_support import launcher, sweep_file
+from megatron_real import checkout as real_checkout
+
+from conftest import ROOT
+from advisor.errors import AdvisorError
+from launch.arguments import check_values
+from launch.megatron_versions import VERSIONS, named
+
+CORE_15, CORE_19 = named("0.15"), named("0.19")
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    from conftest import Invoker
+
+    return sweep_file(Invoker(), tmp_path_factory.mktemp("sweep") / "sweep.json", "--gpus", "8", "--mem", "80")
+
+
+def refused(*args: str) -> str:
+    """The one error line of an advisor-launch command that must fail before anything starts."""
+    result = launcher()(*args, expect=2)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert result.stdout == "" and "Traceback" not in result.output
+    return lines[0]
+
+
+def test_a_learning_rate_without_its_value_is_refused(sweep, tmp_path):
+    line = refused("torchrun", "--from", sweep, "--mock-data", "--megatron-version", "0.15", "--dry-run", "--",
+                   "--train-iters", "20", "--lr")
+    assert line.startswith("Error: --lr (after --) needs a value and nothing follows it") and "core 0.15" in line
+    # before another flag: that flag is named, and it was not read as --lr's value
+    line = refused("torchrun", "--from", sweep, "--mock-data", "--dry-run", "--", "--lr", "--train-iters", "20")
+    assert "--lr (after --) needs a value and --train-iters follows it" in line and "core 0.19" in line
+    # every such flag at once; sbatch writes no script
+    script = tmp_path / "job.sh"
+    line = refused("sbatch", "--from", sweep, "--mock-data", "--dry-run", "-o", script, "--", "--lr", "--train-iters")
+    assert "--lr (after --) needs a value and --train-iters follows it; --train-iters (after --) needs a value and " \
+           "nothing follows it" in line
+    assert not script.exists()
+    # an empty --flag= is no value either (argparse would read '' and fail on float(''))
+    assert "--lr (after --) needs a value" in refused("args", "--from", sweep, "--", "--lr=")
+
+
+def test_what_takes_no_value_or_several_or_a_negative_one_passes_unchanged(sweep):
+    extras = ["--lr", "-1", "--adam-eps", "1e-8", "--log-throughput", "--train-iters=5", "--data-path", "a", "b", "c",
+              "--split", "99,1,0", "--exit-signal-handler", "--min-lr", "-0.5"]
+    for release in ("0.15", "0.19"):
+        shown = launcher()("args", "--from", sweep, "--megatron-version", release, "--format", "json", "--", *extras)
+        assert json.loads(shown.stdout)[-len(extras):] == extras
+    # nargs '*' (argparse accepts --data-path alone) and a flag the parser lacks (Megatron's own
+    # "unrecognized arguments") are not this check's to refuse
+    for alone in (["--data-path"], ["--no-such-megatron-flag"], ["--lr", "3e-4", "--data-path"]):
+        assert launcher()("args", "--from", sweep, "--format", "json", "--", *alone)
+
+
+def test_counts_and_releases_differ_as_their_parsers_do():
+    # core_v0.19.0: --rampup-batch-size takes nargs=3; core_v0.15.2 nargs='*'
+    with pytest.raises(AdvisorError, match=r"--rampup-batch-size \(after --\) needs 3 values, got 2"):
+        check_values(CORE_19, ["--rampup-batch-size", "16", "16"])
+    check_values(CORE_15, ["--rampup-batch-size", "16", "16"])
+    check_values(CORE_19, ["--rampup-batch-size", "16", "16", "1000"])
+    # --recompute-modules: nargs '+' in core_v0.19.0 (one value at least), '*' in core_v0.15.2
+    with pytest.raises(AdvisorError, match="--recompute-modules"):
+        check_values(CORE_19, ["--recompute-modules", "--lr", "1"])
+    check_values(CORE_15, ["--recompute-modules", "--lr", "1"])
+    # a switch is followed by the next flag, not by a value
+    check_values(CORE_19, ["--bf16", "--use-distributed-optimizer", "--lr", "1"])
+
+
+def test_every_release_the_launcher_knows_has_its_table():
+    from launch.megatron_flags import table_source, values_needed
+
+    for rules in VERSIONS:
+        needs = values_needed(rules)
+        assert needs["--lr"] == needs["--train-iters"] == needs["--data-args-path"] == 1, rules.name
+        assert "--bf16" not in needs and "--data-path" not in needs and "--no-load-optim" not in needs
+    # the committed file is the generator's output (no hand edits): with the real parsers' counts
+    # (the next test) it is what regenerating would write
+    table = ROOT / "launch" / "megatron_flag_table.py"
+    assert table.read_text() == table_source({rules.release: values_needed(rules) for rules in VERSIONS},
+                                             {rules.release: rules.checked for rules in VERSIONS})
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_the_table_is_what_the_releases_own_parser_says(tag):
+    """The committed table against the checkout's parser (megatron_check --flags); on a mismatch,
+    regenerate it (python -m launch.megatron_flags, see its docstring)."""
+    from launch.megatron_check import flag_value_counts
+    from launch.megatron_flags import values_needed
+    from launch.megatron_versions import of_checkout
+
+    release = real_checkout(tag)
+    rules = of_checkout(release.path)
+    assert values_needed(rules) == flag_value_counts(release.path, python=release.python)
+
+
+def test_megatron_itself_refuses_a_flag_without_its_value():
+    """The premise, on the real core_v0.15.2: its argparse stops at --lr alone, or before a flag."""
+    from launch.megatron_check import validate
+
+    release = real_checkout("core_v0.15.2")
+    results = validate(release.path, [{"args": ["--num-layers", "2", "--lr"], "world_size": 1},
+                                      {"args": ["--lr", "--train-iters", "5"], "world_size": 1}],
+                       python=release.python)
+    for result in results:
+        assert not result["ok"] and "argument --lr: expected one argument" in result["error"], result
