@@ -28,6 +28,11 @@ def judged_threshold(memory_model: str, threshold: float) -> float | None:
     return threshold if memory_model == "paper" else None
 
 
+def percent(fraction: float) -> str:
+    """A --threshold as given, in percent: 80%, 87.5% (not rounded to 88%, a rule it is not)."""
+    return f"{round(fraction * 100, 2):g}%"
+
+
 def classify(total_gib: float, memory_gib: float, threshold: float = DEFAULT_THRESHOLD) -> Verdict:
     if total_gib <= threshold * memory_gib:
         return "fits"

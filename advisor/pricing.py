@@ -35,7 +35,7 @@ def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, thresh
         **SweepRow(parallel, workload.num_microbatches(parallel), result, mem or None, verdict, options=options,
                    assessment=assessment, timing=timing, training=training).to_dict(),
         "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
-        "options": training.changed(), "memory_model": memory_model,
+        "options": training.changed(), "memory_gib": mem or None, "memory_model": memory_model,
         "threshold": judged_threshold(memory_model, threshold), "gpu": gpu.name if gpu else None,
         "megatron_args": megatron_args(spec, workload.seq_len, tp=parallel.tp, cp=parallel.cp,
                                        layers_per_stage=result.layers, micro_batch_size=parallel.mbs,

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from megatron_real import CUDA_ON_CPU, SHARED
@@ -220,3 +221,11 @@ def test_a_launch_script_core_015_would_fail_on_is_named(advisor, tmp_path):
     line = advisor.error("estimate", "--from-command", script, "--mem", 80, "--megatron-version", "0.15")
     assert "--recompute-num-layers 3 with model chunks of 8 layers" in line
     assert advisor.json("estimate", "--from-command", script, "--mem", 80)["recompute_num_layers"] == 3
+
+
+def test_with_from_command_the_recompute_flags_are_the_commands(advisor):
+    """A lone --recompute-num-layers beside --from-command is the command's to give, not a half
+    recomputation to complete (the user was told to add --recompute-method, then refused for it)."""
+    command = Path(__file__).parent / "data" / "logs" / "core_v0.15.2_cpu_pp2.command"
+    line = advisor.error("estimate", "--from-command", command, "--mem", 80, "--recompute-num-layers", 4)
+    assert "comes from the command with --from-command" in line and "needs --recompute-method" not in line

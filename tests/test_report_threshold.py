@@ -1,7 +1,7 @@
 """A sweep's rows record the --threshold its paper-rule verdicts were judged by, and 'advisor report'
 draws and names the rule at it: a sweep saved with --threshold 0.9 was drawn at the default 80%,
-its 'fits' rows above the line the page said they had to stay under. Files saved before the rows
-recorded it, and estimates, fall back to the default."""
+its 'fits' rows above the line the page said they had to stay under. Estimates record it too;
+files saved before either did fall back to the default."""
 
 import json
 import re
@@ -95,13 +95,13 @@ def test_the_page_of_a_saved_sweep_uses_its_threshold(invoke, dense_rows, tmp_pa
     invoke("report", "--from", saved, "-o", page)
     text = page.read_text()
     assert "90% (--threshold)" in text and "(4D paper)" not in text
-    assert _assumed_rule(text).startswith("the 4D paper&#x27;s: fits &lt;= 90% of memory (the --threshold the file records)")
+    assert _assumed_rule(text).startswith("the 4D paper&#x27;s: fits &lt;= 90% of memory (the rows&#x27; --threshold)")
     old = tmp_path / "old.json"  # saved before the rows recorded it
     old.write_text(json.dumps([{k: v for k, v in row.items() if k != "threshold"} for row in dense_rows]))
     invoke("report", "--from", old, "-o", page)
     text = page.read_text()
     assert "80% (4D paper)" in text and "(--threshold)" not in text
-    assert "fits &lt;= 80% of memory (the default; this file does not record --threshold)" in _assumed_rule(text)
+    assert "fits &lt;= 80% of memory (the default; these rows do not record --threshold)" in _assumed_rule(text)
 
 
 @pytest.mark.parametrize("value, shown", [(5, "5"), (0, "0"), (-0.5, "-0.5"), ("0.9", "'0.9'"), (True, "True")])
@@ -132,4 +132,9 @@ def test_a_saved_moe_estimate_is_drawn_at_its_threshold(invoke, tmp_path):
     assert detail.threshold_gib == pytest.approx(0.9 * 80) and detail.threshold_label == "90% (--threshold)"
     dense = json.loads(invoke("estimate", "--tp", "2", "--gpus", "8", "--mem", "80", "--threshold", "0.9",
                               "--format", "json").stdout)
-    assert dense["threshold"] == 0.9
+    assert dense["threshold"] == 0.9 and dense["memory_gib"] == 80
+    drawn = layout_detail(dense)
+    assert drawn.threshold_gib == pytest.approx(0.9 * 80) and drawn.memory_gib == 80
+    calibrated = json.loads(invoke("estimate", "--tp", "2", "--gpus", "8", "--gpu", "h100-80gb",
+                                   "--format", "json").stdout)
+    assert layout_detail(calibrated).model_name == "calibrated"  # it was drawn as Eq. 18: no memory_gib

@@ -69,13 +69,14 @@ def setup_line(spec, workload, gpus: int, mem: float, threshold: float, options,
     (``changed_args``), and the lever the rows use because nothing fit without it
     (``advisor.escalation``; the title said nothing of it)."""
     from advisor.options.flags import changed_args
+    from advisor.paper_rule import percent
 
     changed = changed_args(options)
     extras = f"; {changed}" if changed else ""
     if lever:
         extras += f"; the rows use {lever.partition(' (')[0]}, as nothing fits without it"
     where = f"{gpus} x {gpu.name} ({mem:g} GiB, {gpu.gpus_per_node}/node)" if gpu else f"{gpus} GPUs x {mem:g} GiB"
-    rule = (f"fits <= {threshold * mem:.1f} GiB ({threshold:.0%})" if memory_model == "paper"
+    rule = (f"fits <= {threshold * mem:.1f} GiB ({percent(threshold)})" if memory_model == "paper"
             else "calibrated memory model" if memory_model == "calibrated"
             else "calibrated memory model with profiled activations")
     return (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {where}, {rule}, "

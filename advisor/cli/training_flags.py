@@ -242,8 +242,10 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
             searchable and (recompute_method is not None or recompute_num_layers is not None))
         if recompute != "full" and pinned and not kwargs.get("from_command"):
             raise InputError("--recompute-method and --recompute-num-layers need --recompute full")
-        if not searchable:
+        if not searchable and not kwargs.get("from_command"):  # the command's own are read there
             fixed.update(_method_and_layers(recompute_method, recompute_num_layers))
+        elif not searchable:
+            fixed.update(recompute_method=recompute_method or "uniform", recompute_num_layers=recompute_num_layers or 1)
         offload_searched = False
         if searchable:
             from advisor.space import SpaceOptions

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from advisor.memory import GIB
-from advisor.paper_rule import DEFAULT_THRESHOLD
+from advisor.paper_rule import DEFAULT_THRESHOLD, percent
 from advisor.report.inputs import number, row_options, row_spec
 
 SEGMENTS = ("weights", "gradients", "optimizer", "layer activations", "embedding activations",
@@ -41,26 +41,21 @@ class LayoutDetail:
     forward_s: list[float] | None
     backward_s: list[float] | None
     """Each rank's forward and backward time per microbatch (all its chunks)."""
-    threshold_label: str = f"{DEFAULT_THRESHOLD:.0%} (4D paper)"
-    """What the threshold line is: the paper's rule (``threshold_label``), or a time plan's
-    limit per stage."""
+    threshold_label: str
+    """What the threshold line is: the paper's rule (``rule_label``), or a time plan's limit per
+    stage."""
 
 
 def paper_threshold(row: dict) -> float:
     """The fraction of the memory under which the paper's rule judged ``row`` 'fits': the
-    'threshold' a sweep's rows record (its --threshold), else the default, as for a file saved
-    before the rows recorded it (or an estimate, which does not); checked in (0, 1] by
+    'threshold' a sweep's rows and an estimate record (its --threshold), else the default, as for
+    a file saved before they recorded it; checked in (0, 1] by
     ``advisor.report.inputs``."""
     recorded = number(row, "threshold")
     return DEFAULT_THRESHOLD if recorded is None else recorded
 
 
-def percent(fraction: float) -> str:
-    """A --threshold as given, in percent: 80%, 87.5% (not rounded to 88%, a rule it is not)."""
-    return f"{round(fraction * 100, 2):g}%"
-
-
-def threshold_label(threshold: float) -> str:
+def rule_label(threshold: float) -> str:
     """The line's name: the paper's own 80%, or another --threshold."""
     return f"{percent(threshold)} ({'4D paper' if threshold == DEFAULT_THRESHOLD else '--threshold'})"
 
@@ -129,7 +124,7 @@ def layout_detail(row: dict) -> LayoutDetail:
                         num_microbatches=workload.num_microbatches(parallel) or 1, memory_gib=memory,
                         threshold_gib=threshold, stages=_stage_segments(estimate, calibrated),
                         model_name="calibrated" if calibrated is not None else "Eq. 18", time_parts=parts,
-                        forward_s=forward, backward_s=backward, threshold_label=threshold_label(fraction))
+                        forward_s=forward, backward_s=backward, threshold_label=rule_label(fraction))
 
 
 def _moe_detail(row: dict) -> LayoutDetail:
@@ -148,7 +143,7 @@ def _moe_detail(row: dict) -> LayoutDetail:
                         threshold_gib=fraction * memory if memory and not calibrated else None,
                         stages=stages, model_name="calibrated MoE" if calibrated else "MoE",
                         time_parts=row.get("time_parts"), forward_s=None, backward_s=None,
-                        threshold_label=threshold_label(fraction))
+                        threshold_label=rule_label(fraction))
 
 
 def _times(row, spec, parallel, workload, layers, training):

@@ -11,8 +11,9 @@ import hashlib
 import html
 from dataclasses import asdict
 
+from advisor.paper_rule import percent
 from advisor.report import figures
-from advisor.report.details import LayoutDetail, paper_threshold, percent, plan_detail
+from advisor.report.details import LayoutDetail, paper_threshold, plan_detail
 from advisor.report.inputs import ReportInput, number, row_options, row_spec
 from advisor.report.schedule_figure import schedule
 from advisor.report.table import (
@@ -72,16 +73,18 @@ def assumptions(report: ReportInput, first: dict, shared: dict) -> str:
         pairs.append(("estimator options (all)", asdict(row_options(first))))
     if first.get("memory_model", "paper") == "paper" and report.kind != "plan":
         pairs.append(("verdict rule", _paper_rule(first)))
-    pairs += [(f"{key} (every row)", value) for key, value in shared.items() if key not in dict(pairs)]
+    # the threshold is in the verdict rule above, where it judged; elsewhere it is null
+    pairs += [(f"{key} (every row)", value) for key, value in shared.items()
+              if key not in dict(pairs) and key != "threshold"]
     pairs += [("advisor version", _version()), *_calibration()]
     return key_value_table(pairs, "The question and every assumption", "assumptions")
 
 
 def _paper_rule(first: dict) -> str:
     """The paper's rule as the rows were judged by it: their recorded --threshold, or the default
-    where the file does not record one (saved before sweeps did, or an estimate)."""
-    given = ("the --threshold the file records" if first.get("threshold") is not None
-             else "the default; this file does not record --threshold")
+    where they do not record one (saved before sweeps and estimates did)."""
+    given = ("the rows' --threshold" if first.get("threshold") is not None
+             else "the default; these rows do not record --threshold")
     return f"the 4D paper's: fits <= {percent(paper_threshold(first))} of memory ({given}), tight <= 100%, oom"
 
 
