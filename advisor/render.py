@@ -230,8 +230,9 @@ def to_table(
     width: int | None = None,
 ) -> str:
     """A table no wider than ``width`` (default ``terminal_width()``; ``--wide``: unbounded):
-    columns are left out by their ``drop`` until it fits (never the first, nor one to ``keep``),
-    and the caption names them; a column left out leaves its ``fold`` in another."""
+    columns are left out by their ``drop`` until it fits (never one to ``keep``, and the first
+    only where the ones to keep fill the width without padding), and the caption names them; a
+    column left out leaves its ``fold`` in another."""
     from rich.console import Console
 
     limit = None if WIDE and width is None else (width or terminal_width())
@@ -267,6 +268,8 @@ def _fitted(columns: Sequence[Column], cells: list[list[str]], folds: dict[int, 
             # (drop, position, is a fold's text, index): a fold's text stands where its column did
             droppable = [(columns[i].drop, i, False, i) for i in kept[1:] if not columns[i].keep]
             droppable += [(columns[i].fold.drop, i, True, i) for i in full if i not in kept]
+            if not droppable and padding == 0 and len(kept) > 1 and not columns[kept[0]].keep:
+                droppable = [(0, 0, False, kept[0])]  # the last resort: the first column, not a '…' header
             if not droppable:
                 break
             *_, text, i = max(droppable)

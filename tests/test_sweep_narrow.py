@@ -106,6 +106,16 @@ def test_the_layout_is_never_left_out(advisor, monkeypatch, args, layout, column
     assert hidden and not {h.strip() for h in hidden.split(",")} & set(layout)
 
 
+@pytest.mark.parametrize("args, columns", [(DEFAULT, 20), (DEFAULT, 22), (MOE, 25), (MOE, 29)])
+def test_below_thirty_columns_the_rank_goes_before_a_header_is_cut(advisor, monkeypatch, args, columns):
+    """Where the layout alone fills the width without padding, the rank (no part of the layout)
+    is left out rather than rich cutting the layout's headers to '…' ('┃r…┃…┃M…┃' at 20)."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    text = advisor(*args, "--top", 3).stdout
+    assert "…" not in text and "┃TP┃" in text and "rank" not in text.split("┃TP┃")[0][-20:]
+    assert max(len(line) for line in text.splitlines()) <= columns
+
+
 def test_60_columns_keep_the_recomputation_with_the_layout(advisor, monkeypatch):
     """What is launched before how fast it runs: TFLOP/s goes before the recomputation."""
     headers, _, caption = _show(advisor, monkeypatch, 60, *DEFAULT, "--top", 8)
