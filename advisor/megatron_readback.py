@@ -464,6 +464,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
 
         spec = readback.moe_spec(spec, moe_values)
         impl = _last_value(rest, "--transformer-impl") or "transformer_engine"
+        options, unpriced = _moe_local_attention(options, unpriced, rest, impl)
         moe, moe_unpriced = readback.read(moe_values, layout.tp, options.recomputation.recompute,
                                           recompute_method=_last_value(rest, "--recompute-method"),
                                           recompute_num_layers=_last_value(rest, "--recompute-num-layers"),
@@ -516,6 +517,19 @@ def _refuse_unexpanded(parsed: ParsedArguments) -> None:
     for name, value in values:
         if (problem := _unexpanded_problem(name, value)) is not None:
             raise AdvisorError(problem)
+
+
+def _moe_local_attention(options, unpriced: list[str], rest: list[str], impl: str):
+    """(options, unpriced) of an MoE command on --transformer-impl local: its attention is
+    megatron-core's unfused DotProductAttention, which the MoE model does not price; named as
+    not priced and priced as flash attention, unless the command asks for unfused attention
+    itself (then refused, as any unfused MoE attention)."""
+    backend = _last_value(rest, "--attention-backend") or "auto"
+    if impl != "local" or options.attention.flash_attention or backend in ("unfused", "local"):
+        return options, unpriced
+    note = ("--transformer-impl local (megatron-core's own attention, unfused: priced as flash attention, which "
+            "the MoE model assumes)")
+    return options.with_(flash_attention=True), [*unpriced, note]
 
 
 def _softmax_fusion_note(rest: list[str], options) -> list[str]:

@@ -170,7 +170,8 @@ def transformer_engine_import_problem(args, where: str = "") -> str:
     given = "--transformer-impl transformer_engine" if "--transformer-impl" in flag_values(args) else \
         "Megatron-LM's default --transformer-impl transformer_engine"
     return (f"cannot import transformer_engine{where}, which {given} needs: install Transformer Engine, or add "
-            "--transformer-impl local after -- (megatron-core's own modules; no CP > 1, FP8 or TP overlap)")
+            "--transformer-impl local after -- (megatron-core's own modules: unfused attention, as advisor "
+            "estimate prices it, and no CP > 1, FP8 or TP overlap)")
 
 
 def transformer_engine_problems(setup: Setup, importable: Callable[[str], bool] = importable_module) -> list[str]:

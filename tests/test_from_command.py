@@ -483,13 +483,15 @@ _SMALL = (f"{_MOE} --num-experts 8 --disable-bias-linear --swiglu --normalizatio
     ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend ncclep",
      "--moe-flex-dispatcher-backend ncclep (NCCL's EP all-to-all, priced as DeepEP's)"),
     ("--no-masked-softmax-fusion --transformer-impl local",
-     "--no-masked-softmax-fusion (megatron-core's own attention's softmax unfused, not priced)"),
+     ["--no-masked-softmax-fusion (megatron-core's own attention's softmax unfused, not priced)",
+      "--transformer-impl local (megatron-core's own attention, unfused: priced as flash attention, which the "
+      "MoE model assumes)"]),
 ])
 def test_moe_flags_that_change_nothing_are_silent_and_the_rest_named(flags, note):
     # EP 2: the flex dispatcher needs EP x ETP > 1 (megatron-core's MoEFlexTokenDispatcher asserts it)
     estimate = invoke(["estimate", "--from-command", "-", "--gpus", "2", "--mem", "80", "--vocab-size", "1000",
                        "--format", "json"], stdin=f"{_SMALL} --moe-grouped-gemm --expert-model-parallel-size 2 {flags}\n")
-    assert estimate["unpriced"] == ([note] if note else [])
+    assert estimate["unpriced"] == (note if isinstance(note, list) else [note] if note else [])
 
 
 @pytest.mark.parametrize("flags, sms", [
@@ -540,3 +542,25 @@ def test_compare_best_shows_the_memory_the_sweep_judged():
     line = next(line for line in result.stdout.splitlines() if line.startswith("best sweep row"))
     assert f"{best['usage_gib']:.1f} GiB, {best['verdict']}" in line
     assert "x as long)" in line
+
+
+_DENSE_8B = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
+             "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --seq-length 8192 "
+             "--max-position-embeddings 8192 --swiglu --disable-bias-linear --normalization RMSNorm "
+             "--position-embedding-type rope --untie-embeddings-and-output-weights --attention-dropout 0 "
+             "--hidden-dropout 0 --bf16 --tensor-model-parallel-size 2 --sequence-parallel "
+             "--use-distributed-optimizer --micro-batch-size 1 --global-batch-size 64 --vocab-size 128256")
+
+
+def test_transformer_impl_local_is_priced_as_the_unfused_attention_it_builds():
+    """megatron-core's local spec builds DotProductAttention (models/backends.py,
+    LocalSpecProvider.core_attention), which computes every score: it was priced as flash
+    attention, 'fits' at 56 GiB where the unfused attention it runs is oom."""
+    def estimate(flags):
+        return invoke(["estimate", "--from-command", "-", "--gpu", "h100-80gb", "--format", "json"],
+                      stdin=f"{_DENSE_8B} {flags}\n")
+
+    local, unfused, flash = (estimate("--transformer-impl local"), estimate("--attention-backend unfused"),
+                             estimate("--use-flash-attn"))
+    assert (local["total_gib"], local["step_time_s"]) == (unfused["total_gib"], unfused["step_time_s"])
+    assert local["total_gib"] > flash["total_gib"] + 20 and local["verdict"] == "oom" != flash["verdict"]

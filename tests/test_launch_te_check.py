@@ -118,7 +118,8 @@ def test_where_the_ranks_run_here_te_is_still_checked_here(job, tmp_path, monkey
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
         assert errors == [f"Error: {NO_TE}, which Megatron-LM's default --transformer-impl transformer_engine needs: "
                           "install Transformer Engine, or add --transformer-impl local after -- (megatron-core's own "
-                          "modules; no CP > 1, FP8 or TP overlap)"], result.stderr
+                          "modules: unfused attention, as advisor estimate prices it, and no CP > 1, FP8 or TP "
+                          "overlap)"], result.stderr
     assert started == []
     # check --no-gpus-here prepares a job for other nodes: a note, not an error
     result = launcher()("check", *common, "--no-gpus-here", "--", *extras)

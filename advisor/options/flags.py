@@ -313,7 +313,11 @@ def _attention(values: dict) -> Attention:
     backend = _last(values, "--attention-backend", "auto")
     if backend not in ("auto", "flash", "fused", "unfused", "local"):
         raise AdvisorError(f"--attention-backend must be one of auto, flash, fused, unfused, local, got {backend!r}")
-    flash = backend not in ("unfused", "local")
+    # --transformer-impl local builds megatron-core's own DotProductAttention, which computes every
+    # score (core_v0.15.2 models/backends.py, LocalSpecProvider.core_attention): unfused, whatever
+    # --attention-backend says
+    local = _last(values, "--transformer-impl", "transformer_engine") == "local"
+    flash = backend not in ("unfused", "local") and not local
     if "--no-create-attention-mask-in-dataloader" in values:
         mask = "off"
     elif {"--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss"} & set(values):
