@@ -212,11 +212,19 @@ WIDE = False
 
 
 def terminal_width() -> int:
-    """``$COLUMNS`` where it is a sensible width, else 100 (a pipe or an unset variable)."""
+    """``$COLUMNS`` where it is a sensible width; else the terminal's own width where stdout is
+    one (interactive shells seldom export COLUMNS); else 100 (a pipe, a file)."""
     import os
+    import sys
 
     text = os.environ.get("COLUMNS", "")
-    return int(text) if text.isdigit() and 20 <= int(text) <= 10_000 else DEFAULT_WIDTH
+    if text.isdigit() and 20 <= int(text) <= 10_000:
+        return int(text)
+    try:
+        columns = os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 0
+    except (AttributeError, ValueError, OSError):  # replaced or closed stdout (click's runner, '>&-')
+        columns = 0
+    return columns if 20 <= columns <= 10_000 else DEFAULT_WIDTH
 
 
 def to_table(
