@@ -15,8 +15,9 @@ def check_whole_nodes(gpus: int, gpus_per_node: int) -> None:
     """More GPUs than a node holds come as whole nodes: 8 GPUs on nodes of 3 is no cluster (and
     would cap TP at 2 without a word)."""
     if gpus > gpus_per_node and gpus % gpus_per_node:
-        raise AdvisorError(f"{gpus} GPUs are not whole nodes of {gpus_per_node} (--gpus-per-node): give a multiple "
-                           f"of {gpus_per_node}, or at most one node")
+        raise AdvisorError(f"{gpus} GPUs are not whole nodes of {gpus_per_node}: give a multiple of {gpus_per_node}, "
+                           "at most one node, or the GPUs your nodes hold with --gpus-per-node N (e.g. 64 or 32 of "
+                           "a rack)")
 
 
 def world_size_problem(gpus: int, tp: int, cp: int, pp: int, dp: int, *, key: str = "gpus") -> str | None:

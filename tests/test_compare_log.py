@@ -96,7 +96,7 @@ def test_a_cut_last_iteration_line_is_not_read_and_said(tmp_path):
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert {row["what"]: row for row in document["rows"]}["step time"]["measured"] == 0.9886  # iteration 1 alone
-    assert "1 logged iterations, 2 memory reports" in document["notes"]
+    assert "1 logged iteration, 2 memory reports" in document["notes"]
     assert ("line 697, the last, stops without a line end (a log still being written, or cut): not read"
             in document["notes"])
 
@@ -106,7 +106,7 @@ def test_a_cut_last_memory_line_is_not_read_and_said(tmp_path):
     result = run("compare-log", path, "--from-command", REAL_COMMAND, "--format", "json")
     assert result.exit_code == 0, result.output
     notes = json.loads(result.stdout)["notes"]
-    assert "1 logged iterations, 1 memory reports" in notes
+    assert "1 logged iteration, 1 memory report" in notes
     assert "line 696, the last, stops without a line end (a log still being written, or cut): not read" in notes
 
 

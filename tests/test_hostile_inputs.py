@@ -192,14 +192,14 @@ def test_emulate_without_torch_is_one_line(tmp_path):
 # --- issue 24's hostile inputs -------------------------------------------------------------
 
 ISSUE24 = [  # (arguments, what the line says): each crashed, or was accepted without a word
-    (["sweep", "--gpus", 33, "--gpu", "h100-80gb"], "33 GPUs are not whole nodes of 8 (--gpus-per-node)"),
+    (["sweep", "--gpus", 33, "--gpu", "h100-80gb"], "33 GPUs are not whole nodes of 8: give a multiple of 8"),
     (["sweep", "--gpus", 1048575, "--gpu", "h100-80gb"], "1048575 GPUs are not whole nodes of 8"),
     # on nodes of one GPU no layout exists: the time model's rows were a TypeError in space._rows
     (["sweep", "--gpus", 33, "--gpu", "h100-80gb", "--gpus-per-node", 1], "no valid (TP, CP, PP, MBS) for 33 GPUs"),
     (["sweep", "--gpus", 1023, "--gpu", "h100-80gb", "--gpus-per-node", 1], "no valid (TP, CP, PP, MBS) for 1023"),
     (["sweep", "--gpus", 3, "--num-layers", 1, "--gpu", "h100-80gb", "--gpus-per-node", 4],
      "no valid (TP, CP, PP, MBS) for 3 GPUs"),
-    (SWEEP + ["--gpus-per-node", 3], "8 GPUs are not whole nodes of 3 (--gpus-per-node)"),
+    (SWEEP + ["--gpus-per-node", 3], "8 GPUs are not whole nodes of 3: give a multiple of 3"),
     (["estimate", "--gpus", 8, "--mem", 80, "--gpus-per-node", 3], "8 GPUs are not whole nodes of 3"),
     # N above the layers: block recomputes every layer (both releases run it, tests/test_recompute_layers.py);
     # core 0.15's uniform method fails on it, so no even split is left
@@ -753,7 +753,8 @@ def test_recommend_refuses_gpus_that_are_not_whole_nodes(advisor):
     """16 GPUs on nodes of 3 was planned (exit 0), where sweep and estimate refuse it."""
     for extra in ([], ["--gpu", "h100-80gb"]):
         assert advisor.error("recommend", "--gpus", 16, "--pp", 4, "--gpus-per-node", 3, *extra) == (
-            "Error: 16 GPUs are not whole nodes of 3 (--gpus-per-node): give a multiple of 3, or at most one node")
+            "Error: 16 GPUs are not whole nodes of 3: give a multiple of 3, at most one node, or the GPUs your nodes "
+            "hold with --gpus-per-node N (e.g. 64 or 32 of a rack)")
 
 
 @pytest.mark.parametrize("value,message", [

@@ -68,7 +68,7 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     estimate["stages"] = [stage.to_dict() for stage in result.stages]
     rows = compare(training, estimate, world_size=read.gpus)
     notes = [f"read {read.source}", theoretical_note(training, estimate),
-             f"{len(training.iterations)} logged iterations, {len(training.memory)} memory reports", cut_note(training),
+             _count(len(training.iterations), "logged iteration") + ", " + _count(len(training.memory), "memory report"), cut_note(training),
              unmeasured_note(rows)]
     if run.unpriced:
         notes.append("not priced: " + ", ".join(run.unpriced))
@@ -82,3 +82,7 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
                                caption="\n".join(document["notes"]))
 
     emit_document(document, table, fmt, output)
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"

@@ -147,8 +147,9 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
                        space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens,
                        measured=measured, release=release)
     if result.escalation:
+        cost = "; lever_time_cost_s is its step-time cost" if gpu is not None else ""  # no time model without
         click.echo(f"advisor sweep: nothing fits with the options given; the rows use {result.escalation} "
-                   "(their options and megatron_args say so; lever_time_cost_s is its step-time cost)", err=True)
+                   f"(their options and megatron_args say so{cost})", err=True)
     counts = {verdict: sum(row.verdict == verdict for row in result.rows) for verdict in verdict_kinds(memory_model)}
     selected = [row for row in result.rows if show_all or row.verdict != "oom"]
     if top is None and fmt == "table" and not show_all:
