@@ -15,9 +15,14 @@ from typing import Sequence
 from advisor.errors import AdvisorError
 from advisor.options.releases import release_defaults
 from advisor.options.training import (
-    CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, RECOMPUTE_METHODS, RECOMPUTES, Attention,
-    DataParallel, Loss, Offload, Precision, Recomputation, TensorParallel, TrainingOptions,
+    CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, MEGATRON_CROSS_ENTROPY_KERNEL, RECOMPUTE_METHODS,
+    RECOMPUTES, Attention, DataParallel, Loss, Offload, Precision, Recomputation, TensorParallel, TrainingOptions,
+    megatron_grad_reduce_dtype,
 )
+
+_MEGATRON_PRECISION = Precision()
+"""Its FP8 recipe and amax history are Megatron-LM's defaults (the fields' own): what a flag left
+out reads as, and what a title leaves unsaid."""
 
 
 def te_cross_entropy_problem(options: TrainingOptions, release) -> None:
@@ -43,8 +48,7 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
                            options.recomputation, options.attention, options.offload)
     args = {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float32": []}[p.params_dtype]
     if p.params_dtype != "float32" and p.grad_reduce_dtype == "fp32":
-        # With --bf16 Megatron accumulates and reduces in FP32 unless told otherwise (validate_args);
-        # with --fp16 only when told.
+        # stated even where it is Megatron's default (megatron_grad_reduce_dtype): what the row prices
         args.append("--accumulate-allreduce-grads-in-fp32")
     elif p.grad_reduce_dtype == "bf16":
         args.append("--grad-reduce-in-bf16")
@@ -126,11 +130,11 @@ def changed_args(options: TrainingOptions) -> str:
         words.append("--dataloader-mask cached")
     if o.optimizer_cpu_offload:  # --use-precision-aware-optimizer comes with it (Megatron requires it)
         words.append("--optimizer-cpu-offload")
-        if o.optimizer_offload_fraction != 1:
+        if o.optimizer_offload_fraction != Offload().optimizer_offload_fraction:
             words.append(f"--optimizer-offload-fraction {_number(o.optimizer_offload_fraction)}")
     if options.loss.cross_entropy_fusion != "none":
         words.append("--cross-entropy-loss-fusion")
-        if options.loss.cross_entropy_fusion != "native":  # Megatron's default kernel
+        if options.loss.cross_entropy_fusion != MEGATRON_CROSS_ENTROPY_KERNEL:
             words.append(f"--cross-entropy-fusion-impl {options.loss.cross_entropy_fusion}")
     if (options.vocab_divisible_by or 1) != 1:
         words.append(f"--make-vocab-size-divisible-by {options.vocab_divisible_by}")
@@ -140,16 +144,14 @@ def changed_args(options: TrainingOptions) -> str:
 def _precision_words(p: Precision) -> list[str]:
     """``changed_args``'s words for the number formats."""
     words = {"bfloat16": [], "float16": ["--fp16"], "float32": ["no --bf16"]}[p.params_dtype]
-    # Megatron's reduction dtype unless told: FP32 with --bf16, FP16 with --fp16
-    # (megatron/training/arguments.py, validate_args)
-    if p.grad_reduce_dtype != ("fp16" if p.params_dtype == "float16" else "fp32"):
+    if p.grad_reduce_dtype != megatron_grad_reduce_dtype(p.params_dtype):
         words.append("--grad-reduce-in-bf16" if p.grad_reduce_dtype == "bf16"
                      else "--accumulate-allreduce-grads-in-fp32")
     if p.fp8_format is not None:
         words.append(f"--fp8-format {p.fp8_format}")
-        if p.fp8_recipe != "delayed":  # Megatron's default recipe and amax history go unsaid
+        if p.fp8_recipe != _MEGATRON_PRECISION.fp8_recipe:  # Megatron's default recipe and amax history go unsaid
             words.append(f"--fp8-recipe {p.fp8_recipe}")
-        if p.fp8_amax_history_len != 1:
+        if p.fp8_amax_history_len != _MEGATRON_PRECISION.fp8_amax_history_len:
             words.append(f"--fp8-amax-history-len {p.fp8_amax_history_len}")
     if p.fp8_param_gather:
         words.append("--fp8-param-gather")
@@ -260,17 +262,16 @@ def _precision(values: dict) -> Precision:
     params = "bfloat16" if "--bf16" in values else "float16" if "--fp16" in values else "float32"
     if "--bf16" in values and "--fp16" in values:
         raise AdvisorError("--bf16 and --fp16 together (Megatron-LM refuses them)")
-    if params == "bfloat16":
-        grad = "bf16" if "--grad-reduce-in-bf16" in values else "fp32"
-    elif params == "float16":
-        grad = "fp32" if "--accumulate-allreduce-grads-in-fp32" in values else "fp16"
-    else:
+    grad = megatron_grad_reduce_dtype(params)
+    if params == "bfloat16" and "--grad-reduce-in-bf16" in values:
+        grad = "bf16"
+    elif params == "float16" and "--accumulate-allreduce-grads-in-fp32" in values:
         grad = "fp32"
     return Precision(
         params_dtype=params, grad_reduce_dtype=grad, fp8_format=_one_of(values, "--fp8-format", FP8_FORMATS, None),
-        fp8_recipe=_one_of(values, "--fp8-recipe", FP8_RECIPES, "delayed"),
+        fp8_recipe=_one_of(values, "--fp8-recipe", FP8_RECIPES, _MEGATRON_PRECISION.fp8_recipe),
         fp8_param_gather="--fp8-param-gather" in values,
-        fp8_amax_history_len=_int(values, "--fp8-amax-history-len", 1))
+        fp8_amax_history_len=_int(values, "--fp8-amax-history-len", _MEGATRON_PRECISION.fp8_amax_history_len))
 
 
 def _data_parallel(values: dict, release) -> DataParallel:
@@ -341,7 +342,7 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
         raise AdvisorError("--optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron-LM refuses it "
                            "without)")
     divisible = _int(values, "--make-vocab-size-divisible-by", 128)
-    fraction_text = _last(values, "--optimizer-offload-fraction", "1.0")
+    fraction_text = _last(values, "--optimizer-offload-fraction", str(Offload().optimizer_offload_fraction))
     try:
         fraction = float(fraction_text)
     except ValueError:
@@ -354,7 +355,8 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
         offload=Offload(optimizer_cpu_offload="--optimizer-cpu-offload" in values,
                         optimizer_offload_fraction=fraction),
         loss=Loss(cross_entropy_fusion=_one_of(values, "--cross-entropy-fusion-impl", CROSS_ENTROPY_FUSIONS[1:],
-                                               "native") if "--cross-entropy-loss-fusion" in values else "none"),
+                                               MEGATRON_CROSS_ENTROPY_KERNEL)
+                  if "--cross-entropy-loss-fusion" in values else "none"),
         vocab_divisible_by=None if divisible == 1 else divisible,
     )
     te_cross_entropy_problem(options, release_defaults(release))

@@ -62,6 +62,18 @@ def _switches(concern) -> None:
             limits.check_bool(getattr(concern, field.name), field.name)
 
 
+def megatron_grad_reduce_dtype(params_dtype: str) -> str:
+    """What Megatron-LM reduces gradients in unless told (megatron/training/arguments.py,
+    validate_args): FP32 with --bf16 (it sets --accumulate-allreduce-grads-in-fp32), FP16 with
+    --fp16, FP32 in an FP32 run. The one statement of it: the flags written, the flags read and
+    the titles all follow it."""
+    return "fp16" if params_dtype == "float16" else "fp32"
+
+
+MEGATRON_CROSS_ENTROPY_KERNEL = "native"
+"""--cross-entropy-fusion-impl's default with --cross-entropy-loss-fusion (both releases)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Precision:
     """Number formats (Megatron-LM's --bf16/--fp16, gradient reduction, Transformer Engine FP8)."""
