@@ -328,6 +328,17 @@ def test_megatron_flag_that_means_something_else_says_why(advisor):
     assert "Megatron Core ignores --use-flash-attn" in message and "--attention-backend unfused" in message
 
 
+@pytest.mark.parametrize("given, advice", [
+    (["--fp8", "hybrid"], "--fp8-format hybrid|e4m3"),
+    (["--recompute-activations"], "give --recompute selective"),
+    (["--num-layers-per-virtual-pipeline-stage", 2], "--vpp N"),
+])
+def test_flags_a_megatron_user_types_point_to_the_option(advisor, given, advice):
+    """They got click's guess ('Did you mean one of: --ep, --pp, --tp?' for --fp8)."""
+    message = advisor.error("estimate", "--tp", 2, "--gpus", 8, "--mem", 80, *given)
+    assert advice in message and "Did you mean" not in message
+
+
 def test_every_megatron_spelling_names_an_option():
     from advisor.cli import COMMANDS, cli
     from advisor.cli.options import MEGATRON_SPELLINGS

@@ -44,6 +44,12 @@ MEGATRON_LOOKALIKES = {
     "--use-flash-attn": "Megatron Core ignores --use-flash-attn (legacy models only; its kernel is "
                         "--attention-backend): flash attention is the advisor's default (--flash-attn), "
                         "--no-flash-attn prices --attention-backend unfused",
+    "--fp8": "FP8 is Megatron's --fp8-format hybrid|e4m3 (with --fp8-recipe); --fp8 is not a Megatron-LM flag",
+    "--recompute-activations": "Megatron's --recompute-activations is --recompute-granularity selective: give "
+                               "--recompute selective (or --recompute-granularity selective)",
+    "--num-layers-per-virtual-pipeline-stage": "give the virtual stages per rank, --vpp N (Megatron's "
+                                               "--virtual-pipeline-model-parallel-size): each then holds "
+                                               "layers / (PP x N) layers",
 }
 """Megatron flags that look like an advisor option's spelling but do not mean it: refused with why."""
 
