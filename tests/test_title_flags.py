@@ -109,3 +109,17 @@ def test_the_sweep_title_says_the_flags_not_the_fields():
 ])
 def test_the_title_names_what_the_user_changed(args, words):
     assert _title(*args).endswith(f"ranked by throughput; {words}")
+
+
+def test_the_estimate_title_names_the_options_it_priced():
+    """The sweep's title listed them; the estimate's said nothing of FSDP, FP8 or recomputation."""
+    from tests.conftest import Invoker
+
+    text = Invoker()("estimate", "--tp", "2", "--gpus", "8", "--gpu", "h100-80gb", "--use-megatron-fsdp",
+                     "--recompute", "full", "--fp8-format", "hybrid").stdout
+    title = " ".join(text.split("┏")[0].split())
+    for flag in ("--fp8-format hybrid", "--use-megatron-fsdp", "--recompute-granularity full",
+                 "--recompute-method uniform", "--recompute-num-layers 1"):
+        assert flag in title, (flag, title)
+    plain = " ".join(Invoker()("estimate", "--tp", "2", "--gpus", "8", "--gpu", "h100-80gb").stdout.split("┏")[0].split())
+    assert ";" not in plain  # the defaults add nothing

@@ -453,7 +453,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         caption = _estimate_caption(spec, parallel, stages if planned else None, result, row, assessment, timing,
                                     parts, mem, tokens, gpu_hour_price, notes)
         emit(_stage_table(stage_rows, spec, parallel, workload, gpu, result.peak.stage, caption, row["verdict"],
-                          output), output)
+                          output, options), output)
         return
     from advisor import render
 
@@ -571,9 +571,11 @@ def _estimate_caption(spec, parallel, planned_split, result, row: dict, assessme
 
 
 def _stage_table(stage_rows: list[dict], spec, parallel, workload, gpu, peak_stage: int, caption: str, verdict: str,
-                 output) -> str:
-    """One row per pipeline stage, the peak stage in its verdict's colour."""
+                 output, options) -> str:
+    """One row per pipeline stage, the peak stage in its verdict's colour; the title names the
+    layout and, as the sweep's does, the training options that differ from the defaults."""
     from advisor import render
+    from advisor.options.flags import changed_args
 
     columns = [
         render.Column("stage", "stage"),
@@ -594,6 +596,8 @@ def _stage_table(stage_rows: list[dict], spec, parallel, workload, gpu, peak_sta
         + (f", VPP {p.vpp}" if p.vpp > 1 else "") + f", seq {workload.seq_len}, gbs {workload.global_batch_size}"
         + (f", {gpu.name}" if gpu else "")
     )
+    if changed := changed_args(options):
+        title += f"; {changed}"
     if any(row["in_flight_microbatches"] % 1 for row in stage_rows):
         caption += ("\nin flight: microbatches' worth of a rank's layers held at its peak; interleaved, its model "
                     "chunks hold different counts (forward chunk passes / VPP, docs/estimator.md)")
