@@ -78,6 +78,14 @@ def counts_text(counts, separator: str = ",") -> str:
     return separator.join(str(count) if times == 1 else f"{count}x{times}" for count, times in runs)
 
 
+def si_count(n: float) -> str:
+    """A count as --tokens takes it: 1.5e13 -> '15T', 3e11 -> '300B' (k, M, B, T)."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{n:.3g}"
+
+
 def listed(items, conjunction: str = "and") -> str:
     """Items as a sentence lists them: 'a', 'a and b', 'a, b and c' (or 'a, b or c')."""
     words = [str(item) for item in items]

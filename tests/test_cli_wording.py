@@ -235,3 +235,10 @@ def test_dense_and_moe_word_the_states_bound_and_the_hypothetical_step_alike():
                                                                             "--ep", "8"]):
         result = runner.invoke(cli, ["estimate", *args, "--gpu", "h100-80gb"])
         assert result.exit_code == 0 and "-> oom\nif it fit: step " in result.stdout, result.output
+
+
+def test_a_token_budget_reads_as_it_was_given():
+    """'--tokens 15T' printed '1.5e+13 tokens'."""
+    from advisor.render import si_count
+
+    assert [si_count(n) for n in (15e12, 3e11, 2.5e9, 7e6, 1500, 12)] == ["15T", "300B", "2.5B", "7M", "1.5k", "12"]

@@ -563,7 +563,7 @@ def _estimate_caption(spec, parallel, planned_split, result, row: dict, assessme
                     f"per GPU (MFU {timing['mfu']:.0%}), {timing['tokens_per_s']:,.0f} tokens/s; "
                     + render.time_parts_text(parts))
         if tokens is not None:
-            caption += (f"\n{hypothetical}{tokens:.3g} tokens: {timing['days']:.1f} days, "
+            caption += (f"\n{hypothetical}{render.si_count(tokens)} tokens: {timing['days']:.1f} days, "
                         f"{timing['gpu_hours']:,.0f} GPU-hours")
             if gpu_hour_price is not None:
                 caption += f", ${row['cost_usd']:,.0f} at ${gpu_hour_price:g} per GPU-hour"
