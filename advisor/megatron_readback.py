@@ -445,7 +445,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     command_vocab, source = vocabulary(parsed.model)
     if vocab_size is not None:
         command_vocab, source = vocab_size, f"--vocab-size {vocab_size} (given to the advisor)"
-    if missing := _missing(parsed.model, command_vocab):
+    if missing := _missing(parsed.model, command_vocab, parsed.layout):
         raise MissingInputs(missing)
     spec = model_spec(parsed.model, name=name, vocab_size=command_vocab)
     seq_len = _int(parsed.model, "seq-length")
@@ -478,10 +478,13 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
                    vocab_source=source, moe=moe)
 
 
-def _missing(model: dict, vocab_size: int | None) -> list[Missing]:
+def _missing(model: dict, vocab_size: int | None, layout: dict) -> list[Missing]:
     """Every input the reading needs that neither the command nor the advisor's options give:
-    each is known without the others, so all are named at once."""
+    each is known without the others, so all are named at once. --micro-batch-size has no
+    default in Megatron-LM (validate_args asserts it is set, both releases)."""
     missing = [Missing(f"--{flag}") for flag in (*_REQUIRED_MODEL, "seq-length") if flag not in model]
+    if "micro-batch-size" not in layout:
+        missing.append(Missing("--micro-batch-size"))
     if vocab_size is None:
         missing.append(Missing("its vocabulary", "its tokenizer is read from files",
                                "--vocab-size N (the tokenizer's size)"))

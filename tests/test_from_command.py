@@ -230,7 +230,7 @@ def test_readme_launch_examples_read_back():
     assert estimate["model"]["vocab_size"] == 4096 and estimate["unpriced"] == []
 
 
-_MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 64"
+_MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 64 --micro-batch-size 1"
 
 
 @pytest.mark.parametrize("text, error", [

@@ -15,7 +15,8 @@ COMMANDS = Path(__file__).parent / "data" / "commands"
 FSDP = str(COMMANDS / "moe_deepseek_v3_megatron_fsdp_example.sh")  # a bare argument list, its tokenizer from files
 VOCABULARY = "its vocabulary (its tokenizer is read from files)"
 WORLD = "its world size (no torchrun or srun in it)"
-_MODEL = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 64"
+_MODEL = ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 64 "
+          "--micro-batch-size 1")
 
 
 def estimate(*argv: str, stdin: str | None = None):
@@ -57,12 +58,16 @@ def test_missing_model_flags_are_named_with_the_options_that_supply_the_rest():
     """The model flags only the command can give: to be written in it, apart from the options."""
     line = refused(estimate("-", "--mem", "80", stdin="python pretrain_gpt.py --num-layers 2\n"))
     assert line == ("the command does not give --hidden-size, --num-attention-heads, --seq-length, "
-                    f"{VOCABULARY} or its world size (no torchrun or srun in it): write --hidden-size, "
-                    "--num-attention-heads and --seq-length in the command; give --vocab-size N (the tokenizer's "
-                    "size) and --gpus N")
+                    f"--micro-batch-size, {VOCABULARY} or its world size (no torchrun or srun in it): write "
+                    "--hidden-size, --num-attention-heads, --seq-length and --micro-batch-size in the command; give "
+                    "--vocab-size N (the tokenizer's size) and --gpus N")
     alone = refused(estimate("-", "--mem", "80", "--gpus", "8", "--vocab-size", "1000",
-                             stdin="python pretrain_gpt.py --num-layers 2 --hidden-size 64\n"))
+                             stdin="python pretrain_gpt.py --num-layers 2 --hidden-size 64 --micro-batch-size 1\n"))
     assert alone == "the command does not give --num-attention-heads or --seq-length: write them in the command"
+    # Megatron has no default micro-batch size (validate_args asserts one): it was read as 1
+    batch = refused(estimate("-", "--mem", "80", "--gpus", "8", "--vocab-size", "1000", stdin=f"python pretrain_gpt.py "
+                             f"{_MODEL.replace(' --micro-batch-size 1', '')}\n"))
+    assert batch == "the command does not give --micro-batch-size: write it in the command"
 
 
 @pytest.mark.parametrize("launch, why", [
@@ -115,7 +120,7 @@ def test_the_readers_own_refusal_names_every_missing_input():
     from advisor.megatron_readback import Missing, MissingInputs, read_run
 
     with pytest.raises(MissingInputs) as caught:
-        read_run(["--num-layers", "2", "--hidden-size", "64"])
+        read_run(["--num-layers", "2", "--hidden-size", "64", "--micro-batch-size", "1"])
     assert isinstance(caught.value, AdvisorError)
     assert caught.value.missing == (Missing("--num-attention-heads"), Missing("--seq-length"), Missing(
         "its vocabulary", "its tokenizer is read from files", "--vocab-size N (the tokenizer's size)"))

@@ -125,7 +125,7 @@ def test_unexpanded_values_in_notes_and_launchers_are_shown_as_written():
 
     model = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
              "--vocab-size", "1000", "--swiglu", "--disable-bias-linear", "--position-embedding-type", "rope",
-             "--attention-dropout", "0", "--hidden-dropout", "0"]
+             "--attention-dropout", "0", "--hidden-dropout", "0", "--micro-batch-size", "1"]
     run = read_run([*read_command("python pretrain_gpt.py --normalization $NORM\n").arguments, *model])
     assert run.unpriced == ("--normalization $NORM (priced as RMSNorm)",)
     assert read_run(model).unpriced == (
@@ -143,7 +143,8 @@ def test_a_variable_the_script_leaves_unset_where_flags_stand_is_read_as_empty_a
     from advisor.megatron_readback import read_run
 
     launch = read_command("python pretrain_gpt.py --num-layers 2 --overlap-grad-reduce ${DTYPE_ARGS[@]} $MORE "
-                          "--hidden-size 64 --num-attention-heads 4 --seq-length 64 --vocab-size 1000\n")
+                          "--hidden-size 64 --num-attention-heads 4 --seq-length 64 --vocab-size 1000 "
+                          "--micro-batch-size 1\n")
     parsed = split_arguments(launch.arguments)
     assert parsed.rest == ["--overlap-grad-reduce"] and parsed.unset == ["$DTYPE_ARGS", "$MORE"]
     assert read_run(launch.arguments).unpriced[-2:] == tuple(

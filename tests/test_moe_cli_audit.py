@@ -26,8 +26,8 @@ def _error(advisor, tmp_path, *args) -> str:
                                                    (("--mem", 80, "--gpus-per-node", 3), 64, 3)])
 def test_an_moe_sweep_refuses_gpus_that_are_not_whole_nodes_as_dense_sweeps_and_estimates_do(advisor, tmp_path,
                                                                                                hardware, gpus, node):
-    expected = (f"Error: {gpus} GPUs are not whole nodes of {node} (--gpus-per-node): give a multiple of {node}, "
-                "or at most one node")
+    expected = (f"Error: {gpus} GPUs are not whole nodes of {node}: give a multiple of {node}, at most one node, "
+                "or the GPUs your nodes hold with --gpus-per-node N (e.g. 64 or 32 of a rack)")
     moe_sweep = _error(advisor, tmp_path, "sweep", "--model", "deepseek-v3", "--gpus", gpus, *hardware,
                        "--seq-len", 4096, "--gbs", 8192)
     dense_sweep = _error(advisor, tmp_path, "sweep", "--gpus", gpus, *hardware)

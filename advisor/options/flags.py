@@ -320,7 +320,9 @@ def _attention(values: dict) -> Attention:
     local = _last(values, "--transformer-impl", "transformer_engine") == "local"
     flash = backend not in ("unfused", "local") and not local
     if "--no-create-attention-mask-in-dataloader" in values:
-        mask = "off"
+        # unfused, megatron-core builds the causal mask itself, once (fusions/fused_softmax.py,
+        # get_default_causal_mask, cached): an s x s mask as the data loader's cached one
+        mask = "off" if flash else "cached"
     elif {"--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss"} & set(values):
         mask = "rebuilt"  # the mask differs per sample: built for each (GPTDataset)
     else:
