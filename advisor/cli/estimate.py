@@ -9,6 +9,7 @@ import click
 
 from advisor.cli import hints as hints_text
 from advisor.cli import moe as moe_cli
+from advisor.cli.estimate_csv import estimate_csv
 from advisor.cli.moe import moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, ROWS, InputError, InputPath, NonEmpty, TokenCount,
@@ -457,7 +458,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         return
     from advisor import render
 
-    emit(render.to_json({**row, "stages": stage_rows}) if fmt == "json" else moe_cli.estimate_csv(row, stage_rows),
+    emit(render.to_json({**row, "stages": stage_rows}) if fmt == "json" else estimate_csv(row, stage_rows),
          output)
 
 

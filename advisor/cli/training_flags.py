@@ -242,10 +242,8 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
             searchable and (recompute_method is not None or recompute_num_layers is not None))
         if recompute != "full" and pinned and not kwargs.get("from_command"):
             raise InputError("--recompute-method and --recompute-num-layers need --recompute full")
-        if not searchable and not kwargs.get("from_command"):  # the command's own are read there
-            fixed.update(_method_and_layers(recompute_method, recompute_num_layers))
-        elif not searchable:
-            fixed.update(recompute_method=recompute_method or "uniform", recompute_num_layers=recompute_num_layers or 1)
+        if not searchable:  # with --from-command the command's own are read, and these refused there
+            fixed.update(_method_and_layers(recompute_method, recompute_num_layers, kwargs.get("from_command")))
         offload_searched = False
         if searchable:
             from advisor.space import SpaceOptions
@@ -272,12 +270,12 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
     )
 
 
-def _method_and_layers(method: str | None, layers: int | None) -> dict:
+def _method_and_layers(method: str | None, layers: int | None, from_command=None) -> dict:
     """A pinned full recomputation's method and N. Megatron-LM has no default for either and
     refuses one without the other (core_v0.15.2 transformer_config.py, __post_init__): a sweep
     row's "full block 27" copied as --recompute-num-layers 27 alone must not be priced as uniform
     27. Neither given: every layer (uniform 1), what "--recompute full" asks for."""
-    if (method is None) != (layers is None):
+    if (method is None) != (layers is None) and from_command is None:
         given_flag, missing = (("--recompute-method " + method, "--recompute-num-layers N") if layers is None
                                else (f"--recompute-num-layers {layers}", "--recompute-method block or uniform"))
         raise InputError(f"{given_flag} needs {missing}, as Megatron-LM does (it has no default; block N "

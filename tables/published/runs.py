@@ -36,13 +36,11 @@ CONFIGURATION = tuple(c for c in COLUMNS if c not in ("run", "framework", "step_
 """The columns that say what ran: two rows equal on these are one configuration, published twice."""
 
 
-@dataclass(frozen=True, slots=True)
-class PublishedRun:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PublishedLayout:
+    """What every published run states and ``torchrun_line`` launches: its GPUs, sequence,
+    batch, layout and training flags, and where it was published."""
     run: str
-    framework: str
-    model: str
-    num_layers: int
-    vocab_size: int
     gpu: str
     gpus: int
     precision: str
@@ -53,10 +51,20 @@ class PublishedRun:
     pp: int
     cp: int
     vpp: int
-    step_time_s: float
     training_flags: str
-    use: str
     source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PublishedRun(PublishedLayout):
+    """A row of dense_runs.csv: a preset model (with its layers and vocabulary as run) and the
+    published step time."""
+    framework: str
+    model: str
+    num_layers: int
+    vocab_size: int
+    step_time_s: float
+    use: str
 
 
 def load(path: Path = DATA) -> list[PublishedRun]:
@@ -79,7 +87,7 @@ def command_line(run: PublishedRun) -> str:
     return torchrun_line([*model_args(spec, run.seq_len)], run, run.num_layers, ["--vocab-size", str(run.vocab_size)])
 
 
-def torchrun_line(model: list[str], run, num_layers: int, extra: list[str] = ()) -> str:
+def torchrun_line(model: list[str], run: PublishedLayout, num_layers: int, extra: list[str] = ()) -> str:
     """The torchrun line a user would paste for a published ``run`` (its layout, batch, training
     flags and GPUs, 8 per node): ``model``'s flags, then the layout's, then ``extra``."""
     args = [*model, "--tensor-model-parallel-size", str(run.tp), "--context-parallel-size", str(run.cp),

@@ -37,7 +37,7 @@ import click
 from advisor.cli.options import OneLineCommand
 from advisor.errors import AdvisorError
 from tables.published.csv_rows import typed_rows
-from tables.published.runs import price_line, torchrun_line
+from tables.published.runs import PublishedLayout, price_line, torchrun_line
 
 DATA = Path(__file__).with_name("short_sequence_runs.csv")
 COLUMNS = ("run", "group", "model", "gpu", "model_flags", "approximations", "gpus", "precision", "seq_len",
@@ -52,28 +52,17 @@ GROUPS = {
 UNITS = ("s/step", "tokens/s/GPU")
 
 
-@dataclass(frozen=True, slots=True)
-class ShortRun:
-    run: str
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShortRun(PublishedLayout):
+    """A row of short_sequence_runs.csv: the model as Megatron flags, how they approximate it, and
+    the published figure in its own unit."""
     group: str
     model: str
-    gpu: str
     model_flags: str
     approximations: str
-    gpus: int
-    precision: str
-    seq_len: int
-    global_batch_size: int
-    micro_batch_size: int
-    tp: int
-    pp: int
-    cp: int
-    vpp: int
     published: float
     published_unit: str
-    training_flags: str
     note: str
-    source: str
 
     @property
     def step_time_s(self) -> float:
