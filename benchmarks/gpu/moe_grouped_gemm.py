@@ -43,6 +43,8 @@ from pathlib import Path
 
 import torch
 
+import script_cli  # this folder's shared timing (run as a script, the folder is on the path)
+
 STREAMS = 4
 """Transformer Engine's GEMM streams (``num_streams`` of its multi-stream cuBLAS GEMM)."""
 REPLAYS, WARMUPS = 15, 3
@@ -122,21 +124,7 @@ def run_streams(call: Call, gemm, streams: list) -> None:
 
 def median_seconds(fn, device: str) -> tuple[float, float]:
     """(median, interquartile range) of ``REPLAYS`` runs of ``fn`` after ``WARMUPS``."""
-    for _ in range(WARMUPS):
-        fn()
-    times = []
-    for _ in range(REPLAYS):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            begun = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - begun)
+    times = script_cli.sample_seconds(fn, device, REPLAYS, WARMUPS)
     quartiles = statistics.quantiles(times, n=4)
     return statistics.median(times), quartiles[2] - quartiles[0]
 

@@ -65,3 +65,29 @@ def refusal(args: argparse.Namespace, torch) -> str | None:
     except OSError as exc:
         return f"{args.out}: {exc.strerror or exc}"
     return f"{args.out} is not empty" if any(args.out.iterdir()) else None
+
+
+def sample_seconds(fn, device: str, repeats: int, warmups: int) -> list[float]:
+    """Seconds of each of ``repeats`` runs of ``fn`` after ``warmups`` untimed ones: between two CUDA
+    events on a GPU (the GPU idle at the start), with time.perf_counter on the CPU."""
+    import time
+
+    import torch
+
+    for _ in range(warmups):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+        else:
+            began = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - began)
+    return samples
