@@ -108,10 +108,11 @@ class Validator:
         ready, _, _ = select.select([self._process.stdout], [], [], timeout)
         line = self._process.stdout.readline() if ready else ""
         if not line:
-            self.close()
             self._log.seek(0)
+            log = self._log.read()[-3000:]  # before close() closes it
+            self.close()
             raise RuntimeError(f"launch.megatron_check --serve: no answer ({'timed out' if not ready else 'exited'}): "
-                               f"{self._log.read()[-3000:]}")
+                               f"{log}")
         return json.loads(line)
 
     def close(self) -> None:
@@ -143,6 +144,21 @@ def _microbatches(args) -> int:
         return calculator.get_num_microbatches()
     finally:
         calculator.destroy_num_microbatches_calculator()
+
+
+def _stand_in_fused_permutation() -> None:
+    """--moe-permute-fusion: TransformerConfig refuses it where Transformer Engine's permutation
+    kernels are missing (``moe_utils.fused_permute`` and four others are None without TE, both
+    releases); as for TE's version, stand-ins answer here, and they refuse to run."""
+    from megatron.core.transformer.moe import moe_utils
+
+    def missing(*args, **kwargs):
+        raise RuntimeError("Transformer Engine's fused permutation stands in for the argument check only")
+
+    for name in ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                 "fused_sort_chunks_by_index_with_probs", "fused_unpermute"):
+        if getattr(moe_utils, name, None) is None:  # core_v0.15.2 leaves them undefined, 0.19.0 None
+            setattr(moe_utils, name, missing)
 
 
 TE_STAND_IN = "2.8.0"
@@ -200,7 +216,8 @@ MOE_FIELDS = ("num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_
               "moe_router_topk_scaling_factor", "qk_layernorm", "multi_latent_attention", "q_lora_rank",
               "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "recompute_modules", "mtp_num_layers",
               "moe_pad_expert_input_to_capacity", "moe_aux_loss_coeff", "moe_router_load_balancing_type", "moe_router_dtype",
-              "moe_enable_deepep", "moe_deepep_num_sms", "moe_flex_dispatcher_num_sms")
+              "moe_enable_deepep", "moe_deepep_num_sms", "moe_flex_dispatcher_num_sms", "moe_permute_fusion",
+              "moe_router_fusion")
 """The TransformerConfig fields of mixtures of experts and multi-latent attention (advisor.moe
 checks them against its spec); None where the release's config lacks one."""
 
@@ -318,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if core_utils.get_te_version() in (None, Version("0.0.0")):  # 0.15.2: None; 0.19.0: 0.0.0
             core_utils._te_version = Version(TE_STAND_IN)
+            _stand_in_fused_permutation()
     _remember_field_docstrings()
     if cases is not None:
         json.dump([_run_case(case) for case in cases], sys.stdout)

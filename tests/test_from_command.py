@@ -372,15 +372,17 @@ def test_megatron_mixtral_example_reads_as_the_preset_with_no_flag_left_unpriced
     assert read["unpriced"] == []
 
 
-def test_megatron_moe_guide_mixtral_names_only_the_fused_permutation():
-    """megatron-core's MoE guide's Mixtral example (32 GPUs, 8 layers per virtual stage: VPP 1)."""
+def test_megatron_moe_guide_mixtral_prices_its_fused_permutation_and_names_nothing():
+    """megatron-core's MoE guide's Mixtral example (32 GPUs, 8 layers per virtual stage: VPP 1), with
+    Transformer Engine's fused permutation (--moe-permute-fusion, priced)."""
     read = _same_price(COMMANDS / "moe_mixtral_8x7b_moe_guide.sh", ("--vocab-size", "32000"),
                        ["--model", "mixtral-8x7b", "--gpus", "32", "--tp", "1", "--pp", "4", "--ep", "8", "--etp", "1",
                         "--mbs", "1", "--gbs", "128", "--seq-len", "4096", "--recompute", "none",
                         "--vocab-divisible-by", "128", "--dataloader-mask", "cached", "--moe-token-dispatcher-type",
-                        "alltoall", "--overlap-grad-reduce", "--overlap-param-gather", "--sequence-parallel"])
+                        "alltoall", "--overlap-grad-reduce", "--overlap-param-gather", "--sequence-parallel",
+                        "--moe-permute-fusion"])
     assert (read["dp"], read["vpp"]) == (8, 1)
-    assert read["unpriced"] == ["--moe-permute-fusion (fused permutation, priced unfused)"]
+    assert read["unpriced"] == []
 
 
 _DSV3 = COMMANDS / "moe_deepseek_v3_megatron_fsdp_example.sh"
@@ -405,13 +407,12 @@ def test_megatron_deepseek_v3_example_reads_as_the_preset_and_is_called_oom_with
                           for word in ("--recompute-modules", module)],
                         "--vocab-divisible-by", "3232", "--moe-token-dispatcher-type", "flex", "--mtp-num-layers",
                         "1", "--dataloader-mask", "off", "--overlap-grad-reduce", "--overlap-param-gather",
-                        "--sequence-parallel"])
+                        "--sequence-parallel", "--moe-permute-fusion"])
     assert read["model"]["yarn"]["factor"] == 40.0 and read["model"]["first_dense_layers"] == 3
     assert read["stages"][0]["expert_states_gib"] == pytest.approx(59 * 32 * 3 * 7168 * 2048 * (2 + 4 + 12 / 32) / 2**30,
                                                                    rel=1e-12)
     assert read["verdict"] == "oom"
     assert read["unpriced"] == ["--moe-router-force-load-balancing (priced as balanced routing, which it forces)",
-                                "--moe-permute-fusion (fused permutation, priced unfused)",
                                 "--enable-experimental (experimental kernels, priced as the default ones)"]
 
 
@@ -437,10 +438,8 @@ def test_modelzoo_qwen3_30b_reads_as_the_preset_on_the_release_that_runs_it():
                         "--vocab-divisible-by", "1187", "--moe-token-dispatcher-type", "alltoall",
                         "--dataloader-mask", "off", "--overlap-grad-reduce", "--overlap-param-gather",
                         "--sequence-parallel", "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te",
-                        "--megatron-version", "0.15"])
+                        "--megatron-version", "0.15", "--moe-permute-fusion", "--moe-router-fusion"])
     assert read["unpriced"] == ["--moe-router-force-load-balancing (priced as balanced routing, which it forces)",
-                                "--moe-permute-fusion (fused permutation, priced unfused)",
-                                "--moe-router-fusion (fused router, priced unfused)",
                                 "--enable-experimental (experimental kernels, priced as the default ones)"]
 
 
@@ -458,11 +457,10 @@ def test_modelzoo_deepseek_v3_h100_fp8_reads_its_layout_and_names_the_optimizer_
                         "flex", "--mtp-num-layers", "1", "--dataloader-mask", "off", "--overlap-grad-reduce",
                         "--overlap-param-gather", "--sequence-parallel", "--cross-entropy-loss-fusion",
                         "--cross-entropy-fusion-impl", "native", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise",
-                        "--fp8-param-gather", "--delay-wgrad-compute", "--overlap-moe-expert-parallel-comm"])
+                        "--fp8-param-gather", "--delay-wgrad-compute", "--overlap-moe-expert-parallel-comm",
+                        "--moe-permute-fusion", "--moe-router-fusion"])
     assert (read["layers_per_stage"], read["vpp"], read["dp"]) == ([7, 8, 8, 8, 8, 8, 8, 6], 4, 64)
-    assert read["unpriced"] == ["--moe-permute-fusion (fused permutation, priced unfused)",
-                                "--moe-router-fusion (fused router, priced unfused)",
-                                "--enable-experimental (experimental kernels, priced as the default ones)",
+    assert read["unpriced"] == ["--enable-experimental (experimental kernels, priced as the default ones)",
                                 "--moe-router-padding-for-fp8 (experts' tokens padded to 16/32, not priced)",
                                 "--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"]
 

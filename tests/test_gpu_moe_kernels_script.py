@@ -59,8 +59,9 @@ def test_each_timed_part_has_positive_times_and_the_advisors_price(tiny_run):
 
 
 def test_the_price_is_advisor_moe_times_terms(tiny_run):
-    """The recorded price is layer_times' router term, the permutation bytes at the calibrated
-    HBM rate and host_sync_idle, forward and backward as layer_times prices them."""
+    """The recorded price is layer_times' router term, the permutations by expert at
+    PERMUTE_HBM_FRACTION of the calibrated HBM rate and those by local expert at the rate, and
+    host_sync_idle, forward and backward as layer_times prices them."""
     from advisor.moe import time as moe_time
 
     _, summary = tiny_run
@@ -69,8 +70,11 @@ def test_the_price_is_advisor_moe_times_terms(tiny_run):
             priced = summary["predicted"][dispatcher][preset]
             forward, both = priced["forward"], priced["forward_backward_s"]
             assert forward["router_s"] > 0 and forward["permute_s"] > 0 and forward["comm_s"] == 0  # EP 1
-            bytes_moved, rate = priced["permutation_bytes_forward"], priced["hbm_bytes_per_s"]
-            assert forward["permute_s"] == pytest.approx(bytes_moved / rate)
+            (by_expert, by_local_expert), rate = priced["permutation_pairs_bytes_forward"], priced["hbm_bytes_per_s"]
+            assert priced["permutation_bytes_forward"] == by_expert + by_local_expert
+            assert by_local_expert == (by_expert if dispatcher == "alltoall" else 0)  # 8 local experts at EP 1
+            assert forward["permute_s"] == pytest.approx(by_expert / rate / moe_time.PERMUTE_HBM_FRACTION
+                                                         + by_local_expert / rate)
             assert both["router"] == pytest.approx(3 * forward["router_s"])
             assert both["dispatch"] == pytest.approx(3 * forward["permute_s"] + forward["host_sync_idle_s"])
             assert both["block"] == pytest.approx(3 * forward["block_s"] + forward["host_sync_idle_s"])

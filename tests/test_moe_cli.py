@@ -256,6 +256,23 @@ def test_the_flex_dispatchers_sms_are_priced_written_and_launched(tmp_path):
     assert shlex.split(done.stdout) == given[0]["megatron_args"]
 
 
+def test_a_commands_fused_router_and_permutation_are_priced_and_launched_as_read():
+    """--moe-permute-fusion and --moe-router-fusion change the price (the unfused ones run at the
+    rates measured on an H200: advisor.moe.time) and are no longer named as not priced; the
+    estimate's Megatron arguments carry them, as the sweep's rows do."""
+    plain = json.loads(_from_command("", "--format", "json").stdout)
+    fused = json.loads(_from_command("--moe-permute-fusion --moe-router-fusion", "--format", "json").stdout)
+    assert fused["step_time_s"] < plain["step_time_s"]
+    assert (fused["permute_fusion"], fused["router_fusion"]) == (True, True)
+    assert {"--moe-permute-fusion", "--moe-router-fusion"} <= set(fused["megatron_args"])
+    assert not [note for note in fused["unpriced"] if "fusion" in note]
+    assert not {"--moe-permute-fusion", "--moe-router-fusion"} & set(plain["megatron_args"])
+    sweep = CliRunner().invoke(cli, ["sweep", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb",
+                                     "--ep", "8", "--moe-router-fusion", "--format", "json"])
+    rows = json.loads(sweep.stdout)
+    assert rows and all(row["router_fusion"] and not row["permute_fusion"] for row in rows)
+
+
 @pytest.mark.parametrize("extra, words", [
     (["--moe-deepep-num-sms", "32"], "only the flex dispatcher's DeepEP kernels take it"),
     (["--moe-token-dispatcher-type", "flex", "--moe-deepep-num-sms", "31"], "an even number of SMs"),

@@ -114,6 +114,11 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
     rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--top", "1", "--moe-token-dispatcher-type", "flex",
                                      "--moe-deepep-num-sms", "32", "--overlap-moe-expert-parallel-comm")[0])]
     assert [row.get("dispatcher_sms") for _, row in rows[-2:]] == [None, 32]
+    # Transformer Engine's fused permutation and router (--moe-permute-fusion: TransformerConfig asks
+    # for TE's kernels, which the check stands in for here, launch.megatron_check)
+    rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--top", "1", "--moe-permute-fusion",
+                                     "--moe-router-fusion")[0])]
+    assert {"--moe-permute-fusion", "--moe-router-fusion"} <= set(rows[-1][1]["megatron_args"])
     # Megatron's own defaults its MoE scripts keep: the vocabulary padded to 128 x TP, the mask built
     rows += [("mixtral-8x7b", _rows("mixtral-8x7b", 64, "--top", "1", "--vocab-divisible-by", "128",
                                     "--dataloader-mask", "cached")[0])]
@@ -133,6 +138,8 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
         wrong = {key: (result["derived"].get(key), value) for key, value in expected.items()
                  if _one(key, result["derived"].get(key)) != value}
         assert not wrong, (name, wrong)
+        assert (result["derived"]["moe_permute_fusion"], result["derived"]["moe_router_fusion"]) == (
+            bool(row.get("permute_fusion")), bool(row.get("router_fusion"))), name
         # the SMs the flex dispatcher gets: core_v0.15.2's moe_deepep_num_sms (default 20), core_v0.19.0's
         # moe_flex_dispatcher_num_sms, which __post_init__ routes the deprecated flag to (unset: None, 20 in DeepEP)
         sms = row.get("dispatcher_sms")

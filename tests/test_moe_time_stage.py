@@ -290,6 +290,46 @@ def test_permutation_bytes_by_hand():
     assert mt.permutation_bytes(qwen, 1000.0, 128) == 4 * 1000 * 2 * 2048  # one expert per rank
 
 
+def test_permutation_time_by_hand():
+    # 1000 copies of h = 2048 at an HBM rate of 1e12 B/s: each pair moves 4 x 1000 x 2 x 2048 =
+    # 16,384,000 bytes, 16.384 us at the rate. Unfused, megatron-core's permutation by expert and
+    # its inverse run at 0.42 of it (39.01 us), the alltoall's sort by local expert at the rate;
+    # Transformer Engine's fused ones (--moe-permute-fusion) at the rate, each pair
+    qwen = PRESETS["qwen3-30b-a3b"]
+    rates = Rates(**{**{f: getattr(_RATES, f) for f in Rates.__dataclass_fields__}, "hbm_bytes_per_s": 1e12})
+    pair = 16_384_000 / 1e12
+    assert mt.PERMUTE_HBM_FRACTION == 0.42
+    assert mt.permutation_time(qwen, 1000.0, 8, rates) == pytest.approx(pair / 0.42 + pair, rel=1e-12)
+    assert mt.permutation_time(qwen, 1000.0, 8, rates, fused=True) == pytest.approx(2 * pair, rel=1e-12)
+    assert mt.permutation_time(qwen, 1000.0, 8, rates, "flex") == pytest.approx(pair / 0.42, rel=1e-12)
+    assert mt.permutation_time(qwen, 1000.0, 128, rates) == pytest.approx(pair / 0.42, rel=1e-12)
+
+
+def test_the_unfused_router_costs_its_measured_small_kernels():
+    # forward a third of ROUTER_KERNELS_S (0.08 ms), so that the backward, priced as twice the
+    # forward, brings the whole 0.24 ms; the fused router (--moe-router-fusion) is its GEMM alone,
+    # and the fused permutation takes the unfused one's extra time (1/0.42 - 1 of its first pair)
+    qwen = PRESETS["qwen3-30b-a3b"]
+    kw = dict(tp=1, cp=1, ep=8, etp=1, mbs=1, rates=_RATES)
+    unfused = mt.layer_times(qwen, 4096, **kw)
+    router_fused = mt.layer_times(qwen, 4096, **kw, router_fusion=True)
+    both_fused = mt.layer_times(qwen, 4096, **kw, router_fusion=True, permute_fusion=True)
+    assert mt.ROUTER_KERNELS_S == 0.24e-3
+    assert float(unfused.block - router_fused.block) == pytest.approx(0.08e-3, rel=1e-9)
+    assert float(unfused.moe - router_fused.moe) == pytest.approx(0.08e-3, rel=1e-9)
+    copies = 4096 * 8  # balanced top-8 of the rank's 4096 tokens
+    first_pair = _at_hbm_rate(4 * copies * 2 * 2048)
+    assert float(router_fused.block - both_fused.block) == pytest.approx(first_pair * (1 / 0.42 - 1), rel=1e-9)
+    assert unfused.expert == both_fused.expert and unfused.comm == both_fused.comm
+
+
+def _at_hbm_rate(bytes_moved: float) -> float:
+    return bytes_moved / _RATES.hbm_bytes_per_s
+
+
+_RATES = Rates.of(get_gpu("h100-80gb"), load_calibration())
+
+
 def test_host_sync_idle_by_hand():
     # The dropless dispatcher's host wait for the token counts, once per MoE layer forward: the
     # GPU idles for the launches after it (20 us each) until it has work again. alltoall: the

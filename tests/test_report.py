@@ -273,3 +273,26 @@ def test_a_time_plans_stage_limit_is_its_threshold_line():
     assert "80%" not in detail.threshold_label
     memory_plan = dict(plan, stage_limit_gib=None)
     assert plan_detail(memory_plan).threshold_gib is None
+
+
+def test_an_moe_rows_fusions_are_priced_by_the_report_and_launched(advisor, tmp_path, moe_row):
+    """--moe-router-fusion and --moe-permute-fusion ride on the row ('router_fusion',
+    'permute_fusion'): the report prices the row as the sweep did, advisor-launch writes the flags,
+    and fields that disagree with the row's arguments, or are not booleans, are refused."""
+    from launch_support import launcher, write_json
+
+    path = tmp_path / "fused_sweep.json"
+    advisor("sweep", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb", "--top", "1", "--format",
+            "json", "--moe-router-fusion", "--moe-permute-fusion", "-o", path)
+    fused = json.loads(path.read_text())[0]
+    assert (fused["router_fusion"], fused["permute_fusion"]) == (True, True)
+    row = write_json(tmp_path / "fused.json", fused)
+    args = json.loads(launcher()("args", "--from", row, "--format", "json").stdout)
+    assert {"--moe-router-fusion", "--moe-permute-fusion"} <= set(args)
+    advisor("report", "--from", row, "-o", tmp_path / "r.html")
+    assert "inconsistent sweep row" in launcher().error("args", "--from", write_json(
+        tmp_path / "edited.json", {**moe_row, "router_fusion": True}))
+    bad = write_json(tmp_path / "bad.json", {**moe_row, "router_fusion": "yes"})
+    assert "'router_fusion' must be true, false or null" in advisor.error("report", "--from", bad, "-o",
+                                                                          tmp_path / "r2.html")
+    assert "--moe-router-fusion" in launcher().error("args", "--from", bad)  # its arguments' check comes first

@@ -23,14 +23,16 @@ if TYPE_CHECKING:
     from advisor.moe.readback import MoEFlags
 
 _FLAG_FIELDS = ("ep", "etp", "dispatcher", "moe_routing", "capacity_factor", "pad_to_capacity", "moe_imbalance",
-                "mtp_num_layers", "a2a_overlap", "delay_wgrad", "dispatcher_sms", "recompute_modules")
+                "mtp_num_layers", "a2a_overlap", "delay_wgrad", "dispatcher_sms", "permute_fusion", "router_fusion",
+                "recompute_modules")
 """The ``MoEFlags`` fields that ``moe_options`` adds an option for (the rest: a Megatron command's only)."""
 
 
 def moe_options(func):
     """--ep, --etp, --moe-token-dispatcher-type, --moe-routing, --moe-expert-capacity-factor,
     --moe-pad-expert-input-to-capacity, --moe-imbalance, --mtp-num-layers,
-    --overlap-moe-expert-parallel-comm, --delay-wgrad-compute, --moe-deepep-num-sms, --recompute-modules ->
+    --overlap-moe-expert-parallel-comm, --delay-wgrad-compute, --moe-deepep-num-sms, --moe-permute-fusion,
+    --moe-router-fusion, --recompute-modules ->
     ``moe: MoEFlags`` (``advisor.moe.readback``)."""
 
     @functools.wraps(func)
@@ -68,6 +70,12 @@ def moe_options(func):
         click.option("--moe-deepep-num-sms", "dispatcher_sms", type=DISPATCHER_SMS, default=None, metavar="N",
                      help="The flex dispatcher's SMs (DeepEP's default 20; an even number): the overlapped compute "
                           "runs on the rest, and the rows write the flag."),
+        click.option("--moe-permute-fusion", "permute_fusion", is_flag=True,
+                     help="Transformer Engine's fused token permutation (Megatron's flag; needs TE 2.1+): priced at "
+                          "the HBM rate, megatron-core's own unfused one at the 42% of it measured on an H200."),
+        click.option("--moe-router-fusion", "router_fusion", is_flag=True,
+                     help="Transformer Engine's fused router top-k (Megatron's flag): priced as its GEMM alone, the "
+                          "unfused router's ~46 small kernels (0.24 ms a layer and microbatch, measured) besides."),
         click.option("--recompute-modules", "recompute_modules", multiple=True, type=click.Choice(RECOMPUTE_MODULES),
                      metavar="MODULE",
                      help=f"MoE models, with --recompute selective: Megatron's --recompute-modules, one of "
@@ -94,7 +102,8 @@ def _dense_refused(flags: MoEFlags) -> list[str]:
     set_ = {"--ep": (flags.ep or 1) > 1, "--etp": (flags.etp or 1) > 1,
             "--recompute-modules": bool(flags.recompute_modules), "--mtp-num-layers": bool(flags.mtp_num_layers),
             "--overlap-moe-expert-parallel-comm": flags.a2a_overlap, "--delay-wgrad-compute": flags.delay_wgrad,
-            "--moe-deepep-num-sms": flags.dispatcher_sms is not None}
+            "--moe-deepep-num-sms": flags.dispatcher_sms is not None, "--moe-permute-fusion": flags.permute_fusion,
+            "--moe-router-fusion": flags.router_fusion}
     named = [flag for flag in flags.given if flag not in ("--ep", "--etp") or set_[flag]]
     return named + [flag for flag, on in set_.items() if on and flag not in named]
 
@@ -161,7 +170,8 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
         spec = replace(spec, mtp_num_layers=mtp_num_layers)
     return spec, MoEOptions(dispatcher=dispatcher, training=training.with_(recompute="none"),
                             a2a_overlap=flags.a2a_overlap, delay_wgrad=flags.delay_wgrad,
-                            dispatcher_sms=flags.dispatcher_sms,
+                            dispatcher_sms=flags.dispatcher_sms, permute_fusion=flags.permute_fusion,
+                            router_fusion=flags.router_fusion,
                             routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
                                                  pad_to_capacity=padded, imbalance=flags.moe_imbalance),
                             modules=frozenset(recompute_modules) if recompute_modules else None)
@@ -303,6 +313,8 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
              + f"; routing {routing.routing}" + (" unpadded" if routing.routing == "capacity"
                                                   and not routing.pad_to_capacity else "")
              + f", dispatcher {settings.dispatcher}" + (", a2a overlapped" if settings.a2a_overlap else "")
+             + "".join(f", {flag}" for flag, on in (("--moe-permute-fusion", settings.permute_fusion),
+                                                     ("--moe-router-fusion", settings.router_fusion)) if on)
              + (f", MTP {spec.mtp_num_layers}" if spec.mtp_num_layers else ""))  # FP8: setup_line's --fp8-format
     selected = len(result.order) if show_all else result.ranked
     caption = (counts_caption(result.counts, show_all, len(shown), selected)

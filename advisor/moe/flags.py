@@ -99,7 +99,8 @@ def model_flags(spec: MoESpec) -> list[str]:
 
 def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[str] | None = None,
                  capacity_factor: float | None = None, pad_to_capacity: bool = True, a2a_overlap: bool = False,
-                 delay_wgrad: bool = False, dispatcher_sms: int | None = None) -> list[str]:
+                 delay_wgrad: bool = False, dispatcher_sms: int | None = None, permute_fusion: bool = False,
+                 router_fusion: bool = False) -> list[str]:
     """EP, ETP, the dispatcher (and the overlap of its all-to-all with the other microbatch's
     compute), the capacity factor the routing assumed with its padding (priced padded, the
     expert inputs are padded only with --moe-pad-expert-input-to-capacity: megatron-core
@@ -120,6 +121,10 @@ def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[
         args.append("--overlap-moe-expert-parallel-comm")
     if delay_wgrad:
         args.append("--delay-wgrad-compute")
+    if permute_fusion:
+        args.append("--moe-permute-fusion")
+    if router_fusion:
+        args.append("--moe-router-fusion")
     if capacity_factor is not None:
         args += ["--moe-expert-capacity-factor", _number(capacity_factor)]
         if pad_to_capacity:
@@ -184,13 +189,14 @@ def rows_arg_parts(spec: MoESpec, seq_len: int, global_batch_size: int, rows) ->
         modules = _recomputed_modules(spec, row)
         key = (row["ep"], row["etp"], row["dispatcher"], None if modules is None else tuple(modules),
                row.get("capacity_factor"), row_pads(row), bool(row.get("a2a_overlap")), bool(row.get("delay_wgrad")),
-               row.get("dispatcher_sms"))
+               row.get("dispatcher_sms"), bool(row.get("permute_fusion")), bool(row.get("router_fusion")))
         flags = experts.get(key)
         if flags is None:
             flags = experts[key] = tuple(layout_flags(ep=key[0], etp=key[1], dispatcher=key[2],
                                                       recompute_modules=key[3], capacity_factor=key[4],
                                                       pad_to_capacity=key[5], a2a_overlap=key[6], delay_wgrad=key[7],
-                                                      dispatcher_sms=key[8]))
+                                                      dispatcher_sms=key[8], permute_fusion=key[9],
+                                                      router_fusion=key[10]))
         out.append((layout, model, flags))
     return out
 

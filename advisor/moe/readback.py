@@ -45,8 +45,6 @@ step (E numbers once per step), the MTP loss's weight (a scalar), and softmax be
 (``moe_utils.topk_routing_with_score_function``: the E-wide FP32 scores the router term already
 keeps; the sigmoid score function ignores it)."""
 NAMED = {
-    "moe-permute-fusion": "--moe-permute-fusion (fused permutation, priced unfused)",
-    "moe-router-fusion": "--moe-router-fusion (fused router, priced unfused)",
     "enable-experimental": "--enable-experimental (experimental kernels, priced as the default ones)",
     "moe-router-padding-for-fp8": "--moe-router-padding-for-fp8 (experts' tokens padded to 16/32, not priced)",
     "moe-router-padding-for-quantization": "--moe-router-padding-for-quantization (experts' tokens padded to the "
@@ -55,11 +53,7 @@ NAMED = {
                                  "series)",
 }
 """Read, and changing memory or time by less than the model resolves: named with what is priced
-in their place (megatron-core core_v0.15.2): Transformer Engine's fused permutation
-(``moe_utils.permute`` with fused=True) keeps its own row map where the unfused one, priced, keeps
-an int64 index per token copy (``memory.expert_activation_bytes``) in the same HBM passes
-(``time.permutation_bytes``); the fused router (``router.py``) keeps less than the FP32 logits
-and scores priced (``memory.router_activation_bytes``); ``is_experimental_enabled()`` switches
+in their place (megatron-core core_v0.15.2): ``is_experimental_enabled()`` switches
 the dispatchers' routing-map conversions and padding to Triton kernels (``token_dispatcher.py``);
 the router's padding for FP8 (core_v0.19.0: for quantization) rounds each expert's routed tokens
 up to the FP8 GEMM's alignment (fewer than 32 more per local expert); the shared experts'
@@ -106,6 +100,15 @@ class MoEFlags:
     """--moe-shared-expert-overlap."""
     transformer_impl: str = "transformer_engine"
     """--transformer-impl."""
+    permute_fusion: bool = False
+    """--moe-permute-fusion. Its time is priced (``advisor.moe.time.permutation_time``); its memory as
+    the unfused permutation's: Transformer Engine's (``moe_utils.permute`` with fused=True) keeps
+    its own row map where the unfused one keeps an int64 index per token copy
+    (``memory.expert_activation_bytes``), a little more."""
+    router_fusion: bool = False
+    """--moe-router-fusion. Its time is priced (no ``ROUTER_KERNELS_S``); its memory as the unfused
+    router's FP32 logits and scores (``memory.router_activation_bytes``), which the fused one
+    (``router.py``) keeps less of."""
     dispatcher_sms: int | None = None
     """--moe-deepep-num-sms (a command's core_v0.19.0 --moe-flex-dispatcher-num-sms, or its
     deprecated --moe-hybridep-num-sms, as megatron-core routes them: ``SM_FLAGS``); None: not given."""
@@ -269,7 +272,9 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
                     delay_wgrad=bool(values.get("delay-wgrad-compute")), pad_to_capacity=pad,
                     recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
                     shared_expert_overlap=bool(values.get("moe-shared-expert-overlap")),
-                    transformer_impl=transformer_impl, dispatcher_sms=sms), unpriced
+                    transformer_impl=transformer_impl, dispatcher_sms=sms,
+                    permute_fusion=bool(values.get("moe-permute-fusion")),
+                    router_fusion=bool(values.get("moe-router-fusion"))), unpriced
 
 
 def _balancing(values: dict) -> tuple[tuple[str, ...], float | tuple[float, ...]]:

@@ -57,6 +57,14 @@ class MoEOptions:
     dispatcher_sms: int | None = None
     """--moe-deepep-num-sms: the SMs the flex dispatcher's kernels hold, which the overlapped
     compute loses (``advisor.moe.time.comm_sm_share``); None: not given, DeepEP's default."""
+    permute_fusion: bool = False
+    """--moe-permute-fusion: Transformer Engine's fused token permutations, priced at the HBM rate;
+    without, megatron-core's own at the measured ``advisor.moe.time.PERMUTE_HBM_FRACTION`` of it.
+    Memory is priced as the unfused permutation keeps it (an int64 index per routed copy)."""
+    router_fusion: bool = False
+    """--moe-router-fusion: Transformer Engine's fused top-k and scores, priced as the gating GEMM
+    alone; without, the unfused router's small kernels besides (``ROUTER_KERNELS_S``). Memory as
+    the unfused router keeps it (its FP32 logits and scores)."""
 
     @property
     def gradient_bytes(self) -> int:

@@ -17,6 +17,10 @@ Assumptions, stated once:
 - Load imbalance: the busiest rank's expert GEMMs and all-to-all scale by
   ``RoutedTokens.imbalance`` (--moe-imbalance, default 1, balanced: the published runs this is
   checked against force balanced routing or use aux-loss balancing after warm-up).
+- The router and the token permutations as megatron-core runs them unfused (no --moe-router-fusion,
+  --moe-permute-fusion): the router's small kernels at a fixed cost (``ROUTER_KERNELS_S``), the
+  permutation by expert and its inverse at ``PERMUTE_HBM_FRACTION`` of the HBM rate, both
+  measured on one GPU elsewhere (``python -m tables.moe_kernel_probe``).
 - The dropless dispatcher's host wait for the token counts (``host_sync_idle``): one per MoE
   layer forward, the GPU idle for the launches after it until it has work, at ``HOST_LAUNCH_S``
   each (the documented upper end of a launch's host time).
@@ -211,7 +215,8 @@ class LayerTimes(NamedTuple):
 
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates,
                 gemm_rates: Rates | None = None, dispatcher: str = "alltoall",
-                sms: int = STREAMING_MULTIPROCESSORS["hopper"], routing: mm.RoutedTokens = mm.RoutedTokens()):
+                sms: int = STREAMING_MULTIPROCESSORS["hopper"], routing: mm.RoutedTokens = mm.RoutedTokens(),
+                permute_fusion: bool = False, router_fusion: bool = False):
     """``LayerTimes`` of one layer, one microbatch; backward is twice the compute (core attention's
     ``core_backward_extra`` besides) and the same communication. ``gemm_rates``: the linear
     layers' GEMM rates (``throughput.levers.fp8_rates`` with --fp8-format: attention
@@ -221,7 +226,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     the forward casts where the backward's own are 1.3-1.7 times those bytes). ``routing``: the
     copies the memory prices (``memory.expert_token_copies``: balanced x its imbalance, or padded
     to capacity or not), but dropless's as balanced (its worst case bounds memory, not the steady
-    state's pace)."""
+    state's pace). ``permute_fusion``, ``router_fusion``: --moe-permute-fusion, --moe-router-fusion
+    (``permutation_time``; the fused router without ``ROUTER_KERNELS_S``)."""
     fp8 = gemm_rates is not None
     gemm_rates = gemm_rates or rates
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
@@ -244,8 +250,10 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     expert_f, _ = expert_gemm_time(spec, copies, ep, etp, gemm_rates, sms, 1 if fp8 else mm.BF16)
     shared = 2.0 * tokens_cp * params.shared_expert_parameters(spec, tp) / gemm_rates.gemm_flops_per_s \
         + shared_swiglu
-    router = 2.0 * tokens * spec.hidden_size * spec.num_experts / rates.gemm_flops_per_s
-    permute = terms.elementwise_time(permutation_bytes(spec, copies, ep, dispatcher), rates)
+    # the backward is priced as twice the forward: a third of the router's small kernels forward
+    router = 2.0 * tokens * spec.hidden_size * spec.num_experts / rates.gemm_flops_per_s \
+        + (0.0 if router_fusion else ROUTER_KERNELS_S / 3)
+    permute = permutation_time(spec, copies, ep, rates, dispatcher, fused=permute_fusion)
     if dispatcher == "allgather":  # its gather over the expert TP x EP group is the dispatch
         a2a, gather = allgather_dispatch_time(spec, tokens, ep, etp, rates), 0.0
     else:
@@ -282,15 +290,53 @@ def mla_up_time(spec: MoESpec, tokens_cp, tp, gemm_rates: Rates, rates: Rates):
             + terms.elementwise_time(mm.BF16 * _rope_and_qk_norm_elements(spec) * tokens_cp / t, rates))
 
 
-def permutation_bytes(spec: MoESpec, copies, ep, dispatcher: str = "alltoall"):
-    """HBM bytes of one layer's token permutations forward, each reading and writing every token
-    copy (2h bytes): the permutation by expert before the dispatch and its inverse after the
-    combine; with the alltoall dispatcher and more than one local expert, also its second pair
-    (``token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher``: 'Permutation 2: Sort tokens by
-    local expert' after the all-to-all, 'Unpermutation 2' before the combine; the flex
-    dispatcher's DeepEP receives them unsorted and permutes once)."""
+PERMUTE_HBM_FRACTION = 0.42
+"""What megatron-core's unfused permutation by expert and its inverse (``moe_utils.permute`` /
+``unpermute``: index gathers, and the unpermutation's scatter-add of every routed copy,
+``index_add``-style with atomics) reach of the calibrated HBM rate. Measured on one H200 at
+Qwen3-30B-A3B's shape (4096 tokens, 32,768 routed copies of 2048 values, forward and backward):
+0.99 ms of kernels against 0.42 ms at the rate (``benchmarks/gpu/time_moe_kernels.py``, derived by
+``python -m tables.moe_kernel_probe``; no published run enters it). The alltoall dispatcher's
+second pair, the sort by local expert (``sort_chunks_by_idxs``: split and concatenate, plain
+copies), measured 1.3 times faster than the rate: it keeps the rate."""
+ROUTER_KERNELS_S = 0.24e-3
+"""The router's kernels besides its gating GEMM, one MoE layer and microbatch, forward and
+backward: softmax top-k, the auxiliary loss, forced balancing's random logits, the token counts
+and their copies, about 46 kernels of a few microseconds each (``router.py`` ``TopKRouter``,
+unfused). Measured on one H200 at Qwen3-30B-A3B's shape (4096 tokens x 128 experts, FP32 logits:
+2 MiB), ``python -m tables.moe_kernel_probe``; the GEMMs left out, the FP32 casts around them
+(about 0.06 ms, of which Transformer Engine's ``te_general_gemm`` avoids the forward's) kept. A fixed cost: tensors this small leave the kernels
+bound by their launch and latency, not their bytes; other score functions (DeepSeek-V3's sigmoid
+with group-limited top-k) run other kernels, priced the same (an assumption)."""
+
+
+def permutation_time(spec: MoESpec, copies, ep, rates: Rates, dispatcher: str = "alltoall", fused: bool = False):
+    """One layer's token permutations forward (``permutation_bytes``): unfused, the permutation by
+    expert and its inverse at ``PERMUTE_HBM_FRACTION`` of the HBM rate, the alltoall dispatcher's
+    sort by local expert at the rate; ``fused`` (--moe-permute-fusion: Transformer Engine's
+    permutation kernels, ``moe_utils.fused_permute``), every pair at the rate (not measured here)."""
+    by_expert, by_local_expert = permutation_pairs(spec, copies, ep, dispatcher)
+    fraction = 1.0 if fused else PERMUTE_HBM_FRACTION
+    return terms.elementwise_time(by_expert, rates) / fraction + terms.elementwise_time(by_local_expert, rates)
+
+
+def permutation_pairs(spec: MoESpec, copies, ep, dispatcher: str = "alltoall"):
+    """(by expert, by local expert): HBM bytes of one layer's two pairs of token permutations
+    forward, each permutation reading and writing every token copy (2h bytes). The first, the
+    permutation by expert before the dispatch and its inverse after the combine; the second, with
+    the alltoall dispatcher and more than one local expert only (``token_dispatcher.py``,
+    ``MoEAlltoAllTokenDispatcher``: 'Permutation 2: Sort tokens by local expert' after the
+    all-to-all, 'Unpermutation 2' before the combine; the flex dispatcher's DeepEP receives them
+    unsorted and permutes once)."""
+    pair = 4 * np.asarray(copies, dtype=float) * mm.BF16 * spec.hidden_size
     second = (dispatcher == "alltoall") & (spec.num_experts / np.asarray(ep, dtype=float) > 1)
-    return (4 + 4 * second) * copies * mm.BF16 * spec.hidden_size
+    return pair, pair * second
+
+
+def permutation_bytes(spec: MoESpec, copies, ep, dispatcher: str = "alltoall"):
+    """HBM bytes of all of one layer's token permutations forward (``permutation_pairs``)."""
+    by_expert, by_local_expert = permutation_pairs(spec, copies, ep, dispatcher)
+    return by_expert + by_local_expert
 
 
 HOST_LAUNCH_S = 20e-6
@@ -500,7 +546,8 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     b, base_of, spread = _by_base(c, bases)
     layer = layer_times(spec, seq_len, tp=b["tp"], cp=b["cp"], ep=b["ep"], etp=b["etp"], mbs=b["mbs"], rates=rates,
                         gemm_rates=gemm_rates, dispatcher=options.dispatcher,
-                        sms=streaming_multiprocessors(gpu.architecture), routing=options.routing)
+                        sms=streaming_multiprocessors(gpu.architecture), routing=options.routing,
+                        permute_fusion=options.permute_fusion, router_fusion=options.router_fusion)
     moe_f = layer.moe
     moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
     dense_t = _dense_layer_pace(spec, recompute, options, layer)

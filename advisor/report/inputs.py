@@ -50,7 +50,8 @@ _FIELDS = {  # key: (what it must be, the check) for the fields the report reads
     **{key: ("a string or null", lambda v: v is None or isinstance(v, str))
        for key in ("verdict", "gpu", "memory_model", "recompute", "recompute_method", "dispatcher", "routing")},
     **{key: ("true, false or null", lambda v: v is None or isinstance(v, bool))
-       for key in ("a2a_overlap", "delay_wgrad", "pad_to_capacity", "distributed_optimizer")},
+       for key in ("a2a_overlap", "delay_wgrad", "pad_to_capacity", "distributed_optimizer", "permute_fusion",
+                   "router_fusion")},
     # the paper's rule's fraction, bounded as advisor sweep's --threshold is (a hand-edited 5 drew no rule)
     "threshold": ("a number in (0, 1] or null", lambda v: v is None or _finite(v) and 0 < v <= 1),
     "options": ("an object", lambda v: isinstance(v, dict)),
@@ -206,7 +207,8 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
     if problem := dispatcher_sms_problem(sms, dispatcher, _architecture(row)):
         refuse(problem.replace("--moe-deepep-num-sms", "'dispatcher_sms'"))
     return {**settings, "recompute": recompute, "recompute_modules": modules, "a2a_overlap": overlap,
-            "delay_wgrad": delay, "gradient_bytes": grads, "distributed_optimizer": sharded, "dispatcher_sms": sms}
+            "delay_wgrad": delay, "gradient_bytes": grads, "distributed_optimizer": sharded, "dispatcher_sms": sms,
+            "permute_fusion": bool(row.get("permute_fusion")), "router_fusion": bool(row.get("router_fusion"))}
 
 
 def _architecture(row: dict) -> str:

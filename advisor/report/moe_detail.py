@@ -33,7 +33,8 @@ def _settings(row: dict):
                                               if not k.startswith("recompute")})
         return MoEOptions(dispatcher=row.get("dispatcher") or "alltoall", training=training,
                           a2a_overlap=bool(row.get("a2a_overlap")), delay_wgrad=bool(row.get("delay_wgrad")),
-                          dispatcher_sms=row.get("dispatcher_sms"),
+                          dispatcher_sms=row.get("dispatcher_sms"), permute_fusion=bool(row.get("permute_fusion")),
+                          router_fusion=bool(row.get("router_fusion")),
                           routing=RoutedTokens(routing=row.get("routing") or "balanced",
                                                capacity_factor=row.get("capacity_factor"),
                                                pad_to_capacity=row_pads(row),

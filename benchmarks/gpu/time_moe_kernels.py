@@ -8,7 +8,9 @@ balancing's random logits, the token counts, the permutations' index work and th
 the dropless dispatcher's host wait for the counts. ``advisor.moe.time.layer_times`` prices the
 router as one GEMM (``router``), the permutations by their HBM bytes (``permutation_bytes`` at
 the calibrated HBM rate, ``terms.elementwise_time``) and the host wait as ``host_sync_idle``:
-no per-kernel cost. One GPU times these parts without the 2-node all-to-all.
+no per-kernel cost. (That was the model this was written against; its first run, committed in
+``data/h200_moe_kernels/``, gave the router's small kernels and the permutations' rate the
+model now has: ``python -m tables.moe_kernel_probe``.) One GPU times these parts without the 2-node all-to-all.
 
 What runs: megatron-core's real MoE layer of qwen3-30b-a3b (hidden 2048, 128 experts, top-8,
 expert width 768) at sequence 4096, MBS 1, BF16, EP 1, TP 1, this process one NCCL rank, the
@@ -196,8 +198,8 @@ def prices(spec, seq_len: int, dispatcher: str) -> dict:
         rates = terms.Rates.of(gpu, cal)
         layer = moe_time.layer_times(spec, seq_len, tp=1, cp=1, ep=1, etp=1, mbs=1, rates=rates,
                                      dispatcher=dispatcher, sms=moe_time.streaming_multiprocessors(gpu.architecture))
-        permutation_bytes = moe_time.permutation_bytes(spec, copies, 1, dispatcher)
-        permute = terms.elementwise_time(permutation_bytes, rates)
+        by_expert, by_local_expert = moe_time.permutation_pairs(spec, copies, 1, dispatcher)
+        permute = moe_time.permutation_time(spec, copies, 1, rates, dispatcher)
         router = layer.block - layer.expert - permute  # layer_times' ``router`` term
         idle = moe_time.host_sync_idle(spec, tokens, rates, dispatcher)
         forward = {"router_s": router, "permute_s": permute, "host_sync_idle_s": idle, "comm_s": layer.comm,
@@ -208,7 +210,9 @@ def prices(spec, seq_len: int, dispatcher: str) -> dict:
                 "block": 3 * layer.block + 2 * layer.comm + idle}
         priced[name] = {"forward": {k: float(v) for k, v in forward.items()},
                         "forward_backward_s": {k: float(v) for k, v in both.items()},
-                        "permutation_bytes_forward": float(permutation_bytes),
+                        "permutation_bytes_forward": float(by_expert + by_local_expert),
+                        "permutation_pairs_bytes_forward": [float(by_expert), float(by_local_expert)],
+                        "permute_hbm_fraction": moe_time.PERMUTE_HBM_FRACTION,
                         "hbm_bytes_per_s": rates.hbm_bytes_per_s, "gemm_flops_per_s": rates.gemm_flops_per_s,
                         "host_launch_s": moe_time.HOST_LAUNCH_S}
     return priced
