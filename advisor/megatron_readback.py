@@ -458,6 +458,8 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     options, unpriced = training_options(rest, layout.tp, release)
     if fusion_off:
         unpriced += _softmax_fusion_note(rest, options)
+    if not moe_values:
+        unpriced += _local_attention_note(rest)
     moe = None
     if moe_values:  # a mixture of experts (advisor.moe.readback)
         from advisor.moe import readback
@@ -544,6 +546,26 @@ def _softmax_fusion_note(rest: list[str], options) -> list[str]:
     if options.attention.flash_attention and impl != "local":
         return []
     return [f"{_SOFTMAX_FUSION_OFF} (megatron-core's own attention's softmax unfused, not priced)"]
+
+
+UNFUSED_LOCAL_MEASURED = "3.7-4.2x"
+"""megatron-core's own unfused attention (``DotProductAttention`` with the PyTorch softmax) over
+the advisor's unfused-attention price, forward and backward, at 4096 and 8192 tokens and 4-32
+heads on one H200 (``benchmarks/gpu/time_unfused_attention.py``,
+``benchmarks/gpu/data/h200_unfused_attention.json``)."""
+
+
+def _local_attention_note(rest: list[str]) -> list[str]:
+    """What --transformer-impl local leaves underpriced in a dense run: its attention is priced as
+    unfused attention with one fused softmax kernel (Transformer Engine's unfused backend), but
+    megatron-core's own ``FusedScaleMaskSoftmax`` takes PyTorch's softmax, mask fill and copies above
+    4096 tokens, and below them without Apex's compiled kernels (``fusions/fused_softmax.py``,
+    ``is_kernel_available``), which one H200 timed at ``UNFUSED_LOCAL_MEASURED`` the price."""
+    if (_last_value(rest, "--transformer-impl") or "transformer_engine") != "local":
+        return []
+    return [f"--transformer-impl local (megatron-core's own attention: priced as unfused attention with a fused "
+            f"softmax; with PyTorch's softmax, above 4096 tokens or without Apex, one H200 took "
+            f"{UNFUSED_LOCAL_MEASURED} that price: benchmarks/gpu/data/h200_unfused_attention.json)"]
 
 
 def _last_value(rest: list[str], flag: str) -> str | None:

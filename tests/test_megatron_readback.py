@@ -150,3 +150,21 @@ def test_a_variable_the_script_leaves_unset_where_flags_stand_is_read_as_empty_a
     assert read_run(launch.arguments).unpriced[-2:] == tuple(
         f"{name} (a variable the script does not set: read as empty, as bash does; flags it may hold are not "
         "priced)" for name in ("$DTYPE_ARGS", "$MORE"))
+
+
+def test_megatron_cores_own_attention_is_named_with_its_measured_time():
+    """--transformer-impl local: megatron-core's DotProductAttention with PyTorch's softmax, which one
+    H200 timed at several times the unfused price (benchmarks/gpu/time_unfused_attention.py); the
+    note quotes the committed measurement's range at 4096 and 8192 tokens."""
+    import json
+
+    from advisor import megatron_readback as mr
+    from conftest import ROOT
+
+    cases = json.loads((ROOT / "benchmarks/gpu/data/h200_unfused_attention.json").read_text())["cases"]
+    ratios = [c["forward_backward_over_priced"] for name, c in cases.items() if not name.startswith("s2048")]
+    assert len(ratios) == 8 and f"{min(ratios):.1f}-{max(ratios):.1f}x" == mr.UNFUSED_LOCAL_MEASURED
+    (note,) = mr._local_attention_note(["--transformer-impl", "local"])
+    assert mr.UNFUSED_LOCAL_MEASURED in note and "h200_unfused_attention.json" in note
+    assert mr._local_attention_note(["--transformer-impl", "transformer_engine"]) == []
+    assert mr._local_attention_note([]) == []

@@ -100,8 +100,11 @@ def attention_kernel_time(forward_flops, cp, rates: Rates):
 
 def unfused_attention_time(spec: LlamaSpec, seq_len, mbs, tp, rates: Rates):
     """(forward, backward) of core attention without a fused kernel for one layer (--no-flash-attn:
-    megatron-core's unfused ``DotProductAttention``, core_v0.15.2 ``transformer/dot_product_attention.py``:
-    ``baddbmm`` for the scores, ``FusedScaleMaskSoftmax``, ``bmm`` with V). Every one of the s x s
+    ``baddbmm`` for the scores, one fused scale-mask-softmax kernel, ``bmm`` with V, as Transformer
+    Engine's unfused backend and megatron-core's ``DotProductAttention`` with Apex's kernels run it,
+    core_v0.15.2 ``transformer/dot_product_attention.py``; megatron-core's PyTorch softmax, above
+    4096 tokens or without Apex, measured 3.7-4.2x this on one H200: ``advisor.megatron_readback.
+    UNFUSED_LOCAL_MEASURED``). Every one of the s x s
     scores of the a / t heads of the rank's b sequences is computed (the causal mask is applied
     to them, not skipped), and each s x s matrix passes through HBM in BF16. Each batched GEMM
     (2 s^2 d FLOPs a head) takes the slower of the GEMM rate and the HBM roofline of the s x s
