@@ -1,25 +1,27 @@
 """``python -m tables.moe_kernel_probe``: the MoE router's and permutations' kernels on one GPU, and
-the two time-model constants derived from them.
+the time-model constants derived from them.
 
 The measurement (``benchmarks/gpu/time_moe_kernels.py``, committed in
-``benchmarks/gpu/data/h200_moe_kernels/``: one H200, torch 2.11.0+cu130, megatron-core 0.15.2
-without Transformer Engine, 2026-11-28) builds megatron-core's real Qwen3-30B-A3B MoE layer
+``benchmarks/gpu/data/h200_moe_kernels*/``: one H200, torch 2.11.0+cu130, megatron-core 0.15.2
+without Transformer Engine, 2026-11-28) builds megatron-core's real MoE layer of a preset
 (sequence 4096, MBS 1, EP 1, forced balanced routing, router and permutations unfused) and profiles
 one forward and backward of the router and of each dispatcher's dispatch and combine. From the
 profiles' kernel times:
 
 - ``ROUTER_KERNELS_S``: the router's kernels less its GEMMs (the measurement's FP32 gating GEMM
   runs on CUDA cores without Transformer Engine; with it, ``te_general_gemm`` runs a BF16
-  tensor-core GEMM, which the model prices), the mean of the two dispatchers' runs;
+  tensor-core GEMM, which the model prices), the mean of the two dispatchers' runs: softmax from
+  Qwen3-30B-A3B, sigmoid from DeepSeek-V3;
 - ``PERMUTE_HBM_FRACTION``: the permutation by expert and its inverse priced at the calibrated
   HBM rate of the ``h200-141gb`` preset (three times the forward, as the model prices a
   backward) over their measured kernel time: the allgather dispatcher's dispatch and combine at
-  EP 1 (no collective runs on one rank, and it has no second pair). The alltoall dispatcher's
-  kernels less its concatenations (the sort by local expert) check it; the concatenations
-  against the sort's price at the rate say why that pair keeps the rate.
+  EP 1 (no collective runs on one rank, and it has no second pair), from Qwen3-30B-A3B. The
+  alltoall dispatcher's kernels less its concatenations (the sort by local expert) check it; the
+  concatenations against the sort's price at the rate say why that pair keeps the rate.
 
-No published run enters either; ``tests/test_tables_moe_kernel_probe.py`` holds the constants in
-``advisor.moe.time`` to these derivations.
+Held out: Mixtral 8x7B (softmax top-2 over 8 experts, hidden 4096) checks both; DeepSeek-V3 checks
+the permutations. No published run enters any of them; ``tests/test_tables_moe_kernel_probe.py``
+holds the constants in ``advisor.moe.time`` to these derivations.
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ from advisor.moe.spec import PRESETS
 from advisor.throughput import terms
 from advisor.throughput.calibration import load_calibration
 
-SUMMARY = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "data" / "h200_moe_kernels" / "summary.json"
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "data"
+SUMMARY = DATA / "h200_moe_kernels" / "summary.json"
+"""Qwen3-30B-A3B's: what the softmax router's and the permutations' constants come from."""
+SUMMARIES = {"qwen3-30b-a3b": SUMMARY, "mixtral-8x7b": DATA / "h200_moe_kernels_mixtral-8x7b" / "summary.json",
+             "deepseek-v3": DATA / "h200_moe_kernels_deepseek-v3" / "summary.json"}
+HELD_OUT = {"mixtral-8x7b": ("router", "permutations"), "deepseek-v3": ("permutations",)}
+"""What each other model's measurement checks without entering it (DeepSeek-V3's router is the
+sigmoid constant's source)."""
 GPU = "h200-141gb"
 CONCATENATION = "CatArrayBatchedCopy"
 """The kernel-name fragment of ``torch.cat``'s copies, which ``sort_chunks_by_idxs`` runs."""
@@ -82,23 +91,40 @@ def derive(summary: dict) -> Derived:
                    sort_priced_s=3 * float(terms.elementwise_time(by_local_expert, rates)))
 
 
-def lines(derived: Derived) -> list[str]:
+def load() -> dict[str, Derived]:
+    """Each measured model's ``Derived``."""
+    return {model: derive(json.loads(path.read_text())) for model, path in SUMMARIES.items()}
+
+
+def lines(derived: dict[str, Derived]) -> list[str]:
     ms = lambda seconds: f"{seconds * 1e3:.3f} ms"  # noqa: E731
-    return [
-        f"One Qwen3-30B-A3B MoE layer on one H200 (sequence 4096, MBS 1, EP 1), forward + backward ({SUMMARY.parent.name}):",
-        f"  router kernels besides its GEMMs   {ms(derived.router_kernels_s)}"
-        f"   -> ROUTER_KERNELS_S = {moe_time.ROUTER_KERNELS_S * 1e3:.2f} ms",
-        f"  permutation by expert + inverse    {ms(derived.permute_measured_s)} measured, {ms(derived.permute_priced_s)} "
-        f"at the HBM rate -> PERMUTE_HBM_FRACTION {derived.permute_hbm_fraction:.3f} "
+    qwen, deepseek = derived["qwen3-30b-a3b"], derived["deepseek-v3"]
+    out = [
+        "MoE layers on one H200 (sequence 4096, MBS 1, EP 1), forward + backward (benchmarks/gpu/data/h200_moe_kernels*):",
+        f"  softmax router (qwen3-30b-a3b), besides its GEMMs  {ms(qwen.router_kernels_s)}"
+        f"   -> ROUTER_KERNELS_S['softmax'] = {moe_time.ROUTER_KERNELS_S['softmax'] * 1e3:.2f} ms",
+        f"  sigmoid router (deepseek-v3), besides its GEMMs    {ms(deepseek.router_kernels_s)}"
+        f"   -> ROUTER_KERNELS_S['sigmoid'] = {moe_time.ROUTER_KERNELS_S['sigmoid'] * 1e3:.2f} ms",
+        f"  permutation by expert + inverse (qwen3-30b-a3b)    {ms(qwen.permute_measured_s)} measured, "
+        f"{ms(qwen.permute_priced_s)} at the HBM rate -> PERMUTE_HBM_FRACTION {qwen.permute_hbm_fraction:.3f} "
         f"(advisor: {moe_time.PERMUTE_HBM_FRACTION})",
-        f"    check: alltoall less its sort    {ms(derived.alltoall_first_pair_s)}",
-        f"  sort by local expert (alltoall)    {ms(derived.sort_measured_s)} measured, {ms(derived.sort_priced_s)} "
-        f"at the rate ({derived.sort_priced_s / derived.sort_measured_s:.2f}x): kept at the rate",
-    ]
+        f"    check: alltoall less its sort                     {ms(qwen.alltoall_first_pair_s)}",
+        f"  sort by local expert (alltoall)                    {ms(qwen.sort_measured_s)} measured, "
+        f"{ms(qwen.sort_priced_s)} at the rate ({qwen.sort_priced_s / qwen.sort_measured_s:.2f}x): kept at the rate",
+        "Held out (measured / priced now):"]
+    for model, parts in HELD_OUT.items():
+        d = derived[model]
+        if "router" in parts:
+            out.append(f"  {model} router        {ms(d.router_kernels_s)} / {ms(moe_time.ROUTER_KERNELS_S['softmax'])}"
+                       f" = {d.router_kernels_s / moe_time.ROUTER_KERNELS_S['softmax']:.2f}")
+        priced = d.permute_priced_s / moe_time.PERMUTE_HBM_FRACTION
+        out.append(f"  {model} permutations  {ms(d.permute_measured_s)} / {ms(priced)} = "
+                   f"{d.permute_measured_s / priced:.2f} (its own fraction {d.permute_hbm_fraction:.3f})")
+    return out
 
 
 def main() -> None:
-    print("\n".join(lines(derive(json.loads(SUMMARY.read_text())))))
+    print("\n".join(lines(load())))
 
 
 if __name__ == "__main__":

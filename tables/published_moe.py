@@ -84,12 +84,12 @@ MISSES = {
                   "timed on one H200 as Transformer Engine issues them (one cuBLAS GEMM per expert over 4 "
                   "streams; tables/moe_gemm_probe.py), this layout's BF16 GEMMs take 0.99 of the modelled "
                   "time, and its FP8 GEMMs 1.24 of it, about 2 points of the miss if charged as measured",
-    "dgxc-dsv3-bf16": "predicted slower (+15.3%): the run's Megatron (core_r0.12, pinned by the benchmark) has "
+    "dgxc-dsv3-bf16": "predicted slower (+15.8%): the run's Megatron (core_r0.12, pinned by the benchmark) has "
                       "no fused router, so its router is priced with the unfused router's small kernels as "
-                      "measured on one H200 at Qwen3-30B-A3B's shape (ROUTER_KERNELS_S, 0.24 ms a layer and "
-                      "microbatch; tables/moe_kernel_probe.py): +14.8% without them. DeepSeek-V3's sigmoid "
-                      "scores with group-limited top-k over 256 experts run other kernels than the 128-expert "
-                      "softmax top-k measured, priced the same (an assumption)",
+                      "DeepSeek-V3's measured on one H200 (sigmoid scores, group-limited top-8 over 256 "
+                      "experts: 0.50 ms a layer and microbatch, ROUTER_KERNELS_S; tables/moe_kernel_probe.py): "
+                      "+14.8% without them. The router measured ran without Transformer Engine, on the "
+                      "advisor's flags for the preset, not on this run's older megatron-core",
     "mb2606-q30-ep16": "predicted faster (-35%), and not in the EP all-to-all: NVIDIA's BF16 runs of this "
                        "layout and dispatcher, forced balanced, took 25.1 s without the EP overlap "
                        "(mbcard0718-q30-hybridep, -15.7% here) and 21.0 s with it (mbcard0725-q30-overlap, "

@@ -306,7 +306,7 @@ def test_permutation_time_by_hand():
 
 
 def test_the_unfused_router_costs_its_measured_small_kernels():
-    # forward a third of ROUTER_KERNELS_S (0.08 ms), so that the backward, priced as twice the
+    # forward a third of the softmax router's ROUTER_KERNELS_S (0.08 ms), so that the backward, priced as twice the
     # forward, brings the whole 0.24 ms; the fused router (--moe-router-fusion) is its GEMM alone,
     # and the fused permutation takes the unfused one's extra time (1/0.42 - 1 of its first pair)
     qwen = PRESETS["qwen3-30b-a3b"]
@@ -314,13 +314,17 @@ def test_the_unfused_router_costs_its_measured_small_kernels():
     unfused = mt.layer_times(qwen, 4096, **kw)
     router_fused = mt.layer_times(qwen, 4096, **kw, router_fusion=True)
     both_fused = mt.layer_times(qwen, 4096, **kw, router_fusion=True, permute_fusion=True)
-    assert mt.ROUTER_KERNELS_S == 0.24e-3
+    assert mt.ROUTER_KERNELS_S["softmax"] == 0.24e-3  # Qwen3-30B-A3B's softmax router
     assert float(unfused.block - router_fused.block) == pytest.approx(0.08e-3, rel=1e-9)
     assert float(unfused.moe - router_fused.moe) == pytest.approx(0.08e-3, rel=1e-9)
     copies = 4096 * 8  # balanced top-8 of the rank's 4096 tokens
     first_pair = _at_hbm_rate(4 * copies * 2 * 2048)
     assert float(router_fused.block - both_fused.block) == pytest.approx(first_pair * (1 / 0.42 - 1), rel=1e-9)
     assert unfused.expert == both_fused.expert and unfused.comm == both_fused.comm
+    # DeepSeek-V3's sigmoid router, measured apart: 0.50 ms, a third of it forward
+    kw = dict(tp=2, cp=1, ep=64, etp=1, mbs=1, rates=_RATES)
+    sigmoid = mt.layer_times(DSV3, 4096, **kw).block - mt.layer_times(DSV3, 4096, **kw, router_fusion=True).block
+    assert float(sigmoid) == pytest.approx(0.50e-3 / 3, rel=1e-9)
 
 
 def _at_hbm_rate(bytes_moved: float) -> float:

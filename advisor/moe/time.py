@@ -252,7 +252,7 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         + shared_swiglu
     # the backward is priced as twice the forward: a third of the router's small kernels forward
     router = 2.0 * tokens * spec.hidden_size * spec.num_experts / rates.gemm_flops_per_s \
-        + (0.0 if router_fusion else ROUTER_KERNELS_S / 3)
+        + (0.0 if router_fusion else ROUTER_KERNELS_S[spec.score_function] / 3)
     permute = permutation_time(spec, copies, ep, rates, dispatcher, fused=permute_fusion)
     if dispatcher == "allgather":  # its gather over the expert TP x EP group is the dispatch
         a2a, gather = allgather_dispatch_time(spec, tokens, ep, etp, rates), 0.0
@@ -296,18 +296,22 @@ PERMUTE_HBM_FRACTION = 0.42
 ``index_add``-style with atomics) reach of the calibrated HBM rate. Measured on one H200 at
 Qwen3-30B-A3B's shape (4096 tokens, 32,768 routed copies of 2048 values, forward and backward):
 0.99 ms of kernels against 0.42 ms at the rate (``benchmarks/gpu/time_moe_kernels.py``, derived by
-``python -m tables.moe_kernel_probe``; no published run enters it). The alltoall dispatcher's
+``python -m tables.moe_kernel_probe``; no published run enters it). Held out, the same measurement
+at Mixtral 8x7B's and DeepSeek-V3's shapes gave 0.38 and 0.46. The alltoall dispatcher's
 second pair, the sort by local expert (``sort_chunks_by_idxs``: split and concatenate, plain
 copies), measured 1.3 times faster than the rate: it keeps the rate."""
-ROUTER_KERNELS_S = 0.24e-3
+ROUTER_KERNELS_S = {"softmax": 0.24e-3, "sigmoid": 0.50e-3}
 """The router's kernels besides its gating GEMM, one MoE layer and microbatch, forward and
-backward: softmax top-k, the auxiliary loss, forced balancing's random logits, the token counts
-and their copies, about 46 kernels of a few microseconds each (``router.py`` ``TopKRouter``,
-unfused). Measured on one H200 at Qwen3-30B-A3B's shape (4096 tokens x 128 experts, FP32 logits:
-2 MiB), ``python -m tables.moe_kernel_probe``; the GEMMs left out, the FP32 casts around them
-(about 0.06 ms, of which Transformer Engine's ``te_general_gemm`` avoids the forward's) kept. A fixed cost: tensors this small leave the kernels
-bound by their launch and latency, not their bytes; other score functions (DeepSeek-V3's sigmoid
-with group-limited top-k) run other kernels, priced the same (an assumption)."""
+backward, by score function (``router.py`` ``TopKRouter``, unfused): top-k, the scores, the
+auxiliary loss or the expert bias, forced balancing's random logits, the token counts and their
+copies, 48-51 kernels of a few microseconds each. Measured on one H200 (``python -m
+tables.moe_kernel_probe``; the GEMMs left out, the FP32 casts around them, about 0.06 ms of which
+Transformer Engine's ``te_general_gemm`` avoids the forward's, kept): softmax top-8 at
+Qwen3-30B-A3B's 4096 tokens x 128 experts, 0.239 ms, and, held out, Mixtral 8x7B's softmax top-2
+over 8 experts, 0.241 ms: a fixed cost while the tensors are this small (2 MiB of FP32 logits), the
+kernels bound by their launch and latency, not their bytes; DeepSeek-V3's sigmoid scores with
+expert bias and group-limited top-8 over 256 experts, 0.496 ms (measured on that model alone: the
+other sigmoid routers are priced as it, an assumption)."""
 
 
 def permutation_time(spec: MoESpec, copies, ep, rates: Rates, dispatcher: str = "alltoall", fused: bool = False):

@@ -90,6 +90,11 @@ DEADLINE_S = 120.0
 """Seconds from the start after which parts not started are skipped (the run must end well under
 150 s; ``measure_moe_layers.py`` built and ran each such layer in under 2 s on an H200)."""
 MODEL = "qwen3-30b-a3b"
+"""The preset measured by default (--model): the published runs' Qwen3-30B-A3B."""
+MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3")
+"""--model's choices: the default, and two held out of what ``tables.moe_kernel_probe`` derives
+from it (Mixtral's 8 experts, top-2, hidden 4096; DeepSeek-V3's 256, sigmoid group-limited top-8,
+hidden 7168), to check the derived constants on shapes they were not taken from."""
 DISPATCHERS = ("alltoall", "allgather")
 PARTS = ("router", "router-profile", "dispatch", "dispatch-profile", "block")
 """The parts run per dispatcher, after its ``build``, in this order."""
@@ -134,6 +139,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                                device_help="cuda: one GPU, one NCCL rank; cpu: gloo, perf_counter and CPU profiling")
     parser.add_argument("--repeats", type=_positive_int, default=None,
                         help="timed repeats of the router and dispatch parts (default 20 on CUDA, 3 on the CPU)")
+    parser.add_argument("--model", choices=MODELS, default=MODEL,
+                        help=f"the MoE preset whose layer is timed (default {MODEL})")
     parser.add_argument("--z-loss-coeff", type=script_cli.positive_number, default=None, metavar="COEFF",
                         help="--moe-z-loss-coeff for the router (default: none, as the advisor's flags and the "
                              "published Qwen3 runs' notes have it)")
@@ -145,11 +152,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def preset(tiny: bool):
-    """The ``advisor.moe.spec`` preset of ``MODEL``, shrunk with --tiny."""
+def preset(tiny: bool, model: str = MODEL):
+    """The ``advisor.moe.spec`` preset ``model``, shrunk with --tiny. Multi-latent attention (and its
+    YaRN) is dropped: the local layer spec cannot build it, and the parts timed here, the router and
+    the dispatcher, do not depend on the attention before them (the ``block`` part is labelled
+    as not the model's anyway)."""
     from advisor.moe.spec import PRESETS
 
-    return dataclasses.replace(PRESETS[MODEL], **TINY) if tiny else PRESETS[MODEL]
+    spec = dataclasses.replace(PRESETS[model], mla=None, yarn=None)
+    return dataclasses.replace(spec, **TINY) if tiny else spec
 
 
 def router_settings(spec, z_loss_coeff: float | None) -> dict:
@@ -269,7 +280,7 @@ def build(context: contextlib.ExitStack, args: argparse.Namespace, dispatcher: s
     from megatron_hooks.model import build_gpt_model
     from megatron_hooks.moe_layer import _kernels_and_routing, _world
 
-    spec, device = preset(args.tiny), args.device
+    spec, device = preset(args.tiny, args.model), args.device
     _world(context, device, tp=1, ep=1, etp=1)
     _kernels_and_routing(context, device, device, spec)
     model = build_gpt_model(spec, seq_len=args.seq_len, layers=[spec.num_layers // 2 + 1], pre_process=False,
@@ -499,7 +510,7 @@ def run_dispatcher(args: argparse.Namespace, summary: dict, dispatcher: str) -> 
     """The advisor's price, the build and every part of one dispatcher, in one process group."""
     import functools
 
-    priced = attempt(args, summary, f"{dispatcher}-price", lambda: prices(preset(args.tiny), args.seq_len, dispatcher))
+    priced = attempt(args, summary, f"{dispatcher}-price", lambda: prices(preset(args.tiny, args.model), args.seq_len, dispatcher))
     summary["predicted"][dispatcher] = priced
     with contextlib.ExitStack() as context:
         pieces = attempt(args, summary, f"{dispatcher}-build", lambda: build(context, args, dispatcher))
@@ -552,10 +563,10 @@ def header(args: argparse.Namespace, torch) -> dict:
     from advisor.throughput.calibration import CALIBRATION_FILE
     from megatron_hooks.recorder import megatron_core_version
 
-    spec = preset(args.tiny)
+    spec = preset(args.tiny, args.model)
     return {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
             "torch": torch.__version__, "cuda": torch.version.cuda, "megatron_core": megatron_core_version(),
-            "python": sys.version.split()[0], "model": MODEL, "tiny": args.tiny,
+            "python": sys.version.split()[0], "model": args.model, "tiny": args.tiny,
             "sizes": {f: getattr(spec, f) for f in ("hidden_size", "num_experts", "moe_router_topk",
                                                     "moe_ffn_hidden_size")},
             "seq_len": args.seq_len, "mbs": 1, "ep": 1, "tp": 1, "dtype": "bf16", "layer_spec": "local",
