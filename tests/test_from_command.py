@@ -562,3 +562,17 @@ def test_transformer_impl_local_is_priced_as_the_unfused_attention_it_builds():
                              estimate("--use-flash-attn"))
     assert (local["total_gib"], local["step_time_s"]) == (unfused["total_gib"], unfused["step_time_s"])
     assert local["total_gib"] > flash["total_gib"] + 20 and local["verdict"] == "oom" != flash["verdict"]
+
+
+def test_compare_best_against_a_layout_that_does_not_fit_is_no_speedup():
+    """A command called oom has no step time to compare: its price is only what it would take if it
+    fit, so the line says that instead of 'yours takes 0.8x as long' (which read as a win)."""
+    from advisor.cli.from_command import comparison_line
+
+    best = {"tp": 2, "cp": 1, "pp": 4, "dp": 8, "mbs": 1, "vpp": 1, "recompute": "none", "total_gib": 60.0,
+            "usage_gib": 70.0, "verdict": "fits", "step_time_s": 5.0}
+    for verdict in ("oom", "likely oom"):
+        line = comparison_line(best, {"verdict": verdict, "step_time_s": 4.0}, 64)
+        assert f"yours is called {verdict} (4.00 s only if it fit)" in line and "as long" not in line
+    line = comparison_line(best, {"verdict": "likely fits", "step_time_s": 6.0}, 64)
+    assert "(yours takes 1.20x as long)" in line

@@ -134,6 +134,11 @@ def comparison_line(best: dict | None, row: dict, gpus: int, *, experts: bool = 
     gib = best["usage_gib"] if best.get("usage_gib") is not None else best["total_gib"]
     line = f"best sweep row on {gpus} GPUs: {degrees}, recompute {best['recompute']}, {gib:.1f} GiB, {best['verdict']}"
     if best.get("step_time_s") is not None and row.get("step_time_s") is not None:
-        line += (f"; {best['step_time_s']:.2f} s per step against yours {row['step_time_s']:.2f} s "
-                 f"(yours takes {row['step_time_s'] / best['step_time_s']:.2f}x as long)")
+        if row.get("verdict") in ("oom", "likely oom"):
+            # a layout that does not fit has no step time to compare: its price is only 'if it fit'
+            line += (f"; {best['step_time_s']:.2f} s per step, where yours is called {row['verdict']} "
+                     f"({row['step_time_s']:.2f} s only if it fit)")
+        else:
+            line += (f"; {best['step_time_s']:.2f} s per step against yours {row['step_time_s']:.2f} s "
+                     f"(yours takes {row['step_time_s'] / best['step_time_s']:.2f}x as long)")
     return line
