@@ -188,8 +188,9 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     prints the problems as warnings; a real run with a problem prints every one, one line each,
     and exits with status 2 before anything starts. ``hold_notes``: the caller prints the notes
     (``_flush_notes``) once its -o file is written, so that a write that fails is one line. Where
-    the ranks run elsewhere (``gpus_here`` false: sbatch), Transformer Engine is not checked here
-    but by each rank's entry (``--check-transformer-engine``), on the nodes that need it."""
+    the ranks run elsewhere (``gpus_here`` false: sbatch, and the k8s and SkyPilot manifests, whose
+    image this machine cannot see), Transformer Engine is not checked here but by each rank's entry
+    (``--check-transformer-engine``), on the nodes that need it."""
     from launch.commands import entry_options
     from launch.megatron_versions import LaunchShape, environment
     from launch.preflight import uses_transformer_engine
@@ -211,8 +212,10 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     if not hold_notes:
         _flush_notes()  # the command's checks passed: its notes come before its output
     entry = entry_options(release.checkout or release.given, **profiling)
-    if checks and not gpus_here and uses_transformer_engine(megatron.args):
-        entry.append("--check-transformer-engine")  # the ranks' nodes check what this one could not
+    if not gpus_here and uses_transformer_engine(megatron.args):
+        # the ranks' nodes (sbatch's, or a manifest's image, which this machine cannot see) check
+        # what this one could not, at once, not at Megatron's first TE import
+        entry.append("--check-transformer-engine")
     return entry, env
 
 

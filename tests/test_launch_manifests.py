@@ -105,3 +105,19 @@ def test_bad_manifest_input_is_one_line(sweep):
     assert errors == ["Error: --name 'Not_A_Label': a job name must be a DNS label (lower-case letters, digits and "
                       "'-', at most 63 characters)"] and result.stdout == ""
     assert "Missing option '--image'" in launcher().error("k8s", "--from", sweep)
+
+
+def test_the_manifests_ranks_check_transformer_engine_on_their_nodes(sweep):
+    """The image is not this machine's to inspect: as under sbatch, each rank's entry checks
+    Transformer Engine first (one line and exit 2 on a node that lacks it, not Megatron's first TE
+    import), where the arguments use it; with --transformer-impl local they do not."""
+    def entry(*extra: str) -> list[str]:
+        for command in ("k8s", "skypilot"):
+            text = launcher()(command, "--from", sweep, "--image" if command == "k8s" else "--accelerator",
+                              "ghcr.io/example/megatron:25.04" if command == "k8s" else "H100", "--megatron-lm",
+                              "/workspace/Megatron-LM", "--gpus-per-node", "8", "--mock-data", "--dry-run", "--",
+                              *extra).stdout
+            yield text[:text.index(" -- ")] if " -- " in text else text
+
+    assert all("--check-transformer-engine" in head for head in entry())
+    assert not any("--check-transformer-engine" in head for head in entry("--transformer-impl", "local"))
