@@ -510,3 +510,25 @@ def test_several_balancing_losses_are_read_and_launched_as_given():
 ])
 def test_balancing_losses_megatron_refuses_are_one_line(extra, message):
     _one_line_error(_from_command(extra), message)
+
+
+def test_recompute_modules_take_megatrons_space_separated_spelling():
+    """Megatron-LM's --recompute-modules moe_act layernorm (nargs='+') means what the advisor's
+    repeated option means; a word that is not a module is still refused in one line, and nothing
+    after '--' is rewritten."""
+    from advisor.cli.options import megatron_nargs
+
+    base = ["sweep", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--recompute", "selective",
+            "--top", "2", "--format", "json"]
+    repeated = CliRunner().invoke(cli, [*base, "--recompute-modules", "moe_act", "--recompute-modules", "layernorm"])
+    spaced = CliRunner().invoke(cli, megatron_nargs([*base, "--recompute-modules", "moe_act", "layernorm"]))
+    assert repeated.exit_code == spaced.exit_code == 0 and repeated.stdout == spaced.stdout
+    assert sorted(json.loads(spaced.stdout)[0]["recompute_modules"]) == ["layernorm", "moe_act"]
+    done = subprocess.run([sys.executable, "-m", "advisor", *base, "--recompute-modules", "moe_act", "layernorm"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and json.loads(done.stdout) == json.loads(spaced.stdout)  # the real entry point
+    bad = subprocess.run([sys.executable, "-m", "advisor", *base, "--recompute-modules", "moe_act", "bogus"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "bogus" in bad.stderr
+    passed_on = ["--recompute-modules", "moe_act", "--", "--recompute-modules", "mlp", "moe"]
+    assert megatron_nargs(passed_on) == passed_on

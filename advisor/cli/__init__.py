@@ -17,12 +17,13 @@ matplotlib inside the commands that need them, so ``advisor --help`` starts fast
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import NamedTuple
 
 import click
 from click.utils import make_default_short_help
 
-from advisor.cli.options import EPILOG, OneLineErrors, add_megatron_spellings
+from advisor.cli.options import EPILOG, OneLineErrors, add_megatron_spellings, megatron_nargs
 
 
 class Lazy(NamedTuple):
@@ -61,6 +62,10 @@ the training options, MoE, the report) loads only when that command is asked for
 class AdvisorGroup(OneLineErrors, click.Group):
     """The ``advisor`` group: every input error as one line with exit status 2; commands load
     on demand (``COMMANDS``)."""
+
+    def main(self, args=None, *rest, **extra):
+        """Megatron's space-separated --recompute-modules taken as the advisor's repeated option."""
+        return super().main(megatron_nargs(sys.argv[1:] if args is None else list(args)), *rest, **extra)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*COMMANDS, *self.commands})

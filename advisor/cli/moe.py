@@ -79,8 +79,8 @@ def moe_options(func):
         click.option("--recompute-modules", "recompute_modules", multiple=True, type=click.Choice(RECOMPUTE_MODULES),
                      metavar="MODULE",
                      help=f"MoE models, with --recompute selective: Megatron's --recompute-modules, one of "
-                          f"{', '.join(RECOMPUTE_MODULES)} (repeat the option). Default here: moe_act, "
-                          "layernorm and, with MLA, mla_up_proj, which save memory; Megatron's own default, "
+                          f"{', '.join(RECOMPUTE_MODULES)} (repeat the option, or list them after it as Megatron "
+                          "does). Default here: moe_act, layernorm and, with MLA, mla_up_proj, which save memory; Megatron's own default, "
                           "core_attn, saves none with fused attention. The rows always write the modules."),
     ], wrapper)
 

@@ -98,6 +98,32 @@ def add_megatron_spellings(command: click.Command) -> None:
         add_megatron_spellings(sub)
 
 
+def megatron_nargs(args: list[str]) -> list[str]:
+    """``args`` with Megatron-LM's ``--recompute-modules moe_act layernorm`` (one flag, several values:
+    ``nargs='+'``) spelled as the advisor's repeated option. Only a module Megatron knows is taken
+    (anything else stays for click to refuse), and nothing after a bare ``--`` (arguments passed on
+    to Megatron) is touched."""
+    flag = "--recompute-modules"
+    if flag not in args:
+        return args
+    from advisor.moe.spec import RECOMPUTE_MODULES  # Megatron's choices, both releases
+
+    out: list[str] = []
+    values = None  # how many values the current --recompute-modules has taken
+    for i, word in enumerate(args):
+        if word == "--":
+            return out + args[i:]
+        if word == flag:
+            values = 0
+        elif values is not None and word in RECOMPUTE_MODULES:
+            out += [flag] if values else []
+            values += 1
+        else:
+            values = None
+        out.append(word)
+    return out
+
+
 class InputError(click.ClickException):
     """Bad input: one line on stderr, exit status 2."""
 
