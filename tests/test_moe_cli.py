@@ -532,3 +532,20 @@ def test_recompute_modules_take_megatrons_space_separated_spelling():
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "bogus" in bad.stderr
     passed_on = ["--recompute-modules", "moe_act", "--", "--recompute-modules", "mlp", "moe"]
     assert megatron_nargs(passed_on) == passed_on
+
+
+def test_the_moe_estimate_title_names_its_options_as_the_sweeps_does():
+    """The estimate's title names the training options that differ from the defaults (as the dense
+    estimate's) and the MoE settings (as the sweep's): one phrase for both."""
+    base = ["--model", "qwen3-30b-a3b", "--gpu", "h100-80gb", "--gpus", "16", "--ep", "8"]
+    estimate = CliRunner(env={"COLUMNS": "200"}).invoke(
+        cli, ["estimate", *base, "--tp", "1", "--pp", "1", "--gbs", "1024", "--recompute", "full",
+              "--grad-reduce-in-bf16", "--moe-router-fusion", "--moe-token-dispatcher-type", "allgather"])
+    sweep = CliRunner(env={"COLUMNS": "200"}).invoke(
+        cli, ["sweep", *base, "--top", "1", "--grad-reduce-in-bf16", "--moe-router-fusion",
+              "--moe-token-dispatcher-type", "allgather"])
+    assert estimate.exit_code == sweep.exit_code == 0, estimate.output + sweep.output
+    phrase = "routing balanced, dispatcher allgather, --moe-router-fusion"
+    estimate_title, sweep_title = estimate.stdout.splitlines()[0], " ".join(sweep.stdout.splitlines()[:2])
+    assert "--grad-reduce-in-bf16" in estimate_title and estimate_title.endswith(phrase)
+    assert phrase in sweep_title and "--grad-reduce-in-bf16" in sweep_title

@@ -307,15 +307,9 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
     from advisor import render
     from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 
-    routing = settings.routing
     title = (setup_line(spec, workload, gpus, mem, threshold, settings.training, gpu, result.memory_model,
                         "throughput" if result.tolerance else "paper")
-             + f"; routing {routing.routing}" + (" unpadded" if routing.routing == "capacity"
-                                                  and not routing.pad_to_capacity else "")
-             + f", dispatcher {settings.dispatcher}" + (", a2a overlapped" if settings.a2a_overlap else "")
-             + "".join(f", {flag}" for flag, on in (("--moe-permute-fusion", settings.permute_fusion),
-                                                     ("--moe-router-fusion", settings.router_fusion)) if on)
-             + (f", MTP {spec.mtp_num_layers}" if spec.mtp_num_layers else ""))  # FP8: setup_line's --fp8-format
+             + f"; {settings_words(settings, spec)}")  # FP8: setup_line's --fp8-format
     selected = len(result.order) if show_all else result.ranked
     caption = (counts_caption(result.counts, show_all, len(shown), selected)
                + f"\n{_searched(result)}"
@@ -324,6 +318,20 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
              "num_microbatches": workload.global_batch_size // (row["mbs"] * row["dp"])} for row in shown]
     return render.to_table(rows, sweep_columns(result.memory_model == "calibrated", gpu is not None, experts=True),
                            title=title, row_style=render.verdict_style, caption=caption, color=color_wanted(output))
+
+
+def settings_words(settings, spec) -> str:
+    """The MoE settings a title names: the routing assumption, the dispatcher, the all-to-all
+    overlap, the fused kernels and the MTP layers (the training options are the titles' own
+    ``changed_args``)."""
+    routing = settings.routing
+    words = [f"routing {routing.routing}" + (" unpadded" if routing.routing == "capacity"
+                                             and not routing.pad_to_capacity else ""),
+             f"dispatcher {settings.dispatcher}"]
+    words += [word for word, on in (("a2a overlapped", settings.a2a_overlap),
+                                    ("--moe-permute-fusion", settings.permute_fusion),
+                                    ("--moe-router-fusion", settings.router_fusion)) if on]
+    return ", ".join(words + ([f"MTP {spec.mtp_num_layers}"] if spec.mtp_num_layers else []))
 
 
 def _machine_text(shown: list[dict], setup: dict, spec, workload, fmt: str) -> str:
@@ -376,7 +384,7 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
     if fmt == "csv":
         emit(estimate_csv(row, stages), output)
         return
-    emit(_stage_table(row, spec, workload, gpu, (tp, cp, pp, dp, mbs, vpp), mem, notes, output), output)
+    emit(_stage_table(row, spec, workload, gpu, (tp, cp, pp, dp, mbs, vpp), mem, notes, output, settings), output)
 
 
 def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node, settings, memory_model):
@@ -397,8 +405,11 @@ def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node
     return best, comparison_line(best, row, gpus, experts=True)
 
 
-def _stage_table(row, spec, workload, gpu, layout, mem, notes, output) -> str:
-    """One row per pipeline stage; the caption the peak stage, its verdict and the step time."""
+def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings) -> str:
+    """One row per pipeline stage; the caption the peak stage, its verdict and the step time; the
+    title the layout, the training options that differ from the defaults and the MoE settings."""
+    from advisor.options.flags import changed_args
+
     from advisor import render
     from advisor.render import Column
 
@@ -427,9 +438,9 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output) -> str:
                     f"TFLOP/s per GPU (MFU {row['mfu']:.0%}), {row['tokens_per_s']:,.0f} tokens/s; "
                     + render.time_parts_text(row["time_parts"]))
     caption += "".join(f"\n{note}" for note in notes)
-    extra = "".join(f", {name} {value}" for name, value in (("VPP", vpp), ("MTP", spec.mtp_num_layers)) if value > 1
-                    or (name == "MTP" and value))
-    return render.to_table(stages, columns, caption=caption, color=color_wanted(output),
-                           title=f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, EP {row['ep']}, ETP {row['etp']}, "
-                                 f"DP {dp}, MBS {mbs}{extra}, seq {workload.seq_len}, gbs {workload.global_batch_size}"
-                                 + (f", {gpu.name}" if gpu else ""))
+    changed = changed_args(settings.training)
+    title = (f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, EP {row['ep']}, ETP {row['etp']}, DP {dp}, MBS {mbs}"
+             + (f", VPP {vpp}" if vpp > 1 else "") + f", seq {workload.seq_len}, gbs {workload.global_batch_size}"
+             + (f", {gpu.name}" if gpu else "") + (f"; {changed}" if changed else "")
+             + f"; {settings_words(settings, spec)}")
+    return render.to_table(stages, columns, caption=caption, color=color_wanted(output), title=title)
