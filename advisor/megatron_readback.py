@@ -565,7 +565,8 @@ def _local_attention_note(rest: list[str]) -> list[str]:
         return []
     return [f"--transformer-impl local (megatron-core's own attention: priced as unfused attention with a fused "
             f"softmax; with PyTorch's softmax, above 4096 tokens or without Apex, one H200 took "
-            f"{UNFUSED_LOCAL_MEASURED} that price: benchmarks/gpu/data/h200_unfused_attention.json)"]
+            f"{UNFUSED_LOCAL_MEASURED} that price at 4096-8192 tokens, more at 2048: "
+            f"benchmarks/gpu/data/h200_unfused_attention.json)"]
 
 
 def _last_value(rest: list[str], flag: str) -> str | None:

@@ -47,6 +47,11 @@ from advisor.errors import AdvisorError
 
 TE_ONLY_FLAGS = {"--tp-comm-overlap": "--tp-comm-overlap (TE's userbuffers)",
                  "--fp8-format": "FP8 (--fp8-format: TE's autocast)"}
+TE_KERNEL_FLAGS = ("--moe-permute-fusion", "--moe-router-fusion")
+"""Flags that need Transformer Engine importable whatever --transformer-impl says: megatron-core's
+MoE code calls TE's fused permutation and router kernels itself (``moe_utils.fused_permute``, which
+``TransformerConfig.__post_init__`` requires; ``fused_topk_with_score_function`` at the first
+forward), both releases."""
 DATA_PREFIX_FLAGS = ("--data-path", "--train-data-path", "--valid-data-path", "--test-data-path")
 DATA_FILE_FLAGS = ("--data-args-path", "--per-split-data-args-path", "--vocab-file", "--merge-file")
 WRITTEN_DIRECTORIES = ("--save", "--tensorboard-dir", "--wandb-save-dir")
@@ -159,15 +164,24 @@ def gpu_problems(setup: Setup, report: Report, found: int | None) -> list[str]:
 
 
 def uses_transformer_engine(args) -> bool:
-    """Whether ``args`` run Megatron-LM's Transformer Engine modules (``--transformer-impl
-    transformer_engine``, its default; the last one given wins, as argparse keeps it)."""
-    return (flag_values(args).get("--transformer-impl") or ("transformer_engine",))[0] == "transformer_engine"
+    """Whether ``args`` need Transformer Engine: its modules (``--transformer-impl
+    transformer_engine``, Megatron-LM's default; the last one given wins, as argparse keeps it) or
+    its MoE kernels (``TE_KERNEL_FLAGS``, under either implementation)."""
+    values = flag_values(args)
+    impl = (values.get("--transformer-impl") or ("transformer_engine",))[0]
+    return impl == "transformer_engine" or any(flag in values for flag in TE_KERNEL_FLAGS)
 
 
 def transformer_engine_import_problem(args, where: str = "") -> str:
     """The line for a missing ``transformer_engine`` that ``args`` need (``where``: the node, for
     a rank's message)."""
-    given = "--transformer-impl transformer_engine" if "--transformer-impl" in flag_values(args) else \
+    values = flag_values(args)
+    kernels = [flag for flag in TE_KERNEL_FLAGS if flag in values]
+    if (values.get("--transformer-impl") or ("transformer_engine",))[0] == "local" and kernels:
+        return (f"cannot import transformer_engine{where}, which {' and '.join(kernels)} need"
+                f"{'s' if len(kernels) == 1 else ''} (Transformer Engine's MoE kernels, whatever "
+                "--transformer-impl says): install Transformer Engine, or drop them")
+    given = "--transformer-impl transformer_engine" if "--transformer-impl" in values else \
         "Megatron-LM's default --transformer-impl transformer_engine"
     return (f"cannot import transformer_engine{where}, which {given} needs: install Transformer Engine, or add "
             "--transformer-impl local after -- (megatron-core's own modules: unfused attention, as advisor "
@@ -181,10 +195,12 @@ def transformer_engine_problems(setup: Setup, importable: Callable[[str], bool] 
         uses = [text for flag, text in TE_ONLY_FLAGS.items() if flag in values]
         if setup.cp > 1:
             uses.append(f"CP {setup.cp} (megatron-core's DotProductAttention asserts CP 1 when the model is built)")
-        return [f"{use} needs Transformer Engine, and the launch has --transformer-impl local: Megatron-LM refuses "
-                f"it on every rank after start-up; drop --transformer-impl local and install Transformer Engine"
-                for use in uses]
-    if impl == "transformer_engine" and setup.gpus_here and not importable("transformer_engine"):
+        problems = [f"{use} needs Transformer Engine, and the launch has --transformer-impl local: Megatron-LM "
+                    f"refuses it on every rank after start-up; drop --transformer-impl local and install Transformer "
+                    f"Engine" for use in uses]
+        if problems:
+            return problems
+    if uses_transformer_engine(setup.args) and setup.gpus_here and not importable("transformer_engine"):
         return [transformer_engine_import_problem(setup.args)]
     return []
 

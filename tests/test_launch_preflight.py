@@ -166,3 +166,27 @@ def test_a_sweep_row_carries_its_token_budget(advisor, tmp_path):
     args = json.loads(result.stdout)
     seq = int(args[args.index("--seq-length") + 1])
     assert args[args.index("--train-samples") + 1] == str(-(-10**9 // seq))
+
+
+def test_moe_fused_kernels_need_transformer_engine_whatever_the_implementation():
+    """--moe-permute-fusion and --moe-router-fusion call Transformer Engine's kernels from
+    megatron-core's own MoE code (TransformerConfig refuses the first without TE), so a launch under
+    --transformer-impl local with them still needs TE: checked here where the ranks run, and by each
+    rank's entry where they run elsewhere (uses_transformer_engine)."""
+    from launch.megatron_versions import VERSIONS
+    from launch.preflight import Setup, transformer_engine_problems, uses_transformer_engine
+
+    local = ("--transformer-impl", "local")
+    assert not uses_transformer_engine(local)
+    assert uses_transformer_engine((*local, "--moe-permute-fusion")) and uses_transformer_engine(
+        (*local, "--moe-router-fusion"))
+
+    def problems(*args, te: bool, here: bool = True):
+        setup = Setup(rules=VERSIONS[-1], checkout=None, args=args, cp=1, gpus_per_node=8, gpus_here=here)
+        return transformer_engine_problems(setup, importable=lambda module: te)
+
+    [line] = problems(*local, "--moe-permute-fusion", "--moe-router-fusion", te=False)
+    assert "which --moe-permute-fusion and --moe-router-fusion need" in line and "whatever --transformer-impl" in line
+    assert problems(*local, "--moe-permute-fusion", te=True) == []
+    assert problems(*local, "--moe-permute-fusion", te=False, here=False) == []  # the ranks' nodes check it
+    assert problems(*local, te=False) == []

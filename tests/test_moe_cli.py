@@ -258,15 +258,30 @@ def test_the_flex_dispatchers_sms_are_priced_written_and_launched(tmp_path):
 
 def test_a_commands_fused_router_and_permutation_are_priced_and_launched_as_read():
     """--moe-permute-fusion and --moe-router-fusion change the price (the unfused ones run at the
-    rates measured on an H200: advisor.moe.time) and are no longer named as not priced; the
-    estimate's Megatron arguments carry them, as the sweep's rows do."""
+    rates measured on an H200: advisor.moe.time), each by its own term, and are no longer named as
+    not priced; the estimate's Megatron arguments carry them, as the sweep's rows do. HybridEP
+    permutes in its own kernels: priced as fused, and said so."""
     plain = json.loads(_from_command("", "--format", "json").stdout)
+    router = json.loads(_from_command("--moe-router-fusion", "--format", "json").stdout)
     fused = json.loads(_from_command("--moe-permute-fusion --moe-router-fusion", "--format", "json").stdout)
-    assert fused["step_time_s"] < plain["step_time_s"]
+    # by hand: Mixtral on 8 GPUs, PP 1, DP 8, GBS 256: 32 microbatches of 32 MoE layers in series.
+    # The fused router saves the softmax router's 0.24 ms each; the fused permutation the unfused
+    # one's excess: 4096 tokens x top-2 = 8192 copies of h = 4096, 4 x 8192 x 2 x 4096 bytes a pass
+    # forward at 80% of the H100's 3.35 TB/s, three times, x (1 / 0.42 - 1)
+    layer_microbatches = 32 * 32
+    first_pair = 3 * 4 * 8192 * 2 * 4096 / (0.8 * 3.35e12)
+    assert plain["step_time_s"] - router["step_time_s"] == pytest.approx(layer_microbatches * 0.24e-3, rel=1e-9)
+    assert router["step_time_s"] - fused["step_time_s"] == pytest.approx(
+        layer_microbatches * first_pair * (1 / 0.42 - 1), rel=1e-9)
     assert (fused["permute_fusion"], fused["router_fusion"]) == (True, True)
     assert {"--moe-permute-fusion", "--moe-router-fusion"} <= set(fused["megatron_args"])
     assert not [note for note in fused["unpriced"] if "fusion" in note]
     assert not {"--moe-permute-fusion", "--moe-router-fusion"} & set(plain["megatron_args"])
+    flex = "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep"
+    hybridep = json.loads(_from_command(flex, "--format", "json").stdout)
+    hybridep_fused = json.loads(_from_command(f"{flex} --moe-permute-fusion", "--format", "json").stdout)
+    assert hybridep["step_time_s"] == hybridep_fused["step_time_s"] and hybridep["permute_fusion"]
+    assert any("hybridep (permutes in its own dispatch kernels" in note for note in hybridep["unpriced"])
     sweep = CliRunner().invoke(cli, ["sweep", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb",
                                      "--ep", "8", "--moe-router-fusion", "--format", "json"])
     rows = json.loads(sweep.stdout)

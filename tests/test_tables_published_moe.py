@@ -112,3 +112,38 @@ def test_allocated_memory_against_nvidias_qwen3_30b_runs():
     same_dispatcher, _, _ = published_moe.price(_run("mbdoc-q30-a2a-overlap"))
     more = same_dispatcher["activations_gib"] - plain["activations_gib"]
     assert 0 < more < plain["activations_gib"] / 40  # one of the 48 layers and one embedding output
+
+
+VALIDATION_TABLE_IDS = ("mcore-mixtral-8x7b", "dgxc-dsv3-bf16", "mb2509-dsv3", "mbcard-dsv3-bf16", "mb2509-q235-td",
+                        "mb2511-q235", "mb2604-q235", "mb2509-q30-td", "mb2511-q30", "mb2602-q30", "mb2606-q30-ep16",
+                        "mbdoc-q30-a2a", "mbdoc-q30-a2a-overlap", "mbdoc-q30-a2a-overlap-dw", "mbcard-q30-hybridep",
+                        "mbcard0718-q30-hybridep", "mbcard0725-q30-overlap")
+"""The H100 test runs, in the order of docs/validation.md's table of them."""
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
+
+
+def test_the_validation_pages_table_is_what_the_runs_price_now(results):
+    """docs/validation.md's hand-laid table of the H100 test runs (a row per run, described in
+    words) quotes each run's predicted and published step, error and status as priced now, and its
+    count and mean absolute error in the text: a model change cannot leave it quoting old numbers."""
+    import re
+    from statistics import mean
+
+    from conftest import ROOT
+
+    text = (ROOT / "docs" / "validation.md").read_text()
+    start = text.index("| run | precision | predicted | published | error | status |")
+    lines = [line for line in text[start:].split("\n\n")[0].splitlines()[2:]]
+    by_id = {r["id"]: r for r in results}
+    assert len(lines) == len(VALIDATION_TABLE_IDS) == sum(r["targeted"] for r in results)
+    for line, run_id in zip(lines, VALIDATION_TABLE_IDS):
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        r = by_id[run_id]
+        assert cells[2:] == [_seconds(r["step_time_s"]), _seconds(r["published_step_time_s"]),
+                             f"{100 * r['error']:+.1f}%", "within" if r["within_target"] else "**miss**"], run_id
+    within = sum(by_id[i]["within_target"] for i in VALIDATION_TABLE_IDS)
+    error = mean(abs(by_id[i]["error"]) for i in VALIDATION_TABLE_IDS)
+    assert re.search(rf"\n{within} of 17 within 15%, mean absolute error {100 * error:.1f}%", text)

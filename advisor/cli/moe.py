@@ -72,10 +72,12 @@ def moe_options(func):
                           "runs on the rest, and the rows write the flag."),
         click.option("--moe-permute-fusion", "permute_fusion", is_flag=True,
                      help="Transformer Engine's fused token permutation (Megatron's flag; needs TE 2.1+): priced at "
-                          "the HBM rate, megatron-core's own unfused one at the 42% of it measured on an H200."),
+                          "the HBM rate; without it, megatron-core's own unfused one at the 42% of it measured on an "
+                          "H200."),
         click.option("--moe-router-fusion", "router_fusion", is_flag=True,
-                     help="Transformer Engine's fused router top-k (Megatron's flag): priced as its GEMM alone, the "
-                          "unfused router's ~46 small kernels (0.24 ms a layer and microbatch, measured) besides."),
+                     help="Transformer Engine's fused router top-k (Megatron's flag; needs TE): priced as its GEMM "
+                          "alone; without it, the unfused router's small kernels besides (measured on an H200, a "
+                          "layer and microbatch: 0.24 ms softmax, 0.50 ms DeepSeek-V3's sigmoid group-limited)."),
         click.option("--recompute-modules", "recompute_modules", multiple=True, type=click.Choice(RECOMPUTE_MODULES),
                      metavar="MODULE",
                      help=f"MoE models, with --recompute selective: Megatron's --recompute-modules, one of "

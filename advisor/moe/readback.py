@@ -250,6 +250,15 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
     unpriced += [note for name, note in NAMED.items() if values.get(name)]
     dispatcher, backend_note = _dispatcher(values)
     unpriced += backend_note
+    permute_fusion = bool(values.get("moe-permute-fusion"))
+    if dispatcher == "flex" and values.get("moe-flex-dispatcher-backend") in ("hybridep", "ncclep") \
+            and not permute_fusion:
+        # HybridEP and NCCL-EP permute inside their own dispatch (core_v0.19.0 token_dispatcher.py:
+        # their get_permuted_hidden_states_by_experts returns its input), never megatron-core's
+        # unfused moe_utils.permute: priced as the fused permutation, whatever --moe-permute-fusion says
+        permute_fusion = True
+        unpriced.append(f"--moe-flex-dispatcher-backend {values['moe-flex-dispatcher-backend']} (permutes in its "
+                        "own dispatch kernels: priced as --moe-permute-fusion, at the HBM rate)")
     sms = _dispatcher_sms(values)
     if sms is not None and dispatcher != "flex":
         unpriced.append(f"--moe-deepep-num-sms {sms} without the flex dispatcher (Megatron ignores it)")
@@ -273,7 +282,7 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
                     recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
                     shared_expert_overlap=bool(values.get("moe-shared-expert-overlap")),
                     transformer_impl=transformer_impl, dispatcher_sms=sms,
-                    permute_fusion=bool(values.get("moe-permute-fusion")),
+                    permute_fusion=permute_fusion,
                     router_fusion=bool(values.get("moe-router-fusion"))), unpriced
 
 

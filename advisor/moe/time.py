@@ -304,14 +304,15 @@ ROUTER_KERNELS_S = {"softmax": 0.24e-3, "sigmoid": 0.50e-3}
 """The router's kernels besides its gating GEMM, one MoE layer and microbatch, forward and
 backward, by score function (``router.py`` ``TopKRouter``, unfused): top-k, the scores, the
 auxiliary loss or the expert bias, forced balancing's random logits, the token counts and their
-copies, 48-51 kernels of a few microseconds each. Measured on one H200 (``python -m
+copies, 46-49 kernels of a few microseconds each besides the GEMMs. Measured on one H200 (``python -m
 tables.moe_kernel_probe``; the GEMMs left out, the FP32 casts around them, about 0.06 ms of which
 Transformer Engine's ``te_general_gemm`` avoids the forward's, kept): softmax top-8 at
 Qwen3-30B-A3B's 4096 tokens x 128 experts, 0.239 ms, and, held out, Mixtral 8x7B's softmax top-2
 over 8 experts, 0.241 ms: a fixed cost while the tensors are this small (2 MiB of FP32 logits), the
 kernels bound by their launch and latency, not their bytes; DeepSeek-V3's sigmoid scores with
 expert bias and group-limited top-8 over 256 experts, 0.496 ms (measured on that model alone: the
-other sigmoid routers are priced as it, an assumption)."""
+other sigmoid routers are priced as it, an assumption). Seconds on an H200, priced alike on every
+GPU (launch- and latency-bound kernels; not measured elsewhere)."""
 
 
 def permutation_time(spec: MoESpec, copies, ep, rates: Rates, dispatcher: str = "alltoall", fused: bool = False):

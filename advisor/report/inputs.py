@@ -192,9 +192,10 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
                f"layer, as priced), got {_shown(method)} and {_shown(layers)}")
     overlap, delay = _given(row, "a2a_overlap", False), _given(row, "delay_wgrad", False)
     grads, sharded = _given(row, "gradient_bytes", 4), _given(row, "distributed_optimizer", True)
-    if not all(isinstance(value, bool) for value in (overlap, delay, sharded)) or grads not in (2, 4):
-        refuse("'a2a_overlap', 'delay_wgrad' and 'distributed_optimizer' must be true or false, 'gradient_bytes' 2 "
-               "or 4")
+    fusions = _given(row, "permute_fusion", False), _given(row, "router_fusion", False)
+    if not all(isinstance(value, bool) for value in (overlap, delay, sharded, *fusions)) or grads not in (2, 4):
+        refuse("'a2a_overlap', 'delay_wgrad', 'distributed_optimizer', 'permute_fusion' and 'router_fusion' must be "
+               "true or false, 'gradient_bytes' 2 or 4")
     # megatron-core's refusals of the EP all-to-all overlap that the layout does not decide, in the
     # words the command line's check uses (advisor.moe.overlap; the layout's: advisor.moe.space.layout_problem).
     # A row carries no --moe-shared-expert-overlap, and its recomputation method and layer count
@@ -208,7 +209,7 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
         refuse(problem.replace("--moe-deepep-num-sms", "'dispatcher_sms'"))
     return {**settings, "recompute": recompute, "recompute_modules": modules, "a2a_overlap": overlap,
             "delay_wgrad": delay, "gradient_bytes": grads, "distributed_optimizer": sharded, "dispatcher_sms": sms,
-            "permute_fusion": bool(row.get("permute_fusion")), "router_fusion": bool(row.get("router_fusion"))}
+            "permute_fusion": fusions[0], "router_fusion": fusions[1]}
 
 
 def _architecture(row: dict) -> str:
