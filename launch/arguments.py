@@ -27,7 +27,7 @@ from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.moe import flags as moe_flags
 from advisor.options.training import Recomputation
-from launch.megatron_flags import values_needed
+from launch.megatron_flags import values_taken
 from launch.megatron_versions import MegatronVersion, check_flags, check_mock_data, check_recomputation
 
 MODEL_FLAGS = (
@@ -130,8 +130,8 @@ def flag_values(args: Iterable[str]) -> dict[str, tuple[str, ...]]:
     return {flag.name: flag.values for flag in parse_flags(args)}
 
 
-def _given(extras: Sequence[str]) -> list[tuple[str, int, str | None]]:
-    """Each flag of ``extras`` with the number of values that follow it, as ``parse_flags`` reads
+def _given(extras: Sequence[str]) -> list[tuple[str, list[str], str | None]]:
+    """Each flag of ``extras`` with the values that follow it, as ``parse_flags`` reads
     them (up to the next ``--flag``: a single dash does not end them, so ``--lr -1`` and
     ``--adam-eps 1e-8`` keep theirs), and the flag that ends them (None at the end);
     ``--flag=value`` is one value, ``--flag=`` none (ended by '=')."""
@@ -141,29 +141,36 @@ def _given(extras: Sequence[str]) -> list[tuple[str, int, str | None]]:
             continue
         name, equals, value = word.partition("=")
         if equals:
-            found.append((name, 1 if value else 0, "="))
+            found.append((name, [value] if value else [], "="))
             continue
         end = next((j for j in range(i + 1, len(extras)) if is_flag(extras[j])), len(extras))
-        found.append((name, end - i - 1, extras[end].partition("=")[0] if end < len(extras) else None))
+        found.append((name, list(extras[i + 1:end]), extras[end].partition("=")[0] if end < len(extras) else None))
     return found
 
 
 def check_values(rules: MegatronVersion, extras: Sequence[str]) -> None:
-    """AdvisorError, one line naming each flag after ``--`` that lacks the values its release's
-    parser needs (``launch.megatron_flags``): ``--lr`` at the end, or before another flag. A flag
-    the release lacks is left to ``check_flags`` and Megatron."""
-    needs = values_needed(rules)
+    """AdvisorError, one line naming each flag after ``--`` that gets fewer values than its
+    release's parser needs (``launch.megatron_flags``: ``--lr`` at the end, or before another flag)
+    or more than it takes (``--lr 3e-4 5``, ``--bf16 true``: argparse refuses the rest as
+    unrecognized arguments). A flag the release lacks is left to ``check_flags`` and Megatron."""
+    taken = values_taken(rules)
     problems = []
-    for name, count, then in _given(extras):
-        least = needs.get(name, 0)
+    for name, values, then in _given(extras):
+        least, most = taken.get(name, (0, None))
+        count = len(values)
         if count < least:
             wanted = "a value" if least == 1 else f"{least} values"
             where = (f", got {count}" if count else " and nothing follows it" if then is None
                      else f" and {name}= gives it empty" if then == "=" else f" and {then} follows it")
             problems.append(f"{name} (after --) needs {wanted}{where}")
+        elif most is not None and count > most:
+            extra = " ".join(values[most:])
+            takes = "is a switch and takes no value" if most == 0 else \
+                f"takes {'one value' if most == 1 else f'{most} values'}"
+            problems.append(f"{name} (after --) {takes}, got {' '.join(values)!r} (the extra {extra!r} too)")
     if problems:
         raise AdvisorError(f"{'; '.join(problems)}: {rules.name}'s argument parser refuses that on every rank at "
-                           "start-up (give the value, or leave the flag out)")
+                           "start-up (give the values it takes, or leave the flag out)")
 
 
 def _same(a: Sequence[str], b: Sequence[str]) -> bool:

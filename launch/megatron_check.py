@@ -67,9 +67,9 @@ def validate(checkout: str | os.PathLike, cases: Sequence[dict], *, python: str 
 
 
 def flag_value_counts(checkout: str | os.PathLike, *, python: str | None = None,
-                      timeout: float = 600) -> dict[str, int]:
-    """``--flags`` in a subprocess of ``python``: each flag of the checkout's parser that needs
-    values, with the least number it takes."""
+                      timeout: float = 600) -> dict[str, tuple[int, int | None]]:
+    """``--flags`` in a subprocess of ``python``: each flag of the checkout's parser with the least
+    and the most values it takes (``value_counts``)."""
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
                NO_VCS_VERSION="1")
@@ -78,7 +78,7 @@ def flag_value_counts(checkout: str | os.PathLike, *, python: str | None = None,
         stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=timeout)
     if completed.returncode != 0:
         raise RuntimeError(f"launch.megatron_check --flags failed ({completed.returncode}): {completed.stderr[-3000:]}")
-    return json.loads(completed.stdout)
+    return {flag: tuple(counts) for flag, counts in json.loads(completed.stdout).items()}
 
 
 class Validator:
@@ -251,23 +251,26 @@ def _run_case(case: dict) -> dict:
         os.environ.update(saved_env)
 
 
-def value_counts() -> dict[str, int]:
+def value_counts() -> dict[str, tuple[int, int | None]]:
     """Every option string of the parser ``parse_args`` builds (megatron/training/arguments.py:
-    ``add_megatron_arguments`` on an ``ArgumentParser(allow_abbrev=False)``) whose action needs
-    values, with the least number it takes: 1 for a single value (nargs None) or nargs='+', N for
-    nargs=N. Switches (store_true, store_false, BooleanOptionalAction) and nargs '?' or '*' take
-    none at least, and are left out. pretrain_gpt.py's ``extra_args_provider`` (ModelOpt's flags,
-    only where nvidia-modelopt is installed) is not added: its flags are not checked."""
+    ``add_megatron_arguments`` on an ``ArgumentParser(allow_abbrev=False)``) with the least and the
+    most values its action takes (None: no most): a single value (nargs None) 1 and 1, nargs=N N
+    and N, '+' 1 and none, '?' 0 and 1, '*' 0 and none, a switch (store_true, store_false,
+    BooleanOptionalAction, store_const: nargs 0) 0 and 0. pretrain_gpt.py's ``extra_args_provider``
+    (ModelOpt's flags, only where nvidia-modelopt is installed) is not added: its flags are not
+    checked."""
     import argparse
 
     from megatron.training import arguments
 
     parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    arity = {None: (1, 1), "+": (1, None), "?": (0, 1), "*": (0, None)}
     counts = {}
     for action in parser._actions:  # argparse keeps no public list of its actions
-        least = action.nargs if isinstance(action.nargs, int) else 1 if action.nargs in (None, "+") else 0
-        if least and action.option_strings:
-            counts.update((flag, least) for flag in action.option_strings if flag.startswith("--"))
+        taken = (action.nargs, action.nargs) if isinstance(action.nargs, int) else arity.get(action.nargs)
+        if taken is None:  # argparse.REMAINDER or PARSER: none in Megatron's parser
+            continue
+        counts.update((flag, taken) for flag in action.option_strings if flag.startswith("--"))
     return dict(sorted(counts.items()))
 
 

@@ -77,19 +77,33 @@ def test_counts_and_releases_differ_as_their_parsers_do():
     check_values(CORE_15, ["--recompute-modules", "--lr", "1"])
     # a switch is followed by the next flag, not by a value
     check_values(CORE_19, ["--bf16", "--use-distributed-optimizer", "--lr", "1"])
+    # more values than a flag takes: argparse leaves the rest as unrecognized arguments
+    for release in (CORE_15, CORE_19):
+        with pytest.raises(AdvisorError, match=r"--lr \(after --\) takes one value, got '3e-4 5' \(the extra '5' too\)"):
+            check_values(release, ["--lr", "3e-4", "5", "--train-iters", "10"])
+        with pytest.raises(AdvisorError, match=r"--bf16 \(after --\) is a switch and takes no value, got 'true'"):
+            check_values(release, ["--bf16", "true"])
+        with pytest.raises(AdvisorError, match=r"--log-throughput \(after --\) is a switch"):
+            check_values(release, ["--log-throughput=1"])
+    with pytest.raises(AdvisorError, match=r"--rampup-batch-size \(after --\) takes 3 values"):
+        check_values(CORE_19, ["--rampup-batch-size", "16", "16", "1000", "7"])
+    check_values(CORE_19, ["--recompute-modules", "moe", "mlp", "layernorm", "--data-path", "1", "a", "1", "b"])
 
 
 def test_every_release_the_launcher_knows_has_its_table():
-    from launch.megatron_flags import table_source, values_needed
+    from launch.megatron_flags import table_source, values_needed, values_taken
 
     for rules in VERSIONS:
-        needs = values_needed(rules)
+        needs, taken = values_needed(rules), values_taken(rules)
         assert needs["--lr"] == needs["--train-iters"] == needs["--data-args-path"] == 1, rules.name
         assert "--bf16" not in needs and "--data-path" not in needs and "--no-load-optim" not in needs
+        # nargs None takes one; switches none; nargs '*' (--data-path) any number
+        assert taken["--lr"] == (1, 1) and taken["--bf16"] == taken["--no-load-optim"] == (0, 0)
+        assert taken["--data-path"] == (0, None), rules.name
     # the committed file is the generator's output (no hand edits): with the real parsers' counts
     # (the next test) it is what regenerating would write
     table = ROOT / "launch" / "megatron_flag_table.py"
-    assert table.read_text() == table_source({rules.release: values_needed(rules) for rules in VERSIONS},
+    assert table.read_text() == table_source({rules.release: values_taken(rules) for rules in VERSIONS},
                                              {rules.release: rules.checked for rules in VERSIONS})
 
 
@@ -98,12 +112,12 @@ def test_the_table_is_what_the_releases_own_parser_says(tag):
     """The committed table against the checkout's parser (megatron_check --flags); on a mismatch,
     regenerate it (python -m launch.megatron_flags, see its docstring)."""
     from launch.megatron_check import flag_value_counts
-    from launch.megatron_flags import values_needed
+    from launch.megatron_flags import values_taken
     from launch.megatron_versions import of_checkout
 
     release = real_checkout(tag)
     rules = of_checkout(release.path)
-    assert values_needed(rules) == flag_value_counts(release.path, python=release.python)
+    assert values_taken(rules) == flag_value_counts(release.path, python=release.python)
 
 
 def test_megatron_itself_refuses_a_flag_without_its_value():
@@ -116,3 +130,16 @@ def test_megatron_itself_refuses_a_flag_without_its_value():
                        python=release.python)
     for result in results:
         assert not result["ok"] and "argument --lr: expected one argument" in result["error"], result
+
+
+def test_megatron_itself_refuses_more_values_than_a_flag_takes():
+    """The premise of the 'takes one value' refusal, on the real core_v0.15.2: argparse leaves the
+    extra word as an unrecognized argument and stops."""
+    from launch.megatron_check import validate
+
+    release = real_checkout("core_v0.15.2")
+    results = validate(release.path, [{"args": ["--num-layers", "2", "--lr", "3e-4", "5"], "world_size": 1},
+                                      {"args": ["--num-layers", "2", "--bf16", "true"], "world_size": 1}],
+                       python=release.python)
+    for result, extra in zip(results, ("5", "true")):
+        assert not result["ok"] and "unrecognized arguments" in result["error"] and extra in result["error"], result
