@@ -193,7 +193,7 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     (``--check-transformer-engine``), on the nodes that need it."""
     from launch.commands import entry_options
     from launch.megatron_versions import LaunchShape, environment
-    from launch.preflight import uses_transformer_engine
+    from launch.preflight import local_attention_note, uses_transformer_engine
 
     env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
     report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,
@@ -201,6 +201,8 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     for line in job.report(megatron.args) if (dry_run if show_job is None else show_job) else ():
         _note(f"advisor-launch: {line}")
     for note in report.notes:
+        _note(f"advisor-launch: {note}")
+    if (note := local_attention_note(megatron.args)) is not None:
         _note(f"advisor-launch: {note}")
     problems = report.problems + ([report.incomplete] if report.incomplete else [])
     if problems and not dry_run:  # every problem, one line each (the preflight's own report)

@@ -180,12 +180,28 @@ def transformer_engine_import_problem(args, where: str = "") -> str:
     if (values.get("--transformer-impl") or ("transformer_engine",))[0] == "local" and kernels:
         return (f"cannot import transformer_engine{where}, which {' and '.join(kernels)} need"
                 f"{'s' if len(kernels) == 1 else ''} (Transformer Engine's MoE kernels, whatever "
-                "--transformer-impl says): install Transformer Engine, or drop them")
+                "--transformer-impl says): install Transformer Engine, or plan the run without them (advisor "
+                "sweep or estimate without those options)")
     given = "--transformer-impl transformer_engine" if "--transformer-impl" in values else \
         "Megatron-LM's default --transformer-impl transformer_engine"
-    return (f"cannot import transformer_engine{where}, which {given} needs: install Transformer Engine, or add "
-            "--transformer-impl local after -- (megatron-core's own modules: unfused attention, as advisor "
-            "estimate prices it, and no CP > 1, FP8 or TP overlap)")
+    return (f"cannot import transformer_engine{where}, which {given} needs: install Transformer Engine "
+            "(--transformer-impl local after -- runs megatron-core's own modules instead: unfused attention, "
+            "which a plan with fused attention was not priced with, and no CP > 1, FP8, TP overlap or fused MoE "
+            "kernels)")
+
+
+def local_attention_note(args) -> str | None:
+    """Where the user's --transformer-impl local (after --) makes the attention unfused and the plan
+    priced fused attention (its arguments lack --attention-backend unfused): the run keeps every
+    s x s score, so its memory and time are not the plan's. A note, not a refusal: a CPU test
+    launch over gloo needs the local modules (tests/fixtures/cuda_on_cpu)."""
+    values = flag_values(args)
+    if (values.get("--transformer-impl") or ("transformer_engine",))[0] != "local" \
+            or values.get("--attention-backend") == ("unfused",):
+        return None
+    return ("--transformer-impl local (after --) runs megatron-core's own unfused attention, which keeps every "
+            "s x s score: the plan was priced with fused attention, so its memory and time are not this run's "
+            "(advisor estimate --from-command prices the command as launched)")
 
 
 def transformer_engine_problems(setup: Setup, importable: Callable[[str], bool] = importable_module) -> list[str]:

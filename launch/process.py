@@ -101,6 +101,8 @@ def write_or_submit(script: str, output, *, dry_run: bool, announce=None, ready=
 
     from advisor.fileio import atomic_write_text, is_stdout
 
+    if not dry_run:  # before anything is written or said: no sbatch is one line
+        require_program("sbatch", "submit from a Slurm login node, or write the script with --dry-run -o FILE")
     printed = output is not None and is_stdout(output)
     written = None if output is None or printed else output
     if written is not None:
@@ -113,7 +115,6 @@ def write_or_submit(script: str, output, *, dry_run: bool, announce=None, ready=
         click.echo(script, nl=False)
     if dry_run:
         return None
-    require_program("sbatch", "submit from a Slurm login node, or write the script with --dry-run -o FILE")
     argv = ["sbatch", str(written)] if written is not None else ["sbatch"]
     if announce is not None:
         announce(argv)

@@ -117,9 +117,9 @@ def test_where_the_ranks_run_here_te_is_still_checked_here(job, tmp_path, monkey
         result = launcher()(*command, *common, "--", "--distributed-backend", "gloo", *extras, expect=2)
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
         assert errors == [f"Error: {NO_TE}, which Megatron-LM's default --transformer-impl transformer_engine needs: "
-                          "install Transformer Engine, or add --transformer-impl local after -- (megatron-core's own "
-                          "modules: unfused attention, as advisor estimate prices it, and no CP > 1, FP8 or TP "
-                          "overlap)"], result.stderr
+                          "install Transformer Engine (--transformer-impl local after -- runs megatron-core's own "
+                          "modules instead: unfused attention, which a plan with fused attention was not priced "
+                          "with, and no CP > 1, FP8, TP overlap or fused MoE kernels)"], result.stderr
     assert started == []
     # check --no-gpus-here prepares a job for other nodes: a note, not an error
     result = launcher()("check", *common, "--no-gpus-here", "--", *extras)
@@ -171,3 +171,18 @@ def test_a_job_whose_node_lacks_te_fails_at_once_on_a_real_slurm(advisor, tmp_pa
     assert fields["JobState"] == "FAILED", logs[-3000:]
     assert sum(line.startswith(f"Error: {NO_TE} on ") for line in logs.splitlines()) == 1, logs[-3000:]
     assert list((tmp_path / "ran").iterdir()) == []
+
+
+def test_local_modules_after_the_dashes_are_named_as_not_what_was_priced(job):
+    """--transformer-impl local (after --) makes the attention unfused, which keeps every s x s
+    score: a plan priced with fused attention is not that run, and the launch says so (a note: CPU
+    test launches need the local modules); a plan priced unfused is."""
+    sweep, checkout, extras = job
+    result = launcher()("torchrun", "--from", sweep, "--megatron-lm", checkout, "--nproc-per-node", "1", "--nnodes",
+                        "2", "--rdzv-endpoint", "h:1", "--dry-run", "--", "--distributed-backend", "gloo", *extras,
+                        "--transformer-impl", "local")
+    assert "--transformer-impl local (after --) runs megatron-core's own unfused attention" in result.stderr
+    from launch.preflight import local_attention_note
+
+    assert local_attention_note(["--transformer-impl", "local", "--attention-backend", "unfused"]) is None
+    assert local_attention_note(["--transformer-impl", "transformer_engine"]) is None
