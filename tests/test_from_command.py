@@ -472,14 +472,18 @@ _SMALL = (f"{_MOE} --num-experts 8 --disable-bias-linear --swiglu --normalizatio
 @pytest.mark.parametrize("flags, note", [
     ("--moe-router-pre-softmax --moe-router-bias-update-rate 1e-3 --mtp-loss-scaling-factor 0.1", None),
     ("--no-position-embedding --no-masked-softmax-fusion", None),
-    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep", None),
+    ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep",
+     "--moe-flex-dispatcher-backend hybridep (permutes in its own dispatch kernels: priced as --moe-permute-fusion, "
+     "at the HBM rate)"),
     ("--moe-token-dispatcher-type flex --moe-enable-deepep --moe-deepep-num-sms 20", None),
     ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 32", None),
     ("--moe-deepep-num-sms 32", "--moe-deepep-num-sms 32 without the flex dispatcher (Megatron ignores it)"),
     ("--moe-shared-expert-intermediate-size 64 --moe-shared-expert-overlap",
      "--moe-shared-expert-overlap (shared experts beside the dispatch, priced in series)"),
     ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend ncclep",
-     "--moe-flex-dispatcher-backend ncclep (NCCL's EP all-to-all, priced as DeepEP's)"),
+     ["--moe-flex-dispatcher-backend ncclep (NCCL's EP all-to-all, priced as DeepEP's)",
+      "--moe-flex-dispatcher-backend ncclep (permutes in its own dispatch kernels: priced as --moe-permute-fusion, "
+      "at the HBM rate)"]),
     ("--no-masked-softmax-fusion --transformer-impl local",
      ["--no-masked-softmax-fusion (megatron-core's own attention's softmax unfused, not priced)",
       "--transformer-impl local (megatron-core's own attention, unfused: priced as flash attention, which the "

@@ -564,3 +564,18 @@ def test_the_moe_estimate_title_names_its_options_as_the_sweeps_does():
     estimate_title, sweep_title = estimate.stdout.splitlines()[0], " ".join(sweep.stdout.splitlines()[:2])
     assert "--grad-reduce-in-bf16" in estimate_title and estimate_title.endswith(phrase)
     assert phrase in sweep_title and "--grad-reduce-in-bf16" in sweep_title
+
+
+def test_the_estimates_expert_tp_defaults_to_the_tp_as_megatrons_does():
+    """Without --etp the estimate runs ETP = TP, Megatron-LM's default (arguments.py: an unset
+    --expert-tensor-parallel-size is the TP size), as the same layout read from a command does; the
+    sweep names an ETP above a pinned TP as not searched."""
+    base = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--tp", "2", "--ep", "8",
+            "--recompute", "full", "--format", "json"]
+    default = json.loads(CliRunner().invoke(cli, base).stdout)
+    given = json.loads(CliRunner().invoke(cli, [*base, "--etp", "2"]).stdout)
+    assert default["etp"] == 2 and default["step_time_s"] == given["step_time_s"]
+    args = default["megatron_args"]
+    assert args[args.index("--expert-tensor-parallel-size") + 1] == "2"
+    _one_line_error(CliRunner().invoke(cli, ["sweep", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb",
+                                             "--tp", "2", "--etp", "4"]), "ETP 4 is not searched with --tp 2")

@@ -46,7 +46,8 @@ def moe_options(func):
         click.option("--ep", type=DEGREE, default=None,
                      help="Expert parallel size (--expert-model-parallel-size); sweep: only this EP. MoE models."),
         click.option("--etp", type=DEGREE, default=None,
-                     help="Expert tensor parallel size (--expert-tensor-parallel-size); sweep: only this ETP."),
+                     help="Expert tensor parallel size (--expert-tensor-parallel-size); estimate: default the TP, "
+                          "as Megatron's; sweep: only this ETP (default: every power of 2 up to TP)."),
         click.option("--moe-token-dispatcher-type", "dispatcher", type=click.Choice(["alltoall", "allgather", "flex"]),
                      default="alltoall", show_default=True, help="Megatron's token dispatcher (MoE models)."),
         click.option("--moe-routing", type=click.Choice(["balanced", "capacity", "dropless"]), default=None,
@@ -365,7 +366,8 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
 
         need_memory(mem)
     try:
-        row = estimate_layout(spec, workload, tp=tp, cp=cp, pp=pp, ep=ep or 1, etp=etp or 1, dp=dp, mbs=mbs, vpp=vpp,
+        # without --etp, Megatron's own default: the expert TP is the TP (arguments.py, both releases)
+        row = estimate_layout(spec, workload, tp=tp, cp=cp, pp=pp, ep=ep or 1, etp=etp or tp, dp=dp, mbs=mbs, vpp=vpp,
                               recompute=recompute, memory_gib=mem, threshold=threshold, gpu=gpu, options=settings,
                               memory_model=memory_model, layers_per_stage=layers_per_stage)
     except AdvisorError as error:

@@ -71,7 +71,8 @@ class MoEFlags:
     ep: int | None
     """--expert-model-parallel-size; None: not given (a sweep tries every EP, an estimate runs 1)."""
     etp: int | None
-    """--expert-tensor-parallel-size; None: not given (a sweep tries every ETP, an estimate runs 1)."""
+    """--expert-tensor-parallel-size; None: not given (a sweep tries every ETP, an estimate runs the
+    TP, Megatron's default)."""
     dispatcher: str
     """--moe-token-dispatcher-type: alltoall, allgather or flex."""
     moe_routing: str | None

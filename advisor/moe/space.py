@@ -473,6 +473,9 @@ def _check_sweep(spec: MoESpec, workload: Workload, gpus: int, whole_node: int, 
     if etp is not None and (etp & (etp - 1) or etp > max_tp):
         raise AdvisorError(f"ETP {etp} is not searched: the sweep's ETP is a power of 2 up to TP, which is at most "
                            f"{max_tp} (--gpus-per-node)")
+    if etp is not None and pinned.tp is not None and etp > pinned.tp:
+        raise AdvisorError(f"ETP {etp} is not searched with --tp {pinned.tp}: the sweep's ETP is at most the TP "
+                           "(advisor estimate prices a larger one)")
 
 
 def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, options: st.MoEOptions,
