@@ -471,6 +471,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
                                           recompute_method=_last_value(rest, "--recompute-method"),
                                           recompute_num_layers=_last_value(rest, "--recompute-num-layers"),
                                           transformer_impl=impl)
+        _refuse_flex_without_deepep(moe, moe_values, release)
         unpriced = moe_unpriced + unpriced
     return ReadRun(spec=spec, seq_len=seq_len, layout=layout, options=options,
                    unpriced=tuple(_unpriced_model(parsed.model) + unpriced + [
@@ -478,6 +479,17 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
                        "hold are not priced)" for name in dict.fromkeys(parsed.unset)]),
                    skipped=tuple(parsed.skipped),
                    vocab_source=source, moe=moe)
+
+
+def _refuse_flex_without_deepep(moe, moe_values: dict, release) -> None:
+    """The flex dispatcher without --moe-enable-deepep on a release that asserts it when it builds the
+    layer (``MegatronRelease.flex_needs_enable_deepep``): refused, as Megatron would refuse it."""
+    from advisor.options.releases import release_defaults
+
+    defaults = release_defaults(release)
+    if moe.dispatcher == "flex" and defaults.flex_needs_enable_deepep and not moe_values.get("moe-enable-deepep"):
+        raise AdvisorError(f"--moe-token-dispatcher-type flex needs --moe-enable-deepep on {defaults.name} "
+                           "(megatron-core asserts it when it builds the MoE layer)")
 
 
 def _missing(model: dict, vocab_size: int | None, layout: dict) -> list[Missing]:

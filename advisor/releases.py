@@ -50,6 +50,10 @@ class MegatronRelease:
     ``self.layers[index]`` (megatron/core/transformer/transformer_block.py): a chunk whose layers N
     does not divide (N above them included) fails with IndexError at its first training forward.
     Neither release validates N against the layers (transformer_config.py only refuses None)."""
+    flex_needs_enable_deepep: bool = False
+    """Whether the flex token dispatcher needs ``--moe-enable-deepep``: core_v0.15.2's
+    ``MoEFlexTokenDispatcher`` asserts it when it builds the layer ('Please set
+    --moe-enable-deepep', token_dispatcher.py); core_v0.19.0 takes DeepEP as its default backend."""
     imports: tuple[tuple[str, str], ...] = ()
     """(module, why) for each module outside the standard library that its pretrain_gpt.py imports
     on the way to training: found by importing the script's module level (and, for core_v0.15.2,
@@ -75,7 +79,7 @@ RELEASES: tuple[MegatronRelease, ...] = (
         release=(0, 15), checked="core_v0.15.2", python=(3, 10), null_tokenizer_extra_rows=1,
         mock_data_max_token_id=4094, pretrain="providers",
         transformer_config_module="megatron.training.arguments", fsdp_sharding_strategy="no_shard",
-        uniform_recompute_any_n=False,
+        uniform_recompute_any_n=False, flex_needs_enable_deepep=True,
         imports=(("torch", ""), ("numpy", ""), ("packaging", ": megatron/training/arguments.py"),
                  ("six", ": megatron/training/tokenizer/bert_tokenization.py"),
                  ("regex", ": megatron/training/tokenizer/gpt2_tokenization.py"),

@@ -580,3 +580,16 @@ def test_compare_best_against_a_layout_that_does_not_fit_is_no_speedup():
         assert f"yours is called {verdict} (4.00 s only if it fit)" in line and "as long" not in line
     line = comparison_line(best, {"verdict": "likely fits", "step_time_s": 6.0}, 64)
     assert "(yours takes 1.20x as long)" in line
+
+
+def test_the_flex_dispatcher_without_deepep_is_refused_where_the_release_asserts_it():
+    """core_v0.15.2's MoEFlexTokenDispatcher asserts --moe-enable-deepep when it builds the layer;
+    core_v0.19.0 takes DeepEP as the flex dispatcher's default backend."""
+    command = f"{_SMALL} --moe-grouped-gemm --expert-model-parallel-size 2 --moe-token-dispatcher-type flex\n"
+    base = ["estimate", "--from-command", "-", "--gpus", "2", "--mem", "80", "--vocab-size", "1000"]
+    refused = CliRunner().invoke(cli, [*base, "--megatron-version", "0.15"], input=command)
+    assert refused.exit_code == 2 and refused.output.count("\n") == 1
+    assert "--moe-token-dispatcher-type flex needs --moe-enable-deepep on Megatron-LM core 0.15" in refused.output
+    assert CliRunner().invoke(cli, [*base, "--megatron-version", "0.15"],
+                              input=command.replace("\n", " --moe-enable-deepep\n")).exit_code == 0
+    assert CliRunner().invoke(cli, base, input=command).exit_code == 0  # core 0.19
