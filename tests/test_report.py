@@ -296,3 +296,32 @@ def test_an_moe_rows_fusions_are_priced_by_the_report_and_launched(advisor, tmp_
     assert "'router_fusion' must be true, false or null" in advisor.error("report", "--from", bad, "-o",
                                                                           tmp_path / "r2.html")
     assert "'router_fusion' must be true or false" in launcher().error("args", "--from", bad)
+
+
+def test_a_sweeps_assumptions_do_not_give_the_first_rows_recomputation_to_every_row(advisor, tmp_path):
+    """A sweep's rows recompute differently (each row's in its column): the assumptions name the
+    training options every row shares without the first row's recomputation; an estimate's are its
+    own, recomputation included. A field without a format of its own shows 4 figures, not 16."""
+    import html as html_module
+    import re
+
+    sweep = tmp_path / "sweep.json"
+    advisor("sweep", "--gpus", "16", "--gpu", "h100-80gb", "--model", "llama3.1-70b", "--all", "--format", "json",
+            "-o", sweep)
+    rows = json.loads(sweep.read_text())
+    assert len({row["recompute"] for row in rows}) > 1  # the premise: rows recompute differently
+    advisor("report", "--from", sweep, "-o", tmp_path / "s.html")
+    page = html_module.unescape((tmp_path / "s.html").read_text())
+    [cell] = re.findall(r"training options \(every row; its recomputation in its column\)</th><td>([^<]*)", page)
+    assert '"recomputation"' not in cell and '"precision"' in cell
+    estimate = tmp_path / "estimate.json"
+    advisor("estimate", "--gpus", "16", "--gpu", "h100-80gb", "--model", "llama3.1-70b", "--tp", "8", "--pp", "2",
+            "--recompute", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1", "--format", "json",
+            "-o", estimate)
+    advisor("report", "--from", estimate, "-o", tmp_path / "e.html")
+    page = html_module.unescape((tmp_path / "e.html").read_text())
+    [cell] = re.findall(r"training options \(all\)</th><td>([^<]*)", page)
+    assert '"recompute": "full"' in cell
+    from advisor.report.table import _format
+
+    assert _format(9.989366743040005, "") == "9.989" and _format(3, "") == "3"

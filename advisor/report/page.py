@@ -70,7 +70,11 @@ def assumptions(report: ReportInput, first: dict, shared: dict) -> str:
         if key in first:
             pairs.append((key, first[key]))
     if "tp" in first and "model" in first and isinstance(first.get("model"), dict) and report.kind != "plan":
-        pairs.append(("estimator options (all)", asdict(row_options(first))))
+        options = asdict(row_options(first))
+        if report.kind == "sweep":  # each row recomputes as its own column says: not the first row's for all
+            options.pop("recomputation", None)
+        pairs.append(("training options (all)" if report.kind != "sweep"
+                      else "training options (every row; its recomputation in its column)", options))
     if first.get("memory_model", "paper") == "paper" and report.kind != "plan":
         pairs.append(("verdict rule", _paper_rule(first)))
     # the threshold is in the verdict rule above, where it judged; elsewhere it is null

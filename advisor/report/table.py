@@ -79,6 +79,8 @@ def split_columns(rows: list[dict]) -> tuple[list[str], dict]:
 def _format(value, spec: str) -> str:
     if value is None:
         return "-"
+    if isinstance(value, float) and not spec:  # a field without its own format (ep_comm_s): 4 figures
+        spec = ".4g"
     if isinstance(value, bool) or not spec:
         return str(value)
     try:
