@@ -622,4 +622,23 @@ def training_options(rest: list[str], tp: int, release=None) -> tuple[object, li
 
     options, unpriced = parse_training_args(["--tensor-model-parallel-size", str(tp), *rest], release)
     unknown = [flag for flag in dict.fromkeys(_flags(rest)) if flag not in VALUED | SWITCHES | UNPRICED]
-    return options, list(unpriced) + [f"{flag} (not known to the advisor)" for flag in unknown]
+    return options, list(unpriced) + [_unknown_note(flag) for flag in unknown]
+
+
+def _unknown_note(flag: str) -> str:
+    """How a flag no reader here takes is named: a mixture-of-experts flag in a dense command (no
+    --num-experts: Megatron builds no experts), a near spelling of a flag the advisor reads (a typo
+    Megatron's argparse would refuse at start-up), or unknown."""
+    import difflib
+
+    from advisor.moe import readback
+    from advisor.options.flags import SWITCHES, UNPRICED, VALUED
+
+    name = flag[2:]
+    if name in readback.VALUED | readback.SWITCHES | readback.MULTI:
+        return f"{flag} (a mixture-of-experts flag, and the command has no --num-experts: nothing it prices)"
+    known = ({f"--{name}" for name in (_MODEL_VALUED | _LAYOUT_VALUED | HARMLESS_VALUED | set(_MULTI_VALUED)
+                                       | readback.VALUED | readback.SWITCHES | readback.MULTI | _switches())}
+             | VALUED | SWITCHES | UNPRICED)
+    near = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.9)
+    return f"{flag} (not known to the advisor{f'; did you mean {near[0]}?' if near else ''})"

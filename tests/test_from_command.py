@@ -593,3 +593,18 @@ def test_the_flex_dispatcher_without_deepep_is_refused_where_the_release_asserts
     assert CliRunner().invoke(cli, [*base, "--megatron-version", "0.15"],
                               input=command.replace("\n", " --moe-enable-deepep\n")).exit_code == 0
     assert CliRunner().invoke(cli, base, input=command).exit_code == 0  # core 0.19
+
+
+def test_an_unknown_flag_is_named_with_the_spelling_it_is_near():
+    """A typo Megatron's argparse would refuse at start-up names the flag it is near; an MoE flag in a
+    dense command (no --num-experts) says that it prices nothing there."""
+    base = ["estimate", "--from-command", "-", "--gpus", "2", "--mem", "80", "--vocab-size", "1000", "--format",
+            "json"]
+    moe = invoke(base, stdin=f"{_SMALL} --moe-grouped-gemm --expert-model-parallel-size 2 --moe-permute-fusoin\n")
+    assert "--moe-permute-fusoin (not known to the advisor; did you mean --moe-permute-fusion?)" in moe["unpriced"]
+    assert not moe["permute_fusion"]
+    dense = invoke(base, stdin=f"{_MOE} --bf16 --moe-router-fusion --use-distribued-optimizer --no-such-flag\n")
+    assert dense["unpriced"][-3:] == [
+        "--moe-router-fusion (a mixture-of-experts flag, and the command has no --num-experts: nothing it prices)",
+        "--use-distribued-optimizer (not known to the advisor; did you mean --use-distributed-optimizer?)",
+        "--no-such-flag (not known to the advisor)"]
