@@ -202,7 +202,7 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
         _note(f"advisor-launch: {line}")
     for note in report.notes:
         _note(f"advisor-launch: {note}")
-    if (note := local_attention_note(megatron.args)) is not None:
+    if (note := local_attention_note(megatron.groups[0][1], megatron.args)) is not None:
         _note(f"advisor-launch: {note}")
     problems = report.problems + ([report.incomplete] if report.incomplete else [])
     if problems and not dry_run:  # every problem, one line each (the preflight's own report)

@@ -190,14 +190,15 @@ def transformer_engine_import_problem(args, where: str = "") -> str:
             "kernels)")
 
 
-def local_attention_note(args) -> str | None:
+def local_attention_note(plan_args, args) -> str | None:
     """Where the user's --transformer-impl local (after --) makes the attention unfused and the plan
-    priced fused attention (its arguments lack --attention-backend unfused): the run keeps every
-    s x s score, so its memory and time are not the plan's. A note, not a refusal: a CPU test
-    launch over gloo needs the local modules (tests/fixtures/cuda_on_cpu)."""
-    values = flag_values(args)
+    (``plan_args``, the input's own arguments) priced fused attention: neither megatron-core's own
+    modules nor --attention-backend unfused. The run keeps every s x s score, so its memory and
+    time are not the plan's. A note, not a refusal: a CPU test launch over gloo needs the local
+    modules (tests/fixtures/cuda_on_cpu)."""
+    plan, values = flag_values(plan_args), flag_values(args)
     if (values.get("--transformer-impl") or ("transformer_engine",))[0] != "local" \
-            or values.get("--attention-backend") == ("unfused",):
+            or plan.get("--transformer-impl") == ("local",) or plan.get("--attention-backend") == ("unfused",):
         return None
     return ("--transformer-impl local (after --) runs megatron-core's own unfused attention, which keeps every "
             "s x s score: the plan was priced with fused attention, so its memory and time are not this run's "

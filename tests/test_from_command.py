@@ -608,3 +608,24 @@ def test_an_unknown_flag_is_named_with_the_spelling_it_is_near():
         "--moe-router-fusion (a mixture-of-experts flag, and the command has no --num-experts: nothing it prices)",
         "--use-distribued-optimizer (not known to the advisor; did you mean --use-distributed-optimizer?)",
         "--no-such-flag (not known to the advisor)"]
+
+
+def test_megatron_cores_own_modules_are_written_back_as_read(tmp_path):
+    """--transformer-impl local is launched as it was read: the estimate's arguments and title say
+    --transformer-impl local (megatron-core's own modules), not --attention-backend unfused, which
+    would launch Transformer Engine's unfused backend instead; advisor-launch takes them so."""
+    from launch_support import launcher
+
+    stdin = f"{_MOE} --bf16 --vocab-size 1000 --transformer-impl local --attention-backend fused\n"
+    estimate = invoke(["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--format", "json"],
+                      stdin=stdin)
+    args = estimate["megatron_args"]
+    assert args[args.index("--transformer-impl") + 1] == "local" and "--attention-backend" not in args
+    assert estimate["options"]["transformer_impl"] == "local" and not estimate["options"]["flash_attention"]
+    table = CliRunner(env={"COLUMNS": "200"}).invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem",
+                                                           "80"], input=stdin)
+    assert "--transformer-impl local" in table.stdout.splitlines()[0]
+    path = tmp_path / "estimate.json"
+    path.write_text(json.dumps(estimate))
+    launched = json.loads(launcher()("args", "--from", path, "--format", "json").stdout)
+    assert launched[launched.index("--transformer-impl") + 1] == "local"

@@ -184,5 +184,8 @@ def test_local_modules_after_the_dashes_are_named_as_not_what_was_priced(job):
     assert "--transformer-impl local (after --) runs megatron-core's own unfused attention" in result.stderr
     from launch.preflight import local_attention_note
 
-    assert local_attention_note(["--transformer-impl", "local", "--attention-backend", "unfused"]) is None
-    assert local_attention_note(["--transformer-impl", "transformer_engine"]) is None
+    mine = ["--transformer-impl", "local"]
+    assert local_attention_note(["--attention-backend", "unfused"], ["--attention-backend", "unfused", *mine]) is None
+    assert local_attention_note(mine, mine) is None  # a plan read from a command on the local modules
+    assert local_attention_note([], ["--transformer-impl", "transformer_engine"]) is None
+    assert local_attention_note([], mine) is not None

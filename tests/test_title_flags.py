@@ -42,6 +42,8 @@ CHANGES = [
     # unfused attention needs the data loader's mask: it comes with it
     ({"flash_attention": False, "dataloader_mask": "cached"}, "--attention-backend unfused"),
     ({"flash_attention": False, "dataloader_mask": "rebuilt"}, "--attention-backend unfused, --eod-mask-loss"),
+    # megatron-core's own modules (read from a command): their attention is unfused, said by the flag
+    ({"transformer_impl": "local", "flash_attention": False, "dataloader_mask": "cached"}, "--transformer-impl local"),
     ({"dataloader_mask": "cached"}, "--dataloader-mask cached"),
     ({"dataloader_mask": "rebuilt"}, "--eod-mask-loss"),
     ({"cross_entropy_fusion": "native"}, "--cross-entropy-loss-fusion"),

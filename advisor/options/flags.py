@@ -80,7 +80,9 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
     elif r.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", r.recompute_method,
                  "--recompute-num-layers", str(r.recompute_num_layers)]
-    if not a.flash_attention:
+    if a.transformer_impl == "local":  # megatron-core's own modules: their attention is unfused whatever the backend
+        args += ["--transformer-impl", "local"]
+    elif not a.flash_attention:
         args += ["--attention-backend", "unfused"]
     if a.dataloader_mask == "off":
         args.append("--no-create-attention-mask-in-dataloader")
@@ -121,7 +123,9 @@ def changed_args(options: TrainingOptions) -> str:
         words.append(f"--recompute-granularity {r.recompute}")
         if r.recompute == "full":
             words += [f"--recompute-method {r.recompute_method}", f"--recompute-num-layers {r.recompute_num_layers}"]
-    if not a.flash_attention:
+    if a.transformer_impl == "local":
+        words.append("--transformer-impl local")
+    elif not a.flash_attention:
         words.append("--attention-backend unfused")  # which needs the mask: 'cached' comes with it
     if a.dataloader_mask == "rebuilt":
         words.append("--eod-mask-loss")
@@ -327,7 +331,8 @@ def _attention(values: dict) -> Attention:
         mask = "rebuilt"  # the mask differs per sample: built for each (GPTDataset)
     else:
         mask = "cached"
-    return Attention(flash_attention=flash, dataloader_mask=mask)
+    return Attention(flash_attention=flash, dataloader_mask=mask,
+                     transformer_impl="local" if local else "transformer_engine")
 
 
 def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOptions, list[str]]:

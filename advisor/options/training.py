@@ -33,6 +33,7 @@ FsdpStrategy = Literal["no_shard", "optim", "optim_grads", "optim_grads_params"]
 Recompute = Literal["none", "selective", "full"]
 RecomputeMethod = Literal["uniform", "block"]
 DataloaderMask = Literal["off", "cached", "rebuilt"]
+TransformerImpl = Literal["transformer_engine", "local"]
 CrossEntropyFusion = Literal["none", "native", "te"]
 
 # Each choice's values, from its type: the fields' checks, the command line's choices and the
@@ -45,6 +46,7 @@ FSDP_STRATEGIES: tuple[str, ...] = get_args(FsdpStrategy)
 RECOMPUTES: tuple[str, ...] = get_args(Recompute)
 RECOMPUTE_METHODS: tuple[str, ...] = get_args(RecomputeMethod)
 DATALOADER_MASKS: tuple[str, ...] = get_args(DataloaderMask)
+TRANSFORMER_IMPLS: tuple[str, ...] = get_args(TransformerImpl)
 CROSS_ENTROPY_FUSIONS: tuple[str, ...] = get_args(CrossEntropyFusion)
 
 
@@ -255,10 +257,15 @@ class Attention:
     default with flash attention); 'cached': Megatron's default, an s x s mask built once and
     reused; 'rebuilt': built per sample (--reset-attention-mask, --reset-position-ids or
     --eod-mask-loss with the mask on: the paper's runs), which the time model prices."""
+    transformer_impl: TransformerImpl = "transformer_engine"
+    """--transformer-impl: 'local' builds megatron-core's own modules (a command read back), whose
+    attention is unfused (``flash_attention`` False for a dense model; the MoE model prices it as
+    flash attention and says so); launched as read, not as Transformer Engine's unfused backend."""
 
     def __post_init__(self) -> None:
         _switches(self)
         _choice(self.dataloader_mask, DATALOADER_MASKS, "dataloader_mask")
+        _choice(self.transformer_impl, TRANSFORMER_IMPLS, "transformer_impl")
         if self.dataloader_mask == "off" and not self.flash_attention:
             raise AdvisorError("unfused attention needs the data loader's mask: keep it (cached or rebuilt)")
 
