@@ -579,3 +579,7 @@ def test_the_estimates_expert_tp_defaults_to_the_tp_as_megatrons_does():
     assert args[args.index("--expert-tensor-parallel-size") + 1] == "2"
     _one_line_error(CliRunner().invoke(cli, ["sweep", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb",
                                              "--tp", "2", "--etp", "4"]), "ETP 4 is not searched with --tp 2")
+    # a layout Megatron refuses with its default ETP says the ETP was defaulted
+    _one_line_error(CliRunner().invoke(cli, ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--gpu",
+                                             "h100-80gb", "--tp", "4", "--pp", "2", "--ep", "4"]),
+                    "EP x ETP = 16 must divide", "without --etp the ETP is the TP, 4, as Megatron-LM's default")

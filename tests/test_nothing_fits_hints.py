@@ -158,7 +158,8 @@ def _time_lines(result) -> list[str]:
     (("--model", "llama3-405b", "--gpus", 8, "--tp", 8, *H100), "oom"),
     (("--gpus", 8, "--tp", 2, *H100, "--mem", 62), "likely oom"),
     (("--model", "mixtral-8x7b", "--gpus", 8, "--ep", 8, *H100), "oom"),
-    (("--model", "qwen3-30b-a3b", "--gpus", 8, "--tp", 4, "--pp", 2, "--ep", 4, "--recompute", "full", *H100),
+    (("--model", "qwen3-30b-a3b", "--gpus", 8, "--tp", 4, "--pp", 2, "--ep", 4, "--etp", 1, "--recompute", "full",
+      *H100),
      "likely oom"),
 ])
 def test_an_estimate_that_does_not_fit_times_the_step_if_it_fit(advisor, args, verdict):

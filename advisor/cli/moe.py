@@ -374,7 +374,9 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
                               recompute=recompute, memory_gib=mem, threshold=threshold, gpu=gpu, options=settings,
                               memory_model=memory_model, layers_per_stage=layers_per_stage)
     except AdvisorError as error:
-        raise InputError(str(error)) from None
+        defaulted = f" (without --etp the ETP is the TP, {tp}, as Megatron-LM's default)" \
+            if etp is None and tp > 1 and "ETP" in str(error) else ""
+        raise InputError(f"{error}{defaulted}") from None
     row.update(megatron_args=row_flags(spec, workload, row), model=spec.to_dict(), memory_gib=mem,
                threshold=judged_threshold(row["memory_model"], threshold))
     from advisor.cli.from_command import read_notes
