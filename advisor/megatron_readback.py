@@ -164,7 +164,8 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
             values, i = words[i + 1:end], end
         if name in _MODEL_VALUED | _LAYOUT_VALUED:
             if len(values) != 1:
-                raise AdvisorError(f"--{name} takes one value, got {len(values)}")
+                raise AdvisorError(f"--{name} takes one value, got {len(values)}: {' '.join(values)}" if values
+                                   else f"--{name} needs a value, and none follows it")
             (parsed.model if name in _MODEL_VALUED else parsed.layout)[name] = values[0]
         elif name in HARMLESS_VALUED or name in _MULTI_VALUED:
             parsed.skipped.append(name)
@@ -212,7 +213,8 @@ def _unpriced_model(model: dict) -> list[str]:
         notes.append("no --disable-bias-linear (linear-layer biases, not priced)")
     for name in ("attention-dropout", "hidden-dropout"):
         if _float(model, name, 0.1) != 0:
-            notes.append(f"--{name} {model.get(name, '0.1, the default,')} (dropout masks, not priced)")
+            notes.append(f"--{name} {model[name]} (dropout masks, not priced)" if name in model
+                         else f"--{name} 0.1 (Megatron's default: the command sets none; dropout masks, not priced)")
     if _float(model, "rotary-percent", 1.0) != 1.0:
         notes.append(f"--rotary-percent {model['rotary-percent']}")
     return notes

@@ -16,8 +16,8 @@ def check_whole_nodes(gpus: int, gpus_per_node: int) -> None:
     would cap TP at 2 without a word)."""
     if gpus > gpus_per_node and gpus % gpus_per_node:
         raise AdvisorError(f"{gpus} GPUs are not whole nodes of {gpus_per_node}: give a multiple of {gpus_per_node}, "
-                           "at most one node, or the GPUs your nodes hold with --gpus-per-node N (e.g. 64 or 32 of "
-                           "a rack)")
+                           "at most one node, or the GPUs your nodes hold with --gpus-per-node N (a GB200 NVL72 "
+                           "rack's NVLink domain: --gpus-per-node 72)")
 
 
 def world_size_problem(gpus: int, tp: int, cp: int, pp: int, dp: int, *, key: str = "gpus") -> str | None:

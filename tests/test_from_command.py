@@ -241,7 +241,7 @@ _MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-siz
     ("--num-layers $L --hidden-size 64 --num-attention-heads 4\n",
      "--num-layers is $L, a shell variable the script does not set: write its value in the command"),
     # the MoE flags (advisor.moe.readback)
-    (f"{_MOE} --moe-router-topk --num-experts 8\n", "--moe-router-topk takes one value, got 0"),
+    (f"{_MOE} --moe-router-topk --num-experts 8\n", "--moe-router-topk needs a value, and none follows it"),
     (f"{_MOE} --num-experts eight\n", "--num-experts must be an integer, got 'eight'"),
     (f"{_MOE} --num-experts 0\n", "--num-experts must be positive, got 0"),
     (f"{_MOE} --num-experts 8 --moe-router-topk-scaling-factor big\n",

@@ -754,7 +754,7 @@ def test_recommend_refuses_gpus_that_are_not_whole_nodes(advisor):
     for extra in ([], ["--gpu", "h100-80gb"]):
         assert advisor.error("recommend", "--gpus", 16, "--pp", 4, "--gpus-per-node", 3, *extra) == (
             "Error: 16 GPUs are not whole nodes of 3: give a multiple of 3, at most one node, or the GPUs your nodes "
-            "hold with --gpus-per-node N (e.g. 64 or 32 of a rack)")
+            "hold with --gpus-per-node N (a GB200 NVL72 rack's NVLink domain: --gpus-per-node 72)")
 
 
 @pytest.mark.parametrize("value,message", [

@@ -27,7 +27,8 @@ def _error(advisor, tmp_path, *args) -> str:
 def test_an_moe_sweep_refuses_gpus_that_are_not_whole_nodes_as_dense_sweeps_and_estimates_do(advisor, tmp_path,
                                                                                                hardware, gpus, node):
     expected = (f"Error: {gpus} GPUs are not whole nodes of {node}: give a multiple of {node}, at most one node, "
-                "or the GPUs your nodes hold with --gpus-per-node N (e.g. 64 or 32 of a rack)")
+                "or the GPUs your nodes hold with --gpus-per-node N (a GB200 NVL72 rack's NVLink domain: "
+                "--gpus-per-node 72)")
     moe_sweep = _error(advisor, tmp_path, "sweep", "--model", "deepseek-v3", "--gpus", gpus, *hardware,
                        "--seq-len", 4096, "--gbs", 8192)
     dense_sweep = _error(advisor, tmp_path, "sweep", "--gpus", gpus, *hardware)

@@ -72,13 +72,14 @@ def moe_options(func):
                      help="The flex dispatcher's SMs (DeepEP's default 20; an even number): the overlapped compute "
                           "runs on the rest, and the rows write the flag."),
         click.option("--moe-permute-fusion", "permute_fusion", is_flag=True,
-                     help="Transformer Engine's fused token permutation (Megatron's flag; needs TE 2.1+): priced at "
-                          "the HBM rate; without it, megatron-core's own unfused one at the 42% of it measured on an "
-                          "H200."),
+                     help="Transformer Engine's fused token permutation (Megatron's flag; needs TE 2.1+). Time only: "
+                          "priced at the HBM rate, where megatron-core's own unfused one runs at 42% of it (measured "
+                          "on an H200); memory as unfused. Given, not searched: the rows write it."),
         click.option("--moe-router-fusion", "router_fusion", is_flag=True,
-                     help="Transformer Engine's fused router top-k (Megatron's flag; needs TE): priced as its GEMM "
-                          "alone; without it, the unfused router's small kernels besides (measured on an H200, a "
-                          "layer and microbatch: 0.24 ms softmax, 0.50 ms DeepSeek-V3's sigmoid group-limited)."),
+                     help="Transformer Engine's fused router (Megatron's flag; needs TE 2.7+). Time only: the router "
+                          "priced as its GEMM, where the unfused one adds small kernels measured on an H200 at 0.24 "
+                          "ms a layer and microbatch (0.50 ms DeepSeek-V3's); memory as unfused. Given, not searched: "
+                          "the rows write it."),
         click.option("--recompute-modules", "recompute_modules", multiple=True, type=click.Choice(RECOMPUTE_MODULES),
                      metavar="MODULE",
                      help=f"MoE models, with --recompute selective: Megatron's --recompute-modules, one of "

@@ -18,6 +18,10 @@ def uneven_split(row: dict) -> str:
     return counts_text(stages) if len(set(stages)) > 1 else ""
 
 
+RANKED_BY = {"paper": "the paper's rule", "memory": "memory headroom", "throughput": "throughput"}
+"""--rank-by's values as a title says them."""
+
+
 def sweep_columns(calibrated: bool = False, timed: bool = False, tokens: bool = False, priced: bool = False,
                   experts: bool = False) -> list:
     """``render.Column``s of a sweep table: ``calibrated`` the calibrated model's usage and
@@ -80,7 +84,7 @@ def setup_line(spec, workload, gpus: int, mem: float, threshold: float, options,
             else "calibrated memory model" if memory_model == "calibrated"
             else "calibrated memory model with profiled activations")
     return (f"{spec.name}, seq {workload.seq_len}, gbs {workload.global_batch_size}, {where}, {rule}, "
-            f"ranked by {rank_by}{extras}")
+            f"ranked by {RANKED_BY.get(rank_by, rank_by)}{extras}")
 
 
 def counts_caption(counts: dict, show_all: bool, shown: int, selected: int) -> str:

@@ -133,7 +133,8 @@ def take(rest: list[str]) -> tuple[dict, list[str]]:
                 end += 1
             words = [value] if has_value else rest[i + 1:end]
             if name in VALUED and len(words) != 1:
-                raise AdvisorError(f"--{name} takes one value, got {len(words)}")
+                raise AdvisorError(f"--{name} takes one value, got {len(words)}: {' '.join(words)}" if words
+                                   else f"--{name} needs a value, and none follows it")
             values[name], i = (words if name in MULTI else words[0]), (i + 1 if has_value else end)
         else:
             other.append(rest[i])
@@ -364,7 +365,8 @@ def _dispatcher(values: dict) -> tuple[str, list[str]]:
     only under flex; core_v0.15.2's ``--moe-enable-deepep`` the same)."""
     dispatcher = values.get("moe-token-dispatcher-type", "allgather")
     if dispatcher not in ("alltoall", "allgather", "flex"):
-        raise AdvisorError(f"--moe-token-dispatcher-type {dispatcher!r} is not one of Megatron's")
+        raise AdvisorError(f"--moe-token-dispatcher-type {dispatcher!r} is not one of Megatron's (alltoall, allgather, "
+                           "flex)")
     backend = values.get("moe-flex-dispatcher-backend", "deepep")
     if backend not in ("deepep", "hybridep", "ncclep"):
         raise AdvisorError(f"--moe-flex-dispatcher-backend {backend!r} is not one of Megatron's (deepep, hybridep, "
