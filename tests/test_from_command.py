@@ -579,7 +579,12 @@ def test_compare_best_against_a_layout_that_does_not_fit_is_no_speedup():
         line = comparison_line(best, {"verdict": verdict, "step_time_s": 4.0}, 64)
         assert f"yours is called {verdict} (4.00 s only if it fit)" in line and "as long" not in line
     line = comparison_line(best, {"verdict": "likely fits", "step_time_s": 6.0}, 64)
-    assert "(yours takes 1.20x as long)" in line
+    assert "(yours takes 1.20x as long)" in line and "yours is faster" not in line
+    # a faster layout than the sweep's first row: the row is the simplest within the model's error
+    line = comparison_line(best, {"verdict": "fits", "step_time_s": 4.8}, 64)
+    assert "(yours takes 0.96x as long); yours is faster by the model, within the 6.9% inside which" in line
+    line = comparison_line(best, {"verdict": "fits", "step_time_s": 4.0}, 64)  # 20% faster: not a tie
+    assert line.endswith("; yours is faster by the model than every layout the sweep tried")
 
 
 def test_the_flex_dispatcher_without_deepep_is_refused_where_the_release_asserts_it():

@@ -139,6 +139,14 @@ def comparison_line(best: dict | None, row: dict, gpus: int, *, experts: bool = 
             line += (f"; {best['step_time_s']:.2f} s per step, where yours is called {row['verdict']} "
                      f"({row['step_time_s']:.2f} s only if it fit)")
         else:
+            ratio = row["step_time_s"] / best["step_time_s"]
             line += (f"; {best['step_time_s']:.2f} s per step against yours {row['step_time_s']:.2f} s "
-                     f"(yours takes {row['step_time_s'] / best['step_time_s']:.2f}x as long)")
+                     f"(yours takes {ratio:.2f}x as long)")
+            if ratio < 1:  # the sweep's first row is the simplest within the time model's error, not the fastest
+                from advisor.ranking import ranking_tolerance
+
+                tolerance = ranking_tolerance()
+                line += (f"; yours is faster by the model, within the {tolerance:.1%} inside which the sweep ranks "
+                         "the simpler layout first" if 1 / ratio <= 1 / (1 - tolerance)
+                         else "; yours is faster by the model than every layout the sweep tried")
     return line
