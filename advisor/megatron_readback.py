@@ -629,16 +629,20 @@ def training_options(rest: list[str], tp: int, release=None) -> tuple[object, li
 
 def _unknown_note(flag: str) -> str:
     """How a flag no reader here takes is named: a mixture-of-experts flag in a dense command (no
-    --num-experts: Megatron builds no experts), a near spelling of a flag the advisor reads (a typo
-    Megatron's argparse would refuse at start-up), or unknown."""
+    --num-experts: Megatron builds no experts), a flag of no release the advisor knows near one the
+    advisor reads (a typo Megatron's argparse would refuse at start-up: ``megatron_flag_table``,
+    every flag of each release's parser), or unknown."""
     import difflib
 
+    from advisor.megatron_flag_table import FLAGS
     from advisor.moe import readback
     from advisor.options.flags import SWITCHES, UNPRICED, VALUED
 
     name = flag[2:]
     if name in readback.VALUED | readback.SWITCHES | readback.MULTI:
         return f"{flag} (a mixture-of-experts flag, and the command has no --num-experts: nothing it prices)"
+    if flag in {word.partition("=")[0] for text in FLAGS.values() for word in text.split()}:
+        return f"{flag} (not known to the advisor)"  # Megatron's own: not a typo
     known = ({f"--{name}" for name in (_MODEL_VALUED | _LAYOUT_VALUED | HARMLESS_VALUED | set(_MULTI_VALUED)
                                        | readback.VALUED | readback.SWITCHES | readback.MULTI | _switches())}
              | VALUED | SWITCHES | UNPRICED)

@@ -54,6 +54,7 @@ MEMORY_FLAGS = (
     "--use-torch-fsdp2", "--data-parallel-sharding-strategy", "--overlap-grad-reduce", "--overlap-param-gather",
     "--tp-comm-overlap", "--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--optimizer-offload-fraction",
     "--fp8-recipe", "--fp8-param-gather", "--fp8-amax-history-len", "--no-create-attention-mask-in-dataloader",
+    "--transformer-impl",
 )
 """Every flag behind a priced training option (``advisor.options.training_args``) is decided."""
 DECIDED_FLAGS = frozenset(MODEL_FLAGS + LAYOUT_FLAGS + BATCH_FLAGS + MEMORY_FLAGS + moe_flags.MODEL_FLAGS
@@ -89,6 +90,9 @@ _ASSUMED_WHEN_UNSET = {
     "--attention-backend": {("flash",), ("auto",)},  # no --attention-backend: FlashAttention assumed
     "--use-flash-attn": {()},
     "--rope-type": {("rope",)},  # no --rope-type: RoPE (it picks YaRN for MLA only, and MLA rows set it)
+    # no --transformer-impl: Transformer Engine, restated; 'local' stays the user's (a CPU test launch
+    # over gloo needs megatron-core's own modules), with the launch's note that it is not what was priced
+    "--transformer-impl": {("transformer_engine",), ("local",)},
 }
 
 
@@ -134,17 +138,18 @@ def _given(extras: Sequence[str]) -> list[tuple[str, list[str], str | None]]:
     """Each flag of ``extras`` with the values that follow it, as ``parse_flags`` reads
     them (up to the next ``--flag``: a single dash does not end them, so ``--lr -1`` and
     ``--adam-eps 1e-8`` keep theirs), and the flag that ends them (None at the end);
-    ``--flag=value`` is one value, ``--flag=`` none (ended by '=')."""
+    ``--flag=value`` is one value and the words after it more, ``--flag=`` none (ended by '=')."""
     found = []
     for i, word in enumerate(extras):
         if not is_flag(word):
             continue
         name, equals, value = word.partition("=")
-        if equals:
-            found.append((name, [value] if value else [], "="))
-            continue
         end = next((j for j in range(i + 1, len(extras)) if is_flag(extras[j])), len(extras))
-        found.append((name, list(extras[i + 1:end]), extras[end].partition("=")[0] if end < len(extras) else None))
+        after = list(extras[i + 1:end])
+        if equals:
+            found.append((name, [value, *after] if value else after, "="))
+            continue
+        found.append((name, after, extras[end].partition("=")[0] if end < len(extras) else None))
     return found
 
 
@@ -157,8 +162,12 @@ def check_values(rules: MegatronVersion, extras: Sequence[str]) -> None:
     problems = []
     for name, values, then in _given(extras):
         least, most = taken.get(name, (0, None))
+        if then == "=" and name in taken:  # argparse gives '--flag=value' one slot, whatever the nargs
+            most = min(1, most if most is not None else 1)
         count = len(values)
-        if count < least:
+        if then == "=" and most == 0:  # argparse: "ignored explicit argument", even an empty one
+            problems.append(f"{name} (after --) is a switch and takes no value, got {name}={' '.join(values)}")
+        elif count < least:
             wanted = "a value" if least == 1 else f"{least} values"
             where = (f", got {count}" if count else " and nothing follows it" if then is None
                      else f" and {name}= gives it empty" if then == "=" else f" and {then} follows it")

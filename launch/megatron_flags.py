@@ -6,11 +6,12 @@ value after it ("argument --lr: expected one argument") on every rank at start-u
 launcher would otherwise read the flag as given (``--lr`` alone even silenced its "no learning
 rate" warning). Which flags need values is read from each release's own parser, not listed by
 hand: core_v0.19.0 builds many of its flags from dataclasses (``ArgumentGroupFactory``), so only
-running the parser tells. ``launch.megatron_flag_table`` holds what ``python -m
-launch.megatron_check --flags`` read from the checkout each release was checked with;
+running the parser tells. ``advisor.megatron_flag_table`` holds what ``python -m
+launch.megatron_check --flags`` read from the checkout each release was checked with (in the core,
+which reads it too: a command's flag that no release has is named as a likely typo);
 ``tests/test_launch_passthrough_values.py`` compares it with the real parsers. Regenerate it with
 
-    python -m launch.megatron_flags core_v0.15.2=DIR core_v0.19.0=DIR:PYTHON312 -o launch/megatron_flag_table.py
+    python -m launch.megatron_flags core_v0.15.2=DIR core_v0.19.0=DIR:PYTHON312 -o advisor/megatron_flag_table.py
 
 A flag needs values unless its action is a switch (store_true, store_false,
 BooleanOptionalAction) or takes nargs '?' or '*' (``--data-path`` alone is accepted by argparse);
@@ -25,7 +26,7 @@ import textwrap
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from launch.megatron_flag_table import FLAGS
+from advisor.megatron_flag_table import FLAGS
 from launch.megatron_versions import VERSIONS, MegatronVersion
 
 
@@ -66,16 +67,11 @@ def values_taken(rules: MegatronVersion) -> dict[str, Arity]:
     return _TABLES.get(rules.release, {})
 
 
-def values_needed(rules: MegatronVersion) -> dict[str, int]:
-    """The flags of ``rules``' release that need values, with the least number each takes."""
-    return {flag: least for flag, (least, _) in values_taken(rules).items() if least}
-
-
 # --- the table, from the checkouts' own parsers ---------------------------------------------
 
 
 def table_source(counts: Mapping[tuple[int, int], Mapping[str, Arity]], checked: Mapping[tuple[int, int], str]) -> str:
-    """``launch/megatron_flag_table.py`` for these releases' counts (``megatron_check.value_counts``)."""
+    """``advisor/megatron_flag_table.py`` for these releases' counts (``megatron_check.value_counts``)."""
     blocks = []
     for release in sorted(counts):
         words = " ".join(_word(flag, arity) for flag, arity in sorted(counts[release].items()))

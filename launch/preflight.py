@@ -185,9 +185,8 @@ def transformer_engine_import_problem(args, where: str = "") -> str:
     given = "--transformer-impl transformer_engine" if "--transformer-impl" in values else \
         "Megatron-LM's default --transformer-impl transformer_engine"
     return (f"cannot import transformer_engine{where}, which {given} needs: install Transformer Engine "
-            "(--transformer-impl local after -- runs megatron-core's own modules instead: unfused attention, "
-            "which a plan with fused attention was not priced with, and no CP > 1, FP8, TP overlap or fused MoE "
-            "kernels)")
+            "(--transformer-impl local after -- runs megatron-core's own modules instead: unfused attention, not "
+            "the fused attention a plan is priced with, and no CP > 1, FP8, TP overlap or fused MoE kernels)")
 
 
 def local_attention_note(plan_args, args) -> str | None:

@@ -366,3 +366,19 @@ def test_an_moe_scripts_header_names_its_expert_layout(advisor, tmp_path):
     dense = launcher()("sbatch", "--from", sweep_file(advisor, tmp_path / "dense.json", "--gpus", "8", "--mem", "80"),
                        "--megatron-version", "0.15", "--dry-run").stdout
     assert "EP" not in dense.splitlines()[1]
+
+
+def test_sbatch_without_slurm_writes_nothing_and_says_one_line(tmp_path, monkeypatch):
+    """No sbatch on PATH (not a login node): one error line before the script is written or any
+    note is printed, not a script left behind."""
+    from conftest import Invoker
+    from launch_support import CPU_TEST_JOB, sweep_file
+    from megatron_real import checkout as real_checkout
+
+    sweep = sweep_file(Invoker(), tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    script = tmp_path / "job.sh"
+    result = launcher()("sbatch", "--from", sweep, "--megatron-lm", real_checkout("core_v0.15.2").path, "--mock-data",
+                        "-o", script, "--", *CPU_TEST_JOB, "--transformer-impl", "local", expect=2)
+    assert result.stderr.startswith("Error: sbatch not found on PATH") and result.stderr.count("\n") == 1
+    assert not script.exists() and result.stdout == ""

@@ -7,6 +7,7 @@ is one line, exit status 2, before anything is printed or written. What takes no
 nargs '*'), several values (nargs '+'), negative numbers and ``--flag=value`` pass as before."""
 
 import json
+import re
 
 import pytest
 from launch_support import launcher, sweep_file
@@ -88,21 +89,28 @@ def test_counts_and_releases_differ_as_their_parsers_do():
     with pytest.raises(AdvisorError, match=r"--rampup-batch-size \(after --\) takes 3 values"):
         check_values(CORE_19, ["--rampup-batch-size", "16", "16", "1000", "7"])
     check_values(CORE_19, ["--recompute-modules", "moe", "mlp", "layernorm", "--data-path", "1", "a", "1", "b"])
+    # '--flag=value' gets one slot whatever the nargs, and a switch none, not even an empty one
+    for extras, words in ((["--lr=3e-4", "5"], "--lr (after --) takes one value"),
+                          (["--data-path=a", "b"], "--data-path (after --) takes one value"),
+                          (["--bf16="], "--bf16 (after --) is a switch and takes no value, got --bf16="),
+                          (["--bf16=true"], "--bf16 (after --) is a switch")):
+        with pytest.raises(AdvisorError, match=re.escape(words)):
+            check_values(CORE_19, extras)
+    check_values(CORE_19, ["--lr=3e-4", "--data-path=a", "--train-iters=5"])
 
 
 def test_every_release_the_launcher_knows_has_its_table():
-    from launch.megatron_flags import table_source, values_needed, values_taken
+    from launch.megatron_flags import table_source, values_taken
 
     for rules in VERSIONS:
-        needs, taken = values_needed(rules), values_taken(rules)
-        assert needs["--lr"] == needs["--train-iters"] == needs["--data-args-path"] == 1, rules.name
-        assert "--bf16" not in needs and "--data-path" not in needs and "--no-load-optim" not in needs
+        taken = values_taken(rules)
+        assert taken["--train-iters"] == taken["--data-args-path"] == (1, 1), rules.name
         # nargs None takes one; switches none; nargs '*' (--data-path) any number
         assert taken["--lr"] == (1, 1) and taken["--bf16"] == taken["--no-load-optim"] == (0, 0)
         assert taken["--data-path"] == (0, None), rules.name
     # the committed file is the generator's output (no hand edits): with the real parsers' counts
     # (the next test) it is what regenerating would write
-    table = ROOT / "launch" / "megatron_flag_table.py"
+    table = ROOT / "advisor" / "megatron_flag_table.py"
     assert table.read_text() == table_source({rules.release: values_taken(rules) for rules in VERSIONS},
                                              {rules.release: rules.checked for rules in VERSIONS})
 

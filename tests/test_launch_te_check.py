@@ -118,8 +118,8 @@ def test_where_the_ranks_run_here_te_is_still_checked_here(job, tmp_path, monkey
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
         assert errors == [f"Error: {NO_TE}, which Megatron-LM's default --transformer-impl transformer_engine needs: "
                           "install Transformer Engine (--transformer-impl local after -- runs megatron-core's own "
-                          "modules instead: unfused attention, which a plan with fused attention was not priced "
-                          "with, and no CP > 1, FP8, TP overlap or fused MoE kernels)"], result.stderr
+                          "modules instead: unfused attention, not the fused attention a plan is priced with, and no "
+                          "CP > 1, FP8, TP overlap or fused MoE kernels)"], result.stderr
     assert started == []
     # check --no-gpus-here prepares a job for other nodes: a note, not an error
     result = launcher()("check", *common, "--no-gpus-here", "--", *extras)

@@ -582,4 +582,4 @@ def test_the_estimates_expert_tp_defaults_to_the_tp_as_megatrons_does():
     # a layout Megatron refuses with its default ETP says the ETP was defaulted
     _one_line_error(CliRunner().invoke(cli, ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--gpu",
                                              "h100-80gb", "--tp", "4", "--pp", "2", "--ep", "4"]),
-                    "EP x ETP = 16 must divide", "without --etp the ETP is the TP, 4, as Megatron-LM's default")
+                    "EP x ETP = 16 must divide", "; without --etp the ETP is the TP, 4, as Megatron-LM's default: give --etp")

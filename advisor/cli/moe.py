@@ -375,7 +375,7 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
                               recompute=recompute, memory_gib=mem, threshold=threshold, gpu=gpu, options=settings,
                               memory_model=memory_model, layers_per_stage=layers_per_stage)
     except AdvisorError as error:
-        defaulted = f" (without --etp the ETP is the TP, {tp}, as Megatron-LM's default)" \
+        defaulted = f"; without --etp the ETP is the TP, {tp}, as Megatron-LM's default: give --etp" \
             if etp is None and tp > 1 and "ETP" in str(error) else ""
         raise InputError(f"{error}{defaulted}") from None
     row.update(megatron_args=row_flags(spec, workload, row), model=spec.to_dict(), memory_gib=mem,

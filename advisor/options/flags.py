@@ -321,7 +321,10 @@ def _attention(values: dict) -> Attention:
     # --transformer-impl local builds megatron-core's own DotProductAttention, which computes every
     # score (core_v0.15.2 models/backends.py, LocalSpecProvider.core_attention): unfused, whatever
     # --attention-backend says
-    local = _last(values, "--transformer-impl", "transformer_engine") == "local"
+    impl = _last(values, "--transformer-impl", "transformer_engine")
+    if impl not in ("transformer_engine", "local"):  # core_v0.19.0 also has inference_optimized: not training
+        raise AdvisorError(f"--transformer-impl {impl!r} is not priced (transformer_engine or local)")
+    local = impl == "local"
     flash = backend not in ("unfused", "local") and not local
     if "--no-create-attention-mask-in-dataloader" in values:
         # unfused, megatron-core builds the causal mask itself, once (fusions/fused_softmax.py,
