@@ -634,6 +634,13 @@ def test_megatron_cores_own_modules_are_written_back_as_read(tmp_path):
     path.write_text(json.dumps(estimate))
     launched = json.loads(launcher()("args", "--from", path, "--format", "json").stdout)
     assert launched[launched.index("--transformer-impl") + 1] == "local"
+    # decided: the plan's own modules are not swapped for Transformer Engine after '--'
+    assert "conflicts with --transformer-impl local" in launcher().error("args", "--from", path, "--",
+                                                                        "--transformer-impl", "transformer_engine")
+    assert launcher()("args", "--from", path, "--", "--transformer-impl", "local")  # restated
+    bogus = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80"],
+                               input=stdin.replace("local", "inference_optimized"))
+    assert bogus.exit_code == 2 and "--transformer-impl 'inference_optimized' is not priced" in bogus.output
 
 
 def test_megatrons_own_flags_unknown_to_the_advisor_get_no_suggestion():
