@@ -25,10 +25,15 @@ import runpy
 import signal
 import socket
 import sys
+import time
 from typing import Sequence
 
 from advisor.errors import AdvisorError
 from launch.checkout import SCRIPT, resolve_checkout
+
+QUIET_RANK_WAIT_S = 3.0
+"""How long a rank other than local rank 0 waits before it exits for a missing Transformer
+Engine: longer than local rank 0 takes to print its one line (a fraction of a second here)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,7 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if options.check_transformer_engine and (problem := transformer_engine_missing(megatron_args)):
         if os.environ.get("LOCAL_RANK", "0") == "0":  # one line per node, not one per GPU
-            print(f"Error: {problem}", file=sys.stderr)
+            print(f"Error: {problem}", file=sys.stderr, flush=True)
+        else:
+            # torchrun ends a node's other ranks as soon as one fails: the quiet ones wait, so that
+            # local rank 0 has said why before it is ended (its line was sometimes lost)
+            time.sleep(QUIET_RANK_WAIT_S)
         return 2
     return run(checkout, megatron_args, profile_dir=options.profile_dir, run_id=options.run_id)
 
