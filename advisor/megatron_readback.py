@@ -459,15 +459,15 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     rest = [word for word in rest if word != _SOFTMAX_FUSION_OFF]
     options, unpriced = training_options(rest, layout.tp, release)
     if fusion_off:
-        unpriced += _softmax_fusion_note(rest, options)
+        unpriced += _softmax_fusion_note(options)
     if not moe_values:
-        unpriced += _local_attention_note(rest)
+        unpriced += _local_attention_note(options)
     moe = None
     if moe_values:  # a mixture of experts (advisor.moe.readback)
         from advisor.moe import readback
 
         spec = readback.moe_spec(spec, moe_values)
-        impl = _last_value(rest, "--transformer-impl") or "transformer_engine"
+        impl = options.attention.transformer_impl  # the training options' reading, the one place
         options, unpriced = _moe_local_attention(options, unpriced, rest, impl)
         moe, moe_unpriced = readback.read(moe_values, layout.tp, options.recomputation.recompute,
                                           recompute_method=_last_value(rest, "--recompute-method"),
@@ -551,13 +551,12 @@ def _moe_local_attention(options, unpriced: list[str], rest: list[str], impl: st
     return options.with_(flash_attention=True), [*unpriced, note]
 
 
-def _softmax_fusion_note(rest: list[str], options) -> list[str]:
+def _softmax_fusion_note(options) -> list[str]:
     """What --no-masked-softmax-fusion leaves unpriced: only megatron-core's own attention fuses
     its scale, mask and softmax (dot_product_attention.py, ``FusedScaleMaskSoftmax``); Transformer
     Engine's flash or fused attention, priced by default, never runs it (Megatron-LM's own MoE
     examples pass the switch beside it)."""
-    impl = _last_value(rest, "--transformer-impl") or "transformer_engine"
-    if options.attention.flash_attention and impl != "local":
+    if options.attention.flash_attention and options.attention.transformer_impl != "local":
         return []
     return [f"{_SOFTMAX_FUSION_OFF} (megatron-core's own attention's softmax unfused, not priced)"]
 
@@ -569,13 +568,13 @@ heads on one H200 (``benchmarks/gpu/time_unfused_attention.py``,
 ``benchmarks/gpu/data/h200_unfused_attention.json``)."""
 
 
-def _local_attention_note(rest: list[str]) -> list[str]:
+def _local_attention_note(options) -> list[str]:
     """What --transformer-impl local leaves underpriced in a dense run: its attention is priced as
     unfused attention with one fused softmax kernel (Transformer Engine's unfused backend), but
     megatron-core's own ``FusedScaleMaskSoftmax`` takes PyTorch's softmax, mask fill and copies above
     4096 tokens, and below them without Apex's compiled kernels (``fusions/fused_softmax.py``,
     ``is_kernel_available``), which one H200 timed at ``UNFUSED_LOCAL_MEASURED`` the price."""
-    if (_last_value(rest, "--transformer-impl") or "transformer_engine") != "local":
+    if options.attention.transformer_impl != "local":
         return []
     return [f"--transformer-impl local (megatron-core's own attention: priced as unfused attention with a fused "
             f"softmax; with PyTorch's softmax, above 4096 tokens or without Apex, one H200 took "
@@ -627,6 +626,21 @@ def training_options(rest: list[str], tp: int, release=None) -> tuple[object, li
     return options, list(unpriced) + [_unknown_note(flag) for flag in unknown]
 
 
+@functools.cache
+def _flag_spellings() -> tuple[frozenset[str], list[str]]:
+    """(every flag of the releases' own parsers, ``megatron_flag_table``; every flag a reader here
+    takes, sorted): read once, not once per unknown flag."""
+    from advisor.megatron_flag_table import FLAGS
+    from advisor.moe import readback
+    from advisor.options.flags import SWITCHES, UNPRICED, VALUED
+
+    megatrons = frozenset(word.partition("=")[0] for text in FLAGS.values() for word in text.split())
+    read_here = ({f"--{name}" for name in (_MODEL_VALUED | _LAYOUT_VALUED | HARMLESS_VALUED | set(_MULTI_VALUED)
+                                           | readback.VALUED | readback.SWITCHES | readback.MULTI | _switches())}
+                 | VALUED | SWITCHES | UNPRICED)
+    return megatrons, sorted(read_here)
+
+
 def _unknown_note(flag: str) -> str:
     """How a flag no reader here takes is named: a mixture-of-experts flag in a dense command (no
     --num-experts: Megatron builds no experts), a flag of no release the advisor knows near one the
@@ -634,17 +648,12 @@ def _unknown_note(flag: str) -> str:
     every flag of each release's parser), or unknown."""
     import difflib
 
-    from advisor.megatron_flag_table import FLAGS
     from advisor.moe import readback
-    from advisor.options.flags import SWITCHES, UNPRICED, VALUED
 
-    name = flag[2:]
-    if name in readback.VALUED | readback.SWITCHES | readback.MULTI:
+    if flag[2:] in readback.VALUED | readback.SWITCHES | readback.MULTI:
         return f"{flag} (a mixture-of-experts flag, and the command has no --num-experts: nothing it prices)"
-    if flag in {word.partition("=")[0] for text in FLAGS.values() for word in text.split()}:
+    megatrons, read_here = _flag_spellings()
+    if flag in megatrons:
         return f"{flag} (not known to the advisor)"  # Megatron's own: not a typo
-    known = ({f"--{name}" for name in (_MODEL_VALUED | _LAYOUT_VALUED | HARMLESS_VALUED | set(_MULTI_VALUED)
-                                       | readback.VALUED | readback.SWITCHES | readback.MULTI | _switches())}
-             | VALUED | SWITCHES | UNPRICED)
-    near = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.9)
+    near = difflib.get_close_matches(flag, read_here, n=1, cutoff=0.9)
     return f"{flag} (not known to the advisor{f'; did you mean {near[0]}?' if near else ''})"

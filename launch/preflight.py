@@ -163,12 +163,18 @@ def gpu_problems(setup: Setup, report: Report, found: int | None) -> list[str]:
     return []
 
 
+def implementation(values: dict) -> str:
+    """--transformer-impl of a command's flag values: the last given, as argparse keeps it, or
+    Megatron-LM's default, transformer_engine."""
+    return (values.get("--transformer-impl") or ("transformer_engine",))[0]
+
+
 def uses_transformer_engine(args) -> bool:
     """Whether ``args`` need Transformer Engine: its modules (``--transformer-impl
     transformer_engine``, Megatron-LM's default; the last one given wins, as argparse keeps it) or
     its MoE kernels (``TE_KERNEL_FLAGS``, under either implementation)."""
     values = flag_values(args)
-    impl = (values.get("--transformer-impl") or ("transformer_engine",))[0]
+    impl = implementation(values)
     return impl == "transformer_engine" or any(flag in values for flag in TE_KERNEL_FLAGS)
 
 
@@ -177,7 +183,7 @@ def transformer_engine_import_problem(args, where: str = "") -> str:
     a rank's message)."""
     values = flag_values(args)
     kernels = [flag for flag in TE_KERNEL_FLAGS if flag in values]
-    if (values.get("--transformer-impl") or ("transformer_engine",))[0] == "local" and kernels:
+    if implementation(values) == "local" and kernels:
         return (f"cannot import transformer_engine{where}, which {' and '.join(kernels)} need"
                 f"{'s' if len(kernels) == 1 else ''} (Transformer Engine's MoE kernels, whatever "
                 "--transformer-impl says): install Transformer Engine, or plan the run without them (advisor "
@@ -196,8 +202,8 @@ def local_attention_note(plan_args, args) -> str | None:
     time are not the plan's. A note, not a refusal: a CPU test launch over gloo needs the local
     modules (tests/fixtures/cuda_on_cpu)."""
     plan, values = flag_values(plan_args), flag_values(args)
-    if (values.get("--transformer-impl") or ("transformer_engine",))[0] != "local" \
-            or plan.get("--transformer-impl") == ("local",) or plan.get("--attention-backend") == ("unfused",):
+    if implementation(values) != "local" \
+            or implementation(plan) == "local" or plan.get("--attention-backend") == ("unfused",):
         return None
     return ("--transformer-impl local (after --) runs megatron-core's own unfused attention, which keeps every "
             "s x s score: the plan was priced with fused attention, so its memory and time are not this run's "
@@ -206,7 +212,7 @@ def local_attention_note(plan_args, args) -> str | None:
 
 def transformer_engine_problems(setup: Setup, importable: Callable[[str], bool] = importable_module) -> list[str]:
     values = flag_values(setup.args)
-    impl = (values.get("--transformer-impl") or ("transformer_engine",))[0]
+    impl = implementation(values)
     if impl == "local":
         uses = [text for flag, text in TE_ONLY_FLAGS.items() if flag in values]
         if setup.cp > 1:

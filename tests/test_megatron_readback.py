@@ -164,7 +164,11 @@ def test_megatron_cores_own_attention_is_named_with_its_measured_time():
     cases = json.loads((ROOT / "benchmarks/gpu/data/h200_unfused_attention.json").read_text())["cases"]
     ratios = [c["forward_backward_over_priced"] for name, c in cases.items() if not name.startswith("s2048")]
     assert len(ratios) == 8 and f"{min(ratios):.1f}-{max(ratios):.1f}x" == mr.UNFUSED_LOCAL_MEASURED
-    (note,) = mr._local_attention_note(["--transformer-impl", "local"])
+    from advisor.options import TrainingOptions
+    from advisor.options.flags import parse_training_args
+
+    local, _ = parse_training_args(["--transformer-impl", "local"])
+    (note,) = mr._local_attention_note(local)
     assert mr.UNFUSED_LOCAL_MEASURED in note and "h200_unfused_attention.json" in note
-    assert mr._local_attention_note(["--transformer-impl", "transformer_engine"]) == []
-    assert mr._local_attention_note([]) == []
+    assert mr._local_attention_note(parse_training_args(["--transformer-impl", "transformer_engine"])[0]) == []
+    assert mr._local_attention_note(TrainingOptions()) == []

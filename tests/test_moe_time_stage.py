@@ -285,9 +285,10 @@ def test_permutation_bytes_by_hand():
     # inverse; the alltoall dispatcher sorts them by local expert again after the all-to-all (and
     # back before the combine) where a rank holds more than one expert
     qwen = PRESETS["qwen3-30b-a3b"]
-    assert mt.permutation_bytes(qwen, 1000.0, 8) == 8 * 1000 * 2 * 2048
-    assert mt.permutation_bytes(qwen, 1000.0, 8, "flex") == 4 * 1000 * 2 * 2048
-    assert mt.permutation_bytes(qwen, 1000.0, 128) == 4 * 1000 * 2 * 2048  # one expert per rank
+    pair = 4 * 1000 * 2 * 2048
+    assert mt.permutation_pairs(qwen, 1000.0, 8) == (pair, pair)
+    assert mt.permutation_pairs(qwen, 1000.0, 8, "flex") == (pair, 0)
+    assert mt.permutation_pairs(qwen, 1000.0, 128) == (pair, 0)  # one expert per rank
 
 
 def test_permutation_time_by_hand():

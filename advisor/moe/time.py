@@ -316,7 +316,7 @@ GPU (launch- and latency-bound kernels; not measured elsewhere)."""
 
 
 def permutation_time(spec: MoESpec, copies, ep, rates: Rates, dispatcher: str = "alltoall", fused: bool = False):
-    """One layer's token permutations forward (``permutation_bytes``): unfused, the permutation by
+    """One layer's token permutations forward (``permutation_pairs``): unfused, the permutation by
     expert and its inverse at ``PERMUTE_HBM_FRACTION`` of the HBM rate, the alltoall dispatcher's
     sort by local expert at the rate; ``fused`` (--moe-permute-fusion: Transformer Engine's
     permutation kernels, ``moe_utils.fused_permute``), every pair at the rate (not measured here)."""
@@ -336,12 +336,6 @@ def permutation_pairs(spec: MoESpec, copies, ep, dispatcher: str = "alltoall"):
     pair = 4 * np.asarray(copies, dtype=float) * mm.BF16 * spec.hidden_size
     second = (dispatcher == "alltoall") & (spec.num_experts / np.asarray(ep, dtype=float) > 1)
     return pair, pair * second
-
-
-def permutation_bytes(spec: MoESpec, copies, ep, dispatcher: str = "alltoall"):
-    """HBM bytes of all of one layer's token permutations forward (``permutation_pairs``)."""
-    by_expert, by_local_expert = permutation_pairs(spec, copies, ep, dispatcher)
-    return by_expert + by_local_expert
 
 
 HOST_LAUNCH_S = 20e-6

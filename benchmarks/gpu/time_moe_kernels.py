@@ -6,7 +6,7 @@ all-to-all is priced from link bandwidths; what is left is the many small non-GE
 around them: the router's softmax, top-k, aux loss (and z-loss where set) and the forced
 balancing's random logits, the token counts, the permutations' index work and the unpermute, and
 the dropless dispatcher's host wait for the counts. ``advisor.moe.time.layer_times`` prices the
-router as one GEMM (``router``), the permutations by their HBM bytes (``permutation_bytes`` at
+router as one GEMM (``router``), the permutations by their HBM bytes (``permutation_pairs`` at
 the calibrated HBM rate, ``terms.elementwise_time``) and the host wait as ``host_sync_idle``:
 no per-kernel cost. (That was the model this was written against; its first run, committed in
 ``data/h200_moe_kernels/``, gave the router's small kernels and the permutations' rate the
