@@ -77,6 +77,10 @@ WEIGHT_BYTES = 2
 """BF16 weights."""
 OPTIMIZER_BYTES = 12
 """Adam in FP32: master weight, momentum, variance (Section 3.1)."""
+ADAM_MOMENT_BYTES = 8
+"""The momentum and variance of OPTIMIZER_BYTES: made at the first optimizer step (torch.optim.Adam
+``_init_group``; TE's FusedAdam likewise), unlike the master weights, which Megatron's optimizer
+makes when it is built. A fresh run's first forward and backward run without them."""
 
 
 def optimizer_bytes_per_parameter(optimizer_shards: int) -> float:

@@ -10,7 +10,20 @@ The lines, as megatron/training/ writes them (core_v0.15.2 and core_v0.19.0 alik
   max allocated: M | reserved: S | max reserved: X`` (MB = 2^20 bytes; printed by the ranks with
   data-parallel rank 0, so one per model-parallel rank);
 - ``theoretical_memory_usage.py``, ``report_theoretical_memory``: ``Theoretical memory
-  footprints: weight and optimizer=W MB, activation=A MB, total=T MB``.
+  footprints: weight and optimizer=W MB, activation=A MB, total=T MB``;
+- and, from a launch with the advisor's hooks (``advisor-launch ... --profile-dir``,
+  ``megatron_hooks.integration.peak_line``): ``megatron_hooks: [Rank R] peak over N iterations:
+  A MB allocated, S MB reserved``, one per rank that Megatron reports for. The hooks reset torch's
+  peak counters at every layer, so where these lines are, Megatron's own reports count only from
+  the last reset and the hooks' peaks are read instead.
+
+What a memory report after the first iteration of a fresh run shows: Adam's momentum and variance
+are made in the first optimizer step (torch.optim.Adam's lazy state; Transformer Engine's FusedAdam
+likewise), after that iteration's backward, so its forward and backward peak lacks them (8 of the
+optimizer's 12 bytes a parameter). core_v0.15.2 reports only after the first logged iteration;
+core_v0.19.0 after the second too ("to include optimizer state memory", its training_log). On an
+H200 a 14-layer model peaked at 96.7 GiB in iteration 1 and 127.3 GiB from iteration 2 on
+(benchmarks/gpu/data/h200_megatron_launch_boundary).
 
 Lines may carry a launcher's prefix (torchrun ``--tee``'s ``[default0]:``, srun ``--label``'s
 ``0: ``): each pattern is searched for anywhere in a line. Other lines are skipped.
@@ -28,6 +41,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from advisor import equations as eq
 from advisor.errors import AdvisorError
 
 # The sign is matched so that a negative number is refused by _measured, not skipped with its line.
@@ -37,6 +51,8 @@ _THROUGHPUT = re.compile(r"throughput per GPU \(TFLOP/s/GPU\): " + _NUMBER)
 _BATCH = re.compile(r"global batch size:\s*(\d+)")
 _MEMORY = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: " + _NUMBER
                      + r" \| max allocated: " + _NUMBER + r" \| reserved: " + _NUMBER + r" \| max reserved: " + _NUMBER)
+_HOOKS_PEAK = re.compile(r"megatron_hooks: \[Rank (\d+)\] peak over (\d+) iterations: " + _NUMBER
+                         + r" MB allocated(?:, " + _NUMBER + r" MB reserved)?")
 _CUT = re.compile(r"iteration\s+\d+/|\[Rank \d+\] \(after ")
 """The beginning of an iteration or memory line: enough to tell that a cut last line was one."""
 _THEORETICAL = re.compile(r"Theoretical memory footprints: weight and optimizer=" + _NUMBER
@@ -64,6 +80,18 @@ class MemoryReport:
 
 
 @dataclass(frozen=True, slots=True)
+class Peak:
+    """One rank's peak memory as compare-log sets it beside the estimate."""
+
+    rank: int
+    max_allocated_mib: float
+    max_reserved_mib: float | None
+    source: str
+    """"hooks" (the run's peak), "report" (Megatron's, with Adam's moments made), or "first
+    iteration" (Megatron's after a fresh run's first iteration, before the moments exist)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Theoretical:
     weight_and_optimizer_mib: float
     activation_mib: float
@@ -75,6 +103,8 @@ class TrainingLog:
     iterations: list[Iteration] = field(default_factory=list)
     memory: list[MemoryReport] = field(default_factory=list)
     theoretical: list[Theoretical] = field(default_factory=list)
+    hooks: list[Peak] = field(default_factory=list)
+    """The advisor's hooks' peaks (``megatron_hooks: [Rank R] peak ...`` lines)."""
     cut_line: int | None = None
     """The last line's number where it is an iteration or memory line without a line end (not read)."""
 
@@ -92,13 +122,20 @@ class TrainingLog:
         values = [i.tflops_per_gpu for i in self.steady() if i.tflops_per_gpu is not None]
         return statistics.median(values) if values else None
 
-    def peak_by_rank(self) -> dict[int, MemoryReport]:
-        """Each rank's report with the highest max-allocated (the first iterations' report, usually)."""
+    def peak_by_rank(self) -> dict[int, Peak]:
+        """Each rank's peak: the hooks' where the log has their lines (Megatron's own reports are
+        cut short by the hooks' resets then), else its report with the highest max-allocated,
+        marked "first iteration" where that report follows the first iteration of a fresh run."""
+        if self.hooks:
+            return {peak.rank: peak for peak in self.hooks}
         out: dict[int, MemoryReport] = {}
         for report in self.memory:
             if report.rank not in out or report.max_allocated_mib > out[report.rank].max_allocated_mib:
                 out[report.rank] = report
-        return out
+        fresh = bool(self.iterations) and self.iterations[0].iteration == 1
+        return {rank: Peak(rank, report.max_allocated_mib, report.max_reserved_mib,
+                           "first iteration" if fresh and report.after_iterations == 1 else "report")
+                for rank, report in out.items()}
 
 
 def read_log(lines: Iterable[str], *, last_line_ended: bool = True) -> TrainingLog:
@@ -118,6 +155,10 @@ def read_log(lines: Iterable[str], *, last_line_ended: bool = True) -> TrainingL
         elif match := _MEMORY.search(line):
             rank, after, *values = match.groups()
             log.memory.append(MemoryReport(int(rank), int(after), *(_measured(v, number) for v in values)))
+        elif match := _HOOKS_PEAK.search(line):
+            rank, _, allocated, reserved = match.groups()
+            log.hooks.append(Peak(int(rank), _measured(allocated, number),
+                                  None if reserved is None else _measured(reserved, number), "hooks"))
         elif match := _THEORETICAL.search(line):
             log.theoretical.append(Theoretical(*(_measured(v, number) for v in match.groups())))
     if not log.iterations:
@@ -174,13 +215,32 @@ def compare(log: TrainingLog, estimate: dict, *, world_size: int) -> list[dict]:
     for stage in stages:
         ranks = [r for r in peaks.values() if stage_of_rank(r.rank, world_size=world_size, pp=pp) == stage["stage"]]
         measured = max((r.max_allocated_mib for r in ranks), default=None)
-        rows.append(_row(f"stage {stage['stage']} max allocated", None if measured is None else measured * MIB / 2**30,
-                         stage["total_gib"], "GiB"))
+        when = " (iteration 1)" if ranks and all(r.source == "first iteration" for r in ranks) else ""
+        rows.append(_row(f"stage {stage['stage']} max allocated{when}",
+                         None if measured is None else measured * MIB / 2**30, stage["total_gib"], "GiB"))
     if estimate.get("usage_gib") is not None:
-        reserved = max((r.max_reserved_mib for r in peaks.values()), default=None)
+        reserved = max((r.max_reserved_mib for r in peaks.values() if r.max_reserved_mib is not None), default=None)
         rows.append(_row("peak max reserved (calibrated)", None if reserved is None else reserved * MIB / 2**30,
                          estimate["usage_gib"], "GiB"))
     return rows
+
+
+def memory_source_note(log: TrainingLog, estimate: dict) -> str | None:
+    """Where the measured memory comes from, where it is not Megatron's report of a later
+    iteration: the hooks' lines, or a first iteration before Adam's moments (their GiB on the
+    first stage: 8 of the optimizer's 12 bytes a parameter, ``equations.ADAM_MOMENT_BYTES``)."""
+    sources = {peak.source for peak in log.peak_by_rank().values()}
+    if "hooks" in sources:
+        return ("memory: the advisor's hooks' peaks over the run (megatron_hooks lines); Megatron's own reports "
+                "count only from the hooks' last reset of torch's peak counters")
+    if "first iteration" not in sources:
+        return None
+    stage = estimate["stages"][0]
+    moments = stage["optimizer_gib"] * eq.ADAM_MOMENT_BYTES / eq.OPTIMIZER_BYTES
+    return (f"memory: Megatron reported after iteration 1 only, before Adam's momentum and variance existed "
+            f"({moments:.3g} GiB on stage 0, made in the first optimizer step): its peak can be that much below the "
+            "steady peak predicted (core_v0.19.0 also reports after iteration 2; a launch with --profile-dir "
+            "records every iteration's)")
 
 
 def unmeasured_note(rows: list[dict]) -> str | None:

@@ -109,9 +109,13 @@ class Session:
         return step
 
     def finish(self) -> None:
-        """Write the final status ("ok" unless an iteration failed)."""
-        if self.recorder is not None:
-            self.recorder.finish()
+        """Write the final status ("ok" unless an iteration failed); rank 0 prints its peak."""
+        if self.recorder is None:
+            return
+        self.recorder.finish()
+        coords = self.recorder.run.coords
+        if self.recorder.iterations and coords.get("dp", 0) == 0 and coords.get("cp", 0) == 0:
+            print(peak_line(self.recorder, self.hooks.backend.name, rank=_rank()), flush=True)
 
     def _run_info(self) -> RunInfo:
         from megatron.training import get_args
@@ -170,6 +174,34 @@ class Session:
             self.hooks.remove()
         if _ACTIVE is self:
             _ACTIVE = None
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+MIB = 2 ** 20  # Megatron's report_memory prints "MB" of 2**20 bytes
+
+
+def peak_line(recorder: ProfileRecorder, backend: str, *, rank: int) -> str:
+    """This rank's peak over the run, in Megatron's units, printed by the ranks Megatron's
+    ``report_memory`` prints for (data-parallel and context-parallel rank 0), and read by
+    ``advisor compare-log`` (``advisor.megatron_log``). On CUDA the hooks reset torch's peak
+    counters at every layer's entry (``LayerMemoryHooks._enter``: there is no other way to read
+    one layer's transient peak), so Megatron's own "max allocated" lines, which read
+    ``torch.cuda.max_memory_allocated``, count only from the last reset: on an H200,
+    core_v0.19.0 printed 42,462 MB after iteration 2, whose peak was 56,035 MB
+    (benchmarks/gpu/data/h200_megatron_launch). Rank 0's line says so."""
+    reserved = recorder.peak_reserved_bytes
+    line = (f"megatron_hooks: [Rank {rank}] peak over {recorder.iterations} iterations: "
+            f"{recorder.peak_allocated_bytes / MIB:.2f} MB allocated"
+            + (f", {reserved / MIB:.2f} MB reserved" if reserved is not None else ""))
+    if rank == 0:
+        line += f" (every rank's: advisor profile show {recorder.directory})"
+        if backend == "cuda":
+            line += ("; the hooks reset torch's peak counters at each layer, so Megatron's 'max allocated' "
+                     "lines above count only since the last layer began")
+    return line
 
 
 def install(output_dir: str | Path, *, run_id: str | None = None, backend: MemoryBackend | None = None) -> Session:

@@ -101,6 +101,9 @@ class ProfileRecorder:
         self.directory = Path(self.directory)
         self.status = "running"
         self.writer: RankFileWriter | None = None
+        self.peak_allocated_bytes = 0
+        self.peak_reserved_bytes: int | None = None
+        """The highest iteration peaks so far (the run's, once it ends)."""
 
     def header(self) -> RankHeader:
         """RunInfo's fields (same names in RankHeader), and what the hooks and this process know.
@@ -138,11 +141,17 @@ class ProfileRecorder:
             self.fail(exc)
             raise
         measurement = self.hooks.end_iteration(loss=result.loss)
+        self._fold_peaks(measurement.iteration)
         layers = measurement.layers if self.writer.iterations < self.layer_iterations else ()
         in_flight = self.hooks.in_flight_microbatches or None
         # After the first iteration the backend knows its device by name (a CUDA GPU's model).
         header = self.header() if self.writer.iterations == 0 else None
         self.writer.append(layers, replace(measurement.iteration, in_flight_microbatches=in_flight), header)
+
+    def _fold_peaks(self, iteration) -> None:
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, iteration.peak_allocated_bytes)
+        if iteration.peak_reserved_bytes is not None:
+            self.peak_reserved_bytes = max(self.peak_reserved_bytes or 0, iteration.peak_reserved_bytes)
 
     def fail(self, exc: BaseException) -> None:
         """Record how the run died and how far it got (the hooks' position)."""

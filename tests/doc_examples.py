@@ -133,8 +133,8 @@ def blocks(path: Path) -> list[Block]:
 
 
 def scratch_directory(root: Path) -> Path:
-    """examples/ and tables/ as in the repository, Megatron-LM the real core_v0.15.2 checkout."""
-    for name in ("examples", "tables", "tests"):
+    """examples/, tables/, tests/ and benchmarks/ as in the repository, Megatron-LM the real core_v0.15.2 checkout."""
+    for name in ("examples", "tables", "tests", "benchmarks"):
         (root / name).symlink_to(ROOT / name)
     checkouts = Path(os.environ.get("MEGATRON_LM_CHECKOUTS") or ROOT.parent / "shared" / "megatron-lm")
     if (checkouts / "core_v0.15.2").is_dir():

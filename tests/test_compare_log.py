@@ -64,10 +64,12 @@ def test_compare_log_sets_the_real_log_beside_the_same_estimate():
     assert rows["step time"]["measured"] == 0.5312 and rows["step time"]["predicted"] == estimate["step_time_s"]
     assert rows["step time"]["measured_over_predicted"] == 0.5312 / estimate["step_time_s"]
     stage_totals = [stage["total_gib"] for stage in estimate["stages"]]
-    assert [rows[f"stage {i} max allocated"]["predicted"] for i in (0, 1)] == stage_totals
-    assert rows["stage 0 max allocated"]["measured"] == 0.0  # the CPU double's counters
+    # core_v0.15.2 reports memory after iteration 1 only: labelled so, with the moments it lacks
+    assert [rows[f"stage {i} max allocated (iteration 1)"]["predicted"] for i in (0, 1)] == stage_totals
+    assert rows["stage 0 max allocated (iteration 1)"]["measured"] == 0.0  # the CPU double's counters
+    assert any(note.startswith("memory: Megatron reported after iteration 1 only") for note in document["notes"])
     # a logged 0 is no measurement: no ratio (it read 0.000), and a note names the quantities
-    assert [rows[what]["measured_over_predicted"] for what in ("TFLOP/s per GPU", "stage 0 max allocated",
+    assert [rows[what]["measured_over_predicted"] for what in ("TFLOP/s per GPU", "stage 0 max allocated (iteration 1)",
                                                                "peak max reserved (calibrated)")] == [None] * 3
     zeros = [note for note in document["notes"] if note.startswith("logged as 0")]
     assert len(zeros) == 1 and "stage 1 max allocated" in zeros[0] and "step time" not in zeros[0]

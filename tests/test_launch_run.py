@@ -72,6 +72,12 @@ def check_run(profile_dir: Path, document: dict, output: str, *, running_mean: b
                              document["tp"])
     logged = logged_losses(output)
     assert sorted(logged) == [1, 2], output[-2000:]
+    peaks = {rank.header.rank: max(it.peak_allocated_bytes for it in rank.iterations) for rank in run.ranks}
+    said = dict(re.findall(r"megatron_hooks: \[Rank (\d+)\] peak over 2 iterations: ([0-9.]+) MB allocated", output))
+    reporting = {rank.header.rank for rank in run.ranks if rank.header.coords["dp"] == rank.header.coords["cp"] == 0}
+    assert {int(r) for r in said} == reporting, output[-2000:]  # the ranks Megatron's report_memory prints for
+    for r, mib in said.items():
+        assert float(mib) == pytest.approx(peaks[int(r)] / 2**20, abs=0.005)
     for rank in run.ranks:
         header = rank.header
         assert not header.emulated and list(header.layers_per_stage) == stages
@@ -126,6 +132,13 @@ def compare_log_reads_the_run(advisor, tmp_path: Path, launched: str, output: st
     assert [stage["layers"] for stage in ran["stages"]] == [stage["layers"] for stage in document["stages"]]
     assert [rows[f"stage {i} max allocated"]["predicted"] for i in range(document["pp"])] == [
         stage["total_gib"] for stage in ran["stages"]]
+    # measured: the hooks' peaks (their lines), not Megatron's reports (the CPU double's 0 MB)
+    run = load_run(tmp_path / "profile")
+    for i in range(document["pp"]):
+        stage = [max(it.peak_allocated_bytes for it in rank.iterations) for rank in run.ranks
+                 if rank.header.coords["pp"] == i and rank.header.coords["dp"] == rank.header.coords["cp"] == 0]
+        assert rows[f"stage {i} max allocated"]["measured"] == pytest.approx(max(stage) / 2**30, abs=1e-5)
+    assert any(note.startswith("memory: the advisor's hooks' peaks") for note in compared["notes"])
     assert all(r["total_gib"] >= p["total_gib"] for r, p in zip(ran["stages"], document["stages"]))
 
 

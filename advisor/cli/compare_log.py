@@ -31,7 +31,11 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     and 'throughput per GPU (TFLOP/s/GPU)' (needs --log-throughput) of every
     logged iteration after the first (start-up), their median; the '[Rank N]
     (after N iterations) memory (MB)' reports (one per model-parallel rank);
-    Megatron's own 'Theoretical memory footprints' line.
+    Megatron's own 'Theoretical memory footprints' line; and, from a
+    launch with --profile-dir, the hooks' peaks ('megatron_hooks: [Rank N]
+    peak ...'), which replace Megatron's reports (the hooks reset torch's
+    peak counters). A report after iteration 1 only (core_v0.15.2's) comes
+    before Adam's moments exist, and is labelled so.
     The step time and TFLOP/s need --gpu (the time model); memory needs neither.
 
     \b
@@ -45,7 +49,8 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     from advisor.verdicts import default_memory_model
     from advisor.cli.from_command import read_inputs
     from advisor.fileio import read_text
-    from advisor.megatron_log import compare, cut_note, ends_a_line, read_log, theoretical_note, unmeasured_note
+    from advisor.megatron_log import (compare, cut_note, ends_a_line, memory_source_note, read_log, theoretical_note,
+                                      unmeasured_note)
     from advisor.parallel import ParallelConfig, Workload
 
     if log == "-" and command == "-":
@@ -69,7 +74,7 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     rows = compare(training, estimate, world_size=read.gpus)
     notes = [f"read {read.source}", theoretical_note(training, estimate),
              _count(len(training.iterations), "logged iteration") + ", " + _count(len(training.memory), "memory report"), cut_note(training),
-             unmeasured_note(rows)]
+             memory_source_note(training, estimate), unmeasured_note(rows)]
     if run.unpriced:
         notes.append("not priced: " + ", ".join(run.unpriced))
     document = {"rows": rows, "notes": [note for note in notes if note], "estimate": estimate}

@@ -73,7 +73,7 @@ def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=
     layout = run.layout
     if problem := _world_problem(world, where, layout.tp, layout.cp, layout.pp):
         raise InputError(problem)
-    source = f"{name}: {launch.launcher}, {world} GPUs ({where}); vocabulary {run.vocab_source}"
+    source = f"{name}: {launch.launcher}, {world} GPU{'s' if world != 1 else ''} ({where}); vocabulary {run.vocab_source}"
     return CommandInputs(run=run, gpus=world, dp=world // (layout.tp * layout.cp * layout.pp), source=source)
 
 

@@ -10,7 +10,8 @@
 #   python -m launch torchrun --from estimate.json --megatron-lm COPY --mock-data \
 #       --profile-dir RESULTS/<tag>/<layout>/profile -- <no Transformer Engine flags> --train-iters 10 ...
 #   advisor profile show RESULTS/<tag>/<layout>/profile --format json
-# keeping the launcher's and Megatron's output (launch.log) and the exit status (status). TP 1, one
+# keeping the launcher's and Megatron's output (launch.log) and the exit status (status; 124 past
+# LAUNCH_TIMEOUT_S seconds, default 900). TP 1, one
 # GPU: the layouts are models of Llama 3.1 8B's layer shape (h 4096, h_ffn 14336, 32 heads, 8 KV
 # heads, v 128256) with few layers, at sequence 4096, estimated with --no-flash-attn because
 # Megatron's local layers (no Transformer Engine) use unfused attention. What it adds: the hooks'
@@ -41,6 +42,15 @@ declare -A layouts=(
     [l2-mbs1]="--num-layers 2 --mbs 1"
     [l4-mbs2]="--num-layers 4 --mbs 2"
 )
+# LAYOUTS="name:estimate options;..." replaces them (e.g. the H200's out-of-memory boundary);
+# TARGET replaces the estimate's memory target, TRAIN_ITERS the iterations.
+if [ -n "${LAYOUTS:-}" ]; then
+    layouts=()
+    IFS=';' read -ra specs <<< "$LAYOUTS"
+    for spec in "${specs[@]}"; do layouts[${spec%%:*}]="${spec#*:}"; done
+fi
+read -ra target <<< "${TARGET:---mem 80}"
+training[1]=${TRAIN_ITERS:-10}
 if [ "$cpu" = 1 ]; then
     export CUDA_ON_CPU=1 OMP_NUM_THREADS=1 PYTHONPATH="$repo/tests/fixtures/cuda_on_cpu:$PYTHONPATH"
     no_te+=(--distributed-backend gloo)
@@ -71,9 +81,9 @@ for source in "$@"; do
         out="$results/$tag/$name"
         mkdir -p "$out"
         # shellcheck disable=SC2086  # the layout's options are words
-        "$python" -m advisor estimate "${shape[@]}" ${layouts[$name]} --gpus 1 --mem 80 --format json \
+        "$python" -m advisor estimate "${shape[@]}" ${layouts[$name]} --gpus 1 "${target[@]}" --format json \
             -o "$out/estimate.json" 2> "$out/estimate.err"
-        "$python" -m launch torchrun --from "$out/estimate.json" --megatron-lm "$copy" --mock-data \
+        timeout "${LAUNCH_TIMEOUT_S:-900}" "$python" -m launch torchrun --from "$out/estimate.json" --megatron-lm "$copy" --mock-data \
             --profile-dir "$out/profile" -- "${no_te[@]}" "${training[@]}" > "$out/launch.log" 2>&1
         status=$?
         echo "$status" > "$out/status"
