@@ -43,7 +43,8 @@ declare -A layouts=(
     [l4-mbs2]="--num-layers 4 --mbs 2"
 )
 # LAYOUTS="name:estimate options;..." replaces them (e.g. the H200's out-of-memory boundary);
-# TARGET replaces the estimate's memory target, TRAIN_ITERS the iterations.
+# TARGET replaces the estimate's memory target, TRAIN_ITERS the iterations; NO_PROFILE=1 launches
+# without the hooks (Megatron's own memory reports, which the hooks' resets would cut short).
 if [ -n "${LAYOUTS:-}" ]; then
     layouts=()
     IFS=';' read -ra specs <<< "$LAYOUTS"
@@ -79,15 +80,17 @@ for source in "$@"; do
     fi
     for name in "${!layouts[@]}"; do
         out="$results/$tag/$name"
+        profile=(--profile-dir "$out/profile")
+        [ "${NO_PROFILE:-0}" = 1 ] && profile=()
         mkdir -p "$out"
         # shellcheck disable=SC2086  # the layout's options are words
         "$python" -m advisor estimate "${shape[@]}" ${layouts[$name]} --gpus 1 "${target[@]}" --format json \
             -o "$out/estimate.json" 2> "$out/estimate.err"
         timeout "${LAUNCH_TIMEOUT_S:-900}" "$python" -m launch torchrun --from "$out/estimate.json" --megatron-lm "$copy" --mock-data \
-            --profile-dir "$out/profile" -- "${no_te[@]}" "${training[@]}" > "$out/launch.log" 2>&1
+            "${profile[@]}" -- "${no_te[@]}" "${training[@]}" > "$out/launch.log" 2>&1
         status=$?
         echo "$status" > "$out/status"
-        if [ "$status" = 0 ]; then
+        if [ "$status" = 0 ] && [ "${NO_PROFILE:-0}" != 1 ]; then
             "$python" -m advisor profile show "$out/profile" --format json > "$out/show.json" 2> "$out/show.err"
         else
             failures=$((failures + 1))
