@@ -80,6 +80,7 @@ RELEASES: tuple[MegatronRelease, ...] = (
         mock_data_max_token_id=4094, pretrain="providers",
         transformer_config_module="megatron.training.arguments", fsdp_sharding_strategy="no_shard",
         uniform_recompute_any_n=False, flex_needs_enable_deepep=True,
+        lacks=frozenset({"--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms"}),
         imports=(("torch", ""), ("numpy", ""), ("packaging", ": megatron/training/arguments.py"),
                  ("six", ": megatron/training/tokenizer/bert_tokenization.py"),
                  ("regex", ": megatron/training/tokenizer/gpt2_tokenization.py"),

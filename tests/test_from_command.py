@@ -407,13 +407,16 @@ def test_megatron_deepseek_v3_example_reads_as_the_preset_and_is_called_oom_with
                           for word in ("--recompute-modules", module)],
                         "--vocab-divisible-by", "3232", "--moe-token-dispatcher-type", "flex", "--mtp-num-layers",
                         "1", "--dataloader-mask", "off", "--overlap-grad-reduce", "--overlap-param-gather",
-                        "--sequence-parallel", "--moe-permute-fusion"])
+                        "--sequence-parallel", "--moe-permute-fusion", "--moe-flex-dispatcher-backend", "hybridep"])
     assert read["model"]["yarn"]["factor"] == 40.0 and read["model"]["first_dense_layers"] == 3
     assert read["stages"][0]["expert_states_gib"] == pytest.approx(59 * 32 * 3 * 7168 * 2048 * (2 + 4 + 12 / 32) / 2**30,
                                                                    rel=1e-12)
     assert read["verdict"] == "oom"
     assert read["unpriced"] == ["--moe-router-force-load-balancing (priced as balanced routing, which it forces)",
-                                "--enable-experimental (experimental kernels, priced as the default ones)"]
+                                "--enable-experimental (experimental kernels, priced as the default ones)",
+                                "--moe-flex-dispatcher-backend hybridep (HybridEP's all-to-all, priced as DeepEP's; "
+                                "its own permutation at the HBM rate)"]
+    assert read["flex_backend"] == "hybridep"
 
 
 def test_megatron_deepseek_v3_example_with_its_default_fsdp_is_refused_by_name():
@@ -473,17 +476,18 @@ _SMALL = (f"{_MOE} --num-experts 8 --disable-bias-linear --swiglu --normalizatio
     ("--moe-router-pre-softmax --moe-router-bias-update-rate 1e-3 --mtp-loss-scaling-factor 0.1", None),
     ("--no-position-embedding --no-masked-softmax-fusion", None),
     ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep",
-     "--moe-flex-dispatcher-backend hybridep (permutes in its own dispatch kernels: priced as --moe-permute-fusion, "
-     "at the HBM rate)"),
+     "--moe-flex-dispatcher-backend hybridep (HybridEP's all-to-all, priced as DeepEP's; its own permutation at the "
+     "HBM rate)"),
+    ("--moe-flex-dispatcher-backend hybridep",
+     "--moe-flex-dispatcher-backend hybridep (Megatron uses it only with the flex dispatcher)"),
     ("--moe-token-dispatcher-type flex --moe-enable-deepep --moe-deepep-num-sms 20", None),
     ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 32", None),
     ("--moe-deepep-num-sms 32", "--moe-deepep-num-sms 32 without the flex dispatcher (Megatron ignores it)"),
     ("--moe-shared-expert-intermediate-size 64 --moe-shared-expert-overlap",
      "--moe-shared-expert-overlap (shared experts beside the dispatch, priced in series)"),
     ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend ncclep",
-     ["--moe-flex-dispatcher-backend ncclep (NCCL's EP all-to-all, priced as DeepEP's)",
-      "--moe-flex-dispatcher-backend ncclep (permutes in its own dispatch kernels: priced as --moe-permute-fusion, "
-      "at the HBM rate)"]),
+     "--moe-flex-dispatcher-backend ncclep (NCCL's EP all-to-all, priced as DeepEP's; its own permutation at the HBM "
+     "rate)"),
     ("--no-masked-softmax-fusion --transformer-impl local",
      ["--no-masked-softmax-fusion (megatron-core's own attention's softmax unfused, not priced)",
       "--transformer-impl local (megatron-core's own attention, unfused: priced as flash attention, which the "
@@ -509,8 +513,11 @@ def test_the_flex_dispatchers_sms_are_read_priced_and_written_back(flags, sms):
                        "--format", "json"], stdin=f"{_SMALL} --moe-grouped-gemm --expert-model-parallel-size 2 {flags}\n")
     assert estimate["dispatcher_sms"] == sms
     args = estimate["megatron_args"]
-    assert (args[args.index("--moe-deepep-num-sms") + 1] if "--moe-deepep-num-sms" in args else None) == \
-        (None if sms is None else str(sms))
+    # written back as read: DeepEP's flag, or core_v0.19.0's unified one beside another backend
+    backend = "hybridep" if "hybridep" in flags.split("--moe-flex-dispatcher-backend ")[-1][:8] else "deepep"
+    flag = "--moe-deepep-num-sms" if backend == "deepep" else "--moe-flex-dispatcher-num-sms"
+    assert (args[args.index(flag) + 1] if flag in args else None) == (None if sms is None else str(sms))
+    assert estimate["flex_backend"] == backend and ("--moe-enable-deepep" in args) == (backend == "deepep")
 
 
 @pytest.mark.parametrize("flags, error", [

@@ -162,6 +162,31 @@ def test_an_moe_rows_expert_flags_cannot_be_overridden(extras, named):
     assert named in str(error.value)
 
 
+@pytest.mark.parametrize("layout, extras, named", [
+    # a backend or a fusion the plan did not price: before, passed through and launched unpriced
+    ({"dispatcher": "flex", "flex_backend": "hybridep"}, ["--moe-flex-dispatcher-backend", "deepep"],
+     "--moe-flex-dispatcher-backend deepep (after --) conflicts with --moe-flex-dispatcher-backend hybridep"),
+    ({"dispatcher": "flex"}, ["--moe-flex-dispatcher-backend", "hybridep"],
+     "--moe-flex-dispatcher-backend hybridep (after --) conflicts with --moe-token-dispatcher-type flex"),
+    ({}, ["--moe-permute-fusion"], "which leaves --moe-permute-fusion unset"),
+])
+def test_an_moe_rows_backend_and_fusions_cannot_be_overridden(layout, extras, named):
+    spec, decided = _moe_row_args("qwen3-30b-a3b", **layout)
+    with pytest.raises(AdvisorError) as error:
+        compose(SOURCE, decided, rules=NEW, model=spec, extras=extras)
+    assert named in str(error.value)
+
+
+def test_a_hybridep_row_is_launched_on_core_0_19_only():
+    """core_v0.15.2 has no --moe-flex-dispatcher-backend (its flex dispatcher is DeepEP's): one
+    line naming the release and the flag, before anything starts."""
+    spec, decided = _moe_row_args("qwen3-30b-a3b", dispatcher="flex", flex_backend="hybridep", dispatcher_sms=32)
+    assert compose(SOURCE, decided, rules=NEW, model=spec, extras=[]).args
+    with pytest.raises(AdvisorError, match=r"core 0\.15 has no --moe-flex-dispatcher-backend, "
+                                           r"--moe-flex-dispatcher-num-sms, which this launch needs"):
+        compose(SOURCE, decided, rules=OLD, model=spec, extras=[])
+
+
 def test_restating_an_moe_row_is_no_conflict():
     spec, decided = _moe_row_args("qwen3-30b-a3b", dispatcher="flex")
     same = ["--expert-model-parallel-size", "8", "--moe-router-topk", "8", "--moe-token-dispatcher-type", "flex",
@@ -178,7 +203,10 @@ def test_a_dense_row_refuses_expert_flags():
 @pytest.mark.parametrize("model", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"])
 @pytest.mark.parametrize("layout", [
     {"dispatcher": "flex", "a2a_overlap": False}, {"dispatcher": "alltoall", "a2a_overlap": True, "delay_wgrad": True},
-    {"dispatcher": "alltoall", "capacity_factor": 1.25}, {"dispatcher": "allgather", "etp": 2}])
+    {"dispatcher": "alltoall", "capacity_factor": 1.25}, {"dispatcher": "allgather", "etp": 2},
+    {"dispatcher": "flex", "flex_backend": "hybridep", "dispatcher_sms": 32, "permute_fusion": True,
+     "router_fusion": True},
+    {"dispatcher": "flex", "dispatcher_sms": 24}])
 def test_every_flag_an_moe_row_writes_is_decided(model, layout):
     """The conflict check covers what the MoE flag writer emits: a flag outside DECIDED_FLAGS
     would pass through a user's other value unrefused."""

@@ -280,8 +280,13 @@ def test_a_commands_fused_router_and_permutation_are_priced_and_launched_as_read
     flex = "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep"
     hybridep = json.loads(_from_command(flex, "--format", "json").stdout)
     hybridep_fused = json.loads(_from_command(f"{flex} --moe-permute-fusion", "--format", "json").stdout)
-    assert hybridep["step_time_s"] == hybridep_fused["step_time_s"] and hybridep["permute_fusion"]
-    assert any("hybridep (permutes in its own dispatch kernels" in note for note in hybridep["unpriced"])
+    deepep = json.loads(_from_command("--moe-token-dispatcher-type flex --moe-enable-deepep", "--format", "json").stdout)
+    # HybridEP permutes in its own kernels: priced as the fused permutation, launched as read
+    assert hybridep["step_time_s"] == hybridep_fused["step_time_s"] < deepep["step_time_s"]
+    assert hybridep["flex_backend"] == "hybridep" and not hybridep["permute_fusion"]
+    args = hybridep["megatron_args"]
+    assert args[args.index("--moe-flex-dispatcher-backend") + 1] == "hybridep" and "--moe-enable-deepep" not in args
+    assert any("hybridep (HybridEP's all-to-all, priced as DeepEP's" in note for note in hybridep["unpriced"])
     sweep = CliRunner().invoke(cli, ["sweep", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb",
                                      "--ep", "8", "--moe-router-fusion", "--format", "json"])
     rows = json.loads(sweep.stdout)
@@ -583,3 +588,41 @@ def test_the_estimates_expert_tp_defaults_to_the_tp_as_megatrons_does():
     _one_line_error(CliRunner().invoke(cli, ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--gpu",
                                              "h100-80gb", "--tp", "4", "--pp", "2", "--ep", "4"]),
                     "EP x ETP = 16 must divide", "; without --etp the ETP is the TP, 4, as Megatron-LM's default: give --etp")
+
+
+def test_the_flex_backend_is_an_option_priced_written_and_refused_where_megatron_ignores_it():
+    """--moe-flex-dispatcher-backend hybridep: the rows carry it, write Megatron's flag (not
+    DeepEP's --moe-enable-deepep), and price HybridEP's own permutation at the HBM rate. By hand,
+    the flex dispatcher permutes once (no sort by local expert), so against DeepEP the step saves
+    the unfused permutation's excess alone, as --moe-permute-fusion does: the two price alike."""
+    common = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--ep", "8", "--tp", "1", "--pp", "1",
+              "--mbs", "1", "--gbs", "256", "--seq-len", "4096", "--gpu", "h100-80gb",
+              "--moe-token-dispatcher-type", "flex", "--format", "json"]
+
+    def run(*extra):
+        result = CliRunner().invoke(cli, [*common, *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    deepep, fused = run(), run("--moe-permute-fusion")
+    hybridep = run("--moe-flex-dispatcher-backend", "hybridep")
+    assert hybridep["step_time_s"] == pytest.approx(fused["step_time_s"], rel=1e-12)
+    # 48 MoE layers x 16 microbatches (GBS 256 over DP 16), in series at PP 1; 4096 tokens x top-8
+    # copies of h = 2048, 4 x copies x 2 x h bytes a pass at 80% of 3.35 TB/s, three passes
+    # (forward, backward twice), x (1 / 0.42 - 1)
+    excess = 48 * 16 * 3 * 4 * (4096 * 8) * 2 * 2048 / (0.8 * 3.35e12) * (1 / 0.42 - 1)
+    # (the compute's: less compute leaves more of the overlapped DP reduction exposed)
+    assert deepep["time_parts"]["compute_s"] - hybridep["time_parts"]["compute_s"] == pytest.approx(excess, rel=1e-9)
+    assert (hybridep["flex_backend"], deepep["flex_backend"]) == ("hybridep", "deepep")
+    args = hybridep["megatron_args"]
+    assert args[args.index("--moe-flex-dispatcher-backend") + 1] == "hybridep" and "--moe-enable-deepep" not in args
+    title = CliRunner().invoke(cli, [*common[:-2], "--moe-flex-dispatcher-backend", "hybridep"]).output
+    assert "dispatcher flex (hybridep)" in title
+    rows = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--ep", "8", "--moe-token-dispatcher-type", "flex",
+                                               "--moe-flex-dispatcher-backend", "ncclep"]).stdout)
+    assert rows and all(row["flex_backend"] == "ncclep" for row in rows)
+    _one_line_error(CliRunner().invoke(cli, [*MOE_ROW, "--moe-flex-dispatcher-backend", "hybridep"]),
+                    "--moe-flex-dispatcher-backend hybridep needs --moe-token-dispatcher-type flex")
+    _one_line_error(CliRunner().invoke(cli, ["estimate", "--model", "llama3.1-8b", "--gpus", "8",
+                                             "--moe-flex-dispatcher-backend", "hybridep"]),
+                    "is dense", "--moe-flex-dispatcher-backend")

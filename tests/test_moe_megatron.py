@@ -57,7 +57,8 @@ def _expected(spec, row) -> dict:
             # the balancing the rows are priced with (balanced routing): an aux-loss router with the
             # model's own weight (Megatron's default 0 would not balance), or the expert bias
             **_balancing(spec),
-            "moe_enable_deepep": row["dispatcher"] == "flex", "moe_router_dtype": "fp32"}
+            "moe_enable_deepep": row["dispatcher"] == "flex" and (row.get("flex_backend") or "deepep") == "deepep",
+            "moe_router_dtype": "fp32"}
 
 
 def _balancing(spec) -> dict:
@@ -114,6 +115,10 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
     rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--top", "1", "--moe-token-dispatcher-type", "flex",
                                      "--moe-deepep-num-sms", "32", "--overlap-moe-expert-parallel-comm")[0])]
     assert [row.get("dispatcher_sms") for _, row in rows[-2:]] == [None, 32]
+    if tag == "core_v0.19.0":  # HybridEP, launched as read (core_v0.15.2 has DeepEP alone: releases.py, lacks)
+        rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--top", "1", "--moe-token-dispatcher-type", "flex",
+                                         "--moe-flex-dispatcher-backend", "hybridep", "--moe-deepep-num-sms", "32")[0])]
+        assert {"--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms"} <= set(rows[-1][1]["megatron_args"])
     # Transformer Engine's fused permutation and router (--moe-permute-fusion: TransformerConfig asks
     # for TE's kernels, which the check stands in for here, launch.megatron_check)
     rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--top", "1", "--moe-permute-fusion",
@@ -147,6 +152,7 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
             assert result["derived"]["moe_deepep_num_sms"] == (20 if sms is None else sms), name
         else:
             assert result["derived"]["moe_flex_dispatcher_num_sms"] == sms, name
+            assert result["derived"]["moe_flex_dispatcher_backend"] == (row.get("flex_backend") or "deepep"), name
 
 
 def test_megatron_accepts_moe_campaign_runs_and_a_given_split():

@@ -158,6 +158,9 @@ MOE_ROW_EDITS = [  # (a hand edit of an MoE sweep row, the line both readers pri
     # them through both paths: tests/test_moe_cli.py, test_each_overlap_rule_is_one_message_in_both_paths)
     ({"delay_wgrad": True}, "--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm"),
     ({"ep": 0}, "'ep' must be a positive integer"),
+    ({"flex_backend": "bogus"}, "'flex_backend' must be null or, with the flex dispatcher, deepep, hybridep or ncclep; "
+                                "got 'bogus' with 'alltoall'"),
+    ({"flex_backend": "hybridep"}, "got 'hybridep' with 'alltoall'"),
     # shown as block 2 by the report, launched as uniform 1 (every layer, as priced) before
     ({"recompute": "full", "recompute_method": "block", "recompute_num_layers": 2},
      "an MoE row's full recomputation is 'recompute_method' uniform with 'recompute_num_layers' 1 (every layer, as "
@@ -296,6 +299,31 @@ def test_an_moe_rows_fusions_are_priced_by_the_report_and_launched(advisor, tmp_
     assert "'router_fusion' must be true, false or null" in advisor.error("report", "--from", bad, "-o",
                                                                           tmp_path / "r2.html")
     assert "'router_fusion' must be true or false" in launcher().error("args", "--from", bad)
+
+
+def test_a_hybridep_row_is_priced_by_the_report_and_launched_as_priced(advisor, tmp_path):
+    """--moe-flex-dispatcher-backend rides on the row ('flex_backend'): the report re-prices it
+    (HybridEP's own permutation, at the HBM rate) to the sweep's step time, advisor-launch writes
+    the backend (not DeepEP's --moe-enable-deepep), and a row whose backend field disagrees with
+    its arguments is refused."""
+    from launch_support import launcher, write_json
+
+    path = tmp_path / "hybridep.json"
+    advisor("sweep", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--ep", "8", "--top", "1",
+            "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep", "--format", "json",
+            "-o", path)
+    row = json.loads(path.read_text())[0]
+    assert row["flex_backend"] == "hybridep"
+    saved = write_json(tmp_path / "row.json", row)
+    args = json.loads(launcher()("args", "--from", saved, "--format", "json").stdout)
+    assert args[args.index("--moe-flex-dispatcher-backend") + 1] == "hybridep" and "--moe-enable-deepep" not in args
+    advisor("report", "--from", saved, "-o", tmp_path / "r.html")
+    from advisor.report.moe_detail import _settings
+
+    settings = _settings(row)  # what the report prices the row with
+    assert settings.flex_backend == "hybridep" and settings.fused_permutation and not settings.permute_fusion
+    assert "inconsistent sweep row" in launcher().error("args", "--from", write_json(
+        tmp_path / "edited.json", {**row, "flex_backend": "deepep"}))
 
 
 def test_a_sweeps_assumptions_do_not_give_the_first_rows_recomputation_to_every_row(advisor, tmp_path):

@@ -11,7 +11,7 @@ import click
 from advisor import limits
 from advisor.cli.estimate_csv import estimate_csv
 from advisor.cli.options import DEGREE, Bounded, InputError, apply_options, color_wanted, emit, nothing_fits
-from advisor.moe.spec import RECOMPUTE_MODULES
+from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
 from advisor.paper_rule import judged_threshold
 
 MOE_CAPACITY_FACTOR = Bounded(limits.MOE_CAPACITY_FACTOR, integer=False, low_open=True)
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 _FLAG_FIELDS = ("ep", "etp", "dispatcher", "moe_routing", "capacity_factor", "pad_to_capacity", "moe_imbalance",
                 "mtp_num_layers", "a2a_overlap", "delay_wgrad", "dispatcher_sms", "permute_fusion", "router_fusion",
-                "recompute_modules")
+                "flex_backend", "recompute_modules")
 """The ``MoEFlags`` fields that ``moe_options`` adds an option for (the rest: a Megatron command's only)."""
 
 
@@ -32,7 +32,7 @@ def moe_options(func):
     """--ep, --etp, --moe-token-dispatcher-type, --moe-routing, --moe-expert-capacity-factor,
     --moe-pad-expert-input-to-capacity, --moe-imbalance, --mtp-num-layers,
     --overlap-moe-expert-parallel-comm, --delay-wgrad-compute, --moe-deepep-num-sms, --moe-permute-fusion,
-    --moe-router-fusion, --recompute-modules ->
+    --moe-router-fusion, --moe-flex-dispatcher-backend, --recompute-modules ->
     ``moe: MoEFlags`` (``advisor.moe.readback``)."""
 
     @functools.wraps(func)
@@ -50,6 +50,10 @@ def moe_options(func):
                           "as Megatron's; sweep: only this ETP (default: every power of 2 up to TP)."),
         click.option("--moe-token-dispatcher-type", "dispatcher", type=click.Choice(["alltoall", "allgather", "flex"]),
                      default="alltoall", show_default=True, help="Megatron's token dispatcher (MoE models)."),
+        click.option("--moe-flex-dispatcher-backend", "flex_backend", type=click.Choice(FLEX_BACKENDS),
+                     default="deepep", show_default=True,
+                     help="The flex dispatcher's backend (core_v0.19.0's flag; core_v0.15.2 runs DeepEP alone): "
+                          "each priced as DeepEP's all-to-all; HybridEP and NCCL-EP permute in their own kernels."),
         click.option("--moe-routing", type=click.Choice(["balanced", "capacity", "dropless"]), default=None,
                      help="Routed tokens per rank: balanced (x --moe-imbalance; the default), capacity "
                      "(x --moe-expert-capacity-factor; the default with a factor), dropless (the worst case)."),
@@ -107,7 +111,8 @@ def _dense_refused(flags: MoEFlags) -> list[str]:
             "--recompute-modules": bool(flags.recompute_modules), "--mtp-num-layers": bool(flags.mtp_num_layers),
             "--overlap-moe-expert-parallel-comm": flags.a2a_overlap, "--delay-wgrad-compute": flags.delay_wgrad,
             "--moe-deepep-num-sms": flags.dispatcher_sms is not None, "--moe-permute-fusion": flags.permute_fusion,
-            "--moe-router-fusion": flags.router_fusion}
+            "--moe-router-fusion": flags.router_fusion,
+            "--moe-flex-dispatcher-backend": flags.flex_backend != "deepep"}
     named = [flag for flag in flags.given if flag not in ("--ep", "--etp") or set_[flag]]
     return named + [flag for flag, on in set_.items() if on and flag not in named]
 
@@ -170,12 +175,15 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
         raise InputError(problem)
     if problem := dispatcher_sms_problem(flags.dispatcher_sms, dispatcher, gpu.architecture if gpu else "hopper"):
         raise InputError(problem)
+    if flags.flex_backend != "deepep" and dispatcher != "flex":
+        raise InputError(f"--moe-flex-dispatcher-backend {flags.flex_backend} needs --moe-token-dispatcher-type flex "
+                         f"(Megatron uses a backend only there; this one runs {dispatcher})")
     if mtp_num_layers is not None:
         spec = replace(spec, mtp_num_layers=mtp_num_layers)
     return spec, MoEOptions(dispatcher=dispatcher, training=training.with_(recompute="none"),
                             a2a_overlap=flags.a2a_overlap, delay_wgrad=flags.delay_wgrad,
                             dispatcher_sms=flags.dispatcher_sms, permute_fusion=flags.permute_fusion,
-                            router_fusion=flags.router_fusion,
+                            router_fusion=flags.router_fusion, flex_backend=flags.flex_backend,
                             routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
                                                  pad_to_capacity=padded, imbalance=flags.moe_imbalance),
                             modules=frozenset(recompute_modules) if recompute_modules else None)
@@ -334,7 +342,8 @@ def settings_words(settings, spec) -> str:
     routing = settings.routing
     words = [f"routing {routing.routing}" + (" unpadded" if routing.routing == "capacity"
                                              and not routing.pad_to_capacity else ""),
-             f"dispatcher {settings.dispatcher}"]
+             f"dispatcher {settings.dispatcher}"
+             + (f" ({settings.flex_backend})" if settings.dispatcher == "flex" and settings.flex_backend != "deepep" else "")]
     words += [word for word, on in (("a2a overlapped", settings.a2a_overlap),
                                     ("--moe-permute-fusion", settings.permute_fusion),
                                     ("--moe-router-fusion", settings.router_fusion)) if on]

@@ -22,13 +22,14 @@ LAYOUT_FLAGS = (
     "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--moe-token-dispatcher-type",
     "--moe-enable-deepep", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-deepep-num-sms",
+    "--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms", "--moe-permute-fusion", "--moe-router-fusion",
 )
 """Every flag ``layout_flags`` writes but --recompute-modules (a dense recomputation flag too)."""
 RELATED_FLAGS = (
     ("--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-router-enable-expert-bias"),
     ("--moe-router-num-groups", "--moe-router-group-topk"),
     ("--rope-type", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim"),
-    ("--moe-token-dispatcher-type", "--moe-enable-deepep"),
+    ("--moe-token-dispatcher-type", "--moe-enable-deepep", "--moe-flex-dispatcher-backend"),
     ("--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity"),
 )
 """Flags that decide one thing together: a user's flag that a row leaves unset conflicts with
@@ -100,18 +101,23 @@ def model_flags(spec: MoESpec) -> list[str]:
 def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[str] | None = None,
                  capacity_factor: float | None = None, pad_to_capacity: bool = True, a2a_overlap: bool = False,
                  delay_wgrad: bool = False, dispatcher_sms: int | None = None, permute_fusion: bool = False,
-                 router_fusion: bool = False) -> list[str]:
+                 router_fusion: bool = False, flex_backend: str | None = None) -> list[str]:
     """EP, ETP, the dispatcher (and the overlap of its all-to-all with the other microbatch's
     compute), the capacity factor the routing assumed with its padding (priced padded, the
     expert inputs are padded only with --moe-pad-expert-input-to-capacity: megatron-core
-    ``moe_utils.apply_router_token_dropping``), the flex dispatcher's SMs where given, and
-    selective recomputation's modules."""
+    ``moe_utils.apply_router_token_dropping``), the flex dispatcher's backend (None: DeepEP) and
+    SMs where given, and selective recomputation's modules."""
     args = ["--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(etp),
             "--moe-token-dispatcher-type", dispatcher]
-    if dispatcher == "flex":
+    if dispatcher == "flex" and flex_backend not in (None, "deepep"):
+        # HybridEP and NCCL-EP: core_v0.19.0's flags (core_v0.15.2 lacks them: releases.py, lacks)
+        args += ["--moe-flex-dispatcher-backend", flex_backend]
+        if dispatcher_sms is not None:
+            args += ["--moe-flex-dispatcher-num-sms", str(dispatcher_sms)]
+    elif dispatcher == "flex":
         # core_v0.15.2's flex dispatcher asserts it ('Please set --moe-enable-deepep',
         # token_dispatcher.py); core_v0.19.0 takes it as its default backend, deepep, with a
-        # deprecation warning: the flex rows are priced as DeepEP
+        # deprecation warning
         args.append("--moe-enable-deepep")
         if dispatcher_sms is not None:
             # both releases take it: core_v0.19.0 routes it to moe_flex_dispatcher_num_sms, with a
@@ -189,14 +195,15 @@ def rows_arg_parts(spec: MoESpec, seq_len: int, global_batch_size: int, rows) ->
         modules = _recomputed_modules(spec, row)
         key = (row["ep"], row["etp"], row["dispatcher"], None if modules is None else tuple(modules),
                row.get("capacity_factor"), row_pads(row), bool(row.get("a2a_overlap")), bool(row.get("delay_wgrad")),
-               row.get("dispatcher_sms"), bool(row.get("permute_fusion")), bool(row.get("router_fusion")))
+               row.get("dispatcher_sms"), bool(row.get("permute_fusion")), bool(row.get("router_fusion")),
+               row.get("flex_backend"))
         flags = experts.get(key)
         if flags is None:
             flags = experts[key] = tuple(layout_flags(ep=key[0], etp=key[1], dispatcher=key[2],
                                                       recompute_modules=key[3], capacity_factor=key[4],
                                                       pad_to_capacity=key[5], a2a_overlap=key[6], delay_wgrad=key[7],
                                                       dispatcher_sms=key[8], permute_fusion=key[9],
-                                                      router_fusion=key[10]))
+                                                      router_fusion=key[10], flex_backend=key[11]))
         out.append((layout, model, flags))
     return out
 

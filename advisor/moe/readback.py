@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
-from advisor.moe.spec import RECOMPUTE_MODULES
+from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
 
 VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size",
           "moe-layer-freq", "moe-router-score-function", "moe-router-num-groups", "moe-router-group-topk",
@@ -113,6 +113,10 @@ class MoEFlags:
     dispatcher_sms: int | None = None
     """--moe-deepep-num-sms (a command's core_v0.19.0 --moe-flex-dispatcher-num-sms, or its
     deprecated --moe-hybridep-num-sms, as megatron-core routes them: ``SM_FLAGS``); None: not given."""
+    flex_backend: str = "deepep"
+    """--moe-flex-dispatcher-backend (core_v0.19.0; core_v0.15.2's flex dispatcher is DeepEP's):
+    deepep, hybridep or ncclep, all priced as DeepEP's deduplicated all-to-all; HybridEP and
+    NCCL-EP permute in their own kernels (``advisor.moe.time.OWN_PERMUTATION_BACKENDS``)."""
     given: tuple[str, ...] = ()
     """The advisor's own options given on its command line, as spelled (``moe_options``; a dense
     model refuses them); a Megatron command's read back: none."""
@@ -250,17 +254,8 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
     if values.get("moe-router-force-load-balancing"):
         unpriced.append("--moe-router-force-load-balancing (priced as balanced routing, which it forces)")
     unpriced += [note for name, note in NAMED.items() if values.get(name)]
-    dispatcher, backend_note = _dispatcher(values)
+    dispatcher, backend, backend_note = _dispatcher(values)
     unpriced += backend_note
-    permute_fusion = bool(values.get("moe-permute-fusion"))
-    if dispatcher == "flex" and values.get("moe-flex-dispatcher-backend") in ("hybridep", "ncclep") \
-            and not permute_fusion:
-        # HybridEP and NCCL-EP permute inside their own dispatch (core_v0.19.0 token_dispatcher.py:
-        # their get_permuted_hidden_states_by_experts returns its input), never megatron-core's
-        # unfused moe_utils.permute: priced as the fused permutation, whatever --moe-permute-fusion says
-        permute_fusion = True
-        unpriced.append(f"--moe-flex-dispatcher-backend {values['moe-flex-dispatcher-backend']} (permutes in its "
-                        "own dispatch kernels: priced as --moe-permute-fusion, at the HBM rate)")
     sms = _dispatcher_sms(values)
     if sms is not None and dispatcher != "flex":
         unpriced.append(f"--moe-deepep-num-sms {sms} without the flex dispatcher (Megatron ignores it)")
@@ -284,7 +279,7 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
                     recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
                     shared_expert_overlap=bool(values.get("moe-shared-expert-overlap")),
                     transformer_impl=transformer_impl, dispatcher_sms=sms,
-                    permute_fusion=permute_fusion,
+                    permute_fusion=bool(values.get("moe-permute-fusion")), flex_backend=backend,
                     router_fusion=bool(values.get("moe-router-fusion"))), unpriced
 
 
@@ -358,8 +353,9 @@ def _dispatcher_sms(values: dict) -> int | None:
     return next(iter(given.values()))
 
 
-def _dispatcher(values: dict) -> tuple[str, list[str]]:
-    """(--moe-token-dispatcher-type, what its backend adds unpriced). The flex dispatcher is
+def _dispatcher(values: dict) -> tuple[str, str, list[str]]:
+    """(--moe-token-dispatcher-type, the flex dispatcher's backend, what the backend adds unpriced;
+    a backend given with another dispatcher is refused by Megatron, or ignored and so noted). The flex dispatcher is
     priced as DeepEP's deduplicated all-to-all (``advisor.moe.time``), which HybridEP also sends;
     Megatron's backend checks are ours (core_v0.19.0 ``transformer_config.py``: DeepEP and NCCL-EP
     only under flex; core_v0.15.2's ``--moe-enable-deepep`` the same)."""
@@ -368,7 +364,7 @@ def _dispatcher(values: dict) -> tuple[str, list[str]]:
         raise AdvisorError(f"--moe-token-dispatcher-type {dispatcher!r} is not one of Megatron's (alltoall, allgather, "
                            "flex)")
     backend = values.get("moe-flex-dispatcher-backend", "deepep")
-    if backend not in ("deepep", "hybridep", "ncclep"):
+    if backend not in FLEX_BACKENDS:
         raise AdvisorError(f"--moe-flex-dispatcher-backend {backend!r} is not one of Megatron's (deepep, hybridep, "
                            "ncclep)")
     if dispatcher != "flex" and (values.get("moe-enable-deepep") or backend == "ncclep"):
@@ -378,6 +374,11 @@ def _dispatcher(values: dict) -> tuple[str, list[str]]:
     if values.get("moe-enable-deepep") and "moe-flex-dispatcher-backend" in values and backend != "deepep":
         raise AdvisorError(f"--moe-enable-deepep with --moe-flex-dispatcher-backend {backend} (megatron-core: only "
                            "one backend for the flex dispatcher)")
-    if dispatcher == "flex" and backend == "ncclep":
-        return dispatcher, ["--moe-flex-dispatcher-backend ncclep (NCCL's EP all-to-all, priced as DeepEP's)"]
-    return dispatcher, []
+    if dispatcher != "flex":
+        ignored = [f"--moe-flex-dispatcher-backend {backend} (Megatron uses it only with the flex dispatcher)"]
+        return dispatcher, "deepep", ignored if "moe-flex-dispatcher-backend" in values else []
+    if backend != "deepep":
+        name = {"hybridep": "HybridEP's", "ncclep": "NCCL's EP"}[backend]
+        return dispatcher, backend, [f"--moe-flex-dispatcher-backend {backend} ({name} all-to-all, priced as DeepEP's; "
+                                     "its own permutation at the HBM rate)"]
+    return dispatcher, backend, []

@@ -544,6 +544,7 @@ class _RowParts:
         self.fixed = {"dispatcher": options.dispatcher, "a2a_overlap": options.a2a_overlap,
                       "delay_wgrad": options.delay_wgrad, "dispatcher_sms": options.dispatcher_sms,
                       "permute_fusion": options.permute_fusion, "router_fusion": options.router_fusion,
+                      "flex_backend": options.flex_backend if options.dispatcher == "flex" else None,
                       "routing": routing.routing,
                       "capacity_factor": routing.capacity_factor if capacity else None,
                       "pad_to_capacity": routing.pad_to_capacity if capacity else None,

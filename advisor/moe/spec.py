@@ -27,6 +27,9 @@ _EXPERTS = limits.Bound(1, limits.EXPERTS, "DeepSeek-V3 routes over 256 experts;
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 """Megatron's --recompute-modules values (core_v0.15.2 arguments.py; ``transformer_config.py``
 __post_init__'s allowed modules in both releases)."""
+FLEX_BACKENDS = ("deepep", "hybridep", "ncclep")
+"""--moe-flex-dispatcher-backend's choices (core_v0.19.0 ``transformer_config.py``; core_v0.15.2's
+flex dispatcher is DeepEP's, with --moe-enable-deepep)."""
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MLA:

@@ -31,6 +31,12 @@ from advisor.options import TrainingOptions
 from advisor.options.training import Recompute
 
 
+OWN_PERMUTATION_BACKENDS = frozenset({"hybridep", "ncclep"})
+"""Flex backends that permute inside their own dispatch (core_v0.19.0 token_dispatcher.py: their
+``get_permuted_hidden_states_by_experts`` returns its input), never megatron-core's unfused
+``moe_utils.permute``."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MoEOptions:
     """MoE settings of a run (Megatron's flag names) beside its ``training`` options: the one
@@ -65,6 +71,16 @@ class MoEOptions:
     """--moe-router-fusion: Transformer Engine's fused top-k and scores, priced as the gating GEMM
     alone; without, the unfused router's small kernels besides (``ROUTER_KERNELS_S``). Memory as
     the unfused router keeps it (its FP32 logits and scores)."""
+    flex_backend: str = "deepep"
+    """--moe-flex-dispatcher-backend, with the flex dispatcher (core_v0.19.0; core_v0.15.2 has
+    DeepEP alone): every backend's all-to-all priced as DeepEP's deduplicated one
+    (``advisor.moe.time.all_to_all_time``); HybridEP and NCCL-EP permute in their own kernels."""
+
+    @property
+    def fused_permutation(self) -> bool:
+        """Whether the token permutations run fused, at the HBM rate: --moe-permute-fusion, or a flex
+        backend that permutes inside its own dispatch (``OWN_PERMUTATION_BACKENDS``)."""
+        return self.permute_fusion or (self.dispatcher == "flex" and self.flex_backend in OWN_PERMUTATION_BACKENDS)
 
     @property
     def gradient_bytes(self) -> int:

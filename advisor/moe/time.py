@@ -546,7 +546,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     layer = layer_times(spec, seq_len, tp=b["tp"], cp=b["cp"], ep=b["ep"], etp=b["etp"], mbs=b["mbs"], rates=rates,
                         gemm_rates=gemm_rates, dispatcher=options.dispatcher,
                         sms=streaming_multiprocessors(gpu.architecture), routing=options.routing,
-                        permute_fusion=options.permute_fusion, router_fusion=options.router_fusion)
+                        permute_fusion=options.fused_permutation, router_fusion=options.router_fusion)
     moe_f = layer.moe
     moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
     dense_t = _dense_layer_pace(spec, recompute, options, layer)

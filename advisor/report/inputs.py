@@ -48,7 +48,8 @@ _FIELDS = {  # key: (what it must be, the check) for the fields the report reads
                    "activations_gib", "step_time_s", "tflops_per_gpu", "mfu", "tokens_per_s", "imbalance",
                    "capacity_factor", "days", "gpu_hours", "cost_usd")},
     **{key: ("a string or null", lambda v: v is None or isinstance(v, str))
-       for key in ("verdict", "gpu", "memory_model", "recompute", "recompute_method", "dispatcher", "routing")},
+       for key in ("verdict", "gpu", "memory_model", "recompute", "recompute_method", "dispatcher", "routing",
+                   "flex_backend")},
     **{key: ("true, false or null", lambda v: v is None or isinstance(v, bool))
        for key in ("a2a_overlap", "delay_wgrad", "pad_to_capacity", "distributed_optimizer", "permute_fusion",
                    "router_fusion")},
@@ -165,7 +166,7 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
     from advisor.moe.overlap import settings_problem
     from advisor.moe.space import RECOMPUTES
     from advisor.moe.time import dispatcher_sms_problem
-    from advisor.moe.spec import RECOMPUTE_MODULES
+    from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
 
     def refuse(text: str):
         raise AdvisorError(f"{where}: {text}")
@@ -207,9 +208,13 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
     sms = row.get("dispatcher_sms")
     if problem := dispatcher_sms_problem(sms, dispatcher, _architecture(row)):
         refuse(problem.replace("--moe-deepep-num-sms", "'dispatcher_sms'"))
+    backend = row.get("flex_backend")
+    if backend not in (None, *FLEX_BACKENDS) or (backend not in (None, "deepep") and dispatcher != "flex"):
+        refuse(f"'flex_backend' must be null or, with the flex dispatcher, {_choices(FLEX_BACKENDS)}; got "
+               f"{_shown(backend)} with {_shown(dispatcher)}")
     return {**settings, "recompute": recompute, "recompute_modules": modules, "a2a_overlap": overlap,
             "delay_wgrad": delay, "gradient_bytes": grads, "distributed_optimizer": sharded, "dispatcher_sms": sms,
-            "permute_fusion": fusions[0], "router_fusion": fusions[1]}
+            "permute_fusion": fusions[0], "router_fusion": fusions[1], "flex_backend": backend}
 
 
 def _architecture(row: dict) -> str:

@@ -35,6 +35,7 @@ def _settings(row: dict):
                           a2a_overlap=bool(row.get("a2a_overlap")), delay_wgrad=bool(row.get("delay_wgrad")),
                           dispatcher_sms=row.get("dispatcher_sms"), permute_fusion=bool(row.get("permute_fusion")),
                           router_fusion=bool(row.get("router_fusion")),
+                          flex_backend=row.get("flex_backend") or "deepep",
                           routing=RoutedTokens(routing=row.get("routing") or "balanced",
                                                capacity_factor=row.get("capacity_factor"),
                                                pad_to_capacity=row_pads(row),
