@@ -100,14 +100,14 @@ def add_megatron_spellings(command: click.Command) -> None:
 
 def megatron_nargs(args: list[str]) -> list[str]:
     """``args`` with Megatron-LM's ``--recompute-modules moe_act layernorm`` (one flag, several values:
-    ``nargs='+'``) spelled as the advisor's repeated option. Only a module Megatron knows is taken
-    (anything else stays for click to refuse), and nothing after a bare ``--`` (arguments passed on
-    to Megatron) is touched."""
+    ``nargs='+'``) spelled as the advisor's repeated option. As argparse does, every word after it
+    that is not an option is taken as a value, so a misspelt module is refused by the option's
+    choices ("'layrnorm' is not one of ...") rather than as a stray argument (the commands that take
+    the option take no positional arguments); nothing after a bare ``--`` (arguments passed on to
+    Megatron) is touched."""
     flag = "--recompute-modules"
     if flag not in args:
         return args
-    from advisor.moe.spec import RECOMPUTE_MODULES  # Megatron's choices, both releases
-
     out: list[str] = []
     values = None  # how many values the current --recompute-modules has taken
     for i, word in enumerate(args):
@@ -115,7 +115,7 @@ def megatron_nargs(args: list[str]) -> list[str]:
             return out + args[i:]
         if word == flag:
             values = 0
-        elif values is not None and word in RECOMPUTE_MODULES:
+        elif values is not None and not word.startswith("-"):
             out += [flag] if values else []
             values += 1
         else:

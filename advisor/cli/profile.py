@@ -241,7 +241,9 @@ def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
 @click.option("--ep", type=DEGREE, default=None,
               help="Mixture of experts: every run's expert-parallel size (default 1; the runs carry EP and ETP, "
                    "'advisor profile run' refuses them yet).")
-@click.option("--etp", type=DEGREE, default=None, help="Mixture of experts: every run's expert tensor-parallel size.")
+@click.option("--etp", type=DEGREE, default=None,
+              help="Mixture of experts: every run's expert tensor-parallel size (default 1, written on every run, "
+                   "whose TP varies by scenario; Megatron's own default would be each run's TP).")
 @document_options
 def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, cp, microbatches, units, dtype,
                  distributed_optimizer, sequence_parallel, ep, etp, fmt, output) -> None:
