@@ -9,17 +9,43 @@ MIXTRAL = PRESETS["mixtral-8x7b"]
 DSV3 = PRESETS["deepseek-v3"]
 
 
-def test_expert_states_shard_over_ep_etp_and_expert_dp():
-    # 8 experts of 3 x 4096 x 14336 over EP 4, ETP 2: 2 experts, half of each, per GPU;
-    # 2 + 4 bytes plus Adam's 12 over an expert-DP group of 8.
-    local = 2 * 3 * 4096 * 14336 / 2
-    assert mm.expert_state_bytes(MIXTRAL, 4, 2, 8, layers=3) == 3 * local * (2 + 4 + 12 / 8)
+def test_model_states_shard_experts_over_expert_dp_and_the_rest_over_dp_cp():
+    """Three MoE layers of Mixtral on a middle stage, TP 2, EP 4, ETP 2, DP 32 (so the expert DP
+    group is 2 x 32 / (2 x 4) = 8 ranks), by hand: 8 experts of 3 x 4096 x 14336 over EP 4, ETP 2
+    (2 experts, half of each, per GPU) at 2 + 4 bytes plus Adam's 12 over 8; the rest of each layer
+    (attention 4096 x (4096 + 2 x 1024 + 4096) over TP 2, two norms and the router 8 x 4096 whole)
+    at 2 + 4 plus 12 over DP x CP = 32. By kind, the same bytes split as weights, gradients and
+    optimizer."""
+    from advisor.moe.stage import MoEOptions, model_states
+
+    local = 3 * 2 * 3 * 4096 * 14336 / 2
+    rest = 3 * (4096 * 10240 / 2 + 2 * 4096 + 8 * 4096)
+    states = model_states(MIXTRAL, MoEOptions(), tp=2, cp=1, pp=3, ep=4, etp=2, dp=32, stage=1, dense=0,
+                          moe_layers=3, mtp=0)
+    assert states.experts == pytest.approx(local * (2 + 4 + 12 / 8), rel=1e-12)
+    assert states.dense == pytest.approx(rest * (2 + 4 + 12 / 32), rel=1e-12)
+    assert (states.weights, states.gradients, states.optimizer) == pytest.approx(
+        ((local + rest) * 2, (local + rest) * 4, local * 12 / 8 + rest * 12 / 32), rel=1e-12)
+    assert states.fp8_weights == 0
 
 
-def test_dense_part_of_a_moe_layer_shards_over_tp_and_dp_cp():
-    # Mixtral: attention 4096 x (4096 + 2 x 1024 + 4096) over TP 2, norms 2 x 4096 and router 8 x 4096 whole
-    n = 4096 * 10240 / 2 + 2 * 4096 + 8 * 4096
-    assert mm.moe_dense_state_bytes(MIXTRAL, 2, 16, layers=1) == n * (2 + 4 + 12 / 16)
+def test_the_estimates_stages_split_their_states_by_kind_as_dense_estimates_do():
+    """weights_gib + gradients_gib + optimizer_gib + fp8_weights_gib is each stage's model_states_gib
+    (the dense estimate's keys), FP8 and MTP included."""
+    import json
+
+    from click.testing import CliRunner
+
+    from advisor.cli import cli
+
+    result = CliRunner().invoke(cli, ["estimate", "--model", "deepseek-v3", "--gpus", "256", "--pp", "4", "--ep", "8",
+                                      "--mtp-num-layers", "1", "--fp8-format", "hybrid", "--gpu", "h100-80gb",
+                                      "--format", "json"])
+    assert result.exit_code == 0, result.output
+    for stage in json.loads(result.stdout)["stages"]:
+        kinds = stage["weights_gib"] + stage["gradients_gib"] + stage["optimizer_gib"] + stage["fp8_weights_gib"]
+        assert kinds == pytest.approx(stage["model_states_gib"], rel=1e-12)
+        assert stage["gradients_gib"] == pytest.approx(2 * stage["weights_gib"], rel=1e-12)  # FP32 main grads
 
 
 def test_routed_token_copies_per_assumption():

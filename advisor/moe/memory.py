@@ -82,29 +82,6 @@ def expert_token_copies(spec: MoESpec, tokens: float, ep: int, etp: int, assumpt
 # --- model states -----------------------------------------------------------------------------
 
 
-def expert_state_bytes(spec: MoESpec, ep: int, etp: int, edp: int, layers: int, *, gradient_bytes: int = 4,
-                       distributed_optimizer: bool = True) -> float:
-    """Routed experts' weights (BF16), gradients (FP32 main grads) and Adam states (12 bytes) of
-    ``layers`` MoE layers on one GPU: E/ep experts split over etp (``params.local_expert_parameters``);
-    the distributed optimizer shards their states over the expert-data-parallel group, edp ranks
-    (``distributed/distributed_data_parallel.py``: expert parameters go to the expert DP buffers,
-    ``optimizer/__init__.py``, ``get_megatron_optimizer``: expert optimizer over
-    ``get_expert_data_parallel_group``)."""
-    n = layers * params.local_expert_parameters(spec, ep, etp)
-    optimizer = eq.optimizer_bytes_per_parameter(edp if distributed_optimizer else 1)
-    return n * (BF16 + gradient_bytes + optimizer)
-
-
-def moe_dense_state_bytes(spec: MoESpec, tp: int, dp_cp: int, layers: int, *, gradient_bytes: int = 4,
-                          distributed_optimizer: bool = True) -> float:
-    """The rest of ``layers`` MoE layers (attention, norms, router, shared experts;
-    ``params.moe_layer_dense_parameters``): weights, gradients and Adam states sharded over
-    DP x CP as dense layers are (seed 004, Eq. 10)."""
-    n = layers * params.moe_layer_dense_parameters(spec, tp)
-    optimizer = eq.optimizer_bytes_per_parameter(dp_cp if distributed_optimizer else 1)
-    return n * (BF16 + gradient_bytes + optimizer)
-
-
 # --- activations of one MoE layer, one microbatch ---------------------------------------------
 
 

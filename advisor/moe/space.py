@@ -624,7 +624,8 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
     return row
 
 
-STAGE_TERMS = {"weights_gradients_optimizer": "dense_states", "expert_states": "expert_states",
+STAGE_TERMS = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer",
+               "weights_gradients_optimizer": "dense_states", "expert_states": "expert_states",
                "fp8_weights": "fp8_weights", "model_states": "model_states", "layer_activations": "layer_activations",
                "embedding_activations": "embedding_activations", "output_activations": "output_activations",
                "activations": "activations", "transient": "transient"}

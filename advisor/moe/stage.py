@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -170,6 +171,10 @@ class StageBytes:
     embedding_activations: np.ndarray
     output_activations: np.ndarray
     transient: np.ndarray
+    weights: np.ndarray
+    gradients: np.ndarray
+    optimizer: np.ndarray
+    """``weights_gradients_optimizer`` and ``expert_states`` again, by kind (``ModelStates``)."""
 
     @property
     def model_states(self):
@@ -198,12 +203,34 @@ def _dense_layer_activations(spec: MoESpec, s, b, tp, cp, modules: frozenset[str
     return attention + (mlp + 2 * s * spec.hidden_size) * b / (tp * cp)
 
 
-def _model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, stage, dense, moe_layers, mtp):
-    """(dense states, expert states, FP8 weights) of a stage: dense parts over DP x CP, experts
-    over EDP = t c d / (etp ep); ``mtp`` MTP layers (and their embedding copy) on it."""
+class ModelStates(NamedTuple):
+    """A stage's model states on one GPU, by owner (the buckets the calibrated model corrects)
+    and by kind (the estimate's per-stage split, as the dense estimator's); both sum to the same
+    bytes with ``fp8_weights``."""
+
+    dense: object
+    """Weights, gradients and Adam states of the dense parameters (sharded over DP x CP)."""
+    experts: object
+    """The routed experts' (Adam states sharded over the expert-data-parallel group)."""
+    fp8_weights: object
+    weights: object
+    gradients: object
+    optimizer: object
+
+
+def model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, stage, dense, moe_layers,
+                 mtp) -> ModelStates:
+    """A stage's model states: ``dense`` dense layers, ``moe_layers`` MoE layers and ``mtp`` MTP
+    layers (with their embedding copy). Per parameter as the dense estimator counts it
+    (``memory_levers.state_bytes_per_parameter``: BF16 weights, the main gradients, Adam's 12
+    bytes under the distributed optimizer sharded over the shards given): the dense parts (the
+    layers' attention, norms, router and shared experts, ``params.moe_layer_dense_parameters``,
+    the embedding and head) over DP x CP; the routed experts' E/ep experts split over etp
+    (``params.local_expert_parameters``) over EDP = t c d / (etp ep), the expert-data-parallel
+    group (``distributed/distributed_data_parallel.py``: expert parameters go to the expert DP
+    buffers; ``optimizer/__init__.py``, ``get_megatron_optimizer``: the expert optimizer over
+    ``get_expert_data_parallel_group``)."""
     edp = tp * cp * dp // (etp * ep)
-    state = options.gradient_bytes + mm.BF16
-    shards = np.where(options.distributed_optimizer, dp * cp, 1)
     vocab = eq.padded_vocab_size(spec.vocab_size, options.training.vocab_divisible_by, tp)
     embedding = eq.embedding_parameters(spec, tp, vocab)
     # tied at PP > 1 the head is the last stage's copy of the embedding, which MTP's embedding then
@@ -212,16 +239,17 @@ def _model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, s
     ends = np.where(stage == 0, embedding, 0) + np.where(stage == pp - 1, head + spec.hidden_size, 0)
     ends = ends + mtp * mtp_terms.dense_parameters(spec, tp) + np.where(
         (mtp > 0) & (not spec.tie_embeddings), mtp_terms.embedding_copy_parameters(spec, tp, pp, vocab), 0.0)
-    dense_params = dense * params.dense_layer_parameters(spec, tp) + ends
-    dense_states = dense_params * (state + eq.OPTIMIZER_BYTES / shards) + mm.moe_dense_state_bytes(
-        spec, tp, shards, moe_layers, gradient_bytes=options.gradient_bytes,
-        distributed_optimizer=options.distributed_optimizer)
-    expert_states = mm.expert_state_bytes(spec, ep, etp, edp, moe_layers + mtp, gradient_bytes=options.gradient_bytes,
-                                          distributed_optimizer=options.distributed_optimizer)
+    dense_params = dense * params.dense_layer_parameters(spec, tp) + ends \
+        + moe_layers * params.moe_layer_dense_parameters(spec, tp)
+    expert_params = (moe_layers + mtp) * params.local_expert_parameters(spec, ep, etp)
+    per_dense = levers.state_bytes_per_parameter(options.memory, dp * cp)
+    per_expert = levers.state_bytes_per_parameter(options.memory, edp)
     fp8 = options.memory
     fp8_weights = ((moe_layers + mtp) * fp8_terms.weight_bytes(spec, tp, ep, etp, fp8)
                    + dense * fp8_terms.weight_bytes(spec, tp, ep, etp, fp8, dense=True))
-    return dense_states, expert_states, fp8_weights
+    weights, gradients, optimizer = (dense_params * d + expert_params * e for d, e in zip(per_dense, per_expert))
+    return ModelStates(dense=dense_params * sum(per_dense), experts=expert_params * sum(per_expert),
+                       fp8_weights=fp8_weights, weights=weights, gradients=gradients, optimizer=optimizer)
 
 
 def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp, ep, etp, dp, mbs,
@@ -256,8 +284,7 @@ class StageParts:
 
     layers: np.ndarray
     dense_layers: np.ndarray
-    states: tuple
-    """(dense states, expert states, FP8 weights)."""
+    states: ModelStates
     per_microbatch: np.ndarray
     """The layers' activations of one microbatch in flight."""
     rebuilt: np.ndarray
@@ -275,7 +302,7 @@ class StageParts:
     def take(self, index) -> "StageParts":
         """The layouts at ``index`` (numbers stay numbers)."""
         pick = lambda x: x[index] if np.ndim(x) else x  # noqa: E731
-        return StageParts(pick(self.layers), pick(self.dense_layers), tuple(map(pick, self.states)),
+        return StageParts(pick(self.layers), pick(self.dense_layers), ModelStates(*map(pick, self.states)),
                           *(pick(getattr(self, name)) for name in ("per_microbatch", "rebuilt", "mtp_layers",
                                                                    "embedding", "mtp_embedding", "output",
                                                                    "transient", "largest_layer")))
@@ -286,12 +313,14 @@ class StageParts:
         step embeds its forward's microbatch before the layers, and frees the other's embedding
         gradient path after them: ``TransformerModelChunkSchedulePlan.run``)."""
         ones = np.ones_like(self.layers, dtype=float)
-        dense_states, expert_states, fp8_weights = self.states
+        states = self.states
         held = in_flight * self.per_microbatch + layers_beyond * self.largest_layer + self.rebuilt + self.mtp_layers
         return StageBytes(layers=self.layers, dense_layers=self.dense_layers,
                           in_flight=in_flight * np.ones_like(self.layers),
-                          weights_gradients_optimizer=dense_states * ones,
-                          expert_states=expert_states * ones, fp8_weights=fp8_weights * ones,
+                          weights_gradients_optimizer=states.dense * ones,
+                          expert_states=states.experts * ones, fp8_weights=states.fp8_weights * ones,
+                          weights=states.weights * ones, gradients=states.gradients * ones,
+                          optimizer=states.optimizer * ones,
                           layer_activations=held * ones,
                           embedding_activations=((in_flight + layers_beyond) * self.embedding
                                                  + self.mtp_embedding) * ones,
@@ -305,7 +334,7 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     layers, dense = _stage_arrays(spec, pp, stage, layers_per_stage)
     moe_layers = layers - dense
     mtp = np.where(stage == pp - 1, spec.mtp_num_layers, 0)
-    states = _model_states(spec, options, tp, cp, pp, ep, etp, dp, stage, dense, moe_layers, mtp)
+    states = model_states(spec, options, tp, cp, pp, ep, etp, dp, stage, dense, moe_layers, mtp)
     modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     copies = mm.expert_token_copies(spec, tokens, ep, etp, options.routing)
