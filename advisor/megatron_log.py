@@ -14,8 +14,10 @@ The lines, as megatron/training/ writes them (core_v0.15.2 and core_v0.19.0 alik
 - and, from a launch with the advisor's hooks (``advisor-launch ... --profile-dir``,
   ``megatron_hooks.integration.peak_line``): ``megatron_hooks: [Rank R] peak over N iterations:
   A MB allocated, S MB reserved``, one per rank that Megatron reports for. The hooks reset torch's
-  peak counters at every layer, so where these lines are, Megatron's own reports count only from
-  the last reset and the hooks' peaks are read instead.
+  peak counters at every layer, so in a log of theirs Megatron's own reports count only from the
+  last reset: the hooks' peaks are read instead, and a log that shows the hooks ran (a
+  ``megatron_hooks:`` line, the launcher's ``--profile-dir``) without them has its memory rows
+  marked cut short, with no ratio.
 
 What a memory report after the first iteration of a fresh run shows: Adam's momentum and variance
 are made in the first optimizer step (torch.optim.Adam's lazy state; Transformer Engine's FusedAdam
@@ -53,6 +55,14 @@ _MEMORY = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \
                      + r" \| max allocated: " + _NUMBER + r" \| reserved: " + _NUMBER + r" \| max reserved: " + _NUMBER)
 _HOOKS_PEAK = re.compile(r"megatron_hooks: \[Rank (\d+)\] peak over (\d+) iterations: " + _NUMBER
                          + r" MB allocated(?:, " + _NUMBER + r" MB reserved)?")
+_HOOKED = re.compile(r"megatron_hooks:|--profile-dir\s")
+"""A line showing the advisor's hooks ran: theirs, or advisor-launch's echo of its command."""
+_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory")
+LAYOUT_ARGUMENTS = ("num_layers", "hidden_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                    "context_parallel_size", "micro_batch_size", "seq_length")
+"""What a log's argument dump (``arguments.py``, ``_print_args``: ``  name ..... value``) is
+checked against the command by: the model's size and the layout."""
+_ARGUMENT = re.compile(r"\b(" + "|".join(LAYOUT_ARGUMENTS) + r") \.{2,} (\S+)\s*$")
 _CUT = re.compile(r"iteration\s+\d+/|\[Rank \d+\] \(after ")
 """The beginning of an iteration or memory line: enough to tell that a cut last line was one."""
 _THEORETICAL = re.compile(r"Theoretical memory footprints: weight and optimizer=" + _NUMBER
@@ -87,8 +97,9 @@ class Peak:
     max_allocated_mib: float
     max_reserved_mib: float | None
     source: str
-    """"hooks" (the run's peak), "report" (Megatron's, with Adam's moments made), or "first
-    iteration" (Megatron's after a fresh run's first iteration, before the moments exist)."""
+    """"hooks" (the run's peak), "report" (Megatron's, with Adam's moments made), "first
+    iteration" (Megatron's after a fresh run's first iteration, before the moments exist) or "cut"
+    (Megatron's under the hooks, which reset its counters: not the peak)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +116,12 @@ class TrainingLog:
     theoretical: list[Theoretical] = field(default_factory=list)
     hooks: list[Peak] = field(default_factory=list)
     """The advisor's hooks' peaks (``megatron_hooks: [Rank R] peak ...`` lines)."""
+    hooked: bool = False
+    """Whether a line shows the hooks ran (``_HOOKED``)."""
+    out_of_memory: bool = False
+    """Whether a line says CUDA ran out of memory."""
+    arguments: dict[str, str] = field(default_factory=dict)
+    """``LAYOUT_ARGUMENTS`` as the log's argument dump printed them."""
     cut_line: int | None = None
     """The last line's number where it is an iteration or memory line without a line end (not read)."""
 
@@ -133,8 +150,13 @@ class TrainingLog:
             if report.rank not in out or report.max_allocated_mib > out[report.rank].max_allocated_mib:
                 out[report.rank] = report
         fresh = bool(self.iterations) and self.iterations[0].iteration == 1
-        return {rank: Peak(rank, report.max_allocated_mib, report.max_reserved_mib,
-                           "first iteration" if fresh and report.after_iterations == 1 else "report")
+
+        def source(report: MemoryReport) -> str:
+            if self.hooked:
+                return "cut"
+            return "first iteration" if fresh and report.after_iterations == 1 else "report"
+
+        return {rank: Peak(rank, report.max_allocated_mib, report.max_reserved_mib, source(report))
                 for rank, report in out.items()}
 
 
@@ -144,6 +166,10 @@ def read_log(lines: Iterable[str], *, last_line_ended: bool = True) -> TrainingL
     lines = list(lines)
     log = TrainingLog()
     for number, line in enumerate(lines, 1):
+        log.hooked = log.hooked or bool(_HOOKED.search(line))
+        log.out_of_memory = log.out_of_memory or bool(_OOM.search(line))
+        if argument := _ARGUMENT.search(line):
+            log.arguments.setdefault(argument.group(1), argument.group(2))
         if number == len(lines) and not last_line_ended and _CUT.search(line):
             log.cut_line = number
         elif match := _ITERATION.search(line):
@@ -203,11 +229,38 @@ def _row(what: str, measured: float | None, predicted: float | None, unit: str) 
     return {"what": what, "unit": unit, "measured": measured, "predicted": predicted, "measured_over_predicted": ratio}
 
 
+def check_hooks(log: TrainingLog, world_size: int) -> None:
+    """AdvisorError where the hooks' peak lines cannot be this run's: a rank outside its world, or
+    a peak below Megatron's own report for the same rank (which counts a window of the peak the
+    hooks count whole)."""
+    reported = {r.rank: r.max_allocated_mib for r in log.memory}
+    for peak in log.hooks:
+        if peak.rank >= world_size:
+            raise AdvisorError(f"the log's megatron_hooks line names rank {peak.rank}, but the command runs "
+                               f"{world_size} GPU{'s' if world_size != 1 else ''}: is it this run's log?")
+        if peak.rank in reported and peak.max_allocated_mib < reported[peak.rank] - 0.01:
+            raise AdvisorError(f"rank {peak.rank}: the hooks' peak, {peak.max_allocated_mib:.2f} MB, is below "
+                               f"Megatron's own report, {reported[peak.rank]:.2f} MB, which it bounds: is it this "
+                               "run's line?")
+
+
+def run_notes(log: TrainingLog) -> list[str]:
+    """What the log says about how the run went that the rows do not show."""
+    notes = []
+    if len(log.iterations) == 1:
+        notes.append("one iteration logged: its time includes start-up (compilation, NCCL set-up)")
+    if log.out_of_memory:
+        notes.append(f"the run ran out of CUDA memory (the log says so) after {len(log.iterations)} logged "
+                     f"iteration{'s' if len(log.iterations) != 1 else ''}")
+    return notes
+
+
 def compare(log: TrainingLog, estimate: dict, *, world_size: int) -> list[dict]:
     """Measured against predicted, one row per quantity: the step time and TFLOP/s (where the
     estimate has a time model and the log the numbers), then each pipeline stage's peak allocated
     memory (the highest of its ranks' reports) against the stage's estimate (Eq. 18), and the peak
     reserved memory against the calibrated usage."""
+    check_hooks(log, world_size)
     rows = [_row("step time", log.step_time_s(), estimate.get("step_time_s"), "s"),
             _row("TFLOP/s per GPU", log.tflops_per_gpu(), estimate.get("tflops_per_gpu"), "TFLOP/s")]
     pp, stages = estimate["pp"], estimate["stages"]
@@ -215,9 +268,13 @@ def compare(log: TrainingLog, estimate: dict, *, world_size: int) -> list[dict]:
     for stage in stages:
         ranks = [r for r in peaks.values() if stage_of_rank(r.rank, world_size=world_size, pp=pp) == stage["stage"]]
         measured = max((r.max_allocated_mib for r in ranks), default=None)
-        when = " (iteration 1)" if ranks and all(r.source == "first iteration" for r in ranks) else ""
-        rows.append(_row(f"stage {stage['stage']} max allocated{when}",
-                         None if measured is None else measured * MIB / 2**30, stage["total_gib"], "GiB"))
+        sources = {r.source for r in ranks}
+        when = {frozenset({"first iteration"}): " (iteration 1)", frozenset({"cut"}): " (cut short)"}
+        row = _row(f"stage {stage['stage']} max allocated{when.get(frozenset(sources), '')}",
+                   None if measured is None else measured * MIB / 2**30, stage["total_gib"], "GiB")
+        if "cut" in sources:  # not the peak: no ratio
+            row["measured_over_predicted"] = None
+        rows.append(row)
     if estimate.get("usage_gib") is not None:
         reserved = max((r.max_reserved_mib for r in peaks.values() if r.max_reserved_mib is not None), default=None)
         rows.append(_row("peak max reserved (calibrated)", None if reserved is None else reserved * MIB / 2**30,
@@ -233,6 +290,10 @@ def memory_source_note(log: TrainingLog, estimate: dict) -> str | None:
     if "hooks" in sources:
         return ("memory: the advisor's hooks' peaks over the run (megatron_hooks lines); Megatron's own reports "
                 "count only from the hooks' last reset of torch's peak counters")
+    if "cut" in sources:
+        return ("memory: the advisor's hooks ran (--profile-dir) but the log has no peak line of theirs, so Megatron's "
+                "reports count only from the hooks' last reset of torch's peak counters: not the peak, no ratio "
+                "(each iteration's peak is in the profile directory: advisor profile show DIR)")
     if "first iteration" not in sources:
         return None
     stage = estimate["stages"][0]

@@ -119,8 +119,8 @@ def time_parts_text(parts: dict[str, float]) -> str:
 
 def ranking_note(tolerance: float) -> str:
     """A throughput ranking's caption line on its tolerance (``advisor.ranking.order``)."""
-    return (f"rows within {tolerance:.1%} of the fastest (the time model's held-out ordering error) rank simplest "
-            "first")
+    return (f"rows with TFLOP/s within {tolerance:.1%} of the best (the time model's held-out ordering error) rank "
+            "simplest first")
 
 
 def to_json(obj: object) -> str:

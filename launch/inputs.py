@@ -42,6 +42,7 @@ from launch.arguments import flag_values
 
 NUMBERS = {
     "total_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
+    "usage_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
     "peak_predicted_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
     "memory_gib": limits.GPU_MEMORY_GIB,
     "tokens": limits.Bound(0, 1e300, "a token budget is a finite count"),
@@ -75,6 +76,7 @@ class LaunchInput:
     verdict: str | None = None
     """The estimate's fits / tight / oom, where it made one."""
     total_gib: float | None = None
+    """The memory its verdict was judged on: the calibrated usage where it has one, else the analytic total."""
     memory_gib: float | None = None
     tokens: float | None = None
     """The token budget the row was priced for (``advisor sweep --tokens``), else None."""
@@ -238,7 +240,8 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
     return LaunchInput(
         kind=kind, origin=fields.origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=tuple(args),
-        verdict=fields.document.get("verdict"), total_gib=fields.number("total_gib"),
+        verdict=fields.document.get("verdict"),
+        total_gib=usage if (usage := fields.number("usage_gib")) is not None else fields.number("total_gib"),
         memory_gib=fields.number("memory_gib"), tokens=fields.number("tokens"),
         step_time_s=fields.number("step_time_s"), ep=ep, etp=etp,
     )

@@ -52,6 +52,7 @@ from advisor.parallel import ParallelConfig
 from megatron_hooks.backends import MemoryBackend
 from megatron_hooks.hooks import LayerMemoryHooks
 from megatron_hooks.model import dtype_name
+from advisor.megatron_log import MIB
 from megatron_hooks.recorder import ProfileRecorder, RunInfo
 
 _ACTIVE: "Session | None" = None
@@ -109,12 +110,12 @@ class Session:
         return step
 
     def finish(self) -> None:
-        """Write the final status ("ok" unless an iteration failed); rank 0 prints its peak."""
+        """Write the final status ("ok" unless an iteration failed); the ranks Megatron's memory
+        report prints for print their peaks (``peak_line``)."""
         if self.recorder is None:
             return
         self.recorder.finish()
-        coords = self.recorder.run.coords
-        if self.recorder.iterations and coords.get("dp", 0) == 0 and coords.get("cp", 0) == 0:
+        if self.recorder.iterations and self.recorder.run.coords.get("dp", 0) == 0:
             print(peak_line(self.recorder, self.hooks.backend.name, rank=_rank()), flush=True)
 
     def _run_info(self) -> RunInfo:
@@ -154,9 +155,12 @@ class Session:
     def _wrap_pretrain(self, pretrain: Callable) -> Callable:
         @functools.wraps(pretrain)
         def profiled_pretrain(*args, **kwargs):
-            result = pretrain(*args, **kwargs)
-            self.finish()
-            return result
+            # finally: Megatron's --exit-interval, --exit-duration-in-mins and SIGTERM leave train()
+            # by sys.exit, and a failed iteration by its exception; each still ends the profile
+            try:
+                return pretrain(*args, **kwargs)
+            finally:
+                self.finish()
 
         return profiled_pretrain
 
@@ -180,13 +184,11 @@ def _rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
-MIB = 2 ** 20  # Megatron's report_memory prints "MB" of 2**20 bytes
-
-
 def peak_line(recorder: ProfileRecorder, backend: str, *, rank: int) -> str:
-    """This rank's peak over the run, in Megatron's units, printed by the ranks Megatron's
-    ``report_memory`` prints for (data-parallel and context-parallel rank 0), and read by
-    ``advisor compare-log`` (``advisor.megatron_log``). On CUDA the hooks reset torch's peak
+    """This rank's peak over the run's completed iterations, in Megatron's units, printed by the
+    ranks Megatron's ``report_memory`` prints for (data-parallel rank 0, every CP rank: core_v0.15.2
+    ``training/utils.py``, ``get_data_parallel_rank(with_context_parallel=False)``; core_v0.19.0
+    its ``pg_collection.dp``), and read by ``advisor compare-log`` (``advisor.megatron_log``). On CUDA the hooks reset torch's peak
     counters at every layer's entry (``LayerMemoryHooks._enter``: there is no other way to read
     one layer's transient peak), so Megatron's own "max allocated" lines, which read
     ``torch.cuda.max_memory_allocated``, count only from the last reset: on an H200,

@@ -4,6 +4,7 @@ synthetic excerpts of the format variants), and set beside the estimate of the s
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,72 @@ def test_a_whole_last_line_is_read(tmp_path):
     assert result.exit_code == 0, result.output
     notes = json.loads(result.stdout)["notes"]
     assert "2 logged iterations, 2 memory reports" in notes and not any("line end" in note for note in notes)
+
+
+def _compare(text: str, tmp_path, *extra):
+    log = tmp_path / "train.log"
+    log.write_text(text)
+    return run("compare-log", log, "--from-command", REAL_COMMAND, *extra)
+
+
+def _one_line(result, *words):
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:") and all(word in lines[0] for word in words), lines
+
+
+HOOKS = ("megatron_hooks: [Rank 0] peak over 2 iterations: 1536.00 MB allocated, 2048.00 MB reserved\n"
+         "megatron_hooks: [Rank 1] peak over 2 iterations: 1024.00 MB allocated\n")
+
+
+def test_the_hooks_peaks_replace_megatrons_reports(tmp_path):
+    """A launch with --profile-dir ends with each reporting rank's peak (megatron_hooks.integration
+    .peak_line): compare-log sets those beside the stages, and says so."""
+    result = _compare(REAL_LOG.read_text() + HOOKS, tmp_path, "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    rows = {row["what"]: row for row in document["rows"]}
+    assert rows["stage 0 max allocated"]["measured"] == 1.5 and rows["stage 1 max allocated"]["measured"] == 1.0
+    assert any(note.startswith("memory: the advisor's hooks' peaks") for note in document["notes"])
+
+
+def test_a_hooked_log_without_their_peaks_is_marked_cut_short(tmp_path):
+    """advisor-launch's echo of --profile-dir shows the hooks reset torch's peak counters: Megatron's
+    reports are not the peak, so they get no ratio."""
+    echo = "+ torchrun --nproc-per-node 2 --standalone \\\n    --profile-dir /tmp/profile -- \\\n"
+    result = _compare(echo + REAL_LOG.read_text(), tmp_path, "--format", "json")
+    document = json.loads(result.stdout)
+    rows = {row["what"]: row for row in document["rows"]}
+    assert rows["stage 0 max allocated (cut short)"]["measured_over_predicted"] is None
+    assert any("no peak line of theirs" in note for note in document["notes"])
+
+
+@pytest.mark.parametrize("line, words", [
+    ("megatron_hooks: [Rank 5] peak over 2 iterations: 10.00 MB allocated\n", ("rank 5", "runs 2 GPUs")),
+])
+def test_hooks_lines_that_cannot_be_this_runs_are_refused(tmp_path, line, words):
+    _one_line(_compare(REAL_LOG.read_text() + line, tmp_path), *words)
+
+
+def test_a_hooks_peak_below_megatrons_own_report_is_refused(tmp_path):
+    text = REAL_LOG.read_text().replace("| max allocated: 0.0 |", "| max allocated: 900.0 |")
+    _one_line(_compare(text + HOOKS.replace("1024.00 MB", "512.00 MB"), tmp_path),
+              "rank 1", "512.00 MB, is below Megatron's own report, 900.00 MB")
+
+
+def test_a_log_of_another_model_or_layout_is_refused(tmp_path):
+    text = REAL_LOG.read_text().replace("num_layers ...................................... 4",
+                                        "num_layers ...................................... 14")
+    _one_line(_compare(text, tmp_path), "the log ran num_layers 14 (the command: 4)")
+    text = REAL_LOG.read_text().replace("micro_batch_size ................................ 1",
+                                        "micro_batch_size ................................ 2")
+    _one_line(_compare(text, tmp_path), "micro_batch_size 2 (the command: 1)")
+
+
+def test_a_run_that_ran_out_of_memory_and_a_lone_iteration_are_said(tmp_path):
+    lines = REAL_LOG.read_text().splitlines(keepends=True)
+    second = next(i for i, line in enumerate(lines) if re.search(r"iteration\s+2/", line))
+    text = "".join(lines[:second]) + "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    document = json.loads(_compare(text, tmp_path, "--format", "json").stdout)
+    assert "one iteration logged: its time includes start-up (compilation, NCCL set-up)" in document["notes"]
+    assert "the run ran out of CUDA memory (the log says so) after 1 logged iteration" in document["notes"]

@@ -256,7 +256,7 @@ _MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-siz
     (f"{_MOE} --num-experts 8 --moe-grouped-gemm false\n",
      "--moe-grouped-gemm is a switch and takes no value, got 'false' (Megatron-LM refuses the command)"),
     (f"{_MOE} --num-experts 8 --moe-token-dispatcher-type flex --moe-expert-capacity-factor 1 "
-     "--moe-pad-expert-input-to-capacity\n", "the flex dispatcher cannot pad expert inputs to capacity"),
+     "--moe-pad-expert-input-to-capacity\n", "the flex dispatcher's padding to capacity is not priced"),
 ])
 def test_what_cannot_be_read_is_refused_in_one_line(text, error):
     result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size", "1000"],

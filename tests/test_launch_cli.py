@@ -382,3 +382,13 @@ def test_sbatch_without_slurm_writes_nothing_and_says_one_line(tmp_path, monkeyp
                         "-o", script, "--", *CPU_TEST_JOB, "--transformer-impl", "local", expect=2)
     assert result.stderr.startswith("Error: sbatch not found on PATH") and result.stderr.count("\n") == 1
     assert not script.exists() and result.stdout == ""
+
+
+def test_an_oom_warning_quotes_the_memory_the_verdict_was_judged_on(advisor, tmp_path):
+    """A calibrated estimate is judged on its usage (reserve included), not the analytic total: a
+    warning that quoted the total read as fitting (79.3 GiB of 80, the estimate oom at 96.0)."""
+    row = advisor.json("estimate", "--model", "qwen3-30b-a3b", "--gpus", 8, "--ep", 8, "--gpu", "h100-80gb",
+                       "--recompute", "full", "--moe-token-dispatcher-type", "flex")
+    assert row["verdict"] == "oom" and row["total_gib"] < 80 < row["usage_gib"]
+    result = launcher()("args", "--from", write_json(tmp_path / "oom.json", row))
+    assert f"does not fit: {row['usage_gib']:.1f} GiB per GPU of 80 GiB (oom)" in result.stderr

@@ -201,7 +201,7 @@ def test_moe_token_dropping_rows_launch_as_priced(advisor, tmp_path):
     with pytest.raises(AdvisorError, match="its megatron_args give --moe-pad-expert-input-to-capacity, its "
                                            "fields do not"):  # edited, its flags not
         read_input(write_json(tmp_path / "row.json", {**row, "pad_to_capacity": False}))
-    with pytest.raises(AdvisorError, match="flex dispatcher cannot pad"):
+    with pytest.raises(AdvisorError, match="flex dispatcher's padding to capacity is not priced"):
         read_input(write_json(tmp_path / "row.json", {**row, "dispatcher": "flex"}))
     with pytest.raises(AdvisorError, match="'pad_to_capacity' must be null, true or false, got 1"):
         read_input(write_json(tmp_path / "row.json", {**row, "pad_to_capacity": 1}))

@@ -49,8 +49,8 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     from advisor.verdicts import default_memory_model
     from advisor.cli.from_command import read_inputs
     from advisor.fileio import read_text
-    from advisor.megatron_log import (compare, cut_note, ends_a_line, memory_source_note, read_log, theoretical_note,
-                                      unmeasured_note)
+    from advisor.megatron_log import (compare, cut_note, ends_a_line, memory_source_note, read_log, run_notes,
+                                      theoretical_note, unmeasured_note)
     from advisor.parallel import ParallelConfig, Workload
 
     if log == "-" and command == "-":
@@ -65,6 +65,7 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
         sizes = ("size " if len(logged) == 1 else "sizes ") + listed(logged)
         raise InputError(f"the log trains global batch {sizes}, the command {workload.global_batch_size}: "
                          "is it the command that wrote the log?")
+    _check_arguments(training, run, layout)
     parallel = ParallelConfig(tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=read.dp, mbs=layout.mbs, vpp=layout.vpp)
     estimate, result, *_ = price_layout(
         run.spec, workload, parallel, layout.layers_per_stage if layout.pp > 1 else None, run.options, gpu=gpu,
@@ -74,15 +75,18 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     rows = compare(training, estimate, world_size=read.gpus)
     notes = [f"read {read.source}", theoretical_note(training, estimate),
              _count(len(training.iterations), "logged iteration") + ", " + _count(len(training.memory), "memory report"), cut_note(training),
-             memory_source_note(training, estimate), unmeasured_note(rows)]
+             memory_source_note(training, estimate), unmeasured_note(rows), *run_notes(training),
+             f"the estimate's verdict: {estimate['verdict']}" if estimate.get("verdict") else None]
     if run.unpriced:
         notes.append("not priced: " + ", ".join(run.unpriced))
     document = {"rows": rows, "notes": [note for note in notes if note], "estimate": estimate}
 
     def table() -> str:
-        columns = [render.Column("what", "quantity", justify="left"), render.Column("unit", "unit", justify="left"),
-                   render.Column("measured", "measured", ".4g"), render.Column("predicted", "predicted", ".4g"),
-                   render.Column("measured_over_predicted", "measured / predicted", ".3f")]
+        # narrow terminals lose the unit first, the ratio last (it is what the command is for)
+        columns = [render.Column("what", "quantity", justify="left"),
+                   render.Column("unit", "unit", justify="left", drop=2),
+                   render.Column("measured", "measured", ".4g"), render.Column("predicted", "predicted", ".4g", drop=1),
+                   render.Column("measured_over_predicted", "measured / predicted", ".3f", keep=True)]
         return render.to_table(rows, columns, title=f"{log} against the estimate of {command}",
                                caption="\n".join(document["notes"]))
 
@@ -91,3 +95,15 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
 
 def _count(n: int, thing: str) -> str:
     return f"{n} {thing}{'' if n == 1 else 's'}"
+
+
+def _check_arguments(training, run, layout) -> None:
+    """The log's argument dump against the command: a log of another model or layout is refused
+    (``advisor.megatron_log.LAYOUT_ARGUMENTS``), as one of another global batch is."""
+    command = {"num_layers": run.spec.num_layers, "hidden_size": run.spec.hidden_size,
+               "tensor_model_parallel_size": layout.tp, "pipeline_model_parallel_size": layout.pp,
+               "context_parallel_size": layout.cp, "micro_batch_size": layout.mbs, "seq_length": run.seq_len}
+    differ = [f"{name} {training.arguments[name]} (the command: {value})" for name, value in command.items()
+              if name in training.arguments and training.arguments[name] != str(value)]
+    if differ:
+        raise InputError(f"the log ran {', '.join(differ)}: is it the command that wrote the log?")

@@ -134,7 +134,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
     distinct_files(**{"--output": output, "--plot": plot})
-    spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, space=space, unsupported={
+    spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, space=space, release=release, unsupported={
         "--memory-model profile": memory_model == "profile", "--profile": profile_dir is not None,
         "--rank-by (fastest first with --gpu)": rank_by is not None, "--tokens": tokens is not None,
         "--plot": plot is not None, "--gpu-hour-price": gpu_hour_price is not None})
@@ -424,7 +424,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     dp = _data_parallel(gpus, dp, tp, cp, pp, gpus_per_node)
     if read is not None and read.moe is not None:  # the command's own MoE flags (advisor.moe.readback)
         moe = read.moe
-    spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, unsupported={
+    spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, release=release, unsupported={
         "--tokens": tokens is not None, "--gpu-hour-price": gpu_hour_price is not None})
     given = _layer_counts(layers_per_stage)
     if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP

@@ -117,7 +117,8 @@ def _dense_refused(flags: MoEFlags) -> list[str]:
     return named + [flag for flag, on in set_.items() if on and flag not in named]
 
 
-def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupported: dict | None = None):
+def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupported: dict | None = None,
+                 release=None):
     """(spec, MoEOptions) from the MoE flags (the advisor's own or a command's read back), the
     run's training options inside (the one description dense rows are priced from); a dense model
     refuses the MoE options given (``_dense_refused``); for an MoE model, every option the MoE
@@ -175,9 +176,8 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
         raise InputError(problem)
     if problem := dispatcher_sms_problem(flags.dispatcher_sms, dispatcher, gpu.architecture if gpu else "hopper"):
         raise InputError(problem)
-    if flags.flex_backend != "deepep" and dispatcher != "flex":
-        raise InputError(f"--moe-flex-dispatcher-backend {flags.flex_backend} needs --moe-token-dispatcher-type flex "
-                         f"(Megatron uses a backend only there; this one runs {dispatcher})")
+    if flags.flex_backend != "deepep":
+        _check_flex_backend(flags.flex_backend, dispatcher, release)
     if mtp_num_layers is not None:
         spec = replace(spec, mtp_num_layers=mtp_num_layers)
     return spec, MoEOptions(dispatcher=dispatcher, training=training.with_(recompute="none"),
@@ -187,6 +187,19 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
                             routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
                                                  pad_to_capacity=padded, imbalance=flags.moe_imbalance),
                             modules=frozenset(recompute_modules) if recompute_modules else None)
+
+
+def _check_flex_backend(backend: str, dispatcher: str, release) -> None:
+    """HybridEP and NCCL-EP: the flex dispatcher's only, and on a release that has the flag (the
+    rows write it: ``advisor.moe.flags.layout_flags``; core_v0.15.2's flex dispatcher is DeepEP's)."""
+    from advisor.options.releases import release_defaults
+
+    if dispatcher != "flex":
+        raise InputError(f"--moe-flex-dispatcher-backend {backend} needs --moe-token-dispatcher-type flex "
+                         f"(Megatron uses a backend only there; this one runs {dispatcher})")
+    if release is not None and "--moe-flex-dispatcher-backend" in release_defaults(release).lacks:
+        raise InputError(f"--moe-flex-dispatcher-backend {backend}: {release_defaults(release).name} has no such flag "
+                         "(its flex dispatcher is DeepEP's); drop the backend or name a newer --megatron-version")
 
 
 def _routing(moe_routing: str | None, capacity_factor: float | None) -> str:

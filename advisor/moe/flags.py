@@ -23,8 +23,10 @@ LAYOUT_FLAGS = (
     "--moe-enable-deepep", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-deepep-num-sms",
     "--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms", "--moe-permute-fusion", "--moe-router-fusion",
+    "--moe-hybridep-num-sms",
 )
-"""Every flag ``layout_flags`` writes but --recompute-modules (a dense recomputation flag too)."""
+"""Every flag ``layout_flags`` writes but --recompute-modules (a dense recomputation flag too), and
+core_v0.19.0's deprecated --moe-hybridep-num-sms, which sets the SMs the rows write another way."""
 RELATED_FLAGS = (
     ("--moe-router-load-balancing-type", "--moe-aux-loss-coeff", "--moe-router-enable-expert-bias"),
     ("--moe-router-num-groups", "--moe-router-group-topk"),
@@ -220,17 +222,18 @@ def _recomputed_modules(spec: MoESpec, row: dict) -> list[str] | None:
 
 
 def pad_problem(dispatcher: str, capacity_factor: float | None, pad_to_capacity: bool) -> str | None:
-    """Why megatron-core refuses padding expert inputs to capacity here, or None (core_v0.15.2
-    and core_v0.19.0 ``transformer_config.py``, ``__post_init__``: the pad needs
-    moe_expert_capacity_factor, and the flex dispatcher refuses it; in core_v0.19.0 with the
-    DeepEP backend, its default and the one the flex rows are priced as)."""
+    """Why padding expert inputs to capacity is refused here, or None. megatron-core
+    (``transformer_config.py``, ``__post_init__``, both releases): the pad needs
+    moe_expert_capacity_factor, and the flex dispatcher refuses it with DeepEP (core_v0.15.2's only
+    backend, core_v0.19.0's default). The advisor prices padding for alltoall and allgather only:
+    HybridEP's and NCCL-EP's, which megatron-core lets pass, are refused as not priced."""
     if not pad_to_capacity:
         return None
     if capacity_factor is None:
         return "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (megatron-core refuses it alone)"
     if dispatcher == "flex":
-        return ("the flex dispatcher cannot pad expert inputs to capacity (megatron-core refuses "
-                "--moe-pad-expert-input-to-capacity with it)")
+        return ("the flex dispatcher's padding to capacity is not priced (megatron-core refuses "
+                "--moe-pad-expert-input-to-capacity with DeepEP; the advisor prices it for alltoall and allgather)")
     return None
 
 

@@ -116,7 +116,7 @@ class MoEFlags:
     flex_backend: str = "deepep"
     """--moe-flex-dispatcher-backend (core_v0.19.0; core_v0.15.2's flex dispatcher is DeepEP's):
     deepep, hybridep or ncclep, all priced as DeepEP's deduplicated all-to-all; HybridEP and
-    NCCL-EP permute in their own kernels (``advisor.moe.time.OWN_PERMUTATION_BACKENDS``)."""
+    NCCL-EP permute in their own kernels (``advisor.moe.stage.OWN_PERMUTATION_BACKENDS``)."""
     given: tuple[str, ...] = ()
     """The advisor's own options given on its command line, as spelled (``moe_options``; a dense
     model refuses them); a Megatron command's read back: none."""

@@ -90,10 +90,10 @@ for source in "$@"; do
             "${profile[@]}" -- "${no_te[@]}" "${training[@]}" > "$out/launch.log" 2>&1
         status=$?
         echo "$status" > "$out/status"
-        if [ "$status" = 0 ] && [ "${NO_PROFILE:-0}" != 1 ]; then
-            "$python" -m advisor profile show "$out/profile" --format json > "$out/show.json" 2> "$out/show.err"
-        else
+        if [ "$status" != 0 ]; then
             failures=$((failures + 1))
+        elif [ "${NO_PROFILE:-0}" != 1 ]; then
+            "$python" -m advisor profile show "$out/profile" --format json > "$out/show.json" 2> "$out/show.err"
         fi
         echo "$tag $name: exit $status" | tee -a "$results/summary.txt"
     done
