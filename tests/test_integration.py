@@ -71,7 +71,7 @@ def test_install_profiles_an_unmodified_pretrain_gpt(pretrain_gpt, tmp_path):
     assert [layer.name for layer in rank.layers_of(2)] == ["embedding", "decoder.layers.0", "decoder.layers.1", "output"]
 
 
-def test_an_oom_inside_megatron_is_recorded(pretrain_gpt, tmp_path):
+def test_an_oom_inside_megatron_is_recorded(pretrain_gpt, tmp_path, capsys):
     backend = OutOfMemoryAt("iteration 2, microbatch 2, backward, decoder.layers.0 (layer 1)")
     session = integration.install(tmp_path, backend=backend)
     backend.position = lambda: session.hooks.where
@@ -83,6 +83,24 @@ def test_an_oom_inside_megatron_is_recorded(pretrain_gpt, tmp_path):
     rank = load_run(tmp_path).ranks[0]
     assert rank.status == "oom" and len(rank.iterations) == 1
     assert rank.where == backend.target
+    # the peak of the iteration that completed is still printed for compare-log
+    peak = rank.iterations[0].peak_allocated_bytes / 2**20
+    assert f"megatron_hooks: [Rank 0] peak over 1 iterations: {peak:.2f} MB allocated" in capsys.readouterr().out
+
+
+def test_megatrons_sys_exit_still_ends_the_profile(tmp_path):
+    """--exit-interval, --exit-duration-in-mins and SIGTERM leave Megatron's train() by sys.exit
+    (core_v0.15.2 training.py, train): the wrapped pretrain still finishes the session."""
+    session = integration.Session(tmp_path)
+    finished = []
+    session.finish = lambda: finished.append(True)
+
+    def pretrain(*args, **kwargs):
+        sys.exit(0)
+
+    with pytest.raises(SystemExit):
+        session._wrap_pretrain(pretrain)()
+    assert finished == [True]
 
 
 def test_wrap_model_provider_hooks_every_chunk(megatron_world, tmp_path):
