@@ -236,6 +236,22 @@ def transformer_engine_note(setup: Setup, importable: Callable[[str], bool] = im
             "(advisor-launch sbatch's script checks it there before Megatron starts)")
 
 
+def flex_dispatcher_problem(setup: Setup, importable: Callable[[str], bool] = importable_module) -> str | None:
+    """The line for a missing ``deep_ep`` that the flex dispatcher's DeepEP or HybridEP backend needs
+    (megatron-core ``moe/fused_a2a.py`` imports ``deep_ep.Buffer``, and ``HybridEPBuffer`` from
+    DeepEP's hybrid-ep branch; without it the dispatcher fails when the first MoE layer is built),
+    where the ranks run here; NCCL-EP is Transformer Engine's (checked with it)."""
+    values = flag_values(setup.args)
+    if (values.get("--moe-token-dispatcher-type") or ("allgather",))[-1] != "flex" or not setup.gpus_here:
+        return None
+    backend = (values.get("--moe-flex-dispatcher-backend") or ("deepep",))[-1]
+    if backend == "ncclep" or importable("deep_ep"):
+        return None
+    build = "a DeepEP build with HybridEPBuffer (its hybrid-ep branch)" if backend == "hybridep" else "DeepEP"
+    return (f"cannot import deep_ep, which the flex dispatcher's {backend} backend needs: install {build}, or "
+            "launch a row of another --moe-token-dispatcher-type")
+
+
 def data_problems(setup: Setup) -> list[str]:
     """Dataset prefixes without their .bin/.idx, tokenizer and data-argument files that do not exist."""
     values, problems = flag_values(setup.args), []
@@ -306,6 +322,8 @@ def preflight(setup: Setup, *, gpus_found: int | None | Callable[[], int | None]
     report.problems += import_problems(setup)
     report.problems += gpu_problems(setup, report, found if setup.gpus_here else None)
     report.problems += transformer_engine_problems(setup)
+    if (problem := flex_dispatcher_problem(setup)) is not None:
+        report.problems.append(problem)
     if (note := transformer_engine_note(setup)) is not None:
         report.notes.append(note)
     report.problems += data_problems(setup)

@@ -197,3 +197,9 @@ def test_a_run_that_ran_out_of_memory_and_a_lone_iteration_are_said(tmp_path):
     document = json.loads(_compare(text, tmp_path, "--format", "json").stdout)
     assert "one iteration logged: its time includes start-up (compilation, NCCL set-up)" in document["notes"]
     assert "the run ran out of CUDA memory (the log says so) after 1 logged iteration" in document["notes"]
+
+
+def test_without_a_gpu_the_time_rows_say_why_they_are_empty(tmp_path):
+    document = json.loads(_compare(REAL_LOG.read_text(), tmp_path, "--format", "json").stdout)
+    assert document["rows"][0]["predicted"] is None
+    assert "no --gpu: the step time and TFLOP/s are predicted only for a GPU preset" in document["notes"]

@@ -190,3 +190,25 @@ def test_moe_fused_kernels_need_transformer_engine_whatever_the_implementation()
     assert problems(*local, "--moe-permute-fusion", te=True) == []
     assert problems(*local, "--moe-permute-fusion", te=False, here=False) == []  # the ranks' nodes check it
     assert problems(*local, te=False) == []
+
+
+def test_the_flex_dispatcher_needs_deep_ep_where_the_ranks_run():
+    """megatron-core's flex dispatcher imports DeepEP (moe/fused_a2a.py) and fails at the first MoE
+    layer without it: the DeepEP and HybridEP backends are checked before anything starts; NCCL-EP
+    is Transformer Engine's, and ranks elsewhere are their nodes' to check."""
+    from launch.megatron_versions import VERSIONS
+    from launch.preflight import Setup, flex_dispatcher_problem
+
+    def problem(*args, deep_ep: bool, here: bool = True):
+        setup = Setup(rules=VERSIONS[-1], checkout=None, args=args, cp=1, gpus_per_node=8, gpus_here=here)
+        return flex_dispatcher_problem(setup, importable=lambda module: module == "deep_ep" and deep_ep)
+
+    flex = ("--moe-token-dispatcher-type", "flex")
+    assert problem(*flex, deep_ep=False) == ("cannot import deep_ep, which the flex dispatcher's deepep backend "
+                                             "needs: install DeepEP, or launch a row of another "
+                                             "--moe-token-dispatcher-type")
+    assert "HybridEPBuffer" in problem(*flex, "--moe-flex-dispatcher-backend", "hybridep", deep_ep=False)
+    assert problem(*flex, deep_ep=True) is None
+    assert problem(*flex, "--moe-flex-dispatcher-backend", "ncclep", deep_ep=False) is None
+    assert problem(*flex, deep_ep=False, here=False) is None
+    assert problem("--moe-token-dispatcher-type", "alltoall", deep_ep=False) is None

@@ -76,7 +76,8 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     notes = [f"read {read.source}", theoretical_note(training, estimate),
              _count(len(training.iterations), "logged iteration") + ", " + _count(len(training.memory), "memory report"), cut_note(training),
              memory_source_note(training, estimate), unmeasured_note(rows), *run_notes(training),
-             f"the estimate's verdict: {estimate['verdict']}" if estimate.get("verdict") else None]
+             f"the estimate's verdict: {estimate['verdict']}" if estimate.get("verdict") else None,
+             None if gpu is not None else "no --gpu: the step time and TFLOP/s are predicted only for a GPU preset"]
     if run.unpriced:
         notes.append("not priced: " + ", ".join(run.unpriced))
     document = {"rows": rows, "notes": [note for note in notes if note], "estimate": estimate}

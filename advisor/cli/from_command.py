@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from advisor.errors import AdvisorError
 from advisor.cli.options import InputError
 
 ALLOWED_WITH_COMMAND = {"from_command", "compare_best", "gpus", "gpu", "mem", "gpus_per_node", "threshold",
@@ -56,8 +57,11 @@ def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=
     from advisor.shell_command import read_command
 
     text = read_text(path, max_bytes=limits.COMMAND_FILE_BYTES, what="command file")
-    launch = read_command(text)
     name = "stdin" if path == "-" else Path(path).name
+    try:
+        launch = read_command(text)
+    except AdvisorError as exc:  # its line numbers are the file's: say which file
+        raise InputError(f"--from-command {name}: {exc}") from None
     world, where = (gpus, "--gpus") if gpus is not None else (launch.world_size, launch.world_source)
     # The world size is missing independently of what the reading misses: one line names all.
     unknown = () if world is not None else (Missing("its world size", where, "--gpus N"),)
