@@ -189,11 +189,11 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     and exits with status 2 before anything starts. ``hold_notes``: the caller prints the notes
     (``_flush_notes``) once its -o file is written, so that a write that fails is one line. Where
     the ranks run elsewhere (``gpus_here`` false: sbatch, and the k8s and SkyPilot manifests, whose
-    image this machine cannot see), Transformer Engine is not checked here but by each rank's entry
-    (``--check-transformer-engine``), on the nodes that need it."""
+    image this machine cannot see), Transformer Engine and DeepEP are not checked here but by each
+    rank's entry (``--check-imports``), on the nodes that need them."""
     from launch.commands import entry_options
     from launch.megatron_versions import LaunchShape, environment
-    from launch.preflight import local_attention_note, uses_transformer_engine
+    from launch.preflight import deep_ep_backend, local_attention_note, uses_transformer_engine
 
     env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
     report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,
@@ -214,10 +214,10 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     if not hold_notes:
         _flush_notes()  # the command's checks passed: its notes come before its output
     entry = entry_options(release.checkout or release.given, **profiling)
-    if not gpus_here and uses_transformer_engine(megatron.args):
+    if not gpus_here and (uses_transformer_engine(megatron.args) or deep_ep_backend(megatron.args)):
         # the ranks' nodes (sbatch's, or a manifest's image, which this machine cannot see) check
-        # what this one could not, at once, not at Megatron's first TE import
-        entry.append("--check-transformer-engine")
+        # what this one could not, at once, not at Megatron's first TE or DeepEP import
+        entry.append("--check-imports")
     return entry, env
 
 

@@ -1,6 +1,6 @@
 """The program torchrun starts on every GPU: the user's ``pretrain_gpt.py``, with the hooks.
 
-    python -m launch.entry --megatron-lm DIR [--profile-dir DIR [--run-id ID]] [--check-transformer-engine]
+    python -m launch.entry --megatron-lm DIR [--profile-dir DIR [--run-id ID]] [--check-imports]
         -- MEGATRON_ARGS...
 
 It does what ``python DIR/pretrain_gpt.py MEGATRON_ARGS...`` does (the checkout first on
@@ -10,11 +10,13 @@ installs ``megatron_hooks`` (``megatron_hooks.integration.install``), which writ
 ``rank{RANK:05d}.jsonl`` there, and uninstalls them when the script returns. The exit status is
 the script's. ``--megatron-lm`` defaults to ``$MEGATRON_LM``.
 
-``--check-transformer-engine`` first checks that ``transformer_engine`` is importable here, and
-otherwise exits with status 2 before Megatron is imported, local rank 0 printing one line (so at
-most one per node): ``advisor-launch sbatch`` asks for it where the launch uses Transformer Engine, because
-the node it submits from (a login node) need not have TE, while the job's nodes must. Without it
-the entry adds no check of its own.
+``--check-imports`` first checks that the modules the Megatron arguments need outside
+megatron-core are importable here (``transformer_engine`` where they use it, ``deep_ep`` for the
+flex dispatcher's DeepEP and HybridEP backends: ``launch.preflight.rank_import_problems``), and
+otherwise exits with status 2 before Megatron is imported, local rank 0 printing a line for each
+(so at most that per node): ``advisor-launch sbatch`` asks for it where the launch needs one,
+because the node it submits from (a login node) need not have them, while the job's nodes must.
+Without it the entry adds no check of its own.
 """
 
 from __future__ import annotations
@@ -32,8 +34,7 @@ from advisor.errors import AdvisorError
 from launch.checkout import SCRIPT, resolve_checkout
 
 QUIET_RANK_WAIT_S = 3.0
-"""How long a rank other than local rank 0 waits before it exits for a missing Transformer
-Engine: longer than local rank 0 takes to print its one line (a fraction of a second here)."""
+"""How long a rank other than local rank 0 waits before it exits for a missing module: longer than local rank 0 takes to print its one line (a fraction of a second here)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,19 +45,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--megatron-lm", default=None, help="The Megatron-LM checkout (default: $MEGATRON_LM).")
     parser.add_argument("--profile-dir", default=None, help="Install the hooks; rank files go here.")
     parser.add_argument("--run-id", default=None, help="The profiled run's id (default: a new one from rank 0).")
-    parser.add_argument("--check-transformer-engine", action="store_true",
-                        help="Exit with status 2 before the script if transformer_engine cannot be imported here.")
+    parser.add_argument("--check-imports", action="store_true",
+                        help="Exit with status 2 before the script if a module the arguments need (transformer_engine, "
+                             "deep_ep) cannot be imported here.")
     return parser
 
 
-def transformer_engine_missing(megatron_args: Sequence[str]) -> str | None:
-    """The line for a ``transformer_engine`` this rank cannot import, naming the node and the
-    interpreter (what a job's log needs to find the environment that lacks it), or None."""
-    from launch.preflight import importable_module, transformer_engine_import_problem
+def missing_imports(megatron_args: Sequence[str]) -> list[str]:
+    """A line for each module the arguments need that this rank cannot import, naming the node and
+    the interpreter (what a job's log needs to find the environment that lacks it)."""
+    from launch.preflight import rank_import_problems
 
-    if importable_module("transformer_engine"):
-        return None
-    return transformer_engine_import_problem(megatron_args, f" on {socket.gethostname()} ({sys.executable})")
+    return rank_import_problems(megatron_args, f" on {socket.gethostname()} ({sys.executable})")
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -122,9 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AdvisorError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
-    if options.check_transformer_engine and (problem := transformer_engine_missing(megatron_args)):
+    if options.check_imports and (problems := missing_imports(megatron_args)):
         if os.environ.get("LOCAL_RANK", "0") == "0":  # one line per node, not one per GPU
-            print(f"Error: {problem}", file=sys.stderr, flush=True)
+            for problem in problems:
+                print(f"Error: {problem}", file=sys.stderr, flush=True)
         else:
             # torchrun ends a node's other ranks as soon as one fails: the quiet ones wait, so that
             # local rank 0 has said why before it is ended (its line was sometimes lost)

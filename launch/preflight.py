@@ -18,7 +18,7 @@ line each, so that every problem of a setup is named at once:
   TEDotProductAttention!", when the model is built, 40-50 s into the run, on every rank). Its
   import is checked only where the ranks run here: a Slurm login node often lacks TE (no GPU, an
   environment of its own), so for ``sbatch`` the job's ranks check it on their nodes instead
-  (``launch.entry --check-transformer-engine``: at most one line per node and exit status 2
+  (``launch.entry --check-imports``: at most one line per node and exit status 2
   before Megatron starts), and this node's lack of it is a note;
 - data and tokenizer files: each ``--data-path`` prefix has its ``.bin`` and ``.idx`` (Megatron's
   ``IndexedDataset``), the tokenizer's files exist;
@@ -236,20 +236,40 @@ def transformer_engine_note(setup: Setup, importable: Callable[[str], bool] = im
             "(advisor-launch sbatch's script checks it there before Megatron starts)")
 
 
-def flex_dispatcher_problem(setup: Setup, importable: Callable[[str], bool] = importable_module) -> str | None:
-    """The line for a missing ``deep_ep`` that the flex dispatcher's DeepEP or HybridEP backend needs
-    (megatron-core ``moe/fused_a2a.py`` imports ``deep_ep.Buffer``, and ``HybridEPBuffer`` from
-    DeepEP's hybrid-ep branch; without it the dispatcher fails when the first MoE layer is built),
-    where the ranks run here; NCCL-EP is Transformer Engine's (checked with it)."""
-    values = flag_values(setup.args)
-    if (values.get("--moe-token-dispatcher-type") or ("allgather",))[-1] != "flex" or not setup.gpus_here:
+def deep_ep_backend(args) -> str | None:
+    """The flex dispatcher's backend where it needs ``deep_ep`` (DeepEP's and HybridEP's: megatron-core
+    ``moe/fused_a2a.py`` imports ``deep_ep.Buffer``, and ``HybridEPBuffer`` from DeepEP's hybrid-ep
+    branch, and without it fails when the first MoE layer is built); None otherwise (NCCL-EP is
+    Transformer Engine's)."""
+    values = flag_values(args)
+    if (values.get("--moe-token-dispatcher-type") or ("allgather",))[-1] != "flex":
         return None
     backend = (values.get("--moe-flex-dispatcher-backend") or ("deepep",))[-1]
-    if backend == "ncclep" or importable("deep_ep"):
-        return None
+    return None if backend == "ncclep" else backend
+
+
+def deep_ep_import_problem(backend: str, where: str = "") -> str:
     build = "a DeepEP build with HybridEPBuffer (its hybrid-ep branch)" if backend == "hybridep" else "DeepEP"
-    return (f"cannot import deep_ep, which the flex dispatcher's {backend} backend needs: install {build}, or "
-            "launch a row of another --moe-token-dispatcher-type")
+    return (f"cannot import deep_ep{where}, which the flex dispatcher's {backend} backend needs: install {build}, "
+            "or launch a row of another --moe-token-dispatcher-type")
+
+
+def rank_import_problems(args, where: str = "", importable: Callable[[str], bool] = importable_module) -> list[str]:
+    """A line for each module ``args`` need that cannot be imported (``where``: the node, for the
+    ranks' own check): Transformer Engine (``uses_transformer_engine``), DeepEP (``deep_ep_backend``)."""
+    problems = []
+    if uses_transformer_engine(args) and not importable("transformer_engine"):
+        problems.append(transformer_engine_import_problem(args, where))
+    if (backend := deep_ep_backend(args)) is not None and not importable("deep_ep"):
+        problems.append(deep_ep_import_problem(backend, where))
+    return problems
+
+
+def flex_dispatcher_problem(setup: Setup, importable: Callable[[str], bool] = importable_module) -> str | None:
+    """The line for a missing ``deep_ep`` (``deep_ep_backend``) where the ranks run here."""
+    if not setup.gpus_here or (backend := deep_ep_backend(setup.args)) is None or importable("deep_ep"):
+        return None
+    return deep_ep_import_problem(backend)
 
 
 def data_problems(setup: Setup) -> list[str]:

@@ -119,5 +119,18 @@ def test_the_manifests_ranks_check_transformer_engine_on_their_nodes(sweep):
                               *extra).stdout
             yield text[:text.index(" -- ")] if " -- " in text else text
 
-    assert all("--check-transformer-engine" in head for head in entry())
-    assert not any("--check-transformer-engine" in head for head in entry("--transformer-impl", "local"))
+    assert all("--check-imports" in head for head in entry())
+    assert not any("--check-imports" in head for head in entry("--transformer-impl", "local"))
+
+
+def test_a_flex_rows_ranks_check_deep_ep_on_their_nodes(advisor, tmp_path):
+    """The flex dispatcher's DeepEP needs deep_ep on the image: its ranks check it even where
+    Transformer Engine is not used (launch.preflight.deep_ep_backend)."""
+    from launch_support import write_json
+
+    row = advisor.json("estimate", "--model", "qwen3-30b-a3b", "--gpus", 16, "--ep", 8, "--gpu", "h100-80gb",
+                       "--moe-token-dispatcher-type", "flex")
+    text = launcher()("k8s", "--from", write_json(tmp_path / "flex.json", row), "--image", "x", "--megatron-lm",
+                      "/workspace/Megatron-LM", "--gpus-per-node", "8", "--mock-data", "--dry-run", "--",
+                      "--transformer-impl", "local").stdout
+    assert "- --check-imports" in text  # the entry's own option, before the Megatron arguments

@@ -3,7 +3,7 @@ on the job's nodes for ``sbatch``.
 
 A Slurm login node often has no Transformer Engine (no GPU, an environment of its own), and
 ``advisor-launch sbatch`` used to refuse to submit from one. Now the node that submits only notes
-its lack; the batch script's ranks check it (``launch.entry --check-transformer-engine``) before
+its lack; the batch script's ranks check it (``launch.entry --check-imports``) before
 Megatron is imported, so a job whose nodes lack TE fails at once with at most one line per node instead
 of on every rank 40-50 s into the run. This machine has no TE; where a test needs one, a stand-in
 ``transformer_engine`` package (an empty one, which is all that importability sees) is put on
@@ -71,7 +71,7 @@ def test_sbatch_submits_from_a_node_without_te_and_the_ranks_check_it(job, tmp_p
     result, script = submit(tmp_path, sweep, checkout, extras, monkeypatch)
     assert result.exit_code == 0 and "Error" not in result.stderr  # it used to stop here, exit 2
     assert "transformer_engine is not importable on this node, where no rank runs" in result.stderr
-    assert "--check-transformer-engine" in script
+    assert "--check-imports" in script
 
     # the job's nodes lack TE too: a node's local rank 0 says so, no rank runs the script. One line
     # per node at most: the first node's failure ends its torchrun, which hosts the rendezvous
@@ -97,7 +97,7 @@ def test_without_te_in_the_launch_the_ranks_check_nothing(job, advisor, tmp_path
     sweep, checkout, extras = job
     result, script = submit(tmp_path, sweep, checkout, ["--transformer-impl", "local", *extras], monkeypatch)
     assert result.exit_code == 0 and NO_TE not in result.stderr and "transformer_engine is not" not in result.stderr
-    assert "--check-transformer-engine" not in script
+    assert "--check-imports" not in script
     # TE's own options with --transformer-impl local are still refused before submitting
     overlap = tmp_path / "tp-overlap.json"  # priced with TE's TP overlap, so its flags carry it
     advisor("estimate", *TINY_SWEEP, "--tp", "2", "--pp", "1", "--mbs", "1", "--tp-comm-overlap",
@@ -135,13 +135,32 @@ def test_the_entry_prints_once_per_node_and_only_when_asked(tmp_path):
         return subprocess.run([*entry, *own, "--", "--transformer-impl", "transformer_engine"], capture_output=True,
                               text=True, env=subprocess_env(RAN=str(tmp_path / "ran"), RANK="0", **env))
 
-    quiet = run("--check-transformer-engine", LOCAL_RANK="3")
+    quiet = run("--check-imports", LOCAL_RANK="3")
     assert (quiet.returncode, quiet.stderr) == (2, "")
-    loud = run("--check-transformer-engine", LOCAL_RANK="0")
+    loud = run("--check-imports", LOCAL_RANK="0")
     assert loud.returncode == 2 and loud.stderr.startswith(f"Error: {NO_TE} on ") and loud.stderr.count("\n") == 1
     assert "--transformer-impl transformer_engine needs" in loud.stderr  # as given, not "the default"
     assert list((tmp_path / "ran").iterdir()) == []
     assert run().returncode == 0 and (tmp_path / "ran" / "0").exists()  # the entry adds no check of its own
+
+
+def test_the_entry_checks_deep_ep_for_the_flex_dispatcher(tmp_path):
+    """The flex dispatcher's DeepEP and HybridEP backends need deep_ep on every node (megatron-core
+    moe/fused_a2a.py): with --check-imports the entry says so before the script runs, one line for
+    each missing module (Transformer Engine not needed here: local modules)."""
+    checkout = make_checkout(tmp_path / "Megatron-LM", 15, script=MARKS_ITS_RUN)
+    (tmp_path / "ran").mkdir()
+    entry = [sys.executable, "-m", "launch.entry", "--megatron-lm", str(checkout), "--check-imports", "--"]
+    flex = ["--transformer-impl", "local", "--moe-token-dispatcher-type", "flex"]
+    env = subprocess_env(RAN=str(tmp_path / "ran"), RANK="0", LOCAL_RANK="0")
+    hybrid = subprocess.run([*entry, *flex, "--moe-flex-dispatcher-backend", "hybridep"], capture_output=True,
+                            text=True, env=env)
+    assert hybrid.returncode == 2 and hybrid.stderr.count("\n") == 1
+    assert hybrid.stderr.startswith("Error: cannot import deep_ep on ") and "HybridEPBuffer" in hybrid.stderr
+    assert list((tmp_path / "ran").iterdir()) == []
+    nccl = subprocess.run([*entry, *flex, "--moe-flex-dispatcher-backend", "ncclep"], capture_output=True, text=True,
+                          env=env)
+    assert nccl.returncode == 0, nccl.stderr  # NCCL-EP is Transformer Engine's, not DeepEP's
 
 
 @pytest.mark.xdist_group("slurm")  # with the other jobs of the one-node Slurm (tests/test_slurm_real.py)
