@@ -55,7 +55,7 @@ _MEMORY = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \
                      + r" \| max allocated: " + _NUMBER + r" \| reserved: " + _NUMBER + r" \| max reserved: " + _NUMBER)
 _HOOKS_PEAK = re.compile(r"megatron_hooks: \[Rank (\d+)\] peak over (\d+) iterations: " + _NUMBER
                          + r" MB allocated(?:, " + _NUMBER + r" MB reserved)?")
-_HOOKED = re.compile(r"megatron_hooks:|--profile-dir\s")
+_HOOKED = re.compile(r"megatron_hooks:|--profile-dir[\s=]")
 """A line showing the advisor's hooks ran: theirs, or advisor-launch's echo of its command."""
 _OOM = re.compile(r"OutOfMemoryError|CUDA out of memory")
 LAYOUT_ARGUMENTS = ("num_layers", "hidden_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -97,6 +97,8 @@ class Peak:
     max_allocated_mib: float
     max_reserved_mib: float | None
     source: str
+    iterations: int | None = None
+    """The iterations a hooks line's peak spans."""
     """"hooks" (the run's peak), "report" (Megatron's, with Adam's moments made), "first
     iteration" (Megatron's after a fresh run's first iteration, before the moments exist) or "cut"
     (Megatron's under the hooks, which reset its counters: not the peak)."""
@@ -143,13 +145,13 @@ class TrainingLog:
         """Each rank's peak: the hooks' where the log has their lines (Megatron's own reports are
         cut short by the hooks' resets then), else its report with the highest max-allocated,
         marked "first iteration" where that report follows the first iteration of a fresh run."""
-        if self.hooks:
-            return {peak.rank: peak for peak in self.hooks}
         out: dict[int, MemoryReport] = {}
         for report in self.memory:
             if report.rank not in out or report.max_allocated_mib > out[report.rank].max_allocated_mib:
                 out[report.rank] = report
         fresh = bool(self.iterations) and self.iterations[0].iteration == 1
+        if self.hooks:
+            return {peak.rank: self._hooks_peak(peak, out.get(peak.rank), fresh) for peak in self.hooks}
 
         def source(report: MemoryReport) -> str:
             if self.hooked:
@@ -158,6 +160,17 @@ class TrainingLog:
 
         return {rank: Peak(rank, report.max_allocated_mib, report.max_reserved_mib, source(report))
                 for rank, report in out.items()}
+
+    @staticmethod
+    def _hooks_peak(peak: "Peak", report: "MemoryReport | None", fresh: bool) -> "Peak":
+        """A hooks line with Megatron's report of the same rank: the larger of the two, each a
+        lower bound of the rank's peak (the hooks count train_step whole; Megatron's report, cut
+        by their resets, may count work after it, such as --log-params-norm's FP32 copies); the
+        peak over one iteration of a fresh run is iteration 1's, before Adam's moments exist."""
+        allocated = max(peak.max_allocated_mib, report.max_allocated_mib if report else 0.0)
+        reserved = [x for x in (peak.max_reserved_mib, report.max_reserved_mib if report else None) if x is not None]
+        source = "first iteration" if fresh and peak.iterations == 1 else "hooks"
+        return Peak(peak.rank, allocated, max(reserved) if reserved else None, source, peak.iterations)
 
 
 def read_log(lines: Iterable[str], *, last_line_ended: bool = True) -> TrainingLog:
@@ -169,7 +182,10 @@ def read_log(lines: Iterable[str], *, last_line_ended: bool = True) -> TrainingL
         log.hooked = log.hooked or bool(_HOOKED.search(line))
         log.out_of_memory = log.out_of_memory or bool(_OOM.search(line))
         if argument := _ARGUMENT.search(line):
-            log.arguments.setdefault(argument.group(1), argument.group(2))
+            name, value = argument.groups()
+            if log.arguments.setdefault(name, value) != value:
+                raise AdvisorError(f"line {number} of the log: a second run's {name} {value} (the first's "
+                                   f"{log.arguments[name]}): give one run's log")
         if number == len(lines) and not last_line_ended and _CUT.search(line):
             log.cut_line = number
         elif match := _ITERATION.search(line):
@@ -182,9 +198,9 @@ def read_log(lines: Iterable[str], *, last_line_ended: bool = True) -> TrainingL
             rank, after, *values = match.groups()
             log.memory.append(MemoryReport(int(rank), int(after), *(_measured(v, number) for v in values)))
         elif match := _HOOKS_PEAK.search(line):
-            rank, _, allocated, reserved = match.groups()
+            rank, iterations, allocated, reserved = match.groups()
             log.hooks.append(Peak(int(rank), _measured(allocated, number),
-                                  None if reserved is None else _measured(reserved, number), "hooks"))
+                                  None if reserved is None else _measured(reserved, number), "hooks", int(iterations)))
         elif match := _THEORETICAL.search(line):
             log.theoretical.append(Theoretical(*(_measured(v, number) for v in match.groups())))
     if not log.iterations:
@@ -230,18 +246,11 @@ def _row(what: str, measured: float | None, predicted: float | None, unit: str) 
 
 
 def check_hooks(log: TrainingLog, world_size: int) -> None:
-    """AdvisorError where the hooks' peak lines cannot be this run's: a rank outside its world, or
-    a peak below Megatron's own report for the same rank (which counts a window of the peak the
-    hooks count whole)."""
-    reported = {r.rank: r.max_allocated_mib for r in log.memory}
+    """AdvisorError where a hooks peak line cannot be this run's: a rank outside its world."""
     for peak in log.hooks:
         if peak.rank >= world_size:
             raise AdvisorError(f"the log's megatron_hooks line names rank {peak.rank}, but the command runs "
                                f"{world_size} GPU{'s' if world_size != 1 else ''}: is it this run's log?")
-        if peak.rank in reported and peak.max_allocated_mib < reported[peak.rank] - 0.01:
-            raise AdvisorError(f"rank {peak.rank}: the hooks' peak, {peak.max_allocated_mib:.2f} MB, is below "
-                               f"Megatron's own report, {reported[peak.rank]:.2f} MB, which it bounds: is it this "
-                               "run's line?")
 
 
 def run_notes(log: TrainingLog) -> list[str]:
@@ -287,7 +296,7 @@ def memory_source_note(log: TrainingLog, estimate: dict) -> str | None:
     iteration: the hooks' lines, or a first iteration before Adam's moments (their GiB on the
     first stage: 8 of the optimizer's 12 bytes a parameter, ``equations.ADAM_MOMENT_BYTES``)."""
     sources = {peak.source for peak in log.peak_by_rank().values()}
-    if "hooks" in sources:
+    if log.hooks and "first iteration" not in sources:
         return ("memory: the advisor's hooks' peaks over the run (megatron_hooks lines); Megatron's own reports "
                 "count only from the hooks' last reset of torch's peak counters")
     if "cut" in sources:
@@ -298,10 +307,10 @@ def memory_source_note(log: TrainingLog, estimate: dict) -> str | None:
         return None
     stage = estimate["stages"][0]
     moments = stage["optimizer_gib"] * eq.ADAM_MOMENT_BYTES / eq.OPTIMIZER_BYTES
-    return (f"memory: Megatron reported after iteration 1 only, before Adam's momentum and variance existed "
-            f"({moments:.3g} GiB on stage 0, made in the first optimizer step): its peak can be that much below the "
-            "steady peak predicted (core_v0.19.0 also reports after iteration 2; a launch with --profile-dir "
-            "records every iteration's)")
+    what = "the hooks' peaks span iteration 1 only" if log.hooks else "Megatron reported after iteration 1 only"
+    return (f"memory: {what}, before Adam's momentum and variance existed ({moments:.3g} GiB on stage 0, made in the "
+            "first optimizer step): its peak can be that much below the steady peak predicted (core_v0.19.0 also "
+            "reports after iteration 2; a launch with --profile-dir prints each rank's peak over the run)")
 
 
 def unmeasured_note(rows: list[dict]) -> str | None:

@@ -45,7 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--megatron-lm", default=None, help="The Megatron-LM checkout (default: $MEGATRON_LM).")
     parser.add_argument("--profile-dir", default=None, help="Install the hooks; rank files go here.")
     parser.add_argument("--run-id", default=None, help="The profiled run's id (default: a new one from rank 0).")
-    parser.add_argument("--check-imports", action="store_true",
+    # --check-transformer-engine: the name written by earlier advisor-launch scripts and manifests
+    parser.add_argument("--check-imports", "--check-transformer-engine", dest="check_imports", action="store_true",
                         help="Exit with status 2 before the script if a module the arguments need (transformer_engine, "
                              "deep_ep) cannot be imported here.")
     return parser

@@ -172,17 +172,28 @@ def implementation(values: dict) -> str:
 def uses_transformer_engine(args) -> bool:
     """Whether ``args`` need Transformer Engine: its modules (``--transformer-impl
     transformer_engine``, Megatron-LM's default; the last one given wins, as argparse keeps it) or
-    its MoE kernels (``TE_KERNEL_FLAGS``, under either implementation)."""
+    its MoE code (``_te_kernels``, under either implementation)."""
     values = flag_values(args)
     impl = implementation(values)
-    return impl == "transformer_engine" or any(flag in values for flag in TE_KERNEL_FLAGS)
+    return impl == "transformer_engine" or bool(_te_kernels(values))
+
+
+def _te_kernels(values: dict) -> list[str]:
+    """The options that call Transformer Engine's MoE code whatever --transformer-impl says:
+    ``TE_KERNEL_FLAGS``, and the flex dispatcher's NCCL-EP backend (core_v0.19.0
+    ``moe/fused_a2a.py``: ``transformer_engine.pytorch.ep``)."""
+    kernels = [flag for flag in TE_KERNEL_FLAGS if flag in values]
+    if (values.get("--moe-token-dispatcher-type") or ("allgather",))[-1] == "flex" \
+            and (values.get("--moe-flex-dispatcher-backend") or ("deepep",))[-1] == "ncclep":
+        kernels.append("--moe-flex-dispatcher-backend ncclep")
+    return kernels
 
 
 def transformer_engine_import_problem(args, where: str = "") -> str:
     """The line for a missing ``transformer_engine`` that ``args`` need (``where``: the node, for
     a rank's message)."""
     values = flag_values(args)
-    kernels = [flag for flag in TE_KERNEL_FLAGS if flag in values]
+    kernels = _te_kernels(values)
     if implementation(values) == "local" and kernels:
         return (f"cannot import transformer_engine{where}, which {' and '.join(kernels)} need"
                 f"{'s' if len(kernels) == 1 else ''} (Transformer Engine's MoE kernels, whatever "

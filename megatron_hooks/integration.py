@@ -38,6 +38,7 @@ recomputation, distributed optimizer) comes from Megatron's parsed arguments
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import uuid
@@ -158,9 +159,13 @@ class Session:
             # finally: Megatron's --exit-interval, --exit-duration-in-mins and SIGTERM leave train()
             # by sys.exit, and a failed iteration by its exception; each still ends the profile
             try:
-                return pretrain(*args, **kwargs)
-            finally:
-                self.finish()
+                result = pretrain(*args, **kwargs)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the run's own exception is the one to see
+                    self.finish()
+                raise
+            self.finish()
+            return result
 
         return profiled_pretrain
 

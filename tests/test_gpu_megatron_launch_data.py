@@ -108,6 +108,9 @@ def test_compare_log_marks_memory_the_hooks_cut_short():
                for note in document["notes"])
 
 
+# on the worker of the other real CPU launches (tests/test_launch_run.py's group), not beside them:
+# it failed once (exit 1) in a full parallel run, and passed alone
+@pytest.mark.xdist_group("test_launch_run")
 def test_the_script_runs_its_own_layouts_on_the_cpu(tmp_path):
     """benchmarks/gpu/megatron_launch.sh --cpu-dry-run with LAYOUTS and TARGET as the boundary call
     gave them, on a tiny model under the CPU double (tests/fixtures/cuda_on_cpu): its errors show
@@ -122,7 +125,9 @@ def test_the_script_runs_its_own_layouts_on_the_cpu(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "LAYOUTS": "one:--num-layers 2 --mbs 1", "TARGET": "--gpu h200-141gb"}
     done = subprocess.run(["bash", "benchmarks/gpu/megatron_launch.sh", "--cpu-dry-run", str(tmp_path / "r"),
                            str(source.path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    log = tmp_path / "r" / "core_v0.15.2" / "one" / "launch.log"
+    assert done.returncode == 0, done.stdout[-1000:] + done.stderr[-1000:] + (log.read_text()[-3000:] if log.exists()
+                                                                              else "")
     assert (tmp_path / "r" / "summary.txt").read_text() == "core_v0.15.2 one: exit 0\n"
     run_dir = tmp_path / "r" / "core_v0.15.2" / "one"
     assert json.loads((run_dir / "estimate.json").read_text())["gpu"] == "h200-141gb"

@@ -147,7 +147,7 @@ def test_the_entry_prints_once_per_node_and_only_when_asked(tmp_path):
 def test_the_entry_checks_deep_ep_for_the_flex_dispatcher(tmp_path):
     """The flex dispatcher's DeepEP and HybridEP backends need deep_ep on every node (megatron-core
     moe/fused_a2a.py): with --check-imports the entry says so before the script runs, one line for
-    each missing module (Transformer Engine not needed here: local modules)."""
+    each missing module (Transformer Engine not needed here: local modules, but NCCL-EP's own)."""
     checkout = make_checkout(tmp_path / "Megatron-LM", 15, script=MARKS_ITS_RUN)
     (tmp_path / "ran").mkdir()
     entry = [sys.executable, "-m", "launch.entry", "--megatron-lm", str(checkout), "--check-imports", "--"]
@@ -160,7 +160,9 @@ def test_the_entry_checks_deep_ep_for_the_flex_dispatcher(tmp_path):
     assert list((tmp_path / "ran").iterdir()) == []
     nccl = subprocess.run([*entry, *flex, "--moe-flex-dispatcher-backend", "ncclep"], capture_output=True, text=True,
                           env=env)
-    assert nccl.returncode == 0, nccl.stderr  # NCCL-EP is Transformer Engine's, not DeepEP's
+    # NCCL-EP is Transformer Engine's (core_v0.19.0 moe/fused_a2a.py: transformer_engine.pytorch.ep), not DeepEP's
+    assert nccl.returncode == 2 and nccl.stderr.count("\n") == 1
+    assert "cannot import transformer_engine on " in nccl.stderr and "--moe-flex-dispatcher-backend ncclep" in nccl.stderr
 
 
 @pytest.mark.xdist_group("slurm")  # with the other jobs of the one-node Slurm (tests/test_slurm_real.py)

@@ -84,7 +84,7 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
 
     def table() -> str:
         # narrow terminals lose the unit first, the ratio last (it is what the command is for)
-        columns = [render.Column("what", "quantity", justify="left"),
+        columns = [render.Column("what", "quantity", justify="left", keep=True),
                    render.Column("unit", "unit", justify="left", drop=2),
                    render.Column("measured", "measured", ".4g"), render.Column("predicted", "predicted", ".4g", drop=1),
                    render.Column("measured_over_predicted", "measured / predicted", ".3f", keep=True)]
