@@ -47,13 +47,13 @@ from typing import Any, Callable
 
 import torch
 
+from advisor.megatron_log import MIB
 from advisor.memory import in_flight_microbatches
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig
 from megatron_hooks.backends import MemoryBackend
 from megatron_hooks.hooks import LayerMemoryHooks
 from megatron_hooks.model import dtype_name
-from advisor.megatron_log import MIB
 from megatron_hooks.recorder import ProfileRecorder, RunInfo
 
 _ACTIVE: "Session | None" = None
@@ -156,8 +156,8 @@ class Session:
     def _wrap_pretrain(self, pretrain: Callable) -> Callable:
         @functools.wraps(pretrain)
         def profiled_pretrain(*args, **kwargs):
-            # finally: Megatron's --exit-interval, --exit-duration-in-mins and SIGTERM leave train()
-            # by sys.exit, and a failed iteration by its exception; each still ends the profile
+            # Megatron's --exit-interval, --exit-duration-in-mins and SIGTERM leave train() by
+            # sys.exit, and a failed iteration by its exception: each still ends the profile
             try:
                 result = pretrain(*args, **kwargs)
             except BaseException:
@@ -193,11 +193,11 @@ def peak_line(recorder: ProfileRecorder, backend: str, *, rank: int) -> str:
     """This rank's peak over the run's completed iterations, in Megatron's units, printed by the
     ranks Megatron's ``report_memory`` prints for (data-parallel rank 0, every CP rank: core_v0.15.2
     ``training/utils.py``, ``get_data_parallel_rank(with_context_parallel=False)``; core_v0.19.0
-    its ``pg_collection.dp``), and read by ``advisor compare-log`` (``advisor.megatron_log``). On CUDA the hooks reset torch's peak
-    counters at every layer's entry (``LayerMemoryHooks._enter``: there is no other way to read
-    one layer's transient peak), so Megatron's own "max allocated" lines, which read
-    ``torch.cuda.max_memory_allocated``, count only from the last reset: on an H200,
-    core_v0.19.0 printed 42,462 MB after iteration 2, whose peak was 56,035 MB
+    its ``pg_collection.dp``), and read by ``advisor compare-log`` (``advisor.megatron_log``). On
+    CUDA the hooks reset torch's peak counters at every layer's entry (``LayerMemoryHooks._enter``:
+    there is no other way to read one layer's transient peak), so Megatron's own "max allocated"
+    lines, which read ``torch.cuda.max_memory_allocated``, count only from the last reset: on an
+    H200, core_v0.19.0 printed 42,462 MB after iteration 2, whose peak was 56,035 MB
     (benchmarks/gpu/data/h200_megatron_launch). Rank 0's line says so."""
     reserved = recorder.peak_reserved_bytes
     line = (f"megatron_hooks: [Rank {rank}] peak over {recorder.iterations} iterations: "
