@@ -283,6 +283,27 @@ def flex_dispatcher_problem(setup: Setup, importable: Callable[[str], bool] = im
     return deep_ep_import_problem(backend)
 
 
+ATTENTION_ENVIRONMENT = {  # --attention-backend: NVTE_FLASH_ATTN, NVTE_FUSED_ATTN, NVTE_UNFUSED_ATTN
+    "local": (0, 0, 0), "flash": (1, 0, 0), "fused": (0, 1, 0), "unfused": (0, 0, 1), "auto": (1, 1, 1)}
+"""What megatron-core's ``LanguageModule._set_attention_backend`` (``language_module.py``, both
+releases) asserts each Transformer Engine variable is, where set, when it builds the model."""
+
+
+def attention_environment_problems(setup: Setup, environ: Mapping[str, str] | None = None) -> list[str]:
+    """A line for each ``NVTE_*_ATTN`` variable of this environment that contradicts the launch's
+    --attention-backend (Megatron's default auto), where the ranks run here: megatron-core asserts
+    it when it builds the model, a minute into the run, on every rank."""
+    environ = os.environ if environ is None else environ
+    backend = (flag_values(setup.args).get("--attention-backend") or ("auto",))[-1]
+    expected = ATTENTION_ENVIRONMENT.get(backend)
+    if not setup.gpus_here or expected is None:
+        return []
+    names = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "NVTE_UNFUSED_ATTN")
+    return [f"{name}={environ[name]} in the environment contradicts --attention-backend {backend}, which sets it to "
+            f"{value} (megatron-core asserts it when it builds the model): unset {', '.join(names)}"
+            for name, value in zip(names, expected) if name in environ and environ[name] != str(value)]
+
+
 def data_problems(setup: Setup) -> list[str]:
     """Dataset prefixes without their .bin/.idx, tokenizer and data-argument files that do not exist."""
     values, problems = flag_values(setup.args), []
@@ -355,6 +376,7 @@ def preflight(setup: Setup, *, gpus_found: int | None | Callable[[], int | None]
     report.problems += transformer_engine_problems(setup)
     if (problem := flex_dispatcher_problem(setup)) is not None:
         report.problems.append(problem)
+    report.problems += attention_environment_problems(setup)
     if (note := transformer_engine_note(setup)) is not None:
         report.notes.append(note)
     report.problems += data_problems(setup)

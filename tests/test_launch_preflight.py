@@ -212,3 +212,24 @@ def test_the_flex_dispatcher_needs_deep_ep_where_the_ranks_run():
     assert problem(*flex, "--moe-flex-dispatcher-backend", "ncclep", deep_ep=False) is None
     assert problem(*flex, deep_ep=False, here=False) is None
     assert problem("--moe-token-dispatcher-type", "alltoall", deep_ep=False) is None
+
+
+def test_an_environment_that_contradicts_the_attention_backend_is_refused_before_the_run():
+    """megatron-core asserts NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN against
+    --attention-backend when it builds the model (language_module.py, both releases): a shell that
+    exports NVTE_FLASH_ATTN=1 fails an unfused plan a minute in, on every rank. Found by a test whose
+    worker's in-process Megatron had set it."""
+    from launch.megatron_versions import VERSIONS
+    from launch.preflight import Setup, attention_environment_problems
+
+    def problems(*args, here: bool = True, **environ):
+        setup = Setup(rules=VERSIONS[0], checkout=None, args=args, cp=1, gpus_per_node=8, gpus_here=here)
+        return attention_environment_problems(setup, environ)
+
+    assert problems("--attention-backend", "unfused", NVTE_FLASH_ATTN="1") == [
+        "NVTE_FLASH_ATTN=1 in the environment contradicts --attention-backend unfused, which sets it to 0 "
+        "(megatron-core asserts it when it builds the model): unset NVTE_FLASH_ATTN, NVTE_FUSED_ATTN, "
+        "NVTE_UNFUSED_ATTN"]
+    assert problems("--attention-backend", "unfused", NVTE_FLASH_ATTN="0", NVTE_UNFUSED_ATTN="1") == []
+    assert len(problems(NVTE_FUSED_ATTN="0")) == 1  # Megatron's default, auto, wants 1
+    assert problems("--attention-backend", "flash", NVTE_FUSED_ATTN="1", here=False) == []  # their nodes' own
