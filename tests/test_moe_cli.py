@@ -619,6 +619,12 @@ def test_the_flex_backend_is_an_option_priced_written_and_refused_where_megatron
     assert args[args.index("--moe-flex-dispatcher-backend") + 1] == "hybridep" and "--moe-enable-deepep" not in args
     title = CliRunner().invoke(cli, [*common[:-2], "--moe-flex-dispatcher-backend", "hybridep"]).output
     assert "dispatcher flex (hybridep)" in title
+    # the option's pricing said as a command's read-back says it
+    said = "--moe-flex-dispatcher-backend hybridep (HybridEP's all-to-all, priced as DeepEP's; its own permutation"
+    assert said in " ".join(title.split())
+    sweep = CliRunner().invoke(cli, [*MOE_ROW[:-2], "--ep", "8", "--moe-token-dispatcher-type", "flex",
+                                     "--moe-flex-dispatcher-backend", "hybridep"]).output
+    assert said in " ".join(sweep.split())
     rows = json.loads(CliRunner().invoke(cli, [*MOE_ROW, "--ep", "8", "--moe-token-dispatcher-type", "flex",
                                                "--moe-flex-dispatcher-backend", "ncclep"]).stdout)
     assert rows and all(row["flex_backend"] == "ncclep" for row in rows)

@@ -338,7 +338,8 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
     selected = len(result.order) if show_all else result.ranked
     caption = (counts_caption(result.counts, show_all, len(shown), selected)
                + f"\n{_searched(result)}"
-               + (f"\n{render.ranking_note(result.tolerance)}" if result.tolerance else ""))
+               + (f"\n{render.ranking_note(result.tolerance)}" if result.tolerance else "")
+               + (f"\n{note}" if (note := _backend_caption(settings)) else ""))
     # an MoE row's full recomputation is always every layer (uniform 1: advisor.moe.flags), so 'full'
     # says it all, and the ten characters saved keep TFLOP/s on an 80-column terminal
     rows = [{**row, "split": render.counts_text(row["layers_per_stage"]),
@@ -346,6 +347,14 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
              "num_microbatches": workload.global_batch_size // (row["mbs"] * row["dp"])} for row in shown]
     return render.to_table(rows, sweep_columns(result.memory_model == "calibrated", gpu is not None, experts=True),
                            title=title, row_style=render.verdict_style, caption=caption, color=color_wanted(output))
+
+
+def _backend_caption(settings) -> str | None:
+    """The flex backend's pricing, as a command's read-back says it (``readback.backend_note``)."""
+    from advisor.moe.readback import backend_note
+
+    note = backend_note(settings.flex_backend) if settings.dispatcher == "flex" else None
+    return f"priced: {note}" if note else None
 
 
 def settings_words(settings, spec) -> str:
@@ -405,6 +414,8 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
     from advisor.cli.from_command import read_notes
 
     notes = read_notes(row, read)
+    if read is None and (note := _backend_caption(settings)):  # a read-back names it among the unpriced
+        notes.append(note)
     if compare_best:
         best, line = _best_row_line(row, spec, workload, mem, threshold, gpu, gpus_per_node, settings, memory_model)
         row["best_sweep_row"] = best

@@ -377,8 +377,15 @@ def _dispatcher(values: dict) -> tuple[str, str, list[str]]:
     if dispatcher != "flex":
         ignored = [f"--moe-flex-dispatcher-backend {backend} (Megatron uses it only with the flex dispatcher)"]
         return dispatcher, "deepep", ignored if "moe-flex-dispatcher-backend" in values else []
-    if backend != "deepep":
-        name = {"hybridep": "HybridEP's", "ncclep": "NCCL's EP"}[backend]
-        return dispatcher, backend, [f"--moe-flex-dispatcher-backend {backend} ({name} all-to-all, priced as DeepEP's; "
-                                     "its own permutation at the HBM rate)"]
-    return dispatcher, backend, []
+    note = backend_note(backend)
+    return dispatcher, backend, [note] if note else []
+
+
+def backend_note(backend: str) -> str | None:
+    """How a flex backend other than DeepEP is priced (a command's read-back names it among what is
+    not priced as such; an estimate or sweep given the option says it too), or None for DeepEP."""
+    if backend == "deepep":
+        return None
+    name = {"hybridep": "HybridEP's", "ncclep": "NCCL's EP"}[backend]
+    return (f"--moe-flex-dispatcher-backend {backend} ({name} all-to-all, priced as DeepEP's; its own permutation "
+            "at the HBM rate)")
