@@ -97,11 +97,12 @@ class Peak:
     max_allocated_mib: float
     max_reserved_mib: float | None
     source: str
+    """"hooks" (the run's peak), "report" (Megatron's, with Adam's moments made), "first
+    iteration" (iteration 1's of a fresh run, before the moments exist: Megatron's report or a
+    hooks line over one iteration) or "cut" (Megatron's under the hooks, which reset its counters:
+    not the peak)."""
     iterations: int | None = None
     """The iterations a hooks line's peak spans."""
-    """"hooks" (the run's peak), "report" (Megatron's, with Adam's moments made), "first
-    iteration" (Megatron's after a fresh run's first iteration, before the moments exist) or "cut"
-    (Megatron's under the hooks, which reset its counters: not the peak)."""
 
 
 @dataclass(frozen=True, slots=True)

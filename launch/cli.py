@@ -89,7 +89,7 @@ def input_options(func: Callable) -> Callable:
 
         config = read_input(source, rank)
         if config.verdict == "oom":  # an --all row or an estimate: launchable, but it will not fit
-            estimate = f"{config.total_gib:.1f} GiB" if config.total_gib is not None else "the estimate"
+            estimate = f"{config.judged_gib:.1f} GiB" if config.judged_gib is not None else "the estimate"
             limit = f" of {config.memory_gib:g} GiB" if config.memory_gib else ""
             _note(f"warning: {config.source} does not fit: {estimate} per GPU{limit} (oom)")
         return func(*args, config=config, **kwargs)

@@ -75,7 +75,7 @@ class LaunchInput:
     """What the input was planned for (plans), else None."""
     verdict: str | None = None
     """The estimate's fits / tight / oom, where it made one."""
-    total_gib: float | None = None
+    judged_gib: float | None = None
     """The memory its verdict was judged on: the calibrated usage where it has one, else the analytic total."""
     memory_gib: float | None = None
     tokens: float | None = None
@@ -241,7 +241,7 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         kind=kind, origin=fields.origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=tuple(args),
         verdict=fields.document.get("verdict"),
-        total_gib=usage if (usage := fields.number("usage_gib")) is not None else fields.number("total_gib"),
+        judged_gib=usage if (usage := fields.number("usage_gib")) is not None else fields.number("total_gib"),
         memory_gib=fields.number("memory_gib"), tokens=fields.number("tokens"),
         step_time_s=fields.number("step_time_s"), ep=ep, etp=etp,
     )
@@ -339,7 +339,7 @@ def _from_plan(fields: _Fields) -> LaunchInput:
     return LaunchInput(
         kind="plan", origin=origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=1,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=args,
-        gpus_per_node=per_node, total_gib=fields.number("peak_predicted_gib"),
+        gpus_per_node=per_node, judged_gib=fields.number("peak_predicted_gib"),
     )
 
 

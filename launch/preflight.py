@@ -183,10 +183,17 @@ def _te_kernels(values: dict) -> list[str]:
     ``TE_KERNEL_FLAGS``, and the flex dispatcher's NCCL-EP backend (core_v0.19.0
     ``moe/fused_a2a.py``: ``transformer_engine.pytorch.ep``)."""
     kernels = [flag for flag in TE_KERNEL_FLAGS if flag in values]
-    if (values.get("--moe-token-dispatcher-type") or ("allgather",))[-1] == "flex" \
-            and (values.get("--moe-flex-dispatcher-backend") or ("deepep",))[-1] == "ncclep":
+    if _flex_backend(values) == "ncclep":
         kernels.append("--moe-flex-dispatcher-backend ncclep")
     return kernels
+
+
+def _flex_backend(values: dict) -> str | None:
+    """The flex dispatcher's backend (Megatron's default deepep), or None without the flex dispatcher
+    (Megatron's default dispatcher is allgather); the last value given wins, as argparse keeps it."""
+    if (values.get("--moe-token-dispatcher-type") or ("allgather",))[-1] != "flex":
+        return None
+    return (values.get("--moe-flex-dispatcher-backend") or ("deepep",))[-1]
 
 
 def transformer_engine_import_problem(args, where: str = "") -> str:
@@ -252,10 +259,7 @@ def deep_ep_backend(args) -> str | None:
     ``moe/fused_a2a.py`` imports ``deep_ep.Buffer``, and ``HybridEPBuffer`` from DeepEP's hybrid-ep
     branch, and without it fails when the first MoE layer is built); None otherwise (NCCL-EP is
     Transformer Engine's)."""
-    values = flag_values(args)
-    if (values.get("--moe-token-dispatcher-type") or ("allgather",))[-1] != "flex":
-        return None
-    backend = (values.get("--moe-flex-dispatcher-backend") or ("deepep",))[-1]
+    backend = _flex_backend(flag_values(args))
     return None if backend == "ncclep" else backend
 
 

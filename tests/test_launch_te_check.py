@@ -210,3 +210,30 @@ def test_local_modules_after_the_dashes_are_named_as_not_what_was_priced(job):
     assert local_attention_note(mine, mine) is None  # a plan read from a command on the local modules
     assert local_attention_note([], ["--transformer-impl", "transformer_engine"]) is None
     assert local_attention_note([], mine) is not None
+
+
+def test_a_missing_deep_ep_or_a_contradicting_nvte_variable_stops_a_launch_here(advisor, tmp_path, monkeypatch):
+    """advisor-launch check (the ranks run here): the flex dispatcher's DeepEP without deep_ep, and
+    an NVTE_*_ATTN that contradicts the launch's attention backend, are each one Error: line (beside
+    the check's others) and exit status 2 before anything starts."""
+    from launch_support import write_json
+
+    checkout = make_checkout(tmp_path / "Megatron-LM", 15, script=MARKS_ITS_RUN)
+    extras = [arg for arg in data_job(tmp_path) if arg not in ("--transformer-impl", "local")]
+    row = advisor.json("estimate", "--model", "qwen3-30b-a3b", "--gpus", 16, "--ep", 8, "--gpu", "h100-80gb",
+                       "--moe-token-dispatcher-type", "flex")
+    flex = write_json(tmp_path / "flex.json", row)
+    result = launcher()("check", "--from", flex, "--megatron-lm", checkout, "--", *extras, "--transformer-impl",
+                        "local", expect=2)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    # one line each: this CPU machine's lack of GPUs is one too
+    assert ("Error: cannot import deep_ep, which the flex dispatcher's deepep backend needs: install DeepEP, or launch "
+            "a row of another --moe-token-dispatcher-type") in errors, result.stderr
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "0")  # Megatron's default backend, auto, wants 1
+    sweep = sweep_file(advisor, tmp_path / "tiny.json", *TINY_SWEEP)
+    result = launcher()("check", "--from", sweep, "--megatron-lm", checkout, "--", *extras, "--transformer-impl",
+                        "local", expect=2)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert ("Error: NVTE_FLASH_ATTN=0 in the environment contradicts --attention-backend auto, which sets it to 1 "
+            "(megatron-core asserts it when it builds the model): unset NVTE_FLASH_ATTN, NVTE_FUSED_ATTN, "
+            "NVTE_UNFUSED_ATTN") in errors, result.stderr

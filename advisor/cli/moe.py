@@ -197,8 +197,9 @@ def _check_flex_backend(backend: str, dispatcher: str, release) -> None:
     if dispatcher != "flex":
         raise InputError(f"--moe-flex-dispatcher-backend {backend} needs --moe-token-dispatcher-type flex "
                          f"(Megatron uses a backend only there; this one runs {dispatcher})")
-    if release is not None and "--moe-flex-dispatcher-backend" in release_defaults(release).lacks:
-        raise InputError(f"--moe-flex-dispatcher-backend {backend}: {release_defaults(release).name} has no such flag "
+    defaults = release_defaults(release) if release is not None else None
+    if defaults is not None and "--moe-flex-dispatcher-backend" in defaults.lacks:
+        raise InputError(f"--moe-flex-dispatcher-backend {backend}: {defaults.name} has no such flag "
                          "(its flex dispatcher is DeepEP's); drop the backend or name a newer --megatron-version")
 
 

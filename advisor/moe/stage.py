@@ -171,10 +171,21 @@ class StageBytes:
     embedding_activations: np.ndarray
     output_activations: np.ndarray
     transient: np.ndarray
-    weights: np.ndarray
-    gradients: np.ndarray
-    optimizer: np.ndarray
-    """``weights_gradients_optimizer`` and ``expert_states`` again, by kind (``ModelStates``)."""
+    states: "ModelStates"
+    """The model states by owner and by kind as ``model_states`` made them (numbers or arrays, not
+    broadcast: only an estimate's stages read the split by kind, ``weights`` and the rest)."""
+
+    @property
+    def weights(self):
+        return np.broadcast_to(self.states.weights, self.layers.shape)
+
+    @property
+    def gradients(self):
+        return np.broadcast_to(self.states.gradients, self.layers.shape)
+
+    @property
+    def optimizer(self):
+        return np.broadcast_to(self.states.optimizer, self.layers.shape)
 
     @property
     def model_states(self):
@@ -319,8 +330,7 @@ class StageParts:
                           in_flight=in_flight * np.ones_like(self.layers),
                           weights_gradients_optimizer=states.dense * ones,
                           expert_states=states.experts * ones, fp8_weights=states.fp8_weights * ones,
-                          weights=states.weights * ones, gradients=states.gradients * ones,
-                          optimizer=states.optimizer * ones,
+                          states=states,
                           layer_activations=held * ones,
                           embedding_activations=((in_flight + layers_beyond) * self.embedding
                                                  + self.mtp_embedding) * ones,
