@@ -222,17 +222,42 @@ WIDE = False
 def terminal_width() -> int:
     """``$COLUMNS`` where it is a sensible width; else the terminal's own width where stdout is
     one (interactive shells seldom export COLUMNS); else 100 (a pipe, a file)."""
-    import os
     import sys
+
+    return _columns(sys.stdout) or DEFAULT_WIDTH
+
+
+def stderr_width() -> int | None:
+    """The width to wrap notes on stderr at: ``$COLUMNS`` where it is a sensible width, else
+    the terminal's where stderr is one; None (one line a note, for logs and grep) otherwise."""
+    import sys
+
+    return _columns(sys.stderr)
+
+
+def _columns(stream) -> int | None:
+    import os
 
     text = os.environ.get("COLUMNS", "")
     if text.isdigit() and 20 <= int(text) <= 10_000:
         return int(text)
     try:
-        columns = os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 0
-    except (AttributeError, ValueError, OSError):  # replaced or closed stdout (click's runner, '>&-')
+        columns = os.get_terminal_size(stream.fileno()).columns if stream.isatty() else 0
+    except (AttributeError, ValueError, OSError):  # replaced or closed stream (click's runner, '>&-')
         columns = 0
-    return columns if 20 <= columns <= 10_000 else DEFAULT_WIDTH
+    return columns if 20 <= columns <= 10_000 else None
+
+
+def wrap_note(text: str, width: int | None) -> str:
+    """A note or warning wrapped at ``width``, its continuation lines indented two spaces so
+    that each note still reads as one; unwrapped where ``width`` is None."""
+    import textwrap
+
+    if width is None:
+        return text
+    return "\n".join("\n".join(textwrap.wrap(line, width, subsequent_indent="  ", break_on_hyphens=False,
+                                             break_long_words=False) or [""])
+                     for line in text.split("\n"))
 
 
 def to_table(

@@ -20,7 +20,8 @@ import click
 
 from advisor import limits
 from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, STDOUT, TCP_PORT, Bounded, InputError,
-                                 InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, output_option)
+                                 InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, note,
+                                 output_option)
 from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
@@ -52,7 +53,7 @@ def _note(line: str) -> None:
     """A note or warning for stderr, held until the command succeeds or launches (``LaunchGroup``)."""
     ctx = click.get_current_context(silent=True)
     if ctx is None:
-        click.echo(line, err=True)
+        note(line)
     else:
         ctx.find_root().meta.setdefault(_NOTES, []).append(line)
 
@@ -60,7 +61,7 @@ def _note(line: str) -> None:
 def _flush_notes() -> None:
     ctx = click.get_current_context(silent=True)
     for line in ctx.find_root().meta.pop(_NOTES, []) if ctx is not None else ():
-        click.echo(line, err=True)
+        note(line)
 
 
 _NOTES = "advisor-launch notes"
@@ -309,7 +310,9 @@ def torchrun_command(config, release, megatron, job_plan, profiling, nproc_per_n
                               per_node=topology.nproc_per_node)
     argv = torchrun_argv(topology, entry, megatron.args, rendezvous)
     if dry_run:
-        click.echo(format_command(argv, env.settings), nl=False)
+        from advisor.render import terminal_width
+
+        click.echo(format_command(argv, env.settings, width=terminal_width()), nl=False)
         return 0
     require_program("torchrun", TORCH_ENVIRONMENT)
     _announce(config, format_command(argv, env.settings).rstrip(), release)

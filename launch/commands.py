@@ -186,11 +186,12 @@ def wrap(tokens: Sequence[str], *, width: int = WIDTH, indent: str = "    ", fir
     return lines
 
 
-def format_command(argv: Sequence[str], environment: Mapping[str, str] | None = None) -> str:
-    """A copy-pasteable command: shell-quoted, continued over lines with backslashes, a new
-    line before the entry and after ``--``; ``environment`` as ``NAME=value`` before it."""
+def format_command(argv: Sequence[str], environment: Mapping[str, str] | None = None, *, width: int = WIDTH) -> str:
+    """A copy-pasteable command: shell-quoted, continued over lines with backslashes (each line
+    within ``width`` where its words allow), a new line before the entry and after ``--``;
+    ``environment`` as ``NAME=value`` before it."""
     prefix = [f"{name}={value}" for name, value in (environment or {}).items()]
-    lines = wrap([*prefix, *argv], width=WIDTH - 2, break_before=frozenset({"-m"}), break_after=frozenset({"--"}))
+    lines = wrap([*prefix, *argv], width=width - 2, break_before=frozenset({"-m"}), break_after=frozenset({"--"}))
     return " \\\n".join(lines) + "\n"
 
 

@@ -13,12 +13,12 @@ import sys
 import termios
 
 
-def _run_on_a_terminal(columns: int, *args: str) -> str:
+def _run_on_a_terminal(columns: int, *args: str, program: str = "advisor", cwd=None) -> str:
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
-    process = subprocess.Popen([sys.executable, "-m", "advisor", *args], stdout=follower, stderr=follower,
-                               stdin=subprocess.DEVNULL, env=env)
+    env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "MEGATRON_LM")}
+    process = subprocess.Popen([sys.executable, "-m", program, *args], stdout=follower, stderr=follower,
+                               stdin=subprocess.DEVNULL, env=env, cwd=cwd)
     os.close(follower)
     chunks = []
     while True:
@@ -40,3 +40,27 @@ def test_a_table_fits_the_terminal_it_is_printed_on():
         text = _run_on_a_terminal(columns, "estimate", "--tp", "2", "--gpus", "8", "--gpu", "h100-80gb")
         widest = max(len(line) for line in text.splitlines())
         assert widest <= columns and (widest > 100) == (columns > 100), (columns, widest)
+
+
+def test_notes_and_the_launch_command_fit_the_terminal(tmp_path):
+    """The notes on stderr (the sweep's count, the launcher's warnings, some 300 characters) and
+    the dry run's command wrap at the terminal's width, continuation lines indented."""
+    rows = tmp_path / "sweep.json"
+    text = _run_on_a_terminal(80, "sweep", "--gpus", "8", "--gpu", "h100-80gb", "--format", "json", "-o", rows.name,
+                              cwd=tmp_path)
+    assert text.startswith("advisor sweep: ") and "\n  " in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    text = _run_on_a_terminal(80, "torchrun", "--from", rows.name, "--mock-data", "--dry-run", "--", "--lr", "3e-4",
+                              program="launch", cwd=tmp_path)
+    assert "warning: " in text and "--tensor-model-parallel-size 2" in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+
+
+def test_notes_stay_one_line_each_in_a_log(tmp_path):
+    """Neither a terminal nor $COLUMNS (a pipe, a CI log): a note is one line, for grep."""
+    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    result = subprocess.run([sys.executable, "-m", "advisor", "sweep", "--gpus", "8", "--gpu", "h100-80gb",
+                             "--format", "json", "-o", str(tmp_path / "rows.json")],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0 and result.stderr.count("\n") == 2, result.stderr  # the note and "wrote"
+    assert len(result.stderr.splitlines()[0]) > 100

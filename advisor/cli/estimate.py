@@ -13,8 +13,8 @@ from advisor.cli.estimate_csv import estimate_csv
 from advisor.cli.moe import moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, ROWS, InputError, InputPath, NonEmpty, TokenCount,
-    color_wanted, emit, distinct_files, gpu_options, model_choice_options, model_options, nothing_fits, output_options,
-    parse_layer_counts, png_path, workload_options,
+    color_wanted, emit, distinct_files, gpu_options, model_choice_options, model_options, note, nothing_fits,
+    output_options, parse_layer_counts, png_path, workload_options,
 )
 from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 from advisor.cli.training_flags import given, memory_options
@@ -149,8 +149,8 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
                        measured=measured, release=release)
     if result.escalation:
         cost = "; lever_time_cost_s is its step-time cost" if gpu is not None else ""  # no time model without
-        click.echo(f"advisor sweep: nothing fits with the options given; the rows use {result.escalation} "
-                   f"(their options and megatron_args say so{cost})", err=True)
+        note(f"advisor sweep: nothing fits with the options given; the rows use {result.escalation}: "
+             f"their options and megatron_args say so{cost}")
     counts = {verdict: sum(row.verdict == verdict for row in result.rows) for verdict in verdict_kinds(memory_model)}
     selected = [row for row in result.rows if show_all or row.verdict != "oom"]
     if top is None and fmt == "table" and not show_all:
@@ -272,7 +272,7 @@ def _emit_sweep(dicts: list[dict], text: str | None, fmt: str, output, result, t
             row_style=render.verdict_style, color=color_wanted(output),
         )
     if fmt != "table":
-        click.echo(f"advisor sweep: {searched}", err=True)
+        note(f"advisor sweep: {searched}")
     if nothing is not None:
         if fmt != "table":
             emit(text, output)

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from advisor.errors import AdvisorError
-from advisor.cli.options import InputError
+from advisor.cli.options import InputError, note
 
 ALLOWED_WITH_COMMAND = {"from_command", "compare_best", "gpus", "gpu", "mem", "gpus_per_node", "threshold",
                         "memory_model", "tokens", "vocab_size", "fmt", "output", "gpu_hour_price",
@@ -105,7 +105,7 @@ def read_notes(row: dict, read: CommandInputs | None) -> list[str]:
     row.update(read_from=read.source, unpriced=list(read.run.unpriced))
     notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced)] if line]
     if read.run.unpriced:
-        click.echo(f"advisor estimate: {notes[-1]}", err=True)
+        note(f"advisor estimate: {notes[-1]}")
     return notes
 
 

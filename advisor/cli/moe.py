@@ -10,7 +10,7 @@ import click
 
 from advisor import limits
 from advisor.cli.estimate_csv import estimate_csv
-from advisor.cli.options import DEGREE, Bounded, InputError, apply_options, color_wanted, emit, nothing_fits
+from advisor.cli.options import DEGREE, Bounded, InputError, apply_options, color_wanted, emit, note, nothing_fits
 from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
 from advisor.paper_rule import judged_threshold
 
@@ -275,7 +275,7 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
             from advisor import render
 
             text = render.csv_header(_machine_text(result.rows(include_oom=True, limit=1), setup, spec, workload, fmt))
-        click.echo(f"advisor sweep: {_searched(result)}", err=True)
+        note(f"advisor sweep: {_searched(result)}")
     else:
         text = _sweep_table(result, shown, spec, workload, gpus, mem, threshold, gpu, settings, show_all, output)
     if not result.ranked and not show_all:

@@ -486,10 +486,17 @@ def emit(text: str, output: Path | None) -> None:
         _write(output, text)
 
 
+def note(line: str) -> None:
+    """A note or warning on stderr, wrapped to the terminal (``render.wrap_note``)."""
+    from advisor.render import stderr_width, wrap_note
+
+    click.echo(wrap_note(line, stderr_width()), err=True)
+
+
 def nothing_fits(line: str) -> None:
     """"Nothing fits": ``line`` on stderr and exit status 1, after whatever the command has
     written (bad input is 2). The one way every command ends so (README, "nothing fits")."""
-    click.echo(line, err=True)
+    note(line)
     click.get_current_context().exit(1)
 
 

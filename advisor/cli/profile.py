@@ -11,7 +11,7 @@ from advisor import limits
 from advisor.cli.options import (
     DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, MICRO_BATCH, TRAIN_ITERS,
     SEQ_LEN, TCP_PORT, Bounded, InputError, InputPath, NonEmpty, apply_options, color_wanted, document_options, emit,
-    emit_document, empty_value, model_options, output_options, parse_numbers,
+    emit_document, empty_value, model_options, note, output_options, parse_numbers,
 )
 
 SECTIONS = ("ranks", "layers", "compare")
@@ -488,7 +488,7 @@ def _before_start(document: dict, out: Path, megatron_lm: str | None, budget) ->
         raise InputError(f"advisor profile run needs torch and megatron-core, and {' and '.join(missing)} "
                          f"cannot be imported here: pip install torch && pip install -e '.[megatron]'")
     if budget is not None and (cost := budget.cost(document, out)).runs:
-        click.echo(f"advisor profile run: {cost.summary()}", err=True)
+        note(f"advisor profile run: {cost.summary()}")
 
 
 def _slurm_array(slurm_array: bool, array: dict, megatron_without_slurm: bool) -> bool:
