@@ -83,11 +83,6 @@ ADAM_MOMENT_BYTES = 8
 makes when it is built. A fresh run's first forward and backward run without them."""
 
 
-def optimizer_bytes_per_parameter(optimizer_shards: int) -> float:
-    """12/(dc) with the distributed optimizer over the DP x CP group (Eq. 10); 12 without it."""
-    return OPTIMIZER_BYTES / optimizer_shards
-
-
 # --- activations of one microbatch, unsharded (seed 004, Section 3.2) -------------------
 
 

@@ -45,6 +45,7 @@ from typing import Iterable
 
 from advisor import equations as eq
 from advisor.errors import AdvisorError
+from advisor.options import TrainingOptions
 
 # The sign is matched so that a negative number is refused by _measured, not skipped with its line.
 _NUMBER = r"([+-]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|nan|inf))"
@@ -295,7 +296,8 @@ def compare(log: TrainingLog, estimate: dict, *, world_size: int) -> list[dict]:
 def memory_source_note(log: TrainingLog, estimate: dict) -> str | None:
     """Where the measured memory comes from, where it is not Megatron's report of a later
     iteration: the hooks' lines, or a first iteration before Adam's moments (their GiB on the
-    first stage: 8 of the optimizer's 12 bytes a parameter, ``equations.ADAM_MOMENT_BYTES``)."""
+    first stage: in FP32 8 of the optimizer's 12 bytes a parameter, ``equations.ADAM_MOMENT_BYTES``;
+    ``TrainingOptions.adam_moment_bytes`` of the estimate's options)."""
     sources = {peak.source for peak in log.peak_by_rank().values()}
     if log.hooks and "first iteration" not in sources:
         return ("memory: the advisor's hooks' peaks over the run (megatron_hooks lines); Megatron's own reports "
@@ -307,7 +309,8 @@ def memory_source_note(log: TrainingLog, estimate: dict) -> str | None:
     if "first iteration" not in sources:
         return None
     stage = estimate["stages"][0]
-    moments = stage["optimizer_gib"] * eq.ADAM_MOMENT_BYTES / eq.OPTIMIZER_BYTES
+    options = TrainingOptions.from_dict(estimate.get("options") or {})
+    moments = stage["optimizer_gib"] * options.adam_moment_bytes / options.optimizer_bytes
     what = "the hooks' peaks span iteration 1 only" if log.hooks else "Megatron reported after iteration 1 only"
     return (f"memory: {what}, before Adam's momentum and variance existed ({moments:.3g} GiB on stage 0, made in the "
             "first optimizer step): its peak can be that much below the steady peak predicted (core_v0.19.0 also "

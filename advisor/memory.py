@@ -66,6 +66,10 @@ class MemoryOptions:
     fsdp_strategy: str | None = None
     """Megatron-FSDP's --data-parallel-sharding-strategy, or 'torch_fsdp2': a key of
     ``advisor.memory_levers.SHARDING``; None: DDP."""
+    optimizer_bytes: float = 12.0
+    """Bytes per parameter of the optimizer states before sharding: 12, FP32 master weight,
+    momentum and variance (Section 3.1); fewer with the precision-aware optimizer
+    (``memory_levers.optimizer_state_bytes``)."""
     optimizer_host_fraction: float = 0.0
     """The share of the optimizer states in host memory (--optimizer-cpu-offload x
     --optimizer-offload-fraction)."""

@@ -37,6 +37,34 @@ copy-in), backward prefetches the next likewise, and one reduce-scatter input ma
 while the next layer's gradients are produced (``reduce_scatter_max_input_buffers``, default 1)."""
 
 
+STATE_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+"""Bytes of one optimizer-state element by --main-params-dtype / --exp-avg-dtype /
+--exp-avg-sq-dtype (fp8: TE's FusedAdam keeps it as a one-byte Float8Tensor, E4M3)."""
+
+
+def optimizer_state_bytes(precision_aware: bool, main_params_dtype: str = "fp32", exp_avg_dtype: str = "fp32",
+                          exp_avg_sq_dtype: str = "fp32", *, bf16_weights: bool = True,
+                          te_holds_masters: bool = True) -> float:
+    """Bytes per parameter of the master weight, momentum and variance, before any sharding.
+
+    Without the precision-aware optimizer: FP32 all three, 12 (seed 004, Section 3.1). With it
+    (--use-precision-aware-optimizer) each takes its dtype (``STATE_DTYPE_BYTES``), and the FP32
+    master weight of a BF16 weight is 2 bytes where Transformer Engine's FusedAdam holds it
+    (``te_holds_masters``: megatron-core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``,
+    i.e. no FP8 or delayed scaling, or FP16 masters, or offload): megatron-core passes
+    ``store_param_remainders`` (OptimizerConfig, default True with TE >= 2.1), and FusedAdam then
+    keeps only the 16 low bits the BF16 weight lacks, as int16 (``fused_adam.py``,
+    ``_initialize_state``). Otherwise megatron-core keeps its own FP32 master shard
+    (``distrib_optimizer.py``, ``shard_main_param``). The FP32 scale per state tensor that
+    FusedAdam adds for FP16 and FP8 states is a scalar per tensor: not counted."""
+    if not precision_aware:
+        return float(eq.OPTIMIZER_BYTES)
+    master = STATE_DTYPE_BYTES[main_params_dtype]
+    if main_params_dtype == "fp32" and bf16_weights and te_holds_masters:
+        master = 2
+    return float(master + STATE_DTYPE_BYTES[exp_avg_dtype] + STATE_DTYPE_BYTES[exp_avg_sq_dtype])
+
+
 def _sharded(options) -> tuple:
     """(optimizer states and main weights, gradients, weights) sharded over DP x CP: as the FSDP
     strategy shards them (``SHARDING``), or under DDP only the distributed optimizer's states."""
@@ -48,8 +76,9 @@ def state_bytes_per_parameter(options, shards):
     """(weights, gradients, optimizer) bytes per parameter on one GPU, over ``shards`` = DP x CP.
 
     DDP (seed 004, Eq. 4 and 10): BF16 weights, the main-gradient buffer (FP32, or BF16 with
-    --grad-reduce-in-bf16), 12 bytes of FP32 master weight, momentum and variance, divided by
-    DP x CP with the distributed optimizer. Megatron-FSDP divides what its strategy shards
+    --grad-reduce-in-bf16), 12 bytes of FP32 master weight, momentum and variance (fewer with the
+    precision-aware optimizer: ``optimizer_state_bytes``), divided by DP x CP with the
+    distributed optimizer. Megatron-FSDP divides what its strategy shards
     (``SHARDING``): no_shard nothing, optim the 12 bytes, optim_grads also the gradients,
     optim_grads_params also the weights. CPU offload keeps ``optimizer_host_fraction`` of the
     optimizer states in host memory (Megatron's HybridDeviceOptimizer moves those parameters'
@@ -58,7 +87,7 @@ def state_bytes_per_parameter(options, shards):
     optimizer_sharded, grads_sharded, weights_sharded = _sharded(options)
     weights = options.element_bytes / np.where(weights_sharded, shards, 1.0)
     gradients = options.gradient_bytes / np.where(grads_sharded, shards, 1.0)
-    optimizer = eq.optimizer_bytes_per_parameter(np.where(optimizer_sharded, shards, 1.0))
+    optimizer = options.optimizer_bytes / np.where(optimizer_sharded, shards, 1.0)
     return weights, gradients, optimizer * (1.0 - options.optimizer_host_fraction)
 
 

@@ -205,8 +205,26 @@ def _derive(args) -> dict:
             "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer",
             "create_attention_mask_in_dataloader", "ckpt_format", "use_torch_fsdp2", "gradient_accumulation_fusion",
             "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")},
+        **{name: str(getattr(args, name, None)).removeprefix("torch.") for name in (
+            "main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")},
+        "optimizer_config_error": _optimizer_config_error(args),
         **{key: getattr(config, key, None) for key in MOE_FIELDS},
     }
+
+
+def _optimizer_config_error(args) -> str | None:
+    """The first line of what megatron-core's OptimizerConfig refuses in these arguments, built as
+    the training loop builds it (``training.py``: every field from args), or None."""
+    import dataclasses
+
+    from megatron.core.optimizer import OptimizerConfig
+
+    kwargs = {f.name: getattr(args, f.name) for f in dataclasses.fields(OptimizerConfig) if hasattr(args, f.name)}
+    try:
+        OptimizerConfig(**kwargs)
+    except (AssertionError, RuntimeError, ValueError, TypeError) as exc:
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return None
 
 
 MOE_FIELDS = ("num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",

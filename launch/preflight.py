@@ -180,11 +180,17 @@ def uses_transformer_engine(args) -> bool:
 
 def _te_kernels(values: dict) -> list[str]:
     """The options that call Transformer Engine's MoE code whatever --transformer-impl says:
-    ``TE_KERNEL_FLAGS``, and the flex dispatcher's NCCL-EP backend (core_v0.19.0
-    ``moe/fused_a2a.py``: ``transformer_engine.pytorch.ep``)."""
+    ``TE_KERNEL_FLAGS``, the flex dispatcher's NCCL-EP backend (core_v0.19.0
+    ``moe/fused_a2a.py``: ``transformer_engine.pytorch.ep``), and the precision-aware optimizer
+    (with --optimizer-cpu-offload too): megatron-core's ``OptimizerConfig``, built after the model,
+    asks TE's version (core_v0.15.2 fails without TE, even offloaded) and then imports TE's
+    FusedAdam unless offloaded (core_v0.19.0 runs the offloaded one without TE: refused here all
+    the same, with --transformer-impl local only, as the one rule)."""
     kernels = [flag for flag in TE_KERNEL_FLAGS if flag in values]
     if _flex_backend(values) == "ncclep":
         kernels.append("--moe-flex-dispatcher-backend ncclep")
+    if "--use-precision-aware-optimizer" in values:
+        kernels.append("--use-precision-aware-optimizer")
     return kernels
 
 
@@ -203,7 +209,7 @@ def transformer_engine_import_problem(args, where: str = "") -> str:
     kernels = _te_kernels(values)
     if implementation(values) == "local" and kernels:
         return (f"cannot import transformer_engine{where}, which {' and '.join(kernels)} need"
-                f"{'s' if len(kernels) == 1 else ''} (Transformer Engine's MoE kernels, whatever "
+                f"{'s' if len(kernels) == 1 else ''} (Transformer Engine's own kernels, whatever "
                 "--transformer-impl says): install Transformer Engine, or plan the run without them (advisor "
                 "sweep or estimate without those options)")
     given = "--transformer-impl transformer_engine" if "--transformer-impl" in values else \

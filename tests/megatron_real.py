@@ -234,9 +234,24 @@ def lever_fields(training, tp: int) -> dict:
         fields.update(use_torch_fsdp2=True, gradient_accumulation_fusion=False, ckpt_format="torch_dist")
     if p.fp8_format is not None:
         fields.update(fp8_recipe=p.fp8_recipe, fp8_amax_history_len=p.fp8_amax_history_len)
+    elif training.precision_aware_optimizer:  # the recipe still decides who keeps the masters
+        fields.update(fp8_recipe=p.fp8_recipe)
     if o.optimizer_cpu_offload:
-        fields.update(optimizer_offload_fraction=o.optimizer_offload_fraction, use_precision_aware_optimizer=True)
+        fields.update(optimizer_offload_fraction=o.optimizer_offload_fraction)
+    states = training.optimizer_states
+    dtypes = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "uint8"}  # uint8: Megatron's fp8
+    fields.update(use_precision_aware_optimizer=training.precision_aware_optimizer, main_grads_dtype="float32",
+                  main_params_dtype=dtypes[states.main_params_dtype], exp_avg_dtype=dtypes[states.exp_avg_dtype],
+                  exp_avg_sq_dtype=dtypes[states.exp_avg_sq_dtype],
+                  # built as the training loop builds it: without TE (never installed here) the
+                  # precision-aware optimizer's FusedAdam is missing, which it says once past its
+                  # other checks; offloaded, it runs without (the check's TE version stands in)
+                  optimizer_config_error=PRECISION_AWARE_WITHOUT_TE if states.precision_aware_optimizer else None)
     return fields
+
+
+PRECISION_AWARE_WITHOUT_TE = "--use-precision-aware-optimizer requires FusedAdam from TransformerEngine, but not found."
+"""megatron-core OptimizerConfig.__post_init__'s line where Transformer Engine is missing (both releases)."""
 
 
 _VALIDATORS: dict[tuple[str, str], object] = {}

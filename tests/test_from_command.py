@@ -450,8 +450,8 @@ def test_modelzoo_deepseek_v3_h100_fp8_reads_its_layout_and_names_the_optimizer_
     """Megatron-MoE-ModelZoo's DeepSeek-V3 on 1,024 H100 (TP 2, PP 8, EP 64, FP8 blockwise,
     DeepEP with the all-to-all overlapped). Its layout 'Et|(tt|)*30mL' by hand: 32 chunks, VPP 4;
     rank 0 holds chunks 0, 8, 16, 24 (1 + 2 + 2 + 2 = 7 layers), rank 7 chunks 7, 15, 23, 31 (2 + 2 + 2
-    + the MTP chunk's 0 = 6), the others 8. The precision-aware optimizer's BF16 moments are not
-    priced: named."""
+    + the MTP chunk's 0 = 6), the others 8. The precision-aware optimizer's BF16 moments are
+    priced (FP8 blockwise: megatron-core's FP32 masters)."""
     read = _same_price(COMMANDS / "moe_deepseek_v3_modelzoo_h100_fp8.sh", ("--vocab-size", "129280"),
                        ["--model", "deepseek-v3", "--gpus", "1024", "--tp", "2", "--pp", "8", "--vpp", "4",
                         "--layers-per-stage", "7,8,8,8,8,8,8,6", "--ep", "64", "--etp", "1", "--mbs", "1", "--gbs",
@@ -461,11 +461,11 @@ def test_modelzoo_deepseek_v3_h100_fp8_reads_its_layout_and_names_the_optimizer_
                         "--overlap-param-gather", "--sequence-parallel", "--cross-entropy-loss-fusion",
                         "--cross-entropy-fusion-impl", "native", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise",
                         "--fp8-param-gather", "--delay-wgrad-compute", "--overlap-moe-expert-parallel-comm",
-                        "--moe-permute-fusion", "--moe-router-fusion"])
+                        "--moe-permute-fusion", "--moe-router-fusion", "--use-precision-aware-optimizer",
+                        "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"])
     assert (read["layers_per_stage"], read["vpp"], read["dp"]) == ([7, 8, 8, 8, 8, 8, 8, 6], 4, 64)
     assert read["unpriced"] == ["--enable-experimental (experimental kernels, priced as the default ones)",
-                                "--moe-router-padding-for-fp8 (experts' tokens padded to 16/32, not priced)",
-                                "--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"]
+                                "--moe-router-padding-for-fp8 (experts' tokens padded to 16/32, not priced)"]
 
 
 _SMALL = (f"{_MOE} --num-experts 8 --disable-bias-linear --swiglu --normalization RMSNorm "

@@ -71,6 +71,14 @@ EXTENSIONS = {
     "fp8-tensorwise": ["--fp8-format", "e4m3", "--fp8-recipe", "tensorwise"],
     "tp-comm-overlap": ["--tp-comm-overlap"],
     "cross-entropy-fusion": ["--cross-entropy-loss-fusion"],  # the native kernel (te: core 0.15 only)
+    # the precision-aware optimizer: OptimizerConfig (built as the training loop builds it) takes
+    # each, down to its Transformer Engine import
+    "precision-aware": ["--use-precision-aware-optimizer"],
+    "precision-aware-low": ["--use-precision-aware-optimizer", "--main-params-dtype", "fp16", "--exp-avg-dtype",
+                            "bf16", "--exp-avg-sq-dtype", "fp8"],
+    # BF16 with the recipe Megatron-Bridge's BF16 runs hand the optimizer: megatron-core's masters
+    "precision-aware-tensorwise-masters": ["--use-precision-aware-optimizer", "--fp8-recipe", "tensorwise",
+                                           "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"],
 }
 
 

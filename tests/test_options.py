@@ -68,7 +68,7 @@ def test_flat_view_round_trips_and_reads_old_rows():
     (["--tp", "2", "--no-sequence-parallel", "--tp-comm-overlap"], "--tp-comm-overlap needs --sequence-parallel"),
     (["--tp", "2", "--gpu", "a100-80gb", "--fp8-format", "hybrid"], "no FP8 tensor cores"),
     (["--tp", "2", "--gpu", "h100-nvl-94gb", "--optimizer-cpu-offload"], "cannot be timed"),
-    (["--fp8-param-gather"], "need --fp8-format"),
+    (["--fp8-param-gather"], "needs --fp8-format"),
     (["--data-parallel-sharding-strategy", "optim"], "needs --use-megatron-fsdp"),
     (["--megatron-version", "0.12"], "not a release the advisor knows"),
 ])
@@ -83,7 +83,9 @@ def test_refused_levers_are_one_line(advisor, args, message):
      "--recompute-method and --recompute-num-layers need --recompute full"),
     (["--optimizer-offload-fraction", "0.5"], "--optimizer-offload-fraction needs --optimizer-cpu-offload"),
     (["--optimizer-offload-fraction", "1"], "--optimizer-offload-fraction needs --optimizer-cpu-offload"),
-    (["--fp8-recipe", "delayed"], "--fp8-recipe and --fp8-param-gather need --fp8-format e4m3|hybrid"),
+    (["--fp8-recipe", "delayed"], "--fp8-recipe needs --fp8-format e4m3|hybrid (or --use-precision-aware-optimizer, whose masters it "
+     "decides)"),
+    (["--fp8-param-gather"], "--fp8-param-gather needs --fp8-format e4m3|hybrid"),
     (["--cross-entropy-fusion-impl", "native"], "--cross-entropy-fusion-impl needs --cross-entropy-loss-fusion"),
 ])
 def test_options_given_without_the_option_they_qualify_are_refused(advisor, args, message):

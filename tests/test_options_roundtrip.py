@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from advisor.errors import AdvisorError
 from advisor.options import FP8_RECIPES, FSDP_STRATEGIES, TrainingOptions, parse_training_args, training_args
+from advisor.options.training import MAIN_PARAMS_DTYPES, MOMENT_DTYPES
 
 @st.composite
 def training_options(draw) -> TrainingOptions:
@@ -19,7 +20,8 @@ def training_options(draw) -> TrainingOptions:
     distributed = fsdp is not None or draw(st.booleans())
     grad_overlap = draw(st.booleans())
     fp8 = None if params == "float32" else draw(st.sampled_from([None, "e4m3", "hybrid"]))
-    offload = draw(st.booleans())
+    offload = distributed and draw(st.booleans())  # the precision-aware optimizer it needs runs distributed only
+    aware = distributed and fsdp is None and not offload and draw(st.booleans())
     gather = fp8 is not None and distributed and draw(st.booleans())
     recipe = "delayed" if fp8 is None or (offload and gather) else draw(st.sampled_from(FP8_RECIPES))
     sequence_parallel, flash = draw(st.booleans()), draw(st.booleans())
@@ -36,6 +38,10 @@ def training_options(draw) -> TrainingOptions:
         dataloader_mask=draw(st.sampled_from(["off", "cached", "rebuilt"] if flash else ["cached", "rebuilt"])),
         optimizer_cpu_offload=offload,
         optimizer_offload_fraction=draw(st.sampled_from([1.0, 0.5, 0.25])) if offload else 1.0,
+        precision_aware_optimizer=aware,
+        main_params_dtype=draw(st.sampled_from(MAIN_PARAMS_DTYPES)) if aware else "fp32",
+        exp_avg_dtype=draw(st.sampled_from(MOMENT_DTYPES)) if aware else "fp32",
+        exp_avg_sq_dtype=draw(st.sampled_from(MOMENT_DTYPES)) if aware else "fp32",
         cross_entropy_fusion=draw(st.sampled_from(["none", "native", "te"])),
         vocab_divisible_by=draw(st.sampled_from([None, 64, 128])))
 

@@ -36,6 +36,12 @@ CHANGES = [
     ({"optimizer_cpu_offload": True}, "--optimizer-cpu-offload"),  # with the precision-aware optimizer it needs
     ({"optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5},
      "--optimizer-cpu-offload, --optimizer-offload-fraction 0.5"),
+    ({"precision_aware_optimizer": True}, "--use-precision-aware-optimizer"),
+    ({"precision_aware_optimizer": True, "main_params_dtype": "fp16", "exp_avg_dtype": "bf16",
+      "exp_avg_sq_dtype": "fp8"},
+     "--use-precision-aware-optimizer, --main-params-dtype fp16, --exp-avg-dtype bf16, --exp-avg-sq-dtype fp8"),
+    # offloaded, the precision-aware optimizer comes with it: one description, unsaid
+    ({"optimizer_cpu_offload": True, "precision_aware_optimizer": True}, "--optimizer-cpu-offload"),
     ({"recompute": "selective"}, "--recompute-granularity selective"),
     ({"recompute": "full", "recompute_method": "block", "recompute_num_layers": 4},
      "--recompute-granularity full, --recompute-method block, --recompute-num-layers 4"),

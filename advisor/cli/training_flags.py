@@ -13,8 +13,8 @@ from advisor import limits
 from advisor.cli.options import DEGREE, LAYERS, MICRO_BATCH, VOCABULARY, Bounded, InputError, apply_options
 from advisor.errors import AdvisorError
 from advisor.options.training import (
-    CROSS_ENTROPY_FUSIONS, DATALOADER_MASKS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, RECOMPUTE_METHODS, RECOMPUTES,
-    DataParallel,
+    CROSS_ENTROPY_FUSIONS, DATALOADER_MASKS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, MAIN_PARAMS_DTYPES,
+    MOMENT_DTYPES, RECOMPUTE_METHODS, RECOMPUTES, DataParallel,
 )
 
 _FRACTION = Bounded(limits.OFFLOAD_FRACTION, integer=False)
@@ -56,12 +56,26 @@ TRAINING_FLAGS = [
     click.option("--optimizer-offload-fraction", type=_FRACTION, default=1.0, show_default=True,
                  help="With --optimizer-cpu-offload (or, in a sweep, the offload --sharding auto may "
                       "try): the share of the optimizer offloaded."),
+    click.option("--use-precision-aware-optimizer", is_flag=True, default=False,
+                 help="Transformer Engine's FusedAdam keeps the optimizer states in the dtypes below (needs "
+                      "Transformer Engine and the distributed optimizer): FP32 master weights of BF16 weights "
+                      "cost 2 bytes (TE stores the 16 bits BF16 lacks), so the states take 10 bytes per "
+                      "parameter, not 12."),
+    click.option("--main-params-dtype", type=click.Choice(MAIN_PARAMS_DTYPES), default="fp32", show_default=True,
+                 help="With --use-precision-aware-optimizer: the master weights."),
+    click.option("--exp-avg-dtype", type=click.Choice(MOMENT_DTYPES), default="fp32", show_default=True,
+                 help="With --use-precision-aware-optimizer: Adam's momentum (bf16 is Megatron-Bridge's "
+                      "DeepSeek-V3 and Qwen3 recipes' choice)."),
+    click.option("--exp-avg-sq-dtype", type=click.Choice(MOMENT_DTYPES), default="fp32", show_default=True,
+                 help="With --use-precision-aware-optimizer: Adam's variance."),
     click.option("--fp8-format", type=click.Choice(FP8_FORMATS), default=None,
                  help="Transformer Engine FP8 GEMMs (hybrid: E4M3 forward, E5M2 backward). Changes numerics, so "
                       "never chosen for you. Prices FP8 weight copies, FP8-saved activations and the GPU's FP8 "
                       "rate; attention stays BF16."),
     click.option("--fp8-recipe", type=click.Choice(FP8_RECIPES), default="delayed", show_default=True,
-                 help="With --fp8-format: the scaling recipe (mxfp8 needs Blackwell)."),
+                 help="With --fp8-format: the scaling recipe (mxfp8 needs Blackwell). Megatron also hands it to "
+                      "the precision-aware optimizer, FP8 or not: other than delayed, megatron-core keeps FP32 "
+                      "master weights itself (4 bytes, as Megatron-Bridge's BF16 recipes run)."),
     click.option("--fp8-param-gather", is_flag=True, default=False,
                  help="With --fp8-format: keep compute weights only in FP8 and all-gather them in FP8."),
     click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
@@ -91,8 +105,8 @@ TRAINING_FLAGS = [
 
 _NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "overlap_grad_reduce", "overlap_param_gather",
           "tp_comm_overlap", "use_megatron_fsdp", "data_parallel_sharding_strategy", "use_torch_fsdp2",
-          "optimizer_cpu_offload",
-          "optimizer_offload_fraction", "fp8_format", "fp8_recipe", "fp8_param_gather", "sequence_parallel",
+          "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer", "main_params_dtype",
+          "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_format", "fp8_recipe", "fp8_param_gather", "sequence_parallel",
           "flash_attn", "dataloader_mask", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
           "vocab_divisible_by", "megatron_version")
 
@@ -119,8 +133,12 @@ def _needs_problem(v: dict, offload_searched: bool) -> str | None:
     --optimizer-offload-fraction."""
     if v["data_parallel_sharding_strategy"] and not v["use_megatron_fsdp"]:
         return "--data-parallel-sharding-strategy needs --use-megatron-fsdp"
-    if (v["fp8_param_gather"] or v["fp8_recipe"] != "delayed" or given("fp8_recipe")) and v["fp8_format"] is None:
-        return "--fp8-recipe and --fp8-param-gather need --fp8-format e4m3|hybrid"
+    if v["fp8_param_gather"] and v["fp8_format"] is None:
+        return "--fp8-param-gather needs --fp8-format e4m3|hybrid"
+    if (v["fp8_recipe"] != "delayed" or given("fp8_recipe")) and v["fp8_format"] is None \
+            and not v["use_precision_aware_optimizer"]:
+        # with the precision-aware optimizer alone it decides who keeps the masters (megatron-core)
+        return "--fp8-recipe needs --fp8-format e4m3|hybrid (or --use-precision-aware-optimizer, whose masters it decides)"
     fraction = v["optimizer_offload_fraction"] != 1.0 or given("optimizer_offload_fraction")
     if fraction and not v["optimizer_cpu_offload"] and not offload_searched:
         return "--optimizer-offload-fraction needs --optimizer-cpu-offload"
@@ -170,6 +188,8 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
             sequence_parallel=v["sequence_parallel"], flash_attention=v["flash_attn"], dataloader_mask=mask,
             optimizer_cpu_offload=v["optimizer_cpu_offload"],
             optimizer_offload_fraction=v["optimizer_offload_fraction"], vocab_divisible_by=v["vocab_divisible_by"],
+            precision_aware_optimizer=v["use_precision_aware_optimizer"], main_params_dtype=v["main_params_dtype"],
+            exp_avg_dtype=v["exp_avg_dtype"], exp_avg_sq_dtype=v["exp_avg_sq_dtype"],
             cross_entropy_fusion=fusion, **fixed)
         te_cross_entropy_problem(options, release)
     except AdvisorError as exc:

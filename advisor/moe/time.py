@@ -678,5 +678,6 @@ def _data_parallel(c: dict, training, dense_states, expert_states, forward_s, ra
     hidden_gather = forward_s if dp.overlap_param_gather else 0.0
     exposed = (np.maximum(0.0, reduce_d + reduce_e - hidden_reduce)
                + np.maximum(0.0, gather_d + gather_e - hidden_gather))
-    return exposed, terms.optimizer_time(dense_params, c["dp"] * c["cp"], rates) + terms.optimizer_time(
-        expert_params, edp, rates)
+    step_bytes = training.time_options().optimizer_step_bytes
+    return exposed, (terms.optimizer_time(dense_params, c["dp"] * c["cp"], rates, step_bytes=step_bytes)
+                     + terms.optimizer_time(expert_params, edp, rates, step_bytes=step_bytes))

@@ -16,8 +16,8 @@ from advisor.errors import AdvisorError
 from advisor.options.releases import release_defaults
 from advisor.options.training import (
     CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, MEGATRON_CROSS_ENTROPY_KERNEL, RECOMPUTE_METHODS,
-    RECOMPUTES, Attention, DataParallel, Loss, Offload, Precision, Recomputation, TensorParallel, TrainingOptions,
-    megatron_grad_reduce_dtype,
+    MAIN_PARAMS_DTYPES, MOMENT_DTYPES, RECOMPUTES, Attention, DataParallel, Loss, Offload, OptimizerStates, Precision,
+    Recomputation, TensorParallel, TrainingOptions, megatron_grad_reduce_dtype,
 )
 
 _MEGATRON_PRECISION = Precision()
@@ -57,6 +57,10 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
                  "--fp8-amax-history-len", str(p.fp8_amax_history_len)]
         if p.fp8_param_gather:
             args.append("--fp8-param-gather")
+    elif p.fp8_recipe != _MEGATRON_PRECISION.fp8_recipe:
+        # without FP8 the recipe still decides who keeps the precision-aware optimizer's masters
+        # (TrainingOptions keeps it only then)
+        args += ["--fp8-recipe", p.fp8_recipe]
     if dp.distributed_optimizer:
         args.append("--use-distributed-optimizer")
     if dp.fsdp_strategy is not None:
@@ -93,6 +97,9 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
     if o.optimizer_cpu_offload:
         args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer",
                  "--optimizer-offload-fraction", _number(o.optimizer_offload_fraction)]
+    elif options.optimizer_states.precision_aware_optimizer:
+        args.append("--use-precision-aware-optimizer")
+    args += [word for flag in options.optimizer_states.lowered for word in flag.split()]
     if options.loss.cross_entropy_fusion != "none":
         args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", options.loss.cross_entropy_fusion]
     # Megatron pads the vocabulary to 128 x TP by default; 1 keeps it unpadded, as the paper.
@@ -136,6 +143,9 @@ def changed_args(options: TrainingOptions) -> str:
         words.append("--optimizer-cpu-offload")
         if o.optimizer_offload_fraction != Offload().optimizer_offload_fraction:
             words.append(f"--optimizer-offload-fraction {_number(o.optimizer_offload_fraction)}")
+    if options.optimizer_states.precision_aware_optimizer:
+        words.append("--use-precision-aware-optimizer")
+    words += options.optimizer_states.lowered
     if options.loss.cross_entropy_fusion != "none":
         words.append("--cross-entropy-loss-fusion")
         if options.loss.cross_entropy_fusion != MEGATRON_CROSS_ENTROPY_KERNEL:
@@ -157,6 +167,8 @@ def _precision_words(p: Precision) -> list[str]:
             words.append(f"--fp8-recipe {p.fp8_recipe}")
         if p.fp8_amax_history_len != _MEGATRON_PRECISION.fp8_amax_history_len:
             words.append(f"--fp8-amax-history-len {p.fp8_amax_history_len}")
+    elif p.fp8_recipe != _MEGATRON_PRECISION.fp8_recipe:  # kept for the precision-aware optimizer alone
+        words.append(f"--fp8-recipe {p.fp8_recipe}")
     if p.fp8_param_gather:
         words.append("--fp8-param-gather")
     return words
@@ -193,15 +205,15 @@ VALUED = frozenset({
     "--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--data-parallel-sharding-strategy", "--ckpt-format",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--attention-backend",
     "--optimizer-offload-fraction", "--make-vocab-size-divisible-by", "--tensor-model-parallel-size",
-    "--transformer-impl", "--cross-entropy-fusion-impl",
+    "--transformer-impl", "--cross-entropy-fusion-impl", "--main-grads-dtype", "--main-params-dtype",
+    "--exp-avg-dtype", "--exp-avg-sq-dtype",
 })
 UNPRICED = frozenset({
     # Flags that change memory or time which the options do not describe.
     "--fp4-format", "--fp4-recipe", "--fp4-param-gather", "--recompute-modules",
     "--cpu-offloading", "--cpu-offloading-num-layers", "--fine-grained-activation-offloading",
     "--overlap-param-gather-with-optimizer-step", "--no-overlap-p2p-communication", "--cuda-graph-impl", "--cuda-graph-scope",
-    "--enable-cuda-graph", "--external-cuda-graph", "--main-grads-dtype", "--main-params-dtype",
-    "--exp-avg-dtype", "--exp-avg-sq-dtype", "--first-last-layers-bf16", "--num-layers-at-start-in-bf16",
+    "--enable-cuda-graph", "--external-cuda-graph", "--first-last-layers-bf16", "--num-layers-at-start-in-bf16",
     "--num-layers-at-end-in-bf16", "--fp8-dot-product-attention", "--fp8-multi-head-attention",
     "--decoupled-lr", "--optimizer", "--use-custom-fsdp", "--suggested-communication-unit-size",
     "--num-distributed-optimizer-instances", "--ddp-bucket-size", "--ddp-average-in-collective",
@@ -267,7 +279,16 @@ def _precision(values: dict) -> Precision:
     if "--bf16" in values and "--fp16" in values:
         raise AdvisorError("--bf16 and --fp16 together (Megatron-LM refuses them)")
     grad = megatron_grad_reduce_dtype(params)
-    if params == "bfloat16" and "--grad-reduce-in-bf16" in values:
+    main_grads = _one_of(values, "--main-grads-dtype", ("fp32", "bf16"), "fp32")
+    if main_grads == "bf16" and "--use-precision-aware-optimizer" not in values:
+        raise AdvisorError("--main-grads-dtype bf16 needs --use-precision-aware-optimizer (megatron-core refuses it "
+                           "without)")
+    if params == "bfloat16" and main_grads == "bf16" and "--accumulate-allreduce-grads-in-fp32" in values:
+        raise AdvisorError("--main-grads-dtype bf16 with --accumulate-allreduce-grads-in-fp32 (Megatron-LM refuses "
+                           "them together)")
+    if params == "bfloat16" and ("--grad-reduce-in-bf16" in values or main_grads == "bf16"):
+        # validate_args: BF16 main gradients leave --accumulate-allreduce-grads-in-fp32 off, so the
+        # gradient buffer, and its reduction, is BF16 as with --grad-reduce-in-bf16
         grad = "bf16"
     elif params == "float16" and "--accumulate-allreduce-grads-in-fp32" in values:
         grad = "fp32"
@@ -364,6 +385,11 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
         recomputation=_recomputation(values), attention=_attention(values),
         offload=Offload(optimizer_cpu_offload="--optimizer-cpu-offload" in values,
                         optimizer_offload_fraction=fraction),
+        optimizer_states=OptimizerStates(
+            precision_aware_optimizer="--use-precision-aware-optimizer" in values,
+            main_params_dtype=_one_of(values, "--main-params-dtype", MAIN_PARAMS_DTYPES, "fp32"),
+            exp_avg_dtype=_one_of(values, "--exp-avg-dtype", MOMENT_DTYPES, "fp32"),
+            exp_avg_sq_dtype=_one_of(values, "--exp-avg-sq-dtype", MOMENT_DTYPES, "fp32")),
         loss=Loss(cross_entropy_fusion=_one_of(values, "--cross-entropy-fusion-impl", CROSS_ENTROPY_FUSIONS[1:],
                                                MEGATRON_CROSS_ENTROPY_KERNEL)
                   if "--cross-entropy-loss-fusion" in values else "none"),

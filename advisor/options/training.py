@@ -35,6 +35,8 @@ RecomputeMethod = Literal["uniform", "block"]
 DataloaderMask = Literal["off", "cached", "rebuilt"]
 TransformerImpl = Literal["transformer_engine", "local"]
 CrossEntropyFusion = Literal["none", "native", "te"]
+MainParamsDtype = Literal["fp32", "fp16"]
+MomentDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 
 # Each choice's values, from its type: the fields' checks, the command line's choices and the
 # flag readers all take them from here.
@@ -48,6 +50,8 @@ RECOMPUTE_METHODS: tuple[str, ...] = get_args(RecomputeMethod)
 DATALOADER_MASKS: tuple[str, ...] = get_args(DataloaderMask)
 TRANSFORMER_IMPLS: tuple[str, ...] = get_args(TransformerImpl)
 CROSS_ENTROPY_FUSIONS: tuple[str, ...] = get_args(CrossEntropyFusion)
+MAIN_PARAMS_DTYPES: tuple[str, ...] = get_args(MainParamsDtype)
+MOMENT_DTYPES: tuple[str, ...] = get_args(MomentDtype)
 
 
 def _choice(value, allowed, what: str) -> None:
@@ -292,6 +296,39 @@ class Offload:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class OptimizerStates:
+    """Megatron's precision-aware optimizer (--use-precision-aware-optimizer: Transformer Engine's
+    FusedAdam keeps the master weights and Adam's moments in the dtypes given; megatron-core
+    ``optimizer_config.py`` and ``optimizer/__init__.py``, both releases). Without it the states
+    are FP32 and the dtypes below must stay fp32 (megatron-core asserts it)."""
+
+    precision_aware_optimizer: bool = False
+    """--use-precision-aware-optimizer (implied by --optimizer-cpu-offload, which Megatron runs
+    only with it: ``TrainingOptions`` keeps it False there, so one run has one description)."""
+    main_params_dtype: MainParamsDtype = "fp32"
+    """--main-params-dtype: the master weights (fp32: with BF16 weights TE stores only the 16
+    bits BF16 lacks, ``store_param_remainders``)."""
+    exp_avg_dtype: MomentDtype = "fp32"
+    """--exp-avg-dtype: Adam's momentum (fp8: one byte, E4M3 with a per-tensor scale)."""
+    exp_avg_sq_dtype: MomentDtype = "fp32"
+    """--exp-avg-sq-dtype: Adam's variance."""
+
+    def __post_init__(self) -> None:
+        _switches(self)
+        _choice(self.main_params_dtype, MAIN_PARAMS_DTYPES, "main_params_dtype (--main-params-dtype)")
+        _choice(self.exp_avg_dtype, MOMENT_DTYPES, "exp_avg_dtype (--exp-avg-dtype)")
+        _choice(self.exp_avg_sq_dtype, MOMENT_DTYPES, "exp_avg_sq_dtype (--exp-avg-sq-dtype)")
+
+    @property
+    def lowered(self) -> list[str]:
+        """The flags of the states kept below FP32, as Megatron names them."""
+        return [f"{flag} {value}" for flag, value in (("--main-params-dtype", self.main_params_dtype),
+                                                        ("--exp-avg-dtype", self.exp_avg_dtype),
+                                                        ("--exp-avg-sq-dtype", self.exp_avg_sq_dtype))
+                if value != "fp32"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Loss:
     """The cross-entropy loss's kernel."""
 
@@ -308,7 +345,8 @@ class Loss:
 
 
 _CONCERNS = {"precision": Precision, "data_parallel": DataParallel, "tensor_parallel": TensorParallel,
-             "recomputation": Recomputation, "attention": Attention, "offload": Offload, "loss": Loss}
+             "recomputation": Recomputation, "attention": Attention, "offload": Offload,
+             "optimizer_states": OptimizerStates, "loss": Loss}
 _OWNER = {f.name: concern for concern, cls in _CONCERNS.items() for f in fields(cls)}
 """Each flat field name -> the concern that holds it (names are unique over the concerns)."""
 
@@ -323,6 +361,7 @@ class TrainingOptions:
     recomputation: Recomputation = Recomputation()
     attention: Attention = Attention()
     offload: Offload = Offload()
+    optimizer_states: OptimizerStates = OptimizerStates()
     loss: Loss = Loss()
     vocab_divisible_by: int | None = None
     """Pad v to a multiple of this x TP (--make-vocab-size-divisible-by, 128 in Megatron); None:
@@ -340,6 +379,39 @@ class TrainingOptions:
         if offload.optimizer_cpu_offload and precision.fp8_param_gather and precision.fp8_recipe != "delayed":
             raise AdvisorError("--optimizer-cpu-offload with --fp8-param-gather needs --fp8-recipe delayed "
                                "(Megatron-LM refuses it otherwise)")
+        self._check_optimizer_states()
+        if precision.fp8_format is None and precision.fp8_recipe != "delayed" and not self.precision_aware_optimizer:
+            # the recipe does nothing without FP8 or the precision-aware optimizer: one description
+            object.__setattr__(self, "precision", replace(precision, fp8_recipe="delayed"))
+
+    def _check_optimizer_states(self) -> None:
+        """What megatron-core's OptimizerConfig refuses (``__post_init__``, both releases), what
+        the advisor does not price (the precision-aware optimizer under FSDP, whose own buffers
+        hold the main weights), and one description of an offloaded run (the switch it implies
+        is not also stated)."""
+        states, offload, dp = self.optimizer_states, self.offload, self.data_parallel
+        asked = (states.precision_aware_optimizer and not offload.optimizer_cpu_offload) or states.lowered
+        if asked and (dp.fsdp_strategy is not None or dp.torch_fsdp2):
+            raise AdvisorError("--use-precision-aware-optimizer with FSDP is not priced (Megatron-FSDP keeps the main "
+                               "weights in its own buffers; Megatron-Bridge turns the optimizer off with FSDP)")
+        if offload.optimizer_cpu_offload and states.lowered:
+            raise AdvisorError(f"{states.lowered[0]} has no effect with --optimizer-cpu-offload (Megatron's "
+                               "HybridDeviceOptimizer keeps FP32 states)")
+        if offload.optimizer_cpu_offload and states.precision_aware_optimizer:
+            object.__setattr__(self, "optimizer_states", replace(states, precision_aware_optimizer=False))
+        if not self.precision_aware_optimizer:
+            if states.lowered:
+                raise AdvisorError(f"{states.lowered[0]} needs --use-precision-aware-optimizer (megatron-core keeps "
+                                   "the optimizer states in FP32 without it)")
+            return
+        if not dp.distributed_optimizer:
+            raise AdvisorError("--use-precision-aware-optimizer needs --use-distributed-optimizer (megatron-core "
+                               "refuses it without)")
+
+    @property
+    def precision_aware_optimizer(self) -> bool:
+        """Whether Megatron runs its precision-aware optimizer: asked for, or implied by offload."""
+        return self.optimizer_states.precision_aware_optimizer or self.offload.optimizer_cpu_offload
 
     # --- flat views -------------------------------------------------------------------------
 
@@ -396,6 +468,43 @@ class TrainingOptions:
 
     # --- what the models read ---------------------------------------------------------------
 
+    @property
+    def optimizer_bytes(self) -> float:
+        """Bytes per parameter of the master weight, momentum and variance before sharding
+        (``memory_levers.optimizer_state_bytes``)."""
+        from advisor.memory_levers import optimizer_state_bytes
+
+        states = self.optimizer_states
+        # offloaded, Megatron's HybridDeviceOptimizer keeps FP32 copies and FP32 Adam states whatever
+        # the dtypes (get_megatron_optimizer builds it before, and instead of, the precision-aware FusedAdam)
+        return optimizer_state_bytes(states.precision_aware_optimizer, states.main_params_dtype, states.exp_avg_dtype,
+                                     states.exp_avg_sq_dtype, bf16_weights=self.precision.params_dtype == "bfloat16",
+                                     te_holds_masters=self._te_holds_masters)
+
+    @property
+    def _te_holds_masters(self) -> bool:
+        """megatron-core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8`` (optimizer_config.py):
+        Transformer Engine's FusedAdam, not megatron-core, keeps the master weights. It reads the
+        optimizer config's fp8_recipe, which Megatron-LM fills from --fp8-recipe (default delayed)
+        whether or not FP8 runs; Megatron-Bridge's BF16 recipes carry 'tensorwise' there
+        (``bf16_mixed``), so their precision-aware optimizer keeps megatron-core's FP32 masters:
+        a BF16 run with --fp8-recipe tensorwise prices that."""
+        states, p = self.optimizer_states, self.precision
+        return states.precision_aware_optimizer and (states.main_params_dtype != "fp32" or p.fp8_recipe == "delayed")
+
+    @property
+    def adam_moment_bytes(self) -> float:
+        """Bytes per parameter of Adam's momentum and variance, which the first optimizer step
+        makes (``equations.ADAM_MOMENT_BYTES`` in FP32)."""
+        from advisor.memory_levers import STATE_DTYPE_BYTES
+
+        if not self.optimizer_states.precision_aware_optimizer:  # offloaded ones are FP32 (optimizer_bytes)
+            from advisor.equations import ADAM_MOMENT_BYTES
+
+            return float(ADAM_MOMENT_BYTES)
+        states = self.optimizer_states
+        return float(STATE_DTYPE_BYTES[states.exp_avg_dtype] + STATE_DTYPE_BYTES[states.exp_avg_sq_dtype])
+
     def memory_options(self):
         """The estimator's view (``advisor.memory.MemoryOptions``)."""
         from advisor.memory import MemoryOptions
@@ -409,7 +518,8 @@ class TrainingOptions:
             recompute_num_layers=r.recompute_num_layers, sequence_parallel=self.tensor_parallel.sequence_parallel,
             flash_attention=self.attention.flash_attention, vocab_divisible_by=self.vocab_divisible_by,
             fsdp_strategy="torch_fsdp2" if dp.torch_fsdp2 else dp.fsdp_strategy,
-            optimizer_host_fraction=self.offload.host_fraction, fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe,
+            optimizer_bytes=self.optimizer_bytes, optimizer_host_fraction=self.offload.host_fraction,
+            fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe,
             fp8_param_gather=p.fp8_param_gather, fp8_amax_history_len=p.fp8_amax_history_len,
             cross_entropy_fusion=self.loss.cross_entropy_fusion,
             dataloader_mask=self.attention.dataloader_mask != "off",
@@ -419,6 +529,7 @@ class TrainingOptions:
         """The time model's view (``advisor.throughput.TimeOptions``); ``model_choices`` are the
         time model's own settings that no Megatron flag decides (flops_convention, attention_kernel)."""
         from advisor.throughput.model import TimeOptions
+        from advisor.throughput.terms import optimizer_step_bytes
 
         dp, p = self.data_parallel, self.precision
         if dp.torch_fsdp2:
@@ -432,8 +543,11 @@ class TrainingOptions:
             fsdp = dict(overlap_grad_reduce=dp.overlap_grad_reduce, overlap_param_gather=dp.overlap_param_gather,
                         distributed_optimizer=dp.distributed_optimizer, grad_reduce_bytes=p.gradient_bytes,
                         fsdp_strategy=dp.fsdp_strategy)
+        states = self.optimizer_states
+        remainders = self._te_holds_masters and states.main_params_dtype == "fp32" and p.params_dtype == "bfloat16"
         return TimeOptions(
             **fsdp, tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,
+            optimizer_step_bytes=optimizer_step_bytes(self.optimizer_bytes, remainders),
             dataloader_mask="rebuilt" if self.attention.dataloader_mask == "rebuilt" else "cached",
             optimizer_host_fraction=self.offload.host_fraction, flash_attention=self.attention.flash_attention,
             fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe, fp8_param_gather=p.fp8_param_gather,

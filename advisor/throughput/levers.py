@@ -102,7 +102,7 @@ def offload_time(shard, fraction: float, gradient_bytes, link_bytes_per_s: float
     return copies + offloaded * CPU_ADAM_BYTES / memory_bytes_per_s
 
 
-def gpu_optimizer_time(shard, fraction: float, rates: Rates):
-    """The GPU's part of the step: ``terms.optimizer_time``'s 38 bytes per parameter over the
+def gpu_optimizer_time(shard, fraction: float, rates: Rates, step_bytes: float = 38.0):
+    """The GPU's part of the step: ``terms.optimizer_time``'s bytes per parameter over the
     parameters not offloaded."""
-    return elementwise_time(38 * (1.0 - fraction) * np.asarray(shard, dtype=float), rates)
+    return elementwise_time(step_bytes * (1.0 - fraction) * np.asarray(shard, dtype=float), rates)

@@ -39,6 +39,9 @@ class TimeOptions:
     distributed_optimizer: bool = True
     grad_reduce_bytes: int = 4
     """4 with --accumulate-allreduce-grads-in-fp32 (the paper), 2 for BF16 gradient reduction."""
+    optimizer_step_bytes: float = 38.0
+    """HBM bytes per parameter of the Adam step (``terms.optimizer_step_bytes``): 38 with FP32
+    states, fewer with the precision-aware optimizer's."""
     tp_comm_overlap: bool = False
     """--tp-comm-overlap (Transformer Engine userbuffers) hides the TP collectives behind GEMMs."""
     dataloader_mask: DataloaderMask = "cached"
@@ -319,10 +322,10 @@ class TimeModel:
         opts, rates = self.options, self.rates
         sharded = opts.distributed_optimizer and opts.fsdp_strategy != "no_shard"
         if self.host is None:
-            return terms.optimizer_time(params, shards, rates, sharded)
+            return terms.optimizer_time(params, shards, rates, sharded, opts.optimizer_step_bytes)
         shard = params / np.where(sharded, _f(shards), 1.0)
         fraction = opts.optimizer_host_fraction
-        return levers.gpu_optimizer_time(shard, fraction, rates) + levers.offload_time(
+        return levers.gpu_optimizer_time(shard, fraction, rates, opts.optimizer_step_bytes) + levers.offload_time(
             shard, fraction, opts.grad_reduce_bytes, *self.host)
 
     def _stage_parameters(self, tp, pp):

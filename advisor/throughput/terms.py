@@ -224,12 +224,20 @@ def data_parallel_time(parameters, shards, span, rates: Rates, grad_bytes=4, dis
     return 2 * reduce, 0.0 * gather
 
 
-def optimizer_time(parameters, shards, rates: Rates, distributed_optimizer=True):
-    """Adam on this rank's shard, memory-bound: read the FP32 gradient, read and write the FP32
-    master weight, momentum and variance, write the BF16 weight (30 bytes per parameter), plus
-    the gradient-norm read and the zeroing of the gradient buffer (8 bytes)."""
+def optimizer_step_bytes(state_bytes: float = 12.0, remainders: bool = False) -> float:
+    """HBM bytes per parameter of one Adam step: read the FP32 gradient (4), read and write the
+    master weight, momentum and variance (2 x ``state_bytes``: 24 in FP32), write the BF16
+    weight (2), plus the gradient-norm read and the zeroing of the gradient buffer (8): 38.
+    Transformer Engine's FusedAdam with the master weight's remainders (``remainders``) also
+    reads the BF16 weight it rebuilds the FP32 master from (2 more; ``fused_adam.py``,
+    ``multi_tensor_adam_param_remainder``)."""
+    return 4 + 2 * state_bytes + 2 + 8 + (2 if remainders else 0)
+
+
+def optimizer_time(parameters, shards, rates: Rates, distributed_optimizer=True, step_bytes: float = 38.0):
+    """Adam on this rank's shard, memory-bound: ``step_bytes`` (``optimizer_step_bytes``) a parameter."""
     shard = parameters / np.where(distributed_optimizer, np.asarray(shards, dtype=float), 1.0)
-    return elementwise_time(38 * shard, rates)
+    return elementwise_time(step_bytes * shard, rates)
 
 
 def host_mask_time(seq_len, rates: Rates, workers: int = 2):
