@@ -93,6 +93,11 @@ def input_options(func: Callable) -> Callable:
             estimate = f"{config.judged_gib:.1f} GiB" if config.judged_gib is not None else "the estimate"
             limit = f" of {config.memory_gib:g} GiB" if config.memory_gib else ""
             _note(f"warning: {config.source} does not fit: {estimate} per GPU{limit} (oom)")
+        if config.read_from and config.unpriced:
+            command = config.read_from.partition(": ")[0]  # 'train.sh: torchrun, 8 GPUs (...)'
+            _note(f"warning: {config.source} was read from {command}, which it priced otherwise: "
+                  f"{'; '.join(config.unpriced)}. The launch runs what was priced (its megatron_args: a Llama-family "
+                  f"network with the advisor's options), not {command} as written")
         return func(*args, config=config, **kwargs)
 
     return apply_options([

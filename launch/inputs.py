@@ -85,6 +85,11 @@ class LaunchInput:
     ep: int | None = None
     etp: int | None = None
     """A mixture of experts' expert parallel and expert tensor parallel sizes, else None."""
+    read_from: str | None = None
+    """The command an estimate was read from (``advisor estimate --from-command``), else None."""
+    unpriced: tuple[str, ...] = ()
+    """What that command holds that the estimate priced otherwise or not at all: its megatron_args,
+    which the launch runs, state what was priced instead (a Llama network, the advisor's options)."""
 
     @property
     def world_size(self) -> int:
@@ -244,6 +249,8 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         judged_gib=usage if (usage := fields.number("usage_gib")) is not None else fields.number("total_gib"),
         memory_gib=fields.number("memory_gib"), tokens=fields.number("tokens"),
         step_time_s=fields.number("step_time_s"), ep=ep, etp=etp,
+        read_from=fields.document.get("read_from") if isinstance(fields.document.get("read_from"), str) else None,
+        unpriced=tuple(item for item in fields.document.get("unpriced") or () if isinstance(item, str)),
     )
 
 

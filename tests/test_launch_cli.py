@@ -174,6 +174,23 @@ def test_an_oom_configuration_is_launched_with_a_warning(advisor, tmp_path):
                              f"{oom['total_gib']:.1f} GiB per GPU of 40 GiB (oom)\n")
 
 
+def test_an_estimate_read_from_a_gpt_script_says_what_its_launch_changes(advisor, tmp_path):
+    """A GELU, LayerNorm, learned-position script (Megatron's defaults) is priced as a Llama-family
+    network; the estimate's megatron_args say that network, and launching them trains it, not the
+    script: the launch says so, naming each difference."""
+    script = tmp_path / "gpt.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 24 --hidden-size 2048 "
+                      "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+                      "--micro-batch-size 1 --global-batch-size 256 --bf16 --vocab-size 50257\n")
+    estimate = tmp_path / "est.json"
+    advisor("estimate", "--from-command", script, "--mem", "80", "-o", estimate)
+    result = launcher()("args", "--from", estimate)
+    assert "--swiglu" in result.stdout.split() and "--normalization RMSNorm" in result.stdout
+    [warning] = [line for line in result.stderr.splitlines() if "was read from" in line]
+    assert f"the estimate ({estimate}) was read from gpt.sh, which it priced otherwise: no --swiglu" in warning
+    assert "--normalization LayerNorm" in warning and "not gpt.sh as written" in warning
+
+
 def test_args_command(plans):
     printed = launcher()("args", "--from", plans["pp3"], "--", "--train-iters", "7").stdout
     as_json = json.loads(launcher()("args", "--from", plans["pp3"], "--format", "json", "--", "--train-iters", "7").stdout)
