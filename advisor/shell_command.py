@@ -67,6 +67,9 @@ class LaunchCommand:
     world_source: str
     """How world_size was read, for the report ('torchrun --nproc-per-node 8 x --nnodes 2'), or
     where it is None, why ('no torchrun or srun in it')."""
+    gpus_per_node: int | None = None
+    """The ranks the launcher starts on each node (torchrun's --nproc-per-node, else srun's
+    --ntasks-per-node without torchrun), where it says: which ranks share a node's NVLink."""
 
 
 def unset_name(token: str) -> str | None:
@@ -510,7 +513,7 @@ def _python_target(words: list[str]) -> list[str]:
 
 def _unwrap(words: list[str], sbatch: dict) -> LaunchCommand:
     """Peel srun, torchrun / python -m torch.distributed.run, python and launch.entry off the arguments."""
-    launchers, world, source, slurm = [], None, "no torchrun or srun in it", None
+    launchers, world, source, slurm, per_node = [], None, "no torchrun or srun in it", None, None
     while words:
         name = _basename(words[0])
         if name == "srun":
@@ -519,6 +522,7 @@ def _unwrap(words: list[str], sbatch: dict) -> LaunchCommand:
         elif name == "torchrun" or words[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
             options, words = _options(words[1 if name == "torchrun" else 2:], _TORCHRUN_VALUED)
             world, source = _world(_torchrun_world, options)
+            per_node = _per_node(options, "nproc-per-node", "torchrun's") if world is not None else None
             launchers.append("torchrun")
             if "no-python" in options or "m" in options or "module" in options:
                 words = ["-m", *words] if "no-python" not in options else words
@@ -538,7 +542,16 @@ def _unwrap(words: list[str], sbatch: dict) -> LaunchCommand:
     # srun's tasks are torchrun's agents, not the ranks: an unreadable torchrun count stays unknown.
     if world is None and slurm is not None and "torchrun" not in launchers:
         world, source = _world(_slurm_world, slurm)
-    return LaunchCommand(tuple(words), "+".join(launchers) or "arguments", world, source)
+        per_node = _per_node(slurm, "ntasks-per-node", "srun's") if world is not None else None
+    return LaunchCommand(tuple(words), "+".join(launchers) or "arguments", world, source, per_node)
+
+
+def _per_node(options: dict, key: str, what: str) -> int | None:
+    """A launcher's ranks per node where its options give them readably, else None."""
+    try:
+        return _integer(options, (key,), what)
+    except _Unreadable:
+        return None
 
 
 def read_command(text: str) -> LaunchCommand:

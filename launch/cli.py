@@ -199,9 +199,12 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     rank's entry (``--check-imports``), on the nodes that need them."""
     from launch.commands import entry_options
     from launch.megatron_versions import LaunchShape, environment
-    from launch.preflight import deep_ep_backend, local_attention_note, uses_transformer_engine
+    from launch.preflight import (deep_ep_backend, local_attention_note, tensor_parallel_span_note,
+                                  uses_transformer_engine)
 
     env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
+    if (note := tensor_parallel_span_note(config.tp, per_node, config.source)) is not None:
+        _note(note)
     report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,
                         checks=checks, elsewhere_option=elsewhere_option)
     for line in job.report(megatron.args) if (dry_run if show_job is None else show_job) else ():

@@ -202,6 +202,18 @@ def _flex_backend(values: dict) -> str | None:
     return (values.get("--moe-flex-dispatcher-backend") or ("deepep",))[-1]
 
 
+def tensor_parallel_span_note(tp: int, per_node: int, source: str) -> str | None:
+    """The warning for TP groups that cross nodes: Megatron's TP ranks are consecutive (rank order
+    tp-cp-ep-dp-pp, ``parallel_state``), so a node of ``per_node`` ranks holds whole TP groups only
+    where TP divides it. The advisor prices TP within a node's NVLink (a sweep never puts it
+    across), so such a launch runs slower than priced."""
+    if tp == 1 or per_node % tp == 0:
+        return None
+    return (f"warning: TP {tp} spans nodes at {per_node} ranks per node: its collectives cross the network, which "
+            f"{source} did not price (advisor estimate --gpus-per-node {per_node}, or --from-command of this launch, "
+            "prices it)")
+
+
 def transformer_engine_import_problem(args, where: str = "") -> str:
     """The line for a missing ``transformer_engine`` that ``args`` need (``where``: the node, for
     a rank's message)."""

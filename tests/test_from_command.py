@@ -661,3 +661,30 @@ def test_megatrons_own_flags_unknown_to_the_advisor_get_no_suggestion():
     notes = [note for note in read["unpriced"] if note.startswith(("--no-data-sharding", "--override-opt",
                                                                    "--non-persistent"))]
     assert notes and all("did you mean" not in note for note in notes), notes
+
+
+def test_ranks_per_node_come_from_the_launcher(tmp_path):
+    """torchrun --nproc-per-node 4 on 8-GPU nodes: TP 8 spans two nodes, its collectives over the
+    network, as the command runs it; --gpus-per-node, given, decides instead, and a launcher that
+    starts as many ranks as the preset's GPUs changes nothing."""
+    from advisor.shell_command import read_command
+
+    assert read_command("torchrun --nproc-per-node 4 --nnodes 4 pretrain_gpt.py --bf16").gpus_per_node == 4
+    assert read_command("srun --nodes 2 --ntasks-per-node 8 python pretrain_gpt.py --bf16").gpus_per_node == 8
+    assert read_command("torchrun --nproc-per-node $GPUS --nnodes 2 pretrain_gpt.py --bf16").gpus_per_node is None
+    args = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention "
+            "--num-query-groups 8 --seq-length 8192 --max-position-embeddings 8192 --normalization RMSNorm --swiglu "
+            "--position-embedding-type rope --disable-bias-linear --attention-dropout 0 --hidden-dropout 0 "
+            "--untie-embeddings-and-output-weights --bf16 --use-distributed-optimizer --sequence-parallel "
+            "--tensor-model-parallel-size 8 --micro-batch-size 1 --global-batch-size 64 --vocab-size 128256")
+    steps = {}
+    for per_node, nodes, extra in ((4, 4, ()), (8, 2, ()), (4, 4, ("--gpus-per-node", "8"))):
+        path = tmp_path / f"run{per_node}.sh"
+        path.write_text(f"torchrun --nproc-per-node {per_node} --nnodes {nodes} pretrain_gpt.py {args}\n")
+        result = CliRunner().invoke(cli, ["estimate", "--from-command", str(path), *_H100, *extra, "--format", "json"])
+        assert result.exit_code == 0, result.output
+        steps[(per_node, extra)] = json.loads(result.stdout)
+        assert ("priced at 4 GPUs per node" in result.stderr) == (per_node == 4 and not extra)
+    across, within, decided = steps[(4, ())], steps[(8, ())], steps[(4, ("--gpus-per-node", "8"))]
+    assert across["time_parts"]["tp_comm_s"] > 2 * within["time_parts"]["tp_comm_s"]
+    assert decided["step_time_s"] == within["step_time_s"] and across["total_gib"] == within["total_gib"]

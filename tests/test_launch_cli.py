@@ -409,3 +409,14 @@ def test_an_oom_warning_quotes_the_memory_the_verdict_was_judged_on(advisor, tmp
     assert row["verdict"] == "oom" and row["total_gib"] < 80 < row["usage_gib"]
     result = launcher()("args", "--from", write_json(tmp_path / "oom.json", row))
     assert f"does not fit: {row['usage_gib']:.1f} GiB per GPU of 80 GiB (oom)" in result.stderr
+
+
+def test_tp_across_nodes_is_launched_with_a_warning(advisor, tmp_path):
+    """Megatron's TP ranks are consecutive: at 4 ranks per node TP 8 crosses nodes, which no sweep
+    prices; at 8 it does not."""
+    estimate = tmp_path / "tp8.json"
+    advisor("estimate", "--tp", "8", "--gpus", "16", "--gpu", "h100-80gb", "--format", "json", "-o", estimate)
+    for per_node, nodes, warned in ((4, 4, True), (8, 2, False)):
+        result = launcher()("torchrun", "--from", estimate, "--nproc-per-node", str(per_node), "--nnodes", str(nodes),
+                            "--rdzv-endpoint", "node001:29500", "--mock-data", "--dry-run")
+        assert (f"warning: TP 8 spans nodes at {per_node} ranks per node" in result.stderr) == warned

@@ -419,8 +419,8 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     memory_model, _ = _resolve_choices(gpu, memory_model, None, tokens, gpu_hour_price=gpu_hour_price)
     read = None
     if from_command is not None:
-        read, (spec, options, gpus, dp, tp, cp, pp, mbs, vpp, layers_per_stage, workload) = _read_command(
-            from_command, gpus, release)
+        read, (spec, options, gpus, dp, tp, cp, pp, mbs, vpp, layers_per_stage, workload, gpu, gpus_per_node) = \
+            _read_command(from_command, gpus, release, gpu, gpus_per_node)
     dp = _data_parallel(gpus, dp, tp, cp, pp, gpus_per_node)
     if read is not None and read.moe is not None:  # the command's own MoE flags (advisor.moe.readback)
         moe = read.moe
@@ -462,10 +462,22 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
          output)
 
 
-def _read_command(from_command, gpus, release):
+def _command_nodes(read, gpu, gpus_per_node: int):
+    """(gpu, GPUs per node) as the command starts its ranks: fewer per node than the preset's
+    GPUs (torchrun --nproc-per-node 4 on 8-GPU nodes) leave the others out of each node's NVLink
+    group, so TP spans nodes sooner; --gpus-per-node, given, decides instead."""
+    per_node = read.gpus_per_node
+    if per_node is None or per_node >= gpus_per_node or given("gpus_per_node"):
+        return gpu, gpus_per_node
+    note(f"advisor estimate: priced at {per_node} GPUs per node, as the command starts its ranks "
+         f"({read.source.partition('(')[2].partition(')')[0]}); --gpus-per-node decides otherwise")
+    return (gpu.with_overrides(gpus_per_node=per_node) if gpu is not None else None), per_node
+
+
+def _read_command(from_command, gpus, release, gpu, gpus_per_node: int):
     """``--from-command``: the launch's reading (``advisor.cli.from_command.read_inputs``) and the
     command's values it gives (spec, options, gpus, dp, tp, cp, pp, mbs, vpp, layers per stage,
-    workload)."""
+    workload, and the GPU with its GPUs per node as the command starts its ranks)."""
     from advisor.cli.from_command import read_inputs, refuse_explicit
     from advisor.parallel import Workload
 
@@ -478,7 +490,7 @@ def _read_command(from_command, gpus, release):
     # Megatron's default global batch: one microbatch per DP rank (validate_args).
     workload = Workload(seq_len=run.seq_len, global_batch_size=layout.global_batch_size or mbs * read.dp)
     return read, (run.spec, run.options, read.gpus, read.dp, layout.tp, layout.cp, pp, mbs, layout.vpp,
-                  layers_per_stage, workload)
+                  layers_per_stage, workload, *_command_nodes(read, gpu, gpus_per_node))
 
 
 def _data_parallel(gpus: int | None, dp: int | None, tp: int, cp: int, pp: int, gpus_per_node: int) -> int:

@@ -32,6 +32,8 @@ class CommandInputs:
     dp: int
     source: str
     """One line: what was read, and where the world size came from."""
+    gpus_per_node: int | None = None
+    """The ranks per node the command's launcher starts, where it says (``LaunchCommand``)."""
 
     @property
     def moe(self):
@@ -78,7 +80,8 @@ def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=
     if problem := _world_problem(world, where, layout.tp, layout.cp, layout.pp):
         raise InputError(problem)
     source = f"{name}: {launch.launcher}, {world} GPU{'s' if world != 1 else ''} ({where}); vocabulary {run.vocab_source}"
-    return CommandInputs(run=run, gpus=world, dp=world // (layout.tp * layout.cp * layout.pp), source=source)
+    return CommandInputs(run=run, gpus=world, dp=world // (layout.tp * layout.cp * layout.pp), source=source,
+                         gpus_per_node=launch.gpus_per_node if gpus is None else None)
 
 
 def _world_problem(world: int, where: str, tp: int, cp: int, pp: int) -> str | None:
