@@ -279,6 +279,8 @@ class CommandLine:
     """The Megatron-LM arguments of one launch, in labelled groups (for the Slurm script's comments)."""
 
     groups: tuple[tuple[str, tuple[str, ...]], ...]
+    unknown: tuple[str, ...] = ()
+    """A warning for each flag after '--' that the release's parser lacks (``unknown_flags``)."""
 
     @property
     def args(self) -> list[str]:
@@ -308,4 +310,26 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     if chunk_layers is not None:
         check_recomputation(rules, recomputation([*decided, *extras]), chunk_layers, source)
     labelled = [(group.source, group.args) for group in groups] + [(USER_LABEL, tuple(extras))]
-    return CommandLine(groups=tuple(labelled))
+    return CommandLine(groups=tuple(labelled), unknown=tuple(unknown_flags(rules, extras)))
+
+
+def unknown_flags(rules: MegatronVersion, extras: Sequence[str]) -> list[str]:
+    """A warning for each flag after '--' that ``rules``' release's own parser lacks
+    (``launch.megatron_flags``), with the flags it may mean: Megatron parses with
+    allow_abbrev=False and no unknown arguments (arguments.py, both releases), so every rank
+    refuses it at start-up, after the queue. A warning, not a refusal: a checkout's pretrain_gpt.py
+    may add flags of its own (core_v0.15.2's adds ModelOpt's where nvidia-modelopt is installed)."""
+    import difflib
+
+    taken = values_taken(rules)
+    if not taken:
+        return []
+    lines = []
+    for name, _, _ in _given(extras):
+        if name in taken:
+            continue
+        close = difflib.get_close_matches(name, list(taken), n=2, cutoff=0.8)
+        meant = f" (did you mean {' or '.join(close)}?)" if close else ""
+        lines.append(f"warning: {name} (after --) is not a flag of {rules.name}'s argument parser{meant}: "
+                     "pretrain_gpt.py refuses it on every rank at start-up, unless your checkout adds it")
+    return lines

@@ -137,6 +137,8 @@ def megatron_options(func: Callable) -> Callable:
         job = plan_job(config, job_file=job_file, tokens=tokens, bandwidth_gbs=fs_bandwidth, user_args=user_args)
         megatron = compose(config.source, config.megatron_args, rules=release.rules, model=config.model,
                            mock_data=mock_data, extras=user_args, job=job.group, chunk_layers=config.chunk_layers())
+        for line in megatron.unknown:
+            _note(line)
         return func(*args, config=config, release=release, megatron=megatron, job_plan=job, **kwargs)
 
     return apply_options([
