@@ -688,3 +688,24 @@ def test_ranks_per_node_come_from_the_launcher(tmp_path):
     across, within, decided = steps[(4, ())], steps[(8, ())], steps[(4, ("--gpus-per-node", "8"))]
     assert across["time_parts"]["tp_comm_s"] > 2 * within["time_parts"]["tp_comm_s"]
     assert decided["step_time_s"] == within["step_time_s"] and across["total_gib"] == within["total_gib"]
+
+
+def test_a_commands_moe_is_priced_under_the_routing_given(tmp_path):
+    """--moe-routing and --moe-imbalance are the advisor's assumptions, no Megatron flag's: given
+    beside --from-command they price the command's MoE as the estimate it came from priced it
+    (dropless read back as balanced was 97.7 GiB against 277.7)."""
+    layout = ["--model", "qwen3-30b-a3b", "--gpus", "16", "--tp", "1", "--pp", "1", "--ep", "8", *_H100,
+              "--format", "json"]
+    for assumption in (["--moe-routing", "dropless"], ["--moe-imbalance", "1.3"]):
+        estimate = CliRunner().invoke(cli, ["estimate", *layout, *assumption])
+        assert estimate.exit_code == 0, estimate.output
+        priced = json.loads(estimate.stdout)
+        path = tmp_path / "run.sh"
+        path.write_text("torchrun --nproc-per-node 8 --nnodes 2 pretrain_gpt.py " + shlex.join(priced["megatron_args"]))
+        command = ["estimate", "--from-command", str(path), *_H100, "--vocab-size", "151936", "--format", "json"]
+        plain, read = (json.loads(CliRunner().invoke(cli, [*command, *extra]).stdout) for extra in ([], assumption))
+        assert (read["total_gib"], read["step_time_s"]) == (priced["total_gib"], priced["step_time_s"])
+        assert (plain["total_gib"], plain["step_time_s"]) != (priced["total_gib"], priced["step_time_s"])
+    dense = CliRunner().invoke(cli, ["estimate", "--from-command", str(COMMANDS / "megatron_gpt3_175b.sh"), "--gpus",
+                                     "1024", "--vocab-size", "50257", "--moe-routing", "dropless"])
+    assert dense.exit_code == 2 and "MoE options need a mixture-of-experts model: --moe-routing" in dense.stderr

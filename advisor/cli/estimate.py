@@ -18,6 +18,7 @@ from advisor.cli.options import (
 )
 from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 from advisor.cli.training_flags import given, memory_options
+from advisor.cli.from_command import with_routing
 from advisor.paper_rule import DEFAULT_THRESHOLD, judged_threshold
 
 TABLE_ROWS = 30
@@ -423,7 +424,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
             _read_command(from_command, gpus, release, gpu, gpus_per_node)
     dp = _data_parallel(gpus, dp, tp, cp, pp, gpus_per_node)
     if read is not None and read.moe is not None:  # the command's own MoE flags (advisor.moe.readback)
-        moe = read.moe
+        moe = with_routing(read.moe, moe)
     spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, release=release, unsupported={
         "--tokens": tokens is not None, "--gpu-hour-price": gpu_hour_price is not None})
     given = _layer_counts(layers_per_stage)

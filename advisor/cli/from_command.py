@@ -17,9 +17,22 @@ from advisor.cli.options import InputError, note
 
 ALLOWED_WITH_COMMAND = {"from_command", "compare_best", "gpus", "gpu", "mem", "gpus_per_node", "threshold",
                         "memory_model", "tokens", "vocab_size", "fmt", "output", "gpu_hour_price",
-                        "megatron_version"}
-"""estimate's options that the command cannot say (the hardware, the judging, the output); every
-other (layout, model, training options) comes from the command, and giving it too is refused."""
+                        "megatron_version", "moe_routing", "moe_imbalance"}
+"""estimate's options that the command cannot say (the hardware, the judging, the output, and the
+routing a mixture of experts is priced under, no Megatron flag's); every other (layout, model,
+training options) comes from the command, and giving it too is refused."""
+
+
+def with_routing(flags, given_flags):
+    """The command's MoE flags (``advisor.moe.readback.MoEFlags``) priced under the routing the
+    advisor's own --moe-routing and --moe-imbalance give (``given_flags``: the CLI's), where given:
+    a command says its capacity factor, not how its router will route."""
+    from dataclasses import replace
+
+    changes = {name: getattr(given_flags, name) for name, flag in (("moe_routing", "--moe-routing"),
+                                                                   ("moe_imbalance", "--moe-imbalance"))
+               if flag in given_flags.given}
+    return replace(flags, **changes, given=tuple(given_flags.given)) if changes else flags
 
 
 @dataclass(frozen=True, slots=True)
