@@ -487,3 +487,76 @@ def test_core_attention_as_the_dense_model_prices_it_by_hand():
     # the same numbers as the dense model's own term for a layer of these heads
     from advisor.throughput import terms
     assert (forward, backward) == pytest.approx(terms.attention_time(MIXTRAL, 4096, 2, 2, 4, rates))
+
+
+def test_the_last_stage_holds_a_remainder_of_p_minus_1():
+    # split_layers puts a remainder r <= p - 2 on the stages just before the last (the last is then
+    # among the smallest), but r = p - 1 on every stage after the first, the last included
+    assert st.split_layers(61, 2) == [30, 31] and st.split_layers(47, 4) == [11, 12, 12, 12]
+    assert st.split_layers(61, 4) == [15, 15, 16, 15]
+    pp = np.array([1, 2, 4, 4, 8, 16])
+    layers = np.array([61, 61, 61, 47, 47, 61])
+    most, last = st.longest_and_last(layers, pp)
+    assert list(most) == [61, 31, 16, 12, 6, 4] and list(last) == [61, 31, 15, 12, 6, 3]
+    for n, p, m, la in zip(layers, pp, most, last):
+        assert (m, la) == (max(st.split_layers(n, p)), st.split_layers(n, p)[-1])
+
+
+def test_the_last_stage_with_the_extra_layer_paces_the_step_by_hand():
+    """Mixtral with 31 layers at PP 2 splits 15 | 16: the last stage, 16 MoE layers and the LM
+    head, is the slowest, so the steady state's compute and exposed all-to-all are m x (16 layers
+    + the head) (not 15 layers + the head, the split's last stage taken for its smallest)."""
+    from dataclasses import replace
+
+    from advisor.moe.space import estimate_layout
+    from advisor.parallel import Workload
+    from advisor.throughput import terms
+
+    spec, gpu = replace(MIXTRAL, num_layers=31), get_gpu("h100-80gb")
+    row = estimate_layout(spec, Workload(seq_len=4096, global_batch_size=256), tp=1, cp=1, pp=2, ep=8, etp=1, dp=16,
+                          mbs=1, gpu=gpu, memory_gib=80.0)
+    assert row["layers_per_stage"] == [15, 16]
+    rates = Rates.of(gpu, load_calibration())
+    times = mt.layer_times(spec, 4096, tp=1, cp=1, ep=8, etp=1, mbs=1, rates=rates)
+    layer = 3 * (times.moe - times.comm) + times.core_backward_extra + 2 * times.comm
+    head = sum(terms.lm_head_time(spec, 4096.0, 1, spec.vocab_size, rates))
+    parts, m = row["time_parts"], 256 / 16
+    assert parts["compute_s"] + parts["ep_comm_s"] == pytest.approx(m * (16 * layer + head), rel=1e-9)
+
+
+QWEN47 = PRESETS["qwen3-30b-a3b"]
+
+
+@pytest.mark.parametrize("case", [
+    # L mod PP = PP - 1: the remainder's last layer on the last stage
+    ("deepseek-v3", 61, 1024, "b200-180gb", 1024, dict(pp=2, tp=8, recompute="full")),
+    ("qwen3-30b-a3b", 47, 64, "h100-80gb", 512, dict(pp=2)),
+    ("qwen3-30b-a3b", 47, 64, "h100-80gb", 512, dict(pp=4)),
+    ("qwen3-30b-a3b", 47, 64, "h100-80gb", 512, dict(pp=8)),
+    # the remainder before the last stage, and none
+    ("deepseek-v3", 61, 2048, "h100-80gb", 8192, dict(pp=16)),
+    ("deepseek-v3", 61, 2048, "h100-80gb", 8192, dict(pp=4)),
+    ("qwen3-30b-a3b", 48, 64, "h100-80gb", 512, dict(pp=4)),
+])
+def test_a_sweep_row_is_priced_as_its_estimate(case):
+    """A sweep row's step time is its layout's estimate's, under the default split and under the
+    row's own layers_per_stage (what its Megatron flags say), whatever the remainder L mod PP."""
+    from dataclasses import replace
+
+    from advisor.moe.space import estimate_layout, sweep
+    from advisor.parallel import Pinned, Workload
+
+    name, layers, gpus, gpu_name, gbs, pins = case
+    spec, gpu = replace(PRESETS[name], num_layers=layers, mtp_num_layers=int(name == "deepseek-v3")), get_gpu(gpu_name)
+    recompute = pins.pop("recompute", None)
+    workload = Workload(seq_len=4096, global_batch_size=gbs)
+    result = sweep(spec, workload, gpus, gpu.memory_gib, gpu=gpu, recompute=recompute, pinned=Pinned(**pins))
+    rows = result.rows(include_oom=True, limit=4)
+    assert rows
+    for row in rows:
+        layout = {k: row[k] for k in ("tp", "cp", "pp", "ep", "etp", "dp", "mbs", "vpp", "recompute")}
+        assert row["layers_per_stage"] == st.split_layers(layers, row["pp"])
+        for split in (None, tuple(row["layers_per_stage"])):
+            one = estimate_layout(spec, workload, **layout, gpu=gpu, memory_gib=gpu.memory_gib,
+                                  layers_per_stage=split)
+            assert one["step_time_s"] == pytest.approx(row["step_time_s"], rel=1e-9, abs=0), (layout, split)

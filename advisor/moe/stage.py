@@ -123,17 +123,39 @@ def _memory_options(training: TrainingOptions):
 
 
 def split_layers(num_layers: int, pp: int) -> list[int]:
-    """Layers per stage: L // p each, the remainder on the stages just before the last."""
+    """Layers per stage: L // p each, the remainder on the stages just before the last, or on every
+    stage after the first where it is p - 1 (``stage_layers``)."""
     return list(_split(num_layers, pp))
 
 
 @functools.lru_cache(maxsize=1024)
 def _split(num_layers: int, pp: int) -> tuple[int, ...]:
-    base, extra = divmod(num_layers, pp)
-    if pp == 1:
-        return (num_layers,)
-    extras = set(range(max(1, pp - 1 - extra), pp - 1)) if extra <= pp - 2 else set(range(pp - extra, pp))
-    return tuple(base + (i in extras) for i in range(pp))
+    return tuple(int(x) for x in stage_layers(num_layers, pp, np.arange(pp))[0])
+
+
+def stage_layers(num_layers, pp, stage):
+    """(layers, the layers before it) of ``stage`` under ``split_layers``, vectorised over ``pp``
+    and ``stage``: L // p each and the remainder r on the r stages just before the last, except
+    r = p - 1, which goes on every stage after the first (the last included: 61 at PP 2 is
+    30 | 31). The one place the default split is made: the memory model, the emitted flags and
+    the time model (``longest_and_last``) read it."""
+    base, extra = np.divmod(num_layers, pp)
+    start_extra = np.where(extra <= pp - 2, np.maximum(1, pp - 1 - extra), pp - extra)
+    end_extra = np.where(extra <= pp - 2, pp - 1, pp)
+    has_extra = (stage >= start_extra) & (stage < end_extra) & (pp > 1)
+    layers = np.where(pp == 1, num_layers, base + has_extra)
+    # the first global layer of the stage: base x stage plus the extras before it
+    before = base * stage + np.clip(stage - start_extra, 0, np.maximum(end_extra - start_extra, 0)) * (pp > 1)
+    return layers, before
+
+
+def longest_and_last(num_layers, pp, layers_per_stage: tuple[int, ...] | None = None):
+    """(the largest stage's layers, the last stage's) under ``split_layers``, vectorised over
+    ``pp``, or of the given ``layers_per_stage`` (one layout's split). The last is the largest
+    where the remainder is p - 1 (or 0), not always the smallest."""
+    if layers_per_stage is not None:
+        return max(layers_per_stage), layers_per_stage[-1]
+    return np.ceil(num_layers / pp), stage_layers(num_layers, pp, pp - 1)[0]
 
 
 def _stage_arrays(spec: MoESpec, pp, stage, layers_per_stage: tuple[int, ...] | None = None):
@@ -143,13 +165,7 @@ def _stage_arrays(spec: MoESpec, pp, stage, layers_per_stage: tuple[int, ...] | 
         counts = np.asarray(layers_per_stage)
         layers, before = counts[stage], (np.cumsum(counts) - counts)[stage]
     else:
-        base, extra = np.divmod(spec.num_layers, pp)
-        start_extra = np.where(extra <= pp - 2, np.maximum(1, pp - 1 - extra), pp - extra)
-        end_extra = np.where(extra <= pp - 2, pp - 1, pp)
-        has_extra = (stage >= start_extra) & (stage < end_extra) & (pp > 1)
-        layers = np.where(pp == 1, spec.num_layers, base + has_extra)
-        # first global layer of the stage: base x stage plus the extras before it
-        before = base * stage + np.clip(stage - start_extra, 0, np.maximum(end_extra - start_extra, 0)) * (pp > 1)
+        layers, before = stage_layers(spec.num_layers, pp, stage)
     dense = np.clip(spec.first_dense_layers - before, 0, layers)  # the model's first layers are its dense ones
     return layers, dense
 

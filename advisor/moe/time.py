@@ -39,6 +39,7 @@ from advisor.moe import memory as mm
 from advisor.moe import mtp as mtp_terms
 from advisor.moe import params
 from advisor.moe.spec import MoESpec
+from advisor.moe.stage import longest_and_last
 from advisor.throughput import terms
 from advisor.throughput.terms import Rates
 
@@ -550,8 +551,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     moe_f = layer.moe
     moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
     dense_t = _dense_layer_pace(spec, recompute, options, layer)
-    most, fewest_last = ((np.ceil(spec.num_layers / b["pp"]), np.floor(spec.num_layers / b["pp"]))
-                         if layers_per_stage is None else (max(layers_per_stage), layers_per_stage[-1]))
+    most, last_layers = longest_and_last(spec.num_layers, b["pp"], layers_per_stage)
     tokens_cp = b["mbs"] * seq_len / b["cp"]
     vocab = eq.padded_vocab_size(spec.vocab_size, training.vocab_divisible_by, b["tp"])  # the rows Megatron builds
     head_f, head_b = terms.lm_head_time(spec, tokens_cp, b["tp"], vocab, rates)
@@ -567,7 +567,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
             spec, tokens_cp, b["tp"], layer, head_f + head_b, emb_f + emb_b,
             lambda m, k, n: terms.gemm_time(m, k, n, gemm_rates or rates))
         ends = head_f + head_b + mtp
-        last = spread(fewest_last * layer + ends)  # split_layers' last is the shortest
+        last = spread(last_layers * layer + ends)
         total = spread(spec.first_dense_layers * dense_t + spec.moe_layers * layer + ends) + c["pp"] * chunk
         return total, np.maximum(np.where(c["pp"] == 1, total, np.maximum(spread(most * layer), last) + chunk),
                                  total / c["pp"])
