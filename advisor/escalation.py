@@ -13,14 +13,16 @@ from typing import Callable
 from advisor.errors import AdvisorError
 from advisor.options import TrainingOptions
 
-# Megatron-FSDP runs with the distributed optimizer (DataParallel.distributed_optimizer_for): its
-# rungs turn it on where the user's options had it off.
+# Megatron-FSDP runs with the distributed optimizer (DataParallel.distributed_optimizer_for), and
+# so does the offload (its precision-aware optimizer: megatron-core OptimizerConfig): every rung
+# turns it on where the user's options had it off.
 LADDER: tuple[tuple[str, dict], ...] = (
     ("Megatron-FSDP optim_grads (gradients and optimizer states sharded, ZeRO-2)",
      {"fsdp_strategy": "optim_grads", "distributed_optimizer": True}),
     ("Megatron-FSDP optim_grads_params (weights too, ZeRO-3)",
      {"fsdp_strategy": "optim_grads_params", "distributed_optimizer": True}),
-    ("optimizer CPU offload (optimizer states in host memory)", {"optimizer_cpu_offload": True}),
+    ("optimizer CPU offload (optimizer states in host memory)",
+     {"optimizer_cpu_offload": True, "distributed_optimizer": True}),
 )
 
 

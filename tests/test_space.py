@@ -574,7 +574,9 @@ def test_the_escalation_ladder_climbs_from_options_without_the_distributed_optim
     """--no-distributed-optimizer with nothing fitting: the Megatron-FSDP rungs were built outside
     the ladder's error handling without the distributed optimizer they need, and the sweep ended
     on 'Megatron-FSDP runs with --use-distributed-optimizer' (exit 2). Each rung now states what
-    it runs with; this 70B case climbs to the CPU offload, as it does with the default options."""
+    it runs with; this 70B case climbs to the CPU offload, as it does with the default options,
+    with the distributed optimizer its precision-aware optimizer needs (megatron-core refuses the
+    offload without it)."""
     import json
 
     rows = json.loads(advisor("sweep", "--model", "llama3.1-70b", "--gpus", 8, "--mem", 80,
@@ -582,4 +584,5 @@ def test_the_escalation_ladder_climbs_from_options_without_the_distributed_optim
     default = json.loads(advisor("sweep", "--model", "llama3.1-70b", "--gpus", 8, "--mem", 80, "--top", 1,
                                  "--format", "json").stdout)
     assert rows[0]["rank"] == 1 and rows[0]["options"]["optimizer_cpu_offload"]
-    assert not rows[0]["options"]["distributed_optimizer"] and default[0]["options"]["optimizer_cpu_offload"]
+    assert "distributed_optimizer" not in rows[0]["options"] and default[0]["options"]["optimizer_cpu_offload"]
+    assert "--use-distributed-optimizer" in rows[0]["megatron_args"]
