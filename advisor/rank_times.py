@@ -100,12 +100,14 @@ class LayoutTimes:
         return [StageTimes(**{name: value[:, i] for name, value in parts.items()}) for i in range(ranks)]
 
     def step(self, index: np.ndarray, vpp: np.ndarray, recompute_layers: np.ndarray, counts: np.ndarray,
-             parameters: np.ndarray) -> StepTime:
+             parameters: np.ndarray, hiding_counts: np.ndarray | None = None) -> StepTime:
         """The iteration of layouts ``index`` (one pipeline depth: ``counts`` is (K, PP)) with
-        ``parameters`` (K,) on one GPU of their largest rank, with its parts."""
+        ``parameters`` (K,) on one GPU of their largest rank, with its parts; ``hiding_counts``,
+        where given, the split whose first rank the DP overlap hides behind instead."""
         stages = self.stage_times(index, vpp, recompute_layers, counts)
+        hiding = None if hiding_counts is None else self.stage_times(index, vpp, recompute_layers, hiding_counts)[0]
         return self.model.step_from_stages(stages, self.tp[index], self.cp[index], self.dp[index], self.mbs[index],
-                                           np.asarray(vpp), parameters=parameters)
+                                           np.asarray(vpp), parameters=parameters, hiding=hiding)
 
 
 def recomputed_per_chunk(recompute: str, method: str, layers_per_chunk, model_layers: int):

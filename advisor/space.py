@@ -351,9 +351,14 @@ class _Pricer:
         return self._each(lambda model, times, pipelines, index: min_max(
             times, pipelines, cap[index, :pipelines.width], inverse=times.inverse))
 
-    def steps(self, counts: np.ndarray, which: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def steps(self, counts: np.ndarray, which: np.ndarray | None = None,
+              lower_bound: bool = False) -> dict[str, np.ndarray]:
         """The time model's iteration of the variants ``which`` (default all) with ``counts``
-        layers per rank: each ``StepTime`` part as an array over the variants."""
+        layers per rank: each ``StepTime`` part as an array over the variants. ``lower_bound``:
+        the DP collectives and Adam priced as no split can beat them (a rank's mean parameters,
+        not its largest; the DP overlap hidden behind a first rank with the most layers it can
+        hold, the others one per chunk), so that with the period-optimal split, whose pipeline
+        part no split beats, the step is a lower bound on every split's."""
         which = np.arange(len(self.variants)) if which is None else which
         parts: dict[str, np.ndarray] = {}
         for index, model, _, _ in self.groups:
@@ -364,8 +369,13 @@ class _Pricer:
             part, variants = counts[rows, :model.in_flight.passes.shape[1]], self.variants.take(rows)
             # the largest rank's parameters on one GPU: what the DP collectives and Adam move
             parameters = part * model.layer_parameters[at] + model.end_parameters[at]
+            hiding = None
+            if lower_bound:
+                depth = part.shape[1]
+                hiding = np.broadcast_to(variants.vpp[:, None], part.shape).copy()
+                hiding[:, 0] = self.layers - (depth - 1) * variants.vpp
             step = self.times.step(variants.base, variants.vpp, variants.recomputed(self.layers), part,
-                                   parameters.max(axis=1))
+                                   parameters.mean(axis=1) if lower_bound else parameters.max(axis=1), hiding)
             for name, value in step.parts().items():
                 parts.setdefault(name, np.full(len(self.variants), np.nan))[rows] = value
         return {name: value[which] for name, value in parts.items()}
@@ -585,7 +595,7 @@ class _Search:
         free = self.pricer(variants.with_recompute(0))
         self.priced.add(variants, 0)
         unlimited = free.fastest(np.inf)
-        bound = np.where(unlimited.feasible, free.step_time(unlimited.counts), np.inf)
+        bound = np.where(unlimited.feasible, free.steps(unlimited.counts, lower_bound=True)["total_s"], np.inf)
         order = np.argsort(key, kind="stable")
         self.steps_unlimited[variants.selective, variants.uniform] = (key[order], bound[order])
         return bound

@@ -244,18 +244,22 @@ class TimeModel:
         params = self._stage_parameters(tp, pp)
         return self._schedule(total, slowest, p, over_stages, tp, cp, pp, dp, mbs, vpp, fwd_first, bwd_first, params)
 
-    def step_from_stages(self, stages: list[StageTimes], tp, cp, dp, mbs, vpp=1, parameters=None) -> StepTime:
+    def step_from_stages(self, stages: list[StageTimes], tp, cp, dp, mbs, vpp=1, parameters=None,
+                         hiding: StageTimes | None = None) -> StepTime:
         """The iteration time of any split: ``stages`` lists each stage's ``StageTimes``
         (from ``stage``), in pipeline order; ``parameters`` is the largest stage's parameter
-        count on one GPU (for the DP collectives and the optimizer), default the even split's."""
+        count on one GPU (for the DP collectives and the optimizer), default the even split's;
+        ``hiding``, where given, the first stage the DP overlap hides behind instead of
+        ``stages[0]`` (a search's lower bound gives it the most layers any split could)."""
         p = float(len(stages))
         total = sum(s.total for s in stages)
         slowest = np.maximum.reduce(np.broadcast_arrays(*[s.total for s in stages]))
         def over_stages(field):
             return sum(getattr(s, field) for s in stages)
         params = self._stage_parameters(tp, len(stages)) if parameters is None else _f(parameters)
+        first = stages[0] if hiding is None else hiding
         return self._schedule(total, slowest, p, over_stages, tp, cp, len(stages), dp, mbs, vpp,
-                              stages[0].forward, stages[0].backward, params)
+                              first.forward, first.backward, params)
 
     def _schedule(self, total, slowest, p, over_stages, tp, cp, pp, dp, mbs, vpp, fwd_first, bwd_first, params) -> StepTime:
         """1F1B with m microbatches over stages of per-microbatch times t_i: the slowest stage
