@@ -518,9 +518,10 @@ def k8s_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_
 @input_options
 @run_options
 @manifest_options
-@click.option("--accelerator", default="H100", show_default=True,
+@click.option("--accelerator", default=None,
               help="SkyPilot's accelerator name alone, e.g. A100-80GB: the task asks for NAME:GPUS_PER_NODE "
-                   "(resources.accelerators), so a NAME:COUNT is refused; --gpus-per-node sets the count.")
+                   "(resources.accelerators), so a NAME:COUNT is refused; --gpus-per-node sets the count. Default: "
+                   "the GPU the input was priced on (H100 where it names none); another is a warning.")
 @megatron_options
 def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, name, output, dry_run,
                      accelerator) -> int:
@@ -537,8 +538,11 @@ def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus
           --accelerator H100 --mock-data -o task.yaml \\
           -- --train-iters 100 --lr 3e-4
     """
-    from launch.manifests import skypilot_task
+    from launch.manifests import accelerator_for, skypilot_task
 
+    accelerator, warning = accelerator_for(config.gpu, accelerator)
+    if warning is not None:
+        _note(warning)
     return _write_manifest(config, release, megatron, job_plan, profiling, nodes=nodes, gpus_per_node=gpus_per_node,
                            name=name, output=output, dry_run=dry_run, build=lambda job: skypilot_task(job, accelerator))
 

@@ -85,6 +85,8 @@ class LaunchInput:
     ep: int | None = None
     etp: int | None = None
     """A mixture of experts' expert parallel and expert tensor parallel sizes, else None."""
+    gpu: str | None = None
+    """The GPU preset the input was priced on (its 'gpu'), else None."""
     read_from: str | None = None
     """The command an estimate was read from (``advisor estimate --from-command``), else None."""
     unpriced: tuple[str, ...] = ()
@@ -249,6 +251,7 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         judged_gib=usage if (usage := fields.number("usage_gib")) is not None else fields.number("total_gib"),
         memory_gib=fields.number("memory_gib"), tokens=fields.number("tokens"),
         step_time_s=fields.number("step_time_s"), ep=ep, etp=etp,
+        gpu=fields.document.get("gpu") if isinstance(fields.document.get("gpu"), str) else None,
         read_from=fields.document.get("read_from") if isinstance(fields.document.get("read_from"), str) else None,
         unpriced=tuple(item for item in fields.document.get("unpriced") or () if isinstance(item, str)),
     )

@@ -79,6 +79,28 @@ def check_image(image: str) -> str:
     return image
 
 
+SKYPILOT_ACCELERATORS = {
+    "a100-40gb": ("A100",), "a100-40gb-abci": ("A100",), "a100-80gb": ("A100-80GB", "A100-80GB-SXM"),
+    "h100-80gb": ("H100", "H100-MEGA"), "h200-141gb": ("H200",), "b200-180gb": ("B200",), "gb200": ("GB200",),
+    "mi300x-192gb": ("MI300X",),
+}
+"""SkyPilot's accelerator names for the GPU presets they are (``sky show-gpus -a``,
+docs.skypilot.co/en/stable/compute/gpus.html), the first the one a task asks for by default."""
+
+
+def accelerator_for(priced_gpu: str | None, given: str | None) -> tuple[str, str | None]:
+    """(the accelerator a task asks for, a warning or None): ``given`` where given, else the
+    SkyPilot name of the preset the input was priced on, else H100; the warning where the given
+    one is not the priced GPU (its verdict and step time describe another GPU)."""
+    names = SKYPILOT_ACCELERATORS.get(priced_gpu or "", ())
+    if given is None:
+        return (names[0] if names else "H100"), None
+    if names and given.upper() not in {name.upper() for name in names}:
+        return given, (f"warning: --accelerator {given} is not the GPU the input was priced on ({priced_gpu}, "
+                       f"SkyPilot's {names[0]}): its memory verdict and step time describe that GPU, not {given}")
+    return given, None
+
+
 def check_accelerator(accelerator: str) -> str:
     """A SkyPilot accelerator name alone (H100, A100-80GB): the writer adds the count, the GPUs per
     node (``H100:8`` became ``accelerators: H100:8:8``, which SkyPilot cannot parse)."""

@@ -134,3 +134,20 @@ def test_a_flex_rows_ranks_check_deep_ep_on_their_nodes(advisor, tmp_path):
                       "/workspace/Megatron-LM", "--gpus-per-node", "8", "--mock-data", "--dry-run", "--",
                       "--transformer-impl", "local").stdout
     assert "- --check-imports" in text  # the entry's own option, before the Megatron arguments
+
+
+def test_the_task_asks_for_the_gpu_the_input_was_priced_on(advisor, tmp_path):
+    """SkyPilot's accelerator defaults to the priced preset's name (an H200 estimate asks for H200,
+    not H100), and another given is launched with a warning: its verdict and time describe the
+    priced GPU."""
+    estimate = tmp_path / "h200.json"
+    advisor("estimate", "--tp", "2", "--gpus", "8", "--gpu", "h200-141gb", "--format", "json", "-o", estimate)
+    common = ["skypilot", "--from", estimate, "--megatron-lm", "~/Megatron-LM", "--mock-data", "--dry-run", "--",
+              "--lr", "1e-4", "--train-iters", "10"]
+    plain = launcher()(*common)
+    assert yaml.safe_load(plain.stdout)["resources"]["accelerators"] == "H200:8"
+    assert "--accelerator" not in plain.stderr
+    other = launcher()(*common[:3], "--accelerator", "A100", *common[3:])
+    assert yaml.safe_load(other.stdout)["resources"]["accelerators"] == "A100:8"
+    assert "warning: --accelerator A100 is not the GPU the input was priced on (h200-141gb, SkyPilot's H200)" \
+        in other.stderr
