@@ -262,15 +262,23 @@ _REQUIRED_MODEL = ("num-layers", "hidden-size", "num-attention-heads")
 """The model flags Megatron has no default for (validate_args asserts them)."""
 
 
-def vocabulary(model: dict) -> tuple[int | None, str]:
-    """The tokenizer's vocabulary as Megatron builds it, and where it came from: NullTokenizer
-    adds one row (megatron/training/tokenizer/tokenizer.py, ``_NullTokenizer.vocab_size``); other
-    tokenizers read theirs from files the command names, so their --vocab-size is taken as given."""
+def vocabulary(model: dict, release=None) -> tuple[int | None, str]:
+    """The tokenizer's vocabulary as ``release`` (None: the newest) builds it, and where it came
+    from: core_v0.15.2's NullTokenizer adds an end-of-document row, core_v0.19.0's has --vocab-size
+    rows (``MegatronRelease.null_tokenizer_extra_rows``); other tokenizers read theirs from files
+    the command names, so their --vocab-size is taken as given."""
+    from advisor.options.releases import release_defaults
+
     size = _int(model, "vocab-size")
     if size is None:
         return None, "not in the command"
     if model.get("tokenizer-type") == "NullTokenizer":
-        return size + 1, f"--vocab-size {size} + 1 (NullTokenizer's end-of-document row)"
+        defaults = release_defaults(release)
+        extra = defaults.null_tokenizer_extra_rows
+        if extra:
+            return size + extra, (f"--vocab-size {size} + {extra} (NullTokenizer's end-of-document row on "
+                                  f"{defaults.name})")
+        return size, f"--vocab-size {size} (NullTokenizer's rows as given on {defaults.name})"
     return size, f"--vocab-size {size}"
 
 
@@ -445,7 +453,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     ``vocab_size`` (the user's, for a tokenizer read from files) overrides the command's."""
     parsed = split_arguments(arguments)
     _refuse_unexpanded(parsed)
-    command_vocab, source = vocabulary(parsed.model)
+    command_vocab, source = vocabulary(parsed.model, release)
     if vocab_size is not None:
         command_vocab, source = vocab_size, f"--vocab-size {vocab_size} (given to the advisor)"
     if missing := _missing(parsed.model, command_vocab, parsed.layout):

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from advisor.cli import cli
 from advisor.options.flags import training_args
+from advisor.releases import NEWEST
 
 COMMANDS = Path(__file__).parent / "data" / "commands"
 PRICED = ("total_gib", "model_states_gib", "activations_gib", "verdict", "usage_gib", "margin_gib", "step_time_s",
@@ -102,7 +103,8 @@ def test_token_dropping_rows_read_back_padded_or_not(index):
 def _reads_back(index: int, row: dict) -> None:
     argv, vocab = SWEEPS[index]
     hardware = argv[argv.index("--gpu"):argv.index("--gpu") + 2] if "--gpu" in argv else ["--mem", "80"]
-    command = shlex.join(row["megatron_args"] + ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab - 1)])
+    flag = NEWEST.null_tokenizer_vocab_flag(vocab)  # the newest release's NullTokenizer rows, read back by default
+    command = shlex.join(row["megatron_args"] + ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(flag)])
     estimate = invoke(["estimate", "--from-command", "-", "--gpus", str(row["gpus"]), *hardware, "--format", "json"],
                       stdin=command)
     assert {key: estimate.get(key) for key in PRICED} == {key: row.get(key) for key in PRICED}
@@ -128,7 +130,7 @@ def test_megatron_llama3_8b_fp8_example_reads_with_every_unpriced_flag_named():
     model = estimate["model"]
     assert (model["num_layers"], model["hidden_size"], model["ffn_hidden_size"], model["num_query_groups"]) == (
         32, 4096, 14336, 8)
-    assert model["vocab_size"] == 128257  # NullTokenizer: --vocab-size 128256 + its end-of-document row
+    assert model["vocab_size"] == 128256  # core 0.19's NullTokenizer (the default release): --vocab-size as given
     assert model["rotary_base"] == 1000000 and not model["tie_embeddings"]
     options = estimate["options"]
     assert options["fp8_format"] == "hybrid" and options["fp8_param_gather"] and options["grad_reduce_dtype"] == "bf16"
@@ -138,6 +140,32 @@ def test_megatron_llama3_8b_fp8_example_reads_with_every_unpriced_flag_named():
         "--empty-unused-memory-level (not known to the advisor)",
         "--fp8-amax-compute-algo (not known to the advisor)"]
     assert stderr.startswith("advisor estimate: not priced (they change memory or time): --normalization")
+
+
+def test_megatron_llama3_8b_fp8_example_on_core_0_15_has_its_null_tokenizers_extra_row():
+    """core_v0.15.2's NullTokenizer adds an end-of-document row to --vocab-size; core_v0.19.0's does not."""
+    estimate, _ = estimate_of(COMMANDS / "megatron_llama3_8b_h100_fp8.sh", "--gpu", "h100-80gb",
+                              "--megatron-version", "0.15")
+    assert estimate["model"]["vocab_size"] == 128257
+    assert estimate["read_from"].endswith("vocabulary --vocab-size 128256 + 1 (NullTokenizer's end-of-document row "
+                                          "on Megatron-LM core 0.15)")
+
+
+def test_sweep_rows_read_back_on_core_0_15_with_its_null_tokenizer_flag():
+    """A row launched for core 0.15 (--vocab-size V - 1) read with --megatron-version 0.15 gives the
+    row's own price, as the newest release's flag does by default (``_reads_back``)."""
+    from advisor.releases import RELEASES
+
+    old = next(release for release in RELEASES if release.null_tokenizer_extra_rows)
+    index = next(i for i, (argv, _) in enumerate(SWEEPS) if "qwen3-30b-a3b" in argv)
+    argv, vocab = SWEEPS[index]
+    row = sweep_rows(index)[0]
+    tail = ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(old.null_tokenizer_vocab_flag(vocab))]
+    command = shlex.join(row["megatron_args"] + tail)
+    estimate = invoke(["estimate", "--from-command", "-", "--gpus", str(row["gpus"]), "--gpu", "h100-80gb",
+                       "--megatron-version", old.checked, "--format", "json"], stdin=command)
+    assert estimate["model"]["vocab_size"] == vocab
+    assert {key: estimate.get(key) for key in PRICED} == {key: row.get(key) for key in PRICED}
 
 
 def test_megatron_llama3_8b_bf16_example_runs_torch_distributed_run_and_skips_what_it_cannot_run():
@@ -212,7 +240,9 @@ README_TORCHRUN = r"""CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 
 
 def test_readme_launch_examples_read_back():
     """docs/launch.md: the torchrun dry run and the Slurm script (both as printed there)."""
-    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--mem", "80", "--format", "json"],
+    # both are written for the docs' core_v0.15.2 checkout, whose NullTokenizer adds a row
+    version = ["--megatron-version", "0.15"]
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--mem", "80", *version, "--format", "json"],
                                 input=README_TORCHRUN)
     assert result.exit_code == 0, result.output
     estimate = json.loads(result.stdout)
@@ -221,7 +251,7 @@ def test_readme_launch_examples_read_back():
     readme = (Path(__file__).parents[1] / "docs" / "launch.md").read_text()
     script = readme[readme.index("#!/bin/bash\n# Written by advisor-launch"):]
     script = script[:script.index("```")]
-    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--mem", "80", "--format", "json"],
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--mem", "80", *version, "--format", "json"],
                                 input=script)
     assert result.exit_code == 0, result.output
     estimate = json.loads(result.stdout)

@@ -58,9 +58,24 @@ def test_model_defaults_are_validate_args():
     assert (spec.kv_channels, spec.num_query_groups, spec.ffn_hidden_size) == (128, 8, 4 * 5120)
 
 
-def test_vocabulary_of_the_null_tokenizer_has_its_extra_row():
-    assert vocabulary({"vocab-size": "4095", "tokenizer-type": "NullTokenizer"})[0] == 4096
-    assert vocabulary({"vocab-size": "128256", "tokenizer-type": "HuggingFaceTokenizer"})[0] == 128256
+@pytest.mark.parametrize("release, rows", [("0.15", 4096), ("core_v0.15.2", 4096), ("0.19", 4095), (None, 4095)])
+def test_vocabulary_of_the_null_tokenizer_is_its_releases(release, rows):
+    """core_v0.15.2's NullTokenizer adds an end-of-document row, core_v0.19.0's has --vocab-size rows;
+    None reads the newest release, as --megatron-version's default does."""
+    assert vocabulary({"vocab-size": "4095", "tokenizer-type": "NullTokenizer"}, release)[0] == rows
+    assert vocabulary({"vocab-size": "128256", "tokenizer-type": "HuggingFaceTokenizer"}, release)[0] == 128256
+
+
+def test_the_launchers_null_tokenizer_reads_back_to_its_rows_on_every_release():
+    """The --vocab-size the launcher writes for a release (``null_tokenizer_vocab_flag``) reads back,
+    on that release, to the model's own vocabulary: Qwen3's 151936 is not priced as 151937 on core 0.19."""
+    from advisor.releases import RELEASES
+
+    for release in RELEASES:
+        flag = release.null_tokenizer_vocab_flag(151936)
+        model = {"vocab-size": str(flag), "tokenizer-type": "NullTokenizer"}
+        rows, source = vocabulary(model, release.checked)
+        assert rows == 151936 and release.name in source
 
 
 def test_arguments_sort_into_model_layout_harmless_and_the_rest():

@@ -75,7 +75,8 @@ def test_a_micro_batch_the_search_skips_is_swept_when_pinned_and_launches_as_pri
     assert all(1026 % (3 * row["dp"]) == 0 for row in rows)
     row = rows[0]
     assert row["megatron_args"][row["megatron_args"].index("--micro-batch-size") + 1] == "3"
-    command = shlex.join(row["megatron_args"] + ["--tokenizer-type", "NullTokenizer", "--vocab-size", "128255"])
+    # the newest release (read back by default): core 0.19's NullTokenizer builds --vocab-size rows
+    command = shlex.join(row["megatron_args"] + ["--tokenizer-type", "NullTokenizer", "--vocab-size", "128256"])
     estimate = invoke(["estimate", "--from-command", "-", "--gpus", "16", "--gpu", "h100-80gb", "--format", "json"],
                       stdin=command)
     assert {key: estimate.get(key) for key in PRICED} == {key: row.get(key) for key in PRICED}
