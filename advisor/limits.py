@@ -85,6 +85,10 @@ ROPE_SCALING = Bound(1, 1e6, "Llama 3.1 scales RoPE frequencies by 8")
 SEQ_LEN = Bound(1, 2**24, "the longest trained contexts are about 10 million tokens")
 GLOBAL_BATCH = Bound(1, 2**24, "Llama 3 405B trained with 16 million tokens per step, 2,048 sequences "
                                "of 8,192; 2^24 sequences is 8,000 times that")
+TOKENS = Bound(0, 1e17, "the largest published training runs use about 36 trillion tokens (Qwen3); 10^17 is "
+                        "about 3,000 times that")
+"""Exclusive at 0: advisor sweep and estimate's --tokens, the training token budget (1e40 priced
+10^25 days). advisor-launch's budget is bounded by Megatron's int64 sample index (``launch.job``)."""
 GPUS = Bound(1, 2**20, "the largest training clusters have about 100,000 GPUs; 2^20 is ten times that")
 GPUS_PER_NODE = Bound(1, 1024, "an NVLink domain has at most 576 GPUs (NVL576)")
 GPU_MEMORY_GIB = Bound(0, 2**14, "a GPU has at most a few hundred GiB (B300: 288 GB); 16 TiB is 50 times that")

@@ -293,6 +293,10 @@ OWN = [  # issue 24: thirty more, each tried for real first (all already one lin
     (EST + ["--gpus", 8, "--tokens", "15T"], "--tokens needs --gpu NAME"),
     (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "-5"], "'-5' must be a positive, finite token count"),
     (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "15Q"], "'15Q' is not a token count"),
+    # 1e40 tokens printed 10^25 days; the bound is limits.TOKENS, far beyond any published run
+    (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "1e40", "--top", 2],
+     "'--tokens': must be at most 1e+17, got 1e+40: the largest published training runs"),
+    (EST + ["--gpus", 8, "--gpu", "h100-80gb", "--tokens", "200P"], "'--tokens': must be at most 1e+17, got 2e+17"),
     (["sweep", "--gpus", 8, "--gpu", "nonexistent-gpu"], "unknown GPU 'nonexistent-gpu'"),
     (SWEEP + ["--top", -1], "'--top': must be at least 1, got -1"),
     (SWEEP + ["--model", "nonexistent-model"], "unknown model 'nonexistent-model'"),

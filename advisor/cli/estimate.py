@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from advisor import limits
 from advisor.cli import hints as hints_text
 from advisor.cli import moe as moe_cli
 from advisor.cli.estimate_csv import estimate_csv
@@ -367,7 +368,7 @@ def _states_bound(head: str, rows, least, space, mem: float, floor: float) -> st
                    "all of it, oom beyond.")
 @click.option("--memory-model", type=click.Choice(["calibrated", "paper"]), default=None,
               help="calibrated (default with --gpu) or paper (Eq. 18 and its 80% rule; default without).")
-@click.option("--tokens", type=TokenCount(), default=None,
+@click.option("--tokens", type=TokenCount(limits.TOKENS), default=None,
               help="A token budget (15T, 300B): adds the days and GPU-hours it takes (needs --gpu).")
 @GPU_HOUR_PRICE
 @model_options

@@ -554,9 +554,14 @@ _TOKEN_SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "
 
 
 class TokenCount(click.ParamType):
-    """A token budget: 15T, 300B, 2.5e12."""
+    """A token budget: 15T, 300B, 2.5e12; positive, finite and, with ``bound``, at most its high
+    (the advisor's --tokens: ``limits.TOKENS``; the launcher's is bounded by Megatron's int64
+    sample index instead, ``launch.job``)."""
 
     name = "TOKENS"
+
+    def __init__(self, bound: limits.Bound | None = None) -> None:
+        self.bound = bound
 
     def convert(self, value, param, ctx):
         if isinstance(value, (int, float)):
@@ -570,7 +575,12 @@ class TokenCount(click.ParamType):
                 self.fail(f"{value!r} is not a token count (for example 15T, 300B, 2.5e12)", param, ctx)
         if not number > 0 or number == float("inf"):
             self.fail(f"{value!r} must be a positive, finite token count", param, ctx)
-        return number
+        if self.bound is None:
+            return number
+        try:
+            return limits.check_float(number, "", self.bound, low_open=True)
+        except AdvisorError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 GPU_HOUR_PRICE = click.option(
@@ -626,7 +636,7 @@ def model_choice_options(func: Callable) -> Callable:
             click.option("--rank-by", type=click.Choice(["throughput", "memory", "paper"]), default=None,
                          help="throughput: the fastest predicted layout expected to run (default with --gpu); "
                               "memory: most headroom; paper: the 4D paper's rule (default without --gpu)."),
-            click.option("--tokens", type=TokenCount(), default=None,
+            click.option("--tokens", type=TokenCount(limits.TOKENS), default=None,
                          help="A token budget (15T, 300B): adds the days and GPU-hours it takes (needs --gpu)."),
             GPU_HOUR_PRICE,
         ],
