@@ -458,6 +458,21 @@ def test_megatron_deepseek_v3_example_with_its_default_fsdp_is_refused_by_name()
     assert "does not price --use-megatron-fsdp" in result.stderr
 
 
+@pytest.mark.parametrize("dtype_flag, words", [
+    ([], "does not price FP32 weights (no --bf16 or --fp16: Megatron's default params_dtype float32)"),
+    (["--fp16"], "does not price --fp16 (FP16 weights)")])
+def test_an_moe_command_without_bf16_is_refused_in_its_own_words(dtype_flag, words):
+    """The command never wrote --params-dtype: it left out --bf16 (Megatron's FP32 weights) or gave
+    --fp16, and the line says which."""
+    index = next(i for i, (argv, _) in enumerate(SWEEPS) if "qwen3-30b-a3b" in argv)
+    row = sweep_rows(index)[0]
+    args = [word for word in row["megatron_args"] if word != "--bf16"] + dtype_flag
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", str(row["gpus"]), *_H100,
+                                      "--vocab-size", "151936"], input=shlex.join(args))
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and result.stderr.startswith("Error: ")
+    assert words in result.stderr and "--params-dtype" not in result.stderr
+
+
 def test_modelzoo_qwen3_30b_reads_as_the_preset_on_the_release_that_runs_it():
     """Megatron-MoE-ModelZoo's Qwen3-30B-A3B benchmark (32 GPUs, EP 8, Transformer Engine's
     cross-entropy): core_v0.19.0 refuses --cross-entropy-fusion-impl te, said in one line; on

@@ -232,13 +232,18 @@ def _padded(moe_routing: str, capacity_factor, pad_to_capacity: bool | None, dis
     return padded
 
 
+_WEIGHTS_NOT_PRICED = {"float32": "FP32 weights (no --bf16 or --fp16: Megatron's default params_dtype float32)",
+                       "float16": "--fp16 (FP16 weights)"}
+"""The weights' number format the MoE model does not price, in Megatron's words: it prices --bf16."""
+
+
 def _levers_not_priced(training) -> dict[str, bool]:
     """The training options (advisor.options) the MoE model does not price yet: named, never ignored."""
-    dp, precision = training.data_parallel, training.precision
+    dp, params_dtype = training.data_parallel, training.precision.params_dtype
     return {"--use-megatron-fsdp": dp.fsdp_strategy is not None, "--use-torch-fsdp2": dp.torch_fsdp2,
             "--optimizer-cpu-offload": training.offload.optimizer_cpu_offload,
             "--tp-comm-overlap": training.tensor_parallel.tp_comm_overlap,
-            "--params-dtype other than bf16": precision.params_dtype != "bfloat16"}
+            **({_WEIGHTS_NOT_PRICED[params_dtype]: True} if params_dtype != "bfloat16" else {})}
 
 
 def row_flags(spec, workload, row: dict) -> list[str]:
