@@ -95,7 +95,7 @@ def _positive(value, where: str, key: str, integer: bool = False) -> None:
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok_type or not math.isfinite(value) or value <= 0:
         kind = "a positive integer" if integer else "a positive number"
-        raise AdvisorError(f"{where}: {key} must be {kind}, got {value!r}")
+        raise AdvisorError(f"{where}: {key} must be {kind}, got {limits.json_text(value)}")
 
 
 def _parse_entry(entry, where: str) -> GpuSpec:

@@ -7,7 +7,9 @@ beyond any real training run, and small enough that the work it admits is bounde
 (GPU data, profile schema versions, model files) take their bounds from here.
 
 ``check_int``/``check_float`` raise ``AdvisorError`` with the bound's reason in the message;
-``check_bool`` refuses what is not true or false.
+``check_bool`` refuses what is not true or false. Values are said in JSON's words (``json_text``:
+null, true, false), and a reader that passes ``document.get(key, ABSENT)`` has a key left out said
+missing (``must_be``).
 """
 
 from __future__ import annotations
@@ -181,11 +183,11 @@ def check_int(value: object, name: str, bound: Bound, where: str = "") -> int:
     prefix = f"{where}: " if where else ""
     name = f"{name} " if name else ""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise AdvisorError(f"{prefix}{name}must be an integer, got {_show(value)}")
+        raise AdvisorError(f"{prefix}{name}{must_be('an integer', value)}")
     if value < bound.low:
-        raise AdvisorError(f"{prefix}{name}must be at least {bound.low:g}, got {_show(value)}")
+        raise AdvisorError(f"{prefix}{name}must be at least {bound.low:g}, got {json_text(value)}")
     if value > bound.high:
-        raise AdvisorError(f"{prefix}{name}must be at most {int(bound.high):,}, got {_show(value)}: {bound.why}")
+        raise AdvisorError(f"{prefix}{name}must be at most {int(bound.high):,}, got {json_text(value)}: {bound.why}")
     return value
 
 
@@ -193,7 +195,7 @@ def check_bool(value: object, name: str, where: str = "") -> bool:
     """``value`` as a bool (true or false in JSON); AdvisorError naming ``name`` otherwise."""
     if not isinstance(value, bool):
         prefix = f"{where}: " if where else ""
-        raise AdvisorError(f"{prefix}{name} must be true or false, got {_show(value)}")
+        raise AdvisorError(f"{prefix}{name} {must_be('true or false', value)}")
     return value
 
 
@@ -202,9 +204,9 @@ def check_float(value: object, name: str, bound: Bound, where: str = "", *, low_
     prefix = f"{where}: " if where else ""
     name = f"{name} " if name else ""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AdvisorError(f"{prefix}{name}must be a number, got {_show(value)}")
+        raise AdvisorError(f"{prefix}{name}{must_be('a number', value)}")
     if isinstance(value, int) and abs(value) > 2**1000:  # float() of it overflows
-        raise AdvisorError(f"{prefix}{name}must be at most {bound.high:g}, got {_show(value)}: {bound.why}")
+        raise AdvisorError(f"{prefix}{name}must be at most {bound.high:g}, got {json_text(value)}: {bound.why}")
     if not math.isfinite(value):
         raise AdvisorError(f"{prefix}{name}must be a finite number, got {value}")
     if value < bound.low or (low_open and value == bound.low):
@@ -215,10 +217,35 @@ def check_float(value: object, name: str, bound: Bound, where: str = "", *, low_
     return float(value)
 
 
-def _show(value: object) -> str:
-    """A value for a message, shortened (a hostile value may be megabytes long)."""
-    text = repr(value) if not isinstance(value, int) or isinstance(value, bool) else _int_text(value)
+class _Absent:
+    """The value of a key a JSON document leaves out (``ABSENT``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()
+"""What a reader's ``document.get(key, ABSENT)`` gives for a key the document leaves out: ``must_be``
+says it is missing, where None is JSON's null."""
+
+
+def json_text(value: object) -> str:
+    """A value read from JSON, for a message in JSON's words (null, true, false; a string quoted),
+    shortened (a hostile value may be megabytes long)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    text = repr(value) if not isinstance(value, int) else _int_text(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def must_be(what: str, value: object, show=json_text) -> str:
+    """'must be WHAT, got VALUE' (``show``: ``json_text``), or 'is missing (it must be WHAT)' for
+    ``ABSENT``: a JSON user reads null for null and missing for a key left out."""
+    if value is ABSENT:
+        return f"is missing (it must be {what})"
+    return f"must be {what}, got {show(value)}"
 
 
 def _int_text(value: int) -> str:

@@ -30,7 +30,10 @@ _NAME_CHARS = 4096  # PATH_MAX: a spec read from a config.json is named by its p
 
 
 def _describe(value) -> str:
-    """A value for a one-line message, in JSON's words; a huge integer by its length."""
+    """A value for a one-line message, in JSON's words; a huge integer by its length; 'missing' for
+    a key the document leaves out (``limits.ABSENT``)."""
+    if value is limits.ABSENT:
+        return "missing"
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
@@ -260,19 +263,23 @@ class _Config:
     def get(self, key: str):
         return self.config.get(key, _HF_DEFAULTS.get(key))
 
+    def present(self, key: str):
+        """The key's value, its default, or ``limits.ABSENT`` (said 'missing', not null)."""
+        return self.config.get(key, _HF_DEFAULTS.get(key, limits.ABSENT))
+
     def integer(self, key: str) -> int:
-        value = self.get(key)
+        value = self.present(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise self.error(key, f"must be a positive integer, got {_describe(value)}")
+            raise self.error(key, limits.must_be("a positive integer", value, _describe))
         limit = MODEL_LIMITS[_HF_FIELDS[key]]
         if value > limit:
             raise self.error(key, f"is {_describe(value)}, more than this tool handles ({limit})")
         return value
 
     def number(self, key: str) -> float:
-        value = self.get(key)
+        value = self.present(key)
         if not _positive_number(value):
-            raise self.error(key, f"must be a positive number, got {_describe(value)}")
+            raise self.error(key, limits.must_be("a positive number", value, _describe))
         return float(value)
 
     def flag(self, key: str) -> bool:
@@ -295,13 +302,13 @@ class _Config:
             raise self.error("rope_scaling", f"of type {kind!r}: Megatron-LM implements only Llama 3's "
                                              "(rope_type 'llama3', --use-rope-scaling)")
         for key, fixed in _LLAMA3_ROPE_SCALING.items():
-            if scaling.get(key) != fixed:
-                raise self.error(f"rope_scaling.{key}", f"is {_describe(scaling.get(key))}: Megatron-LM's "
+            if (value := scaling.get(key, limits.ABSENT)) != fixed:
+                raise self.error(f"rope_scaling.{key}", f"is {_describe(value)}: Megatron-LM's "
                                                         f"--use-rope-scaling fixes it at {fixed:g}")
-        factor = scaling.get("factor")
+        factor = scaling.get("factor", limits.ABSENT)
         if not _positive_number(factor) or not 1 <= factor <= ROPE_SCALING_LIMIT:
-            raise self.error("rope_scaling.factor", f"must be a number from 1 to {ROPE_SCALING_LIMIT:g}, "
-                                                    f"got {_describe(factor)}")
+            raise self.error("rope_scaling.factor", limits.must_be(f"a number from 1 to {ROPE_SCALING_LIMIT:g}",
+                                                                   factor, _describe))
         return float(factor)
 
     def refuse(self, model_type: str) -> None:

@@ -169,7 +169,7 @@ class _Fields:
     def positive(self, key: str, default: int | None = None) -> int:
         value = self.document.get(key, default) if default is not None else self._get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise AdvisorError(f"{self.origin}: {key!r} must be a positive integer, got {value!r}")
+            raise AdvisorError(f"{self.origin}: {key!r} {limits.must_be('a positive integer', value)}")
         return value
 
     def count(self, key: str) -> int:
@@ -177,7 +177,7 @@ class _Fields:
         from a --pipeline-model-parallel-layout: advisor.megatron_args.split_args)."""
         value = self._get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise AdvisorError(f"{self.origin}: {key!r} must be a non-negative integer, got {value!r}")
+            raise AdvisorError(f"{self.origin}: {key!r} {limits.must_be('a non-negative integer', value)}")
         return value
 
     def number(self, key: str) -> float | None:
@@ -192,14 +192,14 @@ class _Fields:
     def obj(self, key: str, default: dict | None = None) -> dict:
         value = self.document.get(key, default) if default is not None else self._get(key)
         if not isinstance(value, dict):
-            raise AdvisorError(f"{self.origin}: {key!r} must be an object, got {value!r}")
+            raise AdvisorError(f"{self.origin}: {key!r} {limits.must_be('an object', value)}")
         return value
 
     def array(self, key: str, kind: type) -> list:
         value = self._get(key)
         if not isinstance(value, list) or not all(isinstance(item, kind) and not isinstance(item, bool)
                                                    for item in value):
-            raise AdvisorError(f"{self.origin}: {key!r} must be a list of {kind.__name__}, got {value!r}")
+            raise AdvisorError(f"{self.origin}: {key!r} {limits.must_be('a list of ' + kind.__name__, value)}")
         return value
 
     def model(self) -> LlamaSpec:
@@ -321,8 +321,9 @@ def _from_plan(fields: _Fields) -> LaunchInput:
         given = f"unknown schema {document['schema']!r}" if "schema" in document else "missing 'schema'"
         raise AdvisorError(f"{origin}: {given} (this launcher reads {PLAN_SCHEMA})")
     if document.get("version") != PLAN_VERSION:
-        raise AdvisorError(f"{origin}: plan version {document.get('version')!r} is not supported "
-                           f"(this launcher reads version {PLAN_VERSION})")
+        given = (f"plan version {limits.json_text(document['version'])} is not supported" if "version" in document
+                 else "missing 'version'")
+        raise AdvisorError(f"{origin}: {given} (this launcher reads version {PLAN_VERSION})")
     if document.get("launchable") is not True:
         reason = document.get("not_launchable_reason") or "it is marked not launchable"
         mode = f" {document['mode']}" if isinstance(document.get("mode"), str) else ""

@@ -100,6 +100,35 @@ def test_a_bad_config_json_is_named_by_its_own_keys(tmp_path, base, changes, key
     assert not re.search(rf"(?<![\w.-]){re.escape(field)}(?!\w)", line), line
 
 
+_DROP = object()
+"""A key the test leaves out of the config.json (None writes JSON's null)."""
+
+
+@pytest.mark.parametrize("base, key, value, words", [
+    ("deepseek-v3", "n_routed_experts", _DROP, "n_routed_experts is missing (it must be an integer of at least 1)"),
+    ("deepseek-v3", "n_routed_experts", None, "n_routed_experts must be an integer of at least 1, got null"),
+    ("mixtral-8x7b", "num_local_experts", _DROP, "num_local_experts is missing (it must be an integer of at least 1)"),
+    ("deepseek-v3", "rope_scaling.factor", _DROP, "rope_scaling.factor is missing (it must be a positive number)"),
+    ("deepseek-v3", "rope_scaling.factor", None, "rope_scaling.factor must be a positive number, got null"),
+    ("llama", "rope_theta", None, "rope_theta must be a positive number, got null"),
+], ids=["dsv3 no experts", "dsv3 null experts", "mixtral no experts", "yarn no factor", "yarn null factor",
+        "null rope_theta"])
+def test_a_config_key_left_out_is_missing_and_a_null_is_null(tmp_path, base, key, value, words):
+    """JSON's words: a key the file leaves out is said missing, a null is said null (both were 'got
+    null', and Python's None elsewhere)."""
+    document = _config(base, {})
+    inner, _, name = key.rpartition(".")
+    target = document[inner] if inner else document
+    if value is _DROP:
+        del target[name]
+    else:
+        target[name] = value
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(document))
+    line = _error("estimate", "--model", path, "--gpus", 8)
+    assert line == f"Error: {path}: {words}"
+
+
 @pytest.mark.parametrize("args, words", [
     (["--model", "llama3.1-8b", "--num-query-groups", 5],
      "model 'llama3.1-8b[num_query_groups=5]': num_attention_heads = 32 must be a multiple of num_query_groups = 5"),

@@ -514,13 +514,13 @@ def _drop(key):
 
 
 REPORT_INPUTS = [  # (saved document, its edit, what the line says): each was a traceback in the page's figures
-    ("sweep", _drop("dp"), "row 1: 'dp' must be a positive integer, got nothing"),
+    ("sweep", _drop("dp"), "row 1: 'dp' is missing (it must be a positive integer)"),
     ("sweep", _edit_row(mbs="1"), "row 1: 'mbs' must be a positive integer, got '1'"),
     ("sweep", _edit_row(layers_per_stage=["16", "16"]), "'layers_per_stage' must be a list of layer counts"),
     ("sweep", _edit_row(total_gib=1e308), "'total_gib' must be a finite number or null, got 1e+308"),
     ("sweep", _edit_row(gpu=8), "'gpu' must be a string or null, got 8"),
-    ("sweep", _edit_row(options=True), "'options' must be an object, got True"),
-    ("moe", _drop("ep"), "row 1: an MoE row's 'ep' must be a positive integer, got nothing"),
+    ("sweep", _edit_row(options=True), "'options' must be an object, got true"),
+    ("moe", _drop("ep"), "row 1: an MoE row's 'ep' is missing (it must be a positive integer)"),
     ("plan", lambda plan: {**plan, "megatron_args": [*plan["megatron_args"], True]},
      "'megatron_args' must be a list of strings"),
     ("plan", lambda plan: {**plan, "baseline": []}, "'baseline' must be an object, got []"),
@@ -617,9 +617,9 @@ def test_moe_layer_tool_bad_input_is_one_line(capsys, args, message):
 
 
 MALFORMED_MOE_MODELS = [  # (field, value, what the line says): each was a TypeError, ValueError or ZeroDivisionError
-    ("shared_expert_size", None, "shared_expert_size must be an integer, got None"),
+    ("shared_expert_size", None, "shared_expert_size must be an integer, got null"),
     ("first_dense_layers", "3", "first_dense_layers must be an integer, got '3'"),
-    ("mtp_num_layers", None, "mtp_num_layers must be an integer, got None"),
+    ("mtp_num_layers", None, "mtp_num_layers must be an integer, got null"),
     ("mtp_num_layers", -1, "mtp_num_layers must be at least 0, got -1"),
     ("name", ["x"], "model name must be a string of at most 4096 characters, got a list"),
     ("router_topk_scaling_factor", "x", "router_topk_scaling_factor must be a number, got 'x'"),
@@ -656,7 +656,7 @@ LAYER_PROFILE = ROOT / "examples" / "symbolic" / "deepseek-v3-moe-layer-ep8" / "
 @pytest.mark.parametrize("change,message", [
     (lambda doc: doc.update(model="deepseek-v3"), "model must be an object (a model spec), got 'deepseek-v3'"),
     (lambda doc: doc["model"].update(router_num_groups=0), "router_num_groups must be at least 1, got 0"),
-    (lambda doc: doc["model"].update(shared_expert_size=None), "shared_expert_size must be an integer, got None"),
+    (lambda doc: doc["model"].update(shared_expert_size=None), "shared_expert_size must be an integer, got null"),
 ], ids=["preset name", "no groups", "null shared experts"])
 def test_a_malformed_layer_profile_model_is_one_line(advisor, tmp_path, change, message):
     """'advisor profile show' of an MoE layer profile whose model was edited by hand (a
@@ -713,7 +713,7 @@ ROW_PRICING = [  # (edit of a sweep's first row, what the line says after "FILE,
     ({"cp": 3, "gpus": None}, "sequence length 8192 must be divisible by 2 x CP = 6"),
     ({"gpus": 7}, "'gpus' is 7, but TP x CP x PP x DP = 16"),  # drawn as it was; advisor-launch refused it
     ({"layers_per_stage": []}, "'layers_per_stage' lists 0 stages"),  # drawn as an even split; launch refused it
-    ({"tp": None}, "'tp' must be a positive integer, got nothing"),  # "a sweep array must hold row objects"
+    ({"tp": None}, "'tp' is missing (it must be a positive integer)"),  # a None here drops the key  # "a sweep array must hold row objects"
 ]
 
 
@@ -738,11 +738,12 @@ def test_a_row_without_its_model_names_the_row(advisor, tmp_path, saved):
 
 
 @pytest.mark.parametrize("kind,edit,message", [
-    ("sweep", lambda rows: rows[0].update(model=None), "'model' must be an object, got None"),
+    ("sweep", lambda rows: rows[0].update(model=None), "'model' must be an object, got null"),
     ("sweep", lambda rows: rows[0].pop("model"), "missing 'model'"),
+    ("sweep", lambda rows: rows[0].update(gpus=None), "'gpus' must be a positive integer, got null"),
     ("plan", lambda plan: plan.update(model="llama3.1-8b"), "'model' must be an object, got 'llama3.1-8b'"),
     ("plan", lambda plan: plan.pop("schema"), "missing 'schema' (this launcher reads megatron-4d-advisor/plan)"),
-], ids=["row null", "row none", "plan preset", "plan without schema"])
+], ids=["row null", "row none", "row null gpus", "plan preset", "plan without schema"])
 def test_launch_names_the_file_once(tmp_path, saved, kind, edit, message):
     """'rank 1 of FILE: rank 1 of FILE: ...': the model's error was prefixed twice; a plan without
     its schema was read as a sweep row ("missing 'mbs'")."""

@@ -139,6 +139,11 @@ def test_bad_inputs_are_one_clear_error(advisor, tmp_path, plans):
         (corrupt(tmp_path, {**plan, "megatron_args": "--num-layers 8"}), None, "'megatron_args' must be a list of str"),
         (corrupt(tmp_path, {**rows[0], "gpus": 16}), None, "'gpus' is 16, but TP x CP x PP x DP = 8"),
         (corrupt(tmp_path, {**rows[0], "tp": "2"}), None, "'tp' must be a positive integer, got '2'"),
+        # JSON's words: null is null (was Python's None), a key left out is missing
+        (corrupt(tmp_path, {**rows[0], "gpus": None}), None, "'gpus' must be a positive integer, got null"),
+        (corrupt(tmp_path, [{k: v for k, v in rows[0].items() if k != "tp"}]), None, "missing 'tp'"),
+        (corrupt(tmp_path, {k: v for k, v in plan.items() if k != "version"}), None,
+         "missing 'version' (this launcher reads version"),
         (corrupt(tmp_path, {k: v for k, v in rows[0].items() if k != "model"}), None, "neither a sweep row"),
         (corrupt(tmp_path, {**rows[0], "model": {**rows[0]["model"], "layers": 3}}), None,
          "model has an unknown field, 'layers'"),

@@ -65,7 +65,7 @@ def test_bad_profiles_are_refused_in_one_line(advisor, tmp_path):
     (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "version": 4}))
     assert "not a" in advisor.error("profile", "show", tmp_path)
     (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "version": 3}))  # v3 must say its build
-    assert "layer_spec must be one of local, transformer_engine, got None" in advisor.error("profile", "show", tmp_path)
+    assert "layer_spec is missing (it must be one of local, transformer_engine)" in advisor.error("profile", "show", tmp_path)
     (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "version": 3, "layer_spec": "local",
                                                                "kernels": "tpu"}))
     assert "kernels must be one of cuda, cpu, got 'tpu'" in advisor.error("profile", "show", tmp_path)

@@ -147,20 +147,20 @@ def from_dict(doc: object, where: str) -> MoELayerProfile:
     factor = doc.get("capacity_factor")
     if factor is not None:
         factor = limits.check_float(factor, "capacity_factor", _FACTOR, where, low_open=True)
-    if doc.get("dispatcher") not in DISPATCHERS:
-        raise AdvisorError(f"{where}: dispatcher must be one of {', '.join(DISPATCHERS)}, got {doc.get('dispatcher')!r}")
+    _one_of(doc, "dispatcher", DISPATCHERS, where)
     if doc.get("backend", "symbolic") not in BACKENDS:
-        raise AdvisorError(f"{where}: backend must be one of {', '.join(BACKENDS)}, got {doc.get('backend')!r}")
+        raise AdvisorError(f"{where}: backend {limits.must_be('one of ' + ', '.join(BACKENDS), doc['backend'])}")
     if problem := layer_problem(model, **degrees, dispatcher=doc["dispatcher"], capacity_factor=factor):
         raise AdvisorError(f"{where}: {problem}")
     return MoELayerProfile(
         **_build(doc, model, where),
-        model=model, seq_len=limits.check_int(doc.get("seq_len"), "seq_len", limits.SEQ_LEN, where),
-        mbs=limits.check_int(doc.get("mbs"), "mbs", limits.MICRO_BATCH, where), **degrees, capacity_factor=factor,
+        model=model, seq_len=limits.check_int(doc.get("seq_len", limits.ABSENT), "seq_len", limits.SEQ_LEN, where),
+        mbs=limits.check_int(doc.get("mbs", limits.ABSENT), "mbs", limits.MICRO_BATCH, where), **degrees,
+        capacity_factor=factor,
         dispatcher=doc["dispatcher"], backend=doc.get("backend", "symbolic"),
         parameter_bytes=_parts(doc, "parameter_bytes", where),
         activation_bytes=_parts(doc, "activation_bytes", where),
-        gradient_bytes=limits.check_int(doc.get("gradient_bytes"), "gradient_bytes", _BYTES, where),
+        gradient_bytes=limits.check_int(doc.get("gradient_bytes", limits.ABSENT), "gradient_bytes", _BYTES, where),
         cuda_memory=None if doc.get("cuda_memory") is None else _parts(doc, "cuda_memory", where, CUDA_MEMORY))
 
 
@@ -171,10 +171,17 @@ def _build(doc: dict, model: MoESpec, where: str) -> dict[str, str]:
         return _unrecorded_build(doc.get("backend", "symbolic"), model, doc["version"])
     build = {}
     for key, allowed in (("layer_spec", LAYER_SPECS), ("kernels", KERNELS)):
-        if doc.get(key) not in (*allowed, UNKNOWN):
-            raise AdvisorError(f"{where}: {key} must be one of {', '.join(allowed)}, got {doc.get(key)!r}")
+        _one_of(doc, key, allowed, where, also=(UNKNOWN,))
         build[key] = doc[key]
     return build
+
+
+def _one_of(doc: dict, key: str, allowed, where: str, also=()) -> None:
+    """One line unless ``doc[key]`` is one of ``allowed`` (or ``also``, which goes unsaid): null is
+    said null, a key left out missing."""
+    value = doc.get(key, limits.ABSENT)
+    if value not in (*allowed, *also):
+        raise AdvisorError(f"{where}: {key} {limits.must_be('one of ' + ', '.join(allowed), value)}")
 
 
 def _unrecorded_build(backend: str, model: MoESpec, version: int) -> dict[str, str]:

@@ -292,10 +292,10 @@ EXPERT_COUNT_KEYS = tuple(keys["num_experts"] for keys in FAMILY_KEYS.values())
 """The keys by which a config.json says its MLPs are experts (Mixtral, Qwen-MoE, DeepSeek)."""
 
 
-def _count(config: _Config, key: str, default=None, low: int = 1) -> int:
+def _count(config: _Config, key: str, default=limits.ABSENT, low: int = 1) -> int:
     value = config.config.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise config.error(key, f"must be an integer of at least {low}, got {_describe(value)}")
+        raise config.error(key, limits.must_be(f"an integer of at least {low}", value, _describe))
     if value > 2**22:
         raise config.error(key, f"is {_describe(value)}, more than this tool handles ({2**22})")
     return value
@@ -317,14 +317,14 @@ def _yarn(config: _Config, keys: dict[str, str]) -> YarnScaling:
     numbers = {}
     for field in ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
         key = keys[f"yarn.{field}"]
-        value = scaling.get(key.removeprefix("rope_scaling."))
+        value = scaling.get(key.removeprefix("rope_scaling."), limits.ABSENT)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise config.error(key, f"must be a positive number, got {_describe(value)}")
+            raise config.error(key, limits.must_be("a positive number", value, _describe))
         numbers[field] = float(value)
     original_key = keys["yarn.original_max_position_embeddings"]
-    original = scaling.get(original_key.removeprefix("rope_scaling."))
+    original = scaling.get(original_key.removeprefix("rope_scaling."), limits.ABSENT)
     if not isinstance(original, int) or isinstance(original, bool) or original < 1:
-        raise config.error(original_key, f"must be a positive integer, got {_describe(original)}")
+        raise config.error(original_key, limits.must_be("a positive integer", original, _describe))
     # Megatron-LM has no flags for these: MLATransformerConfig fixes them
     # (transformer/transformer_config.py: original_max_position_embeddings 4096, beta_fast 32, beta_slow 1).
     for field, fixed in (("original_max_position_embeddings", 4096), ("beta_fast", 32.0), ("beta_slow", 1.0)):

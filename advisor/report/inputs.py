@@ -78,7 +78,7 @@ def _check_row(row: dict, where: str) -> None:
     row was a KeyError or TypeError deep in the page's figures)."""
     for key in _LAYOUT:
         if not _positive(row.get(key)):
-            raise AdvisorError(f"{where}: '{key}' must be a positive integer, got {_shown(row.get(key))}")
+            raise AdvisorError(f"{where}: '{key}' {limits.must_be('a positive integer', row.get(key, limits.ABSENT))}")
     for key, (what, valid) in _FIELDS.items():
         if key in row and not valid(row[key]):
             raise AdvisorError(f"{where}: '{key}' must be {what}, got {_shown(row[key])}")
@@ -173,7 +173,7 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
 
     for key in ("ep", "etp"):  # an MoE row is priced by EP and ETP
         if not _positive(row.get(key)):
-            refuse(f"an MoE row's '{key}' must be a positive integer, got {_shown(row.get(key))}")
+            refuse(f"an MoE row's '{key}' {limits.must_be('a positive integer', row.get(key, limits.ABSENT))}")
     dispatcher = _given(row, "dispatcher", "alltoall")
     if dispatcher not in MOE_DISPATCHERS:
         refuse(f"'dispatcher' must be {_choices(MOE_DISPATCHERS)}, got {_shown(dispatcher)}")
@@ -277,8 +277,8 @@ def _bounded(value, key: str, bound: limits.Bound, refuse, *, low_open: bool = F
 
 
 def _shown(value) -> str:
-    text = "nothing" if value is None else repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    """A value of the JSON document, in JSON's words (null, true, false), shortened."""
+    return limits.json_text(value)
 
 
 _PLAN_KEYS = {"world_size", "micro_batch_size"}
