@@ -104,7 +104,7 @@ def test_the_page_of_a_saved_sweep_uses_its_threshold(invoke, dense_rows, tmp_pa
     assert "fits &lt;= 80% of memory (the default; these rows do not record --threshold)" in _assumed_rule(text)
 
 
-@pytest.mark.parametrize("value, shown", [(5, "5"), (0, "0"), (-0.5, "-0.5"), ("0.9", "'0.9'"), (True, "True")])
+@pytest.mark.parametrize("value, shown", [(5, "5"), (0, "0"), (-0.5, "-0.5"), ("0.9", "'0.9'"), (True, "true")])
 def test_a_threshold_outside_the_rule_is_refused(invoke, dense_rows, tmp_path, value, shown):
     saved = tmp_path / "sweep.json"
     saved.write_text(json.dumps([{**dense_rows[0], "threshold": value}]))
