@@ -297,7 +297,7 @@ def memory_source_note(log: TrainingLog, estimate: dict) -> str | None:
     """Where the measured memory comes from, where it is not Megatron's report of a later
     iteration: the hooks' lines, or a first iteration before Adam's moments (their GiB on the
     first stage: in FP32 8 of the optimizer's 12 bytes a parameter, ``equations.ADAM_MOMENT_BYTES``;
-    ``TrainingOptions.adam_moment_bytes`` of the estimate's options)."""
+    ``TrainingOptions.first_step_bytes`` of the estimate's options)."""
     sources = {peak.source for peak in log.peak_by_rank().values()}
     if log.hooks and "first iteration" not in sources:
         return ("memory: the advisor's hooks' peaks over the run (megatron_hooks lines); Megatron's own reports "
@@ -310,7 +310,7 @@ def memory_source_note(log: TrainingLog, estimate: dict) -> str | None:
         return None
     stage = estimate["stages"][0]
     options = TrainingOptions.from_dict(estimate.get("options") or {})
-    moments = stage["optimizer_gib"] * options.adam_moment_bytes / options.optimizer_bytes
+    moments = stage["optimizer_gib"] * options.first_step_bytes / options.optimizer_bytes
     what = "the hooks' peaks span iteration 1 only" if log.hooks else "Megatron reported after iteration 1 only"
     return (f"memory: {what}, before Adam's momentum and variance existed ({moments:.3g} GiB on stage 0, made in the "
             "first optimizer step): its peak can be that much below the steady peak predicted (core_v0.19.0 also "

@@ -203,7 +203,7 @@ def _unpriced_model(model: dict) -> list[str]:
     notes = []
     if not model.get("swiglu"):
         notes.append("no --swiglu (a GELU MLP, priced as SwiGLU with the same h_ffn: 1.5x its MLP weights and "
-                     "FLOPs; --swiglu with 2/3 of its --ffn-hidden-size prices the same)")
+                     "FLOPs; --swiglu with 2/3 of its --ffn-hidden-size prices the same weights and FLOPs)")
     for name, default, priced, as_priced in (("normalization", "LayerNorm", "RMSNorm", "RMSNorm"),
                                              ("position-embedding-type", "learned_absolute", "rope", "RoPE")):
         if name not in model:  # Megatron's default, which the script may keep unknowingly

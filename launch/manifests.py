@@ -93,6 +93,9 @@ def accelerator_for(priced_gpu: str | None, given: str | None) -> tuple[str, str
     SkyPilot name of the preset the input was priced on, else H100; the warning where the given
     one is not the priced GPU (its verdict and step time describe another GPU)."""
     names = SKYPILOT_ACCELERATORS.get(priced_gpu or "", ())
+    if given is None and priced_gpu and not names:
+        return "H100", (f"warning: the input was priced on {priced_gpu}, which has no SkyPilot name here: the task "
+                        "asks for H100 (--accelerator NAME asks for the GPU you mean)")
     if given is None:
         return (names[0] if names else "H100"), None
     if names and given.upper() not in {name.upper() for name in names}:

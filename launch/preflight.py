@@ -205,13 +205,13 @@ def _flex_backend(values: dict) -> str | None:
 def tensor_parallel_span_note(tp: int, per_node: int, source: str) -> str | None:
     """The warning for TP groups that cross nodes: Megatron's TP ranks are consecutive (rank order
     tp-cp-ep-dp-pp, ``parallel_state``), so a node of ``per_node`` ranks holds whole TP groups only
-    where TP divides it. The advisor prices TP within a node's NVLink (a sweep never puts it
-    across), so such a launch runs slower than priced."""
+    where TP divides it. A sweep never puts TP across nodes, and an estimate does so only at the
+    GPUs per node it was given, which its JSON does not record: the warning says so."""
     if tp == 1 or per_node % tp == 0:
         return None
     return (f"warning: TP {tp} spans nodes at {per_node} ranks per node: its collectives cross the network, which "
-            f"{source} did not price (advisor estimate --gpus-per-node {per_node}, or --from-command of this launch, "
-            "prices it)")
+            f"{source} priced only if it was priced at {per_node} GPUs per node (advisor estimate --gpus-per-node "
+            f"{per_node}, or --from-command of this launch, prices it so)")
 
 
 def transformer_engine_import_problem(args, where: str = "") -> str:

@@ -151,3 +151,12 @@ def test_the_task_asks_for_the_gpu_the_input_was_priced_on(advisor, tmp_path):
     assert yaml.safe_load(other.stdout)["resources"]["accelerators"] == "A100:8"
     assert "warning: --accelerator A100 is not the GPU the input was priced on (h200-141gb, SkyPilot's H200)" \
         in other.stderr
+
+
+def test_a_preset_without_a_skypilot_name_asks_for_one():
+    from launch.manifests import accelerator_for
+
+    assert accelerator_for("h800-80gb", None) == ("H100", "warning: the input was priced on h800-80gb, which has no "
+                                                  "SkyPilot name here: the task asks for H100 (--accelerator NAME asks "
+                                                  "for the GPU you mean)")
+    assert accelerator_for("h800-80gb", "H800") == ("H800", None) and accelerator_for(None, None) == ("H100", None)

@@ -59,8 +59,8 @@ TRAINING_FLAGS = [
     click.option("--use-precision-aware-optimizer", is_flag=True, default=False,
                  help="Transformer Engine's FusedAdam keeps the optimizer states in the dtypes below (needs "
                       "Transformer Engine and the distributed optimizer): FP32 master weights of BF16 weights "
-                      "cost 2 bytes (TE stores the 16 bits BF16 lacks), so the states take 10 bytes per "
-                      "parameter, not 12."),
+                      "cost 2 bytes (TE stores the 16 bits BF16 lacks; with the delayed --fp8-recipe, Megatron's "
+                      "default), so the states take 10 bytes per parameter, not 12."),
     click.option("--main-params-dtype", type=click.Choice(MAIN_PARAMS_DTYPES), default="fp32", show_default=True,
                  help="With --use-precision-aware-optimizer: the master weights."),
     click.option("--exp-avg-dtype", type=click.Choice(MOMENT_DTYPES), default="fp32", show_default=True,
@@ -75,7 +75,8 @@ TRAINING_FLAGS = [
     click.option("--fp8-recipe", type=click.Choice(FP8_RECIPES), default="delayed", show_default=True,
                  help="With --fp8-format: the scaling recipe (mxfp8 needs Blackwell). Megatron also hands it to "
                       "the precision-aware optimizer, FP8 or not: other than delayed, megatron-core keeps FP32 "
-                      "master weights itself (4 bytes, as Megatron-Bridge's BF16 recipes run)."),
+                      "master weights itself (4 bytes with --main-params-dtype fp32, as Megatron-Bridge's BF16 "
+                      "recipes run)."),
     click.option("--fp8-param-gather", is_flag=True, default=False,
                  help="With --fp8-format: keep compute weights only in FP8 and all-gather them in FP8."),
     click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,

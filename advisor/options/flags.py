@@ -378,6 +378,12 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
         fraction = float(fraction_text)
     except ValueError:
         raise AdvisorError(f"--optimizer-offload-fraction must be a number, got {fraction_text!r}") from None
+    if "--optimizer-cpu-offload" in values:  # Megatron runs them, FP32 whatever they say: named, not refused
+        for flag in ("--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"):
+            if _last(values, flag, "fp32") != "fp32":
+                unpriced.append(f"{flag} {_last(values, flag)} (no effect with --optimizer-cpu-offload: Megatron's "
+                                "HybridDeviceOptimizer keeps FP32 states; priced so)")
+                del values[flag]
     options = TrainingOptions(
         precision=_precision(values), data_parallel=_data_parallel(values, release),
         tensor_parallel=TensorParallel(sequence_parallel="--sequence-parallel" in values,

@@ -380,7 +380,8 @@ class TrainingOptions:
             raise AdvisorError("--optimizer-cpu-offload with --fp8-param-gather needs --fp8-recipe delayed "
                                "(Megatron-LM refuses it otherwise)")
         self._check_optimizer_states()
-        if precision.fp8_format is None and precision.fp8_recipe != "delayed" and not self.precision_aware_optimizer:
+        if precision.fp8_format is None and precision.fp8_recipe != "delayed" \
+                and not self.optimizer_states.precision_aware_optimizer:  # offloaded: FP32 states whatever it says
             # the recipe does nothing without FP8 or the precision-aware optimizer: one description
             object.__setattr__(self, "precision", replace(precision, fp8_recipe="delayed"))
 
@@ -493,15 +494,30 @@ class TrainingOptions:
         return states.precision_aware_optimizer and (states.main_params_dtype != "fp32" or p.fp8_recipe == "delayed")
 
     @property
-    def adam_moment_bytes(self) -> float:
-        """Bytes per parameter of Adam's momentum and variance, which the first optimizer step
-        makes (``equations.ADAM_MOMENT_BYTES`` in FP32)."""
+    def _state_kinds(self) -> tuple[str, str, str]:
+        """How the master weight, momentum and variance are kept (``throughput.terms.STATE_STEP_BYTES``)."""
+        states = self.optimizer_states
+        if not states.precision_aware_optimizer:  # offloaded ones are FP32 too (optimizer_bytes)
+            return ("fp32", "fp32", "fp32")
+        master = states.main_params_dtype
+        if master == "fp32" and self._te_holds_masters and self.precision.params_dtype == "bfloat16":
+            master = "remainder"
+        return (master, states.exp_avg_dtype, states.exp_avg_sq_dtype)
+
+    @property
+    def first_step_bytes(self) -> float:
+        """Bytes per parameter of the optimizer states the first optimizer step makes: Adam's
+        momentum and variance (``equations.ADAM_MOMENT_BYTES`` in FP32), and the master weight
+        too where Transformer Engine's FusedAdam holds it (``initialize_state``, called in its
+        first ``step``; megatron-core makes its own masters when it builds the optimizer)."""
         from advisor.memory_levers import STATE_DTYPE_BYTES
 
-        if not self.optimizer_states.precision_aware_optimizer:  # offloaded ones are FP32 (optimizer_bytes)
+        if not self.optimizer_states.precision_aware_optimizer:
             from advisor.equations import ADAM_MOMENT_BYTES
 
             return float(ADAM_MOMENT_BYTES)
+        if self._te_holds_masters:
+            return self.optimizer_bytes
         states = self.optimizer_states
         return float(STATE_DTYPE_BYTES[states.exp_avg_dtype] + STATE_DTYPE_BYTES[states.exp_avg_sq_dtype])
 
@@ -543,11 +559,9 @@ class TrainingOptions:
             fsdp = dict(overlap_grad_reduce=dp.overlap_grad_reduce, overlap_param_gather=dp.overlap_param_gather,
                         distributed_optimizer=dp.distributed_optimizer, grad_reduce_bytes=p.gradient_bytes,
                         fsdp_strategy=dp.fsdp_strategy)
-        states = self.optimizer_states
-        remainders = self._te_holds_masters and states.main_params_dtype == "fp32" and p.params_dtype == "bfloat16"
         return TimeOptions(
             **fsdp, tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,
-            optimizer_step_bytes=optimizer_step_bytes(self.optimizer_bytes, remainders),
+            optimizer_step_bytes=optimizer_step_bytes(self._state_kinds),
             dataloader_mask="rebuilt" if self.attention.dataloader_mask == "rebuilt" else "cached",
             optimizer_host_fraction=self.offload.host_fraction, flash_attention=self.attention.flash_attention,
             fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe, fp8_param_gather=p.fp8_param_gather,

@@ -224,14 +224,24 @@ def data_parallel_time(parameters, shards, span, rates: Rates, grad_bytes=4, dis
     return 2 * reduce, 0.0 * gather
 
 
-def optimizer_step_bytes(state_bytes: float = 12.0, remainders: bool = False) -> float:
-    """HBM bytes per parameter of one Adam step: read the FP32 gradient (4), read and write the
-    master weight, momentum and variance (2 x ``state_bytes``: 24 in FP32), write the BF16
-    weight (2), plus the gradient-norm read and the zeroing of the gradient buffer (8): 38.
-    Transformer Engine's FusedAdam with the master weight's remainders (``remainders``) also
-    reads the BF16 weight it rebuilds the FP32 master from (2 more; ``fused_adam.py``,
-    ``multi_tensor_adam_param_remainder``)."""
-    return 4 + 2 * state_bytes + 2 + 8 + (2 if remainders else 0)
+STATE_STEP_BYTES = {"fp32": 8, "remainder": 6, "bf16": 24, "fp16": 40, "fp8": 22}
+"""HBM bytes per parameter one Adam step moves for one optimizer state, by how it is kept
+(Transformer Engine's ``FusedAdam.step``, ``fused_adam.py``): FP32, read and written by the
+kernel (4 + 4); an FP32 master as the remainder of a BF16 weight, the int16 read and written and
+the BF16 weight read to rebuild it (2 + 2 + 2; the weight's write is the step's own); a lowered
+state is unscaled into an FP32 copy first and scaled back after the kernel: BF16 ``.float()``
+(2 + 4), the kernel (4 + 4), ``.bfloat16()`` and ``copy_`` (4 + 2 + 2 + 2); FP16 (momentum,
+variance or master) the same with its scale applied both ways (``mul_``, 4 + 4 each) and its
+amax found (``aminmax``, 4) and a copy at 2 bytes; FP8 dequantised (1 + 4), the kernel, its
+amax (4) and quantised back (4 + 1)."""
+
+
+def optimizer_step_bytes(states: tuple[str, str, str] = ("fp32", "fp32", "fp32")) -> float:
+    """HBM bytes per parameter of one Adam step: read the FP32 gradient (4), write the BF16
+    weight (2), the gradient-norm read and the zeroing of the gradient buffer (8), and each of
+    the master weight, momentum and variance as it is kept (``STATE_STEP_BYTES``): 38 in FP32.
+    Lowered states move more, not less: the step unscales and rescales them."""
+    return 4 + 2 + 8 + sum(STATE_STEP_BYTES[state] for state in states)
 
 
 def optimizer_time(parameters, shards, rates: Rates, distributed_optimizer=True, step_bytes: float = 38.0):
