@@ -192,3 +192,19 @@ def test_an_estimate_that_fits_times_the_step_plainly(advisor, args):
     assert advisor.json("estimate", *args)["verdict"] == "fits"
     lines = _time_lines(advisor("estimate", *args))
     assert lines and lines[0].startswith("step ") and "if it fit" not in advisor("estimate", *args).stdout
+
+
+def test_with_the_precision_aware_optimizer_it_says_which_levers_were_not_tried(advisor):
+    """--sharding auto cannot climb where the options refuse its rungs: Megatron-FSDP is not priced
+    with the precision-aware optimizer, and offload ignores lowered state dtypes (it keeps FP32
+    states). Said, not claimed as tried; the 70B case above fits with offload at 32768 tokens."""
+    lowered = _line(advisor, "--model", "llama3.1-70b", "--gpus", 8, *H100, "--gbs", 64,
+                    "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16")
+    assert ("; Megatron-FSDP and optimizer CPU offload, which shrink them, were not tried: FSDP with "
+            "--use-precision-aware-optimizer is not priced, and offload keeps FP32 states whatever --exp-avg-dtype "
+            "bf16 says.") in lowered
+    assert "a shorter --seq-len" not in lowered  # the states alone exceed the memory, whatever the --seq-len
+    fp32 = _line(advisor, "--model", "llama3.1-70b", "--gpus", 8, *H100, "--seq-len", 131072,
+                 "--use-precision-aware-optimizer")
+    assert ("; optimizer CPU offload (--sharding auto) fits no layout at this --seq-len, and Megatron-FSDP was not "
+            "tried: FSDP with --use-precision-aware-optimizer is not priced") in fp32

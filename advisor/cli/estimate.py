@@ -312,6 +312,17 @@ def _states_gib(row) -> float:
     return float(row.estimate.terms.model_states.max()) / GIB
 
 
+def _untried_levers(training) -> str:
+    """What --sharding auto could not try with the precision-aware optimizer: Megatron-FSDP (not
+    priced with it), and offload where its state dtypes are lowered (which offload ignores)."""
+    if training.optimizer_states.lowered:
+        return ("; Megatron-FSDP and optimizer CPU offload, which shrink them, were not tried: FSDP with "
+                "--use-precision-aware-optimizer is not priced, and offload keeps FP32 states whatever "
+                f"{training.optimizer_states.lowered[0]} says")
+    return ("; optimizer CPU offload (--sharding auto) fits no layout at this --seq-len, and Megatron-FSDP was not "
+            "tried: FSDP with --use-precision-aware-optimizer is not priced")
+
+
 def _states_bound(head: str, rows, least, space, mem: float, floor: float) -> str:
     """The nothing-fits line where no row's model states alone fit: what they need, and only the
     hints that can shrink them. Megatron-FSDP and optimizer CPU offload can, down to the weights
@@ -329,6 +340,8 @@ def _states_bound(head: str, rows, least, space, mem: float, floor: float) -> st
     if sharded > mem:
         text += (f"; sharded over all {least.parallel.gpus} GPUs with the optimizer in host memory, the weights "
                  f"and gradients alone would still need {sharded:.1f} GiB")
+    elif plain and space.sharding == "auto" and training.optimizer_states.precision_aware_optimizer:
+        text += _untried_levers(training)  # the escalation's rungs refuse these options
     elif plain and space.sharding == "auto":  # escalation tried them, at this --seq-len
         text += ("; Megatron-FSDP and optimizer CPU offload (--sharding auto), which shrink them, "
                  "fit no layout at this --seq-len")
