@@ -204,6 +204,7 @@ def test_with_the_precision_aware_optimizer_it_says_which_levers_were_not_tried(
             "--use-precision-aware-optimizer is not priced, and offload keeps FP32 states whatever --exp-avg-dtype "
             "bf16 says.") in lowered
     assert "a shorter --seq-len" not in lowered  # the states alone exceed the memory, whatever the --seq-len
+    assert "--optimizer-cpu-offload without --exp-avg-dtype" in _tries(lowered)  # which then fits (above)
     fp32 = _line(advisor, "--model", "llama3.1-70b", "--gpus", 8, *H100, "--seq-len", 131072,
                  "--use-precision-aware-optimizer")
     assert ("; optimizer CPU offload (--sharding auto) fits no layout at this --seq-len, and Megatron-FSDP was not "

@@ -149,8 +149,8 @@ def test_an_offloaded_commands_state_dtypes_are_named_and_priced_fp32():
     read, unpriced = parse_training_args(["--bf16", "--use-distributed-optimizer", "--use-precision-aware-optimizer",
                                           "--optimizer-cpu-offload", "--exp-avg-dtype", "bf16"])
     assert read.offload.optimizer_cpu_offload and read.optimizer_bytes == 12
-    assert unpriced == ["--exp-avg-dtype bf16 (no effect with --optimizer-cpu-offload: Megatron's HybridDeviceOptimizer "
-                        "keeps FP32 states; priced so)"]
+    assert unpriced == ["--exp-avg-dtype bf16 (ignored by Megatron with --optimizer-cpu-offload: its "
+                        "HybridDeviceOptimizer keeps FP32 states, as priced)"]
 
 
 def test_the_first_step_makes_the_masters_fusedadam_holds():

@@ -342,6 +342,8 @@ def _states_bound(head: str, rows, least, space, mem: float, floor: float) -> st
                  f"and gradients alone would still need {sharded:.1f} GiB")
     elif plain and space.sharding == "auto" and training.optimizer_states.precision_aware_optimizer:
         text += _untried_levers(training)  # the escalation's rungs refuse these options
+        if lowered := training.optimizer_states.lowered:
+            hints.append(f"--optimizer-cpu-offload without {' and '.join(flag.split()[0] for flag in lowered)}")
     elif plain and space.sharding == "auto":  # escalation tried them, at this --seq-len
         text += ("; Megatron-FSDP and optimizer CPU offload (--sharding auto), which shrink them, "
                  "fit no layout at this --seq-len")

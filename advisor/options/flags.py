@@ -381,8 +381,8 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
     if "--optimizer-cpu-offload" in values:  # Megatron runs them, FP32 whatever they say: named, not refused
         for flag in ("--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"):
             if _last(values, flag, "fp32") != "fp32":
-                unpriced.append(f"{flag} {_last(values, flag)} (no effect with --optimizer-cpu-offload: Megatron's "
-                                "HybridDeviceOptimizer keeps FP32 states; priced so)")
+                unpriced.append(f"{flag} {_last(values, flag)} (ignored by Megatron with --optimizer-cpu-offload: its "
+                                "HybridDeviceOptimizer keeps FP32 states, as priced)")
                 del values[flag]
     options = TrainingOptions(
         precision=_precision(values), data_parallel=_data_parallel(values, release),
