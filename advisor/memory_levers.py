@@ -37,32 +37,36 @@ copy-in), backward prefetches the next likewise, and one reduce-scatter input ma
 while the next layer's gradients are produced (``reduce_scatter_max_input_buffers``, default 1)."""
 
 
-STATE_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-"""Bytes of one optimizer-state element by --main-params-dtype / --exp-avg-dtype /
---exp-avg-sq-dtype (fp8: TE's FusedAdam keeps it as a one-byte Float8Tensor, E4M3)."""
+STATE_BYTES = {"fp32": 4, "remainder": 2, "fp16": 2, "bf16": 2, "fp8": 1}
+"""Bytes of one optimizer-state element by how it is kept (``optimizer_state_kinds``): its
+--main-params-dtype / --exp-avg-dtype / --exp-avg-sq-dtype (fp8: TE's FusedAdam keeps a one-byte
+Float8Tensor, E4M3), or 'remainder', an FP32 master kept as the 16 bits its BF16 weight lacks."""
 
 
-def optimizer_state_bytes(precision_aware: bool, main_params_dtype: str = "fp32", exp_avg_dtype: str = "fp32",
+def optimizer_state_kinds(precision_aware: bool, main_params_dtype: str = "fp32", exp_avg_dtype: str = "fp32",
                           exp_avg_sq_dtype: str = "fp32", *, bf16_weights: bool = True,
-                          te_holds_masters: bool = True) -> float:
-    """Bytes per parameter of the master weight, momentum and variance, before any sharding.
+                          te_holds_masters: bool = True) -> tuple[str, str, str]:
+    """How the master weight, momentum and variance are kept (keys of ``STATE_BYTES``).
 
-    Without the precision-aware optimizer: FP32 all three, 12 (seed 004, Section 3.1). With it
-    (--use-precision-aware-optimizer) each takes its dtype (``STATE_DTYPE_BYTES``), and the FP32
-    master weight of a BF16 weight is 2 bytes where Transformer Engine's FusedAdam holds it
-    (``te_holds_masters``: megatron-core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``,
-    i.e. no FP8 or delayed scaling, or FP16 masters, or offload): megatron-core passes
+    Without the precision-aware optimizer: FP32 all three, 12 bytes (seed 004, Section 3.1). With
+    it (--use-precision-aware-optimizer) each takes its dtype, and the FP32 master of a BF16
+    weight is its remainder where Transformer Engine's FusedAdam holds it (``te_holds_masters``:
+    megatron-core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``): megatron-core passes
     ``store_param_remainders`` (OptimizerConfig, default True with TE >= 2.1), and FusedAdam then
     keeps only the 16 low bits the BF16 weight lacks, as int16 (``fused_adam.py``,
     ``_initialize_state``). Otherwise megatron-core keeps its own FP32 master shard
     (``distrib_optimizer.py``, ``shard_main_param``). The FP32 scale per state tensor that
     FusedAdam adds for FP16 and FP8 states is a scalar per tensor: not counted."""
     if not precision_aware:
-        return float(eq.OPTIMIZER_BYTES)
-    master = STATE_DTYPE_BYTES[main_params_dtype]
-    if main_params_dtype == "fp32" and bf16_weights and te_holds_masters:
-        master = 2
-    return float(master + STATE_DTYPE_BYTES[exp_avg_dtype] + STATE_DTYPE_BYTES[exp_avg_sq_dtype])
+        return ("fp32", "fp32", "fp32")
+    remainder = main_params_dtype == "fp32" and bf16_weights and te_holds_masters
+    return ("remainder" if remainder else main_params_dtype, exp_avg_dtype, exp_avg_sq_dtype)
+
+
+def optimizer_state_bytes(kinds: tuple[str, str, str]) -> float:
+    """Bytes per parameter of the master weight, momentum and variance kept as ``kinds``
+    (``optimizer_state_kinds``), before any sharding: 12 in FP32."""
+    return float(sum(STATE_BYTES[kind] for kind in kinds))
 
 
 def _sharded(options) -> tuple:

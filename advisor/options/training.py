@@ -475,10 +475,17 @@ class TrainingOptions:
         (``memory_levers.optimizer_state_bytes``)."""
         from advisor.memory_levers import optimizer_state_bytes
 
+        return optimizer_state_bytes(self._state_kinds)
+
+    @property
+    def _state_kinds(self) -> tuple[str, str, str]:
+        """How the master weight, momentum and variance are kept (``memory_levers.optimizer_state_kinds``).
+        Offloaded, Megatron's HybridDeviceOptimizer keeps FP32 copies and FP32 Adam states whatever
+        the dtypes (get_megatron_optimizer builds it instead of the precision-aware FusedAdam)."""
+        from advisor.memory_levers import optimizer_state_kinds
+
         states = self.optimizer_states
-        # offloaded, Megatron's HybridDeviceOptimizer keeps FP32 copies and FP32 Adam states whatever
-        # the dtypes (get_megatron_optimizer builds it before, and instead of, the precision-aware FusedAdam)
-        return optimizer_state_bytes(states.precision_aware_optimizer, states.main_params_dtype, states.exp_avg_dtype,
+        return optimizer_state_kinds(states.precision_aware_optimizer, states.main_params_dtype, states.exp_avg_dtype,
                                      states.exp_avg_sq_dtype, bf16_weights=self.precision.params_dtype == "bfloat16",
                                      te_holds_masters=self._te_holds_masters)
 
@@ -494,32 +501,15 @@ class TrainingOptions:
         return states.precision_aware_optimizer and (states.main_params_dtype != "fp32" or p.fp8_recipe == "delayed")
 
     @property
-    def _state_kinds(self) -> tuple[str, str, str]:
-        """How the master weight, momentum and variance are kept (``throughput.terms.STATE_STEP_BYTES``)."""
-        states = self.optimizer_states
-        if not states.precision_aware_optimizer:  # offloaded ones are FP32 too (optimizer_bytes)
-            return ("fp32", "fp32", "fp32")
-        master = states.main_params_dtype
-        if master == "fp32" and self._te_holds_masters and self.precision.params_dtype == "bfloat16":
-            master = "remainder"
-        return (master, states.exp_avg_dtype, states.exp_avg_sq_dtype)
-
-    @property
     def first_step_bytes(self) -> float:
         """Bytes per parameter of the optimizer states the first optimizer step makes: Adam's
         momentum and variance (``equations.ADAM_MOMENT_BYTES`` in FP32), and the master weight
         too where Transformer Engine's FusedAdam holds it (``initialize_state``, called in its
         first ``step``; megatron-core makes its own masters when it builds the optimizer)."""
-        from advisor.memory_levers import STATE_DTYPE_BYTES
+        from advisor.memory_levers import STATE_BYTES
 
-        if not self.optimizer_states.precision_aware_optimizer:
-            from advisor.equations import ADAM_MOMENT_BYTES
-
-            return float(ADAM_MOMENT_BYTES)
-        if self._te_holds_masters:
-            return self.optimizer_bytes
-        states = self.optimizer_states
-        return float(STATE_DTYPE_BYTES[states.exp_avg_dtype] + STATE_DTYPE_BYTES[states.exp_avg_sq_dtype])
+        master, *moments = self._state_kinds
+        return float(sum(STATE_BYTES[kind] for kind in moments) + (STATE_BYTES[master] if self._te_holds_masters else 0))
 
     def memory_options(self):
         """The estimator's view (``advisor.memory.MemoryOptions``)."""
