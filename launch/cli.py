@@ -96,8 +96,8 @@ def input_options(func: Callable) -> Callable:
         if config.read_from and config.unpriced:
             command = config.read_from.partition(": ")[0]  # 'train.sh: torchrun, 8 GPUs (...)'
             _note(f"warning: {config.source} was read from {command}, which it priced otherwise: "
-                  f"{'; '.join(config.unpriced)}. The launch runs what was priced (its megatron_args: a Llama-family "
-                  f"network with the advisor's options), not {command} as written")
+                  f"{'; '.join(config.unpriced)}. The launch runs what was priced (its megatron_args: the network and "
+                  f"options the advisor priced), not {command} as written")
         return func(*args, config=config, **kwargs)
 
     return apply_options([

@@ -209,9 +209,9 @@ def tensor_parallel_span_note(tp: int, per_node: int, source: str) -> str | None
     GPUs per node it was given, which its JSON does not record: the warning says so."""
     if tp == 1 or per_node % tp == 0:
         return None
-    return (f"warning: TP {tp} spans nodes at {per_node} ranks per node: its collectives cross the network, which "
-            f"{source} priced only if it was priced at {per_node} GPUs per node (advisor estimate --gpus-per-node "
-            f"{per_node}, or --from-command of this launch, prices it so)")
+    return (f"warning: TP {tp} spans nodes at {per_node} ranks per node: its collectives cross the network, priced "
+            f"only where {source} was priced at {per_node} GPUs per node (advisor estimate --gpus-per-node "
+            f"{per_node}, or --from-command of this launch)")
 
 
 def transformer_engine_import_problem(args, where: str = "") -> str:
