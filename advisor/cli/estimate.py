@@ -486,8 +486,8 @@ def _command_nodes(read, gpu, gpus_per_node: int):
     per_node = read.gpus_per_node
     if per_node is None or per_node >= gpus_per_node or given("gpus_per_node"):
         return gpu, gpus_per_node
-    note(f"advisor estimate: priced at {per_node} GPUs per node, as the command starts its ranks "
-         f"({read.source.partition('(')[2].partition(')')[0]}); --gpus-per-node decides otherwise")
+    note(f"advisor estimate: priced at {per_node} GPUs per node, as the command's launcher starts its ranks "
+         f"(the preset has {gpus_per_node}); --gpus-per-node decides otherwise")
     return (gpu.with_overrides(gpus_per_node=per_node) if gpu is not None else None), per_node
 
 
