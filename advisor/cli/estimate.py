@@ -289,9 +289,12 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
     tally = ", ".join(f"{n} {v}" for v, n in counts.items())
     if least is None:
         return f"advisor sweep: nothing fits: {tally}. Try more GPUs (--all shows the rows)"
-    need = (f"; the least any layout needs is {least.judged_gib:.1f} GiB per GPU against {mem:g} GiB "
-            f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
     floor = min(_states_gib(row) for row in rows)
+    # where the states alone exceed the memory, each layout is priced without recomputation
+    # (advisor.space: no variant can fit), which would lower its activations, not its states
+    plain = " without recomputation" if floor > mem else ""
+    need = (f"; the least any layout needs{plain} is {least.judged_gib:.1f} GiB per GPU against {mem:g} GiB "
+            f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
     if floor > mem:  # the --seq-len, the micro-batch and recomputation touch activations only
         return _states_bound(f"advisor sweep: nothing fits: {tally}{need}", rows, least, space, mem, floor)
     hints = ["more GPUs", "a shorter --seq-len"]
