@@ -30,21 +30,13 @@ _NAME_CHARS = 4096  # PATH_MAX: a spec read from a config.json is named by its p
 
 
 def _describe(value) -> str:
-    """A value for a one-line message, in JSON's words; a huge integer by its length; 'missing' for
-    a key the document leaves out (``limits.ABSENT``)."""
+    """A config.json value for a one-line message: 'missing' for a key the document leaves out
+    (``limits.ABSENT``), an object or a list by its kind, else ``limits.json_text``."""
     if value is limits.ABSENT:
         return "missing"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, int) and abs(value) > 10**12:
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return repr(value if len(value) <= 40 else value[:37] + "...")
-    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
+    if isinstance(value, (dict, list)):
+        return {dict: "an object", list: "a list"}[type(value)]
+    return limits.json_text(value)
 
 
 def _positive_number(value) -> bool:

@@ -250,14 +250,9 @@ def _columns(stream) -> int | None:
 
 def wrap_note(text: str, width: int | None) -> str:
     """A note or warning wrapped at ``width``, its continuation lines indented two spaces so
-    that each note still reads as one; unwrapped where ``width`` is None."""
-    import textwrap
-
-    if width is None:
-        return text
-    return "\n".join("\n".join(textwrap.wrap(line, width, subsequent_indent="  ", break_on_hyphens=False,
-                                             break_long_words=False) or [""])
-                     for line in text.split("\n"))
+    that each note still reads as one, a long word (a path) kept whole; unwrapped where
+    ``width`` is None."""
+    return _wrapped(text, width, indent="  ", break_long_words=False)
 
 
 def to_table(
@@ -347,16 +342,18 @@ def _folded(columns: Sequence[Column], cells: list[list[str]], suffixes: dict[in
     return shown, justify
 
 
-def _wrapped(text: str | None, width: int | None) -> str:
+def _wrapped(text: str | None, width: int | None, *, indent: str = "", break_long_words: bool = True) -> str:
     """A title or caption left-aligned under the terminal's width, each of its lines wrapped on
-    its own (rich would centre it and wrap it at the table's narrower width)."""
+    its own (rich would centre it and wrap it at the table's narrower width); ``indent`` begins
+    each continuation line."""
     import textwrap
 
     if not text:
         return ""
     if width is None:
         return text
-    return "\n".join("\n".join(textwrap.wrap(line, width, break_on_hyphens=False) or [""])
+    return "\n".join("\n".join(textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False,
+                                             break_long_words=break_long_words) or [""])
                      for line in text.split("\n"))
 
 

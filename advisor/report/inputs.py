@@ -81,9 +81,9 @@ def _check_row(row: dict, where: str) -> None:
             raise AdvisorError(f"{where}: '{key}' {limits.must_be('a positive integer', row.get(key, limits.ABSENT))}")
     for key, (what, valid) in _FIELDS.items():
         if key in row and not valid(row[key]):
-            raise AdvisorError(f"{where}: '{key}' must be {what}, got {_shown(row[key])}")
+            raise AdvisorError(f"{where}: '{key}' must be {what}, got {limits.json_text(row[key])}")
     if "model" in row and not isinstance(row["model"], (str, dict)):
-        raise AdvisorError(f"{where}: 'model' must be a preset's name or a model object, got {_shown(row['model'])}")
+        raise AdvisorError(f"{where}: 'model' must be a preset's name or a model object, got {limits.json_text(row['model'])}")
     try:
         spec = row_spec(row)  # a row without its model cannot be priced (nor launched)
     except AdvisorError as exc:
@@ -137,7 +137,7 @@ def _check_pricing(row: dict, where: str, spec: LlamaSpec) -> None:
         if row.get("gpu") is not None:
             get_gpu(row["gpu"])
         if row.get("memory_gib") is not None and not row["memory_gib"] > 0:
-            raise AdvisorError(f"'memory_gib' must be above 0, got {_shown(row['memory_gib'])}")
+            raise AdvisorError(f"'memory_gib' must be above 0, got {limits.json_text(row['memory_gib'])}")
         if not (isinstance(row["model"], dict) and "num_experts" in row["model"]):  # MoE: moe_row_settings
             layers = row.get("layers_per_stage")
             check_layout(spec, ParallelConfig(tp=row["tp"], cp=row["cp"], pp=row["pp"], dp=row["dp"], mbs=row["mbs"],
@@ -176,21 +176,21 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
             refuse(f"an MoE row's '{key}' {limits.must_be('a positive integer', row.get(key, limits.ABSENT))}")
     dispatcher = _given(row, "dispatcher", "alltoall")
     if dispatcher not in MOE_DISPATCHERS:
-        refuse(f"'dispatcher' must be {_choices(MOE_DISPATCHERS)}, got {_shown(dispatcher)}")
+        refuse(f"'dispatcher' must be {_choices(MOE_DISPATCHERS)}, got {limits.json_text(dispatcher)}")
     settings = {"ep": row["ep"], "etp": row["etp"], "dispatcher": dispatcher, **_moe_routing(row, dispatcher, refuse)}
     recompute, modules = _given(row, "recompute", "none"), row.get("recompute_modules")
     if recompute not in RECOMPUTES:
-        refuse(f"'recompute' must be {_choices(RECOMPUTES)}, got {_shown(recompute)}")
+        refuse(f"'recompute' must be {_choices(RECOMPUTES)}, got {limits.json_text(recompute)}")
     if modules is not None and (not isinstance(modules, list) or not modules
                                 or not all(module in RECOMPUTE_MODULES for module in modules)):
-        refuse(f"'recompute_modules' must be null or a list of {_choices(RECOMPUTE_MODULES)}, got {_shown(modules)}")
+        refuse(f"'recompute_modules' must be null or a list of {_choices(RECOMPUTE_MODULES)}, got {limits.json_text(modules)}")
     if modules and recompute != "selective":  # Megatron reads --recompute-modules only with selective
-        refuse(f"'recompute_modules' needs 'recompute' selective, got {_shown(recompute)}")
+        refuse(f"'recompute_modules' needs 'recompute' selective, got {limits.json_text(recompute)}")
     method, layers = row.get("recompute_method"), row.get("recompute_num_layers")
     if recompute == "full" and (method not in (None, "uniform") or layers not in (None, 1) or layers is True):
         # the MoE model prices full recomputation of every layer, launched so (advisor.moe.flags)
         refuse(f"an MoE row's full recomputation is 'recompute_method' uniform with 'recompute_num_layers' 1 (every "
-               f"layer, as priced), got {_shown(method)} and {_shown(layers)}")
+               f"layer, as priced), got {limits.json_text(method)} and {limits.json_text(layers)}")
     overlap, delay = _given(row, "a2a_overlap", False), _given(row, "delay_wgrad", False)
     grads, sharded = _given(row, "gradient_bytes", 4), _given(row, "distributed_optimizer", True)
     fusions = _given(row, "permute_fusion", False), _given(row, "router_fusion", False)
@@ -211,7 +211,7 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
     backend = row.get("flex_backend")
     if backend not in (None, *FLEX_BACKENDS) or (backend not in (None, "deepep") and dispatcher != "flex"):
         refuse(f"'flex_backend' must be null or, with the flex dispatcher, {_choices(FLEX_BACKENDS)}; got "
-               f"{_shown(backend)} with {_shown(dispatcher)}")
+               f"{limits.json_text(backend)} with {limits.json_text(dispatcher)}")
     return {**settings, "recompute": recompute, "recompute_modules": modules, "a2a_overlap": overlap,
             "delay_wgrad": delay, "gradient_bytes": grads, "distributed_optimizer": sharded, "dispatcher_sms": sms,
             "permute_fusion": fusions[0], "router_fusion": fusions[1], "flex_backend": backend}
@@ -236,7 +236,7 @@ def _moe_routing(row: dict, dispatcher: str, refuse) -> dict:
     if routing is None:
         routing = "balanced" if factor is None else "capacity"
     elif routing not in MOE_ROUTINGS:
-        refuse(f"'routing' must be {_choices(MOE_ROUTINGS)}, got {_shown(routing)}")
+        refuse(f"'routing' must be {_choices(MOE_ROUTINGS)}, got {limits.json_text(routing)}")
     if routing == "capacity" and factor is None:
         refuse("'routing' capacity needs a 'capacity_factor' (--moe-routing capacity needs "
                "--moe-expert-capacity-factor)")
@@ -245,7 +245,7 @@ def _moe_routing(row: dict, dispatcher: str, refuse) -> dict:
                "one of them")
     pad = row.get("pad_to_capacity")
     if pad is not None and not isinstance(pad, bool):
-        refuse(f"'pad_to_capacity' must be null, true or false, got {_shown(pad)}")
+        refuse(f"'pad_to_capacity' must be null, true or false, got {limits.json_text(pad)}")
     if pad and routing != "capacity":
         refuse("'pad_to_capacity' needs capacity routing and a 'capacity_factor'")
     if routing == "capacity" and (problem := pad_problem(dispatcher, factor, pad is not False)):
@@ -274,11 +274,6 @@ def _bounded(value, key: str, bound: limits.Bound, refuse, *, low_open: bool = F
     except AdvisorError as exc:
         problem = str(exc)
     refuse(problem)
-
-
-def _shown(value) -> str:
-    """A value of the JSON document, in JSON's words (null, true, false), shortened."""
-    return limits.json_text(value)
 
 
 _PLAN_KEYS = {"world_size", "micro_batch_size"}
@@ -319,10 +314,10 @@ def _check_plan_page(plan: dict, where: str) -> None:
     """The fields of a plan that the page draws and ``check_plan`` leaves (they launch nothing):
     one line naming the field, where they were a TypeError or an AttributeError in the figures."""
     def refuse(key: str, what: str, value) -> None:
-        raise AdvisorError(f"{where}: {key} must be {what}, got {_shown(value)}")
+        raise AdvisorError(f"{where}: {key} must be {what}, got {limits.json_text(value)}")
 
     if not isinstance(plan.get("baseline", {}), dict):
-        raise AdvisorError(f"{where}: 'baseline' must be an object, got {_shown(plan['baseline'])}")
+        raise AdvisorError(f"{where}: 'baseline' must be an object, got {limits.json_text(plan['baseline'])}")
     predictor = plan.get("predictor")
     if predictor is not None and not (isinstance(predictor, dict) and isinstance(predictor.get("name", ""), str)):
         refuse("'predictor'", "null or an object with a string 'name'", predictor)
