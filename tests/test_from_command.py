@@ -277,6 +277,10 @@ _MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-siz
     (f"{_MOE} --num-experts 8 --moe-router-topk-scaling-factor big\n",
      "--moe-router-topk-scaling-factor must be a number, got 'big'"),
     (f"{_MOE} --num-experts 8 --moe-layer-freq '[1,0]*2'\n", "only leading dense layers then MoE layers are priced"),
+    (f"{_MOE} --num-experts 8 --moe-layer-freq 2\n", "--moe-layer-freq 2: an MoE layer every 2 layers is not priced"),
+    (f"{_MOE} --num-experts 8 --moe-layer-freq '[0]+[1]*2'\n", "gives 3 layers; the model has 4"),
+    (f"{_MOE} --num-experts 8 --moe-layer-freq '([0] + [1]*3)'\n", "Megatron takes only digits"),
+    (f"{_MOE} --num-experts 8 --moe-layer-freq '[1]*9999999*9999999'\n", "over 100,000 layers"),
     (f"{_MOE} --num-experts 8 --rope-type mrope\n", "--rope-type 'mrope' is not priced (rope or yarn)"),
     (f"{_MOE} --num-experts 8 --moe-router-score-function relu\n", "--moe-router-score-function 'relu' is not priced"),
     (f"{_MOE} --num-experts 8 --moe-token-dispatcher-type nccl\n",
@@ -754,3 +758,21 @@ def test_a_commands_moe_is_priced_under_the_routing_given(tmp_path):
     dense = CliRunner().invoke(cli, ["estimate", "--from-command", str(COMMANDS / "megatron_gpt3_175b.sh"), "--gpus",
                                      "1024", "--vocab-size", "50257", "--moe-routing", "dropless"])
     assert dense.exit_code == 2 and "MoE options need a mixture-of-experts model: --moe-routing" in dense.stderr
+
+
+@pytest.mark.parametrize("text, dense", [
+    ("1", 0), ("[1]*4", 0), ("([0]+[1]*3)", 1), ("[0,0,1,1]", 2), ("[0]*2+[1]*2", 2), ("3*[0]+[1]", 3),
+    ("([0]*1+[1]*(1+2))", 1),
+])
+def test_every_leading_dense_spelling_megatron_evaluates_is_read(text, dense):
+    """--moe-layer-freq list forms are read as Megatron's ``_eval_pattern`` evaluates them (Python's
+    own eval of the validated text is the oracle); before, only '([0]*k+[1]*n)' was read."""
+    from advisor.moe.readback import first_dense_layers, layer_pattern
+
+    assert first_dense_layers(text, 4) == dense
+    if "[" in text:
+        assert layer_pattern(text) == eval(text)  # noqa: S307 - Megatron's own reading of the same text
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size",
+                                      "1000", "--format", "json"], input=f"{_MOE} --bf16 --num-experts 8 --moe-layer-freq '{text}'\n")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["model"]["first_dense_layers"] == dense

@@ -175,15 +175,72 @@ def _number(text: str, name: str, *, bound: limits.Bound, low_open: bool = True)
 
 
 def first_dense_layers(text: str, num_layers: int) -> int:
-    """--moe-layer-freq as the leading dense layers it gives: 1, or a pattern of leading zeros
-    then ones, '([0]*k+[1]*(L-k))' (``moe_freq_type``'s list); another pattern is not priced."""
-    if text.strip() == "1":
+    """--moe-layer-freq as the leading dense layers it gives, read as Megatron reads it
+    (``arguments.moe_freq_type``): an integer N makes every N-th layer an MoE layer (1: all), a
+    text with '[' is a Python list expression of 0 (dense) and 1 (MoE) per layer, e.g.
+    '([0]*3+[1]*58)' or '[0,1,1,1]'. Priced: 1, or k leading dense layers then MoE layers."""
+    if "[" not in text:
+        try:
+            every = int(text)
+        except ValueError:
+            raise AdvisorError(f"--moe-layer-freq {text!r} is neither an integer nor a list expression "
+                               "(e.g. 1 or '([0]*3+[1]*58)')") from None
+        if every != 1:
+            raise AdvisorError(f"--moe-layer-freq {text}: an MoE layer every {every} layers is not priced "
+                               f"(only leading dense layers then MoE layers: 1 or '([0]*k+[1]*({num_layers}-k))')")
         return 0
-    match = re.fullmatch(r"\(?\[0\]\*(\d+)\+\[1\]\*(\d+)\)?", text.replace(" ", ""))
-    if not match or int(match.group(1)) + int(match.group(2)) != num_layers:
+    pattern = layer_pattern(text)
+    if len(pattern) != num_layers:
+        raise AdvisorError(f"--moe-layer-freq {text!r} gives {len(pattern)} layers; the model has {num_layers} "
+                           "(Megatron asserts they match: gpt_layer_specs.py)")
+    dense = pattern.index(1) if 1 in pattern else num_layers
+    if set(pattern) - {0, 1} or 1 not in pattern or 0 in pattern[dense:]:
         raise AdvisorError(f"--moe-layer-freq {text!r}: only leading dense layers then MoE layers are priced "
-                           f"('([0]*k+[1]*{num_layers}-k)' or 1)")
-    return int(match.group(1))
+                           f"('([0]*k+[1]*({num_layers}-k))' or 1)")
+    return dense
+
+
+_PATTERN_LAYERS = 100_000
+"""The longest pattern read (every released model has fewer than 200 layers): '[1]*10**9' would
+otherwise build a list of a billion before its length is checked."""
+
+
+def layer_pattern(text: str) -> list:
+    """A --moe-layer-freq list expression evaluated as Megatron's ``_eval_pattern`` allows it
+    (only digits, commas, brackets, parentheses, '+' and '*'; a space is refused there, as here)
+    but without ``eval``: lists, integers, concatenation and repetition, each bounded."""
+    import ast
+
+    if re.search(r"[^,\d\[\]()+*]", text):
+        raise AdvisorError(f"--moe-layer-freq {text!r}: Megatron takes only digits, ',', '[', ']', '(', ')', "
+                           "'+' and '*' in a pattern (arguments.py, _eval_pattern)")
+
+    def value(node):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.List):
+            return [value(item) for item in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Mult) and isinstance(left, int) and isinstance(right, list):
+                left, right = right, left
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int):
+                if len(left) * max(right, 0) > _PATTERN_LAYERS:
+                    raise AdvisorError(f"--moe-layer-freq {text!r}: over {_PATTERN_LAYERS:,} layers")
+                return left * right
+            if type(left) is type(right):
+                return left + right if isinstance(node.op, ast.Add) else left * right
+        raise AdvisorError(f"--moe-layer-freq {text!r} is not a list of 0s and 1s (e.g. '([0]*3+[1]*58)')")
+
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        raise AdvisorError(f"--moe-layer-freq {text!r} is not a Python list expression "
+                           "(e.g. '([0]*3+[1]*58)')") from None
+    pattern = value(tree.body)
+    if not isinstance(pattern, list) or not all(type(item) is int for item in pattern):
+        raise AdvisorError(f"--moe-layer-freq {text!r} is not a list of 0s and 1s (e.g. '([0]*3+[1]*58)')")
+    return pattern
 
 
 def _mla_and_yarn(values: dict):
