@@ -28,7 +28,7 @@ from advisor.shell_command import as_written, unexpanded, unset_variable
 _MODEL_VALUED = {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "num-query-groups",
                  "kv-channels", "seq-length", "max-position-embeddings", "normalization", "norm-epsilon",
                  "position-embedding-type", "rotary-base", "rope-scaling-factor", "rotary-percent", "vocab-size",
-                 "tokenizer-type", "attention-dropout", "hidden-dropout"}
+                 "tokenizer-type", "attention-dropout", "hidden-dropout", "encoder-seq-length"}
 _MODEL_SWITCHES = {"group-query-attention", "swiglu", "use-rope-scaling", "disable-bias-linear", "add-qkv-bias",
                    "untie-embeddings-and-output-weights", "add-bias-linear", "use-mcore-models",
                    "no-position-embedding"}
@@ -453,6 +453,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     ``vocab_size`` (the user's, for a tokenizer read from files) overrides the command's."""
     parsed = split_arguments(arguments)
     _refuse_unexpanded(parsed)
+    _sequence_length_alias(parsed.model)
     command_vocab, source = vocabulary(parsed.model, release)
     if vocab_size is not None:
         command_vocab, source = vocab_size, f"--vocab-size {vocab_size} (given to the advisor)"
@@ -490,6 +491,17 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
                        "hold are not priced)" for name in dict.fromkeys(parsed.unset)]),
                    skipped=tuple(parsed.skipped),
                    vocab_source=source, moe=moe)
+
+
+def _sequence_length_alias(model: dict) -> None:
+    """--encoder-seq-length is the older name of --seq-length: validate_args copies it over where
+    --seq-length is not given and asserts that not both are (arguments.py, both releases)."""
+    if "encoder-seq-length" not in model:
+        return
+    if "seq-length" in model:
+        raise AdvisorError("--seq-length and --encoder-seq-length are both given: Megatron-LM refuses the command "
+                           "(validate_args asserts one of them)")
+    model["seq-length"] = model.pop("encoder-seq-length")
 
 
 def _refuse_flex_without_deepep(moe, moe_values: dict, release) -> None:

@@ -277,6 +277,7 @@ _MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-siz
     (f"{_MOE} --num-experts 8 --moe-router-topk-scaling-factor big\n",
      "--moe-router-topk-scaling-factor must be a number, got 'big'"),
     (f"{_MOE} --num-experts 8 --moe-layer-freq '[1,0]*2'\n", "only leading dense layers then MoE layers are priced"),
+    (f"{_MOE} --encoder-seq-length 64\n", "--seq-length and --encoder-seq-length are both given"),
     (f"{_MOE} --num-experts 8 --moe-layer-freq 2\n", "--moe-layer-freq 2: an MoE layer every 2 layers is not priced"),
     (f"{_MOE} --num-experts 8 --moe-layer-freq '[0]+[1]*2'\n", "gives 3 layers; the model has 4"),
     (f"{_MOE} --num-experts 8 --moe-layer-freq '([0] + [1]*3)'\n", "Megatron takes only digits"),
@@ -776,3 +777,13 @@ def test_every_leading_dense_spelling_megatron_evaluates_is_read(text, dense):
                                       "1000", "--format", "json"], input=f"{_MOE} --bf16 --num-experts 8 --moe-layer-freq '{text}'\n")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["model"]["first_dense_layers"] == dense
+
+
+def test_the_older_name_of_the_sequence_length_is_read():
+    """--encoder-seq-length alone is --seq-length (validate_args copies it over); it was refused as
+    a command without a sequence length."""
+    command = _MOE.replace("--seq-length 64", "--encoder-seq-length 48") + " --bf16\n"
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size",
+                                      "1000", "--format", "json"], input=command)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["seq_len"] == 48
