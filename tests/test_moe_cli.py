@@ -519,6 +519,28 @@ def test_several_balancing_losses_are_read_and_launched_as_given():
     assert "--moe-router-load-balancing-type seq_aux_loss global_aux_loss --moe-aux-loss-coeff 0.001 0.0001" in args
 
 
+_SIGMOID = "--moe-router-score-function sigmoid --moe-router-enable-expert-bias"
+
+
+@pytest.mark.parametrize("extra, kept", [
+    ("", None),  # the base command's aux_loss with its weight
+    (f"{_SIGMOID} --moe-router-load-balancing-type none --moe-aux-loss-coeff 0", None),
+    (f"{_SIGMOID} --moe-aux-loss-coeff 1e-3", ["aux_loss"]),  # the bias beside an aux loss
+    ("--moe-router-load-balancing-type seq_aux_loss", ["seq_aux_loss"]),
+])
+def test_the_balancing_the_presets_launch_reads_as_theirs(extra, kept):
+    """A command's balancing that a preset's (``load_balancing`` null) would launch with the same
+    flags reads as null, as the preset says it; any other is kept as given. Each read spec
+    launches the balancing type the command gave (Megatron keeps a flag's last value)."""
+    read = json.loads(_from_command(extra, "--format", "json").stdout)
+    assert read["model"]["load_balancing"] == kept
+
+    def last_type(words: list[str]) -> str:
+        return words[len(words) - 1 - words[::-1].index("--moe-router-load-balancing-type") + 1]
+
+    assert last_type(read["megatron_args"]) == last_type(f"{_MIXTRAL_COMMAND} {extra}".split())
+
+
 @pytest.mark.parametrize("extra, message", [
     ("--moe-router-load-balancing-type seq_aux_loss global_aux_loss --moe-aux-loss-coeff 1e-3",
      "--moe-aux-loss-coeff gives 1 weight for 2 load-balancing types: megatron-core needs one per type"),

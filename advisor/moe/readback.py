@@ -278,6 +278,9 @@ def moe_spec(dense: LlamaSpec, values: dict):
     mla, yarn = _mla_and_yarn(values)
     top_k = flag_int(values, "moe-router-topk", 2)
     balancing, weights = _balancing(values)
+    expert_bias = bool(values.get("moe-router-enable-expert-bias"))
+    if balancing == (("none",) if expert_bias else ("aux_loss",)) and (weights == 0 or not expert_bias):
+        balancing = None  # what MoESpec's None launches (moe.flags._balancing_flags): read as the presets say it
     if top_k == 1 and score == "softmax" and not values.get("moe-router-pre-softmax") \
             and balancing != ("sinkhorn",):  # transformer_config.py, __post_init__ (a list is never 'sinkhorn')
         raise AdvisorError("--moe-router-topk 1 with the softmax score function needs --moe-router-pre-softmax "
@@ -289,8 +292,7 @@ def moe_spec(dense: LlamaSpec, values: dict):
                    shared_expert_size=flag_int(values, "moe-shared-expert-intermediate-size", 0) or 0,
                    first_dense_layers=first_dense_layers(values.get("moe-layer-freq", "1"), dense.num_layers),
                    qk_layernorm=bool(values.get("qk-layernorm")), score_function=score,
-                   expert_bias=bool(values.get("moe-router-enable-expert-bias")),
-                   aux_loss_coeff=weights, load_balancing=balancing,
+                   expert_bias=expert_bias, aux_loss_coeff=weights, load_balancing=balancing,
                    router_num_groups=flag_int(values, "moe-router-num-groups"),
                    router_group_topk=flag_int(values, "moe-router-group-topk"),
                    router_topk_scaling_factor=_float(values, "moe-router-topk-scaling-factor",
