@@ -54,6 +54,11 @@ class MegatronRelease:
     """Whether the flex token dispatcher needs ``--moe-enable-deepep``: core_v0.15.2's
     ``MoEFlexTokenDispatcher`` asserts it when it builds the layer ('Please set
     --moe-enable-deepep', token_dispatcher.py); core_v0.19.0 takes DeepEP as its default backend."""
+    renamed: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(a deprecated flag the advisor's rows write, the words this release spells it with): the
+    rows are written once for every release, with the spelling the oldest one needs; a launch on
+    this release writes its own (``own_spelling``). A switch's words replace it; a valued flag's
+    name is replaced and its value kept."""
     imports: tuple[tuple[str, str], ...] = ()
     """(module, why) for each module outside the standard library that its pretrain_gpt.py imports
     on the way to training: found by importing the script's module level (and, for core_v0.15.2,
@@ -68,6 +73,11 @@ class MegatronRelease:
     @property
     def python_text(self) -> str:
         return f"Python >= {self.python[0]}.{self.python[1]}"
+
+    def own_spelling(self, args: list[str] | tuple[str, ...]) -> list[str]:
+        """``args`` with each deprecated flag (``renamed``) spelled as this release spells it."""
+        renamed = dict(self.renamed)
+        return [word for arg in args for word in renamed.get(arg, (arg,))]
 
     def null_tokenizer_vocab_flag(self, rows: int) -> int:
         """The --vocab-size that makes its NullTokenizer give ``rows`` tokens."""
@@ -91,6 +101,9 @@ RELEASES: tuple[MegatronRelease, ...] = (
         mock_data_max_token_id=None, pretrain="config_container",
         transformer_config_module="megatron.training.argument_utils", fsdp_sharding_strategy="optim_grads_params",
         te_cross_entropy=False,
+        # transformer_config.py, __post_init__: each routed to its new field with a deprecation warning
+        renamed=(("--moe-enable-deepep", ("--moe-flex-dispatcher-backend", "deepep")),
+                 ("--moe-deepep-num-sms", ("--moe-flex-dispatcher-num-sms",))),
         imports=(("torch", ""), ("numpy", ""),
                  ("packaging", ": megatron/core/dist_checkpointing/strategies/torch.py")),
     ),

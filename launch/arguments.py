@@ -297,13 +297,13 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     release cannot feed the model, or, given the layers of each model chunk (``chunk_layers``),
     on a --recompute-num-layers that release fails on with them (``check_recomputation``)."""
     check_values(rules, extras)  # first: a flag without its value would misread the flags after it
-    groups = [ArgGroup(source=source, args=tuple(decided), owns=DECIDED_FLAGS)]
+    groups = [ArgGroup(source=source, args=tuple(rules.own_spelling(decided)), owns=DECIDED_FLAGS)]
     if mock_data:
         groups.append(ArgGroup(source="--mock-data", args=tuple(mock_data_args(model, rules, decided)),
                                owns=DATA_FLAGS))
     if job is not None:
         groups.append(job)
-    check_conflicts(groups, extras)
+    check_conflicts(groups, rules.own_spelling(extras))  # a restated deprecated spelling is no conflict
     if not mock_data and "--mock-data" in flag_values(extras):  # the user's own, after '--'
         check_mock_data(rules, model_rows(model, decided), model.vocab_size)
     check_flags(rules, [arg for group in groups for arg in group.args])

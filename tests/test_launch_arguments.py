@@ -167,7 +167,8 @@ def test_an_moe_rows_expert_flags_cannot_be_overridden(extras, named):
     ({"dispatcher": "flex", "flex_backend": "hybridep"}, ["--moe-flex-dispatcher-backend", "deepep"],
      "--moe-flex-dispatcher-backend deepep (after --) conflicts with --moe-flex-dispatcher-backend hybridep"),
     ({"dispatcher": "flex"}, ["--moe-flex-dispatcher-backend", "hybridep"],
-     "--moe-flex-dispatcher-backend hybridep (after --) conflicts with --moe-token-dispatcher-type flex"),
+     # on core_v0.19.0 the row says deepep in that release's words (own_spelling)
+     "--moe-flex-dispatcher-backend hybridep (after --) conflicts with --moe-flex-dispatcher-backend deepep"),
     ({}, ["--moe-permute-fusion"], "which leaves --moe-permute-fusion unset"),
 ])
 def test_an_moe_rows_backend_and_fusions_cannot_be_overridden(layout, extras, named):
@@ -192,6 +193,26 @@ def test_restating_an_moe_row_is_no_conflict():
     same = ["--expert-model-parallel-size", "8", "--moe-router-topk", "8", "--moe-token-dispatcher-type", "flex",
             "--moe-enable-deepep", "--num-experts", "128", "--moe-grouped-gemm"]
     assert compose(SOURCE, decided, rules=OLD, model=spec, extras=same).args[-len(same):] == same
+
+
+@pytest.mark.parametrize("sms", [None, 24])
+def test_a_deepep_row_is_launched_in_each_releases_own_words(sms):
+    """The rows write DeepEP's flags as core_v0.15.2 needs them (--moe-enable-deepep,
+    --moe-deepep-num-sms); core_v0.19.0 takes them with a deprecation warning and routes them to
+    --moe-flex-dispatcher-backend deepep and --moe-flex-dispatcher-num-sms (transformer_config.py,
+    __post_init__), which a launch there writes instead. Restating the old spelling after -- is
+    no conflict on either."""
+    spec, decided = _moe_row_args("qwen3-30b-a3b", dispatcher="flex", dispatcher_sms=sms)
+    old = compose(SOURCE, decided, rules=OLD, model=spec, extras=[]).args
+    new = compose(SOURCE, decided, rules=NEW, model=spec, extras=[]).args
+    assert "--moe-enable-deepep" in old and "--moe-flex-dispatcher-backend" not in old
+    assert "--moe-enable-deepep" not in new and "--moe-deepep-num-sms" not in new
+    assert new[new.index("--moe-flex-dispatcher-backend") + 1] == "deepep"
+    if sms is not None:
+        assert old[old.index("--moe-deepep-num-sms") + 1] == new[new.index("--moe-flex-dispatcher-num-sms") + 1] == "24"
+    restated = ["--moe-enable-deepep", *(["--moe-deepep-num-sms", "24"] if sms else [])]
+    for rules in (OLD, NEW):
+        assert compose(SOURCE, decided, rules=rules, model=spec, extras=restated).args[-len(restated):] == restated
 
 
 def test_a_dense_row_refuses_expert_flags():

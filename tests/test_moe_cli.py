@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from advisor.cli import cli
+from advisor.releases import NEWEST
 
 MOE_ROW = ["sweep", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--seq-len", "4096",
            "--gbs", "256", "--format", "json"]
@@ -253,7 +254,10 @@ def test_the_flex_dispatchers_sms_are_priced_written_and_launched(tmp_path):
     assert given[0]["step_time_s"] > same["step_time_s"]
     done = subprocess.run([sys.executable, "-m", "launch", "args", "--from", str(tmp_path / "rows.json")],
                           capture_output=True, text=True, check=True)
-    assert shlex.split(done.stdout) == given[0]["megatron_args"]
+    # launched in the newest release's words (advisor.releases, own_spelling): DeepEP's renamed flags
+    launched = shlex.split(done.stdout)
+    assert launched == NEWEST.own_spelling(given[0]["megatron_args"])
+    assert launched[launched.index("--moe-flex-dispatcher-num-sms") + 1] == "32"
 
 
 def test_a_commands_fused_router_and_permutation_are_priced_and_launched_as_read():

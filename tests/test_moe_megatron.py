@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from advisor.cli import cli
 from advisor.models import load_model
 from advisor.moe.spec import spec_from_dict
+from launch.megatron_versions import named
 from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
 
 DATA = Path(__file__).parent / "data" / "moe"
@@ -131,7 +132,9 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
     assert "--moe-router-pre-softmax" in rows[-1][1]["megatron_args"]
     assert "--untie-embeddings-and-output-weights" not in rows[-1][1]["megatron_args"]
     assert {row["vpp"] > 1 for _, row in rows} == {True, False}
-    cases = [{"args": [*row["megatron_args"], *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
+    # as advisor-launch writes them for this release (core_v0.19.0: DeepEP's deprecated flags renamed)
+    spelled = named(tag).own_spelling
+    cases = [{"args": [*spelled(row["megatron_args"]), *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
                        "NullTokenizer", "--vocab-size", str(load_model(name).vocab_size), "--train-iters", "10"],
               "world_size": row["gpus"], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for name, row in rows]
     results = validate(release, cases)
