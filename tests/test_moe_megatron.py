@@ -143,6 +143,8 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
     assert not refused, refused
     for (name, row), result in zip(rows, results):
         expected = _expected(spec_from_dict(row["model"]), row)
+        if tag == "core_v0.19.0":  # launched as --moe-flex-dispatcher-backend deepep (own_spelling), checked below
+            expected["moe_enable_deepep"] = False
         wrong = {key: (result["derived"].get(key), value) for key, value in expected.items()
                  if _one(key, result["derived"].get(key)) != value}
         assert not wrong, (name, wrong)
