@@ -37,9 +37,9 @@ def test_json_carries_the_rows_with_hand_derived_analytic_terms(advisor):
     # and the attention output, BF16
     mla = 2 * (2 * H + QL + KL + DR) + 2 * (QL + KL) + 2 * A * (2 * (DN + DR) + DV) + 2 * A * DV
     assert rows["attention activations"]["analytic_bytes"] == S * mla
-    # the router's 2h + 2h and 9E per token; the shared expert's 8 f_s per token
+    # the router's 2h + 2h and 9E per token; the shared expert's fused SwiGLU, 6 f_s per token (mlp.py)
     assert rows["router activations"]["analytic_bytes"] == S * (4 * H + 9 * E)
-    assert rows["shared expert activations"]["analytic_bytes"] == S * 8 * FS
+    assert rows["shared expert activations"]["analytic_bytes"] == S * 6 * FS
     # N k copies under balanced routing: 2h + 4f + 2f + 4 (FP32 prob) + 8 (int64 index) each
     assert rows["expert + dispatch activations"]["analytic_bytes"] == S * K * (2 * H + 6 * 2048 + 12)
     total = rows["layer activations"]

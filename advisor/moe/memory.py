@@ -145,9 +145,13 @@ def expert_activation_bytes(spec: MoESpec, copies: float, etp: int, recompute_ac
 
 
 def shared_expert_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int) -> float:
-    """The shared experts' SwiGLU (``shared_experts.py``: an ``MLP`` under TP): 2 s b 4 f_shared
-    over t c (seed 004's MLP term without its input, which is the router's input)."""
-    return 8 * seq_len * mbs * spec.shared_expert_size / (tp * cp)
+    """The shared experts' SwiGLU (``shared_experts.py``: an ``MLP`` under TP, whose forward runs
+    Megatron's fused SwiGLU, ``mlp.py`` with ``bias_swiglu_impl``): FC1's output, which the fusion
+    keeps as its input (2 f_shared), and FC2's input (f_shared), 2 bytes each: 6 s b f_shared over
+    t c, as the dense layers' fused MLP (``stage._dense_layer_activations``). Its input is the
+    router's. Seed 004's unfused 8 s b f_shared was priced until the symbolic layer measured 6.
+    """
+    return 6 * seq_len * mbs * spec.shared_expert_size / (tp * cp)
 
 
 def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int, ep: int, etp: int,
