@@ -21,12 +21,13 @@ split, the batch, or a memory assumption of the estimator (``DECIDED_FLAGS``); e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.moe import flags as moe_flags
 from advisor.options.training import Recomputation
+from advisor.row_flags import Flag, flag_values, is_flag, parse_flags  # read here, and by the launch's other modules
 from launch.megatron_flags import values_taken
 from launch.megatron_versions import MegatronVersion, check_flags, check_mock_data, check_recomputation
 
@@ -94,44 +95,6 @@ _ASSUMED_WHEN_UNSET = {
     # over gloo needs megatron-core's own modules), with the launch's note that it is not what was priced
     "--transformer-impl": {("transformer_engine",), ("local",)},
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Flag:
-    """One flag and the values that follow it (``--flag=value`` is read as ``--flag value``)."""
-
-    name: str
-    values: tuple[str, ...]
-
-    def __str__(self) -> str:
-        return " ".join((self.name, *self.values))
-
-
-def is_flag(token: str) -> bool:
-    return token.startswith("--") and len(token) > 2
-
-
-def parse_flags(args: Iterable[str]) -> list[Flag]:
-    """Split an argument list into flags with their values, in order; tokens before the first
-    flag are dropped (Megatron-LM's pretrain_gpt.py takes no positional arguments)."""
-    flags: list[Flag] = []
-    name, values = None, []
-    for token in args:
-        if is_flag(token):
-            if name is not None:
-                flags.append(Flag(name, tuple(values)))
-            name, _, value = token.partition("=")
-            values = [value] if value else []
-        elif name is not None:
-            values.append(token)
-    if name is not None:
-        flags.append(Flag(name, tuple(values)))
-    return flags
-
-
-def flag_values(args: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """The last value of each flag, as argparse keeps it."""
-    return {flag.name: flag.values for flag in parse_flags(args)}
 
 
 def _given(extras: Sequence[str]) -> list[tuple[str, list[str], str | None]]:

@@ -15,7 +15,8 @@ A sweep row or an estimate becomes arguments through ``advisor.megatron_args`` (
 of Megatron-LM flags) from its model, layout, batch and estimator options, with BF16 weights as
 the estimator assumes; its own ``megatron_args``, where it has them (rows and estimates written
 before they carried their flags have none), must be exactly those flags, as a plan's must be its
-options' (one check, ``_check_own_args``: a hand edit of one without the other is refused).
+options' (one check, ``advisor.row_flags.check_own_args``, which ``advisor report --from`` holds a
+row to as well: a hand edit of one without the other is refused).
 Anything malformed, truncated or inconsistent is one AdvisorError.
 """
 
@@ -38,7 +39,7 @@ from advisor.models import LlamaSpec
 from advisor.moe.spec import is_moe
 from advisor.moe.stage import split_layers
 from advisor.parallel import ParallelConfig, Workload, world_size_problem
-from launch.arguments import flag_values
+from advisor.row_flags import check_own_args, row_flags
 
 NUMBERS = {
     "total_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
@@ -240,10 +241,9 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
             check_layout(spec, parallel, Workload(seq_len=seq_len, global_batch_size=gbs), given)
         except AdvisorError as exc:
             raise AdvisorError(f"{fields.origin}: {exc}") from None
-        args = megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
-                             global_batch_size=gbs, options=options, virtual_stages=vpp)
+        args = row_flags(fields.document, spec, layers, options)
     if "megatron_args" in fields.document:  # rows written before they carried their flags launch from their fields
-        _check_own_args(fields.origin, kind, tuple(fields.array("megatron_args", str)), tuple(args))
+        check_own_args(fields.origin, kind, tuple(fields.array("megatron_args", str)), tuple(args))
     return LaunchInput(
         kind=kind, origin=fields.origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=tuple(args),
@@ -294,7 +294,6 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
     recomputation read back by the check the report reads it with too
     (``advisor.report.inputs.moe_row_settings``: what is launched is what was priced, and shown),
     the layout checked as megatron-core builds its expert groups, the flags from ``advisor.moe.flags``."""
-    from advisor.moe.flags import row_args
     from advisor.moe.space import layout_problem
     from advisor.report.inputs import moe_row_settings
 
@@ -308,11 +307,8 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
                              dispatcher=settings["dispatcher"])
     if problem:
         raise AdvisorError(f"{fields.origin}: {problem}")
-    row.update(settings, layers_per_stage=list(layers),
-               recompute_num_layers=1 if settings["recompute"] == "full" else None)
-    if "options" in fields.document:  # the training options the row was priced with (FP8, ...)
-        row["options"] = fields.options().changed()
-    return row_args(spec, seq_len, gbs, row), settings["ep"], settings["etp"]
+    options = fields.options() if "options" in fields.document else None
+    return list(row_flags(fields.document, spec, layers, options, settings)), settings["ep"], settings["etp"]
 
 
 def _from_plan(fields: _Fields) -> LaunchInput:
@@ -339,7 +335,7 @@ def _from_plan(fields: _Fields) -> LaunchInput:
         raise AdvisorError(f"{origin}: {problem}")
     if problem := split_problem(spec.num_layers, pp, 1, layers, name="'layers_per_stage'"):
         raise AdvisorError(f"{origin}: {problem}")
-    _check_own_args(origin, "plan", args, {
+    check_own_args(origin, "plan", args, {
         "--tensor-model-parallel-size": tp, "--context-parallel-size": cp, "--pipeline-model-parallel-size": pp,
         "--micro-batch-size": mbs, "--global-batch-size": gbs, "--num-layers": spec.num_layers,
         "--seq-length": seq_len,
@@ -361,33 +357,5 @@ def _priced_plan_args(fields: _Fields, spec, seq_len: int, tp: int, cp: int, lay
     (a hand edit of one without the other)."""
     args = tuple(megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
                                global_batch_size=gbs, options=fields.options()))
-    _check_own_args(fields.origin, "plan", written, args)
+    check_own_args(fields.origin, "plan", written, args)
     return args
-
-
-def _check_own_args(origin: str, kind: str, written: tuple[str, ...],
-                    derived: tuple[str, ...] | dict[str, int]) -> None:
-    """An input's own ``megatron_args`` must say what its fields say (a hand edit of one without
-    the other is refused, naming the first flag that differs): ``derived`` is either every flag the
-    fields make (a sweep row's, an estimate's, a plan's with its options: then the lists must be
-    equal) or the flags the fields decide, with their values (an older plan, launched with its own)."""
-    whole = isinstance(derived, tuple)
-    expected = flag_values(derived) if whole else {flag: (str(value),) for flag, value in derived.items()}
-    given = flag_values(written)
-    beyond = [flag for flag in given if flag not in expected] if whole else []
-    for flag in (*expected, *beyond):
-        ours, theirs = given.get(flag), expected.get(flag)
-        if ours != theirs:
-            raise AdvisorError(f"{origin}: inconsistent {kind}: its megatron_args {_difference(flag, ours, theirs)}")
-    if whole and written != derived:
-        raise AdvisorError(f"{origin}: inconsistent {kind}: its megatron_args repeat, reorder or add words to the "
-                           "flags its fields make")
-
-
-def _difference(flag: str, ours: tuple[str, ...] | None, theirs: tuple[str, ...] | None) -> str:
-    """How an input's own flag differs from its fields': 'give --micro-batch-size 4, its fields say 1'."""
-    if ours is None:
-        return f"lack {flag}, its fields say {' '.join(theirs)}" if theirs else f"lack {flag}, which its fields give"
-    if theirs is None:
-        return f"give {' '.join((flag, *ours))}, its fields do not"
-    return f"give {flag} {' '.join(ours) or '(no value)'}, its fields say {' '.join(theirs) or '(no value)'}"
