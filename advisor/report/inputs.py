@@ -4,11 +4,15 @@ where it came from, and the profiles to compare against.
 Rows are read by key and defensively: a field another version of the advisor adds (an option, an
 expert-parallel degree) is shown as it is, a field it lacks is left out, never an error. What the
 page re-prices a row with (its model, options, layout, GPU preset) is checked as advisor-launch
-checks it, each problem one line naming the file and the row.
+checks it, and so is the row's own ``megatron_args`` against its fields (``advisor.row_flags``, the
+launcher's check: the page shows the flags beside the price of the fields), each problem one line
+naming the file and the row.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,9 +77,12 @@ def _finite(value) -> bool:
         and abs(value) <= 1e15
 
 
-def _check_row(row: dict, where: str) -> None:
+def _check_row(row: dict, where: str, kind: str = "sweep row") -> None:
     """One line naming the first field the report could not read (a hand-edited or truncated
-    row was a KeyError or TypeError deep in the page's figures)."""
+    row was a KeyError or TypeError deep in the page's figures), or the first flag of its own
+    ``megatron_args`` that its fields contradict (``kind``, sweep row or estimate, names it)."""
+    from advisor.moe.spec import is_moe
+
     for key in _LAYOUT:
         if not _positive(row.get(key)):
             raise AdvisorError(f"{where}: '{key}' {limits.must_be('a positive integer', row.get(key, limits.ABSENT))}")
@@ -88,9 +95,47 @@ def _check_row(row: dict, where: str) -> None:
         spec = row_spec(row)  # a row without its model cannot be priced (nor launched)
     except AdvisorError as exc:
         raise AdvisorError(f"{where}: {exc}") from None
-    if isinstance(row["model"], dict) and "num_experts" in row["model"]:
-        moe_row_settings(row, where, spec)  # as advisor-launch reads it: what one refuses, the other does
+    settings = None
+    if is_moe(spec):  # a preset's name too, whose flags are an MoE row's (row_flags)
+        settings = moe_row_settings(row, where, spec)  # as advisor-launch reads it: what one refuses, the other does
     _check_pricing(row, where, spec)
+    _check_own_flags(row, where, kind, spec, settings)
+
+
+def _check_own_flags(row: dict, where: str, kind: str, spec: LlamaSpec, moe: dict | None) -> None:
+    """The row's own ``megatron_args`` must be the flags its fields make, as advisor-launch
+    holds them (``advisor.row_flags``, the one check of both): the page prices the fields and
+    shows the flags, so a row edited in one and not the other (TP 2 priced, TP 4 named) is
+    refused. Its split is the one the launcher reads: its own, else the sweep's default
+    (``advisor.moe.stage.split_layers``); ``moe`` its MoE settings (``moe_row_settings``)."""
+    from advisor.memory import split_problem
+    from advisor.moe.stage import split_layers
+    from advisor.row_flags import check_own_args, row_flags
+
+    if row.get("megatron_args") is None:  # rows written before they carried their flags: nothing to check
+        return
+    listed = row.get("layers_per_stage")
+    layers = tuple(split_layers(spec.num_layers, row["pp"]) if listed is None else listed)
+    if problem := split_problem(spec.num_layers, row["pp"], row.get("vpp") or 1, layers, name="'layers_per_stage'"):
+        raise AdvisorError(f"{where}: {problem}")  # an MoE row's split, which the layout's check leaves
+    try:
+        options = _saved_options(row["options"]) if "options" in row else None
+    except AdvisorError as exc:
+        raise AdvisorError(f"{where}: the row's options cannot be read: {exc}") from None
+    check_own_args(where, kind, tuple(row["megatron_args"]), row_flags(row, spec, layers, options, moe))
+
+
+def _saved_options(given: dict):
+    """The row's 'options' as ``TrainingOptions``, read once per distinct object: a sweep's
+    thousands of rows share a handful. Keyed by their JSON text, which tells true from 1."""
+    return _options_of(json.dumps(given, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _options_of(text: str):
+    from advisor.options import TrainingOptions
+
+    return TrainingOptions.from_dict(json.loads(text))
 
 
 def row_spec(row: dict):
@@ -301,7 +346,7 @@ def classify(document: object, where: str) -> tuple[str, list[dict], dict | None
         given = f"unknown schema {repr(document['schema'])[:40]}" if "schema" in document else "missing 'schema'"
         raise AdvisorError(f"{where}: {given} (a plan of 'advisor recommend -o' has schema {PLAN_SCHEMA})")
     if isinstance(document, dict) and isinstance(document.get("stages"), list) and "tp" in document:
-        _check_row(document, where)
+        _check_row(document, where, "estimate")
         return "estimate", [document], document
     if isinstance(document, dict) and "tp" in document and "pp" in document:
         _check_row(document, where)
