@@ -78,8 +78,11 @@ def row_flags(row: dict, spec: LlamaSpec, layers: tuple[int, ...], options: Trai
     if moe is None:
         from advisor.megatron_args import megatron_args
 
+        options = options or TrainingOptions()
+        if "recompute" in row:  # priced from the row's own fields (advisor report): they must be what it launches
+            options = TrainingOptions.from_dict({**options.changed(), **recomputation_fields(row)})
         return tuple(megatron_args(spec, row["seq_len"], tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
-                                   global_batch_size=gbs, options=options or TrainingOptions(), virtual_stages=vpp))
+                                   global_batch_size=gbs, options=options, virtual_stages=vpp))
     from advisor.moe.flags import row_args
 
     priced = {"tp": tp, "cp": cp, "pp": row["pp"], "dp": row["dp"], "mbs": mbs, "vpp": vpp, **moe,
@@ -87,6 +90,18 @@ def row_flags(row: dict, spec: LlamaSpec, layers: tuple[int, ...], options: Trai
     if options is not None:  # the training options the row was priced with (FP8, ...)
         priced["options"] = options.changed()
     return tuple(row_args(spec, row["seq_len"], gbs, priced))
+
+
+def recomputation_fields(row: dict) -> dict:
+    """A dense row's own recomputation fields as training options ('recompute', and with full
+    its method and N, Megatron's uniform 1 where left out): what ``advisor report`` prices the row
+    with, so what ``row_flags`` holds its flags to."""
+    recompute = row.get("recompute", "none")
+    fields = {"recompute": recompute}
+    if recompute == "full":
+        fields["recompute_method"] = row.get("recompute_method") or "uniform"
+        fields["recompute_num_layers"] = row.get("recompute_num_layers") or 1
+    return fields
 
 
 def check_own_args(origin: str, kind: str, written: tuple[str, ...],

@@ -73,6 +73,9 @@ EDITS = {
     "a sweep row's TP": ("dense sweep with options",
                          lambda rows: _first(rows, lambda row: _edit_flag(row, "--tensor-model-parallel-size", "8")),
                          "sweep row: its megatron_args give --tensor-model-parallel-size 8, its fields say 4"),
+    # the page prices a dense row's own recomputation fields; the launcher launched its options'
+    "its recomputation": ("dense estimate", lambda row: {**row, "recompute": "full"},
+                          "estimate: its megatron_args lack --recompute-granularity, its fields say full"),
 }
 
 

@@ -154,12 +154,10 @@ def row_options(row: dict):
     and its own recomputation, as the sweep priced it."""
     from advisor.options import TrainingOptions
 
+    from advisor.row_flags import recomputation_fields
+
     values = dict(row.get("options")) if isinstance(row.get("options"), dict) else {}
-    recompute = row.get("recompute", "none")
-    values["recompute"] = recompute
-    if recompute == "full":
-        values["recompute_method"] = row.get("recompute_method") or "uniform"
-        values["recompute_num_layers"] = row.get("recompute_num_layers") or 1
+    values.update(recomputation_fields(row))
     try:
         return TrainingOptions.from_dict(values).at_tp(row["tp"])
     except AdvisorError as exc:
