@@ -7,12 +7,15 @@ from __future__ import annotations
 
 
 def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, threshold, memory_model, tokens=None,
-                 release=None, time_constants=None):
+                 release=None, time_constants=None, gpus_per_node=None):
     """One layout priced with its training options (``advisor.options.TrainingOptions``): (the
     estimate's row, the memory estimate, the calibrated assessment or None, the timing fields or
     None, the time parts or None). The one pricing of ``estimate``, also behind ``compare-log``.
     ``time_constants``: the time model's fitted constants (``advisor.throughput.Calibration``;
-    None: the shipped ones), for checks that price without one of them."""
+    None: the shipped ones), for checks that price without one of them. ``gpus_per_node``: the node
+    (NVLink domain) size the layout is priced at without a preset; with one, the preset's (its
+    overrides applied) is what the time model read. The row records it, so that a reader (the
+    launcher's TP-across-nodes warning) knows whether TP was priced within a node."""
     from advisor.megatron_args import megatron_args
     from advisor.memory import estimate_memory
     from advisor.paper_rule import classify, judged_threshold
@@ -37,6 +40,7 @@ def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, thresh
         "model": spec.to_dict(), "seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size,
         "options": training.changed(), "memory_gib": mem or None, "memory_model": memory_model,
         "threshold": judged_threshold(memory_model, threshold), "gpu": gpu.name if gpu else None,
+        "gpus_per_node": gpu.gpus_per_node if gpu is not None else gpus_per_node,
         "megatron_args": megatron_args(spec, workload.seq_len, tp=parallel.tp, cp=parallel.cp,
                                        layers_per_stage=result.layers, micro_batch_size=parallel.mbs,
                                        global_batch_size=workload.global_batch_size, options=training,

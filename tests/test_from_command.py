@@ -736,6 +736,8 @@ def test_ranks_per_node_come_from_the_launcher(tmp_path):
         steps[(per_node, extra)] = json.loads(result.stdout)
         assert ("priced at 4 GPUs per node" in result.stderr) == (per_node == 4 and not extra)
     across, within, decided = steps[(4, ())], steps[(8, ())], steps[(4, ("--gpus-per-node", "8"))]
+    # the rows say what they were priced at: the command's 4, the preset's 8, --gpus-per-node's 8
+    assert (across["gpus_per_node"], within["gpus_per_node"], decided["gpus_per_node"]) == (4, 8, 8)
     assert across["time_parts"]["tp_comm_s"] > 2 * within["time_parts"]["tp_comm_s"]
     assert decided["step_time_s"] == within["step_time_s"] and across["total_gib"] == within["total_gib"]
 

@@ -70,7 +70,7 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     estimate, result, *_ = price_layout(
         run.spec, workload, parallel, layout.layers_per_stage if layout.pp > 1 else None, run.options, gpu=gpu,
         mem=mem, threshold=DEFAULT_THRESHOLD, memory_model=default_memory_model(gpu is not None),
-        release=release)
+        release=release, gpus_per_node=gpus_per_node)
     estimate["stages"] = [stage.to_dict() for stage in result.stages]
     rows = compare(training, estimate, world_size=read.gpus)
     notes = [f"read {read.source}", theoretical_note(training, estimate),

@@ -161,7 +161,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     tolerance = _tolerance(rank_by)
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
              "memory_model": memory_model, "threshold": judged_threshold(memory_model, threshold),
-             "gpu": gpu.name if gpu else None, "ranking_tolerance": tolerance,
+             "gpu": gpu.name if gpu else None, "gpus_per_node": gpus_per_node, "ranking_tolerance": tolerance,
              "model": spec.to_dict() if fmt == "json" else spec.name}
     dicts = _sweep_entries(shown, setup, gpu_hour_price, table=True) if fmt == "table" or plot is not None else []
     text = None if fmt == "table" else _sweep_text(shown, setup, spec, workload, fmt, plot is not None, gpu_hour_price,
@@ -456,7 +456,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     _check_layout_options(options, spec, tp, pp, stages or default_layers_per_stage(spec.num_layers, pp), vpp, release)
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
-        tokens=tokens, release=release)
+        tokens=tokens, release=release, gpus_per_node=gpus_per_node)
     if gpu_hour_price is not None:
         row["cost_usd"] = row["gpu_hours"] * gpu_hour_price
     from advisor.cli.from_command import read_notes

@@ -272,7 +272,7 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
     shown = result.rows(include_oom=show_all, limit=top or (30 if fmt == "table" else None))
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
              "memory_model": result.memory_model, "threshold": judged_threshold(result.memory_model, threshold),
-             "gpu": gpu.name if gpu else None, "ranking_tolerance": result.tolerance,
+             "gpu": gpu.name if gpu else None, "gpus_per_node": gpus_per_node, "ranking_tolerance": result.tolerance,
              "model": spec.to_dict() if fmt == "json" else spec.name}
     if fmt != "table":
         text = _machine_text(shown, setup, spec, workload, fmt)
@@ -416,7 +416,7 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
             if etp is None and tp > 1 and "ETP" in str(error) else ""
         raise InputError(f"{error}{defaulted}") from None
     row.update(megatron_args=row_flags(spec, workload, row), model=spec.to_dict(), memory_gib=mem,
-               threshold=judged_threshold(row["memory_model"], threshold))
+               threshold=judged_threshold(row["memory_model"], threshold), gpus_per_node=gpus_per_node)
     from advisor.cli.from_command import read_notes
 
     notes = read_notes(row, read)
