@@ -205,7 +205,8 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
                                   uses_transformer_engine)
 
     env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
-    if (note := tensor_parallel_span_note(config.tp, per_node, config.source)) is not None:
+    if (note := tensor_parallel_span_note(config.tp, per_node, config.source, config.priced_gpus_per_node,
+                                          timed=config.step_time_s is not None)) is not None:
         _note(note)
     report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,
                         checks=checks, elsewhere_option=elsewhere_option)

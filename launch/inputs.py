@@ -73,7 +73,12 @@ class LaunchInput:
     megatron_args: tuple[str, ...]
     """Model, parallel layout, split, batch and memory flags; data, tokenizer and iterations are the user's."""
     gpus_per_node: int | None = None
-    """What the input was planned for (plans), else None."""
+    """What the input was planned for (plans), else None: the launch's default ranks per node."""
+    priced_gpus_per_node: int | None = None
+    """The GPUs per node a sweep row or estimate was priced with (its 'gpus_per_node': the NVLink
+    domain its TP and CP collectives were priced inside, ``advisor.throughput.terms.link_bandwidth``),
+    else None (rows written before they recorded it). Not a default for the launch's ranks per
+    node: a preset's node is its NVLink domain, 72 GPUs for a GB200 NVL72 whose hosts hold 4."""
     verdict: str | None = None
     """The estimate's fits / tight / oom, where it made one."""
     judged_gib: float | None = None
@@ -250,11 +255,18 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         verdict=fields.document.get("verdict"),
         judged_gib=usage if (usage := fields.number("usage_gib")) is not None else fields.number("total_gib"),
         memory_gib=fields.number("memory_gib"), tokens=fields.number("tokens"),
-        step_time_s=fields.number("step_time_s"), ep=ep, etp=etp,
+        step_time_s=fields.number("step_time_s"), ep=ep, etp=etp, priced_gpus_per_node=_priced_per_node(fields),
         gpu=fields.document.get("gpu") if isinstance(fields.document.get("gpu"), str) else None,
         read_from=fields.document.get("read_from") if isinstance(fields.document.get("read_from"), str) else None,
         unpriced=tuple(item for item in fields.document.get("unpriced") or () if isinstance(item, str)),
     )
+
+
+def _priced_per_node(fields: _Fields) -> int | None:
+    """A row's 'gpus_per_node' (within ``limits.GPUS_PER_NODE``, as --gpus-per-node), or None
+    where it has none or null (rows written before they recorded it)."""
+    value = fields.document.get("gpus_per_node")
+    return None if value is None else limits.check_int(value, "'gpus_per_node'", limits.GPUS_PER_NODE, fields.origin)
 
 
 def _split(fields: _Fields, kind: str, spec: LlamaSpec, pp: int, vpp: int) -> tuple[int, ...] | None:

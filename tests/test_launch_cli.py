@@ -412,11 +412,33 @@ def test_an_oom_warning_quotes_the_memory_the_verdict_was_judged_on(advisor, tmp
 
 
 def test_tp_across_nodes_is_launched_with_a_warning(advisor, tmp_path):
-    """Megatron's TP ranks are consecutive: at 4 ranks per node TP 8 crosses nodes, which no sweep
-    prices; at 8 it does not."""
+    """Megatron's TP ranks are consecutive: at 4 ranks per node TP 8 crosses nodes; at 8 it does
+    not. An estimate priced on the preset's 8-GPU nodes priced TP 8 over NVLink, and the warning
+    says so; one written before rows recorded their gpus_per_node gets the conditional words."""
     estimate = tmp_path / "tp8.json"
     advisor("estimate", "--tp", "8", "--gpus", "16", "--gpu", "h100-80gb", "--format", "json", "-o", estimate)
-    for per_node, nodes, warned in ((4, 4, True), (8, 2, False)):
-        result = launcher()("torchrun", "--from", estimate, "--nproc-per-node", str(per_node), "--nnodes", str(nodes),
-                            "--rdzv-endpoint", "node001:29500", "--mock-data", "--dry-run")
-        assert (f"warning: TP 8 spans nodes at {per_node} ranks per node" in result.stderr) == warned
+    older = {key: value for key, value in json.loads(estimate.read_text()).items() if key != "gpus_per_node"}
+
+    def warning(path, per_node: int = 4) -> str:
+        result = launcher()("torchrun", "--from", path, "--nproc-per-node", str(per_node), "--nnodes",
+                            str(16 // per_node), "--rdzv-endpoint", "node001:29500", "--mock-data", "--dry-run")
+        return "".join(line for line in result.stderr.splitlines() if "spans nodes" in line or "span nodes" in line)
+
+    assert warning(estimate, per_node=8) == ""
+    known = warning(estimate)
+    assert known.startswith(f"warning: the estimate ({estimate}) was priced with TP 8 within a node of 8 GPUs; "
+                            "launched at 4 ranks per node, TP groups span nodes:"), known
+    assert "TP communication time is too optimistic" in known
+    unknown = warning(write_json(tmp_path / "older.json", older))
+    assert unknown.startswith("warning: TP 8 spans nodes at 4 ranks per node: its collectives cross the network, "
+                              "priced only where the estimate"), unknown
+    assert "too optimistic" not in unknown
+    # priced on nodes of 4 (TP over the network, as launched), or with no time to be wrong
+    across = tmp_path / "across.json"
+    advisor("estimate", "--tp", "8", "--gpus", "16", "--gpu", "h100-80gb", "--gpus-per-node", "4", "--format",
+            "json", "-o", across)
+    assert warning(across).startswith("advisor-launch: TP 8 spans nodes at 4 ranks per node: its collectives cross "
+                                      "the network, as the estimate")
+    untimed = tmp_path / "untimed.json"
+    advisor("estimate", "--tp", "8", "--gpus", "16", "--mem", "80", "--format", "json", "-o", untimed)
+    assert "has no step time" in warning(untimed) and "too optimistic" not in warning(untimed)
