@@ -33,7 +33,7 @@ def build_page(report: ReportInput, top: int = TOP) -> str:
     shared: dict = {}
     rows_html = ""
     if report.rows:
-        _, per_node = page.gpu_facts(first.get("gpu"), None)
+        _, per_node = page.gpu_facts(first.get("gpu"), None, first.get("gpus_per_node"))
         rows_html, shared = page.rows_section(report.rows, per_node)
     sections.append('<h2 id="question">The question and its assumptions</h2>' + page.assumptions(report, first, shared))
     if report.kind == "sweep":

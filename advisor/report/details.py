@@ -151,9 +151,10 @@ def _times(row, spec, parallel, workload, layers, training):
     from advisor.pricing import layout_times, one_layout_time
     from advisor.hardware import get_gpu
 
-    gpu = get_gpu(row["gpu"])
-    if number(row, "memory_gib"):
-        gpu = gpu.with_overrides(memory_gib=number(row, "memory_gib"))
+    # at the row's own node size where it records one (--gpus-per-node, a command's ranks per node):
+    # the preset's alone re-priced TP 8 on 4-GPU nodes over NVLink, parts the row's step never had
+    gpu = get_gpu(row["gpu"]).with_overrides(memory_gib=number(row, "memory_gib") or None,
+                                             gpus_per_node=row.get("gpus_per_node"))
     _, parts = one_layout_time(spec, gpu, workload, parallel, layers, training, None)
     _, layouts, recompute = layout_times(spec, gpu, workload, parallel, training)
     stages = layouts.stage_times(np.array([0]), np.array([parallel.vpp]), recompute, np.array([layers]))

@@ -57,6 +57,9 @@ _FIELDS = {  # key: (what it must be, the check) for the fields the report reads
     **{key: ("true, false or null", lambda v: v is None or isinstance(v, bool))
        for key in ("a2a_overlap", "delay_wgrad", "pad_to_capacity", "distributed_optimizer", "permute_fusion",
                    "router_fusion")},
+    # the node size the row was priced at (its time model's NVLink domain), bounded as --gpus-per-node is
+    "gpus_per_node": (f"a positive integer up to {int(limits.GPUS_PER_NODE.high)} or null",
+                      lambda v: v is None or _positive(v) and v <= limits.GPUS_PER_NODE.high),
     # the paper's rule's fraction, bounded as advisor sweep's --threshold is (a hand-edited 5 drew no rule)
     "threshold": ("a number in (0, 1] or null", lambda v: v is None or _finite(v) and 0 < v <= 1),
     "options": ("an object", lambda v: isinstance(v, dict)),

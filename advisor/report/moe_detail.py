@@ -59,7 +59,7 @@ def moe_stages(row: dict) -> tuple[list[dict], bool, object]:
         spec, Workload(seq_len=row["seq_len"], global_batch_size=row["global_batch_size"]), tp=row["tp"], cp=row["cp"],
         pp=row["pp"], ep=row["ep"], etp=row["etp"], dp=row["dp"], mbs=row["mbs"], vpp=row.get("vpp") or 1,
         recompute=row.get("recompute") or "none", memory_gib=memory,
-        gpu=get_gpu(row["gpu"]) if row.get("gpu") else None,
+        gpu=get_gpu(row["gpu"]).with_overrides(gpus_per_node=row.get("gpus_per_node")) if row.get("gpu") else None,
         options=_settings(row), memory_model="calibrated" if calibrated else "paper")
     stages = []
     for stage in estimate["stages"]:

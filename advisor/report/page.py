@@ -46,18 +46,24 @@ def _calibration() -> list[tuple[str, object]]:
             ("memory calibration", document.get("memory"))]
 
 
-def gpu_facts(name: str | None, memory: float | None) -> tuple[dict | None, int]:
+def gpu_facts(name: str | None, memory: float | None, per_node: int | None = None) -> tuple[dict | None, int]:
+    """(the GPU preset as priced, GPUs per node): ``per_node`` is the input's own 'gpus_per_node'
+    (--gpus-per-node, or a --from-command launch's ranks per node), where it records one; else
+    the preset's, else the sweep's default."""
+    from advisor.parallel import DEFAULT_GPUS_PER_NODE
+
     if not name:
-        return None, 8
+        return None, per_node or DEFAULT_GPUS_PER_NODE
     from advisor.hardware import get_gpu
 
-    gpu = get_gpu(name).with_overrides(memory_gib=memory)
+    gpu = get_gpu(name).with_overrides(memory_gib=memory, gpus_per_node=per_node)
     return gpu.to_dict(), gpu.gpus_per_node
 
 
 def assumptions(report: ReportInput, first: dict, shared: dict) -> str:
     """The question and everything the answer assumed."""
-    gpu, per_node = gpu_facts(first.get("gpu"), number(first, "memory_gib"))
+    per_node = first.get("gpus_per_node") if report.kind != "plan" else None  # a row's, checked (inputs._FIELDS)
+    gpu, per_node = gpu_facts(first.get("gpu"), number(first, "memory_gib"), per_node)
     pairs: list[tuple[str, object]] = [("question", report.question), ("answer", report.kind)]
     model = first.get("model")
     if isinstance(model, dict):
@@ -77,9 +83,10 @@ def assumptions(report: ReportInput, first: dict, shared: dict) -> str:
                       else "training options (every row; its recomputation in its column)", options))
     if first.get("memory_model", "paper") == "paper" and report.kind != "plan":
         pairs.append(("verdict rule", _paper_rule(first)))
-    # the threshold is in the verdict rule above, where it judged; elsewhere it is null
+    # the threshold is in the verdict rule above, where it judged; elsewhere it is null; the GPUs
+    # per node are the row above
     pairs += [(f"{key} (every row)", value) for key, value in shared.items()
-              if key not in dict(pairs) and key != "threshold"]
+              if key not in dict(pairs) and key not in ("threshold", "gpus_per_node")]
     pairs += [("advisor version", _version()), *_calibration()]
     return key_value_table(pairs, "The question and every assumption", "assumptions")
 
