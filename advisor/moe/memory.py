@@ -91,10 +91,14 @@ def attention_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
     input (seed 004) over t c, plus Qwen3's Q/K norm inputs (2 s b (a + k) d). MLA
     (``multi_latent_attention.py``, ``MLASelfAttention.get_query_key_value_tensors``): per
     token, sequence-parallel over t: the norm input and the down projections' input (4h), the
-    compressed q and kv with their rope part before their norms (2(q_lora + kv_lora + d_rope)); gathered
-    over t, whole per rank: the normed latents, the up projections' inputs (2(q_lora + kv_lora));
-    split over t by heads: Q and K (2 a (d_nope + d_rope) each), V and the attention output
-    (2 a d_v each), the output projection's input being that output. --recompute-modules
+    compressed q and kv with their rope part before their norms (2(q_lora + kv_lora + d_rope)), and
+    the normed latents, the up projections' inputs (2(q_lora + kv_lora)): the up projections are
+    Transformer Engine's LayerNormColumnParallelLinear, which under sequence parallelism saves its
+    norm's output before the all-gather and gathers it again in the backward
+    (``layernorm_linear.py``, ``ln_out_needs_gather``), as megatron-core's own column-parallel
+    linear saves its local input (``tensor_parallel/layers.py``); split over t by heads: Q and K
+    (2 a (d_nope + d_rope) each), V and the attention output (2 a d_v each), the output
+    projection's input being that output. --recompute-modules
     mla_up_proj drops the up projections' outputs (Q, K, V), rebuilt from the latents."""
     tokens = seq_len * mbs / cp
     mla = spec.mla
@@ -110,7 +114,7 @@ def attention_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
     q_k_v = BF16 * a * (2 * (mla.qk_head_dim + mla.qk_pos_emb_head_dim) + mla.v_head_dim)
     output = BF16 * a * mla.v_head_dim
     heads = output + (0 if recompute_up_proj else q_k_v)
-    return tokens * (sequence_split / tp + latents + heads / tp)
+    return tokens * (sequence_split + latents + heads) / tp
 
 
 def input_norm_recomputed_bytes(spec: MoESpec, tokens: float, recompute_modules: frozenset[str]) -> float:
