@@ -663,3 +663,18 @@ def test_the_flex_backend_is_an_option_priced_written_and_refused_where_megatron
     _one_line_error(CliRunner().invoke(cli, [*common[:-2], "--moe-flex-dispatcher-backend", "hybridep",
                                              "--megatron-version", "0.15"]),
                     "--moe-flex-dispatcher-backend hybridep: Megatron-LM core 0.15 has no such flag")
+
+
+@pytest.mark.parametrize("layout, edp", [
+    (("--tp", "2", "--pp", "16", "--ep", "64", "--etp", "1"), 1),  # 2 x 32 (TP x DP) over 64 x 1
+    (("--tp", "2", "--pp", "16", "--ep", "8", "--etp", "1"), 8),  # 64 / 8
+    (("--tp", "2", "--pp", "16", "--ep", "8", "--etp", "2"), 4),  # 64 / 16
+])
+def test_the_estimate_title_names_the_expert_data_parallel_size(layout, edp):
+    """The experts' gradients and Adam states are sharded over the expert-data-parallel group (TP x CP
+    x DP / (EP x ETP) ranks, megatron-core parallel_state.py), not DP: a reader of the table saw DP 32
+    where the largest state term was not sharded at all."""
+    result = CliRunner().invoke(cli, ["estimate", "--model", "deepseek-v3", "--gpus", "1024", "--gpu", "h100-80gb",
+                                      *layout, "--seq-len", "4096", "--gbs", "8192"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert f"DP 32 (expert DP {edp})," in result.stdout.splitlines()[0]

@@ -488,7 +488,9 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings)
                     + render.time_parts_text(row["time_parts"]))
     caption += "".join(f"\n{note}" for note in notes)
     changed = changed_args(settings.training)
-    title = (f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, EP {row['ep']}, ETP {row['etp']}, DP {dp}, MBS {mbs}"
+    # EDP: the expert-data-parallel group the experts' gradients and Adam states are sharded over
+    title = (f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, EP {row['ep']}, ETP {row['etp']}, DP {dp} (expert DP "
+             f"{row['edp']}), MBS {mbs}"
              + (f", VPP {vpp}" if vpp > 1 else "") + f", seq {workload.seq_len}, gbs {workload.global_batch_size}"
              + (f", {gpu.name}" if gpu else "") + (f"; {changed}" if changed else "")
              + f"; {settings_words(settings, spec)}")
