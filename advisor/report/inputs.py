@@ -156,7 +156,6 @@ def row_options(row: dict):
     """The training options of a row (``advisor.options.TrainingOptions``): its changed options
     and its own recomputation, as the sweep priced it."""
     from advisor.options import TrainingOptions
-
     from advisor.row_flags import recomputation_fields
 
     values = dict(row.get("options")) if isinstance(row.get("options"), dict) else {}
