@@ -560,8 +560,10 @@ def read_command(text: str) -> LaunchCommand:
     for line, logical in _logical_lines(text):
         script.read_line(line, logical)
     if not script.found:
+        quoted = " (a launch inside a quoted string, as in bash -c \"...\", is not read: write the command itself)" \
+            if re.search(r"torchrun|pretrain_\w+\.py", text) else ""
         raise AdvisorError("found no Megatron launch (torchrun, srun, python ... pretrain_gpt.py, or an argument "
-                           "list starting with --)")
+                           f"list starting with --){quoted}")
     if len(script.found) > 1:
         lines = ", ".join(str(found.line) for found in script.found)
         raise AdvisorError(f"found {len(script.found)} Megatron launches (lines {lines}): give the one to read")

@@ -125,10 +125,25 @@ class LaunchInput:
 # --- reading ---------------------------------------------------------------------------------
 
 
+def _script_hint(path: Path) -> str:
+    """Where --from names a launch script rather than saved JSON: what reads a script."""
+    try:
+        head = path.read_bytes()[:4096].decode(errors="replace")
+    except OSError:
+        return ""
+    if head.startswith("#!") or any(word in head for word in ("torchrun", "pretrain_gpt", "srun ")):
+        return (f" (it reads as a launch script: price it with 'advisor estimate --from-command "
+                f"{path} -o est.json', then launch --from est.json)")
+    return ""
+
+
 def read_input(path: str | Path, rank: int | None = None) -> LaunchInput:
     """Read a sweep array (picking ``rank``, default 1), a sweep row, an estimate or a plan."""
     path = Path(path)
-    document = read_json(path)
+    try:
+        document = read_json(path)
+    except AdvisorError as exc:
+        raise AdvisorError(f"{exc}{_script_hint(path)}") from None
     if isinstance(document, list):
         row, origin = _pick_row(document, path, 1 if rank is None else rank)
         return _from_row(_Fields(row, origin), "sweep row")

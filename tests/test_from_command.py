@@ -268,6 +268,8 @@ _MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-siz
     ("A=(--num-layers 2\n", "line 1: an unclosed quote or array"),
     ("torchrun a.py\ntorchrun b.py --x\n", "found 2 Megatron launches (lines 1, 2)"),
     ("echo hello\n", "found no Megatron launch"),
+    ("srun bash -c \"torchrun --nproc-per-node 8 pretrain_gpt.py $ARGS\"\n",
+     "(a launch inside a quoted string, as in bash -c \"...\", is not read: write the command itself)"),
     ("--num-layers $L --hidden-size 64 --num-attention-heads 4\n",
      "--num-layers is $L, a shell variable the script does not set: write its value in the command"),
     # the MoE flags (advisor.moe.readback)

@@ -238,3 +238,19 @@ def test_an_empty_pipeline_stage_launches_as_a_layout(tag, advisor, tmp_path):
     for result in validate(release, cases):
         assert result["ok"], result.get("error")
         assert result["derived"]["layers_per_stage"] == [32, 0]
+
+
+def test_a_launch_script_given_as_input_points_to_the_command_that_reads_it(tmp_path):
+    """advisor-launch --from train.sh said only 'malformed JSON at line 1, column 1'."""
+    from advisor.errors import AdvisorError
+    from launch.inputs import read_input
+
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/bash\ntorchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2\n")
+    with pytest.raises(AdvisorError) as error:
+        read_input(script)
+    assert str(error.value).endswith(f"(it reads as a launch script: price it with 'advisor estimate --from-command "
+                                     f"{script} -o est.json', then launch --from est.json)")
+    (tmp_path / "broken.json").write_text("{")  # JSON that is only broken keeps its one message
+    with pytest.raises(AdvisorError, match=r"malformed JSON at line 1, column 2: [^(]*$"):
+        read_input(tmp_path / "broken.json")
