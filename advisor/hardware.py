@@ -158,8 +158,8 @@ def get_gpu(name: str) -> GpuSpec:
     key = name.strip().lower()
     if key in presets:
         return presets[key]
-    import difflib  # only a misspelt name needs it: kept off the start-up
+    from advisor.errors import close_names
 
-    close = difflib.get_close_matches(key, presets, n=3, cutoff=0.5)
+    close = close_names(key, presets, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise AdvisorError(f"unknown GPU {name!r}{hint} (advisor gpus lists {len(presets)} presets)")

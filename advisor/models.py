@@ -71,9 +71,9 @@ def preset(name: str) -> LlamaSpec:
         return PRESETS[key]
     if key in MOE_PRESETS:
         return MOE_PRESETS[key]
-    import difflib  # only a misspelt name needs it: kept off the start-up
+    from advisor.errors import close_names
 
-    close = difflib.get_close_matches(key, [*PRESETS, *MOE_PRESETS], n=3)
+    close = close_names(key, [*PRESETS, *MOE_PRESETS])
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise AdvisorError(f"unknown model {name!r}{hint} (run 'advisor models' for the presets, or pass a config.json)")
 

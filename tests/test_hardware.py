@@ -79,3 +79,13 @@ def test_advisor_gpus_lists_the_interface_keys(advisor):
         assert {"name", "memory_gib", "bf16_dense_tflops", "gpus_per_node"} <= row.keys()
     assert "h100-94gb" in advisor("gpus").stdout
     assert advisor("gpus", "--format", "csv").stdout.splitlines()[0].startswith("name,")
+
+
+@pytest.mark.parametrize("given, first", [("h100", "h100-80gb, h100-94gb, h100-nvl-94gb"), ("H100", "h100-80gb"),
+                                          ("a100", "a100-40gb, a100-40gb-abci, a100-80gb"), ("b200", "b200-180gb")])
+def test_a_family_name_suggests_its_presets_in_the_files_order(given, first):
+    """'--gpu h100' suggested h100-94gb (TSUBAME's HBM2e node) before h100-80gb, the H100 SXM most
+    clusters have: difflib ranks them alike and lists ties in its own order."""
+    with pytest.raises(AdvisorError) as error:
+        get_gpu(given)
+    assert f"did you mean {first}" in str(error.value)
