@@ -86,6 +86,11 @@ def si_count(n: float) -> str:
     return f"{n:.3g}"
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 row', '2 rows', '3,862 layouts': a count with its noun (an -s plural)."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def listed(items, conjunction: str = "and") -> str:
     """Items as a sentence lists them: 'a', 'a and b', 'a, b and c' (or 'a, b or c')."""
     words = [str(item) for item in items]

@@ -378,3 +378,13 @@ def test_recommend_png_is_a_png_file_of_its_own(advisor, tmp_path):
     line = advisor.error(*common, "-o", tmp_path / "plan.png", "--png", tmp_path / "plan.png")
     assert line.endswith("name the same file " + str(tmp_path / "plan.png") + ": give each its own")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_count_of_one_is_singular(advisor):
+    """'1 layouts considered' under a pinned sweep, '1 rows' in the report of an estimate."""
+    from advisor.render import counted
+
+    assert (counted(1, "layout"), counted(0, "row"), counted(3862, "layout")) == ("1 layout", "0 rows", "3,862 layouts")
+    out = advisor("sweep", "--gpus", "8", "--mem", "80", "--tp", "8", "--pp", "1", "--cp", "1", "--mbs", "1",
+                  "--recompute", "none", "--vpp", "1").stdout
+    assert "1 layout considered (" in out, out

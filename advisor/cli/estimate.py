@@ -265,7 +265,7 @@ def _emit_sweep(dicts: list[dict], text: str | None, fmt: str, output, result, t
     why instead of an empty table, and exit status 1 (no result)."""
     from advisor import render
 
-    searched = (f"{result.considered:,} layouts considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
+    searched = (f"{render.counted(result.considered, 'layout')} considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
                 f"{result.pruned:,} pruned as unable to fit or to win")
     if fmt == "table":
         text = render.to_table(

@@ -294,8 +294,10 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
 
 def _searched(result) -> str:
     """What the search priced: the table's caption line, and with JSON or CSV the stderr line."""
-    return (f"{result.considered:,} layouts x recomputation x VPP priced; each row the variant it needs to fit, "
-            "or its fastest")
+    from advisor.render import counted
+
+    return (f"{counted(result.considered, 'layout')} x recomputation x VPP priced; each row the variant it needs "
+            "to fit, or its fastest")
 
 
 def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from advisor.plots import COLOURS
+from advisor.render import counted
 from advisor.report.details import SEGMENTS, LayoutDetail, row_label
 from advisor.report.inputs import memory_share, number
 
@@ -169,8 +170,8 @@ def scatter(rows: list[dict], chosen: int) -> str | None:
     parts.append(f'<circle cx="{legend_x}" cy="{g["top"] + 10 + 16 * len(verdicts)}" r="6" fill="none" '
                  f'stroke="#1f3b73" stroke-width="2"/><text x="{legend_x + 9}" y="{g["top"] + 13 + 16 * len(verdicts)}">'
                  "chosen (best ranked)</text>")
-    return svg_element("scatter", f"Predicted step time against memory for {len(points)} layouts; the best "
-                       f"{len(best)} ranked are ringed and numbered", g["width"], g["height"], "".join(parts))
+    return svg_element("scatter", f"Predicted step time against memory for {counted(len(points), 'layout')}; the best "
+                       f"{len(best)} ranked {'is' if len(best) == 1 else 'are'} ringed and numbered", g["width"], g["height"], "".join(parts))
 
 
 def stage_memory(detail: LayoutDetail, name: str) -> str:

@@ -9,7 +9,7 @@ import html
 import json
 
 from advisor.plots import COLOURS
-from advisor.render import counts_text, recompute_text
+from advisor.render import counted, counts_text, recompute_text
 
 
 def verdict_css() -> str:
@@ -141,7 +141,7 @@ def rows_table(rows: list[dict], columns: list[str], flag_groups: list[list[tupl
                      f'<button type="button" class="copy" data-copy="launch">copy launch</button>'
                      f'<details><summary>flags</summary><code>{html.escape(own)}</code></details></td>')
         body.append(f'<tr data-nodes="{node_count}" data-ppn="{gpus_per_node}">{"".join(cells)}</tr>')
-    return (f'<table id="rows"><caption>{len(rows)} rows, best ranked first. Click a header to sort; each '
+    return (f'<table id="rows"><caption>{counted(len(rows), "row")}, best ranked first. Click a header to sort; each '
             f'row\'s flags add to the common flags above.</caption><thead><tr>{head}'
             f'<th scope="col">Megatron flags</th></tr></thead><tbody>{"".join(body)}</tbody></table>')
 
