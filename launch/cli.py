@@ -201,12 +201,14 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     rank's entry (``--check-imports``), on the nodes that need them."""
     from launch.commands import entry_options
     from launch.megatron_versions import LaunchShape, environment
-    from launch.preflight import (deep_ep_backend, local_attention_note, tensor_parallel_span_note,
-                                  uses_transformer_engine)
+    from launch.placement import node_size_note, span_notes
+    from launch.preflight import deep_ep_backend, local_attention_note, uses_transformer_engine
 
     env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
-    if (note := tensor_parallel_span_note(config.tp, per_node, config.source, config.priced_gpus_per_node,
-                                          timed=config.step_time_s is not None)) is not None:
+    for note in span_notes(per_node, config.source, config.tp, config.ep, config.etp, config.priced_gpus_per_node,
+                           timed=config.step_time_s is not None):
+        _note(note)
+    if (note := node_size_note(per_node, config.source, config.priced_gpus_per_node, config.gpus_per_node)) is not None:
         _note(note)
     report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,
                         checks=checks, elsewhere_option=elsewhere_option)

@@ -202,34 +202,6 @@ def _flex_backend(values: dict) -> str | None:
     return (values.get("--moe-flex-dispatcher-backend") or ("deepep",))[-1]
 
 
-def tensor_parallel_span_note(tp: int, per_node: int, source: str, priced_per_node: int | None = None,
-                              timed: bool = True) -> str | None:
-    """The warning for TP groups that cross nodes: Megatron's TP ranks are consecutive (rank order
-    tp-cp-ep-dp-pp, ``parallel_state``), so a node of ``per_node`` ranks holds whole TP groups only
-    where TP divides it. ``priced_per_node``: the GPUs per node the input was priced with (a row's
-    'gpus_per_node'; None for rows written before they recorded it, then the warning says where
-    it would have been priced so). The time model prices TP over NVLink where TP is at most that
-    (``advisor.throughput.terms.link_bandwidth``), over the network beyond it; ``timed``: the input
-    has a step time (a GPU preset's), else what it priced, memory, does not depend on the nodes."""
-    if tp == 1 or per_node % tp == 0:
-        return None
-    spans = f"TP {tp} spans nodes at {per_node} ranks per node"
-    if priced_per_node is None:
-        return (f"warning: {spans}: its collectives cross the network, priced only where {source} was priced at "
-                f"{per_node} GPUs per node (advisor estimate --gpus-per-node {per_node}, or --from-command of this "
-                "launch)")
-    if tp > priced_per_node:
-        return (f"advisor-launch: {spans}: its collectives cross the network, as {source} priced them (nodes of "
-                f"{priced_per_node} GPUs)")
-    if not timed:
-        return (f"warning: {spans}: its collectives cross the network ({source} has no step time: its memory "
-                "does not depend on where TP runs)")
-    # a domain larger than the launch's nodes may span them (a GB200 NVL72's 72 GPUs, 4 per host)
-    shared = ", unless those nodes share one NVLink domain" if priced_per_node > per_node else ""
-    return (f"warning: {source} was priced with TP {tp} within a node of {priced_per_node} GPUs; launched at "
-            f"{per_node} ranks per node, TP groups span nodes: its TP communication time is too optimistic{shared}")
-
-
 def transformer_engine_import_problem(args, where: str = "") -> str:
     """The line for a missing ``transformer_engine`` that ``args`` need (``where``: the node, for
     a rank's message)."""

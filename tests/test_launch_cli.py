@@ -442,3 +442,74 @@ def test_tp_across_nodes_is_launched_with_a_warning(advisor, tmp_path):
     untimed = tmp_path / "untimed.json"
     advisor("estimate", "--tp", "8", "--gpus", "16", "--mem", "80", "--format", "json", "-o", untimed)
     assert "has no step time" in warning(untimed) and "too optimistic" not in warning(untimed)
+
+
+def span_lines(stderr: str, kind: str) -> str:
+    """The launch's lines about ``kind`` ('TP', 'EP') groups crossing nodes."""
+    return "".join(line for line in stderr.splitlines() if f"{kind} groups span" in line or "spans nodes" in line)
+
+
+def test_ep_across_nodes_is_launched_with_a_warning(advisor, tmp_path):
+    """An EP group is EP ranks ETP apart (megatron-core's expert RankGenerator: its rank order
+    tp-ep-dp-pp with ETP as its TP): EP 8 at ETP 1 is 8 consecutive ranks, split by 4-rank nodes.
+    Priced on the preset's 8-GPU nodes its all-to-all went over NVLink; re-priced at 4 GPUs per
+    node it goes half over the network and takes longer, so the launch says the time is too
+    optimistic, from torchrun and sbatch alike. At 8 ranks per node every EP group fits: no word."""
+    estimate, slower = tmp_path / "ep8.json", tmp_path / "ep8-4.json"
+    common = ("estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--ep", "8",
+              "--format", "json", "-o")
+    advisor(*common, estimate)
+    advisor(*common, slower, "--gpus-per-node", "4")
+    priced, repriced = json.loads(estimate.read_text()), json.loads(slower.read_text())
+    assert (priced["gpus_per_node"], priced["tp"], priced["etp"]) == (8, 1, 1)
+    assert repriced["ep_comm_s"] > 2 * priced["ep_comm_s"]  # what the warning is about
+    expected = (f"warning: the estimate ({estimate}) was priced with EP 8 within a node of 8 GPUs; launched at 4 "
+                "ranks per node, EP groups span nodes: its EP communication time is too optimistic")
+    torchrun = launcher()("torchrun", "--from", estimate, "--nproc-per-node", "4", "--nnodes", "4",
+                          "--rdzv-endpoint", "node001:29500", "--mock-data", "--dry-run")
+    assert span_lines(torchrun.stderr, "EP").startswith(expected), torchrun.stderr
+    sbatch = launcher()("sbatch", "--from", estimate, "--gpus-per-node", "4", "--mock-data", "--dry-run")
+    assert span_lines(sbatch.stderr, "EP").startswith(expected), sbatch.stderr
+    fits = launcher()("torchrun", "--from", estimate, "--nproc-per-node", "8", "--nnodes", "2",
+                      "--rdzv-endpoint", "node001:29500", "--mock-data", "--dry-run")
+    assert span_lines(fits.stderr, "EP") == "", fits.stderr
+
+
+def test_ep_priced_across_nodes_warns_only_where_launched_on_smaller_nodes(advisor, tmp_path):
+    """EP 16 on 8-GPU nodes was priced across two nodes (8 peers over NVLink, 8 over the network):
+    launched so, a note that it is as priced; on 4-rank nodes it has fewer peers inside each, which
+    the estimate re-priced at 4 GPUs per node shows slower, and the launch warns."""
+    across, smaller = tmp_path / "ep16.json", tmp_path / "ep16-4.json"
+    common = ("estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--ep", "16",
+              "--format", "json", "-o")
+    advisor(*common, across)
+    advisor(*common, smaller, "--gpus-per-node", "4")
+    assert json.loads(smaller.read_text())["ep_comm_s"] > json.loads(across.read_text())["ep_comm_s"]
+
+    def lines(path, per_node: int) -> str:
+        result = launcher()("torchrun", "--from", path, "--nproc-per-node", str(per_node), "--nnodes",
+                            str(16 // per_node), "--rdzv-endpoint", "node001:29500", "--mock-data", "--dry-run")
+        return span_lines(result.stderr, "EP")
+
+    as_priced = lines(across, 8)
+    assert as_priced.startswith("advisor-launch: EP 16 spans nodes at 8 ranks per node: its collectives cross the "
+                                f"network, as the estimate ({across}) priced them (nodes of 8 GPUs)"), as_priced
+    assert "too optimistic" not in as_priced
+    assert lines(across, 4).startswith(f"warning: the estimate ({across}) was priced with EP 16 across nodes of 8 "
+                                       "GPUs; launched at 4 ranks per node, EP groups span more nodes: its EP "
+                                       "communication time is too optimistic")
+    assert "too optimistic" not in lines(smaller, 4)  # priced on the nodes it is launched on
+
+
+def test_one_node_for_a_wider_plan_says_each_node_needs_every_rank(advisor, tmp_path):
+    """torchrun --nnodes 1 with a 16-GPU row puts its 16 ranks on one node (nodes x ranks per node
+    is the world), twice the 8 GPUs per node it was priced with: a note says so."""
+    estimate = tmp_path / "tp8.json"
+    advisor("estimate", "--tp", "8", "--gpus", "16", "--gpu", "h100-80gb", "--format", "json", "-o", estimate)
+    result = launcher()("torchrun", "--from", estimate, "--nnodes", "1", "--mock-data", "--dry-run")
+    assert "torchrun --nproc-per-node 16 --standalone" in result.stdout
+    assert (f"advisor-launch: 16 ranks per node, more than the 8 GPUs per node the estimate ({estimate}) was priced "
+            "with: each node needs 16 GPUs, one per rank") in result.stderr, result.stderr
+    two = launcher()("torchrun", "--from", estimate, "--nnodes", "2", "--rdzv-endpoint", "node001:29500",
+                     "--mock-data", "--dry-run")
+    assert "ranks per node, more than" not in two.stderr
