@@ -791,3 +791,15 @@ def test_the_older_name_of_the_sequence_length_is_read():
                                       "1000", "--format", "json"], input=command)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["seq_len"] == 48
+
+
+def test_what_is_not_priced_is_said_once_where_the_table_says_it():
+    """The table's caption names what the command's estimate does not price; a note on stderr said
+    it again in the same terminal. It stays on stderr beside JSON, and beside a table written to a file."""
+    command = f"{_MOE} --bf16\n"  # GELU, LayerNorm, learned positions: named as not priced
+    base = ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size", "1000"]
+    table = CliRunner().invoke(cli, base, input=command)
+    shown = CliRunner().invoke(cli, [*base, "--format", "json"], input=command)
+    assert table.exit_code == shown.exit_code == 0
+    assert "not priced (they change memory or time)" in table.stdout and "not priced" not in table.stderr
+    assert "not priced (they change memory or time)" in shown.stderr

@@ -15,7 +15,7 @@ from advisor.cli.moe import moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, ROWS, InputError, InputPath, NonEmpty, TokenCount,
     color_wanted, emit, distinct_files, gpu_options, model_choice_options, model_options, note, nothing_fits,
-    output_options, parse_layer_counts, png_path, workload_options,
+    output_options, parse_layer_counts, png_path, table_on_stdout, workload_options,
 )
 from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 from advisor.cli.training_flags import given, memory_options
@@ -461,7 +461,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         row["cost_usd"] = row["gpu_hours"] * gpu_hour_price
     from advisor.cli.from_command import read_notes
 
-    notes = read_notes(row, read)
+    notes = read_notes(row, read, table_on_stdout(fmt, output))
     if compare_best:
         from advisor.cli.from_command import best_row_line
 

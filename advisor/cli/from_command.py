@@ -113,14 +113,15 @@ def unpriced_line(unpriced: tuple[str, ...]) -> str | None:
     return "not priced (they change memory or time): " + ", ".join(unpriced)
 
 
-def read_notes(row: dict, read: CommandInputs | None) -> list[str]:
+def read_notes(row: dict, read: CommandInputs | None, table_on_stdout: bool = False) -> list[str]:
     """Where a --from-command estimate was read from, and the flags it does not price (also said
-    on stderr); the row records both."""
+    on stderr, but where the table that shows them goes to the terminal: it said them twice); the
+    row records both."""
     if read is None:
         return []
     row.update(read_from=read.source, unpriced=list(read.run.unpriced))
     notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced)] if line]
-    if read.run.unpriced:
+    if read.run.unpriced and not table_on_stdout:
         note(f"advisor estimate: {notes[-1]}")
     return notes
 

@@ -10,7 +10,9 @@ import click
 
 from advisor import limits
 from advisor.cli.estimate_csv import estimate_csv
-from advisor.cli.options import DEGREE, Bounded, InputError, apply_options, color_wanted, emit, note, nothing_fits
+from advisor.cli.options import (
+    DEGREE, Bounded, InputError, apply_options, color_wanted, emit, note, nothing_fits, table_on_stdout,
+)
 from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
 from advisor.paper_rule import judged_threshold
 
@@ -423,7 +425,7 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
                threshold=judged_threshold(row["memory_model"], threshold), gpus_per_node=gpus_per_node)
     from advisor.cli.from_command import read_notes
 
-    notes = read_notes(row, read)
+    notes = read_notes(row, read, table_on_stdout(fmt, output))
     if read is None and (note := _backend_caption(settings)):  # a read-back names it among the unpriced
         notes.append(note)
     if compare_best:

@@ -486,6 +486,11 @@ def emit(text: str, output: Path | None) -> None:
         _write(output, text)
 
 
+def table_on_stdout(fmt: str, output: Path | None) -> bool:
+    """Whether the rows go to stdout as a table, whose caption already says what a note would."""
+    return fmt == "table" and (output is None or output == STDOUT)
+
+
 def note(line: str) -> None:
     """A note or warning on stderr, wrapped to the terminal (``render.wrap_note``)."""
     from advisor.render import stderr_width, wrap_note
