@@ -91,7 +91,8 @@ class ParsedArguments:
     rest: list[str] = field(default_factory=list)
     """Everything else, in order: for the training options' parser."""
     skipped: list[str] = field(default_factory=list)
-    """The harmless flags met (names)."""
+    """The harmless flags met, as written (a flag and its values: '--lr 3e-4'): neither priced
+    nor among the flags a launch of the estimate writes (``ReadRun.skipped``)."""
     unset: list[str] = field(default_factory=list)
     """Words that are one variable the script does not set, where a flag may stand ($EXTRA_ARGS):
     read as empty, as bash expands them, and named as written."""
@@ -149,7 +150,7 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
             target = (parsed.model if name in _MODEL_SWITCHES else parsed.layout if name in _LAYOUT_SWITCHES
                       else None)
             if target is None:
-                parsed.skipped.append(name)
+                parsed.skipped.append(f"--{name}")
             else:
                 target[name] = True
             i += 1
@@ -168,7 +169,7 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
                                    else f"--{name} needs a value, and none follows it")
             (parsed.model if name in _MODEL_VALUED else parsed.layout)[name] = values[0]
         elif name in HARMLESS_VALUED or name in _MULTI_VALUED:
-            parsed.skipped.append(name)
+            parsed.skipped.append(" ".join((f"--{name}", *values)))
         else:
             parsed.rest += [f"--{name}", *values]
     return parsed
@@ -440,7 +441,7 @@ class ReadRun:
     unpriced: tuple[str, ...]
     """Flags (and defaults) that change memory or time and are not priced, each named."""
     skipped: tuple[str, ...]
-    """Flags known to change neither, skipped."""
+    """Flags known to change neither, skipped, as written ('--lr 3e-4')."""
     vocab_source: str
     moe: object = None
     """The MoE part (``advisor.moe.readback.MoEFlags``: EP, ETP, dispatcher, routing, MTP) of a

@@ -210,6 +210,8 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
         _note(note)
     if (note := node_size_note(per_node, config.source, config.priced_gpus_per_node, config.gpus_per_node)) is not None:
         _note(note)
+    if (note := config.left_out_note(megatron.args)) is not None:
+        _note(note)
     report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,
                         checks=checks, elsewhere_option=elsewhere_option)
     for line in job.report(megatron.args) if (dry_run if show_job is None else show_job) else ():
@@ -563,6 +565,8 @@ def args_command(config, release, megatron, job_plan, fmt) -> int:
       advisor-launch args --from sweep.json --rank 3
       advisor-launch args --from plan.json --format json -- --train-iters 100
     """
+    if (note := config.left_out_note(megatron.args)) is not None:
+        _note(note)
     _flush_notes()
     if fmt == "json":
         from advisor.render import to_json

@@ -98,6 +98,20 @@ class LaunchInput:
     unpriced: tuple[str, ...] = ()
     """What that command holds that the estimate priced otherwise or not at all: its megatron_args,
     which the launch runs, state what was priced instead (a Llama network, the advisor's options)."""
+    not_launched: tuple[str, ...] = ()
+    """That command's flags that change no price, as written ('--lr 3e-4'): its learning rates,
+    data, checkpoints and logging, which the estimate's megatron_args leave out."""
+
+    def left_out_note(self, args: list[str] | tuple[str, ...]) -> str | None:
+        """The command's unpriced flags that the launch's ``args`` (the user's after -- included)
+        do not give: Megatron's defaults run in their place, said rather than silent."""
+        given = {word.partition("=")[0] for word in args if word.startswith("--")}
+        left = [flag for flag in self.not_launched if flag.split()[0] not in given]
+        if not left or not self.read_from:
+            return None
+        command = self.read_from.partition(": ")[0]
+        return (f"advisor-launch: {command}'s flags that change no price are not in {self.source} and not launched: "
+                f"{', '.join(left)} (Megatron's defaults run instead: give the ones the run needs after --)")
 
     @property
     def world_size(self) -> int:
@@ -274,6 +288,7 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         gpu=fields.document.get("gpu") if isinstance(fields.document.get("gpu"), str) else None,
         read_from=fields.document.get("read_from") if isinstance(fields.document.get("read_from"), str) else None,
         unpriced=tuple(item for item in fields.document.get("unpriced") or () if isinstance(item, str)),
+        not_launched=tuple(item for item in fields.document.get("not_launched") or () if isinstance(item, str)),
     )
 
 

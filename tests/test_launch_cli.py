@@ -191,6 +191,29 @@ def test_an_estimate_read_from_a_gpt_script_says_what_its_launch_changes(advisor
     assert "--normalization LayerNorm" in warning and "not gpt.sh as written" in warning
 
 
+def test_a_commands_flags_that_change_no_price_are_named_where_not_launched(advisor, tmp_path):
+    """An estimate read from a command prices it without its learning rates, clipping, data or
+    checkpoints (they change no price), and its megatron_args leave them out: its launch ran
+    Megatron's defaults in their place, silently. The estimate records them as written
+    ('not_launched') and the launch names those the user does not give after --."""
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 24 --hidden-size 2048 "
+                      "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 --swiglu "
+                      "--normalization RMSNorm --position-embedding-type rope --disable-bias-linear "
+                      "--micro-batch-size 1 --global-batch-size 256 --bf16 --vocab-size 50257 "
+                      "--lr 3e-4 --clip-grad 1.0 --lr-decay-style cosine --save /ckpt\n")
+    estimate = tmp_path / "est.json"
+    advisor("estimate", "--from-command", script, "--mem", "80", "-o", estimate)
+    assert json.loads(estimate.read_text())["not_launched"] == ["--lr 3e-4", "--clip-grad 1.0",
+                                                                "--lr-decay-style cosine", "--save /ckpt"]
+    result = launcher()("args", "--from", estimate, "--", "--lr", "1e-4", "--save=/mine")
+    assert "--clip-grad" not in result.stdout.split()
+    [note] = [line for line in result.stderr.splitlines() if "not launched" in line]
+    assert note == (f"advisor-launch: train.sh's flags that change no price are not in the estimate ({estimate}) and "
+                    "not launched: --clip-grad 1.0, --lr-decay-style cosine (Megatron's defaults run instead: give the "
+                    "ones the run needs after --)")
+
+
 def test_args_command(plans):
     printed = launcher()("args", "--from", plans["pp3"], "--", "--train-iters", "7").stdout
     as_json = json.loads(launcher()("args", "--from", plans["pp3"], "--format", "json", "--", "--train-iters", "7").stdout)

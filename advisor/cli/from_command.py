@@ -116,10 +116,11 @@ def unpriced_line(unpriced: tuple[str, ...]) -> str | None:
 def read_notes(row: dict, read: CommandInputs | None, table_on_stdout: bool = False) -> list[str]:
     """Where a --from-command estimate was read from, and the flags it does not price (also said
     on stderr, but where the table that shows them goes to the terminal: it said them twice); the
-    row records both."""
+    row records both, and the command's flags that change no price ('not_launched': its learning
+    rates, data, checkpoints, logging), which its megatron_args leave out and advisor-launch names."""
     if read is None:
         return []
-    row.update(read_from=read.source, unpriced=list(read.run.unpriced))
+    row.update(read_from=read.source, unpriced=list(read.run.unpriced), not_launched=list(read.run.skipped))
     notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced)] if line]
     if read.run.unpriced and not table_on_stdout:
         note(f"advisor estimate: {notes[-1]}")
