@@ -43,8 +43,12 @@ FLAGS = {
         --end-weight-decay --eod-mask-loss=0 --error-injection-rate --error-injection-type --eval-interval
         --eval-iters --evidence-data-path --exit-duration-in-mins --exit-interval --exit-on-missing-checkpoint=0
         --exit-signal-handler=0 --exp-avg-dtype --exp-avg-sq-dtype --expert-model-parallel-size
-        --expert-tensor-parallel-size --external-cuda-graph=0 --ffn-hidden-size --finetune=0
-        --first-last-layers-bf16=0 --flash-decode=0 --fp16=0 --fp16-lm-cross-entropy=0
+        --expert-tensor-parallel-size --export-force-local-attention=0 --export-kd-cfg
+        --export-kd-teacher-ckpt-format --export-kd-teacher-load --export-kv-cache-quant=0
+        --export-legacy-megatron=0 --export-model-type --export-moe-apply-probs-on-input=0
+        --export-offline-model=0 --export-qk-l2-norm=0 --export-quant-cfg --export-real-quant-cfg
+        --export-te-mcore-model=0 --external-cuda-graph=0 --ffn-hidden-size --finetune=0 --finetune-data-split
+        --finetune-hf-dataset --first-last-layers-bf16=0 --flash-decode=0 --fp16=0 --fp16-lm-cross-entropy=0
         --fp32-residual-connection=0 --fp4-format --fp4-param-gather=0 --fp4-recipe --fp8-amax-compute-algo
         --fp8-amax-history-len --fp8-format --fp8-interval --fp8-margin --fp8-param-gather=0 --fp8-recipe
         --fsdp-double-buffer=0 --full-validation=0 --global-batch-size --glu-linear-offset
@@ -83,10 +87,10 @@ FLAGS = {
         --manual-gc=0 --manual-gc-interval --mask-factor --mask-prob --mask-type --max-position-embeddings
         --max-tokens-to-oom --memory-snapshot-path --merge-file --micro-batch-size
         --microbatch-group-size-per-virtual-pipeline-stage --mid-level-dataset-surplus --min-loss-scale --min-lr
-        --mlp-chunks-for-prefill --mock-data=0 --model-parallel-size --moe-apply-probs-on-input=0
-        --moe-aux-loss-coeff=1+ --moe-deepep-num-sms --moe-enable-deepep=0 --moe-expert-capacity-factor
-        --moe-extended-tp=0 --moe-ffn-hidden-size --moe-grouped-gemm=0 --moe-input-jitter-eps --moe-layer-freq
-        --moe-layer-recompute=0 --moe-pad-expert-input-to-capacity=0
+        --mlp-chunks-for-prefill --mock-data=0 --model-parallel-size --modelopt-enabled=0
+        --moe-apply-probs-on-input=0 --moe-aux-loss-coeff=1+ --moe-deepep-num-sms --moe-enable-deepep=0
+        --moe-expert-capacity-factor --moe-extended-tp=0 --moe-ffn-hidden-size --moe-grouped-gemm=0
+        --moe-input-jitter-eps --moe-layer-freq --moe-layer-recompute=0 --moe-pad-expert-input-to-capacity=0
         --moe-pad-experts-for-cuda-graph-inference=0 --moe-per-layer-logging=0 --moe-permute-fusion=0
         --moe-router-bias-update-rate --moe-router-dtype --moe-router-enable-expert-bias=0
         --moe-router-force-load-balancing=0 --moe-router-fusion=0 --moe-router-group-topk
@@ -146,24 +150,24 @@ FLAGS = {
         --seq-length --sequence-parallel=0 --sft=0 --sft-tokenizer-prompt-format --sgd-momentum
         --sharp-enabled-group --short-seq-prob --skip-train=0 --softmax-type --spec=* --split --squared-relu=0
         --start-weight-decay --straggler-ctrlr-port --straggler-minmax-count --suggested-communication-unit-size
-        --swiglu=0 --swin-backbone-type --symmetric-ar-type --te-rng-tracker=0 --tensor-model-parallel-size
-        --tensorboard-dir --tensorboard-log-interval --tensorboard-queue-size --test-data-path=* --test-mode=0
-        --tiktoken-num-special-tokens --tiktoken-pattern --tiktoken-special-tokens=1+ --timing-log-level
-        --timing-log-option --titles-data-path --tokenizer-metadata --tokenizer-model --tokenizer-type
-        --torch-fsdp2-no-reshard-after-forward=0 --tp-comm-bootstrap-backend --tp-comm-overlap=0
-        --tp-comm-overlap-cfg --tp-comm-overlap-rs-dgrad=0 --train-data-path=* --train-iters --train-samples
-        --train-sync-interval --transformer-impl --trust-remote-code=0 --untie-embeddings-and-output-weights=0
-        --use-checkpoint-args=0 --use-checkpoint-opt-param-scheduler=0 --use-checkpoint-opt_param-scheduler=0
-        --use-cpu-initialization=0 --use-dist-ckpt=0 --use-distributed-optimizer=0 --use-flash-attn=0
-        --use-fused-weighted-squared-relu=0 --use-legacy-models=0 --use-mcore-models=0 --use-megatron-fsdp=0
-        --use-mp-args-from-checkpoint-args=0 --use-nccl-ub=0 --use-one-sent-docs=0
-        --use-persistent-ckpt-worker=0 --use-precision-aware-optimizer=0 --use-pytorch-profiler=0
-        --use-ring-exchange-p2p=0 --use-rope-scaling=0 --use-rotary-position-embeddings=0 --use-sharp=0
-        --use-te-activation-func=0 --use-torch-fsdp2=0 --use-torch-optimizer-for-cpu-offload=0
-        --use-tp-pp-dp-mapping=0 --v-head-dim --valid-data-path=* --vision-backbone-type --vision-pretraining=0
-        --vision-pretraining-type --vocab-extra-ids --vocab-file --vocab-size --wandb-entity --wandb-exp-name
-        --wandb-project --wandb-save-dir --warmup --weight-decay --weight-decay-incr-style
-        --wgrad-deferral-limit --window-attn-skip-freq --window-size --yaml-cfg
+        --swiglu=0 --swin-backbone-type --symmetric-ar-type --te-rng-tracker=0 --teacher-model-config
+        --tensor-model-parallel-size --tensorboard-dir --tensorboard-log-interval --tensorboard-queue-size
+        --test-data-path=* --test-mode=0 --tiktoken-num-special-tokens --tiktoken-pattern
+        --tiktoken-special-tokens=1+ --timing-log-level --timing-log-option --titles-data-path
+        --tokenizer-metadata --tokenizer-model --tokenizer-type --torch-fsdp2-no-reshard-after-forward=0
+        --tp-comm-bootstrap-backend --tp-comm-overlap=0 --tp-comm-overlap-cfg --tp-comm-overlap-rs-dgrad=0
+        --train-data-path=* --train-iters --train-samples --train-sync-interval --transformer-impl
+        --trust-remote-code=0 --untie-embeddings-and-output-weights=0 --use-checkpoint-args=0
+        --use-checkpoint-opt-param-scheduler=0 --use-checkpoint-opt_param-scheduler=0 --use-cpu-initialization=0
+        --use-dist-ckpt=0 --use-distributed-optimizer=0 --use-flash-attn=0 --use-fused-weighted-squared-relu=0
+        --use-legacy-models=0 --use-mcore-models=0 --use-megatron-fsdp=0 --use-mp-args-from-checkpoint-args=0
+        --use-nccl-ub=0 --use-one-sent-docs=0 --use-persistent-ckpt-worker=0 --use-precision-aware-optimizer=0
+        --use-pytorch-profiler=0 --use-ring-exchange-p2p=0 --use-rope-scaling=0
+        --use-rotary-position-embeddings=0 --use-sharp=0 --use-te-activation-func=0 --use-torch-fsdp2=0
+        --use-torch-optimizer-for-cpu-offload=0 --use-tp-pp-dp-mapping=0 --v-head-dim --valid-data-path=*
+        --vision-backbone-type --vision-pretraining=0 --vision-pretraining-type --vocab-extra-ids --vocab-file
+        --vocab-size --wandb-entity --wandb-exp-name --wandb-project --wandb-save-dir --warmup --weight-decay
+        --weight-decay-incr-style --wgrad-deferral-limit --window-attn-skip-freq --window-size --yaml-cfg
     """,
     # core_v0.19.0
     (0, 19): """
@@ -219,29 +223,35 @@ FLAGS = {
         --dsa-indexer-topk-freq --dsa-indexer-use-sparse-loss=0 --dsa-kernel-backend
         --dump-param-to-param-group-map --embedding-init-method-std --embedding-path --empty-unused-memory-level
         --enable-chunked-prefill=0 --enable-cuda-graph=0 --enable-experimental=0 --enable-ft-package=0
-        --enable-full-sharding-in-hsdp=0 --enable-msc=0 --encoder-num-layers --encoder-seq-length
-        --end-weight-decay --eod-mask-loss=0 --ep-overlap-early-attn-memory-release=0 --error-injection-rate
-        --error-injection-type --eval-global-batch-size --eval-interval --eval-iters --eval-micro-batch-size
-        --evidence-data-path --exit-duration-in-mins --exit-interval --exit-on-missing-checkpoint=0
-        --exit-signal --exit-signal-handler=0 --exit-signal-handler-for-dataloader=0
-        --exit-signal-handler-for-training=0 --exp-avg-dtype --exp-avg-sq-dtype --experimental-attention-variant
-        --expert-model-parallel-size --expert-tensor-parallel-num-weight-shards --expert-tensor-parallel-size
-        --external-cuda-graph=0 --fake-process-group=0 --fault-injector-delay-start-iteration
-        --fault-injector-fault-delay --fault-injector-fault-probabilities --fault-injector-fault-types
-        --fault-injector-mtti-seconds --fault-injector-num-ranks --fault-injector-offset-seconds
-        --fault-injector-ranks --fault-injector-seed --ffn-hidden-size --fim-data=0 --fim-eod-token
-        --fim-fragment-rate --fim-middle-token --fim-no-prefix --fim-pad-token --fim-prefix-token --fim-rate
-        --fim-split-sample --fim-spm-rate --fim-suffix-token --fine-grained-activation-offloading=0
-        --fine-grained-offloading-max-inflight-offloads --finetune=0 --first-last-layers-bf16=0
-        --flash-attention-version --flash-decode=0 --flight-recorder-dump-path
-        --flight-recorder-include-stack-trace=0 --flight-recorder-trace-buffer-size --fp16=0
-        --fp16-lm-cross-entropy=0 --fp32-residual-connection=0 --fp4-format --fp4-param-gather=0
-        --fp4-quantizer-factory --fp4-recipe --fp8-amax-compute-algo --fp8-amax-history-len --fp8-format
-        --fp8-interval --fp8-margin --fp8-output-proj=0 --fp8-param-gather=0 --fp8-quantizer-factory
-        --fp8-recipe --freeze-all-layers=0 --fsdp-db-use-persist-buf-on-alloc-fail=0 --fsdp-double-buffer=0
-        --fsdp-manual-registration=0 --ft-num-warmup-iters --full-validation=0 --fused-residual-rmsnorm=0
-        --global-batch-size --glu-linear-offset --gpu-sniff-test-interval --grad-reduce-in-bf16=0
-        --group-query-attention=0 --grpo-clamp-eps-lower --grpo-clamp-eps-upper --grpo-entropy-term-weight
+        --enable-full-sharding-in-hsdp=0 --enable-gpt-oss=0 --enable-msc=0 --encoder-num-layers
+        --encoder-seq-length --end-weight-decay --eod-mask-loss=0 --ep-overlap-early-attn-memory-release=0
+        --error-injection-rate --error-injection-type --eval-global-batch-size --eval-interval --eval-iters
+        --eval-micro-batch-size --evidence-data-path --exit-duration-in-mins --exit-interval
+        --exit-on-missing-checkpoint=0 --exit-signal --exit-signal-handler=0
+        --exit-signal-handler-for-dataloader=0 --exit-signal-handler-for-training=0 --exp-avg-dtype
+        --exp-avg-sq-dtype --experimental-attention-variant --expert-model-parallel-size
+        --expert-tensor-parallel-num-weight-shards --expert-tensor-parallel-size --export-default-te-spec=0
+        --export-force-local-attention=0 --export-kd-cfg --export-kd-teacher-ckpt-format
+        --export-kd-teacher-load --export-kd-teacher-model-config --export-kv-cache-quant
+        --export-legacy-megatron=0 --export-model-type --export-moe-apply-probs-on-input=0
+        --export-offline-model=0 --export-qk-l2-norm=0 --export-quant-cfg --export-real-quant-cfg
+        --export-te-mcore-model=0 --external-cuda-graph=0 --fake-process-group=0
+        --fault-injector-delay-start-iteration --fault-injector-fault-delay --fault-injector-fault-probabilities
+        --fault-injector-fault-types --fault-injector-mtti-seconds --fault-injector-num-ranks
+        --fault-injector-offset-seconds --fault-injector-ranks --fault-injector-seed --ffn-hidden-size
+        --fim-data=0 --fim-eod-token --fim-fragment-rate --fim-middle-token --fim-no-prefix --fim-pad-token
+        --fim-prefix-token --fim-rate --fim-split-sample --fim-spm-rate --fim-suffix-token
+        --fine-grained-activation-offloading=0 --fine-grained-offloading-max-inflight-offloads --finetune=0
+        --finetune-data-split --finetune-hf-dataset --first-last-layers-bf16=0 --flash-attention-version
+        --flash-decode=0 --flight-recorder-dump-path --flight-recorder-include-stack-trace=0
+        --flight-recorder-trace-buffer-size --fp16=0 --fp16-lm-cross-entropy=0 --fp32-residual-connection=0
+        --fp4-format --fp4-param-gather=0 --fp4-quantizer-factory --fp4-recipe --fp8-amax-compute-algo
+        --fp8-amax-history-len --fp8-format --fp8-interval --fp8-margin --fp8-output-proj=0 --fp8-param-gather=0
+        --fp8-quantizer-factory --fp8-recipe --freeze-all-layers=0 --freeze-base-for-mtp=0
+        --fsdp-db-use-persist-buf-on-alloc-fail=0 --fsdp-double-buffer=0 --fsdp-manual-registration=0
+        --ft-num-warmup-iters --full-validation=0 --fused-residual-rmsnorm=0 --global-batch-size
+        --glu-linear-offset --gpu-sniff-test-interval --grad-reduce-in-bf16=0 --group-query-attention=0
+        --grpo-clamp-eps-lower --grpo-clamp-eps-upper --grpo-entropy-term-weight
         --grpo-filter-groups-with-same-reward=0 --grpo-group-size --grpo-iterations --grpo-kl-beta
         --grpo-prompts-per-step --head-lr-mult --help=0 --heterogeneous-layers-config-encoded-json
         --heterogeneous-layers-config-path --hidden-dropout --hidden-size
@@ -299,14 +309,14 @@ FLAGS = {
         --megatron-fsdp-max-pool-double-buffer=0 --memory-snapshot-path --merge-file --micro-batch-size
         --microbatch-group-size-per-virtual-pipeline-stage --mid-level-dataset-surplus --min-loss-scale --min-lr
         --min-offloaded-tensor-size --mla-down-proj-fusion=0 --mlp-chunks-for-prefill --mlp-chunks-for-training
-        --mock-data=0 --model-parallel-size --moe-apply-probs-on-input=0 --moe-aux-loss-coeff=1+
-        --moe-deepep-num-sms --moe-enable-deepep=0 --moe-enable-routing-replay=0 --moe-expert-capacity-factor
-        --moe-expert-rank-capacity-factor --moe-ffn-hidden-size --moe-flex-dispatcher-backend
-        --moe-flex-dispatcher-num-sms --moe-grouped-gemm=0 --moe-hybridep-num-blocks-permute
-        --moe-hybridep-num-blocks-unpermute --moe-hybridep-num-sms --moe-hybridep-num-sms-preprocessing
-        --moe-hybridep-pad-uneven-dispatch-inputs=0 --moe-input-jitter-eps --moe-latent-size --moe-layer-freq
-        --moe-layer-recompute=0 --moe-mlp-glu-interleave-size --moe-ncclep-static-shape=0
-        --moe-ncclep-zero-copy=0 --moe-pad-expert-input-to-capacity=0
+        --mock-data=0 --model-parallel-size --modelopt-enabled=0 --moe-apply-probs-on-input=0
+        --moe-aux-loss-coeff=1+ --moe-deepep-num-sms --moe-enable-deepep=0 --moe-enable-routing-replay=0
+        --moe-expert-capacity-factor --moe-expert-rank-capacity-factor --moe-ffn-hidden-size
+        --moe-flex-dispatcher-backend --moe-flex-dispatcher-num-sms --moe-grouped-gemm=0
+        --moe-hybridep-num-blocks-permute --moe-hybridep-num-blocks-unpermute --moe-hybridep-num-sms
+        --moe-hybridep-num-sms-preprocessing --moe-hybridep-pad-uneven-dispatch-inputs=0 --moe-input-jitter-eps
+        --moe-latent-size --moe-layer-freq --moe-layer-recompute=0 --moe-mlp-glu-interleave-size
+        --moe-ncclep-static-shape=0 --moe-ncclep-zero-copy=0 --moe-pad-expert-input-to-capacity=0
         --moe-pad-experts-for-cuda-graph-inference=0 --moe-paged-stash=0
         --moe-paged-stash-buffer-size-factor-cpu --moe-paged-stash-buffer-size-factor-cuda
         --moe-paged-stash-page-size --moe-per-layer-logging=0 --moe-permute-fusion=0
@@ -368,33 +378,34 @@ FLAGS = {
         --phase-transition-iterations --pipeline-model-parallel-comm-backend --pipeline-model-parallel-layout
         --pipeline-model-parallel-size --position-embedding-type --pretrained-checkpoint --profile=0
         --profile-ranks=1+ --profile-step-end --profile-step-start --pytorch-profiler-collect-callstack=0
-        --pytorch-profiler-collect-chakra=0 --pytorch-profiler-collect-shapes=0 --q-lora-rank --qk-clip=0
-        --qk-clip-alpha --qk-clip-threshold --qk-head-dim --qk-l2-norm=0 --qk-layernorm=0 --qk-pos-emb-head-dim
-        --query-in-block-prob --quick-geglu=0 --rampup-batch-size=3 --recompute-activations=0
-        --recompute-granularity --recompute-method --recompute-modules=1+ --recompute-num-layers
-        --record-memory-history=0 --record-shapes=0 --refit-method --relative-attention-max-distance
-        --relative-attention-num-buckets --replication=0 --replication-factor --replication-jump --rerun-mode
-        --reset-attention-mask=0 --reset-position-ids=0 --result-rejected-tracker-filename
-        --retriever-report-topk-accuracies=1+ --retriever-score-scaling=0 --reuse-grad-buf-for-mxfp8-param-ag=0
-        --rl-consumption-granularity --rl-default-temperature --rl-default-top-k --rl-default-top-p
-        --rl-generation-lag --rl-importance-sampling-truncation-coef --rl-inference-expert-model-parallel-size
-        --rl-inference-expert-tensor-model-parallel-size --rl-inference-logprobs-is-correction=0
-        --rl-inference-model-unified-memory-level --rl-inference-parsers=*
-        --rl-inference-pipeline-model-parallel-size --rl-inference-tensor-model-parallel-size
-        --rl-kv-cache-management-mode --rl-offload-inference-model-weights-when-idle=0
-        --rl-offload-optimizer-during-inference=0 --rl-partial-rollouts=0 --rl-persist-cuda-graphs=0
-        --rl-profile=0 --rl-profile-dir --rl-prompts-per-eval --rl-sequence-packing-algo
-        --rl-sequence-packing-max-sequences-per-bin --rl-skip-bos-token=0 --rl-submission-granularity
-        --rl-training-cuda-graphs=0 --rl-use-sequence-packing=0 --rl-verify-model-weights-swap=0
-        --rope-scaling-factor --rope-type --rotary-base --rotary-interleaved=0 --rotary-percent
-        --rotary-scaling-factor --rotary-seq-len-interpolation-factor --run-workload-inspector-server=0
-        --sample-rate --save --save-activations-interval --save-dgrads-interval --save-interval
-        --save-params-interval --save-retain-interval --save-tokens-per-expert-interval --save-wgrads-interval
-        --seed --seq-length --sequence-parallel=0 --sft=0 --sft-tokenizer-prompt-format --sgd-momentum
-        --sharp-enabled-group --short-seq-prob --skip-train=0 --softmax-type --spec=* --split --squared-relu=0
-        --start-eval-at-iter --start-weight-decay --step-batch-size-schedule --straggler-ctrlr-port
-        --straggler-minmax-count --suggested-communication-unit-size --swiglu=0 --swin-backbone-type
-        --symmetric-ar-type --te-precision-config-file --te-rng-tracker=0 --tensor-model-parallel-size
+        --pytorch-profiler-collect-chakra=0 --pytorch-profiler-collect-shapes=0 --q-lora-rank --qad-train-target
+        --qk-clip=0 --qk-clip-alpha --qk-clip-threshold --qk-head-dim --qk-l2-norm=0 --qk-layernorm=0
+        --qk-pos-emb-head-dim --query-in-block-prob --quick-geglu=0 --rampup-batch-size=3
+        --recompute-activations=0 --recompute-granularity --recompute-method --recompute-modules=1+
+        --recompute-num-layers --record-memory-history=0 --record-shapes=0 --refit-method
+        --relative-attention-max-distance --relative-attention-num-buckets --replication=0 --replication-factor
+        --replication-jump --rerun-mode --reset-attention-mask=0 --reset-position-ids=0
+        --result-rejected-tracker-filename --retriever-report-topk-accuracies=1+ --retriever-score-scaling=0
+        --reuse-grad-buf-for-mxfp8-param-ag=0 --rl-consumption-granularity --rl-default-temperature
+        --rl-default-top-k --rl-default-top-p --rl-generation-lag --rl-importance-sampling-truncation-coef
+        --rl-inference-expert-model-parallel-size --rl-inference-expert-tensor-model-parallel-size
+        --rl-inference-logprobs-is-correction=0 --rl-inference-model-unified-memory-level
+        --rl-inference-parsers=* --rl-inference-pipeline-model-parallel-size
+        --rl-inference-tensor-model-parallel-size --rl-kv-cache-management-mode
+        --rl-offload-inference-model-weights-when-idle=0 --rl-offload-optimizer-during-inference=0
+        --rl-partial-rollouts=0 --rl-persist-cuda-graphs=0 --rl-profile=0 --rl-profile-dir --rl-prompts-per-eval
+        --rl-sequence-packing-algo --rl-sequence-packing-max-sequences-per-bin --rl-skip-bos-token=0
+        --rl-submission-granularity --rl-training-cuda-graphs=0 --rl-use-sequence-packing=0
+        --rl-verify-model-weights-swap=0 --rope-scaling-factor --rope-type --rotary-base --rotary-interleaved=0
+        --rotary-percent --rotary-scaling-factor --rotary-seq-len-interpolation-factor
+        --run-workload-inspector-server=0 --sample-rate --save --save-activations-interval
+        --save-dgrads-interval --save-interval --save-params-interval --save-retain-interval
+        --save-tokens-per-expert-interval --save-wgrads-interval --seed --seq-length --sequence-parallel=0
+        --sft=0 --sft-tokenizer-prompt-format --sgd-momentum --sharp-enabled-group --short-seq-prob
+        --skip-train=0 --softmax-type --spec=* --split --squared-relu=0 --start-eval-at-iter
+        --start-weight-decay --step-batch-size-schedule --straggler-ctrlr-port --straggler-minmax-count
+        --suggested-communication-unit-size --swiglu=0 --swin-backbone-type --symmetric-ar-type
+        --te-precision-config-file --te-rng-tracker=0 --tensor-model-parallel-size
         --tensor-parallel-num-weight-shards --tensorboard-dir --tensorboard-log-interval
         --tensorboard-queue-size --test-data-path=* --test-mode=0 --tiktoken-num-special-tokens
         --tiktoken-pattern --timing-log-level --timing-log-option --titles-data-path

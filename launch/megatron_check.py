@@ -274,14 +274,21 @@ def value_counts() -> dict[str, tuple[int, int | None]]:
     ``add_megatron_arguments`` on an ``ArgumentParser(allow_abbrev=False)``) with the least and the
     most values its action takes (None: no most): a single value (nargs None) 1 and 1, nargs=N N
     and N, '+' 1 and none, '?' 0 and 1, '*' 0 and none, a switch (store_true, store_false,
-    BooleanOptionalAction, store_const: nargs 0) 0 and 0. pretrain_gpt.py's ``extra_args_provider``
-    (ModelOpt's flags, only where nvidia-modelopt is installed) is not added: its flags are not
-    checked."""
+    BooleanOptionalAction, store_const: nargs 0) 0 and 0. With the flags of pretrain_gpt.py's
+    ``extra_args_provider`` (both releases: ``megatron.post_training.arguments.add_modelopt_args``,
+    which parse_args adds after its own; pretrain_gpt.py passes it where nvidia-modelopt imports),
+    so that a ModelOpt flag after '--' is never called unknown (``launch.arguments.unknown_flags``)."""
     import argparse
 
     from megatron.training import arguments
 
     parser = arguments.add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    try:  # plain argparse calls, no ModelOpt import (megatron/post_training/arguments.py)
+        from megatron.post_training.arguments import add_modelopt_args
+    except ImportError:  # a checkout without it: its pretrain_gpt.py adds nothing
+        add_modelopt_args = None
+    if add_modelopt_args is not None:
+        parser = add_modelopt_args(parser)
     arity = {None: (1, 1), "+": (1, None), "?": (0, 1), "*": (0, None)}
     counts = {}
     for action in parser._actions:  # argparse keeps no public list of its actions
