@@ -200,12 +200,57 @@ def check_conflicts(groups: Sequence[ArgGroup], extras: Sequence[str]) -> None:
 def model_rows(spec: LlamaSpec, decided: Sequence[str]) -> int:
     """The embedding rows Megatron builds for ``spec`` with these arguments: v padded to a
     multiple of --make-vocab-size-divisible-by (128 unless given) x TP, as the estimator prices it."""
+    return padded_rows(spec.vocab_size, decided)
+
+
+def padded_rows(tokens: int, decided: Sequence[str]) -> int:
+    """The embedding rows of a tokenizer of ``tokens`` tokens: Megatron's _vocab_size_with_padding
+    (megatron/training/tokenizer/tokenizer.py) pads to a multiple of --make-vocab-size-divisible-by x TP."""
     from advisor.equations import padded_vocab_size
 
     values = flag_values(decided)
     divisible_by = int((values.get("--make-vocab-size-divisible-by") or ("128",))[0])
     tp = int((values.get("--tensor-model-parallel-size") or ("1",))[0])
-    return padded_vocab_size(spec.vocab_size, divisible_by, tp)
+    return padded_vocab_size(tokens, divisible_by, tp)
+
+
+def _vocab_multiple(decided: Sequence[str]) -> int:
+    """What ``padded_rows`` pads to a multiple of (for messages)."""
+    return padded_rows(1, decided)
+
+
+def check_null_tokenizer(rules: MegatronVersion, model: LlamaSpec, decided: Sequence[str], args: Sequence[str],
+                         source: str) -> None:
+    """The user's own data and tokenizer (``args``: theirs after '--', with the job file's), as
+    ``mock_data_args`` sizes the launcher's: AdvisorError, one line, where their --mock-data cannot
+    feed the model (``check_mock_data``), or where their NullTokenizer's --vocab-size V builds
+    embedding rows other than those ``source`` priced (``model_rows``): V + the release's extra rows
+    (``null_tokenizer_extra_rows``: core_v0.15.2's end-of-document token), padded as Megatron pads.
+    Another tokenizer's rows come from its files, which are not read here."""
+    values = flag_values(args)
+    priced, mock_data = model_rows(model, decided), "--mock-data" in values
+    if mock_data:  # the model itself: no --vocab-size makes the priced rows feedable
+        check_mock_data(rules, priced, model.vocab_size)
+    vocab = values.get("--vocab-size") or ("",)
+    if values.get("--tokenizer-type") != ("NullTokenizer",) or not vocab[0].isdigit():
+        return  # a value argparse refuses (type=int) is Megatron's to say
+    size = int(vocab[0])
+    tokens = size + rules.null_tokenizer_extra_rows
+    built = padded_rows(tokens, decided)
+    if built == priced:  # then --mock-data feeds it too: check_mock_data passed the priced rows
+        return
+    how = f"{size:,} + its NullTokenizer's end-of-document token" if rules.null_tokenizer_extra_rows else \
+        f"{size:,} as given"
+    padding = f", padded to a multiple of {_vocab_multiple(decided)}" if built != tokens else ""
+    highest = rules.mock_data_max_token_id
+    instead = " (or leave data and tokenizer to advisor-launch --mock-data)" if mock_data else ""
+    starved = (f", and its --mock-data feeds token ids up to {highest} whatever the vocabulary "
+               "(MockGPTLowLevelDataset), so the run would fail at the first iteration"
+               if mock_data and highest is not None and built <= highest else "")
+    raise AdvisorError(f"--tokenizer-type NullTokenizer --vocab-size {size} (after --) builds {built:,} embedding rows "
+                       f"on {rules.name} ({how}{padding}), where {source} priced {priced:,} (v {model.vocab_size:,})"
+                       f"{starved}: give --vocab-size {rules.null_tokenizer_vocab_flag(model.vocab_size)}, which builds "
+                       f"the priced rows on that release{instead}")
 
 
 def mock_data_args(spec: LlamaSpec, rules: MegatronVersion, decided: Sequence[str] = ()) -> list[str]:
@@ -242,8 +287,8 @@ class CommandLine:
     """The Megatron-LM arguments of one launch, in labelled groups (for the Slurm script's comments)."""
 
     groups: tuple[tuple[str, tuple[str, ...]], ...]
-    unknown: tuple[str, ...] = ()
-    """A warning for each flag after '--' that the release's parser lacks (``unknown_flags``)."""
+    unknown: tuple[UnknownFlag, ...] = ()
+    """Each flag after '--' that the release's parser lacks (``unknown_flags``)."""
 
     @property
     def args(self) -> list[str]:
@@ -257,7 +302,8 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     asked, the ``job``'s (``launch.job``: its file, its schedule), then the user's ``extras``
     unchanged; AdvisorError on a user flag without the values it needs, on a conflict, on a flag the
     Megatron-LM release ``rules`` lacks, on mock data (the launcher's or the user's own) that
-    release cannot feed the model, or, given the layers of each model chunk (``chunk_layers``),
+    release cannot feed the model, on the user's own NullTokenizer building other rows than were
+    priced (``check_null_tokenizer``), or, given the layers of each model chunk (``chunk_layers``),
     on a --recompute-num-layers that release fails on with them (``check_recomputation``)."""
     check_values(rules, extras)  # first: a flag without its value would misread the flags after it
     groups = [ArgGroup(source=source, args=tuple(rules.own_spelling(decided)), owns=DECIDED_FLAGS)]
@@ -267,8 +313,8 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     if job is not None:
         groups.append(job)
     check_conflicts(groups, rules.own_spelling(extras))  # a restated deprecated spelling is no conflict
-    if not mock_data and "--mock-data" in flag_values(extras):  # the user's own, after '--'
-        check_mock_data(rules, model_rows(model, decided), model.vocab_size)
+    if not mock_data:  # the user's own data and tokenizer, after '--' (and the job file's tokenizer)
+        check_null_tokenizer(rules, model, decided, [*(job.args if job is not None else ()), *extras], source)
     check_flags(rules, [arg for group in groups for arg in group.args])
     if chunk_layers is not None:
         check_recomputation(rules, recomputation([*decided, *extras]), chunk_layers, source)
@@ -276,23 +322,38 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     return CommandLine(groups=tuple(labelled), unknown=tuple(unknown_flags(rules, extras)))
 
 
-def unknown_flags(rules: MegatronVersion, extras: Sequence[str]) -> list[str]:
-    """A warning for each flag after '--' that ``rules``' release's own parser lacks
-    (``launch.megatron_flags``), with the flags it may mean: Megatron parses with
-    allow_abbrev=False and no unknown arguments (arguments.py, both releases), so every rank
-    refuses it at start-up, after the queue. A warning, not a refusal: a checkout's pretrain_gpt.py
-    may add flags of its own (core_v0.15.2's adds ModelOpt's where nvidia-modelopt is installed)."""
+@dataclass(frozen=True, slots=True)
+class UnknownFlag:
+    """A flag after '--' that the release's own parser lacks (``unknown_flags``)."""
+
+    name: str
+    problem: str
+    """What is wrong, without a verdict: a warning (``warning``) where the checkout may add the flag,
+    a problem of ``advisor-launch check`` where it cannot (``launch.checkout.spelled_in``)."""
+
+    def warning(self, where: str | None = None) -> str:
+        """The warning line; ``where``: the checkout's file that spells the flag, if known."""
+        spelled = f" ({where} spells {self.name})" if where else ""
+        return f"warning: {self.problem}, unless your checkout adds it{spelled}"
+
+
+def unknown_flags(rules: MegatronVersion, extras: Sequence[str]) -> list[UnknownFlag]:
+    """Each flag after '--' that ``rules``' release's own parser lacks (``launch.megatron_flags``:
+    its flags and those of pretrain_gpt.py's extra_args_provider, ModelOpt's), with the flags it
+    may mean: Megatron parses with allow_abbrev=False and no unknown arguments (arguments.py, both
+    releases), so every rank refuses it at start-up, after the queue. A checkout's pretrain_gpt.py
+    may add flags of its own, so only ``advisor-launch check``, which reads the checkout, refuses one."""
     import difflib
 
     taken = values_taken(rules)
     if not taken:
         return []
-    lines = []
+    found = []
     for name, _, _ in _given(extras):
         if name in taken:
             continue
         close = difflib.get_close_matches(name, list(taken), n=2, cutoff=0.8)
         meant = f" (did you mean {' or '.join(close)}?)" if close else ""
-        lines.append(f"warning: {name} (after --) is not a flag of {rules.name}'s argument parser{meant}: "
-                     "pretrain_gpt.py refuses it on every rank at start-up, unless your checkout adds it")
-    return lines
+        found.append(UnknownFlag(name, f"{name} (after --) is not a flag of {rules.name}'s argument parser{meant}: "
+                                       "pretrain_gpt.py refuses it on every rank at start-up"))
+    return found

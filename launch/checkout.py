@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from advisor.errors import AdvisorError
 from launch.megatron_versions import NEWEST, MegatronVersion, named, of_checkout, read_version
@@ -88,3 +89,26 @@ def resolve_release(directory: str | os.PathLike | None, version: str | None, *,
             raise AdvisorError(f"--megatron-version {version}, but the checkout {checkout} is Megatron-LM core {found}")
         return Release(rules=rules, checkout=checkout, given=given)
     return Release(rules=named(version) if version is not None else NEWEST, checkout=None, given=given)
+
+
+def spelled_in(checkout: Path, flags: Sequence[str]) -> dict[str, str]:
+    """For each of ``flags`` that a Python file of ``checkout`` spells as a string ('--flag' or
+    "--flag"), that file (relative to the checkout): where a checkout's own argument provider (an
+    extra_args_provider of its pretrain_gpt.py) may add a flag the release's parser lacks. A flag
+    no file spells cannot be added so (argparse takes option strings as written), though a name
+    built at run time (core_v0.19.0's ArgumentGroupFactory derives its flags from dataclass fields)
+    is not seen. Read only where a flag is unknown: a checkout is some 5 MB of Python."""
+    found: dict[str, str] = {}
+    wanted = {flag: (f"'{flag}'", f'"{flag}"') for flag in flags}
+    for root, directories, files in os.walk(checkout):
+        directories[:] = sorted(name for name in directories if not name.startswith("."))  # .git, caches
+        for path in sorted(Path(root) / name for name in files if name.endswith(".py")):
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:  # unreadable: it adds nothing we can see
+                continue
+            found.update((flag, str(path.relative_to(checkout))) for flag, quoted in wanted.items()
+                         if flag not in found and any(spelling in text for spelling in quoted))
+        if len(found) == len(wanted):
+            break
+    return found

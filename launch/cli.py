@@ -14,7 +14,7 @@ import shlex
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import click
 
@@ -23,6 +23,9 @@ from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, S
                                  InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, note,
                                  output_option)
 from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S
+
+if TYPE_CHECKING:
+    from launch.arguments import UnknownFlag
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
           "(layout, batch, model, memory switches), or lack the value Megatron's parser needs, are refused. Errors "
@@ -137,8 +140,9 @@ def megatron_options(func: Callable) -> Callable:
         job = plan_job(config, job_file=job_file, tokens=tokens, bandwidth_gbs=fs_bandwidth, user_args=user_args)
         megatron = compose(config.source, config.megatron_args, rules=release.rules, model=config.model,
                            mock_data=mock_data, extras=user_args, job=job.group, chunk_layers=config.chunk_layers())
-        for line in megatron.unknown:
-            _note(line)
+        if func.__name__ != "check_command":  # check reads the checkout to tell (_unknown_flag_problems)
+            for unknown in megatron.unknown:
+                _note(unknown.warning())
         return func(*args, config=config, release=release, megatron=megatron, job_plan=job, **kwargs)
 
     return apply_options([
@@ -190,7 +194,7 @@ def run_options(func: Callable) -> Callable:
 
 def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bool, per_node: int,
                  gpus_here: bool = True, show_job: bool | None = None, checks: bool = True,
-                 elsewhere_option: str | None = None, hold_notes: bool = False):
+                 elsewhere_option: str | None = None, hold_notes: bool = False, flag_problems: Sequence[str] = ()):
     """The entry's options and the environment every rank needs, after the preflight
     (launch.preflight) and the job's report (``show_job``, default: in a dry run): a dry run
     prints the problems as warnings; a real run with a problem prints every one, one line each,
@@ -198,7 +202,8 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     (``_flush_notes``) once its -o file is written, so that a write that fails is one line. Where
     the ranks run elsewhere (``gpus_here`` false: sbatch, and the k8s and SkyPilot manifests, whose
     image this machine cannot see), Transformer Engine and DeepEP are not checked here but by each
-    rank's entry (``--check-imports``), on the nodes that need them."""
+    rank's entry (``--check-imports``), on the nodes that need them. ``flag_problems``: problems of
+    the command line the caller found (check's unknown flags), listed first."""
     from launch.commands import entry_options
     from launch.megatron_versions import LaunchShape, environment
     from launch.placement import node_size_note, span_notes
@@ -220,7 +225,7 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
         _note(f"advisor-launch: {note}")
     if (note := local_attention_note(megatron.groups[0][1], megatron.args)) is not None:
         _note(f"advisor-launch: {note}")
-    problems = report.problems + ([report.incomplete] if report.incomplete else [])
+    problems = [*flag_problems, *report.problems, *([report.incomplete] if report.incomplete else [])]
     if problems and not dry_run:  # every problem, one line each (the preflight's own report)
         for problem in problems:
             click.echo(f"Error: {problem}", err=True)
@@ -423,9 +428,11 @@ def check_command(config, release, megatron, job_plan, profiling, nproc_per_node
     The Python the checkout's release needs, the modules it imports, GPUs on
     this node against the GPUs per node, Transformer Engine where the launch
     uses it (and TE-only options with --transformer-impl local), the data and
-    tokenizer files, the directories the run writes, and a complete job (data,
-    tokenizer, length, learning rate). Every problem is one line, all at once,
-    exit status 2; torchrun and sbatch run the same checks before they start.
+    tokenizer files, the directories the run writes, a complete job (data,
+    tokenizer, length, learning rate), and each flag after '--' that neither
+    the release's parser nor a Python file of the checkout has (torchrun and
+    sbatch warn of it). Every problem is one line, all at once, exit status 2;
+    torchrun and sbatch run the same checks before they start.
 
     \b
     Examples:
@@ -438,9 +445,27 @@ def check_command(config, release, megatron, job_plan, profiling, nproc_per_node
 
     topology = resolve_topology(config, nnodes=nnodes, per_node=nproc_per_node)
     _launch_plan(config, release, megatron, profiling, job_plan, dry_run=False, per_node=topology.nproc_per_node,
-                 gpus_here=not no_gpus_here, show_job=True, elsewhere_option="--no-gpus-here")
+                 gpus_here=not no_gpus_here, show_job=True, elsewhere_option="--no-gpus-here",
+                 flag_problems=_unknown_flag_problems(release.checkout, megatron.unknown))
     click.echo(f"advisor-launch check: ok: {config.describe()}; {release.rules.name} ({release.checkout})")
     return 0
+
+
+def _unknown_flag_problems(checkout: Path, unknown: Sequence[UnknownFlag]) -> list[str]:
+    """check's problem for each flag after '--' that neither the release's parser nor any Python file
+    of the checkout has (``launch.checkout.spelled_in``): every rank refuses it at start-up. One that a
+    file spells, which the checkout's pretrain_gpt.py may add, stays a warning."""
+    from launch.checkout import spelled_in
+
+    spelled = spelled_in(checkout, [flag.name for flag in unknown]) if unknown else {}
+    problems = []
+    for flag in unknown:
+        if flag.name in spelled:
+            _note(flag.warning(spelled[flag.name]))
+        else:
+            problems.append(f"{flag.problem}, and no Python file of the checkout spells {flag.name}, so it adds "
+                            "no such flag")
+    return problems
 
 
 def manifest_options(func: Callable) -> Callable:

@@ -29,11 +29,15 @@ CPU_TEST_JOB = ["--distributed-backend", "gloo", "--transformer-impl", "local", 
 
 def data_job(directory: Path) -> list[str]:
     """Megatron-LM arguments of a complete job on a dataset prefix whose .bin and .idx exist (empty:
-    for launches of stand-in scripts that never read them), without Transformer Engine."""
+    for launches of stand-in scripts that never read them), without Transformer Engine. Its
+    tokenizer is a local Hugging Face directory (empty too), whose rows come from its files: a
+    NullTokenizer's --vocab-size must build the input's own rows (launch.arguments.check_null_tokenizer)."""
     for suffix in (".bin", ".idx"):
         (directory / f"corpus_text_document{suffix}").touch()
+    (directory / "tokenizer").mkdir(exist_ok=True)
     return ["--transformer-impl", "local", "--data-path", str(directory / "corpus_text_document"),
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", "999", "--train-iters", "2", "--lr", "1e-4"]
+            "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(directory / "tokenizer"),
+            "--train-iters", "2", "--lr", "1e-4"]
 
 
 def launcher() -> Invoker:
