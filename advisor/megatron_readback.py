@@ -169,7 +169,7 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
                                    else f"--{name} needs a value, and none follows it")
             (parsed.model if name in _MODEL_VALUED else parsed.layout)[name] = values[0]
         elif name in HARMLESS_VALUED or name in _MULTI_VALUED:
-            parsed.skipped.append(" ".join((f"--{name}", *values)))
+            parsed.skipped.append(" ".join((f"--{name}", *map(as_written, values))))
         else:
             parsed.rest += [f"--{name}", *values]
     return parsed

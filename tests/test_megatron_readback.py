@@ -82,7 +82,8 @@ def test_arguments_sort_into_model_layout_harmless_and_the_rest():
     parsed = split_arguments(["--num-layers=4", "--seed", "7", "--data-path", "0.5", "a", "0.5", "b",
                               "--tensor-model-parallel-size", "2", "--overlap-grad-reduce", "--lr", "-1e-4"])
     assert parsed.model == {"num-layers": "4"} and parsed.layout == {"tensor-model-parallel-size": "2"}
-    assert parsed.skipped == ["seed", "data-path", "lr"]  # a blend's weights and prefixes, a negative value
+    # as written: a blend's weights and prefixes, a negative value
+    assert parsed.skipped == ["--seed 7", "--data-path 0.5 a 0.5 b", "--lr -1e-4"]
     assert parsed.rest == ["--overlap-grad-reduce"]
 
 
@@ -110,7 +111,7 @@ def test_a_value_after_a_switch_is_refused_as_megatron_refuses_it(arguments, err
 def test_switches_and_valued_harmless_flags_read_as_megatron_declares_them():
     parsed = split_arguments(["--moe-grouped-gemm", "--swiglu", "--save-retain-interval", "1000", "--seed", "-1"])
     assert parsed.rest == ["--moe-grouped-gemm"] and parsed.model == {"swiglu": True}
-    assert parsed.skipped == ["save-retain-interval", "seed"]  # --save-retain-interval takes an int
+    assert parsed.skipped == ["--save-retain-interval 1000", "--seed -1"]  # --save-retain-interval takes an int
 
 
 @pytest.mark.parametrize("text, shown", [
