@@ -218,6 +218,8 @@ def test_an_empty_pipeline_stage_launches_as_a_layout(tag, advisor, tmp_path):
     """An estimate with an empty last stage (--layers-per-stage 32,0), dense and MoE: the launcher
     reads it and writes the split as a layout, which the release's parse_args + validate_args
     accept and build as priced (its --decoder-last-pipeline-num-layers 0 both refuse)."""
+    from advisor.models import load_model
+    from launch.megatron_versions import named
     from launch_support import launcher
     from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
 
@@ -228,9 +230,11 @@ def test_an_empty_pipeline_stage_launches_as_a_layout(tag, advisor, tmp_path):
     for model, more in estimates.items():
         path = tmp_path / f"{model}.json"
         advisor("estimate", "--model", model, *more, *common, "-o", path)
+        # the NullTokenizer --vocab-size that builds the priced rows on this release (checked since 2026-11-29)
+        vocab = named(tag).null_tokenizer_vocab_flag(load_model(model).vocab_size)
         args = json.loads(launcher()("args", "--from", path, "--megatron-version", tag, "--format", "json", "--",
                                      *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type", "NullTokenizer",
-                                     "--vocab-size", "32000", "--train-iters", "10").stdout)
+                                     "--vocab-size", str(vocab), "--train-iters", "10").stdout)
         assert flag_values(args)["--pipeline-model-parallel-layout"] == ("E,t*32|L",)
         assert "--decoder-last-pipeline-num-layers" not in args
         cases.append({"args": args, "world_size": json.loads(path.read_text())["gpus"],
