@@ -127,12 +127,55 @@ def test_layernorm_recomputation_frees_mlas_own_input_norm():
     assert mm.input_norm_recomputed_bytes(MIXTRAL, tokens, frozenset({"layernorm"})) == 0.0
 
 
-def test_dispatcher_buffers():
+MiB = 2**20
+WORKSPACE = 4 * (32 * 2**20 + 256)
+
+
+def transient_mib(spec, seq_len, tp, ep, etp, dispatcher="alltoall"):
+    tokens = mm.tokens_per_rank(seq_len, 1, tp, 1)
+    copies = mm.expert_token_copies(spec, tokens, ep, etp, mm.RoutedTokens())
+    forward, backward = mm.layer_transient_peaks(spec, tokens, copies, ep, etp, dispatcher)
+    total = mm.moe_layer_transient_bytes(spec, tokens, copies, ep, etp, dispatcher)
+    return float(forward) / MiB, float(backward) / MiB, float(total - WORKSPACE) / MiB
+
+
+def test_transient_peaks_alltoall_deepseek_v3():
+    """DeepSeek-V3 at TP 2 (N = 2048 tokens a rank, k 8, h 7168): S = N k 2h = 224 MiB, shared
+    experts' output N 2h = 28 MiB, by hand from megatron-core's alltoall path.
+    EP 64 (4 local experts, c = r = 16384 copies): at the unsort, S + the all-to-all's output (224)
+    + the experts' output (224) + its unsorted copy (224) = 896; at the combine all-to-all 2 S + 224
+    + 224 = 896; + 28 = 924. Backward: S + r 2h = 448 above c 2 2 h_moe = 16384 x 8192 = 128 MiB.
+    EP 256 (1 local expert: the all-to-all's output is the kept expert input, nothing to sort):
+    max(S + 224, 2 S + 224) + 28 = 700; backward 448.
+    EP 64 ETP 2 (c = 32768, r = 16384): S 224 + all-to-all output 224 + experts' output c 2h 448 +
+    unsorted 448 + FP32 cast c h 4 = 896 + reduce-scatter output r h 4 = 448 = 2688, + 28 = 2716;
+    the combine 2 S + 224 + r 2h 224 = 896. Backward: the cast and reduce-scatter 896 + 448 = 1344
+    (the combine's 448, FC1's gradient 32768 x 4 x 1024 = 128 MiB).
+    In both peaks, the routing the dispatcher holds: N x 256 experts x (4 + 1) B = 2.5 MiB."""
+    assert transient_mib(DSV3, 4096, 2, 64, 1) == pytest.approx((926.5, 450.5, 926.5))
+    assert transient_mib(DSV3, 4096, 2, 256, 1) == pytest.approx((702.5, 450.5, 702.5))
+    assert transient_mib(DSV3, 4096, 2, 64, 2) == pytest.approx((2718.5, 1346.5, 2718.5))
+
+
+def test_transient_peaks_mixtral_and_allgather():
+    """Mixtral 8x7B TP 2 EP 4 ETP 2 (N 2048, k 2, h 4096, 2 local experts, c = 8192, r = 4096, no
+    shared experts): S = 2048 x 2 x 8192 B = 32 MiB, all-to-all output r 2h = 32, experts' output
+    c 2h = 64, unsorted 64, FP32 cast c h 4 = 128, reduce-scatter output r h 4 = 64: 384; the
+    combine 2 S + 32 + 32 = 128. Backward: FC1's gradient c 2 2 h_moe / 2 = 8192 x 28672 B = 224 MiB
+    above the cast's 192 and the combine's 64; with the held routing, 2048 x 8 x 5 B = 0.078125 MiB.
+    allgather, DeepSeek-V3 EP 64 (T = 2048 x 64 = 131072 rows): the global buffer T 2h = 1792 MiB,
+    the unpermuted rows T 2h 1792 and their FP32 copy T 4h 3584, the gathered FP32 probabilities
+    T 256 x 4 = 128, the reduce-scatter's output 2048 x 7168 x 4 = 56, the shared output 28: 7380.
+    Backward: 1792 + T 6h 5376 = 7168."""
+    assert transient_mib(MIXTRAL, 4096, 2, 4, 2) == pytest.approx((384.078125, 224.078125, 384.078125))
+    assert transient_mib(DSV3, 4096, 2, 64, 1, "allgather") == pytest.approx((7380, 7168, 7380))
+
+
+def test_transient_flex_and_workspace():
+    """flex keeps its unmeasured sum: DeepEP's buffers (the received copies, 2h each) plus FC1's
+    gradient (2 h_moe / etp per copy): Mixtral, 2048 copies at ETP 2."""
     n, copies = 1024.0, 2048.0
-    assert mm.dispatcher_buffer_bytes(MIXTRAL, n, copies, 2, 4, "alltoall") == 1024 * 2 * 2 * 4096
-    # allgather over the expert TP x EP group (ETP 2 x EP 4 = 8 ranks): its combine, the unpermuted
-    # rows (2h) and their FP32 copy for the reduce-scatter (4h), outgrows the dispatch (2h + 9E)
-    assert mm.dispatcher_buffer_bytes(MIXTRAL, n, copies, 2, 4, "allgather") == 1024 * 8 * 6 * 4096
-    assert mm.dispatcher_buffer_bytes(MIXTRAL, n, copies, 1, 4, "allgather") == 1024 * 4 * 6 * 4096
-    assert mm.dispatcher_buffer_bytes(MIXTRAL, n, copies, 2, 4, "flex") == 2048 * 2 * 4096
-    assert mm.grouped_gemm_workspace_bytes() == 4 * (32 * 2**20 + 256)
+    forward, backward = mm.layer_transient_peaks(MIXTRAL, n, copies, 4, 2, "flex")
+    assert forward == 2048 * 2 * 4096 + 2048 * 2 * 14336
+    assert mm.grouped_gemm_workspace_bytes() == WORKSPACE
+    assert mm.moe_layer_transient_bytes(MIXTRAL, n, copies, 4, 2, "flex", grouped_gemm=False) == forward

@@ -191,24 +191,200 @@ def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
 # --- transient buffers (one layer at a time) --------------------------------------------------
 
 
-def dispatcher_buffer_bytes(spec: MoESpec, tokens: float, copies: float, etp: int, ep: int,
-                            dispatcher: Dispatcher) -> float:
-    """The token dispatcher's working buffers during one layer's dispatch or combine, beyond what
-    is kept. ``alltoall`` (``MoEAlltoAllTokenDispatcher``): the permuted send buffer, N k copies
-    of 2h, live with the received buffer (counted as kept). ``allgather``
-    (``MoEAllGatherTokenDispatcher``, over ``tp_ep_group``, the expert TP x EP group of etp ep
-    ranks): the dispatch gathers every token of the group (N etp ep x 2h) with its FP32
-    probabilities and routing map (9E); the combine unpermutes into as many rows (2h) and
-    reduce-scatters their copy in the probabilities' dtype (4h, FP32 with --moe-router-dtype
-    fp32): the larger of the two. ``flex`` (``MoEFlexTokenDispatcher`` with DeepEP, ``fused_a2a.py``): DeepEP
-    permutes inside its kernels and sends from its own registered buffers, whose size is the
-    received copies (2h each) again."""
-    h, k = spec.hidden_size, spec.moe_router_topk
+def flex_buffer_bytes(spec: MoESpec, copies: float) -> float:
+    """The flex dispatcher's buffers (``MoEFlexTokenDispatcher`` with DeepEP, ``fused_a2a.py``):
+    DeepEP permutes inside its kernels and sends from its own registered buffers, whose size is
+    the received copies (2h each) again. Not measured: DeepEP needs CUDA, and the symbolic layer
+    (docs/profiling.md) cannot build this dispatcher; kept as it was priced before the alltoall
+    and allgather terms were measured."""
+    return copies * BF16 * spec.hidden_size
+
+
+def sent_token_copies(spec: MoESpec, tokens: float, assumption: RoutedTokens) -> float:
+    """Token copies a rank permutes and sends (``moe_utils.permute``, num_out_tokens): N k, or
+    with capacity routing padded to capacity f N k (``capacity_share``). Under 'dropless' and
+    'balanced' with an imbalance the busiest rank receives more, but sends its own N k."""
+    share = capacity_share(assumption) if assumption.routing == "capacity" else 1.0
+    return tokens * spec.moe_router_topk * share
+
+
+def local_experts(spec: MoESpec, ep) -> np.ndarray:
+    """E / ep experts on a rank."""
+    return spec.num_experts / np.asarray(ep, dtype=float)
+
+
+# The alltoall dispatcher's forward (megatron-core core_v0.15.2 ``transformer/moe/moe_layer.py``,
+# ``MoELayer.forward``'s custom_forward and ``routed_experts_compute``; ``token_dispatcher.py``,
+# ``MoEAlltoAllTokenDispatcher``; the same in core_v0.19.0). Sizes: S = sent copies x 2h, r =
+# c / etp the copies the EP all-to-all brings (c the copies the local experts process), BF16.
+
+
+def a2a_send_bytes(spec: MoESpec, tokens: float, assumption: RoutedTokens) -> float:
+    """The permuted send buffer S (``dispatch_preprocess``'s ``permute``): custom_forward rebinds
+    its hidden_states to it (moe_layer.py:274; v0.19 :656), alive until the layer's output.
+    The combine's all-to-all output (``token_combine``, token_dispatcher.py:770) is as large."""
+    return sent_token_copies(spec, tokens, assumption) * BF16 * spec.hidden_size
+
+
+def a2a_received_bytes(spec: MoESpec, copies: float, ep, etp) -> np.ndarray:
+    """The all-to-all's output (``token_dispatch``, token_dispatcher.py:626; custom_forward's
+    ``dispatched_input``, moe_layer.py:275, v0.19 :673, alive until the layer's output), r x 2h,
+    where it is not what the experts keep: with several local experts they keep its sorted copy
+    (``dispatch_postprocess``, ``sort_chunks_by_idxs``, :692), with etp > 1 its all-gather over the
+    expert TP group (:656); with one local expert and etp 1 it is the experts' kept input."""
+    etp = np.asarray(etp, dtype=float)
+    copy = copies / etp * BF16 * spec.hidden_size
+    return np.where((local_experts(spec, ep) > 1) | (etp > 1), copy, 0.0)
+
+
+def expert_output_bytes(spec: MoESpec, copies: float) -> float:
+    """The experts' output, c x 2h (FC2's, saved by nothing): ``routed_experts_compute``'s
+    ``expert_output`` (moe_layer.py:231), alive until it returns."""
+    return copies * BF16 * spec.hidden_size
+
+
+def unsort_bytes(spec: MoESpec, copies: float, ep) -> np.ndarray:
+    """``combine_preprocess``'s unsort of the experts' output by source rank
+    (``sort_chunks_by_idxs``, token_dispatcher.py:727), c x 2h, with several local experts."""
+    return np.where(local_experts(spec, ep) > 1, copies * BF16 * spec.hidden_size, 0.0)
+
+
+PROBS_BYTES = 4
+"""The routing probabilities' dtype: FP32, with --moe-router-dtype fp32, which the advisor's rows
+always emit (``advisor.moe.flags.model_flags``)."""
+
+
+def etp_cast_bytes(spec: MoESpec, copies: float, etp) -> np.ndarray:
+    """With etp > 1, ``combine_preprocess`` reduce-scatters over the expert TP group a copy of the
+    experts' output in the probabilities' dtype, ``hidden_states.to(self.probs.dtype)``
+    (token_dispatcher.py:740; v0.19 :822-825): c x h x 4 (FP32)."""
+    return np.where(np.asarray(etp) > 1, copies * PROBS_BYTES * spec.hidden_size, 0.0)
+
+
+def etp_reduce_scatter_bytes(spec: MoESpec, copies: float, etp) -> np.ndarray:
+    """The reduce-scatter's FP32 output (``reduce_scatter_to_sequence_parallel_region``,
+    token_dispatcher.py:739), r x h x 4, made while its input (``etp_cast_bytes``) is alive."""
+    etp = np.asarray(etp, dtype=float)
+    return np.where(etp > 1, copies / etp * PROBS_BYTES * spec.hidden_size, 0.0)
+
+
+def shared_expert_output_bytes(spec: MoESpec, tokens: float) -> float:
+    """The shared experts' output, N x 2h: ``custom_forward`` computes it first
+    (``shared_experts_compute``, moe_layer.py:273) and adds it to the combined output last."""
+    return tokens * BF16 * spec.hidden_size if spec.shared_expert_size else 0.0
+
+
+def a2a_routing_held_bytes(spec: MoESpec, tokens: float) -> float:
+    """The router's FP32 probabilities and boolean routing map, N x E x (4 + 1), which the
+    alltoall dispatcher holds (``dispatch_preprocess``: self.probs, self.routing_map,
+    token_dispatcher.py:570-571) until the layer's next forward: in both peaks."""
+    return tokens * spec.num_experts * (PROBS_BYTES + 1)
+
+
+def a2a_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp,
+                           assumption: RoutedTokens = RoutedTokens()) -> np.ndarray:
+    """The alltoall layer's forward peak beyond what it keeps, the larger of two moments, with the
+    shared experts' output alive at both: (1) ``combine_preprocess`` (reduce-scattering, or
+    unsorting): S, the all-to-all's output, the experts' output, its unsorted copy, the FP32 cast
+    and the reduce-scatter's output; (2) ``token_combine``'s all-to-all: S, the all-to-all's output,
+    what ``routed_experts_compute`` returned (c x 2h, or r x 2h reduce-scattered with etp > 1) and
+    the combine all-to-all's output (S again); and the routing the dispatcher holds
+    (``a2a_routing_held_bytes``)."""
+    send = a2a_send_bytes(spec, tokens, assumption)
+    received = a2a_received_bytes(spec, copies, ep, etp)
+    returned = np.where(np.asarray(etp) > 1, copies / np.asarray(etp, dtype=float), copies) * BF16 * spec.hidden_size
+    preprocess = (send + received + expert_output_bytes(spec, copies) + unsort_bytes(spec, copies, ep)
+                  + etp_cast_bytes(spec, copies, etp) + etp_reduce_scatter_bytes(spec, copies, etp))
+    combine = 2 * send + received + returned
+    return np.maximum(preprocess, combine) + shared_expert_output_bytes(spec, tokens) \
+        + a2a_routing_held_bytes(spec, tokens)
+
+
+def a2a_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, etp,
+                            assumption: RoutedTokens = RoutedTokens()) -> np.ndarray:
+    """The alltoall layer's backward peak beyond what it keeps, the largest of: the gradient of the
+    combine all-to-all's output (S, ``unpermute``'s backward, a gather) beside the all-to-all's
+    backward output (r x 2h); with etp > 1 the reduce-scatter's backward (an all-gather, FP32,
+    c x h x 4) beside the cast's incoming gradient (r x h x 4); the gradient of FC1's output
+    (``expert_transient_bytes``); with the routing the dispatcher holds (``a2a_routing_held_bytes``)."""
+    etp = np.asarray(etp, dtype=float)
+    combine = a2a_send_bytes(spec, tokens, assumption) + copies / etp * BF16 * spec.hidden_size
+    reduce_scatter = etp_cast_bytes(spec, copies, etp) + etp_reduce_scatter_bytes(spec, copies, etp)
+    return np.maximum(np.maximum(combine, reduce_scatter), expert_transient_bytes(spec, copies, etp)) \
+        + a2a_routing_held_bytes(spec, tokens)
+
+
+# The allgather dispatcher (``MoEAllGatherTokenDispatcher``, token_dispatcher.py:203-330, over
+# ``tp_ep_group``, the expert TP x EP group): it gathers T = N etp ep tokens, every token of the
+# group, when etp ep > 1 (``token_dispatch``, :245).
+
+
+def gathered_tokens(tokens: float, ep, etp) -> np.ndarray:
+    """T = N etp ep rows the allgather dispatcher gathers, or 0 where etp ep = 1 (no gather)."""
+    group = np.asarray(ep, dtype=float) * np.asarray(etp, dtype=float)
+    return np.where(group > 1, tokens * group, 0.0)
+
+
+def allgather_buffer_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
+    """The gathered tokens, T x 2h, in megatron's global memory buffer (``token_dispatch``,
+    ``gather_from_sequence_parallel_region(..., use_global_buffer=True)``, token_dispatcher.py:260,
+    v0.19 :297; ``parallel_state.get_global_memory_buffer``, ``utils.py``, ``GlobalMemoryBuffer``):
+    allocated once and never freed, so it sits beside every later tensor, the backward's too."""
+    return gathered_tokens(tokens, ep, etp) * BF16 * spec.hidden_size
+
+
+def allgather_combine_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
+    """``token_combine``'s reduce-scatter (token_dispatcher.py:323): its input, the unpermuted
+    rows (``combine_preprocess``'s ``unpermute``, T x 2h), their copy in the probabilities' dtype
+    (``.to(self.local_probs.dtype)``, T x 4h) and its output (N x 4h); and the gathered
+    probabilities (T x E x 4, FP32), which custom_forward holds to the end (moe_layer.py:275).
+    Its backward holds the same two large tensors: the all-gather's FP32 output (T x 4h) and its
+    BF16 cast (T x 2h)."""
+    gathered = gathered_tokens(tokens, ep, etp)
+    rows = gathered * (BF16 + PROBS_BYTES) * spec.hidden_size
+    return rows + gathered * PROBS_BYTES * spec.num_experts + np.where(gathered > 0, tokens, 0.0) * PROBS_BYTES \
+        * spec.hidden_size
+
+
+def allgather_forward_peak_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
+    """The allgather layer's forward peak beyond what it keeps: the global buffer, the combine's
+    reduce-scatter (``allgather_combine_bytes``) and the shared experts' output."""
+    return (allgather_buffer_bytes(spec, tokens, ep, etp) + allgather_combine_bytes(spec, tokens, ep, etp)
+            + shared_expert_output_bytes(spec, tokens))
+
+
+def allgather_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp) -> np.ndarray:
+    """The allgather layer's backward peak beyond what it keeps: the global buffer, beside the
+    reduce-scatter's backward (T x 4h FP32 all-gathered and its T x 2h BF16 cast,
+    ``_ReduceScatterToSequenceParallelRegion.backward`` then the cast's) or the gradient of FC1's
+    output (``expert_transient_bytes``)."""
+    combine = gathered_tokens(tokens, ep, etp) * (BF16 + PROBS_BYTES) * spec.hidden_size
+    return allgather_buffer_bytes(spec, tokens, ep, etp) + np.maximum(combine,
+                                                                      expert_transient_bytes(spec, copies, etp))
+
+
+def layer_transient_peaks(spec: MoESpec, tokens: float, copies: float, ep, etp, dispatcher: Dispatcher,
+                          assumption: RoutedTokens = RoutedTokens()) -> tuple:
+    """(forward, backward) peaks of one MoE layer beyond what it keeps, for the alltoall and
+    allgather dispatchers (measured: the symbolic layer's ``transient_bytes``, docs/profiling.md);
+    for flex, its buffers (``flex_buffer_bytes``) and the experts' backward
+    (``expert_transient_bytes``) summed, as before, unmeasured."""
     if dispatcher == "allgather":
-        return tokens * etp * ep * max(BF16 * h + 9 * spec.num_experts, (BF16 + 4) * h)
+        return (allgather_forward_peak_bytes(spec, tokens, ep, etp),
+                allgather_backward_peak_bytes(spec, tokens, copies, ep, etp))
     if dispatcher == "flex":
-        return copies * BF16 * h
-    return tokens * k * BF16 * h
+        return flex_buffer_bytes(spec, copies) + expert_transient_bytes(spec, copies, etp), 0.0
+    return (a2a_forward_peak_bytes(spec, tokens, copies, ep, etp, assumption),
+            a2a_backward_peak_bytes(spec, tokens, copies, etp, assumption))
+
+
+def moe_layer_transient_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp, dispatcher: Dispatcher,
+                              assumption: RoutedTokens = RoutedTokens(), grouped_gemm: bool = True) -> np.ndarray:
+    """What one MoE layer holds at its peak beyond what it keeps, one layer at a time: the larger
+    of its forward and backward peaks (``layer_transient_peaks``), plus the grouped GEMM's
+    workspaces (``grouped_gemm_workspace_bytes``), which the symbolic layer does not allocate."""
+    forward, backward = layer_transient_peaks(spec, tokens, copies, ep, etp, dispatcher, assumption)
+    return np.maximum(forward, backward) + grouped_gemm_workspace_bytes(grouped_gemm)
 
 
 GROUPED_GEMM_WORKSPACE_BYTES = 4 * (32 * 2**20 + 256)

@@ -286,7 +286,8 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     experts over the expert-data-parallel group gpus / (etp ep pp)), activations of the
     microbatches in flight (1F1B: p - i; interleaved with ``vpp`` chunks: Megatron's warm-up,
     ``advisor.schedule.forward_passes_in_flight`` over v, in whole-stage units), and one layer's
-    transient dispatcher and expert buffers plus the grouped GEMM workspace. FP8
+    transient peak (``memory.moe_layer_transient_bytes``: dispatcher and expert buffers at its
+    forward or backward peak, plus the grouped GEMM workspace). FP8
     (``advisor.moe.fp8``) adds its weight copies and saves activations; the MTP layers
     (``advisor.moe.mtp``) sit on the last stage, their activations counted once, as the
     output's (the last stage's one microbatch in flight). ``layers_per_stage``: one layout's own
@@ -385,9 +386,8 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
                       0.0)
     mtp_layer, mtp_embedding, mtp_output = mtp_terms.activation_bytes(spec, seq_len, mbs, tp, cp, vocab, moe_act,
                                                                       fusion)
-    transient = np.where(moe_layers > 0, mm.dispatcher_buffer_bytes(spec, tokens, copies, etp, ep, options.dispatcher)
-                         + mm.expert_transient_bytes(spec, copies, etp)
-                         + mm.grouped_gemm_workspace_bytes(options.grouped_gemm), 0.0)
+    transient = np.where(moe_layers > 0, mm.moe_layer_transient_bytes(spec, tokens, copies, ep, etp, options.dispatcher,
+                                                                       options.routing, options.grouped_gemm), 0.0)
     return StageParts(layers, dense, states, per_microbatch, rebuilt, mtp * mtp_layer, embedding, mtp * mtp_embedding,
                       output + mtp * mtp_output, transient, np.where(moe_layers > 0, moe_act, dense_act))
 
