@@ -142,11 +142,15 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
         mask = causal_mask(seq_len, device) if layer_spec == "local" else None
         positions = torch.arange(seq_len, device=device).unsqueeze(0).expand(mbs, seq_len)
         readings = _AllocatorReadings(received.device) if backend == "cuda" else None
+        # the transient peaks of the build the analytic terms price (the TE spec's grouped GEMM)
+        live = _transient_record(context, layer) if (backend, layer_spec) == ("symbolic", "transformer_engine") \
+            else None
         try:
-            with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda tensor: tensor):
+            with torch.autograd.graph.saved_tensors_hooks(_packer(counter, live), lambda tensor: tensor):
                 output = model(None, positions, mask)
             kept = counter.kept()
-            output.backward(torch.randn_like(output))
+            gradient = torch.randn_like(output)
+            transient = _run_backward(output, gradient, live, model)
         finally:
             counter.remove()
         cuda_memory = None if readings is None else readings.after()
@@ -159,9 +163,49 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
                                    etp=etp, capacity_factor=capacity_factor, backend=backend,
                                    parameter_bytes={n: params[n] for n in PARTS}, activation_bytes=kept,
                                    gradient_bytes=grads, cuda_memory=cuda_memory, layer_spec=layer_spec,
-                                   kernels=kernels)
+                                   kernels=kernels, transient_bytes=transient)
     gc.collect()
     return measured
+
+
+def _transient_record(context: contextlib.ExitStack, layer):
+    """A ``moe_transient.LiveStorages`` over the rest of the measurement (entered last: the
+    innermost mode, over the fake tensors), marking the MoE block's forward, the experts run as
+    the TE spec's grouped GEMM runs them (``moe_transient.grouped_experts``)."""
+    from megatron_hooks.moe_transient import LiveStorages, grouped_experts
+
+    context.enter_context(grouped_experts())
+    live = context.enter_context(LiveStorages())
+    handles = (layer.mlp.register_forward_pre_hook(lambda *_: live.mark("moe_start")),
+               layer.mlp.register_forward_hook(lambda *_: live.mark("moe_end")))
+    context.callback(lambda: [handle.remove() for handle in handles])
+    return live
+
+
+def _packer(counter: _SavedByPart, live):
+    """The saved-tensor pack hook: the parts' count, and the transient record's (if any)."""
+    if live is None:
+        return counter.pack
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        live.pack(tensor)
+        return counter.pack(tensor)
+    return pack
+
+
+def _run_backward(output: torch.Tensor, gradient: torch.Tensor, live, model) -> dict[str, int] | None:
+    """The backward pass; with a transient record, the layer's forward and backward peaks beyond
+    what it keeps (``moe_transient.TransientPeaks``)."""
+    if live is None:
+        output.backward(gradient)
+        return None
+    from megatron_hooks.moe_transient import TransientPeaks
+
+    peaks = TransientPeaks(live, kept=set(live.saved), after_forward=live.alive())
+    live.mark("backward_start")
+    output.backward(gradient)
+    gradients = live.serials(p.grad for p in model.parameters() if p.grad is not None)
+    return {"forward_peak": peaks.forward_peak(), "backward_peak": peaks.backward_peak(gradients)}
 
 
 def _backend_problem(backend: str, *, tp: int, ep: int, etp: int, kernels: str, layer_spec: str) -> str | None:

@@ -279,4 +279,34 @@ def test_each_profile_records_its_build_and_the_local_spec_changes_the_terms_its
             "dispatch": "expert + dispatch activations", "experts": "expert + dispatch activations",
             "shared_experts": "shared expert activations"}
     changed = {term[part] for part in PARTS if te["activation_bytes"][part] != local["activation_bytes"][part]}
+    assert "transient_bytes" in te and "transient_bytes" not in local  # measured where the TE spec is built
     assert changed == set(BUILD_DIFFERENCES["layer_spec"][0])
+
+
+MiB = 2**20
+
+
+@pytest.mark.parametrize("name, by_hand", [
+    # Mixtral TP 2 EP 4 (N 2048, k 2, h 4096, 2 local experts, c = 4096): the backward's FC1 gradient
+    # c x 2 x 2 x 14336 B = 224 MiB over the forward's S 32 + all-to-all output 32 + experts' output
+    # 32 + unsorted 32 = 128; the held routing 2048 x 8 x 5 B in both
+    ("tp2_ep4", 224 + 2048 * 8 * 5 / MiB),
+    # ETP 2 (c = 8192, r = 4096): at the reduce-scatter, 32 + 32 + 64 + 64 + FP32 cast 128 + its
+    # output 64 = 384, over the backward's 224
+    ("tp2_ep4_etp2", 384 + 2048 * 8 * 5 / MiB),
+    # EP 8, capacity 1.25 padded (N 4096, 1 local expert, c = 10240 copies sent and received): the
+    # backward's FC1 gradient 10240 x 57344 B = 560 MiB over the combine's 2 S + c 2h = 240
+    ("ep8_capacity", 560 + 4096 * 8 * 5 / MiB),
+    # DeepSeek-V3 EP 8 (N 4096, k 8, h 7168, 32 local experts, c = 32768): S 448 + all-to-all output
+    # 448 + experts' output 448 + unsorted 448 = 1792, + the shared output 56 + routing 4096 x 256 x 5
+    ("deepseek", 1792 + 56 + 5),
+])
+def test_the_transient_peak_is_measured_and_priced(measured, name, by_hand):
+    """The symbolic layer's larger transient peak (forward or backward, beyond what the layer
+    keeps; the grouped GEMM and fused SwiGLU stood in) against ``memory.layer_transient_peaks``
+    and the hand count, to the MiB, with several local experts and with one."""
+    row = measured[name]["transient (forward/backward peak)"]
+    assert abs(row["measured_bytes"] - row["analytic_bytes"]) < MiB
+    assert row["measured_bytes"] / MiB == pytest.approx(by_hand, abs=1)
+    profile = measured["deepseek_profile"]["transient_bytes"]
+    assert profile["forward_peak"] > profile["backward_peak"]  # DeepSeek's forward peak leads

@@ -3,18 +3,19 @@ each analytic term of ``advisor.moe.memory`` beside the part it prices.
 
 ``python -m megatron_hooks.moe_layer MODEL --out DIR`` measures one layer
 (``megatron_hooks/moe_layer.py``) and writes ``DIR/moe_layer.json`` (``FILENAME``; schema
-``megatron-4d-advisor/moe-layer`` v3): the model, sequence, micro-batch, TP, EP, ETP, token
+``megatron-4d-advisor/moe-layer`` v4): the model, sequence, micro-batch, TP, EP, ETP, token
 dispatcher, capacity factor (token dropping, padded to capacity), backend (``BACKENDS``), the
 layer spec that built the layer and the kernels it ran (``LAYER_SPECS``, ``KERNELS``, as
 ``advisor.profiles`` names them in a rank file's header), and per part (``PARTS``) the parameter
 and kept activation bytes; from the cuda backend, also ``cuda_memory``: the caching allocator's
-readings (``CUDA_MEMORY``). ``advisor profile show DIR`` reads it back (no torch) and prints
+readings (``CUDA_MEMORY``); from the symbolic backend, ``transient_bytes``: the forward and
+backward peaks beyond what the layer keeps (``TRANSIENT``). ``advisor profile show DIR`` reads it back (no torch) and prints
 ``compare``'s rows; ``--format json`` carries them, and ``build_note``'s note where the layer was
 not built as the analytic terms price it (``PRICED``).
 
 Older versions are read too. Version 1: TP = ETP = 1, no token dropping, symbolic. Versions 1
 and 2 do not record the layer spec or the kernels; each reads as what its writer could only have
-built, else "unknown" (``_unrecorded_build``).
+built, else "unknown" (``_unrecorded_build``). Versions 1 to 3 have no transient peaks.
 """
 
 from __future__ import annotations
@@ -30,14 +31,18 @@ from advisor.parallel import heads_problem
 from advisor.render import listed
 from advisor.profiles import Kernels, LayerSpec
 
-SCHEMA, VERSION, FILENAME = "megatron-4d-advisor/moe-layer", 3, "moe_layer.json"
-VERSIONS = (1, 2, 3)
+SCHEMA, VERSION, FILENAME = "megatron-4d-advisor/moe-layer", 4, "moe_layer.json"
+VERSIONS = (1, 2, 3, 4)
 """Versions read: 1 has no tp, etp, capacity_factor (TP = ETP = 1, dropless); 1 and 2 no
-layer_spec, kernels."""
+layer_spec, kernels; 1 to 3 no transient_bytes."""
+TRANSIENT = ("forward_peak", "backward_peak")
+"""The symbolic backend's transient peaks (``megatron_hooks/moe_transient.py``): the live bytes
+beyond what the layer keeps at its MoE block's forward peak and at its backward peak."""
 PARTS = ("attention", "router", "dispatch", "experts", "shared_experts")
 TERMS = ("attention activations", "router activations", "expert + dispatch activations", "shared expert activations",
          "layer activations", "layer weights (BF16)")
-"""``compare``'s rows, in order."""
+"""``compare``'s rows, in order; then ``TRANSIENT_TERM`` where the profile has transient peaks."""
+TRANSIENT_TERM = "transient (forward/backward peak)"
 BACKENDS = ("symbolic", "cpu", "cuda")
 CUDA_MEMORY = ("allocated_before_forward_bytes", "reserved_before_forward_bytes", "peak_allocated_bytes",
                "peak_reserved_bytes", "alloc_retries")
@@ -95,6 +100,10 @@ class MoELayerProfile:
     """The layer spec that built the layer (``LAYER_SPECS``), or ``UNKNOWN`` (an old file)."""
     kernels: str = "cuda"
     """The kernels its norms ran (``KERNELS``), or ``UNKNOWN`` (an old file)."""
+    transient_bytes: dict[str, int] | None = None
+    """The symbolic backend's forward and backward peaks beyond what the layer keeps
+    (``TRANSIENT``), with the TE spec (its grouped GEMM stood in); None from the other backends
+    and builds, and from files before version 4."""
 
     @property
     def routing(self) -> memory.RoutedTokens:
@@ -111,6 +120,8 @@ class MoELayerProfile:
                "activation_bytes": dict(self.activation_bytes), "gradient_bytes": self.gradient_bytes}
         if self.cuda_memory is not None:  # only the cuda backend's: the other documents stay as they were
             doc["cuda_memory"] = dict(self.cuda_memory)
+        if self.transient_bytes is not None:  # only the symbolic backend's
+            doc["transient_bytes"] = dict(self.transient_bytes)
         return doc
 
 
@@ -161,7 +172,9 @@ def from_dict(doc: object, where: str) -> MoELayerProfile:
         parameter_bytes=_parts(doc, "parameter_bytes", where),
         activation_bytes=_parts(doc, "activation_bytes", where),
         gradient_bytes=limits.check_int(doc.get("gradient_bytes", limits.ABSENT), "gradient_bytes", _BYTES, where),
-        cuda_memory=None if doc.get("cuda_memory") is None else _parts(doc, "cuda_memory", where, CUDA_MEMORY))
+        cuda_memory=None if doc.get("cuda_memory") is None else _parts(doc, "cuda_memory", where, CUDA_MEMORY),
+        transient_bytes=None if doc.get("transient_bytes") is None else _parts(doc, "transient_bytes", where,
+                                                                               TRANSIENT))
 
 
 def _build(doc: dict, model: MoESpec, where: str) -> dict[str, str]:
@@ -235,8 +248,20 @@ def compare(profile: MoELayerProfile) -> list[dict]:
          memory.BF16 * (params.moe_layer_dense_parameters(spec, tp) + params.local_expert_parameters(spec, ep, etp)),
          sum(par.values())),
     ]
+    if profile.transient_bytes is not None:
+        rows.append(_transient_row(profile, tokens, copies))
     return [{"term": term, "analytic": source, "analytic_bytes": int(analytic), "measured_bytes": int(measured),
              "ratio": measured / analytic if analytic else None} for term, source, analytic, measured in rows]
+
+
+def _transient_row(profile: MoELayerProfile, tokens: float, copies: float) -> tuple:
+    """The larger of the measured forward and backward peaks beside ``memory.layer_transient_peaks``'
+    (the grouped GEMM's workspace, which the symbolic layer does not allocate, left out)."""
+    forward, backward = memory.layer_transient_peaks(profile.model, tokens, copies, profile.ep, profile.etp,
+                                                     profile.dispatcher, profile.routing)
+    measured = profile.transient_bytes
+    return (TRANSIENT_TERM, "layer_transient_peaks", max(float(forward), float(backward)),
+            max(measured["forward_peak"], measured["backward_peak"]))
 
 
 BUILD_DIFFERENCES = {
