@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, threshold, memory_model, tokens=None,
-                 release=None, time_constants=None, gpus_per_node=None):
+                 release=None, time_constants=None, gpus_per_node=None, gpu_hour_price=None):
     """One layout priced with its training options (``advisor.options.TrainingOptions``): (the
     estimate's row, the memory estimate, the calibrated assessment or None, the timing fields or
     None, the time parts or None). The one pricing of ``estimate``, also behind ``compare-log``.
@@ -15,7 +15,9 @@ def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, thresh
     None: the shipped ones), for checks that price without one of them. ``gpus_per_node``: the node
     (NVLink domain) size the layout is priced at without a preset; with one, the preset's (its
     overrides applied) is what the time model read. The row records it, so that a reader (the
-    launcher's TP-across-nodes warning) knows whether TP was priced within a node."""
+    launcher's TP-across-nodes warning) knows whether TP was priced within a node. ``tokens``: a
+    budget (its days and GPU-hours, ``advisor.ranking.budget_fields``); ``gpu_hour_price``: with
+    it, their ``cost_usd``."""
     from advisor.megatron_args import megatron_args
     from advisor.memory import estimate_memory
     from advisor.paper_rule import classify, judged_threshold
@@ -48,6 +50,10 @@ def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, thresh
     }
     if parts is not None:
         row["time_parts"] = parts
+    if gpu_hour_price is not None:
+        from advisor.ranking import cost_usd
+
+        row["cost_usd"] = cost_usd(row["gpu_hours"], gpu_hour_price)
     return row, result, assessment, timing, parts
 
 

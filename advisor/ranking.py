@@ -108,7 +108,7 @@ def ranking_tolerance() -> float:
 
 def timing_fields(model, step, gpus, tp, tokens: float | None = None) -> list[dict]:
     """Per layout: ``step_time_s``, ``tflops_per_gpu``, ``mfu``, ``tokens_per_s`` and, for a token
-    budget, ``days`` and ``gpu_hours``."""
+    budget, ``budget_fields``."""
     import numpy as np
 
     numbers = model.throughput(step, gpus, tp)
@@ -119,12 +119,22 @@ def timing_fields(model, step, gpus, tp, tokens: float | None = None) -> list[di
     for i in range(n[0] if n else 1):
         row = {k: float(v[i] if n else v) for k, v in columns.items()}
         if tokens is not None:
-            seconds = tokens / row["tokens_per_s"]
-            row["tokens"] = float(tokens)  # the budget, so that a launch can derive its schedule
-            row["days"] = seconds / SECONDS_PER_DAY
-            row["gpu_hours"] = seconds / 3600.0 * float(gpus[i] if n else gpus)
+            row.update(budget_fields(tokens, row["tokens_per_s"], float(gpus[i] if n else gpus)))
         rows.append(row)
     return rows
+
+
+def budget_fields(tokens: float, tokens_per_s: float, gpus: float) -> dict:
+    """A token budget's keys of a timed row, dense or MoE: ``tokens`` (the budget, so that a
+    launch can derive its schedule: ``launch.job.Schedule``), ``days`` (the budget at the row's
+    ``tokens_per_s``) and ``gpu_hours`` (those days on all ``gpus``)."""
+    seconds = tokens / tokens_per_s
+    return {"tokens": float(tokens), "days": seconds / SECONDS_PER_DAY, "gpu_hours": seconds / 3600.0 * gpus}
+
+
+def cost_usd(gpu_hours: float, gpu_hour_price: float) -> float:
+    """--gpu-hour-price's ``cost_usd`` of a row's ``gpu_hours`` (dense or MoE)."""
+    return gpu_hours * gpu_hour_price
 
 
 def check_memory_model(memory_model: str, measured) -> None:

@@ -122,6 +122,15 @@ def time_parts_text(parts: dict[str, float]) -> str:
                      if name != "total_s" and value > 0)
 
 
+def budget_text(row: dict, gpu_hour_price: float | None = None) -> str:
+    """A token budget's estimate line (dense or MoE, ``advisor.ranking.budget_fields``'s keys and,
+    priced, ``cost_usd``): '1T tokens: 31.3 days, 48,120 GPU-hours, $96,240 at $2 per GPU-hour'."""
+    text = f"{si_count(row['tokens'])} tokens: {row['days']:.1f} days, {row['gpu_hours']:,.0f} GPU-hours"
+    if gpu_hour_price is not None:
+        text += f", ${row['cost_usd']:,.0f} at ${gpu_hour_price:g} per GPU-hour"
+    return text
+
+
 def ranking_note(tolerance: float) -> str:
     """A throughput ranking's caption line on its tolerance (``advisor.ranking.order``)."""
     return (f"rows with TFLOP/s within {tolerance:.1%} of the best (the time model's held-out ordering error) rank "

@@ -35,7 +35,7 @@ def test_bad_expert_layouts_are_one_line():
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
                                         "--moe-routing", "capacity"]), "--moe-expert-capacity-factor")
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
-                                        "--no-flash-attn", "--tokens", "1T"]), "--no-flash-attn", "--tokens")
+                                        "--no-flash-attn", "--rank-by", "memory"]), "--no-flash-attn", "--rank-by")
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
                                         "--ep", "4", "--etp", "4"]), "EP x ETP = 16 must divide", "8")
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",

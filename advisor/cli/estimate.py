@@ -30,20 +30,26 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_h
     from advisor.ranking import default_rank_by
     from advisor.verdicts import default_memory_model
 
-    if gpu_hour_price is not None and tokens is None:
-        raise InputError("--gpu-hour-price needs --tokens N: the cost is the GPU-hours of a token budget")
+    _check_budget(gpu, tokens, gpu_hour_price)
     if memory_model == "profile" and profile_dir is None:
         raise InputError("--memory-model profile needs --profile DIR (advisor profile run writes one)")
     if profile_dir is not None and memory_model not in (None, "profile"):
         raise InputError(f"--profile gives the profile memory model, not --memory-model {memory_model}")
     memory_model = memory_model or ("profile" if profile_dir is not None else None)
-    if tokens is not None and gpu is None:
-        raise InputError("--tokens needs --gpu NAME: the time model needs the GPU's FLOP/s and bandwidths")
     if rank_by == "throughput" and gpu is None:
         raise InputError("--rank-by throughput needs --gpu NAME (see 'advisor gpus')")
     memory_model = memory_model or default_memory_model(gpu is not None)
     _threshold_needs_paper(memory_model)
     return memory_model, rank_by or default_rank_by(gpu is not None)
+
+
+def _check_budget(gpu, tokens, gpu_hour_price) -> None:
+    """--tokens and --gpu-hour-price (dense and MoE rows alike): a price needs a budget, and a
+    budget the time model's tokens/s, which needs a GPU preset."""
+    if gpu_hour_price is not None and tokens is None:
+        raise InputError("--gpu-hour-price needs --tokens N: the cost is the GPU-hours of a token budget")
+    if tokens is not None and gpu is None:
+        raise InputError("--tokens needs --gpu NAME: the time model needs the GPU's FLOP/s and bandwidths")
 
 
 def _threshold_needs_paper(memory_model: str) -> None:
@@ -138,12 +144,12 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     distinct_files(**{"--output": output, "--plot": plot})
     spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, space=space, release=release, unsupported={
         "--memory-model profile": memory_model == "profile", "--profile": profile_dir is not None,
-        "--rank-by (fastest first with --gpu)": rank_by is not None, "--tokens": tokens is not None,
-        "--plot": plot is not None, "--gpu-hour-price": gpu_hour_price is not None})
+        "--rank-by (fastest first with --gpu)": rank_by is not None, "--plot": plot is not None})
     if settings is not None:  # a mixture of experts: advisor.moe's space (EP and ETP as dimensions)
+        _check_budget(gpu, tokens, gpu_hour_price)
         _threshold_needs_paper(memory_model or default_memory_model(gpu is not None))
         return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, moe.ep, moe.etp,
-                             show_all, top, fmt, output, space, memory_model)
+                             show_all, top, fmt, output, space, memory_model, budget=(tokens, gpu_hour_price))
     memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir, gpu_hour_price)
     measured = _measured(profile_dir, spec, options)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
@@ -213,12 +219,13 @@ def _sweep_entries(shown, setup: dict, gpu_hour_price, *, table: bool) -> list[d
     """One dict per row shown, with its setup (``table``: with the split and recomputation as
     the table and the plot show them; the rows as JSON and CSV write them are ``_sweep_text``'s)."""
     from advisor import render
+    from advisor.ranking import cost_usd
 
     dicts = []
     for row in shown:
         entry = {**row.to_dict(), **setup}
         if gpu_hour_price is not None:
-            entry["cost_usd"] = entry["gpu_hours"] * gpu_hour_price
+            entry["cost_usd"] = cost_usd(entry["gpu_hours"], gpu_hour_price)
         if table:
             entry.update(split=render.counts_text(entry["layers_per_stage"]),
                          recompute_text=render.recompute_text(entry))
@@ -232,6 +239,7 @@ def _sweep_text(shown, setup: dict, spec, workload, fmt: str, plotted: bool, gpu
     JSON encodes the setup, each part and each options dict once (``render.rows_to_json``)."""
     from advisor import render
     from advisor.megatron_args import rows_arg_parts
+    from advisor.ranking import cost_usd
 
     parts, row_options = rows_arg_parts(spec, workload.seq_len, workload.global_batch_size, shown, release)
     plotted = plotted and fmt == "json"  # CSV leaves the plot's columns out
@@ -243,7 +251,7 @@ def _sweep_text(shown, setup: dict, spec, workload, fmt: str, plotted: bool, gpu
             held = shared_tails[id(options)] = (options, {"options": options.changed()})
         entry, tail = row.to_dict(), held[1]
         if gpu_hour_price is not None or plotted:  # keys of the row's own before its options, as ever
-            tail = {"cost_usd": entry["gpu_hours"] * gpu_hour_price} if gpu_hour_price is not None else {}
+            tail = {"cost_usd": cost_usd(entry["gpu_hours"], gpu_hour_price)} if gpu_hour_price is not None else {}
             if plotted:
                 tail.update(split=render.counts_text(entry["layers_per_stage"]),
                             recompute_text=render.recompute_text(entry))
@@ -444,21 +452,19 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     dp = _data_parallel(gpus, dp, tp, cp, pp, gpus_per_node)
     if read is not None and read.moe is not None:  # the command's own MoE flags (advisor.moe.readback)
         moe = with_routing(read.moe, moe)
-    spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, release=release, unsupported={
-        "--tokens": tokens is not None, "--gpu-hour-price": gpu_hour_price is not None})
+    spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, release=release)
     given = _layer_counts(layers_per_stage)
     if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP
         return moe_cli.estimate(spec, workload, tp, cp, pp, moe.ep, moe.etp, dp, mbs, mem, threshold, gpu, settings,
                                 fmt, output, vpp, _moe_recompute(options), given_memory_model, read,
-                                layers_per_stage=given, compare_best=compare_best, gpus_per_node=gpus_per_node)
+                                layers_per_stage=given, compare_best=compare_best, gpus_per_node=gpus_per_node,
+                                budget=(tokens, gpu_hour_price))
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     stages, planned = _planned_split(spec, given, pp, vpp)
     _check_layout_options(options, spec, tp, pp, stages or default_layers_per_stage(spec.num_layers, pp), vpp, release)
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
-        tokens=tokens, release=release, gpus_per_node=gpus_per_node)
-    if gpu_hour_price is not None:
-        row["cost_usd"] = row["gpu_hours"] * gpu_hour_price
+        tokens=tokens, release=release, gpus_per_node=gpus_per_node, gpu_hour_price=gpu_hour_price)
     from advisor.cli.from_command import read_notes
 
     notes = read_notes(row, read, table_on_stdout(fmt, output))
@@ -596,10 +602,7 @@ def _estimate_caption(spec, parallel, planned_split, result, row: dict, assessme
                     f"per GPU (MFU {timing['mfu']:.0%}), {timing['tokens_per_s']:,.0f} tokens/s; "
                     + render.time_parts_text(parts))
         if tokens is not None:
-            caption += (f"\n{hypothetical}{render.si_count(tokens)} tokens: {timing['days']:.1f} days, "
-                        f"{timing['gpu_hours']:,.0f} GPU-hours")
-            if gpu_hour_price is not None:
-                caption += f", ${row['cost_usd']:,.0f} at ${gpu_hour_price:g} per GPU-hour"
+            caption += f"\n{hypothetical}{render.budget_text(row, gpu_hour_price)}"
     return caption + "".join("\n" + note for note in notes)
 
 

@@ -258,22 +258,24 @@ def row_flags(spec, workload, row: dict) -> list[str]:
 
 
 def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all, top, fmt, output,
-          space=None, memory_model=None):
+          space=None, memory_model=None, budget=(None, None)):
     """The MoE rows of ``advisor sweep`` (``advisor.moe.space.sweep``) as the dense sweep writes
     its own: the table, or JSON or CSV with the count line on stderr; where nothing fits, the
-    line saying why (``_nothing_fits``) and exit status 1."""
+    line saying why (``_nothing_fits``) and exit status 1. ``budget``: (--tokens, --gpu-hour-price),
+    each None where not given: the rows' days, GPU-hours and cost, as dense rows have them."""
     from advisor.errors import AdvisorError
     from advisor.moe.space import sweep as run
 
+    tokens, gpu_hour_price = budget
     try:
         result = run(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, options=settings,
                      ep=ep, etp=etp, even_split=space is not None and space.split == "even",
                      recompute=None if space is None or space.recompute == "auto" else space.recompute,
-                     memory_model=memory_model, vpp=None if space is None else space.vpp,
+                     memory_model=memory_model, vpp=None if space is None else space.vpp, tokens=tokens,
                      **({} if space is None else {"pinned": space.pinned}))
     except AdvisorError as error:
         raise InputError(str(error)) from None
-    shown = result.rows(include_oom=show_all, limit=top or (30 if fmt == "table" else None))
+    shown = _priced(result.rows(include_oom=show_all, limit=top or (30 if fmt == "table" else None)), gpu_hour_price)
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
              "memory_model": result.memory_model, "threshold": judged_threshold(result.memory_model, threshold),
              "gpu": gpu.name if gpu else None, "gpus_per_node": gpus_per_node, "ranking_tolerance": result.tolerance,
@@ -283,15 +285,27 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
         if fmt == "csv" and not shown:  # nothing shown: the columns of a row (the search always makes one)
             from advisor import render
 
-            text = render.csv_header(_machine_text(result.rows(include_oom=True, limit=1), setup, spec, workload, fmt))
+            text = render.csv_header(_machine_text(_priced(result.rows(include_oom=True, limit=1), gpu_hour_price),
+                                                   setup, spec, workload, fmt))
         note(f"advisor sweep: {_searched(result)}")
     else:
-        text = _sweep_table(result, shown, spec, workload, gpus, mem, threshold, gpu, settings, show_all, output)
+        text = _sweep_table(result, shown, spec, workload, gpus, mem, threshold, gpu, settings, show_all, output,
+                            priced=gpu_hour_price is not None)
     if not result.ranked and not show_all:
         if fmt != "table":  # the empty document, as the dense sweep gives it
             emit(text, output)
         nothing_fits(_nothing_fits(result, mem, space, ep, etp, settings.a2a_overlap))
     emit(text, output)
+
+
+def _priced(rows: list[dict], gpu_hour_price: float | None) -> list[dict]:
+    """The rows, each with its ``cost_usd`` (``advisor.ranking.cost_usd``) where a price is given."""
+    if gpu_hour_price is not None:
+        from advisor.ranking import cost_usd
+
+        for row in rows:
+            row["cost_usd"] = cost_usd(row["gpu_hours"], gpu_hour_price)
+    return rows
 
 
 def _searched(result) -> str:
@@ -338,9 +352,10 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
 
 
 def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold, gpu, settings, show_all: bool,
-                 output) -> str:
+                 output, priced: bool = False) -> str:
     """The MoE sweep's table: the dense sweep's title, columns and caption (``sweep_table``), with
-    EP and ETP, and the MoE settings in the title."""
+    EP and ETP, and the MoE settings in the title; a budget's days and GPU-hours (and ``priced``,
+    its cost) as the dense table's."""
     from advisor import render
     from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 
@@ -357,8 +372,10 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
     rows = [{**row, "split": render.counts_text(row["layers_per_stage"]),
              "recompute_text": "full" if row["recompute"] == "full" else render.recompute_text(row),
              "num_microbatches": workload.global_batch_size // (row["mbs"] * row["dp"])} for row in shown]
-    return render.to_table(rows, sweep_columns(result.memory_model == "calibrated", gpu is not None, experts=True),
-                           title=title, row_style=render.verdict_style, caption=caption, color=color_wanted(output))
+    columns = sweep_columns(result.memory_model == "calibrated", gpu is not None, tokens=result.tokens is not None,
+                            priced=priced, experts=True)
+    return render.to_table(rows, columns, title=title, row_style=render.verdict_style, caption=caption,
+                           color=color_wanted(output))
 
 
 def _backend_caption(settings) -> str | None:
@@ -401,9 +418,10 @@ def _machine_text(shown: list[dict], setup: dict, spec, workload, fmt: str) -> s
 
 def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt, output, vpp=1,
              recompute="none", memory_model=None, read=None, *, layers_per_stage=None, compare_best=False,
-             gpus_per_node=8):
+             gpus_per_node=8, budget=(None, None)):
     """One MoE layout, every stage (``read``: the --from-command reading, named in the output;
-    ``layers_per_stage``: its own split; ``compare_best``: the best sweep row on its GPUs too)."""
+    ``layers_per_stage``: its own split; ``compare_best``: the best sweep row on its GPUs too;
+    ``budget``: (--tokens, --gpu-hour-price), as ``sweep``'s)."""
     from advisor import render
     from advisor.errors import AdvisorError
     from advisor.moe.space import estimate_layout
@@ -416,11 +434,12 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
         # without --etp, Megatron's own default: the expert TP is the TP (arguments.py, both releases)
         row = estimate_layout(spec, workload, tp=tp, cp=cp, pp=pp, ep=ep or 1, etp=etp or tp, dp=dp, mbs=mbs, vpp=vpp,
                               recompute=recompute, memory_gib=mem, threshold=threshold, gpu=gpu, options=settings,
-                              memory_model=memory_model, layers_per_stage=layers_per_stage)
+                              memory_model=memory_model, layers_per_stage=layers_per_stage, tokens=budget[0])
     except AdvisorError as error:
         defaulted = f"; without --etp the ETP is the TP, {tp}, as Megatron-LM's default: give --etp" \
             if etp is None and tp > 1 and "ETP" in str(error) else ""
         raise InputError(f"{error}{defaulted}") from None
+    _priced([row], budget[1])
     row.update(megatron_args=row_flags(spec, workload, row), model=spec.to_dict(), memory_gib=mem,
                threshold=judged_threshold(row["memory_model"], threshold), gpus_per_node=gpus_per_node)
     from advisor.cli.from_command import read_notes
@@ -439,7 +458,8 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
     if fmt == "csv":
         emit(estimate_csv(row, stages), output)
         return
-    emit(_stage_table(row, spec, workload, gpu, (tp, cp, pp, dp, mbs, vpp), mem, notes, output, settings), output)
+    emit(_stage_table(row, spec, workload, gpu, (tp, cp, pp, dp, mbs, vpp), mem, notes, output, settings, budget[1]),
+         output)
 
 
 def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node, settings, memory_model):
@@ -460,9 +480,10 @@ def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node
     return best, comparison_line(best, row, gpus, experts=True)
 
 
-def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings) -> str:
-    """One row per pipeline stage; the caption the peak stage, its verdict and the step time; the
-    title the layout, the training options that differ from the defaults and the MoE settings."""
+def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings, gpu_hour_price=None) -> str:
+    """One row per pipeline stage; the caption the peak stage, its verdict, the step time and a
+    budget's days, GPU-hours and cost (the dense estimate's line); the title the layout, the
+    training options that differ from the defaults and the MoE settings."""
     from advisor.options.flags import changed_args
 
     from advisor import render
@@ -492,6 +513,8 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings)
         caption += (f"\n{if_it_fit(row['verdict'])}step {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} "
                     f"TFLOP/s per GPU (MFU {row['mfu']:.0%}), {row['tokens_per_s']:,.0f} tokens/s; "
                     + render.time_parts_text(row["time_parts"]))
+        if "tokens" in row:
+            caption += f"\n{if_it_fit(row['verdict'])}{render.budget_text(row, gpu_hour_price)}"
     caption += "".join(f"\n{note}" for note in notes)
     changed = changed_args(settings.training)
     # EDP: the expert-data-parallel group the experts' gradients and Adam states are sharded over

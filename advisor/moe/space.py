@@ -340,6 +340,8 @@ class SweepResult:
     considered: int
     memory_model: str
     tolerance: float | None
+    tokens: float | None = None
+    """A token budget (``advisor sweep --tokens``): each timed row's ``budget_fields``."""
 
     @property
     def counts(self) -> dict:
@@ -351,14 +353,14 @@ class SweepResult:
     def rows(self, include_oom: bool = False, limit: int | None = None) -> list[dict]:
         chosen = (self.order if include_oom else self.order[:self.ranked])[:limit]
         out = _rows(self.spec, self.layouts, chosen, self.memory, self.verdict, self.timing, self.memory_gib,
-                    self.options, self.memory_model)
+                    self.options, self.memory_model, tokens=self.tokens)
         for position, row in enumerate(out[:self.ranked]):
             row["rank"] = position + 1
         return out
 
     def row(self, i: int) -> dict:
         return _rows(self.spec, self.layouts, np.array([i]), self.memory, self.verdict, self.timing, self.memory_gib,
-                     self.options, self.memory_model)[0]
+                     self.options, self.memory_model, tokens=self.tokens)[0]
 
     def least(self) -> dict:
         """The layout that needs the least memory (for the nothing-fits message)."""
@@ -403,12 +405,13 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
           max_tp: int = 8, gpu: GpuSpec | None = None, options: st.MoEOptions = st.MoEOptions(),
           ep: int | None = None, etp: int | None = None, even_split: bool = False,
           recompute: str | None = None, memory_model: str | None = None, vpp: int | None = None,
-          tolerance: float | None = None, pinned: Pinned = Pinned()) -> SweepResult:
+          tolerance: float | None = None, pinned: Pinned = Pinned(), tokens: float | None = None) -> SweepResult:
     """Every valid layout with the variant (recomputation, VPP) it needs, or with a GPU the
     fastest expected to run, judged (``memory_model`` 'paper' or 'calibrated'; default:
     calibrated with a GPU, as dense rows) and ranked (``_rank``). ``ep``/``etp``/``vpp`` and
     ``pinned`` (TP, CP, PP, MBS) pin those; ``even_split`` keeps PP dividing the layers;
-    ``recompute`` pins the recomputation."""
+    ``recompute`` pins the recomputation; ``tokens``, a budget, adds the timed rows' days and
+    GPU-hours (``advisor.ranking.budget_fields``, as a dense row's)."""
     _check_sweep(spec, workload, gpus, gpu.gpus_per_node if gpu is not None else max_tp, max_tp, ep, etp,
                  options.dispatcher, pinned)
     memory_model = memory_model or default_memory_model(gpu is not None)
@@ -451,7 +454,8 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
         tolerance = ranking_tolerance()
     order, ranked = _rank(layouts, kept, verdict, memory, timing, options, memory_model, tolerance)
     return SweepResult(spec, layouts, memory, verdict, timing, memory_gib, options, order, ranked,
-                       considered=len(layouts.tp), memory_model=memory_model, tolerance=tolerance if timing else None)
+                       considered=len(layouts.tp), memory_model=memory_model, tolerance=tolerance if timing else None,
+                       tokens=tokens)
 
 
 def _check_sweep(spec: MoESpec, workload: Workload, gpus: int, whole_node: int, max_tp: int, ep: int | None,
@@ -503,10 +507,13 @@ def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, o
 
 
 def _rows(spec, layouts, which, memory, verdict, timing, memory_gib, options, memory_model,
-          layers_per_stage=None) -> list[dict]:
+          layers_per_stage=None, tokens: float | None = None) -> list[dict]:
     """The rows of the layouts at ``which``, in that order (``rank`` None). The columns are read
     out as Python values once (not element by element), and what depends only on the
-    recomputation, TP > 1 or PP is made once (``_RowParts``)."""
+    recomputation, TP > 1 or PP is made once (``_RowParts``). ``tokens``: a budget, each timed
+    row's days and GPU-hours from its own tokens/s (``advisor.ranking.budget_fields``)."""
+    from advisor.ranking import budget_fields
+
     columns = {k: getattr(layouts, k)[which].tolist() for k in ("tp", "cp", "pp", "ep", "etp", "dp", "mbs", "vpp",
                                                                 "recompute")}
     gib = {k: (memory[k][which] / GIB).tolist() for k in ("total", "states", "activations")}
@@ -530,6 +537,8 @@ def _rows(spec, layouts, which, memory, verdict, timing, memory_gib, options, me
                        calibrated_peak_stage=int(usage_stage[j]))
         for key, values in timed.items():
             row[key] = values[j]
+        if tokens is not None and timed:
+            row.update(budget_fields(tokens, row["tokens_per_s"], row["gpus"]))
         rows.append(row)
     return rows
 
@@ -582,10 +591,10 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
                     mbs: int, vpp: int = 1, recompute: str = "none", memory_gib: float | None = None,
                     threshold: float = DEFAULT_THRESHOLD, gpu: GpuSpec | None = None,
                     options: st.MoEOptions = st.MoEOptions(), memory_model: str | None = None,
-                    layers_per_stage: tuple[int, ...] | None = None) -> dict:
+                    layers_per_stage: tuple[int, ...] | None = None, tokens: float | None = None) -> dict:
     """One layout: a sweep row's keys (priced, judged as the sweep does) plus ``stages`` (every
     stage's buckets); AdvisorError when megatron-core cannot run it. ``layers_per_stage``: its
-    own split (default ``stage.split_layers``)."""
+    own split (default ``stage.split_layers``); ``tokens``: a budget, as ``sweep``'s."""
     split = tuple(layers_per_stage) if layers_per_stage is not None else None
     problem = layout_problem(spec, workload, tp * cp * pp * dp, tp, cp, pp, ep, etp, mbs, vpp, split,
                              a2a_overlap=options.a2a_overlap, recompute=recompute, dispatcher=options.dispatcher)
@@ -614,7 +623,7 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
     verdict = _verdicts(memory, limit, threshold, band)
     timing = _timing(spec, workload, layouts, gpu, options, split, with_parts=True) if gpu else None
     parts = timing.pop("time_parts") if timing else None
-    row = _rows(spec, layouts, np.array([0]), memory, verdict, timing, limit, options, memory_model, split)[0]
+    row = _rows(spec, layouts, np.array([0]), memory, verdict, timing, limit, options, memory_model, split, tokens)[0]
     row.update(model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
                gpu=gpu.name if gpu else None, memory_model=memory_model, stages=stages)
     if parts is not None:
