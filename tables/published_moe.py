@@ -54,19 +54,22 @@ RUNNABLE = ("fits", "tight", "likely fits")
 fits or likely fits); the 4D paper's 80% rule (``--memory-model paper``: fits or tight) is
 shown beside it."""
 NOT_RUNNABLE = {
-    "mb2509-q30-td": "likely oom by the default verdict (85.0 GiB predicted on the last stage, 84.1 on the first, "
+    "mb2509-q30-td": "likely oom by the default verdict (85.6 GiB predicted on the last stage, 84.7 on the first, "
                      "of 80; 89.6 before the recipe's Transformer Engine cross-entropy was priced, which keeps "
                      "the BF16 logits and no FP32 copy): the MoE terms, each a kept tensor megatron-core "
                      "allocates (a real megatron-core Qwen3-30B-A3B MoE layer measured under fake tensors at MBS 2, "
-                     "EP 8: 941.2 MB of activations, 941.4 analytic), give 72.0 GiB; the calibration adds its dense-fitted allocator reserve (15.5% of "
-                     "memory, 12.4 GiB) and runtime (2.5 GiB); with a reserve under 7.3 GiB it would be called "
+                     "EP 8: 941.2 MB of activations, 941.4 analytic; the transient term measured equal the same "
+                     "way on four Mixtral and DeepSeek-V3 layers), give 72.5 GiB; the calibration adds its "
+                     "dense-fitted allocator reserve (15.5% of "
+                     "memory, 12.4 GiB) and runtime (2.5 GiB); with a reserve under 6.8 GiB it would be called "
                      "likely fits. Published reserves of MoE runs on H100, peak reserved less peak allocated "
                      "(Megatron-Bridge's model cards at 067f987d, other architectures): 4.5 GiB (GLM-5.2, 352 "
                      "GPUs), 5.3 (Nemotron 3.5 Lightning, 16), 7.1 (Gemma 4 26B-A4B, 8, expandable segments), "
-                     "10.3 and 12.3 (Nemotron 3 Super, 64): the dense-fitted 12.4 sits at their top and 3 of the "
-                     "5 are under 7.3; too few, and of other models, to refit the reserve on",
-    "mb2511-q30": "likely oom by the default verdict, as mb2509-q30-td (85.7 GiB: the same layout, one more "
-                  "layer in flight with the all-to-all overlap, a whole chunk at VP 24)",
+                     "10.3 and 12.3 (Nemotron 3 Super, 64): the dense-fitted 12.4 sits at their top and 2 of the "
+                     "5 are under 6.8; too few, and of other models, to refit the reserve on",
+    "mb2511-q30": "oom by the default verdict (86.3 GiB: mb2509-q30-td's layout, one more layer in flight with "
+                  "the all-to-all overlap, a whole chunk at VP 24; likely oom at 85.7 until the MoE transient "
+                  "was measured, 2026-11-29)",
 }
 """Runs that ran but that the default verdict does not call runnable: a missed target, stated
 with its cause and shown under the table, never hidden."""
