@@ -285,6 +285,7 @@ _MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-siz
     (f"{_MOE} --num-experts 8 --moe-layer-freq '[0]+[1]*2'\n", "gives 3 layers; the model has 4"),
     (f"{_MOE} --num-experts 8 --moe-layer-freq '([0] + [1]*3)'\n", "Megatron takes only digits"),
     (f"{_MOE} --num-experts 8 --moe-layer-freq '[1]*9999999*9999999'\n", "over 100,000 layers"),
+    (f"{_MOE} --num-experts 8 --moe-layer-freq '[1]*[2]'\n", "is not a list of 0s and 1s"),  # was a TypeError
     (f"{_MOE} --num-experts 8 --rope-type mrope\n", "--rope-type 'mrope' is not priced (rope or yarn)"),
     (f"{_MOE} --num-experts 8 --moe-router-score-function relu\n", "--moe-router-score-function 'relu' is not priced"),
     (f"{_MOE} --num-experts 8 --moe-token-dispatcher-type nccl\n",

@@ -228,8 +228,8 @@ def layer_pattern(text: str) -> list:
                 if len(left) * max(right, 0) > _PATTERN_LAYERS:
                     raise AdvisorError(f"--moe-layer-freq {text!r}: over {_PATTERN_LAYERS:,} layers")
                 return left * right
-            if type(left) is type(right):
-                return left + right if isinstance(node.op, ast.Add) else left * right
+            if type(left) is type(right) and (isinstance(left, int) or isinstance(node.op, ast.Add)):
+                return left + right if isinstance(node.op, ast.Add) else left * right  # a list by a list: below
         raise AdvisorError(f"--moe-layer-freq {text!r} is not a list of 0s and 1s (e.g. '([0]*3+[1]*58)')")
 
     try:
