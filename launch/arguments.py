@@ -59,7 +59,7 @@ MEMORY_FLAGS = (
 )
 """Every flag behind a priced training option (``advisor.options.training_args``) is decided."""
 DECIDED_FLAGS = frozenset(MODEL_FLAGS + LAYOUT_FLAGS + BATCH_FLAGS + MEMORY_FLAGS + moe_flags.MODEL_FLAGS
-                          + moe_flags.LAYOUT_FLAGS)
+                          + moe_flags.LAYOUT_FLAGS + ("--encoder-seq-length",))
 """Flags whose value (or absence) the advisor decided: a user's value for them must agree. A
 dense row decides the MoE flags too: it has no experts."""
 
@@ -82,6 +82,8 @@ _RELATED = (
     ("--use-rope-scaling", "--rope-scaling-factor"),
     ("--disable-bias-linear", "--add-bias-linear", "--add-qkv-bias"),
     ("--micro-batch-size", "--global-batch-size", "--rampup-batch-size"),
+    # --seq-length's older name: validate_args asserts that not both are given (arguments.py)
+    ("--seq-length", "--encoder-seq-length"),
     tuple(sorted(DATA_FLAGS)),
     *moe_flags.RELATED_FLAGS,
 )

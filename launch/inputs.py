@@ -145,7 +145,8 @@ def _script_hint(path: Path) -> str:
         head = path.read_bytes()[:4096].decode(errors="replace")
     except OSError:
         return ""
-    if head.startswith("#!") or any(word in head for word in ("torchrun", "pretrain_gpt", "srun ")):
+    if head.lstrip()[:1] not in ("{", "[") and (head.startswith("#!") or any(
+            word in head for word in ("torchrun", "pretrain_gpt", "srun "))):  # not a truncated estimate
         return (f" (it reads as a launch script: price it with 'advisor estimate --from-command "
                 f"{path} -o est.json', then launch --from est.json)")
     return ""

@@ -215,6 +215,12 @@ def test_a_deepep_row_is_launched_in_each_releases_own_words(sms):
         assert compose(SOURCE, decided, rules=rules, model=spec, extras=restated).args[-len(restated):] == restated
 
 
+def test_the_older_name_of_the_sequence_length_conflicts_with_the_rows():
+    """--encoder-seq-length after -- beside the row's --seq-length: validate_args asserts one of them
+    on every rank (arguments.py); it passed the launcher."""
+    assert "--encoder-seq-length 8192 (after --) conflicts with --seq-length" in conflict(["--encoder-seq-length", "8192"])
+
+
 def test_a_dense_row_refuses_expert_flags():
     assert "which leaves --num-experts unset" in conflict(["--num-experts", "8"])
     assert "which leaves --expert-model-parallel-size unset" in conflict(["--expert-model-parallel-size", "2"])
