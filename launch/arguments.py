@@ -222,7 +222,7 @@ def _vocab_multiple(decided: Sequence[str]) -> int:
 
 
 def check_null_tokenizer(rules: MegatronVersion, model: LlamaSpec, decided: Sequence[str], args: Sequence[str],
-                         source: str) -> None:
+                         source: str) -> str | None:
     """The user's own data and tokenizer (``args``: theirs after '--', with the job file's), as
     ``mock_data_args`` sizes the launcher's: AdvisorError, one line, where their --mock-data cannot
     feed the model (``check_mock_data``), or where their NullTokenizer's --vocab-size V builds
@@ -235,12 +235,12 @@ def check_null_tokenizer(rules: MegatronVersion, model: LlamaSpec, decided: Sequ
         check_mock_data(rules, priced, model.vocab_size)
     vocab = values.get("--vocab-size") or ("",)
     if values.get("--tokenizer-type") != ("NullTokenizer",) or not vocab[0].isdigit():
-        return  # a value argparse refuses (type=int) is Megatron's to say
+        return None  # a value argparse refuses (type=int) is Megatron's to say
     size = int(vocab[0])
     tokens = size + rules.null_tokenizer_extra_rows
     built = padded_rows(tokens, decided)
     if built == priced:  # then --mock-data feeds it too: check_mock_data passed the priced rows
-        return
+        return None
     how = f"{size:,} + its NullTokenizer's end-of-document token" if rules.null_tokenizer_extra_rows else \
         f"{size:,} as given"
     padding = f", padded to a multiple of {_vocab_multiple(decided)}" if built != tokens else ""
@@ -249,10 +249,14 @@ def check_null_tokenizer(rules: MegatronVersion, model: LlamaSpec, decided: Sequ
     starved = (f", and its --mock-data feeds token ids up to {highest} whatever the vocabulary "
                "(MockGPTLowLevelDataset), so the run would fail at the first iteration"
                if mock_data and highest is not None and built <= highest else "")
-    raise AdvisorError(f"--tokenizer-type NullTokenizer --vocab-size {size} (after --) builds {built:,} embedding rows "
-                       f"on {rules.name} ({how}{padding}), where {source} priced {priced:,} (v {model.vocab_size:,})"
-                       f"{starved}: give --vocab-size {rules.null_tokenizer_vocab_flag(model.vocab_size)}, which builds "
-                       f"the priced rows on that release{instead}")
+    line = (f"--tokenizer-type NullTokenizer --vocab-size {size} (after --) builds {built:,} embedding rows "
+            f"on {rules.name} ({how}{padding}), where {source} priced {priced:,} (v {model.vocab_size:,})"
+            f"{starved}: give --vocab-size {rules.null_tokenizer_vocab_flag(model.vocab_size)}, which builds "
+            f"the priced rows on that release{instead}")
+    if starved:  # the run cannot start
+        raise AdvisorError(line)
+    # it runs, on a vocabulary other than the priced one (a few rows, or the user's choice): said, not refused
+    return f"warning: {line}"
 
 
 def mock_data_args(spec: LlamaSpec, rules: MegatronVersion, decided: Sequence[str] = ()) -> list[str]:
@@ -291,6 +295,8 @@ class CommandLine:
     groups: tuple[tuple[str, tuple[str, ...]], ...]
     unknown: tuple[UnknownFlag, ...] = ()
     """Each flag after '--' that the release's parser lacks (``unknown_flags``)."""
+    notes: tuple[str, ...] = ()
+    """Warnings about what runs otherwise than priced (``check_null_tokenizer``'s vocabulary)."""
 
     @property
     def args(self) -> list[str]:
@@ -304,8 +310,8 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     asked, the ``job``'s (``launch.job``: its file, its schedule), then the user's ``extras``
     unchanged; AdvisorError on a user flag without the values it needs, on a conflict, on a flag the
     Megatron-LM release ``rules`` lacks, on mock data (the launcher's or the user's own) that
-    release cannot feed the model, on the user's own NullTokenizer building other rows than were
-    priced (``check_null_tokenizer``), or, given the layers of each model chunk (``chunk_layers``),
+    release cannot feed the model (a NullTokenizer of the user's own that builds other rows than
+    were priced is a warning in ``notes``: ``check_null_tokenizer``), or, given the layers of each model chunk (``chunk_layers``),
     on a --recompute-num-layers that release fails on with them (``check_recomputation``)."""
     check_values(rules, extras)  # first: a flag without its value would misread the flags after it
     groups = [ArgGroup(source=source, args=tuple(rules.own_spelling(decided)), owns=DECIDED_FLAGS)]
@@ -315,13 +321,16 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     if job is not None:
         groups.append(job)
     check_conflicts(groups, rules.own_spelling(extras))  # a restated deprecated spelling is no conflict
+    vocabulary = None
     if not mock_data:  # the user's own data and tokenizer, after '--' (and the job file's tokenizer)
-        check_null_tokenizer(rules, model, decided, [*(job.args if job is not None else ()), *extras], source)
+        vocabulary = check_null_tokenizer(rules, model, decided, [*(job.args if job is not None else ()), *extras],
+                                          source)
     check_flags(rules, [arg for group in groups for arg in group.args])
     if chunk_layers is not None:
         check_recomputation(rules, recomputation([*decided, *extras]), chunk_layers, source)
     labelled = [(group.source, group.args) for group in groups] + [(USER_LABEL, tuple(extras))]
-    return CommandLine(groups=tuple(labelled), unknown=tuple(unknown_flags(rules, extras)))
+    return CommandLine(groups=tuple(labelled), unknown=tuple(unknown_flags(rules, extras)),
+                       notes=(vocabulary,) if vocabulary else ())
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,6 +143,8 @@ def megatron_options(func: Callable) -> Callable:
         if func.__name__ != "check_command":  # check reads the checkout to tell (_unknown_flag_problems)
             for unknown in megatron.unknown:
                 _note(unknown.warning())
+        for line in megatron.notes:
+            _note(line)
         return func(*args, config=config, release=release, megatron=megatron, job_plan=job, **kwargs)
 
     return apply_options([
