@@ -397,7 +397,12 @@ def _same_price(command: Path, extra: tuple[str, ...], preset: list[str]) -> dic
     return read
 
 
-def test_megatron_mixtral_example_reads_as_the_preset_with_no_flag_left_unpriced():
+_ROUTER_BF16 = ("no --moe-router-dtype (priced as --moe-router-dtype fp32, as the advisor's rows run: FP32 router "
+                "logits and probabilities, and the ETP combine's FP32 copy)")
+"""Megatron's default router dtype (None: the activations' BF16), which the MoE model prices as FP32."""
+
+
+def test_megatron_mixtral_example_reads_as_the_preset_with_only_its_router_dtype_unpriced():
     """examples/mixtral/train_mixtral_8x7b_distributed.sh: TP 1, PP 4, EP 8 on 8 nodes, alltoall,
     Megatron's defaults (vocabulary padded to 128, the mask built by the data loader, ETP = TP).
     --no-position-embedding (RoPE), --no-masked-softmax-fusion (Transformer Engine attention), the
@@ -408,10 +413,10 @@ def test_megatron_mixtral_example_reads_as_the_preset_with_no_flag_left_unpriced
                         "--vocab-divisible-by", "128", "--dataloader-mask", "cached", "--moe-token-dispatcher-type",
                         "alltoall", "--overlap-grad-reduce", "--overlap-param-gather", "--sequence-parallel"])
     assert (read["gpus"], read["dp"], read["ep"], read["etp"], read["layers_per_stage"]) == (64, 16, 8, 1, [8] * 4)
-    assert read["unpriced"] == []
+    assert read["unpriced"] == [_ROUTER_BF16]  # the example sets no router dtype
 
 
-def test_megatron_moe_guide_mixtral_prices_its_fused_permutation_and_names_nothing():
+def test_megatron_moe_guide_mixtral_prices_its_fused_permutation_and_names_only_its_router_dtype():
     """megatron-core's MoE guide's Mixtral example (32 GPUs, 8 layers per virtual stage: VPP 1), with
     Transformer Engine's fused permutation (--moe-permute-fusion, priced)."""
     read = _same_price(COMMANDS / "moe_mixtral_8x7b_moe_guide.sh", ("--vocab-size", "32000"),
@@ -421,7 +426,7 @@ def test_megatron_moe_guide_mixtral_prices_its_fused_permutation_and_names_nothi
                         "alltoall", "--overlap-grad-reduce", "--overlap-param-gather", "--sequence-parallel",
                         "--moe-permute-fusion"])
     assert (read["dp"], read["vpp"]) == (8, 1)
-    assert read["unpriced"] == []
+    assert read["unpriced"] == [_ROUTER_BF16]  # the guide sets no router dtype
 
 
 _DSV3 = COMMANDS / "moe_deepseek_v3_megatron_fsdp_example.sh"
@@ -550,7 +555,8 @@ _SMALL = (f"{_MOE} --num-experts 8 --disable-bias-linear --swiglu --normalizatio
 def test_moe_flags_that_change_nothing_are_silent_and_the_rest_named(flags, note):
     # EP 2: the flex dispatcher needs EP x ETP > 1 (megatron-core's MoEFlexTokenDispatcher asserts it)
     estimate = invoke(["estimate", "--from-command", "-", "--gpus", "2", "--mem", "80", "--vocab-size", "1000",
-                       "--format", "json"], stdin=f"{_SMALL} --moe-grouped-gemm --expert-model-parallel-size 2 {flags}\n")
+                       "--format", "json"],
+                      stdin=f"{_SMALL} --moe-grouped-gemm --moe-router-dtype fp32 --expert-model-parallel-size 2 {flags}\n")
     assert estimate["unpriced"] == (note if isinstance(note, list) else [note] if note else [])
 
 

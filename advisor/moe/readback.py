@@ -37,11 +37,10 @@ SWITCHES = {"moe-grouped-gemm", "qk-layernorm", "moe-router-enable-expert-bias",
 MULTI = {"recompute-modules", "moe-router-load-balancing-type", "moe-aux-loss-coeff"}
 """Megatron's nargs='+' flags that the reader takes: the balancing loss's types and their weights
 (not priced, a few FLOPs on E-wide tensors, but carried by the spec and launched as read)."""
-HARMLESS = {"original-max-position-embeddings", "moe-router-dtype", "moe-router-bias-update-rate",
+HARMLESS = {"original-max-position-embeddings", "moe-router-bias-update-rate",
             "mtp-loss-scaling-factor", "moe-router-pre-softmax"}
-"""Read and known not to change the price: YaRN's original context (fixed by Megatron's MLA config), the router's dtype
-(its logits are priced in FP32, ``memory.router_activation_bytes``), the expert bias's update
-step (E numbers once per step), the MTP loss's weight (a scalar), and softmax before the top-k
+"""Read and known not to change the price: YaRN's original context (fixed by Megatron's MLA config), the expert
+bias's update step (E numbers once per step), the MTP loss's weight (a scalar), and softmax before the top-k
 (``moe_utils.topk_routing_with_score_function``: the E-wide FP32 scores the router term already
 keeps; the sigmoid score function ignores it)."""
 NAMED = {
@@ -310,6 +309,11 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
     unpriced = []
     if not values.get("moe-grouped-gemm"):
         unpriced.append("no --moe-grouped-gemm (sequential experts; priced as grouped GEMMs)")
+    if (router_dtype := values.get("moe-router-dtype")) != "fp32":
+        # transformer_config.py: None (Megatron's default) routes in the activations' dtype, BF16
+        unpriced.append(f"{f'--moe-router-dtype {router_dtype}' if router_dtype else 'no --moe-router-dtype'} "
+                        "(priced as --moe-router-dtype fp32, as the advisor's rows run: FP32 router logits and "
+                        "probabilities, and the ETP combine's FP32 copy)")
     if values.get("moe-router-force-load-balancing"):
         unpriced.append("--moe-router-force-load-balancing (priced as balanced routing, which it forces)")
     unpriced += [note for name, note in NAMED.items() if values.get(name)]
