@@ -105,7 +105,15 @@ class LaunchInput:
     def left_out_note(self, args: list[str] | tuple[str, ...]) -> str | None:
         """The command's unpriced flags that the launch's ``args`` (the user's after -- included)
         do not give: Megatron's defaults run in their place, said rather than silent."""
+        from launch.arguments import DATA_FLAGS
+        from launch.job import LENGTH_FLAGS
+
         given = {word.partition("=")[0] for word in args if word.startswith("--")}
+        # a group the launch sets one way stands for the command's other way: its data and tokenizer
+        # (--mock-data or the user's), the run's length (--train-samples of a token budget)
+        for group in (DATA_FLAGS, LENGTH_FLAGS):
+            if given & set(group):
+                given |= set(group)
         left = [flag for flag in self.not_launched if flag.split()[0] not in given]
         if not left or not self.read_from:
             return None

@@ -212,6 +212,14 @@ def test_a_commands_flags_that_change_no_price_are_named_where_not_launched(advi
     assert note == (f"advisor-launch: train.sh's flags that change no price are not in the estimate ({estimate}) and "
                     "not launched: --clip-grad 1.0, --lr-decay-style cosine (Megatron's defaults run instead: give the "
                     "ones the run needs after --)")
+    # the launch's own data (--mock-data) and length (a token budget's --train-samples) stand for the
+    # command's --data-path and --train-iters: not named as left out
+    script.write_text(script.read_text().replace("--save /ckpt", "--data-path /d/text --train-iters 100"))
+    advisor("estimate", "--from-command", script, "--mem", "80", "-o", estimate)
+    result = launcher()("args", "--from", estimate, "--", "--mock-data", "--train-samples", "1000", "--lr", "1e-4")
+    [note] = [line for line in result.stderr.splitlines() if "not launched" in line]
+    assert note.endswith("not launched: --clip-grad 1.0, --lr-decay-style cosine (Megatron's defaults run instead: "
+                         "give the ones the run needs after --)"), note
 
 
 def test_args_command(plans):
