@@ -213,7 +213,7 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
 
     env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
     for note in span_notes(per_node, config.source, config.tp, config.ep, config.etp, config.priced_gpus_per_node,
-                           timed=config.step_time_s is not None):
+                           timed=config.step_time_s is not None, cp=config.cp):
         _note(note)
     if (note := node_size_note(per_node, config.source, config.priced_gpus_per_node, config.gpus_per_node)) is not None:
         _note(note)

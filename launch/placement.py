@@ -26,11 +26,13 @@ class RankGroup:
     """One kind of parallel group as Megatron places it on the ranks."""
 
     kind: str
-    """'TP' or 'EP': the notes' name for it."""
+    """'TP', 'CP' or 'EP': the notes' name for it."""
     size: int
     """Ranks in one group."""
     stride: int = 1
-    """How far apart a group's ranks are: 1 for TP, ETP for EP (the expert rank order)."""
+    """How far apart a group's ranks are: 1 for TP, TP for CP, ETP for EP (the expert rank order)."""
+    stride_name: str = ""
+    """What the stride is, for the notes: 'TP' for CP, 'ETP' for EP."""
     priced_by_peers: bool = False
     """Whether its price across nodes depends on how many of its ranks share a node: the EP
     all-to-all sends to min(EP, gpus_per_node / ETP) peers over NVLink and the rest over the network
@@ -47,18 +49,22 @@ class RankGroup:
     def label(self) -> str:
         if self.stride == 1:
             return f"{self.kind} {self.size}"
-        return f"{self.kind} {self.size} (its ranks ETP {self.stride} apart: {self.span} consecutive ranks)"
+        return (f"{self.kind} {self.size} (its ranks {self.stride_name} {self.stride} apart: {self.span} consecutive "
+                "ranks)")
 
     def peers_in_node(self, per_node: int) -> float:
         """The group's ranks in one node of ``per_node``, as the time model counts them."""
         return min(self.size, max(1.0, per_node / self.stride))
 
 
-def rank_groups(tp: int, ep: int | None = None, etp: int | None = None) -> list[RankGroup]:
-    """The groups whose placement the time model prices: TP, and an MoE row's EP (with ETP)."""
+def rank_groups(tp: int, ep: int | None = None, etp: int | None = None, cp: int = 1) -> list[RankGroup]:
+    """The groups whose placement the time model prices: TP, CP (its ring over the TP x CP ranks it
+    spans, ``terms.context_parallel_time``'s ``link_bandwidth(tp * cp)``), and an MoE row's EP (with ETP)."""
     groups = [RankGroup(kind="TP", size=tp)]
+    if cp > 1:
+        groups.append(RankGroup(kind="CP", size=cp, stride=tp, stride_name="TP"))
     if ep is not None and ep > 1:
-        groups.append(RankGroup(kind="EP", size=ep, stride=etp or 1, priced_by_peers=True))
+        groups.append(RankGroup(kind="EP", size=ep, stride=etp or 1, stride_name="ETP", priced_by_peers=True))
     return groups
 
 
@@ -97,9 +103,9 @@ def span_note(group: RankGroup, per_node: int, source: str, priced_per_node: int
 
 
 def span_notes(per_node: int, source: str, tp: int, ep: int | None = None, etp: int | None = None,
-               priced_per_node: int | None = None, timed: bool = True) -> list[str]:
+               priced_per_node: int | None = None, timed: bool = True, cp: int = 1) -> list[str]:
     """``span_note`` of each of ``rank_groups``."""
-    return [note for group in rank_groups(tp, ep, etp)
+    return [note for group in rank_groups(tp, ep, etp, cp)
             if (note := span_note(group, per_node, source, priced_per_node, timed)) is not None]
 
 

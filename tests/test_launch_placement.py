@@ -67,3 +67,30 @@ def test_node_size_note():
     assert planned.endswith("the plan (p.json) was planned for: each node needs 16 GPUs, one per rank")
     assert node_size_note(8, SOURCE, 8) is None and node_size_note(4, SOURCE, 72) is None
     assert node_size_note(16, SOURCE) is None
+
+
+def test_a_cp_group_split_across_nodes_is_too_optimistic_where_it_was_priced_inside_one():
+    """CP's ring is priced over NVLink where its TP x CP ranks lie in one node (terms.link_bandwidth(tp * cp));
+    a CP group is CP ranks TP apart (rank order tp-cp-ep-dp-pp), so TP 2 x CP 4 spans 8 consecutive ranks."""
+    from launch.placement import span_notes
+
+    notes = span_notes(4, "the estimate (cp.json)", tp=2, cp=4, priced_per_node=8)
+    assert notes == ["warning: the estimate (cp.json) was priced with CP 4 (its ranks TP 2 apart: 8 consecutive "
+                     "ranks) within a node of 8 GPUs; launched at 4 ranks per node, CP groups span nodes: its CP "
+                     "communication time is too optimistic, unless those nodes share one NVLink domain"]
+    assert span_notes(8, "x", tp=2, cp=4, priced_per_node=8) == []  # whole groups in a node of 8
+    assert span_notes(4, "x", tp=2, cp=2, priced_per_node=8) == []  # TP 2 x CP 2 = 4: whole in 4
+
+
+def test_split_cp_groups_are_those_megatron_builds_across_nodes():
+    """Every (TP, CP) of a 16-rank world and ranks per node: the CP note exactly where one of the
+    RankGenerator's CP groups has ranks on two nodes."""
+    parallel_state = pytest.importorskip("megatron.core.parallel_state",
+                                         reason="megatron-core is not installed (pip install -e '.[megatron]')")
+    for tp, cp in [(1, 2), (1, 4), (2, 2), (2, 4), (4, 2), (2, 8), (8, 2)]:
+        ranks = parallel_state.RankGenerator(tp=tp, ep=1, dp=16 // (tp * cp), pp=1, cp=cp,
+                                             order="tp-cp-ep-dp-pp").get_ranks("cp")
+        group = rank_groups(tp, cp=cp)[1]
+        for per_node in (1, 2, 4, 8, 16):
+            crosses = any(len({rank // per_node for rank in members}) > 1 for members in ranks)
+            assert (span_note(group, per_node, SOURCE, 16) is not None) == crosses, (tp, cp, per_node)
