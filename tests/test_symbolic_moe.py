@@ -41,6 +41,9 @@ for name, layout in (("tp2_ep4", dict(tp=2, ep=4)), ("tp2_ep4_etp2", dict(tp=2, 
                      ("ep8_capacity", dict(ep=8, capacity_factor=1.25))):
     out[name] = {row["term"]: row for row in compare(measure_moe_layer(mixtral, seq_len=4096, dispatcher="alltoall",
                                                                        **layout))}
+for name, model, ep in (("allgather_ep1", "qwen3-30b-a3b", 1), ("allgather_ep2", "mixtral-8x7b", 2)):
+    allgather = measure_moe_layer(PRESETS[model], seq_len=4096, ep=ep, dispatcher="allgather")
+    out[name] = {"rows": {row["term"]: row for row in compare(allgather)}, "peaks": allgather.to_dict()["transient_bytes"]}
 try:
     measure_moe_layer(small_mla, seq_len=32, layer_spec="local")
 except NotImplementedError as exc:
@@ -310,3 +313,25 @@ def test_the_transient_peak_is_measured_and_priced(measured, name, by_hand):
     assert row["measured_bytes"] / MiB == pytest.approx(by_hand, abs=1)
     profile = measured["deepseek_profile"]["transient_bytes"]
     assert profile["forward_peak"] > profile["backward_peak"]  # DeepSeek's forward peak leads
+
+
+def test_the_allgather_transient_is_measured_and_priced(measured):
+    """The allgather dispatcher: at EP 2 (Mixtral, T = 8192 rows gathered) the larger peak is the
+    backward's, the global buffer 64 + the FC1 gradient 8192 x 57344 B = 448: 512 MiB, priced to the
+    MiB. At EP 1 (Qwen3-30B-A3B, nothing gathered) the forward's is the unpermute's: the experts'
+    output c 2h = 32768 x 4096 B = 128 MiB, its output N 2h = 16, the held routing N E 5 = 2.5:
+    146.5 MiB, priced to the MiB (before 2026-11-29: the FC1 gradient's 96 alone). Its backward
+    peak, 176.5 measured, is 30 MiB above the priced one and not yet explained: said in
+    docs/moe.md, pinned here so that a change to it is seen."""
+    from advisor.moe import memory
+    from advisor.moe.spec import PRESETS
+
+    row = measured["allgather_ep2"]["rows"]["transient (forward/backward peak)"]
+    assert row["analytic_bytes"] / MiB == pytest.approx(512, abs=0.01)
+    assert abs(row["measured_bytes"] - row["analytic_bytes"]) < MiB
+    qwen, n = PRESETS["qwen3-30b-a3b"], 4096
+    forward, backward = memory.layer_transient_peaks(qwen, n, n * 8, 1, 1, "allgather")
+    assert (forward / MiB, backward / MiB) == (146.5, 96.0)
+    peaks = measured["allgather_ep1"]["peaks"]
+    assert abs(peaks["forward_peak"] - forward) < MiB  # 1 KiB of small tensors
+    assert peaks["backward_peak"] / MiB == pytest.approx(176.5, abs=0.01)

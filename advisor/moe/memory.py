@@ -289,7 +289,10 @@ def a2a_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp,
     and the reduce-scatter's output; (2) ``token_combine``'s all-to-all: S, the all-to-all's output,
     what ``routed_experts_compute`` returned (c x 2h, or r x 2h reduce-scattered with etp > 1) and
     the combine all-to-all's output (S again); and the routing the dispatcher holds
-    (``a2a_routing_held_bytes``)."""
+    (``a2a_routing_held_bytes``). As megatron-core 0.16.1 and core_v0.19.0 run it (moe_layer.py:673:
+    ``output = self.combine(output)`` frees the routed output before the unpermute);
+    core_v0.15.2's ``combine`` (moe_layer.py:245-249) holds it through the unpermute, N x 2h
+    more at that moment, not priced (docs/moe.md)."""
     send = a2a_send_bytes(spec, tokens, assumption)
     received = a2a_received_bytes(spec, copies, ep, etp)
     returned = np.where(np.asarray(etp) > 1, copies / np.asarray(etp, dtype=float), copies) * BF16 * spec.hidden_size
@@ -346,11 +349,23 @@ def allgather_combine_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray
         * spec.hidden_size
 
 
-def allgather_forward_peak_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
-    """The allgather layer's forward peak beyond what it keeps: the global buffer, the combine's
-    reduce-scatter (``allgather_combine_bytes``) and the shared experts' output."""
-    return (allgather_buffer_bytes(spec, tokens, ep, etp) + allgather_combine_bytes(spec, tokens, ep, etp)
-            + shared_expert_output_bytes(spec, tokens))
+def allgather_unpermute_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp) -> np.ndarray:
+    """``combine_preprocess``'s unpermute (token_dispatcher.py:304): its output, a row for every
+    token gathered (T x 2h; N x 2h where nothing is gathered), beside the experts' output it reads
+    (c x 2h, ``routed_experts_compute``'s local, moe_layer.py:231) and the router's probabilities
+    and map the dispatcher holds (N x E x 5, ``a2a_routing_held_bytes``). The forward's peak where
+    nothing or little is gathered: measured 146.5 MiB on Qwen3-30B-A3B at EP 1."""
+    rows = np.maximum(gathered_tokens(tokens, ep, etp), tokens)
+    return (copies + rows) * BF16 * spec.hidden_size + a2a_routing_held_bytes(spec, tokens)
+
+
+def allgather_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp) -> np.ndarray:
+    """The allgather layer's forward peak beyond what it keeps: the global buffer and the shared
+    experts' output, beside the larger of the combine's reduce-scatter (``allgather_combine_bytes``,
+    wide gathers) and the unpermute (``allgather_unpermute_bytes``, small ones: EP x ETP of 1 or 2)."""
+    return (allgather_buffer_bytes(spec, tokens, ep, etp) + shared_expert_output_bytes(spec, tokens)
+            + np.maximum(allgather_combine_bytes(spec, tokens, ep, etp),
+                         allgather_unpermute_bytes(spec, tokens, copies, ep, etp)))
 
 
 def allgather_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp) -> np.ndarray:
@@ -370,7 +385,7 @@ def layer_transient_peaks(spec: MoESpec, tokens: float, copies: float, ep, etp, 
     for flex, its buffers (``flex_buffer_bytes``) and the experts' backward
     (``expert_transient_bytes``) summed, as before, unmeasured."""
     if dispatcher == "allgather":
-        return (allgather_forward_peak_bytes(spec, tokens, ep, etp),
+        return (allgather_forward_peak_bytes(spec, tokens, copies, ep, etp),
                 allgather_backward_peak_bytes(spec, tokens, copies, ep, etp))
     if dispatcher == "flex":
         return flex_buffer_bytes(spec, copies) + expert_transient_bytes(spec, copies, etp), 0.0
