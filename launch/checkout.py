@@ -91,15 +91,25 @@ def resolve_release(directory: str | os.PathLike | None, version: str | None, *,
     return Release(rules=named(version) if version is not None else NEWEST, checkout=None, given=given)
 
 
+def _field_spellings(flag: str) -> tuple[str, ...]:
+    """How a dataclass field that core_v0.19.0's ArgumentGroupFactory turns into ``flag`` is
+    written: '\n    name:' (an annotated field, indented once), with and without a switch's prefix."""
+    name = flag.removeprefix("--")
+    names = {name} | {name.removeprefix(prefix) for prefix in ("no-", "disable-") if name.startswith(prefix)}
+    return tuple(f"\n    {each.replace('-', '_')}:" for each in sorted(names))
+
+
 def spelled_in(checkout: Path, flags: Sequence[str]) -> dict[str, str]:
     """For each of ``flags`` that a Python file of ``checkout`` spells as a string ('--flag' or
     "--flag"), that file (relative to the checkout): where a checkout's own argument provider (an
     extra_args_provider of its pretrain_gpt.py) may add a flag the release's parser lacks. A flag
     no file spells cannot be added so (argparse takes option strings as written), though a name
     built at run time (core_v0.19.0's ArgumentGroupFactory derives its flags from dataclass fields)
-    is not seen. Read only where a flag is unknown: a checkout is some 5 MB of Python."""
+    is not seen as a string: a dataclass field of the flag's name ('    moe_router_fusion: bool', the
+    flag's words with '_', a 'no-' or 'disable-' switch's without its prefix) counts as its
+    spelling there. Read only where a flag is unknown: a checkout is some 5 MB of Python."""
     found: dict[str, str] = {}
-    wanted = {flag: (f"'{flag}'", f'"{flag}"') for flag in flags}
+    wanted = {flag: (f"'{flag}'", f'"{flag}"', *_field_spellings(flag)) for flag in flags}
     for root, directories, files in os.walk(checkout):
         directories[:] = sorted(name for name in directories if not name.startswith("."))  # .git, caches
         for path in sorted(Path(root) / name for name in files if name.endswith(".py")):

@@ -159,3 +159,17 @@ def test_a_null_tokenizer_vocabulary_other_than_the_priced_one_is_named_and_refu
     line = _warning(launcher()(*dry, "--data-path", tmp_path / "text", "--tokenizer-type", "NullTokenizer",
                                "--vocab-size", "1000", *JOB))
     assert line.endswith("give --vocab-size 151936, which builds the priced rows on that release"), line
+
+
+def test_a_flag_built_from_a_dataclass_field_counts_as_spelled():
+    """core_v0.19.0 builds most flags from dataclass fields (ArgumentGroupFactory): no file spells
+    '--moe-router-fusion' as a string, its TransformerConfig field 'moe_router_fusion: bool' is what
+    a patch release's new flag would look like, so check warns of it rather than refusing it."""
+    from launch.checkout import spelled_in
+    from megatron_real import SHARED
+
+    core19 = SHARED / "core_v0.19.0"  # read as text: no interpreter needed
+    if not (core19 / "pretrain_gpt.py").is_file():
+        pytest.skip(f"no Megatron-LM checkout core_v0.19.0 at {core19}")
+    assert spelled_in(core19, ["--moe-router-fusion", "--no-such-flagz"]) == {
+        "--moe-router-fusion": "megatron/core/transformer/transformer_config.py"}
