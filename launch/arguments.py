@@ -233,6 +233,13 @@ def check_null_tokenizer(rules: MegatronVersion, model: LlamaSpec, decided: Sequ
     priced, mock_data = model_rows(model, decided), "--mock-data" in values
     if mock_data:  # the model itself: no --vocab-size makes the priced rows feedable
         check_mock_data(rules, priced, model.vocab_size)
+    if values.get("--tokenizer-type") == ("NullTokenizer",) and "--vocab-size" not in values:
+        # core_v0.15.2 asserts args.vocab_size (tokenizer.py, build_tokenizer); core_v0.19.0's
+        # NullTokenizer takes int(vocab_size): both fail on every rank at start-up
+        raise AdvisorError(f"--tokenizer-type NullTokenizer (after --) without --vocab-size fails on every rank at "
+                           f"start-up (its vocabulary is built from it): give --vocab-size "
+                           f"{rules.null_tokenizer_vocab_flag(model.vocab_size)}, which builds the priced rows on "
+                           f"{rules.name}")
     vocab = values.get("--vocab-size") or ("",)
     if values.get("--tokenizer-type") != ("NullTokenizer",) or not vocab[0].isdigit():
         return None  # a value argparse refuses (type=int) is Megatron's to say

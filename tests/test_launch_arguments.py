@@ -221,6 +221,16 @@ def test_the_older_name_of_the_sequence_length_conflicts_with_the_rows():
     assert "--encoder-seq-length 8192 (after --) conflicts with --seq-length" in conflict(["--encoder-seq-length", "8192"])
 
 
+@pytest.mark.parametrize("rules, flag", [(OLD, "128255"), (NEW, "128256")])
+def test_a_null_tokenizer_without_its_vocabulary_size_is_refused(rules, flag):
+    """core_v0.15.2 asserts args.vocab_size when it builds a NullTokenizer; core_v0.19.0's takes
+    int(vocab_size): both failed on every rank at start-up, after the queue."""
+    with pytest.raises(AdvisorError) as error:
+        compose(SOURCE, plan_args(), rules=rules, model=SPEC, extras=["--mock-data", "--tokenizer-type", "NullTokenizer"])
+    assert str(error.value).startswith("--tokenizer-type NullTokenizer (after --) without --vocab-size fails on every "
+                                       f"rank at start-up (its vocabulary is built from it): give --vocab-size {flag}")
+
+
 def test_a_dense_row_refuses_expert_flags():
     assert "which leaves --num-experts unset" in conflict(["--num-experts", "8"])
     assert "which leaves --expert-model-parallel-size unset" in conflict(["--expert-model-parallel-size", "2"])
