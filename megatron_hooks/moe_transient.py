@@ -169,9 +169,11 @@ class TransientPeaks:
                    if n > 0 and s >= start and s in self.after_forward and s not in self.kept)
 
     def forward_peak(self) -> int:
+        """The highest rise of the storages the backward does not keep, moment by moment: a kept
+        storage is left out of the running sum from its birth (subtracting every kept byte from the
+        highest total understated a peak that came before some were made)."""
         start, end = self.live.marks["moe_start"], self.live.marks["moe_end"]
-        kept = sum(n for s, n in self.live.events[start:end] if n > 0 and s in self.kept and s in self.after_forward)
-        return self._rise(start, end) - kept
+        return self._rise(start, end, frozenset(self.kept & self.after_forward))
 
     def backward_peak(self, gradients: set[int]) -> int:
         """``gradients``: the serials of the parameters' gradients, left out."""
