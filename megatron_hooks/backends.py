@@ -165,7 +165,7 @@ def _returns_fresh_storage(func) -> bool:
     return fresh
 
 
-class _StorageTracker(TorchDispatchMode):
+class StorageTracker(TorchDispatchMode):
     """Bytes of live CPU tensor storages that this mode has seen, and their peak; with a limit,
     an op whose results take the bytes above it raises ``torch.OutOfMemoryError``."""
 
@@ -285,7 +285,7 @@ class CpuBackend:
     """The device type of the tensors ``track`` counts (the symbolic backend's: meta)."""
 
     def __init__(self, memory_limit: int | None = None) -> None:
-        self._tracker = _StorageTracker(memory_limit)
+        self._tracker = StorageTracker(memory_limit)
         self._active = False
 
     def start(self) -> None:

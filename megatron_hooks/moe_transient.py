@@ -36,7 +36,7 @@ from typing import Iterator
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from megatron_hooks.backends import _StorageTracker
+from megatron_hooks.backends import StorageTracker
 
 
 class _GroupedLinear(torch.autograd.Function):
@@ -97,13 +97,13 @@ def grouped_experts() -> Iterator[None]:
         experts.SequentialMLP.forward = sequential_forward
 
 
-class LiveStorages(_StorageTracker):
+class LiveStorages(StorageTracker):
     """Each storage's creation and release in order: ``events`` holds (serial, +bytes) at its
     creation and (serial, -bytes) at its release; ``mark`` names a point of the record."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.collectives_on_copies = False  # the fake process group (backends._StorageTracker)
+        self.collectives_on_copies = False  # the fake process group (backends.StorageTracker)
         self.events: list[tuple[int, int]] = []
         self.serial: dict[int, int] = {}
         """id of a live storage -> its serial (ids come back once a storage is freed)."""

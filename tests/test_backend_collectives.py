@@ -17,7 +17,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from megatron_hooks.backends import CpuBackend, _StorageTracker  # noqa: E402
+from megatron_hooks.backends import CpuBackend, StorageTracker  # noqa: E402
 
 
 def test_a_collective_keeps_no_tracked_storage_alive(megatron_world):
@@ -57,7 +57,7 @@ def test_collective_results_and_async_handles(megatron_world):
 def test_no_tracked_storage_is_released_off_the_main_thread(megatron_world, monkeypatch):
     """Every release of a counted storage happens in the thread that runs the program."""
     threads = []
-    release = _StorageTracker._release
+    release = StorageTracker._release
 
     def recording(self, key, nbytes):
         inner = release(self, key, nbytes)
@@ -67,7 +67,7 @@ def test_no_tracked_storage_is_released_off_the_main_thread(megatron_world, monk
             inner(ref)
         return callback
 
-    monkeypatch.setattr(_StorageTracker, "_release", recording)
+    monkeypatch.setattr(StorageTracker, "_release", recording)
     backend = CpuBackend()
     backend.start()
     try:
