@@ -105,10 +105,11 @@ class LaunchInput:
     def left_out_note(self, args: list[str] | tuple[str, ...]) -> str | None:
         """The command's unpriced flags that the launch's ``args`` (the user's after -- included)
         do not give: Megatron's defaults run in their place, said rather than silent."""
+        from advisor.row_flags import flag_values
         from launch.arguments import DATA_FLAGS
         from launch.job import LENGTH_FLAGS
 
-        given = {word.partition("=")[0] for word in args if word.startswith("--")}
+        given = set(flag_values(args))
         # a group the launch sets one way stands for the command's other way: its data and tokenizer
         # (--mock-data or the user's), the run's length (--train-samples of a token budget)
         for group in (DATA_FLAGS, LENGTH_FLAGS):
