@@ -14,7 +14,7 @@ import shlex
 import sys
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 import click
 
@@ -112,12 +112,25 @@ def input_options(func: Callable) -> Callable:
     ], wrapper)
 
 
-def megatron_options(func: Callable) -> Callable:
+CheckoutNeed = Literal["optional", "here", "here-unless-dry-run", "elsewhere"]
+"""Where a command needs the user's Megatron-LM checkout: ``optional`` (args: the rules of
+--megatron-version when none is given), ``here`` (check reads it), ``here-unless-dry-run``
+(torchrun and sbatch start it on this machine or its cluster), ``elsewhere`` (k8s and skypilot
+name one in the image or on the nodes, which need not be here)."""
+
+
+def megatron_options(checkout: CheckoutNeed = "optional", *, warn_unknown_flags: bool = True
+                     ) -> Callable[[Callable], Callable]:
     """--megatron-lm DIR, --megatron-version, --mock-data and the user's arguments after '--' ->
     ``release: Release`` (the checkout and its version's rules) and ``megatron: CommandLine``
     (conflicts checked). A dry run, and ``args``, need no checkout on disk: they assume the rules
-    of --megatron-version, else of the newest release, and say so on stderr."""
+    of --megatron-version, else of the newest release, and say so on stderr.
+    ``warn_unknown_flags``: warn of flags after '--' that the release's table does not know
+    (check refuses those its checkout does not spell either: ``_unknown_flag_problems``)."""
+    return functools.partial(_with_megatron_options, checkout=checkout, warn_unknown_flags=warn_unknown_flags)
 
+
+def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_flags: bool) -> Callable:
     @functools.wraps(func)
     def wrapper(*args, config, megatron_lm: str | None, megatron_version: str | None, mock_data: bool,
                 job_config: Path | None, tokens: float | None, fs_bandwidth: float | None,
@@ -126,13 +139,10 @@ def megatron_options(func: Callable) -> Callable:
         from launch.checkout import resolve_release
         from launch.job import plan_job, read_job_file
 
-        # a checkout on this machine: for check, and for a real torchrun or sbatch; one given to args
-        # or a dry run must be here too. k8s and skypilot name a checkout elsewhere (in the image, on
-        # the nodes), which need not be here.
-        need_checkout = func.__name__ == "check_command" or (
-            func.__name__ in ("torchrun_command", "sbatch_command") and not kwargs.get("dry_run"))
-        elsewhere = func.__name__ in ("k8s_command", "skypilot_command")
-        release = resolve_release(megatron_lm, megatron_version, need_checkout=need_checkout, elsewhere=elsewhere)
+        # one given to args or a dry run must be here too (resolve_release)
+        need_checkout = checkout == "here" or (checkout == "here-unless-dry-run" and not kwargs.get("dry_run"))
+        release = resolve_release(megatron_lm, megatron_version, need_checkout=need_checkout,
+                                  elsewhere=checkout == "elsewhere")
         job_file = read_job_file(job_config) if job_config is not None else None
         mock_data = mock_data or bool(job_file and job_file.mock_data)
         if (note := release.assumption()) and (mock_data or "dry_run" in kwargs):  # where the release matters
@@ -140,7 +150,7 @@ def megatron_options(func: Callable) -> Callable:
         job = plan_job(config, job_file=job_file, tokens=tokens, bandwidth_gbs=fs_bandwidth, user_args=user_args)
         megatron = compose(config.source, config.megatron_args, rules=release.rules, model=config.model,
                            mock_data=mock_data, extras=user_args, job=job.group, chunk_layers=config.chunk_layers())
-        if func.__name__ != "check_command":  # check reads the checkout to tell (_unknown_flag_problems)
+        if warn_unknown_flags:
             for unknown in megatron.unknown:
                 _note(unknown.warning())
         for line in megatron.notes:
@@ -301,7 +311,7 @@ def cli() -> None:
                    "(--master-addr/--master-port = the endpoint), as Megatron-LM's examples.")
 @click.option("--rdzv-id", type=NonEmpty("give the job id all nodes share"), default=None, help="Several nodes, c10d: the job id all nodes share.")
 @click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
-@megatron_options
+@megatron_options("here-unless-dry-run")
 def torchrun_command(config, release, megatron, job_plan, profiling, nproc_per_node, nnodes, rdzv_endpoint, node_rank,
                      rdzv_id, dry_run) -> int:
     """Run (or print) torchrun with the input's Megatron-LM arguments.
@@ -372,7 +382,7 @@ _JOB_NAME = re.compile(r"[^\w.-]+")
               help="The c10d rendezvous port on the first node.")
 @output_option("Write the script here (atomically) and submit this file; '-' prints it.")
 @click.option("--dry-run", is_flag=True, help="Do not submit: print the script (or only write it, with -o).")
-@megatron_options
+@megatron_options("here-unless-dry-run")
 def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, partition, account, time,
                    qos, job_name, cpus_per_task, signal_time, requeue, rdzv_port, output, dry_run) -> int:
     """Write a Slurm batch script for the input, and submit it with sbatch.
@@ -423,7 +433,7 @@ def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_p
 @click.option("--no-gpus-here", is_flag=True,
               help="The ranks run on other nodes (a login node preparing a Slurm job): skip the GPU and "
                    "Transformer Engine checks (sbatch's job checks TE on its nodes).")
-@megatron_options
+@megatron_options("here", warn_unknown_flags=False)
 def check_command(config, release, megatron, job_plan, profiling, nproc_per_node, nnodes, no_gpus_here) -> int:
     """Check, before any rank starts, everything that would stop the launch later.
 
@@ -519,7 +529,7 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
               help="The container image: torch, your Megatron-LM checkout (at --megatron-lm) and this package "
                    "(a reference without blanks).")
 @click.option("--namespace", default=None, help="metadata.namespace, a DNS label (default: kubectl's).")
-@megatron_options
+@megatron_options("elsewhere")
 def k8s_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, name, output, dry_run, image,
                 namespace) -> int:
     """Write a Kubeflow PyTorchJob manifest (kubeflow.org/v1) for the input.
@@ -554,7 +564,7 @@ def k8s_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_
               help="SkyPilot's accelerator name alone, e.g. A100-80GB: the task asks for NAME:GPUS_PER_NODE "
                    "(resources.accelerators), so a NAME:COUNT is refused; --gpus-per-node sets the count. Default: "
                    "the GPU the input was priced on (H100 where it names none); another is a warning.")
-@megatron_options
+@megatron_options("elsewhere")
 def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, name, output, dry_run,
                      accelerator) -> int:
     """Write a SkyPilot task YAML for the input (sky launch job.yaml).
@@ -583,7 +593,7 @@ def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus
 @input_options
 @click.option("--format", "fmt", type=click.Choice(["shell", "json"]), default="shell", show_default=True,
               help="shell: one shell-quoted line; json: an array of strings.")
-@megatron_options
+@megatron_options()
 def args_command(config, release, megatron, job_plan, fmt) -> int:
     """Print only the Megatron-LM arguments, for a launch script of your own.
 
