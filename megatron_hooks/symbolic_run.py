@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from megatron_hooks.stage_emulation import run_stage
+from megatron_hooks.stage_emulation import freeze_what_is_imported, run_stage
 from megatron_hooks.symbolic import fake_world
 
 
@@ -94,6 +94,7 @@ def run_symbolic(config, stages: Sequence[int], *, after_oom: str = "raise", eve
 
     if every_rank:
         config = dataclasses.replace(config, every_microbatch=True)
+    freeze_what_is_imported()
     derive = _derives_dp_ranks(config, every_rank)
     written = []
     for stage in stages:
