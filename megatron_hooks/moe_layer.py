@@ -124,7 +124,9 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
     if problem:
         raise ValueError(problem)
     from megatron_hooks.model import causal_mask
+    from megatron_hooks.stage_emulation import freeze_what_is_imported
 
+    freeze_what_is_imported()  # before this layer's first storage
     device = "cuda" if backend == "cuda" else "cpu"
     with contextlib.ExitStack() as context:
         _world(context, backend, tp=tp, ep=ep, etp=etp)
