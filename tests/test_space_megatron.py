@@ -53,15 +53,20 @@ def _kind(row: dict) -> tuple:
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory) -> list[tuple]:
-    """The chosen rows of each sweep, with the sweep's file: swept once for the module's tests
-    (the 405B sweeps with --all take seconds each; the rows do not depend on the release)."""
+    """The chosen rows of each sweep, each with a sweep file of its own: swept once for the
+    module's tests (the 405B sweeps with --all take seconds each; the rows do not depend on the
+    release). A file holds the one row (a sweep array of one), which read_input picks by its rank
+    as from the whole sweep, without parsing 4 MB for each of 200 rows."""
     from conftest import Invoker
 
     root, advisor, chosen = tmp_path_factory.mktemp("space-sweeps"), Invoker(), []
     for name, args in SWEEPS.items():
         path = root / f"{name}.json"
         advisor("sweep", *args, "--all", "--format", "json", "-o", path)
-        chosen += [(name, path, row) for row in chosen_rows(json.loads(path.read_text()))]
+        for row in chosen_rows(json.loads(path.read_text())):
+            alone = root / f"{name}-rank{row['rank']}.json"
+            alone.write_text(json.dumps([row]))
+            chosen.append((name, alone, row))
     return chosen
 
 
