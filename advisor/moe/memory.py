@@ -368,14 +368,40 @@ def allgather_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep
                          allgather_unpermute_bytes(spec, tokens, copies, ep, etp)))
 
 
+def allgather_map_held_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
+    """The local routing map the allgather dispatcher holds, ``self.local_map`` (token_dispatcher.py:287,
+    v0.19 :309): the local experts' columns of the routing map, gathered where etp ep > 1, bool,
+    max(T, N) x E / ep, held until the layer's next forward and saved by no autograd node (the
+    ``masked_select`` saves its transposed copy, :304): alive through the backward, unkept
+    (measured: 0.5 MiB on Qwen3-30B-A3B at EP 1, where it is the router's own map)."""
+    return np.maximum(gathered_tokens(tokens, ep, etp), tokens) * local_experts(spec, ep)
+
+
+def expert_fc2_backward_bytes(spec: MoESpec, copies: float, etp) -> np.ndarray:
+    """FC2's backward (``TEGroupedMLP.forward``'s linear_fc2, experts.py:748): its incoming
+    gradient, the experts' output's (c x 2h, made by the unpermute's backward: ``scatter_add_``'s
+    gradient is a gather, moe_utils.py:464, v0.19 :566), beside FC2's input gradient
+    (c x 2 h_moe / etp), before autograd frees FC2's saved input. Above FC1's output gradient
+    (``expert_transient_bytes``) where h > h_moe / etp: Qwen3-30B-A3B's 2048 and 768."""
+    return copies * BF16 * (spec.hidden_size + spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float))
+
+
 def allgather_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp) -> np.ndarray:
-    """The allgather layer's backward peak beyond what it keeps: the global buffer, beside the
-    reduce-scatter's backward (T x 4h FP32 all-gathered and its T x 2h BF16 cast,
-    ``_ReduceScatterToSequenceParallelRegion.backward`` then the cast's) or the gradient of FC1's
-    output (``expert_transient_bytes``)."""
-    combine = gathered_tokens(tokens, ep, etp) * (BF16 + PROBS_BYTES) * spec.hidden_size
-    return allgather_buffer_bytes(spec, tokens, ep, etp) + np.maximum(combine,
-                                                                      expert_transient_bytes(spec, copies, etp))
+    """The allgather layer's backward peak beyond what it keeps (each moment measured: the
+    symbolic layer's ``transient_bytes``, docs/moe.md): the global buffer and the local map the
+    dispatcher holds (``allgather_map_held_bytes``), beside the largest of, in the order the
+    backward runs them: the reduce-scatter's (T x 4h FP32 all-gathered and its T x 2h BF16 cast,
+    ``_ReduceScatterToSequenceParallelRegion.backward`` then the cast's; the N x 4h FP32 gradient
+    it gathers is freed before the cast, and is no more than T x 2h, T >= 2N); the unpermute's
+    (that cast, T x 2h, beside its gather, c x 2h; at T = 0 its incoming gradient is the layer
+    output's); FC2's (``expert_fc2_backward_bytes``); the SwiGLU's (FC1's output gradient,
+    ``expert_transient_bytes``)."""
+    hidden, gathered = spec.hidden_size, gathered_tokens(tokens, ep, etp)
+    combine = gathered * (BF16 + PROBS_BYTES) * hidden
+    unpermute = (gathered + copies) * BF16 * hidden
+    experts = np.maximum(expert_fc2_backward_bytes(spec, copies, etp), expert_transient_bytes(spec, copies, etp))
+    return (allgather_buffer_bytes(spec, tokens, ep, etp) + allgather_map_held_bytes(spec, tokens, ep, etp)
+            + np.maximum(np.maximum(combine, unpermute), experts))
 
 
 def layer_transient_peaks(spec: MoESpec, tokens: float, copies: float, ep, etp, dispatcher: Dispatcher,
