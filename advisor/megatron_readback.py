@@ -36,6 +36,9 @@ _LAYOUT_VALUED = {"tensor-model-parallel-size", "context-parallel-size", "pipeli
                   "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers",
                   "pipeline-model-parallel-layout", "num-layers-per-virtual-pipeline-stage",
                   "num-virtual-stages-per-pipeline-rank", "micro-batch-size", "global-batch-size"}
+_TOKENIZER = {"tokenizer-type", "vocab-size"}
+"""Read for the vocabulary (``vocabulary``), which the rows size with --make-vocab-size-divisible-by:
+not among the flags a launch writes, so named with the harmless ones (``ParsedArguments.skipped``)."""
 _LAYOUT_SWITCHES = {"account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split"}
 
 # Known to change neither memory nor time: what a run reads and writes, logs, and its schedule of
@@ -91,8 +94,9 @@ class ParsedArguments:
     rest: list[str] = field(default_factory=list)
     """Everything else, in order: for the training options' parser."""
     skipped: list[str] = field(default_factory=list)
-    """The harmless flags met, as written (a flag and its values: '--lr 3e-4'): neither priced
-    nor among the flags a launch of the estimate writes (``ReadRun.skipped``)."""
+    """The flags met that a launch of the estimate does not write, as written (a flag and its
+    values: '--lr 3e-4'): the harmless ones, and the tokenizer's (``_TOKENIZER``), whose
+    vocabulary is read into the model (``ReadRun.skipped``)."""
     unset: list[str] = field(default_factory=list)
     """Words that are one variable the script does not set, where a flag may stand ($EXTRA_ARGS):
     read as empty, as bash expands them, and named as written."""
@@ -168,6 +172,8 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
                 raise AdvisorError(f"--{name} takes one value, got {len(values)}: {' '.join(values)}" if values
                                    else f"--{name} needs a value, and none follows it")
             (parsed.model if name in _MODEL_VALUED else parsed.layout)[name] = values[0]
+            if name in _TOKENIZER:
+                parsed.skipped.append(f"--{name} {as_written(values[0])}")
         elif name in HARMLESS_VALUED or name in _MULTI_VALUED:
             parsed.skipped.append(" ".join((f"--{name}", *map(as_written, values))))
         else:
@@ -441,7 +447,8 @@ class ReadRun:
     unpriced: tuple[str, ...]
     """Flags (and defaults) that change memory or time and are not priced, each named."""
     skipped: tuple[str, ...]
-    """Flags known to change neither, skipped, as written ('--lr 3e-4')."""
+    """Flags a launch of the estimate does not write, as written ('--lr 3e-4'): those known to
+    change neither, and the tokenizer's (``ParsedArguments.skipped``)."""
     vocab_source: str
     moe: object = None
     """The MoE part (``advisor.moe.readback.MoEFlags``: EP, ETP, dispatcher, routing, MTP) of a

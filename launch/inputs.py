@@ -99,8 +99,8 @@ class LaunchInput:
     """What that command holds that the estimate priced otherwise or not at all: its megatron_args,
     which the launch runs, state what was priced instead (a Llama network, the advisor's options)."""
     not_launched: tuple[str, ...] = ()
-    """That command's flags that change no price, as written ('--lr 3e-4'): its learning rates,
-    data, checkpoints and logging, which the estimate's megatron_args leave out."""
+    """That command's flags that the estimate's megatron_args leave out, as written ('--lr 3e-4'):
+    its data and tokenizer, learning rates, checkpoints and logging, none of which changes a price."""
 
     def left_out_note(self, args: list[str] | tuple[str, ...]) -> str | None:
         """The command's unpriced flags that the launch's ``args`` (the user's after -- included)
@@ -119,8 +119,9 @@ class LaunchInput:
         if not left or not self.read_from:
             return None
         command = self.read_from.partition(": ")[0]
-        return (f"advisor-launch: {command}'s flags that change no price are not in {self.source} and not launched: "
-                f"{', '.join(left)} (Megatron's defaults run instead: give the ones the run needs after --)")
+        return (f"advisor-launch: {command}'s data, tokenizer, schedule and logging flags are not in {self.source} "
+                f"and not launched: {', '.join(left)} (Megatron's defaults run instead: give the ones the run needs "
+                "after --)")
 
     @property
     def world_size(self) -> int:

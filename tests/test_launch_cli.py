@@ -192,8 +192,8 @@ def test_an_estimate_read_from_a_gpt_script_says_what_its_launch_changes(advisor
 
 
 def test_a_commands_flags_that_change_no_price_are_named_where_not_launched(advisor, tmp_path):
-    """An estimate read from a command prices it without its learning rates, clipping, data or
-    checkpoints (they change no price), and its megatron_args leave them out: its launch ran
+    """An estimate read from a command prices it without its learning rates, clipping, data,
+    tokenizer or checkpoints (they change no price), and its megatron_args leave them out: its launch ran
     Megatron's defaults in their place, silently. The estimate records them as written
     ('not_launched') and the launch names those the user does not give after --."""
     script = tmp_path / "train.sh"
@@ -204,16 +204,17 @@ def test_a_commands_flags_that_change_no_price_are_named_where_not_launched(advi
                       "--lr 3e-4 --clip-grad 1.0 --lr-decay-style cosine --save /ckpt\n")
     estimate = tmp_path / "est.json"
     advisor("estimate", "--from-command", script, "--mem", "80", "-o", estimate)
-    assert json.loads(estimate.read_text())["not_launched"] == ["--lr 3e-4", "--clip-grad 1.0",
+    # the vocabulary is read into the model; the rows size it with --make-vocab-size-divisible-by
+    assert json.loads(estimate.read_text())["not_launched"] == ["--vocab-size 50257", "--lr 3e-4", "--clip-grad 1.0",
                                                                 "--lr-decay-style cosine", "--save /ckpt"]
     result = launcher()("args", "--from", estimate, "--", "--lr", "1e-4", "--save=/mine")
     assert "--clip-grad" not in result.stdout.split()
     [note] = [line for line in result.stderr.splitlines() if "not launched" in line]
-    assert note == (f"advisor-launch: train.sh's flags that change no price are not in the estimate ({estimate}) and "
-                    "not launched: --clip-grad 1.0, --lr-decay-style cosine (Megatron's defaults run instead: give the "
-                    "ones the run needs after --)")
+    assert note == (f"advisor-launch: train.sh's data, tokenizer, schedule and logging flags are not in the estimate "
+                    f"({estimate}) and not launched: --vocab-size 50257, --clip-grad 1.0, --lr-decay-style cosine (Megatron's "
+                    "defaults run instead: give the ones the run needs after --)")
     # the launch's own data (--mock-data) and length (a token budget's --train-samples) stand for the
-    # command's --data-path and --train-iters: not named as left out
+    # command's --data-path, --vocab-size and --train-iters: not named as left out
     script.write_text(script.read_text().replace("--save /ckpt", "--data-path /d/text --train-iters 100"))
     advisor("estimate", "--from-command", script, "--mem", "80", "-o", estimate)
     result = launcher()("args", "--from", estimate, "--", "--mock-data", "--train-samples", "1000", "--lr", "1e-4")

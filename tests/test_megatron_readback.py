@@ -87,6 +87,16 @@ def test_arguments_sort_into_model_layout_harmless_and_the_rest():
     assert parsed.rest == ["--overlap-grad-reduce"]
 
 
+def test_the_tokenizer_is_read_for_the_vocabulary_and_named_as_not_launched():
+    """A row's megatron_args size the vocabulary with --make-vocab-size-divisible-by and give no
+    tokenizer, so the command's --tokenizer-type and --vocab-size are read for the model and named
+    with the flags a launch leaves out, in the command's order (--tokenizer-model among them)."""
+    parsed = split_arguments(["--tokenizer-type", "NullTokenizer", "--lr", "1e-4", "--vocab-size=32000",
+                              "--tokenizer-model", "m"])
+    assert parsed.model == {"tokenizer-type": "NullTokenizer", "vocab-size": "32000"}
+    assert parsed.skipped == ["--tokenizer-type NullTokenizer", "--lr 1e-4", "--vocab-size 32000", "--tokenizer-model m"]
+
+
 def test_shell_words_split_as_bash_splits_them():
     text = ("A='x y'\nB=\"$A z\"\nC=(--one \"$A\" '$A')\nD=${UNSET:-d}\n"
             "torchrun --nproc_per_node=4 --nnodes 2:3 pretrain_gpt.py $B \"${C[@]}\" ${D} # done\n")

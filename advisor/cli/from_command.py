@@ -117,7 +117,8 @@ def read_notes(row: dict, read: CommandInputs | None, table_on_stdout: bool = Fa
     """Where a --from-command estimate was read from, and the flags it does not price (also said
     on stderr, but where the table that shows them goes to the terminal: it said them twice); the
     row records both, and the command's flags that change no price ('not_launched': its learning
-    rates, data, checkpoints, logging), which its megatron_args leave out and advisor-launch names."""
+    rates, data and tokenizer, checkpoints, logging), which its megatron_args leave out and
+    advisor-launch names."""
     if read is None:
         return []
     row.update(read_from=read.source, unpriced=list(read.run.unpriced), not_launched=list(read.run.skipped))
