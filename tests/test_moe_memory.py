@@ -172,6 +172,30 @@ def test_transient_peaks_mixtral_and_allgather():
     assert transient_mib(DSV3, 4096, 2, 64, 1, "allgather") == pytest.approx((7380, 7168.5, 7380))
 
 
+def test_alltoall_backward_moments_beyond_the_combine():
+    """The alltoall backward's moments after the combine all-to-all's (S + r 2h), by hand from
+    megatron-core's path (Qwen3-30B-A3B: N 4096, k 8, h 2048, h_moe 768, E 128; S = N k 2h = 128
+    MiB; the held routing N E 5 = 2.5 MiB):
+    dropless at EP 128 (one local expert, c = N x 128 x min(8, 1) = 524288): FC2's, the experts'
+    output gradient c 2h = 2048 beside FC2's input gradient c 2 h_moe = 768: 2816, above the
+    combine's 128 + 2048 and FC1's output gradient c 4 h_moe = 1536 (2178.5 priced before
+    2026-11-29), and above the forward's 2 S + c 2h = 2304: the layer's transient;
+    dropless at EP 8 (16 local experts, c = 262144): the unsort's, c 2h + c 2h = 2048, above FC2's
+    1408 and the combine's 1152 (the forward's 3200 leads);
+    balanced at EP 2 ETP 4 (c = 131072, r = 32768): the reduce-scatter's all-gathered FP32 gradient
+    c 4h = 1024 beside its BF16 cast c 2h = 512 (r 4h = 256 is freed first): 1536, above 1280."""
+    qwen, n, routed = PRESETS["qwen3-30b-a3b"], 4096.0, mm.RoutedTokens(routing="dropless")
+
+    def peaks(ep, etp, assumption):
+        copies = mm.expert_token_copies(qwen, n, ep, etp, assumption)
+        return tuple(float(peak) / MiB for peak in mm.layer_transient_peaks(qwen, n, copies, ep, etp, "alltoall",
+                                                                            assumption))
+
+    assert peaks(128, 1, routed) == (2304 + 2.5, 2816 + 2.5)
+    assert peaks(8, 1, routed)[1] == 2048 + 2.5
+    assert peaks(2, 4, mm.RoutedTokens())[1] == 1536 + 2.5
+
+
 def test_transient_flex_and_workspace():
     """flex keeps its unmeasured sum: DeepEP's buffers (the received copies, 2h each) plus FC1's
     gradient (2 h_moe / etp per copy): Mixtral, 2048 copies at ETP 2."""

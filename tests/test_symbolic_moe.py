@@ -45,6 +45,28 @@ for name, model, ep, etp in (("allgather_ep1", "qwen3-30b-a3b", 1, 1), ("allgath
                              ("allgather_etp4", "qwen3-30b-a3b", 1, 4)):
     allgather = measure_moe_layer(PRESETS[model], seq_len=4096, ep=ep, etp=etp, dispatcher="allgather")
     out[name] = {"rows": {row["term"]: row for row in compare(allgather)}, "peaks": allgather.to_dict()["transient_bytes"]}
+qwen = PRESETS["qwen3-30b-a3b"]
+out["a2a_etp4"] = measure_moe_layer(qwen, seq_len=4096, ep=2, etp=4, dispatcher="alltoall").transient_bytes
+import numpy, torch
+from megatron_hooks import moe_fake
+def dropless(self, routing_map):
+    # the worst a dropless router sends rank 0 (advisor.moe.memory's 'dropless'): every token of
+    # every peer picks min(k, E / ep) of its experts; it sends its own N k as balanced
+    tp, ep, local, n = self.tp_size, self.ep_size, self.num_local_experts, routing_map.size(0)
+    k = self.config.moe_router_topk
+    per_expert = moe_fake.balanced_split(n * k, self.num_experts)
+    mine = moe_fake.balanced_split(n * min(k, local), local)
+    self.num_out_tokens = n * k
+    self.input_splits = numpy.array([sum(per_expert[r * local:(r + 1) * local]) for r in range(ep)])
+    self.output_splits = numpy.array([sum(mine)] * ep)
+    self.output_splits_tp = numpy.array([sum(mine) * ep] * tp)
+    self.num_global_tokens_per_local_expert = numpy.array([mine] * (tp * ep))
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        return torch.tensor([count * tp * ep for count in mine])
+balanced, moe_fake._alltoall_preprocess = moe_fake._alltoall_preprocess, dropless
+for ep in (8, 128):
+    out[f"a2a_dropless_ep{ep}"] = measure_moe_layer(qwen, seq_len=4096, ep=ep, dispatcher="alltoall").transient_bytes
+moe_fake._alltoall_preprocess = balanced
 try:
     measure_moe_layer(small_mla, seq_len=32, layer_spec="local")
 except NotImplementedError as exc:
@@ -344,3 +366,35 @@ def test_the_allgather_transient_is_measured_and_priced(measured):
     backward = memory.layer_transient_peaks(qwen, n, n * 8 * 4, 1, 4, "allgather")[1]
     assert float(backward) / MiB == 642.0
     assert abs(measured["allgather_etp4"]["peaks"]["backward_peak"] - backward) < MiB
+
+
+@pytest.mark.parametrize("name, ep, etp, routing, by_hand", [
+    # dropless, EP 8 (16 local experts, c = 4096 x 8 x 8 = 262144): the unsort's, the all-to-all's
+    # backward output c 2h 1024 + the concatenation of its split's backward c 2h 1024
+    ("a2a_dropless_ep8", 8, 1, "dropless", 2048 + 2.5),
+    # dropless, EP 128 (one local expert, c = 4096 x 128 = 524288): FC2's, the experts' output
+    # gradient (the all-to-all's backward output) c 2h 2048 + FC2's input gradient c 2 h_moe 768
+    ("a2a_dropless_ep128", 128, 1, "dropless", 2816 + 2.5),
+    # balanced, EP 2 ETP 4 (c = 131072): the reduce-scatter's FP32 gradient all-gathered c 4h 1024
+    # + its BF16 cast c 2h 512
+    ("a2a_etp4", 2, 4, "balanced", 1536 + 2.5),
+])
+def test_the_alltoall_backward_is_measured_and_priced(measured, name, ep, etp, routing, by_hand):
+    """Qwen3-30B-A3B (N 4096, k 8, h 2048, h_moe 768), alltoall: the backward peak where the busiest
+    rank receives more copies than it sends (dropless: every peer's every token picks this rank's
+    experts; the test's stand-in for the fake routing's balanced counts) and at ETP 4, measured and
+    priced to the MiB and by hand, + the held routing N E 5 = 2.5 MiB. Priced before 2026-11-29:
+    1154.5, 2178.5 and 1282.5 (the combine's S + r 2h, the reduce-scatter's c 4h + r 4h). Only at
+    EP 128 does the backward lead the forward (2306.5 measured and priced); at EP 8 the forward's
+    3203.5 is 1 MiB above the priced one, the received FP32 probabilities (r x 4 B) unpriced."""
+    from advisor.moe import memory
+    from advisor.moe.spec import PRESETS
+
+    qwen, n = PRESETS["qwen3-30b-a3b"], 4096
+    assumption = memory.RoutedTokens(routing=routing)
+    copies = memory.expert_token_copies(qwen, n, ep, etp, assumption)
+    forward, backward = memory.layer_transient_peaks(qwen, n, copies, ep, etp, "alltoall", assumption)
+    assert float(backward) / MiB == by_hand
+    assert abs(measured[name]["backward_peak"] - backward) < MiB
+    if name == "a2a_dropless_ep128":
+        assert abs(measured[name]["forward_peak"] - forward) < MiB < backward - forward

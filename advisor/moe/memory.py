@@ -303,18 +303,46 @@ def a2a_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp,
         + a2a_routing_held_bytes(spec, tokens)
 
 
-def a2a_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, etp,
+def a2a_reduce_scatter_backward_bytes(spec: MoESpec, copies: float, etp) -> np.ndarray:
+    """With etp > 1, the backward of ``combine_preprocess``'s reduce-scatter (token_dispatcher.py:
+    739-741, v0.19 :822-825; ``_ReduceScatterToSequenceParallelRegion.backward``, an all-gather):
+    its FP32 output, c x h x 4, beside its incoming gradient (the outer cast's, r x h x 4), then
+    beside its own BF16 cast (``hidden_states.to(self.probs.dtype)``'s backward, c x 2h), made
+    after autograd frees the incoming one: c 4h + max(r 4h, c 2h). The cast leads at etp > 2
+    (measured: Qwen3-30B-A3B at EP 2 ETP 4, 1536 MiB = 1024 + 512, where c 4h + r 4h = 1280 was
+    priced before 2026-11-29)."""
+    etp = np.asarray(etp, dtype=float)
+    gathered = copies * PROBS_BYTES * spec.hidden_size
+    incoming = np.maximum(copies / etp * PROBS_BYTES, copies * BF16) * spec.hidden_size
+    return np.where(etp > 1, gathered + incoming, 0.0)
+
+
+def a2a_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp,
                             assumption: RoutedTokens = RoutedTokens()) -> np.ndarray:
-    """The alltoall layer's backward peak beyond what it keeps, the largest of: the gradient of the
-    combine all-to-all's output (S, ``unpermute``'s backward, a gather) beside the all-to-all's
-    backward output (r x 2h); with etp > 1 the reduce-scatter's backward (an all-gather, FP32,
-    c x h x 4) beside the cast's incoming gradient (r x h x 4); the gradient of FC1's output
-    (``expert_transient_bytes``); with the routing the dispatcher holds (``a2a_routing_held_bytes``)."""
+    """The alltoall layer's backward peak beyond what it keeps (each moment measured: the symbolic
+    layer's ``transient_bytes``, docs/moe.md), with the routing the dispatcher holds
+    (``a2a_routing_held_bytes``), the largest of, in the order the backward runs them: the combine
+    all-to-all's (the gradient of its output, S, ``unpermute``'s backward, a gather, beside the
+    all-to-all's backward output, r x 2h); with etp > 1 the reduce-scatter's
+    (``a2a_reduce_scatter_backward_bytes``); with several local experts the unsort's
+    (``sort_chunks_by_idxs``'s split, token_dispatcher.py:727, moe_utils.py:419-420: its backward
+    concatenates, c x 2h, beside its incoming gradient, c x 2h: the all-to-all's at etp 1, where
+    r = c, the cast's at etp > 1); FC2's (``expert_fc2_backward_bytes``: the experts and their
+    backward are the allgather dispatcher's, ``routed_experts_compute``, moe_layer.py:231); FC1's
+    output gradient (``expert_transient_bytes``). Under balanced routing (r = S / 2h at etp 1) the
+    unsort's equals the combine's and FC2's never leads (it is the mean of the unsort's and FC1's
+    at etp 1, below the reduce-scatter's or FC1's at etp > 1); with dropless or imbalanced routing
+    the busiest rank receives more copies than it sends (c > S / 2h): the unsort's leads with
+    several local experts where h > h_moe (Qwen3-30B-A3B dropless at EP 8: 2048 MiB), FC2's with
+    one (at EP 128: 2816 MiB; both measured, 896 and 640 MiB above what was priced before
+    2026-11-29)."""
     etp = np.asarray(etp, dtype=float)
     combine = a2a_send_bytes(spec, tokens, assumption) + copies / etp * BF16 * spec.hidden_size
-    reduce_scatter = etp_cast_bytes(spec, copies, etp) + etp_reduce_scatter_bytes(spec, copies, etp)
-    return np.maximum(np.maximum(combine, reduce_scatter), expert_transient_bytes(spec, copies, etp)) \
-        + a2a_routing_held_bytes(spec, tokens)
+    unsort = 2 * unsort_bytes(spec, copies, ep)
+    experts = np.maximum(expert_fc2_backward_bytes(spec, copies, etp), expert_transient_bytes(spec, copies, etp))
+    moments = np.maximum(np.maximum(combine, a2a_reduce_scatter_backward_bytes(spec, copies, etp)),
+                         np.maximum(unsort, experts))
+    return moments + a2a_routing_held_bytes(spec, tokens)
 
 
 # The allgather dispatcher (``MoEAllGatherTokenDispatcher``, token_dispatcher.py:203-330, over
@@ -416,7 +444,7 @@ def layer_transient_peaks(spec: MoESpec, tokens: float, copies: float, ep, etp, 
     if dispatcher == "flex":
         return flex_buffer_bytes(spec, copies) + expert_transient_bytes(spec, copies, etp), 0.0
     return (a2a_forward_peak_bytes(spec, tokens, copies, ep, etp, assumption),
-            a2a_backward_peak_bytes(spec, tokens, copies, etp, assumption))
+            a2a_backward_peak_bytes(spec, tokens, copies, ep, etp, assumption))
 
 
 def moe_layer_transient_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp, dispatcher: Dispatcher,
