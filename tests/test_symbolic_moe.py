@@ -42,7 +42,8 @@ for name, layout in (("tp2_ep4", dict(tp=2, ep=4)), ("tp2_ep4_etp2", dict(tp=2, 
     out[name] = {row["term"]: row for row in compare(measure_moe_layer(mixtral, seq_len=4096, dispatcher="alltoall",
                                                                        **layout))}
 for name, model, ep, etp in (("allgather_ep1", "qwen3-30b-a3b", 1, 1), ("allgather_ep2", "mixtral-8x7b", 2, 1),
-                             ("allgather_etp4", "qwen3-30b-a3b", 1, 4)):
+                             ("allgather_etp4", "qwen3-30b-a3b", 1, 4), ("allgather_qwen_ep2", "qwen3-30b-a3b", 2, 1),
+                             ("allgather_qwen_ep2_etp2", "qwen3-30b-a3b", 2, 2)):
     allgather = measure_moe_layer(PRESETS[model], seq_len=4096, ep=ep, etp=etp, dispatcher="allgather")
     out[name] = {"rows": {row["term"]: row for row in compare(allgather)}, "peaks": allgather.to_dict()["transient_bytes"]}
 qwen = PRESETS["qwen3-30b-a3b"]
@@ -366,6 +367,40 @@ def test_the_allgather_transient_is_measured_and_priced(measured):
     backward = memory.layer_transient_peaks(qwen, n, n * 8 * 4, 1, 4, "allgather")[1]
     assert float(backward) / MiB == 642.0
     assert abs(measured["allgather_etp4"]["peaks"]["backward_peak"] - backward) < MiB
+
+
+@pytest.mark.parametrize("name, model, ep, etp, by_hand", [
+    # Qwen3-30B-A3B EP 1 (nothing gathered, c = 32768): the unpermute's c 2h 128 + N 2h 16, the
+    # router's map N E B 0.5 and probabilities N E 4 B 2
+    ("allgather_ep1", "qwen3-30b-a3b", 1, 1, 128 + 16 + 0.5 + 2),
+    # EP 2 (T = 8192, c = 32768): the buffer T 2h 32, the unpermute's c 2h 128 + T 2h 32, the
+    # router's map 0.5, the gathered probabilities T E 4 B 4, the local map T E / 2 B 0.5
+    ("allgather_qwen_ep2", "qwen3-30b-a3b", 2, 1, 32 + 128 + 32 + 0.5 + 4 + 0.5),
+    # EP 2 ETP 2 (T = 16384, c = 65536): 64 + 256 + 64, the routing 0.5 + 8 + 1
+    ("allgather_qwen_ep2_etp2", "qwen3-30b-a3b", 2, 2, 64 + 256 + 64 + 0.5 + 8 + 1),
+    # EP 1 ETP 4 (T = 16384, c = 131072): 64 + 512 + 64, the routing 0.5 + 8 + the local map,
+    # the gathered map itself at EP 1, T E B 2
+    ("allgather_etp4", "qwen3-30b-a3b", 1, 4, 64 + 512 + 64 + 0.5 + 8 + 2),
+    # Mixtral EP 2 (T = 8192, c = 8192, E 8): the combine's, the buffer T 2h 64, the unpermuted rows
+    # T 2h 64, their FP32 copy T 4h 128, its reduce-scatter N 4h 64; the routing N E + T E 4 + T E / 2 B
+    ("allgather_ep2", "mixtral-8x7b", 2, 1, 64 + 64 + 128 + 64 + (4096 * 8 + 8192 * 8 * 4 + 8192 * 4) / MiB),
+])
+def test_the_allgather_forward_is_measured_and_priced(measured, name, model, ep, etp, by_hand):
+    """The allgather dispatcher's forward peak by hand: the global buffer T 2h, beside the unpermute
+    ((c + max(T, N)) 2h) or the combine (T 6h + N 4h), and the routing alive through the forward:
+    custom_forward's router map (N x E bool) and gathered probabilities (max(T, N) x E x 4), the
+    dispatcher's local map (T x E / ep bool, where tokens are gathered). Measured and priced to the
+    MiB; before 2026-11-29 the routing was priced N E 5, 2.5, 7 and 8 MiB low on Qwen3-30B-A3B at
+    EP 2, EP 2 ETP 2 and EP 1 ETP 4."""
+    from advisor.moe import memory
+    from advisor.moe.spec import PRESETS
+
+    spec, n = PRESETS[model], 4096
+    forward, backward = memory.layer_transient_peaks(spec, n, n * spec.moe_router_topk * etp, ep, etp, "allgather")
+    assert float(forward) / MiB == pytest.approx(by_hand, abs=1e-9)
+    peaks = measured[name]["peaks"]
+    assert abs(peaks["forward_peak"] - forward) < MiB
+    assert abs(peaks["backward_peak"] - backward) < MiB  # and the backward's, whichever leads
 
 
 @pytest.mark.parametrize("name, ep, etp, routing, by_hand", [

@@ -364,38 +364,6 @@ def allgather_buffer_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
     return gathered_tokens(tokens, ep, etp) * BF16 * spec.hidden_size
 
 
-def allgather_combine_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
-    """``token_combine``'s reduce-scatter (token_dispatcher.py:323): its input, the unpermuted
-    rows (``combine_preprocess``'s ``unpermute``, T x 2h), their copy in the probabilities' dtype
-    (``.to(self.local_probs.dtype)``, T x 4h) and its output (N x 4h); and the gathered
-    probabilities (T x E x 4, FP32), which custom_forward holds to the end (moe_layer.py:275).
-    Its backward holds the same two large tensors: the all-gather's FP32 output (T x 4h) and its
-    BF16 cast (T x 2h)."""
-    gathered = gathered_tokens(tokens, ep, etp)
-    rows = gathered * (BF16 + PROBS_BYTES) * spec.hidden_size
-    return rows + gathered * PROBS_BYTES * spec.num_experts + np.where(gathered > 0, tokens, 0.0) * PROBS_BYTES \
-        * spec.hidden_size
-
-
-def allgather_unpermute_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp) -> np.ndarray:
-    """``combine_preprocess``'s unpermute (token_dispatcher.py:304): its output, a row for every
-    token gathered (T x 2h; N x 2h where nothing is gathered), beside the experts' output it reads
-    (c x 2h, ``routed_experts_compute``'s local, moe_layer.py:231) and the router's probabilities
-    and map the dispatcher holds (N x E x 5, ``a2a_routing_held_bytes``). The forward's peak where
-    nothing or little is gathered: measured 146.5 MiB on Qwen3-30B-A3B at EP 1."""
-    rows = np.maximum(gathered_tokens(tokens, ep, etp), tokens)
-    return (copies + rows) * BF16 * spec.hidden_size + a2a_routing_held_bytes(spec, tokens)
-
-
-def allgather_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp) -> np.ndarray:
-    """The allgather layer's forward peak beyond what it keeps: the global buffer and the shared
-    experts' output, beside the larger of the combine's reduce-scatter (``allgather_combine_bytes``,
-    wide gathers) and the unpermute (``allgather_unpermute_bytes``, small ones: EP x ETP of 1 or 2)."""
-    return (allgather_buffer_bytes(spec, tokens, ep, etp) + shared_expert_output_bytes(spec, tokens)
-            + np.maximum(allgather_combine_bytes(spec, tokens, ep, etp),
-                         allgather_unpermute_bytes(spec, tokens, copies, ep, etp)))
-
-
 def allgather_map_held_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
     """The local routing map the allgather dispatcher holds, ``self.local_map`` (token_dispatcher.py:287,
     v0.19 :309): the local experts' columns of the routing map, gathered where etp ep > 1, bool,
@@ -403,6 +371,59 @@ def allgather_map_held_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarra
     ``masked_select`` saves its transposed copy, :304): alive through the backward, unkept
     (measured: 0.5 MiB on Qwen3-30B-A3B at EP 1, where it is the router's own map)."""
     return np.maximum(gathered_tokens(tokens, ep, etp), tokens) * local_experts(spec, ep)
+
+
+def allgather_routing_held_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
+    """The routing alive through the allgather layer's forward, as megatron-core 0.16.1 and
+    core_v0.19.0 run it: ``custom_forward``'s ``routing_map``, the router's, N x E bool
+    (``probs, routing_map = self.route(...)``, v0.19 moe_layer.py:655; core_v0.15.2's
+    ``router_and_preprocess`` drops it, N x E less, not priced); its ``probs``, rebound to the
+    gathered probabilities (``dispatched_input, probs = self.dispatch(...)``, moe_layer.py:275,
+    v0.19 :673; the gather, token_dispatcher.py:256, v0.19 :293), max(T, N) x E x 4 (FP32), the
+    router's N x E x 4 freed; and where tokens are gathered the dispatcher's local map
+    (``allgather_map_held_bytes``), T x E / ep (at T = 0 it is the router's map). The gathered map
+    (T x E bool) is freed with ``self.routing_map = None`` (:292) unless it is the local map (ep 1).
+    Measured (Qwen3-30B-A3B, N 4096, E 128): 0.5 + 2 at EP 1; 0.5 + 4 + 0.5 at EP 2 (T 8192);
+    0.5 + 8 + 1 at EP 2 ETP 2 and 0.5 + 8 + 2 at EP 1 ETP 4 (T 16384) MiB, where N x E x 5 (2.5)
+    was priced before 2026-11-29."""
+    gathered = gathered_tokens(tokens, ep, etp)
+    probs = np.maximum(gathered, tokens) * spec.num_experts * PROBS_BYTES
+    local_map = np.where(gathered > 0, allgather_map_held_bytes(spec, tokens, ep, etp), 0.0)
+    return tokens * spec.num_experts + probs + local_map
+
+
+def allgather_combine_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
+    """``token_combine``'s reduce-scatter (token_dispatcher.py:323, v0.19 :362): its input, the
+    unpermuted rows (``combine_preprocess``'s ``unpermute``, T x 2h), their copy in the
+    probabilities' dtype (``.to(self.local_probs.dtype)``, T x 4h) and its output (N x 4h). Its
+    backward holds the same two large tensors: the all-gather's FP32 output (T x 4h) and its BF16
+    cast (T x 2h)."""
+    gathered = gathered_tokens(tokens, ep, etp)
+    return gathered * (BF16 + PROBS_BYTES) * spec.hidden_size \
+        + np.where(gathered > 0, tokens, 0.0) * PROBS_BYTES * spec.hidden_size
+
+
+def allgather_unpermute_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp) -> np.ndarray:
+    """``combine_preprocess``'s unpermute (token_dispatcher.py:304, v0.19 :343): its output, a row
+    for every token gathered (T x 2h; N x 2h where nothing is gathered), beside the experts' output
+    it reads (c x 2h, ``routed_experts_compute``'s local, moe_layer.py:231)."""
+    rows = np.maximum(gathered_tokens(tokens, ep, etp), tokens)
+    return (copies + rows) * BF16 * spec.hidden_size
+
+
+def allgather_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp) -> np.ndarray:
+    """The allgather layer's forward peak beyond what it keeps: the global buffer, the shared
+    experts' output and the routing held (``allgather_routing_held_bytes``), beside the larger of
+    the combine's reduce-scatter (``allgather_combine_bytes``) and the unpermute
+    (``allgather_unpermute_bytes``), which leads where nothing is gathered or the copies outnumber
+    twice the rows, c > 2 (T + N), k > 2 ep + 2 / etp: top-8 Qwen3-30B-A3B at EP 1 and 2 (measured
+    146.5 MiB at EP 1: c 2h 128 + N 2h 16 + 2.5; at EP 2: c 2h 128 + T 2h 32 + the buffer 32 + 5 =
+    197), the combine elsewhere (Mixtral at EP 2: T 6h 192 + N 4h 64 + the buffer 64 + 0.3125 =
+    320.3125 MiB, measured)."""
+    return (allgather_buffer_bytes(spec, tokens, ep, etp) + shared_expert_output_bytes(spec, tokens)
+            + allgather_routing_held_bytes(spec, tokens, ep, etp)
+            + np.maximum(allgather_combine_bytes(spec, tokens, ep, etp),
+                         allgather_unpermute_bytes(spec, tokens, copies, ep, etp)))
 
 
 def expert_fc2_backward_bytes(spec: MoESpec, copies: float, etp) -> np.ndarray:
