@@ -289,7 +289,7 @@ def a2a_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp,
     and the reduce-scatter's output; (2) ``token_combine``'s all-to-all: S, the all-to-all's output,
     what ``routed_experts_compute`` returned (c x 2h, or r x 2h reduce-scattered with etp > 1) and
     the combine all-to-all's output (S again); and the routing the dispatcher holds
-    (``a2a_routing_held_bytes``). As megatron-core 0.16.1 and core_v0.19.0 run it (moe_layer.py:673:
+    (``a2a_routing_held_bytes``). As megatron-core 0.16.1 and core_v0.19.0 run it (v0.19 moe_layer.py:678:
     ``output = self.combine(output)`` frees the routed output before the unpermute);
     core_v0.15.2's ``combine`` (moe_layer.py:245-249) holds it through the unpermute, N x 2h
     more at that moment, not priced (docs/moe.md)."""
@@ -347,7 +347,8 @@ def a2a_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp
 
 # The allgather dispatcher (``MoEAllGatherTokenDispatcher``, token_dispatcher.py:203-330, over
 # ``tp_ep_group``, the expert TP x EP group): it gathers T = N etp ep tokens, every token of the
-# group, when etp ep > 1 (``token_dispatch``, :245).
+# group, when etp ep > 1 (``token_dispatch``, :245). Lines are core_v0.15.2's, as above, and
+# core_v0.19.0's where marked v0.19 (megatron-core 0.16.1's, which the symbolic layer runs, differ).
 
 
 def gathered_tokens(tokens: float, ep, etp) -> np.ndarray:
@@ -365,10 +366,10 @@ def allgather_buffer_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
 
 
 def allgather_map_held_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
-    """The local routing map the allgather dispatcher holds, ``self.local_map`` (token_dispatcher.py:287,
+    """The local routing map the allgather dispatcher holds, ``self.local_map`` (token_dispatcher.py:272,
     v0.19 :309): the local experts' columns of the routing map, gathered where etp ep > 1, bool,
     max(T, N) x E / ep, held until the layer's next forward and saved by no autograd node (the
-    ``masked_select`` saves its transposed copy, :304): alive through the backward, unkept
+    ``masked_select`` saves its transposed copy, :289, v0.19 :328): alive through the backward, unkept
     (measured: 0.5 MiB on Qwen3-30B-A3B at EP 1, where it is the router's own map)."""
     return np.maximum(gathered_tokens(tokens, ep, etp), tokens) * local_experts(spec, ep)
 
@@ -427,9 +428,9 @@ def allgather_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep
 
 
 def expert_fc2_backward_bytes(spec: MoESpec, copies: float, etp) -> np.ndarray:
-    """FC2's backward (``TEGroupedMLP.forward``'s linear_fc2, experts.py:748): its incoming
+    """FC2's backward (``TEGroupedMLP.forward``'s linear_fc2, experts.py:954): its incoming
     gradient, the experts' output's (c x 2h, made by the unpermute's backward: ``scatter_add_``'s
-    gradient is a gather, moe_utils.py:464, v0.19 :566), beside FC2's input gradient
+    gradient is a gather, moe_utils.py:390, v0.19 :566), beside FC2's input gradient
     (c x 2 h_moe / etp), before autograd frees FC2's saved input. Above FC1's output gradient
     (``expert_transient_bytes``) where h > h_moe / etp: Qwen3-30B-A3B's 2048 and 768."""
     return copies * BF16 * (spec.hidden_size + spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float))
