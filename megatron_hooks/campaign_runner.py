@@ -28,7 +28,6 @@ Exit status: 0 when every run ended ok or oom, 1 when a run failed, 2 on bad inp
 from __future__ import annotations
 
 import contextlib
-import gc
 import queue
 import time
 import uuid
@@ -68,7 +67,6 @@ def _pool_worker(rank: int, world: int, port: int, tp: int, threads: int | None,
     quiet_megatron()
 
     with process_group(rank, world, port, tp, threads):
-        gc.freeze()
         while (config := tasks.get()) is not None:
             try:
                 run_stages(config, range(config.pp), after_oom="continue")
@@ -150,9 +148,6 @@ class EmulateExecutor:
             if self._local is None:
                 self._local = contextlib.ExitStack()
                 self._local.enter_context(process_group(0, 1, free_port(), 1, self.threads))
-                # torch's and megatron's objects live as long as the process: keep the collection
-                # after every stage from walking them (it took a fifth of a tiny run's time).
-                gc.freeze()
             run_stages(config, range(config.pp), after_oom="continue")
             return
         if self._pool is not None and self._pool.degrees != (config.tp, config.dp):
@@ -180,7 +175,6 @@ class SymbolicExecutor:
 
     def __init__(self, *, layer_spec: str, memory_limit_bytes: int | None = None) -> None:
         self.layer_spec, self.memory_limit_bytes = layer_spec, memory_limit_bytes
-        gc.freeze()  # torch's and megatron's objects: each stage's collections skip them
 
     def run(self, campaign: dict, run: dict, directory: Path) -> None:
         from megatron_hooks.symbolic_run import run_symbolic
@@ -188,10 +182,6 @@ class SymbolicExecutor:
         config = _config(campaign, run, directory, None, self.memory_limit_bytes, backend="symbolic",
                          layer_spec=self.layer_spec)
         run_symbolic(config, range(config.pp), after_oom="continue")
-        # What survived the run's last collection (megatron-core's modules and what torch's fake
-        # tensors imported and cached on first use) lives as long as the process: the collections
-        # before each iteration of the next runs skip it (about 0.25 s of CPU each, else).
-        gc.freeze()
 
     def close(self) -> None:
         pass

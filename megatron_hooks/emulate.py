@@ -117,13 +117,10 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
     config = StageEmulation(**values)
     chosen = list(stages) or None
     if config.symbolic:
-        import gc
-
+        from advisor.profiles import load_run
         from megatron_hooks.stage_emulation import _checked
         from megatron_hooks.symbolic_run import run_symbolic
 
-        gc.freeze()  # torch's and megatron's objects: the collection before each iteration skips them
-        from advisor.profiles import load_run
 
         for path in run_symbolic(config, _checked(config, chosen), after_oom="continue"):
             click.echo(f"wrote {path}", err=True)

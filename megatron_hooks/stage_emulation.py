@@ -469,8 +469,10 @@ def freeze_what_is_imported() -> None:
     as Megatron-LM's --manual-gc, so that a storage a reference cycle holds is freed at the same
     moment on every rank). Each full collection walks every object torch and megatron-core's
     imports made, 0.15 s here: a third of a small symbolic run's time. Frozen, they are not walked
-    again. Called before any stage is built: every storage the hooks track is born later, so none
-    can be held by a frozen cycle (a frozen object is still freed by its reference count)."""
+    again. Called as each run starts (``run_stages``, ``run_symbolic``, ``measure_moe_layer``), before
+    its first stage is built: every storage its hooks track is born later, so none can be held by a
+    frozen cycle (a frozen object is still freed by its reference count); in a process that runs a
+    campaign, what earlier runs left alive (megatron-core's caches) is frozen with the imports."""
     import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401 (what megatron_hooks.model builds from)
 
     gc.collect()
