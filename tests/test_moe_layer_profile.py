@@ -187,15 +187,16 @@ def test_a_version_4_profile_compares_its_transient_peaks(advisor, tmp_path):
     """A v4 file's transient peaks (the symbolic backend's) beside the analytic peak, by hand for
     DeepSeek-V3 EP 8 alltoall (N 4096, k 8, h 7168, 32 local experts): at the unsort, the send
     buffer S = N k 2h = 448 MiB, the all-to-all's output 448, the experts' output 448, its unsorted
-    copy 448, the shared experts' output N 2h = 56 and the routing the dispatcher holds N E 5 B =
-    5 MiB: 1853 MiB; a v3 file (no peaks) has no such row."""
+    copy 448, the shared experts' output N 2h = 56, the routing the dispatcher holds N E 5 B =
+    5 MiB and the received FP32 probabilities c x 4 B = 0.125: 1853.125 MiB; a v3 file (no peaks)
+    has no such row."""
     doc = json.loads((EXAMPLE / layer_profile.FILENAME).read_text())
     doc.update(version=4, layer_spec="transformer_engine", kernels="cuda",
                transient_bytes={"forward_peak": 1853 * 2**20, "backward_peak": 901 * 2**20})
     (tmp_path / layer_profile.FILENAME).write_text(json.dumps(doc))
     rows = {row["term"]: row for row in advisor.json("profile", "show", tmp_path)["compare"]}
     row = rows[layer_profile.TRANSIENT_TERM]
-    assert row["analytic_bytes"] == 1853 * 2**20 and row["measured_bytes"] == 1853 * 2**20
+    assert row["analytic_bytes"] == 1853.125 * 2**20 and row["measured_bytes"] == 1853 * 2**20
     doc.pop("transient_bytes")
     (tmp_path / layer_profile.FILENAME).write_text(json.dumps({**doc, "version": 3}))
     assert layer_profile.TRANSIENT_TERM not in {row["term"] for row in advisor.json("profile", "show", tmp_path)["compare"]}

@@ -151,10 +151,12 @@ def test_transient_peaks_alltoall_deepseek_v3():
     unsorted 448 + FP32 cast c h 4 = 896 + reduce-scatter output r h 4 = 448 = 2688, + 28 = 2716;
     the combine 2 S + 224 + r 2h 224 = 896. Backward: the cast and reduce-scatter 896 + 448 = 1344
     (the combine's 448, FC1's gradient 32768 x 4 x 1024 = 128 MiB).
-    In both peaks, the routing the dispatcher holds: N x 256 experts x (4 + 1) B = 2.5 MiB."""
-    assert transient_mib(DSV3, 4096, 2, 64, 1) == pytest.approx((926.5, 450.5, 926.5))
+    In both peaks, the routing the dispatcher holds: N x 256 experts x (4 + 1) B = 2.5 MiB; in the
+    forward's, the received FP32 probabilities custom_forward holds, r x 4 B = 0.0625 MiB, except at
+    EP 256, where they are the one local expert's kept input probabilities."""
+    assert transient_mib(DSV3, 4096, 2, 64, 1) == pytest.approx((926.5625, 450.5, 926.5625))
     assert transient_mib(DSV3, 4096, 2, 256, 1) == pytest.approx((702.5, 450.5, 702.5))
-    assert transient_mib(DSV3, 4096, 2, 64, 2) == pytest.approx((2718.5, 1346.5, 2718.5))
+    assert transient_mib(DSV3, 4096, 2, 64, 2) == pytest.approx((2718.5625, 1346.5, 2718.5625))
 
 
 def test_transient_peaks_mixtral_and_allgather():
@@ -162,13 +164,14 @@ def test_transient_peaks_mixtral_and_allgather():
     shared experts): S = 2048 x 2 x 8192 B = 32 MiB, all-to-all output r 2h = 32, experts' output
     c 2h = 64, unsorted 64, FP32 cast c h 4 = 128, reduce-scatter output r h 4 = 64: 384; the
     combine 2 S + 32 + 32 = 128. Backward: FC1's gradient c 2 2 h_moe / 2 = 8192 x 28672 B = 224 MiB
-    above the cast's 192 and the combine's 64; with the held routing, 2048 x 8 x 5 B = 0.078125 MiB.
+    above the cast's 192 and the combine's 64; with the held routing, 2048 x 8 x 5 B = 0.078125 MiB,
+    and in the forward the received FP32 probabilities r x 4 B = 0.015625 MiB.
     allgather, DeepSeek-V3 EP 64 (T = 2048 x 64 = 131072 rows): the global buffer T 2h = 1792 MiB,
     the unpermuted rows T 2h 1792 and their FP32 copy T 4h 3584, the gathered FP32 probabilities
     T 256 x 4 = 128, the reduce-scatter's output 2048 x 7168 x 4 = 56, the shared output 28, the
     router's map N x 256 B = 0.5 and the local map, T x 4 local experts B = 0.5: 7381 (7380 before
     2026-11-29, the two maps unpriced). Backward: 1792 + T 6h 5376 + the local map 0.5: 7168.5."""
-    assert transient_mib(MIXTRAL, 4096, 2, 4, 2) == pytest.approx((384.078125, 224.078125, 384.078125))
+    assert transient_mib(MIXTRAL, 4096, 2, 4, 2) == pytest.approx((384.09375, 224.078125, 384.09375))
     assert transient_mib(DSV3, 4096, 2, 64, 1, "allgather") == pytest.approx((7381, 7168.5, 7381))
 
 
@@ -194,6 +197,25 @@ def test_alltoall_backward_moments_beyond_the_combine():
     assert peaks(128, 1, routed) == (2304 + 2.5, 2816 + 2.5)
     assert peaks(8, 1, routed)[1] == 2048 + 2.5
     assert peaks(2, 4, mm.RoutedTokens())[1] == 1536 + 2.5
+
+
+def test_alltoall_capacity_routing_holds_the_probabilities_alone():
+    """With capacity routing the dispatcher's routing map is the router's capacity mask, which the
+    router's product with the probabilities saves (moe_utils.py apply_router_token_dropping): kept,
+    so the held routing is the FP32 probabilities alone, N x E x 4. Qwen3-30B-A3B at EP 8, capacity
+    1.25 padded (N 4096, k 8, 16 local experts, c = r = 1.25 N k = 40960, h 2048): the unsort's
+    moment S + the all-to-all's output + the experts' output + its unsorted copy, 4 x 160 MiB, +
+    the received probabilities r x 4 B 0.15625 + the probabilities N E 4 B 2 = 642.15625 MiB (the
+    symbolic layer measured 642.157: the 1 KiB beside it a CPU count tensor). Dropless, the map
+    too: N E 5."""
+    qwen, n = PRESETS["qwen3-30b-a3b"], 4096.0
+    capacity = mm.RoutedTokens(routing="capacity", capacity_factor=1.25)
+    assert mm.a2a_routing_held_bytes(qwen, n, capacity) == n * 128 * 4
+    assert mm.a2a_routing_held_bytes(qwen, n, mm.RoutedTokens(routing="dropless")) == n * 128 * 5
+    copies = mm.expert_token_copies(qwen, n, 8, 1, capacity)
+    assert copies == 40960
+    forward = mm.layer_transient_peaks(qwen, n, copies, 8, 1, "alltoall", capacity)[0]
+    assert float(forward) / MiB == 4 * 160 + 0.15625 + 2
 
 
 def test_transient_flex_and_workspace():

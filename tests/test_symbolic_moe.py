@@ -68,6 +68,8 @@ balanced, moe_fake._alltoall_preprocess = moe_fake._alltoall_preprocess, droples
 for ep in (8, 128):
     out[f"a2a_dropless_ep{ep}"] = measure_moe_layer(qwen, seq_len=4096, ep=ep, dispatcher="alltoall").transient_bytes
 moe_fake._alltoall_preprocess = balanced
+out["a2a_capacity_ep8"] = measure_moe_layer(qwen, seq_len=4096, ep=8, dispatcher="alltoall",
+                                            capacity_factor=1.25).transient_bytes
 try:
     measure_moe_layer(small_mla, seq_len=32, layer_spec="local")
 except NotImplementedError as exc:
@@ -322,8 +324,9 @@ MiB = 2**20
     # output 64 = 384, over the backward's 224
     ("tp2_ep4_etp2", 384 + 2048 * 8 * 5 / MiB),
     # EP 8, capacity 1.25 padded (N 4096, 1 local expert, c = 10240 copies sent and received): the
-    # backward's FC1 gradient 10240 x 57344 B = 560 MiB over the combine's 2 S + c 2h = 240
-    ("ep8_capacity", 560 + 4096 * 8 * 5 / MiB),
+    # backward's FC1 gradient 10240 x 57344 B = 560 MiB over the combine's 2 S + c 2h = 240; the
+    # held routing the FP32 probabilities alone (the capacity mask is kept)
+    ("ep8_capacity", 560 + 4096 * 8 * 4 / MiB),
     # DeepSeek-V3 EP 8 (N 4096, k 8, h 7168, 32 local experts, c = 32768): S 448 + all-to-all output
     # 448 + experts' output 448 + unsorted 448 = 1792, + the shared output 56 + routing 4096 x 256 x 5
     ("deepseek", 1792 + 56 + 5),
@@ -421,7 +424,8 @@ def test_the_alltoall_backward_is_measured_and_priced(measured, name, ep, etp, r
     priced to the MiB and by hand, + the held routing N E 5 = 2.5 MiB. Priced before 2026-11-29:
     1154.5, 2178.5 and 1282.5 (the combine's S + r 2h, the reduce-scatter's c 4h + r 4h). Only at
     EP 128 does the backward lead the forward (2306.5 measured and priced); at EP 8 the forward's
-    3203.5 is 1 MiB above the priced one, the received FP32 probabilities (r x 4 B) unpriced."""
+    3203.5 (S 128 + the all-to-all's output, the experts' output and its unsorted copy, 1024 each,
+    + the received FP32 probabilities r x 4 B = 1, unpriced before 2026-11-29, + 2.5) is priced."""
     from advisor.moe import memory
     from advisor.moe.spec import PRESETS
 
@@ -433,3 +437,25 @@ def test_the_alltoall_backward_is_measured_and_priced(measured, name, ep, etp, r
     assert abs(measured[name]["backward_peak"] - backward) < MiB
     if name == "a2a_dropless_ep128":
         assert abs(measured[name]["forward_peak"] - forward) < MiB < backward - forward
+    if name == "a2a_dropless_ep8":
+        assert float(forward) / MiB == 128 + 3 * 1024 + 1 + 2.5
+        assert abs(measured[name]["forward_peak"] - forward) < 2**10 + 1
+
+
+def test_the_alltoall_capacity_forward_holds_the_probabilities_not_the_mask(measured):
+    """Qwen3-30B-A3B at EP 8, capacity 1.25 padded (c = r = 40960, S = 160 MiB, 16 local experts):
+    the forward's peak, 4 x 160 + the received FP32 probabilities r x 4 B 0.15625 + the held FP32
+    probabilities N E 4 B 2 = 642.15625 MiB, measured to 2 KiB (a 1 KiB int64 count tensor, smaller ones);
+    the capacity mask the dispatcher also holds is saved by the router's product, kept (N E 5 =
+    2.5 priced before 2026-11-29, 0.34 MiB high)."""
+    from advisor.moe import memory
+    from advisor.moe.spec import PRESETS
+
+    qwen, n = PRESETS["qwen3-30b-a3b"], 4096
+    assumption = memory.RoutedTokens(routing="capacity", capacity_factor=1.25)
+    copies = memory.expert_token_copies(qwen, n, 8, 1, assumption)
+    forward, backward = memory.layer_transient_peaks(qwen, n, copies, 8, 1, "alltoall", assumption)
+    assert float(forward) / MiB == 4 * 160 + 0.15625 + 2
+    got = measured["a2a_capacity_ep8"]
+    assert 0 <= got["forward_peak"] - forward <= 2 * 2**10
+    assert got["backward_peak"] < got["forward_peak"]

@@ -274,11 +274,28 @@ def shared_expert_output_bytes(spec: MoESpec, tokens: float) -> float:
     return tokens * BF16 * spec.hidden_size if spec.shared_expert_size else 0.0
 
 
-def a2a_routing_held_bytes(spec: MoESpec, tokens: float) -> float:
-    """The router's FP32 probabilities and boolean routing map, N x E x (4 + 1), which the
-    alltoall dispatcher holds (``dispatch_preprocess``: self.probs, self.routing_map,
-    token_dispatcher.py:570-571) until the layer's next forward: in both peaks."""
-    return tokens * spec.num_experts * (PROBS_BYTES + 1)
+def a2a_routing_held_bytes(spec: MoESpec, tokens: float, assumption: RoutedTokens = RoutedTokens()) -> float:
+    """What the alltoall dispatcher holds of the router's output (``dispatch_preprocess``:
+    self.probs, self.routing_map, token_dispatcher.py:570-571, v0.19 :636-637) until the layer's
+    next forward that autograd does not keep, in both peaks: the FP32 probabilities, N x E x 4
+    (``permute`` saves their transposed copy, moe_utils.py:298, v0.19 :544), and the bool map,
+    N x E, except with capacity routing: there the map is the capacity mask
+    (``apply_router_token_dropping``, ``final_probs = routing_probs * final_map``, moe_utils.py:706
+    and :710, v0.19 :1015 and :1019), which the product saves, a kept router activation (measured:
+    Qwen3-30B-A3B at EP 8, capacity 1.25 padded, 2 MiB held, not 2.5)."""
+    held_map = 0.0 if assumption.routing == "capacity" else 1.0
+    return tokens * spec.num_experts * (PROBS_BYTES + held_map)
+
+
+def a2a_received_probs_bytes(spec: MoESpec, copies: float, ep, etp) -> np.ndarray:
+    """The all-to-all's received FP32 probabilities, r x 4 (``token_dispatch``'s ``global_probs``,
+    token_dispatcher.py:629, v0.19 :711): ``custom_forward`` rebinds its ``probs`` to them
+    (moe_layer.py:275, v0.19 :673), alive until the layer's output, unkept where the experts keep
+    another tensor (``a2a_received_bytes``' condition: the sorted copy with several local
+    experts, the expert-TP all-gather with etp > 1); with one local expert and etp 1 they are the
+    probabilities the experts keep. Measured: 1 MiB on Qwen3-30B-A3B dropless at EP 8 (r = 262144)."""
+    etp = np.asarray(etp, dtype=float)
+    return np.where((local_experts(spec, ep) > 1) | (etp > 1), copies / etp * PROBS_BYTES, 0.0)
 
 
 def a2a_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp,
@@ -288,7 +305,8 @@ def a2a_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp,
     unsorting): S, the all-to-all's output, the experts' output, its unsorted copy, the FP32 cast
     and the reduce-scatter's output; (2) ``token_combine``'s all-to-all: S, the all-to-all's output,
     what ``routed_experts_compute`` returned (c x 2h, or r x 2h reduce-scattered with etp > 1) and
-    the combine all-to-all's output (S again); and the routing the dispatcher holds
+    the combine all-to-all's output (S again); and the received probabilities custom_forward holds
+    (``a2a_received_probs_bytes``) and the routing the dispatcher holds
     (``a2a_routing_held_bytes``). As megatron-core 0.16.1 and core_v0.19.0 run it (v0.19 moe_layer.py:678:
     ``output = self.combine(output)`` frees the routed output before the unpermute);
     core_v0.15.2's ``combine`` (moe_layer.py:245-249) holds it through the unpermute, N x 2h
@@ -300,7 +318,7 @@ def a2a_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp,
                   + etp_cast_bytes(spec, copies, etp) + etp_reduce_scatter_bytes(spec, copies, etp))
     combine = 2 * send + received + returned
     return np.maximum(preprocess, combine) + shared_expert_output_bytes(spec, tokens) \
-        + a2a_routing_held_bytes(spec, tokens)
+        + a2a_received_probs_bytes(spec, copies, ep, etp) + a2a_routing_held_bytes(spec, tokens, assumption)
 
 
 def a2a_reduce_scatter_backward_bytes(spec: MoESpec, copies: float, etp) -> np.ndarray:
@@ -342,7 +360,7 @@ def a2a_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp
     experts = np.maximum(expert_fc2_backward_bytes(spec, copies, etp), expert_transient_bytes(spec, copies, etp))
     moments = np.maximum(np.maximum(combine, a2a_reduce_scatter_backward_bytes(spec, copies, etp)),
                          np.maximum(unsort, experts))
-    return moments + a2a_routing_held_bytes(spec, tokens)
+    return moments + a2a_routing_held_bytes(spec, tokens, assumption)
 
 
 # The allgather dispatcher (``MoEAllGatherTokenDispatcher``, token_dispatcher.py:203-330, over
