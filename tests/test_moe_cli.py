@@ -77,9 +77,10 @@ def test_capacity_routing_is_launched_as_priced():
     assert "--moe-expert-capacity-factor" in unpadded["megatron_args"] and unpadded["pad_to_capacity"] is False
     # unpadded at 1.5 every balanced copy fits: balanced's memory and time (both wait on the host
     # for the counts, which only the padded alltoall dispatcher knows in advance), but for the
-    # routing map the dispatcher holds, which is the capacity mask the router's product saves (kept
-    # and priced in the router's 9E, memory.a2a_routing_held_bytes): N x E bool less transient
-    held_map = 4096 * 8 / 2**30
+    # routing map each of the stage's 8 MoE layers' dispatchers holds, which is the capacity mask the
+    # router's product saves (kept and priced in the router's 9E, memory.a2a_routing_held_bytes):
+    # 8 x N x E bool less transient
+    held_map = 8 * 4096 * 8 / 2**30
     assert unpadded["activations_gib"] == pytest.approx(balanced["activations_gib"] - held_map, abs=1e-12)
     assert balanced["activations_gib"] < padded["activations_gib"]
     assert unpadded["step_time_s"] == balanced["step_time_s"] < padded["step_time_s"]

@@ -1,5 +1,7 @@
 """Per-layer MoE memory terms (advisor.moe.memory) against hand-derived values."""
 
+import math
+
 import pytest
 
 from advisor.moe import memory as mm
@@ -220,9 +222,59 @@ def test_alltoall_capacity_routing_holds_the_probabilities_alone():
 
 def test_transient_flex_and_workspace():
     """flex keeps its unmeasured sum: DeepEP's buffers (the received copies, 2h each) plus FC1's
-    gradient (2 h_moe / etp per copy): Mixtral, 2048 copies at ETP 2."""
+    gradient (2 h_moe / etp per copy): Mixtral, 2048 copies at ETP 2; with the routing DeepEP's
+    manager holds (k' = etp k = 4 over 2 local experts): the top-k FP32 probabilities N k' 4, and
+    of R = min(c, N ep etp) = 2048 received tokens the indices R k' 8 and the multihot probabilities
+    and map R 2 (4 + 1)."""
     n, copies = 1024.0, 2048.0
     forward, backward = mm.layer_transient_peaks(MIXTRAL, n, copies, 4, 2, "flex")
-    assert forward == 2048 * 2 * 4096 + 2048 * 2 * 14336
+    held = 1024 * 4 * 4 + 2048 * (4 * 8 + 2 * 5)
+    assert forward == 2048 * 2 * 4096 + 2048 * 2 * 14336 + held
     assert mm.grouped_gemm_workspace_bytes() == WORKSPACE
     assert mm.moe_layer_transient_bytes(MIXTRAL, n, copies, 4, 2, "flex", grouped_gemm=False) == forward
+
+
+def test_the_routing_each_dispatcher_holds_between_forwards_by_hand():
+    """What one MoE layer's dispatcher holds from its forward to its next beyond what autograd keeps
+    (megatron-core core_v0.15.2 / 0.16.1 token_dispatcher.py). Qwen3-30B-A3B, N 4096, E 128, k 8:
+    alltoall, self.probs N E 4 + self.routing_map N E = 2.5 MiB (2 with capacity routing, the map
+    the router's saved capacity mask); recomputed (no autograd in the forward), the map and the
+    permutation's indices too, N k 8 per sent copy: 2.75, and 2.5 + 1.25 x 0.25 padded to capacity
+    1.25. allgather, the local map max(T, N) E / ep bool: 0.5 at EP 1 and 2 (T = 8192 rows over 64
+    local experts), 1 at EP 2 ETP 2 (T = 16384); recomputed, + c (4 + 8) for the experts'
+    probabilities and the permutation's indices: 0.5 + 0.375 at EP 1. The flex dispatcher's
+    managers (unmeasured): DeepEP, DeepSeek-V3 at TP 2 EP 64 (N 2048, k' = 8 at ETP 1, 4 local
+    experts): N k' 4 + R (k' 8 + 4 x 5), R the group's N ep tokens with one of their 8 random
+    experts among the 4 (1 - C(252, 8) / C(256, 8) of them, 15,720; dropless the bound, every token
+    of the group, N ep = 131072, below its c = N ep 4 copies);
+    HybridEP, Qwen3 at EP 16, the map and probabilities N E 5 = 2.5 MiB; NCCL-EP, N k' 4 = 128 KiB;
+    Mixtral at EP 4 (E 8, k 2, 2 local experts, N 4096): 1 - C(6, 2) / C(8, 2) = 13 / 28 of the
+    group's 16384 tokens, 7607, under its 8192 copies (a token with both its experts there counts
+    once)."""
+    qwen, n = PRESETS["qwen3-30b-a3b"], 4096.0
+    balanced, capacity = mm.RoutedTokens(), mm.RoutedTokens(routing="capacity", capacity_factor=1.25)
+
+    def held(spec, tokens, ep, etp, dispatcher, assumption=balanced, recomputed=False, backend="deepep"):
+        copies = mm.expert_token_copies(spec, tokens, ep, etp, assumption)
+        return float(mm.dispatcher_held_bytes(spec, tokens, copies, ep, etp, dispatcher, assumption, recomputed,
+                                              backend)) / MiB
+
+    assert held(qwen, n, 16, 1, "alltoall") == 2.5
+    assert held(qwen, n, 8, 1, "alltoall", capacity) == 2.0
+    assert held(qwen, n, 16, 1, "alltoall", recomputed=True) == 2.75
+    assert held(qwen, n, 8, 1, "alltoall", capacity, recomputed=True) == 2.5 + 1.25 * 0.25
+    assert [held(qwen, n, ep, etp, "allgather") for ep, etp in ((1, 1), (2, 1), (2, 2))] == [0.5, 0.5, 1.0]
+    assert held(qwen, n, 1, 1, "allgather", recomputed=True) == 0.5 + 0.375
+    received = 2048 * 64 * (1 - math.comb(252, 8) / math.comb(256, 8))
+    assert round(received) == 15720
+    assert held(DSV3, 2048.0, 64, 1, "flex") == pytest.approx((2048 * 8 * 4 + received * 84) / MiB, rel=1e-12)
+    dropless = mm.RoutedTokens(routing="dropless")
+    assert held(DSV3, 2048.0, 64, 1, "flex", dropless) == (2048 * 8 * 4 + 131072 * 84) / MiB
+    assert float(mm.flex_received_tokens(MIXTRAL, 4096.0, 8192.0, 4, 1)) == pytest.approx(16384 * 13 / 28)
+    assert held(qwen, n, 16, 1, "flex", backend="hybridep") == 2.5
+    assert held(qwen, n, 16, 1, "flex", backend="ncclep") == 0.125
+    # the stage's other layers: Qwen3-30B-A3B at PP 1, 47 besides the one at its peak
+    copies = mm.expert_token_copies(qwen, n, 16, 1, balanced)
+    others = mm.routing_held_by_other_layers_bytes(qwen, 48, n, copies, 16, 1, "alltoall")
+    assert float(others) / MiB == 47 * 2.5
+    assert float(mm.routing_held_by_other_layers_bytes(qwen, 1, n, copies, 16, 1, "alltoall")) == 0.0

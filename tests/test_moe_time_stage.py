@@ -1,6 +1,8 @@
 """MoE stage memory (advisor.moe.stage), time terms (advisor.moe.time) and Megatron's FLOPs
 count for MoE, against hand-derived values."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -42,8 +44,44 @@ def test_stage_memory_by_hand():
     copies = 4096 * 2
     # one local expert: forward S + the experts' output at the unsort-free combine, 2 x 64 + 64 MiB,
     # below FC1's gradient in the backward, copies x 2 x 2 h_moe = 448 MiB; with the routing the
-    # dispatcher holds, 4096 tokens x 8 experts x (4 + 1) B
-    assert b.transient[0] == pytest.approx(copies * 2 * 2 * 14336 + 4096 * 8 * 5 + 4 * (32 * 2**20 + 256))
+    # dispatcher holds, 4096 tokens x 8 experts x (4 + 1) B, and the same held by each of the
+    # stage's 15 other MoE layers' dispatchers
+    assert b.transient[0] == pytest.approx(copies * 2 * 2 * 14336 + 16 * 4096 * 8 * 5 + 4 * (32 * 2**20 + 256))
+
+
+@pytest.mark.parametrize("recompute, per_layer", [("none", 2.5), ("full", 2.75)])
+def test_every_other_moe_layer_s_held_routing_on_the_stage(monkeypatch, recompute, per_layer):
+    """Qwen3-30B-A3B at PP 1 (48 MoE layers; TP 1, EP 16, alltoall, balanced, sequence 4096, MBS 1:
+    N 4096, E 128, k 8): each dispatcher holds self.probs N E 4 and self.routing_map N E, 2.5 MiB,
+    from its layer's forward to the next; one layer's is in its transient peak, the 47 others' beside
+    it: 117.5 MiB. Fully recomputed, their forwards saved nothing, so each holds the permutation's
+    indices too (N k 8, 0.25 MiB): 129.25. The stage's total moves by exactly that."""
+    qwen, MiB = PRESETS["qwen3-30b-a3b"], 2**20
+    layout = dict(tp=1, cp=1, pp=1, ep=16, etp=1, dp=16, mbs=1, num_microbatches=64, stage=np.array([0]),
+                  recompute=recompute)
+    b = st.stage_bytes(qwen, 4096, st.MoEOptions(), **layout)
+    one = mm.moe_layer_transient_bytes(qwen, 4096.0, 4096.0 * 8, 16, 1, "alltoall")
+    assert (b.transient[0] - one) / MiB == pytest.approx(47 * per_layer, abs=1e-9)
+    monkeypatch.setattr(mm, "routing_held_by_other_layers_bytes", lambda *args, **kwargs: 0.0)
+    without = st.stage_bytes(qwen, 4096, st.MoEOptions(), **layout)
+    assert (b.total[0] - without.total[0]) / MiB == pytest.approx(47 * per_layer, abs=1e-9)
+
+
+def test_deepseek_v3_stages_hold_their_other_moe_layers_routing():
+    """DeepSeek-V3 at TP 2, PP 16, EP 64, alltoall, capacity 1.0 (dgxc-dsv3-bf16's layout, one MTP
+    layer; N 2048, E 256): the held routing is the FP32 probabilities alone (the capacity mask is
+    kept), N E 4 = 2 MiB a layer. Split 3 | 3 | 4 x 13 | 3: stage 0's three dense layers hold none;
+    stage 1's three MoE layers, 2 others: 4 MiB; stage 2's four, 3 others: 6; the last stage's three
+    and its MTP layer's MoE layer, 3 others: 6."""
+    dsv3, MiB = replace(DSV3, mtp_num_layers=1), 2**20
+    options = st.MoEOptions(routing=mm.RoutedTokens(routing="capacity", capacity_factor=1.0))
+    stages = np.array([0, 1, 2, 15])
+    b = st.stage_bytes(dsv3, 4096, options, tp=2, cp=1, pp=16, ep=64, etp=1, dp=32, mbs=1, num_microbatches=128,
+                       stage=stages)
+    tokens = 2048.0
+    copies = mm.expert_token_copies(dsv3, tokens, 64, 1, options.routing)
+    one = mm.moe_layer_transient_bytes(dsv3, tokens, copies, 64, 1, "alltoall", options.routing)
+    assert list((b.transient - np.where(stages > 0, one, 0.0)) / MiB) == pytest.approx([0, 4, 6, 6], abs=1e-9)
 
 
 def test_deepseek_dense_layers_and_interleaving():

@@ -473,27 +473,137 @@ def allgather_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, e
 
 
 def layer_transient_peaks(spec: MoESpec, tokens: float, copies: float, ep, etp, dispatcher: Dispatcher,
-                          assumption: RoutedTokens = RoutedTokens()) -> tuple:
+                          assumption: RoutedTokens = RoutedTokens(), flex_backend: str = "deepep") -> tuple:
     """(forward, backward) peaks of one MoE layer beyond what it keeps, for the alltoall and
     allgather dispatchers (measured: the symbolic layer's ``transient_bytes``, docs/profiling.md);
     for flex, its buffers (``flex_buffer_bytes``) and the experts' backward
-    (``expert_transient_bytes``) summed, as before, unmeasured."""
+    (``expert_transient_bytes``) summed, as before, unmeasured, with the routing it holds
+    (``flex_held_bytes``) as the others' peaks hold theirs."""
     if dispatcher == "allgather":
         return (allgather_forward_peak_bytes(spec, tokens, copies, ep, etp),
                 allgather_backward_peak_bytes(spec, tokens, copies, ep, etp))
     if dispatcher == "flex":
-        return flex_buffer_bytes(spec, copies) + expert_transient_bytes(spec, copies, etp), 0.0
+        held = flex_held_bytes(spec, tokens, copies, ep, etp, assumption, flex_backend)
+        return flex_buffer_bytes(spec, copies) + expert_transient_bytes(spec, copies, etp) + held, 0.0
     return (a2a_forward_peak_bytes(spec, tokens, copies, ep, etp, assumption),
             a2a_backward_peak_bytes(spec, tokens, copies, ep, etp, assumption))
 
 
 def moe_layer_transient_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp, dispatcher: Dispatcher,
-                              assumption: RoutedTokens = RoutedTokens(), grouped_gemm: bool = True) -> np.ndarray:
+                              assumption: RoutedTokens = RoutedTokens(), grouped_gemm: bool = True,
+                              flex_backend: str = "deepep") -> np.ndarray:
     """What one MoE layer holds at its peak beyond what it keeps, one layer at a time: the larger
     of its forward and backward peaks (``layer_transient_peaks``), plus the grouped GEMM's
     workspaces (``grouped_gemm_workspace_bytes``), which the symbolic layer does not allocate."""
-    forward, backward = layer_transient_peaks(spec, tokens, copies, ep, etp, dispatcher, assumption)
+    forward, backward = layer_transient_peaks(spec, tokens, copies, ep, etp, dispatcher, assumption, flex_backend)
     return np.maximum(forward, backward) + grouped_gemm_workspace_bytes(grouped_gemm)
+
+
+# --- what every MoE layer's dispatcher holds between its forwards -----------------------------
+# Each MoE layer builds its own dispatcher (``MoELayer.__init__``, moe_layer.py), whose attributes
+# hold tensors from the layer's forward until its next forward, set in the forward and never
+# cleared: a stage with L MoE layers holds L sets at its peak, whichever layer is at its transient
+# peak (measured: three real megatron-core layers on fake tensors hold three times one layer's,
+# after the forward and after the backward; tests/test_symbolic_moe_held.py). What autograd
+# saves among them is a kept activation while its microbatch is in flight; after the layer's
+# backward of that microbatch it is held, no longer kept, in place of the layer's freed
+# activations, which are larger, so it never lifts a stage above its microbatches in flight (1F1B
+# or interleaved: a layer's newest forward is of a microbatch in flight until the cooldown, when
+# fewer are; at PP 1 the layers not yet run hold the previous microbatch's). What no autograd node
+# saves is held beyond them at every moment. A recomputed layer (--recompute-granularity full, or
+# 'moe' in --recompute-modules: ``tensor_parallel.checkpoint``) runs its forward without autograd:
+# nothing is saved, and all of it is held beyond. Lines are core_v0.15.2's, as above.
+
+
+def alltoall_held_bytes(spec: MoESpec, tokens: float, assumption: RoutedTokens = RoutedTokens(),
+                        recomputed: bool = False) -> float:
+    """``MoEAlltoAllTokenDispatcher``'s: self.probs and self.routing_map (``a2a_routing_held_bytes``);
+    recomputed, the map whatever the routing and self.reversed_local_input_permutation_mapping,
+    ``permute``'s int64 sorted indices, one per copy sent (token_dispatcher.py:596,
+    moe_utils.py:295; the permutation's index_select saves them otherwise). The rest is host-side
+    or per expert (the splits, ``num_global_tokens_per_local_expert``)."""
+    if not recomputed:
+        return a2a_routing_held_bytes(spec, tokens, assumption)
+    return tokens * spec.num_experts * (PROBS_BYTES + 1) + sent_token_copies(spec, tokens, assumption) * 8
+
+
+def allgather_held_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp, recomputed: bool = False):
+    """``MoEAllGatherTokenDispatcher``'s: self.local_map (``allgather_map_held_bytes``; the gathered
+    map is dropped, token_dispatcher.py:292); recomputed, self.local_probs, the experts' FP32
+    probabilities (:289), and self.reversed_local_input_permutation_mapping, int64 (:282), one of
+    each per copy its experts process, which the experts and the permutation save otherwise."""
+    held = allgather_map_held_bytes(spec, tokens, ep, etp)
+    return held + (copies * (PROBS_BYTES + 8) if recomputed else 0.0)
+
+
+def flex_received_tokens(spec: MoESpec, tokens: float, copies: float, ep, etp,
+                         assumption: RoutedTokens = RoutedTokens()) -> np.ndarray:
+    """R, the tokens DeepEP's dispatch brings a rank, each once whatever its copies there: of the
+    N ep etp tokens of the EP x ETP group, those with one of their k experts among the rank's
+    E / ep. Under balanced routing, uniformly random top-k (what --moe-router-force-load-balancing
+    draws: random logits, router.py:554-556), N ep etp (1 - C(E - E/ep, k) / C(E, k)), scaled by
+    the imbalance; dropless, the bound min(c, N ep etp); never above the copies c."""
+    group = tokens * np.asarray(ep, dtype=float) * np.asarray(etp, dtype=float)
+    if assumption.routing == "dropless":
+        return np.minimum(copies, group)
+    experts, local = spec.num_experts, local_experts(spec, ep)
+    missed = np.ones_like(local)
+    for i in range(spec.moe_router_topk):  # C(E - E/ep, k) / C(E, k), factor by factor (0 once E - E/ep < k)
+        missed = missed * np.clip((experts - local - i) / (experts - i), 0.0, None)
+    return np.minimum(copies, group * (1 - missed) * assumption.imbalance)
+
+
+def flex_held_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp,
+                    assumption: RoutedTokens = RoutedTokens(), backend: str = "deepep", recomputed: bool = False):
+    """``MoEFlexTokenDispatcher``'s manager's, by backend, over k' = etp k and etp E (the map and
+    probabilities expanded over the expert-TP ranks, ``_initialize_metadata``, token_dispatcher.py:
+    1200). DeepEP (``_DeepepManager``): the top-k FP32 probabilities, N k' 4 (:977; its fused
+    dispatch saves only its handle, fused_a2a.py), and of the R tokens it receives
+    (``flex_received_tokens``) the int64 indices R k' 8 (:1007) and the multihot FP32
+    probabilities and bool map R E / ep 5 (:1106; ``permute`` saves their transposed copies);
+    with capacity routing the masked indices, N k' 8 (:981; the top-k saves its own otherwise).
+    core_v0.19.0 frees the received indices and probabilities at the combine (:1380-1381): R (k' 8 +
+    E / ep 4) less, not priced. HybridEP (megatron-core 0.16.1, v0.19): the expanded map and
+    probabilities, N etp E 5 (0.16.1 :1004-1005, v0.19 :1087-1088; its dispatch saves its handle).
+    NCCL-EP (v0.19): the top-k probabilities, N k' 4 (:1590). Recomputed, what autograd saves
+    otherwise too: DeepEP's top-k indices N k' 8 and permutation indices c 8 (:1116); HybridEP's
+    received probabilities c 4; NCCL-EP's top-k indices. Unmeasured: DeepEP needs CUDA."""
+    etp = np.asarray(etp, dtype=float)
+    topk = tokens * spec.moe_router_topk * etp
+    if backend == "hybridep":
+        return tokens * etp * spec.num_experts * (PROBS_BYTES + 1) + (copies * PROBS_BYTES if recomputed else 0.0)
+    if backend == "ncclep":
+        return topk * (PROBS_BYTES + (8 if recomputed else 0))
+    received = flex_received_tokens(spec, tokens, copies, ep, etp, assumption)
+    indices = topk * 8 if recomputed or assumption.routing == "capacity" else 0.0
+    return (topk * PROBS_BYTES + received * (spec.moe_router_topk * etp * 8 + local_experts(spec, ep) * 5)
+            + indices + (copies * 8 if recomputed else 0.0))
+
+
+def dispatcher_held_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp, dispatcher: Dispatcher,
+                          assumption: RoutedTokens = RoutedTokens(), recomputed: bool = False,
+                          flex_backend: str = "deepep") -> np.ndarray:
+    """What one MoE layer's dispatcher holds from its forward until its next beyond what autograd
+    keeps (the section's comment): ``alltoall_held_bytes``, ``allgather_held_bytes`` or
+    ``flex_held_bytes``. Unrecomputed, each layer's transient peak (``layer_transient_peaks``)
+    holds its own."""
+    if dispatcher == "allgather":
+        return allgather_held_bytes(spec, tokens, copies, ep, etp, recomputed)
+    if dispatcher == "flex":
+        return flex_held_bytes(spec, tokens, copies, ep, etp, assumption, flex_backend, recomputed)
+    return np.asarray(alltoall_held_bytes(spec, tokens, assumption, recomputed), dtype=float)
+
+
+def routing_held_by_other_layers_bytes(spec: MoESpec, moe_layers, tokens: float, copies: float, ep, etp,
+                                       dispatcher: Dispatcher, assumption: RoutedTokens = RoutedTokens(),
+                                       recomputed: bool = False, flex_backend: str = "deepep") -> np.ndarray:
+    """What the stage's other MoE layers' dispatchers hold while one is at its transient peak:
+    (moe_layers - 1) x ``dispatcher_held_bytes`` (the MTP layers' MoE layers among them). Qwen3-30B-A3B
+    at PP 1 (48 layers, N 4096, E 128), alltoall: 47 x N E 5 B = 117.5 MiB; recomputed, 47 x (2.5
+    + N k 8 B = 0.25) = 129.25 MiB."""
+    others = np.maximum(np.asarray(moe_layers, dtype=float) - 1, 0.0)
+    return others * dispatcher_held_bytes(spec, tokens, copies, ep, etp, dispatcher, assumption, recomputed,
+                                          flex_backend)
 
 
 GROUPED_GEMM_WORKSPACE_BYTES = 4 * (32 * 2**20 + 256)

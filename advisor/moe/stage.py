@@ -174,7 +174,8 @@ def _stage_arrays(spec: MoESpec, pp, stage, layers_per_stage: tuple[int, ...] | 
 class StageBytes:
     """Bytes per GPU of stages (arrays over layouts), in the buckets the calibrated model
     corrects (``advisor.verdicts.calibrated_terms``): model states, the layers' activations, the
-    embedding's and the output's, and one layer's transient buffers."""
+    embedding's and the output's, and one layer's transient buffers with the routing the other
+    MoE layers' dispatchers hold."""
 
     layers: np.ndarray
     dense_layers: np.ndarray
@@ -287,7 +288,8 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     microbatches in flight (1F1B: p - i; interleaved with ``vpp`` chunks: Megatron's warm-up,
     ``advisor.schedule.forward_passes_in_flight`` over v, in whole-stage units), and one layer's
     transient peak (``memory.moe_layer_transient_bytes``: dispatcher and expert buffers at its
-    forward or backward peak, plus the grouped GEMM workspace). FP8
+    forward or backward peak, plus the grouped GEMM workspace) with the routing the other MoE
+    layers' dispatchers hold (``memory.routing_held_by_other_layers_bytes``). FP8
     (``advisor.moe.fp8``) adds its weight copies and saves activations; the MTP layers
     (``advisor.moe.mtp``) sit on the last stage, their activations counted once, as the
     output's (the last stage's one microbatch in flight). ``layers_per_stage``: one layout's own
@@ -386,10 +388,20 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
                       0.0)
     mtp_layer, mtp_embedding, mtp_output = mtp_terms.activation_bytes(spec, seq_len, mbs, tp, cp, vocab, moe_act,
                                                                       fusion)
-    transient = np.where(moe_layers > 0, mm.moe_layer_transient_bytes(spec, tokens, copies, ep, etp, options.dispatcher,
-                                                                       options.routing, options.grouped_gemm), 0.0)
+    transient = np.where(moe_layers > 0, _transient(spec, options, tokens, copies, ep, etp, moe_layers + mtp,
+                                                    recompute == "full" or "moe" in modules), 0.0)
     return StageParts(layers, dense, states, per_microbatch, rebuilt, mtp * mtp_layer, embedding, mtp * mtp_embedding,
                       output + mtp * mtp_output, transient, np.where(moe_layers > 0, moe_act, dense_act))
+
+
+def _transient(spec: MoESpec, options: MoEOptions, tokens, copies, ep, etp, moe_layers, recomputed: bool):
+    """One MoE layer's transient peak (``memory.moe_layer_transient_bytes``), beside the routing the
+    stage's other MoE layers' dispatchers hold (``memory.routing_held_by_other_layers_bytes``;
+    ``recomputed``: their forwards ran without autograd, which saves none of it)."""
+    one = mm.moe_layer_transient_bytes(spec, tokens, copies, ep, etp, options.dispatcher, options.routing,
+                                       options.grouped_gemm, options.flex_backend)
+    return one + mm.routing_held_by_other_layers_bytes(spec, moe_layers, tokens, copies, ep, etp, options.dispatcher,
+                                                       options.routing, recomputed, options.flex_backend)
 
 
 def overlap_layers_in_flight(options: MoEOptions, stage, pp, vpp, num_microbatches):
