@@ -357,7 +357,7 @@ def a2a_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp
     etp = np.asarray(etp, dtype=float)
     combine = a2a_send_bytes(spec, tokens, assumption) + copies / etp * BF16 * spec.hidden_size
     unsort = 2 * unsort_bytes(spec, copies, ep)
-    experts = np.maximum(expert_fc2_backward_bytes(spec, copies, etp), expert_transient_bytes(spec, copies, etp))
+    experts = experts_backward_peak_bytes(spec, copies, etp)
     moments = np.maximum(np.maximum(combine, a2a_reduce_scatter_backward_bytes(spec, copies, etp)),
                          np.maximum(unsort, experts))
     return moments + a2a_routing_held_bytes(spec, tokens, assumption)
@@ -454,6 +454,14 @@ def expert_fc2_backward_bytes(spec: MoESpec, copies: float, etp) -> np.ndarray:
     return copies * BF16 * (spec.hidden_size + spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float))
 
 
+def experts_backward_peak_bytes(spec: MoESpec, copies: float, etp) -> np.ndarray:
+    """The experts' backward peak, the larger of FC2's moment (``expert_fc2_backward_bytes``) and
+    FC1's output gradient (``expert_transient_bytes``): the same whatever the dispatcher, which
+    hands the experts their rows and takes their output (``routed_experts_compute``,
+    moe_layer.py:231)."""
+    return np.maximum(expert_fc2_backward_bytes(spec, copies, etp), expert_transient_bytes(spec, copies, etp))
+
+
 def allgather_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp) -> np.ndarray:
     """The allgather layer's backward peak beyond what it keeps (each moment measured: the
     symbolic layer's ``transient_bytes``, docs/moe.md): the global buffer and the local map the
@@ -467,7 +475,7 @@ def allgather_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, e
     hidden, gathered = spec.hidden_size, gathered_tokens(tokens, ep, etp)
     combine = gathered * (BF16 + PROBS_BYTES) * hidden
     unpermute = (gathered + copies) * BF16 * hidden
-    experts = np.maximum(expert_fc2_backward_bytes(spec, copies, etp), expert_transient_bytes(spec, copies, etp))
+    experts = experts_backward_peak_bytes(spec, copies, etp)
     return (allgather_buffer_bytes(spec, tokens, ep, etp) + allgather_map_held_bytes(spec, tokens, ep, etp)
             + np.maximum(np.maximum(combine, unpermute), experts))
 
@@ -476,15 +484,15 @@ def layer_transient_peaks(spec: MoESpec, tokens: float, copies: float, ep, etp, 
                           assumption: RoutedTokens = RoutedTokens(), flex_backend: str = "deepep") -> tuple:
     """(forward, backward) peaks of one MoE layer beyond what it keeps, for the alltoall and
     allgather dispatchers (measured: the symbolic layer's ``transient_bytes``, docs/profiling.md);
-    for flex, its buffers (``flex_buffer_bytes``) and the experts' backward
-    (``expert_transient_bytes``) summed, as before, unmeasured, with the routing it holds
+    for flex, its buffers (``flex_buffer_bytes``) and the experts' backward peak
+    (``experts_backward_peak_bytes``, as the others') summed, unmeasured, with the routing it holds
     (``flex_held_bytes``) as the others' peaks hold theirs."""
     if dispatcher == "allgather":
         return (allgather_forward_peak_bytes(spec, tokens, copies, ep, etp),
                 allgather_backward_peak_bytes(spec, tokens, copies, ep, etp))
     if dispatcher == "flex":
         held = flex_held_bytes(spec, tokens, copies, ep, etp, assumption, flex_backend)
-        return flex_buffer_bytes(spec, copies) + expert_transient_bytes(spec, copies, etp) + held, 0.0
+        return flex_buffer_bytes(spec, copies) + experts_backward_peak_bytes(spec, copies, etp) + held, 0.0
     return (a2a_forward_peak_bytes(spec, tokens, copies, ep, etp, assumption),
             a2a_backward_peak_bytes(spec, tokens, copies, ep, etp, assumption))
 
@@ -619,6 +627,7 @@ def grouped_gemm_workspace_bytes(grouped_gemm: bool = True) -> float:
 
 
 def expert_transient_bytes(spec: MoESpec, copies: float, etp: int) -> float:
-    """The largest temporary of the experts' backward: the gradient of FC1's output (2 h_moe /
-    etp per copy, BF16) beside the recomputed or kept SwiGLU input."""
+    """FC1's output gradient in the experts' backward (2 h_moe / etp per copy, BF16), beside the
+    recomputed or kept SwiGLU input: their backward peak where h <= h_moe / etp
+    (``experts_backward_peak_bytes``)."""
     return copies * BF16 * 2 * spec.moe_ffn_hidden_size / etp
