@@ -100,7 +100,8 @@ class LaunchInput:
     which the launch runs, state what was priced instead (a Llama network, the advisor's options)."""
     not_launched: tuple[str, ...] = ()
     """That command's flags that the estimate's megatron_args leave out, as written ('--lr 3e-4'):
-    its data and tokenizer, learning rates, checkpoints and logging, none of which changes a price."""
+    its data and tokenizer (whose vocabulary the model was priced with), learning rates,
+    checkpoints and logging."""
 
     def left_out_note(self, args: list[str] | tuple[str, ...]) -> str | None:
         """The command's unpriced flags that the launch's ``args`` (the user's after -- included)
