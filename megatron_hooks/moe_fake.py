@@ -82,16 +82,22 @@ def _alltoall_preprocess(self, routing_map: torch.Tensor):
     ranks sends ``balanced_split(N k, E)`` copies to the E experts, so this rank sends the sums
     over each EP rank's experts (input splits), receives its local experts' share from each
     peer (output splits), and its experts get TP x EP times their share."""
-    tp, ep, local = self.tp_size, self.ep_size, self.num_local_experts
     per_expert = balanced_split(routing_map.size(0) * self.config.moe_router_topk, self.num_experts)
     first = self.local_expert_indices[0]
-    mine = per_expert[first:first + local]
-    self.num_out_tokens = routing_map.size(0) * self.config.moe_router_topk
+    return set_alltoall_splits(self, per_expert, per_expert[first:first + self.num_local_experts])
+
+
+def set_alltoall_splits(dispatcher, per_expert: list[int], mine: list[int]) -> torch.Tensor:
+    """The alltoall dispatcher's host-side splits where this rank sends ``per_expert`` copies to
+    the E experts and each of the TP x EP ranks sends ``mine`` to its local experts; returns the
+    tokens per local expert, as ``preprocess`` does (also a test's worst-case dropless routing)."""
+    tp, ep, local = dispatcher.tp_size, dispatcher.ep_size, dispatcher.num_local_experts
+    dispatcher.num_out_tokens = sum(per_expert)
     # Host values, as after the copies (numpy, as ``maybe_move_tensor_to_cpu(as_numpy=True)``).
-    self.input_splits = numpy.array([sum(per_expert[r * local:(r + 1) * local]) for r in range(ep)])
-    self.output_splits = numpy.array([sum(mine)] * ep)
-    self.output_splits_tp = numpy.array([sum(mine) * ep] * tp)
-    self.num_global_tokens_per_local_expert = numpy.array([mine] * (tp * ep))
+    dispatcher.input_splits = numpy.array([sum(per_expert[r * local:(r + 1) * local]) for r in range(ep)])
+    dispatcher.output_splits = numpy.array([sum(mine)] * ep)
+    dispatcher.output_splits_tp = numpy.array([sum(mine) * ep] * tp)
+    dispatcher.num_global_tokens_per_local_expert = numpy.array([mine] * (tp * ep))
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
         return torch.tensor([count * tp * ep for count in mine])
 

@@ -1,5 +1,7 @@
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
             os.environ[name] = os.environ[f"CONTROLLER_{name}"]
 else:
     os.environ.update({f"CONTROLLER_{name}": os.environ.get(name, "") for name in TERMINAL})
+
+def run_json_script(script: str):
+    """Run ``script`` in a fresh interpreter at the repository root (megatron-core's global state,
+    imported once, stays out of the test process); the JSON value of its last line of stdout."""
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
 
 SHARED_SCOPES = ("module", "class", "package")
 

@@ -5,7 +5,6 @@ fake tensors over a fake DP-4 world) against hand counts and the advisor's analy
 (``import transformer_engine.pytorch`` -> ModuleNotFoundError), checked below; docs/options.md,
 "Megatron-FSDP measured symbolically"."""
 
-import json
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
 
-from conftest import ROOT  # noqa: E402
+from conftest import run_json_script  # noqa: E402
 
 from advisor.memory_levers import fsdp_buffer_bytes, state_bytes_per_parameter  # noqa: E402
 from advisor.options import TrainingOptions  # noqa: E402
@@ -38,9 +37,7 @@ DP = 4
 
 @pytest.fixture(scope="module")
 def measured():
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_script(SCRIPT)
 
 
 def test_megatron_fsdp_buffers_by_hand(measured):

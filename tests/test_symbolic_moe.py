@@ -5,15 +5,11 @@ advisor.moe's analytic terms, each difference accounted for term by term (docs/p
 "MoE layers measured symbolically"). Real megatron-core modules; the stand-ins are for CUDA, TE
 and Triton kernels only (kernels.py, moe_fake.py)."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
 
-from conftest import ROOT  # noqa: E402
+from conftest import run_json_script  # noqa: E402
 
 SCRIPT = """
 import dataclasses, json
@@ -48,22 +44,13 @@ for name, model, ep, etp in (("allgather_ep1", "qwen3-30b-a3b", 1, 1), ("allgath
     out[name] = {"rows": {row["term"]: row for row in compare(allgather)}, "peaks": allgather.to_dict()["transient_bytes"]}
 qwen = PRESETS["qwen3-30b-a3b"]
 out["a2a_etp4"] = measure_moe_layer(qwen, seq_len=4096, ep=2, etp=4, dispatcher="alltoall").transient_bytes
-import numpy, torch
 from megatron_hooks import moe_fake
 def dropless(self, routing_map):
     # the worst a dropless router sends rank 0 (advisor.moe.memory's 'dropless'): every token of
     # every peer picks min(k, E / ep) of its experts; it sends its own N k as balanced
-    tp, ep, local, n = self.tp_size, self.ep_size, self.num_local_experts, routing_map.size(0)
-    k = self.config.moe_router_topk
-    per_expert = moe_fake.balanced_split(n * k, self.num_experts)
-    mine = moe_fake.balanced_split(n * min(k, local), local)
-    self.num_out_tokens = n * k
-    self.input_splits = numpy.array([sum(per_expert[r * local:(r + 1) * local]) for r in range(ep)])
-    self.output_splits = numpy.array([sum(mine)] * ep)
-    self.output_splits_tp = numpy.array([sum(mine) * ep] * tp)
-    self.num_global_tokens_per_local_expert = numpy.array([mine] * (tp * ep))
-    with torch._subclasses.fake_tensor.unset_fake_temporarily():
-        return torch.tensor([count * tp * ep for count in mine])
+    n, k, local = routing_map.size(0), self.config.moe_router_topk, self.num_local_experts
+    return moe_fake.set_alltoall_splits(self, moe_fake.balanced_split(n * k, self.num_experts),
+                                        moe_fake.balanced_split(n * min(k, local), local))
 balanced, moe_fake._alltoall_preprocess = moe_fake._alltoall_preprocess, dropless
 for ep in (8, 128):
     out[f"a2a_dropless_ep{ep}"] = measure_moe_layer(qwen, seq_len=4096, ep=ep, dispatcher="alltoall").transient_bytes
@@ -100,9 +87,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def measured():
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_script(SCRIPT)
 
 
 def per_token_attention(h, a, g, d):

@@ -5,15 +5,11 @@ forward and after the backward, the live storages that autograd does not save, e
 the dispatcher attribute that holds it. ``advisor.moe.memory.routing_held_by_other_layers_bytes``
 prices (L - 1) such sets beside one layer's transient peak."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
 
-from conftest import ROOT  # noqa: E402
+from conftest import run_json_script  # noqa: E402
 
 SCRIPT = """
 import contextlib, dataclasses, gc, json
@@ -85,9 +81,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def measured():
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_script(SCRIPT)
 
 
 N, E, K = 4096, 128, 8
