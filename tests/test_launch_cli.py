@@ -223,6 +223,17 @@ def test_a_commands_flags_that_change_no_price_are_named_where_not_launched(advi
                          "give the ones the run needs after --)"), note
 
 
+@pytest.mark.parametrize("version, flag", [("0.15", "999"), ("0.19", "1000")])
+def test_a_null_tokenizer_without_its_vocabulary_size_is_one_line_and_exit_2(plans, version, flag):
+    """Both releases fail on every rank at start-up on a NullTokenizer without --vocab-size: refused
+    before anything starts, naming the value that builds the plan's 1,000 rows on that release
+    (core_v0.15.2's NullTokenizer adds one row for its end-of-document token; core_v0.19.0's none)."""
+    line = launcher().error("args", "--from", plans["pp3"], "--megatron-version", version, "--",
+                            "--tokenizer-type", "NullTokenizer")
+    assert "--tokenizer-type NullTokenizer (after --) without --vocab-size fails on every rank" in line
+    assert f"give --vocab-size {flag}, which builds the priced rows" in line
+
+
 def test_args_command(plans):
     printed = launcher()("args", "--from", plans["pp3"], "--", "--train-iters", "7").stdout
     as_json = json.loads(launcher()("args", "--from", plans["pp3"], "--format", "json", "--", "--train-iters", "7").stdout)
