@@ -33,12 +33,14 @@ of EP ranks of which this process is rank 0) the all-to-all moves no data and re
 received shapes; with ETP > 1 the all-gather over the expert TP group likewise.
 
 Token dropping padded to capacity (``moe_expert_capacity_factor`` with
-``moe_pad_expert_input_to_capacity``, alltoall) needs no routing value: every expert gets its
-capacity (``moe_utils.get_capacity``), the router's capacity mask and the permutation
-(``permute(drop_and_pad=True)``: argsort and index_select) have static sizes, and the
-dispatcher's own ``preprocess`` runs, its host-side counts as real tensors. Token dropping
-without padding (sizes that depend on which tokens drop) is not stood in for. Everything is
-undone on exit.
+``moe_pad_expert_input_to_capacity``) needs no routing value: every expert gets its capacity
+(``moe_utils.get_capacity``), and the router's capacity mask has exactly that many entries in
+each expert's column. With the alltoall dispatcher the permutation
+(``permute(drop_and_pad=True)``: argsort and index_select) has static sizes, and the
+dispatcher's own ``preprocess`` runs, its host-side counts as real tensors; with the allgather
+dispatcher the ``masked_select`` stand-in selects the capacity's copies (``selected_copies``).
+Token dropping without padding (sizes that depend on which tokens drop) is not stood in for.
+Everything is undone on exit.
 """
 
 from __future__ import annotations
@@ -64,6 +66,25 @@ class _MaskedSelect(torch.autograd.Function):
         values, _ = ctx.saved_tensors
         # aten's masked_select_backward: a zero tensor of the input's shape, scattered into.
         return grad.new_zeros(values.shape), None, None
+
+
+def selected_copies(mask: torch.Tensor, num_experts: int, topk: int, capacity_factor: float | None = None) -> int:
+    """The token copies ``masked_select`` takes with a routing mask over experts (``mask.numel()``
+    entries, a whole number of tokens times ``num_experts`` whatever columns it keeps): k per
+    token (top-k sets k entries of each token's row); padded to capacity, each expert's column
+    holds its capacity C = ceil(N k f / E) of every N routed tokens (``moe_utils.get_capacity``,
+    ``apply_router_token_dropping``: the map is the capacity mask), k f per token where N k f / E
+    is whole, the only case stood in for (the ceil would need N, which the mask does not say)."""
+    if mask.numel() % num_experts:
+        raise RuntimeError(f"a routing mask of {tuple(mask.shape)} does not cover {num_experts} experts")
+    if capacity_factor is None:
+        return mask.numel() // num_experts * topk
+    copies = mask.numel() * topk * capacity_factor / num_experts
+    if not float(copies).is_integer():
+        raise RuntimeError(f"capacity factor {capacity_factor}: a routing mask of {tuple(mask.shape)} over "
+                           f"{num_experts} experts selects {copies} copies, not whole (the capacity's ceil is "
+                           "not stood in for)")
+    return int(copies)
 
 
 def balanced_split(copies: int, experts: int) -> list[int]:
@@ -128,9 +149,9 @@ def _alltoall_index_tensors(init):
 
 
 @contextlib.contextmanager
-def fake_routing(num_experts: int, topk: int) -> Iterator[None]:
+def fake_routing(num_experts: int, topk: int, capacity_factor: float | None = None) -> Iterator[None]:
     """megatron-core's dropless top-``topk`` routing over ``num_experts`` experts on fake
-    tensors (module docstring)."""
+    tensors, or with ``capacity_factor`` padded to capacity (module docstring)."""
     from megatron.core.transformer.moe import experts
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as AllToAll
 
@@ -142,10 +163,8 @@ def fake_routing(num_experts: int, topk: int) -> Iterator[None]:
     def masked_select(self, mask):
         if not isinstance(mask, FakeTensor) or mask.dtype != torch.bool:
             return select(self, mask)
-        if mask.numel() % num_experts:
-            raise RuntimeError(f"a routing mask of {tuple(mask.shape)} does not cover {num_experts} experts")
         values = self.expand_as(mask) if self.shape != mask.shape else self
-        return _MaskedSelect.apply(values, mask, mask.numel() // num_experts * topk)
+        return _MaskedSelect.apply(values, mask, selected_copies(mask, num_experts, topk, capacity_factor))
 
     def forward(self, hidden, tokens_per_expert, probs):
         if isinstance(tokens_per_expert, FakeTensor):

@@ -113,7 +113,7 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
     ``tp`` (sequence parallel when above 1, as Megatron requires for MoE), one microbatch, with
     the token ``dispatcher`` ("allgather" or "alltoall"); ``capacity_factor``: token dropping,
     every expert padded to its capacity (--moe-expert-capacity-factor with
-    --moe-pad-expert-input-to-capacity, alltoall only); see the module docstring. ``backend``
+    --moe-pad-expert-input-to-capacity); see the module docstring. ``backend``
     "cpu": real tensors, this process one gloo rank (TP = EP = ETP = 1), the real routing;
     "cuda": likewise on the GPU (one NCCL rank, parameters and inputs on the GPU, torch's CUDA
     kernels, the real router; the profile's ``cuda_memory`` holds the allocator's readings).
@@ -130,7 +130,7 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
     device = "cuda" if backend == "cuda" else "cpu"
     with contextlib.ExitStack() as context:
         _world(context, backend, tp=tp, ep=ep, etp=etp)
-        _kernels_and_routing(context, backend, kernels, spec)
+        _kernels_and_routing(context, backend, kernels, spec, capacity_factor)
         model = _layer_model(spec, seq_len=seq_len, layer_spec=layer_spec, tp=tp, ep=ep, etp=etp,
                              dispatcher=dispatcher, capacity_factor=capacity_factor, device=device)
         layer = model.decoder.layers[0]
@@ -229,9 +229,11 @@ def _backend_problem(backend: str, *, tp: int, ep: int, etp: int, kernels: str, 
     return None
 
 
-def _kernels_and_routing(context: contextlib.ExitStack, backend: str, kernels: str, spec) -> None:
+def _kernels_and_routing(context: contextlib.ExitStack, backend: str, kernels: str, spec,
+                         capacity_factor: float | None = None) -> None:
     """Symbolic: the CUDA kernels' stand-ins (with ``kernels`` "cuda") and the fake routing
-    (``moe_fake``); cpu: the fake routing too, which passes real tensors through; cuda: no
+    (``moe_fake``, padded to ``capacity_factor`` where given); cpu: the fake routing too, which
+    passes real tensors through; cuda: no
     stand-in and no routing patch (the alltoall dispatcher's side stream and device-to-host
     copies are real there), only what the layer needs without Transformer Engine."""
     from megatron_hooks.moe_fake import fake_routing, moe_without_te
@@ -243,7 +245,7 @@ def _kernels_and_routing(context: contextlib.ExitStack, backend: str, kernels: s
         from megatron_hooks.kernels import cuda_kernels
 
         context.enter_context(cuda_kernels())
-    context.enter_context(fake_routing(spec.num_experts, spec.moe_router_topk))
+    context.enter_context(fake_routing(spec.num_experts, spec.moe_router_topk, capacity_factor))
 
 
 def _layer_model(spec, *, seq_len: int, layer_spec: str, tp: int, ep: int, etp: int, dispatcher: str,
@@ -360,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dispatcher", choices=(*DISPATCHERS, "flex"), default="allgather",
                         help="--moe-token-dispatcher-type (flex needs DeepEP, CUDA only: refused in one line)")
     parser.add_argument("--capacity-factor", type=_bounded(limits.MOE_CAPACITY_FACTOR, float), default=None,
-                        help="--moe-expert-capacity-factor, padded to capacity (alltoall)")
+                        help="--moe-expert-capacity-factor, padded to capacity")
     parser.add_argument("--backend", choices=BACKENDS, default="symbolic",
                         help="symbolic: fake tensors, real size, the TE spec's kernels stood in for; cpu: real "
                              "tensors over gloo (TP = EP = ETP = 1), the local spec on torch's CPU kernels; cuda: "

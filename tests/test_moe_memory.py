@@ -242,7 +242,9 @@ def test_the_routing_each_dispatcher_holds_between_forwards_by_hand():
     permutation's indices too, N k 8 per sent copy: 2.75, and 2.5 + 1.25 x 0.25 padded to capacity
     1.25. allgather, the local map max(T, N) E / ep bool: 0.5 at EP 1 and 2 (T = 8192 rows over 64
     local experts), 1 at EP 2 ETP 2 (T = 16384); recomputed, + c (4 + 8) for the experts'
-    probabilities and the permutation's indices: 0.5 + 0.375 at EP 1. The flex dispatcher's
+    probabilities and the permutation's indices: 0.5 + 0.375 at EP 1; with capacity routing at EP 1
+    the local map is the router's kept capacity mask, none held (recomputed, the mask and 1.25 x
+    0.375), at EP 2 the gathered one, 0.5. The flex dispatcher's
     managers (unmeasured): DeepEP, DeepSeek-V3 at TP 2 EP 64 (N 2048, k' = 8 at ETP 1, 4 local
     experts): N k' 4 + R (k' 8 + 4 x 5), R the group's N ep tokens with one of their 8 random
     experts among the 4 (1 - C(252, 8) / C(256, 8) of them, 15,720; dropless the bound, every token
@@ -265,6 +267,9 @@ def test_the_routing_each_dispatcher_holds_between_forwards_by_hand():
     assert held(qwen, n, 8, 1, "alltoall", capacity, recomputed=True) == 2.5 + 1.25 * 0.25
     assert [held(qwen, n, ep, etp, "allgather") for ep, etp in ((1, 1), (2, 1), (2, 2))] == [0.5, 0.5, 1.0]
     assert held(qwen, n, 1, 1, "allgather", recomputed=True) == 0.5 + 0.375
+    assert held(qwen, n, 1, 1, "allgather", capacity) == 0.0
+    assert held(qwen, n, 1, 1, "allgather", capacity, recomputed=True) == 0.5 + 1.25 * 0.375
+    assert held(qwen, n, 2, 1, "allgather", capacity) == 0.5
     received = 2048 * 64 * (1 - math.comb(252, 8) / math.comb(256, 8))
     assert round(received) == 15720
     assert held(DSV3, 2048.0, 64, 1, "flex") == pytest.approx((2048 * 8 * 4 + received * 84) / MiB, rel=1e-12)

@@ -43,6 +43,10 @@ for name, model, ep, etp in (("allgather_ep1", "qwen3-30b-a3b", 1, 1), ("allgath
     allgather = measure_moe_layer(PRESETS[model], seq_len=4096, ep=ep, etp=etp, dispatcher="allgather")
     out[name] = {"rows": {row["term"]: row for row in compare(allgather)}, "peaks": allgather.to_dict()["transient_bytes"]}
 qwen = PRESETS["qwen3-30b-a3b"]
+for ep in (1, 2):
+    capacity = measure_moe_layer(qwen, seq_len=4096, ep=ep, dispatcher="allgather", capacity_factor=1.25)
+    out[f"allgather_capacity_ep{ep}"] = {"rows": {row["term"]: row for row in compare(capacity)},
+                                         "peaks": capacity.transient_bytes}
 out["a2a_etp4"] = measure_moe_layer(qwen, seq_len=4096, ep=2, etp=4, dispatcher="alltoall").transient_bytes
 from megatron_hooks import moe_fake
 def dropless(self, routing_map):
@@ -389,6 +393,39 @@ def test_the_allgather_forward_is_measured_and_priced(measured, name, model, ep,
     peaks = measured[name]["peaks"]
     assert abs(peaks["forward_peak"] - forward) < MiB
     assert abs(peaks["backward_peak"] - backward) < MiB  # and the backward's, whichever leads
+
+
+@pytest.mark.parametrize("ep, forward_mib, backward_mib", [
+    # EP 1 (nothing gathered, c = 1.25 N k = 40960): the unpermute's c 2h 160 + N 2h 16, the router's
+    # probabilities N E 4 B 2; backward FC2's c (2h + 2 h_moe) = 220
+    (1, 160 + 16 + 2, 220),
+    # EP 2 (T = 8192): the buffer T 2h 32, the unpermute's c 2h 160 + T 2h 32, the gathered
+    # probabilities T E 4 B 4, the local map T E / 2 B 0.5; backward 32 + 0.5 + 220
+    (2, 32 + 160 + 32 + 4 + 0.5, 32 + 0.5 + 220),
+])
+def test_the_allgather_capacity_mask_is_kept_not_held(measured, ep, forward_mib, backward_mib):
+    """Qwen3-30B-A3B (N 4096, E 128, k 8, h 2048, h_moe 768), allgather, capacity 1.25 padded: the
+    router's map is the capacity mask, which its product with the probabilities saves
+    (moe_utils.apply_router_token_dropping): the router keeps N E bool more than dropless routing,
+    and neither peak holds it again; at EP 1 the dispatcher's local map is that mask (all E columns).
+    Measured and priced to 2 KiB; N E = 0.5 MiB more, in both peaks at EP 1 and in the forward's at
+    EP 2, was priced before 2026-11-29."""
+    from advisor.moe import memory
+    from advisor.moe.spec import PRESETS
+
+    qwen, n = PRESETS["qwen3-30b-a3b"], 4096
+    got = measured[f"allgather_capacity_ep{ep}"]
+    router = got["rows"]["router activations"]["measured_bytes"]
+    assert router - measured["allgather_ep1"]["rows"]["router activations"]["measured_bytes"] == n * 128
+    assumption = memory.RoutedTokens(routing="capacity", capacity_factor=1.25)
+    copies = memory.expert_token_copies(qwen, n, ep, 1, assumption)
+    assert copies == 40960
+    forward, backward = memory.layer_transient_peaks(qwen, n, copies, ep, 1, "allgather", assumption)
+    assert (float(forward) / MiB, float(backward) / MiB) == (forward_mib, backward_mib)
+    assert 0 <= got["peaks"]["forward_peak"] - forward <= 2 * 2**10
+    assert 0 <= got["peaks"]["backward_peak"] - backward <= 2 * 2**10
+    row = got["rows"]["transient (forward/backward peak)"]
+    assert 0 <= row["measured_bytes"] - row["analytic_bytes"] <= 2 * 2**10
 
 
 @pytest.mark.parametrize("name, ep, etp, routing, by_hand", [

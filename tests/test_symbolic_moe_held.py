@@ -39,7 +39,7 @@ def unsaved(live, saved, layers, skip):
 def run(layers, ep=1, dispatcher="alltoall", capacity_factor=None, recompute=False, seq_len=4096):
     with contextlib.ExitStack() as context:
         moe_layer._world(context, "symbolic", tp=1, ep=ep, etp=1)
-        moe_layer._kernels_and_routing(context, "symbolic", "cuda", spec)
+        moe_layer._kernels_and_routing(context, "symbolic", "cuda", spec, capacity_factor)
         if recompute:  # the checkpoint saves and restores the CUDA RNG state: none here (this process only)
             from megatron.core.tensor_parallel import random
             random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
@@ -72,7 +72,9 @@ def run(layers, ep=1, dispatcher="alltoall", capacity_factor=None, recompute=Fal
 
 out = {}
 for name, layout in (("alltoall", dict(ep=2)), ("capacity", dict(ep=8, capacity_factor=1.25)),
-                     ("allgather", dict(ep=2, dispatcher="allgather")), ("recomputed", dict(ep=2, recompute=True)),
+                     ("allgather", dict(ep=2, dispatcher="allgather")),
+                     ("allgather_capacity", dict(dispatcher="allgather", capacity_factor=1.25)),
+                     ("recomputed", dict(ep=2, recompute=True)),
                      ("allgather_recomputed", dict(dispatcher="allgather", recompute=True))):
     out[name] = {layers: run(layers, **layout) for layers in (1, 3)}
 print(json.dumps(out))
@@ -116,6 +118,13 @@ def _held(dispatcher, ep, routing="balanced", capacity_factor=None, recomputed=F
     ("allgather", {"local_map": 2 * N * E // 2},
      {"local_map": 2 * N * E // 2, "local_probs": N * K * 4, "reversed_local_input_permutation_mapping": N * K * 8},
      _held("allgather", 2)),
+    # allgather at EP 1, capacity 1.25 padded: the local map is the router's capacity mask (all E
+    # columns, ``.contiguous()`` returns it), saved by the router's product: none held after the
+    # forward (N E = 0.5 MiB was priced before 2026-11-29); after the backward the mask, and the
+    # experts' FP32 probabilities and the permutation's indices, one per padded copy (40960)
+    ("allgather_capacity", {},
+     {"local_map": N * E, "local_probs": 40960 * 4, "reversed_local_input_permutation_mapping": 40960 * 8},
+     _held("allgather", 1, "capacity", 1.25)),
 ])
 def test_each_layer_holds_its_own_routing_beyond_what_autograd_keeps(measured, name, forward, backward, by_hand):
     """After the forward every layer's dispatcher holds the same unsaved tensors, so three layers

@@ -140,8 +140,9 @@ def layer_problem(spec: MoESpec, *, tp: int, ep: int, etp: int, dispatcher: str,
         return problem
     if spec.moe_ffn_hidden_size % etp:
         return f"ETP {etp} must divide the experts' width ({spec.moe_ffn_hidden_size})"
-    if capacity_factor is not None and (dispatcher != "alltoall" or not capacity_factor > 0):
-        return "a capacity factor (token dropping, padded to capacity) needs the alltoall dispatcher and a factor > 0"
+    if capacity_factor is not None and (dispatcher not in DISPATCHERS or not capacity_factor > 0):
+        return ("a capacity factor (token dropping, padded to capacity) needs the alltoall or allgather dispatcher "
+                "and a factor > 0")
     return None
 
 

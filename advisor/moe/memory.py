@@ -383,16 +383,28 @@ def allgather_buffer_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
     return gathered_tokens(tokens, ep, etp) * BF16 * spec.hidden_size
 
 
-def allgather_map_held_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
+def allgather_map_held_bytes(spec: MoESpec, tokens: float, ep, etp, assumption: RoutedTokens = RoutedTokens(),
+                             recomputed: bool = False) -> np.ndarray:
     """The local routing map the allgather dispatcher holds, ``self.local_map`` (token_dispatcher.py:272,
     v0.19 :309): the local experts' columns of the routing map, gathered where etp ep > 1, bool,
     max(T, N) x E / ep, held until the layer's next forward and saved by no autograd node (the
     ``masked_select`` saves its transposed copy, :289, v0.19 :328): alive through the backward, unkept
-    (measured: 0.5 MiB on Qwen3-30B-A3B at EP 1, where it is the router's own map)."""
-    return np.maximum(gathered_tokens(tokens, ep, etp), tokens) * local_experts(spec, ep)
+    (measured: 0.5 MiB on Qwen3-30B-A3B at EP 1, where it is the router's own map: ``.contiguous()``
+    of all E columns returns the map itself). With capacity routing the router's map is the capacity
+    mask that its product saves (``apply_router_token_dropping``, moe_utils.py:706 and :710, v0.19
+    :1015 and :1019), a kept router activation, as the alltoall's (``a2a_routing_held_bytes``): where
+    nothing is gathered the local map is that mask, none held beyond, unless the layer is
+    ``recomputed`` (its forward without autograd saves nothing). Measured: Qwen3-30B-A3B at EP 1,
+    capacity 1.25 padded, both peaks 0.5 MiB under the dropless pricing (tests/test_symbolic_moe.py)."""
+    gathered = gathered_tokens(tokens, ep, etp)
+    held = np.maximum(gathered, tokens) * local_experts(spec, ep)
+    if assumption.routing != "capacity" or recomputed:
+        return held
+    return np.where(gathered > 0, held, 0.0)
 
 
-def allgather_routing_held_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
+def allgather_routing_held_bytes(spec: MoESpec, tokens: float, ep, etp,
+                                 assumption: RoutedTokens = RoutedTokens()) -> np.ndarray:
     """The routing alive through the allgather layer's forward, as megatron-core 0.16.1 and
     core_v0.19.0 run it: ``custom_forward``'s ``routing_map``, the router's, N x E bool
     (``probs, routing_map = self.route(...)``, v0.19 moe_layer.py:655; core_v0.15.2's
@@ -404,11 +416,14 @@ def allgather_routing_held_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.nd
     (T x E bool) is freed with ``self.routing_map = None`` (:292) unless it is the local map (ep 1).
     Measured (Qwen3-30B-A3B, N 4096, E 128): 0.5 + 2 at EP 1; 0.5 + 4 + 0.5 at EP 2 (T 8192);
     0.5 + 8 + 1 at EP 2 ETP 2 and 0.5 + 8 + 2 at EP 1 ETP 4 (T 16384) MiB, where N x E x 5 (2.5)
-    was priced before 2026-11-29."""
+    was priced before 2026-11-29. With capacity routing the router's map is the capacity mask its
+    product saves, kept (``allgather_map_held_bytes``), at any EP: 2 at EP 1, 4 + 0.5 at EP 2,
+    measured (0.5 more was priced before 2026-11-29)."""
     gathered = gathered_tokens(tokens, ep, etp)
     probs = np.maximum(gathered, tokens) * spec.num_experts * PROBS_BYTES
     local_map = np.where(gathered > 0, allgather_map_held_bytes(spec, tokens, ep, etp), 0.0)
-    return tokens * spec.num_experts + probs + local_map
+    router_map = 0.0 if assumption.routing == "capacity" else tokens * spec.num_experts
+    return router_map + probs + local_map
 
 
 def allgather_combine_bytes(spec: MoESpec, tokens: float, ep, etp) -> np.ndarray:
@@ -430,7 +445,8 @@ def allgather_unpermute_bytes(spec: MoESpec, tokens: float, copies: float, ep, e
     return (copies + rows) * BF16 * spec.hidden_size
 
 
-def allgather_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp) -> np.ndarray:
+def allgather_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp,
+                                 assumption: RoutedTokens = RoutedTokens()) -> np.ndarray:
     """The allgather layer's forward peak beyond what it keeps: the global buffer, the shared
     experts' output and the routing held (``allgather_routing_held_bytes``), beside the larger of
     the combine's reduce-scatter (``allgather_combine_bytes``) and the unpermute
@@ -440,7 +456,7 @@ def allgather_forward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep
     197), the combine elsewhere (Mixtral at EP 2: T 6h 192 + N 4h 64 + the buffer 64 + 0.3125 =
     320.3125 MiB, measured)."""
     return (allgather_buffer_bytes(spec, tokens, ep, etp) + shared_expert_output_bytes(spec, tokens)
-            + allgather_routing_held_bytes(spec, tokens, ep, etp)
+            + allgather_routing_held_bytes(spec, tokens, ep, etp, assumption)
             + np.maximum(allgather_combine_bytes(spec, tokens, ep, etp),
                          allgather_unpermute_bytes(spec, tokens, copies, ep, etp)))
 
@@ -462,7 +478,8 @@ def experts_backward_peak_bytes(spec: MoESpec, copies: float, etp) -> np.ndarray
     return np.maximum(expert_fc2_backward_bytes(spec, copies, etp), expert_transient_bytes(spec, copies, etp))
 
 
-def allgather_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp) -> np.ndarray:
+def allgather_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp,
+                                  assumption: RoutedTokens = RoutedTokens()) -> np.ndarray:
     """The allgather layer's backward peak beyond what it keeps (each moment measured: the
     symbolic layer's ``transient_bytes``, docs/moe.md): the global buffer and the local map the
     dispatcher holds (``allgather_map_held_bytes``), beside the largest of, in the order the
@@ -476,7 +493,7 @@ def allgather_backward_peak_bytes(spec: MoESpec, tokens: float, copies: float, e
     combine = gathered * (BF16 + PROBS_BYTES) * hidden
     unpermute = (gathered + copies) * BF16 * hidden
     experts = experts_backward_peak_bytes(spec, copies, etp)
-    return (allgather_buffer_bytes(spec, tokens, ep, etp) + allgather_map_held_bytes(spec, tokens, ep, etp)
+    return (allgather_buffer_bytes(spec, tokens, ep, etp) + allgather_map_held_bytes(spec, tokens, ep, etp, assumption)
             + np.maximum(np.maximum(combine, unpermute), experts))
 
 
@@ -488,8 +505,8 @@ def layer_transient_peaks(spec: MoESpec, tokens: float, copies: float, ep, etp, 
     (``experts_backward_peak_bytes``, as the others') summed, unmeasured, with the routing it holds
     (``flex_held_bytes``) as the others' peaks hold theirs."""
     if dispatcher == "allgather":
-        return (allgather_forward_peak_bytes(spec, tokens, copies, ep, etp),
-                allgather_backward_peak_bytes(spec, tokens, copies, ep, etp))
+        return (allgather_forward_peak_bytes(spec, tokens, copies, ep, etp, assumption),
+                allgather_backward_peak_bytes(spec, tokens, copies, ep, etp, assumption))
     if dispatcher == "flex":
         held = flex_held_bytes(spec, tokens, copies, ep, etp, assumption, flex_backend)
         return flex_buffer_bytes(spec, copies) + experts_backward_peak_bytes(spec, copies, etp) + held, 0.0
@@ -535,12 +552,14 @@ def alltoall_held_bytes(spec: MoESpec, tokens: float, assumption: RoutedTokens =
     return tokens * spec.num_experts * (PROBS_BYTES + 1) + sent_token_copies(spec, tokens, assumption) * 8
 
 
-def allgather_held_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp, recomputed: bool = False):
+def allgather_held_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp, recomputed: bool = False,
+                         assumption: RoutedTokens = RoutedTokens()):
     """``MoEAllGatherTokenDispatcher``'s: self.local_map (``allgather_map_held_bytes``; the gathered
-    map is dropped, token_dispatcher.py:292); recomputed, self.local_probs, the experts' FP32
+    map is dropped, token_dispatcher.py:292; with capacity routing, where nothing is gathered, the
+    router's kept capacity mask); recomputed, self.local_probs, the experts' FP32
     probabilities (:289), and self.reversed_local_input_permutation_mapping, int64 (:282), one of
     each per copy its experts process, which the experts and the permutation save otherwise."""
-    held = allgather_map_held_bytes(spec, tokens, ep, etp)
+    held = allgather_map_held_bytes(spec, tokens, ep, etp, assumption, recomputed)
     return held + (copies * (PROBS_BYTES + 8) if recomputed else 0.0)
 
 
@@ -596,7 +615,7 @@ def dispatcher_held_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp, 
     ``flex_held_bytes``. Unrecomputed, each layer's transient peak (``layer_transient_peaks``)
     holds its own."""
     if dispatcher == "allgather":
-        return allgather_held_bytes(spec, tokens, copies, ep, etp, recomputed)
+        return allgather_held_bytes(spec, tokens, copies, ep, etp, recomputed, assumption)
     if dispatcher == "flex":
         return flex_held_bytes(spec, tokens, copies, ep, etp, assumption, flex_backend, recomputed)
     return np.asarray(alltoall_held_bytes(spec, tokens, assumption, recomputed), dtype=float)
