@@ -88,6 +88,36 @@ def test_mtp_on_the_last_stage_by_hand():
     assert more.output_activations[1] - plain.output_activations[1] == pytest.approx(4096 * (4 * h + 4 * v))
 
 
+def test_a_last_stage_of_mtp_alone_has_one_moe_layers_transient():
+    """A layout whose last stage holds the MTP layer and no decoder layer ('Et*5|(t*4|)*14mL' at PP
+    16; Megatron-LM gpt_builders.py builds the MTP layer from the MoE layer spec there): the MTP
+    layer's MoE layer has the transient peak of any other, by hand (DeepSeek-V3, TP 2, EP 64,
+    alltoall, balanced: N = 2048 tokens, k 8, h 7168, 4 local experts, c = r = N k = 16384):
+    S = N k 2h = 224 MiB; at the unsort S + the all-to-all's output + the experts' output + its
+    unsorted copy, 4 x 224, + the shared experts' output N 2h = 28, + the received FP32
+    probabilities r 4 B = 0.0625, + the routing the dispatcher holds N E 5 B = 2.5: 926.5625 MiB,
+    + the grouped GEMM's four cuBLAS workspaces of 32 MiB + 256 B; no other MoE layer holds routing
+    beside it. Priced 0 before 2026-11-29; without MTP the stage has none."""
+    with_mtp = DSV3.__class__(**{**{f: getattr(DSV3, f) for f in DSV3.__dataclass_fields__}, "mtp_num_layers": 1})
+    split = (5,) + (4,) * 14 + (0,)
+    layout = dict(tp=2, cp=1, pp=16, ep=64, etp=1, dp=32, mbs=1, num_microbatches=256, stage=15,
+                  layers_per_stage=split)
+    MiB = 2**20
+    one_layer = (4 * 224 + 28 + 0.0625 + 2.5) * MiB + 4 * (32 * MiB + 256)
+    assert float(st.stage_bytes(with_mtp, 4096, st.MoEOptions(), **layout).transient) == one_layer
+    assert float(st.stage_bytes(DSV3, 4096, st.MoEOptions(), **layout).transient) == 0.0
+    # the layout as a user gives it: advisor estimate prices the MTP-only stage the same
+    result = CliRunner().invoke(cli, ["estimate", "--model", "deepseek-v3", "--tp", "2", "--pp", "16", "--ep", "64",
+                                      "--etp", "1", "--gpus", "1024", "--gbs", "8192", "--seq-len", "4096",
+                                      "--mtp-num-layers", "1", "--layers-per-stage", "5,4x14,0", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    last = json.loads(result.output)["stages"][-1]
+    assert (last["layers"], last["transient_gib"]) == (0, pytest.approx(one_layer / 2**30))
+    # beside one decoder MoE layer, the other's dispatcher holds its routing (as before)
+    beside = st.stage_bytes(with_mtp, 4096, st.MoEOptions(), **{**layout, "layers_per_stage": (4,) * 15 + (1,)})
+    assert float(beside.transient) == one_layer + 2.5 * MiB
+
+
 def test_megatron_flops_count_the_mtp_layers():
     # training.py num_floating_point_operations with --mtp-num-layers 1: L' = 62 layers (59 MoE),
     # MTP norms and eh projection 6 (3h + 2h^2), the logits twice

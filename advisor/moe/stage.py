@@ -388,8 +388,10 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
                       0.0)
     mtp_layer, mtp_embedding, mtp_output = mtp_terms.activation_bytes(spec, seq_len, mbs, tp, cp, vocab, moe_act,
                                                                       fusion)
-    transient = np.where(moe_layers > 0, _transient(spec, options, tokens, copies, ep, etp, moe_layers + mtp,
-                                                    recompute == "full" or "moe" in modules), 0.0)
+    # the MTP layers' transformer layers are MoE layers too, with their own dispatchers: a last
+    # stage of MTP alone (a layout's 'mL' stage) has a transient of its own
+    transient = np.where(moe_layers + mtp > 0, _transient(spec, options, tokens, copies, ep, etp, moe_layers + mtp,
+                                                          recompute == "full" or "moe" in modules), 0.0)
     return StageParts(layers, dense, states, per_microbatch, rebuilt, mtp * mtp_layer, embedding, mtp * mtp_embedding,
                       output + mtp * mtp_output, transient, np.where(moe_layers > 0, moe_act, dense_act))
 
@@ -397,7 +399,10 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
 def _transient(spec: MoESpec, options: MoEOptions, tokens, copies, ep, etp, moe_layers, recomputed: bool):
     """One MoE layer's transient peak (``memory.moe_layer_transient_bytes``), beside the routing the
     stage's other MoE layers' dispatchers hold (``memory.routing_held_by_other_layers_bytes``;
-    ``recomputed``: their forwards ran without autograd, which saves none of it)."""
+    ``recomputed``: their forwards ran without autograd, which saves none of it). ``moe_layers``
+    counts the MTP layers: each MTP layer's transformer layer is the model's MoE layer (Megatron-LM
+    core_v0.15.2 ``gpt_builders.py``:59-67, v0.19 :57-65, builds it from the MoE layer spec even on a
+    last stage without decoder layers; ``get_gpt_mtp_block_spec``), on the same tokens."""
     one = mm.moe_layer_transient_bytes(spec, tokens, copies, ep, etp, options.dispatcher, options.routing,
                                        options.grouped_gemm, options.flex_backend)
     return one + mm.routing_held_by_other_layers_bytes(spec, moe_layers, tokens, copies, ep, etp, options.dispatcher,
