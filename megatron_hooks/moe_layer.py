@@ -120,7 +120,8 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
     ``kernels`` "cpu": torch's own CPU paths instead of the CUDA kernels' stand-ins (the CPU
     backend's); the real backends take the local spec and their own device's kernels."""
     problem = (layer_problem(spec, tp=tp, ep=ep, etp=etp, dispatcher=dispatcher, capacity_factor=capacity_factor)
-               or _backend_problem(backend, tp=tp, ep=ep, etp=etp, kernels=kernels, layer_spec=layer_spec))
+               or _backend_problem(backend, tp=tp, ep=ep, etp=etp, kernels=kernels, layer_spec=layer_spec)
+               or _capacity_problem(spec, seq_len * mbs // tp, backend, dispatcher, capacity_factor))
     if problem:
         raise ValueError(problem)
     from megatron_hooks.model import causal_mask
@@ -227,6 +228,19 @@ def _backend_problem(backend: str, *, tp: int, ep: int, etp: int, kernels: str, 
     if backend == "cuda" and not torch.cuda.is_available():
         return "the CUDA backend needs a GPU, and torch sees none (torch.cuda.is_available() is False)"
     return None
+
+
+def _capacity_problem(spec, tokens: int, backend: str, dispatcher: str, capacity_factor: float | None) -> str | None:
+    """Why the fake routing cannot stand in for the allgather dispatcher's capacity routing on
+    ``tokens`` tokens, or None: its ``masked_select`` takes k f copies per token, each expert's
+    capacity ceil(N k f / E) exactly only where N k f / E is whole (``moe_fake.selected_copies``)."""
+    if backend != "symbolic" or dispatcher != "allgather" or capacity_factor is None:
+        return None
+    capacity = tokens * spec.moe_router_topk * capacity_factor / spec.num_experts
+    if float(capacity).is_integer():
+        return None
+    return (f"the allgather dispatcher with capacity factor {capacity_factor}: each expert's capacity N k f / E = "
+            f"{capacity:g} is not whole, which the symbolic routing does not stand in for (its ceil)")
 
 
 def _kernels_and_routing(context: contextlib.ExitStack, backend: str, kernels: str, spec,

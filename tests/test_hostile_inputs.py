@@ -602,6 +602,10 @@ def test_a_launch_input_with_options_not_an_object_names_the_file_once(tmp_path,
     (["--hidden-size", "0"], "argument --hidden-size: must be at least 1, got 0"),
     (["--seq-len", "abc"], "argument --seq-len: 'abc' is not an integer"),
     (["--out", "/dev/full"], "--out /dev/full is not a directory"),
+    # Mixtral's capacity 4096 x 2 x 1.1 / 8: the fake routing's masked_select would raise deep inside
+    (["--dispatcher", "allgather", "--capacity-factor", "1.1"],
+     "mixtral-8x7b: the allgather dispatcher with capacity factor 1.1: each expert's capacity N k f / E = 1126.4 "
+     "is not whole, which the symbolic routing does not stand in for (its ceil)"),
 ])
 def test_moe_layer_tool_bad_input_is_one_line(capsys, args, message):
     """python -m megatron_hooks.moe_layer: --ep 0 was a ZeroDivisionError, --seq-len 0 and --mbs -1
