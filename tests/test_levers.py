@@ -103,9 +103,27 @@ def test_offload_time():
 def test_fp8_gemm_rate_and_casts():
     rates = Rates.of(H100, load_calibration())
     assert time_levers.fp8_rates(rates, H100).gemm_flops_per_s == pytest.approx(rates.gemm_flops_per_s * 1979 / 989)
-    forward, backward = time_levers.fp8_cast_bytes(SPEC, 8192, 1)
-    # 3 bytes per element: inputs h + a d + h + h_ffn; output gradients (a + 2k) d + h + 2 h_ffn + h
-    assert (float(forward), float(backward)) == (3 * 8192 * 26624, 3 * 8192 * 43008)
+    # delayed scaling on Hopper: an operand read (2), written in FP8 (1) and transposed (1), 4 bytes;
+    # QKV's and FC1's inputs written in FP8 by their norm (1 byte less than BF16) and transposed
+    # (read and write 1 each), +1. Inputs h + h normed, a d + h_ffn not; output gradients
+    # (a + 2k) d + h + 2 h_ffn + h
+    casts = time_levers.fp8_casts("delayed", H100.architecture)
+    forward, backward = time_levers.fp8_cast_bytes(SPEC, 8192, 1, casts)
+    assert (float(forward), float(backward)) == (8192 * (1 * 8192 + 4 * 18432), 4 * 8192 * 43008)
+
+
+def test_fp8_cast_bytes_per_element_by_recipe_and_gpu():
+    """Transformer Engine 2.8's HBM traffic per element quantised (levers.fp8_casts), by hand:
+    read BF16 2, write FP8 1, on Hopper its transpose 1 more (no non-TN FP8 GEMM before compute
+    capability 10.0); current scaling first reads the whole tensor for its amax, 2 more, but
+    after a norm the norm finds it; blockwise and MXFP8 write both directions with their scales
+    (FP32 per 128 elements, or a byte per 32) whatever the GPU; delayed scaling's norm writes
+    FP8 itself, 1 byte under its BF16 output, and Hopper transposes it (read and write 1)."""
+    expected = {("delayed", "hopper"): (4, 1), ("delayed", "blackwell"): (3, -1),
+                ("tensorwise", "hopper"): (6, 4), ("tensorwise", "blackwell"): (5, 3),
+                ("blockwise", "hopper"): (4 + 8 / 128, 4 + 8 / 128), ("mxfp8", "blackwell"): (4 + 2 / 32, 4 + 2 / 32)}
+    for (recipe, architecture), (operand, normed) in expected.items():
+        assert time_levers.fp8_casts(recipe, architecture) == time_levers.Fp8Casts(operand, normed), recipe
 
 
 def test_gradient_dtype_drives_the_step_time():

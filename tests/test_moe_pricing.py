@@ -13,6 +13,7 @@ from advisor.moe import fp8, mtp, params
 from advisor.moe import space as sp
 from advisor.moe import stage as st
 from advisor.moe import time as mt
+from advisor.throughput import levers as time_levers
 from advisor.moe.spec import PRESETS
 from advisor.options import TrainingOptions
 from advisor.paper_rule import classify
@@ -267,11 +268,20 @@ def test_what_moe_rows_cannot_price_is_one_line(argv, message):
 
 
 def test_fp8_casts_and_mtp_time_by_hand():
-    # Mixtral (GQA a 32, k 8, d 128), 4096 tokens, TP 2, 8192 copies, ETP 1: forward inputs h + a d over t and
-    # h + h_moe per copy; backward output gradients (a + 2k) d + h over t and 2 h_moe + h per copy; 3 bytes each
-    forward, backward = fp8.cast_bytes(MIXTRAL, 4096.0, 2, 8192.0, 1)
-    assert forward == 3 * (4096 * (4096 + 32 * 128) / 2 + 8192 * (4096 + 14336))
-    assert backward == 3 * (4096 * ((32 + 16) * 128 + 4096) / 2 + 8192 * (2 * 14336 + 4096))
+    # Mixtral (GQA a 32, k 8, d 128), 4096 tokens, TP 2, 8192 copies, ETP 1, current scaling on Hopper (6
+    # bytes an operand: the amax read, the cast's read, its FP8 write and transpose; 4 after QKV's norm, which
+    # finds the amax): forward inputs h (normed) + a d over t and h + h_moe per copy; backward output
+    # gradients (a + 2k) d + h over t and 2 h_moe + h per copy
+    casts = time_levers.fp8_casts("tensorwise", "hopper")
+    forward, backward = fp8.cast_bytes(MIXTRAL, 4096.0, 2, 8192.0, 1, casts)
+    assert forward == 4096 * (4 * 4096 + 6 * 32 * 128) / 2 + 6 * 8192 * (4096 + 14336)
+    assert backward == 6 * (4096 * ((32 + 16) * 128 + 4096) / 2 + 8192 * (2 * 14336 + 4096))
+    # DeepSeek-V3's MLA: the down projections' inputs (h twice) are plain linears' after the layer's norm, 6
+    # bytes; the up projections' (q_lora 1536, kv_lora 512) are LayerNormLinears' (qk_layernorm), 4; the output
+    # projection's a d_v = 128 x 128, 6; the shared expert (h + 2048) and each copy's h + 2048, 6
+    forward, _ = fp8.cast_bytes(DSV3, 4096.0, 2, 8192.0, 1, casts)
+    assert forward == 4096 * (6 * (2 * 7168 + 128 * 128) + 4 * (1536 + 512)) / 2 \
+        + 6 * (4096 * (7168 + 2048) / 2 + 8192 * (7168 + 2048))
     # one MTP layer on the last stage: its MoE layer, eh_proj forward plus a backward twice it, embedding, head
     calls = []
 

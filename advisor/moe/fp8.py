@@ -20,6 +20,7 @@ from advisor import equations as eq
 from advisor import memory_levers as levers
 from advisor.moe import params
 from advisor.moe.spec import MoESpec
+from advisor.throughput.levers import Fp8Casts
 
 
 def attention_gemms(spec: MoESpec) -> int:
@@ -94,26 +95,32 @@ def activation_saving(spec: MoESpec, seq_len: int, mbs, tp, cp, copies, etp, opt
     return experts + shared + attention + zero
 
 
-def cast_bytes(spec: MoESpec, tokens_cp, tp, copies, etp):
-    """(forward, backward) HBM bytes of Transformer Engine's FP8 casts in one MoE layer, as
-    ``throughput.levers.fp8_cast_bytes`` for a dense layer (3 bytes per element: read BF16,
-    write FP8): forward each GEMM's input, backward each GEMM's output gradient. Attention:
-    GQA's (input h, projection input a d; gradients (a + 2k) d and h) over t; MLA's (inputs h
-    twice, q_lora, kv_lora, a d_v; gradients q_lora, kv_lora + d_rope, a(d_nope + d_rope),
-    a(d_nope + d_v), h). Shared experts as a dense MLP of f_shared over t; routed experts per
-    token copy: inputs h and h_moe / etp, gradients 2 h_moe / etp and h."""
+def cast_bytes(spec: MoESpec, tokens_cp, tp, copies, etp, casts: Fp8Casts):
+    """(forward, backward) HBM bytes of Transformer Engine's FP8 casts in one MoE layer, at
+    ``casts`` per element (``throughput.levers.fp8_casts``, as ``fp8_cast_bytes`` for a dense
+    layer): forward each GEMM's input, backward each GEMM's output gradient. Attention: GQA's
+    input h (its LayerNormLinear's, normed) and projection input a d; MLA's down projections'
+    inputs h twice (plain linears after the layer's own norm), its up projections' q_lora and
+    kv_lora (normed where qk_layernorm makes them LayerNormLinears, gpt_layer_specs.py:129-138)
+    and a d_v; gradients (a + 2k) d and h, or MLA's q_lora, kv_lora + d_rope, a(d_nope + d_rope),
+    a(d_nope + d_v), h; all over t. Shared experts as a dense MLP of f_shared over t, routed
+    experts per token copy, inputs h and h_moe / etp, gradients 2 h_moe / etp and h: all quantised
+    on their own (the pre-MLP norm is a module of its own in an MoE layer, and the experts'
+    inputs come from the dispatcher)."""
     h, t = spec.hidden_size, np.asarray(tp, dtype=float)
     mla = spec.mla
     if mla is None:
         a, k, d = spec.num_attention_heads, spec.num_query_groups, spec.head_dim
-        attention_f, attention_b = h + a * d, (a + 2 * k) * d + h
+        attention_f = casts.normed * h + casts.operand * a * d
+        attention_b = (a + 2 * k) * d + h
     else:
         a, q = spec.num_attention_heads, mla.q_lora_rank or 0
-        attention_f = 2 * h + q + mla.kv_lora_rank + a * mla.v_head_dim
+        up = casts.normed if spec.qk_layernorm else casts.operand
+        attention_f = casts.operand * (2 * h + a * mla.v_head_dim) + up * (q + mla.kv_lora_rank)
         attention_b = (q + mla.kv_lora_rank + mla.qk_pos_emb_head_dim + a * (mla.qk_head_dim + mla.qk_pos_emb_head_dim)
                        + a * (mla.qk_head_dim + mla.v_head_dim) + h)
     f_shared, f = spec.shared_expert_size, spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float)
     shared_f, shared_b = (h + f_shared, 2 * f_shared + h) if f_shared else (0, 0)
-    forward = 3 * (tokens_cp * (attention_f + shared_f) / t + copies * (h + f))
-    backward = 3 * (tokens_cp * (attention_b + shared_b) / t + copies * (2 * f + h))
+    forward = tokens_cp * attention_f / t + casts.operand * (tokens_cp * shared_f / t + copies * (h + f))
+    backward = casts.operand * (tokens_cp * (attention_b + shared_b) / t + copies * (2 * f + h))
     return forward, backward

@@ -42,6 +42,7 @@ from advisor.moe.spec import MoESpec
 from advisor.moe.stage import longest_and_last
 from advisor.throughput import terms
 from advisor.throughput.terms import Rates
+from advisor.throughput.levers import Fp8Casts
 
 A2A_NETWORK_FRACTION = 0.834
 """What a multi-node NCCL all-to-all reaches of the network's line rate at large messages, and
@@ -217,13 +218,13 @@ class LayerTimes(NamedTuple):
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates,
                 gemm_rates: Rates | None = None, dispatcher: str = "alltoall",
                 sms: int = STREAMING_MULTIPROCESSORS["hopper"], routing: mm.RoutedTokens = mm.RoutedTokens(),
-                permute_fusion: bool = False, router_fusion: bool = False):
+                permute_fusion: bool = False, router_fusion: bool = False, fp8_casts: Fp8Casts | None = None):
     """``LayerTimes`` of one layer, one microbatch; backward is twice the compute (core attention's
     ``core_backward_extra`` besides) and the same communication. ``gemm_rates``: the linear
     layers' GEMM rates (``throughput.levers.fp8_rates`` with --fp8-format: attention
     projections, dense and shared MLPs and the routed experts' grouped GEMMs at FP8, core
-    attention and the router at BF16), with Transformer Engine's forward casts
-    (``advisor.moe.fp8.cast_bytes``; the backward, priced as twice the forward, carries twice
+    attention and the router at BF16), with Transformer Engine's forward casts at ``fp8_casts``
+    per element (``advisor.moe.fp8.cast_bytes``; the backward, priced as twice the forward, carries twice
     the forward casts where the backward's own are 1.3-1.7 times those bytes). ``routing``: the
     copies the memory prices (``memory.expert_token_copies``: balanced x its imbalance, or padded
     to capacity or not), but dropless's as balanced (its worst case bounds memory, not the steady
@@ -263,8 +264,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
                                             terms.link_bandwidth(etp, rates), rates)
     moe = attention + expert_f + moe_act + shared + router + permute + a2a + 2 * gather
-    if fp8:
-        moe = moe + terms.elementwise_time(fp8_terms.cast_bytes(spec, tokens_cp, tp, copies, etp)[0], rates)
+    if fp8_casts is not None:
+        moe = moe + terms.elementwise_time(fp8_terms.cast_bytes(spec, tokens_cp, tp, copies, etp, fp8_casts)[0], rates)
     norm = terms.elementwise_time(mm.BF16 * 2 * spec.hidden_size * tokens_cp / tp, rates)  # read h, write h
     return LayerTimes(dense=attention + dense_mlp, moe=moe, comm=a2a + 2 * gather, expert=expert_f + moe_act + shared,
                       block=expert_f + moe_act + shared + router + permute, core=core,
@@ -547,7 +548,8 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     layer = layer_times(spec, seq_len, tp=b["tp"], cp=b["cp"], ep=b["ep"], etp=b["etp"], mbs=b["mbs"], rates=rates,
                         gemm_rates=gemm_rates, dispatcher=options.dispatcher,
                         sms=streaming_multiprocessors(gpu.architecture), routing=options.routing,
-                        permute_fusion=options.fused_permutation, router_fusion=options.router_fusion)
+                        permute_fusion=options.fused_permutation, router_fusion=options.router_fusion,
+                        fp8_casts=levers.fp8_casts(training.precision.fp8_recipe, gpu.architecture) if fp8 else None)
     moe_f = layer.moe
     moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
     dense_t = _dense_layer_pace(spec, recompute, options, layer)

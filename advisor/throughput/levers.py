@@ -5,7 +5,7 @@ GPU, bytes, numpy arrays that broadcast over layouts.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -42,16 +42,59 @@ def fp8_rates(rates: Rates, gpu: GpuSpec, recipe: str = "delayed") -> Rates:
     return replace(rates, gemm_flops_per_s=rates.gemm_flops_per_s * gpu.fp8_dense_tflops / gpu.bf16_dense_tflops)
 
 
-def fp8_cast_bytes(spec, tokens, tp):
-    """(forward, backward) HBM bytes of Transformer Engine's FP8 casts in one layer: each of the
-    four GEMMs (QKV, proj, FC1, FC2) reads its BF16 input and writes it in FP8 (3 bytes per
-    element) forward, and its BF16 output gradient the same way backward. Inputs: h (QKV), a d
-    (proj), h (FC1), h_ffn (FC2); output gradients: (a + 2k) d (QKV), h (proj), 2 h_ffn (FC1),
-    h (FC2); all split over TP. Weight casts are once per step and left out."""
+@dataclass(frozen=True)
+class Fp8Casts:
+    """HBM bytes per element Transformer Engine moves to quantise one BF16 GEMM operand to FP8
+    (``fp8_casts``): ``operand``, an operand quantised by a kernel of its own (a GEMM input that
+    no TE norm produced, every output gradient); ``normed``, the input of a LayerNormLinear
+    (QKV, a dense FC1, MLA's up projections with their norm), beyond the BF16 write of the
+    norm priced as an elementwise term."""
+    operand: float
+    normed: float
+
+
+def fp8_casts(recipe: str, architecture: str) -> Fp8Casts:
+    """``Fp8Casts`` of an FP8 recipe on a GPU, from Transformer Engine v2.8's dispatch (commit
+    40c69e75; v2.5-v2.7 checked where they differ). A training GEMM needs each operand row-wise
+    (fprop, dgrad) and column-wise (wgrad); on Hopper an FP8 GEMM takes only the TN layout
+    (``nvte_is_non_tn_fp8_gemm_supported``, common/transformer_engine.cpp:715-723: compute
+    capability 10.0 and up), so the per-tensor recipes write a transposed FP8 copy too, in the
+    same kernel (``cast_transpose``, common/transpose/cast_transpose.cu; pytorch/csrc/
+    quantizer.cpp:325-345). Per element, read BF16 (2), write FP8 (1) and on Hopper its
+    transpose (1):
+    - delayed: one kernel, the scale from the amax history: 4 (3 on Blackwell); normed, the norm
+      writes FP8 itself, 1 byte instead of its BF16 2, and on Hopper ``nvte_transpose`` reads and
+      writes it again (rmsnorm_api.cpp:96-104): +1 (-1 on Blackwell);
+    - tensorwise (current scaling): first a full read for the amax (``amax_kernel``,
+      recipe/current_scaling.cu; ``Float8CurrentScalingQuantizer::quantize_impl``, quantizer.cpp:
+      497-549), then the cast: 6 (5); normed, the norm finds the amax as it writes (v2.7 and up,
+      csrc/extensions/normalization.cpp), then the cast: 4 (3);
+    - blockwise (1 x 128 blocks) and mxfp8 (32-element E8M0 blocks): one kernel writing both
+      directions with their scales, FP32 per 128 (2 x 4 / 128) or one byte per 32 (2 / 32):
+      4.0625 either way, normed or not (the norm writes BF16).
+    Left out: sequence parallelism's paths (the local shard cast row-wise before the FP8
+    all-gather, the gathered copy transposed in the backward, distributed.py:903-984), the bias
+    gradients' separate sum under current scaling, and whether a small expert's slice leaves L2
+    between the amax pass and the cast."""
+    transposed = 1.0 if architecture == "hopper" else 0.0
+    if recipe == "tensorwise":
+        return Fp8Casts(operand=5 + transposed, normed=3 + transposed)
+    if recipe == "delayed":
+        return Fp8Casts(operand=3 + transposed, normed=-1 + 2 * transposed)
+    return Fp8Casts(operand=4 + 2 * 4 / 128, normed=4 + 2 * 4 / 128) if recipe == "blockwise" \
+        else Fp8Casts(operand=4 + 2 / 32, normed=4 + 2 / 32)
+
+
+def fp8_cast_bytes(spec, tokens, tp, casts: Fp8Casts):
+    """(forward, backward) HBM bytes of Transformer Engine's FP8 casts in one layer (``casts``
+    per element): forward, each of the four GEMMs' (QKV, proj, FC1, FC2) inputs, h and h
+    normed (QKV's and FC1's LayerNormLinear), a d and h_ffn on their own; backward, each output
+    gradient, (a + 2k) d (QKV), h (proj), 2 h_ffn (FC1), h (FC2); all split over TP. Weight
+    casts are once per step and left out."""
     h, a, k, d, f = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim, spec.ffn_hidden_size
     t = np.asarray(tp, dtype=float)
-    forward = 3 * tokens * (2 * h + a * d + f) / t
-    backward = 3 * tokens * ((a + 2 * k) * d + 2 * h + 2 * f) / t
+    forward = tokens * (casts.normed * 2 * h + casts.operand * (a * d + f)) / t
+    backward = casts.operand * tokens * ((a + 2 * k) * d + 2 * h + 2 * f) / t
     return forward, backward
 
 
