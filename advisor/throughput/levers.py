@@ -42,6 +42,11 @@ def fp8_rates(rates: Rates, gpu: GpuSpec, recipe: str = "delayed") -> Rates:
     return replace(rates, gemm_flops_per_s=rates.gemm_flops_per_s * gpu.fp8_dense_tflops / gpu.bf16_dense_tflops)
 
 
+NON_TN_FP8_ARCHITECTURES = ("blackwell",)
+"""Where an FP8 GEMM takes operands in any layout, so no transposed copy is written
+(``nvte_is_non_tn_fp8_gemm_supported``: compute capability 10.0 and up); Hopper and Ada take TN only."""
+
+
 @dataclass(frozen=True)
 class Fp8Casts:
     """HBM bytes per element Transformer Engine moves to quantise one BF16 GEMM operand to FP8
@@ -76,7 +81,7 @@ def fp8_casts(recipe: str, architecture: str) -> Fp8Casts:
     all-gather, the gathered copy transposed in the backward, distributed.py:903-984), the bias
     gradients' separate sum under current scaling, and whether a small expert's slice leaves L2
     between the amax pass and the cast."""
-    transposed = 1.0 if architecture == "hopper" else 0.0
+    transposed = 0.0 if architecture in NON_TN_FP8_ARCHITECTURES else 1.0
     if recipe == "tensorwise":
         return Fp8Casts(operand=5 + transposed, normed=3 + transposed)
     if recipe == "delayed":
