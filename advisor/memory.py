@@ -317,14 +317,48 @@ def layer_bytes(spec: LlamaSpec, seq_len: int, mbs, tp, cp, options: MemoryOptio
     return kept, checkpoint
 
 
-def _uniform_transient(kept, checkpoint, chunk, unit):
+def _ceil_div(counts, divisor):
+    """ceil(counts / divisor) of whole numbers (as floats or integers), as -(-counts // divisor)
+    gives it: exact below 2^53 (the rounded quotient cannot cross a whole number), and several
+    times faster on floats, whose floor division numpy computes as a divmod."""
+    return np.ceil(counts / divisor)
+
+
+def _uniform_transient(kept, checkpoint, chunk, unit, units, full_unit):
     """The most a chunk of ``chunk`` layers rebuilds at once above its checkpoints under the
     uniform method: its last unit (u layers, u kept layers minus its input, which is the
     checkpoint itself), or, with two units or more, a full unit of N while the last unit's
-    checkpoint is already freed."""
-    last_unit = chunk - unit * (-(-chunk // unit) - 1)
-    return np.where(chunk <= unit, chunk * kept - checkpoint,
-                    np.maximum(last_unit * kept - checkpoint, unit * kept - 2 * checkpoint))
+    checkpoint is already freed. ``units``: ceil(chunk / unit); ``full_unit``: unit x kept - 2 x
+    checkpoint (the caller's, computed once)."""
+    last_unit = chunk - unit * (units - 1)
+    return np.where(chunk <= unit, chunk * kept - checkpoint, np.maximum(last_unit * kept - checkpoint, full_unit))
+
+
+@dataclass(frozen=True, slots=True)
+class _Lines:
+    """What ``StageModel.most_layers`` inverts, per line of its total (a leading axis of lines)
+    and layout, computed once per model: the same operations on the same values as at each
+    bound, so the same bytes."""
+
+    fixed: np.ndarray
+    """The line's total at 0 layers (total(0) plus its buffers' intercept)."""
+    slope: np.ndarray
+    """Buffer bytes per layer the line adds to ``total`` without its buffers."""
+    intercept: np.ndarray
+    beyond_cost: np.ndarray
+    """(c - k) N F: the checkpoints in place of kept layers, beyond q = N."""
+    beyond_slope: np.ndarray
+    """s v + k F: total(v q) per q beyond N (s: a layer's model states, k: a kept layer)."""
+    within_slope: np.ndarray
+    """s v + c F: total(v q) per q up to N (c: a checkpoint)."""
+    start: np.ndarray | None = None
+    """With interleaving: r from which R_r gains p per chunk (v - E // p)."""
+    few_slope: tuple = ()
+    """s + c R p per layer of the last r < start chunks, as (c a checkpoint, c a kept layer)."""
+    rest_cost: tuple = ()
+    """c (E - (E // p) p - start p): the rest's passes below the line from start on (the pair)."""
+    many_slope: tuple = ()
+    """s + c (R + 1) p per layer of the last r >= start chunks (the pair)."""
 
 
 class StageModel:
@@ -378,7 +412,7 @@ class StageModel:
         self.output_activations = np.where(
             last, eq.output_hidden_activation_bytes(spec, seq_len, b) * dtype_scale / whole
             + memory_terms.loss_logits_bytes(spec, seq_len, b, vocab, options.cross_entropy_fusion) / sharded, 0.0)
-        self.calibrated, self.added, self._total_at_zero = calibrated is not None, 0.0, None
+        self.calibrated, self.added, self._total_at_zero, self._constants = calibrated is not None, 0.0, None, {}
         if calibrated is not None:
             self.kept, self.checkpoint = self.kept * calibrated.layer_factor, self.checkpoint * calibrated.layer_factor
             self.embedding_activations = self.embedding_activations * calibrated.embedding_factor
@@ -399,7 +433,7 @@ class StageModel:
             setattr(new, name, _rows_of(value, rows, count))
         new.in_flight = schedule.InFlight(**{name: _rows_of(getattr(self.in_flight, name), rows, count)
                                              for name in schedule.InFlight.__dataclass_fields__})
-        new.recompute_layers = np.asarray(recompute_layers)
+        new.recompute_layers, new._constants = np.asarray(recompute_layers), {}  # N's constants start anew
         new.recomputing = bool((new.recompute_layers > 0).any())
         new.interleaved = bool((new.vpp > 1).any())
         return new
@@ -422,8 +456,9 @@ class StageModel:
         come first)."""
         layers = np.asarray(layers)
         kept, checkpoint, vpp, n = self.kept, self.checkpoint, self.vpp, self.recompute_layers
-        if self.interleaved:
-            per_chunk, extra = np.divmod(layers, vpp)  # chunks of q layers, the last r of q + 1
+        if self.interleaved:  # chunks of q layers, the last r of q + 1: np.divmod's, without its slow float divmod
+            per_chunk = np.floor(layers / vpp)  # exact for whole numbers below 2^53, as in _ceil_div
+            extra = layers - per_chunk * vpp
             larger = self.in_flight.last_chunks(extra)
         else:
             per_chunk, extra, larger = layers, 0, 0
@@ -432,17 +467,45 @@ class StageModel:
         if not self.recomputing:  # what both methods below give with N = 0, without their zero terms
             return np.where(layers > 0, kept * held, 0.0)
         if self.uniform:
-            unit = np.maximum(n, 1)
-            units = -(-per_chunk // unit) * (passes - larger) + -(-(per_chunk + 1) // unit) * larger
-            transient = np.maximum(
-                np.where(extra < vpp, _uniform_transient(kept, checkpoint, per_chunk, unit), 0),
-                np.where(extra > 0, _uniform_transient(kept, checkpoint, per_chunk + 1, unit), 0))
-            recomputed = np.where(n > 0, checkpoint * units + transient, kept * held)
+            recomputed = self._uniform_activations(per_chunk, extra, larger, held)
         else:
-            checkpointed = np.where(n > per_chunk, held, n * passes)  # sum_k phi_k min(N, layers of chunk k)
-            transient = np.where((n > 0) & (n >= per_chunk), kept - checkpoint, 0)
+            checkpointed = np.where(n > per_chunk, held, self._constant("n passes", lambda: n * passes))
+            # sum_k phi_k min(N, layers of chunk k); one layer rebuilt where all are recomputed
+            transient = np.where(n >= per_chunk, self._rebuilt(), 0)
             recomputed = checkpoint * checkpointed + kept * (held - checkpointed) + transient
         return np.where(layers > 0, recomputed, 0.0)
+
+    def _uniform_activations(self, per_chunk, extra, larger, held):
+        """``layer_activations`` of the uniform method where N > 0 (kept whole where N = 0). Without
+        interleaving (``larger`` and ``extra`` 0) the terms of the chunks of q + 1 layers are
+        zeros: left out, the same bytes."""
+        kept, checkpoint, passes, n = self.kept, self.checkpoint, self.in_flight.passes, self.recompute_layers
+        unit = self._constant("unit", lambda: np.maximum(n, 1))
+        full_unit = self._constant("full unit", lambda: unit * kept - 2 * checkpoint)
+        units = _ceil_div(per_chunk, unit)
+        transient = _uniform_transient(kept, checkpoint, per_chunk, unit, units, full_unit)
+        if self.interleaved:
+            more = _ceil_div(per_chunk + 1, unit)
+            units = units * (passes - larger) + more * larger
+            transient = np.maximum(
+                np.where(extra < self.vpp, transient, 0),
+                np.where(extra > 0, _uniform_transient(kept, checkpoint, per_chunk + 1, unit, more, full_unit), 0))
+        else:
+            units, transient = units * passes, np.maximum(transient, 0.0)
+        return np.where(n > 0, checkpoint * units + transient, kept * held)
+
+    def _constant(self, name: str, compute):
+        """What ``compute()`` gives from this model's per-layout arrays alone (no layer count):
+        computed at its first use, then kept (``take`` starts a new store)."""
+        if name not in self._constants:
+            self._constants[name] = compute()
+        return self._constants[name]
+
+    def _rebuilt(self):
+        """The layer a fully recomputed chunk rebuilds above its checkpoint: a kept layer less its
+        input (0 where N = 0)."""
+        n, kept, checkpoint = self.recompute_layers, self.kept, self.checkpoint
+        return self._constant("rebuilt", lambda: np.where(n > 0, kept - checkpoint, 0))
 
     def most_layers(self, bound, low, high):
         """The most layers n in [low, high] with total(n) <= bound (low - 1 where none), in closed
@@ -464,20 +527,14 @@ class StageModel:
         the answer; should it not settle within v + 2 steps, None (the planner bisects)."""
         if self.uniform and (self.recompute_layers > 0).any():
             return None
-        fixed = self._fixed()
-        per_layer = self.layer_parameters * (self.weight_bytes + self.gradient_bytes + self.optimizer_bytes) \
-            + self.layer_extra_bytes
-        if self.buffered:
-            estimate = None
-            for slope, intercept in levers.fsdp_buffer_lines(self.options, self.layer_parameters):
-                line = self._inverse(bound, fixed + intercept, per_layer + slope, slope, intercept, high)
-                estimate = line if estimate is None else np.maximum(estimate, line)
-        else:
-            estimate = self._inverse(bound, fixed, per_layer, 0.0, 0.0, high)
+        # the largest of the lines' inverses, all lines at once (a leading axis of them)
+        estimate = self._inverse(bound, high).max(axis=0)
         estimate = np.minimum(np.maximum(estimate, low - 1), high).astype(np.int64)  # np.clip, without its wrapper
         for _ in range(int(np.max(self.vpp)) + 2):  # one step fixes rounding; more would mean a wrong estimate
-            up = (estimate < high) & (self.total(np.minimum(estimate + 1, high)) <= bound)
-            down = (estimate >= low) & (self.total(np.maximum(estimate, low)) > bound)
+            # total beside the estimate, both counts in one call (elementwise: the same bytes)
+            above, at = self.total(np.stack([np.minimum(estimate + 1, high), np.maximum(estimate, low)]))
+            up = (estimate < high) & (above <= bound)
+            down = (estimate >= low) & (at > bound)
             if not (up.any() or down.any()):
                 return estimate
             estimate = estimate + up - down
@@ -489,29 +546,52 @@ class StageModel:
             self._total_at_zero = self.total(0)
         return self._total_at_zero
 
-    def _inverse(self, bound, fixed, per_layer, slope, intercept, high):
-        """``most_layers``' estimate for a total whose model states are ``per_layer`` bytes per
-        layer over ``fixed`` (the lines of the docstring); ``slope`` n + ``intercept`` are the
-        buffer bytes that line adds to ``total`` without its buffers."""
-        n, passes, v, kept, checkpoint = self.recompute_layers, self.in_flight.passes, self.vpp, self.kept, self.checkpoint
-        rebuilt = np.where(n > 0, kept - checkpoint, 0)
-        beyond = np.floor((bound - fixed - (checkpoint - kept) * n * passes) / (per_layer * v + kept * passes))
-        within = np.minimum(np.floor((bound - fixed - rebuilt) / (per_layer * v + checkpoint * passes)), n)
+    def _inverse(self, bound, high):
+        """``most_layers``' estimate for each of its lines (``_Lines``, a leading axis of them)."""
+        line = self._constant("lines", self._lines)
+        n, v, fixed = self.recompute_layers, self.vpp, line.fixed
+        beyond = np.floor((bound - fixed - line.beyond_cost) / line.beyond_slope)
+        within = np.minimum(np.floor((bound - fixed - self._rebuilt()) / line.within_slope), n)
         q = np.where(beyond > n, beyond, np.where(within >= 1, within, np.where(bound >= fixed, 0, -1)))
         q = np.minimum(np.maximum(q, -1), np.maximum(high // v, 0))
         estimate = v * q
         if self.interleaved:
             at = np.maximum(estimate, 0)
-            budget = bound - (self.total(at, buffers=False) + slope * at + intercept)
-            c = np.where(n > q, checkpoint, kept)
-            pp, rounds, rest = self.in_flight.pp, self.in_flight.rounds, self.in_flight.rest
-            filled = rest // pp
-            start = v - filled  # R_r gains p per chunk from r = v - filled on, plus the partial chunk
-            few = np.minimum(np.floor(budget / (per_layer + c * rounds * pp)), start - 1)
-            many = np.floor((budget - c * (rest - filled * pp - start * pp)) / (per_layer + c * (rounds + 1) * pp))
+            budget = bound - (self.total(at, buffers=False) + line.slope * at + line.intercept)
+            recomputed, start = n > q, line.start  # c: a checkpoint where recomputed, else a kept layer
+            few = np.minimum(np.floor(budget / np.where(recomputed, *line.few_slope)), start - 1)
+            many = np.floor((budget - np.where(recomputed, *line.rest_cost)) / np.where(recomputed, *line.many_slope))
             extra = np.minimum(np.maximum(np.where(many >= start, many, np.maximum(few, 0)), 0), v - 1)
             estimate = np.where(q >= 0, estimate + extra, -1)
         return estimate
+
+    def _lines(self) -> _Lines:
+        """``_Lines`` of this model (``most_layers``' docstring): one line without Megatron-FSDP's
+        buffers, one per choice of a line of each buffer with them."""
+        fixed, n, passes, v = self._fixed(), self.recompute_layers, self.in_flight.passes, self.vpp
+        kept, checkpoint = self.kept, self.checkpoint
+        per_layer = self.layer_parameters * (self.weight_bytes + self.gradient_bytes + self.optimizer_bytes) \
+            + self.layer_extra_bytes
+        if self.buffered:
+            lines = [(fixed + intercept, per_layer + slope, slope, intercept)
+                     for slope, intercept in levers.fsdp_buffer_lines(self.options, self.layer_parameters)]
+        else:
+            lines = [(fixed, per_layer, 0.0, 0.0)]
+        shape = (len(lines),) + np.broadcast_shapes(*(np.shape(value) for line in lines for value in line))
+        fixed, per_layer, slope, intercept = (np.empty(shape) for _ in range(4))  # every term is a float
+        for i, line in enumerate(lines):
+            fixed[i], per_layer[i], slope[i], intercept[i] = line
+        interleaved = {}
+        if self.interleaved:
+            pp, rounds, rest, filled = self.in_flight.pp, self.in_flight.rounds, self.in_flight.rest, self.in_flight.filled
+            start = v - filled  # R_r gains p per chunk from r = v - filled on, plus the partial chunk
+            pair = (checkpoint, kept)
+            interleaved = dict(start=start, few_slope=tuple(per_layer + c * rounds * pp for c in pair),
+                               rest_cost=tuple(c * (rest - filled * pp - start * pp) for c in pair),
+                               many_slope=tuple(per_layer + c * (rounds + 1) * pp for c in pair))
+        return _Lines(fixed=fixed, slope=slope, intercept=intercept, beyond_cost=(checkpoint - kept) * n * passes,
+                      beyond_slope=per_layer * v + kept * passes, within_slope=per_layer * v + checkpoint * passes,
+                      **interleaved)
 
     def parameters(self, layers):
         return np.asarray(layers) * self.layer_parameters + self.end_parameters
