@@ -67,14 +67,17 @@ Inverse = Callable[[np.ndarray, np.ndarray, np.ndarray], "np.ndarray | None"]
 """inverse(bound, low, high): what ``caps`` computes, in closed form; None where it has none."""
 
 
-def caps(cost: Cost, bound: np.ndarray, low: np.ndarray, high: np.ndarray, inverse: Inverse | None = None
-         ) -> np.ndarray:
+def caps(cost: Cost, bound: np.ndarray, low: np.ndarray, high: np.ndarray, inverse: Inverse | None = None,
+         within: np.ndarray | None = None, beyond: np.ndarray | None = None) -> np.ndarray:
     """The most layers n in [low, high] with cost(n) <= bound, per (layout, rank); low - 1 where
     even ``low`` costs more. The cost's closed-form ``inverse`` if it has one, else bisection
-    over n, all cells at once."""
+    over n, all cells at once: between ``within`` and ``beyond`` where the caller knows them
+    (counts with cost(within) <= bound or low - 1, and cost(beyond) > bound or high + 1; the
+    cost increases in n, so the answer is the same, in fewer steps)."""
     if inverse is not None and (closed := inverse(bound, low, high)) is not None:
         return closed
-    below, above = low - 1, high + 1  # cost(below) counts as within the bound, cost(above) not
+    # cost(below) counts as within the bound, cost(above) not
+    below, above = low - 1 if within is None else within, high + 1 if beyond is None else beyond
     while True:
         open_ = above - below > 1
         if not open_.any():
@@ -129,8 +132,8 @@ def min_max(cost: Cost, pipelines: Pipelines, ceiling: np.ndarray | None = None,
     def masked(n):
         return np.asarray(cost(n), dtype=float) if whole else np.where(active, cost(np.where(active, n, low)), -np.inf)
 
-    def _caps(bound):
-        found = caps(masked, bound[:, None], low, ceiling, inverse)
+    def _caps(bound, within=None, beyond=None):
+        found = caps(masked, bound[:, None], low, ceiling, inverse, within, beyond)
         return found if whole else np.where(active, found, 0)
 
     floor = masked(low).max(axis=1)  # every rank holds at least its lowest
@@ -149,17 +152,19 @@ def min_max(cost: Cost, pipelines: Pipelines, ceiling: np.ndarray | None = None,
     # bracket, the share of them left in the narrower one). From the evenest split, halve only
     # while more than WALK (rank, layers) costs lie between the bounds' caps (exact, so counted):
     # in the deepest pipelines the evenest split is often the min-max already (none between).
+    # caps(below) <= caps(middle) <= caps(above) <= the ceiling: each halving's caps start from
+    # that bracket, and the walk meets at most sum(upper - cap) costs
     cap = _caps(below)
-    upper = _caps(above) if wide else None
+    upper = _caps(above, cap) if wide else ceiling
     for _ in range(max(BISECTIONS, math.ceil(math.log2(max(2.0, pipelines.width * pipelines.layers * share))))):
-        if upper is not None and np.where(feasible, (upper - cap).sum(axis=1), 0).max(initial=0) <= WALK:
+        if np.where(feasible, (upper - cap).sum(axis=1), 0).max(initial=0) <= WALK:
             break
         middle = (below + above) / 2
-        middle_cap = _caps(middle)
+        middle_cap = _caps(middle, cap, upper + 1)
         within = _achievable(middle_cap, pipelines)
         below, above = np.where(within, below, middle), np.where(within, middle, above)
         cap = np.where(within[:, None], cap, middle_cap)
-        upper = None if upper is None else np.where(within[:, None], middle_cap, upper)
+        upper = np.where(within[:, None], middle_cap, upper)
     # Walk up from below: raise the bound to the next cost that gives some rank one more layer.
     bound = below.copy()
     done = _achievable(cap, pipelines) | ~feasible

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from advisor.splits import Pipelines, fastest_within, fill, lowest_memory, min_max
+from advisor.splits import Pipelines, caps, fastest_within, fill, lowest_memory, min_max
 
 
 def compositions(layers: int, ranks: int, lowest: int):
@@ -132,14 +132,14 @@ def test_the_evenest_bracket_gives_the_same_splits(problem):
 def test_halving_stops_at_any_count_with_the_same_splits(problem):
     """min_max stops halving once few costs lie between its bounds' caps (``splits.WALK``): the
     walk then takes the rest from the same non-achievable lower bound, so never stopping early
-    (-1, the fixed count of halvings), the default and never halving at all give the same splits
-    (bracketed from the evenest split, where it counts them: ``splits.WIDE`` 0)."""
+    (-1, the fixed count of halvings), the default and never halving at all give the same splits,
+    bracketed from the evenest split (``splits.WIDE`` 0) or from the ceilings (WIDE never)."""
     from advisor import splits
 
     pipelines, memory, time, limit = problem
     plans = []
-    for walk in (-1, splits.WALK, 1 << 60):
-        defaults, (splits.WALK, splits.WIDE) = (splits.WALK, splits.WIDE), (walk, 0)
+    for walk, wide in itertools.product((-1, splits.WALK, 1 << 60), (0, 1 << 60)):
+        defaults, (splits.WALK, splits.WIDE) = (splits.WALK, splits.WIDE), (walk, wide)
         try:
             plans.append([lowest_memory(table_cost(memory), pipelines),
                           fastest_within(table_cost(time), table_cost(memory), pipelines, limit)])
@@ -149,3 +149,20 @@ def test_halving_stops_at_any_count_with_the_same_splits(problem):
         for other in others:
             assert np.array_equal(never.counts, other.counts) and np.array_equal(never.value, other.value)
             assert np.array_equal(never.feasible, other.feasible)
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems(), st.lists(st.floats(0, 1), min_size=3, max_size=3))
+def test_caps_within_a_known_bracket_are_the_caps(problem, fractions):
+    """caps bisects from the counts its caller already knows (``within``: caps at a lower bound,
+    ``beyond``: caps at a higher one, plus one): the same caps as from [low - 1, high + 1], each
+    the most layers a rank holds within the bound, by brute force over the cost table."""
+    pipelines, memory, _, _ = problem
+    cost, pp = table_cost(memory), int(pipelines.pp[0])
+    low, high = pipelines.lowest[:, :pp], pipelines.highest[:, :pp]
+    lower, bound, higher = (np.array([[f * 1.1 * float(memory.max())]]) for f in sorted(fractions))
+    within, beyond = caps(cost, lower, low, high), caps(cost, higher, low, high) + 1
+    found = caps(cost, bound, low, high, within=within, beyond=beyond)
+    expected = [max((n for n in range(int(low[0, i]), int(high[0, i]) + 1) if memory[0, i, n] <= bound[0, 0]),
+                    default=int(low[0, i]) - 1) for i in range(pp)]
+    assert found[0].tolist() == expected == caps(cost, bound, low, high)[0].tolist()
