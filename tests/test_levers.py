@@ -110,6 +110,16 @@ def test_fp8_gemm_rate_and_casts():
     casts = time_levers.fp8_casts("delayed", H100.architecture)
     forward, backward = time_levers.fp8_cast_bytes(SPEC, 8192, 1, casts)
     assert (float(forward), float(backward)) == (8192 * (1 * 8192 + 4 * 18432), 4 * 8192 * 43008)
+    # the same bytes by part (h 4096, a d 4096, (a + 2k) d 6144, h_ffn 14336): attention h normed + a d,
+    # gradients (a + 2k) d + h; the MLP h normed + h_ffn, gradients 2 h_ffn + h; an MoE layer's MLP (its
+    # norm a module of its own) reads h at 4 bytes, not 1
+    attention = time_levers.fp8_attention_cast_bytes(SPEC, 8192, 1, casts)
+    mlp = time_levers.fp8_mlp_cast_bytes(4096, 14336, 8192, 1, casts)
+    assert attention == (8192 * (1 * 4096 + 4 * 4096), 4 * 8192 * (6144 + 4096))
+    assert mlp == (8192 * (1 * 4096 + 4 * 14336), 4 * 8192 * (2 * 14336 + 4096))
+    assert time_levers.fp8_mlp_cast_bytes(4096, 14336, 8192, 1, casts, normed=False)[0] == 8192 * 4 * (4096 + 14336)
+    fp8 = time_levers.fp8_gemms(rates, H100, "delayed")
+    assert (fp8.rates, fp8.casts) == (time_levers.fp8_rates(rates, H100), casts)
 
 
 def test_fp8_cast_bytes_per_element_by_recipe_and_gpu():

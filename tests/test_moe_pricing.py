@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from advisor.cli import cli
 from advisor.hardware import get_gpu
 from advisor.moe import fp8, mtp, params
+from advisor.moe import memory as mm
 from advisor.moe import space as sp
 from advisor.moe import stage as st
 from advisor.moe import time as mt
@@ -292,10 +293,35 @@ def test_fp8_casts_and_mtp_time_by_hand():
     assert calls == [(4096.0, 2 * 7168, 7168 / 8)]
 
 
+def test_fp8_casts_land_in_the_part_that_runs_them():
+    """With the GEMMs left at the BF16 rate (``Fp8Gemms`` with BF16 rates), FP8 adds only the casts'
+    bytes over the HBM rate, each to its part. DeepSeek-V3, 4096 tokens, TP 2, EP 8, current scaling
+    on Hopper (6 bytes an operand, 4 after a norm). A first dense layer: MLA's casts (down
+    projections' h twice and a d_v at 6, the up projections' q_lora 1536 + kv_lora 512 after their
+    latent norms at 4) and its MLP's (FC1's input h after the fused pre-MLP norm at 4, FC2's
+    h_ffn 18432 at 6), over t. The MoE layer's experts: the shared expert (h + 2048 at 6, over t)
+    and each routed copy (h + 2048 at 6, ETP 1); MLA's up projections cast again when recomputed."""
+    rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
+    casts = time_levers.fp8_casts("tensorwise", "hopper")
+    kw = dict(tp=2, cp=1, ep=8, etp=1, mbs=1, rates=rates)
+    plain, fp8 = mt.layer_times(DSV3, 4096, **kw), mt.layer_times(DSV3, 4096, **kw,
+                                                                   fp8=time_levers.Fp8Gemms(rates, casts))
+    h, tokens = 7168, 4096
+    attention = tokens * (6 * (2 * h + 128 * 128) + 4 * (1536 + 512)) / 2
+    dense_mlp = tokens * (4 * h + 6 * 18432) / 2
+    copies = float(mm.expert_token_copies(DSV3, mm.tokens_per_rank(4096, 1, 2, 1), 8, 1, mm.RoutedTokens()))
+    experts = 6 * (tokens * (h + 2048) / 2 + copies * (h + 2048))
+    bandwidth = rates.hbm_bytes_per_s
+    assert float(fp8.dense - plain.dense) == pytest.approx((attention + dense_mlp) / bandwidth, rel=1e-9)
+    assert float(fp8.dense_mlp - plain.dense_mlp) == pytest.approx(dense_mlp / bandwidth, rel=1e-9)
+    assert float(fp8.expert - plain.expert) == pytest.approx(experts / bandwidth, rel=1e-9)
+    assert float(fp8.moe - plain.moe) == pytest.approx((attention + experts) / bandwidth, rel=1e-9)
+    assert float(fp8.mla_up - plain.mla_up) == pytest.approx(tokens * 4 * (1536 + 512) / 2 / bandwidth, rel=1e-9)
+    assert float(fp8.comm) == float(plain.comm)
+
+
 def test_deepseek_dense_layers_keep_the_fused_swiglu_activations():
     # first dense layer, TP 1, CP 1, MBS 1: attention's terms + 2 s (h + 3 h_ffn) (fused SwiGLU) + 2 s h (pre-MLP norm)
-    from advisor.moe import memory as mm
-
     s, h, f = 4096, 7168, 18432
     kept = st._dense_layer_activations(DSV3, s, 1, 1, 1)
     assert kept == mm.attention_activation_bytes(DSV3, s, 1, 1, 1) + 2 * s * (h + 3 * f) + 2 * s * h

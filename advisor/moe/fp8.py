@@ -20,6 +20,7 @@ from advisor import equations as eq
 from advisor import memory_levers as levers
 from advisor.moe import params
 from advisor.moe.spec import MoESpec
+from advisor.throughput import levers as time_levers
 from advisor.throughput.levers import Fp8Casts
 
 
@@ -95,32 +96,64 @@ def activation_saving(spec: MoESpec, seq_len: int, mbs, tp, cp, copies, etp, opt
     return experts + shared + attention + zero
 
 
-def cast_bytes(spec: MoESpec, tokens_cp, tp, copies, etp, casts: Fp8Casts):
-    """(forward, backward) HBM bytes of Transformer Engine's FP8 casts in one MoE layer, at
-    ``casts`` per element (``throughput.levers.fp8_casts``, as ``fp8_cast_bytes`` for a dense
-    layer): forward each GEMM's input, backward each GEMM's output gradient. Attention: GQA's
-    input h (its LayerNormLinear's, normed) and projection input a d; MLA's down projections'
-    inputs h twice (plain linears after the layer's own norm), its up projections' q_lora and
-    kv_lora (normed where qk_layernorm makes them LayerNormLinears, gpt_layer_specs.py:129-138)
-    and a d_v; gradients (a + 2k) d and h, or MLA's q_lora, kv_lora + d_rope, a(d_nope + d_rope),
-    a(d_nope + d_v), h; all over t. Shared experts as a dense MLP of f_shared over t, routed
-    experts per token copy, inputs h and h_moe / etp, gradients 2 h_moe / etp and h: all quantised
-    on their own (the pre-MLP norm is a module of its own in an MoE layer, and the experts'
-    inputs come from the dispatcher)."""
-    h, t = spec.hidden_size, np.asarray(tp, dtype=float)
+def mla_up_cast_bytes(spec: MoESpec, tokens_cp, tp, casts: Fp8Casts):
+    """Forward HBM bytes of the FP8 casts of MLA's up projections' inputs, q_lora and kv_lora
+    over t (normed where qk_layernorm makes them LayerNormLinears, gpt_layer_specs.py:129-138),
+    what --recompute-modules mla_up_proj casts again; 0 without MLA."""
     mla = spec.mla
     if mla is None:
-        a, k, d = spec.num_attention_heads, spec.num_query_groups, spec.head_dim
-        attention_f = casts.normed * h + casts.operand * a * d
-        attention_b = (a + 2 * k) * d + h
-    else:
-        a, q = spec.num_attention_heads, mla.q_lora_rank or 0
-        up = casts.normed if spec.qk_layernorm else casts.operand
-        attention_f = casts.operand * (2 * h + a * mla.v_head_dim) + up * (q + mla.kv_lora_rank)
-        attention_b = (q + mla.kv_lora_rank + mla.qk_pos_emb_head_dim + a * (mla.qk_head_dim + mla.qk_pos_emb_head_dim)
-                       + a * (mla.qk_head_dim + mla.v_head_dim) + h)
-    f_shared, f = spec.shared_expert_size, spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float)
-    shared_f, shared_b = (h + f_shared, 2 * f_shared + h) if f_shared else (0, 0)
-    forward = tokens_cp * attention_f / t + casts.operand * (tokens_cp * shared_f / t + copies * (h + f))
-    backward = casts.operand * (tokens_cp * (attention_b + shared_b) / t + copies * (2 * f + h))
-    return forward, backward
+        return 0.0 * np.asarray(tokens_cp, dtype=float)
+    up = casts.normed if spec.qk_layernorm else casts.operand
+    return tokens_cp * up * ((mla.q_lora_rank or 0) + mla.kv_lora_rank) / np.asarray(tp, dtype=float)
+
+
+def attention_cast_bytes(spec: MoESpec, tokens_cp, tp, casts: Fp8Casts):
+    """(forward, backward) HBM bytes of Transformer Engine's FP8 casts in one layer's attention,
+    at ``casts`` per element (``throughput.levers.fp8_casts``): forward each GEMM's input,
+    backward each GEMM's output gradient, over t. GQA as a dense layer's
+    (``time_levers.fp8_attention_cast_bytes``); MLA's down projections' inputs h twice (plain linears
+    after the layer's own norm), its up projections' (``mla_up_cast_bytes``) and a d_v;
+    gradients q_lora, kv_lora + d_rope, a(d_nope + d_rope), a(d_nope + d_v), h."""
+    mla = spec.mla
+    if mla is None:
+        return time_levers.fp8_attention_cast_bytes(spec, tokens_cp, tp, casts)
+    h, a, q, t = spec.hidden_size, spec.num_attention_heads, mla.q_lora_rank or 0, np.asarray(tp, dtype=float)
+    forward = tokens_cp * casts.operand * (2 * h + a * mla.v_head_dim) / t + mla_up_cast_bytes(spec, tokens_cp, tp,
+                                                                                               casts)
+    gradients = (q + mla.kv_lora_rank + mla.qk_pos_emb_head_dim + a * (mla.qk_head_dim + mla.qk_pos_emb_head_dim)
+                 + a * (mla.qk_head_dim + mla.v_head_dim) + h)
+    return forward, casts.operand * tokens_cp * gradients / t
+
+
+def routed_expert_cast_bytes(spec: MoESpec, copies, etp, casts: Fp8Casts):
+    """(forward, backward) HBM bytes of the FP8 casts of the routed experts on one GPU
+    (``time_levers.fp8_mlp_cast_bytes`` per token copy, h_moe / etp wide): FC1's input is never
+    normed, the experts' inputs come from the dispatcher."""
+    return time_levers.fp8_mlp_cast_bytes(spec.hidden_size, spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float),
+                                          copies, 1, casts, normed=False)
+
+
+def shared_expert_cast_bytes(spec: MoESpec, tokens_cp, tp, casts: Fp8Casts):
+    """(forward, backward) HBM bytes of the FP8 casts of the shared experts, an MLP of f_shared
+    over t whose FC1 input is not normed (the pre-MLP norm is a module of its own in an MoE
+    layer, gpt_layer_specs.py:159); zeros without shared experts."""
+    if not spec.shared_expert_size:
+        zero = 0.0 * np.asarray(tokens_cp, dtype=float)
+        return zero, zero
+    return time_levers.fp8_mlp_cast_bytes(spec.hidden_size, spec.shared_expert_size, tokens_cp, tp, casts,
+                                          normed=False)
+
+
+def dense_mlp_cast_bytes(spec: MoESpec, tokens_cp, tp, casts: Fp8Casts):
+    """(forward, backward) HBM bytes of the FP8 casts of a first dense layer's MLP (DeepSeek-V3's
+    first three): its FC1 a LayerNormLinear (the pre-MLP norm is IdentityOp in a dense layer,
+    gpt_layer_specs.py:159), f = ffn_hidden_size, over t."""
+    return time_levers.fp8_mlp_cast_bytes(spec.hidden_size, spec.ffn_hidden_size, tokens_cp, tp, casts)
+
+
+def cast_bytes(spec: MoESpec, tokens_cp, tp, copies, etp, casts: Fp8Casts):
+    """(forward, backward) HBM bytes of the FP8 casts in one MoE layer: its attention's, its
+    routed and its shared experts'."""
+    parts = (attention_cast_bytes(spec, tokens_cp, tp, casts), routed_expert_cast_bytes(spec, copies, etp, casts),
+             shared_expert_cast_bytes(spec, tokens_cp, tp, casts))
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)

@@ -42,7 +42,7 @@ from advisor.moe.spec import MoESpec
 from advisor.moe.stage import longest_and_last
 from advisor.throughput import terms
 from advisor.throughput.terms import Rates
-from advisor.throughput.levers import Fp8Casts
+from advisor.throughput.levers import Fp8Gemms
 
 A2A_NETWORK_FRACTION = 0.834
 """What a multi-node NCCL all-to-all reaches of the network's line rate at large messages, and
@@ -216,22 +216,22 @@ class LayerTimes(NamedTuple):
 
 
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates,
-                gemm_rates: Rates | None = None, dispatcher: str = "alltoall",
+                fp8: Fp8Gemms | None = None, dispatcher: str = "alltoall",
                 sms: int = STREAMING_MULTIPROCESSORS["hopper"], routing: mm.RoutedTokens = mm.RoutedTokens(),
-                permute_fusion: bool = False, router_fusion: bool = False, fp8_casts: Fp8Casts | None = None):
+                permute_fusion: bool = False, router_fusion: bool = False):
     """``LayerTimes`` of one layer, one microbatch; backward is twice the compute (core attention's
-    ``core_backward_extra`` besides) and the same communication. ``gemm_rates``: the linear
-    layers' GEMM rates (``throughput.levers.fp8_rates`` with --fp8-format: attention
-    projections, dense and shared MLPs and the routed experts' grouped GEMMs at FP8, core
-    attention and the router at BF16), with Transformer Engine's forward casts at ``fp8_casts``
-    per element (``advisor.moe.fp8.cast_bytes``; the backward, priced as twice the forward, carries twice
-    the forward casts where the backward's own are 1.3-1.7 times those bytes). ``routing``: the
+    ``core_backward_extra`` besides) and the same communication. ``fp8``: with --fp8-format
+    (``throughput.levers.fp8_gemms``), the linear layers' GEMMs at its rates (attention
+    projections, dense and shared MLPs and the routed experts' grouped GEMMs; core attention and
+    the router stay BF16) and Transformer Engine's forward casts of their inputs at its bytes
+    per element, each in the part that runs them (``advisor.moe.fp8``: attention, a dense
+    layer's MLP, the experts, MLA's up projections); the backward, priced as twice the forward,
+    carries twice the forward casts where the backward's own are 1.3-1.7 times those bytes. ``routing``: the
     copies the memory prices (``memory.expert_token_copies``: balanced x its imbalance, or padded
     to capacity or not), but dropless's as balanced (its worst case bounds memory, not the steady
     state's pace). ``permute_fusion``, ``router_fusion``: --moe-permute-fusion, --moe-router-fusion
     (``permutation_time``; the fused router without ``ROUTER_KERNELS_S``)."""
-    fp8 = gemm_rates is not None
-    gemm_rates = gemm_rates or rates
+    gemm_rates = fp8.rates if fp8 else rates
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
     tokens_cp = np.asarray(mbs, dtype=float) * seq_len / cp  # the TP group's tokens
     # every projection's FLOPs split over t: the column/row-parallel ones by their weights, MLA's
@@ -246,12 +246,14 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     elementwise, dense_swiglu, moe_act, shared_swiglu = (terms.elementwise_time(b, rates) for b in elementwise_bytes(
         spec, tokens_cp, tp, copies, etp))
     cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, core_backward)
-    attention = attention_gemm + core + tp_comm / 2 + elementwise + cp_comm
+    casts = _cast_times(spec, tokens_cp, tp, copies, etp, fp8, rates)
+    attention = attention_gemm + core + tp_comm / 2 + elementwise + cp_comm + casts.attention
     dense_mlp = terms.gemm_time(tokens_cp, spec.hidden_size, 3 * spec.ffn_hidden_size / tp, gemm_rates) \
-        + tp_comm / 2 + dense_swiglu
+        + tp_comm / 2 + dense_swiglu + casts.dense_mlp
     expert_f, _ = expert_gemm_time(spec, copies, ep, etp, gemm_rates, sms, 1 if fp8 else mm.BF16)
+    expert_f = expert_f + casts.routed
     shared = 2.0 * tokens_cp * params.shared_expert_parameters(spec, tp) / gemm_rates.gemm_flops_per_s \
-        + shared_swiglu
+        + shared_swiglu + casts.shared
     # the backward is priced as twice the forward: a third of the router's small kernels forward
     router = 2.0 * tokens * spec.hidden_size * spec.num_experts / rates.gemm_flops_per_s \
         + (0.0 if router_fusion else ROUTER_KERNELS_S[spec.score_function] / 3)
@@ -264,14 +266,35 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
                                             terms.link_bandwidth(etp, rates), rates)
     moe = attention + expert_f + moe_act + shared + router + permute + a2a + 2 * gather
-    if fp8_casts is not None:
-        moe = moe + terms.elementwise_time(fp8_terms.cast_bytes(spec, tokens_cp, tp, copies, etp, fp8_casts)[0], rates)
     norm = terms.elementwise_time(mm.BF16 * 2 * spec.hidden_size * tokens_cp / tp, rates)  # read h, write h
     return LayerTimes(dense=attention + dense_mlp, moe=moe, comm=a2a + 2 * gather, expert=expert_f + moe_act + shared,
                       block=expert_f + moe_act + shared + router + permute, core=core,
                       core_backward_extra=core_backward - 2 * core, norm=norm,
-                      mla_up=mla_up_time(spec, tokens_cp, tp, gemm_rates, rates), moe_act=moe_act, shared=shared,
+                      mla_up=mla_up_time(spec, tokens_cp, tp, gemm_rates, rates) + casts.mla_up, moe_act=moe_act,
+                      shared=shared,
                       dense_mlp=dense_mlp)
+
+
+class _CastTimes(NamedTuple):
+    """Seconds of Transformer Engine's forward FP8 casts in each part of a layer (``layer_times``)."""
+    attention: object
+    dense_mlp: object
+    routed: object
+    shared: object
+    mla_up: object
+
+
+def _cast_times(spec: MoESpec, tokens_cp, tp, copies, etp, fp8: Fp8Gemms | None, rates: Rates) -> _CastTimes:
+    """``_CastTimes`` at ``fp8``'s bytes per element (``advisor.moe.fp8``), zeros without FP8."""
+    if fp8 is None:
+        return _CastTimes(*[0.0] * 5)
+    casts = fp8.casts
+    return _CastTimes(*(terms.elementwise_time(b, rates) for b in (
+        fp8_terms.attention_cast_bytes(spec, tokens_cp, tp, casts)[0],
+        fp8_terms.dense_mlp_cast_bytes(spec, tokens_cp, tp, casts)[0],
+        fp8_terms.routed_expert_cast_bytes(spec, copies, etp, casts)[0],
+        fp8_terms.shared_expert_cast_bytes(spec, tokens_cp, tp, casts)[0],
+        fp8_terms.mla_up_cast_bytes(spec, tokens_cp, tp, casts))))
 
 
 def mla_up_time(spec: MoESpec, tokens_cp, tp, gemm_rates: Rates, rates: Rates):
@@ -541,15 +564,14 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     rates = terms.Rates.of(gpu, cal)
     training = options.training
     fp8 = training.precision.fp8_format is not None
-    gemm_rates = levers.fp8_rates(rates, gpu, training.precision.fp8_recipe) if fp8 else None
+    fp8_gemms = levers.fp8_gemms(rates, gpu, training.precision.fp8_recipe) if fp8 else None
     c = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
     vpp = c["vpp"]
     b, base_of, spread = _by_base(c, bases)
     layer = layer_times(spec, seq_len, tp=b["tp"], cp=b["cp"], ep=b["ep"], etp=b["etp"], mbs=b["mbs"], rates=rates,
-                        gemm_rates=gemm_rates, dispatcher=options.dispatcher,
+                        fp8=fp8_gemms, dispatcher=options.dispatcher,
                         sms=streaming_multiprocessors(gpu.architecture), routing=options.routing,
-                        permute_fusion=options.fused_permutation, router_fusion=options.router_fusion,
-                        fp8_casts=levers.fp8_casts(training.precision.fp8_recipe, gpu.architecture) if fp8 else None)
+                        permute_fusion=options.fused_permutation, router_fusion=options.router_fusion)
     moe_f = layer.moe
     moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
     dense_t = _dense_layer_pace(spec, recompute, options, layer)
@@ -567,7 +589,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
         # (``TransformerModelChunkSchedulePlan`` builds a layer plan for each MTP layer)
         mtp = spec.mtp_num_layers * mtp_terms.extra_time(
             spec, tokens_cp, b["tp"], layer, head_f + head_b, emb_f + emb_b,
-            lambda m, k, n: terms.gemm_time(m, k, n, gemm_rates or rates))
+            lambda m, k, n: terms.gemm_time(m, k, n, fp8_gemms.rates if fp8 else rates))
         ends = head_f + head_b + mtp
         last = spread(last_layers * layer + ends)
         total = spread(spec.first_dense_layers * dense_t + spec.moe_layers * layer + ends) + c["pp"] * chunk

@@ -90,17 +90,48 @@ def fp8_casts(recipe: str, architecture: str) -> Fp8Casts:
         else Fp8Casts(operand=4 + 2 / 32, normed=4 + 2 / 32)
 
 
+@dataclass(frozen=True)
+class Fp8Gemms:
+    """What --fp8-format changes in a layer's time, one fact for the dense and the MoE models:
+    the linear layers' GEMM ``rates`` (``fp8_rates``) and the ``casts`` that quantise their
+    operands (``fp8_casts``)."""
+    rates: Rates
+    casts: Fp8Casts
+
+
+def fp8_gemms(rates: Rates, gpu: GpuSpec, recipe: str) -> Fp8Gemms:
+    """``Fp8Gemms`` of an FP8 recipe on ``gpu``; AdvisorError where the GPU cannot run it."""
+    return Fp8Gemms(fp8_rates(rates, gpu, recipe), fp8_casts(recipe, gpu.architecture))
+
+
+def fp8_attention_cast_bytes(spec, tokens, tp, casts: Fp8Casts):
+    """(forward, backward) HBM bytes of the FP8 casts of GQA attention's two GEMMs, ``casts`` per
+    element: forward QKV's input h (its LayerNormLinear's, normed) and the projection's a d;
+    backward their output gradients (a + 2k) d and h; all split over TP."""
+    h, a, k, d = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim
+    t = np.asarray(tp, dtype=float)
+    return tokens * (casts.normed * h + casts.operand * a * d) / t, casts.operand * tokens * ((a + 2 * k) * d + h) / t
+
+
+def fp8_mlp_cast_bytes(hidden: int, ffn, tokens, tp, casts: Fp8Casts, normed: bool = True):
+    """(forward, backward) HBM bytes of the FP8 casts of a SwiGLU MLP's two GEMMs, ``casts`` per
+    element: forward FC1's input ``hidden`` (normed where FC1 is a LayerNormLinear, a dense
+    layer's; an MoE layer's pre-MLP norm is a module of its own) and FC2's ``ffn``; backward
+    their output gradients 2 ``ffn`` and ``hidden``; all split over TP (``tp`` 1 for tokens
+    already split, as the routed experts' copies)."""
+    t = np.asarray(tp, dtype=float)
+    fc1 = casts.normed if normed else casts.operand
+    return tokens * (fc1 * hidden + casts.operand * ffn) / t, casts.operand * tokens * (2 * ffn + hidden) / t
+
+
 def fp8_cast_bytes(spec, tokens, tp, casts: Fp8Casts):
     """(forward, backward) HBM bytes of Transformer Engine's FP8 casts in one layer (``casts``
-    per element): forward, each of the four GEMMs' (QKV, proj, FC1, FC2) inputs, h and h
-    normed (QKV's and FC1's LayerNormLinear), a d and h_ffn on their own; backward, each output
-    gradient, (a + 2k) d (QKV), h (proj), 2 h_ffn (FC1), h (FC2); all split over TP. Weight
-    casts are once per step and left out."""
-    h, a, k, d, f = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim, spec.ffn_hidden_size
-    t = np.asarray(tp, dtype=float)
-    forward = tokens * (casts.normed * 2 * h + casts.operand * (a * d + f)) / t
-    backward = casts.operand * tokens * ((a + 2 * k) * d + 2 * h + 2 * f) / t
-    return forward, backward
+    per element): attention's (``fp8_attention_cast_bytes``) and the MLP's
+    (``fp8_mlp_cast_bytes``); forward h and h normed, a d and h_ffn on their own; backward
+    (a + 2k) d, h, 2 h_ffn, h. Weight casts are once per step and left out."""
+    attention = fp8_attention_cast_bytes(spec, tokens, tp, casts)
+    mlp = fp8_mlp_cast_bytes(spec.hidden_size, spec.ffn_hidden_size, tokens, tp, casts)
+    return attention[0] + mlp[0], attention[1] + mlp[1]
 
 
 def fsdp_microbatch_time(parameters, shards, bandwidth, rates: Rates, strategy: str | None, param_bytes=BF16,

@@ -138,8 +138,7 @@ class TimeModel:
         self.options = options
         self.rates = terms.Rates.of(gpu, self.cal, flash2=options.attention_kernel == "flash2")
         # FP8 runs the linear layers' GEMMs at the FP8 rate (levers.FP8_EFFICIENCY_NOTE); the rest stays BF16.
-        self.gemm_rates = levers.fp8_rates(self.rates, gpu, options.fp8_recipe) if options.fp8_format else self.rates
-        self.fp8_casts = levers.fp8_casts(options.fp8_recipe, gpu.architecture)
+        self.fp8 = levers.fp8_gemms(self.rates, gpu, options.fp8_recipe) if options.fp8_format else None
         self.host = levers.host_link(gpu) if options.optimizer_host_fraction > 0 else None
 
     # --- one layer, one microbatch ---------------------------------------------------------
@@ -149,14 +148,14 @@ class TimeModel:
         layer for one microbatch on one GPU."""
         spec, rates, s = self.spec, self.rates, self.seq_len
         tokens = _f(mbs) * s / _f(cp)
-        gemm_f, gemm_b = terms.layer_gemm_time(spec, tokens, tp, self.gemm_rates)
+        gemm_f, gemm_b = terms.layer_gemm_time(spec, tokens, tp, self.fp8.rates if self.fp8 else rates)
         if self.options.flash_attention:
             attn_f, attn_b = terms.attention_time(spec, s, mbs, tp, cp, rates)
         else:  # CP runs inside fused attention only (advisor.memory refuses CP > 1 without it)
             attn_f, attn_b = terms.unfused_attention_time(spec, s, mbs, tp, rates)
         elem = terms.elementwise_time(terms.layer_elementwise_bytes(spec, tokens, tp), rates)
-        if self.options.fp8_format:
-            cast_f, cast_b = levers.fp8_cast_bytes(spec, tokens, tp, self.fp8_casts)
+        if self.fp8:
+            cast_f, cast_b = levers.fp8_cast_bytes(spec, tokens, tp, self.fp8.casts)
             gemm_f = gemm_f + terms.elementwise_time(cast_f, rates)
             gemm_b = gemm_b + terms.elementwise_time(cast_b, rates)
         tp_f, tp_b = terms.tensor_parallel_time(spec, tokens, tp, rates)
