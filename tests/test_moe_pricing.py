@@ -90,6 +90,23 @@ def test_mtp_on_the_last_stage_by_hand():
     assert more.output_activations[1] - plain.output_activations[1] == pytest.approx(4096 * (4 * h + 4 * v))
 
 
+def test_full_recomputation_checkpoints_the_mtp_layer():
+    """Under --recompute full Megatron checkpoints the MTP layer (multi_token_prediction.py:702-703,
+    uniform with 1 layer, the only full recomputation the advisor prices for MoE): it keeps the
+    next tokens' embedding, 2h per token over t c (DeepSeek-V3, s 4096, TP 2: 2 x 4096 x 7168 / 2),
+    and is rebuilt in its backward, the whole MTP layer at once (the layer it keeps without
+    recomputation). A last stage of MTP alone rebuilds the MTP layer, not a dense layer."""
+    with_mtp = DSV3.__class__(**{**{f: getattr(DSV3, f) for f in DSV3.__dataclass_fields__}, "mtp_num_layers": 1})
+    layout = dict(tp=2, cp=1, pp=16, ep=64, etp=1, dp=32, mbs=1, stage=15)
+    kept = st.stage_parts(with_mtp, 4096, st.MoEOptions(), **layout)
+    for split in (None, (5,) + (4,) * 14 + (0,)):
+        full = st.stage_parts(with_mtp, 4096, st.MoEOptions(), **layout, recompute="full", layers_per_stage=split)
+        assert float(full.mtp_layers) == 2 * 4096 * 7168 / 2
+        assert float(full.rebuilt) == float(kept.mtp_layers)
+    assert float(st.stage_parts(DSV3, 4096, st.MoEOptions(), **layout, recompute="full",
+                                layers_per_stage=(5,) + (4,) * 14 + (0,)).rebuilt) == 0.0
+
+
 def test_a_last_stage_of_mtp_alone_has_one_moe_layers_transient():
     """A layout whose last stage holds the MTP layer and no decoder layer ('Et*5|(t*4|)*14mL' at PP
     16; Megatron-LM gpt_builders.py builds the MTP layer from the MoE layer spec there): the MTP

@@ -59,6 +59,18 @@ def activation_bytes(spec: MoESpec, seq_len: int, mbs, tp, cp, vocab, moe_layer_
     return layer, embedding, output
 
 
+def checkpoint_bytes(spec: MoESpec, seq_len: int, mbs, tp, cp):
+    """What one MTP layer keeps per microbatch under full recomputation: Megatron checkpoints
+    ``_proj_and_transformer_layer`` (enorm, hnorm, eh_proj and the transformer layer) with
+    ``recompute_method`` uniform and 1 layer (``MultiTokenPredictionLayer.forward`` and
+    ``_checkpointed_forward``, core_v0.15.2 multi_token_prediction.py:632-647; block skips the
+    recomputation with a warning, a case the advisor does not price), so it keeps the
+    checkpoint's inputs: the next tokens' embedding (2h per token, sequence-parallel over t c)
+    and the main model's output, which its output layer keeps already."""
+    return mm.BF16 * seq_len * np.asarray(mbs, dtype=float) * spec.hidden_size / (np.asarray(tp, dtype=float)
+                                                                                 * np.asarray(cp, dtype=float))
+
+
 def extra_time(spec: MoESpec, tokens_cp, tp, moe_layer_s, head_s, embedding_s, gemm):
     """Seconds one MTP layer adds to the last stage per microbatch, forward and backward: its
     MoE layer (``moe_layer_s``, forward plus backward as the stage prices a layer), eh_proj

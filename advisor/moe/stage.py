@@ -377,7 +377,7 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     if recompute == "full":  # every layer keeps its input; one layer is rebuilt at a time
         checkpoint = eq.layer_checkpoint_bytes(spec, seq_len, mbs) / (tp * cp)
         per_microbatch = layers * checkpoint
-        rebuilt = np.where(moe_layers > 0, moe_act, dense_act)
+        rebuilt = np.where(moe_layers > 0, moe_act, np.where(dense > 0, dense_act, 0.0))
     else:
         rebuilt = 0.0
     vocab = eq.padded_vocab_size(spec.vocab_size, options.training.vocab_divisible_by, tp)
@@ -388,6 +388,9 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
                       0.0)
     mtp_layer, mtp_embedding, mtp_output = mtp_terms.activation_bytes(spec, seq_len, mbs, tp, cp, vocab, moe_act,
                                                                       fusion)
+    if recompute == "full":  # each MTP layer keeps its checkpoint and is rebuilt, one layer at a time
+        rebuilt = np.maximum(rebuilt, np.where(mtp > 0, mtp_layer, 0.0))
+        mtp_layer = mtp_terms.checkpoint_bytes(spec, seq_len, mbs, tp, cp)
     # the MTP layers' transformer layers are MoE layers too, with their own dispatchers: a last
     # stage of MTP alone (a layout's 'mL' stage) has a transient of its own
     transient = np.where(moe_layers + mtp > 0, _transient(spec, options, tokens, copies, ep, etp, moe_layers + mtp,
