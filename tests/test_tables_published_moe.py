@@ -70,8 +70,8 @@ def test_estimate_args_carry_the_published_options():
     run = _run("dgxc-dsv3-bf16")
     args = published_moe.estimate_args(run)
     assert args[:3] == ["estimate", "--model", "deepseek-v3"] and "--vpp" not in args
-    assert args[-6:] == ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.0", "--moe-permute-fusion",
-                         "--use-precision-aware-optimizer"]
+    assert args[-8:] == ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.0", "--moe-permute-fusion",
+                         "--use-precision-aware-optimizer", "--layers-per-stage", "3,4x14,2"]  # NeMo's 3/2 first/last
     assert "--moe-router-fusion" not in args  # core_r0.12, which the benchmark pins, has no fused router
     fp8 = published_moe.estimate_args(_run("mb2509-dsv3"))
     assert fp8[fp8.index("--vpp") + 1] == "4" and "--fp8-format" not in fp8  # FP8 flags are tried apart
