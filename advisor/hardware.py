@@ -163,3 +163,14 @@ def get_gpu(name: str) -> GpuSpec:
     close = close_names(key, presets, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise AdvisorError(f"unknown GPU {name!r}{hint} (advisor gpus lists {len(presets)} presets)")
+
+
+STREAMING_MULTIPROCESSORS = {"ampere": 108, "hopper": 132, "blackwell": 148}
+"""SMs per GPU by architecture: A100 108 (NVIDIA A100 Tensor Core GPU Architecture whitepaper),
+H100 SXM5 132 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, also H800 and H200), B200
+148 (NVIDIA Blackwell Architecture Technical Brief)."""
+
+
+def streaming_multiprocessors(architecture: str) -> int:
+    """``STREAMING_MULTIPROCESSORS`` of the architecture (Hopper's where none is listed)."""
+    return STREAMING_MULTIPROCESSORS.get(architecture, STREAMING_MULTIPROCESSORS["hopper"])

@@ -2,7 +2,7 @@
 
 A sweep row or estimate prices each group's communication over NVLink where the group lies in
 one node of its 'gpus_per_node', over the network beyond (``advisor.throughput.terms.link_bandwidth``,
-``advisor.moe.time.all_to_all_time``). The launch's ranks per node may differ: a group it splits
+``advisor.moe.ep_time.all_to_all_time``). The launch's ranks per node may differ: a group it splits
 across nodes that was priced inside one makes the step time too optimistic. These are notes,
 never refusals: the run is valid, its price is not.
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advisor.hardware import get_gpu
-from advisor.moe.time import grouped_gemm_time, streaming_multiprocessors
+from advisor.hardware import streaming_multiprocessors
+from advisor.moe.time import grouped_gemm_time
 from advisor.throughput.calibration import load_calibration
 from advisor.throughput.levers import fp8_rates
 from advisor.throughput.terms import Rates

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advisor.hardware import get_gpu
+from advisor.moe import ep_time
 from advisor.moe import memory as mm
 from advisor.moe import time as moe_time
 from advisor.moe.spec import PRESETS
@@ -82,7 +83,7 @@ def derive(summary: dict) -> Derived:
     tokens = mm.tokens_per_rank(summary["seq_len"], 1, 1, 1)
     copies = mm.expert_token_copies(spec, tokens, 1, 1, mm.RoutedTokens())
     rates = terms.Rates.of(get_gpu(GPU), load_calibration())
-    by_expert, by_local_expert = moe_time.permutation_pairs(spec, copies, 1, "alltoall")
+    by_expert, by_local_expert = ep_time.permutation_pairs(spec, copies, 1, "alltoall")
     alltoall = profile_of(summary, "alltoall-dispatch")
     concatenations = sum(k["total_s"] for k in alltoall["top_kernels"] if CONCATENATION in k["name"])
     return Derived(router_kernels_s=router, permute_measured_s=profile_of(summary, "allgather-dispatch")["kernel_s"],
@@ -107,7 +108,7 @@ def lines(derived: dict[str, Derived]) -> list[str]:
         f"   -> ROUTER_KERNELS_S['sigmoid'] = {moe_time.ROUTER_KERNELS_S['sigmoid'] * 1e3:.2f} ms",
         f"  permutation by expert + inverse (qwen3-30b-a3b)    {ms(qwen.permute_measured_s)} measured, "
         f"{ms(qwen.permute_priced_s)} at the HBM rate -> PERMUTE_HBM_FRACTION {qwen.permute_hbm_fraction:.3f} "
-        f"(advisor: {moe_time.PERMUTE_HBM_FRACTION})",
+        f"(advisor: {ep_time.PERMUTE_HBM_FRACTION})",
         f"    check: alltoall less its sort                     {ms(qwen.alltoall_first_pair_s)}",
         f"  sort by local expert (alltoall)                    {ms(qwen.sort_measured_s)} measured, "
         f"{ms(qwen.sort_priced_s)} at the rate ({qwen.sort_priced_s / qwen.sort_measured_s:.2f}x): kept at the rate",
@@ -117,7 +118,7 @@ def lines(derived: dict[str, Derived]) -> list[str]:
         if "router" in parts:
             out.append(f"  {model} router        {ms(d.router_kernels_s)} / {ms(moe_time.ROUTER_KERNELS_S['softmax'])}"
                        f" = {d.router_kernels_s / moe_time.ROUTER_KERNELS_S['softmax']:.2f}")
-        priced = d.permute_priced_s / moe_time.PERMUTE_HBM_FRACTION
+        priced = d.permute_priced_s / ep_time.PERMUTE_HBM_FRACTION
         out.append(f"  {model} permutations  {ms(d.permute_measured_s)} / {ms(priced)} = "
                    f"{d.permute_measured_s / priced:.2f} (its own fraction {d.permute_hbm_fraction:.3f})")
     return out

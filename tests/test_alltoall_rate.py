@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.moe import time as mt
+from advisor.moe import ep_time
 from tables.published import alltoall_rate
 
 
 def test_the_constants_are_the_fit_of_the_measurements():
     result = alltoall_rate.fit()
     assert result.runs == 21  # 2, 4 and 8 nodes, 7 sizes each
-    assert mt.A2A_NETWORK_FRACTION == pytest.approx(result.fraction, abs=5e-4)
-    assert mt.A2A_PEER_S == pytest.approx(result.peer_s, abs=5e-8)
+    assert ep_time.A2A_NETWORK_FRACTION == pytest.approx(result.fraction, abs=5e-4)
+    assert ep_time.A2A_PEER_S == pytest.approx(result.peer_s, abs=5e-8)
     assert result.mean_abs_error < 0.07  # the two-term model describes the runs it is fitted on
 
 
@@ -27,7 +27,7 @@ def test_one_measurement_by_hand():
     achieved = 8 * 2**20 / per_peer_s / 1e9
     assert achieved == pytest.approx(36.7, abs=0.05)
     # the fitted model at this size: 8 MiB at 83.4% of 50 GB/s plus 10.4 us, within 10% of it
-    modelled = 8 * 2**20 / (mt.A2A_NETWORK_FRACTION * 50e9) + mt.A2A_PEER_S
+    modelled = 8 * 2**20 / (ep_time.A2A_NETWORK_FRACTION * 50e9) + ep_time.A2A_PEER_S
     assert modelled == pytest.approx(per_peer_s, rel=0.10)
     assert modelled > 8 * 2**20 / 50e9 * 1.2  # well above the line rate's price
 

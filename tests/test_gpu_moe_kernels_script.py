@@ -62,6 +62,7 @@ def test_the_price_is_advisor_moe_times_terms(tiny_run):
     """The recorded price is layer_times' router term, the permutations by expert at
     PERMUTE_HBM_FRACTION of the calibrated HBM rate and those by local expert at the rate, and
     host_sync_idle, forward and backward as layer_times prices them."""
+    from advisor.moe import ep_time
     from advisor.moe import time as moe_time
 
     _, summary = tiny_run
@@ -73,12 +74,12 @@ def test_the_price_is_advisor_moe_times_terms(tiny_run):
             (by_expert, by_local_expert), rate = priced["permutation_pairs_bytes_forward"], priced["hbm_bytes_per_s"]
             assert priced["permutation_bytes_forward"] == by_expert + by_local_expert
             assert by_local_expert == (by_expert if dispatcher == "alltoall" else 0)  # 8 local experts at EP 1
-            assert forward["permute_s"] == pytest.approx(by_expert / rate / moe_time.PERMUTE_HBM_FRACTION
+            assert forward["permute_s"] == pytest.approx(by_expert / rate / ep_time.PERMUTE_HBM_FRACTION
                                                          + by_local_expert / rate)
             assert both["router"] == pytest.approx(3 * forward["router_s"])
             assert both["dispatch"] == pytest.approx(3 * forward["permute_s"] + forward["host_sync_idle_s"])
             assert both["block"] == pytest.approx(3 * forward["block_s"] + forward["host_sync_idle_s"])
-            assert priced["host_launch_s"] == moe_time.HOST_LAUNCH_S
+            assert priced["host_launch_s"] == ep_time.HOST_LAUNCH_S
         # at the tiny size the permutation queued before alltoall's wait is shorter than one
         # launch, and allgather's wait has nothing queued: both leave the GPU idle
         assert summary["predicted"][dispatcher]["h100-80gb"]["forward"]["host_sync_idle_s"] > 0

@@ -8,6 +8,7 @@ import pytest
 
 from advisor import equations as eq
 from advisor.hardware import get_gpu
+from advisor.moe import ep_time
 from advisor.moe import memory as mm
 from advisor.moe import stage as st
 from advisor.moe import time as mt
@@ -102,10 +103,10 @@ def test_all_to_all_by_hand():
     size = 1000 * 2 * 7168
     assert rates.network_bytes_per_s == 50e9
     expected = max(size * 7 / 16 / rates.nvlink_bytes_per_s, size * 8 / 16 / (0.834 * 50e9) + 8 * 10.4e-6)
-    assert mt.all_to_all_time(DSV3, 1000, 16, 1, rates) == pytest.approx(expected + rates.collective_latency_s)
-    assert mt.all_to_all_time(DSV3, 1000, 1, 1, rates) == 0
+    assert ep_time.all_to_all_time(DSV3, 1000, 16, 1, rates) == pytest.approx(expected + rates.collective_latency_s)
+    assert ep_time.all_to_all_time(DSV3, 1000, 1, 1, rates) == 0
     # inside one node (EP 8) only NVLink: no network term
-    assert mt.all_to_all_time(DSV3, 1000, 8, 1, rates) == pytest.approx(
+    assert ep_time.all_to_all_time(DSV3, 1000, 8, 1, rates) == pytest.approx(
         size * 7 / 8 / rates.nvlink_bytes_per_s + rates.collective_latency_s)
 
 
@@ -130,11 +131,11 @@ def test_grouped_gemm_from_its_shapes_by_hand():
 
 def test_deepep_sends_a_token_once_per_remote_node_and_once_per_rank_by_hand():
     # 4 items in 2 bins, 2 drawn: both in one bin with chance C(2, 2) / C(4, 2) = 1/6 each
-    assert mt.distinct_bins(2, 4, 2) == pytest.approx(2 * (1 - 1 / 6))
-    assert mt.distinct_bins(8, 8, 4) == pytest.approx(4)  # 4 of 8 one-item bins: 4 bins
+    assert ep_time.distinct_bins(2, 4, 2) == pytest.approx(2 * (1 - 1 / 6))
+    assert ep_time.distinct_bins(8, 8, 4) == pytest.approx(4)  # 4 of 8 one-item bins: 4 bins
     # DeepSeek-V3 at EP 64 over 8 nodes: group-limited routing picks 4 of the 8 groups, one node
     # each; 7/8 of those remote; its 8 experts fall among the 32 ranks of the 4 groups (4 each)
-    ranks, remote = mt.flex_destinations(DSV3, 64, 8)
+    ranks, remote = ep_time.flex_destinations(DSV3, 64, 8)
     assert remote == pytest.approx(4 * 7 / 8)
     miss = np.prod([(124 - i) / (128 - i) for i in range(8)])
     assert ranks == pytest.approx(32 * (1 - miss))
@@ -142,28 +143,28 @@ def test_deepep_sends_a_token_once_per_remote_node_and_once_per_rank_by_hand():
     copies = 2048 * 8.0
     token = 2048 * 2 * 7168
     expected = max(token * ranks * 7 / 8 / rates.nvlink_bytes_per_s, token * 3.5 / rates.network_bytes_per_s)
-    got = mt.all_to_all_time(DSV3, copies, 64, 1, rates, "flex")
+    got = ep_time.all_to_all_time(DSV3, copies, 64, 1, rates, "flex")
     assert got == pytest.approx(expected + rates.collective_latency_s)
-    assert got < mt.all_to_all_time(DSV3, copies, 64, 1, rates)  # alltoall: 8 x 56/64 = 7 copies leave the node
+    assert got < ep_time.all_to_all_time(DSV3, copies, 64, 1, rates)  # alltoall: 8 x 56/64 = 7 copies leave the node
     # Qwen3-30B-A3B at EP 16 over 2 nodes, no groups: the other node is hit unless all 8 experts are local
     qwen = PRESETS["qwen3-30b-a3b"]
-    _, remote = mt.flex_destinations(qwen, 16, 8)
+    _, remote = ep_time.flex_destinations(qwen, 16, 8)
     assert remote == pytest.approx(1 - np.prod([(64 - i) / (128 - i) for i in range(8)]))
 
 
 def test_overlapped_layer_by_hand():
     # a = 1, x = 2, comm 8 (four of 2): max(2, 1) + max(2, 2) + max(2, 4) + max(2, 2) = 10
-    assert mt.overlapped_layer_time(1.0, 2.0, 8.0) == pytest.approx(10.0)
+    assert ep_time.overlapped_layer_time(1.0, 2.0, 8.0) == pytest.approx(10.0)
     # DeepEP's SMs, a quarter: each compute beside a communication gains 0.25 x 2 = 0.5
-    assert mt.overlapped_layer_time(1.0, 2.0, 8.0, 0.25) == pytest.approx(2 + 2.5 + 4.5 + 2.5)
-    assert mt.overlapped_layer_time(1.0, 2.0, 0.0) == pytest.approx(9.0)  # the plain 3a + 3x
-    assert mt.overlapped_layer_time(0.0, 0.0, 8.0) == pytest.approx(8.0)  # the plain communication
-    assert mt.comm_sm_share("flex", "hopper") == pytest.approx(20 / 132)
-    assert mt.comm_sm_share("alltoall", "hopper") == 0
+    assert ep_time.overlapped_layer_time(1.0, 2.0, 8.0, 0.25) == pytest.approx(2 + 2.5 + 4.5 + 2.5)
+    assert ep_time.overlapped_layer_time(1.0, 2.0, 0.0) == pytest.approx(9.0)  # the plain 3a + 3x
+    assert ep_time.overlapped_layer_time(0.0, 0.0, 8.0) == pytest.approx(8.0)  # the plain communication
+    assert ep_time.comm_sm_share("flex", "hopper") == pytest.approx(20 / 132)
+    assert ep_time.comm_sm_share("alltoall", "hopper") == 0
     # --moe-deepep-num-sms 32 (HybridEP recipes' count): 32 of Hopper's 132, of Blackwell's 148
-    assert mt.comm_sm_share("flex", "hopper", 32) == pytest.approx(32 / 132)
-    assert mt.comm_sm_share("flex", "blackwell", 32) == pytest.approx(32 / 148)
-    assert mt.comm_sm_share("alltoall", "hopper", 32) == 0
+    assert ep_time.comm_sm_share("flex", "hopper", 32) == pytest.approx(32 / 132)
+    assert ep_time.comm_sm_share("flex", "blackwell", 32) == pytest.approx(32 / 148)
+    assert ep_time.comm_sm_share("alltoall", "hopper", 32) == 0
 
 
 def test_the_dispatchers_sms_slow_only_the_overlapped_compute():
@@ -186,7 +187,7 @@ def test_the_dispatchers_sms_slow_only_the_overlapped_compute():
     slower = step(32, True) - step(20, True)
     assert slower > 0
     rates = Rates.of(gpu, load_calibration())
-    comm = 4 * mt.all_to_all_time(qwen, 4096 * 8.0, 16, 1, rates, "flex")  # dispatch and combine, both ways
+    comm = 4 * ep_time.all_to_all_time(qwen, 4096 * 8.0, 16, 1, rates, "flex")  # dispatch and combine, both ways
     assert slower <= 64 * qwen.num_layers * (32 - 20) / 132 * comm * (1 + 1e-9)  # 64 microbatches, 48 layers
 
 
@@ -249,7 +250,7 @@ def test_overlap_in_the_step_by_hand():
     times = mt.layer_times(qwen, 4096, tp=1, cp=1, ep=16, etp=1, mbs=1, rates=rates, dispatcher="flex")
     moe_f, comm, expert = times.moe, times.comm, times.expert
     layer = 3 * (moe_f - comm) + 2 * comm
-    paired = mt.overlapped_layer_time(moe_f - comm - expert, expert, 2 * comm, 20 / 132)
+    paired = ep_time.overlapped_layer_time(moe_f - comm - expert, expert, 2 * comm, 20 / 132)
     assert paired < layer
     assert plain["step_time_s"] - overlap["step_time_s"] == pytest.approx((m - 1) * qwen.moe_layers * (layer - paired))
     assert overlap["ep_comm_s"] == pytest.approx(m * qwen.moe_layers * (paired - 3 * (moe_f - comm)))
@@ -267,7 +268,7 @@ def test_allgather_dispatcher_gathers_and_reduce_scatters_over_the_expert_tp_ep_
     gathered = 7 / 8 * 8 * n * (2 * h + 5 * e) / rates.nvlink_bytes_per_s
     scattered = 7 / 8 * 8 * n * 4 * h / rates.nvlink_bytes_per_s
     expected = gathered + scattered + 2 * 7 * rates.collective_latency_s
-    assert mt.allgather_dispatch_time(MIXTRAL, n, 8, 1, rates) == pytest.approx(expected)
+    assert ep_time.allgather_dispatch_time(MIXTRAL, n, 8, 1, rates) == pytest.approx(expected)
     times = mt.layer_times(MIXTRAL, 4096, tp=1, cp=1, ep=8, etp=1, mbs=1, rates=rates, dispatcher="allgather")
     assert times.comm == pytest.approx(expected)
     # six times the all-to-all's bytes here: k = 2 copies of 2h, 7/8 of them leaving, both ways
@@ -293,7 +294,7 @@ def test_recomputing_the_moe_block_runs_its_compute_and_all_to_alls_again():
 
     rates = terms.Rates.of(gpu, load_calibration())
     times = mt.layer_times(qwen, 4096, tp=1, cp=1, ep=16, etp=1, mbs=1, rates=rates, dispatcher="flex")
-    again = times.block + times.comm + mt.HOST_LAUNCH_S
+    again = times.block + times.comm + ep_time.HOST_LAUNCH_S
     cheap, whole = step({"moe_act"}), step({"moe"})
     # moe_act runs the routed experts' SwiGLU again: 3 x 2 bytes x 768 per copy, 8 copies of 4096
     # tokens, at the HBM rate
@@ -327,9 +328,9 @@ def test_permutation_bytes_by_hand():
     # back before the combine) where a rank holds more than one expert
     qwen = PRESETS["qwen3-30b-a3b"]
     pair = 4 * 1000 * 2 * 2048
-    assert mt.permutation_pairs(qwen, 1000.0, 8) == (pair, pair)
-    assert mt.permutation_pairs(qwen, 1000.0, 8, "flex") == (pair, 0)
-    assert mt.permutation_pairs(qwen, 1000.0, 128) == (pair, 0)  # one expert per rank
+    assert ep_time.permutation_pairs(qwen, 1000.0, 8) == (pair, pair)
+    assert ep_time.permutation_pairs(qwen, 1000.0, 8, "flex") == (pair, 0)
+    assert ep_time.permutation_pairs(qwen, 1000.0, 128) == (pair, 0)  # one expert per rank
 
 
 def test_permutation_time_by_hand():
@@ -340,11 +341,11 @@ def test_permutation_time_by_hand():
     qwen = PRESETS["qwen3-30b-a3b"]
     rates = Rates(**{**{f: getattr(_RATES, f) for f in Rates.__dataclass_fields__}, "hbm_bytes_per_s": 1e12})
     pair = 16_384_000 / 1e12
-    assert mt.PERMUTE_HBM_FRACTION == 0.42
-    assert mt.permutation_time(qwen, 1000.0, 8, rates) == pytest.approx(pair / 0.42 + pair, rel=1e-12)
-    assert mt.permutation_time(qwen, 1000.0, 8, rates, fused=True) == pytest.approx(2 * pair, rel=1e-12)
-    assert mt.permutation_time(qwen, 1000.0, 8, rates, "flex") == pytest.approx(pair / 0.42, rel=1e-12)
-    assert mt.permutation_time(qwen, 1000.0, 128, rates) == pytest.approx(pair / 0.42, rel=1e-12)
+    assert ep_time.PERMUTE_HBM_FRACTION == 0.42
+    assert ep_time.permutation_time(qwen, 1000.0, 8, rates) == pytest.approx(pair / 0.42 + pair, rel=1e-12)
+    assert ep_time.permutation_time(qwen, 1000.0, 8, rates, fused=True) == pytest.approx(2 * pair, rel=1e-12)
+    assert ep_time.permutation_time(qwen, 1000.0, 8, rates, "flex") == pytest.approx(pair / 0.42, rel=1e-12)
+    assert ep_time.permutation_time(qwen, 1000.0, 128, rates) == pytest.approx(pair / 0.42, rel=1e-12)
 
 
 def test_the_unfused_router_costs_its_measured_small_kernels():
@@ -387,17 +388,17 @@ def test_host_sync_idle_by_hand():
     # either way (token_dispatcher.py, MoEAllGatherTokenDispatcher: local_map.sum(dim=0).cpu()).
     qwen = PRESETS["qwen3-30b-a3b"]
     rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
-    assert mt.host_sync_idle(qwen, 4096.0, rates) == 0.0
+    assert ep_time.host_sync_idle(qwen, 4096.0, rates) == 0.0
     assert 2 * 4096 * 8 * 2 * 2048 / rates.hbm_bytes_per_s > 20e-6
-    assert mt.host_sync_idle(qwen, 100.0, rates) == pytest.approx(20e-6 - 6_553_600 / rates.hbm_bytes_per_s)
-    assert mt.host_sync_idle(qwen, 4096.0, rates, "flex") == pytest.approx(20e-6)
-    assert mt.host_sync_idle(qwen, 4096.0, rates, "allgather") == pytest.approx(20e-6)
+    assert ep_time.host_sync_idle(qwen, 100.0, rates) == pytest.approx(20e-6 - 6_553_600 / rates.hbm_bytes_per_s)
+    assert ep_time.host_sync_idle(qwen, 4096.0, rates, "flex") == pytest.approx(20e-6)
+    assert ep_time.host_sync_idle(qwen, 4096.0, rates, "allgather") == pytest.approx(20e-6)
     padded = mm.RoutedTokens(routing="capacity", capacity_factor=1.0)
     unpadded = mm.RoutedTokens(routing="capacity", capacity_factor=1.0, pad_to_capacity=False)
-    assert mt.host_sync_idle(qwen, 100.0, rates, "alltoall", padded) == 0.0
-    assert mt.host_sync_idle(qwen, 100.0, rates, "alltoall", unpadded) == mt.host_sync_idle(qwen, 100.0, rates)
-    assert mt.host_sync_idle(qwen, 4096.0, rates, "allgather", padded) == pytest.approx(20e-6)
-    assert mt.host_sync_idle(qwen, 4096.0, rates, "flex", unpadded) == pytest.approx(20e-6)
+    assert ep_time.host_sync_idle(qwen, 100.0, rates, "alltoall", padded) == 0.0
+    assert ep_time.host_sync_idle(qwen, 100.0, rates, "alltoall", unpadded) == ep_time.host_sync_idle(qwen, 100.0, rates)
+    assert ep_time.host_sync_idle(qwen, 4096.0, rates, "allgather", padded) == pytest.approx(20e-6)
+    assert ep_time.host_sync_idle(qwen, 4096.0, rates, "flex", unpadded) == pytest.approx(20e-6)
 
 
 def test_capacity_routing_paces_the_expert_work_as_memory_counts_it():
@@ -432,7 +433,7 @@ def test_host_sync_idle_in_the_step(monkeypatch):
         return mt.step_times(qwen, 4096, 256, columns, "none", gpu=gpu, options=options, first_stage=first)
 
     with_waits = step()
-    monkeypatch.setattr(mt, "HOST_LAUNCH_S", 0.0)
+    monkeypatch.setattr(ep_time, "HOST_LAUNCH_S", 0.0)
     without = step()
     assert with_waits["step_time_s"] - without["step_time_s"] == pytest.approx(16 * 48 * 20e-6)
     assert with_waits["ep_comm_s"] == pytest.approx(without["ep_comm_s"])

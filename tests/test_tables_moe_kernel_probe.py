@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from advisor.moe import ep_time
 from advisor.moe import time as moe_time
 from tables import moe_kernel_probe
 
@@ -22,7 +23,7 @@ def derived(models):
 def test_the_constants_are_the_measurements_rounded(models, derived):
     assert moe_time.ROUTER_KERNELS_S["softmax"] == pytest.approx(derived.router_kernels_s, abs=0.005e-3)
     assert moe_time.ROUTER_KERNELS_S["sigmoid"] == pytest.approx(models["deepseek-v3"].router_kernels_s, abs=0.005e-3)
-    assert moe_time.PERMUTE_HBM_FRACTION == pytest.approx(derived.permute_hbm_fraction, abs=0.005)
+    assert ep_time.PERMUTE_HBM_FRACTION == pytest.approx(derived.permute_hbm_fraction, abs=0.005)
 
 
 def test_the_held_out_models_check_what_they_did_not_set(models):
@@ -33,7 +34,7 @@ def test_the_held_out_models_check_what_they_did_not_set(models):
     mixtral, deepseek = models["mixtral-8x7b"], models["deepseek-v3"]
     assert mixtral.router_kernels_s / moe_time.ROUTER_KERNELS_S["softmax"] == pytest.approx(1.0, abs=0.01)
     for held_out, ratio in ((mixtral, 1.11), (deepseek, 0.92)):
-        priced = held_out.permute_priced_s / moe_time.PERMUTE_HBM_FRACTION
+        priced = held_out.permute_priced_s / ep_time.PERMUTE_HBM_FRACTION
         assert held_out.permute_measured_s / priced == pytest.approx(ratio, abs=0.005)
 
 

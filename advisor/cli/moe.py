@@ -139,7 +139,7 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
     from advisor.moe.memory import RoutedTokens
     from advisor.moe.overlap import settings_problem
     from advisor.moe.stage import MoEOptions
-    from advisor.moe.time import dispatcher_sms_problem
+    from advisor.moe.ep_time import dispatcher_sms_problem
     from advisor.render import listed
 
     training, memory = options, options.memory_options()  # advisor.options.TrainingOptions

@@ -101,7 +101,7 @@ class MoEFlags:
     transformer_impl: str = "transformer_engine"
     """--transformer-impl."""
     permute_fusion: bool = False
-    """--moe-permute-fusion. Its time is priced (``advisor.moe.time.permutation_time``); its memory as
+    """--moe-permute-fusion. Its time is priced (``advisor.moe.ep_time.permutation_time``); its memory as
     the unfused permutation's: Transformer Engine's (``moe_utils.permute`` with fused=True) keeps
     its own row map where the unfused one keeps an int64 index per token copy
     (``memory.expert_activation_bytes``), a little more."""

@@ -57,16 +57,16 @@ class MoEOptions:
     a2a_overlap: bool = False
     """--overlap-moe-expert-parallel-comm: the combined 1F1B schedule, which runs one microbatch's
     forward beside another's backward, layer by layer, so that each one's EP dispatch and combine
-    hide behind the other's compute (``advisor.moe.time.overlapped_layer_time``); the schedule
+    hide behind the other's compute (``advisor.moe.ep_time.overlapped_layer_time``); the schedule
     holds one more layer's activations (``overlap_layers_in_flight``)."""
     delay_wgrad: bool = False
     """--delay-wgrad-compute (only with ``a2a_overlap``: megatron-core refuses it alone)."""
     dispatcher_sms: int | None = None
     """--moe-deepep-num-sms: the SMs the flex dispatcher's kernels hold, which the overlapped
-    compute loses (``advisor.moe.time.comm_sm_share``); None: not given, DeepEP's default."""
+    compute loses (``advisor.moe.ep_time.comm_sm_share``); None: not given, DeepEP's default."""
     permute_fusion: bool = False
     """--moe-permute-fusion: Transformer Engine's fused token permutations, priced at the HBM rate;
-    without, megatron-core's own at the measured ``advisor.moe.time.PERMUTE_HBM_FRACTION`` of it.
+    without, megatron-core's own at the measured ``advisor.moe.ep_time.PERMUTE_HBM_FRACTION`` of it.
     Memory is priced as the unfused permutation keeps it (an int64 index per routed copy)."""
     router_fusion: bool = False
     """--moe-router-fusion: Transformer Engine's fused top-k and scores, priced as the gating GEMM
@@ -75,7 +75,7 @@ class MoEOptions:
     flex_backend: str = "deepep"
     """--moe-flex-dispatcher-backend, with the flex dispatcher (core_v0.19.0; core_v0.15.2 has
     DeepEP alone): every backend's all-to-all priced as DeepEP's deduplicated one
-    (``advisor.moe.time.all_to_all_time``); HybridEP and NCCL-EP permute in their own kernels."""
+    (``advisor.moe.ep_time.all_to_all_time``); HybridEP and NCCL-EP permute in their own kernels."""
 
     @property
     def fused_permutation(self) -> bool:

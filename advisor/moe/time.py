@@ -5,25 +5,14 @@ Assumptions, stated once:
   the GPU's SMs (tile and wave quantisation of M rows per expert and the expert's width) at the
   dense GEMM rate, or the HBM roofline of the weights and activations where that is slower. No
   constant fitted; the dense rate is the calibration's (fitted on dense runs, none of these).
-- The EP all-to-all (dispatch and combine, forward and backward: four per layer): alltoall sends
-  one copy per routed expert, across nodes at NCCL's all-to-all rate as nccl-tests measured it
-  elsewhere (``A2A_NETWORK_FRACTION``, ``A2A_PEER_S``), not the line rate; flex (DeepEP / HybridEP) one per remote node and one per
-  destination rank (``flex_destinations``; routing uniform, as forced balancing draws it);
-  allgather gathers every token of the expert TP x EP group and reduce-scatters the combine
-  (``allgather_dispatch_time``).
-  Exposed on the compute stream (``token_dispatcher.py``), except with
-  --overlap-moe-expert-parallel-comm: combined 1F1B (``overlapped_layer_time``) in the steady
-  state, plain in the fill and drain.
+- The EP dispatch (all-to-all, permutations, the dropless dispatcher's host wait, the combined
+  1F1B overlap): ``advisor.moe.ep_time``, with its own assumptions.
 - Load imbalance: the busiest rank's expert GEMMs and all-to-all scale by
   ``RoutedTokens.imbalance`` (--moe-imbalance, default 1, balanced: the published runs this is
   checked against force balanced routing or use aux-loss balancing after warm-up).
-- The router and the token permutations as megatron-core runs them unfused (no --moe-router-fusion,
-  --moe-permute-fusion): the router's small kernels at a fixed cost (``ROUTER_KERNELS_S``), the
-  permutation by expert and its inverse at ``PERMUTE_HBM_FRACTION`` of the HBM rate, both
-  measured on one GPU elsewhere (``python -m tables.moe_kernel_probe``).
-- The dropless dispatcher's host wait for the token counts (``host_sync_idle``): one per MoE
-  layer forward, the GPU idle for the launches after it until it has work, at ``HOST_LAUNCH_S``
-  each (the documented upper end of a launch's host time).
+- The router as megatron-core runs it unfused (no --moe-router-fusion): its small kernels at a
+  fixed cost (``ROUTER_KERNELS_S``), measured on one GPU elsewhere (``python -m
+  tables.moe_kernel_probe``).
 """
 
 from __future__ import annotations
@@ -34,7 +23,9 @@ from typing import NamedTuple
 import numpy as np
 
 from advisor import equations as eq
+from advisor.hardware import STREAMING_MULTIPROCESSORS, streaming_multiprocessors
 from advisor.moe import fp8 as fp8_terms
+from advisor.moe import ep_time
 from advisor.moe import memory as mm
 from advisor.moe import mtp as mtp_terms
 from advisor.moe import params
@@ -44,18 +35,6 @@ from advisor.throughput import terms
 from advisor.throughput.terms import Rates
 from advisor.throughput.levers import Fp8Gemms
 
-A2A_NETWORK_FRACTION = 0.834
-"""What a multi-node NCCL all-to-all reaches of the network's line rate at large messages, and
-what each message to a peer on another node costs besides (``A2A_PEER_S``): fitted on nccl-tests'
-alltoall_perf on 2-8 nodes of H100s by ``python -m tables.published.alltoall_rate`` (measured
-elsewhere; none of the MoE runs checked against enters it). NCCL's maintainers call line rate the
-best case (nccl-tests #130, #267): an all-to-all cannot aggregate NICs and sends every peer its
-own message. Not applied to the flex dispatcher, whose DeepEP kernels forward over NVLink."""
-A2A_PEER_S = 10.4e-6
-STREAMING_MULTIPROCESSORS = {"ampere": 108, "hopper": 132, "blackwell": 148}
-"""SMs per GPU by architecture: A100 108 (NVIDIA A100 Tensor Core GPU Architecture whitepaper),
-H100 SXM5 132 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, also H800 and H200), B200
-148 (NVIDIA Blackwell Architecture Technical Brief)."""
 
 
 TILE = 128
@@ -93,83 +72,6 @@ def expert_gemm_time(spec: MoESpec, copies, ep, etp, rates: Rates, sms: int = ST
     forward = (grouped_gemm_time(local, m, spec.hidden_size, 2 * width, rates, sms, element_bytes)
                + grouped_gemm_time(local, m, width, spec.hidden_size, rates, sms, element_bytes))
     return forward, 2 * forward
-
-
-def all_to_all_time(spec: MoESpec, copies, ep, etp, rates: Rates, dispatcher: str = "alltoall"):
-    """One all-to-all of ``copies`` tokens (2h bytes each) over an EP group of ``ep`` ranks,
-    ``etp`` apart (the expert rank order tp-ep-dp-pp: ``parallel_state``, expert RankGenerator).
-    alltoall: one copy per routed expert (``MoEAlltoAllTokenDispatcher`` permutes by local
-    expert and sends every (token, expert) pair); the (ep - 1)/ep that leaves the rank splits
-    into the peers inside the node, over NVLink, and those outside, over the GPU's network
-    share at NCCL's measured all-to-all rate (``A2A_NETWORK_FRACTION`` of it, plus ``A2A_PEER_S``
-    a remote peer). (The allgather dispatcher's is ``allgather_dispatch_time``.) flex (DeepEP,
-    ``fused_a2a.py``: ``get_dispatch_layout``'s
-    ``num_tokens_per_rdma_rank`` and ``is_token_in_rank``): each token once per remote node over
-    RDMA and once per destination rank over NVLink (``flex_destinations``). The slower of the
-    two links paces it."""
-    ep, etp = np.asarray(ep, dtype=float), np.asarray(etp, dtype=float)
-    size = copies * mm.BF16 * spec.hidden_size
-    in_node = np.minimum(ep, np.maximum(1.0, rates.gpus_per_node / etp))
-    if dispatcher == "flex":
-        ranks, remote_nodes = flex_destinations(spec, ep, in_node)
-        per_token = size / spec.moe_router_topk  # the copies of one token carry it k times
-        inside = per_token * ranks * (in_node - 1) / in_node / rates.nvlink_bytes_per_s
-        outside = per_token * remote_nodes / rates.network_bytes_per_s
-    else:
-        inside = size * (in_node - 1) / ep / rates.nvlink_bytes_per_s
-        outside = (size * (ep - in_node) / ep / (A2A_NETWORK_FRACTION * rates.network_bytes_per_s)
-                   + (ep - in_node) * A2A_PEER_S)
-    return np.where(ep > 1, np.maximum(inside, outside) + rates.collective_latency_s, 0.0)
-
-
-def allgather_dispatch_time(spec: MoESpec, tokens, ep, etp, rates: Rates):
-    """Dispatch and combine of the allgather dispatcher, one layer forward
-    (``MoEAllGatherTokenDispatcher``, core_v0.15.2 ``token_dispatcher.py``): over its
-    ``tp_ep_group``, the expert TP x EP group of g = etp ep ranks (consecutive in the expert rank
-    order), the dispatch all-gathers every rank's N tokens (2h), their probabilities (4E, FP32
-    with --moe-router-dtype fp32) and routing map (E); the combine reduce-scatters the g N
-    unpermuted rows in the probabilities' dtype (4h). Rings (``terms.ring_collective_time``)
-    over NVLink inside a node, else the network."""
-    g = np.asarray(ep, dtype=float) * np.asarray(etp, dtype=float)
-    link = terms.link_bandwidth(g, rates, np.minimum(g, rates.gpus_per_node))
-    h, experts = spec.hidden_size, spec.num_experts
-    dispatch = terms.ring_collective_time(g * tokens * (mm.BF16 * h + 5 * experts), g, link, rates)
-    combine = terms.ring_collective_time(g * tokens * 4 * h, g, link, rates)
-    return np.where(g > 1, dispatch + combine, 0.0)
-
-
-def distinct_bins(bins, items, draws):
-    """Expected bins hit when ``draws`` distinct items are drawn uniformly from ``items`` spread
-    evenly over ``bins``: bins x (1 - C(items - items/bins, draws) / C(items, draws)), the
-    hypergeometric chance that a bin gets none, as a product over the draws."""
-    bins, items = np.asarray(bins, dtype=float), np.asarray(items, dtype=float)
-    i = np.arange(int(draws)).reshape((-1,) + (1,) * np.ndim(bins * items))
-    missed = np.prod(np.clip((items - items / bins - i) / (items - i), 0.0, None), axis=0)
-    return bins * (1.0 - missed)
-
-
-def flex_destinations(spec: MoESpec, ep, in_node):
-    """(EP ranks, remote nodes) one token goes to under balanced routing, expected: its k experts
-    drawn uniformly (Megatron's forced balancing draws random logits,
-    ``moe_utils.apply_random_logits``) from the E experts, E / ep per rank, ``in_node`` ranks per
-    node. Group-limited routing (``--moe-router-num-groups`` G, ``--moe-router-group-topk`` g,
-    DeepSeek-V3's 8 and 4) first picks g of the G groups of contiguous experts: where every node
-    holds whole groups a token reaches the nodes of g groups, taken as each getting one of its
-    experts; where every group spans whole ranks it reaches the ranks of g E / G experts."""
-    ep, in_node = np.asarray(ep, dtype=float), np.asarray(in_node, dtype=float)
-    experts, k = spec.num_experts, spec.moe_router_topk
-    nodes = ep / in_node
-    ranks = distinct_bins(ep, experts, k)
-    hit_nodes = distinct_bins(nodes, experts, k)
-    groups, chosen = spec.router_num_groups, spec.router_group_topk
-    if groups and chosen:
-        whole_groups = (groups % nodes == 0) & (nodes > 1)
-        hit_nodes = np.where(whole_groups, distinct_bins(np.where(whole_groups, nodes, 1.0), groups, chosen),
-                             hit_nodes)
-        spans = (ep % groups == 0)
-        ranks = np.where(spans, distinct_bins(np.maximum(chosen * ep / groups, 1.0), chosen * experts / groups, k),
-                         ranks)
-    return ranks, hit_nodes * (nodes - 1) / nodes
 
 
 def attention_flops(spec: MoESpec, seq_len: int, mbs, tp, cp):
@@ -230,7 +132,7 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     copies the memory prices (``memory.expert_token_copies``: balanced x its imbalance, or padded
     to capacity or not), but dropless's as balanced (its worst case bounds memory, not the steady
     state's pace). ``permute_fusion``, ``router_fusion``: --moe-permute-fusion, --moe-router-fusion
-    (``permutation_time``; the fused router without ``ROUTER_KERNELS_S``)."""
+    (``ep_time.permutation_time``; the fused router without ``ROUTER_KERNELS_S``)."""
     gemm_rates = fp8.rates if fp8 else rates
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
     tokens_cp = np.asarray(mbs, dtype=float) * seq_len / cp  # the TP group's tokens
@@ -257,11 +159,11 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     # the backward is priced as twice the forward: a third of the router's small kernels forward
     router = 2.0 * tokens * spec.hidden_size * spec.num_experts / rates.gemm_flops_per_s \
         + (0.0 if router_fusion else ROUTER_KERNELS_S[spec.score_function] / 3)
-    permute = permutation_time(spec, copies, ep, rates, dispatcher, fused=permute_fusion)
+    permute = ep_time.permutation_time(spec, copies, ep, rates, dispatcher, fused=permute_fusion)
     if dispatcher == "allgather":  # its gather over the expert TP x EP group is the dispatch
-        a2a, gather = allgather_dispatch_time(spec, tokens, ep, etp, rates), 0.0
+        a2a, gather = ep_time.allgather_dispatch_time(spec, tokens, ep, etp, rates), 0.0
     else:
-        a2a = 2 * all_to_all_time(spec, copies / np.asarray(etp, dtype=float), ep, etp, rates,
+        a2a = 2 * ep_time.all_to_all_time(spec, copies / np.asarray(etp, dtype=float), ep, etp, rates,
                                   dispatcher)  # dispatch + combine
         gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
                                             terms.link_bandwidth(etp, rates), rates)
@@ -315,16 +217,6 @@ def mla_up_time(spec: MoESpec, tokens_cp, tp, gemm_rates: Rates, rates: Rates):
             + terms.elementwise_time(mm.BF16 * _rope_and_qk_norm_elements(spec) * tokens_cp / t, rates))
 
 
-PERMUTE_HBM_FRACTION = 0.42
-"""What megatron-core's unfused permutation by expert and its inverse (``moe_utils.permute`` /
-``unpermute``: index gathers, and the unpermutation's scatter-add of every routed copy,
-``index_add``-style with atomics) reach of the calibrated HBM rate. Measured on one H200 at
-Qwen3-30B-A3B's shape (4096 tokens, 32,768 routed copies of 2048 values, forward and backward):
-0.99 ms of kernels against 0.42 ms at the rate (``benchmarks/gpu/time_moe_kernels.py``, derived by
-``python -m tables.moe_kernel_probe``; no published run enters it). Held out, the same measurement
-at Mixtral 8x7B's and DeepSeek-V3's shapes gave 0.38 and 0.46. The alltoall dispatcher's
-second pair, the sort by local expert (``sort_chunks_by_idxs``: split and concatenate, plain
-copies), measured 1.3 times faster than the rate: it keeps the rate."""
 ROUTER_KERNELS_S = {"softmax": 0.24e-3, "sigmoid": 0.50e-3}
 """The router's kernels besides its gating GEMM, one MoE layer and microbatch, forward and
 backward, by score function (``router.py`` ``TopKRouter``, unfused): top-k, the scores, the
@@ -338,64 +230,6 @@ kernels bound by their launch and latency, not their bytes; DeepSeek-V3's sigmoi
 expert bias and group-limited top-8 over 256 experts, 0.496 ms (measured on that model alone: the
 other sigmoid routers are priced as it, an assumption). Seconds on an H200, priced alike on every
 GPU (launch- and latency-bound kernels; not measured elsewhere)."""
-
-
-def permutation_time(spec: MoESpec, copies, ep, rates: Rates, dispatcher: str = "alltoall", fused: bool = False):
-    """One layer's token permutations forward (``permutation_pairs``): unfused, the permutation by
-    expert and its inverse at ``PERMUTE_HBM_FRACTION`` of the HBM rate, the alltoall dispatcher's
-    sort by local expert at the rate; ``fused`` (--moe-permute-fusion: Transformer Engine's
-    permutation kernels, ``moe_utils.fused_permute``), every pair at the rate (not measured here)."""
-    by_expert, by_local_expert = permutation_pairs(spec, copies, ep, dispatcher)
-    fraction = 1.0 if fused else PERMUTE_HBM_FRACTION
-    return terms.elementwise_time(by_expert, rates) / fraction + terms.elementwise_time(by_local_expert, rates)
-
-
-def permutation_pairs(spec: MoESpec, copies, ep, dispatcher: str = "alltoall"):
-    """(by expert, by local expert): HBM bytes of one layer's two pairs of token permutations
-    forward, each permutation reading and writing every token copy (2h bytes). The first, the
-    permutation by expert before the dispatch and its inverse after the combine; the second, with
-    the alltoall dispatcher and more than one local expert only (``token_dispatcher.py``,
-    ``MoEAlltoAllTokenDispatcher``: 'Permutation 2: Sort tokens by local expert' after the
-    all-to-all, 'Unpermutation 2' before the combine; the flex dispatcher's DeepEP receives them
-    unsorted and permutes once)."""
-    pair = 4 * np.asarray(copies, dtype=float) * mm.BF16 * spec.hidden_size
-    second = (dispatcher == "alltoall") & (spec.num_experts / np.asarray(ep, dtype=float) > 1)
-    return pair, pair * second
-
-
-HOST_LAUNCH_S = 20e-6
-"""Host time of one kernel launch from PyTorch: 'usually ... between 5-20 microseconds' on the
-CPU side (Holistic Trace Analysis documentation, facebookresearch/HolisticTraceAnalysis
-``docs/source/features/cuda_kernel_launch_stats.rst``). The upper end, an assumption: it bounds
-what a host synchronisation in the dispatcher can leave the GPU idle for."""
-
-
-def host_sync_idle(spec: MoESpec, tokens, rates: Rates, dispatcher: str = "alltoall",
-                   routing: mm.RoutedTokens = mm.RoutedTokens()):
-    """Seconds the GPU idles per MoE layer forward, one microbatch, while the host waits on the
-    device for the dropless dispatcher's token counts (megatron-core core_v0.15.2 and
-    core_v0.19.0 ``token_dispatcher.py``): the kernels the host launches after the wait, until
-    the GPU has work again, times ``HOST_LAUNCH_S``. The backward's all-to-all and grouped GEMMs
-    reuse the host copies: no wait there.
-    - alltoall: one wait (``_maybe_dtoh_and_synchronize``'s ``d2h_event.synchronize()`` before
-      the EP all-to-all, or before returning at EP x TP 1), after permutation 1 of the rank's
-      N k copies (2h bytes each, read and written) is queued: idle only where one launch
-      outlasts that permutation.
-    - allgather: ``local_map.sum().cpu()`` before its permutation, nothing queued: one launch.
-    - flex: DeepEP's normal-mode dispatch waits on the host for the receive counts
-      (``fused_a2a.py``: 'the CPU will wait for GPU's signal to arrive') before launching the
-      dispatch kernel: one launch.
-    - alltoall with capacity routing padded to capacity, as the token-drop recipes run it
-      (--moe-pad-expert-input-to-capacity): the counts are known on the host (``preprocess``'s
-      drop_and_pad branch), no wait; not padded it waits as a dropless one does, and the
-      allgather dispatcher copies its counts to the host whether padded or not."""
-    tokens = np.asarray(tokens, dtype=float)
-    if dispatcher == "alltoall" and routing.routing == "capacity" and routing.pad_to_capacity:
-        return np.zeros_like(tokens)
-    if dispatcher == "alltoall":
-        permutation = terms.elementwise_time(2 * tokens * spec.moe_router_topk * mm.BF16 * spec.hidden_size, rates)
-        return np.maximum(0.0, HOST_LAUNCH_S - permutation)
-    return np.full_like(tokens, HOST_LAUNCH_S)
 
 
 def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp):
@@ -424,65 +258,6 @@ def _rope_and_qk_norm_elements(spec: MoESpec) -> int:
     else:
         rotary = normed = (a + spec.num_query_groups) * spec.head_dim
     return 2 * rotary + (2 * normed if spec.qk_layernorm else 0)
-
-
-def overlapped_layer_time(rest, expert, comm, comm_sm_share=0.0, *, rest_again=0.0, expert_again=0.0):
-    """One MoE layer's forward and backward, communication included, under
-    --overlap-moe-expert-parallel-comm: ``rest`` and ``expert`` the forward's compute outside and
-    inside the MLP, ``rest_again`` and ``expert_again`` what selective recomputation runs again in
-    their backward (``recomputed_forward``), ``comm`` the plain layer's
-    communication (dispatch and combine, forward and backward). megatron-core's combined 1F1B
-    (``models/common/model_chunk_schedule_plan.py``, ``TransformerLayerSchedulePlan.run``;
-    core_v0.15.2) runs microbatch i + 1's forward of the layer beside microbatch i's backward,
-    the communication on its own stream: combine backward beside attention forward (a), dispatch
-    forward beside the MLP's backward, dispatch backward beside the MLP's forward (2x and x, in
-    either order: --delay-wgrad-compute moves the MLP's weight gradient from the one to the
-    other), combine forward beside attention backward (2a). Each communication c = comm / 4
-    against its partner's compute w; a communication kernel holding a share f of the SMs
-    (``comm_sm_share``: DeepEP's, ``DEEPEP_SMS``) slows w by f while both run:
-    max(c, w + f c) per pair. With no communication it is the plain compute 3a + 3x; with no
-    compute, comm."""
-    c = np.asarray(comm) / 4
-    return sum(np.maximum(c, w + comm_sm_share * c)
-               for w in (rest, expert, 2 * expert + expert_again, 2 * rest + rest_again))
-
-
-DEEPEP_SMS = 20
-"""SMs DeepEP's dispatch and combine kernels take unless --moe-deepep-num-sms says otherwise
-(megatron-core ``transformer_config.py``, ``moe_deepep_num_sms`` default 20, core_v0.15.2;
-core_v0.19.0's ``token_dispatcher.py`` sets 20 when ``moe_flex_dispatcher_num_sms`` is unset),
-which compute beside them loses. NCCL's all-to-all (the alltoall dispatcher) also runs on SMs, a
-number NCCL picks: not priced."""
-
-
-def comm_sm_share(dispatcher: str, architecture: str, sms: int | None = None) -> float:
-    """The share of the SMs the overlapped EP communication takes from compute: the flex
-    dispatcher's ``sms`` (--moe-deepep-num-sms; default ``DEEPEP_SMS``) of the GPU's."""
-    if dispatcher != "flex":
-        return 0.0
-    return (DEEPEP_SMS if sms is None else sms) / streaming_multiprocessors(architecture)
-
-
-def dispatcher_sms_problem(sms: int | None, dispatcher: str, architecture: str) -> str | None:
-    """Why --moe-deepep-num-sms cannot be priced, or None: only the flex dispatcher reads it
-    (megatron-core hands it to DeepEP's ``Buffer.set_num_sms``, ``fused_a2a.py``), DeepEP asserts
-    an even count ('The SM count must be even', ``deep_ep/buffer.py``), and the kernels must leave
-    the GPU some SMs to overlap with."""
-    if sms is None:
-        return None
-    if dispatcher != "flex":
-        return (f"--moe-deepep-num-sms {sms}: only the flex dispatcher's DeepEP kernels take it; give "
-                "--moe-token-dispatcher-type flex, or leave it out")
-    if sms % 2:
-        return f"--moe-deepep-num-sms {sms}: DeepEP takes an even number of SMs"
-    if sms >= (total := streaming_multiprocessors(architecture)):
-        return f"--moe-deepep-num-sms {sms}: the GPU has {total} SMs, and compute needs some of them"
-    return None
-
-
-def streaming_multiprocessors(architecture: str) -> int:
-    """``STREAMING_MULTIPROCESSORS`` of the architecture (Hopper's where none is listed)."""
-    return STREAMING_MULTIPROCESSORS.get(architecture, STREAMING_MULTIPROCESSORS["hopper"])
 
 
 def megatron_flops_per_iteration(spec: MoESpec, seq_len: int, global_batch_size: int, padded_vocab: int) -> float:
@@ -551,7 +326,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     --overlap-grad-reduce / --overlap-param-gather are on, else exposed; Adam on the shards.
     ``first_stage``: ``stage.stage_bytes`` of stage 0 (its parameters). Communication of a layer
     runs once forward and once backward (and again when fully recomputed); with
-    --overlap-moe-expert-parallel-comm the steady state's MoE layers are ``overlapped_layer_time``'s.
+    --overlap-moe-expert-parallel-comm the steady state's MoE layers are ``ep_time.overlapped_layer_time``'s.
     ``layers_per_stage``: one layout's own split (its largest and its last stage) instead of
     ``stage.split_layers``. ``bases``: (index, inverse) where many layouts are variants (VPP) of
     one base layout (the columns at ``index`` are the bases, ``inverse`` maps each layout to its
@@ -643,7 +418,7 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
     again = "moe" in modules
     forwards = 2.0 if recompute == "full" or again else 1.0
-    idle = forwards * host_sync_idle(spec, mm.tokens_per_rank(seq_len, b["mbs"], b["tp"], b["cp"]), rates,
+    idle = forwards * ep_time.host_sync_idle(spec, mm.tokens_per_rank(seq_len, b["mbs"], b["tp"], b["cp"]), rates,
                                      options.dispatcher, options.routing)
     _, rest_again, expert_again = recomputed_forward(spec, layer, modules)
     if recompute == "full":
@@ -654,10 +429,9 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     plain = work + (forwards + 1.0) * comm + idle
     steady = plain
     if options.a2a_overlap:
-        steady = overlapped_layer_time(compute - expert, expert, 2 * comm,
-                                       comm_sm_share(options.dispatcher, gpu.architecture, options.dispatcher_sms),
-                                       rest_again=rest_again, expert_again=expert_again) + idle \
-            + (block + comm if again else 0.0)
+        share = ep_time.comm_sm_share(options.dispatcher, gpu.architecture, options.dispatcher_sms)
+        steady = ep_time.overlapped_layer_time(compute - expert, expert, 2 * comm, share, rest_again=rest_again,
+                                               expert_again=expert_again) + idle + (block + comm if again else 0.0)
     return plain, steady, steady - idle - work
 
 

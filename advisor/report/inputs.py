@@ -210,7 +210,7 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
     one would launch or price differently from the other is refused by both."""
     from advisor.moe.overlap import settings_problem
     from advisor.moe.space import RECOMPUTES
-    from advisor.moe.time import dispatcher_sms_problem
+    from advisor.moe.ep_time import dispatcher_sms_problem
     from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
 
     def refuse(text: str):

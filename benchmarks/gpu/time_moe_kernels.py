@@ -194,8 +194,9 @@ def router_settings(spec, z_loss_coeff: float | None) -> dict:
 def prices(spec, seq_len: int, dispatcher: str) -> dict:
     """Per GPU preset of ``PRICED_ON``: advisor.moe.time's terms of one MoE layer at EP 1, TP 1,
     MBS 1, balanced routing (what forced balancing draws), forward and forward + backward."""
-    from advisor.hardware import get_gpu
+    from advisor.hardware import get_gpu, streaming_multiprocessors
     from advisor.moe import memory as mm
+    from advisor.moe import ep_time
     from advisor.moe import time as moe_time
     from advisor.throughput import terms
     from advisor.throughput.calibration import load_calibration
@@ -208,11 +209,11 @@ def prices(spec, seq_len: int, dispatcher: str) -> dict:
         gpu = get_gpu(name)
         rates = terms.Rates.of(gpu, cal)
         layer = moe_time.layer_times(spec, seq_len, tp=1, cp=1, ep=1, etp=1, mbs=1, rates=rates,
-                                     dispatcher=dispatcher, sms=moe_time.streaming_multiprocessors(gpu.architecture))
-        by_expert, by_local_expert = moe_time.permutation_pairs(spec, copies, 1, dispatcher)
-        permute = moe_time.permutation_time(spec, copies, 1, rates, dispatcher)
+                                     dispatcher=dispatcher, sms=streaming_multiprocessors(gpu.architecture))
+        by_expert, by_local_expert = ep_time.permutation_pairs(spec, copies, 1, dispatcher)
+        permute = ep_time.permutation_time(spec, copies, 1, rates, dispatcher)
         router = layer.block - layer.expert - permute  # layer_times' ``router`` term
-        idle = moe_time.host_sync_idle(spec, tokens, rates, dispatcher)
+        idle = ep_time.host_sync_idle(spec, tokens, rates, dispatcher)
         forward = {"router_s": router, "permute_s": permute, "host_sync_idle_s": idle, "comm_s": layer.comm,
                    "block_s": layer.block, "expert_s": layer.expert, "moe_layer_s": layer.moe}
         # backward twice the compute, the communication once each way, the host wait in the forward only
@@ -223,9 +224,9 @@ def prices(spec, seq_len: int, dispatcher: str) -> dict:
                         "forward_backward_s": {k: float(v) for k, v in both.items()},
                         "permutation_bytes_forward": float(by_expert + by_local_expert),
                         "permutation_pairs_bytes_forward": [float(by_expert), float(by_local_expert)],
-                        "permute_hbm_fraction": moe_time.PERMUTE_HBM_FRACTION,
+                        "permute_hbm_fraction": ep_time.PERMUTE_HBM_FRACTION,
                         "hbm_bytes_per_s": rates.hbm_bytes_per_s, "gemm_flops_per_s": rates.gemm_flops_per_s,
-                        "host_launch_s": moe_time.HOST_LAUNCH_S}
+                        "host_launch_s": ep_time.HOST_LAUNCH_S}
     return priced
 
 

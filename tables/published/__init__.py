@@ -6,5 +6,5 @@
     short_sequences.py  short_sequence_runs.csv: the per-microbatch overhead against published
                    runs at sequence 2048-4096, priced with and without it
     alltoall_rate.py  nccl_alltoall_p5.csv: NCCL's measured multi-node all-to-all rate, the EP
-                   all-to-all's network term (advisor.moe.time.A2A_NETWORK_FRACTION, A2A_PEER_S)
+                   all-to-all's network term (advisor.moe.ep_time.A2A_NETWORK_FRACTION, A2A_PEER_S)
 """

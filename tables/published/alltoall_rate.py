@@ -1,6 +1,6 @@
 """``python -m tables.published.alltoall_rate``: the achieved rate of a multi-node NCCL
 all-to-all, from measurements made elsewhere, for the EP all-to-all's network term
-(``advisor.moe.time.all_to_all_time``).
+(``advisor.moe.ep_time.all_to_all_time``).
 
 NCCL's maintainers call the NIC's line rate the best case of an all-to-all (nccl-tests issues
 #130 and #267): it cannot aggregate NICs, and each rank sends a separate message to every peer.

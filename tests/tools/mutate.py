@@ -97,10 +97,10 @@ MUTANTS = [  # (file, text, replacement, tests)
      "    optimizer = eq.optimizer_bytes_per_parameter(1)", MOE),
     ("advisor/moe/memory.py", "    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f)) + 4 + 8",
      "    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f)) + 4", MOE),
-    ("advisor/moe/time.py", "    return forward, 2 * forward\n\n\ndef all_to_all_time",
-     "    return forward, forward\n\n\ndef all_to_all_time", MOE),
-    ("advisor/moe/time.py", "    outside = size * (ep - in_node) / ep / rates.network_bytes_per_s",
-     "    outside = size * (ep - in_node) / ep / rates.nvlink_bytes_per_s", MOE),
+    ("advisor/moe/time.py", "    return forward, 2 * forward\n\n\ndef attention_flops",
+     "    return forward, forward\n\n\ndef attention_flops", MOE),
+    ("advisor/moe/ep_time.py", "(A2A_NETWORK_FRACTION * rates.network_bytes_per_s)",
+     "(A2A_NETWORK_FRACTION * rates.nvlink_bytes_per_s)", MOE),
 ]
 
 
