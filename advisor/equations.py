@@ -75,10 +75,9 @@ def padded_vocab_size(vocab_size: int, divisible_by: int | None, tp):
 
 WEIGHT_BYTES = 2
 """BF16 weights."""
-OPTIMIZER_BYTES = 12
-"""Adam in FP32: master weight, momentum, variance (Section 3.1)."""
 ADAM_MOMENT_BYTES = 8
-"""The momentum and variance of OPTIMIZER_BYTES: made at the first optimizer step (torch.optim.Adam
+"""The FP32 momentum and variance of Adam (Section 3.1; the master weight and the other state
+dtypes: ``memory_levers.optimizer_state_bytes``): made at the first optimizer step (torch.optim.Adam
 ``_init_group``; TE's FusedAdam likewise), unlike the master weights, which Megatron's optimizer
 makes when it is built. A fresh run's first forward and backward run without them."""
 

@@ -157,3 +157,21 @@ def test_unequal_stages_pace_the_pipeline_by_the_slowest():
         step = model.step_from_stages([short, long], 2, 1, 8, 1, vpp=v)
         pipeline = m * max(t) + (sum(t) - max(t)) / v
         assert float(step.bubble_s) == pytest.approx(pipeline - m * sum(t) / p, rel=1e-9)
+
+
+def test_optimizer_bytes_per_parameter_by_hand():
+    """Adam's states (seed 004, Section 3.1: FP32 master weight, momentum and variance, 4 bytes
+    each) and one step's HBM traffic (Transformer Engine's FusedAdam): read the FP32 gradient 4,
+    write the BF16 weight 2, the gradient norm's read 4 and the buffer's zeroing 4, and each FP32
+    state read and written, 8. With BF16 moments each is read 2, unscaled into FP32 (write 4), run
+    by the kernel (read 4, write 4) and copied back (read 4, write 2, copy 2 + 2): 24; an FP32
+    master kept as the 16 bits its BF16 weight lacks: the int16 read and written and the weight
+    read, 6."""
+    from advisor.memory_levers import optimizer_state_bytes
+
+    assert optimizer_state_bytes(("fp32", "fp32", "fp32")) == 4 + 4 + 4
+    assert optimizer_state_bytes(("remainder", "bf16", "bf16")) == 2 + 2 + 2
+    assert optimizer_state_bytes(("fp32", "fp8", "fp8")) == 4 + 1 + 1
+    assert terms.optimizer_step_bytes() == 4 + 2 + 4 + 4 + 3 * (4 + 4)
+    assert terms.optimizer_step_bytes(("fp32", "bf16", "bf16")) == 4 + 2 + 8 + 8 + 2 * (2 + 4 + 4 + 4 + 4 + 2 + 2 + 2)
+    assert terms.optimizer_step_bytes(("remainder", "fp32", "fp32")) == 4 + 2 + 8 + (2 + 2 + 2) + 2 * 8
