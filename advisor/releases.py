@@ -54,6 +54,10 @@ class MegatronRelease:
     """Whether the flex token dispatcher needs ``--moe-enable-deepep``: core_v0.15.2's
     ``MoEFlexTokenDispatcher`` asserts it when it builds the layer ('Please set
     --moe-enable-deepep', token_dispatcher.py); core_v0.19.0 takes DeepEP as its default backend."""
+    shared_expert_overlap_dispatchers: tuple[str, ...] = ("alltoall", "flex")
+    """The token dispatchers --moe-shared-expert-overlap runs with where the model has shared
+    experts (``transformer_config.py``, ``__post_init__``: 'moe_shared_expert_overlap only works
+    with alltoall token dispatcher' in core_v0.15.2, '... alltoall or flex ...' in core_v0.19.0)."""
     renamed: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """(a deprecated flag the advisor's rows write, the words this release spells it with): the
     rows are written once for every release, with the spelling the oldest one needs; a launch on
@@ -89,7 +93,7 @@ RELEASES: tuple[MegatronRelease, ...] = (
         release=(0, 15), checked="core_v0.15.2", python=(3, 10), null_tokenizer_extra_rows=1,
         mock_data_max_token_id=4094, pretrain="providers",
         transformer_config_module="megatron.training.arguments", fsdp_sharding_strategy="no_shard",
-        uniform_recompute_any_n=False, flex_needs_enable_deepep=True,
+        uniform_recompute_any_n=False, flex_needs_enable_deepep=True, shared_expert_overlap_dispatchers=("alltoall",),
         lacks=frozenset({"--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms"}),
         imports=(("torch", ""), ("numpy", ""), ("packaging", ": megatron/training/arguments.py"),
                  ("six", ": megatron/training/tokenizer/bert_tokenization.py"),

@@ -196,6 +196,27 @@ def check_conflicts(groups: Sequence[ArgGroup], extras: Sequence[str]) -> None:
         raise AdvisorError("; ".join(dict.fromkeys(problems)) + " (the input decides these; change the input instead)")
 
 
+def check_moe_refusals(rules: MegatronVersion, args: Sequence[str], source: str) -> None:
+    """AdvisorError where the user's flags after '--' and the input's together give an MoE
+    combination megatron-core refuses on every rank when it builds its config: a user's
+    --moe-shared-expert-overlap (``advisor.moe.overlap.shared_expert_overlap_problem``) beside the
+    input's dispatcher, EP overlap and recomputed modules. Megatron's own default dispatcher is
+    allgather (arguments.py, both releases)."""
+    from advisor.moe.overlap import shared_expert_overlap_problem
+
+    values = flag_values(args)
+    if "--moe-shared-expert-overlap" not in values or "--num-experts" not in values:
+        return
+    problem = shared_expert_overlap_problem(
+        dispatcher=(values.get("--moe-token-dispatcher-type") or ("allgather",))[0],
+        a2a_overlap="--overlap-moe-expert-parallel-comm" in values,
+        recompute_modules=values.get("--recompute-modules") or (), release=rules,
+        shared_experts="--moe-shared-expert-intermediate-size" in values)
+    if problem:
+        raise AdvisorError(f"{problem}: the flag is yours (after --), the rest {source}'s; Megatron-LM would refuse "
+                           "the command on every rank at start-up")
+
+
 # --- the whole command line ------------------------------------------------------------------
 
 
@@ -328,6 +349,7 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     if job is not None:
         groups.append(job)
     check_conflicts(groups, rules.own_spelling(extras))  # a restated deprecated spelling is no conflict
+    check_moe_refusals(rules, [*decided, *extras], source)
     vocabulary = None
     if not mock_data:  # the user's own data and tokenizer, after '--' (and the job file's tokenizer)
         vocabulary = check_null_tokenizer(rules, model, decided, [*(job.args if job is not None else ()), *extras],

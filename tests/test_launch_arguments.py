@@ -188,6 +188,35 @@ def test_a_hybridep_row_is_launched_on_core_0_19_only():
         compose(SOURCE, decided, rules=OLD, model=spec, extras=[])
 
 
+@pytest.mark.parametrize("model, layout, rules, refused", [
+    # megatron-core's TransformerConfig refuses these on every rank (transformer_config.py, __post_init__)
+    ("deepseek-v3", {"dispatcher": "flex"}, OLD, "--moe-shared-expert-overlap needs --moe-token-dispatcher-type "
+                                                 "alltoall on Megatron-LM core 0.15, got flex"),
+    ("deepseek-v3", {"recompute": "selective", "recompute_modules": ["shared_experts"]}, NEW,
+     "--moe-shared-expert-overlap refuses --recompute-modules shared_experts"),
+    ("deepseek-v3", {"a2a_overlap": True}, NEW,
+     "--overlap-moe-expert-parallel-comm refuses --moe-shared-expert-overlap"),
+    ("qwen3-30b-a3b", {"a2a_overlap": True}, NEW,
+     "--overlap-moe-expert-parallel-comm refuses --moe-shared-expert-overlap"),
+    # what megatron-core runs: alltoall on both releases, flex on core 0.19, and a model without shared
+    # experts on any dispatcher but beside the EP overlap (the flag is read and ignored)
+    ("deepseek-v3", {}, OLD, None),
+    ("deepseek-v3", {"dispatcher": "flex"}, NEW, None),
+    ("qwen3-30b-a3b", {"dispatcher": "flex"}, OLD, None),
+])
+def test_a_shared_expert_overlap_megatron_refuses_is_not_launched(model, layout, rules, refused):
+    """advisor-launch passed --moe-shared-expert-overlap through whatever the row: a row with the
+    EP overlap or the flex dispatcher started and then failed in TransformerConfig on every rank."""
+    spec, decided = _moe_row_args(model, **layout)
+    if refused is None:
+        assert compose(SOURCE, decided, rules=rules, model=spec,
+                       extras=["--moe-shared-expert-overlap"]).args[-1] == "--moe-shared-expert-overlap"
+        return
+    with pytest.raises(AdvisorError) as error:
+        compose(SOURCE, decided, rules=rules, model=spec, extras=["--moe-shared-expert-overlap"])
+    assert refused in str(error.value) and "on every rank at start-up" in str(error.value)
+
+
 def test_restating_an_moe_row_is_no_conflict():
     spec, decided = _moe_row_args("qwen3-30b-a3b", dispatcher="flex")
     same = ["--expert-model-parallel-size", "8", "--moe-router-topk", "8", "--moe-token-dispatcher-type", "flex",

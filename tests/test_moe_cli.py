@@ -206,6 +206,25 @@ def test_a_commands_overlap_rules_the_flags_cannot_give_are_one_line(extra, mess
     assert result.output.strip() == f"Error: {message}"
 
 
+@pytest.mark.parametrize("extra, options, message", [
+    # core_v0.15.2 transformer_config.py:840-845 (alltoall only), core_v0.19.0 :1644-1650 (alltoall or flex)
+    ("--moe-token-dispatcher-type flex --moe-enable-deepep", ("--megatron-version", "0.15"),
+     "--moe-shared-expert-overlap needs --moe-token-dispatcher-type alltoall on Megatron-LM core 0.15, got flex "
+     "(megatron-core: 'moe_shared_expert_overlap only works with alltoall token dispatcher')"),
+    ("--moe-token-dispatcher-type allgather", (),
+     "--moe-shared-expert-overlap needs --moe-token-dispatcher-type alltoall or flex on Megatron-LM core 0.19, got "
+     "allgather (megatron-core: 'moe_shared_expert_overlap only works with alltoall or flex token dispatcher')"),
+    # core_v0.15.2 :982-989, core_v0.19.0 :1812-1819
+    ("--moe-token-dispatcher-type alltoall --recompute-granularity selective --recompute-modules shared_experts", (),
+     "--moe-shared-expert-overlap refuses --recompute-modules shared_experts (megatron-core: 'shared_experts "
+     "recompute cannot work with --moe-shared-expert-overlap.')"),
+])
+def test_a_commands_shared_expert_overlap_megatron_refuses_is_one_line(extra, options, message):
+    result = _from_command(f"--moe-shared-expert-intermediate-size 4096 --moe-shared-expert-overlap {extra}", *options)
+    _one_line_error(result, message)
+    assert result.output.strip() == f"Error: {message}"
+
+
 def test_a_saved_rows_recomputation_method_is_never_launched_beside_the_overlap(tmp_path, overlap_row):
     """What a command gives and a row cannot: a row's method and layer count are launched under
     full recomputation only (advisor.moe.flags), which the overlap refuses by its layout

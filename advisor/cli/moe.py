@@ -178,6 +178,9 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
             transformer_impl=flags.transformer_impl,
             mtp_num_layers=spec.mtp_num_layers if mtp_num_layers is None else mtp_num_layers):
         raise InputError(problem)
+    if flags.shared_expert_overlap and (problem := _shared_overlap_problem(flags, dispatcher, recompute_modules,
+                                                                           spec, release)):
+        raise InputError(problem)
     if problem := dispatcher_sms_problem(flags.dispatcher_sms, dispatcher, gpu.architecture if gpu else "hopper"):
         raise InputError(problem)
     if flags.flex_backend != "deepep":
@@ -191,6 +194,17 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
                             routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
                                                  pad_to_capacity=padded, imbalance=flags.moe_imbalance),
                             modules=frozenset(recompute_modules) if recompute_modules else None)
+
+
+def _shared_overlap_problem(flags, dispatcher: str, recompute_modules, spec, release) -> str | None:
+    """megatron-core's refusals of a command's --moe-shared-expert-overlap (``advisor.moe.overlap``)."""
+    from advisor.moe.overlap import shared_expert_overlap_problem
+    from advisor.options.releases import release_defaults
+
+    return shared_expert_overlap_problem(dispatcher=dispatcher, a2a_overlap=flags.a2a_overlap,
+                                         recompute_modules=recompute_modules,
+                                         shared_experts=bool(spec.shared_expert_size),
+                                         release=release_defaults(release))
 
 
 def _check_flex_backend(backend: str, dispatcher: str, release) -> None:

@@ -57,3 +57,26 @@ def settings_problem(*, a2a_overlap: bool, delay_wgrad: bool = False, dispatcher
         return f"--delay-wgrad-compute needs --transformer-impl transformer_engine, got {transformer_impl} " \
                "(Megatron-LM refuses it)"
     return None
+
+
+SHARED_OVERLAP = "--moe-shared-expert-overlap"
+
+
+def shared_expert_overlap_problem(*, dispatcher: str, a2a_overlap: bool, recompute_modules: Iterable[str] | None,
+                                  shared_experts: bool, release) -> str | None:
+    """Why megatron-core refuses --moe-shared-expert-overlap with these settings, as one line, or
+    None (``transformer_config.py``, ``__post_init__``, in its order; core_v0.15.2 lines 840-845,
+    982-989 and 1476, core_v0.19.0 lines 1644-1650, 1812-1819 and 2707): a model with shared
+    experts needs a dispatcher of ``release.shared_expert_overlap_dispatchers`` and no
+    ``shared_experts`` recomputation; any model, no EP all-to-all overlap. Without shared experts
+    the flag is otherwise read and ignored."""
+    if shared_experts and dispatcher not in release.shared_expert_overlap_dispatchers:
+        allowed = " or ".join(release.shared_expert_overlap_dispatchers)
+        return (f"{SHARED_OVERLAP} needs --moe-token-dispatcher-type {allowed} on {release.name}, got {dispatcher} "
+                f"(megatron-core: 'moe_shared_expert_overlap only works with {allowed} token dispatcher')")
+    if shared_experts and "shared_experts" in (recompute_modules or ()):
+        return (f"{SHARED_OVERLAP} refuses --recompute-modules shared_experts (megatron-core: 'shared_experts "
+                f"recompute cannot work with {SHARED_OVERLAP}.')")
+    if a2a_overlap:
+        return _refuses(SHARED_OVERLAP, "disable moe_shared_expert_overlap")
+    return None
