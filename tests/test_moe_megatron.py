@@ -196,3 +196,21 @@ def test_megatron_accepts_moe_campaign_runs_and_a_given_split():
         assert derived["layers_per_stage"] == row["layers_per_stage"]
     assert (derived["moe_router_load_balancing_type"], derived["moe_aux_loss_coeff"]) == (
         ["seq_aux_loss", "global_aux_loss"], [1e-3, 1e-4])
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_the_shared_expert_overlap_runs_with_the_dispatchers_advisor_releases_names(tag):
+    """advisor.releases' shared_expert_overlap_dispatchers (which the advisor's refusal reads,
+    advisor.moe.overlap.shared_expert_overlap_problem) against each release's own TransformerConfig:
+    DeepSeek-V3 (shared experts) with --moe-shared-expert-overlap after each dispatcher's row."""
+    release, rules = checkout(tag), named(tag)
+    rows = [(dispatcher, _rows("deepseek-v3", 1024, "--top", "1", "--moe-token-dispatcher-type", dispatcher)[0])
+            for dispatcher in ("alltoall", "flex")]
+    cases = [{"args": [*rules.own_spelling(row["megatron_args"]), "--moe-shared-expert-overlap",
+                       *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size",
+                       str(load_model("deepseek-v3").vocab_size), "--train-iters", "10"],
+              "world_size": row["gpus"], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for _, row in rows]
+    for (dispatcher, _), result in zip(rows, validate(release, cases)):
+        assert result["ok"] == (dispatcher in rules.shared_expert_overlap_dispatchers), (dispatcher, result)
+        if not result["ok"]:
+            assert "moe_shared_expert_overlap only works with" in result["error"]
