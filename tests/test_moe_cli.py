@@ -59,7 +59,7 @@ def test_sweep_choices_apply_to_moe_rows():
 
 def test_capacity_routing_is_launched_as_priced():
     """--moe-routing capacity is priced padded and emits --moe-pad-expert-input-to-capacity; with
-    --no-moe-pad-expert-input-to-capacity it is priced unpadded (min(f, 1) of the balanced copies,
+    --no-moe-pad-expert-input-to-capacity it is priced unpadded (min(f, x) of the balanced copies,
     ``memory.capacity_share``) and emits the factor alone; the flex dispatcher refuses the pad."""
     layout = ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb", "--pp", "4", "--ep", "8",
               "--seq-len", "4096", "--gbs", "256", "--format", "json"]
@@ -90,6 +90,17 @@ def test_capacity_routing_is_launched_as_priced():
     assert "--moe-pad-expert-input-to-capacity" not in flex["megatron_args"]
     _one_line_error(CliRunner().invoke(cli, [*layout, "--moe-pad-expert-input-to-capacity"]),
                     "--moe-pad-expert-input-to-capacity needs --moe-routing capacity")
+    # the busiest rank x times its share (--moe-imbalance x): unpadded, capped at the factor, so at
+    # x = 1.25 the copies of balanced routing at 1.25 and at x = 2 those of 1.5; padded, every expert
+    # runs its capacity whatever x, so x is refused
+    skewed = estimate(*capacity, "--no-moe-pad-expert-input-to-capacity", "--moe-imbalance", "1.25")
+    capped = estimate(*capacity, "--no-moe-pad-expert-input-to-capacity", "--moe-imbalance", "2")
+    assert skewed["step_time_s"] == estimate("--moe-imbalance", "1.25")["step_time_s"] > unpadded["step_time_s"]
+    assert capped["step_time_s"] == estimate("--moe-imbalance", "1.5")["step_time_s"]
+    assert skewed["activations_gib"] == pytest.approx(estimate("--moe-imbalance", "1.25")["activations_gib"]
+                                                      - held_map, abs=1e-12)
+    _one_line_error(CliRunner().invoke(cli, [*layout, *capacity, "--moe-imbalance", "1.5"]),
+                    "--moe-imbalance 1.5 does not change capacity routing padded to capacity")
 
 
 def test_dense_rows_and_estimates_carry_ep_and_etp_one():
@@ -617,8 +628,9 @@ def test_the_moe_estimate_title_names_its_options_as_the_sweeps_does():
               "--moe-token-dispatcher-type", "allgather"])
     assert estimate.exit_code == sweep.exit_code == 0, estimate.output + sweep.output
     phrase = "routing balanced, dispatcher allgather, --moe-router-fusion"
-    estimate_title, sweep_title = estimate.stdout.splitlines()[0], " ".join(sweep.stdout.splitlines()[:2])
-    assert "--grad-reduce-in-bf16" in estimate_title and estimate_title.endswith(phrase)
+    estimate_title, sweep_title = (" ".join(result.stdout.splitlines()[:2]) for result in (estimate, sweep))
+    # the estimate's one layout says its recomputation too (a sweep's rows each say theirs)
+    assert "--grad-reduce-in-bf16" in estimate_title and estimate_title.endswith(f"{phrase}, recompute full")
     assert phrase in sweep_title and "--grad-reduce-in-bf16" in sweep_title
 
 
@@ -709,3 +721,20 @@ def test_a_commands_tp_without_sequence_parallelism_is_named_as_the_command_says
     it never wrote (megatron-core only warns: model_parallel_config.py)."""
     _one_line_error(_from_command("--tensor-model-parallel-size 2 --expert-tensor-parallel-size 1"),
                     "does not price TP without --sequence-parallel")
+
+
+@pytest.mark.parametrize("extra, words", [
+    # delayed FP8 scaling narrows selective's default (MoEOptions.recompute_modules): said, not silent
+    (["--fp8-format", "hybrid", "--recompute", "selective"],
+     "selective recomputes core_attn (delayed FP8 scaling refuses moe_act and layernorm)"),
+    (["--recompute", "selective"], "selective recomputes layernorm, moe_act"),
+    (["--recompute", "selective", "--recompute-modules", "moe"], "selective recomputes moe"),
+    (["--recompute", "full", "--moe-imbalance", "1.5"], "routing balanced x 1.5 on the busiest rank, "
+                                                        "dispatcher alltoall, recompute full"),
+])
+def test_an_moe_estimate_says_what_it_recomputes_and_its_imbalance(extra, words):
+    """Two MoE estimates that differ only in recomputation or imbalance had the same title."""
+    result = CliRunner().invoke(cli, ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--ep", "16", "--gpu",
+                                      "h100-80gb", "--seq-len", "4096", *extra], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert words in result.output.splitlines()[0]

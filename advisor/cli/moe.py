@@ -65,7 +65,8 @@ def moe_options(func):
                      default=None, help="With --moe-routing capacity: every expert runs its full capacity (the "
                      "default, as token-drop recipes run it) or only the routed tokens it kept."),
         click.option("--moe-imbalance", type=MOE_IMBALANCE, default=1.0, show_default=True,
-                     help="The busiest rank's routed tokens over the mean (balanced routing)."),
+                     help="The busiest rank's routed tokens over the mean: balanced routing's, capacity routing's "
+                          "not padded up to its factor, and dropless routing's pace (its memory is the worst case)."),
         click.option("--mtp-num-layers", "mtp_num_layers", type=MTP_LAYERS, default=None,
                      help="Multi-token-prediction layers (DeepSeek-V3's MTP, Megatron's --mtp-num-layers): priced on "
                           "the last pipeline stage. MoE models."),
@@ -164,6 +165,11 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
         raise InputError(f"--recompute-modules needs --recompute selective (this {'sweep' if space else 'estimate'} "
                          f"recomputes {recompute})")
     padded = _padded(moe_routing, capacity_factor, flags.pad_to_capacity, dispatcher)
+    if moe_routing == "capacity" and padded and flags.moe_imbalance != 1:
+        raise InputError(f"--moe-imbalance {flags.moe_imbalance:g} does not change capacity routing padded to capacity "
+                         "(every expert runs exactly its capacity): leave it out, or give "
+                         "--no-moe-pad-expert-input-to-capacity (the busiest expert then runs min(imbalance, factor) "
+                         "of its share)")
     fp8 = training.precision
     if fp8.fp8_format is not None and fp8.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(recompute_modules):
         raise InputError("--recompute-modules moe_act or layernorm with FP8 needs an --fp8-recipe other than delayed "
@@ -400,19 +406,35 @@ def _backend_caption(settings) -> str | None:
     return f"priced: {note}" if note else None
 
 
-def settings_words(settings, spec) -> str:
-    """The MoE settings a title names: the routing assumption, the dispatcher, the all-to-all
-    overlap, the fused kernels and the MTP layers (the training options are the titles' own
+def settings_words(settings, spec, recompute: str | None = None) -> str:
+    """The MoE settings a title names: the routing assumption (with its imbalance), the
+    dispatcher, the all-to-all overlap, the fused kernels, the MTP layers and the recomputation
+    (``recompute``: one estimate's; a sweep's rows each say theirs, and the title what selective
+    recomputes where that is not the default) (the training options are the titles' own
     ``changed_args``)."""
     routing = settings.routing
     words = [f"routing {routing.routing}" + (" unpadded" if routing.routing == "capacity"
-                                             and not routing.pad_to_capacity else ""),
+                                             and not routing.pad_to_capacity else "")
+             + (f" x {routing.imbalance:g} on the busiest rank" if routing.imbalance != 1 else ""),
              f"dispatcher {settings.dispatcher}"
              + (f" ({settings.flex_backend})" if settings.dispatcher == "flex" and settings.flex_backend != "deepep" else "")]
     words += [word for word, on in (("a2a overlapped", settings.a2a_overlap),
                                     ("--moe-permute-fusion", settings.permute_fusion),
                                     ("--moe-router-fusion", settings.router_fusion)) if on]
-    return ", ".join(words + ([f"MTP {spec.mtp_num_layers}"] if spec.mtp_num_layers else []))
+    words += [f"MTP {spec.mtp_num_layers}"] if spec.mtp_num_layers else []
+    return ", ".join(words + _recompute_words(settings, spec, recompute))
+
+
+def _recompute_words(settings, spec, recompute: str | None) -> list[str]:
+    """``settings_words``' recomputation: full, or what selective recomputes, with why delayed FP8
+    scaling narrows the default (``MoEOptions.recompute_modules``)."""
+    if recompute == "full":
+        return ["recompute full"]
+    narrowed = settings.delayed_fp8 and settings.modules is None
+    if recompute != "selective" and not (recompute is None and (narrowed or settings.modules is not None)):
+        return []
+    why = " (delayed FP8 scaling refuses moe_act and layernorm)" if narrowed else ""
+    return [f"selective recomputes {', '.join(sorted(settings.recompute_modules(spec)))}{why}"]
 
 
 def _machine_text(shown: list[dict], setup: dict, spec, workload, fmt: str) -> str:
@@ -536,5 +558,5 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings,
              f"{row['edp']}), MBS {mbs}"
              + (f", VPP {vpp}" if vpp > 1 else "") + f", seq {workload.seq_len}, gbs {workload.global_batch_size}"
              + (f", {gpu.name}" if gpu else "") + (f"; {changed}" if changed else "")
-             + f"; {settings_words(settings, spec)}")
+             + f"; {settings_words(settings, spec, row['recompute'])}")
     return render.to_table(stages, columns, caption=caption, color=color_wanted(output), title=title)

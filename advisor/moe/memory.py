@@ -45,7 +45,9 @@ class RoutedTokens:
     """--moe-pad-expert-input-to-capacity (with routing 'capacity'): every expert runs its full
     capacity, or (False) only the routed copies it kept; see ``capacity_share``."""
     imbalance: float = 1.0
-    """The busiest rank's load over the mean, with routing 'balanced' (1: perfectly balanced)."""
+    """The busiest rank's load over the mean (1: perfectly balanced): routing 'balanced''s, capped
+    at the capacity with routing 'capacity' not padded (``capacity_share``), and the pace of
+    'dropless' (whose memory is its worst case)."""
 
 
 def tokens_per_rank(seq_len: int, mbs: int, tp: int, cp: int) -> float:
@@ -60,10 +62,11 @@ def capacity_share(assumption: RoutedTokens) -> float:
     (``apply_router_token_dropping``; the alltoall dispatcher's ``preprocess`` the same). Padded
     (``pad_to_capacity``: the routing map becomes the capacity mask) it runs C, f of the share
     (the ceil dropped: under one copy per expert); not padded (``routing_map AND capacity_mask``)
-    it runs the copies routed to it that fit, min(N k / E, C) under balanced routing, so
-    min(1, f) of the share: f below 1 drops, above 1 nothing."""
+    it runs the copies routed to it that fit, min(x N k / E, C) with the busiest rank x times
+    its share (``imbalance``; 1 under balanced routing), so min(x, f) of the share: f below x
+    drops, above it nothing."""
     factor = assumption.capacity_factor or 1.0
-    return factor if assumption.pad_to_capacity else min(factor, 1.0)
+    return factor if assumption.pad_to_capacity else min(factor, assumption.imbalance)
 
 
 def expert_token_copies(spec: MoESpec, tokens: float, ep: int, etp: int, assumption: RoutedTokens) -> float:
