@@ -330,6 +330,13 @@ def test_megatron_flag_that_means_something_else_says_why(advisor):
     assert "Megatron Core ignores --use-flash-attn" in message and "--attention-backend unfused" in message
 
 
+def test_json_as_other_tools_spell_it_points_at_format_json(advisor):
+    """click's close-name hint does not reach --format from --json."""
+    for command in (["sweep", "--gpus", 8], ["models"]):
+        message = advisor.error(*command, "--json")
+        assert "no such option: --json (machine-readable output is --format json)" in message
+
+
 @pytest.mark.parametrize("given, advice", [
     (["--fp8", "hybrid"], "--fp8-format hybrid|e4m3"),
     (["--recompute-activations"], "give --recompute selective"),

@@ -68,7 +68,10 @@ layers per stage, interleaving (VPP) and recomputation; judge which run, and ran
 Enumerated: TP a power of 2 dividing the heads and KV heads, up to
 --gpus-per-node; CP a power of 2 with the sequence divisible by 2 x CP; any
 PP up to the layers that leaves DP = GPUs / (TP x CP x PP) whole; MBS a
-power of 2 with --gbs divisible by MBS x DP.
+power of 2 with --gbs divisible by MBS x DP. Mixtures of experts (advisor
+models) add EP, any divisor of the experts, and ETP, a power of 2 up to TP,
+with EP x ETP dividing TP x CP x DP (megatron-core's expert groups), and
+price the dispatcher --moe-token-dispatcher-type names (alltoall).
 Per row: the split (Megatron's --pipeline-model-parallel-layout builds
 any), VPP where Megatron interleaves (PP > 1, microbatches a multiple of
 PP), and recomputation (--recompute-method block, N layers per chunk) only

@@ -52,6 +52,10 @@ MEGATRON_LOOKALIKES = {
                                                "layers / (PP x N) layers",
 }
 """Megatron flags that look like an advisor option's spelling but do not mean it: refused with why."""
+SPELLED_OTHERWISE = {
+    "--json": "no such option: --json (machine-readable output is --format json)",
+}
+"""Options other tools spell so, which click's close-name hint does not reach: refused with ours."""
 
 
 HELP_NAMES_WIDTH = 76
@@ -154,8 +158,8 @@ class OneLineErrors:
         except click.UsageError as exc:
             where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
             message = exc.format_message()
-            if isinstance(exc, click.NoSuchOption) and exc.option_name in MEGATRON_LOOKALIKES:
-                message = MEGATRON_LOOKALIKES[exc.option_name]
+            if isinstance(exc, click.NoSuchOption):
+                message = {**MEGATRON_LOOKALIKES, **SPELLED_OTHERWISE}.get(exc.option_name, message)
             click.echo(f"Error: {message}{where}", err=True)
             sys.exit(2)
         except click.ClickException as exc:
