@@ -436,7 +436,8 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     sweep's is 1 when no layout fits.
 
     \b
-    Examples (the public code's test: 44.87 GiB states, 22.64 GiB activations):
+    Examples (the public code's test: weights, gradients and optimizer
+    states 44.87 GiB, activations 22.64 GiB):
       advisor estimate --tp 2 --pp 1 --mbs 1 --gpus 4 --model llama3.1-8b
       advisor estimate --from-command train.sh --gpu h100-80gb --compare-best
       advisor estimate --tp 8 --pp 16 --gpus 16384 --gpu h100-80gb \\
