@@ -634,7 +634,10 @@ def model_choice_options(func: Callable) -> Callable:
     return apply_options(
         [
             click.option("--memory-model", type=click.Choice(["calibrated", "paper", "profile"]), default=None,
-                         help="calibrated: Eq. 18 plus what it leaves out, verdicts fits / likely fits / likely "
+                         help="calibrated: Eq. 18 with the terms it leaves out (the loss's working set, the "
+                              "mask, the runtime), its activations scaled and the allocator's reserve added, both "
+                              "fitted on measured runs (it can come out below Eq. 18); verdicts fits / likely fits "
+                              "/ likely "
                               "oom / oom with the margin (default with --gpu); paper: Eq. 18 exactly and its 80% "
                               "rule, fits / tight / oom (default without --gpu); profile: the calibrated model "
                               "with the activations a profile measured (--profile DIR)."),
