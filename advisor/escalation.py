@@ -41,7 +41,7 @@ def escalate(first, run: Callable[[TrainingOptions], object], options: TrainingO
     lever; else the first rung of ``LADDER`` whose sweep (``run(options)``) has a layout expected
     to run, with ``escalation`` set and each timed row's ``lever_time_cost_s``: its step time
     minus that of the same (TP, CP, PP, DP, MBS) under ``options``. A rung for which
-    ``may_help(options)`` is False (``advisor.space.may_fit``: no layout can fit on it) is not
+    ``may_help(options)`` is False (``advisor.space_search.may_fit``: no layout can fit on it) is not
     swept: its sweep would have nothing that runs."""
     if _runs(first) or options.data_parallel.fsdp_strategy or options.offload.optimizer_cpu_offload:
         return first

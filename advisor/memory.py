@@ -260,7 +260,7 @@ def in_flight_microbatches(stage: int, pp: int, vpp: int = 1, num_microbatches: 
 @dataclass(frozen=True, slots=True)
 class StageTerms:
     """Per-GPU bytes of pipeline stages as numpy arrays, one element per (layout, stage): what
-    ``estimate_memory`` reports for one layout and ``advisor.space`` for thousands at once."""
+    ``estimate_memory`` reports for one layout and ``advisor.space_pricer`` for thousands at once."""
 
     parameters: np.ndarray
     weights: np.ndarray
@@ -425,7 +425,7 @@ class StageModel:
         again what N does not change (the sweep's planners step N over the same layouts).
 
         Only the layer activations read N, except the calibrated layer factor, which reads
-        whether N > 0: a calibrated model must keep that per layout (``advisor.space``'s pricer
+        whether N > 0: a calibrated model must keep that per layout (``advisor.space_pricer``'s pricer
         takes from one built with the same). Every array is elementwise in the layouts, so its
         rows are the values a new build computes; what reduces over layouts is recomputed."""
         new = object.__new__(StageModel)

@@ -1,4 +1,4 @@
-"""The sweep's working set, bounded: ``advisor.space.search`` plans its bases in chunks.
+"""The sweep's working set, bounded: ``advisor.space_search.search`` plans its bases in chunks.
 
 The planner's arrays are (variants, deepest pipeline) wide: 1,048,576 GPUs of a 4,096-layer model
 gave 374,679 (base, VPP) variants next to PP 4,096 ranks, one (374679, 4096) int64 array of
@@ -43,7 +43,7 @@ def order(parts: list) -> np.ndarray:
 def merge(parts: list):
     """One ``SpaceResult`` from the chunks' (result, indices of its bases) ``parts``, in the
     bases' order, every array as wide as the deepest pipeline. The merged values have the
-    parts' own types (this module serves ``advisor.space`` and does not import it)."""
+    parts' own types (this module serves ``advisor.space_search`` and does not import it)."""
     from advisor.memory import StageTerms
 
     if len(parts) == 1:

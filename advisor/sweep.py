@@ -1,5 +1,5 @@
 """Every launchable layout for a GPU count, classified and ranked: one row per (TP, CP, PP, DP,
-MBS) with its split, interleaving and recomputation (``advisor.space``).
+MBS) with its split, interleaving and recomputation (``advisor.space_search``).
 
 Verdicts (seed 004, Section 4.1): ``fits`` at most threshold x memory (80%: no run OOMed
 there), ``tight`` above it and up to the memory, ``oom`` above the memory.
@@ -118,7 +118,7 @@ class SweepRow:
 @dataclass(frozen=True, slots=True)
 class Sweep:
     """The rows, ranked ones first in rank order, then the oom ones by memory; and how much of the
-    space the search considered and pruned (``advisor.space``)."""
+    space the search considered and pruned (``advisor.space_search``)."""
 
     rows: list[SweepRow]
     considered: int
@@ -281,7 +281,8 @@ def sweep(
     (``advisor.options.release_defaults``; None: the newest)."""
     from advisor.ranking import default_rank_by, judge_rows, rank_rows
     from advisor import space_chunks
-    from advisor.space import SpaceOptions, search_parts
+    from advisor.space import SpaceOptions
+    from advisor.space_search import may_fit, search_parts
 
     space = space or SpaceOptions()
     space = _check_inputs(spec, workload, gpus, memory_gib, threshold=threshold, memory_model=memory_model,
@@ -319,7 +320,6 @@ def sweep(
     if space.sharding != "auto":
         return swept
     from advisor.escalation import escalate
-    from advisor.space import may_fit
 
     fixed = replace(space, sharding="fixed")
     return escalate(swept, lambda lever: sweep(

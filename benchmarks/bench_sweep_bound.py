@@ -4,7 +4,7 @@ Before the chunked search (``advisor/space_chunks.py``), ``--gpus 1048576 --gpu 
 --num-layers 4096 --seq-len 16777216 --gbs 16777216`` allocated 11.4 GiB (one (374679, 4096)
 int64 array), and ``--gpus 16384 --num-layers 1024 --gbs 65536`` took 18 s and 4 GB. Where nothing
 fits (the first and third cases) the sweep skips its planning and the escalation's rungs that cannot
-help (``advisor.space.may_fit``); before that, the first did not finish in 19 minutes. Target:
+help (``advisor.space_search.may_fit``); before that, the first did not finish in 19 minutes. Target:
 each within 2 GB of peak resident memory and 30 s of wall time, as a user runs them (the
 installed console script in a fresh process; peak memory from the child's rusage).
 """

@@ -87,7 +87,8 @@ def test_the_dp_and_the_alike_layer_planner_agree(model, tp, pp, recompute):
     the same period for MadPipe within 80 GiB and the same lowest peak."""
     from advisor.hardware import get_gpu
     from advisor.rank_times import Timing
-    from advisor.space import Variants, _Pricer, launchable
+    from advisor.space import Variants, launchable
+    from advisor.space_pricer import _Pricer
     from advisor.throughput import TimeModel
 
     spec = PRESETS[model]

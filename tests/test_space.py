@@ -43,7 +43,8 @@ def _plan_every_variant(spec, workload, gpus, memory_gib, timing, calibration=No
     """Per base layout, every (VPP, N) the space offers, planned without any pruning: its MadPipe
     split within 80% of the memory (calibrated: within 1 - band of it, by the calibrated model)
     and that split's step (the space's own planner and pricing)."""
-    from advisor.space import SpaceOptions, Variants, _groups, _Pricer, _recompute_range, launchable
+    from advisor.space import SpaceOptions, Variants, _groups, _recompute_range, launchable
+    from advisor.space_pricer import _Pricer
 
     options = MemoryOptions()
     bases = launchable(spec, workload, gpus, 8, options)
@@ -126,7 +127,7 @@ def test_the_time_chooser_loses_no_layouts_best_variant(model, gpus, gbs, memory
     pruning (bounds, the period rule for N) drops nothing that would have won."""
     from advisor.hardware import get_gpu
     from advisor.rank_times import Timing
-    from advisor.space import search
+    from advisor.space_search import search
     from advisor.throughput import TimeModel
     from advisor.verdicts import MemoryCalibration
 
@@ -151,7 +152,9 @@ def test_the_time_chooser_loses_no_layouts_best_variant(model, gpus, gbs, memory
 @pytest.mark.parametrize("model,gpus,memory", [("llama3.1-8b", 16, 24), ("llama3.1-70b", 64, 40),
                                                ("llama3.1-405b", 1024, 80)])
 def test_without_a_time_model_each_row_recomputes_the_fewest_layers_that_fit(model, gpus, memory):
-    from advisor.space import SpaceOptions, Variants, _Pricer, search
+    from advisor.space import SpaceOptions, Variants
+    from advisor.space_pricer import _Pricer
+    from advisor.space_search import search
 
     spec = PRESETS[model]
     workload = Workload(seq_len=8192, global_batch_size=1024)
@@ -170,7 +173,9 @@ def test_without_a_time_model_each_row_recomputes_the_fewest_layers_that_fit(mod
 def test_the_pinned_uniform_method_takes_the_least_n_that_fits_though_memory_is_not_monotone_in_n():
     """--recompute-method uniform: N layers per checkpointed unit; fewer checkpoints but a larger
     unit rebuilt, so memory does not fall with N (no bisection): every N is tried."""
-    from advisor.space import SpaceOptions, Variants, _Pricer, _recompute_range, search
+    from advisor.space import SpaceOptions, Variants, _recompute_range
+    from advisor.space_pricer import _Pricer
+    from advisor.space_search import search
 
     spec, memory = PRESETS["llama3.1-70b"], 34.5  # where some layouts fit with N = 2 or 3 only
     workload = Workload(seq_len=8192, global_batch_size=1024)
@@ -291,7 +296,8 @@ def test_a_chunked_search_gives_the_same_rows(monkeypatch):
 def _every_variant_fits(spec, workload, gpus, memory_gib, options, space, calibration):
     """Whether any (base, VPP, recomputation family, N) the space offers fits within all of the
     memory, every one of them priced with no pruning at all (the brute force behind may_fit)."""
-    from advisor.space import _families, _groups, _Pricer, launchable
+    from advisor.space import _families, _groups, launchable
+    from advisor.space_pricer import _Pricer
 
     options = options.memory_options()
     bases = launchable(spec, workload, gpus, 8, options, space.split)
@@ -334,11 +340,12 @@ _RUNGS = [{}, {"fsdp_strategy": "optim_grads"}, {"fsdp_strategy": "optim_grads_p
 @example("llama3.2-3b", 16, 54.0, 0, True, ("even", 1, "none", None), False, 16384, 16)
 def test_a_rung_that_may_fit_skips_never_has_a_layout_that_fits(model, gpus, memory, rung, calibrated, space_args,
                                                                   flash, seq_len, gbs):
-    """advisor.space.may_fit (the bound that lets the escalation skip a rung, issue 24) says
+    """advisor.space_search.may_fit (the bound that lets the escalation skip a rung, issue 24) says
     False only where no variant at all fits, by brute force over every (base, VPP, family, N),
     and where the whole sweep of that rung ranks no row (so escalate would not have taken it)."""
     from advisor.options import TrainingOptions
-    from advisor.space import SpaceOptions, may_fit
+    from advisor.space import SpaceOptions
+    from advisor.space_search import may_fit
     from advisor.sweep import sweep
     from advisor.throughput.calibration import load_memory_calibration
 
@@ -367,7 +374,7 @@ def test_a_rung_that_may_fit_skips_never_has_a_layout_that_fits(model, gpus, mem
 def test_may_fit_says_both(memory, expected):
     """The bound is not vacuous: Llama-3.1-8B on 8 GPUs has no layout within 16 GiB and some
     within 20 GiB (TP 4, PP 2, MBS 2 with full recomputation: the sweep ranks it)."""
-    from advisor.space import may_fit
+    from advisor.space_search import may_fit
 
     assert may_fit(PRESETS["llama3.1-8b"], Workload(), 8, memory, max_tp=8, options=MemoryOptions()) is expected
 
@@ -379,8 +386,9 @@ def test_where_nothing_fits_the_unplanned_rows_are_the_planned_ones(monkeypatch,
     planning every variant in vain, gives. The check prices each layout's least-memory variants,
     which the search would price too, so it counts no more variants priced (fewer with a time
     model, whose bounds price every VPP)."""
-    from advisor import space
+    from advisor import space, space_search
     from advisor.hardware import get_gpu
+    from advisor.space_pricer import _Priced
     from advisor.sweep import sweep
 
     def rows():
@@ -392,11 +400,11 @@ def test_where_nothing_fits_the_unplanned_rows_are_the_planned_ones(monkeypatch,
                 for r in result.rows], result.evaluated
 
     checks = []
-    original = space._fits_somewhere
-    monkeypatch.setattr(space, "_fits_somewhere", lambda *a: checks.append(original(*a)) or checks[-1])
+    original = space_search._fits_somewhere
+    monkeypatch.setattr(space_search, "_fits_somewhere", lambda *a: checks.append(original(*a)) or checks[-1])
     skipped, evaluated = rows()
     assert checks[0][0] is False and not any(row[3] for row in skipped)
-    monkeypatch.setattr(space, "_fits_somewhere", lambda *a: (True, space._Priced()))  # plan as before the shortcut
+    monkeypatch.setattr(space_search, "_fits_somewhere", lambda *a: (True, _Priced()))  # plan as before the shortcut
     planned, planned_evaluated = rows()
     assert repr(skipped) == repr(planned) and 0 < evaluated <= planned_evaluated
     assert (evaluated < planned_evaluated) == (gpu is not None)
@@ -434,7 +442,9 @@ def test_stage_models_taken_for_some_variants_are_the_ones_built_for_them(model,
     are those of a pricer built for them anew, calibrated or not, with the levers' buffers."""
     from advisor.hardware import get_gpu
     from advisor.rank_times import Timing
-    from advisor.space import SpaceOptions, Variants, _groups, _Pricer, _Search, launchable
+    from advisor.space import SpaceOptions, Variants, _groups, launchable
+    from advisor.space_pricer import _Pricer
+    from advisor.space_search import _Search
     from advisor.throughput import TimeModel
     from advisor.throughput.calibration import load_memory_calibration
 
@@ -476,16 +486,17 @@ def test_stage_models_taken_for_some_variants_are_the_ones_built_for_them(model,
        st.floats(2.0, 60.0), st.sampled_from(range(len(_RUNGS))), st.booleans(),
        st.sampled_from([("auto", None, "auto", None), ("auto", None, "full", "uniform"), ("auto", None, "selective", None),
                         ("even", None, "auto", None), ("auto", None, "full", None)]), st.booleans())
-# found by this test: VPP 2 fits at 13 GiB where VPP 1 fits at no N (space._least_memory_variants)
+# found by this test: VPP 2 fits at 13 GiB where VPP 1 fits at no N (space_search._least_memory_variants)
 @example("llama3.2-3b", 32, 13.0, 2, True, ("auto", None, "full", "uniform"), True)
 def test_a_base_whose_least_memory_variants_do_not_fit_has_no_variant_that_fits(model, gpus, memory, rung, calibrated,
                                                                               space_args, flash):
-    """space._drop_unfit_bases: per base, where its least-memory variants (its smallest VPP, every
+    """space_search._drop_unfit_bases: per base, where its least-memory variants (its smallest VPP, every
     VPP with the uniform method) fit at none of their least-memory N, no (VPP, N) of the same
     recomputation family fits, every one of them priced."""
     from advisor.options import TrainingOptions
-    from advisor.space import (SpaceOptions, _families, _groups, _least_memory_variants, _may_fit_at_all, _Pricer,
-                               _Search, launchable)
+    from advisor.space import SpaceOptions, _families, _groups, launchable
+    from advisor.space_pricer import _Pricer
+    from advisor.space_search import _least_memory_variants, _may_fit_at_all, _Search
     from advisor.throughput.calibration import load_memory_calibration
 
     spec, workload = PRESETS[model], Workload(seq_len=4096, global_batch_size=64)
@@ -518,9 +529,9 @@ def test_a_base_whose_least_memory_variants_do_not_fit_has_no_variant_that_fits(
                                                             ("llama3.1-70b", 256, 1024, "optim_grads", True),
                                                             ("llama3.1-70b", 128, 512, None, False)])
 def test_planning_several_n_ahead_gives_the_same_rows_and_counts(monkeypatch, model, gpus, gbs, fsdp, calibrated):
-    """space.AHEAD: planning the next N of the last variants together, then stopping N by N,
+    """space_search.AHEAD: planning the next N of the last variants together, then stopping N by N,
     chooses what planning one N per round chooses, and counts the same variants planned."""
-    from advisor import space
+    from advisor import space_search
     from advisor.hardware import get_gpu
     from advisor.rank_times import Timing
     from advisor.throughput import TimeModel
@@ -529,18 +540,18 @@ def test_planning_several_n_ahead_gives_the_same_rows_and_counts(monkeypatch, mo
     spec, workload = PRESETS[model], Workload(seq_len=8192, global_batch_size=gbs)
     timing = Timing(TimeModel(spec, get_gpu("h100-80gb"), 8192, gbs), 8)
 
-    rounds, plan_at = [], space._plan_at
-    monkeypatch.setattr(space, "_plan_at", lambda *args: rounds.append(len(args[2])) or plan_at(*args))
+    rounds, plan_at = [], space_search._plan_at
+    monkeypatch.setattr(space_search, "_plan_at", lambda *args: rounds.append(len(args[2])) or plan_at(*args))
 
     def result():
         rounds.clear()
-        found = space.search(spec, workload, gpus, 80.0, threshold=0.8, max_tp=8,
+        found = space_search.search(spec, workload, gpus, 80.0, threshold=0.8, max_tp=8,
                              options=MemoryOptions(fsdp_strategy=fsdp, gradient_bytes=2 if fsdp else 4), timing=timing,
                              memory_calibration=load_memory_calibration() if calibrated else None)
         return found, len(rounds)
 
     ahead, together = result()
-    monkeypatch.setattr(space, "AHEAD", 1)
+    monkeypatch.setattr(space_search, "AHEAD", 1)
     alone, one_by_one = result()
     assert together < one_by_one  # some rounds planned several N
     assert ahead.evaluated == alone.evaluated and ahead.considered == alone.considered

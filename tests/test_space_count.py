@@ -11,7 +11,8 @@ from advisor.memory import MemoryOptions
 from advisor.models import PRESETS
 from advisor.options import TrainingOptions
 from advisor.parallel import Workload
-from advisor.space import SpaceOptions, launchable, search
+from advisor.space import SpaceOptions, launchable
+from advisor.space_search import search
 from advisor.sweep import sweep
 
 

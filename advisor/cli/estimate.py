@@ -302,7 +302,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
         return f"advisor sweep: nothing fits: {tally}. Try more GPUs (--all shows the rows)"
     floor = min(_states_gib(row) for row in rows)
     # where the states alone exceed the memory, each layout is priced without recomputation
-    # (advisor.space: no variant can fit), which would lower its activations, not its states
+    # (advisor.space_search: no variant can fit), which would lower its activations, not its states
     plain = " without recomputation" if floor > mem else ""
     need = (f"; the least any layout needs{plain} is {least.judged_gib:.1f} GiB per GPU against {mem:g} GiB "
             f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
