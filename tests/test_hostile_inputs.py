@@ -194,7 +194,7 @@ def test_emulate_without_torch_is_one_line(tmp_path):
 ISSUE24 = [  # (arguments, what the line says): each crashed, or was accepted without a word
     (["sweep", "--gpus", 33, "--gpu", "h100-80gb"], "33 GPUs are not whole nodes of 8: give a multiple of 8"),
     (["sweep", "--gpus", 1048575, "--gpu", "h100-80gb"], "1048575 GPUs are not whole nodes of 8"),
-    # on nodes of one GPU no layout exists: the time model's rows were a TypeError in space._rows
+    # on nodes of one GPU no layout exists: the time model's rows were a TypeError in space_search._rows
     (["sweep", "--gpus", 33, "--gpu", "h100-80gb", "--gpus-per-node", 1], "no valid (TP, CP, PP, MBS) for 33 GPUs"),
     (["sweep", "--gpus", 1023, "--gpu", "h100-80gb", "--gpus-per-node", 1], "no valid (TP, CP, PP, MBS) for 1023"),
     (["sweep", "--gpus", 3, "--num-layers", 1, "--gpu", "h100-80gb", "--gpus-per-node", 4],

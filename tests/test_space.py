@@ -561,7 +561,7 @@ def test_planning_several_n_ahead_gives_the_same_rows_and_counts(monkeypatch, mo
 
 def test_without_a_time_model_the_uniform_method_interleaves_where_only_that_fits():
     """With the uniform method a unit rebuilds at most its chunk's layers, so a smaller chunk can
-    need less (space._least_memory_variants): llama3.2-3b at TP 8, CP 2, PP 2, MBS 32 fits 13 GiB
+    need less (space_search._least_memory_variants): llama3.2-3b at TP 8, CP 2, PP 2, MBS 32 fits 13 GiB
     (calibrated) at VPP 2 only, and the sweep without a time model must not call it oom; at
     14 GiB VPP 1 fits, and interleaving is not chosen where it is not needed."""
     from advisor.options import TrainingOptions
