@@ -602,8 +602,15 @@ def args_command(config, release, megatron, job_plan, fmt) -> int:
       advisor-launch args --from sweep.json --rank 3
       advisor-launch args --from plan.json --format json -- --train-iters 100
     """
+    from launch.preflight import local_attention_note, local_implementation_problems
+
     if (note := config.left_out_note(megatron.args)) is not None:
         _note(note)
+    # what the launchers' preflight says of the same arguments (args launches nothing: warnings)
+    if (note := local_attention_note(megatron.groups[0][1], megatron.args)) is not None:
+        _note(f"advisor-launch: {note}")
+    for problem in local_implementation_problems(megatron.args, config.cp):
+        _note(f"warning: {problem}")
     _flush_notes()
     if fmt == "json":
         from advisor.render import to_json

@@ -39,7 +39,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from launch.arguments import flag_values
 from launch.megatron_versions import MegatronVersion, check_python
@@ -234,18 +234,24 @@ def local_attention_note(plan_args, args) -> str | None:
             "(advisor estimate --from-command prices the command as launched)")
 
 
+def local_implementation_problems(args: Sequence[str], cp: int) -> list[str]:
+    """What ``args`` ask of Transformer Engine that their --transformer-impl local cannot give
+    (FP8, TP-communication overlap, CP > 1): Megatron-LM refuses each on every rank after
+    start-up. Empty without --transformer-impl local."""
+    values = flag_values(args)
+    if implementation(values) != "local":
+        return []
+    uses = [text for flag, text in TE_ONLY_FLAGS.items() if flag in values]
+    if cp > 1:
+        uses.append(f"CP {cp} (megatron-core's DotProductAttention asserts CP 1 when the model is built)")
+    return [f"{use} needs Transformer Engine, and the launch has --transformer-impl local: Megatron-LM refuses it "
+            f"on every rank after start-up; drop --transformer-impl local and install Transformer Engine"
+            for use in uses]
+
+
 def transformer_engine_problems(setup: Setup, importable: Callable[[str], bool] = importable_module) -> list[str]:
-    values = flag_values(setup.args)
-    impl = implementation(values)
-    if impl == "local":
-        uses = [text for flag, text in TE_ONLY_FLAGS.items() if flag in values]
-        if setup.cp > 1:
-            uses.append(f"CP {setup.cp} (megatron-core's DotProductAttention asserts CP 1 when the model is built)")
-        problems = [f"{use} needs Transformer Engine, and the launch has --transformer-impl local: Megatron-LM "
-                    f"refuses it on every rank after start-up; drop --transformer-impl local and install Transformer "
-                    f"Engine" for use in uses]
-        if problems:
-            return problems
+    if problems := local_implementation_problems(setup.args, setup.cp):
+        return problems
     if uses_transformer_engine(setup.args) and setup.gpus_here and not importable("transformer_engine"):
         return [transformer_engine_import_problem(setup.args)]
     return []

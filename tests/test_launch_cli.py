@@ -241,6 +241,22 @@ def test_args_command(plans):
     assert as_json == json.loads(plans["pp3"].read_text())["megatron_args"] + ["--train-iters", "7"]
 
 
+def test_args_warns_as_the_launchers_do_where_megatron_would_refuse_the_arguments(advisor, tmp_path):
+    """advisor-launch args printed --transformer-impl local (after --) on an FP8 row without a word,
+    where torchrun --dry-run warns that Megatron-LM refuses FP8 without Transformer Engine on every
+    rank (launch.preflight.local_implementation_problems) and that the attention is no longer the
+    fused one priced; args launches nothing, so both are warnings and the arguments still print."""
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--gpu", "h100-80gb", "--fp8-format",
+                       "hybrid", "--cp", "1", "--top", "1")
+    result = launcher()("args", "--from", sweep, "--", "--transformer-impl", "local")
+    assert result.stdout.split()[-2:] == ["--transformer-impl", "local"]
+    warnings = result.stderr.splitlines()
+    assert any(line.startswith("warning: FP8 (--fp8-format: TE's autocast) needs Transformer Engine, and the launch "
+                               "has --transformer-impl local: Megatron-LM refuses it on every rank") for line in warnings)
+    assert any("runs megatron-core's own unfused attention" in line for line in warnings)
+    assert launcher()("args", "--from", sweep).stderr == ""  # the row as priced: nothing to say
+
+
 def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, checkout, started, monkeypatch):
     sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
     empty = tmp_path / "empty"
