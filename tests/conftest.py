@@ -13,13 +13,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Under pytest-xdist (the README's test command: -n auto --dist loadgroup) each worker is one of
 # the machine's cores: torch's intra-op threads, here and in the subprocesses the tests start,
-# would only contend with the other workers' (set before any test module imports torch).
+# would only contend with the other workers' (set before any test module imports torch). Where a
+# run sets its own count (the CPU campaign runner's default, cores / (TP x DP):
+# stage_emulation.process_group), OpenMP's waiting threads sleep rather than spin (OMP_WAIT_POLICY,
+# read by libgomp when torch loads). Spinning against the other worker, the measurement campaign of
+# tests/test_capture_e2e.py (its 2 runs at 2 threads) took 89 s of CPU and 115 s wall beside a busy
+# core on this 2-core machine, 26 s and 33 s passive (23 s and 32 s at 1 thread).
 # The workers also find COLUMNS=80 and LINES=24 set at their start, which the controller did not
 # have: the tables would fit 80 columns where the tests expect $COLUMNS as the user's shell has it
 # (unset: 100). The controller passes its own values on, and the workers take them back.
 TERMINAL = ("COLUMNS", "LINES")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     for name in TERMINAL:
         os.environ.pop(name, None)
         if os.environ.get(f"CONTROLLER_{name}"):
