@@ -1,7 +1,5 @@
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,9 +32,12 @@ else:
     os.environ.update({f"CONTROLLER_{name}": os.environ.get(name, "") for name in TERMINAL})
 
 def run_json_script(script: str):
-    """Run ``script`` in a fresh interpreter at the repository root (megatron-core's global state,
-    imported once, stays out of the test process); the JSON value of its last line of stdout."""
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    """Run ``script`` in a process of its own at the repository root (megatron-core's global
+    state, imported once, stays out of the test process), forked with torch and megatron-core
+    imported (tests/warm_python.py); the JSON value of its last line of stdout."""
+    import warm_python
+
+    done = warm_python.run(["-c", script])
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

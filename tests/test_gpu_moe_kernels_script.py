@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import warm_python
 from conftest import ROOT
 
 SCRIPT = "benchmarks/gpu/time_moe_kernels.py"
@@ -21,8 +22,7 @@ PRESETS = ("h100-80gb", "h200-141gb")
 def tiny_run(tmp_path_factory):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
     out = tmp_path_factory.mktemp("kernels") / "out"
-    done = subprocess.run([sys.executable, SCRIPT, str(out), "--device", "cpu", "--tiny"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    done = warm_python.run([SCRIPT, out, "--device", "cpu", "--tiny"], timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return out, json.loads((out / "summary.json").read_text())
 
@@ -123,8 +123,7 @@ def test_the_held_out_models_run_too(tmp_path):
     one error line."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
     out = tmp_path / "dsv3"
-    done = subprocess.run([sys.executable, SCRIPT, str(out), "--device", "cpu", "--tiny", "--model", "deepseek-v3"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = warm_python.run([SCRIPT, out, "--device", "cpu", "--tiny", "--model", "deepseek-v3"], timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"] == "deepseek-v3" and all(part["ok"] for part in summary["parts"].values())

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+import warm_python
 from conftest import ROOT
 
 from advisor.errors import AdvisorError
@@ -22,8 +23,7 @@ BACKENDS = ("cpu", "symbolic", "symbolic-local-cuda", "symbolic-local-cpu")
 def tiny_run(tmp_path_factory):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
     out = tmp_path_factory.mktemp("moe") / "layers"
-    done = subprocess.run([sys.executable, "benchmarks/gpu/measure_moe_layers.py", str(out), "--device", "cpu",
-                           "--tiny"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = warm_python.run(["benchmarks/gpu/measure_moe_layers.py", out, "--device", "cpu", "--tiny"], timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return out, json.loads((out / "summary.json").read_text())
 

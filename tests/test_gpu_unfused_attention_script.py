@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import warm_python
 from conftest import ROOT
 
 SCRIPT = "benchmarks/gpu/time_unfused_attention.py"
@@ -23,8 +24,7 @@ def test_the_tiny_cpu_run_times_every_case_beside_the_advisors_price(tmp_path):
     from advisor.throughput.calibration import load_calibration
 
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, SCRIPT, str(out), "--device", "cpu", "--tiny"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    done = warm_python.run([SCRIPT, out, "--device", "cpu", "--tiny"], timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["cases"]) == {"s64-tp4", "s64-tp8", "s128-tp4", "s128-tp8"}

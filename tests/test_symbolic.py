@@ -14,6 +14,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip
 import torch  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
+import warm_python  # noqa: E402
 from advisor.profiles import load_run  # noqa: E402
 from conftest import ROOT  # noqa: E402
 
@@ -34,8 +35,9 @@ def model_flags(layers, hidden, ffn, heads, groups, vocab):
 
 
 def emulate(out, *flags):
-    command = [sys.executable, "-m", "megatron_hooks.emulate", "--threads", "1", *map(str, flags), "--out", str(out)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    """``python -m megatron_hooks.emulate``, in a process of its own with torch and megatron-core
+    imported (tests/warm_python.py)."""
+    done = warm_python.run(["-m", "megatron_hooks.emulate", "--threads", "1", *map(str, flags), "--out", str(out)])
     assert done.returncode == 0, done.stderr[-3000:]
     return load_run(out)
 
@@ -103,7 +105,7 @@ def every_rank(out, flags) -> None:
         "run = s.run_symbolic; s.run_symbolic = lambda c, st, **k: run(c, st, every_rank=True, **k); "
         f"sys.argv = ['emulate'] + {json.dumps(list(map(str, flags)))} + ['--out', {str(out)!r}]; main()"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    done = warm_python.run(["-c", code])
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -136,7 +138,7 @@ def derived_dp_ranks(out, flags) -> None:
         f"['--out', {str(out)!r}]; main(standalone_mode=False)\n"
         "(out / 'derived').write_text(str(derived))"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    done = warm_python.run(["-c", code])
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -372,10 +374,10 @@ def test_configurations_megatron_cannot_run_are_one_line_errors(tmp_path, flags,
 def test_an_emulated_memory_limit_is_an_oom_in_the_rank_files(tmp_path):
     """--memory-limit on the symbolic backend: the stage that needs more is recorded "oom" with
     where it stopped, the others still run, and the command says so in one line (exit 1)."""
-    command = [sys.executable, "-m", "megatron_hooks.emulate", *model_flags(4, 64, 128, 4, 2, 256),
+    command = ["-m", "megatron_hooks.emulate", *model_flags(4, 64, 128, 4, 2, 256),
                "--layers-per-stage", "3,1", "--seq-len", "64", "--num-microbatches", "2", "--backend", "symbolic",
                "--memory-limit", str(2.5 / 1024), "--out", str(tmp_path)]  # 2.5 MiB: the first stage needs more
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    done = warm_python.run(command)
     assert done.returncode == 1, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("Error: rank 0 ran out of the emulated memory at iteration") and "Traceback" not in done.stderr
