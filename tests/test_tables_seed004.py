@@ -252,6 +252,12 @@ def test_another_out_leaves_the_committed_readme_alone(tmp_path, results, monkey
     monkeypatch.setattr(command, "analyse", lambda with_validation: results)
     written = []
     monkeypatch.setattr(command, "atomic_write_text", lambda path, text: written.append(str(path)))
+    # The figures are recorded as written, not drawn: run_dir's run drew them (8 s of CPU here)
+    # and the tests above check them; what this test checks is where each file goes.
+    monkeypatch.setattr(command.heatmap, "estimated_heatmap", lambda table, path: written.append(str(path)))
+    monkeypatch.setattr(command.heatmap, "measured_heatmap", lambda table, columns, path: written.append(str(path)))
+    monkeypatch.setattr(command.validation_report, "scatter", lambda validation, path: written.append(str(path)))
     result = Invoker(main)("--out", tmp_path / "out")
     assert written and all(path.startswith(str(tmp_path / "out")) for path in written)
+    assert sum(path.endswith(".png") for path in written) == len(TABLES) + 1  # a heatmap a table, the scatter
     assert "rewritten" not in result.stdout
