@@ -114,7 +114,10 @@ def test_point_to_point_under_the_tracker_completes(tmp_path):
     """Pipeline parallelism's sends and receives pass through the tracker: gloo counts completions
     on a point-to-point work, so waiting for it in the tracker and again in the caller deadlocked
     every PP >= 2 profiled run (two real processes here, over gloo)."""
-    context = multiprocessing.get_context("spawn")
+    # Forked from multiprocessing's fork server, which imports torch, megatron-core and this module
+    # once for both (spawned, each process imported them itself: about 6 s of CPU each here).
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "megatron.core", __name__])
     stages = [context.Process(target=_pipeline_pair, args=(rank, str(tmp_path / "init"))) for rank in (0, 1)]
     for stage in stages:
         stage.start()
