@@ -21,7 +21,6 @@ import sys
 from typing import NamedTuple
 
 import click
-from click.utils import make_default_short_help
 
 from advisor.cli.options import EPILOG, OneLineErrors, add_megatron_spellings, megatron_nargs
 
@@ -83,8 +82,9 @@ class AdvisorGroup(OneLineErrors, click.Group):
         """The commands with their short help from ``COMMANDS``, without importing them."""
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(len(name) for name in names)
-        rows = [(name, make_default_short_help(COMMANDS[name].short_help, limit) if name in COMMANDS
-                 else self.get_command(ctx, name).get_short_help_str(limit)) for name in names]
+        # a stand-in Command shortens the help as click does (click 8.5 deprecates make_default_short_help)
+        rows = [(name, (click.Command(name, help=COMMANDS[name].short_help) if name in COMMANDS
+                        else self.get_command(ctx, name)).get_short_help_str(limit)) for name in names]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
