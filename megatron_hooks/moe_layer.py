@@ -133,7 +133,8 @@ def measure_moe_layer(spec, *, seq_len: int, mbs: int = 1, layer_spec: str = "tr
         _world(context, backend, tp=tp, ep=ep, etp=etp)
         _kernels_and_routing(context, backend, kernels, spec, capacity_factor)
         model = _layer_model(spec, seq_len=seq_len, layer_spec=layer_spec, tp=tp, ep=ep, etp=etp,
-                             dispatcher=dispatcher, capacity_factor=capacity_factor, device=device)
+                             dispatcher=dispatcher, capacity_factor=capacity_factor, device=device,
+                             symbolic=backend == "symbolic")
         layer = model.decoder.layers[0]
         parts = _parts(layer)
         counter = _SavedByPart(parts, {"attention": layer.input_layernorm, "router": layer.pre_mlp_layernorm},
@@ -263,10 +264,12 @@ def _kernels_and_routing(context: contextlib.ExitStack, backend: str, kernels: s
 
 
 def _layer_model(spec, *, seq_len: int, layer_spec: str, tp: int, ep: int, etp: int, dispatcher: str,
-                 capacity_factor: float | None, device: str):
+                 capacity_factor: float | None, device: str, symbolic: bool):
     """The middle-stage GPTModel of one decoder layer, BF16. On CUDA megatron initialises its
     weights on the GPU (faster than on the CPU, Mixtral's 2.8 GB of experts); ``build_gpt_model``
-    moves what it makes on the CPU whatever the flag (torch's RMSNorm)."""
+    moves what it makes on the CPU whatever the flag (torch's RMSNorm). Under fake tensors
+    (``symbolic``: the symbolic backend) nothing is initialised: fake tensors hold no values,
+    and the weights' storage is made either way (``perform_initialization``)."""
     from megatron_hooks.model import build_gpt_model
 
     model = build_gpt_model(spec, seq_len=seq_len, layers=[spec.num_layers // 2 + 1], pre_process=False,
@@ -274,7 +277,8 @@ def _layer_model(spec, *, seq_len: int, layer_spec: str, tp: int, ep: int, etp: 
                             use_cpu_initialization=device != "cuda", expert_model_parallel_size=ep,
                             expert_tensor_parallel_size=etp, sequence_parallel=tp > 1,
                             moe_token_dispatcher_type=dispatcher, moe_expert_capacity_factor=capacity_factor,
-                            moe_pad_expert_input_to_capacity=capacity_factor is not None)
+                            moe_pad_expert_input_to_capacity=capacity_factor is not None,
+                            perform_initialization=not symbolic)
     return model
 
 
