@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 OVERLAP = "--overlap-moe-expert-parallel-comm"
+SHARED_OVERLAP = "--moe-shared-expert-overlap"
 
 
 def _refuses(flag: str, megatron: str) -> str:
@@ -47,7 +48,7 @@ def settings_problem(*, a2a_overlap: bool, delay_wgrad: bool = False, dispatcher
         if "moe" in (recompute_modules or ()):
             return _refuses("--recompute-modules moe", "disable moe in recompute_modules")
         if shared_expert_overlap:
-            return _refuses("--moe-shared-expert-overlap", "disable moe_shared_expert_overlap")
+            return _both_overlaps()
         if (mtp_num_layers or 0) > 1:
             return f"{OVERLAP} allows at most one MTP layer, got --mtp-num-layers {mtp_num_layers} (megatron-core " \
                    "refuses more)"
@@ -59,7 +60,9 @@ def settings_problem(*, a2a_overlap: bool, delay_wgrad: bool = False, dispatcher
     return None
 
 
-SHARED_OVERLAP = "--moe-shared-expert-overlap"
+def _both_overlaps() -> str:
+    """The one rule both checks meet: the EP all-to-all overlap refuses the shared experts' own."""
+    return _refuses(SHARED_OVERLAP, "disable moe_shared_expert_overlap")
 
 
 def shared_expert_overlap_problem(*, dispatcher: str, a2a_overlap: bool, recompute_modules: Iterable[str] | None,
@@ -78,5 +81,5 @@ def shared_expert_overlap_problem(*, dispatcher: str, a2a_overlap: bool, recompu
         return (f"{SHARED_OVERLAP} refuses --recompute-modules shared_experts (megatron-core: 'shared_experts "
                 f"recompute cannot work with {SHARED_OVERLAP}.')")
     if a2a_overlap:
-        return _refuses(SHARED_OVERLAP, "disable moe_shared_expert_overlap")
+        return _both_overlaps()
     return None
