@@ -431,7 +431,10 @@ def _recompute_words(settings, spec, recompute: str | None) -> list[str]:
     if recompute == "full":
         return ["recompute full"]
     narrowed = settings.delayed_fp8 and settings.modules is None
-    if recompute != "selective" and not (recompute is None and (narrowed or settings.modules is not None)):
+    # A sweep (recompute None) prices selective beside none and full: name its modules only where
+    # they are not the default, as an estimate with --recompute selective always does.
+    not_default = narrowed or settings.modules is not None
+    if not (recompute == "selective" or (recompute is None and not_default)):
         return []
     why = " (delayed FP8 scaling refuses moe_act and layernorm)" if narrowed else ""
     return [f"selective recomputes {', '.join(sorted(settings.recompute_modules(spec)))}{why}"]

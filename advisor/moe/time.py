@@ -338,8 +338,9 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     cal = load_calibration()
     rates = terms.Rates.of(gpu, cal)
     training = options.training
-    fp8 = training.precision.fp8_format is not None
-    fp8_gemms = levers.fp8_gemms(rates, gpu, training.precision.fp8_recipe) if fp8 else None
+    fp8_gemms = (levers.fp8_gemms(rates, gpu, training.precision.fp8_recipe)
+                 if training.precision.fp8_format is not None else None)
+    gemm_rates = fp8_gemms.rates if fp8_gemms else rates
     c = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
     vpp = c["vpp"]
     b, base_of, spread = _by_base(c, bases)
@@ -364,7 +365,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
         # (``TransformerModelChunkSchedulePlan`` builds a layer plan for each MTP layer)
         mtp = spec.mtp_num_layers * mtp_terms.extra_time(
             spec, tokens_cp, b["tp"], layer, head_f + head_b, emb_f + emb_b,
-            lambda m, k, n: terms.gemm_time(m, k, n, fp8_gemms.rates if fp8 else rates))
+            lambda m, k, n: terms.gemm_time(m, k, n, gemm_rates))
         ends = head_f + head_b + mtp
         last = spread(last_layers * layer + ends)
         total = spread(spec.first_dense_layers * dense_t + spec.moe_layers * layer + ends) + c["pp"] * chunk
