@@ -93,7 +93,8 @@ class StageEmulation:
     """megatron-core's DDP and optimizer (the symbolic backend's default), or torch's fused Adam
     on plain gradients (the CPU backend's; the symbolic backend's for comparing with it)."""
     threads: int | None = None
-    """Intra-op threads per process; default: the machine's cores / (tp x dp)."""
+    """Intra-op threads per process; default: OMP_NUM_THREADS where set, else the machine's cores /
+    (tp x dp) (``intra_op_threads``)."""
     seed: int = 1234
     run_id: str = field(default_factory=lambda: f"emulated-{uuid.uuid4().hex[:12]}")
     every_microbatch: bool = False
@@ -427,6 +428,19 @@ def all_reduce_gradients(model: torch.nn.Module, dp: int) -> None:
             param.grad.div_(dp)
 
 
+def intra_op_threads(threads: int | None, world_size: int) -> int:
+    """Intra-op threads for one rank: ``threads`` where given, else OMP_NUM_THREADS where the user
+    set it to a positive count (its first value: libgomp reads "4,2" as nested levels), else the
+    machine's cores shared over the ``world_size`` ranks. torch.set_num_threads overrides the
+    environment, so the user's setting is honoured here or not at all."""
+    if threads:
+        return threads
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if first.isdigit() and int(first) > 0:
+        return int(first)
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
 @contextlib.contextmanager
 def process_group(local_rank: int, world_size: int, port: int | None, tp: int, threads: int | None = None
                   ) -> Iterator[None]:
@@ -440,7 +454,7 @@ def process_group(local_rank: int, world_size: int, port: int | None, tp: int, t
 
     if port is not None:  # spawned here; under torchrun the environment is already set
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_threads(intra_op_threads(threads, world_size))
     shim = CpuShim().install() if needs_shim() else None
     on_cuda = shim is None
     if on_cuda:  # one GPU per process, as torchrun's LOCAL_RANK; NCCL, which runs megatron's collectives

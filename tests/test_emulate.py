@@ -11,7 +11,8 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip
 from advisor import equations as eq  # noqa: E402
 from advisor.profiles import load_run  # noqa: E402
 from conftest import ROOT, Invoker  # noqa: E402
-from megatron_hooks.stage_emulation import StageEmulation, emulate_stages, free_port, one_f_one_b  # noqa: E402
+from megatron_hooks.stage_emulation import (  # noqa: E402
+    StageEmulation, emulate_stages, free_port, intra_op_threads, one_f_one_b)
 from megatron_hooks.emulate import main as emulate_main  # noqa: E402
 from megatron_hooks.static import storage_key  # noqa: E402
 from megatron_support import MBS, SEQ, TINY  # noqa: E402
@@ -37,6 +38,22 @@ def test_one_f_one_b_holds_min_p_minus_i_m_microbatches(stages, microbatches):
         assert most == min(stages - stage, microbatches)
     # Seed 004 / MadPipe's 1F1B for the first of 3 stages, 4 microbatches:
     assert one_f_one_b(0, 3, 4) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
+
+
+@pytest.mark.parametrize("omp, threads, world, expected", [
+    (None, None, 2, max(1, (os.cpu_count() or 1) // 2)),  # nothing set: the cores shared over the ranks
+    ("3", None, 2, 3),  # the user's OMP_NUM_THREADS, which torch.set_num_threads would otherwise override
+    ("3,2", None, 2, 3),  # libgomp's nested levels: the outer one
+    ("3", 5, 2, 5),  # --threads beats the environment
+    ("0", None, 1, max(1, os.cpu_count() or 1)),  # not a thread count: ignored, as libgomp ignores it
+    ("many", None, 1, max(1, os.cpu_count() or 1)),
+])
+def test_intra_op_threads_honour_the_users_setting(monkeypatch, omp, threads, world, expected):
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    assert intra_op_threads(threads, world) == expected
 
 
 def test_emulated_pipeline_stages_follow_1f1b(tmp_path):

@@ -325,7 +325,8 @@ def run_options(func):
                      help="--backend symbolic: the layer spec of the run to stand for (default transformer_engine, "
                           "Megatron-LM's --transformer-impl; local: megatron-core's own modules)."),
         click.option("--threads", type=Bounded(limits.threads()), default=None,
-                     help="Intra-op threads per emulated GPU (default: cores / (TP x DP))."),
+                     help="Intra-op threads per emulated GPU (default: OMP_NUM_THREADS where set, else "
+                          "cores / (TP x DP))."),
         click.option("--memory-limit", type=GIB, default=None, metavar="GIB",
                      help="Memory of each emulated GPU in GiB: a rank that needs more ends OOM, which is recorded "
                           "as the run's outcome (default: no limit)."),
