@@ -374,7 +374,7 @@ _JOB_NAME = re.compile(r"[^\w.-]+")
               metavar="SECONDS",
               help="Slurm sends SIGTERM this long before the time limit (#SBATCH --signal=TERM@SECONDS); "
                    "Megatron (--exit-signal-handler) finishes its iteration, saves with --save, and exits; "
-                   "torchrun waits as long (--shutdown-timeout) before killing ranks.")
+                   "torchrun waits as long (TORCH_ELASTIC_SHUTDOWN_TIMEOUT) before killing ranks.")
 @click.option("--requeue", is_flag=True,
               help="#SBATCH --requeue: Slurm may requeue the job (node failure, preemption); give "
                    "--save and --load the same directory after '--' so that it resumes.")

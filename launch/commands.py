@@ -228,9 +228,9 @@ class SlurmJob:
     to srun). SIGTERM because it is the one signal that reaches Megatron's handler on both paths:
     torchrun forwards only TERM/INT/HUP/QUIT to its workers (``--signals-to-handle``' default),
     and core_v0.15.2's ``--exit-signal-handler`` catches only SIGTERM (core_v0.19.0's
-    ``--exit-signal`` defaults to it). torchrun kills its workers ``--shutdown-timeout`` seconds
-    after forwarding (30 by default): the script sets it to S, so Megatron has until the limit
-    to finish its iteration, save (with ``--save``) and exit."""
+    ``--exit-signal`` defaults to it). torchrun kills its workers a shutdown timeout after
+    forwarding (30 s by default): the script sets it to S (``shutdown_environment``), so Megatron
+    has until the limit to finish its iteration, save (with ``--save``) and exit."""
 
     job_name: str
     partition: str | None = None
@@ -273,9 +273,13 @@ class SlurmJob:
         every task killed when one fails."""
         return ["srun", "--kill-on-bad-exit=1", NODE_CPUS]
 
-    def torchrun_options(self) -> list[str]:
-        """torchrun waits the signal's lead before it kills the ranks it forwarded SIGTERM to."""
-        return ["--shutdown-timeout", str(self.signal_time_s)] if self.signal_time_s else []
+    def shutdown_environment(self) -> dict[str, str]:
+        """torchrun waits the signal's lead before it kills the ranks it forwarded SIGTERM to. The
+        variable, not torchrun's ``--shutdown-timeout``: torch reads TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+        where the flag is not given (``torch/distributed/launcher/api.py``), and the releases
+        before both (PyTorch PR #172596) ignore the variable, where the flag would stop torchrun
+        on every node with 'unrecognized arguments' (they wait their fixed 30 s)."""
+        return {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(self.signal_time_s)} if self.signal_time_s else {}
 
 
 def with_exit_signal_handler(groups: Sequence[tuple[str, Sequence[str]]]) -> list[tuple[str, Sequence[str]]]:
@@ -286,6 +290,13 @@ def with_exit_signal_handler(groups: Sequence[tuple[str, Sequence[str]]]) -> lis
         return list(groups)
     handler = ("Slurm's SIGTERM before the time limit: finish the iteration, save, exit", (EXIT_SIGNAL_HANDLER,))
     return [*groups[:-1], handler, *groups[-1:]]
+
+
+def _exports(reason: str, environment: Mapping[str, str] | None) -> list[str]:
+    """A commented block of ``export`` lines (nothing without variables)."""
+    if not environment:
+        return []
+    return [f"# {reason}", *(f"export {name}={shlex.quote(value)}" for name, value in environment.items()), ""]
 
 
 def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str],
@@ -305,7 +316,7 @@ def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str
         if args:
             array += [f"    # {comment(label)}", *wrap(args, first="    ")]
     torchrun = ["torchrun", "--nnodes", str(topology.nnodes), "--nproc-per-node", str(topology.nproc_per_node),
-                *job.torchrun_options(), "--rdzv-backend", "c10d"]
+                "--rdzv-backend", "c10d"]
     launch_line = (
         f"{shell_join(job.srun())} \\\n    {shlex.join(torchrun)} \\\n"
         f'    --rdzv-endpoint "${{head_node}}:{job.rdzv_port}" --rdzv-id "$SLURM_JOB_ID" \\\n'
@@ -324,8 +335,9 @@ def sbatch_script(job: SlurmJob, topology: Topology, entry_options: Sequence[str
         # would fail the script.
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         "",
-        *([f"# {comment(environment_reason)}", *(f"export {name}={shlex.quote(value)}" for name, value in environment.items()),
-           ""] if environment else []),
+        *_exports(comment(environment_reason), environment),
+        *_exports(f"torchrun waits {job.signal_time_s} s after forwarding SIGTERM before it kills the ranks (older "
+                  "torch: 30 s)", job.shutdown_environment()),
         "megatron_args=(",
         *array,
         ")",

@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 from launch_support import CPU_TEST_JOB, data_job, launcher, make_checkout, plan_files, subprocess_env, sweep_file, write_json
@@ -142,7 +143,15 @@ def test_sbatch_script(plans, tmp_path, checkout19):
     assert srun["argv"][:2] == ["--kill-on-bad-exit=1", "--cpus-per-task=64"]  # the node's CPUs, without --cpus-per-task
     torchrun, entry, megatron = read_torchrun(srun["argv"][2:])
     assert (torchrun.nnodes, torchrun.nproc_per_node, torchrun.rdzv_backend) == ("3", "4", "c10d")
-    assert torchrun.shutdown_timeout == 120  # the ranks get the signal's lead to save before torchrun kills them
+    # The ranks get the signal's lead to save before torchrun kills them: through the variable
+    # torch's launcher reads, not --shutdown-timeout, which torch releases before 2026 refuse
+    # (every torchrun option written is one torch 2.4's parser has too).
+    assert torchrun.shutdown_timeout is None and "\nexport TORCH_ELASTIC_SHUTDOWN_TIMEOUT=120\n" in script
+    assert {arg for arg in srun["argv"][3:srun["argv"].index("-m")] if arg.startswith("-")} == {
+        "--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id"}
+    from torch.distributed.run import config_from_args
+    with mock.patch.dict(os.environ, TORCH_ELASTIC_SHUTDOWN_TIMEOUT="120"):
+        assert config_from_args(torchrun)[0].shutdown_timeout == 120
     assert (torchrun.rdzv_endpoint, torchrun.rdzv_id) == ("node001:29500", "77")
     assert (entry.megatron_lm, entry.profile_dir) == (str(checkout), "profiles/plan")
     values = flag_values(megatron)

@@ -60,8 +60,8 @@ def test_slurms_sigterm_reaches_megatron_which_exits_cleanly(core_0_15, advisor,
     """A long run signalled as --signal=TERM@S signals it (every process of the job's steps, not
     the batch shell): Megatron's handler sees it at the end of an iteration and exits long before
     its last one, with no rank's traceback (the DataLoader's workers got the signal too:
-    launch.entry.shield_forked_children), before torchrun's --shutdown-timeout (300 s) or Slurm's
-    KillWait would have killed a rank. torchrun itself then raises its SignalException (exit 1:
+    launch.entry.shield_forked_children), before torchrun's shutdown timeout
+    (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 300 s) or Slurm's KillWait would have killed a rank. torchrun itself then raises its SignalException (exit 1:
     its way of saying it was signalled), so Slurm records the job as FAILED."""
     estimate(advisor, tmp_path / "estimate.json", *LAYOUTS["one-rank"][:2])
     job_id = submit(core_0_15, tmp_path, profile=False, extra=["--train-iters", "100000"])
