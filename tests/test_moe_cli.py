@@ -78,10 +78,12 @@ def test_capacity_routing_is_launched_as_priced():
     # unpadded at 1.5 every balanced copy fits: balanced's memory and time (both wait on the host
     # for the counts, which only the padded alltoall dispatcher knows in advance), but for the
     # routing map each of the stage's 8 MoE layers' dispatchers holds, which is the capacity mask the
-    # router's product saves (kept and priced in the router's 9E, memory.a2a_routing_held_bytes):
-    # 8 x N x E bool less transient
+    # router's product saves (memory.a2a_routing_held_bytes): 8 x N x E bool less transient, and
+    # kept instead (memory.capacity_mask_bytes) by each of the 8 layers for each of the 4
+    # microbatches in flight on stage 0 of PP 4 (1F1B)
     held_map = 8 * 4096 * 8 / 2**30
-    assert unpadded["activations_gib"] == pytest.approx(balanced["activations_gib"] - held_map, abs=1e-12)
+    kept_mask = 8 * 4 * 4096 * 8 / 2**30
+    assert unpadded["activations_gib"] == pytest.approx(balanced["activations_gib"] - held_map + kept_mask, abs=1e-12)
     assert balanced["activations_gib"] < padded["activations_gib"]
     assert unpadded["step_time_s"] == balanced["step_time_s"] < padded["step_time_s"]
     _one_line_error(CliRunner().invoke(cli, [*layout, *capacity, "--moe-token-dispatcher-type", "flex"]),
@@ -98,7 +100,7 @@ def test_capacity_routing_is_launched_as_priced():
     assert skewed["step_time_s"] == estimate("--moe-imbalance", "1.25")["step_time_s"] > unpadded["step_time_s"]
     assert capped["step_time_s"] == estimate("--moe-imbalance", "1.5")["step_time_s"]
     assert skewed["activations_gib"] == pytest.approx(estimate("--moe-imbalance", "1.25")["activations_gib"]
-                                                      - held_map, abs=1e-12)
+                                                      - held_map + kept_mask, abs=1e-12)
     _one_line_error(CliRunner().invoke(cli, [*layout, *capacity, "--moe-imbalance", "1.5"]),
                     "--moe-imbalance 1.5 does not change capacity routing padded to capacity")
 

@@ -37,11 +37,14 @@ def test_json_carries_the_rows_with_hand_derived_analytic_terms(advisor):
     # and the attention output, BF16
     mla = 2 * (2 * H + QL + KL + DR) + 2 * (QL + KL) + 2 * A * (2 * (DN + DR) + DV) + 2 * A * DV
     assert rows["attention activations"]["analytic_bytes"] == S * mla
-    # the router's 2h + 2h and 9E per token; the shared expert's fused SwiGLU, 6 f_s per token (mlp.py)
-    assert rows["router activations"]["analytic_bytes"] == S * (4 * H + 9 * E)
+    # the router per token: the norm's input, rstd and output, 2h + 4 + 2h; sigmoid's FP32 scores 4E,
+    # the top-k's int64 indices 8k, the picked FP32 scores 4k and their sum 4 (no balancing loss: the
+    # measured layer has none); the shared expert's fused SwiGLU, 6 f_s per token (mlp.py)
+    assert rows["router activations"]["analytic_bytes"] == S * (4 * H + 4 + 4 * E + 12 * K + 4)
     assert rows["shared expert activations"]["analytic_bytes"] == S * 6 * FS
-    # N k copies under balanced routing: 2h + 4f + 2f + 4 (FP32 prob) + 8 (int64 index) each
-    assert rows["expert + dispatch activations"]["analytic_bytes"] == S * K * (2 * H + 6 * 2048 + 12)
+    # N k copies under balanced routing: 2h + 4f + 2f + 4 (FP32 prob) + 8 (int64 index) each; the
+    # alltoall permutation's masked_select: the FP32 probabilities and bool map, 5E per token
+    assert rows["expert + dispatch activations"]["analytic_bytes"] == S * K * (2 * H + 6 * 2048 + 12) + S * 5 * E
     total = rows["layer activations"]
     assert total["measured_bytes"] == sum(doc["moe_layer"]["activation_bytes"].values())
     assert abs(total["ratio"] - 1) < 0.05
@@ -87,8 +90,12 @@ def test_a_version_2_profile_prices_its_tp_etp_and_capacity(advisor, tmp_path):
     rows = {row["term"]: row for row in advisor.json("profile", "show", tmp_path)["compare"]}
     n, k, h, f = 4096 // 2, 2, 4096, 14336
     copies = 1.5 * n * k * 2
-    assert rows["expert + dispatch activations"]["analytic_bytes"] == copies * (2 * (h + 3 * f // 2) + 4) + 1.5 * n * k * 8
-    assert rows["router activations"]["analytic_bytes"] == n * (4 * h + 9 * 8)
+    # padded to capacity the alltoall permutation keeps a second int64 index per padded copy sent
+    # (the probabilities' 1-D index) and no masked_select
+    assert rows["expert + dispatch activations"]["analytic_bytes"] == copies * (2 * (h + 3 * f // 2) + 4) \
+        + 2 * 1.5 * n * k * 8
+    # the norm (4h + 4), top-k indices and softmax (12k), the capacity mask (bool, E)
+    assert rows["router activations"]["analytic_bytes"] == n * (4 * h + 4 + 12 * k + 8)
     out = advisor("profile", "show", tmp_path).stdout
     assert "TP 2, EP 4, ETP 2, alltoall dispatcher, capacity 1.5 (padded)" in " ".join(out.split())
     assert "capacity routing" in " ".join(out.split())

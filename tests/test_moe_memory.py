@@ -1,5 +1,6 @@
 """Per-layer MoE memory terms (advisor.moe.memory) against hand-derived values."""
 
+import dataclasses
 import math
 
 import pytest
@@ -73,9 +74,12 @@ def test_routed_token_copies_per_assumption():
 def test_mixtral_layer_activations_by_hand():
     s, b = 4096, 1
     attention = 6 * s * 4096 + 4 * s * 4096 * 8 / 32 + 2 * s * 4096   # Eq. 11 + the norm input
-    router = s * (2 * 2 * 4096 + 9 * 8)
+    # the pre-MLP norm's input, rstd and output (4h + 4); top-k indices and softmax (12k = 24); the
+    # aux loss's FP32 softmax over E (32, Mixtral's --moe-aux-loss-coeff 0.02)
+    router = s * (2 * 2 * 4096 + 4 + 24 + 32)
+    dispatch = s * 5 * 8  # the alltoall permutation's masked_select: FP32 probabilities and bool map, E each
     copies = s * 2
-    experts = copies * (2 * (4096 + 3 * 14336) + 12)
+    experts = copies * (2 * (4096 + 3 * 14336) + 12) + dispatch
     assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1) == attention + router + experts
     # moe recomputed: the checkpointed block keeps its input (the pre-MLP norm's output) and the
     # norm, outside it (transformer_layer._forward_mlp), its own input: 2h per token each
@@ -84,10 +88,11 @@ def test_mixtral_layer_activations_by_hand():
     # with layernorm too, the norm's output is discarded, and with it the block's input
     assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"moe", "layernorm"})) \
         == attention + s * 2 * 4096
-    # layernorm drops pre_mlp_layernorm's output only: with GQA, Transformer Engine fuses the input
-    # norm into the QKV projection (gpt_layer_specs: input_layernorm IdentityOp), not recomputed
+    # layernorm drops pre_mlp_layernorm's output and rstd (its forward runs under no_grad in the
+    # checkpoint): with GQA, Transformer Engine fuses the input norm into the QKV projection
+    # (gpt_layer_specs: input_layernorm IdentityOp), not recomputed
     assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"layernorm"})) \
-        == attention + router + experts - s * 2 * 4096
+        == attention + router + experts - s * (2 * 4096 + 4)
     # moe_act drops FC2's input (h_moe per copy)
     assert mm.moe_layer_activation_bytes(MIXTRAL, s, b, 1, 1, 8, 1, recompute_modules=frozenset({"moe_act"})) \
         == attention + router + experts - copies * 2 * 14336
@@ -124,7 +129,7 @@ def test_layernorm_recomputation_frees_mlas_own_input_norm():
     tokens = s / t
     full = mm.moe_layer_activation_bytes(DSV3, s, 1, t, 1, 8, 1)
     assert mm.moe_layer_activation_bytes(DSV3, s, 1, t, 1, 8, 1, recompute_modules=frozenset({"layernorm"})) \
-        == pytest.approx(full - 2 * tokens * 2 * h)
+        == pytest.approx(full - 2 * tokens * 2 * h - tokens * 4)  # and the pre-MLP norm's rstd
     assert mm.input_norm_recomputed_bytes(DSV3, tokens, frozenset({"layernorm"})) == tokens * 2 * h
     assert mm.input_norm_recomputed_bytes(MIXTRAL, tokens, frozenset({"layernorm"})) == 0.0
 
@@ -283,3 +288,76 @@ def test_the_routing_each_dispatcher_holds_between_forwards_by_hand():
     others = mm.routing_held_by_other_layers_bytes(qwen, 48, n, copies, 16, 1, "alltoall")
     assert float(others) / MiB == 47 * 2.5
     assert float(mm.routing_held_by_other_layers_bytes(qwen, 1, n, copies, 16, 1, "alltoall")) == 0.0
+
+
+# --- the router's and the dispatcher's saved tensors, by hand per routing family ---------------
+# Per token, from megatron-core core_v0.15.2's code paths (moe_utils.topk_routing_with_score_function,
+# compute_routing_scores_for_aux_loss, apply_router_token_dropping, permute; token_dispatcher.py),
+# BF16 2 B, FP32 4 B, int64 8 B, bool 1 B; the norm's input, rstd and output are 2h + 4 + 2h.
+
+
+def test_softmax_top_k_router_and_dispatch_by_hand():
+    """Mixtral 8x7B (E 8, k 2) and Qwen3-30B-A3B (E 128, k 8): softmax after the top-k."""
+    n = 1000
+    # Mixtral: top-k indices 8 x 2 = 16, softmax output 4 x 2 = 8, aux loss softmax 4 x 8 = 32
+    assert mm.router_activation_bytes(MIXTRAL, n) == n * (4 * 4096 + 4 + 16 + 8 + 32)
+    assert mm.router_activation_bytes(MIXTRAL, n, aux_loss=False) == n * (4 * 4096 + 4 + 24)
+    # alltoall: masked_select keeps the transposed FP32 probabilities (4 x 8) and bool map (8)
+    assert mm.dispatch_activation_bytes(MIXTRAL, n, n * 2, 8, 1, "alltoall") == n * 40
+    qwen = PRESETS["qwen3-30b-a3b"]
+    # Qwen3: indices 8 x 8 = 64, softmax 4 x 8 = 32, aux loss softmax 4 x 128 = 512; 2h = 4096
+    assert mm.router_activation_bytes(qwen, n) == n * (2 * 4096 + 4 + 64 + 32 + 512)
+    assert mm.dispatch_activation_bytes(qwen, n, n * 8, 8, 1, "alltoall") == n * 640
+
+
+def test_sigmoid_group_limited_router_by_hand():
+    """DeepSeek-V3 (E 256, k 8): sigmoid with the expert bias and group-limited top-k, no aux loss."""
+    n = 1000
+    # sigmoid output 4 x 256 = 1024; gather index 8 x 8 = 64; picked scores 4 x 8 = 32 and their
+    # sum 4; the group selection's nodes die (its values are dropped): nothing; 4h = 28672
+    assert not mm.aux_loss_enabled(DSV3)
+    assert mm.router_activation_bytes(DSV3, n) == n * (4 * 7168 + 4 + 1024 + 64 + 32 + 4)
+    # with a balancing loss (seq_aux_loss, as the V3 report): its sigmoid 4 x 256 and sum 4 more
+    seq = dataclasses.replace(DSV3, load_balancing=("seq_aux_loss",), aux_loss_coeff=0.0001)
+    assert mm.router_activation_bytes(seq, n) == n * (4 * 7168 + 4 + 1124 + 1028)
+    # without the expert bias the top-k's values are used: the group mask (bool, 256) stays
+    plain = dataclasses.replace(DSV3, expert_bias=False, load_balancing=("none",))
+    assert mm.router_activation_bytes(plain, n) == n * (4 * 7168 + 4 + 1124 + 256)
+
+
+def test_fused_router_saves_its_map_and_intermediate():
+    """--moe-router-fusion (Transformer Engine FusedTopkScoreFunction): the bool map (E) and the
+    FP32 intermediate (4E) whatever the score function; its aux-loss scores an FP32 intermediate (4E)."""
+    n = 1000
+    assert mm.router_activation_bytes(MIXTRAL, n, fused=True) == n * (4 * 4096 + 4 + 40 + 32)
+    assert mm.router_activation_bytes(DSV3, n, fused=True) == n * (4 * 7168 + 4 + 1280)
+
+
+def test_capacity_routing_keeps_its_mask_and_the_padded_permutation_its_index():
+    """Mixtral, capacity factor 1.25: the router keeps the bool capacity mask (E = 8) padded or not;
+    padded, the alltoall permutation keeps an int64 1-D index per padded copy sent (1.25 N k) and
+    no masked_select; not padded, the masked_select (5E); the allgather always its masked_select."""
+    n = 1024
+    padded = mm.RoutedTokens(routing="capacity", capacity_factor=1.25)
+    unpadded = mm.RoutedTokens(routing="capacity", capacity_factor=1.25, pad_to_capacity=False)
+    for routing in (padded, unpadded):
+        assert mm.router_activation_bytes(MIXTRAL, n, routing, aux_loss=False) == n * (4 * 4096 + 4 + 24 + 8)
+    assert mm.dispatch_activation_bytes(MIXTRAL, n, 0, 8, 1, "alltoall", padded) == 1.25 * n * 2 * 8
+    assert mm.dispatch_activation_bytes(MIXTRAL, n, 0, 8, 1, "alltoall", unpadded) == n * 40
+    assert mm.dispatch_activation_bytes(MIXTRAL, n, 0, 1, 1, "allgather", padded) == n * 40
+
+
+def test_allgather_and_flex_dispatchers_by_hand():
+    """allgather at EP 2 gathers T = 2N tokens and keeps their local experts' (E / 2 = 4) transposed
+    FP32 probabilities and bool map; flex (DeepEP) at EP 8, balanced: the top-k indices (8 k), the
+    received tokens' valid-index mask (k each), two int64 index vectors per copy and the local
+    masked_select (5 E / ep per received token)."""
+    n = 1000
+    assert mm.dispatch_activation_bytes(MIXTRAL, n, 0, 2, 1, "allgather") == 2 * n * 4 * 5
+    copies = n * 2
+    received = float(mm.flex_received_tokens(MIXTRAL, n, copies, 8, 1))
+    # of the 8 N tokens of the EP group, those with one of their 2 experts among this rank's 1:
+    # 8 N (1 - C(7, 2) / C(8, 2)) = 8 N / 4 = 2 N, the copies c
+    assert received == 2 * n
+    assert mm.dispatch_activation_bytes(MIXTRAL, n, copies, 8, 1, "flex") == pytest.approx(
+        n * 2 * 8 + received * (2 + 1 * 5) + copies * 16)

@@ -62,8 +62,9 @@ def model_flags(spec: MoESpec) -> list[str]:
     args = ["--num-experts", str(spec.num_experts), "--moe-router-topk", str(spec.moe_router_topk),
             "--moe-ffn-hidden-size", str(spec.moe_ffn_hidden_size), "--moe-grouped-gemm"]
     args += _balancing_flags(spec)
-    # the router's logits and probabilities in FP32, as memory.router_activation_bytes and the
-    # allgather dispatcher's combine are priced (router.py: else the input's BF16)
+    # the router's logits and probabilities in FP32, as memory.routing_saved_bytes, the
+    # dispatchers' kept probabilities and the allgather dispatcher's combine are priced (router.py:
+    # else the input's BF16)
     args += ["--moe-router-dtype", "fp32"]
     if spec.first_dense_layers:
         args += ["--moe-layer-freq", f"([0]*{spec.first_dense_layers}+[1]*{spec.moe_layers})"]

@@ -229,7 +229,10 @@ def compare(profile: MoELayerProfile) -> list[dict]:
     1, balanced routing or, with token dropping, capacity routing) beside the measured part it
     prices: rows of term, source function, analytic and measured bytes, and their ratio. The
     expert term holds the permutation's index, which the dispatcher saves, so the experts and
-    the dispatch are compared together."""
+    the dispatch are compared together. The router is priced without a balancing loss: the
+    measured layer is built without one (megatron_hooks/model.py, moe_config_overrides), so the
+    loss's scores (``memory.aux_loss_saved_bytes``), which a run with --moe-aux-loss-coeff keeps,
+    are not in what was measured."""
     spec, s, b = profile.model, profile.seq_len, profile.mbs
     tp, ep, etp, routing = profile.tp, profile.ep, profile.etp, profile.routing
     tokens = memory.tokens_per_rank(s, b, tp, 1)
@@ -238,13 +241,17 @@ def compare(profile: MoELayerProfile) -> list[dict]:
     rows = [
         ("attention activations", "attention_activation_bytes", memory.attention_activation_bytes(spec, s, b, tp, 1),
          act["attention"]),
-        ("router activations", "router_activation_bytes", memory.router_activation_bytes(spec, tokens), act["router"]),
-        ("expert + dispatch activations", "expert_activation_bytes", memory.expert_activation_bytes(spec, copies, etp),
+        ("router activations", "router_activation_bytes",
+         memory.router_activation_bytes(spec, tokens, routing, aux_loss=False), act["router"]),
+        ("expert + dispatch activations", "expert_activation_bytes + dispatch_activation_bytes",
+         memory.expert_activation_bytes(spec, copies, etp)
+         + memory.dispatch_activation_bytes(spec, tokens, copies, ep, etp, profile.dispatcher, routing),
          act["experts"] + act["dispatch"]),
         ("shared expert activations", "shared_expert_activation_bytes",
          memory.shared_expert_activation_bytes(spec, s, b, tp, 1), act["shared_experts"]),
         ("layer activations", "moe_layer_activation_bytes",
-         memory.moe_layer_activation_bytes(spec, s, b, tp, 1, ep, etp, routing), sum(act.values())),
+         memory.moe_layer_activation_bytes(spec, s, b, tp, 1, ep, etp, routing, dispatcher=profile.dispatcher,
+                                           aux_loss=False), sum(act.values())),
         ("layer weights (BF16)", "moe_layer_dense_parameters + local_expert_parameters",
          memory.BF16 * (params.moe_layer_dense_parameters(spec, tp) + params.local_expert_parameters(spec, ep, etp)),
          sum(par.values())),

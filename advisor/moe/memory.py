@@ -131,11 +131,139 @@ def input_norm_recomputed_bytes(spec: MoESpec, tokens: float, recompute_modules:
     return tokens * BF16 * spec.hidden_size
 
 
-def router_activation_bytes(spec: MoESpec, tokens: float) -> float:
-    """The pre-MLP norm's input and the router's input (2h each, BF16), and its FP32 logits and
-    scores (4E each) with the top-k routing map (E bool) (``router.py``, ``TopKRouter.routing``
-    casts the logits to FP32 with --moe-router-dtype fp32; ``moe_utils.topk_routing_with_score_function``)."""
-    return tokens * (2 * BF16 * spec.hidden_size + 9 * spec.num_experts)
+# --- what the router and the dispatcher keep for the backward, tensor by tensor ---------------
+# Per token routed on this rank (N of them) unless a name says otherwise. Sources: megatron-core
+# core_v0.15.2 ``transformer/moe/router.py`` (``TopKRouter.routing``/``forward``) and
+# ``moe_utils.py``; core_v0.19.0 saves the same in its router (its ``moe_utils.py``
+# :710-900). Measured: the symbolic layer's router part (norm and router) equals the sum of
+# ``router_norm_bytes`` and ``routing_saved_bytes`` to the byte on Mixtral 8x7B and DeepSeek-V3
+# (tests/test_symbolic_moe.py), without balancing loss, which the symbolic layer is built without
+# (megatron_hooks/model.py, moe_config_overrides: load balancing 'none').
+
+RSTD_BYTES = 4
+"""The RMSNorm's FP32 reciprocal standard deviation, one per token, which Transformer Engine's
+norm saves beside its input for the backward (docs/profiling.md, the dense table's rstd row)."""
+INDEX_BYTES = 8
+"""int64: ``torch.topk``'s indices, the permutations' indices."""
+AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
+"""The balancing types whose loss reads the router's scores (``TopKRouter.is_aux_loss_enabled``)."""
+
+
+def aux_loss_enabled(spec: MoESpec) -> bool:
+    """Whether the router computes a load-balancing loss: one of ``AUX_LOSS_TYPES`` with a weight
+    above 0 (``get_aux_loss_coeff``: a weight per type where several are given). The presets and
+    config.json take aux_loss with their weight, or none with the expert bias (``advisor.moe.flags``)."""
+    types = spec.load_balancing or (("none",) if spec.expert_bias else ("aux_loss",))
+    weights = spec.aux_loss_coeff if isinstance(spec.aux_loss_coeff, tuple) else (spec.aux_loss_coeff,) * len(types)
+    return any(kind in AUX_LOSS_TYPES and weight > 0 for kind, weight in zip(types, weights))
+
+
+def router_norm_bytes(spec: MoESpec, norm_recomputed: bool = False) -> float:
+    """The pre-MLP RMSNorm, per token: its input (2h, BF16) and FP32 rstd (``RSTD_BYTES``), which
+    the norm saves, and its output (2h), the router's input, which the gate GEMM saves
+    (``moe_utils.RouterGatingLinearFunction.forward``: ctx.save_for_backward(inp, weight, bias);
+    its FP32 logits are saved by nothing). With --recompute-modules layernorm
+    (``transformer_layer.py``, ``CheckpointWithoutOutput``: the norm runs under no_grad, its input
+    saved by the checkpoint, its output discarded) only the input."""
+    if norm_recomputed:
+        return BF16 * spec.hidden_size
+    return 2 * BF16 * spec.hidden_size + RSTD_BYTES
+
+
+def routing_saved_bytes(spec: MoESpec, fused: bool = False) -> float:
+    """What the top-k routing saves per token (``moe_utils.topk_routing_with_score_function``; the
+    FP32 logits are --moe-router-dtype fp32's, which the rows emit). Fused (--moe-router-fusion,
+    Transformer Engine ``router.py``, ``FusedTopkScoreFunction.forward``:
+    ctx.save_for_backward(routing_map, intermediate_output)): the bool map and the FP32
+    intermediate, E + 4E, whatever the score function. Unfused:
+    - top-k indices, int64 (``torch.topk``'s node saves them; ``scatter`` builds the N x E
+      probabilities from the same tensor): 8k;
+    - softmax after the top-k (the default): its FP32 output over the k picked, 4k;
+      before it (--moe-router-pre-softmax, top-1): its output over all E, 4E;
+    - sigmoid: its FP32 output over all E, 4E; the k picked scores (``torch.gather`` with the expert
+      bias, else the top-k's values), 4k, and their FP32 sum, 4, which normalise them (k > 1);
+    - group-limited routing (--moe-router-num-groups) where the top-k's values are used (softmax,
+      or sigmoid without the expert bias): ``masked_fill``'s bool group mask, E
+      (``group_limited_topk``); with the expert bias the selection's values are dropped and its
+      nodes die in the forward pass, keeping nothing (DeepSeek-V3)."""
+    experts, k = spec.num_experts, spec.moe_router_topk
+    if fused:
+        return experts * (1 + PROBS_BYTES)
+    group_mask = experts if spec.router_group_topk and not spec.expert_bias else 0
+    if spec.score_function == "sigmoid":
+        picked = PROBS_BYTES * k + PROBS_BYTES if k > 1 else 0
+        return PROBS_BYTES * experts + INDEX_BYTES * k + picked + group_mask
+    if k == 1:  # --moe-router-pre-softmax (advisor.moe.flags: megatron-core refuses top-1 without it)
+        return PROBS_BYTES * experts + INDEX_BYTES * k + group_mask
+    return INDEX_BYTES * k + PROBS_BYTES * k + group_mask
+
+
+def aux_loss_saved_bytes(spec: MoESpec, fused: bool = False) -> float:
+    """The load-balancing loss's scores per token (``moe_utils.compute_routing_scores_for_aux_loss``,
+    computed once for every type of ``AUX_LOSS_TYPES``): softmax's FP32 output over all E, 4E;
+    sigmoid's, 4E, with the FP32 sum that normalises it, 4; fused (Transformer Engine
+    ``FusedComputeScoresForMoEAuxLoss``: its FP32 intermediate), 4E. Its top-k's node dies in the
+    forward pass; the loss itself saves only E-wide sums (``switch_load_balancing_loss_func``)."""
+    sum_bytes = PROBS_BYTES if spec.score_function == "sigmoid" and not fused else 0
+    return PROBS_BYTES * spec.num_experts + sum_bytes
+
+
+def capacity_mask_bytes(spec: MoESpec, assumption: RoutedTokens) -> float:
+    """With capacity routing, the bool capacity mask per token, E, which the probabilities' product
+    with it saves (``apply_router_token_dropping``, ``final_probs = routing_probs * final_map``,
+    moe_utils.py:706 and :710, v0.19 :1015 and :1019; padded or not). Its top-k over the tokens
+    dies in the forward pass (measured: Mixtral 8x7B at EP 8, capacity 1.25 padded, N E more)."""
+    return spec.num_experts if assumption.routing == "capacity" else 0.0
+
+
+def router_activation_bytes(spec: MoESpec, tokens: float, assumption: RoutedTokens = RoutedTokens(),
+                            fused: bool = False, aux_loss: bool | None = None,
+                            norm_recomputed: bool = False) -> float:
+    """What the pre-MLP norm and the router keep: ``router_norm_bytes`` + ``routing_saved_bytes``
+    (``fused``: --moe-router-fusion) + ``aux_loss_saved_bytes`` where the router computes a
+    balancing loss (``aux_loss``; None: ``aux_loss_enabled``) + ``capacity_mask_bytes``, per token.
+    The router's N x E probabilities and map are its outputs: the dispatcher saves its own copies
+    (``dispatch_activation_bytes``). Per token, unfused, aux loss on: Mixtral 8x7B 4h + 4 + 24 + 32;
+    Qwen3-30B-A3B 4h + 4 + 96 + 512; DeepSeek-V3 (no aux loss) 4h + 4 + 1024 + 96 + 4."""
+    balancing = aux_loss_enabled(spec) if aux_loss is None else aux_loss
+    per_token = (router_norm_bytes(spec, norm_recomputed) + routing_saved_bytes(spec, fused)
+                 + (aux_loss_saved_bytes(spec, fused) if balancing else 0.0) + capacity_mask_bytes(spec, assumption))
+    return tokens * per_token
+
+
+def dispatch_activation_bytes(spec: MoESpec, tokens: float, copies: float, ep, etp, dispatcher: Dispatcher = "alltoall",
+                              assumption: RoutedTokens = RoutedTokens()) -> np.ndarray:
+    """What the token dispatcher keeps for the backward beyond the experts' permutation index
+    (priced in ``expert_activation_bytes``), as megatron-core core_v0.15.2's unfused permutation
+    saves it (--moe-permute-fusion priced the same: Transformer Engine's fused permutation keeps
+    its own row map instead, whose layout changes across its releases):
+    - alltoall (``dispatch_preprocess``, ``moe_utils.permute`` with the probabilities):
+      ``masked_select`` saves the transposed FP32 probabilities and bool map, N E 5; padded to
+      capacity (``drop_and_pad``) the probabilities' ``index_select`` saves its int64 1-D index
+      instead, one per padded copy sent (``sent_token_copies``), and no map. core_v0.19.0's
+      permutation (argsort, moe_utils.py:457-462) keeps its N x E int64 argsort through the slice
+      its indexing saves, N E 8, not priced;
+    - allgather (``dispatch_postprocess``, token_dispatcher.py:289, v0.19 :328): ``masked_select``
+      of the local experts' transposed FP32 probabilities and bool map, max(T, N) E / ep 5 (T the
+      gathered tokens, ``gathered_tokens``), with capacity routing too;
+    - flex (DeepEP, ``_DeepepManager``, token_dispatcher.py:977-1116; unmeasured, DeepEP needs
+      CUDA; HybridEP and NCCL-EP priced as it): the top-k indices, N k' 8 (k' = etp k,
+      ``setup_metadata``'s ``torch.topk``), of the R received tokens (``flex_received_tokens``) the
+      valid-index mask, R k', ``_indices_to_multihot``'s two int64 index vectors, one per copy c,
+      16 c, and ``permute``'s ``masked_select``, R E / ep 5. Measured (alltoall and allgather): the
+      symbolic layer's dispatch part less the permutation index, tests/test_symbolic_moe.py."""
+    masked = PROBS_BYTES + 1
+    if dispatcher == "allgather":
+        rows = np.maximum(gathered_tokens(tokens, ep, etp), tokens)
+        return rows * local_experts(spec, ep) * masked
+    if dispatcher == "flex":
+        topk = spec.moe_router_topk * np.asarray(etp, dtype=float)
+        received = flex_received_tokens(spec, tokens, copies, ep, etp, assumption)
+        return (tokens * topk * INDEX_BYTES + received * (topk + local_experts(spec, ep) * masked)
+                + copies * 2 * INDEX_BYTES)
+    if assumption.routing == "capacity" and assumption.pad_to_capacity:
+        return np.asarray(sent_token_copies(spec, tokens, assumption) * INDEX_BYTES, dtype=float)
+    return np.asarray(tokens * spec.num_experts * masked, dtype=float)
 
 
 def expert_activation_bytes(spec: MoESpec, copies: float, etp: int, recompute_act: bool = False) -> float:
@@ -163,16 +291,20 @@ def shared_expert_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: in
 
 def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int, ep: int, etp: int,
                                assumption: RoutedTokens = RoutedTokens(),
-                               recompute_modules: frozenset[str] = frozenset()) -> float:
-    """Everything one MoE layer keeps for one microbatch on the busiest rank. --recompute-modules
+                               recompute_modules: frozenset[str] = frozenset(), dispatcher: Dispatcher = "alltoall",
+                               router_fusion: bool = False, aux_loss: bool | None = None) -> float:
+    """Everything one MoE layer keeps for one microbatch on the busiest rank: attention, router
+    (``router_activation_bytes``: ``router_fusion`` is --moe-router-fusion, ``aux_loss`` its
+    balancing loss, None: the spec's), dispatcher (``dispatch_activation_bytes``), shared and
+    routed experts. --recompute-modules
     (``transformer/transformer_config.py``, recompute_modules): ``moe`` keeps only the MoE
     block's input, the pre-MLP norm's output (``moe_layer.py``, ``MoELayer.forward`` under
     checkpoint), beside that norm's own input (``transformer_layer.py``, ``_forward_mlp``: the norm
     is outside the checkpoint), 2h per token each; ``moe_act`` drops FC2's input, ``mla_up_proj``
     the MLA up projections' outputs, ``shared_experts`` the shared experts' activations,
     ``layernorm`` the outputs of the norms that are modules of their own (output-discarding
-    checkpoints): pre_mlp_layernorm's, the router's input (2h per token), and with MLA
-    input_layernorm's (``input_norm_recomputed_bytes``)."""
+    checkpoints): pre_mlp_layernorm's, the router's input (2h per token) with its rstd
+    (``router_norm_bytes``), and with MLA input_layernorm's (``input_norm_recomputed_bytes``)."""
     tokens = tokens_per_rank(seq_len, mbs, tp, cp)
     norms = "layernorm" in recompute_modules
     attention = attention_activation_bytes(spec, seq_len, mbs, tp, cp, "mla_up_proj" in recompute_modules) \
@@ -180,15 +312,15 @@ def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
     if "moe" in recompute_modules:  # the norm's output is freed with the MoE input where it is recomputed
         return attention + tokens * BF16 * spec.hidden_size * (1 if norms else 2)
     copies = expert_token_copies(spec, tokens, ep, etp, assumption)
-    router = router_activation_bytes(spec, tokens)
-    if norms:  # pre_mlp_layernorm's output, the router's input
-        router -= tokens * BF16 * spec.hidden_size
+    router = router_activation_bytes(spec, tokens, assumption, router_fusion, aux_loss, norm_recomputed=norms)
+    dispatch = dispatch_activation_bytes(spec, tokens, copies, ep, etp, dispatcher, assumption)
     shared = 0.0 if "shared_experts" in recompute_modules else shared_expert_activation_bytes(spec, seq_len, mbs, tp, cp)
     # The combine keeps no tokens: every dispatcher unpermutes without probabilities
     # (token_dispatcher.py: token_combine / get_restored_hidden_states_by_experts call unpermute
     # without probs; the experts applied them, experts.py activation_func_with_probs), and an
     # index scatter's backward is a gather that needs only the indices.
-    return attention + router + shared + expert_activation_bytes(spec, copies, etp, "moe_act" in recompute_modules)
+    return attention + router + dispatch + shared \
+        + expert_activation_bytes(spec, copies, etp, "moe_act" in recompute_modules)
 
 
 # --- transient buffers (one layer at a time) --------------------------------------------------

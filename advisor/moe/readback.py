@@ -106,9 +106,9 @@ class MoEFlags:
     its own row map where the unfused one keeps an int64 index per token copy
     (``memory.expert_activation_bytes``), a little more."""
     router_fusion: bool = False
-    """--moe-router-fusion. Its time is priced (no ``ROUTER_KERNELS_S``); its memory as the unfused
-    router's FP32 logits and scores (``memory.router_activation_bytes``), which the fused one
-    (``router.py``) keeps less of."""
+    """--moe-router-fusion. Its time is priced (no ``ROUTER_KERNELS_S``), and its memory: the fused
+    kernel's bool map and FP32 intermediate where the unfused router keeps its top-k indices and
+    probabilities (``memory.routing_saved_bytes``)."""
     dispatcher_sms: int | None = None
     """--moe-deepep-num-sms (a command's core_v0.19.0 --moe-flex-dispatcher-num-sms, or its
     deprecated --moe-hybridep-num-sms, as megatron-core routes them: ``SM_FLAGS``); None: not given."""

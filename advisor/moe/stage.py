@@ -70,8 +70,8 @@ class MoEOptions:
     Memory is priced as the unfused permutation keeps it (an int64 index per routed copy)."""
     router_fusion: bool = False
     """--moe-router-fusion: Transformer Engine's fused top-k and scores, priced as the gating GEMM
-    alone; without, the unfused router's small kernels besides (``ROUTER_KERNELS_S``). Memory as
-    the unfused router keeps it (its FP32 logits and scores)."""
+    alone; without, the unfused router's small kernels besides (``ROUTER_KERNELS_S``). Memory: what
+    the fused kernel saves, its bool map and FP32 intermediate (``memory.routing_saved_bytes``)."""
     flex_backend: str = "deepep"
     """--moe-flex-dispatcher-backend, with the flex dispatcher (core_v0.19.0; core_v0.15.2 has
     DeepEP alone): every backend's all-to-all priced as DeepEP's deduplicated one
@@ -367,7 +367,8 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     copies = mm.expert_token_copies(spec, tokens, ep, etp, options.routing)
-    moe_act = mm.moe_layer_activation_bytes(spec, seq_len, mbs, tp, cp, ep, etp, options.routing, modules)
+    moe_act = mm.moe_layer_activation_bytes(spec, seq_len, mbs, tp, cp, ep, etp, options.routing, modules,
+                                            options.dispatcher, options.router_fusion)
     dense_act = _dense_layer_activations(spec, seq_len, mbs, tp, cp, modules)
     if recompute != "full" and "moe" not in modules:  # FP8 GEMM inputs saved in 1 byte
         moe_act = moe_act - fp8_terms.activation_saving(spec, seq_len, mbs, tp, cp, copies, etp, options.memory,
