@@ -59,8 +59,9 @@ NOT_RUNNABLE = {
                      "priced, 2026-11-29; 89.6 before the recipe's Transformer Engine cross-entropy was priced, "
                      "which keeps the BF16 logits and no FP32 copy): the MoE terms, each a kept tensor megatron-core "
                      "allocates (a real megatron-core Qwen3-30B-A3B MoE layer measured under fake tensors at MBS 2, "
-                     "EP 8: 941.2 MB of activations, 941.4 analytic; the transient term measured equal the same "
-                     "way on four Mixtral and DeepSeek-V3 layers), give 72.6 GiB; the calibration adds its "
+                     "EP 8: 941.2 MB of activations, 938.0 analytic, 942.2 with the balancing loss's FP32 scores, which "
+                     "the measured layer, built without one, does not keep; the transient term measured equal the same "
+                     "way on four Mixtral and DeepSeek-V3 layers), give 72.7 GiB; the calibration adds its "
                      "dense-fitted allocator reserve (15.5% of "
                      "memory, 12.4 GiB) and runtime (2.5 GiB); with a reserve under 6.7 GiB it would be called "
                      "likely fits. Published reserves of MoE runs on H100, peak reserved less peak allocated "
@@ -68,7 +69,7 @@ NOT_RUNNABLE = {
                      "GPUs), 5.3 (Nemotron 3.5 Lightning, 16), 7.1 (Gemma 4 26B-A4B, 8, expandable segments), "
                      "10.3 and 12.3 (Nemotron 3 Super, 64): the dense-fitted 12.4 sits at their top and 2 of the "
                      "5 are under 6.7; too few, and of other models, to refit the reserve on",
-    "mb2511-q30": "oom by the default verdict (86.4 GiB: mb2509-q30-td's layout, one more layer in flight with "
+    "mb2511-q30": "oom by the default verdict (86.6 GiB: mb2509-q30-td's layout, one more layer in flight with "
                   "the all-to-all overlap, a whole chunk at VP 24; 86.3 before the routing every MoE layer's "
                   "dispatcher holds was priced, likely oom at 85.7 before the MoE transient was measured, "
                   "both 2026-11-29)",
