@@ -582,6 +582,9 @@ def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus
     """
     from launch.manifests import accelerator_for, skypilot_task
 
+    if release.checkout is None and release.given is None:  # the run script would read an unset $MEGATRON_LM
+        raise InputError("advisor-launch skypilot needs --megatron-lm DIR (or $MEGATRON_LM): the checkout's path on "
+                         "the nodes (the task's envs set no MEGATRON_LM there)")
     accelerator, warning = accelerator_for(config.gpu, accelerator)
     if warning is not None:
         _note(warning)

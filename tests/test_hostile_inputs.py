@@ -535,15 +535,31 @@ def test_report_inputs_are_checked_before_the_page(advisor, tmp_path, saved, nam
     assert not (tmp_path / "r.html").exists()
 
 
-def test_k8s_without_a_checkout_path_is_one_line(tmp_path, saved):
+def test_k8s_without_a_checkout_path_is_one_line(tmp_path, saved, monkeypatch):
     """'$MEGATRON_LM' in a pod's args (no shell expands it) was a yaml RepresenterError traceback."""
     from launch_support import launcher
 
+    monkeypatch.delenv("MEGATRON_LM", raising=False)
     sweep = tmp_path / "sweep.json"
     sweep.write_text(json.dumps(saved["sweep"]))
     line = launcher().error("k8s", "--from", sweep, "--image", "img", "--megatron-version", "0.19")
     assert line == ("Error: advisor-launch k8s needs --megatron-lm DIR (or $MEGATRON_LM): the checkout's path inside "
                     "--image (a pod's arguments are not read by a shell)")
+
+
+def test_skypilot_without_a_checkout_path_is_one_line(tmp_path, saved, monkeypatch):
+    """The task's run script read "$MEGATRON_LM" under set -u, which its envs never set: every node
+    stopped with 'MEGATRON_LM: unbound variable' (audit). Nothing is written."""
+    from launch_support import launcher
+
+    monkeypatch.delenv("MEGATRON_LM", raising=False)
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps(saved["sweep"]))
+    line = launcher().error("skypilot", "--from", sweep, "--megatron-version", "0.15", "--mock-data",
+                            "-o", tmp_path / "task.yaml")
+    assert line == ("Error: advisor-launch skypilot needs --megatron-lm DIR (or $MEGATRON_LM): the checkout's path "
+                    "on the nodes (the task's envs set no MEGATRON_LM there)")
+    assert not (tmp_path / "task.yaml").exists()
 
 
 def test_launch_notes_wait_for_the_checks(tmp_path, saved):
