@@ -740,3 +740,21 @@ def test_an_moe_estimate_says_what_it_recomputes_and_its_imbalance(extra, words)
                                       "h100-80gb", "--seq-len", "4096", *extra], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     assert words in result.output.splitlines()[0]
+
+
+@pytest.mark.parametrize("fp8", [[], ["--fp8-format", "hybrid"]], ids=["bf16", "fp8"])
+def test_an_moe_stage_tables_columns_add_up_to_its_total(fp8):
+    """With FP8 the stage table's total held the FP8 weight copies (3.03 GiB a stage here), which
+    no column showed (audit): each stage's columns now add up to its total, to the rounding."""
+    result = CliRunner().invoke(cli, ["estimate", "--model", "deepseek-v3", "--gpus", "1024", "--pp", "16", "--ep",
+                                      "64", "--tp", "1", "--gbs", "8192", "--seq-len", "4096", "--gpu", "h100-80gb",
+                                      "--recompute", "full", "--wide", *fp8], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    header = [cell.strip() for cell in next(line for line in lines if "stage" in line and "┃" in line).split("┃")]
+    assert ("FP8 w." in header) == bool(fp8)
+    parts = [header.index(name) for name in ("dense st.", "expert st.", "FP8 w.", "act.", "transient") if name in header]
+    rows = [[cell.strip() for cell in line.split("│")] for line in lines if line.startswith("│")]
+    assert len(rows) == 16
+    for row in rows:
+        assert sum(float(row[i]) for i in parts) == pytest.approx(float(row[header.index("total GiB")]), abs=0.03)

@@ -534,8 +534,10 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings,
     # narrow terminals keep the memory the verdict judges (the calibrated usage, else the total)
     columns = [Column("stage", "stage"), Column("layers", "layers"), Column("dense_layers", "dense", drop=2),
                Column("in_flight_microbatches", "in flight", "g"), Column("dense_states_gib", "dense st.", ".2f"),
-               Column("expert_states_gib", "expert st.", ".2f"), Column("activations_gib", "act.", ".2f"),
-               Column("transient_gib", "transient", ".2f", drop=1),
+               Column("expert_states_gib", "expert st.", ".2f")]
+    if any(stage.get("fp8_weights_gib") for stage in stages):  # the FP8 copies of the weights, in the total
+        columns.append(Column("fp8_weights_gib", "FP8 w.", ".2f", drop=1))
+    columns += [Column("activations_gib", "act.", ".2f"), Column("transient_gib", "transient", ".2f", drop=1),
                Column("total_gib", "total GiB", ".2f", drop=1 if calibrated else -1)]
     if calibrated:
         columns.append(Column("usage_gib", "pred. GiB", ".2f", drop=-1))
