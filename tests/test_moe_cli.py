@@ -78,7 +78,7 @@ def test_capacity_routing_is_launched_as_priced():
     # unpadded at 1.5 every balanced copy fits: balanced's memory and time (both wait on the host
     # for the counts, which only the padded alltoall dispatcher knows in advance), but for the
     # routing map each of the stage's 8 MoE layers' dispatchers holds, which is the capacity mask the
-    # router's product saves (memory.a2a_routing_held_bytes): 8 x N x E bool less transient, and
+    # router's product saves (transient.a2a_routing_held_bytes): 8 x N x E bool less transient, and
     # kept instead (memory.capacity_mask_bytes) by each of the 8 layers for each of the 4
     # microbatches in flight on stage 0 of PP 4 (1F1B)
     held_map = 8 * 4096 * 8 / 2**30

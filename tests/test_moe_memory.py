@@ -1,4 +1,4 @@
-"""Per-layer MoE memory terms (advisor.moe.memory) against hand-derived values."""
+"""Per-layer MoE memory terms (advisor.moe.memory, advisor.moe.transient) against hand-derived values."""
 
 import dataclasses
 import math
@@ -6,6 +6,7 @@ import math
 import pytest
 
 from advisor.moe import memory as mm
+from advisor.moe import transient as tr
 from advisor.moe.spec import PRESETS
 
 MIXTRAL = PRESETS["mixtral-8x7b"]
@@ -141,8 +142,8 @@ WORKSPACE = 4 * (32 * 2**20 + 256)
 def transient_mib(spec, seq_len, tp, ep, etp, dispatcher="alltoall"):
     tokens = mm.tokens_per_rank(seq_len, 1, tp, 1)
     copies = mm.expert_token_copies(spec, tokens, ep, etp, mm.RoutedTokens())
-    forward, backward = mm.layer_transient_peaks(spec, tokens, copies, ep, etp, dispatcher)
-    total = mm.moe_layer_transient_bytes(spec, tokens, copies, ep, etp, dispatcher)
+    forward, backward = tr.layer_transient_peaks(spec, tokens, copies, ep, etp, dispatcher)
+    total = tr.moe_layer_transient_bytes(spec, tokens, copies, ep, etp, dispatcher)
     return float(forward) / MiB, float(backward) / MiB, float(total - WORKSPACE) / MiB
 
 
@@ -198,7 +199,7 @@ def test_alltoall_backward_moments_beyond_the_combine():
 
     def peaks(ep, etp, assumption):
         copies = mm.expert_token_copies(qwen, n, ep, etp, assumption)
-        return tuple(float(peak) / MiB for peak in mm.layer_transient_peaks(qwen, n, copies, ep, etp, "alltoall",
+        return tuple(float(peak) / MiB for peak in tr.layer_transient_peaks(qwen, n, copies, ep, etp, "alltoall",
                                                                             assumption))
 
     assert peaks(128, 1, routed) == (2304 + 2.5, 2816 + 2.5)
@@ -217,11 +218,11 @@ def test_alltoall_capacity_routing_holds_the_probabilities_alone():
     too: N E 5."""
     qwen, n = PRESETS["qwen3-30b-a3b"], 4096.0
     capacity = mm.RoutedTokens(routing="capacity", capacity_factor=1.25)
-    assert mm.a2a_routing_held_bytes(qwen, n, capacity) == n * 128 * 4
-    assert mm.a2a_routing_held_bytes(qwen, n, mm.RoutedTokens(routing="dropless")) == n * 128 * 5
+    assert tr.a2a_routing_held_bytes(qwen, n, capacity) == n * 128 * 4
+    assert tr.a2a_routing_held_bytes(qwen, n, mm.RoutedTokens(routing="dropless")) == n * 128 * 5
     copies = mm.expert_token_copies(qwen, n, 8, 1, capacity)
     assert copies == 40960
-    forward = mm.layer_transient_peaks(qwen, n, copies, 8, 1, "alltoall", capacity)[0]
+    forward = tr.layer_transient_peaks(qwen, n, copies, 8, 1, "alltoall", capacity)[0]
     assert float(forward) / MiB == 4 * 160 + 0.15625 + 2
 
 
@@ -232,11 +233,11 @@ def test_transient_flex_and_workspace():
     of R = min(c, N ep etp) = 2048 received tokens the indices R k' 8 and the multihot probabilities
     and map R 2 (4 + 1)."""
     n, copies = 1024.0, 2048.0
-    forward, backward = mm.layer_transient_peaks(MIXTRAL, n, copies, 4, 2, "flex")
+    forward, backward = tr.layer_transient_peaks(MIXTRAL, n, copies, 4, 2, "flex")
     held = 1024 * 4 * 4 + 2048 * (4 * 8 + 2 * 5)
     assert forward == 2048 * 2 * 4096 + 2048 * 2 * 14336 + held
-    assert mm.grouped_gemm_workspace_bytes() == WORKSPACE
-    assert mm.moe_layer_transient_bytes(MIXTRAL, n, copies, 4, 2, "flex", grouped_gemm=False) == forward
+    assert tr.grouped_gemm_workspace_bytes() == WORKSPACE
+    assert tr.moe_layer_transient_bytes(MIXTRAL, n, copies, 4, 2, "flex", grouped_gemm=False) == forward
 
 
 def test_the_routing_each_dispatcher_holds_between_forwards_by_hand():
@@ -263,7 +264,7 @@ def test_the_routing_each_dispatcher_holds_between_forwards_by_hand():
 
     def held(spec, tokens, ep, etp, dispatcher, assumption=balanced, recomputed=False, backend="deepep"):
         copies = mm.expert_token_copies(spec, tokens, ep, etp, assumption)
-        return float(mm.dispatcher_held_bytes(spec, tokens, copies, ep, etp, dispatcher, assumption, recomputed,
+        return float(tr.dispatcher_held_bytes(spec, tokens, copies, ep, etp, dispatcher, assumption, recomputed,
                                               backend)) / MiB
 
     assert held(qwen, n, 16, 1, "alltoall") == 2.5
@@ -285,9 +286,9 @@ def test_the_routing_each_dispatcher_holds_between_forwards_by_hand():
     assert held(qwen, n, 16, 1, "flex", backend="ncclep") == 0.125
     # the stage's other layers: Qwen3-30B-A3B at PP 1, 47 besides the one at its peak
     copies = mm.expert_token_copies(qwen, n, 16, 1, balanced)
-    others = mm.routing_held_by_other_layers_bytes(qwen, 48, n, copies, 16, 1, "alltoall")
+    others = tr.routing_held_by_other_layers_bytes(qwen, 48, n, copies, 16, 1, "alltoall")
     assert float(others) / MiB == 47 * 2.5
-    assert float(mm.routing_held_by_other_layers_bytes(qwen, 1, n, copies, 16, 1, "alltoall")) == 0.0
+    assert float(tr.routing_held_by_other_layers_bytes(qwen, 1, n, copies, 16, 1, "alltoall")) == 0.0
 
 
 # --- the router's and the dispatcher's saved tensors, by hand per routing family ---------------

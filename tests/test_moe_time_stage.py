@@ -12,6 +12,7 @@ from advisor.moe import ep_time
 from advisor.moe import memory as mm
 from advisor.moe import stage as st
 from advisor.moe import time as mt
+from advisor.moe import transient as tr
 from advisor.moe.spec import PRESETS
 from advisor.throughput.calibration import load_calibration
 from advisor.throughput.terms import Rates
@@ -61,9 +62,9 @@ def test_every_other_moe_layer_s_held_routing_on_the_stage(monkeypatch, recomput
     layout = dict(tp=1, cp=1, pp=1, ep=16, etp=1, dp=16, mbs=1, num_microbatches=64, stage=np.array([0]),
                   recompute=recompute)
     b = st.stage_bytes(qwen, 4096, st.MoEOptions(), **layout)
-    one = mm.moe_layer_transient_bytes(qwen, 4096.0, 4096.0 * 8, 16, 1, "alltoall")
+    one = tr.moe_layer_transient_bytes(qwen, 4096.0, 4096.0 * 8, 16, 1, "alltoall")
     assert (b.transient[0] - one) / MiB == pytest.approx(47 * per_layer, abs=1e-9)
-    monkeypatch.setattr(mm, "routing_held_by_other_layers_bytes", lambda *args, **kwargs: 0.0)
+    monkeypatch.setattr(tr, "routing_held_by_other_layers_bytes", lambda *args, **kwargs: 0.0)
     without = st.stage_bytes(qwen, 4096, st.MoEOptions(), **layout)
     assert (b.total[0] - without.total[0]) / MiB == pytest.approx(47 * per_layer, abs=1e-9)
 
@@ -81,7 +82,7 @@ def test_deepseek_v3_stages_hold_their_other_moe_layers_routing():
                        stage=stages)
     tokens = 2048.0
     copies = mm.expert_token_copies(dsv3, tokens, 64, 1, options.routing)
-    one = mm.moe_layer_transient_bytes(dsv3, tokens, copies, 64, 1, "alltoall", options.routing)
+    one = tr.moe_layer_transient_bytes(dsv3, tokens, copies, 64, 1, "alltoall", options.routing)
     assert list((b.transient - np.where(stages > 0, one, 0.0)) / MiB) == pytest.approx([0, 4, 6, 6], abs=1e-9)
 
 

@@ -325,7 +325,7 @@ MiB = 2**20
 ])
 def test_the_transient_peak_is_measured_and_priced(measured, name, by_hand):
     """The symbolic layer's larger transient peak (forward or backward, beyond what the layer
-    keeps; the grouped GEMM and fused SwiGLU stood in) against ``memory.layer_transient_peaks``
+    keeps; the grouped GEMM and fused SwiGLU stood in) against ``transient.layer_transient_peaks``
     and the hand count, to the MiB, with several local experts and with one."""
     row = measured[name]["transient (forward/backward peak)"]
     assert abs(row["measured_bytes"] - row["analytic_bytes"]) < MiB
@@ -347,19 +347,19 @@ def test_the_allgather_transient_is_measured_and_priced(measured):
     peak the unpermute's: c 2h 128 + N 2h 16 + the held routing N E 5 = 2.5: 146.5.
     Qwen3-30B-A3B EP 1 ETP 4 (T = 16384, c = 131072, f = 192): the unpermute's backward (T + c) 2h
     = 576 above FC2's c (2h + 2f) = 560, + the buffer 64 + the map 16384 x 128 B = 2: 642 MiB."""
-    from advisor.moe import memory
+    from advisor.moe import transient
     from advisor.moe.spec import PRESETS
 
     row = measured["allgather_ep2"]["rows"]["transient (forward/backward peak)"]
     assert row["analytic_bytes"] / MiB == pytest.approx(512 + 8192 * 4 / MiB, abs=0.001)
     assert abs(row["measured_bytes"] - row["analytic_bytes"]) < MiB
     qwen, n = PRESETS["qwen3-30b-a3b"], 4096
-    forward, backward = memory.layer_transient_peaks(qwen, n, n * 8, 1, 1, "allgather")
+    forward, backward = transient.layer_transient_peaks(qwen, n, n * 8, 1, 1, "allgather")
     assert (float(forward) / MiB, float(backward) / MiB) == (146.5, 176.5)
     peaks = measured["allgather_ep1"]["peaks"]
     assert abs(peaks["forward_peak"] - forward) < MiB  # 1 KiB of small tensors
     assert abs(peaks["backward_peak"] - backward) < MiB
-    backward = memory.layer_transient_peaks(qwen, n, n * 8 * 4, 1, 4, "allgather")[1]
+    backward = transient.layer_transient_peaks(qwen, n, n * 8 * 4, 1, 4, "allgather")[1]
     assert float(backward) / MiB == 642.0
     assert abs(measured["allgather_etp4"]["peaks"]["backward_peak"] - backward) < MiB
 
@@ -387,11 +387,11 @@ def test_the_allgather_forward_is_measured_and_priced(measured, name, model, ep,
     dispatcher's local map (T x E / ep bool, where tokens are gathered). Measured and priced to the
     MiB; before 2026-11-29 the routing was priced N E 5, 2.5, 7 and 8 MiB low on Qwen3-30B-A3B at
     EP 2, EP 2 ETP 2 and EP 1 ETP 4."""
-    from advisor.moe import memory
+    from advisor.moe import transient
     from advisor.moe.spec import PRESETS
 
     spec, n = PRESETS[model], 4096
-    forward, backward = memory.layer_transient_peaks(spec, n, n * spec.moe_router_topk * etp, ep, etp, "allgather")
+    forward, backward = transient.layer_transient_peaks(spec, n, n * spec.moe_router_topk * etp, ep, etp, "allgather")
     assert float(forward) / MiB == pytest.approx(by_hand, abs=1e-9)
     peaks = measured[name]["peaks"]
     assert abs(peaks["forward_peak"] - forward) < MiB
@@ -413,7 +413,7 @@ def test_the_allgather_capacity_mask_is_kept_not_held(measured, ep, forward_mib,
     and neither peak holds it again; at EP 1 the dispatcher's local map is that mask (all E columns).
     Measured and priced to 2 KiB; N E = 0.5 MiB more, in both peaks at EP 1 and in the forward's at
     EP 2, was priced before 2026-11-29."""
-    from advisor.moe import memory
+    from advisor.moe import memory, transient
     from advisor.moe.spec import PRESETS
 
     qwen, n = PRESETS["qwen3-30b-a3b"], 4096
@@ -423,7 +423,7 @@ def test_the_allgather_capacity_mask_is_kept_not_held(measured, ep, forward_mib,
     assumption = memory.RoutedTokens(routing="capacity", capacity_factor=1.25)
     copies = memory.expert_token_copies(qwen, n, ep, 1, assumption)
     assert copies == 40960
-    forward, backward = memory.layer_transient_peaks(qwen, n, copies, ep, 1, "allgather", assumption)
+    forward, backward = transient.layer_transient_peaks(qwen, n, copies, ep, 1, "allgather", assumption)
     assert (float(forward) / MiB, float(backward) / MiB) == (forward_mib, backward_mib)
     assert 0 <= got["peaks"]["forward_peak"] - forward <= 2 * 2**10
     assert 0 <= got["peaks"]["backward_peak"] - backward <= 2 * 2**10
@@ -451,13 +451,13 @@ def test_the_alltoall_backward_is_measured_and_priced(measured, name, ep, etp, r
     EP 128 does the backward lead the forward (2306.5 measured and priced); at EP 8 the forward's
     3203.5 (S 128 + the all-to-all's output, the experts' output and its unsorted copy, 1024 each,
     + the received FP32 probabilities r x 4 B = 1, unpriced before 2026-11-29, + 2.5) is priced."""
-    from advisor.moe import memory
+    from advisor.moe import memory, transient
     from advisor.moe.spec import PRESETS
 
     qwen, n = PRESETS["qwen3-30b-a3b"], 4096
     assumption = memory.RoutedTokens(routing=routing)
     copies = memory.expert_token_copies(qwen, n, ep, etp, assumption)
-    forward, backward = memory.layer_transient_peaks(qwen, n, copies, ep, etp, "alltoall", assumption)
+    forward, backward = transient.layer_transient_peaks(qwen, n, copies, ep, etp, "alltoall", assumption)
     assert float(backward) / MiB == by_hand
     assert abs(measured[name]["backward_peak"] - backward) < MiB
     if name == "a2a_dropless_ep128":
@@ -473,13 +473,13 @@ def test_the_alltoall_capacity_forward_holds_the_probabilities_not_the_mask(meas
     probabilities N E 4 B 2 = 642.15625 MiB, measured to 2 KiB (a 1 KiB int64 count tensor, smaller ones);
     the capacity mask the dispatcher also holds is saved by the router's product, kept (N E 5 =
     2.5 priced before 2026-11-29, 0.34 MiB high)."""
-    from advisor.moe import memory
+    from advisor.moe import memory, transient
     from advisor.moe.spec import PRESETS
 
     qwen, n = PRESETS["qwen3-30b-a3b"], 4096
     assumption = memory.RoutedTokens(routing="capacity", capacity_factor=1.25)
     copies = memory.expert_token_copies(qwen, n, 8, 1, assumption)
-    forward, backward = memory.layer_transient_peaks(qwen, n, copies, 8, 1, "alltoall", assumption)
+    forward, backward = transient.layer_transient_peaks(qwen, n, copies, 8, 1, "alltoall", assumption)
     assert float(forward) / MiB == 4 * 160 + 0.15625 + 2
     got = measured["a2a_capacity_ep8"]
     assert 0 <= got["forward_peak"] - forward <= 2 * 2**10

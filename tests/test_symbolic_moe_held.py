@@ -2,7 +2,7 @@
 megatron-core MoE layers under fake tensors (Qwen3-30B-A3B's routing, N 4096 tokens, E 128, top-8;
 its widths shrunk, which the held tensors do not depend on): one layer against three, after the
 forward and after the backward, the live storages that autograd does not save, each attributed to
-the dispatcher attribute that holds it. ``advisor.moe.memory.routing_held_by_other_layers_bytes``
+the dispatcher attribute that holds it. ``advisor.moe.transient.routing_held_by_other_layers_bytes``
 prices (L - 1) such sets beside one layer's transient peak."""
 
 import pytest
@@ -94,12 +94,13 @@ N, E, K = 4096, 128, 8
 
 def _held(dispatcher, ep, routing="balanced", capacity_factor=None, recomputed=False):
     from advisor.moe import memory as mm
+    from advisor.moe import transient as tr
     from advisor.moe.spec import PRESETS
 
     qwen = PRESETS["qwen3-30b-a3b"]
     assumption = mm.RoutedTokens(routing=routing, capacity_factor=capacity_factor)
     copies = mm.expert_token_copies(qwen, N, ep, 1, assumption)
-    return float(mm.dispatcher_held_bytes(qwen, N, copies, ep, 1, dispatcher, assumption, recomputed))
+    return float(tr.dispatcher_held_bytes(qwen, N, copies, ep, 1, dispatcher, assumption, recomputed))
 
 
 @pytest.mark.parametrize("name, forward, backward, by_hand", [

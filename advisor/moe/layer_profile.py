@@ -1,5 +1,6 @@
 """A measured MoE layer profile: what one real megatron-core MoE layer keeps, part by part, and
-each analytic term of ``advisor.moe.memory`` beside the part it prices.
+each analytic term of ``advisor.moe.memory`` (and the transient peak of ``advisor.moe.transient``)
+beside the part it prices.
 
 ``python -m megatron_hooks.moe_layer MODEL --out DIR`` measures one layer
 (``megatron_hooks/moe_layer.py``) and writes ``DIR/moe_layer.json`` (``FILENAME``; schema
@@ -25,7 +26,7 @@ from typing import get_args
 
 from advisor import fileio, limits
 from advisor.errors import AdvisorError
-from advisor.moe import memory, params
+from advisor.moe import memory, params, transient
 from advisor.moe.spec import MoESpec, spec_from_dict
 from advisor.parallel import heads_problem
 from advisor.render import listed
@@ -225,11 +226,12 @@ def load(directory) -> MoELayerProfile:
 
 
 def compare(profile: MoELayerProfile) -> list[dict]:
-    """Each analytic term of ``advisor.moe.memory`` for the profile's layout (its TP, EP, ETP, CP
-    1, balanced routing or, with token dropping, capacity routing) beside the measured part it
-    prices: rows of term, source function, analytic and measured bytes, and their ratio. The
-    expert term holds the permutation's index, which the dispatcher saves, so the experts and
-    the dispatch are compared together. The router is priced without a balancing loss: the
+    """Each analytic term of ``advisor.moe.memory`` (then ``advisor.moe.transient``'s peaks) for the
+    profile's layout (its TP, EP, ETP, CP 1, balanced routing or, with token dropping, capacity
+    routing) beside the measured part it prices: rows of term, source function, analytic and
+    measured bytes, and their ratio. The expert term holds the permutation's index, which the
+    dispatcher saves, so the experts and the dispatch are compared together. The router is
+    priced without a balancing loss: the
     measured layer is built without one (megatron_hooks/model.py, moe_config_overrides), so the
     loss's scores (``memory.aux_loss_saved_bytes``), which a run with --moe-aux-loss-coeff keeps,
     are not in what was measured."""
@@ -263,10 +265,10 @@ def compare(profile: MoELayerProfile) -> list[dict]:
 
 
 def _transient_row(profile: MoELayerProfile, tokens: float, copies: float) -> tuple:
-    """The larger of the measured forward and backward peaks beside ``memory.layer_transient_peaks``'
+    """The larger of the measured forward and backward peaks beside ``transient.layer_transient_peaks``'
     (the grouped GEMM's workspace, which the symbolic layer does not allocate, left out)."""
-    forward, backward = memory.layer_transient_peaks(profile.model, tokens, copies, profile.ep, profile.etp,
-                                                     profile.dispatcher, profile.routing)
+    forward, backward = transient.layer_transient_peaks(profile.model, tokens, copies, profile.ep, profile.etp,
+                                                        profile.dispatcher, profile.routing)
     measured = profile.transient_bytes
     return (TRANSIENT_TERM, "layer_transient_peaks", max(float(forward), float(backward)),
             max(measured["forward_peak"], measured["backward_peak"]))

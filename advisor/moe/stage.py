@@ -1,7 +1,7 @@
 """Per-GPU memory of the pipeline stages of MoE layouts, vectorised over layouts (numpy arrays
-broadcast): the per-layer terms of ``advisor.moe.memory`` and ``advisor.moe.params``, summed over
-a stage's dense and MoE layers, with seed 004's ends (Eq. 7-9, 13, 14) and 1F1B's p - i
-microbatches in flight (Section 3.2.2).
+broadcast): the per-layer terms of ``advisor.moe.memory``, ``advisor.moe.transient`` and
+``advisor.moe.params``, summed over a stage's dense and MoE layers, with seed 004's ends
+(Eq. 7-9, 13, 14) and 1F1B's p - i microbatches in flight (Section 3.2.2).
 
 The split: L layers over p stages as evenly as possible, the remainder on the stages just
 before the last (they hold fewer microbatches than the first); the first dense layers
@@ -27,6 +27,7 @@ from advisor.moe import fp8 as fp8_terms
 from advisor.moe import memory as mm
 from advisor.moe import mtp as mtp_terms
 from advisor.moe import params
+from advisor.moe import transient as tr
 from advisor.moe.spec import MoESpec
 from advisor.options import TrainingOptions
 from advisor.options.training import Recompute
@@ -287,9 +288,9 @@ def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     experts over the expert-data-parallel group gpus / (etp ep pp)), activations of the
     microbatches in flight (1F1B: p - i; interleaved with ``vpp`` chunks: Megatron's warm-up,
     ``advisor.schedule.forward_passes_in_flight`` over v, in whole-stage units), and one layer's
-    transient peak (``memory.moe_layer_transient_bytes``: dispatcher and expert buffers at its
+    transient peak (``transient.moe_layer_transient_bytes``: dispatcher and expert buffers at its
     forward or backward peak, plus the grouped GEMM workspace) with the routing the other MoE
-    layers' dispatchers hold (``memory.routing_held_by_other_layers_bytes``). FP8
+    layers' dispatchers hold (``transient.routing_held_by_other_layers_bytes``). FP8
     (``advisor.moe.fp8``) adds its weight copies and saves activations; the MTP layers
     (``advisor.moe.mtp``) sit on the last stage, their activations counted once, as the
     output's (the last stage's one microbatch in flight). ``layers_per_stage``: one layout's own
@@ -401,15 +402,15 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
 
 
 def _transient(spec: MoESpec, options: MoEOptions, tokens, copies, ep, etp, moe_layers, recomputed: bool):
-    """One MoE layer's transient peak (``memory.moe_layer_transient_bytes``), beside the routing the
-    stage's other MoE layers' dispatchers hold (``memory.routing_held_by_other_layers_bytes``;
+    """One MoE layer's transient peak (``transient.moe_layer_transient_bytes``), beside the routing the
+    stage's other MoE layers' dispatchers hold (``transient.routing_held_by_other_layers_bytes``;
     ``recomputed``: their forwards ran without autograd, which saves none of it). ``moe_layers``
     counts the MTP layers: each MTP layer's transformer layer is the model's MoE layer (Megatron-LM
     core_v0.15.2 ``gpt_builders.py``:59-67, v0.19 :57-65, builds it from the MoE layer spec even on a
     last stage without decoder layers; ``get_gpt_mtp_block_spec``), on the same tokens."""
-    one = mm.moe_layer_transient_bytes(spec, tokens, copies, ep, etp, options.dispatcher, options.routing,
+    one = tr.moe_layer_transient_bytes(spec, tokens, copies, ep, etp, options.dispatcher, options.routing,
                                        options.grouped_gemm, options.flex_backend)
-    return one + mm.routing_held_by_other_layers_bytes(spec, moe_layers, tokens, copies, ep, etp, options.dispatcher,
+    return one + tr.routing_held_by_other_layers_bytes(spec, moe_layers, tokens, copies, ep, etp, options.dispatcher,
                                                        options.routing, recomputed, options.flex_backend)
 
 
