@@ -140,8 +140,8 @@ def _show_moe_layer(directory: Path, section: str, fmt: str, color: bool) -> str
     title = (f"{profile.model.name}: one MoE layer, sequence {profile.seq_len}, MBS {profile.mbs}, {degrees}"
              f"{profile.dispatcher} dispatcher{dropping}, BF16, {profile.backend}")
     routing = "balanced" if profile.capacity_factor is None else "capacity"
-    caption = (f"analytic: advisor/moe (memory.py, params.py), {routing} routing; differences term by term: "
-               "docs/profiling.md")
+    caption = (f"analytic: advisor/moe (memory.py, transient.py, params.py), {routing} routing; differences term "
+               "by term: docs/profiling.md")
     return render.to_table(rows, columns, title=title, color=color,
                            caption=caption if note is None else f"{caption}\nnote: {note.text}")
 

@@ -126,9 +126,6 @@ def flex_received_tokens(spec: MoESpec, tokens: float, copies: float, ep, etp,
     return np.minimum(copies, group * (1 - missed) * assumption.imbalance)
 
 
-# --- model states -----------------------------------------------------------------------------
-
-
 # --- activations of one MoE layer, one microbatch ---------------------------------------------
 
 
