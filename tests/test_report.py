@@ -353,3 +353,33 @@ def test_a_sweeps_assumptions_do_not_give_the_first_rows_recomputation_to_every_
     from advisor.report.table import _format
 
     assert _format(9.989366743040005, "") == "9.989" and _format(3, "") == "3"
+
+
+def _hue(colour: str) -> float:
+    """Hue in degrees of '#rrggbb' (colorsys: red 0, orange about 30, yellow 60, green 120)."""
+    import colorsys
+
+    r, g, b = (int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return 360 * colorsys.rgb_to_hsv(r, g, b)[0]
+
+
+def test_heatmap_cells_within_the_limit_never_take_the_over_limit_colour():
+    """A cell at 95% of the GPU's memory fits (tight) and was drawn orange, the colour the caption
+    gives to over the limit (audit). Read back from the figure: every cell up to 100% is yellow to
+    green (hue at least 40 degrees: #fee08b, the tables' 'tight', is 44), every cell over it orange to
+    red (under 30 or, dark red, over 330: #fdae61 is 30), and only those carry the dot."""
+    from advisor.report.figures import heatmap
+
+    shares = {1: 0.5, 2: 0.85, 4: 0.95, 8: 0.99, 16: 1.0, 32: 1.05, 64: 1.3, 128: 2.0}
+    rows = [{"tp": 1, "cp": 1, "pp": 1, "mbs": mbs, "memory_gib": 80.0, "usage_gib": 80.0 * share}
+            for mbs, share in shares.items()]
+    svg = heatmap(rows, 80.0)
+    cells = re.findall(r'<rect x="[\d.]+" y="[\d.]+" width="21" height="10" fill="(#[0-9a-f]{6})"><title>(\d+)%</title>',
+                       svg)
+    assert [int(text) for _, text in cells] == [round(100 * share) for share in shares.values()]
+    for (colour, text), share in zip(cells, shares.values()):
+        if share <= 1:
+            assert _hue(colour) >= 40, (text, colour)
+        else:
+            assert _hue(colour) < 30 or _hue(colour) > 330, (text, colour)  # red wraps round 0
+    assert svg.count("<circle") == 3  # the dots: 105%, 130%, 200%

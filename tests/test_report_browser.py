@@ -160,6 +160,33 @@ def test_every_figure_is_drawn_with_its_marks(browser, sweep_json, sweep_page):
     assert json.dumps(_errors(browser)) == "[]"
 
 
+def _texts_outside(driver) -> list[str]:
+    """Every text of every figure that the browser lays out beyond its SVG's box (cut off)."""
+    return driver.execute_script(
+        "var out = [];"
+        "document.querySelectorAll('svg.figure').forEach(function (s) {"
+        "  var box = s.getBoundingClientRect();"
+        "  s.querySelectorAll('text').forEach(function (t) {"
+        "    var r = t.getBoundingClientRect();"
+        "    if (r.left < box.left - 0.5 || r.right > box.right + 0.5 || r.top < box.top - 0.5"
+        "        || r.bottom > box.bottom + 0.5) { out.push(s.dataset.figure + ': ' + t.textContent); }"
+        "  }); });"
+        "return out;")
+
+
+def test_no_figure_text_is_cut_off(browser, sweep_page, tmp_path):
+    """The heatmap's colour-scale label ran past a narrow heatmap's edge ('GPU memory (dot: c',
+    audit): a sweep of few micro-batch sizes draws a narrow heatmap. Measured by the browser."""
+    from tests.conftest import Invoker
+
+    narrow = tmp_path / "narrow.html"
+    Invoker()("report", "sweep", "--gpus", "64", "--mem", "80", "--model", "llama3.1-70b", "-o", narrow)
+    for page in (sweep_page, narrow):
+        _open(browser, page)
+        assert browser.execute_script("return document.querySelectorAll('svg[data-figure=heatmap] text').length") > 10
+        assert _texts_outside(browser) == [], page.name
+
+
 def test_accessibility_basics(browser, sweep_page):
     _open(browser, sweep_page)
     result = browser.execute_script(

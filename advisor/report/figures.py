@@ -29,9 +29,11 @@ def _layout_key(row: dict) -> tuple:
     return tuple(row.get(key) or 1 for key in ("tp", "cp", "pp"))
 
 
-MEMORY_STOPS = [(0.0, "#1a9850"), (0.6, "#91cf60"), (0.84, "#fee08b"), (1.0, "#fdae61"), (1.0001, "#f46d43"),
+MEMORY_STOPS = [(0.0, "#1a9850"), (0.6, "#91cf60"), (0.84, "#fee08b"), (1.0, "#fed976"), (1.0001, "#f46d43"),
                 (1.5, "#a50026")]
-"""Green to yellow within the GPU's memory, orange to red beyond it: the limit is the colour break."""
+"""Green to yellow up to and at the GPU's memory, orange-red to dark red beyond it: the limit is the
+colour break. The within-limit end stays yellow (hue about 44 degrees): an orange at 90-99% read
+as the over-limit colour the caption names (audit)."""
 CELL_W, CELL_H, LABEL_W, TOP = 22, 11, 62, 34
 
 
@@ -73,8 +75,8 @@ def heatmap(rows: list[dict], memory_gib: float | None) -> str:
                              f'fill="{interpolate(MEMORY_STOPS, share)}"><title>{share:.0%}</title></rect>')
                 if share > 1:
                     parts.append(f'<circle cx="{x + CELL_W / 2 - 0.5:.1f}" cy="{y + CELL_H / 2 - 0.5:.1f}" r="1.6"/>')
-    height = TOP + CELL_H * max(len(p) for p in panels) + 40
-    width = panel_w * len(panels) + 10
+    height = TOP + CELL_H * max(len(p) for p in panels) + 48
+    width = max(panel_w * len(panels) + 10, SCALE_MIN_W + 20)  # a few MBS columns: the scale's words still fit
     parts.append(_memory_scale(10, height - 26, min(width - 20, 360)))
     over = sum(value > 1 for value in cells.values())
     limit = f" of {memory_gib:g} GiB" if memory_gib else ""
@@ -83,8 +85,13 @@ def heatmap(rows: list[dict], memory_gib: float | None) -> str:
                        width, height, "".join(parts))
 
 
+SCALE_MIN_W = 260
+"""The colour scale's narrowest width: its two words over the parts within and over the limit fit."""
+
+
 def _memory_scale(x: float, y: float, width: float) -> str:
-    """The colour scale from 0 to 150% of the GPU's memory, the limit marked."""
+    """The colour scale from 0 to 150% of the GPU's memory, the limit marked, each side named
+    above its own part (one label right of the limit ran past a narrow heatmap's edge)."""
     from advisor.report.svg import interpolate
 
     steps = 30
@@ -93,9 +100,10 @@ def _memory_scale(x: float, y: float, width: float) -> str:
     limit = x + width / 1.5
     parts.append(f'<line x1="{limit:.1f}" x2="{limit:.1f}" y1="{y - 3}" y2="{y + 11}" stroke="black" '
                  'stroke-width="2"/>')
-    parts += [f'<text x="{x + width * v / 1.5:.1f}" y="{y + 20}" text-anchor="middle">{v:.0%}</text>'
-              for v in (0, 0.5, 1.0, 1.5)]
-    parts.append(f'<text x="{limit + 4:.1f}" y="{y - 2}">GPU memory (dot: over it)</text>')
+    parts += [f'<text x="{x + width * v / 1.5:.1f}" y="{y + 20}" text-anchor="{anchor}">{v:.0%}</text>'
+              for v, anchor in ((0, "start"), (0.5, "middle"), (1.0, "middle"), (1.5, "end"))]
+    parts.append(f'<text x="{(x + limit) / 2:.1f}" y="{y - 4}" text-anchor="middle">within GPU memory</text>'
+                 f'<text x="{(limit + x + width) / 2:.1f}" y="{y - 4}" text-anchor="middle">over it (dot)</text>')
     return "".join(parts)
 
 
