@@ -83,6 +83,8 @@ def test_cli_writes_the_page_atomically_with_the_umask(advisor, tmp_path):
                      "-o", out)
     page = out.read_text()
     assert "wrote" in result.stderr and oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    assert '<h2 id="rows-heading">Ranked layouts</h2>' in page  # a sweep keeps its ranking
+    assert 'data-key="rank"' in page
     for anchor in ('id="assumptions"', 'data-figure="heatmap"', 'data-figure="scatter"', 'id="rows"',
                    'data-figure="stages-0"', 'data-figure="time-parts"', 'data-figure="schedule"'):
         assert anchor in page
@@ -102,7 +104,12 @@ def _umask() -> int:
 def test_estimate_and_plan_pages(advisor, tmp_path):
     estimate = tmp_path / "e.html"
     advisor("report", "estimate", "--tp", "2", "--pp", "2", "--gpus", "16", "--gpu", "h100-80gb", "-o", estimate)
-    assert 'data-figure="schedule"' in estimate.read_text()
+    text = estimate.read_text()
+    assert 'data-figure="schedule"' in text
+    # one layout, not a ranking: titled as the layout, no rank column (its rank was always '-')
+    assert '<h2 id="rows-heading">The layout</h2>' in text and "Ranked layouts" not in text
+    assert 'data-key="rank"' not in text and "best ranked first" not in text
+    assert re.search(r'<th scope="col" data-key="tp"', text)
     plan = tmp_path / "plan.json"
     advisor("recommend", "--gpus", "16", "--tp", "2", "--pp", "4", "--gbs", "64", "-o", plan)
     page = tmp_path / "p.html"

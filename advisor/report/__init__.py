@@ -34,7 +34,7 @@ def build_page(report: ReportInput, top: int = TOP) -> str:
     rows_html = ""
     if report.rows:
         _, per_node = page.gpu_facts(first.get("gpu"), None, first.get("gpus_per_node"))
-        rows_html, shared = page.rows_section(report.rows, per_node)
+        rows_html, shared = page.rows_section(report.rows, per_node, report.kind)
     sections.append('<h2 id="question">The question and its assumptions</h2>' + page.assumptions(report, first, shared))
     if report.kind == "sweep":
         memory = report.rows[0].get("memory_gib")

@@ -119,8 +119,12 @@ def _flags(row: dict) -> list[str]:
                          virtual_stages=row.get("vpp") or 1)
 
 
-def rows_section(rows: list[dict], per_node: int) -> tuple[str, dict]:
+def rows_section(rows: list[dict], per_node: int, kind: str = "sweep") -> tuple[str, dict]:
+    """The rows' table with its flags (``kind`` sweep or estimate: an estimate is one layout, not
+    a ranking, and its rank is always '-', so it has neither the heading nor the column)."""
     columns, shared = split_columns(rows)
+    if kind == "estimate":
+        columns = [key for key in columns if key != "rank"]
     groups = [flag_groups(_flags(row)) for row in rows]
     common = common_flags(groups)
     nodes = [max(1, -(-int(row.get("gpus") or per_node) // per_node)) for row in rows]
@@ -129,7 +133,7 @@ def rows_section(rows: list[dict], per_node: int) -> tuple[str, dict]:
     legend = "".join(f'<span style="background:{figures.COLOURS.get(v, "#eee")}">{html.escape(v)}</span>'
                      for v in verdicts)
     text = (
-        '<h2 id="rows-heading">Ranked layouts</h2>'
+        f'<h2 id="rows-heading">{"The layout" if kind == "estimate" else "Ranked layouts"}</h2>'
         f'<p class="legend">Verdicts (colour and word): {legend}</p>'
         "<h3>Megatron-LM flags every row shares</h3>"
         f'<pre id="common-flags">{html.escape(flags_text(common))}</pre>'
@@ -138,7 +142,7 @@ def rows_section(rows: list[dict], per_node: int) -> tuple[str, dict]:
         '<div class="controls"><label>Filter rows <input id="filter-text" type="search" '
         'placeholder="for example: 8 fits"></label>'
         f'<label>Verdict <select id="filter-verdict"><option value="">any</option>{options}</select></label></div>'
-        f'<div class="scroll">{rows_table(rows, columns, groups, common, nodes, per_node)}</div>'
+        f'<div class="scroll">{rows_table(rows, columns, groups, common, nodes, per_node, kind)}</div>'
     )
     return text, shared
 

@@ -115,8 +115,9 @@ def flags_text(groups) -> str:
 
 
 def rows_table(rows: list[dict], columns: list[str], flag_groups: list[list[tuple]], common: list[tuple],
-               nodes: list[int], gpus_per_node: int) -> str:
-    """The table; the last column holds each row's own flags, and buttons that copy them whole."""
+               nodes: list[int], gpus_per_node: int, kind: str = "sweep") -> str:
+    """The table; the last column holds each row's own flags, and buttons that copy them whole
+    (``kind`` estimate: its one layout, captioned as such)."""
     shared = set(common)
     experts = any("ep" in row for row in rows)
     head = "".join(
@@ -141,7 +142,8 @@ def rows_table(rows: list[dict], columns: list[str], flag_groups: list[list[tupl
                      f'<button type="button" class="copy" data-copy="launch">copy launch</button>'
                      f'<details><summary>flags</summary><code>{html.escape(own)}</code></details></td>')
         body.append(f'<tr data-nodes="{node_count}" data-ppn="{gpus_per_node}">{"".join(cells)}</tr>')
-    return (f'<table id="rows"><caption>{counted(len(rows), "row")}, best ranked first. Click a header to sort; each '
+    what = "The estimated layout" if kind == "estimate" else f"{counted(len(rows), 'row')}, best ranked first"
+    return (f'<table id="rows"><caption>{what}. Click a header to sort; each '
             f'row\'s flags add to the common flags above.</caption><thead><tr>{head}'
             f'<th scope="col">Megatron flags</th></tr></thead><tbody>{"".join(body)}</tbody></table>')
 
