@@ -348,7 +348,7 @@ def test_a_sweeps_assumptions_do_not_give_the_first_rows_recomputation_to_every_
     advisor("report", "--from", sweep, "-o", tmp_path / "s.html")
     page = html_module.unescape((tmp_path / "s.html").read_text())
     [cell] = re.findall(r"training options \(every row; its recomputation in its column\)</th><td>([^<]*)", page)
-    assert '"recomputation"' not in cell and '"precision"' in cell
+    assert "recomputation." not in cell and "precision.params_dtype: bfloat16" in cell
     estimate = tmp_path / "estimate.json"
     advisor("estimate", "--gpus", "16", "--gpu", "h100-80gb", "--model", "llama3.1-70b", "--tp", "8", "--pp", "2",
             "--recompute", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1", "--format", "json",
@@ -356,7 +356,7 @@ def test_a_sweeps_assumptions_do_not_give_the_first_rows_recomputation_to_every_
     advisor("report", "--from", estimate, "-o", tmp_path / "e.html")
     page = html_module.unescape((tmp_path / "e.html").read_text())
     [cell] = re.findall(r"training options \(all\)</th><td>([^<]*)", page)
-    assert '"recompute": "full"' in cell
+    assert "recomputation.recompute: full" in cell.splitlines()
     from advisor.report.table import _format
 
     assert _format(9.989366743040005, "") == "9.989" and _format(3, "") == "3"
@@ -390,3 +390,51 @@ def test_heatmap_cells_within_the_limit_never_take_the_over_limit_colour():
         else:
             assert _hue(colour) < 30 or _hue(colour) > 330, (text, colour)  # red wraps round 0
     assert svg.count("<circle") == 3  # the dots: 105%, 130%, 200%
+
+
+def test_the_page_opens_with_the_answer_and_ends_with_every_assumption_folded(advisor, tmp_path):
+    """The page opened with about 30 rows of assumptions, the GPU preset and the training options
+    as raw JSON (audit). Now: the answer (the best ranked row's layout, verdict, step time and
+    memory, read here from the sweep's own JSON) before any figure or table; the assumptions last,
+    in a folded <details>, every one still there, objects as 'key: value' lines."""
+    import html as html_module
+
+    from advisor.hardware import get_gpu
+
+    sweep = tmp_path / "sweep.json"
+    advisor("sweep", "--gpus", "16", "--gpu", "h100-80gb", "--seq-len", "4096", "--gbs", "64", "--format", "json",
+            "-o", sweep)
+    best = next(row for row in json.loads(sweep.read_text()) if row["rank"] == 1)
+    advisor("report", "--from", sweep, "-o", tmp_path / "s.html")
+    page = html_module.unescape((tmp_path / "s.html").read_text())
+    headings = re.findall(r'<h2 id="([^"]+)"', page)
+    assert headings[0] == "answer" and headings[-1] == "question"
+    answer = page[page.index('id="answer"'):page.index('data-figure="heatmap"')]
+    assert f"TP {best['tp']} CP {best['cp']} PP {best['pp']} MBS {best['mbs']}" in answer
+    assert f"{best['step_time_s']:.3f} s per iteration" in answer
+    assert f"{best['usage_gib']:.1f} GiB predicted of 80 GiB ({best['usage_gib'] / 80:.0%})" in answer
+    assert f">{best['verdict']}<" in answer
+    folded = page[page.index('<details id="assumptions-section">'):]
+    assert "</details>" in folded and '<details id="assumptions-section" open' not in page
+    assert page.index('id="rows"') < page.index('id="assumptions"')
+    [preset] = re.findall(r"GPU preset</th><td>([^<]*)", page)
+    assert "{" not in preset  # no raw JSON
+    lines = preset.splitlines()
+    for key, value in get_gpu("h100-80gb").to_dict().items():  # every field of the preset, as its own line
+        assert any(line.startswith(f"{key}:") for line in lines), key
+    assert "memory_gib: 80" in lines and "architecture: hopper" in lines
+    for name in ("question", "model: name", "GPUs per node", "advisor version", "calibration SHA-256",
+                 "memory calibration", "memory_model"):
+        assert f">{name}</th>" in folded, name
+
+
+def test_an_estimates_answer_is_its_verdict(advisor, tmp_path):
+    estimate = tmp_path / "e.json"
+    advisor("estimate", "--tp", "2", "--pp", "2", "--gpus", "16", "--gpu", "h100-80gb", "--format", "json",
+            "-o", estimate)
+    row = json.loads(estimate.read_text())
+    advisor("report", "--from", estimate, "-o", tmp_path / "e.html")
+    page = (tmp_path / "e.html").read_text()
+    assert f'<h2 id="answer">The answer: {row["verdict"]}</h2>' in page
+    assert page.index('id="answer"') < page.index('id="rows"') < page.index('id="assumptions"')
+    assert f"{row['step_time_s']:.3f} s per iteration" in page

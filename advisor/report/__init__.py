@@ -35,7 +35,7 @@ def build_page(report: ReportInput, top: int = TOP) -> str:
     if report.rows:
         _, per_node = page.gpu_facts(first.get("gpu"), None, first.get("gpus_per_node"))
         rows_html, shared = page.rows_section(report.rows, per_node, report.kind)
-    sections.append('<h2 id="question">The question and its assumptions</h2>' + page.assumptions(report, first, shared))
+    sections.append(page.headline(report))
     if report.kind == "sweep":
         memory = report.rows[0].get("memory_gib")
         sections.append('<h2 id="space">The space</h2>' + page.figure_block(
@@ -54,6 +54,8 @@ def build_page(report: ReportInput, top: int = TOP) -> str:
         sections.append(page.details_section([layout_detail(row) for row in chosen]))
     if report.profiles:
         sections.append(_profile_section(report))
+    # the answer first; the question and its assumptions (about 30 rows) last, folded
+    sections.append(page.assumptions_section(page.assumptions(report, first, shared)))
     title = f"advisor report: {report.kind} of {_subject(first)}"
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

@@ -1,8 +1,9 @@
 """The page: one HTML document with its style, script and figures inline.
 
-Sections: the question and every assumption; for a sweep the memory heatmap, the time against
-memory scatter and the ranked rows; the chosen layouts in detail (memory per stage, the step's
-parts, the pipeline schedule); a plan's stages; measured against predicted for profiles.
+Sections: the answer (the best layout, the estimate's verdict or the plan's peak: step time and
+memory); for a sweep the memory heatmap, the time against memory scatter and the ranked rows; the
+chosen layouts in detail (memory per stage, the step's parts, the pipeline schedule); a plan's
+stages; measured against predicted for profiles; last, folded, the question and every assumption.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import asdict
 
 from advisor.paper_rule import percent
 from advisor.report import figures
-from advisor.report.details import LayoutDetail, paper_threshold, plan_detail
+from advisor.report.details import LayoutDetail, paper_threshold, plan_detail, row_label
 from advisor.report.inputs import ReportInput, number, row_options, row_spec
 from advisor.report.schedule_figure import schedule
 from advisor.report.table import (
@@ -89,6 +90,56 @@ def assumptions(report: ReportInput, first: dict, shared: dict) -> str:
               if key not in dict(pairs) and key not in ("threshold", "gpus_per_node")]
     pairs += [("advisor version", _version()), *_calibration()]
     return key_value_table(pairs, "The question and every assumption", "assumptions")
+
+
+def assumptions_section(table: str) -> str:
+    """The assumptions folded at the end of the page: the answer comes first (audit: about 30
+    rows of them opened the page); every row stays, one click away."""
+    return ('<details id="assumptions-section"><summary><h2 id="question">The question and its assumptions</h2>'
+            "</summary>" + table + "</details>")
+
+
+def headline(report: ReportInput) -> str:
+    """The answer in a few lines, before any figure: a sweep's best ranked layout, an estimate's
+    verdict, a plan's peak, each with its step time and memory."""
+    if report.kind == "plan":
+        plan = report.document
+        pairs = [(name, plan.get(key)) for key, name in (
+            ("peak_predicted_gib", "peak predicted memory (GiB)"), ("memory_limit_gib", "memory limit (GiB)"),
+            ("predicted_step_time_s", "predicted step time (s)"), ("layers_per_stage", "layers per stage"))
+            if plan.get(key) is not None]
+        return '<h2 id="answer">The answer: the plan</h2>' + key_value_table(pairs, "The plan's prediction", "headline")
+    ranked = [row for row in report.rows if row.get("rank")]
+    row = min(ranked, key=lambda r: r["rank"]) if ranked else report.rows[0]
+    if report.kind == "sweep":
+        verdicts = {}
+        for other in report.rows:
+            verdicts[other.get("verdict")] = verdicts.get(other.get("verdict"), 0) + 1
+        counts = ", ".join(f"{count} {verdict}" for verdict, count in verdicts.items())
+        title = (f"The answer: {row_label(row)}" if ranked
+                 else "The answer: no layout is ranked (none is expected to fit)")
+        pairs = [("best layout" if ranked else "first row", row_label(row)),
+                 ("layouts", f"{len(report.rows)} rows: {counts}")]
+    else:
+        title, pairs = f"The answer: {row.get('verdict')}", [("layout", row_label(row))]
+    pairs += _headline_numbers(row)
+    return f'<h2 id="answer">{html.escape(title)}</h2>' + key_value_table(pairs, "The answer", "headline")
+
+
+def _headline_numbers(row: dict) -> list[tuple[str, object]]:
+    """A row's verdict, step time, throughput and memory, where the row has them."""
+    pairs: list[tuple[str, object]] = [("verdict", row.get("verdict"))]
+    if (step := number(row, "step_time_s")) is not None:
+        pairs.append(("step time", f"{step:.3f} s per iteration"))
+    if (tflops := number(row, "tflops_per_gpu")) is not None:
+        pairs.append(("throughput", f"{tflops:.0f} TFLOP/s per GPU"))
+    memory, usage = number(row, "memory_gib"), number(row, "usage_gib")
+    used = usage if usage is not None else number(row, "total_gib")
+    if used is not None:
+        share = f" of {memory:g} GiB ({used / memory:.0%})" if memory else ""
+        which = "predicted" if usage is not None else "Eq. 18"
+        pairs.append(("memory per GPU", f"{used:.1f} GiB {which}{share}"))
+    return pairs
 
 
 def _paper_rule(first: dict) -> str:

@@ -6,7 +6,8 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ccc}h3{font-size:1.05em}
 table{border-collapse:collapse;margin:.5em 0;font-size:12px}caption{text-align:left;color:#555;padding:.3em 0}
 th,td{border:1px solid #ddd;padding:2px 6px;text-align:right;vertical-align:top}
-th{background:#f3f3f3}table.kv th{text-align:left}table.kv td{text-align:left;max-width:900px;word-break:break-word}
+th{background:#f3f3f3}table.kv th{text-align:left}table.kv td{text-align:left;max-width:900px;word-break:break-word;white-space:pre-line}
+summary h2{display:inline-block}
 th button{font:inherit;font-weight:bold;background:none;border:0;cursor:pointer;padding:0}
 th[aria-sort=ascending] button::after{content:" \\25B2"}th[aria-sort=descending] button::after{content:" \\25BC"}
 td.verdict{text-align:left;font-weight:600}td.flags{text-align:left;white-space:nowrap}td.flags details{display:inline-block;margin-left:4px}td{max-width:260px}td.flags code{display:block;max-width:520px;min-width:360px;

@@ -156,11 +156,32 @@ def key_value_table(pairs: list[tuple[str, object]], caption: str, table_id: str
 
 
 def _text(value) -> str:
-    if isinstance(value, (dict, list, tuple)):
-        return json.dumps(value, sort_keys=True)
+    """A setting as text: an object (a GPU preset, the training options) as readable 'key: value'
+    lines, nested keys joined by dots (shown one a line: table.kv td keeps the line breaks)."""
+    if isinstance(value, dict):
+        return "\n".join(_lines(value, ""))
+    if isinstance(value, (list, tuple)):
+        if not any(isinstance(v, (dict, list, tuple)) or isinstance(v, str) and len(v) > 40 for v in value):
+            return ", ".join(_text(v) for v in value)  # short items (a split, the fitted names) on one line
+        return "\n".join(_text(v) for v in value)
     if isinstance(value, float):
         return format(value, ".6g")
     return "-" if value is None else str(value)
+
+
+def _lines(value: dict, prefix: str) -> list[str]:
+    lines = []
+    for key in sorted(value):
+        name, item = f"{prefix}{key}", value[key]
+        if isinstance(item, dict) and item:
+            lines += _lines(item, f"{name}.")
+        elif isinstance(item, (list, tuple)) and any(isinstance(v, (dict, list, tuple)) or isinstance(v, str)
+                                                      and len(v) > 40 for v in item):
+            lines.append(f"{name}:")  # long texts (a preset's sources) each on a line of their own
+            lines += [f"  - {json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v}" for v in item]
+        else:
+            lines.append(f"{name}: {_text(item) if not isinstance(item, str) else item}")
+    return lines
 
 
 def plain_table(rows: list[dict], columns: list[tuple[str, str, str]], caption: str, table_id: str) -> str:
