@@ -3,6 +3,7 @@ against Narayanan et al.'s bubble, the CLI's shapes and errors. The page in a re
 tests/test_report_browser.py."""
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -438,3 +439,39 @@ def test_an_estimates_answer_is_its_verdict(advisor, tmp_path):
     assert f'<h2 id="answer">The answer: {row["verdict"]}</h2>' in page
     assert page.index('id="answer"') < page.index('id="rows"') < page.index('id="assumptions"')
     assert f"{row['step_time_s']:.3f} s per iteration" in page
+
+
+def test_schedule_ticks_are_round_and_passes_stay_legible(advisor_module):
+    """Llama 3.1 70B at PP 8 x VPP 5 with 64 microbatches: the ticks read 2,116 / 4,233 ms and
+    the forward and backward chunks were about a pixel wide (audit). Now every drawn pass is at
+    least 2 px (less the 0.3 px gap between passes), the title says how many of the 64 are drawn,
+    and the ticks step by 1, 2, 2.5 or 5 times a power of ten from 0."""
+    from advisor.report.schedule_figure import schedule
+
+    row = advisor_module.json("estimate", "--model", "llama3.1-70b", "--tp", "8", "--pp", "8", "--vpp", "5",
+                              "--mbs", "1", "--gbs", "64", "--gpus", "64", "--gpu", "h100-80gb")
+    detail = layout_detail(row)
+    assert (detail.pp, detail.vpp, detail.num_microbatches) == (8, 5, 64)
+    svg = schedule(detail)
+    widths = [float(w) for w in re.findall(r'width="([\d.]+)" height="\d+" class="pass-[FB]"', svg)]
+    assert widths and min(widths) >= 2.0 - 0.3 - 0.05  # printed to 0.1 px
+    drawn = len(widths) // (2 * 5 * 8)
+    assert 8 <= drawn < 64 and drawn % 8 == 0  # a multiple of PP: warm-up, steady state, cool-down all show
+    assert f"the first {drawn} of 64 microbatches" in svg
+    ticks = [float(t.replace(",", "")) for t in re.findall(r'text-anchor="middle">([\d,.]+)</text>', svg)]
+    step = ticks[1] - ticks[0]
+    assert ticks[0] == 0 and len(ticks) >= 3
+    assert all(abs(b - a - step) < 1e-9 for a, b in zip(ticks, ticks[1:]))
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    assert any(abs(mantissa - m) < 1e-9 for m in (1, 2, 2.5, 5)), step
+
+
+def test_a_short_schedule_is_drawn_whole():
+    """Few microbatches already legible: all drawn (4 ranks, 8 microbatches, 1F1B)."""
+    from advisor.report.schedule_figure import legible_microbatches, nice_ticks
+
+    assert legible_microbatches(4, 1, 8, [1.0] * 4, [2.0] * 4) == 8
+    # 2,000 passes of 1 + 2 units on 900 px: a forward would be 0.15 px; 1F1B keeps 149 (900/(2*3) - 1)
+    assert legible_microbatches(2, 1, 2000, [1.0] * 2, [2.0] * 2) == 149
+    assert nice_ticks(10_582) == [0, 2000, 4000, 6000, 8000, 10000]
+    assert nice_ticks(18.67) == [0, 5, 10, 15]

@@ -5,7 +5,10 @@ Hand-written SVG: thousands of passes.
 
 A deep pipeline with many microbatches has tens of thousands of passes; the page draws at most
 ``MAX_BARS`` of them: fewer microbatches (a multiple of PP, so warm-up, steady state and cool-down
-all show) and, beyond ``MAX_RANKS``, the first and the last ranks, and says so.
+all show) and, beyond ``MAX_RANKS``, the first and the last ranks, and says so. It also draws
+fewer where a pass would be narrower than ``MIN_PASS_PX`` (64 microbatches of 5 chunks made the
+forwards and backwards a pixel wide, indistinguishable): the first microbatches show warm-up, the
+steady state and cool-down, which the rest only repeat; the title says how many are drawn.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from advisor.report.svg import svg_element
 
 MAX_BARS = 8000
 MAX_RANKS = 16
+MIN_PASS_PX = 2.0
+"""The narrowest pass drawn, in pixels of the ``WIDTH``-pixel timeline."""
 FORWARD, BACKWARD = "#4c72b0", "#55a868"
 
 
@@ -41,24 +46,26 @@ def schedule(detail: LayoutDetail, unit_times: bool = False) -> str:
     from advisor.schedule import timeline
 
     p, v = detail.pp, detail.vpp
-    m = drawn_microbatches(p, v, detail.num_microbatches)
     if detail.forward_s is not None:
         forward, backward = [t / v for t in detail.forward_s], [t / v for t in detail.backward_s]
     else:
         layers = [1.0] * p
         forward, backward = [x / v for x in layers], [2 * x / v for x in layers]
+    m = legible_microbatches(p, v, drawn_microbatches(p, v, detail.num_microbatches), forward, backward)
     slots = timeline(p, v, m, forward, backward)
     ranks = drawn_ranks(p)
     end = max(slot.end for slot in slots)
     busy = sum(slot.end - slot.start for slot in slots)
     bubble = 1 - busy / (end * p)
     kind = "interleaved 1F1B" if v > 1 else "1F1B"
-    shown = f"{m} of {detail.num_microbatches} microbatches" if m < detail.num_microbatches else f"{m} microbatches"
+    shown = (f"the first {m} of {detail.num_microbatches} microbatches (the rest repeat the steady state)"
+             if m < detail.num_microbatches else f"{m} microbatches")
     if len(ranks) < p:
         shown += f", ranks {ranks[0]}-{ranks[MAX_RANKS // 2 - 1]} and {ranks[MAX_RANKS // 2]}-{ranks[-1]} of {p}"
     unit = "ms" if detail.forward_s is not None else "layer-forward units"
     scale = 1e3 if detail.forward_s is not None else 1.0
-    title = f"{detail.label}: {kind}, {shown}; bubble {bubble:.0%} of the ranks' time"
+    drawn = "the drawn ranks' time" if m == detail.num_microbatches else "the drawn schedule's time"
+    title = f"{detail.label}: {kind}, {shown}; bubble {bubble:.0%} of {drawn}"
     description = (f"Pipeline schedule of {detail.label}: {kind} over {p} ranks, {shown}: warm-up forwards, "
                    f"one forward one backward in the steady state, cool-down backwards; idle {bubble:.0%}")
     return svg_element("schedule", description, LEFT + WIDTH + 20, TOP + ROW * len(ranks) + 44,
@@ -66,6 +73,22 @@ def schedule(detail: LayoutDetail, unit_times: bool = False) -> str:
 
 
 LEFT, TOP, ROW, WIDTH = 56, 22, 16, 900
+
+
+def legible_microbatches(p: int, v: int, m: int, forward: list[float], backward: list[float]) -> int:
+    """``m``, or fewer (a multiple of PP, at least PP; at least 1 without interleaving) so that the
+    narrowest pass is ``MIN_PASS_PX`` wide. The iteration of equal stages lasts (m + (p - 1)/v)
+    chunk pairs (Narayanan et al. 2021, Section 2.2); with the slowest stage's pair as the chunk
+    pair this bounds the timeline's length from above, so the passes are at least as wide."""
+    narrowest, pair = min(forward + backward), max(f + b for f, b in zip(forward, backward)) * v
+    if narrowest <= 0 or pair <= 0:
+        return m
+    fit = WIDTH * narrowest / (MIN_PASS_PX * pair) - (p - 1) / v  # microbatches whose passes are wide enough
+    if fit >= m:
+        return m
+    if v == 1:
+        return max(1, int(fit))
+    return max(p, int(fit) // p * p)
 
 
 def _bars(slots, ranks: list[int], end: float, title: str) -> str:
@@ -89,10 +112,10 @@ def _axis(span: float, unit: str, rows: int) -> str:
     """Ticks under the timeline, and the legend."""
     y = TOP + ROW * rows
     parts = []
-    for i in range(6):
-        x = LEFT + WIDTH * i / 5
+    for value in nice_ticks(span):
+        x = LEFT + WIDTH * value / span
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + 4}" stroke="black"/>'
-                     f'<text x="{x:.1f}" y="{y + 14}" text-anchor="middle">{_tick(span * i / 5)}</text>')
+                     f'<text x="{x:.1f}" y="{y + 14}" text-anchor="middle">{_tick(value)}</text>')
     parts.append(f'<text x="{LEFT + WIDTH / 2}" y="{y + 27}" text-anchor="middle">time ({unit})</text>')
     legend_y = y + 36
     for i, (label, colour) in enumerate((("forward", FORWARD), ("backward", BACKWARD), ("idle: the bubble", "#ffffff"))):
@@ -100,6 +123,18 @@ def _axis(span: float, unit: str, rows: int) -> str:
         parts.append(f'<rect x="{x}" y="{legend_y - 8}" width="10" height="8" fill="{colour}" stroke="#999999"/>'
                      f'<text x="{x + 14}" y="{legend_y}">{label}</text>')
     return "".join(parts)
+
+
+def nice_ticks(span: float, most: int = 6) -> list[float]:
+    """Ticks from 0 to ``span`` at a round step, 1, 2, 2.5 or 5 times a power of ten, at most
+    ``most`` intervals (as matplotlib's MaxNLocator steps): 0, 2,000, 4,000 ms, not 2,014."""
+    import math
+
+    if span <= 0:
+        return [0.0]
+    power = 10.0 ** math.floor(math.log10(span / most))
+    step = next(power * m for m in (1, 2, 2.5, 5, 10) if span / (power * m) <= most)
+    return [step * i for i in range(int(span / step + 1e-9) + 1)]
 
 
 def _tick(value: float) -> str:
