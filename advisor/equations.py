@@ -137,6 +137,36 @@ def layer_checkpoint_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
     return 2 * seq_len * mbs * spec.hidden_size
 
 
+def recomputed_module_bytes(spec: LlamaSpec, seq_len: int, mbs, modules, fused_norms: bool = True):
+    """(hidden, ffn): the bytes of Eq. 12 that selective recomputation of ``modules``
+    (--recompute-modules) stops keeping in a dense layer, one microbatch, unsharded: ``hidden``
+    the h-sized projection inputs, ``ffn`` the MLP's h_ffn-sized tensors (megatron-core
+    core_v0.15.2 and core_v0.19.0 ``transformer_layer.py``).
+
+    - mlp: the MLP runs under ``tensor_parallel.checkpoint`` (``_forward_mlp``), which keeps only
+      its input, and the MLP's own tensors go: Eq. 12's 8sbh_ffn (gate, up, SiLU, the down
+      projection's input). With Transformer Engine's spec the pre-MLP norm is fused into
+      linear_fc1 (``TELayerNormColumnParallelLinear``; pre_mlp_layernorm is IdentityOp), so the
+      checkpoint's input is the norm's input (Eq. 12's norm term, still kept) and the norm's
+      output, FC1's input (Eq. 12's 2sbh MLP input), goes too. With --transformer-impl local the
+      norm is a module of its own and its output is the checkpoint's input: kept.
+    - layernorm: the norms that are modules of their own run under ``CheckpointWithoutOutput``,
+      whose output is freed once the next block has run (``discard_output_and_register_recompute``):
+      with --transformer-impl local, the inputs of linear_qkv and linear_fc1, 2sbh each (with mlp
+      too, the pre-MLP one is the checkpoint's input, so it goes as well). Transformer Engine's
+      dense spec has no such norm (both fused), and Megatron recomputes nothing.
+    - core_attn frees no Eq. 12 term (its s^2 scores are ``attention_scores_bytes``')."""
+    s, b, h = seq_len, mbs, spec.hidden_size
+    hidden = 0.0
+    if "layernorm" in modules and not fused_norms:
+        hidden += 4 * s * b * h  # input_layernorm's and pre_mlp_layernorm's outputs
+    mlp = "mlp" in modules
+    if mlp and fused_norms:
+        hidden += 2 * s * b * h  # FC1's input, the fused norm's output
+    ffn = 8 * s * b * spec.ffn_hidden_size if mlp else 0.0
+    return hidden, ffn
+
+
 def embedding_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
     """Eq. 13 per microbatch: 8sbh, the int64 input of the embedding as seed 004 counts it.
 

@@ -648,10 +648,10 @@ def training_options(rest: list[str], tp: int, release=None) -> tuple[object, li
     """(``TrainingOptions``, unpriced flags) of the arguments that are neither model, layout nor
     harmless: ``advisor.options``' parser (the one place that knows training flags) with the
     release's defaults, plus every flag that neither it nor this module knows, named."""
-    from advisor.options.flags import SWITCHES, UNPRICED, VALUED, parse_training_args
+    from advisor.options.flags import MULTI, SWITCHES, UNPRICED, VALUED, parse_training_args
 
     options, unpriced = parse_training_args(["--tensor-model-parallel-size", str(tp), *rest], release)
-    unknown = [flag for flag in dict.fromkeys(_flags(rest)) if flag not in VALUED | SWITCHES | UNPRICED]
+    unknown = [flag for flag in dict.fromkeys(_flags(rest)) if flag not in VALUED | SWITCHES | UNPRICED | MULTI]
     return options, list(unpriced) + [_unknown_note(flag) for flag in unknown]
 
 
@@ -661,12 +661,12 @@ def _flag_spellings() -> tuple[frozenset[str], list[str]]:
     takes, sorted): read once, not once per unknown flag."""
     from advisor.megatron_flag_table import FLAGS
     from advisor.moe import readback
-    from advisor.options.flags import SWITCHES, UNPRICED, VALUED
+    from advisor.options.flags import MULTI, SWITCHES, UNPRICED, VALUED
 
     megatrons = frozenset(word.partition("=")[0] for text in FLAGS.values() for word in text.split())
     read_here = ({f"--{name}" for name in (_MODEL_VALUED | _LAYOUT_VALUED | HARMLESS_VALUED | set(_MULTI_VALUED)
                                            | readback.VALUED | readback.SWITCHES | readback.MULTI | _switches())}
-                 | VALUED | SWITCHES | UNPRICED)
+                 | VALUED | SWITCHES | UNPRICED | MULTI)
     return megatrons, sorted(read_here)
 
 

@@ -54,6 +54,11 @@ class MemoryOptions:
     """With full recomputation: 'uniform' checkpoints every N layers, 'block' the first N."""
     recompute_num_layers: int = 1
     """N, Megatron's --recompute-num-layers (per model chunk)."""
+    recompute_modules: frozenset[str] = frozenset({"core_attn"})
+    """With selective recomputation: Megatron's --recompute-modules (its default core_attn)."""
+    fused_norms: bool = True
+    """Transformer Engine's layer spec, whose dense layers fuse both RMSNorms into the next
+    linear layer (``gpt_layer_specs.py``); False: --transformer-impl local, norms of their own."""
     sequence_parallel: bool = True
     """Sequence parallelism with TP (the paper: whenever t > 1). Without it the norm and
     projection inputs, 8sbh per layer, stay whole on every TP rank (Korthikanti et al. 2023)."""
@@ -305,11 +310,16 @@ def layer_bytes(spec: LlamaSpec, seq_len: int, mbs, tp, cp, options: MemoryOptio
     replicated = 0 if options.sequence_parallel else eq.tensor_parallel_replicated_activation_bytes(spec, seq_len, mbs)
     whole = np.where(t == 1, 0, replicated)
     full = eq.layer_activation_bytes(spec, seq_len, mbs) - whole
-    if not options.flash_attention and options.recompute != "selective":
-        # Selective recomputation recomputes exactly the core attention, whose s^2 terms it
-        # removes (Korthikanti et al. 2023, Table 2); with FlashAttention there are none.
+    modules = options.recompute_modules if options.recompute == "selective" else frozenset()
+    if not options.flash_attention and "core_attn" not in modules:
+        # Recomputed core attention keeps none of its s^2 terms (Korthikanti et al. 2023,
+        # Table 2); with FlashAttention there are none.
         full = full + eq.attention_scores_bytes(spec, seq_len, mbs)
     kept = full / (t * c) + whole / c
+    if modules - {"core_attn"}:
+        hidden, ffn = eq.recomputed_module_bytes(spec, seq_len, mbs, modules, options.fused_norms)
+        # the hidden-size inputs it frees are the projections' inputs that TP without SP leaves whole
+        kept = kept - ffn / (t * c) - hidden / np.where(whole == 0, t * c, c)
     fp8_split, fp8_whole = levers.fp8_activation_saving(spec, seq_len, mbs, options)
     kept = kept - fp8_split / (t * c) - fp8_whole / np.where(whole == 0, t * c, c)
     # A checkpoint is the layer input: split like the other sequence-parallel tensors.

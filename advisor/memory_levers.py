@@ -224,12 +224,16 @@ def fp8_activation_saving(spec: LlamaSpec, seq_len: int, mbs, options):
     - Projection input (the attention output, sb a d): core attention keeps its BF16 output for
       its backward (TE ``FusedAttnFunc``: ``qkvo_tensors = (q, k, v, out)`` unless FP8 attention),
       which in BF16 is the same tensor the projection saves; in FP8 the projection saves an FP8
-      copy beside it. 2 -> 2 + 1 bytes: it grows."""
+      copy beside it. 2 -> 2 + 1 bytes: it grows.
+    A recomputed MLP (--recompute-modules mlp) keeps neither FC1's nor FC2's input
+    (``equations.recomputed_module_bytes``): only the QKV input and the projection's copy remain."""
     zero = 0.0 * np.asarray(mbs, dtype=float)
     if options.fp8_format is None:
         return zero, zero
     scale = FP8_SCALE_BYTES[options.fp8_recipe]
     tokens = seq_len * np.asarray(mbs, dtype=float)
+    if options.recompute == "selective" and "mlp" in options.recompute_modules:
+        return tokens * -(1 + scale) * spec.query_size + zero, (1 - scale) * tokens * spec.hidden_size + zero
     split = tokens * ((1 - scale) * spec.ffn_hidden_size - (1 + scale) * spec.query_size)
     whole = (1 - scale) * tokens * 2 * spec.hidden_size
     return split + zero, whole + zero

@@ -196,11 +196,12 @@ def _groups(spec: LlamaSpec, bases: Bases, space: SpaceOptions) -> tuple[np.ndar
 def _families(space: SpaceOptions, options: MemoryOptions) -> list[tuple[bool, bool]]:
     """The recomputation families searched, as (selective, uniform): full (block, or the pinned
     uniform method) with N = 0 meaning none; selective where asked, or, with ``auto``, where it
-    saves memory (without FlashAttention: the s^2 scores)."""
+    saves memory (without FlashAttention: the s^2 scores; with --recompute-modules naming more than
+    core_attn: what they free, ``equations.recomputed_module_bytes``)."""
     if space.recompute == "selective":
         return [(True, False)]
     families = [(False, space.recompute == "full" and space.recompute_method == "uniform")]
-    if space.recompute == "auto" and not options.flash_attention:
+    if space.recompute == "auto" and (not options.flash_attention or options.recompute_modules - {"core_attn"}):
         families.append((True, False))
     return families
 

@@ -46,7 +46,7 @@ class _Pricer:
             if calibrated is not None:  # (MemoryCalibration, GPU memory, profiled ratios): the calibrated usage
                 layout["calibrated"] = calibrated_terms(
                     spec, workload.seq_len, layout["mbs"], layout["tp"], layout["cp"], layout["stage"], depth,
-                    layout["recompute_layers"] > 0, options, *calibrated)
+                    layout["recompute_layers"] > 0, part.options(options), *calibrated)
             model = StageModel(spec, workload.seq_len, part.options(options), num_microbatches=part.microbatches[col],
                                **layout)
             ranks = None if times is None else times.ranks(part.base, part.vpp, part.recomputed(spec.num_layers), depth)

@@ -134,11 +134,13 @@ class Sweep:
 
 
 def _row_options(options: TrainingOptions, recompute: str, method: str, layers: int) -> TrainingOptions:
-    if recompute == "none":
-        return options.with_(recompute="none", recompute_method="uniform", recompute_num_layers=1)
+    if recompute == "none":  # --recompute-modules belong to the selective rows alone
+        return options.with_(recompute="none", recompute_method="uniform", recompute_num_layers=1,
+                             recompute_modules=None)
     if recompute == "selective":
         return options.with_(recompute="selective", recompute_method="uniform", recompute_num_layers=1)
-    return options.with_(recompute="full", recompute_method=method, recompute_num_layers=int(layers))
+    return options.with_(recompute="full", recompute_method=method, recompute_num_layers=int(layers),
+                         recompute_modules=None)
 
 
 def _check_inputs(spec: LlamaSpec, workload: Workload, gpus: int, memory_gib: float, *, threshold: float,

@@ -116,7 +116,11 @@ def calibrated_terms(
     if calibration.dataloader_mask and options.dataloader_mask:  # the calibrated model has the term; the run, the mask
         added = added + np.where(first | last, terms.dataloader_mask_bytes(seq_len, mbs, cp), 0.0)
     factor = calibration.activation_factor
-    share = terms.swiglu_fusion_fraction(spec) if layer_share is None else layer_share
+    if layer_share is None:  # selective recomputation's modules free part of Eq. 12 (``layer_bytes``)
+        modules = options.recompute_modules if options.recompute == "selective" else frozenset()
+        share = terms.swiglu_fusion_fraction(spec, modules, options.fused_norms)
+    else:
+        share = layer_share
     layer = _ratio(measured, "decoder", tp, cp, share)
     return CalibratedTerms(
         layer_factor=factor * np.where(full_recompute, 1.0, layer),

@@ -140,10 +140,10 @@ def test_a_json_moe_sweep_where_nothing_fits_prints_the_count_then_why(advisor):
 MOE_ONLY = [("--ep", 2), ("--etp", 2), ("--moe-token-dispatcher-type", "alltoall"), ("--moe-routing", "balanced"),
             ("--moe-expert-capacity-factor", 1.25), ("--moe-pad-expert-input-to-capacity",),
             ("--no-moe-pad-expert-input-to-capacity",), ("--moe-imbalance", 1.0), ("--mtp-num-layers", 0),
-            ("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",),
-            ("--recompute-modules", "moe_act")]
+            ("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",)]
 """Every MoE option, each at a value that a mixture of experts takes (the defaults among them:
-given, they are still refused)."""
+given, they are still refused). --recompute-modules is a dense recomputation flag too; the modules
+a dense model refuses (moe_act among them) are tests/test_dense_recompute_modules.py's."""
 
 
 @pytest.mark.parametrize("command", [("estimate", "--tp", 2, "--gpus", 8, "--gpu", "h100-80gb"),

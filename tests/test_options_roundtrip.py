@@ -35,6 +35,8 @@ def training_options(draw) -> TrainingOptions:
         tp_comm_overlap=sequence_parallel and draw(st.booleans()), recompute=recompute,
         recompute_method=draw(st.sampled_from(["uniform", "block"])) if full else "uniform",
         recompute_num_layers=draw(st.integers(1, 64)) if full else 1, flash_attention=flash,
+        recompute_modules=draw(st.sampled_from([None, ("mlp",), ("core_attn", "mlp"), ("layernorm", "mlp")]))
+        if recompute == "selective" else None,
         dataloader_mask=draw(st.sampled_from(["off", "cached", "rebuilt"] if flash else ["cached", "rebuilt"])),
         optimizer_cpu_offload=offload,
         optimizer_offload_fraction=draw(st.sampled_from([1.0, 0.5, 0.25])) if offload else 1.0,

@@ -43,6 +43,10 @@ CHANGES = [
     # offloaded, the precision-aware optimizer comes with it: one description, unsaid
     ({"optimizer_cpu_offload": True, "precision_aware_optimizer": True}, "--optimizer-cpu-offload"),
     ({"recompute": "selective"}, "--recompute-granularity selective"),
+    # a dense model's modules, in the order given; exactly core_attn is Megatron's default, unsaid
+    ({"recompute": "selective", "recompute_modules": ("core_attn", "mlp")},
+     "--recompute-granularity selective, --recompute-modules core_attn mlp"),
+    ({"recompute": "selective", "recompute_modules": ("core_attn",)}, "--recompute-granularity selective"),
     ({"recompute": "full", "recompute_method": "block", "recompute_num_layers": 4},
      "--recompute-granularity full, --recompute-method block, --recompute-num-layers 4"),
     # unfused attention needs the data loader's mask: it comes with it

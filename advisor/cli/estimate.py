@@ -11,7 +11,7 @@ from advisor import limits
 from advisor.cli import hints as hints_text
 from advisor.cli import moe as moe_cli
 from advisor.cli.estimate_csv import estimate_csv
-from advisor.cli.moe import moe_options, moe_settings
+from advisor.cli.moe import dense_recompute_options, moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, ROWS, InputError, InputPath, NonEmpty, TokenCount,
     color_wanted, emit, distinct_files, gpu_options, model_choice_options, model_options, note, nothing_fits,
@@ -145,6 +145,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
     distinct_files(**{"--output": output, "--plot": plot})
+    options = dense_recompute_options(spec, moe, options, space)
     spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, space=space, release=release, unsupported={
         "--memory-model profile": memory_model == "profile", "--profile": profile_dir is not None,
         "--rank-by (fastest first with --gpu)": rank_by is not None, "--plot": plot is not None})
@@ -456,6 +457,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     dp = _data_parallel(gpus, dp, tp, cp, pp, gpus_per_node)
     if read is not None and read.moe is not None:  # the command's own MoE flags (advisor.moe.readback)
         moe = with_routing(read.moe, moe)
+    options = dense_recompute_options(spec, moe, options)
     spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, release=release)
     given = _layer_counts(layers_per_stage)
     if settings is not None:  # a mixture of experts: advisor.moe's stages, EP and ETP

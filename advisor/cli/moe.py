@@ -89,10 +89,12 @@ def moe_options(func):
                           "the rows write it."),
         click.option("--recompute-modules", "recompute_modules", multiple=True, type=click.Choice(RECOMPUTE_MODULES),
                      metavar="MODULE",
-                     help=f"MoE models, with --recompute selective: Megatron's --recompute-modules, one of "
+                     help=f"With --recompute selective: Megatron's --recompute-modules, one of "
                           f"{', '.join(RECOMPUTE_MODULES)} (repeat the option, or list them after it as Megatron "
-                          "does). Default here: moe_act, layernorm and, with MLA, mla_up_proj, which save memory; Megatron's own default, "
-                          "core_attn, saves none with fused attention. The rows always write the modules."),
+                          "does). MoE models' default here: moe_act, layernorm and, with MLA, mla_up_proj, which "
+                          "save memory, and their rows always write the modules; dense models' default: Megatron's "
+                          "core_attn (saves none with fused attention; mlp frees the MLP's activations, layernorm "
+                          "frees nothing with Transformer Engine, whose norms are fused)."),
     ], wrapper)
 
 
@@ -110,14 +112,66 @@ def _given(values: dict) -> tuple[str, ...]:
 def _dense_refused(flags: MoEFlags) -> list[str]:
     """The MoE options a dense model refuses: every one given (``MoEFlags.given``) but --ep 1 and
     --etp 1 (a dense run's own, as its rows state them), and any set otherwise."""
-    set_ = {"--ep": (flags.ep or 1) > 1, "--etp": (flags.etp or 1) > 1,
-            "--recompute-modules": bool(flags.recompute_modules), "--mtp-num-layers": bool(flags.mtp_num_layers),
+    set_ = {"--ep": (flags.ep or 1) > 1, "--etp": (flags.etp or 1) > 1, "--mtp-num-layers": bool(flags.mtp_num_layers),
             "--overlap-moe-expert-parallel-comm": flags.a2a_overlap, "--delay-wgrad-compute": flags.delay_wgrad,
             "--moe-deepep-num-sms": flags.dispatcher_sms is not None, "--moe-permute-fusion": flags.permute_fusion,
             "--moe-router-fusion": flags.router_fusion,
             "--moe-flex-dispatcher-backend": flags.flex_backend != "deepep"}
-    named = [flag for flag in flags.given if flag not in ("--ep", "--etp") or set_[flag]]
+    # --recompute-modules is a dense recomputation flag too (``dense_recompute_options``)
+    named = [flag for flag in flags.given if flag not in ("--ep", "--etp", "--recompute-modules") or set_.get(flag)]
     return named + [flag for flag, on in set_.items() if on and flag not in named]
+
+
+def recompute_modules_problem(modules, *, spec, recompute: str, fp8_format, fp8_recipe: str, space: bool) -> str | None:
+    """Why --recompute-modules ``modules`` cannot run (or be priced) with this model and
+    recomputation, or None: the one check of the modules, an MoE model's and a dense one's.
+    ``recompute``: the estimate's granularity, or the sweep's (``space``: 'auto' searches it).
+    megatron-core's ``TransformerConfig.__post_init__`` (core_v0.15.2 and core_v0.19.0) refuses
+    moe_act without grouped GEMMs (a dense model has none), mla_up_proj without MLA, and moe_act or
+    layernorm with FP8's delayed scaling; a dense model's layers recompute moe and shared_experts
+    nowhere (``transformer_layer.py``: only an MoELayer reads them), so they are refused as the
+    mistake they are rather than priced as nothing."""
+    from advisor.moe.spec import is_moe
+
+    if not modules:
+        return None
+    if recompute not in ("selective", "auto"):
+        # Megatron reads --recompute-modules only with --recompute-granularity selective
+        return (f"--recompute-modules needs --recompute selective (this {'sweep' if space else 'estimate'} "
+                f"recomputes {recompute})")
+    dense = not is_moe(spec)
+    if dense and "moe_act" in modules:
+        return (f"--recompute-modules moe_act: {spec.name} is dense, and megatron-core refuses it without grouped "
+                "GEMMs ('moe_act in recompute_modules is only supported with moe_grouped_gemm.')")
+    if dense and (moe := [module for module in ("moe", "shared_experts") if module in modules]):
+        return (f"--recompute-modules {' '.join(moe)}: {spec.name} is dense, and Megatron recomputes "
+                f"{'them' if len(moe) > 1 else 'it'} only in MoE layers (transformer_layer.py): drop "
+                f"{'them' if len(moe) > 1 else 'it'}")
+    if fp8_format is not None and fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(modules):
+        return ("--recompute-modules moe_act or layernorm with FP8 needs an --fp8-recipe other than delayed "
+                "(megatron-core refuses them with delayed scaling)")
+    if "mla_up_proj" in modules and getattr(spec, "mla", None) is None:
+        return (f"--recompute-modules mla_up_proj needs multi-latent attention, which {spec.name} does not "
+                "have (megatron-core refuses it)")
+    return None
+
+
+def dense_recompute_options(spec, flags: MoEFlags, options, space=None):
+    """The training options of a dense model with its --recompute-modules: the advisor's option
+    (``flags``, the MoE options' one parser) or a command's read back (already in ``options``),
+    checked by ``recompute_modules_problem``; ``options`` unchanged for an MoE model, whose modules
+    are ``moe_settings``'."""
+    from advisor.moe.spec import is_moe
+
+    if is_moe(spec):
+        return options
+    modules = tuple(flags.recompute_modules) or options.recomputation.recompute_modules
+    recompute = space.recompute if space is not None else options.recomputation.recompute
+    precision = options.precision
+    if problem := recompute_modules_problem(modules, spec=spec, recompute=recompute, fp8_format=precision.fp8_format,
+                                            fp8_recipe=precision.fp8_recipe, space=space is not None):
+        raise InputError(problem)
+    return options.with_(recompute_modules=modules) if modules else options
 
 
 def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupported: dict | None = None,
@@ -160,23 +214,17 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
     capacity_factor, dispatcher = flags.capacity_factor, flags.dispatcher
     moe_routing = _routing(flags.moe_routing, capacity_factor)
     recompute = space.recompute if space is not None else training.recomputation.recompute
-    if recompute_modules and recompute not in ("selective", "auto"):
-        # Megatron reads --recompute-modules only with --recompute-granularity selective
-        raise InputError(f"--recompute-modules needs --recompute selective (this {'sweep' if space else 'estimate'} "
-                         f"recomputes {recompute})")
+    fp8 = training.precision
+    if problem := recompute_modules_problem(recompute_modules, spec=spec, recompute=recompute,
+                                            fp8_format=fp8.fp8_format, fp8_recipe=fp8.fp8_recipe,
+                                            space=space is not None):
+        raise InputError(problem)
     padded = _padded(moe_routing, capacity_factor, flags.pad_to_capacity, dispatcher)
     if moe_routing == "capacity" and padded and flags.moe_imbalance != 1:
         raise InputError(f"--moe-imbalance {flags.moe_imbalance:g} does not change capacity routing padded to capacity "
                          "(every expert runs exactly its capacity): leave it out, or give "
                          "--no-moe-pad-expert-input-to-capacity (the busiest expert then runs min(imbalance, factor) "
                          "of its share)")
-    fp8 = training.precision
-    if fp8.fp8_format is not None and fp8.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(recompute_modules):
-        raise InputError("--recompute-modules moe_act or layernorm with FP8 needs an --fp8-recipe other than delayed "
-                         "(megatron-core refuses them with delayed scaling)")
-    if "mla_up_proj" in recompute_modules and spec.mla is None:
-        raise InputError(f"--recompute-modules mla_up_proj needs multi-latent attention, which {spec.name} does not "
-                         "have (megatron-core refuses it)")
     if problem := settings_problem(
             a2a_overlap=flags.a2a_overlap, delay_wgrad=flags.delay_wgrad, dispatcher=dispatcher, recompute=recompute,
             recompute_method=flags.recompute_method, recompute_num_layers=flags.recompute_num_layers,

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
-from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
+from advisor.moe.spec import FLEX_BACKENDS
+from advisor.options.flags import read_recompute_modules
 
 VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size",
           "moe-layer-freq", "moe-router-score-function", "moe-router-num-groups", "moe-router-group-topk",
@@ -327,7 +328,7 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
     for kind in values.get("moe-router-load-balancing-type") or ("aux_loss",):
         _check_capacity_balancing(kind, capacity)
     pad = bool(values.get("moe-pad-expert-input-to-capacity"))  # a factor alone drops without padding
-    modules = _recompute_modules(values, recompute, unpriced)
+    modules = read_recompute_modules(values, recompute, unpriced)
     mtp_num_layers = flag_int(values, "mtp-num-layers", 0)
     from advisor.moe.flags import pad_problem
 
@@ -372,27 +373,6 @@ def _check_capacity_balancing(balancing: str, capacity: float | None) -> None:
     if capacity is not None and balancing in ("sinkhorn", "quantile_balancing"):
         raise AdvisorError(f"--moe-expert-capacity-factor with --moe-router-load-balancing-type {balancing}: "
                            "megatron-core drops tokens only with aux_loss, seq_aux_loss, global_aux_loss or none")
-
-
-def _recompute_modules(values: dict, recompute: str, unpriced: list[str]) -> tuple[str, ...]:
-    """The modules selective recomputation runs again, as Megatron reads the command: its default
-    core_attn where --recompute-modules is absent (``transformer_config.py``, __post_init__, both
-    releases), none without selective (Megatron ignores them; named in ``unpriced``)."""
-    modules = values.get("recompute-modules")
-    if recompute != "selective":
-        if modules is not None:
-            unpriced.append("--recompute-modules without --recompute-granularity selective (Megatron ignores them; "
-                            "priced without)")
-        return ()
-    if modules is None:
-        return ("core_attn",)
-    if not modules:  # core_v0.15.2's nargs='*' takes it and recomputes nothing; core_v0.19.0's nargs='+' refuses it
-        raise AdvisorError("--recompute-modules names no module: give the modules to recompute, or drop "
-                           "--recompute-granularity selective")
-    if unknown := sorted(set(modules) - set(RECOMPUTE_MODULES)):
-        raise AdvisorError(f"--recompute-modules {' '.join(unknown)}: not one of Megatron's "
-                           f"({', '.join(RECOMPUTE_MODULES)})")
-    return tuple(modules)
 
 
 SM_FLAGS = ("moe-flex-dispatcher-num-sms", "moe-deepep-num-sms", "moe-hybridep-num-sms")

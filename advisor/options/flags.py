@@ -81,6 +81,8 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
         args.append("--tp-comm-overlap")
     if r.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
+        if r.recompute_modules:  # None: Megatron's default core_attn
+            args += ["--recompute-modules", *r.recompute_modules]
     elif r.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", r.recompute_method,
                  "--recompute-num-layers", str(r.recompute_num_layers)]
@@ -128,6 +130,8 @@ def changed_args(options: TrainingOptions) -> str:
         words.append("--tp-comm-overlap")
     if r.recompute != "none":
         words.append(f"--recompute-granularity {r.recompute}")
+        if r.recompute == "selective" and r.recompute_modules:
+            words.append(f"--recompute-modules {' '.join(r.recompute_modules)}")
         if r.recompute == "full":
             words += [f"--recompute-method {r.recompute_method}", f"--recompute-num-layers {r.recompute_num_layers}"]
     if a.transformer_impl == "local":
@@ -208,9 +212,11 @@ VALUED = frozenset({
     "--transformer-impl", "--cross-entropy-fusion-impl", "--main-grads-dtype", "--main-params-dtype",
     "--exp-avg-dtype", "--exp-avg-sq-dtype",
 })
+MULTI = frozenset({"--recompute-modules"})
+"""Flags with several values (Megatron's nargs), each read whole: the words after it up to the next flag."""
 UNPRICED = frozenset({
     # Flags that change memory or time which the options do not describe.
-    "--fp4-format", "--fp4-recipe", "--fp4-param-gather", "--recompute-modules",
+    "--fp4-format", "--fp4-recipe", "--fp4-param-gather",
     "--cpu-offloading", "--cpu-offloading-num-layers", "--fine-grained-activation-offloading",
     "--overlap-param-gather-with-optimizer-step", "--no-overlap-p2p-communication", "--cuda-graph-impl", "--cuda-graph-scope",
     "--enable-cuda-graph", "--external-cuda-graph", "--first-last-layers-bf16", "--num-layers-at-start-in-bf16",
@@ -240,7 +246,13 @@ def _flag_values(argv: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
         if not token.startswith("--"):
             continue
         flag, eq, inline = token.partition("=")
-        if flag in VALUED:
+        if flag in MULTI:
+            end = i
+            while end < len(tokens) and not tokens[end].startswith("--"):
+                end += 1
+            known[flag] = [inline] if eq else tokens[i:end]  # the last one given wins, as in argparse
+            i = i if eq else end
+        elif flag in VALUED:
             if eq:
                 value = inline
             elif i < len(tokens):
@@ -312,10 +324,11 @@ def _data_parallel(values: dict, release) -> DataParallel:
         torch_fsdp2="--use-torch-fsdp2" in values)
 
 
-def _recomputation(values: dict) -> Recomputation:
+def _recomputation(values: dict, unpriced: list[str]) -> Recomputation:
     granularity = _one_of(values, "--recompute-granularity", RECOMPUTES[1:], None)  # Megatron has no 'none'
     if granularity is None and "--recompute-activations" in values:
         granularity = "selective"  # Megatron's alias (validate_args)
+    modules = _recompute_modules(values, granularity or "none", unpriced)
     if granularity == "selective":
         # validate_args asserts 'recompute method is not yet supported for selective recomputing
         # granularity'; TransformerConfig.__post_init__ 'recompute_num_layers must be None' (both releases)
@@ -323,7 +336,7 @@ def _recomputation(values: dict) -> Recomputation:
             if flag in values:
                 raise AdvisorError(f"{flag} is for --recompute-granularity full; Megatron-LM refuses it with selective")
     if granularity != "full":
-        return Recomputation(recompute=granularity or "none")
+        return Recomputation(recompute=granularity or "none", recompute_modules=modules or None)
     method = _one_of(values, "--recompute-method", RECOMPUTE_METHODS, None)
     if method is None:
         raise AdvisorError("--recompute-granularity full needs --recompute-method uniform|block "
@@ -359,6 +372,38 @@ def _attention(values: dict) -> Attention:
                      transformer_impl="local" if local else "transformer_engine")
 
 
+def _recompute_modules(values: dict, recompute: str, unpriced: list[str]) -> tuple[str, ...]:
+    """A dense command's --recompute-modules (an MoE command's go to ``advisor.moe.readback``:
+    ``advisor.megatron_readback`` takes them out first), by the flag's one reader."""
+    if "--recompute-modules" not in values:
+        return ()
+    return read_recompute_modules({"recompute-modules": values["--recompute-modules"]}, recompute, unpriced)
+
+
+def read_recompute_modules(values: dict, recompute: str, unpriced: list[str]) -> tuple[str, ...]:
+    """The modules selective recomputation runs again, as Megatron reads the command: its default
+    core_attn where --recompute-modules is absent (``transformer_config.py``, __post_init__, both
+    releases), none without selective (Megatron ignores them; named in ``unpriced``). The one
+    reader of the flag, an MoE command's (``advisor.moe.readback``) and a dense one's."""
+    from advisor.moe.spec import RECOMPUTE_MODULES
+
+    modules = values.get("recompute-modules")
+    if recompute != "selective":
+        if modules is not None:
+            unpriced.append("--recompute-modules without --recompute-granularity selective (Megatron ignores them; "
+                            "priced without)")
+        return ()
+    if modules is None:
+        return ("core_attn",)
+    if not modules:  # core_v0.15.2's nargs='*' takes it and recomputes nothing; core_v0.19.0's nargs='+' refuses it
+        raise AdvisorError("--recompute-modules names no module: give the modules to recompute, or drop "
+                           "--recompute-granularity selective")
+    if unknown := sorted(set(modules) - set(RECOMPUTE_MODULES)):
+        raise AdvisorError(f"--recompute-modules {' '.join(unknown)}: not one of Megatron's "
+                           f"({', '.join(RECOMPUTE_MODULES)})")
+    return tuple(modules)
+
+
 def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOptions, list[str]]:
     """(the options of a Megatron-LM argument list, the flags in it that change memory or time but
     that the options do not describe). Flags left out take ``release``'s defaults (default the
@@ -388,7 +433,7 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
         precision=_precision(values), data_parallel=_data_parallel(values, release),
         tensor_parallel=TensorParallel(sequence_parallel="--sequence-parallel" in values,
                                        tp_comm_overlap="--tp-comm-overlap" in values),
-        recomputation=_recomputation(values), attention=_attention(values),
+        recomputation=_recomputation(values, unpriced), attention=_attention(values),
         offload=Offload(optimizer_cpu_offload="--optimizer-cpu-offload" in values,
                         optimizer_offload_fraction=fraction),
         optimizer_states=OptimizerStates(

@@ -204,13 +204,41 @@ class Recomputation:
     """With full: 'uniform' checkpoints every N layers, 'block' the first N of each chunk."""
     recompute_num_layers: int = 1
     """N of --recompute-num-layers (per model chunk)."""
+    recompute_modules: tuple[str, ...] | None = None
+    """--recompute-modules of a dense model, with selective: what it recomputes (``mlp``,
+    ``layernorm``, ``core_attn``); None: Megatron's default, core_attn alone (a tuple of exactly
+    core_attn is kept as None: one description of one run). An MoE model's modules are its own
+    options' (``advisor.moe.stage.MoEOptions.modules``)."""
 
     def __post_init__(self) -> None:
         _choice(self.recompute, RECOMPUTES, "recompute")
         _choice(self.recompute_method, RECOMPUTE_METHODS, "recompute_method")
+        if self.recompute_modules is not None:
+            self._check_modules()
         # A layer count, as --recompute-num-layers on the command line (advisor.cli.options.LAYERS).
         limits.check_int(self.recompute_num_layers, "recompute_num_layers (--recompute-num-layers)",
                          limits.MODEL["num_layers"])
+
+    def _check_modules(self) -> None:
+        """The modules as one tuple of Megatron's names, given once, in order (a saved row's
+        ``options`` is JSON, where they are a list); exactly core_attn becomes None."""
+        from advisor.moe.spec import RECOMPUTE_MODULES
+
+        modules = self.recompute_modules
+        if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not modules \
+                or not all(isinstance(module, str) for module in modules):
+            raise AdvisorError(f"recompute_modules must be null or a non-empty list of module names, got {modules!r}")
+        if unknown := [module for module in modules if module not in RECOMPUTE_MODULES]:
+            raise AdvisorError(f"recompute_modules: {', '.join(unknown)} is not one of Megatron's "
+                               f"({', '.join(RECOMPUTE_MODULES)})")
+        modules = tuple(dict.fromkeys(modules))
+        object.__setattr__(self, "recompute_modules", None if modules == ("core_attn",) else modules)
+
+    @property
+    def selective_modules(self) -> frozenset[str]:
+        """What selective recomputation recomputes: the modules given, or Megatron's default
+        core_attn (``transformer_config.py`` __post_init__, both releases)."""
+        return frozenset(self.recompute_modules or ("core_attn",))
 
     def chunk_multiple(self, release=None) -> int:
         """What the layers of every model chunk (a pipeline stage, or each of its virtual stages)
@@ -521,7 +549,9 @@ class TrainingOptions:
             distributed_optimizer=dp.distributed_optimizer or dp.torch_fsdp2,
             gradient_bytes=p.element_bytes if dp.torch_fsdp2 else p.gradient_bytes,
             element_bytes=p.element_bytes, recompute=r.recompute, recompute_method=r.recompute_method,
-            recompute_num_layers=r.recompute_num_layers, sequence_parallel=self.tensor_parallel.sequence_parallel,
+            recompute_num_layers=r.recompute_num_layers, recompute_modules=r.selective_modules,
+            fused_norms=self.attention.transformer_impl == "transformer_engine",
+            sequence_parallel=self.tensor_parallel.sequence_parallel,
             flash_attention=self.attention.flash_attention, vocab_divisible_by=self.vocab_divisible_by,
             fsdp_strategy="torch_fsdp2" if dp.torch_fsdp2 else dp.fsdp_strategy,
             optimizer_bytes=self.optimizer_bytes, optimizer_host_fraction=self.offload.host_fraction,
@@ -555,7 +585,8 @@ class TrainingOptions:
             dataloader_mask="rebuilt" if self.attention.dataloader_mask == "rebuilt" else "cached",
             optimizer_host_fraction=self.offload.host_fraction, flash_attention=self.attention.flash_attention,
             fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe, fp8_param_gather=p.fp8_param_gather,
-            **model_choices,
+            recompute_modules=self.recomputation.selective_modules,
+            fused_norms=self.attention.transformer_impl == "transformer_engine", **model_choices,
         )
 
     def layout_problem(self, *, pp: int, tie_embeddings: bool, tp: int | None = None) -> str | None:

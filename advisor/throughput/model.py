@@ -19,7 +19,7 @@ from advisor.hardware import GpuSpec
 from advisor.models import LlamaSpec
 from advisor.throughput import levers, terms
 from advisor.throughput.calibration import Calibration, load_calibration
-from advisor.throughput.flops import FlopsConvention, megatron_flops_per_iteration, padded_vocab
+from advisor.throughput.flops import FlopsConvention, layer_gemm_shapes, megatron_flops_per_iteration, padded_vocab
 
 if TYPE_CHECKING:  # the options' one Recompute type; TrainingOptions.time_options imports this module
     from advisor.options.training import Recompute
@@ -70,6 +70,11 @@ class TimeOptions:
     """--fp8-recipe, with --fp8-format (mxfp8 needs Blackwell's tensor cores)."""
     fp8_param_gather: bool = False
     """--fp8-param-gather: parameters gathered in FP8 (1 byte)."""
+    recompute_modules: frozenset[str] = frozenset({"core_attn"})
+    """With selective recomputation: Megatron's --recompute-modules (its default core_attn)."""
+    fused_norms: bool = True
+    """Transformer Engine's layer spec (the dense layers' norms fused into linear_qkv and
+    linear_fc1); False: --transformer-impl local, whose norms --recompute-modules layernorm reruns."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +178,35 @@ class TimeModel:
             attn_f,
         )
 
+    def recomputed_forward(self, tp, tokens, attention_forward):
+        """The forward seconds of one layer, one microbatch, that selective recomputation
+        (``TimeOptions.recompute_modules``) runs again in the backward (megatron-core
+        ``transformer_layer.py``, both releases): core_attn, core attention
+        (``attention_forward``, Korthikanti et al. 2023); mlp, the whole MLP under
+        ``tensor_parallel.checkpoint`` (``_forward_mlp``): FC1 and FC2 (``layer_gemm_shapes``' last
+        two), SwiGLU (read 2 h_ffn, write h_ffn) and its two sequence-parallel collectives (the
+        all-gather before FC1, the reduce-scatter after FC2: half of ``tensor_parallel_time``'s
+        forward; none with --tp-comm-overlap), its FP8 input casts besides; layernorm, the two
+        RMSNorms (read and write h each) where they are modules of their own (--transformer-impl
+        local; Transformer Engine's dense spec fuses them into the linear layers and Megatron
+        recomputes nothing)."""
+        modules, rates = self.options.recompute_modules, self.rates
+        again = attention_forward if "core_attn" in modules else 0.0 * attention_forward
+        if "mlp" in modules:
+            gemm_rates = self.fp8.rates if self.fp8 else rates
+            f = self.spec.ffn_hidden_size
+            shapes = layer_gemm_shapes(self.spec, tokens, tp)[2:]  # FC1, FC2
+            gemms = sum(terms.gemm_time(m, k, n, gemm_rates) for m, k, n in shapes)
+            swiglu = terms.elementwise_time(terms.BF16 * 3 * f * tokens / _f(tp), rates)
+            tp_f, _ = terms.tensor_parallel_time(self.spec, tokens, tp, rates)
+            casts = levers.fp8_mlp_cast_bytes(self.spec.hidden_size, f, tokens, tp, self.fp8.casts)[0] if self.fp8 \
+                else 0.0
+            comm = 0.0 * tp_f if self.options.tp_comm_overlap else tp_f / 2
+            again = again + gemms + swiglu + comm + terms.elementwise_time(casts, rates)
+        if "layernorm" in modules and not self.options.fused_norms:
+            again = again + terms.elementwise_time(terms.BF16 * 4 * self.spec.hidden_size * tokens / _f(tp), rates)
+        return again
+
     # --- one pipeline stage ------------------------------------------------------------------
 
     def stage(self, tp, cp, mbs, layers, embedding=False, head=False, recompute: Recompute = "none",
@@ -191,7 +225,7 @@ class TimeModel:
         if recompute == "full":
             extra_b = _f(recompute_layers) * f
         elif recompute == "selective":
-            extra_b = layers * attn_f
+            extra_b = layers * self.recomputed_forward(tp, tokens, attn_f)
         emb_f, emb_b = terms.embedding_time(spec, tokens, tp, rates)
         head_f, head_b = terms.lm_head_time(spec, tokens, tp, padded_vocab(spec, tp), rates)
         end_f = np.where(embedding, emb_f, 0.0) + np.where(head, head_f, 0.0)
