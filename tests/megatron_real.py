@@ -208,6 +208,8 @@ def mismatches(priced: Priced, derived: dict) -> list[str]:
         "recompute_granularity": None if options.recompute == "none" else options.recompute,
         "recompute_method": options.recompute_method if options.recompute == "full" else None,
         "recompute_num_layers": options.recompute_num_layers if options.recompute == "full" else None,
+        # TransformerConfig's default ['core_attn'] whatever the granularity, else the modules written
+        "recompute_modules": list(training.recomputation.recompute_modules or ("core_attn",)),
         "attention_backend": "auto" if options.flash_attention else "unfused",
         **lever_fields(training, priced.tp),
     }

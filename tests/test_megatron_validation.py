@@ -54,6 +54,9 @@ EXTENSIONS = {
     "no-sequence-parallel": ["--no-sequence-parallel"],
     "no-flash-attn": ["--no-flash-attn", "--cp", "1"],  # CP runs inside fused attention only
     "recompute-selective": ["--recompute", "selective"],
+    # a dense model's --recompute-modules (TransformerConfig takes mlp and layernorm without MoE)
+    "recompute-selective-modules": ["--recompute", "selective", "--recompute-modules", "core_attn",
+                                    "--recompute-modules", "mlp", "--recompute-modules", "layernorm"],
     "recompute-full-uniform": ["--recompute", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"],
     "recompute-full-block": ["--recompute", "full", "--recompute-method", "block", "--recompute-num-layers", "3"],
     "vocab-divisible-by-128": ["--vocab-divisible-by", "128"],
