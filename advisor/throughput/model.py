@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from advisor.hardware import GpuSpec
+from advisor.hardware import GpuSpec, streaming_multiprocessors
 from advisor.models import LlamaSpec
-from advisor.throughput import levers, terms
+from advisor.throughput import levers, terms, userbuffers
 from advisor.throughput.calibration import Calibration, load_calibration
 from advisor.throughput.flops import FlopsConvention, layer_gemm_shapes, megatron_flops_per_iteration, padded_vocab
 
@@ -43,7 +43,8 @@ class TimeOptions:
     """HBM bytes per parameter of the Adam step (``terms.optimizer_step_bytes``): 38 with FP32
     states, fewer with the precision-aware optimizer's."""
     tp_comm_overlap: bool = False
-    """--tp-comm-overlap (Transformer Engine userbuffers) hides the TP collectives behind GEMMs."""
+    """--tp-comm-overlap (Transformer Engine userbuffers) hides the TP collectives behind the GEMMs
+    beside them, as far as those GEMMs last (``userbuffers.tp_overlap_time``)."""
     dataloader_mask: DataloaderMask = "cached"
     """'rebuilt': the data loader builds an s x s mask per sample (--reset-attention-mask,
     --reset-position-ids or --eod-mask-loss without --no-create-attention-mask-in-dataloader:
@@ -145,6 +146,7 @@ class TimeModel:
         # FP8 runs the linear layers' GEMMs at the FP8 rate (levers.FP8_EFFICIENCY_NOTE); the rest stays BF16.
         self.fp8 = levers.fp8_gemms(self.rates, gpu, options.fp8_recipe) if options.fp8_format else None
         self.host = levers.host_link(gpu) if options.optimizer_host_fraction > 0 else None
+        self.sms = streaming_multiprocessors(gpu.architecture)
 
     # --- one layer, one microbatch ---------------------------------------------------------
 
@@ -153,7 +155,8 @@ class TimeModel:
         layer for one microbatch on one GPU."""
         spec, rates, s = self.spec, self.rates, self.seq_len
         tokens = _f(mbs) * s / _f(cp)
-        gemm_f, gemm_b = terms.layer_gemm_time(spec, tokens, tp, self.fp8.rates if self.fp8 else rates)
+        gemm_rates = self.fp8.rates if self.fp8 else rates
+        gemm_f, gemm_b = terms.layer_gemm_time(spec, tokens, tp, gemm_rates)
         if self.options.flash_attention:
             attn_f, attn_b = terms.attention_time(spec, s, mbs, tp, cp, rates)
         else:  # CP runs inside fused attention only (advisor.memory refuses CP > 1 without it)
@@ -163,9 +166,11 @@ class TimeModel:
             cast_f, cast_b = levers.fp8_cast_bytes(spec, tokens, tp, self.fp8.casts)
             gemm_f = gemm_f + terms.elementwise_time(cast_f, rates)
             gemm_b = gemm_b + terms.elementwise_time(cast_b, rates)
-        tp_f, tp_b = terms.tensor_parallel_time(spec, tokens, tp, rates)
-        if self.options.tp_comm_overlap:
-            tp_f, tp_b = 0.0 * tp_f, 0.0 * tp_b
+        if self.options.tp_comm_overlap:  # userbuffers: what their GEMMs leave, and the SMs they take
+            tp_f, tp_b, slow_f, slow_b = userbuffers.tp_overlap_time(spec, tokens, tp, gemm_rates, self.sms)
+            gemm_f, gemm_b = gemm_f + slow_f, gemm_b + slow_b
+        else:
+            tp_f, tp_b = terms.tensor_parallel_time(spec, tokens, tp, rates)
         cp_f, cp_b = terms.context_parallel_time(spec, s, mbs, tp, cp, rates, attn_f, attn_b)
         compute_f = gemm_f + attn_f + elem
         compute_b = gemm_b + attn_b + 2 * elem  # backward reads the saved input and writes grads
