@@ -7,6 +7,8 @@ is one the rows launch (``training_args``), or one they drop."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -14,6 +16,7 @@ from advisor.cli import cli
 from advisor.options import TrainingOptions
 from advisor.options.flags import changed_args, training_args
 
+UB_FILE = str(Path(__file__).resolve().parents[1] / "tables" / "published" / "userbuffers" / "dgxc-gpt3-175b.yaml")
 CHANGES = [
     ({}, ""),
     # with --bf16 Megatron reduces in FP32 unless told otherwise: the flag that changes it is all
@@ -25,6 +28,7 @@ CHANGES = [
     ({"fp8_format": "e4m3", "fp8_recipe": "tensorwise", "fp8_amax_history_len": 1024, "fp8_param_gather": True},
      "--fp8-format e4m3, --fp8-recipe tensorwise, --fp8-amax-history-len 1024, --fp8-param-gather"),
     ({"tp_comm_overlap": True}, "--tp-comm-overlap"),
+    ({"tp_comm_overlap": True, "tp_comm_overlap_cfg": UB_FILE}, f"--tp-comm-overlap, --tp-comm-overlap-cfg {UB_FILE}"),
     ({"sequence_parallel": False}, "no --sequence-parallel"),
     # the parameter gather needs the distributed optimizer: it goes with it, unsaid
     ({"distributed_optimizer": False, "overlap_param_gather": False}, "no --use-distributed-optimizer"),

@@ -37,6 +37,10 @@ TRAINING_FLAGS = [
     click.option("--tp-comm-overlap", is_flag=True, default=False,
                  help="Transformer Engine userbuffers hide the TP all-gathers and reduce-scatters behind the "
                       "GEMMs (needs Transformer Engine and --sequence-parallel; TP > 1 only)."),
+    click.option("--tp-comm-overlap-cfg", default=None, metavar="FILE",
+                 help="With --tp-comm-overlap: Megatron's YAML of per-buffer userbuffers settings (method, num_sm, "
+                      "num_splits, set_sm_margin, ...), priced buffer by buffer and emitted as given. Default: "
+                      "Transformer Engine's."),
     click.option("--use-megatron-fsdp", is_flag=True, default=False,
                  help="Megatron-FSDP instead of DDP: shards per --data-parallel-sharding-strategy over DP x CP, "
                       "gathering and reduce-scattering layer by layer; emitted with --ckpt-format fsdp_dtensor."),
@@ -105,8 +109,8 @@ TRAINING_FLAGS = [
 """--distributed-optimizer and --grad-dtype first (as before), then the rest."""
 
 _NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "overlap_grad_reduce", "overlap_param_gather",
-          "tp_comm_overlap", "use_megatron_fsdp", "data_parallel_sharding_strategy", "use_torch_fsdp2",
-          "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer", "main_params_dtype",
+          "tp_comm_overlap", "tp_comm_overlap_cfg", "use_megatron_fsdp", "data_parallel_sharding_strategy",
+          "use_torch_fsdp2", "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer", "main_params_dtype",
           "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_format", "fp8_recipe", "fp8_param_gather", "sequence_parallel",
           "flash_attn", "dataloader_mask", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
           "vocab_divisible_by", "megatron_version")
@@ -185,7 +189,7 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
             fp8_format=v["fp8_format"], fp8_recipe=v["fp8_recipe"], fp8_param_gather=v["fp8_param_gather"],
             distributed_optimizer=distributed, overlap_grad_reduce=v["overlap_grad_reduce"],
             overlap_param_gather=gather, fsdp_strategy=fsdp, torch_fsdp2=torch_fsdp2,
-            tp_comm_overlap=v["tp_comm_overlap"],
+            tp_comm_overlap=v["tp_comm_overlap"], tp_comm_overlap_cfg=v["tp_comm_overlap_cfg"],
             sequence_parallel=v["sequence_parallel"], flash_attention=v["flash_attn"], dataloader_mask=mask,
             optimizer_cpu_offload=v["optimizer_cpu_offload"],
             optimizer_offload_fraction=v["optimizer_offload_fraction"], vocab_divisible_by=v["vocab_divisible_by"],

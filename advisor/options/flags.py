@@ -79,6 +79,8 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
         args.append("--sequence-parallel")
     if tp > 1 and tpo.tp_comm_overlap:
         args.append("--tp-comm-overlap")
+        if tpo.tp_comm_overlap_cfg is not None:
+            args += ["--tp-comm-overlap-cfg", tpo.tp_comm_overlap_cfg]
     if r.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
         if r.recompute_modules:  # None: Megatron's default core_attn
@@ -128,6 +130,8 @@ def changed_args(options: TrainingOptions) -> str:
         words.append("no --sequence-parallel")
     if tpo.tp_comm_overlap:
         words.append("--tp-comm-overlap")
+    if tpo.tp_comm_overlap_cfg is not None:
+        words.append(f"--tp-comm-overlap-cfg {tpo.tp_comm_overlap_cfg}")
     if r.recompute != "none":
         words.append(f"--recompute-granularity {r.recompute}")
         if r.recompute == "selective" and r.recompute_modules:
@@ -210,7 +214,7 @@ VALUED = frozenset({
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--attention-backend",
     "--optimizer-offload-fraction", "--make-vocab-size-divisible-by", "--tensor-model-parallel-size",
     "--transformer-impl", "--cross-entropy-fusion-impl", "--main-grads-dtype", "--main-params-dtype",
-    "--exp-avg-dtype", "--exp-avg-sq-dtype",
+    "--exp-avg-dtype", "--exp-avg-sq-dtype", "--tp-comm-overlap-cfg",
 })
 MULTI = frozenset({"--recompute-modules"})
 """Flags with several values (Megatron's nargs), each read whole: the words after it up to the next flag."""
@@ -223,7 +227,7 @@ UNPRICED = frozenset({
     "--num-layers-at-end-in-bf16", "--fp8-dot-product-attention", "--fp8-multi-head-attention",
     "--decoupled-lr", "--optimizer", "--use-custom-fsdp", "--suggested-communication-unit-size",
     "--num-distributed-optimizer-instances", "--ddp-bucket-size", "--ddp-average-in-collective",
-    "--calculate-per-token-loss", "--use-cpu-initialization", "--tp-comm-overlap-cfg", "--disable-tp-comm-overlap-ag",
+    "--calculate-per-token-loss", "--use-cpu-initialization", "--disable-tp-comm-overlap-ag",
     "--disable-tp-comm-overlap-rs", "--no-gradient-accumulation-fusion", "--check-weight-hash-across-dp-replicas-interval",
     "--cp-comm-type", "--hierarchical-context-parallel-sizes",
     "--num-experts", "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--moe-grouped-gemm",
@@ -432,7 +436,10 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
     options = TrainingOptions(
         precision=_precision(values), data_parallel=_data_parallel(values, release),
         tensor_parallel=TensorParallel(sequence_parallel="--sequence-parallel" in values,
-                                       tp_comm_overlap="--tp-comm-overlap" in values),
+                                       tp_comm_overlap="--tp-comm-overlap" in values,
+                                       # Megatron-LM reads the file only with the overlap (initialize.py)
+                                       tp_comm_overlap_cfg=_last(values, "--tp-comm-overlap-cfg")
+                                       if "--tp-comm-overlap" in values else None),
         recomputation=_recomputation(values, unpriced), attention=_attention(values),
         offload=Offload(optimizer_cpu_offload="--optimizer-cpu-offload" in values,
                         optimizer_offload_fraction=fraction),

@@ -187,11 +187,28 @@ class TensorParallel:
     tp_comm_overlap: bool = False
     """--tp-comm-overlap: Transformer Engine userbuffers overlap the TP all-gathers and
     reduce-scatters with the GEMMs; needs Transformer Engine and sequence parallelism."""
+    tp_comm_overlap_cfg: str | None = None
+    """--tp-comm-overlap-cfg FILE: the YAML of per-buffer userbuffers settings Megatron-LM passes to
+    Transformer Engine (``advisor.options.ub_config``), as the path was given; None: TE's defaults.
+    Read (and refused where TE would refuse it) when the options are made."""
 
     def __post_init__(self) -> None:
         _switches(self)
         if self.tp_comm_overlap and not self.sequence_parallel:
             raise AdvisorError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM refuses it without)")
+        if self.tp_comm_overlap_cfg is not None:
+            if not isinstance(self.tp_comm_overlap_cfg, str) or not self.tp_comm_overlap_cfg:
+                raise AdvisorError(f"tp_comm_overlap_cfg (--tp-comm-overlap-cfg) must be a file's path, got "
+                                   f"{self.tp_comm_overlap_cfg!r}")
+            if not self.tp_comm_overlap:  # Megatron-LM reads the file only to set up the overlap
+                raise AdvisorError("--tp-comm-overlap-cfg needs --tp-comm-overlap")
+            self.userbuffers()
+
+    def userbuffers(self):
+        """The --tp-comm-overlap-cfg file's buffers (``ub_config.UserbuffersConfig``), TE's defaults without one."""
+        from advisor.options.ub_config import TE_DEFAULTS, load_userbuffers
+
+        return load_userbuffers(self.tp_comm_overlap_cfg) if self.tp_comm_overlap_cfg else TE_DEFAULTS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -581,6 +598,7 @@ class TrainingOptions:
                         fsdp_strategy=dp.fsdp_strategy)
         return TimeOptions(
             **fsdp, tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,
+            userbuffers=self.tensor_parallel.userbuffers(),
             optimizer_step_bytes=optimizer_step_bytes(self._state_kinds),
             dataloader_mask="rebuilt" if self.attention.dataloader_mask == "rebuilt" else "cached",
             optimizer_host_fraction=self.offload.host_fraction, flash_attention=self.attention.flash_attention,

@@ -17,6 +17,7 @@ import numpy as np
 
 from advisor.hardware import GpuSpec, streaming_multiprocessors
 from advisor.models import LlamaSpec
+from advisor.options.ub_config import TE_DEFAULTS, UserbuffersConfig
 from advisor.throughput import levers, terms, userbuffers
 from advisor.throughput.calibration import Calibration, load_calibration
 from advisor.throughput.flops import FlopsConvention, layer_gemm_shapes, megatron_flops_per_iteration, padded_vocab
@@ -45,6 +46,8 @@ class TimeOptions:
     tp_comm_overlap: bool = False
     """--tp-comm-overlap (Transformer Engine userbuffers) hides the TP collectives behind the GEMMs
     beside them, as far as those GEMMs last (``userbuffers.tp_overlap_time``)."""
+    userbuffers: UserbuffersConfig = TE_DEFAULTS
+    """With it, each buffer's method, SMs and splits: --tp-comm-overlap-cfg's, else TE's defaults."""
     dataloader_mask: DataloaderMask = "cached"
     """'rebuilt': the data loader builds an s x s mask per sample (--reset-attention-mask,
     --reset-position-ids or --eod-mask-loss without --no-create-attention-mask-in-dataloader:
@@ -167,7 +170,8 @@ class TimeModel:
             gemm_f = gemm_f + terms.elementwise_time(cast_f, rates)
             gemm_b = gemm_b + terms.elementwise_time(cast_b, rates)
         if self.options.tp_comm_overlap:  # userbuffers: what their GEMMs leave, and the SMs they take
-            tp_f, tp_b, slow_f, slow_b = userbuffers.tp_overlap_time(spec, tokens, tp, gemm_rates, self.sms)
+            tp_f, tp_b, slow_f, slow_b = userbuffers.tp_overlap_time(spec, tokens, tp, gemm_rates, self.sms,
+                                                                     self.options.userbuffers)
             gemm_f, gemm_b = gemm_f + slow_f, gemm_b + slow_b
         else:
             tp_f, tp_b = terms.tensor_parallel_time(spec, tokens, tp, rates)

@@ -19,24 +19,25 @@ proj, fc1, fc2), and ``initialize_ub`` (TE 2.9, the release core_v0.15.2 pins,
 - external (proj_wgrad, fc2_wgrad): reuses proj_dgrad's and fc2_dgrad's gathered gradient, no
   collective of its own.
 Pipeline and bulk set an SM margin (``_math_sms = sm_count - num_comm_sm``): their GEMM runs on
-16 fewer SMs.
+16 fewer SMs. Assumed: a GEMM's time scales with the SMs it runs on, sm / (sm - num_sm); a buffer
+without a margin leaves its GEMM every SM.
+
+--tp-comm-overlap-cfg FILE replaces any buffer's method, SMs, margin and splits
+(``advisor.options.ub_config``); each buffer is priced by what it then says.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
+from advisor.options.ub_config import TE_DEFAULTS, Userbuffer, UserbuffersConfig
 from advisor.throughput.flops import layer_gemm_shapes
 from advisor.throughput.terms import BF16, Rates, gemm_time, link_bandwidth, ring_collective_time
 
-COMM_SMS = 16
-"""SMs the pipeline and bulk methods' userbuffers kernels take from the GEMM beside them
-(TE 2.9 ``initialize_ub`` defaults: num_sm 16, set_sm_margin true; ring_exchange: num_sm 1 on the
-copy engines, no margin). Assumed: a GEMM's time scales with the SMs it runs on, sm / (sm - 16)."""
-
 PIPELINE_SPLITS = 4
-"""The pipeline method's chunks (``initialize_ub`` default num_splits 4)."""
+"""The pipeline method's chunks (``initialize_ub`` default num_splits 4; ``ub_config.default_buffer``)."""
 
 
 def ring_exchange_exposed(comm, gemm, tp):
@@ -60,23 +61,65 @@ def bulk_exposed(comm, gemm):
     return np.maximum(0.0, comm - gemm)
 
 
-def tp_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int):
+def exposed(method: str, comm, gemm, tp, splits: int):
+    """Exposed time of a collective of ``comm`` seconds beside a GEMM of ``gemm`` (already slowed by
+    any SM margin) run by ``method``; ring exchange runs TP chunks whatever ``num_splits`` says
+    (TE's ``CommOverlapP2P`` takes no split count)."""
+    if method == "ring_exchange":
+        return ring_exchange_exposed(comm, gemm, tp)
+    if method == "pipeline":
+        return pipeline_exposed(comm, gemm, splits)
+    return bulk_exposed(comm, gemm)
+
+
+def _margin(buffer: Userbuffer, sms: int, tp) -> np.ndarray:
+    """The factor a buffer's GEMM is slowed by: sm / (sm - num_sm) where it sets an SM margin
+    (``_math_sms = sm_count - num_comm_sm``), 1 without one and at TP 1 (no overlap there)."""
+    if not buffer.set_sm_margin:
+        return np.ones_like(np.asarray(tp, dtype=float))
+    if buffer.num_sm >= sms:
+        raise AdvisorError(f"--tp-comm-overlap-cfg: num_sm {buffer.num_sm} with set_sm_margin leaves no SMs of the "
+                           f"GPU's {sms} to the GEMM")
+    return np.where(np.asarray(tp) > 1, sms / (sms - buffer.num_sm), 1.0)
+
+
+def tp_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config: UserbuffersConfig = TE_DEFAULTS):
     """(forward exposed, backward exposed, forward GEMM slowdown, backward GEMM slowdown) of one
     layer with --tp-comm-overlap, on a GPU of ``sms`` SMs; ``rates``, the GEMMs' (FP8's under
-    --fp8-format). Each collective is ``terms.tensor_parallel_time``'s one ring of the [tokens, h]
-    BF16 activation. Forward: QKV's and FC1's all-gathers by ring exchange, the projection's and
-    FC2's reduce-scatters pipelined (their GEMMs slowed by the margin). Backward: the projection's
-    and FC2's gradient all-gathers by ring exchange beside their dgrad; QKV's and FC1's dgrad
-    reduce-scatters in bulk beside their wgrad; their inputs' re-gathers beside dgrad stay hidden,
-    as ``tensor_parallel_time`` has them without the overlap (Transformer Engine gathers them
-    asynchronously behind dgrad either way, ``layernorm_linear.py``); all four of those GEMMs
-    slowed by the margin. Nothing at TP 1 (Megatron refuses the overlap there)."""
+    --fp8-format); ``config``, the --tp-comm-overlap-cfg buffers (default TE's). Each collective is
+    ``terms.tensor_parallel_time``'s one ring of the [tokens, h] BF16 activation, beside the GEMM
+    of its buffer, by the buffer's method. Forward: the all-gathers before QKV and FC1 (qkv_fprop,
+    fc1_fprop) and the reduce-scatters after the projection and FC2 (proj_fprop, fc2_fprop).
+    Backward: the projection's and FC2's gradient all-gathers beside their dgrad (proj_dgrad,
+    fc2_dgrad); QKV's and FC1's dgrad reduce-scatters beside their wgrad (qkv_wgrad, fc1_wgrad,
+    bulk), or beside their dgrad where qkv_dgrad/fc1_dgrad are given another method (TE's
+    reduce-scatter dgrad overlap); with bulk qkv_dgrad/fc1_dgrad, their inputs' re-gathers beside
+    dgrad stay hidden, as ``tensor_parallel_time`` has them without the overlap (Transformer Engine
+    gathers them asynchronously behind dgrad either way, ``layernorm_linear.py``). Every GEMM
+    beside a buffer that sets an SM margin is slowed by it. Nothing at TP 1 (Megatron refuses the
+    overlap there)."""
     qkv, proj, fc1, fc2 = (gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, tokens, tp))
     one = ring_collective_time(BF16 * tokens * spec.hidden_size, tp, link_bandwidth(tp, rates), rates)
-    slow = np.where(np.asarray(tp) > 1, sms / (sms - COMM_SMS) - 1.0, 0.0)
-    margin = 1.0 + slow
-    forward = (ring_exchange_exposed(one, qkv, tp) + pipeline_exposed(one, proj * margin)
-               + ring_exchange_exposed(one, fc1, tp) + pipeline_exposed(one, fc2 * margin))
-    backward = (ring_exchange_exposed(one, proj, tp) + ring_exchange_exposed(one, fc2, tp)
-                + bulk_exposed(one, qkv * margin) + bulk_exposed(one, fc1 * margin))
-    return forward, backward, slow * (proj + fc2), slow * 2 * (qkv + fc1)
+    forward, backward, slow_f, slow_b = 0.0, 0.0, 0.0, 0.0
+    for name, gemm in (("qkv_fprop", qkv), ("proj_fprop", proj), ("fc1_fprop", fc1), ("fc2_fprop", fc2)):
+        buffer = config.buffer(name)
+        margin = _margin(buffer, sms, tp)
+        forward = forward + exposed(buffer.method, one, gemm * margin, tp, buffer.num_splits)
+        slow_f = slow_f + gemm * (margin - 1)
+    for name, gemm in (("proj_dgrad", proj), ("fc2_dgrad", fc2)):
+        buffer = config.buffer(name)
+        margin = _margin(buffer, sms, tp)
+        backward = backward + exposed(buffer.method, one, gemm * margin, tp, buffer.num_splits)
+        slow_b = slow_b + gemm * (margin - 1)
+    for stem, gemm in (("qkv", qkv), ("fc1", fc1)):
+        dgrad = config.buffer(f"{stem}_dgrad")
+        dgrad_margin = _margin(dgrad, sms, tp)
+        slow_b = slow_b + gemm * (dgrad_margin - 1)
+        if dgrad.method != "bulk":  # the dgrad output's reduce-scatter runs beside dgrad itself
+            backward = backward + exposed(dgrad.method, one, gemm * dgrad_margin, tp, dgrad.num_splits)
+            continue
+        wgrad = config.buffer(f"{stem}_wgrad")
+        wgrad_margin = _margin(wgrad, sms, tp)
+        backward = backward + exposed(wgrad.method, one, gemm * wgrad_margin, tp, wgrad.num_splits)
+        slow_b = slow_b + gemm * (wgrad_margin - 1)
+    return forward, backward, slow_f, slow_b

@@ -1,0 +1,147 @@
+"""--tp-comm-overlap-cfg FILE: the YAML of per-buffer userbuffers settings that Megatron-LM reads
+with ``yaml.safe_load`` and passes whole to Transformer Engine's ``initialize_ub`` as ``ub_cfgs``
+(core_v0.15.2 and core_v0.19.0 ``megatron/training/initialize.py``, ``_initialize_tp_communicators``).
+
+Transformer Engine (TE 2.9, the release core_v0.15.2 pins, ``pytorch/module/base.py``,
+``initialize_ub``) starts every buffer from ``get_default_config`` and updates it with the file's
+mapping for that buffer; ``add_ub`` takes exactly the keys below (any other is a TypeError there),
+asserts that an all-gather buffer is never ``pipeline`` and that ``external`` is only the
+projection's and FC2's wgrad. ``qkv_dgrad``/``fc1_dgrad`` given a method other than ``bulk`` turn
+into reduce-scatter overlaps of the dgrad output (no ``*_wgrad`` bulk buffer then, asserted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from advisor.errors import AdvisorError
+
+METHODS = ("ring_exchange", "pipeline", "bulk", "external")
+
+DEFAULT_METHODS = {
+    "qkv_fprop": "ring_exchange", "fc1_fprop": "ring_exchange", "proj_dgrad": "ring_exchange",
+    "fc2_dgrad": "ring_exchange", "proj_fprop": "pipeline", "fc2_fprop": "pipeline",
+    "qkv_dgrad": "bulk", "qkv_wgrad": "bulk", "fc1_dgrad": "bulk", "fc1_wgrad": "bulk",
+    "proj_wgrad": "external", "fc2_wgrad": "external",
+}
+"""``initialize_ub``'s ``methods``: every buffer a Transformer Engine layer asks for, and its method."""
+
+ALL_GATHERS = ("qkv_fprop", "qkv_dgrad", "proj_dgrad", "proj_wgrad", "fc1_fprop", "fc1_dgrad", "fc2_dgrad",
+               "fc2_wgrad")
+"""``layers_all_gather_overlap``: buffers whose collective is an all-gather (never ``pipeline``)."""
+
+KEYS = ("method", "num_sm", "cga_size", "set_sm_margin", "num_splits", "aggregate", "atomic_gemm", "use_ce",
+        "fp8_buf", "comm_priority", "gemm_priority", "pipeline_rs_overlap_first_gemm")
+"""``add_ub``'s keyword arguments: what a buffer's mapping may set."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Userbuffer:
+    """One buffer's settings, as ``get_default_config`` and the file leave them. Priced: method,
+    num_sm, set_sm_margin, num_splits. Read but not priced: cga_size, aggregate, atomic_gemm,
+    use_ce, fp8_buf (the collective is priced in BF16), the stream priorities."""
+
+    method: str
+    """ring_exchange, pipeline, bulk or external."""
+    num_sm: int
+    """SMs the communication kernels run on (1 for ring exchange, 16 otherwise, by default)."""
+    set_sm_margin: bool
+    """Whether the GEMM beside the collective gives those SMs up (``_math_sms = sm_count - num_sm``)."""
+    num_splits: int
+    """The pipeline method's chunks (4 by default; ring exchange always runs TP chunks)."""
+
+
+def default_buffer(name: str, method: str | None = None) -> Userbuffer:
+    """``get_default_config(name)``: ring exchange on 1 SM without a margin, else 16 SMs with one,
+    and 4 pipeline splits; ``method``: the one ``initialize_ub`` moved the buffer to (a non-bulk
+    qkv_dgrad/fc1_dgrad), whose defaults it then takes."""
+    method = method or DEFAULT_METHODS[name]
+    ring = method == "ring_exchange"
+    return Userbuffer(method=method, num_sm=1 if ring else 16, set_sm_margin=not ring, num_splits=4)
+
+
+@dataclass(frozen=True, slots=True)
+class UserbuffersConfig:
+    """A --tp-comm-overlap-cfg file read: the buffers it sets, each merged over its default."""
+
+    path: str
+    buffers: tuple[tuple[str, Userbuffer], ...] = ()
+
+    def buffer(self, name: str) -> Userbuffer:
+        """``name``'s settings: the file's where it sets the buffer, else the default."""
+        return dict(self.buffers).get(name) or default_buffer(name)
+
+
+TE_DEFAULTS = UserbuffersConfig("")
+"""No file: every buffer at ``get_default_config``."""
+
+
+def _problem(path: str, name: str, what: str) -> AdvisorError:
+    return AdvisorError(f"--tp-comm-overlap-cfg {path}: {name}: {what}")
+
+
+def _whole(path: str, name: str, key: str, value, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise _problem(path, name, f"{key} must be a whole number >= {least}, got {value!r}")
+    return value
+
+
+def _buffer(path: str, name: str, given) -> Userbuffer:
+    """One buffer's mapping merged over its default, refused where ``add_ub`` would refuse it."""
+    if not isinstance(given, dict):
+        raise _problem(path, name, f"expected a mapping of settings, got {given!r}")
+    unknown = sorted(set(given) - set(KEYS))
+    if unknown:
+        raise _problem(path, name, f"unknown setting {unknown[0]!r} (Transformer Engine's initialize_ub takes "
+                                   f"{', '.join(KEYS)})")
+    method = given.get("method", DEFAULT_METHODS[name])
+    if method not in METHODS:
+        raise _problem(path, name, f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    # initialize_ub moves a non-bulk dgrad to its method's list before taking the defaults
+    base = default_buffer(name, method if name in ("qkv_dgrad", "fc1_dgrad") else None)
+    if method == "pipeline" and name in ALL_GATHERS and name not in ("qkv_dgrad", "fc1_dgrad"):
+        raise _problem(path, name, "pipeline is not supported for an all-gather (Transformer Engine refuses it)")
+    if (method == "external") != (name in ("proj_wgrad", "fc2_wgrad")):
+        raise _problem(path, name, "external is the method of proj_wgrad and fc2_wgrad only (Transformer Engine "
+                                   "asserts it)")
+    return Userbuffer(method=method, num_sm=_whole(path, name, "num_sm", given.get("num_sm", base.num_sm), 1),
+                      set_sm_margin=bool(given.get("set_sm_margin", base.set_sm_margin)),
+                      num_splits=_whole(path, name, "num_splits", given.get("num_splits", base.num_splits), 1))
+
+
+def parse_userbuffers(path: str, data) -> UserbuffersConfig:
+    """The settings of a loaded file (``data``, what ``yaml.safe_load`` returned)."""
+    if data is None:  # an empty file: initialize_ub takes None as no settings
+        return UserbuffersConfig(path)
+    if not isinstance(data, dict):
+        raise AdvisorError(f"--tp-comm-overlap-cfg {path}: expected a mapping of buffer names, got {type(data).__name__}")
+    buffers = []
+    for name, given in data.items():
+        if name not in DEFAULT_METHODS:
+            raise _problem(path, name, f"not a userbuffers buffer (Transformer Engine's are {', '.join(DEFAULT_METHODS)})")
+        buffers.append((name, _buffer(path, name, given)))
+    for dgrad in ("qkv_dgrad", "fc1_dgrad"):
+        wgrad = dgrad.replace("dgrad", "wgrad")
+        if dgrad in data and dict(buffers)[dgrad].method != "bulk" and wgrad in data:
+            raise _problem(path, wgrad, f"set beside a non-bulk {dgrad}, whose reduce-scatter replaces it "
+                                        "(Transformer Engine asserts it absent)")
+    return UserbuffersConfig(path, tuple(buffers))
+
+
+@lru_cache(maxsize=32)
+def load_userbuffers(path: str) -> UserbuffersConfig:
+    """The file at ``path`` (relative to the working directory, as Megatron-LM opens it) read and
+    checked; AdvisorError (one line) where it is missing, not YAML, or a setting TE would refuse."""
+    import yaml  # only a run with the file needs it: kept off the start-up
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise AdvisorError(f"--tp-comm-overlap-cfg {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise AdvisorError(f"--tp-comm-overlap-cfg {path}: not YAML ({str(exc).splitlines()[0]})") from None
+    return parse_userbuffers(path, data)

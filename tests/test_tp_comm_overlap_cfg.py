@@ -1,0 +1,175 @@
+"""--tp-comm-overlap-cfg FILE (Megatron-LM's YAML of per-buffer userbuffers settings, passed to
+Transformer Engine's initialize_ub as ub_cfgs): read, refused where TE refuses it, priced buffer by
+buffer, emitted as given and read back from a command.
+
+Hand numbers: tests/test_tp_comm_overlap.py's Llama 3.1 8B at TP 8, one 8192-token microbatch on
+an H100 (132 SMs): GEMMs QKV 0.08745, projection 0.06290, FC1 0.35751, FC2 0.18566 ms; one TP
+collective 0.27049 ms."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from advisor.cli import cli
+from advisor.errors import AdvisorError
+from advisor.hardware import get_gpu
+from advisor.models import PRESETS
+from advisor.options import TrainingOptions, parse_training_args, training_args
+from advisor.options.ub_config import load_userbuffers
+from advisor.throughput import TimeModel
+
+from test_tp_comm_overlap import hand_rates
+
+H100 = get_gpu("h100-80gb")
+NO_MARGINS = """\
+proj_fprop: {method: pipeline, num_sm: 24, set_sm_margin: 0}
+fc2_fprop: {method: pipeline, num_sm: 20, set_sm_margin: 0}
+qkv_dgrad: {method: bulk, num_sm: 4, cga_size: 2, set_sm_margin: 0}
+qkv_wgrad: {method: bulk, num_sm: 8, cga_size: 2, set_sm_margin: 0}
+fc1_dgrad: {method: bulk, num_sm: 2, cga_size: 2, set_sm_margin: 0}
+fc1_wgrad: {method: bulk, num_sm: 4, cga_size: 2, set_sm_margin: 0}
+"""
+
+
+def _file(tmp_path, text: str, name: str = "ub.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _layer(path: str | None, tp: int = 8):
+    """(exposed TP time, GEMM time) of one 8B layer and microbatch with the overlap and ``path``'s
+    settings (None: TE's defaults)."""
+    options = TrainingOptions().with_(tp_comm_overlap=True, tp_comm_overlap_cfg=path).time_options()
+    out = TimeModel(PRESETS["llama3.1-8b"], H100, 8192, 64, options=options).layer(tp, 1, 1)
+    return float(out[3]), float(out[2])
+
+
+def _gemms():
+    flops, latency, bandwidth, hop = hand_rates()
+    qkv, proj, fc1, fc2 = (2 * 8192 * k * n / flops + latency for k, n in
+                           ((4096, 768), (512, 4096), (4096, 3584), (1792, 4096)))
+    return qkv, proj, fc1, fc2, 7 / 8 * 2 * 8192 * 4096 / bandwidth + 7 * hop
+
+
+def test_a_file_without_sm_margins_leaves_every_gemm_its_sms(tmp_path):
+    """NeMo's GPT-3 175B style: pipeline and bulk on their own SMs but no margin. Forward: QKV ring
+    0.27049 - 7/8 x 0.08745 = 0.19397; projection pipeline 0.27049 - 3/4 x 0.06290 = 0.22332; FC1
+    hidden; FC2 pipeline max(0.27049/4, 0.27049 - 3/4 x 0.18566) = 0.13124: 0.54853 ms. Backward:
+    projection ring 0.21545, FC2 ring 0.10804, QKV wgrad bulk 0.27049 - 0.08745 = 0.18304, FC1
+    hidden: 0.50653 ms. No GEMM slowed (TE's defaults slow them by 0.15703 ms)."""
+    qkv, proj, fc1, fc2, one = _gemms()
+    forward = (one - 7 / 8 * qkv) + (one - 3 / 4 * proj) + max(one / 4, one - 3 / 4 * fc2)
+    backward = (one - 7 / 8 * proj) + (one - 7 / 8 * fc2) + (one - qkv)
+    assert (forward, backward) == pytest.approx((0.54853e-3, 0.50653e-3), rel=1e-4)
+    exposed, gemm = _layer(_file(tmp_path, NO_MARGINS))
+    default_exposed, default_gemm = _layer(None)
+    assert exposed == pytest.approx(forward + backward, rel=1e-12)
+    assert default_gemm - gemm == pytest.approx(0.03428e-3 + 0.12275e-3, rel=1e-3)
+
+
+def test_splits_sms_and_methods_are_each_buffers_own(tmp_path):
+    """proj_fprop pipelined in 2 on 24 SMs with the margin: its GEMM 0.06290 x 132/108 = 0.07688,
+    exposed max(0.27049/2, 0.27049 - 1/2 x 0.07688) = 0.23205 ms (0.21681 at TE's 4 splits on 16).
+    fc2_fprop by ring exchange (NeMo launcher's GPT-3 175B file) on 1 SM with the margin: its GEMM
+    0.18566 x 132/131 = 0.18708, exposed 0.27049 - 7/8 x 0.18708 = 0.10680 ms (0.11204 pipelined).
+    GEMMs slowed forward: 24/108 x 0.06290 + 1/131 x 0.18566 = 0.01540 ms."""
+    qkv, proj, fc1, fc2, one = _gemms()
+    text = ("proj_fprop: {method: pipeline, num_sm: 24, num_splits: 2, set_sm_margin: 1}\n"
+            "fc2_fprop: {method: ring_exchange, num_sm: 1, set_sm_margin: 1}\n")
+    proj_exposed = max(one / 2, one - proj * 132 / 108 / 2)
+    fc2_exposed = one - 7 / 8 * fc2 * 132 / 131
+    assert (proj_exposed, fc2_exposed) == pytest.approx((0.23205e-3, 0.10680e-3), rel=1e-4)
+    exposed, gemm = _layer(_file(tmp_path, text))
+    default_exposed, default_gemm = _layer(None)
+    default_proj = one - 3 / 4 * proj * 132 / 116
+    default_fc2 = max(one / 4, one - 3 / 4 * fc2 * 132 / 116)
+    assert exposed - default_exposed == pytest.approx(proj_exposed + fc2_exposed - default_proj - default_fc2, rel=1e-9)
+    slowed = 24 / 108 * proj + 1 / 131 * fc2
+    assert slowed == pytest.approx(0.01540e-3, rel=1e-3)
+    assert gemm - default_gemm == pytest.approx(slowed - 16 / 116 * (proj + fc2), rel=1e-9)
+
+
+def test_a_non_bulk_dgrad_reduce_scatters_beside_dgrad_with_its_methods_defaults(tmp_path):
+    """qkv_dgrad by ring exchange (TE's reduce-scatter dgrad overlap): initialize_ub moves it to
+    ring exchange's defaults (1 SM, no margin), and the dgrad output's reduce-scatter hides
+    behind 7/8 of the QKV dgrad: 0.27049 - 7/8 x 0.08745 = 0.19397 ms, where the default bulk
+    qkv_wgrad left 0.27049 - 0.08745 x 132/116 = 0.17097; QKV's dgrad and wgrad no longer slowed
+    (2 x 16/116 x 0.08745 = 0.02412 ms)."""
+    qkv, proj, fc1, fc2, one = _gemms()
+    exposed, gemm = _layer(_file(tmp_path, "qkv_dgrad: {method: ring_exchange}\n"))
+    default_exposed, default_gemm = _layer(None)
+    assert exposed - default_exposed == pytest.approx((0.19397 - 0.17097) * 1e-3, rel=1e-3)
+    assert exposed - default_exposed == pytest.approx((one - 7 / 8 * qkv) - (one - qkv * 132 / 116), rel=1e-9)
+    assert default_gemm - gemm == pytest.approx(0.02412e-3, rel=1e-3)
+    assert load_userbuffers(_file(tmp_path, "qkv_dgrad: {method: ring_exchange}\n", "b.yaml")).buffer(
+        "qkv_dgrad").set_sm_margin is False
+
+
+def test_te_defaults_written_out_price_as_no_file(tmp_path):
+    text = "".join(f"{name}: {{method: {method}}}\n" for name, method in (
+        ("qkv_fprop", "ring_exchange"), ("proj_fprop", "pipeline"), ("qkv_wgrad", "bulk"), ("proj_wgrad", "external")))
+    assert _layer(_file(tmp_path, text)) == _layer(None)
+    assert _layer(_file(tmp_path, "", "empty.yaml")) == _layer(None)  # initialize_ub takes None as no settings
+
+
+@pytest.mark.parametrize("text, words", [
+    ("proj_fprop: {method: ring}\n", "proj_fprop: method must be one of ring_exchange, pipeline, bulk, external, "
+                                     "got 'ring'"),
+    ("proj_fprop: {num_sm: 0}\n", "proj_fprop: num_sm must be a whole number >= 1, got 0"),
+    ("proj_fprop: {num_sm: -4}\n", "proj_fprop: num_sm must be a whole number >= 1, got -4"),
+    ("fc2_fprop: {num_splits: 0}\n", "fc2_fprop: num_splits must be a whole number >= 1, got 0"),
+    ("qkv_fprop: {method: pipeline}\n", "qkv_fprop: pipeline is not supported for an all-gather"),
+    ("fc1_fprop: {method: external}\n", "fc1_fprop: external is the method of proj_wgrad and fc2_wgrad only"),
+    ("fc1_fprop: {num_sms: 4}\n", "fc1_fprop: unknown setting 'num_sms'"),
+    ("qkv: {method: bulk}\n", "qkv: not a userbuffers buffer"),
+    ("qkv_dgrad: {method: pipeline}\nqkv_wgrad: {method: bulk}\n", "qkv_wgrad: set beside a non-bulk qkv_dgrad"),
+    ("- proj_fprop\n", "expected a mapping of buffer names, got list"),
+    ("proj_fprop: [1, 2\n", "not YAML"),
+])
+def test_a_bad_file_is_one_error_line_exit_2(tmp_path, text, words):
+    path = _file(tmp_path, text)
+    result = CliRunner().invoke(cli, ["estimate", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "8",
+                                      "--gpu", "h100-80gb", "--tp-comm-overlap", "--tp-comm-overlap-cfg", path])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: --tp-comm-overlap-cfg {path}: "), result.stderr
+    assert words in lines[0]
+
+
+def test_a_missing_file_and_a_file_without_the_overlap_are_refused(tmp_path):
+    base = ["estimate", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "8", "--gpu", "h100-80gb"]
+    missing = CliRunner().invoke(cli, [*base, "--tp-comm-overlap", "--tp-comm-overlap-cfg", str(tmp_path / "no.yaml")])
+    assert missing.exit_code == 2 and missing.stderr.startswith(f"Error: --tp-comm-overlap-cfg {tmp_path / 'no.yaml'}: "
+                                                                "cannot read it")
+    alone = CliRunner().invoke(cli, [*base, "--tp-comm-overlap-cfg", _file(tmp_path, NO_MARGINS)])
+    assert alone.exit_code == 2 and alone.stderr.strip() == "Error: --tp-comm-overlap-cfg needs --tp-comm-overlap"
+    with pytest.raises(AdvisorError, match="leaves no SMs"):
+        _layer(_file(tmp_path, "proj_fprop: {num_sm: 132}\n", "all.yaml"))
+
+
+def test_the_file_is_emitted_as_given_and_read_back_priced(tmp_path):
+    """The launch arguments carry the path as given; a torchrun line with it reads back to the same
+    options and the same step time, which the file changes."""
+    path = _file(tmp_path, NO_MARGINS)
+    base = ["estimate", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "8", "--gpu", "h100-80gb", "--gbs", "64",
+            "--tp-comm-overlap", "--format", "json"]
+    given = json.loads(CliRunner().invoke(cli, [*base, "--tp-comm-overlap-cfg", path]).stdout)
+    plain = json.loads(CliRunner().invoke(cli, base).stdout)
+    args = given["megatron_args"]
+    assert args[args.index("--tp-comm-overlap-cfg") + 1] == path
+    assert given["step_time_s"] < plain["step_time_s"]  # no margins: every GEMM on all 132 SMs
+    options = TrainingOptions().with_(tp_comm_overlap=True, tp_comm_overlap_cfg=path)
+    emitted = training_args(options, tp=8)
+    assert emitted[emitted.index("--tp-comm-overlap-cfg") + 1] == path
+    assert parse_training_args([*emitted, "--tensor-model-parallel-size", "8"])[0] == options.at_tp(8)
+    line = shlex.join(["torchrun", "--nproc-per-node", "8", "pretrain_gpt.py", *args, "--vocab-size", "128256"])
+    read = json.loads(CliRunner().invoke(cli, ["estimate", "--gpu", "h100-80gb", "--format", "json",
+                                               "--from-command", "-"], input=line).stdout)
+    assert read["options"]["tp_comm_overlap_cfg"] == path
+    assert read["step_time_s"] == pytest.approx(given["step_time_s"], rel=1e-12)
+    assert "--tp-comm-overlap-cfg" not in " ".join(read.get("unpriced", []))
