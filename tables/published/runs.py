@@ -23,6 +23,8 @@ from advisor.errors import AdvisorError
 from tables.published.csv_rows import typed_rows
 
 DATA = Path(__file__).with_name("dense_runs.csv")
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository: a row's --tp-comm-overlap-cfg file is written relative to it."""
 COLUMNS = ("run", "framework", "model", "num_layers", "vocab_size", "gpu", "gpus", "precision", "seq_len",
            "global_batch_size", "micro_batch_size", "tp", "pp", "cp", "vpp", "step_time_s", "training_flags", "use",
            "source")
@@ -95,9 +97,20 @@ def torchrun_line(model: list[str], run: PublishedLayout, num_layers: int, extra
     if run.vpp > 1:
         args += ["--num-layers-per-virtual-pipeline-stage", str(num_layers // (run.pp * run.vpp))]
     args += ["--micro-batch-size", str(run.micro_batch_size), "--global-batch-size", str(run.global_batch_size),
-             *shlex.split(run.training_flags), *extra]
+             *_rooted(shlex.split(run.training_flags)), *extra]
     nodes, per_node = (run.gpus // 8, 8) if run.gpus % 8 == 0 else (1, run.gpus)
     return shlex.join(["torchrun", "--nproc-per-node", str(per_node), "--nnodes", str(nodes), "pretrain_gpt.py", *args])
+
+
+def _rooted(flags: list[str]) -> list[str]:
+    """``flags`` with --tp-comm-overlap-cfg's file (a recipe's userbuffers settings,
+    tables/published/userbuffers/, written relative to the repository) made absolute, so the line
+    prices from any working directory, as Megatron-LM opens the file from its own."""
+    out = list(flags)
+    for at, flag in enumerate(out[:-1]):
+        if flag == "--tp-comm-overlap-cfg" and not Path(out[at + 1]).is_absolute():
+            out[at + 1] = str(ROOT / out[at + 1])
+    return out
 
 
 def price(run: PublishedRun) -> dict:
