@@ -201,7 +201,7 @@ def _derive(args) -> dict:
         # the training options' levers (advisor.options), as validate_args leaves them
         **{name: getattr(args, name, None) for name in (
             "overlap_grad_reduce", "overlap_param_gather", "use_megatron_fsdp", "data_parallel_sharding_strategy",
-            "tp_comm_overlap", "fp8", "fp8_recipe", "fp8_param_gather", "fp8_amax_history_len",
+            "tp_comm_overlap", "tp_comm_overlap_cfg", "fp8", "fp8_recipe", "fp8_param_gather", "fp8_amax_history_len",
             "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer",
             "create_attention_mask_in_dataloader", "ckpt_format", "use_torch_fsdp2", "gradient_accumulation_fusion",
             "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")},
