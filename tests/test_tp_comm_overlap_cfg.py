@@ -123,6 +123,7 @@ def test_te_defaults_written_out_price_as_no_file(tmp_path):
     ("proj_fprop: {num_sm: 0}\n", "proj_fprop: num_sm must be a whole number >= 1, got 0"),
     ("proj_fprop: {num_sm: -4}\n", "proj_fprop: num_sm must be a whole number >= 1, got -4"),
     ("fc2_fprop: {num_splits: 0}\n", "fc2_fprop: num_splits must be a whole number >= 1, got 0"),
+    ("fc2_fprop: {set_sm_margin: maybe}\n", "fc2_fprop: set_sm_margin must be true, false, 0 or 1, got 'maybe'"),
     ("qkv_fprop: {method: pipeline}\n", "qkv_fprop: pipeline is not supported for an all-gather"),
     ("fc1_fprop: {method: external}\n", "fc1_fprop: external is the method of proj_wgrad and fc2_wgrad only"),
     ("fc1_fprop: {num_sms: 4}\n", "fc1_fprop: unknown setting 'num_sms'"),

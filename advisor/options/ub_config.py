@@ -106,8 +106,11 @@ def _buffer(path: str, name: str, given) -> Userbuffer:
     if (method == "external") != (name in ("proj_wgrad", "fc2_wgrad")):
         raise _problem(path, name, "external is the method of proj_wgrad and fc2_wgrad only (Transformer Engine "
                                    "asserts it)")
+    margin = given.get("set_sm_margin", base.set_sm_margin)
+    if margin not in (0, 1):  # True/False or 0/1, as the recipes write it (a bool in add_ub)
+        raise _problem(path, name, f"set_sm_margin must be true, false, 0 or 1, got {margin!r}")
     return Userbuffer(method=method, num_sm=_whole(path, name, "num_sm", given.get("num_sm", base.num_sm), 1),
-                      set_sm_margin=bool(given.get("set_sm_margin", base.set_sm_margin)),
+                      set_sm_margin=bool(margin),
                       num_splits=_whole(path, name, "num_splits", given.get("num_splits", base.num_splits), 1))
 
 
