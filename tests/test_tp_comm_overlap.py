@@ -103,3 +103,24 @@ def test_the_step_prices_the_exposed_part_not_zero():
         TimeModel(PRESETS["llama3.1-8b"], H100, 8192, 128, options=OVERLAP)
     assert float(overlapped.step(8, 1, 1, 1, 1).tp_comm_s) == pytest.approx(128 * 32 * 1.01727e-3, rel=1e-4)
     assert float(plain.step(8, 1, 1, 1, 1).tp_comm_s) == pytest.approx(128 * 32 * 8 * 0.27049e-3, rel=1e-4)
+
+
+def test_a_recomputed_mlp_runs_its_userbuffers_again():
+    """--recompute-modules mlp under --tp-comm-overlap: the checkpointed MLP calls the same
+    Transformer Engine modules, so its forward again leaves FC1's all-gather (ring exchange, hidden:
+    7/8 x 0.35751 > 0.27049 ms) and FC2's pipelined reduce-scatter (0.11204 ms) exposed, with FC2
+    on 116 of 132 SMs (16/116 x 0.18566 = 0.02561 ms): 0.13765 ms per layer; without the overlap
+    the two collectives whole, 2 x 0.27049 ms (Llama 3.1 8B, TP 8, one 8192-token microbatch)."""
+    flops, latency, bandwidth, hop = hand_rates()
+    fc1, fc2 = (2 * 8192 * k * n / flops + latency for k, n in ((4096, 3584), (1792, 4096)))
+    one = 7 / 8 * 2 * 8192 * 4096 / bandwidth + 7 * hop
+    margin = 132 / 116
+    hand = max(0.0, one - 7 / 8 * fc1) + max(one / 4, one - 3 / 4 * fc2 * margin) + (margin - 1) * fc2
+    assert hand == pytest.approx(0.13765e-3, rel=1e-3)
+    selective = TrainingOptions().with_(recompute="selective", recompute_modules=("mlp",))
+    plain = TimeModel(PRESETS["llama3.1-8b"], H100, 8192, 64, options=selective.time_options())
+    overlapped = TimeModel(PRESETS["llama3.1-8b"], H100, 8192, 64,
+                           options=selective.with_(tp_comm_overlap=True).time_options())
+    again_plain = float(plain.recomputed_forward(8, 8192, 0.0))
+    again_overlapped = float(overlapped.recomputed_forward(8, 8192, 0.0))
+    assert again_plain - again_overlapped == pytest.approx(2 * one - hand, rel=1e-9)

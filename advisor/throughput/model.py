@@ -195,7 +195,8 @@ class TimeModel:
         ``tensor_parallel.checkpoint`` (``_forward_mlp``): FC1 and FC2 (``layer_gemm_shapes``' last
         two), SwiGLU (read 2 h_ffn, write h_ffn) and its two sequence-parallel collectives (the
         all-gather before FC1, the reduce-scatter after FC2: half of ``tensor_parallel_time``'s
-        forward; none with --tp-comm-overlap), its FP8 input casts besides; layernorm, the two
+        forward; with --tp-comm-overlap what their userbuffers leave exposed and the SMs they take,
+        ``userbuffers.mlp_forward_overlap_time``), its FP8 input casts besides; layernorm, the two
         RMSNorms (read and write h each) where they are modules of their own (--transformer-impl
         local; Transformer Engine's dense spec fuses them into the linear layers and Megatron
         recomputes nothing)."""
@@ -207,10 +208,14 @@ class TimeModel:
             shapes = layer_gemm_shapes(self.spec, tokens, tp)[2:]  # FC1, FC2
             gemms = sum(terms.gemm_time(m, k, n, gemm_rates) for m, k, n in shapes)
             swiglu = terms.elementwise_time(terms.BF16 * 3 * f * tokens / _f(tp), rates)
-            tp_f, _ = terms.tensor_parallel_time(self.spec, tokens, tp, rates)
             casts = levers.fp8_mlp_cast_bytes(self.spec.hidden_size, f, tokens, tp, self.fp8.casts)[0] if self.fp8 \
                 else 0.0
-            comm = 0.0 * tp_f if self.options.tp_comm_overlap else tp_f / 2
+            if self.options.tp_comm_overlap:  # the same userbuffers beside FC1 and FC2
+                exposed_s, slow = userbuffers.mlp_forward_overlap_time(self.spec, tokens, tp, gemm_rates, self.sms,
+                                                                       self.options.userbuffers)
+                comm = exposed_s + slow
+            else:
+                comm = terms.tensor_parallel_time(self.spec, tokens, tp, rates)[0] / 2
             again = again + gemms + swiglu + comm + terms.elementwise_time(casts, rates)
         if "layernorm" in modules and not self.options.fused_norms:
             again = again + terms.elementwise_time(terms.BF16 * 4 * self.spec.hidden_size * tokens / _f(tp), rates)

@@ -83,6 +83,37 @@ def _margin(buffer: Userbuffer, sms: int, tp) -> np.ndarray:
     return np.where(np.asarray(tp) > 1, sms / (sms - buffer.num_sm), 1.0)
 
 
+FORWARD_BUFFERS = ("qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop")
+"""The forward GEMMs' buffers, in ``layer_gemm_shapes``' order (QKV, projection, FC1, FC2)."""
+
+
+def _one_collective(spec: LlamaSpec, tokens, tp, rates: Rates):
+    """One ring collective of the [tokens, h] BF16 activation (``terms.tensor_parallel_time``'s)."""
+    return ring_collective_time(BF16 * tokens * spec.hidden_size, tp, link_bandwidth(tp, rates), rates)
+
+
+def _forward_buffers(names, gemms, one, tp, sms: int, config: UserbuffersConfig):
+    """(exposed, GEMM slowdown) of the forward buffers ``names`` beside their GEMMs ``gemms``."""
+    exposed_s, slow = 0.0, 0.0
+    for name, gemm in zip(names, gemms):
+        buffer = config.buffer(name)
+        margin = _margin(buffer, sms, tp)
+        exposed_s = exposed_s + exposed(buffer.method, one, gemm * margin, tp, buffer.num_splits)
+        slow = slow + gemm * (margin - 1)
+    return exposed_s, slow
+
+
+def mlp_forward_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int,
+                             config: UserbuffersConfig = TE_DEFAULTS):
+    """(exposed, GEMM slowdown) of the MLP's forward alone under --tp-comm-overlap: FC1's
+    all-gather (fc1_fprop) and FC2's reduce-scatter (fc2_fprop), as ``tp_overlap_time`` prices
+    them in the layer; what --recompute-modules mlp runs again in the backward (the checkpointed
+    MLP calls the same Transformer Engine modules, with their userbuffers)."""
+    fc1, fc2 = (gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, tokens, tp)[2:])
+    return _forward_buffers(FORWARD_BUFFERS[2:], (fc1, fc2), _one_collective(spec, tokens, tp, rates), tp, sms,
+                            config)
+
+
 def tp_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config: UserbuffersConfig = TE_DEFAULTS):
     """(forward exposed, backward exposed, forward GEMM slowdown, backward GEMM slowdown) of one
     layer with --tp-comm-overlap, on a GPU of ``sms`` SMs; ``rates``, the GEMMs' (FP8's under
@@ -99,13 +130,9 @@ def tp_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config:
     beside a buffer that sets an SM margin is slowed by it. Nothing at TP 1 (Megatron refuses the
     overlap there)."""
     qkv, proj, fc1, fc2 = (gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, tokens, tp))
-    one = ring_collective_time(BF16 * tokens * spec.hidden_size, tp, link_bandwidth(tp, rates), rates)
-    forward, backward, slow_f, slow_b = 0.0, 0.0, 0.0, 0.0
-    for name, gemm in (("qkv_fprop", qkv), ("proj_fprop", proj), ("fc1_fprop", fc1), ("fc2_fprop", fc2)):
-        buffer = config.buffer(name)
-        margin = _margin(buffer, sms, tp)
-        forward = forward + exposed(buffer.method, one, gemm * margin, tp, buffer.num_splits)
-        slow_f = slow_f + gemm * (margin - 1)
+    one = _one_collective(spec, tokens, tp, rates)
+    forward, slow_f = _forward_buffers(FORWARD_BUFFERS, (qkv, proj, fc1, fc2), one, tp, sms, config)
+    backward, slow_b = 0.0, 0.0
     for name, gemm in (("proj_dgrad", proj), ("fc2_dgrad", fc2)):
         buffer = config.buffer(name)
         margin = _margin(buffer, sms, tp)
