@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
-from advisor.parallel import default_layers_per_stage
+from advisor.parallel import RANK_ORDER, TP_PP_DP_RANK_ORDER, default_layers_per_stage
 from advisor.shell_command import as_written, unexpanded, unset_variable
 
 # Flags read here, and how many values each takes.
@@ -39,7 +39,11 @@ _LAYOUT_VALUED = {"tensor-model-parallel-size", "context-parallel-size", "pipeli
 _TOKENIZER = {"tokenizer-type", "vocab-size"}
 """Read for the vocabulary (``vocabulary``), which the rows size with --make-vocab-size-divisible-by:
 not among the flags a launch writes, so named with the harmless ones (``ParsedArguments.skipped``)."""
-_LAYOUT_SWITCHES = {"account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split"}
+_LAYOUT_SWITCHES = {"account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split",
+                    "use-tp-pp-dp-mapping"}
+_RAMPUP = "rampup-batch-size"
+"""Read into the layout (``Layout.rampup_batch_size``) and named with the harmless ones: a launch of
+the estimate trains its final global batch only."""
 
 # Known to change neither memory nor time: what a run reads and writes, logs, and its schedule of
 # learning rates (megatron/training/arguments.py's data, logging, checkpointing, learning-rate,
@@ -176,6 +180,8 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
                 parsed.skipped.append(f"--{name} {as_written(values[0])}")
         elif name in HARMLESS_VALUED or name in _MULTI_VALUED:
             parsed.skipped.append(" ".join((f"--{name}", *map(as_written, values))))
+            if name == _RAMPUP:
+                parsed.layout[name] = " ".join(values)
         else:
             parsed.rest += [f"--{name}", *values]
     return parsed
@@ -324,6 +330,13 @@ class Layout:
     vpp: int
     mbs: int
     global_batch_size: int | None
+    rank_order: str = RANK_ORDER
+    """Megatron's rank order (``advisor.parallel.RANK_ORDER``, or ``TP_PP_DP_RANK_ORDER`` with
+    --use-tp-pp-dp-mapping): which global ranks hold which pipeline stage."""
+    rampup_batch_size: tuple[int, int, int] | None = None
+    """--rampup-batch-size's start, increment and samples: the run trains smaller global batches
+    before ``global_batch_size`` (megatron/core/num_microbatches_calculator.py,
+    ``RampupBatchsizeNumMicroBatchesCalculator``); None without a ramp-up."""
 
     @property
     def pp(self) -> int:
@@ -420,7 +433,22 @@ def read_layout(layout: dict, num_layers: int, mtp_layers: int = 0) -> Layout:
     tp, cp, pp = _degrees(layout)
     counts, vpp = _split(layout, num_layers, pp, mtp_layers) if pp > 1 else ([num_layers], 1)
     return Layout(tp=tp, cp=cp, layers_per_stage=tuple(counts), vpp=vpp, mbs=_int(layout, "micro-batch-size", 1),
-                  global_batch_size=_int(layout, "global-batch-size"))
+                  global_batch_size=_int(layout, "global-batch-size"),
+                  rank_order=TP_PP_DP_RANK_ORDER if layout.get("use-tp-pp-dp-mapping") else RANK_ORDER,
+                  rampup_batch_size=_rampup(layout))
+
+
+def _rampup(layout: dict) -> tuple[int, int, int] | None:
+    """--rampup-batch-size's three integers; core_v0.15.2 takes any number of words (nargs='*')
+    and its calculator then asserts three (``init_num_microbatches_calculator``)."""
+    if _RAMPUP not in layout:
+        return None
+    words = layout[_RAMPUP].split()
+    if len(words) != 3 or not all(re.fullmatch(r"[0-9]+", word) for word in words):
+        raise AdvisorError(f"--{_RAMPUP} takes three integers (start batch size, increment, ramp-up samples), got "
+                           f"{' '.join(words) or 'none'}")
+    start, increment, samples = map(int, words)
+    return start, increment, samples
 
 
 def _degrees(layout: dict) -> tuple[int, int, int]:
@@ -453,6 +481,9 @@ class ReadRun:
     moe: object = None
     """The MoE part (``advisor.moe.readback.MoEFlags``: EP, ETP, dispatcher, routing, MTP) of a
     command with --num-experts; None for a dense one."""
+    vocab_by_release: bool = False
+    """Whether the vocabulary is NullTokenizer's, whose rows differ by release (``vocabulary``):
+    the command alone then does not say them, the release does."""
 
 
 def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", vocab_size: int | None = None,
@@ -476,6 +507,9 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     fusion_off = _SOFTMAX_FUSION_OFF in rest
     rest = [word for word in rest if word != _SOFTMAX_FUSION_OFF]
     options, unpriced = training_options(rest, layout.tp, release)
+    if layout.rank_order != RANK_ORDER:
+        unpriced.append(f"--use-tp-pp-dp-mapping (ranks ordered {layout.rank_order}: the time model places the "
+                        f"data-parallel and pipeline groups on nodes in Megatron's default order, {RANK_ORDER})")
     if fusion_off:
         unpriced += _softmax_fusion_note(options)
     if not moe_values:
@@ -498,7 +532,8 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
                        f"{name} (a variable the script does not set: read as empty, as bash does; flags it may "
                        "hold are not priced)" for name in dict.fromkeys(parsed.unset)]),
                    skipped=tuple(parsed.skipped),
-                   vocab_source=source, moe=moe)
+                   vocab_source=source, moe=moe,
+                   vocab_by_release=vocab_size is None and parsed.model.get("tokenizer-type") == "NullTokenizer")
 
 
 def _sequence_length_alias(model: dict) -> None:

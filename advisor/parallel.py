@@ -10,6 +10,23 @@ from advisor.errors import AdvisorError
 DEFAULT_GPUS_PER_NODE = 8
 """A node of the paper's clusters (and a DGX): the sweep's TP cap, the launcher's default."""
 
+RANK_ORDER = "tp-cp-ep-dp-pp"
+"""Megatron's rank order, fastest-varying first (megatron/training/initialize.py passes it to
+``parallel_state.initialize_model_parallel``, whose ``RankGenerator`` lays ranks out so)."""
+TP_PP_DP_RANK_ORDER = "tp-cp-ep-pp-dp"
+"""The order with --use-tp-pp-dp-mapping (the same call, core_v0.15.2 and core_v0.19.0)."""
+
+
+def pipeline_stage_of_rank(rank: int, *, tp: int, cp: int, dp: int, pp: int, order: str = RANK_ORDER) -> int:
+    """The pipeline stage of a global rank: its PP coordinate in ``order``, each axis varying
+    after the ones before it (``RankGenerator``; the dense decoder's generator has EP 1)."""
+    sizes, stride = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}, 1
+    for axis in order.split("-"):
+        if axis == "pp":
+            return rank // stride % pp
+        stride *= sizes[axis]
+    raise ValueError(f"rank order {order!r} has no pp axis")
+
 
 def check_whole_nodes(gpus: int, gpus_per_node: int) -> None:
     """More GPUs than a node holds come as whole nodes: 8 GPUs on nodes of 3 is no cluster (and

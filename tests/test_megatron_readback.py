@@ -198,3 +198,24 @@ def test_megatron_cores_own_attention_is_named_with_its_measured_time():
     assert mr.UNFUSED_LOCAL_MEASURED in note and "h200_unfused_attention.json" in note
     assert mr._local_attention_note(parse_training_args(["--transformer-impl", "transformer_engine"])[0]) == []
     assert mr._local_attention_note(TrainingOptions()) == []
+
+
+def test_the_rank_order_and_the_batch_ramp_up_are_read_into_the_layout():
+    """--use-tp-pp-dp-mapping orders ranks tp-cp-ep-pp-dp (megatron/training/initialize.py); a ramp-up's
+    three values are read (its calculator asserts three: num_microbatches_calculator.py)."""
+    from advisor.megatron_readback import read_run
+
+    model = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+             "--max-position-embeddings", "32", "--vocab-size", "100", "--micro-batch-size", "1",
+             "--global-batch-size", "64"]
+    default = read_run(model)
+    assert default.layout.rank_order == "tp-cp-ep-dp-pp" and default.layout.rampup_batch_size is None
+    run = read_run([*model, "--use-tp-pp-dp-mapping", "--rampup-batch-size", "16", "16", "1000"])
+    assert run.layout.rank_order == "tp-cp-ep-pp-dp" and run.layout.rampup_batch_size == (16, 16, 1000)
+    # the time model places groups in the default order: named, no longer 'not known to the advisor'
+    assert [note for note in run.unpriced if note.startswith("--use-tp-pp-dp-mapping")] == [
+        "--use-tp-pp-dp-mapping (ranks ordered tp-cp-ep-pp-dp: the time model places the data-parallel and pipeline "
+        "groups on nodes in Megatron's default order, tp-cp-ep-dp-pp)"]
+    assert "--rampup-batch-size 16 16 1000" in run.skipped
+    with pytest.raises(AdvisorError, match=r"--rampup-batch-size takes three integers .*, got 16 16$"):
+        read_run([*model, "--rampup-batch-size", "16", "16"])
