@@ -46,6 +46,7 @@ from typing import Iterable
 from advisor import equations as eq
 from advisor.errors import AdvisorError
 from advisor.options import TrainingOptions
+from advisor.parallel import RANK_ORDER, pipeline_stage_of_rank
 
 # The sign is matched so that a negative number is refused by _measured, not skipped with its line.
 _NUMBER = r"([+-]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|nan|inf))"
@@ -59,11 +60,23 @@ _HOOKS_PEAK = re.compile(r"megatron_hooks: \[Rank (\d+)\] peak over (\d+) iterat
 _HOOKED = re.compile(r"megatron_hooks:|--profile-dir[\s=]")
 """A line showing the advisor's hooks ran: theirs, or advisor-launch's echo of its command."""
 _OOM = re.compile(r"OutOfMemoryError|CUDA out of memory")
-LAYOUT_ARGUMENTS = ("num_layers", "hidden_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                    "context_parallel_size", "micro_batch_size", "seq_length")
+LAYOUT_ARGUMENTS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                    "group_query_attention", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                    "context_parallel_size", "micro_batch_size", "seq_length", "world_size", "data_parallel_size",
+                    "use_tp_pp_dp_mapping")
 """What a log's argument dump (``arguments.py``, ``_print_args``: ``  name ..... value``) is
-checked against the command by: the model's size and the layout."""
+checked against the command by: the model's size, the layout, the world and the rank order.
+``padded_vocab_size`` is not among them: the dump prints None, as the tokenizer is built after it;
+the padded vocabulary line gives it (``_PADDED_VOCAB``)."""
 _ARGUMENT = re.compile(r"\b(" + "|".join(LAYOUT_ARGUMENTS) + r") \.{2,} (\S+)\s*$")
+_WORLD = re.compile(r"using world size: (\d+), data-parallel size: (\d+),")
+"""``validate_args``'s first line (arguments.py, core_v0.15.2 and core_v0.19.0)."""
+_PADDED_VOCAB = re.compile(r"> padded vocab \(size: \d+\) with \d+ dummy tokens \(new size: (\d+)\)")
+"""``_vocab_size_with_padding`` (megatron/training/tokenizer/tokenizer.py in core_v0.15.2;
+megatron/core/tokenizers/utils/build_tokenizer.py in core_v0.19.0): the embedding's rows."""
+_SKIPPED = re.compile(r"number of skipped iterations:\s*(\d+)")
+_NANS = re.compile(r"number of nan iterations:\s*(\d+)")
+"""``training_log``'s counts over the log interval (its total_loss_dict is reset after each line)."""
 _CUT = re.compile(r"iteration\s+\d+/|\[Rank \d+\] \(after ")
 """The beginning of an iteration or memory line: enough to tell that a cut last line was one."""
 _THEORETICAL = re.compile(r"Theoretical memory footprints: weight and optimizer=" + _NUMBER
@@ -78,6 +91,10 @@ class Iteration:
     """The mean time per iteration over the log interval that ends here."""
     tflops_per_gpu: float | None
     global_batch_size: int | None
+    skipped: int = 0
+    """The interval's iterations whose optimizer step was skipped (a loss-scale overflow)."""
+    nans: int = 0
+    """The interval's iterations with a NaN or infinite loss."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,14 +142,25 @@ class TrainingLog:
     out_of_memory: bool = False
     """Whether a line says CUDA ran out of memory."""
     arguments: dict[str, str] = field(default_factory=dict)
-    """``LAYOUT_ARGUMENTS`` as the log's argument dump printed them."""
+    """``LAYOUT_ARGUMENTS`` as the log's argument dump printed them; also world_size and
+    data_parallel_size from the 'using world size' line, and padded_vocab_size from the padded
+    vocabulary line."""
+    compared_batch: int | None = None
+    """The global batch whose iterations are compared (the final one of a ramp-up); None: all."""
     cut_line: int | None = None
     """The last line's number where it is an iteration or memory line without a line end (not read)."""
 
+    def compared(self) -> list[Iteration]:
+        """The iterations at ``compared_batch`` (all where it is None, or where a line gives no batch)."""
+        return [i for i in self.iterations
+                if self.compared_batch is None or i.global_batch_size in (None, self.compared_batch)]
+
     def steady(self) -> list[Iteration]:
-        """The iterations after the first logged one (which carries start-up: compilation, NCCL
-        set-up, allocator growth), or the first if it is all there is."""
-        return self.iterations[1:] or self.iterations
+        """The compared iterations after the first (which carries start-up: compilation, NCCL
+        set-up, allocator growth; after a ramp-up, its interval may hold smaller batches), or the
+        first if it is all there is."""
+        compared = self.compared()
+        return compared[1:] or compared
 
     def step_time_s(self) -> float | None:
         """The median steady iteration time, in seconds."""
@@ -183,19 +211,16 @@ def read_log(lines: Iterable[str], *, last_line_ended: bool = True) -> TrainingL
     for number, line in enumerate(lines, 1):
         log.hooked = log.hooked or bool(_HOOKED.search(line))
         log.out_of_memory = log.out_of_memory or bool(_OOM.search(line))
-        if argument := _ARGUMENT.search(line):
-            name, value = argument.groups()
-            if log.arguments.setdefault(name, value) != value:
-                raise AdvisorError(f"line {number} of the log: a second run's {name} {value} (the first's "
-                                   f"{log.arguments[name]}): give one run's log")
+        _read_arguments(log, line, number)
         if number == len(lines) and not last_line_ended and _CUT.search(line):
             log.cut_line = number
         elif match := _ITERATION.search(line):
-            throughput, batch = _THROUGHPUT.search(line), _BATCH.search(line)
+            throughput, batch, skipped, nans = (pattern.search(line) for pattern in (_THROUGHPUT, _BATCH, _SKIPPED, _NANS))
             log.iterations.append(Iteration(
                 iteration=int(match.group(1)), elapsed_ms=_measured(match.group(3), number),
                 tflops_per_gpu=_measured(throughput.group(1), number) if throughput else None,
-                global_batch_size=int(batch.group(1)) if batch else None))
+                global_batch_size=int(batch.group(1)) if batch else None,
+                skipped=int(skipped.group(1)) if skipped else 0, nans=int(nans.group(1)) if nans else 0))
         elif match := _MEMORY.search(line):
             rank, after, *values = match.groups()
             log.memory.append(MemoryReport(int(rank), int(after), *(_measured(v, number) for v in values)))
@@ -210,6 +235,22 @@ def read_log(lines: Iterable[str], *, last_line_ended: bool = True) -> TrainingL
         raise AdvisorError("no Megatron-LM iteration line ('iteration N/ T | ... elapsed time per iteration (ms): "
                            f"...') in the log{cut}")
     return log
+
+
+def _read_arguments(log: TrainingLog, line: str, number: int) -> None:
+    """The run's arguments a line prints (the dump, the world line, the padded vocabulary) into
+    ``log.arguments``; AdvisorError where one differs from an earlier line's: a second run."""
+    found: list[tuple[str, str]] = []
+    if argument := _ARGUMENT.search(line):
+        found.append(argument.groups())
+    if world := _WORLD.search(line):
+        found += [("world_size", world.group(1)), ("data_parallel_size", world.group(2))]
+    if padded := _PADDED_VOCAB.search(line):
+        found.append(("padded_vocab_size", padded.group(1)))
+    for name, value in found:
+        if log.arguments.setdefault(name, value) != value:
+            raise AdvisorError(f"line {number} of the log: a second run's {name} {value} (the first's "
+                               f"{log.arguments[name]}): give one run's log")
 
 
 def cut_note(log: TrainingLog) -> str | None:
@@ -235,23 +276,20 @@ def _measured(text: str, line: int) -> float:
     return value
 
 
-def stage_of_rank(rank: int, *, world_size: int, pp: int) -> int:
-    """The pipeline stage of a global rank under Megatron's default order tp-cp-ep-dp-pp
-    (megatron/core/parallel_state.py, ``RankGenerator``: PP varies slowest)."""
-    return rank // (world_size // pp)
-
-
 def _row(what: str, measured: float | None, predicted: float | None, unit: str) -> dict:
     # a logged 0 is no measurement: a run without CUDA (on the CPU) logs 0 MB and 0 TFLOP/s
     ratio = measured / predicted if measured and predicted else None
     return {"what": what, "unit": unit, "measured": measured, "predicted": predicted, "measured_over_predicted": ratio}
 
 
-def check_hooks(log: TrainingLog, world_size: int) -> None:
-    """AdvisorError where a hooks peak line cannot be this run's: a rank outside its world."""
-    for peak in log.hooks:
-        if peak.rank >= world_size:
-            raise AdvisorError(f"the log's megatron_hooks line names rank {peak.rank}, but the command runs "
+def check_ranks(log: TrainingLog, world_size: int) -> None:
+    """AdvisorError where a hooks peak line or a memory report cannot be this run's: a rank
+    outside its world (its memory would otherwise be left out of every stage, unsaid)."""
+    lines = [("megatron_hooks line", peak.rank) for peak in log.hooks]
+    lines += [("memory report", report.rank) for report in log.memory]
+    for what, rank in lines:
+        if rank >= world_size:
+            raise AdvisorError(f"the log's {what} names rank {rank}, but the command runs "
                                f"{world_size} GPU{'s' if world_size != 1 else ''}: is it this run's log?")
 
 
@@ -260,24 +298,32 @@ def run_notes(log: TrainingLog) -> list[str]:
     notes = []
     if len(log.iterations) == 1:
         notes.append("one iteration logged: its time includes start-up (compilation, NCCL set-up)")
+    skipped, nans = sum(i.skipped for i in log.iterations), sum(i.nans for i in log.iterations)
+    if skipped or nans:  # training_log's 'number of skipped iterations' and 'number of nan iterations'
+        counts = [f"{n} {what} iteration{'s' if n != 1 else ''} ({why})" for n, what, why in (
+            (skipped, "skipped", "the optimizer step skipped: its gradients overflowed"),
+            (nans, "NaN", "a NaN or infinite loss")) if n]
+        notes.append(f"the log counts {' and '.join(counts)}")
     if log.out_of_memory:
         notes.append(f"the run ran out of CUDA memory (the log says so) after {len(log.iterations)} logged "
                      f"iteration{'s' if len(log.iterations) != 1 else ''}")
     return notes
 
 
-def compare(log: TrainingLog, estimate: dict, *, world_size: int) -> list[dict]:
+def compare(log: TrainingLog, estimate: dict, *, world_size: int, rank_order: str = RANK_ORDER) -> list[dict]:
     """Measured against predicted, one row per quantity: the step time and TFLOP/s (where the
     estimate has a time model and the log the numbers), then each pipeline stage's peak allocated
-    memory (the highest of its ranks' reports) against the stage's estimate (Eq. 18), and the peak
-    reserved memory against the calibrated usage."""
-    check_hooks(log, world_size)
+    memory (the highest of its ranks' reports, each rank's stage by ``rank_order``) against the
+    stage's estimate (Eq. 18), and the peak reserved memory against the calibrated usage."""
+    check_ranks(log, world_size)
     rows = [_row("step time", log.step_time_s(), estimate.get("step_time_s"), "s"),
             _row("TFLOP/s per GPU", log.tflops_per_gpu(), estimate.get("tflops_per_gpu"), "TFLOP/s")]
     pp, stages = estimate["pp"], estimate["stages"]
     peaks = log.peak_by_rank()
+    degrees = {"tp": estimate["tp"], "cp": estimate["cp"], "dp": world_size // (estimate["tp"] * estimate["cp"] * pp)}
     for stage in stages:
-        ranks = [r for r in peaks.values() if stage_of_rank(r.rank, world_size=world_size, pp=pp) == stage["stage"]]
+        ranks = [r for r in peaks.values()
+                 if pipeline_stage_of_rank(r.rank, **degrees, pp=pp, order=rank_order) == stage["stage"]]
         measured = max((r.max_allocated_mib for r in ranks), default=None)
         sources = {r.source for r in ranks}
         when = {frozenset({"first iteration"}): " (iteration 1)", frozenset({"cut"}): " (cut short)"}

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from advisor.cli import cli
 from advisor.errors import AdvisorError
-from advisor.megatron_log import read_log, stage_of_rank
+from advisor.megatron_log import read_log
+from advisor.parallel import TP_PP_DP_RANK_ORDER, pipeline_stage_of_rank
 
 LOGS = Path(__file__).parent / "data" / "logs"
 REAL_LOG = LOGS / "core_v0.15.2_cpu_pp2.log"
@@ -47,7 +48,20 @@ def test_format_variants_behind_launcher_prefixes():
 
 def test_ranks_map_to_stages_with_pipeline_slowest():
     # tp-cp-ep-dp-pp: 16 ranks, PP 4 -> 4 consecutive ranks per stage
-    assert [stage_of_rank(rank, world_size=16, pp=4) for rank in (0, 3, 4, 5, 15)] == [0, 0, 1, 1, 3]
+    assert [pipeline_stage_of_rank(rank, tp=2, cp=1, dp=2, pp=4) for rank in (0, 3, 4, 5, 15)] == [0, 0, 1, 1, 3]
+    # tp-cp-ep-pp-dp (--use-tp-pp-dp-mapping): TP 2 x PP 2 x DP 2, rank = t + 2 p + 4 d
+    assert [pipeline_stage_of_rank(rank, tp=2, cp=1, dp=2, pp=2, order=TP_PP_DP_RANK_ORDER)
+            for rank in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", TP_PP_DP_RANK_ORDER])
+def test_ranks_map_to_the_stages_megatron_builds(order):
+    """Against megatron-core's own RankGenerator (the dense decoder's: EP 1) for TP 2, CP 2, PP 2, DP 2."""
+    parallel_state = pytest.importorskip("megatron.core.parallel_state",
+                                         reason="megatron-core is not installed (pip install -e '.[megatron]')")
+    groups = parallel_state.RankGenerator(tp=2, ep=1, dp=2, pp=2, cp=2, order=order).get_ranks("pp")
+    megatron = {rank: stage for group in groups for stage, rank in enumerate(group)}
+    assert {rank: pipeline_stage_of_rank(rank, tp=2, cp=2, dp=2, pp=2, order=order) for rank in range(16)} == megatron
 
 
 def test_a_log_without_iterations_is_refused():
@@ -223,3 +237,151 @@ def test_without_a_gpu_the_time_rows_say_why_they_are_empty(tmp_path):
     document = json.loads(_compare(REAL_LOG.read_text(), tmp_path, "--format", "json").stdout)
     assert document["rows"][0]["predicted"] is None
     assert "no --gpu: the step time and TFLOP/s are predicted only for a GPU preset" in document["notes"]
+
+
+EIGHT_GPUS = REAL_COMMAND.read_text().replace("--nproc-per-node 2", "--nproc-per-node 8").replace(
+    "--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2")
+"""REAL_COMMAND on 8 GPUs with TP 2: TP 2, PP 2 (1 and 3 layers), DP 2, global batch 4."""
+STAGE_MIB = {0: 1024.0, 1: 3072.0}
+"""The max allocated each stage's ranks report in ``_megatron_log`` (stage 1 holds 3 layers)."""
+
+
+def _megatron_log(*, world: int = 8, dp: int = 2, tp: int = 2, batches=(4, 4, 4), ranks=(0, 1, 4, 5),
+                  stages=(0, 0, 1, 1), padded_vocab: int = 4096, arguments: dict | None = None,
+                  counts=None) -> str:
+    """A core_v0.15.2 log of a PP 2 run in its own formats: validate_args's world line, _print_args's
+    dump, _vocab_size_with_padding's line, training_log's iteration lines (one per entry of
+    ``batches``, their global batch sizes; ``counts``: each one's skipped and NaN iterations), and
+    report_memory's lines after the first, one per rank with data-parallel rank 0 (``ranks``, on
+    ``stages``)."""
+    lines = [f"using world size: {world}, data-parallel size: {dp}, context-parallel size: 1, hierarchical "
+             f"context-parallel sizes: None, tensor-model-parallel size: {tp}, pipeline-model-parallel size: 2",
+             "------------------------ arguments ------------------------"]
+    dump = {"num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4,
+            "group_query_attention": True, "num_query_groups": 2, "tensor_model_parallel_size": tp,
+            "pipeline_model_parallel_size": 2, "world_size": world, "data_parallel_size": dp,
+            "padded_vocab_size": None, "use_tp_pp_dp_mapping": False, **(arguments or {})}
+    lines += sorted(("  {} {} {}".format(name, "." * (48 - len(name)), value) for name, value in dump.items()),
+                    key=str.lower)
+    lines += ["-------------------- end of arguments ---------------------",
+              f" > padded vocab (size: 4096) with {padded_vocab - 4096} dummy tokens (new size: {padded_vocab})"]
+    consumed = 0
+    for n, (batch, (skipped, nans)) in enumerate(zip(batches, counts or [(0, 0)] * len(batches)), 1):
+        consumed += batch
+        lines.append(f" [2026-11-25 16:25:37] iteration {n:8d}/{len(batches):8d} | consumed samples: {consumed:12d} | "
+                     f"elapsed time per iteration (ms): {100.0 * n:.1f} | learning rate: {1e-4:.6E} | "
+                     f"global batch size: {batch:5d} | lm loss: {8.3:.6E} | loss scale: 1.0 | grad norm: 1.330 | "
+                     f"number of skipped iterations: {skipped:3d} | number of nan iterations: {nans:3d} |")
+        if n == 1:
+            lines += [f"[Rank {rank}] (after 1 iterations) memory (MB) | allocated: 512.0 | max allocated: "
+                      f"{STAGE_MIB[stage]} | reserved: 4096.0 | max reserved: 4096.0" for rank, stage in zip(ranks, stages)]
+    return "\n".join(lines) + "\n"
+
+
+def _compare_8(tmp_path, log: str, command: str = EIGHT_GPUS, *extra):
+    (tmp_path / "train.log").write_text(log)
+    (tmp_path / "train.sh").write_text(command)
+    return run("compare-log", tmp_path / "train.log", "--from-command", tmp_path / "train.sh", *extra)
+
+
+def _measured_stages(result) -> list[float]:
+    assert result.exit_code == 0, result.output
+    rows = {row["what"]: row for row in json.loads(result.stdout)["rows"]}
+    return [rows[f"stage {i} max allocated (iteration 1)"]["measured"] for i in (0, 1)]
+
+
+def test_the_eight_gpu_log_reads_its_stages():
+    """The generated log's stages where the default order puts them: stage 1's reports from ranks 4, 5."""
+    assert read_log(_megatron_log().splitlines()).arguments["padded_vocab_size"] == "4096"
+
+
+def test_a_log_of_another_world_size_is_refused(tmp_path):
+    """16 GPUs (DP 4) against the command's 8: was accepted, its step time set beside 8 GPUs' estimate."""
+    _one_line(_compare_8(tmp_path, _megatron_log(world=16, dp=4)),
+              "world_size 16 (the command: 8)", "data_parallel_size 4 (the command: 2)",
+              "is it the command that wrote the log?")
+
+
+def test_validate_args_world_line_alone_is_checked(tmp_path):
+    """A log without the argument dump still has validate_args's 'using world size' line."""
+    log = "\n".join(line for line in _megatron_log(world=16, dp=4).splitlines() if "world_size ..." not in line
+                    and "data_parallel_size ..." not in line)
+    _one_line(_compare_8(tmp_path, log), "world_size 16 (the command: 8)")
+
+
+@pytest.mark.parametrize("arguments, padded, words", [
+    ({"ffn_hidden_size": 256}, 4096, ("ffn_hidden_size 256 (the command: 128)",)),
+    ({"num_query_groups": 4}, 4096, ("num_query_groups 4 (the command: 2)",)),
+    # without --group-query-attention Megatron keeps every head's keys: 4 groups, whatever it prints
+    ({"group_query_attention": False}, 4096, ("num_query_groups 4 (the command: 2)",)),
+    # core 0.15's NullTokenizer: --vocab-size 4095 + its end-of-document row = 4096, padded to a
+    # multiple of 1 x TP 2: 4096; 4352 is another tokenizer or divisor
+    ({}, 4352, ("padded_vocab_size 4352 (the command: 4096)", "NullTokenizer")),
+])
+def test_a_log_of_another_model_shape_is_refused(tmp_path, arguments, padded, words):
+    log = _megatron_log(arguments=arguments, padded_vocab=padded)
+    _one_line(_compare_8(tmp_path, log, EIGHT_GPUS, "--megatron-version", "0.15"), *words)
+
+
+def test_the_padded_vocabulary_follows_the_commands_divisor_and_tp(tmp_path):
+    """--make-vocab-size-divisible-by 3 x TP 2: core 0.15's 4096 rows pad to 4098 (ceil(4096 / 6) x 6)."""
+    command = EIGHT_GPUS.replace("--make-vocab-size-divisible-by 1", "--make-vocab-size-divisible-by 3")
+    core_15 = ("--megatron-version", "0.15")
+    assert _compare_8(tmp_path, _megatron_log(padded_vocab=4098), command, *core_15).exit_code == 0
+    _one_line(_compare_8(tmp_path, _megatron_log(padded_vocab=4096), command, *core_15),
+              "padded_vocab_size 4096 (the command: 4098)")
+
+
+def test_nulltokenizers_rows_are_not_checked_without_the_release(tmp_path):
+    """NullTokenizer's rows differ by release (core 0.15 adds one): the command alone does not say the
+    padded vocabulary, so without --megatron-version it is not checked (the real core 0.15 log, read
+    under the newest release's 4095 rows, is compared)."""
+    assert _compare_8(tmp_path, _megatron_log(padded_vocab=4352)).exit_code == 0
+
+
+def test_a_memory_report_of_a_rank_beyond_the_world_is_refused(tmp_path):
+    """Rank 9 of an 8-GPU command: its report was dropped from every stage, unsaid."""
+    _one_line(_compare_8(tmp_path, _megatron_log(ranks=(0, 1, 8, 9))),
+              "memory report names rank 8", "runs 8 GPUs", "is it this run's log?")
+
+
+def test_tp_pp_dp_mapping_puts_stage_1_on_ranks_2_and_3(tmp_path):
+    """tp-cp-ep-pp-dp: the data-parallel rank 0 replicas are ranks 0, 1 (stage 0) and 2, 3 (stage 1);
+    read in the default order, 2 and 3 went to stage 0 and stage 1 had no measurement."""
+    command = EIGHT_GPUS.replace("--log-throughput", "--log-throughput --use-tp-pp-dp-mapping")
+    log = _megatron_log(ranks=(0, 1, 2, 3), arguments={"use_tp_pp_dp_mapping": True})
+    assert _measured_stages(_compare_8(tmp_path, log, command, "--format", "json")) == [1.0, 3.0]
+    assert _measured_stages(_compare_8(tmp_path, _megatron_log(), EIGHT_GPUS, "--format", "json")) == [1.0, 3.0]
+    _one_line(_compare_8(tmp_path, log), "use_tp_pp_dp_mapping True (the command: False)")
+
+
+RAMP = EIGHT_GPUS.replace("--global-batch-size 4", "--global-batch-size 8 --rampup-batch-size 4 4 8")
+
+
+def test_a_ramp_up_is_left_out_and_said(tmp_path):
+    """--rampup-batch-size 4 4 8 to global batch 8: iterations 1 and 2 at 4 are ramp-up; the step
+    time is iteration 4's (iteration 3, the first at 8, is dropped as start-up would be)."""
+    result = _compare_8(tmp_path, _megatron_log(batches=(4, 4, 8, 8)), RAMP, "--gpu", "h100-80gb",
+                        "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["rows"][0]["measured"] == 0.4  # iteration 4: 400 ms
+    assert ("2 logged ramp-up iterations (global batch size 4) left out: the times are those at global batch 8"
+            in document["notes"])
+
+
+def test_a_log_of_ramp_up_only_is_refused(tmp_path):
+    _one_line(_compare_8(tmp_path, _megatron_log(batches=(4, 4)), RAMP),
+              "every logged iteration ramps up (global batch size 4", "none trains the command's global batch 8")
+
+
+def test_several_batches_without_a_ramp_up_stay_refused(tmp_path):
+    _one_line(_compare_8(tmp_path, _megatron_log(batches=(2, 4, 4))), "the log trains global batch sizes 2 and 4")
+
+
+def test_skipped_and_nan_iterations_are_counted_in_a_note(tmp_path):
+    result = _compare_8(tmp_path, _megatron_log(counts=((0, 0), (2, 1), (1, 0))), EIGHT_GPUS, "--format", "json")
+    assert ("the log counts 3 skipped iterations (the optimizer step skipped: its gradients overflowed) and 1 NaN "
+            "iteration (a NaN or infinite loss)") in json.loads(result.stdout)["notes"]
+    notes = json.loads(_compare_8(tmp_path, _megatron_log(), EIGHT_GPUS, "--format", "json").stdout)["notes"]
+    assert not any("skipped" in note for note in notes)

@@ -37,6 +37,9 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     peak counters). A report after iteration 1 only (core_v0.15.2's) comes
     before Adam's moments exist, and is labelled so.
     The step time and TFLOP/s need --gpu (the time model); memory needs neither.
+    A log of another model, layout, world size or rank order than the
+    command's is refused; with --rampup-batch-size only the iterations at
+    the final global batch are compared.
 
     \b
     Examples:
@@ -60,20 +63,16 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     text = read_text(log, max_bytes=limits.LOG_FILE_BYTES, what="training log")
     training = read_log(text.splitlines(), last_line_ended=ends_a_line(text))
     workload = Workload(seq_len=run.seq_len, global_batch_size=layout.global_batch_size or layout.mbs * read.dp)
-    logged = sorted({i.global_batch_size for i in training.iterations} - {None})
-    if logged and logged != [workload.global_batch_size]:
-        sizes = ("size " if len(logged) == 1 else "sizes ") + listed(logged)
-        raise InputError(f"the log trains global batch {sizes}, the command {workload.global_batch_size}: "
-                         "is it the command that wrote the log?")
-    _check_arguments(training, run, layout)
+    ramp_up = _check_batches(training, workload.global_batch_size, layout.rampup_batch_size)
+    _check_arguments(training, read, release)
     parallel = ParallelConfig(tp=layout.tp, cp=layout.cp, pp=layout.pp, dp=read.dp, mbs=layout.mbs, vpp=layout.vpp)
     estimate, result, *_ = price_layout(
         run.spec, workload, parallel, layout.layers_per_stage if layout.pp > 1 else None, run.options, gpu=gpu,
         mem=mem, threshold=DEFAULT_THRESHOLD, memory_model=default_memory_model(gpu is not None),
         release=release, gpus_per_node=gpus_per_node)
     estimate["stages"] = [stage.to_dict() for stage in result.stages]
-    rows = compare(training, estimate, world_size=read.gpus)
-    notes = [f"read {read.source}", theoretical_note(training, estimate),
+    rows = compare(training, estimate, world_size=read.gpus, rank_order=layout.rank_order)
+    notes = [f"read {read.source}", ramp_up, theoretical_note(training, estimate),
              _count(len(training.iterations), "logged iteration") + ", " + _count(len(training.memory), "memory report"), cut_note(training),
              memory_source_note(training, estimate), unmeasured_note(rows), *run_notes(training),
              f"the estimate's verdict: {estimate['verdict']}" if estimate.get("verdict") else None,
@@ -98,13 +97,50 @@ def _count(n: int, thing: str) -> str:
     return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
-def _check_arguments(training, run, layout) -> None:
-    """The log's argument dump against the command: a log of another model or layout is refused
-    (``advisor.megatron_log.LAYOUT_ARGUMENTS``), as one of another global batch is."""
-    command = {"num_layers": run.spec.num_layers, "hidden_size": run.spec.hidden_size,
+def _check_batches(training, global_batch_size: int, rampup) -> str | None:
+    """Refuse a log of another global batch; with the command's --rampup-batch-size (``rampup``),
+    compare only the iterations at its final global batch (``TrainingLog.compared_batch``) and
+    return the note on the ramp-up iterations left out (None where there are none)."""
+    logged = sorted({i.global_batch_size for i in training.iterations} - {None})
+    ramp = [size for size in logged if size != global_batch_size]
+    if not ramp:
+        return None
+    if rampup is None or ramp[-1] > global_batch_size:
+        sizes = ("size " if len(logged) == 1 else "sizes ") + listed(logged)
+        raise InputError(f"the log trains global batch {sizes}, the command {global_batch_size}: "
+                         "is it the command that wrote the log?")
+    left_out = sum(i.global_batch_size in ramp for i in training.iterations)
+    sizes = ("size " if len(ramp) == 1 else "sizes ") + listed(ramp)
+    if global_batch_size not in logged:
+        raise InputError(f"every logged iteration ramps up (global batch {sizes}; --rampup-batch-size "
+                         f"{' '.join(map(str, rampup))}), none trains the command's global batch {global_batch_size}: "
+                         "nothing to compare; give a log that runs past the ramp-up")
+    training.compared_batch = global_batch_size
+    return (f"{_count(left_out, 'logged ramp-up iteration')} (global batch {sizes}) left out: the times are those "
+            f"at global batch {global_batch_size}")
+
+
+def _check_arguments(training, read, release) -> None:
+    """The log's arguments against the command: a log of another model, layout, world, rank order
+    or padded vocabulary is refused (``advisor.megatron_log.LAYOUT_ARGUMENTS``), as one of another
+    global batch is. The padded vocabulary only where the command (with ``release``) says it:
+    NullTokenizer's rows differ by release (``ReadRun.vocab_by_release``)."""
+    from advisor import equations as eq
+    from advisor.parallel import RANK_ORDER
+
+    run, layout, spec, printed = read.run, read.run.layout, read.run.spec, dict(training.arguments)
+    if printed.get("group_query_attention") == "False":  # Megatron then ignores --num-query-groups (default 1)
+        printed["num_query_groups"] = printed.get("num_attention_heads")
+    command = {"num_layers": spec.num_layers, "hidden_size": spec.hidden_size, "ffn_hidden_size": spec.ffn_hidden_size,
+               "num_attention_heads": spec.num_attention_heads, "num_query_groups": spec.num_query_groups,
                "tensor_model_parallel_size": layout.tp, "pipeline_model_parallel_size": layout.pp,
-               "context_parallel_size": layout.cp, "micro_batch_size": layout.mbs, "seq_length": run.seq_len}
-    differ = [f"{name} {training.arguments[name]} (the command: {value})" for name, value in command.items()
-              if name in training.arguments and training.arguments[name] != str(value)]
+               "context_parallel_size": layout.cp, "micro_batch_size": layout.mbs, "seq_length": run.seq_len,
+               "world_size": read.gpus, "data_parallel_size": read.dp,
+               "use_tp_pp_dp_mapping": layout.rank_order != RANK_ORDER,
+               "padded_vocab_size": None if run.vocab_by_release and release is None else
+               eq.padded_vocab_size(spec.vocab_size, run.options.vocab_divisible_by, layout.tp)}
+    differ = [f"{name} {printed[name]} (the command: {value})" for name, value in command.items()
+              if value is not None and printed.get(name) is not None and printed[name] != str(value)]
     if differ:
-        raise InputError(f"the log ran {', '.join(differ)}: is it the command that wrote the log?")
+        vocab = f"; its vocabulary: {run.vocab_source}" if "padded_vocab_size" in " ".join(differ) else ""
+        raise InputError(f"the log ran {', '.join(differ)}{vocab}: is it the command that wrote the log?")
