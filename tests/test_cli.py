@@ -348,6 +348,18 @@ def test_flags_a_megatron_user_types_point_to_the_option(advisor, given, advice)
     assert advice in message and "Did you mean" not in message
 
 
+@pytest.mark.parametrize("command, says", [
+    (["recommend", "--gpus", 8, "--mem", 80], "recommend plans without interleaving"),
+    (["report"], "report takes no virtual pipeline stages (no --vpp)"),
+])
+def test_interleaving_advice_fits_the_command(advisor, command, says):
+    """recommend has no --vpp: 'give --vpp N' sent the user to an option it refuses; it points to sweep and
+    estimate instead, which price interleaved layouts."""
+    message = advisor.error(*command, "--num-layers-per-virtual-pipeline-stage", 2)
+    assert says in message and "'advisor sweep --vpp auto|N' and 'advisor estimate --vpp N'" in message
+    assert "give the virtual stages per rank" not in message
+
+
 def test_every_megatron_spelling_names_an_option():
     from advisor.cli import COMMANDS, cli
     from advisor.cli.options import MEGATRON_SPELLINGS

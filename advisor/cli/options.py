@@ -52,6 +52,25 @@ MEGATRON_LOOKALIKES = {
                                                "layers / (PP x N) layers",
 }
 """Megatron flags that look like an advisor option's spelling but do not mean it: refused with why."""
+LOOKALIKE_NEEDS = {"--num-layers-per-virtual-pipeline-stage": "--vpp"}
+"""The option a lookalike's advice names, where not every command has it: a command without it
+says so instead (``lookalike_message``)."""
+NO_INTERLEAVING = ("{command} {takes}: 'advisor sweep "
+                   "--vpp auto|N' and 'advisor estimate --vpp N' price interleaved layouts (Megatron's "
+                   "--virtual-pipeline-model-parallel-size N; each virtual stage holds layers / (PP x N) layers)")
+
+
+def lookalike_message(exc: click.NoSuchOption, default: str) -> str:
+    """Why a Megatron flag is not the advisor option it looks like, as fits the command it was
+    given to: advice to give --vpp only where the command has it."""
+    message = {**MEGATRON_LOOKALIKES, **SPELLED_OTHERWISE}.get(exc.option_name, default)
+    needed = LOOKALIKE_NEEDS.get(exc.option_name)
+    command = exc.ctx.command if exc.ctx else None
+    if needed and command is not None and not any(needed in getattr(p, "opts", ()) for p in command.params):
+        takes = ("plans without interleaving (no virtual pipeline stages, so no --vpp)" if command.name == "recommend"
+                 else "takes no virtual pipeline stages (no --vpp)")
+        return NO_INTERLEAVING.format(command=exc.ctx.command_path, takes=takes)
+    return message
 SPELLED_OTHERWISE = {
     "--json": "no such option: --json (machine-readable output is --format json)",
 }
@@ -159,7 +178,7 @@ class OneLineErrors:
             where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
             message = exc.format_message()
             if isinstance(exc, click.NoSuchOption):
-                message = {**MEGATRON_LOOKALIKES, **SPELLED_OTHERWISE}.get(exc.option_name, message)
+                message = lookalike_message(exc, message)
             click.echo(f"Error: {message}{where}", err=True)
             sys.exit(2)
         except click.ClickException as exc:
