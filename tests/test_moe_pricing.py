@@ -311,8 +311,10 @@ def test_fp8_casts_and_mtp_time_by_hand():
 
 
 def test_fp8_casts_land_in_the_part_that_runs_them():
-    """With the GEMMs left at the BF16 rate (``Fp8Gemms`` with BF16 rates), FP8 adds only the casts'
-    bytes over the HBM rate, each to its part. DeepSeek-V3, 4096 tokens, TP 2, EP 8, current scaling
+    """With the GEMMs left at the BF16 rate (``Fp8Gemms`` with BF16 rates), FP8 adds the casts'
+    bytes over the HBM rate, each to its part, and takes off what the FP8 sequence-parallel input
+    all-gathers save: one before QKV (attention), one before FC1 (a dense layer's MLP), each 1 byte
+    an element instead of 2, of which a TP-2 ring sends half, over NVLink. DeepSeek-V3, 4096 tokens, TP 2, EP 8, current scaling
     on Hopper (6 bytes an operand, 4 after a norm). A first dense layer: MLA's casts (down
     projections' h twice and a d_v at 6, the up projections' q_lora 1536 + kv_lora 512 after their
     latent norms at 4) and its MLP's (FC1's input h after the fused pre-MLP norm at 4, FC2's
@@ -322,17 +324,19 @@ def test_fp8_casts_land_in_the_part_that_runs_them():
     casts = time_levers.fp8_casts("tensorwise", "hopper")
     kw = dict(tp=2, cp=1, ep=8, etp=1, mbs=1, rates=rates)
     plain, fp8 = mt.layer_times(DSV3, 4096, **kw), mt.layer_times(DSV3, 4096, **kw,
-                                                                   fp8=time_levers.Fp8Gemms(rates, casts))
+                                                                   fp8=time_levers.Fp8Gemms(rates, casts, "tensorwise"))
     h, tokens = 7168, 4096
     attention = tokens * (6 * (2 * h + 128 * 128) + 4 * (1536 + 512)) / 2
     dense_mlp = tokens * (4 * h + 6 * 18432) / 2
     copies = float(mm.expert_token_copies(DSV3, mm.tokens_per_rank(4096, 1, 2, 1), 8, 1, mm.RoutedTokens()))
     experts = 6 * (tokens * (h + 2048) / 2 + copies * (h + 2048))
     bandwidth = rates.hbm_bytes_per_s
-    assert float(fp8.dense - plain.dense) == pytest.approx((attention + dense_mlp) / bandwidth, rel=1e-9)
-    assert float(fp8.dense_mlp - plain.dense_mlp) == pytest.approx(dense_mlp / bandwidth, rel=1e-9)
+    gather_saved = 0.5 * (2 - 1) * tokens * h / rates.nvlink_bytes_per_s
+    assert float(fp8.dense - plain.dense) == pytest.approx((attention + dense_mlp) / bandwidth - 2 * gather_saved,
+                                                           rel=1e-9)
+    assert float(fp8.dense_mlp - plain.dense_mlp) == pytest.approx(dense_mlp / bandwidth - gather_saved, rel=1e-9)
     assert float(fp8.expert - plain.expert) == pytest.approx(experts / bandwidth, rel=1e-9)
-    assert float(fp8.moe - plain.moe) == pytest.approx((attention + experts) / bandwidth, rel=1e-9)
+    assert float(fp8.moe - plain.moe) == pytest.approx((attention + experts) / bandwidth - gather_saved, rel=1e-9)
     assert float(fp8.mla_up - plain.mla_up) == pytest.approx(tokens * 4 * (1536 + 512) / 2 / bandwidth, rel=1e-9)
     assert float(fp8.comm) == float(plain.comm)
 

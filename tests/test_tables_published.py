@@ -57,12 +57,13 @@ def test_the_report_prices_every_run_and_the_bf16_runs_meet_their_targets():
     # tables/published/userbuffers/dgxc-llama3.1-*.yaml: few bulk SMs, no margin beside bulk):
     # every BF16 run within 10%, MAPE 2.3% (3.5% and 33 of 34 at Transformer Engine's defaults)
     assert bf16["runs"] == 34 and bf16["within_target"] == 34 and bf16["mape"] <= 0.06
-    assert report["summary"]["fp8"]["within_target"] == 33
+    # sequence parallelism's gathers in FP8 (levers.fp8_tp_bytes; the 405B recipe's fp8_buf reduce-
+    # scatters): every FP8 run within 15% (33 of 34 with them in BF16: 24.12's 405B on 96 GPUs, +15.1%)
+    assert report["summary"]["fp8"]["within_target"] == 34
     for release in RELEASES:
         assert report["summary"]["by_framework"][release]["bf16"]["runs"] == 17
-    assert report["summary"]["by_framework"]["NeMo 24.12"]["fp8"]["within_target"] == 16
-    # the one FP8 run beyond 15%: 405B on 96 GPUs, +15.1% (24.09's same layout, 1.4% slower, +13.5%)
-    assert [row["run"] for row in report["runs"] if not row["within_target"]] == ["dgxc-24.12-405b-fp8-96"]
+    assert report["summary"]["by_framework"]["NeMo 24.12"]["fp8"]["within_target"] == 17
+    assert [row["run"] for row in report["runs"] if not row["within_target"]] == []
 
 
 def test_both_releases_publish_the_same_configurations():

@@ -141,7 +141,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     attention_gemm = 2.0 * tokens_cp * params.attention_parameters(spec) / tp / gemm_rates.gemm_flops_per_s \
         + 4 * rates.gemm_latency_s
     core, core_backward = terms.attention_kernel_time(attention_flops(spec, seq_len, mbs, tp, cp), cp, rates)
-    tp_comm, _ = terms.tensor_parallel_time(spec, tokens_cp, tp, rates)
+    # FP8 moves the sequence-parallel gathers in FP8 (levers.fp8_tp_bytes), as the dense model's
+    tp_comm, _ = terms.tensor_parallel_time(spec, tokens_cp, tp, rates, fp8.collectives if fp8 else terms.BF16_TP)
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     pace = replace(routing, routing="balanced") if routing.routing == "dropless" else routing
     copies = mm.expert_token_copies(spec, tokens, ep, etp, pace)

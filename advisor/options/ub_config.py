@@ -40,8 +40,8 @@ KEYS = ("method", "num_sm", "cga_size", "set_sm_margin", "num_splits", "aggregat
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Userbuffer:
     """One buffer's settings, as ``get_default_config`` and the file leave them. Priced: method,
-    num_sm, set_sm_margin, num_splits. Read but not priced: cga_size, aggregate, atomic_gemm,
-    use_ce, fp8_buf (the collective is priced in BF16), the stream priorities."""
+    num_sm, set_sm_margin, num_splits, fp8_buf (under --fp8-format). Read but not priced: cga_size,
+    aggregate, atomic_gemm, use_ce, the stream priorities."""
 
     method: str
     """ring_exchange, pipeline, bulk or external."""
@@ -51,6 +51,10 @@ class Userbuffer:
     """Whether the GEMM beside the collective gives those SMs up (``_math_sms = sm_count - num_sm``)."""
     num_splits: int
     """The pipeline method's chunks (4 by default; ring exchange always runs TP chunks)."""
+    fp8_buf: bool = False
+    """Whether the buffer holds FP8 in an FP8 run, as ``initialize_ub`` decides it: every all-gather
+    buffer (``layers_all_gather_overlap``), and a pipelined reduce-scatter whose mapping sets
+    fp8_buf; any other buffer's setting is ignored there."""
 
 
 def default_buffer(name: str, method: str | None = None) -> Userbuffer:
@@ -59,7 +63,14 @@ def default_buffer(name: str, method: str | None = None) -> Userbuffer:
     qkv_dgrad/fc1_dgrad), whose defaults it then takes."""
     method = method or DEFAULT_METHODS[name]
     ring = method == "ring_exchange"
-    return Userbuffer(method=method, num_sm=1 if ring else 16, set_sm_margin=not ring, num_splits=4)
+    return Userbuffer(method=method, num_sm=1 if ring else 16, set_sm_margin=not ring, num_splits=4,
+                      fp8_buf=_all_gather(name, method))
+
+
+def _all_gather(name: str, method: str) -> bool:
+    """Whether ``name`` run by ``method`` is an all-gather buffer: a non-bulk qkv_dgrad/fc1_dgrad
+    is a reduce-scatter (``initialize_ub`` moves it off ``layers_all_gather_overlap``)."""
+    return name in ALL_GATHERS and not (name in ("qkv_dgrad", "fc1_dgrad") and method != "bulk")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +122,9 @@ def _buffer(path: str, name: str, given) -> Userbuffer:
         raise _problem(path, name, f"set_sm_margin must be true, false, 0 or 1, got {margin!r}")
     return Userbuffer(method=method, num_sm=_whole(path, name, "num_sm", given.get("num_sm", base.num_sm), 1),
                       set_sm_margin=bool(margin),
-                      num_splits=_whole(path, name, "num_splits", given.get("num_splits", base.num_splits), 1))
+                      num_splits=_whole(path, name, "num_splits", given.get("num_splits", base.num_splits), 1),
+                      # initialize_ub: fp8_buf = (an all-gather) or (the file's fp8_buf and pipeline)
+                      fp8_buf=_all_gather(name, method) or (bool(given.get("fp8_buf")) and method == "pipeline"))
 
 
 def parse_userbuffers(path: str, data) -> UserbuffersConfig:

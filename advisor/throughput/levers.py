@@ -11,7 +11,7 @@ import numpy as np
 
 from advisor.errors import AdvisorError
 from advisor.hardware import GpuSpec
-from advisor.throughput.terms import BF16, Rates, elementwise_time, ring_collective_time
+from advisor.throughput.terms import BF16, Rates, TpBytes, elementwise_time, ring_collective_time
 
 FP8_EFFICIENCY_NOTE = (
     "FP8 GEMMs are priced at the GPU's dense FP8 peak times the same sustained fraction the calibration "
@@ -90,18 +90,58 @@ def fp8_casts(recipe: str, architecture: str) -> Fp8Casts:
         else Fp8Casts(operand=4 + 2 / 32, normed=4 + 2 / 32)
 
 
+SCALE_BYTES = {"delayed": 0.0, "tensorwise": 0.0, "blockwise": 4 / 128, "mxfp8": 1 / 32}
+"""Scale bytes per element an FP8 all-gather moves beside the data, one direction: none for the
+per-tensor recipes (one scale, the same on every rank: ``_all_gather_fp8`` copies it, no
+collective), an FP32 per 1 x 128 block (``_all_gather_fp8_blockwise``), an E8M0 byte per 32
+(``_all_gather_mxfp8``)."""
+
+
+def fp8_tp_bytes(recipe: str) -> TpBytes:
+    """Bytes per element of each sequence-parallel collective of a layer under an FP8 recipe, from
+    Transformer Engine 2.9 (the release core_v0.15.2 pins; TE 1.11, NeMo 24.09/24.12's, the same for
+    delayed scaling, its only recipe). ``LayerNormLinear.forward`` (QKV, FC1) quantises the norm's
+    output on the local shard before ``gather_along_first_dim``, row-wise only, so the input
+    all-gather moves FP8 (1 byte and the recipe's scales, ``SCALE_BYTES``; the same for the
+    backward's re-gather, ``_LayerNormLinear.backward``, and with userbuffers, whose all-gather
+    buffers are FP8 whenever FP8 runs: ``initialize_ub``, ``fp8_buf`` on every
+    ``layers_all_gather_overlap`` buffer). ``grad_output_preprocess`` (projection, FC2) quantises the
+    output gradient before its all-gather: row-wise only for the per-tensor recipes (the Hopper
+    transpose is made after the gather, ``_all_gather_fp8``), both directions for the block-scaled
+    ones, which cannot transpose scales (``_all_gather_fp8_blockwise``, ``_all_gather_mxfp8``):
+    2 x (1 + scales), above BF16's 2; with userbuffers MXFP8 gathers the row-wise copy by ring
+    exchange and the column-wise one beside the same dgrad (``_Linear.backward``,
+    ``bulk_overlap_ag_with_external_gemm``): the same bytes. The reduce-scatters sum partial
+    outputs in BF16 (``reduce_scatter_along_first_dim`` of the GEMM's activation-dtype output);
+    through a pipelined userbuffers buffer with ``fp8_buf`` the GEMM writes FP8 and the buffer is
+    reduced in FP8 (``split_overlap_rs``, ``reducescatter2_userbuff_stridedoutput_fp8``), which only
+    delayed scaling's fused FP8-output GEMM can feed (``gemm.cpp``: every other recipe's output is
+    quantised after a BF16 GEMM): 1 byte under delayed, BF16 otherwise."""
+    scale = SCALE_BYTES[recipe]
+    grad_gather = 1.0 if recipe in ("delayed", "tensorwise") else 2 * (1 + scale)
+    return TpBytes(input_gather=1 + scale, output_scatter=BF16, grad_gather=grad_gather, dgrad_scatter=BF16,
+                   fp8_scatter=1.0 if recipe == "delayed" else BF16)
+
+
 @dataclass(frozen=True)
 class Fp8Gemms:
     """What --fp8-format changes in a layer's time, one fact for the dense and the MoE models:
-    the linear layers' GEMM ``rates`` (``fp8_rates``) and the ``casts`` that quantise their
-    operands (``fp8_casts``)."""
+    the linear layers' GEMM ``rates`` (``fp8_rates``), the ``casts`` that quantise their
+    operands (``fp8_casts``), and the ``recipe`` whose sequence-parallel collectives move FP8
+    (``collectives``)."""
     rates: Rates
     casts: Fp8Casts
+    recipe: str = "delayed"
+
+    @property
+    def collectives(self) -> TpBytes:
+        """Bytes per element of the layer's sequence-parallel collectives (``fp8_tp_bytes``)."""
+        return fp8_tp_bytes(self.recipe)
 
 
 def fp8_gemms(rates: Rates, gpu: GpuSpec, recipe: str) -> Fp8Gemms:
     """``Fp8Gemms`` of an FP8 recipe on ``gpu``; AdvisorError where the GPU cannot run it."""
-    return Fp8Gemms(fp8_rates(rates, gpu, recipe), fp8_casts(recipe, gpu.architecture))
+    return Fp8Gemms(fp8_rates(rates, gpu, recipe), fp8_casts(recipe, gpu.architecture), recipe)
 
 
 def fp8_attention_cast_bytes(spec, tokens, tp, casts: Fp8Casts):

@@ -148,6 +148,8 @@ class TimeModel:
         self.rates = terms.Rates.of(gpu, self.cal, flash2=options.attention_kernel == "flash2")
         # FP8 runs the linear layers' GEMMs at the FP8 rate (levers.FP8_EFFICIENCY_NOTE); the rest stays BF16.
         self.fp8 = levers.fp8_gemms(self.rates, gpu, options.fp8_recipe) if options.fp8_format else None
+        # and with sequence parallelism its gathers move FP8 (levers.fp8_tp_bytes), with or without userbuffers
+        self.tp_bytes = self.fp8.collectives if self.fp8 else terms.BF16_TP
         self.host = levers.host_link(gpu) if options.optimizer_host_fraction > 0 else None
         self.sms = streaming_multiprocessors(gpu.architecture)
 
@@ -171,10 +173,10 @@ class TimeModel:
             gemm_b = gemm_b + terms.elementwise_time(cast_b, rates)
         if self.options.tp_comm_overlap:  # userbuffers: what their GEMMs leave, and the SMs they take
             tp_f, tp_b, slow_f, slow_b = userbuffers.tp_overlap_time(spec, tokens, tp, gemm_rates, self.sms,
-                                                                     self.options.userbuffers)
+                                                                     self.options.userbuffers, self.tp_bytes)
             gemm_f, gemm_b = gemm_f + slow_f, gemm_b + slow_b
         else:
-            tp_f, tp_b = terms.tensor_parallel_time(spec, tokens, tp, rates)
+            tp_f, tp_b = terms.tensor_parallel_time(spec, tokens, tp, rates, self.tp_bytes)
         cp_f, cp_b = terms.context_parallel_time(spec, s, mbs, tp, cp, rates, attn_f, attn_b)
         compute_f = gemm_f + attn_f + elem
         compute_b = gemm_b + attn_b + 2 * elem  # backward reads the saved input and writes grads
@@ -212,10 +214,10 @@ class TimeModel:
                 else 0.0
             if self.options.tp_comm_overlap:  # the same userbuffers beside FC1 and FC2
                 exposed_s, slow = userbuffers.mlp_forward_overlap_time(self.spec, tokens, tp, gemm_rates, self.sms,
-                                                                       self.options.userbuffers)
+                                                                       self.options.userbuffers, self.tp_bytes)
                 comm = exposed_s + slow
             else:
-                comm = terms.tensor_parallel_time(self.spec, tokens, tp, rates)[0] / 2
+                comm = terms.tensor_parallel_time(self.spec, tokens, tp, rates, self.tp_bytes)[0] / 2
             again = again + gemms + swiglu + comm + terms.elementwise_time(casts, rates)
         if "layernorm" in modules and not self.options.fused_norms:
             again = again + terms.elementwise_time(terms.BF16 * 4 * self.spec.hidden_size * tokens / _f(tp), rates)

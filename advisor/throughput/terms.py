@@ -172,15 +172,47 @@ def ring_collective_time(size_bytes, ranks, bandwidth, rates: Rates):
     return steps / n * size_bytes / bandwidth + steps * rates.collective_latency_s
 
 
-def tensor_parallel_time(spec: LlamaSpec, tokens, tp, rates: Rates):
+@dataclass(frozen=True, slots=True)
+class TpBytes:
+    """Bytes per element of the [tokens, h] activation that each sequence-parallel collective of a
+    layer moves (``levers.fp8_tp_bytes`` under --fp8-format, ``BF16_TP`` otherwise)."""
+
+    input_gather: float
+    """The all-gathers of QKV's and FC1's inputs, forward (and their re-gathers for wgrad)."""
+    output_scatter: float
+    """The reduce-scatters of the projection's and FC2's outputs, forward."""
+    grad_gather: float
+    """The all-gathers of the projection's and FC2's output gradients, backward."""
+    dgrad_scatter: float
+    """The reduce-scatters of QKV's and FC1's input gradients, backward."""
+    fp8_scatter: float
+    """A reduce-scatter through a userbuffers buffer with ``fp8_buf`` (a pipelined one)."""
+
+
+BF16_TP = TpBytes(BF16, BF16, BF16, BF16, BF16)
+"""Every collective in BF16: a run without --fp8-format."""
+
+
+def tp_collective_time(spec: LlamaSpec, tokens, tp, rates: Rates, element_bytes: float = BF16):
+    """One ring collective (all-gather or reduce-scatter) of the layer's [tokens, h] activation at
+    ``element_bytes`` an element (``TpBytes``)."""
+    return ring_collective_time(element_bytes * tokens * spec.hidden_size, tp, link_bandwidth(tp, rates), rates)
+
+
+def tensor_parallel_time(spec: LlamaSpec, tokens, tp, rates: Rates, sizes: TpBytes = BF16_TP):
     """(forward, backward) exposed TP communication of one layer with sequence parallelism
     (Korthikanti et al. 2023, Section 4.2.2): an all-gather before QKV and FC1 and a
     reduce-scatter after the output projection and FC2 forward (4 collectives of the layer's
-    [tokens, h] activation), the same 4 backward. Megatron runs them on the compute stream
-    without --tp-comm-overlap, so they add to the layer's time."""
-    size = BF16 * tokens * spec.hidden_size
-    one = ring_collective_time(size, tp, link_bandwidth(tp, rates), rates)
-    return 4 * one, 4 * one
+    [tokens, h] activation), backward the all-gathers of the projection's and FC2's output
+    gradients and the reduce-scatters of QKV's and FC1's input gradients, each at ``sizes``' bytes
+    an element (FP8 gathers under --fp8-format, ``levers.fp8_tp_bytes``). Megatron runs them on
+    the compute stream without --tp-comm-overlap, so they add to the layer's time; the inputs'
+    re-gathers for wgrad run asynchronously behind dgrad and are left out."""
+    forward = 2 * tp_collective_time(spec, tokens, tp, rates, sizes.input_gather) \
+        + 2 * tp_collective_time(spec, tokens, tp, rates, sizes.output_scatter)
+    backward = 2 * tp_collective_time(spec, tokens, tp, rates, sizes.grad_gather) \
+        + 2 * tp_collective_time(spec, tokens, tp, rates, sizes.dgrad_scatter)
+    return forward, backward
 
 
 def context_parallel_time(spec: LlamaSpec, seq_len, mbs, tp, cp, rates: Rates, attention_forward, attention_backward):

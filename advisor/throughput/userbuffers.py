@@ -34,7 +34,7 @@ from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.options.ub_config import TE_DEFAULTS, Userbuffer, UserbuffersConfig
 from advisor.throughput.flops import layer_gemm_shapes
-from advisor.throughput.terms import BF16, Rates, gemm_time, link_bandwidth, ring_collective_time
+from advisor.throughput.terms import BF16_TP, Rates, TpBytes, gemm_time, tp_collective_time
 
 PIPELINE_SPLITS = 4
 """The pipeline method's chunks (``initialize_ub`` default num_splits 4; ``ub_config.default_buffer``)."""
@@ -87,39 +87,58 @@ FORWARD_BUFFERS = ("qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop")
 """The forward GEMMs' buffers, in ``layer_gemm_shapes``' order (QKV, projection, FC1, FC2)."""
 
 
-def _one_collective(spec: LlamaSpec, tokens, tp, rates: Rates):
-    """One ring collective of the [tokens, h] BF16 activation (``terms.tensor_parallel_time``'s)."""
-    return ring_collective_time(BF16 * tokens * spec.hidden_size, tp, link_bandwidth(tp, rates), rates)
+def buffer_element_bytes(name: str, buffer: Userbuffer, sizes: TpBytes) -> float:
+    """Bytes per element the collective of buffer ``name`` moves, from the layer's ``sizes``
+    (``terms.tensor_parallel_time``'s, one source for both paths): the input all-gathers
+    (qkv_fprop, fc1_fprop; FP8 under --fp8-format, their buffers always FP8 there), the gradient
+    all-gathers (proj_dgrad, fc2_dgrad), the forward reduce-scatters (proj_fprop, fc2_fprop) and the
+    dgrad reduce-scatters (qkv/fc1_wgrad, or a non-bulk qkv/fc1_dgrad), a reduce-scatter at
+    ``sizes.fp8_scatter`` where its buffer is FP8 (``Userbuffer.fp8_buf``)."""
+    if name in ("qkv_fprop", "fc1_fprop"):
+        return sizes.input_gather
+    if name in ("proj_dgrad", "fc2_dgrad"):
+        return sizes.grad_gather
+    if buffer.fp8_buf:  # a pipelined reduce-scatter the file made FP8
+        return sizes.fp8_scatter
+    return sizes.output_scatter if name in ("proj_fprop", "fc2_fprop") else sizes.dgrad_scatter
 
 
-def _forward_buffers(names, gemms, one, tp, sms: int, config: UserbuffersConfig):
+def _collective(name: str, buffer: Userbuffer, spec: LlamaSpec, tokens, tp, rates: Rates, sizes: TpBytes):
+    """The ring collective of buffer ``name`` (``terms.tp_collective_time``) at its bytes an element."""
+    return tp_collective_time(spec, tokens, tp, rates, buffer_element_bytes(name, buffer, sizes))
+
+
+def _forward_buffers(names, gemms, spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config: UserbuffersConfig,
+                     sizes: TpBytes):
     """(exposed, GEMM slowdown) of the forward buffers ``names`` beside their GEMMs ``gemms``."""
     exposed_s, slow = 0.0, 0.0
     for name, gemm in zip(names, gemms):
         buffer = config.buffer(name)
         margin = _margin(buffer, sms, tp)
-        exposed_s = exposed_s + exposed(buffer.method, one, gemm * margin, tp, buffer.num_splits)
+        comm = _collective(name, buffer, spec, tokens, tp, rates, sizes)
+        exposed_s = exposed_s + exposed(buffer.method, comm, gemm * margin, tp, buffer.num_splits)
         slow = slow + gemm * (margin - 1)
     return exposed_s, slow
 
 
 def mlp_forward_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int,
-                             config: UserbuffersConfig = TE_DEFAULTS):
+                             config: UserbuffersConfig = TE_DEFAULTS, sizes: TpBytes = BF16_TP):
     """(exposed, GEMM slowdown) of the MLP's forward alone under --tp-comm-overlap: FC1's
     all-gather (fc1_fprop) and FC2's reduce-scatter (fc2_fprop), as ``tp_overlap_time`` prices
     them in the layer; what --recompute-modules mlp runs again in the backward (the checkpointed
     MLP calls the same Transformer Engine modules, with their userbuffers)."""
     fc1, fc2 = (gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, tokens, tp)[2:])
-    return _forward_buffers(FORWARD_BUFFERS[2:], (fc1, fc2), _one_collective(spec, tokens, tp, rates), tp, sms,
-                            config)
+    return _forward_buffers(FORWARD_BUFFERS[2:], (fc1, fc2), spec, tokens, tp, rates, sms, config, sizes)
 
 
-def tp_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config: UserbuffersConfig = TE_DEFAULTS):
+def tp_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config: UserbuffersConfig = TE_DEFAULTS,
+                    sizes: TpBytes = BF16_TP):
     """(forward exposed, backward exposed, forward GEMM slowdown, backward GEMM slowdown) of one
     layer with --tp-comm-overlap, on a GPU of ``sms`` SMs; ``rates``, the GEMMs' (FP8's under
-    --fp8-format); ``config``, the --tp-comm-overlap-cfg buffers (default TE's). Each collective is
-    ``terms.tensor_parallel_time``'s one ring of the [tokens, h] BF16 activation, beside the GEMM
-    of its buffer, by the buffer's method. Forward: the all-gathers before QKV and FC1 (qkv_fprop,
+    --fp8-format); ``config``, the --tp-comm-overlap-cfg buffers (default TE's); ``sizes``, the
+    collectives' bytes an element (``levers.fp8_tp_bytes`` under --fp8-format). Each collective is
+    ``terms.tensor_parallel_time``'s one ring of the [tokens, h] activation at its buffer's bytes
+    (``buffer_element_bytes``), beside the GEMM of its buffer, by the buffer's method. Forward: the all-gathers before QKV and FC1 (qkv_fprop,
     fc1_fprop) and the reduce-scatters after the projection and FC2 (proj_fprop, fc2_fprop).
     Backward: the projection's and FC2's gradient all-gathers beside their dgrad (proj_dgrad,
     fc2_dgrad); QKV's and FC1's dgrad reduce-scatters beside their wgrad (qkv_wgrad, fc1_wgrad,
@@ -130,23 +149,29 @@ def tp_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config:
     beside a buffer that sets an SM margin is slowed by it. Nothing at TP 1 (Megatron refuses the
     overlap there)."""
     qkv, proj, fc1, fc2 = (gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, tokens, tp))
-    one = _one_collective(spec, tokens, tp, rates)
-    forward, slow_f = _forward_buffers(FORWARD_BUFFERS, (qkv, proj, fc1, fc2), one, tp, sms, config)
+    forward, slow_f = _forward_buffers(FORWARD_BUFFERS, (qkv, proj, fc1, fc2), spec, tokens, tp, rates, sms, config,
+                                       sizes)
+
+    def one(name: str, buffer: Userbuffer):
+        return _collective(name, buffer, spec, tokens, tp, rates, sizes)
+
     backward, slow_b = 0.0, 0.0
     for name, gemm in (("proj_dgrad", proj), ("fc2_dgrad", fc2)):
         buffer = config.buffer(name)
         margin = _margin(buffer, sms, tp)
-        backward = backward + exposed(buffer.method, one, gemm * margin, tp, buffer.num_splits)
+        backward = backward + exposed(buffer.method, one(name, buffer), gemm * margin, tp, buffer.num_splits)
         slow_b = slow_b + gemm * (margin - 1)
     for stem, gemm in (("qkv", qkv), ("fc1", fc1)):
         dgrad = config.buffer(f"{stem}_dgrad")
         dgrad_margin = _margin(dgrad, sms, tp)
         slow_b = slow_b + gemm * (dgrad_margin - 1)
         if dgrad.method != "bulk":  # the dgrad output's reduce-scatter runs beside dgrad itself
-            backward = backward + exposed(dgrad.method, one, gemm * dgrad_margin, tp, dgrad.num_splits)
+            backward = backward + exposed(dgrad.method, one(f"{stem}_dgrad", dgrad), gemm * dgrad_margin, tp,
+                                          dgrad.num_splits)
             continue
         wgrad = config.buffer(f"{stem}_wgrad")
         wgrad_margin = _margin(wgrad, sms, tp)
-        backward = backward + exposed(wgrad.method, one, gemm * wgrad_margin, tp, wgrad.num_splits)
+        backward = backward + exposed(wgrad.method, one(f"{stem}_wgrad", wgrad), gemm * wgrad_margin, tp,
+                                      wgrad.num_splits)
         slow_b = slow_b + gemm * (wgrad_margin - 1)
     return forward, backward, slow_f, slow_b
