@@ -417,7 +417,7 @@ def test_an_unusable_output_is_one_line_before_any_note(advisor, tmp_path, monke
     assumed release, the job's length and checkpoint) come out: one line either way."""
     monkeypatch.delenv("MEGATRON_LM", raising=False)
     sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpu", "h100-80gb", "--gpus", "16", "--tokens", "1T")
-    commands = {"sbatch": ["--dry-run"], "skypilot": [], "k8s": ["--image", "img", "--megatron-lm", "/opt/Megatron"]}
+    commands = {"sbatch": ["--dry-run"], "skypilot": ["--megatron-lm", "/opt/Megatron"], "k8s": ["--image", "img", "--megatron-lm", "/opt/Megatron"]}
     outputs = {tmp_path / "missing" / "x": "no such directory", tmp_path: "is a directory",
                "/sys/advisor-x": "/sys/advisor-x"}
     for command, more in commands.items():
