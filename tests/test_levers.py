@@ -108,15 +108,15 @@ def test_fp8_gemm_rate_and_casts():
     # (read and write 1 each), +1. Inputs h + h normed, a d + h_ffn not; output gradients
     # (a + 2k) d + h + 2 h_ffn + h
     casts = time_levers.fp8_casts("delayed", H100.architecture)
-    forward, backward = time_levers.fp8_cast_bytes(SPEC, 8192, 1, casts)
-    assert (float(forward), float(backward)) == (8192 * (1 * 8192 + 4 * 18432), 4 * 8192 * 43008)
+    forward, backward, transposes = time_levers.fp8_cast_bytes(SPEC, 8192, 1, casts)
+    assert (float(forward), float(backward), float(transposes)) == (8192 * (1 * 8192 + 4 * 18432), 4 * 8192 * 43008, 0)
     # the same bytes by part (h 4096, a d 4096, (a + 2k) d 6144, h_ffn 14336): attention h normed + a d,
     # gradients (a + 2k) d + h; the MLP h normed + h_ffn, gradients 2 h_ffn + h; an MoE layer's MLP (its
     # norm a module of its own) reads h at 4 bytes, not 1
     attention = time_levers.fp8_attention_cast_bytes(SPEC, 8192, 1, casts)
     mlp = time_levers.fp8_mlp_cast_bytes(4096, 14336, 8192, 1, casts)
-    assert attention == (8192 * (1 * 4096 + 4 * 4096), 4 * 8192 * (6144 + 4096))
-    assert mlp == (8192 * (1 * 4096 + 4 * 14336), 4 * 8192 * (2 * 14336 + 4096))
+    assert attention == (8192 * (1 * 4096 + 4 * 4096), 4 * 8192 * (6144 + 4096), 0)
+    assert mlp == (8192 * (1 * 4096 + 4 * 14336), 4 * 8192 * (2 * 14336 + 4096), 0)
     assert time_levers.fp8_mlp_cast_bytes(4096, 14336, 8192, 1, casts, normed=False)[0] == 8192 * 4 * (4096 + 14336)
     fp8 = time_levers.fp8_gemms(rates, H100, "delayed")
     assert (fp8.rates, fp8.casts) == (time_levers.fp8_rates(rates, H100), casts)
@@ -128,12 +128,45 @@ def test_fp8_cast_bytes_per_element_by_recipe_and_gpu():
     capability 10.0); current scaling first reads the whole tensor for its amax, 2 more, but
     after a norm the norm finds it; blockwise and MXFP8 write both directions with their scales
     (FP32 per 128 elements, or a byte per 32) whatever the GPU; delayed scaling's norm writes
-    FP8 itself, 1 byte under its BF16 output, and Hopper transposes it (read and write 1)."""
-    expected = {("delayed", "hopper"): (4, 1), ("delayed", "blackwell"): (3, -1),
-                ("tensorwise", "hopper"): (6, 4), ("tensorwise", "blackwell"): (5, 3),
-                ("blockwise", "hopper"): (4 + 8 / 128, 4 + 8 / 128), ("mxfp8", "blackwell"): (4 + 2 / 32, 4 + 2 / 32)}
-    for (recipe, architecture), (operand, normed) in expected.items():
-        assert time_levers.fp8_casts(recipe, architecture) == time_levers.Fp8Casts(operand, normed), recipe
+    FP8 itself, 1 byte under its BF16 output, and Hopper transposes it (read and write 1).
+    Sequence-parallel gathered operands (TE 2.9): the per-tensor recipes cast row-wise only (no
+    transposed write, no norm transpose) and, on Hopper, transpose the gathered tensor (read 1,
+    write 1); blockwise casts both directions and transposes the gathered column-wise copy (read
+    1, write 1) on any GPU; MXFP8 gathers both, no transpose."""
+    expected = {("delayed", "hopper"): (4, 1, 3, -1, 2), ("delayed", "blackwell"): (3, -1, 3, -1, 0),
+                ("tensorwise", "hopper"): (6, 4, 5, 3, 2), ("tensorwise", "blackwell"): (5, 3, 5, 3, 0),
+                ("blockwise", "hopper"): (4 + 8 / 128,) * 4 + (2,),
+                ("mxfp8", "blackwell"): (4 + 2 / 32,) * 4 + (0,)}
+    for (recipe, architecture), values in expected.items():
+        assert time_levers.fp8_casts(recipe, architecture) == time_levers.Fp8Casts(*values), recipe
+
+
+def test_fp8_casts_of_gathered_operands_at_tp_8():
+    """Llama 3.1 70B (h 8192, a 64, k 8, d 128, h_ffn 28672), 8192 tokens, TP 8 on H100, by hand.
+    Gathered: QKV's and FC1's inputs (h, normed) forward, the projection's and FC2's output
+    gradients (h) backward, each cast on its 1024-token shard, and each transposed whole (8192
+    tokens x h, 2 bytes) in the backward. Delayed: the normed inputs -1 (the norm's FP8 write, no
+    transpose), the gradients 3; the rest (a d, h_ffn forward; (a + 2k) d, 2 h_ffn backward) 4
+    over t. Tensorwise: normed 3, gradients 5, the rest 6."""
+    spec = PRESETS["llama3.1-70b"]
+    h, tokens, shard = 8192, 8192, 1024
+    transposes = 4 * 2 * tokens * h
+    for recipe, normed, gathered, rest in (("delayed", -1, 3, 4), ("tensorwise", 3, 5, 6)):
+        casts = time_levers.fp8_casts(recipe, "hopper")
+        forward, backward, moved = time_levers.fp8_cast_bytes(spec, tokens, 8, casts)
+        assert float(forward) == shard * (2 * normed * h + rest * (64 * 128 + 28672)), recipe
+        assert float(backward) == shard * (2 * gathered * h + rest * ((64 + 16) * 128 + 2 * 28672)) + transposes
+        assert float(moved) == transposes
+    # TP 1: nothing gathered, the local casts with their transposed write, as before
+    casts = time_levers.fp8_casts("delayed", "hopper")
+    forward, backward, moved = time_levers.fp8_cast_bytes(spec, tokens, 1, casts)
+    assert (float(forward), float(backward), float(moved)) == (
+        tokens * (2 * 1 * h + 4 * (64 * 128 + 28672)), 4 * tokens * (2 * h + (64 + 16) * 128 + 2 * 28672), 0)
+    # MXFP8 on Blackwell: no transpose anywhere, the same bytes gathered or not
+    mx = time_levers.fp8_casts("mxfp8", "blackwell")
+    assert float(time_levers.fp8_cast_bytes(spec, tokens, 8, mx).transposes) == 0
+    assert time_levers.fp8_cast_bytes(spec, tokens, 8, mx).forward == pytest.approx(
+        shard * (4 + 2 / 32) * (2 * h + 64 * 128 + 28672))
 
 
 def test_gradient_dtype_drives_the_step_time():

@@ -288,18 +288,23 @@ def test_what_moe_rows_cannot_price_is_one_line(argv, message):
 def test_fp8_casts_and_mtp_time_by_hand():
     # Mixtral (GQA a 32, k 8, d 128), 4096 tokens, TP 2, 8192 copies, ETP 1, current scaling on Hopper (6
     # bytes an operand: the amax read, the cast's read, its FP8 write and transpose; 4 after QKV's norm, which
-    # finds the amax): forward inputs h (normed) + a d over t and h + h_moe per copy; backward output
-    # gradients (a + 2k) d + h over t and 2 h_moe + h per copy
+    # finds the amax). Sequence parallelism gathers QKV's input and the projection's gradient (h each): cast
+    # row-wise on the shard (3 normed, 5), each transposed whole after the gather (4096 x h, read 1 and write 1).
+    # Forward inputs h (normed, gathered) + a d over t and h + h_moe per copy; backward output gradients
+    # (a + 2k) d + h (gathered) over t, the two transposes, and 2 h_moe + h per copy
     casts = time_levers.fp8_casts("tensorwise", "hopper")
-    forward, backward = fp8.cast_bytes(MIXTRAL, 4096.0, 2, 8192.0, 1, casts)
-    assert forward == 4096 * (4 * 4096 + 6 * 32 * 128) / 2 + 6 * 8192 * (4096 + 14336)
-    assert backward == 6 * (4096 * ((32 + 16) * 128 + 4096) / 2 + 8192 * (2 * 14336 + 4096))
-    # DeepSeek-V3's MLA: the down projections' inputs (h twice) are plain linears' after the layer's norm, 6
-    # bytes; the up projections' (q_lora 1536, kv_lora 512) are LayerNormLinears' (qk_layernorm), 4; the output
-    # projection's a d_v = 128 x 128, 6; the shared expert (h + 2048) and each copy's h + 2048, 6
-    forward, _ = fp8.cast_bytes(DSV3, 4096.0, 2, 8192.0, 1, casts)
-    assert forward == 4096 * (6 * (2 * 7168 + 128 * 128) + 4 * (1536 + 512)) / 2 \
-        + 6 * (4096 * (7168 + 2048) / 2 + 8192 * (7168 + 2048))
+    forward, backward, transposes = fp8.cast_bytes(MIXTRAL, 4096.0, 2, 8192.0, 1, casts)
+    assert forward == 4096 * (3 * 4096 + 6 * 32 * 128) / 2 + 6 * 8192 * (4096 + 14336)
+    assert transposes == 2 * 2 * 4096 * 4096
+    assert backward == 4096 * (6 * (32 + 16) * 128 + 5 * 4096) / 2 + 2 * 2 * 4096 * 4096 \
+        + 6 * 8192 * (2 * 14336 + 4096)
+    # DeepSeek-V3's MLA: the down projections' inputs (h twice) are duplicated linears' on the shard after the
+    # layer's norm, 6, not gathered; the up projections' (q_lora 1536, kv_lora 512) are LayerNormLinears'
+    # (qk_layernorm), gathered: 3; the output projection's a d_v = 128 x 128, 6; the shared expert's input h
+    # (gathered, 5) and 2048 (6) over t, and each copy's h + 2048, 6
+    forward, _, _ = fp8.cast_bytes(DSV3, 4096.0, 2, 8192.0, 1, casts)
+    assert forward == 4096 * (6 * (2 * 7168 + 128 * 128) + 3 * (1536 + 512)) / 2 \
+        + 4096 * (5 * 7168 + 6 * 2048) / 2 + 6 * 8192 * (7168 + 2048)
     # one MTP layer on the last stage: its MoE layer, eh_proj forward plus a backward twice it, embedding, head
     calls = []
 
@@ -314,22 +319,24 @@ def test_fp8_casts_land_in_the_part_that_runs_them():
     """With the GEMMs left at the BF16 rate (``Fp8Gemms`` with BF16 rates), FP8 adds the casts'
     bytes over the HBM rate, each to its part, and takes off what the FP8 sequence-parallel input
     all-gathers save: one before QKV (attention), one before FC1 (a dense layer's MLP), each 1 byte
-    an element instead of 2, of which a TP-2 ring sends half, over NVLink. DeepSeek-V3, 4096 tokens, TP 2, EP 8, current scaling
-    on Hopper (6 bytes an operand, 4 after a norm). A first dense layer: MLA's casts (down
-    projections' h twice and a d_v at 6, the up projections' q_lora 1536 + kv_lora 512 after their
-    latent norms at 4) and its MLP's (FC1's input h after the fused pre-MLP norm at 4, FC2's
-    h_ffn 18432 at 6), over t. The MoE layer's experts: the shared expert (h + 2048 at 6, over t)
-    and each routed copy (h + 2048 at 6, ETP 1); MLA's up projections cast again when recomputed."""
+    an element instead of 2, of which a TP-2 ring sends half, over NVLink. DeepSeek-V3, 4096
+    tokens, TP 2, EP 8, current scaling on Hopper (6 bytes an operand, 4 after a norm; an operand
+    sequence parallelism gathers cast row-wise on its shard, 5, 3 after a norm). A first dense
+    layer: MLA's casts (down projections' h twice and a d_v at 6, the up projections' q_lora 1536
+    + kv_lora 512 after their latent norms, gathered, at 3) and its MLP's (FC1's input h after the
+    fused pre-MLP norm, gathered, at 3, FC2's h_ffn 18432 at 6), over t. The MoE layer's experts:
+    the shared expert (h gathered at 5 + 2048 at 6, over t) and each routed copy (h + 2048 at 6,
+    ETP 1); MLA's up projections cast again when recomputed."""
     rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
     casts = time_levers.fp8_casts("tensorwise", "hopper")
     kw = dict(tp=2, cp=1, ep=8, etp=1, mbs=1, rates=rates)
     plain, fp8 = mt.layer_times(DSV3, 4096, **kw), mt.layer_times(DSV3, 4096, **kw,
                                                                    fp8=time_levers.Fp8Gemms(rates, casts, "tensorwise"))
     h, tokens = 7168, 4096
-    attention = tokens * (6 * (2 * h + 128 * 128) + 4 * (1536 + 512)) / 2
-    dense_mlp = tokens * (4 * h + 6 * 18432) / 2
+    attention = tokens * (6 * (2 * h + 128 * 128) + 3 * (1536 + 512)) / 2
+    dense_mlp = tokens * (3 * h + 6 * 18432) / 2
     copies = float(mm.expert_token_copies(DSV3, mm.tokens_per_rank(4096, 1, 2, 1), 8, 1, mm.RoutedTokens()))
-    experts = 6 * (tokens * (h + 2048) / 2 + copies * (h + 2048))
+    experts = tokens * (5 * h + 6 * 2048) / 2 + 6 * copies * (h + 2048)
     bandwidth = rates.hbm_bytes_per_s
     gather_saved = 0.5 * (2 - 1) * tokens * h / rates.nvlink_bytes_per_s
     assert float(fp8.dense - plain.dense) == pytest.approx((attention + dense_mlp) / bandwidth - 2 * gather_saved,
@@ -337,7 +344,13 @@ def test_fp8_casts_land_in_the_part_that_runs_them():
     assert float(fp8.dense_mlp - plain.dense_mlp) == pytest.approx(dense_mlp / bandwidth - gather_saved, rel=1e-9)
     assert float(fp8.expert - plain.expert) == pytest.approx(experts / bandwidth, rel=1e-9)
     assert float(fp8.moe - plain.moe) == pytest.approx((attention + experts) / bandwidth - gather_saved, rel=1e-9)
-    assert float(fp8.mla_up - plain.mla_up) == pytest.approx(tokens * 4 * (1536 + 512) / 2 / bandwidth, rel=1e-9)
+    # the backward's transposes of the gathered operands, all 4096 tokens, 2 bytes an element: attention's
+    # latents (1536 + 512) and the projection's gradient h; the dense MLP's or the shared expert's h twice
+    mla = 2 * tokens * (1536 + 512 + h)
+    assert float(fp8.dense_transposes) == pytest.approx((mla + 2 * 2 * tokens * h) / bandwidth, rel=1e-9)
+    assert float(fp8.moe_transposes) == pytest.approx((mla + 2 * 2 * tokens * h) / bandwidth, rel=1e-9)
+    assert (plain.dense_transposes, plain.moe_transposes) == (0.0, 0.0)
+    assert float(fp8.mla_up - plain.mla_up) == pytest.approx(tokens * 3 * (1536 + 512) / 2 / bandwidth, rel=1e-9)
     assert float(fp8.comm) == float(plain.comm)
 
 

@@ -98,62 +98,73 @@ def activation_saving(spec: MoESpec, seq_len: int, mbs, tp, cp, copies, etp, opt
 
 def mla_up_cast_bytes(spec: MoESpec, tokens_cp, tp, casts: Fp8Casts):
     """Forward HBM bytes of the FP8 casts of MLA's up projections' inputs, q_lora and kv_lora
-    over t (normed where qk_layernorm makes them LayerNormLinears, gpt_layer_specs.py:129-138),
-    what --recompute-modules mla_up_proj casts again; 0 without MLA."""
+    (normed where qk_layernorm makes them LayerNormLinears, gpt_layer_specs.py:129-138), cast on
+    the sequence-parallel shard before the up projections gather them (column-parallel,
+    ``multi_latent_attention.py``: the latents are scattered back to s / TP;
+    ``time_levers.gathered_cast_bytes``), what --recompute-modules mla_up_proj casts again; 0
+    without MLA."""
     mla = spec.mla
     if mla is None:
         return 0.0 * np.asarray(tokens_cp, dtype=float)
-    up = casts.normed if spec.qk_layernorm else casts.operand
-    return tokens_cp * up * ((mla.q_lora_rank or 0) + mla.kv_lora_rank) / np.asarray(tp, dtype=float)
+    return time_levers.gathered_cast_bytes(tokens_cp, (mla.q_lora_rank or 0) + mla.kv_lora_rank, tp, casts,
+                                           normed=spec.qk_layernorm)[0]
 
 
-def attention_cast_bytes(spec: MoESpec, tokens_cp, tp, casts: Fp8Casts):
-    """(forward, backward) HBM bytes of Transformer Engine's FP8 casts in one layer's attention,
-    at ``casts`` per element (``throughput.levers.fp8_casts``): forward each GEMM's input,
-    backward each GEMM's output gradient, over t. GQA as a dense layer's
-    (``time_levers.fp8_attention_cast_bytes``); MLA's down projections' inputs h twice (plain linears
-    after the layer's own norm), its up projections' (``mla_up_cast_bytes``) and a d_v;
-    gradients q_lora, kv_lora + d_rope, a(d_nope + d_rope), a(d_nope + d_v), h."""
+def attention_cast_bytes(spec: MoESpec, tokens_cp, tp, casts: Fp8Casts) -> time_levers.CastBytes:
+    """``time_levers.CastBytes`` of Transformer Engine's FP8 casts in one layer's attention, at
+    ``casts`` per element (``throughput.levers.fp8_casts``): forward each GEMM's input, backward
+    each GEMM's output gradient and the transposes of the sequence-parallel gathered operands. GQA
+    as a dense layer's (``time_levers.fp8_attention_cast_bytes``); MLA's down projections' inputs h
+    twice (duplicated linears on the sequence-parallel shard after the layer's own norm, not
+    gathered; without q_lora_rank Q's one projection, column-parallel, gathers its h), its up projections' (``mla_up_cast_bytes``, gathered) and a d_v; gradients q_lora,
+    kv_lora + d_rope, a(d_nope + d_rope), a(d_nope + d_v) over t, h (the projection's, gathered)."""
     mla = spec.mla
     if mla is None:
         return time_levers.fp8_attention_cast_bytes(spec, tokens_cp, tp, casts)
     h, a, q, t = spec.hidden_size, spec.num_attention_heads, mla.q_lora_rank or 0, np.asarray(tp, dtype=float)
-    forward = tokens_cp * casts.operand * (2 * h + a * mla.v_head_dim) / t + mla_up_cast_bytes(spec, tokens_cp, tp,
-                                                                                               casts)
+    # without q_lora_rank, Q's one projection is column-parallel: it gathers h (MLASelfAttention.__init__)
+    q_proj, q_proj_transpose = time_levers.gathered_cast_bytes(tokens_cp, 0 if q else h, tp, casts)
+    forward = tokens_cp * casts.operand * ((2 if q else 1) * h + a * mla.v_head_dim) / t + q_proj \
+        + mla_up_cast_bytes(spec, tokens_cp, tp, casts)
     gradients = (q + mla.kv_lora_rank + mla.qk_pos_emb_head_dim + a * (mla.qk_head_dim + mla.qk_pos_emb_head_dim)
-                 + a * (mla.qk_head_dim + mla.v_head_dim) + h)
-    return forward, casts.operand * tokens_cp * gradients / t
+                 + a * (mla.qk_head_dim + mla.v_head_dim))
+    proj_gradient, proj_transpose = time_levers.gathered_cast_bytes(tokens_cp, h, tp, casts)
+    transposes = proj_transpose + q_proj_transpose \
+        + time_levers.gathered_cast_bytes(tokens_cp, q + mla.kv_lora_rank, tp, casts)[1]
+    return time_levers.CastBytes(forward, casts.operand * tokens_cp * gradients / t + proj_gradient + transposes,
+                                 transposes)
 
 
-def routed_expert_cast_bytes(spec: MoESpec, copies, etp, casts: Fp8Casts):
-    """(forward, backward) HBM bytes of the FP8 casts of the routed experts on one GPU
-    (``time_levers.fp8_mlp_cast_bytes`` per token copy, h_moe / etp wide): FC1's input is never
-    normed, the experts' inputs come from the dispatcher."""
+def routed_expert_cast_bytes(spec: MoESpec, copies, etp, casts: Fp8Casts) -> time_levers.CastBytes:
+    """``time_levers.CastBytes`` of the routed experts on one GPU (``time_levers.fp8_mlp_cast_bytes``
+    per token copy, h_moe / etp wide): FC1's input is never normed, the experts' inputs come from
+    the dispatcher, not a sequence-parallel gather (no transposes)."""
     return time_levers.fp8_mlp_cast_bytes(spec.hidden_size, spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float),
                                           copies, 1, casts, normed=False)
 
 
-def shared_expert_cast_bytes(spec: MoESpec, tokens_cp, tp, casts: Fp8Casts):
-    """(forward, backward) HBM bytes of the FP8 casts of the shared experts, an MLP of f_shared
-    over t whose FC1 input is not normed (the pre-MLP norm is a module of its own in an MoE
-    layer, gpt_layer_specs.py:159); zeros without shared experts."""
+def shared_expert_cast_bytes(spec: MoESpec, tokens_cp, tp, casts: Fp8Casts) -> time_levers.CastBytes:
+    """``time_levers.CastBytes`` of the shared experts, an MLP of f_shared over t whose FC1 input
+    is not normed (the pre-MLP norm is a module of its own in an MoE layer,
+    gpt_layer_specs.py:159) and is sequence-parallel gathered, as FC2's gradient; zeros without
+    shared experts."""
     if not spec.shared_expert_size:
         zero = 0.0 * np.asarray(tokens_cp, dtype=float)
-        return zero, zero
+        return time_levers.CastBytes(zero, zero, zero)
     return time_levers.fp8_mlp_cast_bytes(spec.hidden_size, spec.shared_expert_size, tokens_cp, tp, casts,
                                           normed=False)
 
 
-def dense_mlp_cast_bytes(spec: MoESpec, tokens_cp, tp, casts: Fp8Casts):
-    """(forward, backward) HBM bytes of the FP8 casts of a first dense layer's MLP (DeepSeek-V3's
-    first three): its FC1 a LayerNormLinear (the pre-MLP norm is IdentityOp in a dense layer,
-    gpt_layer_specs.py:159), f = ffn_hidden_size, over t."""
+def dense_mlp_cast_bytes(spec: MoESpec, tokens_cp, tp, casts: Fp8Casts) -> time_levers.CastBytes:
+    """``time_levers.CastBytes`` of a first dense layer's MLP (DeepSeek-V3's first three): its FC1 a
+    LayerNormLinear (the pre-MLP norm is IdentityOp in a dense layer, gpt_layer_specs.py:159),
+    f = ffn_hidden_size, over t."""
     return time_levers.fp8_mlp_cast_bytes(spec.hidden_size, spec.ffn_hidden_size, tokens_cp, tp, casts)
 
 
-def cast_bytes(spec: MoESpec, tokens_cp, tp, copies, etp, casts: Fp8Casts):
-    """(forward, backward) HBM bytes of the FP8 casts in one MoE layer: its attention's, its
-    routed and its shared experts'."""
+def cast_bytes(spec: MoESpec, tokens_cp, tp, copies, etp, casts: Fp8Casts) -> time_levers.CastBytes:
+    """``time_levers.CastBytes`` of the FP8 casts in one MoE layer: its attention's, its routed
+    and its shared experts'."""
     parts = (attention_cast_bytes(spec, tokens_cp, tp, casts), routed_expert_cast_bytes(spec, copies, etp, casts),
              shared_expert_cast_bytes(spec, tokens_cp, tp, casts))
-    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return time_levers.CastBytes(*(sum(p[i] for p in parts) for i in range(3)))

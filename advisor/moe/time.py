@@ -115,6 +115,13 @@ class LayerTimes(NamedTuple):
     """The shared experts (--recompute-modules shared_experts)."""
     dense_mlp: object
     """A dense layer's MLP with its sequence-parallel gather and scatter (--recompute-modules mlp)."""
+    dense_transposes: object = 0.0
+    """Under --fp8-format with TP > 1, a dense layer's backward transposes of its sequence-parallel
+    gathered FP8 operands (attention's and the MLP's, ``levers.gathered_cast_bytes``): backward
+    work beyond the twice its forward that every part's backward is priced at."""
+    moe_transposes: object = 0.0
+    """The same in an MoE layer: attention's and the shared experts' (the routed experts' inputs
+    are not gathered)."""
 
 
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates,
@@ -128,7 +135,9 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     the router stay BF16) and Transformer Engine's forward casts of their inputs at its bytes
     per element, each in the part that runs them (``advisor.moe.fp8``: attention, a dense
     layer's MLP, the experts, MLA's up projections); the backward, priced as twice the forward,
-    carries twice the forward casts where the backward's own are 1.3-1.7 times those bytes. ``routing``: the
+    carries twice the forward casts where the backward's own are 1.3-1.7 times those bytes, and
+    with TP > 1 the transposes of the sequence-parallel gathered operands besides
+    (``LayerTimes.dense_transposes``, ``moe_transposes``). ``routing``: the
     copies the memory prices (``memory.expert_token_copies``: balanced x its imbalance, or padded
     to capacity or not), but dropless's as balanced (its worst case bounds memory, not the steady
     state's pace). ``permute_fusion``, ``router_fusion``: --moe-permute-fusion, --moe-router-fusion
@@ -175,29 +184,34 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
                       core_backward_extra=core_backward - 2 * core, norm=norm,
                       mla_up=mla_up_time(spec, tokens_cp, tp, gemm_rates, rates) + casts.mla_up, moe_act=moe_act,
                       shared=shared,
-                      dense_mlp=dense_mlp)
+                      dense_mlp=dense_mlp, dense_transposes=casts.dense_transposes,
+                      moe_transposes=casts.moe_transposes)
 
 
 class _CastTimes(NamedTuple):
-    """Seconds of Transformer Engine's forward FP8 casts in each part of a layer (``layer_times``)."""
+    """Seconds of Transformer Engine's forward FP8 casts in each part of a layer (``layer_times``), and
+    the backward's transposes of the gathered operands in a dense and in an MoE layer."""
     attention: object
     dense_mlp: object
     routed: object
     shared: object
     mla_up: object
+    dense_transposes: object
+    moe_transposes: object
 
 
 def _cast_times(spec: MoESpec, tokens_cp, tp, copies, etp, fp8: Fp8Gemms | None, rates: Rates) -> _CastTimes:
     """``_CastTimes`` at ``fp8``'s bytes per element (``advisor.moe.fp8``), zeros without FP8."""
     if fp8 is None:
-        return _CastTimes(*[0.0] * 5)
+        return _CastTimes(*[0.0] * 7)
     casts = fp8.casts
+    attention = fp8_terms.attention_cast_bytes(spec, tokens_cp, tp, casts)
+    dense_mlp = fp8_terms.dense_mlp_cast_bytes(spec, tokens_cp, tp, casts)
+    shared = fp8_terms.shared_expert_cast_bytes(spec, tokens_cp, tp, casts)
     return _CastTimes(*(terms.elementwise_time(b, rates) for b in (
-        fp8_terms.attention_cast_bytes(spec, tokens_cp, tp, casts)[0],
-        fp8_terms.dense_mlp_cast_bytes(spec, tokens_cp, tp, casts)[0],
-        fp8_terms.routed_expert_cast_bytes(spec, copies, etp, casts)[0],
-        fp8_terms.shared_expert_cast_bytes(spec, tokens_cp, tp, casts)[0],
-        fp8_terms.mla_up_cast_bytes(spec, tokens_cp, tp, casts))))
+        attention.forward, dense_mlp.forward, fp8_terms.routed_expert_cast_bytes(spec, copies, etp, casts).forward,
+        shared.forward, fp8_terms.mla_up_cast_bytes(spec, tokens_cp, tp, casts),
+        attention.transposes + dense_mlp.transposes, attention.transposes + shared.transposes)))
 
 
 def mla_up_time(spec: MoESpec, tokens_cp, tp, gemm_rates: Rates, rates: Rates):
@@ -398,7 +412,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
 def _dense_layer_pace(spec: MoESpec, recompute: str, options, layer: LayerTimes):
     """A dense layer's forward and backward per microbatch: the forward once more with full
     recomputation, its selective modules' forward (``recomputed_forward``) with selective."""
-    pace = (3.0 + (recompute == "full")) * layer.dense + layer.core_backward_extra
+    pace = (3.0 + (recompute == "full")) * layer.dense + layer.core_backward_extra + layer.dense_transposes
     if recompute == "selective":
         pace = pace + recomputed_forward(spec, layer, options.recompute_modules(spec))[0]
     return pace
@@ -426,7 +440,8 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     if recompute == "full":
         rest_again, expert_again = compute - expert, expert
     block = layer.block if again else 0.0
-    rest_again = rest_again + layer.core_backward_extra  # attention's backward is in the rest's node
+    # attention's backward is in the rest's node; the FP8 transposes with it (the shared experts' few among them)
+    rest_again = rest_again + layer.core_backward_extra + layer.moe_transposes
     work = 3.0 * compute + rest_again + expert_again + block
     plain = work + (forwards + 1.0) * comm + idle
     steady = plain

@@ -6,6 +6,7 @@ GPU, bytes, numpy arrays that broadcast over layouts.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -53,9 +54,16 @@ class Fp8Casts:
     (``fp8_casts``): ``operand``, an operand quantised by a kernel of its own (a GEMM input that
     no TE norm produced, every output gradient); ``normed``, the input of a LayerNormLinear
     (QKV, a dense FC1, MLA's up projections with their norm), beyond the BF16 write of the
-    norm priced as an elementwise term."""
+    norm priced as an elementwise term. A sequence-parallel operand that TE all-gathers (TP > 1:
+    a column-parallel layer's input, a row-parallel layer's output gradient) is quantised on the
+    local shard at ``gathered_operand`` (``gathered_normed``) per element, and the gathered
+    tensor (TP times the shard) transposed for wgrad at ``transpose`` per element
+    (``gathered_cast_bytes``)."""
     operand: float
     normed: float
+    gathered_operand: float
+    gathered_normed: float
+    transpose: float
 
 
 def fp8_casts(recipe: str, architecture: str) -> Fp8Casts:
@@ -77,17 +85,44 @@ def fp8_casts(recipe: str, architecture: str) -> Fp8Casts:
     - blockwise (1 x 128 blocks) and mxfp8 (32-element E8M0 blocks): one kernel writing both
       directions with their scales, FP32 per 128 (2 x 4 / 128) or one byte per 32 (2 / 32):
       4.0625 either way, normed or not (the norm writes BF16).
-    Left out: sequence parallelism's paths (the local shard cast row-wise before the FP8
-    all-gather, the gathered copy transposed in the backward, distributed.py:903-984), the bias
-    gradients' separate sum under current scaling, and whether a small expert's slice leaves L2
-    between the amax pass and the cast."""
+    With sequence parallelism (Transformer Engine 2.9, core_v0.15.2's pin; TE 1.11, NeMo 24.09/24.12's,
+    the same for delayed scaling) a gathered operand is cast on the local shard before the FP8
+    all-gather and the wgrad copy made after it, over the gathered tensor: the per-tensor recipes
+    cast row-wise only (``_Linear.forward``, ``_LayerNormLinear.forward``: ``set_usage(columnwise=
+    False)`` where ``supports_only_rowwise_all_gather``; ``_all_gather_fp8`` for the gradient), so
+    1 byte less (the norm's ``nvte_transpose`` gone too), and on Hopper transpose the gathered
+    tensor, read 1 and write 1 (``_all_gather_fp8``/``Float8TensorStorage.update_usage``:
+    ``_create_transpose``; TE 1.11, ``tex.fp8_transpose`` of ``ln_out_total`` and of the
+    gathered gradient in ``grad_output_preprocess``); blockwise casts both directions in its
+    compact format, gathers both and transposes the gathered column-wise data, read 1 and write 1
+    on any GPU (``_post_process_fp8_blockwise_gather``, ``_transpose_columnwise_data``: its
+    scales need no transpose, the row-wise scales' 2 x 4 / 128 are left out); MXFP8 gathers both
+    GEMM-ready, no transpose (``_all_gather_mxfp8``).
+    Left out: the bias gradients' separate sum under current scaling, and whether a small
+    expert's slice leaves L2 between the amax pass and the cast."""
     transposed = 0.0 if architecture in NON_TN_FP8_ARCHITECTURES else 1.0
     if recipe == "tensorwise":
-        return Fp8Casts(operand=5 + transposed, normed=3 + transposed)
+        return Fp8Casts(operand=5 + transposed, normed=3 + transposed, gathered_operand=5, gathered_normed=3,
+                        transpose=2 * transposed)
     if recipe == "delayed":
-        return Fp8Casts(operand=3 + transposed, normed=-1 + 2 * transposed)
-    return Fp8Casts(operand=4 + 2 * 4 / 128, normed=4 + 2 * 4 / 128) if recipe == "blockwise" \
-        else Fp8Casts(operand=4 + 2 / 32, normed=4 + 2 / 32)
+        return Fp8Casts(operand=3 + transposed, normed=-1 + 2 * transposed, gathered_operand=3, gathered_normed=-1,
+                        transpose=2 * transposed)
+    both = 4 + 2 * 4 / 128 if recipe == "blockwise" else 4 + 2 / 32
+    return Fp8Casts(operand=both, normed=both, gathered_operand=both, gathered_normed=both,
+                    transpose=2.0 if recipe == "blockwise" else 0.0)
+
+
+def gathered_cast_bytes(tokens, width, tp, casts: Fp8Casts, normed: bool = False):
+    """(cast, transpose) HBM bytes on one GPU of quantising an operand [tokens, width] that
+    sequence parallelism all-gathers before its GEMM (``fp8_casts``): the cast on the local
+    shard, tokens / t rows, where the operand is made (the forward for an input, the backward
+    for a gradient), and the backward's transpose of the gathered tensor, all tokens, for wgrad.
+    At TP 1 nothing is gathered: the plain cast over all tokens, no transpose."""
+    t = np.asarray(tp, dtype=float)
+    gathered = t > 1
+    plain, local = (casts.normed, casts.gathered_normed) if normed else (casts.operand, casts.gathered_operand)
+    elements = np.asarray(tokens, dtype=float) * width
+    return elements * np.where(gathered, local, plain) / t, elements * np.where(gathered, casts.transpose, 0.0)
 
 
 SCALE_BYTES = {"delayed": 0.0, "tensorwise": 0.0, "blockwise": 4 / 128, "mxfp8": 1 / 32}
@@ -144,34 +179,53 @@ def fp8_gemms(rates: Rates, gpu: GpuSpec, recipe: str) -> Fp8Gemms:
     return Fp8Gemms(fp8_rates(rates, gpu, recipe), fp8_casts(recipe, gpu.architecture), recipe)
 
 
-def fp8_attention_cast_bytes(spec, tokens, tp, casts: Fp8Casts):
-    """(forward, backward) HBM bytes of the FP8 casts of GQA attention's two GEMMs, ``casts`` per
-    element: forward QKV's input h (its LayerNormLinear's, normed) and the projection's a d;
-    backward their output gradients (a + 2k) d and h; all split over TP."""
+class CastBytes(NamedTuple):
+    """HBM bytes of FP8 casts on one GPU: the ``forward``'s, the ``backward``'s, and of those the
+    backward's ``transposes`` of sequence-parallel gathered operands (``gathered_cast_bytes``),
+    which a model pricing its backward from its forward adds on its own."""
+    forward: object
+    backward: object
+    transposes: object
+
+
+def fp8_attention_cast_bytes(spec, tokens, tp, casts: Fp8Casts) -> CastBytes:
+    """``CastBytes`` of GQA attention's two GEMMs, ``casts`` per element: forward QKV's input h
+    (its LayerNormLinear's, normed, gathered) and the projection's a d; backward their output
+    gradients (a + 2k) d and h (the projection's, row-parallel, gathered) and the transposes of
+    the two gathered operands (``gathered_cast_bytes``); the rest split over TP."""
     h, a, k, d = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim
     t = np.asarray(tp, dtype=float)
-    return tokens * (casts.normed * h + casts.operand * a * d) / t, casts.operand * tokens * ((a + 2 * k) * d + h) / t
+    qkv_input, qkv_transpose = gathered_cast_bytes(tokens, h, tp, casts, normed=True)
+    proj_gradient, proj_transpose = gathered_cast_bytes(tokens, h, tp, casts)
+    transposes = qkv_transpose + proj_transpose
+    return CastBytes(qkv_input + tokens * casts.operand * a * d / t,
+                     casts.operand * tokens * (a + 2 * k) * d / t + proj_gradient + transposes, transposes)
 
 
-def fp8_mlp_cast_bytes(hidden: int, ffn, tokens, tp, casts: Fp8Casts, normed: bool = True):
-    """(forward, backward) HBM bytes of the FP8 casts of a SwiGLU MLP's two GEMMs, ``casts`` per
-    element: forward FC1's input ``hidden`` (normed where FC1 is a LayerNormLinear, a dense
-    layer's; an MoE layer's pre-MLP norm is a module of its own) and FC2's ``ffn``; backward
-    their output gradients 2 ``ffn`` and ``hidden``; all split over TP (``tp`` 1 for tokens
-    already split, as the routed experts' copies)."""
+def fp8_mlp_cast_bytes(hidden: int, ffn, tokens, tp, casts: Fp8Casts, normed: bool = True) -> CastBytes:
+    """``CastBytes`` of a SwiGLU MLP's two GEMMs, ``casts`` per element: forward FC1's input
+    ``hidden`` (normed where FC1 is a LayerNormLinear, a dense layer's; an MoE layer's pre-MLP
+    norm is a module of its own; gathered) and FC2's ``ffn``; backward their output gradients
+    2 ``ffn`` and ``hidden`` (FC2's, gathered) and the transposes of the two gathered operands
+    (``gathered_cast_bytes``); the rest split over TP (``tp`` 1 for tokens already split and not
+    gathered, as the routed experts' copies)."""
     t = np.asarray(tp, dtype=float)
-    fc1 = casts.normed if normed else casts.operand
-    return tokens * (fc1 * hidden + casts.operand * ffn) / t, casts.operand * tokens * (2 * ffn + hidden) / t
+    fc1_input, fc1_transpose = gathered_cast_bytes(tokens, hidden, tp, casts, normed=normed)
+    fc2_gradient, fc2_transpose = gathered_cast_bytes(tokens, hidden, tp, casts)
+    transposes = fc1_transpose + fc2_transpose
+    return CastBytes(fc1_input + tokens * casts.operand * ffn / t,
+                     casts.operand * tokens * 2 * ffn / t + fc2_gradient + transposes, transposes)
 
 
-def fp8_cast_bytes(spec, tokens, tp, casts: Fp8Casts):
-    """(forward, backward) HBM bytes of Transformer Engine's FP8 casts in one layer (``casts``
-    per element): attention's (``fp8_attention_cast_bytes``) and the MLP's
-    (``fp8_mlp_cast_bytes``); forward h and h normed, a d and h_ffn on their own; backward
-    (a + 2k) d, h, 2 h_ffn, h. Weight casts are once per step and left out."""
+def fp8_cast_bytes(spec, tokens, tp, casts: Fp8Casts) -> CastBytes:
+    """``CastBytes`` of Transformer Engine's FP8 casts in one layer (``casts`` per element):
+    attention's (``fp8_attention_cast_bytes``) and the MLP's (``fp8_mlp_cast_bytes``); forward h
+    and h normed (gathered), a d and h_ffn on their own; backward (a + 2k) d, h (gathered), 2 h_ffn,
+    h (gathered), and the four gathered operands' transposes. Weight casts are once per step and
+    left out."""
     attention = fp8_attention_cast_bytes(spec, tokens, tp, casts)
     mlp = fp8_mlp_cast_bytes(spec.hidden_size, spec.ffn_hidden_size, tokens, tp, casts)
-    return attention[0] + mlp[0], attention[1] + mlp[1]
+    return CastBytes(*(a + b for a, b in zip(attention, mlp)))
 
 
 def fsdp_microbatch_time(parameters, shards, bandwidth, rates: Rates, strategy: str | None, param_bytes=BF16,

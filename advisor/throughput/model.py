@@ -168,9 +168,9 @@ class TimeModel:
             attn_f, attn_b = terms.unfused_attention_time(spec, s, mbs, tp, rates)
         elem = terms.elementwise_time(terms.layer_elementwise_bytes(spec, tokens, tp), rates)
         if self.fp8:
-            cast_f, cast_b = levers.fp8_cast_bytes(spec, tokens, tp, self.fp8.casts)
-            gemm_f = gemm_f + terms.elementwise_time(cast_f, rates)
-            gemm_b = gemm_b + terms.elementwise_time(cast_b, rates)
+            casts = levers.fp8_cast_bytes(spec, tokens, tp, self.fp8.casts)
+            gemm_f = gemm_f + terms.elementwise_time(casts.forward, rates)
+            gemm_b = gemm_b + terms.elementwise_time(casts.backward, rates)
         if self.options.tp_comm_overlap:  # userbuffers: what their GEMMs leave, and the SMs they take
             tp_f, tp_b, slow_f, slow_b = userbuffers.tp_overlap_time(spec, tokens, tp, gemm_rates, self.sms,
                                                                      self.options.userbuffers, self.tp_bytes)
