@@ -396,6 +396,27 @@ _OWNER = {f.name: concern for concern, cls in _CONCERNS.items() for f in fields(
 """Each flat field name -> the concern that holds it (names are unique over the concerns)."""
 
 
+def _check_fp8_userbuffers(recipe: str, tensor_parallel: TensorParallel) -> None:
+    """What Transformer Engine 2.9 (core_v0.15.2's pin) fails on at run time with FP8 userbuffers.
+    Blockwise: ``fill_userbuffers_buffer_for_all_gather`` (module/base.py) takes per-tensor FP8 and
+    MXFP8 only and raises "Unsupported quantizer for Userbuffers" for ``Float8BlockQuantizer``, on
+    the first QKV all-gather. A reduce-scatter buffer made FP8 (fp8_buf): the layer then asks its
+    GEMM for FP8 output (``Linear.forward``: ``fp8_output``/``fp8_grad`` where ``is_fp8_ubuf``), which
+    only delayed scaling's quantizer writes fused (csrc/extensions/gemm.cpp, ``gemm``:
+    ``unfused_quantization_needed`` unless ``IsFloat8Quantizers``); any other recipe's GEMM writes
+    BF16 and ``split_overlap_rs`` (comm_gemm_overlap.cpp) reduces it with
+    ``TRANSFORMER_ENGINE_TYPE_SWITCH_FP8ONLY``: "Invalid type"."""
+    if recipe == "blockwise":
+        raise AdvisorError("--fp8-recipe blockwise does not run with --tp-comm-overlap (Transformer Engine's "
+                           "userbuffers all-gather takes no blockwise FP8: 'Unsupported quantizer for Userbuffers'); "
+                           "use another recipe or drop --tp-comm-overlap")
+    fp8_scatters = tensor_parallel.userbuffers().fp8_reduce_scatters() if recipe != "delayed" else ()
+    if fp8_scatters:
+        raise AdvisorError(f"--tp-comm-overlap-cfg {tensor_parallel.tp_comm_overlap_cfg}: {fp8_scatters[0]}: fp8_buf "
+                           f"on a reduce-scatter runs only with --fp8-recipe delayed (Transformer Engine's GEMM "
+                           f"writes no FP8 output for {recipe} there: 'Invalid type'); drop fp8_buf")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainingOptions:
     """Everything about a run that changes its memory or its time, beyond the model and the layout."""
@@ -425,6 +446,8 @@ class TrainingOptions:
             raise AdvisorError("--optimizer-cpu-offload with --fp8-param-gather needs --fp8-recipe delayed "
                                "(Megatron-LM refuses it otherwise)")
         self._check_optimizer_states()
+        if precision.fp8_format is not None and self.tensor_parallel.tp_comm_overlap:
+            _check_fp8_userbuffers(precision.fp8_recipe, self.tensor_parallel)
         if precision.fp8_format is None and precision.fp8_recipe != "delayed" \
                 and not self.optimizer_states.precision_aware_optimizer:  # offloaded: FP32 states whatever it says
             # the recipe does nothing without FP8 or the precision-aware optimizer: one description

@@ -85,6 +85,12 @@ class UserbuffersConfig:
         return dict(self.buffers).get(name) or default_buffer(name)
 
 
+    def fp8_reduce_scatters(self) -> tuple[str, ...]:
+        """The reduce-scatter buffers that hold FP8 in an FP8 run (``Userbuffer.fp8_buf`` on a
+        buffer that is not an all-gather): the file's fp8_buf on a pipelined one."""
+        return tuple(name for name, buffer in self.buffers if buffer.fp8_buf and not _all_gather(name, buffer.method))
+
+
 TE_DEFAULTS = UserbuffersConfig("")
 """No file: every buffer at ``get_default_config``."""
 
