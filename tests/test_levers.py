@@ -191,3 +191,21 @@ def test_overlap_off_exposes_the_whole_reduction():
     off = TimeModel(SPEC, H100, 8192, 64, options=off_options).step(8, 1, 1, 8, 1)
     assert float(off.dp_comm_s) > float(on.dp_comm_s)
     assert np.all(off.total_s - on.total_s == pytest.approx(off.dp_comm_s - on.dp_comm_s))
+
+
+def test_the_dense_layer_prices_the_gathered_casts_where_they_run():
+    """Llama 3.1 70B, one 8192-token microbatch at TP 8 on H100, delayed scaling, against the same
+    layer priced the old way (every operand cast on its shard with its transposed write, 4 bytes,
+    1 after a norm; no transpose after the gather). Forward: QKV's and FC1's inputs (1,024 x 8,192
+    each) at -1 instead of 1, 2 bytes less an element; backward: the two gathered gradients at 3
+    instead of 4, plus four transposes of the whole gathered 8,192 x 8,192, 2 bytes an element."""
+    spec = PRESETS["llama3.1-70b"]
+    options = TrainingOptions().with_(fp8_format="hybrid").time_options()
+    model = TimeModel(spec, H100, 8192, 64, options=options)
+    new = model.layer(8, 1, 1)
+    model.fp8 = replace(model.fp8, casts=time_levers.Fp8Casts(4, 1, 4, 1, 0))
+    old = model.layer(8, 1, 1)
+    hbm = model.rates.hbm_bytes_per_s
+    shard = 1024 * 8192
+    assert float(new[0] - old[0]) == pytest.approx(-2 * 2 * shard / hbm, rel=1e-9)
+    assert float(new[1] - old[1]) == pytest.approx((-2 * shard + 4 * 2 * 8192 * 8192) / hbm, rel=1e-9)
