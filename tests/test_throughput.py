@@ -167,3 +167,25 @@ def test_the_no_flash_attn_option_reaches_the_time_model():
     unfused = Attention(flash_attention=False, dataloader_mask="cached")  # unfused attention reads the mask
     assert TrainingOptions(attention=unfused).time_options().flash_attention is False
     assert TrainingOptions().time_options().flash_attention is True
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"recompute": "selective"}, {"recompute": "selective", "recompute_modules": ("core_attn", "mlp")},
+    {"recompute": "selective", "recompute_modules": ("mlp",), "tp_comm_overlap": True},
+    {"recompute": "full"}, {"recompute": "full", "fp8_format": "hybrid"},
+    {"recompute": "full", "tp_comm_overlap": True, "fp8_format": "hybrid", "context_parallel": 2},
+], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "plain")
+def test_a_steps_parts_add_up_to_its_time(options):
+    """What recomputation runs again lands in its parts: compute, TP and CP communication (the
+    recomputed MLP's collectives, full recomputation's forward collectives), not a compute share
+    of it (an audit: 70B TP 8 PP 4 with --recompute-modules mlp left 0.98 s in no part, full
+    recomputation counted 0.53 s twice, and the report's bar drew the parts)."""
+    from advisor.options import TrainingOptions
+
+    cp = options.pop("context_parallel", 1)
+    training = TrainingOptions().with_(**options)
+    model = TimeModel(preset("llama3.1-70b"), H100, 8192, 128, options=training.time_options())
+    step = model.step(8, cp, 4, 2 // cp if cp > 1 else 2, 1, recompute=training.recomputation.recompute)
+    parts = step.row()
+    total = parts.pop("total_s")
+    assert sum(parts.values()) == pytest.approx(total, rel=1e-12)

@@ -11,7 +11,7 @@ the data loader. Every input that describes a layout may be a numpy array; all b
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 
@@ -79,6 +79,19 @@ class TimeOptions:
     fused_norms: bool = True
     """Transformer Engine's layer spec (the dense layers' norms fused into linear_qkv and
     linear_fc1); False: --transformer-impl local, whose norms --recompute-modules layernorm reruns."""
+
+
+class LayerParts(NamedTuple):
+    """One layer, one microbatch (``TimeModel.layer_parts``), seconds."""
+
+    compute_f: object
+    compute_b: object
+    tp_f: object
+    tp_b: object
+    cp_f: object
+    cp_b: object
+    attention_f: object
+    """Core attention's forward (what selective recomputation's core_attn runs again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +171,13 @@ class TimeModel:
     def layer(self, tp, cp, mbs):
         """(forward, backward, compute, tp_comm, cp_comm, attention_forward) of one transformer
         layer for one microbatch on one GPU."""
+        p = self.layer_parts(tp, cp, mbs)
+        return (p.compute_f + p.tp_f + p.cp_f, p.compute_b + p.tp_b + p.cp_b, p.compute_f + p.compute_b,
+                p.tp_f + p.tp_b, p.cp_f + p.cp_b, p.attention_f)
+
+    def layer_parts(self, tp, cp, mbs) -> "LayerParts":
+        """One transformer layer, one microbatch, on one GPU: each pass's compute, TP and CP
+        communication apart (what full recomputation runs again is the forward's, part by part)."""
         spec, rates, s = self.spec, self.rates, self.seq_len
         tokens = _f(mbs) * s / _f(cp)
         gemm_rates = self.fp8.rates if self.fp8 else rates
@@ -180,17 +200,15 @@ class TimeModel:
         cp_f, cp_b = terms.context_parallel_time(spec, s, mbs, tp, cp, rates, attn_f, attn_b)
         compute_f = gemm_f + attn_f + elem
         compute_b = gemm_b + attn_b + 2 * elem  # backward reads the saved input and writes grads
-        return (
-            compute_f + tp_f + cp_f,
-            compute_b + tp_b + cp_b,
-            compute_f + compute_b,
-            tp_f + tp_b,
-            cp_f + cp_b,
-            attn_f,
-        )
+        return LayerParts(compute_f, compute_b, tp_f, tp_b, cp_f, cp_b, attn_f)
 
     def recomputed_forward(self, tp, tokens, attention_forward):
-        """The forward seconds of one layer, one microbatch, that selective recomputation
+        """``recomputed_forward_parts``' compute and TP communication together."""
+        compute, comm = self.recomputed_forward_parts(tp, tokens, attention_forward)
+        return compute + comm
+
+    def recomputed_forward_parts(self, tp, tokens, attention_forward):
+        """(compute, TP communication): the forward seconds of one layer, one microbatch, that selective recomputation
         (``TimeOptions.recompute_modules``) runs again in the backward (megatron-core
         ``transformer_layer.py``, both releases): core_attn, core attention
         (``attention_forward``, Korthikanti et al. 2023); mlp, the whole MLP under
@@ -204,6 +222,7 @@ class TimeModel:
         recomputes nothing)."""
         modules, rates = self.options.recompute_modules, self.rates
         again = attention_forward if "core_attn" in modules else 0.0 * attention_forward
+        comm = 0.0 * again
         if "mlp" in modules:
             gemm_rates = self.fp8.rates if self.fp8 else rates
             f = self.spec.ffn_hidden_size
@@ -212,16 +231,15 @@ class TimeModel:
             swiglu = terms.elementwise_time(terms.BF16 * 3 * f * tokens / _f(tp), rates)
             casts = levers.fp8_mlp_cast_bytes(self.spec.hidden_size, f, tokens, tp, self.fp8.casts)[0] if self.fp8 \
                 else 0.0
-            if self.options.tp_comm_overlap:  # the same userbuffers beside FC1 and FC2
-                exposed_s, slow = userbuffers.mlp_forward_overlap_time(self.spec, tokens, tp, gemm_rates, self.sms,
-                                                                       self.options.userbuffers, self.tp_bytes)
-                comm = exposed_s + slow
+            if self.options.tp_comm_overlap:  # the same userbuffers beside FC1 and FC2; their SMs slow FC2
+                comm, slow = userbuffers.mlp_forward_overlap_time(self.spec, tokens, tp, gemm_rates, self.sms,
+                                                                  self.options.userbuffers, self.tp_bytes)
             else:
-                comm = terms.tensor_parallel_time(self.spec, tokens, tp, rates, self.tp_bytes)[0] / 2
-            again = again + gemms + swiglu + comm + terms.elementwise_time(casts, rates)
+                comm, slow = terms.tensor_parallel_time(self.spec, tokens, tp, rates, self.tp_bytes)[0] / 2, 0.0
+            again = again + gemms + slow + swiglu + terms.elementwise_time(casts, rates)
         if "layernorm" in modules and not self.options.fused_norms:
             again = again + terms.elementwise_time(terms.BF16 * 4 * self.spec.hidden_size * tokens / _f(tp), rates)
-        return again
+        return again, comm
 
     # --- one pipeline stage ------------------------------------------------------------------
 
@@ -235,13 +253,16 @@ class TimeModel:
         2023). ``pipeline_parallel`` adds the boundary sends (one forward, one backward)."""
         spec, rates, s = self.spec, self.rates, self.seq_len
         layers, embedding, head = _f(layers), np.asarray(embedding, dtype=bool), np.asarray(head, dtype=bool)
-        f, b, compute, tp_c, cp_c, attn_f = self.layer(tp, cp, mbs)
+        parts = self.layer_parts(tp, cp, mbs)
         tokens = _f(mbs) * s / _f(cp)
-        extra_b = 0.0
+        # what the backward runs again, by part (the step's parts add up to its total)
+        again_compute, again_tp, again_cp = 0.0, 0.0, 0.0
         if recompute == "full":
-            extra_b = _f(recompute_layers) * f
+            rl = _f(recompute_layers)
+            again_compute, again_tp, again_cp = rl * parts.compute_f, rl * parts.tp_f, rl * parts.cp_f
         elif recompute == "selective":
-            extra_b = layers * self.recomputed_forward(tp, tokens, attn_f)
+            again_compute, again_tp = (layers * x for x in self.recomputed_forward_parts(tp, tokens, parts.attention_f))
+        extra_b = again_compute + again_tp + again_cp
         emb_f, emb_b = terms.embedding_time(spec, tokens, tp, rates)
         head_f, head_b = terms.lm_head_time(spec, tokens, tp, padded_vocab(spec, tp), rates)
         end_f = np.where(embedding, emb_f, 0.0) + np.where(head, head_f, 0.0)
@@ -249,15 +270,14 @@ class TimeModel:
         p2p = terms.pipeline_p2p_time(spec, tokens, tp, pipeline_cross_node, rates)
         p2p = np.where(pipeline_parallel, p2p, 0.0)
         overhead = self.cal.microbatch_overhead_s + 0.0 * layers
-        forward = layers * f + end_f + p2p + overhead / 2
-        backward = layers * b + extra_b + end_b + p2p + overhead / 2
-        recomputed_compute = extra_b * (compute / (f + b)) if recompute != "none" else 0.0
+        forward = layers * (parts.compute_f + parts.tp_f + parts.cp_f) + end_f + p2p + overhead / 2
+        backward = layers * (parts.compute_b + parts.tp_b + parts.cp_b) + extra_b + end_b + p2p + overhead / 2
         return StageTimes(
             forward=forward,
             backward=backward,
-            compute=layers * compute + end_f + end_b + recomputed_compute,
-            tp_comm=layers * tp_c + (_f(recompute_layers) * tp_c / 2 if recompute == "full" else 0.0),
-            cp_comm=layers * cp_c,
+            compute=layers * (parts.compute_f + parts.compute_b) + end_f + end_b + again_compute,
+            tp_comm=layers * (parts.tp_f + parts.tp_b) + again_tp,
+            cp_comm=layers * (parts.cp_f + parts.cp_b) + again_cp,
             pp_comm=2 * p2p,
             overhead=overhead,
         )
