@@ -142,6 +142,19 @@ def test_a_bad_file_is_one_error_line_exit_2(tmp_path, text, words):
     assert words in lines[0]
 
 
+def test_a_file_that_is_not_text_is_one_error_line(tmp_path):
+    """A binary or Latin-1 file was a UnicodeDecodeError traceback, exit 1 (audit)."""
+    latin1 = "proj_fprop: {method: caf\xe9}\n".encode("latin-1")
+    for name, data in (("binary.yaml", b"\xff\xfe\x00"), ("latin1.yaml", latin1)):
+        path = tmp_path / name
+        path.write_bytes(data)
+        result = CliRunner().invoke(cli, ["estimate", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "8", "--gpu",
+                                          "h100-80gb", "--tp-comm-overlap", "--tp-comm-overlap-cfg", str(path)])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.strip() == (f"Error: --tp-comm-overlap-cfg {path}: not a UTF-8 text file (a YAML of "
+                                         "userbuffers settings)")
+
+
 def test_a_missing_file_and_a_file_without_the_overlap_are_refused(tmp_path):
     base = ["estimate", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "8", "--gpu", "h100-80gb"]
     missing = CliRunner().invoke(cli, [*base, "--tp-comm-overlap", "--tp-comm-overlap-cfg", str(tmp_path / "no.yaml")])

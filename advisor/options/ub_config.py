@@ -159,9 +159,12 @@ def load_userbuffers(path: str) -> UserbuffersConfig:
     import yaml  # only a run with the file needs it: kept off the start-up
 
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise AdvisorError(f"--tp-comm-overlap-cfg {path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise AdvisorError(f"--tp-comm-overlap-cfg {path}: not a UTF-8 text file (a YAML of userbuffers settings)") \
+            from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
