@@ -296,6 +296,10 @@ _MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-siz
      "--moe-grouped-gemm is a switch and takes no value, got 'false' (Megatron-LM refuses the command)"),
     (f"{_MOE} --num-experts 8 --moe-token-dispatcher-type flex --moe-expert-capacity-factor 1 "
      "--moe-pad-expert-input-to-capacity\n", "the flex dispatcher's padding to capacity is not priced"),
+    # at TP 1 Megatron turns SP off, then refuses the overlap: the read-back dropped it silently (audit)
+    (f"{_MOE} --sequence-parallel --tp-comm-overlap\n", "--tp-comm-overlap needs TP > 1"),
+    (f"{_MOE} --num-experts 8 --sequence-parallel --tp-comm-overlap\n", "--tp-comm-overlap needs TP > 1"),
+    (f"{_MOE} --num-experts 8 --tp-comm-overlap\n", "--tp-comm-overlap needs --sequence-parallel"),
 ])
 def test_what_cannot_be_read_is_refused_in_one_line(text, error):
     result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size", "1000"],

@@ -17,7 +17,7 @@ from advisor.options.releases import release_defaults
 from advisor.options.training import (
     CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, MEGATRON_CROSS_ENTROPY_KERNEL, RECOMPUTE_METHODS,
     MAIN_PARAMS_DTYPES, MOMENT_DTYPES, RECOMPUTES, Attention, DataParallel, Loss, Offload, OptimizerStates, Precision,
-    Recomputation, TensorParallel, TrainingOptions, megatron_grad_reduce_dtype,
+    TP1_OVERLAP_PROBLEM, Recomputation, TensorParallel, TrainingOptions, megatron_grad_reduce_dtype,
 )
 
 _MEGATRON_PRECISION = Precision()
@@ -456,4 +456,6 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
     te_cross_entropy_problem(options, release_defaults(release))
     if options.data_parallel.torch_fsdp2:  # required by FSDP2 and priced with it
         unpriced = [flag for flag in unpriced if flag != "--no-gradient-accumulation-fusion"]
+    if tp == 1 and options.tensor_parallel.tp_comm_overlap:  # at_tp would drop it: Megatron refuses the command
+        raise AdvisorError(TP1_OVERLAP_PROBLEM)
     return options.at_tp(tp), unpriced

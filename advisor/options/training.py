@@ -396,6 +396,11 @@ _OWNER = {f.name: concern for concern, cls in _CONCERNS.items() for f in fields(
 """Each flat field name -> the concern that holds it (names are unique over the concerns)."""
 
 
+TP1_OVERLAP_PROBLEM = ("--tp-comm-overlap needs TP > 1: at TP 1 Megatron-LM turns sequence parallelism off, and "
+                       "refuses the overlap without it")
+"""``TrainingOptions.layout_problem``'s, and a command's read back at TP 1 (``options.flags``)."""
+
+
 def _check_fp8_userbuffers(recipe: str, tensor_parallel: TensorParallel) -> None:
     """What Transformer Engine 2.9 (core_v0.15.2's pin) fails on at run time with FP8 userbuffers.
     Blockwise: ``fill_userbuffers_buffer_for_all_gather`` (module/base.py) takes per-tensor FP8 and
@@ -639,8 +644,7 @@ class TrainingOptions:
         only when sequence parallelism is enabled'). ``tp`` None: TP is searched (a sweep), whose
         TP 1 rows run without the overlap."""
         if tp == 1 and self.tensor_parallel.tp_comm_overlap:
-            return ("--tp-comm-overlap needs TP > 1: at TP 1 Megatron-LM turns sequence parallelism off, "
-                    "and refuses the overlap without it")
+            return TP1_OVERLAP_PROBLEM
         if not self.data_parallel.torch_fsdp2:
             return None
         if pp > 1:
