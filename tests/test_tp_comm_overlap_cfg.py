@@ -187,3 +187,17 @@ def test_the_file_is_emitted_as_given_and_read_back_priced(tmp_path):
     assert read["options"]["tp_comm_overlap_cfg"] == path
     assert read["step_time_s"] == pytest.approx(given["step_time_s"], rel=1e-12)
     assert "--tp-comm-overlap-cfg" not in " ".join(read.get("unpriced", []))
+
+
+def test_the_file_beside_from_command_is_named_as_the_commands(tmp_path):
+    """Given beside --from-command it said '--tp-comm-overlap-cfg needs --tp-comm-overlap', though
+    the command sets the overlap (audit): the command decides the file, as every other option."""
+    command = tmp_path / "train.sh"
+    command.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+                       "--ffn-hidden-size 14336 --num-attention-heads 32 --seq-length 8192 --micro-batch-size 1 "
+                       "--global-batch-size 64 --tensor-model-parallel-size 8 --sequence-parallel --tp-comm-overlap\n")
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", str(command), "--gpu", "h100-80gb", "--vocab-size",
+                                      "128256", "--tp-comm-overlap-cfg", _file(tmp_path, NO_MARGINS)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == ("Error: --tp-comm-overlap-cfg comes from the command with --from-command (edit "
+                                     "the command instead)")

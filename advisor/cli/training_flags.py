@@ -184,6 +184,8 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
             gather = v["overlap_grad_reduce"] and distributed
         mask = v["dataloader_mask"] or ("off" if v["flash_attn"] else "cached")
         fusion = v["cross_entropy_fusion_impl"] if v["cross_entropy_loss_fusion"] else "none"
+        if kwargs.get("from_command") and not v["tp_comm_overlap"]:  # the command's own line names it
+            v["tp_comm_overlap_cfg"] = None
         options = TrainingOptions().with_(
             grad_reduce_dtype="bf16" if v["grad_reduce_in_bf16"] or v["grad_dtype"] == "bf16" else "fp32",
             fp8_format=v["fp8_format"], fp8_recipe=v["fp8_recipe"], fp8_param_gather=v["fp8_param_gather"],
