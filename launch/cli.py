@@ -498,6 +498,7 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
     into a document by ``build(job)``, printed or written atomically."""
     from advisor.fileio import atomic_write_text
     from launch.commands import resolve_topology
+    from launch.arguments import flag_values
     from launch.manifests import Job, check_name, job_name, to_yaml
 
     name = check_name(name if name is not None else job_name(config.model.name))  # --name '' is refused
@@ -509,6 +510,9 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
                               per_node=topology.nproc_per_node, gpus_here=False, checks=False, hold_notes=True)
     job = Job(name=name, topology=topology, entry=tuple(entry),
               megatron=tuple(megatron.args), environment=env.settings)
+    for path in flag_values(megatron.args).get("--tp-comm-overlap-cfg", ())[-1:]:  # Megatron opens it on the nodes
+        _note(f"warning: --tp-comm-overlap-cfg {path} is read by every rank where it runs (relative to its working "
+              "directory): put the file there (in the image or on a mount); this job does not carry it")
     text = to_yaml(build(job))
     output = None if output == STDOUT else output
     if output is not None:

@@ -160,3 +160,22 @@ def test_a_preset_without_a_skypilot_name_asks_for_one():
                                                   "SkyPilot name here: the task asks for H100 (--accelerator NAME asks "
                                                   "for the GPU you mean)")
     assert accelerator_for("h800-80gb", "H800") == ("H800", None) and accelerator_for(None, None) == ("H100", None)
+
+
+def test_a_userbuffers_file_is_named_as_one_the_nodes_must_hold(tmp_path):
+    """k8s and SkyPilot wrote --tp-comm-overlap-cfg FILE as given, a path on this machine, with no
+    word (audit): Megatron-LM opens it on every rank. A warning names it; the job keeps the path."""
+    from conftest import Invoker
+
+    ub = tmp_path / "ub.yaml"
+    ub.write_text("proj_fprop: {num_sm: 24}\n")
+    row = tmp_path / "row.json"
+    Invoker()("estimate", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "8", "--gpu", "h100-80gb", "--tp-comm-overlap",
+              "--tp-comm-overlap-cfg", ub, "--format", "json", "-o", row)
+    for command, more in (("k8s", ["--image", "img"]), ("skypilot", ["--accelerator", "H100"])):
+        result = launcher()(command, "--from", row, *more, "--megatron-lm", "/workspace/Megatron-LM", "--mock-data",
+                            "--dry-run")
+        assert (f"warning: --tp-comm-overlap-cfg {ub} is read by every rank where it runs (relative to its working "
+                "directory): put the file there (in the image or on a mount); this job does not carry it") \
+            in result.stderr.splitlines()
+        assert "--tp-comm-overlap-cfg" in result.stdout and str(ub) in result.stdout
