@@ -153,6 +153,10 @@ def test_sweep_selective_rows_carry_the_modules(advisor):
                         "--recompute-modules", "mlp", "--all")
     kinds = {(row["recompute"], tuple(row["options"].get("recompute_modules") or ())) for row in rows}
     assert kinds == {("none", ()), ("selective", ("mlp",)), ("full", ())}
+    # the table's title says so, as it says every other option (it said nothing: audit)
+    title = advisor("sweep", "--model", "llama3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--recompute",
+                    "selective", "--recompute-modules", "core_attn", "mlp", "--top", "3", "--wide").stdout
+    assert "--recompute-modules core_attn mlp (selective rows)" in " ".join(title.split())
 
 
 COMMAND = ("pretrain_gpt.py --num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64 "

@@ -138,6 +138,8 @@ def changed_args(options: TrainingOptions) -> str:
             words.append(f"--recompute-modules {' '.join(r.recompute_modules)}")
         if r.recompute == "full":
             words += [f"--recompute-method {r.recompute_method}", f"--recompute-num-layers {r.recompute_num_layers}"]
+    elif r.recompute_modules:  # a sweep's options: recomputation is searched, its selective rows take these
+        words.append(f"--recompute-modules {' '.join(r.recompute_modules)} (selective rows)")
     if a.transformer_impl == "local":
         words.append("--transformer-impl local")
     elif not a.flash_attention:
