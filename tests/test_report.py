@@ -468,10 +468,27 @@ def test_schedule_ticks_are_round_and_passes_stay_legible(advisor_module):
 
 def test_a_short_schedule_is_drawn_whole():
     """Few microbatches already legible: all drawn (4 ranks, 8 microbatches, 1F1B)."""
-    from advisor.report.schedule_figure import legible_microbatches, nice_ticks
+    from advisor.report.bars import nice_ticks
+    from advisor.report.schedule_figure import legible_microbatches
 
     assert legible_microbatches(4, 1, 8, [1.0] * 4, [2.0] * 4) == 8
     # 2,000 passes of 1 + 2 units on 900 px: a forward would be 0.15 px; 1F1B keeps 149 (900/(2*3) - 1)
     assert legible_microbatches(2, 1, 2000, [1.0] * 2, [2.0] * 2) == 149
-    assert nice_ticks(10_582) == [0, 2000, 4000, 6000, 8000, 10000]
-    assert nice_ticks(18.67) == [0, 5, 10, 15]
+    assert nice_ticks(10_582, most=6) == [0, 2000, 4000, 6000, 8000, 10000]
+    assert nice_ticks(18.67, most=6) == [0, 5, 10, 15]
+
+
+def test_a_time_bar_stays_inside_its_scale():
+    """One bar of 86.79 s: the ticks stopped at 80 and the scale with them, so the bar ran past the
+    plot and its total was drawn over the legend (audit). The scale now reaches past the bar."""
+    import re
+
+    from advisor.report.bars import stacked_rows
+
+    svg = stacked_rows("t", "one bar", ["TP 8"], [("compute", "#4c72b0", [60.0]), ("tp comm", "#dd8452", [26.79])],
+                       x_label="seconds per iteration")
+    widths = [float(w) for w in re.findall(r'<rect x="[\d.]+" y="\d+" width="([\d.]+)" height="18"', svg)]
+    assert sum(widths) < 420  # the plot's width
+    total_x = float(re.search(r'<text x="([\d.]+)" y="[\d.]+">86.79 s</text>', svg).group(1))
+    legend_x = float(re.search(r'<rect x="([\d.]+)" y="[\d.-]+" width="10"', svg).group(1))
+    assert total_x + 50 < legend_x  # "86.79 s" is about 45 px wide at the page's font

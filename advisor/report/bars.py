@@ -82,8 +82,9 @@ def stacked_rows(name: str, description: str, labels: list[str], series: list[tu
     """One horizontal bar per label, ``series`` stacked left to right, each total at its end."""
     left, top, plot_w, row_h, legend_w = 230, 8, 420, 26, 150
     totals = [sum(values[i] for _, _, values in series) for i in range(len(labels))]
-    ticks = nice_ticks(max([*totals, 1e-9]) * 1.12)
-    high = ticks[-1] if ticks[-1] > 0 else 1.0
+    # the ticks stop at or below the longest bar and its label's room: the scale runs past them
+    high = max([*totals, 1e-9]) * 1.12
+    ticks = nice_ticks(high)
     plot_h = row_h * len(labels)
     parts = []
     for t in ticks:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 
+from advisor.report.bars import nice_ticks
 from advisor.report.details import LayoutDetail
 
 from advisor.report.svg import svg_element
@@ -112,7 +113,7 @@ def _axis(span: float, unit: str, rows: int) -> str:
     """Ticks under the timeline, and the legend."""
     y = TOP + ROW * rows
     parts = []
-    for value in nice_ticks(span):
+    for value in nice_ticks(span, most=6):  # 0, 2,000, 4,000 ms, not 2,014
         x = LEFT + WIDTH * value / span
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + 4}" stroke="black"/>'
                      f'<text x="{x:.1f}" y="{y + 14}" text-anchor="middle">{_tick(value)}</text>')
@@ -123,18 +124,6 @@ def _axis(span: float, unit: str, rows: int) -> str:
         parts.append(f'<rect x="{x}" y="{legend_y - 8}" width="10" height="8" fill="{colour}" stroke="#999999"/>'
                      f'<text x="{x + 14}" y="{legend_y}">{label}</text>')
     return "".join(parts)
-
-
-def nice_ticks(span: float, most: int = 6) -> list[float]:
-    """Ticks from 0 to ``span`` at a round step, 1, 2, 2.5 or 5 times a power of ten, at most
-    ``most`` intervals (as matplotlib's MaxNLocator steps): 0, 2,000, 4,000 ms, not 2,014."""
-    import math
-
-    if span <= 0:
-        return [0.0]
-    power = 10.0 ** math.floor(math.log10(span / most))
-    step = next(power * m for m in (1, 2, 2.5, 5, 10) if span / (power * m) <= most)
-    return [step * i for i in range(int(span / step + 1e-9) + 1)]
 
 
 def _tick(value: float) -> str:
