@@ -439,6 +439,9 @@ def test_an_estimates_answer_is_its_verdict(advisor, tmp_path):
     assert f'<h2 id="answer">The answer: {row["verdict"]}</h2>' in page
     assert page.index('id="answer"') < page.index('id="rows"') < page.index('id="assumptions"')
     assert f"{row['step_time_s']:.3f} s per iteration" in page
+    # one layout: no 'chosen layouts' nor 'the first' of them (audit)
+    assert '<h2 id="details">The layout in detail</h2>' in page
+    assert '<h3 id="schedule-heading">Pipeline schedule: TP 2 CP 1 PP 2 MBS 1</h3>' in page
 
 
 def test_schedule_ticks_are_round_and_passes_stay_legible(advisor_module):

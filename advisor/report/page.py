@@ -199,7 +199,8 @@ def rows_section(rows: list[dict], per_node: int, kind: str = "sweep") -> tuple[
 
 
 def details_section(details: list[LayoutDetail]) -> str:
-    parts = ['<h2 id="details">The chosen layouts in detail</h2>']
+    one = len(details) == 1  # an estimate's, or a sweep that shows one
+    parts = [f'<h2 id="details">{"The layout" if one else "The chosen layouts"} in detail</h2>']
     for i, detail in enumerate(details):
         parts.append(figure_block(figures.stage_memory(detail, f"stages-{i}"),
                              f"{detail.label}: memory per pipeline stage ({detail.model_name} terms stacked) "
@@ -207,7 +208,8 @@ def details_section(details: list[LayoutDetail]) -> str:
     parts.append(figure_block(figures.time_parts(details), "Where each step's time goes (the time model's parts)."))
     if details:
         chosen = details[0]
-        parts.append('<h3 id="schedule-heading">Pipeline schedule of the first</h3>')
+        parts.append(f'<h3 id="schedule-heading">Pipeline schedule{"" if one else " of the first"}: '
+                     f'{html.escape(chosen.label)}</h3>')
         parts.append(figure_block(schedule(chosen), "Megatron-LM's order per rank (advisor.schedule): forwards blue, "
                              "backwards green, white the bubble; warm-up on the left, cool-down on the right."))
     return "".join(parts)
