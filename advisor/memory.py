@@ -28,6 +28,7 @@ from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, Workload, default_layers_per_stage, heads_problem, sequence_problem
 
 if TYPE_CHECKING:  # a run-time import would close a cycle: TrainingOptions.memory_options imports this module
+    from advisor.options.ub_config import UserbuffersConfig
     from advisor.options.training import Recompute, RecomputeMethod
 
 GIB = 2**30
@@ -88,6 +89,9 @@ class MemoryOptions:
     """--fp8-amax-history-len."""
     cross_entropy_fusion: str = "none"
     """The loss kernel (``advisor.options.training.Loss``): 'te' keeps no FP32 logits."""
+    userbuffers: UserbuffersConfig | None = None
+    """--tp-comm-overlap's buffers (``ub_config.UserbuffersConfig``, the --tp-comm-overlap-cfg
+    file's or TE's defaults; ``memory_terms.userbuffers_bytes``); None: no overlap."""
     dataloader_mask: bool = True
     """The data loader builds the s x s attention mask (Megatron's default, the paper's runs);
     False with --no-create-attention-mask-in-dataloader (``memory_terms.dataloader_mask_bytes``)."""

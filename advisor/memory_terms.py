@@ -9,8 +9,11 @@ that is the source.
 
 from __future__ import annotations
 
+import numpy as np
+
 from advisor import equations as eq
 from advisor.models import LlamaSpec
+from advisor.options.ub_config import DEFAULT_METHODS, UserbuffersConfig
 
 GIB = 2**30
 
@@ -73,6 +76,35 @@ def dataloader_mask_bytes(seq_len: int, mbs: int, cp: int) -> float:
     ``get_batch_on_this_cp_rank`` keeps a 1/c slice: b s^2 (1 + 1/c) on the first and the last
     stage while the next microbatch is fetched. Flash attention never reads it."""
     return mbs * float(seq_len) ** 2 * (1.0 + 1.0 / cp)
+
+
+def userbuffers_bytes(config: UserbuffersConfig, spec: LlamaSpec, seq_len: int, mbs, tp, cp, fp8: bool):
+    """Transformer Engine's userbuffers under --tp-comm-overlap, registered outside PyTorch's
+    caching allocator on every rank (0 at TP 1, where the overlap does not run).
+
+    Megatron-LM's ``_initialize_tp_communicators`` (core_v0.15.2 and core_v0.19.0
+    ``megatron/training/initialize.py``) calls ``initialize_ub`` with shape [s b // c, h] and no
+    dtype (TE's default, BF16), and one quantization mode, FP8 in an FP8 run. ``initialize_ub``
+    (TE 2.9 ``pytorch/module/base.py``) calls ``add_ub`` once for each of the 12 buffer names,
+    external ones included: no two names share a buffer. Each is uint8 where FP8 and its
+    ``fp8_buf`` (``Userbuffer.fp8_buf``), else BF16. ``CommOverlapBase::initialize`` (pipeline,
+    bulk, external; ``common/comm_gemm_overlap/comm_gemm_overlap.cpp``) registers the whole
+    shape, s b h / c elements; ``CommOverlapP2PBase::initialize`` (ring exchange) the same for an
+    all-gather, and 2 t - 1 chunks of 1/t of it for a reduce-scatter, which keeps every received
+    chunk to reduce at the end. Left out: the allocation granularity the multicast path rounds each
+    buffer up to (``register_user_buffer_collective``, 2 MiB: whole at the usual shapes), the one
+    communicator's flags (about 3 MiB, shared by all buffers: ``_ub_comm`` is static), and the
+    cuBLAS workspace ``initialize_ub`` widens to 3 streams (in PyTorch's allocator)."""
+    t = np.asarray(tp)
+    whole = np.floor_divide(np.asarray(seq_len) * np.asarray(mbs), np.asarray(cp)) * float(spec.hidden_size)
+    total = 0.0
+    for name in DEFAULT_METHODS:
+        buffer = config.buffer(name)
+        size = whole * (1 if fp8 and buffer.fp8_buf else 2)
+        if buffer.method == "ring_exchange" and config.reduce_scatter(name):
+            size = np.floor(size / t) * (2 * t - 1)  # buffer_bytes / tp * (2 tp - 1), whole bytes
+        total = total + size
+    return np.where(t > 1, total, 0.0)
 
 
 def runtime_overhead_bytes(overhead_gib: float) -> float:

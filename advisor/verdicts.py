@@ -74,8 +74,9 @@ class CalibratedTerms:
     """The allocator's factor times the share of Eq. 13 kept (the int64 token ids), or the profiled ratio."""
     output_factor: object
     added: object
-    """Runtime memory and the allocator's reserve on every stage; the cross-entropy's BF16
-    logits on the last; the data loader's mask on the first and the last."""
+    """Runtime memory and the allocator's reserve on every stage, and --tp-comm-overlap's
+    userbuffers; the cross-entropy's BF16 logits on the last; the data loader's mask on the first
+    and the last."""
 
     def stage_bytes(self, model_states, layer_activations, embedding_activations, output_activations):
         return (model_states + self.layer_factor * layer_activations + self.embedding_factor * embedding_activations
@@ -115,6 +116,9 @@ def calibrated_terms(
                                                                       options.cross_entropy_fusion), 0.0)
     if calibration.dataloader_mask and options.dataloader_mask:  # the calibrated model has the term; the run, the mask
         added = added + np.where(first | last, terms.dataloader_mask_bytes(seq_len, mbs, cp), 0.0)
+    if options.userbuffers is not None:  # every rank's userbuffers, outside PyTorch's allocator (0 at TP 1)
+        added = added + terms.userbuffers_bytes(options.userbuffers, spec, seq_len, mbs, tp, cp,
+                                                options.fp8_format is not None)
     factor = calibration.activation_factor
     if layer_share is None:  # selective recomputation's modules free part of Eq. 12 (``layer_bytes``)
         modules = options.recompute_modules if options.recompute == "selective" else frozenset()

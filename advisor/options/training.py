@@ -604,6 +604,7 @@ class TrainingOptions:
             fp8_param_gather=p.fp8_param_gather, fp8_amax_history_len=p.fp8_amax_history_len,
             cross_entropy_fusion=self.loss.cross_entropy_fusion,
             dataloader_mask=self.attention.dataloader_mask != "off",
+            userbuffers=self.tensor_parallel.userbuffers() if self.tensor_parallel.tp_comm_overlap else None,
         )
 
     def time_options(self, **model_choices):

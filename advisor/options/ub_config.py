@@ -84,6 +84,16 @@ class UserbuffersConfig:
         """``name``'s settings: the file's where it sets the buffer, else the default."""
         return dict(self.buffers).get(name) or default_buffer(name)
 
+    def reduce_scatter(self, name: str) -> bool:
+        """Whether buffer ``name`` is a reduce-scatter (``initialize_ub``'s
+        ``layers_reduce_scatter_overlap``): proj_fprop, fc2_fprop, and qkv_wgrad/fc1_wgrad, except
+        that a non-bulk qkv_dgrad/fc1_dgrad takes its wgrad's place there (the wgrad buffer is still
+        made, as a bulk all-gather that never runs)."""
+        if name in ("qkv_dgrad", "fc1_dgrad"):
+            return self.buffer(name).method != "bulk"
+        if name in ("qkv_wgrad", "fc1_wgrad"):
+            return self.buffer(name.replace("wgrad", "dgrad")).method == "bulk"
+        return name in ("proj_fprop", "fc2_fprop")
 
     def fp8_reduce_scatters(self) -> tuple[str, ...]:
         """The reduce-scatter buffers that hold FP8 in an FP8 run (``Userbuffer.fp8_buf`` on a
