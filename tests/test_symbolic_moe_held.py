@@ -25,10 +25,12 @@ spec = dataclasses.replace(PRESETS["qwen3-30b-a3b"], hidden_size=64, moe_ffn_hid
 
 def unsaved(live, saved, layers, skip):
     # bytes live and not saved by autograd (parameters, their gradients, input and output left
-    # out), and per layer what its dispatcher's attributes hold of them
+    # out), and per layer what its dispatcher's attributes hold of them; ``saved`` holds the
+    # serials of the storages autograd saved (LiveStorages.pack), not their ids, which a storage
+    # freed in the forward hands on to a later one
     gc.collect()
     alive = {key: ref().nbytes() for key, ref in list(live.live.items())
-             if ref() is not None and key not in skip and key not in saved}
+             if ref() is not None and key not in skip and live.serial.get(key) not in saved}
     held = []
     for layer in layers:
         attributes = {name: value for name, value in vars(layer.mlp.token_dispatcher).items()
@@ -55,16 +57,16 @@ def run(layers, ep=1, dispatcher="alltoall", capacity_factor=None, recompute=Fal
                                 moe_pad_expert_input_to_capacity=capacity_factor is not None, **extra)
         context.enter_context(grouped_experts())
         live = context.enter_context(LiveStorages())
-        blocks, saved = model.decoder.layers, set()
+        blocks = model.decoder.layers
         params = {id(p.untyped_storage()) for p in model.parameters()}
         def pack(tensor):
-            saved.add(id(tensor.untyped_storage()))
+            live.pack(tensor)
             return tensor
         received = torch.randn(seq_len, 1, spec.hidden_size, dtype=torch.bfloat16, requires_grad=True)
         model.set_input_tensor(received)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             output = model(None, torch.arange(seq_len).unsqueeze(0), None)
-        forward = unsaved(live, saved, blocks, params | {id(received.untyped_storage()),
+        forward = unsaved(live, live.saved, blocks, params | {id(received.untyped_storage()),
                                                          id(output.untyped_storage())})
         output.backward(torch.randn_like(output))
         del output
