@@ -69,8 +69,8 @@ def test_userbuffers_at_tp_8_hand_derived(monkeypatch):
 
 def test_fp8_buf_makes_the_pipelined_reduce_scatters_fp8(monkeypatch):
     """The DGX Cloud 405B recipe's fp8_buf on proj_fprop and fc2_fprop (pipeline): under delayed
-    scaling both forward reduce-scatters move 1 byte; fp8_buf on a ring-exchange reduce-scatter or
-    a bulk buffer is ignored, as initialize_ub ignores it; without FP8 it changes nothing."""
+    scaling both forward reduce-scatters move 1 byte; fp8_buf on a bulk buffer is ignored, as
+    initialize_ub ignores it; without FP8 it changes nothing."""
     _no_gemms(monkeypatch)
     config = parse_userbuffers("cfg", {"proj_fprop": {"method": "pipeline", "fp8_buf": True},
                                        "fc2_fprop": {"method": "pipeline", "fp8_buf": 1},
@@ -80,8 +80,6 @@ def test_fp8_buf_makes_the_pipelined_reduce_scatters_fp8(monkeypatch):
                                                           fp8_tp_bytes("delayed"))
     assert forward == pytest.approx(4 * _ring(1), rel=1e-12)
     assert backward == pytest.approx(2 * _ring(1) + 2 * _ring(2), rel=1e-12)
-    ring_rs = parse_userbuffers("cfg", {"fc2_fprop": {"method": "ring_exchange", "fp8_buf": True}})
-    assert not ring_rs.buffer("fc2_fprop").fp8_buf
     bf16 = userbuffers.tp_overlap_time(SPEC, TOKENS, TP, RATES, 132, config)[0]
     assert bf16 == pytest.approx(4 * _ring(2), rel=1e-12)
     tensorwise = userbuffers.tp_overlap_time(SPEC, TOKENS, TP, RATES, 132, config, fp8_tp_bytes("tensorwise"))[0]
@@ -102,3 +100,26 @@ def test_fp8_never_costs_more_than_bf16(recipe, tp):
     if recipe in ("delayed", "tensorwise"):
         per_collective.append(sizes.grad_gather)
     assert all(size <= terms.BF16 for size in per_collective)
+
+
+def test_fp8_buf_follows_te_s_method_lists_not_the_file_s_method(monkeypatch):
+    """TE 2.9 ``initialize_ub`` (pytorch/module/base.py): ``fp8_buf = (name in
+    layers_all_gather_overlap) or (user_ub_cfg[name].get("fp8_buf", False) and name in
+    methods["pipeline"])``, decided before ``ub_cfg.update(user_ub_cfg[name])``, with ``methods`` TE's
+    default table ("pipeline": ["proj_fprop", "fc2_fprop"]), which only a non-bulk qkv/fc1_dgrad
+    leaves (``methods[new_method].append(name)``). So fc2_fprop by ring exchange with fp8_buf is an
+    FP8 buffer (its reduce-scatter moves 1 byte under delayed scaling), and qkv_wgrad (TE's "bulk"
+    list) set to pipeline with fp8_buf is not; a qkv_dgrad moved to pipeline is."""
+    _no_gemms(monkeypatch)
+    config = parse_userbuffers("cfg", {"fc2_fprop": {"method": "ring_exchange", "fp8_buf": True},
+                                       "qkv_wgrad": {"method": "pipeline", "fp8_buf": True}})
+    assert config.buffer("fc2_fprop").fp8_buf and not config.buffer("qkv_wgrad").fp8_buf
+    assert config.fp8_reduce_scatters() == ("fc2_fprop",)
+    forward, backward, _, _ = userbuffers.tp_overlap_time(SPEC, TOKENS, TP, RATES, 132, config,
+                                                          fp8_tp_bytes("delayed"))
+    # qkv/fc1 gathers and fc2's reduce-scatter at 1 byte, proj's reduce-scatter at 2
+    assert forward == pytest.approx(3 * _ring(1) + _ring(2), rel=1e-12)
+    # gradient gathers at 1 byte, qkv_wgrad's and fc1_wgrad's reduce-scatters at 2
+    assert backward == pytest.approx(2 * _ring(1) + 2 * _ring(2), rel=1e-12)
+    moved = parse_userbuffers("cfg", {"qkv_dgrad": {"method": "pipeline", "fp8_buf": True}})
+    assert moved.fp8_reduce_scatters() == ("qkv_dgrad",)

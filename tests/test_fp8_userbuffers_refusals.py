@@ -94,6 +94,17 @@ def test_fp8_buf_on_a_reduce_scatter_needs_delayed_scaling(tmp_path, command):
     assert CliRunner().invoke(cli, [command, *bf16, *extra, "--tp-comm-overlap-cfg", path]).exit_code == 0
 
 
+def test_fp8_buf_is_refused_where_te_makes_the_buffer_fp8(tmp_path):
+    """TE 2.9 ``initialize_ub`` honours fp8_buf on a buffer of its default ``methods["pipeline"]``
+    list whatever method the file gives it: proj_fprop by ring exchange is FP8 (refused under
+    tensorwise), qkv_wgrad by pipeline is not (runs)."""
+    given = ["estimate", *BASE, "--tp", "8", "--fp8-recipe", "tensorwise", "--tp-comm-overlap-cfg"]
+    ring = _file(tmp_path, "proj_fprop: {method: ring_exchange, fp8_buf: true}\n", "ring.yaml")
+    _one_error(CliRunner().invoke(cli, [*given, ring]), f"--tp-comm-overlap-cfg {ring}: proj_fprop: fp8_buf")
+    wgrad = _file(tmp_path, "qkv_wgrad: {method: pipeline, fp8_buf: true}\n", "wgrad.yaml")
+    assert CliRunner().invoke(cli, [*given, wgrad]).exit_code == 0
+
+
 def test_fp8_buf_on_a_reduce_scatter_read_back_is_refused(tmp_path):
     path = _file(tmp_path, FP8_RS)
     line = _line(_delayed_args(), "tensorwise", path)

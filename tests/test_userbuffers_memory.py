@@ -4,7 +4,8 @@ against bytes counted by hand from the sources.
 Megatron-LM (core_v0.15.2 ``megatron/training/initialize.py``, ``_initialize_tp_communicators``)
 gives ``initialize_ub`` the shape [s b // c, h] and no dtype (BF16); TE 2.9's ``initialize_ub``
 (``pytorch/module/base.py``) calls ``add_ub`` for all 12 buffer names, each uint8 in an FP8 run
-where ``fp8_buf`` (the all-gathers, and a pipelined reduce-scatter the file marks), else BF16;
+where ``fp8_buf`` (the all-gathers, and a reduce-scatter of TE's ``methods["pipeline"]`` list the
+file marks), else BF16;
 ``CommOverlapBase::initialize`` registers the whole shape and ``CommOverlapP2PBase::initialize``
 (ring exchange) 2 t - 1 chunks of 1/t of it for a reduce-scatter
 (``common/comm_gemm_overlap/comm_gemm_overlap.cpp``).
@@ -52,6 +53,15 @@ def test_a_pipelined_qkv_dgrad_leaves_its_wgrad_buffer_bf16():
     qkv_wgrad is still made, BF16 (not an all-gather buffer): 7 x 64 + 5 x 128 = 1088 MiB."""
     config = parse_userbuffers("ub.yaml", {"qkv_dgrad": {"method": "pipeline"}})
     assert _bytes(config, fp8=True) == 1088 * MIB
+
+
+def test_fp8_buf_is_decided_by_te_s_method_list():
+    """FP8. fc2_fprop by ring exchange with fp8_buf: still in TE's ``methods["pipeline"]`` list, so
+    uint8: 15 chunks of 64 / 8 = 8 MiB, 120 MiB where the default holds 128 MiB; qkv_wgrad set to
+    pipeline with fp8_buf: in TE's "bulk" list, so BF16, 128 MiB as by default: 1024 - 8 = 1016 MiB."""
+    config = parse_userbuffers("ub.yaml", {"fc2_fprop": {"method": "ring_exchange", "fp8_buf": True},
+                                           "qkv_wgrad": {"method": "pipeline", "fp8_buf": True}})
+    assert _bytes(config, fp8=True) == 1016 * MIB
 
 
 def test_nothing_at_tp_1_and_half_with_cp_2():

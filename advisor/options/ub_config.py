@@ -53,8 +53,10 @@ class Userbuffer:
     """The pipeline method's chunks (4 by default; ring exchange always runs TP chunks)."""
     fp8_buf: bool = False
     """Whether the buffer holds FP8 in an FP8 run, as ``initialize_ub`` decides it: every all-gather
-    buffer (``layers_all_gather_overlap``), and a pipelined reduce-scatter whose mapping sets
-    fp8_buf; any other buffer's setting is ignored there."""
+    buffer (``layers_all_gather_overlap``), and a buffer of TE's ``methods["pipeline"]`` list whose
+    mapping sets fp8_buf. That list is TE's default methods (proj_fprop, fc2_fprop), not the file's:
+    only a non-bulk qkv_dgrad/fc1_dgrad moves to the list of its own method. So proj_fprop set to
+    ring_exchange with fp8_buf is FP8, qkv_wgrad set to pipeline with fp8_buf is not."""
 
 
 def default_buffer(name: str, method: str | None = None) -> Userbuffer:
@@ -97,7 +99,7 @@ class UserbuffersConfig:
 
     def fp8_reduce_scatters(self) -> tuple[str, ...]:
         """The reduce-scatter buffers that hold FP8 in an FP8 run (``Userbuffer.fp8_buf`` on a
-        buffer that is not an all-gather): the file's fp8_buf on a pipelined one."""
+        buffer that is not an all-gather): the file's fp8_buf on one TE lists as pipeline."""
         return tuple(name for name, buffer in self.buffers if buffer.fp8_buf and not _all_gather(name, buffer.method))
 
 
@@ -139,8 +141,10 @@ def _buffer(path: str, name: str, given) -> Userbuffer:
     return Userbuffer(method=method, num_sm=_whole(path, name, "num_sm", given.get("num_sm", base.num_sm), 1),
                       set_sm_margin=bool(margin),
                       num_splits=_whole(path, name, "num_splits", given.get("num_splits", base.num_splits), 1),
-                      # initialize_ub: fp8_buf = (an all-gather) or (the file's fp8_buf and pipeline)
-                      fp8_buf=_all_gather(name, method) or (bool(given.get("fp8_buf")) and method == "pipeline"))
+                      # initialize_ub (TE 2.9 base.py): fp8_buf = (name in layers_all_gather_overlap) or
+                      # (user_ub_cfg[name].get("fp8_buf", False) and name in methods["pipeline"]), where
+                      # methods is TE's default table, moved only for a non-bulk dgrad: base.method
+                      fp8_buf=_all_gather(name, method) or (bool(given.get("fp8_buf")) and base.method == "pipeline"))
 
 
 def parse_userbuffers(path: str, data) -> UserbuffersConfig:

@@ -148,10 +148,11 @@ def fp8_tp_bytes(recipe: str) -> TpBytes:
     exchange and the column-wise one beside the same dgrad (``_Linear.backward``,
     ``bulk_overlap_ag_with_external_gemm``): the same bytes. The reduce-scatters sum partial
     outputs in BF16 (``reduce_scatter_along_first_dim`` of the GEMM's activation-dtype output);
-    through a pipelined userbuffers buffer with ``fp8_buf`` the GEMM writes FP8 and the buffer is
-    reduced in FP8 (``split_overlap_rs``, ``reducescatter2_userbuff_stridedoutput_fp8``), which only
-    delayed scaling's fused FP8-output GEMM can feed (``gemm.cpp``: every other recipe's output is
-    quantised after a BF16 GEMM): 1 byte under delayed, BF16 otherwise."""
+    through a userbuffers buffer with ``fp8_buf`` (``Userbuffer.fp8_buf``) the GEMM writes FP8 and
+    the buffer is reduced in FP8 (``split_overlap_rs``, ``reducescatter2_userbuff_stridedoutput_fp8``;
+    ring exchange's ``reduce_fp8_in_bf16_out``), which only delayed scaling's fused FP8-output GEMM
+    can feed (``gemm.cpp``: every other recipe's output is quantised after a BF16 GEMM): 1 byte under
+    delayed, BF16 otherwise."""
     scale = SCALE_BYTES[recipe]
     grad_gather = 1.0 if recipe in ("delayed", "tensorwise") else 2 * (1 + scale)
     return TpBytes(input_gather=1 + scale, output_scatter=BF16, grad_gather=grad_gather, dgrad_scatter=BF16,

@@ -186,7 +186,7 @@ class TpBytes:
     dgrad_scatter: float
     """The reduce-scatters of QKV's and FC1's input gradients, backward."""
     fp8_scatter: float
-    """A reduce-scatter through a userbuffers buffer with ``fp8_buf`` (a pipelined one)."""
+    """A reduce-scatter through a userbuffers buffer with ``fp8_buf`` (``Userbuffer.fp8_buf``)."""
 
 
 BF16_TP = TpBytes(BF16, BF16, BF16, BF16, BF16)

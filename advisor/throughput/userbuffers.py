@@ -98,7 +98,7 @@ def buffer_element_bytes(name: str, buffer: Userbuffer, sizes: TpBytes) -> float
         return sizes.input_gather
     if name in ("proj_dgrad", "fc2_dgrad"):
         return sizes.grad_gather
-    if buffer.fp8_buf:  # a pipelined reduce-scatter the file made FP8
+    if buffer.fp8_buf:  # a reduce-scatter the file made FP8 (Userbuffer.fp8_buf says which can be)
         return sizes.fp8_scatter
     return sizes.output_scatter if name in ("proj_fprop", "fc2_fprop") else sizes.dgrad_scatter
 
