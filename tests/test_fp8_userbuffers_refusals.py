@@ -31,7 +31,7 @@ def _one_error(result, *words: str) -> None:
 
 
 def _file(tmp_path, text: str, name: str = "ub.yaml") -> str:
-    path = tmp_path / name  # one name a file: load_userbuffers keeps what it read by path
+    path = tmp_path / name
     path.write_text(text)
     return str(path)
 

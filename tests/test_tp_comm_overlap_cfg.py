@@ -166,6 +166,23 @@ def test_a_missing_file_and_a_file_without_the_overlap_are_refused(tmp_path):
         _layer(_file(tmp_path, "proj_fprop: {num_sm: 132}\n", "all.yaml"))
 
 
+def test_a_file_edited_between_two_loads_is_read_anew(tmp_path, monkeypatch):
+    """One process, one path: the file rewritten (same size, so neither size nor a coarse mtime
+    tells it apart) gives its new settings; the same relative path from another working directory
+    is that directory's file."""
+    path = _file(tmp_path, "proj_fprop: {num_sm: 24}\n")
+    assert load_userbuffers(path).buffer("proj_fprop").num_sm == 24
+    _file(tmp_path, "proj_fprop: {num_sm: 12}\n")
+    assert load_userbuffers(path).buffer("proj_fprop").num_sm == 12
+    for where, sms in (("a", 3), ("b", 5)):
+        (tmp_path / where).mkdir()
+        _file(tmp_path / where, f"fc2_fprop: {{num_sm: {sms}}}\n")
+    monkeypatch.chdir(tmp_path / "a")
+    assert load_userbuffers("ub.yaml").buffer("fc2_fprop").num_sm == 3
+    monkeypatch.chdir(tmp_path / "b")
+    assert load_userbuffers("ub.yaml").buffer("fc2_fprop").num_sm == 5
+
+
 def test_the_file_is_emitted_as_given_and_read_back_priced(tmp_path):
     """The launch arguments carry the path as given; a torchrun line with it reads back to the same
     options and the same step time, which the file changes."""

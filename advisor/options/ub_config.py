@@ -166,12 +166,11 @@ def parse_userbuffers(path: str, data) -> UserbuffersConfig:
     return UserbuffersConfig(path, tuple(buffers))
 
 
-@lru_cache(maxsize=32)
 def load_userbuffers(path: str) -> UserbuffersConfig:
     """The file at ``path`` (relative to the working directory, as Megatron-LM opens it) read and
-    checked; AdvisorError (one line) where it is missing, not YAML, or a setting TE would refuse."""
-    import yaml  # only a run with the file needs it: kept off the start-up
-
+    checked; AdvisorError (one line) where it is missing, not YAML, or a setting TE would refuse.
+    Read every call (the options read it each time they are made): the file edited, or the same
+    path from another working directory, is never answered from an earlier read."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -179,6 +178,15 @@ def load_userbuffers(path: str) -> UserbuffersConfig:
     except UnicodeDecodeError:
         raise AdvisorError(f"--tp-comm-overlap-cfg {path}: not a UTF-8 text file (a YAML of userbuffers settings)") \
             from None
+    return _parse_text(path, text)
+
+
+@lru_cache(maxsize=32)
+def _parse_text(path: str, text: str) -> UserbuffersConfig:
+    """``text`` parsed as YAML and checked, kept by the text itself: PyYAML's pure-Python parse is
+    about 4 ms for a recipe's file and a sweep makes its options about 9 times."""
+    import yaml  # only a run with the file needs it: kept off the start-up
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
