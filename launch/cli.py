@@ -510,9 +510,10 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
                               per_node=topology.nproc_per_node, gpus_here=False, checks=False, hold_notes=True)
     job = Job(name=name, topology=topology, entry=tuple(entry),
               megatron=tuple(megatron.args), environment=env.settings)
-    for path in flag_values(megatron.args).get("--tp-comm-overlap-cfg", ())[-1:]:  # Megatron opens it on the nodes
-        _note(f"warning: --tp-comm-overlap-cfg {path} is read by every rank where it runs (relative to its working "
-              "directory): put the file there (in the image or on a mount); this job does not carry it")
+    ub_cfg = flag_values(megatron.args).get("--tp-comm-overlap-cfg")
+    if ub_cfg:  # Megatron opens it on the nodes
+        _note(f"warning: --tp-comm-overlap-cfg {ub_cfg[-1]} is read by every rank where it runs (relative to its "
+              "working directory): put the file there (in the image or on a mount); this job does not carry it")
     text = to_yaml(build(job))
     output = None if output == STDOUT else output
     if output is not None:
