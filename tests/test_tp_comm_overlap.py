@@ -121,6 +121,11 @@ def test_a_recomputed_mlp_runs_its_userbuffers_again():
     plain = TimeModel(PRESETS["llama3.1-8b"], H100, 8192, 64, options=selective.time_options())
     overlapped = TimeModel(PRESETS["llama3.1-8b"], H100, 8192, 64,
                            options=selective.with_(tp_comm_overlap=True).time_options())
-    again_plain = float(plain.recomputed_forward(8, 8192, 0.0))
-    again_overlapped = float(overlapped.recomputed_forward(8, 8192, 0.0))
-    assert again_plain - again_overlapped == pytest.approx(2 * one - hand, rel=1e-9)
+    # (compute, TP communication) again, as TimeModel.stage adds them under selective recomputation
+    compute_plain, comm_plain = (float(x) for x in plain.recomputed_forward_parts(8, 8192, 0.0))
+    compute_overlapped, comm_overlapped = (float(x) for x in overlapped.recomputed_forward_parts(8, 8192, 0.0))
+    assert compute_overlapped - compute_plain == pytest.approx((margin - 1) * fc2, rel=1e-9)
+    assert comm_plain == pytest.approx(2 * one, rel=1e-9)
+    assert comm_overlapped == pytest.approx(hand - (margin - 1) * fc2, rel=1e-9)
+    assert (compute_plain + comm_plain) - (compute_overlapped + comm_overlapped) == pytest.approx(2 * one - hand,
+                                                                                               rel=1e-9)

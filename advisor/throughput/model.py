@@ -202,11 +202,6 @@ class TimeModel:
         compute_b = gemm_b + attn_b + 2 * elem  # backward reads the saved input and writes grads
         return LayerParts(compute_f, compute_b, tp_f, tp_b, cp_f, cp_b, attn_f)
 
-    def recomputed_forward(self, tp, tokens, attention_forward):
-        """``recomputed_forward_parts``' compute and TP communication together."""
-        compute, comm = self.recomputed_forward_parts(tp, tokens, attention_forward)
-        return compute + comm
-
     def recomputed_forward_parts(self, tp, tokens, attention_forward):
         """(compute, TP communication): the forward seconds of one layer, one microbatch, that selective recomputation
         (``TimeOptions.recompute_modules``) runs again in the backward (megatron-core
