@@ -11,7 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from tables.published.__main__ import main
-from tables.published.runs import COLUMNS, DATA, command_line, load, release_changes
+from tables.published.runs import (
+    BRIDGE_COLUMNS, BRIDGE_DATA, COLUMNS, DATA, NOT_RUNNABLE, command_line, load, load_source, price,
+    release_changes, report,
+)
 
 RELEASES = {"NeMo 24.09": "143b90dd91f9be958fed4773ae95d941a3356a82",  # DGX Cloud Benchmarking v25.01
             "NeMo 24.12": "8f5cbb3799ea8cc031ed2c2cee1cbdbc15b240ad"}  # v25.02
@@ -106,12 +109,13 @@ def test_every_userbuffers_file_is_a_recipes_cited_and_used():
     from tables.published import short_sequences
 
     folder = Path(__file__).parents[1] / "tables" / "published" / "userbuffers"
-    flags = " ".join(run.training_flags for run in [*load(), *short_sequences.load()])
+    flags = " ".join(run.training_flags for run in [*load(), *load_source("Megatron-Bridge"), *short_sequences.load()])
     files = sorted(folder.glob("*.yaml"))
     assert files
     for path in files:
         header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
-        assert re.search(r"github\.com/NVIDIA/[\w-]+/blob/(?:[0-9a-f]{40}|v[\d.]+)/\S+\.(?:yaml|py)", header), path.name
+        assert re.search(r"github\.com/NVIDIA(?:-NeMo)?/[\w-]+/blob/(?:[0-9a-f]{40}|v[\d.]+)/\S+\.(?:yaml|py)", header), \
+            path.name
         load_userbuffers(str(path))
         assert f"--tp-comm-overlap-cfg tables/published/userbuffers/{path.name}" in flags, path.name
     # the 405B recipe's (llama3.1_405b.yaml, by hand): the projection's reduce-scatter pipelined on 24 SMs, FC2's on 8,
@@ -119,3 +123,112 @@ def test_every_userbuffers_file_is_a_recipes_cited_and_used():
     recipe = load_userbuffers(str(folder / "dgxc-llama3.1-405b.yaml"))
     assert [(recipe.buffer(n).num_sm, recipe.buffer(n).set_sm_margin) for n in ("proj_fprop", "fc2_fprop", "qkv_wgrad")] \
         == [(24, True), (8, True), (24, False)]
+    # Megatron-Bridge's FP8 H100 configs (comm_overlap.py, by hand): the projection's and FC2's reduce-scatters by
+    # ring exchange on 1 SM with the margin, not pipelined; the 405B's qkv_dgrad and fc1_wgrad bulk on 2 SMs, 70B's on 4
+    for name, bulk in (("mb-llama3-70b-fp8.yaml", 4), ("mb-llama3.1-405b-fp8.yaml", 2)):
+        recipe = load_userbuffers(str(folder / name))
+        assert [(recipe.buffer(n).method, recipe.buffer(n).num_sm, recipe.buffer(n).set_sm_margin)
+                for n in ("proj_fprop", "fc2_fprop", "qkv_dgrad", "fc1_wgrad", "qkv_wgrad")] == [
+            ("ring_exchange", 1, True), ("ring_exchange", 1, True), ("bulk", bulk, False), ("bulk", bulk, False),
+            ("bulk", 24, False)]
+
+
+BRIDGE_ARCHIVE = ("https://github.com/NVIDIA-NeMo/Megatron-Bridge/blob/067f987df03b8355b03192d88d70f1709fedf51a/"
+                  "docs/performance-summary-archive.md (Megatron-Bridge performance summary archive, read 2026-11-29), ")
+BRIDGE_MODELS = {"LLAMA3_8B": ("llama3.1-8b", 32), "LLAMA3_70B": ("llama3.1-70b", 80), "LLAMA3.1_405B": ("llama3.1-405b", 126)}
+
+
+def _published_row(source: str) -> tuple[str, str, dict]:
+    """(container, model, {column: cell}) of the summary row a Megatron-Bridge run quotes."""
+    found = re.match(r"(.*?)'(?P<container>[\d.]+) NeMo Container', Pre-Training Performance, (?P<table>[^,]+), "
+                     r"columns '(?P<columns>[^']+)', row '\|(?P<row>[^']+)\|'", source)
+    assert found and found.group(1) == BRIDGE_ARCHIVE, source
+    cells = dict(zip([c.strip() for c in found["columns"].split("|")], [c.strip() for c in found["row"].split("|")]))
+    model = cells.get("Model") or found["table"].removeprefix("Model: ")
+    return found["container"], model, cells
+
+
+def test_the_bridge_file_keeps_its_schema_and_each_row_is_the_summary_row_it_quotes():
+    assert BRIDGE_DATA.read_text().splitlines()[0] == ",".join(BRIDGE_COLUMNS)
+    runs = load_source("Megatron-Bridge")
+    assert len(runs) == 13 and {run.use for run in runs} == {"test"}  # held out: none used for fitting
+    for run in runs:
+        container, model, cells = _published_row(run.source)
+        assert run.framework == f"NeMo {container}" and cells.get("System", "DGX-H100") == "DGX-H100"
+        assert run.run == f"mb-{container}-{model.split('_')[1].lower()}-fp8-{run.gpus}"
+        assert (run.model, run.num_layers) == BRIDGE_MODELS[model] and run.gpu == "h100-80gb"
+        assert cells.get("Precision", "FP8") in ("FP8", "FP8-CS") and run.precision == "fp8"
+        assert [run.gpus, run.global_batch_size, run.micro_batch_size, run.seq_len, run.tp, run.pp, run.cp] == [
+            int(cells[c]) for c in ("#-GPUs", "GBS", "MBS", "Sequence Length", "TP", "PP", "CP")]
+        assert run.vpp == (1 if cells["VP"] == "n/a" else int(cells["VP"]))
+        assert ("--use-megatron-fsdp" in run.training_flags) == (int(cells.get("FSDP", "0")) > 0)
+        # the step time is the published throughput's: GBS x sequence / (tokens/s per GPU x GPUs)
+        tokens = int(cells["Tokens / sec / GPU"])
+        assert run.step_time_s == pytest.approx(run.global_batch_size * run.seq_len / (tokens * run.gpus), rel=1e-5)
+    # by hand, 26.02's 70B row: 256 x 8192 / (1621 x 64) = 20.2147 s
+    assert next(r for r in runs if r.run == "mb-26.02-70b-fp8-64").step_time_s == pytest.approx(20.2147, abs=1e-4)
+
+
+def test_the_bridge_runs_carry_what_their_recipes_set():
+    for run in load_source("Megatron-Bridge"):
+        flags = run.training_flags
+        # bf16_with_fp8_current_scaling_mixed: hybrid, tensorwise, fp8_param_gather; grad_reduce_in_fp32 False
+        assert "--fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather" in flags
+        assert "--grad-reduce-in-bf16" in flags and "--overlap-grad-reduce --overlap-param-gather" in flags
+        assert "--cross-entropy-loss-fusion --cross-entropy-fusion-impl te" in flags and run.megatron_version == "0.15"
+        assert "--no-create-attention-mask-in-dataloader" in flags and "--recompute" not in flags
+        ub = {"llama3.1-70b": "mb-llama3-70b-fp8.yaml", "llama3.1-405b": "mb-llama3.1-405b-fp8.yaml"}.get(run.model)
+        assert (f"--tp-comm-overlap --tp-comm-overlap-cfg tables/published/userbuffers/{ub}" in flags) == (run.tp > 1)
+        assert ("--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split" in flags) == (
+            run.model == "llama3.1-405b")
+        assert ("--data-parallel-sharding-strategy optim_grads_params" in flags) == (run.model == "llama3.1-8b")
+        assert run.note
+
+
+def test_the_405b_split_counts_the_embedding_and_the_loss_as_layers():
+    """Megatron-Bridge's 405B recipe accounts for the embedding and the loss in the pipeline split:
+    126 layers + 2 over PP 8 is 16 a rank, the first and last rank one layer fewer; VP 8 is given
+    as chunks per rank, as layers per chunk (126 / 64) would not divide."""
+    run = next(r for r in load_source("Megatron-Bridge") if r.run == "mb-26.06-405b-fp8-1024")
+    line = command_line(run)
+    assert "--num-virtual-stages-per-pipeline-rank 8" in line and "--num-layers-per-virtual-pipeline-stage" not in line
+    estimate = price(run)
+    assert estimate["layers_per_stage"] == [15, 16, 16, 16, 16, 16, 16, 15] and estimate["vpp"] == 8
+
+
+def test_the_report_keeps_the_bridge_runs_apart_and_sums_both_sources():
+    result = CliRunner().invoke(main, ["--format", "json"])
+    assert result.exit_code == 0, result.output
+    report_ = json.loads(result.stdout)
+    bridge = report_["megatron_bridge"]
+    assert len(report_["runs"]) == 68 and len(bridge["runs"]) == 13
+    assert all(row["unpriced"] == [] and row["refused"] is None for row in bridge["runs"])
+    fp8 = bridge["summary"]["fp8"]
+    assert fp8["runs"] == 13 and fp8["within_target"] == 13 and fp8["refused"] == 0
+    # the runs not called runnable are exactly the stated ones, each quoting the memory the report prints
+    missed = {row["run"]: row for row in bridge["runs"] if row["verdict"] not in ("fits", "likely fits")}
+    assert set(missed) == set(NOT_RUNNABLE) and fp8["verdicts_ok"] == 13 - len(missed)
+    for name, row in missed.items():
+        assert f"{row['verdict']} by" in NOT_RUNNABLE[name] and f"{row['usage_gib']:.2f} GiB of 80" in NOT_RUNNABLE[name]
+    # the same layout in several containers: 25.09/25.11 (8B, 70B, 405B), 26.02 -> 26.02.01, 26.04, 26.04.01 (70B),
+    # 26.02 -> 26.04.01, 26.06 (405B): 8 pairs
+    assert len(bridge["release_changes"]) == 8
+    total = report_["total"]
+    assert total["fp8"]["runs"] == 34 + 13 and total["bf16"] == report_["summary"]["bf16"]
+    assert total["fp8"]["within_target"] == report_["summary"]["fp8"]["within_target"] + fp8["within_target"]
+    markdown_ = CliRunner().invoke(main, []).stdout
+    assert "bridge_dense_runs.csv" in markdown_ and "- all published dense runs, FP8: 47 runs" in markdown_
+
+
+def test_a_refused_run_keeps_its_row_and_its_refusal():
+    """A row the advisor refuses is reported, not dropped: core_v0.19.0's validate_args asserts against
+    Transformer Engine's cross-entropy (arguments.py: 'disabled due to stability issues'), so a
+    Megatron-Bridge row read as 0.19 is refused."""
+    import dataclasses
+
+    run = next(r for r in load_source("Megatron-Bridge") if r.run == "mb-26.06-405b-fp8-1024")
+    rows, summary = report([dataclasses.replace(run, megatron_version="0.19")])
+    assert rows[0]["predicted_s"] is None and "--cross-entropy-fusion-impl te" in rows[0]["refused"]
+    assert summary == {}  # no error to summarise
+    rows, summary = report([run, dataclasses.replace(run, run="refused", megatron_version="0.19")])
+    assert summary["fp8"]["runs"] == 2 and summary["fp8"]["refused"] == 1 and summary["fp8"]["within_target"] == 1

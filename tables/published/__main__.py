@@ -19,33 +19,64 @@ END = "<!-- END PUBLISHED RESULTS -->"
 def markdown(rows: list[dict], summary: dict, changes: list[dict]) -> str:
     """The per-run table, the summary lines (all runs, then each framework release) and the
     published step times' change between releases, as tables/README.md shows them."""
-    from tables.published.runs import MAPE_TARGET, TARGETS
-
     lines = ["| run | GPUs | layout | published s | predicted s | error | verdict (GiB) |",
              "|---|---:|---|---:|---:|---:|---|"]
     for r in rows:
+        if r["refused"] is not None:
+            lines.append(f"| {r['run']} | {r['gpus']:,} | {r['layout']} | {r['published_s']:.2f} | refused | | "
+                         f"{r['refused']} |")
+            continue
         lines.append(f"| {r['run']} | {r['gpus']:,} | {r['layout']} | {r['published_s']:.2f} | {r['predicted_s']:.2f} | "
                      f"{r['error']:+.1%} | {r['verdict']} ({r['usage_gib']:.1f}) |")
     lines.append("")
     groups = [("", summary)] + [(f"{name}, ", by) for name, by in summary.get("by_framework", {}).items()]
+    lines += summary_lines(groups)
+    if changes:
+        largest = max(changes, key=lambda c: abs(c["change"]))
+        second = sorted((abs(c["change"]) for c in changes), reverse=True)[1] if len(changes) > 1 else 0.0
+        releases = "two releases" if len({r["framework"] for r in rows}) == 2 else "more than one release"
+        lines.append(f"- The same configuration published by {releases}: {len(changes)} pairs, step times changed "
+                     f"by {min(c['change'] for c in changes):+.1%} to {max(c['change'] for c in changes):+.1%} "
+                     f"(median {statistics.median(c['change'] for c in changes):+.1%}); the largest, "
+                     f"{largest['before']} -> {largest['after']}: {largest['change']:+.1%} (the next largest: "
+                     f"{second:.1%}).")
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(groups: list[tuple[str, dict]]) -> list[str]:
+    """One line per (prefix, summary) and precision: MAPE, largest error, runs within target,
+    runs called runnable (and refused, where any was)."""
+    from tables.published.runs import MAPE_TARGET, TARGETS
+
+    lines = []
     for prefix, group in groups:
         for precision in TARGETS:
             if (s := group.get(precision)) is None:
                 continue
             target = f"each within {TARGETS[precision]:.0%}" + (
                 f", MAPE <= {MAPE_TARGET:.0%}" if precision == "bf16" else "")
+            refused = f"; {s['refused']} refused by the advisor" if s["refused"] else ""
             lines.append(f"- {prefix}{precision.upper()}: {s['runs']} runs, MAPE {s['mape']:.1%}, largest error "
                          f"{s['max_error']:.1%}, {s['within_target']} of {s['runs']} within target ({target}); "
-                         f"{s['verdicts_ok']} of {s['runs']} called fits or likely fits (every one ran).")
-    if changes:
-        largest = max(changes, key=lambda c: abs(c["change"]))
-        second = sorted((abs(c["change"]) for c in changes), reverse=True)[1] if len(changes) > 1 else 0.0
-        lines.append(f"- The same configuration published by two releases: {len(changes)} pairs, step times changed "
-                     f"by {min(c['change'] for c in changes):+.1%} to {max(c['change'] for c in changes):+.1%} "
-                     f"(median {statistics.median(c['change'] for c in changes):+.1%}); the largest, "
-                     f"{largest['before']} -> {largest['after']}: {largest['change']:+.1%} (the next largest: "
-                     f"{second:.1%}).")
-    return "\n".join(lines) + "\n"
+                         f"{s['verdicts_ok']} of {s['runs']} called fits or likely fits (every one ran){refused}.")
+    return lines
+
+
+def second_source(rows: list[dict], summary: dict, changes: list[dict], total: dict) -> str:
+    """Megatron-Bridge's runs: their heading, table and summary (``markdown``), the runs not called
+    runnable with their stated causes, then the summary over both sources."""
+    from tables.published.runs import NOT_RUNNABLE
+
+    head = ("Megatron-Bridge's performance summaries, DGX-H100 Llama pre-training rows "
+            "(tables/published/bridge_dense_runs.csv; held out, none used to fit anything):\n\n")
+    causes: dict[str, list[str]] = {}  # one line per stated cause, naming every run it explains
+    for r in rows:
+        if r["run"] in NOT_RUNNABLE:
+            causes.setdefault(NOT_RUNNABLE[r["run"]], []).append(r["run"])
+    misses = [f"- {', '.join(names)}: {cause}." for cause, names in causes.items()]
+    stated = "Called not runnable, each with its stated cause:\n\n" + "\n".join(misses) + "\n\n" if misses else ""
+    both = "Both sources together:\n\n" + "\n".join(summary_lines([("all published dense runs, ", total)])) + "\n"
+    return head + markdown(rows, summary, changes) + "\n" + stated + both
 
 
 @click.command(cls=OneLineCommand)
@@ -54,7 +85,8 @@ def markdown(rows: list[dict], summary: dict, changes: list[dict]) -> str:
               help="Also rewrite this Markdown file's published-runs section (between its BEGIN/END PUBLISHED "
                    "RESULTS markers) with the per-run table and summary, e.g. tables/README.md.")
 def main(fmt: str, readme: Path | None) -> None:
-    """Price every run of tables/published/dense_runs.csv and compare its step time; then Meta's
+    """Price every run of tables/published/dense_runs.csv (DGX Cloud Benchmarking) and compare its
+    step time; then Megatron-Bridge's (bridge_dense_runs.csv) and both together; then Meta's
     Llama 3 405B TFLOP/s (tables/published/meta405b.py); then the per-microbatch overhead against
     the runs at sequence 2048-4096 (tables/published/short_sequences.py).
 
@@ -65,22 +97,29 @@ def main(fmt: str, readme: Path | None) -> None:
     """
     from advisor.fileio import atomic_write_text
     from tables.published import meta405b, short_sequences
-    from tables.published.runs import load, release_changes, report
+    from tables.published.runs import combined_summary, load_source, release_changes, report
     from tables.readme import replace_between
 
-    runs = load()
+    runs = load_source("DGX Cloud Benchmarking")
     rows, summary = report(runs)
     changes = release_changes(runs)
     table = markdown(rows, summary, changes)
+    bridge_runs = load_source("Megatron-Bridge")
+    bridge_rows, bridge_summary = report(bridge_runs)
+    bridge_changes = release_changes(bridge_runs)
+    total = combined_summary(rows + bridge_rows)
     if readme is not None:  # made before anything is printed, so a README without markers stops first
         atomic_write_text(readme, replace_between(readme.read_text(encoding="utf-8"), BEGIN, END,
                                                   f"{BEGIN}\n\n{table}\n{END}"))
     short = short_sequences.report()
     if fmt == "json":
         click.echo(json.dumps({"runs": rows, "summary": summary, "release_changes": changes,
-                               "meta_405b": meta405b.rows(), "short_sequences": short}, indent=1))
+                               "megatron_bridge": {"runs": bridge_rows, "summary": bridge_summary,
+                                                   "release_changes": bridge_changes},
+                               "total": total, "meta_405b": meta405b.rows(), "short_sequences": short}, indent=1))
         return
     click.echo(table)
+    click.echo(second_source(bridge_rows, bridge_summary, bridge_changes, total))
     click.echo(meta405b.markdown())
     click.echo(short_sequences.markdown(short["runs"], short["summary"]), nl=False)
 
