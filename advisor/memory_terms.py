@@ -101,7 +101,9 @@ def userbuffers_bytes(config: UserbuffersConfig, spec: LlamaSpec, seq_len: int, 
     for name in DEFAULT_METHODS:
         buffer = config.buffer(name)
         size = whole * (1 if fp8 and buffer.fp8_buf else 2)
-        if buffer.method == "ring_exchange" and config.reduce_scatter(name):
+        # ring exchange's object (CommOverlapP2P) is the file's method's; te_kernel refuses it where the
+        # layer runs no ring exchange, so the kernel and the object agree on every file read
+        if config.kernel(name) == "ring_exchange" and config.reduce_scatter(name):
             size = np.floor(size / t) * (2 * t - 1)  # buffer_bytes / tp * (2 tp - 1), whole bytes
         total = total + size
     return np.where(t > 1, total, 0.0)

@@ -109,7 +109,9 @@ def test_fp8_buf_follows_te_s_method_lists_not_the_file_s_method(monkeypatch):
     default table ("pipeline": ["proj_fprop", "fc2_fprop"]), which only a non-bulk qkv/fc1_dgrad
     leaves (``methods[new_method].append(name)``). So fc2_fprop by ring exchange with fp8_buf is an
     FP8 buffer (its reduce-scatter moves 1 byte under delayed scaling), and qkv_wgrad (TE's "bulk"
-    list) set to pipeline with fp8_buf is not; a qkv_dgrad moved to pipeline is."""
+    list) set to pipeline with fp8_buf is not; a qkv_dgrad moved to pipeline is, but its layer
+    all-gathers FP8 input there (bulk, ``ub_config.ROLES``): no reduce-scatter FP8, and without
+    fp8_buf it stays a BF16 all-gather buffer (refused in an FP8 run)."""
     _no_gemms(monkeypatch)
     config = parse_userbuffers("cfg", {"fc2_fprop": {"method": "ring_exchange", "fp8_buf": True},
                                        "qkv_wgrad": {"method": "pipeline", "fp8_buf": True}})
@@ -122,4 +124,5 @@ def test_fp8_buf_follows_te_s_method_lists_not_the_file_s_method(monkeypatch):
     # gradient gathers at 1 byte, qkv_wgrad's and fc1_wgrad's reduce-scatters at 2
     assert backward == pytest.approx(2 * _ring(1) + 2 * _ring(2), rel=1e-12)
     moved = parse_userbuffers("cfg", {"qkv_dgrad": {"method": "pipeline", "fp8_buf": True}})
-    assert moved.fp8_reduce_scatters() == ("qkv_dgrad",)
+    assert moved.buffer("qkv_dgrad").fp8_buf and moved.fp8_reduce_scatters() == () == moved.bf16_all_gathers()
+    assert parse_userbuffers("cfg", {"qkv_dgrad": {"method": "pipeline"}}).bf16_all_gathers() == ("qkv_dgrad",)

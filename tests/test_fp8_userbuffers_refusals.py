@@ -113,3 +113,16 @@ def test_fp8_buf_on_a_reduce_scatter_read_back_is_refused(tmp_path):
     delayed = _line(_delayed_args(), "delayed", path)
     assert CliRunner().invoke(cli, ["estimate", "--gpu", "h100-80gb", "--from-command", "-"],
                               input=delayed).exit_code == 0
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_a_dgrad_moved_off_bulk_must_hold_fp8(tmp_path, recipe):
+    """qkv_dgrad by pipeline without fp8_buf: ``initialize_ub`` takes it off the all-gather list, so
+    BF16, but the QKV layer's bulk dgrad still gathers its FP8 input there
+    (``fill_userbuffers_buffer_for_all_gather``: "Userbuffers is not initialized with FP8
+    buffers"), under any recipe; with fp8_buf it is FP8 and runs, as the default bulk buffer."""
+    given = ["estimate", *BASE, "--tp", "8", "--fp8-recipe", recipe, "--tp-comm-overlap-cfg"]
+    bf16 = _file(tmp_path, "qkv_dgrad: {method: pipeline}\n", "bf16.yaml")
+    _one_error(CliRunner().invoke(cli, [*given, bf16]), f"--tp-comm-overlap-cfg {bf16}: qkv_dgrad:", "fp8_buf: true")
+    fp8 = _file(tmp_path, "qkv_dgrad: {method: pipeline, fp8_buf: true}\n", "fp8.yaml")
+    assert CliRunner().invoke(cli, [*given, fp8]).exit_code == 0

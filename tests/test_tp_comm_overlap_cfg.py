@@ -19,7 +19,7 @@ from advisor.errors import AdvisorError
 from advisor.hardware import get_gpu
 from advisor.models import PRESETS
 from advisor.options import TrainingOptions, parse_training_args, training_args
-from advisor.options.ub_config import load_userbuffers
+from advisor.options.ub_config import DEFAULT_METHODS, TE_DEFAULTS, load_userbuffers, parse_userbuffers
 from advisor.throughput import TimeModel
 
 from test_tp_comm_overlap import hand_rates
@@ -94,20 +94,57 @@ def test_splits_sms_and_methods_are_each_buffers_own(tmp_path):
     assert gemm - default_gemm == pytest.approx(slowed - 16 / 116 * (proj + fc2), rel=1e-9)
 
 
-def test_a_non_bulk_dgrad_reduce_scatters_beside_dgrad_with_its_methods_defaults(tmp_path):
-    """qkv_dgrad by ring exchange (TE's reduce-scatter dgrad overlap): initialize_ub moves it to
-    ring exchange's defaults (1 SM, no margin), and the dgrad output's reduce-scatter hides
-    behind 7/8 of the QKV dgrad: 0.27049 - 7/8 x 0.08745 = 0.19397 ms, where the default bulk
-    qkv_wgrad left 0.27049 - 0.08745 x 132/116 = 0.17097; QKV's dgrad and wgrad no longer slowed
-    (2 x 16/116 x 0.08745 = 0.02412 ms)."""
+def test_a_reduce_scatter_given_bulk_runs_pipelined_in_its_splits(tmp_path):
+    """TE 2.9's row-parallel projection asks proj_fprop for a non-bulk reduce-scatter
+    (``linear.py``: ``ub_type = CommOverlapType.RS``, no ``bulk_overlap``), and ``gemm.cpp`` runs
+    ``split_overlap_rs`` on the CommOverlap that method bulk makes: pipelined, in the file's 2
+    splits, 16 SMs with the margin (``get_default_config`` of TE's pipeline default). Exposed:
+    max(0.27049/2, 0.27049 - 1/2 x 0.06290 x 132/116) = 0.23470 ms, where TE's 4 splits leave
+    0.27049 - 3/4 x 0.07158 = 0.21681; priced as bulk, 0.27049 - 0.07158 = 0.19891 ms."""
     qkv, proj, fc1, fc2, one = _gemms()
-    exposed, gemm = _layer(_file(tmp_path, "qkv_dgrad: {method: ring_exchange}\n"))
+    pipelined = max(one / 2, one - 1 / 2 * proj * 132 / 116)
+    assert pipelined == pytest.approx(0.23470e-3, rel=1e-4)
+    exposed, gemm = _layer(_file(tmp_path, "proj_fprop: {method: bulk, num_splits: 2}\n"))
     default_exposed, default_gemm = _layer(None)
-    assert exposed - default_exposed == pytest.approx((0.19397 - 0.17097) * 1e-3, rel=1e-3)
-    assert exposed - default_exposed == pytest.approx((one - 7 / 8 * qkv) - (one - qkv * 132 / 116), rel=1e-9)
-    assert default_gemm - gemm == pytest.approx(0.02412e-3, rel=1e-3)
-    assert load_userbuffers(_file(tmp_path, "qkv_dgrad: {method: ring_exchange}\n", "b.yaml")).buffer(
-        "qkv_dgrad").set_sm_margin is False
+    default_proj = one - 3 / 4 * proj * 132 / 116
+    assert default_proj == pytest.approx(0.21681e-3, rel=1e-4)
+    assert exposed - default_exposed == pytest.approx(pipelined - default_proj, rel=1e-9)
+    assert gemm == default_gemm  # the same 16 SMs with the margin
+    # method bulk at TE's 4 splits prices as the default pipeline, byte for byte
+    assert _layer(_file(tmp_path, "proj_fprop: {method: bulk}\n", "b.yaml")) == (default_exposed, default_gemm)
+
+
+def test_a_wgrad_given_pipeline_runs_bulk_whatever_its_splits(tmp_path):
+    """QKV's layer asks qkv_wgrad for ``bulk_overlap`` (``layernorm_linear.py``: ``ub_bulk_wgrad``),
+    and ``gemm.cpp`` runs ``bulk_overlap`` on the CommOverlap that method pipeline makes: the
+    dgrad's whole reduce-scatter beside the wgrad GEMM, num_splits unused: 0.27049 - 0.08745 x
+    132/116 = 0.17097 ms, as by default; priced pipelined in 2 it was max(0.27049/2, 0.27049 -
+    1/2 x 0.09951) = 0.22073 ms."""
+    qkv, proj, fc1, fc2, one = _gemms()
+    assert one - qkv * 132 / 116 == pytest.approx(0.17097e-3, rel=1e-4)
+    assert _layer(_file(tmp_path, "qkv_wgrad: {method: pipeline, num_splits: 2}\n")) == _layer(None)
+
+
+def test_a_non_bulk_dgrad_still_runs_bulk_and_keeps_its_wgrad(tmp_path):
+    """Megatron-LM leaves --tp-comm-overlap-rs-dgrad off, so TE 2.9's QKV layer still asks
+    qkv_dgrad for the input's bulk re-gather and qkv_wgrad for dgrad's bulk reduce-scatter
+    (``layernorm_linear.py``, ``ub_overlap_rs_dgrad`` False): qkv_dgrad by pipeline (16 SMs, margin)
+    prices as the default, 0.17097 ms beside wgrad, not its reduce-scatter pipelined beside dgrad
+    (0.27049 - 3/4 x 0.09951 = 0.19585 ms). By ring exchange the bulk overlap fails in TE
+    (``CommOverlapP2PBase::bulk_overlap``, "Operation not supported"): refused."""
+    assert _layer(_file(tmp_path, "qkv_dgrad: {method: pipeline}\n")) == _layer(None)
+    with pytest.raises(AdvisorError, match="qkv_dgrad: ring_exchange does not run here"):
+        load_userbuffers(_file(tmp_path, "qkv_dgrad: {method: ring_exchange}\n", "ring.yaml"))
+
+
+def test_the_kernel_follows_the_layer_and_the_method_only_picks_ring_exchange():
+    """``UserbuffersConfig.kernel``: TE's defaults run their own methods; any non-ring method runs
+    what the layer asks (pipelined reduce-scatter, bulk); ring exchange runs where TE has it."""
+    assert {name: TE_DEFAULTS.kernel(name) for name in DEFAULT_METHODS} == DEFAULT_METHODS
+    config = parse_userbuffers("cfg", {"proj_fprop": {"method": "bulk"}, "fc2_fprop": {"method": "ring_exchange"},
+                                       "qkv_wgrad": {"method": "pipeline"}, "fc1_dgrad": {"method": "pipeline"}})
+    assert [config.kernel(name) for name in ("proj_fprop", "fc2_fprop", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad")] == [
+        "pipeline", "ring_exchange", "bulk", "bulk", "bulk"]
 
 
 def test_te_defaults_written_out_price_as_no_file(tmp_path):
@@ -125,6 +162,10 @@ def test_te_defaults_written_out_price_as_no_file(tmp_path):
     ("fc2_fprop: {num_splits: 0}\n", "fc2_fprop: num_splits must be a whole number >= 1, got 0"),
     ("fc2_fprop: {set_sm_margin: maybe}\n", "fc2_fprop: set_sm_margin must be true, false, 0 or 1, got 'maybe'"),
     ("qkv_fprop: {method: pipeline}\n", "qkv_fprop: pipeline is not supported for an all-gather"),
+    ("qkv_fprop: {method: bulk}\n", "qkv_fprop: bulk does not run for an all-gather beside its GEMM"),
+    ("proj_dgrad: {method: bulk}\n", "proj_dgrad: bulk does not run for an all-gather beside its GEMM"),
+    ("qkv_wgrad: {method: ring_exchange}\n", "qkv_wgrad: ring_exchange does not run here"),
+    ("fc1_dgrad: {method: ring_exchange}\n", "fc1_dgrad: ring_exchange does not run here"),
     ("fc1_fprop: {method: external}\n", "fc1_fprop: external is the method of proj_wgrad and fc2_wgrad only"),
     ("fc1_fprop: {num_sms: 4}\n", "fc1_fprop: unknown setting 'num_sms'"),
     ("qkv: {method: bulk}\n", "qkv: not a userbuffers buffer"),

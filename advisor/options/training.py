@@ -410,11 +410,20 @@ def _check_fp8_userbuffers(recipe: str, tensor_parallel: TensorParallel) -> None
     only delayed scaling's quantizer writes fused (csrc/extensions/gemm.cpp, ``gemm``:
     ``unfused_quantization_needed`` unless ``IsFloat8Quantizers``); any other recipe's GEMM writes
     BF16 and ``split_overlap_rs`` (comm_gemm_overlap.cpp) reduces it with
-    ``TRANSFORMER_ENGINE_TYPE_SWITCH_FP8ONLY``: "Invalid type"."""
+    ``TRANSFORMER_ENGINE_TYPE_SWITCH_FP8ONLY``: "Invalid type". An all-gather buffer left BF16 (a
+    qkv/fc1_dgrad moved off bulk without fp8_buf), under any recipe: the layer's bulk dgrad still
+    gathers its FP8 input there, and ``fill_userbuffers_buffer_for_all_gather`` raises
+    "Attempting to all-gather FP8 tensor, but Userbuffers is not initialized with FP8 buffers"."""
     if recipe == "blockwise":
         raise AdvisorError("--fp8-recipe blockwise does not run with --tp-comm-overlap (Transformer Engine's "
                            "userbuffers all-gather takes no blockwise FP8: 'Unsupported quantizer for Userbuffers'); "
                            "use another recipe or drop --tp-comm-overlap")
+    bf16_gathers = tensor_parallel.userbuffers().bf16_all_gathers()
+    if bf16_gathers:
+        raise AdvisorError(f"--tp-comm-overlap-cfg {tensor_parallel.tp_comm_overlap_cfg}: {bf16_gathers[0]}: a method "
+                           f"other than bulk leaves this buffer BF16, but the layer still all-gathers its FP8 input "
+                           f"there (Transformer Engine: 'Userbuffers is not initialized with FP8 buffers'); set "
+                           f"fp8_buf: true or method: bulk")
     fp8_scatters = tensor_parallel.userbuffers().fp8_reduce_scatters() if recipe != "delayed" else ()
     if fp8_scatters:
         raise AdvisorError(f"--tp-comm-overlap-cfg {tensor_parallel.tp_comm_overlap_cfg}: {fp8_scatters[0]}: fp8_buf "

@@ -6,8 +6,11 @@ Transformer Engine (TE 2.9, the release core_v0.15.2 pins, ``pytorch/module/base
 ``initialize_ub``) starts every buffer from ``get_default_config`` and updates it with the file's
 mapping for that buffer; ``add_ub`` takes exactly the keys below (any other is a TypeError there),
 asserts that an all-gather buffer is never ``pipeline`` and that ``external`` is only the
-projection's and FC2's wgrad. ``qkv_dgrad``/``fc1_dgrad`` given a method other than ``bulk`` turn
-into reduce-scatter overlaps of the dgrad output (no ``*_wgrad`` bulk buffer then, asserted).
+projection's and FC2's wgrad. ``qkv_dgrad``/``fc1_dgrad`` given a method other than ``bulk`` move
+to TE's reduce-scatter lists (the file may then not set their ``*_wgrad``, asserted).
+
+A buffer's method makes only its object: ring_exchange a ``CommOverlapP2P``, any other a
+``CommOverlap`` (``add_ub``). Which overlap runs is the layer's (``te_kernel``, ``ROLES``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,25 @@ DEFAULT_METHODS = {
 ALL_GATHERS = ("qkv_fprop", "qkv_dgrad", "proj_dgrad", "proj_wgrad", "fc1_fprop", "fc1_dgrad", "fc2_dgrad",
                "fc2_wgrad")
 """``layers_all_gather_overlap``: buffers whose collective is an all-gather (never ``pipeline``)."""
+
+ROLES = {
+    "qkv_fprop": "all_gather", "fc1_fprop": "all_gather", "proj_dgrad": "all_gather", "fc2_dgrad": "all_gather",
+    "proj_fprop": "reduce_scatter", "fc2_fprop": "reduce_scatter",
+    "qkv_dgrad": "bulk_all_gather", "fc1_dgrad": "bulk_all_gather",
+    "qkv_wgrad": "bulk_reduce_scatter", "fc1_wgrad": "bulk_reduce_scatter",
+    "proj_wgrad": "external", "fc2_wgrad": "external",
+}
+"""What TE 2.9's layers ask of each buffer under Megatron-LM's default sub-options (the ones the
+advisor launches: tp_comm_overlap_ag/rs, bulk_dgrad/wgrad on, tp_comm_overlap_rs_dgrad off;
+core_v0.15.2 ``model_parallel_config.py``), whatever the file's method. TE v2.9
+``pytorch/module/linear.py`` (flags by parallel mode 1165-1189; forward 149-154; backward 535-554,
+723-725) and ``layernorm_linear.py`` (1232-1256; 179-184; 586-605, 728-730, 863-865): the
+row-parallel projection and FC2 a non-bulk GEMM with ``ub_type`` RS on ``*_fprop`` (forward) and AG
+on ``*_dgrad`` (backward); the column-parallel QKV and FC1 AG on ``*_fprop``, and in the backward
+``bulk_overlap=True`` with AG on ``*_dgrad`` (the input's re-gather beside dgrad) and RS on
+``*_wgrad`` (dgrad's reduce-scatter beside wgrad); ``*_wgrad`` of the projection and FC2 the
+gathered gradient's reuse (external). ``module/base.py`` ``add_ub`` (418-449): ring_exchange makes
+a ``CommOverlapP2P``, any other method a ``CommOverlap``, the only thing the method decides."""
 
 KEYS = ("method", "num_sm", "cga_size", "set_sm_margin", "num_splits", "aggregate", "atomic_gemm", "use_ce",
         "fp8_buf", "comm_priority", "gemm_priority", "pipeline_rs_overlap_first_gemm")
@@ -57,6 +79,33 @@ class Userbuffer:
     mapping sets fp8_buf. That list is TE's default methods (proj_fprop, fc2_fprop), not the file's:
     only a non-bulk qkv_dgrad/fc1_dgrad moves to the list of its own method. So proj_fprop set to
     ring_exchange with fp8_buf is FP8, qkv_wgrad set to pipeline with fp8_buf is not."""
+
+
+def te_kernel(name: str, method: str) -> str:
+    """The overlap TE 2.9 runs for buffer ``name`` made by ``method``: ring_exchange, pipeline,
+    bulk or external (``advisor.throughput.userbuffers.exposed``'s names); ValueError where it
+    fails at run time. ``csrc/extensions/gemm.cpp`` (``gemm``, v2.9 lines 266-305) calls
+    ``bulk_overlap`` where the layer passes ``bulk_overlap``, else ``split_overlap_ag`` for AG and
+    ``split_overlap_rs`` for RS, on the buffer's object whatever its method: so ``num_splits``
+    counts only for a pipelined reduce-scatter, and ``num_sm``/``set_sm_margin`` for every object.
+    ``common/include/transformer_engine/comm_gemm_overlap.h``: ``CommOverlapBase`` (any method but
+    ring_exchange) pipelines the RS in ``num_splits`` chunks and refuses ``split_overlap_ag``
+    (lines 200-206, "Operation not supported."); ``CommOverlapP2PBase`` (ring_exchange) runs AG and
+    RS as TP point-to-point chunks and refuses ``bulk_overlap`` (lines 267-273)."""
+    role = ROLES[name]
+    ring = method == "ring_exchange"
+    if role in ("bulk_all_gather", "bulk_reduce_scatter"):
+        if ring:
+            raise ValueError("ring_exchange does not run here: the layer asks this buffer for a bulk overlap, which "
+                             "Transformer Engine's ring-exchange object refuses ('Operation not supported'); use "
+                             "bulk or pipeline (both run bulk)")
+        return "bulk"
+    if role == "all_gather" and not ring:
+        raise ValueError(f"{method} does not run for an all-gather beside its GEMM: only ring_exchange does "
+                         "(Transformer Engine's other object refuses split_overlap_ag: 'Operation not supported')")
+    if role == "external":
+        return "external"
+    return "ring_exchange" if ring else "pipeline"
 
 
 def default_buffer(name: str, method: str | None = None) -> Userbuffer:
@@ -86,6 +135,13 @@ class UserbuffersConfig:
         """``name``'s settings: the file's where it sets the buffer, else the default."""
         return dict(self.buffers).get(name) or default_buffer(name)
 
+    def kernel(self, name: str) -> str:
+        """The overlap TE 2.9 really runs for buffer ``name`` (``te_kernel``): its layer's role and
+        the file's method, which chooses only ring exchange or not. The one reading of the method
+        that the time and the memory models price: ``proj_fprop: {method: bulk}`` runs pipelined,
+        ``qkv_wgrad: {method: pipeline}`` and a non-bulk ``qkv_dgrad`` run bulk."""
+        return te_kernel(name, self.buffer(name).method)
+
     def reduce_scatter(self, name: str) -> bool:
         """Whether buffer ``name`` is a reduce-scatter (``initialize_ub``'s
         ``layers_reduce_scatter_overlap``): proj_fprop, fc2_fprop, and qkv_wgrad/fc1_wgrad, except
@@ -98,9 +154,18 @@ class UserbuffersConfig:
         return name in ("proj_fprop", "fc2_fprop")
 
     def fp8_reduce_scatters(self) -> tuple[str, ...]:
-        """The reduce-scatter buffers that hold FP8 in an FP8 run (``Userbuffer.fp8_buf`` on a
-        buffer that is not an all-gather): the file's fp8_buf on one TE lists as pipeline."""
-        return tuple(name for name, buffer in self.buffers if buffer.fp8_buf and not _all_gather(name, buffer.method))
+        """The buffers a GEMM writes its output to for a reduce-scatter (``ROLES``) that hold FP8 in
+        an FP8 run (``Userbuffer.fp8_buf``): the file's fp8_buf on proj_fprop/fc2_fprop. A qkv/fc1
+        dgrad moved to pipeline with fp8_buf is FP8 too, but its layer all-gathers FP8 input there."""
+        return tuple(name for name, buffer in self.buffers
+                     if buffer.fp8_buf and ROLES[name] in ("reduce_scatter", "bulk_reduce_scatter"))
+
+    def bf16_all_gathers(self) -> tuple[str, ...]:
+        """The buffers a layer all-gathers its input into (``ROLES``) that stay BF16 in an FP8 run: a
+        qkv/fc1_dgrad the file moves off bulk without fp8_buf (``initialize_ub`` takes it off
+        ``layers_all_gather_overlap``), where the bulk dgrad still gathers the FP8 input."""
+        return tuple(name for name, buffer in self.buffers
+                     if not buffer.fp8_buf and ROLES[name] in ("all_gather", "bulk_all_gather"))
 
 
 TE_DEFAULTS = UserbuffersConfig("")
@@ -135,6 +200,10 @@ def _buffer(path: str, name: str, given) -> Userbuffer:
     if (method == "external") != (name in ("proj_wgrad", "fc2_wgrad")):
         raise _problem(path, name, "external is the method of proj_wgrad and fc2_wgrad only (Transformer Engine "
                                    "asserts it)")
+    try:  # what the layer then runs on the buffer's object (te_kernel): refused where TE fails
+        te_kernel(name, method)
+    except ValueError as exc:
+        raise _problem(path, name, str(exc)) from None
     margin = given.get("set_sm_margin", base.set_sm_margin)
     if margin not in (0, 1):  # True/False or 0/1, as the recipes write it (a bool in add_ub)
         raise _problem(path, name, f"set_sm_margin must be true, false, 0 or 1, got {margin!r}")

@@ -23,7 +23,10 @@ Pipeline and bulk set an SM margin (``_math_sms = sm_count - num_comm_sm``): the
 without a margin leaves its GEMM every SM.
 
 --tp-comm-overlap-cfg FILE replaces any buffer's method, SMs, margin and splits
-(``advisor.options.ub_config``); each buffer is priced by what it then says.
+(``advisor.options.ub_config``); each buffer is priced by the overlap TE then really runs
+(``UserbuffersConfig.kernel``): the file's method picks only ring exchange or TE's other object,
+and the layer's role picks bulk or pipelined (TE 2.9 ``csrc/extensions/gemm.cpp``, ``gemm``), so
+``proj_fprop: {method: bulk}`` runs pipelined and ``qkv_wgrad: {method: pipeline}`` bulk.
 """
 
 from __future__ import annotations
@@ -61,13 +64,14 @@ def bulk_exposed(comm, gemm):
     return np.maximum(0.0, comm - gemm)
 
 
-def exposed(method: str, comm, gemm, tp, splits: int):
+def exposed(kernel: str, comm, gemm, tp, splits: int):
     """Exposed time of a collective of ``comm`` seconds beside a GEMM of ``gemm`` (already slowed by
-    any SM margin) run by ``method``; ring exchange runs TP chunks whatever ``num_splits`` says
-    (TE's ``CommOverlapP2P`` takes no split count)."""
-    if method == "ring_exchange":
+    any SM margin) run by ``kernel`` (``UserbuffersConfig.kernel``, not the file's method); ring
+    exchange runs TP chunks whatever ``num_splits`` says (TE's ``CommOverlapP2P`` takes no split
+    count), bulk runs the collective whole (``num_splits`` unused)."""
+    if kernel == "ring_exchange":
         return ring_exchange_exposed(comm, gemm, tp)
-    if method == "pipeline":
+    if kernel == "pipeline":
         return pipeline_exposed(comm, gemm, splits)
     return bulk_exposed(comm, gemm)
 
@@ -92,7 +96,7 @@ def buffer_element_bytes(name: str, buffer: Userbuffer, sizes: TpBytes) -> float
     (``terms.tensor_parallel_time``'s, one source for both paths): the input all-gathers
     (qkv_fprop, fc1_fprop; FP8 under --fp8-format, their buffers always FP8 there), the gradient
     all-gathers (proj_dgrad, fc2_dgrad), the forward reduce-scatters (proj_fprop, fc2_fprop) and the
-    dgrad reduce-scatters (qkv/fc1_wgrad, or a non-bulk qkv/fc1_dgrad), a reduce-scatter at
+    dgrad reduce-scatters (qkv/fc1_wgrad, bulk whatever the dgrad's method), a reduce-scatter at
     ``sizes.fp8_scatter`` where its buffer is FP8 (``Userbuffer.fp8_buf``)."""
     if name in ("qkv_fprop", "fc1_fprop"):
         return sizes.input_gather
@@ -116,7 +120,7 @@ def _forward_buffers(names, gemms, spec: LlamaSpec, tokens, tp, rates: Rates, sm
         buffer = config.buffer(name)
         margin = _margin(buffer, sms, tp)
         comm = _collective(name, buffer, spec, tokens, tp, rates, sizes)
-        exposed_s = exposed_s + exposed(buffer.method, comm, gemm * margin, tp, buffer.num_splits)
+        exposed_s = exposed_s + exposed(config.kernel(name), comm, gemm * margin, tp, buffer.num_splits)
         slow = slow + gemm * (margin - 1)
     return exposed_s, slow
 
@@ -142,10 +146,11 @@ def tp_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config:
     fc1_fprop) and the reduce-scatters after the projection and FC2 (proj_fprop, fc2_fprop).
     Backward: the projection's and FC2's gradient all-gathers beside their dgrad (proj_dgrad,
     fc2_dgrad); QKV's and FC1's dgrad reduce-scatters beside their wgrad (qkv_wgrad, fc1_wgrad,
-    bulk), or beside their dgrad where qkv_dgrad/fc1_dgrad are given another method (TE's
-    reduce-scatter dgrad overlap); with bulk qkv_dgrad/fc1_dgrad, their inputs' re-gathers beside
-    dgrad stay hidden, as ``tensor_parallel_time`` has them without the overlap (Transformer Engine
-    gathers them asynchronously behind dgrad either way, ``layernorm_linear.py``). Every GEMM
+    bulk), whatever method qkv_dgrad/fc1_dgrad are given (TE's reduce-scatter dgrad overlap needs
+    Megatron-LM's --tp-comm-overlap-rs-dgrad, off: their layers still run bulk, ``ROLES``); the
+    inputs' re-gathers beside dgrad (qkv_dgrad, fc1_dgrad) stay hidden, as ``tensor_parallel_time``
+    has them without the overlap (Transformer Engine gathers them asynchronously behind dgrad
+    either way, ``layernorm_linear.py``), their SM margin still slowing dgrad. Every GEMM
     beside a buffer that sets an SM margin is slowed by it. Nothing at TP 1 (Megatron refuses the
     overlap there)."""
     qkv, proj, fc1, fc2 = (gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, tokens, tp))
@@ -159,19 +164,13 @@ def tp_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config:
     for name, gemm in (("proj_dgrad", proj), ("fc2_dgrad", fc2)):
         buffer = config.buffer(name)
         margin = _margin(buffer, sms, tp)
-        backward = backward + exposed(buffer.method, one(name, buffer), gemm * margin, tp, buffer.num_splits)
+        backward = backward + exposed(config.kernel(name), one(name, buffer), gemm * margin, tp, buffer.num_splits)
         slow_b = slow_b + gemm * (margin - 1)
     for stem, gemm in (("qkv", qkv), ("fc1", fc1)):
-        dgrad = config.buffer(f"{stem}_dgrad")
-        dgrad_margin = _margin(dgrad, sms, tp)
-        slow_b = slow_b + gemm * (dgrad_margin - 1)
-        if dgrad.method != "bulk":  # the dgrad output's reduce-scatter runs beside dgrad itself
-            backward = backward + exposed(dgrad.method, one(f"{stem}_dgrad", dgrad), gemm * dgrad_margin, tp,
-                                          dgrad.num_splits)
-            continue
+        slow_b = slow_b + gemm * (_margin(config.buffer(f"{stem}_dgrad"), sms, tp) - 1)  # its re-gather: hidden
         wgrad = config.buffer(f"{stem}_wgrad")
         wgrad_margin = _margin(wgrad, sms, tp)
-        backward = backward + exposed(wgrad.method, one(f"{stem}_wgrad", wgrad), gemm * wgrad_margin, tp,
-                                      wgrad.num_splits)
+        backward = backward + exposed(config.kernel(f"{stem}_wgrad"), one(f"{stem}_wgrad", wgrad), gemm * wgrad_margin,
+                                      tp, wgrad.num_splits)
         slow_b = slow_b + gemm * (wgrad_margin - 1)
     return forward, backward, slow_f, slow_b
