@@ -372,7 +372,7 @@ def _search_part(spec: LlamaSpec, workload: Workload, bases: Bases, group_base: 
     state = _Search(spec, workload, options, timing, space.split == "even", calibrated)
     kept = np.arange(len(bases))
     if space.vpp is not None:  # a pinned VPP drops the layouts that cannot interleave that way
-        kept = np.unique(group_base)
+        kept = np.flatnonzero(np.bincount(group_base))  # np.unique's, without importing numpy.ma (10 ms)
         bases = bases.take(kept)
         group_base = np.searchsorted(kept, group_base)
     possible = _states_lower_bound(spec, bases, options) <= memory_gib * GIB
