@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from advisor import limits
 from advisor.errors import AdvisorError
@@ -158,10 +158,13 @@ _BOUNDS = {"tp": limits.DEGREE, "cp": limits.DEGREE, "pp": limits.DEGREE, "dp": 
 def _require_bounded(obj: object) -> None:
     """Every field a positive integer within its bound (advisor.limits): checked where a layout or a
     workload is made, so no caller can enumerate or allocate from an absurd one."""
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if value is not None:
-            limits.check_int(value, f.name, _BOUNDS[f.name])
+    # The class's fields without dataclasses.fields' filtering per call (these classes have no
+    # pseudo-fields), and a plain int within its bound passes without check_int's messages: a sweep
+    # makes thousands of layouts. Anything else goes to check_int, which raises as it did.
+    for name in type(obj).__dataclass_fields__:
+        value = getattr(obj, name)
+        if value is not None and not (type(value) is int and _BOUNDS[name].low <= value <= _BOUNDS[name].high):
+            limits.check_int(value, name, _BOUNDS[name])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
