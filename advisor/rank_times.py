@@ -40,8 +40,9 @@ class RankTimes:
     def inverse(self, bound, low, high) -> np.ndarray:
         """The most layers in [low, high] with U(n) <= bound (low - 1 where none): two lines in n,
         then corrected by evaluating U beside the estimate, so rounding cannot move the answer."""
-        recomputing = np.floor((bound - self.beta) / (self.alpha + self.rho))
-        beyond = np.floor((bound - self.beta - self.rho * self.recomputable) / self.alpha)
+        free = bound - self.beta  # both lines' first difference, computed once (the same values)
+        recomputing = np.floor(free / (self.alpha + self.rho))
+        beyond = np.floor((free - self.rho * self.recomputable) / self.alpha)
         estimate = np.where(recomputing >= self.recomputable, np.maximum(beyond, self.recomputable), recomputing)
         estimate = np.minimum(np.maximum(estimate, low - 1), high).astype(np.int64)  # np.clip, without its wrapper
         for _ in range(3):
@@ -88,6 +89,13 @@ class LayoutTimes:
                     counts: np.ndarray) -> list[StageTimes]:
         """Each rank's per-microbatch ``StageTimes`` of layouts ``index`` (one pipeline depth:
         ``counts`` is (K, PP)), in pipeline order."""
+        parts = self._stage_arrays(index, vpp, recompute_layers, counts)
+        return [StageTimes(**{f.name: getattr(parts, f.name)[:, i] for f in fields(StageTimes)})
+                for i in range(counts.shape[1])]
+
+    def _stage_arrays(self, index: np.ndarray, vpp: np.ndarray, recompute_layers: np.ndarray,
+                      counts: np.ndarray) -> StageTimes:
+        """``stage_times`` as one ``StageTimes`` of (K, PP) arrays, the ranks along the last axis."""
         ranks = counts.shape[1]
         stage = np.arange(ranks)[None, :]
         column = (slice(None), None)
@@ -96,18 +104,17 @@ class LayoutTimes:
             head=stage == ranks - 1, recompute=self.kind,
             recompute_layers=np.minimum(counts, (np.asarray(vpp) * np.asarray(recompute_layers))[column]),
             pipeline_cross_node=self.cross[index][column], pipeline_parallel=ranks > 1)
-        parts = {f.name: np.broadcast_to(getattr(times, f.name), counts.shape) for f in fields(StageTimes)}
-        return [StageTimes(**{name: value[:, i] for name, value in parts.items()}) for i in range(ranks)]
+        return StageTimes(**{f.name: np.broadcast_to(getattr(times, f.name), counts.shape) for f in fields(StageTimes)})
 
     def step(self, index: np.ndarray, vpp: np.ndarray, recompute_layers: np.ndarray, counts: np.ndarray,
              parameters: np.ndarray, hiding_counts: np.ndarray | None = None) -> StepTime:
         """The iteration of layouts ``index`` (one pipeline depth: ``counts`` is (K, PP)) with
         ``parameters`` (K,) on one GPU of their largest rank, with its parts; ``hiding_counts``,
         where given, the split whose first rank the DP overlap hides behind instead."""
-        stages = self.stage_times(index, vpp, recompute_layers, counts)
-        hiding = None if hiding_counts is None else self.stage_times(index, vpp, recompute_layers, hiding_counts)[0]
-        return self.model.step_from_stages(stages, self.tp[index], self.cp[index], self.dp[index], self.mbs[index],
-                                           np.asarray(vpp), parameters=parameters, hiding=hiding)
+        stages = self._stage_arrays(index, vpp, recompute_layers, counts)
+        hiding = None if hiding_counts is None else self._stage_arrays(index, vpp, recompute_layers, hiding_counts)
+        return self.model.step_from_stage_arrays(stages, self.tp[index], self.cp[index], self.dp[index],
+                                                 self.mbs[index], np.asarray(vpp), parameters=parameters, hiding=hiding)
 
 
 def recomputed_per_chunk(recompute: str, method: str, layers_per_chunk, model_layers: int):

@@ -59,3 +59,25 @@ def test_step_is_step_from_stages():
                               pipeline_cross_node=True, pipeline_parallel=True) for i in range(4)]
         want = model.step_from_stages(stages, 8, cp[k], dp[k], 1, vpp[k], parameters=parameters[k]).total_s
         assert got[k] == pytest.approx(float(want), rel=1e-12)
+
+
+def test_the_stage_arrays_step_is_the_list_step_bit_for_bit():
+    """step_from_stage_arrays (one call per part over a (K, PP) array) adds the stages in the
+    list's order: every part equal to step_from_stages' to the last bit, on a pipeline deep enough
+    (PP 32) that numpy's pairwise sum would differ from adding one stage at a time."""
+    rng = np.random.default_rng(7)
+    depth = 32
+    tp, cp, dp, mbs, pp = (np.array([8, 4, 2]), np.array([1, 2, 1]), np.array([2, 1, 8]), np.array([1, 1, 2]),
+                           np.full(3, depth))
+    layouts = timing().layouts(tp=tp, cp=cp, dp=dp, mbs=mbs, pp=pp, selective=False)
+    counts = np.column_stack([np.full(3, 1), rng.integers(1, 4, (3, depth - 2)), np.full(3, 2)])
+    hiding = np.column_stack([SPEC.num_layers - (depth - 1) * np.ones(3, np.int64), np.ones((3, depth - 1), np.int64)])
+    vpp, recompute, parameters = np.array([1, 2, 1]), np.array([0, 1, 2]), np.array([1.1e9, 2.3e9, 0.7e9])
+    index = np.arange(3)
+    for hidden in (None, hiding):
+        got = layouts.step(index, vpp, recompute, counts, parameters, hidden)
+        stages = layouts.stage_times(index, vpp, recompute, counts)
+        first = None if hidden is None else layouts.stage_times(index, vpp, recompute, hidden)[0]
+        want = timing().model.step_from_stages(stages, tp, cp, dp, mbs, vpp, parameters=parameters, hiding=first)
+        for name, value in want.parts().items():
+            assert np.array_equal(got.parts()[name], value), name

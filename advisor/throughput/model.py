@@ -326,6 +326,24 @@ class TimeModel:
         return self._schedule(total, slowest, p, over_stages, tp, cp, len(stages), dp, mbs, vpp,
                               first.forward, first.backward, params)
 
+    def step_from_stage_arrays(self, stages: StageTimes, tp, cp, dp, mbs, vpp=1, parameters=None,
+                               hiding: StageTimes | None = None) -> StepTime:
+        """``step_from_stages`` with the stages as one ``StageTimes`` of (K, PP) arrays, the pipeline
+        order along the last axis (``hiding``'s first column the stage the DP overlap hides behind):
+        the same sums in the same order, np.add.accumulate adding the stages one at a time as
+        ``sum`` does over the list, in one call per part instead of one per stage (a sweep prices
+        pipelines of up to 128 stages)."""
+        pp = stages.forward.shape[-1]
+        per_stage = stages.total
+
+        def over_stages(field):
+            return np.add.accumulate(getattr(stages, field), axis=-1)[..., -1]
+        total = np.add.accumulate(per_stage, axis=-1)[..., -1]
+        params = self._stage_parameters(tp, pp) if parameters is None else _f(parameters)
+        first = stages if hiding is None else hiding
+        return self._schedule(total, per_stage.max(axis=-1), float(pp), over_stages, tp, cp, pp, dp, mbs, vpp,
+                              first.forward[..., 0], first.backward[..., 0], params)
+
     def _schedule(self, total, slowest, p, over_stages, tp, cp, pp, dp, mbs, vpp, fwd_first, bwd_first, params) -> StepTime:
         """1F1B with m microbatches over stages of per-microbatch times t_i: the slowest stage
         paces the steady state and the others fill and drain the pipe, T = m max t_i +
