@@ -375,6 +375,10 @@ class _Lines:
     """s + c (R + 1) p per layer of the last r >= start chunks (the pair)."""
 
 
+_NOTHING_ADDED = 0.0
+"""``StageModel.added`` of a model that is not calibrated (``total`` then adds nothing)."""
+
+
 class StageModel:
     """Seed 004's Eq. 7-10 and 13-17 for pipeline ranks of layouts, as a function of the decoder
     layers a rank holds: everything that does not depend on that count is computed once here, so
@@ -426,7 +430,7 @@ class StageModel:
         self.output_activations = np.where(
             last, eq.output_hidden_activation_bytes(spec, seq_len, b) * dtype_scale / whole
             + memory_terms.loss_logits_bytes(spec, seq_len, b, vocab, options.cross_entropy_fusion) / sharded, 0.0)
-        self.calibrated, self.added, self._total_at_zero, self._constants = calibrated is not None, 0.0, None, {}
+        self.calibrated, self.added, self._total_at_zero, self._constants = calibrated is not None, _NOTHING_ADDED, None, {}
         if calibrated is not None:
             self.kept, self.checkpoint = self.kept * calibrated.layer_factor, self.checkpoint * calibrated.layer_factor
             self.embedding_activations = self.embedding_activations * calibrated.embedding_factor
@@ -477,7 +481,7 @@ class StageModel:
         else:
             per_chunk, extra, larger = layers, 0, 0
         passes = self.in_flight.passes
-        held = per_chunk * passes + larger  # X
+        held = per_chunk * passes + larger if self.interleaved else per_chunk * passes  # X (no 0 added: the same)
         if not self.recomputing:  # what both methods below give with N = 0, without their zero terms
             return np.where(layers > 0, kept * held, 0.0)
         if self.uniform:
@@ -545,8 +549,9 @@ class StageModel:
         estimate = self._inverse(bound, high).max(axis=0)
         estimate = np.minimum(np.maximum(estimate, low - 1), high).astype(np.int64)  # np.clip, without its wrapper
         for _ in range(int(np.max(self.vpp)) + 2):  # one step fixes rounding; more would mean a wrong estimate
-            # total beside the estimate, both counts in one call (elementwise: the same bytes)
-            above, at = self.total(np.stack([np.minimum(estimate + 1, high), np.maximum(estimate, low)]))
+            # total beside the estimate, a call per count: stacked into one call, every per-layout
+            # term broadcasts over a third axis, which costs numpy more than the second call
+            above, at = self.total(np.minimum(estimate + 1, high)), self.total(np.maximum(estimate, low))
             up = (estimate < high) & (above <= bound)
             down = (estimate >= low) & (at > bound)
             if not (up.any() or down.any()):
@@ -630,8 +635,8 @@ class StageModel:
         parameters = self.parameters(layers)
         weights, gradients, optimizer = self.states(layers, parameters, buffers)
         states = weights + gradients + optimizer
-        return states + (self.layer_activations(layers) + self.embedding_activations + self.output_activations) \
-            + self.added
+        total = states + (self.layer_activations(layers) + self.embedding_activations + self.output_activations)
+        return total if self.added is _NOTHING_ADDED else total + self.added  # adding 0.0 changes no byte count
 
     def terms(self, layers) -> StageTerms:
         if self.calibrated:
