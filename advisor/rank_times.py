@@ -11,7 +11,7 @@ v N per rank), takes
 with alpha one layer's forward and backward, rho one layer's extra forward when recomputed, and
 beta_i what rank i carries besides layers (its ends, the boundary sends, the per-microbatch
 overhead). The planners minimise the slowest rank's U, the period; ``step`` prices a whole split
-with ``TimeModel.step_from_stages``.
+with ``TimeModel.step_from_stage_arrays``.
 """
 
 from __future__ import annotations

@@ -141,6 +141,12 @@ def _f(x) -> np.ndarray:
     return np.asarray(x, dtype=float)
 
 
+def _stacked(stages: list[StageTimes]) -> StageTimes:
+    """Stages' ``StageTimes`` as one of arrays with the pipeline order along the last axis."""
+    return StageTimes(**{f.name: np.stack(np.broadcast_arrays(*[getattr(s, f.name) for s in stages]), axis=-1)
+                         for f in fields(StageTimes)})
+
+
 class TimeModel:
     """Time of Megatron-LM training iterations of ``spec`` on ``gpu`` GPUs.
 
@@ -316,15 +322,8 @@ class TimeModel:
         count on one GPU (for the DP collectives and the optimizer), default the even split's;
         ``hiding``, where given, the first stage the DP overlap hides behind instead of
         ``stages[0]`` (a search's lower bound gives it the most layers any split could)."""
-        p = float(len(stages))
-        total = sum(s.total for s in stages)
-        slowest = np.maximum.reduce(np.broadcast_arrays(*[s.total for s in stages]))
-        def over_stages(field):
-            return sum(getattr(s, field) for s in stages)
-        params = self._stage_parameters(tp, len(stages)) if parameters is None else _f(parameters)
-        first = stages[0] if hiding is None else hiding
-        return self._schedule(total, slowest, p, over_stages, tp, cp, len(stages), dp, mbs, vpp,
-                              first.forward, first.backward, params)
+        return self.step_from_stage_arrays(_stacked(stages), tp, cp, dp, mbs, vpp, parameters=parameters,
+                                           hiding=None if hiding is None else _stacked([hiding]))
 
     def step_from_stage_arrays(self, stages: StageTimes, tp, cp, dp, mbs, vpp=1, parameters=None,
                                hiding: StageTimes | None = None) -> StepTime:
