@@ -325,6 +325,29 @@ def is_stdout(path: str | Path) -> bool:
     return (named.st_dev, named.st_ino) == (out.st_dev, out.st_ino)
 
 
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` name one existing file (``os.path.samefile``: a hard link, a symbolic
+    link or another spelling of the path counts). A path that does not exist names no file yet, so
+    no other path's: a missing input is its reader's error, and a new output replaces nothing."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def refuse_overwriting(output: str | Path | None, inputs: dict[str, str | Path | None]) -> None:
+    """AdvisorError where the file ``output`` (-o) is one that an input option reads (``inputs``:
+    the option's name -> its path): the write would replace the input ('advisor report --from
+    a.json -o a.json' replaced the sweep with its page, 'advisor-launch k8s --from a.json -o a.json'
+    with YAML, both exit 0). Standard output and standard input ('-') are no files."""
+    if output is None or is_stdout(output):
+        return
+    for option, path in inputs.items():
+        if path is not None and str(path) != "-" and same_file(output, path):
+            raise AdvisorError(f"-o {output} is the file {option} reads: writing it would replace the input; "
+                               "give another file name")
+
+
 def _temporary_name(name: str) -> str:
     """'.NAME.XXXXXXXX.tmp', NAME shortened so that the whole fits in a file name."""
     token = os.urandom(4).hex()  # secrets.token_hex(4), without importing secrets (5 ms: hashlib, random)

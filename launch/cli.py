@@ -21,7 +21,7 @@ import click
 from advisor import limits
 from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, STDOUT, TCP_PORT, Bounded, InputError,
                                  InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, note,
-                                 output_option)
+                                 output_option, refuse_overwriting_inputs)
 from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S
 
 if TYPE_CHECKING:
@@ -91,6 +91,7 @@ def input_options(func: Callable) -> Callable:
     def wrapper(*args, source: Path, rank: int | None, **kwargs):
         from launch.inputs import read_input
 
+        refuse_overwriting_inputs(kwargs.get("output"))  # -o --from's file: the sweep replaced by YAML
         config = read_input(source, rank)
         if config.verdict == "oom":  # an --all row or an estimate: launchable, but it will not fit
             estimate = f"{config.judged_gib:.1f} GiB" if config.judged_gib is not None else "the estimate"

@@ -398,6 +398,29 @@ def distinct_files(**named: Path | None) -> None:
         seen[where] = option
 
 
+def input_files(ctx: click.Context) -> dict[str, str]:
+    """The files that ``ctx``'s command reads, by option: each single InputPath given (--from,
+    --from-command, a log) and --model when it names a config.json (else it is a preset)."""
+    named: dict[str, str] = {}
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if isinstance(value, (str, Path)) and (isinstance(param.type, InputPath)
+                                               or (param.name == "model" and os.path.isfile(value))):
+            name = max(param.opts, key=len) if isinstance(param, click.Option) else param.human_readable_name
+            named[name] = os.fspath(value)
+    return named
+
+
+def refuse_overwriting_inputs(output: Path | None) -> None:
+    """Refuse, before any work, an -o that names a file the current command reads
+    (``advisor.fileio.refuse_overwriting``)."""
+    from advisor.fileio import refuse_overwriting
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        refuse_overwriting(output, input_files(ctx))
+
+
 def _output_path(ctx, param, value: str | None) -> Path | None:
     """-o checked before any work: a regular file or a new one (written atomically), or stdout."""
     from advisor.fileio import is_stdout
@@ -424,10 +447,25 @@ WIDE_OPTION = click.option("--wide", is_flag=True, expose_value=False, is_eager=
                            help="Tables with every column, however wide (default: fit $COLUMNS, else 100).")
 
 
-_FILE_FORMATS = {".json": "json", ".csv": "csv"}
-"""The formats a file's name says (-o rows.json): written so unless --format says otherwise."""
+_FILE_FORMATS = {".json": "json", ".csv": "csv", ".html": "html", ".htm": "html"}
+"""The formats a file's name says (-o rows.json): rows are written so unless --format says
+otherwise; a command that writes one format (a page) refuses a name that says another."""
+_ROW_FORMATS = ("json", "csv")
+"""The named formats that rows can be written in (``file_format``)."""
 
-_WRITTEN = {"table": "a table", "json": "JSON", "csv": "CSV"}
+_WRITTEN = {"table": "a table", "json": "JSON", "csv": "CSV", "html": "HTML"}
+
+
+def named_format(output: Path | None) -> str | None:
+    """The format the name of the file ``output`` says (``_FILE_FORMATS``), or None."""
+    return None if output is None or output == STDOUT else _FILE_FORMATS.get(output.suffix.lower())
+
+
+def wrong_format(who: str, written: str, output: Path, remedy: str) -> InputError:
+    """The refusal of writing the format ``written`` into a file whose name says another (-o x.csv
+    with --format json; advisor report's page into -o x.json), before any work: a reader that
+    trusts the name (advisor-launch --from, a spreadsheet, a browser) could not read it."""
+    return InputError(f"{who} would write {_WRITTEN.get(written, written)} into {output}: {remedy}")
 
 
 def file_format(fmt: str, output: Path | None) -> str:
@@ -439,15 +477,14 @@ def file_format(fmt: str, output: Path | None) -> str:
         return fmt
     from click.core import ParameterSource
 
-    named = _FILE_FORMATS.get(output.suffix.lower())
-    if named is None or named == fmt:
+    named = named_format(output)
+    if named not in _ROW_FORMATS or named == fmt:
         return fmt
     ctx = click.get_current_context(silent=True)
     source = ctx.get_parameter_source("fmt") if ctx is not None else None
     if source in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
         return named
-    raise InputError(f"--format {fmt} would write {_WRITTEN.get(fmt, fmt)} into {output}: give --format {named}, "
-                     "or another file name")
+    raise wrong_format(f"--format {fmt}", fmt, output, f"give --format {named}, or another file name")
 
 
 def output_options(func: Callable) -> Callable:
@@ -456,6 +493,7 @@ def output_options(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(*args, fmt: str, output: Path | None, **kwargs):
+        refuse_overwriting_inputs(output)
         return func(*args, fmt=file_format(fmt, output), output=output, **kwargs)
 
     return apply_options(
@@ -480,6 +518,7 @@ def document_options(func: Callable) -> Callable:
             # a nested document has no rows to write as CSV; JSON under a .csv name misleads a spreadsheet
             raise InputError(f"-o {output}: this command writes one JSON document, not CSV rows: name the file "
                              f"{output.with_suffix('.json')}")
+        refuse_overwriting_inputs(output)
         return func(*args, output=output, **kwargs)
 
     return apply_options(

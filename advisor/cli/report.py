@@ -16,10 +16,21 @@ from pathlib import Path
 import click
 
 from advisor import limits
-from advisor.cli.options import EPILOG, STDOUT, Bounded, InputError, InputPath, output_option
+from advisor.cli.options import (EPILOG, STDOUT, Bounded, InputError, InputPath, named_format, output_option,
+                                 refuse_overwriting_inputs, wrong_format)
 
 DROPPED = {"fmt", "output", "plot", "top", "png"}
 """The wrapped command's own output options: the report writes the page instead."""
+
+
+def _check_output(output: Path | None) -> Path:
+    """-o given, not a file the command reads, and not named for another format (-o x.json)."""
+    if output is None:
+        raise InputError("give -o FILE.html (or -o - for stdout)")
+    refuse_overwriting_inputs(output)
+    if named_format(output) not in (None, "html"):
+        raise wrong_format("advisor report", "html", output, f"name the file {output.with_suffix('.html')}")
+    return output
 
 
 def _report_options(func):
@@ -91,8 +102,7 @@ def _wrapped(name: str, command: click.Command, json_output) -> click.Command:
     arguments) made into a page."""
 
     def callback(output, detail, **kwargs):
-        if output is None:
-            raise InputError("give -o FILE.html (or -o - for stdout)")
+        _check_output(output)
         from advisor.fileio import parse_json
         from advisor.report.inputs import classify
 
@@ -157,8 +167,7 @@ def report(ctx: click.Context, source: Path | None, profiles: tuple[Path, ...], 
         return
     if source is None:
         raise InputError("give --from FILE, or a subcommand: advisor report sweep|estimate|recommend ...")
-    if output is None:
-        raise InputError("give -o FILE.html (or -o - for stdout)")
+    _check_output(output)
     from advisor.report import read_input
 
     document = read_input(source, _profiles(profiles))
