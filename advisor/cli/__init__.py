@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import click
 
-from advisor.cli.options import EPILOG, OneLineErrors, add_megatron_spellings, megatron_nargs
+from advisor.cli.options import EPILOG, OneLineErrors, add_megatron_spellings, megatron_nargs, one_value_each
 
 
 class Lazy(NamedTuple):
@@ -75,6 +75,7 @@ class AdvisorGroup(OneLineErrors, click.Group):
             command = getattr(importlib.import_module(lazy.module), lazy.attribute)
             command.short_help = lazy.short_help
             add_megatron_spellings(command)
+            one_value_each(command)
             self.add_command(command, name)
         return self.commands.get(name)
 

@@ -121,6 +121,72 @@ def add_megatron_spellings(command: click.Command) -> None:
         add_megatron_spellings(sub)
 
 
+class _OneName:
+    """One name of one option in click's parser (its ``_Option``, whose every other attribute this
+    passes through): notes the value given under the name, and refuses a second occurrence of the
+    option, under any of its names, with another value (``OneValueEach``)."""
+
+    def __init__(self, option, name: str, given: dict, ctx: click.Context) -> None:
+        self._option, self._name, self._given, self._ctx = option, name, given, ctx
+
+    def __getattr__(self, attribute: str):
+        return getattr(self._option, attribute)
+
+    def process(self, value, state) -> None:
+        param = self._option.obj
+        now = self._option.const if self._option.action == "store_const" else value
+        if param.name in self._given:
+            name, earlier = self._given[param.name]
+            if not _same_value(param, self._ctx, earlier, now):
+                shown = (f"{name} and {self._name}" if self._option.action == "store_const"
+                         else f"{name} {earlier} and {self._name} {now}")
+                raise click.UsageError(f"{shown} contradict each other: give the option once", self._ctx)
+        self._given[param.name] = (self._name, now)
+        self._option.process(value, state)
+
+
+def _same_value(param: click.Parameter, ctx: click.Context, a, b) -> bool:
+    """Whether two values given for ``param`` are the same: as written, or once converted (--tp 2
+    and --tp 02); a value that does not convert is not the same (its own error is as good)."""
+    if a == b:
+        return True
+    try:
+        return param.type_cast_value(ctx, a) == param.type_cast_value(ctx, b)
+    except click.ClickException:
+        return False
+
+
+class OneValueEach:
+    """Mix into a click Command: an option given more than once, under any of its names, with
+    different values is refused (a usage error naming both), where click keeps the last without a
+    word ('--tp 2 --tensor-model-parallel-size 4' priced TP 4, '--seq-len 4096 --seq-length 2048'
+    2048). The same value twice is fine; repeatable options (``multiple=True``: --profile,
+    --recompute-modules) take every value, and are left alone."""
+
+    def make_parser(self, ctx: click.Context):
+        parser = super().make_parser(ctx)
+        given: dict[str, tuple[str, object]] = {}
+        for names in (parser._long_opt, parser._short_opt):  # click's parser: one _Option per name
+            for name, option in names.items():
+                if option.action in ("store", "store_const"):
+                    names[name] = _OneName(option, name, given, ctx)
+        return parser
+
+
+@functools.cache
+def _one_value_class(base: type) -> type:
+    return type(base.__name__, (OneValueEach, base), {})
+
+
+def one_value_each(command: click.Command) -> None:
+    """Make ``command`` and its subcommands ``OneValueEach`` (their class, as ``SpelledOption``'s
+    options: the commands are click's own, declared with the plain decorators)."""
+    if not isinstance(command, OneValueEach):
+        command.__class__ = _one_value_class(type(command))
+    for sub in getattr(command, "commands", {}).values():
+        one_value_each(sub)
+
+
 def megatron_nargs(args: list[str]) -> list[str]:
     """``args`` with Megatron-LM's ``--recompute-modules moe_act layernorm`` (one flag, several values:
     ``nargs='+'``) spelled as the advisor's repeated option. As argparse does, every word after it
