@@ -48,16 +48,19 @@ MEGATRON_LOOKALIKES = {
     "--recompute-activations": "Megatron's --recompute-activations is --recompute-granularity selective: give "
                                "--recompute selective (or --recompute-granularity selective)",
     "--num-layers-per-virtual-pipeline-stage": "give the virtual stages per rank, --vpp N (Megatron's "
-                                               "--virtual-pipeline-model-parallel-size): each then holds "
+                                               "--num-virtual-stages-per-pipeline-rank): each then holds "
                                                "layers / (PP x N) layers",
 }
-"""Megatron flags that look like an advisor option's spelling but do not mean it: refused with why."""
+"""Megatron flags that look like an advisor option's spelling but do not mean it: refused with why.
+Every Megatron flag a message names is one of core_v0.15.2's (tests/test_cli_megatron_flags.py):
+interleaving's is --num-virtual-stages-per-pipeline-rank, which sets the args attribute
+virtual_pipeline_model_parallel_size (megatron/training/arguments.py), no flag of any release."""
 LOOKALIKE_NEEDS = {"--num-layers-per-virtual-pipeline-stage": "--vpp"}
 """The option a lookalike's advice names, where not every command has it: a command without it
 says so instead (``lookalike_message``)."""
 NO_INTERLEAVING = ("{command} {takes}: 'advisor sweep "
                    "--vpp auto|N' and 'advisor estimate --vpp N' price interleaved layouts (Megatron's "
-                   "--virtual-pipeline-model-parallel-size N; each virtual stage holds layers / (PP x N) layers)")
+                   "--num-virtual-stages-per-pipeline-rank N; each virtual stage holds layers / (PP x N) layers)")
 
 
 def lookalike_message(exc: click.NoSuchOption, default: str) -> str:
