@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from advisor import limits
 from advisor.errors import AdvisorError
+from advisor.model_spec import FieldError
 from advisor.models import LlamaSpec
 from advisor.parallel import RANK_ORDER, TP_PP_DP_RANK_ORDER, default_layers_per_stage
 from advisor.shell_command import as_written, unexpanded, unset_variable
@@ -309,15 +310,20 @@ def model_spec(model: dict, *, name: str, vocab_size: int) -> LlamaSpec:
     ffn_default = int((4 * hidden * 2 / 3) / 64) * 64 if model.get("swiglu") else 4 * hidden
     groups = _int(model, "num-query-groups", heads) if model.get("group-query-attention") else heads
     kv = _int(model, "kv-channels")
-    return LlamaSpec(
-        name=name, num_layers=_int(model, "num-layers"), hidden_size=hidden,
-        ffn_hidden_size=_int(model, "ffn-hidden-size", ffn_default), num_attention_heads=heads,
-        num_query_groups=groups, vocab_size=vocab_size, tie_embeddings="untie-embeddings-and-output-weights" not in model,
-        kv_channels=None if kv is None or kv * heads == hidden else kv, add_qkv_bias=bool(model.get("add-qkv-bias")),
-        rotary_base=_float(model, "rotary-base", 10000.0),
-        rope_scaling_factor=_float(model, "rope-scaling-factor", 8.0) if model.get("use-rope-scaling") else None,
-        norm_epsilon=_float(model, "norm-epsilon", 1e-5),
-    )
+    try:
+        return LlamaSpec(
+            name=name, num_layers=_int(model, "num-layers"), hidden_size=hidden,
+            ffn_hidden_size=_int(model, "ffn-hidden-size", ffn_default), num_attention_heads=heads,
+            num_query_groups=groups, vocab_size=vocab_size,
+            tie_embeddings="untie-embeddings-and-output-weights" not in model,
+            kv_channels=None if kv is None or kv * heads == hidden else kv,
+            add_qkv_bias=bool(model.get("add-qkv-bias")),
+            rotary_base=_float(model, "rotary-base", 10000.0),
+            rope_scaling_factor=_float(model, "rope-scaling-factor", 8.0) if model.get("use-rope-scaling") else None,
+            norm_epsilon=_float(model, "norm-epsilon", 1e-5),
+        )
+    except FieldError as error:  # named as the command's flags: --kv-channels is the user's to give here
+        raise AdvisorError(f"{name}: {error.worded(lambda field: '--' + field.replace('_', '-'))}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,12 +219,13 @@ FIELD_FLAGS = {
     "num_layers": "--num-layers",
     "ffn_hidden_size": "--ffn-hidden-size",
     "num_query_groups": "--num-query-groups",
-    "kv_channels": "--kv-channels",
     "rotary_base": "--rotary-base",
     "rope_scaling_factor": "--rope-scaling-factor",
     "norm_epsilon": "--norm-epsilon",
 }
-"""Megatron-LM's flag of each field whose config.json key is named otherwise, said after the key."""
+"""Megatron-LM's flag of each field whose config.json key is named otherwise, said after the key.
+Not kv_channels: "or give head_dim (--kv-channels)" pointed at a flag no advisor command has;
+head_dim, in the config.json, is what its reader can give."""
 _HF_REQUIRED = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
 _HF_FIELDS = {key: field for field, key in HF_KEYS.items()}
 _HF_MODEL_TYPES = ("llama", "mistral", "qwen2")

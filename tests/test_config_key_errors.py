@@ -73,7 +73,7 @@ CASES = [
     ("qwen3-30b-a3b", {"num_key_value_heads": 3}, "num_key_value_heads", "num_query_groups",
      "must be a multiple of num_key_value_heads (--num-query-groups) = 3"),
     ("llama", {"hidden_size": 4097}, "head_dim", "kv_channels",
-     "hidden_size = 4097 must be a multiple of num_attention_heads = 32, or give head_dim (--kv-channels)"),
+     "hidden_size = 4097 must be a multiple of num_attention_heads = 32, or give head_dim"),
     ("qwen2", {"rope_theta": 1e13}, "rope_theta", "rotary_base",
      "rope_theta (--rotary-base) must be a positive number up to 1e+12"),
     ("llama", {"rms_norm_eps": 2}, "rms_norm_eps", "norm_epsilon",

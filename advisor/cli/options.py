@@ -328,16 +328,27 @@ _MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_
                  "vocab_size", "tie_embeddings")
 
 
+def _override_name(field: str) -> str:
+    """A spec field as a preset's error names it; the head size (Megatron's --kv-channels, which no
+    command has) as what gives it here: a config.json's head_dim."""
+    return "head_dim in a config.json (--model FILE)" if field == "kv_channels" else field
+
+
 def model_options(func: Callable) -> Callable:
     """--model NAME|config.json plus Megatron-style overrides -> ``spec: LlamaSpec``."""
     from advisor.models import DEFAULT_MODEL
 
     @functools.wraps(func)
     def wrapper(*args, model: str, **kwargs):
+        from advisor.model_spec import FieldError
         from advisor.models import load_model, with_overrides
 
         overrides = {name: kwargs.pop(name) for name in _MODEL_FIELDS}
-        return func(*args, spec=with_overrides(load_model(model), **overrides), **kwargs)
+        try:
+            spec = with_overrides(load_model(model), **overrides)
+        except FieldError as error:  # an override's
+            raise InputError(f"model {error.model!r}: {error.worded(_override_name)}") from None
+        return func(*args, spec=spec, **kwargs)
 
     return apply_options(
         [
