@@ -242,3 +242,10 @@ def test_a_token_budget_reads_as_it_was_given():
     from advisor.render import si_count
 
     assert [si_count(n) for n in (15e12, 3e11, 2.5e9, 7e6, 1500, 12)] == ["15T", "300B", "2.5B", "7M", "1.5k", "12"]
+
+
+def test_report_sweep_names_itself_in_its_summary(advisor, tmp_path):
+    """'advisor report sweep' said "advisor sweep: N layouts considered": the command that speaks
+    is the one typed."""
+    result = advisor("report", "sweep", "--gpus", "64", "--gpu", "h100-80gb", "-o", tmp_path / "r.html")
+    assert result.stderr.startswith("advisor report sweep: ") and "layouts considered" in result.stderr

@@ -38,7 +38,7 @@ def test_without_profiles_the_plan_records_seed004(advisor, tmp_path):
     default = advisor.json(*FITS, "--gpu", "h100-80gb")
     assert default["predictor"]["name"] == "seed004"
     asked = advisor(*FITS, "--gpu", "h100-80gb", "--predictor", "seed004", "-o", tmp_path / "plan.json")
-    assert "(seed004 predictor)" in " ".join(asked.stdout.split())  # the table's title, wrapped
+    assert "(analytical memory model, no profiles)" in " ".join(asked.stdout.split())  # the title, wrapped
     assert json.loads((tmp_path / "plan.json").read_text()) == default
 
 

@@ -14,7 +14,7 @@ from advisor.cli.estimate_csv import estimate_csv
 from advisor.cli.moe import dense_recompute_options, moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, ROWS, InputError, InputPath, NonEmpty, TokenCount,
-    color_wanted, emit, distinct_files, gpu_options, model_choice_options, model_options, note, nothing_fits,
+    color_wanted, command_name, emit, distinct_files, gpu_options, model_choice_options, model_options, note, nothing_fits,
     output_options, parse_layer_counts, png_path, table_on_stdout, workload_options,
 )
 from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
@@ -161,7 +161,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
                        measured=measured, release=release)
     if result.escalation:
         cost = "; lever_time_cost_s is its step-time cost" if gpu is not None else ""  # no time model without
-        note(f"advisor sweep: nothing fits with the options given; the rows use {result.escalation}: "
+        note(f"{command_name()}: nothing fits with the options given; the rows use {result.escalation}: "
              f"their options and megatron_args say so{cost}")
     counts = {verdict: sum(row.verdict == verdict for row in result.rows) for verdict in verdict_kinds(memory_model)}
     selected = [row for row in result.rows if show_all or row.verdict != "oom"]
@@ -286,7 +286,7 @@ def _emit_sweep(dicts: list[dict], text: str | None, fmt: str, output, result, t
             row_style=render.verdict_style, color=color_wanted(output),
         )
     if fmt != "table":
-        note(f"advisor sweep: {searched}")
+        note(f"{command_name()}: {searched}")
     if nothing is not None:
         if fmt != "table":
             emit(text, output)
@@ -300,7 +300,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
     least = min(rows, key=lambda row: row.judged_gib, default=None)  # the memory the verdicts judged
     tally = ", ".join(f"{n} {v}" for v, n in counts.items())
     if least is None:
-        return f"advisor sweep: nothing fits: {tally}. Try more GPUs (--all shows the rows)"
+        return f"{command_name()}: nothing fits: {tally}. Try more GPUs (--all shows the rows)"
     floor = min(_states_gib(row) for row in rows)
     # where the states alone exceed the memory, each layout is priced without recomputation
     # (advisor.space_search: no variant can fit), which would lower its activations, not its states
@@ -308,7 +308,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
     need = (f"; the least any layout needs{plain} is {least.judged_gib:.1f} GiB per GPU against {mem:g} GiB "
             f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
     if floor > mem:  # the --seq-len, the micro-batch and recomputation touch activations only
-        return _states_bound(f"advisor sweep: nothing fits: {tally}{need}", rows, least, space, mem, floor)
+        return _states_bound(f"{command_name()}: nothing fits: {tally}{need}", rows, least, space, mem, floor)
     hints = ["more GPUs", "a shorter --seq-len"]
     if space.recompute in ("none", "selective"):  # auto and full have tried full recomputation
         hints.insert(1, "--recompute auto")
@@ -317,7 +317,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
     if space.sharding == "fixed":  # auto has tried Megatron-FSDP and CPU offload
         hints.insert(1, "--sharding auto")
     hints[1:1] = hints_text.unpinned(space.pinned.given())
-    return f"advisor sweep: nothing fits: {tally}{need}. Try {render.listed(hints, 'or')} (--all shows the rows)"
+    return f"{command_name()}: nothing fits: {tally}{need}. Try {render.listed(hints, 'or')} (--all shows the rows)"
 
 
 def _states_gib(row) -> float:

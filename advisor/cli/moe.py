@@ -11,7 +11,7 @@ import click
 from advisor import limits
 from advisor.cli.estimate_csv import estimate_csv
 from advisor.cli.options import (
-    DEGREE, Bounded, InputError, apply_options, color_wanted, emit, note, nothing_fits, table_on_stdout,
+    DEGREE, Bounded, InputError, apply_options, color_wanted, command_name, emit, note, nothing_fits, table_on_stdout,
 )
 from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
 from advisor.paper_rule import judged_threshold
@@ -355,7 +355,7 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
 
             text = render.csv_header(_machine_text(_priced(result.rows(include_oom=True, limit=1), gpu_hour_price),
                                                    setup, spec, workload, fmt))
-        note(f"advisor sweep: {_searched(result)}")
+        note(f"{command_name()}: {_searched(result)}")
     else:
         text = _sweep_table(result, shown, spec, workload, gpus, mem, threshold, gpu, settings, show_all, output,
                             priced=gpu_hour_price is not None)
@@ -413,7 +413,7 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
     # the MoE model prices neither lever (``_levers_not_priced``), so --sharding auto is not tried
     skipped = "" if space is not None and space.sharding == "fixed" else (
         "; MoE sweeps do not try --sharding auto's Megatron-FSDP or optimizer CPU offload (not priced for MoE)")
-    return (f"advisor sweep: nothing fits: {tally}; the least any layout needs is {need:.1f} GiB per GPU against "
+    return (f"{command_name()}: nothing fits: {tally}; the least any layout needs is {need:.1f} GiB per GPU against "
             f"{mem:g} GiB (TP {least['tp']}, CP {least['cp']}, PP {least['pp']}, EP {least['ep']}, ETP "
             f"{least['etp']}, MBS {least['mbs']}){states}{skipped}. Try {render.listed(hints, 'or')} "
             "(--all shows the rows)")

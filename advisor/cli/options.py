@@ -633,6 +633,13 @@ def table_on_stdout(fmt: str, output: Path | None) -> bool:
     return fmt == "table" and (output is None or output == STDOUT)
 
 
+def command_name() -> str:
+    """The command as the user typed it ('advisor sweep', 'advisor report sweep'), for the lines
+    that say which command speaks; the root is 'cli' when called in-process, so it is named."""
+    ctx = click.get_current_context(silent=True)
+    return " ".join(["advisor", *ctx.command_path.split()[1:]]) if ctx is not None else "advisor"
+
+
 def note(line: str) -> None:
     """A note or warning on stderr, wrapped to the terminal (``render.wrap_note``)."""
     from advisor.render import stderr_width, wrap_note

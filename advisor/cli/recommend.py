@@ -55,6 +55,12 @@ Examples:
 """advisor recommend --help (here, not in the docstring: the function stays within 80 lines)."""
 
 
+PREDICTOR_WORDS = {"seed004": "analytical memory model, no profiles"}
+"""The table's title says what predicted the plan's memory in a user's words where the name is
+internal (seed004: the 4D paper's estimator, Eq. 1-18, with its extensions); the profile
+predictors keep their --predictor names (1f1b, capture). The plan file keeps every name."""
+
+
 @click.command("recommend", epilog=EPILOG, help=RECOMMEND_HELP)
 @click.option("--profile", "profiles", multiple=True, type=InputPath(path_type=Path),
               help="A run directory (rank*.jsonl) or a directory of them; repeat for more. Without it the plan "
@@ -295,5 +301,6 @@ def _plan_table(plan, mem: float | None) -> str:
         "\nNOT launchable on stock Megatron-LM (per-stage degrees)"
     degrees = f"TP {plan.tp}, CP {plan.cp}, DP {plan.dp}" if plan.tp else "per-stage TP/DP"
     title = (f"{plan.model.name}: {plan.mode} plan, {plan.gpus} GPUs, {degrees}, PP {plan.pp}, "
-             f"MBS {plan.micro_batch_size}, {plan.num_microbatches} microbatches ({plan.predictor} predictor)")
+             f"MBS {plan.micro_batch_size}, {plan.num_microbatches} microbatches "
+             f"({PREDICTOR_WORDS.get(plan.predictor, f'{plan.predictor} predictor')})")
     return render.to_table(rows, columns, title=title, caption=caption, color=color_wanted(None))
