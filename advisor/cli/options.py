@@ -45,6 +45,9 @@ MEGATRON_LOOKALIKES = {
                         "--attention-backend): flash attention is the advisor's default (--flash-attn), "
                         "--no-flash-attn prices --attention-backend unfused",
     "--fp8": "FP8 is Megatron's --fp8-format hybrid|e4m3 (with --fp8-recipe); --fp8 is not a Megatron-LM flag",
+    "--fp16": "FP16 weights with loss scaling (Megatron's --fp16) are priced only from a whole Megatron command "
+              "(advisor estimate --from-command); the options here price BF16 (--bf16, the default) and FP8 GEMMs "
+              "(--fp8-format)",
     "--recompute-activations": "Megatron's --recompute-activations is --recompute-granularity selective: give "
                                "--recompute selective (or --recompute-granularity selective)",
     "--num-layers-per-virtual-pipeline-stage": "give the virtual stages per rank, --vpp N (Megatron's "

@@ -28,6 +28,11 @@ TRAINING_FLAGS = [
                       "bf16: --grad-reduce-in-bf16 (half the gradient bytes and the DP reduce traffic)."),
     click.option("--grad-reduce-in-bf16", is_flag=True, default=False,
                  help="Megatron's name for --grad-dtype bf16."),
+    click.option("--accumulate-allreduce-grads-in-fp32", "grads_in_fp32", is_flag=True, default=False,
+                 help="Megatron's name for --grad-dtype fp32."),
+    click.option("--bf16", "bf16", is_flag=True, default=False,
+                 help="Megatron's --bf16: BF16 weights and compute, what the advisor prices anyway (FP8 GEMMs: "
+                      "--fp8-format); accepted so Megatron's flags can be pasted."),
     click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=True, show_default=True,
                  help="Reduce-scatter gradients bucket by bucket during the backward pass; off (Megatron's "
                       "default), the whole reduction is exposed after it."),
@@ -108,7 +113,7 @@ TRAINING_FLAGS = [
 ]
 """--distributed-optimizer and --grad-dtype first (as before), then the rest."""
 
-_NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "overlap_grad_reduce", "overlap_param_gather",
+_NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "grads_in_fp32", "bf16", "overlap_grad_reduce", "overlap_param_gather",
           "tp_comm_overlap", "tp_comm_overlap_cfg", "use_megatron_fsdp", "data_parallel_sharding_strategy",
           "use_torch_fsdp2", "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer", "main_params_dtype",
           "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_format", "fp8_recipe", "fp8_param_gather", "sequence_parallel",
@@ -166,6 +171,9 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
         release = release_defaults(v["megatron_version"])
         if v["grad_reduce_in_bf16"] and v["grad_dtype"] == "fp32":
             raise AdvisorError("--grad-reduce-in-bf16 contradicts --grad-dtype fp32")
+        if v["grads_in_fp32"] and (v["grad_reduce_in_bf16"] or v["grad_dtype"] == "bf16"):
+            raise AdvisorError("--accumulate-allreduce-grads-in-fp32 contradicts "
+                               + ("--grad-reduce-in-bf16" if v["grad_reduce_in_bf16"] else "--grad-dtype bf16"))
         if not kwargs.get("from_command") and (problem := _needs_problem(v, offload_searched)):
             raise AdvisorError(problem)
         fsdp = None
