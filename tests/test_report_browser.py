@@ -187,6 +187,30 @@ def test_no_figure_text_is_cut_off(browser, sweep_page, tmp_path):
         assert _texts_outside(browser) == [], page.name
 
 
+def _overlapping_texts(driver, name: str) -> list[str]:
+    """Pairs of texts of figure ``name`` whose boxes, as the browser lays them out, overlap."""
+    return driver.execute_script(
+        "var s = document.querySelector('svg[data-figure=\"" + name + "\"]'), out = [];"
+        "var ts = Array.prototype.slice.call(s.querySelectorAll('text')).map(function (t) {"
+        "  return [t.textContent, t.getBoundingClientRect()]; });"
+        "for (var i = 0; i < ts.length; i++) { for (var j = i + 1; j < ts.length; j++) {"
+        "  var a = ts[i][1], b = ts[j][1];"
+        "  if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom) {"
+        "    out.push(ts[i][0] + ' / ' + ts[j][0]); } } }"
+        "return out;")
+
+
+def test_no_two_scatter_labels_overlap(browser, tmp_path):
+    """The audit's page drew '#1' 1.6 px from '#2' (the two best rows share a point): measured
+    by the browser, no two texts of the scatter overlap."""
+    from tests.conftest import Invoker
+
+    out = tmp_path / "r.html"
+    Invoker()("report", "sweep", "--gpus", "64", "--gpu", "h100-80gb", "-o", out)
+    _open(browser, out)
+    assert _overlapping_texts(browser, "scatter") == []
+
+
 def test_accessibility_basics(browser, sweep_page):
     _open(browser, sweep_page)
     result = browser.execute_script(

@@ -15,6 +15,7 @@ from advisor.plots import COLOURS
 from advisor.render import counted
 from advisor.report.details import SEGMENTS, LayoutDetail, row_label
 from advisor.report.inputs import memory_share, number
+from advisor.report.labels import text_box
 
 PANEL_ROWS = 70
 """Layouts per heatmap panel; more panels side by side beyond it."""
@@ -162,10 +163,9 @@ def scatter(rows: list[dict], chosen: int) -> str | None:
               for share, seconds, row in points if row.get("verdict") in index]
     parts.append(f'<line x1="{x(1):.1f}" x2="{x(1):.1f}" y1="{g["top"]}" y2="{g["top"] + plot_h}" stroke="black"/>'
                  f'<text x="{x(1) + 3:.1f}" y="{g["top"] + 10}">GPU memory</text>')
-    for share, seconds, row in best:
-        parts.append(f'<circle cx="{x(share):.1f}" cy="{y(seconds):.1f}" r="6" fill="none" stroke="#1f3b73" '
-                     f'stroke-width="2"><title>{row_label(row)}</title></circle>'
-                     f'<text x="{x(share) + 7:.1f}" y="{y(seconds) - 5:.1f}" font-weight="bold">#{row["rank"]}</text>')
+    plot_box = (g["left"], g["top"], g["left"] + plot_w, g["top"] + plot_h)
+    parts += _chosen_marks([(x(share), y(seconds), row) for share, seconds, row in best], plot_box,
+                           avoid=(text_box(x(1) + 3, g["top"] + 10, "GPU memory"),))
     parts.append(f'<text x="{g["left"] + plot_w / 2}" y="{g["height"] - 8}" text-anchor="middle">'
                  f"predicted memory / GPU memory{' (beyond ' + format(X_CAP, '.0%') + ': on the edge)' if x_max == X_CAP else ''}</text>"
                  f'<text transform="translate(14 {g["top"] + plot_h / 2}) rotate(-90)" text-anchor="middle">'
@@ -180,6 +180,23 @@ def scatter(rows: list[dict], chosen: int) -> str | None:
                  "chosen (best ranked)</text>")
     return svg_element("scatter", f"Predicted step time against memory for {counted(len(points), 'layout')}; the best "
                        f"{len(best)} ranked {'is' if len(best) == 1 else 'are'} ringed and numbered", g["width"], g["height"], "".join(parts))
+
+
+def _chosen_marks(points: list[tuple[float, float, dict]], bounds: tuple, avoid: tuple) -> list[str]:
+    """The chosen rows' rings and '#rank' labels, the labels placed best rank first so that none
+    covers another (``advisor.report.labels``): the best row's stays beside its ring, and one moved
+    away from its ring is tied back to it by a thin line."""
+    from advisor.report.labels import leader_line, place_labels
+
+    placed = place_labels([(px, py, f"#{row['rank']}") for px, py, row in points], bounds, avoid)
+    parts = []
+    for (px, py, row), label in zip(points, placed):
+        parts.append(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="6" fill="none" stroke="#1f3b73" '
+                     f'stroke-width="2"><title>{row_label(row)}</title></circle>')
+        if label.leader:
+            parts.append(leader_line(px, py, label))
+        parts.append(f'<text x="{label.x:.1f}" y="{label.y:.1f}" font-weight="bold">#{row["rank"]}</text>')
+    return parts
 
 
 def stage_memory(detail: LayoutDetail, name: str) -> str:
