@@ -211,6 +211,17 @@ def test_no_two_scatter_labels_overlap(browser, tmp_path):
     assert _overlapping_texts(browser, "scatter") == []
 
 
+def test_no_two_stage_figure_labels_overlap_on_a_1_gib_gpu(browser, tmp_path):
+    """--mem 1 drew the 'GPU memory' and '80% (4D paper)' labels 0.7 px apart."""
+    from tests.conftest import Invoker
+
+    out = tmp_path / "e.html"
+    Invoker()("report", "estimate", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "2", "--mem", "1", "-o", out)
+    _open(browser, out)
+    assert _overlapping_texts(browser, "stages-0") == []
+    assert _texts_outside(browser) == []
+
+
 def test_accessibility_basics(browser, sweep_page):
     _open(browser, sweep_page)
     result = browser.execute_script(

@@ -85,3 +85,27 @@ def test_labels_of_rows_at_the_plots_edges_stay_inside_it(share):
     g = figures.SCATTER
     right = g["width"] - g["right"]
     assert all(g["left"] <= box[0] and box[2] <= right + 8 for name, box in labels.items() if name != "GPU memory")
+
+
+def test_the_stage_figures_line_labels_stay_apart_on_a_1_gib_gpu(advisor, tmp_path):
+    """With --mem 1 the GPU's memory (1 GiB) and the paper's 80% of it are 0.7 px apart on a
+    56 GiB scale: their labels were drawn on one another."""
+    out = tmp_path / "e.html"
+    advisor("report", "estimate", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "2", "--mem", "1", "-o", out)
+    svg = _figure(out.read_text(), "stages-0")
+    texts = {t.text: t for t in svg.iter(SVG + "text") if t.text in ("GPU memory", "80% (4D paper)")}
+    assert len(texts) == 2
+    boxes = {name: _box(text) for name, text in texts.items()}
+    assert _overlapping(boxes) == []
+    assert all(box[3] <= float(svg.get("height")) for box in boxes.values())
+    # the order of the lines kept: the GPU's memory above its 80%
+    assert float(texts["GPU memory"].get("y")) < float(texts["80% (4D paper)"].get("y"))
+
+
+def test_spread_keeps_order_gap_and_bounds():
+    from advisor.report.labels import spread
+
+    assert spread([100.0, 100.7], 11, 0, 300) == [100.0, 111.0]
+    assert spread([100.7, 100.0], 11, 0, 300) == [111.0, 100.0]
+    assert spread([295.0, 296.0, 299.0], 11, 0, 300) == [278.0, 289.0, 300.0]  # pushed back up from the bottom
+    assert spread([50.0, 200.0], 11, 0, 300) == [50.0, 200.0]  # apart already: where they were

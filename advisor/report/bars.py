@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 import math
 
+from advisor.report.labels import spread
 from advisor.report.svg import svg_element
 
 
@@ -64,11 +65,13 @@ def stacked_columns(name: str, description: str, labels: list[str], series: list
     every = max(1, math.ceil(n / 16))
     parts += [f'<text x="{left + slot * (i + 0.5):.1f}" y="{top + plot_h + 13}" text-anchor="middle">'
               f"{html.escape(label)}</text>" for i, label in enumerate(labels) if i % every == 0]
-    for value, label, dashed in lines:
+    # the lines' labels a line of text apart: at 1 GiB the GPU's memory and 80% of it are 0.7 px apart
+    baselines = spread([y(value) + 3 for value, _, _ in lines], 11, top + 8, top + plot_h + 37)
+    for (value, label, dashed), baseline in zip(lines, baselines):
         dash = ' stroke-dasharray="5 3"' if dashed else ""
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
                      f'stroke="black" stroke-width="1.5"{dash}/>'
-                     f'<text x="{left + plot_w + 4}" y="{y(value) + 3:.1f}">{html.escape(label)}</text>')
+                     f'<text x="{left + plot_w + 4}" y="{baseline:.1f}">{html.escape(label)}</text>')
     parts.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#999"/>'
                  f'<text x="{left + plot_w / 2}" y="{top + plot_h + 30}" text-anchor="middle">{html.escape(x_label)}</text>'
                  f'<text transform="translate(12 {top + plot_h / 2}) rotate(-90)" text-anchor="middle">'

@@ -86,3 +86,21 @@ def leader_line(px: float, py: float, label: Placed, ring: float = 6.0) -> str:
     distance = math.hypot(tx - px, ty - py) or 1.0
     sx, sy = px + (tx - px) * ring / distance, py + (ty - py) * ring / distance
     return f'<line x1="{sx:.1f}" y1="{sy:.1f}" x2="{tx:.1f}" y2="{ty:.1f}" stroke="#1f3b73" stroke-width="0.6"/>'
+
+
+def spread(wanted: list[float], gap: float, low: float, high: float) -> list[float]:
+    """Positions as near ``wanted`` as keeps each at least ``gap`` from the next and all within
+    [low, high], in the same order (labels beside lines across a plot: the GPU's memory and the
+    paper's 80% of it drew on one another where the GPU had 1 GiB, audit)."""
+    order = sorted(range(len(wanted)), key=lambda i: wanted[i])
+    placed = [min(max(wanted[i], low), high) for i in order]
+    for k in range(1, len(placed)):  # downwards from the top one...
+        placed[k] = max(placed[k], placed[k - 1] + gap)
+    if placed and placed[-1] > high:  # ...then back up from the bottom where that ran past it
+        placed[-1] = high
+        for k in range(len(placed) - 2, -1, -1):
+            placed[k] = min(placed[k], placed[k + 1] - gap)
+    out = [0.0] * len(wanted)
+    for k, i in enumerate(order):
+        out[i] = placed[k]
+    return out
