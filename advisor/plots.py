@@ -27,18 +27,32 @@ def _label(row: dict) -> str:
     return f"{rank}({row['tp']}, {row['cp']}, {row['pp']}, {row['mbs']})"
 
 
+MIN_HEIGHT = 2.8
+"""Inches: the memory axis's label (8 pt, about 1.4 in long) runs along the plot's height, and a
+figure of 1.6 + 0.24 in a row cut it off below four rows ('..., rank firs', audit)."""
+
+
 def sweep_plot(rows: list[dict], path: Path, title: str = "") -> Path:
     """Draw ``rows`` (sweep rows as dicts, best first) to a PNG at ``path``."""
     if not rows:
         raise AdvisorError("--plot: no rows to draw (add --all to include the oom ones)")
-    if len(rows) > MAX_ROWS:
-        rows = rows[:MAX_ROWS]
+    fig = sweep_figure(rows[:MAX_ROWS], title)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+DPI = 110
+
+
+def sweep_figure(rows: list[dict], title: str = ""):
+    """The ``matplotlib.figure.Figure`` of ``sweep_plot``, for its rows (at most ``MAX_ROWS``)."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     timed = any(row.get("tflops_per_gpu") is not None for row in rows)
     n = len(rows)
-    fig = Figure(figsize=(11 if timed else 6.5, 1.6 + 0.24 * n), layout="constrained")
+    fig = Figure(figsize=(11 if timed else 6.5, max(1.6 + 0.24 * n, MIN_HEIGHT)), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True, width_ratios=(1, 1.4)) if timed else [fig.add_subplot()]
     memory_ax = axes[0]
     labels = [_label(row) for row in rows]
@@ -57,7 +71,7 @@ def sweep_plot(rows: list[dict], path: Path, title: str = "") -> Path:
     memory_ax.set_yticks(y, labels, fontsize=7)
     memory_ax.invert_yaxis()
     memory_ax.set_xlabel("predicted memory / GPU memory")
-    memory_ax.set_ylabel("(TP, CP, PP, MBS), rank first")
+    memory_ax.set_ylabel("(TP, CP, PP, MBS), rank first", fontsize=8)
     verdicts = [v for v in COLOURS if v and any(row["verdict"] == v for row in rows)]
     fig.legend(handles=[Patch(color=COLOURS[v], label=v) for v in verdicts], fontsize=7, loc="outside lower center",
                ncols=len(verdicts))
@@ -69,6 +83,4 @@ def sweep_plot(rows: list[dict], path: Path, title: str = "") -> Path:
             time_ax.text(value, i, f" {value:.0f}", va="center", fontsize=7)
         time_ax.set_xlabel("predicted TFLOP/s per GPU (dark: expected to run, ranked; pale: not ranked)")
     fig.suptitle(title, fontsize=8)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    return atomic_write_bytes(path, buffer.getvalue())
+    return fig

@@ -137,6 +137,30 @@ def test_sweep_plot_writes_a_png(tmp_path, advisor):
     assert str(tmp_path) in line
 
 
+@pytest.mark.parametrize("gpu", [("--gpu", "h100-80gb"), ("--mem", "80")], ids=["timed", "memory only"])
+@pytest.mark.parametrize("n", [1, 3, 12])
+def test_sweep_plot_fits_its_labels(advisor, gpu, n):
+    """A plot of a few rows cut its y-axis label off ('(TP, CP, PP, MBS), rank firs', audit):
+    every text of the figure, as the Agg renderer lays it out at the PNG's dpi, lies inside it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from advisor.plots import DPI, sweep_figure
+
+    rows = advisor.json("sweep", "--gpus", 64, *gpu, "--top", n, "--format", "json")
+    figure = sweep_figure(rows, "llama3.1-8b, seq 8192, gbs 1024, 64 GPUs")
+    figure.set_dpi(DPI)
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer, frame = canvas.get_renderer(), figure.bbox
+    label = figure.axes[0].yaxis.label
+    assert label.get_text() == "(TP, CP, PP, MBS), rank first"
+    texts = [label, figure.axes[0].xaxis.label, figure._suptitle, *figure.axes[0].get_yticklabels()]
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, \
+            text.get_text()
+
+
 def test_the_calibration_file_is_strict():
     document = json.loads(CALIBRATION_FILE.read_text())
     assert document["schema"] == SCHEMA
