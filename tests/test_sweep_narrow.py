@@ -1,9 +1,8 @@
 """The sweep table at 80 columns and narrower keeps what an engineer choosing a layout reads: the
-layout never dropped (at 30 columns the table dropped TP, CP and PP), how close each row is to the
-memory limit (the margin, or the share of memory), and a PP row's uneven split, in full after its
-PP where that fits and as a mark where not; DP, which follows from the GPUs and the degrees, and
-the memory in GiB, which the margin says against the limit, go first. At 100 columns and more
-the columns shown before stay."""
+layout never dropped (at 30 columns the table dropped TP, CP and PP), DP (a degree), the verdict
+and what the ranking orders by (tests/test_narrow_columns.py), and a PP row's uneven split, in
+full after its PP where that fits and as a mark where not; the memory in GiB, which the margin
+says against the limit, goes first. At 100 columns and more the columns shown before stay."""
 
 from __future__ import annotations
 
@@ -39,31 +38,31 @@ def _uneven(row: dict) -> bool:
     return len(set(row["layers_per_stage"])) > 1
 
 
-def test_80_columns_keep_the_margin_and_mark_the_uneven_splits(advisor, monkeypatch):
+def test_80_columns_keep_dp_and_mark_the_uneven_splits(advisor, monkeypatch):
     headers, cells, caption = _show(advisor, monkeypatch, 80, *DEFAULT)
-    assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "recompute", "margin", "verdict", "TFLOP/s"]
-    assert "not shown to fit 80 columns: DP, m, layers, states, act., Eq.18, GiB, MFU, step s" in caption
+    assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "DP", "recompute", "verdict", "TFLOP/s"]
+    assert "not shown to fit 80 columns: m, layers, states, act., Eq.18, GiB, margin, MFU, step s" in caption
     rows = advisor.json(*DEFAULT)[:len(cells)]
     assert len(cells) == 30 and any(map(_uneven, rows)) and not all(map(_uneven, rows))
     for row, shown in zip(rows, cells):
         assert shown["rank"] == str(row["rank"])
-        assert float(shown["margin"]) == pytest.approx(row["margin_gib"], abs=0.05)
+        assert int(shown["DP"]) == 64 // (row["tp"] * row["cp"] * row["pp"])
         assert shown["PP"] == str(row["pp"]) + ("*" if _uneven(row) else "")
     assert "PP* marks an uneven split" in caption
 
 
-def test_80_columns_of_the_paper_keep_the_split_and_the_share_of_memory(advisor, monkeypatch):
+def test_80_columns_of_the_paper_keep_dp_the_share_of_memory_and_mark_the_split(advisor, monkeypatch):
     headers, cells, caption = _show(advisor, monkeypatch, 80, *PAPER, "--top", 8)
-    assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "layers", "recompute", "of mem", "verdict"]
-    assert "not shown to fit 80 columns: DP, m, states, act., GiB (--wide shows them)" in caption
+    assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "DP", "recompute", "of mem", "verdict"]
+    assert "not shown to fit 80 columns: m, layers, states, act., GiB (--wide shows them)" in caption
     rows = advisor.json(*PAPER)[:8]
     assert any(map(_uneven, rows)) and {row["pp"] for row in rows if not _uneven(row)} == {1}
-    assert [cell["layers"] for cell in cells] == [",".join(map(str, row["layers_per_stage"])) for row in rows]
+    assert [cell["PP"] for cell in cells] == [f"{row['pp']}{'*' if _uneven(row) else ''}" for row in rows]
     assert [cell["of mem"] for cell in cells] == [f"{row['memory_fraction']:.0%}" for row in rows]
 
 
 def test_an_uneven_split_follows_its_pp_where_the_layers_column_does_not_fit(advisor, monkeypatch):
-    headers, cells, caption = _show(advisor, monkeypatch, 76, *PAPER, "--top", 8)
+    headers, cells, caption = _show(advisor, monkeypatch, 81, *PAPER, "--top", 8)
     assert "layers" not in headers and "of mem" in headers
     assert "an uneven split's layers per stage follow its PP" in caption
     for row, shown in zip(advisor.json(*PAPER)[:8], cells):
@@ -116,11 +115,12 @@ def test_below_thirty_columns_the_rank_goes_before_a_header_is_cut(advisor, monk
     assert max(len(line) for line in text.splitlines()) <= columns
 
 
-def test_60_columns_keep_the_recomputation_with_the_layout(advisor, monkeypatch):
-    """What is launched before how fast it runs: TFLOP/s goes before the recomputation."""
+def test_60_columns_keep_what_the_ranking_orders_by(advisor, monkeypatch):
+    """A table titled 'ranked by throughput' without TFLOP/s showed a ranking without its reason
+    (audit): at 60 columns the recomputation goes before TFLOP/s and DP, and the caption says so."""
     headers, _, caption = _show(advisor, monkeypatch, 60, *DEFAULT, "--top", 8)
-    assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "recompute", "verdict"]
-    assert "TFLOP/s" in caption
+    assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "DP", "verdict", "TFLOP/s"]
+    assert "recompute" in caption
 
 
 # --- the renderer: keep, fold and mark, without the CLI ---------------------------------------
@@ -178,9 +178,13 @@ def test_the_first_column_and_the_order_of_the_others_stay_as_before():
 
 def test_sweep_columns_rank_the_layout_above_everything_else():
     for experts in (False, True):
-        columns = sweep_columns(calibrated=True, timed=True, tokens=True, priced=True, experts=experts)
+        columns = sweep_columns(calibrated=True, timed=True, tokens=True, priced=True, experts=experts,
+                                rank_by="throughput")
         kept = [c.header for c in columns if c.keep]
         assert kept == ["TP", "CP", "PP", "VPP"] + (["EP", "ETP"] if experts else []) + ["MBS"]
         drop = {c.header: c.drop for c in columns}
-        assert drop["DP"] > drop["layers"] > drop["margin"] > drop["TFLOP/s"] > drop["recompute"] > drop["verdict"]
-        assert drop["GiB"] > drop["DP"] and drop["margin"] < drop["layers"]
+        assert drop["GiB"] > drop["layers"] > drop["margin"] > drop["recompute"] > drop["DP"] > drop["cost $"] \
+            > drop["TFLOP/s"] > drop["verdict"]
+        assert drop["days"] == drop["cost $"]
+        memory = {c.header: c.drop for c in sweep_columns(calibrated=True, timed=True, rank_by="memory")}
+        assert memory["TFLOP/s"] > memory["DP"] > memory["margin"] > memory["verdict"]

@@ -185,7 +185,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     if plot is not None:
         _plot(dicts, plot, title)
     caption = counts_caption(counts, show_all, len(shown), len(selected))
-    columns = (memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None)
+    columns = (memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None, False, rank_by)
     _emit_sweep(dicts, text, fmt, output, result, title, caption, columns, tolerance,
                 nothing=None if any(row.rank for row in result.rows) or show_all else
                 _nothing_fits(result.rows, counts, space, mem))
@@ -621,15 +621,16 @@ def _stage_table(stage_rows: list[dict], spec, parallel, workload, gpu, peak_sta
 
     columns = [
         render.Column("stage", "stage"),
-        render.Column("position", "position", justify="left", drop=2),
+        render.Column("position", "position", justify="left", drop=5),
         render.Column("layers", "layers"),
-        render.Column("in_flight_microbatches", "in flight", ".4g"),
-        # narrow terminals drop the states' sum (its parts are beside it), then the parts, never the total
-        render.Column("weights_gib", "weights", ".2f", drop=3),
-        render.Column("gradients_gib", "grads", ".2f", drop=3),
-        render.Column("optimizer_gib", "optimizer", ".2f", drop=3),
-        render.Column("model_states_gib", "states", ".2f", drop=4),
-        render.Column("activations_gib", "activations", ".2f"),
+        render.Column("in_flight_microbatches", "in flight", ".4g", drop=6),
+        # narrow terminals drop the states' three parts together (their sum stays), then the states
+        # and activations together, never the total: the terms shown always add up to it
+        render.Column("weights_gib", "weights", ".2f", drop=4, group="parts"),
+        render.Column("gradients_gib", "grads", ".2f", drop=4, group="parts"),
+        render.Column("optimizer_gib", "optimizer", ".2f", drop=4, group="parts"),
+        render.Column("model_states_gib", "states", ".2f", drop=2, group="terms"),
+        render.Column("activations_gib", "activations", ".2f", drop=2, group="terms"),
         render.Column("total_gib", "total GiB", ".2f", drop=-1),
     ]
     p = parallel

@@ -427,8 +427,8 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
     from advisor import render
     from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 
-    title = (setup_line(spec, workload, gpus, mem, threshold, settings.training, gpu, result.memory_model,
-                        "throughput" if result.tolerance else "paper")
+    rank_by = "throughput" if result.tolerance else "paper"
+    title = (setup_line(spec, workload, gpus, mem, threshold, settings.training, gpu, result.memory_model, rank_by)
              + f"; {settings_words(settings, spec)}")  # FP8: setup_line's --fp8-format
     selected = len(result.order) if show_all else result.ranked
     caption = (counts_caption(result.counts, show_all, len(shown), selected)
@@ -441,7 +441,7 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
              "recompute_text": "full" if row["recompute"] == "full" else render.recompute_text(row),
              "num_microbatches": workload.global_batch_size // (row["mbs"] * row["dp"])} for row in shown]
     columns = sweep_columns(result.memory_model == "calibrated", gpu is not None, tokens=result.tokens is not None,
-                            priced=priced, experts=True)
+                            priced=priced, experts=True, rank_by=rank_by)
     return render.to_table(rows, columns, title=title, row_style=render.verdict_style, caption=caption,
                            color=color_wanted(output))
 

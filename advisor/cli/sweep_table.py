@@ -1,10 +1,12 @@
 """The sweep tables' columns, dense and MoE alike: one layout per row. Where the terminal is
-narrow, what an engineer choosing a layout reads goes last: the layout (TP, CP, PP, VPP, EP, ETP,
-MBS) never, then the verdict, the recomputation (part of what is launched), TFLOP/s, the days of
-a token budget, how close the row is to the memory limit (the margin, or the share of memory)
-and whether its split is uneven (marked on its PP). Before them goes what follows from the
-others: DP (the GPUs over TP x CP x PP) and the memory used in GiB (the margin says it against
-the limit); and before those the memory's parts and the secondary times."""
+narrow, the answer goes last: the layout (TP, CP, PP, VPP, EP, ETP, MBS) never, then the
+verdict, the columns the ranking orders by (TFLOP/s ranked by throughput, the margin or share of
+memory ranked by memory), what the user asked for (a token budget's days, --gpu-hour-price's
+cost), DP (a degree: the audit read a table without it as missing the layout), the
+recomputation (part of what is launched), TFLOP/s where it is not the ranking, how close the row
+is to the memory limit and whether its split is uneven (marked on its PP). Before them go the
+memory used in GiB (the margin says it against the limit), the memory's parts and the secondary
+times."""
 
 from __future__ import annotations
 
@@ -22,13 +24,20 @@ RANKED_BY = {"paper": "the paper's rule", "memory": "memory headroom", "throughp
 """--rank-by's values as a title says them."""
 
 
+RANKING_COLUMNS = {"paper": ("verdict", "recompute_text"), "memory": ("margin_gib", "memory_fraction"),
+                   "throughput": ("tflops_per_gpu",)}
+"""The columns a ranking orders by (``advisor.ranking.order``): the paper's rule by the verdict,
+then no recomputation before any, then the fewest model-parallel GPUs (the layout, always shown);
+memory by the usage (its margin, or the 80% rule's share of memory); throughput by TFLOP/s."""
+
+
 def sweep_columns(calibrated: bool = False, timed: bool = False, tokens: bool = False, priced: bool = False,
-                  experts: bool = False) -> list:
+                  experts: bool = False, rank_by: str = "paper") -> list:
     """``render.Column``s of a sweep table: ``calibrated`` the calibrated model's usage and
     margin beside the analytic total (Eq. 18 for dense models), else the 80% rule's share of
     memory; ``timed`` the time model's columns; ``tokens`` and ``priced`` the token budget's
     days, GPU-hours and cost; ``experts`` EP and ETP (MoE rows). ``drop``: the highest is left
-    out first."""
+    out first; the answer last (``_answer_first``)."""
     from advisor.render import Column, Fold
 
     # The rank stays (a table's first column always does): the report's '#3', and '-' on a row
@@ -41,7 +50,7 @@ def sweep_columns(calibrated: bool = False, timed: bool = False, tokens: bool = 
                  mark_note="PP* marks an uneven split")
     columns += [
         Column("mbs", "MBS", keep=True),
-        Column("dp", "DP", drop=6),
+        Column("dp", "DP", drop=-1),
         Column("num_microbatches", "m", drop=9),
         Column("split", "layers", justify="left", drop=5, fold=split),
         Column("recompute_text", "recompute", justify="left", drop=0),
@@ -55,15 +64,27 @@ def sweep_columns(calibrated: bool = False, timed: bool = False, tokens: bool = 
         columns += [Column("usage_gib", "GiB", ".1f", drop=7), Column("margin_gib", "margin", "+.1f", drop=3)]
     else:
         columns.append(Column("memory_fraction", "of mem", ".0%", drop=3))
-    columns.append(Column("verdict", "verdict", justify="left", drop=-1))
+    columns.append(Column("verdict", "verdict", justify="left", drop=-4))
     if timed:
         columns += [Column("tflops_per_gpu", "TFLOP/s", ".0f", drop=1), Column("mfu", "MFU", ".0%", drop=9),
                     Column("step_time_s", "step s", ".2f", drop=8)]
     if tokens:
-        columns += [Column("days", "days", ".1f", drop=2), Column("gpu_hours", "GPU-h", ",.0f", drop=9)]
+        columns += [Column("days", "days", ".1f", drop=-2), Column("gpu_hours", "GPU-h", ",.0f", drop=9)]
     if priced:
-        columns.append(Column("cost_usd", "cost $", ",.0f", drop=9))
-    return columns
+        columns.append(Column("cost_usd", "cost $", ",.0f", drop=-2))
+    return _answer_first(columns, RANKING_COLUMNS.get(rank_by, ()))
+
+
+def _answer_first(columns: list, ranking: tuple[str, ...]) -> list:
+    """The columns with the ones the ranking orders by kept to the last but the verdict (drop -3):
+    a table titled 'ranked by throughput' that left TFLOP/s out at 60 columns showed a ranking
+    without its reason (audit). Last of all the verdict (-4), then the ranking's columns (-3), what
+    the user asked for (--tokens' days, --gpu-hour-price's cost: -2), DP (-1, a degree that follows
+    from the others), the recomputation (0)."""
+    from dataclasses import replace
+
+    return [replace(column, drop=-3) if column.key in ranking and column.drop > -3 else column
+            for column in columns]
 
 
 def setup_line(spec, workload, gpus: int, mem: float, threshold: float, options, gpu=None,

@@ -1,0 +1,90 @@
+"""What a narrow terminal leaves out (audit): the columns that carry the answer go last. The
+verdict, the columns the ranking orders by (TFLOP/s under 'ranked by throughput', the margin
+under memory), what the user asked for (--gpu-hour-price's cost, --tokens' days) and the
+layout's degrees (DP too) stay; and an estimate's memory terms, as shown, add up to its total
+(at 80 columns it showed weights 7.48 and activations 22.64 beside a total of 56.30). Widths
+are Python's len() of each line: characters, not bytes (the box drawing is 3 bytes a character)."""
+
+from __future__ import annotations
+
+import pytest
+
+TERMS = ("weights", "grads", "optimizer", "states", "activations")
+DEFAULT = ("sweep", "--gpus", 64, "--gpu", "h100-80gb", "--top", 5)
+
+
+def _shown(advisor, monkeypatch, columns: int, *args) -> tuple[str, list[str], list[dict[str, str]]]:
+    """The title and caption, the headers and the rows' cells by header, every line checked to
+    fit ``columns`` characters."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    text = advisor(*args).stdout
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= columns, text
+    top = next(i for i, line in enumerate(lines) if line.startswith("┏"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("└"))
+    headers = [cell.strip() for cell in lines[top + 1].strip("┃").split("┃")]
+    rows = [dict(zip(headers, (cell.strip() for cell in line.strip("│").split("│")), strict=True))
+            for line in lines[top + 3:end]]
+    words = " ".join(" ".join(lines[:top] + lines[end + 1:]).split())
+    return words, headers, rows
+
+
+@pytest.mark.parametrize("columns", [60, 80, 100])
+@pytest.mark.parametrize("layout", [("--tp", 2), ("--tp", 2, "--pp", 2), ("--pp", 4, "--cp", 2)],
+                         ids=["tp2", "tp2-pp2", "pp4-cp2"])
+def test_an_estimates_memory_terms_shown_add_up_to_its_total(advisor, monkeypatch, columns, layout):
+    _, headers, rows = _shown(advisor, monkeypatch, columns, "estimate", "--model", "llama3.1-8b", "--gpus", 16,
+                              *layout)
+    assert "total GiB" in headers
+    shown = [term for term in TERMS if term in headers]
+    # the states' parts come all or none: with them, the states are their sum (not also counted)
+    assert {"weights", "grads", "optimizer"} & set(shown) in (set(), {"weights", "grads", "optimizer"})
+    summed = ["states", "activations"] if "states" in shown else shown
+    assert summed in ([], ["states", "activations"])
+    for row in rows:
+        if summed:
+            assert sum(float(row[t]) for t in summed) == pytest.approx(float(row["total GiB"]), abs=0.011)
+        if "weights" in shown:
+            parts = float(row["weights"]) + float(row["grads"]) + float(row["optimizer"])
+            assert parts == pytest.approx(float(row["states"]), abs=0.011)
+    if columns >= 60:
+        assert summed == ["states", "activations"]  # room for the terms at 60 columns: they stay
+
+
+@pytest.mark.parametrize("columns", [60, 80, 100])
+def test_a_throughput_ranking_keeps_its_tflops_the_verdict_and_dp(advisor, monkeypatch, columns):
+    words, headers, rows = _shown(advisor, monkeypatch, columns, *DEFAULT)
+    assert "ranked by throughput" in words
+    assert {"TP", "CP", "PP", "VPP", "MBS", "DP", "verdict", "TFLOP/s"} <= set(headers)
+    rows_json = advisor.json(*DEFAULT, "--format", "json")
+    assert [int(r["DP"]) for r in rows] == [r["dp"] for r in rows_json]
+    assert [int(r["TFLOP/s"]) for r in rows] == [round(r["tflops_per_gpu"]) for r in rows_json]
+    if columns >= 80:
+        assert "recompute" in headers
+
+
+@pytest.mark.parametrize("columns", [60, 80, 100])
+def test_a_memory_ranking_keeps_its_margin(advisor, monkeypatch, columns):
+    words, headers, _ = _shown(advisor, monkeypatch, columns, *DEFAULT, "--rank-by", "memory")
+    assert "ranked by memory headroom" in words
+    assert {"DP", "verdict", "margin"} <= set(headers)
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_the_cost_asked_for_stays(advisor, monkeypatch, columns):
+    """--gpu-hour-price's cost went first at 100 columns."""
+    _, headers, rows = _shown(advisor, monkeypatch, columns, *DEFAULT, "--tokens", "1T", "--gpu-hour-price", 2)
+    assert {"DP", "verdict", "TFLOP/s", "days", "cost $"} <= set(headers)
+    rows_json = advisor.json(*DEFAULT, "--tokens", "1T", "--gpu-hour-price", 2, "--format", "json")
+    # cost = GPU-hours x the price (by hand from the row's own GPU-hours)
+    assert [int(r["cost $"].replace(",", "")) for r in rows] == [round(r["gpu_hours"] * 2) for r in rows_json]
+
+
+@pytest.mark.parametrize("columns", [60, 80, 100])
+def test_the_papers_ranking_keeps_the_verdict_recomputation_and_dp(advisor, monkeypatch, columns):
+    """The paper's rule orders by the verdict, then no recomputation before any (paper_rule.rule_key);
+    at 60 columns the layout, the verdict and the recomputation fill 57, and DP goes."""
+    words, headers, _ = _shown(advisor, monkeypatch, columns, "sweep", "--gpus", 64, "--mem", 40, "--top", 5)
+    assert "ranked by the paper's rule" in words
+    assert {"verdict", "recompute"} <= set(headers)
+    assert ("DP" in headers) == (columns >= 80)
