@@ -22,17 +22,30 @@ SCRIPT = "pretrain_gpt.py"
 def resolve_checkout(directory: str | os.PathLike | None) -> Path:
     """The checkout from ``--megatron-lm DIR`` or, without it, ``$MEGATRON_LM``; it must hold
     ``pretrain_gpt.py``. The path is kept as given (relative paths stay relative: torchrun's
-    workers and a Slurm job start in the directory they were launched from)."""
+    workers and a Slurm job start in the directory they were launched from), but for a leading
+    ``~`` or ``~user``, expanded here as a shell would: the manifests and a dry run's command
+    pass ``'~/Megatron-LM'`` through quoted (a pod's args, a SkyPilot run script), so that each
+    node's entry expands it to its own home, and Path alone never does."""
     if directory is None or str(directory) == "":
         directory = os.environ.get(ENV_VAR) or None
         if directory is None:
             raise AdvisorError(f"give --megatron-lm DIR (your Megatron-LM checkout) or set {ENV_VAR}")
-    path = Path(directory)
+    path = _expand_home(Path(directory))
+    shown = str(directory) if str(path) == str(directory) else f"{directory} ({path})"
     if not path.is_dir():
-        raise AdvisorError(f"Megatron-LM checkout {path}: no such directory")
+        raise AdvisorError(f"Megatron-LM checkout {shown}: no such directory")
     if not (path / SCRIPT).is_file():
-        raise AdvisorError(f"Megatron-LM checkout {path} has no {SCRIPT}")
+        raise AdvisorError(f"Megatron-LM checkout {shown} has no {SCRIPT}")
     return path
+
+
+def _expand_home(path: Path) -> Path:
+    """``path`` with a leading ``~`` expanded; as given where no home is known (``~nobody``: Path
+    raises RuntimeError), so that the error is the one line of a missing directory."""
+    try:
+        return path.expanduser()
+    except RuntimeError:
+        return path
 
 
 def check_profile_dir(directory: str | os.PathLike) -> Path:
@@ -74,6 +87,7 @@ def resolve_release(directory: str | os.PathLike | None, version: str | None, *,
     ``elsewhere``: the path names a checkout in an image or on other nodes (k8s, skypilot), read
     where this machine has one. A version given that the checkout is not is an error."""
     given = str(directory) if directory not in (None, "") else os.environ.get(ENV_VAR) or None
+    # elsewhere, a '~' is the nodes' home (their entry expands it), not this machine's: not read here
     here = given is not None and (not elsewhere or (Path(given) / SCRIPT).is_file())
     if need_checkout or here:
         try:

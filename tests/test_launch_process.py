@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_support import alive, data_job, launcher, make_checkout, subprocess_env, tiny_sweep_row, wait_for
+from launch_support import (CPU_TEST_JOB, alive, data_job, launcher, make_checkout, subprocess_env, tiny_sweep_row,
+                            wait_for)
 
 from launch.process import run_process_group
 
@@ -120,3 +121,38 @@ def test_the_entry_runs_the_script_as_python_would(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "launch.entry", "--megatron-lm", str(tmp_path / "no")],
                              capture_output=True, text=True, env=subprocess_env())
     assert missing.returncode == 2 and missing.stderr == f"Error: Megatron-LM checkout {tmp_path / 'no'}: no such directory\n"
+
+
+def test_a_checkout_under_a_leading_tilde_is_found_in_the_nodes_home(advisor, tmp_path, monkeypatch):
+    """The manifests and the printed commands pass --megatron-lm '~/Megatron-LM' through quoted (a
+    SkyPilot run script, a pod's args), so no shell expands it: the entry does, with its own
+    $HOME, as a shell would (it said 'Megatron-LM checkout ~/Megatron-LM: no such directory' on
+    every node); so does the launcher for a checkout it reads here."""
+    import shlex
+
+    import yaml
+
+    home = tmp_path / "home"
+    checkout = make_checkout(home / "Megatron-LM", script=(
+        "import json, os, sys\n"
+        "json.dump({'argv0': sys.argv[0], 'path0': sys.path[0]}, open(os.environ['SEEN'], 'w'))\n"))
+    seen = tmp_path / "seen.json"
+    entry = [sys.executable, "-m", "launch.entry", "--megatron-lm", "~/Megatron-LM", "--", "--bf16"]
+    ran = subprocess.run(entry, capture_output=True, text=True, env=subprocess_env(HOME=str(home), SEEN=str(seen)))
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(seen.read_text()) == {"argv0": f"{home}/Megatron-LM/pretrain_gpt.py", "path0": f"{home}/Megatron-LM"}
+    missing = subprocess.run([*entry[:4], "~/Megatron-LM-2"], capture_output=True, text=True,
+                             env=subprocess_env(HOME=str(home)))
+    assert (missing.returncode, missing.stderr) == (
+        2, f"Error: Megatron-LM checkout ~/Megatron-LM-2 ({home}/Megatron-LM-2): no such directory\n")
+
+    sweep, rank, _ = tiny_sweep_row(advisor, tmp_path)
+    task = yaml.safe_load(launcher()("skypilot", "--from", sweep, "--rank", rank, "--megatron-lm", "~/Megatron-LM",
+                                     "--dry-run").stdout)
+    words = shlex.split(task["run"].replace("\\\n", " "))
+    assert words[words.index("--megatron-lm") + 1] == "~/Megatron-LM"  # what the node's entry gets, unexpanded
+    monkeypatch.setenv("HOME", str(home))
+    printed = launcher()("torchrun", "--from", sweep, "--rank", rank, "--megatron-lm", "~/Megatron-LM", "--dry-run",
+                         "--", *CPU_TEST_JOB).stdout
+    words = shlex.split(printed.replace("\\\n", " "))
+    assert words[words.index("--megatron-lm") + 1] == str(checkout)
