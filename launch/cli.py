@@ -611,10 +611,14 @@ def args_command(config, release, megatron, job_plan, fmt) -> int:
       advisor-launch args --from sweep.json --rank 3
       advisor-launch args --from plan.json --format json -- --train-iters 100
     """
+    from launch.megatron_versions import LaunchShape, environment_demands
     from launch.preflight import local_attention_note, local_implementation_problems
 
     if (note := config.left_out_note(megatron.args)) is not None:
         _note(note)
+    # the flags alone do not launch: a script of the user's own must set what Megatron asserts
+    if (note := environment_demands(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))) is not None:
+        _note(f"advisor-launch: {note}")
     # what the launchers' preflight says of the same arguments (args launches nothing: warnings)
     if (note := local_attention_note(megatron.groups[0][1], megatron.args)) is not None:
         _note(f"advisor-launch: {note}")

@@ -240,3 +240,24 @@ def environment(rules: MegatronVersion, shape: LaunchShape, exported: Mapping[st
             raise AdvisorError(f"{where} requires {rule.variable} to be one of {', '.join(rule.one_of)} {rule.why}; "
                                f"export one")
     return Environment(settings=settings, reason=f"{where} requires " + "; ".join(reasons) if reasons else "")
+
+
+def environment_demands(rules: MegatronVersion, shape: LaunchShape) -> str | None:
+    """What Megatron's ``validate_args`` demands of every rank's environment for this launch, as
+    one line for ``advisor-launch args`` (which prints only the flags, for a launch script of the
+    user's own, where the other launchers set it: ``environment``), or None where it demands
+    nothing. The same ``ENVIRONMENT_RULES``, read without the user's environment here."""
+    demands = []
+    for rule in ENVIRONMENT_RULES:
+        if not rule.applies(shape):
+            continue
+        if rule.needs is not None:
+            demands.append(f"{rule.variable}={rule.needs} {rule.why}")
+        elif rule.forbids is not None:
+            demands.append(f"{rule.variable} unset or other than {rule.forbids} {rule.why}")
+        elif rule.one_of:
+            demands.append(f"{rule.variable} one of {', '.join(rule.one_of)} {rule.why}")
+    if not demands:
+        return None
+    return (f"your launch must give every rank {'; '.join(demands)}: {rules.name} (megatron/training/arguments.py, "
+            "validate_args) refuses these arguments otherwise (the other advisor-launch commands see to it)")

@@ -179,8 +179,11 @@ def test_an_oom_configuration_is_launched_with_a_warning(advisor, tmp_path):
     oom = next(row for row in json.loads(sweep.read_text()) if row["verdict"] == "oom")
     result = launcher()("args", "--from", write_json(tmp_path / "oom.json", oom))
     assert result.stdout.startswith("--num-layers 32 ")
-    assert result.stderr == (f"warning: the sweep row ({tmp_path / 'oom.json'}) does not fit: "
-                             f"{oom['total_gib']:.1f} GiB per GPU of 40 GiB (oom)\n")
+    assert result.stderr.splitlines()[0] == (f"warning: the sweep row ({tmp_path / 'oom.json'}) does not fit: "
+                                             f"{oom['total_gib']:.1f} GiB per GPU of 40 GiB (oom)")
+    # the one other line: what the launch must set where the row has TP > 1 or CP > 1
+    assert all("CUDA_DEVICE_MAX_CONNECTIONS=1" in line for line in result.stderr.splitlines()[1:])
+    assert len(result.stderr.splitlines()) == 1 + (oom["tp"] > 1 or oom["cp"] > 1)
 
 
 def test_an_estimate_read_from_a_gpt_script_says_what_its_launch_changes(advisor, tmp_path):
@@ -263,7 +266,36 @@ def test_args_warns_as_the_launchers_do_where_megatron_would_refuse_the_argument
     assert any(line.startswith("warning: FP8 (--fp8-format: TE's autocast) needs Transformer Engine, and the launch "
                                "has --transformer-impl local: Megatron-LM refuses it on every rank") for line in warnings)
     assert any("runs megatron-core's own unfused attention" in line for line in warnings)
-    assert launcher()("args", "--from", sweep).stderr == ""  # the row as priced: nothing to say
+    # the row as priced: nothing to say but the environment its TP or CP needs (test_args_names_...)
+    assert not [line for line in launcher()("args", "--from", sweep).stderr.splitlines()
+                if "CUDA_DEVICE_MAX_CONNECTIONS=1 with TP > 1 or CP > 1" not in line]
+
+
+@pytest.mark.parametrize("layout, demand", [
+    (("--tp", "2", "--cp", "1"), "CUDA_DEVICE_MAX_CONNECTIONS=1 with TP > 1 or CP > 1 on GPUs before Blackwell"),
+    (("--tp", "1", "--cp", "2"), "CUDA_DEVICE_MAX_CONNECTIONS=1 with TP > 1 or CP > 1 on GPUs before Blackwell"),
+    (("--tp", "1", "--cp", "1"), None),
+    (("--tp", "2", "--cp", "1", "--use-megatron-fsdp"),
+     "CUDA_DEVICE_MAX_CONNECTIONS unset or other than 1 under FSDP (--use-megatron-fsdp, --use-torch-fsdp2)"),
+])
+def test_args_names_the_environment_megatron_asserts_on_stderr(advisor, tmp_path, layout, demand):
+    """advisor-launch args printed only the flags of a TP 2 row, which Megatron refuses on every
+    rank unless CUDA_DEVICE_MAX_CONNECTIONS=1 (core_v0.15.2 and core_v0.19.0
+    megatron/training/arguments.py, validate_args: TP > 1 or CP > 1, before Blackwell, unless FSDP,
+    which asserts the opposite); every other launcher sets it. args says so in one line on stderr,
+    leaving stdout (what a script captures) the flags alone."""
+    estimate = tmp_path / "estimate.json"
+    advisor("estimate", "--gpus", "8", "--mem", "80", *layout, "--pp", "1", "--mbs", "1", "--format", "json",
+            "-o", estimate)
+    result = launcher()("args", "--from", estimate)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in result.stdout and result.stdout.startswith("--num-layers ")
+    said = [line for line in result.stderr.splitlines() if "CUDA_DEVICE_MAX_CONNECTIONS" in line]
+    if demand is None:
+        assert said == []
+    else:
+        assert said == [f"advisor-launch: your launch must give every rank {demand}: Megatron-LM core 0.19 "
+                        "(megatron/training/arguments.py, validate_args) refuses these arguments otherwise (the other "
+                        "advisor-launch commands see to it)"]
 
 
 def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, checkout, started, monkeypatch):
