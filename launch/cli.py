@@ -388,10 +388,11 @@ def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_p
                    qos, job_name, cpus_per_task, signal_time, requeue, rdzv_port, output, dry_run) -> int:
     """Write a Slurm batch script for the input, and submit it with sbatch.
 
-    The script asks for the input's nodes and GPUs (whole nodes: --exclusive),
-    runs one torchrun per node (srun --ntasks-per-node=1, every task killed if
-    one fails) meeting at a c10d rendezvous on the first node, each starting
-    'python -m launch.entry' on its GPUs. Output goes to JOB_NAME-JOBID.out and
+    The script asks for the input's nodes and GPUs (whole nodes, with all
+    their memory: --exclusive --mem=0), runs one torchrun per node (srun
+    --ntasks-per-node=1, every task killed if one fails) meeting at a c10d
+    rendezvous on the first node, each starting 'python -m launch.entry' on its
+    GPUs. Output goes to JOB_NAME-JOBID.out and
     .err. Before the time limit Slurm sends SIGTERM, which Megatron
     (--exit-signal-handler) turns into a save and a clean exit. The job inherits your
     environment (Slurm's default), so submit it from the environment that has

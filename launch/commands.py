@@ -258,9 +258,13 @@ class SlurmJob:
 
     def directives(self, topology: Topology, *, logs: str = "%x-%j") -> list[str]:
         """The #SBATCH lines; ``logs``: the output and error files' stem (%x the job name, %j its
-        id, %A_%a an array task)."""
+        id, %A_%a an array task). ``--mem=0`` beside ``--exclusive``: sbatch(1) --exclusive
+        allocates every CPU and GRES of a node but only the memory requested (the partition's
+        DefMemPerNode, on a cluster that schedules memory), and --mem=0 is all of each node's
+        memory; Megatron-Bridge's Slurm executor does the same (scripts/performance/executors.py:
+        mem="0", exclusive=True)."""
         settings = [("job-name", self.job_name), ("nodes", topology.nnodes), ("ntasks-per-node", 1),
-                    ("gpus-per-node", topology.nproc_per_node), ("exclusive", True),
+                    ("gpus-per-node", topology.nproc_per_node), ("exclusive", True), ("mem", 0),
                     ("cpus-per-task", self.cpus_per_task), ("output", f"{logs}.out"), ("error", f"{logs}.err"),
                     ("signal", self.signal_time_s and f"TERM@{self.signal_time_s}"), ("requeue", self.requeue or None),
                     ("partition", self.partition), ("account", self.account), ("qos", self.qos), ("time", self.time)]

@@ -131,9 +131,10 @@ def test_sbatch_script(plans, tmp_path, checkout19):
     directives = dict((line.removeprefix("#SBATCH --").split("=", 1) + [None])[:2] for line in script.splitlines()
                       if line.startswith("#SBATCH"))
     # the plan: TP 2 x DP 2 x PP 3 = 12 GPUs, planned on nodes of 4; whole nodes; logs by job id;
-    # SIGTERM to the steps' tasks (no B:) 120 s before the limit
+    # SIGTERM to the steps' tasks (no B:) 120 s before the limit; all of each node's memory, which
+    # --exclusive alone does not give (sbatch(1): only the memory requested; --mem=0 is all of it)
     assert directives == {"job-name": "megatron-tiny", "nodes": "3", "ntasks-per-node": "1", "gpus-per-node": "4",
-                          "exclusive": None, "output": "%x-%j.out", "error": "%x-%j.err", "signal": "TERM@120",
+                          "exclusive": None, "mem": "0", "output": "%x-%j.out", "error": "%x-%j.err", "signal": "TERM@120",
                           "requeue": None, "partition": "gpu", "account": "proj1", "qos": "high", "time": "01:00:00"}
     subprocess.run(["bash", "-n", tmp_path / "job.sh"], check=True)
     assert "\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n" in script  # TP 2, before srun passes the environment on

@@ -39,7 +39,7 @@ def test_the_array_script_and_its_refusals(advisor, tmp_path):
                      "1e-4").stdout
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     assert "#SBATCH --array=0-5\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=2\n" \
-           "#SBATCH --exclusive\n#SBATCH --output=%x-%A_%a.out\n#SBATCH --error=%x-%A_%a.err\n" \
+           "#SBATCH --exclusive\n#SBATCH --mem=0\n#SBATCH --output=%x-%A_%a.out\n#SBATCH --error=%x-%A_%a.err\n" \
            "#SBATCH --partition=gpu\n" in script
     runs = [run["id"] for run in json.loads((tmp_path / "campaign.json").read_text())["runs"]]
     assert script.split("runs=(\n")[1].split(")")[0].split() == runs

@@ -3,7 +3,7 @@ as gres): the generated batch script is submitted with the real sbatch and runs 
 Megatron-LM core_v0.15.2 ``pretrain_gpt.py`` (a copy of the checkout) on the CPU over gloo, with
 the hooks; the one double is tests/fixtures/cuda_on_cpu, for the GPU.
 
-What only a real Slurm shows: the #SBATCH lines are accepted and scheduled (--exclusive,
+What only a real Slurm shows: the #SBATCH lines are accepted and scheduled (--exclusive, --mem=0,
 --gpus-per-node as gres, --cpus-per-task from SLURM_CPUS_ON_NODE, --signal), the output and error
 files are named by the job id, and a SIGTERM that Slurm sends to the job's steps (what
 ``--signal=TERM@S`` sends before the time limit, and ``scancel --signal=TERM``) passes through
@@ -53,6 +53,7 @@ def test_the_batch_script_trains_through_a_real_slurm(core_0_15, advisor, tmp_pa
     logs = read_logs(tmp_path, f"{JOB}-{job_id}")
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), logs[-4000:]
     assert fields["OverSubscribe"] == "NO" and fields["TresPerNode"] == "gres:gpu:2"  # --exclusive, --gpus-per-node
+    assert fields["MinMemoryNode"] == "0"  # --mem=0: all of the node's memory (accepted where RealMemory is set)
     check_run(tmp_path / "profile", document, logs)
 
 
