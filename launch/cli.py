@@ -495,9 +495,10 @@ def manifest_options(func: Callable) -> Callable:
 
 
 def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gpus_per_node, name, output,
-                    dry_run, build) -> int:
+                    dry_run, build, comment) -> int:
     """The job for the input (its preflight problems as warnings: the ranks run elsewhere), built
-    into a document by ``build(job)``, printed or written atomically."""
+    into a document by ``build(job)`` under the comment lines ``comment(job)`` (what the image or
+    the nodes must hold), printed or written atomically."""
     from advisor.fileio import atomic_write_text
     from launch.commands import resolve_topology
     from launch.arguments import flag_values
@@ -516,7 +517,7 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
     if ub_cfg:  # Megatron opens it on the nodes
         _note(f"warning: --tp-comm-overlap-cfg {ub_cfg[-1]} is read by every rank where it runs (relative to its "
               "working directory): put the file there (in the image or on a mount); this job does not carry it")
-    text = to_yaml(build(job))
+    text = to_yaml(build(job), comment(job))
     output = None if output == STDOUT else output
     if output is not None:
         atomic_write_text(output, text)  # before the notes: a file that cannot be written is one line
@@ -534,7 +535,7 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
 @manifest_options
 @click.option("--image", required=True, metavar="IMAGE",
               help="The container image: torch, your Megatron-LM checkout (at --megatron-lm) and this package "
-                   "(a reference without blanks).")
+                   "with its [megatron] extra, which the job does not install (a reference without blanks).")
 @click.option("--namespace", default=None, help="metadata.namespace, a DNS label (default: kubectl's).")
 @megatron_options("elsewhere")
 def k8s_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_node, name, output, dry_run, image,
@@ -553,14 +554,15 @@ def k8s_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_
           --megatron-lm /workspace/Megatron-LM -o job.yaml \\
           -- --data-path ... --lr 3e-4
     """
-    from launch.manifests import pytorchjob
+    from launch.manifests import node_needs, pytorchjob
 
     if release.checkout is None and release.given is None:  # "$MEGATRON_LM" in a pod's args is not expanded
         raise InputError("advisor-launch k8s needs --megatron-lm DIR (or $MEGATRON_LM): the checkout's path inside "
                          "--image (a pod's arguments are not read by a shell)")
     return _write_manifest(config, release, megatron, job_plan, profiling, nodes=nodes, gpus_per_node=gpus_per_node,
                            name=name, output=output, dry_run=dry_run,
-                           build=lambda job: pytorchjob(job, image, namespace))
+                           build=lambda job: pytorchjob(job, image, namespace),
+                           comment=lambda job: node_needs(job, f"The image {image}"))
 
 
 @cli.command("skypilot", cls=LaunchCommand, epilog=EPILOG)
@@ -579,7 +581,9 @@ def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus
     num_nodes nodes with ACCELERATOR:GPUS each, the environment Megatron needs,
     and a run script with one torchrun per node meeting at the first node
     (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS). --megatron-lm is the checkout's
-    path on the nodes (e.g. synced with file_mounts or in the image).
+    path on the nodes (e.g. synced with file_mounts or in the image). The task
+    installs nothing: the nodes must hold torch and this package with its
+    [megatron] extra too (the comment it starts with says how to add them).
 
     \b
     Examples:
@@ -587,7 +591,7 @@ def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus
           --accelerator H100 --mock-data -o task.yaml \\
           -- --train-iters 100 --lr 3e-4
     """
-    from launch.manifests import accelerator_for, skypilot_task
+    from launch.manifests import SKYPILOT_SETUP, accelerator_for, node_needs, skypilot_task
 
     if release.checkout is None and release.given is None:  # the run script would read an unset $MEGATRON_LM
         raise InputError("advisor-launch skypilot needs --megatron-lm DIR (or $MEGATRON_LM): the checkout's path on "
@@ -596,7 +600,8 @@ def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus
     if warning is not None:
         _note(warning)
     return _write_manifest(config, release, megatron, job_plan, profiling, nodes=nodes, gpus_per_node=gpus_per_node,
-                           name=name, output=output, dry_run=dry_run, build=lambda job: skypilot_task(job, accelerator))
+                           name=name, output=output, dry_run=dry_run, build=lambda job: skypilot_task(job, accelerator),
+                           comment=lambda job: [*node_needs(job, "The nodes (their image)"), *SKYPILOT_SETUP])
 
 
 @cli.command("args", cls=LaunchCommand, epilog=EPILOG)

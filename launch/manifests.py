@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from advisor.errors import AdvisorError
 from launch.commands import DEFAULT_RDZV_PORT, ENTRY_MODULE, ShellWord, Topology, wrap
@@ -181,12 +182,40 @@ def skypilot_task(job: Job, accelerator: str) -> dict:
 # --- writing -------------------------------------------------------------------------------------
 
 
-def to_yaml(document: dict) -> str:
-    """YAML with multi-line strings as literal blocks (the run script reads as a script)."""
+def node_needs(job: Job, where: str) -> list[str]:
+    """What ``where`` (the image, the nodes) must hold for the job to start, as comment lines:
+    torchrun starts ``python -m launch.entry`` (this package) on every GPU, which runs the
+    checkout's ``pretrain_gpt.py``; neither manifest installs anything (a pod runs its image as it
+    is; a SkyPilot task without ``setup:`` runs on the nodes' Python as it is)."""
+    checkout = job.entry[job.entry.index("--megatron-lm") + 1] if "--megatron-lm" in job.entry else "--megatron-lm"
+    checkout = " ".join(checkout.splitlines())  # a path may hold a line break (YAML's \x85, \u2028 too); a comment may not
+    return textwrap.wrap(
+        f"Written by advisor-launch. {where} must hold, for every node's torchrun and its `python -m "
+        "launch.entry`: torch; this package, megatron-4d-advisor, with its [megatron] extra (pip install "
+        "'DIR[megatron]' from a checkout DIR of it, the launcher's version); and the Megatron-LM checkout at "
+        f"{checkout}. Nothing here installs them.", width=96, break_long_words=False, break_on_hyphens=False)
+
+
+SKYPILOT_SETUP = [
+    "Nodes without this package: sync a checkout of it and install it before the run, e.g.",
+    "  workdir: DIR          # synced to ~/sky_workdir on every node; setup and run start there",
+    "  setup: pip install '.[megatron]'",
+    "(relative paths in the run, e.g. --save, are then read under ~/sky_workdir).",
+]
+"""SkyPilot's own way, as an example, not written into the task: ``workdir`` is synced to
+``~/sky_workdir`` on every node and ``setup`` and ``run`` execute there
+(docs.skypilot.co/en/stable/examples/syncing-code-artifacts.html); where this package comes from
+(a source checkout, a wheel, the image) is the user's to say."""
+
+
+def to_yaml(document: dict, comment: Sequence[str] = ()) -> str:
+    """YAML with multi-line strings as literal blocks (the run script reads as a script), after
+    ``comment``'s lines as ``#`` comments (YAML's; a JSON document after them is still YAML)."""
+    header = "".join(f"# {line}\n" for line in comment)
     try:
         import yaml
     except ImportError:
-        return json.dumps(document, indent=2) + "\n"  # JSON is YAML; kubectl and sky read it as such
+        return header + json.dumps(document, indent=2) + "\n"  # JSON is YAML; kubectl and sky read it as such
 
     class Dumper(yaml.SafeDumper):
         pass
@@ -197,5 +226,5 @@ def to_yaml(document: dict) -> str:
 
     Dumper.add_representer(str, text)
     Dumper.ignore_aliases = lambda self, data: True  # each replica's template written out, no &anchors
-    return yaml.dump(document, Dumper=Dumper, sort_keys=False, width=100)
+    return header + yaml.dump(document, Dumper=Dumper, sort_keys=False, width=100)
 

@@ -179,3 +179,29 @@ def test_a_userbuffers_file_is_named_as_one_the_nodes_must_hold(tmp_path):
                 "directory): put the file there (in the image or on a mount); this job does not carry it") \
             in result.stderr.splitlines()
         assert "--tp-comm-overlap-cfg" in result.stdout and str(ub) in result.stdout
+
+
+def test_the_manifests_say_what_the_image_or_the_nodes_must_hold(sweep):
+    """Both run `torchrun ... -m launch.entry` (this package) on every node, and neither installs it
+    (no SkyPilot setup: or workdir:, a pod runs its image as it is): each says at its top, in
+    comments the parsers skip, that the image or the nodes must hold torch, this package with its
+    [megatron] extra and the checkout at --megatron-lm; the documents themselves are unchanged."""
+    texts = {command: launcher()(command, "--from", sweep, *more, "--megatron-lm", "/opt/Megatron-LM", "--mock-data",
+                                 "--dry-run").stdout
+             for command, more in (("k8s", ["--image", "ghcr.io/example/megatron:25.04"]),
+                                   ("skypilot", ["--accelerator", "H100"]))}
+    for command, text in texts.items():
+        comment = " ".join(line.removeprefix("# ") for line in text.splitlines() if line.startswith("#"))
+        assert text.startswith("# Written by advisor-launch.") and "-m launch.entry" in text
+        for needed in ("`python -m launch.entry`", "torch;", "megatron-4d-advisor, with its [megatron] extra",
+                       "the Megatron-LM checkout at /opt/Megatron-LM", "Nothing here installs them."):
+            assert needed in comment, (command, needed)
+        body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+        assert yaml.safe_load(text) == yaml.safe_load(body)
+    assert "The image ghcr.io/example/megatron:25.04 must hold" in texts["k8s"].replace("\n# ", " ")
+    task = yaml.safe_load(texts["skypilot"])
+    assert "setup" not in task and "workdir" not in task  # nothing installed behind the user's back
+    assert "  workdir: DIR" in texts["skypilot"] and "  setup: pip install '.[megatron]'" in texts["skypilot"]
+    odd = launcher()("k8s", "--from", sweep, "--image", "img", "--megatron-lm", "/opt/a\nkind: Pod\u2028b: 1",
+                     "--dry-run").stdout  # a path's line breaks stay inside the comment
+    assert yaml.safe_load(odd)["kind"] == "PyTorchJob" and "/opt/a kind: Pod b: 1" in odd.replace("\n# ", " ")
