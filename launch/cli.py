@@ -26,6 +26,7 @@ from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S
 
 if TYPE_CHECKING:
     from launch.arguments import UnknownFlag
+    from launch.inputs import LaunchInput
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
           "(layout, batch, model, memory switches), or lack the value Megatron's parser needs, are refused. Errors "
@@ -85,10 +86,11 @@ class LaunchCommand(click.Command):
 
 
 def input_options(func: Callable) -> Callable:
-    """--from FILE [--rank N] -> ``config: LaunchInput``."""
+    """--from FILE [--rank N] [--launch-as-priced] -> ``config: LaunchInput`` (one read from a command
+    that it priced otherwise refused without --launch-as-priced: ``_launch_as_priced``)."""
 
     @functools.wraps(func)
-    def wrapper(*args, source: Path, rank: int | None, **kwargs):
+    def wrapper(*args, source: Path, rank: int | None, launch_as_priced: bool, **kwargs):
         from launch.inputs import read_input
 
         refuse_overwriting_inputs(kwargs.get("output"))  # -o --from's file: the sweep replaced by YAML
@@ -97,11 +99,7 @@ def input_options(func: Callable) -> Callable:
             estimate = f"{config.judged_gib:.1f} GiB" if config.judged_gib is not None else "the estimate"
             limit = f" of {config.memory_gib:g} GiB" if config.memory_gib else ""
             _note(f"warning: {config.source} does not fit: {estimate} per GPU{limit} (oom)")
-        if config.read_from and config.unpriced:
-            command = config.read_from.partition(": ")[0]  # 'train.sh: torchrun, 8 GPUs (...)'
-            _note(f"warning: {config.source} was read from {command}, which it priced otherwise: "
-                  f"{'; '.join(config.unpriced)}. The launch runs what was priced (its megatron_args: the network and "
-                  f"options the advisor priced), not {command} as written")
+        _launch_as_priced(config, launch_as_priced)
         return func(*args, config=config, **kwargs)
 
     return apply_options([
@@ -110,7 +108,35 @@ def input_options(func: Callable) -> Callable:
                                           "(advisor estimate --format json) or a plan (advisor recommend -o)."),
         click.option("--rank", type=ROWS, default=None,
                      help="The sweep row ranked N (default 1). Only for sweep arrays."),
+        click.option("--launch-as-priced", is_flag=True,
+                     help="Launch an estimate read from a command (advisor estimate --from-command) whose "
+                          "\"unpriced\" list is not empty, which is refused without it: the launch then trains the "
+                          "network and options the advisor priced (its megatron_args: a GELU, LayerNorm network "
+                          "priced as SwiGLU, RMSNorm, ...; each unpriced entry says what), not the command as written."),
     ], wrapper)
+
+
+def _launch_as_priced(config: LaunchInput, opted_in: bool) -> None:
+    """Refuse an estimate read from a command that it priced otherwise (its ``unpriced`` entries,
+    advisor.megatron_readback): its megatron_args are the network and options priced (a GELU,
+    LayerNorm, learned-position network priced as a Llama one), so launching them trains another
+    model than the command asks for, unless the user says so (--launch-as-priced: then a warning)."""
+    if not (config.read_from and config.unpriced):
+        return
+    command = config.read_from.partition(": ")[0]  # 'train.sh: torchrun, 8 GPUs (...)'
+    if opted_in:
+        _note(f"warning: {config.source} was read from {command}, which it priced otherwise: "
+              f"{'; '.join(config.unpriced)}. The launch runs what was priced (its megatron_args: the network and "
+              f"options the advisor priced), not {command} as written")
+        return
+    # each entry is 'FLAG (what was priced instead)': the flags alone keep the line short
+    named = [item.split(" (")[0] for item in config.unpriced[:2]]
+    more = f" and {len(config.unpriced) - 2} more" if len(config.unpriced) > 2 else ""
+    written = "the command" if command == "stdin" else command
+    raise InputError(f"{config.source} was read from {command}, which it priced otherwise: {', '.join(named)}{more} "
+                     f"(its \"unpriced\" list), so its launch would train what was priced, not {written} as written. "
+                     f"Give --launch-as-priced to launch what was priced, or change {written} so that the advisor "
+                     "prices it as written (each entry says what was priced in its place) and estimate it again")
 
 
 CheckoutNeed = Literal["optional", "here", "here-unless-dry-run", "elsewhere"]

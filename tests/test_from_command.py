@@ -715,12 +715,15 @@ def test_megatron_cores_own_modules_are_written_back_as_read(tmp_path):
     assert "--transformer-impl local" in table.stdout.splitlines()[0]
     path = tmp_path / "estimate.json"
     path.write_text(json.dumps(estimate))
-    launched = json.loads(launcher()("args", "--from", path, "--format", "json").stdout)
+    # _MOE is priced otherwise (a GELU, LayerNorm network priced as SwiGLU, RMSNorm): launched as priced
+    assert "--launch-as-priced" in launcher().error("args", "--from", path)
+    priced = ("args", "--from", path, "--launch-as-priced")
+    launched = json.loads(launcher()(*priced, "--format", "json").stdout)
     assert launched[launched.index("--transformer-impl") + 1] == "local"
     # decided: the plan's own modules are not swapped for Transformer Engine after '--'
-    assert "conflicts with --transformer-impl local" in launcher().error("args", "--from", path, "--",
-                                                                        "--transformer-impl", "transformer_engine")
-    assert launcher()("args", "--from", path, "--", "--transformer-impl", "local")  # restated
+    assert "conflicts with --transformer-impl local" in launcher().error(*priced, "--", "--transformer-impl",
+                                                                        "transformer_engine")
+    assert launcher()(*priced, "--", "--transformer-impl", "local")  # restated
     bogus = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80"],
                                input=stdin.replace("local", "inference_optimized"))
     assert bogus.exit_code == 2 and "--transformer-impl 'inference_optimized' is not priced" in bogus.output

@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -187,21 +188,70 @@ def test_an_oom_configuration_is_launched_with_a_warning(advisor, tmp_path):
     assert len(result.stderr.splitlines()) == 1 + (oom["tp"] > 1 or oom["cp"] > 1)
 
 
-def test_an_estimate_read_from_a_gpt_script_says_what_its_launch_changes(advisor, tmp_path):
-    """A GELU, LayerNorm, learned-position script (Megatron's defaults) is priced as a Llama-family
-    network; the estimate's megatron_args say that network, and launching them trains it, not the
-    script: the launch says so, naming each difference."""
-    script = tmp_path / "gpt.sh"
-    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 24 --hidden-size 2048 "
-                      "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
-                      "--micro-batch-size 1 --global-batch-size 256 --bf16 --vocab-size 50257\n")
-    estimate = tmp_path / "est.json"
-    advisor("estimate", "--from-command", script, "--mem", "80", "-o", estimate)
-    result = launcher()("args", "--from", estimate)
-    assert "--swiglu" in result.stdout.split() and "--normalization RMSNorm" in result.stdout
+GPT_SCRIPT = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 24 --hidden-size 2048 --num-attention-heads 16 "
+              "--seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 256 "
+              "--tensor-model-parallel-size 2 --position-embedding-type learned_absolute --normalization LayerNorm "
+              "--vocab-size 50257 --bf16 --lr 1e-4\n")
+"""A GPT-style script: a GELU MLP (no --swiglu), LayerNorm, learned positions, linear biases (no
+--disable-bias-linear) and Megatron's dropout 0.1 (core_v0.15.2 megatron/training/arguments.py:
+--attention-dropout and --hidden-dropout default to 0.1): six ways from the Llama network the
+advisor prices, so the estimate's megatron_args are another network (--swiglu, RMSNorm, rope, ...)."""
+
+
+def gpt_estimate(advisor, directory) -> Path:
+    script = directory / "gpt.sh"
+    script.write_text(GPT_SCRIPT)
+    estimate = directory / "est.json"
+    advisor("estimate", "--from-command", script, "--gpu", "h100-80gb", "--format", "json", "-o", estimate)
+    return estimate
+
+
+@pytest.mark.parametrize("command", [
+    ["torchrun", "--dry-run"], ["torchrun", "--megatron-lm", "CHECKOUT", "--mock-data"],
+    ["sbatch", "--dry-run", "-o", "job.sh"], ["sbatch", "--megatron-lm", "CHECKOUT", "-o", "job.sh"],
+    ["args"], ["args", "--format", "json"], ["check", "--megatron-lm", "CHECKOUT"],
+    ["k8s", "--image", "img", "--megatron-lm", "/opt/Megatron-LM", "-o", "job.yaml"],
+    ["skypilot", "--megatron-lm", "/opt/Megatron-LM", "-o", "task.yaml"],
+], ids=lambda command: " ".join(command))
+def test_an_estimate_read_from_a_gpt_script_is_refused_by_every_launch(advisor, tmp_path, checkout, started,
+                                                                        monkeypatch, command):
+    """Launching a GPT script's estimate ran the Llama network it was priced as (its megatron_args:
+    --swiglu, RMSNorm, rope, no biases, no dropout), not the script, behind one warning line: each
+    command that takes --from now refuses it in one line naming the script, its first two
+    differences and both ways on, before anything is written, submitted or started."""
+    for name, value in slurm_env(tmp_path).items():
+        monkeypatch.setenv(name, value)  # a real sbatch would be recorded in slurm.jsonl
+    monkeypatch.chdir(tmp_path)
+    estimate = gpt_estimate(advisor, tmp_path)
+    words = [str(checkout) if word == "CHECKOUT" else word for word in command]
+    line = launcher().error(words[0], "--from", estimate, *words[1:], "--", "--train-iters", "5")
+    assert line == (f"Error: the estimate ({estimate}) was read from gpt.sh, which it priced otherwise: no --swiglu, "
+                    "--normalization LayerNorm and 4 more (its \"unpriced\" list), so its launch would train what "
+                    "was priced, not gpt.sh as written. Give --launch-as-priced to launch what was priced, or change "
+                    "gpt.sh so that the advisor prices it as written (each entry says what was priced in its place) "
+                    "and estimate it again")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["Megatron LM", "est.json", "gpt.sh"]  # nothing written
+    assert started == []
+
+
+def test_an_estimate_read_from_a_gpt_script_launches_as_priced_when_asked(advisor, tmp_path):
+    """--launch-as-priced takes the estimate as priced: the Llama network of its megatron_args, with
+    the warning naming every difference from the script."""
+    estimate = gpt_estimate(advisor, tmp_path)
+    result = launcher()("args", "--from", estimate, "--launch-as-priced")
+    words = result.stdout.split()
+    assert "--swiglu" in words and "--normalization RMSNorm" in result.stdout and "--disable-bias-linear" in words
     [warning] = [line for line in result.stderr.splitlines() if "was read from" in line]
     assert f"the estimate ({estimate}) was read from gpt.sh, which it priced otherwise: no --swiglu" in warning
-    assert "--normalization LayerNorm" in warning and "not gpt.sh as written" in warning
+    for difference in ("--normalization LayerNorm", "--position-embedding-type learned_absolute",
+                       "no --disable-bias-linear", "--attention-dropout 0.1", "--hidden-dropout 0.1"):
+        assert difference in warning
+    assert warning.endswith("not gpt.sh as written")
+    script = launcher()("sbatch", "--from", estimate, "--launch-as-priced", "--dry-run", "-o", tmp_path / "job.sh",
+                        "--", "--train-iters", "5")
+    assert "was read from gpt.sh" in script.stderr and "--swiglu" in (tmp_path / "job.sh").read_text().split()
+    dry = launcher()("torchrun", "--from", estimate, "--launch-as-priced", "--dry-run", "--", "--train-iters", "5")
+    assert "--swiglu" in dry.stdout.split()
 
 
 def test_a_commands_flags_that_change_no_price_are_named_where_not_launched(advisor, tmp_path):
@@ -214,9 +264,15 @@ def test_a_commands_flags_that_change_no_price_are_named_where_not_launched(advi
                       "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 --swiglu "
                       "--normalization RMSNorm --position-embedding-type rope --disable-bias-linear "
                       "--micro-batch-size 1 --global-batch-size 256 --bf16 --vocab-size 50257 "
+                      "--attention-dropout 0 --hidden-dropout 0 "
                       "--lr 3e-4 --clip-grad 1.0 --lr-decay-style cosine --save /ckpt\n")
     estimate = tmp_path / "est.json"
     advisor("estimate", "--from-command", script, "--mem", "80", "-o", estimate)
+    # a Llama network priced as written (dropout 0 given: Megatron's default is 0.1), launched without
+    # --launch-as-priced
+    assert json.loads(estimate.read_text())["unpriced"] == []
+    dry = launcher()("torchrun", "--from", estimate, "--dry-run", "--", "--train-iters", "5")
+    assert "was read from" not in dry.stderr and "--swiglu" in dry.stdout.split()
     # the vocabulary is read into the model; the rows size it with --make-vocab-size-divisible-by
     assert json.loads(estimate.read_text())["not_launched"] == ["--vocab-size 50257", "--lr 3e-4", "--clip-grad 1.0",
                                                                 "--lr-decay-style cosine", "--save /ckpt"]
