@@ -316,16 +316,12 @@ def test_megatron_training_flag_spellings_set_the_advisor_value(advisor, command
     base = [command, "--gpus", 8, "--gpu", "h100-80gb", "--model", "llama2-7b",
             *(["--tp", 2] if command == "estimate" else ["--top", 3])]
     cases = [  # Megatron's spelling, the advisor's, and a value they must differ from
-        (["--use-distributed-optimizer"], ["--distributed-optimizer"], ["--no-distributed-optimizer"]),
+        (["--no-distributed-optimizer", "--use-distributed-optimizer"], ["--distributed-optimizer"],
+         ["--no-distributed-optimizer"]),
         (["--make-vocab-size-divisible-by", 128], ["--vocab-divisible-by", 128], []),
-        (["--untie-embeddings-and-output-weights"], ["--untie-embeddings"], ["--tie-embeddings"])]
+        (["--tie-embeddings", "--untie-embeddings-and-output-weights"], ["--untie-embeddings"], ["--tie-embeddings"])]
     for megatron, ours, other in cases:
         assert advisor.json(*base, *megatron) == advisor.json(*base, *ours) != advisor.json(*base, *other)
-    # the spelling sets the value its side means: given after the other side, it contradicts it
-    # (an option given twice with different values is refused, tests/test_option_given_twice.py)
-    for megatron, other in (("--use-distributed-optimizer", "--no-distributed-optimizer"),
-                            ("--untie-embeddings-and-output-weights", "--tie-embeddings")):
-        assert advisor.error(*base, other, megatron).startswith(f"Error: {other} and {megatron} contradict")
 
 
 def test_megatron_flag_that_means_something_else_says_why(advisor):

@@ -140,6 +140,9 @@ def test_megatron_llama3_8b_fp8_example_reads_with_every_unpriced_flag_named():
         "--empty-unused-memory-level (not known to the advisor)",
         "--fp8-amax-compute-algo (not known to the advisor)"]
     assert stderr.startswith("advisor estimate: not priced (they change memory or time): --normalization")
+    # said where the estimate is made, not first at launch: advisor-launch refuses it without the opt-in
+    assert stderr.rstrip().endswith("advisor-launch runs this estimate only with --launch-as-priced (it trains what "
+                                    "was priced)")
 
 
 def test_megatron_llama3_8b_fp8_example_on_core_0_15_has_its_null_tokenizers_extra_row():

@@ -110,7 +110,8 @@ def unpriced_line(unpriced: tuple[str, ...]) -> str | None:
     """The one line naming what changes memory or time and is not priced (None when nothing)."""
     if not unpriced:
         return None
-    return "not priced (they change memory or time): " + ", ".join(unpriced)
+    return ("not priced (they change memory or time): " + ", ".join(unpriced)
+            + "; advisor-launch runs this estimate only with --launch-as-priced (it trains what was priced)")
 
 
 def read_notes(row: dict, read: CommandInputs | None, table_on_stdout: bool = False) -> list[str]:

@@ -129,8 +129,8 @@ def add_megatron_spellings(command: click.Command) -> None:
 
 class _OneName:
     """One name of one option in click's parser (its ``_Option``, whose every other attribute this
-    passes through): notes the value given under the name, and refuses a second occurrence of the
-    option, under any of its names, with another value (``OneValueEach``)."""
+    passes through): notes the value given under the name, and refuses the option given again
+    under another of its names with another value (``OneValueEach``)."""
 
     def __init__(self, option, name: str, given: dict, ctx: click.Context) -> None:
         self._option, self._name, self._given, self._ctx = option, name, given, ctx
@@ -143,10 +143,9 @@ class _OneName:
         now = self._option.const if self._option.action == "store_const" else value
         if param.name in self._given:
             name, earlier = self._given[param.name]
-            if not _same_value(param, self._ctx, earlier, now):
-                shown = (f"{name} and {self._name}" if self._option.action == "store_const"
-                         else f"{name} {earlier} and {self._name} {now}")
-                raise click.UsageError(f"{shown} contradict each other: give the option once", self._ctx)
+            if name != self._name and not _same_value(param, self._ctx, earlier, now):
+                raise click.UsageError(f"{name} {earlier} and {self._name} {now} contradict each other: give "
+                                       "the option once", self._ctx)
         self._given[param.name] = (self._name, now)
         self._option.process(value, state)
 
@@ -163,10 +162,12 @@ def _same_value(param: click.Parameter, ctx: click.Context, a, b) -> bool:
 
 
 class OneValueEach:
-    """Mix into a click Command: an option given more than once, under any of its names, with
-    different values is refused (a usage error naming both), where click keeps the last without a
-    word ('--tp 2 --tensor-model-parallel-size 4' priced TP 4, '--seq-len 4096 --seq-length 2048'
-    2048). The same value twice is fine; repeatable options (``multiple=True``: --profile,
+    """Mix into a click Command: an option with a value given under two of its names (ours and
+    Megatron's) with different values is refused (a usage error naming both), where click kept the
+    last without a word ('--tp 2 --tensor-model-parallel-size 4' priced TP 4, '--seq-len 4096
+    --seq-length 2048' 2048): the two spellings do not look like one option. The same spelling
+    again, or a switch and its opposite, keep the last, as click and Megatron's argparse do (a
+    script's override at its end); repeatable options (``multiple=True``: --profile,
     --recompute-modules) take every value, and are left alone."""
 
     def make_parser(self, ctx: click.Context):
@@ -174,7 +175,7 @@ class OneValueEach:
         given: dict[str, tuple[str, object]] = {}
         for names in (parser._long_opt, parser._short_opt):  # click's parser: one _Option per name
             for name, option in names.items():
-                if option.action in ("store", "store_const"):
+                if option.action == "store":
                     names[name] = _OneName(option, name, given, ctx)
         return parser
 
