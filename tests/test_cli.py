@@ -384,7 +384,8 @@ def test_output_and_plot_must_be_two_png_files_apart(advisor, tmp_path):
     assert "name a file ending in .png, not" in advisor.error(*common, "--plot", tmp_path / "p.txt")
     same = tmp_path / "same.png"
     line = advisor.error(*common, "--format", "json", "-o", same, "--plot", tmp_path / "." / "same.png")
-    assert line == f"Error: --output and --plot name the same file {tmp_path / '.' / 'same.png'}: give each its own"
+    # a .png name for -o is refused first (it would get JSON), so the two can never meet
+    assert line == f"Error: --format json would write JSON into {same}: name the file {tmp_path / 'same.json'}"
     assert list(tmp_path.iterdir()) == []
     advisor(*common, "--format", "json", "-o", tmp_path / "rows.json", "--plot", tmp_path / "rows.PNG")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.PNG", "rows.json"]
@@ -395,7 +396,9 @@ def test_recommend_png_is_a_png_file_of_its_own(advisor, tmp_path):
     common = ("recommend", "--gpus", 8, "--pp", 4, "--mem", 80)
     assert "name a file ending in .png, not" in advisor.error(*common, "--png", tmp_path / "plan.txt")
     line = advisor.error(*common, "-o", tmp_path / "plan.png", "--png", tmp_path / "plan.png")
-    assert line.endswith("name the same file " + str(tmp_path / "plan.png") + ": give each its own")
+    # -o gets the plan's JSON, so a .png name for it is refused before the two are compared
+    assert line == f"Error: advisor recommend would write JSON into {tmp_path / 'plan.png'}: name the file " \
+                   f"{tmp_path / 'plan.json'}"
     assert list(tmp_path.iterdir()) == []
 
 

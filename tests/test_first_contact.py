@@ -148,8 +148,7 @@ def test_the_expert_width_stands_beside_the_dense_width(advisor, monkeypatch):
 def test_recommend_refuses_a_csv_name(advisor, tmp_path, name):
     path = tmp_path / name
     line = advisor.error(*RECOMMEND, "-o", path)
-    assert line == (f"Error: -o {path}: this command writes one JSON document, not CSV rows: name the file "
-                    f"{path.with_suffix('.json')}")
+    assert line == f"Error: advisor recommend would write JSON into {path}: name the file {path.with_suffix('.json')}"
     assert list(tmp_path.iterdir()) == []
 
 
@@ -159,7 +158,7 @@ def test_every_one_document_command_refuses_a_csv_name(advisor, tmp_path):
 
     path = tmp_path / "check.csv"
     line = advisor.error("compare-log", REAL_LOG, "--from-command", REAL_COMMAND, "-o", path)
-    assert line.startswith(f"Error: -o {path}: this command writes one JSON document, not CSV rows")
+    assert line == f"Error: advisor compare-log would write JSON into {path}: name the file {tmp_path / 'check.json'}"
     assert list(tmp_path.iterdir()) == []
 
 

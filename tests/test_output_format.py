@@ -72,3 +72,45 @@ def test_stdout_keeps_the_table(advisor):
 
 def test_help_says_so(advisor):
     assert "ending in .json or .csv" in " ".join(advisor("sweep", "--help").stdout.split())
+
+
+# Every name that says a format the command does not write is refused, by one check
+# (``refuse_named``): JSON under x.html was written, while JSON under x.csv was refused.
+@pytest.mark.parametrize("args, name, written, wanted", [
+    (("--format", "json"), "x.html", "JSON", "x.json"),
+    (("--format", "json"), "x.HTM", "JSON", "x.json"),
+    (("--format", "csv"), "x.yaml", "CSV", "x.csv"),
+    ((), "x.yml", "a table", "x.txt"),
+    ((), "x.png", "a table", "x.txt"),
+])
+def test_sweep_and_estimate_refuse_every_other_format(advisor, tmp_path, args, name, written, wanted):
+    path = tmp_path / name
+    for command in (SWEEP, ESTIMATE):
+        fmt = args[1] if args else "table"
+        line = advisor.error(*command, *args, "-o", path)
+        assert line.startswith(f"Error: --format {fmt} would write {written} into {path}: "
+                               f"name the file {tmp_path / wanted}")
+    assert list(tmp_path.iterdir()) == []
+
+
+RECOMMEND = ("recommend", "--model", "llama3.1-8b", "--gpus", "64", "--tp", "2", "--pp", "4")
+
+
+@pytest.mark.parametrize("name", ["plan.csv", "plan.html", "plan.YAML", "plan.yml", "plan.png"])
+def test_one_document_commands_refuse_every_other_format(advisor, tmp_path, name):
+    path = tmp_path / name
+    line = advisor.error(*RECOMMEND, "-o", path)
+    assert line.startswith(f"Error: advisor recommend would write JSON into {path}: "
+                           f"name the file {tmp_path / 'plan.json'}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_html_refusal_points_at_the_page(advisor, tmp_path):
+    path = tmp_path / "x.html"
+    assert advisor.error(*SWEEP, "--format", "json", "-o", path).endswith("or use 'advisor report' for a page")
+
+
+def test_names_of_no_format_are_written(advisor, tmp_path):
+    path = tmp_path / "plan.out"
+    advisor(*RECOMMEND, "-o", path)
+    assert json.loads(path.read_text())["schema"] == "megatron-4d-advisor/plan"

@@ -61,7 +61,7 @@ def test_other_files_are_written(advisor, saved, tmp_path):
     assert page.read_text().lstrip().lower().startswith("<!doctype html")
 
 
-@pytest.mark.parametrize("name", ["x.json", "x.CSV"])
+@pytest.mark.parametrize("name", ["x.json", "x.CSV", "x.yaml", "x.png"])
 def test_report_refuses_a_name_of_another_format(advisor, saved, tmp_path, name):
     path = tmp_path / name
     wanted = path.with_suffix(".html")

@@ -531,13 +531,17 @@ WIDE_OPTION = click.option("--wide", is_flag=True, expose_value=False, is_eager=
                            help="Tables with every column, however wide (default: fit $COLUMNS, else 100).")
 
 
-_FILE_FORMATS = {".json": "json", ".csv": "csv", ".html": "html", ".htm": "html"}
+_FILE_FORMATS = {".json": "json", ".csv": "csv", ".html": "html", ".htm": "html", ".yaml": "yaml",
+                 ".yml": "yaml", ".png": "png"}
 """The formats a file's name says (-o rows.json): rows are written so unless --format says
-otherwise; a command that writes one format (a page) refuses a name that says another."""
+otherwise; every command that writes a file refuses a name that says another format than the
+one it writes (JSON in x.html or x.yaml, a table in x.png), with the one check ``refuse_named``."""
 _ROW_FORMATS = ("json", "csv")
 """The named formats that rows can be written in (``file_format``)."""
 
 _WRITTEN = {"table": "a table", "json": "JSON", "csv": "CSV", "html": "HTML"}
+_SUFFIX = {"table": ".txt", "json": ".json", "csv": ".csv", "html": ".html"}
+"""The name to offer for what is written (a table is text)."""
 
 
 def named_format(output: Path | None) -> str | None:
@@ -552,23 +556,39 @@ def wrong_format(who: str, written: str, output: Path, remedy: str) -> InputErro
     return InputError(f"{who} would write {_WRITTEN.get(written, written)} into {output}: {remedy}")
 
 
+def refuse_named(who: str, written: str, output: Path | None, remedy: str | None = None) -> None:
+    """The one suffix check: refuse (``wrong_format``) to write ``written`` into ``output`` when
+    its name says another known format (``_FILE_FORMATS``); other names and stdout pass. The
+    remedy offered, unless given, is the name with the suffix of what is written."""
+    named = named_format(output)
+    if named is None or named == written:
+        return
+    if remedy is None:
+        remedy = f"name the file {output.with_suffix(_SUFFIX[written])}"
+        if named == "html":
+            remedy += ", or use 'advisor report' for a page"
+    raise wrong_format(who, written, output, remedy)
+
+
 def file_format(fmt: str, output: Path | None) -> str:
     """The format the rows are written in: ``fmt``, or, when --format was left out and -o names a
     file ending in .json or .csv (any case), that format ('-o sweep.json' wrote the table into
     sweep.json, which 'advisor-launch --from' and 'advisor report --from' then could not read).
-    A --format given that differs from the name's is refused (InputError) before any work."""
+    A --format given that differs from the name's, or any format into a name that says one rows
+    are never written in (x.html, x.yaml, x.png), is refused (InputError) before any work."""
     if output is None or output == STDOUT:
         return fmt
     from click.core import ParameterSource
 
     named = named_format(output)
-    if named not in _ROW_FORMATS or named == fmt:
-        return fmt
-    ctx = click.get_current_context(silent=True)
-    source = ctx.get_parameter_source("fmt") if ctx is not None else None
-    if source in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
-        return named
-    raise wrong_format(f"--format {fmt}", fmt, output, f"give --format {named}, or another file name")
+    if named in _ROW_FORMATS and named != fmt:
+        ctx = click.get_current_context(silent=True)
+        source = ctx.get_parameter_source("fmt") if ctx is not None else None
+        if source in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+            return named
+        refuse_named(f"--format {fmt}", fmt, output, f"give --format {named}, or another file name")
+    refuse_named(f"--format {fmt}", fmt, output)
+    return fmt
 
 
 def output_options(func: Callable) -> Callable:
@@ -586,7 +606,8 @@ def output_options(func: Callable) -> Callable:
             click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
                          show_default=True, help="table for people; json or csv for machines."),
             output_option("Write to this regular file (atomically, with your umask) instead of stdout; '-' is "
-                          "stdout. A FILE ending in .json or .csv gets that format unless --format is given."),
+                          "stdout. A FILE ending in .json or .csv gets that format unless --format is given; "
+                          "one named for a format not written (.html, .yaml, .png) is refused."),
         ],
         wrapper,
     )
@@ -598,10 +619,8 @@ def document_options(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(*args, output: Path | None, **kwargs):
-        if output is not None and output != STDOUT and output.suffix.lower() == ".csv":
-            # a nested document has no rows to write as CSV; JSON under a .csv name misleads a spreadsheet
-            raise InputError(f"-o {output}: this command writes one JSON document, not CSV rows: name the file "
-                             f"{output.with_suffix('.json')}")
+        # the file always gets the JSON document (a nested one: no CSV rows), whatever --format says
+        refuse_named(command_name(), "json", output)
         refuse_overwriting_inputs(output)
         return func(*args, output=output, **kwargs)
 
@@ -611,7 +630,8 @@ def document_options(func: Callable) -> Callable:
             click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                          show_default=True, help="What to print: a table for people, or the JSON document."),
             output_option("Also write the JSON document to this regular file (atomically, with your umask); "
-                          "'-' prints the JSON document to stdout instead of the table."),
+                          "'-' prints the JSON document to stdout instead of the table. A FILE named for another "
+                          "format (.csv, .html, .yaml, .png) is refused."),
         ],
         wrapper,
     )

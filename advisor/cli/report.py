@@ -16,8 +16,8 @@ from pathlib import Path
 import click
 
 from advisor import limits
-from advisor.cli.options import (EPILOG, STDOUT, Bounded, InputError, InputPath, named_format, output_option,
-                                 refuse_overwriting_inputs, wrong_format)
+from advisor.cli.options import (EPILOG, STDOUT, Bounded, InputError, InputPath, output_option,
+                                 refuse_named, refuse_overwriting_inputs)
 
 DROPPED = {"fmt", "output", "plot", "top", "png"}
 """The wrapped command's own output options: the report writes the page instead."""
@@ -28,8 +28,7 @@ def _check_output(output: Path | None) -> Path:
     if output is None:
         raise InputError("give -o FILE.html (or -o - for stdout)")
     refuse_overwriting_inputs(output)
-    if named_format(output) not in (None, "html"):
-        raise wrong_format("advisor report", "html", output, f"name the file {output.with_suffix('.html')}")
+    refuse_named("advisor report", "html", output)
     return output
 
 
