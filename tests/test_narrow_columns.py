@@ -88,3 +88,35 @@ def test_the_papers_ranking_keeps_the_verdict_recomputation_and_dp(advisor, monk
     assert "ranked by the paper's rule" in words
     assert {"verdict", "recompute"} <= set(headers)
     assert ("DP" in headers) == (columns >= 80)
+
+
+MOE_TERMS = ("dense st.", "expert st.", "FP8 w.", "act.", "transient")
+MOE = ("estimate", "--model", "mixtral-8x7b", "--gpus", 64, "--tp", 2, "--pp", 4, "--ep", 8, "--mbs", 1)
+FP8 = ("estimate", "--model", "deepseek-v3", "--gpus", 1024, "--tp", 2, "--pp", 16, "--ep", 64, "--etp", 1,
+       "--mbs", 1, "--gpu", "h100-80gb", "--fp8-format", "hybrid", "--fp8-recipe", "delayed")
+
+
+@pytest.mark.parametrize("columns", [60, 80, 100])
+@pytest.mark.parametrize("args", [MOE + ("--mem", 80), MOE + ("--gpu", "h100-80gb"), FP8],
+                         ids=["analytic", "calibrated", "fp8"])
+def test_a_moe_estimates_terms_shown_add_up_to_its_total(advisor, monkeypatch, columns, args):
+    """The MoE stage table at 80 columns left out 'transient' and 'total GiB' (1.63 + 11.81 + 32.02
+    beside a predicted 59.00), at 60 all but 'dense st.'. Its terms (advisor.moe.stage.StageBytes.total:
+    dense and expert states, FP8 copies, activations, transient) are shown all, with their total, or
+    none, and named as not shown; the verdict's number (pred. GiB where calibrated) always stays."""
+    words, headers, rows = _shown(advisor, monkeypatch, columns, *args)
+    calibrated = "--gpu" in args
+    assert ("pred. GiB" in headers) == calibrated and ("total GiB" in headers or calibrated)
+    shown = [term for term in MOE_TERMS if term in headers]
+    fp8 = "--fp8-format" in args
+    if shown:
+        assert shown == [term for term in MOE_TERMS if fp8 or term != "FP8 w."] and "total GiB" in headers
+    else:
+        hidden = words[words.index("not shown to fit"):]
+        assert all(term in hidden for term in ("dense st.", "expert st.", "act.", "transient"))
+    for row in rows:
+        total = sum(float(row[term]) for term in shown)
+        if shown:  # each cell rounded to 0.01: the sum within half a hundredth per cell
+            assert total == pytest.approx(float(row["total GiB"]), abs=0.005 * (len(shown) + 1))
+    if columns >= 100 or (columns >= 80 and not calibrated):
+        assert shown  # the room is there: the terms stay

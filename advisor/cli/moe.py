@@ -567,6 +567,29 @@ def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node
     return best, comparison_line(best, row, gpus, experts=True)
 
 
+def _stage_columns(stages: list[dict], calibrated: bool) -> list:
+    """The stage table's columns. Narrow terminals leave out the counts first ('dense', then
+    'in flight'), then the additive terms all together, so that those shown always add up to the total
+    (at 80 columns 'transient' and the total went, and 1.63 + 11.81 + 32.02 read as 59.00); the
+    memory the verdict judges (the calibrated usage, else the total) goes last. The total is
+    ``stage.StageBytes.total``: dense and expert states, FP8 copies, activations, transient."""
+    from advisor.render import Column
+
+    def term(key: str, header: str) -> Column:
+        return Column(key, header, ".2f", drop=2, group="terms")
+
+    columns = [Column("stage", "stage"), Column("layers", "layers"), Column("dense_layers", "dense", drop=6),
+               Column("in_flight_microbatches", "in flight", "g", drop=5), term("dense_states_gib", "dense st."),
+               term("expert_states_gib", "expert st.")]
+    if any(stage.get("fp8_weights_gib") for stage in stages):  # the FP8 copies of the weights, in the total
+        columns.append(term("fp8_weights_gib", "FP8 w."))
+    columns += [term("activations_gib", "act."), term("transient_gib", "transient"),
+                Column("total_gib", "total GiB", ".2f", drop=1 if calibrated else -1)]
+    if calibrated:  # the usage Megatron's allocator is predicted to reach: the verdict's number
+        columns.append(Column("usage_gib", "pred. GiB", ".2f", drop=-1))
+    return columns
+
+
 def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings, gpu_hour_price=None) -> str:
     """One row per pipeline stage; the caption the peak stage, its verdict, the step time and a
     budget's days, GPU-hours and cost (the dense estimate's line); the title the layout, the
@@ -574,21 +597,11 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings,
     from advisor.options.flags import changed_args
 
     from advisor import render
-    from advisor.render import Column
 
     tp, cp, pp, dp, mbs, vpp = layout
     stages = row["stages"]
     calibrated = row["memory_model"] == "calibrated"
-    # narrow terminals keep the memory the verdict judges (the calibrated usage, else the total)
-    columns = [Column("stage", "stage"), Column("layers", "layers"), Column("dense_layers", "dense", drop=2),
-               Column("in_flight_microbatches", "in flight", "g"), Column("dense_states_gib", "dense st.", ".2f"),
-               Column("expert_states_gib", "expert st.", ".2f")]
-    if any(stage.get("fp8_weights_gib") for stage in stages):  # the FP8 copies of the weights, in the total
-        columns.append(Column("fp8_weights_gib", "FP8 w.", ".2f", drop=1))
-    columns += [Column("activations_gib", "act.", ".2f"), Column("transient_gib", "transient", ".2f", drop=1),
-               Column("total_gib", "total GiB", ".2f", drop=1 if calibrated else -1)]
-    if calibrated:
-        columns.append(Column("usage_gib", "pred. GiB", ".2f", drop=-1))
+    columns = _stage_columns(stages, calibrated)
     key = "usage_gib" if calibrated else "total_gib"
     peak = max(stages, key=lambda stage: stage[key])
     caption = f"peak: stage {peak['stage']}, {peak['total_gib']:.2f} GiB (analytic)"
