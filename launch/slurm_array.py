@@ -25,7 +25,8 @@ import click
 
 from advisor.capture.campaign import PROFILING_ITERATIONS
 from advisor.capture.campaign_run import prepare, scan
-from advisor.cli.options import MEGATRON_CHECKOUT, TCP_PORT, TRAIN_ITERS, OneLineCommand, output_option
+from advisor.cli.options import (MEGATRON_CHECKOUT, TCP_PORT, TRAIN_ITERS, OneLineCommand, UserPath,
+                                 output_option)
 from advisor.errors import AdvisorError
 from launch.commands import DEFAULT_RDZV_PORT, ShellWord, SlurmJob, Topology, wrap
 from launch.process import write_or_submit
@@ -58,8 +59,8 @@ def array_script(job: SlurmJob, nodes: Topology, run_ids: Sequence[str], runner:
 
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("campaign", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.argument("campaign", type=UserPath(dir_okay=False, path_type=Path))
+@click.option("--out", required=True, type=UserPath(file_okay=False, path_type=Path))
 @click.option("--megatron-lm", type=MEGATRON_CHECKOUT, metavar="DIR", default=None)
 @click.option("--mock-data", is_flag=True)
 @click.option("--train-iters", type=TRAIN_ITERS, default=PROFILING_ITERATIONS)

@@ -15,7 +15,7 @@ from advisor.cli.moe import dense_recompute_options, moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, ROWS, InputError, InputPath, NonEmpty, TokenCount,
     color_wanted, command_name, emit, distinct_files, gpu_options, model_choice_options, model_options, note, nothing_fits,
-    output_options, parse_layer_counts, png_path, table_on_stdout, workload_options,
+    output_options, parse_layer_counts, png_path, table_on_stdout, workload_options, UserPath,
 )
 from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
 from advisor.cli.training_flags import given, memory_options
@@ -130,7 +130,7 @@ Examples:
 @click.option("--top", type=ROWS, default=None,
               help=f"Show only the N best-ranked rows (table default: {TABLE_ROWS}, json/csv: all).")
 @model_choice_options
-@click.option("--plot", type=click.Path(dir_okay=False), default=None, callback=png_path, metavar="FILE.png",
+@click.option("--plot", type=UserPath(dir_okay=False), default=None, callback=png_path, metavar="FILE.png",
               help="Also draw the rows shown as a PNG: memory per layout (the paper's colours) beside the "
                    "predicted TFLOP/s per GPU.")
 @memory_options(searchable=True)

@@ -349,7 +349,7 @@ def model_options(func: Callable) -> Callable:
 
         overrides = {name: kwargs.pop(name) for name in _MODEL_FIELDS}
         try:
-            spec = with_overrides(load_model(model), **overrides)
+            spec = with_overrides(load_model(expand_home(model)), **overrides)  # a config.json's path
         except FieldError as error:  # an override's
             raise InputError(f"model {error.model!r}: {error.worded(_override_name)}") from None
         return func(*args, spec=spec, **kwargs)
@@ -430,9 +430,28 @@ MEGATRON_CHECKOUT = NonEmpty("give the directory of your Megatron-LM checkout")
 """--megatron-lm DIR ('' was taken for no checkout: the CPU emulator, or $MEGATRON_LM)."""
 
 
-class InputPath(click.Path):
-    """click.Path for a file or directory to read: an empty value is refused (Path("") is ".", so
-    --from '' was read as the current directory, and --profile '' profiled whatever was there)."""
+def expand_home(value: str) -> str:
+    """``value`` with a leading ``~`` or ``~user`` expanded as a shell would, else as given (an
+    unknown ~user too, so that the error is the path's own). A shell leaves '~' alone where it is
+    quoted ('~/x'), follows '=' (--out=~/x in sh) or comes from a script or a config, and
+    click.Path never expands it: --profile-dir '~/x' made a directory named '~' here."""
+    return os.path.expanduser(value) if value.startswith("~") else value
+
+
+class UserPath(click.Path):
+    """click.Path with a leading ``~`` expanded (``expand_home``): the type of every option and
+    argument that names a file or directory, to read (``InputPath``) or to write (-o, --plot,
+    --png, --out), so that each gets it."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str):
+            value = expand_home(value)
+        return super().convert(value, param, ctx)
+
+
+class InputPath(UserPath):
+    """A path to read: an empty value is refused (Path("") is ".", so --from '' was read as the
+    current directory, and --profile '' profiled whatever was there)."""
 
     def convert(self, value, param, ctx):
         if isinstance(value, str) and value == "":
@@ -443,8 +462,8 @@ class InputPath(click.Path):
 
 def file_path(ctx, param, value: str | None) -> Path | None:
     """A file to write (--plot, --png), checked before any work: a regular file or a new one in a
-    writable directory. Its type is click.Path() (text): Path() would drop a trailing '/', which
-    names a directory ('-o out/' wrote the file 'out')."""
+    writable directory. Its type is UserPath() (text, '~' expanded): Path() would drop a trailing
+    '/', which names a directory ('-o out/' wrote the file 'out')."""
     if value is None:
         return None
     if value == "":
@@ -517,7 +536,7 @@ def _output_path(ctx, param, value: str | None) -> Path | None:
 def output_option(help: str) -> Callable:
     """-o/--output FILE: written atomically; '-' or /dev/stdout for standard output; devices,
     FIFOs, directories and read-only files refused before any work."""
-    return click.option("-o", "--output", type=click.Path(), default=None, callback=_output_path,
+    return click.option("-o", "--output", type=UserPath(), default=None, callback=_output_path,
                         metavar="FILE", help=help)
 
 

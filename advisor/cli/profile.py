@@ -11,7 +11,7 @@ from advisor import limits
 from advisor.cli.options import (
     DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, MICRO_BATCH, TRAIN_ITERS,
     SEQ_LEN, TCP_PORT, Bounded, InputError, InputPath, NonEmpty, apply_options, color_wanted, document_options, emit,
-    emit_document, empty_value, model_options, note, output_options, parse_numbers,
+    emit_document, empty_value, model_options, note, output_options, parse_numbers, UserPath,
 )
 
 SECTIONS = ("ranks", "layers", "compare")
@@ -314,7 +314,7 @@ def run_options(func):
     receives them unchanged."""
     return apply_options([
         click.argument("campaign", type=InputPath(dir_okay=False, path_type=Path)),
-        click.option("--out", required=True, type=click.Path(file_okay=False), callback=_named_directory,
+        click.option("--out", required=True, type=UserPath(file_okay=False), callback=_named_directory,
                      help="Directory for the runs: OUT/<run id>/rank*.jsonl (what 'advisor recommend --profile' "
                           "reads)."),
         click.option("--backend", type=click.Choice(["cpu", "symbolic"]), default="cpu", show_default=True,

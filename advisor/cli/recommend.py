@@ -11,7 +11,7 @@ import click
 from advisor import limits
 from advisor.cli.options import (
     DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, STDOUT, Bounded, InputError, InputPath, color_wanted, document_options,
-    distinct_files, emit_document, gpu_options, model_options, nothing_fits, png_path, workload_options,
+    distinct_files, emit_document, gpu_options, model_options, nothing_fits, png_path, workload_options, UserPath,
 )
 from advisor.cli.training_flags import memory_options
 from advisor.paper_rule import DEFAULT_THRESHOLD
@@ -93,7 +93,7 @@ predictors keep their --predictor names (1f1b, capture). The plan file keeps eve
 @click.option("--memory-model", type=click.Choice(["calibrated", "paper"]), default=None,
               help="Without profiles, how a stage's memory is priced: calibrated (default with --gpu: the usage "
                    "advisor sweep and estimate judge, fits up to all of --mem) or paper (Eq. 18; default without).")
-@click.option("--png", type=click.Path(dir_okay=False), default=None, callback=png_path, metavar="FILE.png",
+@click.option("--png", type=UserPath(dir_okay=False), default=None, callback=png_path, metavar="FILE.png",
               help="Draw the per-GPU memory of the plan beside the even split (like CAPTURE's Fig. 6).")
 @model_options
 @workload_options

@@ -15,7 +15,7 @@ from typing import Callable
 
 import click
 
-from advisor.cli.options import OneLineCommand
+from advisor.cli.options import OneLineCommand, UserPath
 from advisor.cli.profile import megatron_options, run_options
 
 HELP = {"help_option_names": ["-h", "--help"]}
@@ -55,8 +55,8 @@ def megatron_runner(run: Callable[..., int]) -> click.Command:
     ``megatron_options`` (None where not given: the launcher's defaults), --run and the user's
     Megatron-LM arguments after '--', passed to ``run`` by name."""
     @click.command(cls=OneLineCommand, context_settings=HELP, help=MEGATRON_HELP)
-    @click.argument("campaign", type=click.Path(dir_okay=False, path_type=Path))
-    @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
+    @click.argument("campaign", type=UserPath(dir_okay=False, path_type=Path))
+    @click.option("--out", required=True, type=UserPath(file_okay=False, path_type=Path),
                   help="Directory for the runs: OUT/<run id>/rank*.jsonl.")
     @megatron_options
     @click.option("--run", "only", metavar="ID", default=None,

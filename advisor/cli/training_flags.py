@@ -10,7 +10,8 @@ import click
 from click.core import ParameterSource
 
 from advisor import limits
-from advisor.cli.options import DEGREE, LAYERS, MICRO_BATCH, VOCABULARY, Bounded, InputError, apply_options
+from advisor.cli.options import (DEGREE, LAYERS, MICRO_BATCH, VOCABULARY, Bounded, InputError, InputPath,
+                                 apply_options)
 from advisor.errors import AdvisorError
 from advisor.options.training import (
     CROSS_ENTROPY_FUSIONS, DATALOADER_MASKS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, MAIN_PARAMS_DTYPES,
@@ -42,7 +43,7 @@ TRAINING_FLAGS = [
     click.option("--tp-comm-overlap", is_flag=True, default=False,
                  help="Transformer Engine userbuffers hide the TP all-gathers and reduce-scatters behind the "
                       "GEMMs (needs Transformer Engine and --sequence-parallel; TP > 1 only)."),
-    click.option("--tp-comm-overlap-cfg", default=None, metavar="FILE",
+    click.option("--tp-comm-overlap-cfg", type=InputPath(dir_okay=False), default=None, metavar="FILE",
                  help="With --tp-comm-overlap: Megatron's YAML of per-buffer userbuffers settings (method, num_sm, "
                       "num_splits, set_sm_margin, ...), priced buffer by buffer and emitted as given. Default: "
                       "Transformer Engine's."),
