@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from advisor.cli import cli
+from advisor import memory_terms
 from advisor.errors import AdvisorError
 from advisor.hardware import get_gpu
 from advisor.models import PRESETS
@@ -166,7 +167,20 @@ def test_te_defaults_written_out_price_as_no_file(tmp_path):
     ("proj_dgrad: {method: bulk}\n", "proj_dgrad: bulk does not run for an all-gather beside its GEMM"),
     ("qkv_wgrad: {method: ring_exchange}\n", "qkv_wgrad: ring_exchange does not run here"),
     ("fc1_dgrad: {method: ring_exchange}\n", "fc1_dgrad: ring_exchange does not run here"),
-    ("fc1_fprop: {method: external}\n", "fc1_fprop: external is the method of proj_wgrad and fc2_wgrad only"),
+    # external on another buffer passes add_ub (TE 2.9 base.py asserts only proj_wgrad/fc2_wgrad, 403-411);
+    # it makes the non-ring object, which refuses fc1_fprop's all-gather beside its GEMM
+    ("fc1_fprop: {method: external}\n", "fc1_fprop: external does not run for an all-gather beside its GEMM"),
+    ("proj_wgrad: {method: bulk}\n", "proj_wgrad: method must be external (Transformer Engine asserts it for proj_wgrad"),
+    ("proj_dgrad: {method: pipeline, is_reduce_scatter: true}\n",
+     "proj_dgrad: pipeline does not run for an all-gather beside its GEMM"),
+    ("qkv_wgrad: {method: pipeline, is_reduce_scatter: false}\n",
+     "qkv_wgrad: pipeline is not supported for an all-gather (Transformer Engine refuses it: is_reduce_scatter is "
+     "false)"),
+    ("qkv_fprop: {is_reduce_scatter: true}\n", "qkv_fprop: is_reduce_scatter: true makes a reduce-scatter "
+                                               "ring-exchange buffer, but the layer all-gathers there"),
+    ("fc2_fprop: {method: ring_exchange, is_reduce_scatter: false}\n",
+     "fc2_fprop: is_reduce_scatter: false makes an all-gather ring-exchange buffer, but the layer reduce-scatters"),
+    ("fc2_fprop: {is_reduce_scatter: perhaps}\n", "fc2_fprop: is_reduce_scatter must be true, false, 0 or 1"),
     ("fc1_fprop: {num_sms: 4}\n", "fc1_fprop: unknown setting 'num_sms'"),
     ("qkv: {method: bulk}\n", "qkv: not a userbuffers buffer"),
     ("qkv_dgrad: {method: pipeline}\nqkv_wgrad: {method: bulk}\n", "qkv_wgrad: set beside a non-bulk qkv_dgrad"),
@@ -259,3 +273,30 @@ def test_the_file_beside_from_command_is_named_as_the_commands(tmp_path):
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == ("Error: --tp-comm-overlap-cfg comes from the command with --from-command (edit "
                                      "the command instead)")
+
+
+def test_te_29_accepts_is_reduce_scatter_and_external_beyond_the_wgrads(tmp_path):
+    """TE 2.9's add_ub takes is_reduce_scatter (base.py 354; get_default_config's, 330/335, which
+    the file's mapping updates, 478), and asserts external only on proj_wgrad/fc2_wgrad (403-411):
+    another buffer made external gets the non-ring object (428-441) and runs what its layer asks.
+    A qkv_wgrad external runs bulk, as bulk does; a proj_fprop external the pipelined
+    reduce-scatter; a pipelined qkv_wgrad said to be a reduce-scatter, as TE says it is, passes."""
+    config = parse_userbuffers("cfg", {"qkv_wgrad": {"method": "external"}, "proj_fprop": {"method": "external"},
+                                       "fc1_dgrad": {"method": "external"},
+                                       "fc2_fprop": {"is_reduce_scatter": True},
+                                       "qkv_fprop": {"is_reduce_scatter": False},
+                                       "fc1_fprop": {"method": "ring_exchange", "is_reduce_scatter": 0}})
+    assert [config.kernel(name) for name in ("qkv_wgrad", "proj_fprop", "fc1_dgrad", "fc2_fprop", "qkv_fprop")] == [
+        "bulk", "pipeline", "bulk", "pipeline", "ring_exchange"]
+    # a non-ring buffer's is_reduce_scatter reaches only add_ub's pipeline check: TE's defaults otherwise
+    assert [config.reduce_scatter(name) for name in ("proj_fprop", "fc2_fprop", "qkv_fprop", "fc1_fprop")] == [
+        True, True, False, False]
+    # fc1_dgrad external moves to TE's reduce-scatter list (455-468): 16 SMs with a margin, as TE's non-ring default
+    assert config.reduce_scatter("fc1_dgrad") and config.buffer("fc1_dgrad").num_sm == 16
+    # priced as what runs: the time and the buffers (one whole BF16 s b h buffer, as bulk's) of TE's defaults
+    assert _layer(_file(tmp_path, "qkv_wgrad: {method: external}\n")) == _layer(None)
+    external = parse_userbuffers("cfg", {"qkv_wgrad": {"method": "external"}})
+    assert [float(memory_terms.userbuffers_bytes(c, PRESETS["llama3.1-8b"], 8192, 1, 8, 1, False))
+            for c in (external, TE_DEFAULTS)] == [12 * 8192 * 4096 * 2.0] * 2
+    assert parse_userbuffers("cfg", {"qkv_wgrad": {"method": "pipeline", "is_reduce_scatter": True}}).kernel(
+        "qkv_wgrad") == "bulk"

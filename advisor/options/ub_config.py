@@ -3,11 +3,15 @@ with ``yaml.safe_load`` and passes whole to Transformer Engine's ``initialize_ub
 (core_v0.15.2 and core_v0.19.0 ``megatron/training/initialize.py``, ``_initialize_tp_communicators``).
 
 Transformer Engine (TE 2.9, the release core_v0.15.2 pins, ``pytorch/module/base.py``,
-``initialize_ub``) starts every buffer from ``get_default_config`` and updates it with the file's
-mapping for that buffer; ``add_ub`` takes exactly the keys below (any other is a TypeError there),
-asserts that an all-gather buffer is never ``pipeline`` and that ``external`` is only the
-projection's and FC2's wgrad. ``qkv_dgrad``/``fc1_dgrad`` given a method other than ``bulk`` move
-to TE's reduce-scatter lists (the file may then not set their ``*_wgrad``, asserted).
+``initialize_ub``) starts every buffer from ``get_default_config`` (v2.9 lines 327-346) and updates
+it with the file's mapping for that buffer (``ub_cfg.update``, 478); ``add_ub`` (350-366) takes
+exactly the keys below, ``is_reduce_scatter`` among them (any other is a TypeError there). It
+raises where a buffer that is not a reduce-scatter is ``pipeline`` (380-383), and asserts that the
+projection's and FC2's wgrad are ``external`` (403-407; the second assert, 408-411, reads TE's own
+table, where proj_dgrad/fc2_dgrad are always ring_exchange). Any other buffer may be ``external``
+too: it gets the non-ring object, and runs what its layer asks (``te_kernel``: a qkv_wgrad runs
+bulk). ``qkv_dgrad``/``fc1_dgrad`` given a method other than ``bulk`` move to TE's reduce-scatter
+lists (455-468; the file may then not set their ``*_wgrad``, asserted at 462).
 
 A buffer's method makes only its object: ring_exchange a ``CommOverlapP2P``, any other a
 ``CommOverlap`` (``add_ub``). Which overlap runs is the layer's (``te_kernel``, ``ROLES``).
@@ -54,8 +58,8 @@ on ``*_dgrad`` (backward); the column-parallel QKV and FC1 AG on ``*_fprop``, an
 gathered gradient's reuse (external). ``module/base.py`` ``add_ub`` (418-449): ring_exchange makes
 a ``CommOverlapP2P``, any other method a ``CommOverlap``, the only thing the method decides."""
 
-KEYS = ("method", "num_sm", "cga_size", "set_sm_margin", "num_splits", "aggregate", "atomic_gemm", "use_ce",
-        "fp8_buf", "comm_priority", "gemm_priority", "pipeline_rs_overlap_first_gemm")
+KEYS = ("method", "is_reduce_scatter", "num_sm", "cga_size", "set_sm_margin", "num_splits", "aggregate",
+        "atomic_gemm", "use_ce", "fp8_buf", "comm_priority", "gemm_priority", "pipeline_rs_overlap_first_gemm")
 """``add_ub``'s keyword arguments: what a buffer's mapping may set."""
 
 
@@ -73,6 +77,11 @@ class Userbuffer:
     """Whether the GEMM beside the collective gives those SMs up (``_math_sms = sm_count - num_sm``)."""
     num_splits: int
     """The pipeline method's chunks (4 by default; ring exchange always runs TP chunks)."""
+    is_reduce_scatter: bool | None = None
+    """The file's ``is_reduce_scatter``; None where it leaves TE's (``UserbuffersConfig.reduce_scatter``).
+    What it decides (TE 2.9 base.py): whether ``pipeline`` is allowed (380-383), and the type of a
+    ring-exchange object (424), whose buffer is 2 TP - 1 chunks of 1/TP for a reduce-scatter
+    (``comm_gemm_overlap.cpp`` 673-677); the other object does not take it (428-441)."""
     fp8_buf: bool = False
     """Whether the buffer holds FP8 in an FP8 run, as ``initialize_ub`` decides it: every all-gather
     buffer (``layers_all_gather_overlap``), and a buffer of TE's ``methods["pipeline"]`` list whose
@@ -146,7 +155,11 @@ class UserbuffersConfig:
         """Whether buffer ``name`` is a reduce-scatter (``initialize_ub``'s
         ``layers_reduce_scatter_overlap``): proj_fprop, fc2_fprop, and qkv_wgrad/fc1_wgrad, except
         that a non-bulk qkv_dgrad/fc1_dgrad takes its wgrad's place there (the wgrad buffer is still
-        made, as a bulk all-gather that never runs)."""
+        made, as a bulk all-gather that never runs); the file's ``is_reduce_scatter`` where it sets
+        one (``ub_cfg.update`` overrides ``get_default_config``'s)."""
+        given = dict(self.buffers).get(name)
+        if given is not None and given.is_reduce_scatter is not None:
+            return given.is_reduce_scatter
         if name in ("qkv_dgrad", "fc1_dgrad"):
             return self.buffer(name).method != "bulk"
         if name in ("qkv_wgrad", "fc1_wgrad"):
@@ -182,8 +195,39 @@ def _whole(path: str, name: str, key: str, value, least: int) -> int:
     return value
 
 
+def _flag(path: str, name: str, key: str, value) -> bool:
+    if value not in (0, 1):  # True/False or 0/1, as the recipes write it (a bool in add_ub)
+        raise _problem(path, name, f"{key} must be true, false, 0 or 1, got {value!r}")
+    return bool(value)
+
+
+def _reduce_scatter(path: str, name: str, method: str, given: dict) -> bool | None:
+    """The file's ``is_reduce_scatter`` (None where it leaves it), refused where TE 2.9 then raises
+    or fails: ``pipeline`` on a buffer that is not a reduce-scatter (base.py 380-383, ValueError,
+    whatever the file says the buffer is), and a ring-exchange object of the other direction than
+    its layer's GEMM (base.py 424 makes it by the flag): an all-gather's layer asks the whole
+    buffer as the gathered input, and a reduce-scatter's object is 2 TP - 1 chunks of 1/TP
+    (``CommOverlapP2P::get_buffer``, pytorch/csrc/extensions/comm_gemm_overlap.cpp 289-291:
+    "Invalid shape for a Userbuffers buffer"); a reduce-scatter's GEMM receives chunks TP to
+    2 TP - 2 (``CommOverlapP2PBase::split_overlap_rs``, comm_gemm_overlap.cpp 1166-1170) into an
+    all-gather's object of TP chunks (673-677), past its buffer."""
+    flag = None if "is_reduce_scatter" not in given else _flag(path, name, "is_reduce_scatter",
+                                                                given["is_reduce_scatter"])
+    scatter = not _all_gather(name, method) if flag is None else flag  # get_default_config's, after the move
+    if method == "pipeline" and not scatter:
+        raise _problem(path, name, "pipeline is not supported for an all-gather (Transformer Engine refuses it"
+                                   + (": is_reduce_scatter is false)" if flag is False else ")"))
+    if flag is not None and te_kernel(name, method) == "ring_exchange" and flag != (ROLES[name] == "reduce_scatter"):
+        made, runs = ("a reduce-scatter", "all-gathers") if flag else ("an all-gather", "reduce-scatters")
+        raise _problem(path, name, f"is_reduce_scatter: {str(flag).lower()} makes {made} ring-exchange buffer, but "
+                                   f"the layer {runs} there (Transformer Engine fails on it: the buffer's size is the "
+                                   f"other direction's); leave is_reduce_scatter out")
+    return flag
+
+
 def _buffer(path: str, name: str, given) -> Userbuffer:
-    """One buffer's mapping merged over its default, refused where ``add_ub`` would refuse it."""
+    """One buffer's mapping merged over its default, refused where ``add_ub`` would refuse it, or
+    where the layer's GEMM then fails on the buffer's object (``te_kernel``, ``_reduce_scatter``)."""
     if not isinstance(given, dict):
         raise _problem(path, name, f"expected a mapping of settings, got {given!r}")
     unknown = sorted(set(given) - set(KEYS))
@@ -195,20 +239,17 @@ def _buffer(path: str, name: str, given) -> Userbuffer:
         raise _problem(path, name, f"method must be one of {', '.join(METHODS)}, got {method!r}")
     # initialize_ub moves a non-bulk dgrad to its method's list before taking the defaults
     base = default_buffer(name, method if name in ("qkv_dgrad", "fc1_dgrad") else None)
-    if method == "pipeline" and name in ALL_GATHERS and name not in ("qkv_dgrad", "fc1_dgrad"):
-        raise _problem(path, name, "pipeline is not supported for an all-gather (Transformer Engine refuses it)")
-    if (method == "external") != (name in ("proj_wgrad", "fc2_wgrad")):
-        raise _problem(path, name, "external is the method of proj_wgrad and fc2_wgrad only (Transformer Engine "
-                                   "asserts it)")
+    if name in ("proj_wgrad", "fc2_wgrad") and method != "external":  # base.py 403-407; others may be external
+        raise _problem(path, name, f"method must be external (Transformer Engine asserts it for proj_wgrad and "
+                                   f"fc2_wgrad), got {method}")
     try:  # what the layer then runs on the buffer's object (te_kernel): refused where TE fails
+        scatter = _reduce_scatter(path, name, method, given)
         te_kernel(name, method)
     except ValueError as exc:
         raise _problem(path, name, str(exc)) from None
-    margin = given.get("set_sm_margin", base.set_sm_margin)
-    if margin not in (0, 1):  # True/False or 0/1, as the recipes write it (a bool in add_ub)
-        raise _problem(path, name, f"set_sm_margin must be true, false, 0 or 1, got {margin!r}")
     return Userbuffer(method=method, num_sm=_whole(path, name, "num_sm", given.get("num_sm", base.num_sm), 1),
-                      set_sm_margin=bool(margin),
+                      set_sm_margin=_flag(path, name, "set_sm_margin", given.get("set_sm_margin", base.set_sm_margin)),
+                      is_reduce_scatter=scatter,
                       num_splits=_whole(path, name, "num_splits", given.get("num_splits", base.num_splits), 1),
                       # initialize_ub (TE 2.9 base.py): fp8_buf = (name in layers_all_gather_overlap) or
                       # (user_ub_cfg[name].get("fp8_buf", False) and name in methods["pipeline"]), where
