@@ -2,34 +2,38 @@
 
 For each Megatron-LM release (major, minor), every flag of its own argument parser and the values it
 takes: ``--flag`` one, ``--flag=N`` N (0: a switch), ``--flag=N+`` N or more, ``--flag=?`` one or
-none, ``--flag=*`` any number; read from the checkout named above it.
+none, ``--flag=*`` any number; then ``:int`` or ``:float`` where argparse converts each value with
+that type; read from the checkout named above it.
 """
 
 FLAGS = {
     # core_v0.15.2
     (0, 15): """
         --account-for-embedding-in-pipeline-split=0 --account-for-loss-in-pipeline-split=0
-        --accumulate-allreduce-grads-in-fp32=0 --activation-func-clamp-value --adam-beta1 --adam-beta2
-        --adam-eps --add-qkv-bias=0 --adlr-autoresume=0 --adlr-autoresume-interval --app-tag-run-name
-        --app-tag-run-version --apply-layernorm-1p=0 --apply-query-key-layer-scaling=0
-        --apply-residual-connection-post-layernorm=0 --async-save=0 --attention-backend --attention-dropout
-        --attention-softmax-in-fp32=0 --auto-detect-ckpt-format=0 --batch-size --bert-embedder-type --bert-load
-        --bert-no-binary-head=0 --bf16=0 --biencoder-projection-dim --biencoder-shared-query-context-model=0
-        --block-data-path --cache-mla-latents=0 --calc-ft-timeouts=0 --calculate-per-token-loss=0
-        --check-for-large-grads=0 --check-for-spiky-loss=0 --check-weight-hash-across-dp-replicas-interval
-        --checkpoint-activations=0 --ckpt-assume-constant-structure=0 --ckpt-convert-format --ckpt-convert-save
+        --accumulate-allreduce-grads-in-fp32=0 --activation-func-clamp-value:float --adam-beta1:float
+        --adam-beta2:float --adam-eps:float --add-qkv-bias=0 --adlr-autoresume=0 --adlr-autoresume-interval:int
+        --app-tag-run-name --app-tag-run-version --apply-layernorm-1p=0 --apply-query-key-layer-scaling=0
+        --apply-residual-connection-post-layernorm=0 --async-save=0 --attention-backend
+        --attention-dropout:float --attention-softmax-in-fp32=0 --auto-detect-ckpt-format=0 --batch-size:int
+        --bert-embedder-type --bert-load --bert-no-binary-head=0 --bf16=0 --biencoder-projection-dim:int
+        --biencoder-shared-query-context-model=0 --block-data-path --cache-mla-latents=0 --calc-ft-timeouts=0
+        --calculate-per-token-loss=0 --check-for-large-grads=0 --check-for-spiky-loss=0
+        --check-weight-hash-across-dp-replicas-interval:int --checkpoint-activations=0
+        --ckpt-assume-constant-structure=0 --ckpt-convert-format --ckpt-convert-save
         --ckpt-convert-update-legacy-dist-opt-format=0 --ckpt-format --ckpt-fully-parallel-load=0
-        --ckpt-fully-parallel-save=0 --ckpt-step --classes-fraction --clip-grad --config-logger-dir
-        --context-parallel-size --cp-comm-type=1+ --cross-entropy-fusion-impl --cross-entropy-loss-fusion=0
-        --cuda-graph-impl --cuda-graph-scope --cuda-graph-warmup-steps --data-args-path --data-cache-path
-        --data-parallel-random-init=0 --data-parallel-sharding-strategy --data-path=* --data-per-class-fraction
-        --dataloader-type --ddp-average-in-collective=0 --ddp-bucket-size --ddp-num-buckets
-        --ddp-pad-buckets-for-high-nccl-busbw=0 --decode-only-cuda-graphs=0 --decoder-first-pipeline-num-layers
-        --decoder-last-pipeline-num-layers --decoder-num-layers --decoder-seq-length --decoupled-lr
-        --decoupled-min-lr --decrease-batch-size-if-needed=0 --defer-embedding-wgrad-compute=0
-        --delay-wgrad-compute=0 --deterministic-mode=0 --dino-bottleneck-size --dino-freeze-last-layer
-        --dino-head-hidden-size --dino-local-crops-number --dino-local-img-size --dino-norm-last-layer=0
-        --dino-teacher-temp --dino-warmup-teacher-temp --dino-warmup-teacher-temp-epochs
+        --ckpt-fully-parallel-save=0 --ckpt-step:int --classes-fraction:float --clip-grad:float
+        --config-logger-dir --context-parallel-size:int --cp-comm-type=1+ --cross-entropy-fusion-impl
+        --cross-entropy-loss-fusion=0 --cuda-graph-impl --cuda-graph-scope --cuda-graph-warmup-steps:int
+        --data-args-path --data-cache-path --data-parallel-random-init=0 --data-parallel-sharding-strategy
+        --data-path=* --data-per-class-fraction:float --dataloader-type --ddp-average-in-collective=0
+        --ddp-bucket-size:int --ddp-num-buckets:int --ddp-pad-buckets-for-high-nccl-busbw=0
+        --decode-only-cuda-graphs=0 --decoder-first-pipeline-num-layers:int
+        --decoder-last-pipeline-num-layers:int --decoder-num-layers:int --decoder-seq-length:int
+        --decoupled-lr:float --decoupled-min-lr:float --decrease-batch-size-if-needed=0
+        --defer-embedding-wgrad-compute=0 --delay-wgrad-compute=0 --deterministic-mode=0
+        --dino-bottleneck-size:int --dino-freeze-last-layer:float --dino-head-hidden-size:int
+        --dino-local-crops-number:int --dino-local-img-size:int --dino-norm-last-layer=0
+        --dino-teacher-temp:float --dino-warmup-teacher-temp:float --dino-warmup-teacher-temp-epochs:int
         --disable-bf16-reduced-precision-matmul=0 --disable-bias-linear=0 --disable-chunked-prefill=0
         --disable-gloo-process-groups=0 --disable-mamba-mem-eff-path=0 --disable-msc=0
         --disable-straggler-on-startup=0 --disable-symmetric-registration=0 --disable-tp-comm-bulk-dgrad=0
@@ -37,69 +41,77 @@ FLAGS = {
         --disable-tp-comm-split-ag=0 --disable-tp-comm-split-rs=0 --dist-ckpt-format
         --dist-ckpt-optim-fully-reshardable=0 --dist-ckpt-save-pre-mcore-014=0 --dist-ckpt-strictness
         --distrib-optim-fully-reshardable-mem-efficient=0 --distribute-saved-activations=0 --distributed-backend
-        --distributed-timeout-minutes --distributed-timeout-seconds-after-init --embedding-init-method-std
-        --embedding-path --empty-unused-memory-level --enable-cuda-graph=0 --enable-experimental=0
-        --enable-ft-package=0 --enable-full-sharding-in-hsdp=0 --encoder-num-layers --encoder-seq-length
-        --end-weight-decay --eod-mask-loss=0 --error-injection-rate --error-injection-type --eval-interval
-        --eval-iters --evidence-data-path --exit-duration-in-mins --exit-interval --exit-on-missing-checkpoint=0
-        --exit-signal-handler=0 --exp-avg-dtype --exp-avg-sq-dtype --expert-model-parallel-size
-        --expert-tensor-parallel-size --export-force-local-attention=0 --export-kd-cfg
-        --export-kd-teacher-ckpt-format --export-kd-teacher-load --export-kv-cache-quant=0
-        --export-legacy-megatron=0 --export-model-type --export-moe-apply-probs-on-input=0
-        --export-offline-model=0 --export-qk-l2-norm=0 --export-quant-cfg --export-real-quant-cfg
-        --export-te-mcore-model=0 --external-cuda-graph=0 --ffn-hidden-size --finetune=0 --finetune-data-split
-        --finetune-hf-dataset --first-last-layers-bf16=0 --flash-decode=0 --fp16=0 --fp16-lm-cross-entropy=0
-        --fp32-residual-connection=0 --fp4-format --fp4-param-gather=0 --fp4-recipe --fp8-amax-compute-algo
-        --fp8-amax-history-len --fp8-format --fp8-interval --fp8-margin --fp8-param-gather=0 --fp8-recipe
-        --fsdp-double-buffer=0 --full-validation=0 --global-batch-size --glu-linear-offset
-        --grad-reduce-in-bf16=0 --group-query-attention=0 --grpo-clamp-eps-lower --grpo-clamp-eps-upper
-        --grpo-default-temperature --grpo-default-top-p --grpo-entropy-term-weight
-        --grpo-filter-groups-with-same-reward=0 --grpo-group-size --grpo-iterations --grpo-kl-beta
-        --grpo-prompts-per-step --head-lr-mult --help=0 --heterogeneous-layers-config-encoded-json
-        --heterogeneous-layers-config-path --hidden-dropout --hidden-size
-        --hierarchical-context-parallel-sizes=1+ --high-priority-stream-groups=* --hybrid-attention-ratio
-        --hybrid-mlp-ratio --hybrid-override-pattern --hysteresis --ict-head-size --ict-load --img-h --img-w
-        --indexer-batch-size --indexer-log-interval --inference-batch-times-seqlen-threshold
-        --inference-dynamic-batching=0 --inference-dynamic-batching-block-size
-        --inference-dynamic-batching-buffer-guaranteed-fraction
-        --inference-dynamic-batching-buffer-overflow-factor --inference-dynamic-batching-buffer-size-gb
-        --inference-dynamic-batching-max-requests-override --inference-dynamic-batching-max-tokens-override
-        --inference-dynamic-batching-num-cuda-graphs --inference-dynamic-batching-track-paused-request-events=0
-        --inference-dynamic-batching-unified-memory-level --inference-max-batch-size --inference-max-requests
-        --inference-max-seq-length --inference-rng-tracker=0 --init-method-std --init-method-xavier-uniform=0
-        --init-model-with-meta-device=0 --initial-loss-scale --inprocess-active-world-size
-        --inprocess-barrier-timeout --inprocess-completion-timeout --inprocess-empty-cuda-cache=0
-        --inprocess-granularity --inprocess-hard-timeout --inprocess-heartbeat-interval
-        --inprocess-heartbeat-timeout --inprocess-last-call-wait --inprocess-max-iterations
-        --inprocess-monitor-process-interval --inprocess-monitor-thread-interval
-        --inprocess-progress-watchdog-interval --inprocess-restart=0 --inprocess-soft-timeout
-        --inprocess-termination-grace-time --is-hybrid-model=0 --iter-per-epoch --iterations-to-skip=1+
-        --keep-fp8-transpose-cache=0 --kitchen-config-file --kitchen-recipe-number --kv-channels --kv-lora-rank
-        --langrl-env-config --langrl-external-server=0 --langrl-inference-server-conversation-template
+        --distributed-timeout-minutes:int --distributed-timeout-seconds-after-init:int
+        --embedding-init-method-std:float --embedding-path --empty-unused-memory-level:int --enable-cuda-graph=0
+        --enable-experimental=0 --enable-ft-package=0 --enable-full-sharding-in-hsdp=0 --encoder-num-layers:int
+        --encoder-seq-length:int --end-weight-decay:float --eod-mask-loss=0 --error-injection-rate:int
+        --error-injection-type --eval-interval:int --eval-iters:int --evidence-data-path
+        --exit-duration-in-mins:int --exit-interval:int --exit-on-missing-checkpoint=0 --exit-signal-handler=0
+        --exp-avg-dtype --exp-avg-sq-dtype --expert-model-parallel-size:int --expert-tensor-parallel-size:int
+        --export-force-local-attention=0 --export-kd-cfg --export-kd-teacher-ckpt-format
+        --export-kd-teacher-load --export-kv-cache-quant=0 --export-legacy-megatron=0 --export-model-type
+        --export-moe-apply-probs-on-input=0 --export-offline-model=0 --export-qk-l2-norm=0 --export-quant-cfg
+        --export-real-quant-cfg --export-te-mcore-model=0 --external-cuda-graph=0 --ffn-hidden-size:int
+        --finetune=0 --finetune-data-split --finetune-hf-dataset --first-last-layers-bf16=0 --flash-decode=0
+        --fp16=0 --fp16-lm-cross-entropy=0 --fp32-residual-connection=0 --fp4-format --fp4-param-gather=0
+        --fp4-recipe --fp8-amax-compute-algo --fp8-amax-history-len:int --fp8-format --fp8-interval:int
+        --fp8-margin:int --fp8-param-gather=0 --fp8-recipe --fsdp-double-buffer=0 --full-validation=0
+        --global-batch-size:int --glu-linear-offset:float --grad-reduce-in-bf16=0 --group-query-attention=0
+        --grpo-clamp-eps-lower:float --grpo-clamp-eps-upper:float --grpo-default-temperature:float
+        --grpo-default-top-p:float --grpo-entropy-term-weight:float --grpo-filter-groups-with-same-reward=0
+        --grpo-group-size:int --grpo-iterations:int --grpo-kl-beta:float --grpo-prompts-per-step:int
+        --head-lr-mult:float --help=0 --heterogeneous-layers-config-encoded-json
+        --heterogeneous-layers-config-path --hidden-dropout:float --hidden-size:int
+        --hierarchical-context-parallel-sizes=1+:int --high-priority-stream-groups=*
+        --hybrid-attention-ratio:float --hybrid-mlp-ratio:float --hybrid-override-pattern --hysteresis:int
+        --ict-head-size:int --ict-load --img-h:int --img-w:int --indexer-batch-size:int
+        --indexer-log-interval:int --inference-batch-times-seqlen-threshold:int --inference-dynamic-batching=0
+        --inference-dynamic-batching-block-size:int
+        --inference-dynamic-batching-buffer-guaranteed-fraction:float
+        --inference-dynamic-batching-buffer-overflow-factor:float
+        --inference-dynamic-batching-buffer-size-gb:float --inference-dynamic-batching-max-requests-override:int
+        --inference-dynamic-batching-max-tokens-override:int --inference-dynamic-batching-num-cuda-graphs:int
+        --inference-dynamic-batching-track-paused-request-events=0
+        --inference-dynamic-batching-unified-memory-level:int --inference-max-batch-size:int
+        --inference-max-requests:int --inference-max-seq-length:int --inference-rng-tracker=0
+        --init-method-std:float --init-method-xavier-uniform=0 --init-model-with-meta-device=0
+        --initial-loss-scale:float --inprocess-active-world-size:int --inprocess-barrier-timeout:float
+        --inprocess-completion-timeout:float --inprocess-empty-cuda-cache=0 --inprocess-granularity
+        --inprocess-hard-timeout:float --inprocess-heartbeat-interval:float --inprocess-heartbeat-timeout:float
+        --inprocess-last-call-wait:float --inprocess-max-iterations:int
+        --inprocess-monitor-process-interval:float --inprocess-monitor-thread-interval:float
+        --inprocess-progress-watchdog-interval:float --inprocess-restart=0 --inprocess-soft-timeout:float
+        --inprocess-termination-grace-time:float --is-hybrid-model=0 --iter-per-epoch:int
+        --iterations-to-skip=1+:int --keep-fp8-transpose-cache=0 --kitchen-config-file
+        --kitchen-recipe-number:int --kv-channels:int --kv-lora-rank:int --langrl-env-config
+        --langrl-external-server=0 --langrl-inference-server-conversation-template
         --langrl-inference-server-type --lazy-mpu-init --legacy-tokenizer=0 --load
-        --load-main-params-from-ckpt=0 --local-rank --log-energy=0 --log-interval --log-memory-to-tensorboard=0
-        --log-num-zeros-in-grad=0 --log-params-norm=0 --log-progress=0 --log-straggler=0 --log-throughput=0
-        --log-timers-to-tensorboard=0 --log-validation-ppl-to-tensorboard=0 --log-world-size-to-tensorboard=0
-        --logging-level --loss-scale --loss-scale-window --lr --lr-decay-iters --lr-decay-samples
-        --lr-decay-style --lr-warmup-fraction --lr-warmup-init --lr-warmup-iters --lr-warmup-samples
-        --lr-wsd-decay-iters --lr-wsd-decay-samples --lr-wsd-decay-style --main-grads-dtype --main-params-dtype
-        --make-vocab-size-divisible-by --mamba-head-dim --mamba-num-groups --mamba-num-heads --mamba-state-dim
-        --manual-gc=0 --manual-gc-interval --mask-factor --mask-prob --mask-type --max-position-embeddings
-        --max-tokens-to-oom --memory-snapshot-path --merge-file --micro-batch-size
-        --microbatch-group-size-per-virtual-pipeline-stage --mid-level-dataset-surplus --min-loss-scale --min-lr
-        --mlp-chunks-for-prefill --mock-data=0 --model-parallel-size --modelopt-enabled=0
-        --moe-apply-probs-on-input=0 --moe-aux-loss-coeff=1+ --moe-deepep-num-sms --moe-enable-deepep=0
-        --moe-expert-capacity-factor --moe-extended-tp=0 --moe-ffn-hidden-size --moe-grouped-gemm=0
-        --moe-input-jitter-eps --moe-layer-freq --moe-layer-recompute=0 --moe-pad-expert-input-to-capacity=0
-        --moe-pad-experts-for-cuda-graph-inference=0 --moe-per-layer-logging=0 --moe-permute-fusion=0
-        --moe-router-bias-update-rate --moe-router-dtype --moe-router-enable-expert-bias=0
-        --moe-router-force-load-balancing=0 --moe-router-fusion=0 --moe-router-group-topk
-        --moe-router-load-balancing-type=1+ --moe-router-num-groups --moe-router-padding-for-fp8=0
-        --moe-router-pre-softmax=0 --moe-router-score-function --moe-router-topk
-        --moe-router-topk-scaling-factor --moe-shared-expert-intermediate-size --moe-shared-expert-overlap=0
-        --moe-token-dispatcher-type --moe-token-drop-policy --moe-upcycling-granularity
-        --moe-use-legacy-grouped-gemm=0 --moe-use-upcycling=0 --moe-z-loss-coeff --mrope-section=1+ --mscale
-        --mscale-all-dim --mtp-loss-scaling-factor --mtp-num-layers --multi-latent-attention=0
+        --load-main-params-from-ckpt=0 --local-rank:int --log-energy=0 --log-interval:int
+        --log-memory-to-tensorboard=0 --log-num-zeros-in-grad=0 --log-params-norm=0 --log-progress=0
+        --log-straggler=0 --log-throughput=0 --log-timers-to-tensorboard=0 --log-validation-ppl-to-tensorboard=0
+        --log-world-size-to-tensorboard=0 --logging-level:int --loss-scale:float --loss-scale-window:float
+        --lr:float --lr-decay-iters:int --lr-decay-samples:int --lr-decay-style --lr-warmup-fraction:float
+        --lr-warmup-init:float --lr-warmup-iters:int --lr-warmup-samples:int --lr-wsd-decay-iters:int
+        --lr-wsd-decay-samples:int --lr-wsd-decay-style --main-grads-dtype --main-params-dtype
+        --make-vocab-size-divisible-by:int --mamba-head-dim:int --mamba-num-groups:int --mamba-num-heads:int
+        --mamba-state-dim:int --manual-gc=0 --manual-gc-interval:int --mask-factor:float --mask-prob:float
+        --mask-type --max-position-embeddings:int --max-tokens-to-oom:int --memory-snapshot-path --merge-file
+        --micro-batch-size:int --microbatch-group-size-per-virtual-pipeline-stage:int
+        --mid-level-dataset-surplus:float --min-loss-scale:float --min-lr:float --mlp-chunks-for-prefill:int
+        --mock-data=0 --model-parallel-size:int --modelopt-enabled=0 --moe-apply-probs-on-input=0
+        --moe-aux-loss-coeff=1+:float --moe-deepep-num-sms:int --moe-enable-deepep=0
+        --moe-expert-capacity-factor:float --moe-extended-tp=0 --moe-ffn-hidden-size:int --moe-grouped-gemm=0
+        --moe-input-jitter-eps:float --moe-layer-freq --moe-layer-recompute=0
+        --moe-pad-expert-input-to-capacity=0 --moe-pad-experts-for-cuda-graph-inference=0
+        --moe-per-layer-logging=0 --moe-permute-fusion=0 --moe-router-bias-update-rate:float --moe-router-dtype
+        --moe-router-enable-expert-bias=0 --moe-router-force-load-balancing=0 --moe-router-fusion=0
+        --moe-router-group-topk:int --moe-router-load-balancing-type=1+ --moe-router-num-groups:int
+        --moe-router-padding-for-fp8=0 --moe-router-pre-softmax=0 --moe-router-score-function
+        --moe-router-topk:int --moe-router-topk-scaling-factor:float --moe-shared-expert-intermediate-size:int
+        --moe-shared-expert-overlap=0 --moe-token-dispatcher-type --moe-token-drop-policy
+        --moe-upcycling-granularity:int --moe-use-legacy-grouped-gemm=0 --moe-use-upcycling=0
+        --moe-z-loss-coeff:float --mrope-section=1+:int --mscale:float --mscale-all-dim:float
+        --mtp-loss-scaling-factor:float --mtp-num-layers:int --multi-latent-attention=0
         --multiple-validation-sets=0 --nccl-all-reduce-for-prefill=0 --nccl-communicator-config-path
         --no-align-grad-reduce=0 --no-align-param-gather=0 --no-async-tensor-model-parallel-allreduce=0
         --no-barrier-with-level-1-timing=0 --no-bias-dropout-fusion=0 --no-bias-gelu-fusion=0
@@ -116,93 +128,100 @@ FLAGS = {
         --no-save-optim=0 --no-save-rng=0 --no-scatter-gather-tensors-in-pipeline=0
         --no-strict-fsdp-dtensor-load=0 --no-use-tokenizer-model-from-checkpoint-args=0
         --non-persistent-ckpt-type --non-persistent-global-ckpt-dir --non-persistent-local-ckpt-algo
-        --non-persistent-local-ckpt-dir --non-persistent-save-interval --norm-epsilon --normalization
-        --num-attention-heads --num-channels --num-classes --num-dataset-builder-threads
-        --num-distributed-optimizer-instances --num-experts --num-layers --num-layers-at-end-in-bf16
-        --num-layers-at-start-in-bf16 --num-layers-per-virtual-pipeline-stage --num-query-groups
-        --num-virtual-stages-per-pipeline-rank --num-workers --object-storage-cache-path --one-logger-async=0
-        --one-logger-project --one-logger-run-name --onnx-safe --openai-gelu=0 --optimizer
-        --optimizer-cpu-offload=0 --optimizer-offload-fraction --output-bert-embeddings=0
+        --non-persistent-local-ckpt-dir --non-persistent-save-interval:int --norm-epsilon:float --normalization
+        --num-attention-heads:int --num-channels:int --num-classes:int --num-dataset-builder-threads:int
+        --num-distributed-optimizer-instances:int --num-experts:int --num-layers:int
+        --num-layers-at-end-in-bf16:int --num-layers-at-start-in-bf16:int
+        --num-layers-per-virtual-pipeline-stage:int --num-query-groups:int
+        --num-virtual-stages-per-pipeline-rank:int --num-workers:int --object-storage-cache-path
+        --one-logger-async=0 --one-logger-project --one-logger-run-name --onnx-safe --openai-gelu=0 --optimizer
+        --optimizer-cpu-offload=0 --optimizer-offload-fraction:float --output-bert-embeddings=0
         --overlap-cpu-optimizer-d2h-h2d=0 --overlap-grad-reduce=0 --overlap-moe-expert-parallel-comm=0
         --overlap-p2p-communication-warmup-flush=0 --overlap-param-gather=0
         --overlap-param-gather-with-optimizer-step=0 --override-opt-param-scheduler=0
-        --override-opt_param-scheduler=0 --padded-vocab-size --patch-dim --per-split-data-args-path
-        --perform-rl-step=0 --persistent-save-interval --pipeline-model-parallel-comm-backend
-        --pipeline-model-parallel-layout --pipeline-model-parallel-size --position-embedding-type
-        --pretrained-checkpoint --profile=0 --profile-ranks=1+ --profile-step-end --profile-step-start
-        --q-lora-rank --qk-head-dim --qk-l2-norm=0 --qk-layernorm=0 --qk-pos-emb-head-dim --query-in-block-prob
-        --quick-geglu=0 --rampup-batch-size=* --recompute-activations=0 --recompute-granularity
-        --recompute-method --recompute-modules=* --recompute-num-layers --record-memory-history=0
-        --relative-attention-max-distance --relative-attention-num-buckets --replication=0 --replication-factor
-        --replication-jump --rerun-mode --reset-attention-mask=0 --reset-position-ids=0
-        --result-rejected-tracker-filename --retriever-report-topk-accuracies=1+ --retriever-score-scaling=0
-        --retriever-seq-length --retro-add-retriever=0 --retro-attention-gate --retro-cyclic-train-iters
-        --retro-encoder-attention-dropout --retro-encoder-hidden-dropout --retro-encoder-layers
-        --retro-no-verify-neighbor-count=0 --retro-num-neighbors --retro-num-retrieved-chunks
+        --override-opt_param-scheduler=0 --padded-vocab-size:int --patch-dim:int --per-split-data-args-path
+        --perform-rl-step=0 --persistent-save-interval:int --pipeline-model-parallel-comm-backend
+        --pipeline-model-parallel-layout --pipeline-model-parallel-size:int --position-embedding-type
+        --pretrained-checkpoint --profile=0 --profile-ranks=1+:int --profile-step-end:int
+        --profile-step-start:int --q-lora-rank:int --qk-head-dim:int --qk-l2-norm=0 --qk-layernorm=0
+        --qk-pos-emb-head-dim:int --query-in-block-prob:float --quick-geglu=0 --rampup-batch-size=*
+        --recompute-activations=0 --recompute-granularity --recompute-method --recompute-modules=*
+        --recompute-num-layers:int --record-memory-history=0 --relative-attention-max-distance:int
+        --relative-attention-num-buckets:int --replication=0 --replication-factor:int --replication-jump:int
+        --rerun-mode --reset-attention-mask=0 --reset-position-ids=0 --result-rejected-tracker-filename
+        --retriever-report-topk-accuracies=1+:int --retriever-score-scaling=0 --retriever-seq-length:int
+        --retro-add-retriever=0 --retro-attention-gate:float --retro-cyclic-train-iters:int
+        --retro-encoder-attention-dropout:float --retro-encoder-hidden-dropout:float --retro-encoder-layers:int
+        --retro-no-verify-neighbor-count=0 --retro-num-neighbors:int --retro-num-retrieved-chunks:int
         --retro-project-dir --reuse-grad-buf-for-mxfp8-param-ag=0 --rl-calculate-intra-group-similarity=0
-        --rl-importance-sampling-truncation-coef --rl-inference-logprobs-is-correction=0
+        --rl-importance-sampling-truncation-coef:float --rl-inference-logprobs-is-correction=0
         --rl-offload-kv-cache-during-training=0 --rl-offload-optimizer-during-inference=0
-        --rl-partial-rollouts=0 --rl-prompts-per-eval --rl-remove-kv-cache-during-training=0
-        --rl-reset-cuda-graphs=0 --rl-sequence-packing-algo --rl-sequence-packing-bin-size
-        --rl-use-sequence-packing=0 --rope-scaling-factor --rope-type --rotary-base --rotary-interleaved=0
-        --rotary-percent --rotary-scaling-factor --rotary-seq-len-interpolation-factor
-        --run-workload-inspector-server=0 --sample-rate --save --save-interval --save-retain-interval --seed
-        --seq-length --sequence-parallel=0 --sft=0 --sft-tokenizer-prompt-format --sgd-momentum
-        --sharp-enabled-group --short-seq-prob --skip-train=0 --softmax-type --spec=* --split --squared-relu=0
-        --start-weight-decay --straggler-ctrlr-port --straggler-minmax-count --suggested-communication-unit-size
+        --rl-partial-rollouts=0 --rl-prompts-per-eval:int --rl-remove-kv-cache-during-training=0
+        --rl-reset-cuda-graphs=0 --rl-sequence-packing-algo --rl-sequence-packing-bin-size:int
+        --rl-use-sequence-packing=0 --rope-scaling-factor:float --rope-type --rotary-base:int
+        --rotary-interleaved=0 --rotary-percent:float --rotary-scaling-factor:float
+        --rotary-seq-len-interpolation-factor:int --run-workload-inspector-server=0 --sample-rate:float --save
+        --save-interval:int --save-retain-interval:int --seed:int --seq-length:int --sequence-parallel=0 --sft=0
+        --sft-tokenizer-prompt-format --sgd-momentum:float --sharp-enabled-group --short-seq-prob:float
+        --skip-train=0 --softmax-type --spec=* --split --squared-relu=0 --start-weight-decay:float
+        --straggler-ctrlr-port:int --straggler-minmax-count:int --suggested-communication-unit-size:int
         --swiglu=0 --swin-backbone-type --symmetric-ar-type --te-rng-tracker=0 --teacher-model-config
-        --tensor-model-parallel-size --tensorboard-dir --tensorboard-log-interval --tensorboard-queue-size
-        --test-data-path=* --test-mode=0 --tiktoken-num-special-tokens --tiktoken-pattern
-        --tiktoken-special-tokens=1+ --timing-log-level --timing-log-option --titles-data-path
-        --tokenizer-metadata --tokenizer-model --tokenizer-type --torch-fsdp2-no-reshard-after-forward=0
-        --tp-comm-bootstrap-backend --tp-comm-overlap=0 --tp-comm-overlap-cfg --tp-comm-overlap-rs-dgrad=0
-        --train-data-path=* --train-iters --train-samples --train-sync-interval --transformer-impl
-        --trust-remote-code=0 --untie-embeddings-and-output-weights=0 --use-checkpoint-args=0
-        --use-checkpoint-opt-param-scheduler=0 --use-checkpoint-opt_param-scheduler=0 --use-cpu-initialization=0
-        --use-dist-ckpt=0 --use-distributed-optimizer=0 --use-flash-attn=0 --use-fused-weighted-squared-relu=0
+        --tensor-model-parallel-size:int --tensorboard-dir --tensorboard-log-interval:int
+        --tensorboard-queue-size:int --test-data-path=* --test-mode=0 --tiktoken-num-special-tokens:int
+        --tiktoken-pattern --tiktoken-special-tokens=1+ --timing-log-level:int --timing-log-option
+        --titles-data-path --tokenizer-metadata --tokenizer-model --tokenizer-type
+        --torch-fsdp2-no-reshard-after-forward=0 --tp-comm-bootstrap-backend --tp-comm-overlap=0
+        --tp-comm-overlap-cfg --tp-comm-overlap-rs-dgrad=0 --train-data-path=* --train-iters:int
+        --train-samples:int --train-sync-interval:int --transformer-impl --trust-remote-code=0
+        --untie-embeddings-and-output-weights=0 --use-checkpoint-args=0 --use-checkpoint-opt-param-scheduler=0
+        --use-checkpoint-opt_param-scheduler=0 --use-cpu-initialization=0 --use-dist-ckpt=0
+        --use-distributed-optimizer=0 --use-flash-attn=0 --use-fused-weighted-squared-relu=0
         --use-legacy-models=0 --use-mcore-models=0 --use-megatron-fsdp=0 --use-mp-args-from-checkpoint-args=0
         --use-nccl-ub=0 --use-one-sent-docs=0 --use-persistent-ckpt-worker=0 --use-precision-aware-optimizer=0
         --use-pytorch-profiler=0 --use-ring-exchange-p2p=0 --use-rope-scaling=0
         --use-rotary-position-embeddings=0 --use-sharp=0 --use-te-activation-func=0 --use-torch-fsdp2=0
-        --use-torch-optimizer-for-cpu-offload=0 --use-tp-pp-dp-mapping=0 --v-head-dim --valid-data-path=*
-        --vision-backbone-type --vision-pretraining=0 --vision-pretraining-type --vocab-extra-ids --vocab-file
-        --vocab-size --wandb-entity --wandb-exp-name --wandb-project --wandb-save-dir --warmup --weight-decay
-        --weight-decay-incr-style --wgrad-deferral-limit --window-attn-skip-freq --window-size --yaml-cfg
+        --use-torch-optimizer-for-cpu-offload=0 --use-tp-pp-dp-mapping=0 --v-head-dim:int --valid-data-path=*
+        --vision-backbone-type --vision-pretraining=0 --vision-pretraining-type --vocab-extra-ids:int
+        --vocab-file --vocab-size:int --wandb-entity --wandb-exp-name --wandb-project --wandb-save-dir
+        --warmup:int --weight-decay:float --weight-decay-incr-style --wgrad-deferral-limit:int
+        --window-attn-skip-freq --window-size --yaml-cfg
     """,
     # core_v0.19.0
     (0, 19): """
         --account-for-embedding-in-pipeline-split=0 --account-for-loss-in-pipeline-split=0
-        --accumulate-allreduce-grads-in-fp32=0 --activation-func-clamp-value --activation-offload-fraction
-        --adam-beta1 --adam-beta2 --adam-eps --add-qkv-bias=0 --adlr-autoresume=0 --adlr-autoresume-interval
-        --allow-ambiguous-pad-tokens=0 --app-tag-run-name --app-tag-run-version --apply-layernorm-1p=0
-        --apply-query-key-layer-scaling=0 --apply-residual-connection-post-layernorm=0
-        --apply-wd-to-qk-layernorm=0 --async-ckpt-cpu-priority --async-ckpt-io-priority
-        --async-ckpt-use-cpu-shm=0 --async-save=0 --async-strategy --attention-backend --attention-dropout
-        --attention-output-gate=0 --attention-softmax-in-fp32=0 --auto-detect-ckpt-format=0
-        --batch-invariant-mode=0 --batch-size --bert-embedder-type --bert-load --bert-no-binary-head=0 --bf16=0
-        --biencoder-projection-dim --biencoder-shared-query-context-model=0 --block-data-path
-        --cache-mla-latents=0 --calc-ft-timeouts=0 --calculate-per-token-loss=0 --chat-template
-        --check-for-large-grads=0 --check-for-spiky-loss=0 --check-weight-hash-across-dp-replicas-interval
-        --checkpoint-activations=0 --ckpt-assume-constant-structure=0 --ckpt-convert-format --ckpt-convert-save
+        --accumulate-allreduce-grads-in-fp32=0 --activation-func-clamp-value:float
+        --activation-offload-fraction:float --adam-beta1:float --adam-beta2:float --adam-eps:float
+        --add-qkv-bias=0 --adlr-autoresume=0 --adlr-autoresume-interval:int --allow-ambiguous-pad-tokens=0
+        --app-tag-run-name --app-tag-run-version --apply-layernorm-1p=0 --apply-query-key-layer-scaling=0
+        --apply-residual-connection-post-layernorm=0 --apply-wd-to-qk-layernorm=0 --async-ckpt-cpu-priority:int
+        --async-ckpt-io-priority:int --async-ckpt-use-cpu-shm=0 --async-save=0 --async-strategy
+        --attention-backend --attention-dropout:float --attention-output-gate=0 --attention-softmax-in-fp32=0
+        --auto-detect-ckpt-format=0 --batch-invariant-mode=0 --batch-size:int --bert-embedder-type --bert-load
+        --bert-no-binary-head=0 --bf16=0 --biencoder-projection-dim:int --biencoder-shared-query-context-model=0
+        --block-data-path --cache-mla-latents=0 --calc-ft-timeouts=0 --calculate-per-token-loss=0
+        --chat-template --check-for-large-grads=0 --check-for-spiky-loss=0
+        --check-weight-hash-across-dp-replicas-interval:int --checkpoint-activations=0
+        --ckpt-assume-constant-structure=0 --ckpt-convert-format --ckpt-convert-save
         --ckpt-convert-update-legacy-dist-opt-format=0 --ckpt-format --ckpt-fully-parallel-load=0
         --ckpt-fully-parallel-load-exchange-algo --ckpt-fully-parallel-load-process-group
-        --ckpt-fully-parallel-save=0 --ckpt-fully-parallel-save-process-group --ckpt-step --classes-fraction
-        --clip-grad --config-logger-dir --context-parallel-size --cp-comm-type=1+ --cpu-offloading-num-layers
-        --cpu-offloading-retain-pinned-cpu-buffers=0 --create-all-gather-group=0 --cross-entropy-fusion-impl
-        --cross-entropy-loss-fusion=0 --cuda-graph-impl --cuda-graph-modules=1+ --cuda-graph-scope=1+
-        --cuda-graph-warmup-steps --data-args-path --data-cache-path --data-parallel-random-init=0
-        --data-parallel-sharding-strategy --data-path=* --data-per-class-fraction
-        --dataloader-defer-npy-index-mmap=0 --dataloader-fast-cache-load=0 --dataloader-inter-document-masking=0
-        --dataloader-type --ddp-average-in-collective=0 --ddp-bucket-size --ddp-num-buckets
-        --ddp-pad-buckets-for-high-nccl-busbw=0 --ddp-param-name-patterns-for-fp32-local-accumulation=1+
-        --ddp-reduce-scatter-with-fp32-accumulation=0 --decode-only-cuda-graphs=0
-        --decoder-first-pipeline-num-layers --decoder-last-pipeline-num-layers --decoder-num-layers
-        --decoder-seq-length --decoupled-lr --decoupled-min-lr --decrease-batch-size-if-needed=0
+        --ckpt-fully-parallel-save=0 --ckpt-fully-parallel-save-process-group --ckpt-step:int
+        --classes-fraction:float --clip-grad:float --config-logger-dir --context-parallel-size:int
+        --cp-comm-type=1+ --cpu-offloading-num-layers:int --cpu-offloading-retain-pinned-cpu-buffers=0
+        --create-all-gather-group=0 --cross-entropy-fusion-impl --cross-entropy-loss-fusion=0 --cuda-graph-impl
+        --cuda-graph-modules=1+ --cuda-graph-scope=1+ --cuda-graph-warmup-steps:int --data-args-path
+        --data-cache-path --data-parallel-random-init=0 --data-parallel-sharding-strategy --data-path=*
+        --data-per-class-fraction:float --dataloader-defer-npy-index-mmap=0 --dataloader-fast-cache-load=0
+        --dataloader-inter-document-masking=0 --dataloader-type --ddp-average-in-collective=0
+        --ddp-bucket-size:int --ddp-num-buckets:int --ddp-pad-buckets-for-high-nccl-busbw=0
+        --ddp-param-name-patterns-for-fp32-local-accumulation=1+ --ddp-reduce-scatter-with-fp32-accumulation=0
+        --decode-only-cuda-graphs=0 --decoder-first-pipeline-num-layers:int
+        --decoder-last-pipeline-num-layers:int --decoder-num-layers:int --decoder-seq-length:int
+        --decoupled-lr:float --decoupled-min-lr:float --decrease-batch-size-if-needed=0
         --defer-embedding-wgrad-compute=0 --delay-offload-until-cuda-graph=0 --delay-wgrad-compute=0
-        --delta-offload-bytes-across-pp-ranks --deterministic-mode=0 --dino-bottleneck-size
-        --dino-freeze-last-layer --dino-head-hidden-size --dino-local-crops-number --dino-local-img-size
-        --dino-norm-last-layer=0 --dino-teacher-temp --dino-warmup-teacher-temp
-        --dino-warmup-teacher-temp-epochs --disable-align-grad-reduce=0
+        --delta-offload-bytes-across-pp-ranks:int --deterministic-mode=0 --dino-bottleneck-size:int
+        --dino-freeze-last-layer:float --dino-head-hidden-size:int --dino-local-crops-number:int
+        --dino-local-img-size:int --dino-norm-last-layer=0 --dino-teacher-temp:float
+        --dino-warmup-teacher-temp:float --dino-warmup-teacher-temp-epochs:int --disable-align-grad-reduce=0
         --disable-bf16-reduced-precision-matmul=0 --disable-bias-linear=0
         --disable-ckpt-load-validate-sharding-integrity=0 --disable-clone-scatter-output-in-embedding=0
         --disable-dsa-indexer-rotate-activation=0 --disable-dsa-indexer-scoring-relu=0
@@ -216,218 +235,231 @@ FLAGS = {
         --disable-tp-comm-split-ag=0 --disable-tp-comm-split-rs=0
         --disable-use-tokenizer-model-from-checkpoint-args=0 --dist-ckpt-format
         --dist-ckpt-optim-fully-reshardable=0 --dist-ckpt-save-pre-mcore-014=0 --dist-ckpt-strictness
-        --dist-ckpt-workers --distrib-optim-fully-reshardable-mem-efficient=0 --distribute-saved-activations=0
-        --distributed-backend --distributed-timeout-minutes --distributed-timeout-seconds-after-init
-        --dsa-indexer-head-dim --dsa-indexer-k-norm-epsilon --dsa-indexer-k-norm-fp32=0 --dsa-indexer-loss-coeff
-        --dsa-indexer-n-heads --dsa-indexer-rope-interleaved=0 --dsa-indexer-skip-topk-offset --dsa-indexer-topk
-        --dsa-indexer-topk-freq --dsa-indexer-use-sparse-loss=0 --dsa-kernel-backend
-        --dump-param-to-param-group-map --embedding-init-method-std --embedding-path --empty-unused-memory-level
-        --enable-chunked-prefill=0 --enable-cuda-graph=0 --enable-experimental=0 --enable-ft-package=0
-        --enable-full-sharding-in-hsdp=0 --enable-gpt-oss=0 --enable-msc=0 --encoder-num-layers
-        --encoder-seq-length --end-weight-decay --eod-mask-loss=0 --ep-overlap-early-attn-memory-release=0
-        --error-injection-rate --error-injection-type --eval-global-batch-size --eval-interval --eval-iters
-        --eval-micro-batch-size --evidence-data-path --exit-duration-in-mins --exit-interval
-        --exit-on-missing-checkpoint=0 --exit-signal --exit-signal-handler=0
-        --exit-signal-handler-for-dataloader=0 --exit-signal-handler-for-training=0 --exp-avg-dtype
-        --exp-avg-sq-dtype --experimental-attention-variant --expert-model-parallel-size
-        --expert-tensor-parallel-num-weight-shards --expert-tensor-parallel-size --export-default-te-spec=0
-        --export-force-local-attention=0 --export-kd-cfg --export-kd-teacher-ckpt-format
-        --export-kd-teacher-load --export-kd-teacher-model-config --export-kv-cache-quant
-        --export-legacy-megatron=0 --export-model-type --export-moe-apply-probs-on-input=0
-        --export-offline-model=0 --export-qk-l2-norm=0 --export-quant-cfg --export-real-quant-cfg
-        --export-te-mcore-model=0 --external-cuda-graph=0 --fake-process-group=0
-        --fault-injector-delay-start-iteration --fault-injector-fault-delay --fault-injector-fault-probabilities
-        --fault-injector-fault-types --fault-injector-mtti-seconds --fault-injector-num-ranks
-        --fault-injector-offset-seconds --fault-injector-ranks --fault-injector-seed --ffn-hidden-size
-        --fim-data=0 --fim-eod-token --fim-fragment-rate --fim-middle-token --fim-no-prefix --fim-pad-token
-        --fim-prefix-token --fim-rate --fim-split-sample --fim-spm-rate --fim-suffix-token
-        --fine-grained-activation-offloading=0 --fine-grained-offloading-max-inflight-offloads --finetune=0
-        --finetune-data-split --finetune-hf-dataset --first-last-layers-bf16=0 --flash-attention-version
-        --flash-decode=0 --flight-recorder-dump-path --flight-recorder-include-stack-trace=0
-        --flight-recorder-trace-buffer-size --fp16=0 --fp16-lm-cross-entropy=0 --fp32-residual-connection=0
+        --dist-ckpt-workers:int --distrib-optim-fully-reshardable-mem-efficient=0
+        --distribute-saved-activations=0 --distributed-backend --distributed-timeout-minutes:int
+        --distributed-timeout-seconds-after-init:int --dsa-indexer-head-dim:int
+        --dsa-indexer-k-norm-epsilon:float --dsa-indexer-k-norm-fp32=0 --dsa-indexer-loss-coeff:float
+        --dsa-indexer-n-heads:int --dsa-indexer-rope-interleaved=0 --dsa-indexer-skip-topk-offset:int
+        --dsa-indexer-topk:int --dsa-indexer-topk-freq:int --dsa-indexer-use-sparse-loss=0 --dsa-kernel-backend
+        --dump-param-to-param-group-map --embedding-init-method-std:float --embedding-path
+        --empty-unused-memory-level:int --enable-chunked-prefill=0 --enable-cuda-graph=0 --enable-experimental=0
+        --enable-ft-package=0 --enable-full-sharding-in-hsdp=0 --enable-gpt-oss=0 --enable-msc=0
+        --encoder-num-layers:int --encoder-seq-length:int --end-weight-decay:float --eod-mask-loss=0
+        --ep-overlap-early-attn-memory-release=0 --error-injection-rate:int --error-injection-type
+        --eval-global-batch-size:int --eval-interval:int --eval-iters:int --eval-micro-batch-size:int
+        --evidence-data-path --exit-duration-in-mins:int --exit-interval:int --exit-on-missing-checkpoint=0
+        --exit-signal --exit-signal-handler=0 --exit-signal-handler-for-dataloader=0
+        --exit-signal-handler-for-training=0 --exp-avg-dtype --exp-avg-sq-dtype --experimental-attention-variant
+        --expert-model-parallel-size:int --expert-tensor-parallel-num-weight-shards:int
+        --expert-tensor-parallel-size:int --export-default-te-spec=0 --export-force-local-attention=0
+        --export-kd-cfg --export-kd-teacher-ckpt-format --export-kd-teacher-load
+        --export-kd-teacher-model-config --export-kv-cache-quant --export-legacy-megatron=0 --export-model-type
+        --export-moe-apply-probs-on-input=0 --export-offline-model=0 --export-qk-l2-norm=0 --export-quant-cfg
+        --export-real-quant-cfg --export-te-mcore-model=0 --external-cuda-graph=0 --fake-process-group=0
+        --fault-injector-delay-start-iteration:int --fault-injector-fault-delay:float
+        --fault-injector-fault-probabilities --fault-injector-fault-types --fault-injector-mtti-seconds:float
+        --fault-injector-num-ranks:int --fault-injector-offset-seconds:float --fault-injector-ranks
+        --fault-injector-seed:int --ffn-hidden-size:int --fim-data=0 --fim-eod-token --fim-fragment-rate:float
+        --fim-middle-token --fim-no-prefix --fim-pad-token --fim-prefix-token --fim-rate:float
+        --fim-split-sample --fim-spm-rate:float --fim-suffix-token --fine-grained-activation-offloading=0
+        --fine-grained-offloading-max-inflight-offloads:int --finetune=0 --finetune-data-split
+        --finetune-hf-dataset --first-last-layers-bf16=0 --flash-attention-version:int --flash-decode=0
+        --flight-recorder-dump-path --flight-recorder-include-stack-trace=0
+        --flight-recorder-trace-buffer-size:int --fp16=0 --fp16-lm-cross-entropy=0 --fp32-residual-connection=0
         --fp4-format --fp4-param-gather=0 --fp4-quantizer-factory --fp4-recipe --fp8-amax-compute-algo
-        --fp8-amax-history-len --fp8-format --fp8-interval --fp8-margin --fp8-output-proj=0 --fp8-param-gather=0
-        --fp8-quantizer-factory --fp8-recipe --freeze-all-layers=0 --freeze-base-for-mtp=0
+        --fp8-amax-history-len:int --fp8-format --fp8-interval:int --fp8-margin:int --fp8-output-proj=0
+        --fp8-param-gather=0 --fp8-quantizer-factory --fp8-recipe --freeze-all-layers=0 --freeze-base-for-mtp=0
         --fsdp-db-use-persist-buf-on-alloc-fail=0 --fsdp-double-buffer=0 --fsdp-manual-registration=0
-        --ft-num-warmup-iters --full-validation=0 --fused-residual-rmsnorm=0 --global-batch-size
-        --glu-linear-offset --gpu-sniff-test-interval --grad-reduce-in-bf16=0 --group-query-attention=0
-        --grpo-clamp-eps-lower --grpo-clamp-eps-upper --grpo-entropy-term-weight
-        --grpo-filter-groups-with-same-reward=0 --grpo-group-size --grpo-iterations --grpo-kl-beta
-        --grpo-prompts-per-step --head-lr-mult --help=0 --heterogeneous-layers-config-encoded-json
-        --heterogeneous-layers-config-path --hidden-dropout --hidden-size
-        --hierarchical-context-parallel-sizes=1+ --high-priority-a2a-comm-stream=0
+        --ft-num-warmup-iters:int --full-validation=0 --fused-residual-rmsnorm=0 --global-batch-size:int
+        --glu-linear-offset:float --gpu-sniff-test-interval:int --grad-reduce-in-bf16=0
+        --group-query-attention=0 --grpo-clamp-eps-lower:float --grpo-clamp-eps-upper:float
+        --grpo-entropy-term-weight:float --grpo-filter-groups-with-same-reward=0 --grpo-group-size:int
+        --grpo-iterations:int --grpo-kl-beta:float --grpo-prompts-per-step:int --head-lr-mult:float --help=0
+        --heterogeneous-layers-config-encoded-json --heterogeneous-layers-config-path --hidden-dropout:float
+        --hidden-size:int --hierarchical-context-parallel-sizes=1+:int --high-priority-a2a-comm-stream=0
         --high-priority-stream-groups=1+ --hybrid-context-parallel=0 --hybrid-layer-pattern
-        --hybrid-override-pattern --hysteresis --ict-head-size --ict-load --img-h --img-w --indexer-batch-size
-        --indexer-log-interval --inference-batch-times-seqlen-threshold --inference-coordinator-port
-        --inference-cuda-graph-all-prefills=0 --inference-cuda-graph-max-tokens --inference-cuda-graph-scope
-        --inference-disable-ep-consensus=0 --inference-disable-triton-nvls-kernels=0
-        --inference-dynamic-batching=0 --inference-dynamic-batching-async-sched-mode
-        --inference-dynamic-batching-block-size --inference-dynamic-batching-buffer-size-gb
-        --inference-dynamic-batching-cuda-graph-mixed-prefill-count
+        --hybrid-override-pattern --hysteresis:int --ict-head-size:int --ict-load --img-h:int --img-w:int
+        --indexer-batch-size:int --indexer-log-interval:int --inference-batch-times-seqlen-threshold:int
+        --inference-coordinator-port:int --inference-cuda-graph-all-prefills=0
+        --inference-cuda-graph-max-tokens:int --inference-cuda-graph-scope --inference-disable-ep-consensus=0
+        --inference-disable-triton-nvls-kernels=0 --inference-dynamic-batching=0
+        --inference-dynamic-batching-async-sched-mode --inference-dynamic-batching-block-size:int
+        --inference-dynamic-batching-buffer-size-gb:float
+        --inference-dynamic-batching-cuda-graph-mixed-prefill-count:int
         --inference-dynamic-batching-cuda-graph-sizing-distribution --inference-dynamic-batching-logprobs-mode
-        --inference-dynamic-batching-mamba-memory-ratio --inference-dynamic-batching-max-requests
-        --inference-dynamic-batching-max-tokens --inference-dynamic-batching-num-cuda-graphs
-        --inference-dynamic-batching-paused-buffer-size-gb --inference-dynamic-batching-prefix-caching=0
+        --inference-dynamic-batching-mamba-memory-ratio:float --inference-dynamic-batching-max-requests:int
+        --inference-dynamic-batching-max-tokens:int --inference-dynamic-batching-num-cuda-graphs:int
+        --inference-dynamic-batching-paused-buffer-size-gb:float --inference-dynamic-batching-prefix-caching=0
         --inference-dynamic-batching-prefix-caching-coordinator-policy
         --inference-dynamic-batching-prefix-caching-eviction-policy
-        --inference-dynamic-batching-prefix-caching-mamba-gb
-        --inference-dynamic-batching-prefix-caching-routing-alpha --inference-dynamic-batching-sampling-backend
+        --inference-dynamic-batching-prefix-caching-mamba-gb:float
+        --inference-dynamic-batching-prefix-caching-routing-alpha:float
+        --inference-dynamic-batching-sampling-backend
         --inference-dynamic-batching-track-generated-token-events=0
         --inference-dynamic-batching-track-paused-request-events=0
-        --inference-dynamic-batching-unified-memory-level --inference-fuse-tp-communication=0
-        --inference-grouped-gemm-backend --inference-logging-step-interval --inference-max-requests
-        --inference-max-seq-length --inference-moe-disable-fused-quant-kernels=0
+        --inference-dynamic-batching-unified-memory-level:int --inference-fuse-tp-communication=0
+        --inference-grouped-gemm-backend --inference-logging-step-interval:int --inference-max-requests:int
+        --inference-max-seq-length:int --inference-moe-disable-fused-quant-kernels=0
         --inference-moe-token-dispatcher-type --inference-rng-tracker=0 --inference-shards
         --inference-text-gen-server-logging=0 --inference-use-synchronous-zmq-collectives=0
-        --inference-wandb-logging=0 --init-method-std --init-method-xavier-uniform=0
-        --init-model-with-meta-device=0 --initial-loss-scale --inprocess-active-world-size
-        --inprocess-barrier-timeout --inprocess-completion-timeout --inprocess-empty-cuda-cache=0
-        --inprocess-granularity --inprocess-hard-timeout --inprocess-heartbeat-interval
-        --inprocess-heartbeat-timeout --inprocess-last-call-wait --inprocess-max-iterations
-        --inprocess-monitor-process-interval --inprocess-monitor-thread-interval
-        --inprocess-progress-watchdog-interval --inprocess-restart=0 --inprocess-soft-timeout
-        --inprocess-termination-grace-time --is-hybrid-model=0 --iter-per-epoch --iterations-to-skip=1+
-        --keep-fp8-transpose-cache=0 --kitchen-attention-backend --kv-channels --kv-lora-rank
-        --langrl-env-config --lazy-mpu-init=0 --linear-attention-freq --linear-conv-kernel-dim
-        --linear-key-head-dim --linear-num-key-heads --linear-num-value-heads --linear-value-head-dim
-        --lion-beta1 --lion-beta2 --load --load-main-params-from-ckpt=0 --local-rank --log-device-memory-used=0
-        --log-energy=0 --log-interval --log-max-attention-logit=0 --log-memory-interval
-        --log-memory-to-tensorboard=0 --log-num-zeros-in-grad=0 --log-params-norm=0 --log-progress=0
-        --log-straggler=0 --log-throughput=0 --log-timers-to-tensorboard=0 --log-validation-ppl-to-tensorboard=0
-        --log-world-size-to-tensorboard=0 --logging-level --logits-load-decode-threads --logits-load-dir
-        --logits-load-ignore-errors=0 --logits-load-kd-loss-alpha --logits-load-msc-prefetch-depth
-        --logits-load-prefetch-factor --logits-save-dir --logits-save-dtype --logits-save-top-k
-        --logits-save-top-p --logits-save-top-p-min-k --loss-scale --loss-scale-window --lr --lr-decay-iters
-        --lr-decay-samples --lr-decay-style --lr-warmup-fraction --lr-warmup-init --lr-warmup-iters
-        --lr-warmup-samples --lr-wsd-decay-iters --lr-wsd-decay-samples --lr-wsd-decay-style --main-grads-dtype
-        --main-params-dtype --make-vocab-size-divisible-by --mamba-head-dim --mamba-inference-conv-states-dtype
-        --mamba-inference-ssm-states-dtype --mamba-num-groups --mamba-num-heads --mamba-state-dim
-        --mamba-training-ssm-states-dtype --manual-gc=0 --manual-gc-interval --mask-factor --mask-prob
-        --mask-type --max-position-embeddings --max-seqlen-per-dp-cp-rank --max-tokens-to-oom
-        --megatron-fsdp-enable-fine-grained-param-gather=0 --megatron-fsdp-grad-comm-dtype
-        --megatron-fsdp-main-grads-dtype --megatron-fsdp-main-params-dtype
-        --megatron-fsdp-max-pool-double-buffer=0 --memory-snapshot-path --merge-file --micro-batch-size
-        --microbatch-group-size-per-virtual-pipeline-stage --mid-level-dataset-surplus --min-loss-scale --min-lr
-        --min-offloaded-tensor-size --mla-down-proj-fusion=0 --mlp-chunks-for-prefill --mlp-chunks-for-training
-        --mock-data=0 --model-parallel-size --modelopt-enabled=0 --moe-apply-probs-on-input=0
-        --moe-aux-loss-coeff=1+ --moe-deepep-num-sms --moe-enable-deepep=0 --moe-enable-routing-replay=0
-        --moe-expert-capacity-factor --moe-expert-rank-capacity-factor --moe-ffn-hidden-size
-        --moe-flex-dispatcher-backend --moe-flex-dispatcher-num-sms --moe-grouped-gemm=0
-        --moe-hybridep-num-blocks-permute --moe-hybridep-num-blocks-unpermute --moe-hybridep-num-sms
-        --moe-hybridep-num-sms-preprocessing --moe-hybridep-pad-uneven-dispatch-inputs=0 --moe-input-jitter-eps
-        --moe-latent-size --moe-layer-freq --moe-layer-recompute=0 --moe-mlp-glu-interleave-size
-        --moe-ncclep-static-shape=0 --moe-ncclep-zero-copy=0 --moe-pad-expert-input-to-capacity=0
-        --moe-pad-experts-for-cuda-graph-inference=0 --moe-paged-stash=0
-        --moe-paged-stash-buffer-size-factor-cpu --moe-paged-stash-buffer-size-factor-cuda
-        --moe-paged-stash-page-size --moe-per-layer-logging=0 --moe-permute-fusion=0
-        --moe-permute-fusion-into-hybridep=0 --moe-router-bias-update-rate --moe-router-dtype
-        --moe-router-enable-expert-bias=0 --moe-router-force-biased --moe-router-force-load-balancing=0
-        --moe-router-fusion=0 --moe-router-group-topk --moe-router-load-balancing-type=1+
-        --moe-router-num-groups --moe-router-padding-for-fp8=0 --moe-router-padding-for-quantization=0
-        --moe-router-pre-softmax=0 --moe-router-quantile-balancing-ema --moe-router-score-function
-        --moe-router-topk --moe-router-topk-scaling-factor --moe-routing-trace-capture-hidden-states=0
+        --inference-wandb-logging=0 --init-method-std:float --init-method-xavier-uniform=0
+        --init-model-with-meta-device=0 --initial-loss-scale:float --inprocess-active-world-size:int
+        --inprocess-barrier-timeout:float --inprocess-completion-timeout:float --inprocess-empty-cuda-cache=0
+        --inprocess-granularity --inprocess-hard-timeout:float --inprocess-heartbeat-interval:float
+        --inprocess-heartbeat-timeout:float --inprocess-last-call-wait:float --inprocess-max-iterations:int
+        --inprocess-monitor-process-interval:float --inprocess-monitor-thread-interval:float
+        --inprocess-progress-watchdog-interval:float --inprocess-restart=0 --inprocess-soft-timeout:float
+        --inprocess-termination-grace-time:float --is-hybrid-model=0 --iter-per-epoch:int
+        --iterations-to-skip=1+:int --keep-fp8-transpose-cache=0 --kitchen-attention-backend --kv-channels:int
+        --kv-lora-rank:int --langrl-env-config --lazy-mpu-init=0 --linear-attention-freq
+        --linear-conv-kernel-dim:int --linear-key-head-dim:int --linear-num-key-heads:int
+        --linear-num-value-heads:int --linear-value-head-dim:int --lion-beta1:float --lion-beta2:float --load
+        --load-main-params-from-ckpt=0 --local-rank:int --log-device-memory-used=0 --log-energy=0
+        --log-interval:int --log-max-attention-logit=0 --log-memory-interval:int --log-memory-to-tensorboard=0
+        --log-num-zeros-in-grad=0 --log-params-norm=0 --log-progress=0 --log-straggler=0 --log-throughput=0
+        --log-timers-to-tensorboard=0 --log-validation-ppl-to-tensorboard=0 --log-world-size-to-tensorboard=0
+        --logging-level:int --logits-load-decode-threads:int --logits-load-dir --logits-load-ignore-errors=0
+        --logits-load-kd-loss-alpha:float --logits-load-msc-prefetch-depth:int --logits-load-prefetch-factor:int
+        --logits-save-dir --logits-save-dtype --logits-save-top-k:int --logits-save-top-p:float
+        --logits-save-top-p-min-k:int --loss-scale:float --loss-scale-window:float --lr:float
+        --lr-decay-iters:int --lr-decay-samples:int --lr-decay-style --lr-warmup-fraction:float
+        --lr-warmup-init:float --lr-warmup-iters:int --lr-warmup-samples:int --lr-wsd-decay-iters:int
+        --lr-wsd-decay-samples:int --lr-wsd-decay-style --main-grads-dtype --main-params-dtype
+        --make-vocab-size-divisible-by:int --mamba-head-dim:int --mamba-inference-conv-states-dtype
+        --mamba-inference-ssm-states-dtype --mamba-num-groups:int --mamba-num-heads:int --mamba-state-dim:int
+        --mamba-training-ssm-states-dtype --manual-gc=0 --manual-gc-interval:int --mask-factor:float
+        --mask-prob:float --mask-type --max-position-embeddings:int --max-seqlen-per-dp-cp-rank:int
+        --max-tokens-to-oom:int --megatron-fsdp-enable-fine-grained-param-gather=0
+        --megatron-fsdp-grad-comm-dtype --megatron-fsdp-main-grads-dtype --megatron-fsdp-main-params-dtype
+        --megatron-fsdp-max-pool-double-buffer=0 --memory-snapshot-path --merge-file --micro-batch-size:int
+        --microbatch-group-size-per-virtual-pipeline-stage:int --mid-level-dataset-surplus:float
+        --min-loss-scale:float --min-lr:float --min-offloaded-tensor-size:int --mla-down-proj-fusion=0
+        --mlp-chunks-for-prefill:int --mlp-chunks-for-training:int --mock-data=0 --model-parallel-size:int
+        --modelopt-enabled=0 --moe-apply-probs-on-input=0 --moe-aux-loss-coeff=1+:float --moe-deepep-num-sms:int
+        --moe-enable-deepep=0 --moe-enable-routing-replay=0 --moe-expert-capacity-factor:float
+        --moe-expert-rank-capacity-factor:float --moe-ffn-hidden-size:int --moe-flex-dispatcher-backend
+        --moe-flex-dispatcher-num-sms:int --moe-grouped-gemm=0 --moe-hybridep-num-blocks-permute:int
+        --moe-hybridep-num-blocks-unpermute:int --moe-hybridep-num-sms:int
+        --moe-hybridep-num-sms-preprocessing:int --moe-hybridep-pad-uneven-dispatch-inputs=0
+        --moe-input-jitter-eps:float --moe-latent-size:int --moe-layer-freq --moe-layer-recompute=0
+        --moe-mlp-glu-interleave-size:int --moe-ncclep-static-shape=0 --moe-ncclep-zero-copy=0
+        --moe-pad-expert-input-to-capacity=0 --moe-pad-experts-for-cuda-graph-inference=0 --moe-paged-stash=0
+        --moe-paged-stash-buffer-size-factor-cpu:float --moe-paged-stash-buffer-size-factor-cuda:float
+        --moe-paged-stash-page-size:int --moe-per-layer-logging=0 --moe-permute-fusion=0
+        --moe-permute-fusion-into-hybridep=0 --moe-router-bias-update-rate:float --moe-router-dtype
+        --moe-router-enable-expert-bias=0 --moe-router-force-biased:float --moe-router-force-load-balancing=0
+        --moe-router-fusion=0 --moe-router-group-topk:int --moe-router-load-balancing-type=1+
+        --moe-router-num-groups:int --moe-router-padding-for-fp8=0 --moe-router-padding-for-quantization=0
+        --moe-router-pre-softmax=0 --moe-router-quantile-balancing-ema:float --moe-router-score-function
+        --moe-router-topk:int --moe-router-topk-scaling-factor:float --moe-routing-trace-capture-hidden-states=0
         --moe-routing-trace-capture-logits=0 --moe-routing-trace-dump-weights=0
-        --moe-routing-trace-max-training-iters --moe-routing-trace-path --moe-shared-expert-gate=0
-        --moe-shared-expert-glu-interleave-size --moe-shared-expert-intermediate-size
+        --moe-routing-trace-max-training-iters:int --moe-routing-trace-path --moe-shared-expert-gate=0
+        --moe-shared-expert-glu-interleave-size:int --moe-shared-expert-intermediate-size:int
         --moe-shared-expert-overlap=0 --moe-single-grouped-bias=0 --moe-single-grouped-weight=0
-        --moe-token-dispatcher-type --moe-token-drop-policy --moe-upcycling-granularity --moe-use-upcycling=0
-        --moe-z-loss-coeff --mrope-section=1+ --mscale --mscale-all-dim --mtp-detach-heads=0
-        --mtp-hybrid-override-pattern --mtp-loss-scaling-factor --mtp-num-layers --mtp-standalone=0
-        --mtp-use-repeated-layer=0 --multi-latent-attention=0 --multiple-validation-sets=0
-        --muon-coefficient-type --muon-extra-scale-factor --muon-fp32-matmul-prec --muon-momentum
-        --muon-nesterov=0 --muon-no-split-qkv=0 --muon-num-ns-steps --muon-scalar-optimizer --muon-scale-mode
-        --muon-tp-mode --mup-attn-scale-power --mup-base-head-dim --mup-base-hidden-size --mup-embedding-mult
-        --mup-output-mult --mup-width-mult --nccl-all-reduce-for-prefill=0 --nccl-communicator-config-path
-        --no-align-grad-reduce=0 --no-align-param-gather=0 --no-barrier-with-level-1-timing=0
-        --no-bias-dropout-fusion=0 --no-bias-gelu-fusion=0 --no-bias-swiglu-fusion=0
-        --no-check-for-nan-in-loss-and-grad=0 --no-ckpt-fully-parallel-save=0
-        --no-ckpt-load-validate-sharding-integrity=0 --no-clone-scatter-output-in-embedding=0
-        --no-create-attention-mask-in-dataloader=0 --no-data-sharding=0 --no-dsa-indexer-rotate-activation=0
-        --no-dsa-indexer-scoring-relu=0 --no-flight-recorder-dump-on-timeout=0
-        --no-flight-recorder-extra-dump-on-exec=0 --no-flight-recorder-include-only-active=0 --no-fp8-wgrad=0
-        --no-gradient-accumulation-fusion=0 --no-gradient-reduce-div-fusion=0
-        --no-inference-disable-ep-consensus=0 --no-inference-dynamic-batching-prefix-caching=0
-        --no-inference-text-gen-server-logging=0 --no-inference-use-synchronous-zmq-collectives=0
-        --no-inference-wandb-logging=0 --no-initialization=0 --no-load-optim=0 --no-load-rng=0
-        --no-log-loss-scale-to-tensorboard=0 --no-manual-gc-eval=0 --no-masked-softmax-fusion=0
-        --no-mmap-bin-files=0 --no-one-logger=0 --no-overlap-p2p-communication=0 --no-pad-vocab-size=0
-        --no-persist-layer-norm=0 --no-pin-cpu-grads=0 --no-pin-cpu-params=0 --no-position-embedding=0
-        --no-rl-inference-logprobs-is-correction=0 --no-rl-offload-inference-model-weights-when-idle=0
-        --no-rl-partial-rollouts=0 --no-rl-persist-cuda-graphs=0 --no-rl-skip-bos-token=0
-        --no-rl-training-cuda-graphs=0 --no-rl-use-sequence-packing=0 --no-rl-verify-model-weights-swap=0
-        --no-rope-freq --no-rope-fusion=0 --no-save-optim=0 --no-save-rng=0 --no-stream-ckpt-dequant=0
-        --no-strict-fsdp-dtensor-load=0 --no-tokenizer-sentencepiece-ignore-extra-whitespaces=0
-        --no-tp-comm-bulk-dgrad=0 --no-tp-comm-bulk-wgrad=0 --no-tp-comm-overlap-ag=0 --no-tp-comm-overlap-rs=0
-        --no-tp-comm-split-ag=0 --no-tp-comm-split-rs=0 --no-use-layer-wise-param-layout=0
+        --moe-token-dispatcher-type --moe-token-drop-policy --moe-upcycling-granularity:int
+        --moe-use-upcycling=0 --moe-z-loss-coeff:float --mrope-section=1+:int --mscale:float
+        --mscale-all-dim:float --mtp-detach-heads=0 --mtp-hybrid-override-pattern
+        --mtp-loss-scaling-factor:float --mtp-num-layers:int --mtp-standalone=0 --mtp-use-repeated-layer=0
+        --multi-latent-attention=0 --multiple-validation-sets=0 --muon-coefficient-type
+        --muon-extra-scale-factor:float --muon-fp32-matmul-prec --muon-momentum:float --muon-nesterov=0
+        --muon-no-split-qkv=0 --muon-num-ns-steps:int --muon-scalar-optimizer --muon-scale-mode --muon-tp-mode
+        --mup-attn-scale-power:float --mup-base-head-dim:float --mup-base-hidden-size:int
+        --mup-embedding-mult:float --mup-output-mult:float --mup-width-mult:float
+        --nccl-all-reduce-for-prefill=0 --nccl-communicator-config-path --no-align-grad-reduce=0
+        --no-align-param-gather=0 --no-barrier-with-level-1-timing=0 --no-bias-dropout-fusion=0
+        --no-bias-gelu-fusion=0 --no-bias-swiglu-fusion=0 --no-check-for-nan-in-loss-and-grad=0
+        --no-ckpt-fully-parallel-save=0 --no-ckpt-load-validate-sharding-integrity=0
+        --no-clone-scatter-output-in-embedding=0 --no-create-attention-mask-in-dataloader=0 --no-data-sharding=0
+        --no-dsa-indexer-rotate-activation=0 --no-dsa-indexer-scoring-relu=0
+        --no-flight-recorder-dump-on-timeout=0 --no-flight-recorder-extra-dump-on-exec=0
+        --no-flight-recorder-include-only-active=0 --no-fp8-wgrad=0 --no-gradient-accumulation-fusion=0
+        --no-gradient-reduce-div-fusion=0 --no-inference-disable-ep-consensus=0
+        --no-inference-dynamic-batching-prefix-caching=0 --no-inference-text-gen-server-logging=0
+        --no-inference-use-synchronous-zmq-collectives=0 --no-inference-wandb-logging=0 --no-initialization=0
+        --no-load-optim=0 --no-load-rng=0 --no-log-loss-scale-to-tensorboard=0 --no-manual-gc-eval=0
+        --no-masked-softmax-fusion=0 --no-mmap-bin-files=0 --no-one-logger=0 --no-overlap-p2p-communication=0
+        --no-pad-vocab-size=0 --no-persist-layer-norm=0 --no-pin-cpu-grads=0 --no-pin-cpu-params=0
+        --no-position-embedding=0 --no-rl-inference-logprobs-is-correction=0
+        --no-rl-offload-inference-model-weights-when-idle=0 --no-rl-partial-rollouts=0
+        --no-rl-persist-cuda-graphs=0 --no-rl-skip-bos-token=0 --no-rl-training-cuda-graphs=0
+        --no-rl-use-sequence-packing=0 --no-rl-verify-model-weights-swap=0 --no-rope-freq --no-rope-fusion=0
+        --no-save-optim=0 --no-save-rng=0 --no-stream-ckpt-dequant=0 --no-strict-fsdp-dtensor-load=0
+        --no-tokenizer-sentencepiece-ignore-extra-whitespaces=0 --no-tp-comm-bulk-dgrad=0
+        --no-tp-comm-bulk-wgrad=0 --no-tp-comm-overlap-ag=0 --no-tp-comm-overlap-rs=0 --no-tp-comm-split-ag=0
+        --no-tp-comm-split-rs=0 --no-use-layer-wise-param-layout=0
         --no-use-tokenizer-model-from-checkpoint-args=0 --no-weight-decay-cond-type
         --no-yarn-correction-range-round-to-int=0 --non-persistent-ckpt-type --non-persistent-global-ckpt-dir
-        --non-persistent-local-ckpt-algo --non-persistent-local-ckpt-dir --non-persistent-save-interval
-        --norm-epsilon --normalization --null-tokenizer-eod-id --null-tokenizer-pad-id --num-attention-heads
-        --num-channels --num-classes --num-dataset-builder-threads --num-distributed-optimizer-instances
-        --num-experts --num-layers --num-layers-at-end-in-bf16 --num-layers-at-start-in-bf16
-        --num-layers-per-virtual-pipeline-stage --num-query-groups --num-speculative-tokens
-        --num-virtual-stages-per-pipeline-rank --num-workers --nvtx-ranges=0 --object-storage-cache-path
+        --non-persistent-local-ckpt-algo --non-persistent-local-ckpt-dir --non-persistent-save-interval:int
+        --norm-epsilon:float --normalization --null-tokenizer-eod-id:int --null-tokenizer-pad-id:int
+        --num-attention-heads:int --num-channels:int --num-classes:int --num-dataset-builder-threads:int
+        --num-distributed-optimizer-instances:int --num-experts:int --num-layers:int
+        --num-layers-at-end-in-bf16:int --num-layers-at-start-in-bf16:int
+        --num-layers-per-virtual-pipeline-stage:int --num-query-groups:int --num-speculative-tokens:int
+        --num-virtual-stages-per-pipeline-rank:int --num-workers:int --nvtx-ranges=0 --object-storage-cache-path
         --offload-modules=1+ --one-logger-async=0 --one-logger-project --one-logger-run-name --onnx-safe
         --openai-gelu=0 --optimizer --optimizer-cpu-offload=0 --optimizer-cuda-graph=0
-        --optimizer-offload-fraction --outer-dp-sharding-strategy --output-bert-embeddings=0
+        --optimizer-offload-fraction:float --outer-dp-sharding-strategy --output-bert-embeddings=0
         --overlap-cpu-optimizer-d2h-h2d=0 --overlap-dispatch-backward-with-experts-wgrad=0
         --overlap-grad-reduce=0 --overlap-moe-expert-parallel-comm=0 --overlap-p2p-communication-warmup-flush=0
-        --overlap-param-gather=0 --overlap-param-gather-with-optimizer-step=0 --override-ckpt-iteration
-        --override-opt-param-scheduler=0 --override-opt_param-scheduler=0 --padded-vocab-size --patch-dim
-        --per-dataset-sequences-path --per-split-data-args-path --perform-rl-step=0 --persistent-save-interval
-        --phase-transition-iterations --pipeline-model-parallel-comm-backend --pipeline-model-parallel-layout
-        --pipeline-model-parallel-size --position-embedding-type --pretrained-checkpoint --profile=0
-        --profile-ranks=1+ --profile-step-end --profile-step-start --pytorch-profiler-collect-callstack=0
-        --pytorch-profiler-collect-chakra=0 --pytorch-profiler-collect-shapes=0 --q-lora-rank --qad-train-target
-        --qk-clip=0 --qk-clip-alpha --qk-clip-threshold --qk-head-dim --qk-l2-norm=0 --qk-layernorm=0
-        --qk-pos-emb-head-dim --query-in-block-prob --quick-geglu=0 --rampup-batch-size=3
+        --overlap-param-gather=0 --overlap-param-gather-with-optimizer-step=0 --override-ckpt-iteration:int
+        --override-opt-param-scheduler=0 --override-opt_param-scheduler=0 --padded-vocab-size:int
+        --patch-dim:int --per-dataset-sequences-path --per-split-data-args-path --perform-rl-step=0
+        --persistent-save-interval:int --phase-transition-iterations --pipeline-model-parallel-comm-backend
+        --pipeline-model-parallel-layout --pipeline-model-parallel-size:int --position-embedding-type
+        --pretrained-checkpoint --profile=0 --profile-ranks=1+:int --profile-step-end:int
+        --profile-step-start:int --pytorch-profiler-collect-callstack=0 --pytorch-profiler-collect-chakra=0
+        --pytorch-profiler-collect-shapes=0 --q-lora-rank:int --qad-train-target --qk-clip=0
+        --qk-clip-alpha:float --qk-clip-threshold:float --qk-head-dim:int --qk-l2-norm=0 --qk-layernorm=0
+        --qk-pos-emb-head-dim:int --query-in-block-prob:float --quick-geglu=0 --rampup-batch-size=3:int
         --recompute-activations=0 --recompute-granularity --recompute-method --recompute-modules=1+
-        --recompute-num-layers --record-memory-history=0 --record-shapes=0 --refit-method
-        --relative-attention-max-distance --relative-attention-num-buckets --replication=0 --replication-factor
-        --replication-jump --rerun-mode --reset-attention-mask=0 --reset-position-ids=0
-        --result-rejected-tracker-filename --retriever-report-topk-accuracies=1+ --retriever-score-scaling=0
-        --reuse-grad-buf-for-mxfp8-param-ag=0 --rl-consumption-granularity --rl-default-temperature
-        --rl-default-top-k --rl-default-top-p --rl-generation-lag --rl-importance-sampling-truncation-coef
-        --rl-inference-expert-model-parallel-size --rl-inference-expert-tensor-model-parallel-size
-        --rl-inference-logprobs-is-correction=0 --rl-inference-model-unified-memory-level
-        --rl-inference-parsers=* --rl-inference-pipeline-model-parallel-size
-        --rl-inference-tensor-model-parallel-size --rl-kv-cache-management-mode
-        --rl-offload-inference-model-weights-when-idle=0 --rl-offload-optimizer-during-inference=0
-        --rl-partial-rollouts=0 --rl-persist-cuda-graphs=0 --rl-profile=0 --rl-profile-dir --rl-prompts-per-eval
-        --rl-sequence-packing-algo --rl-sequence-packing-max-sequences-per-bin --rl-skip-bos-token=0
-        --rl-submission-granularity --rl-training-cuda-graphs=0 --rl-use-sequence-packing=0
-        --rl-verify-model-weights-swap=0 --rope-scaling-factor --rope-type --rotary-base --rotary-interleaved=0
-        --rotary-percent --rotary-scaling-factor --rotary-seq-len-interpolation-factor
-        --run-workload-inspector-server=0 --sample-rate --save --save-activations-interval
-        --save-dgrads-interval --save-interval --save-params-interval --save-retain-interval
-        --save-tokens-per-expert-interval --save-wgrads-interval --seed --seq-length --sequence-parallel=0
-        --sft=0 --sft-tokenizer-prompt-format --sgd-momentum --sharp-enabled-group --short-seq-prob
-        --skip-train=0 --softmax-type --spec=* --split --squared-relu=0 --start-eval-at-iter
-        --start-weight-decay --step-batch-size-schedule --straggler-ctrlr-port --straggler-minmax-count
-        --suggested-communication-unit-size --swiglu=0 --swin-backbone-type --symmetric-ar-type
-        --te-precision-config-file --te-rng-tracker=0 --tensor-model-parallel-size
-        --tensor-parallel-num-weight-shards --tensorboard-dir --tensorboard-log-interval
-        --tensorboard-queue-size --test-data-path=* --test-mode=0 --tiktoken-num-special-tokens
-        --tiktoken-pattern --timing-log-level --timing-log-option --titles-data-path
-        --tokenizer-hf-no-include-special-tokens=0 --tokenizer-hf-no-use-fast=0 --tokenizer-metadata
-        --tokenizer-model --tokenizer-sentencepiece-legacy=0 --tokenizer-special-tokens=1+ --tokenizer-type
-        --torch-fsdp2-no-reshard-after-forward=0 --tp-comm-bootstrap-backend --tp-comm-overlap=0
-        --tp-comm-overlap-cfg --tp-comm-overlap-rs-dgrad=0 --train-data-path=* --train-iters --train-samples
-        --train-sync-interval --transformer-impl --trust-remote-code=0 --untie-embeddings-and-output-weights=0
-        --use-checkpoint-args=0 --use-checkpoint-opt-param-scheduler=0 --use-checkpoint-opt_param-scheduler=0
-        --use-cpu-initialization=0 --use-dist-ckpt=0 --use-distributed-optimizer=0 --use-flash-attn=0
-        --use-fused-weighted-squared-relu=0 --use-grouped-gemm-for-dense-mlp=0
-        --use-grouped-gemm-for-shared-expert=0 --use-kitchen-attention=0 --use-legacy-static-engine=0
-        --use-mcore-models=0 --use-megatron-fsdp=0 --use-mp-args-from-checkpoint-args=0 --use-mup=0
-        --use-nccl-ub=0 --use-one-sent-docs=0 --use-persistent-ckpt-worker=0 --use-precision-aware-optimizer=0
-        --use-pytorch-profiler=0 --use-ring-exchange-p2p=0 --use-rope-scaling=0
-        --use-rotary-position-embeddings=0 --use-same-sampling-seed-across-dp-ranks=0 --use-sharp=0
-        --use-te-activation-func=0 --use-torch-fsdp2=0 --use-torch-optimizer-for-cpu-offload=0
-        --use-tp-pp-dp-mapping=0 --use-transformer-engine-op-fuser=0 --v-head-dim --valid-data-path=*
-        --validation-set-names=1+ --verify-integrity=0 --vision-backbone-type --vision-pretraining=0
-        --vision-pretraining-type --vocab-extra-ids --vocab-file --vocab-size --wandb-entity --wandb-exp-name
-        --wandb-project --wandb-save-dir --warmup --weight-decay --weight-decay-incr-style
-        --wgrad-deferral-limit --window-attn-skip-freq --window-size --yaml-cfg --yarn-beta-fast
-        --yarn-beta-slow --yarn-correction-range-round-to-int=0 --yarn-original-max-position-embeddings
+        --recompute-num-layers:int --record-memory-history=0 --record-shapes=0 --refit-method
+        --relative-attention-max-distance:int --relative-attention-num-buckets:int --replication=0
+        --replication-factor:int --replication-jump:int --rerun-mode --reset-attention-mask=0
+        --reset-position-ids=0 --result-rejected-tracker-filename --retriever-report-topk-accuracies=1+:int
+        --retriever-score-scaling=0 --reuse-grad-buf-for-mxfp8-param-ag=0 --rl-consumption-granularity
+        --rl-default-temperature:float --rl-default-top-k:int --rl-default-top-p:float --rl-generation-lag:int
+        --rl-importance-sampling-truncation-coef:float --rl-inference-expert-model-parallel-size:int
+        --rl-inference-expert-tensor-model-parallel-size:int --rl-inference-logprobs-is-correction=0
+        --rl-inference-model-unified-memory-level:int --rl-inference-parsers=*
+        --rl-inference-pipeline-model-parallel-size:int --rl-inference-tensor-model-parallel-size:int
+        --rl-kv-cache-management-mode --rl-offload-inference-model-weights-when-idle=0
+        --rl-offload-optimizer-during-inference=0 --rl-partial-rollouts=0 --rl-persist-cuda-graphs=0
+        --rl-profile=0 --rl-profile-dir --rl-prompts-per-eval:int --rl-sequence-packing-algo
+        --rl-sequence-packing-max-sequences-per-bin:int --rl-skip-bos-token=0 --rl-submission-granularity
+        --rl-training-cuda-graphs=0 --rl-use-sequence-packing=0 --rl-verify-model-weights-swap=0
+        --rope-scaling-factor:float --rope-type --rotary-base:int --rotary-interleaved=0 --rotary-percent:float
+        --rotary-scaling-factor:float --rotary-seq-len-interpolation-factor:int
+        --run-workload-inspector-server=0 --sample-rate:float --save --save-activations-interval:int
+        --save-dgrads-interval:int --save-interval:int --save-params-interval:int --save-retain-interval:int
+        --save-tokens-per-expert-interval:int --save-wgrads-interval:int --seed:int --seq-length:int
+        --sequence-parallel=0 --sft=0 --sft-tokenizer-prompt-format --sgd-momentum:float --sharp-enabled-group
+        --short-seq-prob:float --skip-train=0 --softmax-type --spec=* --split --squared-relu=0
+        --start-eval-at-iter:int --start-weight-decay:float --step-batch-size-schedule
+        --straggler-ctrlr-port:int --straggler-minmax-count:int --suggested-communication-unit-size:int
+        --swiglu=0 --swin-backbone-type --symmetric-ar-type --te-precision-config-file --te-rng-tracker=0
+        --tensor-model-parallel-size:int --tensor-parallel-num-weight-shards:int --tensorboard-dir
+        --tensorboard-log-interval:int --tensorboard-queue-size:int --test-data-path=* --test-mode=0
+        --tiktoken-num-special-tokens:int --tiktoken-pattern --timing-log-level:int --timing-log-option
+        --titles-data-path --tokenizer-hf-no-include-special-tokens=0 --tokenizer-hf-no-use-fast=0
+        --tokenizer-metadata --tokenizer-model --tokenizer-sentencepiece-legacy=0 --tokenizer-special-tokens=1+
+        --tokenizer-type --torch-fsdp2-no-reshard-after-forward=0 --tp-comm-bootstrap-backend
+        --tp-comm-overlap=0 --tp-comm-overlap-cfg --tp-comm-overlap-rs-dgrad=0 --train-data-path=*
+        --train-iters:int --train-samples:int --train-sync-interval:int --transformer-impl --trust-remote-code=0
+        --untie-embeddings-and-output-weights=0 --use-checkpoint-args=0 --use-checkpoint-opt-param-scheduler=0
+        --use-checkpoint-opt_param-scheduler=0 --use-cpu-initialization=0 --use-dist-ckpt=0
+        --use-distributed-optimizer=0 --use-flash-attn=0 --use-fused-weighted-squared-relu=0
+        --use-grouped-gemm-for-dense-mlp=0 --use-grouped-gemm-for-shared-expert=0 --use-kitchen-attention=0
+        --use-legacy-static-engine=0 --use-mcore-models=0 --use-megatron-fsdp=0
+        --use-mp-args-from-checkpoint-args=0 --use-mup=0 --use-nccl-ub=0 --use-one-sent-docs=0
+        --use-persistent-ckpt-worker=0 --use-precision-aware-optimizer=0 --use-pytorch-profiler=0
+        --use-ring-exchange-p2p=0 --use-rope-scaling=0 --use-rotary-position-embeddings=0
+        --use-same-sampling-seed-across-dp-ranks=0 --use-sharp=0 --use-te-activation-func=0 --use-torch-fsdp2=0
+        --use-torch-optimizer-for-cpu-offload=0 --use-tp-pp-dp-mapping=0 --use-transformer-engine-op-fuser=0
+        --v-head-dim:int --valid-data-path=* --validation-set-names=1+ --verify-integrity=0
+        --vision-backbone-type --vision-pretraining=0 --vision-pretraining-type --vocab-extra-ids:int
+        --vocab-file --vocab-size:int --wandb-entity --wandb-exp-name --wandb-project --wandb-save-dir
+        --warmup:int --weight-decay:float --weight-decay-incr-style --wgrad-deferral-limit:int
+        --window-attn-skip-freq --window-size --yaml-cfg --yarn-beta-fast:float --yarn-beta-slow:float
+        --yarn-correction-range-round-to-int=0 --yarn-original-max-position-embeddings:int
     """,
 }

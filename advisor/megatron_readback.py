@@ -704,7 +704,8 @@ def _flag_spellings() -> tuple[frozenset[str], list[str]]:
     from advisor.moe import readback
     from advisor.options.flags import MULTI, SWITCHES, UNPRICED, VALUED
 
-    megatrons = frozenset(word.partition("=")[0] for text in FLAGS.values() for word in text.split())
+    # '--flag[=COUNT][:TYPE]' words (launch.megatron_flags)
+    megatrons = frozenset(re.split("[=:]", word)[0] for text in FLAGS.values() for word in text.split())
     read_here = ({f"--{name}" for name in (_MODEL_VALUED | _LAYOUT_VALUED | HARMLESS_VALUED | set(_MULTI_VALUED)
                                            | readback.VALUED | readback.SWITCHES | readback.MULTI | _switches())}
                  | VALUED | SWITCHES | UNPRICED | MULTI)

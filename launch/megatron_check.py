@@ -29,9 +29,10 @@ with ``--tokenizer-type NullTokenizer`` is supported (a real tokenizer needs its
 (``--serve``: a JSON array of cases per input line, its results on one output line) for many
 batches.
 
-``--flags`` instead prints, as a JSON object, every flag of the checkout's own parser that needs
-values after it and how many at least (``value_counts``: ``launch.megatron_flags`` keeps them, to
-refuse a ``--lr`` left without its value before anything starts); ``flag_value_counts(checkout,
+``--flags`` instead prints, as a JSON object, every flag of the checkout's own parser with how many
+values it takes (``"counts"``: ``value_counts``) and, where argparse converts them with int or
+float, that type (``"types"``: ``value_types``); ``launch.megatron_flags`` keeps them, to refuse a
+``--lr`` left without its value, or given ``abc``, before anything starts. ``parser_flags(checkout,
 python=...)`` runs it.
 """
 
@@ -43,6 +44,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -66,10 +68,19 @@ def validate(checkout: str | os.PathLike, cases: Sequence[dict], *, python: str 
     return json.loads(completed.stdout)
 
 
-def flag_value_counts(checkout: str | os.PathLike, *, python: str | None = None,
-                      timeout: float = 600) -> dict[str, tuple[int, int | None]]:
+@dataclass(frozen=True, slots=True)
+class ParserFlags:
+    """What ``--flags`` reads from one checkout's parser."""
+
+    counts: dict[str, tuple[int, int | None]]
+    """Every flag with the least and the most values it takes (``value_counts``)."""
+    types: dict[str, str]
+    """The flags whose values argparse converts with int or float: 'int' or 'float' (``value_types``)."""
+
+
+def parser_flags(checkout: str | os.PathLike, *, python: str | None = None, timeout: float = 600) -> ParserFlags:
     """``--flags`` in a subprocess of ``python``: each flag of the checkout's parser with the least
-    and the most values it takes (``value_counts``)."""
+    and the most values it takes, and the int and float flags' types."""
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
                NO_VCS_VERSION="1")
@@ -78,7 +89,8 @@ def flag_value_counts(checkout: str | os.PathLike, *, python: str | None = None,
         stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=timeout)
     if completed.returncode != 0:
         raise RuntimeError(f"launch.megatron_check --flags failed ({completed.returncode}): {completed.stderr[-3000:]}")
-    return {flag: tuple(counts) for flag, counts in json.loads(completed.stdout).items()}
+    read = json.loads(completed.stdout)
+    return ParserFlags(counts={flag: tuple(counts) for flag, counts in read["counts"].items()}, types=read["types"])
 
 
 class Validator:
@@ -269,12 +281,9 @@ def _run_case(case: dict) -> dict:
         os.environ.update(saved_env)
 
 
-def value_counts() -> dict[str, tuple[int, int | None]]:
-    """Every option string of the parser ``parse_args`` builds (megatron/training/arguments.py:
-    ``add_megatron_arguments`` on an ``ArgumentParser(allow_abbrev=False)``) with the least and the
-    most values its action takes (None: no most): a single value (nargs None) 1 and 1, nargs=N N
-    and N, '+' 1 and none, '?' 0 and 1, '*' 0 and none, a switch (store_true, store_false,
-    BooleanOptionalAction, store_const: nargs 0) 0 and 0. With the flags of pretrain_gpt.py's
+def _parser():
+    """The parser ``parse_args`` builds (megatron/training/arguments.py: ``add_megatron_arguments``
+    on an ``ArgumentParser(allow_abbrev=False)``), with the flags of pretrain_gpt.py's
     ``extra_args_provider`` (both releases: ``megatron.post_training.arguments.add_modelopt_args``,
     which parse_args adds after its own; pretrain_gpt.py passes it where nvidia-modelopt imports),
     so that a ModelOpt flag after '--' is never called unknown (``launch.arguments.unknown_flags``)."""
@@ -289,6 +298,14 @@ def value_counts() -> dict[str, tuple[int, int | None]]:
         add_modelopt_args = None
     if add_modelopt_args is not None:
         parser = add_modelopt_args(parser)
+    return parser
+
+
+def value_counts(parser) -> dict[str, tuple[int, int | None]]:
+    """Every option string of ``parser`` (``_parser``) with the least and the most values its action
+    takes (None: no most): a single value (nargs None) 1 and 1, nargs=N N and N, '+' 1 and none,
+    '?' 0 and 1, '*' 0 and none, a switch (store_true, store_false, BooleanOptionalAction,
+    store_const: nargs 0) 0 and 0."""
     arity = {None: (1, 1), "+": (1, None), "?": (0, 1), "*": (0, None)}
     counts = {}
     for action in parser._actions:  # argparse keeps no public list of its actions
@@ -297,6 +314,17 @@ def value_counts() -> dict[str, tuple[int, int | None]]:
             continue
         counts.update((flag, taken) for flag in action.option_strings if flag.startswith("--"))
     return dict(sorted(counts.items()))
+
+
+def value_types(parser) -> dict[str, str]:
+    """The option strings of ``parser`` whose action's ``type`` is exactly int or float ('int',
+    'float'): argparse calls it on each value (``ArgumentParser._get_value``) and refuses the
+    command where it raises ("argument --lr: invalid float value: 'abc'"). Megatron's own
+    converters (moe_freq_type, tuple_type, the enum handlers of core_v0.19.0's dataclass flags),
+    bool and str are left out: their refusals are theirs to say."""
+    return dict(sorted((flag, action.type.__name__) for action in parser._actions
+                       if (action.type is int or action.type is float) and action.nargs != 0
+                       for flag in action.option_strings if flag.startswith("--")))
 
 
 def _remember_field_docstrings() -> None:
@@ -331,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--serve", action="store_true",
                         help="Read one JSON array of cases per line and answer each with one line of results.")
     parser.add_argument("--flags", action="store_true",
-                        help="Print the flags that need values (a JSON object: flag -> least number) and exit.")
+                        help="Print every flag's count of values and int/float type (a JSON object) and exit.")
     options = parser.parse_args(argv)
     global _RULES
     from launch.megatron_versions import of_checkout
@@ -342,8 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(checkout.resolve()))
     if options.flags:
         with contextlib.redirect_stdout(sys.stderr):  # Megatron prints as it imports
-            counts = value_counts()
-        json.dump(counts, sys.stdout)
+            parser = _parser()
+        json.dump({"counts": value_counts(parser), "types": value_types(parser)}, sys.stdout)
         return 0
     with contextlib.redirect_stdout(sys.stderr):
         from megatron.training import arguments, utils

@@ -735,14 +735,16 @@ def test_megatron_cores_own_modules_are_written_back_as_read(tmp_path):
 def test_megatrons_own_flags_unknown_to_the_advisor_get_no_suggestion():
     """A flag of a release's own parser (advisor.megatron_flag_table) is not a typo, however near a
     flag the advisor reads: --no-data-sharding is not '--data-sharding', nor the hyphenated
-    --override-opt-param-scheduler its underscored twin."""
+    --override-opt-param-scheduler its underscored twin, nor the int --decoder-seq-length (the table
+    writes it '--decoder-seq-length:int') '--encoder-seq-length'."""
     base = ["estimate", "--from-command", "-", "--gpus", "2", "--mem", "80", "--vocab-size", "1000", "--format",
             "json"]
-    flags = ["--no-data-sharding", "--override-opt-param-scheduler", "--non-persistent-local-ckpt-dir", "x"]
+    flags = ["--no-data-sharding", "--override-opt-param-scheduler", "--non-persistent-local-ckpt-dir", "x",
+             "--decoder-seq-length", "4096"]
     read = invoke(base, stdin=f"{_MOE} --bf16 {' '.join(flags)}\n")
     notes = [note for note in read["unpriced"] if note.startswith(("--no-data-sharding", "--override-opt",
-                                                                   "--non-persistent"))]
-    assert notes and all("did you mean" not in note for note in notes), notes
+                                                                   "--non-persistent", "--decoder-seq-length"))]
+    assert len(notes) == 4 and all("did you mean" not in note for note in notes), notes
 
 
 def test_ranks_per_node_come_from_the_launcher(tmp_path):

@@ -100,7 +100,8 @@ def test_counts_and_releases_differ_as_their_parsers_do():
 
 
 def test_every_release_the_launcher_knows_has_its_table():
-    from launch.megatron_flags import table_source, values_taken
+    from launch.megatron_check import ParserFlags
+    from launch.megatron_flags import table_source, value_types, values_taken
 
     for rules in VERSIONS:
         taken = values_taken(rules)
@@ -111,21 +112,24 @@ def test_every_release_the_launcher_knows_has_its_table():
     # the committed file is the generator's output (no hand edits): with the real parsers' counts
     # (the next test) it is what regenerating would write
     table = ROOT / "advisor" / "megatron_flag_table.py"
-    assert table.read_text() == table_source({rules.release: values_taken(rules) for rules in VERSIONS},
-                                             {rules.release: rules.checked for rules in VERSIONS})
+    parsers = {rules.release: ParserFlags(counts=values_taken(rules), types=value_types(rules)) for rules in VERSIONS}
+    assert table.read_text() == table_source(parsers, {rules.release: rules.checked for rules in VERSIONS})
 
 
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
 def test_the_table_is_what_the_releases_own_parser_says(tag):
-    """The committed table against the checkout's parser (megatron_check --flags); on a mismatch,
-    regenerate it (python -m launch.megatron_flags, see its docstring)."""
-    from launch.megatron_check import flag_value_counts
-    from launch.megatron_flags import values_taken
+    """The committed table against the checkout's parser (megatron_check --flags): the counts and
+    the int and float types; on a mismatch, regenerate it (python -m launch.megatron_flags, see its
+    docstring)."""
+    from launch.megatron_check import parser_flags
+    from launch.megatron_flags import value_types, values_taken
     from launch.megatron_versions import of_checkout
 
     release = real_checkout(tag)
     rules = of_checkout(release.path)
-    assert values_taken(rules) == flag_value_counts(release.path, python=release.python)
+    read = parser_flags(release.path, python=release.python)
+    assert values_taken(rules) == read.counts
+    assert value_types(rules) == read.types
 
 
 def test_megatron_itself_refuses_a_flag_without_its_value():
@@ -151,3 +155,22 @@ def test_megatron_itself_refuses_more_values_than_a_flag_takes():
                        python=release.python)
     for result, extra in zip(results, ("5", "true")):
         assert not result["ok"] and "unrecognized arguments" in result["error"] and extra in result["error"], result
+
+
+# --- values of int and float flags --------------------------------------------------------------
+
+
+def test_the_types_are_the_parsers_int_and_float():
+    """Read by hand from core_v0.15.2's megatron/training/arguments.py (``type=`` of each
+    add_argument) and core_v0.19.0's nargs=3 int --rampup-batch-size; Megatron's own converters
+    (--window-size: tuple_type, --attention-backend: a lambda over AttnBackend) and type=bool
+    (--onnx-safe) are not kept: only argparse's int and float are checked here."""
+    from launch.megatron_flags import value_types
+
+    for rules in VERSIONS:
+        types = value_types(rules)
+        assert types["--lr"] == types["--min-lr"] == types["--adam-eps"] == "float", rules.name
+        assert types["--num-layers"] == types["--train-iters"] == types["--seed"] == "int", rules.name
+        assert not {"--window-size", "--attention-backend", "--onnx-safe", "--tokenizer-type", "--bf16",
+                    "--data-path"} & set(types), rules.name
+    assert value_types(CORE_19)["--rampup-batch-size"] == "int" and "--rampup-batch-size" not in value_types(CORE_15)
