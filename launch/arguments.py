@@ -28,7 +28,7 @@ from advisor.models import LlamaSpec
 from advisor.moe import flags as moe_flags
 from advisor.options.training import Recomputation
 from advisor.row_flags import Flag, flag_values, is_flag, parse_flags  # read here, and by the launch's other modules
-from launch.megatron_flags import values_taken
+from launch.megatron_flags import TYPES, value_types, values_taken
 from launch.megatron_versions import MegatronVersion, check_flags, check_mock_data, check_recomputation
 
 MODEL_FLAGS = (
@@ -118,12 +118,30 @@ def _given(extras: Sequence[str]) -> list[tuple[str, list[str], str | None]]:
     return found
 
 
+def _type_problems(name: str, values: Sequence[str], kind: str | None) -> list[str]:
+    """Each of ``values`` that the flag's argparse type (``kind``: 'int', 'float' or None) refuses:
+    argparse calls it on every value (``ArgumentParser._get_value``) and exits with "invalid int
+    value" where it raises, so the same call decides here (int('1.5') and int('1e3') fail,
+    float('inf') and float('1e-4') pass). Other types (str, Megatron's own converters) pass."""
+    if kind is None:
+        return []
+    problems = []
+    for value in values:
+        try:
+            TYPES[kind](value)
+        except ValueError:
+            problems.append(f"{name} (after --) takes {'an' if kind == 'int' else 'a'} {kind}, got {value!r} "
+                            f"(argparse's {kind}({value!r}) fails)")
+    return problems
+
+
 def check_values(rules: MegatronVersion, extras: Sequence[str]) -> None:
     """AdvisorError, one line naming each flag after ``--`` that gets fewer values than its
-    release's parser needs (``launch.megatron_flags``: ``--lr`` at the end, or before another flag)
-    or more than it takes (``--lr 3e-4 5``, ``--bf16 true``: argparse refuses the rest as
-    unrecognized arguments). A flag the release lacks is left to ``check_flags`` and Megatron."""
-    taken = values_taken(rules)
+    release's parser needs (``launch.megatron_flags``: ``--lr`` at the end, or before another flag),
+    more than it takes (``--lr 3e-4 5``, ``--bf16 true``: argparse refuses the rest as
+    unrecognized arguments), or a value its int or float type refuses (``--lr abc``,
+    ``--num-layers 1.5``, ``--lr=abc``). A flag the release lacks is left to ``check_flags`` and Megatron."""
+    taken, types = values_taken(rules), value_types(rules)
     problems = []
     for name, values, then in _given(extras):
         least, most = taken.get(name, (0, None))
@@ -142,6 +160,7 @@ def check_values(rules: MegatronVersion, extras: Sequence[str]) -> None:
             takes = "is a switch and takes no value" if most == 0 else \
                 f"takes {'one value' if most == 1 else f'{most} values'}"
             problems.append(f"{name} (after --) {takes}, got {' '.join(values)!r} (the extra {extra!r} too)")
+        problems += _type_problems(name, values[:most], types.get(name))  # those argparse would convert
     if problems:
         raise AdvisorError(f"{'; '.join(problems)}: {rules.name}'s argument parser refuses that on every rank at "
                            "start-up (give the values it takes, or leave the flag out)")

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from launch.inputs import LaunchInput
 
 EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those that contradict the input "
-          "(layout, batch, model, memory switches), or lack the value Megatron's parser needs, are refused. Errors "
+          "(layout, batch, model, memory switches), or lack the value Megatron's parser needs "
+          "(or give one its int or float type refuses), are refused. Errors "
           "exit with status 2; otherwise the exit status is the launched command's. Docs: docs/launch.md.")
 
 USER_ARGS_HELP = textwrap.dedent("""\

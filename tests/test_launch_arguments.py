@@ -41,9 +41,13 @@ def test_the_users_arguments_pass_through_unchanged():
 
 
 def test_restating_the_plan_is_no_conflict():
-    same = ["--tensor-model-parallel-size", "2", "--micro-batch-size=2", "--global-batch-size", "256.0", "--bf16",
-            "--sequence-parallel", "--attention-backend", "flash", "--use-flash-attn"]
+    # a float flag's value compares as a number (the plan's --norm-epsilon 1e-05, --attention-dropout 0)
+    same = ["--tensor-model-parallel-size", "2", "--micro-batch-size=2", "--global-batch-size", "256", "--bf16",
+            "--sequence-parallel", "--attention-backend", "flash", "--use-flash-attn", "--norm-epsilon", "0.00001",
+            "--attention-dropout", "0.0"]
     assert compose(SOURCE, plan_args(), rules=OLD, model=SPEC, extras=same).args[-len(same):] == same
+    # an int flag's '256.0' equals 256 as a number, but argparse's int('256.0') refuses it
+    assert "--global-batch-size (after --) takes an int, got '256.0'" in conflict(["--global-batch-size", "256.0"])
 
 
 @pytest.mark.parametrize("extras,named", [

@@ -4,7 +4,11 @@ the table launch.megatron_flags keeps from each release's own parser).
 ``--lr`` with nothing after it was passed through (and even silenced the launcher's "no learning
 rate" warning); Megatron's argparse then refused the command on every rank at start-up. Now it
 is one line, exit status 2, before anything is printed or written. What takes no value (switches,
-nargs '*'), several values (nargs '+'), negative numbers and ``--flag=value`` pass as before."""
+nargs '*'), several values (nargs '+'), negative numbers and ``--flag=value`` pass as before.
+
+A value that the flag's argparse type refuses (``--lr abc``: float('abc'); ``--num-layers 1.5``:
+int('1.5')) passed the same way, and every rank died in argparse after the allocation started;
+the table keeps each flag's type where it is int or float, and such a value is one line too."""
 
 import json
 import re
@@ -174,3 +178,69 @@ def test_the_types_are_the_parsers_int_and_float():
         assert not {"--window-size", "--attention-backend", "--onnx-safe", "--tokenizer-type", "--bf16",
                     "--data-path"} & set(types), rules.name
     assert value_types(CORE_19)["--rampup-batch-size"] == "int" and "--rampup-batch-size" not in value_types(CORE_15)
+
+
+def test_a_value_its_type_refuses_is_one_line_for_every_command(sweep, tmp_path):
+    line = refused("torchrun", "--from", sweep, "--mock-data", "--dry-run", "--", "--lr", "abc")
+    assert line.startswith("Error: --lr (after --) takes a float, got 'abc' (argparse's float('abc') fails)")
+    assert "core 0.19's argument parser refuses that on every rank at start-up" in line
+    # int() refuses what float() reads: a fraction and an exponent
+    assert "--num-layers (after --) takes an int, got '1.5'" in refused(
+        "args", "--from", sweep, "--megatron-version", "0.15", "--", "--num-layers", "1.5")
+    assert "--train-iters (after --) takes an int, got 'x'" in refused("args", "--from", sweep, "--", "--train-iters",
+                                                                       "x")
+    assert "--train-iters (after --) takes an int, got '1e3'" in refused("args", "--from", sweep, "--",
+                                                                         "--train-iters", "1e3")
+    # the '=' form, and every such flag in the one line; sbatch writes no script
+    script = tmp_path / "job.sh"
+    line = refused("sbatch", "--from", sweep, "--mock-data", "--dry-run", "-o", script, "--", "--lr=3e-4x",
+                   "--seed", "12.0")
+    assert "--lr (after --) takes a float, got '3e-4x'" in line and "--seed (after --) takes an int, got '12.0'" in line
+    assert not script.exists()
+    for command, more in (("k8s", ["--image", "img"]), ("skypilot", ["--accelerator", "H100"])):
+        output = tmp_path / f"{command}.yaml"
+        assert "--lr (after --) takes a float, got 'abc'" in refused(
+            command, "--from", sweep, *more, "--megatron-lm", "/workspace/Megatron-LM", "--mock-data", "-o", output,
+            "--", "--lr", "abc")
+        assert not output.exists()
+
+
+def test_what_the_types_read_passes_unchanged(sweep):
+    extras = ["--lr", "1e-4", "--min-lr=3e-5", "--seed", "1234", "--train-iters=20", "--adam-eps", "1e-8",
+              "--clip-grad", "inf", "--weight-decay", "nan", "--lr-warmup-iters", "+5", "--eval-iters", "1_000",
+              "--window-size", "abc", "--wandb-project", "12.5"]
+    for release in ("0.15", "0.19"):
+        shown = launcher()("args", "--from", sweep, "--megatron-version", release, "--format", "json", "--", *extras)
+        assert json.loads(shown.stdout)[-len(extras):] == extras
+
+
+def test_the_type_check_reads_only_the_values_argparse_converts():
+    # the extra word of '--lr 3e-4 5' is counted, not converted; nargs 3 and '+' convert each value
+    with pytest.raises(AdvisorError) as refusal:
+        check_values(CORE_19, ["--lr", "3e-4", "abc"])
+    assert "takes a float" not in str(refusal.value) and "the extra 'abc' too" in str(refusal.value)
+    with pytest.raises(AdvisorError, match=re.escape("--rampup-batch-size (after --) takes an int, got '16.5'")):
+        check_values(CORE_19, ["--rampup-batch-size", "16", "16.5", "1000"])
+    with pytest.raises(AdvisorError, match=re.escape("--profile-ranks (after --) takes an int, got 'a'")):
+        check_values(CORE_15, ["--profile-ranks", "0", "a"])
+    check_values(CORE_15, ["--rampup-batch-size", "16", "x"])  # core_v0.15.2: nargs '*', no type (str)
+
+
+def test_megatron_itself_refuses_a_value_its_type_refuses():
+    """The premise, on the real core_v0.15.2: argparse's own message for each refusal above, and
+    none for the values that pass (validate_args may refuse those for other reasons)."""
+    from launch.megatron_check import validate
+
+    release = real_checkout("core_v0.15.2")
+    base = ["--num-layers", "2"]
+    results = validate(release.path, [{"args": [*base, "--lr", "abc"], "world_size": 1},
+                                      {"args": ["--num-layers", "1.5"], "world_size": 1},
+                                      {"args": [*base, "--train-iters", "1e3"], "world_size": 1},
+                                      {"args": [*base, "--lr=3e-4x"], "world_size": 1},
+                                      {"args": [*base, "--lr", "inf", "--seed", "1_234", "--train-iters", "+5"],
+                                       "world_size": 1}],
+                       python=release.python)
+    for result, words in zip(results, ("invalid float value: 'abc'", "invalid int value: '1.5'",
+                                       "invalid int value: '1e3'", "invalid float value: '3e-4x'")):
+        assert not result["ok"] and words in result["error"], result
+    assert "invalid" not in results[-1].get("error", ""), results[-1]
