@@ -173,7 +173,9 @@ class OneValueEach:
     def make_parser(self, ctx: click.Context):
         parser = super().make_parser(ctx)
         given: dict[str, tuple[str, object]] = {}
-        for names in (parser._long_opt, parser._short_opt):  # click's parser: one _Option per name
+        # click's parser (private, in click 8.1-8.5): one _Option per name; where a click lacks the
+        # tables the check is skipped, not the command
+        for names in (getattr(parser, "_long_opt", {}), getattr(parser, "_short_opt", {})):
             for name, option in names.items():
                 if option.action == "store":
                     names[name] = _OneName(option, name, given, ctx)
