@@ -330,10 +330,30 @@ def _fitted(columns: Sequence[Column], cells: list[list[str]], folds: dict[int, 
             if text:
                 full.discard(i)
             else:
-                kept = [j for j in kept if j != i and not (columns[i].group and columns[j].group == columns[i].group)]
+                kept = [j for j in kept if j not in _together(columns, i)]
         else:
-            return kept, padding, full
+            return _restored(columns, cells, folds, full, kept, padding, limit), padding, full
     return kept, 0, full
+
+
+def _together(columns: Sequence[Column], i: int) -> set[int]:
+    """Column ``i`` and the columns of its group: left out, and shown again, together."""
+    group = columns[i].group
+    return {j for j, column in enumerate(columns) if j == i or (group and column.group == group)}
+
+
+def _restored(columns: Sequence[Column], cells: list[list[str]], folds: dict[int, list[str]], full: set[int],
+              kept: list[int], padding: int, limit: int) -> list[int]:
+    """``kept`` with the columns left out early shown again, most wanted first (lowest ``drop``),
+    wherever the table still fits: a column left out before a wide group that had to go as well
+    would fit once the group is gone (an estimate at 80 columns lost its position for nothing)."""
+    for i in sorted((i for i in range(len(columns)) if i not in kept), key=lambda i: (columns[i].drop, i)):
+        if i in kept:  # shown again with its group
+            continue
+        trial = sorted(set(kept) | _together(columns, i))
+        if _natural_width(columns, cells, _suffixes(columns, folds, full), trial, padding) <= limit:
+            kept = trial
+    return kept
 
 
 def _suffixes(columns: Sequence[Column], folds: dict[int, list[str]], full: set[int]) -> dict[int, list[str]]:

@@ -120,3 +120,12 @@ def test_a_moe_estimates_terms_shown_add_up_to_its_total(advisor, monkeypatch, c
             assert total == pytest.approx(float(row["total GiB"]), abs=0.005 * (len(shown) + 1))
     if columns >= 100 or (columns >= 80 and not calibrated):
         assert shown  # the room is there: the terms stay
+
+
+def test_a_column_left_out_before_a_group_that_had_to_go_too_comes_back(advisor, monkeypatch):
+    """At 80 columns an estimate left out 'position' first, then the states' parts as a group
+    (still too wide), and showed a 53-character table: without the group, position (and 'in
+    flight') fit again. Every column hidden must be one that does not fit beside those shown."""
+    _, headers, _ = _shown(advisor, monkeypatch, 80, "estimate", "--tp", 2, "--pp", 2, "--mbs", 1, "--gpus", 8,
+                           "--gpu", "h100-80gb")
+    assert {"position", "in flight", "states", "activations", "total GiB"} <= set(headers)

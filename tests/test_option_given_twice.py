@@ -46,3 +46,9 @@ def test_repeatable_options_keep_every_value(advisor):
     one = advisor.json(*moe, "--recompute-modules", "moe_act")
     assert repeated == megatron
     assert repeated["total_gib"] != one["total_gib"]  # layernorm's recomputation is priced too
+
+
+def test_an_invalid_value_is_refused_with_its_own_error(advisor):
+    """Not as a contradiction: '8192.0' is not an integer, whatever the other spelling gave."""
+    line = advisor.error(*ESTIMATE, "--seq-len", "8192", "--seq-length", "8192.0")
+    assert "'8192.0' is not an integer" in line and "contradict" not in line

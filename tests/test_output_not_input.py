@@ -4,6 +4,7 @@
 that says another format (-o x.json for its HTML), as 'advisor sweep' does (--format json -o x.csv)."""
 
 import os
+from pathlib import Path
 
 import pytest
 from conftest import Invoker
@@ -53,6 +54,18 @@ def test_estimate_onto_its_command_file(advisor, tmp_path):
     before = command.read_bytes()
     assert advisor.error("estimate", "--from-command", command, "-o", command) == _refusal(command, "--from-command")
     assert command.read_bytes() == before
+
+
+def test_a_config_json_under_a_tilde_is_the_file_model_reads(advisor, tmp_path, monkeypatch):
+    """--model=~/cfg.json --output=~/cfg.json: no shell expands a '~' after '=', the model's loader
+    does, and the check read '~/cfg.json' as written (no such file): the config was replaced."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = tmp_path / "cfg.json"
+    config.write_text((Path(__file__).parent / "fixtures" / "hf_configs" / "llama3.2-1b.json").read_text())
+    before = config.read_bytes()
+    line = advisor.error("sweep", "--model=~/cfg.json", *SWEEP, "--format", "json", "--output=~/cfg.json")
+    assert line == _refusal(config, "--model")
+    assert config.read_bytes() == before
 
 
 def test_other_files_are_written(advisor, saved, tmp_path):

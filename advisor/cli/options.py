@@ -139,8 +139,7 @@ class _OneName:
         return getattr(self._option, attribute)
 
     def process(self, value, state) -> None:
-        param = self._option.obj
-        now = self._option.const if self._option.action == "store_const" else value
+        param, now = self._option.obj, value
         if param.name in self._given:
             name, earlier = self._given[param.name]
             if name != self._name and not _same_value(param, self._ctx, earlier, now):
@@ -152,13 +151,9 @@ class _OneName:
 
 def _same_value(param: click.Parameter, ctx: click.Context, a, b) -> bool:
     """Whether two values given for ``param`` are the same: as written, or once converted (--tp 2
-    and --tp 02); a value that does not convert is not the same (its own error is as good)."""
-    if a == b:
-        return True
-    try:
-        return param.type_cast_value(ctx, a) == param.type_cast_value(ctx, b)
-    except click.ClickException:
-        return False
+    and --tp 02); a value that does not convert is refused with its own error (--seq-length 8192.0
+    is not an integer), not as a contradiction."""
+    return a == b or param.type_cast_value(ctx, a) == param.type_cast_value(ctx, b)
 
 
 class OneValueEach:
@@ -509,10 +504,10 @@ def input_files(ctx: click.Context) -> dict[str, str]:
     named: dict[str, str] = {}
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
-        if isinstance(value, (str, Path)) and (isinstance(param.type, InputPath)
-                                               or (param.name == "model" and os.path.isfile(value))):
+        if isinstance(value, (str, Path)) and (isinstance(param.type, InputPath)  # --model=~/c.json: read expanded
+                                               or (param.name == "model" and os.path.isfile(expand_home(value)))):
             name = max(param.opts, key=len) if isinstance(param, click.Option) else param.human_readable_name
-            named[name] = os.fspath(value)
+            named[name] = expand_home(os.fspath(value))
     return named
 
 
