@@ -482,7 +482,8 @@ class ReadRun:
     """Flags (and defaults) that change memory or time and are not priced, each named."""
     skipped: tuple[str, ...]
     """Flags a launch of the estimate does not write, as written ('--lr 3e-4'): those known to
-    change neither, and the tokenizer's (``ParsedArguments.skipped``)."""
+    change neither, the tokenizer's (``ParsedArguments.skipped``), and those no reader here takes
+    (also unpriced: ``_unknown_as_written``)."""
     vocab_source: str
     moe: object = None
     """The MoE part (``advisor.moe.readback.MoEFlags``: EP, ETP, dispatcher, routing, MTP) of a
@@ -513,6 +514,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     fusion_off = _SOFTMAX_FUSION_OFF in rest
     rest = [word for word in rest if word != _SOFTMAX_FUSION_OFF]
     options, unpriced = training_options(rest, layout.tp, release)
+    left_out = _unknown_as_written(rest)
     if layout.rank_order != RANK_ORDER:
         unpriced.append(f"--use-tp-pp-dp-mapping (ranks ordered {layout.rank_order}: the time model places the "
                         f"data-parallel and pipeline groups on nodes in Megatron's default order, {RANK_ORDER})")
@@ -537,9 +539,25 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
                    unpriced=tuple(_unpriced_model(parsed.model) + unpriced + [
                        f"{name} (a variable the script does not set: read as empty, as bash does; flags it may "
                        "hold are not priced)" for name in dict.fromkeys(parsed.unset)]),
-                   skipped=tuple(parsed.skipped),
+                   skipped=tuple(parsed.skipped + left_out),
                    vocab_source=source, moe=moe,
                    vocab_by_release=vocab_size is None and parsed.model.get("tokenizer-type") == "NullTokenizer")
+
+
+def priced_otherwise(unpriced: list[str] | tuple[str, ...], not_launched: list[str] | tuple[str, ...]) -> list[str]:
+    """The unpriced entries (``ReadRun.unpriced``) that a launch of the estimate writes otherwise
+    than the command: a default or a flag priced as something else ('--normalization LayerNorm
+    (priced as RMSNorm)', 'no --swiglu (...)'), whose launch trains another network. Not the flags
+    it leaves out (``not_launched``: advisor-launch names them, for the user to give after --),
+    nor a variable the script leaves unset (empty, as bash runs it)."""
+    left_out = {entry.split()[0] for entry in not_launched}
+    otherwise = []
+    for entry in unpriced:
+        words = entry.split()
+        flag = words[1] if words[0] == "no" and len(words) > 1 else words[0]
+        if flag.startswith("--") and flag not in left_out:
+            otherwise.append(entry)
+    return otherwise
 
 
 def _sequence_length_alias(model: dict) -> None:
@@ -689,11 +707,32 @@ def training_options(rest: list[str], tp: int, release=None) -> tuple[object, li
     """(``TrainingOptions``, unpriced flags) of the arguments that are neither model, layout nor
     harmless: ``advisor.options``' parser (the one place that knows training flags) with the
     release's defaults, plus every flag that neither it nor this module knows, named."""
-    from advisor.options.flags import MULTI, SWITCHES, UNPRICED, VALUED, parse_training_args
+    from advisor.options.flags import parse_training_args
 
     options, unpriced = parse_training_args(["--tensor-model-parallel-size", str(tp), *rest], release)
-    unknown = [flag for flag in dict.fromkeys(_flags(rest)) if flag not in VALUED | SWITCHES | UNPRICED | MULTI]
-    return options, list(unpriced) + [_unknown_note(flag) for flag in unknown]
+    return options, list(unpriced) + [_unknown_note(flag) for flag in _unknown(rest)]
+
+
+def _unknown(rest: list[str]) -> list[str]:
+    """The flags of ``rest`` that no reader here takes, each once."""
+    from advisor.options.flags import MULTI, SWITCHES, UNPRICED, VALUED
+
+    return [flag for flag in dict.fromkeys(_flags(rest)) if flag not in VALUED | SWITCHES | UNPRICED | MULTI]
+
+
+def _unknown_as_written(rest: list[str]) -> list[str]:
+    """The flags no reader here takes, each as written with the values after it ('--empty-unused-
+    memory-level 2'): a launch of the estimate does not write them (it writes what was priced), so
+    they join the flags it leaves out (``ReadRun.skipped``), which advisor-launch names for the
+    user to give after -- where the run needs them, rather than dropping them unsaid."""
+    unknown, written = set(_unknown(rest)), []
+    for i, word in enumerate(rest):
+        if word.partition("=")[0] in unknown:
+            end = i + 1
+            while "=" not in word and end < len(rest) and _is_value(rest[end]):
+                end += 1
+            written.append(" ".join(as_written(part) for part in rest[i:end]))
+    return written
 
 
 @functools.cache

@@ -122,17 +122,20 @@ def _launch_as_priced(config: LaunchInput, opted_in: bool) -> None:
     advisor.megatron_readback): its megatron_args are the network and options priced (a GELU,
     LayerNorm, learned-position network priced as a Llama one), so launching them trains another
     model than the command asks for, unless the user says so (--launch-as-priced: then a warning)."""
-    if not (config.read_from and config.unpriced):
+    from advisor.megatron_readback import priced_otherwise
+
+    otherwise = priced_otherwise(config.unpriced, config.not_launched) if config.read_from else []
+    if not otherwise:  # what it leaves out, left_out_note names
         return
     command = config.read_from.partition(": ")[0]  # 'train.sh: torchrun, 8 GPUs (...)'
     if opted_in:
         _note(f"warning: {config.source} was read from {command}, which it priced otherwise: "
-              f"{'; '.join(config.unpriced)}. The launch runs what was priced (its megatron_args: the network and "
+              f"{'; '.join(otherwise)}. The launch runs what was priced (its megatron_args: the network and "
               f"options the advisor priced), not {command} as written")
         return
     # each entry is 'FLAG (what was priced instead)': the flags alone keep the line short
-    named = [item.split(" (")[0] for item in config.unpriced[:2]]
-    more = f" and {len(config.unpriced) - 2} more" if len(config.unpriced) > 2 else ""
+    named = [item.split(" (")[0] for item in otherwise[:2]]
+    more = f" and {len(otherwise) - 2} more" if len(otherwise) > 2 else ""
     written = "the command" if command == "stdin" else command
     raise InputError(f"{config.source} was read from {command}, which it priced otherwise: {', '.join(named)}{more} "
                      f"(its \"unpriced\" list), so its launch would train what was priced, not {written} as written. "

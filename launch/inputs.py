@@ -101,7 +101,7 @@ class LaunchInput:
     not_launched: tuple[str, ...] = ()
     """That command's flags that the estimate's megatron_args leave out, as written ('--lr 3e-4'):
     its data and tokenizer (whose vocabulary the model was priced with), learning rates,
-    checkpoints and logging."""
+    checkpoints and logging, and the flags the advisor does not know (also unpriced)."""
 
     def left_out_note(self, args: list[str] | tuple[str, ...]) -> str | None:
         """The command's unpriced flags that the launch's ``args`` (the user's after -- included)
@@ -120,7 +120,8 @@ class LaunchInput:
         if not left or not self.read_from:
             return None
         command = self.read_from.partition(": ")[0]
-        return (f"advisor-launch: {command}'s data, tokenizer, schedule and logging flags are not in {self.source} "
+        return (f"advisor-launch: {command}'s flags that change no price (data, tokenizer, schedule, logging) or that "
+                f"the advisor does not know are not in {self.source} "
                 f"and not launched: {', '.join(left)} (Megatron's defaults run instead: give the ones the run needs "
                 "after --)")
 

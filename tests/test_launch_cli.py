@@ -279,8 +279,8 @@ def test_a_commands_flags_that_change_no_price_are_named_where_not_launched(advi
     result = launcher()("args", "--from", estimate, "--", "--lr", "1e-4", "--save=/mine")
     assert "--clip-grad" not in result.stdout.split()
     [note] = [line for line in result.stderr.splitlines() if "not launched" in line]
-    assert note == (f"advisor-launch: train.sh's data, tokenizer, schedule and logging flags are not in the estimate "
-                    f"({estimate}) and not launched: --vocab-size 50257, --clip-grad 1.0, --lr-decay-style cosine (Megatron's "
+    assert note == (f"advisor-launch: train.sh's flags that change no price (data, tokenizer, schedule, logging) or "
+                    f"that the advisor does not know are not in the estimate ({estimate}) and not launched: --vocab-size 50257, --clip-grad 1.0, --lr-decay-style cosine (Megatron's "
                     "defaults run instead: give the ones the run needs after --)")
     # the launch's own data (--mock-data) and length (a token budget's --train-samples) stand for the
     # command's --data-path, --vocab-size and --train-iters: not named as left out
@@ -673,3 +673,32 @@ def test_one_node_for_a_wider_plan_says_each_node_needs_every_rank(advisor, tmp_
     two = launcher()("torchrun", "--from", estimate, "--nnodes", "2", "--rdzv-endpoint", "node001:29500",
                      "--mock-data", "--dry-run")
     assert "ranks per node, more than" not in two.stderr
+
+
+def test_a_flag_the_advisor_does_not_know_is_named_not_refused(advisor, tmp_path):
+    """Megatron's own flags the advisor does not price (--empty-unused-memory-level, in NVIDIA's Llama
+    3 8B script) are unpriced, but the launch writes nothing in their place: it leaves them out and
+    names them for the user to give after -- (as its learning rates), rather than refusing the
+    estimate as one priced otherwise (review: the refusal's advice could not be followed but by
+    deleting working flags); a flag priced as something else is still refused."""
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 24 --hidden-size 2048 "
+                      "--num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 --swiglu "
+                      "--normalization RMSNorm --position-embedding-type rope --disable-bias-linear "
+                      "--micro-batch-size 1 --global-batch-size 256 --bf16 --vocab-size 50257 "
+                      "--attention-dropout 0 --hidden-dropout 0 --empty-unused-memory-level 2 --lr 3e-4\n")
+    estimate = tmp_path / "est.json"
+    read = advisor("estimate", "--from-command", script, "--mem", "80", "-o", estimate)
+    saved = json.loads(estimate.read_text())
+    assert saved["unpriced"] == ["--empty-unused-memory-level (not known to the advisor)"]
+    assert saved["not_launched"] == ["--vocab-size 50257", "--lr 3e-4", "--empty-unused-memory-level 2"]
+    assert "--launch-as-priced" not in read.stderr  # nothing priced otherwise: no refusal to announce
+    result = launcher()("args", "--from", estimate)
+    assert "--empty-unused-memory-level" not in result.stdout.split()
+    [note] = [line for line in result.stderr.splitlines() if "not launched" in line]
+    assert "--empty-unused-memory-level 2" in note
+    given = launcher()("args", "--from", estimate, "--", "--empty-unused-memory-level", "2")
+    assert not [line for line in given.stderr.splitlines() if "--empty-unused-memory-level" in line]
+    script.write_text(script.read_text().replace("--normalization RMSNorm", "--normalization LayerNorm"))
+    advisor("estimate", "--from-command", script, "--mem", "80", "-o", estimate)
+    assert "--normalization LayerNorm" in launcher().error("args", "--from", estimate)

@@ -106,12 +106,17 @@ def _world_problem(world: int, where: str, tp: int, cp: int, pp: int) -> str | N
     return problem and f"{problem}: give --gpus N for the run you mean"
 
 
-def unpriced_line(unpriced: tuple[str, ...]) -> str | None:
-    """The one line naming what changes memory or time and is not priced (None when nothing)."""
+def unpriced_line(unpriced: tuple[str, ...], not_launched: tuple[str, ...] = ()) -> str | None:
+    """The one line naming what changes memory or time and is not priced (None when nothing), and
+    where the launch would write some of it otherwise (``priced_otherwise``) that advisor-launch
+    launches the estimate only when told to."""
+    from advisor.megatron_readback import priced_otherwise
+
     if not unpriced:
         return None
-    return ("not priced (they change memory or time): " + ", ".join(unpriced)
-            + "; advisor-launch runs this estimate only with --launch-as-priced (it trains what was priced)")
+    refused = ("; advisor-launch runs this estimate only with --launch-as-priced (it trains what was priced)"
+               if priced_otherwise(unpriced, not_launched) else "")
+    return "not priced (they change memory or time): " + ", ".join(unpriced) + refused
 
 
 def read_notes(row: dict, read: CommandInputs | None, table_on_stdout: bool = False) -> list[str]:
@@ -123,7 +128,7 @@ def read_notes(row: dict, read: CommandInputs | None, table_on_stdout: bool = Fa
     if read is None:
         return []
     row.update(read_from=read.source, unpriced=list(read.run.unpriced), not_launched=list(read.run.skipped))
-    notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced)] if line]
+    notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced, read.run.skipped)] if line]
     if read.run.unpriced and not table_on_stdout:
         note(f"advisor estimate: {notes[-1]}")
     return notes
