@@ -95,6 +95,7 @@ def input_options(func: Callable) -> Callable:
         from launch.inputs import read_input
 
         refuse_overwriting_inputs(kwargs.get("output"))  # -o --from's file: the sweep replaced by YAML
+        _refuse_misnamed(kwargs.get("output"))
         config = read_input(source, rank)
         if config.verdict == "oom":  # an --all row or an estimate: launchable, but it will not fit
             estimate = f"{config.judged_gib:.1f} GiB" if config.judged_gib is not None else "the estimate"
@@ -115,6 +116,20 @@ def input_options(func: Callable) -> Callable:
                           "network and options the advisor priced (its megatron_args: a GELU, LayerNorm network "
                           "priced as SwiGLU, RMSNorm, ...; each unpriced entry says what), not the command as written."),
     ], wrapper)
+
+
+WRITES = {"sbatch": "script", "k8s": "yaml", "skypilot": "yaml"}
+"""What each command's -o holds: a name that says another format (sbatch -o job.json, k8s -o
+job.json) is refused, as the advisor's commands refuse JSON into x.csv (``refuse_named``)."""
+
+
+def _refuse_misnamed(output: Path | None) -> None:
+    from advisor.cli.options import refuse_named
+
+    ctx = click.get_current_context(silent=True)
+    command = ctx.info_name if ctx is not None else None
+    if command in WRITES:
+        refuse_named(f"advisor-launch {command}", WRITES[command], output)
 
 
 def _launch_as_priced(config: LaunchInput, opted_in: bool) -> None:

@@ -83,3 +83,19 @@ def test_report_refuses_a_name_of_another_format(advisor, saved, tmp_path, name)
     assert advisor.error("report", "sweep", *SWEEP, "-o", path) == \
         f"Error: advisor report would write HTML into {path}: name the file {wanted}"
     assert not path.exists()
+
+
+@pytest.mark.parametrize("command, extra, name, line", [
+    ("k8s", ("--image", "img", "--megatron-lm", "/opt/Megatron-LM"), "m.json",
+     "Error: advisor-launch k8s would write YAML into {out}: name the file {stem}.yaml"),
+    ("skypilot", ("--megatron-lm", "/opt/Megatron-LM"), "m.html",
+     "Error: advisor-launch skypilot would write YAML into {out}: name the file {stem}.yaml"),
+    ("sbatch", ("--dry-run",), "a.json", "Error: advisor-launch sbatch would write a script into {out}: name the file "
+                                          "{stem}.sh"),
+])
+def test_launch_refuses_a_name_of_another_format(saved, tmp_path, command, extra, name, line):
+    """k8s -o m.json wrote YAML into a .json file (exit 0), as the advisor's commands no longer do."""
+    out = tmp_path / name
+    got = launcher().error(command, "--from", saved, *extra, "-o", out)
+    assert got == line.format(out=out, stem=out.with_suffix(""))
+    assert not out.exists()

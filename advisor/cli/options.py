@@ -555,8 +555,8 @@ one it writes (JSON in x.html or x.yaml, a table in x.png), with the one check `
 _ROW_FORMATS = ("json", "csv")
 """The named formats that rows can be written in (``file_format``)."""
 
-_WRITTEN = {"table": "a table", "json": "JSON", "csv": "CSV", "html": "HTML"}
-_SUFFIX = {"table": ".txt", "json": ".json", "csv": ".csv", "html": ".html"}
+_WRITTEN = {"table": "a table", "json": "JSON", "csv": "CSV", "html": "HTML", "yaml": "YAML", "script": "a script"}
+_SUFFIX = {"table": ".txt", "json": ".json", "csv": ".csv", "html": ".html", "yaml": ".yaml", "script": ".sh"}
 """The name to offer for what is written (a table is text)."""
 
 
@@ -581,7 +581,7 @@ def refuse_named(who: str, written: str, output: Path | None, remedy: str | None
         return
     if remedy is None:
         remedy = f"name the file {output.with_suffix(_SUFFIX[written])}"
-        if named == "html":
+        if named == "html" and written in (*_ROW_FORMATS, "table"):  # rows: the report draws them
             remedy += ", or use 'advisor report' for a page"
     raise wrong_format(who, written, output, remedy)
 

@@ -89,9 +89,10 @@ def leader_line(px: float, py: float, label: Placed, ring: float = 6.0) -> str:
 
 
 def spread(wanted: list[float], gap: float, low: float, high: float) -> list[float]:
-    """Positions as near ``wanted`` as keeps each at least ``gap`` from the next and all within
-    [low, high], in the same order (labels beside lines across a plot: the GPU's memory and the
-    paper's 80% of it drew on one another where the GPU had 1 GiB, audit)."""
+    """Positions as near ``wanted`` as keeps each at least ``gap`` from the next, in the same order,
+    and within [low, high] where they fit there (more than (high - low) / gap + 1 labels run past
+    ``low``): labels beside lines across a plot (the GPU's memory and the paper's 80% of it drew
+    on one another where the GPU had 1 GiB, audit)."""
     order = sorted(range(len(wanted)), key=lambda i: wanted[i])
     placed = [min(max(wanted[i], low), high) for i in order]
     for k in range(1, len(placed)):  # downwards from the top one...

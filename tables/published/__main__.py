@@ -56,7 +56,7 @@ def summary_lines(groups: list[tuple[str, dict]]) -> list[str]:
             target = f"each within {TARGETS[precision]:.0%}" + (
                 f", MAPE <= {MAPE_TARGET:.0%}" if precision == "bf16" else "")
             refused = f"; {s['refused']} refused by the advisor" if s["refused"] else ""
-            lines.append(f"- {prefix}{precision.upper()}: {s['runs']} runs, MAPE {s['mape']:.1%}, largest error "
+            lines.append(f"- {prefix}{precision.upper()}: {s['runs']} run{'s' if s['runs'] != 1 else ''}, MAPE {s['mape']:.1%}, largest error "
                          f"{s['max_error']:.1%}, {s['within_target']} of {s['runs']} within target ({target}); "
                          f"{s['verdicts_ok']} of {s['runs']} called fits or likely fits (every one ran){refused}.")
     return lines
