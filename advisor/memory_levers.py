@@ -107,23 +107,25 @@ def fsdp_buffer_bytes(options, unit_parameters, layers):
     queue plus the unit being produced). Both in the stage's element and gradient dtypes. torch
     FSDP2 ('torch_fsdp2') keeps two layers of each, in the weights' dtype."""
     sharding = SHARDING[options.fsdp_strategy]
-    layers = np.asarray(layers, dtype=float)
-    zero = 0.0 * layers * unit_parameters
+    held = np.asarray(layers, dtype=float) * unit_parameters
+    zero = 0.0 * held  # every buffer as wide as the layers and units broadcast (0 where not held)
     if sharding is None:
         return zero, zero
     _, grads_sharded, weights_sharded = sharding
-    held = layers * unit_parameters
     if options.fsdp_strategy == "torch_fsdp2":
         # Two layers unsharded at once, weights and gradients (TORCH_FSDP2_UNITS_IN_FLIGHT), both
         # in the weights' dtype: Megatron passes fully_shard no MixedPrecisionPolicy, so FSDP2
         # reduces in the parameters' dtype (``MixedPrecisionPolicy.reduce_dtype`` None).
         unsharded = options.element_bytes * np.minimum(held, TORCH_FSDP2_UNITS_IN_FLIGHT * unit_parameters)
         return unsharded + zero, unsharded + zero
-    gathered = np.minimum(held, unit_parameters + np.minimum(FSDP_AG_PREFETCH_ELEMENTS, held - unit_parameters))
-    queued = np.minimum(held, FSDP_RS_QUEUE_ELEMENTS + unit_parameters)
-    weights = options.element_bytes * np.maximum(gathered, 0.0) if weights_sharded else zero
-    gradients = options.gradient_bytes * queued if grads_sharded else zero
-    return weights + zero, gradients + zero
+    # each as wide as ``held`` already (it broadcasts the units): nothing to add to widen them
+    weights, gradients = zero, zero
+    if weights_sharded:
+        gathered = np.minimum(held, unit_parameters + np.minimum(FSDP_AG_PREFETCH_ELEMENTS, held - unit_parameters))
+        weights = options.element_bytes * np.maximum(gathered, 0.0)
+    if grads_sharded:
+        gradients = options.gradient_bytes * np.minimum(held, FSDP_RS_QUEUE_ELEMENTS + unit_parameters)
+    return weights, gradients
 
 
 def fsdp_buffer_lines(options, unit_parameters) -> list[tuple]:
