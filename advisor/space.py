@@ -147,11 +147,16 @@ class Variants:
             return getattr(self.bases, name)[self.base]
         raise AttributeError(name)
 
+    # The constructor, not dataclasses.replace: the planners take thousands of sets (replace
+    # costs five times as much, looking up every field by name).
     def take(self, index) -> Variants:
-        return replace(self, base=self.base[index], vpp=self.vpp[index], recompute_layers=self.recompute_layers[index])
+        return Variants(self.base[index], self.bases, self.vpp[index], self.recompute_layers[index], self.selective,
+                        self.uniform)
 
     def with_recompute(self, layers) -> Variants:
-        return replace(self, recompute_layers=np.broadcast_to(np.asarray(layers, dtype=np.int64), self.base.shape))
+        return Variants(self.base, self.bases, self.vpp,
+                        np.broadcast_to(np.asarray(layers, dtype=np.int64), self.base.shape), self.selective,
+                        self.uniform)
 
     def recomputed(self, model_layers: int) -> np.ndarray:
         """Layers per chunk that full recomputation re-runs (the time model's count)."""
