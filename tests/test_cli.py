@@ -362,7 +362,7 @@ def test_interleaving_advice_fits_the_command(advisor, command, says):
 
 def test_every_megatron_spelling_names_an_option():
     from advisor.cli import COMMANDS, cli
-    from advisor.cli.options import MEGATRON_SPELLINGS
+    from advisor.cli.spellings import MEGATRON_SPELLINGS
 
     import click
 

@@ -599,7 +599,7 @@ def test_recompute_modules_take_megatrons_space_separated_spelling():
     """Megatron-LM's --recompute-modules moe_act layernorm (nargs='+') means what the advisor's
     repeated option means; a word that is not a module is still refused in one line, and nothing
     after '--' is rewritten."""
-    from advisor.cli.options import megatron_nargs
+    from advisor.cli.spellings import megatron_nargs
 
     base = ["sweep", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--recompute", "selective",
             "--top", "2", "--format", "json"]

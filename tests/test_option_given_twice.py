@@ -1,5 +1,5 @@
 """An option with a value given under two of its names with different values is refused
-(``OneValueEach`` in advisor.cli.options): click kept the last without a word, so '--tp 2
+(``OneValueEach`` in advisor.cli.spellings): click kept the last without a word, so '--tp 2
 --tensor-model-parallel-size 4' priced TP 4 and '--seq-len 4096 --seq-length 2048' 2048. The same
 value twice is fine; the same spelling again, or a switch and its opposite, keep the last (as click
 and Megatron's argparse do: a script's override at its end); repeatable options keep every value."""

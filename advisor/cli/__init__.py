@@ -22,7 +22,8 @@ from typing import NamedTuple
 
 import click
 
-from advisor.cli.options import EPILOG, OneLineErrors, add_megatron_spellings, megatron_nargs, one_value_each
+from advisor.cli.options import EPILOG, OneLineErrors
+from advisor.cli.spellings import add_megatron_spellings, megatron_nargs, one_value_each
 
 
 class Lazy(NamedTuple):
