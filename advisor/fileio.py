@@ -325,6 +325,14 @@ def is_stdout(path: str | Path) -> bool:
     return (named.st_dev, named.st_ino) == (out.st_dev, out.st_ino)
 
 
+def expand_home(value: str) -> str:
+    """``value`` with a leading ``~`` or ``~user`` expanded as a shell would, else as given (an
+    unknown ~user too, so that the error is the path's own). A shell leaves '~' alone where it is
+    quoted ('~/x'), follows '=' (--out=~/x in sh) or comes from a script or a config, and
+    click.Path never expands it: --profile-dir '~/x' made a directory named '~' here."""
+    return os.path.expanduser(value) if value.startswith("~") else value
+
+
 def same_file(a: str | Path, b: str | Path) -> bool:
     """Whether ``a`` and ``b`` name one existing file (``os.path.samefile``: a hard link, a symbolic
     link or another spelling of the path counts). A path that does not exist names no file yet, so

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from advisor.errors import AdvisorError
+from advisor.fileio import expand_home
 from launch.megatron_versions import NEWEST, MegatronVersion, named, of_checkout, read_version
 
 ENV_VAR = "MEGATRON_LM"
@@ -30,22 +31,13 @@ def resolve_checkout(directory: str | os.PathLike | None) -> Path:
         directory = os.environ.get(ENV_VAR) or None
         if directory is None:
             raise AdvisorError(f"give --megatron-lm DIR (your Megatron-LM checkout) or set {ENV_VAR}")
-    path = _expand_home(Path(directory))
+    path = Path(expand_home(str(directory)))
     shown = str(directory) if str(path) == str(directory) else f"{directory} ({path})"
     if not path.is_dir():
         raise AdvisorError(f"Megatron-LM checkout {shown}: no such directory")
     if not (path / SCRIPT).is_file():
         raise AdvisorError(f"Megatron-LM checkout {shown} has no {SCRIPT}")
     return path
-
-
-def _expand_home(path: Path) -> Path:
-    """``path`` with a leading ``~`` expanded; as given where no home is known (``~nobody``: Path
-    raises RuntimeError), so that the error is the one line of a missing directory."""
-    try:
-        return path.expanduser()
-    except RuntimeError:
-        return path
 
 
 def check_profile_dir(directory: str | os.PathLike) -> Path:

@@ -137,9 +137,11 @@ def _launch_as_priced(config: LaunchInput, opted_in: bool) -> None:
     advisor.megatron_readback): its megatron_args are the network and options priced (a GELU,
     LayerNorm, learned-position network priced as a Llama one), so launching them trains another
     model than the command asks for, unless the user says so (--launch-as-priced: then a warning)."""
+    if not (config.read_from and config.unpriced):  # a sweep row, a plan, a command priced as written
+        return
     from advisor.megatron_readback import priced_otherwise
 
-    otherwise = priced_otherwise(config.unpriced, config.not_launched) if config.read_from else []
+    otherwise = priced_otherwise(config.unpriced, config.not_launched)
     if not otherwise:  # what it leaves out, left_out_note names
         return
     command = config.read_from.partition(": ")[0]  # 'train.sh: torchrun, 8 GPUs (...)'

@@ -20,6 +20,7 @@ import click
 from advisor import limits
 from advisor.cli.spellings import lookalike_message
 from advisor.errors import AdvisorError
+from advisor.fileio import expand_home
 
 EPILOG = "Docs, the method and the file schemas: README.md and docs/. Errors exit with status 2."
 
@@ -232,14 +233,6 @@ class NonEmpty(click.ParamType):
 
 MEGATRON_CHECKOUT = NonEmpty("give the directory of your Megatron-LM checkout")
 """--megatron-lm DIR ('' was taken for no checkout: the CPU emulator, or $MEGATRON_LM)."""
-
-
-def expand_home(value: str) -> str:
-    """``value`` with a leading ``~`` or ``~user`` expanded as a shell would, else as given (an
-    unknown ~user too, so that the error is the path's own). A shell leaves '~' alone where it is
-    quoted ('~/x'), follows '=' (--out=~/x in sh) or comes from a script or a config, and
-    click.Path never expands it: --profile-dir '~/x' made a directory named '~' here."""
-    return os.path.expanduser(value) if value.startswith("~") else value
 
 
 class UserPath(click.Path):
