@@ -38,7 +38,8 @@ from advisor.capture.costs import CostTable, empty, upper
 from advisor.capture.layout import Scenario
 from advisor.capture.search import Solution, plan_megatron
 from advisor.errors import AdvisorError, NothingFits
-from advisor.memory import MemoryOptions, StageModel
+from advisor.memory import MemoryOptions
+from advisor.stage_model import StageModel
 from advisor.models import LlamaSpec
 from advisor.rank_times import RankTimes, recomputed_per_chunk
 from advisor.verdicts import calibrated_terms
@@ -77,7 +78,7 @@ def analytic_tables(spec: LlamaSpec, seq_len: int, options: MemoryOptions, *, tp
                     pp: int, num_microbatches: float, timing=None, calibrated=None
                     ) -> tuple[CostTable, CostTable | None]:
     """(memory, time) cost tables of stages of alike layers: seed 004's stage memory at every
-    position (``memory.StageModel``; row j is the j-th stage from the end), or, with
+    position (``stage_model.StageModel``; row j is the j-th stage from the end), or, with
     ``calibrated`` (a ``MemoryCalibration`` and the GPU's GiB), the calibrated model's usage, as
     advisor sweep and estimate judge it; and, with ``timing`` (``advisor.rank_times.Timing``),
     the time model's stage time. Entry [l, r] is the stage holding layers l..r; a plan's first

@@ -62,7 +62,7 @@ def one_layout_time(spec, gpu, workload, parallel, stages, training, tokens, tim
     (``advisor.rank_times``: its split, interleaving and recomputation) with its training options."""
     import numpy as np
 
-    from advisor.memory import StageModel
+    from advisor.stage_model import StageModel
     from advisor.parallel import default_layers_per_stage
     from advisor.ranking import timing_fields
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from advisor import equations as eq
-from advisor.memory import MemoryOptions, StageModel, estimate_memory, head_shares_embedding
+from advisor.memory import MemoryOptions, estimate_memory
+from advisor.stage_model import StageModel, head_shares_embedding
 from advisor.parallel import Workload
 from advisor.profiles import LayerRecord, ProfileRun, RankProfile
 

@@ -44,7 +44,7 @@ def merge(parts: list):
     """One ``SpaceResult`` from the chunks' (result, indices of its bases) ``parts``, in the
     bases' order, every array as wide as the deepest pipeline. The merged values have the
     parts' own types (this module serves ``advisor.space_search`` and does not import it)."""
-    from advisor.memory import StageTerms
+    from advisor.stage_model import StageTerms
 
     if len(parts) == 1:
         return parts[0][0]

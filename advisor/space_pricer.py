@@ -1,6 +1,6 @@
 """The space's variants (``advisor.space``) priced thousands at once, for ``advisor.space_search``.
 
-``_Pricer`` builds, per pipeline depth, one vectorised stage model (``memory.StageModel``, with
+``_Pricer`` builds, per pipeline depth, one vectorised stage model (``stage_model.StageModel``, with
 ``advisor.verdicts``' calibrated terms where asked) and the time model's rank times, and plans
 splits on them (``advisor.splits``: the lowest peak, MadPipe's fastest within a memory limit,
 Megatron's even split); ``_states_lower_bound`` is the model states' floor that no split,
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from advisor import equations as eq
-from advisor.memory import MemoryOptions, StageModel, StageTerms, head_shares_embedding
+from advisor.memory import MemoryOptions
+from advisor.stage_model import StageModel, StageTerms, head_shares_embedding
 from advisor.memory_levers import state_bytes_per_parameter
 from advisor.models import LlamaSpec
 from advisor.parallel import Workload

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from advisor import space_chunks
-from advisor.memory import GIB, MemoryOptions, StageTerms
+from advisor.memory import GIB, MemoryOptions
+from advisor.stage_model import StageTerms
 from advisor.models import LlamaSpec
 from advisor.parallel import Workload
 from advisor.space import Bases, SpaceOptions, Variants, _families, _groups, _recompute_range, launchable

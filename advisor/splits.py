@@ -7,7 +7,7 @@ Each layout k is a pipeline of ``pp[k]`` ranks (arrays are padded to the longest
 columns beyond a layout's ranks are inactive and hold no layers). A rank holds n layers with
 v <= n (every model chunk at least one layer; v = 1 without interleaving). A cost of a rank is
 any function of (layout, rank, n) that strictly increases with n, evaluated on whole (K, P)
-arrays: ``memory.StageModel.total`` (bytes) or a time per microbatch. Every rank is different
+arrays: ``stage_model.StageModel.total`` (bytes) or a time per microbatch. Every rank is different
 (the first holds the embedding and the most microbatches, the last the LM head), so the
 planner is the general min-max over compositions, not a formula.
 

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from advisor.errors import AdvisorError
-from advisor.memory import MemoryEstimate, MemoryOptions, StageTerms
+from advisor.memory import MemoryEstimate, MemoryOptions
+from advisor.stage_model import StageTerms
 from advisor.models import LlamaSpec
 from advisor.options import TrainingOptions
 from advisor.paper_rule import DEFAULT_THRESHOLD, classify

@@ -65,7 +65,7 @@ class Assessment:
 class CalibratedTerms:
     """The calibrated model on top of Eq. 18's terms of a pipeline stage: factors on its three
     activation terms and the bytes it adds. Fields are numbers or numpy arrays that broadcast over
-    layouts and stages (the sweep's planners use them vectorised, ``memory.StageModel``)."""
+    layouts and stages (the sweep's planners use them vectorised, ``stage_model.StageModel``)."""
 
     layer_factor: object
     """The allocator's factor times the share of Eq. 12 megatron-core keeps (fused SwiGLU; 1 with
@@ -150,7 +150,7 @@ def assess_stages(
     spec: LlamaSpec, seq_len: int, terms, pp, mbs, tp, cp, full_recompute, memory_gib: float,
     options: MemoryOptions, calibration: MemoryCalibration, measured=None,
 ) -> list[Assessment]:
-    """``assess`` for many layouts at once: ``terms`` (``memory.StageTerms`` of arrays, one row
+    """``assess`` for many layouts at once: ``terms`` (``stage_model.StageTerms`` of arrays, one row
     per layout, as wide as the deepest pipeline), ``pp`` and the layout quantities are arrays of
     one value per layout (the sweep's rows)."""
     col = (slice(None), None)

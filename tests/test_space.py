@@ -6,7 +6,8 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from advisor.errors import AdvisorError
-from advisor.memory import MemoryOptions, StageModel
+from advisor.memory import MemoryOptions
+from advisor.stage_model import StageModel
 from advisor.models import PRESETS
 from advisor.parallel import Workload
 from advisor.splits import caps

@@ -32,7 +32,8 @@ from advisor.capture.statistics import merge_groups
 from advisor.errors import AdvisorError
 from advisor.madpipe import analytic_tables, plan_fastest, profile_time_table, profiled_times, stage_times
 from advisor.megatron_args import MegatronSetup, megatron_args
-from advisor.memory import GIB, StageModel, check_layout, tp_problem
+from advisor.memory import GIB, check_layout, tp_problem
+from advisor.stage_model import StageModel
 from advisor.memory_calibration import MemoryCalibration
 from advisor.options import TrainingOptions
 from advisor.models import LlamaSpec

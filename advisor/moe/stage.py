@@ -22,7 +22,7 @@ from advisor import equations as eq
 from advisor import schedule
 from advisor import memory_levers as levers
 from advisor import memory_terms
-from advisor.memory import head_shares_embedding
+from advisor.stage_model import head_shares_embedding
 from advisor.moe import fp8 as fp8_terms
 from advisor.moe import memory as mm
 from advisor.moe import mtp as mtp_terms

@@ -12,7 +12,8 @@ from advisor.capture.search import plan_megatron
 from advisor.errors import AdvisorError
 from advisor.hardware import get_gpu
 from advisor.madpipe import analytic_tables, plan_fastest
-from advisor.memory import GIB, MemoryOptions, StageModel
+from advisor.memory import GIB, MemoryOptions
+from advisor.stage_model import StageModel
 from advisor.models import PRESETS
 from advisor.rank_times import Timing
 from advisor.throughput import TimeModel
