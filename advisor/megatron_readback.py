@@ -715,9 +715,10 @@ def training_options(rest: list[str], tp: int, release=None) -> tuple[object, li
 
 def _unknown(rest: list[str]) -> list[str]:
     """The flags of ``rest`` that no reader here takes, each once."""
-    from advisor.options.flags import MULTI, SWITCHES, UNPRICED, VALUED
+    from advisor.options.flags import MULTI, NO_EFFECT, SWITCHES, UNPRICED, VALUED
 
-    return [flag for flag in dict.fromkeys(_flags(rest)) if flag not in VALUED | SWITCHES | UNPRICED | MULTI]
+    return [flag for flag in dict.fromkeys(_flags(rest))
+            if flag not in VALUED | SWITCHES | UNPRICED | MULTI | NO_EFFECT.keys()]
 
 
 def _unknown_as_written(rest: list[str]) -> list[str]:
@@ -741,13 +742,13 @@ def _flag_spellings() -> tuple[frozenset[str], list[str]]:
     takes, sorted): read once, not once per unknown flag."""
     from advisor.megatron_flag_table import FLAGS
     from advisor.moe import readback
-    from advisor.options.flags import MULTI, SWITCHES, UNPRICED, VALUED
+    from advisor.options.flags import MULTI, NO_EFFECT, SWITCHES, UNPRICED, VALUED
 
     # '--flag[=COUNT][:TYPE]' words (launch.megatron_flags)
     megatrons = frozenset(re.split("[=:]", word)[0] for text in FLAGS.values() for word in text.split())
     read_here = ({f"--{name}" for name in (_MODEL_VALUED | _LAYOUT_VALUED | HARMLESS_VALUED | set(_MULTI_VALUED)
                                            | readback.VALUED | readback.SWITCHES | readback.MULTI | _switches())}
-                 | VALUED | SWITCHES | UNPRICED | MULTI)
+                 | VALUED | SWITCHES | UNPRICED | MULTI | NO_EFFECT.keys())
     return megatrons, sorted(read_here)
 
 

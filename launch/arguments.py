@@ -55,7 +55,8 @@ MEMORY_FLAGS = (
     "--use-torch-fsdp2", "--data-parallel-sharding-strategy", "--overlap-grad-reduce", "--overlap-param-gather",
     "--tp-comm-overlap", "--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--optimizer-offload-fraction",
     "--fp8-recipe", "--fp8-param-gather", "--fp8-amax-history-len", "--no-create-attention-mask-in-dataloader",
-    "--transformer-impl",
+    "--transformer-impl", "--disable-tp-comm-overlap-ag", "--disable-tp-comm-overlap-rs", "--tp-comm-overlap-rs-dgrad",
+    "--disable-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad",
 )
 """Every flag behind a priced training option (``advisor.options.training_args``) is decided."""
 DECIDED_FLAGS = frozenset(MODEL_FLAGS + LAYOUT_FLAGS + BATCH_FLAGS + MEMORY_FLAGS + moe_flags.MODEL_FLAGS

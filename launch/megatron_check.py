@@ -217,6 +217,10 @@ def _derive(args) -> dict:
             "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer",
             "create_attention_mask_in_dataloader", "ckpt_format", "use_torch_fsdp2", "gradient_accumulation_fusion",
             "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")},
+        # the overlap's sub-options as the TransformerConfig hands them to Transformer Engine's layers
+        **{name: getattr(config, name, None) for name in (
+            "tp_comm_overlap_ag", "tp_comm_overlap_rs", "tp_comm_overlap_rs_dgrad", "tp_comm_bulk_dgrad",
+            "tp_comm_bulk_wgrad")},
         **{name: str(getattr(args, name, None)).removeprefix("torch.") for name in (
             "main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")},
         "optimizer_config_error": _optimizer_config_error(args),

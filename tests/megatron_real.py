@@ -224,6 +224,10 @@ def lever_fields(training, tp: int) -> dict:
         "overlap_grad_reduce": dp.overlap_grad_reduce, "overlap_param_gather": dp.overlap_param_gather,
         "use_megatron_fsdp": dp.fsdp_strategy is not None, "tp_comm_overlap": training.tensor_parallel.tp_comm_overlap,
         "tp_comm_overlap_cfg": training.tensor_parallel.tp_comm_overlap_cfg,
+        # the sub-options as the TransformerConfig holds them (TE then drops bulk with rs_dgrad)
+        **{name: getattr(training.tensor_parallel, name) for name in (
+            "tp_comm_overlap_ag", "tp_comm_overlap_rs", "tp_comm_overlap_rs_dgrad", "tp_comm_bulk_dgrad",
+            "tp_comm_bulk_wgrad")},
         "fp8": p.fp8_format, "fp8_param_gather": p.fp8_param_gather,
         "optimizer_cpu_offload": o.optimizer_cpu_offload,
         "create_attention_mask_in_dataloader": training.attention.dataloader_mask != "off",

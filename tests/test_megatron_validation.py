@@ -73,6 +73,10 @@ EXTENSIONS = {
     "fp8-param-gather": ["--fp8-format", "hybrid", "--fp8-param-gather"],
     "fp8-tensorwise": ["--fp8-format", "e4m3", "--fp8-recipe", "tensorwise"],
     "tp-comm-overlap": ["--tp-comm-overlap"],
+    # its sub-options, each written in Megatron's words and read by its parser into the TransformerConfig
+    "tp-comm-overlap-no-ag-rs": ["--tp-comm-overlap", "--disable-tp-comm-overlap-ag", "--disable-tp-comm-overlap-rs"],
+    "tp-comm-overlap-no-bulk": ["--tp-comm-overlap", "--disable-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad"],
+    "tp-comm-overlap-rs-dgrad": ["--tp-comm-overlap", "--tp-comm-overlap-rs-dgrad"],
     "cross-entropy-fusion": ["--cross-entropy-loss-fusion"],  # the native kernel (te: core 0.15 only)
     # the precision-aware optimizer: OptimizerConfig (built as the training loop builds it) takes
     # each, down to its Transformer Engine import

@@ -29,6 +29,15 @@ CHANGES = [
      "--fp8-format e4m3, --fp8-recipe tensorwise, --fp8-amax-history-len 1024, --fp8-param-gather"),
     ({"tp_comm_overlap": True}, "--tp-comm-overlap"),
     ({"tp_comm_overlap": True, "tp_comm_overlap_cfg": UB_FILE}, f"--tp-comm-overlap, --tp-comm-overlap-cfg {UB_FILE}"),
+    # the overlap's sub-options, each by Megatron's flag (only off its defaults: no flag states one)
+    ({"tp_comm_overlap": True, "tp_comm_overlap_ag": False, "tp_comm_overlap_rs": False},
+     "--tp-comm-overlap, --disable-tp-comm-overlap-ag, --disable-tp-comm-overlap-rs"),
+    ({"tp_comm_overlap": True, "tp_comm_bulk_dgrad": False, "tp_comm_bulk_wgrad": False},
+     "--tp-comm-overlap, --disable-tp-comm-bulk-dgrad, --disable-tp-comm-bulk-wgrad"),
+    ({"tp_comm_overlap": True, "tp_comm_overlap_rs_dgrad": True}, "--tp-comm-overlap, --tp-comm-overlap-rs-dgrad"),
+    # with it Transformer Engine runs neither bulk overlap: the bulk switches go unsaid (one description)
+    ({"tp_comm_overlap": True, "tp_comm_overlap_rs_dgrad": True, "tp_comm_bulk_wgrad": False},
+     "--tp-comm-overlap, --tp-comm-overlap-rs-dgrad"),
     ({"sequence_parallel": False}, "no --sequence-parallel"),
     # the parameter gather needs the distributed optimizer: it goes with it, unsaid
     ({"distributed_optimizer": False, "overlap_param_gather": False}, "no --use-distributed-optimizer"),

@@ -81,6 +81,9 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
         args.append("--tp-comm-overlap")
         if tpo.tp_comm_overlap_cfg is not None:
             args += ["--tp-comm-overlap-cfg", tpo.tp_comm_overlap_cfg]
+        # only those off Megatron's defaults: no release has a flag that states a default
+        # (--disable-... sets False; core_v0.19.0 also spells it --no-...), and both share them
+        args += tpo.changed_sub_options()
     if r.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
         if r.recompute_modules:  # None: Megatron's default core_attn
@@ -132,6 +135,7 @@ def changed_args(options: TrainingOptions) -> str:
         words.append("--tp-comm-overlap")
     if tpo.tp_comm_overlap_cfg is not None:
         words.append(f"--tp-comm-overlap-cfg {tpo.tp_comm_overlap_cfg}")
+    words += tpo.changed_sub_options()
     if r.recompute != "none":
         words.append(f"--recompute-granularity {r.recompute}")
         if r.recompute == "selective" and r.recompute_modules:
@@ -204,12 +208,34 @@ def _data_parallel_words(dp: DataParallel) -> list[str]:
 
 # --- reading flags back ------------------------------------------------------------------
 
+TP_COMM_SUB_OPTIONS = {
+    "tp_comm_overlap_ag": ("--disable-tp-comm-overlap-ag", "--no-tp-comm-overlap-ag"),
+    "tp_comm_overlap_rs": ("--disable-tp-comm-overlap-rs", "--no-tp-comm-overlap-rs"),
+    "tp_comm_overlap_rs_dgrad": ("--tp-comm-overlap-rs-dgrad",),
+    "tp_comm_bulk_dgrad": ("--disable-tp-comm-bulk-dgrad", "--no-tp-comm-bulk-dgrad"),
+    "tp_comm_bulk_wgrad": ("--disable-tp-comm-bulk-wgrad", "--no-tp-comm-bulk-wgrad"),
+}
+"""``TensorParallel``'s overlap sub-options and Megatron's flags for them: core_v0.15.2's
+``--disable-...`` (store_false; ``--tp-comm-overlap-rs-dgrad`` store_true), and core_v0.19.0's
+generated parser's, which adds ``--no-...`` beside ``--disable-...`` (``argument_utils.py``,
+``ArgumentGroupFactory``: store_false fields get both prefixes)."""
+NO_EFFECT = {
+    f"--disable-tp-comm-split-{kind}": f"--disable-tp-comm-split-{kind} (Megatron ignores it: it passes Transformer "
+                                       f"Engine >= 1.5 tp_comm_overlap_{kind} instead; priced without)"
+    for kind in ("ag", "rs")
+}
+"""Flags Megatron-LM accepts (core_v0.15.2; core_v0.19.0 also as --no-...) that change nothing with
+the Transformer Engine it runs: named where a command gives them, never priced."""
+NO_EFFECT.update({"--no-" + flag.removeprefix("--disable-"): note.replace("--disable-", "--no-", 1)
+                  for flag, note in list(NO_EFFECT.items())})
+
 SWITCHES = frozenset({
     "--bf16", "--fp16", "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--fp8-param-gather",
     "--use-distributed-optimizer", "--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather",
     "--sequence-parallel", "--tp-comm-overlap", "--recompute-activations", "--no-create-attention-mask-in-dataloader",
     "--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss", "--optimizer-cpu-offload",
     "--use-precision-aware-optimizer", "--use-flash-attn", "--use-torch-fsdp2", "--cross-entropy-loss-fusion",
+    *(flag for pair in (TP_COMM_SUB_OPTIONS.values()) for flag in pair),
 })
 VALUED = frozenset({
     "--fp8-format", "--fp8-recipe", "--fp8-amax-history-len", "--data-parallel-sharding-strategy", "--ckpt-format",
@@ -229,8 +255,7 @@ UNPRICED = frozenset({
     "--num-layers-at-end-in-bf16", "--fp8-dot-product-attention", "--fp8-multi-head-attention",
     "--decoupled-lr", "--optimizer", "--use-custom-fsdp", "--suggested-communication-unit-size",
     "--num-distributed-optimizer-instances", "--ddp-bucket-size", "--ddp-average-in-collective",
-    "--calculate-per-token-loss", "--use-cpu-initialization", "--disable-tp-comm-overlap-ag",
-    "--disable-tp-comm-overlap-rs", "--no-gradient-accumulation-fusion", "--check-weight-hash-across-dp-replicas-interval",
+    "--calculate-per-token-loss", "--use-cpu-initialization", "--no-gradient-accumulation-fusion", "--check-weight-hash-across-dp-replicas-interval",
     "--cp-comm-type", "--hierarchical-context-parallel-sizes",
     "--num-experts", "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--moe-grouped-gemm",
     "--mtp-num-layers", "--multi-latent-attention", "--delay-wgrad-compute",
@@ -270,6 +295,8 @@ def _flag_values(argv: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
             known.setdefault(flag, [])
         elif flag in UNPRICED and flag not in unpriced:
             unpriced.append(flag)
+        elif flag in NO_EFFECT and NO_EFFECT[flag] not in unpriced:
+            unpriced.append(NO_EFFECT[flag])
     return known, unpriced
 
 
@@ -352,6 +379,27 @@ def _recomputation(values: dict, unpriced: list[str]) -> Recomputation:
                            "without)")
     return Recomputation(recompute="full", recompute_method=method,
                          recompute_num_layers=_int(values, "--recompute-num-layers", 1))
+
+
+def _tensor_parallel(values: dict, unpriced: list[str]) -> TensorParallel:
+    """The overlap and its sub-options as Megatron reads them: the file and the sub-options only
+    with --tp-comm-overlap (initialize.py reads the file only to set the overlap up; model_parallel_config.py,
+    'Don't care if tp_comm_overlap is False'), the bulk switches not with --tp-comm-overlap-rs-dgrad
+    (Transformer Engine turns both bulk overlaps off with it). Those ignored are named in ``unpriced``."""
+    overlap = "--tp-comm-overlap" in values
+    given = {name: [flag for flag in flags if flag in values] for name, flags in TP_COMM_SUB_OPTIONS.items()}
+    ignored = [flag for flags in given.values() for flag in flags] if not overlap else []
+    if overlap and given["tp_comm_overlap_rs_dgrad"]:
+        ignored = given["tp_comm_bulk_dgrad"] + given["tp_comm_bulk_wgrad"]
+    for flag in ignored:
+        unpriced.append(f"{flag} without --tp-comm-overlap (Megatron ignores it; priced without)" if not overlap else
+                        f"{flag} with --tp-comm-overlap-rs-dgrad (Transformer Engine then runs no bulk overlap; "
+                        "priced without)")
+    # each field is on where its flag is given for --tp-comm-overlap-rs-dgrad, off for the --disable-... ones
+    sub = {name: bool(flags) if name == "tp_comm_overlap_rs_dgrad" else not flags
+           for name, flags in given.items()} if overlap else {}
+    return TensorParallel(sequence_parallel="--sequence-parallel" in values, tp_comm_overlap=overlap,
+                          tp_comm_overlap_cfg=_last(values, "--tp-comm-overlap-cfg") if overlap else None, **sub)
 
 
 def _attention(values: dict) -> Attention:
@@ -437,11 +485,7 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
                 del values[flag]
     options = TrainingOptions(
         precision=_precision(values), data_parallel=_data_parallel(values, release),
-        tensor_parallel=TensorParallel(sequence_parallel="--sequence-parallel" in values,
-                                       tp_comm_overlap="--tp-comm-overlap" in values,
-                                       # Megatron-LM reads the file only with the overlap (initialize.py)
-                                       tp_comm_overlap_cfg=_last(values, "--tp-comm-overlap-cfg")
-                                       if "--tp-comm-overlap" in values else None),
+        tensor_parallel=_tensor_parallel(values, unpriced),
         recomputation=_recomputation(values, unpriced), attention=_attention(values),
         offload=Offload(optimizer_cpu_offload="--optimizer-cpu-offload" in values,
                         optimizer_offload_fraction=fraction),

@@ -191,11 +191,37 @@ class TensorParallel:
     """--tp-comm-overlap-cfg FILE: the YAML of per-buffer userbuffers settings Megatron-LM passes to
     Transformer Engine (``advisor.options.ub_config``), as the path was given; None: TE's defaults.
     Read (and refused where TE would refuse it) when the options are made."""
+    # The overlap's sub-options (core_v0.15.2 arguments.py; core_v0.19.0 generates the same from
+    # model_parallel_config.py, which also spells the disabling ones --no-...), Megatron's defaults:
+    # which collectives Transformer Engine's layers overlap (``ub_config.LayerOverlaps``). They make
+    # no buffer of their own (``initialize_ub`` gets none of them), so memory is the overlap's either way.
+    tp_comm_overlap_ag: bool = True
+    """Off: --disable-tp-comm-overlap-ag: the all-gathers before QKV and FC1 (forward) and of the
+    projection's and FC2's output gradients (backward) run in NCCL, exposed."""
+    tp_comm_overlap_rs: bool = True
+    """Off: --disable-tp-comm-overlap-rs: the reduce-scatters after the projection and FC2 (forward)
+    run in NCCL, exposed."""
+    tp_comm_overlap_rs_dgrad: bool = False
+    """--tp-comm-overlap-rs-dgrad: QKV's and FC1's dgrad reduce-scatter pipelined beside dgrad itself
+    (their qkv/fc1_dgrad buffers); Transformer Engine then runs neither bulk overlap, whatever the two
+    bulk switches say (kept at their defaults: one description of one run)."""
+    tp_comm_bulk_dgrad: bool = True
+    """Off: --disable-tp-comm-bulk-dgrad: QKV's and FC1's input re-gather runs in NCCL, behind dgrad
+    as without the overlap, and frees the 16 SMs the bulk overlap takes from dgrad."""
+    tp_comm_bulk_wgrad: bool = True
+    """Off: --disable-tp-comm-bulk-wgrad: QKV's and FC1's dgrad reduce-scatter runs in NCCL, exposed,
+    and wgrad keeps its SMs."""
 
     def __post_init__(self) -> None:
         _switches(self)
         if self.tp_comm_overlap and not self.sequence_parallel:
             raise AdvisorError("--tp-comm-overlap needs --sequence-parallel (Megatron-LM refuses it without)")
+        if not self.tp_comm_overlap and (changed := self.changed_sub_options()):
+            # Megatron reads them only with the overlap ('Don't care if tp_comm_overlap is False')
+            raise AdvisorError(f"{changed[0]} needs --tp-comm-overlap")
+        if self.tp_comm_overlap_rs_dgrad:  # LayerNormLinear.__init__: ub_bulk_* ... and not ub_overlap_rs_dgrad
+            object.__setattr__(self, "tp_comm_bulk_dgrad", True)
+            object.__setattr__(self, "tp_comm_bulk_wgrad", True)
         if self.tp_comm_overlap_cfg is not None:
             if not isinstance(self.tp_comm_overlap_cfg, str) or not self.tp_comm_overlap_cfg:
                 raise AdvisorError(f"tp_comm_overlap_cfg (--tp-comm-overlap-cfg) must be a file's path, got "
@@ -203,6 +229,22 @@ class TensorParallel:
             if not self.tp_comm_overlap:  # Megatron-LM reads the file only to set up the overlap
                 raise AdvisorError("--tp-comm-overlap-cfg needs --tp-comm-overlap")
             self.userbuffers()
+
+    def changed_sub_options(self) -> list[str]:
+        """The overlap's sub-options that differ from Megatron's defaults, as Megatron's flags."""
+        return [flag for flag, on in (("--disable-tp-comm-overlap-ag", not self.tp_comm_overlap_ag),
+                                      ("--disable-tp-comm-overlap-rs", not self.tp_comm_overlap_rs),
+                                      ("--tp-comm-overlap-rs-dgrad", self.tp_comm_overlap_rs_dgrad),
+                                      ("--disable-tp-comm-bulk-dgrad", not self.tp_comm_bulk_dgrad),
+                                      ("--disable-tp-comm-bulk-wgrad", not self.tp_comm_bulk_wgrad)) if on]
+
+    def overlaps(self):
+        """What the sub-options ask of Transformer Engine's layers (``ub_config.LayerOverlaps``)."""
+        from advisor.options.ub_config import LayerOverlaps
+
+        return LayerOverlaps(overlap_ag=self.tp_comm_overlap_ag, overlap_rs=self.tp_comm_overlap_rs,
+                             overlap_rs_dgrad=self.tp_comm_overlap_rs_dgrad, bulk_dgrad=self.tp_comm_bulk_dgrad,
+                             bulk_wgrad=self.tp_comm_bulk_wgrad)
 
     def userbuffers(self):
         """The --tp-comm-overlap-cfg file's buffers (``ub_config.UserbuffersConfig``), TE's defaults without one."""
@@ -418,13 +460,21 @@ def _check_fp8_userbuffers(recipe: str, tensor_parallel: TensorParallel) -> None
         raise AdvisorError("--fp8-recipe blockwise does not run with --tp-comm-overlap (Transformer Engine's "
                            "userbuffers all-gather takes no blockwise FP8: 'Unsupported quantizer for Userbuffers'); "
                            "use another recipe or drop --tp-comm-overlap")
-    bf16_gathers = tensor_parallel.userbuffers().bf16_all_gathers()
+    overlaps = tensor_parallel.overlaps()  # a buffer the sub-options leave unused fails on nothing
+    bf16_gathers = tensor_parallel.userbuffers().bf16_all_gathers(overlaps)
     if bf16_gathers:
         raise AdvisorError(f"--tp-comm-overlap-cfg {tensor_parallel.tp_comm_overlap_cfg}: {bf16_gathers[0]}: a method "
                            f"other than bulk leaves this buffer BF16, but the layer still all-gathers its FP8 input "
                            f"there (Transformer Engine: 'Userbuffers is not initialized with FP8 buffers'); set "
                            f"fp8_buf: true or method: bulk")
-    fp8_scatters = tensor_parallel.userbuffers().fp8_reduce_scatters() if recipe != "delayed" else ()
+    fp8_scatters = tensor_parallel.userbuffers().fp8_reduce_scatters(overlaps) if recipe != "delayed" else ()
+    if fp8_scatters and fp8_scatters[0] in ("qkv_dgrad", "fc1_dgrad"):
+        # _LayerNormLinear asks its dgrad GEMM for FP8 output where the dgrad buffer is FP8 (fp8_grad,
+        # LayerNormLinear.forward), the same failure as a forward reduce-scatter's below
+        raise AdvisorError(f"--tp-comm-overlap-rs-dgrad with --fp8-recipe {recipe}: {fp8_scatters[0]} holds FP8 "
+                           f"(Transformer Engine's default for it), and only --fp8-recipe delayed writes FP8 GEMM "
+                           f"output there (Transformer Engine: 'Invalid type'); use delayed, or move {fp8_scatters[0]} "
+                           f"off bulk without fp8_buf in --tp-comm-overlap-cfg")
     if fp8_scatters:
         raise AdvisorError(f"--tp-comm-overlap-cfg {tensor_parallel.tp_comm_overlap_cfg}: {fp8_scatters[0]}: fp8_buf "
                            f"on a reduce-scatter runs only with --fp8-recipe delayed (Transformer Engine's GEMM "
@@ -636,7 +686,7 @@ class TrainingOptions:
                         fsdp_strategy=dp.fsdp_strategy)
         return TimeOptions(
             **fsdp, tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,
-            userbuffers=self.tensor_parallel.userbuffers(),
+            userbuffers=self.tensor_parallel.userbuffers(), tp_overlaps=self.tensor_parallel.overlaps(),
             optimizer_step_bytes=optimizer_step_bytes(self._state_kinds),
             dataloader_mask="rebuilt" if self.attention.dataloader_mask == "rebuilt" else "cached",
             optimizer_host_fraction=self.offload.host_fraction, flash_attention=self.attention.flash_attention,

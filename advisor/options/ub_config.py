@@ -58,6 +58,51 @@ on ``*_dgrad`` (backward); the column-parallel QKV and FC1 AG on ``*_fprop``, an
 gathered gradient's reuse (external). ``module/base.py`` ``add_ub`` (418-449): ring_exchange makes
 a ``CommOverlapP2P``, any other method a ``CommOverlap``, the only thing the method decides."""
 
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerOverlaps:
+    """Which userbuffers overlaps Megatron-LM asks Transformer Engine's layers for: its
+    --tp-comm-overlap sub-options (``TensorParallel``), as ``extensions/transformer_engine.py``
+    (core_v0.15.2 and core_v0.19.0) passes them: ``TELinear`` (the row-parallel projection and FC2)
+    gets ``ub_overlap_ag``/``ub_overlap_rs``; ``TELayerNormColumnParallelLinear`` (QKV, FC1)
+    ``ub_overlap_ag``, ``ub_overlap_rs_dgrad``, ``ub_bulk_dgrad``, ``ub_bulk_wgrad``. The defaults
+    are Megatron's (``model_parallel_config.py``), which ``ROLES`` describes."""
+
+    overlap_ag: bool = True
+    """ub_overlap_ag: the column layers' input all-gather in the forward, the row layers' output
+    gradient all-gather in the backward (TE 2.9 ``linear.py``/``layernorm_linear.py`` ``__init__``:
+    ``ub_overlap_ag_fprop`` where column-parallel, ``ub_overlap_ag_dgrad`` where row-parallel)."""
+    overlap_rs: bool = True
+    """ub_overlap_rs: the row layers' output reduce-scatter in the forward (``ub_overlap_rs_fprop``)."""
+    overlap_rs_dgrad: bool = False
+    """ub_overlap_rs_dgrad: the column layers' dgrad reduce-scatter beside dgrad itself, on the
+    ``*_dgrad`` buffer (``CommOverlapType.RS``, not bulk); TE then turns both bulk overlaps off
+    (``ub_bulk_dgrad``/``ub_bulk_wgrad`` are set ``and not self.ub_overlap_rs_dgrad``)."""
+    bulk_dgrad: bool = True
+    """ub_bulk_dgrad: the column layers' input re-gather beside dgrad (``*_dgrad``, bulk)."""
+    bulk_wgrad: bool = True
+    """ub_bulk_wgrad: the column layers' dgrad reduce-scatter beside wgrad (``*_wgrad``, bulk)."""
+
+    def role(self, name: str) -> str | None:
+        """What the layer asks of buffer ``name`` (``ROLES``' names), or None where it runs that
+        collective without userbuffers: NCCL's ``gather_along_first_dim`` /
+        ``reduce_scatter_along_first_dim`` (TE 2.9 ``layernorm_linear.py`` forward 253-265 and
+        backward 586-605, 654-674, 738-753; ``linear.py`` the same for the row layers)."""
+        stem, _, kind = name.partition("_")
+        column = stem in ("qkv", "fc1")
+        if kind == "fprop":
+            return ROLES[name] if (self.overlap_ag if column else self.overlap_rs) else None
+        if not column:  # proj/fc2 dgrad (the gradient's gather) and wgrad (its external reuse)
+            return ROLES[name] if self.overlap_ag else None
+        if self.overlap_rs_dgrad:
+            return "reduce_scatter" if kind == "dgrad" else None
+        return ROLES[name] if (self.bulk_dgrad if kind == "dgrad" else self.bulk_wgrad) else None
+
+
+MEGATRON_OVERLAPS = LayerOverlaps()
+"""Megatron-LM's default sub-options: every buffer runs its ``ROLES`` role."""
+
 KEYS = ("method", "is_reduce_scatter", "num_sm", "cga_size", "set_sm_margin", "num_splits", "aggregate",
         "atomic_gemm", "use_ce", "fp8_buf", "comm_priority", "gemm_priority", "pipeline_rs_overlap_first_gemm")
 """``add_ub``'s keyword arguments: what a buffer's mapping may set."""
@@ -90,7 +135,7 @@ class Userbuffer:
     ring_exchange with fp8_buf is FP8, qkv_wgrad set to pipeline with fp8_buf is not."""
 
 
-def te_kernel(name: str, method: str) -> str:
+def te_kernel(name: str, method: str, role: str | None = None) -> str:
     """The overlap TE 2.9 runs for buffer ``name`` made by ``method``: ring_exchange, pipeline,
     bulk or external (``advisor.throughput.userbuffers.exposed``'s names); ValueError where it
     fails at run time. ``csrc/extensions/gemm.cpp`` (``gemm``, v2.9 lines 266-305) calls
@@ -100,8 +145,9 @@ def te_kernel(name: str, method: str) -> str:
     ``common/include/transformer_engine/comm_gemm_overlap.h``: ``CommOverlapBase`` (any method but
     ring_exchange) pipelines the RS in ``num_splits`` chunks and refuses ``split_overlap_ag``
     (lines 200-206, "Operation not supported."); ``CommOverlapP2PBase`` (ring_exchange) runs AG and
-    RS as TP point-to-point chunks and refuses ``bulk_overlap`` (lines 267-273)."""
-    role = ROLES[name]
+    RS as TP point-to-point chunks and refuses ``bulk_overlap`` (lines 267-273). ``role``: what
+    the layer asks of the buffer (``LayerOverlaps.role``), default Megatron's (``ROLES``)."""
+    role = role or ROLES[name]
     ring = method == "ring_exchange"
     if role in ("bulk_all_gather", "bulk_reduce_scatter"):
         if ring:
@@ -144,12 +190,14 @@ class UserbuffersConfig:
         """``name``'s settings: the file's where it sets the buffer, else the default."""
         return dict(self.buffers).get(name) or default_buffer(name)
 
-    def kernel(self, name: str) -> str:
+    def kernel(self, name: str, overlaps: LayerOverlaps = MEGATRON_OVERLAPS) -> str | None:
         """The overlap TE 2.9 really runs for buffer ``name`` (``te_kernel``): its layer's role and
         the file's method, which chooses only ring exchange or not. The one reading of the method
         that the time and the memory models price: ``proj_fprop: {method: bulk}`` runs pipelined,
-        ``qkv_wgrad: {method: pipeline}`` and a non-bulk ``qkv_dgrad`` run bulk."""
-        return te_kernel(name, self.buffer(name).method)
+        ``qkv_wgrad: {method: pipeline}`` and a non-bulk ``qkv_dgrad`` run bulk. None where
+        ``overlaps`` (Megatron's sub-options) leave the buffer unused: its collective runs in NCCL."""
+        role = overlaps.role(name)
+        return None if role is None else te_kernel(name, self.buffer(name).method, role)
 
     def reduce_scatter(self, name: str) -> bool:
         """Whether buffer ``name`` is a reduce-scatter (``initialize_ub``'s
@@ -166,19 +214,24 @@ class UserbuffersConfig:
             return self.buffer(name.replace("wgrad", "dgrad")).method == "bulk"
         return name in ("proj_fprop", "fc2_fprop")
 
-    def fp8_reduce_scatters(self) -> tuple[str, ...]:
-        """The buffers a GEMM writes its output to for a reduce-scatter (``ROLES``) that hold FP8 in
-        an FP8 run (``Userbuffer.fp8_buf``): the file's fp8_buf on proj_fprop/fc2_fprop. A qkv/fc1
-        dgrad moved to pipeline with fp8_buf is FP8 too, but its layer all-gathers FP8 input there."""
-        return tuple(name for name, buffer in self.buffers
-                     if buffer.fp8_buf and ROLES[name] in ("reduce_scatter", "bulk_reduce_scatter"))
+    def fp8_reduce_scatters(self, overlaps: LayerOverlaps = MEGATRON_OVERLAPS) -> tuple[str, ...]:
+        """The buffers a GEMM writes its output to for a reduce-scatter (``overlaps.role``) that hold
+        FP8 in an FP8 run (``Userbuffer.fp8_buf``): the file's fp8_buf on proj_fprop/fc2_fprop; with
+        --tp-comm-overlap-rs-dgrad, qkv/fc1_dgrad too, which are FP8 by TE's default (all-gather
+        buffers) unless the file moves them off bulk without fp8_buf. Under Megatron's default
+        sub-options a qkv/fc1 dgrad moved to pipeline with fp8_buf is FP8 too, but its layer
+        all-gathers FP8 input there."""
+        given = dict(self.buffers)
+        names = [*given, *(name for name in DEFAULT_METHODS if name not in given)]  # the file's order first
+        return tuple(name for name in names
+                     if self.buffer(name).fp8_buf and overlaps.role(name) in ("reduce_scatter", "bulk_reduce_scatter"))
 
-    def bf16_all_gathers(self) -> tuple[str, ...]:
-        """The buffers a layer all-gathers its input into (``ROLES``) that stay BF16 in an FP8 run: a
-        qkv/fc1_dgrad the file moves off bulk without fp8_buf (``initialize_ub`` takes it off
+    def bf16_all_gathers(self, overlaps: LayerOverlaps = MEGATRON_OVERLAPS) -> tuple[str, ...]:
+        """The buffers a layer all-gathers its input into (``overlaps.role``) that stay BF16 in an FP8
+        run: a qkv/fc1_dgrad the file moves off bulk without fp8_buf (``initialize_ub`` takes it off
         ``layers_all_gather_overlap``), where the bulk dgrad still gathers the FP8 input."""
         return tuple(name for name, buffer in self.buffers
-                     if not buffer.fp8_buf and ROLES[name] in ("all_gather", "bulk_all_gather"))
+                     if not buffer.fp8_buf and overlaps.role(name) in ("all_gather", "bulk_all_gather"))
 
 
 TE_DEFAULTS = UserbuffersConfig("")

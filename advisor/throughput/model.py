@@ -17,7 +17,7 @@ import numpy as np
 
 from advisor.hardware import GpuSpec, streaming_multiprocessors
 from advisor.models import LlamaSpec
-from advisor.options.ub_config import TE_DEFAULTS, UserbuffersConfig
+from advisor.options.ub_config import MEGATRON_OVERLAPS, TE_DEFAULTS, LayerOverlaps, UserbuffersConfig
 from advisor.throughput import levers, terms, userbuffers
 from advisor.throughput.calibration import Calibration, load_calibration
 from advisor.throughput.flops import FlopsConvention, layer_gemm_shapes, megatron_flops_per_iteration, padded_vocab
@@ -48,6 +48,10 @@ class TimeOptions:
     beside them, as far as those GEMMs last (``userbuffers.tp_overlap_time``)."""
     userbuffers: UserbuffersConfig = TE_DEFAULTS
     """With it, each buffer's method, SMs and splits: --tp-comm-overlap-cfg's, else TE's defaults."""
+    tp_overlaps: LayerOverlaps = MEGATRON_OVERLAPS
+    """With it, which buffers the layers use (Megatron's --disable-tp-comm-overlap-ag/-rs,
+    --tp-comm-overlap-rs-dgrad, --disable-tp-comm-bulk-dgrad/-wgrad); a collective left out runs
+    exposed as without the overlap (``userbuffers.tp_overlap_time``)."""
     dataloader_mask: DataloaderMask = "cached"
     """'rebuilt': the data loader builds an s x s mask per sample (--reset-attention-mask,
     --reset-position-ids or --eod-mask-loss without --no-create-attention-mask-in-dataloader:
@@ -199,7 +203,8 @@ class TimeModel:
             gemm_b = gemm_b + terms.elementwise_time(casts.backward, rates)
         if self.options.tp_comm_overlap:  # userbuffers: what their GEMMs leave, and the SMs they take
             tp_f, tp_b, slow_f, slow_b = userbuffers.tp_overlap_time(spec, tokens, tp, gemm_rates, self.sms,
-                                                                     self.options.userbuffers, self.tp_bytes)
+                                                                     self.options.userbuffers, self.tp_bytes,
+                                                                     self.options.tp_overlaps)
             gemm_f, gemm_b = gemm_f + slow_f, gemm_b + slow_b
         else:
             tp_f, tp_b = terms.tensor_parallel_time(spec, tokens, tp, rates, self.tp_bytes)
@@ -234,7 +239,8 @@ class TimeModel:
                 else 0.0
             if self.options.tp_comm_overlap:  # the same userbuffers beside FC1 and FC2; their SMs slow FC2
                 comm, slow = userbuffers.mlp_forward_overlap_time(self.spec, tokens, tp, gemm_rates, self.sms,
-                                                                  self.options.userbuffers, self.tp_bytes)
+                                                                  self.options.userbuffers, self.tp_bytes,
+                                                                  self.options.tp_overlaps)
             else:
                 comm, slow = terms.tensor_parallel_time(self.spec, tokens, tp, rates, self.tp_bytes)[0] / 2, 0.0
             again = again + gemms + slow + swiglu + terms.elementwise_time(casts, rates)

@@ -35,7 +35,7 @@ import numpy as np
 
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
-from advisor.options.ub_config import TE_DEFAULTS, Userbuffer, UserbuffersConfig
+from advisor.options.ub_config import MEGATRON_OVERLAPS, TE_DEFAULTS, LayerOverlaps, Userbuffer, UserbuffersConfig
 from advisor.throughput.flops import layer_gemm_shapes
 from advisor.throughput.terms import BF16_TP, Rates, TpBytes, gemm_time, tp_collective_time
 
@@ -112,65 +112,96 @@ def _collective(name: str, buffer: Userbuffer, spec: LlamaSpec, tokens, tp, rate
     return tp_collective_time(spec, tokens, tp, rates, buffer_element_bytes(name, buffer, sizes))
 
 
+NCCL_BYTES = {"qkv_fprop": "input_gather", "fc1_fprop": "input_gather", "proj_fprop": "output_scatter",
+              "fc2_fprop": "output_scatter", "proj_dgrad": "grad_gather", "fc2_dgrad": "grad_gather",
+              "qkv_wgrad": "dgrad_scatter", "fc1_wgrad": "dgrad_scatter"}
+"""The ``TpBytes`` field of the collective a buffer would carry, where Megatron's sub-options leave
+it to NCCL instead (``LayerOverlaps.role`` None): the activation's own dtype, never a buffer's FP8."""
+
+
+def _beside(name: str, gemm, spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config: UserbuffersConfig,
+            sizes: TpBytes, overlaps: LayerOverlaps):
+    """(exposed, GEMM slowdown) of buffer ``name``'s collective beside its GEMM of ``gemm`` seconds:
+    the overlap TE runs (``UserbuffersConfig.kernel``), slowed by the buffer's SM margin; where the
+    sub-options leave the buffer unused, the collective in NCCL on the compute stream, all of it
+    exposed and no GEMM slowed, as ``terms.tensor_parallel_time`` prices it without the overlap."""
+    kernel = config.kernel(name, overlaps)
+    if kernel is None:
+        return tp_collective_time(spec, tokens, tp, rates, getattr(sizes, NCCL_BYTES[name])), 0.0
+    buffer = config.buffer(name)
+    margin = _margin(buffer, sms, tp)
+    comm = _collective(name, buffer, spec, tokens, tp, rates, sizes)
+    return exposed(kernel, comm, gemm * margin, tp, buffer.num_splits), gemm * (margin - 1)
+
+
 def _forward_buffers(names, gemms, spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config: UserbuffersConfig,
-                     sizes: TpBytes):
+                     sizes: TpBytes, overlaps: LayerOverlaps = MEGATRON_OVERLAPS):
     """(exposed, GEMM slowdown) of the forward buffers ``names`` beside their GEMMs ``gemms``."""
     exposed_s, slow = 0.0, 0.0
     for name, gemm in zip(names, gemms):
-        buffer = config.buffer(name)
-        margin = _margin(buffer, sms, tp)
-        comm = _collective(name, buffer, spec, tokens, tp, rates, sizes)
-        exposed_s = exposed_s + exposed(config.kernel(name), comm, gemm * margin, tp, buffer.num_splits)
-        slow = slow + gemm * (margin - 1)
+        part, slowed = _beside(name, gemm, spec, tokens, tp, rates, sms, config, sizes, overlaps)
+        exposed_s, slow = exposed_s + part, slow + slowed
     return exposed_s, slow
 
 
 def mlp_forward_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int,
-                             config: UserbuffersConfig = TE_DEFAULTS, sizes: TpBytes = BF16_TP):
+                             config: UserbuffersConfig = TE_DEFAULTS, sizes: TpBytes = BF16_TP,
+                             overlaps: LayerOverlaps = MEGATRON_OVERLAPS):
     """(exposed, GEMM slowdown) of the MLP's forward alone under --tp-comm-overlap: FC1's
     all-gather (fc1_fprop) and FC2's reduce-scatter (fc2_fprop), as ``tp_overlap_time`` prices
     them in the layer; what --recompute-modules mlp runs again in the backward (the checkpointed
     MLP calls the same Transformer Engine modules, with their userbuffers)."""
     fc1, fc2 = (gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, tokens, tp)[2:])
-    return _forward_buffers(FORWARD_BUFFERS[2:], (fc1, fc2), spec, tokens, tp, rates, sms, config, sizes)
+    return _forward_buffers(FORWARD_BUFFERS[2:], (fc1, fc2), spec, tokens, tp, rates, sms, config, sizes, overlaps)
+
+
+def _column_backward(stem: str, gemm, spec: LlamaSpec, tokens, tp, rates: Rates, sms: int,
+                     config: UserbuffersConfig, sizes: TpBytes, overlaps: LayerOverlaps):
+    """[(exposed, GEMM slowdown), ...] of QKV's or FC1's backward collectives (``stem``), each GEMM the
+    size of the forward's ``gemm``. Bulk dgrad (Megatron's default): the input's re-gather beside
+    dgrad stays hidden, as ``tensor_parallel_time`` has it without the overlap (TE gathers it
+    asynchronously behind dgrad either way, ``layernorm_linear.py``), its SM margin still slowing
+    dgrad; --disable-tp-comm-bulk-dgrad leaves it to NCCL, hidden the same, dgrad unslowed. The
+    dgrad reduce-scatter: beside wgrad (``*_wgrad``, bulk), or in NCCL and exposed with
+    --disable-tp-comm-bulk-wgrad, or with --tp-comm-overlap-rs-dgrad beside dgrad itself on the
+    ``*_dgrad`` buffer (pipelined, ring exchange where the file makes it so), both bulk overlaps off."""
+    dgrad = f"{stem}_dgrad"
+    role = overlaps.role(dgrad)
+    parts = []  # (exposed, slowdown) in the order they add up (the sums stay bit for bit as before)
+    if role == "bulk_all_gather":  # its re-gather: hidden
+        parts.append((0.0, gemm * (_margin(config.buffer(dgrad), sms, tp) - 1)))
+    elif role == "reduce_scatter":
+        parts.append(_beside(dgrad, gemm, spec, tokens, tp, rates, sms, config, sizes, overlaps))
+    if not overlaps.overlap_rs_dgrad:
+        parts.append(_beside(f"{stem}_wgrad", gemm, spec, tokens, tp, rates, sms, config, sizes, overlaps))
+    return parts
 
 
 def tp_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config: UserbuffersConfig = TE_DEFAULTS,
-                    sizes: TpBytes = BF16_TP):
+                    sizes: TpBytes = BF16_TP, overlaps: LayerOverlaps = MEGATRON_OVERLAPS):
     """(forward exposed, backward exposed, forward GEMM slowdown, backward GEMM slowdown) of one
     layer with --tp-comm-overlap, on a GPU of ``sms`` SMs; ``rates``, the GEMMs' (FP8's under
     --fp8-format); ``config``, the --tp-comm-overlap-cfg buffers (default TE's); ``sizes``, the
-    collectives' bytes an element (``levers.fp8_tp_bytes`` under --fp8-format). Each collective is
-    ``terms.tensor_parallel_time``'s one ring of the [tokens, h] activation at its buffer's bytes
-    (``buffer_element_bytes``), beside the GEMM of its buffer, by the buffer's method. Forward: the all-gathers before QKV and FC1 (qkv_fprop,
-    fc1_fprop) and the reduce-scatters after the projection and FC2 (proj_fprop, fc2_fprop).
-    Backward: the projection's and FC2's gradient all-gathers beside their dgrad (proj_dgrad,
-    fc2_dgrad); QKV's and FC1's dgrad reduce-scatters beside their wgrad (qkv_wgrad, fc1_wgrad,
-    bulk), whatever method qkv_dgrad/fc1_dgrad are given (TE's reduce-scatter dgrad overlap needs
-    Megatron-LM's --tp-comm-overlap-rs-dgrad, off: their layers still run bulk, ``ROLES``); the
-    inputs' re-gathers beside dgrad (qkv_dgrad, fc1_dgrad) stay hidden, as ``tensor_parallel_time``
-    has them without the overlap (Transformer Engine gathers them asynchronously behind dgrad
-    either way, ``layernorm_linear.py``), their SM margin still slowing dgrad. Every GEMM
-    beside a buffer that sets an SM margin is slowed by it. Nothing at TP 1 (Megatron refuses the
-    overlap there)."""
+    collectives' bytes an element (``levers.fp8_tp_bytes`` under --fp8-format); ``overlaps``,
+    Megatron's sub-options (``LayerOverlaps``: which buffers the layers use at all). Each collective
+    is ``terms.tensor_parallel_time``'s one ring of the [tokens, h] activation at its buffer's bytes
+    (``buffer_element_bytes``), beside the GEMM of its buffer, by the buffer's method. Forward: the
+    all-gathers before QKV and FC1 (qkv_fprop, fc1_fprop) and the reduce-scatters after the
+    projection and FC2 (proj_fprop, fc2_fprop). Backward: the projection's and FC2's gradient
+    all-gathers beside their dgrad (proj_dgrad, fc2_dgrad); QKV's and FC1's (``_column_backward``):
+    by default their dgrad reduce-scatters beside their wgrad (qkv_wgrad, fc1_wgrad, bulk),
+    whatever method qkv_dgrad/fc1_dgrad are given (their layers run bulk there, ``ROLES``). A
+    collective whose overlap a sub-option turns off runs in NCCL, priced as without the overlap
+    (``_beside``). Every GEMM beside a buffer that sets an SM margin is slowed by it. Nothing at
+    TP 1 (Megatron refuses the overlap there)."""
     qkv, proj, fc1, fc2 = (gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, tokens, tp))
     forward, slow_f = _forward_buffers(FORWARD_BUFFERS, (qkv, proj, fc1, fc2), spec, tokens, tp, rates, sms, config,
-                                       sizes)
-
-    def one(name: str, buffer: Userbuffer):
-        return _collective(name, buffer, spec, tokens, tp, rates, sizes)
-
+                                       sizes, overlaps)
     backward, slow_b = 0.0, 0.0
     for name, gemm in (("proj_dgrad", proj), ("fc2_dgrad", fc2)):
-        buffer = config.buffer(name)
-        margin = _margin(buffer, sms, tp)
-        backward = backward + exposed(config.kernel(name), one(name, buffer), gemm * margin, tp, buffer.num_splits)
-        slow_b = slow_b + gemm * (margin - 1)
+        part, slowed = _beside(name, gemm, spec, tokens, tp, rates, sms, config, sizes, overlaps)
+        backward, slow_b = backward + part, slow_b + slowed
     for stem, gemm in (("qkv", qkv), ("fc1", fc1)):
-        slow_b = slow_b + gemm * (_margin(config.buffer(f"{stem}_dgrad"), sms, tp) - 1)  # its re-gather: hidden
-        wgrad = config.buffer(f"{stem}_wgrad")
-        wgrad_margin = _margin(wgrad, sms, tp)
-        backward = backward + exposed(config.kernel(f"{stem}_wgrad"), one(f"{stem}_wgrad", wgrad), gemm * wgrad_margin,
-                                      tp, wgrad.num_splits)
-        slow_b = slow_b + gemm * (wgrad_margin - 1)
+        for part, slowed in _column_backward(stem, gemm, spec, tokens, tp, rates, sms, config, sizes, overlaps):
+            backward, slow_b = backward + part, slow_b + slowed
     return forward, backward, slow_f, slow_b
