@@ -46,8 +46,8 @@ ROLES = {
     "qkv_wgrad": "bulk_reduce_scatter", "fc1_wgrad": "bulk_reduce_scatter",
     "proj_wgrad": "external", "fc2_wgrad": "external",
 }
-"""What TE 2.9's layers ask of each buffer under Megatron-LM's default sub-options (the ones the
-advisor launches: tp_comm_overlap_ag/rs, bulk_dgrad/wgrad on, tp_comm_overlap_rs_dgrad off;
+"""What TE 2.9's layers ask of each buffer under Megatron-LM's default sub-options
+(tp_comm_overlap_ag/rs, bulk_dgrad/wgrad on, tp_comm_overlap_rs_dgrad off; others: ``LayerOverlaps.role``;
 core_v0.15.2 ``model_parallel_config.py``), whatever the file's method. TE v2.9
 ``pytorch/module/linear.py`` (flags by parallel mode 1165-1189; forward 149-154; backward 535-554,
 723-725) and ``layernorm_linear.py`` (1232-1256; 179-184; 586-605, 728-730, 863-865): the
