@@ -108,11 +108,26 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
         return LlamaSpec(name=str(path), **values)
 
 
+HF_CONFIG_NAME = "config.json"
+"""The file a Hugging Face snapshot directory keeps its config in (``huggingface-cli download
+meta-llama/Llama-3.1-8B --include config.json --local-dir DIR`` writes DIR/config.json)."""
+
+
+def config_file(path: str) -> str:
+    """The file a model's path names: the path itself, or the ``config.json`` in it when it is a
+    directory (a Hugging Face snapshot), whether or not that file exists."""
+    return os.path.join(path, HF_CONFIG_NAME) if os.path.isdir(path) else path
+
+
 def load_model(name_or_path: str) -> LlamaSpec:
-    """A preset name, or the path of a Hugging Face ``config.json``."""
-    # Anything that exists is read as a file: a FIFO or a directory is refused by the reader, by name.
+    """A preset name, the path of a Hugging Face ``config.json``, or a directory holding one."""
+    # Anything that exists is read as a file: a FIFO is refused by the reader, by name.
     if name_or_path.endswith(".json") or os.path.lexists(name_or_path):
-        return load_hf_config(name_or_path)
+        path = config_file(name_or_path)
+        if path != name_or_path and not os.path.lexists(path):
+            raise AdvisorError(f"{name_or_path} is a directory without a {HF_CONFIG_NAME}: give a preset, a Hugging "
+                               f"Face {HF_CONFIG_NAME}, or the directory it was downloaded into")
+        return load_hf_config(path)
     return preset(name_or_path)
 
 

@@ -301,7 +301,7 @@ OWN = [  # issue 24: thirty more, each tried for real first (all already one lin
     (SWEEP + ["--top", -1], "'--top': must be at least 1, got -1"),
     (SWEEP + ["--model", "nonexistent-model"], "unknown model 'nonexistent-model'"),
     (SWEEP + ["--model", "/dev/null"], "/dev/null is a character device; a model config.json is read from a regular"),
-    (SWEEP + ["--model", ROOT / "tests"], "tests is a directory, not a model config.json"),
+    (SWEEP + ["--model", ROOT / "tests"], "tests is a directory without a config.json"),
     (SWEEP + ["--num-query-groups", 5], "num_attention_heads = 32 must be a multiple of num_query_groups = 5"),
     (SWEEP + ["--hidden-size", 4097], "hidden_size = 4097 must be a multiple of num_attention_heads = 32"),
     (SWEEP + ["--rank-by", "throughput"], "--rank-by throughput needs --gpu NAME"),

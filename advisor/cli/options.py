@@ -163,8 +163,9 @@ def model_options(func: Callable) -> Callable:
         [
             click.option(
                 "--model", default=DEFAULT_MODEL, show_default=True, metavar="NAME|config.json",
-                help="A preset (see 'advisor models') or a Hugging Face config.json (model_type llama, mistral, "
-                     "qwen2, mixtral, qwen3_moe or deepseek_v3).",
+                help="A preset (see 'advisor models'), a Hugging Face config.json (model_type llama, mistral, "
+                     "qwen2, mixtral, qwen3_moe or deepseek_v3), or the directory holding one (huggingface-cli "
+                     "download ... --local-dir DIR).",
             ),
             click.option("--num-layers", type=Bounded(limits.MODEL["num_layers"]), help="Override L."),
             click.option("--hidden-size", type=Bounded(limits.MODEL["hidden_size"]), help="Override h."),
@@ -300,14 +301,21 @@ def distinct_files(**named: Path | None) -> None:
 
 def input_files(ctx: click.Context) -> dict[str, str]:
     """The files that ``ctx``'s command reads, by option: each single InputPath given (--from,
-    --from-command, a log) and --model when it names a config.json (else it is a preset)."""
+    --from-command, a log) and --model when it names a config.json or a directory holding one (the
+    file in it is what is read; else --model is a preset)."""
+    from advisor.models import config_file
+
     named: dict[str, str] = {}
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
-        if isinstance(value, (str, Path)) and (isinstance(param.type, InputPath)  # --model=~/c.json: read expanded
-                                               or (param.name == "model" and os.path.isfile(expand_home(value)))):
+        if not isinstance(value, (str, Path)):
+            continue
+        path = expand_home(os.fspath(value))  # --model=~/c.json: read expanded
+        if param.name == "model":
+            path = config_file(path)
+        if isinstance(param.type, InputPath) or (param.name == "model" and os.path.isfile(path)):
             name = max(param.opts, key=len) if isinstance(param, click.Option) else param.human_readable_name
-            named[name] = expand_home(os.fspath(value))
+            named[name] = path
     return named
 
 
