@@ -20,6 +20,7 @@ split, the batch, or a memory assumption of the estimator (``DECIDED_FLAGS``); e
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -136,15 +137,56 @@ def _type_problems(name: str, values: Sequence[str], kind: str | None) -> list[s
     return problems
 
 
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+"""What argparse reads as a negative number, not an option: ``ArgumentParser.__init__``'s
+``_negative_number_matcher`` in Python 3.8 to 3.13 (Lib/argparse.py), which Megatron's parser
+applies, having no option that looks like a negative number. '-1', '-0.5', '-.5' pass; '-1e-8',
+'-1.', '-inf' and '-1_000' do not (Python 3.14 widened the pattern to exponents and underscores;
+the '=' form that the refusal asks for is read alike by every version)."""
+
+
+def _read_as_option(word: str) -> bool:
+    """Whether argparse takes ``word``, given as a word of its own, for an option string rather
+    than a value (``ArgumentParser._parse_optional``): it starts with '-', is not '-' alone, is not
+    a negative number to ``_NEGATIVE_NUMBER``, and holds no space. The flag before it then lacks
+    its value ('--adam-eps -1e-8': "argument --adam-eps: expected one argument") on every rank."""
+    return word.startswith("-") and len(word) > 1 and not _NEGATIVE_NUMBER.match(word) and " " not in word
+
+
+def _option_like_values(extras: Sequence[str]) -> dict[int, str]:
+    """The problem of each flag after ``--`` (by its place among the flags, as ``_given`` lists
+    them) that is followed by a word argparse reads as an option (``_read_as_option``), where
+    ``parse_flags`` and ``check_values`` count it as the flag's value. The first word after the
+    flag can be given as ``--flag=WORD``, which argparse reads as the value whatever it is."""
+    problems: dict[int, str] = {}
+    place, name, first = -1, None, False
+    for word in extras:
+        if is_flag(word):
+            place, (name, equals, _) = place + 1, word.partition("=")
+            first = not equals
+            continue
+        if name is not None and place not in problems and _read_as_option(word):
+            remedy = f"write {name}={word}" if first else "only -1 and -0.5 are read as negative numbers"
+            problems[place] = (f"{name} (after --) is followed by {word!r}, which Megatron's argparse reads as an "
+                               f"option, not as a value ({remedy})")
+        first = False
+    return problems
+
+
 def check_values(rules: MegatronVersion, extras: Sequence[str]) -> None:
     """AdvisorError, one line naming each flag after ``--`` that gets fewer values than its
     release's parser needs (``launch.megatron_flags``: ``--lr`` at the end, or before another flag),
     more than it takes (``--lr 3e-4 5``, ``--bf16 true``: argparse refuses the rest as
     unrecognized arguments), or a value its int or float type refuses (``--lr abc``,
-    ``--num-layers 1.5``, ``--lr=abc``). A flag the release lacks is left to ``check_flags`` and Megatron."""
-    taken, types = values_taken(rules), value_types(rules)
+    ``--num-layers 1.5``, ``--lr=abc``), or a word after it that argparse reads as an option
+    (``--adam-eps -1e-8``: ``_option_like_values``). A flag the release lacks is left to
+    ``check_flags`` and Megatron."""
+    taken, types, option_like = values_taken(rules), value_types(rules), _option_like_values(extras)
     problems = []
-    for name, values, then in _given(extras):
+    for place, (name, values, then) in enumerate(_given(extras)):
+        if place in option_like:  # argparse counts and converts otherwise than read here: this one says why
+            problems.append(option_like[place])
+            continue
         least, most = taken.get(name, (0, None))
         if then == "=" and name in taken:  # argparse gives '--flag=value' one slot, whatever the nargs
             most = min(1, most if most is not None else 1)

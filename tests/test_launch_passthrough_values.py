@@ -244,3 +244,76 @@ def test_megatron_itself_refuses_a_value_its_type_refuses():
                                        "invalid int value: '1e3'", "invalid float value: '3e-4x'")):
         assert not result["ok"] and words in result["error"], result
     assert "invalid" not in results[-1].get("error", ""), results[-1]
+
+
+# --- a value that argparse reads as an option --------------------------------------------------
+
+
+def _argparse_takes(word: str) -> bool:
+    """Whether a parser built as Megatron's is (arguments.py: allow_abbrev=False, no option that
+    looks like a negative number) takes ``word`` as the value of the flag before it."""
+    import argparse
+    import contextlib
+    import io
+
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    parser.add_argument("--adam-eps")
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return parser.parse_args(["--adam-eps", word]).adam_eps == word
+        except SystemExit:
+            return False
+
+
+WORDS = ["-1", "-0.5", "-.5", "-0", "-12.25", "-", "-1e-8", "-1E5", "-1.", "-inf", "-1_000", "-x", "--", "1e-8"]
+
+
+def test_the_words_read_as_options_are_argparses():
+    """The rule (``launch.arguments._read_as_option``) against a real argparse parser, word by word;
+    by hand from Python 3.11's Lib/argparse.py (``_negative_number_matcher``, ``_parse_optional``):
+    only -N and -N.N / -.N shapes pass as negative numbers; '-' alone is a value."""
+    import sys
+
+    from launch.arguments import _read_as_option
+
+    for word in WORDS:
+        if word != "--":  # '--' is argparse's own end of options, and a flag word here (is_flag: no)
+            assert _read_as_option(word) is not _argparse_takes(word), word
+    if sys.version_info < (3, 14):  # 3.14 reads -1e-8 and -1_000 as numbers too
+        assert {word for word in WORDS if _argparse_takes(word)} == {"-1", "-0.5", "-.5", "-0", "-12.25", "-", "1e-8"}
+
+
+def test_a_negative_exponent_as_its_own_word_is_refused(sweep, tmp_path):
+    line = refused("torchrun", "--from", sweep, "--mock-data", "--dry-run", "--", "--train-iters", "5",
+                   "--adam-eps", "-1e-8")
+    assert line.startswith("Error: --adam-eps (after --) is followed by '-1e-8', which Megatron's argparse reads as "
+                           "an option, not as a value (write --adam-eps=-1e-8)")
+    script = tmp_path / "job.sh"
+    line = refused("sbatch", "--from", sweep, "--mock-data", "--dry-run", "-o", script, "--", "--lr", "-inf",
+                   "--rampup-batch-size", "16", "-1e3", "1000")
+    assert "--lr (after --) is followed by '-inf'" in line and "(write --lr=-inf)" in line
+    assert "--rampup-batch-size (after --) is followed by '-1e3'" in line
+    assert not script.exists()
+
+
+def test_negative_numbers_argparse_reads_pass_unchanged(sweep):
+    extras = ["--adam-eps=-1e-8", "--lr", "-1", "--min-lr", "-0.5", "--weight-decay", "-.5", "--seed", "-0"]
+    for release in ("0.15", "0.19"):
+        shown = launcher()("args", "--from", sweep, "--megatron-version", release, "--format", "json", "--", *extras)
+        assert json.loads(shown.stdout)[-len(extras):] == extras
+
+
+def test_megatron_itself_refuses_a_negative_exponent_as_its_own_word():
+    """The premise, on the real core_v0.15.2: '--adam-eps -1e-8' stops its argparse; the '=' form
+    and -1, -0.5 pass it."""
+    from launch.megatron_check import validate
+
+    release = real_checkout("core_v0.15.2")
+    base = ["--num-layers", "2"]
+    results = validate(release.path, [{"args": [*base, "--adam-eps", "-1e-8"], "world_size": 1},
+                                      {"args": [*base, "--adam-eps=-1e-8", "--lr", "-1", "--min-lr", "-0.5"],
+                                       "world_size": 1}],
+                       python=release.python)
+    assert not results[0]["ok"] and "argument --adam-eps: expected one argument" in results[0]["error"], results[0]
+    error = results[1].get("error", "")
+    assert not any(words in error for words in ("expected one argument", "invalid", "unrecognized")), results[1]
