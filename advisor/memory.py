@@ -153,7 +153,10 @@ class StageMemory:
             "position": self.position,
             "layers": self.layers,
             "in_flight_microbatches": self.in_flight_microbatches,
-            "parameters": self.parameters,
+            # a count, written as one ('2007629824', not '2007629824.0', in the estimate's CSV): whole
+            # on every launchable layout (TP divides the heads, the KV heads and h_ffn; the
+            # vocabulary pads to a multiple of TP, equations.padded_vocab_size)
+            "parameters": round(self.parameters),
             "weights_gib": self.weights_bytes / GIB,
             "gradients_gib": self.gradients_bytes / GIB,
             "optimizer_gib": self.optimizer_bytes / GIB,

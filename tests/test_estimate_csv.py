@@ -79,3 +79,17 @@ def test_moe_csv_has_the_verdict_and_the_times(advisor):
     assert usage[0] != usage[1] and usage[peak] == max(usage)
     assert _number(rows[0]["margin_gib"]) == pytest.approx(_number(rows[0]["memory_gib"]) - usage[peak], rel=1e-9)
     assert header.count("usage_gib") == 1
+
+
+def test_the_parameter_count_is_written_as_a_whole_number(advisor):
+    """Llama-3.1-8B on TP 2, PP 2, by hand (h 4096, 32 heads, 8 KV heads of 128, h_ffn 14336,
+    v 128256): a layer holds (2h^2 + 2h·1024)/2 + 3h·h_ffn/2 + 2h = 109,060,096 on one GPU, the
+    embedding and the untied head hv/2 = 262,668,288 each, the final norm h. The CSV wrote them
+    '2007629824.0' (a float), beside the sweep's whole counts."""
+    layer = (2 * 4096 * 4096 + 2 * 4096 * 1024) // 2 + 3 * 4096 * 14336 // 2 + 2 * 4096
+    embedding = 128256 * 4096 // 2
+    header, rows = _csv(advisor, *DENSE)
+    assert [row["parameters"] for row in rows] == [str(16 * layer + embedding), str(16 * layer + 4096 + embedding)]
+    stages = json.loads(advisor(*DENSE, "--format", "json").stdout)["stages"]
+    assert [stage["parameters"] for stage in stages] == [16 * layer + embedding, 16 * layer + 4096 + embedding]
+    assert all(type(stage["parameters"]) is int for stage in stages)
