@@ -222,6 +222,60 @@ def test_no_two_stage_figure_labels_overlap_on_a_1_gib_gpu(browser, tmp_path):
     assert _texts_outside(browser) == []
 
 
+def _launch_buttons(driver) -> list[dict]:
+    """Each row's verdict and its 'copy launch' button, as the page shows them."""
+    return driver.execute_script(
+        "return Array.prototype.map.call(document.querySelectorAll('#rows tbody tr'), function (r) {"
+        " var b = r.querySelector('button[data-copy=\"launch\"]');"
+        " return {verdict: r.querySelector('td.verdict').textContent.trim(), present: !!b,"
+        "  disabled: !!(b && b.disabled), title: b ? b.getAttribute('title') || '' : ''}; });")
+
+
+def test_copy_launch_is_offered_only_where_the_layout_fits(browser, sweep_json, sweep_page, tmp_path):
+    """A row the estimate says does not fit (oom, likely oom: advisor.verdicts) offers no launch to
+    copy: its button is there, disabled, its title saying why; 'copy flags' still works."""
+    import json
+
+    from selenium.webdriver.common.by import By
+
+    from tests.conftest import Invoker
+
+    assert any(row["verdict"] == "oom" for row in json.loads(sweep_json.read_text()))  # --all keeps them
+    _open(browser, sweep_page)
+    buttons = _launch_buttons(browser)
+    assert {b["verdict"] for b in buttons} >= {"fits", "oom"}
+    for b in buttons:
+        assert b["present"]
+        assert b["disabled"] is (b["verdict"] in ("oom", "likely oom")), b
+        assert bool(b["title"]) is b["disabled"], b
+    oom = next(b for b in buttons if b["verdict"] == "oom")
+    assert oom["title"].startswith("No launch: the layout does not fit (oom, ") and "% of GPU memory" in oom["title"]
+    # clicking the disabled button copies nothing; the row's 'copy flags' still copies
+    browser.execute_script("delete document.body.dataset.copied")
+    row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "#rows tbody tr")
+               if r.find_element(By.CSS_SELECTOR, "td.verdict").text.strip() == "oom")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", row)  # clear of the sticky header
+    row.find_element(By.CSS_SELECTOR, "button[data-copy='launch']").click()
+    assert browser.execute_script("return document.body.dataset.copied") is None
+    row.find_element(By.CSS_SELECTOR, "button[data-copy='flags']").click()
+    assert int(browser.execute_script("return document.body.dataset.copied")) > 0
+    assert _errors(browser) == []
+    # likely oom: an estimate of 64.97 GiB predicted on a 63 GiB GPU (ratio 1.03, within the band)
+    out, estimate = tmp_path / "likely.html", ("estimate", "--tp", "2", "--gpus", "8", "--gpu", "h100-80gb", "--mem", "63")
+    row = json.loads(Invoker()(*estimate, "--format", "json").stdout)
+    assert row["verdict"] == "likely oom"
+    Invoker()("report", *estimate, "-o", out)
+    _open(browser, out)
+    [button] = _launch_buttons(browser)
+    wanted = f"No launch: the layout likely does not fit (likely oom, {row['usage_gib'] / 63:.0%} of GPU memory"
+    assert button["disabled"] and button["title"].startswith(wanted), button
+    # the same estimate on the preset's 80 GiB fits: its launch is offered
+    Invoker()("report", *estimate[:-2], "-o", out)
+    _open(browser, out)
+    [button] = _launch_buttons(browser)
+    assert button["verdict"] == "fits" and not button["disabled"] and button["title"] == ""
+
+
 def test_accessibility_basics(browser, sweep_page):
     _open(browser, sweep_page)
     result = browser.execute_script(

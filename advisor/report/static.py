@@ -10,7 +10,7 @@ th{background:#f3f3f3}table.kv th{text-align:left}table.kv td{text-align:left;ma
 summary h2{display:inline-block}
 th button{font:inherit;font-weight:bold;background:none;border:0;cursor:pointer;padding:0}
 th[aria-sort=ascending] button::after{content:" \\25B2"}th[aria-sort=descending] button::after{content:" \\25BC"}
-td.verdict{text-align:left;font-weight:600}td.flags{text-align:left;white-space:nowrap}td.flags details{display:inline-block;margin-left:4px}td{max-width:260px}td.flags code{display:block;max-width:520px;min-width:360px;
+td.verdict{text-align:left;font-weight:600}td.flags{text-align:left;white-space:nowrap}td.flags details{display:inline-block;margin-left:4px}button.copy:disabled{cursor:not-allowed}td{max-width:260px}td.flags code{display:block;max-width:520px;min-width:360px;
 white-space:pre-wrap;word-break:break-all;font-size:11px}
 pre{background:#f6f6f6;padding:8px;white-space:pre-wrap;word-break:break-all;font-size:11px}
 .scroll{max-height:70vh;overflow:auto;border:1px solid #ddd}.scroll thead th{position:sticky;top:0}

@@ -10,6 +10,12 @@ import json
 
 from advisor.plots import COLOURS
 from advisor.render import counted, counts_text, recompute_text
+from advisor.report.inputs import memory_share
+
+NO_LAUNCH = ("oom", "likely oom")
+"""Verdicts (``advisor.verdicts``) whose rows offer no 'copy launch': the estimate says the layout
+does not fit, and its launch would only find that out on the cluster (advisor-launch warns on such
+a row). 'copy flags' stays, to read or change them."""
 
 
 def verdict_css() -> str:
@@ -139,13 +145,26 @@ def rows_table(rows: list[dict], columns: list[str], flag_groups: list[list[tupl
                 cells.append(f"<td{data}>{html.escape(shown)}</td>")
         own = flags_text(group for group in groups if group not in shared)
         cells.append(f'<td class="flags"><button type="button" class="copy" data-copy="flags">copy flags</button> '
-                     f'<button type="button" class="copy" data-copy="launch">copy launch</button>'
+                     f'{_launch_button(row)}'
                      f'<details><summary>flags</summary><code>{html.escape(own)}</code></details></td>')
         body.append(f'<tr data-nodes="{node_count}" data-ppn="{gpus_per_node}">{"".join(cells)}</tr>')
     what = "The estimated layout" if kind == "estimate" else f"{counted(len(rows), 'row')}, best ranked first"
     return (f'<table id="rows"><caption>{what}. Click a header to sort; each '
             f'row\'s flags add to the common flags above.</caption><thead><tr>{head}'
             f'<th scope="col">Megatron flags</th></tr></thead><tbody>{"".join(body)}</tbody></table>')
+
+
+def _launch_button(row: dict) -> str:
+    """The row's 'copy launch' button: disabled, with a title saying why, where its verdict says the
+    layout does not fit (``NO_LAUNCH``)."""
+    verdict = row.get("verdict")
+    if verdict not in NO_LAUNCH:
+        return '<button type="button" class="copy" data-copy="launch">copy launch</button>'
+    share = memory_share(row)
+    predicted = f", {share:.0%} of GPU memory predicted" if share is not None else ""
+    why = f"No launch: the layout {'likely ' if verdict == 'likely oom' else ''}does not fit ({verdict}{predicted})"
+    return (f'<button type="button" class="copy" data-copy="launch" disabled title="{html.escape(why, quote=True)}">'
+            "copy launch</button>")
 
 
 def key_value_table(pairs: list[tuple[str, object]], caption: str, table_id: str) -> str:
