@@ -162,10 +162,10 @@ def model_options(func: Callable) -> Callable:
     return apply_options(
         [
             click.option(
-                "--model", default=DEFAULT_MODEL, show_default=True, metavar="NAME|config.json",
+                "--model", default=DEFAULT_MODEL, show_default=True, metavar="NAME|config.json|DIR",
                 help="A preset (see 'advisor models'), a Hugging Face config.json (model_type llama, mistral, "
-                     "qwen2, mixtral, qwen3_moe or deepseek_v3), or the directory holding one (huggingface-cli "
-                     "download ... --local-dir DIR).",
+                     "qwen2, mixtral, qwen3_moe or deepseek_v3), or the directory holding one (a Hugging Face "
+                     "snapshot's).",
             ),
             click.option("--num-layers", type=Bounded(limits.MODEL["num_layers"]), help="Override L."),
             click.option("--hidden-size", type=Bounded(limits.MODEL["hidden_size"]), help="Override h."),
