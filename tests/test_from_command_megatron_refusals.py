@@ -1,0 +1,143 @@
+"""``advisor estimate --from-command``: command lines that Megatron-LM refuses at start-up are
+refused in one line (exit 2), naming Megatron's rule, where they were priced silently (audit:
+a Qwen3-235B script with uneven first/last stages and 4 virtual stages, a Mixtral-like one with
+3 virtual stages over 8 layers per rank); the same command made valid is priced; and the real
+core_v0.15.2 (core_v0.19.0 where its interpreter is set) refuses and accepts the same lines
+(``launch.megatron_check``: parse_args, validate_args, TransformerConfig, get_num_layers_to_build)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from click.testing import CliRunner
+from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
+
+from advisor.cli import cli
+from advisor.errors import AdvisorError
+from advisor.megatron_readback import read_layout
+from advisor.shell_command import read_command
+
+pytestmark = pytest.mark.xdist_group("megatron-validator")
+
+_DENSE = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers {layers} --hidden-size 1024 "
+          "--num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 --swiglu --normalization RMSNorm "
+          "--position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights "
+          "--attention-dropout 0 --hidden-dropout 0 --tokenizer-type NullTokenizer --vocab-size 32000 --mock-data "
+          "--micro-batch-size 1 --global-batch-size 64 --bf16 --pipeline-model-parallel-size {pp} {split}")
+
+# (command, Megatron's refusal, as the real checkout words it in part; None: accepted, with the
+# layers per pipeline rank and VPP derived by hand)
+LAYOUTS = {
+    # q235.sh's layout: 94 layers, PP 8, first 10 and last 12, 4 virtual stages: 10 % 4 != 0
+    "first-not-divisible": (_DENSE.format(layers=94, pp=8, split="--num-virtual-stages-per-pipeline-rank 4 "
+                                          "--decoder-first-pipeline-num-layers 10 --decoder-last-pipeline-num-layers 12"),
+                            "number of layers at first stage: 10"),
+    # the same with 2 virtual stages: 10, 12 and the middle's 72 / 6 = 12 are all even
+    "first-divisible": (_DENSE.format(layers=94, pp=8, split="--num-virtual-stages-per-pipeline-rank 2 "
+                                      "--decoder-first-pipeline-num-layers 10 --decoder-last-pipeline-num-layers 12"),
+                        ((10, 12, 12, 12, 12, 12, 12, 12), 2)),
+    "last-not-divisible": (_DENSE.format(layers=96, pp=8, split="--num-virtual-stages-per-pipeline-rank 4 "
+                                         "--decoder-first-pipeline-num-layers 12 --decoder-last-pipeline-num-layers 10"),
+                           "number of layers at last stage: 10"),
+    # 30 - 8 - 8 = 14 over 2 middle stages: 7 each, odd
+    "middle-not-divisible": (_DENSE.format(layers=30, pp=4, split="--num-virtual-stages-per-pipeline-rank 2 "
+                                           "--decoder-first-pipeline-num-layers 8 --decoder-last-pipeline-num-layers 8"),
+                             "on each middle pipeline rank"),
+    # vpp3.sh's layout: 32 layers, PP 4 -> 8 per rank, 3 virtual stages
+    "even-not-divisible": (_DENSE.format(layers=32, pp=4, split="--num-virtual-stages-per-pipeline-rank 3"),
+                           "should be divisible by vp_size 3"),
+    "even-divisible": (_DENSE.format(layers=32, pp=4, split="--num-virtual-stages-per-pipeline-rank 4"),
+                       ((8, 8, 8, 8), 4)),
+}
+
+
+def estimate(text: str):
+    return CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpu", "h100-80gb", "--format", "json"],
+                              input=text + "\n")
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_virtual_stages_megatron_refuses_are_refused_and_the_valid_ones_priced(name):
+    text, expected = LAYOUTS[name]
+    result = estimate(text)
+    if isinstance(expected, str):
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+        assert result.stderr.startswith("Error: ") and expected in result.stderr
+        assert "Megatron-LM refuses the command" in result.stderr
+    else:
+        assert result.exit_code == 0, result.output
+        row = json.loads(result.stdout)
+        assert (tuple(row["layers_per_stage"]), row["vpp"]) == expected
+
+
+REFUSED_FLAGS = [
+    # validate_args: no more than one of the three ways of giving virtual stages
+    ({"pipeline-model-parallel-size": "2", "num-virtual-stages-per-pipeline-rank": "2",
+      "pipeline-model-parallel-layout": "Et*2|t*2|t*2|t*2,L"}, 8, "No more than one"),
+    # validate_args: uneven first/last stages take their VPP from --num-virtual-stages-per-pipeline-rank only
+    ({"pipeline-model-parallel-size": "4", "num-layers-per-virtual-pipeline-stage": "2",
+      "decoder-first-pipeline-num-layers": "8"}, 32, "please use --num-virtual-stages-per-pipeline-rank"),
+    # validate_args: an interleaved schedule needs PP > 1 (PP 1 was read as VPP 1); 32 / 16 = 2 chunks
+    ({"num-virtual-stages-per-pipeline-rank": "2"}, 32, "should be greater than 1"),
+    ({"num-layers-per-virtual-pipeline-stage": "16"}, 32, "should be greater than 1"),
+    # (30 + 2) / 4 = 8 layers per rank, the embedding and the loss counted: 3 chunks do not divide them
+    ({"pipeline-model-parallel-size": "4", "num-virtual-stages-per-pipeline-rank": "3",
+      "account-for-embedding-in-pipeline-split": True, "account-for-loss-in-pipeline-split": True}, 30,
+     "must be divisible by"),
+    # TransformerConfig: a first (last) stage of no layers
+    ({"pipeline-model-parallel-size": "2", "decoder-first-pipeline-num-layers": "0"}, 32, "must be larger than 0"),
+]
+ACCEPTED_FLAGS = [
+    # validate_args counts the embedding and the loss in a rank's layers before dividing by the chunk's:
+    # (30 + 2) / 4 = 8 per rank, 2 per chunk -> 4 chunks (the read-back divided 30 // 4 = 7 and refused it)
+    ({"pipeline-model-parallel-size": "4", "num-layers-per-virtual-pipeline-stage": "2",
+      "account-for-embedding-in-pipeline-split": True, "account-for-loss-in-pipeline-split": True}, 30,
+     ((7, 8, 8, 7), 4)),
+    # one chunk of all 32 layers at PP 1: Megatron's VPP 1 (None), no interleaving
+    ({"num-layers-per-virtual-pipeline-stage": "32"}, 32, ((32,), 1)),
+]
+
+
+@pytest.mark.parametrize("flags, layers, error", REFUSED_FLAGS)
+def test_the_rest_of_megatrons_virtual_stage_rules(flags, layers, error):
+    with pytest.raises(AdvisorError, match=error):
+        read_layout(flags, layers)
+
+
+@pytest.mark.parametrize("flags, layers, expected", ACCEPTED_FLAGS)
+def test_virtual_stages_megatron_accepts_are_read(flags, layers, expected):
+    layout = read_layout(flags, layers)
+    assert (layout.layers_per_stage, layout.vpp) == expected
+
+
+def _command(flags: dict, layers: int) -> str:
+    """The dense command with these layout flags (PP 1 where they give none)."""
+    split = " ".join(f"--{name}" + ("" if value is True else f" {shlex.quote(value)}")
+                     for name, value in flags.items() if name != "pipeline-model-parallel-size")
+    return _DENSE.format(layers=layers, pp=flags.get("pipeline-model-parallel-size", "1"), split=split)
+
+
+def _case(text: str) -> dict:
+    """The command's arguments as the real checkout runs them on this machine (no Transformer
+    Engine: ``NO_TRANSFORMER_ENGINE``), in the launcher's environment."""
+    command = read_command(text)
+    return {"args": [*command.arguments, *NO_TRANSFORMER_ENGINE, "--train-iters", "10", "--lr", "1e-4"],
+            "world_size": command.world_size, "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_the_real_megatron_refuses_and_accepts_the_same_layouts(tag):
+    release = checkout(tag)  # skips without it
+    cases = [*LAYOUTS.items(), *((f"refused {flags}", (_command(flags, layers), error))
+                                 for flags, layers, error in REFUSED_FLAGS),
+             *((f"accepted {flags}", (_command(flags, layers), expected)) for flags, layers, expected in ACCEPTED_FLAGS)]
+    results = validate(release, [_case(text) for _, (text, _) in cases])
+    for (name, (_, expected)), result in zip(cases, results):
+        if isinstance(expected, str):
+            # Megatron's messages run words together ('10must be divisible'): compared without spaces
+            assert not result["ok"] and expected.replace(" ", "") in result["error"].replace(" ", ""), (name, result)
+        else:
+            assert result["ok"], (name, result)
+            assert (tuple(result["derived"]["layers_per_stage"]), result["derived"]["vpp"]) == expected, name
