@@ -141,3 +141,42 @@ def test_the_real_megatron_refuses_and_accepts_the_same_layouts(tag):
         else:
             assert result["ok"], (name, result)
             assert (tuple(result["derived"]["layers_per_stage"]), result["derived"]["vpp"]) == expected, name
+
+
+# noggemm.sh's essentials: a Mixtral-like MoE recomputing its experts' activation (moe_act)
+# without --moe-grouped-gemm (sequential experts)
+_MOE = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 8 --hidden-size 1024 --ffn-hidden-size 3584 "
+        "--num-attention-heads 8 --group-query-attention --num-query-groups 2 --seq-length 1024 "
+        "--max-position-embeddings 1024 --swiglu --normalization RMSNorm --position-embedding-type rope "
+        "--disable-bias-linear --untie-embeddings-and-output-weights --attention-dropout 0 --hidden-dropout 0 "
+        "--tokenizer-type NullTokenizer --vocab-size 32000 --mock-data --micro-batch-size 1 --global-batch-size 64 "
+        "--bf16 --num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 8 --moe-router-dtype fp32 "
+        "--pipeline-model-parallel-size 1 --recompute-granularity selective --recompute-modules moe_act")
+MOE_ACT = {"without-grouped-gemm": (_MOE, "moe_act in recompute_modules is only supported with moe_grouped_gemm"),
+           "with-grouped-gemm": (f"{_MOE} --moe-grouped-gemm", None)}
+
+
+@pytest.mark.parametrize("version", ["0.15", "0.19"])
+def test_moe_act_without_grouped_gemm_is_refused_as_both_releases_refuse_it(version):
+    # TransformerConfig.__post_init__ raises it in core_v0.15.2 and core_v0.19.0 alike
+    command = ["estimate", "--from-command", "-", "--gpu", "h100-80gb", "--megatron-version", version,
+               "--format", "json"]
+    refused = CliRunner().invoke(cli, command, input=MOE_ACT["without-grouped-gemm"][0] + "\n")
+    assert refused.exit_code == 2 and refused.stderr.count("\n") == 1, refused.output
+    assert refused.stderr.startswith("Error: --recompute-modules moe_act without --moe-grouped-gemm")
+    accepted = CliRunner().invoke(cli, command, input=MOE_ACT["with-grouped-gemm"][0] + "\n")
+    assert accepted.exit_code == 0, accepted.output
+    row = json.loads(accepted.stdout)
+    assert (row["recompute"], row["recompute_modules"], row["ep"]) == ("selective", ["moe_act"], 8)
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_the_real_megatron_refuses_moe_act_without_grouped_gemm(tag):
+    release = checkout(tag)  # skips without it
+    results = validate(release, [_case(text) for text, _ in MOE_ACT.values()])
+    for (name, (_, error)), result in zip(MOE_ACT.items(), results):
+        if error is None:
+            assert result["ok"], (name, result)
+            assert result["derived"]["recompute_modules"] == ["moe_act"] and result["derived"]["moe_grouped_gemm"]
+        else:
+            assert not result["ok"] and error in result["error"], (name, result)

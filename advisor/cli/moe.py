@@ -122,10 +122,12 @@ def _dense_refused(flags: MoEFlags) -> list[str]:
     return named + [flag for flag, on in set_.items() if on and flag not in named]
 
 
-def recompute_modules_problem(modules, *, spec, recompute: str, fp8_format, fp8_recipe: str, space: bool) -> str | None:
+def recompute_modules_problem(modules, *, spec, recompute: str, fp8_format, fp8_recipe: str, space: bool,
+                              grouped_gemm: bool = True) -> str | None:
     """Why --recompute-modules ``modules`` cannot run (or be priced) with this model and
     recomputation, or None: the one check of the modules, an MoE model's and a dense one's.
-    ``recompute``: the estimate's granularity, or the sweep's (``space``: 'auto' searches it).
+    ``recompute``: the estimate's granularity, or the sweep's (``space``: 'auto' searches it);
+    ``grouped_gemm``: an MoE command's --moe-grouped-gemm (``MoEFlags.grouped_gemm``).
     megatron-core's ``TransformerConfig.__post_init__`` (core_v0.15.2 and core_v0.19.0) refuses
     moe_act without grouped GEMMs (a dense model has none), mla_up_proj without MLA, and moe_act or
     layernorm with FP8's delayed scaling; a dense model's layers recompute moe and shared_experts
@@ -143,6 +145,10 @@ def recompute_modules_problem(modules, *, spec, recompute: str, fp8_format, fp8_
     if dense and "moe_act" in modules:
         return (f"--recompute-modules moe_act: {spec.name} is dense, and megatron-core refuses it without grouped "
                 "GEMMs ('moe_act in recompute_modules is only supported with moe_grouped_gemm.')")
+    if "moe_act" in modules and not grouped_gemm:
+        return ("--recompute-modules moe_act without --moe-grouped-gemm: Megatron-LM refuses the command "
+                "(TransformerConfig: 'moe_act in recompute_modules is only supported with moe_grouped_gemm.'); give "
+                "--moe-grouped-gemm, or drop moe_act")
     if dense and (moe := [module for module in ("moe", "shared_experts") if module in modules]):
         return (f"--recompute-modules {' '.join(moe)}: {spec.name} is dense, and Megatron recomputes "
                 f"{'them' if len(moe) > 1 else 'it'} only in MoE layers (transformer_layer.py): drop "
@@ -217,7 +223,7 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
     fp8 = training.precision
     if problem := recompute_modules_problem(recompute_modules, spec=spec, recompute=recompute,
                                             fp8_format=fp8.fp8_format, fp8_recipe=fp8.fp8_recipe,
-                                            space=space is not None):
+                                            space=space is not None, grouped_gemm=flags.grouped_gemm):
         raise InputError(problem)
     padded = _padded(moe_routing, capacity_factor, flags.pad_to_capacity, dispatcher)
     if moe_routing == "capacity" and padded and flags.moe_imbalance != 1:

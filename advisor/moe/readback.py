@@ -120,6 +120,9 @@ class MoEFlags:
     given: tuple[str, ...] = ()
     """The advisor's own options given on its command line, as spelled (``moe_options``; a dense
     model refuses them); a Megatron command's read back: none."""
+    grouped_gemm: bool = True
+    """--moe-grouped-gemm: a Megatron command's read back (``read``); the advisor's own rows always
+    write it (``advisor.moe.flags``)."""
 
 
 def take(rest: list[str]) -> tuple[dict, list[str]]:
@@ -344,7 +347,8 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
                     shared_expert_overlap=bool(values.get("moe-shared-expert-overlap")),
                     transformer_impl=transformer_impl, dispatcher_sms=sms,
                     permute_fusion=bool(values.get("moe-permute-fusion")), flex_backend=backend,
-                    router_fusion=bool(values.get("moe-router-fusion"))), unpriced
+                    router_fusion=bool(values.get("moe-router-fusion")),
+                    grouped_gemm=bool(values.get("moe-grouped-gemm"))), unpriced
 
 
 def _balancing(values: dict) -> tuple[tuple[str, ...], float | tuple[float, ...]]:
