@@ -59,12 +59,19 @@ class Release:
     checkout: Path | None
     given: str | None
     """The checkout's path as the user gave it (kept for the printed command), or None."""
+    version: str | None = None
+    """--megatron-version as the user gave it, or None: without a checkout, the newest release's
+    rules were assumed."""
 
     def assumption(self) -> str | None:
-        """What a dry run without a checkout says about the rules it used, or None."""
+        """What a dry run without a checkout says about the rules it used, or None: the release
+        --megatron-version named, or the newest one assumed (and how to pick another)."""
         if self.checkout is not None:
             return None
         where = f"no checkout at {self.given}" if self.given else f"no --megatron-lm or ${ENV_VAR}"
+        if self.version is not None:
+            return (f"{where}: the rules of {self.rules.name} (--megatron-version {self.version}; checked with "
+                    f"{self.rules.checked})")
         return (f"{where}: assuming the rules of {self.rules.name} (checked with {self.rules.checked}); "
                 f"--megatron-version picks another")
 
@@ -94,7 +101,8 @@ def resolve_release(directory: str | os.PathLike | None, version: str | None, *,
             found = ".".join(map(str, read_version(checkout)))
             raise AdvisorError(f"--megatron-version {version}, but the checkout {checkout} is Megatron-LM core {found}")
         return Release(rules=rules, checkout=checkout, given=given)
-    return Release(rules=named(version) if version is not None else NEWEST, checkout=None, given=given)
+    return Release(rules=named(version) if version is not None else NEWEST, checkout=None, given=given,
+                   version=version)
 
 
 def _field_spellings(flag: str) -> tuple[str, ...]:

@@ -446,7 +446,11 @@ def test_a_dry_run_needs_no_checkout(advisor, tmp_path, monkeypatch):
                                     "another\n")
     assert flag_values(shell_words(newest.stdout))["--vocab-size"] == ("128256",)
     old = launcher()("torchrun", "--from", sweep, "--megatron-version", "core_v0.15.2", "--mock-data", "--dry-run")
-    assert "no --megatron-lm or $MEGATRON_LM: assuming the rules of Megatron-LM core 0.15" in old.stderr
+    # the release given is named, not assumed, and no other is offered (audit: it said 'assuming ...;
+    # --megatron-version picks another' to a user who had given --megatron-version)
+    assert old.stderr.startswith("advisor-launch: no --megatron-lm or $MEGATRON_LM: the rules of Megatron-LM core "
+                                 "0.15 (--megatron-version core_v0.15.2; checked with core_v0.15.2)\n")
+    assert "assuming" not in old.stderr and "picks another" not in old.stderr
     assert '-m launch.entry --megatron-lm "$MEGATRON_LM" --' in old.stdout  # the shell expands it when run
     monkeypatch.setenv("MEGATRON_LM", "/opt/Megatron-LM")
     torchrun, entry, megatron = read_torchrun(shell_words(old.stdout))

@@ -94,7 +94,8 @@ def test_a_dry_run_without_a_checkout_still_assumes_a_release(sweep):
     """What a machine without the checkout does instead: no --megatron-lm, the rules named."""
     result = run("launch", "sbatch", "--from", sweep, "--megatron-version", "0.15", "--dry-run")
     assert result.returncode == 0, result.stderr
-    assert "no --megatron-lm or $MEGATRON_LM: assuming the rules of Megatron-LM core 0.15" in result.stderr
+    assert "no --megatron-lm or $MEGATRON_LM: the rules of Megatron-LM core 0.15 (--megatron-version 0.15;" in result.stderr
+    assert "picks another" not in result.stderr  # the user has picked it
 
 
 def test_a_checkout_given_decides_the_rules(tmp_path, sweep):
