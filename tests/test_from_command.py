@@ -182,7 +182,8 @@ def test_megatron_llama3_8b_bf16_example_runs_torch_distributed_run_and_skips_wh
 
 
 def test_megatron_gpt3_175b_example_names_what_a_llama_spec_cannot_say():
-    from advisor.megatron_readback import model_spec, read_layout, split_arguments, vocabulary
+    from advisor.megatron_layout import read_layout
+    from advisor.megatron_readback import model_spec, split_arguments, vocabulary
     from advisor.shell_command import read_command
 
     launch = read_command((COMMANDS / "megatron_gpt3_175b.sh").read_text())

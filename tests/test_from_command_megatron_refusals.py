@@ -16,7 +16,7 @@ from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
 
 from advisor.cli import cli
 from advisor.errors import AdvisorError
-from advisor.megatron_readback import read_layout
+from advisor.megatron_layout import read_layout
 from advisor.shell_command import read_command
 
 pytestmark = pytest.mark.xdist_group("megatron-validator")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from advisor.errors import AdvisorError
-from advisor.megatron_readback import model_spec, read_layout, split_arguments, vocabulary
+from advisor.megatron_layout import read_layout
+from advisor.megatron_readback import model_spec, split_arguments, vocabulary
 from advisor.shell_command import read_command
 
 

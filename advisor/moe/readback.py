@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from advisor import limits
 from advisor.errors import AdvisorError
+from advisor.megatron_layout import flag_number
 from advisor.models import LlamaSpec
 from advisor.moe.spec import FLEX_BACKENDS
 from advisor.options.flags import read_recompute_modules
@@ -150,13 +151,11 @@ def take(rest: list[str]) -> tuple[dict, list[str]]:
 
 
 def flag_int(values: dict, name: str, default=None):
-    text = values.get(name)
-    if text is None:
+    """--name's integer (``megatron_layout.flag_number``, the one reader of a flag's number),
+    positive, or at least 0 for --mtp-num-layers."""
+    number = flag_number(values, name, int, None)
+    if number is None:
         return default
-    try:
-        number = int(text)
-    except ValueError:
-        raise AdvisorError(f"--{name} must be an integer, got {text!r}") from None
     if number < (0 if name == "mtp-num-layers" else 1):
         raise AdvisorError(f"--{name} must be positive, got {number}")
     return limits.check_int(number, f"--{name}", limits.MTP_LAYERS) if name == "mtp-num-layers" else number
