@@ -50,6 +50,10 @@ launch scripts are a few KiB."""
 COMMAND_EXPANSION_BYTES = 256 * KIB
 """What a launch script's variables may add to it when expanded: Megatron-LM's example scripts
 expand to a few KiB; 'A=$A$A' sixty times over would add 2^60 characters."""
+COMMAND_DEFAULTS_PROBED = 8
+"""The ``${NAME:-default}`` variables of a launch script re-read to find which its world size
+comes from (``shell_command.world_defaults``, only for a message): Megatron-LM's example scripts
+default four or five (NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT); each costs one reading."""
 LOG_FILE_BYTES = 1 * GIB
 """A Megatron-LM training log read by ``compare-log`` (read whole, then line by line): a logged
 iteration is one line of about 500 bytes, so 1 GiB holds about two million of them."""

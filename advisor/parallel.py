@@ -60,6 +60,15 @@ def model_parallel_problem(gpus: int, tp: int, cp: int, pp: int, *, subject: str
     return f"{subject} is not divisible by TP x CP x PP = {tp} x {cp} x {pp} = {model_parallel}"
 
 
+def expert_groups_problem(ranks: int, ep: int, etp: int) -> str | None:
+    """Why the ``ranks`` = TP x CP x DP of one pipeline stage cannot hold whole EP x ETP expert
+    groups, or None (core_v0.15.2 parallel_state.py, initialize_model_parallel raises unless ETP x
+    EP x PP divides the world). The one wording of it."""
+    if ranks % (ep * etp) == 0:
+        return None
+    return f"EP x ETP = {ep * etp} must divide TP x CP x DP = {ranks} (megatron-core's expert groups)"
+
+
 def global_batch_problem(global_batch_size: int, mbs: int, dp: int, *, subject: str | None = None) -> str | None:
     """Why the global batch is not a whole number of microbatches per pipeline, or None: m =
     GBS / (MBS x DP) (core_v0.15.2 num_microbatches_calculator.py asserts it divides). The one

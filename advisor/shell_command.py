@@ -143,11 +143,18 @@ def _closing(text: str, start: int, open_: str, close: str) -> int:
 class _Expander:
     """bash's parameter expansion over the variables set so far, one word-splitting context at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, environment: dict[str, str] | None = None) -> None:
         self.scalars: dict[str, str] = {}
         self.arrays: dict[str, list[str]] = {}
         self.grown = 0
         """Characters the expansions have added to the script so far."""
+        self.environment = environment or {}
+        """Variables the caller's environment is supposed to hold (never the real one, which the
+        advisor does not read): where a ``${NAME:-default}`` stands, they replace the default
+        (``world_defaults`` sets one at a time to see which the world size depends on)."""
+        self.defaulted: dict[str, str] = {}
+        """Variables the script does not set whose ``${NAME:-default}`` gave its default: bash
+        would take the caller's value instead (NNODES=${NNODES:-1})."""
 
     def _grow(self, expansion: str) -> None:
         """Refuse expansions past ``limits.COMMAND_EXPANSION_BYTES`` ('A=$A$A' sixty times
@@ -163,7 +170,10 @@ class _Expander:
             return values if index in ("@", "*") else values[:1]
         if name in self.scalars:
             return [self.scalars[name]]
+        if name in self.environment:
+            return [self.environment[name]]
         if default is not None:
+            self.defaulted.setdefault(name, default)
             return None  # the default, expanded by the caller
         return [MARK + name + MARK]
 
@@ -370,8 +380,8 @@ class _Found:
 class _Script:
     """Walks a script, keeping its variables, #SBATCH directives and the launch command."""
 
-    def __init__(self) -> None:
-        self.expander = _Expander()
+    def __init__(self, environment: dict[str, str] | None = None) -> None:
+        self.expander = _Expander(environment)
         self.sbatch: list[str] = []
         self.depth, self.control = 0, ""
         self.found: list[_Found] = []
@@ -556,7 +566,12 @@ def _per_node(options: dict, key: str, what: str) -> int | None:
 
 def read_command(text: str) -> LaunchCommand:
     """The one Megatron launch in ``text`` (a command line, an argument list or a script)."""
-    script = _Script()
+    return _read_script(text)[1]
+
+
+def _read_script(text: str, environment: dict[str, str] | None = None) -> tuple[_Script, LaunchCommand]:
+    """``text`` walked (its variables, with ``environment`` standing for the caller's), and its launch."""
+    script = _Script(environment)
     for line, logical in _logical_lines(text):
         script.read_line(line, logical)
     if not script.found:
@@ -568,4 +583,28 @@ def read_command(text: str) -> LaunchCommand:
         lines = ", ".join(str(found.line) for found in script.found)
         raise AdvisorError(f"found {len(script.found)} Megatron launches (lines {lines}): give the one to read")
     sbatch, _ = _options(script.sbatch, _SRUN_VALUED)
-    return _unwrap(script.found[0].words, sbatch)
+    return script, _unwrap(script.found[0].words, sbatch)
+
+
+_PROBE = "7919"
+"""A value no launch script defaults a count to (a prime): the world size changes with it where it
+depends on the variable it stands for."""
+
+
+def world_defaults(text: str) -> tuple[tuple[str, str], ...]:
+    """(name, default as written) of each variable the script's world size comes from through its
+    own ``${NAME:-default}`` (Megatron's MoE README: NNODES=${NNODES:-"1"}), the caller's
+    environment not being read: each default the script took is set, alone, to another value,
+    and kept where the world size then differs. Empty where ``text`` gives no world size."""
+    script, launch = _read_script(text)
+    if launch.world_size is None:
+        return ()
+    found = []
+    for name, default in list(script.expander.defaulted.items())[:limits.COMMAND_DEFAULTS_PROBED]:
+        try:
+            probed = _read_script(text, {name: _PROBE})[1].world_size
+        except AdvisorError:
+            continue  # the other value breaks the reading elsewhere: no evidence either way
+        if probed != launch.world_size:
+            found.append((name, default))
+    return tuple(found)

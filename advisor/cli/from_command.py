@@ -85,25 +85,46 @@ def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=
     except MissingInputs as missing:
         # a world size the layout cannot use is told in the same line: TP, CP and PP read without the rest
         problems = [missing_line(missing.missing + unknown),
-                    world is not None and _world_problem(world, where, *model_parallel_degrees(launch.arguments))]
+                    world is not None and _world_problem(world, where, text, *model_parallel_degrees(launch.arguments))]
         raise InputError("; also, ".join(filter(None, problems))) from None
     if unknown:
         raise InputError(missing_line(unknown))
     layout = run.layout
-    if problem := _world_problem(world, where, layout.tp, layout.cp, layout.pp):
+    # without --expert-tensor-parallel-size, Megatron's ETP is the TP (arguments.py, both releases)
+    experts = (run.moe.ep or 1, run.moe.etp or layout.tp) if run.moe is not None else (1, 1)
+    if problem := _world_problem(world, where, text, layout.tp, layout.cp, layout.pp, *experts):
         raise InputError(problem)
     source = f"{name}: {launch.launcher}, {world} GPU{'s' if world != 1 else ''} ({where}); vocabulary {run.vocab_source}"
     return CommandInputs(run=run, gpus=world, dp=world // (layout.tp * layout.cp * layout.pp), source=source,
                          gpus_per_node=launch.gpus_per_node if gpus is None else None)
 
 
-def _world_problem(world: int, where: str, tp: int, cp: int, pp: int) -> str | None:
-    """Why the command's world size (or --gpus) cannot hold its TP x CP x PP, with the remedy."""
-    from advisor.parallel import model_parallel_problem
+def _world_problem(world: int, where: str, text: str, tp: int, cp: int, pp: int, ep: int = 1,
+                   etp: int = 1) -> str | None:
+    """Why the command's world size (or --gpus) cannot hold its TP x CP x PP, or its EP x ETP
+    expert groups, with where the world size came from and the remedy."""
+    from advisor.parallel import expert_groups_problem, model_parallel_problem
 
-    subject = f"--gpus {world}" if where == "--gpus" else f"the world size {world} ({where})"
-    problem = model_parallel_problem(world, tp, cp, pp, subject=subject)
-    return problem and f"{problem}: give --gpus N for the run you mean"
+    if model_parallel_problem(world, tp, cp, pp) is None:
+        problem = expert_groups_problem(world // pp, ep, etp)
+        return problem and (f"{problem}, from {_world_subject(world, where, text)} over PP {pp}: "
+                            "give --gpus N for the run you mean")
+    problem = model_parallel_problem(world, tp, cp, pp, subject=_world_subject(world, where, text))
+    return f"{problem}: give --gpus N for the run you mean"
+
+
+def _world_subject(world: int, where: str, text: str) -> str:
+    """'--gpus 8', or 'the world size 8 (how the launcher gave it)', naming the variables it came
+    from through the script's own defaults (``shell_command.world_defaults``): a launch script's
+    NNODES=${NNODES:-1} counts one node here, whatever the caller's environment holds."""
+    from advisor.shell_command import world_defaults
+
+    if where == "--gpus":
+        return f"--gpus {world}"
+    defaults = world_defaults(text)
+    named = ", ".join(f"${name} from the script's default ${{{name}:-{default}}}" for name, default in defaults)
+    return (f"the world size {world} ({where}; {named}: the caller's environment is not read)" if named
+            else f"the world size {world} ({where})")
 
 
 def unpriced_line(unpriced: tuple[str, ...], not_launched: tuple[str, ...] = ()) -> str | None:

@@ -30,8 +30,8 @@ from advisor.moe import stage as st
 from advisor.moe.spec import MoESpec
 from advisor.paper_rule import DEFAULT_THRESHOLD
 from advisor.verdicts import default_memory_model
-from advisor.parallel import (Pinned, Workload, check_whole_nodes, global_batch_problem, heads_problem,
-                             model_parallel_problem, sequence_problem, sequence_splits)
+from advisor.parallel import (Pinned, Workload, check_whole_nodes, expert_groups_problem, global_batch_problem,
+                             heads_problem, model_parallel_problem, sequence_problem, sequence_splits)
 
 GIB = 2**30
 RECOMPUTES = ("none", "selective", "full")
@@ -99,8 +99,8 @@ def expert_problem(spec: MoESpec, world: int, ep: int, etp: int, dispatcher: str
     ranks, and the flex dispatcher needs EP x ETP > 1."""
     if spec.num_experts % ep:
         return f"EP {ep} must divide the {spec.num_experts} experts"
-    if world % (ep * etp):
-        return f"EP x ETP = {ep * etp} must divide TP x CP x DP = {world} (megatron-core's expert groups)"
+    if problem := expert_groups_problem(world, ep, etp):
+        return problem
     if dispatcher == "flex" and ep * etp == 1:  # token_dispatcher.py, MoEFlexTokenDispatcher (both releases)
         return "the flex dispatcher needs EP x ETP > 1 (megatron-core asserts 'Flex token dispatcher requires TPxEP > 1')"
     return None
