@@ -467,9 +467,16 @@ def settings_words(settings, spec, recompute: str | None = None) -> str:
     recomputes where that is not the default) (the training options are the titles' own
     ``changed_args``)."""
     routing = settings.routing
-    words = [f"routing {routing.routing}" + (" unpadded" if routing.routing == "capacity"
-                                             and not routing.pad_to_capacity else "")
-             + (f" x {routing.imbalance:g} on the busiest rank" if routing.imbalance != 1 else ""),
+    busiest = f"x {routing.imbalance:g} on the busiest rank" if routing.imbalance != 1 else ""
+    if routing.routing == "dropless":
+        # memory priced at its bound, every EP rank's tokens sent to this one; time at the balanced
+        # pace times the imbalance (advisor.moe.memory, advisor.moe.time): lest the GiB read as a typical peak
+        shown = "routing dropless (worst-case memory" + (f", pace {busiest}" if busiest else "") + ")"
+    else:
+        shown = (f"routing {routing.routing}" + (" unpadded" if routing.routing == "capacity"
+                                                 and not routing.pad_to_capacity else "")
+                 + (f" {busiest}" if busiest else ""))
+    words = [shown,
              f"dispatcher {settings.dispatcher}"
              + (f" ({settings.flex_backend})" if settings.dispatcher == "flex" and settings.flex_backend != "deepep" else "")]
     words += [word for word, on in (("a2a overlapped", settings.a2a_overlap),
