@@ -162,6 +162,23 @@ def recompute_modules_problem(modules, *, spec, recompute: str, fp8_format, fp8_
     return None
 
 
+def idle_modules_line(modules, spec) -> str | None:
+    """One line naming the --recompute-modules that recompute nothing in this MoE model, and why,
+    or None. Megatron accepts them and builds nothing to recompute (core_v0.15.2 and core_v0.19.0):
+    shared_experts without shared experts (``moe_layer.py``: ``shared_experts_compute`` runs only
+    where ``use_shared_expert``), mlp where every layer is an MoE layer (``transformer_layer.py``:
+    ``recompute_mlp`` only where the MLP is not an ``MoELayer``). They are priced as the nothing
+    they do (``advisor.moe.stage``, ``advisor.moe.time``); the line says why the numbers do not move."""
+    idle = {module: why for module, why, on in (
+        ("shared_experts", "it has no shared experts", not spec.shared_expert_size),
+        ("mlp", "Megatron's mlp is the dense MLP, and every layer is an MoE layer: moe or moe_act recompute the "
+                "experts", not spec.first_dense_layers)) if on and module in (modules or ())}
+    if not idle:
+        return None
+    return (f"--recompute-modules {' and '.join(idle)} recompute{'s' if len(idle) == 1 else ''} nothing on "
+            f"{spec.name} ({'; '.join(idle.values())}), and {'is' if len(idle) == 1 else 'are'} priced so")
+
+
 def dense_recompute_options(spec, flags: MoEFlags, options, space=None):
     """The training options of a dense model with its --recompute-modules: the advisor's option
     (``flags``, the MoE options' one parser) or a command's read back (already in ``options``),
@@ -225,6 +242,8 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
                                             fp8_format=fp8.fp8_format, fp8_recipe=fp8.fp8_recipe,
                                             space=space is not None, grouped_gemm=flags.grouped_gemm):
         raise InputError(problem)
+    if line := idle_modules_line(recompute_modules, spec):
+        note(f"{command_name()}: {line}")
     padded = _padded(moe_routing, capacity_factor, flags.pad_to_capacity, dispatcher)
     if moe_routing == "capacity" and padded and flags.moe_imbalance != 1:
         raise InputError(f"--moe-imbalance {flags.moe_imbalance:g} does not change capacity routing padded to capacity "
