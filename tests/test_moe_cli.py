@@ -337,7 +337,7 @@ def test_a_commands_fused_router_and_permutation_are_priced_and_launched_as_read
 @pytest.mark.parametrize("extra, words", [
     (["--moe-deepep-num-sms", "32"], "only the flex dispatcher's DeepEP kernels take it"),
     (["--moe-token-dispatcher-type", "flex", "--moe-deepep-num-sms", "31"], "an even number of SMs"),
-    (["--moe-token-dispatcher-type", "flex", "--moe-deepep-num-sms", "132"], "the GPU has 132 SMs"),
+    (["--moe-token-dispatcher-type", "flex", "--moe-deepep-num-sms", "132"], "the h100-80gb has 132 SMs"),
     (["--moe-token-dispatcher-type", "flex", "--moe-deepep-num-sms", "0"], ("--moe-deepep-num-sms", "at least 2")),
 ])
 def test_dispatcher_sms_megatron_or_deepep_refuse_are_one_line(extra, words):

@@ -260,7 +260,8 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
     if flags.shared_expert_overlap and (problem := _shared_overlap_problem(flags, dispatcher, recompute_modules,
                                                                            spec, release)):
         raise InputError(problem)
-    if problem := dispatcher_sms_problem(flags.dispatcher_sms, dispatcher, gpu.architecture if gpu else "hopper"):
+    if problem := dispatcher_sms_problem(flags.dispatcher_sms, dispatcher, gpu.architecture if gpu else "hopper",
+                                         gpu.name if gpu else None):
         raise InputError(problem)
     if flags.flex_backend != "deepep":
         _check_flex_backend(flags.flex_backend, dispatcher, release)

@@ -224,11 +224,13 @@ def comm_sm_share(dispatcher: str, architecture: str, sms: int | None = None) ->
     return (DEEPEP_SMS if sms is None else sms) / streaming_multiprocessors(architecture)
 
 
-def dispatcher_sms_problem(sms: int | None, dispatcher: str, architecture: str) -> str | None:
+def dispatcher_sms_problem(sms: int | None, dispatcher: str, architecture: str, gpu: str | None = None, *,
+                           unnamed: str = "without --gpu, which sets it") -> str | None:
     """Why --moe-deepep-num-sms cannot be priced, or None: only the flex dispatcher reads it
     (megatron-core hands it to DeepEP's ``Buffer.set_num_sms``, ``fused_a2a.py``), DeepEP asserts
     an even count ('The SM count must be even', ``deep_ep/buffer.py``), and the kernels must leave
-    the GPU some SMs to overlap with."""
+    the GPU some SMs to overlap with. ``gpu``: the preset's name, which the message names; None:
+    ``architecture`` is assumed, and the message says so (``unnamed``: why, and what sets it)."""
     if sms is None:
         return None
     if dispatcher != "flex":
@@ -237,5 +239,7 @@ def dispatcher_sms_problem(sms: int | None, dispatcher: str, architecture: str) 
     if sms % 2:
         return f"--moe-deepep-num-sms {sms}: DeepEP takes an even number of SMs"
     if sms >= (total := streaming_multiprocessors(architecture)):
-        return f"--moe-deepep-num-sms {sms}: the GPU has {total} SMs, and compute needs some of them"
+        owner = (f"the {gpu} has {total} SMs" if gpu is not None
+                 else f"the GPU has {total} SMs (a {architecture.capitalize()} GPU's, assumed {unnamed})")
+        return f"--moe-deepep-num-sms {sms}: {owner}, and compute needs some of them"
     return None

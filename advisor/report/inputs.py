@@ -251,7 +251,9 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
                                    mtp_num_layers=spec.mtp_num_layers):
         refuse(problem)
     sms = row.get("dispatcher_sms")
-    if problem := dispatcher_sms_problem(sms, dispatcher, _architecture(row)):
+    gpu = row["gpu"] if isinstance(row.get("gpu"), str) else None
+    if problem := dispatcher_sms_problem(sms, dispatcher, _architecture(row), gpu,
+                                         unnamed="where the row names no 'gpu'"):
         refuse(problem.replace("--moe-deepep-num-sms", "'dispatcher_sms'"))
     backend = row.get("flex_backend")
     if backend not in (None, *FLEX_BACKENDS) or (backend not in (None, "deepep") and dispatcher != "flex"):
