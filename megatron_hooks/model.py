@@ -238,6 +238,8 @@ def moe_config_overrides(spec) -> dict:
         values.update(moe_router_num_groups=spec.router_num_groups, moe_router_group_topk=spec.router_group_topk)
     if spec.router_topk_scaling_factor:
         values["moe_router_topk_scaling_factor"] = spec.router_topk_scaling_factor
+    if spec.router_pre_softmax:  # --moe-router-pre-softmax (a config.json's norm_topk_prob false)
+        values["moe_router_pre_softmax"] = True
     if spec.mla is not None:
         values.update(_mla_overrides(spec))
     return values

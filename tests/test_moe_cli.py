@@ -481,6 +481,16 @@ def test_top_one_routing_is_read_and_launched_with_pre_softmax():
     assert read["megatron_args"][read["megatron_args"].index("--moe-router-topk") + 1] == "1"
 
 
+def test_pre_softmax_at_top_two_is_priced_and_launched_as_read():
+    # it was read as changing nothing and left out of the launch: a different router (softmax over
+    # all 8 experts, not renormalised); its FP32 scores over all E are kept (advisor.moe.memory)
+    read = json.loads(_from_command("--moe-router-pre-softmax", "--format", "json").stdout)
+    plain = json.loads(_from_command("", "--format", "json").stdout)
+    assert "--moe-router-pre-softmax" in read["megatron_args"] and read["model"]["router_pre_softmax"]
+    assert "--moe-router-pre-softmax" not in plain["megatron_args"]
+    assert read["total_gib"] > plain["total_gib"]
+
+
 def test_yarn_without_mscale_all_dim_is_megatrons_default():
     # --mscale-all-dim defaults to 0.0 in both releases (_yarn_get_mscale(scale, 0) is 1)
     mla = ("--multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 "

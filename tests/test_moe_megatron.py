@@ -47,6 +47,9 @@ def _expected(spec, row) -> dict:
             "moe_pad_expert_input_to_capacity": row["capacity_factor"] is not None and row["pad_to_capacity"],
             "moe_token_dispatcher_type": row["dispatcher"], "moe_grouped_gemm": True,
             "moe_router_score_function": spec.score_function, "moe_router_enable_expert_bias": spec.expert_bias,
+            # softmax before the top-k: a config's norm_topk_prob false, and top-1 (Megatron asks for it)
+            "moe_router_pre_softmax": spec.router_pre_softmax or (spec.score_function == "softmax"
+                                                                  and spec.moe_router_topk == 1),
             "moe_router_num_groups": spec.router_num_groups, "moe_router_group_topk": spec.router_group_topk,
             "moe_router_topk_scaling_factor": spec.router_topk_scaling_factor, "qk_layernorm": spec.qk_layernorm,
             "multi_latent_attention": mla is not None,
@@ -88,6 +91,9 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
     top_one = json.loads((DATA / "mixtral-8x7b.json").read_text()) | {"num_experts_per_tok": 1,
                                                                       "tie_word_embeddings": True}
     (tmp_path / "config.json").write_text(json.dumps(top_one))
+    # Qwen3-MoE as Transformers defaults it, norm_topk_prob false: top-8 of the softmax over all, not renormalised
+    unnormalised = json.loads((DATA / "qwen3-30b-a3b.json").read_text()) | {"norm_topk_prob": False}
+    (tmp_path / "qwen3.json").write_text(json.dumps(unnormalised))
     rows = [(name, row) for name, gpus, top in (("mixtral-8x7b", 64, 3), ("deepseek-v3", 1024, 3),
                                                 ("qwen3-30b-a3b", 64, 2))
             for row in _rows(name, gpus, "--top", str(top))]
@@ -131,6 +137,8 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
     rows += [(str(tmp_path / "config.json"), _rows(str(tmp_path / "config.json"), 64, "--top", "1")[0])]
     assert "--moe-router-pre-softmax" in rows[-1][1]["megatron_args"]
     assert "--untie-embeddings-and-output-weights" not in rows[-1][1]["megatron_args"]
+    rows += [(str(tmp_path / "qwen3.json"), _rows(str(tmp_path / "qwen3.json"), 16, "--top", "1")[0])]
+    assert "--moe-router-pre-softmax" in rows[-1][1]["megatron_args"]
     assert {row["vpp"] > 1 for _, row in rows} == {True, False}
     # as advisor-launch writes them for this release (core_v0.19.0: DeepEP's deprecated flags renamed)
     spelled = named(tag).own_spelling

@@ -10,7 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from advisor.cli import cli
 from advisor.errors import AdvisorError
 from advisor.models import load_model
 from advisor.moe.params import active_parameters, total_parameters
@@ -76,7 +78,7 @@ def _write(tmp_path, name, **changes):
     ("deepseek-v3", "scoring_func", "softmax"),
     ("deepseek-v3", "topk_method", "greedy"),
     ("qwen3-30b-a3b", "mlp_only_layers", [0]),
-    ("qwen3-30b-a3b", "norm_topk_prob", False),
+    ("deepseek-v3", "norm_topk_prob", False),
     ("mixtral-8x7b", "router_jitter_noise", 0.1),
     ("mixtral-8x7b", "sliding_window", 4096),
 ])
@@ -171,3 +173,46 @@ def test_a_deepseek_routing_key_is_one_line_and_exit_2_on_the_command_line(advis
     line = advisor.error("estimate", "--model", _write(tmp_path, "deepseek-v3", topk_group=9), "--gpus", 64,
                          "--pp", 8, "--ep", 8, "--mem", 80)
     assert "topk_group (--moe-router-group-topk) must be at most n_group (--moe-router-num-groups) = 8" in line
+
+
+def test_mlp_only_layers_not_empty_says_what_it_means(tmp_path):
+    """Dense Qwen3MoeMLP layers among the MoE layers: refused as not priced, not as 'a list'."""
+    with pytest.raises(AdvisorError, match=re.escape("mlp_only_layers is [0, 47], not empty: it puts dense MLP layers "
+                                                     "among the MoE layers, which this tool does not price")):
+        load_model(_write(tmp_path, "qwen3-30b-a3b", mlp_only_layers=[0, 47]))
+    assert load_model(_write(tmp_path, "qwen3-30b-a3b", mlp_only_layers=None)).num_experts == 128  # Qwen3MoeConfig: []
+
+
+@pytest.mark.parametrize("value, pre_softmax", [(True, False), (False, True), (None, True)])
+def test_norm_topk_prob_is_megatrons_pre_softmax(tmp_path, value, pre_softmax):
+    """Hugging Face's Qwen3-MoE router: softmax over all experts, top-k, divided by their sum where
+    norm_topk_prob (Transformers' default false: None here is the key left out). megatron-core's
+    topk_routing_with_score_function: with --moe-router-pre-softmax the softmax over all and the
+    top-k, as is; without, the softmax over the k logits, which is the renormalised one."""
+    changes = {"norm_topk_prob": value} if value is not None else {}
+    path = _write(tmp_path, "qwen3-30b-a3b", **changes)
+    if value is None:
+        config = json.loads(Path(path).read_text())
+        del config["norm_topk_prob"]
+        Path(path).write_text(json.dumps(config))
+    assert load_model(path).router_pre_softmax is pre_softmax
+
+
+def test_pre_softmax_keeps_the_softmax_over_every_expert(tmp_path):
+    """By hand: the router saves 4 E bytes per token (the FP32 softmax over all E) in place of 4 k
+    (over the k picked), 4 (128 - 8) = 480 more per token and MoE layer; at TP = CP = PP = 1, seq
+    8192, MBS 1: 480 x 8192 x 48 layers = 0.17578125 GiB more activations. Time is unchanged."""
+    def estimate(path):
+        result = CliRunner().invoke(cli, ["estimate", "--model", path, "--gpus", "16", "--ep", "8", "--gpu",
+                                          "h100-80gb", "--format", "json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    renormalised = estimate(_write(tmp_path, "qwen3-30b-a3b", norm_topk_prob=True))
+    pre_softmax = estimate(_write(tmp_path, "qwen3-30b-a3b", norm_topk_prob=False))
+    assert (pre_softmax["seq_len"], pre_softmax["mbs"], pre_softmax["pp"]) == (8192, 1, 1)
+    assert pre_softmax["stages"][0]["activations_gib"] - renormalised["stages"][0]["activations_gib"] == pytest.approx(
+        480 * 8192 * 48 / 2**30)
+    assert pre_softmax["step_time_s"] == renormalised["step_time_s"]
+    assert "--moe-router-pre-softmax" in pre_softmax["megatron_args"]
+    assert "--moe-router-pre-softmax" not in renormalised["megatron_args"]

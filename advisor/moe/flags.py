@@ -74,7 +74,8 @@ def model_flags(spec: MoESpec) -> list[str]:
         args.append("--qk-layernorm")
     if spec.score_function == "sigmoid":
         args += ["--moe-router-score-function", "sigmoid"]
-    elif spec.moe_router_topk == 1:  # megatron-core refuses top-1 softmax after the top-k (no gradient)
+    elif spec.router_pre_softmax or spec.moe_router_topk == 1:
+        # megatron-core refuses top-1 softmax after the top-k (no gradient)
         args.append("--moe-router-pre-softmax")
     if spec.expert_bias:
         args.append("--moe-router-enable-expert-bias")

@@ -218,7 +218,7 @@ def routing_saved_bytes(spec: MoESpec, fused: bool = False) -> float:
     - top-k indices, int64 (``torch.topk``'s node saves them; ``scatter`` builds the N x E
       probabilities from the same tensor): 8k;
     - softmax after the top-k (the default): its FP32 output over the k picked, 4k;
-      before it (--moe-router-pre-softmax, top-1): its output over all E, 4E;
+      before it (--moe-router-pre-softmax, always at top-1): its output over all E, 4E;
     - sigmoid: its FP32 output over all E, 4E; the k picked scores (``torch.gather`` with the expert
       bias, else the top-k's values), 4k, and their FP32 sum, 4, which normalise them (k > 1);
     - group-limited routing (--moe-router-num-groups) where the top-k's values are used (softmax,
@@ -232,7 +232,7 @@ def routing_saved_bytes(spec: MoESpec, fused: bool = False) -> float:
     if spec.score_function == "sigmoid":
         picked = PROBS_BYTES * k + PROBS_BYTES if k > 1 else 0
         return PROBS_BYTES * experts + INDEX_BYTES * k + picked + group_mask
-    if k == 1:  # --moe-router-pre-softmax (advisor.moe.flags: megatron-core refuses top-1 without it)
+    if spec.router_pre_softmax or k == 1:  # --moe-router-pre-softmax (megatron-core refuses top-1 without it)
         return PROBS_BYTES * experts + INDEX_BYTES * k + group_mask
     return INDEX_BYTES * k + PROBS_BYTES * k + group_mask
 

@@ -40,7 +40,7 @@ MULTI = {"recompute-modules", "moe-router-load-balancing-type", "moe-aux-loss-co
 """Megatron's nargs='+' flags that the reader takes: the balancing loss's types and their weights
 (not priced, a few FLOPs on E-wide tensors, but carried by the spec and launched as read)."""
 HARMLESS = {"original-max-position-embeddings", "moe-router-bias-update-rate",
-            "mtp-loss-scaling-factor", "moe-router-pre-softmax"}
+            "mtp-loss-scaling-factor"}
 """Read and known not to change the price: YaRN's original context (fixed by Megatron's MLA config), the expert
 bias's update step (E numbers once per step), the MTP loss's weight (a scalar), and softmax before the top-k
 (``moe_utils.topk_routing_with_score_function``: the E-wide FP32 scores the router term already
@@ -294,6 +294,8 @@ def moe_spec(dense: LlamaSpec, values: dict):
                    shared_expert_size=flag_int(values, "moe-shared-expert-intermediate-size", 0) or 0,
                    first_dense_layers=first_dense_layers(values.get("moe-layer-freq", "1"), dense.num_layers),
                    qk_layernorm=bool(values.get("qk-layernorm")), score_function=score,
+                   # the sigmoid score function ignores it (topk_routing_with_score_function)
+                   router_pre_softmax=score == "softmax" and bool(values.get("moe-router-pre-softmax")),
                    expert_bias=expert_bias, aux_loss_coeff=weights, load_balancing=balancing,
                    router_num_groups=flag_int(values, "moe-router-num-groups"),
                    router_group_topk=flag_int(values, "moe-router-group-topk"),

@@ -92,6 +92,11 @@ class MoESpec(LlamaSpec):
     kv latent norms (DeepSeek-V3's q_a_layernorm, kv_a_layernorm): megatron-core
     ``gpt_layer_specs.py`` makes the up projections layer-norm linears only with qk_layernorm."""
     score_function: ScoreFunction = "softmax"
+    router_pre_softmax: bool = False
+    """--moe-router-pre-softmax: with the softmax score function, the softmax over all experts
+    before the top-k, whose k probabilities are not renormalised (``moe_utils.py``,
+    ``topk_routing_with_score_function``): Hugging Face's norm_topk_prob false; without it, the
+    softmax over the k picked (norm_topk_prob true). Megatron needs it at top-1 (``flags``)."""
     expert_bias: bool = False
     """Aux-loss-free balancing with a per-expert bias (--moe-router-enable-expert-bias)."""
     aux_loss_coeff: float | tuple[float, ...] = 0.0
@@ -124,7 +129,7 @@ class MoESpec(LlamaSpec):
         check_field(self.first_dense_layers, "first_dense_layers",
                     limits.Bound(0, self.num_layers - 1, "at least one layer must be a mixture of experts"))
         check_field(self.mtp_num_layers, "mtp_num_layers", limits.MTP_LAYERS)
-        for key in ("qk_layernorm", "expert_bias"):
+        for key in ("qk_layernorm", "expert_bias", "router_pre_softmax"):
             if not isinstance(getattr(self, key), bool):
                 raise FieldError(key, "must be true or false, got {0}", _describe(getattr(self, key)))
         if self.score_function not in SCORE_FUNCTIONS:
@@ -282,6 +287,7 @@ MOE_FIELD_FLAGS = {
     "shared_expert_size": "--moe-shared-expert-intermediate-size",
     "first_dense_layers": "--moe-layer-freq", "router_num_groups": "--moe-router-num-groups",
     "router_group_topk": "--moe-router-group-topk", "router_topk_scaling_factor": "--moe-router-topk-scaling-factor",
+    "router_pre_softmax": "--moe-router-pre-softmax",
     "mla.q_lora_rank": "--q-lora-rank", "mla.kv_lora_rank": "--kv-lora-rank", "mla.qk_head_dim": "--qk-head-dim",
     "mla.qk_pos_emb_head_dim": "--qk-pos-emb-head-dim", "mla.v_head_dim": "--v-head-dim",
     "yarn.factor": "--rotary-scaling-factor", "yarn.mscale": "--mscale", "yarn.mscale_all_dim": "--mscale-all-dim",
@@ -355,10 +361,28 @@ def _aux_loss_coeff(config: _Config, key: str) -> float:
 
 def _qwen3_fields(config: _Config, keys: dict[str, str]) -> dict:
     _expect(config, "decoder_sparse_step", 1, "this tool prices MoE in every layer (Megatron's --moe-layer-freq 1)")
-    _expect(config, "mlp_only_layers", [], "this tool prices MoE in every layer")
-    _expect(config, "norm_topk_prob", True, "Megatron's softmax router renormalises the top-k probabilities")
-    return dict(_expert_fields(config, keys), qk_layernorm=True,
+    dense = config.config.get("mlp_only_layers")  # Qwen3MoeConfig: None reads as []
+    if dense not in (None, []):  # layers built with a dense Qwen3MoeMLP, not the sparse MoE block
+        shown = f"[{', '.join(map(str, dense[:8]))}{', ...' if len(dense) > 8 else ''}]" if isinstance(dense, list) \
+            else _describe(dense)
+        raise config.error("mlp_only_layers", f"is {shown}, not empty: it puts dense MLP layers among the MoE layers, "
+                                              "which this tool does not price (every layer is MoE here)")
+    return dict(_expert_fields(config, keys), qk_layernorm=True, router_pre_softmax=_pre_softmax(config),
                 aux_loss_coeff=_aux_loss_coeff(config, keys["aux_loss_coeff"]))
+
+
+def _pre_softmax(config: _Config) -> bool:
+    """Qwen3-MoE's norm_topk_prob (Transformers' Qwen3MoeConfig default: false) as Megatron's
+    --moe-router-pre-softmax. Hugging Face takes the softmax over all experts, then the top-k, then
+    divides by their sum where norm_topk_prob; Megatron (core_v0.15.2 and core_v0.19.0
+    ``topk_routing_with_score_function``) takes, with --moe-router-pre-softmax, the softmax over all
+    and the top-k, not renormalised (norm_topk_prob false); without it, the softmax over the top-k
+    logits, which is the renormalised softmax over all (norm_topk_prob true): the same experts
+    (softmax keeps the order), the same weights."""
+    value = config.config.get("norm_topk_prob", False)
+    if not isinstance(value, bool):
+        raise config.error("norm_topk_prob", limits.must_be("true or false", value, _describe))
+    return not value
 
 
 def _mla(config: _Config, keys: dict[str, str]) -> MLA:
