@@ -146,7 +146,8 @@ def _uneven_split(layout: dict, num_layers: int, pp: int) -> tuple[list[int], in
     virtual stages (--num-virtual-stages-per-pipeline-rank only: validate_args refuses
     --num-layers-per-virtual-pipeline-stage here), every stage's layers divide into its chunks,
     checked in TransformerConfig.__post_init__'s order ('Uneven PP': first, last, then the middle)."""
-    first, last = int_value(layout, "decoder-first-pipeline-num-layers"), int_value(layout, "decoder-last-pipeline-num-layers")
+    first = int_value(layout, "decoder-first-pipeline-num-layers")
+    last = int_value(layout, "decoder-last-pipeline-num-layers")
     if layout.get("account-for-embedding-in-pipeline-split") or layout.get("account-for-loss-in-pipeline-split"):
         raise AdvisorError("Megatron refuses --account-for-*-in-pipeline-split with uneven first/last stages")
     if "num-layers-per-virtual-pipeline-stage" in layout:

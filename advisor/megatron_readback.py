@@ -291,7 +291,8 @@ def model_spec(model: dict, *, name: str, vocab_size: int) -> LlamaSpec:
             kv_channels=None if kv is None or kv * heads == hidden else kv,
             add_qkv_bias=bool(model.get("add-qkv-bias")),
             rotary_base=float_value(model, "rotary-base", 10000.0),
-            rope_scaling_factor=float_value(model, "rope-scaling-factor", 8.0) if model.get("use-rope-scaling") else None,
+            rope_scaling_factor=(float_value(model, "rope-scaling-factor", 8.0) if model.get("use-rope-scaling")
+                                 else None),
             norm_epsilon=float_value(model, "norm-epsilon", 1e-5),
         )
     except FieldError as error:  # named as the command's flags: --kv-channels is the user's to give here

@@ -138,7 +138,8 @@ TP_COMM_SWITCHES = {"disable_tp_comm_overlap_ag": "tp_comm_overlap_ag",
 the disabling ones off, --tp-comm-overlap-rs-dgrad on."""
 
 _NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "grads_in_fp32", "bf16", "overlap_grad_reduce", "overlap_param_gather",
-          "tp_comm_overlap", "tp_comm_overlap_cfg", *TP_COMM_SWITCHES, "use_megatron_fsdp", "data_parallel_sharding_strategy",
+          "tp_comm_overlap", "tp_comm_overlap_cfg", *TP_COMM_SWITCHES, "use_megatron_fsdp",
+          "data_parallel_sharding_strategy",
           "use_torch_fsdp2", "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer", "main_params_dtype",
           "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_format", "fp8_recipe", "fp8_param_gather", "sequence_parallel",
           "flash_attn", "dataloader_mask", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",

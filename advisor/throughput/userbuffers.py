@@ -3,7 +3,8 @@ what they cost the GEMMs they hide behind. Same conventions as ``terms.py``.
 
 Megatron-LM (core_v0.15.2) passes --tp-comm-overlap to Transformer Engine's linear layers with
 its sub-options, by default (``model_parallel_config.py``: tp_comm_overlap_ag/rs, split_ag/rs,
-bulk_dgrad/wgrad on, tp_comm_overlap_rs_dgrad off; others as ``ub_config.LayerOverlaps`` says; ``extensions/transformer_engine.py``, the
+bulk_dgrad/wgrad on, tp_comm_overlap_rs_dgrad off; others as ``ub_config.LayerOverlaps`` says;
+``extensions/transformer_engine.py``, the
 ``ub_*`` arguments of ``TELinear`` and ``TELayerNormColumnParallelLinear``, buffer names qkv,
 proj, fc1, fc2), and ``initialize_ub`` (TE 2.9, the release core_v0.15.2 pins,
 ``pytorch/module/base.py``, ``get_default_config``) picks each GEMM's method:
