@@ -349,6 +349,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     if not moe_values:
         _refuse_expert_parallelism_without_experts(parsed.rest)
     layout = read_layout(parsed.layout, spec.num_layers, int_value(moe_values, "mtp-num-layers") or 0)
+    _refuse_interleaving_without_p2p_overlap(layout, rest)
     fusion_off = _SOFTMAX_FUSION_OFF in rest
     rest = [word for word in rest if word != _SOFTMAX_FUSION_OFF]
     options, unpriced = training_options(rest, layout.tp, release)
@@ -407,6 +408,21 @@ def _sequence_length_alias(model: dict) -> None:
         raise AdvisorError("--seq-length and --encoder-seq-length are both given: Megatron-LM refuses the command "
                            "(validate_args asserts one of them)")
     model["seq-length"] = model.pop("encoder-seq-length")
+
+
+_NO_P2P_OVERLAP = "--no-overlap-p2p-communication"
+
+
+def _refuse_interleaving_without_p2p_overlap(layout: Layout, rest: list[str]) -> None:
+    """Virtual stages at PP 2 with --no-overlap-p2p-communication: validate_args asserts PP > 2 for
+    an interleaved schedule without p2p overlap, both releases (arguments.py: 'When interleaved
+    schedule is used and p2p communication overlap is disabled, pipeline-model-parallel size should
+    be greater than 2'); PP 1 with virtual stages is refused with the layout (``megatron_layout``)."""
+    if layout.vpp > 1 and layout.pp <= 2 and _NO_P2P_OVERLAP in _flags(rest):
+        raise AdvisorError(f"{_NO_P2P_OVERLAP} with {layout.vpp} virtual stages at PP {layout.pp}: Megatron-LM "
+                           "refuses the command (validate_args: 'When interleaved schedule is used and p2p "
+                           "communication overlap is disabled, pipeline-model-parallel size should be greater "
+                           f"than 2'); drop {_NO_P2P_OVERLAP}, or the virtual stages, or use PP > 2")
 
 
 def _refuse_flex_without_deepep(moe, moe_values: dict, release) -> None:

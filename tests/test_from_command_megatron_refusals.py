@@ -50,6 +50,21 @@ LAYOUTS = {
                            "should be divisible by vp_size 3"),
     "even-divisible": (_DENSE.format(layers=32, pp=4, split="--num-virtual-stages-per-pipeline-rank 4"),
                        ((8, 8, 8, 8), 4)),
+    # validate_args: an interleaved schedule without p2p overlap needs PP > 2 (both releases), however
+    # the virtual stages are given; at PP 4 (and at PP 2 with the overlap on) it is accepted
+    "no-p2p-overlap-pp2": (_DENSE.format(layers=32, pp=2, split="--num-virtual-stages-per-pipeline-rank 2 "
+                                         "--no-overlap-p2p-communication"),
+                           "pipeline-model-parallel size should be greater than 2"),
+    "no-p2p-overlap-pp2-chunks": (_DENSE.format(layers=32, pp=2, split="--num-layers-per-virtual-pipeline-stage 4 "
+                                                "--no-overlap-p2p-communication"),
+                                  "pipeline-model-parallel size should be greater than 2"),
+    "no-p2p-overlap-pp4": (_DENSE.format(layers=32, pp=4, split="--num-virtual-stages-per-pipeline-rank 2 "
+                                         "--no-overlap-p2p-communication"), ((8, 8, 8, 8), 2)),
+    "p2p-overlap-pp2": (_DENSE.format(layers=32, pp=2, split="--num-virtual-stages-per-pipeline-rank 2"),
+                        ((16, 16), 2)),
+    # without virtual stages Megatron turns the overlap off itself: nothing to refuse
+    "no-p2p-overlap-pp2-no-vpp": (_DENSE.format(layers=32, pp=2, split="--no-overlap-p2p-communication"),
+                                  ((16, 16), 1)),
 }
 
 
