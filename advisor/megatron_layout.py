@@ -117,9 +117,10 @@ _VIRTUAL_FLAGS = ("num-layers-per-virtual-pipeline-stage", "num-virtual-stages-p
 _VPP_FLAG = "--num-virtual-stages-per-pipeline-rank"
 
 
-def _split(layout: dict, num_layers: int, pp: int, mtp_layers: int = 0) -> tuple[list[int], int]:
+def _split(layout: dict, num_layers: int, pp: int, mtp_layers: int = 0, release=None) -> tuple[list[int], int]:
     """(layers per pipeline rank, VPP) as get_num_layers_to_build builds them, refused where
-    Megatron refuses the flags (validate_args; TransformerConfig.__post_init__), both releases."""
+    Megatron refuses the flags (validate_args; TransformerConfig.__post_init__): both releases, or
+    ``release``'s (None: the newest) where they differ."""
     if len(given := [f"--{name}" for name in _VIRTUAL_FLAGS if name in layout]) > 1:
         raise AdvisorError(f"{' and '.join(given)}: Megatron-LM refuses more than one of them (validate_args: "
                            "'No more than one of the following arguments can be set at the same time'); give one")
@@ -131,7 +132,7 @@ def _split(layout: dict, num_layers: int, pp: int, mtp_layers: int = 0) -> tuple
         vpp = len(segments) // pp
         counts = [sum(segments[k * pp + i] for k in range(vpp)) for i in range(pp)]
     elif pp > 1 and ("decoder-first-pipeline-num-layers" in layout or "decoder-last-pipeline-num-layers" in layout):
-        counts, vpp = _uneven_split(layout, num_layers, pp)
+        counts, vpp = _uneven_split(layout, num_layers, pp, release)
     else:
         counts, vpp = _even_split(layout, num_layers, pp)
     if vpp > 1 and pp == 1:
@@ -141,7 +142,7 @@ def _split(layout: dict, num_layers: int, pp: int, mtp_layers: int = 0) -> tuple
     return counts, vpp
 
 
-def _uneven_split(layout: dict, num_layers: int, pp: int) -> tuple[list[int], int]:
+def _uneven_split(layout: dict, num_layers: int, pp: int, release=None) -> tuple[list[int], int]:
     """--decoder-first/last-pipeline-num-layers: the middle stages share the rest evenly; with
     virtual stages (--num-virtual-stages-per-pipeline-rank only: validate_args refuses
     --num-layers-per-virtual-pipeline-stage here), every stage's layers divide into its chunks,
@@ -166,6 +167,8 @@ def _uneven_split(layout: dict, num_layers: int, pp: int) -> tuple[list[int], in
     if rest < 0 or (middle_stages and rest % middle_stages) or (not middle_stages and rest):
         raise AdvisorError(f"{num_layers} layers do not split as --decoder-first/last-pipeline-num-layers "
                            f"{first}/{last} over PP {pp} (the middle stages must divide the rest evenly)")
+    if middle_stages and not rest:
+        _refuse_empty_middle(first, last, num_layers, pp, middle_stages, release)
     per = rest // middle_stages if middle_stages else 0
     if middle_stages:
         _refuse_chunks(f"each middle stage's {per} layers ({rest} of --num-layers {num_layers} over {middle_stages} "
@@ -174,6 +177,24 @@ def _uneven_split(layout: dict, num_layers: int, pp: int) -> tuple[list[int], in
     counts[0] = first if first is not None else counts[0]
     counts[-1] = last if last is not None else counts[-1]
     return counts, vpp
+
+
+def _refuse_empty_middle(first: int | None, last: int | None, num_layers: int, pp: int, middle_stages: int,
+                         release) -> None:
+    """Uneven first/last stages that take every layer, leaving the other stages none: refused on a
+    release whose TransformerConfig raises it ('Mismatch', ``MegatronRelease.uneven_middle_needs_layers``);
+    core_v0.15.2 builds the stages empty and is priced so."""
+    from advisor.options.releases import release_defaults
+
+    defaults = release_defaults(release)
+    if defaults.uneven_middle_needs_layers:
+        given = " and ".join(f"--decoder-{name}-pipeline-num-layers {count}"
+                             for name, count in (("first", first), ("last", last)) if count is not None)
+        verb = "take" if first is not None and last is not None else "takes"
+        raise AdvisorError(f"{given} {verb} all {num_layers} layers, leaving {middle_stages} of the PP {pp} stages "
+                           f"without layers: {defaults.name} refuses the command (TransformerConfig: 'Mismatch: "
+                           f"0 middle layers remaining but {middle_stages} middle PP stages available'); lower PP, "
+                           "or leave layers for those stages")
 
 
 def _refuse_chunks(shown: str, count: int | None, vpp: int, where: str) -> None:
@@ -219,11 +240,12 @@ def _even_split(layout: dict, num_layers: int, pp: int) -> tuple[list[int], int]
     return counts, vpp
 
 
-def read_layout(layout: dict, num_layers: int, mtp_layers: int = 0) -> Layout:
+def read_layout(layout: dict, num_layers: int, mtp_layers: int = 0, release=None) -> Layout:
     """The layout a dict of Megatron's layout flags describes (Megatron's defaults: 1, no GBS);
-    ``mtp_layers``: the command's --mtp-num-layers."""
+    ``mtp_layers``: the command's --mtp-num-layers; ``release``: the Megatron-LM release whose
+    rules refuse it where the releases differ (None: the newest)."""
     tp, cp, pp = degrees(layout)
-    counts, vpp = _split(layout, num_layers, pp, mtp_layers)
+    counts, vpp = _split(layout, num_layers, pp, mtp_layers, release)
     return Layout(tp=tp, cp=cp, layers_per_stage=tuple(counts), vpp=vpp, mbs=int_value(layout, "micro-batch-size", 1),
                   global_batch_size=int_value(layout, "global-batch-size"),
                   rank_order=TP_PP_DP_RANK_ORDER if layout.get("use-tp-pp-dp-mapping") else RANK_ORDER,

@@ -348,7 +348,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     moe_values, rest = ({}, parsed.rest) if "--num-experts" not in _flags(parsed.rest) else _moe_values(parsed.rest)
     if not moe_values:
         _refuse_expert_parallelism_without_experts(parsed.rest)
-    layout = read_layout(parsed.layout, spec.num_layers, int_value(moe_values, "mtp-num-layers") or 0)
+    layout = read_layout(parsed.layout, spec.num_layers, int_value(moe_values, "mtp-num-layers") or 0, release)
     _refuse_interleaving_without_p2p_overlap(layout, rest)
     fusion_off = _SOFTMAX_FUSION_OFF in rest
     rest = [word for word in rest if word != _SOFTMAX_FUSION_OFF]

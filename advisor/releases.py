@@ -54,6 +54,11 @@ class MegatronRelease:
     """Whether the flex token dispatcher needs ``--moe-enable-deepep``: core_v0.15.2's
     ``MoEFlexTokenDispatcher`` asserts it when it builds the layer ('Please set
     --moe-enable-deepep', token_dispatcher.py); core_v0.19.0 takes DeepEP as its default backend."""
+    uneven_middle_needs_layers: bool = True
+    """Whether uneven first/last stages (--decoder-first/last-pipeline-num-layers) must leave layers
+    for the stages between them: core_v0.19.0's ``TransformerConfig.__post_init__`` raises 'Mismatch:
+    0 middle layers remaining but N middle PP stages available' (transformer_config.py, 'Uneven PP');
+    core_v0.15.2 has no such check, and its get_num_layers_to_build builds them with none."""
     shared_expert_overlap_dispatchers: tuple[str, ...] = ("alltoall", "flex")
     """The token dispatchers --moe-shared-expert-overlap runs with where the model has shared
     experts (``transformer_config.py``, ``__post_init__``: 'moe_shared_expert_overlap only works
@@ -94,6 +99,7 @@ RELEASES: tuple[MegatronRelease, ...] = (
         mock_data_max_token_id=4094, pretrain="providers",
         transformer_config_module="megatron.training.arguments", fsdp_sharding_strategy="no_shard",
         uniform_recompute_any_n=False, flex_needs_enable_deepep=True, shared_expert_overlap_dispatchers=("alltoall",),
+        uneven_middle_needs_layers=False,
         lacks=frozenset({"--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms"}),
         imports=(("torch", ""), ("numpy", ""), ("packaging", ": megatron/training/arguments.py"),
                  ("six", ": megatron/training/tokenizer/bert_tokenization.py"),

@@ -68,9 +68,10 @@ LAYOUTS = {
 }
 
 
-def estimate(text: str):
-    return CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpu", "h100-80gb", "--format", "json"],
-                              input=text + "\n")
+def estimate(text: str, version: str | None = None):
+    release = ["--megatron-version", version] if version else []
+    return CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpu", "h100-80gb", "--format", "json",
+                                    *release], input=text + "\n")
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -156,6 +157,44 @@ def test_the_real_megatron_refuses_and_accepts_the_same_layouts(tag):
         else:
             assert result["ok"], (name, result)
             assert (tuple(result["derived"]["layers_per_stage"]), result["derived"]["vpp"]) == expected, name
+
+
+# Uneven first/last stages that take every layer: core_v0.19.0's TransformerConfig raises 'Mismatch: 0
+# middle layers remaining but N middle PP stages available'; core_v0.15.2 has no such check and its
+# get_num_layers_to_build gives the other stages (rest / stages =) 0 layers each.
+# (command, layers per pipeline rank on core_v0.15.2, the stages left without layers)
+EMPTY_MIDDLE = {
+    "both-ends": (_DENSE.format(layers=32, pp=4, split="--decoder-first-pipeline-num-layers 16 "
+                                "--decoder-last-pipeline-num-layers 16"), (16, 0, 0, 16), 2),
+    "first-only": (_DENSE.format(layers=32, pp=2, split="--decoder-first-pipeline-num-layers 32"), (32, 0), 1),
+}
+
+
+@pytest.mark.parametrize("name", EMPTY_MIDDLE)
+def test_uneven_ends_taking_every_layer_are_refused_where_the_release_refuses_them(name):
+    text, layers, empty = EMPTY_MIDDLE[name]
+    for version in ("0.19", None):  # None: the newest release
+        result = estimate(text, version)
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+        assert result.stderr.startswith("Error: --decoder-first-pipeline-num-layers")
+        assert "Megatron-LM core 0.19 refuses the command" in result.stderr
+        assert f"'Mismatch: 0 middle layers remaining but {empty} middle PP stages available'" in result.stderr
+    accepted = estimate(text, "0.15")
+    assert accepted.exit_code == 0, accepted.output
+    assert tuple(json.loads(accepted.stdout)["layers_per_stage"]) == layers
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_the_real_megatron_refuses_empty_middle_stages_where_the_advisor_does(tag):
+    release = checkout(tag)  # skips without it
+    results = validate(release, [_case(text) for text, _, _ in EMPTY_MIDDLE.values()])
+    for (name, (_, layers, empty)), result in zip(EMPTY_MIDDLE.items(), results):
+        if tag == "core_v0.19.0":
+            assert not result["ok"], (name, result)
+            assert f"Mismatch: 0 middle layers remaining but {empty} middle PP stages available" in result["error"]
+        else:
+            assert result["ok"], (name, result)
+            assert tuple(result["derived"]["layers_per_stage"]) == layers, name
 
 
 # noggemm.sh's essentials: a Mixtral-like MoE recomputing its experts' activation (moe_act)
