@@ -142,8 +142,11 @@ def model_args(spec: LlamaSpec, seq_len: int) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(spec.num_query_groups)]
     if spec.kv_channels is not None:
         args += ["--kv-channels", str(spec.kv_channels)]
+    # the spec's context where a user's command gave one (with RoPE it prices nothing); never below the
+    # sequence, which validate_args refuses (a spec priced at a longer sequence than its command's)
     args += [
-        "--seq-length", str(seq_len), "--max-position-embeddings", str(seq_len),
+        "--seq-length", str(seq_len),
+        "--max-position-embeddings", str(max(seq_len, spec.max_position_embeddings or 0)),
         "--normalization", "RMSNorm", "--norm-epsilon", _number(spec.norm_epsilon), "--swiglu",
         "--position-embedding-type", "rope", "--rotary-base", _number(spec.rotary_base),
     ]

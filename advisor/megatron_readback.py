@@ -294,11 +294,24 @@ def model_spec(model: dict, *, name: str, vocab_size: int) -> LlamaSpec:
             rope_scaling_factor=(float_value(model, "rope-scaling-factor", 8.0) if model.get("use-rope-scaling")
                                  else None),
             norm_epsilon=float_value(model, "norm-epsilon", 1e-5),
+            max_position_embeddings=_context(model),
         )
     except FieldError as error:  # named as the command's flags: --kv-channels is the user's to give here
         raise AdvisorError(f"{name}: {error.worded(lambda field: '--' + field.replace('_', '-'))}") from None
 
 
+
+
+def _context(model: dict) -> int | None:
+    """--max-position-embeddings where it is above --seq-length, for the launch to write (None where
+    equal or not given: the launch writes the sequence length); one line where it is below, which
+    validate_args asserts against (arguments.py, both releases)."""
+    context, seq_len = int_value(model, "max-position-embeddings"), int_value(model, "seq-length")
+    if context is not None and seq_len is not None and context < seq_len:
+        raise AdvisorError(f"--max-position-embeddings {context} is below --seq-length {seq_len}: Megatron-LM refuses "
+                           f"the command (validate_args: 'max_position_embeddings ({context}) must be greater than "
+                           f"or equal to seq_length ({seq_len})')")
+    return context if context != seq_len else None
 
 
 def model_parallel_degrees(arguments: list[str] | tuple[str, ...]) -> tuple[int, int, int]:

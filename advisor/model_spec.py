@@ -142,6 +142,12 @@ class LlamaSpec:
     --rope-scaling-factor; Megatron implements Llama 3's low 1 / high 4 / 8192 variant only)."""
     norm_epsilon: float = 1e-5
     """The RMSNorm epsilon (--norm-epsilon; Hugging Face's rms_norm_eps)."""
+    max_position_embeddings: int | None = None
+    """--max-position-embeddings where a user's command gives one above its --seq-length (a RoPE
+    model's context, 40960 for Qwen3); None: the sequence length. With RoPE it builds no tensor and
+    changes neither memory nor time (gpt_model.py keeps it for export; rotary_pos_embedding.py
+    sizes RoPE by the sequence), but Megatron saves it in the checkpoint and compares it when one is
+    loaded (checkpointing.py, ``check_checkpoint_args``), so a launch writes the user's value."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or len(self.name) > _NAME_CHARS:
@@ -172,6 +178,11 @@ class LlamaSpec:
                 _positive_number(self.rope_scaling_factor) and 1 <= self.rope_scaling_factor <= ROPE_SCALING_LIMIT):
             raise FieldError("rope_scaling_factor", "must be a number from 1 to {0:g}, got {1}", ROPE_SCALING_LIMIT,
                              _describe(self.rope_scaling_factor))
+        context = self.max_position_embeddings
+        if context is not None and (not isinstance(context, int) or isinstance(context, bool)
+                                    or not 1 <= context <= limits.SEQ_LEN.high):
+            raise FieldError("max_position_embeddings", "must be a positive integer up to {0}, or null, got {1}",
+                             int(limits.SEQ_LEN.high), _describe(context))
         if not _positive_number(self.norm_epsilon) or self.norm_epsilon >= 1:
             raise FieldError("norm_epsilon", "must be a number between 0 and 1, got {0}",
                              _describe(self.norm_epsilon))

@@ -836,3 +836,35 @@ def test_what_is_not_priced_is_said_once_where_the_table_says_it():
     assert table.exit_code == shown.exit_code == 0
     assert "not priced (they change memory or time)" in table.stdout and "not priced" not in table.stderr
     assert "not priced (they change memory or time)" in shown.stderr
+
+
+_ROPE = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 4096 --swiglu --normalization RMSNorm "
+         "--position-embedding-type rope --disable-bias-linear --attention-dropout 0 --hidden-dropout 0 "
+         "--micro-batch-size 1 --bf16")
+
+
+def test_a_commands_max_position_embeddings_is_launched_as_given(tmp_path):
+    """--max-position-embeddings 40960 with --seq-length 4096 (Qwen3's context): with RoPE it builds
+    no tensor, so it is priced as 4096 is, but Megatron saves it in the checkpoint and compares it
+    when one is loaded (checkpointing.py, check_checkpoint_args), so the estimate's arguments and
+    their launch carry 40960, not the sequence length; below --seq-length validate_args refuses it."""
+    from launch_support import launcher
+
+    base = ["estimate", "--from-command", "-", "--gpus", "1", "--mem", "80", "--vocab-size", "1000", "--format",
+            "json"]
+    longer = invoke(base, stdin=f"{_ROPE} --max-position-embeddings 40960\n")
+    same = invoke(base, stdin=f"{_ROPE} --max-position-embeddings 4096\n")
+    args = longer["megatron_args"]
+    assert args[args.index("--max-position-embeddings") + 1] == "40960" and not longer["unpriced"]
+    assert longer["model"]["max_position_embeddings"] == 40960
+    assert [longer[key] for key in PRICED if key in same] == [same[key] for key in PRICED if key in same]
+    # as long as the sequence: the field is null and the launch writes the sequence length, as before
+    assert same["model"]["max_position_embeddings"] is None
+    assert same["megatron_args"][same["megatron_args"].index("--max-position-embeddings") + 1] == "4096"
+    path = tmp_path / "estimate.json"
+    path.write_text(json.dumps(longer))
+    launched = json.loads(launcher()("args", "--from", path, "--format", "json").stdout)
+    assert launched[launched.index("--max-position-embeddings") + 1] == "40960"
+    refused = CliRunner().invoke(cli, base, input=f"{_ROPE} --max-position-embeddings 1024\n")
+    assert refused.exit_code == 2 and refused.stderr.count("\n") == 1, refused.output
+    assert "'max_position_embeddings (1024) must be greater than or equal to seq_length (4096)'" in refused.stderr
