@@ -93,3 +93,17 @@ def test_the_parameter_count_is_written_as_a_whole_number(advisor):
     stages = json.loads(advisor(*DENSE, "--format", "json").stdout)["stages"]
     assert [stage["parameters"] for stage in stages] == [16 * layer + embedding, 16 * layer + 4096 + embedding]
     assert all(type(stage["parameters"]) is int for stage in stages)
+
+
+@pytest.mark.parametrize("given, count", [("1T", 10**12), ("10P", 10**16), ("4.1T", 4_100_000_000_000)])
+def test_a_token_budget_is_written_as_a_whole_count(advisor, given, count):
+    """--tokens 1T is 10^12 tokens: the JSON's 'tokens' is that integer and the CSV's cell its digits
+    (not 1000000000000.0, nor 1e+16 for 10P), in a sweep row and an estimate (JSON); 4.1T is 4.1 x 10^12
+    exactly, not float's 4099999999999.9995."""
+    sweep = ("sweep", "--gpus", "16", "--gpu", "h100-80gb", "--tokens", given, "--top", "1")
+    row = json.loads(advisor(*sweep, "--format", "json").stdout)[0]
+    estimate = json.loads(advisor(*DENSE, "--gpu", "h100-80gb", "--tokens", given, "--format", "json").stdout)
+    for tokens in (row["tokens"], estimate["tokens"]):
+        assert type(tokens) is int and tokens == count
+    sweep_csv = list(csv.DictReader(io.StringIO(advisor(*sweep, "--format", "csv").stdout)))
+    assert sweep_csv[0]["tokens"] == str(count)

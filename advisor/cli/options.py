@@ -571,9 +571,11 @@ class TokenCount(click.ParamType):
         else:
             text = str(value).strip().upper()
             suffix = text[-1:] if text[-1:] in _TOKEN_SUFFIXES and text[-1:] else ""
-            try:
-                number = float(text[: len(text) - len(suffix)]) * _TOKEN_SUFFIXES[suffix]
-            except ValueError:
+            import decimal
+
+            try:  # in decimal, so that 4.1T is 4100000000000 tokens, not float's 4099999999999.9995
+                number = float(decimal.Decimal(text[: len(text) - len(suffix)]) * int(_TOKEN_SUFFIXES[suffix]))
+            except (ValueError, ArithmeticError):  # decimal.InvalidOperation is an ArithmeticError
                 self.fail(f"{value!r} is not a token count (for example 15T, 300B, 2.5e12)", param, ctx)
         if not number > 0 or number == float("inf"):
             self.fail(f"{value!r} must be a positive, finite token count", param, ctx)
