@@ -301,7 +301,6 @@ def model_spec(model: dict, *, name: str, vocab_size: int) -> LlamaSpec:
 
 
 
-
 def _context(model: dict) -> int | None:
     """--max-position-embeddings where it is above --seq-length, for the launch to write (None where
     equal or not given: the launch writes the sequence length); one line where it is below, which
