@@ -204,7 +204,10 @@ class LlamaSpec:
         return self.num_attention_heads * self.head_dim
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        fields = asdict(self)
+        if fields["max_position_embeddings"] is None:  # the sequence length: files written before the field say so
+            del fields["max_position_embeddings"]
+        return fields
 
 
 # Hugging Face config.json -> LlamaSpec. The model types whose decoder is Llama's (pre-RMSNorm,

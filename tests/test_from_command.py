@@ -858,8 +858,8 @@ def test_a_commands_max_position_embeddings_is_launched_as_given(tmp_path):
     assert args[args.index("--max-position-embeddings") + 1] == "40960" and not longer["unpriced"]
     assert longer["model"]["max_position_embeddings"] == 40960
     assert [longer[key] for key in PRICED if key in same] == [same[key] for key in PRICED if key in same]
-    # as long as the sequence: the field is null and the launch writes the sequence length, as before
-    assert same["model"]["max_position_embeddings"] is None
+    # as long as the sequence: the field is left out and the launch writes the sequence length, as before
+    assert "max_position_embeddings" not in same["model"]  # the sequence length: written as before
     assert same["megatron_args"][same["megatron_args"].index("--max-position-embeddings") + 1] == "4096"
     path = tmp_path / "estimate.json"
     path.write_text(json.dumps(longer))
