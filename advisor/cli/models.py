@@ -66,9 +66,16 @@ def _csv_columns() -> list[str]:
     nested = {"mla": MLA, "yarn": YarnScaling}
     columns = []
     for field in fields(MoESpec):
+        if field.name in READ_BACK_ONLY:
+            continue
         kind = nested.get(field.name)
         columns += [f"{field.name}.{inner.name}" for inner in fields(kind)] if kind else [field.name]
     return columns + list(DERIVED)
+
+
+READ_BACK_ONLY = frozenset({"max_position_embeddings"})
+"""Spec fields only a user's command sets (``--from-command``), which no preset has and its JSON
+row leaves out (``LlamaSpec.to_dict``): no column."""
 
 
 def _flat(rows: list[dict], columns: list[str]) -> list[dict]:
