@@ -185,3 +185,14 @@ def test_the_cli_prices_emits_and_reads_back(advisor, tmp_path):
                         "--from-command", command)
     assert read["options"] == row["options"] and read["unpriced"] == []
     assert read["step_time_s"] == row["step_time_s"]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--disable-tp-comm-overlap-rs"], "--disable-tp-comm-overlap-rs needs --tp-comm-overlap"),
+    (["--tp-comm-overlap", "--tp-comm-overlap-rs-dgrad", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"],
+     "'Invalid type'"),
+])
+def test_the_cli_refuses_in_one_line_with_exit_status_2(advisor, flags, says):
+    result = advisor("estimate", "--gpu", "h100-80gb", "--gpus", "8", "--tp", "8", *flags, expect=2)
+    assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert says in result.stderr and result.stdout == ""
