@@ -15,10 +15,22 @@ from advisor.cli.options import (DEGREE, LAYERS, MICRO_BATCH, VOCABULARY, Bounde
 from advisor.errors import AdvisorError
 from advisor.options.training import (
     CROSS_ENTROPY_FUSIONS, DATALOADER_MASKS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, MAIN_PARAMS_DTYPES,
-    MOMENT_DTYPES, RECOMPUTE_METHODS, RECOMPUTES, DataParallel,
+    MOMENT_DTYPES, RECOMPUTE_METHODS, RECOMPUTES, TP_COMM_SUB_FLAGS, DataParallel, sub_option_on,
 )
 
 _FRACTION = Bounded(limits.OFFLOAD_FRACTION, integer=False)
+
+_SUB_OPTION_HELP = {
+    "tp_comm_overlap_ag": "no userbuffers for the all-gathers (before QKV and FC1, and of the projection's and FC2's "
+                          "output gradients); they run exposed, as without the overlap.",
+    "tp_comm_overlap_rs": "no userbuffers for the reduce-scatters after the projection and FC2; they run exposed.",
+    "tp_comm_overlap_rs_dgrad": "QKV's and FC1's dgrad reduce-scatter pipelined beside dgrad instead of beside wgrad "
+                                "(Transformer Engine then runs neither bulk overlap).",
+    "tp_comm_bulk_dgrad": "QKV's and FC1's input re-gather in NCCL behind dgrad, which keeps the 16 SMs the bulk "
+                          "overlap takes.",
+    "tp_comm_bulk_wgrad": "QKV's and FC1's dgrad reduce-scatter in NCCL, exposed, and wgrad keeps its SMs.",
+}
+"""What each of --tp-comm-overlap's sub-options (``TP_COMM_SUB_FLAGS``) does, as --help says it."""
 
 TRAINING_FLAGS = [
     click.option("--distributed-optimizer/--no-distributed-optimizer", default=True, show_default=True,
@@ -47,21 +59,8 @@ TRAINING_FLAGS = [
                  help="With --tp-comm-overlap: Megatron's YAML of per-buffer userbuffers settings (method, num_sm, "
                       "num_splits, set_sm_margin, ...), priced buffer by buffer and emitted as given. Default: "
                       "Transformer Engine's."),
-    click.option("--disable-tp-comm-overlap-ag", is_flag=True, default=False,
-                 help="With --tp-comm-overlap: no userbuffers for the all-gathers (before QKV and FC1, and of the "
-                      "projection's and FC2's output gradients); they run exposed, as without the overlap."),
-    click.option("--disable-tp-comm-overlap-rs", is_flag=True, default=False,
-                 help="With --tp-comm-overlap: no userbuffers for the reduce-scatters after the projection and "
-                      "FC2; they run exposed."),
-    click.option("--tp-comm-overlap-rs-dgrad", is_flag=True, default=False,
-                 help="With --tp-comm-overlap: QKV's and FC1's dgrad reduce-scatter pipelined beside dgrad "
-                      "instead of beside wgrad (Transformer Engine then runs neither bulk overlap)."),
-    click.option("--disable-tp-comm-bulk-dgrad", is_flag=True, default=False,
-                 help="With --tp-comm-overlap: QKV's and FC1's input re-gather in NCCL behind dgrad, which keeps "
-                      "the 16 SMs the bulk overlap takes."),
-    click.option("--disable-tp-comm-bulk-wgrad", is_flag=True, default=False,
-                 help="With --tp-comm-overlap: QKV's and FC1's dgrad reduce-scatter in NCCL, exposed, and wgrad "
-                      "keeps its SMs."),
+    *(click.option(TP_COMM_SUB_FLAGS[field], is_flag=True, default=False, help=f"With --tp-comm-overlap: {text}")
+      for field, text in _SUB_OPTION_HELP.items()),
     click.option("--use-megatron-fsdp", is_flag=True, default=False,
                  help="Megatron-FSDP instead of DDP: shards per --data-parallel-sharding-strategy over DP x CP, "
                       "gathering and reduce-scattering layer by layer; emitted with --ckpt-format fsdp_dtensor."),
@@ -129,13 +128,9 @@ TRAINING_FLAGS = [
 ]
 """--distributed-optimizer and --grad-dtype first (as before), then the rest."""
 
-TP_COMM_SWITCHES = {"disable_tp_comm_overlap_ag": "tp_comm_overlap_ag",
-                    "disable_tp_comm_overlap_rs": "tp_comm_overlap_rs",
-                    "tp_comm_overlap_rs_dgrad": "tp_comm_overlap_rs_dgrad",
-                    "disable_tp_comm_bulk_dgrad": "tp_comm_bulk_dgrad",
-                    "disable_tp_comm_bulk_wgrad": "tp_comm_bulk_wgrad"}
-"""The overlap's sub-option flags (click's names) and the ``TensorParallel`` field each sets:
-the disabling ones off, --tp-comm-overlap-rs-dgrad on."""
+TP_COMM_SWITCHES = {flag[2:].replace("-", "_"): field for field, flag in TP_COMM_SUB_FLAGS.items()}
+"""The overlap's sub-option flags (click's names) and the ``TensorParallel`` field each sets
+(``sub_option_on``)."""
 
 _NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "grads_in_fp32", "bf16", "overlap_grad_reduce", "overlap_param_gather",
           "tp_comm_overlap", "tp_comm_overlap_cfg", *TP_COMM_SWITCHES, "use_megatron_fsdp",
@@ -225,7 +220,7 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
             distributed_optimizer=distributed, overlap_grad_reduce=v["overlap_grad_reduce"],
             overlap_param_gather=gather, fsdp_strategy=fsdp, torch_fsdp2=torch_fsdp2,
             tp_comm_overlap=v["tp_comm_overlap"], tp_comm_overlap_cfg=v["tp_comm_overlap_cfg"],
-            **{field: v[name] if name == field else not v[name] for name, field in TP_COMM_SWITCHES.items()},
+            **{field: sub_option_on(field, v[name]) for name, field in TP_COMM_SWITCHES.items()},
             sequence_parallel=v["sequence_parallel"], flash_attention=v["flash_attn"], dataloader_mask=mask,
             optimizer_cpu_offload=v["optimizer_cpu_offload"],
             optimizer_offload_fraction=v["optimizer_offload_fraction"], vocab_divisible_by=v["vocab_divisible_by"],

@@ -17,7 +17,8 @@ from advisor.options.releases import release_defaults
 from advisor.options.training import (
     CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, MEGATRON_CROSS_ENTROPY_KERNEL, RECOMPUTE_METHODS,
     MAIN_PARAMS_DTYPES, MOMENT_DTYPES, RECOMPUTES, Attention, DataParallel, Loss, Offload, OptimizerStates, Precision,
-    TP1_OVERLAP_PROBLEM, Recomputation, TensorParallel, TrainingOptions, megatron_grad_reduce_dtype,
+    TP1_OVERLAP_PROBLEM, TP_COMM_SUB_FLAGS, Recomputation, TensorParallel, TrainingOptions, megatron_grad_reduce_dtype,
+    sub_option_on,
 )
 
 _MEGATRON_PRECISION = Precision()
@@ -209,16 +210,13 @@ def _data_parallel_words(dp: DataParallel) -> list[str]:
 # --- reading flags back ------------------------------------------------------------------
 
 TP_COMM_SUB_OPTIONS = {
-    "tp_comm_overlap_ag": ("--disable-tp-comm-overlap-ag", "--no-tp-comm-overlap-ag"),
-    "tp_comm_overlap_rs": ("--disable-tp-comm-overlap-rs", "--no-tp-comm-overlap-rs"),
-    "tp_comm_overlap_rs_dgrad": ("--tp-comm-overlap-rs-dgrad",),
-    "tp_comm_bulk_dgrad": ("--disable-tp-comm-bulk-dgrad", "--no-tp-comm-bulk-dgrad"),
-    "tp_comm_bulk_wgrad": ("--disable-tp-comm-bulk-wgrad", "--no-tp-comm-bulk-wgrad"),
+    field: (flag, "--no-" + flag.removeprefix("--disable-")) if flag.startswith("--disable-") else (flag,)
+    for field, flag in TP_COMM_SUB_FLAGS.items()
 }
 """``TensorParallel``'s overlap sub-options and Megatron's flags for them: core_v0.15.2's
-``--disable-...`` (store_false; ``--tp-comm-overlap-rs-dgrad`` store_true), and core_v0.19.0's
-generated parser's, which adds ``--no-...`` beside ``--disable-...`` (``argument_utils.py``,
-``ArgumentGroupFactory``: store_false fields get both prefixes)."""
+(``TP_COMM_SUB_FLAGS``: ``--disable-...``, store_false; ``--tp-comm-overlap-rs-dgrad`` store_true),
+and core_v0.19.0's generated parser's, which adds ``--no-...`` beside ``--disable-...``
+(``argument_utils.py``, ``ArgumentGroupFactory``: store_false fields get both prefixes)."""
 NO_EFFECT = {
     f"--disable-tp-comm-split-{kind}": f"--disable-tp-comm-split-{kind} (Megatron ignores it: it passes Transformer "
                                        f"Engine >= 1.5 tp_comm_overlap_{kind} instead; priced without)"
@@ -396,8 +394,7 @@ def _tensor_parallel(values: dict, unpriced: list[str]) -> TensorParallel:
         unpriced.append(f"{flag} without --tp-comm-overlap (Megatron ignores it; priced without)" if not overlap else
                         f"{flag} with --tp-comm-overlap-rs-dgrad (Transformer Engine then runs no bulk overlap; "
                         "priced without)")
-    # each field is on where its flag is given for --tp-comm-overlap-rs-dgrad, off for the --disable-... ones
-    sub = {name: bool(flags) if name == "tp_comm_overlap_rs_dgrad" else not flags
+    sub = {name: sub_option_on(name, bool(flags))
            for name, flags in given.items()} if overlap else {}
     return TensorParallel(sequence_parallel="--sequence-parallel" in values, tp_comm_overlap=overlap,
                           tp_comm_overlap_cfg=_last(values, "--tp-comm-overlap-cfg") if overlap else None, **sub)

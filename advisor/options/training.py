@@ -178,6 +178,21 @@ class DataParallel:
         return asked or fsdp_strategy is not None
 
 
+TP_COMM_SUB_FLAGS = {"tp_comm_overlap_ag": "--disable-tp-comm-overlap-ag",
+                     "tp_comm_overlap_rs": "--disable-tp-comm-overlap-rs",
+                     "tp_comm_overlap_rs_dgrad": "--tp-comm-overlap-rs-dgrad",
+                     "tp_comm_bulk_dgrad": "--disable-tp-comm-bulk-dgrad",
+                     "tp_comm_bulk_wgrad": "--disable-tp-comm-bulk-wgrad"}
+"""``TensorParallel``'s overlap sub-options and core_v0.15.2's flag for each (arguments.py): a
+--disable-... flag turns its field off, --tp-comm-overlap-rs-dgrad turns its on. The one list of
+them: the emitted flags, the read-back (``options.flags``) and the CLI's options are made from it."""
+
+
+def sub_option_on(field: str, given: bool) -> bool:
+    """The value of sub-option ``field`` where its flag is ``given`` (``TP_COMM_SUB_FLAGS``)."""
+    return given if field == "tp_comm_overlap_rs_dgrad" else not given
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TensorParallel:
     """What runs with tensor parallelism (TP > 1; at TP 1 Megatron turns both off, which prices the same)."""
@@ -232,11 +247,8 @@ class TensorParallel:
 
     def changed_sub_options(self) -> list[str]:
         """The overlap's sub-options that differ from Megatron's defaults, as Megatron's flags."""
-        return [flag for flag, on in (("--disable-tp-comm-overlap-ag", not self.tp_comm_overlap_ag),
-                                      ("--disable-tp-comm-overlap-rs", not self.tp_comm_overlap_rs),
-                                      ("--tp-comm-overlap-rs-dgrad", self.tp_comm_overlap_rs_dgrad),
-                                      ("--disable-tp-comm-bulk-dgrad", not self.tp_comm_bulk_dgrad),
-                                      ("--disable-tp-comm-bulk-wgrad", not self.tp_comm_bulk_wgrad)) if on]
+        return [flag for field, flag in TP_COMM_SUB_FLAGS.items()
+                if getattr(self, field) != sub_option_on(field, False)]
 
     def overlaps(self):
         """What the sub-options ask of Transformer Engine's layers (``ub_config.LayerOverlaps``)."""
