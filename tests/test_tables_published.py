@@ -213,6 +213,8 @@ def test_the_report_keeps_the_bridge_runs_apart_and_sums_both_sources():
     # the same layout in several containers: 25.09/25.11 (8B, 70B, 405B), 26.02 -> 26.02.01, 26.04, 26.04.01 (70B),
     # 26.02 -> 26.04.01, 26.06 (405B): 8 pairs
     assert len(bridge["release_changes"]) == 8
+    # the layer pairs: DGX Cloud's 405B at 21 and 42 layers, two releases by two precisions
+    assert len(report_["layer_pairs"]) == 4
     total = report_["total"]
     assert total["fp8"]["runs"] == 34 + 13 and total["bf16"] == report_["summary"]["bf16"]
     assert total["fp8"]["within_target"] == report_["summary"]["fp8"]["within_target"] + fp8["within_target"]

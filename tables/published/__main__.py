@@ -88,7 +88,9 @@ def main(fmt: str, readme: Path | None) -> None:
     """Price every run of tables/published/dense_runs.csv (DGX Cloud Benchmarking) and compare its
     step time; then Megatron-Bridge's (bridge_dense_runs.csv) and both together; then Meta's
     Llama 3 405B TFLOP/s (tables/published/meta405b.py); then the per-microbatch overhead against
-    the runs at sequence 2048-4096 (tables/published/short_sequences.py).
+    the runs at sequence 2048-4096 (tables/published/short_sequences.py); last, the step split into
+    a part per layer and a fixed part where two runs differ in their layers alone
+    (tables/published/layer_pairs.py).
 
     \b
     Examples:
@@ -96,7 +98,8 @@ def main(fmt: str, readme: Path | None) -> None:
       python -m tables.published --readme tables/README.md   # and rewrite its results section
     """
     from advisor.fileio import atomic_write_text
-    from tables.published import meta405b, short_sequences
+    from advisor.throughput import load_calibration
+    from tables.published import layer_pairs, meta405b, short_sequences
     from tables.published.runs import combined_summary, load_source, release_changes, report
     from tables.readme import replace_between
 
@@ -112,16 +115,19 @@ def main(fmt: str, readme: Path | None) -> None:
         atomic_write_text(readme, replace_between(readme.read_text(encoding="utf-8"), BEGIN, END,
                                                   f"{BEGIN}\n\n{table}\n{END}"))
     short = short_sequences.report()
+    pairs = layer_pairs.pairs(runs, rows, load_calibration().microbatch_overhead_s)
     if fmt == "json":
         click.echo(json.dumps({"runs": rows, "summary": summary, "release_changes": changes,
                                "megatron_bridge": {"runs": bridge_rows, "summary": bridge_summary,
                                                    "release_changes": bridge_changes},
-                               "total": total, "meta_405b": meta405b.rows(), "short_sequences": short}, indent=1))
+                               "total": total, "meta_405b": meta405b.rows(), "short_sequences": short,
+                               "layer_pairs": pairs}, indent=1))
         return
     click.echo(table)
     click.echo(second_source(bridge_rows, bridge_summary, bridge_changes, total))
     click.echo(meta405b.markdown())
-    click.echo(short_sequences.markdown(short["runs"], short["summary"]), nl=False)
+    click.echo(short_sequences.markdown(short["runs"], short["summary"]))
+    click.echo(layer_pairs.markdown(pairs), nl=False)
 
 
 if __name__ == "__main__":
