@@ -132,6 +132,30 @@ def test_bad_input_is_one_line(advisor, args, tmp_path, monkeypatch):
     advisor.error(*args)
 
 
+def test_from_dash_reads_the_sweep_piped_in(advisor, tmp_path):
+    """advisor sweep --format json | advisor report --from - -o r.html: the page of standard
+    input is the page of the same JSON saved to a file, but for the question it names."""
+    saved = tmp_path / "s.json"
+    advisor("sweep", "--gpus", 8, "--gpu", "h100-80gb", "--top", 4, "--format", "json", "-o", saved)
+    piped = advisor.runner.invoke(advisor.command, ["report", "--from", "-", "-o", "-"], input=saved.read_text())
+    assert piped.exit_code == 0, piped.output
+    from_file = advisor("report", "--from", saved, "-o", "-").stdout
+    assert "--from - -o -" in piped.stdout and f"--from {saved} -o -" in from_file
+    assert piped.stdout.replace("--from -", "") == from_file.replace(f"--from {saved}", "")
+
+
+@pytest.mark.parametrize("piped,message", [
+    ("", "--from -: standard input is empty; pipe in the JSON of advisor sweep or estimate --format json"),
+    ("[1", "standard input: malformed JSON at line 1"),
+    ("[]", "standard input: the sweep holds no rows"),  # what a sweep where nothing fits pipes in
+])
+def test_from_dash_refuses_bad_standard_input(advisor, piped, message):
+    result = advisor.runner.invoke(advisor.command, ["report", "--from", "-", "-o", "r.html"], input=piped)
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith(f"Error: {message}"), result.stderr
+
+
 def test_sweep_does_not_import_matplotlib():
     code = ("import sys; from advisor.cli import cli\n"
             "try: cli(['sweep', '--gpus', '8', '--mem', '80', '--format', 'json'], standalone_mode=False)\n"

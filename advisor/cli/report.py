@@ -132,9 +132,11 @@ def _recommend_json(kwargs: dict) -> dict:
 
 
 @click.group("report", invoke_without_command=True, no_args_is_help=True, epilog=EPILOG)
-@click.option("--from", "source", type=InputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+@click.option("--from", "source", type=InputPath(dir_okay=False, allow_dash=True, path_type=Path), default=None,
+              metavar="FILE|-",
               help="A saved sweep (advisor sweep --format json), sweep row, estimate (advisor estimate --format "
-                   "json) or plan (advisor recommend -o).")
+                   "json) or plan (advisor recommend -o); '-' reads it from standard input, as piped from "
+                   "advisor sweep --format json.")
 @click.option("--profile", "profiles", multiple=True, type=InputPath(path_type=Path), metavar="DIR",
               help="Profiles (a run, or a campaign's directory of runs) to set against the prediction; repeatable.")
 @_report_options
