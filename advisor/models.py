@@ -58,11 +58,22 @@ DEFAULT_MODEL = "llama3.1-8b"
 """The model a command prices without --model."""
 
 
+HF_REPO_ALIASES = {
+    "llama2-7b-hf": "llama2-7b", "llama2-13b-hf": "llama2-13b", "llama2-70b-hf": "llama2-70b",
+    "mixtral-8x7b-v0.1": "mixtral-8x7b", "mixtral-8x22b-v0.1": "mixtral-8x22b",
+}
+"""The Hugging Face repositories the presets' values come from (above, and advisor/moe/spec.py)
+whose names are not the preset's (meta-llama/Llama-2-7b-hf, mistralai/Mixtral-8x7B-v0.1), as
+``_normalise`` leaves them. Only these: another checkpoint of a family (an -Instruct, a newer
+tokenizer) may differ in its config.json, so it is read from there, not guessed."""
+
+
 def _normalise(name: str) -> str:
     """'meta-llama/Meta-Llama-3.1-8B' -> 'llama3.1-8b'."""
     name = name.strip().lower().rsplit("/", 1)[-1]
     name = name.removeprefix("meta-")
-    return re.sub(r"^llama-(\d)", r"llama\1", name)
+    name = re.sub(r"^llama-(\d)", r"llama\1", name)
+    return HF_REPO_ALIASES.get(name, name)
 
 
 def preset(name: str) -> LlamaSpec:
@@ -75,6 +86,9 @@ def preset(name: str) -> LlamaSpec:
 
     close = close_names(key, [*PRESETS, *MOE_PRESETS])
     hint = f"; did you mean {', '.join(close)}?" if close else ""
+    if "/" in name:  # a Hugging Face model id: its config.json prices it exactly
+        raise AdvisorError(f"unknown model {name!r}{hint} (a Hugging Face model: huggingface-cli download {name.strip()} "
+                           f"config.json --local-dir DIR, then --model DIR; 'advisor models' lists the presets)")
     raise AdvisorError(f"unknown model {name!r}{hint} (run 'advisor models' for the presets, or pass a config.json)")
 
 

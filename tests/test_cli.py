@@ -231,6 +231,11 @@ def test_overrides_change_the_model(advisor):
     "args,message",
     [
         (["sweep", "--gpus", 64, "--mem", 40, "--model", "llama5-8b"], "unknown model 'llama5-8b'"),
+        # a Hugging Face id with no preset of its own: the line says how to price it from its config.json
+        (["sweep", "--gpus", 8, "--mem", 80, "--model", "meta-llama/Llama-3.1-8B-Instruct"],
+         "unknown model 'meta-llama/Llama-3.1-8B-Instruct'; did you mean llama3.1-8b, llama3.1-70b, llama3-8b? "
+         "(a Hugging Face model: huggingface-cli download meta-llama/Llama-3.1-8B-Instruct config.json "
+         "--local-dir DIR, then --model DIR"),
         (["sweep", "--gpus", 0, "--mem", 40], "'--gpus': must be at least 1, got 0"),
         (["sweep", "--gpus", 8, "--mem", 0], "'--mem'"),
         (["sweep", "--gpus", 8, "--mem", 40, "--seq-len", -1], "'--seq-len'"),

@@ -36,6 +36,26 @@ def test_preset_names_are_forgiving():
     assert preset("Llama-3.2-1B") is PRESETS["llama3.2-1b"]
 
 
+@pytest.mark.parametrize("repo,name", [
+    # the repositories the presets were read from (advisor/models.py, advisor/moe/spec.py)
+    ("meta-llama/Llama-2-7b-hf", "llama2-7b"), ("meta-llama/Llama-2-13b-hf", "llama2-13b"),
+    ("meta-llama/Llama-2-70b-hf", "llama2-70b"), ("meta-llama/Meta-Llama-3-8B", "llama3-8b"),
+    ("meta-llama/Llama-3.1-405B", "llama3.1-405b"), ("mistralai/Mixtral-8x7B-v0.1", "mixtral-8x7b"),
+    ("mistralai/Mixtral-8x22B-v0.1", "mixtral-8x22b"), ("Qwen/Qwen3-30B-A3B", "qwen3-30b-a3b"),
+    ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+])
+def test_the_presets_hugging_face_ids_name_them(repo, name):
+    assert preset(repo).name == name
+
+
+def test_other_hugging_face_ids_are_read_from_their_config():
+    """Another checkpoint of a preset's family (an -Instruct, a later release) is not mapped onto
+    the preset by its name, whose config.json may differ: the line says how to read that instead."""
+    with pytest.raises(AdvisorError, match=r"did you mean mixtral-8x22b.*huggingface-cli download "
+                                           r"mistralai/Mixtral-8x22B-Instruct-v0\.1 config\.json --local-dir DIR"):
+        preset("mistralai/Mixtral-8x22B-Instruct-v0.1")
+
+
 def test_unknown_preset_suggests_close_names():
     with pytest.raises(AdvisorError, match="did you mean.*llama3.1-8b"):
         preset("llama3.1-8c")
