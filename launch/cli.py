@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Callable, Literal, Sequence
 import click
 
 from advisor import limits
-from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, STDOUT, TCP_PORT, Bounded, InputError,
-                                 InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, note,
+from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, STDOUT, TCP_PORT, Bounded, CloseCommands,
+                                 InputError, InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, note,
                                  output_option, refuse_overwriting_inputs)
 from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S
 
@@ -43,7 +43,7 @@ USER_ARGS_HELP = textwrap.dedent("""\
     NullTokenizer sized to the model's vocabulary.""")
 
 
-class LaunchGroup(OneLineErrors, click.Group):
+class LaunchGroup(OneLineErrors, CloseCommands):
     """Every input error as one line with exit status 2: the notes and warnings a command
     gathers (``_note``) are printed once its checks have passed (before its output, or before
     it starts a process), never ahead of its error line."""

@@ -191,10 +191,24 @@ def test_bare_advisor_as_a_program_exits_zero():
 @pytest.mark.parametrize("args, line", [
     (["nope"], "Error: No such command 'nope'. (see 'advisor --help')"),
     (["profile", "nope"], "Error: No such command 'nope'. (see 'advisor profile --help')"),
+    # a misspelt command names the ones it may mean, as click does for a misspelt option
+    (["sweeep", "--gpus", "8"], "Error: No such command 'sweeep'; did you mean sweep? (see 'advisor --help')"),
+    (["model"], "Error: No such command 'model'; did you mean models? (see 'advisor --help')"),
+    (["profile", "shwo"], "Error: No such command 'shwo'; did you mean show? (see 'advisor profile --help')"),
+    (["report", "estimat"], "Error: No such command 'estimat'; did you mean estimate? (see 'advisor report --help')"),
+    (["--gpus", "8"], "Error: No such option '--gpus'. (see 'advisor --help')"),  # an option: click's own line
 ])
 def test_an_unknown_command_stays_an_error(args, line):
     result = CliRunner().invoke(cli, args, prog_name="advisor")
     assert (result.exit_code, result.stdout, result.stderr.strip()) == (2, "", line)
+
+
+def test_a_misspelt_launch_command_names_the_one_meant():
+    from launch.cli import cli as launch_cli
+
+    result = CliRunner().invoke(launch_cli, ["torchrn", "--from", "sweep.json"], prog_name="advisor-launch")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr.strip() == "Error: No such command 'torchrn'; did you mean torchrun? (see 'advisor-launch --help')"
 
 
 def test_report_without_a_source_still_says_what_it_needs(advisor):

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import click
 
-from advisor.cli.options import EPILOG, OneLineErrors
+from advisor.cli.options import EPILOG, CloseCommands, OneLineErrors
 from advisor.cli.spellings import add_megatron_spellings, megatron_nargs, one_value_each
 
 
@@ -59,7 +59,7 @@ COMMANDS = {
 the training options, MoE, the report) loads only when that command is asked for."""
 
 
-class AdvisorGroup(OneLineErrors, click.Group):
+class AdvisorGroup(OneLineErrors, CloseCommands):
     """The ``advisor`` group: every input error as one line with exit status 2; commands load
     on demand (``COMMANDS``)."""
 

@@ -36,6 +36,24 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 the help and exited 0 itself."""
 
 
+class CloseCommands(click.Group):
+    """A group whose unknown command names the commands it may mean ('advisor sweeep' ->
+    'did you mean sweep?'), as click's own hint does for a misspelt option."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        try:
+            return super().resolve_command(ctx, args)
+        except click.NoSuchOption:  # an option where the command goes: click's own message
+            raise
+        except click.UsageError as exc:
+            from advisor.errors import close_names
+
+            close = close_names(args[0], self.list_commands(ctx)) if args else []
+            if not close or not exc.message.endswith("."):
+                raise
+            raise click.UsageError(f"{exc.message[:-1]}; did you mean {', '.join(close)}?", ctx) from None
+
+
 class OneLineErrors:
     """Mix into a click Group or Command: the core's AdvisorError (and unwritable outputs)
     become InputError, and every input error, click's usage errors included, prints as one

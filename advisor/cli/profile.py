@@ -10,15 +10,15 @@ import click
 from advisor import limits
 from advisor.cli.options import (
     DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, MICRO_BATCH, TRAIN_ITERS,
-    SEQ_LEN, TCP_PORT, Bounded, InputError, InputPath, NonEmpty, apply_options, color_wanted, document_options, emit,
-    emit_document, empty_value, model_options, note, output_options, parse_numbers, UserPath,
+    SEQ_LEN, TCP_PORT, Bounded, CloseCommands, InputError, InputPath, NonEmpty, apply_options, color_wanted,
+    document_options, emit, emit_document, empty_value, model_options, note, output_options, parse_numbers, UserPath,
 )
 
 SECTIONS = ("ranks", "layers", "compare")
 MOE_LAYER_FILE = "moe_layer.json"  # advisor.moe.layer_profile.FILENAME, without importing it at start-up
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=CloseCommands, context_settings={"help_option_names": ["-h", "--help"]})
 def profile() -> None:
     """Plan, run and read layer-by-layer memory profiles of Megatron runs.
 

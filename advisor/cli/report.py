@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from advisor import limits
-from advisor.cli.options import (EPILOG, STDOUT, Bounded, InputError, InputPath, output_option,
+from advisor.cli.options import (EPILOG, STDOUT, Bounded, CloseCommands, InputError, InputPath, output_option,
                                  refuse_named, refuse_overwriting_inputs)
 
 DROPPED = {"fmt", "output", "plot", "top", "png"}
@@ -131,7 +131,7 @@ def _recommend_json(kwargs: dict) -> dict:
     return {**kwargs, "fmt": "json", "output": STDOUT, "png": None}
 
 
-@click.group("report", invoke_without_command=True, no_args_is_help=True, epilog=EPILOG)
+@click.group("report", cls=CloseCommands, invoke_without_command=True, no_args_is_help=True, epilog=EPILOG)
 @click.option("--from", "source", type=InputPath(dir_okay=False, allow_dash=True, path_type=Path), default=None,
               metavar="FILE|-",
               help="A saved sweep (advisor sweep --format json), sweep row, estimate (advisor estimate --format "
