@@ -181,9 +181,12 @@ def test_a_bare_group_prints_its_help(group):
     assert bare.stdout == helped.stdout and bare.stdout.startswith(f"Usage: {' '.join(['advisor', *group])} ")
 
 
-def test_bare_advisor_as_a_program_exits_zero():
-    """The exit status a shell sees (CliRunner catches the SystemExit)."""
-    done = subprocess.run([sys.executable, "-m", "advisor"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+@pytest.mark.parametrize("module", ["advisor", "advisor.cli"])
+def test_bare_advisor_as_a_program_exits_zero(module):
+    """The exit status a shell sees (CliRunner catches the SystemExit); python -m advisor.cli,
+    the module pyproject.toml's entry point names, runs it too (it was 'No module named
+    advisor.cli.__main__')."""
+    done = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.startswith("Usage: advisor [OPTIONS] COMMAND [ARGS]...")
 
