@@ -105,9 +105,10 @@ def input_options(func: Callable) -> Callable:
         return func(*args, config=config, **kwargs)
 
     return apply_options([
-        click.option("--from", "source", type=InputPath(dir_okay=False, path_type=Path), required=True,
-                     metavar="FILE", help="A sweep (advisor sweep --format json), one sweep row, an estimate "
-                                          "(advisor estimate --format json) or a plan (advisor recommend -o)."),
+        click.option("--from", "source", type=InputPath(dir_okay=False, allow_dash=True, path_type=Path),
+                     required=True, metavar="FILE|-", help="A sweep (advisor sweep --format json), one sweep row, an estimate "
+                                            "(advisor estimate --format json) or a plan (advisor recommend -o); "
+                                            "'-' reads it from standard input, as piped from advisor sweep."),
         click.option("--rank", type=ROWS, default=None,
                      help="The sweep row ranked N (default 1). Only for sweep arrays."),
         click.option("--launch-as-priced", is_flag=True,

@@ -31,7 +31,7 @@ from advisor.capture.plan import SCHEMA as PLAN_SCHEMA
 from advisor.capture.plan import check_plan
 from advisor.capture.plan import VERSION as PLAN_VERSION
 from advisor.errors import AdvisorError
-from advisor.fileio import read_json
+from advisor.fileio import parse_json, read_json, read_text
 from advisor.megatron_args import chunk_layers, megatron_args
 from advisor.memory import check_layout, split_problem
 from advisor.options import TrainingOptions
@@ -164,32 +164,46 @@ def _script_hint(path: Path) -> str:
     return ""
 
 
+STDIN = "standard input"
+"""What ``--from -`` reads, by the name its messages give it."""
+
+
+def _read_document(path: Path) -> tuple[object, str]:
+    """The JSON of ``path``, or of standard input for '-' (a sweep piped in), and its name."""
+    if str(path) != "-":
+        try:
+            return read_json(path), str(path)
+        except AdvisorError as exc:
+            raise AdvisorError(f"{exc}{_script_hint(path)}") from None
+    text = read_text("-", max_bytes=limits.JSON_FILE_BYTES, what="launch input")
+    if not text.strip():  # nothing piped: the command before the pipe failed or wrote to -o
+        raise AdvisorError("--from -: standard input is empty; pipe in the JSON of advisor sweep or estimate "
+                           "--format json (or a plan), or give --from FILE")
+    return parse_json(text, STDIN), STDIN
+
+
 def read_input(path: str | Path, rank: int | None = None) -> LaunchInput:
     """Read a sweep array (picking ``rank``, default 1), a sweep row, an estimate or a plan."""
-    path = Path(path)
-    try:
-        document = read_json(path)
-    except AdvisorError as exc:
-        raise AdvisorError(f"{exc}{_script_hint(path)}") from None
+    document, where = _read_document(Path(path))
     if isinstance(document, list):
-        row, origin = _pick_row(document, path, 1 if rank is None else rank)
+        row, origin = _pick_row(document, where, 1 if rank is None else rank)
         return _from_row(_Fields(row, origin), "sweep row")
     if not isinstance(document, dict):
-        raise AdvisorError(f"{path}: expected a JSON object or array, got {type(document).__name__}")
+        raise AdvisorError(f"{where}: expected a JSON object or array, got {type(document).__name__}")
     if rank is not None:
-        raise AdvisorError(f"--rank picks a row of a sweep array; {path} holds one object")
+        raise AdvisorError(f"--rank picks a row of a sweep array; {where} holds one object")
     if "schema" in document or {"world_size", "micro_batch_size"} <= document.keys():  # a plan's keys, no row's
-        return _from_plan(_Fields(document, str(path)))
+        return _from_plan(_Fields(document, where))
     if "stages" in document:
-        return _from_row(_Fields(document, str(path)), "estimate")
+        return _from_row(_Fields(document, where), "estimate")
     if all(key in document for key in ROW_KEYS):
-        return _from_row(_Fields(document, str(path)), "sweep row")
+        return _from_row(_Fields(document, where), "sweep row")
     raise AdvisorError(
-        f"{path}: neither a sweep row, an estimate nor a plan (expected the JSON of 'advisor sweep --format json', "
+        f"{where}: neither a sweep row, an estimate nor a plan (expected the JSON of 'advisor sweep --format json', "
         "'advisor estimate --format json' or 'advisor recommend -o')")
 
 
-def _pick_row(rows: list, path: Path, rank: int) -> tuple[dict, str]:
+def _pick_row(rows: list, path: str, rank: int) -> tuple[dict, str]:
     if not rows:
         raise AdvisorError(f"{path}: the sweep holds no rows")
     if not all(isinstance(row, dict) for row in rows):

@@ -178,7 +178,7 @@ def test_an_empty_launch_option_is_refused(estimate_json, args, words):
 
 
 def test_the_launcher_from_is_refused_empty():
-    assert refused(launch_cli, "args", "--from", "") == "--from is empty; give a file"
+    assert refused(launch_cli, "args", "--from", "") == "--from is empty; give a file, or - for standard input"
 
 
 # --- 6. --tp-comm-overlap at TP 1: Megatron-LM asserts sequence parallelism, off at TP 1 --------

@@ -259,3 +259,31 @@ def test_a_launch_script_given_as_input_points_to_the_command_that_reads_it(tmp_
     (tmp_path / "broken.json").write_text('{"read_from": "train.sh: torchrun, 8 GPUs", "tp": ')
     with pytest.raises(AdvisorError, match=r"malformed JSON at line 1, column \d+: [^(]*$"):
         read_input(tmp_path / "broken.json")
+
+
+def test_from_dash_launches_the_sweep_piped_in(advisor, tmp_path):
+    """advisor sweep --format json | advisor-launch args --from - --rank 2: the arguments of the
+    same row read from the file; the input is named 'standard input' where a file is named."""
+    from launch_support import launcher
+
+    saved = sweep_file(advisor, tmp_path / "s.json", "--gpus", "8", "--gpu", "h100-80gb")
+    launch = launcher()
+    piped = launch.runner.invoke(launch.command, ["args", "--from", "-", "--rank", "2", "--format", "json"],
+                                 input=saved.read_text())
+    assert piped.exit_code == 0, piped.output
+    assert json.loads(piped.stdout) == json.loads(launch("args", "--from", saved, "--rank", 2, "--format", "json").stdout)
+    missing = launch.runner.invoke(launch.command, ["args", "--from", "-", "--rank", "999"], input=saved.read_text())
+    assert missing.exit_code == 2 and missing.stderr.startswith("Error: standard input has no row ranked 999 (ranks 1-")
+
+
+@pytest.mark.parametrize("piped,message", [
+    ("", "--from -: standard input is empty; pipe in the JSON of advisor sweep or estimate --format json"),
+    ("{", "standard input: malformed JSON at line 1"),
+])
+def test_from_dash_refuses_bad_standard_input(piped, message):
+    from launch_support import launcher
+
+    launch = launcher()
+    result = launch.runner.invoke(launch.command, ["args", "--from", "-"], input=piped)
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith(f"Error: {message}")
