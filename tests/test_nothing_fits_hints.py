@@ -70,6 +70,17 @@ def test_405b_on_8_h100s_says_what_its_states_need_and_hints_no_shorter_seq_len(
     assert "shorter --seq-len" not in line and "--recompute" not in line
 
 
+def test_one_gpu_has_nothing_to_shard_over(advisor):
+    """--gpus 1 said 'sharded over all 1 GPUs'. Its floor: 6 bytes of weights and gradients a
+    parameter, whole on the one GPU: 70B's (8 x the TP 8 share plus the norms) is 394 GiB."""
+    line = _line(advisor, "--model", "llama3.1-70b", "--gpus", 1, *H100)
+    sharded, replicated = LLAMA31_70B
+    floor = (sharded + replicated) * 6 / GIB
+    assert f"; with the optimizer in host memory, the weights and gradients alone would still need {floor:.1f} GiB" \
+        in line
+    assert "sharded over" not in line
+
+
 def test_the_paper_model_with_narrow_choices_hints_only_what_shrinks_states(advisor):
     line = _line(advisor, "--model", "llama3.1-70b", "--gpus", 8, "--mem", 4, "--recompute", "none",
                  "--split", "even")

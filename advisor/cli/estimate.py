@@ -353,7 +353,8 @@ def _states_bound(head: str, rows, least, space, mem: float, floor: float) -> st
     text = head + hints_text.states_text(_states_gib(least), mem)
     hints = ["more GPUs", *hints_text.unpinned(space.pinned.given()), *(["--split auto"] if space.split == "even" else [])]
     if sharded > mem:
-        text += (f"; sharded over all {least.parallel.gpus} GPUs with the optimizer in host memory, the weights "
+        over = f" sharded over all {least.parallel.gpus} GPUs" if least.parallel.gpus > 1 else ""  # 1: none to shard
+        text += (f";{over} with the optimizer in host memory, the weights "
                  f"and gradients alone would still need {sharded:.1f} GiB")
     elif plain and space.sharding == "auto" and training.optimizer_states.precision_aware_optimizer:
         text += _untried_levers(training)  # the escalation's rungs refuse these options
