@@ -250,6 +250,14 @@ def test_overrides_change_the_model(advisor):
         (["sweep", "--gpus", 8, "--mem", 40, "--tokens", "15T"], "--tokens needs --gpu NAME"),
         (["sweep", "--gpus", 8, "--mem", 40, "--rank-by", "throughput"], "--rank-by throughput needs --gpu"),
         (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "lots"], "is not a token count"),
+        # a count without its unit (15 for 15T): less than one step's 1024 x 8192 = 8,388,608 tokens
+        (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "15"],
+         "--tokens 15 is less than one step's 8,388,608 tokens (--gbs 1024 x --seq-len 8192): a budget counts tokens"),
+        # 256 x 4096 = 1,048,576 tokens a step; 1M = 1,000,000 is less
+        (["estimate", "--tp", 2, "--gpus", 8, "--gpu", "h100-80gb", "--gbs", 256, "--seq-len", 4096, "--tokens", "1M"],
+         "--tokens 1,000,000 is less than one step's 1,048,576 tokens (--gbs 256 x --seq-len 4096)"),
+        (["sweep", "--gpus", 64, "--gpu", "h100-80gb", "--model", "mixtral-8x7b", "--tokens", "300"],
+         "--tokens 300 is less than one step's 8,388,608 tokens"),
         (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "-3T"], "must be a positive"),
         (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--mem", 0], "'--mem'"),
         (["estimate", "--tp", 2, "--gpus", 8, "--gpu", "a100"], "unknown GPU 'a100'"),

@@ -52,6 +52,17 @@ def _check_budget(gpu, tokens, gpu_hour_price) -> None:
         raise InputError("--tokens needs --gpu NAME: the time model needs the GPU's FLOP/s and bandwidths")
 
 
+def _check_budget_covers_a_step(tokens: float | None, workload) -> None:
+    """A --tokens budget below one step's tokens (--gbs x --seq-len) trains not one step: a count
+    without its unit ('--tokens 15' for 15T), which priced '0.0 days, 0 GPU-hours' without a word."""
+    step = workload.global_batch_size * workload.seq_len if workload.global_batch_size else None
+    if tokens is not None and step is not None and tokens < step:
+        given = f"{int(tokens):,}" if float(tokens).is_integer() else f"{tokens:g}"
+        raise InputError(f"--tokens {given} is less than one step's {step:,} tokens (--gbs "
+                         f"{workload.global_batch_size} x --seq-len {workload.seq_len}): a budget counts tokens, "
+                         "for example 15T, 300B or 2.5e12")
+
+
 def _threshold_needs_paper(memory_model: str) -> None:
     """--threshold is the paper's rule's fraction; the calibrated (and profile) model judges by
     its own band, so a --threshold beside it would be silently ignored: refused instead."""
@@ -145,6 +156,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
     distinct_files(**{"--output": output, "--plot": plot})
+    _check_budget_covers_a_step(tokens, workload)
     options = dense_recompute_options(spec, moe, options, space)
     spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, space=space, release=release, unsupported={
         "--memory-model profile": memory_model == "profile", "--profile": profile_dir is not None,
@@ -456,6 +468,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         read, (spec, options, gpus, dp, tp, cp, pp, mbs, vpp, layers_per_stage, workload, gpu, gpus_per_node) = \
             _read_command(from_command, gpus, release, gpu, gpus_per_node)
     dp = _data_parallel(gpus, dp, tp, cp, pp, gpus_per_node)
+    _check_budget_covers_a_step(tokens, workload)
     if read is not None and read.moe is not None:  # the command's own MoE flags (advisor.moe.readback)
         moe = with_routing(read.moe, moe)
     options = dense_recompute_options(spec, moe, options)
