@@ -197,6 +197,23 @@ def read_json(path: str | Path, *, max_bytes: int = limits.JSON_FILE_BYTES, what
     return parse_json(decode_utf8(read_bytes(path, max_bytes=max_bytes, what=what), str(path)), str(path))
 
 
+STDIN = "standard input"
+"""What a '-' path reads, by the name messages give it."""
+
+
+def read_json_input(path: str | Path, *, what: str) -> tuple[object, str]:
+    """(the JSON value, where it came from) of ``--from FILE`` or ``--from -``: standard input, so
+    that a sweep's JSON pipes into the command that reads it (advisor report, advisor-launch).
+    Empty standard input says what to pipe in: the command before the pipe failed or wrote to -o."""
+    if str(path) != "-":
+        return read_json(path, what=what), str(path)
+    text = read_text("-", max_bytes=limits.JSON_FILE_BYTES, what=what)
+    if not text.strip():
+        raise AdvisorError("--from -: standard input is empty; pipe in the JSON of advisor sweep or estimate "
+                           "--format json (or a plan), or give --from FILE")
+    return parse_json(text, STDIN), STDIN
+
+
 class JsonLines:
     """The values of a JSON Lines file, one per line, read one line at a time.
 

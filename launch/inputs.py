@@ -31,7 +31,7 @@ from advisor.capture.plan import SCHEMA as PLAN_SCHEMA
 from advisor.capture.plan import check_plan
 from advisor.capture.plan import VERSION as PLAN_VERSION
 from advisor.errors import AdvisorError
-from advisor.fileio import parse_json, read_json, read_text
+from advisor.fileio import read_json_input
 from advisor.megatron_args import chunk_layers, megatron_args
 from advisor.memory import check_layout, split_problem
 from advisor.options import TrainingOptions
@@ -164,22 +164,14 @@ def _script_hint(path: Path) -> str:
     return ""
 
 
-STDIN = "standard input"
-"""What ``--from -`` reads, by the name its messages give it."""
-
-
 def _read_document(path: Path) -> tuple[object, str]:
     """The JSON of ``path``, or of standard input for '-' (a sweep piped in), and its name."""
-    if str(path) != "-":
-        try:
-            return read_json(path), str(path)
-        except AdvisorError as exc:
-            raise AdvisorError(f"{exc}{_script_hint(path)}") from None
-    text = read_text("-", max_bytes=limits.JSON_FILE_BYTES, what="launch input")
-    if not text.strip():  # nothing piped: the command before the pipe failed or wrote to -o
-        raise AdvisorError("--from -: standard input is empty; pipe in the JSON of advisor sweep or estimate "
-                           "--format json (or a plan), or give --from FILE")
-    return parse_json(text, STDIN), STDIN
+    if str(path) == "-":
+        return read_json_input(path, what="launch input")
+    try:
+        return read_json_input(path, what="JSON file")
+    except AdvisorError as exc:
+        raise AdvisorError(f"{exc}{_script_hint(path)}") from None
 
 
 def read_input(path: str | Path, rank: int | None = None) -> LaunchInput:

@@ -386,16 +386,9 @@ def _check_plan_page(plan: dict, where: str) -> None:
 def read_input(path: Path, profiles: tuple[Path, ...] = ()) -> ReportInput:
     """A saved sweep, row, estimate or plan (``--from FILE``, or ``--from -``: standard input, so
     that a sweep pipes into its page), through the bounded JSON reader."""
-    from advisor.fileio import parse_json, read_json, read_text
+    from advisor.fileio import read_json_input
 
-    if str(path) == "-":
-        where, text = "standard input", read_text("-", max_bytes=limits.JSON_FILE_BYTES, what="report input")
-        if not text.strip():  # nothing piped: the command before the pipe failed or wrote to a file
-            raise AdvisorError("--from -: standard input is empty; pipe in the JSON of advisor sweep or estimate "
-                               "--format json (or a plan), or give --from FILE")
-        document = parse_json(text, where)
-    else:
-        where, document = str(path), read_json(path, what="report input")
+    document, where = read_json_input(path, what="report input")
     kind, rows, document = classify(document, where)
     return ReportInput(kind=kind, rows=rows, document=document, question=f"--from {path}", profiles=profiles)
 
