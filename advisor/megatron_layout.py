@@ -131,7 +131,7 @@ def _split(layout: dict, num_layers: int, pp: int, mtp_layers: int = 0, release=
                                f"layers: Megatron needs a multiple of PP = {pp} stages and --num-layers {num_layers}")
         vpp = len(segments) // pp
         counts = [sum(segments[k * pp + i] for k in range(vpp)) for i in range(pp)]
-    elif pp > 1 and ("decoder-first-pipeline-num-layers" in layout or "decoder-last-pipeline-num-layers" in layout):
+    elif "decoder-first-pipeline-num-layers" in layout or "decoder-last-pipeline-num-layers" in layout:
         counts, vpp = _uneven_split(layout, num_layers, pp, release)
     else:
         counts, vpp = _even_split(layout, num_layers, pp)
@@ -143,10 +143,12 @@ def _split(layout: dict, num_layers: int, pp: int, mtp_layers: int = 0, release=
 
 
 def _uneven_split(layout: dict, num_layers: int, pp: int, release=None) -> tuple[list[int], int]:
-    """--decoder-first/last-pipeline-num-layers: the middle stages share the rest evenly; with
+    """--decoder-first/last-pipeline-num-layers: the other stages share the rest evenly; with
     virtual stages (--num-virtual-stages-per-pipeline-rank only: validate_args refuses
     --num-layers-per-virtual-pipeline-stage here), every stage's layers divide into its chunks,
-    checked in TransformerConfig.__post_init__'s order ('Uneven PP': first, last, then the middle)."""
+    checked in TransformerConfig.__post_init__'s order ('Uneven PP': first, last, then the middle).
+    The counts are get_num_layers_to_build's, which need not add up to --num-layers
+    (``_ends_and_middle``)."""
     first = int_value(layout, "decoder-first-pipeline-num-layers")
     last = int_value(layout, "decoder-last-pipeline-num-layers")
     if layout.get("account-for-embedding-in-pipeline-split") or layout.get("account-for-loss-in-pipeline-split"):
@@ -161,40 +163,50 @@ def _uneven_split(layout: dict, num_layers: int, pp: int, release=None) -> tuple
             raise AdvisorError(f"--decoder-{name}-pipeline-num-layers {count}: Megatron-LM refuses the command "
                                f"(TransformerConfig: 'num_layers_in_{name}_pipeline_stage must be larger than 0')")
         _refuse_chunks(f"--decoder-{name}-pipeline-num-layers {count} is", count, vpp, f"at {name} stage")
-    ends = [n for n in (first, last) if n is not None]
-    middle_stages = pp - len(ends)
-    rest = num_layers - sum(ends)
-    if rest < 0 or (middle_stages and rest % middle_stages) or (not middle_stages and rest):
-        raise AdvisorError(f"{num_layers} layers do not split as --decoder-first/last-pipeline-num-layers "
-                           f"{first}/{last} over PP {pp} (the middle stages must divide the rest evenly)")
-    if middle_stages and not rest:
-        _refuse_empty_middle(first, last, num_layers, pp, middle_stages, release)
-    per = rest // middle_stages if middle_stages else 0
-    if middle_stages:
+    per, middle_stages, rest = _ends_and_middle(first, last, num_layers, pp, release)
+    if middle_stages > 0:
         _refuse_chunks(f"each middle stage's {per} layers ({rest} of --num-layers {num_layers} over {middle_stages} "
                        "stages) are", per, vpp, "on each middle pipeline rank")
     counts = [per] * pp
     counts[0] = first if first is not None else counts[0]
-    counts[-1] = last if last is not None else counts[-1]
+    counts[-1] = last if last is not None else counts[-1]  # at PP 1 the last count wins, as Megatron's does
     return counts, vpp
 
 
-def _refuse_empty_middle(first: int | None, last: int | None, num_layers: int, pp: int, middle_stages: int,
-                         release) -> None:
-    """Uneven first/last stages that take every layer, leaving the other stages none: refused on a
-    release whose TransformerConfig raises it ('Mismatch', ``MegatronRelease.uneven_middle_needs_layers``);
-    core_v0.15.2 builds the stages empty and is priced so."""
+def _ends_and_middle(first: int | None, last: int | None, num_layers: int, pp: int,
+                     release) -> tuple[int, int, int]:
+    """(layers per middle stage, middle stages, the layers the ends leave) as TransformerConfig
+    checks them and get_num_layers_to_build counts them (transformer_block.py, both releases): the
+    ends take their counts, the stages between share the rest, and with no stage between (PP 2
+    with both ends, PP 1 with either) the rest is built nowhere. Where the rest and the stages
+    between do not both exist, a release whose TransformerConfig checks it refuses ('Mismatch',
+    ``MegatronRelease.uneven_middle_needs_layers``); core_v0.15.2 builds what the counts say (PP 2,
+    first and last 10 of --num-layers 32: 20 layers), and the read-back prices that."""
     from advisor.options.releases import release_defaults
 
+    ends = [(name, count) for name, count in (("first", first), ("last", last)) if count is not None]
+    middle_stages = pp - len(ends)
+    rest = num_layers - sum(count for _, count in ends)
+    given = " and ".join(f"--decoder-{name}-pipeline-num-layers {count}" for name, count in ends)
+    one = len(ends) == 1  # the verb's number
     defaults = release_defaults(release)
-    if defaults.uneven_middle_needs_layers:
-        given = " and ".join(f"--decoder-{name}-pipeline-num-layers {count}"
-                             for name, count in (("first", first), ("last", last)) if count is not None)
-        verb = "take" if first is not None and last is not None else "takes"
-        raise AdvisorError(f"{given} {verb} all {num_layers} layers, leaving {middle_stages} of the PP {pp} stages "
-                           f"without layers: {defaults.name} refuses the command (TransformerConfig: 'Mismatch: "
-                           f"0 middle layers remaining but {middle_stages} middle PP stages available'); lower PP, "
-                           "or leave layers for those stages")
+    if defaults.uneven_middle_needs_layers and bool(rest) != bool(middle_stages):
+        left = (f"leave{'s' * one} {rest} of the {num_layers} layers for no stage" if rest > 0 else
+                f"take{'s' * one} {-rest} layers more than --num-layers {num_layers}" if rest < 0 else
+                f"take{'s' * one} all {num_layers} layers, leaving {middle_stages} of the stages without layers")
+        raise AdvisorError(f"{given} over PP {pp} {left}: {defaults.name} refuses the command (TransformerConfig: "
+                           f"'Mismatch: {rest} middle layers remaining but {middle_stages} middle PP stages "
+                           "available'); give counts that add up to --num-layers, with layers for every stage")
+    if middle_stages > 0 and rest % middle_stages:
+        raise AdvisorError(f"{num_layers} layers do not split as {given} over PP {pp}: Megatron-LM refuses the "
+                           f"command (TransformerConfig: 'number of layers at middle stage: {rest} must be divisible "
+                           f"by the middle pipeline model parallel size {middle_stages}')")
+    per = rest // middle_stages if middle_stages > 0 else 0
+    if per < 0:  # Megatron accepts it and builds no layer there, the ends more than --num-layers
+        raise AdvisorError(f"{given} take{'s' * one} {-rest} layers more than --num-layers {num_layers}, so each of the other "
+                           f"{middle_stages} stages gets {per} (get_num_layers_to_build): not priced; give counts "
+                           "that add up to --num-layers")
+    return per, middle_stages, rest
 
 
 def _refuse_chunks(shown: str, count: int | None, vpp: int, where: str) -> None:

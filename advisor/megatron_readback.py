@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from advisor.errors import AdvisorError
 from advisor.megatron_layout import (RAMPUP, Layout, degrees, float_value, int_value, read_layout,
@@ -361,6 +361,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     if not moe_values:
         _refuse_expert_parallelism_without_experts(parsed.rest)
     layout = read_layout(parsed.layout, spec.num_layers, int_value(moe_values, "mtp-num-layers") or 0, release)
+    spec, built = _as_built(spec, layout, bool(moe_values))
     _refuse_interleaving_without_p2p_overlap(layout, rest)
     fusion_off = _SOFTMAX_FUSION_OFF in rest
     rest = [word for word in rest if word != _SOFTMAX_FUSION_OFF]
@@ -387,12 +388,28 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
         _refuse_flex_without_deepep(moe, moe_values, release)
         unpriced = moe_unpriced + unpriced
     return ReadRun(spec=spec, seq_len=seq_len, layout=layout, options=options,
-                   unpriced=tuple(_unpriced_model(parsed.model) + unpriced + [
+                   unpriced=tuple(built + _unpriced_model(parsed.model) + unpriced + [
                        f"{name} (a variable the script does not set: read as empty, as bash does; flags it may "
                        "hold are not priced)" for name in dict.fromkeys(parsed.unset)]),
                    skipped=tuple(parsed.skipped + left_out),
                    vocab_source=source, moe=moe,
                    vocab_by_release=vocab_size is None and parsed.model.get("tokenizer-type") == "NullTokenizer")
+
+
+def _as_built(spec: LlamaSpec, layout: Layout, moe: bool) -> tuple[LlamaSpec, list[str]]:
+    """The model with the decoder layers its pipeline ranks build, where uneven first/last stages
+    build another number than --num-layers (core_v0.15.2: PP 2, first and last 10 of 32 build 20;
+    ``megatron_layout._ends_and_middle``), and the note that says so; unchanged otherwise."""
+    built = sum(layout.layers_per_stage)
+    if built == spec.num_layers:
+        return spec, []
+    counts = "/".join(map(str, layout.layers_per_stage))
+    if moe:  # which layers of --moe-layer-freq's pattern it builds is not read here
+        raise AdvisorError(f"--num-layers {spec.num_layers} with uneven first/last stages that build {built} "
+                           f"layers ({counts} over PP {layout.pp}): not priced for a mixture of experts; give "
+                           "counts that add up to --num-layers")
+    return replace(spec, num_layers=built), [f"--num-layers {spec.num_layers} (the pipeline ranks build {counts}: "
+                                          f"priced as the {built} layers built)"]
 
 
 def priced_otherwise(unpriced: list[str] | tuple[str, ...], not_launched: list[str] | tuple[str, ...]) -> list[str]:

@@ -278,7 +278,8 @@ def layers_per_stage(config, pp: int, vpp: int | None) -> tuple[int, ...]:
     layout = getattr(config, "pipeline_model_parallel_layout", None)
     if layout is not None:
         return tuple(sum(chunk.count(LayerType.decoder) for chunk in layout.layout[rank]) for rank in range(pp))
-    if pp == 1:
+    ends = (config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage)
+    if pp == 1 and ends == (None, None):  # with uneven ends, PP 1 builds the end's count (get_num_layers_to_build)
         return (config.num_layers,)
     stages = range(vpp) if vpp else [None]
     return tuple(sum(get_num_layers_to_build(config, vp_stage=v, pp_rank=rank) for v in stages) for rank in range(pp))

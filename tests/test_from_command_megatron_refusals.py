@@ -159,42 +159,95 @@ def test_the_real_megatron_refuses_and_accepts_the_same_layouts(tag):
             assert (tuple(result["derived"]["layers_per_stage"]), result["derived"]["vpp"]) == expected, name
 
 
-# Uneven first/last stages that take every layer: core_v0.19.0's TransformerConfig raises 'Mismatch: 0
-# middle layers remaining but N middle PP stages available'; core_v0.15.2 has no such check and its
-# get_num_layers_to_build gives the other stages (rest / stages =) 0 layers each.
-# (command, layers per pipeline rank on core_v0.15.2, the stages left without layers)
-EMPTY_MIDDLE = {
+# Uneven first/last stages whose middle stages and middle layers do not both exist: core_v0.19.0's
+# TransformerConfig raises 'Mismatch: R middle layers remaining but S middle PP stages available'
+# (R = --num-layers minus the ends, S = PP minus the ends given); core_v0.15.2 has no such check and
+# get_num_layers_to_build gives each end its count and each middle stage R / S (0 where S is 0: the
+# rest is built nowhere; at PP 1 the one rank is the first and the last, the last count winning).
+# (command, layers per pipeline rank on core_v0.15.2, R, S)
+MISMATCH = {
+    # ends taking every layer, leaving stages empty
     "both-ends": (_DENSE.format(layers=32, pp=4, split="--decoder-first-pipeline-num-layers 16 "
-                                "--decoder-last-pipeline-num-layers 16"), (16, 0, 0, 16), 2),
-    "first-only": (_DENSE.format(layers=32, pp=2, split="--decoder-first-pipeline-num-layers 32"), (32, 0), 1),
+                                "--decoder-last-pipeline-num-layers 16"), (16, 0, 0, 16), 0, 2),
+    "first-only": (_DENSE.format(layers=32, pp=2, split="--decoder-first-pipeline-num-layers 32"), (32, 0), 0, 1),
+    # no stage between the ends: 32 - 10 - 10 = 12 layers built nowhere, core_v0.15.2 builds 10 + 10 = 20
+    "short": (_DENSE.format(layers=32, pp=2, split="--decoder-first-pipeline-num-layers 10 "
+                            "--decoder-last-pipeline-num-layers 10"), (10, 10), 12, 0),
+    # 32 - 20 - 20 = -8: core_v0.15.2 builds 20 + 20 = 40
+    "over": (_DENSE.format(layers=32, pp=2, split="--decoder-first-pipeline-num-layers 20 "
+                           "--decoder-last-pipeline-num-layers 20"), (20, 20), -8, 0),
+    # PP 1, first 10 of 32: the one rank builds 10, 32 - 10 = 22 nowhere
+    "pp1": (_DENSE.format(layers=32, pp=1, split="--decoder-first-pipeline-num-layers 10"), (10,), 22, 0),
 }
 
 
-@pytest.mark.parametrize("name", EMPTY_MIDDLE)
-def test_uneven_ends_taking_every_layer_are_refused_where_the_release_refuses_them(name):
-    text, layers, empty = EMPTY_MIDDLE[name]
+def _mismatch(rest: int, stages: int) -> str:
+    return f"Mismatch: {rest} middle layers remaining but {stages} middle PP stages available"
+
+
+@pytest.mark.parametrize("name", MISMATCH)
+def test_uneven_ends_megatron_0_19_finds_mismatched_are_refused_or_priced_as_each_release_builds_them(name):
+    text, layers, rest, stages = MISMATCH[name]
     for version in ("0.19", None):  # None: the newest release
         result = estimate(text, version)
         assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
         assert result.stderr.startswith("Error: --decoder-first-pipeline-num-layers")
         assert "Megatron-LM core 0.19 refuses the command" in result.stderr
-        assert f"'Mismatch: 0 middle layers remaining but {empty} middle PP stages available'" in result.stderr
+        assert f"'{_mismatch(rest, stages)}'" in result.stderr
     accepted = estimate(text, "0.15")
     assert accepted.exit_code == 0, accepted.output
-    assert tuple(json.loads(accepted.stdout)["layers_per_stage"]) == layers
+    row = json.loads(accepted.stdout)
+    # priced as the model core_v0.15.2 builds: sum(layers) decoder layers, whatever --num-layers (32) says
+    assert tuple(row["layers_per_stage"]) == layers and row["model"]["num_layers"] == sum(layers)
+    note = f"--num-layers 32 (the pipeline ranks build {'/'.join(map(str, layers))}: priced as the {sum(layers)} " \
+           "layers built)"
+    assert (note in row["unpriced"]) == (sum(layers) != 32), row["unpriced"]
+
+
+def test_the_twenty_layers_core_v0_15_builds_are_priced_as_a_twenty_layer_model():
+    # PP 2, first 10 and last 10 of --num-layers 32 build 10 + 10 = 20 layers: the same network, stage
+    # for stage, as --num-layers 20 over PP 2 (Megatron's even split, 20 / 2 = 10 per rank)
+    built = json.loads(estimate(MISMATCH["short"][0], "0.15").stdout)
+    even = json.loads(estimate(_DENSE.format(layers=20, pp=2, split=""), "0.15").stdout)
+    assert built["stages"] == even["stages"] and built["total_gib"] == even["total_gib"]
+    assert built["step_time_s"] == even["step_time_s"]
+
+
+# PP 4, first 20 and last 20 of 32: each of the 2 middle stages gets (32 - 40) / 2 = -4 layers. Both
+# releases accept it at start-up (-8 % 2 == 0; R and S both non-zero) and build nothing there
+NEGATIVE_MIDDLE = _DENSE.format(layers=32, pp=4, split="--decoder-first-pipeline-num-layers 20 "
+                                "--decoder-last-pipeline-num-layers 20")
+
+
+@pytest.mark.parametrize("version", ["0.15", "0.19"])
+def test_uneven_ends_taking_more_than_the_model_with_stages_between_are_not_priced(version):
+    result = estimate(NEGATIVE_MIDDLE, version)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert "take 8 layers more than --num-layers 32, so each of the other 2 stages gets -4" in result.stderr
+
+
+def test_uneven_ends_building_another_number_of_layers_are_not_priced_for_a_mixture_of_experts():
+    # 8 layers, PP 2, first 3 and last 3: core_v0.15.2 builds 6 (which of --moe-layer-freq's layers is not read)
+    text = _MOE.replace("--pipeline-model-parallel-size 1", "--pipeline-model-parallel-size 2 "
+                        "--decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 3") \
+        .replace("--expert-model-parallel-size 8", "--expert-model-parallel-size 4")
+    result = estimate(text, "0.15")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert "build 6 layers (3/3 over PP 2): not priced for a mixture of experts" in result.stderr
 
 
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
-def test_the_real_megatron_refuses_empty_middle_stages_where_the_advisor_does(tag):
+def test_the_real_megatron_refuses_or_builds_mismatched_uneven_ends_as_the_advisor_reads_them(tag):
     release = checkout(tag)  # skips without it
-    results = validate(release, [_case(text) for text, _, _ in EMPTY_MIDDLE.values()])
-    for (name, (_, layers, empty)), result in zip(EMPTY_MIDDLE.items(), results):
+    results = validate(release, [*(_case(text) for text, *_ in MISMATCH.values()), _case(NEGATIVE_MIDDLE)])
+    for (name, (_, layers, rest, stages)), result in zip(MISMATCH.items(), results):
         if tag == "core_v0.19.0":
-            assert not result["ok"], (name, result)
-            assert f"Mismatch: 0 middle layers remaining but {empty} middle PP stages available" in result["error"]
+            assert not result["ok"] and _mismatch(rest, stages) in result["error"], (name, result)
         else:
             assert result["ok"], (name, result)
             assert tuple(result["derived"]["layers_per_stage"]) == layers, name
+    # accepted by both, with -4 layers on each middle rank: what the advisor does not price
+    assert results[-1]["ok"] and tuple(results[-1]["derived"]["layers_per_stage"]) == (20, -4, -4, 20), results[-1]
 
 
 # noggemm.sh's essentials: a Mixtral-like MoE recomputing its experts' activation (moe_act)

@@ -37,7 +37,7 @@ def test_layouts_read_as_megatron_builds_them(flags, layers, expected):
 @pytest.mark.parametrize("flags, layers, error", [
     ({"pipeline-model-parallel-size": "3"}, 32, "not divisible by --pipeline-model-parallel-size 3"),
     ({"pipeline-model-parallel-size": "4", "decoder-first-pipeline-num-layers": "6"}, 32,  # 26 over 3 stages
-     "the middle stages must divide the rest evenly"),
+     "number of layers at middle stage: 26 must be divisible by the middle pipeline model parallel size 3"),
     ({"pipeline-model-parallel-size": "2", "pipeline-model-parallel-layout": "Et|tx,L"}, 2, "only E, L, t and m"),
     # an MTP layer (m) without --mtp-num-layers: Megatron requires the counts equal
     ({"pipeline-model-parallel-size": "2", "pipeline-model-parallel-layout": "Et|tm,L"}, 2, "1 MTP layers"),
