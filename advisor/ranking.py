@@ -130,7 +130,7 @@ def budget_fields(tokens: float, tokens_per_s: float, gpus: float) -> dict:
     ``tokens_per_s``) and ``gpu_hours`` (those days on all ``gpus``)."""
     seconds = tokens / tokens_per_s
     # a count of tokens: written whole (1T is 1000000000000, not 1000000000000.0 or CSV's 1e+12);
-    # --tokens takes a fraction of one too (TokenCount: '0.5'), kept as given
+    # --tokens is whole (TokenCount); a fraction from elsewhere (a row file) is kept as given
     count = int(tokens) if float(tokens).is_integer() else float(tokens)
     return {"tokens": count, "days": seconds / SECONDS_PER_DAY, "gpu_hours": seconds / 3600.0 * gpus}
 

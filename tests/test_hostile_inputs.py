@@ -293,6 +293,10 @@ OWN = [  # issue 24: thirty more, each tried for real first (all already one lin
     (EST + ["--gpus", 8, "--tokens", "15T"], "--tokens needs --gpu NAME"),
     (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "-5"], "'-5' must be a positive, finite token count"),
     (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "15Q"], "'15Q' is not a token count"),
+    # a budget counts whole tokens: 1.5 and 1e-3 are not counts (4.1T = 4.1 x 10^12 is: test_estimate_csv)
+    (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "1.5"],
+     "'1.5' is 1.5 tokens, not a whole number: a token count is an integer"),
+    (EST + ["--gpus", 8, "--gpu", "h100-80gb", "--tokens", "1e-3"], "'1e-3' is 0.001 tokens, not a whole number"),
     # 1e40 tokens printed 10^25 days; the bound is limits.TOKENS, far beyond any published run
     (["sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "1e40", "--top", 2],
      "'--tokens': must be at most 1e+17, got 1e+40: the largest published training runs"),

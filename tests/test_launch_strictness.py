@@ -192,6 +192,12 @@ def test_a_budget_within_int64_samples_is_launched(sweep):
     assert args[args.index("--train-samples") + 1] == str(2**62) and 2**62 <= INT64_MAX
 
 
+def test_a_budget_of_a_fraction_of_a_token_is_refused(sweep):
+    # advisor-launch's --tokens reads a count as the advisor's does (TokenCount): 2.5 tokens are not one
+    line = refused(run("launch", "args", "--from", sweep, "--tokens", "2.5"))
+    assert "'2.5' is 2.5 tokens, not a whole number: a token count is an integer" in line
+
+
 def test_a_budget_past_int64_samples_is_refused_from_every_source(tmp_path, rows, sweep):
     """2^76 tokens are 2^63 samples, one past int64; 1e300 were a 300-digit --train-samples."""
     line = refused(run("launch", "args", "--from", sweep, "--tokens", str(2**76)))

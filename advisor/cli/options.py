@@ -10,6 +10,7 @@ document (a campaign, a plan).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 from pathlib import Path
@@ -574,7 +575,7 @@ _TOKEN_SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "
 
 
 class TokenCount(click.ParamType):
-    """A token budget: 15T, 300B, 2.5e12; positive, finite and, with ``bound``, at most its high
+    """A token budget: 15T, 300B, 2.5e12; a positive whole number and, with ``bound``, at most its high
     (the advisor's --tokens: ``limits.TOKENS``; the launcher's is bounded by Megatron's int64
     sample index instead, ``launch.job``)."""
 
@@ -584,19 +585,23 @@ class TokenCount(click.ParamType):
         self.bound = bound
 
     def convert(self, value, param, ctx):
+        import decimal
+
         if isinstance(value, (int, float)):
-            number = float(value)
+            number = decimal.Decimal(value)
         else:
             text = str(value).strip().upper()
             suffix = text[-1:] if text[-1:] in _TOKEN_SUFFIXES and text[-1:] else ""
-            import decimal
-
             try:  # in decimal, so that 4.1T is 4100000000000 tokens, not float's 4099999999999.9995
-                number = float(decimal.Decimal(text[: len(text) - len(suffix)]) * int(_TOKEN_SUFFIXES[suffix]))
+                number = decimal.Decimal(text[: len(text) - len(suffix)]) * int(_TOKEN_SUFFIXES[suffix])
             except (ValueError, ArithmeticError):  # decimal.InvalidOperation is an ArithmeticError
                 self.fail(f"{value!r} is not a token count (for example 15T, 300B, 2.5e12)", param, ctx)
-        if not number > 0 or number == float("inf"):
+        if not number > 0 or not math.isfinite(float(number)):
             self.fail(f"{value!r} must be a positive, finite token count", param, ctx)
+        if number != number.to_integral_value():  # a budget counts whole tokens (--train-samples' tokens)
+            self.fail(f"{value!r} is {number.normalize():f} tokens, not a whole number: a token count is an integer "
+                      "(4.1T is 4100000000000 tokens)", param, ctx)
+        number = float(number)
         if self.bound is None:
             return number
         try:
