@@ -360,7 +360,8 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     moe_values, rest = ({}, parsed.rest) if "--num-experts" not in _flags(parsed.rest) else _moe_values(parsed.rest)
     if not moe_values:
         _refuse_expert_parallelism_without_experts(parsed.rest)
-    layout = read_layout(parsed.layout, spec.num_layers, int_value(moe_values, "mtp-num-layers") or 0, release)
+    mtp = int_value(moe_values, "mtp-num-layers") if moe_values else _dense_mtp_layers(rest)
+    layout = read_layout(parsed.layout, spec.num_layers, mtp or 0, release)
     spec, built = _as_built(spec, layout, bool(moe_values))
     _refuse_interleaving_without_p2p_overlap(layout, rest)
     fusion_off = _SOFTMAX_FUSION_OFF in rest
@@ -374,6 +375,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
         unpriced += _softmax_fusion_note(options)
     if not moe_values:
         unpriced += _local_attention_note(options)
+        unpriced = [_DENSE_MTP_NOTE.format(mtp) if entry == "--mtp-num-layers" else entry for entry in unpriced]
     moe = None
     if moe_values:  # a mixture of experts (advisor.moe.readback)
         from advisor.moe import readback
@@ -563,6 +565,24 @@ def _last_value(rest: list[str], flag: str) -> str | None:
         if name == flag:
             value = inline if has_value else rest[i + 1] if i + 1 < len(rest) and _is_value(rest[i + 1]) else None
     return value
+
+
+_DENSE_MTP_NOTE = ("--mtp-num-layers {0} (multi-token prediction: megatron-core builds it for a dense GPT model "
+                   "too, on the last stage, each MTP layer a transformer layer with eh_proj, norms and an output "
+                   "layer and loss of its own; the advisor prices it for MoE models only, where advisor.moe.mtp's "
+                   "MTP layer is the model's MoE layer, so this estimate leaves it out)")
+"""--mtp-num-layers in a dense command: named with what it leaves out (gpt_builders.py builds the
+MTP block from the decoder's own layer spec, MoE or not; validate_args asks only RoPE or no
+position embedding)."""
+
+
+def _dense_mtp_layers(rest: list[str]) -> int | None:
+    """A dense command's --mtp-num-layers (what its --pipeline-model-parallel-layout's m layers must
+    equal), None without it; the MoE reader takes an MoE command's (``advisor.moe.readback``)."""
+    from advisor.moe.readback import flag_int  # the MoE reader's bounds: at least 0, at most limits.MTP_LAYERS
+
+    text = _last_value(rest, "--mtp-num-layers")
+    return None if text is None else flag_int({"mtp-num-layers": text}, "mtp-num-layers")
 
 
 def _refuse_expert_parallelism_without_experts(rest: list[str]) -> None:

@@ -250,6 +250,47 @@ def test_the_real_megatron_refuses_or_builds_mismatched_uneven_ends_as_the_advis
     assert results[-1]["ok"] and tuple(results[-1]["derived"]["layers_per_stage"]) == (20, -4, -4, 20), results[-1]
 
 
+# Multi-token prediction in a dense model: megatron-core builds it from the decoder's own layer spec
+# (gpt_builders.py: get_gpt_mtp_block_spec(config, transformer_layer_spec, ...), MoE or not;
+# validate_args asks RoPE or no position embedding). The advisor prices MTP for MoE models only
+# (advisor.moe.mtp): a dense command's is named, with why; its layout's m layers are checked
+# against the command's own --mtp-num-layers (they were against 0)
+DENSE_MTP = {
+    "flag": _DENSE.format(layers=32, pp=2, split="--mtp-num-layers 1"),
+    # 16 decoder layers a stage, the MTP layer (m) on the last, before the loss (L)
+    "layout": _DENSE.format(layers=32, pp=2, split="--pipeline-model-parallel-layout 'Et*16|t*16,mL' "
+                                                   "--mtp-num-layers 1"),
+}
+
+
+@pytest.mark.parametrize("name", DENSE_MTP)
+def test_a_dense_models_mtp_layers_are_read_and_named_as_not_priced_with_why(name):
+    result = estimate(DENSE_MTP[name])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)
+    assert tuple(row["layers_per_stage"]) == (16, 16)
+    note = next(entry for entry in row["unpriced"] if entry.startswith("--mtp-num-layers"))
+    assert note.startswith("--mtp-num-layers 1 (multi-token prediction: megatron-core builds it for a dense GPT")
+    assert "the advisor prices it for MoE models only" in note
+
+
+def test_a_dense_layouts_mtp_layers_must_be_the_commands():
+    # two m layers, --mtp-num-layers 1: validate_layer_layout requires them equal
+    text = DENSE_MTP["layout"].replace("t*16,mL", "t*16,mmL")
+    result = estimate(text)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert "has 2 MTP layers (m); --mtp-num-layers gives 1 (Megatron requires them equal)" in result.stderr
+    negative = estimate(DENSE_MTP["flag"].replace("--mtp-num-layers 1", "--mtp-num-layers -1"))
+    assert negative.exit_code == 2 and "--mtp-num-layers must be positive, got -1" in negative.stderr
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_the_real_megatron_accepts_mtp_in_a_dense_model(tag):
+    release = checkout(tag)  # skips without it
+    for name, result in zip(DENSE_MTP, validate(release, [_case(text) for text in DENSE_MTP.values()])):
+        assert result["ok"] and tuple(result["derived"]["layers_per_stage"]) == (16, 16), (name, result)
+
+
 # noggemm.sh's essentials: a Mixtral-like MoE recomputing its experts' activation (moe_act)
 # without --moe-grouped-gemm (sequential experts)
 _MOE = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 8 --hidden-size 1024 --ffn-hidden-size 3584 "
