@@ -113,10 +113,28 @@ def _switches() -> frozenset[str]:
     """Every flag known to be a switch (store_true or store_false in Megatron's argparse): read
     here, by the training options' parser or by the MoE reader."""
     from advisor.moe.readback import SWITCHES as MOE_SWITCHES
-    from advisor.options.flags import SWITCHES
+    from advisor.options.flags import NO_EFFECT, SWITCHES, UNPRICED
 
+    counts = _megatron_value_counts()
+    # the unpriced and no-effect flags that are switches in every release that has them
+    # (--no-overlap-p2p-communication): a value after one is refused as after the others
+    named = {flag for flag in UNPRICED | NO_EFFECT.keys() if counts.get(flag) == {"0"}}
     return frozenset(_MODEL_SWITCHES | _LAYOUT_SWITCHES | HARMLESS_SWITCHES | MOE_SWITCHES
-                     | {flag[2:] for flag in SWITCHES} | {_SOFTMAX_FUSION_OFF[2:]})
+                     | {flag[2:] for flag in SWITCHES | named} | {_SOFTMAX_FUSION_OFF[2:]})
+
+
+@functools.cache
+def _megatron_value_counts() -> dict[str, set[str]]:
+    """Every flag of the releases' own parsers (``megatron_flag_table``: '--flag[=COUNT][:TYPE]'
+    words) -> the value counts the releases give it ('0': a switch; '1' where none is written)."""
+    from advisor.megatron_flag_table import FLAGS
+
+    counts: dict[str, set[str]] = {}
+    for text in FLAGS.values():
+        for word in text.split():
+            flag, _, count = word.partition(":")[0].partition("=")
+            counts.setdefault(flag, set()).add(count or "1")
+    return counts
 
 
 def _stray_value(name: str, words: list[str], i: int, has_value: bool, value: str) -> None:
@@ -643,12 +661,10 @@ def _unknown_as_written(rest: list[str]) -> list[str]:
 def _flag_spellings() -> tuple[frozenset[str], list[str]]:
     """(every flag of the releases' own parsers, ``megatron_flag_table``; every flag a reader here
     takes, sorted): read once, not once per unknown flag."""
-    from advisor.megatron_flag_table import FLAGS
     from advisor.moe import readback
     from advisor.options.flags import MULTI, NO_EFFECT, SWITCHES, UNPRICED, VALUED
 
-    # '--flag[=COUNT][:TYPE]' words (launch.megatron_flags)
-    megatrons = frozenset(re.split("[=:]", word)[0] for text in FLAGS.values() for word in text.split())
+    megatrons = frozenset(_megatron_value_counts())
     read_here = ({f"--{name}" for name in (_MODEL_VALUED | _LAYOUT_VALUED | HARMLESS_VALUED | set(_MULTI_VALUED)
                                            | readback.VALUED | readback.SWITCHES | readback.MULTI | _switches())}
                  | VALUED | SWITCHES | UNPRICED | MULTI | NO_EFFECT.keys())

@@ -298,6 +298,10 @@ _MOE = "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-siz
      "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor"),
     (f"{_MOE} --num-experts 8 --moe-grouped-gemm false\n",
      "--moe-grouped-gemm is a switch and takes no value, got 'false' (Megatron-LM refuses the command)"),
+    (f"{_MOE} --no-overlap-p2p-communication 1\n",
+     "--no-overlap-p2p-communication is a switch and takes no value, got '1' (Megatron-LM refuses the command)"),
+    (f"{_MOE} --num-experts 8 --no-overlap-p2p-communication=true\n",
+     "--no-overlap-p2p-communication is a switch and takes no value, got 'true' (Megatron-LM refuses the command)"),
     (f"{_MOE} --num-experts 8 --moe-token-dispatcher-type flex --moe-expert-capacity-factor 1 "
      "--moe-pad-expert-input-to-capacity\n", "the flex dispatcher's padding to capacity is not priced"),
     # at TP 1 Megatron turns SP off, then refuses the overlap: the read-back dropped it silently (audit)

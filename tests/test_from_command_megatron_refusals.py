@@ -250,6 +250,17 @@ def test_the_real_megatron_refuses_or_builds_mismatched_uneven_ends_as_the_advis
     assert results[-1]["ok"] and tuple(results[-1]["derived"]["layers_per_stage"]) == (20, -4, -4, 20), results[-1]
 
 
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_the_real_megatron_refuses_a_value_after_the_no_p2p_overlap_switch(tag):
+    # argparse's store_false: the stray word is an unrecognized argument (test_from_command: the read-back
+    # refuses it in one line, dense and MoE alike)
+    release = checkout(tag)  # skips without it
+    plain, stray = validate(release, [_case(_DENSE.format(layers=32, pp=4, split=extra)) for extra in
+                                      ("--no-overlap-p2p-communication", "--no-overlap-p2p-communication true")])
+    assert plain["ok"], plain
+    assert not stray["ok"] and "unrecognized arguments: true" in stray["error"], stray
+
+
 # Multi-token prediction in a dense model: megatron-core builds it from the decoder's own layer spec
 # (gpt_builders.py: get_gpt_mtp_block_spec(config, transformer_layer_spec, ...), MoE or not;
 # validate_args asks RoPE or no position embedding). The advisor prices MTP for MoE models only

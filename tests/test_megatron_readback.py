@@ -112,6 +112,10 @@ def test_shell_words_split_as_bash_splits_them():
     (["--use-distributed-optimizer", "1"], "--use-distributed-optimizer is a switch and takes no value, got '1'"),
     (["--swiglu=true"], "--swiglu is a switch and takes no value, got 'true'"),
     (["--mock-data", "yes"], "--mock-data is a switch and takes no value, got 'yes'"),
+    # switches the read-back names as not priced (options.flags.UNPRICED) are switches too: the stray
+    # word was taken as their value (megatron_flag_table: '--no-overlap-p2p-communication=0', a switch)
+    (["--no-overlap-p2p-communication", "true"], "--no-overlap-p2p-communication is a switch and takes no value"),
+    (["--use-cpu-initialization=1"], "--use-cpu-initialization is a switch and takes no value, got '1'"),
 ])
 def test_a_value_after_a_switch_is_refused_as_megatron_refuses_it(arguments, error):
     """Megatron's argparse stops at the stray word ('unrecognized arguments'); it was dropped."""
