@@ -283,7 +283,19 @@ def vocabulary(model: dict, release=None) -> tuple[int | None, str]:
             return size + extra, (f"--vocab-size {size} + {extra} (NullTokenizer's end-of-document row on "
                                   f"{defaults.name})")
         return size, f"--vocab-size {size} (NullTokenizer's rows as given on {defaults.name})"
+    tokenizer = model.get("tokenizer-type")
+    if tokenizer is not None and tokenizer not in _TOKENIZERS_SIZED_BY_FLAG:
+        return size, (f"--vocab-size {size} (taken as the size of {as_written(str(tokenizer))}'s files: Megatron "
+                      "builds that tokenizer's vocabulary from them and ignores --vocab-size)")
     return size, f"--vocab-size {size}"
+
+
+_TOKENIZERS_SIZED_BY_FLAG = frozenset({"NullTokenizer", "TikTokenizer", "NullMultimodalTokenizer"})
+"""The tokenizers whose vocabulary --vocab-size sets (core_v0.15.2 tokenizer.py, ``build_tokenizer``:
+_NullTokenizer(args.vocab_size), CustomTikTokenizer(vocab_size=args.vocab_size); core_v0.19.0
+core/tokenizers/utils/build_tokenizer.py likewise). Every other one (GPT2BPETokenizer from
+--vocab-file and --merge-file, HuggingFaceTokenizer and the SentencePiece ones from
+--tokenizer-model) sizes its vocabulary from its files, and padded_vocab_size pads that."""
 
 
 def model_spec(model: dict, *, name: str, vocab_size: int) -> LlamaSpec:

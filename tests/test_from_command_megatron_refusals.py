@@ -261,6 +261,44 @@ def test_the_real_megatron_refuses_a_value_after_the_no_p2p_overlap_switch(tag):
     assert not stray["ok"] and "unrecognized arguments: true" in stray["error"], stray
 
 
+# GPT2BPETokenizer sizes its vocabulary from --vocab-file (core_v0.15.2 tokenizer.py, build_tokenizer:
+# _GPT2BPETokenizer(args.vocab_file, args.merge_file); core_v0.19.0 likewise) and ignores --vocab-size
+_GPT2 = _DENSE.format(layers=4, pp=1, split="").replace(
+    "--tokenizer-type NullTokenizer --vocab-size 32000", "--tokenizer-type GPT2BPETokenizer --vocab-file {vocab} "
+    "--merge-file {merges}{size}")
+
+
+def _gpt2_files(directory) -> dict:
+    """A three-token GPT-2 vocabulary and an empty merge list."""
+    (directory / "vocab.json").write_text(json.dumps({"a": 0, "b": 1, "<|endoftext|>": 2}))
+    (directory / "merges.txt").write_text("#version: 0.2\n")
+    return {"vocab": directory / "vocab.json", "merges": directory / "merges.txt"}
+
+
+def test_a_gpt2_bpe_command_without_vocab_size_asks_for_it_in_one_line(tmp_path):
+    result = estimate(_GPT2.format(**_gpt2_files(tmp_path), size=""))
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert result.stderr.startswith("Error: the command does not give its vocabulary (its tokenizer is read from "
+                                    "files): give --vocab-size N (the tokenizer's size)")
+
+
+def test_a_gpt2_bpe_commands_vocab_size_is_priced_and_said_to_be_ignored_by_megatron(tmp_path):
+    result = estimate(_GPT2.format(**_gpt2_files(tmp_path), size=" --vocab-size 50257"))
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)
+    assert row["model"]["vocab_size"] == 50257
+    assert row["read_from"].endswith("vocabulary --vocab-size 50257 (taken as the size of GPT2BPETokenizer's files: "
+                                     "Megatron builds that tokenizer's vocabulary from them and ignores --vocab-size)")
+
+
+def test_the_real_megatron_sizes_gpt2_bpe_by_its_file_not_by_vocab_size(tmp_path):
+    # core_v0.19.0 builds GPT2BPETokenizer through transformers' AutoTokenizer, not installed here
+    release = checkout("core_v0.15.2")  # skips without it
+    (result,) = validate(release, [_case(_GPT2.format(**_gpt2_files(tmp_path), size=" --vocab-size 32000"))])
+    # 3 tokens padded to --make-vocab-size-divisible-by 128 x TP 1 = 128, not 32000
+    assert result["ok"] and result["derived"]["padded_vocab_size"] == 128, result
+
+
 # Multi-token prediction in a dense model: megatron-core builds it from the decoder's own layer spec
 # (gpt_builders.py: get_gpt_mtp_block_spec(config, transformer_layer_spec, ...), MoE or not;
 # validate_args asks RoPE or no position embedding). The advisor prices MTP for MoE models only
