@@ -123,6 +123,9 @@ def test_moe_estimate_json_matches_its_sweep_row():
     assert one["total_gib"] == row["total_gib"] and one["step_time_s"] == row["step_time_s"]
     assert len(one["stages"]) == row["pp"] and one["megatron_args"] == row["megatron_args"]
     assert "--moe-token-dispatcher-type" in one["megatron_args"]
+    # microbatches per pipeline as a dense row states them: GBS 256 / (MBS x DP), DP = 16 / (TP x CP x PP)
+    dp = 16 // (row["tp"] * row["cp"] * row["pp"])
+    assert row["dp"] == dp and row["num_microbatches"] == one["num_microbatches"] == 256 // (row["mbs"] * dp)
 
 
 def test_advisor_launch_rebuilds_an_moe_rows_flags(tmp_path):

@@ -464,8 +464,7 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
     # an MoE row's full recomputation is always every layer (uniform 1: advisor.moe.flags), so 'full'
     # says it all, and the ten characters saved keep TFLOP/s on an 80-column terminal
     rows = [{**row, "split": render.counts_text(row["layers_per_stage"]),
-             "recompute_text": "full" if row["recompute"] == "full" else render.recompute_text(row),
-             "num_microbatches": workload.global_batch_size // (row["mbs"] * row["dp"])} for row in shown]
+             "recompute_text": "full" if row["recompute"] == "full" else render.recompute_text(row)} for row in shown]
     columns = sweep_columns(result.memory_model == "calibrated", gpu is not None, tokens=result.tokens is not None,
                             priced=priced, experts=True, rank_by=rank_by)
     return render.to_table(rows, columns, title=title, row_style=render.verdict_style, caption=caption,

@@ -342,6 +342,8 @@ class SweepResult:
     tolerance: float | None
     tokens: float | None = None
     """A token budget (``advisor sweep --tokens``): each timed row's ``budget_fields``."""
+    global_batch_size: int = 0
+    """The workload's: each row's ``num_microbatches`` is GBS / (MBS x DP)."""
 
     @property
     def counts(self) -> dict:
@@ -353,14 +355,14 @@ class SweepResult:
     def rows(self, include_oom: bool = False, limit: int | None = None) -> list[dict]:
         chosen = (self.order if include_oom else self.order[:self.ranked])[:limit]
         out = _rows(self.spec, self.layouts, chosen, self.memory, self.verdict, self.timing, self.memory_gib,
-                    self.options, self.memory_model, tokens=self.tokens)
+                    self.options, self.memory_model, tokens=self.tokens, global_batch_size=self.global_batch_size)
         for position, row in enumerate(out[:self.ranked]):
             row["rank"] = position + 1
         return out
 
     def row(self, i: int) -> dict:
         return _rows(self.spec, self.layouts, np.array([i]), self.memory, self.verdict, self.timing, self.memory_gib,
-                     self.options, self.memory_model, tokens=self.tokens)[0]
+                     self.options, self.memory_model, tokens=self.tokens, global_batch_size=self.global_batch_size)[0]
 
     def least(self) -> dict:
         """The layout that needs the least memory (for the nothing-fits message)."""
@@ -455,7 +457,7 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
     order, ranked = _rank(layouts, kept, verdict, memory, timing, options, memory_model, tolerance)
     return SweepResult(spec, layouts, memory, verdict, timing, memory_gib, options, order, ranked,
                        considered=len(layouts.tp), memory_model=memory_model, tolerance=tolerance if timing else None,
-                       tokens=tokens)
+                       tokens=tokens, global_batch_size=workload.global_batch_size)
 
 
 def _check_sweep(spec: MoESpec, workload: Workload, gpus: int, whole_node: int, max_tp: int, ep: int | None,
@@ -507,11 +509,12 @@ def _timing(spec: MoESpec, workload: Workload, layouts: Layouts, gpu: GpuSpec, o
 
 
 def _rows(spec, layouts, which, memory, verdict, timing, memory_gib, options, memory_model,
-          layers_per_stage=None, tokens: float | None = None) -> list[dict]:
+          layers_per_stage=None, tokens: float | None = None, global_batch_size: int = 0) -> list[dict]:
     """The rows of the layouts at ``which``, in that order (``rank`` None). The columns are read
     out as Python values once (not element by element), and what depends only on the
     recomputation, TP > 1 or PP is made once (``_RowParts``). ``tokens``: a budget, each timed
-    row's days and GPU-hours from its own tokens/s (``advisor.ranking.budget_fields``)."""
+    row's days and GPU-hours from its own tokens/s (``advisor.ranking.budget_fields``); with
+    ``global_batch_size``, each row's microbatches per pipeline, GBS / (MBS x DP), as a dense row's."""
     from advisor.ranking import budget_fields
 
     columns = {k: getattr(layouts, k)[which].tolist() for k in ("tp", "cp", "pp", "ep", "etp", "dp", "mbs", "vpp",
@@ -528,6 +531,7 @@ def _rows(spec, layouts, which, memory, verdict, timing, memory_gib, options, me
         total = gib["total"][j]
         row = {"rank": None, "tp": tp, "cp": cp, "pp": pp, "ep": ep, "etp": etp, "mbs": mbs, "dp": dp,
                "gpus": tp * cp * pp * dp, "edp": tp * cp * dp // (ep * etp), "vpp": vpp,
+               **({"num_microbatches": global_batch_size // (mbs * dp)} if global_batch_size else {}),
                "layers_per_stage": parts.split(pp), **parts.recomputation(recompute), **parts.fixed,
                "options": parts.options(recompute, tp > 1), "total_gib": total, "model_states_gib": gib["states"][j],
                "activations_gib": gib["activations"][j], "peak_stage": int(stage[j]),
@@ -623,7 +627,8 @@ def estimate_layout(spec: MoESpec, workload: Workload, *, tp: int, cp: int, pp: 
     verdict = _verdicts(memory, limit, threshold, band)
     timing = _timing(spec, workload, layouts, gpu, options, split, with_parts=True) if gpu else None
     parts = timing.pop("time_parts") if timing else None
-    row = _rows(spec, layouts, np.array([0]), memory, verdict, timing, limit, options, memory_model, split, tokens)[0]
+    row = _rows(spec, layouts, np.array([0]), memory, verdict, timing, limit, options, memory_model, split, tokens,
+                workload.global_batch_size)[0]
     row.update(model=spec.name, seq_len=workload.seq_len, global_batch_size=workload.global_batch_size,
                gpu=gpu.name if gpu else None, memory_model=memory_model, stages=stages)
     if parts is not None:
