@@ -25,7 +25,7 @@ from pathlib import Path
 
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
-from advisor.profiles import ProfileError, ProfileRun, load_run
+from advisor.profiles import ProfileError, ProfileRun, directory_problem, load_run
 
 TERMS = {"decoder": "Eq. 12/15", "embedding": "Eq. 13", "output": "Eq. 14"}
 """Each measured module kind and the seed-004 equation of its activations."""
@@ -101,8 +101,8 @@ class MeasuredActivations:
 
 def _runs(directory: Path) -> list[ProfileRun]:
     """The run under ``directory``, or the runs in its subdirectories (a campaign's --out)."""
-    if not directory.is_dir():
-        raise AdvisorError(f"--profile {directory}: not a directory")
+    if problem := directory_problem(directory):
+        raise AdvisorError(f"--profile {directory}: {problem}")
     if any(directory.glob("rank*.jsonl")):
         return [load_run(directory)]
     runs = []

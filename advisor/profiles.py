@@ -592,13 +592,21 @@ def check_run_files(ranks: Iterable[RankProfile], where: str) -> None:
             seen[key] = rank
 
 
+def directory_problem(path: Path) -> str | None:
+    """Why ``path`` is not a profile's directory, or None: 'no such directory' where nothing is
+    there (a typo), 'not a directory' where a file is."""
+    if path.is_dir():
+        return None
+    return "not a directory" if path.exists() else "no such directory"
+
+
 def load_run(directory: str | Path) -> ProfileRun:
     """All ``rank*.jsonl`` files of one run directory, checked to describe one run
     (``check_run_files``). Ranks may be missing (a run of some stages only, or one that died
     before a rank started); ``ProfileRun.missing_ranks`` lists them."""
     directory = Path(directory)
-    if not directory.is_dir():
-        raise ProfileError(f"{directory}: not a directory")
+    if problem := directory_problem(directory):
+        raise ProfileError(f"{directory}: {problem}")
     files = sorted(directory.glob("rank*.jsonl"))
     if not files:
         raise ProfileError(f"{directory}: no profile files (rank*.jsonl)")

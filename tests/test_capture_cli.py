@@ -110,7 +110,7 @@ def test_recommend_errors(advisor, campaign_dir, tmp_path):
     assert "needs --pp" in advisor.error("recommend", *common)
     assert "drop --tp and --pp" in advisor.error("recommend", *common, "--mode", "hybrid", "--pp", 2)
     assert "--gpus 8 is not divisible by TP x CP x PP = 1 x 1 x 3 = 3" in advisor.error("recommend", *common, "--pp", 3)
-    assert "not a directory" in advisor.error("recommend", "--profile", tmp_path / "nope", "--gpus", 4, "--pp", 2)
+    assert "nope: no such directory" in advisor.error("recommend", "--profile", tmp_path / "nope", "--gpus", 4, "--pp", 2)
     line = advisor.error("recommend", "--profile", tmp_path, "--gpus", 4, "--pp", 2)
     assert "no profile files (rank*.jsonl) nor run directories holding them" in line
     few = tmp_path / "reduced"

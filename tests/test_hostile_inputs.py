@@ -310,7 +310,7 @@ OWN = [  # issue 24: thirty more, each tried for real first (all already one lin
     (SWEEP + ["--hidden-size", 4097], "hidden_size = 4097 must be a multiple of num_attention_heads = 32"),
     (SWEEP + ["--rank-by", "throughput"], "--rank-by throughput needs --gpu NAME"),
     (SWEEP + ["--memory-model", "profile"], "--memory-model profile needs --profile DIR"),
-    (SWEEP + ["--profile", "/nonexistent"], "--profile /nonexistent: not a directory"),
+    (SWEEP + ["--profile", "/nonexistent"], "--profile /nonexistent: no such directory"),
     (SWEEP + ["--vpp", 0], "--vpp must be auto or a positive integer, got '0'"),
     (SWEEP + ["--vpp", 64], "VPP 64 needs PP > 1, at least 64 layers per stage"),
     (["gpus", "--format", "xml"], "'xml' is not one of 'table', 'json', 'csv'"),

@@ -97,7 +97,7 @@ def test_bad_requests(advisor, tmp_path, args, message):
 def test_bad_directories(advisor, tmp_path):
     line = advisor.error("profile", "show", tmp_path)
     assert "no profile files (rank*.jsonl) nor run directories holding them" in line
-    assert "not a directory" in advisor.error("profile", "show", tmp_path / "missing")
+    assert "missing: no such directory" in advisor.error("profile", "show", tmp_path / "missing")
     path = profile().write(tmp_path)
     text = path.read_text()
     lines = text.splitlines(keepends=True)

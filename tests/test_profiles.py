@@ -172,8 +172,11 @@ def test_a_fifo_or_a_directory_named_like_a_rank_file_is_refused_unread(tmp_path
 def test_directories(tmp_path):
     with pytest.raises(ProfileError, match="no profile files"):
         load_run(tmp_path)
-    with pytest.raises(ProfileError, match="not a directory"):
+    with pytest.raises(ProfileError, match="missing: no such directory"):
         load_run(tmp_path / "missing")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ProfileError, match="a-file: not a directory"):
+        load_run(tmp_path / "a-file")
     profile().write(tmp_path)
     profile(header=header(rank=1, run_id="run-2")).write(tmp_path)
     with pytest.raises(ProfileError, match="different runs"):

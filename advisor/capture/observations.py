@@ -23,7 +23,8 @@ from typing import Iterable, Union
 from advisor.capture.layout import PipelineLayout, Scenario, StageSpec
 from advisor.megatron_args import MegatronSetup
 from advisor.models import LlamaSpec
-from advisor.profiles import ProfileError, ProfileRun, RankProfile, check_complete, check_run_files, load_run
+from advisor.profiles import (ProfileError, ProfileRun, RankProfile, check_complete, check_run_files, directory_problem,
+                              load_run)
 
 ModuleKey = Union[str, int]
 """'embedding', a decoder layer number (1-based), or 'output'."""
@@ -312,8 +313,8 @@ def run_directories(paths: Iterable[str | Path]) -> list[Path]:
     """Each path is a run directory (it holds rank*.jsonl) or a directory of run directories."""
     found = []
     for path in map(Path, paths):
-        if not path.is_dir():
-            raise ProfileError(f"{path}: not a directory")
+        if problem := directory_problem(path):
+            raise ProfileError(f"{path}: {problem}")
         if any(path.glob("rank*.jsonl")):
             found.append(path)
             continue
