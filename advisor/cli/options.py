@@ -640,8 +640,8 @@ def gpu_options(func: Callable) -> Callable:
             click.option("--mem", type=GIB, default=None,
                          help="Memory per GPU in GiB (overrides --gpu's)."),
             click.option("--gpus-per-node", type=GPUS_PER_NODE, default=None,
-                         help="GPUs per node (NVLink domain): the sweep's TP at most this; a larger TP (advisor "
-                              "estimate) is priced over the network. Default: --gpu's, else 8."),
+                         help="GPUs per node (NVLink domain): sweep and recommend keep TP within it; advisor "
+                              "estimate prices a larger TP over the network. Default: --gpu's, else 8."),
         ],
         wrapper,
     )
