@@ -41,7 +41,7 @@ JOB_KEYS = {
     "tokenizer_type": ("--tokenizer-type", "text"), "tokenizer_model": ("--tokenizer-model", "text"),
     "save": ("--save", "text"), "load": ("--load", "text"), "save_interval": ("--save-interval", "count"),
     "tensorboard_dir": ("--tensorboard-dir", "text"), "lr": ("--lr", "number"), "min_lr": ("--min-lr", "number"),
-    "tokens": (None, "number"), "lr_warmup_fraction": (None, "fraction"), "fs_bandwidth_gbs": (None, "bandwidth"),
+    "tokens": (None, "tokens"), "lr_warmup_fraction": (None, "fraction"), "fs_bandwidth_gbs": (None, "bandwidth"),
 }
 LENGTH_FLAGS = ("--train-iters", "--train-samples")
 DATA_SOURCES = ("--mock-data", "--data-path", "--train-data-path", "--data-args-path", "--per-split-data-args-path")
@@ -106,11 +106,14 @@ def _check_value(path: Path, key: str, kind: str, value) -> None:
                                                                    for v in value),
           "switch": isinstance(value, bool), "text": isinstance(value, str) and bool(value) and "\0" not in value,
           "count": isinstance(value, int) and not isinstance(value, bool) and value > 0,
-          "number": number and 0 < value < math.inf, "fraction": number and 0 <= value < 1}[kind]
+          "number": number and 0 < value < math.inf, "fraction": number and 0 <= value < 1,
+          # a budget counts whole tokens, as --tokens does (1e12 is whole, 1.5 is not)
+          "tokens": number and 0 < value < math.inf and float(value).is_integer()}[kind]
     if not ok:
         want = {"paths": "a list of paths without NUL bytes", "switch": "true or false",
                 "text": "a non-empty string without NUL bytes", "count": "a positive integer",
-                "number": "a positive number", "fraction": "a number in [0, 1)"}[kind]
+                "number": "a positive number", "fraction": "a number in [0, 1)",
+                "tokens": "a positive whole number of tokens (1e12, or 1_000_000_000_000 in TOML)"}[kind]
         raise AdvisorError(f"{path}: {key} must be {want}, got {json.dumps(value)[:60]}")
 
 

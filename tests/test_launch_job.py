@@ -85,6 +85,8 @@ def test_a_bad_job_file_is_one_line(advisor, tmp_path):
         "interval.json": ({"save_interval": 0}, "save_interval must be a positive integer, got 0"),
         "fraction.json": ({"lr_warmup_fraction": 1.5}, "lr_warmup_fraction must be a number in [0, 1)"),
         "paths.json": ({"data_path": "one"}, "data_path must be a list of paths"),
+        # a budget counts whole tokens, as --tokens does
+        "tokens.json": ({"tokens": 1.5}, "tokens must be a positive whole number of tokens"),
     }
     for name, (document, message) in cases.items():
         line = launcher().error("args", "--from", sweep, "--job-config", write_json(tmp_path / name, document))
