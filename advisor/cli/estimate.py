@@ -618,9 +618,8 @@ def _estimate_caption(spec, parallel, planned_split, result, row: dict, assessme
         caption += render.memory_call_text(mem, row["verdict"], fraction=row["memory_fraction"])
     if timing is not None:
         hypothetical = hints_text.if_it_fit(row["verdict"])
-        caption += (f"\n{hypothetical}step {timing['step_time_s']:.2f} s, {timing['tflops_per_gpu']:.0f} TFLOP/s "
-                    f"per GPU (MFU {timing['mfu']:.0%}), {timing['tokens_per_s']:,.0f} tokens/s; "
-                    + render.time_parts_text(parts))
+        fp8 = bool((row.get("options") or {}).get("fp8_format"))
+        caption += f"\n{hypothetical}{render.step_text(timing, parts, fp8)}"
         if tokens is not None:
             caption += f"\n{hypothetical}{render.budget_text(row, gpu_hour_price)}"
     return caption + "".join("\n" + note for note in notes)

@@ -644,9 +644,8 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings,
     if gpu is not None:
         from advisor.cli.hints import if_it_fit
 
-        caption += (f"\n{if_it_fit(row['verdict'])}step {row['step_time_s']:.2f} s, {row['tflops_per_gpu']:.0f} "
-                    f"TFLOP/s per GPU (MFU {row['mfu']:.0%}), {row['tokens_per_s']:,.0f} tokens/s; "
-                    + render.time_parts_text(row["time_parts"]))
+        fp8 = bool((row.get("options") or {}).get("fp8_format"))
+        caption += f"\n{if_it_fit(row['verdict'])}{render.step_text(row, row['time_parts'], fp8)}"
         if "tokens" in row:
             caption += f"\n{if_it_fit(row['verdict'])}{render.budget_text(row, gpu_hour_price)}"
     caption += "".join(f"\n{note}" for note in notes)
