@@ -199,7 +199,12 @@ class StageModel:
         Only the layer activations read N, except the calibrated layer factor, which reads
         whether N > 0: a calibrated model must keep that per layout (``advisor.space_pricer``'s pricer
         takes from one built with the same). Every array is elementwise in the layouts, so its
-        rows are the values a new build computes; what reduces over layouts is recomputed."""
+        rows are the values a new build computes; what reduces over layouts is recomputed.
+
+        total(0) (``_fixed``) reads no N either (no layers, no layer activations at any N), so
+        it is computed here once and its rows taken: the 405B levers sweep took about 200
+        models, each of which computed its own."""
+        self._fixed()
         new = object.__new__(StageModel)
         for name, value in vars(self).items():
             setattr(new, name, _rows_of(value, rows, count))
