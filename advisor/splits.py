@@ -153,12 +153,20 @@ def min_max(cost: Cost, pipelines: Pipelines, ceiling: np.ndarray | None = None,
     # while more than WALK (rank, layers) costs lie between the bounds' caps (exact, so counted):
     # in the deepest pipelines the evenest split is often the min-max already (none between).
     # caps(below) <= caps(middle) <= caps(above) <= the ceiling: each halving's caps start from
-    # that bracket, and the walk meets at most sum(upper - cap) costs
+    # that bracket, and the walk meets at most sum(upper - cap) costs; ranks with equal costs
+    # step together, so once each rank is within a layer of its upper cap, at most as many
+    # steps as distinct costs of their next layers (``_walk_steps``, asked once)
     cap = _caps(below)
     upper = _caps(above, cap) if wide else ceiling
+    asked = False
     for _ in range(max(BISECTIONS, math.ceil(math.log2(max(2.0, pipelines.width * pipelines.layers * share))))):
-        if np.where(feasible, (upper - cap).sum(axis=1), 0).max(initial=0) <= WALK:
+        gap = np.where(feasible[:, None], upper - cap, 0)
+        if gap.sum(axis=1).max(initial=0) <= WALK:
             break
+        if not asked and gap.max(initial=0) <= 1:
+            asked = True
+            if _walk_steps(masked, cap, gap) <= WALK:
+                break
         middle = (below + above) / 2
         middle_cap = _caps(middle, cap, upper + 1)
         within = _achievable(middle_cap, pipelines)
@@ -177,6 +185,19 @@ def min_max(cost: Cost, pipelines: Pipelines, ceiling: np.ndarray | None = None,
     counts = np.where(feasible[:, None], fill(cap, pipelines), 0)
     value = np.where(feasible, masked(counts).max(axis=1), np.inf)
     return Split(counts=counts, value=value, feasible=feasible)
+
+
+def _walk_steps(masked: Cost, cap: np.ndarray, gap: np.ndarray) -> int:
+    """The most steps ``min_max``'s walk takes from ``cap`` where every rank is at most one layer
+    below its upper cap (``gap``: 0 or 1, 0 in rows not planned): each step raises the bound to the
+    least cost of a next layer, and every rank whose next layer costs that much steps with it, so
+    one step per distinct cost among the next layers of the ranks with a gap. A pipeline's ranks
+    often share their cost (MadPipe's times of the middle ranks, ``advisor.rank_times``): 3
+    distinct costs where the sum of the gaps counts 64 ranks."""
+    step = np.sort(np.where(gap > 0, masked(cap + gap), np.inf), axis=1)  # the ranks without a gap last
+    first = np.isfinite(step[:, 0])
+    later = np.isfinite(step[:, 1:]) & (step[:, 1:] != step[:, :-1])
+    return int((first + later.sum(axis=1)).max(initial=0))
 
 
 def memory_caps(memory: Cost, pipelines: Pipelines, limit, inverse: Inverse | None = None) -> np.ndarray:
