@@ -1,6 +1,7 @@
 """Start-up stays cheap: ``advisor --help`` lists every command without importing any command's
 module (nor numpy, rich or torch), and ``advisor sweep`` imports neither torch nor the modules of
-the other commands (the report, profiling, matplotlib), nor, for a dense model, the MoE pricing."""
+the other commands (the report, profiling, matplotlib), nor, for a dense model, the MoE pricing,
+nor scipy, rich or the reader of a command's flags."""
 
 from __future__ import annotations
 
@@ -35,4 +36,7 @@ def test_sweep_imports_only_what_it_needs():
     assert not modules & {*HEAVY, "advisor.report", "advisor.cli.report", "advisor.cli.profile",
                           "advisor.cli.compare_log", "advisor.cli.recommend", "advisor.profiles",
                           "advisor.moe.stage", "advisor.moe.memory", "advisor.moe.transient",
-                          "advisor.moe.time"}  # a dense model's sweep
+                          "advisor.moe.time",  # a dense model's sweep
+                          "scipy", "rich",  # neither the JSON nor the search needs them
+                          # a command's reader (--from-command): the sweep's MoE flags do not need it
+                          "advisor.shell_command", "advisor.megatron_layout", "shlex"}

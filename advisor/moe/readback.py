@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from advisor import limits
 from advisor.errors import AdvisorError
-from advisor.megatron_layout import flag_number
 from advisor.models import LlamaSpec
 from advisor.moe.spec import FLEX_BACKENDS
 from advisor.options.flags import read_recompute_modules
@@ -153,6 +152,10 @@ def take(rest: list[str]) -> tuple[dict, list[str]]:
 def flag_int(values: dict, name: str, default=None):
     """--name's integer (``megatron_layout.flag_number``, the one reader of a flag's number),
     positive, or at least 0 for --mtp-num-layers."""
+    # only a command read back asks: a sweep's MoEFlags (every sweep makes one) need not import
+    # the layout reader and its shell parser (about 3 ms of every start)
+    from advisor.megatron_layout import flag_number
+
     number = flag_number(values, name, int, None)
     if number is None:
         return default
