@@ -209,7 +209,7 @@ def test_a_budget_past_int64_samples_is_refused_from_every_source(tmp_path, rows
     job.write_text("tokens = 1e300\n")
     assert f"{job}: tokens 1e+300 is" in refused(run("launch", "args", "--from", sweep, "--job-config", job))
     job.write_text("tokens = inf\n")  # TOML's infinity: refused by the job file's reader
-    assert f"{job}: tokens must be a positive number" in refused(
+    assert f"{job}: tokens must be a positive whole number" in refused(
         run("launch", "args", "--from", sweep, "--job-config", job))
 
 

@@ -504,8 +504,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         return
     from advisor import render
 
-    emit(render.to_json({**row, "stages": stage_rows}) if fmt == "json" else estimate_csv(row, stage_rows),
-         output)
+    emit(render.to_json({**row, "stages": stage_rows}) if fmt == "json" else estimate_csv(row, stage_rows), output)
 
 
 def _command_nodes(read, gpu, gpus_per_node: int):
