@@ -191,13 +191,14 @@ def run(campaign: Path, out: Path, backend: str = "cpu", layer_spec: str | None 
         memory_limit: float | None = None) -> int:
     """Run a campaign (``advisor profile run``'s options: ``memory_limit`` in GiB) into ``out``;
     returns the exit status (module docstring). Bad input raises AdvisorError before any work."""
-    from advisor.capture.campaign_run import LAYER_SPECS, prepare, run_campaign
+    from advisor.capture.campaign_run import LAYER_SPECS, backend_fields, prepare, run_campaign, scan
     from advisor.errors import AdvisorError
     from megatron_hooks.stage_emulation import quiet_megatron
 
     document = prepare(campaign, out, backend=backend, layer_spec=layer_spec)  # bad input before any work
     if backend != "symbolic" and layer_spec:
         raise AdvisorError("--layer-spec is the symbolic backend's")
+    scan(document, out, backend_fields(backend, layer_spec))  # runs another backend made: refused, not kept
     quiet_megatron()
     limit = None if memory_limit is None else int(memory_limit * GIB)
     if backend == "symbolic":

@@ -282,6 +282,33 @@ def test_out_must_be_a_directory_without_other_runs(advisor, campaign_file, tmp_
     assert "holds another run than campaign run pp-b1-2x2: rank 0 has seq_len 64, the campaign's run 32" in line
 
 
+def test_runs_of_another_setup_or_backend_are_not_taken_as_complete(advisor, tmp_path):
+    """A run id names the layout and batch only (pp-b1-2x2 in an FP32 and a BF16 campaign alike):
+    a BF16 campaign (or --backend symbolic) resumed into the FP32 CPU campaign's --out read its runs
+    as complete, and recommend then priced FP32 CPU profiles (audit)."""
+    fp32 = campaign(layouts=[(2, 2)])
+    directory = tmp_path / "runs" / fp32["runs"][0]["id"]
+    directory.mkdir(parents=True)
+    for stage in (0, 1):
+        write_rank(directory, fp32["runs"][0], stage)  # the factory's CPU backend, FP32, local spec
+    cpu_file = _write(tmp_path / "fp32.json", fp32)
+    assert scan(fp32, tmp_path / "runs")[fp32["runs"][0]["id"]].state == "complete"
+
+    bf16 = campaign(layouts=[(2, 2)], setup=replace(CPU, params_dtype="bfloat16"))
+    assert bf16["runs"][0]["id"] == fp32["runs"][0]["id"]
+    line = advisor.error("profile", "run", _write(tmp_path / "bf16.json", bf16), "--out", tmp_path / "runs")
+    assert line == (f"Error: {directory} holds another run than campaign run pp-b1-2x2: rank 0 has params_dtype "
+                    "'float32', the campaign's run 'bfloat16'; choose another --out")
+    adam = campaign(layouts=[(2, 2)], setup=replace(CPU, distributed_optimizer=True))
+    with pytest.raises(AdvisorError, match="rank 0 has distributed_optimizer False, the campaign's run True"):
+        scan(adam, tmp_path / "runs")
+    line = advisor.error("profile", "run", cpu_file, "--out", tmp_path / "runs", "--backend", "symbolic")
+    assert line.endswith("rank 0 was profiled with backend 'cpu', this command's is 'symbolic'; choose another --out")
+    # the same campaign and backend: complete, nothing run again
+    result = advisor("profile", "run", cpu_file, "--out", tmp_path / "runs")
+    assert "1 runs in" in result.stdout and "1 already complete" in result.stdout
+
+
 def test_missing_or_unreadable_campaign_file(advisor, tmp_path):
     assert "none.json: no such file" in advisor.error("profile", "run", tmp_path / "none.json", "--out", tmp_path)
     (tmp_path / "latin1.json").write_bytes('{"schema": "caf\xe9"}'.encode("latin-1"))

@@ -15,8 +15,9 @@ A run directory is
 - *partial*: anything else (missing ranks, a rank still "running" because the run was killed, a
   rank ended in "error", an unreadable file). The runner deletes its rank files and runs it again.
 
-A directory whose rank files describe another run (another model, sequence, split, batch or
-degrees) is an error: nothing is deleted, the user chooses another ``--out``.
+A directory whose rank files describe another run (another model, sequence, split, batch,
+degrees, dtype or optimizer; with ``made_by``, another backend) is an error: nothing is deleted,
+the user chooses another ``--out``.
 
 Events, one JSON object per line on the runner's stdout (schema
 ``megatron-4d-advisor/campaign-events``, version 1), in this order:
@@ -143,9 +144,14 @@ def symbolic_problem(campaign: dict, layer_spec: str) -> str | None:
     return None
 
 
-def _mismatch(profile: ProfileRun, campaign: dict, run: dict, model: LlamaSpec) -> str | None:
+def _mismatch(profile: ProfileRun, campaign: dict, run: dict, model: LlamaSpec,
+              made_by: dict[str, str] | None = None) -> str | None:
     """What in the rank files differs from the campaign run (of ``model``, the campaign's, which
-    ``check_campaign`` checked), or None."""
+    ``check_campaign`` checked), or None. The setup counts too: a run id names the layout and
+    batch, not the dtype or the optimizer, so a BF16 campaign's run under an --out of the FP32
+    campaign's has the same id (audit: it read as complete, and recommend priced FP32 profiles).
+    ``made_by`` (header field: value) is what this command's backend writes (``backend_fields``)."""
+    setup = campaign.get("setup", {})
     for rank in profile.ranks:
         h = rank.header
         if replace(h.model, name="") != replace(model, name=""):
@@ -153,21 +159,42 @@ def _mismatch(profile: ProfileRun, campaign: dict, run: dict, model: LlamaSpec) 
         found = {
             "seq_len": h.seq_len, "layers_per_stage": list(h.layers_per_stage),
             "tp": h.parallel.tp, "dp": h.parallel.dp, "cp": h.parallel.cp, "micro_batch_size": h.parallel.mbs,
-            "num_microbatches": h.num_microbatches,
+            "num_microbatches": h.num_microbatches, "params_dtype": h.params_dtype,
+            "distributed_optimizer": h.distributed_optimizer,
         }
         wanted = {
             "seq_len": campaign["seq_len"], "layers_per_stage": run["layers_per_stage"],
             "tp": run["tp"], "dp": run["dp"], "cp": run.get("cp", 1), "micro_batch_size": run["micro_batch_size"],
             "num_microbatches": run["num_microbatches"],
+            "params_dtype": setup.get("params_dtype", h.params_dtype),
+            "distributed_optimizer": setup.get("distributed_optimizer", h.distributed_optimizer),
         }
+        if run["tp"] > 1:  # Megatron turns --sequence-parallel off at TP 1 (arguments.py), so only TP > 1 says
+            found["sequence_parallel"] = h.sequence_parallel
+            wanted["sequence_parallel"] = setup.get("sequence_parallel", h.sequence_parallel)
         for key, value in found.items():
             if value != wanted[key]:
                 return f"rank {h.rank} has {key} {value!r}, the campaign's run {wanted[key]!r}"
+        for key, value in (made_by or {}).items():
+            if getattr(h, key) != value:
+                return f"rank {h.rank} was profiled with {key} {getattr(h, key)!r}, this command's is {value!r}"
     return None
 
 
-def check_run(directory: Path, campaign: dict, run: dict) -> RunCheck:
-    """The state of one run's directory; AdvisorError if it holds another run, or is not a directory."""
+def backend_fields(backend: str, layer_spec: str | None = None) -> dict[str, str]:
+    """The header fields a backend's rank files carry (``advisor/profiles.py``): the CPU emulator's
+    and the symbolic backend's ``backend`` and ``layer_spec`` (the CPU emulator builds the local
+    spec); none for Megatron-LM runs, whose device and spec the user's arguments decide."""
+    if backend == "cpu":
+        return {"backend": "cpu", "layer_spec": "local"}
+    if backend == "symbolic":
+        return {"backend": "symbolic", "layer_spec": layer_spec or LAYER_SPECS[0]}
+    return {}
+
+
+def check_run(directory: Path, campaign: dict, run: dict, made_by: dict[str, str] | None = None) -> RunCheck:
+    """The state of one run's directory; AdvisorError if it holds another run (``made_by``: by
+    another backend, see ``backend_fields``), or is not a directory."""
     if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
         raise AdvisorError(f"{directory} is not a directory (a run's directory must be one); choose another --out")
     if not directory.is_dir() or not any(directory.glob("rank*.jsonl")):
@@ -177,7 +204,7 @@ def check_run(directory: Path, campaign: dict, run: dict) -> RunCheck:
     except ProfileError as exc:
         return RunCheck(state="partial", reason=str(exc))
     expected = LlamaSpec(**campaign["model"])
-    if reason := _mismatch(profile, campaign, run, expected):
+    if reason := _mismatch(profile, campaign, run, expected, made_by):
         raise AdvisorError(f"{directory} holds another run than campaign run {run['id']}: {reason}; "
                            f"choose another --out")
     ranks = {rank.header.rank for rank in profile.ranks}
@@ -213,9 +240,10 @@ def outcome(directory: Path, campaign: dict, run: dict) -> dict:
     return {"status": "error", "where": None, "error": f"the run left no complete profile ({check.reason or 'no files'})"}
 
 
-def scan(campaign: dict, out: Path) -> dict[str, RunCheck]:
-    """Every run's state under ``out``, in campaign order (AdvisorError for foreign runs)."""
-    return {run["id"]: check_run(out / run["id"], campaign, run) for run in campaign["runs"]}
+def scan(campaign: dict, out: Path, made_by: dict[str, str] | None = None) -> dict[str, RunCheck]:
+    """Every run's state under ``out``, in campaign order (AdvisorError for foreign runs, and with
+    ``made_by`` for runs another backend made: ``backend_fields``)."""
+    return {run["id"]: check_run(out / run["id"], campaign, run, made_by) for run in campaign["runs"]}
 
 
 def execute(campaign: dict, out: Path, executor: Executor, emit: Callable[[dict], None]) -> int:

@@ -427,7 +427,7 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
     import sys
 
     from advisor.cli import progress
-    from advisor.capture.campaign_run import EmulationBudget, prepare, scan
+    from advisor.capture.campaign_run import EmulationBudget, backend_fields, prepare, scan
     from advisor.capture.relay import Terminated, relay
     from advisor.limits import GIB as GIB_BYTES
 
@@ -444,7 +444,8 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
     budget = EmulationBudget(threads=threads, memory_limit_bytes=memory_limit and memory_limit * GIB_BYTES)
     document = prepare(campaign, out, backend="megatron" if gpus else backend, layer_spec=layer_spec,
                        budget=budget if emulated and not force else None)
-    scan(document, out)  # runs of another campaign under --out: refused before the runner starts
+    # runs of another campaign, setup or backend under --out: refused before the runner starts
+    scan(document, out, backend_fields("megatron" if gpus else backend, layer_spec))
     _before_start(document, out, megatron_lm, budget if emulated else None)
     options = (["--megatron-lm", megatron_lm, *(["--mock-data"] if mock_data else []),
                 *(["--train-iters", str(train_iters)] if train_iters else []), *(["--slurm"] if slurm else []),
