@@ -121,6 +121,28 @@ def test_recommend_errors(advisor, campaign_dir, tmp_path):
     assert "M_i(" in message and "is unknown" in message
 
 
+def test_recommend_says_which_runs_it_set_aside(advisor, tmp_path):
+    """A campaign killed midway left a run 'running': recommend planned from the finished runs and
+    said so only in the JSON's skipped_runs (audit); the table now names them and what to do."""
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(write_campaign(tmp_path / "full"), root)
+    killed = write_run(root, Truth(spec=TINY), (2, 2, 2, 2), mbs=2, name="pp-killed", status="running")
+    write_run(root, Truth(spec=TINY), (2, 2, 2, 2), mbs=4, name="pp-oom", status="oom")
+    total = len(list(root.iterdir()))
+    args = ("recommend", "--profile", root, "--gpus", 4, "--pp", 4, "--mbs", 2, "--gbs", 8)
+    plan = advisor.json(*args)
+    assert plan["predictor"]["skipped_runs"] == [{"run": "pp-killed", "status": "running"},
+                                                 {"run": "pp-oom", "status": "oom"}]
+    text = " ".join(advisor(*args, "--wide").stdout.split())  # the caption, unwrapped
+    assert (f"set aside 2 of {total} profile runs: pp-killed (still 'running': killed midway; run the same "
+            "'advisor profile run' to resume); pp-oom (out of memory: an outcome, not a measurement)") in text
+    shutil.rmtree(killed)
+    shutil.rmtree(root / "pp-oom")
+    assert "set aside" not in advisor(*args).stdout
+
+
 def test_help_stays_fast_without_numpy():
     code = "import sys, advisor.cli; print(any(m in sys.modules for m in ('numpy', 'matplotlib', 'rich')))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -251,6 +251,27 @@ def _timing(spec, gpu, seq_len: int, global_batch_size: int, time_options=None):
                   gpu.gpus_per_node)
 
 
+SET_ASIDE_WHY = {
+    "running": "still 'running': killed midway; run the same 'advisor profile run' to resume",
+    "oom": "out of memory: an outcome, not a measurement",
+    "error": "failed: 'advisor profile show DIR' says where; run the same 'advisor profile run' to retry",
+}
+"""Why a profile run that did not end ok is set aside (advisor.capture.observations.profile_set),
+by its status, in the words that say what to do next."""
+
+
+def set_aside_text(skipped: tuple[tuple[str, str], ...], total: int, shown: int = 3) -> str:
+    """The plan table's line for the profile runs set aside: a campaign killed midway gave a plan
+    from the runs that had finished without a word but in the JSON (audit)."""
+    parts = []
+    for status, why in SET_ASIDE_WHY.items():
+        names = [name for name, run_status in skipped if run_status == status]
+        if names:
+            more = f" and {len(names) - shown} more" if len(names) > shown else ""
+            parts.append(f"{', '.join(names[:shown])}{more} ({why})")
+    return f"set aside {len(skipped)} of {total} profile runs: " + "; ".join(parts)
+
+
 def _plan_table(plan, mem: float | None) -> str:
     from advisor import render
     from advisor.memory import GIB
@@ -299,6 +320,8 @@ def _plan_table(plan, mem: float | None) -> str:
                 caption += f" (even split {baseline.step_time_s:.2f} s)"
     caption += "\nlaunchable on stock Megatron-LM" if plan.launchable else \
         "\nNOT launchable on stock Megatron-LM (per-stage degrees)"
+    if plan.skipped_runs:
+        caption += "\n" + set_aside_text(plan.skipped_runs, len(plan.profile_runs) + len(plan.skipped_runs))
     degrees = f"TP {plan.tp}, CP {plan.cp}, DP {plan.dp}" if plan.tp else "per-stage TP/DP"
     title = (f"{plan.model.name}: {plan.mode} plan, {plan.gpus} GPUs, {degrees}, PP {plan.pp}, "
              f"MBS {plan.micro_batch_size}, {plan.num_microbatches} microbatches "
