@@ -61,6 +61,24 @@ def test_compare_gives_ratio_one_where_the_run_matches_the_equations(advisor, tm
     assert last["ratio"] == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("columns,shown,left_out", [
+    (100, ("measured/est.", "measured MiB", "estimated MiB"), "4D paper"),
+    (80, ("measured/est.",), "4D paper, measured MiB, estimated MiB"),
+])
+def test_compare_keeps_its_ratio_where_the_terminal_is_narrow(advisor, tmp_path, monkeypatch, columns, shown,
+                                                             left_out):
+    """The ratio is the compare section's point: at 100 columns it was the column left out (the
+    rightmost of equal rank), and two columns of bytes were left to divide by hand (audit)."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    text = advisor("profile", "show", two_stage_run(tmp_path), "--section", "compare").stdout
+    header = next(line for line in text.splitlines() if "┃ rank" in line)
+    assert all(name in header for name in shown) and "4D paper" not in header
+    assert max(map(len, text.splitlines())) <= columns
+    assert f"not shown to fit {columns} columns: {left_out} (--wide shows them)" in " ".join(text.split())
+    ratio_one = [line for line in text.splitlines() if "embedding" in line and "weights" in line]
+    assert ratio_one and ratio_one[0].rstrip(" │").endswith("1.000")  # Eq. 7 to the byte (two_stage_run)
+
+
 def test_ranks_and_layers_sections(advisor, tmp_path):
     report = advisor.json("profile", "show", two_stage_run(tmp_path))
     assert [row["layers"] for row in report["ranks"]] == ["1-2", "3-4"]
@@ -69,7 +87,8 @@ def test_ranks_and_layers_sections(advisor, tmp_path):
                                                            "output"}
     assert report["run"]["model"]["name"] == TINY.name and report["status"] == "ok"
     table = advisor("profile", "show", tmp_path).stdout
-    assert "tiny: TP 1, CP 1, PP 2" in table and "Eq. 12/15" in table and "KiB" in table
+    assert "tiny: TP 1, CP 1, PP 2" in table and "measured/est." in table and "KiB" in table
+    assert "Eq. 12/15" in advisor("profile", "show", tmp_path, "--wide").stdout  # the equations, where wide enough
     csv = advisor("profile", "show", tmp_path, "--section", "layers", "--rank", 1, "--format", "csv").stdout
     assert csv.splitlines()[0].startswith("rank,module,layer_number") and len(csv.splitlines()) == 4
 

@@ -200,9 +200,13 @@ def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
                                   ("optimizer_bytes", "optimizer"), ("activation_bytes", "act./mb"),
                                   ("forward_peak_bytes", "fwd peak"), ("backward_peak_bytes", "bwd peak")])]
         return to_table(rows, columns, title=title, color=color)
+    # the ratio is what this section is for: the equation's name goes first (at 100 columns the
+    # ratio, rightmost, went and left two columns of bytes to divide by hand, audit), then the
+    # estimate, then the measurement (the layers section has it too)
     columns = [Column("rank", "rank"), Column("module", "module", justify="left"),
-               Column("term", "term", justify="left"), Column("equation", "4D paper", justify="left"),
-               *byte_columns([("measured_bytes", "measured"), ("estimated_bytes", "estimated")]),
+               Column("term", "term", justify="left"), Column("equation", "4D paper", justify="left", drop=3),
+               *byte_columns([("measured_bytes", "measured"), ("estimated_bytes", "estimated")],
+                             {"measured_bytes": 1, "estimated_bytes": 2}),
                Column("ratio", "measured/est.", ".3f")]
     return to_table(rows, columns, title=title, color=color,
                     caption="estimates: the 4D paper's for this run's model, layout, sequence, micro-batch and dtype")
