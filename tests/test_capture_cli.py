@@ -119,6 +119,19 @@ def test_recommend_errors(advisor, campaign_dir, tmp_path):
     message = advisor.error("recommend", "--profile", few, "--gpus", 4, "--pp", 4, "--mbs", 2, "--gbs", 8,
                             "--predictor", "capture")
     assert "M_i(" in message and "is unknown" in message
+    # degrees no profile prices: the line says how to get them (audit: it named the scenario and stopped)
+    line = advisor.error("recommend", "--profile", few, "--gpus", 8, "--tp", 2, "--pp", 4, "--mbs", 2, "--gbs", 8)
+    assert line == ("Error: no profile runs for scenario tp2, nor any to derive it from; profiled: pp. Profile "
+                    "those degrees ('advisor profile plan' plans TP 2 and 4 and DP 2 and 4 runs where "
+                    "--gpus-per-node holds them, and the 1f1b predictor derives a larger TP from two profiled TPs), "
+                    "or give the --tp and --gpus of a profiled run")
+    line = advisor.error("recommend", "--profile", few, "--gpus", 8, "--pp", 4, "--mbs", 2, "--gbs", 16,
+                         "--predictor", "capture")
+    assert line.startswith("Error: no profile runs for scenario dp2; profiled: pp. Profile those degrees")
+    # hybrid stages stay in a node: the nodes are the default 8 GPUs unless --gpus-per-node says otherwise
+    line = advisor.error("recommend", "--profile", few, "--gpus", 4, "--mode", "hybrid", "--mbs", 2, "--gbs", 8)
+    assert line == ("Error: --gpus 4 must be whole nodes of 8 GPUs (hybrid stages stay within a node): give "
+                    "--gpus-per-node N, the GPUs your nodes hold")
 
 
 def test_recommend_says_which_runs_it_set_aside(advisor, tmp_path):

@@ -48,7 +48,7 @@ from advisor.capture import costs
 from advisor.capture.fits import hyperbola_at
 from advisor.capture.layout import PipelineLayout, Scenario, in_flight_microbatches
 from advisor.capture.observations import ProfileSet, StageObservation
-from advisor.capture.predictor import ProfiledPredictor
+from advisor.capture.predictor import ProfiledPredictor, UnprofiledScenario
 from advisor.errors import AdvisorError
 from advisor.profiles import ProfileError
 
@@ -177,7 +177,7 @@ class PositionAwarePredictor(ProfiledPredictor):
             t1, t2 = degrees[-2], degrees[-1]
             low, high = (self.terms(Scenario(tp=t), batch) for t in (t1, t2))
             return low.combine(high, lambda y1, y2: hyperbola_at(t1, y1, t2, y2, scenario.tp))
-        raise AdvisorError(f"no profile runs for scenario {scenario.name}, nor any to derive it from; profiled: "
+        raise UnprofiledScenario(f"no profile runs for scenario {scenario.name}, nor any to derive it from; profiled: "
                            f"{', '.join(s.name for s in self.profiled)}")
 
     # --- predictions -------------------------------------------------------------------

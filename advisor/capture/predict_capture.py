@@ -28,7 +28,7 @@ import numpy as np
 from advisor.capture import costs
 from advisor.capture.fits import log_at
 from advisor.capture.layout import PROFILED_DEGREES, PipelineLayout, Scenario
-from advisor.capture.predictor import ProfiledPredictor
+from advisor.capture.predictor import ProfiledPredictor, UnprofiledScenario
 from advisor.capture.statistics import CaptureStatistics, apply_groups, capture_statistics
 from advisor.errors import AdvisorError
 
@@ -56,7 +56,7 @@ class CapturePredictor(ProfiledPredictor):
             (mi2, ma2), (mi4, ma4) = (self._at_batch(s, batch) for s in pair)
             d1, d2 = PROFILED_DEGREES
             return log_at(d1, mi2, d2, mi4, scenario.gpus), log_at(d1, ma2, d2, ma4, scenario.gpus)  # III-B3
-        raise AdvisorError(f"no profile runs for scenario {scenario.name}; profiled: "
+        raise UnprofiledScenario(f"no profile runs for scenario {scenario.name}; profiled: "
                            f"{', '.join(s.name for s in self.profiled) or 'none'}")
 
     def _at_batch(self, scenario: Scenario, batch: float) -> tuple[np.ndarray, np.ndarray]:

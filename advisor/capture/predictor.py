@@ -19,6 +19,10 @@ from advisor.errors import AdvisorError
 T = TypeVar("T")
 
 
+class UnprofiledScenario(AdvisorError):
+    """No profile run of a stage's TP/DP degrees, nor any a predictor derives them from."""
+
+
 class ProfiledPredictor:
     name = "predictor"
 

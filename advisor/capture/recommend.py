@@ -27,6 +27,7 @@ from advisor.capture.observations import ProfileSet
 from advisor.capture.plan import Baseline, Plan, PlanStage
 from advisor.capture.predict_1f1b import PositionAwarePredictor
 from advisor.capture.predict_capture import CapturePredictor
+from advisor.capture.predictor import UnprofiledScenario
 from advisor.capture.search import Solution, hybrid_scenarios, plan_hybrid, plan_megatron
 from advisor.capture.statistics import merge_groups
 from advisor.errors import AdvisorError
@@ -125,6 +126,13 @@ def _uniform_layout(spec: LlamaSpec, gpus: int, gpus_per_node: int, tp: int, cp:
     return dp, global_batch_size // (micro_batch_size * dp)
 
 
+UNPROFILED_NEXT = ("Profile those degrees ('advisor profile plan' plans TP 2 and 4 and DP 2 and 4 runs where "
+                   "--gpus-per-node holds them, and the 1f1b predictor derives a larger TP from two profiled TPs), "
+                   "or give the --tp and --gpus of a profiled run")
+"""What to do where recommend --tp asks for degrees the profiles cannot price (a campaign planned
+on --gpus-per-node 1 has only pipeline runs; audit: the line named the scenario and stopped)."""
+
+
 def recommend_megatron(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, tp: int, pp: int,
                        micro_batch_size: int, global_batch_size: int, predictor: PredictorName = "1f1b",
                        merge_to: int | None = None, objective: Objective = "memory",
@@ -138,7 +146,10 @@ def recommend_megatron(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, t
     dp, m = _uniform_layout(profiles.model, gpus, gpus_per_node, tp, cp, pp, micro_batch_size, global_batch_size)
     scenario, batch = Scenario(tp=tp, dp=dp), micro_batch_size * dp
     predictor = make_predictor(profiles, predictor, merge_to, batch)
-    table = predictor.cost_table(scenario, batch, m, pp)
+    try:
+        table = predictor.cost_table(scenario, batch, m, pp)
+    except UnprofiledScenario as exc:
+        raise AdvisorError(f"{exc}. {UNPROFILED_NEXT}") from None
     time = None
     if objective == "time":
         if timing is not None:
@@ -299,9 +310,11 @@ def recommend_hybrid(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, mic
     """CAPTURE's hybrid space on ``gpus`` GPUs in nodes of ``gpus_per_node``; ``gpu_memory``
     (bytes per GPU, if known) is the plan's memory limit."""
     cp = profiles.cp
-    if gpus % gpus_per_node or gpus_per_node % cp:
-        raise AdvisorError(f"--gpus {gpus} must be whole nodes of {gpus_per_node} GPUs, and CP {cp} must divide "
-                           f"a node")
+    if gpus % gpus_per_node:  # audit: --gpus 4 on the default nodes of 8 named CP too, and not the flag to give
+        raise AdvisorError(f"--gpus {gpus} must be whole nodes of {gpus_per_node} GPUs (hybrid stages stay "
+                           f"within a node): give --gpus-per-node N, the GPUs your nodes hold")
+    if gpus_per_node % cp:
+        raise AdvisorError(f"the profiles' CP {cp} must divide a node of --gpus-per-node {gpus_per_node} GPUs")
     if global_batch_size % micro_batch_size:  # hybrid mode: the pipeline's microbatch, no DP factor
         raise AdvisorError(f"--gbs {global_batch_size} is not divisible by the pipeline microbatch (--mbs) "
                            f"{micro_batch_size}")
