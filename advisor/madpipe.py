@@ -131,22 +131,32 @@ def profiled_times(profiles, scenario: Scenario, pipeline_microbatch: int) -> tu
     layout they were measured on, never scaled to another."""
     layers = profiles.num_layers
     forward, backward = np.full(layers + 2, np.nan), np.full(layers + 2, np.nan)
-    untimed = False
+    timed: set[tuple[str, int]] = set()  # (scenario, pipeline microbatch) of the runs that recorded times
     for stage in profiles.observations:
-        if stage.scenario != scenario or stage.pipeline_microbatch != pipeline_microbatch:
-            continue
         for key, terms in stage.modules.items():
-            index = 0 if key == "embedding" else layers + 1 if key == "output" else key
             if terms.forward_time_s is None or terms.backward_time_s is None:
-                untimed = True
                 continue
-            forward[index] = np.fmax(forward[index], terms.forward_time_s)
-            backward[index] = np.fmax(backward[index], terms.backward_time_s)
+            timed.add((stage.scenario.name, stage.pipeline_microbatch))
+            if stage.scenario == scenario and stage.pipeline_microbatch == pipeline_microbatch:
+                index = 0 if key == "embedding" else layers + 1 if key == "output" else key
+                forward[index] = np.fmax(forward[index], terms.forward_time_s)
+                backward[index] = np.fmax(backward[index], terms.backward_time_s)
     missing = [("embedding" if i == 0 else "output" if i == layers + 1 else f"layer {i}")
                for i in np.flatnonzero(np.isnan(forward + backward)).tolist()]
     if missing:
-        why = "the profiles are schema v1 (no per-layer times)" if untimed else "no run measured them"
         raise AdvisorError(f"no time for {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''} at "
-                           f"{scenario.name}, microbatch {pipeline_microbatch}: {why}; profile that layout, or "
-                           "give --gpu NAME to use the time model")
+                           f"{scenario.name}, microbatch {pipeline_microbatch}: {_untimed_why(timed)}; or give "
+                           "--gpu NAME to use the time model")
     return forward, backward
+
+
+def _untimed_why(timed: set[tuple[str, int]]) -> str:
+    """Why a layout has no measured times, and which layouts have them. Audit: symbolic profiles
+    (which record none: nothing is computed) were told 'no run measured them; profile that
+    layout', and CPU profiles at pipeline microbatches 1 and 2, asked at 4, the same."""
+    if not timed:
+        return ("no profile run recorded per-module times (the symbolic backend computes nothing; schema v1 "
+                "files have none)")
+    shown = ", ".join(f"{name} at microbatch {batch}" for name, batch in sorted(timed))
+    return (f"times are used as measured, never scaled, and the runs measured {shown} (the pipeline microbatch "
+            "is Megatron's --mbs x DP): recommend one of those, or profile this layout")

@@ -145,14 +145,29 @@ def test_recommend_time_needs_times_and_a_limit(advisor, tmp_path):
     write_run(tmp_path / "untimed", Truth(spec=with_overrides(TINY, num_layers=4)), (2, 2), mbs=1,
               num_microbatches=2)
     common = ["--gpus", 2, "--pp", 2, "--mbs", 1, "--gbs", 2, "--objective", "time"]
-    assert "schema v1 (no per-layer times)" in advisor.error("recommend", "--profile", tmp_path / "untimed",
-                                                             *common, "--mem", 1)
+    assert ("no profile run recorded per-module times (the symbolic backend computes nothing; schema v1 files "
+            "have none); or give --gpu NAME") in advisor.error("recommend", "--profile", tmp_path / "untimed",
+                                                               *common, "--mem", 1)
     assert "needs the memory limit" in advisor.error("recommend", "--profile", tmp_path / "untimed", *common)
     assert "needs stage times" in advisor.error("recommend", *common, "--mem", 80)
     assert "the profiles decide the model" in advisor.error("recommend", "--profile", tmp_path / "untimed",
                                                             *common, "--mem", 1, "--model", "llama3.1-70b")
     assert "for --objective memory only" in advisor.error("recommend", "--profile", tmp_path / "untimed", "--gpus",
                                                           2, "--mode", "hybrid", "--objective", "time")
+
+
+def test_recommend_time_names_the_layouts_that_have_times(advisor, tmp_path):
+    """Times are used as measured, never scaled: timed runs at microbatch 1, asked at 2, said 'no
+    run measured them; profile that layout' (audit), as if no run had; the line names those that did."""
+    from capture_synth import TINY, Truth, write_run
+
+    _timed_profiles(tmp_path / "runs", SECONDS)
+    write_run(tmp_path / "runs", Truth(spec=with_overrides(TINY, num_layers=4)), (2, 2), mbs=2, num_microbatches=2)
+    line = advisor.error("recommend", "--profile", tmp_path / "runs", "--gpus", 2, "--pp", 2, "--mbs", 2, "--gbs",
+                         4, "--objective", "time", "--mem", 1)
+    assert line.endswith("at pp, microbatch 2: times are used as measured, never scaled, and the runs measured pp "
+                         "at microbatch 1 (the pipeline microbatch is Megatron's --mbs x DP): recommend one of "
+                         "those, or profile this layout; or give --gpu NAME to use the time model")
 
 
 def test_recommend_time_for_405b_on_pp16_is_launchable_and_fits(advisor):
