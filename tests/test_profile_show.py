@@ -187,3 +187,16 @@ def test_a_section_without_rows_is_still_a_csv_with_its_header(advisor, tmp_path
         assert empty == full.splitlines()[0] + "\n"
         assert list(csv.DictReader(io.StringIO(empty))) == []
         assert csv.DictReader(io.StringIO(empty)).fieldnames == csv.DictReader(io.StringIO(full)).fieldnames
+
+
+@pytest.mark.parametrize("args,suggestion", [
+    (["compare", "runs/"], "advisor profile show runs/ --section compare"),
+    (["layers"], "advisor profile show DIR --section layers"),
+    (["ranks", "--rank", "0"], "advisor profile show DIR --section ranks"),
+])
+def test_a_section_given_as_a_command_names_show(advisor, args, suggestion):
+    """'advisor profile compare runs/' (an audit's brief called compare a command) said only 'No
+    such command'; the sections are show's."""
+    line = advisor.error("profile", *args)
+    assert line.startswith(f"Error: No such command '{args[0]}'; the {args[0]} table is a section of show: "
+                           f"{suggestion} (see ")  # the program's name: 'cli' in-process

@@ -18,7 +18,19 @@ SECTIONS = ("ranks", "layers", "compare")
 MOE_LAYER_FILE = "moe_layer.json"  # advisor.moe.layer_profile.FILENAME, without importing it at start-up
 
 
-@click.group(cls=CloseCommands, context_settings={"help_option_names": ["-h", "--help"]})
+class ProfileCommands(CloseCommands):
+    """``advisor profile``'s commands; a section of ``show`` given as a command ('advisor profile
+    compare runs/': the brief of an audit called it one) names the command that has it."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        if args and args[0] in SECTIONS and args[0] not in self.list_commands(ctx):
+            where = args[1] if len(args) > 1 and not args[1].startswith("-") else "DIR"
+            raise click.UsageError(f"No such command '{args[0]}'; the {args[0]} table is a section of show: "
+                                   f"advisor profile show {where} --section {args[0]}", ctx)
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=ProfileCommands, context_settings={"help_option_names": ["-h", "--help"]})
 def profile() -> None:
     """Plan, run and read layer-by-layer memory profiles of Megatron runs.
 
