@@ -7,8 +7,8 @@ one write when the iteration ends, and the end record when the run ends ("ok") o
 or "error", with ``where`` saying how far it got: iteration, microbatch, forward or backward, and
 module). An iteration costs the same whatever came before it (the file was rewritten whole after
 every iteration, a cost that grew with the square of the iterations; ``benchmarks/
-bench_recorder.py``), and nothing is kept in memory. A run killed at any point leaves every
-completed iteration readable, its status "running". Layer records are written for the first
+bench_recorder.py``), and nothing is kept in memory. A run killed at any point (Ctrl-C too)
+leaves every completed iteration readable, its status "running". Layer records are written for the first
 ``layer_iterations`` iterations (``advisor.limits.PROFILE_LAYER_ITERATIONS``); every iteration
 has its iteration record, so a 100,000-iteration training adds about 300 bytes per iteration.
 
@@ -137,6 +137,9 @@ class ProfileRecorder:
         self.hooks.begin_iteration(number, optimizer=optimizer)
         try:
             yield result
+        except KeyboardInterrupt:
+            self.interrupt()
+            raise
         except BaseException as exc:
             self.fail(exc)
             raise
@@ -164,8 +167,17 @@ class ProfileRecorder:
             self.start()
         self.writer.end(self.status, error, where)
 
+    def interrupt(self) -> None:
+        """Ctrl-C (and SIGTERM where the runner turns it into one) is a kill, not a failure: no end
+        record, so the file reads "running", as after SIGKILL, and ``finish`` leaves it so. Audit:
+        Ctrl-C in 'advisor profile run' recorded the rank "error" (KeyboardInterrupt), and
+        'advisor profile show' and 'recommend' reported a failed run where none had failed."""
+        self.hooks.abort()
+        self.status = "interrupted"
+
     def finish(self) -> Path:
-        """End the file: "ok", unless an iteration failed (whose end record is written)."""
+        """End the file: "ok", unless an iteration failed (whose end record is written) or was
+        interrupted (the file stays "running")."""
         if self.writer is None:
             self.start()
         if self.status == "running":

@@ -233,6 +233,24 @@ def test_a_killed_run_leaves_a_valid_running_file(megatron_world, tmp_path):
     assert profile.status == "running" and len(profile.iterations) == 1
 
 
+def test_ctrl_c_inside_an_iteration_leaves_the_run_running(megatron_world, tmp_path):
+    """Ctrl-C is a kill, not a failure: 'advisor profile run' interrupted mid-run recorded the
+    rank 'error' (KeyboardInterrupt), and show and recommend reported a failed run (audit). The
+    file stays 'running' with its finished iterations, and finish() (integration's, on the
+    way out) does not end it 'ok'."""
+    model = tiny_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with LayerMemoryHooks(model, optimizer=optimizer) as hooks:
+        recorder = ProfileRecorder(hooks, run_info(), tmp_path).start()
+        train(model, optimizer, batches(2), iterations=1, recorder=recorder)
+        with pytest.raises(KeyboardInterrupt), recorder.iteration(2):
+            raise KeyboardInterrupt
+        recorder.finish()
+    profile = load_run(tmp_path).ranks[0]
+    assert profile.status == "running" and len(profile.iterations) == 1 and profile.error is None
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None  # the hooks were undone
+
+
 def test_damaged_profile_directories_get_clear_errors(profile, tmp_path):
     with pytest.raises(ProfileError, match="no profile files"):
         load_run(tmp_path)
