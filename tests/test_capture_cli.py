@@ -156,6 +156,20 @@ def test_recommend_says_which_runs_it_set_aside(advisor, tmp_path):
     assert "set aside" not in advisor(*args).stdout
 
 
+@pytest.mark.parametrize("columns,left_out", [(80, "GPU ids"), (60, "GPU ids, even split")])
+def test_a_narrow_plan_table_keeps_the_memory_per_gpu(advisor, campaign_dir, monkeypatch, columns, left_out):
+    """At 60 columns the plan's memory per GPU was the column left out (equal rank, rightmost but
+    the even split) and the GPU ids, which the degrees give, stayed (audit)."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    text = advisor("recommend", "--profile", campaign_dir, "--gpus", 8, "--gpus-per-node", 4, "--pp", 4, "--mbs", 2,
+                   "--gbs", 16).stdout
+    lines = text.splitlines()
+    header = next(line for line in lines if "┃ stage" in line)
+    assert "per GPU" in header and "in flight" in header and "GPU ids" not in header
+    assert max(map(len, lines)) <= columns
+    assert f"not shown to fit {columns} columns: {left_out} (--wide shows them)" in " ".join(text.split())
+
+
 def test_help_stays_fast_without_numpy():
     code = "import sys, advisor.cli; print(any(m in sys.modules for m in ('numpy', 'matplotlib', 'rich')))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

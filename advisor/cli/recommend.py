@@ -289,13 +289,17 @@ def _plan_table(plan, mem: float | None) -> str:
             "in_flight": stage.in_flight_microbatches, "bytes": stage.predicted_bytes,
             "even": baseline.stage_bytes[stage.stage] if same else None, "time": stage.predicted_time_s,
         })
+    # where the terminal is narrow, what can be worked out goes first (the GPU ids from the degrees,
+    # the even split is the caption's peak too), the plan's memory and time last: at 60 columns the
+    # memory per GPU, the rightmost but one of equal rank, went first and the GPU ids stayed (audit)
     columns = [render.Column("stage", "stage"), render.Column("layers", "layers"), render.Column("count", "#"),
-               render.Column("tp", "TP"), render.Column("dp", "DP"), render.Column("gpus", "GPU ids"),
-               render.Column("in_flight", "in flight"), render.Column("bytes", f"{unit} per GPU", ".2f", scale=size)]
+               render.Column("tp", "TP"), render.Column("dp", "DP"), render.Column("gpus", "GPU ids", drop=4),
+               render.Column("in_flight", "in flight", drop=2),
+               render.Column("bytes", f"{unit} per GPU", ".2f", scale=size)]
     if same:
-        columns.append(render.Column("even", "even split", ".2f", scale=size))
+        columns.append(render.Column("even", "even split", ".2f", scale=size, drop=3))
     if plan.period_s is not None:
-        columns.append(render.Column("time", "ms / microbatch", ".1f", scale=1e-3))
+        columns.append(render.Column("time", "ms / microbatch", ".1f", scale=1e-3, drop=1))
     peak = plan.peak_bytes
     caption = f"predicted peak {peak / size:.2f} {unit}"
     if plan.memory_model is not None:
