@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from capture_synth import TINY, Truth, write_campaign, write_run
+from capture_synth import TINY, Truth, write_campaign, write_run, write_scenario
 
 from advisor.capture.partitionings import reduced
 
@@ -119,6 +119,22 @@ def test_recommend_errors(advisor, campaign_dir, tmp_path):
     message = advisor.error("recommend", "--profile", few, "--gpus", 4, "--pp", 4, "--mbs", 2, "--gbs", 8,
                             "--predictor", "capture")
     assert "M_i(" in message and "is unknown" in message
+    # a reduced campaign serves the default predictor: the line says so, beside the full campaign
+    assert message.endswith("; profile the full campaign ('advisor profile plan --mode full'), or use the 1f1b "
+                            "predictor (recommend's default), which reads a reduced campaign")
+    assert advisor.json("recommend", "--profile", few, "--gpus", 4, "--pp", 4, "--mbs", 2, "--gbs", 8)["pp"] == 4
+    # hybrid mode over reduced pp, dp2 and tp2 runs: each scenario's reason, the shared advice once
+    hybrid = tmp_path / "reduced-hybrid"
+    write_scenario(hybrid, Truth(spec=TINY), reduced(8, 4), (2, 4))
+    write_scenario(hybrid, Truth(spec=TINY), reduced(8, 3), (2, 4), tp=2)
+    write_scenario(hybrid, Truth(spec=TINY), reduced(8, 3), (2, 4), dp=2)
+    line = advisor.error("recommend", "--profile", hybrid, "--gpus", 8, "--gpus-per-node", 2, "--mode", "hybrid",
+                         "--mbs", 4, "--gbs", 32, "--predictor", "capture")
+    assert line.startswith("Error: no stage config can be predicted: pp: scenario pp, pipeline microbatch 4: no run "
+                           "held layer ")
+    assert line.count("profile the full campaign") == 1 and line.count("is unknown") == 3
+    assert line.endswith(". For all: profile the full campaign ('advisor profile plan --mode full'), or use the "
+                         "1f1b predictor (recommend's default), which reads a reduced campaign")
     # degrees no profile prices: the line says how to get them (audit: it named the scenario and stopped)
     line = advisor.error("recommend", "--profile", few, "--gpus", 8, "--tp", 2, "--pp", 4, "--mbs", 2, "--gbs", 8)
     assert line == ("Error: no profile runs for scenario tp2, nor any to derive it from; profiled: pp. Profile "

@@ -304,6 +304,16 @@ def hybrid_tables(predictor, *, devices_per_node: int, devices: int, micro_batch
     return tables, excluded
 
 
+def _reasons(excluded: list[tuple[str, str]]) -> str:
+    """Each excluded scenario's reason, with a closing advice they all share said once (audit: the
+    five scenarios of a reduced campaign under --predictor capture repeated it five times)."""
+    tails = {reason.rpartition("; ")[2] for _, reason in excluded}
+    if len(excluded) > 1 and len(tails) == 1 and all("; " in reason for _, reason in excluded):
+        shared = tails.pop()
+        return "; ".join(f"{name}: {reason.rpartition('; ')[0]}" for name, reason in excluded) + f". For all: {shared}"
+    return "; ".join(f"{name}: {reason}" for name, reason in excluded)
+
+
 def recommend_hybrid(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, micro_batch_size: int,
                      global_batch_size: int, predictor: PredictorName = "1f1b", merge_to: int | None = None,
                      gpu_memory: float | None = None) -> Plan:
@@ -324,7 +334,7 @@ def recommend_hybrid(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, mic
     tables, excluded = hybrid_tables(predictor, devices_per_node=per_node, devices=devices,
                                      micro_batch_size=micro_batch_size, num_microbatches=m)
     if not tables:
-        raise AdvisorError("no stage config can be predicted: " + "; ".join(f"{n}: {r}" for n, r in excluded))
+        raise AdvisorError(f"no stage config can be predicted: {_reasons(excluded)}")
     solution = plan_hybrid(tables, gpus // gpus_per_node, per_node)
     table = next(iter(tables.values()))
 

@@ -53,6 +53,13 @@ def peaks_by_range(profiles: ProfileSet, scenario: Scenario, pipeline_microbatch
     return peaks
 
 
+FULL_CAMPAIGN = ("profile the full campaign ('advisor profile plan --mode full'), or use the 1f1b predictor "
+                 "(recommend's default), which reads a reduced campaign")
+"""What to do where CAPTURE's statistics are missing: audit, a reduced campaign (docs/profiling.md's
+quick start) given to --predictor capture was sent to profile the full campaign (318 runs instead
+of 30, docs/capture.md), though the default predictor reads it."""
+
+
 def capture_statistics(profiles: ProfileSet, scenario: Scenario, pipeline_microbatch: int) -> CaptureStatistics:
     """M_i and M_a of every layer (III-A1); a clear error names the first layer without one."""
     peaks = peaks_by_range(profiles, scenario, pipeline_microbatch)
@@ -64,12 +71,12 @@ def capture_statistics(profiles: ProfileSet, scenario: Scenario, pipeline_microb
     if no_mi:
         raise ProfileError(f"{where}: no run held layer {no_mi[0]} alone on a stage, so M_i({no_mi[0]}) is unknown"
                            + (f" (nor for {len(no_mi) - 1} more layers)" if len(no_mi) > 1 else "")
-                           + "; profile the full campaign ('advisor profile plan --mode full')")
+                           + f"; {FULL_CAMPAIGN}")
     if no_ma:
         layer = no_ma[0]
         raise ProfileError(f"{where}: no pair of runs held layers a..{layer} and a..{layer - 1} on a stage, so "
                            f"M_a({layer}) is unknown" + (f" (nor for {len(no_ma) - 1} more layers)" if len(no_ma) > 1
-                                                        else ""))
+                                                        else "") + f"; {FULL_CAMPAIGN}")
     isolated = tuple(float(peaks[(layer, layer)]) for layer in range(1, profiles.num_layers + 1))
     added = (None,) + tuple(
         float(peaks[(a, layer)] - peaks[(a, layer - 1)])
