@@ -202,3 +202,18 @@ def test_recommend_takes_a_gpu_preset(advisor, campaign_dir):
     assert advisor.json(*common, "--gpu", "h100-94gb", "--gpus-per-node", 2)["stages"] == advisor.json(
         *common, "--gpus-per-node", 2)["stages"]
     assert "unknown GPU" in advisor.error(*common, "--gpu", "tpu-v5")
+
+
+def test_a_profiled_plan_is_judged_with_the_memory_its_profiles_do_not_measure(advisor, campaign_dir):
+    """A profile measures allocated bytes; the GPU also holds the CUDA runtime's memory and the
+    allocator's reserve, which the calibrated model adds to every stage (2.5 GiB and 15.5% of the
+    GPU: at 80 GiB, 2.5 + 12.4 = 14.9 GiB). --objective time keeps each stage within the rest."""
+    common = ("recommend", "--profile", campaign_dir, "--gpus", 8, "--gpus-per-node", 4, "--pp", 4, "--mbs", 2,
+              "--gbs", 16)
+    plan = advisor.json(*common, "--gpu", "h100-80gb", "--objective", "time")  # times from the time model
+    assert plan["stage_limit_gib"] == pytest.approx(80 - 14.9, abs=0.05)
+    shown = advisor(*common, "--mem", 80).stdout
+    assert "allocated; with 14.9 GiB of runtime and allocator reserve" in shown
+    # 2 GiB of GPU cannot hold the 2.5 GiB runtime the tiny model runs beside
+    refused = advisor(*common, "--mem", 2, expect=1)
+    assert "GiB of runtime and allocator reserve, above 2 GiB" in refused.output

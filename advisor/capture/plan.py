@@ -25,7 +25,8 @@ Schema ``megatron-4d-advisor/plan``, version 1. One JSON object:
         tp-cp-dp-pp: stage i holds ranks i*t*c*d .. (i+1)*t*c*d - 1),
     peak_predicted_gib, memory_limit_gib (the memory of each GPU the plan is for: --mem or the
         --gpu preset's; null when neither was given), stage_limit_gib (time objective: --threshold x
-        memory_limit_gib, the limit every stage was kept within; null otherwise), period_s (the
+        memory_limit_gib, less the runtime's memory and the allocator's reserve where the stages are
+        profiled allocations; the limit every stage was kept within; null otherwise), period_s (the
         slowest stage's time; null without times), predicted_step_time_s (with a time model; null
         otherwise),
     baseline (null, or the even split with the same degrees: {label, layers_per_stage,

@@ -89,7 +89,7 @@ predictors keep their --predictor names (1f1b, capture). The plan file keeps eve
 @click.option("--threshold", type=FRACTION, default=None,
               help=f"--objective time keeps every stage within this fraction of --mem (default {DEFAULT_THRESHOLD:g} "
                    "for the analytic estimator, the 4D paper's rule; 1.0 with profiles, which measure what it "
-                   "leaves out).")
+                   "leaves out, less the CUDA runtime's memory and the allocator's reserve, which they do not).")
 @click.option("--memory-model", type=click.Choice(["calibrated", "paper"]), default=None,
               help="Without profiles, how a stage's memory is priced: calibrated (default with --gpu: the usage "
                    "advisor sweep and estimate judge, fits up to all of --mem) or paper (Eq. 18; default without).")
@@ -108,13 +108,15 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
 
     predictor = _check_input(profiles, gpus, gpus_per_node, objective, mode, predictor, tp, pp, output, png)
     calibration = _calibration(profiles, gpu, mem, memory_model)
+    unmeasured = _unmeasured_bytes(mem) if profiles and mem else 0.0
     timing = None
     limit = None
     if objective == "time":
         if mem is None:
             raise InputError("--objective time needs the memory limit: --mem GIB or --gpu NAME")
-        # profiles and the calibrated model measure or price what the paper's 80% leaves as headroom
-        limit = (threshold or (1.0 if profiles or calibration else DEFAULT_THRESHOLD)) * mem * GIB
+        # profiles and the calibrated model measure or price what the paper's 80% leaves as headroom;
+        # a profile's allocation leaves out what the calibrated model adds (``_unmeasured_bytes``)
+        limit = (threshold or (1.0 if profiles or calibration else DEFAULT_THRESHOLD)) * mem * GIB - unmeasured
     # the GPU's memory, in every plan: the plan printed and the plan written say the same
     common = dict(gpus=gpus, gpus_per_node=gpus_per_node, micro_batch_size=mbs,
                   gpu_memory=None if mem is None else mem * GIB)
@@ -143,19 +145,22 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
                                       stage_limit=limit, timing=timing, release=release, calibration=calibration,
                                       threshold=threshold or DEFAULT_THRESHOLD, **common)
     except NothingFits as exc:
+        less = f" less {unmeasured / GIB:.1f} GiB of runtime and allocator reserve" if unmeasured else ""
         nothing_fits(f"advisor recommend: nothing fits: {exc} (TP {tp}, PP {pp}, MBS {mbs}, --threshold "
-                     f"{limit / GIB / mem:g} x {mem:g} GiB). {_tries(profiles, options, mode)}"
+                     f"{(limit + unmeasured) / GIB / mem:g} x {mem:g} GiB{less}). {_tries(profiles, options, mode)}"
                      f"{_unwritten(output, png)}")
-    over = bool(mem) and plan.peak_bytes > mem * GIB  # the lowest peak, shown, but over the memory: no files
+    over = bool(mem) and plan.peak_bytes + unmeasured > mem * GIB  # the lowest peak, shown, over the memory: no files
     if png is not None and not over:
         from advisor.capture.chart import draw
 
         draw(plan, png, mem)
         click.echo(f"wrote {png}", err=True)
-    emit_document(plan.to_dict(), lambda: _plan_table(plan, mem), fmt, None if over and output != STDOUT else output)
+    emit_document(plan.to_dict(), lambda: _plan_table(plan, mem, unmeasured), fmt,
+                  None if over and output != STDOUT else output)
     if over:
+        beside = f" with {unmeasured / GIB:.1f} GiB of runtime and allocator reserve" if unmeasured else ""
         nothing_fits(f"advisor recommend: nothing fits: the lowest peak any split reaches is "
-                     f"{_above(plan.peak_bytes / GIB, mem)} GiB per GPU, above {mem:g} GiB. "
+                     f"{_above((plan.peak_bytes + unmeasured) / GIB, mem)} GiB per GPU{beside}, above {mem:g} GiB. "
                      f"{_tries(profiles, options, mode)}{_unwritten(output, png)}")
 
 
@@ -272,7 +277,21 @@ def set_aside_text(skipped: tuple[tuple[str, str], ...], total: int, shown: int 
     return f"set aside {len(skipped)} of {total} profile runs: " + "; ".join(parts)
 
 
-def _plan_table(plan, mem: float | None) -> str:
+def _unmeasured_bytes(mem: float) -> float:
+    """What a GPU holds beside a profile's peak allocation, as the calibrated model adds it to every
+    stage (``verdicts.calibrated_terms``): the CUDA runtime's own memory and the allocator's reserve
+    (a fraction of ``mem`` GiB). A profile measures allocated bytes (max_memory_allocated, or its
+    symbolic and CPU stand-ins), so a plan at 99% of the GPU by its profiles would not run (audit:
+    an 8B plan at 79.2 of 80 GiB that advisor estimate calls likely oom, 84.3 GiB)."""
+    from advisor.memory import GIB
+    from advisor.memory_terms import runtime_overhead_bytes
+    from advisor.throughput.calibration import load_memory_calibration
+
+    calibration = load_memory_calibration()
+    return float(runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * mem * GIB)
+
+
+def _plan_table(plan, mem: float | None, unmeasured: float = 0.0) -> str:
     from advisor import render
     from advisor.memory import GIB
 
@@ -304,7 +323,10 @@ def _plan_table(plan, mem: float | None) -> str:
     caption = f"predicted peak {peak / size:.2f} {unit}"
     if plan.memory_model is not None:
         caption += ", calibrated memory model" if plan.memory_model == "calibrated" else ", Eq. 18"
-    if mem:
+    if mem and unmeasured:  # a profile's allocation: the runtime and the allocator's reserve on top
+        caption += (f" allocated; with {unmeasured / GIB:.1f} GiB of runtime and allocator reserve, "
+                    f"{(peak + unmeasured) / GIB / mem:.0%} of {mem:g} GiB")
+    elif mem:
         caption += f" ({peak / GIB / mem:.0%} of {mem:g} GiB)"
     if plan.verdict is not None:
         caption += f" -> {plan.verdict}"
