@@ -217,3 +217,19 @@ def test_a_profiled_plan_is_judged_with_the_memory_its_profiles_do_not_measure(a
     # 2 GiB of GPU cannot hold the 2.5 GiB runtime the tiny model runs beside
     refused = advisor(*common, "--mem", 2, expect=1)
     assert "GiB of runtime and allocator reserve, above 2 GiB" in refused.output
+
+
+def test_a_one_layer_stage_reads_as_its_layer(advisor, campaign_dir):
+    """'1', not '1-1', where a stage holds one layer (the 8-layer plan over PP 4 gives its first
+    stage one: tests/test_capture_cli.py's brute force, docs/launch.md)."""
+    import re
+
+    common = ("recommend", "--profile", campaign_dir, "--gpus", 8, "--gpus-per-node", 4, "--pp", 4, "--mbs", 2,
+              "--gbs", 16)
+    plan = advisor.json(*common)
+    assert 1 in plan["layers_per_stage"]
+    table = advisor(*common).stdout
+    assert not re.search(r"│\s+(\d+)-\1\s+│", table), table
+    first = plan["layers_per_stage"].index(1)
+    layer = sum(plan["layers_per_stage"][:first]) + 1
+    assert re.search(rf"│\s+{first}\s+│\s+{layer}\s+│\s+1\s+│", table), table

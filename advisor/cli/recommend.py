@@ -303,7 +303,8 @@ def _plan_table(plan, mem: float | None, unmeasured: float = 0.0) -> str:
     for stage in plan.stages:
         first, last = stage.gpus[0], stage.gpus[-1]
         rows.append({
-            "stage": stage.stage, "layers": f"{stage.first_layer}-{stage.last_layer}", "count": stage.layers,
+            "stage": stage.stage, "count": stage.layers,
+            "layers": f"{stage.first_layer}-{stage.last_layer}" if stage.layers > 1 else str(stage.first_layer),
             "tp": stage.tp, "dp": stage.dp, "gpus": f"{first}-{last}" if last > first else str(first),
             "in_flight": stage.in_flight_microbatches, "bytes": stage.predicted_bytes,
             "even": baseline.stage_bytes[stage.stage] if same else None, "time": stage.predicted_time_s,
