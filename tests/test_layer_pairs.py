@@ -34,6 +34,8 @@ def test_the_405b_runs_pair_by_layers_with_63_microbatches():
     # the stand-in predictions are the line 1.0 + 0.2 L itself
     assert fp8["predicted"] == pytest.approx({"fixed_s": 1.0, "per_layer_s": 0.2})
     assert fp8["overhead_s"] == pytest.approx(63 * 0.02)
+    # one layer, one microbatch: (0.2519048 - 0.2) x PP 3 / 63 = 2.4717 ms missing from the stand-in
+    assert fp8["pp"] == 3 and fp8["layer_gap_s"] == pytest.approx(2.4717e-3, rel=1e-4)
 
 
 def test_a_run_the_advisor_refused_leaves_no_pair():

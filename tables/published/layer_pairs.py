@@ -4,7 +4,8 @@ the layers, from published runs that differ in their layer count alone.
 Two runs with the same model width, precision, sequence, TP, PP, CP, VP, micro-batch, microbatches
 per pipeline and flags, but L1 and L2 layers, give two equations t = a + b L: b = (t2 - t1) /
 (L2 - L1) is what one more layer of the model costs the step (its compute and communication over
-the m microbatches and the bubble it adds), a = t1 - b L1 what the step costs whatever the layers
+the m microbatches and the bubble it adds; b x PP / m is one layer's time for one microbatch,
+where the missing time is compared), a = t1 - b L1 what the step costs whatever the layers
 (the embedding and the LM head, the per-microbatch overhead, the DP collectives and the optimizer,
 the pipeline's fill and drain). The same two numbers from the advisor's predictions of the same two
 runs say where the time model puts the step's time. The pipeline's bubble grows with the stage
@@ -51,8 +52,11 @@ def pairs(runs: list[PublishedRun], rows: list[dict], overhead_s: float) -> list
         short, long = by_layers
         published = split(short.step_time_s, long.step_time_s, short.num_layers, long.num_layers)
         model = split(predicted[short.run], predicted[long.run], short.num_layers, long.num_layers)
+        # a layer more adds its time to each of the m microbatches on one of the PP stages
+        gap = (published[1] - model[1]) * short.pp / microbatches(short)
         found.append({"runs": (short.run, long.run), "layers": (short.num_layers, long.num_layers),
-                      "precision": short.precision, "microbatches": microbatches(short),
+                      "precision": short.precision, "microbatches": microbatches(short), "pp": short.pp,
+                      "layer_gap_s": gap,
                       "published": {"fixed_s": published[0], "per_layer_s": published[1]},
                       "predicted": {"fixed_s": model[0], "per_layer_s": model[1]},
                       "overhead_s": microbatches(short) * overhead_s})
@@ -63,12 +67,13 @@ def markdown(found: list[dict]) -> str:
     """The pairs' table and what it says."""
     lines = ["Step time split into a part per layer and a fixed part, from runs that differ in their layers "
              "alone (tables/published/layer_pairs.py; t = a + b x layers through the two runs):", "",
-             "| runs | layers | m | published a s | predicted a s (overhead) | published b s | predicted b s | b error |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| runs | layers | m | published a s | predicted a s (overhead) | published b s | predicted b s | b error "
+             "| missing ms a layer and microbatch |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for pair in found:
         pub, pred = pair["published"], pair["predicted"]
         lines.append(f"| {' / '.join(pair['runs'])} | {pair['layers'][0]} / {pair['layers'][1]} | "
                      f"{pair['microbatches']} | {pub['fixed_s']:.2f} | {pred['fixed_s']:.2f} ({pair['overhead_s']:.2f}) "
                      f"| {pub['per_layer_s']:.4f} | {pred['per_layer_s']:.4f} | "
-                     f"{pred['per_layer_s'] / pub['per_layer_s'] - 1:+.1%} |")
+                     f"{pred['per_layer_s'] / pub['per_layer_s'] - 1:+.1%} | {1e3 * pair['layer_gap_s']:.2f} |")
     return "\n".join(lines) + "\n"
