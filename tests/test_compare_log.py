@@ -385,3 +385,13 @@ def test_skipped_and_nan_iterations_are_counted_in_a_note(tmp_path):
             "iteration (a NaN or infinite loss)") in json.loads(result.stdout)["notes"]
     notes = json.loads(_compare_8(tmp_path, _megatron_log(), EIGHT_GPUS, "--format", "json").stdout)["notes"]
     assert not any("skipped" in note for note in notes)
+
+
+def test_a_missing_log_is_told_before_the_command_is_read(advisor, tmp_path):
+    """The command line names the log first; a missing log is its one error line even where the
+    command is missing or refused too (it was reported after them, or not at all)."""
+    command = tmp_path / "train.sh"
+    command.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --no-such-layout\n")
+    for given in (tmp_path / "missing.sh", command):
+        line = advisor.error("compare-log", tmp_path / "missing.log", "--from-command", given)
+        assert "missing.log: no such file" in line, line

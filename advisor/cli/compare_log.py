@@ -58,9 +58,10 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
 
     if log == "-" and command == "-":
         raise InputError("the log and the command cannot both be standard input")
+    # the log first, as the command line names it: a missing log is told before the command is read
+    text = read_text(log, max_bytes=limits.LOG_FILE_BYTES, what="training log")
     read = read_inputs(command, gpus=gpus, vocab_size=vocab_size, release=release)
     run, layout = read.run, read.run.layout
-    text = read_text(log, max_bytes=limits.LOG_FILE_BYTES, what="training log")
     training = read_log(text.splitlines(), last_line_ended=ends_a_line(text))
     workload = Workload(seq_len=run.seq_len, global_batch_size=layout.global_batch_size or layout.mbs * read.dp)
     ramp_up = _check_batches(training, workload.global_batch_size, layout.rampup_batch_size)
