@@ -347,8 +347,9 @@ def recommend_hybrid(profiles: ProfileSet, *, gpus: int, gpus_per_node: int, mic
     return Plan(
         mode="hybrid", **_common(profiles, predictor), gpus=gpus, gpus_per_node=gpus_per_node, tp=tp, cp=cp, dp=dp,
         micro_batch_size=micro_batch_size, global_batch_size=global_batch_size, num_microbatches=m, stages=stages,
+        # the pipelining-only plan on as many devices, as CAPTURE's Fig. 6 sets hybrid against pipelining only
         baseline=_baseline(predictor, profiles.num_layers, devices, PIPELINE, micro_batch_size, m,
-                           f"even split, PP {devices}"),
+                           f"even split, pipelining only, PP {devices}"),
         megatron_args=_megatron_args(profiles, tp, stages, micro_batch_size // dp, global_batch_size)
         if uniform else None,
         excluded=tuple(excluded), memory_limit_bytes=gpu_memory,
