@@ -172,14 +172,15 @@ def test_fp8_casts_of_gathered_operands_at_tp_8():
 def test_gradient_dtype_drives_the_step_time():
     """With overlap off the whole DP reduction shows: BF16 gradients move 2 bytes fewer per
     parameter, (n - 1)/n x 2P over the bandwidth (the latencies cancel). Llama 3.1 8B at TP 8,
-    PP 1, DP 8: P = 32 x (218,103,808 / 8 + 2 x 4096) + 2 x 4096 x 129024 / 8 = 1,004,797,952 (the
-    time model pads v to Megatron's default 128 x TP = 1024: 129,024 rows); the group spans 64
-    GPUs, so the network, one NIC per rank group (8 / TP = 1 per node)."""
+    PP 1, DP 8: P = 32 x (218,103,808 / 8 + 2 x 4096) + 2 x 4096 x 129024 / 8 + 4096 (the final
+    norm, whole on each TP rank) = 1,004,802,048 (the time model pads v to Megatron's default
+    128 x TP = 1024: 129,024 rows); the group spans 64 GPUs, so the network, one NIC per rank
+    group (8 / TP = 1 per node)."""
     off = dict(overlap_grad_reduce=False, overlap_param_gather=False)
     steps = {dtype: TimeModel(SPEC, H100, 8192, 64, options=TrainingOptions().with_(
         grad_reduce_dtype=dtype, **off).time_options()).step(8, 1, 1, 8, 1) for dtype in ("fp32", "bf16")}
-    parameters = 32 * (218_103_808 / 8 + 2 * 4096) + 2 * 4096 * 129024 / 8
-    assert parameters == 1_004_797_952
+    parameters = 32 * (218_103_808 / 8 + 2 * 4096) + 2 * 4096 * 129024 / 8 + 4096
+    assert parameters == 1_004_802_048
     bandwidth = load_calibration().network_efficiency * H100.network_bytes_per_s
     expected = 7 / 8 * 2 * parameters / bandwidth
     assert float(steps["fp32"].dp_comm_s - steps["bf16"].dp_comm_s) == pytest.approx(expected, rel=1e-9)

@@ -422,14 +422,16 @@ class TimeModel:
 
     def _stage_parameters(self, tp, pp):
         """Parameters on one GPU of the heaviest even stage: its layers plus the embedding or the
-        LM head (seed 004, Eq. 6-9; the element count the DP collectives and Adam move)."""
+        LM head (seed 004, Eq. 6-9; the element count the DP collectives and Adam move), and the
+        final norm's h, whole on every TP rank, on the last stage (PP 1's only one), which the LM
+        head makes the heavier end."""
         spec = self.spec
         h, a, k, d, f = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim, spec.ffn_hidden_size
         t = _f(tp)
         per_layer = (h * (a + 2 * k) * d + a * d * h + 3 * h * f) / t + 2 * h
         embedding = h * padded_vocab(spec, tp) / t
         p = _f(pp)
-        return spec.num_layers / p * per_layer + embedding * np.where(p > 1, 1.0, 2.0)
+        return spec.num_layers / p * per_layer + embedding * np.where(p > 1, 1.0, 2.0) + h
 
     # --- what a user reads -----------------------------------------------------------------
 
