@@ -134,9 +134,11 @@ def elementwise_time(bytes_moved, rates: Rates):
 
 def lm_head_time(spec: LlamaSpec, tokens, tp, vocab, rates: Rates):
     """(forward, backward) of the final RMSNorm, the LM head GEMM [tokens, h] x [h, v/t] and
-    Megatron's vocab-parallel cross-entropy, which reads the BF16 logits and makes FP32 copies
-    (max, exp, sum: about 22 bytes per logit forward, 6 backward;
-    ``tensor_parallel.cross_entropy``)."""
+    Megatron's vocab-parallel cross-entropy, which reads the BF16 logits and makes FP32 copies:
+    22 bytes per logit forward, 6 backward, as core_v0.15.2's fused kernels move them
+    (``fusions/fused_cross_entropy.py``; tests/test_terms_by_hand.py sums them). Without
+    --cross-entropy-loss-fusion, Megatron's default, ``tensor_parallel/cross_entropy.py`` makes
+    more passes (about 38 and 14 bytes): not priced apart (docs/time.md, a known simplification)."""
     logits = tokens * vocab / np.asarray(tp, dtype=float)
     gemm = gemm_time(tokens, spec.hidden_size, vocab / np.asarray(tp, dtype=float), rates)
     norm = elementwise_time(BF16 * 2 * spec.hidden_size * tokens / np.asarray(tp, dtype=float), rates)
