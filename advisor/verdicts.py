@@ -98,6 +98,13 @@ def _ratio(measured, kind: str, tp, cp, default: float):
     return np.array([default if v is None else v for v in values])[inverse.ravel()].reshape(tp.shape)
 
 
+def runtime_and_reserve_bytes(calibration: MemoryCalibration, memory_gib: float) -> float:
+    """What every stage holds beside PyTorch's allocations, by the calibrated model: the CUDA
+    runtime's own memory and the allocator's reserve, a fraction of the GPU's ``memory_gib``. A
+    profile's peak allocation leaves both out (``advisor recommend --profile`` adds them)."""
+    return terms.runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * memory_gib * GIB
+
+
 def calibrated_terms(
     spec: LlamaSpec, seq_len: int, mbs, tp, cp, stage, pp, full_recompute, options: MemoryOptions,
     calibration: MemoryCalibration, memory_gib: float, measured=None, layer_share: float | None = None,
@@ -111,7 +118,7 @@ def calibrated_terms(
     ``memory_terms.swiglu_fusion_fraction``."""
     vocab = padded_vocab_size(spec.vocab_size, options.vocab_divisible_by, tp)
     first, last = np.asarray(stage) == 0, np.asarray(stage) == np.asarray(pp) - 1
-    added = terms.runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * memory_gib * GIB
+    added = runtime_and_reserve_bytes(calibration, memory_gib)
     added = added + np.where(last, terms.cross_entropy_working_bytes(spec, seq_len, mbs, tp, cp, vocab,
                                                                       options.cross_entropy_fusion), 0.0)
     if calibration.dataloader_mask and options.dataloader_mask:  # the calibrated model has the term; the run, the mask

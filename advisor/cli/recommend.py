@@ -278,17 +278,14 @@ def set_aside_text(skipped: tuple[tuple[str, str], ...], total: int, shown: int 
 
 
 def _unmeasured_bytes(mem: float) -> float:
-    """What a GPU holds beside a profile's peak allocation, as the calibrated model adds it to every
-    stage (``verdicts.calibrated_terms``): the CUDA runtime's own memory and the allocator's reserve
-    (a fraction of ``mem`` GiB). A profile measures allocated bytes (max_memory_allocated, or its
-    symbolic and CPU stand-ins), so a plan at 99% of the GPU by its profiles would not run (audit:
-    an 8B plan at 79.2 of 80 GiB that advisor estimate calls likely oom, 84.3 GiB)."""
-    from advisor.memory import GIB
-    from advisor.memory_terms import runtime_overhead_bytes
+    """What a GPU holds beside a profile's peak allocation (``verdicts.runtime_and_reserve_bytes``):
+    a profile measures allocated bytes (max_memory_allocated, or its symbolic and CPU stand-ins),
+    so a plan at 99% of the GPU by its profiles would not run (audit: an 8B plan at 79.2 of 80 GiB
+    that advisor estimate calls likely oom, 84.3 GiB)."""
     from advisor.throughput.calibration import load_memory_calibration
+    from advisor.verdicts import runtime_and_reserve_bytes
 
-    calibration = load_memory_calibration()
-    return float(runtime_overhead_bytes(calibration.overhead_gib) + calibration.reserve_fraction * mem * GIB)
+    return float(runtime_and_reserve_bytes(load_memory_calibration(), mem))
 
 
 def _plan_table(plan, mem: float | None, unmeasured: float = 0.0) -> str:
