@@ -126,12 +126,13 @@ def time_parts_text(parts: dict[str, float]) -> str:
                      if name != "total_s" and value > 0)
 
 
-def step_text(timing: dict, parts: dict[str, float], fp8: bool = False) -> str:
+def step_text(timing: dict, parts: dict[str, float], options: dict | None = None) -> str:
     """An estimate's step line (dense or MoE): 'step 6.37 s, 715 TFLOP/s per GPU (MFU 72%), 161,931
     tokens/s; compute ...'. MFU is Megatron's TFLOP/s over the GPU's dense BF16 peak; an FP8 run
-    says so, since its GEMMs run against a peak twice that (there is no one convention: torchtitan
-    issue #560), and its MFU can pass what a BF16 run can reach."""
-    peak = " of the BF16 peak" if fp8 else ""
+    (the row's ``options`` with an ``fp8_format``) says so, since its GEMMs run against a peak twice
+    that (there is no one convention: torchtitan issue #560), and its MFU can pass what a BF16 run
+    can reach."""
+    peak = " of the BF16 peak" if (options or {}).get("fp8_format") else ""
     return (f"step {timing['step_time_s']:.2f} s, {timing['tflops_per_gpu']:.0f} TFLOP/s per GPU (MFU "
             f"{timing['mfu']:.0%}{peak}), {timing['tokens_per_s']:,.0f} tokens/s; " + time_parts_text(parts))
 

@@ -9,4 +9,5 @@ def test_the_step_line_says_which_peak_an_fp8_runs_mfu_is_of():
     # 715.4 / 989 = 72.3%; the parts without the total and the zero ones
     assert step_text(timing, parts) == ("step 6.37 s, 715 TFLOP/s per GPU (MFU 72%), 161,931 tokens/s; "
                                         "compute 4.23 s, bubble 0.20 s")
-    assert "(MFU 72% of the BF16 peak)" in step_text(timing, parts, fp8=True)
+    assert "(MFU 72% of the BF16 peak)" in step_text(timing, parts, {"fp8_format": "hybrid"})
+    assert step_text(timing, parts, {"fp8_format": None}) == step_text(timing, parts)

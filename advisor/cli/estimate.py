@@ -617,8 +617,7 @@ def _estimate_caption(spec, parallel, planned_split, result, row: dict, assessme
         caption += render.memory_call_text(mem, row["verdict"], fraction=row["memory_fraction"])
     if timing is not None:
         hypothetical = hints_text.if_it_fit(row["verdict"])
-        fp8 = bool((row.get("options") or {}).get("fp8_format"))
-        caption += f"\n{hypothetical}{render.step_text(timing, parts, fp8)}"
+        caption += f"\n{hypothetical}{render.step_text(timing, parts, row.get('options'))}"
         if tokens is not None:
             caption += f"\n{hypothetical}{render.budget_text(row, gpu_hour_price)}"
     return caption + "".join("\n" + note for note in notes)

@@ -644,8 +644,7 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings,
     if gpu is not None:
         from advisor.cli.hints import if_it_fit
 
-        fp8 = bool((row.get("options") or {}).get("fp8_format"))
-        caption += f"\n{if_it_fit(row['verdict'])}{render.step_text(row, row['time_parts'], fp8)}"
+        caption += f"\n{if_it_fit(row['verdict'])}{render.step_text(row, row['time_parts'], row.get('options'))}"
         if "tokens" in row:
             caption += f"\n{if_it_fit(row['verdict'])}{render.budget_text(row, gpu_hour_price)}"
     caption += "".join(f"\n{note}" for note in notes)
