@@ -29,7 +29,7 @@ from advisor.capture.predict_1f1b import PositionAwarePredictor
 from advisor.capture.predict_capture import CapturePredictor
 from advisor.capture.predictor import UnprofiledScenario
 from advisor.capture.search import Solution, hybrid_scenarios, plan_hybrid, plan_megatron
-from advisor.capture.statistics import merge_groups
+from advisor.capture.statistics import FULL_CAMPAIGN, merge_groups
 from advisor.errors import AdvisorError
 from advisor.madpipe import analytic_tables, plan_fastest, profile_time_table, profiled_times, stage_times
 from advisor.megatron_args import MegatronSetup, megatron_args
@@ -305,12 +305,13 @@ def hybrid_tables(predictor, *, devices_per_node: int, devices: int, micro_batch
 
 
 def _reasons(excluded: list[tuple[str, str]]) -> str:
-    """Each excluded scenario's reason, with a closing advice they all share said once (audit: the
-    five scenarios of a reduced campaign under --predictor capture repeated it five times)."""
-    tails = {reason.rpartition("; ")[2] for _, reason in excluded}
-    if len(excluded) > 1 and len(tails) == 1 and all("; " in reason for _, reason in excluded):
-        shared = tails.pop()
-        return "; ".join(f"{name}: {reason.rpartition('; ')[0]}" for name, reason in excluded) + f". For all: {shared}"
+    """Each excluded scenario's reason, the advice CAPTURE's statistics close with
+    (``statistics.FULL_CAMPAIGN``) said once where every one ends with it (audit: the five scenarios
+    of a reduced campaign under --predictor capture repeated it five times)."""
+    tail = f"; {FULL_CAMPAIGN}"
+    if len(excluded) > 1 and all(reason.endswith(tail) for _, reason in excluded):
+        return "; ".join(f"{name}: {reason.removesuffix(tail)}" for name, reason in excluded) + \
+            f". For all: {FULL_CAMPAIGN}"
     return "; ".join(f"{name}: {reason}" for name, reason in excluded)
 
 
