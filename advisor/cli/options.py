@@ -42,17 +42,13 @@ class CloseCommands(click.Group):
     'did you mean sweep?'), as click's own hint does for a misspelt option."""
 
     def resolve_command(self, ctx: click.Context, args: list[str]):
-        try:
-            return super().resolve_command(ctx, args)
-        except click.NoSuchOption:  # an option where the command goes: click's own message
-            raise
-        except click.UsageError as exc:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
             from advisor.errors import close_names
 
-            close = close_names(args[0], self.list_commands(ctx)) if args else []
-            if not close or not exc.message.endswith("."):
-                raise
-            raise click.UsageError(f"{exc.message[:-1]}; did you mean {', '.join(close)}?", ctx) from None
+            if close := close_names(name, self.list_commands(ctx)):  # else click's own 'No such command'
+                raise click.UsageError(f"No such command {name!r}; did you mean {', '.join(close)}?", ctx)
+        return super().resolve_command(ctx, args)
 
 
 class OneLineErrors:
