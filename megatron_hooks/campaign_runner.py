@@ -198,14 +198,15 @@ def run(campaign: Path, out: Path, backend: str = "cpu", layer_spec: str | None 
     document = prepare(campaign, out, backend=backend, layer_spec=layer_spec)  # bad input before any work
     if backend != "symbolic" and layer_spec:
         raise AdvisorError("--layer-spec is the symbolic backend's")
-    scan(document, out, backend_fields(backend, layer_spec))  # runs another backend made: refused, not kept
+    # runs another backend made: refused before any work; the scan is the one the runs are chosen by
+    states = scan(document, out, backend_fields(backend, layer_spec))
     quiet_megatron()
     limit = None if memory_limit is None else int(memory_limit * GIB)
     if backend == "symbolic":
         executor = SymbolicExecutor(layer_spec=layer_spec or LAYER_SPECS[0], memory_limit_bytes=limit)
     else:
         executor = EmulateExecutor(threads=threads, memory_limit_bytes=limit)
-    return run_campaign(document, out, executor)
+    return run_campaign(document, out, executor, states)
 
 
 if __name__ == "__main__":  # the command line is the one CLI's (advisor.cli.runners)

@@ -246,11 +246,13 @@ def scan(campaign: dict, out: Path, made_by: dict[str, str] | None = None) -> di
     return {run["id"]: check_run(out / run["id"], campaign, run, made_by) for run in campaign["runs"]}
 
 
-def execute(campaign: dict, out: Path, executor: Executor, emit: Callable[[dict], None]) -> int:
+def execute(campaign: dict, out: Path, executor: Executor, emit: Callable[[dict], None],
+            states: dict[str, RunCheck] | None = None) -> int:
     """Run every run of ``campaign`` that is not complete under ``out``; returns the number of
-    runs that failed (status "error")."""
+    runs that failed (status "error"). ``states``: the caller's ``scan`` of ``out``, where it
+    checked it before any work (a runner, against its backend), so that it is not read again."""
     started = time.perf_counter()
-    states = scan(campaign, out)
+    states = scan(campaign, out) if states is None else states
     complete = sum(check.state == "complete" for check in states.values())
     emit({"event": "campaign", "schema": EVENTS_SCHEMA, "version": EVENTS_VERSION, "runs": len(states),
           "complete": complete, "out": str(out)})
@@ -294,11 +296,12 @@ def event_stream():
     return events
 
 
-def run_campaign(campaign: dict, out: Path, executor: Executor) -> int:
+def run_campaign(campaign: dict, out: Path, executor: Executor, states: dict[str, RunCheck] | None = None) -> int:
     """A runner's main loop: events on the real stdout (everything else to stderr), the runs
-    under ``out``; returns the runner's exit status (1 if a run failed)."""
+    under ``out`` (``states``: as ``execute`` takes them); returns the runner's exit status (1 if
+    a run failed)."""
     events = event_stream()
     out.mkdir(parents=True, exist_ok=True)
-    failed = execute(campaign, out, executor, lambda event: events.write(event_line(event) + "\n"))
+    failed = execute(campaign, out, executor, lambda event: events.write(event_line(event) + "\n"), states)
     events.close()
     return 1 if failed else 0
