@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import textwrap
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -398,15 +400,25 @@ def _wrapped(text: str | None, width: int | None, *, indent: str = "", break_lon
     """A title or caption left-aligned under the terminal's width, each of its lines wrapped on
     its own (rich would centre it and wrap it at the table's narrower width); ``indent`` begins
     each continuation line."""
-    import textwrap
-
     if not text:
         return ""
     if width is None:
         return text
-    return "\n".join("\n".join(textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False,
-                                             break_long_words=break_long_words) or [""])
-                     for line in text.split("\n"))
+    wrapper = _NameWrapper(width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=break_long_words)
+    return "\n".join("\n".join(wrapper.wrap(line) or [""]) for line in text.split("\n"))
+
+
+class _NameWrapper(textwrap.TextWrapper):
+    """textwrap's wrapper that breaks a word too long for the line after a comma before a letter
+    first: an overridden model's name, 'llama3.1-8b[num_layers=8,hidden_size=256,...]', wraps
+    between its fields, not inside one (numbers such as '12,376' keep their commas)."""
+
+    def _split(self, text: str) -> list[str]:
+        return [piece for chunk in super()._split(text)
+                for piece in (_FIELD_BREAK.split(chunk) if len(chunk) > self.width else [chunk])]
+
+
+_FIELD_BREAK = re.compile(r"(?<=,)(?=[A-Za-z_])")
 
 
 def _natural_width(columns: Sequence[Column], cells: list[list[str]], suffixes: dict[int, list[str]],

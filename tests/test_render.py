@@ -11,3 +11,15 @@ def test_the_step_line_says_which_peak_an_fp8_runs_mfu_is_of():
                                         "compute 4.23 s, bubble 0.20 s")
     assert "(MFU 72% of the BF16 peak)" in step_text(timing, parts, {"fp8_format": "hybrid"})
     assert step_text(timing, parts, {"fp8_format": None}) == step_text(timing, parts)
+
+
+def test_a_long_overridden_model_name_wraps_between_its_fields():
+    from advisor.render import Column, to_table
+
+    name = "llama3.1-8b[num_layers=8,hidden_size=256,num_attention_heads=4]"
+    text = to_table([{"a": 1}], [Column("a", "a")], title=f"{name}: 12,376 layouts considered", width=44)
+    title = text.split("\n")[:3]
+    # the name is 64 characters, the first line 41 of 44: it breaks after a field's comma, never inside 'hidden_size=256'
+    # or inside the number 12,376
+    assert title == ["llama3.1-8b[num_layers=8,hidden_size=256,", "num_attention_heads=4]: 12,376 layouts",
+                     "considered"]
