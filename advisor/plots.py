@@ -22,9 +22,15 @@ AXIS_LIMIT = 1.5
 once 725%) is drawn to the edge with its value written, so that the rows that fit keep their width."""
 
 
-def _label(row: dict) -> str:
+def _label(row: dict, keys: tuple[str, ...]) -> str:
     rank = f"#{row['rank']} " if row.get("rank") else ""
-    return f"{rank}({row['tp']}, {row['cp']}, {row['pp']}, {row['mbs']})"
+    return f"{rank}({', '.join(str(row[key]) for key in keys)})"
+
+
+def _layout_keys(experts: bool) -> tuple[str, ...]:
+    """The degrees a row's label names: a mixture of experts' EP beside TP, CP and PP (dense rows
+    carry ep 1 in their JSON, so the rows alone do not say which)."""
+    return ("tp", "cp", "pp", "ep", "mbs") if experts else ("tp", "cp", "pp", "mbs")
 
 
 MIN_HEIGHT = 2.8
@@ -32,11 +38,12 @@ MIN_HEIGHT = 2.8
 figure of 1.6 + 0.24 in a row cut it off below four rows ('..., rank firs', audit)."""
 
 
-def sweep_plot(rows: list[dict], path: Path, title: str = "") -> Path:
-    """Draw ``rows`` (sweep rows as dicts, best first) to a PNG at ``path``."""
+def sweep_plot(rows: list[dict], path: Path, title: str = "", experts: bool = False) -> Path:
+    """Draw ``rows`` (sweep rows as dicts, best first; ``experts``: a mixture of experts') to a
+    PNG at ``path``."""
     if not rows:
         raise AdvisorError("--plot: no rows to draw (add --all to include the oom ones)")
-    fig = sweep_figure(rows[:MAX_ROWS], title)
+    fig = sweep_figure(rows[:MAX_ROWS], title, experts)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI)
     return atomic_write_bytes(path, buffer.getvalue())
@@ -45,7 +52,7 @@ def sweep_plot(rows: list[dict], path: Path, title: str = "") -> Path:
 DPI = 110
 
 
-def sweep_figure(rows: list[dict], title: str = ""):
+def sweep_figure(rows: list[dict], title: str = "", experts: bool = False):
     """The ``matplotlib.figure.Figure`` of ``sweep_plot``, for its rows (at most ``MAX_ROWS``)."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -55,7 +62,8 @@ def sweep_figure(rows: list[dict], title: str = ""):
     fig = Figure(figsize=(11 if timed else 6.5, max(1.6 + 0.24 * n, MIN_HEIGHT)), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True, width_ratios=(1, 1.4)) if timed else [fig.add_subplot()]
     memory_ax = axes[0]
-    labels = [_label(row) for row in rows]
+    keys = _layout_keys(experts)
+    labels = [_label(row, keys) for row in rows]
     share = [(row.get("usage_gib") or row["total_gib"]) / row["memory_gib"] for row in rows]
     y = list(range(n))
     limit = min(max(share), AXIS_LIMIT) * 1.18  # room for the labels
@@ -71,7 +79,7 @@ def sweep_figure(rows: list[dict], title: str = ""):
     memory_ax.set_yticks(y, labels, fontsize=7)
     memory_ax.invert_yaxis()
     memory_ax.set_xlabel("predicted memory / GPU memory")
-    memory_ax.set_ylabel("(TP, CP, PP, MBS), rank first", fontsize=8)
+    memory_ax.set_ylabel(f"({', '.join(key.upper() for key in keys)}), rank first", fontsize=8)
     verdicts = [v for v in COLOURS if v and any(row["verdict"] == v for row in rows)]
     fig.legend(handles=[Patch(color=COLOURS[v], label=v) for v in verdicts], fontsize=7, loc="outside lower center",
                ncols=len(verdicts))

@@ -30,8 +30,8 @@ def test_bad_expert_layouts_are_one_line():
                                         "--etp", "2"]), "EP x ETP")
     _one_line_error(runner.invoke(cli, ["sweep", "--gpus", "8", "--mem", "80", "--ep", "2"]), "--ep", "dense")
     # an output MoE rows lack is not an option the model prices: it says so, and what to do
-    _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "64", "--mem", "80", "--plot",
-                                        "y.png"]), "its rows have no --plot yet (drop it)")
+    _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "64", "--mem", "80", "--rank-by",
+                                        "memory"]), "its rows have no --rank-by (fastest first with --gpu) yet (drop it)")
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
                                         "--moe-routing", "capacity"]), "--moe-expert-capacity-factor")
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",

@@ -137,6 +137,26 @@ def test_sweep_plot_writes_a_png(tmp_path, advisor):
     assert str(tmp_path) in line
 
 
+def test_an_moe_sweep_plot_names_ep_in_its_labels(tmp_path, advisor):
+    """MoE rows are drawn as dense ones are, each labelled with its EP (a layout of a mixture of
+    experts is not told apart without it: Mixtral's rows 1 and 2 differ in TP and CP, others in EP)."""
+    from PIL import Image
+
+    from advisor.plots import sweep_figure
+
+    path = tmp_path / "moe.png"
+    advisor("sweep", "--model", "mixtral-8x7b", "--gpus", 64, "--gpu", "h100-80gb", "--top", 3, "--plot", path)
+    assert path.read_bytes()[:8] == PNG and not list(tmp_path.glob(".*tmp"))
+    # 11 x max(1.6 + 0.24 x 3, 2.8) inches at 110 dpi
+    assert Image.open(path).size == (1210, 308)
+    rows = advisor.json("sweep", "--model", "mixtral-8x7b", "--gpus", 64, "--gpu", "h100-80gb", "--top", 3,
+                        "--format", "json")
+    axes = sweep_figure(rows, experts=True).axes[0]
+    assert axes.yaxis.label.get_text() == "(TP, CP, PP, EP, MBS), rank first"
+    assert [tick.get_text() for tick in axes.get_yticklabels()] == [
+        f"#{row['rank']} ({row['tp']}, {row['cp']}, {row['pp']}, {row['ep']}, {row['mbs']})" for row in rows]
+
+
 @pytest.mark.parametrize("gpu", [("--gpu", "h100-80gb"), ("--mem", "80")], ids=["timed", "memory only"])
 @pytest.mark.parametrize("n", [1, 3, 12])
 def test_sweep_plot_fits_its_labels(advisor, gpu, n):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
@@ -17,7 +16,7 @@ from advisor.cli.options import (
     color_wanted, command_name, emit, distinct_files, gpu_options, model_choice_options, model_options, note, nothing_fits,
     output_options, parse_layer_counts, png_path, table_on_stdout, workload_options, UserPath,
 )
-from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
+from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns, write_plot
 from advisor.cli.training_flags import given, memory_options
 from advisor.cli.from_command import with_routing
 from advisor.paper_rule import DEFAULT_THRESHOLD, judged_threshold
@@ -160,12 +159,13 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     options = dense_recompute_options(spec, moe, options, space)
     spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, space=space, release=release, unsupported={
         "--memory-model profile": memory_model == "profile", "--profile": profile_dir is not None,
-        "--rank-by (fastest first with --gpu)": rank_by is not None, "--plot": plot is not None})
+        "--rank-by (fastest first with --gpu)": rank_by is not None})
     if settings is not None:  # a mixture of experts: advisor.moe's space (EP and ETP as dimensions)
         _check_budget(gpu, tokens, gpu_hour_price)
         _threshold_needs_paper(memory_model or default_memory_model(gpu is not None))
         return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, moe.ep, moe.etp,
-                             show_all, top, fmt, output, space, memory_model, budget=(tokens, gpu_hour_price))
+                             show_all, top, fmt, output, space, memory_model, budget=(tokens, gpu_hour_price),
+                             plot=plot)
     memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir, gpu_hour_price)
     measured = _measured(profile_dir, spec, options)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
@@ -195,19 +195,12 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
                                              release))
     title = setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by, result.escalation)
     if plot is not None:
-        _plot(dicts, plot, title)
+        write_plot(dicts, plot, title)
     caption = counts_caption(counts, show_all, len(shown), len(selected))
     columns = (memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None, False, rank_by)
     _emit_sweep(dicts, text, fmt, output, result, title, caption, columns, tolerance,
                 nothing=None if any(row.rank for row in result.rows) or show_all else
                 _nothing_fits(result.rows, counts, space, mem))
-
-
-def _plot(dicts: list[dict], plot: Path, title: str) -> None:
-    from advisor.plots import sweep_plot
-
-    sweep_plot(dicts, plot, title=title)
-    click.echo(f"wrote {plot}", err=True)
 
 
 def _measured(profile_dir, spec, options):

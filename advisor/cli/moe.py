@@ -352,11 +352,13 @@ def row_flags(spec, workload, row: dict) -> list[str]:
 
 
 def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all, top, fmt, output,
-          space=None, memory_model=None, budget=(None, None)):
+          space=None, memory_model=None, budget=(None, None), plot=None):
     """The MoE rows of ``advisor sweep`` (``advisor.moe.space.sweep``) as the dense sweep writes
-    its own: the table, or JSON or CSV with the count line on stderr; where nothing fits, the
-    line saying why (``_nothing_fits``) and exit status 1. ``budget``: (--tokens, --gpu-hour-price),
-    each None where not given: the rows' days, GPU-hours and cost, as dense rows have them."""
+    its own: the table, or JSON or CSV with the count line on stderr, and ``plot``'s picture of
+    the rows shown; where nothing fits, the line saying why (``_nothing_fits``) and exit status 1.
+    ``budget``: (--tokens, --gpu-hour-price), each None where not given: the rows' days,
+    GPU-hours and cost, as dense rows have them."""
+    from advisor.cli.sweep_table import write_plot
     from advisor.errors import AdvisorError
     from advisor.moe.space import sweep as run
 
@@ -374,6 +376,9 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
              "memory_model": result.memory_model, "threshold": judged_threshold(result.memory_model, threshold),
              "gpu": gpu.name if gpu else None, "gpus_per_node": gpus_per_node, "ranking_tolerance": result.tolerance,
              "model": spec.to_dict() if fmt == "json" else spec.name}
+    if plot is not None:  # the setup's memory_gib is each bar's whole
+        write_plot([{**setup, **row} for row in shown], plot,
+                   _title(result, spec, workload, gpus, mem, threshold, gpu, settings), experts=True)
     if fmt != "table":
         text = _machine_text(shown, setup, spec, workload, fmt)
         if fmt == "csv" and not shown:  # nothing shown: the columns of a row (the search always makes one)
@@ -451,11 +456,10 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
     EP and ETP, and the MoE settings in the title; a budget's days and GPU-hours (and ``priced``,
     its cost) as the dense table's."""
     from advisor import render
-    from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns
+    from advisor.cli.sweep_table import counts_caption, sweep_columns
 
     rank_by = "throughput" if result.tolerance else "paper"
-    title = (setup_line(spec, workload, gpus, mem, threshold, settings.training, gpu, result.memory_model, rank_by)
-             + f"; {settings_words(settings, spec)}")  # FP8: setup_line's --fp8-format
+    title = _title(result, spec, workload, gpus, mem, threshold, gpu, settings)
     selected = len(result.order) if show_all else result.ranked
     caption = (counts_caption(result.counts, show_all, len(shown), selected)
                + f"\n{_searched(result)}"
@@ -469,6 +473,16 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
                             priced=priced, experts=True, rank_by=rank_by)
     return render.to_table(rows, columns, title=title, row_style=render.verdict_style, caption=caption,
                            color=color_wanted(output))
+
+
+def _title(result, spec, workload, gpus, mem, threshold, gpu, settings) -> str:
+    """The MoE sweep's title, its table's and its picture's: the dense sweep's setup line with the
+    MoE settings."""
+    from advisor.cli.sweep_table import setup_line
+
+    rank_by = "throughput" if result.tolerance else "paper"
+    return (setup_line(spec, workload, gpus, mem, threshold, settings.training, gpu, result.memory_model, rank_by)
+            + f"; {settings_words(settings, spec)}")  # FP8: setup_line's --fp8-format
 
 
 def _backend_caption(settings) -> str | None:
@@ -585,6 +599,7 @@ def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node
     """(the best MoE sweep row on the estimate's GPUs, model, batch and options, one line comparing
     it with ``row``): ``advisor sweep``'s own first row."""
     from advisor.cli.from_command import comparison_line
+    from advisor.cli.sweep_table import write_plot
     from advisor.errors import AdvisorError
     from advisor.moe.space import sweep as run
 

@@ -114,3 +114,14 @@ def counts_caption(counts: dict, show_all: bool, shown: int, selected: int) -> s
     if shown < selected:
         caption += f"; best {shown:,} of {selected:,} shown (--top N)"
     return caption
+
+
+def write_plot(rows: list[dict], path, title: str, experts: bool = False) -> None:
+    """``advisor sweep --plot``, dense and MoE rows alike: the rows shown drawn to ``path``
+    (``advisor.plots.sweep_plot``), and a line on stderr naming it."""
+    import click
+
+    from advisor.plots import sweep_plot
+
+    sweep_plot(rows, path, title=title, experts=experts)
+    click.echo(f"wrote {path}", err=True)
