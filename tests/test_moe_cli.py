@@ -31,11 +31,11 @@ def test_bad_expert_layouts_are_one_line():
     _one_line_error(runner.invoke(cli, ["sweep", "--gpus", "8", "--mem", "80", "--ep", "2"]), "--ep", "dense")
     # an output MoE rows lack is not an option the model prices: it says so, and what to do
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "64", "--mem", "80", "--rank-by",
-                                        "memory"]), "its rows have no --rank-by (fastest first with --gpu) yet (drop it)")
+                                        "throughput"]), "--rank-by throughput needs --gpu NAME")
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
                                         "--moe-routing", "capacity"]), "--moe-expert-capacity-factor")
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
-                                        "--no-flash-attn", "--rank-by", "memory"]), "--no-flash-attn", "--rank-by")
+                                        "--no-flash-attn", "--profile", "."]), "--no-flash-attn", "--profile")
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
                                         "--ep", "4", "--etp", "4"]), "EP x ETP = 16 must divide", "8")
     _one_line_error(runner.invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80",
@@ -55,6 +55,26 @@ def test_sweep_choices_apply_to_moe_rows():
     flags = capped["megatron_args"]
     assert flags[flags.index("--moe-expert-capacity-factor") + 1] == "1.25"
     assert "--moe-pad-expert-input-to-capacity" in flags and capped["pad_to_capacity"] is True
+
+
+@pytest.mark.parametrize("rank_by", ["memory", "paper"])
+def test_moe_rows_rank_by_memory_or_the_papers_rule(advisor, rank_by):
+    """--rank-by orders MoE rows as it orders dense ones (``advisor.ranking.order``): by memory the
+    least used first, by the paper's rule no recomputation, then the fewest model-parallel GPUs
+    (TP x CP x PP), then the largest MBS, then the smallest TP."""
+    args = ["sweep", "--model", "mixtral-8x7b", "--gpus", 64, "--gpu", "h100-80gb", "--rank-by", rank_by]
+    rows = advisor.json(*args)
+    assert [row["rank"] for row in rows] == list(range(1, len(rows) + 1)) and len(rows) > 100
+    if rank_by == "memory":
+        assert all(a["usage_gib"] <= b["usage_gib"] for a, b in zip(rows, rows[1:]))
+    else:
+        assert all(r["verdict"] in ("fits", "likely fits") for r in rows)
+        fits = [r for r in rows if r["verdict"] == "fits"]
+        assert fits == rows[:len(fits)]
+        keys = [(r["recompute"] != "none", r["tp"] * r["cp"] * r["pp"], -r["mbs"], r["tp"]) for r in fits]
+        assert keys == sorted(keys)
+    title = advisor(*args, "--top", 1).stdout.splitlines()[0:2]
+    assert {"memory": "ranked by memory headroom", "paper": "ranked by the paper's rule"}[rank_by] in " ".join(title)
 
 
 def test_capacity_routing_is_launched_as_priced():

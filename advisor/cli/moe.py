@@ -352,12 +352,12 @@ def row_flags(spec, workload, row: dict) -> list[str]:
 
 
 def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all, top, fmt, output,
-          space=None, memory_model=None, budget=(None, None), plot=None):
+          space=None, memory_model=None, budget=(None, None), plot=None, rank_by=None):
     """The MoE rows of ``advisor sweep`` (``advisor.moe.space.sweep``) as the dense sweep writes
     its own: the table, or JSON or CSV with the count line on stderr, and ``plot``'s picture of
     the rows shown; where nothing fits, the line saying why (``_nothing_fits``) and exit status 1.
     ``budget``: (--tokens, --gpu-hour-price), each None where not given: the rows' days,
-    GPU-hours and cost, as dense rows have them."""
+    GPU-hours and cost, as dense rows have them; ``rank_by``: --rank-by (None: the default)."""
     from advisor.cli.sweep_table import write_plot
     from advisor.errors import AdvisorError
     from advisor.moe.space import sweep as run
@@ -367,7 +367,7 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
         result = run(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, options=settings,
                      ep=ep, etp=etp, even_split=space is not None and space.split == "even",
                      recompute=None if space is None or space.recompute == "auto" else space.recompute,
-                     memory_model=memory_model, vpp=None if space is None else space.vpp, tokens=tokens,
+                     memory_model=memory_model, vpp=None if space is None else space.vpp, tokens=tokens, rank_by=rank_by,
                      **({} if space is None else {"pinned": space.pinned}))
     except AdvisorError as error:
         raise InputError(str(error)) from None
@@ -458,7 +458,6 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
     from advisor import render
     from advisor.cli.sweep_table import counts_caption, sweep_columns
 
-    rank_by = "throughput" if result.tolerance else "paper"
     title = _title(result, spec, workload, gpus, mem, threshold, gpu, settings)
     selected = len(result.order) if show_all else result.ranked
     caption = (counts_caption(result.counts, show_all, len(shown), selected)
@@ -470,7 +469,7 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
     rows = [{**row, "split": render.counts_text(row["layers_per_stage"]),
              "recompute_text": "full" if row["recompute"] == "full" else render.recompute_text(row)} for row in shown]
     columns = sweep_columns(result.memory_model == "calibrated", gpu is not None, tokens=result.tokens is not None,
-                            priced=priced, experts=True, rank_by=rank_by)
+                            priced=priced, experts=True, rank_by=result.rank_by)
     return render.to_table(rows, columns, title=title, row_style=render.verdict_style, caption=caption,
                            color=color_wanted(output))
 
@@ -480,8 +479,8 @@ def _title(result, spec, workload, gpus, mem, threshold, gpu, settings) -> str:
     MoE settings."""
     from advisor.cli.sweep_table import setup_line
 
-    rank_by = "throughput" if result.tolerance else "paper"
-    return (setup_line(spec, workload, gpus, mem, threshold, settings.training, gpu, result.memory_model, rank_by)
+    return (setup_line(spec, workload, gpus, mem, threshold, settings.training, gpu, result.memory_model,
+                       result.rank_by)
             + f"; {settings_words(settings, spec)}")  # FP8: setup_line's --fp8-format
 
 

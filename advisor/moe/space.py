@@ -340,10 +340,13 @@ class SweepResult:
     considered: int
     memory_model: str
     tolerance: float | None
+    """Throughput's ranking tolerance; None where the rows are ranked otherwise."""
     tokens: float | None = None
     """A token budget (``advisor sweep --tokens``): each timed row's ``budget_fields``."""
     global_batch_size: int = 0
     """The workload's: each row's ``num_microbatches`` is GBS / (MBS x DP)."""
+    rank_by: str = "paper"
+    """``advisor.ranking.RANK_BY``: what the ranked rows are ordered by."""
 
     @property
     def counts(self) -> dict:
@@ -371,12 +374,12 @@ class SweepResult:
 
 
 def _rank(layouts: Layouts, kept: np.ndarray, verdict, memory: dict, timing, options: st.MoEOptions, memory_model: str,
-          tolerance: float) -> np.ndarray:
-    """The kept layouts in ``advisor.ranking.order``'s order (the dense rows' ranking: with a GPU
-    the fastest first, the rows within ``tolerance`` of it by simplicity; else the paper's rule),
-    then the rest by memory."""
+          tolerance: float, rank_by: str) -> np.ndarray:
+    """The kept layouts in ``advisor.ranking.order``'s order (the dense rows' ranking: by
+    throughput the fastest first, the rows within ``tolerance`` of it by simplicity; by memory the
+    least used first; else the paper's rule), then the rest by memory."""
     from advisor.paper_rule import rule_key
-    from advisor.ranking import default_rank_by, option_levers, order, simplicity
+    from advisor.ranking import option_levers, order, simplicity
     from advisor.verdicts import EXPECTED_TO_RUN
 
     usage = memory["total"] if memory_model == "paper" else memory["usage"]
@@ -393,9 +396,9 @@ def _rank(layouts: Layouts, kept: np.ndarray, verdict, memory: dict, timing, opt
                          memory_gib=used, vpp=vpp, ep=ep)
         simple = simplicity(pp=pp, vpp=vpp, recompute=recompute, recomputed_layers=recomputed,
                             model_parallel=tp * cp * pp, **levers, ep=ep)
-        records.append((i, kind, paper, simple, speed))
-    ranked = order(records, default_rank_by(bool(timing)), verdict=lambda r: r[1], paper_key=lambda r: r[2],
-                   tflops=lambda r: r[4], tolerance=tolerance if timing else 0.0, simplicity=lambda r: r[3])
+        records.append((i, kind, paper, simple, speed, used))
+    ranked = order(records, rank_by, verdict=lambda r: r[1], paper_key=lambda r: r[2], tflops=lambda r: r[4],
+                   usage_gib=lambda r: r[5], tolerance=tolerance if timing else 0.0, simplicity=lambda r: r[3])
     first = np.array([r[0] for r in ranked], dtype=np.int64)
     ranks = np.zeros(len(layouts.tp), dtype=bool)
     ranks[first] = True
@@ -407,13 +410,18 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
           max_tp: int = 8, gpu: GpuSpec | None = None, options: st.MoEOptions = st.MoEOptions(),
           ep: int | None = None, etp: int | None = None, even_split: bool = False,
           recompute: str | None = None, memory_model: str | None = None, vpp: int | None = None,
-          tolerance: float | None = None, pinned: Pinned = Pinned(), tokens: float | None = None) -> SweepResult:
+          tolerance: float | None = None, pinned: Pinned = Pinned(), tokens: float | None = None,
+          rank_by: str | None = None) -> SweepResult:
     """Every valid layout with the variant (recomputation, VPP) it needs, or with a GPU the
     fastest expected to run, judged (``memory_model`` 'paper' or 'calibrated'; default:
     calibrated with a GPU, as dense rows) and ranked (``_rank``). ``ep``/``etp``/``vpp`` and
     ``pinned`` (TP, CP, PP, MBS) pin those; ``even_split`` keeps PP dividing the layers;
     ``recompute`` pins the recomputation; ``tokens``, a budget, adds the timed rows' days and
-    GPU-hours (``advisor.ranking.budget_fields``, as a dense row's)."""
+    GPU-hours (``advisor.ranking.budget_fields``, as a dense row's); ``rank_by`` (default: throughput
+    with a GPU, else the paper's rule) orders the rows expected to run."""
+    from advisor.ranking import default_rank_by
+
+    rank_by = rank_by or default_rank_by(gpu is not None)
     _check_sweep(spec, workload, gpus, gpu.gpus_per_node if gpu is not None else max_tp, max_tp, ep, etp,
                  options.dispatcher, pinned)
     memory_model = memory_model or default_memory_model(gpu is not None)
@@ -454,10 +462,11 @@ def sweep(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, th
         from advisor.ranking import ranking_tolerance
 
         tolerance = ranking_tolerance()
-    order, ranked = _rank(layouts, kept, verdict, memory, timing, options, memory_model, tolerance)
+    order, ranked = _rank(layouts, kept, verdict, memory, timing, options, memory_model, tolerance, rank_by)
     return SweepResult(spec, layouts, memory, verdict, timing, memory_gib, options, order, ranked,
-                       considered=len(layouts.tp), memory_model=memory_model, tolerance=tolerance if timing else None,
-                       tokens=tokens, global_batch_size=workload.global_batch_size)
+                       considered=len(layouts.tp), memory_model=memory_model,
+                       tolerance=tolerance if timing and rank_by == "throughput" else None,
+                       tokens=tokens, global_batch_size=workload.global_batch_size, rank_by=rank_by)
 
 
 def _check_sweep(spec: MoESpec, workload: Workload, gpus: int, whole_node: int, max_tp: int, ep: int | None,
