@@ -68,6 +68,17 @@ def test_a_pinned_etp_outside_the_search_says_so(advisor, tmp_path, gpus, ep, et
                     "most 8 (--gpus-per-node)")
 
 
+@pytest.mark.parametrize("pins", [("--etp", 3), ("--ep", 8, "--etp", 3), ("--tp", 8, "--etp", 6)])
+def test_an_etp_that_is_no_power_of_2_is_refused_as_unsearched_not_by_the_expert_group_rule(advisor, tmp_path, pins):
+    # on 64 GPUs EP x ETP = 3 (EP unpinned counted as 1), 24 and 6 divide no TP x CP x DP of 64, but
+    # the sweep never tries ETP 3 or 6 at any EP or PP: "EP x ETP = 3 must divide ..." named an EP
+    # the user never gave and a rule that the sweep's own (powers of 2) makes moot
+    line = _error(advisor, tmp_path, "sweep", *MIXTRAL, "--gpus", 64, "--gpu", "h100-80gb", *pins)
+    etp = pins[-1]
+    assert line == (f"Error: ETP {etp} is not searched: the sweep's ETP is a power of 2 up to TP, which is at "
+                    "most 8 (--gpus-per-node)")
+
+
 # --- 3. nothing fits ----------------------------------------------------------------------------------
 
 def _nothing_fits(advisor, *args) -> tuple[str, list[dict]]:

@@ -475,7 +475,8 @@ def _check_sweep(spec: MoESpec, workload: Workload, gpus: int, whole_node: int, 
     that are not whole nodes (the dense sweep's ``check_whole_nodes``), pinned TP, CP, PP or MBS
     no layout can have (``Pinned.problem``), a pinned EP or ETP that no PP lets megatron-core run
     (``expert_problem`` at PP 1, the largest TP x CP x DP; the flex dispatcher's rule where both
-    are pinned), or a pinned ETP the search never tries."""
+    are pinned), or a pinned ETP the search never tries (one that is no power of 2 said first,
+    whatever the EP)."""
     check_whole_nodes(gpus, whole_node)
     if problem := pinned.problem(gpus, heads=spec.num_attention_heads, kv_heads=spec.tp_kv_heads,
                                  layers=spec.num_layers, seq_len=workload.seq_len,
@@ -483,11 +484,16 @@ def _check_sweep(spec: MoESpec, workload: Workload, gpus: int, whole_node: int, 
         raise AdvisorError(problem)
     if ep is None and etp is None:
         return
+    # an ETP that is no power of 2 is never searched, at any EP: said first, so that --etp 3 alone
+    # is not answered with the expert-group rule for an "EP x ETP = 3" the user never gave
+    unsearched = (f"ETP {etp} is not searched: the sweep's ETP is a power of 2 up to TP, which is at most {max_tp} "
+                  "(--gpus-per-node)")
+    if etp is not None and etp & (etp - 1):
+        raise AdvisorError(unsearched)
     if problem := expert_problem(spec, gpus, ep or 1, etp or 1, dispatcher if ep and etp else None):
         raise AdvisorError(problem)
-    if etp is not None and (etp & (etp - 1) or etp > max_tp):
-        raise AdvisorError(f"ETP {etp} is not searched: the sweep's ETP is a power of 2 up to TP, which is at most "
-                           f"{max_tp} (--gpus-per-node)")
+    if etp is not None and etp > max_tp:
+        raise AdvisorError(unsearched)
     if etp is not None and pinned.tp is not None and etp > pinned.tp:
         raise AdvisorError(f"ETP {etp} is not searched with --tp {pinned.tp}: the sweep's ETP is at most the TP "
                            "(advisor estimate prices a larger one)")
