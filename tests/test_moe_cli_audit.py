@@ -146,6 +146,19 @@ def test_a_json_moe_sweep_where_nothing_fits_prints_the_count_then_why(advisor):
     assert why.startswith("advisor sweep: nothing fits: 0 fits, 0 likely fits, ")
 
 
+@pytest.mark.parametrize("args", [("--model", "deepseek-v3", "--gpus", 64, "--gpu", "h100-80gb", "--seq-len", 4096,
+                                   "--gbs", 1024),
+                                  ("--model", "llama3.1-405b", "--gpus", 512, "--mem", 10, "--gbs", 2048)])
+def test_the_nothing_fits_tally_groups_thousands_as_the_count_caption_does(advisor, args):
+    # DeepSeek-V3's 671B parameters on 64 GPUs (an MoE sweep), Llama 3.1 405B on 512 GPUs of 10 GiB
+    # (a dense one): every row oom, more than 999 of them; the tally said "2928 oom" where the table's
+    # count caption (render.counted) writes "2,928 oom"
+    result = advisor("sweep", *args, expect=1)
+    oom = len(advisor.json("sweep", *args, "--all"))
+    assert oom > 999
+    assert re.search(rf"nothing fits: 0 fits, (0 likely fits, 0 likely oom|0 tight), {oom:,} oom; ", result.stderr)
+
+
 # --- 5. MoE options on a dense model --------------------------------------------------------------------
 
 MOE_ONLY = [("--ep", 2), ("--etp", 2), ("--moe-token-dispatcher-type", "alltoall"), ("--moe-routing", "balanced"),

@@ -307,7 +307,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
     from advisor import render
 
     least = min(rows, key=lambda row: row.judged_gib, default=None)  # the memory the verdicts judged
-    tally = ", ".join(f"{n} {v}" for v, n in counts.items())
+    tally = ", ".join(f"{n:,} {v}" for v, n in counts.items())
     if least is None:
         return f"{command_name()}: nothing fits: {tally}. Try more GPUs (--all shows the rows)"
     floor = min(_states_gib(row) for row in rows)

@@ -439,7 +439,7 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
               **dict.fromkeys(pins, True), "no --overlap-moe-expert-parallel-comm": a2a_overlap,
               "a shorter --seq-len": not bound, "a GPU with more memory": bound and bigger_gpu(floor, mem)}
     hints = ["more GPUs", *(hint for hint, helps in levers.items() if helps)]
-    tally = ", ".join(f"{n} {verdict}" for verdict, n in result.counts.items())
+    tally = ", ".join(f"{n:,} {verdict}" for verdict, n in result.counts.items())
     states = states_text(least["model_states_gib"], mem) if bound else ""
     # the MoE model prices neither lever (``_levers_not_priced``), so --sharding auto is not tried
     skipped = "" if space is not None and space.sharding == "fixed" else (
