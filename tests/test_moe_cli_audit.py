@@ -130,12 +130,16 @@ def test_nothing_fits_with_the_overlap_hints_it(advisor):
 @pytest.mark.parametrize("fmt", ["json", "csv"])
 def test_json_and_csv_moe_sweeps_print_the_tables_count_line_on_stderr(advisor, fmt):
     table = advisor("sweep", *SMALL, "--mem", 140, "--top", 1).stdout
-    counted = re.search(r"^([\d,]+) layouts x recomputation x VPP priced; each row the variant it needs to fit, "
-                        r"or its fastest$", table, re.M)
+    # with --gpu, each layout's fastest variant that fits (without, its least recomputation)
+    counted = re.search(r"^([\d,]+) layouts x recomputation x VPP priced; one row per layout, its fastest "
+                        r"variant that fits$", table, re.M)
     assert counted, table
     result = advisor("sweep", *SMALL, "--mem", 140, "--top", 1, "--format", fmt)
     assert result.stderr == f"advisor sweep: {counted.group(0)}\n"
     assert result.stdout.strip()
+    untimed = advisor("sweep", *MIXTRAL, "--gpus", 8, "--mem", 140, "--seq-len", 4096, "--gbs", 64, "--top", 1,
+                      "--format", fmt)
+    assert untimed.stderr.endswith("; one row per layout, its least recomputation that fits\n")
 
 
 def test_a_json_moe_sweep_where_nothing_fits_prints_the_count_then_why(advisor):

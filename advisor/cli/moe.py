@@ -411,8 +411,10 @@ def _searched(result) -> str:
     """What the search priced: the table's caption line, and with JSON or CSV the stderr line."""
     from advisor.render import counted
 
-    return (f"{counted(result.considered, 'layout')} x recomputation x VPP priced; each row the variant it needs "
-            "to fit, or its fastest")
+    # ``advisor.moe.space._one_variant_each``: with a GPU the fastest variant that fits, else the
+    # least recomputation (no interleaving) that does; a layout nothing fits shows its least memory
+    chosen = "its fastest variant that fits" if result.timing else "its least recomputation that fits"
+    return f"{counted(result.considered, 'layout')} x recomputation x VPP priced; one row per layout, {chosen}"
 
 
 def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
