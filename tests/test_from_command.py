@@ -556,6 +556,8 @@ _SMALL = (f"{_MOE} --num-experts 8 --disable-bias-linear --swiglu --normalizatio
 
 @pytest.mark.parametrize("flags, note", [
     ("--moe-router-pre-softmax --moe-router-bias-update-rate 1e-3 --mtp-loss-scaling-factor 0.1", None),
+    # the z-loss is one logsumexp a token over the E-wide logits; both drop policies run one top-k
+    ("--moe-z-loss-coeff 1e-3 --moe-token-drop-policy position --moe-expert-capacity-factor 1.0", None),
     ("--no-position-embedding --no-masked-softmax-fusion", None),
     ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep",
      "--moe-flex-dispatcher-backend hybridep (HybridEP's all-to-all, priced as DeepEP's; its own permutation at the "

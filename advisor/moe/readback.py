@@ -29,7 +29,7 @@ VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-e
           "moe-token-dispatcher-type", "moe-expert-capacity-factor",
           "original-max-position-embeddings", "moe-router-dtype", "moe-router-bias-update-rate",
           "mtp-loss-scaling-factor", "moe-flex-dispatcher-backend", "moe-deepep-num-sms",
-          "moe-hybridep-num-sms", "moe-flex-dispatcher-num-sms"}
+          "moe-hybridep-num-sms", "moe-flex-dispatcher-num-sms", "moe-z-loss-coeff", "moe-token-drop-policy"}
 SWITCHES = {"moe-grouped-gemm", "qk-layernorm", "moe-router-enable-expert-bias", "multi-latent-attention",
             "moe-router-force-load-balancing", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute",
             "moe-pad-expert-input-to-capacity", "moe-router-pre-softmax", "moe-permute-fusion", "moe-router-fusion",
@@ -39,11 +39,14 @@ MULTI = {"recompute-modules", "moe-router-load-balancing-type", "moe-aux-loss-co
 """Megatron's nargs='+' flags that the reader takes: the balancing loss's types and their weights
 (not priced, a few FLOPs on E-wide tensors, but carried by the spec and launched as read)."""
 HARMLESS = {"original-max-position-embeddings", "moe-router-bias-update-rate",
-            "mtp-loss-scaling-factor"}
+            "mtp-loss-scaling-factor", "moe-z-loss-coeff", "moe-token-drop-policy"}
 """Read and known not to change the price: YaRN's original context (fixed by Megatron's MLA config), the expert
-bias's update step (E numbers once per step), the MTP loss's weight (a scalar), and softmax before the top-k
+bias's update step (E numbers once per step), the MTP loss's weight (a scalar), softmax before the top-k
 (``moe_utils.topk_routing_with_score_function``: the E-wide FP32 scores the router term already
-keeps; the sigmoid score function ignores it)."""
+keeps; the sigmoid score function ignores it), the router's z-loss (``moe_utils.z_loss_func``: a
+logsumexp over the E-wide logits the router term keeps, one number a token) and which tokens a
+capacity drops (``moe_utils.apply_capacity``: 'probs' and 'position' run the same top-k over the
+T x E map; without --moe-expert-capacity-factor none is dropped)."""
 NAMED = {
     "enable-experimental": "--enable-experimental (experimental kernels, priced as the default ones)",
     "moe-router-padding-for-fp8": "--moe-router-padding-for-fp8 (experts' tokens padded to 16/32, not priced)",
