@@ -8,8 +8,8 @@ import click
 
 from advisor.cli.options import EPILOG, color_wanted, emit, output_options
 
-DERIVED = ("parameters_billions", "active_parameters_billions", "experts")
-"""What ``advisor models`` adds to each spec's fields, after them (``experts``: MoE only, 'k/E')."""
+DERIVED = ("parameters_billions", "active_parameters_billions")
+"""What ``advisor models`` adds to each spec's fields, after them."""
 
 
 @click.command(epilog=EPILOG)
@@ -49,8 +49,7 @@ def _rows() -> list[dict]:
     rows = [{**spec.to_dict(), "parameters_billions": moe_params.every_parameter(spec) / 1e9,
              "active_parameters_billions": moe_params.every_parameter(spec) / 1e9} for spec in PRESETS.values()]
     rows += [{**spec.to_dict(), "parameters_billions": moe_params.every_parameter(spec) / 1e9,
-              "active_parameters_billions": moe_params.active_parameters(spec) / 1e9,
-              "experts": f"{spec.moe_router_topk}/{spec.num_experts}"} for spec in MOE_PRESETS.values()]
+              "active_parameters_billions": moe_params.active_parameters(spec) / 1e9} for spec in MOE_PRESETS.values()]
     return rows
 
 
@@ -107,7 +106,10 @@ def _table(rows: list[dict], color: bool) -> str:
         render.Column("parameters_billions", "params B", ".2f"),
         render.Column("active_parameters_billions", "active B", ".2f"),
     ]
-    return render.to_table(rows, columns, caption=_legend(rows), color=color)
+    # k/E in one cell; JSON and CSV have moe_router_topk and num_experts as numbers
+    shown = [{**row, "experts": f"{row['moe_router_topk']}/{row['num_experts']}"} if "num_experts" in row else row
+             for row in rows]
+    return render.to_table(shown, columns, caption=_legend(rows), color=color)
 
 
 def _legend(rows: list[dict]) -> str:
