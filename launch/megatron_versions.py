@@ -27,11 +27,16 @@ The version of a checkout is read by parsing ``megatron/core/package_info.py`` (
 importing it: core_v0.19.0's says 0.19.1 and appends the git hash of whatever repository it
 sits in). Minor releases are matched (0.15.x, 0.19.x); any other is refused in one line.
 
-Environment rules (``megatron/training/arguments.py``, ``validate_args``; the same in both):
-with TP > 1 or CP > 1 on GPUs before Blackwell (compute capability < 10) Megatron asserts
+Environment rules (``megatron/training/arguments.py``, ``validate_args``): in both releases, with
+TP > 1 or CP > 1 on GPUs before Blackwell (compute capability < 10) Megatron asserts
 ``CUDA_DEVICE_MAX_CONNECTIONS=1`` unless Megatron FSDP / torch FSDP2 (which assert it is *not* 1)
-or MoE expert-parallel communication overlap are on; ``--deterministic-mode`` asserts an
-``NCCL_ALGO`` from a fixed list. ``environment()`` applies them to a launch's arguments and the
+or MoE expert-parallel communication overlap are on. ``--deterministic-mode`` differs:
+core_v0.15.2 asserts an ``NCCL_ALGO`` set to one of Tree, Ring, CollnetDirect, CollnetChain,
+^NVLS; core_v0.19.0 (``megatron/training/determinism.py``, ``apply_determinism_env``) accepts it
+unset (it sets Ring itself) or a comma-separated list of Ring, CollnetDirect, CollnetChain and
+^NVLS (not Tree), and asserts ``NVTE_ALLOW_NONDETERMINISTIC_ALGO`` (0), ``CUBLAS_WORKSPACE_CONFIG``
+(:4096:8 or :16:8) and ``MAMBA_DETERMINISTIC`` (starting with 1) where they are set.
+``environment()`` applies them to a launch's arguments and the
 user's environment: it sets what Megatron needs, keeps what the user exported when Megatron
 accepts it, and refuses (one line) what Megatron would refuse. The rule for TP/CP is applied as
 for GPUs before Blackwell, where it is required; on Blackwell the value 1 is accepted too.
@@ -191,6 +196,34 @@ class EnvironmentRule:
     """A value it must not have; the launcher leaves it unset."""
     one_of: tuple[str, ...] = ()
     """Values one of which the user must choose (the launcher cannot)."""
+    unset_ok: bool = False
+    """With ``one_of``: unset is accepted too (Megatron sets its own default)."""
+    tokens: bool = False
+    """With ``one_of``: a comma-separated list, each of whose tokens is one of them."""
+    prefix: bool = False
+    """With ``one_of``: a value that starts with one of them."""
+    releases: tuple[tuple[int, int], ...] = ()
+    """The releases (major, minor) that assert it; empty: every release."""
+
+    def accepts(self, value: str | None) -> bool:
+        """Whether ``value`` (None: unset) passes this ``one_of`` rule."""
+        if value is None:
+            return self.unset_ok
+        if self.tokens:
+            words = [word.strip() for word in value.split(",") if word.strip()]
+            return bool(words) and all(word in self.one_of for word in words)
+        return value.startswith(self.one_of) if self.prefix else value in self.one_of
+
+    def expected(self) -> str:
+        """What ``one_of`` asks, in words."""
+        values = ", ".join(self.one_of)
+        text = (f"a comma-separated list of {values}" if self.tokens
+                else f"a value starting with {values}" if self.prefix else f"one of {values}")
+        return f"{text}, or unset" if self.unset_ok else text
+
+
+def _deterministic(shape: LaunchShape) -> bool:
+    return "--deterministic-mode" in shape.flags
 
 
 ENVIRONMENT_RULES: tuple[EnvironmentRule, ...] = (
@@ -202,10 +235,31 @@ ENVIRONMENT_RULES: tuple[EnvironmentRule, ...] = (
     EnvironmentRule(
         variable="CUDA_DEVICE_MAX_CONNECTIONS", forbids="1", applies=lambda shape: shape.fsdp,
         why="under FSDP (--use-megatron-fsdp, --use-torch-fsdp2)"),
+    # core_v0.15.2: megatron/training/arguments.py, validate_args ('NCCL_ALGO must be one of ...')
     EnvironmentRule(
         variable="NCCL_ALGO", one_of=("Tree", "Ring", "CollnetDirect", "CollnetChain", "^NVLS"),
-        applies=lambda shape: "--deterministic-mode" in shape.flags, why="with --deterministic-mode"),
+        applies=_deterministic, why="with --deterministic-mode", releases=((0, 15),)),
+    # core_v0.19.0: megatron/training/determinism.py, apply_determinism_env (from validate_args):
+    # unset is filled with Ring; Tree is refused ('each token must be in ...')
+    EnvironmentRule(
+        variable="NCCL_ALGO", one_of=("Ring", "CollnetDirect", "CollnetChain", "^NVLS"), unset_ok=True, tokens=True,
+        applies=_deterministic, why="with --deterministic-mode", releases=((0, 19),)),
+    EnvironmentRule(
+        variable="NVTE_ALLOW_NONDETERMINISTIC_ALGO", one_of=("0",), unset_ok=True,
+        applies=_deterministic, why="with --deterministic-mode", releases=((0, 19),)),
+    EnvironmentRule(
+        variable="CUBLAS_WORKSPACE_CONFIG", one_of=(":4096:8", ":16:8"), unset_ok=True,
+        applies=_deterministic, why="with --deterministic-mode", releases=((0, 19),)),
+    EnvironmentRule(
+        variable="MAMBA_DETERMINISTIC", one_of=("1",), unset_ok=True, prefix=True,
+        applies=_deterministic, why="with --deterministic-mode", releases=((0, 19),)),
 )
+
+
+def _rules_of(rules: MegatronVersion, shape: LaunchShape) -> list[EnvironmentRule]:
+    """The environment rules this release asserts for this launch."""
+    return [rule for rule in ENVIRONMENT_RULES
+            if (not rule.releases or rules.release in rule.releases) and rule.applies(shape)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,9 +277,7 @@ def environment(rules: MegatronVersion, shape: LaunchShape, exported: Mapping[st
     settings: dict[str, str] = {}
     reasons: list[str] = []
     where = f"{rules.name} (megatron/training/arguments.py, validate_args)"
-    for rule in ENVIRONMENT_RULES:
-        if not rule.applies(shape):
-            continue
+    for rule in _rules_of(rules, shape):
         value = exported.get(rule.variable)
         if rule.needs is not None:
             if value not in (None, rule.needs):
@@ -236,9 +288,11 @@ def environment(rules: MegatronVersion, shape: LaunchShape, exported: Mapping[st
         elif rule.forbids is not None and value == rule.forbids:
             raise AdvisorError(f"{rule.variable}={value} in your environment: {where} refuses it {rule.why}; "
                                f"unset it")
-        elif rule.one_of and value not in rule.one_of:
-            raise AdvisorError(f"{where} requires {rule.variable} to be one of {', '.join(rule.one_of)} {rule.why}; "
-                               f"export one")
+        elif rule.one_of and value is None and not rule.accepts(value):
+            raise AdvisorError(f"{where} requires {rule.variable} to be {rule.expected()} {rule.why}; export one")
+        elif rule.one_of and not rule.accepts(value):
+            raise AdvisorError(f"{rule.variable}={value} in your environment: {where} refuses it {rule.why}: it "
+                               f"accepts {rule.expected()}")
     return Environment(settings=settings, reason=f"{where} requires " + "; ".join(reasons) if reasons else "")
 
 
@@ -248,15 +302,13 @@ def environment_demands(rules: MegatronVersion, shape: LaunchShape) -> str | Non
     user's own, where the other launchers set it: ``environment``), or None where it demands
     nothing. The same ``ENVIRONMENT_RULES``, read without the user's environment here."""
     demands = []
-    for rule in ENVIRONMENT_RULES:
-        if not rule.applies(shape):
-            continue
+    for rule in _rules_of(rules, shape):
         if rule.needs is not None:
             demands.append(f"{rule.variable}={rule.needs} {rule.why}")
         elif rule.forbids is not None:
             demands.append(f"{rule.variable} unset or other than {rule.forbids} {rule.why}")
-        elif rule.one_of:
-            demands.append(f"{rule.variable} one of {', '.join(rule.one_of)} {rule.why}")
+        elif rule.one_of and not rule.unset_ok:  # one that may stay unset demands nothing
+            demands.append(f"{rule.variable} {rule.expected()} {rule.why}")
     if not demands:
         return None
     return (f"your launch must give every rank {'; '.join(demands)}: {rules.name} (megatron/training/arguments.py, "

@@ -419,6 +419,16 @@ def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, chec
                         "(megatron/training/arguments.py, validate_args) requires CUDA_DEVICE_MAX_CONNECTIONS=1 with "
                         "TP > 1 or CP > 1 on GPUs before Blackwell; unset it or set it to 1")
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # the value Megatron wants is kept
+    deterministic = ["--from", sweep, "--megatron-version", "0.19", "--dry-run", "--", "--deterministic-mode"]
+    monkeypatch.setenv("NCCL_ALGO", "Tree")  # core 0.15's list has it; core 0.19's determinism.py refuses it
+    for command in ("torchrun", "sbatch"):
+        assert launcher().error(command, *deterministic) == (
+            "Error: NCCL_ALGO=Tree in your environment: Megatron-LM core 0.19 (megatron/training/arguments.py, "
+            "validate_args) refuses it with --deterministic-mode: it accepts a comma-separated list of Ring, "
+            "CollnetDirect, CollnetChain, ^NVLS, or unset")
+    monkeypatch.delenv("NCCL_ALGO")  # unset: core 0.19 sets Ring itself
+    launcher()("torchrun", *deterministic)
+
     launcher()("torchrun", "--from", sweep, "--megatron-lm", checkout, "--dry-run")
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
     if sys.version_info < (3, 12):  # among the preflight's problems (tests/test_launch_preflight.py)

@@ -14,6 +14,7 @@ rules) plus what a user of a machine without Transformer Engine adds after '--' 
 TransformerConfig refuses the TE-only rope fusion otherwise)."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,40 @@ def test_without_the_launchers_environment_megatron_refuses_tp_and_cp(request):
         assert result["ok"] is not needs, (item.label, result)
         if needs:
             assert "CUDA_DEVICE_MAX_CONNECTIONS to 1" in result["error"]
+
+
+DETERMINISM_ENVIRONMENTS = [{}, {"NCCL_ALGO": "Tree"}, {"NCCL_ALGO": "Ring"}, {"NCCL_ALGO": "Ring,CollnetDirect"},
+                            {"NCCL_ALGO": "^NVLS"}, {"NCCL_ALGO": "Ring", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "1"},
+                            {"NCCL_ALGO": "Ring", "CUBLAS_WORKSPACE_CONFIG": ":0:0"},
+                            {"NCCL_ALGO": "Ring", "CUBLAS_WORKSPACE_CONFIG": ":16:8"}]
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_deterministic_modes_environment_is_refused_exactly_where_megatron_refuses_it(tag, request):
+    """--deterministic-mode's environment (launch.megatron_versions.environment) against the
+    release's own validate_args, value by value: the launcher refuses (one line) exactly what
+    Megatron would refuse on every rank, and accepts what it runs (core_v0.19.0 refuses Tree,
+    which core_v0.15.2 takes, and takes NCCL_ALGO unset, which core_v0.15.2 refuses)."""
+    from advisor.errors import AdvisorError
+    from launch.megatron_versions import LaunchShape, environment
+
+    release = checkout(tag)  # skips without it
+    rules = named(tag)
+    path = request.getfixturevalue("written")["root"] / "estimate-paper.json"
+    document = json.loads(path.read_text())
+    item = priced_input(read_input(path), rules, label="estimate paper", options=TrainingOptions(),
+                        extras=NO_TRANSFORMER_ENGINE, num_microbatches=document["num_microbatches"])
+    item = replace(item, args=[*item.args, "--deterministic-mode"])  # the launcher's env for it is what is tested
+    variables = {name for exported in DETERMINISM_ENVIRONMENTS for name in exported}
+    cases = [{**item.case(), "env": {**item.env, **dict.fromkeys(variables), **exported}}
+             for exported in DETERMINISM_ENVIRONMENTS]
+    for exported, result in zip(DETERMINISM_ENVIRONMENTS, validate(release, cases)):
+        try:
+            environment(rules, LaunchShape.of(item.tp, item.cp, item.args), exported)
+            launcher_accepts = True
+        except AdvisorError:
+            launcher_accepts = False
+        assert launcher_accepts == result["ok"], (tag, exported, result.get("error"))
 
 
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])

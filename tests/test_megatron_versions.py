@@ -74,6 +74,35 @@ def test_environment_rules_of_validate_args():
     assert environment(OLD, shape(1, 1, "--deterministic-mode"), {"NCCL_ALGO": "Ring"}).settings == {}
 
 
+def test_deterministic_modes_environment_is_each_releases_own():
+    """--deterministic-mode: core_v0.15.2's validate_args asserts NCCL_ALGO set to one of five
+    words (Tree among them); core_v0.19.0's apply_determinism_env (megatron/training/determinism.py)
+    takes it unset (it sets Ring), or a comma list of Ring, CollnetDirect, CollnetChain, ^NVLS
+    (Tree refused), and refuses a nondeterministic NVTE_ALLOW_NONDETERMINISTIC_ALGO,
+    CUBLAS_WORKSPACE_CONFIG or MAMBA_DETERMINISTIC. Megatron's own answers for the same values:
+    tests/test_megatron_validation.py."""
+    deterministic = shape(1, 1, "--deterministic-mode")
+    assert environment(OLD, deterministic, {"NCCL_ALGO": "Tree"}).settings == {}
+    with pytest.raises(AdvisorError, match=r"^NCCL_ALGO=Ring,CollnetDirect in your environment: Megatron-LM core "
+                                           r"0\.15 .* refuses it with --deterministic-mode: it accepts one of Tree, "):
+        environment(OLD, deterministic, {"NCCL_ALGO": "Ring,CollnetDirect"})
+    assert environment(NEW, deterministic, {}).settings == {}  # Megatron sets NCCL_ALGO=Ring itself
+    for value in ("Ring", "Ring,CollnetDirect", "^NVLS", "CollnetChain"):
+        assert environment(NEW, deterministic, {"NCCL_ALGO": value}).settings == {}
+    with pytest.raises(AdvisorError, match=r"^NCCL_ALGO=Tree in your environment: Megatron-LM core 0\.19 .* refuses "
+                                           r"it with --deterministic-mode: it accepts a comma-separated list of Ring, "
+                                           r"CollnetDirect, CollnetChain, \^NVLS, or unset$"):
+        environment(NEW, deterministic, {"NCCL_ALGO": "Tree"})
+    refused = {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "1", "CUBLAS_WORKSPACE_CONFIG": ":0:0", "MAMBA_DETERMINISTIC": "0"}
+    for variable, value in refused.items():
+        with pytest.raises(AdvisorError, match=f"^{variable}={value} in your environment"):
+            environment(NEW, deterministic, {variable: value})
+        assert environment(OLD, deterministic, {"NCCL_ALGO": "Ring", variable: value}).settings == {}
+    accepted = {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0", "CUBLAS_WORKSPACE_CONFIG": ":16:8", "MAMBA_DETERMINISTIC": "1"}
+    assert environment(NEW, deterministic, accepted).settings == {}
+    assert environment(NEW, shape(1, 1), {"NCCL_ALGO": "Tree"}).settings == {}  # without the mode, no rule
+
+
 def test_fsdp_is_a_conflict_with_the_estimate():
     """The estimate assumed no FSDP (it shards parameters too): the user's flag is refused."""
     with pytest.raises(AdvisorError, match="--use-megatron-fsdp \\(after --\\) conflicts with the row"):
