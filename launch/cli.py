@@ -385,6 +385,9 @@ def torchrun_command(config, release, megatron, job_plan, profiling, nproc_per_n
     topology = resolve_topology(config, nnodes=nnodes, per_node=nproc_per_node)
     if rdzv_endpoint is None and (node_rank is not None or rdzv_id is not None):
         raise InputError("--node-rank and --rdzv-id need --rdzv-endpoint HOST:PORT")
+    if node_rank is not None and rdzv_id is not None:  # Rendezvous.args would drop the id without a word
+        raise InputError("--rdzv-id names a c10d rendezvous, and --node-rank switches to torchrun's static one "
+                         "(--master-addr/--master-port), which has no id: give one or the other")
     rendezvous = Rendezvous.parse(rdzv_endpoint, node_rank=node_rank, rdzv_id=rdzv_id) if rdzv_endpoint else None
     torchrun_argv(topology, [], [], rendezvous)  # its shape refused (one line) before the preflight's list
     entry, env = _launch_plan(config, release, megatron, profiling, job_plan, dry_run=dry_run,

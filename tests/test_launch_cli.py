@@ -389,6 +389,8 @@ def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, chec
         ([*run, "--nnodes", 2, "--nproc-per-node", 4, "--node-rank", 2, "--rdzv-endpoint", "h:1"],
          "--node-rank 2 is not below --nnodes 2", ""),
         ([*run, "--rdzv-endpoint", "node001"], "--rdzv-endpoint must be HOST:PORT", ""),
+        ([*run, "--nnodes", 2, "--nproc-per-node", 4, "--rdzv-endpoint", "h:1", "--node-rank", 0, "--rdzv-id", "j"],
+         "--rdzv-id names a c10d rendezvous, and --node-rank switches to torchrun's static one", "give one or the other"),
         ([*run, "--run-id", "r"], "--run-id names a profiled run", ""),
         ([*run, "--profile-dir", used], "already holds a run's rank files", ""),
         ([*run, "--train-iters", "5"], "no such option: --train-iters (Megatron-LM arguments go after '--')", ""),
