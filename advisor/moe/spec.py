@@ -123,7 +123,7 @@ class MoESpec(LlamaSpec):
         LlamaSpec._check_fields(self)
         experts = check_field(self.num_experts, "num_experts", _EXPERTS)
         check_field(self.moe_router_topk, "moe_router_topk",
-                    limits.Bound(1, experts, f"top-k picks among the {experts} experts"), top="num_experts")
+                    limits.Bound(1, experts, f"top-k picks among the {experts} expert{'s' * (experts != 1)}"), top="num_experts")
         check_field(self.moe_ffn_hidden_size, "moe_ffn_hidden_size", _WIDTH)
         check_field(self.shared_expert_size, "shared_expert_size", limits.Bound(0, _WIDTH.high, _WIDTH.why))
         check_field(self.first_dense_layers, "first_dense_layers",
