@@ -6,14 +6,19 @@ runs. The refusals before anything starts use a directory with a version file (m
 
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
 
 from conftest import ROOT, Invoker  # noqa: E402
-from launch_support import make_checkout, subprocess_env  # noqa: E402
-from megatron_real import CPU_TRAINING, launch_env, session_copy  # noqa: E402
+from launch_support import alive, make_checkout, subprocess_env, wait_for  # noqa: E402
+from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, launch_env, session_copy  # noqa: E402
 
 from advisor.capture.campaign import read_campaign  # noqa: E402
 from advisor.capture.campaign_run import scan  # noqa: E402
@@ -23,6 +28,7 @@ MODEL = ["--model", "llama3.1-8b", "--num-layers", "4", "--hidden-size", "64", "
          "--num-attention-heads", "4", "--num-query-groups", "2", "--vocab-size", "4096", "--seq-len", "32"]
 CPU = ["--mode", "reduced", "--dtype", "float32", "--no-distributed-optimizer", "--no-sequence-parallel"]
 SLURM = ROOT / "tests" / "fixtures" / "slurm_standin"
+PAUSE = ROOT / "tests" / "fixtures" / "pause_between_iterations"
 STATIC_AND_ACTIVATIONS = ("parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes",
                           "forward_peak_bytes")
 
@@ -127,6 +133,51 @@ def test_the_launched_profiles_feed_the_recommender(profiled):
     plan_document = Invoker().json("recommend", "--profile", root / "runs", "--gpus", 2, "--gpus-per-node", 2,
                                    "--pp", 2, "--mbs", 4, "--gbs", 8)
     assert sum(plan_document["layers_per_stage"]) == 4 and plan_document["launchable"]
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in path.read_text().split()] if path.exists() else []
+
+
+def test_ctrl_c_between_iterations_leaves_the_run_to_redo(advisor, real_checkout, tmp_path):
+    """Ctrl-C (SIGINT to the command's process group, as a terminal sends it) while both ranks are
+    between iterations 1 and 2 of 2 (held there by the PAUSE fixture, after Megatron has logged
+    iteration 1): the ranks stay 'running', as after a Ctrl-C inside an iteration, so the run is
+    redone on resuming. Audit: they ended 'ok' with 2 of 4 iterations; the next 'advisor profile
+    run' counted the run complete and skipped it, and 'recommend' priced it. The advisor reacts
+    last here (stopped until torchrun is gone): when it is first, the runner gets its SIGINT too, a
+    second one, and SIGKILLs the ranks (launch/process.py), which then sometimes died before they
+    wrote (1 of 5 tries before the fix: a pass that proved nothing)."""
+    document = plan(advisor, tmp_path / "full.json", 2, 2)
+    document["runs"] = [run for run in document["runs"] if run["id"] == "pp-b1-2x2"]
+    (tmp_path / "campaign.json").write_text(json.dumps(document))
+    env = launch_env(real_checkout, PAUSE_AFTER_ITERATION="1", PAUSE_DIR=str(tmp_path))
+    env["PYTHONPATH"] = os.pathsep.join([str(PAUSE), env["PYTHONPATH"]])
+    command = [sys.executable, "-m", "advisor", "profile", "run", str(tmp_path / "campaign.json"), "--out",
+               str(tmp_path / "runs"), "--megatron-lm", str(real_checkout.path), "--mock-data", "--", *CPU_TRAINING]
+    paused = [tmp_path / f"paused-rank{rank}" for rank in (0, 1)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)  # a group of its own: the terminal's foreground group
+    try:
+        wait_for(lambda: all(path.exists() for path in paused) or process.poll() is not None, LAUNCH_TIMEOUT_S)
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        torchrun = _children(_children(process.pid)[0])[0]
+        process.send_signal(signal.SIGSTOP)
+        os.killpg(process.pid, signal.SIGINT)
+        assert wait_for(lambda: not alive(torchrun), 60), "torchrun outlived the Ctrl-C"
+        process.send_signal(signal.SIGCONT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    assert "interrupted: 0 of 1 runs are complete; run the same command to resume" in stderr
+    profile = load_run(tmp_path / "runs" / "pp-b1-2x2")
+    assert [(rank.status, len(rank.iterations)) for rank in profile.ranks] == [("running", 1)] * 2
+    check = scan(document, tmp_path / "runs")["pp-b1-2x2"]
+    assert check.state == "partial" and check.reason == "rank 0 ended 'running'"  # redone on resuming
+    show = advisor("profile", "show", tmp_path / "runs" / "pp-b1-2x2", "--section", "ranks")
+    assert re.search(r"run\s+pp-b1-2x2-\w+: running\n", show.stdout), show.stdout
 
 
 # --- refused before anything starts (no torchrun) ---------------------------------------------
