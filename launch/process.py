@@ -5,6 +5,11 @@ leads a process group of its own, workers included) and forwards SIGINT and SIGT
 whole group: Ctrl-C stops every rank, not only torchrun. A second signal, or a group still alive
 ``grace_s`` seconds after the first, gets SIGKILL. No shell is involved: the command is an
 argument list.
+
+A signal within ``SAME_STOP_S`` of the first is the same stop, not a second one: under 'advisor
+profile run' the terminal's Ctrl-C reaches the runner (in the advisor's process group) and the
+advisor relays it too (``advisor.capture.relay``), so one Ctrl-C arrived twice and SIGKILLed the
+ranks before they could record that they were stopped (audit of 2026-11-30).
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from advisor.errors import AdvisorError
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
 GRACE_S = 30.0
+SAME_STOP_S = 1.0
+"""Seconds after a signal within which another is the same stop (module docstring): far less than a
+person takes to press Ctrl-C again after seeing nothing happen."""
 
 
 TORCH_ENVIRONMENT = "activate the environment where torch and this package are installed"
@@ -54,9 +62,14 @@ def run_process_group(argv: Sequence[str], *, stdin_text: str | None = None, gra
                                stdin=subprocess.PIPE if stdin_text is not None else None,
                                text=stdin_text is not None)
     received: list[int] = []
+    first: list[float] = []
 
     def forward(signum, _frame) -> None:
+        now = time.monotonic()
+        if first and now - first[0] < SAME_STOP_S:
+            return  # the same Ctrl-C, relayed (module docstring)
         received.append(signum)
+        first[:] = first or [now]
         _signal_group(process.pid, signal.SIGKILL if len(received) > 1 else signum)
 
     previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}

@@ -5,6 +5,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,49 @@ def test_a_checkout_under_a_leading_tilde_is_found_in_the_nodes_home(advisor, tm
                          "--", *CPU_TEST_JOB).stdout
     words = shlex.split(printed.replace("\\\n", " "))
     assert words[words.index("--megatron-lm") + 1] == str(checkout)
+
+
+STOPPING_CHILD = """
+import pathlib, signal, sys, time
+def stop(signum, frame):  # a rank that records that it was stopped, which takes a while
+    time.sleep(3)
+    pathlib.Path(sys.argv[1]).with_suffix(".stopped").write_text(str(signum))
+    sys.exit(5)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(sys.argv[1]).write_text("up")
+time.sleep(600)
+"""
+PATIENT_DRIVER = ("import sys; from launch.process import run_process_group; "
+                  "sys.exit(run_process_group(sys.argv[1:], grace_s=20))")
+
+
+@pytest.mark.parametrize("apart_s, status", [(0.05, 5), (1.5, 128 + signal.SIGKILL)],
+                         ids=["one stop twice", "a second stop"])
+def test_a_signal_right_after_the_first_is_the_same_stop(tmp_path, apart_s, status):
+    """One Ctrl-C under 'advisor profile run' reaches the runner twice (the terminal's, and the
+    advisor's relay): the ranks get one signal and their time to stop (the child's status, its
+    marker written). A second signal SAME_STOP_S (1 s) or more later is a second stop: SIGKILL at once,
+    long before the 20 s grace."""
+    marker = tmp_path / "rank"
+    driver = subprocess.Popen([sys.executable, "-c", PATIENT_DRIVER, sys.executable, "-c", STOPPING_CHILD,
+                               str(marker)], env=subprocess_env())
+    try:
+        assert wait_for(marker.exists, 30)
+        driver.send_signal(signal.SIGTERM)
+        time.sleep(apart_s)
+        driver.send_signal(signal.SIGTERM)
+        driver.wait(timeout=15)
+    finally:
+        driver.kill()
+    assert driver.returncode == status
+    assert marker.with_suffix(".stopped").exists() == (status == 5)
+
+
+def test_the_advisor_waits_longer_for_a_stopped_runner_than_the_runner_for_its_ranks():
+    """After Ctrl-C the advisor kills a runner still running RUNNER_STOP_S later; the GPU runner kills
+    torchrun's ranks GRACE_S after the signal. The runner must decide first: with the advisor's 10 s
+    it was killed before its 30 s were up, and its torchrun (a session of its own) lived on."""
+    from advisor.capture.relay import RUNNER_STOP_S
+    from launch.process import GRACE_S, SAME_STOP_S
+
+    assert RUNNER_STOP_S > GRACE_S + SAME_STOP_S

@@ -27,6 +27,11 @@ LAUNCH_RUNNER_MODULE = "launch.campaign_runner"
 LAUNCH_ARRAY_MODULE = "launch.slurm_array"
 """Writes and submits a campaign as one Slurm job array (advisor profile run --slurm-array)."""
 """The GPU runner: torchrun and the user's Megatron-LM."""
+RUNNER_STOP_S = 45.0
+"""How long a stopped runner may take to end after Ctrl-C before it is killed: more than the GPU
+runner gives torchrun's ranks to stop (``launch.process.GRACE_S``, 30 s; a test checks), so that
+the runner, not this process, decides when the ranks are killed (with 10 s the runner was killed
+first and its torchrun left running)."""
 REQUIRED = ("torch", "megatron.core")
 
 
@@ -128,7 +133,7 @@ def relay(campaign: Path, out: Path, options: list[str], view, *, gpus: bool = F
         except KeyboardInterrupt as stop:
             process.send_signal(stop.args[0] if isinstance(stop, Terminated) else signal.SIGINT)
             try:
-                process.wait(timeout=10)
+                process.wait(timeout=RUNNER_STOP_S)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
