@@ -33,6 +33,38 @@ def test_model_states_shard_experts_over_expert_dp_and_the_rest_over_dp_cp():
     assert states.fp8_weights == 0
 
 
+def test_deepseek_v3_model_states_at_tp_4_keep_mlas_down_projections_whole():
+    """Three MoE layers of DeepSeek-V3 on a middle stage, TP 4, EP 8, ETP 1, DP 16 (expert DP
+    4 x 16 / 8 = 8), by hand from megatron-core core_v0.15.2: MLASelfAttention.__init__
+    (transformer/multi_latent_attention.py) builds the down projections as TELinear with
+    parallel_mode 'duplicated' (gpt_layer_specs.py: backend.linear()), so h x q_lora and
+    h x (kv_lora + d_rope) are whole on every TP rank, as are the q and kv latent norms fused
+    into the up projections' LayerNormColumnParallelLinear (weights of q_lora and kv_lora); the
+    up projections and linear_proj are column/row parallel: over t. The shared expert is an MLP
+    (transformer/moe/shared_experts.py, SharedExpertMLP): 3 h f_shared over t. The router's
+    E x h gate and the two RMSNorms (2h) are whole.
+      duplicated: 7168 x 1536 + 7168 x (512 + 64) + (1536 + 512)     =  15,140,864
+      split:      1536 x 128 x (128 + 64) + 512 x 128 x (128 + 128)
+                  + 128 x 128 x 7168 = 171,966,464, over 4             =  42,991,616
+      norms 2 x 7168 + router 256 x 7168 + shared 3 x 7168 x 2048 / 4 =  12,859,392
+      a layer's dense part                                           =  70,991,872
+      routed: 256 / 8 = 32 experts of 3 x 7168 x 2048 = 1,409,286,144 a layer
+    A mutant that splits the duplicated projections over t, or leaves the shared expert whole,
+    changes the dense bytes by over 1%."""
+    from advisor.moe.stage import MoEOptions, model_states
+
+    h = 7168
+    duplicated = h * 1536 + h * (512 + 64) + (1536 + 512)
+    split = 1536 * 128 * (128 + 64) + 512 * 128 * (128 + 128) + 128 * 128 * h
+    rest = 3 * (duplicated + split / 4 + 2 * h + 256 * h + 3 * h * 2048 / 4)
+    assert rest == 3 * 70_991_872
+    local = 3 * 32 * 3 * h * 2048
+    states = model_states(DSV3, MoEOptions(), tp=4, cp=1, pp=4, ep=8, etp=1, dp=16, stage=1, dense=0,
+                          moe_layers=3, mtp=0)
+    assert states.dense == pytest.approx(rest * (2 + 4 + 12 / 16), rel=1e-12)
+    assert states.experts == pytest.approx(local * (2 + 4 + 12 / 8), rel=1e-12)
+
+
 def test_the_estimates_stages_split_their_states_by_kind_as_dense_estimates_do():
     """weights_gib + gradients_gib + optimizer_gib + fp8_weights_gib is each stage's model_states_gib
     (the dense estimate's keys), FP8 and MTP included."""
