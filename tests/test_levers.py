@@ -186,6 +186,28 @@ def test_gradient_dtype_drives_the_step_time():
     assert float(steps["fp32"].dp_comm_s - steps["bf16"].dp_comm_s) == pytest.approx(expected, rel=1e-9)
 
 
+def test_at_pp_2_the_dp_collectives_and_adam_move_the_heaviest_stages_parameters():
+    """The same Llama 3.1 8B at TP 8, PP 2, DP 8: each stage holds 16 layers and one end (seed 004,
+    Eq. 6-9); the last stage's LM head (untied, h x v / t) and final norm (h, whole on each TP
+    rank) make it the heavier end, by the first's embedding's h x v / t plus h. P = 16 x
+    (218,103,808 / 8 + 2 x 4096) + 4096 x 129,024 / 8 + 4096 = 436,338,688 + 66,060,288 + 4096 =
+    502,403,072 (the PP 1 count less 16 layers and one embedding). The DP group is the same 64
+    GPUs apart over the network, so the FP32-BF16 gap is 7/8 x 2P over it, and Adam's step moves
+    38 bytes (terms.optimizer_step_bytes) of each of this rank's P / 8 parameters at the HBM rate.
+    A mutant counting both ends on every stage (P + 66,060,288, 13% more) fails both."""
+    off = dict(overlap_grad_reduce=False, overlap_param_gather=False)
+    steps = {dtype: TimeModel(SPEC, H100, 8192, 64, options=TrainingOptions().with_(
+        grad_reduce_dtype=dtype, **off).time_options()).step(8, 1, 2, 8, 1) for dtype in ("fp32", "bf16")}
+    parameters = 16 * (218_103_808 / 8 + 2 * 4096) + 4096 * 129024 / 8 + 4096
+    assert parameters == 502_403_072
+    calibration = load_calibration()
+    bandwidth = calibration.network_efficiency * H100.network_bytes_per_s
+    expected = 7 / 8 * 2 * parameters / bandwidth
+    assert float(steps["fp32"].dp_comm_s - steps["bf16"].dp_comm_s) == pytest.approx(expected, rel=1e-9)
+    hbm = calibration.hbm_efficiency * H100.hbm_bytes_per_s
+    assert float(steps["fp32"].optimizer_s) == pytest.approx(38 * parameters / 8 / hbm, rel=1e-9)
+
+
 def test_overlap_off_exposes_the_whole_reduction():
     on = TimeModel(SPEC, H100, 8192, 64).step(8, 1, 1, 8, 1)
     off_options = TrainingOptions().with_(overlap_grad_reduce=False, overlap_param_gather=False).time_options()
