@@ -208,6 +208,31 @@ def test_at_pp_2_the_dp_collectives_and_adam_move_the_heaviest_stages_parameters
     assert float(steps["fp32"].optimizer_s) == pytest.approx(38 * parameters / 8 / hbm, rel=1e-9)
 
 
+def test_a_tied_model_at_pp_1_reduces_and_steps_one_embedding_matrix():
+    """Llama 3.2 1B ties its embedding and LM head: at PP 1 the output layer has no weight of its
+    own (megatron-core core_v0.15.2 models/gpt/gpt_model.py: ColumnParallelLinear(...,
+    skip_weight_param_allocation=self.pre_process and self.share_embeddings_and_output_weights)),
+    so the DP collectives and Adam move one v x h matrix, not two. By hand (h 2048, a 32, k 8,
+    d 64, h_ffn 8192, L 16, v 128,256, already a multiple of 128): a layer is 2048 x 48 x 64 +
+    2048 x 2048 + 3 x 2048 x 8192 + 2 x 2048 = 60,821,504; 16 layers 973,144,064; the embedding
+    128,256 x 2048 = 262,668,288; the final norm 2048: P = 1,235,814,400 (the model card's 1.24B).
+    TP 1, DP 8 within a node: the FP32-BF16 gap is 7/8 x 2P over NVLink; Adam 38 P / 8 bytes."""
+    spec = PRESETS["llama3.2-1b"]
+    assert spec.tie_embeddings
+    off = dict(overlap_grad_reduce=False, overlap_param_gather=False)
+    steps = {dtype: TimeModel(spec, H100, 8192, 64, options=TrainingOptions().with_(
+        grad_reduce_dtype=dtype, **off).time_options()).step(1, 1, 1, 8, 1) for dtype in ("fp32", "bf16")}
+    layer = 2048 * 48 * 64 + 2048 * 2048 + 3 * 2048 * 8192 + 2 * 2048
+    parameters = 16 * layer + 128256 * 2048 + 2048
+    assert parameters == 1_235_814_400
+    calibration = load_calibration()
+    bandwidth = calibration.network_efficiency * H100.nvlink_bytes_per_s
+    expected = 7 / 8 * 2 * parameters / bandwidth
+    assert float(steps["fp32"].dp_comm_s - steps["bf16"].dp_comm_s) == pytest.approx(expected, rel=1e-9)
+    hbm = calibration.hbm_efficiency * H100.hbm_bytes_per_s
+    assert float(steps["fp32"].optimizer_s) == pytest.approx(38 * parameters / 8 / hbm, rel=1e-9)
+
+
 def test_overlap_off_exposes_the_whole_reduction():
     on = TimeModel(SPEC, H100, 8192, 64).step(8, 1, 1, 8, 1)
     off_options = TrainingOptions().with_(overlap_grad_reduce=False, overlap_param_gather=False).time_options()

@@ -424,14 +424,17 @@ class TimeModel:
         """Parameters on one GPU of the heaviest even stage: its layers plus the embedding or the
         LM head (seed 004, Eq. 6-9; the element count the DP collectives and Adam move), and the
         final norm's h, whole on every TP rank, on the last stage (PP 1's only one), which the LM
-        head makes the heavier end."""
+        head makes the heavier end. Tied at PP 1 the head has no weight of its own
+        (``stage_model.head_shares_embedding``; core_v0.15.2 models/gpt/gpt_model.py:
+        skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights)."""
         spec = self.spec
         h, a, k, d, f = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim, spec.ffn_hidden_size
         t = _f(tp)
         per_layer = (h * (a + 2 * k) * d + a * d * h + 3 * h * f) / t + 2 * h
         embedding = h * padded_vocab(spec, tp) / t
         p = _f(pp)
-        return spec.num_layers / p * per_layer + embedding * np.where(p > 1, 1.0, 2.0) + h
+        ends = np.where(p > 1, 1.0, 1.0 if spec.tie_embeddings else 2.0)
+        return spec.num_layers / p * per_layer + embedding * ends + h
 
     # --- what a user reads -----------------------------------------------------------------
 
