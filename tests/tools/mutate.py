@@ -102,6 +102,14 @@ MUTANTS = [  # (file, text, replacement, tests)
      "    return forward, forward\n\n\ndef attention_flops", MOE),
     ("advisor/moe/ep_time.py", "(A2A_NETWORK_FRACTION * rates.network_bytes_per_s)",
      "(A2A_NETWORK_FRACTION * rates.nvlink_bytes_per_s)", MOE),
+    # parameter counts at TP > 1 and PP > 1 (survivors of the coverage map; tests added with them)
+    ("advisor/moe/params.py", "    return replicated + split / tp", "    return (replicated + split) / tp", MOE),
+    ("advisor/moe/params.py", "return 3 * spec.hidden_size * spec.shared_expert_size / tp",
+     "return 3 * spec.hidden_size * spec.shared_expert_size", MOE),
+    ("advisor/throughput/model.py", "ends = np.where(p > 1, 1.0, 1.0 if spec.tie_embeddings else 2.0)",
+     "ends = np.where(p > 1, 2.0, 1.0 if spec.tie_embeddings else 2.0)", LEVERS),
+    ("advisor/throughput/model.py", "ends = np.where(p > 1, 1.0, 1.0 if spec.tie_embeddings else 2.0)",
+     "ends = np.where(p > 1, 1.0, 2.0)", LEVERS),
 ]
 
 
