@@ -65,6 +65,24 @@ def test_deepseek_v3_model_states_at_tp_4_keep_mlas_down_projections_whole():
     assert states.experts == pytest.approx(local * (2 + 4 + 12 / 8), rel=1e-12)
 
 
+def test_deepseek_v3_shared_expert_activations_split_over_tp_and_cp_by_hand():
+    """The shared expert is an MLP under TP (core_v0.15.2 transformer/moe/shared_experts.py,
+    SharedExpertMLP; mlp.py): with sequence parallelism FC1 (column parallel) sees the gathered
+    s b / c tokens of this CP rank and writes 2 f_s / t columns, which the fused SwiGLU keeps as its
+    input (fusions/fused_bias_swiglu.py), and FC2 (row parallel) keeps its f_s / t wide input: 2
+    bytes each, 6 s b f_s / (t c). DeepSeek-V3 (f_s 2048), s 4096, b 1, TP 2, CP 2:
+    6 x 4096 x 2048 / 4 = 12,582,912 bytes, what --recompute-modules shared_experts frees from the
+    layer. (test_moe_layer_profile checks the 6 f_s per token at TP 1 against the measured layer;
+    this checks the split, which a mutant dropping t passed.)"""
+    shared = 6 * 4096 * 2048 / (2 * 2)
+    assert shared == 12_582_912
+    assert mm.shared_expert_activation_bytes(DSV3, 4096, 1, 2, 2) == shared
+    kept = mm.moe_layer_activation_bytes(DSV3, 4096, 1, 2, 2, 8, 1)
+    recomputed = mm.moe_layer_activation_bytes(DSV3, 4096, 1, 2, 2, 8, 1,
+                                               recompute_modules=frozenset({"shared_experts"}))
+    assert kept - recomputed == pytest.approx(shared, rel=1e-12)
+
+
 def test_the_estimates_stages_split_their_states_by_kind_as_dense_estimates_do():
     """weights_gib + gradients_gib + optimizer_gib + fp8_weights_gib is each stage's model_states_gib
     (the dense estimate's keys), FP8 and MTP included."""

@@ -111,6 +111,8 @@ MUTANTS = [  # (file, text, replacement, tests)
      "ends = np.where(p > 1, 2.0, 1.0 if spec.tie_embeddings else 2.0)", LEVERS),
     ("advisor/throughput/model.py", "ends = np.where(p > 1, 1.0, 1.0 if spec.tie_embeddings else 2.0)",
      "ends = np.where(p > 1, 1.0, 2.0)", LEVERS),
+    ("advisor/moe/memory.py", "return 6 * seq_len * mbs * spec.shared_expert_size / (tp * cp)",
+     "return 6 * seq_len * mbs * spec.shared_expert_size / cp", MOE),
 ]
 
 
