@@ -100,6 +100,25 @@ def test_offload_time():
     assert time_levers.host_link(H100) == (63e9, 76.8e9)
 
 
+def test_half_offloaded_adam_runs_the_other_half_on_the_gpu_by_hand():
+    """--optimizer-cpu-offload --optimizer-offload-fraction 0.5 (Megatron's HybridDeviceOptimizer,
+    megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py): half of the rank's shard steps on
+    the host (``offload_time``: 4 + 2 bytes a parameter over the 63 GB/s link, 30 at 76.8 GB/s of
+    host memory), the other half on the GPU at Adam's 38 HBM bytes a parameter
+    (terms.optimizer_step_bytes). Llama 3.1 8B at TP 8, PP 1, DP 8: P = 1,004,802,048 (see
+    test_gradient_dtype_drives_the_step_time), a shard of P / 8 = 125,600,256."""
+    shard = 1_004_802_048 / 8
+    half = memory(optimizer_cpu_offload=True, optimizer_offload_fraction=0.5)
+    assert float(levers.state_bytes_per_parameter(half, 8)[2]) == 0.75
+    rates = Rates.of(H100, load_calibration())
+    gpu = 38 * 0.5 * shard / rates.hbm_bytes_per_s
+    host = 0.5 * shard * (4 + 2) / 63e9 + 0.5 * shard * 30 / 76.8e9
+    assert float(time_levers.gpu_optimizer_time(shard, 0.5, rates)) == pytest.approx(gpu, rel=1e-12)
+    options = TrainingOptions().with_(optimizer_cpu_offload=True, optimizer_offload_fraction=0.5).time_options()
+    step = TimeModel(SPEC, H100, 8192, 64, options=options).step(8, 1, 1, 8, 1)
+    assert float(step.optimizer_s) == pytest.approx(gpu + host, rel=1e-9)
+
+
 def test_fp8_gemm_rate_and_casts():
     rates = Rates.of(H100, load_calibration())
     assert time_levers.fp8_rates(rates, H100).gemm_flops_per_s == pytest.approx(rates.gemm_flops_per_s * 1979 / 989)

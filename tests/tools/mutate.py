@@ -113,6 +113,8 @@ MUTANTS = [  # (file, text, replacement, tests)
      "ends = np.where(p > 1, 1.0, 2.0)", LEVERS),
     ("advisor/moe/memory.py", "return 6 * seq_len * mbs * spec.shared_expert_size / (tp * cp)",
      "return 6 * seq_len * mbs * spec.shared_expert_size / cp", MOE),
+    ("advisor/throughput/levers.py", "return elementwise_time(step_bytes * (1.0 - fraction) * np.asarray(shard",
+     "return elementwise_time(step_bytes * np.asarray(shard", LEVERS),
 ]
 
 
