@@ -88,7 +88,10 @@ def test_a_given_split_moves_the_slowest_stage_by_hand():
     def data_parallel(layers):  # stage 0: its layers' attention, router and norms, the embedding; one expert each
         dense = layers * (4096 * 10240 + 2 * 4096 + 8 * 4096) + 4096 * 32000
         expert = layers * 3 * 4096 * 14336
-        return (sum(terms.data_parallel_time(dense, 16, 16, rates)) + sum(terms.data_parallel_time(expert, 2, 16, rates))
+        # DP 16 over two nodes at TP 1: the dense group has 8 GPUs in a node (8 NICs); the expert-data-
+        # parallel group (2, ranks EP 8 apart) one
+        return (sum(terms.data_parallel_time(dense, 16, 16, rates, ranks_per_node=8))
+                + sum(terms.data_parallel_time(expert, 2, 16, rates, ranks_per_node=1))
                 + terms.optimizer_time(dense, 16, rates) + terms.optimizer_time(expert, 2, rates))
 
     expected = (m - 1) * float(layer - head) + float(data_parallel(7) - data_parallel(8))

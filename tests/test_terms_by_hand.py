@@ -182,3 +182,15 @@ def test_optimizer_bytes_per_parameter_by_hand():
     assert terms.optimizer_step_bytes() == 4 + 2 + 4 + 4 + 3 * (4 + 4)
     assert terms.optimizer_step_bytes(("fp32", "bf16", "bf16")) == 4 + 2 + 8 + 8 + 2 * (2 + 4 + 4 + 4 + 4 + 2 + 2 + 2)
     assert terms.optimizer_step_bytes(("remainder", "fp32", "fp32")) == 4 + 2 + 8 + (2 + 2 + 2) + 2 * 8
+
+
+def test_a_data_parallel_groups_gpus_in_a_node_by_hand():
+    """megatron-core's RankGenerator (order tp-cp-ep-dp-pp) puts a DP group's ranks TP apart and an
+    expert-data-parallel group's ETP x EP apart: on nodes of 8, TP 1 has 8 of a DP 16 group in a
+    node, TP 8 one; EP 2 at ETP 1 has 4 of an expert group of 32, EP 8 one; never more than the
+    group (DP 2 at TP 1: 2), never fewer than one (EP 64)."""
+    from advisor.throughput.terms import ranks_per_node
+
+    assert [float(ranks_per_node(16, 1, 8)), float(ranks_per_node(16, 8, 8))] == [8.0, 1.0]
+    assert [float(ranks_per_node(32, 2 * 1, 8)), float(ranks_per_node(32, 8, 8))] == [4.0, 1.0]
+    assert [float(ranks_per_node(2, 1, 8)), float(ranks_per_node(2, 64, 8))] == [2.0, 1.0]

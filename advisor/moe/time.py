@@ -484,10 +484,14 @@ def _data_parallel(c: dict, training, dense_states, expert_states, forward_s, ra
     expert_params = expert_states / (mm.BF16 + grad + 12 / (edp if sharded else 1))
     span = c["tp"] * c["cp"] * c["dp"]
     param_bytes = 1 if training.precision.fp8_param_gather else mm.BF16
+    # across nodes each group's rings use the NICs of all its GPUs in a node, as the dense model's
+    # (priced at one NIC before 2026-11-30: 8x slower for Mixtral's dense DP group at TP 1)
+    per_node_d = terms.ranks_per_node(c["dp"] * c["cp"], c["tp"], rates.gpus_per_node)
+    per_node_e = terms.ranks_per_node(edp, c["etp"] * c["ep"], rates.gpus_per_node)
     reduce_d, gather_d = terms.data_parallel_time(dense_params, c["dp"] * c["cp"], span, rates, grad_bytes=grad,
-                                                  param_bytes=param_bytes)
+                                                  ranks_per_node=per_node_d, param_bytes=param_bytes)
     reduce_e, gather_e = terms.data_parallel_time(expert_params, edp, span, rates, grad_bytes=grad,
-                                                  param_bytes=param_bytes)
+                                                  ranks_per_node=per_node_e, param_bytes=param_bytes)
     dp = training.data_parallel
     hidden_reduce = 2 * forward_s if dp.overlap_grad_reduce else 0.0
     hidden_gather = forward_s if dp.overlap_param_gather else 0.0

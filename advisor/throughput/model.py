@@ -361,7 +361,7 @@ class TimeModel:
         busy = m * total / p
         shards = _f(dp) * _f(cp)
         span = _f(tp) * _f(cp) * _f(dp)
-        per_node = np.minimum(shards, np.maximum(1.0, rates.gpus_per_node / _f(tp)))
+        per_node = terms.ranks_per_node(shards, _f(tp), rates.gpus_per_node)
         dp_comm = self._data_parallel(params, shards, span, per_node, m, fwd_first, bwd_first)
         optimizer = self._optimizer(params, shards)
         compute_bound = pipeline + dp_comm + optimizer

@@ -165,6 +165,15 @@ def link_bandwidth(group_span, rates: Rates, ranks_per_node=1):
     return np.where(np.asarray(group_span) <= rates.gpus_per_node, rates.nvlink_bytes_per_s, across)
 
 
+def ranks_per_node(shards, stride, gpus_per_node):
+    """The GPUs of one data-parallel group in one node, for ``link_bandwidth``: the group's ranks
+    are ``stride`` apart (megatron-core ``parallel_state.RankGenerator``, order tp-cp-ep-dp-pp: TP
+    for the dense DP x CP group; ETP x EP for the expert-data-parallel group, whose generator has
+    tp = ETP and no CP), so a node holds gpus_per_node / stride of them, at least one and at most
+    the group's ``shards``."""
+    return np.minimum(shards, np.maximum(1.0, gpus_per_node / np.asarray(stride, dtype=float)))
+
+
 def ring_collective_time(size_bytes, ranks, bandwidth, rates: Rates):
     """All-gather or reduce-scatter of a ``size_bytes`` tensor over a ring of ``ranks``: each
     rank sends (n - 1)/n of it (Patarasuk and Yuan 2009; NCCL's bus-bandwidth model), plus one
