@@ -43,7 +43,6 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from advisor import equations as eq
 from advisor.errors import AdvisorError
 from advisor.options import TrainingOptions
 from advisor.parallel import RANK_ORDER, pipeline_stage_of_rank

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from advisor import memory_levers as levers
-from advisor import memory_terms
 from advisor import schedule
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec

@@ -271,11 +271,11 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     from launch.preflight import deep_ep_backend, local_attention_note, uses_transformer_engine
 
     env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
-    for note in span_notes(per_node, config.source, config.tp, config.ep, config.etp, config.priced_gpus_per_node,
+    for line in span_notes(per_node, config.source, config.tp, config.ep, config.etp, config.priced_gpus_per_node,
                            timed=config.step_time_s is not None, cp=config.cp):
-        _note(note)
-    if (note := node_size_note(per_node, config.source, config.priced_gpus_per_node, config.gpus_per_node)) is not None:
-        _note(note)
+        _note(line)
+    if (line := node_size_note(per_node, config.source, config.priced_gpus_per_node, config.gpus_per_node)) is not None:
+        _note(line)
     if (note := config.left_out_note(megatron.args)) is not None:
         _note(note)
     report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,

@@ -30,7 +30,6 @@ bf16, the one-line refusal in ``fp8_refused`` and in the output) and not held to
 
 from __future__ import annotations
 
-import csv
 import json
 import shlex
 from dataclasses import dataclass

@@ -600,7 +600,6 @@ def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node
     """(the best MoE sweep row on the estimate's GPUs, model, batch and options, one line comparing
     it with ``row``): ``advisor sweep``'s own first row."""
     from advisor.cli.from_command import comparison_line
-    from advisor.cli.sweep_table import write_plot
     from advisor.errors import AdvisorError
     from advisor.moe.space import sweep as run
 

@@ -7,7 +7,6 @@ MoE and multi-latent-attention flags for; ``advisor.moe.flags`` writes them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from advisor import limits
