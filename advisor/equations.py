@@ -18,11 +18,22 @@ def attention_parameters(spec: LlamaSpec, tp: int = 1) -> float:
 
     In general W_Q and W_O are h x ad and W_K, W_V h x kd for a head size d (Megatron's
     --kv-channels), which is Eq. 1 when d = h/a: 2hd(a + k). Biases on Q, K and V
-    (--add-qkv-bias) add (a + 2k)d, split over t with their columns."""
+    (--add-qkv-bias) add (a + 2k)d, split over t with their columns; the QK norms'
+    weights (``qk_norm_parameters``) are whole on every rank."""
     h, k, a, d = spec.hidden_size, spec.num_query_groups, spec.num_attention_heads, spec.head_dim
     weights = 2 * h * h * (1 + k / a) if d * a == h else 2 * h * d * (a + k)
     bias = (a + 2 * k) * d if spec.add_qkv_bias else 0
-    return (weights + bias) / tp
+    return (weights + bias) / tp + qk_norm_parameters(spec)
+
+
+def qk_norm_parameters(spec: LlamaSpec) -> int:
+    """Qwen3's per-head Q and K RMSNorm weights (--qk-layernorm), d each, 0 without them: one norm
+    of hidden size d shared by every head (megatron-core ``transformer/attention.py``,
+    ``SelfAttention.__init__``: q_layernorm and k_layernorm built with hidden_size
+    hidden_size_per_attention_head), not split over t (``TENorm``/``FusedLayerNorm`` weights are
+    replicated; their gradients are all-reduced with sequence parallelism). For grouped-query
+    attention; multi-latent attention's latent norms are ``advisor.moe.params``'."""
+    return 2 * spec.head_dim if spec.qk_layernorm else 0
 
 
 def mlp_parameters(spec: LlamaSpec, tp: int = 1) -> float:
@@ -90,11 +101,28 @@ def attention_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float
     FlashAttention stores neither QK^T nor the softmax.
 
     With an explicit head size d, Q and the attention output are sb x ad and K, V sb x kd:
-    2sbh + 4sb ad + 4sb kd, which is Eq. 11 when ad = h."""
+    2sbh + 4sb ad + 4sb kd, which is Eq. 11 when ad = h. With --qk-layernorm (Qwen3), plus
+    ``qk_norm_activation_bytes``."""
     s, b, h = seq_len, mbs, spec.hidden_size
     if spec.query_size == h:
-        return 6 * s * b * h + 4 * s * b * h * spec.num_query_groups / spec.num_attention_heads
-    return 2 * s * b * h + 4 * s * b * spec.query_size + 4 * s * b * spec.num_query_groups * spec.head_dim
+        eq11 = 6 * s * b * h + 4 * s * b * h * spec.num_query_groups / spec.num_attention_heads
+    else:
+        eq11 = 2 * s * b * h + 4 * s * b * spec.query_size + 4 * s * b * spec.num_query_groups * spec.head_dim
+    return eq11 + qk_norm_activation_bytes(spec, s, b)
+
+
+def qk_norm_activation_bytes(spec: LlamaSpec, seq_len: int, mbs) -> float:
+    """2sb(a + k)d with --qk-layernorm, else 0: the BF16 inputs of the per-head Q and K RMSNorms,
+    which they keep for their backward (megatron-core ``transformer/attention.py``,
+    ``SelfAttention.get_query_key_value_tensors``: q_layernorm(query), k_layernorm(key) before
+    RoPE), split over t with the heads; the MoE model's Qwen3-MoE term, shared. Measured
+    (tests/test_symbolic.py, a real-size Qwen3-8B layer): Q's input is a copy (``query.reshape``)
+    but K's a view of the QKV output, which V keeps anyway, and each norm keeps an FP32 rstd per
+    head and token: 2sbad + 4sb(a + k) kept, 2sbkd - 4sb(a + k) less than this (1,888 bytes per
+    token at Qwen3-8B's a 32, k 8, d 128); left as the MoE model prices it."""
+    if not spec.qk_layernorm:
+        return 0
+    return 2 * seq_len * mbs * (spec.num_attention_heads + spec.num_query_groups) * spec.head_dim
 
 
 def attention_scores_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:

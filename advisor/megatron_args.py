@@ -157,6 +157,8 @@ def model_args(spec: LlamaSpec, seq_len: int) -> list[str]:
     args += ["--attention-dropout", "0", "--hidden-dropout", "0", "--disable-bias-linear"]
     if spec.add_qkv_bias:
         args.append("--add-qkv-bias")
+    if spec.qk_layernorm and not hasattr(spec, "num_experts"):  # an MoE spec's comes with its flags (advisor.moe.flags)
+        args.append("--qk-layernorm")
     if not spec.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     return args

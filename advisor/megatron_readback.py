@@ -31,7 +31,7 @@ _MODEL_VALUED = {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-
                  "position-embedding-type", "rotary-base", "rope-scaling-factor", "rotary-percent", "vocab-size",
                  "tokenizer-type", "attention-dropout", "hidden-dropout", "encoder-seq-length"}
 _MODEL_SWITCHES = {"group-query-attention", "swiglu", "use-rope-scaling", "disable-bias-linear", "add-qkv-bias",
-                   "untie-embeddings-and-output-weights", "add-bias-linear", "use-mcore-models",
+                   "qk-layernorm", "untie-embeddings-and-output-weights", "add-bias-linear", "use-mcore-models",
                    "no-position-embedding"}
 _LAYOUT_VALUED = {"tensor-model-parallel-size", "context-parallel-size", "pipeline-model-parallel-size",
                   "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers",
@@ -320,6 +320,7 @@ def model_spec(model: dict, *, name: str, vocab_size: int) -> LlamaSpec:
             tie_embeddings="untie-embeddings-and-output-weights" not in model,
             kv_channels=None if kv is None or kv * heads == hidden else kv,
             add_qkv_bias=bool(model.get("add-qkv-bias")),
+            qk_layernorm=bool(model.get("qk-layernorm")),
             rotary_base=float_value(model, "rotary-base", 10000.0),
             rope_scaling_factor=(float_value(model, "rope-scaling-factor", 8.0) if model.get("use-rope-scaling")
                                  else None),

@@ -148,8 +148,9 @@ def fsdp_buffer_lines(options, unit_parameters) -> list[tuple]:
 
 def linear_parameters(spec: LlamaSpec, tp) -> float:
     """The GEMM weights of one layer on one GPU (QKV, output projection, FC1 with gate, FC2):
-    Eq. 6 without the two RMSNorm weights; what Transformer Engine runs in FP8."""
-    return eq.layer_parameters(spec, tp) - eq.layer_norm_parameters(spec)
+    Eq. 6 without the two RMSNorm weights (and Qwen3's Q and K norms); what Transformer Engine runs
+    in FP8."""
+    return eq.layer_parameters(spec, tp) - eq.layer_norm_parameters(spec) - eq.qk_norm_parameters(spec)
 
 
 FP8_SCALE_BYTES = {"delayed": 0.0, "tensorwise": 0.0, "blockwise": 0.0, "mxfp8": 1 / 32}

@@ -135,6 +135,10 @@ class LlamaSpec:
     None: h/a. Mistral-NeMo has a x d = 4096 with h = 5120."""
     add_qkv_bias: bool = False
     """Biases on the Q, K and V projections only (Megatron's --add-qkv-bias; Qwen2)."""
+    qk_layernorm: bool = False
+    """RMSNorm on each Q and K head before RoPE (Qwen3, dense and MoE; Megatron's --qk-layernorm,
+    megatron-core ``transformer/attention.py``, ``SelfAttention.get_query_key_value_tensors``).
+    With MLA (``advisor.moe``) the same flag builds the q and kv latent norms instead."""
     rotary_base: float = 10000.0
     """RoPE's theta (--rotary-base; Hugging Face's rope_theta). 10000 is both defaults."""
     rope_scaling_factor: float | None = None
@@ -168,7 +172,7 @@ class LlamaSpec:
                 raise FieldError(key, "must be a positive integer, got {0}", _describe(value))
             if value > limit:
                 raise FieldError(key, "is {0}, more than this tool handles ({1})", _describe(value), limit)
-        for key in ("tie_embeddings", "add_qkv_bias"):
+        for key in ("tie_embeddings", "add_qkv_bias", "qk_layernorm"):
             if not isinstance(getattr(self, key), bool):
                 raise FieldError(key, "must be true or false, got {0}", _describe(getattr(self, key)))
         if not _positive_number(self.rotary_base) or self.rotary_base > ROTARY_BASE_LIMIT:
@@ -207,6 +211,8 @@ class LlamaSpec:
         fields = asdict(self)
         if fields["max_position_embeddings"] is None:  # the sequence length: files written before the field say so
             del fields["max_position_embeddings"]
+        if not fields["qk_layernorm"]:  # files written before the field (every Llama's) say so by leaving it out
+            del fields["qk_layernorm"]
         return fields
 
 
@@ -243,6 +249,9 @@ head_dim, in the config.json, is what its reader can give."""
 _HF_REQUIRED = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
 _HF_FIELDS = {key: field for field, key in HF_KEYS.items()}
 _HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_QK_NORM_TYPES = ("qwen3_moe",)
+"""The model types with an RMSNorm on each Q and K head (Transformers' Qwen3MoeAttention: q_norm,
+k_norm over head_dim, before RoPE): Megatron's --qk-layernorm."""
 _HF_DEFAULTS = {"tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
 # The only RoPE scaling Megatron-LM implements (--use-rope-scaling): Llama 3's, with these
 # constants fixed (megatron/core/models/common/embeddings/rotary_pos_embedding.py, _apply_scaling).
@@ -366,6 +375,7 @@ def dense_values(config: _Config, model_type: str, rope_scaling: bool = True) ->
     config.refuse(model_type)
     values["tie_embeddings"] = config.flag(HF_KEYS["tie_embeddings"])
     values["add_qkv_bias"] = model_type == "qwen2"  # Qwen2Attention: biases on q, k, v; none on o
+    values["qk_layernorm"] = model_type in _QK_NORM_TYPES
     values["rotary_base"] = config.number(HF_KEYS["rotary_base"])
     values["rope_scaling_factor"] = config.rope_scaling() if rope_scaling else None
     values["norm_epsilon"] = config.number(HF_KEYS["norm_epsilon"])

@@ -275,6 +275,7 @@ def spec_from_args(args) -> LlamaSpec:
         tie_embeddings=not getattr(args, "untie_embeddings_and_output_weights", False),
         kv_channels=None if kv_channels in (None, args.hidden_size // heads) else kv_channels,
         add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
+        qk_layernorm=bool(getattr(args, "qk_layernorm", False)),
         rotary_base=float(getattr(args, "rotary_base", 10000)),
         rope_scaling_factor=float(args.rope_scaling_factor) if getattr(args, "use_rope_scaling", False) else None,
         norm_epsilon=float(getattr(args, "norm_epsilon", 1e-5)),

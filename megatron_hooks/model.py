@@ -74,6 +74,7 @@ def transformer_config(spec: LlamaSpec, *, num_layers: int, params_dtype: torch.
         num_query_groups=spec.num_query_groups,
         kv_channels=spec.head_dim,
         add_qkv_bias=spec.add_qkv_bias,
+        qk_layernorm=spec.qk_layernorm,  # what --qk-layernorm sets (the layer spec builds the norms)
         layernorm_epsilon=spec.norm_epsilon,
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
         context_parallel_size=parallel_state.get_context_parallel_world_size(),
@@ -153,7 +154,7 @@ def build_gpt_model(
         raise ValueError(f"layer spec must be one of {', '.join(LAYER_SPECS)}, got {layer_spec!r}")
     experts = getattr(spec, "num_experts", None)
     mla = getattr(spec, "mla", None) is not None
-    qk_layernorm = getattr(spec, "qk_layernorm", False)  # Qwen3's per-head Q and K norms (MoESpec only)
+    qk_layernorm = spec.qk_layernorm  # Qwen3's per-head Q and K norms (dense and MoE)
     if experts:
         config_overrides = {**moe_config_overrides(spec), **config_overrides}
     if layer_spec == "transformer_engine":

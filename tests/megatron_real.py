@@ -196,6 +196,7 @@ def mismatches(priced: Priced, derived: dict) -> list[str]:
         "num_layers": spec.num_layers, "hidden_size": spec.hidden_size, "ffn_hidden_size": spec.ffn_hidden_size,
         "num_attention_heads": spec.num_attention_heads, "num_query_groups": spec.num_query_groups,
         "kv_channels": spec.head_dim, "add_qkv_bias": spec.add_qkv_bias, "add_bias_linear": False,
+        "qk_layernorm": spec.qk_layernorm,
         "attention_dropout": 0.0, "hidden_dropout": 0.0,
         "gated_linear_unit": True, "normalization": "RMSNorm", "layernorm_epsilon": spec.norm_epsilon,
         "position_embedding_type": "rope", "rotary_base": spec.rotary_base,

@@ -39,7 +39,7 @@ def attention_linear_parameters(spec: MoESpec, tp) -> float:
     norm weights (Qwen3's per-head Q and K norms, 2d; MLA's q and kv latent norms)."""
     mla = spec.mla
     if mla is None:
-        norms = 2 * spec.head_dim if spec.qk_layernorm else 0
+        norms = eq.qk_norm_parameters(spec)
     else:
         norms = ((mla.q_lora_rank or 0) + mla.kv_lora_rank) if spec.qk_layernorm else 0
     return params.attention_parameters(spec, tp) - norms

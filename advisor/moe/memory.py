@@ -147,9 +147,8 @@ def attention_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
     tokens = seq_len * mbs / cp
     mla = spec.mla
     if mla is None:
+        # Eq. 11 holds Qwen3's Q/K norm inputs (eq.qk_norm_activation_bytes, shared with dense Qwen3)
         attention = eq.attention_activation_bytes(spec, seq_len, mbs) + 2 * seq_len * mbs * spec.hidden_size
-        if spec.qk_layernorm:
-            attention += 2 * seq_len * mbs * (spec.num_attention_heads + spec.num_query_groups) * spec.head_dim
         return attention / (tp * cp)
     a, h = spec.num_attention_heads, spec.hidden_size
     q_lora = mla.q_lora_rank or 0

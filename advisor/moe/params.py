@@ -20,12 +20,10 @@ def attention_parameters(spec: MoESpec, tp: int = 1) -> float:
     projections h x q_lora and h x (kv_lora + d_rope) and the q/kv latent layernorms (with --qk-layernorm) are
     'duplicated' over TP (Transformer Engine's spec); the up projections q_lora x a(d_nope +
     d_rope) and kv_lora x a(d_nope + d_v) and the output projection a d_v x h split over t.
-    Otherwise seed 004's Eq. 1, plus Qwen3's per-head Q and K RMSNorms (2d, replicated;
-    --qk-layernorm)."""
+    Otherwise seed 004's Eq. 1 with Qwen3's per-head Q and K RMSNorms (``eq.qk_norm_parameters``)."""
     mla = spec.mla
     if mla is None:
-        norms = 2 * spec.head_dim if spec.qk_layernorm else 0
-        return eq.attention_parameters(spec, tp) + norms
+        return eq.attention_parameters(spec, tp)
     a, h = spec.num_attention_heads, spec.hidden_size
     q_head = mla.qk_head_dim + mla.qk_pos_emb_head_dim
     norms = ((mla.q_lora_rank or 0) + mla.kv_lora_rank) if spec.qk_layernorm else 0

@@ -30,7 +30,7 @@ VALUED = {"num-experts", "moe-router-topk", "moe-ffn-hidden-size", "moe-shared-e
           "original-max-position-embeddings", "moe-router-dtype", "moe-router-bias-update-rate",
           "mtp-loss-scaling-factor", "moe-flex-dispatcher-backend", "moe-deepep-num-sms",
           "moe-hybridep-num-sms", "moe-flex-dispatcher-num-sms", "moe-z-loss-coeff", "moe-token-drop-policy"}
-SWITCHES = {"moe-grouped-gemm", "qk-layernorm", "moe-router-enable-expert-bias", "multi-latent-attention",
+SWITCHES = {"moe-grouped-gemm", "moe-router-enable-expert-bias", "multi-latent-attention",
             "moe-router-force-load-balancing", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute",
             "moe-pad-expert-input-to-capacity", "moe-router-pre-softmax", "moe-permute-fusion", "moe-router-fusion",
             "enable-experimental", "moe-enable-deepep", "moe-router-padding-for-fp8",
@@ -299,7 +299,7 @@ def moe_spec(dense: LlamaSpec, values: dict):
                    moe_ffn_hidden_size=flag_int(values, "moe-ffn-hidden-size", dense.ffn_hidden_size),
                    shared_expert_size=flag_int(values, "moe-shared-expert-intermediate-size", 0) or 0,
                    first_dense_layers=first_dense_layers(values.get("moe-layer-freq", "1"), dense.num_layers),
-                   qk_layernorm=bool(values.get("qk-layernorm")), score_function=score,
+                   score_function=score,  # qk_layernorm: the dense spec's (--qk-layernorm, a model flag)
                    # the sigmoid score function ignores it (topk_routing_with_score_function)
                    router_pre_softmax=score == "softmax" and bool(values.get("moe-router-pre-softmax")),
                    expert_bias=expert_bias, aux_loss_coeff=weights, load_balancing=balancing,

@@ -86,10 +86,10 @@ class MoESpec(LlamaSpec):
     """The shared experts' total intermediate size (--moe-shared-expert-intermediate-size); 0: none."""
     first_dense_layers: int = 0
     """Leading dense layers (HF first_k_dense_replace), priced by the dense terms."""
-    qk_layernorm: bool = False
-    """RMSNorm on each Q and K head (Qwen3; --qk-layernorm). With MLA the same flag builds the q and
-    kv latent norms (DeepSeek-V3's q_a_layernorm, kv_a_layernorm): megatron-core
-    ``gpt_layer_specs.py`` makes the up projections layer-norm linears only with qk_layernorm."""
+    # qk_layernorm (LlamaSpec's, dense Qwen3 has it too): RMSNorm on each Q and K head (Qwen3;
+    # --qk-layernorm). With MLA the same flag builds the q and kv latent norms (DeepSeek-V3's
+    # q_a_layernorm, kv_a_layernorm): megatron-core ``gpt_layer_specs.py`` makes the up projections
+    # layer-norm linears only with qk_layernorm.
     score_function: ScoreFunction = "softmax"
     router_pre_softmax: bool = False
     """--moe-router-pre-softmax: with the softmax score function, the softmax over all experts
@@ -128,7 +128,7 @@ class MoESpec(LlamaSpec):
         check_field(self.first_dense_layers, "first_dense_layers",
                     limits.Bound(0, self.num_layers - 1, "at least one layer must be a mixture of experts"))
         check_field(self.mtp_num_layers, "mtp_num_layers", limits.MTP_LAYERS)
-        for key in ("qk_layernorm", "expert_bias", "router_pre_softmax"):
+        for key in ("expert_bias", "router_pre_softmax"):
             if not isinstance(getattr(self, key), bool):
                 raise FieldError(key, "must be true or false, got {0}", _describe(getattr(self, key)))
         if self.score_function not in SCORE_FUNCTIONS:
@@ -146,6 +146,16 @@ class MoESpec(LlamaSpec):
         for key, kind in (("mla", MLA), ("yarn", YarnScaling)):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), kind):
                 raise FieldError(key, "must be an object or null, got {0}", _describe(getattr(self, key)))
+
+    def to_dict(self) -> dict:
+        """LlamaSpec's, with qk_layernorm always there and where it stood when it was an MoE field
+        (after first_dense_layers), so that MoE rows and files read as before."""
+        fields = LlamaSpec.to_dict(self)
+        fields.pop("qk_layernorm", None)
+        keys = list(fields)
+        at = keys.index("first_dense_layers") + 1
+        return {**{key: fields[key] for key in keys[:at]}, "qk_layernorm": self.qk_layernorm,
+                **{key: fields[key] for key in keys[at:]}}
 
     def _check_balancing(self) -> None:
         """The balancing types and their weights: one weight per type where there are several
@@ -366,7 +376,8 @@ def _qwen3_fields(config: _Config, keys: dict[str, str]) -> dict:
             else _describe(dense)
         raise config.error("mlp_only_layers", f"is {shown}, not empty: it puts dense MLP layers among the MoE layers, "
                                               "which this tool does not price (every layer is MoE here)")
-    return dict(_expert_fields(config, keys), qk_layernorm=True, router_pre_softmax=_pre_softmax(config),
+    # qk_layernorm: dense_values reads it for qwen3_moe, as for dense qwen3
+    return dict(_expert_fields(config, keys), router_pre_softmax=_pre_softmax(config),
                 aux_loss_coeff=_aux_loss_coeff(config, keys["aux_loss_coeff"]))
 
 
@@ -421,4 +432,4 @@ def load_moe_config(config: _Config, model_type: str) -> MoESpec:
     family = {"mixtral": _mixtral_fields, "qwen3_moe": _qwen3_fields, "deepseek_v3": _deepseek_fields}[model_type]
     keys = FAMILY_KEYS[model_type]
     with config.naming({**HF_KEYS, **keys}, {**FIELD_FLAGS, **MOE_FIELD_FLAGS}):
-        return MoESpec(name=str(config.path), **values, **family(config, keys))
+        return MoESpec(name=str(config.path), **{**values, **family(config, keys)})  # DeepSeek's qk_layernorm

@@ -268,10 +268,10 @@ def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp):
 def _rope_and_qk_norm_elements(spec: MoESpec) -> int:
     """Elements per token that RoPE and the QK norms read and write (``elementwise_bytes``)."""
     a, mla = spec.num_attention_heads, spec.mla
-    if mla is not None:  # MLA's QK norms are its latent norms (q_a, kv_a layernorm): the LoRA ranks
-        rotary, normed = (a + 1) * mla.qk_pos_emb_head_dim, (mla.q_lora_rank or 0) + mla.kv_lora_rank
-    else:
-        rotary = normed = (a + spec.num_query_groups) * spec.head_dim
+    if mla is None:  # RoPE on Q and K, and Qwen3's per-head norms as a dense layer's (shared term)
+        return 2 * (a + spec.num_query_groups) * spec.head_dim + terms.qk_norm_elements(spec)
+    # MLA's QK norms are its latent norms (q_a, kv_a layernorm): the LoRA ranks
+    rotary, normed = (a + 1) * mla.qk_pos_emb_head_dim, (mla.q_lora_rank or 0) + mla.kv_lora_rank
     return 2 * rotary + (2 * normed if spec.qk_layernorm else 0)
 
 

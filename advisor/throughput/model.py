@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 
+from advisor import equations as eq
 from advisor.hardware import GpuSpec, streaming_multiprocessors
 from advisor.models import LlamaSpec
 from advisor.options.ub_config import MEGATRON_OVERLAPS, TE_DEFAULTS, LayerOverlaps, UserbuffersConfig
@@ -423,14 +424,14 @@ class TimeModel:
     def _stage_parameters(self, tp, pp):
         """Parameters on one GPU of the heaviest even stage: its layers plus the embedding or the
         LM head (seed 004, Eq. 6-9; the element count the DP collectives and Adam move), and the
-        final norm's h, whole on every TP rank, on the last stage (PP 1's only one), which the LM
-        head makes the heavier end. Tied at PP 1 the head has no weight of its own
+        final norm's h, whole on every TP rank (as the layers' norms and Qwen3's Q and K norms), on
+        the last stage (PP 1's only one), which the LM head makes the heavier end. Tied at PP 1 the head has no weight of its own
         (``stage_model.head_shares_embedding``; core_v0.15.2 models/gpt/gpt_model.py:
         skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights)."""
         spec = self.spec
         h, a, k, d, f = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim, spec.ffn_hidden_size
         t = _f(tp)
-        per_layer = (h * (a + 2 * k) * d + a * d * h + 3 * h * f) / t + 2 * h
+        per_layer = (h * (a + 2 * k) * d + a * d * h + 3 * h * f) / t + 2 * h + eq.qk_norm_parameters(spec)
         embedding = h * padded_vocab(spec, tp) / t
         p = _f(pp)
         ends = np.where(p > 1, 1.0, 1.0 if spec.tie_embeddings else 2.0)

@@ -120,11 +120,19 @@ def unfused_attention_time(spec: LlamaSpec, seq_len, mbs, tp, rates: Rates):
 def layer_elementwise_bytes(spec: LlamaSpec, tokens, tp):
     """HBM bytes the memory-bound kernels of one layer move forward, on one GPU: the two RMSNorms
     (read and write h each), the two residual adds (read 2h, write h), RoPE on Q and K (read and
-    write (a + k) d), SwiGLU (read 2 h_ffn, write h_ffn), all BF16 and split over the TP ranks
-    (sequence parallelism splits the norms and residuals, TP the rest)."""
+    write (a + k) d), Qwen3's Q and K norms (``qk_norm_elements``), SwiGLU (read 2 h_ffn, write
+    h_ffn), all BF16 and split over the TP ranks (sequence parallelism splits the norms and
+    residuals, TP the rest)."""
     h, a, k, d, f = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim, spec.ffn_hidden_size
-    elements = 4 * h + 6 * h + 2 * (a + k) * d + 3 * f
+    elements = 4 * h + 6 * h + 2 * (a + k) * d + qk_norm_elements(spec) + 3 * f
     return BF16 * elements * tokens / np.asarray(tp, dtype=float)
+
+
+def qk_norm_elements(spec: LlamaSpec) -> int:
+    """Elements per token that the per-head Q and K RMSNorms (--qk-layernorm, Qwen3 dense and MoE)
+    read and write forward: 2 (a + k) d, 0 without them. Grouped-query attention's; the MoE model
+    prices multi-latent attention's latent norms itself (``advisor.moe.time``)."""
+    return 2 * (spec.num_attention_heads + spec.num_query_groups) * spec.head_dim if spec.qk_layernorm else 0
 
 
 def elementwise_time(bytes_moved, rates: Rates):
