@@ -217,9 +217,10 @@ class LlamaSpec:
 
 
 # Hugging Face config.json -> LlamaSpec. The model types whose decoder is Llama's (pre-RMSNorm,
-# SwiGLU, RoPE, GQA); their configuration classes (LlamaConfig, MistralConfig, Qwen2Config) share
-# these keys and defaults: no GQA without num_key_value_heads, untied embeddings, rope_theta
-# 10000, rms_norm_eps 1e-6, hidden_act silu, head_dim h/a.
+# SwiGLU, RoPE, GQA); their configuration classes (LlamaConfig, MistralConfig, Qwen2Config,
+# Qwen3Config) share these keys and defaults: no GQA without num_key_value_heads, untied
+# embeddings, rope_theta 10000, rms_norm_eps 1e-6, hidden_act silu, head_dim h/a (Qwen3's 128:
+# ``_HEAD_DIM_DEFAULTS``).
 HF_KEYS = {
     "num_layers": "num_hidden_layers",
     "hidden_size": "hidden_size",
@@ -248,10 +249,13 @@ Not kv_channels: "or give head_dim (--kv-channels)" pointed at a flag no advisor
 head_dim, in the config.json, is what its reader can give."""
 _HF_REQUIRED = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
 _HF_FIELDS = {key: field for field, key in HF_KEYS.items()}
-_HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
-_QK_NORM_TYPES = ("qwen3_moe",)
-"""The model types with an RMSNorm on each Q and K head (Transformers' Qwen3MoeAttention: q_norm,
-k_norm over head_dim, before RoPE): Megatron's --qk-layernorm."""
+_HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+"""The model types with an RMSNorm on each Q and K head (Transformers' Qwen3Attention and
+Qwen3MoeAttention: q_norm, k_norm over head_dim, before RoPE): Megatron's --qk-layernorm."""
+_HEAD_DIM_DEFAULTS = {"qwen3": 128}
+"""head_dim where a config.json leaves it out and its configuration class does not default it to
+h/a: Transformers' Qwen3Config has head_dim 128 (configuration_qwen3.py)."""
 _HF_DEFAULTS = {"tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
 # The only RoPE scaling Megatron-LM implements (--use-rope-scaling): Llama 3's, with these
 # constants fixed (megatron/core/models/common/embeddings/rotary_pos_embedding.py, _apply_scaling).
@@ -342,12 +346,26 @@ class _Config:
             raise self.error("sliding_window", f"is {_describe(self.config['sliding_window'])}: this tool and "
                                                "pretrain_gpt.py's Llama layers attend over the whole sequence; "
                                                "set it to null if that is the model you train")
-        if model_type in ("qwen2", "qwen3_moe") and self.flag("use_sliding_window"):
+        if model_type in ("qwen2", "qwen3", "qwen3_moe") and self.flag("use_sliding_window"):
             raise self.error("use_sliding_window", "true: this tool and pretrain_gpt.py's Llama layers attend "
                                                    "over the whole sequence")
+        if model_type == "qwen3":
+            self._refuse_sliding_layers()
         partial = self.config.get("partial_rotary_factor", 1.0)
         if partial != 1.0:
             raise self.error("partial_rotary_factor", f"is {_describe(partial)}: this tool models RoPE on whole heads")
+
+    def _refuse_sliding_layers(self) -> None:
+        """Qwen3Config's layer_types (each layer's 'full_attention' or 'sliding_attention'; Transformers
+        derives it from use_sliding_window where it is absent): only full attention is priced."""
+        kinds = self.config.get("layer_types")
+        if kinds is None:
+            return
+        if not isinstance(kinds, list):
+            raise self.error("layer_types", limits.must_be("a list or null", kinds, _describe))
+        if other := [kind for kind in kinds if kind != "full_attention"]:
+            raise self.error("layer_types", f"has {_describe(other[0])}: this tool and pretrain_gpt.py's Llama layers "
+                                            "attend over the whole sequence ('full_attention' in every layer)")
 
 
 def _key_name(keys: dict[str, str], flags: dict[str, str], field: str) -> str:
@@ -368,10 +386,11 @@ def dense_values(config: _Config, model_type: str, rope_scaling: bool = True) ->
     heads = values["num_attention_heads"]
     groups = HF_KEYS["num_query_groups"]
     values["num_query_groups"] = heads if document.get(groups) is None else config.integer(groups)
+    head_dim = _HEAD_DIM_DEFAULTS.get(model_type)
     if document.get(HF_KEYS["kv_channels"]) is not None:
         head_dim = config.integer(HF_KEYS["kv_channels"])
-        if head_dim * heads != values["hidden_size"]:  # else it is Megatron's default, h/a
-            values["kv_channels"] = head_dim
+    if head_dim is not None and head_dim * heads != values["hidden_size"]:  # else it is Megatron's default, h/a
+        values["kv_channels"] = head_dim
     config.refuse(model_type)
     values["tie_embeddings"] = config.flag(HF_KEYS["tie_embeddings"])
     values["add_qkv_bias"] = model_type == "qwen2"  # Qwen2Attention: biases on q, k, v; none on o

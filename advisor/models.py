@@ -93,7 +93,7 @@ def preset(name: str) -> LlamaSpec:
 
 
 def load_hf_config(path: str | Path) -> LlamaSpec:
-    """Read a Hugging Face ``config.json`` of a Llama-family decoder (llama, mistral, qwen2):
+    """Read a Hugging Face ``config.json`` of a Llama-family decoder (llama, mistral, qwen2, qwen3):
     every field Megatron-LM has a flag for, and one line naming the key for anything else."""
     from advisor.fileio import read_json
 

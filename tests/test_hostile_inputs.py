@@ -218,7 +218,7 @@ def test_issue24_flags(advisor, args, message):
 def test_a_config_without_model_type_is_refused(advisor, tmp_path):
     """Without model_type it was read as Llama: a guess about the architecture."""
     path = _config(tmp_path, json.dumps({k: v for k, v in HF.items() if k != "model_type"}))
-    assert "model_type is missing: give the model's family (llama, mistral, qwen2)" in advisor.error(
+    assert "model_type is missing: give the model's family (llama, mistral, qwen2, qwen3)" in advisor.error(
         *SWEEP, "--model", path)
 
 

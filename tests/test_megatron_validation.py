@@ -5,7 +5,7 @@ split, VPP, the padded vocabulary, recomputation, SP, the distributed optimizer,
 dtype, and every architectural field of the TransformerConfig) is what the advisor priced.
 
 Kinds: the ranked rows of sweeps of several models (CP > 1, PP > 1, tied embeddings, QKV
-biases, an explicit head size, MHA, a pinned micro-batch the search does not try), estimates with every extension (uneven splits, VPP,
+biases, an explicit head size, QK norms, MHA, a pinned micro-batch the search does not try), estimates with every extension (uneven splits, VPP,
 recomputation, no SP, no distributed optimizer, BF16 gradients, no FlashAttention, padding),
 plans of the recommender (uneven splits) and the runs of profiling campaigns.
 
@@ -37,6 +37,11 @@ SWEEPS = {
     "llama2-7b-mha": ["--model", "llama2-7b", "--gpus", "8", "--mem", "40", "--gbs", "64", "--seq-len", "4096"],
     "qwen2-7b-qkv-bias": ["--model", str(HF / "qwen2-7b.json"), "--gpus", "8", "--mem", "80", "--gbs", "64",
                           "--seq-len", "4096"],
+    # dense Qwen3: --qk-layernorm, read back by the TransformerConfig as priced (megatron_real.mismatches)
+    "qwen3-8b-qk-layernorm": ["--model", str(HF / "qwen3-8b.json"), "--gpus", "8", "--mem", "80", "--gbs", "64",
+                              "--seq-len", "4096"],
+    "qwen3-4b-head-dim-tied": ["--model", str(HF / "qwen3-4b.json"), "--gpus", "8", "--mem", "40", "--gbs", "64",
+                               "--seq-len", "4096"],
     "mistral-nemo-head-dim": ["--model", str(HF / "mistral-nemo-12b.json"), "--gpus", "8", "--mem", "80",
                               "--gbs", "64", "--seq-len", "4096"],
     # pinned: MBS 3, which the search alone never tries, with TP, CP and recomputation still searched

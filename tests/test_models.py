@@ -146,6 +146,8 @@ PUBLISHED_HF = {
     "qwen2-7b.json": 7_615_616_512,
     "qwen2-0.5b.json": 494_032_768,
     "mistral-nemo-12b.json": 12_247_782_400,
+    "qwen3-8b.json": 8_190_735_360,
+    "qwen3-4b.json": 4_022_468_096,
 }
 
 

@@ -228,6 +228,47 @@ def test_te_layers_keep_the_hand_count(tmp_path, tp, cp):
     assert len(run.ranks) == tp * cp and {r.header.coords["cp"] for r in run.ranks} == set(range(cp))
 
 
+def qk_norm_kept_bytes(s, b, a, k, d, t) -> int:
+    """What --qk-layernorm adds to ``hand_count_te_layer``, read off megatron-core (core_v0.15.2
+    attention.py:1097-1111, the same in core_v0.19.0): the QKV output [S, b, k, (a/k + 2) d] is
+    split on its last dim, then ``query.reshape(..., -1, d)`` copies Q (its groups are not
+    contiguous), so q_layernorm keeps that copy, 2 s b a d / t; ``key`` is a view of the QKV output,
+    which V keeps already (no new bytes); each norm keeps an FP32 rstd per head and token,
+    4 s b (a + k) / t (TENorm, the stand-in)."""
+    return 2 * s * b * a * d // t + 4 * s * b * (a + k) // t
+
+
+QWEN3_8B = ROOT / "tests" / "fixtures" / "hf_configs" / "qwen3-8b.json"
+
+
+@pytest.mark.parametrize("s,h,a,k,f,tp", [(64, 64, 4, 2, 160, 1), (4096, 4096, 32, 8, 12288, 2)],
+                         ids=["small", "qwen3-8b-real-size"])
+def test_te_qwen3_layers_keep_the_hand_count(tmp_path, s, h, a, k, f, tp):
+    """A Qwen3 layer (the qwen3 config.json, --qk-layernorm), small and at Qwen3-8B's real size (s 4096,
+    TP 2 with SP): the Llama hand count plus ``qk_norm_kept_bytes``, to the byte; the weights with
+    the two d-wide norms whole on each rank. advisor.equations.qk_norm_activation_bytes (the term
+    the MoE model prices Qwen3-MoE with, shared) prices 2 s b (a + k) d / t instead: K's input
+    counted as new and the rstd left out, 2 s b k d / t - 4 s b (a + k) / t more than kept."""
+    from advisor import equations as eq
+    from advisor.models import load_hf_config, with_overrides
+
+    b, d, v = 1, h // a, 256
+    flags = ["--model", QWEN3_8B, "--num-layers", 3, "--hidden-size", h, "--ffn-hidden-size", f,
+             "--num-attention-heads", a, "--num-query-groups", k, "--vocab-size", v, "--layers-per-stage", "1,1,1",
+             "--seq-len", s, "--mbs", b, "--num-microbatches", "2", "--tp", tp, *(["--sequence-parallel"] if tp > 1 else []),
+             *TE_RUN, "--stage", "1"]
+    run = emulate(tmp_path / "qwen3", *flags)
+    kept = hand_count_te_layer(s, b, h, a, k, f, tp, 1) + 4 * s * d + qk_norm_kept_bytes(s, b, a, k, d, tp)
+    weights = 2 * ((h * (a + 2 * k) * d + a * d * h + 3 * h * f) // tp + 2 * h + 2 * d)
+    for rank in run.ranks:
+        (layer,) = [r for r in rank.layers_of(2) if r.kind == "decoder"]
+        assert (layer.activation_bytes, layer.parameter_bytes) == (kept, weights)
+    spec = with_overrides(load_hf_config(QWEN3_8B), num_layers=3, hidden_size=h, ffn_hidden_size=f,
+                          num_attention_heads=a, num_query_groups=k)
+    priced = eq.qk_norm_activation_bytes(spec, s, b) / tp
+    assert priced - qk_norm_kept_bytes(s, b, a, k, d, tp) == 2 * s * b * k * d / tp - 4 * s * b * (a + k) / tp
+
+
 def test_megatron_optimizer_bytes_per_parameter(tmp_path):
     """megatron-core's DDP and distributed optimizer, BF16, DP 2: per parameter 2 bytes of weight
     and 4 of FP32 gradient on each rank, and 12 of optimizer state (FP32 master, two moments)

@@ -1,0 +1,195 @@
+"""Dense Qwen3 (Hugging Face model_type qwen3): a Llama decoder with an RMSNorm on each Q and K
+head (Megatron's --qk-layernorm) and an explicit head_dim. Read from its config.json, priced with
+the QK-norm terms the MoE model prices Qwen3-MoE with (one term each, in advisor.equations and
+advisor.throughput.terms), launched with --qk-layernorm and read back from that command.
+
+The symbolic backend's measurement of a Qwen3 layer is in tests/test_symbolic.py; Megatron's
+parse_args/validate_args of the rows in tests/test_megatron_validation.py."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from advisor import equations as eq
+from advisor.memory import MemoryOptions
+from advisor.models import PRESETS, load_hf_config
+from advisor.moe import memory as moe_memory
+from advisor.moe import time as moe_time
+from advisor.moe.spec import PRESETS as MOE_PRESETS
+from advisor.stage_model import layer_bytes
+from advisor.throughput import terms
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
+QWEN3_8B = FIXTURES / "qwen3-8b.json"
+QWEN3_4B = FIXTURES / "qwen3-4b.json"
+
+
+def qwen3_8b():
+    return load_hf_config(QWEN3_8B)
+
+
+def write_config(tmp_path, **changes) -> Path:
+    config = {**json.loads(QWEN3_8B.read_text()), **changes}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({key: value for key, value in config.items() if value is not None}))
+    return path
+
+
+# --- config.json --------------------------------------------------------------------------
+
+
+def test_qwen3_config_reads_every_field():
+    spec = qwen3_8b()
+    assert (spec.num_layers, spec.hidden_size, spec.ffn_hidden_size) == (36, 4096, 12288)
+    assert (spec.num_attention_heads, spec.num_query_groups, spec.head_dim, spec.vocab_size) == (32, 8, 128, 151936)
+    assert spec.qk_layernorm and not spec.add_qkv_bias and not spec.tie_embeddings
+    assert spec.kv_channels is None  # 32 x 128 = 4096: Megatron's default head size, no --kv-channels
+    assert (spec.rotary_base, spec.norm_epsilon, spec.rope_scaling_factor) == (1e6, 1e-6, None)
+    small = load_hf_config(QWEN3_4B)  # 32 heads x 128 = 4096 wide attention on a 2560 hidden size
+    assert (small.kv_channels, small.query_size, small.hidden_size, small.tie_embeddings) == (128, 4096, 2560, True)
+
+
+def test_qwen3_head_dim_defaults_to_qwen3configs_128(tmp_path):
+    """Transformers' Qwen3Config defaults head_dim to 128, not h/a (configuration_qwen3.py): a
+    config.json without it is Qwen3-4B's 128-wide heads, 32 x 128 != 2560."""
+    spec = load_hf_config(write_config(tmp_path, hidden_size=2560, head_dim=None))
+    assert spec.kv_channels == 128 and spec.query_size == 4096
+
+
+def test_other_families_keep_their_flags():
+    """Only qwen3 (and qwen3_moe) read as --qk-layernorm; every Llama preset's JSON is unchanged:
+    no qk_layernorm key where it is false."""
+    assert not any(spec.qk_layernorm for spec in PRESETS.values())
+    assert all("qk_layernorm" not in spec.to_dict() for spec in PRESETS.values())
+    assert load_hf_config(FIXTURES / "qwen2-7b.json").qk_layernorm is False
+    assert MOE_PRESETS["qwen3-30b-a3b"].qk_layernorm and MOE_PRESETS["qwen3-30b-a3b"].to_dict()["qk_layernorm"]
+    assert MOE_PRESETS["mixtral-8x7b"].to_dict()["qk_layernorm"] is False  # MoE files keep the key
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"attention_bias": True}, "attention_bias true puts biases on Q, K, V and the output projection"),
+    ({"use_sliding_window": True}, "use_sliding_window true: this tool and pretrain_gpt.py's Llama layers attend"),
+    ({"layer_types": ["full_attention"] * 35 + ["sliding_attention"]},
+     "layer_types has 'sliding_attention': this tool and pretrain_gpt.py's Llama layers attend over the whole"),
+    ({"layer_types": "full_attention"}, "layer_types must be a list or null, got 'full_attention'"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}},
+     "rope_scaling of type 'yarn': Megatron-LM implements only Llama 3's"),
+    ({"head_dim": 0}, "head_dim must be a positive integer, got 0"),
+])
+def test_what_megatron_does_not_build_is_refused_by_key(advisor, tmp_path, change, message):
+    line = advisor.error("sweep", "--gpus", "8", "--mem", "80", "--model", write_config(tmp_path, **change))
+    assert message in line and "config.json" in line
+
+
+def test_a_sliding_window_left_unused_is_priced(tmp_path):
+    """Qwen3Config ignores sliding_window unless use_sliding_window (``__post_init__``: None)."""
+    assert load_hf_config(write_config(tmp_path, sliding_window=4096)) == replace(
+        qwen3_8b(), name=str(tmp_path / "config.json"))
+
+
+# --- parameters ---------------------------------------------------------------------------
+
+
+def test_qwen3_8b_parameters_by_hand_and_published():
+    """Qwen3-8B by hand: per layer Q 4096 x 4096, K and V 4096 x 1024 each, O 4096 x 4096
+    (41,943,040), the Q and K norms 128 each (256), SwiGLU 3 x 4096 x 12288 (150,994,944), two
+    RMSNorms 2 x 4096 (8,192): 192,946,432; x 36 = 6,946,071,552; untied embedding and LM head
+    2 x 151936 x 4096 = 1,244,659,712; the final norm 4,096. 8,190,735,360 is also the
+    checkpoint's safetensors total; the model card says 8.2B (6.95B without embeddings)."""
+    spec = qwen3_8b()
+    layer = 4096 * 4096 + 2 * 4096 * 1024 + 4096 * 4096 + 2 * 128 + 3 * 4096 * 12288 + 2 * 4096
+    assert layer == 192_946_432 and eq.layer_parameters(spec) == layer
+    total = 36 * layer + 2 * 151936 * 4096 + 4096
+    assert total == 8_190_735_360 and eq.model_parameters(spec) == total
+    assert abs(eq.model_parameters(spec) / 8.2e9 - 1) < 0.005
+    assert abs((total - 2 * 151936 * 4096) / 6.95e9 - 1) < 0.005
+
+
+def test_qk_norm_weights_are_whole_on_every_tp_rank():
+    """2d = 256 per layer at every TP, the GEMM weights split: at TP 4 a layer holds
+    (41,943,040 + 150,994,944) / 4 + 8,192 + 256."""
+    spec = qwen3_8b()
+    assert eq.layer_parameters(spec, 4) == (41_943_040 + 150_994_944) / 4 + 8192 + 256
+    assert eq.qk_norm_parameters(spec) == 256 and eq.qk_norm_parameters(replace(spec, qk_layernorm=False)) == 0
+    # what runs in FP8 is the GEMMs alone, the norms stay BF16
+    from advisor.memory_levers import linear_parameters
+
+    assert linear_parameters(spec, 4) == (41_943_040 + 150_994_944) / 4
+
+
+# --- activations and time: the MoE model's terms, shared ----------------------------------
+
+
+def test_qk_norm_inputs_kept_per_layer_by_hand():
+    """s 4096, b 1: the Q and K norms keep their BF16 inputs, 2 s b (a + k) d = 2 x 4096 x 40 x
+    128 = 41,943,040 bytes, split over t c with the heads (TP 2, CP 2: 10,485,760), beside Eq. 11."""
+    spec, plain = qwen3_8b(), replace(qwen3_8b(), qk_layernorm=False)
+    assert eq.qk_norm_activation_bytes(spec, 4096, 1) == 2 * 4096 * (32 + 8) * 128 == 41_943_040
+    assert eq.attention_activation_bytes(spec, 4096, 1) - eq.attention_activation_bytes(plain, 4096, 1) == 41_943_040
+    options = MemoryOptions()
+    kept, _ = layer_bytes(spec, 4096, 1, np.array([2]), np.array([2]), options)
+    kept_plain, _ = layer_bytes(plain, 4096, 1, np.array([2]), np.array([2]), options)
+    assert kept[0] - kept_plain[0] == 10_485_760
+
+
+def test_the_moe_model_prices_qwen3_moes_norms_with_the_same_term():
+    """Qwen3-30B-A3B (32 heads, 4 KV groups, d 128), s 4096, b 1, TP 2: 2 x 4096 x 36 x 128 / 2."""
+    spec = MOE_PRESETS["qwen3-30b-a3b"]
+    plain = replace(spec, qk_layernorm=False)
+    gap = moe_memory.attention_activation_bytes(spec, 4096, 1, 2, 1) \
+        - moe_memory.attention_activation_bytes(plain, 4096, 1, 2, 1)
+    assert gap == 2 * 4096 * 36 * 128 / 2 == eq.qk_norm_activation_bytes(spec, 4096, 1) / 2
+    time_gap = moe_time.elementwise_bytes(spec, 4096, 2, 0, 1)[0] - moe_time.elementwise_bytes(plain, 4096, 2, 0, 1)[0]
+    assert time_gap == 2 * 2 * 36 * 128 * 4096 / 2  # BF16, read and write (a + k) d per token, over TP
+
+
+def test_qk_norm_elementwise_passes_by_hand():
+    """Forward, one layer, 4096 tokens at TP 2, BF16: the norms read and write (a + k) d = 5,120
+    elements per token, 2 x 2 x 5120 x 4096 / 2 = 41,943,040 bytes more HBM traffic."""
+    spec, plain = qwen3_8b(), replace(qwen3_8b(), qk_layernorm=False)
+    assert terms.qk_norm_elements(spec) == 2 * 40 * 128 and terms.qk_norm_elements(plain) == 0
+    gap = terms.layer_elementwise_bytes(spec, 4096, 2) - terms.layer_elementwise_bytes(plain, 4096, 2)
+    assert gap == 41_943_040
+
+
+# --- flags: written, and read back to the same numbers ------------------------------------
+
+
+def test_rows_launch_with_qk_layernorm_and_read_back_to_the_same_numbers(advisor, tmp_path):
+    rows = advisor.json("sweep", "--gpus", "8", "--mem", "80", "--gbs", "64", "--seq-len", "4096",
+                        "--model", QWEN3_8B)
+    row = rows[0]
+    assert "--qk-layernorm" in row["megatron_args"] and row["model"]["qk_layernorm"] is True
+    command = tmp_path / "cmd.sh"
+    command.write_text(" ".join(["pretrain_gpt.py", *row["megatron_args"], "--tokenizer-type", "NullTokenizer",
+                                 "--vocab-size", "151936"]) + "\n")
+    back = advisor.json("estimate", "--from-command", command, "--gpus", "8", "--mem", "80")
+    assert back["model"]["qk_layernorm"] is True
+    for key in ("total_gib", "model_states_gib", "activations_gib"):
+        assert back[key] == row[key], key
+
+
+def test_a_dense_command_with_qk_layernorm_is_priced_with_it(advisor, tmp_path):
+    """A hand-written Qwen3-8B command: --qk-layernorm is a model flag, not refused, not ignored:
+    without it the same command prices the kept inputs 2 s b (a + k) d / t = 2 x 4096 x 40 x 128 / 2
+    bytes per layer less, x 36 layers (PP 1, one microbatch in flight), and a shorter step."""
+    words = ["pretrain_gpt.py", "--num-layers", "36", "--hidden-size", "4096", "--ffn-hidden-size", "12288",
+             "--num-attention-heads", "32", "--group-query-attention", "--num-query-groups", "8", "--kv-channels",
+             "128", "--seq-length", "4096", "--max-position-embeddings", "40960", "--normalization", "RMSNorm",
+             "--norm-epsilon", "1e-6", "--swiglu", "--position-embedding-type", "rope", "--rotary-base", "1000000",
+             "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--attention-dropout", "0",
+             "--hidden-dropout", "0", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+             "--micro-batch-size", "1", "--global-batch-size", "64", "--bf16", "--use-distributed-optimizer",
+             "--tokenizer-type", "NullTokenizer", "--vocab-size", "151936"]
+    priced = {}
+    for name, extra in (("with", ["--qk-layernorm"]), ("without", [])):
+        path = tmp_path / f"{name}.sh"
+        path.write_text(" ".join(words + extra) + "\n")
+        priced[name] = advisor.json("estimate", "--from-command", path, "--gpus", "8", "--gpu", "h100-80gb")
+    assert priced["with"]["model"]["qk_layernorm"] is True and "qk_layernorm" not in priced["without"]["model"]
+    gap_bytes = (priced["with"]["activations_gib"] - priced["without"]["activations_gib"]) * 2**30
+    assert gap_bytes == pytest.approx(36 * 2 * 4096 * 40 * 128 / 2, rel=1e-9)
+    assert priced["with"]["step_time_s"] > priced["without"]["step_time_s"]  # the norms' passes (terms above)
