@@ -112,17 +112,19 @@ def attention_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float
 
 
 def qk_norm_activation_bytes(spec: LlamaSpec, seq_len: int, mbs) -> float:
-    """2sb(a + k)d with --qk-layernorm, else 0: the BF16 inputs of the per-head Q and K RMSNorms,
-    which they keep for their backward (megatron-core ``transformer/attention.py``,
-    ``SelfAttention.get_query_key_value_tensors``: q_layernorm(query), k_layernorm(key) before
-    RoPE), split over t with the heads; the MoE model's Qwen3-MoE term, shared. Measured
-    (tests/test_symbolic.py, a real-size Qwen3-8B layer): Q's input is a copy (``query.reshape``)
-    but K's a view of the QKV output, which V keeps anyway, and each norm keeps an FP32 rstd per
-    head and token: 2sbad + 4sb(a + k) kept, 2sbkd - 4sb(a + k) less than this (1,888 bytes per
-    token at Qwen3-8B's a 32, k 8, d 128); left as the MoE model prices it."""
+    """2sbad + 4sb(a + k) with --qk-layernorm, else 0: what the per-head Q and K RMSNorms keep for
+    their backward, split over t with the heads (megatron-core ``transformer/attention.py``,
+    ``SelfAttention.get_query_key_value_tensors``, core_v0.15.2 lines 1097-1111, the same in
+    core_v0.19.0: q_layernorm(query), k_layernorm(key) before RoPE). ``query.reshape`` copies Q
+    (its groups are not contiguous in the QKV output), so the Q norm keeps a BF16 copy, 2sbad;
+    ``key`` is a view of the QKV output, which V keeps anyway (no new bytes); each norm keeps an
+    FP32 rstd per head and token, 4sb(a + k). Measured to the byte on a real-size Qwen3-8B layer
+    under fake tensors (tests/test_symbolic.py); 2sb(a + k)d, both inputs as new and no rstd, until
+    2026-11-30. Dense Qwen3 and the MoE model's Qwen3-MoE alike."""
     if not spec.qk_layernorm:
         return 0
-    return 2 * seq_len * mbs * (spec.num_attention_heads + spec.num_query_groups) * spec.head_dim
+    s, b, a, k = seq_len, mbs, spec.num_attention_heads, spec.num_query_groups
+    return 2 * s * b * a * spec.head_dim + 4 * s * b * (a + k)
 
 
 def attention_scores_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:

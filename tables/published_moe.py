@@ -53,23 +53,24 @@ RUNNABLE = ("fits", "tight", "likely fits")
 fits or likely fits); the 4D paper's 80% rule (``--memory-model paper``: fits or tight) is
 shown beside it."""
 NOT_RUNNABLE = {
-    "mb2509-q30-td": "likely oom by the default verdict (85.7 GiB predicted on the last stage, 84.8 on the first, "
-                     "of 80; 85.6 before the routing each of the stage's 24 MoE layers' dispatchers holds was "
-                     "priced, 2026-11-29; 89.6 before the recipe's Transformer Engine cross-entropy was priced, "
+    "mb2509-q30-td": "likely oom by the default verdict (85.4 GiB predicted on the last stage, 84.5 on the first, "
+                     "of 80; 85.7 before Qwen3's QK norms were priced as measured, 2026-11-30; 85.6 before the "
+                     "routing each of the stage's 24 MoE layers' dispatchers holds was priced, 2026-11-29; 89.6 before the recipe's Transformer Engine cross-entropy was priced, "
                      "which keeps the BF16 logits and no FP32 copy): the MoE terms, each a kept tensor megatron-core "
                      "allocates (a real megatron-core Qwen3-30B-A3B MoE layer measured under fake tensors at MBS 2, "
                      "EP 8: 941.2 MB of activations, 938.0 analytic, 942.2 with the balancing loss's FP32 scores, which "
                      "the measured layer, built without one, does not keep; the transient term measured equal the same "
-                     "way on four Mixtral and DeepSeek-V3 layers), give 72.7 GiB; the calibration adds its "
+                     "way on four Mixtral and DeepSeek-V3 layers), give 72.4 GiB; the calibration adds its "
                      "dense-fitted allocator reserve (15.5% of "
-                     "memory, 12.4 GiB) and runtime (2.5 GiB); with a reserve under 6.7 GiB it would be called "
+                     "memory, 12.4 GiB) and runtime (2.5 GiB); with a reserve under 7.0 GiB it would be called "
                      "likely fits. Published reserves of MoE runs on H100, peak reserved less peak allocated "
                      "(Megatron-Bridge's model cards at 067f987d, other architectures): 4.5 GiB (GLM-5.2, 352 "
                      "GPUs), 5.3 (Nemotron 3.5 Lightning, 16), 7.1 (Gemma 4 26B-A4B, 8, expandable segments), "
                      "10.3 and 12.3 (Nemotron 3 Super, 64): the dense-fitted 12.4 sits at their top and 2 of the "
-                     "5 are under 6.7; too few, and of other models, to refit the reserve on",
-    "mb2511-q30": "oom by the default verdict (86.6 GiB: mb2509-q30-td's layout, one more layer in flight with "
-                  "the all-to-all overlap, a whole chunk at VP 24; 86.3 before the routing every MoE layer's "
+                     "5 are under 7.0; too few, and of other models, to refit the reserve on",
+    "mb2511-q30": "oom by the default verdict (86.3 GiB: mb2509-q30-td's layout, one more layer in flight with "
+                  "the all-to-all overlap, a whole chunk at VP 24; 86.6 before Qwen3's QK norms were priced as "
+                  "measured, 2026-11-30; 86.3 before the routing every MoE layer's "
                   "dispatcher holds was priced, likely oom at 85.7 before the MoE transient was measured, "
                   "both 2026-11-29)",
 }

@@ -124,24 +124,27 @@ def test_qk_norm_weights_are_whole_on_every_tp_rank():
 
 
 def test_qk_norm_inputs_kept_per_layer_by_hand():
-    """s 4096, b 1: the Q and K norms keep their BF16 inputs, 2 s b (a + k) d = 2 x 4096 x 40 x
-    128 = 41,943,040 bytes, split over t c with the heads (TP 2, CP 2: 10,485,760), beside Eq. 11."""
+    """s 4096, b 1: the Q norm keeps a BF16 copy of Q, 2 s b a d = 2 x 4096 x 32 x 128 = 33,554,432
+    bytes, and each norm an FP32 rstd per head and token, 4 s b (a + k) = 4 x 4096 x 40 = 655,360
+    (K's input is a view of the QKV output, which V keeps): 34,209,792, split over t c with the
+    heads (TP 2, CP 2: 8,552,448), beside Eq. 11."""
     spec, plain = qwen3_8b(), replace(qwen3_8b(), qk_layernorm=False)
-    assert eq.qk_norm_activation_bytes(spec, 4096, 1) == 2 * 4096 * (32 + 8) * 128 == 41_943_040
-    assert eq.attention_activation_bytes(spec, 4096, 1) - eq.attention_activation_bytes(plain, 4096, 1) == 41_943_040
+    assert eq.qk_norm_activation_bytes(spec, 4096, 1) == 2 * 4096 * 32 * 128 + 4 * 4096 * 40 == 34_209_792
+    assert eq.attention_activation_bytes(spec, 4096, 1) - eq.attention_activation_bytes(plain, 4096, 1) == 34_209_792
     options = MemoryOptions()
     kept, _ = layer_bytes(spec, 4096, 1, np.array([2]), np.array([2]), options)
     kept_plain, _ = layer_bytes(plain, 4096, 1, np.array([2]), np.array([2]), options)
-    assert kept[0] - kept_plain[0] == 10_485_760
+    assert kept[0] - kept_plain[0] == 8_552_448
 
 
 def test_the_moe_model_prices_qwen3_moes_norms_with_the_same_term():
-    """Qwen3-30B-A3B (32 heads, 4 KV groups, d 128), s 4096, b 1, TP 2: 2 x 4096 x 36 x 128 / 2."""
+    """Qwen3-30B-A3B (32 heads, 4 KV groups, d 128), s 4096, b 1, TP 2: (2 x 4096 x 32 x 128 +
+    4 x 4096 x 36) / 2 = 17,072,128."""
     spec = MOE_PRESETS["qwen3-30b-a3b"]
     plain = replace(spec, qk_layernorm=False)
     gap = moe_memory.attention_activation_bytes(spec, 4096, 1, 2, 1) \
         - moe_memory.attention_activation_bytes(plain, 4096, 1, 2, 1)
-    assert gap == 2 * 4096 * 36 * 128 / 2 == eq.qk_norm_activation_bytes(spec, 4096, 1) / 2
+    assert gap == (2 * 4096 * 32 * 128 + 4 * 4096 * 36) / 2 == 17_072_128 == eq.qk_norm_activation_bytes(spec, 4096, 1) / 2
     time_gap = moe_time.elementwise_bytes(spec, 4096, 2, 0, 1)[0] - moe_time.elementwise_bytes(plain, 4096, 2, 0, 1)[0]
     assert time_gap == 2 * 2 * 36 * 128 * 4096 / 2  # BF16, read and write (a + k) d per token, over TP
 
@@ -174,8 +177,9 @@ def test_rows_launch_with_qk_layernorm_and_read_back_to_the_same_numbers(advisor
 
 def test_a_dense_command_with_qk_layernorm_is_priced_with_it(advisor, tmp_path):
     """A hand-written Qwen3-8B command: --qk-layernorm is a model flag, not refused, not ignored:
-    without it the same command prices the kept inputs 2 s b (a + k) d / t = 2 x 4096 x 40 x 128 / 2
-    bytes per layer less, x 36 layers (PP 1, one microbatch in flight), and a shorter step."""
+    without it the same command prices the Q copy and the FP32 rstds, (2 s b a d + 4 s b (a + k)) / t =
+    (2 x 4096 x 32 x 128 + 4 x 4096 x 40) / 2 bytes per layer less, x 36 layers (PP 1, one
+    microbatch in flight), and a shorter step."""
     words = ["pretrain_gpt.py", "--num-layers", "36", "--hidden-size", "4096", "--ffn-hidden-size", "12288",
              "--num-attention-heads", "32", "--group-query-attention", "--num-query-groups", "8", "--kv-channels",
              "128", "--seq-length", "4096", "--max-position-embeddings", "40960", "--normalization", "RMSNorm",
@@ -191,5 +195,5 @@ def test_a_dense_command_with_qk_layernorm_is_priced_with_it(advisor, tmp_path):
         priced[name] = advisor.json("estimate", "--from-command", path, "--gpus", "8", "--gpu", "h100-80gb")
     assert priced["with"]["model"]["qk_layernorm"] is True and "qk_layernorm" not in priced["without"]["model"]
     gap_bytes = (priced["with"]["activations_gib"] - priced["without"]["activations_gib"]) * 2**30
-    assert gap_bytes == pytest.approx(36 * 2 * 4096 * 40 * 128 / 2, rel=1e-9)
+    assert gap_bytes == pytest.approx(36 * (2 * 4096 * 32 * 128 + 4 * 4096 * 40) / 2, rel=1e-9)
     assert priced["with"]["step_time_s"] > priced["without"]["step_time_s"]  # the norms' passes (terms above)

@@ -246,9 +246,9 @@ QWEN3_8B = ROOT / "tests" / "fixtures" / "hf_configs" / "qwen3-8b.json"
 def test_te_qwen3_layers_keep_the_hand_count(tmp_path, s, h, a, k, f, tp):
     """A Qwen3 layer (the qwen3 config.json, --qk-layernorm), small and at Qwen3-8B's real size (s 4096,
     TP 2 with SP): the Llama hand count plus ``qk_norm_kept_bytes``, to the byte; the weights with
-    the two d-wide norms whole on each rank. advisor.equations.qk_norm_activation_bytes (the term
-    the MoE model prices Qwen3-MoE with, shared) prices 2 s b (a + k) d / t instead: K's input
-    counted as new and the rstd left out, 2 s b k d / t - 4 s b (a + k) / t more than kept."""
+    the two d-wide norms whole on each rank; advisor.equations.qk_norm_activation_bytes (the term
+    the MoE model prices Qwen3-MoE with, shared) prices exactly that (it priced 2 s b (a + k) d / t,
+    K's input as new and no rstd, until 2026-11-30)."""
     from advisor import equations as eq
     from advisor.models import load_hf_config, with_overrides
 
@@ -266,7 +266,7 @@ def test_te_qwen3_layers_keep_the_hand_count(tmp_path, s, h, a, k, f, tp):
     spec = with_overrides(load_hf_config(QWEN3_8B), num_layers=3, hidden_size=h, ffn_hidden_size=f,
                           num_attention_heads=a, num_query_groups=k)
     priced = eq.qk_norm_activation_bytes(spec, s, b) / tp
-    assert priced - qk_norm_kept_bytes(s, b, a, k, d, tp) == 2 * s * b * k * d / tp - 4 * s * b * (a + k) / tp
+    assert priced == qk_norm_kept_bytes(s, b, a, k, d, tp)
 
 
 def test_megatron_optimizer_bytes_per_parameter(tmp_path):
