@@ -19,11 +19,13 @@ from advisor.moe.spec import PRESETS as MOE_PRESETS
 
 
 def _preset(name: str, L: int, h: int, ffn: int, a: int, k: int, v: int, *, rope_theta: float,
-            rope_scaling: float | None = None, tied: bool = False) -> LlamaSpec:
+            rope_scaling: float | None = None, tied: bool = False, qk_layernorm: bool = False,
+            norm_epsilon: float = 1e-5) -> LlamaSpec:
     return LlamaSpec(
         name=name, num_layers=L, hidden_size=h, ffn_hidden_size=ffn,
         num_attention_heads=a, num_query_groups=k, vocab_size=v, tie_embeddings=tied,
-        rotary_base=rope_theta, rope_scaling_factor=rope_scaling, norm_epsilon=1e-5,
+        rotary_base=rope_theta, rope_scaling_factor=rope_scaling, norm_epsilon=norm_epsilon,
+        qk_layernorm=qk_layernorm,
     )
 
 
@@ -36,7 +38,9 @@ def _preset(name: str, L: int, h: int, ffn: int, a: int, k: int, v: int, *, rope
 # rms_norm_eps (1e-05 in every one). head_dim is h/a in all of them. Llama 3's 405B was
 # described in the Llama 3 paper (Dubey et al. 2024, Table 3: RoPE base 500,000) and released
 # only as Llama 3.1; the llama3-405b preset is that paper's pre-training setup, without the 3.1
-# release's long-context RoPE scaling.
+# release's long-context RoPE scaling. qwen3-8b: Qwen/Qwen3-8B's config.json (model_type qwen3: an
+# RMSNorm on each Q and K head, --qk-layernorm; head_dim 128 = h/a; rms_norm_eps 1e-06; untied),
+# the file tests/fixtures/hf_configs/qwen3-8b.json holds (tests/test_qwen3.py reads both).
 PRESETS: dict[str, LlamaSpec] = {
     spec.name: spec
     for spec in (
@@ -51,6 +55,8 @@ PRESETS: dict[str, LlamaSpec] = {
         _preset("llama3.1-405b", 126, 16384, 53248, 128, 8, 128256, rope_theta=500000.0, rope_scaling=8.0),
         _preset("llama3.2-1b", 16, 2048, 8192, 32, 8, 128256, rope_theta=500000.0, rope_scaling=32.0, tied=True),
         _preset("llama3.2-3b", 28, 3072, 8192, 24, 8, 128256, rope_theta=500000.0, rope_scaling=32.0, tied=True),
+        _preset("qwen3-8b", 36, 4096, 12288, 32, 8, 151936, rope_theta=1000000.0, qk_layernorm=True,
+                norm_epsilon=1e-6),
     )
 }
 

@@ -23,6 +23,7 @@ PUBLISHED_PARAMETERS = {
     "llama3-405b": 405_853_388_800,
     "llama3.2-1b": 1_235_814_400,
     "llama3.2-3b": 3_212_749_824,
+    "qwen3-8b": 8_190_735_360,  # Qwen/Qwen3-8B, its QK norms' 2 x 128 a layer included
 }
 
 

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from advisor import equations as eq
+from advisor.cli import cli
 from advisor.memory import MemoryOptions
 from advisor.models import PRESETS, load_hf_config
 from advisor.moe import memory as moe_memory
@@ -62,8 +64,10 @@ def test_qwen3_head_dim_defaults_to_qwen3configs_128(tmp_path):
 def test_other_families_keep_their_flags():
     """Only qwen3 (and qwen3_moe) read as --qk-layernorm; every Llama preset's JSON is unchanged:
     no qk_layernorm key where it is false."""
-    assert not any(spec.qk_layernorm for spec in PRESETS.values())
-    assert all("qk_layernorm" not in spec.to_dict() for spec in PRESETS.values())
+    llamas = [spec for name, spec in PRESETS.items() if name.startswith("llama")]
+    assert len(llamas) == len(PRESETS) - 1 and PRESETS["qwen3-8b"].qk_layernorm
+    assert not any(spec.qk_layernorm for spec in llamas)
+    assert all("qk_layernorm" not in spec.to_dict() for spec in llamas)
     assert load_hf_config(FIXTURES / "qwen2-7b.json").qk_layernorm is False
     assert MOE_PRESETS["qwen3-30b-a3b"].qk_layernorm and MOE_PRESETS["qwen3-30b-a3b"].to_dict()["qk_layernorm"]
     assert MOE_PRESETS["mixtral-8x7b"].to_dict()["qk_layernorm"] is False  # MoE files keep the key
@@ -197,3 +201,14 @@ def test_a_dense_command_with_qk_layernorm_is_priced_with_it(advisor, tmp_path):
     gap_bytes = (priced["with"]["activations_gib"] - priced["without"]["activations_gib"]) * 2**30
     assert gap_bytes == pytest.approx(36 * (2 * 4096 * 32 * 128 + 4 * 4096 * 40) / 2, rel=1e-9)
     assert priced["with"]["step_time_s"] > priced["without"]["step_time_s"]  # the norms' passes (terms above)
+
+
+def test_the_qwen3_8b_preset_is_its_config_json():
+    """--model qwen3-8b (and Qwen/Qwen3-8B, the repository it names) is the config.json the tests
+    read, field by field, but its name; advisor models says which models norm each Q and K head."""
+    from advisor.models import load_model
+
+    assert replace(load_model("qwen3-8b"), name="x") == replace(qwen3_8b(), name="x")
+    assert load_model("Qwen/Qwen3-8B").name == "qwen3-8b"
+    legend = CliRunner().invoke(cli, ["models"]).stdout
+    assert "an RMSNorm on each Q and K head (--qk-layernorm): qwen3-8b, qwen3-30b-a3b and qwen3-235b-a22b" in legend

@@ -54,21 +54,22 @@ def _rows() -> list[dict]:
 
 
 def _csv_columns() -> list[str]:
-    """Every field a preset can have, in MoESpec's order (a dense spec's fields come first: MoESpec
-    extends LlamaSpec), MLA's and YaRN's as dotted columns, then ``DERIVED``. Taken from the
-    dataclasses, not from the rows: a CSV header is the first row's keys, and a dense first row
-    had left out every MoE column."""
+    """Every field a preset can have, in the order an MoE row's JSON has them (``MoESpec.to_dict``:
+    a dense spec's fields first, MoESpec extends LlamaSpec; qk_layernorm where it stood as an MoE
+    field), MLA's and YaRN's as dotted columns, then ``DERIVED``. Taken from the dataclasses, not
+    from the rows: a CSV header is the first row's keys, and a dense first row had left out every
+    MoE column."""
     from dataclasses import fields
 
     from advisor.moe.spec import MLA, MoESpec, YarnScaling
 
     nested = {"mla": MLA, "yarn": YarnScaling}
+    names = [field.name for field in fields(MoESpec) if field.name not in READ_BACK_ONLY | {"qk_layernorm"}]
+    names.insert(names.index("first_dense_layers") + 1, "qk_layernorm")
     columns = []
-    for field in fields(MoESpec):
-        if field.name in READ_BACK_ONLY:
-            continue
-        kind = nested.get(field.name)
-        columns += [f"{field.name}.{inner.name}" for inner in fields(kind)] if kind else [field.name]
+    for name in names:
+        kind = nested.get(name)
+        columns += [f"{name}.{inner.name}" for inner in fields(kind)] if kind else [name]
     return columns + list(DERIVED)
 
 
@@ -113,8 +114,9 @@ def _table(rows: list[dict], color: bool) -> str:
 
 
 def _legend(rows: list[dict]) -> str:
-    """What the table's headers mean, and the two things a column would say of a few models
-    only: which MoE models have dense layers (where h_ffn applies), which tie their embeddings."""
+    """What the table's headers mean, and the three things a column would say of a few models
+    only: which MoE models have dense layers (where h_ffn applies), which tie their embeddings,
+    which norm each Q and K head (MLA's latent norms, the same flag, are not that)."""
     from advisor import render
 
     moe = [row for row in rows if "num_experts" in row]
@@ -129,6 +131,8 @@ def _legend(rows: list[dict]) -> str:
     ]
     if tied:
         lines.append(f"input and output embeddings tied (one matrix): {render.listed(tied)}")
+    if normed := [row["name"] for row in rows if row.get("qk_layernorm") and not row.get("mla")]:
+        lines.append(f"an RMSNorm on each Q and K head (--qk-layernorm): {render.listed(normed)}")
     return "\n".join(lines)
 
 
