@@ -267,6 +267,33 @@ class _Config:
 
     def __init__(self, path: Path, config: dict) -> None:
         self.path, self.config = path, config
+        self.scaling_key = "rope_scaling"
+        """The key the RoPE scaling was read from, as errors name it."""
+        if config.get("rope_parameters") is not None:
+            self.config = self._with_rope_parameters(config)
+
+    def _with_rope_parameters(self, config: dict) -> dict:
+        """The document with Transformers 5's ``rope_parameters`` (rope_theta, rope_type and the
+        scaling's keys in one object, where older files have rope_theta and rope_scaling) read as
+        the older keys, so that a new file's RoPE base is not taken for the default 10000 (every
+        launched --rotary-base would be wrong). Per-layer-type objects ({'full_attention': {...}})
+        and a top-level key that disagrees are refused by name."""
+        params = config["rope_parameters"]
+        if not isinstance(params, dict) or any(isinstance(value, dict) for value in params.values()):
+            raise self.error("rope_parameters", limits.must_be("one object of RoPE settings (not one per layer type)",
+                                                               params, _describe))
+        out = dict(config)
+        for key, old in (("rope_theta", "rope_theta"), ("partial_rotary_factor", "partial_rotary_factor")):
+            if key in params:
+                if config.get(old) is not None and config[old] != params[key]:
+                    raise self.error(f"rope_parameters.{key}", f"is {_describe(params[key])} and {old} "
+                                                               f"{_describe(config[old])}: give one")
+                out[old] = params[key]
+        if params.get("rope_type", "default") != "default":  # the scaling: llama3 read, any other refused
+            if config.get("rope_scaling") is not None and config["rope_scaling"] != params:
+                raise self.error("rope_parameters", "and rope_scaling both give a RoPE scaling: give one")
+            out["rope_scaling"], self.scaling_key = params, "rope_parameters"
+        return out
 
     def error(self, key: str, why: str) -> AdvisorError:
         return AdvisorError(f"{self.path}: {key} {why}")
@@ -312,23 +339,23 @@ class _Config:
 
     def rope_scaling(self) -> float | None:
         """Llama 3's RoPE scaling factor, or None; any other scaling is refused by name."""
-        scaling = self.config.get("rope_scaling")
+        scaling, name = self.config.get("rope_scaling"), self.scaling_key
         if scaling is None:
             return None
         if not isinstance(scaling, dict):
-            raise self.error("rope_scaling", f"must be an object or null, got {_describe(scaling)}")
+            raise self.error(name, f"must be an object or null, got {_describe(scaling)}")
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind != "llama3":
-            raise self.error("rope_scaling", f"of type {kind!r}: Megatron-LM implements only Llama 3's "
-                                             "(rope_type 'llama3', --use-rope-scaling)")
+            raise self.error(name, f"of type {kind!r}: Megatron-LM implements only Llama 3's "
+                                   "(rope_type 'llama3', --use-rope-scaling)")
         for key, fixed in _LLAMA3_ROPE_SCALING.items():
             if (value := scaling.get(key, limits.ABSENT)) != fixed:
-                raise self.error(f"rope_scaling.{key}", f"is {_describe(value)}: Megatron-LM's "
-                                                        f"--use-rope-scaling fixes it at {fixed:g}")
+                raise self.error(f"{name}.{key}", f"is {_describe(value)}: Megatron-LM's "
+                                                  f"--use-rope-scaling fixes it at {fixed:g}")
         factor = scaling.get("factor", limits.ABSENT)
         if not _positive_number(factor) or not 1 <= factor <= ROPE_SCALING_LIMIT:
-            raise self.error("rope_scaling.factor", limits.must_be(f"a number from 1 to {ROPE_SCALING_LIMIT:g}",
-                                                                   factor, _describe))
+            raise self.error(f"{name}.factor", limits.must_be(f"a number from 1 to {ROPE_SCALING_LIMIT:g}",
+                                                              factor, _describe))
         return float(factor)
 
     def refuse(self, model_type: str) -> None:

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,13 @@ def test_hf_config_defaults_follow_llamaconfig(tmp_path):
         ({"model_type": "mistral", "sliding_window": 4096}, "sliding_window is 4096"),
         ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window true"),
         ({"intermediate_size": 1 << 23}, "intermediate_size is 8388608, more than this tool handles"),
+        # Transformers 5's rope_parameters: one object, agreeing with any older key beside it
+        ({"rope_parameters": {"full_attention": {"rope_theta": 1e6}}},
+         r"rope_parameters must be one object of RoPE settings \(not one per layer type\)"),
+        ({"rope_parameters": {"rope_theta": 10000.0}}, "rope_parameters.rope_theta is 10000.0 and rope_theta 500000.0"),
+        ({"rope_theta": None, "rope_scaling": None, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}},
+         "rope_parameters of type 'yarn'"),
+        ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial_rotary_factor is 0.5"),
     ],
 )
 def test_hf_config_errors(tmp_path, change, message):
@@ -130,6 +138,25 @@ def test_hf_config_errors(tmp_path, change, message):
     config = {k: v for k, v in config.items() if v is not None}
     with pytest.raises(AdvisorError, match=message):
         load_hf_config(write_config(tmp_path, **config))
+
+
+def test_transformers_5s_rope_parameters_give_the_rope_base_and_scaling(tmp_path, advisor):
+    """Files written by Transformers 5 keep rope_theta and the scaling in one rope_parameters object:
+    read as the older keys, not taken for LlamaConfig's default base 10000 (which every launched
+    --rotary-base would then carry)."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}  # Llama 3.1's
+    old = {k: v for k, v in LLAMA_31_8B_CONFIG.items() if k != "rope_theta"}
+    spec = load_hf_config(write_config(tmp_path, **old, rope_parameters={**scaling, "rope_theta": 500000.0}))
+    assert (spec.rotary_base, spec.rope_scaling_factor) == (500000.0, 8.0)
+    before = load_hf_config(write_config(tmp_path, **LLAMA_31_8B_CONFIG, rope_scaling=scaling))
+    assert replace(spec, name="") == replace(before, name="")
+    plain = load_hf_config(write_config(tmp_path, **{**old, "rope_parameters": {"rope_type": "default",
+                                                                                   "rope_theta": 1e6}}))
+    assert (plain.rotary_base, plain.rope_scaling_factor) == (1e6, None)
+    per_layer = write_config(tmp_path, **old, rope_parameters={"sliding_attention": {"rope_theta": 1e4}})
+    assert "rope_parameters must be one object of RoPE settings" in advisor.error(
+        "estimate", "--model", per_layer, "--gpus", 8, "--mem", 80)  # one line, exit 2
 
 
 def test_a_number_too_long_for_python_is_one_line(tmp_path):
