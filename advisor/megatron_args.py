@@ -32,6 +32,7 @@ from typing import Literal
 
 from advisor.memory import MemoryOptions
 from advisor.models import LlamaSpec
+from advisor.moe.spec import is_moe
 from advisor.options import Attention, DataParallel, Precision, TensorParallel, TrainingOptions, training_args
 
 
@@ -157,7 +158,7 @@ def model_args(spec: LlamaSpec, seq_len: int) -> list[str]:
     args += ["--attention-dropout", "0", "--hidden-dropout", "0", "--disable-bias-linear"]
     if spec.add_qkv_bias:
         args.append("--add-qkv-bias")
-    if spec.qk_layernorm and not hasattr(spec, "num_experts"):  # an MoE spec's comes with its flags (advisor.moe.flags)
+    if spec.qk_layernorm and not is_moe(spec):  # an MoE spec's comes with its flags (advisor.moe.flags)
         args.append("--qk-layernorm")
     if not spec.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
