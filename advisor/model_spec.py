@@ -283,12 +283,12 @@ class _Config:
             raise self.error("rope_parameters", limits.must_be("one object of RoPE settings (not one per layer type)",
                                                                params, _describe))
         out = dict(config)
-        for key, old in (("rope_theta", "rope_theta"), ("partial_rotary_factor", "partial_rotary_factor")):
+        for key in ("rope_theta", "partial_rotary_factor"):  # the same names at the top level
             if key in params:
-                if config.get(old) is not None and config[old] != params[key]:
-                    raise self.error(f"rope_parameters.{key}", f"is {_describe(params[key])} and {old} "
-                                                               f"{_describe(config[old])}: give one")
-                out[old] = params[key]
+                if config.get(key) is not None and config[key] != params[key]:
+                    raise self.error(f"rope_parameters.{key}", f"is {_describe(params[key])} and {key} "
+                                                               f"{_describe(config[key])}: give one")
+                out[key] = params[key]
         if params.get("rope_type", "default") != "default":  # the scaling: llama3 read, any other refused
             if config.get("rope_scaling") is not None and config["rope_scaling"] != params:
                 raise self.error("rope_parameters", "and rope_scaling both give a RoPE scaling: give one")
