@@ -197,7 +197,18 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
                 parsed.layout[name] = " ".join(values)
         else:
             parsed.rest += [f"--{name}", *values]
+    _legacy_rope(parsed)
     return parsed
+
+
+def _legacy_rope(parsed: ParsedArguments) -> None:
+    """--use-rotary-position-embeddings (deprecated, as slime's and older Qwen scripts still write it)
+    is RoPE whatever --position-embedding-type says: validate_args sets position_embedding_type
+    'rope' from it (core_v0.15.2 and core_v0.19.0 megatron/training/arguments.py, "Legacy RoPE
+    arguments"), before its --no-position-embedding check. Skipped as written (a launch writes
+    --position-embedding-type rope), read here as that type."""
+    if "--use-rotary-position-embeddings" in parsed.skipped:
+        parsed.model["position-embedding-type"] = "rope"
 
 
 

@@ -212,3 +212,91 @@ def test_the_qwen3_8b_preset_is_its_config_json():
     assert load_model("Qwen/Qwen3-8B").name == "qwen3-8b"
     legend = CliRunner().invoke(cli, ["models"]).stdout
     assert "an RMSNorm on each Q and K head (--qk-layernorm): qwen3-8b, qwen3-30b-a3b and qwen3-235b-a22b" in legend
+
+
+# --- a tied small Qwen3 (0.6B, 1.7B, 4B): its parameters, and its ends at PP > 1 ---------------
+
+SMALL = {  # Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B's config.json: Qwen3-4B's keys but these
+    "0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+             "max_window_layers": 28},
+    "1.7b": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
+             "max_window_layers": 28},
+}
+
+
+def small_qwen3(tmp_path, size: str) -> Path:
+    path = tmp_path / f"qwen3-{size}.json"
+    path.write_text(json.dumps({**json.loads(QWEN3_4B.read_text()), **SMALL[size]}))
+    return path
+
+
+def test_tied_small_qwen3_parameters_by_hand(tmp_path):
+    """Tied: the vocabulary matrix counted once. Per layer Q h x 128a, K and V h x 1024 each, O
+    128a x h, the QK norms 256, SwiGLU 3 h h_ffn, two RMSNorms 2h.
+    0.6B: 2,097,152 x 3 + 256 + 9,437,184 + 2,048 = 15,730,944; x 28 = 440,466,432; + 151936 x 1024
+    = 155,582,464; + 1,024: 596,049,920 (the checkpoint's total; the card's 0.6B, 0.44B without
+    embeddings). 1.7B: 4,194,304 x 3 + 256 + 37,748,736 + 4,096 = 50,336,000; x 28 =
+    1,409,408,000; + 151936 x 2048 = 311,164,928; + 2,048: 1,720,574,976 (the card's 1.7B, 1.4B
+    without embeddings). 4B (the fixture): 4,022,468,096."""
+    cases = {"0.6b": (15_730_944, 596_049_920), "1.7b": (50_336_000, 1_720_574_976)}
+    for size, (layer, total) in cases.items():
+        spec = load_hf_config(small_qwen3(tmp_path, size))
+        h = spec.hidden_size
+        assert layer == h * 2048 + 2 * h * 1024 + 2048 * h + 256 + 3 * h * (3 * h) + 2 * h  # h_ffn = 3h
+        assert eq.layer_parameters(spec) == layer and spec.tie_embeddings
+        assert eq.model_parameters(spec) == total == 28 * layer + 151936 * h + h
+    assert abs(440_466_432 / 0.44e9 - 1) < 0.005 and abs(1_409_408_000 / 1.4e9 - 1) < 0.01
+    assert eq.model_parameters(load_hf_config(QWEN3_4B)) == 4_022_468_096
+
+
+def test_tied_small_qwen3_keeps_the_head_on_the_last_stage_at_pp_above_1(advisor, tmp_path):
+    """megatron-core core_v0.15.2 models/gpt/gpt_model.py builds the output layer with
+    skip_weight_param_allocation = pre_process and share_embeddings_and_output_weights: at PP 1
+    the head reuses the embedding; at PP 2 the last stage (not pre_process) allocates its own
+    v x h weight (language_module.py setup_embeddings_and_output_layer zeroes it and marks it
+    shared; finalize_model_grads all-reduces its gradient with the first stage's). Qwen3-0.6B:
+    PP 1 holds 596,049,920 parameters; PP 2's first stage 14 x 15,730,944 + 155,582,464 =
+    375,815,680 and its last stage the same plus the final norm's 1,024: 375,816,704 (the two
+    ends sum to the model plus one more vocabulary matrix)."""
+    path = small_qwen3(tmp_path, "0.6b")
+    common = ["--model", path, "--tp", "1", "--mbs", "1", "--gpus", "8", "--mem", "80", "--seq-len", "4096",
+              "--gbs", "64"]
+    one = advisor.json("estimate", *common, "--pp", "1")["stages"]
+    assert [stage["parameters"] for stage in one] == [596_049_920]
+    two = advisor.json("estimate", *common, "--pp", "2")["stages"]
+    assert [stage["parameters"] for stage in two] == [375_815_680, 375_816_704]
+    assert sum(stage["parameters"] for stage in two) == 596_049_920 + 155_582_464
+
+
+SLIME_QWEN3_1_7B = """\
+MODEL_ARGS=(
+   --swiglu --num-layers 28 --hidden-size 2048 --ffn-hidden-size 6144 --num-attention-heads 16
+   --group-query-attention --num-query-groups 8 --use-rotary-position-embeddings --disable-bias-linear
+   --normalization "RMSNorm" --norm-epsilon 1e-6 --rotary-base 1000000 --vocab-size 151936
+   --kv-channels 128 --qk-layernorm
+)
+torchrun --nproc-per-node 8 pretrain_gpt.py "${MODEL_ARGS[@]}" --tensor-model-parallel-size 1 \\
+   --pipeline-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 \\
+   --max-position-embeddings 40960 --bf16 --use-distributed-optimizer --attention-dropout 0.0 \\
+   --hidden-dropout 0.0 --tokenizer-type NullTokenizer --lr 1e-4 --train-iters 1000 %s
+"""
+
+
+def test_the_legacy_rope_switch_reads_as_rope(advisor, tmp_path):
+    """Qwen3-1.7B as slime's scripts/models/qwen3-1.7B.sh writes it: --use-rotary-position-embeddings,
+    no --position-embedding-type, tied. validate_args sets position_embedding_type 'rope' from the
+    legacy switch (core_v0.15.2 and core_v0.19.0 arguments.py, "Legacy RoPE arguments"): nothing is
+    unpriced (it was named '--position-embedding-type learned_absolute (Megatron's default ...)'),
+    and the numbers are the advisor's own row's for Qwen3-1.7B's config.json at that layout."""
+    command = tmp_path / "qwen3-1.7b.sh"
+    command.write_text(SLIME_QWEN3_1_7B % "")
+    read = advisor.json("estimate", "--from-command", command, "--gpu", "h100-80gb")
+    assert read["unpriced"] == [] and read["model"]["qk_layernorm"] and read["model"]["tie_embeddings"]
+    own = advisor.json("estimate", "--model", small_qwen3(tmp_path, "1.7b"), "--tp", "1", "--pp", "2", "--mbs", "1",
+                       "--gpus", "8", "--gbs", "64", "--seq-len", "4096", "--gpu", "h100-80gb",
+                       "--no-overlap-grad-reduce", "--dataloader-mask", "cached")
+    for key in ("total_gib", "model_states_gib", "activations_gib", "step_time_s", "stages"):
+        assert read[key] == own[key], key
+    # validate_args sets rope before it checks --no-position-embedding: Megatron takes this command
+    command.write_text(SLIME_QWEN3_1_7B % "--no-position-embedding --position-embedding-type learned_absolute")
+    assert advisor.json("estimate", "--from-command", command, "--gpu", "h100-80gb")["unpriced"] == []
