@@ -40,6 +40,9 @@ SWEEPS = {
     # dense Qwen3: --qk-layernorm, read back by the TransformerConfig as priced (megatron_real.mismatches)
     "qwen3-8b-qk-layernorm": ["--model", str(HF / "qwen3-8b.json"), "--gpus", "8", "--mem", "80", "--gbs", "64",
                               "--seq-len", "4096"],
+    # tied at PP 2: the last stage builds its own output weight (gpt_model.py), as priced
+    "qwen3-0.6b-tied-pp2": ["--model", str(HF / "qwen3-0.6b.json"), "--gpus", "8", "--mem", "80", "--gbs", "64",
+                            "--seq-len", "4096", "--pp", "2"],
     "qwen3-4b-head-dim-tied": ["--model", str(HF / "qwen3-4b.json"), "--gpus", "8", "--mem", "40", "--gbs", "64",
                                "--seq-len", "4096"],
     "mistral-nemo-head-dim": ["--model", str(HF / "mistral-nemo-12b.json"), "--gpus", "8", "--mem", "80",

@@ -216,15 +216,16 @@ def test_the_qwen3_8b_preset_is_its_config_json():
 
 # --- a tied small Qwen3 (0.6B, 1.7B, 4B): its parameters, and its ends at PP > 1 ---------------
 
-SMALL = {  # Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B's config.json: Qwen3-4B's keys but these
-    "0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-             "max_window_layers": 28},
+QWEN3_0_6B = FIXTURES / "qwen3-0.6b.json"
+SMALL = {  # Qwen/Qwen3-1.7B's config.json: Qwen3-4B's keys but these (slime's qwen3-1.7B.sh has the same)
     "1.7b": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
              "max_window_layers": 28},
 }
 
 
 def small_qwen3(tmp_path, size: str) -> Path:
+    if size == "0.6b":
+        return QWEN3_0_6B
     path = tmp_path / f"qwen3-{size}.json"
     path.write_text(json.dumps({**json.loads(QWEN3_4B.read_text()), **SMALL[size]}))
     return path
@@ -234,8 +235,9 @@ def test_tied_small_qwen3_parameters_by_hand(tmp_path):
     """Tied: the vocabulary matrix counted once. Per layer Q h x 128a, K and V h x 1024 each, O
     128a x h, the QK norms 256, SwiGLU 3 h h_ffn, two RMSNorms 2h.
     0.6B: 2,097,152 x 3 + 256 + 9,437,184 + 2,048 = 15,730,944; x 28 = 440,466,432; + 151936 x 1024
-    = 155,582,464; + 1,024: 596,049,920 (the checkpoint's total; the card's 0.6B, 0.44B without
-    embeddings). 1.7B: 4,194,304 x 3 + 256 + 37,748,736 + 4,096 = 50,336,000; x 28 =
+    = 155,582,464; + 1,024: 596,049,920 (the card's 0.6B, 0.44B without embeddings). The Hub's
+    listings of the 0.6B and 1.7B checkpoints (about 752M and 2.03B) would be these plus one more
+    v x h, an lm_head.weight stored beside the tied embedding; not asserted here. 1.7B: 4,194,304 x 3 + 256 + 37,748,736 + 4,096 = 50,336,000; x 28 =
     1,409,408,000; + 151936 x 2048 = 311,164,928; + 2,048: 1,720,574,976 (the card's 1.7B, 1.4B
     without embeddings). 4B (the fixture): 4,022,468,096."""
     cases = {"0.6b": (15_730_944, 596_049_920), "1.7b": (50_336_000, 1_720_574_976)}
@@ -300,3 +302,9 @@ def test_the_legacy_rope_switch_reads_as_rope(advisor, tmp_path):
     # validate_args sets rope before it checks --no-position-embedding: Megatron takes this command
     command.write_text(SLIME_QWEN3_1_7B % "--no-position-embedding --position-embedding-type learned_absolute")
     assert advisor.json("estimate", "--from-command", command, "--gpu", "h100-80gb")["unpriced"] == []
+
+
+def test_model_help_names_dense_qwen3():
+    """--model's help lists the config.json model_types read: qwen3 since dense Qwen3 is."""
+    shown = " ".join(CliRunner().invoke(cli, ["sweep", "--help"], terminal_width=100).stdout.split())
+    assert "model_type llama, mistral, qwen2, qwen3, mixtral, qwen3_moe or deepseek_v3" in shown
