@@ -364,6 +364,9 @@ class TimeModel:
         span = _f(tp) * _f(cp) * _f(dp)
         per_node = terms.ranks_per_node(shards, _f(tp), rates.gpus_per_node)
         dp_comm = self._data_parallel(params, shards, span, per_node, m, fwd_first, bwd_first)
+        # shown with the DP collectives: finalize_model_grads runs it right after them
+        dp_comm = dp_comm + terms.tied_embedding_allreduce_time(
+            self.spec, tp, cp, dp, pp, padded_vocab(self.spec, tp), rates, opts.grad_reduce_bytes)
         optimizer = self._optimizer(params, shards)
         compute_bound = pipeline + dp_comm + optimizer
         total_s = terms.data_loader_bound(compute_bound, opts.dataloader_mask == "rebuilt", self.gbs / _f(dp),

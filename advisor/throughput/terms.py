@@ -258,6 +258,25 @@ def pipeline_p2p_time(spec: LlamaSpec, tokens, tp, cross_node, rates: Rates):
     return size / bandwidth + rates.collective_latency_s
 
 
+def tied_embedding_allreduce_time(spec: LlamaSpec, tp, cp, dp, pp, vocab, rates: Rates, grad_bytes=4):
+    """The all-reduce of the tied word embedding's gradient between the first and the last
+    stage, once per iteration after the DP collectives, nothing to hide it: tied at PP > 1 the
+    last stage keeps its own copy of the embedding (``stage_model.head_shares_embedding``), and
+    megatron-core's finalize_model_grads adds the two stages' gradients, h x v/t main-grad
+    elements (``grad_bytes``: FP32, or BF16 with --grad-reduce-in-bf16), over the two-rank
+    embedding group (core_v0.15.2 and core_v0.19.0 distributed/finalize_model_grads.py,
+    ``_allreduce_word_embedding_grads``). The pair's ranks are (pp - 1) t c d apart (RankGenerator
+    order tp-cp-ep-dp-pp): NVLink when the model's t c d p ranks fit a node, else one NIC per
+    pair (every GPU of a node is in a pair of its own). A ring all-reduce of two ranks, a
+    reduce-scatter and an all-gather: S / bandwidth plus two latencies. Zero untied or at PP 1."""
+    p = np.asarray(pp, dtype=float)
+    t = np.asarray(tp, dtype=float)
+    size = grad_bytes * spec.hidden_size * np.asarray(vocab, dtype=float) / t
+    bandwidth = link_bandwidth(t * np.asarray(cp, dtype=float) * np.asarray(dp, dtype=float) * p, rates)
+    time = 2 * ring_collective_time(size, 2, bandwidth, rates)
+    return np.where(spec.tie_embeddings & (p > 1), time, 0.0)
+
+
 def data_parallel_time(parameters, shards, span, rates: Rates, grad_bytes=4, distributed_optimizer=True,
                        ranks_per_node=1, param_bytes=BF16):
     """(gradient reduction, parameter all-gather) of one iteration over the DP x CP group
