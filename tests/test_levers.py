@@ -214,14 +214,19 @@ def test_at_pp_2_the_dp_collectives_and_adam_move_the_heaviest_stages_parameters
     GPUs apart over the network, so the FP32-BF16 gap is 7/8 x 2P over it, and Adam's step moves
     38 bytes (terms.optimizer_step_bytes) of each of this rank's P / 8 parameters at the HBM rate.
     A mutant counting both ends on every stage (P + 66,060,288, 13% more) fails both."""
-    off = dict(overlap_grad_reduce=False, overlap_param_gather=False)
-    steps = {dtype: TimeModel(SPEC, H100, 8192, 64, options=TrainingOptions().with_(
-        grad_reduce_dtype=dtype, **off).time_options()).step(8, 1, 2, 8, 1) for dtype in ("fp32", "bf16")}
     parameters = 16 * (218_103_808 / 8 + 2 * 4096) + 4096 * 129024 / 8 + 4096
     assert parameters == 502_403_072
+    _assert_dp_gap_and_adam(SPEC, (8, 1, 2, 8, 1), parameters, H100.network_bytes_per_s)
+
+
+def _assert_dp_gap_and_adam(spec, layout, parameters, link_bytes_per_s):
+    """With the DP overlap off: the FP32-BF16 gradient reduction gap is 7/8 x 2P over the link at
+    the fitted NCCL efficiency, and Adam's step moves 38 bytes of each of this rank's P / 8."""
+    off = dict(overlap_grad_reduce=False, overlap_param_gather=False)
+    steps = {dtype: TimeModel(spec, H100, 8192, 64, options=TrainingOptions().with_(
+        grad_reduce_dtype=dtype, **off).time_options()).step(*layout) for dtype in ("fp32", "bf16")}
     calibration = load_calibration()
-    bandwidth = calibration.network_efficiency * H100.network_bytes_per_s
-    expected = 7 / 8 * 2 * parameters / bandwidth
+    expected = 7 / 8 * 2 * parameters / (calibration.network_efficiency * link_bytes_per_s)
     assert float(steps["fp32"].dp_comm_s - steps["bf16"].dp_comm_s) == pytest.approx(expected, rel=1e-9)
     hbm = calibration.hbm_efficiency * H100.hbm_bytes_per_s
     assert float(steps["fp32"].optimizer_s) == pytest.approx(38 * parameters / 8 / hbm, rel=1e-9)
@@ -238,18 +243,10 @@ def test_a_tied_model_at_pp_1_reduces_and_steps_one_embedding_matrix():
     TP 1, DP 8 within a node: the FP32-BF16 gap is 7/8 x 2P over NVLink; Adam 38 P / 8 bytes."""
     spec = PRESETS["llama3.2-1b"]
     assert spec.tie_embeddings
-    off = dict(overlap_grad_reduce=False, overlap_param_gather=False)
-    steps = {dtype: TimeModel(spec, H100, 8192, 64, options=TrainingOptions().with_(
-        grad_reduce_dtype=dtype, **off).time_options()).step(1, 1, 1, 8, 1) for dtype in ("fp32", "bf16")}
     layer = 2048 * 48 * 64 + 2048 * 2048 + 3 * 2048 * 8192 + 2 * 2048
     parameters = 16 * layer + 128256 * 2048 + 2048
     assert parameters == 1_235_814_400
-    calibration = load_calibration()
-    bandwidth = calibration.network_efficiency * H100.nvlink_bytes_per_s
-    expected = 7 / 8 * 2 * parameters / bandwidth
-    assert float(steps["fp32"].dp_comm_s - steps["bf16"].dp_comm_s) == pytest.approx(expected, rel=1e-9)
-    hbm = calibration.hbm_efficiency * H100.hbm_bytes_per_s
-    assert float(steps["fp32"].optimizer_s) == pytest.approx(38 * parameters / 8 / hbm, rel=1e-9)
+    _assert_dp_gap_and_adam(spec, (1, 1, 1, 8, 1), parameters, H100.nvlink_bytes_per_s)
 
 
 def test_overlap_off_exposes_the_whole_reduction():
