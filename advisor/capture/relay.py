@@ -24,9 +24,9 @@ from pathlib import Path
 RUNNER_MODULE = "megatron_hooks.campaign_runner"
 """The CPU emulator's runner."""
 LAUNCH_RUNNER_MODULE = "launch.campaign_runner"
+"""The GPU runner: torchrun and the user's Megatron-LM."""
 LAUNCH_ARRAY_MODULE = "launch.slurm_array"
 """Writes and submits a campaign as one Slurm job array (advisor profile run --slurm-array)."""
-"""The GPU runner: torchrun and the user's Megatron-LM."""
 RUNNER_STOP_S = 45.0
 """How long a stopped runner may take to end after Ctrl-C before it is killed: more than the GPU
 runner gives torchrun's ranks to stop (``launch.process.GRACE_S``, 30 s; a test checks), so that

@@ -35,15 +35,11 @@ def _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir=None, gpu_h
     if profile_dir is not None and memory_model not in (None, "profile"):
         raise InputError(f"--profile gives the profile memory model, not --memory-model {memory_model}")
     memory_model = memory_model or ("profile" if profile_dir is not None else None)
-    _check_rank_by(rank_by, gpu)
+    if rank_by == "throughput" and gpu is None:
+        raise InputError("--rank-by throughput needs --gpu NAME (see 'advisor gpus')")
     memory_model = memory_model or default_memory_model(gpu is not None)
     _threshold_needs_paper(memory_model)
     return memory_model, rank_by or default_rank_by(gpu is not None)
-
-
-def _check_rank_by(rank_by, gpu) -> None:
-    if rank_by == "throughput" and gpu is None:
-        raise InputError("--rank-by throughput needs --gpu NAME (see 'advisor gpus')")
 
 
 def _check_budget(gpu, tokens, gpu_hour_price) -> None:
@@ -154,7 +150,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
           tokens, gpu_hour_price, plot, options, space, release, fmt, output, moe) -> None:
     """``advisor sweep``: ``SWEEP_HELP`` says what it does."""
     from advisor.sweep import sweep as run_sweep
-    from advisor.verdicts import default_memory_model, verdict_kinds
+    from advisor.verdicts import verdict_kinds
 
     if mem is None:
         raise InputError("give --mem GIB or --gpu NAME (see 'advisor gpus')")
@@ -163,14 +159,12 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     options = dense_recompute_options(spec, moe, options, space)
     spec, settings = moe_settings(spec, moe, options=options, gpu=gpu, space=space, release=release, unsupported={
         "--memory-model profile": memory_model == "profile", "--profile": profile_dir is not None})
+    # dense and MoE rows alike; --profile and its memory model were refused for MoE rows above
+    memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir, gpu_hour_price)
     if settings is not None:  # a mixture of experts: advisor.moe's space (EP and ETP as dimensions)
-        _check_budget(gpu, tokens, gpu_hour_price)
-        _check_rank_by(rank_by, gpu)
-        _threshold_needs_paper(memory_model or default_memory_model(gpu is not None))
         return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, moe.ep, moe.etp,
                              show_all, top, fmt, output, space, memory_model, budget=(tokens, gpu_hour_price),
                              plot=plot, rank_by=rank_by)
-    memory_model, rank_by = _resolve_choices(gpu, memory_model, rank_by, tokens, profile_dir, gpu_hour_price)
     measured = _measured(profile_dir, spec, options)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
                        space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens,
