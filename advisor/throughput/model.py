@@ -431,14 +431,11 @@ class TimeModel:
         the last stage (PP 1's only one), which the LM head makes the heavier end. Tied at PP 1 the head has no weight of its own
         (``stage_model.head_shares_embedding``; core_v0.15.2 models/gpt/gpt_model.py:
         skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights)."""
-        spec = self.spec
-        h, a, k, d, f = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim, spec.ffn_hidden_size
-        t = _f(tp)
-        per_layer = (h * (a + 2 * k) * d + a * d * h + 3 * h * f) / t + 2 * h + eq.qk_norm_parameters(spec)
-        embedding = h * padded_vocab(spec, tp) / t
-        p = _f(pp)
+        spec, t, p = self.spec, _f(tp), _f(pp)
+        per_layer = eq.layer_parameters(spec, t)  # Eq. 6, with Qwen2's QKV biases and Qwen3's QK norms
+        embedding = eq.embedding_parameters(spec, t, padded_vocab(spec, tp))
         ends = np.where(p > 1, 1.0, 1.0 if spec.tie_embeddings else 2.0)
-        return spec.num_layers / p * per_layer + embedding * ends + h
+        return spec.num_layers / p * per_layer + embedding * ends + spec.hidden_size
 
     # --- what a user reads -----------------------------------------------------------------
 
