@@ -54,28 +54,21 @@ def _rows() -> list[dict]:
 
 
 def _csv_columns() -> list[str]:
-    """Every field a preset can have, in the order an MoE row's JSON has them (``MoESpec.to_dict``:
-    a dense spec's fields first, MoESpec extends LlamaSpec; qk_layernorm where it stood as an MoE
-    field), MLA's and YaRN's as dotted columns, then ``DERIVED``. Taken from the dataclasses, not
-    from the rows: a CSV header is the first row's keys, and a dense first row had left out every
-    MoE column."""
+    """Every field a preset can have, in the order an MoE row's JSON has them (``MoESpec.to_dict``,
+    read off the preset that has every one, DeepSeek-V3's: a dense spec's fields first, then the
+    MoE fields), MLA's and YaRN's as dotted columns, then ``DERIVED``. Not taken from the rows: a
+    CSV header is the first row's keys, and a dense first row had left out every MoE column. The
+    fields only a user's command sets (``max_position_embeddings``) are not in it: no preset has them."""
     from dataclasses import fields
 
-    from advisor.moe.spec import MLA, MoESpec, YarnScaling
+    from advisor.moe.spec import MLA, PRESETS as MOE_PRESETS, YarnScaling
 
     nested = {"mla": MLA, "yarn": YarnScaling}
-    names = [field.name for field in fields(MoESpec) if field.name not in READ_BACK_ONLY | {"qk_layernorm"}]
-    names.insert(names.index("first_dense_layers") + 1, "qk_layernorm")
     columns = []
-    for name in names:
+    for name in MOE_PRESETS["deepseek-v3"].to_dict():
         kind = nested.get(name)
         columns += [f"{name}.{inner.name}" for inner in fields(kind)] if kind else [name]
     return columns + list(DERIVED)
-
-
-READ_BACK_ONLY = frozenset({"max_position_embeddings"})
-"""Spec fields only a user's command sets (``--from-command``), which no preset has and its JSON
-row leaves out (``LlamaSpec.to_dict``): no column."""
 
 
 def _flat(rows: list[dict], columns: list[str]) -> list[dict]:
