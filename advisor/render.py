@@ -432,17 +432,27 @@ def _natural_width(columns: Sequence[Column], cells: list[list[str]], suffixes: 
 
 
 def _table(rows, columns, justify, cells, row_style, padding: int = 1):
+    from rich import box
     from rich.table import Table
     from rich.text import Text
 
     # Text, not markup: '[...]' in a name (an overridden model 'llama3.1-8b[num_layers=8]', a
     # file name) is shown as it is, not taken for a style and dropped.
-    table = Table(header_style="bold", padding=(0, padding))
+    # box-drawing characters are one column each but three bytes in UTF-8; where standard output
+    # cannot encode them (LANG=C, PYTHONIOENCODING=ascii) the same table is drawn in ASCII
+    table = Table(header_style="bold", padding=(0, padding), box=box.HEAVY_HEAD if _unicode_stdout() else box.ASCII2)
     for column, side in zip(columns, justify):
         table.add_column(Text(column.header), justify=side)
     for row, line in zip(rows, cells):
         table.add_row(*(Text(cell) for cell in line), style=row_style(row) if row_style else None)
     return table
+
+
+def _unicode_stdout() -> bool:
+    """Whether standard output's encoding has the box-drawing characters (UTF-8, UTF-16, ...)."""
+    import sys
+
+    return (getattr(sys.stdout, "encoding", None) or "ascii").lower().replace("-", "").startswith("utf")
 
 
 def verdict_style(row: dict) -> str | None:
