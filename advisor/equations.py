@@ -71,6 +71,11 @@ def model_parameters(spec: LlamaSpec, vocab: int | None = None) -> float:
     )
 
 
+MEGATRON_VOCAB_DIVISIBLE_BY = 128
+"""Megatron-LM's --make-vocab-size-divisible-by default (and Megatron-Bridge's and NeMo's
+``make_vocab_size_divisible_by``), which the paper's and the published runs kept."""
+
+
 def padded_vocab_size(vocab_size: int, divisible_by: int | None, tp):
     """The rows Megatron builds: v padded up to a multiple of make-vocab-size-divisible-by x t
     (megatron/training/tokenizer ``_vocab_size_with_padding`` in core_v0.15.2,

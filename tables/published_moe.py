@@ -37,6 +37,7 @@ from pathlib import Path
 
 import click
 
+from advisor import equations as eq
 from advisor.errors import AdvisorError
 from tables.published.csv_rows import typed_rows
 
@@ -177,13 +178,15 @@ def load(path: Path = RUNS) -> list[MoERun]:
 
 
 def estimate_args(run: MoERun) -> list[str]:
-    """The ``advisor estimate`` arguments of the run: its layout and its ``options``."""
+    """The ``advisor estimate`` arguments of the run: its layout, the vocabulary padding every
+    run's recipe kept (Megatron-LM's and Megatron-Bridge's default divisible-by 128; the advisor's
+    own launches use 1), and its ``options``."""
     args = ["estimate", "--model", run.model, "--gpu", run.gpu, "--gpus", str(run.gpus), "--tp", str(run.tp),
             "--cp", str(run.cp), "--pp", str(run.pp), "--ep", str(run.ep), "--etp", str(run.etp), "--mbs",
             str(run.mbs), "--gbs", str(run.gbs), "--seq-len", str(run.seq_len), "--format", "json"]
     if run.vpp > 1:
         args += ["--vpp", str(run.vpp)]
-    return args + shlex.split(run.options)
+    return args + ["--vocab-divisible-by", str(eq.MEGATRON_VOCAB_DIVISIBLE_BY)] + shlex.split(run.options)
 
 
 def _estimate(args: list[str]) -> tuple[dict | None, str]:
@@ -222,12 +225,11 @@ def published_step(run: MoERun) -> float | None:
         return run.gbs * run.seq_len / (float(run.published_tokens_per_gpu_s) * run.gpus)
     if not run.published_tflops_per_gpu:
         return None
-    from advisor import equations as eq
     from advisor.moe.spec import PRESETS
     from advisor.moe.time import megatron_flops_per_iteration
 
     spec = PRESETS[run.model]
-    vocab = eq.padded_vocab_size(spec.vocab_size, None, run.tp)
+    vocab = eq.padded_vocab_size(spec.vocab_size, eq.MEGATRON_VOCAB_DIVISIBLE_BY, run.tp)
     flops = megatron_flops_per_iteration(spec, run.seq_len, run.gbs, vocab)
     return flops / (float(run.published_tflops_per_gpu) * 1e12 * run.gpus)
 

@@ -105,9 +105,9 @@ def test_half_offloaded_adam_runs_the_other_half_on_the_gpu_by_hand():
     megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py): half of the rank's shard steps on
     the host (``offload_time``: 4 + 2 bytes a parameter over the 63 GB/s link, 30 at 76.8 GB/s of
     host memory), the other half on the GPU at Adam's 38 HBM bytes a parameter
-    (terms.optimizer_step_bytes). Llama 3.1 8B at TP 8, PP 1, DP 8: P = 1,004,802,048 (see
-    test_gradient_dtype_drives_the_step_time), a shard of P / 8 = 125,600,256."""
-    shard = 1_004_802_048 / 8
+    (terms.optimizer_step_bytes). Llama 3.1 8B at TP 8, PP 1, DP 8: P = 1,004,015,616 (see
+    test_gradient_dtype_drives_the_step_time), a shard of P / 8 = 125,501,952."""
+    shard = 1_004_015_616 / 8
     half = memory(optimizer_cpu_offload=True, optimizer_offload_fraction=0.5)
     assert float(levers.state_bytes_per_parameter(half, 8)[2]) == 0.75
     rates = Rates.of(H100, load_calibration())
@@ -191,15 +191,15 @@ def test_fp8_casts_of_gathered_operands_at_tp_8():
 def test_gradient_dtype_drives_the_step_time():
     """With overlap off the whole DP reduction shows: BF16 gradients move 2 bytes fewer per
     parameter, (n - 1)/n x 2P over the bandwidth (the latencies cancel). Llama 3.1 8B at TP 8,
-    PP 1, DP 8: P = 32 x (218,103,808 / 8 + 2 x 4096) + 2 x 4096 x 129024 / 8 + 4096 (the final
-    norm, whole on each TP rank) = 1,004,802,048 (the time model pads v to Megatron's default
-    128 x TP = 1024: 129,024 rows); the group spans 64 GPUs, so the network, one NIC per rank
+    PP 1, DP 8: P = 32 x (218,103,808 / 8 + 2 x 4096) + 2 x 4096 x 128,256 / 8 + 4096 (the final
+    norm, whole on each TP rank) = 1,004,015,616 (the advisor launches --make-vocab-size-divisible-by
+    1, and 128,256 rows divide by TP 8); the group spans 64 GPUs, so the network, one NIC per rank
     group (8 / TP = 1 per node)."""
     off = dict(overlap_grad_reduce=False, overlap_param_gather=False)
     steps = {dtype: TimeModel(SPEC, H100, 8192, 64, options=TrainingOptions().with_(
         grad_reduce_dtype=dtype, **off).time_options()).step(8, 1, 1, 8, 1) for dtype in ("fp32", "bf16")}
-    parameters = 32 * (218_103_808 / 8 + 2 * 4096) + 2 * 4096 * 129024 / 8 + 4096
-    assert parameters == 1_004_802_048
+    parameters = 32 * (218_103_808 / 8 + 2 * 4096) + 2 * 4096 * 128256 / 8 + 4096
+    assert parameters == 1_004_015_616
     bandwidth = load_calibration().network_efficiency * H100.network_bytes_per_s
     expected = 7 / 8 * 2 * parameters / bandwidth
     assert float(steps["fp32"].dp_comm_s - steps["bf16"].dp_comm_s) == pytest.approx(expected, rel=1e-9)
@@ -209,13 +209,13 @@ def test_at_pp_2_the_dp_collectives_and_adam_move_the_heaviest_stages_parameters
     """The same Llama 3.1 8B at TP 8, PP 2, DP 8: each stage holds 16 layers and one end (seed 004,
     Eq. 6-9); the last stage's LM head (untied, h x v / t) and final norm (h, whole on each TP
     rank) make it the heavier end, by the first's embedding's h x v / t plus h. P = 16 x
-    (218,103,808 / 8 + 2 x 4096) + 4096 x 129,024 / 8 + 4096 = 436,338,688 + 66,060,288 + 4096 =
-    502,403,072 (the PP 1 count less 16 layers and one embedding). The DP group is the same 64
+    (218,103,808 / 8 + 2 x 4096) + 4096 x 128,256 / 8 + 4096 = 436,338,688 + 65,667,072 + 4096 =
+    502,009,856 (the PP 1 count less 16 layers and one embedding). The DP group is the same 64
     GPUs apart over the network, so the FP32-BF16 gap is 7/8 x 2P over it, and Adam's step moves
     38 bytes (terms.optimizer_step_bytes) of each of this rank's P / 8 parameters at the HBM rate.
-    A mutant counting both ends on every stage (P + 66,060,288, 13% more) fails both."""
-    parameters = 16 * (218_103_808 / 8 + 2 * 4096) + 4096 * 129024 / 8 + 4096
-    assert parameters == 502_403_072
+    A mutant counting both ends on every stage (P + 65,667,072, 13% more) fails both."""
+    parameters = 16 * (218_103_808 / 8 + 2 * 4096) + 4096 * 128256 / 8 + 4096
+    assert parameters == 502_009_856
     _assert_dp_gap_and_adam(SPEC, (8, 1, 2, 8, 1), parameters, H100.network_bytes_per_s)
 
 
@@ -250,7 +250,7 @@ def test_a_tied_model_at_pp_1_reduces_and_steps_one_embedding_matrix():
 
 
 def test_overlap_off_exposes_the_whole_reduction():
-    on = TimeModel(SPEC, H100, 8192, 64).step(8, 1, 1, 8, 1)
+    on = TimeModel(SPEC, H100, 8192, 64, options=TrainingOptions().time_options()).step(8, 1, 1, 8, 1)
     off_options = TrainingOptions().with_(overlap_grad_reduce=False, overlap_param_gather=False).time_options()
     off = TimeModel(SPEC, H100, 8192, 64, options=off_options).step(8, 1, 1, 8, 1)
     assert float(off.dp_comm_s) > float(on.dp_comm_s)

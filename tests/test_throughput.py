@@ -10,8 +10,9 @@ from hypothesis import given, settings, strategies as st
 
 from advisor.hardware import get_gpu
 from advisor.models import preset
+from advisor.options import TrainingOptions
 from advisor.throughput import Calibration, TimeModel, TimeOptions
-from advisor.throughput.flops import megatron_flops_per_iteration, padded_vocab
+from advisor.throughput.flops import megatron_flops_per_iteration
 from advisor.throughput.terms import Rates, gemm_time, ring_collective_time
 
 from conftest import ROOT
@@ -21,6 +22,12 @@ CHECKOUT = next((base / "shared" / "megatron-lm" / "core_v0.15.2" for base in RO
                  if (base / "shared" / "megatron-lm" / "core_v0.15.2").is_dir()), Path("/nonexistent"))
 SPEC = preset("llama3.1-8b")
 H100 = get_gpu("h100-80gb")
+
+
+def _padded_128(vocab: int, tp: int) -> int:
+    """Megatron's default padding written out: v up to a multiple of 128 x TP."""
+    multiple = 128 * tp
+    return (vocab + multiple - 1) // multiple * multiple
 
 
 def megatron_num_floating_point_operations():
@@ -41,7 +48,7 @@ def megatron_args(spec, seq_len, tp):
         num_layers=spec.num_layers, hidden_size=spec.hidden_size, ffn_hidden_size=spec.ffn_hidden_size,
         num_attention_heads=spec.num_attention_heads, num_query_groups=spec.num_query_groups,
         group_query_attention=True, kv_channels=spec.head_dim, seq_length=seq_len, swiglu=True,
-        padded_vocab_size=int(padded_vocab(spec, tp)), num_experts=None, moe_router_topk=1,
+        padded_vocab_size=_padded_128(spec.vocab_size, tp), num_experts=None, moe_router_topk=1,
         moe_ffn_hidden_size=None, moe_shared_expert_intermediate_size=None, mtp_num_layers=None,
         multi_latent_attention=False, is_hybrid_model=False, moe_layer_freq=1, hybrid_override_pattern=None,
     )
@@ -51,7 +58,7 @@ def megatron_args(spec, seq_len, tp):
                                                 ("llama3.1-405b", 8192, 8), ("llama3.2-1b", 2048, 2)])
 def test_flops_are_megatron_lms_own_count(model, seq_len, tp):
     spec = preset(model)
-    ours = float(megatron_flops_per_iteration(spec, seq_len, 1024, "megatron", tp))
+    ours = float(megatron_flops_per_iteration(spec, seq_len, 1024, _padded_128(spec.vocab_size, tp), "megatron"))
     theirs = megatron_num_floating_point_operations()(megatron_args(spec, seq_len, tp), 1024)
     assert ours == pytest.approx(theirs, rel=1e-12)
 
@@ -59,9 +66,26 @@ def test_flops_are_megatron_lms_own_count(model, seq_len, tp):
 def test_the_papers_convention_counts_the_full_score_matrix():
     """The fork's formula (okoge-kaz/Megatron-LM v0.9.0-abci training.py), written out here."""
     h, L, s, k, a, f = 4096, 32, 8192, 8, 32, 14336
-    v = int(padded_vocab(SPEC, 1))
+    v = 128256  # Llama 3's vocabulary, a multiple of 128
     fork = 12 * 1024 * s * L * h * h * ((1 + k / a + s / h) + f / h * 1.5 + v / (2 * L * h))
-    assert float(megatron_flops_per_iteration(SPEC, s, 1024, "paper")) == pytest.approx(fork, rel=1e-12)
+    assert float(megatron_flops_per_iteration(SPEC, s, 1024, v, "paper")) == pytest.approx(fork, rel=1e-12)
+
+
+def test_the_time_model_pads_the_vocabulary_as_the_run_does():
+    """Llama 3's 128,256 rows at TP 8: 129,024 with Megatron's default divisible-by 128 (a multiple
+    of 1,024), 128,256 with the advisor's launched --make-vocab-size-divisible-by 1 (16,032 a rank).
+    The 768 rows cost the DP/Adam count 768 x 4096 / 8 a rank for the embedding and again for the
+    untied head, and Megatron's FLOP count 6 x gbs x s x h x 768 (the logit GEMM's 2 x 3 passes)."""
+    s, gbs, h = 8192, 1024, 4096
+    megatron = TimeModel(SPEC, H100, s, gbs)
+    launched = TimeModel(SPEC, H100, s, gbs, options=TrainingOptions().time_options())
+    assert (float(megatron.padded_vocab(8)), float(launched.padded_vocab(8))) == (129024, 128256)
+    assert float(megatron._stage_parameters(8, 1) - launched._stage_parameters(8, 1)) == 2 * 768 * h / 8
+    assert float(megatron.flops_per_iteration(8) - launched.flops_per_iteration(8)) == pytest.approx(
+        6 * gbs * s * h * 768, rel=1e-9)
+    # the head's GEMMs see the rows too: the launched run is priced a little faster, never slower
+    layout = dict(tp=8, cp=1, pp=1, dp=8, mbs=1)
+    assert launched.step(**layout).total_s < megatron.step(**layout).total_s
 
 
 def test_gemm_and_ring_terms_by_hand():

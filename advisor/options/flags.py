@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from advisor import equations as eq
 from advisor.errors import AdvisorError
 from advisor.options.releases import release_defaults
 from advisor.options.training import (
@@ -469,7 +470,7 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
     if "--optimizer-cpu-offload" in values and "--use-precision-aware-optimizer" not in values:
         raise AdvisorError("--optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron-LM refuses it "
                            "without)")
-    divisible = _int(values, "--make-vocab-size-divisible-by", 128)
+    divisible = _int(values, "--make-vocab-size-divisible-by", eq.MEGATRON_VOCAB_DIVISIBLE_BY)
     fraction_text = _last(values, "--optimizer-offload-fraction", str(Offload().optimizer_offload_fraction))
     try:
         fraction = float(fraction_text)

@@ -704,7 +704,8 @@ class TrainingOptions:
             optimizer_host_fraction=self.offload.host_fraction, flash_attention=self.attention.flash_attention,
             fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe, fp8_param_gather=p.fp8_param_gather,
             recompute_modules=self.recomputation.selective_modules,
-            fused_norms=self.attention.transformer_impl == "transformer_engine", **model_choices,
+            fused_norms=self.attention.transformer_impl == "transformer_engine",
+            vocab_divisible_by=self.vocab_divisible_by or 1, **model_choices,
         )
 
     def layout_problem(self, *, pp: int, tie_embeddings: bool, tp: int | None = None) -> str | None:

@@ -24,29 +24,20 @@ FlopsConvention = Literal["paper", "megatron"]
 """'paper': full attention, s/h (Megatron-LM core_r0.8/0.9 and the paper's fork);
 'megatron': causal attention, s/(2h) (Megatron-LM from core_r0.10, including core_v0.15)."""
 
-MEGATRON_VOCAB_DIVISIBLE_BY = 128
-"""Megatron's --make-vocab-size-divisible-by default: v is padded to a multiple of 128 x TP."""
-
-
-def padded_vocab(spec: LlamaSpec, tp=1, divisible_by: int = MEGATRON_VOCAB_DIVISIBLE_BY):
-    """``_vocab_size_with_padding``: v rounded up to a multiple of divisible_by x tp (array-safe)."""
-    multiple = divisible_by * np.asarray(tp)
-    return np.ceil(spec.vocab_size / multiple) * multiple
 
 
 def megatron_flops_per_iteration(
-    spec: LlamaSpec, seq_len: int, global_batch_size, convention: FlopsConvention = "megatron", tp=1
+    spec: LlamaSpec, seq_len: int, global_batch_size, padded_vocab, convention: FlopsConvention = "megatron"
 ):
-    """FLOPs of one iteration as Megatron-LM's ``num_floating_point_operations`` counts them.
-
-    ``tp`` only enters through the padded vocabulary of the logit term."""
+    """FLOPs of one iteration as Megatron-LM's ``num_floating_point_operations`` counts them,
+    with ``padded_vocab`` the run's ``args.padded_vocab_size`` (``equations.padded_vocab_size``)."""
     h, L, s = spec.hidden_size, spec.num_layers, seq_len
     a, k, d = spec.num_attention_heads, spec.num_query_groups, spec.head_dim
     score = s / h if convention == "paper" else s / (2 * h)
     per_token = 12 * L * h * h * (
         (1 + k / a + score) * (a * d / h)
         + 1.5 * spec.ffn_hidden_size / h
-        + padded_vocab(spec, tp) / (2 * L * h)
+        + padded_vocab / (2 * L * h)
     )
     return np.asarray(global_batch_size) * s * per_token
 

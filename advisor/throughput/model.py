@@ -21,7 +21,7 @@ from advisor.models import LlamaSpec
 from advisor.options.ub_config import MEGATRON_OVERLAPS, TE_DEFAULTS, LayerOverlaps, UserbuffersConfig
 from advisor.throughput import levers, terms, userbuffers
 from advisor.throughput.calibration import Calibration, load_calibration
-from advisor.throughput.flops import FlopsConvention, layer_gemm_shapes, megatron_flops_per_iteration, padded_vocab
+from advisor.throughput.flops import FlopsConvention, layer_gemm_shapes, megatron_flops_per_iteration
 
 if TYPE_CHECKING:  # the options' one Recompute type; TrainingOptions.time_options imports this module
     from advisor.options.training import Recompute
@@ -81,6 +81,10 @@ class TimeOptions:
     """--fp8-param-gather: parameters gathered in FP8 (1 byte)."""
     recompute_modules: frozenset[str] = frozenset({"core_attn"})
     """With selective recomputation: Megatron's --recompute-modules (its default core_attn)."""
+    vocab_divisible_by: int = eq.MEGATRON_VOCAB_DIVISIBLE_BY
+    """--make-vocab-size-divisible-by: the LM head's rows, the embedding's parameters and Megatron's
+    FLOP count take v padded to a multiple of it x TP (``equations.padded_vocab_size``); 128,
+    Megatron's default, which the paper's runs kept."""
     fused_norms: bool = True
     """Transformer Engine's layer spec (the dense layers' norms fused into linear_qkv and
     linear_fc1); False: --transformer-impl local, whose norms --recompute-modules layernorm reruns."""
@@ -272,7 +276,7 @@ class TimeModel:
             again_compute, again_tp = (layers * x for x in self.recomputed_forward_parts(tp, tokens, parts.attention_f))
         extra_b = again_compute + again_tp + again_cp
         emb_f, emb_b = terms.embedding_time(spec, tokens, tp, rates)
-        head_f, head_b = terms.lm_head_time(spec, tokens, tp, padded_vocab(spec, tp), rates)
+        head_f, head_b = terms.lm_head_time(spec, tokens, tp, self.padded_vocab(tp), rates)
         end_f = np.where(embedding, emb_f, 0.0) + np.where(head, head_f, 0.0)
         end_b = np.where(embedding, emb_b, 0.0) + np.where(head, head_b, 0.0)
         p2p = terms.pipeline_p2p_time(spec, tokens, tp, pipeline_cross_node, rates)
@@ -366,7 +370,7 @@ class TimeModel:
         dp_comm = self._data_parallel(params, shards, span, per_node, m, fwd_first, bwd_first)
         # shown with the DP collectives: finalize_model_grads runs it right after them
         dp_comm = dp_comm + terms.tied_embedding_allreduce_time(
-            self.spec, tp, cp, dp, pp, padded_vocab(self.spec, tp), rates, opts.grad_reduce_bytes)
+            self.spec, tp, cp, dp, pp, self.padded_vocab(tp), rates, opts.grad_reduce_bytes)
         optimizer = self._optimizer(params, shards)
         compute_bound = pipeline + dp_comm + optimizer
         total_s = terms.data_loader_bound(compute_bound, opts.dataloader_mask == "rebuilt", self.gbs / _f(dp),
@@ -433,14 +437,19 @@ class TimeModel:
         skip_weight_param_allocation=pre_process and share_embeddings_and_output_weights)."""
         spec, t, p = self.spec, _f(tp), _f(pp)
         per_layer = eq.layer_parameters(spec, t)  # Eq. 6, with Qwen2's QKV biases and Qwen3's QK norms
-        embedding = eq.embedding_parameters(spec, t, padded_vocab(spec, tp))
+        embedding = eq.embedding_parameters(spec, t, self.padded_vocab(tp))
         ends = np.where(p > 1, 1.0, 1.0 if spec.tie_embeddings else 2.0)
         return spec.num_layers / p * per_layer + embedding * ends + spec.hidden_size
 
     # --- what a user reads -----------------------------------------------------------------
 
+    def padded_vocab(self, tp):
+        """The rows Megatron builds at ``tp`` with the run's --make-vocab-size-divisible-by."""
+        return eq.padded_vocab_size(self.spec.vocab_size, self.options.vocab_divisible_by, _f(tp))
+
     def flops_per_iteration(self, tp=1) -> np.ndarray:
-        return megatron_flops_per_iteration(self.spec, self.seq_len, self.gbs, self.options.flops_convention, tp)
+        return megatron_flops_per_iteration(self.spec, self.seq_len, self.gbs, self.padded_vocab(tp),
+                                            self.options.flops_convention)
 
     def throughput(self, step: StepTime, gpus, tp=1) -> dict[str, np.ndarray]:
         """TFLOP/s per GPU (Megatron's count), MFU, tokens/s for iterations of ``step``."""
