@@ -685,7 +685,14 @@ def test_the_estimates_expert_tp_defaults_to_the_tp_as_megatrons_does():
     # a layout Megatron refuses with its default ETP says the ETP was defaulted
     _one_line_error(CliRunner().invoke(cli, ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--gpu",
                                              "h100-80gb", "--tp", "4", "--pp", "2", "--ep", "4"]),
-                    "EP x ETP = 16 must divide", "; without --etp the ETP is the TP, 4, as Megatron-LM's default: give --etp")
+                    "EP x ETP = 16 must divide", "; without --etp the ETP is the TP, 4, as Megatron-LM's default: give "
+                    "--etp 1")  # TP x CP x DP = 4 x 1 x 1 holds EP 4 x ETP 1 alone (EP 4 x ETP 2 = 8 does not divide)
+    # EP 8 fits no ETP on TP x CP x DP = 4: nothing to give
+    no_etp = CliRunner().invoke(cli, ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--gpu", "h100-80gb",
+                                      "--tp", "4", "--pp", "2", "--ep", "8"])
+    _one_line_error(no_etp, "EP x ETP = 32 must divide TP x CP x DP = 4", "; without --etp the ETP is the TP, 4, as "
+                    "Megatron-LM's default")
+    assert "give" not in no_etp.output
 
 
 def test_the_flex_backend_is_an_option_priced_written_and_refused_where_megatron_ignores_it():

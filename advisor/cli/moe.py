@@ -550,6 +550,15 @@ def _machine_text(shown: list[dict], setup: dict, spec, workload, fmt: str) -> s
                           for row, flags in zip(shown, parts)])
 
 
+def _defaulted_etp_hint(tp: int, cp: int, dp: int, ep: int) -> str:
+    """The refusal's tail when the ETP was Megatron's default (the TP): the largest ETP dividing
+    the TP whose EP x ETP divides TP x CP x DP, as --etp to give, where one exists."""
+    ranks = tp * cp * dp
+    etp = next((e for e in range(tp - 1, 0, -1) if tp % e == 0 and ranks % (ep * e) == 0), None)
+    give = f": give --etp {etp}" if etp is not None else ""
+    return f"; without --etp the ETP is the TP, {tp}, as Megatron-LM's default{give}"
+
+
 def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt, output, vpp=1,
              recompute="none", memory_model=None, read=None, *, layers_per_stage=None, compare_best=False,
              gpus_per_node=8, budget=(None, None)):
@@ -570,8 +579,7 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
                               recompute=recompute, memory_gib=mem, threshold=threshold, gpu=gpu, options=settings,
                               memory_model=memory_model, layers_per_stage=layers_per_stage, tokens=budget[0])
     except AdvisorError as error:
-        defaulted = f"; without --etp the ETP is the TP, {tp}, as Megatron-LM's default: give --etp" \
-            if etp is None and tp > 1 and "ETP" in str(error) else ""
+        defaulted = _defaulted_etp_hint(tp, cp, dp, ep or 1) if etp is None and tp > 1 and "ETP" in str(error) else ""
         raise InputError(f"{error}{defaulted}") from None
     _priced([row], budget[1])
     row.update(megatron_args=row_flags(spec, workload, row), model=spec.to_dict(), memory_gib=mem,
