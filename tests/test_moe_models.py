@@ -45,9 +45,18 @@ HAND_ACTIVE = {"mixtral-8x7b": MIXTRAL_8X7B_ACTIVE, "mixtral-8x22b": MIXTRAL_8X2
                "deepseek-v3": DEEPSEEK_V3_ACTIVE}
 
 
+# The MTP layers each committed config.json declares (deepseek-ai/DeepSeek-V3's
+# num_nextn_predict_layers is 1; the others have no such key): read, never priced by default
+CONFIG_MTP = {"deepseek-v3": 1}
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_config_json_reads_back_to_the_preset(name):
-    assert replace(load_model(str(DATA / f"{name}.json")), name=name) == PRESETS[name]
+    """Every field the preset has, and priced as it (mtp_num_layers 0); DeepSeek-V3's declared MTP
+    layer is carried apart, in config_mtp_num_layers."""
+    spec = load_model(str(DATA / f"{name}.json"))
+    assert spec.config_mtp_num_layers == CONFIG_MTP.get(name, 0) and spec.mtp_num_layers == 0
+    assert replace(spec, name=name, config_mtp_num_layers=0) == PRESETS[name]
 
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -69,7 +69,8 @@ def moe_options(func):
                           "not padded up to its factor, and dropless routing's pace (its memory is the worst case)."),
         click.option("--mtp-num-layers", "mtp_num_layers", type=MTP_LAYERS, default=None,
                      help="Multi-token-prediction layers (DeepSeek-V3's MTP, Megatron's --mtp-num-layers): priced on "
-                          "the last pipeline stage. MoE models."),
+                          "the last pipeline stage. MoE models. A config.json's num_nextn_predict_layers is priced "
+                          "only through this option (a line on stderr says so where it is not given)."),
         click.option("--overlap-moe-expert-parallel-comm", "a2a_overlap", is_flag=True,
                      help="Megatron's combined 1F1B: the EP all-to-all hidden behind the other microbatch's compute "
                           "(needs EP > 1, the alltoall or flex dispatcher, VPP with PP > 1, no full recompute)."),
@@ -179,6 +180,22 @@ def idle_modules_line(modules, spec) -> str | None:
             f"{spec.name} ({'; '.join(idle.values())}), and {'is' if len(idle) == 1 else 'are'} priced so")
 
 
+def config_mtp_line(spec, mtp_num_layers: int | None) -> str | None:
+    """One line saying that the model's config.json declares MTP layers (num_nextn_predict_layers)
+    priced without them, and the flag that prices them; None where it declares none or
+    --mtp-num-layers was given (0 too: the user chose). The config is read as its preset (without
+    MTP: DeepSeek-V3's 671B); Megatron-Bridge's DeepSeekV3Bridge builds them
+    (``mtp_num_layers = num_nextn_predict_layers``) and Megatron-LM's --mtp-num-layers defaults to
+    none (core_v0.15.2 ``arguments.py``; core_v0.19.0 ``TransformerConfig.mtp_num_layers``), so a
+    user of either may expect either: the line says which."""
+    declared = spec.config_mtp_num_layers
+    if not declared or mtp_num_layers is not None:
+        return None
+    them = "it" if declared == 1 else "them"
+    return (f"{spec.name} has {declared} multi-token-prediction layer{'s' * (declared != 1)} "
+            f"(num_nextn_predict_layers), priced without {them}: --mtp-num-layers {declared} prices {them}")
+
+
 def dense_recompute_options(spec, flags: MoEFlags, options, space=None):
     """The training options of a dense model with its --recompute-modules: the advisor's option
     (``flags``, the MoE options' one parser) or a command's read back (already in ``options``),
@@ -242,8 +259,9 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
                                             fp8_format=fp8.fp8_format, fp8_recipe=fp8.fp8_recipe,
                                             space=space is not None, grouped_gemm=flags.grouped_gemm):
         raise InputError(problem)
-    if line := idle_modules_line(recompute_modules, spec):
-        note(f"{command_name()}: {line}")
+    for line in (idle_modules_line(recompute_modules, spec), config_mtp_line(spec, mtp_num_layers)):
+        if line:
+            note(f"{command_name()}: {line}")
     padded = _padded(moe_routing, capacity_factor, flags.pad_to_capacity, dispatcher)
     if moe_routing == "capacity" and padded and flags.moe_imbalance != 1:
         raise InputError(f"--moe-imbalance {flags.moe_imbalance:g} does not change capacity routing padded to capacity "

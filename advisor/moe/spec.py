@@ -115,6 +115,12 @@ class MoESpec(LlamaSpec):
     mtp_num_layers: int = 0
     """Multi-token-prediction layers (--mtp-num-layers): an option, 0 by default (DeepSeek-V3's
     671B is without its one MTP module)."""
+    config_mtp_num_layers: int = 0
+    """The MTP layers the model's config.json declares (DeepSeek-V3's num_nextn_predict_layers),
+    read and not priced: ``mtp_num_layers`` is what is priced, so that a config prices as its
+    preset does; the CLI says so in one line where --mtp-num-layers is not given
+    (``advisor.cli.moe.config_mtp_line``). 0 for the presets and a command's specs, and then left
+    out of ``to_dict`` (their files read as before)."""
 
     def _check_fields(self) -> None:
         """The dense fields, then every MoE field's type and range, so that a spec read back from
@@ -128,6 +134,7 @@ class MoESpec(LlamaSpec):
         check_field(self.first_dense_layers, "first_dense_layers",
                     limits.Bound(0, self.num_layers - 1, "at least one layer must be a mixture of experts"))
         check_field(self.mtp_num_layers, "mtp_num_layers", limits.MTP_LAYERS)
+        check_field(self.config_mtp_num_layers, "config_mtp_num_layers", limits.MTP_LAYERS)
         for key in ("expert_bias", "router_pre_softmax"):
             if not isinstance(getattr(self, key), bool):
                 raise FieldError(key, "must be true or false, got {0}", _describe(getattr(self, key)))
@@ -149,9 +156,12 @@ class MoESpec(LlamaSpec):
 
     def to_dict(self) -> dict:
         """LlamaSpec's, with qk_layernorm always there and where it stood when it was an MoE field
-        (after first_dense_layers), so that MoE rows and files read as before."""
+        (after first_dense_layers), so that MoE rows and files read as before; config_mtp_num_layers
+        only where a config.json declared MTP layers."""
         fields = LlamaSpec.to_dict(self)
         fields.pop("qk_layernorm", None)
+        if not fields["config_mtp_num_layers"]:
+            del fields["config_mtp_num_layers"]
         keys = list(fields)
         at = keys.index("first_dense_layers") + 1
         return {**{key: fields[key] for key in keys[:at]}, "qk_layernorm": self.qk_layernorm,
@@ -283,7 +293,8 @@ FAMILY_KEYS: dict[str, dict[str, str]] = {
         "moe_ffn_hidden_size": "moe_intermediate_size",
         "shared_expert_size": "n_shared_experts x moe_intermediate_size", "first_dense_layers": "first_k_dense_replace",
         "router_num_groups": "n_group", "router_group_topk": "topk_group",
-        "router_topk_scaling_factor": "routed_scaling_factor", **_MLA_KEYS,
+        "router_topk_scaling_factor": "routed_scaling_factor", "config_mtp_num_layers": "num_nextn_predict_layers",
+        **_MLA_KEYS,
         **{f"yarn.{name}": f"rope_scaling.{name}" for name in YarnScaling.__dataclass_fields__},
     },
 }
@@ -296,7 +307,7 @@ MOE_FIELD_FLAGS = {
     "shared_expert_size": "--moe-shared-expert-intermediate-size",
     "first_dense_layers": "--moe-layer-freq", "router_num_groups": "--moe-router-num-groups",
     "router_group_topk": "--moe-router-group-topk", "router_topk_scaling_factor": "--moe-router-topk-scaling-factor",
-    "router_pre_softmax": "--moe-router-pre-softmax",
+    "router_pre_softmax": "--moe-router-pre-softmax", "config_mtp_num_layers": "--mtp-num-layers",
     "mla.q_lora_rank": "--q-lora-rank", "mla.kv_lora_rank": "--kv-lora-rank", "mla.qk_head_dim": "--qk-head-dim",
     "mla.qk_pos_emb_head_dim": "--qk-pos-emb-head-dim", "mla.v_head_dim": "--v-head-dim",
     "yarn.factor": "--rotary-scaling-factor", "yarn.mscale": "--mscale", "yarn.mscale_all_dim": "--mscale-all-dim",
@@ -421,7 +432,10 @@ def _deepseek_fields(config: _Config, keys: dict[str, str]) -> dict:
                 expert_bias=True, router_num_groups=_count(config, keys["router_num_groups"]),
                 router_group_topk=_count(config, keys["router_group_topk"]),
                 router_topk_scaling_factor=float(scaling), qk_layernorm=True, mla=_mla(config, keys),
-                yarn=_yarn(config, keys) if config.config.get("rope_scaling") is not None else None)
+                yarn=_yarn(config, keys) if config.config.get("rope_scaling") is not None else None,
+                # read, not priced (config_mtp_num_layers): Megatron-Bridge's DeepSeekV3Bridge sets
+                # mtp_num_layers from it, Megatron-LM's own --mtp-num-layers defaults to none
+                config_mtp_num_layers=_count(config, keys["config_mtp_num_layers"], 0, low=0))
 
 
 def load_moe_config(config: _Config, model_type: str) -> MoESpec:
