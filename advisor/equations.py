@@ -101,35 +101,54 @@ makes when it is built. A fresh run's first forward and backward run without the
 # --- activations of one microbatch, unsharded (seed 004, Section 3.2) -------------------
 
 
-def attention_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
+def attention_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int, fused_norms: bool = True) -> float:
     """Eq. 11: 6sbh + 4sbh k/a. Input X, Q, K and V, and the attention output, in BF16;
     FlashAttention stores neither QK^T nor the softmax.
 
     With an explicit head size d, Q and the attention output are sb x ad and K, V sb x kd:
     2sbh + 4sb ad + 4sb kd, which is Eq. 11 when ad = h. With --qk-layernorm (Qwen3), plus
-    ``qk_norm_activation_bytes``."""
+    ``qk_norm_activation_bytes`` (``fused_norms`` False: --transformer-impl local)."""
     s, b, h = seq_len, mbs, spec.hidden_size
     if spec.query_size == h:
         eq11 = 6 * s * b * h + 4 * s * b * h * spec.num_query_groups / spec.num_attention_heads
     else:
         eq11 = 2 * s * b * h + 4 * s * b * spec.query_size + 4 * s * b * spec.num_query_groups * spec.head_dim
-    return eq11 + qk_norm_activation_bytes(spec, s, b)
+    return eq11 + qk_norm_activation_bytes(spec, s, b, fused_norms)
 
 
-def qk_norm_activation_bytes(spec: LlamaSpec, seq_len: int, mbs) -> float:
-    """2sbad + 4sb(a + k) with --qk-layernorm, else 0: what the per-head Q and K RMSNorms keep for
-    their backward, split over t with the heads (megatron-core ``transformer/attention.py``,
-    ``SelfAttention.get_query_key_value_tensors``, core_v0.15.2 lines 1097-1111, the same in
-    core_v0.19.0: q_layernorm(query), k_layernorm(key) before RoPE). ``query.reshape`` copies Q
-    (its groups are not contiguous in the QKV output), so the Q norm keeps a BF16 copy, 2sbad;
-    ``key`` is a view of the QKV output, which V keeps anyway (no new bytes); each norm keeps an
-    FP32 rstd per head and token, 4sb(a + k). Measured to the byte on a real-size Qwen3-8B layer
-    under fake tensors (tests/test_symbolic.py); 2sb(a + k)d, both inputs as new and no rstd, until
-    2026-11-30. Dense Qwen3 and the MoE model's Qwen3-MoE alike."""
+def qk_norm_activation_bytes(spec: LlamaSpec, seq_len: int, mbs, fused_norms: bool = True) -> float:
+    """What the per-head Q and K RMSNorms of --qk-layernorm keep for their backward, 0 without
+    them; split over t with the heads (megatron-core ``transformer/attention.py``,
+    ``SelfAttention.get_query_key_value_tensors``, core_v0.15.2 lines 1097-1111, core_v0.19.0
+    1905-1925: q_layernorm(query), k_layernorm(key) before RoPE). ``query.reshape`` copies Q (its
+    groups are not contiguous in the QKV output with GQA, a > k, as in every Qwen3), so the Q norm
+    keeps a BF16 copy, 2sbad; ``key`` is a view of the QKV output; each norm keeps an FP32 rstd per
+    head and token, 4sb(a + k).
+
+    - Transformer Engine's spec (``fused_norms``, the default): 2sbad + 4sb(a + k). K's view adds
+      no bytes: cuDNN attention saves V, a view of the same QKV output, which keeps all of it
+      anyway (tests/test_symbolic.py, measured on a real-size Qwen3-8B layer). 2sb(a + k)d, both
+      inputs as new and no rstd, until 2026-11-30.
+    - --transformer-impl local (``fused_norms`` False): 4sb(a + k)d + 4sb(a + k). Its
+      ``DotProductAttention`` expands K and V for GQA (``repeat_interleave``,
+      dot_product_attention.py core_v0.15.2 lines 159-165, whose backward saves nothing) and
+      saves the expanded copies, never V's view, so K's saved view is what keeps the whole QKV
+      output, 2sb(a + 2k)d, alive: 2sbad + 2sb(a + 2k)d + 4sb(a + k). Its norm is torch's
+      ``RMSNorm`` (``WrappedTorchNorm``: the local spec takes it for RMSNorm even with Apex,
+      models/backends.py ``LocalSpecProvider.layer_norm``), whose CUDA kernel saves the input,
+      the weight and the FP32 rstd, as TE's (megatron_hooks/kernels.py, read on an H100); the
+      local spec allows neither sequence parallelism (torch_norm.py) nor CP
+      (dot_product_attention.py), so the heads split over t alone. Measured to the byte on a
+      real-size Qwen3-8B layer of the local spec (tests/test_symbolic.py).
+
+    Dense Qwen3 and the MoE model's Qwen3-MoE alike."""
     if not spec.qk_layernorm:
         return 0
-    s, b, a, k = seq_len, mbs, spec.num_attention_heads, spec.num_query_groups
-    return 2 * s * b * a * spec.head_dim + 4 * s * b * (a + k)
+    s, b, a, k, d = seq_len, mbs, spec.num_attention_heads, spec.num_query_groups, spec.head_dim
+    rstd = 4 * s * b * (a + k)  # FP32, one per head and token, both norms
+    if fused_norms:
+        return 2 * s * b * a * d + rstd  # the Q copy
+    return 2 * s * b * a * d + 2 * s * b * (a + 2 * k) * d + rstd  # the Q copy, the whole QKV output
 
 
 def attention_scores_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
@@ -150,10 +169,11 @@ def norm_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
     return 4 * seq_len * mbs * spec.hidden_size
 
 
-def layer_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
-    """Eq. 12: sbh(12 + 4k/a + 8h_ffn/h), one transformer layer, one microbatch."""
+def layer_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int, fused_norms: bool = True) -> float:
+    """Eq. 12: sbh(12 + 4k/a + 8h_ffn/h), one transformer layer, one microbatch (``fused_norms``
+    False: --transformer-impl local, which prices Qwen3's QK norms differently)."""
     return (
-        attention_activation_bytes(spec, seq_len, mbs)
+        attention_activation_bytes(spec, seq_len, mbs, fused_norms)
         + mlp_activation_bytes(spec, seq_len, mbs)
         + norm_activation_bytes(spec, seq_len, mbs)
     )

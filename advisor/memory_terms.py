@@ -38,7 +38,7 @@ def swiglu_fusion_fraction(spec: LlamaSpec, modules: frozenset[str] = frozenset(
     hidden, ffn = eq.recomputed_module_bytes(spec, 1, 1, modules, fused_norms)
     fused = 0 if "mlp" in modules else 2 * spec.ffn_hidden_size
     # Eq. 12 per token (s b = 1), with its attention term for an explicit head size where there is one
-    return 1.0 - fused / (eq.layer_activation_bytes(spec, 1, 1) - hidden - ffn)
+    return 1.0 - fused / (eq.layer_activation_bytes(spec, 1, 1, fused_norms) - hidden - ffn)
 
 
 def cross_entropy_working_bytes(spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int, vocab: int,

@@ -67,7 +67,7 @@ def layer_bytes(spec: LlamaSpec, seq_len: int, mbs, tp, cp, options: MemoryOptio
     t, c = np.asarray(tp), np.asarray(cp)
     replicated = 0 if options.sequence_parallel else eq.tensor_parallel_replicated_activation_bytes(spec, seq_len, mbs)
     whole = np.where(t == 1, 0, replicated)
-    full = eq.layer_activation_bytes(spec, seq_len, mbs) - whole
+    full = eq.layer_activation_bytes(spec, seq_len, mbs, options.fused_norms) - whole
     modules = options.recompute_modules if options.recompute == "selective" else frozenset()
     if not options.flash_attention and "core_attn" not in modules:
         # Recomputed core attention keeps none of its s^2 terms (Korthikanti et al. 2023,

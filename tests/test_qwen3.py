@@ -153,6 +153,44 @@ def test_the_moe_model_prices_qwen3_moes_norms_with_the_same_term():
     assert time_gap == 2 * 2 * 36 * 128 * 4096 / 2  # BF16, read and write (a + k) d per token, over TP
 
 
+def test_local_qk_norms_keep_the_qkv_output_by_hand():
+    """--transformer-impl local (``fused_norms`` False), Qwen3-8B, s 4096, b 1: megatron-core's own
+    attention expands K and V (dot_product_attention.py) and never saves V's view, so K's norm,
+    whose saved input is a view of the QKV output, keeps all of it, 2 s b (a + 2k) d = 2 x 4096 x
+    48 x 128 = 50,331,648 bytes (48 MiB) beside the Q copy, 2 x 4096 x 32 x 128 = 33,554,432, and
+    the FP32 rstds, 4 x 4096 x 40 = 655,360: 84,541,440 = 4 s b (a + k) d + 4 s b (a + k) a layer,
+    50,331,648 more than Transformer Engine's spec (1.6875 GiB over 36 layers). TP 2 (the local
+    spec allows no SP: torch_norm.py) splits it with the heads: 42,270,720."""
+    spec, plain = qwen3_8b(), replace(qwen3_8b(), qk_layernorm=False)
+    local = eq.qk_norm_activation_bytes(spec, 4096, 1, fused_norms=False)
+    assert local == 2 * 4096 * 32 * 128 + 2 * 4096 * 48 * 128 + 4 * 4096 * 40 == 84_541_440
+    assert local == 4 * 4096 * 40 * 128 + 4 * 4096 * 40
+    assert local - eq.qk_norm_activation_bytes(spec, 4096, 1) == 50_331_648 == 48 * 2**20
+    assert eq.qk_norm_activation_bytes(plain, 4096, 1, fused_norms=False) == 0
+    assert eq.layer_activation_bytes(spec, 4096, 1, False) - eq.layer_activation_bytes(plain, 4096, 1, False) \
+        == 84_541_440
+    options = MemoryOptions(fused_norms=False, sequence_parallel=False, flash_attention=False)
+    kept, _ = layer_bytes(spec, 4096, 1, np.array([2]), np.array([1]), options)
+    kept_plain, _ = layer_bytes(plain, 4096, 1, np.array([2]), np.array([1]), options)
+    assert kept[0] - kept_plain[0] == 42_270_720
+
+
+def test_the_moe_model_prices_local_qwen3_moe_norms_with_the_same_term():
+    """Qwen3-30B-A3B (a 32, k 4, d 128), s 4096, b 1, TP 2, --transformer-impl local: (4 x 4096 x 36
+    x 128 + 4 x 4096 x 36) / 2 = 38,043,648 a layer, which is Transformer Engine's 17,072,128 plus
+    the QKV output K's norm keeps, 2 x 4096 x (32 + 8) x 128 / 2 = 20,971,520; the whole MoE layer
+    (router, dispatcher, experts unchanged) by the same."""
+    spec = MOE_PRESETS["qwen3-30b-a3b"]
+    plain = replace(spec, qk_layernorm=False)
+    gap = moe_memory.attention_activation_bytes(spec, 4096, 1, 2, 1, fused_norms=False) \
+        - moe_memory.attention_activation_bytes(plain, 4096, 1, 2, 1, fused_norms=False)
+    assert gap == (4 * 4096 * 36 * 128 + 4 * 4096 * 36) / 2 == 38_043_648
+    assert gap - 17_072_128 == 2 * 4096 * 40 * 128 / 2 == 20_971_520
+    layer = {fused: moe_memory.moe_layer_activation_bytes(spec, 4096, 1, 2, 1, 1, 1, fused_norms=fused)
+             for fused in (True, False)}
+    assert layer[False] - layer[True] == 20_971_520
+
+
 def test_qk_norm_elementwise_passes_by_hand():
     """Forward, one layer, 4096 tokens at TP 2, BF16: the norms read and write (a + k) d = 5,120
     elements per token, 2 x 2 x 5120 x 4096 / 2 = 41,943,040 bytes more HBM traffic."""
@@ -201,6 +239,53 @@ def test_a_dense_command_with_qk_layernorm_is_priced_with_it(advisor, tmp_path):
     gap_bytes = (priced["with"]["activations_gib"] - priced["without"]["activations_gib"]) * 2**30
     assert gap_bytes == pytest.approx(36 * (2 * 4096 * 32 * 128 + 4 * 4096 * 40) / 2, rel=1e-9)
     assert priced["with"]["step_time_s"] > priced["without"]["step_time_s"]  # the norms' passes (terms above)
+
+
+QWEN3_8B_COMMAND = ["pretrain_gpt.py", "--num-layers", "36", "--hidden-size", "4096", "--ffn-hidden-size", "12288",
+                    "--num-attention-heads", "32", "--group-query-attention", "--num-query-groups", "8",
+                    "--kv-channels", "128", "--seq-length", "4096", "--max-position-embeddings", "40960",
+                    "--normalization", "RMSNorm", "--norm-epsilon", "1e-6", "--swiglu", "--position-embedding-type",
+                    "rope", "--rotary-base", "1000000", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+                    "--attention-dropout", "0", "--hidden-dropout", "0", "--tensor-model-parallel-size", "2",
+                    "--micro-batch-size", "1", "--global-batch-size", "64", "--bf16", "--use-distributed-optimizer",
+                    "--tokenizer-type", "NullTokenizer", "--vocab-size", "151936", "--qk-layernorm"]
+
+
+def test_a_local_qwen3_command_prices_the_qkv_output_its_k_norm_keeps(advisor, tmp_path):
+    """Qwen3-8B at TP 2 without SP (the local spec's torch norms refuse it), PP 1, one microbatch in
+    flight: --transformer-impl local against Transformer Engine's unfused attention
+    (--attention-backend unfused: the same s x s scores, the same norms priced) differs only in
+    what the QK norms keep, 2 s b (a + 2k) d / t = 2 x 4096 x 48 x 128 / 2 = 25,165,824 bytes a
+    layer, x 36 layers = 905,969,664 bytes = 0.84375 GiB more."""
+    priced = {}
+    for name, extra in (("local", ["--transformer-impl", "local"]), ("te", ["--attention-backend", "unfused"])):
+        path = tmp_path / f"{name}.sh"
+        path.write_text(" ".join(QWEN3_8B_COMMAND + extra) + "\n")
+        priced[name] = advisor.json("estimate", "--from-command", path, "--gpus", "8", "--gpu", "h100-80gb")
+    assert priced["local"]["options"]["transformer_impl"] == "local"
+    assert "transformer_impl" not in priced["te"]["options"]
+    gap = (priced["local"]["activations_gib"] - priced["te"]["activations_gib"]) * 2**30
+    assert gap == 36 * 2 * 4096 * 48 * 128 / 2 == 905_969_664
+    assert (priced["local"]["total_gib"] - priced["te"]["total_gib"]) * 2**30 == pytest.approx(gap, rel=1e-12)
+
+
+def test_a_local_qwen3_moe_command_prices_the_qkv_output_its_k_norm_keeps(advisor, tmp_path):
+    """Qwen3-30B-A3B (a 32, k 4, d 128, 48 layers) at TP 1, EP 8, PP 1, the advisor's own row read
+    back, with --transformer-impl local and without (the MoE model prices both as flash attention,
+    naming the local one): 48 x 2 s b (a + 2k) d = 48 x 2 x 4096 x 40 x 128 = 2,013,265,920 bytes
+    = 1.875 GiB more."""
+    row = advisor.json("estimate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--tp", "1", "--pp", "1", "--ep", "8",
+                       "--gpu", "h100-80gb", "--seq-len", "4096", "--gbs", "64")
+    priced = {}
+    for name, extra in (("local", ["--transformer-impl", "local"]), ("te", [])):
+        path = tmp_path / f"{name}.sh"
+        path.write_text(" ".join(["pretrain_gpt.py", *row["megatron_args"], "--tokenizer-type", "NullTokenizer",
+                                  "--vocab-size", "151936", *extra]) + "\n")
+        priced[name] = advisor.json("estimate", "--from-command", path, "--gpus", "8", "--gpu", "h100-80gb")
+    assert priced["te"]["activations_gib"] == row["activations_gib"]
+    assert any(entry.startswith("--transformer-impl local") for entry in priced["local"]["unpriced"])
+    gap = (priced["local"]["activations_gib"] - priced["te"]["activations_gib"]) * 2**30
+    assert gap == 48 * 2 * 4096 * 40 * 128 == 2_013_265_920
 
 
 def test_the_qwen3_8b_preset_is_its_config_json():

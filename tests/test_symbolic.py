@@ -4,6 +4,7 @@ symmetric ranks it copies; megatron-core's optimizer against Eq. 4/10; bad confi
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -267,6 +268,56 @@ def test_te_qwen3_layers_keep_the_hand_count(tmp_path, s, h, a, k, f, tp):
                           num_attention_heads=a, num_query_groups=k)
     priced = eq.qk_norm_activation_bytes(spec, s, b) / tp
     assert priced == qk_norm_kept_bytes(s, b, a, k, d, tp)
+
+
+def _local_layer(out, model, tp, extra_pythonpath=None):
+    """Stage 1's one layer of a real-size Qwen3-8B-shaped model (h 4096, a 32, k 8, d 128, f 12288,
+    s 4096, b 1) with megatron-core's local spec (--transformer-impl local: torch's RMSNorm, the
+    CUDA kernel's stand-in, and megatron-core's own attention); in a fresh interpreter with
+    ``extra_pythonpath`` first (a Megatron-LM checkout's megatron-core) where given."""
+    flags = ["--model", model, "--num-layers", 3, "--hidden-size", 4096, "--ffn-hidden-size", 12288,
+             "--num-attention-heads", 32, "--num-query-groups", 8, "--vocab-size", 256, "--layers-per-stage", "1,1,1",
+             "--seq-len", 4096, "--num-microbatches", 2, "--tp", tp, "--dtype", "bfloat16", "--backend", "symbolic",
+             "--layer-spec", "local", "--stage", 1]
+    if extra_pythonpath is None:
+        run = emulate(out, *flags)
+    else:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(extra_pythonpath), str(ROOT)])}
+        done = subprocess.run([sys.executable, "-m", "megatron_hooks.emulate", "--threads", "1", *map(str, flags),
+                               "--out", str(out)], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        run = load_run(out)
+    (layer,) = [r for r in run.ranks[0].layers_of(2) if r.kind == "decoder"]
+    return run.ranks[0].header.megatron_core_version, layer
+
+
+@pytest.mark.parametrize("tp,release", [(1, None), (2, None), (1, "core_v0.15.2")],
+                         ids=["wheel-tp1", "wheel-tp2", "core_v0.15.2-tp1"])
+def test_local_qwen3_layers_keep_the_qkv_output_through_the_k_norm(tmp_path, tp, release):
+    """A real-size Qwen3-8B layer of the local spec keeps, beside the same layer without
+    --qk-layernorm (llama3.1-8b at Qwen3-8B's sizes), 4 s b (a + k) d / t + 4 s b (a + k) / t bytes
+    (84,541,440 at TP 1, 42,270,720 at TP 2): the Q copy, the whole QKV output that K's norm keeps
+    alive through its saved view (megatron-core's own attention saves expanded K and V, never V's
+    view) and the FP32 rstds; advisor.equations.qk_norm_activation_bytes(fused_norms=False) prices
+    exactly that; the norms' weights add 2 x 2d = 512 bytes. megatron-core 0.16.1 (the wheel) and
+    Megatron-LM core_v0.15.2 alike (core_v0.19.0 does not run on this backend)."""
+    from advisor import equations as eq
+    from advisor.models import load_hf_config, with_overrides
+
+    path = None
+    if release is not None:
+        from megatron_real import checkout
+
+        path = checkout(release).path
+    version, qwen3 = _local_layer(tmp_path / "qwen3", QWEN3_8B, tp, path)
+    _, llama = _local_layer(tmp_path / "llama", "llama3.1-8b", tp, path)
+    assert version == ("0.15.2" if release else "0.16.1")
+    s, b, a, k, d = 4096, 1, 32, 8, 128
+    hand = 4 * s * b * (a + k) * d // tp + 4 * s * b * (a + k) // tp
+    assert qwen3.activation_bytes - llama.activation_bytes == hand == 84_541_440 // tp
+    assert qwen3.parameter_bytes - llama.parameter_bytes == 2 * 2 * d
+    spec = with_overrides(load_hf_config(QWEN3_8B), num_layers=3)
+    assert eq.qk_norm_activation_bytes(spec, s, b, fused_norms=False) / tp == hand
 
 
 def test_megatron_optimizer_bytes_per_parameter(tmp_path):

@@ -130,9 +130,11 @@ def flex_received_tokens(spec: MoESpec, tokens: float, copies: float, ep, etp,
 
 
 def attention_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int,
-                               recompute_up_proj: bool = False) -> float:
+                               recompute_up_proj: bool = False, fused_norms: bool = True) -> float:
     """The attention block's kept activations, input norm included. GQA: Eq. 11 and the norm
-    input (seed 004) over t c, plus Qwen3's Q/K norm inputs (2 s b (a + k) d). MLA
+    input (seed 004) over t c, plus what Qwen3's Q/K norms keep (``eq.qk_norm_activation_bytes``;
+    ``fused_norms`` False: --transformer-impl local, whose attention keeps the QKV output through
+    K's norm). MLA
     (``multi_latent_attention.py``, ``MLASelfAttention.get_query_key_value_tensors``): per
     token, sequence-parallel over t: the norm input and the down projections' input (4h), the
     compressed q and kv with their rope part before their norms (2(q_lora + kv_lora + d_rope)), and
@@ -148,7 +150,7 @@ def attention_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
     mla = spec.mla
     if mla is None:
         # Eq. 11 holds Qwen3's Q/K norm inputs (eq.qk_norm_activation_bytes, shared with dense Qwen3)
-        attention = eq.attention_activation_bytes(spec, seq_len, mbs) + 2 * seq_len * mbs * spec.hidden_size
+        attention = eq.attention_activation_bytes(spec, seq_len, mbs, fused_norms) + 2 * seq_len * mbs * spec.hidden_size
         return attention / (tp * cp)
     a, h = spec.num_attention_heads, spec.hidden_size
     q_lora = mla.q_lora_rank or 0
@@ -330,8 +332,10 @@ def shared_expert_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: in
 def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int, ep: int, etp: int,
                                assumption: RoutedTokens = RoutedTokens(),
                                recompute_modules: frozenset[str] = frozenset(), dispatcher: Dispatcher = "alltoall",
-                               router_fusion: bool = False, aux_loss: bool | None = None) -> float:
-    """Everything one MoE layer keeps for one microbatch on the busiest rank: attention, router
+                               router_fusion: bool = False, aux_loss: bool | None = None,
+                               fused_norms: bool = True) -> float:
+    """Everything one MoE layer keeps for one microbatch on the busiest rank: attention
+    (``fused_norms`` False: --transformer-impl local, ``attention_activation_bytes``), router
     (``router_activation_bytes``: ``router_fusion`` is --moe-router-fusion, ``aux_loss`` its
     balancing loss, None: the spec's), dispatcher (``dispatch_activation_bytes``), shared and
     routed experts. --recompute-modules
@@ -345,8 +349,8 @@ def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
     (``router_norm_bytes``), and with MLA input_layernorm's (``input_norm_recomputed_bytes``)."""
     tokens = tokens_per_rank(seq_len, mbs, tp, cp)
     norms = "layernorm" in recompute_modules
-    attention = attention_activation_bytes(spec, seq_len, mbs, tp, cp, "mla_up_proj" in recompute_modules) \
-        - input_norm_recomputed_bytes(spec, tokens, recompute_modules)
+    attention = attention_activation_bytes(spec, seq_len, mbs, tp, cp, "mla_up_proj" in recompute_modules,
+                                           fused_norms) - input_norm_recomputed_bytes(spec, tokens, recompute_modules)
     if "moe" in recompute_modules:  # the norm's output is freed with the MoE input where it is recomputed
         return attention + tokens * BF16 * spec.hidden_size * (1 if norms else 2)
     copies = expert_token_copies(spec, tokens, ep, etp, assumption)
