@@ -24,7 +24,7 @@ from typing import Sequence
 import click
 
 from advisor.capture.campaign import PROFILING_ITERATIONS
-from advisor.capture.campaign_run import prepare, scan
+from advisor.capture.campaign_run import backend_fields, prepare, scan
 from advisor.cli.options import (MEGATRON_CHECKOUT, TCP_PORT, TRAIN_ITERS, OneLineCommand, UserPath,
                                  output_option)
 from advisor.errors import AdvisorError
@@ -95,7 +95,7 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
                                 slurm=allocation)
     for run in document["runs"]:  # a conflict with the user's arguments, before anything is submitted
         executor.argv(document, run, out / run["id"])
-    states = scan(document, out)
+    states = scan(document, out, backend_fields("megatron"))  # the emulator's runs under --out are not these
     pending = [run["id"] for run in document["runs"] if states[run["id"]].state != "complete"]
     if not pending:
         click.echo(f"every run of {campaign} is complete under {out}: nothing to submit", err=True)

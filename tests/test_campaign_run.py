@@ -27,7 +27,8 @@ def campaign(layouts=((2, 2), (1, 3), (3, 1)), **changes) -> dict:
 
 
 def write_rank(directory: Path, run: dict, stage: int, status: str = "ok", **changes) -> None:
-    """Rank ``stage`` of a PP-only campaign run, as the hooks write it."""
+    """Rank ``stage`` of a PP-only campaign run, as the CPU emulator's hooks write it (emulated
+    stages; ``emulated=False`` for a Megatron-LM run's)."""
     counts = tuple(run["layers_per_stage"])
     first = sum(counts[:stage]) + 1
     layers = tuple(range(first, first + counts[stage]))
@@ -36,7 +37,7 @@ def write_rank(directory: Path, run: dict, stage: int, status: str = "ok", **cha
         parallel=ParallelConfig(pp=len(counts), mbs=run["micro_batch_size"]),
         global_batch_size=run["global_batch_size"], num_microbatches=run["num_microbatches"],
         coords={"tp": 0, "cp": 0, "pp": stage, "dp": 0}, stage_layers=layers, first_stage=stage == 0,
-        last_stage=stage == len(counts) - 1, in_flight_microbatches=min(len(counts) - stage, 4),
+        last_stage=stage == len(counts) - 1, in_flight_microbatches=min(len(counts) - stage, 4), emulated=True,
     )
     values.update(changes)
     modules = ([layer("embedding", "embedding", None)] if stage == 0 else []) + \
@@ -307,6 +308,37 @@ def test_runs_of_another_setup_or_backend_are_not_taken_as_complete(advisor, tmp
     # the same campaign and backend: complete, nothing run again
     result = advisor("profile", "run", cpu_file, "--out", tmp_path / "runs")
     assert "1 runs in" in result.stdout and "1 already complete" in result.stdout
+
+
+def test_emulated_runs_and_megatron_lm_runs_do_not_complete_each_other(advisor, tmp_path):
+    """The same campaign emulated first, then run on Megatron-LM into the same --out: the
+    emulator's runs read as complete, so nothing ran and the exit status was 0 (a user trying
+    the CPU first, then the GPUs); and the emulator took Megatron-LM's CPU runs (backend 'cpu',
+    local spec, as the GPU double tests/fixtures/cuda_on_cpu writes them) as its own. The header's
+    'emulated' tells them apart; refused before anything starts, nothing deleted."""
+    from launch_support import make_checkout
+
+    document = {**campaign(layouts=[(2, 2)]), "gpus_per_node": 2}  # a run fits on a node: launchable
+    campaign_file = _write(tmp_path / "campaign.json", document)
+    checkout = make_checkout(tmp_path / "Megatron-LM")  # never started: the refusal comes first
+    emulated = tmp_path / "emulated" / document["runs"][0]["id"]
+    emulated.mkdir(parents=True)
+    for stage in (0, 1):
+        write_rank(emulated, document["runs"][0], stage)
+    for gpus in ([], ["--slurm-array", "--dry-run"]):
+        line = advisor.error("profile", "run", campaign_file, "--out", tmp_path / "emulated", "--megatron-lm",
+                             checkout, *gpus)
+        assert line == (f"Error: {emulated} holds another run than campaign run pp-b1-2x2: rank 0 was emulated "
+                        "(advisor profile run without --megatron-lm), this command runs Megatron-LM; choose another "
+                        "--out")
+    launched = tmp_path / "launched" / document["runs"][0]["id"]
+    launched.mkdir(parents=True)
+    for stage in (0, 1):
+        write_rank(launched, document["runs"][0], stage, emulated=False)
+    line = advisor.error("profile", "run", campaign_file, "--out", tmp_path / "launched")
+    assert line == (f"Error: {launched} holds another run than campaign run pp-b1-2x2: rank 0 was run by "
+                    "Megatron-LM (--megatron-lm), this command emulates it; choose another --out")
+    assert sorted(path.name for path in emulated.iterdir()) == ["rank00000.jsonl", "rank00001.jsonl"]
 
 
 def test_missing_or_unreadable_campaign_file(advisor, tmp_path):

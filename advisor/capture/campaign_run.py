@@ -176,20 +176,28 @@ def _mismatch(profile: ProfileRun, campaign: dict, run: dict, model: LlamaSpec,
             if value != wanted[key]:
                 return f"rank {h.rank} has {key} {value!r}, the campaign's run {wanted[key]!r}"
         for key, value in (made_by or {}).items():
+            if key == "emulated" and h.emulated != value:
+                if h.emulated:
+                    return (f"rank {h.rank} was emulated (advisor profile run without --megatron-lm), this command "
+                            f"runs Megatron-LM")
+                return f"rank {h.rank} was run by Megatron-LM (--megatron-lm), this command emulates it"
             if getattr(h, key) != value:
                 return f"rank {h.rank} was profiled with {key} {getattr(h, key)!r}, this command's is {value!r}"
     return None
 
 
-def backend_fields(backend: str, layer_spec: str | None = None) -> dict[str, str]:
-    """The header fields a backend's rank files carry (``advisor/profiles.py``): the CPU emulator's
-    and the symbolic backend's ``backend`` and ``layer_spec`` (the CPU emulator builds the local
-    spec); none for Megatron-LM runs, whose device and spec the user's arguments decide."""
+def backend_fields(backend: str, layer_spec: str | None = None) -> dict[str, str | bool]:
+    """The header fields a backend's rank files carry (``advisor/profiles.py``): ``emulated`` (the
+    CPU and symbolic backends emulate the stages, Megatron-LM runs its own schedule), and the CPU
+    emulator's and the symbolic backend's ``backend`` and ``layer_spec`` (the CPU emulator builds
+    the local spec); a Megatron-LM run's device and spec the user's arguments decide. Without
+    ``emulated``, a Megatron-LM campaign resumed into the emulator's --out read its runs as
+    complete and ran nothing (and the emulator took Megatron-LM's CPU runs as its own)."""
     if backend == "cpu":
-        return {"backend": "cpu", "layer_spec": "local"}
+        return {"emulated": True, "backend": "cpu", "layer_spec": "local"}
     if backend == "symbolic":
-        return {"backend": "symbolic", "layer_spec": layer_spec or LAYER_SPECS[0]}
-    return {}
+        return {"emulated": True, "backend": "symbolic", "layer_spec": layer_spec or LAYER_SPECS[0]}
+    return {"emulated": False}
 
 
 def check_run(directory: Path, campaign: dict, run: dict, made_by: dict[str, str] | None = None) -> RunCheck:
