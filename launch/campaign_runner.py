@@ -114,13 +114,41 @@ class SlurmAllocation:
                 *torchrun_argv(nodes, entry, megatron, rendezvous)]
 
 
+def early_exit_problem(extras: Sequence[str], train_iters: int) -> str | None:
+    """Why the user's arguments would end a campaign run before its ``train_iters`` iterations, or
+    None. Megatron-LM's train loop returns after an iteration that --exit-interval divides, or once
+    --exit-duration-in-mins minutes have passed (megatron/training/training.py, core_v0.15.2 and
+    core_v0.19.0: ``if args.exit_interval and iteration % args.exit_interval == 0``), and the
+    script exits with status 0: every rank file then ends "ok" after fewer iterations, which the
+    campaign counts as complete and the recommender reads (core_v0.15.2 on the CPU, --exit-interval
+    1 with --train-iters 2: one iteration recorded, the last stage's peak 7.30 MiB against 9.46 with
+    both). A value argparse refuses is left to ``compose``, which says so."""
+    values = flag_values(extras)
+    for flag in ("--exit-interval", "--exit-duration-in-mins"):
+        given = values.get(flag, ())
+        if not given or not given[0].isdigit() or int(given[0]) == 0:  # 0 or none: Megatron never exits early
+            continue
+        if flag == "--exit-interval" and int(given[0]) >= train_iters:
+            continue
+        ends = (f"ends each run after iteration {given[0]} of its {train_iters}" if flag == "--exit-interval"
+                else f"can end a run after {given[0]} minutes, before its {train_iters} iterations")
+        return (f"{flag} {given[0]} (after --) {ends} (--train-iters), with exit status 0, so its profile would "
+                f"read as complete: leave it out of a profiling campaign")
+    return None
+
+
 class TorchrunExecutor:
     """Campaign runs on this node's GPUs through ``launch.entry``; see the module docstring."""
 
     def __init__(self, release: Release, *, mock_data: bool, train_iters: int, extras: Sequence[str],
                  slurm: SlurmAllocation | None = None) -> None:
         self.release, self.mock_data, self.extras, self.slurm = release, mock_data, tuple(extras), slurm
-        self.iterations = () if "--train-iters" in flag_values(extras) else ("--train-iters", str(train_iters))
+        values = flag_values(extras)
+        self.iterations = () if "--train-iters" in values else ("--train-iters", str(train_iters))
+        if values.get("--train-iters", ("",))[0].isdigit():  # the user's own, which Megatron-LM then runs
+            train_iters = int(values["--train-iters"][0])
+        if problem := early_exit_problem(extras, train_iters):
+            raise AdvisorError(problem)
 
     def argv(self, campaign: dict, run: dict, directory: Path) -> tuple[list[str], dict[str, str]]:
         """The command of one campaign run (torchrun on this node, or srun of torchrun per node)

@@ -226,6 +226,35 @@ def test_the_runner_refuses_what_it_cannot_launch(advisor, small_campaign, tmp_p
     assert not out.exists()
 
 
+def test_an_early_exit_after_dash_dash_is_refused(advisor, small_campaign, tmp_path, monkeypatch, checkout_dir):
+    """Megatron-LM ends training early, with exit status 0, after an iteration --exit-interval
+    divides or after --exit-duration-in-mins (megatron/training/training.py): every rank file
+    then ended 'ok' after fewer iterations than --train-iters, and the campaign counted the run
+    complete (reproduced with core_v0.15.2 on the CPU: --exit-interval 1 recorded one iteration
+    of 2, and recommend priced the last stage at 7.30 MiB where both iterations give 9.46)."""
+    from launch.campaign_runner import early_exit_problem
+
+    for key, value in subprocess_env().items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "runs"
+    run = ["profile", "run", small_campaign, "--out", out, "--megatron-lm", checkout_dir]
+    tail = "(--train-iters), with exit status 0, so its profile would read as complete: leave it out of a profiling campaign"
+    assert advisor.error(*run, "--train-iters", 4, "--", "--exit-interval", "2") == (
+        f"Error: --exit-interval 2 (after --) ends each run after iteration 2 of its 4 {tail}")
+    # the user's own --train-iters after '--' is what Megatron-LM runs
+    assert advisor.error(*run, "--", "--train-iters", "3", "--exit-interval", "1") == (
+        f"Error: --exit-interval 1 (after --) ends each run after iteration 1 of its 3 {tail}")
+    assert advisor.error(*run, "--", "--exit-duration-in-mins", "30") == (
+        f"Error: --exit-duration-in-mins 30 (after --) can end a run after 30 minutes, before its 2 iterations {tail}")
+    assert advisor.error(*run, "--slurm-array", "--dry-run", "--", "--exit-interval", "1").startswith(
+        "Error: --exit-interval 1 (after --) ends each run after iteration 1 of its 2")
+    assert not out.exists()
+    # what cannot end a run early: an interval the last iteration reaches first or at once, and 0 (unset)
+    for args in (["--exit-interval", "2"], ["--exit-interval", "5"], ["--exit-interval", "0"],
+                 ["--exit-duration-in-mins", "0"]):
+        assert early_exit_problem(args, 2) is None
+
+
 def test_slurm_runs_span_nodes(advisor, tmp_path, monkeypatch, real_checkout):
     """Inside an allocation (Slurm's commands stood in: tests/fixtures/slurm_standin), a run on 2
     nodes of 1 GPU is srun of one real torchrun per node, meeting at a c10d rendezvous."""
