@@ -172,6 +172,22 @@ def test_recommend_says_which_runs_it_set_aside(advisor, tmp_path):
     assert "set aside" not in advisor(*args).stdout
 
 
+def test_recommend_from_no_finished_run_names_them_and_what_to_do(advisor, tmp_path):
+    """A campaign interrupted in its first run (Ctrl-C on 'advisor profile run'), then recommend:
+    the line was "none of the 1 profile runs finished ('ok')", naming no run and saying nothing of
+    the resume that the caption of a plan says when some runs finished."""
+    killed = tmp_path / "killed"
+    write_run(killed, Truth(spec=TINY), (2, 2, 2, 2), mbs=2, name="pp-b1-2x4", status="running")
+    args = ("--gpus", 4, "--pp", 4, "--mbs", 2, "--gbs", 8)
+    assert advisor.error("recommend", "--profile", killed, *args) == (
+        "Error: the one profile run did not finish ('ok'): pp-b1-2x4 still 'running': killed midway; run the same "
+        "'advisor profile run' to resume")
+    write_run(killed, Truth(spec=TINY), (2, 2, 2, 2), mbs=4, name="pp-b2-2x4", status="oom")
+    assert advisor.error("recommend", "--profile", killed, *args) == (
+        "Error: none of the 2 profile runs finished ('ok'): pp-b1-2x4 still 'running': killed midway; run the same "
+        "'advisor profile run' to resume; pp-b2-2x4 out of memory: an outcome, not a measurement")
+
+
 @pytest.mark.parametrize("columns,left_out", [(80, "GPU ids"), (60, "GPU ids, even split")])
 def test_a_narrow_plan_table_keeps_the_memory_per_gpu(advisor, campaign_dir, monkeypatch, columns, left_out):
     """At 60 columns the plan's memory per GPU was the column left out (equal rank, rightmost but

@@ -107,7 +107,7 @@ def test_unfinished_runs_are_set_aside(tmp_path):
     assert profiles.skipped == (("oom", "oom"),)
     only_oom = tmp_path / "only"
     _run(only_oom, name="oom", status="oom")
-    with pytest.raises(ProfileError, match="none of the 1 profile runs finished"):
+    with pytest.raises(ProfileError, match=r"the one profile run did not finish \('ok'\): oom out of memory"):
         load_profile_set([only_oom])
 
 

@@ -252,6 +252,28 @@ def _setup(run: ProfileRun) -> dict:
     }
 
 
+SET_ASIDE_WHY = {
+    "running": "still 'running': killed midway; run the same 'advisor profile run' to resume",
+    "oom": "out of memory: an outcome, not a measurement",
+    "error": "failed: 'advisor profile show DIR' says where; run the same 'advisor profile run' to retry",
+}
+"""Why a profile run that did not end ok is set aside (``profile_set``), by its status, in the
+words that say what to do next (the recommender's caption, and the error when none is left)."""
+
+
+def none_finished(skipped: list[tuple[str, str]], shown: int = 3) -> str:
+    """The error when no run ended ok: which runs, and per status what to do (a campaign killed
+    in its first run said only "none of the 1 profile runs finished ('ok')")."""
+    parts = []
+    for status, why in SET_ASIDE_WHY.items():
+        names = [name for name, run_status in skipped if run_status == status]
+        if names:
+            more = f" and {len(names) - shown} more" if len(names) > shown else ""
+            parts.append(f"{', '.join(names[:shown])}{more} {why}")
+    runs = "the one profile run" if len(skipped) == 1 else f"none of the {len(skipped)} profile runs"
+    return f"{runs} {'did not finish' if len(skipped) == 1 else 'finished'} ('ok'): " + "; ".join(parts)
+
+
 def check_one_setup(runs: Iterable[ProfileRun]) -> None:
     """The runs are of one model and setup (``_setup``: model shape, sequence, CP, dtype,
     distributed optimizer, recompute, layer spec, backend), each given once: otherwise a
@@ -299,7 +321,7 @@ def profile_set(runs: Iterable[ProfileRun]) -> ProfileSet:
         if run.header.parallel.tp > 1 and sequence_parallel is None:
             sequence_parallel = run.header.sequence_parallel
     if not observed:
-        raise ProfileError(f"none of the {len(skipped)} profile runs finished ('ok')")
+        raise ProfileError(none_finished(skipped))
     setup = _setup(runs[0])
     return ProfileSet(
         model=runs[0].header.model, seq_len=setup["seq_len"], cp=setup["cp"],

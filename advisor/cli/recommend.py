@@ -256,18 +256,11 @@ def _timing(spec, gpu, seq_len: int, global_batch_size: int, time_options=None):
                   gpu.gpus_per_node)
 
 
-SET_ASIDE_WHY = {
-    "running": "still 'running': killed midway; run the same 'advisor profile run' to resume",
-    "oom": "out of memory: an outcome, not a measurement",
-    "error": "failed: 'advisor profile show DIR' says where; run the same 'advisor profile run' to retry",
-}
-"""Why a profile run that did not end ok is set aside (advisor.capture.observations.profile_set),
-by its status, in the words that say what to do next."""
-
-
 def set_aside_text(skipped: tuple[tuple[str, str], ...], total: int, shown: int = 3) -> str:
     """The plan table's line for the profile runs set aside: a campaign killed midway gave a plan
     from the runs that had finished without a word but in the JSON (audit)."""
+    from advisor.capture.observations import SET_ASIDE_WHY
+
     parts = []
     for status, why in SET_ASIDE_WHY.items():
         names = [name for name, run_status in skipped if run_status == status]
