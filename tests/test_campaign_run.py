@@ -283,6 +283,33 @@ def test_out_must_be_a_directory_without_other_runs(advisor, campaign_file, tmp_
     assert "holds another run than campaign run pp-b1-2x2: rank 0 has seq_len 64, the campaign's run 32" in line
 
 
+def test_out_holding_runs_of_another_setup_is_refused(advisor, campaign_file, tmp_path):
+    """A campaign run into the --out of another model's campaign (other run ids, so no run
+    directory clashed) ran to the end, and 'advisor recommend --profile OUT' then refused the mix
+    ("run pp-b1-1.3x2.1 differs from run dp2-b2-1.15x2.1 in model (...)"): refused before any
+    work now, nothing deleted. Runs of the same setup under it (another campaign's) are fine."""
+    document = json.loads(campaign_file.read_text())
+    other = {**document["runs"][0], "id": "pp-b1-other"}
+    directory = tmp_path / "runs" / other["id"]
+    directory.mkdir(parents=True)
+    for stage in (0, 1):
+        write_rank(directory, other, stage, seq_len=64)
+    line = advisor.error("profile", "run", campaign_file, "--out", tmp_path / "runs")
+    assert line == (f"Error: {tmp_path / 'runs'} holds run pp-b1-other of another setup, seq_len (64 vs 32) (its vs "
+                    "this campaign's): 'advisor recommend --profile' reads every run under it as one setup; choose "
+                    "another --out")
+    for stage in (0, 1):
+        write_rank(directory, other, stage, model=with_overrides(TINY, hidden_size=128))
+    assert "holds run pp-b1-other of another setup, model (hidden_size 128 vs 64) (its vs this campaign's)" in \
+        advisor.error("profile", "run", campaign_file, "--out", tmp_path / "runs", "--backend", "symbolic")
+    assert sorted(path.name for path in directory.iterdir()) == ["rank00000.jsonl", "rank00001.jsonl"]
+    for stage in (0, 1):  # the campaign's own setup: another campaign's run, which recommend reads with these
+        write_rank(directory, other, stage)
+    assert scan(document, tmp_path / "runs", {"emulated": True, "backend": "cpu", "layer_spec": "local"})
+    assert "holds run pp-b1-other of another setup, backend ('cpu' vs 'symbolic') (its vs this campaign's)" in \
+        advisor.error("profile", "run", campaign_file, "--out", tmp_path / "runs", "--backend", "symbolic")
+
+
 def test_runs_of_another_setup_or_backend_are_not_taken_as_complete(advisor, tmp_path):
     """A run id names the layout and batch only (pp-b1-2x2 in an FP32 and a BF16 campaign alike):
     a BF16 campaign (or --backend symbolic) resumed into the FP32 CPU campaign's --out read its runs

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Callable, Literal, Protocol
 
 from advisor.capture.campaign_cost import available_memory, emulation_cost
+from advisor.capture.observations import setup_difference
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.profiles import ProfileError, ProfileRun, load_run
@@ -250,8 +251,41 @@ def outcome(directory: Path, campaign: dict, run: dict) -> dict:
 
 def scan(campaign: dict, out: Path, made_by: dict[str, str] | None = None) -> dict[str, RunCheck]:
     """Every run's state under ``out``, in campaign order (AdvisorError for foreign runs, and with
-    ``made_by`` for runs another backend made: ``backend_fields``)."""
-    return {run["id"]: check_run(out / run["id"], campaign, run, made_by) for run in campaign["runs"]}
+    ``made_by`` for runs another backend made: ``backend_fields``, and for the other runs under
+    ``out`` that profile another setup: ``other_setup``)."""
+    states = {run["id"]: check_run(out / run["id"], campaign, run, made_by) for run in campaign["runs"]}
+    if made_by is not None and (problem := other_setup(campaign, out, made_by)):
+        raise AdvisorError(problem)
+    return states
+
+
+def other_setup(campaign: dict, out: Path, made_by: dict[str, str]) -> str | None:
+    """Why a run directory under ``out`` that is none of the campaign's runs makes ``out`` unfit
+    for it, or None: it profiles another model, sequence, CP, dtype or optimizer, or was made by
+    another backend. 'advisor recommend --profile OUT' reads every run under OUT as one setup
+    (``observations.check_one_setup``), so a campaign run into another campaign's --out (another
+    model: other run ids) ran to the end and recommend then refused the mix. A run that does not
+    read is left alone (it is not this campaign's; recommend says what is wrong with it)."""
+    ids = {run["id"] for run in campaign["runs"]}
+    model, setup = LlamaSpec(**campaign["model"]), campaign.get("setup", {})
+    for child in sorted(out.iterdir()) if out.is_dir() else ():
+        if child.name in ids or child.is_symlink() or not child.is_dir() or not any(child.glob("rank*.jsonl")):
+            continue
+        try:
+            h = load_run(child).ranks[0].header
+        except ProfileError:
+            continue
+        found = {"model": replace(h.model, name=""), "seq_len": h.seq_len, "cp": h.parallel.cp,
+                 "params_dtype": h.params_dtype, "distributed_optimizer": h.distributed_optimizer,
+                 **{key: getattr(h, key) for key in made_by}}
+        wanted = {"model": replace(model, name=""), "seq_len": campaign["seq_len"], "cp": campaign.get("cp", 1),
+                  "params_dtype": setup.get("params_dtype", h.params_dtype),
+                  "distributed_optimizer": setup.get("distributed_optimizer", h.distributed_optimizer), **made_by}
+        if key := next((key for key in found if found[key] != wanted[key]), None):
+            return (f"{out} holds run {child.name} of another setup, {setup_difference(key, found[key], wanted[key])} "
+                    f"(its vs this campaign's): 'advisor recommend --profile' reads every run under it as one "
+                    f"setup; choose another --out")
+    return None
 
 
 def execute(campaign: dict, out: Path, executor: Executor, emit: Callable[[dict], None],

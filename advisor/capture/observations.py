@@ -291,12 +291,12 @@ def check_one_setup(runs: Iterable[ProfileRun]) -> None:
             reference = (name, setup)
         for key, value in setup.items():
             if value != reference[1][key]:
-                difference = _difference(key, value, reference[1][key])
+                difference = setup_difference(key, value, reference[1][key])
                 raise ProfileError(f"run {name} differs from run {reference[0]} in {difference}; profile one setup "
                                    f"at a time")
 
 
-def _difference(key: str, value: object, other: object) -> str:
+def setup_difference(key: str, value: object, other: object) -> str:
     """``key (value vs other)``; for a model, each field that differs (``_setup`` blanks its name)."""
     if isinstance(value, LlamaSpec) and isinstance(other, LlamaSpec):
         fields = [name for name in value.__dataclass_fields__ if getattr(value, name) != getattr(other, name)]
