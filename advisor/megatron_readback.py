@@ -409,6 +409,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     fusion_off = _SOFTMAX_FUSION_OFF in rest
     rest = [word for word in rest if word != _SOFTMAX_FUSION_OFF]
     options, unpriced = training_options(rest, layout.tp, release)
+    unpriced += _local_norms(options, layout.tp, parsed.model, bool(moe_values))
     left_out = _unknown_as_written(rest)
     if layout.rank_order != RANK_ORDER:
         unpriced.append(f"--use-tp-pp-dp-mapping (ranks ordered {layout.rank_order}: the time model places the "
@@ -574,6 +575,27 @@ def _softmax_fusion_note(options) -> list[str]:
     if options.attention.flash_attention and options.attention.transformer_impl != "local":
         return []
     return [f"{_SOFTMAX_FUSION_OFF} (megatron-core's own attention's softmax unfused, not priced)"]
+
+
+def _local_norms(options, tp: int, model: dict, moe: bool) -> list[str]:
+    """AdvisorError (one line) where Megatron-LM cannot build the command's model: --transformer-impl
+    local with sequence parallelism and RMSNorm at TP > 1 (``advisor.options.local_spec``, the rule
+    advisor-launch's preflight applies too), so there is nothing to price. A LayerNorm model
+    (Megatron's default) then runs only where Apex is installed on the ranks' nodes: named."""
+    from advisor.options.local_spec import local_sequence_parallel_problem
+
+    impl, sequence_parallel = options.attention.transformer_impl, options.tensor_parallel.sequence_parallel
+    normalization = str(model.get("normalization", "LayerNorm"))
+    if problem := local_sequence_parallel_problem(transformer_impl=impl, sequence_parallel=sequence_parallel, tp=tp,
+                                                  normalization=normalization, moe=moe):
+        raise AdvisorError(problem)
+    if impl != "local" or not sequence_parallel or tp == 1 or normalization != "LayerNorm":
+        return []
+    # models/backends.py: LNImpl is Apex's FusedLayerNorm where 'import apex' succeeds, else torch's
+    # norm, which asserts 'sequence parallel not supported by torch LayerNorm' (transformer/torch_norm.py)
+    return ["--transformer-impl local with --sequence-parallel and LayerNorm (megatron-core builds Apex's "
+            "FusedLayerNorm where Apex is installed on the ranks' nodes; without Apex, torch's norm refuses sequence "
+            "parallelism when the model is built)"]
 
 
 UNFUSED_LOCAL_MEASURED = "3.7-4.2x"

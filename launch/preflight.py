@@ -15,7 +15,9 @@ line each, so that every problem of a setup is named at once:
   ``--transformer-impl local``: ``--tp-comm-overlap`` (userbuffers, ``initialize_ub``), FP8
   (``--fp8-format``: TE's autocast), CP > 1 (megatron-core's ``DotProductAttention`` asserts
   ``context_parallel_size == 1``, "Context parallelism is only supported by
-  TEDotProductAttention!", when the model is built, 40-50 s into the run, on every rank). Its
+  TEDotProductAttention!", when the model is built, 40-50 s into the run, on every rank), and
+  sequence parallelism with RMSNorm at TP > 1 (torch's norm asserts it, the same way:
+  ``advisor.options.local_spec``, which advisor estimate --from-command applies too). Its
   import is checked only where the ranks run here: a Slurm login node often lacks TE (no GPU, an
   environment of its own), so for ``sbatch`` the job's ranks check it on their nodes instead
   (``launch.entry --check-imports``: at most one line per node and exit status 2
@@ -44,6 +46,7 @@ from typing import Callable, Mapping, Sequence
 from launch.arguments import flag_values
 from launch.megatron_versions import MegatronVersion, check_python
 from advisor.errors import AdvisorError
+from advisor.options.local_spec import local_sequence_parallel_clause, local_sequence_parallel_problem
 
 TE_ONLY_FLAGS = {"--tp-comm-overlap": "--tp-comm-overlap (TE's userbuffers)",
                  "--fp8-format": "FP8 (--fp8-format: TE's autocast)"}
@@ -216,7 +219,18 @@ def transformer_engine_import_problem(args, where: str = "") -> str:
         "Megatron-LM's default --transformer-impl transformer_engine"
     return (f"cannot import transformer_engine{where}, which {given} needs: install Transformer Engine "
             "(--transformer-impl local after -- runs megatron-core's own modules instead: unfused attention, not "
-            "the fused attention a plan is priced with, and no CP > 1, FP8, TP overlap or fused MoE kernels)")
+            "the fused attention a plan is priced with, and no CP > 1, FP8, TP overlap or fused MoE kernels"
+            f"{local_sequence_parallel_clause(**_norm_setting(values))})")
+
+
+def _norm_setting(values: dict) -> dict:
+    """What decides whether megatron-core's local spec can build ``values``' norms with sequence
+    parallelism (``advisor.options.local_spec``): --sequence-parallel, TP, --normalization
+    (Megatron's default LayerNorm), and whether the model has experts; the last value given wins."""
+    tp = (values.get("--tensor-model-parallel-size") or ("1",))[-1]
+    return {"sequence_parallel": "--sequence-parallel" in values, "tp": int(tp) if tp.isdigit() else 1,
+            "normalization": (values.get("--normalization") or ("LayerNorm",))[-1],
+            "moe": "--num-experts" in values}
 
 
 def local_attention_note(plan_args, args) -> str | None:
@@ -236,17 +250,21 @@ def local_attention_note(plan_args, args) -> str | None:
 
 def local_implementation_problems(args: Sequence[str], cp: int) -> list[str]:
     """What ``args`` ask of Transformer Engine that their --transformer-impl local cannot give
-    (FP8, TP-communication overlap, CP > 1): Megatron-LM refuses each on every rank after
-    start-up. Empty without --transformer-impl local."""
+    (FP8, TP-communication overlap, CP > 1, and sequence parallelism with RMSNorm at TP > 1:
+    ``advisor.options.local_spec``, the rule advisor estimate --from-command applies too):
+    Megatron-LM refuses each on every rank after start-up. Empty without --transformer-impl local."""
     values = flag_values(args)
     if implementation(values) != "local":
         return []
     uses = [text for flag, text in TE_ONLY_FLAGS.items() if flag in values]
     if cp > 1:
         uses.append(f"CP {cp} (megatron-core's DotProductAttention asserts CP 1 when the model is built)")
-    return [f"{use} needs Transformer Engine, and the launch has --transformer-impl local: Megatron-LM refuses it "
-            f"on every rank after start-up; drop --transformer-impl local and install Transformer Engine"
-            for use in uses]
+    problems = [f"{use} needs Transformer Engine, and the launch has --transformer-impl local: Megatron-LM refuses "
+                f"it on every rank after start-up; drop --transformer-impl local and install Transformer Engine"
+                for use in uses]
+    if problem := local_sequence_parallel_problem(transformer_impl="local", **_norm_setting(values)):
+        problems.append(problem)
+    return problems
 
 
 def transformer_engine_problems(setup: Setup, importable: Callable[[str], bool] = importable_module) -> list[str]:

@@ -62,8 +62,10 @@ def rank_of(path: Path, **wanted) -> int:
 
 
 def tiny_sweep_row(advisor: Invoker, root: Path) -> tuple[Path, int, dict]:
-    """The sweep of a 2-layer model on 2 GPUs, the rank of its row with TP 2 and 2 microbatches, the row."""
-    path = sweep_file(advisor, root / "tiny.json", *TINY_SWEEP)
+    """The sweep of a 2-layer model on 2 GPUs, the rank of its row with TP 2 and 2 microbatches, the row.
+    Without sequence parallelism, which the CPU launches' --transformer-impl local refuses at TP 2
+    (advisor.options.local_spec)."""
+    path = sweep_file(advisor, root / "tiny.json", *TINY_SWEEP, "--no-sequence-parallel")
     rank = rank_of(path, tp=2, cp=1, pp=1, mbs=2)
     return path, rank, next(row for row in json.loads(path.read_text()) if row["rank"] == rank)
 

@@ -356,7 +356,8 @@ def test_args_names_the_environment_megatron_asserts_on_stderr(advisor, tmp_path
 
 
 def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, checkout, started, monkeypatch):
-    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    # no sequence parallelism: the CPU test job's --transformer-impl local refuses it at TP 2
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80", "--no-sequence-parallel")
     empty = tmp_path / "empty"
     empty.mkdir()
     used = tmp_path / "used"
@@ -568,7 +569,7 @@ def test_sbatch_without_slurm_writes_nothing_and_says_one_line(tmp_path, monkeyp
     from launch_support import CPU_TEST_JOB, sweep_file
     from megatron_real import checkout as real_checkout
 
-    sweep = sweep_file(Invoker(), tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    sweep = sweep_file(Invoker(), tmp_path / "sweep.json", "--gpus", "8", "--mem", "80", "--no-sequence-parallel")
     monkeypatch.setenv("PATH", "/nonexistent")
     script = tmp_path / "job.sh"
     result = launcher()("sbatch", "--from", sweep, "--megatron-lm", real_checkout("core_v0.15.2").path, "--mock-data",

@@ -35,10 +35,13 @@ def fake_nvidia_smi(directory, gpus: int):
 
 def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_path, monkeypatch, started):
     core15 = real_checkout("core_v0.15.2").path
-    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")  # TP 2, 8 per node
-    cp2 = tmp_path / "cp2.json"
+    # TP 2, 8 per node; without sequence parallelism, which --transformer-impl local's torch norms refuse
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80", "--no-sequence-parallel")
+    cp2, sequence_parallel = tmp_path / "cp2.json", tmp_path / "sp.json"
     advisor("estimate", "--gpus", "8", "--mem", "80", "--tp", "2", "--cp", "2", "--pp", "1", "--mbs", "1",
-            "--format", "json", "-o", cp2)
+            "--no-sequence-parallel", "--format", "json", "-o", cp2)
+    advisor("estimate", "--gpus", "8", "--mem", "80", "--tp", "2", "--pp", "1", "--mbs", "1", "--format", "json",
+            "-o", sequence_parallel)
     tp_overlap = tmp_path / "tp-overlap.json"  # priced with TE's TP overlap, so its flags carry it
     advisor("estimate", "--gpus", "8", "--mem", "80", "--tp", "2", "--pp", "1", "--mbs", "1", "--tp-comm-overlap",
             "--format", "json", "-o", tp_overlap)
@@ -76,8 +79,15 @@ def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_p
         "no Transformer Engine": (None, {"extras": no_te_switch},
                                   "cannot import transformer_engine, which Megatron-LM's default --transformer-impl"),
         "CP with local": (None, {"source": cp2}, "CP 2 (megatron-core's DotProductAttention asserts CP 1"),
+        # TP overlap needs sequence parallelism, which the local spec's torch RMSNorm refuses too: two lines
         "TP overlap with local": (None, {"source": tp_overlap},
-                                  "--tp-comm-overlap (TE's userbuffers) needs Transformer Engine"),
+                                  ("--tp-comm-overlap (TE's userbuffers) needs Transformer Engine",
+                                   "--transformer-impl local with --sequence-parallel at TP 2")),
+        "sequence parallelism with local": (None, {"source": sequence_parallel}, (
+            "--transformer-impl local with --sequence-parallel at TP 2: megatron-core's local layer spec builds "
+            "RMSNorm as torch's norm (WrappedTorchNorm), which asserts 'sequence parallel not supported by torch "
+            "LayerNorm' on every rank when the model is built (transformer/torch_norm.py); plan it without sequence "
+            "parallelism (advisor sweep or estimate --no-sequence-parallel")),
         "dataset without .idx": (None, {"extras": [*CPU_TEST_JOB, "--data-path", str(prefix), *null_tokenizer],
                                                   "command": "sbatch", "mock": False},
                                  f"--data-path {prefix}: no {prefix}.idx"),
@@ -103,7 +113,9 @@ def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_p
             how = dict(how)
             result = launch(*how.pop("options", ()), **how)
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
-        assert len(errors) == 1 and expected in errors[0], (name, result.stderr)
+        expected = (expected,) if isinstance(expected, str) else expected
+        assert len(errors) == len(expected) and all(text in line for text, line in zip(expected, errors)), (
+            name, result.stderr)
         assert "Traceback" not in result.output and result.stdout == "", name
     assert started == []
 
@@ -125,7 +137,7 @@ def real_checkout_path(tag: str):
 
 def test_a_cpu_launch_says_it_is_only_for_tests(advisor, tmp_path, started):
     core15 = real_checkout("core_v0.15.2").path
-    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80", "--no-sequence-parallel")
     result = launcher()("check", "--from", sweep, "--megatron-lm", core15, "--mock-data", "--", *CPU_TEST_JOB)
     assert "a CPU launch over gloo (--distributed-backend gloo) is only for tests" in result.stderr
     assert result.stdout.startswith("advisor-launch check: ok: llama3.1-8b")

@@ -1,0 +1,202 @@
+"""--transformer-impl local with --sequence-parallel at TP > 1 and RMSNorm: Megatron-LM cannot build
+the model (advisor.options.local_spec), so advisor-launch refuses the launch and advisor estimate
+--from-command the command, each in one line with exit status 2, and the missing-Transformer-Engine
+line's suggestion of --transformer-impl local says that sequence parallelism must then go.
+
+The rule is tied to the real code: a tiny GPTModel is built with megatron-core's own local layer
+spec at TP 2 over two gloo processes, under the GPU test double, in both checkouts; torch's norm
+asserts exactly where the rule says."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+from launch_support import CPU_TEST_JOB, launcher
+from megatron_real import CUDA_ON_CPU, SHARED
+from megatron_real import checkout as real_checkout
+
+from advisor.cli import cli
+from advisor.options.local_spec import TORCH_NORM_ASSERTION, torch_norm_refuses_sequence_parallel
+from launch.preflight import transformer_engine_import_problem
+
+REFUSAL = ("--transformer-impl local with --sequence-parallel at TP 2: megatron-core's local layer spec builds "
+           "RMSNorm as torch's norm (WrappedTorchNorm), which asserts 'sequence parallel not supported by torch "
+           "LayerNorm' on every rank when the model is built (transformer/torch_norm.py); ")
+DENSE_ADVICE = ("plan it without sequence parallelism (advisor sweep or estimate --no-sequence-parallel; a command "
+                "of your own: drop --sequence-parallel) or at TP 1, or install Transformer Engine and drop "
+                "--transformer-impl local")
+MOE_ADVICE = ("a mixture of experts needs sequence parallelism at TP > 1 (megatron-core's MoELayer raises without "
+              "it), so plan it at TP 1 (advisor sweep --tp 1), or install Transformer Engine and drop "
+              "--transformer-impl local")
+
+
+@pytest.fixture
+def started(monkeypatch):
+    calls = []
+    monkeypatch.setattr("launch.process.run_process_group", lambda *args, **kwargs: calls.append(args) or 0)
+    return calls
+
+
+def _estimate(advisor, path, *args):
+    advisor("estimate", "--gpu", "h100-80gb", *args, "--format", "json", "-o", path)
+    return path
+
+
+def _errors(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+
+
+def test_every_launching_command_refuses_a_local_row_with_sequence_parallelism(advisor, tmp_path, started,
+                                                                              monkeypatch):
+    """A TP 2 row carries --sequence-parallel (the advisor's default): torchrun, sbatch and check
+    refuse it under --transformer-impl local, before anything starts; args, which launches
+    nothing, warns as it does of the other local-implementation problems; the same row planned
+    with --no-sequence-parallel passes."""
+    core15 = real_checkout("core_v0.15.2").path
+    row = _estimate(advisor, tmp_path / "tp2.json", "--gpus", "8", "--tp", "2", "--pp", "1", "--mbs", "1")
+    assert "--sequence-parallel" in json.loads(row.read_text())["megatron_args"]
+    monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}")
+    for command in ("torchrun", "sbatch", "check"):
+        result = launcher()(command, "--from", row, "--megatron-lm", core15, "--mock-data",
+                            *(["-o", tmp_path / "job.sh"] if command == "sbatch" else []), "--", *CPU_TEST_JOB,
+                            expect=2)
+        assert _errors(result) == [f"Error: {REFUSAL}{DENSE_ADVICE}"], (command, result.stderr)
+        assert "Traceback" not in result.output and result.stdout == ""
+    assert started == [] and not (tmp_path / "job.sh").exists()
+    printed = launcher()("args", "--from", row, "--", "--transformer-impl", "local")
+    assert f"warning: {REFUSAL}{DENSE_ADVICE}" in printed.stderr.splitlines()
+    without = _estimate(advisor, tmp_path / "no-sp.json", "--gpus", "8", "--tp", "2", "--pp", "1", "--mbs", "1",
+                        "--no-sequence-parallel")
+    ok = launcher()("check", "--from", without, "--megatron-lm", core15, "--mock-data", "--", *CPU_TEST_JOB)
+    assert "sequence" not in ok.stderr and ok.stdout.startswith("advisor-launch check: ok:")
+
+
+def test_a_local_moe_row_at_tp_2_is_told_to_plan_at_tp_1(advisor, tmp_path):
+    """A mixture of experts cannot drop sequence parallelism at TP > 1 (moe_layer.py raises without
+    it, and the advisor does not price it): the line says TP 1 instead."""
+    row = _estimate(advisor, tmp_path / "moe.json", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2",
+                    "--pp", "4", "--ep", "8", "--mbs", "1", "--gbs", "256", "--seq-len", "4096")
+    result = launcher()("args", "--from", row, "--", "--transformer-impl", "local")
+    assert f"warning: {REFUSAL}{MOE_ADVICE}" in result.stderr.splitlines(), result.stderr
+
+
+_COMMAND = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
+            "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --seq-length 8192 "
+            "--max-position-embeddings 8192 --swiglu --disable-bias-linear --normalization {norm} "
+            "--position-embedding-type rope --untie-embeddings-and-output-weights --attention-dropout 0 "
+            "--hidden-dropout 0 --bf16 --tensor-model-parallel-size {tp} --sequence-parallel "
+            "--use-distributed-optimizer --micro-batch-size 1 --global-batch-size 64 --vocab-size 128256 "
+            "--transformer-impl local")
+_MOE = (" --num-experts 8 --moe-router-topk 2 --moe-grouped-gemm --expert-model-parallel-size 4"
+        " --moe-token-dispatcher-type alltoall")
+
+
+def _from_command(command: str):
+    return CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpu", "h100-80gb", "--format", "json"],
+                              input=command + "\n")
+
+
+def test_estimate_from_command_refuses_what_megatron_cannot_build():
+    """Nothing to price: one line, exit 2, dense and MoE (whose advice is TP 1). At TP 1
+    validate_args switches sequence parallelism off, so the same command is priced; a LayerNorm
+    model (Megatron's default), whose local spec takes Apex's FusedLayerNorm where Apex is
+    installed, is priced with the condition named."""
+    for command, advice in ((_COMMAND.format(norm="RMSNorm", tp=2), DENSE_ADVICE),
+                            (_COMMAND.format(norm="RMSNorm", tp=2) + _MOE, MOE_ADVICE)):
+        result = _from_command(command)
+        assert result.exit_code == 2 and result.output == f"Error: {REFUSAL}{advice}\n", result.output
+    assert _from_command(_COMMAND.format(norm="RMSNorm", tp=1)).exit_code == 0
+    layer_norm = _from_command(_COMMAND.format(norm="LayerNorm", tp=2))
+    assert layer_norm.exit_code == 0, layer_norm.output
+    assert any("Apex's FusedLayerNorm where Apex is installed on the ranks' nodes" in entry
+               for entry in json.loads(layer_norm.stdout)["unpriced"])
+
+
+def test_the_missing_transformer_engine_line_says_local_needs_sequence_parallelism_off():
+    """Its suggestion of --transformer-impl local holds only with sequence parallelism off where
+    the run has it at TP > 1 with RMSNorm; it stays as it was otherwise."""
+    base = ["--normalization", "RMSNorm", "--tensor-model-parallel-size", "2"]
+    with_sp = transformer_engine_import_problem([*base, "--sequence-parallel"])
+    assert with_sp.endswith("fused MoE kernels; at TP 2 it also needs this run's --sequence-parallel off (torch's "
+                            "RMSNorm asserts it when the model is built): plan without it (advisor sweep "
+                            "--no-sequence-parallel) or at TP 1)")
+    moe = transformer_engine_import_problem([*base, "--sequence-parallel", "--num-experts", "8"])
+    assert moe.endswith("(torch's RMSNorm asserts it when the model is built), which a mixture of experts needs at "
+                        "TP > 1: plan it at TP 1)")
+    for args in (base, ["--normalization", "RMSNorm", "--tensor-model-parallel-size", "1", "--sequence-parallel"]):
+        assert transformer_engine_import_problem(args).endswith("TP overlap or fused MoE kernels)")
+
+
+# --- the real megatron-core -----------------------------------------------------------------
+
+PROBE = textwrap.dedent("""
+    import importlib.util, json, os, sys
+    from unittest import mock
+    if importlib.util.find_spec("triton") is None:  # core_v0.19.0's MoE paged-stash kernels need it; a dense model, no
+        sys.modules["megatron.core.transformer.moe.ops.paged_stash"] = mock.MagicMock()
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    def build(rank, port, cases, out):
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        from megatron.core import parallel_state
+        parallel_state.initialize_model_parallel(2, 1)
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer import TransformerConfig
+        results = []
+        for normalization, sequence_parallel in cases:
+            config = TransformerConfig(
+                num_layers=1, hidden_size=16, num_attention_heads=2, ffn_hidden_size=32, tensor_model_parallel_size=2,
+                sequence_parallel=sequence_parallel, normalization=normalization, use_cpu_initialization=True,
+                gated_linear_unit=True, add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
+                bias_dropout_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+                gradient_accumulation_fusion=False, apply_rope_fusion=False)
+            try:  # pretrain_gpt's local spec (gpt_builders.py: get_gpt_layer_local_spec(..., normalization=...))
+                GPTModel(config, get_gpt_layer_local_spec(normalization=normalization), vocab_size=64,
+                         max_sequence_length=8, position_embedding_type="rope")
+                results.append(None)
+            except AssertionError as error:
+                results.append(str(error))
+        if rank == 0:
+            with open(out, "w") as handle:
+                json.dump({"results": results, "apex": importlib.util.find_spec("apex") is not None}, handle)
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(build, args=(sys.argv[2], json.loads(sys.argv[1]), sys.argv[3]), nprocs=2, join=True)
+""")
+CASES = [("RMSNorm", True), ("RMSNorm", False), ("LayerNorm", True), ("LayerNorm", False)]
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_megatron_cores_local_spec_asserts_where_the_rule_says(tag, tmp_path):
+    """TP 2 on two gloo processes: the local spec's RMSNorm (WrappedTorchNorm) asserts with
+    sequence parallelism and builds without; LayerNorm takes torch's norm too where Apex is absent
+    (as here), which the rule leaves to the ranks' nodes (Apex's FusedLayerNorm takes it)."""
+    path = SHARED / tag
+    if not (path / "megatron" / "core").is_dir():
+        pytest.skip(f"no Megatron-LM checkout {tag} at {path} (set MEGATRON_LM_CHECKOUTS)")
+    python = os.environ.get("MEGATRON_LM_PYTHON312") if tag == "core_v0.19.0" else None
+    from megatron_hooks.stage_emulation import free_port
+
+    script, out = tmp_path / "probe.py", tmp_path / "out.json"
+    script.write_text(PROBE)
+    env = dict(os.environ, PYTHONPATH=f"{CUDA_ON_CPU}{os.pathsep}{path}", CUDA_ON_CPU="1")
+    result = subprocess.run([python or sys.executable, str(script), json.dumps(CASES), str(free_port()), str(out)],
+                            capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    built = json.loads(out.read_text())
+    for (normalization, sequence_parallel), error in zip(CASES, built["results"]):
+        refused = torch_norm_refuses_sequence_parallel(sequence_parallel=sequence_parallel, tp=2,
+                                                       normalization=normalization)
+        torch_norm = normalization == "RMSNorm" or not built["apex"]  # backends.py: LNImpl without Apex
+        asserts = sequence_parallel and torch_norm
+        assert (error is not None) == asserts, (normalization, sequence_parallel, error)
+        assert error is None or error.startswith(TORCH_NORM_ASSERTION), error
+        assert refused == (asserts and normalization == "RMSNorm"), (normalization, sequence_parallel)
