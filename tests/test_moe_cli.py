@@ -760,7 +760,8 @@ def test_the_estimate_title_names_the_expert_data_parallel_size(layout, edp):
 
 def test_a_commands_tp_without_sequence_parallelism_is_named_as_the_command_says_it():
     """A command at TP 2 without --sequence-parallel was refused as '--no-sequence-parallel', a flag
-    it never wrote (megatron-core only warns: model_parallel_config.py)."""
+    it never wrote (megatron-core's MoELayer raises in training without it, moe_layer.py;
+    model_parallel_config.py only warns)."""
     _one_line_error(_from_command("--tensor-model-parallel-size 2 --expert-tensor-parallel-size 1"),
                     "does not price TP without --sequence-parallel")
 

@@ -239,8 +239,8 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
 
     training, memory = options, options.memory_options()  # advisor.options.TrainingOptions
     # at TP > 1: a command without --sequence-parallel says it no more than the advisor's own flag does
-    refused = {"TP without --sequence-parallel (megatron-core warns that EP with TP needs it, model_parallel_config.py)":
-               not memory.sequence_parallel, "--no-flash-attn": not memory.flash_attention,
+    refused = {"TP without --sequence-parallel (megatron-core's MoELayer raises in training at TP > 1 without it, "
+               "moe_layer.py)": not memory.sequence_parallel, "--no-flash-attn": not memory.flash_attention,
                **_levers_not_priced(training)}
     if space is not None:
         refused["--recompute-method/--recompute-num-layers"] = bool(space.recompute_method

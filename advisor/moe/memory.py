@@ -9,7 +9,8 @@ Sizes are bytes (BF16 activations, 2 bytes an element), for one microbatch of ``
 (expert TP), and the expert-data-parallel size edp = world / (etp x ep x pp)
 (``parallel_state.initialize_model_parallel``: expert_data_parallel_size =
 world_size // (etp x ep x pp)). Megatron requires sequence parallelism whenever TP > 1 with
-MoE (``training/arguments.py``, ``validate_args``), so every rank routes N = s b / (c t) tokens.
+MoE (``transformer/moe/moe_layer.py``: ``MoELayer.forward`` raises ValueError in training without
+it, both releases; ``validate_args`` does not check it), so every rank routes N = s b / (c t) tokens.
 
 Routing assumptions (``RoutedTokens``): how many token copies the busiest rank's experts
 receive. ``balanced``: N k etp (every expert gets its share: what many published runs force
