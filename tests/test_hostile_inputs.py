@@ -591,7 +591,9 @@ def _commands(group, path=()):
 
 @pytest.mark.parametrize("program", ["advisor", "advisor-launch"])
 def test_every_help_fits_100_columns_and_teaches(program):
-    """Each command's --help: no traceback, within 100 columns, and an example to copy."""
+    """Each command's --help: no traceback, within 100 columns, no control characters (click's
+    no-rewrap marker \\b printed as a backspace where it did not open a paragraph: 'advisor
+    profile run --help' showed two), and an example to copy."""
     from click.testing import CliRunner
 
     from advisor.cli import cli
@@ -602,6 +604,7 @@ def test_every_help_fits_100_columns_and_teaches(program):
         result = CliRunner().invoke(group, [*path, "--help"], terminal_width=100, catch_exceptions=False)
         assert result.exit_code == 0 and "Traceback" not in result.output, path
         assert max(map(len, result.stdout.splitlines())) <= 100, (path, result.stdout)
+        assert not any(ord(c) < 32 and c != "\n" for c in result.stdout), (path, result.stdout)
         assert f"\n    {program} " in result.stdout or f"\n      {program} " in result.stdout, path
 
 

@@ -372,27 +372,26 @@ def megatron_options(func):
 
 RUN_HELP = """Execute a profiling campaign (from 'advisor profile plan'), resuming where it stopped.
 
-\b
-On a CPU every run is emulated stage by stage with real megatron-core
-modules (megatron_hooks.emulate, 1F1B order, two iterations), in a
-subprocess that imports torch and megatron-core once. With --megatron-lm,
-every run is a real Megatron-LM run on this node's GPUs instead: torchrun
-starts your pretrain_gpt.py with the run's flags and the hooks, and your
-arguments after '--' (data, tokenizer, --lr ...) go to every run; with
---slurm, inside an allocation, runs span several nodes. Runs
-already complete under --out (every rank ended ok or oom) are skipped;
-partial ones are run again; an OOM is an outcome, not a failure.
-Before the CPU emulator starts, the command says what the runs will cost
-(time and memory, from their shapes) and refuses, with every other
-incompatibility, what cannot finish on this machine (over
-an hour, or more memory than is available) unless --force is given.
-With --backend symbolic, no GPU and any model size: every rank of every
-run is profiled on fake tensors with megatron-core's real modules and
-optimizer, the CUDA kernels stood in for; --memory-limit then predicts
-which runs would run out of memory.
+On a CPU every run is emulated stage by stage with real megatron-core modules
+(megatron_hooks.emulate, 1F1B order, two iterations), in a subprocess that imports torch and
+megatron-core once. Before it starts, the command says what the runs will cost (time and memory,
+from their shapes) and refuses, with every other incompatibility, what cannot finish on this
+machine (over an hour, or more memory than is available) unless --force is given.
+
+With --backend symbolic, no GPU and any model size: every rank of every run is profiled on fake
+tensors with megatron-core's real modules and optimizer, the CUDA kernels stood in for;
+--memory-limit then predicts which runs would run out of memory.
+
+With --megatron-lm, every run is a real Megatron-LM run on this node's GPUs instead: torchrun
+starts your pretrain_gpt.py with the run's flags and the hooks, and your arguments after '--'
+(data, tokenizer, --lr ...) go to every run; with --slurm, inside an allocation, runs span
+several nodes.
+
+Runs already complete under --out (every rank ended ok or oom) are skipped; partial ones are run
+again; an OOM is an outcome, not a failure.
 
 \b
-Examples:
+On the CPU, a small model:
   advisor profile plan --model llama3.2-1b --num-layers 8 \\
       --hidden-size 256 --ffn-hidden-size 1024 --num-attention-heads 4 \\
       --num-query-groups 2 --vocab-size 8192 --gpus 4 --gpus-per-node 1 \\
@@ -400,12 +399,16 @@ Examples:
       --no-sequence-parallel --seq-len 512 --mbs 4 --gbs 16 -o campaign.json
   advisor profile run campaign.json --out runs/
   advisor recommend --profile runs/ --gpus 4 --pp 4 --mbs 4 --gbs 16
+
 \b
+At real size, on fake tensors:
   advisor profile plan --gpus 16 --gpus-per-node 4 --mode reduced \\
       -o real.json
   advisor profile run real.json --out real-runs/ --backend symbolic
   advisor recommend --profile real-runs/ --gpus 64 --pp 4 --mbs 1 --gbs 512
+
 \b
+On GPUs, with your Megatron-LM checkout (one node; several, inside salloc):
   advisor profile plan --gpus 8 --gpus-per-node 8 --mode reduced -o gpu.json
   advisor profile run gpu.json --out runs/ --megatron-lm ~/Megatron-LM \\
       --mock-data -- --lr 1e-4
