@@ -355,18 +355,10 @@ def test_args_names_the_environment_megatron_asserts_on_stderr(advisor, tmp_path
                         "advisor-launch commands see to it)"]
 
 
-def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, checkout, started, monkeypatch):
-    # no sequence parallelism: the CPU test job's --transformer-impl local refuses it at TP 2
-    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80", "--no-sequence-parallel")
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    used = tmp_path / "used"
-    used.mkdir()
-    (used / "rank00000.jsonl").write_text("{}\n")
-    malformed = tmp_path / "malformed.json"
-    malformed.write_text('{"tp": 2,')
+def _bad_launch_inputs(sweep, plans, checkout, tmp_path, empty, used, malformed) -> list[tuple]:
+    """(arguments, what the one error line says, and more it says) for each bad input."""
     run = ["torchrun", "--from", sweep, "--megatron-lm", checkout]
-    cases = [
+    return [
         (["torchrun", "--from", sweep, "--megatron-lm", tmp_path / "nope"], "Megatron-LM checkout", "no such directory"),
         (["torchrun", "--from", sweep, "--megatron-lm", empty], f"checkout {empty} has no pretrain_gpt.py", ""),
         (["torchrun", "--from", malformed, "--megatron-lm", checkout], "malformed JSON at line 1", ""),
@@ -412,6 +404,20 @@ def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, chec
          "--megatron-version 0.19, but the checkout", "is Megatron-LM core 0.15.2"),
         (["torchrun", "--from", sweep, "--megatron-version", "1.x", "--dry-run"], "--megatron-version '1.x'", ""),
     ]
+
+
+def test_bad_input_is_one_line_and_starts_nothing(advisor, plans, tmp_path, checkout, started, monkeypatch):
+    # no sequence parallelism: the CPU test job's --transformer-impl local refuses it at TP 2
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80", "--no-sequence-parallel")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "rank00000.jsonl").write_text("{}\n")
+    malformed = tmp_path / "malformed.json"
+    malformed.write_text('{"tp": 2,')
+    run = ["torchrun", "--from", sweep, "--megatron-lm", checkout]
+    cases = _bad_launch_inputs(sweep, plans, checkout, tmp_path, empty, used, malformed)
     for args, message, more in cases:
         line = launcher().error(*args)
         assert message in line and more in line, (args, line)

@@ -33,23 +33,31 @@ def fake_nvidia_smi(directory, gpus: int):
     return directory
 
 
-def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_path, monkeypatch, started):
-    core15 = real_checkout("core_v0.15.2").path
-    # TP 2, 8 per node; without sequence parallelism, which --transformer-impl local's torch norms refuse
+def _broken_setup_inputs(advisor, tmp_path) -> tuple:
+    """The plans and files the broken setups launch: a TP 2 sweep without sequence parallelism
+    (which --transformer-impl local's torch norms refuse), a CP 2 estimate, one with sequence
+    parallelism, one priced with TE's TP overlap (its flags carry it), a dataset prefix without
+    its .idx, a plain file, and nvidia-smi stand-ins listing 4 GPUs and none."""
     sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80", "--no-sequence-parallel")
     cp2, sequence_parallel = tmp_path / "cp2.json", tmp_path / "sp.json"
     advisor("estimate", "--gpus", "8", "--mem", "80", "--tp", "2", "--cp", "2", "--pp", "1", "--mbs", "1",
             "--no-sequence-parallel", "--format", "json", "-o", cp2)
     advisor("estimate", "--gpus", "8", "--mem", "80", "--tp", "2", "--pp", "1", "--mbs", "1", "--format", "json",
             "-o", sequence_parallel)
-    tp_overlap = tmp_path / "tp-overlap.json"  # priced with TE's TP overlap, so its flags carry it
+    tp_overlap = tmp_path / "tp-overlap.json"
     advisor("estimate", "--gpus", "8", "--mem", "80", "--tp", "2", "--pp", "1", "--mbs", "1", "--tp-comm-overlap",
             "--format", "json", "-o", tp_overlap)
     prefix = tmp_path / "corpus_text_document"
-    (tmp_path / "corpus_text_document.bin").touch()  # its .idx is missing
+    (tmp_path / "corpus_text_document.bin").touch()
     a_file = tmp_path / "a-file"
     a_file.touch()
     four, none = fake_nvidia_smi(tmp_path / "four", 4), fake_nvidia_smi(tmp_path / "none", 0)
+    return sweep, cp2, sequence_parallel, tp_overlap, prefix, a_file, four, none
+
+
+def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_path, monkeypatch, started):
+    core15 = real_checkout("core_v0.15.2").path
+    sweep, cp2, sequence_parallel, tp_overlap, prefix, a_file, four, none = _broken_setup_inputs(advisor, tmp_path)
     no_gloo = [arg for arg in CPU_TEST_JOB if arg not in ("--distributed-backend", "gloo")]
     no_te_switch = [arg for arg in CPU_TEST_JOB if arg not in ("--transformer-impl", "local")]
 

@@ -84,9 +84,11 @@ def _one(key: str, value):
     return value[0] if listed and isinstance(value, list) and len(value) == 1 else value
 
 
-@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
-def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
-    release = checkout(tag)
+def _rows_of_every_kind(tag: str, tmp_path) -> list[tuple[str, dict]]:
+    """(model, sweep row) for each kind of MoE row the advisor writes: the top rows of three models,
+    each recomputation, capacity routing padded and not, VPP, FP8 with MTP, the EP overlap, the
+    flex dispatcher (HybridEP on core_v0.19.0), TE's fusions, Megatron's own defaults, and two
+    config.json variants (top-1 tied, Qwen3-MoE unnormalised)."""
     # top-1 routing (written with --moe-router-pre-softmax, which Megatron asks for) and tied embeddings
     top_one = json.loads((DATA / "mixtral-8x7b.json").read_text()) | {"num_experts_per_tok": 1,
                                                                       "tie_word_embeddings": True}
@@ -140,6 +142,13 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
     rows += [(str(tmp_path / "qwen3.json"), _rows(str(tmp_path / "qwen3.json"), 16, "--top", "1")[0])]
     assert "--moe-router-pre-softmax" in rows[-1][1]["megatron_args"]
     assert {row["vpp"] > 1 for _, row in rows} == {True, False}
+    return rows
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
+    release = checkout(tag)
+    rows = _rows_of_every_kind(tag, tmp_path)
     # as advisor-launch writes them for this release (core_v0.19.0: DeepEP's deprecated flags renamed)
     spelled = named(tag).own_spelling
     cases = [{"args": [*spelled(row["megatron_args"]), *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
