@@ -150,6 +150,7 @@ def rank_summary(profile: RankProfile) -> dict:
         "embedding": h.first_stage, "output": h.last_stage,
         "in_flight_microbatches": h.in_flight_microbatches, "mbs": h.parallel.mbs,
         "num_microbatches": h.num_microbatches, "iterations": len(profile.iterations),
+        "asked_iterations": h.asked_iterations,
         "static_bytes": profile.iterations[-1].static_bytes if profile.iterations else None,
         "peak_allocated_bytes": profile.peak_allocated_bytes,
         "peak_reserved_bytes": max((it.peak_reserved_bytes for it in profile.iterations
@@ -194,6 +195,16 @@ def missing_text(run: ProfileRun, named: int = 8) -> str | None:
     return f"no rank file for rank{plural} {text} of its world of {run.header.world_size}"
 
 
+def stopped_early_text(run: ProfileRun) -> str | None:
+    """'stopped early: 1 of 2 iterations' (the fewest any rank ran) where Megatron ended the run
+    itself before the iterations it was asked for (``RankProfile.stopped_early``), or None."""
+    early = [(len(rank.iterations), rank.header.asked_iterations) for rank in run.ranks if rank.stopped_early]
+    if not early:
+        return None
+    done, asked = min(early)
+    return f"stopped early: {done} of {asked} iterations"
+
+
 def run_description(run: ProfileRun) -> str:
     h = run.header
     p = h.parallel
@@ -201,4 +212,5 @@ def run_description(run: ProfileRun) -> str:
         f"{h.model.name}: TP {p.tp}, CP {p.cp}, PP {p.pp}, DP {p.dp}, MBS {p.mbs}, seq {h.seq_len}, "
         f"{h.params_dtype}, {h.layer_spec} spec, {h.backend}{' (emulated stages)' if h.emulated else ''}; "
         f"run {h.run_id}: {run_status(run)}" + (f", {missing}" if (missing := missing_text(run)) else "")
+        + (f", {early}" if (early := stopped_early_text(run)) else "")
     )

@@ -2,7 +2,7 @@
 
 ``megatron_hooks`` writes one JSON Lines file per rank, ``rank{RANK:05d}.jsonl``, into a run
 directory; the advisor reads them without torch. Schema ``megatron-4d-advisor/profile``,
-version 2 (version 1 files are read too: see below). Every line is one JSON object with a
+version 3 (versions 1 and 2 are read too: see below). Every line is one JSON object with a
 ``type``:
 
 ``header`` (the first line) identifies the run and this rank:
@@ -19,7 +19,12 @@ version 2 (version 1 files are read too: see below). Every line is one JSON obje
     layer counts), rank, world_size, coords (this rank's tp, cp, pp, dp indices),
     stage_layers (global 1-based layer numbers on this rank, as Megatron's layer_number),
     first_stage, last_stage, in_flight_microbatches (the most microbatches whose activations
-    the schedule keeps on this stage at once).
+    the schedule keeps on this stage at once), asked_iterations (v3: the iterations Megatron's
+    training loop was asked to run in this process, ``args.train_iters`` less ``args.iteration``
+    it resumed at, --train-samples counted as Megatron's ``update_train_iters`` counts them; null
+    where unknown: a run not driven by Megatron's loop, the emulators, or a file before v3). A run
+    that Megatron ends early itself (--exit-interval, --exit-duration-in-mins, a signal with
+    --exit-signal-handler) ends "ok" with fewer iterations than this.
 ``layer`` (per module, per iteration): iteration, name (the module path, for example
     "decoder.layers.3"), kind ("embedding" | "decoder" | "output"), layer_number (global,
     1-based; null for embedding and output), parameter_bytes, gradient_bytes,
@@ -38,7 +43,8 @@ version 2 (version 1 files are read too: see below). Every line is one JSON obje
     error and where (null unless the run failed; where says how far it got).
 
 Memory is in bytes. Version 1 files have no ``kernels`` (read as "cuda" on the CUDA backend,
-"cpu" otherwise) and no per-layer times (read as null).
+"cpu" otherwise) and no per-layer times (read as null); version 1 and 2 files have no
+``asked_iterations`` (read as null).
 
 The file is written as the run goes (``RankFileWriter``): the header when the rank starts, then
 per iteration its layer records followed by its iteration record, appended in one write, then
@@ -71,8 +77,8 @@ from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, world_size_problem
 
 SCHEMA = "megatron-4d-advisor/profile"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 LayerKind = Literal["embedding", "decoder", "output"]
 Status = Literal["ok", "oom", "error", "running"]
 Backend = Literal["cuda", "cpu", "symbolic"]
@@ -156,6 +162,9 @@ class RankHeader:
     first_stage: bool
     last_stage: bool
     in_flight_microbatches: int
+    asked_iterations: int | None = None
+    """Iterations Megatron's training loop was asked to run here (None: unknown, see the module
+    docstring); a run that ended ok with fewer stopped early (``RankProfile.stopped_early``)."""
 
     def to_dict(self) -> dict:
         return {
@@ -193,6 +202,13 @@ class RankProfile:
 
     def layers_of(self, iteration: int) -> tuple[LayerRecord, ...]:
         return tuple(layer for layer in self.layers if layer.iteration == iteration)
+
+    @property
+    def stopped_early(self) -> bool:
+        """Ended ok with fewer iterations than it was asked for: Megatron's own --exit-interval,
+        --exit-duration-in-mins or --exit-signal-handler stopped it (``training.py``, ``train``)."""
+        asked = self.header.asked_iterations
+        return self.status == "ok" and asked is not None and len(self.iterations) < asked
 
     def to_jsonl(self) -> str:
         """The whole file, as ``RankFileWriter`` appends it: header, per iteration its layer records
@@ -403,6 +419,9 @@ def _parse_header(record: dict, where: str) -> RankHeader:
         first_stage=_field(record, "first_stage", bool, where),
         last_stage=_field(record, "last_stage", bool, where),
         in_flight_microbatches=_bounded(record, "in_flight_microbatches", where, limits.GLOBAL_BATCH),
+        # v3; v1 and v2 files did not record it: unknown
+        asked_iterations=(_bounded(record, "asked_iterations", where, limits.ITERATION, nullable=True)
+                          if version >= 3 else None),
     )
     _check_header(header, where)
     return header
@@ -563,7 +582,7 @@ def check_complete(profile: RankProfile) -> None:
 
 _RUN_FIELDS = ("run_id", "world_size", "model", "parallel", "seq_len", "global_batch_size", "num_microbatches",
                "layers_per_stage", "params_dtype", "layer_spec", "sequence_parallel", "recompute",
-               "distributed_optimizer", "emulated", "backend")
+               "distributed_optimizer", "emulated", "backend", "asked_iterations")
 """Header fields every rank of one run shares."""
 
 

@@ -30,7 +30,7 @@ The launcher then runs the user's script in-process::
 
 The run's description (model, parallel sizes and coordinates, sequence length, micro and
 global batch size, microbatches, layers per stage, dtype, layer spec, sequence parallelism,
-recomputation, distributed optimizer) comes from Megatron's parsed arguments
+recomputation, distributed optimizer, the iterations it was asked to run) comes from Megatron's parsed arguments
 (``megatron.training.get_args()``), ``megatron.core.parallel_state`` and
 ``megatron.core.num_microbatches_calculator``, read at the first iteration. The run id is rank
 0's, broadcast to every rank then. Each rank writes ``output_dir/rank{RANK:05d}.jsonl``.
@@ -324,4 +324,17 @@ def run_info_from_megatron(args, hooks: LayerMemoryHooks, run_id: str) -> RunInf
         sequence_parallel=bool(getattr(args, "sequence_parallel", False)),
         recompute=getattr(args, "recompute_granularity", None) or "none",
         distributed_optimizer=bool(getattr(args, "use_distributed_optimizer", False)),
+        asked_iterations=asked_iterations(args),
     )
+
+
+def asked_iterations(args) -> int | None:
+    """The iterations Megatron's ``train`` loops over in this process: ``while iteration <
+    args.train_iters`` from ``iteration = args.iteration`` (the checkpoint's, 0 for a fresh run;
+    core_v0.15.2 ``megatron/training/training.py``, ``train``). With --train-samples,
+    ``update_train_iters`` has set ``args.train_iters`` before the first iteration; where it is
+    still None, unknown (None)."""
+    total = getattr(args, "train_iters", None)
+    if total is None:
+        return None
+    return max(int(total) - int(getattr(args, "iteration", 0) or 0), 0)

@@ -66,6 +66,9 @@ class RunInfo:
     recompute: str = "none"
     distributed_optimizer: bool = False
     emulated: bool = False
+    asked_iterations: int | None = None
+    """Iterations Megatron's training loop was asked to run in this process (``asked_iterations``);
+    None where no such loop drives the run (the emulators)."""
 
 
 def megatron_core_version() -> str:

@@ -1,4 +1,4 @@
-"""Builders of profile records for tests (schema v2 of advisor/profiles.py)."""
+"""Builders of profile records for tests (schema v3 of advisor/profiles.py)."""
 
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig

@@ -76,6 +76,27 @@ def test_recommend_megatron_plan(advisor, campaign_dir, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_recommend_says_which_profile_runs_megatron_stopped_early(advisor, campaign_dir, tmp_path):
+    """A run Megatron ended itself before its iterations (--exit-interval, --exit-duration-in-mins,
+    a signal) ended ok: it is used (each iteration it ran was measured) and said, with how many."""
+    import shutil
+
+    copied = shutil.copytree(campaign_dir, tmp_path / "runs")
+    short = "tp1dp1-b2-2.2.1.3"
+    for path in (copied / short).glob("rank*.jsonl"):  # the synthetic runs record 1 iteration; 3 asked
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text(lines[0].replace('"asked_iterations": null', '"asked_iterations": 3') + "".join(lines[1:]))
+    options = ["--gpus", 8, "--gpus-per-node", 4, "--pp", 4, "--mbs", 2, "--gbs", 16]
+    table = advisor("recommend", "--profile", copied, *options).stdout
+    assert (f"stopped early by Megatron (--exit-interval, --exit-duration-in-mins or a signal), measured over the "
+            f"iterations they ran: {short} (1 of 3 iterations)") in " ".join(table.split())
+    plan = advisor.json("recommend", "--profile", copied, *options)
+    assert plan["predictor"]["stopped_early_runs"] == [{"run": short, "iterations": 1, "asked_iterations": 3}]
+    assert short in plan["predictor"]["profile_runs"]  # used, not set aside
+    assert advisor.json("recommend", "--profile", campaign_dir, *options)["predictor"]["stopped_early_runs"] == []
+    assert "stopped early" not in advisor("recommend", "--profile", campaign_dir, *options).stdout
+
+
 def test_recommend_with_the_layer_merger(advisor, campaign_dir):
     def plan(pp, *merge):
         return advisor.json("recommend", "--profile", campaign_dir, "--gpus", pp, "--pp", pp, "--mbs", 2, "--gbs",

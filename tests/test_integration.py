@@ -137,3 +137,16 @@ def test_layers_per_stage_as_megatron_splits_them(megatron_world, pipeline, expe
     config = transformer_config(TINY, num_layers=8, pipeline_dtype=torch.float32, **pipeline)
     vpp = pipeline.get("virtual_pipeline_model_parallel_size")
     assert integration.layers_per_stage(config, pipeline["pipeline_model_parallel_size"], vpp) == expected
+
+
+def test_the_iterations_asked_are_megatrons_train_loop_bound():
+    """train() runs ``while iteration < args.train_iters`` from ``args.iteration`` (0, or the
+    checkpoint's; core_v0.15.2 training.py). With --train-samples, get_optimizer_param_scheduler's
+    update_train_iters sets args.train_iters before the first iteration; where it is still None,
+    the count is unknown."""
+    from types import SimpleNamespace
+
+    assert integration.asked_iterations(SimpleNamespace(train_iters=2, iteration=0)) == 2
+    assert integration.asked_iterations(SimpleNamespace(train_iters=10, iteration=4)) == 6  # resumed at 4
+    assert integration.asked_iterations(SimpleNamespace(train_iters=None, train_samples=64, iteration=0)) is None
+    assert integration.asked_iterations(SimpleNamespace(train_iters=3)) == 3  # no iteration attribute: a fresh run

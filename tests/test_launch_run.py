@@ -85,7 +85,7 @@ def check_run(profile_dir: Path, document: dict, output: str, *, running_mean: b
         assert len(header.stage_layers) == stages[header.coords["pp"]]
         assert header.model.vocab_size == rows  # the rows Megatron built = the rows the estimate priced
         assert header.model.rotary_base == 500000.0 and header.model.rope_scaling_factor == 8.0  # Llama 3.1's
-        assert len(rank.iterations) == 2
+        assert len(rank.iterations) == 2 and header.asked_iterations == 2 and not rank.stopped_early
         check_complete(rank)  # a record for every layer of the stage, every iteration
         if header.last_stage:
             recorded = [iteration.loss for iteration in rank.iterations]
@@ -111,6 +111,28 @@ def test_real_pretrain_gpt_trains_with_the_hooks(name, core_0_15, advisor, tmp_p
         assert "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun" in result.stderr  # what the launcher ran
     check_run(tmp_path / "profile", document, result.stdout + result.stderr)
     compare_log_reads_the_run(advisor, tmp_path, result.stderr, result.stdout + result.stderr, document)
+
+
+def test_a_run_megatron_ends_early_itself_says_how_many_iterations_it_ran(core_0_15, advisor, tmp_path):
+    """--exit-interval 1 with --train-iters 2: core_v0.15.2's train() returns after iteration 1
+    with exit status 0 (training.py: ``if args.exit_interval and iteration % args.exit_interval
+    == 0``), so the rank file ends ok with one iteration; its header says two were asked for, and
+    profile show says so."""
+    layers, options, _ = LAYOUTS["one-rank"]
+    estimate(advisor, tmp_path / "estimate.json", layers, options)
+    result = subprocess.run(
+        [str(core_0_15.bin / "advisor-launch"), "torchrun", "--from", str(tmp_path / "estimate.json"),
+         "--megatron-lm", str(core_0_15.path), "--mock-data", "--profile-dir", str(tmp_path / "profile"), "--",
+         *CPU_TRAINING, "--exit-interval", "1"], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+        env=launch_env(core_0_15), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert sorted(logged_losses(result.stdout + result.stderr)) == [1]  # Megatron trained one iteration
+    run = load_run(tmp_path / "profile")
+    (rank,) = run.ranks
+    assert run.status == "ok" and len(rank.iterations) == 1
+    assert rank.header.asked_iterations == 2 and rank.stopped_early
+    title = " ".join(advisor("profile", "show", tmp_path / "profile", "--section", "ranks").stdout.split("┏")[0].split())
+    assert title.endswith("ok, stopped early: 1 of 2 iterations"), title
 
 
 def compare_log_reads_the_run(advisor, tmp_path: Path, launched: str, output: str, document: dict) -> None:

@@ -124,8 +124,8 @@ def test_bad_directories(advisor, tmp_path):
     assert "rank00000.jsonl:2: malformed JSON" in advisor.error("profile", "show", tmp_path)
     path.write_text(text[:-40])  # the end record cut short: the run was killed, and shows as running
     assert "running" in advisor("profile", "show", tmp_path, "--section", "ranks").stdout
-    path.write_text(text.replace('"version": 2', '"version": 3'))
-    assert "schema version 3" in advisor.error("profile", "show", tmp_path)
+    path.write_text(text.replace('"version": 3', '"version": 4'))
+    assert "schema version 4" in advisor.error("profile", "show", tmp_path)
 
 
 def _title(table: str) -> str:
@@ -148,6 +148,23 @@ def test_a_run_without_a_rank_file_is_partial_and_names_the_rank(advisor, tmp_pa
     assert result.stderr == "advisor profile show: run run-1: partial, no rank file for rank 1 of its world of 2\n"
     refused = advisor.error("recommend", "--profile", tmp_path, "--gpus", 4, "--pp", 2, "--mbs", 1, "--gbs", 4)
     assert "no rank file for rank 1 of its world of 2" in refused
+
+
+def test_a_run_megatron_stopped_early_says_how_many_iterations_of_how_many(advisor, tmp_path):
+    """Both ranks ended ok after 1 iteration of the 3 their header says Megatron was asked for
+    (--exit-interval and the like end train() early with exit status 0): ok, and said so."""
+    two_stage_run(tmp_path)
+    for path in tmp_path.glob("rank*.jsonl"):
+        path.write_text(path.read_text().replace('"asked_iterations": null', '"asked_iterations": 3', 1))
+    table = advisor("profile", "show", tmp_path, "--section", "ranks").stdout
+    assert _title(table).endswith("run run-1: ok, stopped early: 1 of 3 iterations")
+    report = advisor.json("profile", "show", tmp_path)
+    assert report["status"] == "ok" and report["stopped_early"] == "stopped early: 1 of 3 iterations"
+    assert [(row["iterations"], row["asked_iterations"]) for row in report["ranks"]] == [(1, 3), (1, 3)]
+    for path in tmp_path.glob("rank*.jsonl"):  # asked for the one it ran: nothing to say
+        path.write_text(path.read_text().replace('"asked_iterations": 3', '"asked_iterations": 1', 1))
+    assert _title(advisor("profile", "show", tmp_path, "--section", "ranks").stdout).endswith("run run-1: ok")
+    assert advisor.json("profile", "show", tmp_path)["stopped_early"] is None
 
 
 def test_a_partial_run_that_ran_out_of_memory_says_both(advisor, tmp_path):

@@ -97,6 +97,11 @@ def _first_layer(lines, **changes):
         (lambda lines: lines[:4] + [{**lines[4], "step_time_s": -0.5}] + lines[5:], "'step_time_s' is negative"),
         (lambda lines: lines[1:], "first record must be the header"),
         (lambda lines: _header(lines, params_dtype="int8"), "params_dtype must be one of"),
+        (lambda lines: _header(lines, asked_iterations=-1), "'asked_iterations' must be from 0"),
+        (lambda lines: _header(lines, asked_iterations="2"), "'asked_iterations' has the wrong type"),
+        # v3 writes it, null where unknown: a v3 header without it is not one a v3 writer wrote
+        (lambda lines: [{k: v for k, v in lines[0].items() if k != "asked_iterations"}] + lines[1:],
+         "missing field 'asked_iterations'"),
         (lambda lines: [lines[0], {"type": "mystery"}] + lines[1:], "unknown record type 'mystery'"),
         (lambda lines: [lines[0], [1, 2]] + lines[1:], "expected an object with a 'type'"),
         # the header against itself
@@ -263,3 +268,21 @@ def test_version_2_layer_times_round_trip_and_symbolic_files_have_none(tmp_path)
     rewrite(path, lambda lines: [{**lines[0], "kernels": "tpu"}] + lines[1:])
     with pytest.raises(ProfileError, match="kernels must be one of cuda, cpu"):
         read_rank_file(path)
+
+
+def test_version_3_records_the_iterations_asked_and_older_files_read_as_unknown(tmp_path):
+    """v3 headers carry asked_iterations (what Megatron's train loop was asked to run): a run that
+    ended ok with fewer stopped early. v1 and v2 files did not record it: None, never early."""
+    short = profile(header=header(asked_iterations=2))  # one iteration recorded, two asked
+    path = short.write(tmp_path)
+    assert json.loads(path.read_text().splitlines()[0])["asked_iterations"] == 2
+    read = read_rank_file(path)
+    assert read == short and read.header.asked_iterations == 2 and read.stopped_early
+    assert not profile(header=header(asked_iterations=1)).stopped_early  # 1 of 1: complete
+    assert not profile(header=header(asked_iterations=2), status="oom").stopped_early  # an OOM says so itself
+    assert read_rank_file(profile().write(tmp_path)).header.asked_iterations is None  # written as null
+    for version in (1, 2):
+        rewrite(path, lambda lines: [{**{k: v for k, v in lines[0].items() if k != "asked_iterations"},
+                                      "version": version}] + lines[1:])
+        old = read_rank_file(path)
+        assert old.header.asked_iterations is None and not old.stopped_early and len(old.iterations) == 1

@@ -77,6 +77,11 @@ class RunObservation:
     stages: tuple[StageObservation, ...]
     gpu_peaks: tuple[tuple[int, int, int], ...]
     """(rank, stage, peak allocated bytes) for every GPU, for per-GPU prediction errors."""
+    stopped_early: tuple[int, int] | None = None
+    """(iterations run, iterations asked) where Megatron ended the run early itself (its
+    --exit-interval, --exit-duration-in-mins or --exit-signal-handler; ``RankProfile.stopped_early``):
+    its peaks are those of the iterations it ran. None otherwise, or where the files do not say
+    (profile schema before v3)."""
 
     @property
     def stage_peaks(self) -> tuple[int, ...]:
@@ -96,6 +101,13 @@ class ProfileSet:
     runs: tuple[RunObservation, ...]
     skipped: tuple[tuple[str, str], ...] = ()
     """(run, why) for runs that did not finish: OOM, error, or still running."""
+
+    @property
+    def stopped_early(self) -> tuple[tuple[str, int, int], ...]:
+        """(run, iterations run, iterations asked) of the runs Megatron ended early itself: used,
+        since each iteration they ran was measured (a user's run cut short by its time limit), and
+        said (``RunObservation.stopped_early``)."""
+        return tuple((run.run, *run.stopped_early) for run in self.runs if run.stopped_early)
 
     @property
     def observations(self) -> tuple[StageObservation, ...]:
@@ -237,7 +249,10 @@ def observe_run(run: ProfileRun, name: str | None = None) -> RunObservation:
         )
         for index, spec in enumerate(layout.stages)
     )
-    return RunObservation(run=name, layout=layout, stages=stages, gpu_peaks=tuple(sorted(gpu_peaks)))
+    early = [(len(profile.iterations), profile.header.asked_iterations) for profile in run.ranks
+             if profile.stopped_early]
+    return RunObservation(run=name, layout=layout, stages=stages, gpu_peaks=tuple(sorted(gpu_peaks)),
+                          stopped_early=min(early) if early else None)
 
 
 # --- a set of runs ----------------------------------------------------------------------

@@ -10,7 +10,9 @@ Schema ``megatron-4d-advisor/plan``, version 1. One JSON object:
     not_launchable_reason (null when launchable),
     predictor {name: the predictor that priced the plan ("1f1b" | "capture" from profiles;
         "seed004": the analytic estimator, without profiles),
-        profile_runs (directory names), skipped_runs [{run, status}], fits (1f1b: per scenario and
+        profile_runs (directory names), skipped_runs [{run, status}], stopped_early_runs [{run,
+        iterations, asked_iterations}] (runs used that Megatron ended before the iterations they
+        were asked for: --exit-interval, --exit-duration-in-mins, a signal), fits (1f1b: per scenario and
         microbatch, c0, c1 and the residuals)},
     model (LlamaSpec fields), seq_len, setup {params_dtype, distributed_optimizer,
         sequence_parallel},
@@ -128,6 +130,8 @@ class Plan:
     megatron_args: tuple[str, ...] | None
     profile_runs: tuple[str, ...] = ()
     skipped_runs: tuple[tuple[str, str], ...] = ()
+    stopped_early_runs: tuple[tuple[str, int, int], ...] = ()
+    """(run, iterations run, iterations asked) of the profile runs used that stopped early."""
     fits: tuple[dict, ...] = ()
     excluded: tuple[tuple[str, str], ...] = ()
     objective: Literal["memory", "time"] = "memory"
@@ -186,6 +190,8 @@ class Plan:
                 "stages have different TP/DP degrees; stock Megatron-LM gives every stage the same ones"),
             "predictor": {"name": self.predictor, "profile_runs": list(self.profile_runs),
                           "skipped_runs": [{"run": run, "status": status} for run, status in self.skipped_runs],
+                          "stopped_early_runs": [{"run": run, "iterations": done, "asked_iterations": asked}
+                                                 for run, done, asked in self.stopped_early_runs],
                           "fits": list(self.fits)},
             "model": self.model.to_dict(), "seq_len": self.seq_len, "setup": self.setup.to_dict(),
             "gpus": self.gpus, "gpus_per_node": self.gpus_per_node,

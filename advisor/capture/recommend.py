@@ -104,6 +104,7 @@ def _common(profiles: ProfileSet, predictor) -> dict:
     return dict(
         predictor=predictor.name, model=profiles.model, seq_len=profiles.seq_len, setup=profiles.setup,
         profile_runs=tuple(run.run for run in profiles.runs), skipped_runs=profiles.skipped,
+        stopped_early_runs=profiles.stopped_early,
         fits=tuple(fit.to_dict() for fit in getattr(predictor, "fits", ())),
         options=profiles.setup.training_options(),
     )

@@ -164,7 +164,8 @@ def _sections(section: str) -> tuple[str, ...]:
 
 def _show_run(run, section: str, ranks: tuple[int, ...], iteration: int | None) -> tuple[str, dict]:
     """One run's title and document for ``profile show``: its header, status and the chosen sections."""
-    from advisor.profile_report import compare_rank, layer_rows, missing_text, rank_summary, run_description, run_status
+    from advisor.profile_report import (compare_rank, layer_rows, missing_text, rank_summary, run_description,
+                                        run_status, stopped_early_text)
 
     profiles = [rank for rank in run.ranks if not ranks or rank.header.rank in ranks]
     if not profiles:
@@ -183,6 +184,7 @@ def _show_run(run, section: str, ranks: tuple[int, ...], iteration: int | None) 
     }
     return run_description(run), {"run": run.header.to_dict(), "status": run_status(run),
                                   "missing_ranks": list(run.missing_ranks), "missing": missing_text(run),
+                                  "stopped_early": stopped_early_text(run),
                                   **{name: tables[name] for name in _sections(section)}}
 
 

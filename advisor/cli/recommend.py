@@ -270,6 +270,16 @@ def set_aside_text(skipped: tuple[tuple[str, str], ...], total: int, shown: int 
     return f"set aside {len(skipped)} of {total} profile runs: " + "; ".join(parts)
 
 
+def stopped_early_text(runs: tuple[tuple[str, int, int], ...], shown: int = 3) -> str:
+    """The plan table's line for the profile runs used that Megatron ended early itself: each one's
+    peaks are those of the iterations it ran (a first iteration can peak lower than the next: the
+    optimizer's states appear at the first step), so the plan says how many."""
+    parts = [f"{run} ({done} of {asked} iterations)" for run, done, asked in runs[:shown]]
+    more = f" and {len(runs) - shown} more" if len(runs) > shown else ""
+    return (f"stopped early by Megatron (--exit-interval, --exit-duration-in-mins or a signal), measured over the "
+            f"iterations they ran: {', '.join(parts)}{more}")
+
+
 def _unmeasured_bytes(mem: float) -> float:
     """What a GPU holds beside a profile's peak allocation (``verdicts.runtime_and_reserve_bytes``):
     a profile measures allocated bytes (max_memory_allocated, or its symbolic and CPU stand-ins),
@@ -339,6 +349,8 @@ def _plan_table(plan, mem: float | None, unmeasured: float = 0.0) -> str:
         "\nNOT launchable on stock Megatron-LM (per-stage degrees)"
     if plan.skipped_runs:
         caption += "\n" + set_aside_text(plan.skipped_runs, len(plan.profile_runs) + len(plan.skipped_runs))
+    if plan.stopped_early_runs:
+        caption += "\n" + stopped_early_text(plan.stopped_early_runs)
     degrees = f"TP {plan.tp}, CP {plan.cp}, DP {plan.dp}" if plan.tp else "per-stage TP/DP"
     title = (f"{plan.model.name}: {plan.mode} plan, {plan.gpus} GPUs, {degrees}, PP {plan.pp}, "
              f"MBS {plan.micro_batch_size}, {plan.num_microbatches} microbatches "
