@@ -13,18 +13,21 @@ from the paper, not that the equation is wrong.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from advisor import equations as eq
 from advisor.memory import MemoryOptions, estimate_memory
 from advisor.stage_model import StageModel, head_shares_embedding
 from advisor.parallel import Workload
+from advisor.profile_reasons import NONE, Explained, Reason, explain_module, explain_static
 from advisor.profiles import LayerRecord, ProfileRun, RankProfile
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TermComparison:
-    """One measured quantity next to the seed-004 term that predicts it."""
+    """One measured quantity next to the seed-004 term that predicts it, and the known reasons
+    (``advisor.profile_reasons``) why the two differ, with the bytes they predict where a hand
+    count exists."""
 
     rank: int
     module: str
@@ -32,17 +35,37 @@ class TermComparison:
     equation: str
     measured_bytes: float
     estimated_bytes: float
+    expected_bytes: float | None = None
+    reasons: tuple[Reason, ...] = ()
 
     @property
     def ratio(self) -> float | None:
         return self.measured_bytes / self.estimated_bytes if self.estimated_bytes else None
 
+    @property
+    def expected_ratio(self) -> float | None:
+        """The ratio the reasons predict (None: no reason, or none with a hand count)."""
+        if self.expected_bytes is None or not self.estimated_bytes:
+            return None
+        return self.expected_bytes / self.estimated_bytes
+
     def to_dict(self) -> dict:
-        return {**{name: getattr(self, name) for name in COMPARE_COLUMNS[:-1]}, "ratio": self.ratio}
+        return {"rank": self.rank, "module": self.module, "term": self.term, "equation": self.equation,
+                "measured_bytes": self.measured_bytes, "estimated_bytes": self.estimated_bytes, "ratio": self.ratio,
+                "expected_ratio": self.expected_ratio, "reasons": [reason.key for reason in self.reasons]}
 
 
-COMPARE_COLUMNS = (*(field.name for field in fields(TermComparison)), "ratio")
-"""The keys of ``TermComparison.to_dict``: the compare section's columns."""
+COMPARE_COLUMNS = ("rank", "module", "term", "equation", "measured_bytes", "estimated_bytes", "ratio",
+                   "expected_ratio", "reasons")
+"""The keys of ``TermComparison.to_dict``: the compare section's columns (``reasons``: the keys
+of ``reasons_used``)."""
+
+
+def reasons_used(rows: list[TermComparison]) -> dict[str, dict]:
+    """Each reason the rows name, once: its text and source (``advisor profile show``'s notes)."""
+    return {reason.key: {"text": reason.text, "source": reason.source} for row in rows for reason in row.reasons}
+
+
 LAYER_FIELDS = ("layer_number", "parameter_bytes", "gradient_bytes", "optimizer_bytes", "activation_bytes",
                 "forward_peak_bytes", "backward_peak_bytes")
 LAYER_COLUMNS = ("rank", "module", *LAYER_FIELDS)
@@ -84,25 +107,30 @@ def compare_rank(profile: RankProfile, iteration: int | None = None) -> list[Ter
     element_bytes = options.element_bytes
     rows: list[TermComparison] = []
 
-    def add(record: LayerRecord, term: str, equation: str, measured: float, estimated: float) -> None:
+    def add(record: LayerRecord, term: str, equation: str, measured: float, estimated: float,
+            why: Explained = NONE) -> None:
         rows.append(TermComparison(rank=h.rank, module=record.name, term=term, equation=equation,
-                                   measured_bytes=measured, estimated_bytes=estimated))
+                                   measured_bytes=measured, estimated_bytes=estimated,
+                                   expected_bytes=why.expected_bytes, reasons=why.reasons))
 
     for record in profile.layers_of(iteration):
         if record.kind == "decoder":
             parameters = eq.layer_parameters(spec, t)
             add(record, "weights", "Eq. 6", record.parameter_bytes, parameters * element_bytes)
-            add(record, "activations", "Eq. 12/15", record.activation_bytes, layer_activations)
+            add(record, "activations", "Eq. 12/15", record.activation_bytes, layer_activations,
+                explain_module(profile, record))
         elif record.kind == "embedding":
             parameters = eq.embedding_parameters(spec, t)
             add(record, "weights", "Eq. 7", record.parameter_bytes, parameters * element_bytes)
-            add(record, "activations", "Eq. 13", record.activation_bytes, embedding_activations)
+            add(record, "activations", "Eq. 13", record.activation_bytes, embedding_activations,
+                explain_module(profile, record))
         else:
             parameters = eq.final_norm_parameters(spec)
             if not head_shares_embedding(spec, parallel.pp):
                 parameters += eq.embedding_parameters(spec, t)
             add(record, "weights", "Eq. 9", record.parameter_bytes, parameters * element_bytes)
-            add(record, "activations", "Eq. 14", record.activation_bytes, output_activations)
+            add(record, "activations", "Eq. 14", record.activation_bytes, output_activations,
+                explain_module(profile, record))
 
     stage = stage_estimate(profile)
     it = next(it for it in profile.iterations if it.iteration == iteration)
@@ -110,16 +138,35 @@ def compare_rank(profile: RankProfile, iteration: int | None = None) -> list[Ter
                                parameter_bytes=0, gradient_bytes=0, optimizer_bytes=0, activation_bytes=0,
                                forward_peak_bytes=0, backward_peak_bytes=0)
     add(stage_record, "weights", "Eq. 7-9", it.parameter_bytes, stage.weights_bytes)
-    add(stage_record, "gradients", "Eq. 4 (FP32)", it.gradient_bytes, stage.gradients_bytes)
-    add(stage_record, "optimizer", "Eq. 10", it.optimizer_bytes, stage.optimizer_bytes)
+    add(stage_record, "gradients", "Eq. 4 (FP32)", it.gradient_bytes, stage.gradients_bytes,
+        explain_static(profile, "gradients", stage.gradients_bytes))
+    add(stage_record, "optimizer", "Eq. 10", it.optimizer_bytes, stage.optimizer_bytes,
+        explain_static(profile, "optimizer", stage.optimizer_bytes))
     measured_activations = in_flight_activation_bytes(profile, iteration)
     estimated_activations = (
         stage.layer_activations_bytes + stage.embedding_activations_bytes + (output_activations if h.last_stage else 0.0)
     )
-    add(stage_record, "activations in flight", "Eq. 16-17", measured_activations, estimated_activations)
+    add(stage_record, "activations in flight", "Eq. 16-17", measured_activations, estimated_activations,
+        _in_flight_explained(profile, rows))
     estimated_total = stage.weights_bytes + stage.gradients_bytes + stage.optimizer_bytes + estimated_activations
     add(stage_record, "peak", "Eq. 18", it.peak_allocated_bytes, estimated_total)
     return rows
+
+
+def _in_flight_explained(profile: RankProfile, rows: list[TermComparison]) -> Explained:
+    """The modules' reasons for the activations in flight (Eq. 16-17 sums Eq. 12-14 over what the
+    1F1B peak holds, as ``in_flight_activation_bytes`` sums the measurements), and their expected
+    bytes summed the same way where every module with a reason has a hand count."""
+    modules = [row for row in rows if row.term == "activations"]
+    reasons = tuple({reason.key: reason for row in modules for reason in row.reasons}.values())
+    if not reasons or any(row.reasons and row.expected_bytes is None for row in modules):
+        return Explained(reasons)
+    n, kinds = profile.header.in_flight_microbatches, {"embedding": "embedding", "output": "output"}
+    total = 0.0
+    for row in modules:
+        kept = row.estimated_bytes if row.expected_bytes is None else row.expected_bytes
+        total += kept * (1 if kinds.get(row.module) == "output" else n)
+    return Explained(reasons, total)
 
 
 def stage_estimate(profile: RankProfile):

@@ -69,7 +69,10 @@ def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int |
     compare  each measured term / the seed-004 term for this run's model,
              layout and dtype: Eq. 6-9 (weights), Eq. 12/15 (a layer's
              activations), Eq. 13 (embedding), Eq. 14 (LM head), Eq. 16-17
-             (activations in flight), Eq. 18 (peak); for a symbolic MoE layer
+             (activations in flight), Eq. 18 (peak); where a known difference
+             of the run explains a ratio (FP32 weights, the CPU's kernels,
+             the token ids, the TE layer), a note under the table and the
+             ratio its hand count predicts (expected); for a symbolic MoE layer
              (DIR/moe_layer.json, python -m megatron_hooks.moe_layer --out DIR):
              each advisor/moe term / its measured part, and a note where the
              layer was not built as those terms price it (the TE spec, CUDA)
@@ -99,7 +102,8 @@ def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int |
         text = _csv(shown, section, single=len(shown) == 1 and directories[0] == directory)
     else:
         first = _sections(section)[0]
-        text = "\n".join(_table(name, doc[name], title if name == first else None, color_wanted(output))
+        text = "\n".join(_table(name, doc[name], title if name == first else None, color_wanted(output),
+                                 doc.get("compare_reasons"))
                           for title, doc in titled for name in _sections(section))
     emit(text, output)
 
@@ -165,7 +169,7 @@ def _sections(section: str) -> tuple[str, ...]:
 def _show_run(run, section: str, ranks: tuple[int, ...], iteration: int | None) -> tuple[str, dict]:
     """One run's title and document for ``profile show``: its header, status and the chosen sections."""
     from advisor.profile_report import (compare_rank, layer_rows, missing_text, rank_summary, run_description,
-                                        run_status, stopped_early_text)
+                                        reasons_used, run_status, stopped_early_text)
 
     profiles = [rank for rank in run.ranks if not ranks or rank.header.rank in ranks]
     if not profiles:
@@ -177,18 +181,24 @@ def _show_run(run, section: str, ranks: tuple[int, ...], iteration: int | None) 
             has = ("none" if first is None else f"{first} to {last}" if len(known) == last - first + 1
                    else ", ".join(map(str, sorted(known))))
             raise InputError(f"rank {rank.header.rank} recorded no iteration {iteration} (it has {has})")
+    compared = [row for rank in profiles for row in compare_rank(rank, iteration)] if "compare" in _sections(
+        section) else []
     tables = {
         "ranks": [rank_summary(rank) for rank in profiles],
         "layers": [row for rank in profiles for row in layer_rows(rank, iteration)],
-        "compare": [row.to_dict() for rank in profiles for row in compare_rank(rank, iteration)],
+        "compare": [row.to_dict() for row in compared],
     }
     return run_description(run), {"run": run.header.to_dict(), "status": run_status(run),
                                   "missing_ranks": list(run.missing_ranks), "missing": missing_text(run),
                                   "stopped_early": stopped_early_text(run),
-                                  **{name: tables[name] for name in _sections(section)}}
+                                  **{name: tables[name] for name in _sections(section)},
+                                  # each reason the compare rows name: its text and source (profile_reasons)
+                                  **({"compare_reasons": reasons_used(compared)} if "compare" in _sections(section)
+                                     else {})}
 
 
-def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
+def _table(name: str, rows: list[dict], title: str | None, color: bool, reasons: dict[str, dict] | None = None
+           ) -> str:
     from advisor.render import Column, byte_unit, to_table
 
     def byte_columns(keys_and_headers, drops=None):
@@ -214,16 +224,54 @@ def _table(name: str, rows: list[dict], title: str | None, color: bool) -> str:
                                   ("optimizer_bytes", "optimizer"), ("activation_bytes", "act./mb"),
                                   ("forward_peak_bytes", "fwd peak"), ("backward_peak_bytes", "bwd peak")])]
         return to_table(rows, columns, title=title, color=color)
+    return _compare_table(rows, reasons or {}, title, color, byte_columns)
+
+
+def _compare_table(rows: list[dict], reasons: dict[str, dict], title: str | None, color: bool, byte_columns
+                   ) -> str:
+    """The compare section: each ratio, the ratio its known reasons predict (``expected``), and
+    those reasons under the table, one note per term they explain (``advisor.profile_reasons``: a
+    bare 0.667 or 1.36 read as an error of the estimate where it is a known difference, audit)."""
+    from advisor.render import Column, to_table
+
     # the ratio is what this section is for: the equation's name goes first (at 100 columns the
     # ratio, rightmost, went and left two columns of bytes to divide by hand, audit), then the
     # estimate, then the measurement (the layers section has it too)
     columns = [Column("rank", "rank"), Column("module", "module", justify="left"),
                Column("term", "term", justify="left"), Column("equation", "4D paper", justify="left", drop=3),
-               *byte_columns([("measured_bytes", "measured"), ("estimated_bytes", "estimated")],
+               *byte_columns([("measured_bytes", "measured"), ("estimated_bytes", "estimate")],
                              {"measured_bytes": 1, "estimated_bytes": 2}),
-               Column("ratio", "measured/est.", ".3f")]
-    return to_table(rows, columns, title=title, color=color,
-                    caption="estimates: the 4D paper's for this run's model, layout, sequence, micro-batch and dtype")
+               Column("ratio", "ratio", ".3f"), Column("expected_ratio", "expected", ".3f")]
+    caption = ("ratio: measured / estimate, the 4D paper's for this run's model, layout, sequence, micro-batch and "
+               "dtype: Eq. 6-9 weights, Eq. 4 gradients, Eq. 10 optimizer, Eq. 12/15 a layer's activations, Eq. 13 "
+               "embedding, Eq. 14 output, Eq. 16-17 in flight, Eq. 18 peak")
+    if notes := _compare_notes(rows, reasons):
+        caption += ("\nexpected: the ratio that the known reasons below predict (their hand counts; - where "
+                    "none applies or none has one); sources: --format json, compare_reasons\n" + "\n".join(notes))
+    return to_table(rows, columns, title=title, color=color, caption=caption)
+
+
+def _compare_notes(rows: list[dict], reasons: dict[str, dict]) -> list[str]:
+    """One line per term that known reasons explain ('layer activations: ...'), each reason's
+    text once; the activations in flight sum the modules' (Eq. 16-17), so they point back."""
+    by_label: dict[str, list[str]] = {}
+    for row in rows:
+        if not row["reasons"]:
+            continue
+        module = row["module"]
+        kind = "layer" if module.startswith("decoder.") else "" if module == "stage" else module
+        label = f"{kind} {row['term']}".strip()
+        keys = by_label.setdefault(label, [])
+        keys += [key for key in row["reasons"] if key not in keys]
+    grouped: dict[tuple[str, ...], list[str]] = {}  # terms with the same reasons share their note
+    for label, keys in by_label.items():
+        if label != "activations in flight":
+            grouped.setdefault(tuple(keys), []).append(label)
+    notes = [f"{', '.join(labels)}: " + "; ".join(reasons[key]["text"] for key in keys)
+             for keys, labels in grouped.items()]
+    if "activations in flight" in by_label:
+        notes.append("activations in flight: the modules' activations above, as 1F1B holds them")
+    return notes
 
 
 # --- advisor profile plan ----------------------------------------------------------------
