@@ -135,7 +135,7 @@ def explain_module(profile: RankProfile, record: LayerRecord) -> Explained:
     if h.recompute != "none":
         return NONE  # the hand counts below are of layers that keep everything
     if h.kernels == "cpu" and h.layer_spec == "local":
-        single = h.parallel.tp == 1 and h.parallel.cp == 1  # what the hand counts were made for
+        single = h.parallel.tp == 1 and h.parallel.cp == 1 and _llama_heads(h.model)  # what the counts were made for
         if record.kind == "decoder":
             first = record.layer_number == min(h.stage_layers)
             # the emulator builds megatron_hooks.model's layers (no fusion); a real Megatron-LM run
@@ -147,10 +147,17 @@ def explain_module(profile: RankProfile, record: LayerRecord) -> Explained:
     if record.kind == "decoder" and h.kernels == "cuda" and h.layer_spec == "transformer_engine" \
             and h.params_dtype == "bfloat16":
         reason = _formatted(TE_LAYER, h)
-        counted = h.parallel.tp == 1 or h.sequence_parallel  # the hand count splits every tensor over t
+        # the hand count splits every tensor over t
+        counted = (h.parallel.tp == 1 or h.sequence_parallel) and _llama_heads(h.model)
         first = record.layer_number == min(h.stage_layers)
         return Explained((reason,), _te_layer_bytes(profile, first) if counted else None)
     return NONE
+
+
+def _llama_heads(model) -> bool:
+    """The hand counts' attention: a d = h (Q and the context sb x h) and no Q/K norms (Qwen3's
+    keep more: equations.qk_norm_activation_bytes). Other models get the reasons, not a number."""
+    return model.query_size == model.hidden_size and not model.qk_layernorm
 
 
 def _formatted(reason: Reason, header) -> Reason:

@@ -2,6 +2,7 @@
 004's, said where their condition (the rank file's header) holds and only there, with the ratio
 their hand counts predict, checked against hand derivations and real profiles."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,17 @@ def test_without_a_hand_count_the_reason_is_said_without_a_number():
     assert keys(layer_row) == ["cpu-kernels", "fused-swiglu"] and layer_row.expected_bytes is None
     assert rows[("embedding", "activations")].expected_bytes == 8 * 32 + 32  # s = 32, b = 1
     assert rows[("stage", "activations in flight")].expected_bytes is None
+
+
+@pytest.mark.parametrize("model", [replace(TINY, qk_layernorm=True), replace(TINY, kv_channels=32)],
+                         ids=["qk-norms", "a-d-not-h"])
+@pytest.mark.parametrize("spec", [dict(), MEGATRON_TE], ids=["cpu", "te"])
+def test_a_layer_the_hand_counts_do_not_cover_gets_its_reasons_without_a_number(model, spec):
+    """The layer counts are of Llama's attention: a d = h and no Q/K norms. Qwen3's norms keep more
+    (equations.qk_norm_activation_bytes) and a d != h changes Q and the context (TINY: a 4 x d 32 =
+    128 against h 64), so such a layer gets its reasons and no expected ratio."""
+    row = rows_of(profile(header=header(**spec, model=model)))[("decoder.layers.0", "activations")]
+    assert row.reasons and row.expected_bytes is None
 
 
 def test_the_cpu_emulators_committed_profile_is_explained_to_the_byte():
