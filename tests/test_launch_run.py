@@ -87,7 +87,7 @@ def check_run(profile_dir: Path, document: dict, output: str, *, running_mean: b
         assert header.model.vocab_size == rows  # the rows Megatron built = the rows the estimate priced
         assert header.model.rotary_base == 500000.0 and header.model.rope_scaling_factor == 8.0  # Llama 3.1's
         assert len(rank.iterations) == 2 and header.asked_iterations == 2 and not rank.stopped_early
-        check_complete(rank)
+        check_complete(rank)  # a record for every layer of the stage, every iteration
         # profile show's expected ratios (advisor/profile_reasons.py): the hand counts of a real
         # Megatron-LM layer on the CPU (Megatron-LM's fused SwiGLU), its token ids and its LM head.
         # A layer may hold the shared bool causal mask (s^2 bytes) besides the stage's first: in 1
@@ -97,7 +97,7 @@ def check_run(profile_dir: Path, document: dict, output: str, *, running_mean: b
         mask = header.seq_len ** 2
         assert all(row.measured_bytes - row.expected_bytes in ((0, mask) if row.module.startswith("decoder.") else (0,))
                    for row in explained), [(row.module, row.measured_bytes, row.expected_bytes) for row in explained]
-        assert explained or header.parallel.tp > 1  # a record for every layer of the stage, every iteration
+        assert explained or header.parallel.tp > 1
         if header.last_stage:
             recorded = [iteration.loss for iteration in rank.iterations]
             if running_mean:
