@@ -6,7 +6,7 @@ import pytest
 from capture_synth import TINY, Truth, write_run
 
 from advisor.capture.layout import PIPELINE
-from advisor.capture.observations import load_profile_set, profile_set
+from advisor.capture.observations import SET_ASIDE_WHY, load_profile_set, profile_set, set_aside_groups
 from advisor.capture.statistics import apply_groups, capture_statistics, merge_groups
 from advisor.models import with_overrides
 from advisor.profiles import ProfileError, load_run
@@ -110,6 +110,16 @@ def test_unfinished_runs_are_set_aside(tmp_path):
     with pytest.raises(ProfileError, match=r"the one profile run did not finish \('ok'\): oom out of memory"):
         load_profile_set([only_oom])
 
+
+
+def test_set_aside_runs_are_grouped_once_for_the_caption_and_the_error():
+    """One grouping for recommend's caption and the none-finished error: per status in
+    SET_ASIDE_WHY's order (running, oom, error), whatever the runs' order, at most ``shown`` names
+    and the count of the rest; a status none has is left out."""
+    skipped = [("e1", "error"), ("r1", "running"), ("r2", "running"), ("r3", "running"), ("r4", "running")]
+    assert set_aside_groups(skipped, shown=3) == [("r1, r2, r3 and 1 more", SET_ASIDE_WHY["running"]),
+                                                  ("e1", SET_ASIDE_WHY["error"])]
+    assert set_aside_groups(skipped[:2], shown=1) == [("r1", SET_ASIDE_WHY["running"]), ("e1", SET_ASIDE_WHY["error"])]
 
 def test_layer_merger_by_hand():
     isolated, added = [10, 8, 9, 12], [None, 3, 2, 5]

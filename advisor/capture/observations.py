@@ -276,15 +276,23 @@ SET_ASIDE_WHY = {
 words that say what to do next (the recommender's caption, and the error when none is left)."""
 
 
-def none_finished(skipped: list[tuple[str, str]], shown: int = 3) -> str:
-    """The error when no run ended ok: which runs, and per status what to do (a campaign killed
-    in its first run said only "none of the 1 profile runs finished ('ok')")."""
-    parts = []
+def set_aside_groups(skipped: Iterable[tuple[str, str]], shown: int = 3) -> list[tuple[str, str]]:
+    """(the runs named, why) per status of ``SET_ASIDE_WHY`` that ``skipped`` (run, status) holds,
+    at most ``shown`` names each: the one grouping of the recommender's caption and of the error
+    when no run finished, so that both say the same."""
+    skipped, groups = list(skipped), []
     for status, why in SET_ASIDE_WHY.items():
         names = [name for name, run_status in skipped if run_status == status]
         if names:
             more = f" and {len(names) - shown} more" if len(names) > shown else ""
-            parts.append(f"{', '.join(names[:shown])}{more} {why}")
+            groups.append((f"{', '.join(names[:shown])}{more}", why))
+    return groups
+
+
+def none_finished(skipped: list[tuple[str, str]], shown: int = 3) -> str:
+    """The error when no run ended ok: which runs, and per status what to do (a campaign killed
+    in its first run said only "none of the 1 profile runs finished ('ok')")."""
+    parts = [f"{names} {why}" for names, why in set_aside_groups(skipped, shown)]
     runs = "the one profile run" if len(skipped) == 1 else f"none of the {len(skipped)} profile runs"
     return f"{runs} {'did not finish' if len(skipped) == 1 else 'finished'} ('ok'): " + "; ".join(parts)
 

@@ -259,14 +259,9 @@ def _timing(spec, gpu, seq_len: int, global_batch_size: int, time_options=None):
 def set_aside_text(skipped: tuple[tuple[str, str], ...], total: int, shown: int = 3) -> str:
     """The plan table's line for the profile runs set aside: a campaign killed midway gave a plan
     from the runs that had finished without a word but in the JSON (audit)."""
-    from advisor.capture.observations import SET_ASIDE_WHY
+    from advisor.capture.observations import set_aside_groups
 
-    parts = []
-    for status, why in SET_ASIDE_WHY.items():
-        names = [name for name, run_status in skipped if run_status == status]
-        if names:
-            more = f" and {len(names) - shown} more" if len(names) > shown else ""
-            parts.append(f"{', '.join(names[:shown])}{more} ({why})")
+    parts = [f"{names} ({why})" for names, why in set_aside_groups(skipped, shown)]
     return f"set aside {len(skipped)} of {total} profile runs: " + "; ".join(parts)
 
 
