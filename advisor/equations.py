@@ -101,22 +101,26 @@ makes when it is built. A fresh run's first forward and backward run without the
 # --- activations of one microbatch, unsharded (seed 004, Section 3.2) -------------------
 
 
-def attention_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int, fused_norms: bool = True) -> float:
+def attention_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int, fused_norms: bool = True,
+                               flash_attention: bool = True) -> float:
     """Eq. 11: 6sbh + 4sbh k/a. Input X, Q, K and V, and the attention output, in BF16;
     FlashAttention stores neither QK^T nor the softmax.
 
     With an explicit head size d, Q and the attention output are sb x ad and K, V sb x kd:
     2sbh + 4sb ad + 4sb kd, which is Eq. 11 when ad = h. With --qk-layernorm (Qwen3), plus
-    ``qk_norm_activation_bytes`` (``fused_norms`` False: --transformer-impl local)."""
+    ``qk_norm_activation_bytes`` (``fused_norms`` False: --transformer-impl local;
+    ``flash_attention`` False: unfused attention). Unfused attention keeps K and V expanded to
+    every head instead of Eq. 11's: ``unfused_attention_bytes``."""
     s, b, h = seq_len, mbs, spec.hidden_size
     if spec.query_size == h:
         eq11 = 6 * s * b * h + 4 * s * b * h * spec.num_query_groups / spec.num_attention_heads
     else:
         eq11 = 2 * s * b * h + 4 * s * b * spec.query_size + 4 * s * b * spec.num_query_groups * spec.head_dim
-    return eq11 + qk_norm_activation_bytes(spec, s, b, fused_norms)
+    return eq11 + qk_norm_activation_bytes(spec, s, b, fused_norms, flash_attention)
 
 
-def qk_norm_activation_bytes(spec: LlamaSpec, seq_len: int, mbs, fused_norms: bool = True) -> float:
+def qk_norm_activation_bytes(spec: LlamaSpec, seq_len: int, mbs, fused_norms: bool = True,
+                             flash_attention: bool = True) -> float:
     """What the per-head Q and K RMSNorms of --qk-layernorm keep for their backward, 0 without
     them; split over t with the heads (megatron-core ``transformer/attention.py``,
     ``SelfAttention.get_query_key_value_tensors``, core_v0.15.2 lines 1097-1111, core_v0.19.0
@@ -125,28 +129,35 @@ def qk_norm_activation_bytes(spec: LlamaSpec, seq_len: int, mbs, fused_norms: bo
     keeps a BF16 copy, 2sbad; ``key`` is a view of the QKV output; each norm keeps an FP32 rstd per
     head and token, 4sb(a + k).
 
-    - Transformer Engine's spec (``fused_norms``, the default): 2sbad + 4sb(a + k). K's view adds
-      no bytes: cuDNN attention saves V, a view of the same QKV output, which keeps all of it
-      anyway (tests/test_symbolic.py, measured on a real-size Qwen3-8B layer). 2sb(a + k)d, both
-      inputs as new and no rstd, until 2026-11-30.
-    - --transformer-impl local (``fused_norms`` False): 4sb(a + k)d + 4sb(a + k). Its
-      ``DotProductAttention`` expands K and V for GQA (``repeat_interleave``,
-      dot_product_attention.py core_v0.15.2 lines 159-165, whose backward saves nothing) and
-      saves the expanded copies, never V's view, so K's saved view is what keeps the whole QKV
-      output, 2sb(a + 2k)d, alive: 2sbad + 2sb(a + 2k)d + 4sb(a + k). Its norm is torch's
-      ``RMSNorm`` (``WrappedTorchNorm``: the local spec takes it for RMSNorm even with Apex,
-      models/backends.py ``LocalSpecProvider.layer_norm``), whose CUDA kernel saves the input,
-      the weight and the FP32 rstd, as TE's (megatron_hooks/kernels.py, read on an H100); the
-      local spec allows neither sequence parallelism (torch_norm.py) nor CP
+    - Transformer Engine's spec with flash or cuDNN attention (``fused_norms`` and
+      ``flash_attention``, the defaults): 2sbad + 4sb(a + k). K's view adds no bytes: cuDNN
+      attention saves V, a view of the same QKV output, which keeps all of it anyway
+      (tests/test_symbolic.py, measured on a real-size Qwen3-8B layer). 2sb(a + k)d, both inputs
+      as new and no rstd, until 2026-11-30.
+    - Unfused attention (``fused_norms`` False, --transformer-impl local, whose core attention is
+      always unfused; or ``flash_attention`` False, Transformer Engine's --attention-backend
+      unfused): 4sb(a + k)d + 4sb(a + k). Both unfused kernels expand K and V for GQA
+      (``repeat_interleave``, whose backward saves nothing) and save the expanded copies, never
+      V's view (``unfused_attention_bytes``), so K's saved view is what keeps the whole QKV
+      output, 2sb(a + 2k)d, alive: 2sbad + 2sb(a + 2k)d + 4sb(a + k). The local spec's norm is
+      torch's ``RMSNorm`` (``WrappedTorchNorm``: the local spec takes it for RMSNorm even with
+      Apex, models/backends.py ``LocalSpecProvider.layer_norm``), whose CUDA kernel saves the
+      input, the weight and the FP32 rstd, as TE's (megatron_hooks/kernels.py, read on an H100);
+      the local spec allows neither sequence parallelism (torch_norm.py) nor CP
       (dot_product_attention.py), so the heads split over t alone. Measured to the byte on a
-      real-size Qwen3-8B layer of the local spec (tests/test_symbolic.py).
+      real-size Qwen3-8B layer of the local spec (tests/test_symbolic.py). TE's norm (``TENorm``)
+      saves its input as well, a view of the same QKV output, and its unfused backend
+      (``UnfusedDotProductAttention``) saves expanded K and V likewise (TransformerEngine v2.9
+      transformer_engine/pytorch/attention/dot_product_attention/backends.py, 70f5366, lines
+      350-359 and 523), read from the source: no TE here to measure it.
 
-    Dense Qwen3 and the MoE model's Qwen3-MoE alike."""
+    Dense Qwen3 and the MoE model's Qwen3-MoE alike (the MoE model prices the local spec's
+    attention as flash attention, but with ``fused_norms`` False)."""
     if not spec.qk_layernorm:
         return 0
     s, b, a, k, d = seq_len, mbs, spec.num_attention_heads, spec.num_query_groups, spec.head_dim
     rstd = 4 * s * b * (a + k)  # FP32, one per head and token, both norms
-    if fused_norms:
+    if fused_norms and flash_attention:
         return 2 * s * b * a * d + rstd  # the Q copy
     return 2 * s * b * a * d + 2 * s * b * (a + 2 * k) * d + rstd  # the Q copy, the whole QKV output
 
@@ -154,8 +165,40 @@ def qk_norm_activation_bytes(spec: LlamaSpec, seq_len: int, mbs, fused_norms: bo
 def attention_scores_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
     """Without FlashAttention: the BF16 softmax output, 2as^2b, kept for the softmax backward
     and for attention-over-V (Korthikanti et al. 2023, Section 4.1; Llama has no attention
-    dropout, so the as^2b mask and the second 2as^2b copy are absent)."""
+    dropout, so the as^2b mask and the second 2as^2b copy are absent: torch's dropout with p 0
+    returns its input, ATen ``dropout``). One copy with Megatron-LM's defaults: the fused
+    scale-mask-softmax kernels save only their BF16 output (megatron-core
+    ``fusions/fused_softmax.py``; Transformer Engine v2.9 ``attention/dot_product_attention/
+    softmax.py``, ``ScaledMaskedSoftmax``), and megatron-core's PyTorch fallback computes in BF16
+    unless --attention-softmax-in-fp32 (off in Megatron-LM's arguments, on in a bare
+    ``TransformerConfig``), which adds its FP32 output, 4as^2b; Transformer Engine's fallback
+    (s of 16384 or more) always does (``FusedScaleMaskSoftmax(softmax_in_fp32=True)``)."""
     return 2 * spec.num_attention_heads * seq_len * seq_len * mbs
+
+
+def expanded_kv_bytes(spec: LlamaSpec, seq_len: int, mbs) -> float:
+    """What unfused attention keeps of K and V beyond Eq. 11's 2sbkd each: 4sb(a - k)d, 0 without
+    GQA. Both unfused kernels expand K and V to every query head before the score and context
+    products (``repeat_interleave``) and those products save the expanded copies, 2sbad each,
+    while the unexpanded ones are saved by nothing (the expansion's backward saves none):
+    megatron-core's ``DotProductAttention`` (--transformer-impl local; core_v0.15.2
+    transformer/dot_product_attention.py lines 159-165, baddbmm 184, bmm 229; core_v0.19.0 lines
+    169-175) and Transformer Engine's ``UnfusedDotProductAttention`` (--attention-backend unfused;
+    TransformerEngine v2.9 transformer_engine/pytorch/attention/dot_product_attention/backends.py,
+    70f5366, lines 350-359, baddbmm 410, bmm 523). Measured to the byte on real-size Llama-3.1-8B
+    layers of the local spec (tests/test_symbolic.py). With a = k (no GQA) nothing is expanded
+    and V's saved view keeps the whole QKV output, as under flash attention: Eq. 11's own
+    approximation, not this term's."""
+    a, k, d = spec.num_attention_heads, spec.num_query_groups, spec.head_dim
+    return 4 * seq_len * mbs * (a - k) * d
+
+
+def unfused_attention_bytes(spec: LlamaSpec, seq_len: int, mbs) -> float:
+    """What core attention keeps without a fused kernel beyond Eq. 11, one layer and microbatch,
+    unsharded: the softmax output (``attention_scores_bytes``) and K and V expanded to every head
+    (``expanded_kv_bytes``). Recomputing core attention (--recompute-modules core_attn) keeps
+    none of it: the checkpoint saves the unexpanded Q, K and V that Eq. 11 counts."""
+    return attention_scores_bytes(spec, seq_len, mbs) + expanded_kv_bytes(spec, seq_len, mbs)
 
 
 def mlp_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
@@ -169,11 +212,13 @@ def norm_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
     return 4 * seq_len * mbs * spec.hidden_size
 
 
-def layer_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int, fused_norms: bool = True) -> float:
+def layer_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int, fused_norms: bool = True,
+                           flash_attention: bool = True) -> float:
     """Eq. 12: sbh(12 + 4k/a + 8h_ffn/h), one transformer layer, one microbatch (``fused_norms``
-    False: --transformer-impl local, which prices Qwen3's QK norms differently)."""
+    False: --transformer-impl local, and ``flash_attention`` False, which price Qwen3's QK norms
+    differently; unfused attention's own terms are ``unfused_attention_bytes``)."""
     return (
-        attention_activation_bytes(spec, seq_len, mbs, fused_norms)
+        attention_activation_bytes(spec, seq_len, mbs, fused_norms, flash_attention)
         + mlp_activation_bytes(spec, seq_len, mbs)
         + norm_activation_bytes(spec, seq_len, mbs)
     )
@@ -210,7 +255,8 @@ def recomputed_module_bytes(spec: LlamaSpec, seq_len: int, mbs, modules, fused_n
       with --transformer-impl local, the inputs of linear_qkv and linear_fc1, 2sbh each (with mlp
       too, the pre-MLP one is the checkpoint's input, so it goes as well). Transformer Engine's
       dense spec has no such norm (both fused), and Megatron recomputes nothing.
-    - core_attn frees no Eq. 12 term (its s^2 scores are ``attention_scores_bytes``')."""
+    - core_attn frees no Eq. 12 term (its s^2 scores and expanded K and V are
+      ``unfused_attention_bytes``')."""
     s, b, h = seq_len, mbs, spec.hidden_size
     hidden = 0.0
     if "layernorm" in modules and not fused_norms:

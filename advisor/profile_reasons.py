@@ -68,8 +68,8 @@ TOKEN_IDS = Reason(
 CPU_KERNELS = Reason(
     key="cpu-kernels",
     text="torch's CPU kernels with the local spec: RMSNorm keeps FP32 copies of its input and x*rsqrt, "
-         "K and V are expanded to every head, RoPE keeps cos and sin, the stage's first layer the causal "
-         "mask (the estimate already has the local spec's s x s scores)",
+         "RoPE keeps cos and sin, the stage's first layer the causal mask (the estimate already has the local "
+         "spec's s x s scores and K and V expanded to every head)",
     source="megatron_hooks/README.md ('What the local layer spec keeps'); "
            "tests/test_hooks.py::hand_count_layer",
 )

@@ -67,12 +67,12 @@ def layer_bytes(spec: LlamaSpec, seq_len: int, mbs, tp, cp, options: MemoryOptio
     t, c = np.asarray(tp), np.asarray(cp)
     replicated = 0 if options.sequence_parallel else eq.tensor_parallel_replicated_activation_bytes(spec, seq_len, mbs)
     whole = np.where(t == 1, 0, replicated)
-    full = eq.layer_activation_bytes(spec, seq_len, mbs, options.fused_norms) - whole
+    full = eq.layer_activation_bytes(spec, seq_len, mbs, options.fused_norms, options.flash_attention) - whole
     modules = options.recompute_modules if options.recompute == "selective" else frozenset()
     if not options.flash_attention and "core_attn" not in modules:
-        # Recomputed core attention keeps none of its s^2 terms (Korthikanti et al. 2023,
-        # Table 2); with FlashAttention there are none.
-        full = full + eq.attention_scores_bytes(spec, seq_len, mbs)
+        # Unfused core attention's s^2 scores and K and V expanded to every head; recomputed, it
+        # keeps none of them (Korthikanti et al. 2023, Table 2); with FlashAttention there are none.
+        full = full + eq.unfused_attention_bytes(spec, seq_len, mbs)
     kept = full / (t * c) + whole / c
     if modules - {"core_attn"}:
         hidden, ffn = eq.recomputed_module_bytes(spec, seq_len, mbs, modules, options.fused_norms)

@@ -55,11 +55,15 @@ def test_bf16_gradients_take_2_bytes():
 
 
 def test_without_flash_attention_the_softmax_output_is_kept_and_selective_removes_it():
-    """Korthikanti et al.: softmax output 2as^2b per layer (Llama: no dropout); selective
-    recomputation of core attention removes it, which FlashAttention already does."""
+    """Korthikanti et al.: softmax output 2as^2b per layer (Llama: no dropout), and the copies of K
+    and V expanded to every head that unfused attention saves (equations.expanded_kv_bytes);
+    selective recomputation of core attention removes both, which FlashAttention already does."""
     scores = 32 * 2 * 32 * S * S / 2  # L layers * 2 a s^2 b / t  = 64 GiB
     assert scores == 64 * GIB
-    assert tp2_dp2(flash_attention=False).peak.activations_bytes == ACTIVATIONS_TP2 + scores
+    # and K and V expanded from k = 8 to a = 32 heads of d = 128: L layers * 4 s b (a - k) d / t = 1.5 GiB
+    expanded = 32 * 4 * S * 24 * 128 / 2
+    assert expanded == 1.5 * GIB
+    assert tp2_dp2(flash_attention=False).peak.activations_bytes == ACTIVATIONS_TP2 + scores + expanded
     assert tp2_dp2(flash_attention=False, recompute="selective").peak.activations_bytes == ACTIVATIONS_TP2
     assert tp2_dp2(recompute="selective").peak.activations_bytes == ACTIVATIONS_TP2
 

@@ -14,8 +14,10 @@ from factories import TINY, header, iteration, layer, profile
 LAYER_PARAMS = 2 * 64 * 64 * 3 // 2 + 3 * 64 * 128 + 2 * 64  # Eq. 1-3 with k/a = 1/2: 36,992
 assert LAYER_PARAMS == 36_992
 SBH = 32 * 1 * 64
-# Eq. 12 in BF16 bytes, doubled for FP32, plus the FP32 softmax output 2 * (2 a s^2 b):
-LAYER_ACTIVATIONS = 2 * SBH * (12 + 2 + 16) + 2 * (2 * 4 * 32 * 32 * 1)  # 12 + 4k/a + 8h_ffn/h = 30
+# Eq. 12 in BF16 bytes, doubled for FP32, plus the FP32 softmax output 2 * (2 a s^2 b), plus the
+# unfused attention's K and V expanded from k 2 to a 4 heads of d 16, 2 * 4 s b (a - k) d:
+LAYER_ACTIVATIONS = (2 * SBH * (12 + 2 + 16) + 2 * (2 * 4 * 32 * 32 * 1)  # 12 + 4k/a + 8h_ffn/h = 30
+                     + 2 * 4 * 32 * 1 * (4 - 2) * 16)
 EMBEDDING_ACTIVATIONS = 8 * SBH  # Eq. 13 as the paper writes it (int64, no dtype scaling)
 OUTPUT_ACTIVATIONS = 2 * 4 * SBH + 4 * 32 * 1 * 256  # Eq. 14: hidden inputs in FP32, FP32 logits
 OUTPUT_PARAMS = 64 * 256 + 64  # LM head + final norm (Eq. 9)

@@ -167,6 +167,8 @@ def test_local_qk_norms_keep_the_qkv_output_by_hand():
     assert local == 4 * 4096 * 40 * 128 + 4 * 4096 * 40
     assert local - eq.qk_norm_activation_bytes(spec, 4096, 1) == 50_331_648 == 48 * 2**20
     assert eq.qk_norm_activation_bytes(plain, 4096, 1, fused_norms=False) == 0
+    # Transformer Engine's unfused backend expands K and V as well: its K norm keeps the QKV output too
+    assert eq.qk_norm_activation_bytes(spec, 4096, 1, flash_attention=False) == local
     assert eq.layer_activation_bytes(spec, 4096, 1, False) - eq.layer_activation_bytes(plain, 4096, 1, False) \
         == 84_541_440
     options = MemoryOptions(fused_norms=False, sequence_parallel=False, flash_attention=False)
@@ -253,20 +255,29 @@ QWEN3_8B_COMMAND = ["pretrain_gpt.py", "--num-layers", "36", "--hidden-size", "4
 
 def test_a_local_qwen3_command_prices_the_qkv_output_its_k_norm_keeps(advisor, tmp_path):
     """Qwen3-8B at TP 2 without SP (the local spec's torch norms refuse it), PP 1, one microbatch in
-    flight: --transformer-impl local against Transformer Engine's unfused attention
-    (--attention-backend unfused: the same s x s scores, the same norms priced) differs only in
-    what the QK norms keep, 2 s b (a + 2k) d / t = 2 x 4096 x 48 x 128 / 2 = 25,165,824 bytes a
-    layer, x 36 layers = 905,969,664 bytes = 0.84375 GiB more."""
+    flight. --transformer-impl local and Transformer Engine's unfused attention (--attention-backend
+    unfused) keep the same tensors: both expand K and V and save the expanded copies, never V's
+    view, so in both K's norm keeps the QKV output (megatron-core dot_product_attention.py;
+    TransformerEngine v2.9 backends.py ``UnfusedDotProductAttention``; equations.qk_norm_activation_bytes):
+    the same price. Against flash attention (the same command without the backend flag), the
+    unfused backend keeps per layer, over t = 2: the BF16 softmax output 2 a s^2 b = 2 x 32 x 4096^2
+    = 1,073,741,824, K and V expanded 4 s b (a - k) d = 4 x 4096 x 24 x 128 = 50,331,648, and the
+    QKV output 2 s b (a + 2k) d = 2 x 4096 x 48 x 128 = 50,331,648 (under flash V's view keeps it,
+    which Eq. 11 does not count): 587,202,560 a layer, x 36 = 21,139,292,160 bytes = 19.6875 GiB.
+    Until 2026-12-01 the TE unfused command priced neither the expansion nor the QKV output, 0.84375
+    GiB below the local one."""
     priced = {}
-    for name, extra in (("local", ["--transformer-impl", "local"]), ("te", ["--attention-backend", "unfused"])):
+    for name, extra in (("local", ["--transformer-impl", "local"]), ("te", ["--attention-backend", "unfused"]),
+                        ("flash", [])):
         path = tmp_path / f"{name}.sh"
         path.write_text(" ".join(QWEN3_8B_COMMAND + extra) + "\n")
         priced[name] = advisor.json("estimate", "--from-command", path, "--gpus", "8", "--gpu", "h100-80gb")
     assert priced["local"]["options"]["transformer_impl"] == "local"
     assert "transformer_impl" not in priced["te"]["options"]
-    gap = (priced["local"]["activations_gib"] - priced["te"]["activations_gib"]) * 2**30
-    assert gap == 36 * 2 * 4096 * 48 * 128 / 2 == 905_969_664
-    assert (priced["local"]["total_gib"] - priced["te"]["total_gib"]) * 2**30 == pytest.approx(gap, rel=1e-12)
+    assert priced["local"]["activations_gib"] == priced["te"]["activations_gib"]
+    unfused = (priced["te"]["activations_gib"] - priced["flash"]["activations_gib"]) * 2**30
+    assert unfused == pytest.approx(36 * (2 * 32 * 4096**2 + 4 * 4096 * 24 * 128 + 2 * 4096 * 48 * 128) / 2, rel=1e-12)
+    assert 36 * (2 * 32 * 4096**2 + 4 * 4096 * 24 * 128 + 2 * 4096 * 48 * 128) / 2 == 21_139_292_160 == 19.6875 * 2**30
 
 
 def test_a_local_qwen3_moe_command_prices_the_qkv_output_its_k_norm_keeps(advisor, tmp_path):

@@ -270,12 +270,12 @@ def test_te_qwen3_layers_keep_the_hand_count(tmp_path, s, h, a, k, f, tp):
     assert priced == qk_norm_kept_bytes(s, b, a, k, d, tp)
 
 
-def _local_layer(out, model, tp, extra_pythonpath=None):
-    """Stage 1's one layer of a real-size Qwen3-8B-shaped model (h 4096, a 32, k 8, d 128, f 12288,
-    s 4096, b 1) with megatron-core's local spec (--transformer-impl local: torch's RMSNorm, the
-    CUDA kernel's stand-in, and megatron-core's own attention); in a fresh interpreter with
-    ``extra_pythonpath`` first (a Megatron-LM checkout's megatron-core) where given."""
-    flags = ["--model", model, "--num-layers", 3, "--hidden-size", 4096, "--ffn-hidden-size", 12288,
+def _local_layer(out, model, tp, extra_pythonpath=None, ffn=12288):
+    """Stage 1's one layer of a real-size Qwen3-8B-shaped model (h 4096, a 32, k 8, d 128, f 12288
+    or ``ffn``, s 4096, b 1) with megatron-core's local spec (--transformer-impl local: torch's
+    RMSNorm, the CUDA kernel's stand-in, and megatron-core's own attention); in a fresh interpreter
+    with ``extra_pythonpath`` first (a Megatron-LM checkout's megatron-core) where given."""
+    flags = ["--model", model, "--num-layers", 3, "--hidden-size", 4096, "--ffn-hidden-size", ffn,
              "--num-attention-heads", 32, "--num-query-groups", 8, "--vocab-size", 256, "--layers-per-stage", "1,1,1",
              "--seq-len", 4096, "--num-microbatches", 2, "--tp", tp, "--dtype", "bfloat16", "--backend", "symbolic",
              "--layer-spec", "local", "--stage", 1]
@@ -318,6 +318,45 @@ def test_local_qwen3_layers_keep_the_qkv_output_through_the_k_norm(tmp_path, tp,
     assert qwen3.parameter_bytes - llama.parameter_bytes == 2 * 2 * d
     spec = with_overrides(load_hf_config(QWEN3_8B), num_layers=3)
     assert eq.qk_norm_activation_bytes(spec, s, b, fused_norms=False) / tp == hand
+
+
+@pytest.mark.parametrize("model,ffn,tp", [("llama3.1-8b", 14336, 1), ("llama3.1-8b", 14336, 2), (QWEN3_8B, 12288, 1),
+                                          (QWEN3_8B, 12288, 2)], ids=["llama-tp1", "llama-tp2", "qwen3-tp1", "qwen3-tp2"])
+def test_local_layers_keep_k_and_v_expanded_as_priced(tmp_path, model, ffn, tp):
+    """A real-size Llama-3.1-8B layer (f 14336) and a Qwen3-8B layer (f 12288) of the local spec
+    (h 4096, a 32, k 8, d 128, s 4096, b 1, TP 1 and 2 without SP), against the advisor's layer
+    (stage_model.layer_bytes: local norms, unfused attention). megatron-core's DotProductAttention
+    expands K and V to the 32 heads (dot_product_attention.py, repeat_interleave) and its two
+    products save the expanded copies, 2 s b a d / t each, where Eq. 11 has 2 s b k d / t; the
+    advisor prices the difference, 4 s b (a - k) d / t = 4 x 4096 x 24 x 128 / t = 50,331,648 / t
+    (equations.expanded_kv_bytes). What the measurement keeps beyond the advisor's price, to the
+    byte, is only what the advisor leaves out (none of it K, V or the QKV output, so Qwen3's QKV
+    output, kept by K's norm, is priced once):
+    - the softmax's FP32 output, 4 a s^2 b / t: the emulator's TransformerConfig keeps its default
+      attention_softmax_in_fp32 True, which Megatron-LM's arguments turn off (--attention-softmax-in-fp32);
+    - the shared bool causal mask, s^2, on the stage's first layer (this one);
+    - RoPE's BF16 cos and sin for Q and K, 4 x 2 s d (unsplit);
+    - the two norms' FP32 rstd, 2 x 4 s b (whole: no SP);
+    - the unfused SwiGLU's fifth h_ffn-wide tensor (x_linear + glu_linear_offset), 2 s b f / t."""
+    from advisor import equations as eq
+    from advisor.memory import MemoryOptions
+    from advisor.models import load_model
+    from advisor.stage_model import layer_bytes
+
+    _, layer = _local_layer(tmp_path / "local", model, tp, ffn=ffn)
+    spec = load_model(str(model))
+    s, b, a, k, d = 4096, 1, 32, 8, 128
+    assert (spec.ffn_hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim) == (ffn, a, k, d)
+    assert eq.expanded_kv_bytes(spec, s, b) == 4 * s * b * (a - k) * d == 50_331_648
+    options = MemoryOptions(fused_norms=False, flash_attention=False, sequence_parallel=False)
+    priced, _ = layer_bytes(spec, s, b, tp, 1, options)
+    left_out = 4 * a * s * s * b // tp + s * s + 4 * 2 * s * d + 2 * 4 * s * b + 2 * s * b * ffn // tp
+    assert layer.activation_bytes - priced == left_out
+    # by hand, Llama at TP 1: Eq. 12 s b h (12 + 4 k/a + 8 f/h) = 16,777,216 x 41, the BF16 softmax output
+    # 2 a s^2 b = 1,073,741,824 and the expansion: 1,811,939,328 (1,761,607,680 before it was priced)
+    if model == "llama3.1-8b" and tp == 1:
+        assert priced == 16_777_216 * 41 + 1_073_741_824 + 50_331_648 == 1_811_939_328
+        assert layer.activation_bytes == 4_097_867_776
 
 
 def test_megatron_optimizer_bytes_per_parameter(tmp_path):
