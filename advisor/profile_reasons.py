@@ -86,6 +86,16 @@ FUSED_SWIGLU = Reason(
     source="megatron-core fusions/fused_bias_swiglu.py; memory_terms.swiglu_fusion_fraction; "
            "tests/test_launch_run.py (a real core_v0.15.2 run on the CPU)",
 )
+PER_LAYER_MASK = Reason(
+    key="per-layer-mask",
+    text="megatron-core {version} builds the s x s bool causal mask again in every layer's softmax when "
+         "the data loader gives none (--no-create-attention-mask-in-dataloader, advisor-launch's default), "
+         "and each layer's masked_fill keeps its own copy: s^2 bytes in every layer, not only the stage's "
+         "first (core_v0.15.2 cached the mask)",
+    source="megatron-core transformer/utils.py get_default_causal_mask (@lru_cache in core_v0.15.2, none in "
+           "0.16.1 and core_v0.19.0), called from fusions/fused_softmax.py forward_torch_softmax; "
+           "tests/test_launch_run.py (real core_v0.15.2 and core_v0.19.0 runs on the CPU)",
+)
 CPU_OUTPUT = Reason(
     key="cpu-output",
     text="torch's CPU RMSNorm keeps FP32 copies of the final norm's input and x*rsqrt; the cross-entropy "
@@ -142,7 +152,11 @@ def explain_module(profile: RankProfile, record: LayerRecord) -> Explained:
             # fuses SwiGLU unless --no-bias-swiglu-fusion, which the header does not record
             fused = not h.emulated
             swiglu = _formatted(FUSED_SWIGLU, h) if fused else UNFUSED_SWIGLU
-            return Explained((CPU_KERNELS, swiglu), _cpu_layer_bytes(profile, first, fused) if single else None)
+            per_layer = _mask_per_layer(h)
+            reasons = (CPU_KERNELS, swiglu) + ((_versioned(PER_LAYER_MASK, h),) if per_layer else ())
+            counted = single and per_layer is not None
+            mask = first or bool(per_layer)
+            return Explained(reasons, _cpu_layer_bytes(profile, mask, fused) if counted else None)
         return Explained((CPU_OUTPUT,), _cpu_output_bytes(profile) if single else None)
     if record.kind == "decoder" and h.kernels == "cuda" and h.layer_spec == "transformer_engine" \
             and h.params_dtype == "bfloat16":
@@ -160,13 +174,33 @@ def _llama_heads(model) -> bool:
     return model.query_size == model.hidden_size and not model.qk_layernorm
 
 
+def _mask_per_layer(header) -> bool | None:
+    """Whether every layer of a real Megatron-LM run keeps its own causal mask (None: a version
+    this cannot read). The emulators pass one mask to every layer (megatron_hooks.model.causal_mask),
+    so do runs whose data loader builds it; a run without it gets megatron-core's
+    get_default_causal_mask(s) in each layer's softmax (fusions/fused_softmax.py), which
+    core_v0.15.2 caches (@lru_cache: one tensor for the process, kept first by the stage's first
+    layer) and 0.16.1 and core_v0.19.0 build anew per call. The header does not record whether the
+    data loader made the mask: this is the count of advisor-launch's default, which turns it off."""
+    if header.emulated:
+        return False
+    parts = header.megatron_core_version.split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return (int(parts[0]), int(parts[1])) >= (0, 16)
+
+
+def _versioned(reason: Reason, header) -> Reason:
+    return Reason(key=reason.key, text=reason.text.format(version=header.megatron_core_version), source=reason.source)
+
+
 def _formatted(reason: Reason, header) -> Reason:
     """``reason`` with the calibrated model's SwiGLU share of Eq. 12 for this model in its text."""
     share = memory_terms.swiglu_fusion_fraction(header.model)
     return Reason(key=reason.key, text=reason.text.format(share=share), source=reason.source)
 
 
-def _cpu_layer_bytes(profile: RankProfile, first_layer: bool, fused_swiglu: bool) -> float:
+def _cpu_layer_bytes(profile: RankProfile, holds_mask: bool, fused_swiglu: bool) -> float:
     """One local-spec layer on torch's CPU kernels, TP = CP = 1 (megatron_hooks/README.md's table;
     FP32: tests/test_hooks.py::hand_count_layer, equal to real megatron-core to the byte; BF16 the
     same tensors, the norms' copies in FP32 and the scores in FP32 and BF16). The emulator's
@@ -175,7 +209,7 @@ def _cpu_layer_bytes(profile: RankProfile, first_layer: bool, fused_swiglu: bool
     s, b, hidden, a, ffn = h.seq_len, h.parallel.mbs, h.model.hidden_size, h.model.num_attention_heads, \
         h.model.ffn_hidden_size
     d = h.model.head_dim
-    mask = s * s if first_layer else 0  # bool, shared by every layer: counted in the stage's first
+    mask = s * s if holds_mask else 0  # bool; one shared by every layer counts in the stage's first (_mask_per_layer)
     swiglu = 3 if fused_swiglu else 5
     if profile.element_bytes == 4:
         # 2 norms x (input, x*rsqrt, output) + Q + K, V expanded + context = 10 sbh; rsqrt 2 sb;

@@ -50,9 +50,14 @@ MEGATRON_TE = dict(backend="symbolic", kernels="cuda", emulated=True, layer_spec
 
 
 @pytest.mark.parametrize("changes,expected", [
-    # a real Megatron-LM run in FP32 on torch's CPU kernels (tests/test_launch_run.py's kind)
+    # a real Megatron-LM run in FP32 on torch's CPU kernels (tests/test_launch_run.py's kind); its
+    # megatron-core 0.16.1 builds the causal mask in every layer
     (dict(), {("stage", "optimizer"): ["fp32-optimizer"], ("decoder.layers.0", "activations"):
-              ["cpu-kernels", "fused-swiglu"], ("embedding", "activations"): ["token-ids"]}),
+              ["cpu-kernels", "fused-swiglu", "per-layer-mask"], ("embedding", "activations"): ["token-ids"]}),
+    # core_v0.15.2 caches the mask: the stage's first layer keeps it, nothing to say
+    (dict(megatron_core_version="0.15.2"),
+     {("stage", "optimizer"): ["fp32-optimizer"], ("decoder.layers.0", "activations"): ["cpu-kernels", "fused-swiglu"],
+      ("embedding", "activations"): ["token-ids"]}),
     # the CPU emulator: torch's Adam on plain gradients in the weights' dtype
     (dict(CPU_EMULATOR, params_dtype="float32"),
      {("stage", "optimizer"): ["emulator-optimizer"], ("decoder.layers.0", "activations"):
@@ -79,13 +84,48 @@ def test_notes_appear_exactly_where_their_condition_holds(changes, expected):
     assert sorted(in_flight) == sorted({k for (_, term), ks in expected.items() if term == "activations" for k in ks})
 
 
+@pytest.mark.parametrize("version,second_layer_mask", [("0.15.2", 0), ("0.16.1", 32 * 32), ("0.19.1", 32 * 32)])
+def test_the_causal_mask_is_counted_in_every_layer_whose_megatron_core_builds_it_per_layer(version, second_layer_mask):
+    """A real run, FP32, TINY (h 64, h_ffn 128, a 4, d 16), s 32, b 1, layers 1 and 2 on this stage.
+    One layer by hand (megatron_hooks/README.md): 10 s b h = 20,480 (norm copies, Q, K and V
+    expanded, context) + 2 s b = 64 (rsqrt) + 4 s d = 2,048 (RoPE cos, sin) + a b s^2 = 4,096
+    (softmax) + 3 s b h_ffn = 12,288 (fused SwiGLU) = 38,976 elements, 155,904 bytes; the bool
+    s x s mask 1,024 more. core_v0.15.2 caches the mask (@lru_cache): the first layer keeps it.
+    0.16.1 and core_v0.19.0 build it in each layer's softmax, and each layer's masked_fill keeps
+    its own: measured on core_v0.19.0, every layer of the last stage held s^2 more than 0.15.2's
+    non-first layers (tests/test_launch_run.py)."""
+    layer_bytes = 4 * (20_480 + 64 + 2_048 + 4_096 + 12_288)
+    assert layer_bytes == 155_904
+    rows = rows_of(profile(header=header(megatron_core_version=version)))
+    assert rows[("decoder.layers.0", "activations")].expected_bytes == layer_bytes + 1_024
+    assert rows[("decoder.layers.1", "activations")].expected_bytes == layer_bytes + second_layer_mask
+    said = keys(rows[("decoder.layers.1", "activations")])
+    assert ("per-layer-mask" in said) == (second_layer_mask > 0)
+    if second_layer_mask:
+        assert f"megatron-core {version} builds" in rows[("decoder.layers.1", "activations")].reasons[-1].text
+
+
+def test_a_megatron_core_version_it_cannot_read_gets_no_layer_count():
+    rows = rows_of(profile(header=header(megatron_core_version="unknown")))
+    row = rows[("decoder.layers.0", "activations")]
+    assert keys(row) == ["cpu-kernels", "fused-swiglu"] and row.expected_bytes is None
+
+
+def test_the_emulator_passes_one_mask_to_every_layer_whatever_its_megatron_core():
+    """megatron_hooks.model.causal_mask, made once per batch: the stage's first layer keeps it."""
+    rows = rows_of(profile(header=header(**CPU_EMULATOR, megatron_core_version="0.19.1")))
+    first, second = (rows[(f"decoder.layers.{i}", "activations")] for i in (0, 1))
+    assert "per-layer-mask" not in keys(second)
+    assert first.expected_bytes - second.expected_bytes == 32 * 32
+
+
 def test_without_a_hand_count_the_reason_is_said_without_a_number():
     """TP 2 on the CPU: the hand counts are of TP 1 layers, so the layer's reasons stand without an
     expected ratio; the token ids are counted at any TP (8 s b + the bool mask s b)."""
     rank = profile(header=header(parallel=ParallelConfig(tp=2, pp=2, mbs=1), world_size=4))
     rows = rows_of(rank)
     layer_row = rows[("decoder.layers.0", "activations")]
-    assert keys(layer_row) == ["cpu-kernels", "fused-swiglu"] and layer_row.expected_bytes is None
+    assert keys(layer_row) == ["cpu-kernels", "fused-swiglu", "per-layer-mask"] and layer_row.expected_bytes is None
     assert rows[("embedding", "activations")].expected_bytes == 8 * 32 + 32  # s = 32, b = 1
     assert rows[("stage", "activations in flight")].expected_bytes is None
 
@@ -157,7 +197,8 @@ def test_show_says_the_reasons_under_the_table_and_in_json(advisor, tmp_path):
     report = advisor.json("profile", "show", tmp_path, "--section", "compare")
     optimizer = next(row for row in report["compare"] if row["term"] == "optimizer")
     assert optimizer["reasons"] == ["fp32-optimizer"] and optimizer["expected_ratio"] == pytest.approx(8 / 12)
-    assert set(report["compare_reasons"]) == {"fp32-optimizer", "token-ids", "cpu-kernels", "fused-swiglu"}
+    assert set(report["compare_reasons"]) == {"fp32-optimizer", "token-ids", "cpu-kernels", "fused-swiglu",
+                                              "per-layer-mask"}  # the factory's megatron-core 0.16.1
     assert "distrib_optimizer.py" in report["compare_reasons"]["fp32-optimizer"]["source"]
     weights = next(row for row in report["compare"] if row["term"] == "weights")
     assert weights["reasons"] == [] and weights["expected_ratio"] is None
