@@ -205,6 +205,8 @@ def _derive(args) -> dict:
         "rope_scaling_factor": args.rope_scaling_factor if args.use_rope_scaling else None,
         "tie_embeddings": not args.untie_embeddings_and_output_weights,
         "params_dtype": dtype, "sequence_parallel": bool(config.sequence_parallel),
+        # torch's norm (--transformer-impl local) asserts it off (advisor.options.local_spec)
+        "persist_layer_norm": bool(config.persist_layer_norm),
         "use_distributed_optimizer": bool(args.use_distributed_optimizer),
         "grad_reduce_in_fp32": bool(args.accumulate_allreduce_grads_in_fp32),
         "recompute_granularity": config.recompute_granularity, "recompute_method": config.recompute_method,

@@ -17,7 +17,9 @@ line each, so that every problem of a setup is named at once:
   ``context_parallel_size == 1``, "Context parallelism is only supported by
   TEDotProductAttention!", when the model is built, 40-50 s into the run, on every rank), and
   sequence parallelism with RMSNorm at TP > 1 (torch's norm asserts it, the same way:
-  ``advisor.options.local_spec``, which advisor estimate --from-command applies too). Its
+  ``advisor.options.local_spec``, which advisor estimate --from-command applies too), and
+  RMSNorm without ``--no-persist-layer-norm`` (torch's norm asserts Megatron's default persistent
+  kernel off, one line before: ``advisor.options.local_spec`` too). Its
   import is checked only where the ranks run here: a Slurm login node often lacks TE (no GPU, an
   environment of its own), so for ``sbatch`` the job's ranks check it on their nodes instead
   (``launch.entry --check-imports``: at most one line per node and exit status 2
@@ -46,7 +48,8 @@ from typing import Callable, Mapping, Sequence
 from launch.arguments import flag_values
 from launch.megatron_versions import MegatronVersion, check_python
 from advisor.errors import AdvisorError
-from advisor.options.local_spec import local_sequence_parallel_clause, local_sequence_parallel_problem
+from advisor.options.local_spec import (NO_PERSIST_FLAG, local_persist_layer_norm_problem,
+                                        local_sequence_parallel_clause, local_sequence_parallel_problem)
 
 TE_ONLY_FLAGS = {"--tp-comm-overlap": "--tp-comm-overlap (TE's userbuffers)",
                  "--fp8-format": "FP8 (--fp8-format: TE's autocast)"}
@@ -251,8 +254,10 @@ def local_attention_note(plan_args, args) -> str | None:
 def local_implementation_problems(args: Sequence[str], cp: int) -> list[str]:
     """What ``args`` ask of Transformer Engine that their --transformer-impl local cannot give
     (FP8, TP-communication overlap, CP > 1, and sequence parallelism with RMSNorm at TP > 1:
-    ``advisor.options.local_spec``, the rule advisor estimate --from-command applies too):
-    Megatron-LM refuses each on every rank after start-up. Empty without --transformer-impl local."""
+    ``advisor.options.local_spec``, the rule advisor estimate --from-command applies too), and an
+    RMSNorm model without --no-persist-layer-norm (torch's norm refuses Megatron's default
+    persistent kernel: ``advisor.options.local_spec`` too): Megatron-LM refuses each on every rank
+    after start-up. Empty without --transformer-impl local."""
     values = flag_values(args)
     if implementation(values) != "local":
         return []
@@ -262,7 +267,12 @@ def local_implementation_problems(args: Sequence[str], cp: int) -> list[str]:
     problems = [f"{use} needs Transformer Engine, and the launch has --transformer-impl local: Megatron-LM refuses "
                 f"it on every rank after start-up; drop --transformer-impl local and install Transformer Engine"
                 for use in uses]
-    if problem := local_sequence_parallel_problem(transformer_impl="local", **_norm_setting(values)):
+    norms = _norm_setting(values)
+    # torch's norm asserts persist_layer_norm off one line before sequence parallelism (local_spec)
+    if problem := local_persist_layer_norm_problem(transformer_impl="local", normalization=norms["normalization"],
+                                                   no_persist_layer_norm=NO_PERSIST_FLAG in values):
+        problems.append(problem)
+    if problem := local_sequence_parallel_problem(transformer_impl="local", **norms):
         problems.append(problem)
     return problems
 

@@ -107,7 +107,13 @@ def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_p
                               f"--save {a_file / 'ckpt'}: {a_file} is a file"),
         "unwritable profile dir": (None, {"options": ("--profile-dir", "/proc/advisor-profile")},
                                    "--profile-dir /proc/advisor-profile: /proc is not writable"),
-        "incomplete job": (None, {"extras": ["--distributed-backend", "gloo", "--transformer-impl", "local"]},
+        # the whole line: tests/test_local_sequence_parallel.py
+        "persistent layer norm with local": (None, {"extras": [arg for arg in CPU_TEST_JOB
+                                                               if arg != "--no-persist-layer-norm"]},
+                                             "asserts 'persist_layer_norm not supported by torch LayerNorm' on every "
+                                             "rank when the model is built"),
+        "incomplete job": (None, {"extras": ["--distributed-backend", "gloo", "--transformer-impl", "local",
+                                             "--no-persist-layer-norm"]},
                            "the job is incomplete: it lacks the run's length (--tokens 1T, or --train-iters N after --);"
                            " a learning rate (--lr 3e-4 after --)"),
     }

@@ -16,11 +16,12 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 from launch_support import CPU_TEST_JOB, launcher
-from megatron_real import CUDA_ON_CPU, SHARED
+from megatron_real import CUDA_ON_CPU, NO_TRANSFORMER_ENGINE, SHARED
 from megatron_real import checkout as real_checkout
 
 from advisor.cli import cli
-from advisor.options.local_spec import TORCH_NORM_ASSERTION, torch_norm_refuses_sequence_parallel
+from advisor.options.local_spec import (NO_PERSIST_FLAG, PERSIST_ASSERTION, TORCH_NORM_ASSERTION,
+                                        local_persist_layer_norm_problem, torch_norm_refuses_sequence_parallel)
 from launch.preflight import transformer_engine_import_problem
 
 REFUSAL = ("--transformer-impl local with --sequence-parallel at TP 2: megatron-core's local layer spec builds "
@@ -150,12 +151,12 @@ PROBE = textwrap.dedent("""
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.transformer import TransformerConfig
         results = []
-        for normalization, sequence_parallel in cases:
+        for normalization, sequence_parallel, persist_layer_norm in cases:
             config = TransformerConfig(
                 num_layers=1, hidden_size=16, num_attention_heads=2, ffn_hidden_size=32, tensor_model_parallel_size=2,
                 sequence_parallel=sequence_parallel, normalization=normalization, use_cpu_initialization=True,
                 gated_linear_unit=True, add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0,
-                bias_dropout_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+                bias_dropout_fusion=False, masked_softmax_fusion=False, persist_layer_norm=persist_layer_norm,
                 gradient_accumulation_fusion=False, apply_rope_fusion=False)
             try:  # pretrain_gpt's local spec (gpt_builders.py: get_gpt_layer_local_spec(..., normalization=...))
                 GPTModel(config, get_gpt_layer_local_spec(normalization=normalization), vocab_size=64,
@@ -171,32 +172,150 @@ PROBE = textwrap.dedent("""
     if __name__ == "__main__":
         mp.spawn(build, args=(sys.argv[2], json.loads(sys.argv[1]), sys.argv[3]), nprocs=2, join=True)
 """)
-CASES = [("RMSNorm", True), ("RMSNorm", False), ("LayerNorm", True), ("LayerNorm", False)]
+_TINY_LOCAL = ("pretrain_gpt.py --num-layers 1 --hidden-size 16 --ffn-hidden-size 32 --num-attention-heads 2 "
+               "--seq-length 8 --max-position-embeddings 8 --swiglu --disable-bias-linear --normalization RMSNorm "
+               "--position-embedding-type rope --untie-embeddings-and-output-weights --bf16 "
+               "--tensor-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 2 --vocab-size 64 "
+               "--transformer-impl local")
+
+
+def _persist_layer_norm_as_megatron_derives(tag: str, tmp_path) -> tuple[bool, bool]:
+    """TransformerConfig.persist_layer_norm as the release's own parse_args, validate_args and
+    core_transformer_config_from_args derive it (launch.megatron_check) for the arguments that
+    advisor-launch writes from a local row (advisor estimate --from-command of a --transformer-impl
+    local command): (as the advisor writes them, without --no-persist-layer-norm)."""
+    from launch.inputs import read_input
+    from launch.megatron_versions import named
+    from megatron_real import priced_input, validate
+
+    release = real_checkout(tag)  # skips without the checkout or its Python
+    estimate = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpu", "h100-80gb", "--gpus", "2",
+                                        "--format", "json"], input=_TINY_LOCAL + "\n")
+    assert estimate.exit_code == 0, estimate.output
+    row = tmp_path / "local.json"
+    row.write_text(estimate.stdout)
+    # a machine without Transformer Engine's fusions, less the flag, which must come from the row
+    extras = [arg for arg in NO_TRANSFORMER_ENGINE if arg != NO_PERSIST_FLAG]
+    item = priced_input(read_input(row), named(tag), label="local row", options=None, num_microbatches=2,
+                        extras=[*extras, "--distributed-backend", "gloo", "--train-iters", "2", "--lr", "1e-4"])
+    assert item.args.count(NO_PERSIST_FLAG) == 1
+    without = {**item.case(), "args": [arg for arg in item.args if arg != NO_PERSIST_FLAG]}
+    emitted, dropped = validate(release, [item.case(), without])
+    assert emitted["ok"] and dropped["ok"], (emitted.get("error"), dropped.get("error"))
+    return emitted["derived"]["persist_layer_norm"], dropped["derived"]["persist_layer_norm"]
 
 
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
 def test_megatron_cores_local_spec_asserts_where_the_rule_says(tag, tmp_path):
     """TP 2 on two gloo processes: the local spec's RMSNorm (WrappedTorchNorm) asserts with
     sequence parallelism and builds without; LayerNorm takes torch's norm too where Apex is absent
-    (as here), which the rule leaves to the ranks' nodes (Apex's FusedLayerNorm takes it)."""
+    (as here), which the rule leaves to the ranks' nodes (Apex's FusedLayerNorm takes it). One line
+    before, torch's norm asserts persist_layer_norm off, which Megatron-LM turns on unless the
+    arguments carry --no-persist-layer-norm, as the advisor's local rows now do."""
     path = SHARED / tag
     if not (path / "megatron" / "core").is_dir():
         pytest.skip(f"no Megatron-LM checkout {tag} at {path} (set MEGATRON_LM_CHECKOUTS)")
     python = os.environ.get("MEGATRON_LM_PYTHON312") if tag == "core_v0.19.0" else None
     from megatron_hooks.stage_emulation import free_port
 
+    emitted, dropped = _persist_layer_norm_as_megatron_derives(tag, tmp_path)
+    assert (emitted, dropped) == (False, True)  # Megatron's default is the persistent kernel
+    cases = [(normalization, sequence_parallel, persist)
+             for normalization in ("RMSNorm", "LayerNorm") for sequence_parallel, persist in
+             ((True, emitted), (False, emitted), (False, dropped))]
     script, out = tmp_path / "probe.py", tmp_path / "out.json"
     script.write_text(PROBE)
     env = dict(os.environ, PYTHONPATH=f"{CUDA_ON_CPU}{os.pathsep}{path}", CUDA_ON_CPU="1")
-    result = subprocess.run([python or sys.executable, str(script), json.dumps(CASES), str(free_port()), str(out)],
+    result = subprocess.run([python or sys.executable, str(script), json.dumps(cases), str(free_port()), str(out)],
                             capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     built = json.loads(out.read_text())
-    for (normalization, sequence_parallel), error in zip(CASES, built["results"]):
+    for (normalization, sequence_parallel, persist), error in zip(cases, built["results"]):
         refused = torch_norm_refuses_sequence_parallel(sequence_parallel=sequence_parallel, tp=2,
                                                        normalization=normalization)
+        persist_refused = local_persist_layer_norm_problem(transformer_impl="local", normalization=normalization,
+                                                           no_persist_layer_norm=not persist) is not None
         torch_norm = normalization == "RMSNorm" or not built["apex"]  # backends.py: LNImpl without Apex
-        asserts = sequence_parallel and torch_norm
-        assert (error is not None) == asserts, (normalization, sequence_parallel, error)
-        assert error is None or error.startswith(TORCH_NORM_ASSERTION), error
-        assert refused == (asserts and normalization == "RMSNorm"), (normalization, sequence_parallel)
+        # torch_norm.py asserts persist_layer_norm one line before sequence_parallel
+        expected = (PERSIST_ASSERTION if persist else TORCH_NORM_ASSERTION if sequence_parallel else None) \
+            if torch_norm else None
+        case = (normalization, sequence_parallel, persist)
+        assert (error is None) == (expected is None), (case, error)
+        assert error is None or error.startswith(expected), (case, error)
+        assert refused == (expected == TORCH_NORM_ASSERTION and normalization == "RMSNorm"), case
+        assert persist_refused == (expected == PERSIST_ASSERTION and normalization == "RMSNorm"), case
+
+
+# --- the persistent layer-norm kernel ---------------------------------------------------------
+
+PERSIST_REFUSAL = ("--transformer-impl local with RMSNorm without --no-persist-layer-norm: megatron-core's local layer "
+                   "spec builds RMSNorm as torch's norm (WrappedTorchNorm), which asserts 'persist_layer_norm not "
+                   "supported by torch LayerNorm' on every rank when the model is built (transformer/torch_norm.py), "
+                   "and Megatron-LM turns the persistent kernel on unless told otherwise: add --no-persist-layer-norm "
+                   "after --")
+
+
+def test_every_launching_command_refuses_a_local_rmsnorm_launch_without_no_persist_layer_norm(
+        advisor, tmp_path, started, monkeypatch):
+    """At any TP (here 1, no sequence parallelism): torchrun, sbatch and check refuse the user's
+    --transformer-impl local after -- for an RMSNorm row without --no-persist-layer-norm, in one
+    line, before anything starts; args warns; with the flag the same launch passes."""
+    core15 = real_checkout("core_v0.15.2").path
+    row = _estimate(advisor, tmp_path / "tp1.json", "--gpus", "8", "--tp", "1", "--pp", "1", "--mbs", "1")
+    monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}")
+    without = [arg for arg in CPU_TEST_JOB if arg != NO_PERSIST_FLAG]
+    for command in ("torchrun", "sbatch", "check"):
+        result = launcher()(command, "--from", row, "--megatron-lm", core15, "--mock-data",
+                            *(["-o", tmp_path / "job.sh"] if command == "sbatch" else []), "--", *without, expect=2)
+        assert _errors(result) == [f"Error: {PERSIST_REFUSAL}"], (command, result.stderr)
+        assert "Traceback" not in result.output and result.stdout == ""
+    assert started == [] and not (tmp_path / "job.sh").exists()
+    printed = launcher()("args", "--from", row, "--", "--transformer-impl", "local")
+    assert f"warning: {PERSIST_REFUSAL}" in printed.stderr.splitlines()
+    ok = launcher()("check", "--from", row, "--megatron-lm", core15, "--mock-data", "--", *CPU_TEST_JOB)
+    assert "persist" not in ok.stderr and ok.stdout.startswith("advisor-launch check: ok:")
+
+
+def test_the_rule_is_rmsnorm_under_local_only():
+    """A LayerNorm model gets Apex's FusedLayerNorm where Apex is installed (which takes the
+    persistent kernel); Transformer Engine's norms never read the field."""
+    for impl, normalization, given in (("local", "LayerNorm", False), ("transformer_engine", "RMSNorm", False),
+                                       ("local", "RMSNorm", True)):
+        assert local_persist_layer_norm_problem(transformer_impl=impl, normalization=normalization,
+                                                no_persist_layer_norm=given) is None
+    assert local_persist_layer_norm_problem(transformer_impl="local", normalization="RMSNorm",
+                                            no_persist_layer_norm=False) == PERSIST_REFUSAL
+
+
+def _json(result) -> dict:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_a_local_row_writes_no_persist_layer_norm_and_reads_it_back_the_same(tmp_path, started):
+    """advisor estimate --from-command of a --transformer-impl local command: its megatron_args
+    carry --no-persist-layer-norm beside --transformer-impl local (so that advisor-launch starts
+    a model Megatron-LM can build), and reading those arguments back, or the command with the flag
+    given, prices the same numbers with the same unpriced list: the flag is known, not 'not known
+    to the advisor'. advisor-launch's check passes the row without the flag after --, and the user
+    may restate it there (no conflict)."""
+    command = _COMMAND.format(norm="RMSNorm", tp=1)
+    row = _json(_from_command(command))
+    args = row["megatron_args"]
+    at = args.index("--transformer-impl")
+    assert args[at:at + 3] == ["--transformer-impl", "local", NO_PERSIST_FLAG]
+    again = _json(_from_command(" ".join(["torchrun --nproc-per-node 8 pretrain_gpt.py", *args,
+                                          "--vocab-size", "128256"])))
+    given = _json(_from_command(f"{command} {NO_PERSIST_FLAG}"))
+    for other in (again, given):
+        assert {key for key in row if row[key] != other.get(key)} <= {"model", "read_from"}, other
+        assert other["model"] == {**row["model"], "name": other["model"]["name"]}
+    assert not any("persist" in entry for entry in given["unpriced"])
+    path = tmp_path / "local.json"
+    path.write_text(json.dumps(row))
+    core15 = real_checkout("core_v0.15.2").path
+    job = [arg for arg in CPU_TEST_JOB if arg not in ("--transformer-impl", "local", NO_PERSIST_FLAG)]
+    ok = launcher()("check", "--from", path, "--launch-as-priced", "--megatron-lm", core15, "--mock-data", "--", *job)
+    assert ok.stdout.startswith("advisor-launch check: ok:"), ok.stderr
+    restated = launcher()("args", "--from", path, "--launch-as-priced", "--", NO_PERSIST_FLAG)
+    assert "conflicts" not in restated.stderr and restated.stdout.split()[-1] == NO_PERSIST_FLAG

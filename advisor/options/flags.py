@@ -14,6 +14,7 @@ from typing import Sequence
 
 from advisor import equations as eq
 from advisor.errors import AdvisorError
+from advisor.options.local_spec import NO_PERSIST_FLAG
 from advisor.options.releases import release_defaults
 from advisor.options.training import (
     CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, MEGATRON_CROSS_ENTROPY_KERNEL, RECOMPUTE_METHODS,
@@ -94,7 +95,9 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
         args += ["--recompute-granularity", "full", "--recompute-method", r.recompute_method,
                  "--recompute-num-layers", str(r.recompute_num_layers)]
     if a.transformer_impl == "local":  # megatron-core's own modules: their attention is unfused whatever the backend
-        args += ["--transformer-impl", "local"]
+        # and their RMSNorm is torch's, which asserts Megatron's default persist_layer_norm off
+        # (advisor.options.local_spec)
+        args += ["--transformer-impl", "local", NO_PERSIST_FLAG]
     elif not a.flash_attention:
         args += ["--attention-backend", "unfused"]
     if a.dataloader_mask == "off":
@@ -234,6 +237,9 @@ SWITCHES = frozenset({
     "--sequence-parallel", "--tp-comm-overlap", "--recompute-activations", "--no-create-attention-mask-in-dataloader",
     "--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss", "--optimizer-cpu-offload",
     "--use-precision-aware-optimizer", "--use-flash-attn", "--use-torch-fsdp2", "--cross-entropy-loss-fusion",
+    # read and left: it comes with --transformer-impl local (training_args), and changes no price
+    # (advisor.options.local_spec)
+    NO_PERSIST_FLAG,
     *(flag for pair in (TP_COMM_SUB_OPTIONS.values()) for flag in pair),
 })
 VALUED = frozenset({

@@ -1,6 +1,6 @@
-"""Sequence parallelism under ``--transformer-impl local``: the one rule that ``advisor estimate
---from-command`` (``advisor.megatron_readback``) and ``advisor-launch``'s preflight
-(``launch.preflight``) both apply.
+"""Torch's norm under ``--transformer-impl local``: the rules that ``advisor estimate
+--from-command`` (``advisor.megatron_readback``), ``advisor-launch``'s preflight
+(``launch.preflight``) and the advisor's own flags (``advisor.options.flags``) apply.
 
 What megatron-core builds (both releases, core_v0.15.2 and core_v0.19.0): the local layer spec
 (``models/gpt/gpt_layer_specs.py``, ``get_gpt_layer_local_spec``/``_submodules``) asks
@@ -16,12 +16,29 @@ A mixture of experts cannot drop sequence parallelism instead: at TP > 1 megatro
 ``MoELayer.forward`` raises ValueError in training without it (``transformer/moe/moe_layer.py``,
 "During training, performance may degrade if MoE and tensor parallelism are enabled without also
 enabling sequence parallelism", both releases), so such a run needs TP 1 or Transformer Engine.
+
+One line before, ``WrappedTorchNorm`` asserts ``not config.persist_layer_norm`` ("persist_layer_norm
+not supported by torch LayerNorm": core_v0.15.2 line 30, core_v0.19.0 line 48), and Megatron-LM
+turns the persistent kernel on unless told otherwise: ``persist_layer_norm = not
+args.no_persist_layer_norm`` (core_v0.15.2 ``megatron/training/arguments.py``,
+``core_transformer_config_from_args``; core_v0.19.0 ``megatron/training/argument_utils.py``, the
+TransformerConfig field's own default False being left out of the generated flags as an
+"incompatible default in dataclass"). So a local RMSNorm model needs ``--no-persist-layer-norm``
+at any TP. Elsewhere the flag only makes Apex's ``FusedLayerNorm`` (a local LayerNorm model with
+Apex) take its other kernel, neither of which the advisor prices apart: Transformer Engine's
+norms do not read the field (``fusions/fused_layer_norm.py`` and ``torch_norm.py`` are its only
+readers, both releases). So the advisor writes it beside every ``--transformer-impl local``
+(``advisor.options.flags``) and reads it back as known.
 """
 
 from __future__ import annotations
 
 TORCH_NORM_ASSERTION = "sequence parallel not supported by torch LayerNorm"
 """megatron-core ``transformer/torch_norm.py``, ``WrappedTorchNorm.__new__`` (both releases)."""
+PERSIST_ASSERTION = "persist_layer_norm not supported by torch LayerNorm"
+"""megatron-core ``transformer/torch_norm.py``, ``WrappedTorchNorm.__new__`` (both releases)."""
+NO_PERSIST_FLAG = "--no-persist-layer-norm"
+"""Megatron-LM's switch that turns ``persist_layer_norm`` off (both releases' arguments.py)."""
 
 
 def torch_norm_refuses_sequence_parallel(*, sequence_parallel: bool, tp: int, normalization: str) -> bool:
@@ -60,3 +77,18 @@ def local_sequence_parallel_clause(*, sequence_parallel: bool, tp: int, normaliz
         ": plan without it (advisor sweep --no-sequence-parallel) or at TP 1"
     return (f"; at TP {tp} it also needs this run's --sequence-parallel off (torch's RMSNorm asserts it when the "
             f"model is built){plan}")
+
+
+def local_persist_layer_norm_problem(*, transformer_impl: str, normalization: str, no_persist_layer_norm: bool
+                                     ) -> str | None:
+    """One line where Megatron-LM cannot build this run's model because torch's norm refuses the
+    persistent layer-norm kernel that Megatron turns on by default (module docstring): an RMSNorm
+    model under --transformer-impl local without --no-persist-layer-norm; None otherwise. A
+    LayerNorm model gets Apex's FusedLayerNorm where Apex is installed, which takes the kernel
+    (and this pure check cannot see): not refused."""
+    if transformer_impl != "local" or normalization != "RMSNorm" or no_persist_layer_norm:
+        return None
+    return (f"--transformer-impl local with RMSNorm without {NO_PERSIST_FLAG}: megatron-core's local layer spec "
+            f"builds RMSNorm as torch's norm (WrappedTorchNorm), which asserts '{PERSIST_ASSERTION}' on every rank "
+            f"when the model is built (transformer/torch_norm.py), and Megatron-LM turns the persistent kernel on "
+            f"unless told otherwise: add {NO_PERSIST_FLAG} after --")
