@@ -95,7 +95,8 @@ def main(campaign: Path, out: Path, megatron_lm: str | None, mock_data: bool, tr
                                 slurm=allocation)
     for run in document["runs"]:  # a conflict with the user's arguments, before anything is submitted
         executor.argv(document, run, out / run["id"])
-    states = scan(document, out, backend_fields("megatron"))  # the emulator's runs under --out are not these
+    # the emulator's runs under --out are not these, nor runs of another setup (another --transformer-impl)
+    states = scan(document, out, backend_fields("megatron", user_args=user_args))
     pending = [run["id"] for run in document["runs"] if states[run["id"]].state != "complete"]
     if not pending:
         click.echo(f"every run of {campaign} is complete under {out}: nothing to submit", err=True)

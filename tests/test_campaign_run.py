@@ -310,6 +310,81 @@ def test_out_holding_runs_of_another_setup_is_refused(advisor, campaign_file, tm
         advisor.error("profile", "run", campaign_file, "--out", tmp_path / "runs", "--backend", "symbolic")
 
 
+def test_out_holding_a_run_that_recomputes_is_refused_before_the_campaign_runs(advisor, campaign_file, tmp_path):
+    """A run under --out of the campaign's model, sequence, dtype, optimizer, spec and backend but
+    with full recomputation (a Megatron-LM profile of a recomputing row, say): the campaign ran to
+    the end, and 'advisor recommend --profile' then refused the mix, because the campaign side
+    compared five of the fields that recommend compares (observations.check_one_setup). Refused
+    now before any work, in one line, exit status 2, nothing run."""
+    document = json.loads(campaign_file.read_text())
+    other = {**document["runs"][0], "id": "pp-b1-other"}
+    directory = tmp_path / "runs" / other["id"]
+    directory.mkdir(parents=True)
+    for stage in (0, 1):
+        write_rank(directory, other, stage, recompute="full")
+    line = advisor.error("profile", "run", campaign_file, "--out", tmp_path / "runs")
+    assert line == (f"Error: {tmp_path / 'runs'} holds run pp-b1-other of another setup, recompute ('full' vs 'none') "
+                    "(its vs this campaign's): 'advisor recommend --profile' reads every run under it as one setup; "
+                    "choose another --out")
+    assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["pp-b1-other"]
+
+
+FIELD_CHANGES = [
+    ("model", {"model": with_overrides(TINY, hidden_size=128)}), ("seq_len", {"seq_len": 64}),
+    ("params_dtype", {"params_dtype": "bfloat16"}), ("distributed_optimizer", {"distributed_optimizer": True}),
+    ("recompute", {"recompute": "selective"}), ("layer_spec", {"layer_spec": "transformer_engine"}),
+    ("backend", {"backend": "symbolic"})]
+
+
+@pytest.mark.parametrize("field, changes", FIELD_CHANGES)
+def test_the_campaign_refuses_under_out_what_recommend_refuses(tmp_path, field, changes):
+    """One setup on both sides: each field of observations.header_setup (what recommend compares)
+    that differs in a run under --out is refused by the campaign (the CPU emulator's, whose runs
+    are the factory's: FP32, local spec, CPU backend, no recomputation), naming that field, and
+    recommend refuses the same two runs for the same field. (CP, the one field left out, needs a
+    run of twice the ranks, which this factory does not write; campaign_setup takes it from the
+    campaign as before.)"""
+    from advisor.capture.observations import header_setup
+
+    assert {field for field, _ in FIELD_CHANGES} | {"cp"} == set(header_setup(header()))
+    from advisor.capture.campaign_run import backend_fields
+    from advisor.capture.observations import check_one_setup
+    from advisor.profiles import ProfileError, load_run
+
+    document = campaign(layouts=[(2, 2)])
+    own, other = document["runs"][0], {**document["runs"][0], "id": "pp-b1-other"}
+    for run, values in ((own, {}), (other, changes)):
+        (tmp_path / run["id"]).mkdir()
+        for stage in (0, 1):
+            write_rank(tmp_path / run["id"], run, stage, **values)
+    with pytest.raises(AdvisorError, match=f"holds run pp-b1-other of another setup, {field} "):
+        scan(document, tmp_path, backend_fields("cpu"))
+    with pytest.raises(ProfileError, match=f"in {field} "):
+        check_one_setup([load_run(tmp_path / own["id"]), load_run(tmp_path / other["id"])])
+
+
+def test_a_megatron_lm_campaign_compares_the_layer_spec_its_arguments_ask(advisor, tmp_path):
+    """A Megatron-LM campaign's runs write the --transformer-impl given after -- (Megatron-LM's
+    default transformer_engine): one run with --transformer-impl local into an --out holding
+    Transformer Engine runs of another campaign ran, and recommend refused the mix. Refused before
+    anything starts (the checkout is a stand-in that never runs)."""
+    from launch_support import make_checkout
+
+    document = {**campaign(layouts=[(2, 2)]), "gpus_per_node": 2}
+    campaign_file = _write(tmp_path / "campaign.json", document)
+    checkout = make_checkout(tmp_path / "Megatron-LM")
+    other = {**document["runs"][0], "id": "pp-b1-other"}
+    directory = tmp_path / "runs" / other["id"]
+    directory.mkdir(parents=True)
+    for stage in (0, 1):
+        write_rank(directory, other, stage, emulated=False, backend="cuda", layer_spec="transformer_engine")
+    line = advisor.error("profile", "run", campaign_file, "--out", tmp_path / "runs", "--megatron-lm", checkout,
+                         "--", "--transformer-impl", "local")
+    assert line == (f"Error: {tmp_path / 'runs'} holds run pp-b1-other of another setup, layer_spec "
+                    "('transformer_engine' vs 'local') (its vs this campaign's): 'advisor recommend --profile' reads "
+                    "every run under it as one setup; choose another --out")
+
+
 def test_runs_of_another_setup_or_backend_are_not_taken_as_complete(advisor, tmp_path):
     """A run id names the layout and batch only (pp-b1-2x2 in an FP32 and a BF16 campaign alike):
     a BF16 campaign (or --backend symbolic) resumed into the FP32 CPU campaign's --out read its runs

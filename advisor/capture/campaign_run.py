@@ -39,13 +39,14 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Literal, Protocol
+from typing import Callable, Literal, Protocol, Sequence
 
 from advisor.capture.campaign_cost import available_memory, emulation_cost
-from advisor.capture.observations import setup_difference
+from advisor.capture.observations import header_setup, setup_difference
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.profiles import ProfileError, ProfileRun, load_run
+from advisor.row_flags import flag_values
 
 EVENTS_SCHEMA = "megatron-4d-advisor/campaign-events"
 EVENTS_VERSION = 1
@@ -187,18 +188,31 @@ def _mismatch(profile: ProfileRun, campaign: dict, run: dict, model: LlamaSpec,
     return None
 
 
-def backend_fields(backend: str, layer_spec: str | None = None) -> dict[str, str | bool]:
-    """The header fields a backend's rank files carry (``advisor/profiles.py``): ``emulated`` (the
-    CPU and symbolic backends emulate the stages, Megatron-LM runs its own schedule), and the CPU
-    emulator's and the symbolic backend's ``backend`` and ``layer_spec`` (the CPU emulator builds
-    the local spec); a Megatron-LM run's device and spec the user's arguments decide. Without
-    ``emulated``, a Megatron-LM campaign resumed into the emulator's --out read its runs as
-    complete and ran nothing (and the emulator took Megatron-LM's CPU runs as its own)."""
+CAMPAIGN_RECOMPUTE = "none"
+"""What every campaign run's header says of recomputation: a campaign plans none (its runs'
+arguments are ``MegatronSetup.training_options``'), the emulators write none, and a Megatron-LM
+campaign's launch refuses the user's recomputation flags after -- as conflicts with the run's
+own arguments (``launch.arguments.DECIDED_FLAGS``)."""
+
+
+def backend_fields(backend: str, layer_spec: str | None = None,
+                   user_args: Sequence[str] = ()) -> dict[str, str | bool]:
+    """The header fields that this command's runs write, known before they run (``advisor/profiles.py``):
+    ``emulated`` (the CPU and symbolic backends emulate the stages, Megatron-LM runs its own
+    schedule), ``recompute`` (``CAMPAIGN_RECOMPUTE``), ``layer_spec`` (the CPU emulator builds the
+    local spec, the symbolic backend ``layer_spec``'s, Megatron-LM the --transformer-impl of the
+    user's arguments after -- (``user_args``), by default transformer_engine), and the emulators'
+    ``backend``; a Megatron-LM run's backend is its node's device (cuda, or cpu under the GPU test
+    double), not known here. Without ``emulated``, a Megatron-LM campaign resumed into the
+    emulator's --out read its runs as complete and ran nothing (and the emulator took Megatron-LM's
+    CPU runs as its own)."""
     if backend == "cpu":
-        return {"emulated": True, "backend": "cpu", "layer_spec": "local"}
+        return {"emulated": True, "backend": "cpu", "layer_spec": "local", "recompute": CAMPAIGN_RECOMPUTE}
     if backend == "symbolic":
-        return {"emulated": True, "backend": "symbolic", "layer_spec": layer_spec or LAYER_SPECS[0]}
-    return {"emulated": False}
+        return {"emulated": True, "backend": "symbolic", "layer_spec": layer_spec or LAYER_SPECS[0],
+                "recompute": CAMPAIGN_RECOMPUTE}
+    impl = (flag_values(user_args).get("--transformer-impl") or (LAYER_SPECS[0],))[-1]  # argparse keeps the last
+    return {"emulated": False, "layer_spec": impl, "recompute": CAMPAIGN_RECOMPUTE}
 
 
 def check_run(directory: Path, campaign: dict, run: dict, made_by: dict[str, str] | None = None) -> RunCheck:
@@ -259,15 +273,31 @@ def scan(campaign: dict, out: Path, made_by: dict[str, str] | None = None) -> di
     return states
 
 
-def other_setup(campaign: dict, out: Path, made_by: dict[str, str]) -> str | None:
+def campaign_setup(campaign: dict, made_by: dict[str, str | bool], found: dict) -> dict:
+    """The setup this campaign's runs will have, in the shape of ``found`` (a run's
+    ``observations.header_setup``, with ``emulated``): what the campaign decides (model,
+    sequence, CP, and its setup's dtype and optimizer) and what this command's runs write
+    (``made_by``: ``backend_fields``); ``found``'s own value where neither decides (a Megatron-LM
+    run's device)."""
+    setup = campaign.get("setup", {})
+    decided = {"model": replace(LlamaSpec(**campaign["model"]), name=""), "seq_len": campaign["seq_len"],
+               "cp": campaign.get("cp", 1), **{key: setup[key] for key in ("params_dtype", "distributed_optimizer")
+                                                if key in setup}, **made_by}
+    if unknown := sorted(set(decided) - set(found)):  # one list of the fields: header_setup's
+        raise ValueError(f"not fields of a run's setup: {', '.join(unknown)}")
+    return {**found, **decided}
+
+
+def other_setup(campaign: dict, out: Path, made_by: dict[str, str | bool]) -> str | None:
     """Why a run directory under ``out`` that is none of the campaign's runs makes ``out`` unfit
-    for it, or None: it profiles another model, sequence, CP, dtype or optimizer, or was made by
-    another backend. 'advisor recommend --profile OUT' reads every run under OUT as one setup
-    (``observations.check_one_setup``), so a campaign run into another campaign's --out (another
-    model: other run ids) ran to the end and recommend then refused the mix. A run that does not
-    read is left alone (it is not this campaign's; recommend says what is wrong with it)."""
+    for it, or None: it profiles another setup than this campaign's runs will
+    (``campaign_setup``), in any field that 'advisor recommend --profile OUT' compares when it
+    reads every run under OUT as one setup (``observations.check_one_setup``, by the same
+    ``header_setup``), or was made by another backend. Otherwise a campaign run into another
+    campaign's --out (another model: other run ids) ran to the end and recommend then refused the
+    mix, as it did for a recomputation or a layer spec this check did not compare. A run that
+    does not read is left alone (it is not this campaign's; recommend says what is wrong with it)."""
     ids = {run["id"] for run in campaign["runs"]}
-    model, setup = LlamaSpec(**campaign["model"]), campaign.get("setup", {})
     for child in sorted(out.iterdir()) if out.is_dir() else ():
         if child.name in ids or child.is_symlink() or not child.is_dir() or not any(child.glob("rank*.jsonl")):
             continue
@@ -275,13 +305,12 @@ def other_setup(campaign: dict, out: Path, made_by: dict[str, str]) -> str | Non
             h = load_run(child).ranks[0].header
         except ProfileError:
             continue
-        found = {"model": replace(h.model, name=""), "seq_len": h.seq_len, "cp": h.parallel.cp,
-                 "params_dtype": h.params_dtype, "distributed_optimizer": h.distributed_optimizer,
-                 **{key: getattr(h, key) for key in made_by}}
-        wanted = {"model": replace(model, name=""), "seq_len": campaign["seq_len"], "cp": campaign.get("cp", 1),
-                  "params_dtype": setup.get("params_dtype", h.params_dtype),
-                  "distributed_optimizer": setup.get("distributed_optimizer", h.distributed_optimizer), **made_by}
-        if key := next((key for key in found if found[key] != wanted[key]), None):
+        found = {"emulated": h.emulated, **header_setup(h)}
+        wanted = campaign_setup(campaign, made_by, found)
+        # what the campaign decides first, then who made the runs (emulated, then the backend, whose
+        # spec and recomputation follow from it)
+        order = [*(key for key in found if key not in made_by), *made_by]
+        if key := next((key for key in order if found[key] != wanted[key]), None):
             return (f"{out} holds run {child.name} of another setup, {setup_difference(key, found[key], wanted[key])} "
                     f"(its vs this campaign's): 'advisor recommend --profile' reads every run under it as one "
                     f"setup; choose another --out")

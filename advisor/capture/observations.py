@@ -23,8 +23,8 @@ from typing import Iterable, Union
 from advisor.capture.layout import PipelineLayout, Scenario, StageSpec
 from advisor.megatron_args import MegatronSetup
 from advisor.models import LlamaSpec
-from advisor.profiles import (ProfileError, ProfileRun, RankProfile, check_complete, check_run_files, directory_problem,
-                              load_run)
+from advisor.profiles import (ProfileError, ProfileRun, RankHeader, RankProfile, check_complete, check_run_files,
+                              directory_problem, load_run)
 
 ModuleKey = Union[str, int]
 """'embedding', a decoder layer number (1-based), or 'output'."""
@@ -258,13 +258,19 @@ def observe_run(run: ProfileRun, name: str | None = None) -> RunObservation:
 # --- a set of runs ----------------------------------------------------------------------
 
 
-def _setup(run: ProfileRun) -> dict:
-    h = run.header
+def header_setup(h: RankHeader) -> dict:
+    """The setup that a set of runs must share (``check_one_setup``), as one rank's header says
+    it: the one list of its fields, which ``advisor profile run`` also compares the runs already
+    under its --out against before a campaign starts (``campaign_run.other_setup``)."""
     return {
         "model": replace(h.model, name=""), "seq_len": h.seq_len, "cp": h.parallel.cp, "params_dtype": h.params_dtype,
         "distributed_optimizer": h.distributed_optimizer, "recompute": h.recompute, "layer_spec": h.layer_spec,
         "backend": h.backend,
     }
+
+
+def _setup(run: ProfileRun) -> dict:
+    return header_setup(run.header)
 
 
 SET_ASIDE_WHY = {
@@ -298,7 +304,7 @@ def none_finished(skipped: list[tuple[str, str]], shown: int = 3) -> str:
 
 
 def check_one_setup(runs: Iterable[ProfileRun]) -> None:
-    """The runs are of one model and setup (``_setup``: model shape, sequence, CP, dtype,
+    """The runs are of one model and setup (``header_setup``: model shape, sequence, CP, dtype,
     distributed optimizer, recompute, layer spec, backend), each given once: otherwise a
     ProfileError naming the two runs and the two values that differ. Runs that did not finish
     are checked too: they are still of the set that was given."""
@@ -320,7 +326,7 @@ def check_one_setup(runs: Iterable[ProfileRun]) -> None:
 
 
 def setup_difference(key: str, value: object, other: object) -> str:
-    """``key (value vs other)``; for a model, each field that differs (``_setup`` blanks its name)."""
+    """``key (value vs other)``; for a model, each field that differs (``header_setup`` blanks its name)."""
     if isinstance(value, LlamaSpec) and isinstance(other, LlamaSpec):
         fields = [name for name in value.__dataclass_fields__ if getattr(value, name) != getattr(other, name)]
         pairs = ", ".join(f"{name} {getattr(value, name)!r} vs {getattr(other, name)!r}" for name in fields)

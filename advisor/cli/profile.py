@@ -514,7 +514,7 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
     document = prepare(campaign, out, backend="megatron" if gpus else backend, layer_spec=layer_spec,
                        budget=budget if emulated and not force else None)
     # runs of another campaign, setup or backend under --out: refused before the runner starts
-    scan(document, out, backend_fields("megatron" if gpus else backend, layer_spec))
+    scan(document, out, backend_fields("megatron" if gpus else backend, layer_spec, user_args))
     _before_start(document, out, megatron_lm, budget if emulated else None)
     options = (["--megatron-lm", megatron_lm, *(["--mock-data"] if mock_data else []),
                 *(["--train-iters", str(train_iters)] if train_iters else []), *(["--slurm"] if slurm else []),
