@@ -142,11 +142,34 @@ PROBE = textwrap.dedent("""
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    def build(rank, port, cases, out):
+    def stand_in_for_te_and_apex():
+        # a machine with Transformer Engine and Apex (NGC's containers), for one without: at import,
+        # models/backends.py binds the module global LNImpl to Apex's FusedLayerNorm (LayerNorm only;
+        # it takes sequence parallelism and the persistent kernel), and transformer/transformer_block.py
+        # the block's final norm (LayerNormImpl) to TE's TENorm, whatever --transformer-impl says
+        import torch
+        from megatron.core.models import backends
+        from megatron.core.transformer import transformer_block
+
+        class FusedLayerNormStandIn(torch.nn.LayerNorm):
+            def __init__(self, config, hidden_size, eps=1e-5, **kwargs):
+                assert config.normalization == "LayerNorm", "FusedLayerNorm takes LayerNorm only"
+                super().__init__(hidden_size, eps=eps)
+
+        class TENormStandIn:
+            def __new__(cls, config, hidden_size, eps=1e-5, **kwargs):
+                norm = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
+                return norm(hidden_size, eps=eps)
+
+        backends.LNImpl, transformer_block.LayerNormImpl = FusedLayerNormStandIn, TENormStandIn
+
+    def build(rank, port, cases, out, apex):
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
         dist.init_process_group("gloo", rank=rank, world_size=2)
         from megatron.core import parallel_state
         parallel_state.initialize_model_parallel(2, 1)
+        if apex == "stand-in":
+            stand_in_for_te_and_apex()
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from megatron.core.transformer import TransformerConfig
@@ -166,11 +189,12 @@ PROBE = textwrap.dedent("""
                 results.append(str(error))
         if rank == 0:
             with open(out, "w") as handle:
-                json.dump({"results": results, "apex": importlib.util.find_spec("apex") is not None}, handle)
+                json.dump({"results": results,
+                           "apex": apex == "stand-in" or importlib.util.find_spec("apex") is not None}, handle)
         dist.destroy_process_group()
 
     if __name__ == "__main__":
-        mp.spawn(build, args=(sys.argv[2], json.loads(sys.argv[1]), sys.argv[3]), nprocs=2, join=True)
+        mp.spawn(build, args=(sys.argv[2], json.loads(sys.argv[1]), sys.argv[3], sys.argv[4]), nprocs=2, join=True)
 """)
 _TINY_LOCAL = ("pretrain_gpt.py --num-layers 1 --hidden-size 16 --ffn-hidden-size 32 --num-attention-heads 2 "
                "--seq-length 8 --max-position-embeddings 8 --swiglu --disable-bias-linear --normalization RMSNorm "
@@ -205,13 +229,16 @@ def _persist_layer_norm_as_megatron_derives(tag: str, tmp_path) -> tuple[bool, b
     return emitted["derived"]["persist_layer_norm"], dropped["derived"]["persist_layer_norm"]
 
 
+@pytest.mark.parametrize("apex", ["as installed", "stand-in"])
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
-def test_megatron_cores_local_spec_asserts_where_the_rule_says(tag, tmp_path):
+def test_megatron_cores_local_spec_asserts_where_the_rule_says(tag, apex, tmp_path):
     """TP 2 on two gloo processes: the local spec's RMSNorm (WrappedTorchNorm) asserts with
     sequence parallelism and builds without; LayerNorm takes torch's norm too where Apex is absent
     (as here), which the rule leaves to the ranks' nodes (Apex's FusedLayerNorm takes it). One line
     before, torch's norm asserts persist_layer_norm off, which Megatron-LM turns on unless the
-    arguments carry --no-persist-layer-norm, as the advisor's local rows now do."""
+    arguments carry --no-persist-layer-norm, as the advisor's local rows now do. Run as this machine
+    has Apex (here: not), and with Apex and Transformer Engine stood in, as on a machine that has
+    them (the rule is the same: RMSNorm's layer norms are torch's either way)."""
     path = SHARED / tag
     if not (path / "megatron" / "core").is_dir():
         pytest.skip(f"no Megatron-LM checkout {tag} at {path} (set MEGATRON_LM_CHECKOUTS)")
@@ -220,14 +247,18 @@ def test_megatron_cores_local_spec_asserts_where_the_rule_says(tag, tmp_path):
 
     emitted, dropped = _persist_layer_norm_as_megatron_derives(tag, tmp_path)
     assert (emitted, dropped) == (False, True)  # Megatron's default is the persistent kernel
+    # LayerNorm's cases first, in this one process: LocalSpecProvider.layer_norm(rms_norm=True)
+    # rebinds the module-global LNImpl to WrappedTorchNorm (models/backends.py, both releases), so
+    # after an RMSNorm case a LayerNorm case would get torch's norm where Apex is installed too,
+    # and assert for that reason, not the one the rule is about
     cases = [(normalization, sequence_parallel, persist)
-             for normalization in ("RMSNorm", "LayerNorm") for sequence_parallel, persist in
+             for normalization in ("LayerNorm", "RMSNorm") for sequence_parallel, persist in
              ((True, emitted), (False, emitted), (False, dropped))]
     script, out = tmp_path / "probe.py", tmp_path / "out.json"
     script.write_text(PROBE)
     env = dict(os.environ, PYTHONPATH=f"{CUDA_ON_CPU}{os.pathsep}{path}", CUDA_ON_CPU="1")
-    result = subprocess.run([python or sys.executable, str(script), json.dumps(cases), str(free_port()), str(out)],
-                            capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    result = subprocess.run([python or sys.executable, str(script), json.dumps(cases), str(free_port()), str(out),
+                             apex], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     built = json.loads(out.read_text())
     for (normalization, sequence_parallel, persist), error in zip(cases, built["results"]):
