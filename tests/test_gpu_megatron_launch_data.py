@@ -65,7 +65,7 @@ def test_model_states_measured_on_the_gpu_are_the_estimate_to_the_byte(run_dir: 
     # h_ffn-sized tensor (--no-bias-swiglu-fusion: x_linear + glu_linear_offset, core_v0.15.2
     # mlp.py:209-211) and, on a stage's first layer, the data loader's bool mask [b, 1, s, s]. Until
     # K and V were priced expanded (50,331,648 B a layer and microbatch) the layers kept 1.096-1.107.
-    s, h, f, d = 4096, 4096, 14336, 128
+    s, f, d = 4096, 14336, 128
     b = LAYERS[run_dir.name][1]
     left_out = 2 * 4 * s * b + 4 * 2 * s * d + 2 * s * b * f
     layers = {module: row for (module, term), row in rows.items() if module.startswith("decoder.") and term == "activations"}
