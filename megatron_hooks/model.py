@@ -86,6 +86,27 @@ def transformer_config(spec: LlamaSpec, *, num_layers: int, params_dtype: torch.
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
+        # Fields whose dataclass default is not Megatron-LM's (core_v0.19.0 megatron/training/
+        # arguments.py, the 'incompatible defaults in dataclass' list; core_v0.15.2 arguments.py
+        # sets them from its own flags, core_transformer_config_from_args):
+        # --attention-softmax-in-fp32 is off unless given (or --apply-query-key-layer-scaling), where
+        # TransformerConfig defaults it on; on, megatron-core's unfused softmax (fused_softmax.py,
+        # forward_torch_softmax) keeps an FP32 copy of the s x s scores, 4 a s^2 b / t bytes a layer,
+        # which a run with Megatron-LM's defaults does not (the H200 runs through the launcher,
+        # benchmarks/gpu/data/h200_megatron_launch*/: 'attention_softmax_in_fp32 ... False').
+        attention_softmax_in_fp32=False,
+        # These are on in Megatron-LM's arguments (--no-... turns them off) but stay off here, where
+        # their CUDA kernels do not exist; none changes what a layer keeps for the backward:
+        # the fused bias-dropout-add saves what the unfused one does (no bias, no dropout: the H200
+        # runs had it on and kept this model's layer to the byte), the fused scale-mask-softmax
+        # kernel (fused_softmax.py, ScaledUpperTriangMaskedSoftmax) its BF16 output as torch's BF16
+        # softmax does, the gradient-accumulation fusion only writes the weight gradient into
+        # main_grad in place (a backward transient of one weight's gradient), and
+        # persist_layer_norm is Apex's FusedLayerNorm's alone (RMSNorm here). RoPE's fusion does
+        # change it (FP32 frequencies kept instead of cos and sin): off, as without Transformer
+        # Engine (benchmarks/gpu/megatron_launch.sh passes --no-rope-fusion with --transformer-impl
+        # local); the Transformer Engine spec turns it on (_TE_SPEC_FUSIONS). overlap_p2p_comm is
+        # for the interleaved schedule's communication only.
         bias_dropout_fusion=False,
         bias_activation_fusion=False,
         masked_softmax_fusion=False,

@@ -137,8 +137,9 @@ def test_the_terms_a_note_names_are_those_the_build_changed_on_the_gpu():
 def test_a_cuda_profile_of_the_local_spec_says_the_terms_price_the_te_spec(advisor, monkeypatch):
     """The H200's Qwen3-30B-A3B layer (cuda backend, a v2 file: the local spec, the only one that
     backend builds): attention reads 23x because megatron-core's unfused attention keeps the s x s
-    scores (FP32 softmax and BF16 probabilities: 6 a s^2 bytes), which the TE spec's terms do not
-    price. The page says so, naming the terms, in the table and in JSON."""
+    scores (FP32 softmax and BF16 probabilities: 6 a s^2 bytes; measured while the emulator's
+    config kept attention_softmax_in_fp32 on, the dataclass default), which the TE spec's terms do
+    not price. The page says so, naming the terms, in the table and in JSON."""
     directory = GPU_DATA / "qwen3-30b-a3b-allgather-cuda"
     doc = advisor.json("profile", "show", directory)
     assert (doc["moe_layer"]["layer_spec"], doc["moe_layer"]["kernels"]) == ("local", "cuda")

@@ -329,11 +329,11 @@ def test_local_layers_keep_k_and_v_expanded_as_priced(tmp_path, model, ffn, tp):
     expands K and V to the 32 heads (dot_product_attention.py, repeat_interleave) and its two
     products save the expanded copies, 2 s b a d / t each, where Eq. 11 has 2 s b k d / t; the
     advisor prices the difference, 4 s b (a - k) d / t = 4 x 4096 x 24 x 128 / t = 50,331,648 / t
-    (equations.expanded_kv_bytes). What the measurement keeps beyond the advisor's price, to the
-    byte, is only what the advisor leaves out (none of it K, V or the QKV output, so Qwen3's QKV
+    (equations.expanded_kv_bytes). The softmax runs in BF16 (megatron_hooks.model's config turns
+    attention_softmax_in_fp32 off, as Megatron-LM's arguments do; it kept an FP32 copy, 4 a s^2 b /
+    t = 2,147,483,648 / t more, before), so the scores are the advisor's 2 a s^2 b / t. What the
+    measurement keeps beyond the advisor's price, to the byte, is only what the advisor leaves out (none of it K, V or the QKV output, so Qwen3's QKV
     output, kept by K's norm, is priced once):
-    - the softmax's FP32 output, 4 a s^2 b / t: the emulator's TransformerConfig keeps its default
-      attention_softmax_in_fp32 True, which Megatron-LM's arguments turn off (--attention-softmax-in-fp32);
     - the shared bool causal mask, s^2, on the stage's first layer (this one);
     - RoPE's BF16 cos and sin for Q and K, 4 x 2 s d (unsplit);
     - the two norms' FP32 rstd, 2 x 4 s b (whole: no SP);
@@ -350,13 +350,22 @@ def test_local_layers_keep_k_and_v_expanded_as_priced(tmp_path, model, ffn, tp):
     assert eq.expanded_kv_bytes(spec, s, b) == 4 * s * b * (a - k) * d == 50_331_648
     options = MemoryOptions(fused_norms=False, flash_attention=False, sequence_parallel=False)
     priced, _ = layer_bytes(spec, s, b, tp, 1, options)
-    left_out = 4 * a * s * s * b // tp + s * s + 4 * 2 * s * d + 2 * 4 * s * b + 2 * s * b * ffn // tp
+    left_out = s * s + 4 * 2 * s * d + 2 * 4 * s * b + 2 * s * b * ffn // tp
     assert layer.activation_bytes - priced == left_out
     # by hand, Llama at TP 1: Eq. 12 s b h (12 + 4 k/a + 8 f/h) = 16,777,216 x 41, the BF16 softmax output
     # 2 a s^2 b = 1,073,741,824 and the expansion: 1,811,939,328 (1,761,607,680 before it was priced)
     if model == "llama3.1-8b" and tp == 1:
         assert priced == 16_777_216 * 41 + 1_073_741_824 + 50_331_648 == 1_811_939_328
-        assert layer.activation_bytes == 4_097_867_776
+        # tensor by tensor (s b h = 16,777,216 bytes per BF16 element): the two norms' BF16 inputs
+        # and outputs 8 s b h = 134,217,728, their FP32 rstd 8 s b = 32,768; Q 2 s b h =
+        # 33,554,432; K and V expanded to 32 heads 4 s b a d = 67,108,864; the context 2 s b h =
+        # 33,554,432; the BF16 softmax output 2 a s^2 b = 1,073,741,824 (no FP32 copy); RoPE's cos
+        # and sin for Q and K 8 s d = 4,194,304; SwiGLU's five h_ffn-wide BF16 tensors 10 s b f =
+        # 587,202,560; the causal mask s^2 = 16,777,216 (this stage's first layer). Sum:
+        assert (134_217_728 + 32_768 + 33_554_432 + 67_108_864 + 33_554_432 + 1_073_741_824 + 4_194_304
+                + 587_202_560 + 16_777_216) == 1_950_384_128 == priced + left_out
+        # 4,097,867,776 while the emulator kept the FP32 softmax too: 4 a s^2 b = 2,147,483,648 more
+        assert layer.activation_bytes == 1_950_384_128 == 4_097_867_776 - 2_147_483_648
 
 
 def test_megatron_optimizer_bytes_per_parameter(tmp_path):

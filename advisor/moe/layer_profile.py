@@ -276,8 +276,8 @@ def _transient_row(profile: MoELayerProfile, tokens: float, copies: float) -> tu
 
 BUILD_DIFFERENCES = {
     "layer_spec": (("attention activations", "expert + dispatch activations", "shared expert activations"),
-                   "the local spec's unfused core attention keeps the s x s scores (FP32 softmax and their BF16 "
-                   "copy) and K and V expanded to every query head, and it runs without the TE spec's fused RoPE "
+                   "the local spec's unfused core attention keeps the s x s scores (BF16; layers measured before "
+                   "the emulator turned attention_softmax_in_fp32 off keep an FP32 copy too) and K and V expanded to every query head, and it runs without the TE spec's fused RoPE "
                    "and SwiGLU"),
     "kernels": (("attention activations", "router activations"),
                 "torch's CPU RMSNorm (the input and pre-MLP norms) computes in FP32 and keeps FP32 copies of its "
