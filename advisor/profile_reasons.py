@@ -203,8 +203,10 @@ def _formatted(reason: Reason, header) -> Reason:
 def _cpu_layer_bytes(profile: RankProfile, holds_mask: bool, fused_swiglu: bool) -> float:
     """One local-spec layer on torch's CPU kernels, TP = CP = 1 (megatron_hooks/README.md's table;
     FP32: tests/test_hooks.py::hand_count_layer, equal to real megatron-core to the byte; BF16 the
-    same tensors, the norms' copies in FP32 and the scores in FP32 and BF16). The emulator's
-    SwiGLU keeps 5 s b h_ffn elements; Megatron-LM's fused one 3 (its input, 2 h_ffn, and FC2's)."""
+    same tensors, the norms' copies in FP32 and the scores in BF16 alone: torch's BF16 softmax,
+    --attention-softmax-in-fp32 being off in Megatron-LM's arguments and in the emulator's
+    megatron_hooks.model.transformer_config). The emulator's SwiGLU keeps 5 s b h_ffn elements;
+    Megatron-LM's fused one 3 (its input, 2 h_ffn, and FC2's)."""
     h = profile.header
     s, b, hidden, a, ffn = h.seq_len, h.parallel.mbs, h.model.hidden_size, h.model.num_attention_heads, \
         h.model.ffn_hidden_size
@@ -219,7 +221,7 @@ def _cpu_layer_bytes(profile: RankProfile, holds_mask: bool, fused_swiglu: bool)
     sbh = s * b * hidden
     return (8 * sbh + 8 * sbh + 8 * s * b  # norm inputs and x*rsqrt in FP32, rsqrt
             + 4 * sbh + 2 * sbh + 4 * sbh + 2 * sbh  # norm outputs (linear inputs), Q, K and V expanded, context
-            + 8 * s * d + 6 * a * b * s * s + 2 * swiglu * s * b * ffn + mask)  # cos/sin, FP32 + BF16 scores
+            + 8 * s * d + 2 * a * b * s * s + 2 * swiglu * s * b * ffn + mask)  # cos/sin, BF16 scores
 
 
 def _cpu_output_bytes(profile: RankProfile) -> float:

@@ -216,3 +216,31 @@ def test_a_rank_no_reason_applies_to_has_no_notes(advisor, tmp_path):
     last.write(tmp_path)
     text = advisor("profile", "show", tmp_path, "--section", "compare").stdout
     assert "expected: the ratio" not in text and "activations in flight:" not in text
+
+
+def test_a_bf16_cpu_emulator_layer_is_explained_to_the_byte(tmp_path):
+    """The CPU emulator in BF16 (local spec on torch's CPU kernels, TP 1; h 256, a 4, k 2, d 64,
+    h_ffn 512, s 128, b 1): each layer keeps what _cpu_layer_bytes counts, to the byte. The softmax
+    runs in BF16 (megatron_hooks.model turns attention_softmax_in_fp32 off, as Megatron-LM's
+    arguments leave it; torch's CPU softmax keeps nothing in FP32 besides), so the scores are one
+    BF16 copy. By hand (s b h = 32,768): the two norms' FP32 inputs and x*rsqrt 16 s b h =
+    524,288 and their FP32 rsqrt 8 s b = 1,024; the norm outputs (BF16 linear inputs) 4 s b h =
+    131,072; Q 2 s b h = 65,536; K and V expanded to the 4 heads 4 s b h = 131,072; the context
+    2 s b h = 65,536; RoPE's BF16 cos and sin for Q and K 8 s d = 65,536; the BF16 scores
+    2 a s^2 b = 131,072; the unfused SwiGLU's five tensors 10 s b h_ffn = 655,360: 1,770,496; the
+    stage's first layer also the bool causal mask, s^2 = 16,384."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
+    import warm_python
+
+    flags = ["--model", "llama3.1-8b", "--num-layers", "2", "--hidden-size", "256", "--ffn-hidden-size", "512",
+             "--num-attention-heads", "4", "--num-query-groups", "2", "--vocab-size", "4096",
+             "--layers-per-stage", "2", "--seq-len", "128", "--dtype", "bfloat16"]
+    done = warm_python.run(["-m", "megatron_hooks.emulate", "--threads", "1", *flags, "--out", str(tmp_path)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    (rank,) = load_run(tmp_path).ranks
+    rows = rows_of(rank)
+    first, second = rows[("decoder.layers.0", "activations")], rows[("decoder.layers.1", "activations")]
+    assert 524_288 + 1_024 + 131_072 + 65_536 + 131_072 + 65_536 + 65_536 + 131_072 + 655_360 == 1_770_496
+    assert (first.measured_bytes, second.measured_bytes) == (1_770_496 + 16_384, 1_770_496)
+    assert (first.expected_bytes, second.expected_bytes) == (first.measured_bytes, second.measured_bytes)
+    assert keys(first) == ["cpu-kernels", "unfused-swiglu"]
