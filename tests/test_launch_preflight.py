@@ -133,9 +133,16 @@ def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_p
         assert "Traceback" not in result.output and result.stdout == "", name
     assert started == []
 
-    # all at once: three problems, three lines, one exit
-    result = launch(extras=[*no_te_switch, "--data-path", str(prefix), *null_tokenizer, "--save", str(a_file / "x")],
-                    source=cp2, mock=False)
+
+
+def test_three_broken_things_are_three_lines_and_one_exit(advisor, tmp_path, started):
+    """No Transformer Engine for CP 2, a dataset without its .idx, --save under a file: all said at once."""
+    core15 = real_checkout("core_v0.15.2").path
+    _, cp2, _, _, prefix, a_file, _, _ = _broken_setup_inputs(advisor, tmp_path)
+    no_te_switch = [arg for arg in CPU_TEST_JOB if arg not in ("--transformer-impl", "local")]
+    result = launcher()("torchrun", "--from", cp2, "--megatron-lm", core15, "--", *no_te_switch, "--data-path",
+                        str(prefix), "--tokenizer-type", "NullTokenizer", "--vocab-size", "128255", "--save",
+                        str(a_file / "x"), expect=2)
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
     assert len(errors) == 3, result.stderr
     assert started == []
