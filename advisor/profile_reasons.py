@@ -203,9 +203,7 @@ def _formatted(reason: Reason, header) -> Reason:
 def _cpu_layer_bytes(profile: RankProfile, holds_mask: bool, fused_swiglu: bool) -> float:
     """One local-spec layer on torch's CPU kernels, TP = CP = 1 (megatron_hooks/README.md's table;
     FP32: tests/test_hooks.py::hand_count_layer, equal to real megatron-core to the byte; BF16 the
-    same tensors, the norms' copies in FP32 and the scores in BF16 alone: torch's BF16 softmax,
-    --attention-softmax-in-fp32 being off in Megatron-LM's arguments and in the emulator's
-    megatron_hooks.model.transformer_config). The emulator's SwiGLU keeps 5 s b h_ffn elements;
+    same tensors, the norms' copies in FP32, the scores as below). The emulator's SwiGLU keeps 5 s b h_ffn elements;
     Megatron-LM's fused one 3 (its input, 2 h_ffn, and FC2's)."""
     h = profile.header
     s, b, hidden, a, ffn = h.seq_len, h.parallel.mbs, h.model.hidden_size, h.model.num_attention_heads, \
@@ -219,9 +217,15 @@ def _cpu_layer_bytes(profile: RankProfile, holds_mask: bool, fused_swiglu: bool)
         elements = 10 * s * b * hidden + 2 * s * b + 4 * s * d + a * b * s * s + swiglu * s * b * ffn
         return 4 * elements + mask
     sbh = s * b * hidden
+    # the scores: the emulator keeps torch's BF16 softmax output alone, 2 a b s^2
+    # (tests/test_profile_reasons.py); a real core_v0.15.2 BF16 run on torch's CPU kernels (the GPU
+    # test double) keeps 4 a b s^2 more, an FP32 copy, measured to the byte in every launch of
+    # tests/test_launch_run.py, whose origin is not identified: Megatron-LM's arguments leave
+    # --attention-softmax-in-fp32 off, and the H200 runs of the same modules keep BF16 alone
+    scores = 2 if h.emulated else 6
     return (8 * sbh + 8 * sbh + 8 * s * b  # norm inputs and x*rsqrt in FP32, rsqrt
             + 4 * sbh + 2 * sbh + 4 * sbh + 2 * sbh  # norm outputs (linear inputs), Q, K and V expanded, context
-            + 8 * s * d + 2 * a * b * s * s + 2 * swiglu * s * b * ffn + mask)  # cos/sin, BF16 scores
+            + 8 * s * d + scores * a * b * s * s + 2 * swiglu * s * b * ffn + mask)  # cos/sin
 
 
 def _cpu_output_bytes(profile: RankProfile) -> float:
