@@ -45,7 +45,7 @@ from advisor.capture.campaign_cost import available_memory, emulation_cost
 from advisor.capture.observations import header_setup, setup_difference
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
-from advisor.profiles import ProfileError, ProfileRun, load_run
+from advisor.profiles import ProfileError, ProfileRun, load_run, read_rank_file
 from advisor.row_flags import flag_values
 
 EVENTS_SCHEMA = "megatron-4d-advisor/campaign-events"
@@ -299,10 +299,12 @@ def other_setup(campaign: dict, out: Path, made_by: dict[str, str | bool]) -> st
     does not read is left alone (it is not this campaign's; recommend says what is wrong with it)."""
     ids = {run["id"] for run in campaign["runs"]}
     for child in sorted(out.iterdir()) if out.is_dir() else ():
-        if child.name in ids or child.is_symlink() or not child.is_dir() or not any(child.glob("rank*.jsonl")):
+        first = None if child.name in ids or child.is_symlink() or not child.is_dir() else \
+            min(child.glob("rank*.jsonl"), default=None)  # one rank's header says the run's setup
+        if first is None:
             continue
         try:
-            h = load_run(child).ranks[0].header
+            h = read_rank_file(first).header
         except ProfileError:
             continue
         found = {"emulated": h.emulated, **header_setup(h)}

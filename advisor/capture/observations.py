@@ -269,10 +269,6 @@ def header_setup(h: RankHeader) -> dict:
     }
 
 
-def _setup(run: ProfileRun) -> dict:
-    return header_setup(run.header)
-
-
 SET_ASIDE_WHY = {
     "running": "still 'running': killed midway; run the same 'advisor profile run' to resume",
     "oom": "out of memory: an outcome, not a measurement",
@@ -315,7 +311,7 @@ def check_one_setup(runs: Iterable[ProfileRun]) -> None:
             raise ProfileError(f"run {name} is given twice ({directories[name]} and {run.directory}): a run is "
                                f"named by its directory, and counts once")
         directories[name] = run.directory
-        setup = _setup(run)
+        setup = header_setup(run.header)
         if reference is None:
             reference = (name, setup)
         for key, value in setup.items():
@@ -351,7 +347,7 @@ def profile_set(runs: Iterable[ProfileRun]) -> ProfileSet:
             sequence_parallel = run.header.sequence_parallel
     if not observed:
         raise ProfileError(none_finished(skipped))
-    setup = _setup(runs[0])
+    setup = header_setup(runs[0].header)
     return ProfileSet(
         model=runs[0].header.model, seq_len=setup["seq_len"], cp=setup["cp"],
         setup=MegatronSetup(params_dtype=setup["params_dtype"], distributed_optimizer=setup["distributed_optimizer"],
