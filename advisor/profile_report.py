@@ -50,15 +50,14 @@ class TermComparison:
         return self.expected_bytes / self.estimated_bytes
 
     def to_dict(self) -> dict:
-        return {"rank": self.rank, "module": self.module, "term": self.term, "equation": self.equation,
-                "measured_bytes": self.measured_bytes, "estimated_bytes": self.estimated_bytes, "ratio": self.ratio,
-                "expected_ratio": self.expected_ratio, "reasons": [reason.key for reason in self.reasons]}
+        return {name: [reason.key for reason in self.reasons] if name == "reasons" else getattr(self, name)
+                for name in COMPARE_COLUMNS}
 
 
 COMPARE_COLUMNS = ("rank", "module", "term", "equation", "measured_bytes", "estimated_bytes", "ratio",
                    "expected_ratio", "reasons")
-"""The keys of ``TermComparison.to_dict``: the compare section's columns (``reasons``: the keys
-of ``reasons_used``)."""
+"""The keys of ``TermComparison.to_dict``, in order: the compare section's columns (``reasons``:
+the keys of ``reasons_used``; ``expected_bytes`` is shown as its ratio)."""
 
 
 def reasons_used(rows: list[TermComparison]) -> dict[str, dict]:
