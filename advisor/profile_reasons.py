@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor import memory_terms
+from advisor import memory_terms, releases
 from advisor.profiles import LayerRecord, RankProfile
 
 
@@ -177,17 +177,14 @@ def _llama_heads(model) -> bool:
 def _mask_per_layer(header) -> bool | None:
     """Whether every layer of a real Megatron-LM run keeps its own causal mask (None: a version
     this cannot read). The emulators pass one mask to every layer (megatron_hooks.model.causal_mask),
-    so do runs whose data loader builds it; a run without it gets megatron-core's
-    get_default_causal_mask(s) in each layer's softmax (fusions/fused_softmax.py), which
-    core_v0.15.2 caches (@lru_cache: one tensor for the process, kept first by the stage's first
-    layer) and 0.16.1 and core_v0.19.0 build anew per call. The header does not record whether the
-    data loader made the mask: this is the count of advisor-launch's default, which turns it off."""
+    so do runs whose data loader builds it; a run without it gets megatron-core's default mask in
+    each layer's softmax, one per layer where its release builds it per call
+    (``releases.default_causal_mask_per_call``), else one for the process, kept by the stage's
+    first layer. The header does not record whether the data loader made the mask: this is the
+    count of advisor-launch's default, which turns it off."""
     if header.emulated:
         return False
-    parts = header.megatron_core_version.split(".")
-    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
-        return None
-    return (int(parts[0]), int(parts[1])) >= (0, 16)
+    return releases.default_causal_mask_per_call(header.megatron_core_version)
 
 
 def _versioned(reason: Reason, header) -> Reason:

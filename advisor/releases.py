@@ -119,3 +119,20 @@ RELEASES: tuple[MegatronRelease, ...] = (
     ),
 )
 NEWEST = RELEASES[-1]
+
+
+DEFAULT_CAUSAL_MASK_PER_CALL_SINCE = (0, 16)
+"""The first megatron-core release whose softmax builds its default causal mask anew for every
+call: ``get_default_causal_mask(sq)`` (megatron/core/fusions/fused_softmax.py), used where the
+data loader passed no mask, is cached by ``@lru_cache`` in core_v0.15.2 (one tensor for the
+process) and not in the megatron-core 0.16.1 wheel nor core_v0.19.0 (every layer keeps its own).
+A megatron-core version, not a line of ``RELEASES``: the profiles record the installed package's."""
+
+
+def default_causal_mask_per_call(megatron_core_version: str) -> bool | None:
+    """Whether this megatron-core builds its default causal mask per call (see above); None for a
+    version string this cannot read."""
+    parts = megatron_core_version.split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return (int(parts[0]), int(parts[1])) >= DEFAULT_CAUSAL_MASK_PER_CALL_SINCE

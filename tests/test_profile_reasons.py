@@ -244,3 +244,15 @@ def test_a_bf16_cpu_emulator_layer_is_explained_to_the_byte(tmp_path):
     assert (first.measured_bytes, second.measured_bytes) == (1_770_496 + 16_384, 1_770_496)
     assert (first.expected_bytes, second.expected_bytes) == (first.measured_bytes, second.measured_bytes)
     assert keys(first) == ["cpu-kernels", "unfused-swiglu"]
+
+
+@pytest.mark.parametrize("version,per_call", [("0.15.2", False), ("0.15.0rc1", False), ("0.16.1", True),
+                                              ("0.19.0", True), ("1.0.0", True), ("unknown", None), ("0", None),
+                                              ("0.x.1", None)])
+def test_which_megatron_core_builds_its_default_causal_mask_per_call(version, per_call):
+    """The release fact behind the per-layer mask, in advisor.releases: core_v0.15.2's
+    get_default_causal_mask is @lru_cache'd, the 0.16.1 wheel's and core_v0.19.0's are not
+    (read in each; measured by the real launches of tests/test_launch_run.py); a version string
+    it cannot read is None, which the hand count then leaves uncounted."""
+    from advisor.releases import default_causal_mask_per_call
+    assert default_causal_mask_per_call(version) is per_call
