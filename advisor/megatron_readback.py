@@ -383,6 +383,9 @@ class ReadRun:
     vocab_by_release: bool = False
     """Whether the vocabulary is NullTokenizer's, whose rows differ by release (``vocabulary``):
     the command alone then does not say them, the release does."""
+    added: tuple[str, ...] = ()
+    """Why the estimate's arguments carry a flag the command lacks, one line each: where the
+    command as written stops before training and the flag lets it build (``_added_for_build``)."""
 
 
 def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", vocab_size: int | None = None,
@@ -437,8 +440,22 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
                        f"{name} (a variable the script does not set: read as empty, as bash does; flags it may "
                        "hold are not priced)" for name in dict.fromkeys(parsed.unset)]),
                    skipped=tuple(parsed.skipped + left_out),
-                   vocab_source=source, moe=moe,
+                   vocab_source=source, moe=moe, added=_added_for_build(options, parsed.model, rest),
                    vocab_by_release=vocab_size is None and parsed.model.get("tokenizer-type") == "NullTokenizer")
+
+
+def _added_for_build(options, model: dict, rest: list[str]) -> tuple[str, ...]:
+    """The line saying that the command as written dies when Megatron-LM builds its model and
+    that the estimate's arguments add the flag that lets it: --no-persist-layer-norm for an RMSNorm
+    model under --transformer-impl local (``advisor.options.local_spec``, which advisor-launch's
+    preflight refuses without it; ``training_args`` writes it beside --transformer-impl local)."""
+    from advisor.options.local_spec import NO_PERSIST_FLAG, local_persist_layer_norm_problem
+
+    problem = local_persist_layer_norm_problem(
+        transformer_impl=options.attention.transformer_impl, normalization=str(model.get("normalization", "LayerNorm")),
+        no_persist_layer_norm=NO_PERSIST_FLAG in rest,
+        fix=f"the command as written stops there; the estimate's arguments add {NO_PERSIST_FLAG}")
+    return (problem,) if problem else ()
 
 
 def _as_built(spec: LlamaSpec, layout: Layout, moe: bool) -> tuple[LlamaSpec, list[str]]:

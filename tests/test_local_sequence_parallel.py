@@ -350,3 +350,25 @@ def test_a_local_row_writes_no_persist_layer_norm_and_reads_it_back_the_same(tmp
     assert ok.stdout.startswith("advisor-launch check: ok:"), ok.stderr
     restated = launcher()("args", "--from", path, "--launch-as-priced", "--", NO_PERSIST_FLAG)
     assert "conflicts" not in restated.stderr and restated.stdout.split()[-1] == NO_PERSIST_FLAG
+
+
+def test_estimate_from_command_says_the_command_as_written_does_not_build_and_what_its_row_adds():
+    """A command of an RMSNorm model under --transformer-impl local without --no-persist-layer-norm
+    dies at model build (test_megatron_cores_local_spec_asserts_where_the_rule_says); the estimate
+    prices it, its arguments carry the flag, and it says so: on stderr with a JSON row (whose
+    megatron_args hold the flag once), in the table's caption on a terminal, and not at all where
+    the command gives the flag or the model is LayerNorm."""
+    said = (PERSIST_REFUSAL.removesuffix(f"add {NO_PERSIST_FLAG} after --")
+            + f"the command as written stops there; the estimate's arguments add {NO_PERSIST_FLAG}")
+    command = _COMMAND.format(norm="RMSNorm", tp=1)
+    row = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpu", "h100-80gb", "--format", "json"],
+                             input=command + "\n")
+    assert row.exit_code == 0, row.output
+    assert f"advisor estimate: {said}" in row.stderr.splitlines()
+    assert json.loads(row.stdout)["megatron_args"].count(NO_PERSIST_FLAG) == 1
+    table = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpu", "h100-80gb"], input=command + "\n")
+    assert table.exit_code == 0 and "persist" not in table.stderr
+    assert said in " ".join(table.stdout.split())  # the caption, wrapped to the terminal
+    for quiet in (f"{command} {NO_PERSIST_FLAG}", _COMMAND.format(norm="LayerNorm", tp=1)):
+        result = _from_command(quiet)
+        assert result.exit_code == 0 and "persist" not in result.stderr, result.stderr

@@ -145,14 +145,17 @@ def read_notes(row: dict, read: CommandInputs | None, table_on_stdout: bool = Fa
     on stderr, but where the table that shows them goes to the terminal: it said them twice); the
     row records both, and the command's flags that change no price ('not_launched': its learning
     rates, data and tokenizer, checkpoints, logging), which its megatron_args leave out and
-    advisor-launch names."""
+    advisor-launch names. Then why the arguments carry a flag the command lacks (``ReadRun.added``),
+    said the same way."""
     if read is None:
         return []
     row.update(read_from=read.source, unpriced=list(read.run.unpriced), not_launched=list(read.run.skipped))
     notes = [f"read {read.source}"] + [line for line in [unpriced_line(read.run.unpriced, read.run.skipped)] if line]
     if read.run.unpriced and not table_on_stdout:
         note(f"advisor estimate: {notes[-1]}")
-    return notes
+    for line in read.run.added if not table_on_stdout else ():  # the arguments differ from the command
+        note(f"advisor estimate: {line}")
+    return notes + list(read.run.added)
 
 
 def best_row_line(row: dict, spec, workload, gpus: int, mem: float | None, threshold: float, gpu, gpus_per_node: int,

@@ -79,16 +79,17 @@ def local_sequence_parallel_clause(*, sequence_parallel: bool, tp: int, normaliz
             f"model is built){plan}")
 
 
-def local_persist_layer_norm_problem(*, transformer_impl: str, normalization: str, no_persist_layer_norm: bool
-                                     ) -> str | None:
+def local_persist_layer_norm_problem(*, transformer_impl: str, normalization: str, no_persist_layer_norm: bool,
+                                     fix: str = f"add {NO_PERSIST_FLAG} after --") -> str | None:
     """One line where Megatron-LM cannot build this run's model because torch's norm refuses the
     persistent layer-norm kernel that Megatron turns on by default (module docstring): an RMSNorm
     model under --transformer-impl local without --no-persist-layer-norm; None otherwise. A
     LayerNorm model gets Apex's FusedLayerNorm where Apex is installed, which takes the kernel
-    (and this pure check cannot see): not refused."""
+    (and this pure check cannot see): not refused. ``fix``: what to do, or what was done, where the
+    caller reads the command (advisor-launch: after its ``--``)."""
     if transformer_impl != "local" or normalization != "RMSNorm" or no_persist_layer_norm:
         return None
     return (f"--transformer-impl local with RMSNorm without {NO_PERSIST_FLAG}: megatron-core's local layer spec "
             f"builds RMSNorm as torch's norm (WrappedTorchNorm), which asserts '{PERSIST_ASSERTION}' on every rank "
             f"when the model is built (transformer/torch_norm.py), and Megatron-LM turns the persistent kernel on "
-            f"unless told otherwise: add {NO_PERSIST_FLAG} after --")
+            f"unless told otherwise: {fix}")
