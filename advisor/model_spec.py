@@ -255,7 +255,9 @@ _QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 Qwen3MoeAttention: q_norm, k_norm over head_dim, before RoPE): Megatron's --qk-layernorm."""
 _HEAD_DIM_DEFAULTS = {"qwen3": 128}
 """head_dim where a config.json leaves it out and its configuration class does not default it to
-h/a: Transformers' Qwen3Config has head_dim 128 (configuration_qwen3.py)."""
+h/a: Transformers' Qwen3Config has head_dim 128 (configuration_qwen3.py). Not qwen3_moe:
+Qwen3MoeConfig has no head_dim field and Qwen3MoeAttention takes ``getattr(config, "head_dim",
+hidden_size // num_attention_heads)`` (modeling_qwen3_moe.py), so h/a, as read here."""
 _HF_DEFAULTS = {"tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu"}
 # The only RoPE scaling Megatron-LM implements (--use-rope-scaling): Llama 3's, with these
 # constants fixed (megatron/core/models/common/embeddings/rotary_pos_embedding.py, _apply_scaling).

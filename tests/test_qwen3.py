@@ -61,6 +61,20 @@ def test_qwen3_head_dim_defaults_to_qwen3configs_128(tmp_path):
     assert spec.kv_channels == 128 and spec.query_size == 4096
 
 
+def test_a_qwen3_moe_config_without_head_dim_takes_h_over_a(tmp_path):
+    """Unlike Qwen3Config, Transformers' Qwen3MoeConfig has no head_dim default: its attention
+    takes h/a where the file leaves it out (modeling_qwen3_moe.py). Qwen3-30B-A3B's config.json
+    gives 128 (32 x 128 = 4096 on a 2048 hidden size, --kv-channels 128); without it, 2048 / 32 = 64,
+    Megatron's own default, so no kv_channels."""
+    published = json.loads((Path(__file__).parent / "data" / "moe" / "qwen3-30b-a3b.json").read_text())
+    given = tmp_path / "given.json"
+    given.write_text(json.dumps(published))
+    left_out = tmp_path / "left_out.json"
+    left_out.write_text(json.dumps({key: value for key, value in published.items() if key != "head_dim"}))
+    assert (load_hf_config(given).kv_channels, load_hf_config(given).query_size) == (128, 4096)
+    assert (load_hf_config(left_out).kv_channels, load_hf_config(left_out).head_dim) == (None, 64)
+
+
 def test_other_families_keep_their_flags():
     """Only qwen3 (and qwen3_moe) read as --qk-layernorm; every Llama preset's JSON is unchanged:
     no qk_layernorm key where it is false."""
