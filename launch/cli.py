@@ -470,6 +470,12 @@ def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_p
                    requeue=requeue, rdzv_port=rdzv_port)
     entry, env = _launch_plan(config, release, megatron, profiling, job_plan, dry_run=dry_run,
                               per_node=topology.nproc_per_node, gpus_here=False, hold_notes=True)
+    from launch.job import requeue_warning
+
+    for warning in (job_plan.signal_lead_warning(signal_time, megatron.args),
+                    requeue_warning(megatron.args) if requeue else None):
+        if warning is not None:
+            _note(warning)
     script = sbatch_script(job, topology, entry, megatron.groups, description=config.describe(),
                            environment=env.settings, environment_reason=env.reason)
     status = write_or_submit(script, output, dry_run=dry_run, ready=_flush_notes,

@@ -220,6 +220,23 @@ def missing(args: Sequence[str]) -> str | None:
             "save_interval, tensorboard_dir)")
 
 
+def requeue_warning(args: Sequence[str]) -> str | None:
+    """A warning where ``#SBATCH --requeue`` cannot resume: Megatron loads a checkpoint only from
+    ``--load`` (core_v0.15.2 and core_v0.19.0 megatron/training/training.py,
+    setup_model_and_optimizer: ``if args.load is not None or args.pretrained_checkpoint is not
+    None``) and saves only to ``--save``, so a requeued job resumes where it stopped only when the
+    two name one directory; otherwise it starts again from its first iteration (or from the same
+    initial checkpoint), and with ``--save`` writes over the first run's checkpoints."""
+    given = flag_values(args)
+    save, load = given.get("--save"), given.get("--load")
+    if save and save == load:
+        return None
+    have = ("no --save or --load" if not (save or load) else "no --load" if not load else "no --save" if not save
+            else f"--save {save[0]} and --load {load[0]} differ")
+    return (f"warning: --requeue, but {have}: a requeued job starts again where this one started, not where it "
+            "stopped; give --save DIR --load DIR (one directory) after -- or as save and load in --job-config")
+
+
 def user_length(user_args: Sequence[str]) -> list[str]:
     """The user's own length flags after ``--`` with their values (``--train-iters 20``), or []."""
     given = flag_values(user_args)
@@ -264,6 +281,34 @@ class JobPlan:
         interval = flag_values(args).get("--save-interval")
         lines.append(self.checkpoint.describe(self.step_time_s, int(interval[0]) if interval else None))
         return lines
+
+    def signal_lead_warning(self, signal_time_s: int, args: Sequence[str]) -> str | None:
+        """A warning where Slurm's SIGTERM comes too late for Megatron to save before the time limit.
+
+        ``--exit-signal-handler`` looks at the signal only between iterations, then saves with
+        ``--save`` (core_v0.15.2 and core_v0.19.0 megatron/training/training.py,
+        checkpoint_and_decide_exit: ``if any(signal_handler.signals_received()): if args.save:
+        save_checkpoint_and_time(...)``): after a SIGTERM it may need the rest of one step and a
+        whole save, and Slurm kills the job at its time limit (torchrun already at the same lead,
+        TORCH_ELASTIC_SHUTDOWN_TIMEOUT). None without ``--save`` (nothing to save) or where the
+        step and the save fit the lead."""
+        if "--save" not in flag_values(args):
+            return None
+        step = self.step_time_s or 0.0
+        need = step + self.checkpoint.save_seconds
+        if need <= signal_time_s:
+            return None
+        c = self.checkpoint
+        parts = ([f"up to one {step:,.1f} s step to finish (the input's step time)"] if step else []) + [
+            f"a {c.save_seconds:,.1f} s save ({c.total_bytes / 2**30:,.1f} GiB at {c.bandwidth_gbs:g} GB/s, "
+            "--fs-bandwidth)"]
+        want = math.ceil(need)
+        advice = (f"give --signal-time {want} or more" if want <= limits.SIGNAL_TIME_S.high else
+                  f"more than Slurm's --signal allows ({limits.SIGNAL_TIME_S.high} s): save more often, or to a "
+                  "faster file system (--fs-bandwidth)")
+        return (f"warning: --signal-time {signal_time_s} s is shorter than what Megatron does after Slurm's SIGTERM: "
+                f"{' and '.join(parts)}, {need:,.0f} s in all; Slurm kills the job at its time limit before the save "
+                f"ends, losing the iterations since the last one: {advice}")
 
 
 def _budget(tokens: float | None, job_file: JobFile | None, config) -> tuple[float | None, str]:

@@ -3,6 +3,7 @@ both real releases' parse_args + validate_args accept (launch.megatron_check), d
 the issue asks (--train-samples and the LR schedule's lengths); bad job files are one line."""
 
 import json
+import math
 
 import pytest
 from launch_support import launcher, sweep_file, write_json
@@ -108,3 +109,49 @@ def test_the_users_length_replaces_the_budgets_in_the_report(advisor, tmp_path):
     assert lengths == ["advisor-launch: length: your --train-iters 20 (after --); the 1e+12-token budget adds "
                        "no --train-samples or LR schedule"], result.stderr
     assert "--train-samples" not in result.stdout and "--train-iters 20" in result.stdout
+
+
+def _warnings(result, start: str) -> list[str]:
+    """The stderr warnings that start with ``start``, each joined back from its wrapped lines."""
+    text = " ".join(line.strip() for line in result.stderr.splitlines())
+    return [f"warning: {part.strip()}" for part in text.split("warning: ")[1:] if part.startswith(start)]
+
+
+def test_sbatch_warns_where_the_signal_comes_too_late_to_save(advisor, tmp_path):
+    """After Slurm's SIGTERM Megatron finishes the step under way, then saves (training.py,
+    checkpoint_and_decide_exit): the lead must hold both. Hand calculation: Llama 3.1 8B has
+    8,030,261,248 parameters (Meta's 8.03 B), 14 bytes each = 112,423,657,472 bytes, at 0.25 GB/s
+    449.69 s; with the row's own step time (53.24 s on 16 H100) 502.9 s in all -> 503."""
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpu", "h100-80gb", "--gpus", "16")
+    step = json.loads(sweep.read_text())[0]["step_time_s"]
+    save = 8_030_261_248 * 14 / 0.25e9
+    run = ("sbatch", "--from", sweep, "--megatron-version", "0.15", "--mock-data", "--dry-run", "--fs-bandwidth",
+           "0.25")
+    result = launcher()(*run, "--", "--lr", "1e-4", "--train-iters", "10", "--save", str(tmp_path / "ckpt"))
+    [warning] = _warnings(result, "--signal-time")
+    assert warning.startswith(f"warning: --signal-time 300 s is shorter than what Megatron does after Slurm's "
+                              f"SIGTERM: up to one {step:,.1f} s step to finish (the input's step time) and a "
+                              f"{save:,.1f} s save"), warning
+    assert warning.endswith(f"give --signal-time {math.ceil(step + save)} or more"), warning
+    assert math.ceil(step + save) == 503  # the hand calculation above, with the row's 53.24 s
+    # the lead that holds both is quiet; without --save there is nothing to save, and nothing to warn of
+    enough = launcher()(*run, "--signal-time", "503", "--", "--lr", "1e-4", "--train-iters", "10", "--save", "c")
+    assert not _warnings(enough, "--signal-time") and "#SBATCH --signal=TERM@503" in enough.stdout
+    assert not _warnings(launcher()(*run, "--", "--lr", "1e-4", "--train-iters", "10"), "--signal-time")
+
+
+def test_sbatch_requeue_warns_unless_save_and_load_name_one_directory(advisor, tmp_path):
+    """Megatron resumes only from --load and saves only to --save (training.py,
+    setup_model_and_optimizer): a requeued job resumes where it stopped only when they agree."""
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    run = ("sbatch", "--from", sweep, "--megatron-version", "0.15", "--mock-data", "--dry-run", "--requeue", "--",
+           "--lr", "1e-4", "--train-iters", "10")
+    cases = {(): "no --save or --load", ("--save", "c"): "no --load", ("--load", "c"): "no --save",
+             ("--save", "a", "--load", "b"): "--save a and --load b differ"}
+    for extra, have in cases.items():
+        [warning] = _warnings(launcher()(*run, *extra), "--requeue")
+        assert warning == (f"warning: --requeue, but {have}: a requeued job starts again where this one started, "
+                           "not where it stopped; give --save DIR --load DIR (one directory) after -- or as save "
+                           "and load in --job-config"), warning
+    result = launcher()(*run, "--save", "c", "--load", "c")
+    assert not _warnings(result, "--requeue") and "#SBATCH --requeue" in result.stdout
