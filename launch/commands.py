@@ -289,10 +289,13 @@ class SlurmJob:
 def with_exit_signal_handler(groups: Sequence[tuple[str, Sequence[str]]]) -> list[tuple[str, Sequence[str]]]:
     """The Megatron-LM argument groups with ``--exit-signal-handler`` (unless given) before the
     last group (the user's own, which stay last): Megatron then saves (with --save) and exits at
-    the end of the iteration in which SIGTERM came."""
+    the end of the iteration in which SIGTERM came. Its comment says which: without --save
+    Megatron exits and saves nothing (training.py, checkpoint_and_decide_exit)."""
     if any(EXIT_SIGNAL_HANDLER in args for _, args in groups):
         return list(groups)
-    handler = ("Slurm's SIGTERM before the time limit: finish the iteration, save, exit", (EXIT_SIGNAL_HANDLER,))
+    saves = any("--save" in args for _, args in groups)
+    then = "save, exit" if saves else "exit (no --save: nothing is saved)"
+    handler = (f"Slurm's SIGTERM before the time limit: finish the iteration, {then}", (EXIT_SIGNAL_HANDLER,))
     return [*groups[:-1], handler, *groups[-1:]]
 
 

@@ -155,3 +155,19 @@ def test_sbatch_requeue_warns_unless_save_and_load_name_one_directory(advisor, t
                            "and load in --job-config"), warning
     result = launcher()(*run, "--save", "c", "--load", "c")
     assert not _warnings(result, "--requeue") and "#SBATCH --requeue" in result.stdout
+
+
+@pytest.mark.parametrize("groups,said", [
+    ([("the plan", ("--num-layers", "2")), ("yours (after --)", ("--train-iters", "5"))],
+     "exit (no --save: nothing is saved)"),
+    ([("the job (job.toml)", ("--save", "ckpt")), ("yours (after --)", ("--train-iters", "5"))], "save, exit"),
+    ([("the plan", ()), ("yours (after --)", ("--save", "ckpt"))], "save, exit")])
+def test_the_signal_handlers_comment_says_whether_megatron_saves(groups, said):
+    """Megatron saves on SIGTERM only with --save (training.py, checkpoint_and_decide_exit): the
+    script's comment over --exit-signal-handler says which, wherever --save is given; the
+    handler goes before the user's own group, which stays last."""
+    from launch.commands import with_exit_signal_handler
+
+    out = with_exit_signal_handler(groups)
+    assert out == [*groups[:-1], (f"Slurm's SIGTERM before the time limit: finish the iteration, {said}",
+                                  ("--exit-signal-handler",)), groups[-1]]
