@@ -26,6 +26,8 @@ TP x CP x PP x DP and is the launcher's (torchrun ``--nproc-per-node`` x nodes),
 
 from __future__ import annotations
 
+import itertools
+
 import functools
 from dataclasses import dataclass
 from typing import Literal
@@ -80,11 +82,25 @@ def chunk_layers(layers_per_stage: list[int] | tuple[int, ...], virtual_stages: 
 
 
 def pipeline_layout(layers_per_stage: list[int] | tuple[int, ...], virtual_stages: int = 1) -> str:
-    """[3, 3, 2] -> 'E,t*3|t*3|t*2,L'; with virtual stages, one segment per chunk in model order."""
+    """[3, 3, 2] -> 'E,t*3|t*3|t*2,L'; with virtual stages, one segment per chunk in model order.
+    A run of equal segments between the first and the last is written once, ``(t*2|)*29``, where
+    that is shorter: Megatron unrolls ``(...)*n`` before it splits the stages
+    (``PipelineParallelLayerLayout.parse_str_to_list``, both releases), as Megatron-Bridge's
+    recipes write theirs ('Et|(tt|)*30mL'), and a 405B row's 96 chunks read as three runs."""
     stages = [_run_length(count) for count in chunk_layers(layers_per_stage, virtual_stages)]
-    stages[0] = "E," + stages[0] if stages[0] else "E"
-    stages[-1] = stages[-1] + ",L" if stages[-1] else "L"
-    return "|".join(stages)
+    first = "E," + stages[0] if stages[0] else "E"
+    last = stages[-1] + ",L" if stages[-1] else "L"
+    if len(stages) == 1:
+        return first + last.removeprefix(stages[0])
+    middle = "".join(_repeated(segment + "|", len(list(run)))
+                     for segment, run in itertools.groupby(stages[1:-1]))
+    return f"{first}|{middle}{last}"
+
+
+def _repeated(text: str, count: int) -> str:
+    """``text`` ``count`` times, as Megatron's ``(text)*count`` where that is shorter."""
+    compressed = f"({text})*{count}"
+    return compressed if len(compressed) < len(text) * count else text * count
 
 
 def split_args(layers_per_stage: list[int] | tuple[int, ...], virtual_stages: int = 1) -> list[str]:

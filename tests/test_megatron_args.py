@@ -99,13 +99,21 @@ def test_virtual_pipeline_stages():
     # Uneven chunks go through the layout, one segment per chunk in model order (chunk k of rank i
     # is segment k x PP + i), each rank's remainder on its last chunk: 9 = 4 + 5, 7 = 3 + 4.
     assert split_args((9, 7, 8, 8), 2) == ["--pipeline-model-parallel-layout", "E,t*4|t*3|t*4|t*4|t*5|t*4|t*4|t*4,L"]
-    assert split_args((8, 8, 8, 8), 3) == ["--pipeline-model-parallel-layout",
-                                           "E,t*2|t*2|t*2|t*2|t*3|t*3|t*3|t*3|t*3|t*3|t*3|t*3,L"]
+    # chunks 2, 2, 2, 2 then 3 x 8: the runs between the first and the last written once, as
+    # Megatron unrolls '(...)*n' (parse_str_to_list), where shorter: 'E,t*2|' + 3 x 't*2|' + 7 x 't*3|' + 't*3,L'
+    assert split_args((8, 8, 8, 8), 3) == ["--pipeline-model-parallel-layout", "E,t*2|(t*2|)*3(t*3|)*7t*3,L"]
+    # Llama 3.1 405B's 126 layers on PP 32, VPP 3, ranks of 3, 4 x 30 and 2 layers: chunks 1, 1, 1;
+    # 1, 1, 2 (x 30); 0, 1, 1, in model order [1] x 31, 0, [1] x 32, 1, [2] x 30, 1: 96 segments,
+    # the middle 94 as four runs (the empty one alone: '(|)*1' is longer than '|')
+    assert pipeline_layout((3,) + (4,) * 30 + (2,), 3) == "E,t|(t|)*30|(t|)*33(t*2|)*30t,L"
+    # ranks of 1, 1, 2: model order [1] x 8, [2] x 4; the middle ten: 7 x 't|' and 3 x 't*2|'
+    assert pipeline_layout((4, 4, 4, 4), 3) == "E,t|(t|)*7(t*2|)*3t*2,L"
 
 
 @pytest.mark.parametrize("counts,vpp", [((9, 7, 8, 8), 2), ((8, 8, 8, 8), 3), ((7,) + (8,) * 14 + (7,), 2),
                                         ((5, 9, 9, 9), 4), ((1, 3, 1), 1), ((0, 4, 4), 1), ((32, 0), 1),
-                                        ((0, 32), 1), ((8, 8, 8, 0), 1), ((4, 0, 4), 1)])
+                                        ((0, 32), 1), ((8, 8, 8, 0), 1), ((4, 0, 4), 1),
+                                        ((3,) + (4,) * 30 + (2,), 3), ((4, 4, 4, 4), 3), ((0, 0, 0, 8), 1)])
 def test_layouts_build_in_megatron_core_as_priced(counts, vpp):
     """megatron-core's own parser builds, per pipeline rank and model chunk, the layers we price."""
     layout_module = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
