@@ -4,7 +4,6 @@ import pytest
 
 from advisor.megatron_args import chunk_layers, megatron_args, pipeline_layout, split_args
 from advisor.options import TrainingOptions, training_args
-from advisor.memory import MemoryOptions
 from advisor.models import PRESETS
 from conftest import ROOT
 
