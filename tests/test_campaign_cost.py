@@ -10,7 +10,6 @@ from test_campaign_run import campaign, write_rank
 from advisor.capture.campaign import plan_campaign
 from advisor.capture.campaign_cost import _layer_elements, emulation_cost, stage_terms
 from advisor.capture.campaign_run import EmulationBudget, prepare
-from advisor.errors import AdvisorError
 from advisor.models import preset
 from advisor.profiles import load_run
 

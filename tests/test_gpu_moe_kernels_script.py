@@ -63,7 +63,6 @@ def test_the_price_is_advisor_moe_times_terms(tiny_run):
     PERMUTE_HBM_FRACTION of the calibrated HBM rate and those by local expert at the rate, and
     host_sync_idle, forward and backward as layer_times prices them."""
     from advisor.moe import ep_time
-    from advisor.moe import time as moe_time
 
     _, summary = tiny_run
     for dispatcher in DISPATCHERS:

@@ -284,9 +284,9 @@ def test_profiles_of_different_models_name_the_fields_that_differ(advisor, tmp_p
 
     from advisor.models import LlamaSpec
 
-    first = write_run(tmp_path, Truth(), [4, 4], mbs=1, name="r1")
+    write_run(tmp_path, Truth(), [4, 4], mbs=1, name="r1")
     wider = LlamaSpec(**{**TINY.to_dict(), "name": "wider", "hidden_size": 128})
-    other = write_run(tmp_path, Truth(spec=wider), [4, 4], mbs=1, name="r2")
+    write_run(tmp_path, Truth(spec=wider), [4, 4], mbs=1, name="r2")
     estimate = tmp_path / "estimate.json"
     estimate.write_text(advisor("estimate", "--tp", "1", "--pp", "2", "--gpus", "2", "--mem", "80",
                                 "--format", "json").stdout)

@@ -153,7 +153,7 @@ def test_the_time_chooser_loses_no_layouts_best_variant(model, gpus, gbs, memory
 @pytest.mark.parametrize("model,gpus,memory", [("llama3.1-8b", 16, 24), ("llama3.1-70b", 64, 40),
                                                ("llama3.1-405b", 1024, 80)])
 def test_without_a_time_model_each_row_recomputes_the_fewest_layers_that_fit(model, gpus, memory):
-    from advisor.space import SpaceOptions, Variants
+    from advisor.space import Variants
     from advisor.space_pricer import _Pricer
     from advisor.space_search import search
 
