@@ -2,7 +2,7 @@
 
 ``megatron_hooks`` writes one JSON Lines file per rank, ``rank{RANK:05d}.jsonl``, into a run
 directory; the advisor reads them without torch. Schema ``megatron-4d-advisor/profile``,
-version 3 (versions 1 and 2 are read too: see below). Every line is one JSON object with a
+version 4 (versions 1 to 3 are read too: see below). Every line is one JSON object with a
 ``type``:
 
 ``header`` (the first line) identifies the run and this rank:
@@ -24,7 +24,11 @@ version 3 (versions 1 and 2 are read too: see below). Every line is one JSON obj
     it resumed at, --train-samples counted as Megatron's ``update_train_iters`` counts them; null
     where unknown: a run not driven by Megatron's loop, the emulators, or a file before v3). A run
     that Megatron ends early itself (--exit-interval, --exit-duration-in-mins, a signal with
-    --exit-signal-handler) ends "ok" with fewer iterations than this.
+    --exit-signal-handler) ends "ok" with fewer iterations than this. swiglu_fusion (v4: whether
+    the model's SwiGLU runs megatron-core's fused ``bias_swiglu_impl``, which keeps FC1's output
+    alone, or the unfused ``glu`` of transformer/mlp.py, which also keeps x_linear + offset and
+    SiLU's output: Megatron-LM's --bias-swiglu-fusion, its default, against
+    --no-bias-swiglu-fusion; false without SwiGLU; null where unknown, as in a file before v4).
 ``layer`` (per module, per iteration): iteration, name (the module path, for example
     "decoder.layers.3"), kind ("embedding" | "decoder" | "output"), layer_number (global,
     1-based; null for embedding and output), parameter_bytes, gradient_bytes,
@@ -44,7 +48,7 @@ version 3 (versions 1 and 2 are read too: see below). Every line is one JSON obj
 
 Memory is in bytes. Version 1 files have no ``kernels`` (read as "cuda" on the CUDA backend,
 "cpu" otherwise) and no per-layer times (read as null); version 1 and 2 files have no
-``asked_iterations`` (read as null).
+``asked_iterations`` (read as null); files before version 4 have no ``swiglu_fusion`` (read as null).
 
 The file is written as the run goes (``RankFileWriter``): the header when the rank starts, then
 per iteration its layer records followed by its iteration record, appended in one write, then
@@ -77,8 +81,8 @@ from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig, world_size_problem
 
 SCHEMA = "megatron-4d-advisor/profile"
-VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 LayerKind = Literal["embedding", "decoder", "output"]
 Status = Literal["ok", "oom", "error", "running"]
 Backend = Literal["cuda", "cpu", "symbolic"]
@@ -165,6 +169,9 @@ class RankHeader:
     asked_iterations: int | None = None
     """Iterations Megatron's training loop was asked to run here (None: unknown, see the module
     docstring); a run that ended ok with fewer stopped early (``RankProfile.stopped_early``)."""
+    swiglu_fusion: bool | None = None
+    """Whether the SwiGLU ran fused (Megatron-LM's --bias-swiglu-fusion); None: unknown (a file
+    before v4)."""
 
     def to_dict(self) -> dict:
         return {
@@ -422,6 +429,8 @@ def _parse_header(record: dict, where: str) -> RankHeader:
         # v3; v1 and v2 files did not record it: unknown
         asked_iterations=(_bounded(record, "asked_iterations", where, limits.ITERATION, nullable=True)
                           if version >= 3 else None),
+        # v4; files before it did not record it: unknown
+        swiglu_fusion=_field(record, "swiglu_fusion", bool, where, nullable=True) if version >= 4 else None,
     )
     _check_header(header, where)
     return header
@@ -582,7 +591,7 @@ def check_complete(profile: RankProfile) -> None:
 
 _RUN_FIELDS = ("run_id", "world_size", "model", "parallel", "seq_len", "global_batch_size", "num_microbatches",
                "layers_per_stage", "params_dtype", "layer_spec", "sequence_parallel", "recompute",
-               "distributed_optimizer", "emulated", "backend", "asked_iterations")
+               "distributed_optimizer", "emulated", "backend", "asked_iterations", "swiglu_fusion")
 """Header fields every rank of one run shares."""
 
 

@@ -71,6 +71,17 @@ class RunInfo:
     None where no such loop drives the run (the emulators)."""
 
 
+def swiglu_fusion(config) -> bool:
+    """Whether megatron-core's MLP runs the fused ``bias_swiglu_impl`` (core_v0.15.2 and
+    core_v0.19.0 transformer/mlp.py ``MLP.forward``: ``config.bias_activation_fusion``, not
+    ``use_te_activation_func``, SiLU with a GLU), which keeps FC1's output alone, rather than the
+    unfused ``glu``, which also keeps x_linear + offset and SiLU's output. Megatron-LM sets
+    ``bias_activation_fusion`` from --bias-swiglu-fusion, its default (training/arguments.py,
+    core_transformer_config_from_args); the emulator's model turns it off (megatron_hooks.model)."""
+    return bool(config.bias_activation_fusion and not getattr(config, "use_te_activation_func", False)
+                and config.gated_linear_unit and config.activation_func is torch.nn.functional.silu)
+
+
 def megatron_core_version() -> str:
     from megatron.core.package_info import __version__
 
@@ -119,6 +130,7 @@ class ProfileRecorder:
             kernels=hooks.backend.kernels,
             torch_version=torch.__version__, megatron_core_version=megatron_core_version(),
             stage_layers=hooks.stage_layers, first_stage=hooks.first_stage, last_stage=hooks.last_stage,
+            swiglu_fusion=swiglu_fusion(hooks.models[0].config),
         )
 
     @property

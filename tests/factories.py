@@ -1,4 +1,4 @@
-"""Builders of profile records for tests (schema v3 of advisor/profiles.py)."""
+"""Builders of profile records for tests (schema v4 of advisor/profiles.py)."""
 
 from advisor.models import LlamaSpec
 from advisor.parallel import ParallelConfig
@@ -16,6 +16,7 @@ def header(**changes) -> RankHeader:
         parallel=ParallelConfig(pp=2, mbs=1), seq_len=32, global_batch_size=4, num_microbatches=4,
         layers_per_stage=(2, 2), rank=0, world_size=2, coords={"tp": 0, "cp": 0, "pp": 0, "dp": 0},
         stage_layers=(1, 2), first_stage=True, last_stage=False, in_flight_microbatches=2,
+        swiglu_fusion=True,  # what a real Megatron-LM run with its defaults records (--bias-swiglu-fusion)
     )
     values.update(changes)
     return RankHeader(**values)

@@ -264,8 +264,8 @@ def test_damaged_profile_directories_get_clear_errors(profile, tmp_path):
     with pytest.raises(ProfileError, match="rank00000.jsonl:2: malformed JSON"):
         load_run(tmp_path)
     header = json.loads(lines[0])
-    bad.write_text("\n".join([json.dumps({**header, "version": 4}), *lines[1:]]) + "\n")
-    with pytest.raises(ProfileError, match="schema version 4; this advisor reads versions 1, 2, 3"):
+    bad.write_text("\n".join([json.dumps({**header, "version": 5}), *lines[1:]]) + "\n")
+    with pytest.raises(ProfileError, match="schema version 5; this advisor reads versions 1, 2, 3, 4"):
         load_run(tmp_path)
     bad.write_text("\n".join(line for line in lines if '"layer_number": 3' not in line) + "\n")
     with pytest.raises(ProfileError, match="iteration 1: missing decoder layer 3"):

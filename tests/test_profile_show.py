@@ -129,8 +129,8 @@ def test_bad_directories(advisor, tmp_path):
     assert "rank00000.jsonl:2: malformed JSON" in advisor.error("profile", "show", tmp_path)
     path.write_text(text[:-40])  # the end record cut short: the run was killed, and shows as running
     assert "running" in advisor("profile", "show", tmp_path, "--section", "ranks").stdout
-    path.write_text(text.replace('"version": 3', '"version": 4'))
-    assert "schema version 4" in advisor.error("profile", "show", tmp_path)
+    path.write_text(text.replace('"version": 4', '"version": 5'))
+    assert "schema version 5" in advisor.error("profile", "show", tmp_path)
 
 
 def _title(table: str) -> str:

@@ -102,6 +102,9 @@ def _first_layer(lines, **changes):
         # v3 writes it, null where unknown: a v3 header without it is not one a v3 writer wrote
         (lambda lines: [{k: v for k, v in lines[0].items() if k != "asked_iterations"}] + lines[1:],
          "missing field 'asked_iterations'"),
+        (lambda lines: _header(lines, swiglu_fusion="yes"), "'swiglu_fusion' has the wrong type"),
+        (lambda lines: [{k: v for k, v in lines[0].items() if k != "swiglu_fusion"}] + lines[1:],
+         "missing field 'swiglu_fusion'"),
         (lambda lines: [lines[0], {"type": "mystery"}] + lines[1:], "unknown record type 'mystery'"),
         (lambda lines: [lines[0], [1, 2]] + lines[1:], "expected an object with a 'type'"),
         # the header against itself
@@ -286,3 +289,17 @@ def test_version_3_records_the_iterations_asked_and_older_files_read_as_unknown(
                                       "version": version}] + lines[1:])
         old = read_rank_file(path)
         assert old.header.asked_iterations is None and not old.stopped_early and len(old.iterations) == 1
+
+
+def test_version_4_records_whether_swiglu_ran_fused_and_older_files_read_as_unknown(tmp_path):
+    """v4 headers carry swiglu_fusion (Megatron-LM's --bias-swiglu-fusion, read from the model's
+    config by megatron_hooks.recorder.swiglu_fusion); files before v4 did not record it: None."""
+    for fused in (True, False, None):
+        written = profile(header=header(swiglu_fusion=fused))
+        path = written.write(tmp_path)
+        assert json.loads(path.read_text().splitlines()[0])["swiglu_fusion"] is fused
+        assert read_rank_file(path) == written
+    for version in (1, 2, 3):
+        rewrite(path, lambda lines: [{**{k: v for k, v in lines[0].items() if k != "swiglu_fusion"},
+                                      "version": version}] + lines[1:])
+        assert read_rank_file(path).header.swiglu_fusion is None
