@@ -75,9 +75,10 @@ CPU_KERNELS = Reason(
 )
 UNFUSED_SWIGLU = Reason(
     key="unfused-swiglu",
-    text="the CPU emulator's SwiGLU is unfused: FC1's output, x_linear + offset, SiLU's output and FC2's "
-         "input, 5 s b h_ffn elements where Eq. 12 counts 4",
-    source="megatron_hooks/README.md ('What the local layer spec keeps'); tests/test_hooks.py::hand_count_layer",
+    text="the SwiGLU ran unfused (the CPU emulator, or Megatron-LM with --no-bias-swiglu-fusion): FC1's "
+         "output, x_linear + offset, SiLU's output and FC2's input, 5 s b h_ffn elements where Eq. 12 counts 4",
+    source="megatron-core transformer/mlp.py (MLP.forward's glu); megatron_hooks/README.md ('What the local "
+           "layer spec keeps'); tests/test_hooks.py::hand_count_layer; tests/test_launch_run.py",
 )
 FUSED_SWIGLU = Reason(
     key="fused-swiglu",
@@ -148,13 +149,11 @@ def explain_module(profile: RankProfile, record: LayerRecord) -> Explained:
         single = h.parallel.tp == 1 and h.parallel.cp == 1 and _llama_heads(h.model)  # what the counts were made for
         if record.kind == "decoder":
             first = record.layer_number == min(h.stage_layers)
-            # the emulator builds megatron_hooks.model's layers (no fusion); a real Megatron-LM run
-            # fuses SwiGLU unless --no-bias-swiglu-fusion, which the header does not record
-            fused = not h.emulated
-            swiglu = _formatted(FUSED_SWIGLU, h) if fused else UNFUSED_SWIGLU
+            fused = _swiglu_fused(h)
+            swiglu = () if fused is None else (_formatted(FUSED_SWIGLU, h) if fused else UNFUSED_SWIGLU,)
             per_layer = _mask_per_layer(h)
-            reasons = (CPU_KERNELS, swiglu) + ((_versioned(PER_LAYER_MASK, h),) if per_layer else ())
-            counted = single and per_layer is not None
+            reasons = (CPU_KERNELS, *swiglu) + ((_versioned(PER_LAYER_MASK, h),) if per_layer else ())
+            counted = single and per_layer is not None and fused is not None
             mask = first or bool(per_layer)
             return Explained(reasons, _cpu_layer_bytes(profile, mask, fused) if counted else None)
         return Explained((CPU_OUTPUT,), _cpu_output_bytes(profile) if single else None)
@@ -172,6 +171,15 @@ def _llama_heads(model) -> bool:
     """The hand counts' attention: a d = h (Q and the context sb x h) and no Q/K norms (Qwen3's
     keep more: equations.qk_norm_activation_bytes). Other models get the reasons, not a number."""
     return model.query_size == model.hidden_size and not model.qk_layernorm
+
+
+def _swiglu_fused(header) -> bool | None:
+    """Whether the run's SwiGLU was fused (the header's swiglu_fusion, v4); before v4 an emulated
+    stage's was not (megatron_hooks.model turns bias_activation_fusion off), and a real run's is
+    unknown (Megatron-LM fuses it unless --no-bias-swiglu-fusion: 3 s b h_ffn elements or 5)."""
+    if header.swiglu_fusion is not None:
+        return header.swiglu_fusion
+    return False if header.emulated else None
 
 
 def _mask_per_layer(header) -> bool | None:
@@ -200,7 +208,8 @@ def _formatted(reason: Reason, header) -> Reason:
 def _cpu_layer_bytes(profile: RankProfile, holds_mask: bool, fused_swiglu: bool) -> float:
     """One local-spec layer on torch's CPU kernels, TP = CP = 1 (megatron_hooks/README.md's table;
     FP32: tests/test_hooks.py::hand_count_layer, equal to real megatron-core to the byte; BF16 the
-    same tensors, the norms' copies in FP32, the scores as below). The emulator's SwiGLU keeps 5 s b h_ffn elements;
+    same tensors, the norms' copies in FP32, the scores as below). The unfused SwiGLU (the
+    emulator's; Megatron-LM's with --no-bias-swiglu-fusion) keeps 5 s b h_ffn elements;
     Megatron-LM's fused one 3 (its input, 2 h_ffn, and FC2's)."""
     h = profile.header
     s, b, hidden, a, ffn = h.seq_len, h.parallel.mbs, h.model.hidden_size, h.model.num_attention_heads, \
@@ -214,15 +223,14 @@ def _cpu_layer_bytes(profile: RankProfile, holds_mask: bool, fused_swiglu: bool)
         elements = 10 * s * b * hidden + 2 * s * b + 4 * s * d + a * b * s * s + swiglu * s * b * ffn
         return 4 * elements + mask
     sbh = s * b * hidden
-    # the scores: the emulator keeps torch's BF16 softmax output alone, 2 a b s^2
-    # (tests/test_profile_reasons.py); a real core_v0.15.2 BF16 run on torch's CPU kernels (the GPU
-    # test double) keeps 4 a b s^2 more, an FP32 copy, measured to the byte in every launch of
-    # tests/test_launch_run.py, whose origin is not identified: Megatron-LM's arguments leave
-    # --attention-softmax-in-fp32 off, and the H200 runs of the same modules keep BF16 alone
-    scores = 2 if h.emulated else 6
+    # the scores: torch's BF16 softmax output alone, 2 a b s^2, in the emulator and in real
+    # Megatron-LM runs alike (--attention-softmax-in-fp32 off in both: fusions/fused_softmax.py
+    # forward_torch_softmax makes no FP32 copy). The "FP32 copy" once counted for real runs was
+    # the unfused SwiGLU's 4 s b h_ffn bytes, counted as fused: the tests' launches pass
+    # --no-bias-swiglu-fusion, and their shape has h_ffn = a s (128 = 4 x 32)
     return (8 * sbh + 8 * sbh + 8 * s * b  # norm inputs and x*rsqrt in FP32, rsqrt
             + 4 * sbh + 2 * sbh + 4 * sbh + 2 * sbh  # norm outputs (linear inputs), Q, K and V expanded, context
-            + 8 * s * d + scores * a * b * s * s + 2 * swiglu * s * b * ffn + mask)  # cos/sin
+            + 8 * s * d + 2 * a * b * s * s + 2 * swiglu * s * b * ffn + mask)  # cos/sin, BF16 scores
 
 
 def _cpu_output_bytes(profile: RankProfile) -> float:

@@ -29,11 +29,11 @@ from conftest import ROOT
 SLURM = ROOT / "tests" / "fixtures" / "slurm_standin"
 
 
-def tiny(layers: int) -> list[str]:
+def tiny(layers: int, seq_len: int = 32) -> list[str]:
     """A Llama 3.1 shape small enough to train 2 iterations on the CPU in seconds. The vocabulary
     is 4096: core_v0.15.2's --mock-data feeds token ids up to 4094 (launch.megatron_versions)."""
     return ["--model", "llama3.1-8b", "--num-layers", str(layers), "--hidden-size", "64", "--ffn-hidden-size", "128",
-            "--num-attention-heads", "4", "--num-query-groups", "2", "--vocab-size", "4096", "--seq-len", "32",
+            "--num-attention-heads", "4", "--num-query-groups", "2", "--vocab-size", "4096", "--seq-len", str(seq_len),
             "--gbs", "4"]
 
 
@@ -56,15 +56,17 @@ def core_0_15(tmp_path_factory):
     return session_copy("core_v0.15.2", tmp_path_factory)
 
 
-def estimate(advisor, path: Path, layers: int, options: list[str]) -> dict:
-    advisor("estimate", *tiny(layers), "--cp", "1", *options, "--format", "json", "-o", path)
+def estimate(advisor, path: Path, layers: int, options: list[str], seq_len: int = 32) -> dict:
+    advisor("estimate", *tiny(layers, seq_len), "--cp", "1", *options, "--format", "json", "-o", path)
     return json.loads(path.read_text())
 
 
-def check_run(profile_dir: Path, document: dict, output: str, *, running_mean: bool = False) -> None:
+def check_run(profile_dir: Path, document: dict, output: str, *, running_mean: bool = False,
+              swiglu_fusion: bool = False) -> None:
     """Every rank ended ok with every layer's records; the split, vocabulary and loss are the ones
     planned. ``running_mean``: Megatron logs at iteration 2 the mean of iterations 1 and 2
-    (core_v0.19.0's training_log keeps its sums after the first iteration: should_reset)."""
+    (core_v0.19.0's training_log keeps its sums after the first iteration: should_reset).
+    ``swiglu_fusion``: what the header must record (CPU_TRAINING passes --no-bias-swiglu-fusion)."""
     run = load_run(profile_dir)
     world = document["tp"] * document["cp"] * document["pp"] * document["dp"]
     assert run.status == "ok" and len(run.ranks) == world
@@ -83,6 +85,7 @@ def check_run(profile_dir: Path, document: dict, output: str, *, running_mean: b
     for rank in run.ranks:
         header = rank.header
         assert not header.emulated and list(header.layers_per_stage) == stages
+        assert header.swiglu_fusion is swiglu_fusion
         assert len(header.stage_layers) == stages[header.coords["pp"]]
         assert header.model.vocab_size == rows  # the rows Megatron built = the rows the estimate priced
         assert header.model.rotary_base == 500000.0 and header.model.rope_scaling_factor == 8.0  # Llama 3.1's
@@ -142,6 +145,33 @@ def test_a_run_megatron_ends_early_itself_says_how_many_iterations_it_ran(core_0
     assert rank.header.asked_iterations == 2 and rank.stopped_early
     title = " ".join(advisor("profile", "show", tmp_path / "profile", "--section", "ranks").stdout.split("┏")[0].split())
     assert title.endswith("ok, stopped early: 1 of 2 iterations"), title
+
+
+def test_megatron_lms_fused_swiglu_keeps_3_h_ffn_tensors_and_the_bf16_scores_alone(core_0_15, advisor, tmp_path):
+    """Megatron-LM's default --bias-swiglu-fusion (CPU_TRAINING without --no-bias-swiglu-fusion:
+    megatron-core's bias_swiglu_impl is torch code under jit_fuser, which runs on the CPU with
+    torch.compile off), one rank, BF16, at s 64, where h_ffn (128) is not a s (256): the tiny launches'
+    h_ffn = a s made the unfused SwiGLU's 4 s b h_ffn bytes look like an FP32 copy of the scores,
+    4 a b s^2. A layer by hand (h 64, a 4, d 16, h_ffn 128, s 64, b 2; s b h = 8,192): the norms'
+    FP32 inputs and x*rsqrt 16 s b h = 131,072 and FP32 rsqrt 8 s b = 1,024; the norm outputs,
+    Q, K and V expanded, context 12 s b h = 98,304; RoPE's cos and sin 8 s d = 8,192; the BF16
+    softmax output 2 a b s^2 = 65,536; the fused SwiGLU's input and FC2's 2 x 3 s b h_ffn =
+    98,304: 402,432; the first layer also core_v0.15.2's cached bool mask, s^2 = 4,096. Unfused,
+    65,536 more; an FP32 copy of the scores would be 131,072 more."""
+    document = estimate(advisor, tmp_path / "estimate.json", 2, LAYOUTS["one-rank"][1], seq_len=64)
+    fused_swiglu = [arg for arg in CPU_TRAINING if arg != "--no-bias-swiglu-fusion"]
+    result = subprocess.run(
+        [str(core_0_15.bin / "advisor-launch"), "torchrun", "--from", str(tmp_path / "estimate.json"),
+         "--megatron-lm", str(core_0_15.path), "--mock-data", "--profile-dir", str(tmp_path / "profile"), "--",
+         *fused_swiglu], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=launch_env(core_0_15),
+        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    check_run(tmp_path / "profile", document, result.stdout + result.stderr, swiglu_fusion=True)
+    assert 131_072 + 1_024 + 98_304 + 8_192 + 65_536 + 98_304 == 402_432
+    (rank,) = load_run(tmp_path / "profile").ranks
+    layers = {row.module: row for row in compare_rank(rank) if row.term == "activations"}
+    assert (layers["decoder.layers.0"].measured_bytes, layers["decoder.layers.1"].measured_bytes) == (
+        402_432 + 4_096, 402_432)
 
 
 def compare_log_reads_the_run(advisor, tmp_path: Path, launched: str, output: str, document: dict) -> None:

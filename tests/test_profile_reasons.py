@@ -44,7 +44,7 @@ def test_fp32_optimizer_keeps_8_of_eq_10s_12_bytes_per_parameter():
     assert keys(rows_of(rank)[("stage", "gradients")]) == []  # FP32 gradients: Eq. 4 exactly
 
 
-CPU_EMULATOR = dict(backend="cpu", kernels="cpu", emulated=True, layer_spec="local")
+CPU_EMULATOR = dict(backend="cpu", kernels="cpu", emulated=True, layer_spec="local", swiglu_fusion=False)
 MEGATRON_TE = dict(backend="symbolic", kernels="cuda", emulated=True, layer_spec="transformer_engine",
                    params_dtype="bfloat16")
 
@@ -244,6 +244,37 @@ def test_a_bf16_cpu_emulator_layer_is_explained_to_the_byte(tmp_path):
     assert (first.measured_bytes, second.measured_bytes) == (1_770_496 + 16_384, 1_770_496)
     assert (first.expected_bytes, second.expected_bytes) == (first.measured_bytes, second.measured_bytes)
     assert keys(first) == ["cpu-kernels", "unfused-swiglu"]
+    assert rank.header.swiglu_fusion is False  # what megatron_hooks.recorder read from the emulator's config
+
+
+@pytest.mark.parametrize("fused,swiglu_bytes,key", [(True, 24_576, "fused-swiglu"), (False, 40_960, "unfused-swiglu")])
+def test_a_real_bf16_cpu_layer_counts_the_swiglu_its_header_records_and_the_bf16_scores_alone(fused, swiglu_bytes,
+                                                                                               key):
+    """A real core_v0.15.2 run in BF16 on torch's CPU kernels, TINY (h 64, a 4, d 16, h_ffn 128),
+    s 32, b 1. By hand (s b h = 2,048): the norms' FP32 inputs and x*rsqrt 16 s b h = 32,768 and
+    FP32 rsqrt 8 s b = 256; the norm outputs, Q, K and V expanded, context 12 s b h = 24,576;
+    RoPE's cos and sin 8 s d = 4,096; torch's BF16 softmax output 2 a b s^2 = 8,192, and no FP32
+    copy (--attention-softmax-in-fp32 off: fused_softmax.py forward_torch_softmax); SwiGLU fused
+    (--bias-swiglu-fusion) 2 x 3 s b h_ffn = 24,576, unfused (--no-bias-swiglu-fusion) 2 x 5 s b
+    h_ffn = 40,960. The stage's first layer also the cached bool mask, s^2 = 1,024."""
+    rows = rows_of(profile(header=header(params_dtype="bfloat16", megatron_core_version="0.15.2",
+                                         swiglu_fusion=fused)))
+    layer_bytes = 32_768 + 256 + 24_576 + 4_096 + 8_192 + swiglu_bytes
+    assert layer_bytes == (94_464 if fused else 110_848)
+    first, second = rows[("decoder.layers.0", "activations")], rows[("decoder.layers.1", "activations")]
+    assert (first.expected_bytes, second.expected_bytes) == (layer_bytes + 1_024, layer_bytes)
+    assert keys(second) == ["cpu-kernels", key]
+
+
+def test_a_real_run_whose_header_does_not_say_how_swiglu_ran_gets_no_layer_count():
+    """Profile files before v4 do not record --bias-swiglu-fusion: a real run's layer keeps 3 or 5
+    s b h_ffn elements, so its reasons stand without a number; an emulated stage's SwiGLU is
+    unfused whatever the file's version (megatron_hooks.model)."""
+    row = rows_of(profile(header=header(swiglu_fusion=None)))[("decoder.layers.0", "activations")]
+    assert keys(row) == ["cpu-kernels", "per-layer-mask"] and row.expected_bytes is None
+    emulated = rows_of(profile(header=header(**{**CPU_EMULATOR, "swiglu_fusion": None})))
+    assert keys(emulated[("decoder.layers.1", "activations")]) == ["cpu-kernels", "unfused-swiglu"]
+    assert emulated[("decoder.layers.1", "activations")].expected_bytes is not None
 
 
 @pytest.mark.parametrize("version,per_call", [("0.15.2", False), ("0.15.0rc1", False), ("0.16.1", True),
