@@ -37,10 +37,14 @@ copy-in), backward prefetches the next likewise, and one reduce-scatter input ma
 while the next layer's gradients are produced (``reduce_scatter_max_input_buffers``, default 1)."""
 
 
-STATE_BYTES = {"fp32": 4, "remainder": 2, "fp16": 2, "bf16": 2, "fp8": 1}
+STATE_BYTES = {"fp32": 4, "remainder": 2, "fp16": 2, "bf16": 2, "fp8": 2}
 """Bytes of one optimizer-state element by how it is kept (``optimizer_state_kinds``): its
---main-params-dtype / --exp-avg-dtype / --exp-avg-sq-dtype (fp8: TE's FusedAdam keeps a one-byte
-Float8Tensor, E4M3), or 'remainder', an FP32 master kept as the 16 bits its BF16 weight lacks."""
+--main-params-dtype / --exp-avg-dtype / --exp-avg-sq-dtype, or 'remainder', an FP32 master kept as
+the 16 bits its BF16 weight lacks. fp8: TE 2.x's FusedAdam keeps an E4M3 ``Float8Tensor``
+(``_initialize_state``: ``Float8Quantizer(scale, amax, fp8_dtype=kFloat8E4M3).make_empty(param.shape)``),
+and ``Float8Quantizer`` is built with ``columnwise=True`` by default, so ``make_empty`` allocates
+the FP8 data and its transpose (``data_transpose``, as many bytes: ``tensor/float8_tensor.py``),
+and every ``quantize_``/``copy_`` of the state writes both: 1 + 1 bytes, as a BF16 state."""
 
 
 def optimizer_state_kinds(precision_aware: bool, main_params_dtype: str = "fp32", exp_avg_dtype: str = "fp32",
