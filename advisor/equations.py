@@ -8,6 +8,8 @@ cover (flash attention off, recomputation) cite their own source.
 
 from __future__ import annotations
 
+import numpy as np
+
 from advisor.models import LlamaSpec
 
 # --- parameters (seed 004, Section 3.1) -------------------------------------------------
@@ -199,6 +201,40 @@ def unfused_attention_bytes(spec: LlamaSpec, seq_len: int, mbs) -> float:
     (``expanded_kv_bytes``). Recomputing core attention (--recompute-modules core_attn) keeps
     none of it: the checkpoint saves the unexpanded Q, K and V that Eq. 11 counts."""
     return attention_scores_bytes(spec, seq_len, mbs) + expanded_kv_bytes(spec, seq_len, mbs)
+
+
+def local_attention_buffer_bytes(spec: LlamaSpec, seq_len: int, mbs, tp, sequence_parallel: bool = False):
+    """megatron-core's global memory buffer on one GPU under --transformer-impl local, in BF16
+    bytes: 2 b (a/t) s^2, or with sequence parallelism at t > 1 the larger of that and 2 s b h.
+
+    megatron-core's own ``DotProductAttention`` takes the input of its score product,
+    [b a/t, s, s] in the activations' dtype, from the process's ``GlobalMemoryBuffer`` under the
+    name "mpu" (core_v0.15.2 transformer/dot_product_attention.py lines 179-190, core_v0.19.0 and
+    the megatron-core 0.16.1 wheel 189-200: ``get_tensor(...)``, then ``torch.baddbmm(
+    buffer, ..., beta=0.0)``, whose result is a new tensor: the scores that
+    ``attention_scores_bytes`` prices). The buffer (utils.py ``GlobalMemoryBuffer.get_tensor``)
+    is allocated at the first request and kept for the rest of the run, grown only when a larger
+    one comes: one per process, shared by every layer and microbatch, whatever the recomputation
+    (a recomputed attention asks for the same shape). The only other "mpu" request in a dense
+    model is sequence parallelism's all-gather in megatron-core's own linear layers
+    (tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``, core_v0.15.2
+    lines 474 and 511, core_v0.19.0 570 and 614, the 0.16.1 wheel 482 and 519): the gathered input, [s, b, h], with the same
+    dtype and name, so the buffer is the larger of the two (the local spec allows SP only for
+    LayerNorm models: ``options.local_spec``). Context parallelism is refused by the local
+    attention (dot_product_attention.py asserts CP 1). Measured to the byte on the CPU emulator
+    (tests/test_emulate.py); on the H200 (b 2, a 32, s 4096, t 1) it is 2 GiB of the stage's peak
+    (tests/test_gpu_megatron_launch_data.py).
+
+    Transformer Engine's unfused backend (--attention-backend unfused) allocates the same input
+    with ``torch.empty`` at every call (TransformerEngine backends.py,
+    ``UnfusedDotProductAttention.forward``): freed as the product returns, a transient inside a
+    layer's forward, not a buffer the stage keeps, and not priced here."""
+    s, b, t = seq_len, mbs, np.asarray(tp)
+    scores = 2 * b * (spec.num_attention_heads / t) * s * s  # [b a/t, s, s], the score product's input
+    if not sequence_parallel:
+        return scores
+    gathered = np.where(t > 1, 2 * s * b * spec.hidden_size, 0)  # [s, b, h], SP's all-gather of a linear input
+    return np.maximum(scores, gathered)
 
 
 def mlp_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:

@@ -78,6 +78,7 @@ def run_options(profile: RankProfile) -> MemoryOptions:
         distributed_optimizer=h.distributed_optimizer,
         sequence_parallel=h.sequence_parallel,
         flash_attention=h.layer_spec == "transformer_engine",
+        fused_norms=h.layer_spec == "transformer_engine",  # local: megatron-core's own modules and buffer
         recompute=h.recompute,
         element_bytes=profile.element_bytes,
     )
@@ -100,7 +101,10 @@ def compare_rank(profile: RankProfile, iteration: int | None = None) -> list[Ter
     # sized as this run's (SP, CP, element size).
     single = StageModel(spec, s, options, tp=t, cp=parallel.cp, dp=parallel.dp, mbs=b, pp=1, vpp=1,
                         num_microbatches=1, stage=0)
-    layer_activations = float(single.layer_activations(1))
+    # The hooks measure what each module keeps; the local attention's global memory buffer, which
+    # Eq. 18's layer activations carry once per stage, is in the stage's peak alone.
+    buffer = float(single.attention_buffer)
+    layer_activations = float(single.layer_activations(1)) - buffer
     embedding_activations = float(single.embedding_activations)
     output_activations = float(single.output_activations)
     element_bytes = options.element_bytes
@@ -142,12 +146,15 @@ def compare_rank(profile: RankProfile, iteration: int | None = None) -> list[Ter
     add(stage_record, "optimizer", "Eq. 10", it.optimizer_bytes, stage.optimizer_bytes,
         explain_static(profile, "optimizer", stage.optimizer_bytes))
     measured_activations = in_flight_activation_bytes(profile, iteration)
+    stage_buffer = buffer if stage.layers else 0.0
     estimated_activations = (
-        stage.layer_activations_bytes + stage.embedding_activations_bytes + (output_activations if h.last_stage else 0.0)
+        stage.layer_activations_bytes - stage_buffer + stage.embedding_activations_bytes
+        + (output_activations if h.last_stage else 0.0)
     )
     add(stage_record, "activations in flight", "Eq. 16-17", measured_activations, estimated_activations,
         _in_flight_explained(profile, rows))
-    estimated_total = stage.weights_bytes + stage.gradients_bytes + stage.optimizer_bytes + estimated_activations
+    estimated_total = (stage.weights_bytes + stage.gradients_bytes + stage.optimizer_bytes + estimated_activations
+                       + stage_buffer)
     add(stage_record, "peak", "Eq. 18", it.peak_allocated_bytes, estimated_total)
     return rows
 

@@ -168,6 +168,11 @@ class StageModel:
         dtype_scale = options.element_bytes / eq.WEIGHT_BYTES  # the equations count BF16 bytes
         kept, checkpoint = layer_bytes(spec, seq_len, b, t, c, options)
         self.kept, self.checkpoint = kept * dtype_scale, checkpoint * dtype_scale
+        # --transformer-impl local (``fused_norms`` False): megatron-core's global memory buffer,
+        # kept once per process by a stage with decoder layers (``layer_activations``)
+        self.local_buffer = not options.fused_norms
+        self.attention_buffer = eq.local_attention_buffer_bytes(
+            spec, seq_len, b, t, options.sequence_parallel) * dtype_scale if self.local_buffer else 0.0
         self.vpp, self.recompute_layers = v, np.asarray(recompute_layers)
         self.recomputing = bool((self.recompute_layers > 0).any())
         self.interleaved = bool((v > 1).any())
@@ -187,6 +192,8 @@ class StageModel:
         self.calibrated, self.added, self._total_at_zero, self._constants = calibrated is not None, _NOTHING_ADDED, None, {}
         if calibrated is not None:
             self.kept, self.checkpoint = self.kept * calibrated.layer_factor, self.checkpoint * calibrated.layer_factor
+            # as verdicts.calibrated_stage_bytes scales Eq. 18's layer activations, the buffer among them
+            self.attention_buffer = self.attention_buffer * calibrated.layer_factor
             self.embedding_activations = self.embedding_activations * calibrated.embedding_factor
             self.output_activations = self.output_activations * calibrated.output_factor
             self.added = calibrated.added
@@ -217,7 +224,17 @@ class StageModel:
 
     def layer_activations(self, layers):
         """Activations of a rank's transformer layers at its peak, all microbatches in flight
-        (Eq. 16-17).
+        (Eq. 16-17), and, under --transformer-impl local, megatron-core's global memory buffer
+        that their attention keeps once for the stage (``attention_buffer``,
+        ``equations.local_attention_buffer_bytes``) where it holds any layer."""
+        layers = np.asarray(layers)
+        held = self._held_activations(layers)
+        if not self.local_buffer:
+            return held
+        return held + np.where(layers > 0, self.attention_buffer, 0.0)
+
+    def _held_activations(self, layers):
+        """``layer_activations`` without the buffer: what the layers keep for their backward.
 
         The rank's ``layers`` are split over its v chunks as evenly as possible, the remainder
         on its last chunks; chunk k holds phi_k microbatches (``advisor.schedule``). With
@@ -231,7 +248,6 @@ class StageModel:
         uniform: always); a rebuilt layer's input is the checkpoint itself. With interleaving,
         the larger of the two chunk sizes' transients (their first backward passes need not
         come first)."""
-        layers = np.asarray(layers)
         kept, checkpoint, vpp, n = self.kept, self.checkpoint, self.vpp, self.recompute_layers
         if self.interleaved:  # chunks of q layers, the last r of q + 1: np.divmod's, without its slow float divmod
             per_chunk = np.floor(layers / vpp)  # exact for whole numbers below 2^53, as in _ceil_div
@@ -348,6 +364,8 @@ class StageModel:
         buffers, one per choice of a line of each buffer with them."""
         fixed, n, passes, v = self._fixed(), self.recompute_layers, self.in_flight.passes, self.vpp
         kept, checkpoint = self.kept, self.checkpoint
+        if self.local_buffer:  # the lines are of ranks with layers, which keep the buffer; total(0) has none
+            fixed = fixed + self.attention_buffer
         per_layer = self.layer_parameters * (self.weight_bytes + self.gradient_bytes + self.optimizer_bytes) \
             + self.layer_extra_bytes
         if self.buffered:

@@ -99,6 +99,54 @@ def test_a_stage_keeps_its_gradients_and_steps_in_place(megatron_world, tmp_path
     assert stage.optimizer.defaults["fused"] is True
 
 
+def test_the_local_attentions_global_memory_buffer_is_in_the_stage_peak_to_the_byte(megatron_world, tmp_path,
+                                                                                     monkeypatch):
+    """megatron-core's DotProductAttention (the local spec the emulator builds) takes its score
+    product's input from the process's global memory buffer and keeps it: the emulator starts each
+    stage with none (as a fresh Megatron rank), so the stage's peak carries it from iteration 1 on
+    (on the CPU backend here; the symbolic backend equals it byte for byte, tests/test_symbolic.py).
+    Measured: the same stage run again in a process that kept the buffer (its clear() made a no-op)
+    peaks lower by exactly the buffer in every iteration, b x a/t x s^2 FP32 elements = 2 x 4 x 32^2
+    x 4 = 32,768 bytes, which the advisor prices (equations.local_attention_buffer_bytes, in
+    StageModel's layer activations) and ``profile show`` adds to the stage's peak alone: no layer
+    keeps it (iteration 1's first layer has it in its forward peak, where it is allocated)."""
+    import torch
+    from megatron.core import parallel_state
+
+    from advisor.memory import MemoryOptions
+    from advisor.profile_report import compare_rank
+    from advisor.stage_model import StageModel
+    from megatron_hooks.stage_emulation import _run_stage
+
+    class Kept(dict):
+        def clear(self) -> None:  # _run_stage clears the buffer before and after a stage: keep it
+            pass
+
+    buffer = parallel_state.get_global_memory_buffer()
+    monkeypatch.setattr(buffer, "buffer", Kept())
+    runs = {}
+    for name in ("fresh", "kept"):
+        config = StageEmulation(model=TINY, layers_per_stage=(2, 2), seq_len=SEQ, micro_batch_size=MBS,
+                                num_microbatches=2, output_dir=tmp_path / name)
+        _run_stage(config, 0, None)
+        runs[name] = load_run(tmp_path / name).ranks[0]
+    hand = MBS * TINY.num_attention_heads * SEQ**2 * FP32
+    assert hand == 2 * 4 * 32**2 * 4 == 32_768
+    # one buffer, the attention's (its name, the activations' dtype), of b a/t s^2 elements
+    assert [(key, tensor.numel() * tensor.element_size()) for key, tensor in buffer.buffer.items()] == [
+        (("mpu", torch.float32), hand)]
+    fresh, kept = runs["fresh"], runs["kept"]
+    assert [a.peak_allocated_bytes - b.peak_allocated_bytes for a, b in zip(fresh.iterations, kept.iterations)] \
+        == [hand] * len(fresh.iterations) == [hand, hand]
+    assert [r.activation_bytes for r in fresh.layers] == [r.activation_bytes for r in kept.layers]
+    options = MemoryOptions(fused_norms=False, flash_attention=False, sequence_parallel=False, element_bytes=FP32)
+    model = StageModel(TINY, SEQ, options, tp=1, cp=1, dp=1, mbs=MBS, pp=2, vpp=1, num_microbatches=2, stage=0)
+    assert model.attention_buffer == hand
+    rows = {row.term: row for row in compare_rank(fresh) if row.module == "stage"}
+    parts = sum(rows[term].estimated_bytes for term in ("weights", "gradients", "optimizer", "activations in flight"))
+    assert rows["peak"].estimated_bytes - parts == hand
+
+
 def test_tp2_halves_everything_megatron_splits(tmp_path):
     """TP = 2 in two gloo processes: per rank, each layer holds half the weights except the
     replicated RMSNorms, and half the activations except what precedes the split (the norms)."""

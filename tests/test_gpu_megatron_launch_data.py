@@ -98,6 +98,45 @@ def test_the_verdicts_called_the_real_out_of_memory_boundary():
     assert "torch.OutOfMemoryError: CUDA out of memory" in (BOUNDARY / "l16-mbs2" / "launch.log").read_text()
 
 
+def test_the_local_attentions_global_memory_buffer_in_the_h200_peaks():
+    """The runs' attention (--transformer-impl local, megatron-core's DotProductAttention) keeps the
+    input of its score product in megatron-core's global memory buffer from iteration 1 on, in no
+    layer's activations: 2 b (a/t) s^2 = 2 x 2 x 32 x 4096^2 bytes = 2 GiB
+    (equations.local_attention_buffer_bytes). The commands read back (local) against the same runs
+    priced as Transformer Engine's unfused attention (--no-flash-attn, which allocates that input
+    per call: no buffer), 12 and 14 layers (both trained; from iteration 2 on, Adam's moments made):
+    - Eq. 18's peak: 14 layers 122.34 GiB (120.34 without the buffer) against 127.26 measured,
+      0.961 of it (0.946); 12 layers 108.28 (106.28) against 112.75, 0.960 (0.943);
+    - the calibrated prediction: 14 layers 137.81 GiB (136.24) against 135.96 reserved, 1.014 of it
+      (1.002); 12 layers 125.18 (123.61) against 122.52, 1.022 (1.009). It adds 1.58 GiB of the 2:
+      the calibrated model scales the buffer with the layer activations, 0.95 x 0.829 (its
+      allocator factor and SwiGLU share, verdicts.calibrated_terms);
+    - the verdicts stay fits and likely fits (16 layers, likely oom, died: 150.44 GiB predicted);
+    - ``profile show`` adds it to the stage's peak alone (14 layers: 127.26 / 122.34 = 1.040)."""
+    command = (BOUNDARY / "l14-mbs2" / "command.sh").read_text()
+    for layers, (local_peak, calibrated, measured, reserved) in {
+            12: (108.28, 125.18, 112.75, 122.52), 14: (122.34, 137.81, 127.26, 135.96)}.items():
+        read = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpu", "h200-141gb", "--megatron-version",
+                                        "core_v0.15.2", "--format", "json"],
+                                  input=command.replace("--num-layers 14", f"--num-layers {layers}"))
+        assert read.exit_code == 0, read.output
+        local, te = json.loads(read.stdout), estimate(f"l{layers}-mbs2", "--gpu", "h200-141gb")
+        assert local["options"]["transformer_impl"] == "local" and "transformer_impl" not in te["options"]
+        assert local["total_gib"] - te["total_gib"] == 2 * 2 * 32 * 4096**2 / 2**30 == 2.0
+        assert local["usage_gib"] - te["usage_gib"] == pytest.approx(2.0 * 0.95 * 34 / 41, abs=1e-9)  # 0.829 = 34/41
+        assert (local["total_gib"], local["usage_gib"]) == pytest.approx((local_peak, calibrated), abs=0.005)
+        assert local["verdict"] == te["verdict"] == ("fits" if layers == 12 else "likely fits")
+        *_, last = load_run(BOUNDARY / f"l{layers}-mbs2" / "profile").ranks[0].iterations
+        assert (last.peak_allocated_bytes / 2**30, last.peak_reserved_bytes / 2**30) == pytest.approx(
+            (measured, reserved), abs=0.005)
+    rows = {(row["module"], row["term"]): row for row in advisor("profile", "show", BOUNDARY / "l14-mbs2" / "profile",
+                                                                 "--format", "json")["compare"]}
+    parts = sum(rows[("stage", term)]["estimated_bytes"]
+                for term in ("weights", "gradients", "optimizer", "activations in flight"))
+    assert rows[("stage", "peak")]["estimated_bytes"] - parts == 2 * 2 * 32 * 4096**2
+    assert rows[("stage", "peak")]["ratio"] == pytest.approx(1.040, abs=0.0005)
+
+
 def test_compare_log_marks_memory_the_hooks_cut_short():
     """The 14-layer run's log, written before the hooks printed their peaks: its one memory report
     counts from the hooks' last reset of torch's peak counters (86.2 GiB against the run's 96.7 GiB

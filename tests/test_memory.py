@@ -221,3 +221,42 @@ def test_element_size_scales_weights_and_activations_but_not_logits_or_token_ids
     assert extra == 4 * s * b * h / t
     with pytest.raises(AdvisorError, match="element_bytes"):
         MemoryOptions(element_bytes=1)
+
+
+def test_the_local_attention_keeps_megatron_cores_global_memory_buffer_once_per_stage():
+    """--transformer-impl local (``fused_norms`` False): megatron-core's DotProductAttention takes the
+    input of its score product, [b a/t, s, s] BF16, from the process's global memory buffer, which
+    it keeps (equations.local_attention_buffer_bytes). By hand, Llama-3.1-8B (a 32, h 4096):
+    - b 2, s 4096, t 1 (the H200 runs): 2 x 2 x 32 x 4096^2 = 2,147,483,648 bytes, 2 GiB;
+    - t 2 halves the heads: 1 GiB;
+    - with SP at t 2 the linear layers' all-gather asks the same buffer for [s, b, h]: at s 128, b 1
+      the scores' 2 x 16 x 128^2 = 524,288 and the gathered input's 2 x 128 x 4096 = 1,048,576,
+      the larger is kept; at t 1 nothing is gathered.
+    Per stage: once on a stage with decoder layers, whatever their number or the microbatches in
+    flight or the recomputation, none on a stage without; FP32 (4-byte) activations double it;
+    Transformer Engine's spec (its unfused backend allocates the input per call) keeps none."""
+    from advisor import equations as eq
+
+    assert eq.local_attention_buffer_bytes(L8B, 4096, 2, 1) == 2 * 2 * 32 * 4096**2 == 2_147_483_648 == 2 * GIB
+    assert eq.local_attention_buffer_bytes(L8B, 4096, 2, 2) == GIB
+    assert eq.local_attention_buffer_bytes(L8B, 128, 1, 2) == 2 * 16 * 128**2 == 524_288
+    assert eq.local_attention_buffer_bytes(L8B, 128, 1, 2, sequence_parallel=True) == 2 * 128 * 4096 == 1_048_576
+    assert eq.local_attention_buffer_bytes(L8B, 128, 1, 1, sequence_parallel=True) == 2 * 32 * 128**2 == 1_048_576
+
+    spec = with_overrides(L8B, num_layers=4)
+    workload = Workload(seq_len=4096, global_batch_size=8)
+    unfused = dict(flash_attention=False, sequence_parallel=False)
+
+    def stage_totals(layers, **options):
+        estimate = estimate_memory(spec, ParallelConfig(pp=2, mbs=2), workload, MemoryOptions(**unfused, **options),
+                                   layers)
+        return [stage.total_bytes for stage in estimate.stages]
+
+    for layers in ((3, 1), (4, 0)):
+        te, local = stage_totals(layers), stage_totals(layers, fused_norms=False)
+        assert [a - b for a, b in zip(local, te)] == [2 * GIB if n else 0 for n in layers]
+    te, local = stage_totals((2, 2), element_bytes=4), stage_totals((2, 2), element_bytes=4, fused_norms=False)
+    assert [a - b for a, b in zip(local, te)] == [4 * GIB, 4 * GIB]
+    for recompute in ({"recompute": "full"}, {"recompute": "selective"}):
+        te, local = stage_totals((2, 2), **recompute), stage_totals((2, 2), fused_norms=False, **recompute)
+        assert [a - b for a, b in zip(local, te)] == [2 * GIB, 2 * GIB]

@@ -40,6 +40,30 @@ def test_the_closed_form_inverse_is_the_bisection(model, tp, cp, pp, recompute, 
     assert closed[0].tolist() == [int(every[within[:, i], 0].max(initial=vpp - 1)) for i in range(pp)]
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["llama3.1-8b", "llama3.1-70b"]), st.sampled_from([1, 2, 8]), st.integers(1, 16),
+       st.integers(0, 20), st.integers(1, 4), st.floats(1.0, 300.0), st.integers(1, 4), st.sampled_from([4096, 16384]))
+def test_the_closed_form_inverse_is_the_bisection_with_the_local_attentions_buffer(model, tp, pp, recompute, mbs, gib,
+                                                                                   vpp, seq_len):
+    """--transformer-impl local: a rank with layers keeps megatron-core's global memory buffer once
+    (StageModel.layer_activations), a step at the first layer that the closed form's lines carry in
+    their fixed part; the inverse still settles and equals the brute force (CP 1, no SP: the local
+    attention and torch's RMSNorm refuse them)."""
+    spec = PRESETS[model]
+    vpp = vpp if pp > 1 else 1
+    options = MemoryOptions(fused_norms=False, flash_attention=False, sequence_parallel=False,
+                            recompute_method="block")
+    model = StageModel(spec, seq_len, options, tp=tp, cp=1, dp=1, mbs=mbs, pp=pp, vpp=vpp, num_microbatches=2 * pp,
+                       stage=np.arange(pp)[None, :], recompute_layers=recompute)
+    low, high = np.full((1, pp), vpp, np.int64), np.full((1, pp), spec.num_layers, np.int64)
+    bound = np.full((1, 1), gib * 2**30)
+    closed = model.most_layers(bound, low, high)
+    assert closed is not None
+    every = np.arange(vpp, spec.num_layers + 1)[:, None]
+    within = model.total(every) <= bound[0, 0]
+    assert closed[0].tolist() == [int(every[within[:, i], 0].max(initial=vpp - 1)) for i in range(pp)]
+
+
 def _plan_every_variant(spec, workload, gpus, memory_gib, timing, calibration=None, measured=None):
     """Per base layout, every (VPP, N) the space offers, planned without any pruning: its MadPipe
     split within 80% of the memory (calibrated: within 1 - band of it, by the calibrated model)
