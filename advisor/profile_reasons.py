@@ -113,6 +113,15 @@ TE_LAYER = Reason(
            "tests/test_symbolic.py::hand_count_te_layer",
 )
 
+LOCAL_BUFFER = Reason(
+    key="local-buffer",
+    text="the estimate adds to Eq. 18 megatron-core's global memory buffer, which the local spec's attention "
+         "keeps from its first forward on: its score product's input, b a/t s^2 elements of the activations' "
+         "dtype, once per stage, in no module's activations",
+    source="megatron-core transformer/dot_product_attention.py (get_global_memory_buffer().get_tensor), "
+           "utils.py GlobalMemoryBuffer; equations.local_attention_buffer_bytes; tests/test_emulate.py",
+)
+
 
 def _emulator_optimizer(profile: RankProfile) -> bool:
     """The CPU backend's emulated stages always step torch's Adam on plain gradients
@@ -134,6 +143,11 @@ def explain_static(profile: RankProfile, term: str, estimated: float) -> Explain
     if term == "optimizer" and profile.header.params_dtype == "float32":
         return Explained((FP32_OPTIMIZER,), estimated * 8 / 12)
     return NONE
+
+
+def explain_peak(profile: RankProfile) -> Explained:
+    """Reasons for a stage's peak: what the estimate adds to Eq. 18 (no hand count of the rest)."""
+    return Explained((LOCAL_BUFFER,)) if profile.header.layer_spec == "local" else NONE
 
 
 def explain_module(profile: RankProfile, record: LayerRecord) -> Explained:

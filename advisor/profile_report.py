@@ -19,7 +19,7 @@ from advisor import equations as eq
 from advisor.memory import MemoryOptions, estimate_memory
 from advisor.stage_model import StageModel, head_shares_embedding
 from advisor.parallel import Workload
-from advisor.profile_reasons import NONE, Explained, Reason, explain_module, explain_static
+from advisor.profile_reasons import NONE, Explained, Reason, explain_module, explain_peak, explain_static
 from advisor.profiles import LayerRecord, ProfileRun, RankProfile
 
 
@@ -155,7 +155,7 @@ def compare_rank(profile: RankProfile, iteration: int | None = None) -> list[Ter
         _in_flight_explained(profile, rows))
     estimated_total = (stage.weights_bytes + stage.gradients_bytes + stage.optimizer_bytes + estimated_activations
                        + stage_buffer)
-    add(stage_record, "peak", "Eq. 18", it.peak_allocated_bytes, estimated_total)
+    add(stage_record, "peak", "Eq. 18", it.peak_allocated_bytes, estimated_total, explain_peak(profile))
     return rows
 
 

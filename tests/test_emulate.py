@@ -145,6 +145,7 @@ def test_the_local_attentions_global_memory_buffer_is_in_the_stage_peak_to_the_b
     rows = {row.term: row for row in compare_rank(fresh) if row.module == "stage"}
     parts = sum(rows[term].estimated_bytes for term in ("weights", "gradients", "optimizer", "activations in flight"))
     assert rows["peak"].estimated_bytes - parts == hand
+    assert [reason.key for reason in rows["peak"].reasons] == ["local-buffer"]  # said under profile show's table
 
 
 def test_tp2_halves_everything_megatron_splits(tmp_path):

@@ -52,20 +52,22 @@ MEGATRON_TE = dict(backend="symbolic", kernels="cuda", emulated=True, layer_spec
 @pytest.mark.parametrize("changes,expected", [
     # a real Megatron-LM run in FP32 on torch's CPU kernels (tests/test_launch_run.py's kind); its
     # megatron-core 0.16.1 builds the causal mask in every layer
+    # (every local-spec run: its attention's global memory buffer, which the estimate's peak adds)
     (dict(), {("stage", "optimizer"): ["fp32-optimizer"], ("decoder.layers.0", "activations"):
-              ["cpu-kernels", "fused-swiglu", "per-layer-mask"], ("embedding", "activations"): ["token-ids"]}),
+              ["cpu-kernels", "fused-swiglu", "per-layer-mask"], ("embedding", "activations"): ["token-ids"],
+              ("stage", "peak"): ["local-buffer"]}),
     # core_v0.15.2 caches the mask: the stage's first layer keeps it, nothing to say
     (dict(megatron_core_version="0.15.2"),
      {("stage", "optimizer"): ["fp32-optimizer"], ("decoder.layers.0", "activations"): ["cpu-kernels", "fused-swiglu"],
-      ("embedding", "activations"): ["token-ids"]}),
+      ("embedding", "activations"): ["token-ids"], ("stage", "peak"): ["local-buffer"]}),
     # the CPU emulator: torch's Adam on plain gradients in the weights' dtype
     (dict(CPU_EMULATOR, params_dtype="float32"),
      {("stage", "optimizer"): ["emulator-optimizer"], ("decoder.layers.0", "activations"):
-      ["cpu-kernels", "unfused-swiglu"], ("embedding", "activations"): ["token-ids"]}),
+      ["cpu-kernels", "unfused-swiglu"], ("embedding", "activations"): ["token-ids"], ("stage", "peak"): ["local-buffer"]}),
     (dict(CPU_EMULATOR, params_dtype="bfloat16"),
      {("stage", "optimizer"): ["emulator-optimizer"], ("stage", "gradients"): ["emulator-optimizer"],
       ("decoder.layers.0", "activations"): ["cpu-kernels", "unfused-swiglu"],
-      ("embedding", "activations"): ["token-ids"]}),
+      ("embedding", "activations"): ["token-ids"], ("stage", "peak"): ["local-buffer"]}),
     # BF16 with megatron-core's optimizer: Eq. 4 and 10 hold; the TE layer's own reasons
     (MEGATRON_TE, {("decoder.layers.0", "activations"): ["te-layer"], ("embedding", "activations"): ["token-ids"]}),
     # FP32 TE: no hand count of that layer (the TE note is of BF16 layers), the optimizer's holds
@@ -194,11 +196,12 @@ def test_show_says_the_reasons_under_the_table_and_in_json(advisor, tmp_path):
     assert "optimizer: FP32 weights need no FP32 master copy" in text
     assert "embedding activations: megatron-core's embedding keeps the int64 token ids" in text
     assert "layer activations: torch's CPU kernels" in text and "gradients:" not in text
+    assert "peak: the estimate adds to Eq. 18 megatron-core's global memory buffer" in text  # a local-spec run
     report = advisor.json("profile", "show", tmp_path, "--section", "compare")
     optimizer = next(row for row in report["compare"] if row["term"] == "optimizer")
     assert optimizer["reasons"] == ["fp32-optimizer"] and optimizer["expected_ratio"] == pytest.approx(8 / 12)
     assert set(report["compare_reasons"]) == {"fp32-optimizer", "token-ids", "cpu-kernels", "fused-swiglu",
-                                              "per-layer-mask"}  # the factory's megatron-core 0.16.1
+                                              "per-layer-mask", "local-buffer"}  # the factory's megatron-core 0.16.1
     assert "distrib_optimizer.py" in report["compare_reasons"]["fp32-optimizer"]["source"]
     weights = next(row for row in report["compare"] if row["term"] == "weights")
     assert weights["reasons"] == [] and weights["expected_ratio"] is None
