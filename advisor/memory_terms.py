@@ -41,6 +41,18 @@ def swiglu_fusion_fraction(spec: LlamaSpec, modules: frozenset[str] = frozenset(
     return 1.0 - fused / (eq.layer_activation_bytes(spec, 1, 1, fused_norms) - hidden - ffn)
 
 
+def local_attention_buffer(spec: LlamaSpec, seq_len: int, mbs, tp, options):
+    """The global memory buffer that a stage with decoder layers keeps under --transformer-impl
+    local (``options.fused_norms`` False), ``equations.local_attention_buffer_bytes`` in the run's
+    element size; 0 with Transformer Engine's layers. Not Eq. 12: the calibrated model scales it
+    by the allocator's factor alone (``verdicts.CalibratedTerms.buffer_factor``), not by the share
+    of Eq. 12 a layer keeps (the fused SwiGLU's), which is about the layers' own tensors."""
+    if options.fused_norms:
+        return 0.0
+    return (eq.local_attention_buffer_bytes(spec, seq_len, mbs, tp, options.sequence_parallel)
+            * (options.element_bytes / eq.WEIGHT_BYTES))
+
+
 def cross_entropy_working_bytes(spec: LlamaSpec, seq_len: int, mbs: int, tp: int, cp: int, vocab: int,
                                 fusion: str = "none"):
     """Megatron's vocab-parallel cross-entropy (megatron-core ``tensor_parallel/cross_entropy.py``)

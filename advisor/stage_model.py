@@ -171,8 +171,7 @@ class StageModel:
         # --transformer-impl local (``fused_norms`` False): megatron-core's global memory buffer,
         # kept once per process by a stage with decoder layers (``layer_activations``)
         self.local_buffer = not options.fused_norms
-        self.attention_buffer = eq.local_attention_buffer_bytes(
-            spec, seq_len, b, t, options.sequence_parallel) * dtype_scale if self.local_buffer else 0.0
+        self.attention_buffer = memory_terms.local_attention_buffer(spec, seq_len, b, t, options)
         self.vpp, self.recompute_layers = v, np.asarray(recompute_layers)
         self.recomputing = bool((self.recompute_layers > 0).any())
         self.interleaved = bool((v > 1).any())
@@ -192,8 +191,7 @@ class StageModel:
         self.calibrated, self.added, self._total_at_zero, self._constants = calibrated is not None, _NOTHING_ADDED, None, {}
         if calibrated is not None:
             self.kept, self.checkpoint = self.kept * calibrated.layer_factor, self.checkpoint * calibrated.layer_factor
-            # as verdicts.calibrated_stage_bytes scales Eq. 18's layer activations, the buffer among them
-            self.attention_buffer = self.attention_buffer * calibrated.layer_factor
+            self.attention_buffer = self.attention_buffer * calibrated.buffer_factor
             self.embedding_activations = self.embedding_activations * calibrated.embedding_factor
             self.output_activations = self.output_activations * calibrated.output_factor
             self.added = calibrated.added

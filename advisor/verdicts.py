@@ -77,9 +77,17 @@ class CalibratedTerms:
     """Runtime memory and the allocator's reserve on every stage, and --tp-comm-overlap's
     userbuffers; the cross-entropy's BF16 logits on the last; the data loader's mask on the first
     and the last."""
+    buffer_factor: object = 1.0
+    """The allocator's factor alone, for the local attention's global memory buffer
+    (``memory_terms.local_attention_buffer``), which Eq. 18's layer activations carry but which is
+    none of Eq. 12's tensors."""
 
-    def stage_bytes(self, model_states, layer_activations, embedding_activations, output_activations):
-        return (model_states + self.layer_factor * layer_activations + self.embedding_factor * embedding_activations
+    def stage_bytes(self, model_states, layer_activations, embedding_activations, output_activations,
+                    attention_buffer=0.0):
+        """``attention_buffer``: the part of ``layer_activations`` that is the local attention's
+        buffer (on stages with layers), scaled by ``buffer_factor`` instead of ``layer_factor``."""
+        return (model_states + self.layer_factor * (layer_activations - attention_buffer)
+                + self.buffer_factor * attention_buffer + self.embedding_factor * embedding_activations
                 + self.output_factor * output_activations + self.added)
 
 
@@ -136,7 +144,13 @@ def calibrated_terms(
     return CalibratedTerms(
         layer_factor=factor * np.where(full_recompute, 1.0, layer),
         embedding_factor=factor * _ratio(measured, "embedding", tp, cp, terms.embedding_ids_fraction(spec)),
-        output_factor=factor * _ratio(measured, "output", tp, cp, 1.0), added=added)
+        output_factor=factor * _ratio(measured, "output", tp, cp, 1.0), added=added, buffer_factor=factor)
+
+
+def _attention_buffer(spec: LlamaSpec, seq_len: int, mbs, tp, options: MemoryOptions, layer_activations):
+    """The local attention's buffer in each stage's layer activations (stages without layers keep none)."""
+    return np.where(np.asarray(layer_activations) > 0,
+                    terms.local_attention_buffer(spec, seq_len, mbs, tp, options), 0.0)
 
 
 def calibrated_stage_bytes(
@@ -149,7 +163,8 @@ def calibrated_stage_bytes(
     calibrated = calibrated_terms(spec, seq_len, mbs, tp, cp, np.arange(pp), pp, options.recompute == "full", options,
                                   calibration, memory_gib, measured)
     per_stage = calibrated.stage_bytes(t.model_states, t.layer_activations, t.embedding_activations,
-                                       t.output_activations)
+                                       t.output_activations,
+                                       _attention_buffer(spec, seq_len, mbs, tp, options, t.layer_activations))
     return np.broadcast_to(per_stage, (pp,)).tolist()
 
 
@@ -168,7 +183,9 @@ def assess_stages(
                                   stage, pp[col], np.asarray(full_recompute)[col], options, calibration, memory_gib,
                                   measured)
     per_stage = calibrated.stage_bytes(terms.model_states, terms.layer_activations, terms.embedding_activations,
-                                       terms.output_activations)
+                                       terms.output_activations,
+                                       _attention_buffer(spec, seq_len, np.asarray(mbs)[col], np.asarray(tp)[col],
+                                                         options, terms.layer_activations))
     per_stage = np.where(stage < pp[col], per_stage, -np.inf)
     peak = per_stage.argmax(axis=1)
     usage = (per_stage.max(axis=1) / GIB).tolist()

@@ -77,16 +77,22 @@ def _layout(row: dict, spec):
     return parallel, workload, layers
 
 
-def _stage_segments(estimate, calibrated) -> list[dict]:
+def _stage_segments(estimate, calibrated, attention_buffer: float = 0.0) -> list[dict]:
+    """Each stage's memory by segment; calibrated, each activation term by its factor (the local
+    attention's ``attention_buffer``, in the layer activations of stages with layers, by the
+    allocator's alone: ``verdicts.CalibratedTerms.stage_bytes``)."""
     stages = []
     for i, stage in enumerate(estimate.stages):
         acts = (stage.layer_activations_bytes, stage.embedding_activations_bytes, stage.output_activations_bytes)
         added = 0.0
         if calibrated is not None:
-            factors = [np.broadcast_to(getattr(calibrated, name), (len(estimate.stages),))[i]
-                       for name in ("layer_factor", "embedding_factor", "output_factor")]
-            acts = tuple(float(f) * a for f, a in zip(factors, acts))
-            added = float(np.broadcast_to(calibrated.added, (len(estimate.stages),))[i])
+            def at(name: str) -> float:
+                return float(np.broadcast_to(getattr(calibrated, name), (len(estimate.stages),))[i])
+
+            buffer = attention_buffer if stage.layer_activations_bytes > 0 else 0.0
+            acts = (at("layer_factor") * (acts[0] - buffer) + at("buffer_factor") * buffer,
+                    at("embedding_factor") * acts[1], at("output_factor") * acts[2])
+            added = at("added")
         values = (stage.weights_bytes, stage.gradients_bytes, stage.optimizer_bytes, *acts, added)
         stages.append({name: value / GIB for name, value in zip(SEGMENTS, values)})
     return stages
@@ -96,6 +102,7 @@ def layout_detail(row: dict) -> LayoutDetail:
     """The detail of a sweep row or an estimate (their JSON); an MoE row's by its own terms
     (``advisor.report.moe_detail``)."""
     from advisor.memory import estimate_memory
+    from advisor.memory_terms import local_attention_buffer
     from advisor.report.moe_detail import is_moe_row
 
     if is_moe_row(row):
@@ -122,7 +129,9 @@ def layout_detail(row: dict) -> LayoutDetail:
     threshold = fraction * memory if memory and row.get("memory_model", "paper") == "paper" else None
     return LayoutDetail(label=row_label(row), pp=parallel.pp, vpp=parallel.vpp,
                         num_microbatches=workload.num_microbatches(parallel) or 1, memory_gib=memory,
-                        threshold_gib=threshold, stages=_stage_segments(estimate, calibrated),
+                        threshold_gib=threshold, stages=_stage_segments(
+                            estimate, calibrated, float(local_attention_buffer(spec, workload.seq_len, parallel.mbs,
+                                                                               parallel.tp, options))),
                         model_name="calibrated" if calibrated is not None else "Eq. 18", time_parts=parts,
                         forward_s=forward, backward_s=backward, threshold_label=rule_label(fraction))
 
