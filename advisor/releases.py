@@ -36,6 +36,18 @@ class MegatronRelease:
     fsdp_sharding_strategy: str
     """``--data-parallel-sharding-strategy``'s default: 'no_shard' in core_v0.15.2
     (arguments.py, ``_add_distributed_args``), 'optim_grads_params' in core_v0.19.0."""
+    eval_interval: int | None
+    """``--eval-interval``'s default: 1000 in core_v0.15.2 (megatron/training/arguments.py,
+    ``_add_validation_args``), None in core_v0.19.0 (megatron/training/config/training_config.py,
+    ``ValidationConfig``: 'If not set, evaluation will not run during training'). Both train loops
+    evaluate after iteration i where ``args.eval_interval and i % args.eval_interval == 0``
+    (training.py, ``train``). None also means that training cannot start: both releases' data
+    setup sizes the validation split as ``args.train_iters // args.eval_interval + 1`` evaluations
+    (training.py, ``get_train_valid_test_num_samples``), a TypeError with None (and a
+    ZeroDivisionError with 0) unless --skip-train (core_v0.19.0) or --full-validation."""
+    eval_iters: int = 100
+    """``--eval-iters``' default (both releases): the iterations of one evaluation, each one global
+    batch forward only (training.py, ``evaluate``)."""
     lacks: frozenset[str] = frozenset()
     """Flags the launcher may write that this release does not have."""
     te_cross_entropy: bool = True
@@ -97,7 +109,7 @@ RELEASES: tuple[MegatronRelease, ...] = (
     MegatronRelease(
         release=(0, 15), checked="core_v0.15.2", python=(3, 10), null_tokenizer_extra_rows=1,
         mock_data_max_token_id=4094, pretrain="providers",
-        transformer_config_module="megatron.training.arguments", fsdp_sharding_strategy="no_shard",
+        transformer_config_module="megatron.training.arguments", fsdp_sharding_strategy="no_shard", eval_interval=1000,
         uniform_recompute_any_n=False, flex_needs_enable_deepep=True, shared_expert_overlap_dispatchers=("alltoall",),
         uneven_middle_needs_layers=False,
         lacks=frozenset({"--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms"}),
@@ -110,6 +122,7 @@ RELEASES: tuple[MegatronRelease, ...] = (
         release=(0, 19), checked="core_v0.19.0", python=(3, 12), null_tokenizer_extra_rows=0,
         mock_data_max_token_id=None, pretrain="config_container",
         transformer_config_module="megatron.training.argument_utils", fsdp_sharding_strategy="optim_grads_params",
+        eval_interval=None,
         te_cross_entropy=False,
         # transformer_config.py, __post_init__: each routed to its new field with a deprecation warning
         renamed=(("--moe-enable-deepep", ("--moe-flex-dispatcher-backend", "deepep")),

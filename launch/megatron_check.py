@@ -218,7 +218,9 @@ def _derive(args) -> dict:
             "tp_comm_overlap", "tp_comm_overlap_cfg", "fp8", "fp8_recipe", "fp8_param_gather", "fp8_amax_history_len",
             "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer",
             "create_attention_mask_in_dataloader", "ckpt_format", "use_torch_fsdp2", "gradient_accumulation_fusion",
-            "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")},
+            "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
+            # evaluation's defaults, which the launcher's report reads (advisor.releases)
+            "eval_iters", "eval_interval")},
         # the overlap's sub-options as the TransformerConfig hands them to Transformer Engine's layers
         **{name: getattr(config, name, None) for name in (
             "tp_comm_overlap_ag", "tp_comm_overlap_rs", "tp_comm_overlap_rs_dgrad", "tp_comm_bulk_dgrad",

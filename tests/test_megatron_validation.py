@@ -253,3 +253,21 @@ def test_te_cross_entropy_where_the_advisor_allows_it(tag, request):
             True, "te")
     else:
         assert "stability" in result["error"]
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_evaluation_defaults_are_the_releases_own(tag, request):
+    # --eval-iters and --eval-interval as parse_args + validate_args leave them where the command
+    # line gives neither: core_v0.15.2 100 and 1000 (arguments.py), core_v0.19.0 100 and None
+    # (config/training_config.py, ValidationConfig), as advisor.releases says (launch.evaluation reads them)
+    release = checkout(tag)  # skips without it
+    rules = named(tag)
+    path = request.getfixturevalue("written")["root"] / "estimate-paper.json"
+    document = json.loads(path.read_text())
+    item = priced_input(read_input(path), rules, label="estimate paper, evaluation defaults",
+                        options=TrainingOptions(), extras=NO_TRANSFORMER_ENGINE,
+                        num_microbatches=document["num_microbatches"])
+    [result] = validate(release, [item.case()])
+    assert result["ok"], result.get("error")
+    assert (result["derived"]["eval_iters"], result["derived"]["eval_interval"]) == (
+        rules.eval_iters, rules.eval_interval) == {"core_v0.15.2": (100, 1000), "core_v0.19.0": (100, None)}[tag]
