@@ -186,6 +186,7 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
                 user_args: tuple[str, ...], **kwargs):
         from launch.arguments import compose
         from launch.checkout import resolve_release
+        from launch.evaluation import check_values as check_evaluation
         from launch.job import plan_job, read_job_file
 
         # one given to args or a dry run must be here too (resolve_release)
@@ -196,9 +197,11 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
         mock_data = mock_data or bool(job_file and job_file.mock_data)
         if (note := release.assumption()) and (mock_data or "dry_run" in kwargs):  # where the release matters
             _note(f"advisor-launch: {note}")
-        job = plan_job(config, job_file=job_file, tokens=tokens, bandwidth_gbs=fs_bandwidth, user_args=user_args)
+        job = plan_job(config, job_file=job_file, tokens=tokens, bandwidth_gbs=fs_bandwidth, user_args=user_args,
+                       release=release.rules)
         megatron = compose(config.source, config.megatron_args, rules=release.rules, model=config.model,
                            mock_data=mock_data, extras=user_args, job=job.group, chunk_layers=config.chunk_layers())
+        check_evaluation(megatron.args)  # values Megatron takes and then fails on, refused in one line
         if warn_unknown_flags:
             for unknown in megatron.unknown:
                 _note(unknown.warning())
@@ -218,8 +221,9 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
                           "builds the input's vocabulary; refused where its mock data cannot feed the model."),
         click.option("--job-config", type=InputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
                      help="A job file (TOML or JSON): data_path, mock_data, tokenizer_type, tokenizer_model, save, "
-                          "load, save_interval, tensorboard_dir, lr, min_lr, tokens, lr_warmup_fraction, "
-                          "fs_bandwidth_gbs; become Megatron-LM's flags (docs/launch.md: Preflight, complete jobs)."),
+                          "load, save_interval, tensorboard_dir, lr, min_lr, eval_iters, eval_interval, tokens, "
+                          "lr_warmup_fraction, fs_bandwidth_gbs; become Megatron-LM's flags (docs/launch.md: "
+                          "Preflight, complete jobs)."),
         click.option("--tokens", type=TokenCount(), default=None,
                      help="The token budget (15T, 300B): --train-samples, --lr-decay-samples and "
                           "--lr-warmup-samples (1%) from it (default: the job file's, else the sweep row's)."),
@@ -307,6 +311,7 @@ def _preflight(config, release, megatron, profiling: dict, job, *, per_node: int
                elsewhere_option: str | None = None):
     """launch.preflight's report (without ``checks``, where the job runs in an image or on nodes
     this machine cannot see, an empty one), with the job's missing parts (``incomplete``)."""
+    from launch.evaluation import interval_problem
     from launch.job import missing
     from launch.preflight import Report, Setup, preflight
 
@@ -315,6 +320,9 @@ def _preflight(config, release, megatron, profiling: dict, job, *, per_node: int
                   elsewhere_option=elsewhere_option)
     report = preflight(setup) if checks else Report()
     report.incomplete = missing(megatron.args)
+    # Megatron's own behaviour, wherever the ranks run (launch.evaluation)
+    if (problem := interval_problem(release.rules, megatron.args)) is not None:
+        report.problems.append(problem)
     return report
 
 

@@ -22,9 +22,9 @@ Anything malformed, truncated or inconsistent is one AdvisorError.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Mapping
 
 from advisor import limits
 from advisor.capture.plan import SCHEMA as PLAN_SCHEMA
@@ -98,6 +98,9 @@ class LaunchInput:
     unpriced: tuple[str, ...] = ()
     """What that command holds that the estimate priced otherwise or not at all: its megatron_args,
     which the launch runs, state what was priced instead (a Llama network, the advisor's options)."""
+    row: Mapping[str, object] | None = field(default=None, compare=False, repr=False)
+    """The sweep row's or estimate's own JSON (None for a plan): what the launcher re-prices from it
+    (an evaluation iteration, ``launch.evaluation``)."""
     not_launched: tuple[str, ...] = ()
     """That command's flags that the estimate's megatron_args leave out, as written ('--lr 3e-4'):
     its data and tokenizer (whose vocabulary the model was priced with), learning rates,
@@ -308,6 +311,7 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         read_from=fields.document.get("read_from") if isinstance(fields.document.get("read_from"), str) else None,
         unpriced=tuple(item for item in fields.document.get("unpriced") or () if isinstance(item, str)),
         not_launched=tuple(item for item in fields.document.get("not_launched") or () if isinstance(item, str)),
+        row=fields.document,
     )
 
 

@@ -21,11 +21,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.fileio import decode_utf8, parse_json, read_bytes
+from advisor.releases import MegatronRelease
 from launch.arguments import ArgGroup, flag_values
 
 DEFAULT_FS_BANDWIDTH_GBS = 10.0
@@ -41,6 +42,7 @@ JOB_KEYS = {
     "tokenizer_type": ("--tokenizer-type", "text"), "tokenizer_model": ("--tokenizer-model", "text"),
     "save": ("--save", "text"), "load": ("--load", "text"), "save_interval": ("--save-interval", "count"),
     "tensorboard_dir": ("--tensorboard-dir", "text"), "lr": ("--lr", "number"), "min_lr": ("--min-lr", "number"),
+    "eval_iters": ("--eval-iters", "iterations"), "eval_interval": ("--eval-interval", "count"),
     "tokens": (None, "tokens"), "lr_warmup_fraction": (None, "fraction"), "fs_bandwidth_gbs": (None, "bandwidth"),
 }
 LENGTH_FLAGS = ("--train-iters", "--train-samples")
@@ -106,12 +108,15 @@ def _check_value(path: Path, key: str, kind: str, value) -> None:
                                                                    for v in value),
           "switch": isinstance(value, bool), "text": isinstance(value, str) and bool(value) and "\0" not in value,
           "count": isinstance(value, int) and not isinstance(value, bool) and value > 0,
+          # --eval-iters 0 turns evaluation off (launch.evaluation)
+          "iterations": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
           "number": number and 0 < value < math.inf, "fraction": number and 0 <= value < 1,
           # a budget counts whole tokens, as --tokens does (1e12 is whole, 1.5 is not)
           "tokens": number and 0 < value < math.inf and float(value).is_integer()}[kind]
     if not ok:
         want = {"paths": "a list of paths without NUL bytes", "switch": "true or false",
                 "text": "a non-empty string without NUL bytes", "count": "a positive integer",
+                "iterations": "a whole number, 0 or more (0: no evaluation)",
                 "number": "a positive number", "fraction": "a number in [0, 1)",
                 "tokens": "a positive whole number of tokens (1e12, or 1_000_000_000_000 in TOML)"}[kind]
         raise AdvisorError(f"{path}: {key} must be {want}, got {json.dumps(value)[:60]}")
@@ -265,6 +270,11 @@ class JobPlan:
     step_time_s: float | None
     user_length: tuple[str, ...] = ()
     """The user's length flags after ``--``: then ``job_group`` adds no schedule, and the report says so."""
+    release: MegatronRelease | None = None
+    """The release launched, whose evaluation defaults the report reads (None: no evaluation line)."""
+    global_batch_size: int = 1
+    row: Mapping[str, object] | None = None
+    """The input's sweep row or estimate, from which an evaluation iteration is priced (``launch.evaluation``)."""
 
     def report(self, args: Sequence[str]) -> list[str]:
         """The lines a launch prints about the job: its length and its checkpoint (what it lacks
@@ -280,7 +290,19 @@ class JobPlan:
                          f"samples, decay {s.samples:,}")
         interval = flag_values(args).get("--save-interval")
         lines.append(self.checkpoint.describe(self.step_time_s, int(interval[0]) if interval else None))
+        if self.release is not None:
+            lines.append(self.evaluation_line(self.release, args))
         return lines
+
+    def evaluation_line(self, release: MegatronRelease, args: Sequence[str]) -> str:
+        """What the run evaluates besides training, and at what cost (``launch.evaluation``)."""
+        from launch.evaluation import describe, evaluation, forward_only_time
+
+        plan = evaluation(release, args, self.global_batch_size)
+        if not plan.validates or plan.iterations is None:
+            return describe(plan, release)
+        seconds, why = forward_only_time(self.row, self.step_time_s, plan)
+        return describe(plan, release, iteration_s=seconds, step_s=self.step_time_s, no_time=why)
 
     def signal_lead_warning(self, signal_time_s: int, args: Sequence[str]) -> str | None:
         """A warning where Slurm's SIGTERM comes too late for Megatron to save before the time limit.
@@ -336,9 +358,10 @@ def _check_budget(tokens: float, seq_len: int, source: str) -> None:
 
 
 def plan_job(config, *, job_file: JobFile | None, tokens: float | None, bandwidth_gbs: float | None,
-             user_args: Sequence[str]) -> JobPlan:
+             user_args: Sequence[str], release: MegatronRelease | None = None) -> JobPlan:
     """The job of ``config`` (a ``launch.inputs.LaunchInput``): --tokens, else the job file's, else the
-    sweep row's budget; the bandwidth from --fs-bandwidth, else the job file's, else the default."""
+    sweep row's budget; the bandwidth from --fs-bandwidth, else the job file's, else the default.
+    ``release``: the one launched, for the report's evaluation line."""
     from advisor.moe.params import every_parameter
 
     budget, source = _budget(tokens, job_file, config)
@@ -354,4 +377,5 @@ def plan_job(config, *, job_file: JobFile | None, tokens: float | None, bandwidt
     checkpoint = Checkpoint(parameters=every_parameter(config.model), weight_bytes=weight_bytes,
                             world_size=config.world_size, bandwidth_gbs=bandwidth)
     return JobPlan(group=job_group(job_file, schedule, user_args), schedule=schedule, checkpoint=checkpoint,
-                   step_time_s=config.step_time_s, user_length=tuple(user_length(user_args)))
+                   step_time_s=config.step_time_s, user_length=tuple(user_length(user_args)), release=release,
+                   global_batch_size=config.global_batch_size, row=getattr(config, "row", None))

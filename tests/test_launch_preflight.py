@@ -118,8 +118,10 @@ def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_p
                            " a learning rate (--lr 3e-4 after --)"),
     }
     if sys.version_info < (3, 12):
+        # and, with no --eval-interval, what its pretrain_gpt.py would fail on (launch.evaluation)
         cases["Python too old"] = (None, {"megatron": real_checkout_path("core_v0.19.0")},
-                                   "Megatron-LM core 0.19 needs Python >= 3.12; this is Python 3.")
+                                   ("Megatron-LM core 0.19 needs Python >= 3.12; this is Python 3.",
+                                    "Megatron-LM core 0.19 has no --eval-interval default"))
     for name, (breaks, how, expected) in cases.items():
         with monkeypatch.context() as patch:
             if breaks is not None:  # the break lasts for this case only

@@ -158,16 +158,60 @@ def _moe_detail(row: dict) -> LayoutDetail:
 def _times(row, spec, parallel, workload, layers, training):
     """The step's parts (as 'advisor estimate' prices them) and each rank's per-microbatch times."""
     from advisor.pricing import layout_times, one_layout_time
-    from advisor.hardware import get_gpu
 
     # at the row's own node size where it records one (--gpus-per-node, a command's ranks per node):
     # the preset's alone re-priced TP 8 on 4-GPU nodes over NVLink, parts the row's step never had
-    gpu = get_gpu(row["gpu"]).with_overrides(memory_gib=number(row, "memory_gib") or None,
-                                             gpus_per_node=row.get("gpus_per_node"))
+    gpu = _row_gpu(row)
     _, parts = one_layout_time(spec, gpu, workload, parallel, layers, training, None)
     _, layouts, recompute = layout_times(spec, gpu, workload, parallel, training)
     stages = layouts.stage_times(np.array([0]), np.array([parallel.vpp]), recompute, np.array([layers]))
     return parts, [float(s.forward[0]) for s in stages], [float(s.backward[0]) for s in stages]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardOnly:
+    """A dense row's evaluation iteration as the time model prices it (``forward_only_iteration``)."""
+
+    iteration_s: float
+    """One forward-only iteration of the global batch (``advisor.throughput.forward_only``)."""
+    step_s: float
+    """The row's training step, re-priced the same way (its ``step_time_s`` where it was priced so)."""
+
+
+def forward_only_iteration(row: dict) -> ForwardOnly:
+    """One forward-only iteration of a dense sweep row or estimate priced on a GPU preset: each
+    pipeline rank's forward per microbatch, as ``_times`` re-prices them for the page, through
+    ``forward_only_pipeline_s``, no faster than the data loader (``terms.data_loader_bound``, the
+    training step's rule); no gradient reduction, no optimizer step. AdvisorError for a row this
+    cannot re-price (no GPU, an MoE row: the MoE time model prices whole steps, not a rank's
+    microbatch)."""
+    from advisor.errors import AdvisorError
+    from advisor.pricing import layout_times
+    from advisor.report.moe_detail import is_moe_row
+    from advisor.throughput import terms
+    from advisor.throughput.forward_only import forward_only_pipeline_s
+
+    if not row.get("gpu") or is_moe_row(row):
+        raise AdvisorError("only a dense row priced on a GPU preset has per-stage forward times")
+    spec = row_spec(row)
+    training = row_options(row)
+    parallel, workload, layers = _layout(row, spec)
+    parts, forward, _ = _times(row, spec, parallel, workload, layers, training)
+    model, _, _ = layout_times(spec, _row_gpu(row), workload, parallel, training)
+    m = workload.num_microbatches(parallel)
+    pipeline = forward_only_pipeline_s(forward, m, parallel.vpp)
+    bound = terms.data_loader_bound(pipeline, model.options.dataloader_mask == "rebuilt",
+                                    workload.global_batch_size / parallel.dp, workload.seq_len, model.rates,
+                                    model.options.dataloader_workers)
+    return ForwardOnly(iteration_s=float(bound), step_s=parts["total_s"])
+
+
+def _row_gpu(row: dict):
+    """The row's GPU preset at its own memory and node size (``_times``)."""
+    from advisor.hardware import get_gpu
+
+    return get_gpu(row["gpu"]).with_overrides(memory_gib=number(row, "memory_gib") or None,
+                                              gpus_per_node=row.get("gpus_per_node"))
 
 
 def plan_detail(plan: dict) -> LayoutDetail:
