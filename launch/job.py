@@ -141,7 +141,10 @@ class Schedule:
 
     @property
     def iterations(self) -> int:
-        return math.ceil(self.samples / self.global_batch_size)
+        """The iterations Megatron-LM trains for ``--train-samples``: whole global batches, the last
+        partial one dropped (core_v0.15.2 and core_v0.19.0 megatron/training/training.py,
+        update_train_iters: ``args.train_iters = args.train_samples // args.global_batch_size``)."""
+        return self.samples // self.global_batch_size
 
     @property
     def warmup_samples(self) -> int:

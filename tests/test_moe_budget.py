@@ -109,13 +109,14 @@ def test_a_budget_needs_a_gpu_and_a_price_needs_a_budget_as_for_dense_models():
 
 def test_an_moe_row_with_a_budget_launches_its_length(advisor, tmp_path):
     """advisor-launch derives --train-samples from the row's own tokens and sequence length:
-    ceil(1e12 / 4096) = 244,140,625 samples; ceil(244,140,625 / 256) = 953,675 iterations."""
+    ceil(1e12 / 4096) = 244,140,625 samples; Megatron trains floor(244,140,625 / 256) = 953,674
+    iterations of them (update_train_iters drops the partial last batch)."""
     sweep = sweep_file(advisor, tmp_path / "moe.json", *SWEEP[1:], "--tokens", "1T")
     row = json.loads(sweep.read_text())[0]
     assert (row["tokens"], row["seq_len"], row["global_batch_size"]) == (1e12, 4096, 256)
     samples = math.ceil(row["tokens"] / row["seq_len"])
-    iterations = math.ceil(samples / row["global_batch_size"])
-    assert (samples, iterations) == (244_140_625, 953_675)
+    iterations = samples // row["global_batch_size"]
+    assert (samples, iterations) == (244_140_625, 953_674)
     result = launcher()("sbatch", "--from", sweep, "--megatron-version", "0.15", "--dry-run", "--mock-data",
                         "--", "--lr", "1e-4")
     args = result.stdout.split()
