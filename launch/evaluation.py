@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from advisor.errors import AdvisorError
+from advisor.evaluation import Evaluation
 from advisor.releases import MegatronRelease
 from launch.arguments import flag_values
 
@@ -95,51 +95,6 @@ def _test_split(given: Mapping[str, tuple[str, ...]]) -> bool | None:
     if "--train-data-path" in given or "--valid-data-path" in given:
         return "--test-data-path" in given
     return None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Evaluation:
-    """The evaluations one launch runs (module docstring)."""
-
-    eval_iters: int
-    interval: int | None
-    train_iters: int | None
-    """Megatron's training iterations; None where the command line does not say (or a batch ramp-up)."""
-    skip_train: bool = False
-    start_at: int | None = None
-    test_split: bool | None = None
-    full_validation: bool = False
-    eval_batch_differs: bool = False
-    """core_v0.19.0's --eval-global-batch-size or --eval-micro-batch-size given: not the row's batch."""
-    given: tuple[str, ...] = ()
-    """The evaluation flags the user gave, for the report."""
-
-    @property
-    def periodic(self) -> int | None:
-        """Evaluations during training: the multiples of the interval in [max(1, start), N]."""
-        if self.skip_train or not self.interval or not self.validates:
-            return 0
-        if self.train_iters is None:
-            return None
-        first = max(1, self.start_at or 1)
-        return max(0, self.train_iters // self.interval - (first - 1) // self.interval)
-
-    @property
-    def validates(self) -> bool:
-        return self.eval_iters > 0 or self.full_validation
-
-    @property
-    def final(self) -> int:
-        """Evaluations at the end: the validation set's, and the test set's where the data has one."""
-        return int(self.validates) + int(self.validates and bool(self.test_split))
-
-    @property
-    def iterations(self) -> int | None:
-        """Forward-only iterations of the global batch in all; None where unknown."""
-        periodic = self.periodic
-        if periodic is None or self.full_validation:
-            return None
-        return (periodic + self.final) * self.eval_iters
 
 
 def evaluation(release: MegatronRelease, args: Sequence[str], global_batch_size: int) -> Evaluation:

@@ -172,3 +172,21 @@ def test_core_0_19_training_without_an_interval_is_refused_before_it_starts(advi
     result = invoker.runner.invoke(invoker.command, [str(a) for a in (*args, "--eval-iters", "0", "--eval-interval",
                                                                       "1000")], catch_exceptions=False)
     assert "--eval-interval default" not in result.stderr and "Traceback" not in result.output, result.output
+
+
+def test_a_budgets_days_name_core_0_15s_evaluation_beside_them(advisor):
+    # 1T tokens of 8192 at GBS 1024: ceil(1e12 / 8192) = 122,070,313 samples, // 1024 = 119,209
+    # iterations; at core 0.15's defaults 119 evaluations during training (1000 ... 119000) and 2 at
+    # the end: 121 x 100 = 12,100 forward-only iterations, not in the days (tokens / throughput)
+    from advisor.report.details import forward_only_iteration
+
+    layout = ["estimate", "--gpu", "h100-80gb", "--tp", "2", "--pp", "1", "--mbs", "1", "--gpus", "16", "--tokens", "1T"]
+    text = " ".join(advisor(*layout, "--megatron-version", "0.15").stdout.split())
+    assert ("not in these figures: Megatron-LM core 0.15 also evaluates by default (--eval-interval 1,000, "
+            "--eval-iters 100), 12,100 forward-only iterations over the 119,209 training iterations") in text, text
+    row = advisor.json(*layout, "--megatron-version", "0.15")
+    seconds = forward_only_iteration(row).iteration_s * 12_100
+    assert f"{seconds / 86400:.1f} days more ({seconds / (119_209 * row['step_time_s']):.1%};" in text, text
+    # core 0.19 evaluates only at the end (200 forward-only iterations): nothing named; the JSON is unchanged
+    assert "not in these figures" not in advisor(*layout, "--megatron-version", "0.19").stdout
+    assert advisor.json(*layout, "--megatron-version", "0.19").keys() == row.keys()

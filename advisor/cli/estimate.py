@@ -476,9 +476,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
         tokens=tokens, release=release, gpus_per_node=gpus_per_node, gpu_hour_price=gpu_hour_price)
-    from advisor.cli.from_command import read_notes
-
-    notes = read_notes(row, read, table_on_stdout(fmt, output))
+    notes = _notes(row, read, fmt, output, release)
     if compare_best:
         from advisor.cli.from_command import best_row_line
 
@@ -496,6 +494,16 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     from advisor import render
 
     emit(render.to_json({**row, "stages": stage_rows}) if fmt == "json" else estimate_csv(row, stage_rows), output)
+
+
+def _notes(row: dict, read, fmt: str, output, release) -> list[str]:
+    """The caption's notes: what the release evaluates besides the budget's days where it does by
+    default (``advisor.evaluation.budget_note``), then the reading of a command's."""
+    from advisor.cli.from_command import read_notes
+    from advisor.evaluation import budget_note
+
+    line = budget_note(row, release) if fmt == "table" else None  # the JSON and CSV rows carry no notes
+    return [*([line] if line is not None else []), *read_notes(row, read, table_on_stdout(fmt, output))]
 
 
 def _command_nodes(read, gpu, gpus_per_node: int):

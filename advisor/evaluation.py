@@ -1,0 +1,94 @@
+"""How many evaluations a Megatron-LM run makes besides training, and how many forward-only
+iterations they take: the counting, which the launcher (``launch.evaluation``, from a command
+line) and ``advisor estimate --tokens`` (from a release's defaults) share.
+
+Read from ``megatron/training/training.py`` (core_v0.15.2 and core_v0.19.0): after iteration i
+(1..N) ``if args.eval_interval and i % args.eval_interval == 0 and args.do_valid`` (core_v0.19.0
+also ``i >= --start-eval-at-iter``), one evaluation on the validation set; at the end one more on
+it (``do_valid``: ``eval_iters > 0`` or --full-validation) and one on the test set (``do_test``:
+the same, and a test split); each of ``eval_iters`` global batches, forward only
+(``advisor.throughput.forward_only`` prices one).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Evaluation:
+    """The evaluations one run makes (module docstring)."""
+
+    eval_iters: int
+    interval: int | None
+    train_iters: int | None
+    """Megatron's training iterations; None where the command line does not say (or a batch ramp-up)."""
+    skip_train: bool = False
+    start_at: int | None = None
+    test_split: bool | None = None
+    full_validation: bool = False
+    eval_batch_differs: bool = False
+    """core_v0.19.0's --eval-global-batch-size or --eval-micro-batch-size given: not the row's batch."""
+    given: tuple[str, ...] = ()
+    """The evaluation flags the user gave, for the report."""
+
+    @property
+    def periodic(self) -> int | None:
+        """Evaluations during training: the multiples of the interval in [max(1, start), N]."""
+        if self.skip_train or not self.interval or not self.validates:
+            return 0
+        if self.train_iters is None:
+            return None
+        first = max(1, self.start_at or 1)
+        return max(0, self.train_iters // self.interval - (first - 1) // self.interval)
+
+    @property
+    def validates(self) -> bool:
+        return self.eval_iters > 0 or self.full_validation
+
+    @property
+    def final(self) -> int:
+        """Evaluations at the end: the validation set's, and the test set's where the data has one."""
+        return int(self.validates) + int(self.validates and bool(self.test_split))
+
+    @property
+    def iterations(self) -> int | None:
+        """Forward-only iterations of the global batch in all; None where unknown."""
+        periodic = self.periodic
+        if periodic is None or self.full_validation:
+            return None
+        return (periodic + self.final) * self.eval_iters
+
+
+def default_evaluation(eval_iters: int, interval: int | None, train_iters: int) -> Evaluation:
+    """A release's defaults over ``train_iters`` iterations, on data with a test split (mock data,
+    or Megatron's default --split '969, 30, 1' with --data-path)."""
+    return Evaluation(eval_iters=eval_iters, interval=interval, train_iters=train_iters, test_split=True)
+
+
+def budget_note(row: dict, release) -> str | None:
+    """For a token budget's days and GPU-hours (``advisor estimate --tokens``), which count training
+    alone: where ``release`` (an ``advisor.releases.MegatronRelease``) evaluates during training by
+    default (core_v0.15.2: every 1,000 iterations), what that adds at its defaults, priced with the
+    time model where the row is a dense one on a GPU preset (``forward_only_iteration``); None where
+    the release does not (core_v0.19.0 evaluates only at the end, 2 x 100 forward-only iterations
+    whatever the length: too little to name) or the row has no budget."""
+    if release.eval_interval is None or not row.get("tokens") or not row.get("step_time_s"):
+        return None
+    train_iters = math.ceil(row["tokens"] / row["seq_len"]) // row["global_batch_size"]  # update_train_iters
+    e = default_evaluation(release.eval_iters, release.eval_interval, train_iters)
+    text = (f"not in these figures: {release.name} also evaluates by default (--eval-interval "
+            f"{release.eval_interval:,}, --eval-iters {release.eval_iters}), {e.iterations:,} forward-only iterations "
+            f"over the {train_iters:,} training iterations")
+    from advisor.errors import AdvisorError
+    from advisor.report.details import forward_only_iteration
+
+    try:
+        seconds = forward_only_iteration(row).iteration_s * e.iterations
+    except AdvisorError:  # an MoE row: its time model prices whole steps, not a rank's forward
+        seconds = None
+    if seconds is not None and train_iters:
+        text += (f", {seconds / 86400:.1f} days more ({seconds / (train_iters * row['step_time_s']):.1%}; "
+                 "the time model's forward passes)")
+    return f"{text}; --eval-iters 0 turns it off"
