@@ -9,7 +9,8 @@ progress from the events it prints on stdout; the loop, resuming and what counts
 (``megatron_hooks.campaign_runner``). Each campaign run becomes one
 ``torchrun --standalone --nproc-per-node N -m launch.entry --profile-dir DIR/<run id> ...``:
 the user's ``pretrain_gpt.py`` with the run's Megatron-LM flags (from ``advisor profile plan``),
-``--train-iters`` (2 by default, CAPTURE's profiling runs) and the user's own arguments, with
+``--train-iters`` (2 by default, CAPTURE's profiling runs), no evaluation (``no_evaluation``) and
+the user's own arguments, with
 ``megatron_hooks`` writing one rank file per GPU, in the environment Megatron demands for the
 run's layout (``launch.megatron_versions``: CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP > 1) and
 with the flags of the checkout's release. A run that runs out of memory is recorded by
@@ -137,6 +138,17 @@ def early_exit_problem(extras: Sequence[str], train_iters: int) -> str | None:
     return None
 
 
+def no_evaluation(given: dict, train_iters: int) -> tuple[str, ...]:
+    """The flags that keep Megatron-LM from evaluating in a profiling run, each unless the user
+    gives it after ``--``: ``--eval-iters 0`` (core_v0.15.2's default, 100 at the end on the
+    validation and on the test set, 200 forward-only iterations after a 2-iteration run: nothing
+    a profile measures), and ``--eval-interval`` (core_v0.19.0 has none by default and its data
+    setup divides by it: ``get_train_valid_test_num_samples``, training.py, fails with a TypeError
+    without one; ``advisor.evaluation``)."""
+    flags = () if "--eval-iters" in given else ("--eval-iters", "0")
+    return flags + (() if "--eval-interval" in given else ("--eval-interval", str(max(train_iters, 1))))
+
+
 class TorchrunExecutor:
     """Campaign runs on this node's GPUs through ``launch.entry``; see the module docstring."""
 
@@ -147,6 +159,7 @@ class TorchrunExecutor:
         self.iterations = () if "--train-iters" in values else ("--train-iters", str(train_iters))
         if values.get("--train-iters", ("",))[0].isdigit():  # the user's own, which Megatron-LM then runs
             train_iters = int(values["--train-iters"][0])
+        self.iterations += no_evaluation(values, train_iters)
         if problem := early_exit_problem(extras, train_iters):
             raise AdvisorError(problem)
 

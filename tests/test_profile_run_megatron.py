@@ -305,6 +305,29 @@ def test_every_flag_of_a_gpu_campaign_is_megatron_lms(advisor, tmp_path, checkou
     assert scenarios == {"pp", "dp2", "dp4", "tp2", "tp4"}
 
 
+def test_campaign_runs_do_not_evaluate_unless_asked(tmp_path, small_campaign, checkout_dir):
+    """A profiling run measures its training iterations: Megatron-LM's evaluation after them
+    (core_v0.15.2: 100 iterations on the validation and on the test set) is switched off with
+    --eval-iters 0, and --eval-interval is given, without which core_v0.19.0 cannot build its
+    datasets (training.py get_train_valid_test_num_samples: train_iters // eval_interval). The
+    user's own values after -- are kept, each flag once."""
+    from launch.arguments import flag_values
+    from launch.campaign_runner import TorchrunExecutor
+    from launch.checkout import resolve_release
+
+    document = read_campaign(small_campaign)
+    release = resolve_release(checkout_dir, None, need_checkout=True)
+    for extras, expected in (((), {"--eval-iters": ("0",), "--eval-interval": ("2",)}),
+                             (("--eval-iters", "5"), {"--eval-iters": ("5",), "--eval-interval": ("2",)}),
+                             (("--eval-interval", "7"), {"--eval-iters": ("0",), "--eval-interval": ("7",)})):
+        executor = TorchrunExecutor(release, mock_data=True, train_iters=2, extras=extras)
+        argv, _ = executor.argv(document, document["runs"][0], tmp_path / "run")
+        megatron = argv[argv.index("--") + 1:]
+        given = flag_values(megatron)
+        assert {flag: given[flag] for flag in expected} == expected, extras
+        assert megatron.count("--eval-iters") == megatron.count("--eval-interval") == 1
+
+
 def _edited(path, tmp_path, name: str, edit) -> str:
     document = read_campaign(path)
     edit(document)
