@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 
+FSDP_MAIN_GRADS = "--megatron-fsdp-main-grads-dtype"
+"""core_v0.19.0's dtype of Megatron-FSDP's main gradients: fp32, bf16, fp16 or auto (its default,
+the weights' dtype; arguments.py, ``_add_distributed_args``)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MegatronRelease:
     """What one Megatron-LM release line needs, builds and defaults to (see the module docstring)."""
@@ -49,7 +54,9 @@ class MegatronRelease:
     """``--eval-iters``' default (both releases): the iterations of one evaluation, each one global
     batch forward only (training.py, ``evaluate``)."""
     lacks: frozenset[str] = frozenset()
-    """Flags the launcher may write that this release does not have."""
+    """Flags the launcher may write that this release does not have. Where it lacks
+    ``FSDP_MAIN_GRADS`` (core_v0.15.2), Megatron-FSDP keeps its main gradients per
+    --accumulate-allreduce-grads-in-fp32 (``fsdp_main_grads_own_flag``)."""
     te_cross_entropy: bool = True
     """Whether validate_args accepts --cross-entropy-loss-fusion with --cross-entropy-fusion-impl te:
     core_v0.19.0's asserts against it ('disabled due to stability issues', arguments.py)."""
@@ -95,10 +102,31 @@ class MegatronRelease:
     def python_text(self) -> str:
         return f"Python >= {self.python[0]}.{self.python[1]}"
 
+    @property
+    def fsdp_main_grads_own_flag(self) -> bool:
+        """Whether Megatron-FSDP keeps its main gradients in the dtype of its own flag,
+        ``FSDP_MAIN_GRADS`` (default 'auto': the weights' dtype), whatever
+        --accumulate-allreduce-grads-in-fp32 says: core_v0.19.0's ``_resolve_group_grad_dtype``
+        (megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py) returns
+        ``mp_policy.main_grads_dtype`` or the parameters' dtype, and no FSDP module reads
+        grad_reduce_in_fp32. core_v0.15.2 has no such flag, and its buffer is FP32 where
+        grad_reduce_in_fp32 is set (``dtype=torch.float32 if grad_reduce_in_fp32 else grad_dtype``,
+        the same file)."""
+        return FSDP_MAIN_GRADS not in self.lacks
+
     def own_spelling(self, args: list[str] | tuple[str, ...]) -> list[str]:
-        """``args`` with each deprecated flag (``renamed``) spelled as this release spells it."""
+        """``args`` with each deprecated flag (``renamed``) spelled as this release spells it,
+        and, where Megatron-FSDP reads its gradient dtype from its own flag
+        (``fsdp_main_grads_own_flag``) and ``args`` run it without that flag, the flag with the
+        dtype ``args`` price (``advisor.options.flags.fsdp_main_grads_args``): what is launched is
+        what was priced."""
         renamed = dict(self.renamed)
-        return [word for arg in args for word in renamed.get(arg, (arg,))]
+        spelled = [word for arg in args for word in renamed.get(arg, (arg,))]
+        if self.fsdp_main_grads_own_flag:
+            from advisor.options.flags import fsdp_main_grads_args  # the options import this table
+
+            spelled += fsdp_main_grads_args(args)
+        return spelled
 
     def null_tokenizer_vocab_flag(self, rows: int) -> int:
         """The --vocab-size that makes its NullTokenizer give ``rows`` tokens."""
@@ -112,7 +140,7 @@ RELEASES: tuple[MegatronRelease, ...] = (
         transformer_config_module="megatron.training.arguments", fsdp_sharding_strategy="no_shard", eval_interval=1000,
         uniform_recompute_any_n=False, flex_needs_enable_deepep=True, shared_expert_overlap_dispatchers=("alltoall",),
         uneven_middle_needs_layers=False,
-        lacks=frozenset({"--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms"}),
+        lacks=frozenset({"--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms", FSDP_MAIN_GRADS}),
         imports=(("torch", ""), ("numpy", ""), ("packaging", ": megatron/training/arguments.py"),
                  ("six", ": megatron/training/tokenizer/bert_tokenization.py"),
                  ("regex", ": megatron/training/tokenizer/gpt2_tokenization.py"),

@@ -28,6 +28,7 @@ from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.moe import flags as moe_flags
 from advisor.options.training import Recomputation
+from advisor.releases import FSDP_MAIN_GRADS
 from advisor.row_flags import Flag, flag_values, is_flag, parse_flags  # read here, and by the launch's other modules
 from launch.megatron_flags import TYPES, value_types, values_taken
 from launch.megatron_versions import MegatronVersion, check_flags, check_mock_data, check_recomputation
@@ -57,9 +58,10 @@ MEMORY_FLAGS = (
     "--tp-comm-overlap", "--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--optimizer-offload-fraction",
     "--fp8-recipe", "--fp8-param-gather", "--fp8-amax-history-len", "--no-create-attention-mask-in-dataloader",
     "--transformer-impl", "--disable-tp-comm-overlap-ag", "--disable-tp-comm-overlap-rs", "--tp-comm-overlap-rs-dgrad",
-    "--disable-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad",
+    "--disable-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad", FSDP_MAIN_GRADS,
 )
-"""Every flag behind a priced training option (``advisor.options.training_args``) is decided."""
+"""Every flag behind a priced training option (``advisor.options.training_args``, and
+``FSDP_MAIN_GRADS``, which a release's own spelling adds: ``MegatronRelease.own_spelling``) is decided."""
 DECIDED_FLAGS = frozenset(MODEL_FLAGS + LAYOUT_FLAGS + BATCH_FLAGS + MEMORY_FLAGS + moe_flags.MODEL_FLAGS
                           + moe_flags.LAYOUT_FLAGS + ("--encoder-seq-length",))
 """Flags whose value (or absence) the advisor decided: a user's value for them must agree. A

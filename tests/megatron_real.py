@@ -236,6 +236,9 @@ def lever_fields(training, tp: int) -> dict:
         "cross_entropy_fusion_impl": "native" if training.loss.cross_entropy_fusion == "none"
         else training.loss.cross_entropy_fusion,
     }
+    dtypes = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "uint8"}  # uint8: Megatron's fp8
+    # Megatron-FSDP's main gradients, as its buffer takes them (launch.megatron_check), are the priced ones
+    fields.update(fsdp_main_grads_dtype=dtypes[p.grad_reduce_dtype] if dp.fsdp_strategy is not None else None)
     if dp.fsdp_strategy is not None:
         fields.update(data_parallel_sharding_strategy=dp.fsdp_strategy, ckpt_format="fsdp_dtensor")
     if dp.torch_fsdp2:
@@ -247,7 +250,6 @@ def lever_fields(training, tp: int) -> dict:
     if o.optimizer_cpu_offload:
         fields.update(optimizer_offload_fraction=o.optimizer_offload_fraction)
     states = training.optimizer_states
-    dtypes = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "uint8"}  # uint8: Megatron's fp8
     fields.update(use_precision_aware_optimizer=training.precision_aware_optimizer, main_grads_dtype="float32",
                   main_params_dtype=dtypes[states.main_params_dtype], exp_avg_dtype=dtypes[states.exp_avg_dtype],
                   exp_avg_sq_dtype=dtypes[states.exp_avg_sq_dtype],

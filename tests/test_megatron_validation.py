@@ -76,6 +76,8 @@ EXTENSIONS = {
     "grad-reduce-in-bf16": ["--grad-reduce-in-bf16"],
     "fsdp-optim-grads": ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"],
     "fsdp-release-default": ["--use-megatron-fsdp"],  # 0.19's optim_grads_params, written out for 0.15 too
+    # Megatron-FSDP's BF16 main gradients: core_v0.19.0's default, stated there as FP32 ones are
+    "fsdp-bf16-gradients": ["--use-megatron-fsdp", "--grad-dtype", "bf16"],
     "torch-fsdp2": ["--use-torch-fsdp2", "--pp", "1"],  # FSDP2 runs without pipeline parallelism
     "cpu-offload": ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"],
     "mask-rebuilt": ["--dataloader-mask", "rebuilt"],

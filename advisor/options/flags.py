@@ -4,8 +4,10 @@ reader (``parse_training_args``). Flag names, defaults and rules are those of
 
 Emission states every priced option explicitly, Megatron's defaults included, so a list means
 the same on every release (the FSDP sharding strategy's default differs between releases; it is
-always written). Reading applies the target release's defaults to flags a command line leaves
-out, and names the flags that change memory or time but that the options do not describe.
+always written), but for one flag only core_v0.19.0 has: Megatron-FSDP's gradient dtype, which
+a launch there adds (``MegatronRelease.own_spelling``, ``fsdp_main_grads_args``). Reading applies
+the target release's defaults to flags a command line leaves out, and names the flags that
+change memory or time but that the options do not describe.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from advisor.options.training import (
     TP1_OVERLAP_PROBLEM, TP_COMM_SUB_FLAGS, Recomputation, TensorParallel, TrainingOptions, megatron_grad_reduce_dtype,
     sub_option_on,
 )
+from advisor.releases import FSDP_MAIN_GRADS
 
 _MEGATRON_PRECISION = Precision()
 """Its FP8 recipe and amax history are Megatron-LM's defaults (the fields' own): what a flag left
@@ -247,7 +250,7 @@ VALUED = frozenset({
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--attention-backend",
     "--optimizer-offload-fraction", "--make-vocab-size-divisible-by", "--tensor-model-parallel-size",
     "--transformer-impl", "--cross-entropy-fusion-impl", "--main-grads-dtype", "--main-params-dtype",
-    "--exp-avg-dtype", "--exp-avg-sq-dtype", "--tp-comm-overlap-cfg",
+    "--exp-avg-dtype", "--exp-avg-sq-dtype", "--tp-comm-overlap-cfg", FSDP_MAIN_GRADS,
 })
 MULTI = frozenset({"--recompute-modules"})
 """Flags with several values (Megatron's nargs), each read whole: the words after it up to the next flag."""
@@ -325,7 +328,11 @@ def _one_of(values: dict, flag: str, allowed: Sequence[str], default):
     return text
 
 
-def _precision(values: dict) -> Precision:
+def _precision(values: dict, unpriced: list[str] | None = None, release=None) -> Precision:
+    """The number formats of a command on ``release``: Megatron-FSDP's gradients by
+    ``_fsdp_main_grads`` where it decides them, after the refusals of the common flags, which
+    Megatron makes whatever the FSDP. ``unpriced``: where to name an FSDP flag Megatron ignores
+    (None: no such flag is read, as in ``fsdp_main_grads_args``)."""
     params = "bfloat16" if "--bf16" in values else "float16" if "--fp16" in values else "float32"
     if "--bf16" in values and "--fp16" in values:
         raise AdvisorError("--bf16 and --fp16 together (Megatron-LM refuses them)")
@@ -343,11 +350,54 @@ def _precision(values: dict) -> Precision:
         grad = "bf16"
     elif params == "float16" and "--accumulate-allreduce-grads-in-fp32" in values:
         grad = "fp32"
+    if unpriced is not None and (fsdp := _fsdp_main_grads(values, params, unpriced, release)) is not None:
+        grad = fsdp
     return Precision(
         params_dtype=params, grad_reduce_dtype=grad, fp8_format=_one_of(values, "--fp8-format", FP8_FORMATS, None),
         fp8_recipe=_one_of(values, "--fp8-recipe", FP8_RECIPES, _MEGATRON_PRECISION.fp8_recipe),
         fp8_param_gather="--fp8-param-gather" in values,
         fp8_amax_history_len=_int(values, "--fp8-amax-history-len", _MEGATRON_PRECISION.fp8_amax_history_len))
+
+
+FSDP_MAIN_GRADS_DTYPES = ("fp32", "bf16", "fp16", "auto")
+"""``FSDP_MAIN_GRADS``'s choices (core_v0.19.0 arguments.py)."""
+_WEIGHTS_GRAD_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+_WEIGHTS_WORDS = {"bfloat16": "BF16 (--bf16)", "float16": "FP16 (--fp16)", "float32": "FP32"}
+
+
+def _fsdp_main_grads(values: dict, params: str, unpriced: list[str], release) -> str | None:
+    """Megatron-FSDP's gradient dtype where ``release`` reads it from ``FSDP_MAIN_GRADS``
+    (``fsdp_main_grads_own_flag``): the flag's, or with 'auto' (its default) the weights' dtype
+    (``_resolve_group_grad_dtype``; FP8 weights' gradients are BF16 there, 2 bytes as FP16's).
+    None where the common rule (``_precision``) holds: no Megatron-FSDP, or core_v0.15.2, whose
+    parser refuses the flag (AdvisorError). Given without Megatron-FSDP it is named in ``unpriced``."""
+    defaults = release_defaults(release)
+    if FSDP_MAIN_GRADS in values and not defaults.fsdp_main_grads_own_flag:
+        raise AdvisorError(f"{FSDP_MAIN_GRADS}: {defaults.name} has no such flag (its argument parser refuses the "
+                           "command; its Megatron-FSDP keeps FP32 gradients with --accumulate-allreduce-grads-in-fp32)"
+                           "; core 0.19 reads it: --megatron-version 0.19")
+    if "--use-megatron-fsdp" not in values:
+        if FSDP_MAIN_GRADS in values:
+            unpriced.append(f"{FSDP_MAIN_GRADS} without --use-megatron-fsdp (Megatron ignores it; priced without)")
+        return None
+    if not defaults.fsdp_main_grads_own_flag:
+        return None
+    text = _one_of(values, FSDP_MAIN_GRADS, FSDP_MAIN_GRADS_DTYPES, "auto")
+    grad = _WEIGHTS_GRAD_DTYPE[params] if text == "auto" else text
+    if grad != "fp32" and grad != _WEIGHTS_GRAD_DTYPE[params]:  # Precision prices FP32 or the weights' dtype
+        raise AdvisorError(f"{FSDP_MAIN_GRADS} {text} with {_WEIGHTS_WORDS[params]} weights is not priced (the "
+                           "advisor prices Megatron-FSDP gradients in FP32 or in the weights' dtype)")
+    return grad
+
+
+def fsdp_main_grads_args(args: Sequence[str]) -> list[str]:
+    """``FSDP_MAIN_GRADS`` with the gradient dtype that ``args`` (an advisor-written list, which
+    states it: ``training_args``) price, for a release whose Megatron-FSDP reads its own flag
+    (``MegatronRelease.own_spelling``); nothing where ``args`` run no Megatron-FSDP or give the flag."""
+    values, _ = _flag_values(args)
+    if "--use-megatron-fsdp" not in values or FSDP_MAIN_GRADS in values:
+        return []
+    return [FSDP_MAIN_GRADS, _precision(values).grad_reduce_dtype]
 
 
 def _data_parallel(values: dict, release) -> DataParallel:
@@ -489,7 +539,7 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
                                 "HybridDeviceOptimizer keeps FP32 states, as priced)")
                 del values[flag]
     options = TrainingOptions(
-        precision=_precision(values), data_parallel=_data_parallel(values, release),
+        precision=_precision(values, unpriced, release), data_parallel=_data_parallel(values, release),
         tensor_parallel=_tensor_parallel(values, unpriced),
         recomputation=_recomputation(values, unpriced), attention=_attention(values),
         offload=Offload(optimizer_cpu_offload="--optimizer-cpu-offload" in values,
