@@ -115,18 +115,11 @@ class MegatronRelease:
         return FSDP_MAIN_GRADS not in self.lacks
 
     def own_spelling(self, args: list[str] | tuple[str, ...]) -> list[str]:
-        """``args`` with each deprecated flag (``renamed``) spelled as this release spells it,
-        and, where Megatron-FSDP reads its gradient dtype from its own flag
-        (``fsdp_main_grads_own_flag``) and ``args`` run it without that flag, the flag with the
-        dtype ``args`` price (``advisor.options.flags.fsdp_main_grads_args``): what is launched is
-        what was priced."""
+        """``args`` with each deprecated flag (``renamed``) spelled as this release spells it
+        (a launch writes ``advisor.options.flags.release_spelling``, which adds what this
+        release's own flags need said)."""
         renamed = dict(self.renamed)
-        spelled = [word for arg in args for word in renamed.get(arg, (arg,))]
-        if self.fsdp_main_grads_own_flag:
-            from advisor.options.flags import fsdp_main_grads_args  # the options import this table
-
-            spelled += fsdp_main_grads_args(args)
-        return spelled
+        return [word for arg in args for word in renamed.get(arg, (arg,))]
 
     def null_tokenizer_vocab_flag(self, rows: int) -> int:
         """The --vocab-size that makes its NullTokenizer give ``rows`` tokens."""

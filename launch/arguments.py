@@ -27,6 +27,7 @@ from typing import Sequence
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.moe import flags as moe_flags
+from advisor.options.flags import release_spelling
 from advisor.options.training import Recomputation
 from advisor.releases import FSDP_MAIN_GRADS
 from advisor.row_flags import Flag, flag_values, is_flag, parse_flags  # read here, and by the launch's other modules
@@ -61,7 +62,7 @@ MEMORY_FLAGS = (
     "--disable-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad", FSDP_MAIN_GRADS,
 )
 """Every flag behind a priced training option (``advisor.options.training_args``, and
-``FSDP_MAIN_GRADS``, which a release's own spelling adds: ``MegatronRelease.own_spelling``) is decided."""
+``FSDP_MAIN_GRADS``, which a launch on core 0.19 adds: ``advisor.options.flags.release_spelling``) is decided."""
 DECIDED_FLAGS = frozenset(MODEL_FLAGS + LAYOUT_FLAGS + BATCH_FLAGS + MEMORY_FLAGS + moe_flags.MODEL_FLAGS
                           + moe_flags.LAYOUT_FLAGS + ("--encoder-seq-length",))
 """Flags whose value (or absence) the advisor decided: a user's value for them must agree. A
@@ -406,7 +407,7 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     were priced is a warning in ``notes``: ``check_null_tokenizer``), or, given the layers of each model chunk (``chunk_layers``),
     on a --recompute-num-layers that release fails on with them (``check_recomputation``)."""
     check_values(rules, extras)  # first: a flag without its value would misread the flags after it
-    groups = [ArgGroup(source=source, args=tuple(rules.own_spelling(decided)), owns=DECIDED_FLAGS)]
+    groups = [ArgGroup(source=source, args=tuple(release_spelling(rules, decided)), owns=DECIDED_FLAGS)]
     if mock_data:
         groups.append(ArgGroup(source="--mock-data", args=tuple(mock_data_args(model, rules, decided)),
                                owns=DATA_FLAGS))

@@ -6,7 +6,7 @@ core_v0.15.2's Megatron-FSDP keeps its main gradient buffer in FP32 where
 core_v0.19.0's ignores that flag: its ``_resolve_group_grad_dtype`` returns
 --megatron-fsdp-main-grads-dtype (fp32, bf16, fp16 or auto, the default: the weights' dtype).
 The advisor prices FP32 gradients unless --grad-dtype bf16, on both releases; a launch on
-core_v0.19.0 writes the flag with the priced dtype (``MegatronRelease.own_spelling``), and a
+core_v0.19.0 writes the flag with the priced dtype (``advisor.options.flags.release_spelling``), and a
 command read back on core_v0.19.0 without the flag is priced with the weights' dtype.
 
 Hand count, Llama 3.1 70B, TP 4, PP 4, DP 8, stage 0 (tests/test_option_states_70b_by_hand.py):
@@ -26,6 +26,7 @@ import pytest
 from launch_support import launcher
 
 from advisor.options import TrainingOptions, parse_training_args, training_args
+from advisor.options.flags import release_spelling
 from advisor.releases import FSDP_MAIN_GRADS, NEWEST, RELEASES
 from launch.megatron_versions import named
 
@@ -104,7 +105,7 @@ def test_each_release_spells_the_priced_dtype_and_reads_it_back(grad, params):
     options = TrainingOptions().with_(params_dtype=params, grad_reduce_dtype=grad, fsdp_strategy="optim_grads")
     written = training_args(options, tp=4)
     for release in RELEASES:
-        launched = release.own_spelling(written)
+        launched = release_spelling(release, written)
         added = [FSDP_MAIN_GRADS, grad] if release.release == (0, 19) else []
         assert launched == [*written, *added]
         assert parse_training_args([*launched, "--tensor-model-parallel-size", "4"], release) == (options, [])
@@ -112,9 +113,9 @@ def test_each_release_spells_the_priced_dtype_and_reads_it_back(grad, params):
 
 def test_the_flag_is_added_only_to_megatron_fsdp_and_never_twice():
     plain = training_args(TrainingOptions(), tp=4)
-    assert NEWEST.own_spelling(plain) == plain
+    assert release_spelling(NEWEST, plain) == plain
     given = [*training_args(TrainingOptions().with_(fsdp_strategy="optim"), tp=4), f"{FSDP_MAIN_GRADS}=bf16"]
-    assert NEWEST.own_spelling(given) == given
+    assert release_spelling(NEWEST, given) == given
 
 
 def test_core_0_15_lacks_the_flag_and_0_19_has_it():
@@ -180,7 +181,7 @@ def test_megatron_keeps_the_priced_gradient_dtype_in_the_launched_args(tag):
     cases, expected = [], []
     for grad, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
         written = training_args(TrainingOptions().with_(fsdp_strategy="optim_grads", grad_reduce_dtype=grad), tp=1)
-        cases += [rules.own_spelling(written), written]
+        cases += [release_spelling(rules, written), written]
         expected += [dtype, dtype if rules.release == (0, 15) else "bfloat16"]
     results = validate(release, [{"args": [*base, *args], "world_size": 8, "env": {}} for args in cases])
     assert [result.get("error") for result in results] == [None] * 4

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from advisor.errors import AdvisorError
 from advisor.options import (FP8_RECIPES, FSDP_STRATEGIES, TrainingOptions, parse_training_args, release_defaults,
                               training_args)
+from advisor.options.flags import release_spelling
 from advisor.options.training import MAIN_PARAMS_DTYPES, MOMENT_DTYPES
 
 @st.composite
@@ -59,7 +60,7 @@ def test_any_options_read_back_from_their_flags(options, tp, release):
             training_args(options, tp=tp, release=release)
         return
     # as advisor-launch writes them on that release (core_v0.19.0: Megatron-FSDP's gradient dtype stated)
-    argv = [*release_defaults(release).own_spelling(training_args(options, tp=tp, release=release)),
+    argv = [*release_spelling(release_defaults(release), training_args(options, tp=tp, release=release)),
             "--tensor-model-parallel-size", str(tp)]
     assert parse_training_args(argv, release) == (options.at_tp(tp), [])
 
@@ -80,6 +81,6 @@ def test_every_sweep_row_reads_back(advisor, tmp_path):
         for row in json.loads(path.read_text()):
             options = TrainingOptions.from_dict(row["options"])
             release = release_defaults("0.15" if "0.15" in args else None)
-            assert parse_training_args(release.own_spelling(row["megatron_args"]), release) == (options, [])
+            assert parse_training_args(release_spelling(release, row["megatron_args"]), release) == (options, [])
             rows += 1
     assert rows > 100

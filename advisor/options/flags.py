@@ -5,7 +5,7 @@ reader (``parse_training_args``). Flag names, defaults and rules are those of
 Emission states every priced option explicitly, Megatron's defaults included, so a list means
 the same on every release (the FSDP sharding strategy's default differs between releases; it is
 always written), but for one flag only core_v0.19.0 has: Megatron-FSDP's gradient dtype, which
-a launch there adds (``MegatronRelease.own_spelling``, ``fsdp_main_grads_args``). Reading applies
+a launch there adds (``release_spelling``, ``fsdp_main_grads_args``). Reading applies
 the target release's defaults to flags a command line leaves out, and names the flags that
 change memory or time but that the options do not describe.
 """
@@ -390,10 +390,20 @@ def _fsdp_main_grads(values: dict, params: str, unpriced: list[str], release) ->
     return grad
 
 
+def release_spelling(release, args: Sequence[str]) -> list[str]:
+    """``args`` (an advisor-written list) as a launch on ``release`` (``advisor.releases``) writes
+    them: its spelling of renamed flags (``MegatronRelease.own_spelling``) and, where its
+    Megatron-FSDP reads the gradient dtype from its own flag (``fsdp_main_grads_own_flag``), that
+    flag with the dtype ``args`` price (``fsdp_main_grads_args``): what is launched is what was
+    priced. Here, not in the release table, which the options import."""
+    spelled = release.own_spelling(args)
+    return spelled + fsdp_main_grads_args(args) if release.fsdp_main_grads_own_flag else spelled
+
+
 def fsdp_main_grads_args(args: Sequence[str]) -> list[str]:
     """``FSDP_MAIN_GRADS`` with the gradient dtype that ``args`` (an advisor-written list, which
     states it: ``training_args``) price, for a release whose Megatron-FSDP reads its own flag
-    (``MegatronRelease.own_spelling``); nothing where ``args`` run no Megatron-FSDP or give the flag."""
+    (``release_spelling``); nothing where ``args`` run no Megatron-FSDP or give the flag."""
     values, _ = _flag_values(args)
     if "--use-megatron-fsdp" not in values or FSDP_MAIN_GRADS in values:
         return []
