@@ -346,18 +346,24 @@ def _budget(tokens: float | None, job_file: JobFile | None, config) -> tuple[flo
     return config.tokens, f"{config.source}: 'tokens'"
 
 
-def _check_budget(tokens: float, seq_len: int, source: str) -> None:
+def _check_budget(tokens: float, seq_len: int, global_batch_size: int, source: str) -> None:
     """A budget whose --train-samples Megatron can count: ceil(tokens / seq_len) at most 2^63 - 1,
     since megatron-core indexes the samples with numpy.int64 (core_v0.15.2
     megatron/core/datasets/gpt_dataset.py, _build_shuffle_index: numpy.arange(0, num_samples,
     dtype=numpy.int64)); 1e300 tokens were a 300-digit --train-samples. Each reader has already
     refused a budget that is not positive or not finite (TokenCount, the job file's 'number', the
-    input's NUMBERS); the ratio's check catches one that got past them."""
+    input's NUMBERS); the ratio's check catches one that got past them. And at least one global
+    batch: Megatron trains train_samples // global batch iterations (``Schedule.iterations``), so
+    a smaller budget would start the job, build the data and train nothing."""
     samples = tokens / seq_len
     if not (math.isfinite(samples) and math.ceil(samples) <= limits.JSON_INT):
         raise AdvisorError(f"{source} {tokens:g} is {samples:.4g} samples of {seq_len} tokens: --train-samples must "
                            f"fit Megatron's int64 sample index (at most {limits.JSON_INT:,} samples, "
                            f"{limits.JSON_INT * seq_len:.4g} tokens)")
+    if math.ceil(samples) < global_batch_size:
+        raise AdvisorError(f"{source} {tokens:g} is {math.ceil(samples):,} samples of {seq_len} tokens, less than one "
+                           f"global batch of {global_batch_size}: Megatron-LM would train no iteration; give at "
+                           f"least {global_batch_size * seq_len:,} tokens")
 
 
 def plan_job(config, *, job_file: JobFile | None, tokens: float | None, bandwidth_gbs: float | None,
@@ -370,7 +376,7 @@ def plan_job(config, *, job_file: JobFile | None, tokens: float | None, bandwidt
     budget, source = _budget(tokens, job_file, config)
     schedule = None
     if budget is not None:
-        _check_budget(budget, config.seq_len, source)
+        _check_budget(budget, config.seq_len, config.global_batch_size, source)
         fraction = job_file.lr_warmup_fraction if job_file else DEFAULT_WARMUP_FRACTION
         schedule = Schedule(tokens=budget, seq_len=config.seq_len, global_batch_size=config.global_batch_size,
                             warmup_fraction=fraction)

@@ -223,3 +223,15 @@ def test_the_launcher_and_the_report_refuse_a_wrong_gpu_count_alike(tmp_path, ro
     assert refused(run("launch", "args", "--from", row)).endswith(words)
     assert refused(run("advisor", "report", "--from", row, "-o", tmp_path / "page.html")).endswith(words)
     assert not (tmp_path / "page.html").exists()
+
+
+def test_a_budget_under_one_global_batch_is_refused(sweep):
+    """Megatron-LM trains train_samples // global batch iterations (launch.job.Schedule): at seq
+    8,192 and gbs 1,024, 1,023 x 8,192 = 8,380,416 tokens are 1,023 samples and no iteration
+    (refused, nothing printed on stdout); one token more rounds up to 1,024 samples, one iteration."""
+    result = run("launch", "args", "--from", sweep, "--tokens", str(1_023 * 8_192))
+    assert refused(result) == ("Error: --tokens 8.38042e+06 is 1,023 samples of 8192 tokens, less than one global "
+                               "batch of 1024: Megatron-LM would train no iteration; give at least 8,388,608 tokens")
+    assert result.stdout == ""
+    args = args_of(run("launch", "args", "--from", sweep, "--tokens", str(1_023 * 8_192 + 1), "--format", "json"))
+    assert args[args.index("--train-samples") + 1] == "1024"
