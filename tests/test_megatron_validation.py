@@ -234,21 +234,27 @@ def test_deterministic_modes_environment_is_refused_exactly_where_megatron_refus
         assert launcher_accepts == result["ok"], (tag, exported, result.get("error"))
 
 
+def _validated_paper_estimate(request, tag: str, label: str, options, extras) -> dict:
+    """The written estimate-paper.json as advisor-launch passes it on ``tag`` with ``extras``,
+    through that checkout's real parse_args + validate_args (skips without the checkout)."""
+    release = checkout(tag)
+    path = request.getfixturevalue("written")["root"] / "estimate-paper.json"
+    document = json.loads(path.read_text())
+    item = priced_input(read_input(path), named(tag), label=label, options=options, extras=extras,
+                        num_microbatches=document["num_microbatches"])
+    [result] = validate(release, [item.case()])
+    return result
+
+
 @pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
 def test_te_cross_entropy_where_the_advisor_allows_it(tag, request):
     # --cross-entropy-fusion-impl te: core_v0.15.2's validate_args takes it, core_v0.19.0's refuses
     # it ('disabled due to stability issues'), as advisor.releases says
     from advisor.options import release_defaults
 
-    release = checkout(tag)  # skips without it
-    rules = named(tag)
-    path = request.getfixturevalue("written")["root"] / "estimate-paper.json"
-    document = json.loads(path.read_text())
     te = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
-    item = priced_input(read_input(path), rules, label="estimate paper, te loss",
-                        options=TrainingOptions().with_(cross_entropy_fusion="te"),
-                        extras=[*NO_TRANSFORMER_ENGINE, *te], num_microbatches=document["num_microbatches"])
-    [result] = validate(release, [item.case()])
+    result = _validated_paper_estimate(request, tag, "estimate paper, te loss",
+                                       TrainingOptions().with_(cross_entropy_fusion="te"), [*NO_TRANSFORMER_ENGINE, *te])
     assert result["ok"] == release_defaults(tag).te_cross_entropy, result.get("error")
     if result["ok"]:
         assert (result["derived"]["cross_entropy_loss_fusion"], result["derived"]["cross_entropy_fusion_impl"]) == (
@@ -262,14 +268,9 @@ def test_evaluation_defaults_are_the_releases_own(tag, request):
     # --eval-iters and --eval-interval as parse_args + validate_args leave them where the command
     # line gives neither: core_v0.15.2 100 and 1000 (arguments.py), core_v0.19.0 100 and None
     # (config/training_config.py, ValidationConfig), as advisor.releases says (launch.evaluation reads them)
-    release = checkout(tag)  # skips without it
-    rules = named(tag)
-    path = request.getfixturevalue("written")["root"] / "estimate-paper.json"
-    document = json.loads(path.read_text())
-    item = priced_input(read_input(path), rules, label="estimate paper, evaluation defaults",
-                        options=TrainingOptions(), extras=NO_TRANSFORMER_ENGINE,
-                        num_microbatches=document["num_microbatches"])
-    [result] = validate(release, [item.case()])
+    result = _validated_paper_estimate(request, tag, "estimate paper, evaluation defaults", TrainingOptions(),
+                                       NO_TRANSFORMER_ENGINE)
     assert result["ok"], result.get("error")
+    rules = named(tag)
     assert (result["derived"]["eval_iters"], result["derived"]["eval_interval"]) == (
         rules.eval_iters, rules.eval_interval) == {"core_v0.15.2": (100, 1000), "core_v0.19.0": (100, None)}[tag]
