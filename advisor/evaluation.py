@@ -72,8 +72,9 @@ def budget_note(row: dict, release) -> str | None:
     alone: where ``release`` (an ``advisor.releases.MegatronRelease``) evaluates during training by
     default (core_v0.15.2: every 1,000 iterations), what that adds at its defaults, priced with the
     time model where the row is a dense one on a GPU preset (``forward_only_iteration``); None where
-    the release does not (core_v0.19.0 evaluates only at the end, 2 x 100 forward-only iterations
-    whatever the length: too little to name) or the row has no budget."""
+    the release has no default interval (core_v0.19.0: its pretrain_gpt.py cannot build its
+    datasets without --eval-interval, ``launch.evaluation.interval_problem``, so the evaluation is
+    the user's own, which advisor-launch prices in its report) or the row has no budget."""
     if release.eval_interval is None or not row.get("tokens") or not row.get("step_time_s"):
         return None
     train_iters = math.ceil(row["tokens"] / row["seq_len"]) // row["global_batch_size"]  # update_train_iters

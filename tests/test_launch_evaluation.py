@@ -125,7 +125,8 @@ def test_the_report_says_what_evaluation_costs(advisor, tmp_path):
     seconds = forward_only_iteration(row).iteration_s
     share = 400 * seconds / (119 * row["step_time_s"])
     assert f"at {seconds:.2f} s each" in line and f"{share:.1%} of the training's time" in line, line
-    # core 0.19's default: only at the end, and the preflight warns that training needs an interval
+    # core 0.19 without an interval: none during training in the line, and the preflight warns that
+    # training cannot start without one (its data setup divides by it)
     result = launcher()("sbatch", "--from", sweep, "--megatron-version", "0.19", "--dry-run", "--mock-data",
                         "--", "--lr", "3e-4")
     assert "not during training (Megatron-LM core 0.19 has no --eval-interval default)" in _evaluation_line(result)
@@ -187,6 +188,7 @@ def test_a_budgets_days_name_core_0_15s_evaluation_beside_them(advisor):
     row = advisor.json(*layout, "--megatron-version", "0.15")
     seconds = forward_only_iteration(row).iteration_s * 12_100
     assert f"{seconds / 86400:.1f} days more ({seconds / (119_209 * row['step_time_s']):.1%};" in text, text
-    # core 0.19 evaluates only at the end (200 forward-only iterations): nothing named; the JSON is unchanged
+    # core 0.19 has no default interval (training needs the user's own --eval-interval): nothing named;
+    # the JSON is unchanged
     assert "not in these figures" not in advisor(*layout, "--megatron-version", "0.19").stdout
     assert advisor.json(*layout, "--megatron-version", "0.19").keys() == row.keys()
