@@ -26,9 +26,8 @@ TP x CP x PP x DP and is the launcher's (torchrun ``--nproc-per-node`` x nodes),
 
 from __future__ import annotations
 
-import itertools
-
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -86,7 +85,8 @@ def pipeline_layout(layers_per_stage: list[int] | tuple[int, ...], virtual_stage
     A run of equal segments between the first and the last is written once, ``(t*2|)*29``, where
     that is shorter: Megatron unrolls ``(...)*n`` before it splits the stages
     (``PipelineParallelLayerLayout.parse_str_to_list``, both releases), as Megatron-Bridge's
-    recipes write theirs ('Et|(tt|)*30mL'), and a 405B row's 96 chunks read as three runs."""
+    recipes write theirs ('Et|(tt|)*30mL'): a 405B row's 96 chunks (PP 32, VPP 3) read as the first,
+    four runs (one of them a single empty chunk, left as it is) and the last."""
     stages = [_run_length(count) for count in chunk_layers(layers_per_stage, virtual_stages)]
     first = "E," + stages[0] if stages[0] else "E"
     last = stages[-1] + ",L" if stages[-1] else "L"
