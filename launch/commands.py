@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.parallel import DEFAULT_GPUS_PER_NODE
+from advisor.row_flags import flag_values
 
 if TYPE_CHECKING:
     from launch.inputs import LaunchInput
@@ -293,7 +294,8 @@ def with_exit_signal_handler(groups: Sequence[tuple[str, Sequence[str]]]) -> lis
     Megatron exits and saves nothing (training.py, checkpoint_and_decide_exit)."""
     if any(EXIT_SIGNAL_HANDLER in args for _, args in groups):
         return list(groups)
-    saves = any("--save" in args for _, args in groups)
+    # --save=DIR is argparse's too: the flags as parsed, not the words
+    saves = any("--save" in flag_values(args) for _, args in groups)
     then = "save, exit" if saves else "exit (no --save: nothing is saved)"
     handler = (f"Slurm's SIGTERM before the time limit: finish the iteration, {then}", (EXIT_SIGNAL_HANDLER,))
     return [*groups[:-1], handler, *groups[-1:]]

@@ -161,7 +161,9 @@ def test_sbatch_requeue_warns_unless_save_and_load_name_one_directory(advisor, t
     ([("the plan", ("--num-layers", "2")), ("yours (after --)", ("--train-iters", "5"))],
      "exit (no --save: nothing is saved)"),
     ([("the job (job.toml)", ("--save", "ckpt")), ("yours (after --)", ("--train-iters", "5"))], "save, exit"),
-    ([("the plan", ()), ("yours (after --)", ("--save", "ckpt"))], "save, exit")])
+    ([("the plan", ()), ("yours (after --)", ("--save", "ckpt"))], "save, exit"),
+    # argparse's --save=DIR is a --save too
+    ([("the plan", ()), ("yours (after --)", ("--lr", "3e-4", "--save=ckpt"))], "save, exit")])
 def test_the_signal_handlers_comment_says_whether_megatron_saves(groups, said):
     """Megatron saves on SIGTERM only with --save (training.py, checkpoint_and_decide_exit): the
     script's comment over --exit-signal-handler says which, wherever --save is given; the
