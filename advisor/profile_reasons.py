@@ -146,8 +146,11 @@ def explain_static(profile: RankProfile, term: str, estimated: float) -> Explain
 
 
 def explain_peak(profile: RankProfile) -> Explained:
-    """Reasons for a stage's peak: what the estimate adds to Eq. 18 (no hand count of the rest)."""
-    return Explained((LOCAL_BUFFER,)) if profile.header.layer_spec == "local" else NONE
+    """Reasons for a stage's peak: what the estimate adds to Eq. 18 (no hand count of the rest).
+    The buffer only where the stage holds layers: their attention asks for it, and a stage of the
+    embedding or the LM head alone is priced without it (``StageModel.layer_activations``)."""
+    h = profile.header
+    return Explained((LOCAL_BUFFER,)) if h.layer_spec == "local" and h.stage_layers else NONE
 
 
 def explain_module(profile: RankProfile, record: LayerRecord) -> Explained:

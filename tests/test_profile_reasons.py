@@ -290,3 +290,21 @@ def test_which_megatron_core_builds_its_default_causal_mask_per_call(version, pe
     it cannot read is None, which the hand count then leaves uncounted."""
     from advisor.releases import default_causal_mask_per_call
     assert default_causal_mask_per_call(version) is per_call
+
+
+def test_a_local_stage_without_layers_gets_no_buffer_reason():
+    """The local attention's global memory buffer is asked for by the layers' attention: TINY at
+    s 32, b 1, a 4, t 1, 2 b a s^2 = 8,192 BF16 bytes, 16,384 in this FP32 run, on a stage with
+    layers, on top of its other estimated terms; a first stage of the embedding alone (layers 0
+    and 4 on PP 2) is priced without it, and its peak row does not name it."""
+    def peak_over_terms(rank) -> tuple[float, list[str]]:
+        rows = rows_of(rank)
+        terms = sum(rows[("stage", term)].estimated_bytes
+                    for term in ("weights", "gradients", "optimizer", "activations in flight"))
+        return rows[("stage", "peak")].estimated_bytes - terms, keys(rows[("stage", "peak")])
+
+    with_layers = profile()
+    embedding_only = profile(header=header(layers_per_stage=(0, 4), stage_layers=()),
+                             layers=(layer("embedding", "embedding", None),))
+    assert peak_over_terms(with_layers) == (2 * 1 * 4 * 32 * 32 * 2, ["local-buffer"])
+    assert peak_over_terms(embedding_only) == (0.0, [])
