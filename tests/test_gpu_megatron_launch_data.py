@@ -190,3 +190,20 @@ def test_the_script_runs_its_own_layouts_on_the_cpu(tmp_path):
     assert plain.returncode == 0, plain.stdout[-2000:] + plain.stderr[-2000:]  # no hooks: no profile, not a failure
     assert "megatron_hooks" not in (tmp_path / "n" / "core_v0.15.2" / "one" / "launch.log").read_text()
     assert not (tmp_path / "n" / "core_v0.15.2" / "one" / "profile").exists()
+
+
+def test_the_reports_detail_prices_a_local_row_as_the_estimate_did():
+    """advisor report's memory bars of the 14-layer local run read back: calibrated, the stage's
+    segments add up to the estimate's usage, 138.14 GiB, the buffer's 2 GiB by the allocator's
+    factor alone (0.95 x 2 = 1.90 GiB over the Transformer Engine row's 136.24), not by the layer
+    activations' 0.95 x 34/41 (which gave 137.81)."""
+    from advisor.report.details import layout_detail
+
+    read = CliRunner().invoke(cli, ["estimate", "--from-command", str(BOUNDARY / "l14-mbs2" / "command.sh"), "--gpu",
+                                    "h200-141gb", "--megatron-version", "core_v0.15.2", "--format", "json"])
+    assert read.exit_code == 0, read.output
+    local = json.loads(read.stdout)
+    detail = layout_detail(local)
+    assert detail.model_name == "calibrated"
+    assert max(sum(stage.values()) for stage in detail.stages) == pytest.approx(local["usage_gib"], rel=1e-12)
+    assert local["usage_gib"] == pytest.approx(138.14, abs=0.005)
