@@ -61,6 +61,14 @@ class Evaluation:
         return (periodic + self.final) * self.eval_iters
 
 
+def trained_iterations(tokens: float, seq_len: int, global_batch_size: int) -> int:
+    """The iterations Megatron-LM trains for a token budget as advisor-launch writes it:
+    --train-samples ceil(tokens / seq_len), of which whole global batches, the last partial one
+    dropped (core_v0.15.2 and core_v0.19.0 megatron/training/training.py, update_train_iters:
+    ``args.train_iters = args.train_samples // args.global_batch_size``)."""
+    return math.ceil(tokens / seq_len) // global_batch_size
+
+
 def default_evaluation(eval_iters: int, interval: int | None, train_iters: int) -> Evaluation:
     """A release's defaults over ``train_iters`` iterations, on data with a test split (mock data,
     or Megatron's default --split '969, 30, 1' with --data-path)."""
@@ -77,7 +85,7 @@ def budget_note(row: dict, release) -> str | None:
     the user's own, which advisor-launch prices in its report) or the row has no budget."""
     if release.eval_interval is None or not row.get("tokens") or not row.get("step_time_s"):
         return None
-    train_iters = math.ceil(row["tokens"] / row["seq_len"]) // row["global_batch_size"]  # update_train_iters
+    train_iters = trained_iterations(row["tokens"], row["seq_len"], row["global_batch_size"])
     e = default_evaluation(release.eval_iters, release.eval_interval, train_iters)
     text = (f"not in these figures: {release.name} also evaluates by default (--eval-interval "
             f"{release.eval_interval:,}, --eval-iters {release.eval_iters}), {e.iterations:,} forward-only iterations "

@@ -141,10 +141,11 @@ class Schedule:
 
     @property
     def iterations(self) -> int:
-        """The iterations Megatron-LM trains for ``--train-samples``: whole global batches, the last
-        partial one dropped (core_v0.15.2 and core_v0.19.0 megatron/training/training.py,
-        update_train_iters: ``args.train_iters = args.train_samples // args.global_batch_size``)."""
-        return self.samples // self.global_batch_size
+        """The iterations Megatron-LM trains for ``--train-samples`` (``samples``): whole global
+        batches (``advisor.evaluation.trained_iterations``)."""
+        from advisor.evaluation import trained_iterations
+
+        return trained_iterations(self.tokens, self.seq_len, self.global_batch_size)
 
     @property
     def warmup_samples(self) -> int:
@@ -360,7 +361,9 @@ def _check_budget(tokens: float, seq_len: int, global_batch_size: int, source: s
         raise AdvisorError(f"{source} {tokens:g} is {samples:.4g} samples of {seq_len} tokens: --train-samples must "
                            f"fit Megatron's int64 sample index (at most {limits.JSON_INT:,} samples, "
                            f"{limits.JSON_INT * seq_len:.4g} tokens)")
-    if math.ceil(samples) < global_batch_size:
+    from advisor.evaluation import trained_iterations
+
+    if trained_iterations(tokens, seq_len, global_batch_size) < 1:
         raise AdvisorError(f"{source} {tokens:g} is {math.ceil(samples):,} samples of {seq_len} tokens, less than one "
                            f"global batch of {global_batch_size}: Megatron-LM would train no iteration; give at "
                            f"least {global_batch_size * seq_len:,} tokens")
