@@ -54,6 +54,14 @@ def test_the_users_own_values_and_data_decide():
     assert evaluation(OLD, [*data, "--skip-train"], 8).iterations == 2 * 100
     # core_v0.19.0 --start-eval-at-iter 2500: i >= 2500 too, so 3000 ... 10000 -> 8, + 2
     assert evaluation(NEW, [*data, "--eval-interval", "1000", "--start-eval-at-iter", "2500"], 8).iterations == 10 * 100
+    # --data-args-path: validate_args gives the legacy split only with --data-path ('if args.data_path
+    # is not None and args.split is None', both releases), so without --split the command does not
+    # say whether there is a test split (the report: 'where the data has a test split'; the count
+    # takes the validation's alone, 10 + 1); with --split 98,1,1 there is one: 10 + 2
+    args_path = ["--data-args-path", "paths.txt", "--lr", "3e-4", "--train-iters", "10000"]
+    unknown = evaluation(OLD, args_path, 8)
+    assert (unknown.test_split, unknown.iterations) == (None, 11 * 100)
+    assert evaluation(OLD, [*args_path, "--split", "98,1,1"], 8).iterations == 12 * 100
 
 
 def test_core_0_19_evaluates_only_at_the_end_by_default():
