@@ -79,12 +79,15 @@ def budget_note(row: dict, release) -> str | None:
     """For a token budget's days and GPU-hours (``advisor estimate --tokens``), which count training
     alone: where ``release`` (an ``advisor.releases.MegatronRelease``) evaluates during training by
     default (core_v0.15.2: every 1,000 iterations), what that adds at its defaults, priced with the
-    time model where the row is a dense one on a GPU preset (``forward_only_iteration``); None where
-    the release has no default interval (core_v0.19.0: its pretrain_gpt.py cannot build its
-    datasets without --eval-interval, ``launch.evaluation.interval_problem``, so the evaluation is
-    the user's own, which advisor-launch prices in its report) or the row has no budget."""
-    if release.eval_interval is None or not row.get("tokens") or not row.get("step_time_s"):
+    time model where the row is a dense one on a GPU preset (``forward_only_iteration``); where the
+    release has no default interval (core_v0.19.0: its pretrain_gpt.py cannot build its datasets
+    without --eval-interval, ``launch.evaluation.interval_problem``), that the evaluation is the
+    user's own to set (advisor-launch prices it in its report); None where the row has no budget."""
+    if not row.get("tokens") or not row.get("step_time_s"):
         return None
+    if release.eval_interval is None:  # the user's to set, and the launch refuses to start without it
+        return (f"not in these figures: the evaluation you set; {release.name} has no --eval-interval default and "
+                "cannot train without one (its data setup divides by it)")
     train_iters = trained_iterations(row["tokens"], row["seq_len"], row["global_batch_size"])
     e = default_evaluation(release.eval_iters, release.eval_interval, train_iters)
     text = (f"not in these figures: {release.name} also evaluates by default (--eval-interval "
