@@ -61,12 +61,17 @@ class Evaluation:
         return (periodic + self.final) * self.eval_iters
 
 
-def trained_iterations(tokens: float, seq_len: int, global_batch_size: int) -> int:
-    """The iterations Megatron-LM trains for a token budget as advisor-launch writes it:
-    --train-samples ceil(tokens / seq_len), of which whole global batches, the last partial one
-    dropped (core_v0.15.2 and core_v0.19.0 megatron/training/training.py, update_train_iters:
-    ``args.train_iters = args.train_samples // args.global_batch_size``)."""
-    return math.ceil(tokens / seq_len) // global_batch_size
+def budget_samples(tokens: float, seq_len: int) -> int:
+    """The --train-samples advisor-launch writes for a token budget: sequences of ``seq_len``
+    tokens that hold it, rounded up."""
+    return math.ceil(tokens / seq_len)
+
+
+def trained_iterations(samples: int, global_batch_size: int) -> int:
+    """The iterations Megatron-LM trains for --train-samples: whole global batches, the last
+    partial one dropped (core_v0.15.2 and core_v0.19.0 megatron/training/training.py,
+    update_train_iters: ``args.train_iters = args.train_samples // args.global_batch_size``)."""
+    return samples // global_batch_size
 
 
 def default_evaluation(eval_iters: int, interval: int | None, train_iters: int) -> Evaluation:
@@ -88,7 +93,7 @@ def budget_note(row: dict, release) -> str | None:
     if release.eval_interval is None:  # the user's to set, and the launch refuses to start without it
         return (f"not in these figures: the evaluation you set; {release.name} has no --eval-interval default and "
                 "cannot train without one (its data setup divides by it)")
-    train_iters = trained_iterations(row["tokens"], row["seq_len"], row["global_batch_size"])
+    train_iters = trained_iterations(budget_samples(row["tokens"], row["seq_len"]), row["global_batch_size"])
     e = default_evaluation(release.eval_iters, release.eval_interval, train_iters)
     text = (f"not in these figures: {release.name} also evaluates by default (--eval-interval "
             f"{release.eval_interval:,}, --eval-iters {release.eval_iters}), {e.iterations:,} forward-only iterations "

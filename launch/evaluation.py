@@ -35,7 +35,7 @@ import re
 from typing import Mapping, Sequence
 
 from advisor.errors import AdvisorError
-from advisor.evaluation import Evaluation
+from advisor.evaluation import Evaluation, trained_iterations
 from advisor.releases import MegatronRelease
 from launch.arguments import flag_values
 
@@ -110,7 +110,7 @@ def evaluation(release: MegatronRelease, args: Sequence[str], global_batch_size:
     train_iters = _integer(given, "--train-iters")
     samples = _integer(given, "--train-samples")
     if not train_iters and samples is not None and "--rampup-batch-size" not in given:
-        train_iters = samples // global_batch_size  # update_train_iters
+        train_iters = trained_iterations(samples, global_batch_size)
     own = ("--eval-iters", "--eval-interval", "--skip-train", "--full-validation", "--start-eval-at-iter")
     return Evaluation(
         eval_iters=release.eval_iters if eval_iters is None else eval_iters, interval=interval,

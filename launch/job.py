@@ -136,8 +136,10 @@ class Schedule:
 
     @property
     def samples(self) -> int:
-        """Sequences of ``seq_len`` tokens that hold the budget (rounded up)."""
-        return math.ceil(self.tokens / self.seq_len)
+        """Sequences of ``seq_len`` tokens that hold the budget (``advisor.evaluation.budget_samples``)."""
+        from advisor.evaluation import budget_samples
+
+        return budget_samples(self.tokens, self.seq_len)
 
     @property
     def iterations(self) -> int:
@@ -145,7 +147,7 @@ class Schedule:
         batches (``advisor.evaluation.trained_iterations``)."""
         from advisor.evaluation import trained_iterations
 
-        return trained_iterations(self.tokens, self.seq_len, self.global_batch_size)
+        return trained_iterations(self.samples, self.global_batch_size)
 
     @property
     def warmup_samples(self) -> int:
@@ -361,9 +363,9 @@ def _check_budget(tokens: float, seq_len: int, global_batch_size: int, source: s
         raise AdvisorError(f"{source} {tokens:g} is {samples:.4g} samples of {seq_len} tokens: --train-samples must "
                            f"fit Megatron's int64 sample index (at most {limits.JSON_INT:,} samples, "
                            f"{limits.JSON_INT * seq_len:.4g} tokens)")
-    from advisor.evaluation import trained_iterations
+    from advisor.evaluation import budget_samples, trained_iterations
 
-    if trained_iterations(tokens, seq_len, global_batch_size) < 1:
+    if trained_iterations(budget_samples(tokens, seq_len), global_batch_size) < 1:
         raise AdvisorError(f"{source} {tokens:g} is {math.ceil(samples):,} samples of {seq_len} tokens, less than one "
                            f"global batch of {global_batch_size}: Megatron-LM would train no iteration; give at "
                            f"least {global_batch_size * seq_len:,} tokens")

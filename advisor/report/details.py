@@ -124,7 +124,7 @@ def layout_detail(row: dict) -> LayoutDetail:
                                       load_memory_calibration(), memory)
     parts = forward = backward = None
     if row.get("gpu"):
-        parts, forward, backward = _times(row, spec, parallel, workload, layers, training)
+        _, parts, forward, backward = _times(row, spec, parallel, workload, layers, training)
     fraction = paper_threshold(row)
     threshold = fraction * memory if memory and row.get("memory_model", "paper") == "paper" else None
     return LayoutDetail(label=row_label(row), pp=parallel.pp, vpp=parallel.vpp,
@@ -156,16 +156,17 @@ def _moe_detail(row: dict) -> LayoutDetail:
 
 
 def _times(row, spec, parallel, workload, layers, training):
-    """The step's parts (as 'advisor estimate' prices them) and each rank's per-microbatch times."""
+    """(the time model, the step's parts as 'advisor estimate' prices them, each rank's forward and
+    backward times per microbatch)."""
     from advisor.pricing import layout_times, one_layout_time
 
     # at the row's own node size where it records one (--gpus-per-node, a command's ranks per node):
     # the preset's alone re-priced TP 8 on 4-GPU nodes over NVLink, parts the row's step never had
     gpu = _row_gpu(row)
     _, parts = one_layout_time(spec, gpu, workload, parallel, layers, training, None)
-    _, layouts, recompute = layout_times(spec, gpu, workload, parallel, training)
+    model, layouts, recompute = layout_times(spec, gpu, workload, parallel, training)
     stages = layouts.stage_times(np.array([0]), np.array([parallel.vpp]), recompute, np.array([layers]))
-    return parts, [float(s.forward[0]) for s in stages], [float(s.backward[0]) for s in stages]
+    return model, parts, [float(s.forward[0]) for s in stages], [float(s.backward[0]) for s in stages]
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +187,6 @@ def forward_only_iteration(row: dict) -> ForwardOnly:
     cannot re-price (no GPU, an MoE row: the MoE time model prices whole steps, not a rank's
     microbatch)."""
     from advisor.errors import AdvisorError
-    from advisor.pricing import layout_times
     from advisor.report.moe_detail import is_moe_row
     from advisor.throughput import terms
     from advisor.throughput.forward_only import forward_only_pipeline_s
@@ -196,8 +196,7 @@ def forward_only_iteration(row: dict) -> ForwardOnly:
     spec = row_spec(row)
     training = row_options(row)
     parallel, workload, layers = _layout(row, spec)
-    parts, forward, _ = _times(row, spec, parallel, workload, layers, training)
-    model, _, _ = layout_times(spec, _row_gpu(row), workload, parallel, training)
+    model, parts, forward, _ = _times(row, spec, parallel, workload, layers, training)
     m = workload.num_microbatches(parallel)
     pipeline = forward_only_pipeline_s(forward, m, parallel.vpp)
     bound = terms.data_loader_bound(pipeline, model.options.dataloader_mask == "rebuilt",
