@@ -148,7 +148,10 @@ def calibrated_terms(
 
 
 def _attention_buffer(spec: LlamaSpec, seq_len: int, mbs, tp, options: MemoryOptions, layer_activations):
-    """The local attention's buffer in each stage's layer activations (stages without layers keep none)."""
+    """The local attention's buffer in each stage's layer activations (stages without layers keep
+    none); 0 without --transformer-impl local, with no array built on the sweep's path."""
+    if options.fused_norms:
+        return 0.0
     return np.where(np.asarray(layer_activations) > 0,
                     terms.local_attention_buffer(spec, seq_len, mbs, tp, options), 0.0)
 
