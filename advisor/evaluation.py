@@ -80,32 +80,49 @@ def default_evaluation(eval_iters: int, interval: int | None, train_iters: int) 
     return Evaluation(eval_iters=eval_iters, interval=interval, train_iters=train_iters, test_split=True)
 
 
-def budget_note(row: dict, release) -> str | None:
-    """For a token budget's days and GPU-hours (``advisor estimate --tokens``), which count training
-    alone: where ``release`` (an ``advisor.releases.MegatronRelease``) evaluates during training by
-    default (core_v0.15.2: every 1,000 iterations), what that adds at its defaults, priced with the
-    time model where the row is a dense one on a GPU preset (``forward_only_iteration``); where the
-    release has no default interval (core_v0.19.0: its pretrain_gpt.py cannot build its datasets
-    without --eval-interval, ``launch.evaluation.interval_problem``), that the evaluation is the
-    user's own to set (advisor-launch prices it in its report); None where the row has no budget."""
-    if not row.get("tokens") or not row.get("step_time_s"):
-        return None
+def budget_words(tokens: float, seq_len: int, global_batch_size: int, release) -> str:
+    """What a token budget's days and GPU-hours leave out on ``release`` (an
+    ``advisor.releases.MegatronRelease``), which count training alone: where the release evaluates
+    during training by default (core_v0.15.2: every 1,000 iterations), how many forward-only
+    iterations its defaults add; where it has no default interval (core_v0.19.0: its
+    pretrain_gpt.py cannot build its datasets without --eval-interval,
+    ``launch.evaluation.interval_problem``), that the evaluation is the user's own to set
+    (advisor-launch prices it in its report). The count depends on the budget and the global
+    batch alone, so a sweep's rows share it."""
     if release.eval_interval is None:  # the user's to set, and the launch refuses to start without it
         return (f"not in these figures: the evaluation you set; {release.name} has no --eval-interval default and "
                 "cannot train without one (its data setup divides by it)")
-    train_iters = trained_iterations(budget_samples(row["tokens"], row["seq_len"]), row["global_batch_size"])
-    e = default_evaluation(release.eval_iters, release.eval_interval, train_iters)
-    text = (f"not in these figures: {release.name} also evaluates by default (--eval-interval "
+    e = _budget_evaluation(tokens, seq_len, global_batch_size, release)
+    return (f"not in these figures: {release.name} also evaluates by default (--eval-interval "
             f"{release.eval_interval:,}, --eval-iters {release.eval_iters}), {e.iterations:,} forward-only iterations "
-            f"over the {train_iters:,} training iterations")
+            f"over the {e.train_iters:,} training iterations")
+
+
+def _budget_evaluation(tokens: float, seq_len: int, global_batch_size: int, release) -> Evaluation:
+    """The evaluations of the iterations a budget trains, at ``release``'s defaults."""
+    train_iters = trained_iterations(budget_samples(tokens, seq_len), global_batch_size)
+    return default_evaluation(release.eval_iters, release.eval_interval, train_iters)
+
+
+def budget_note(row: dict, release) -> str | None:
+    """For one row's token budget (``advisor estimate --tokens``): ``budget_words``, with the
+    evaluation's time where the time model prices it (a dense row on a GPU preset,
+    ``forward_only_iteration``; an MoE row's time model prices whole steps, so its note gives the
+    count alone); None where the row has no budget."""
+    if not row.get("tokens") or not row.get("step_time_s"):
+        return None
+    text = budget_words(row["tokens"], row["seq_len"], row["global_batch_size"], release)
+    if release.eval_interval is None:
+        return text
     from advisor.errors import AdvisorError
     from advisor.report.details import forward_only_iteration
 
+    e = _budget_evaluation(row["tokens"], row["seq_len"], row["global_batch_size"], release)
     try:
         seconds = forward_only_iteration(row).iteration_s * e.iterations
     except AdvisorError:  # an MoE row: its time model prices whole steps, not a rank's forward
         seconds = None
-    if seconds is not None and train_iters:
-        text += (f", {seconds / 86400:.1f} days more ({seconds / (train_iters * row['step_time_s']):.1%}; "
+    if seconds is not None and e.train_iters:
+        text += (f", {seconds / 86400:.1f} days more ({seconds / (e.train_iters * row['step_time_s']):.1%}; "
                  "the time model's forward passes)")
     return f"{text}; --eval-iters 0 turns it off"

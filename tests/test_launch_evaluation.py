@@ -202,3 +202,30 @@ def test_a_budgets_days_name_core_0_15s_evaluation_beside_them(advisor):
     assert ("not in these figures: the evaluation you set; Megatron-LM core 0.19 has no --eval-interval default "
             "and cannot train without one (its data setup divides by it)") in newer, newer
     assert advisor.json(*layout, "--megatron-version", "0.19").keys() == row.keys()
+
+
+def test_a_sweeps_days_and_an_moe_budget_name_the_evaluation_too(advisor):
+    # The sweep's rows share one count: the budget and the global batch decide it. Llama-3-8B's
+    # sweep default, seq 8192 at GBS 1024, as above: 119,209 iterations, 12,100 forward-only ones.
+    # Mixtral 8x7B at --seq-len 4096 and its default GBS 1024 (its JSON says so, checked below):
+    # ceil(1e12 / 4096) = 244,140,625 samples, // 1024 = 238,418 iterations; 238 evaluations during
+    # training and 2 at the end: 240 x 100 = 24,000.
+    words = "--eval-interval 1,000, --eval-iters 100), {} forward-only iterations over the {} training iterations"
+    sweep = ["sweep", "--gpus", "16", "--gpu", "h100-80gb", "--tokens", "1T", "--top", "1", "--megatron-version"]
+    text = " ".join(advisor(*sweep, "0.15").stdout.split())
+    assert words.format("12,100", "119,209") + "; --eval-iters 0 turns it off (advisor estimate prices its time)" \
+        in text, text
+    assert "has no --eval-interval default" in " ".join(advisor(*sweep, "0.19").stdout.split())
+    assert "forward-only" not in advisor(*sweep, "0.15", "--format", "json").stdout  # JSON rows carry no notes
+
+    moe = ["--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb", "--tokens", "1T", "--seq-len", "4096",
+           "--megatron-version", "0.15"]
+    row = advisor.json("estimate", *moe, "--tp", "1", "--pp", "4", "--ep", "8")
+    assert (row["seq_len"], row["global_batch_size"]) == (4096, 1024)
+    estimate = " ".join(advisor("estimate", *moe, "--tp", "1", "--pp", "4", "--ep", "8").stdout.split())
+    # the MoE time model prices whole steps, not a rank's forward: the count, without days
+    assert words.format("24,000", "238,418") + "; --eval-iters 0 turns it off" in estimate, estimate
+    assert "days more" not in estimate
+    moe_sweep = " ".join(advisor("sweep", *moe, "--top", "1").stdout.split())
+    assert words.format("24,000", "238,418") + "; --eval-iters 0 turns it off" in moe_sweep, moe_sweep
+    assert "advisor estimate prices its time" not in moe_sweep

@@ -14,9 +14,9 @@ from advisor.cli.moe import dense_recompute_options, moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, ROWS, InputError, InputPath, NonEmpty, TokenCount,
     color_wanted, command_name, emit, distinct_files, gpu_options, model_choice_options, model_options, note, nothing_fits,
-    output_options, parse_layer_counts, png_path, table_on_stdout, workload_options, UserPath,
+    output_options, parse_layer_counts, png_path, workload_options, UserPath,
 )
-from advisor.cli.sweep_table import counts_caption, setup_line, sweep_columns, write_plot
+from advisor.cli.sweep_table import counts_caption, evaluation_caption, setup_line, sweep_columns, write_plot
 from advisor.cli.training_flags import given, memory_options
 from advisor.cli.from_command import with_routing
 from advisor.paper_rule import DEFAULT_THRESHOLD, judged_threshold
@@ -164,7 +164,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     if settings is not None:  # a mixture of experts: advisor.moe's space (EP and ETP as dimensions)
         return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, moe.ep, moe.etp,
                              show_all, top, fmt, output, space, memory_model, budget=(tokens, gpu_hour_price),
-                             plot=plot, rank_by=rank_by)
+                             plot=plot, rank_by=rank_by, release=release)
     measured = _measured(profile_dir, spec, options)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
                        space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens,
@@ -194,7 +194,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     title = setup_line(spec, workload, gpus, mem, threshold, options, gpu, memory_model, rank_by, result.escalation)
     if plot is not None:
         write_plot(dicts, plot, title)
-    caption = counts_caption(counts, show_all, len(shown), len(selected))
+    caption = counts_caption(counts, show_all, len(shown), len(selected)) + evaluation_caption(tokens, workload, release)
     columns = (memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None, False, rank_by)
     _emit_sweep(dicts, text, fmt, output, result, title, caption, columns, tolerance,
                 nothing=None if any(row.rank for row in result.rows) or show_all else
@@ -469,14 +469,16 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
         return moe_cli.estimate(spec, workload, tp, cp, pp, moe.ep, moe.etp, dp, mbs, mem, threshold, gpu, settings,
                                 fmt, output, vpp, _moe_recompute(options), given_memory_model, read,
                                 layers_per_stage=given, compare_best=compare_best, gpus_per_node=gpus_per_node,
-                                budget=(tokens, gpu_hour_price))
+                                budget=(tokens, gpu_hour_price), release=release)
     parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
     stages, planned = _planned_split(spec, given, pp, vpp)
     _check_layout_options(options, spec, tp, pp, stages or default_layers_per_stage(spec.num_layers, pp), vpp, release)
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
         tokens=tokens, release=release, gpus_per_node=gpus_per_node, gpu_hour_price=gpu_hour_price)
-    notes = _notes(row, read, fmt, output, release)
+    from advisor.cli.from_command import estimate_notes
+
+    notes = estimate_notes(row, read, fmt, output, release)
     if compare_best:
         from advisor.cli.from_command import best_row_line
 
@@ -494,16 +496,6 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     from advisor import render
 
     emit(render.to_json({**row, "stages": stage_rows}) if fmt == "json" else estimate_csv(row, stage_rows), output)
-
-
-def _notes(row: dict, read, fmt: str, output, release) -> list[str]:
-    """The caption's notes: what the release evaluates besides the budget's days where it does by
-    default (``advisor.evaluation.budget_note``), then the reading of a command's."""
-    from advisor.cli.from_command import read_notes
-    from advisor.evaluation import budget_note
-
-    line = budget_note(row, release) if fmt == "table" else None  # the JSON and CSV rows carry no notes
-    return [*([line] if line is not None else []), *read_notes(row, read, table_on_stdout(fmt, output))]
 
 
 def _command_nodes(read, gpu, gpus_per_node: int):

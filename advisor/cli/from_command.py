@@ -158,6 +158,17 @@ def read_notes(row: dict, read: CommandInputs | None, table_on_stdout: bool = Fa
     return notes + list(read.run.added)
 
 
+def estimate_notes(row: dict, read: CommandInputs | None, fmt: str, output, release) -> list[str]:
+    """An estimate's caption notes, dense and MoE rows alike: what ``release`` evaluates besides a
+    budget's days (``advisor.evaluation.budget_note``; the table's alone, as the JSON and CSV rows
+    carry no notes), then the reading of a command's (``read_notes``)."""
+    from advisor.cli.options import table_on_stdout
+    from advisor.evaluation import budget_note
+
+    line = budget_note(row, release) if fmt == "table" else None
+    return [*([line] if line is not None else []), *read_notes(row, read, table_on_stdout(fmt, output))]
+
+
 def best_row_line(row: dict, spec, workload, gpus: int, mem: float | None, threshold: float, gpu, gpus_per_node: int,
                   options, memory_model: str) -> tuple[dict | None, str]:
     """(the best sweep row on the same GPUs, model, batch and options, one line comparing it with ``row``)."""

@@ -11,7 +11,7 @@ import click
 from advisor import limits
 from advisor.cli.estimate_csv import estimate_csv
 from advisor.cli.options import (
-    DEGREE, Bounded, InputError, apply_options, color_wanted, command_name, emit, note, nothing_fits, table_on_stdout,
+    DEGREE, Bounded, InputError, apply_options, color_wanted, command_name, emit, note, nothing_fits,
 )
 from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
 from advisor.paper_rule import judged_threshold
@@ -370,12 +370,13 @@ def row_flags(spec, workload, row: dict) -> list[str]:
 
 
 def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all, top, fmt, output,
-          space=None, memory_model=None, budget=(None, None), plot=None, rank_by=None):
+          space=None, memory_model=None, budget=(None, None), plot=None, rank_by=None, release=None):
     """The MoE rows of ``advisor sweep`` (``advisor.moe.space.sweep``) as the dense sweep writes
     its own: the table, or JSON or CSV with the count line on stderr, and ``plot``'s picture of
     the rows shown; where nothing fits, the line saying why (``_nothing_fits``) and exit status 1.
     ``budget``: (--tokens, --gpu-hour-price), each None where not given: the rows' days,
-    GPU-hours and cost, as dense rows have them; ``rank_by``: --rank-by (None: the default)."""
+    GPU-hours and cost, as dense rows have them; ``rank_by``: --rank-by (None: the default);
+    ``release``: the Megatron-LM release whose evaluation the days leave out."""
     from advisor.cli.sweep_table import write_plot
     from advisor.errors import AdvisorError
     from advisor.moe.space import sweep as run
@@ -407,7 +408,7 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
         note(f"{command_name()}: {_searched(result)}")
     else:
         text = _sweep_table(result, shown, spec, workload, gpus, mem, threshold, gpu, settings, show_all, output,
-                            priced=gpu_hour_price is not None)
+                            priced=gpu_hour_price is not None, release=release)
     if not result.ranked and not show_all:
         if fmt != "table":  # the empty document, as the dense sweep gives it
             emit(text, output)
@@ -471,16 +472,17 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
 
 
 def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold, gpu, settings, show_all: bool,
-                 output, priced: bool = False) -> str:
+                 output, priced: bool = False, release=None) -> str:
     """The MoE sweep's table: the dense sweep's title, columns and caption (``sweep_table``), with
     EP and ETP, and the MoE settings in the title; a budget's days and GPU-hours (and ``priced``,
-    its cost) as the dense table's."""
+    its cost) as the dense table's, with what ``release`` evaluates besides them."""
     from advisor import render
-    from advisor.cli.sweep_table import counts_caption, sweep_columns
+    from advisor.cli.sweep_table import counts_caption, evaluation_caption, sweep_columns
 
     title = _title(result, spec, workload, gpus, mem, threshold, gpu, settings)
     selected = len(result.order) if show_all else result.ranked
     caption = (counts_caption(result.counts, show_all, len(shown), selected)
+               + evaluation_caption(result.tokens, workload, release, experts=True)
                + f"\n{_searched(result)}"
                + (f"\n{render.ranking_note(result.tolerance)}" if result.tolerance else "")
                + (f"\n{note}" if (note := _backend_caption(settings)) else ""))
@@ -579,10 +581,11 @@ def _defaulted_etp_hint(tp: int, cp: int, dp: int, ep: int) -> str:
 
 def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, settings, fmt, output, vpp=1,
              recompute="none", memory_model=None, read=None, *, layers_per_stage=None, compare_best=False,
-             gpus_per_node=8, budget=(None, None)):
+             gpus_per_node=8, budget=(None, None), release=None):
     """One MoE layout, every stage (``read``: the --from-command reading, named in the output;
     ``layers_per_stage``: its own split; ``compare_best``: the best sweep row on its GPUs too;
-    ``budget``: (--tokens, --gpu-hour-price), as ``sweep``'s)."""
+    ``budget``: (--tokens, --gpu-hour-price), as ``sweep``'s; ``release``: the Megatron-LM release
+    whose evaluation defaults the budget's note names)."""
     from advisor import render
     from advisor.errors import AdvisorError
     from advisor.moe.space import estimate_layout
@@ -602,9 +605,9 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
     _priced([row], budget[1])
     row.update(megatron_args=row_flags(spec, workload, row), model=spec.to_dict(), memory_gib=mem,
                threshold=judged_threshold(row["memory_model"], threshold), gpus_per_node=gpus_per_node)
-    from advisor.cli.from_command import read_notes
+    from advisor.cli.from_command import estimate_notes
 
-    notes = read_notes(row, read, table_on_stdout(fmt, output))
+    notes = estimate_notes(row, read, fmt, output, release)
     if read is None and (note := _backend_caption(settings)):  # a read-back names it among the unpriced
         notes.append(note)
     if compare_best:

@@ -116,6 +116,21 @@ def counts_caption(counts: dict, show_all: bool, shown: int, selected: int) -> s
     return caption
 
 
+def evaluation_caption(tokens: float | None, workload, release, experts: bool = False) -> str:
+    """The sweep table's line under a budget's days, where one is given: what they leave out
+    (``advisor.evaluation.budget_words``), one line for every row, since the budget and the global
+    batch alone decide the count ('' without a budget). ``advisor estimate`` prices its time for a
+    dense row, not for an MoE one (``experts``), whose time model prices whole steps."""
+    if tokens is None or release is None:
+        return ""
+    from advisor.evaluation import budget_words
+
+    text = budget_words(tokens, workload.seq_len, workload.global_batch_size, release)
+    if release.eval_interval is not None:
+        text += "; --eval-iters 0 turns it off" + ("" if experts else " (advisor estimate prices its time)")
+    return f"\n{text}"
+
+
 def write_plot(rows: list[dict], path, title: str, experts: bool = False) -> None:
     """``advisor sweep --plot``, dense and MoE rows alike: the rows shown drawn to ``path``
     (``advisor.plots.sweep_plot``), and a line on stderr naming it."""
