@@ -43,6 +43,10 @@ class MemoryOptions:
     """Shard the Adam states over the DP x CP group (Eq. 10); False keeps all 12 bytes (Eq. 4)."""
     gradient_bytes: int = 4
     """4: FP32 gradient accumulation (the paper); 2: BF16 gradients."""
+    grad_comm_bytes: int | None = None
+    """Megatron-FSDP's gradient communication element where it differs from the main gradients'
+    (core_v0.19.0's --megatron-fsdp-grad-comm-dtype): its un-sharded gradient buckets take it
+    (``memory_levers.fsdp_buffer_bytes``); None: ``gradient_bytes``."""
     element_bytes: int = 2
     """Bytes per weight and activation element: 2, BF16 (the paper, Section 3); 4 for an FP32
     run (``--params-dtype float32``, as the CPU backend profiles tiny models). The equations
@@ -101,6 +105,8 @@ class MemoryOptions:
         # whose ``memory_options`` builds this).
         if self.gradient_bytes not in (2, 4):
             raise AdvisorError(f"gradient_bytes must be 2 (BF16) or 4 (FP32), got {self.gradient_bytes}")
+        if self.grad_comm_bytes not in (None, 2, 4):
+            raise AdvisorError(f"grad_comm_bytes must be None, 2 or 4, got {self.grad_comm_bytes}")
         if self.element_bytes not in (2, 4):
             raise AdvisorError(f"element_bytes must be 2 (BF16) or 4 (FP32), got {self.element_bytes}")
         if self.fsdp_strategy not in levers.SHARDING:

@@ -37,14 +37,16 @@ copy-in), backward prefetches the next likewise, and one reduce-scatter input ma
 while the next layer's gradients are produced (``reduce_scatter_max_input_buffers``, default 1)."""
 
 
-STATE_BYTES = {"fp32": 4, "remainder": 2, "fp16": 2, "bf16": 2, "fp8": 2}
+STATE_BYTES = {"fp32": 4, "remainder": 2, "fp16": 2, "bf16": 2, "fp8": 2, "fsdp_half": 2, "fsdp_none": 0}
 """Bytes of one optimizer-state element by how it is kept (``optimizer_state_kinds``): its
 --main-params-dtype / --exp-avg-dtype / --exp-avg-sq-dtype, or 'remainder', an FP32 master kept as
 the 16 bits its BF16 weight lacks. fp8: TE 2.x's FusedAdam keeps an E4M3 ``Float8Tensor``
 (``_initialize_state``: ``Float8Quantizer(scale, amax, fp8_dtype=kFloat8E4M3).make_empty(param.shape)``),
 and ``Float8Quantizer`` is built with ``columnwise=True`` by default, so ``make_empty`` allocates
 the FP8 data and its transpose (``data_transpose``, as many bytes: ``tensor/float8_tensor.py``),
-and every ``quantize_``/``copy_`` of the state writes both: 1 + 1 bytes, as a BF16 state."""
+and every ``quantize_``/``copy_`` of the state writes both: 1 + 1 bytes, as a BF16 state.
+fsdp_half, fsdp_none: Megatron-FSDP's main weights in a BF16 or FP16 buffer, or in none (core_v0.19.0's
+--megatron-fsdp-main-params-dtype bf16/fp16 or auto; ``advisor.options.training.FSDP_MAIN_WEIGHT_KINDS``)."""
 
 
 def optimizer_state_kinds(precision_aware: bool, main_params_dtype: str = "fp32", exp_avg_dtype: str = "fp32",
@@ -99,6 +101,14 @@ def state_bytes_per_parameter(options, shards):
     return weights, gradients, optimizer * (1.0 - options.optimizer_host_fraction)
 
 
+def bucket_bytes(options) -> int:
+    """Bytes of one element of Megatron-FSDP's un-sharded gradient buckets where it shards the
+    gradients: the communication dtype's (core_v0.19.0's --megatron-fsdp-grad-comm-dtype:
+    ``main_grad_getter`` fetches them with ``dtype=mp_policy.grad_comm_dtype``), else the main
+    gradients' (``MemoryOptions.grad_comm_bytes``)."""
+    return options.gradient_bytes if options.grad_comm_bytes is None else options.grad_comm_bytes
+
+
 def fsdp_buffer_bytes(options, unit_parameters, layers):
     """(gathered weights, queued gradients): the unsharded buffers Megatron-FSDP holds at a
     rank's peak, for ``layers`` decoder layers of ``unit_parameters`` each (its FSDP unit is the
@@ -108,7 +118,8 @@ def fsdp_buffer_bytes(options, unit_parameters, layers):
     to ``FSDP_AG_PREFETCH_ELEMENTS``: the unit in use plus min(prefetch budget, the other
     layers). optim_grads and optim_grads_params produce each unit's full gradient and queue it
     for the reduce-scatter until ``FSDP_RS_QUEUE_ELEMENTS`` are queued: min(all layers, the
-    queue plus the unit being produced). Both in the stage's element and gradient dtypes. torch
+    queue plus the unit being produced). Both in the stage's element and gradient bucket dtypes
+    (``bucket_bytes``). torch
     FSDP2 ('torch_fsdp2') keeps two layers of each, in the weights' dtype."""
     sharding = SHARDING[options.fsdp_strategy]
     held = np.asarray(layers, dtype=float) * unit_parameters
@@ -128,7 +139,7 @@ def fsdp_buffer_bytes(options, unit_parameters, layers):
         gathered = np.minimum(held, unit_parameters + np.minimum(FSDP_AG_PREFETCH_ELEMENTS, held - unit_parameters))
         weights = options.element_bytes * np.maximum(gathered, 0.0)
     if grads_sharded:
-        gradients = options.gradient_bytes * np.minimum(held, FSDP_RS_QUEUE_ELEMENTS + unit_parameters)
+        gradients = bucket_bytes(options) * np.minimum(held, FSDP_RS_QUEUE_ELEMENTS + unit_parameters)
     return weights, gradients
 
 
@@ -145,7 +156,7 @@ def fsdp_buffer_lines(options, unit_parameters) -> list[tuple]:
         return [(a + c, b + d) for a, b in each for c, d in each]
     gathered = [(options.element_bytes * u, 0.0), (0.0, options.element_bytes * (u + FSDP_AG_PREFETCH_ELEMENTS))] \
         if weights_sharded else [(0.0, 0.0)]
-    queued = [(options.gradient_bytes * u, 0.0), (0.0, options.gradient_bytes * (u + FSDP_RS_QUEUE_ELEMENTS))] \
+    queued = [(bucket_bytes(options) * u, 0.0), (0.0, bucket_bytes(options) * (u + FSDP_RS_QUEUE_ELEMENTS))] \
         if grads_sharded else [(0.0, 0.0)]
     return [(a + c, b + d) for a, b in gathered for c, d in queued]
 

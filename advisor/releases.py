@@ -17,6 +17,15 @@ from typing import Literal
 FSDP_MAIN_GRADS = "--megatron-fsdp-main-grads-dtype"
 """core_v0.19.0's dtype of Megatron-FSDP's main gradients: fp32, bf16, fp16 or auto (its default,
 the weights' dtype; arguments.py, ``_add_distributed_args``)."""
+FSDP_MAIN_PARAMS = "--megatron-fsdp-main-params-dtype"
+"""core_v0.19.0's dtype of Megatron-FSDP's main weight buffer, the weights its optimizer updates:
+fp32 (its default), bf16, fp16, or auto (no such buffer: the optimizer updates the compute
+weights' own buffer; arguments.py; ``ParamAndGradBuffer._init_each_parameter_group_buffers``)."""
+FSDP_GRAD_COMM = "--megatron-fsdp-grad-comm-dtype"
+"""core_v0.19.0's dtype of Megatron-FSDP's gradient communication: fp32, bf16, fp16, or auto (its
+default: the main gradients' dtype; arguments.py; ``DataParallelBuffer.fetch_bucket``)."""
+FSDP_DTYPE_FLAGS = (FSDP_MAIN_GRADS, FSDP_MAIN_PARAMS, FSDP_GRAD_COMM)
+"""Megatron-FSDP's three dtype flags (``_add_distributed_args``): core_v0.19.0 has them, core_v0.15.2 none."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -133,7 +142,7 @@ RELEASES: tuple[MegatronRelease, ...] = (
         transformer_config_module="megatron.training.arguments", fsdp_sharding_strategy="no_shard", eval_interval=1000,
         uniform_recompute_any_n=False, flex_needs_enable_deepep=True, shared_expert_overlap_dispatchers=("alltoall",),
         uneven_middle_needs_layers=False,
-        lacks=frozenset({"--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms", FSDP_MAIN_GRADS}),
+        lacks=frozenset({"--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms", *FSDP_DTYPE_FLAGS}),
         imports=(("torch", ""), ("numpy", ""), ("packaging", ": megatron/training/arguments.py"),
                  ("six", ": megatron/training/tokenizer/bert_tokenization.py"),
                  ("regex", ": megatron/training/tokenizer/gpt2_tokenization.py"),

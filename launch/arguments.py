@@ -29,7 +29,7 @@ from advisor.models import LlamaSpec
 from advisor.moe import flags as moe_flags
 from advisor.options.flags import release_spelling
 from advisor.options.training import Recomputation
-from advisor.releases import FSDP_MAIN_GRADS
+from advisor.releases import FSDP_GRAD_COMM, FSDP_MAIN_GRADS, FSDP_MAIN_PARAMS
 from advisor.row_flags import Flag, flag_values, is_flag, parse_flags  # read here, and by the launch's other modules
 from launch.megatron_flags import TYPES, value_types, values_taken
 from launch.megatron_versions import MegatronVersion, check_flags, check_mock_data, check_recomputation
@@ -59,7 +59,7 @@ MEMORY_FLAGS = (
     "--tp-comm-overlap", "--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--optimizer-offload-fraction",
     "--fp8-recipe", "--fp8-param-gather", "--fp8-amax-history-len", "--no-create-attention-mask-in-dataloader",
     "--transformer-impl", "--disable-tp-comm-overlap-ag", "--disable-tp-comm-overlap-rs", "--tp-comm-overlap-rs-dgrad",
-    "--disable-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad", FSDP_MAIN_GRADS,
+    "--disable-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad", FSDP_MAIN_GRADS, FSDP_MAIN_PARAMS, FSDP_GRAD_COMM,
 )
 """Every flag behind a priced training option (``advisor.options.training_args``, and
 ``FSDP_MAIN_GRADS``, which a launch on core 0.19 adds: ``advisor.options.flags.release_spelling``) is decided."""

@@ -209,7 +209,7 @@ def _derive(args) -> dict:
         "persist_layer_norm": bool(config.persist_layer_norm),
         "use_distributed_optimizer": bool(args.use_distributed_optimizer),
         "grad_reduce_in_fp32": bool(args.accumulate_allreduce_grads_in_fp32),
-        "fsdp_main_grads_dtype": _fsdp_main_grads_dtype(args, config.params_dtype),
+        **_fsdp_dtypes(args, config.params_dtype),
         "recompute_granularity": config.recompute_granularity, "recompute_method": config.recompute_method,
         "recompute_num_layers": config.recompute_num_layers,
         "attention_backend": str(args.attention_backend).rpartition(".")[2],
@@ -233,34 +233,44 @@ def _derive(args) -> dict:
     }
 
 
-def _fsdp_main_grads_dtype(args, params_dtype) -> str | None:
-    """The dtype of Megatron-FSDP's main gradient buffer for the model's (BF16, FP16 or FP32)
-    weights, or None without Megatron-FSDP. core_v0.19.0: its own code, the DDP config that
-    ``get_megatron_ddp_config`` builds from the arguments, through ``MixedPrecisionPolicy`` (as
-    ``mcore_fsdp_adapter.py`` builds it) to ``ParamAndGradBuffer._resolve_group_grad_dtype``.
-    core_v0.15.2 has neither: its ``_init_each_parameter_group_buffers`` allocates
-    ``dtype=torch.float32 if grad_reduce_in_fp32 else grad_dtype`` (the weights' dtype), with
-    grad_reduce_in_fp32 from --accumulate-allreduce-grads-in-fp32 (training.py, get_model)."""
+def _fsdp_dtypes(args, params_dtype) -> dict:
+    """Megatron-FSDP's dtypes for the model's (BF16, FP16 or FP32) weights, each None without
+    Megatron-FSDP: ``fsdp_main_grads_dtype``, its main gradient buffer's; ``fsdp_main_params_dtype``,
+    its main weight buffer's ('None': no such buffer, the optimizer steps the weights' own);
+    ``fsdp_grad_comm_dtype``, what its gradient reduction moves. core_v0.19.0: its own code, the
+    DDP config that ``get_megatron_ddp_config`` builds from the arguments, through
+    ``MixedPrecisionPolicy`` (as ``mcore_fsdp_adapter.py`` builds it) to
+    ``ParamAndGradBuffer._resolve_group_grad_dtype`` for the gradients, the policy's
+    main_params_dtype for the main weights (``_init_each_parameter_group_buffers``), and its
+    grad_comm_dtype or, None, the gradient buffer's own dtype (``DataParallelBuffer.fetch_bucket``).
+    core_v0.15.2 has none of the three flags: its ``_init_each_parameter_group_buffers``
+    allocates ``dtype=torch.float32 if grad_reduce_in_fp32 else grad_dtype`` (the weights' dtype),
+    with grad_reduce_in_fp32 from --accumulate-allreduce-grads-in-fp32 (training.py, get_model),
+    reduces in that dtype, and keeps FP32 main weights (``preserve_fp32_weights``, default True)."""
     import types
 
     import torch
 
     if not args.use_megatron_fsdp:
-        return None
+        return {"fsdp_main_grads_dtype": None, "fsdp_main_params_dtype": None, "fsdp_grad_comm_dtype": None}
     try:
         from megatron.training.training import get_megatron_ddp_config
     except ImportError:  # core_v0.15.2
-        dtype = torch.float32 if args.accumulate_allreduce_grads_in_fp32 else params_dtype
+        grads = torch.float32 if args.accumulate_allreduce_grads_in_fp32 else params_dtype
+        main, comm = torch.float32, grads
     else:
         from megatron.core.distributed.fsdp.src.megatron_fsdp.mixed_precision import MixedPrecisionPolicy
         from megatron.core.distributed.fsdp.src.megatron_fsdp.param_and_grad_buffer import ParamAndGradBuffer
 
         ddp = get_megatron_ddp_config(args)
-        buffer = types.SimpleNamespace(mp_policy=MixedPrecisionPolicy(
+        policy = MixedPrecisionPolicy(
             main_params_dtype=ddp.megatron_fsdp_main_params_dtype, main_grads_dtype=ddp.megatron_fsdp_main_grads_dtype,
-            grad_comm_dtype=ddp.megatron_fsdp_grad_comm_dtype))
-        dtype = ParamAndGradBuffer._resolve_group_grad_dtype(buffer, types.SimpleNamespace(dtype=params_dtype), {})
-    return str(dtype).removeprefix("torch.")
+            grad_comm_dtype=ddp.megatron_fsdp_grad_comm_dtype)
+        buffer = types.SimpleNamespace(mp_policy=policy)
+        grads = ParamAndGradBuffer._resolve_group_grad_dtype(buffer, types.SimpleNamespace(dtype=params_dtype), {})
+        main, comm = policy.main_params_dtype, policy.grad_comm_dtype or grads
+    return {f"fsdp_{name}_dtype": str(dtype).removeprefix("torch.")
+            for name, dtype in (("main_grads", grads), ("main_params", main), ("grad_comm", comm))}
 
 
 def _optimizer_config_error(args) -> str | None:

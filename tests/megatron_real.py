@@ -31,6 +31,12 @@ CUDA_ON_CPU = ROOT / "tests" / "fixtures" / "cuda_on_cpu"
 # project's H100 probe), plus gloo for the CPU; the user's arguments after '--' in these tests.
 NO_TRANSFORMER_ENGINE = ["--transformer-impl", "local", "--no-rope-fusion", "--no-persist-layer-norm",
                          "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-swiglu-fusion"]
+TINY_MODEL_ARGS = ["--num-layers", "2", "--hidden-size", "256", "--ffn-hidden-size", "512", "--num-attention-heads",
+                   "4", "--seq-length", "128", "--max-position-embeddings", "128", "--micro-batch-size", "1",
+                   "--global-batch-size", "8", "--tensor-model-parallel-size", "1", "--mock-data", "--tokenizer-type",
+                   "NullTokenizer", "--vocab-size", "4096", "--no-rope-fusion", "--no-gradient-accumulation-fusion"]
+"""A two-layer model on 8 ranks (TP 1, DP 8) that validate_args takes without Transformer Engine:
+what a training option's own flags are checked beside (tests/test_fsdp_main_grads.py, test_fsdp_dtypes.py)."""
 # A rank waiting for a peer that never answers fails after 3 minutes instead of Megatron's 10,
 # and a launch is given 5 (one takes 7-31 s here): a hang costs CI minutes, not its whole budget.
 LAUNCH_TIMEOUT_S = 300
@@ -239,6 +245,11 @@ def lever_fields(training, tp: int) -> dict:
     dtypes = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "uint8"}  # uint8: Megatron's fp8
     # Megatron-FSDP's main gradients, as its buffer takes them (launch.megatron_check), are the priced ones
     fields.update(fsdp_main_grads_dtype=dtypes[p.grad_reduce_dtype] if dp.fsdp_strategy is not None else None)
+    # and its main weights ('None': none, auto) and what its reduction moves ('auto': the main gradients')
+    comm = p.grad_reduce_dtype if dp.fsdp_grad_comm_dtype == "auto" else dp.fsdp_grad_comm_dtype
+    fields.update(fsdp_main_params_dtype={**dtypes, "auto": "None"}[dp.fsdp_main_params_dtype]
+                  if dp.fsdp_strategy is not None else None,
+                  fsdp_grad_comm_dtype=dtypes[comm] if dp.fsdp_strategy is not None else None)
     if dp.fsdp_strategy is not None:
         fields.update(data_parallel_sharding_strategy=dp.fsdp_strategy, ckpt_format="fsdp_dtensor")
     if dp.torch_fsdp2:

@@ -170,14 +170,10 @@ def test_megatron_keeps_the_priced_gradient_dtype_in_the_launched_args(tag):
     """The real parse_args/validate_args, and on core_v0.19.0 its DDP config and FSDP buffer's
     dtype rule (launch.megatron_check): the launched list derives the priced dtype; on
     core_v0.19.0 the list without the flag (a row copied by hand) derives BF16."""
-    from megatron_real import checkout, validate
+    from megatron_real import TINY_MODEL_ARGS as base, checkout, validate
 
     release = checkout(tag)  # skips without it
     rules = named(tag)
-    base = ["--num-layers", "2", "--hidden-size", "256", "--ffn-hidden-size", "512", "--num-attention-heads", "4",
-            "--seq-length", "128", "--max-position-embeddings", "128", "--micro-batch-size", "1",
-            "--global-batch-size", "8", "--tensor-model-parallel-size", "1", "--mock-data", "--tokenizer-type",
-            "NullTokenizer", "--vocab-size", "4096", "--no-rope-fusion", "--no-gradient-accumulation-fusion"]
     cases, expected = [], []
     for grad, dtype in (("fp32", "float32"), ("bf16", "bfloat16")):
         written = training_args(TrainingOptions().with_(fsdp_strategy="optim_grads", grad_reduce_dtype=grad), tp=1)

@@ -47,6 +47,18 @@ LAYOUT = ["--model", "llama3.1-70b", "--tp", "4", "--pp", "4", "--dp", "8", "--m
     # up to the all-gather prefetch of 5 x 10^8 elements, in BF16
     (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params", "--megatron-version", "0.15"),
      2 * N / 8 + 2 * (LAYER + 500_000_000), 4 * N / 8 + 4 * (1_000_000_000 + LAYER), 12 * N / 8),
+    # core_v0.19.0's Megatron-FSDP dtypes (tests/test_fsdp_dtypes.py): BF16 main gradients reduced in FP32
+    # (--megatron-fsdp-grad-comm-dtype fp32): the shard 2 N / 8, the queued un-sharded buckets in FP32
+    # (main_grad_getter's fetch_bucket(dtype=grad_comm_dtype))
+    (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params", "--megatron-version", "0.19",
+      "--grad-dtype", "bf16", "--megatron-fsdp-grad-comm-dtype", "fp32"),
+     2 * N / 8 + 2 * (LAYER + 500_000_000), 2 * N / 8 + 4 * (1_000_000_000 + LAYER), 12 * N / 8),
+    # BF16 main weights (--megatron-fsdp-main-params-dtype bf16): 2 bytes and FusedAdam's two FP32
+    # moments, 10 N / 8; none ('auto': Adam steps the BF16 weights' shards), the moments alone, 8 N / 8
+    (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim", "--megatron-version", "0.19",
+      "--megatron-fsdp-main-params-dtype", "bf16"), 2 * N, 4 * N, 10 * N / 8),
+    (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads", "--megatron-version", "0.19",
+      "--megatron-fsdp-main-params-dtype", "auto"), 2 * N, 4 * N / 8 + 4 * (1_000_000_000 + LAYER), 8 * N / 8),
     # FP8 without --fp8-param-gather: each TE linear caches its weight's FP8 copy and transpose
     # (megatron-core passes is_first_microbatch), 1 + 1 bytes a GEMM weight beside the BF16 one,
     # and current scaling keeps no amax history

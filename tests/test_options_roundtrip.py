@@ -11,7 +11,7 @@ from advisor.errors import AdvisorError
 from advisor.options import (FP8_RECIPES, FSDP_STRATEGIES, TrainingOptions, parse_training_args, release_defaults,
                               training_args)
 from advisor.options.flags import release_spelling
-from advisor.options.training import MAIN_PARAMS_DTYPES, MOMENT_DTYPES
+from advisor.options.training import FSDP_GRAD_COMM_DTYPES, FSDP_MAIN_PARAMS_DTYPES, MAIN_PARAMS_DTYPES, MOMENT_DTYPES
 
 @st.composite
 def training_options(draw) -> TrainingOptions:
@@ -29,11 +29,17 @@ def training_options(draw) -> TrainingOptions:
     sequence_parallel, flash = draw(st.booleans()), draw(st.booleans())
     recompute = draw(st.sampled_from(["none", "selective", "full"]))
     full = recompute == "full"
+    # Megatron-FSDP's own dtypes (core_v0.19.0): main weights other than FP32 not with offload, and
+    # a communication dtype other than the main gradients' only where the gradients are sharded
+    main_weights = draw(st.sampled_from(FSDP_MAIN_PARAMS_DTYPES)) if fsdp and not offload else "fp32"
+    comm = draw(st.sampled_from(FSDP_GRAD_COMM_DTYPES if fsdp in ("optim_grads", "optim_grads_params")
+                                else ("auto", grad))) if fsdp else "auto"
     return TrainingOptions().with_(
         params_dtype=params, grad_reduce_dtype=grad, fp8_format=fp8, fp8_recipe=recipe, fp8_param_gather=gather,
         fp8_amax_history_len=draw(st.integers(1, 1024)) if fp8 else 1, distributed_optimizer=distributed,
         overlap_grad_reduce=grad_overlap, overlap_param_gather=grad_overlap and distributed and draw(st.booleans()),
-        fsdp_strategy=fsdp, sequence_parallel=sequence_parallel,
+        fsdp_strategy=fsdp, fsdp_main_params_dtype=main_weights, fsdp_grad_comm_dtype=comm,
+        sequence_parallel=sequence_parallel,
         # Transformer Engine's userbuffers take no blockwise FP8 (TrainingOptions refuses the pair)
         tp_comm_overlap=sequence_parallel and not (fp8 and recipe == "blockwise") and draw(st.booleans()),
         recompute=recompute,
@@ -57,6 +63,10 @@ def training_options(draw) -> TrainingOptions:
 def test_any_options_read_back_from_their_flags(options, tp, release):
     if options.loss.cross_entropy_fusion == "te" and release == "0.19":  # validate_args refuses it there
         with pytest.raises(AdvisorError, match="refuses it"):
+            training_args(options, tp=tp, release=release)
+        return
+    if options.data_parallel.fsdp_dtype_flags() and release != "0.19":  # core_v0.15.2 has no such flags
+        with pytest.raises(AdvisorError, match="has no such flag"):
             training_args(options, tp=tp, release=release)
         return
     # as advisor-launch writes them on that release (core_v0.19.0: Megatron-FSDP's gradient dtype stated)

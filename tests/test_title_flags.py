@@ -45,6 +45,10 @@ CHANGES = [
     ({"overlap_param_gather": False}, "no --overlap-param-gather"),
     # the checkpoint format Megatron-FSDP needs comes with it; the strategy is said (releases differ)
     ({"fsdp_strategy": "optim_grads"}, "--use-megatron-fsdp, --data-parallel-sharding-strategy optim_grads"),
+    # core 0.19's own Megatron-FSDP dtypes, by their flags where off Megatron's defaults
+    ({"fsdp_strategy": "optim_grads", "fsdp_main_params_dtype": "auto", "fsdp_grad_comm_dtype": "bf16"},
+     "--use-megatron-fsdp, --data-parallel-sharding-strategy optim_grads, --megatron-fsdp-main-params-dtype auto, "
+     "--megatron-fsdp-grad-comm-dtype bf16"),
     ({"torch_fsdp2": True, "distributed_optimizer": False, "overlap_param_gather": False}, "--use-torch-fsdp2"),
     ({"optimizer_cpu_offload": True}, "--optimizer-cpu-offload"),  # with the precision-aware optimizer it needs
     ({"optimizer_cpu_offload": True, "optimizer_offload_fraction": 0.5},

@@ -14,7 +14,8 @@ from advisor.cli.options import (DEGREE, LAYERS, MICRO_BATCH, VOCABULARY, Bounde
                                  apply_options)
 from advisor.errors import AdvisorError
 from advisor.options.training import (
-    CROSS_ENTROPY_FUSIONS, DATALOADER_MASKS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, MAIN_PARAMS_DTYPES,
+    CROSS_ENTROPY_FUSIONS, DATALOADER_MASKS, FP8_FORMATS, FP8_RECIPES, FSDP_GRAD_COMM_DTYPES, FSDP_MAIN_PARAMS_DTYPES,
+    FSDP_STRATEGIES, MAIN_PARAMS_DTYPES,
     MOMENT_DTYPES, RECOMPUTE_METHODS, RECOMPUTES, TP_COMM_SUB_FLAGS, DataParallel, sub_option_on,
 )
 
@@ -69,6 +70,16 @@ TRAINING_FLAGS = [
                  help="With --use-megatron-fsdp: no_shard (DDP-like), optim (ZeRO-1), optim_grads (ZeRO-2), "
                       "optim_grads_params (ZeRO-3). Default: --megatron-version's (no_shard in 0.15, "
                       "optim_grads_params in 0.19); always emitted."),
+    click.option("--megatron-fsdp-main-params-dtype", "fsdp_main_params_dtype",
+                 type=click.Choice(FSDP_MAIN_PARAMS_DTYPES), default="fp32", show_default=True,
+                 help="With --use-megatron-fsdp, core 0.19 only: its main weights, which Adam steps (its moments stay "
+                      "FP32): bf16/fp16 keep 2 bytes per parameter instead of 4, auto none (Adam steps the BF16 "
+                      "weights themselves)."),
+    click.option("--megatron-fsdp-grad-comm-dtype", "fsdp_grad_comm_dtype",
+                 type=click.Choice(FSDP_GRAD_COMM_DTYPES), default="auto", show_default=True,
+                 help="With --use-megatron-fsdp, core 0.19 only: the dtype its gradients are reduced in (auto: the "
+                      "main gradients'): the DP reduce traffic and, with optim_grads(_params), the un-sharded "
+                      "gradient buckets."),
     click.option("--use-torch-fsdp2", is_flag=True, default=False,
                  help="torch FSDP2 instead of DDP (advisor estimate only): weights, gradients and optimizer "
                       "states sharded over DP x CP, gathered and reduce-scattered layer by layer in BF16; "
@@ -134,7 +145,7 @@ TP_COMM_SWITCHES = {flag[2:].replace("-", "_"): field for field, flag in TP_COMM
 
 _NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "grads_in_fp32", "bf16", "overlap_grad_reduce", "overlap_param_gather",
           "tp_comm_overlap", "tp_comm_overlap_cfg", *TP_COMM_SWITCHES, "use_megatron_fsdp",
-          "data_parallel_sharding_strategy",
+          "data_parallel_sharding_strategy", "fsdp_main_params_dtype", "fsdp_grad_comm_dtype",
           "use_torch_fsdp2", "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer", "main_params_dtype",
           "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_format", "fp8_recipe", "fp8_param_gather", "sequence_parallel",
           "flash_attn", "dataloader_mask", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
@@ -184,7 +195,7 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
     option given without the one it qualifies (not with --from-command, whose own line names
     the option the command decides)."""
     from advisor.options import TrainingOptions, release_defaults
-    from advisor.options.flags import te_cross_entropy_problem
+    from advisor.options.flags import fsdp_dtypes_problem, te_cross_entropy_problem
 
     v = {name: kwargs.pop(name) for name in _NAMES}
     try:
@@ -219,6 +230,7 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
             fp8_format=v["fp8_format"], fp8_recipe=v["fp8_recipe"], fp8_param_gather=v["fp8_param_gather"],
             distributed_optimizer=distributed, overlap_grad_reduce=v["overlap_grad_reduce"],
             overlap_param_gather=gather, fsdp_strategy=fsdp, torch_fsdp2=torch_fsdp2,
+            fsdp_main_params_dtype=v["fsdp_main_params_dtype"], fsdp_grad_comm_dtype=v["fsdp_grad_comm_dtype"],
             tp_comm_overlap=v["tp_comm_overlap"], tp_comm_overlap_cfg=v["tp_comm_overlap_cfg"],
             **{field: sub_option_on(field, v[name]) for name, field in TP_COMM_SWITCHES.items()},
             sequence_parallel=v["sequence_parallel"], flash_attention=v["flash_attn"], dataloader_mask=mask,
@@ -228,6 +240,7 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
             exp_avg_dtype=v["exp_avg_dtype"], exp_avg_sq_dtype=v["exp_avg_sq_dtype"],
             cross_entropy_fusion=fusion, **fixed)
         te_cross_entropy_problem(options, release)
+        fsdp_dtypes_problem(options, release)
     except AdvisorError as exc:
         raise InputError(str(exc)) from None
     kwargs["release"] = release

@@ -4,8 +4,10 @@ reader (``parse_training_args``). Flag names, defaults and rules are those of
 
 Emission states every priced option explicitly, Megatron's defaults included, so a list means
 the same on every release (the FSDP sharding strategy's default differs between releases; it is
-always written), but for one flag only core_v0.19.0 has: Megatron-FSDP's gradient dtype, which
-a launch there adds (``release_spelling``, ``fsdp_main_grads_args``). Reading applies
+always written), but for the flags only core_v0.19.0 has: Megatron-FSDP's gradient dtype, which
+a launch there adds (``release_spelling``, ``fsdp_main_grads_args``), and its main-weight and
+communication dtypes, written only where they differ from its defaults (refused for a release
+without them: ``fsdp_dtypes_problem``). Reading applies
 the target release's defaults to flags a command line leaves out, and names the flags that
 change memory or time but that the options do not describe.
 """
@@ -19,12 +21,13 @@ from advisor.errors import AdvisorError
 from advisor.options.local_spec import NO_PERSIST_FLAG
 from advisor.options.releases import release_defaults
 from advisor.options.training import (
-    CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, MEGATRON_CROSS_ENTROPY_KERNEL, RECOMPUTE_METHODS,
-    MAIN_PARAMS_DTYPES, MOMENT_DTYPES, RECOMPUTES, Attention, DataParallel, Loss, Offload, OptimizerStates, Precision,
+    CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_GRAD_COMM_DTYPES, FSDP_MAIN_PARAMS_DTYPES, FSDP_STRATEGIES,
+    MEGATRON_CROSS_ENTROPY_KERNEL, RECOMPUTE_METHODS, MAIN_PARAMS_DTYPES, MOMENT_DTYPES, RECOMPUTES, Attention,
+    DataParallel, Loss, Offload, OptimizerStates, Precision,
     TP1_OVERLAP_PROBLEM, TP_COMM_SUB_FLAGS, Recomputation, TensorParallel, TrainingOptions, megatron_grad_reduce_dtype,
     sub_option_on,
 )
-from advisor.releases import FSDP_MAIN_GRADS
+from advisor.releases import FSDP_GRAD_COMM, FSDP_MAIN_GRADS, FSDP_MAIN_PARAMS
 
 _MEGATRON_PRECISION = Precision()
 """Its FP8 recipe and amax history are Megatron-LM's defaults (the fields' own): what a flag left
@@ -36,6 +39,29 @@ def te_cross_entropy_problem(options: TrainingOptions, release) -> None:
     if options.loss.cross_entropy_fusion == "te" and not release.te_cross_entropy:
         raise AdvisorError(f"--cross-entropy-fusion-impl te: {release.name}'s validate_args refuses it "
                            "('disabled due to stability issues'); use native or --megatron-version 0.15")
+
+
+_FSDP_RELEASE_KEEPS = {
+    FSDP_MAIN_GRADS: "its Megatron-FSDP keeps FP32 gradients with --accumulate-allreduce-grads-in-fp32",
+    FSDP_MAIN_PARAMS: "its Megatron-FSDP always keeps FP32 main weights",
+    FSDP_GRAD_COMM: "its Megatron-FSDP reduces gradients in their buffer's dtype",
+}
+"""What core_v0.15.2, which has none of Megatron-FSDP's dtype flags, does instead (its
+megatron_fsdp/param_and_grad_buffer.py): the refusal of each flag says it."""
+
+
+def _fsdp_flag_refused(flag: str, release) -> AdvisorError:
+    """The one line for Megatron-FSDP's dtype ``flag`` on ``release``, which lacks it."""
+    return AdvisorError(f"{flag}: {release.name} has no such flag (its argument parser refuses the command; "
+                        f"{_FSDP_RELEASE_KEEPS[flag]}); core 0.19 reads it: --megatron-version 0.19")
+
+
+def fsdp_dtypes_problem(options: TrainingOptions, release) -> None:
+    """AdvisorError where ``release`` (a ``release_defaults``) lacks a Megatron-FSDP dtype flag the
+    options state (``DataParallel.fsdp_dtype_flags``)."""
+    for flag, _ in options.data_parallel.fsdp_dtype_flags():
+        if flag in release.lacks:
+            raise _fsdp_flag_refused(flag, release)
 
 
 def _number(value: float) -> str:
@@ -50,6 +76,7 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
     defaults = release_defaults(release)  # an unknown release is refused here, before anything is written
     if release is not None:  # the CLI checked the loss kernel against the release its user named
         te_cross_entropy_problem(options, defaults)
+        fsdp_dtypes_problem(options, defaults)
     p, dp, tpo, r, a, o = (options.precision, options.data_parallel, options.tensor_parallel,
                            options.recomputation, options.attention, options.offload)
     args = {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float32": []}[p.params_dtype]
@@ -70,9 +97,10 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
     if dp.distributed_optimizer:
         args.append("--use-distributed-optimizer")
     if dp.fsdp_strategy is not None:
-        # Megatron-FSDP saves only in its own checkpoint format (validate_args asserts it).
+        # Megatron-FSDP saves only in its own checkpoint format (validate_args asserts it); its
+        # dtype flags, core_v0.19.0's only, only where they differ from its defaults
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", dp.fsdp_strategy,
-                 "--ckpt-format", "fsdp_dtensor"]
+                 "--ckpt-format", "fsdp_dtensor", *(word for pair in dp.fsdp_dtype_flags() for word in pair)]
     if dp.torch_fsdp2:
         # validate_args: FSDP2 refuses gradient-accumulation fusion (on by default) and saves only
         # in torch_dist or torch_dcp (torch_dist is the default; stated, as Megatron-FSDP's).
@@ -204,7 +232,8 @@ def _data_parallel_words(dp: DataParallel) -> list[str]:
     if dp.torch_fsdp2:
         words = ["--use-torch-fsdp2"]
     elif dp.fsdp_strategy is not None:
-        words = ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {dp.fsdp_strategy}"]
+        words = ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {dp.fsdp_strategy}",
+                 *(f"{flag} {value}" for flag, value in dp.fsdp_dtype_flags())]
     else:
         words = [] if dp.distributed_optimizer else ["no --use-distributed-optimizer"]
     if not dp.overlap_grad_reduce:
@@ -250,7 +279,8 @@ VALUED = frozenset({
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--attention-backend",
     "--optimizer-offload-fraction", "--make-vocab-size-divisible-by", "--tensor-model-parallel-size",
     "--transformer-impl", "--cross-entropy-fusion-impl", "--main-grads-dtype", "--main-params-dtype",
-    "--exp-avg-dtype", "--exp-avg-sq-dtype", "--tp-comm-overlap-cfg", FSDP_MAIN_GRADS,
+    "--exp-avg-dtype", "--exp-avg-sq-dtype", "--tp-comm-overlap-cfg", FSDP_MAIN_GRADS, FSDP_MAIN_PARAMS,
+    FSDP_GRAD_COMM,
 })
 MULTI = frozenset({"--recompute-modules"})
 """Flags with several values (Megatron's nargs), each read whole: the words after it up to the next flag."""
@@ -373,9 +403,7 @@ def _fsdp_main_grads(values: dict, params: str, unpriced: list[str], release) ->
     parser refuses the flag (AdvisorError). Given without Megatron-FSDP it is named in ``unpriced``."""
     defaults = release_defaults(release)
     if FSDP_MAIN_GRADS in values and not defaults.fsdp_main_grads_own_flag:
-        raise AdvisorError(f"{FSDP_MAIN_GRADS}: {defaults.name} has no such flag (its argument parser refuses the "
-                           "command; its Megatron-FSDP keeps FP32 gradients with --accumulate-allreduce-grads-in-fp32)"
-                           "; core 0.19 reads it: --megatron-version 0.19")
+        raise _fsdp_flag_refused(FSDP_MAIN_GRADS, defaults)
     if "--use-megatron-fsdp" not in values:
         if FSDP_MAIN_GRADS in values:
             unpriced.append(f"{FSDP_MAIN_GRADS} without --use-megatron-fsdp (Megatron ignores it; priced without)")
@@ -410,7 +438,7 @@ def fsdp_main_grads_args(args: Sequence[str]) -> list[str]:
     return [FSDP_MAIN_GRADS, _precision(values).grad_reduce_dtype]
 
 
-def _data_parallel(values: dict, release) -> DataParallel:
+def _data_parallel(values: dict, release, unpriced: list[str]) -> DataParallel:
     fsdp = None
     if "--use-megatron-fsdp" in values:
         fsdp = _one_of(values, "--data-parallel-sharding-strategy", FSDP_STRATEGIES,
@@ -420,7 +448,24 @@ def _data_parallel(values: dict, release) -> DataParallel:
         distributed_optimizer=DataParallel.distributed_optimizer_for("--use-distributed-optimizer" in values, fsdp),
         overlap_grad_reduce="--overlap-grad-reduce" in values,
         overlap_param_gather="--overlap-param-gather" in values, fsdp_strategy=fsdp,
-        torch_fsdp2="--use-torch-fsdp2" in values)
+        torch_fsdp2="--use-torch-fsdp2" in values, **_fsdp_dtypes(values, fsdp, release, unpriced))
+
+
+def _fsdp_dtypes(values: dict, fsdp: str | None, release, unpriced: list[str]) -> dict:
+    """Megatron-FSDP's main-weight and gradient-communication dtypes (``DataParallel``'s fields)
+    as ``release`` reads them: core_v0.19.0's flags, at its defaults where left out; a release
+    without them (core_v0.15.2) refuses them (AdvisorError). Without Megatron-FSDP, Megatron
+    ignores them: named in ``unpriced``."""
+    defaults = release_defaults(release)
+    given = [flag for flag in (FSDP_MAIN_PARAMS, FSDP_GRAD_COMM) if flag in values]
+    for flag in given:
+        if flag in defaults.lacks:
+            raise _fsdp_flag_refused(flag, defaults)
+    if fsdp is None:
+        unpriced += [f"{flag} without --use-megatron-fsdp (Megatron ignores it; priced without)" for flag in given]
+        return {}
+    return {"fsdp_main_params_dtype": _one_of(values, FSDP_MAIN_PARAMS, FSDP_MAIN_PARAMS_DTYPES, "fp32"),
+            "fsdp_grad_comm_dtype": _one_of(values, FSDP_GRAD_COMM, FSDP_GRAD_COMM_DTYPES, "auto")}
 
 
 def _recomputation(values: dict, unpriced: list[str]) -> Recomputation:
@@ -549,7 +594,7 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
                                 "HybridDeviceOptimizer keeps FP32 states, as priced)")
                 del values[flag]
     options = TrainingOptions(
-        precision=_precision(values, unpriced, release), data_parallel=_data_parallel(values, release),
+        precision=_precision(values, unpriced, release), data_parallel=_data_parallel(values, release, unpriced),
         tensor_parallel=_tensor_parallel(values, unpriced),
         recomputation=_recomputation(values, unpriced), attention=_attention(values),
         offload=Offload(optimizer_cpu_offload="--optimizer-cpu-offload" in values,

@@ -24,6 +24,7 @@ from typing import Literal, get_args
 from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.options.releases import release_defaults
+from advisor.releases import FSDP_GRAD_COMM, FSDP_MAIN_PARAMS
 
 ParamsDtype = Literal["bfloat16", "float16", "float32"]
 GradDtype = Literal["fp32", "bf16", "fp16"]
@@ -37,6 +38,8 @@ TransformerImpl = Literal["transformer_engine", "local"]
 CrossEntropyFusion = Literal["none", "native", "te"]
 MainParamsDtype = Literal["fp32", "fp16"]
 MomentDtype = Literal["fp32", "fp16", "bf16", "fp8"]
+FsdpMainParamsDtype = Literal["fp32", "bf16", "fp16", "auto"]
+FsdpGradCommDtype = Literal["fp32", "fp16", "bf16", "auto"]
 
 # Each choice's values, from its type: the fields' checks, the command line's choices and the
 # flag readers all take them from here.
@@ -52,6 +55,8 @@ TRANSFORMER_IMPLS: tuple[str, ...] = get_args(TransformerImpl)
 CROSS_ENTROPY_FUSIONS: tuple[str, ...] = get_args(CrossEntropyFusion)
 MAIN_PARAMS_DTYPES: tuple[str, ...] = get_args(MainParamsDtype)
 MOMENT_DTYPES: tuple[str, ...] = get_args(MomentDtype)
+FSDP_MAIN_PARAMS_DTYPES: tuple[str, ...] = get_args(FsdpMainParamsDtype)
+FSDP_GRAD_COMM_DTYPES: tuple[str, ...] = get_args(FsdpGradCommDtype)
 
 
 def _choice(value, allowed, what: str) -> None:
@@ -75,6 +80,15 @@ def megatron_grad_reduce_dtype(params_dtype: str) -> str:
     the titles all follow it."""
     return "fp16" if params_dtype == "float16" else "fp32"
 
+
+FSDP_MAIN_WEIGHT_KINDS = {"bf16": "fsdp_half", "fp16": "fsdp_half", "auto": "fsdp_none"}
+"""How Megatron-FSDP's main weights are kept (``memory_levers.STATE_BYTES``'s keys) by its
+--megatron-fsdp-main-params-dtype other than fp32: a 2-byte main-weight buffer, or none ('auto':
+the optimizer steps the compute weights' buffer, ``ParamAndGradBuffer._init_distributed_params``,
+'fall-back logic on mbuf -> wbuf'). Its optimizer is Transformer Engine's FusedAdam without
+master weights (not the precision-aware optimizer, which the options refuse with FSDP), whose
+moments are FP32 whatever the parameter's dtype (``_initialize_state``: ``exp_avg_dtype``,
+default torch.float32)."""
 
 MEGATRON_CROSS_ENTROPY_KERNEL = "native"
 """--cross-entropy-fusion-impl's default with --cross-entropy-loss-fusion (both releases)."""
@@ -152,9 +166,24 @@ class DataParallel:
     dtype, with Megatron's non-distributed optimizer over the shards. Megatron's validate_args
     refuses it with the distributed optimizer (so with --overlap-param-gather), FP16, tied
     embeddings and PP or EP > 1 (the last two are the layout's: ``TrainingOptions.layout_problem``)."""
+    fsdp_main_params_dtype: FsdpMainParamsDtype = "fp32"
+    """Megatron-FSDP's main weights, which its optimizer updates (core_v0.19.0's
+    --megatron-fsdp-main-params-dtype; core_v0.15.2 keeps them in FP32): an FP32 buffer (the
+    default), a BF16 or FP16 one, or 'auto', none (the optimizer updates the compute weights'
+    buffer). Sharded as the optimizer states; Adam's moments stay FP32 whatever it is
+    (``TrainingOptions._state_kinds``)."""
+    fsdp_grad_comm_dtype: FsdpGradCommDtype = "auto"
+    """Megatron-FSDP's gradient reduce-scatter (or all-reduce) dtype (core_v0.19.0's
+    --megatron-fsdp-grad-comm-dtype): 'auto', the main gradients' (the default), or fp32, bf16,
+    fp16. Where gradients are sharded its un-sharded buckets take it (``TrainingOptions.grad_comm_bytes``)."""
 
     def __post_init__(self) -> None:
         _switches(self)
+        _choice(self.fsdp_main_params_dtype, FSDP_MAIN_PARAMS_DTYPES, FSDP_MAIN_PARAMS)
+        _choice(self.fsdp_grad_comm_dtype, FSDP_GRAD_COMM_DTYPES, FSDP_GRAD_COMM)
+        if self.fsdp_strategy is None:
+            for flag, value in self.fsdp_dtype_flags():
+                raise AdvisorError(f"{flag} {value} needs --use-megatron-fsdp")
         if self.torch_fsdp2:
             if self.fsdp_strategy is not None:
                 raise AdvisorError("--use-torch-fsdp2 and --use-megatron-fsdp are two FSDPs: choose one")
@@ -176,6 +205,13 @@ class DataParallel:
         ``fsdp_strategy``: Megatron-FSDP runs with the distributed optimizer asked or not
         (core_v0.19.0's validate_args turns it on), and the options state it."""
         return asked or fsdp_strategy is not None
+
+    def fsdp_dtype_flags(self) -> list[tuple[str, str]]:
+        """Megatron-FSDP's dtype flags (core_v0.19.0's) whose value differs from Megatron's default,
+        with that value: the flags a list states (``advisor.options.flags.training_args``)."""
+        return [(flag, value) for flag, value, default in (
+            (FSDP_MAIN_PARAMS, self.fsdp_main_params_dtype, "fp32"),
+            (FSDP_GRAD_COMM, self.fsdp_grad_comm_dtype, "auto")) if value != default]
 
 
 TP_COMM_SUB_FLAGS = {"tp_comm_overlap_ag": "--disable-tp-comm-overlap-ag",
@@ -522,6 +558,7 @@ class TrainingOptions:
             raise AdvisorError("--optimizer-cpu-offload with --fp8-param-gather needs --fp8-recipe delayed "
                                "(Megatron-LM refuses it otherwise)")
         self._check_optimizer_states()
+        self._check_fsdp_dtypes()
         if precision.fp8_format is not None and self.tensor_parallel.tp_comm_overlap:
             _check_fp8_userbuffers(precision.fp8_recipe, self.tensor_parallel)
         if precision.fp8_format is None and precision.fp8_recipe != "delayed" \
@@ -552,6 +589,44 @@ class TrainingOptions:
         if not dp.distributed_optimizer:
             raise AdvisorError("--use-precision-aware-optimizer needs --use-distributed-optimizer (megatron-core "
                                "refuses it without)")
+
+    def _check_fsdp_dtypes(self) -> None:
+        """Megatron-FSDP's dtypes (core_v0.19.0) where the advisor has no price: main weights other
+        than FP32 with optimizer offload (Megatron's HybridDeviceOptimizer keeps FP32 copies of
+        its own), and a gradient communication dtype other than the main gradients' where the
+        gradients are not sharded (no_shard, optim): Megatron-FSDP then allocates an un-sharded
+        bucket in that dtype for each bucket of the last microbatch's backward
+        (``GradReducePipeline._bucket_group_gradient_reduce``: 'an extra un-sharded buffer needs
+        to be allocated!'), held while the stage holds fewer activations than at its peak."""
+        dp = self.data_parallel
+        if dp.fsdp_main_params_dtype != "fp32" and self.offload.optimizer_cpu_offload:
+            raise AdvisorError(f"{FSDP_MAIN_PARAMS} {dp.fsdp_main_params_dtype} with --optimizer-cpu-offload is not "
+                               "priced (Megatron's HybridDeviceOptimizer keeps FP32 copies of its own)")
+        if self._custom_grad_comm and dp.fsdp_strategy in ("no_shard", "optim"):
+            raise AdvisorError(f"{FSDP_GRAD_COMM} {dp.fsdp_grad_comm_dtype} with {self.precision.grad_reduce_dtype} "
+                               f"main gradients and --data-parallel-sharding-strategy {dp.fsdp_strategy} is not priced "
+                               "(Megatron-FSDP copies each un-sharded bucket into that dtype to reduce it); use auto, "
+                               "or optim_grads / optim_grads_params")
+
+    @property
+    def _custom_grad_comm(self) -> bool:
+        """Whether Megatron-FSDP communicates gradients in a dtype other than its main gradients'."""
+        comm = self.data_parallel.fsdp_grad_comm_dtype
+        return comm not in ("auto", self.precision.grad_reduce_dtype)
+
+    @property
+    def grad_comm_bytes(self) -> int:
+        """Bytes of one gradient element on the wire in the data-parallel reduction, and in
+        Megatron-FSDP's un-sharded gradient buckets where it shards the gradients: its
+        --megatron-fsdp-grad-comm-dtype's, else the main gradients' (``Precision.gradient_bytes``).
+        core_v0.19.0 megatron_fsdp/param_and_grad_buffer.py: ``main_grad_getter`` and the
+        reduce-scatter fetch those buckets with ``fetch_bucket(dtype=mp_policy.grad_comm_dtype if
+        gbuf.is_data_distributed else None)``, which takes the buffer's own dtype for None;
+        ``reduce_scatter_tensor`` then moves them, and the reduced shard is added into the
+        main-gradient shard (``local_grad += reduced_grad``)."""
+        if not self._custom_grad_comm:
+            return self.precision.gradient_bytes
+        return 4 if self.data_parallel.fsdp_grad_comm_dtype == "fp32" else 2
 
     @property
     def precision_aware_optimizer(self) -> bool:
@@ -628,10 +703,13 @@ class TrainingOptions:
         the dtypes (get_megatron_optimizer builds it instead of the precision-aware FusedAdam)."""
         from advisor.memory_levers import optimizer_state_kinds
 
-        states = self.optimizer_states
-        return optimizer_state_kinds(states.precision_aware_optimizer, states.main_params_dtype, states.exp_avg_dtype,
-                                     states.exp_avg_sq_dtype, bf16_weights=self.precision.params_dtype == "bfloat16",
-                                     te_holds_masters=self._te_holds_masters)
+        states, dp = self.optimizer_states, self.data_parallel
+        kinds = optimizer_state_kinds(states.precision_aware_optimizer, states.main_params_dtype, states.exp_avg_dtype,
+                                      states.exp_avg_sq_dtype, bf16_weights=self.precision.params_dtype == "bfloat16",
+                                      te_holds_masters=self._te_holds_masters)
+        if dp.fsdp_strategy is not None and dp.fsdp_main_params_dtype != "fp32":  # not offloaded, not precision-aware
+            return (FSDP_MAIN_WEIGHT_KINDS[dp.fsdp_main_params_dtype], *kinds[1:])
+        return kinds
 
     @property
     def _te_holds_masters(self) -> bool:
@@ -664,6 +742,7 @@ class TrainingOptions:
             # torch FSDP2 keeps its sharded gradients in the weights' dtype (advisor.memory_levers).
             distributed_optimizer=dp.distributed_optimizer or dp.torch_fsdp2,
             gradient_bytes=p.element_bytes if dp.torch_fsdp2 else p.gradient_bytes,
+            grad_comm_bytes=self.grad_comm_bytes if self._custom_grad_comm else None,
             element_bytes=p.element_bytes, recompute=r.recompute, recompute_method=r.recompute_method,
             recompute_num_layers=r.recompute_num_layers, recompute_modules=r.selective_modules,
             fused_norms=self.attention.transformer_impl == "transformer_engine",
@@ -695,6 +774,7 @@ class TrainingOptions:
         else:
             fsdp = dict(overlap_grad_reduce=dp.overlap_grad_reduce, overlap_param_gather=dp.overlap_param_gather,
                         distributed_optimizer=dp.distributed_optimizer, grad_reduce_bytes=p.gradient_bytes,
+                        grad_comm_bytes=self.grad_comm_bytes if self._custom_grad_comm else None,
                         fsdp_strategy=dp.fsdp_strategy)
         return TimeOptions(
             **fsdp, tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,

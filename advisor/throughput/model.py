@@ -41,6 +41,9 @@ class TimeOptions:
     distributed_optimizer: bool = True
     grad_reduce_bytes: int = 4
     """4 with --accumulate-allreduce-grads-in-fp32 (the paper), 2 for BF16 gradient reduction."""
+    grad_comm_bytes: int | None = None
+    """Megatron-FSDP's gradient element on the wire where it differs from ``grad_reduce_bytes``
+    (core_v0.19.0's --megatron-fsdp-grad-comm-dtype); None: ``grad_reduce_bytes``."""
     optimizer_step_bytes: float = 38.0
     """HBM bytes per parameter of the Adam step (``terms.optimizer_step_bytes``): 38 with FP32
     states, fewer with the precision-aware optimizer's."""
@@ -397,7 +400,9 @@ class TimeModel:
         opts, rates = self.options, self.rates
         strategy = opts.fsdp_strategy
         param_bytes = 1 if opts.fp8_param_gather else terms.BF16
-        reduce, gather = terms.data_parallel_time(params, shards, span, rates, opts.grad_reduce_bytes,
+        # what the reduction moves: Megatron-FSDP's communication dtype where it has its own
+        wire = opts.grad_reduce_bytes if opts.grad_comm_bytes is None else opts.grad_comm_bytes
+        reduce, gather = terms.data_parallel_time(params, shards, span, rates, wire,
                                                   opts.distributed_optimizer and strategy != "no_shard", per_node,
                                                   param_bytes)
         if strategy in ("optim_grads", "optim_grads_params"):  # reduced per microbatch instead
@@ -410,7 +415,7 @@ class TimeModel:
         if strategy in ("optim_grads", "optim_grads_params"):
             bandwidth = terms.link_bandwidth(span, rates, per_node)
             fsdp_f, fsdp_b = levers.fsdp_microbatch_time(params, shards, bandwidth, rates, strategy, param_bytes,
-                                                         opts.grad_reduce_bytes)
+                                                         wire)
             exposed_f = np.maximum(0.0, fsdp_f - fwd_first) if opts.overlap_param_gather else fsdp_f
             exposed_b = np.maximum(0.0, fsdp_b - bwd_first) if opts.overlap_grad_reduce else fsdp_b
             dp_comm = dp_comm + m * (exposed_f + exposed_b)
