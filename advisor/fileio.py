@@ -94,7 +94,13 @@ def read_text(path: str | Path, *, max_bytes: int, what: str) -> str:
     if str(path) == "-":
         import sys
 
-        data = sys.stdin.buffer.read(max_bytes + 1)
+        # Python sets sys.stdin to None when file descriptor 0 is closed (`cmd <&-`, some daemons).
+        if sys.stdin is None:
+            raise AdvisorError(f"standard input is closed; pipe in the {what} or give a file name instead of '-'")
+        try:
+            data = sys.stdin.buffer.read(max_bytes + 1)
+        except OSError as exc:
+            raise AdvisorError(f"standard input: cannot read: {exc.strerror or exc}") from None
         if len(data) > max_bytes:
             raise AdvisorError(f"standard input is over {max_bytes:,} bytes; a {what} is at most that")
         return decode_utf8(data, "standard input")

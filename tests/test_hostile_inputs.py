@@ -242,6 +242,22 @@ def test_closed_stdout_is_one_line(tmp_path):
     assert result.stderr.splitlines() == ["Error: standard output is closed; redirect it to a file or /dev/null"]
 
 
+@pytest.mark.parametrize("module, args, what", [
+    ("advisor", ["estimate", "--from-command", "-"], "the command file"),
+    ("advisor", ["compare-log", "-", "--from-command", "-x-"], "the training log"),
+    ("launch", ["args", "--from", "-"], "the launch input"),
+])
+def test_closed_stdin_is_one_line(tmp_path, module, args, what):
+    """'<&-' (a cron job, a daemon): sys.stdin is None, and '-' read sys.stdin.buffer (an
+    AttributeError traceback, exit 1)."""
+    (tmp_path / "-x-").write_text("--num-layers 2\n")  # compare-log reads the log first
+    result = subprocess.run([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, timeout=120, cwd=tmp_path, preexec_fn=lambda: os.close(0))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"Error: standard input is closed; pipe in {what} or give a file name instead of '-'"]
+
+
 def test_a_reader_that_leaves_gets_no_error_line(tmp_path):
     """'advisor sweep | head -0': the pipe closed before the table was written was 'Error: Broken
     pipe' with exit 2, as if the input were bad; now click's own exit 1 without a word."""
