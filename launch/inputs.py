@@ -184,7 +184,7 @@ def read_input(path: str | Path, rank: int | None = None) -> LaunchInput:
         row, origin = _pick_row(document, where, 1 if rank is None else rank)
         return _from_row(_Fields(row, origin), "sweep row")
     if not isinstance(document, dict):
-        raise AdvisorError(f"{where}: expected a JSON object or array, got {type(document).__name__}")
+        raise AdvisorError(f"{where}: expected a JSON object or array, got {limits.json_text(document)}")
     if rank is not None:
         raise AdvisorError(f"--rank picks a row of a sweep array; {where} holds one object")
     if "schema" in document or {"world_size", "micro_batch_size"} <= document.keys():  # a plan's keys, no row's

@@ -124,7 +124,10 @@ def test_bad_inputs_are_one_clear_error(advisor, tmp_path, plans):
     cases = [
         (truncated, None, "malformed JSON at line"),
         (corrupt(tmp_path, {"hello": 1}), None, "neither a sweep row, an estimate nor a plan"),
-        (corrupt(tmp_path, "text"), None, "expected a JSON object or array, got str"),
+        (corrupt(tmp_path, "text"), None, "expected a JSON object or array, got 'text'"),
+        # JSON's words, not Python's: 'null' was 'got NoneType', '3' 'got int'
+        (corrupt(tmp_path, None), None, "expected a JSON object or array, got null"),
+        (corrupt(tmp_path, 3), None, "expected a JSON object or array, got 3"),
         (corrupt(tmp_path, []), None, "the sweep holds no rows"),
         (sweep, 999, f"has no row ranked 999 (ranks 1-{len(rows)}; oom rows have no rank)"),
         (plans["pp4"], 2, "--rank picks a row of a sweep array"),
