@@ -248,6 +248,24 @@ def requeue_warning(args: Sequence[str]) -> str | None:
             "stopped; give --save DIR --load DIR (one directory) after -- or as save and load in --job-config")
 
 
+def check_length(args: Sequence[str]) -> None:
+    """Refuse, in one line, a run length that Megatron-LM takes and then fails on or misreads:
+    --train-iters with --train-samples (validate_args, both releases' arguments.py: 'expected
+    iteration-based training' on every rank), and a negative one, which neither release checks
+    (training.py, get_train_valid_test_num_samples: train_iters x global batch training samples,
+    a negative number; the launch's evaluation report printed '-5 training iterations', -1408%)."""
+    given = flag_values(args)
+    if all(flag in given for flag in LENGTH_FLAGS):
+        raise AdvisorError("--train-iters and --train-samples (after --) are both given: Megatron-LM's validate_args "
+                           "refuses the two together ('expected iteration-based training'); give one of them")
+    for flag in LENGTH_FLAGS:
+        values = given.get(flag)
+        if values and values[-1].lstrip("-").isdigit() and int(values[-1]) < 0:
+            raise AdvisorError(f"{flag} {values[-1]} (after --): give 0 or more; Megatron-LM does not check it, "
+                               "and its data setup (training.py, get_train_valid_test_num_samples) asks for a "
+                               "negative number of training samples")
+
+
 def user_length(user_args: Sequence[str]) -> list[str]:
     """The user's own length flags after ``--`` with their values (``--train-iters 20``), or []."""
     given = flag_values(user_args)

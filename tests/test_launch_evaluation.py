@@ -167,6 +167,25 @@ def test_bad_evaluation_values_are_one_line(advisor, tmp_path):
     assert args[args.index("--eval-iters") + 1] == "0" and args[args.index("--eval-interval") + 1] == "250"
 
 
+def test_bad_run_lengths_are_one_line(advisor, tmp_path):
+    # core_v0.15.2 arguments.py validate_args: 'if args.train_iters: assert args.train_samples is None,
+    # 'expected iteration-based training'' (run through launch.megatron_check: refused); a negative
+    # --train-iters passes validate_args and reached the evaluation report as '-5 training iterations'
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    for args, message in (
+            (["--train-iters", "10", "--train-samples", "10240"],
+             "--train-iters and --train-samples (after --) are both given: Megatron-LM's validate_args refuses "
+             "the two together ('expected iteration-based training'); give one of them"),
+            (["--train-iters", "-5"], "--train-iters -5 (after --): give 0 or more; Megatron-LM does not check it"),
+            (["--train-samples", "-10"], "--train-samples -10 (after --): give 0 or more")):
+        for command in (["args"], ["torchrun", "--megatron-version", "0.15", "--dry-run"]):
+            line = launcher().error(*command, "--from", sweep, "--mock-data", "--", "--lr", "3e-4", *args)
+            assert message in line, line
+    # 0 iterations stays valid: Megatron skips training ('if args.do_train and args.train_iters > 0')
+    # and evaluates, as a --load checkpoint's evaluation runs
+    assert launcher()("args", "--from", sweep, "--mock-data", "--", "--lr", "3e-4", "--train-iters", "0").stdout
+
+
 def test_core_0_19_training_without_an_interval_is_refused_before_it_starts(advisor, tmp_path):
     # check runs the preflight as torchrun and sbatch do: each problem one line, exit status 2
     sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
