@@ -115,7 +115,9 @@ class Rendezvous:
     def parse(cls, endpoint: str, *, node_rank: int | None = None, rdzv_id: str | None = None) -> "Rendezvous":
         host, sep, port = endpoint.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise AdvisorError(f"--rdzv-endpoint must be HOST:PORT, got {endpoint!r}")
+            # 'node001:99999' is HOST:PORT in form: say what is wrong with it (the port), as --rdzv-port does
+            port_range = " with PORT from 1 to 65,535 (a TCP port)" if sep and host and port.isdigit() else ""
+            raise AdvisorError(f"--rdzv-endpoint must be HOST:PORT{port_range}, got {endpoint!r}")
         return cls(host=host, port=int(port), node_rank=node_rank, rdzv_id=rdzv_id)
 
     def args(self) -> list[str]:

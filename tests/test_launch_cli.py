@@ -382,6 +382,9 @@ def _bad_launch_inputs(sweep, plans, checkout, tmp_path, empty, used, malformed)
         ([*run, "--nnodes", 2, "--nproc-per-node", 4, "--node-rank", 2, "--rdzv-endpoint", "h:1"],
          "--node-rank 2 is not below --nnodes 2", ""),
         ([*run, "--rdzv-endpoint", "node001"], "--rdzv-endpoint must be HOST:PORT", ""),
+        # the form is right, the port is not: the message says which (it said only 'must be HOST:PORT')
+        ([*run, "--nnodes", 2, "--nproc-per-node", 4, "--rdzv-endpoint", "node001:99999"],
+         "--rdzv-endpoint must be HOST:PORT with PORT from 1 to 65,535 (a TCP port), got 'node001:99999'", ""),
         ([*run, "--nnodes", 2, "--nproc-per-node", 4, "--rdzv-endpoint", "h:1", "--node-rank", 0, "--rdzv-id", "j"],
          "--rdzv-id names a c10d rendezvous, and --node-rank switches to torchrun's static one", "give one or the other"),
         ([*run, "--run-id", "r"], "--run-id names a profiled run", ""),
