@@ -41,7 +41,7 @@ JOB_KEYS = {
     "data_path": ("--data-path", "paths"), "mock_data": ("--mock-data", "switch"),
     "tokenizer_type": ("--tokenizer-type", "text"), "tokenizer_model": ("--tokenizer-model", "text"),
     "save": ("--save", "text"), "load": ("--load", "text"), "save_interval": ("--save-interval", "count"),
-    "tensorboard_dir": ("--tensorboard-dir", "text"), "lr": ("--lr", "number"), "min_lr": ("--min-lr", "number"),
+    "tensorboard_dir": ("--tensorboard-dir", "text"), "lr": ("--lr", "number"), "min_lr": ("--min-lr", "floor"),
     "eval_iters": ("--eval-iters", "iterations"), "eval_interval": ("--eval-interval", "count"),
     "tokens": (None, "tokens"), "lr_warmup_fraction": (None, "fraction"), "fs_bandwidth_gbs": (None, "bandwidth"),
 }
@@ -111,13 +111,16 @@ def _check_value(path: Path, key: str, kind: str, value) -> None:
           # --eval-iters 0 turns evaluation off (launch.evaluation)
           "iterations": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
           "number": number and 0 < value < math.inf, "fraction": number and 0 <= value < 1,
+          # --min-lr 0.0 is Megatron's default (arguments.py), and its scheduler asserts only min_lr >= 0.0
+          # (megatron/core/optimizer_param_scheduler.py)
+          "floor": number and 0 <= value < math.inf,
           # a budget counts whole tokens, as --tokens does (1e12 is whole, 1.5 is not)
           "tokens": number and 0 < value < math.inf and float(value).is_integer()}[kind]
     if not ok:
         want = {"paths": "a list of paths without NUL bytes", "switch": "true or false",
                 "text": "a non-empty string without NUL bytes", "count": "a positive integer",
                 "iterations": "a whole number, 0 or more (0: no evaluation)",
-                "number": "a positive number", "fraction": "a number in [0, 1)",
+                "number": "a positive number", "floor": "a number, 0 or more", "fraction": "a number in [0, 1)",
                 "tokens": "a positive whole number of tokens (1e12, or 1_000_000_000_000 in TOML)"}[kind]
         raise AdvisorError(f"{path}: {key} must be {want}, got {json.dumps(value)[:60]}")
 

@@ -92,6 +92,10 @@ def test_a_bad_job_file_is_one_line(advisor, tmp_path):
     for name, (document, message) in cases.items():
         line = launcher().error("args", "--from", sweep, "--job-config", write_json(tmp_path / name, document))
         assert message in line, line
+    # min_lr 0 is Megatron's own default (--min-lr 0.0); the file's min_lr was refused as 'must be a positive number'
+    args = launcher()("args", "--from", sweep, "--job-config",
+                      write_json(tmp_path / "floor.json", {"lr": 3e-4, "min_lr": 0})).stdout.split()
+    assert args[args.index("--min-lr") + 1] == "0"
     broken = tmp_path / "broken.toml"
     broken.write_text("save = [")
     assert "not TOML" in launcher().error("args", "--from", sweep, "--job-config", broken)
