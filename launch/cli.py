@@ -187,7 +187,7 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
         from launch.arguments import compose
         from launch.checkout import resolve_release
         from launch.evaluation import check_values as check_evaluation
-        from launch.job import check_length, plan_job, read_job_file
+        from launch.job import check_length, check_rates, plan_job, read_job_file
 
         # one given to args or a dry run must be here too (resolve_release)
         need_checkout = checkout == "here" or (checkout == "here-unless-dry-run" and not kwargs.get("dry_run"))
@@ -203,6 +203,7 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
                            mock_data=mock_data, extras=user_args, job=job.group, chunk_layers=config.chunk_layers())
         check_evaluation(megatron.args)  # values Megatron takes and then fails on, refused in one line
         check_length(megatron.args)
+        check_rates(megatron.args)
         if warn_unknown_flags:
             for unknown in megatron.unknown:
                 _note(unknown.warning())

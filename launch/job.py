@@ -269,6 +269,29 @@ def check_length(args: Sequence[str]) -> None:
                                "negative number of training samples")
 
 
+def check_rates(args: Sequence[str]) -> None:
+    """Refuse, in one line, a --lr or --min-lr that argparse's float takes and Megatron-LM then fails
+    on at every rank, after the model is built: its scheduler asserts ``min_lr >= 0.0`` and
+    ``max_lr >= min_lr`` (megatron/core/optimizer_param_scheduler.py, both releases; NaN fails the
+    second), and an infinite rate passes both and trains NaN weights. The job file's lr and min_lr
+    are checked as they are read (``_check_value``); here they meet the user's flags after --."""
+    given = flag_values(args)
+    rates = {}
+    for flag in ("--lr", "--min-lr"):
+        if values := given.get(flag):
+            try:
+                rates[flag] = float(values[-1])
+            except ValueError:  # refused before, by the release's flag types (launch.arguments)
+                continue
+            if not math.isfinite(rates[flag]) or rates[flag] < 0:
+                raise AdvisorError(f"{flag} {values[-1]}: give a finite number, 0 or more; Megatron-LM's scheduler "
+                                   "(optimizer_param_scheduler.py) fails on it at start-up, or trains NaN weights")
+    lr, min_lr = rates.get("--lr"), rates.get("--min-lr", 0.0)
+    if lr is not None and lr < min_lr:
+        raise AdvisorError(f"--lr {given['--lr'][-1]} is below --min-lr {given['--min-lr'][-1]}: Megatron-LM's "
+                           "scheduler asserts max_lr >= min_lr (optimizer_param_scheduler.py) at start-up")
+
+
 def user_length(user_args: Sequence[str]) -> list[str]:
     """The user's own length flags after ``--`` with their values (``--train-iters 20``), or []."""
     given = flag_values(user_args)

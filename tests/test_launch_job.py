@@ -104,6 +104,26 @@ def test_a_bad_job_file_is_one_line(advisor, tmp_path):
     assert args[-2:] == ["--train-samples", "5"] and "--lr-decay-samples" not in args
 
 
+def test_learning_rates_megatron_fails_on_are_one_line(advisor, tmp_path):
+    # megatron/core/optimizer_param_scheduler.py (core_v0.15.2 and core_v0.19.0), __init__:
+    # 'assert self.min_lr >= 0.0', 'assert self.max_lr >= self.min_lr': -1 fails the second with
+    # min_lr 0.0, NaN fails it (nan >= 0.0 is False), inf passes both and trains NaN weights
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    finite = "give a finite number, 0 or more; Megatron-LM's scheduler (optimizer_param_scheduler.py) fails on it"
+    for args, message in ((["--lr", "nan"], f"--lr nan: {finite}"), (["--lr", "inf"], f"--lr inf: {finite}"),
+                          (["--lr", "-1"], f"--lr -1: {finite}"),
+                          (["--lr", "3e-4", "--min-lr", "-0.1"], f"--min-lr -0.1: {finite}"),
+                          (["--lr", "1e-5", "--min-lr", "1e-4"], "--lr 1e-5 is below --min-lr 1e-4: Megatron-LM's "
+                           "scheduler asserts max_lr >= min_lr")):
+        line = launcher().error("args", "--from", sweep, "--", *args)
+        assert message in line, line
+    # the job file's rates meet the user's: lr 3e-4 (the file) under --min-lr 1e-3 (after --)
+    job = write_json(tmp_path / "job.json", {"lr": 3e-4})
+    line = launcher().error("args", "--from", sweep, "--job-config", job, "--", "--min-lr", "1e-3")
+    assert "--lr 0.0003 is below --min-lr 1e-3" in line, line
+    assert launcher()("args", "--from", sweep, "--", "--lr", "3e-4", "--min-lr", "0").stdout
+
+
 def test_the_users_length_replaces_the_budgets_in_the_report(advisor, tmp_path):
     """With --train-iters after --, job_group adds no schedule: the report does not print one either."""
     sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpu", "h100-80gb", "--gpus", "16", "--tokens", "1T")

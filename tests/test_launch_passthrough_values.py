@@ -59,8 +59,10 @@ def test_a_learning_rate_without_its_value_is_refused(sweep, tmp_path):
 
 
 def test_what_takes_no_value_or_several_or_a_negative_one_passes_unchanged(sweep):
-    extras = ["--lr", "-1", "--adam-eps", "1e-8", "--log-throughput", "--train-iters=5", "--data-path", "a", "b", "c",
-              "--split", "99,1,0", "--exit-signal-handler", "--min-lr", "-0.5"]
+    # negative values of flags the launcher leaves to Megatron (a negative --lr or --min-lr it refuses:
+    # test_launch_job.py, test_learning_rates_megatron_fails_on_are_one_line)
+    extras = ["--adam-beta1", "-1", "--adam-eps", "1e-8", "--log-throughput", "--train-iters=5", "--data-path", "a",
+              "b", "c", "--split", "99,1,0", "--exit-signal-handler", "--adam-beta2", "-0.5"]
     for release in ("0.15", "0.19"):
         shown = launcher()("args", "--from", sweep, "--megatron-version", release, "--format", "json", "--", *extras)
         assert json.loads(shown.stdout)[-len(extras):] == extras
@@ -297,7 +299,7 @@ def test_a_negative_exponent_as_its_own_word_is_refused(sweep, tmp_path):
 
 
 def test_negative_numbers_argparse_reads_pass_unchanged(sweep):
-    extras = ["--adam-eps=-1e-8", "--lr", "-1", "--min-lr", "-0.5", "--weight-decay", "-.5", "--seed", "-0"]
+    extras = ["--adam-eps=-1e-8", "--adam-beta1", "-1", "--adam-beta2", "-0.5", "--weight-decay", "-.5", "--seed", "-0"]
     for release in ("0.15", "0.19"):
         shown = launcher()("args", "--from", sweep, "--megatron-version", release, "--format", "json", "--", *extras)
         assert json.loads(shown.stdout)[-len(extras):] == extras
