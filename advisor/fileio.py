@@ -82,15 +82,18 @@ def read_bytes(path: str | Path, *, max_bytes: int = limits.JSON_FILE_BYTES, wha
     return b"".join(chunks)
 
 
-def decode_utf8(data: bytes, where: str) -> str:
+def decode_utf8(data: bytes, where: str, *, errors: str = "strict") -> str:
+    """UTF-8 text (a BOM dropped); ``errors="replace"`` reads a stray byte as U+FFFD instead of refusing it."""
+    if errors != "strict":
+        return data.decode("utf-8-sig", errors=errors)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise AdvisorError(f"{where}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
 
 
-def read_text(path: str | Path, *, max_bytes: int, what: str) -> str:
-    """A UTF-8 text file, or standard input for '-', at most ``max_bytes``."""
+def read_text(path: str | Path, *, max_bytes: int, what: str, errors: str = "strict") -> str:
+    """A UTF-8 text file, or standard input for '-', at most ``max_bytes`` (``errors``: ``decode_utf8``'s)."""
     if str(path) == "-":
         import sys
 
@@ -103,8 +106,8 @@ def read_text(path: str | Path, *, max_bytes: int, what: str) -> str:
             raise AdvisorError(f"standard input: cannot read: {exc.strerror or exc}") from None
         if len(data) > max_bytes:
             raise AdvisorError(f"standard input is over {max_bytes:,} bytes; a {what} is at most that")
-        return decode_utf8(data, "standard input")
-    return decode_utf8(read_bytes(path, max_bytes=max_bytes, what=what), str(path))
+        return decode_utf8(data, "standard input", errors=errors)
+    return decode_utf8(read_bytes(path, max_bytes=max_bytes, what=what), str(path), errors=errors)
 
 
 class _Refused(Exception):

@@ -69,6 +69,19 @@ def test_a_log_without_iterations_is_refused():
         read_log(["Theoretical memory footprints: weight and optimizer=1.00 MB, activation=1.00 MB, total=2.00 MB"])
 
 
+def test_a_stray_byte_in_the_log_does_not_refuse_it(tmp_path):
+    """A line of broken UTF-8 (two ranks' output interleaved mid-character) among the real log's
+    lines: read as the clean log is (it was 'Error: ...: not UTF-8 text (byte 0xe2 at offset ...)',
+    exit 2, for a log of hours)."""
+    lines = REAL_LOG.read_bytes().split(b"\n")
+    log = tmp_path / "train.log"
+    log.write_bytes(b"\n".join([*lines[:100], b"garbled \xe2\x80 output of rank 3", *lines[100:]]))
+    clean = run("compare-log", REAL_LOG, "--from-command", REAL_COMMAND, "--format", "json")
+    garbled = run("compare-log", log, "--from-command", REAL_COMMAND, "--format", "json")
+    assert garbled.exit_code == 0, garbled.output
+    assert json.loads(garbled.stdout)["rows"] == json.loads(clean.stdout)["rows"]
+
+
 def test_compare_log_sets_the_real_log_beside_the_same_estimate():
     result = run("compare-log", REAL_LOG, "--from-command", REAL_COMMAND, "--gpu", "h100-80gb", "--format", "json")
     assert result.exit_code == 0, result.output

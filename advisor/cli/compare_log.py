@@ -59,7 +59,10 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
     if log == "-" and command == "-":
         raise InputError("the log and the command cannot both be standard input")
     # the log first, as the command line names it: a missing log is told before the command is read
-    text = read_text(log, max_bytes=limits.LOG_FILE_BYTES, what="training log")
+    # errors="replace": a log of hours can hold a stray byte (ranks' output interleaved mid-character,
+    # another program's text through tee); the lines read are Megatron's ASCII ones, and one bad
+    # byte refused the whole log ('not UTF-8 text')
+    text = read_text(log, max_bytes=limits.LOG_FILE_BYTES, what="training log", errors="replace")
     read = read_inputs(command, gpus=gpus, vocab_size=vocab_size, release=release)
     run, layout = read.run, read.run.layout
     training = read_log(text.splitlines(), last_line_ended=ends_a_line(text))
