@@ -258,6 +258,17 @@ def test_closed_stdin_is_one_line(tmp_path, module, args, what):
         f"Error: standard input is closed; pipe in {what} or give a file name instead of '-'"]
 
 
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_a_full_standard_output_is_named(tmp_path, fmt):
+    """'advisor sweep > /dev/full' (a full disk behind '> file'): the error named no file, 'Error: No
+    space left on device', as if an input were the trouble; it says stdout's now, exit status 2."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "advisor", *map(str, SWEEP), "--format", fmt], stdout=full,
+                                stderr=subprocess.PIPE, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == "Error: standard output: No space left on device", result.stderr
+
+
 def test_a_reader_that_leaves_gets_no_error_line(tmp_path):
     """'advisor sweep | head -0': the pipe closed before the table was written was 'Error: Broken
     pipe' with exit 2, as if the input were bad; now click's own exit 1 without a word."""

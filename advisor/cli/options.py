@@ -486,9 +486,22 @@ def _write(output: Path, text: str) -> None:
 def emit(text: str, output: Path | None) -> None:
     """Rows: the formatted text to stdout, or (only) to ``output``."""
     if output is None or output == STDOUT:
-        click.echo(text, nl=False)
+        _to_stdout(text)
     else:
         _write(output, text)
+
+
+def _to_stdout(text: str) -> None:
+    """``text`` on stdout; a write that fails (a full disk behind '> file', /dev/full) said as
+    stdout's, since the error itself names no file ('Error: No space left on device' alone left
+    the user to guess which). A reader that left (| head) stays click's quiet exit."""
+    try:
+        click.echo(text, nl=False)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise AdvisorError(f"standard output: {exc.strerror or exc}") from None
 
 
 def table_on_stdout(fmt: str, output: Path | None) -> bool:
@@ -527,7 +540,7 @@ def emit_document(document: dict, table: str | Callable[[], str], fmt: str, outp
         fmt = "json"
     elif output is not None:
         _write(output, text)
-    click.echo(text if fmt == "json" else table if isinstance(table, str) else table(), nl=False)
+    _to_stdout(text if fmt == "json" else table if isinstance(table, str) else table())
 
 
 def parse_numbers(text: str, kind: Callable, option: str) -> tuple:
