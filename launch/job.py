@@ -254,7 +254,8 @@ def requeue_warning(args: Sequence[str]) -> str | None:
 def check_length(args: Sequence[str]) -> None:
     """Refuse, in one line, a run length that Megatron-LM takes and then fails on or misreads:
     --train-iters with --train-samples (validate_args, both releases' arguments.py: 'expected
-    iteration-based training' on every rank), and a negative one, which neither release checks
+    iteration-based training' on every rank), --train-samples under one global batch (no
+    iteration trained), and a negative one, which neither release checks
     (training.py, get_train_valid_test_num_samples: train_iters x global batch training samples,
     a negative number; the launch's evaluation report printed '-5 training iterations', -1408%)."""
     given = flag_values(args)
@@ -267,6 +268,12 @@ def check_length(args: Sequence[str]) -> None:
             raise AdvisorError(f"{flag} {values[-1]} (after --): give 0 or more; Megatron-LM does not check it, "
                                "and its data setup (training.py, get_train_valid_test_num_samples) asks for a "
                                "negative number of training samples")
+    samples, batch = given.get("--train-samples"), given.get("--global-batch-size")
+    if samples and batch and samples[-1].isdigit() and batch[-1].isdigit() and 0 < int(samples[-1]) < int(batch[-1]):
+        # update_train_iters: train_iters = train_samples // global_batch_size (advisor.evaluation.trained_iterations),
+        # as a budget under one global batch, which _check_budget refuses the same way
+        raise AdvisorError(f"--train-samples {samples[-1]} (after --) is less than one global batch of {batch[-1]}: "
+                           f"Megatron-LM would train no iteration; give at least {batch[-1]}")
 
 
 def check_rates(args: Sequence[str]) -> None:

@@ -177,13 +177,17 @@ def test_bad_run_lengths_are_one_line(advisor, tmp_path):
              "--train-iters and --train-samples (after --) are both given: Megatron-LM's validate_args refuses "
              "the two together ('expected iteration-based training'); give one of them"),
             (["--train-iters", "-5"], "--train-iters -5 (after --): give 0 or more; Megatron-LM does not check it"),
-            (["--train-samples", "-10"], "--train-samples -10 (after --): give 0 or more")):
+            (["--train-samples", "-10"], "--train-samples -10 (after --): give 0 or more"),
+            # the sweep's global batch is 1024: 1023 // 1024 = 0 iterations (update_train_iters)
+            (["--train-samples", "1023"], "--train-samples 1023 (after --) is less than one global batch of 1024: "
+                                          "Megatron-LM would train no iteration; give at least 1024")):
         for command in (["args"], ["torchrun", "--megatron-version", "0.15", "--dry-run"]):
             line = launcher().error(*command, "--from", sweep, "--mock-data", "--", "--lr", "3e-4", *args)
             assert message in line, line
     # 0 iterations stays valid: Megatron skips training ('if args.do_train and args.train_iters > 0')
     # and evaluates, as a --load checkpoint's evaluation runs
     assert launcher()("args", "--from", sweep, "--mock-data", "--", "--lr", "3e-4", "--train-iters", "0").stdout
+    assert launcher()("args", "--from", sweep, "--mock-data", "--", "--lr", "3e-4", "--train-samples", "1024").stdout
 
 
 def test_core_0_19_training_without_an_interval_is_refused_before_it_starts(advisor, tmp_path):
