@@ -243,6 +243,28 @@ def mlp_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
     return 2 * seq_len * mbs * (spec.hidden_size + 4 * spec.ffn_hidden_size)
 
 
+def unfused_swiglu_bytes(spec: LlamaSpec, seq_len: int, mbs, ffn_hidden_size: int | None = None) -> float:
+    """What the MLP keeps with --no-bias-swiglu-fusion beyond Eq. 12's count of its h_ffn-wide
+    tensors, one layer and microbatch, unsharded (split over t with h_ffn, and over c, with or
+    without sequence parallelism: FC1's output is [s, b, 2 h_ffn / t]): 2 s b h_ffn, one BF16
+    h_ffn tensor. ``ffn_hidden_size``: another MLP's width (an MoE model's shared experts,
+    ``advisor.moe.memory``); default the spec's h_ffn.
+
+    Eq. 12 counts 8 s b h_ffn (gate, up, SiLU output, FC2's input: 4 elements a token). Unfused,
+    megatron-core's ``glu`` (``transformer/mlp.py``, core_v0.15.2 lines 203-211, core_v0.19.0
+    323-331, the same code) runs ``silu(x_glu) * (x_linear + glu_linear_offset)``: SiLU saves its
+    input, a view of FC1's output (2 h_ffn, kept whole), the product saves both factors, the SiLU
+    output (h_ffn) and the sum ``x_linear + 0.0``, a new tensor (h_ffn), and FC2 saves the product
+    (h_ffn): 5 elements, one more than Eq. 12 (the H200 runs' fifth h_ffn tensor,
+    tests/test_gpu_megatron_launch_data.py). Fused (Megatron's default,
+    ``fusions/fused_bias_swiglu.py``) it keeps 3, one fewer than Eq. 12, which the calibrated model
+    corrects (``memory_terms.swiglu_fusion_fraction``): the two differ by 4 s b h_ffn, what a real
+    one-rank CPU launch of core_v0.15.2 measured (32,768 bytes at s 32, b 2, h_ffn 128). The
+    extra tensors stay BF16 with FP8 GEMMs (Transformer Engine casts only FC2's own input), and a
+    recomputed MLP (--recompute-modules mlp) keeps none of them."""
+    return 2 * seq_len * mbs * (spec.ffn_hidden_size if ffn_hidden_size is None else ffn_hidden_size)
+
+
 def norm_activation_bytes(spec: LlamaSpec, seq_len: int, mbs: int) -> float:
     """4sbh: the inputs of the two RMSNorms (Section 3.2, Layer Norm)."""
     return 4 * seq_len * mbs * spec.hidden_size

@@ -95,6 +95,9 @@ class MemoryOptions:
     userbuffers: UserbuffersConfig | None = None
     """--tp-comm-overlap's buffers (``ub_config.UserbuffersConfig``, the --tp-comm-overlap-cfg
     file's or TE's defaults; ``memory_terms.userbuffers_bytes``); None: no overlap."""
+    bias_swiglu_fusion: bool = True
+    """Megatron's fused SwiGLU (its default); False, --no-bias-swiglu-fusion: each layer keeps
+    ``equations.unfused_swiglu_bytes`` more (``stage_model.layer_bytes``)."""
     dataloader_mask: bool = True
     """The data loader builds the s x s attention mask (Megatron's default, the paper's runs);
     False with --no-create-attention-mask-in-dataloader (``memory_terms.dataloader_mask_bytes``)."""

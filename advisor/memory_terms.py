@@ -25,7 +25,8 @@ def embedding_ids_fraction(spec: LlamaSpec) -> float:
     return 1.0 / spec.hidden_size
 
 
-def swiglu_fusion_fraction(spec: LlamaSpec, modules: frozenset[str] = frozenset(), fused_norms: bool = True) -> float:
+def swiglu_fusion_fraction(spec: LlamaSpec, modules: frozenset[str] = frozenset(), fused_norms: bool = True,
+                           bias_swiglu_fusion: bool = True) -> float:
     """Megatron's fused SwiGLU (``fusions/fused_bias_swiglu.py``, on by default:
     --bias-swiglu-fusion) saves only its input, the FC1 output (2 h_ffn per token), and FC2 saves
     its own input (h_ffn): 6 s b h_ffn bytes per layer where Eq. 12 counts 8 (up, gate, SiLU and
@@ -34,11 +35,16 @@ def swiglu_fusion_fraction(spec: LlamaSpec, modules: frozenset[str] = frozenset(
 
     With selective recomputation of ``modules`` the layer keeps Eq. 12 less the part they free
     (``equations.recomputed_module_bytes``): the fraction of that which is really kept. A
-    recomputed MLP keeps none of the SwiGLU tensors, so nothing is left to correct (1)."""
+    recomputed MLP keeps none of the SwiGLU tensors, so nothing is left to correct (1).
+
+    With --no-bias-swiglu-fusion (``bias_swiglu_fusion`` False) the eager SwiGLU keeps 5 h_ffn
+    elements a token, Eq. 12's 4 and the one the layer's bytes add
+    (``equations.unfused_swiglu_bytes``): nothing to correct either (1)."""
+    if "mlp" in modules or not bias_swiglu_fusion:
+        return 1.0
     hidden, ffn = eq.recomputed_module_bytes(spec, 1, 1, modules, fused_norms)
-    fused = 0 if "mlp" in modules else 2 * spec.ffn_hidden_size
     # Eq. 12 per token (s b = 1), with its attention term for an explicit head size where there is one
-    return 1.0 - fused / (eq.layer_activation_bytes(spec, 1, 1, fused_norms) - hidden - ffn)
+    return 1.0 - 2 * spec.ffn_hidden_size / (eq.layer_activation_bytes(spec, 1, 1, fused_norms) - hidden - ffn)
 
 
 def local_attention_buffer(spec: LlamaSpec, seq_len: int, mbs, tp, options):

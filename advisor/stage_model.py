@@ -73,6 +73,10 @@ def layer_bytes(spec: LlamaSpec, seq_len: int, mbs, tp, cp, options: MemoryOptio
         # Unfused core attention's s^2 scores and K and V expanded to every head; recomputed, it
         # keeps none of them (Korthikanti et al. 2023, Table 2); with FlashAttention there are none.
         full = full + eq.unfused_attention_bytes(spec, seq_len, mbs)
+    if not options.bias_swiglu_fusion and "mlp" not in modules:
+        # --no-bias-swiglu-fusion: the eager SwiGLU's fifth h_ffn tensor beyond Eq. 12's four, split
+        # over t c; a recomputed MLP keeps none
+        full = full + eq.unfused_swiglu_bytes(spec, seq_len, mbs)
     kept = full / (t * c) + whole / c
     if modules - {"core_attn"}:
         hidden, ffn = eq.recomputed_module_bytes(spec, seq_len, mbs, modules, options.fused_norms)

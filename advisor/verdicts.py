@@ -137,7 +137,7 @@ def calibrated_terms(
     factor = calibration.activation_factor
     if layer_share is None:  # selective recomputation's modules free part of Eq. 12 (``layer_bytes``)
         modules = options.recompute_modules if options.recompute == "selective" else frozenset()
-        share = terms.swiglu_fusion_fraction(spec, modules, options.fused_norms)
+        share = terms.swiglu_fusion_fraction(spec, modules, options.fused_norms, options.bias_swiglu_fusion)
     else:
         share = layer_share
     layer = _ratio(measured, "decoder", tp, cp, share)

@@ -213,6 +213,8 @@ def _derive(args) -> dict:
         "recompute_granularity": config.recompute_granularity, "recompute_method": config.recompute_method,
         "recompute_num_layers": config.recompute_num_layers,
         "attention_backend": str(args.attention_backend).rpartition(".")[2],
+        # --no-bias-swiglu-fusion, as core_transformer_config_from_args hands it to the MLP with --swiglu
+        "bias_activation_fusion": bool(config.bias_activation_fusion),
         # the training options' levers (advisor.options), as validate_args leaves them
         **{name: getattr(args, name, None) for name in (
             "overlap_grad_reduce", "overlap_param_gather", "use_megatron_fsdp", "data_parallel_sharding_strategy",

@@ -55,6 +55,7 @@ def training_options(draw) -> TrainingOptions:
         exp_avg_dtype=draw(st.sampled_from(MOMENT_DTYPES)) if aware else "fp32",
         exp_avg_sq_dtype=draw(st.sampled_from(MOMENT_DTYPES)) if aware else "fp32",
         cross_entropy_fusion=draw(st.sampled_from(["none", "native", "te"])),
+        bias_swiglu_fusion=draw(st.booleans()),
         vocab_divisible_by=draw(st.sampled_from([None, 64, 128])))
 
 

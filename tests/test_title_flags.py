@@ -75,6 +75,7 @@ CHANGES = [
     ({"dataloader_mask": "rebuilt"}, "--eod-mask-loss"),
     ({"cross_entropy_fusion": "native"}, "--cross-entropy-loss-fusion"),
     ({"cross_entropy_fusion": "te"}, "--cross-entropy-loss-fusion, --cross-entropy-fusion-impl te"),
+    ({"bias_swiglu_fusion": False}, "--no-bias-swiglu-fusion"),
     ({"vocab_divisible_by": 128}, "--make-vocab-size-divisible-by 128"),
     ({"vocab_divisible_by": 1}, ""),  # the advisor's default, said another way
     ({"grad_reduce_dtype": "bf16", "fp8_format": "hybrid", "overlap_grad_reduce": False, "overlap_param_gather": False},

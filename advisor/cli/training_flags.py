@@ -129,6 +129,10 @@ TRAINING_FLAGS = [
                  help="With --cross-entropy-loss-fusion: te (Transformer Engine's kernel, 0.15 only) writes the "
                       "gradient into the BF16 logits and keeps no FP32 copy (4 s b v / (t c) less on the last "
                       "stage); native keeps the FP32 softmax as the unfused loss does."),
+    click.option("--no-bias-swiglu-fusion", is_flag=True, default=False,
+                 help="Megatron's eager SwiGLU instead of its fused kernel: each layer keeps 5 h_ffn-wide tensors "
+                      "a token, not 3 (Eq. 18, which counts 4: 2 s b h_ffn / (t c) bytes more; the calibrated "
+                      "model: 4; none with --recompute-modules mlp), and runs three element-wise kernels, not one."),
     click.option("--vocab-divisible-by", type=VOCABULARY, default=None,
                  help="Pad v to a multiple of this x TP, like Megatron's "
                       "--make-vocab-size-divisible-by (128 there). Default: 1, i.e. v padded to a multiple of TP "
@@ -149,7 +153,7 @@ _NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "grads_i
           "use_torch_fsdp2", "optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer", "main_params_dtype",
           "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_format", "fp8_recipe", "fp8_param_gather", "sequence_parallel",
           "flash_attn", "dataloader_mask", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
-          "vocab_divisible_by", "megatron_version")
+          "no_bias_swiglu_fusion", "vocab_divisible_by", "megatron_version")
 
 
 def sharding_search_option():
@@ -238,7 +242,7 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
             optimizer_offload_fraction=v["optimizer_offload_fraction"], vocab_divisible_by=v["vocab_divisible_by"],
             precision_aware_optimizer=v["use_precision_aware_optimizer"], main_params_dtype=v["main_params_dtype"],
             exp_avg_dtype=v["exp_avg_dtype"], exp_avg_sq_dtype=v["exp_avg_sq_dtype"],
-            cross_entropy_fusion=fusion, **fixed)
+            cross_entropy_fusion=fusion, bias_swiglu_fusion=not v["no_bias_swiglu_fusion"], **fixed)
         te_cross_entropy_problem(options, release)
         fsdp_dtypes_problem(options, release)
     except AdvisorError as exc:

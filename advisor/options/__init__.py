@@ -11,13 +11,13 @@ derive from it, and Megatron-LM flags parse back into it.
 from advisor.options.flags import parse_training_args, training_args
 from advisor.options.releases import RELEASES, ReleaseDefaults, release_defaults
 from advisor.options.training import (
-    CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, Attention, DataParallel, Loss, Offload,
-    Precision, Recomputation, TensorParallel, TrainingOptions,
+    CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_STRATEGIES, Attention, DataParallel, Fusions, Loss,
+    Offload, Precision, Recomputation, TensorParallel, TrainingOptions,
 )
 
 __all__ = [
     "CROSS_ENTROPY_FUSIONS", "FP8_FORMATS", "FP8_RECIPES", "FSDP_STRATEGIES", "RELEASES", "Attention", "DataParallel",
-    "Loss", "Offload", "Precision",
+    "Fusions", "Loss", "Offload", "Precision",
     "Recomputation", "ReleaseDefaults", "TensorParallel", "TrainingOptions", "parse_training_args",
     "release_defaults", "training_args",
 ]

@@ -23,7 +23,7 @@ from advisor.options.releases import release_defaults
 from advisor.options.training import (
     CROSS_ENTROPY_FUSIONS, FP8_FORMATS, FP8_RECIPES, FSDP_GRAD_COMM_DTYPES, FSDP_MAIN_PARAMS_DTYPES, FSDP_STRATEGIES,
     MEGATRON_CROSS_ENTROPY_KERNEL, RECOMPUTE_METHODS, MAIN_PARAMS_DTYPES, MOMENT_DTYPES, RECOMPUTES, Attention,
-    DataParallel, Loss, Offload, OptimizerStates, Precision,
+    DataParallel, Fusions, Loss, Offload, OptimizerStates, Precision,
     TP1_OVERLAP_PROBLEM, TP_COMM_SUB_FLAGS, Recomputation, TensorParallel, TrainingOptions, megatron_grad_reduce_dtype,
     sub_option_on,
 )
@@ -62,6 +62,11 @@ def fsdp_dtypes_problem(options: TrainingOptions, release) -> None:
     for flag, _ in options.data_parallel.fsdp_dtype_flags():
         if flag in release.lacks:
             raise _fsdp_flag_refused(flag, release)
+
+
+SWIGLU_UNFUSED_FLAG = "--no-bias-swiglu-fusion"
+"""``Fusions.bias_swiglu_fusion`` off (megatron/training/arguments.py, both releases: store_false,
+dest bias_swiglu_fusion, passed to TransformerConfig.bias_activation_fusion with --swiglu)."""
 
 
 def _number(value: float) -> str:
@@ -145,6 +150,8 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
     args += [word for flag in options.optimizer_states.lowered for word in flag.split()]
     if options.loss.cross_entropy_fusion != "none":
         args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", options.loss.cross_entropy_fusion]
+    if not options.fusions.bias_swiglu_fusion:  # Megatron fuses it by default: stated only when off
+        args.append(SWIGLU_UNFUSED_FLAG)
     # Megatron pads the vocabulary to 128 x TP by default; 1 keeps it unpadded, as the paper.
     args += ["--make-vocab-size-divisible-by", str(options.vocab_divisible_by or 1)]
     return args
@@ -200,6 +207,8 @@ def changed_args(options: TrainingOptions) -> str:
         words.append("--cross-entropy-loss-fusion")
         if options.loss.cross_entropy_fusion != MEGATRON_CROSS_ENTROPY_KERNEL:
             words.append(f"--cross-entropy-fusion-impl {options.loss.cross_entropy_fusion}")
+    if not options.fusions.bias_swiglu_fusion:
+        words.append(SWIGLU_UNFUSED_FLAG)
     if (options.vocab_divisible_by or 1) != 1:
         words.append(f"--make-vocab-size-divisible-by {options.vocab_divisible_by}")
     return ", ".join(words)
@@ -269,6 +278,7 @@ SWITCHES = frozenset({
     "--sequence-parallel", "--tp-comm-overlap", "--recompute-activations", "--no-create-attention-mask-in-dataloader",
     "--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss", "--optimizer-cpu-offload",
     "--use-precision-aware-optimizer", "--use-flash-attn", "--use-torch-fsdp2", "--cross-entropy-loss-fusion",
+    SWIGLU_UNFUSED_FLAG,
     # read and left: it comes with --transformer-impl local (training_args), and changes no price
     # (advisor.options.local_spec)
     NO_PERSIST_FLAG,
@@ -607,6 +617,7 @@ def parse_training_args(argv: Sequence[str], release=None) -> tuple[TrainingOpti
         loss=Loss(cross_entropy_fusion=_one_of(values, "--cross-entropy-fusion-impl", CROSS_ENTROPY_FUSIONS[1:],
                                                MEGATRON_CROSS_ENTROPY_KERNEL)
                   if "--cross-entropy-loss-fusion" in values else "none"),
+        fusions=Fusions(bias_swiglu_fusion=SWIGLU_UNFUSED_FLAG not in values),
         vocab_divisible_by=None if divisible == 1 else divisible,
     )
     te_cross_entropy_problem(options, release_defaults(release))

@@ -479,9 +479,25 @@ class Loss:
         _choice(self.cross_entropy_fusion, CROSS_ENTROPY_FUSIONS, "cross_entropy_fusion")
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fusions:
+    """Megatron-LM's kernel fusions that change what a layer keeps and how much HBM traffic it
+    makes (``megatron/training/arguments.py``, the fusion switches beside --no-bias-gelu-fusion)."""
+
+    bias_swiglu_fusion: bool = True
+    """Megatron-LM's default (its dest for --no-bias-swiglu-fusion): the MLP's SwiGLU runs
+    megatron-core's fused ``bias_swiglu_impl`` (``fusions/fused_bias_swiglu.py``), which saves
+    only its input. False (--no-bias-swiglu-fusion): the eager ``glu`` of ``transformer/mlp.py``
+    (both releases), whose SiLU output and ``x_linear + glu_linear_offset`` copy are kept too
+    (``equations.unfused_swiglu_bytes``) and which runs three element-wise kernels instead of one."""
+
+    def __post_init__(self) -> None:
+        _switches(self)
+
+
 _CONCERNS = {"precision": Precision, "data_parallel": DataParallel, "tensor_parallel": TensorParallel,
              "recomputation": Recomputation, "attention": Attention, "offload": Offload,
-             "optimizer_states": OptimizerStates, "loss": Loss}
+             "optimizer_states": OptimizerStates, "loss": Loss, "fusions": Fusions}
 _OWNER = {f.name: concern for concern, cls in _CONCERNS.items() for f in fields(cls)}
 """Each flat field name -> the concern that holds it (names are unique over the concerns)."""
 
@@ -541,6 +557,7 @@ class TrainingOptions:
     offload: Offload = Offload()
     optimizer_states: OptimizerStates = OptimizerStates()
     loss: Loss = Loss()
+    fusions: Fusions = Fusions()
     vocab_divisible_by: int | None = None
     """Pad v to a multiple of this x TP (--make-vocab-size-divisible-by, 128 in Megatron); None:
     1, the smallest padding Megatron does (the paper's vocabularies divide by every TP)."""
@@ -755,6 +772,7 @@ class TrainingOptions:
             cross_entropy_fusion=self.loss.cross_entropy_fusion,
             dataloader_mask=self.attention.dataloader_mask != "off",
             userbuffers=self.tensor_parallel.userbuffers() if self.tensor_parallel.tp_comm_overlap else None,
+            bias_swiglu_fusion=self.fusions.bias_swiglu_fusion,
         )
 
     def time_options(self, **model_choices):
@@ -785,6 +803,7 @@ class TrainingOptions:
             fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe, fp8_param_gather=p.fp8_param_gather,
             recompute_modules=self.recomputation.selective_modules,
             fused_norms=self.attention.transformer_impl == "transformer_engine",
+            bias_swiglu_fusion=self.fusions.bias_swiglu_fusion,
             vocab_divisible_by=self.vocab_divisible_by or 1, **model_choices,
         )
 

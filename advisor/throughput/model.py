@@ -91,6 +91,9 @@ class TimeOptions:
     fused_norms: bool = True
     """Transformer Engine's layer spec (the dense layers' norms fused into linear_qkv and
     linear_fc1); False: --transformer-impl local, whose norms --recompute-modules layernorm reruns."""
+    bias_swiglu_fusion: bool = True
+    """Megatron's fused SwiGLU (its default); False, --no-bias-swiglu-fusion: three element-wise
+    kernels instead of one (``terms.swiglu_elements``)."""
 
 
 class LayerParts(NamedTuple):
@@ -204,7 +207,8 @@ class TimeModel:
             attn_f, attn_b = terms.attention_time(spec, s, mbs, tp, cp, rates)
         else:  # CP runs inside fused attention only (advisor.memory refuses CP > 1 without it)
             attn_f, attn_b = terms.unfused_attention_time(spec, s, mbs, tp, rates)
-        elem = terms.elementwise_time(terms.layer_elementwise_bytes(spec, tokens, tp), rates)
+        elem = terms.elementwise_time(terms.layer_elementwise_bytes(spec, tokens, tp, self.options.bias_swiglu_fusion),
+                                      rates)
         if self.fp8:
             casts = levers.fp8_cast_bytes(spec, tokens, tp, self.fp8.casts)
             gemm_f = gemm_f + terms.elementwise_time(casts.forward, rates)
@@ -227,7 +231,7 @@ class TimeModel:
         ``transformer_layer.py``, both releases): core_attn, core attention
         (``attention_forward``, Korthikanti et al. 2023); mlp, the whole MLP under
         ``tensor_parallel.checkpoint`` (``_forward_mlp``): FC1 and FC2 (``layer_gemm_shapes``' last
-        two), SwiGLU (read 2 h_ffn, write h_ffn) and its two sequence-parallel collectives (the
+        two), SwiGLU (``terms.swiglu_elements``) and its two sequence-parallel collectives (the
         all-gather before FC1, the reduce-scatter after FC2: half of ``tensor_parallel_time``'s
         forward; with --tp-comm-overlap what their userbuffers leave exposed and the SMs they take,
         ``userbuffers.mlp_forward_overlap_time``), its FP8 input casts besides; layernorm, the two
@@ -242,7 +246,8 @@ class TimeModel:
             f = self.spec.ffn_hidden_size
             shapes = layer_gemm_shapes(self.spec, tokens, tp)[2:]  # FC1, FC2
             gemms = sum(terms.gemm_time(m, k, n, gemm_rates) for m, k, n in shapes)
-            swiglu = terms.elementwise_time(terms.BF16 * 3 * f * tokens / _f(tp), rates)
+            swiglu = terms.elementwise_time(
+                terms.BF16 * terms.swiglu_elements(f, self.options.bias_swiglu_fusion) * tokens / _f(tp), rates)
             casts = levers.fp8_mlp_cast_bytes(self.spec.hidden_size, f, tokens, tp, self.fp8.casts)[0] if self.fp8 \
                 else 0.0
             if self.options.tp_comm_overlap:  # the same userbuffers beside FC1 and FC2; their SMs slow FC2

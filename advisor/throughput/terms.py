@@ -117,15 +117,27 @@ def unfused_attention_time(spec: LlamaSpec, seq_len, mbs, tp, rates: Rates):
     return 2 * gemm + 2 * matrix, 4 * gemm + 3 * matrix
 
 
-def layer_elementwise_bytes(spec: LlamaSpec, tokens, tp):
+def layer_elementwise_bytes(spec: LlamaSpec, tokens, tp, bias_swiglu_fusion: bool = True):
     """HBM bytes the memory-bound kernels of one layer move forward, on one GPU: the two RMSNorms
     (read and write h each), the two residual adds (read 2h, write h), RoPE on Q and K (read and
-    write (a + k) d), Qwen3's Q and K norms (``qk_norm_elements``), SwiGLU (read 2 h_ffn, write
-    h_ffn), all BF16 and split over the TP ranks (sequence parallelism splits the norms and
-    residuals, TP the rest)."""
-    h, a, k, d, f = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim, spec.ffn_hidden_size
-    elements = 4 * h + 6 * h + 2 * (a + k) * d + qk_norm_elements(spec) + 3 * f
+    write (a + k) d), Qwen3's Q and K norms (``qk_norm_elements``), SwiGLU
+    (``swiglu_elements``), all BF16 and split over the TP ranks (sequence parallelism splits the
+    norms and residuals, TP the rest)."""
+    h, a, k, d = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.head_dim
+    elements = 4 * h + 6 * h + 2 * (a + k) * d + qk_norm_elements(spec) \
+        + swiglu_elements(spec.ffn_hidden_size, bias_swiglu_fusion)
     return BF16 * elements * tokens / np.asarray(tp, dtype=float)
+
+
+def swiglu_elements(ffn_hidden_size: int, bias_swiglu_fusion: bool = True) -> int:
+    """Elements per token that a SwiGLU of ``ffn_hidden_size`` reads and writes forward. Fused (Megatron's default,
+    ``fusions/fused_bias_swiglu.py``): one kernel, read 2 h_ffn, write h_ffn: 3 h_ffn. Unfused
+    (--no-bias-swiglu-fusion: ``transformer/mlp.py``'s ``glu``, ``silu(x_glu) * (x_linear +
+    glu_linear_offset)``, both releases): three kernels, SiLU (read h_ffn, write h_ffn), the
+    offset's add (read h_ffn, write h_ffn: adding 0.0 still copies) and the product (read 2 h_ffn,
+    write h_ffn): 7 h_ffn. The backward is priced as twice the forward, as every element-wise
+    kernel here (``TimeModel.layer_parts``)."""
+    return (3 if bias_swiglu_fusion else 7) * ffn_hidden_size
 
 
 def qk_norm_elements(spec: LlamaSpec) -> int:
