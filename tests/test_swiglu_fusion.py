@@ -172,3 +172,60 @@ def test_megatron_builds_the_mlp_as_priced_from_the_launched_args(tag):
     assert [result.get("error") for result in results] == [None, None]
     assert [result["derived"]["bias_activation_fusion"] for result in results] == [True, False]
 
+
+def test_moe_experts_keep_three_more_h_moe_per_copy_and_shared_and_dense_mlps_two():
+    """MoE: the routed experts' eager activation (experts.py bias_act_func, both releases) keeps the
+    SiLU output, x_linear + 0.0 and their product (saved by the multiplication by the FP32 probs):
+    3 h_moe / etp per token copy, BF16; moe_act's checkpoint keeps none. The shared experts and
+    DeepSeek-V3's dense layers run mlp.py's glu: 2 of their widths per token, as a dense model."""
+    from advisor.moe import memory as mm
+    from advisor.moe import stage as st
+    from advisor.moe.spec import PRESETS as MOE_PRESETS
+
+    mixtral, dsv3 = MOE_PRESETS["mixtral-8x7b"], MOE_PRESETS["deepseek-v3"]
+    copies, f = 8192, 14336  # Mixtral's h_moe, ETP 2
+    gap = mm.expert_activation_bytes(mixtral, copies, 2, bias_swiglu_fusion=False) \
+        - mm.expert_activation_bytes(mixtral, copies, 2)
+    assert gap == copies * 2 * 3 * f / 2 == 352_321_536
+    assert mm.expert_activation_bytes(mixtral, copies, 2, True, False) == mm.expert_activation_bytes(
+        mixtral, copies, 2, True)
+    # DeepSeek-V3 shared expert (f_s 2048), s 4096, b 1, TP 2, CP 2: 6 -> 10 s b f_s / (t c)
+    assert mm.shared_expert_activation_bytes(dsv3, 4096, 1, 2, 2, False) == 10 * 4096 * 2048 / 4
+    # its dense layers (h_ffn 18432), TP 1: 4 s h_ffn more; --recompute-modules mlp keeps none of it
+    s, h_ffn = 4096, 18432
+    dense = [st._dense_layer_activations(dsv3, s, 1, 1, 1, bias_swiglu_fusion=fused) for fused in (True, False)]
+    assert dense[1] - dense[0] == 4 * s * h_ffn
+    mlp = frozenset({"mlp"})
+    assert st._dense_layer_activations(dsv3, s, 1, 1, 1, mlp, bias_swiglu_fusion=False) == \
+        st._dense_layer_activations(dsv3, s, 1, 1, 1, mlp)
+
+
+def test_an_moe_estimate_prices_and_writes_the_flag(advisor):
+    # Mixtral 8x7B, s 4096, b 1, TP 2 (SP), EP 8, ETP 2, PP 4 (8 layers a stage): each rank routes
+    # s b / t = 2048 tokens x top-2; balanced, its one expert gets 2048 x 2 x 8 / 8 = 4096 copies,
+    # gathered over ETP 2: 8192 of h_moe / 2; 1F1B holds 4 - i microbatches on stage i
+    args = ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--pp", "4", "--ep", "8",
+            "--etp", "2", "--mbs", "1", "--seq-len", "4096", "--gpu", "h100-80gb"]
+    plain, unfused = advisor.json(*args), advisor.json(*args, UNFUSED)
+    per_layer = 8192 * 2 * 3 * 14336 / 2
+    gaps = [(b["layer_activations_gib"] - a["layer_activations_gib"]) * GIB
+            for a, b in zip(plain["stages"], unfused["stages"])]
+    assert gaps == pytest.approx([8 * (4 - i) * per_layer for i in range(4)], rel=1e-9)
+    assert UNFUSED in unfused["megatron_args"] and UNFUSED not in plain["megatron_args"]
+    assert unfused["step_time_s"] > plain["step_time_s"]
+
+
+def test_moe_time_prices_the_eager_kernels_and_the_probs_weighting_by_hand():
+    # routed: glu 7 f BF16 elements (14 f bytes) + the FP32 probs product (read 2 f, write 4 f bytes)
+    # and its cast back (read 4 f, write 2 f bytes): 26 f bytes a copy, against the fused 3 f (6 f bytes)
+    from advisor.moe.spec import PRESETS as MOE_PRESETS
+    from advisor.moe.time import elementwise_bytes
+
+    dsv3 = MOE_PRESETS["deepseek-v3"]
+    tokens, tp, copies, etp = 4096.0, 2, 1000.0, 1
+    fused = elementwise_bytes(dsv3, tokens, tp, copies, etp)
+    eager = elementwise_bytes(dsv3, tokens, tp, copies, etp, False)
+    assert eager[0] == fused[0]  # norms, residuals, RoPE: unchanged
+    assert eager[1] - fused[1] == 2 * 4 * 18432 * tokens / tp  # dense MLP: 3 f -> 7 f elements
+    assert eager[2] == 26 * 2048 * copies and fused[2] == 6 * 2048 * copies
+    assert eager[3] - fused[3] == 2 * 4 * 2048 * tokens / tp  # shared expert, f_s 2048

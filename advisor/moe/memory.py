@@ -307,34 +307,52 @@ def dispatch_activation_bytes(spec: MoESpec, tokens: float, copies: float, ep, e
     return np.asarray(tokens * spec.num_experts * masked, dtype=float)
 
 
-def expert_activation_bytes(spec: MoESpec, copies: float, etp: int, recompute_act: bool = False) -> float:
+def expert_activation_bytes(spec: MoESpec, copies: float, etp: int, recompute_act: bool = False,
+                            bias_swiglu_fusion: bool = True) -> float:
     """What the routed experts keep per token copy (``experts.py``, ``TEGroupedMLP.forward``):
     FC1's input (h), FC1's output, the SwiGLU input (2 h_moe / etp), the SwiGLU output, FC2's
     input (h_moe / etp; not kept with --recompute-modules moe_act), the FP32 routing prob
     applied in the activation (4 bytes), and the permutation's int64 index (8 bytes,
     ``moe_utils.permute``: sorted_indices), made before the all-gather over the expert TP group
     (``MoEAlltoAllTokenDispatcher.dispatch_preprocess``), so once per copy this rank routes, one
-    in etp of those its experts process (measured: docs/profiling.md); BF16."""
+    in etp of those its experts process (measured: docs/profiling.md); BF16.
+
+    With --no-bias-swiglu-fusion (``bias_swiglu_fusion`` False) the experts' eager activation
+    (``experts.py``, ``TEGroupedMLP.forward``'s ``bias_act_func``; ``SequentialMLP`` runs
+    ``mlp.py``'s with the probs as ``per_token_scale``; both releases) keeps 3 h_moe / etp more:
+    the SiLU output and ``x_linear + glu_linear_offset``, which the product saves, and the
+    product itself, which the multiplication by the FP32 probs saves (its FP32 result, cast back
+    to BF16 for FC2, is saved by nothing: ``.to`` keeps no tensor). None with moe_act, whose
+    checkpoint (``CheckpointWithoutOutput``) runs it without autograd."""
     f = spec.moe_ffn_hidden_size / etp
-    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f)) + 4 + 8 / etp
+    eager = 0 if recompute_act or bias_swiglu_fusion else 3 * f
+    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f) + eager) + 4 + 8 / etp
     return copies * per_copy
 
 
-def shared_expert_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int) -> float:
+def shared_expert_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int,
+                                   bias_swiglu_fusion: bool = True) -> float:
     """The shared experts' SwiGLU (``shared_experts.py``: an ``MLP`` under TP, whose forward runs
     Megatron's fused SwiGLU, ``mlp.py`` with ``bias_swiglu_impl``): FC1's output, which the fusion
     keeps as its input (2 f_shared), and FC2's input (f_shared), 2 bytes each: 6 s b f_shared over
     t c, as the dense layers' fused MLP (``stage._dense_layer_activations``). Its input is the
     router's. Seed 004's unfused 8 s b f_shared was priced until the symbolic layer measured 6.
-    """
-    return 6 * seq_len * mbs * spec.shared_expert_size / (tp * cp)
+    With --no-bias-swiglu-fusion the ``MLP``'s eager SwiGLU keeps seed 004's 8 and one f_shared
+    more, 10 (``equations.unfused_swiglu_bytes``, as a dense MLP; --moe-shared-expert-overlap's
+    own eager path, ``linear_fc1_forward_and_act``, adds no offset and would keep 8: priced as 10)."""
+    if bias_swiglu_fusion:
+        kept = 6 * seq_len * mbs * spec.shared_expert_size
+    else:
+        kept = 8 * seq_len * mbs * spec.shared_expert_size \
+            + eq.unfused_swiglu_bytes(spec, seq_len, mbs, spec.shared_expert_size)
+    return kept / (tp * cp)
 
 
 def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int, ep: int, etp: int,
                                assumption: RoutedTokens = RoutedTokens(),
                                recompute_modules: frozenset[str] = frozenset(), dispatcher: Dispatcher = "alltoall",
                                router_fusion: bool = False, aux_loss: bool | None = None,
-                               fused_norms: bool = True) -> float:
+                               fused_norms: bool = True, bias_swiglu_fusion: bool = True) -> float:
     """Everything one MoE layer keeps for one microbatch on the busiest rank: attention
     (``fused_norms`` False: --transformer-impl local, ``attention_activation_bytes``), router
     (``router_activation_bytes``: ``router_fusion`` is --moe-router-fusion, ``aux_loss`` its
@@ -357,10 +375,11 @@ def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
     copies = expert_token_copies(spec, tokens, ep, etp, assumption)
     router = router_activation_bytes(spec, tokens, assumption, router_fusion, aux_loss, norm_recomputed=norms)
     dispatch = dispatch_activation_bytes(spec, tokens, copies, ep, etp, dispatcher, assumption)
-    shared = 0.0 if "shared_experts" in recompute_modules else shared_expert_activation_bytes(spec, seq_len, mbs, tp, cp)
+    shared = 0.0 if "shared_experts" in recompute_modules else shared_expert_activation_bytes(
+        spec, seq_len, mbs, tp, cp, bias_swiglu_fusion)
     # The combine keeps no tokens: every dispatcher unpermutes without probabilities
     # (token_dispatcher.py: token_combine / get_restored_hidden_states_by_experts call unpermute
     # without probs; the experts applied them, experts.py activation_func_with_probs), and an
     # index scatter's backward is a gather that needs only the indices.
     return attention + router + dispatch + shared \
-        + expert_activation_bytes(spec, copies, etp, "moe_act" in recompute_modules)
+        + expert_activation_bytes(spec, copies, etp, "moe_act" in recompute_modules, bias_swiglu_fusion)

@@ -219,15 +219,20 @@ class StageBytes:
 
 
 def _dense_layer_activations(spec: MoESpec, s, b, tp, cp, modules: frozenset[str] = frozenset(),
-                             fused_norms: bool = True):
+                             fused_norms: bool = True, bias_swiglu_fusion: bool = True):
     """A dense layer (DeepSeek-V3's first three): the attention block's terms and the MLP's with
     Megatron's fused SwiGLU (``fusions/fused_bias_swiglu.py``: it saves its input, FC1's output
     2 h_ffn, and FC2 saves its own, h_ffn: seed 004's 2sb(h + 4 h_ffn) less 2 s b h_ffn, as
     ``memory_terms.swiglu_fusion_fraction`` corrects dense layers) with the pre-MLP norm input
     2sbh, over t c; --recompute-modules mlp keeps only the MLP's input (2sbh), mla_up_proj and
-    layernorm as in the MoE layers' attention (the dense MLP's norm is fused into FC1)."""
-    fused = eq.mlp_activation_bytes(spec, s, 1) - 2 * s * spec.ffn_hidden_size
-    mlp = fused if "mlp" not in modules else 2 * s * spec.hidden_size
+    layernorm as in the MoE layers' attention (the dense MLP's norm is fused into FC1). With
+    --no-bias-swiglu-fusion the eager SwiGLU keeps seed 004's count and one h_ffn more
+    (``equations.unfused_swiglu_bytes``): 2sb(h + 5 h_ffn)."""
+    if bias_swiglu_fusion:
+        kept = eq.mlp_activation_bytes(spec, s, 1) - 2 * s * spec.ffn_hidden_size
+    else:
+        kept = eq.mlp_activation_bytes(spec, s, 1) + eq.unfused_swiglu_bytes(spec, s, 1)
+    mlp = kept if "mlp" not in modules else 2 * s * spec.hidden_size
     attention = mm.attention_activation_bytes(spec, s, b, tp, cp, "mla_up_proj" in modules, fused_norms) \
         - mm.input_norm_recomputed_bytes(spec, mm.tokens_per_rank(s, b, tp, cp), modules)
     return attention + (mlp + 2 * s * spec.hidden_size) * b / (tp * cp)
@@ -371,8 +376,10 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     copies = mm.expert_token_copies(spec, tokens, ep, etp, options.routing)
     moe_act = mm.moe_layer_activation_bytes(spec, seq_len, mbs, tp, cp, ep, etp, options.routing, modules,
                                             options.dispatcher, options.router_fusion,
-                                            fused_norms=options.memory.fused_norms)
-    dense_act = _dense_layer_activations(spec, seq_len, mbs, tp, cp, modules, options.memory.fused_norms)
+                                            fused_norms=options.memory.fused_norms,
+                                            bias_swiglu_fusion=options.memory.bias_swiglu_fusion)
+    dense_act = _dense_layer_activations(spec, seq_len, mbs, tp, cp, modules, options.memory.fused_norms,
+                                         options.memory.bias_swiglu_fusion)
     if recompute != "full" and "moe" not in modules:  # FP8 GEMM inputs saved in 1 byte
         moe_act = moe_act - fp8_terms.activation_saving(spec, seq_len, mbs, tp, cp, copies, etp, options.memory,
                                                         modules)

@@ -127,7 +127,7 @@ class LayerTimes(NamedTuple):
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates,
                 fp8: Fp8Gemms | None = None, dispatcher: str = "alltoall",
                 sms: int = STREAMING_MULTIPROCESSORS["hopper"], routing: mm.RoutedTokens = mm.RoutedTokens(),
-                permute_fusion: bool = False, router_fusion: bool = False):
+                permute_fusion: bool = False, router_fusion: bool = False, bias_swiglu_fusion: bool = True):
     """``LayerTimes`` of one layer, one microbatch; backward is twice the compute (core attention's
     ``core_backward_extra`` besides) and the same communication. ``fp8``: with --fp8-format
     (``throughput.levers.fp8_gemms``), the linear layers' GEMMs at its rates (attention
@@ -141,7 +141,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     copies the memory prices (``memory.expert_token_copies``: balanced x its imbalance, or padded
     to capacity or not), but dropless's as balanced (its worst case bounds memory, not the steady
     state's pace). ``permute_fusion``, ``router_fusion``: --moe-permute-fusion, --moe-router-fusion
-    (``ep_time.permutation_time``; the fused router without ``ROUTER_KERNELS_S``)."""
+    (``ep_time.permutation_time``; the fused router without ``ROUTER_KERNELS_S``);
+    ``bias_swiglu_fusion`` False: --no-bias-swiglu-fusion (``elementwise_bytes``)."""
     gemm_rates = fp8.rates if fp8 else rates
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
     tokens_cp = np.asarray(mbs, dtype=float) * seq_len / cp  # the TP group's tokens
@@ -156,7 +157,7 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     pace = replace(routing, routing="balanced") if routing.routing == "dropless" else routing
     copies = mm.expert_token_copies(spec, tokens, ep, etp, pace)
     elementwise, dense_swiglu, moe_act, shared_swiglu = (terms.elementwise_time(b, rates) for b in elementwise_bytes(
-        spec, tokens_cp, tp, copies, etp))
+        spec, tokens_cp, tp, copies, etp, bias_swiglu_fusion))
     cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, core_backward)
     casts = _cast_times(spec, tokens_cp, tp, copies, etp, fp8, rates)
     attention = attention_gemm + core + tp_comm / 2 + elementwise + cp_comm + casts.attention
@@ -247,7 +248,7 @@ other sigmoid routers are priced as it, an assumption). Seconds on an H200, pric
 GPU (launch- and latency-bound kernels; not measured elsewhere)."""
 
 
-def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp):
+def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp, bias_swiglu_fusion: bool = True):
     """(attention block, dense MLP, routed experts, shared experts) HBM bytes of one layer's
     memory-bound kernels forward on one GPU, BF16, each tensor read and written once: the two
     RMSNorms and residual adds (10h per token, as ``terms.layer_elementwise_bytes`` counts a dense
@@ -255,13 +256,20 @@ def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp):
     d_rope) and the QK norms (Qwen3's on (a + k) d; MLA's on its latents, q_lora_rank +
     kv_lora_rank), all over t (sequence parallel or head split);
     SwiGLU, read 2f and write f: the dense MLP's (f = h_ffn per token over t), the routed experts'
-    (f = h_moe over etp per token copy) and the shared experts' (f = h_shared per token over t)."""
+    (f = h_moe over etp per token copy) and the shared experts' (f = h_shared per token over t).
+    With --no-bias-swiglu-fusion (``bias_swiglu_fusion`` False) each SwiGLU runs eagerly
+    (``terms.swiglu_elements``: 7f), and the routed experts' then weigh by the FP32 probs in
+    two kernels more (``experts.py``, ``bias_act_func``): the product (read f BF16, write f FP32)
+    and its cast back (read f FP32, write f BF16), 12 bytes per element of f: 13f BF16 elements in
+    all, where the fused ``weighted_bias_swiglu_impl`` applies them inside its one kernel."""
     h, t = spec.hidden_size, np.asarray(tp, dtype=float)
     per_token = 10 * h + _rope_and_qk_norm_elements(spec)
     attention = mm.BF16 * per_token * tokens_cp / t
-    dense = mm.BF16 * 3 * spec.ffn_hidden_size * tokens_cp / t
-    routed = mm.BF16 * 3 * copies * spec.moe_ffn_hidden_size / np.asarray(etp, dtype=float)
-    shared = mm.BF16 * 3 * tokens_cp * spec.shared_expert_size / t
+    dense = mm.BF16 * terms.swiglu_elements(spec.ffn_hidden_size, bias_swiglu_fusion) * tokens_cp / t
+    weighted = 0 if bias_swiglu_fusion else (2 + 4 + 4 + 2) * spec.moe_ffn_hidden_size  # bytes: product and cast
+    routed = (mm.BF16 * terms.swiglu_elements(spec.moe_ffn_hidden_size, bias_swiglu_fusion) + weighted) \
+        * copies / np.asarray(etp, dtype=float)
+    shared = mm.BF16 * terms.swiglu_elements(spec.shared_expert_size, bias_swiglu_fusion) * tokens_cp / t
     return attention, dense, routed, shared
 
 
@@ -362,7 +370,8 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     layer = layer_times(spec, seq_len, tp=b["tp"], cp=b["cp"], ep=b["ep"], etp=b["etp"], mbs=b["mbs"], rates=rates,
                         fp8=fp8_gemms, dispatcher=options.dispatcher,
                         sms=streaming_multiprocessors(gpu.architecture), routing=options.routing,
-                        permute_fusion=options.fused_permutation, router_fusion=options.router_fusion)
+                        permute_fusion=options.fused_permutation, router_fusion=options.router_fusion,
+                        bias_swiglu_fusion=training.fusions.bias_swiglu_fusion)
     moe_f = layer.moe
     moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
     dense_t = _dense_layer_pace(spec, recompute, options, layer)
