@@ -137,7 +137,8 @@ def calibrated_terms(
     factor = calibration.activation_factor
     if layer_share is None:  # selective recomputation's modules free part of Eq. 12 (``layer_bytes``)
         modules = options.recompute_modules if options.recompute == "selective" else frozenset()
-        share = terms.swiglu_fusion_fraction(spec, modules, options.fused_norms, options.bias_swiglu_fusion)
+        unfused = None if options.flash_attention or "core_attn" in modules else seq_len  # its scores are kept too
+        share = terms.swiglu_fusion_fraction(spec, modules, options.fused_norms, options.bias_swiglu_fusion, unfused)
     else:
         share = layer_share
     layer = _ratio(measured, "decoder", tp, cp, share)

@@ -94,6 +94,35 @@ def test_the_calibrated_model_corrects_only_the_fused_count():
     assert swiglu_fusion_fraction(SPEC, frozenset({"mlp"}), bias_swiglu_fusion=False) == 1.0
 
 
+def test_the_fused_correction_leaves_unfused_attentions_scores_whole(advisor):
+    # Llama-3.1-8B (h 4096, a 32, k 8, d 128, h_ffn 14336) per token: Eq. 12 is h (12 + 4k/a) + 8 h_ffn
+    # = 4096 x 13 + 114,688 = 167,936 bytes, of which the fused SwiGLU keeps 2 h_ffn = 28,672 fewer
+    # (0.1707 = 7/41). Unfused core attention keeps 2 a s + 4 (a - k) d more a token at s 4096
+    # (262,144 + 12,288), which the fusion does not touch: the share kept is 1 - 28,672 / 442,368
+    # (0.9352), not 1 - 28,672 / 167,936 applied to the scores too (which took 17% off them).
+    from advisor.memory_terms import swiglu_fusion_fraction
+
+    assert eq.layer_activation_bytes(SPEC, 1, 1) == 167_936
+    assert swiglu_fusion_fraction(SPEC, unfused_attention_seq_len=4096) == pytest.approx(1 - 28_672 / 442_368,
+                                                                                         rel=1e-12)
+    # a whole estimate: PP 1, TP 1, MBS 1, seq 4096, 32 layers, one microbatch in flight. Without
+    # FlashAttention the analytic peak grows by the unfused attention's bytes (32 x 2.1 GiB), and
+    # the calibrated usage by its activation factor times Eq. 12's kept share's change plus them,
+    # and by the data loader's bool mask, which unfused attention reads (b s^2 (1 + 1/c), unscaled)
+    from advisor.throughput.calibration import load_memory_calibration
+
+    factor = load_memory_calibration().activation_factor
+    layout = ["--tp", "1", "--pp", "1", "--mbs", "1", "--seq-len", "4096"]
+    flash, flash_usage, _ = _stages(advisor, *layout)
+    plain, plain_usage, _ = _stages(advisor, *layout, "--no-flash-attn")
+    scores = 32 * (2 * 32 * 4096**2 + 4 * 4096 * (32 - 8) * 128)
+    eq12 = 32 * 167_936 * 4096
+    assert plain[0] - flash[0] == pytest.approx(scores, rel=1e-12)
+    kept_flash, kept_plain = eq12 - 32 * 28_672 * 4096, eq12 + scores - 32 * 28_672 * 4096
+    mask = 4096**2 * (1 + 1)
+    assert (plain_usage - flash_usage) * GIB == pytest.approx(factor * (kept_plain - kept_flash) + mask, rel=1e-9)
+
+
 def test_the_time_model_prices_the_three_eager_kernels_by_hand():
     # fused: read 2 f, write f; eager: SiLU (read f, write f), + 0.0 (read f, write f), product (read 2 f, write f)
     f = SPEC.ffn_hidden_size
