@@ -355,23 +355,14 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     one base layout (the columns at ``index`` are the bases, ``inverse`` maps each layout to its
     own): all but the interleaved schedule's terms are priced once per base. ``with_parts``: also
     ``time_parts``, where the step goes (``step_parts``)."""
-    from advisor.throughput import levers
     from advisor.throughput.calibration import load_calibration
 
     cal = load_calibration()
-    rates = terms.Rates.of(gpu, cal)
     training = options.training
-    fp8_gemms = (levers.fp8_gemms(rates, gpu, training.precision.fp8_recipe)
-                 if training.precision.fp8_format is not None else None)
-    gemm_rates = fp8_gemms.rates if fp8_gemms else rates
     c = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
     vpp = c["vpp"]
     b, base_of, spread = _by_base(c, bases)
-    layer = layer_times(spec, seq_len, tp=b["tp"], cp=b["cp"], ep=b["ep"], etp=b["etp"], mbs=b["mbs"], rates=rates,
-                        fp8=fp8_gemms, dispatcher=options.dispatcher,
-                        sms=streaming_multiprocessors(gpu.architecture), routing=options.routing,
-                        permute_fusion=options.fused_permutation, router_fusion=options.router_fusion,
-                        bias_swiglu_fusion=training.fusions.bias_swiglu_fusion)
+    rates, gemm_rates, layer = _rates_and_layer(spec, seq_len, b, gpu, options, cal)
     moe_f = layer.moe
     moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
     dense_t = _dense_layer_pace(spec, recompute, options, layer)
@@ -416,6 +407,23 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
                                        pp_comm=m * vpp * 2 * p2p, overhead=m * cal.microbatch_overhead_s,
                                        ep_comm=ep_comm, dp_comm=spread(dp_comm), optimizer=spread(optimizer))
     return out
+
+
+def _rates_and_layer(spec: MoESpec, seq_len: int, b: dict, gpu, options, cal):
+    """(the GPU's rates under the calibration ``cal``, the GEMMs' rates: FP8's where the run's
+    GEMMs are FP8, one layer's times at the base layouts ``b``)."""
+    from advisor.throughput import levers
+
+    rates = terms.Rates.of(gpu, cal)
+    training = options.training
+    fp8_gemms = (levers.fp8_gemms(rates, gpu, training.precision.fp8_recipe)
+                 if training.precision.fp8_format is not None else None)
+    layer = layer_times(spec, seq_len, tp=b["tp"], cp=b["cp"], ep=b["ep"], etp=b["etp"], mbs=b["mbs"], rates=rates,
+                        fp8=fp8_gemms, dispatcher=options.dispatcher,
+                        sms=streaming_multiprocessors(gpu.architecture), routing=options.routing,
+                        permute_fusion=options.fused_permutation, router_fusion=options.router_fusion,
+                        bias_swiglu_fusion=training.fusions.bias_swiglu_fusion)
+    return rates, fp8_gemms.rates if fp8_gemms else rates, layer
 
 
 def _dense_layer_pace(spec: MoESpec, recompute: str, options, layer: LayerTimes):

@@ -84,36 +84,7 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
         fsdp_dtypes_problem(options, defaults)
     p, dp, tpo, r, a, o = (options.precision, options.data_parallel, options.tensor_parallel,
                            options.recomputation, options.attention, options.offload)
-    args = {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float32": []}[p.params_dtype]
-    if p.params_dtype != "float32" and p.grad_reduce_dtype == "fp32":
-        # stated even where it is Megatron's default (megatron_grad_reduce_dtype): what the row prices
-        args.append("--accumulate-allreduce-grads-in-fp32")
-    elif p.grad_reduce_dtype == "bf16":
-        args.append("--grad-reduce-in-bf16")
-    if p.fp8_format is not None:
-        args += ["--fp8-format", p.fp8_format, "--fp8-recipe", p.fp8_recipe,
-                 "--fp8-amax-history-len", str(p.fp8_amax_history_len)]
-        if p.fp8_param_gather:
-            args.append("--fp8-param-gather")
-    elif p.fp8_recipe != _MEGATRON_PRECISION.fp8_recipe:
-        # without FP8 the recipe still decides who keeps the precision-aware optimizer's masters
-        # (TrainingOptions keeps it only then)
-        args += ["--fp8-recipe", p.fp8_recipe]
-    if dp.distributed_optimizer:
-        args.append("--use-distributed-optimizer")
-    if dp.fsdp_strategy is not None:
-        # Megatron-FSDP saves only in its own checkpoint format (validate_args asserts it); its
-        # dtype flags, core_v0.19.0's only, only where they differ from its defaults
-        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", dp.fsdp_strategy,
-                 "--ckpt-format", "fsdp_dtensor", *(word for pair in dp.fsdp_dtype_flags() for word in pair)]
-    if dp.torch_fsdp2:
-        # validate_args: FSDP2 refuses gradient-accumulation fusion (on by default) and saves only
-        # in torch_dist or torch_dcp (torch_dist is the default; stated, as Megatron-FSDP's).
-        args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format", "torch_dist"]
-    if dp.overlap_grad_reduce:
-        args.append("--overlap-grad-reduce")
-    if dp.overlap_param_gather:
-        args.append("--overlap-param-gather")
+    args = [*_precision_args(p), *_data_parallel_args(dp)]
     if tp > 1 and tpo.sequence_parallel:
         args.append("--sequence-parallel")
     if tp > 1 and tpo.tp_comm_overlap:
@@ -154,6 +125,45 @@ def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[st
         args.append(SWIGLU_UNFUSED_FLAG)
     # Megatron pads the vocabulary to 128 x TP by default; 1 keeps it unpadded, as the paper.
     args += ["--make-vocab-size-divisible-by", str(options.vocab_divisible_by or 1)]
+    return args
+
+
+def _precision_args(p: Precision) -> list[str]:
+    """``training_args``'s flags for the number formats."""
+    args = {"bfloat16": ["--bf16"], "float16": ["--fp16"], "float32": []}[p.params_dtype]
+    if p.params_dtype != "float32" and p.grad_reduce_dtype == "fp32":
+        # stated even where it is Megatron's default (megatron_grad_reduce_dtype): what the row prices
+        args.append("--accumulate-allreduce-grads-in-fp32")
+    elif p.grad_reduce_dtype == "bf16":
+        args.append("--grad-reduce-in-bf16")
+    if p.fp8_format is not None:
+        args += ["--fp8-format", p.fp8_format, "--fp8-recipe", p.fp8_recipe,
+                 "--fp8-amax-history-len", str(p.fp8_amax_history_len)]
+        if p.fp8_param_gather:
+            args.append("--fp8-param-gather")
+    elif p.fp8_recipe != _MEGATRON_PRECISION.fp8_recipe:
+        # without FP8 the recipe still decides who keeps the precision-aware optimizer's masters
+        # (TrainingOptions keeps it only then)
+        args += ["--fp8-recipe", p.fp8_recipe]
+    return args
+
+
+def _data_parallel_args(dp: DataParallel) -> list[str]:
+    """``training_args``'s flags for data parallelism and its sharding."""
+    args = ["--use-distributed-optimizer"] if dp.distributed_optimizer else []
+    if dp.fsdp_strategy is not None:
+        # Megatron-FSDP saves only in its own checkpoint format (validate_args asserts it); its
+        # dtype flags, core_v0.19.0's only, only where they differ from its defaults
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", dp.fsdp_strategy,
+                 "--ckpt-format", "fsdp_dtensor", *(word for pair in dp.fsdp_dtype_flags() for word in pair)]
+    if dp.torch_fsdp2:
+        # validate_args: FSDP2 refuses gradient-accumulation fusion (on by default) and saves only
+        # in torch_dist or torch_dcp (torch_dist is the default; stated, as Megatron-FSDP's).
+        args += ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--ckpt-format", "torch_dist"]
+    if dp.overlap_grad_reduce:
+        args.append("--overlap-grad-reduce")
+    if dp.overlap_param_gather:
+        args.append("--overlap-param-gather")
     return args
 
 

@@ -82,17 +82,22 @@ def ratios(runs, reserve: float, factor: float) -> np.ndarray:
     return np.array([r.usage_gib(reserve, factor) / r.memory_gib for r in runs])
 
 
-def _grid_ratios(runs) -> np.ndarray:
-    """``ratios`` at every (reserve, factor) of the grid at once: shape (reserves, factors, runs)."""
+def grid_peaks(runs) -> np.ndarray:
+    """Each run's peak stage usage without the reserve, GiB, at every factor of the grid:
+    shape (factors, runs)."""
     stages = max(len(r.fixed_gib) for r in runs)
     fixed = np.full((len(runs), stages), -np.inf)
     acts = np.zeros((len(runs), stages))
     for i, r in enumerate(runs):
         fixed[i, :len(r.fixed_gib)] = r.fixed_gib
         acts[i, :len(r.activations_gib)] = r.activations_gib
+    return np.max(fixed[None] + FACTOR_GRID[:, None, None] * acts[None], axis=2)
+
+
+def _grid_ratios(runs) -> np.ndarray:
+    """``ratios`` at every (reserve, factor) of the grid at once: shape (reserves, factors, runs)."""
     memory = np.array([r.memory_gib for r in runs])
-    peak = np.max(fixed[None] + FACTOR_GRID[:, None, None] * acts[None], axis=2)  # (factors, runs)
-    return (peak[None] + RESERVE_GRID[:, None, None] * memory) / memory
+    return (grid_peaks(runs)[None] + RESERVE_GRID[:, None, None] * memory) / memory
 
 
 def _errors(r: np.ndarray, oom: np.ndarray) -> tuple[int, int]:

@@ -108,22 +108,11 @@ class FormFit:
         return f"{self.form.describe(self.params)}, k {self.factor:g}, band {self.band:g}"
 
 
-def _peaks(runs) -> np.ndarray:
-    """Each run's peak stage usage without reserve, for every factor of the grid: (factors, runs)."""
-    stages = max(len(r.fixed_gib) for r in runs)
-    fixed = np.full((len(runs), stages), -np.inf)
-    acts = np.zeros((len(runs), stages))
-    for i, r in enumerate(runs):
-        fixed[i, :len(r.fixed_gib)] = r.fixed_gib
-        acts[i, :len(r.activations_gib)] = r.activations_gib
-    return np.max(fixed[None] + oomfit.FACTOR_GRID[:, None, None] * acts[None], axis=2)
-
-
 def fit_form(form: Form, runs, tie_break: str = "conservative") -> FormFit:
     """``oomfit.fit_memory`` for any form: the same weighting, tie-breaks and band."""
     oom = np.array([x.oom for x in runs])
     memory = np.array([x.memory_gib for x in runs], dtype=float)
-    peaks = _peaks(runs)
+    peaks = oomfit.grid_peaks(runs)
     distance = np.abs(oomfit.FACTOR_GRID - oomfit.PRIOR.activation_factor)
     best = None
     for i, p in enumerate(form.grid):
