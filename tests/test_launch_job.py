@@ -99,9 +99,10 @@ def test_a_bad_job_file_is_one_line(advisor, tmp_path):
     broken = tmp_path / "broken.toml"
     broken.write_text("save = [")
     assert "not TOML" in launcher().error("args", "--from", sweep, "--job-config", broken)
-    # the user's own length wins over the budget's (no schedule is derived, so nothing conflicts)
-    args = launcher()("args", "--from", sweep, "--tokens", "1B", "--", "--train-samples", "5").stdout.split()
-    assert args[-2:] == ["--train-samples", "5"] and "--lr-decay-samples" not in args
+    # the user's own length wins over the budget's (no schedule is derived, so nothing conflicts); two
+    # global batches of the sweep's 1024, as fewer than one is refused (launch.job.check_length)
+    args = launcher()("args", "--from", sweep, "--tokens", "1B", "--", "--train-samples", "2048").stdout.split()
+    assert args[-2:] == ["--train-samples", "2048"] and "--lr-decay-samples" not in args
 
 
 def test_learning_rates_megatron_fails_on_are_one_line(advisor, tmp_path):
