@@ -202,7 +202,7 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
         megatron = compose(config.source, config.megatron_args, rules=release.rules, model=config.model,
                            mock_data=mock_data, extras=user_args, job=job.group, chunk_layers=config.chunk_layers())
         check_evaluation(megatron.args)  # values Megatron takes and then fails on, refused in one line
-        check_length(megatron.args)
+        check_length(megatron.args, release.rules)
         check_rates(megatron.args)
         if warn_unknown_flags:
             for unknown in megatron.unknown:

@@ -251,15 +251,20 @@ def requeue_warning(args: Sequence[str]) -> str | None:
             "stopped; give --save DIR --load DIR (one directory) after -- or as save and load in --job-config")
 
 
-def check_length(args: Sequence[str]) -> None:
+def check_length(args: Sequence[str], rules: MegatronRelease | None = None) -> None:
     """Refuse, in one line, a run length that Megatron-LM takes and then fails on or misreads:
     --train-iters with --train-samples (validate_args, both releases' arguments.py: 'expected
-    iteration-based training' on every rank), --train-samples under one global batch (no
-    iteration trained), and a negative one, which neither release checks
+    iteration-based training' on every rank), a zero one (``_zero_length``), --train-samples under
+    one global batch (no iteration trained), and a negative one, which neither release checks
     (training.py, get_train_valid_test_num_samples: train_iters x global batch training samples,
-    a negative number; the launch's evaluation report printed '-5 training iterations', -1408%)."""
+    a negative number; the launch's evaluation report printed '-5 training iterations', -1408%).
+    ``rules``: the release's; None: core_v0.15.2's behaviour, where --skip-train still builds the
+    scheduler. With --skip-train no iteration is trained anyway: a short --train-samples is the user's."""
     given = flag_values(args)
-    if all(flag in given for flag in LENGTH_FLAGS):
+    # core_v0.19.0 with --skip-train checks neither: validate_args ('if args.train_iters and not
+    # args.skip_train'), and setup_model_and_optimizer builds no optimizer nor scheduler
+    scheduled = not ("--skip-train" in given and rules is not None and rules.release >= (0, 19))
+    if scheduled and all(flag in given for flag in LENGTH_FLAGS):
         raise AdvisorError("--train-iters and --train-samples (after --) are both given: Megatron-LM's validate_args "
                            "refuses the two together ('expected iteration-based training'); give one of them")
     for flag in LENGTH_FLAGS:
@@ -268,12 +273,29 @@ def check_length(args: Sequence[str]) -> None:
             raise AdvisorError(f"{flag} {values[-1]} (after --): give 0 or more; Megatron-LM does not check it, "
                                "and its data setup (training.py, get_train_valid_test_num_samples) asks for a "
                                "negative number of training samples")
+    if scheduled:
+        _zero_length(given)
     samples, batch = given.get("--train-samples"), given.get("--global-batch-size")
-    if samples and batch and samples[-1].isdigit() and batch[-1].isdigit() and 0 < int(samples[-1]) < int(batch[-1]):
+    short = samples and batch and samples[-1].isdigit() and batch[-1].isdigit() and 0 < int(samples[-1]) < int(batch[-1])
+    if short and "--skip-train" not in given:
         # update_train_iters: train_iters = train_samples // global_batch_size (advisor.evaluation.trained_iterations),
         # as a budget under one global batch, which _check_budget refuses the same way
         raise AdvisorError(f"--train-samples {samples[-1]} (after --) is less than one global batch of {batch[-1]}: "
                            f"Megatron-LM would train no iteration; give at least {batch[-1]}")
+
+
+def _zero_length(given: dict[str, list[str]]) -> None:
+    """Refuse --train-iters 0 or --train-samples 0 (the other not given): Megatron-LM's parser
+    takes it, and then every rank raises 'either train-iters or train-samples should be provided.'
+    while it builds the learning-rate scheduler, after the model (training.py,
+    get_optimizer_param_scheduler: 'if args.train_iters: ... elif args.train_samples: ... else:
+    raise', 0 being false; both releases, run on core_v0.15.2)."""
+    for flag in LENGTH_FLAGS:
+        values = given.get(flag)
+        if values and values[-1].isdigit() and int(values[-1]) == 0:
+            raise AdvisorError(f"{flag} {values[-1]} (after --): give 1 or more; Megatron-LM takes 0 and then fails on "
+                               "every rank building its learning-rate scheduler ('either train-iters or "
+                               "train-samples should be provided.')")
 
 
 def check_rates(args: Sequence[str]) -> None:

@@ -184,10 +184,41 @@ def test_bad_run_lengths_are_one_line(advisor, tmp_path):
         for command in (["args"], ["torchrun", "--megatron-version", "0.15", "--dry-run"]):
             line = launcher().error(*command, "--from", sweep, "--mock-data", "--", "--lr", "3e-4", *args)
             assert message in line, line
-    # 0 iterations stays valid: Megatron skips training ('if args.do_train and args.train_iters > 0')
-    # and evaluates, as a --load checkpoint's evaluation runs
-    assert launcher()("args", "--from", sweep, "--mock-data", "--", "--lr", "3e-4", "--train-iters", "0").stdout
     assert launcher()("args", "--from", sweep, "--mock-data", "--", "--lr", "3e-4", "--train-samples", "1024").stdout
+
+
+@pytest.mark.parametrize("flag", ["--train-iters", "--train-samples"])
+def test_a_zero_run_length_is_one_line(advisor, tmp_path, flag):
+    # core_v0.15.2 and core_v0.19.0 training.py, get_optimizer_param_scheduler: 'if args.train_iters:
+    # ... elif args.train_samples: ... else: raise Exception('either train-iters or train-samples
+    # should be provided.')', and 0 is false: '-- --train-iters 0' through advisor-launch torchrun on
+    # core_v0.15.2 (one rank on the CPU) ended with that Exception on rank 0, exit status 1. The
+    # parser takes 0, so launch.megatron_check passes it: refused here, exit status 2.
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    message = (f"Error: {flag} 0 (after --): give 1 or more; Megatron-LM takes 0 and then fails on every rank "
+               "building its learning-rate scheduler ('either train-iters or train-samples should be provided.')")
+    for version in ("0.15", "0.19"):
+        result = launcher()("args", "--from", sweep, "--megatron-version", version, "--mock-data", "--", "--lr", "3e-4",
+                            "--eval-interval", "100", flag, "0", expect=2)
+        assert message in result.stderr.splitlines(), result.stderr
+    # core_v0.15.2's --skip-train still builds the scheduler (setup_model_and_optimizer): refused too
+    launcher()("args", "--from", sweep, "--megatron-version", "0.15", "--mock-data", "--", "--lr", "3e-4",
+               "--skip-train", flag, "0", expect=2)
+    # core_v0.19.0's builds no optimizer nor scheduler with --skip-train, and its validate_args skips
+    # the length checks ('if args.train_iters and not args.skip_train'): taken, both flags together too
+    for args in ([flag, "0"], ["--train-iters", "0", "--train-samples", "0"]):
+        assert launcher()("args", "--from", sweep, "--megatron-version", "0.19", "--mock-data", "--", "--lr", "3e-4",
+                          "--eval-interval", "100", "--skip-train", *args).stdout
+
+
+def test_a_short_train_samples_with_skip_train_is_the_users(advisor, tmp_path):
+    # --skip-train trains no iteration whatever the length: --train-samples under one global batch
+    # (1024 in this sweep) is not refused as 'would train no iteration' there; on core_v0.15.2 it is
+    # what builds the scheduler (train_samples // 1024 = 0 iterations, then the evaluation)
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    args = launcher()("args", "--from", sweep, "--megatron-version", "0.15", "--mock-data", "--", "--lr", "3e-4",
+                      "--skip-train", "--train-samples", "8").stdout.split()
+    assert args[args.index("--train-samples") + 1] == "8" and "--skip-train" in args
 
 
 def test_core_0_19_training_without_an_interval_is_refused_before_it_starts(advisor, tmp_path):
