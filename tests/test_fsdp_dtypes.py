@@ -241,3 +241,27 @@ def test_megatron_runs_the_priced_dtypes_from_the_launched_args(tag):
                for result in results]
     assert derived == [("bfloat16", "bfloat16", "float32"), ("None", "float32", "bfloat16"),
                        ("float16", "bfloat16", "bfloat16")]
+
+
+AUTO_FP8 = (f"Error: {FSDP_MAIN_PARAMS} auto with --fp8-param-gather cannot train: with no main weights Megatron-FSDP "
+            "has Adam step the FP8 weights' own bytes, which Transformer Engine's FusedAdam refuses ('only support "
+            "model weights in fp32, fp16, bf16 and fp8') or, unsharded, leaves unchanged; use fp32, bf16 or fp16\n")
+"""core_v0.19.0: FP8 weights (--fp8-param-gather) keep a uint8 compute buffer, and 'auto' no main
+weight buffer, so the optimizer gets the uint8 shard (``_init_distributed_params``) and nothing
+re-quantizes (``copy_main_weights_to_model_weights``: 'if mbuf is None: continue');
+advisor.options.training._FSDP_AUTO_FP8 has the sources."""
+
+
+@pytest.mark.parametrize("strategy", ["no_shard", "optim", "optim_grads_params"])
+def test_no_main_weights_with_fp8_weights_is_refused_in_one_line(advisor, strategy):
+    fp8 = ["--fp8-format", "hybrid", "--fp8-param-gather"]
+    result = advisor.runner.invoke(advisor.command, ["estimate", *LAYOUT, "--use-megatron-fsdp",
+                                                     "--data-parallel-sharding-strategy", strategy, *fp8,
+                                                     FSDP_MAIN_PARAMS, "auto"])
+    assert result.exit_code == 2 and result.stderr == AUTO_FP8
+    read = _from_command(advisor, [*COMMAND, "--data-parallel-sharding-strategy", strategy, *fp8, FSDP_MAIN_PARAMS,
+                                   "auto"], expect=2)
+    assert read.stderr == AUTO_FP8
+    # a main weight buffer of any dtype is what the FP8 weights are cast from: priced
+    for main in ("fp32", "bf16"):
+        _from_command(advisor, [*COMMAND, "--data-parallel-sharding-strategy", strategy, *fp8, FSDP_MAIN_PARAMS, main])

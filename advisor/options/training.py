@@ -90,6 +90,21 @@ master weights (not the precision-aware optimizer, which the options refuse with
 moments are FP32 whatever the parameter's dtype (``_initialize_state``: ``exp_avg_dtype``,
 default torch.float32)."""
 
+_FSDP_AUTO_FP8 = (
+    f"{FSDP_MAIN_PARAMS} auto with --fp8-param-gather cannot train: with no main weights Megatron-FSDP has "
+    "Adam step the FP8 weights' own bytes, which Transformer Engine's FusedAdam refuses ('only support model "
+    "weights in fp32, fp16, bf16 and fp8') or, unsharded, leaves unchanged; use fp32, bf16 or fp16")
+"""Why core_v0.19.0 cannot train Megatron-FSDP's 'auto' main weights with FP8 weights
+(--fp8-param-gather makes them FP8: argument_utils.py ``fp8_param = fp8_param_gather``).
+megatron_fsdp/param_and_grad_buffer.py: a group of FP8 weights has a uint8 compute buffer
+(``_init_each_parameter_group_buffers``: ``torch.uint8 if is_dtype_float8``) and no main weight
+buffer with 'auto' (None), so ``_init_distributed_params`` gives the optimizer that uint8 buffer's
+shard ('mbuf -> wbuf'), or under no_shard the FP8 parameter itself, and
+``copy_main_weights_to_model_weights`` skips the group ('if mbuf is None: continue'): nothing
+re-quantizes the weights. Transformer Engine's FusedAdam.step raises 'FusedAdam only support
+model weights in fp32, fp16, bf16 and fp8' for a uint8 tensor, and without master weights never
+applies its FP8 list (``p_fp8_model``: only the master-weights branch steps it)."""
+
 MEGATRON_CROSS_ENTROPY_KERNEL = "native"
 """--cross-entropy-fusion-impl's default with --cross-entropy-loss-fusion (both releases)."""
 
@@ -614,8 +629,11 @@ class TrainingOptions:
         gradients are not sharded (no_shard, optim): Megatron-FSDP then allocates an un-sharded
         bucket in that dtype for each bucket of the last microbatch's backward
         (``GradReducePipeline._bucket_group_gradient_reduce``: 'an extra un-sharded buffer needs
-        to be allocated!'), held while the stage holds fewer activations than at its peak."""
+        to be allocated!'), held while the stage holds fewer activations than at its peak. And no
+        main weights ('auto') with FP8 weights, which cannot train (``_FSDP_AUTO_FP8``)."""
         dp = self.data_parallel
+        if dp.fsdp_strategy is not None and dp.fsdp_main_params_dtype == "auto" and self.precision.fp8_param_gather:
+            raise AdvisorError(_FSDP_AUTO_FP8)
         if dp.fsdp_main_params_dtype != "fp32" and self.offload.optimizer_cpu_offload:
             raise AdvisorError(f"{FSDP_MAIN_PARAMS} {dp.fsdp_main_params_dtype} with --optimizer-cpu-offload is not "
                                "priced (Megatron's HybridDeviceOptimizer keeps FP32 copies of its own)")
