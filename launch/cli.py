@@ -20,7 +20,7 @@ import click
 
 from advisor import limits
 from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, STDOUT, TCP_PORT, Bounded, CloseCommands,
-                                 InputError, InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, note,
+                                 InputError, InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, emit, note,
                                  output_option, refuse_overwriting_inputs)
 from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S
 
@@ -406,7 +406,7 @@ def torchrun_command(config, release, megatron, job_plan, profiling, nproc_per_n
     if dry_run:
         from advisor.render import terminal_width
 
-        click.echo(format_command(argv, env.settings, width=terminal_width()), nl=False)
+        emit(format_command(argv, env.settings, width=terminal_width()), None)
         return 0
     require_program("torchrun", TORCH_ENVIRONMENT)
     _announce(config, format_command(argv, env.settings).rstrip(), release)
@@ -528,7 +528,7 @@ def check_command(config, release, megatron, job_plan, profiling, nproc_per_node
     _launch_plan(config, release, megatron, profiling, job_plan, dry_run=False, per_node=topology.nproc_per_node,
                  gpus_here=not no_gpus_here, show_job=True, elsewhere_option="--no-gpus-here",
                  flag_problems=_unknown_flag_problems(release.checkout, megatron.unknown))
-    click.echo(f"advisor-launch check: ok: {config.describe()}; {release.rules.name} ({release.checkout})")
+    emit(f"advisor-launch check: ok: {config.describe()}; {release.rules.name} ({release.checkout})\n", None)
     return 0
 
 
@@ -592,7 +592,7 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
     if output is not None:
         click.echo(f"wrote {output}", err=True)
     if output is None or dry_run:
-        click.echo(text, nl=False)
+        emit(text, None)
     return 0
 
 
@@ -701,9 +701,9 @@ def args_command(config, release, megatron, job_plan, fmt) -> int:
     if fmt == "json":
         from advisor.render import to_json
 
-        click.echo(to_json(megatron.args), nl=False)
+        emit(to_json(megatron.args), None)
     else:
-        click.echo(shlex.join(megatron.args))
+        emit(shlex.join(megatron.args) + "\n", None)
     return 0
 
 

@@ -112,6 +112,7 @@ def write_or_submit(script: str, output, *, dry_run: bool, announce=None, ready=
     for ``advisor-launch sbatch`` and ``--slurm-array``."""
     import click
 
+    from advisor.cli.options import emit
     from advisor.fileio import atomic_write_text, is_stdout
 
     if not dry_run:  # before anything is written or said: no sbatch is one line
@@ -125,7 +126,7 @@ def write_or_submit(script: str, output, *, dry_run: bool, announce=None, ready=
     if written is not None:
         click.echo(f"wrote {written}", err=True)
     if printed or (dry_run and written is None):
-        click.echo(script, nl=False)
+        emit(script, None)  # a failed write to stdout said as stdout's (advisor.cli.options)
     if dry_run:
         return None
     argv = ["sbatch", str(written)] if written is not None else ["sbatch"]

@@ -269,6 +269,21 @@ def test_a_full_standard_output_is_named(tmp_path, fmt):
     assert result.stderr.splitlines()[-1] == "Error: standard output: No space left on device", result.stderr
 
 
+@pytest.mark.parametrize("command", [["args"], ["args", "--format", "json"], ["torchrun", "--dry-run"],
+                                     ["sbatch", "--dry-run"]])
+def test_advisor_launch_names_a_full_standard_output_too(advisor, tmp_path, command):
+    """advisor-launch's printed lists, commands and scripts (> /dev/full) said 'Error: No space left
+    on device' after 461b9bb, which named stdout for advisor's own output only."""
+    sweep = tmp_path / "sweep.json"
+    advisor(*SWEEP, "--format", "json", "-o", sweep)
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "launch", *command, "--from", str(sweep), "--megatron-version",
+                                 "0.15", "--mock-data", "--", "--lr", "3e-4"], stdout=full, stderr=subprocess.PIPE,
+                                text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == "Error: standard output: No space left on device", result.stderr
+
+
 def test_a_reader_that_leaves_gets_no_error_line(tmp_path):
     """'advisor sweep | head -0': the pipe closed before the table was written was 'Error: Broken
     pipe' with exit 2, as if the input were bad; now click's own exit 1 without a word."""
