@@ -264,9 +264,13 @@ def check_length(args: Sequence[str], rules: MegatronRelease | None = None) -> N
     # core_v0.19.0 with --skip-train checks neither: validate_args ('if args.train_iters and not
     # args.skip_train'), and setup_model_and_optimizer builds no optimizer nor scheduler
     scheduled = not ("--skip-train" in given and rules is not None and rules.release >= (0, 19))
-    if scheduled and all(flag in given for flag in LENGTH_FLAGS):
+    both = all(flag in given for flag in LENGTH_FLAGS)
+    if scheduled and both and any(given[flag][-1] != "0" for flag in LENGTH_FLAGS):  # both 0: _zero_length's
+        # validate_args asserts 'expected iteration-based training' where --train-iters is non-zero,
+        # else 'expected sample-based training' (--train-iters 0 is false: 'if args.train_samples')
+        based = "sample" if given["--train-iters"][-1] in ("0", "-0") else "iteration"
         raise AdvisorError("--train-iters and --train-samples (after --) are both given: Megatron-LM's validate_args "
-                           "refuses the two together ('expected iteration-based training'); give one of them")
+                           f"refuses the two together ('expected {based}-based training'); give one of them")
     for flag in LENGTH_FLAGS:
         values = given.get(flag)
         if values and values[-1].lstrip("-").isdigit() and int(values[-1]) < 0:
@@ -285,11 +289,11 @@ def check_length(args: Sequence[str], rules: MegatronRelease | None = None) -> N
 
 
 def _zero_length(given: dict[str, list[str]]) -> None:
-    """Refuse --train-iters 0 or --train-samples 0 (the other not given): Megatron-LM's parser
-    takes it, and then every rank raises 'either train-iters or train-samples should be provided.'
-    while it builds the learning-rate scheduler, after the model (training.py,
-    get_optimizer_param_scheduler: 'if args.train_iters: ... elif args.train_samples: ... else:
-    raise', 0 being false; both releases, run on core_v0.15.2)."""
+    """Refuse --train-iters 0 or --train-samples 0 (the other not given, or 0 too): Megatron-LM's
+    parser and validate_args take it, and then every rank raises 'either train-iters or
+    train-samples should be provided.' while it builds the learning-rate scheduler, after the model
+    (training.py, get_optimizer_param_scheduler: 'if args.train_iters: ... elif
+    args.train_samples: ... else: raise', 0 being false; both releases, run on core_v0.15.2)."""
     for flag in LENGTH_FLAGS:
         values = given.get(flag)
         if values and values[-1].isdigit() and int(values[-1]) == 0:

@@ -176,6 +176,10 @@ def test_bad_run_lengths_are_one_line(advisor, tmp_path):
             (["--train-iters", "10", "--train-samples", "10240"],
              "--train-iters and --train-samples (after --) are both given: Megatron-LM's validate_args refuses "
              "the two together ('expected iteration-based training'); give one of them"),
+            # --train-iters 0 is false: validate_args' sample-based branch fails instead ('if args.train_samples:
+            # ... assert args.train_iters is None, 'expected sample-based training'')
+            (["--train-iters", "0", "--train-samples", "10240"],
+             "are both given: Megatron-LM's validate_args refuses the two together ('expected sample-based training')"),
             (["--train-iters", "-5"], "--train-iters -5 (after --): give 0 or more; Megatron-LM does not check it"),
             (["--train-samples", "-10"], "--train-samples -10 (after --): give 0 or more"),
             # the sweep's global batch is 1024: 1023 // 1024 = 0 iterations (update_train_iters)
@@ -201,6 +205,10 @@ def test_a_zero_run_length_is_one_line(advisor, tmp_path, flag):
         result = launcher()("args", "--from", sweep, "--megatron-version", version, "--mock-data", "--", "--lr", "3e-4",
                             "--eval-interval", "100", flag, "0", expect=2)
         assert message in result.stderr.splitlines(), result.stderr
+    # both 0 passes validate_args (neither is true) and fails in the scheduler likewise
+    line = launcher().error("args", "--from", sweep, "--mock-data", "--", "--lr", "3e-4", "--train-iters", "0",
+                            "--train-samples", "0")
+    assert "--train-iters 0 (after --): give 1 or more; Megatron-LM takes 0 and then fails" in line, line
     # core_v0.15.2's --skip-train still builds the scheduler (setup_model_and_optimizer): refused too
     launcher()("args", "--from", sweep, "--megatron-version", "0.15", "--mock-data", "--", "--lr", "3e-4",
                "--skip-train", flag, "0", expect=2)
