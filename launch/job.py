@@ -306,8 +306,9 @@ def check_rates(args: Sequence[str]) -> None:
     """Refuse, in one line, a --lr or --min-lr that argparse's float takes and Megatron-LM then fails
     on at every rank, after the model is built: its scheduler asserts ``min_lr >= 0.0`` and
     ``max_lr >= min_lr`` (megatron/core/optimizer_param_scheduler.py, both releases; NaN fails the
-    second), and an infinite rate passes both and trains NaN weights. The job file's lr and min_lr
-    are checked as they are read (``_check_value``); here they meet the user's flags after --."""
+    second), and an infinite rate passes both and trains NaN weights; the weight decay likewise
+    (``_check_weight_decay``). The job file's lr and min_lr are checked as they are read
+    (``_check_value``); here they meet the user's flags after --."""
     given = flag_values(args)
     rates = {}
     for flag in ("--lr", "--min-lr"):
@@ -323,6 +324,33 @@ def check_rates(args: Sequence[str]) -> None:
     if lr is not None and lr < min_lr:
         raise AdvisorError(f"--lr {given['--lr'][-1]} is below --min-lr {given['--min-lr'][-1]}: Megatron-LM's "
                            "scheduler asserts max_lr >= min_lr (optimizer_param_scheduler.py) at start-up")
+    _check_weight_decay(given)
+
+
+def _check_weight_decay(given: dict[str, list[str]]) -> None:
+    """The same scheduler's weight decay, refused as ``check_rates`` refuses a rate: it asserts
+    ``start_wd >= 0.0`` and ``end_wd >= start_wd`` (optimizer_param_scheduler.py, both releases),
+    which validate_args sets to --weight-decay with the default --weight-decay-incr-style constant,
+    else to --start-weight-decay and --end-weight-decay (arguments.py); NaN fails them, and an
+    infinite decay passes and trains NaN weights."""
+    constant = given.get("--weight-decay-incr-style", ["constant"])[-1] == "constant"
+    flags = ("--weight-decay",) if constant else ("--start-weight-decay", "--end-weight-decay")
+    decays = {}
+    for flag in flags:
+        if values := given.get(flag):
+            try:
+                decays[flag] = float(values[-1])
+            except ValueError:  # refused before, by the release's flag types (launch.arguments)
+                continue
+            if not math.isfinite(decays[flag]) or decays[flag] < 0:
+                raise AdvisorError(f"{flag} {values[-1]}: give a finite number, 0 or more; Megatron-LM's scheduler "
+                                   "(optimizer_param_scheduler.py) asserts start_wd >= 0 at start-up, or trains NaN "
+                                   "weights")
+    start, end = decays.get("--start-weight-decay"), decays.get("--end-weight-decay")
+    if start is not None and end is not None and end < start:
+        raise AdvisorError(f"--end-weight-decay {given['--end-weight-decay'][-1]} is below --start-weight-decay "
+                           f"{given['--start-weight-decay'][-1]}: Megatron-LM's scheduler asserts end_wd >= start_wd "
+                           "(optimizer_param_scheduler.py) at start-up")
 
 
 def user_length(user_args: Sequence[str]) -> list[str]:

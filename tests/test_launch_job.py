@@ -125,6 +125,29 @@ def test_learning_rates_megatron_fails_on_are_one_line(advisor, tmp_path):
     assert launcher()("args", "--from", sweep, "--", "--lr", "3e-4", "--min-lr", "0").stdout
 
 
+def test_weight_decays_megatron_fails_on_are_one_line(advisor, tmp_path):
+    # the same scheduler's __init__ (both releases): 'assert self.start_wd >= 0.0', 'assert self.end_wd >=
+    # self.start_wd'; validate_args sets both to --weight-decay with --weight-decay-incr-style constant (the
+    # default), else takes --start-weight-decay and --end-weight-decay
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    finite = ("give a finite number, 0 or more; Megatron-LM's scheduler (optimizer_param_scheduler.py) asserts "
+              "start_wd >= 0 at start-up")
+    linear = ["--weight-decay-incr-style", "linear"]
+    for args, message in ((["--weight-decay", "-.5"], f"--weight-decay -.5: {finite}"),
+                          (["--weight-decay", "nan"], f"--weight-decay nan: {finite}"),
+                          (["--weight-decay", "inf"], f"--weight-decay inf: {finite}"),
+                          ([*linear, "--start-weight-decay", "-0.1", "--end-weight-decay", "0.1"],
+                           f"--start-weight-decay -0.1: {finite}"),
+                          ([*linear, "--start-weight-decay", "0.1", "--end-weight-decay", "0.01"],
+                           "--end-weight-decay 0.01 is below --start-weight-decay 0.1: Megatron-LM's scheduler "
+                           "asserts end_wd >= start_wd")):
+        line = launcher().error("args", "--from", sweep, "--", "--lr", "3e-4", *args)
+        assert message in line, line
+    # what the scheduler takes: no decay, and a rising one
+    for args in (["--weight-decay", "0"], [*linear, "--start-weight-decay", "0.01", "--end-weight-decay", "0.1"]):
+        assert launcher()("args", "--from", sweep, "--", "--lr", "3e-4", *args).stdout
+
+
 def test_the_users_length_replaces_the_budgets_in_the_report(advisor, tmp_path):
     """With --train-iters after --, job_group adds no schedule: the report does not print one either."""
     sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpu", "h100-80gb", "--gpus", "16", "--tokens", "1T")
