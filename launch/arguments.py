@@ -27,7 +27,7 @@ from typing import Sequence
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.moe import flags as moe_flags
-from advisor.options.flags import release_spelling
+from advisor.options.flags import SWIGLU_UNFUSED_FLAG, release_spelling
 from advisor.options.training import Recomputation
 from advisor.releases import FSDP_GRAD_COMM, FSDP_MAIN_GRADS, FSDP_MAIN_PARAMS
 from advisor.row_flags import Flag, flag_values, is_flag, parse_flags  # read here, and by the launch's other modules
@@ -60,6 +60,7 @@ MEMORY_FLAGS = (
     "--fp8-recipe", "--fp8-param-gather", "--fp8-amax-history-len", "--no-create-attention-mask-in-dataloader",
     "--transformer-impl", "--disable-tp-comm-overlap-ag", "--disable-tp-comm-overlap-rs", "--tp-comm-overlap-rs-dgrad",
     "--disable-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad", FSDP_MAIN_GRADS, FSDP_MAIN_PARAMS, FSDP_GRAD_COMM,
+    SWIGLU_UNFUSED_FLAG,
 )
 """Every flag behind a priced training option (``advisor.options.training_args``, and
 ``FSDP_MAIN_GRADS``, which a launch on core 0.19 adds: ``advisor.options.flags.release_spelling``) is decided."""
@@ -101,6 +102,13 @@ _ASSUMED_WHEN_UNSET = {
     # no --transformer-impl: Transformer Engine, restated; 'local' stays the user's (a CPU test launch
     # over gloo needs megatron-core's own modules), with the launch's note that it is not what was priced
     "--transformer-impl": {("transformer_engine",), ("local",)},
+}
+
+# How to price a decided flag that a row left unset, where an advisor switch prices it. Megatron-LM
+# has no positive spelling of --no-bias-swiglu-fusion (arguments.py, core_v0.15.2 and core_v0.19.0:
+# store_false only), so only a row priced fused can conflict with it.
+_PRICED_BY = {
+    SWIGLU_UNFUSED_FLAG: f"advisor estimate/sweep {SWIGLU_UNFUSED_FLAG} prices the eager SwiGLU",
 }
 
 
@@ -250,7 +258,8 @@ class ArgGroup:
         instead = [str(Flag(name, ours[name])) for name in related if name in ours]
         if instead:
             return f"{flag} (after --) conflicts with {', '.join(instead)} from {self.source}"
-        return f"{flag} (after --) conflicts with {self.source}, which leaves {flag.name} unset"
+        hint = f" ({_PRICED_BY[flag.name]})" if flag.name in _PRICED_BY else ""
+        return f"{flag} (after --) conflicts with {self.source}, which leaves {flag.name} unset{hint}"
 
 
 def check_conflicts(groups: Sequence[ArgGroup], extras: Sequence[str]) -> None:

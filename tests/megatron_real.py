@@ -28,9 +28,14 @@ SHARED = Path(os.environ.get("MEGATRON_LM_CHECKOUTS") or ROOT.parent / "shared" 
 CUDA_ON_CPU = ROOT / "tests" / "fixtures" / "cuda_on_cpu"
 
 # What a machine without Transformer Engine and Apex passes to Megatron-LM (the GPU facts of the
-# project's H100 probe), plus gloo for the CPU; the user's arguments after '--' in these tests.
+# project's H100 probe), plus gloo for the CPU; the user's arguments after '--' in these tests. Not
+# --no-bias-swiglu-fusion: the fused SwiGLU is torch code under jit_fuser, which runs without them
+# (test_launch_run launches it), and the flag is the row's to write (launch.arguments.MEMORY_FLAGS:
+# a row priced fused refuses it after '--'), so the launches that run the eager SwiGLU price it
+# (UNFUSED_SWIGLU on their estimate; in Python, TrainingOptions().with_(bias_swiglu_fusion=False)).
 NO_TRANSFORMER_ENGINE = ["--transformer-impl", "local", "--no-rope-fusion", "--no-persist-layer-norm",
-                         "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-swiglu-fusion"]
+                         "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion"]
+UNFUSED_SWIGLU = "--no-bias-swiglu-fusion"
 TINY_MODEL_ARGS = ["--num-layers", "2", "--hidden-size", "256", "--ffn-hidden-size", "512", "--num-attention-heads",
                    "4", "--seq-length", "128", "--max-position-embeddings", "128", "--micro-batch-size", "1",
                    "--global-batch-size", "8", "--tensor-model-parallel-size", "1", "--mock-data", "--tokenizer-type",
@@ -241,6 +246,8 @@ def lever_fields(training, tp: int) -> dict:
         "cross_entropy_loss_fusion": training.loss.cross_entropy_fusion != "none",
         "cross_entropy_fusion_impl": "native" if training.loss.cross_entropy_fusion == "none"
         else training.loss.cross_entropy_fusion,
+        # --no-bias-swiglu-fusion, as core_transformer_config_from_args hands it to the MLP (--swiglu)
+        "bias_activation_fusion": training.fusions.bias_swiglu_fusion,
     }
     dtypes = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "uint8"}  # uint8: Megatron's fp8
     # Megatron-FSDP's main gradients, as its buffer takes them (launch.megatron_check), are the priced ones

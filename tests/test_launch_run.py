@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from launch_support import launcher
-from megatron_real import (CPU_TRAINING, LAUNCH_TIMEOUT_S, checkout, launch_env, logged_losses, session_copy,
-                          writable_copy)
+from megatron_real import (CPU_TRAINING, LAUNCH_TIMEOUT_S, UNFUSED_SWIGLU, checkout, launch_env, logged_losses,
+                          session_copy, writable_copy)
 
 from advisor.equations import padded_vocab_size
 from advisor.profile_report import compare_rank
@@ -56,8 +56,13 @@ def core_0_15(tmp_path_factory):
     return session_copy("core_v0.15.2", tmp_path_factory)
 
 
-def estimate(advisor, path: Path, layers: int, options: list[str], seq_len: int = 32) -> dict:
-    advisor("estimate", *tiny(layers, seq_len), "--cp", "1", *options, "--format", "json", "-o", path)
+def estimate(advisor, path: Path, layers: int, options: list[str], seq_len: int = 32,
+             swiglu_fusion: bool = False) -> dict:
+    """The row a launch runs. Priced with --no-bias-swiglu-fusion unless ``swiglu_fusion``: the
+    eager SwiGLU these launches measure (the row writes the flag, which after '--' would conflict
+    with a row priced fused: launch.arguments.MEMORY_FLAGS)."""
+    fusion = [] if swiglu_fusion else [UNFUSED_SWIGLU]
+    advisor("estimate", *tiny(layers, seq_len), "--cp", "1", *options, *fusion, "--format", "json", "-o", path)
     return json.loads(path.read_text())
 
 
@@ -66,7 +71,7 @@ def check_run(profile_dir: Path, document: dict, output: str, *, running_mean: b
     """Every rank ended ok with every layer's records; the split, vocabulary and loss are the ones
     planned. ``running_mean``: Megatron logs at iteration 2 the mean of iterations 1 and 2
     (core_v0.19.0's training_log keeps its sums after the first iteration: should_reset).
-    ``swiglu_fusion``: what the header must record (CPU_TRAINING passes --no-bias-swiglu-fusion)."""
+    ``swiglu_fusion``: what the header must record (``estimate`` prices --no-bias-swiglu-fusion unless told)."""
     run = load_run(profile_dir)
     world = document["tp"] * document["cp"] * document["pp"] * document["dp"]
     assert run.status == "ok" and len(run.ranks) == world
@@ -113,6 +118,7 @@ def test_real_pretrain_gpt_trains_with_the_hooks(name, core_0_15, advisor, tmp_p
     args = json.loads(launcher()("args", "--from", tmp_path / "estimate.json", "--megatron-lm", core_0_15.path,
                                  "--format", "json").stdout)
     assert split_flag is None or split_flag in args
+    assert args.count(UNFUSED_SWIGLU) == 1  # the row's, priced (CPU_TRAINING does not restate it)
     result = subprocess.run(
         [str(core_0_15.bin / "advisor-launch"), "torchrun", "--from", str(tmp_path / "estimate.json"),
          "--megatron-lm", str(core_0_15.path), "--mock-data", "--profile-dir", str(tmp_path / "profile"), "--",
@@ -148,7 +154,7 @@ def test_a_run_megatron_ends_early_itself_says_how_many_iterations_it_ran(core_0
 
 
 def test_megatron_lms_fused_swiglu_keeps_3_h_ffn_tensors_and_the_bf16_scores_alone(core_0_15, advisor, tmp_path):
-    """Megatron-LM's default --bias-swiglu-fusion (CPU_TRAINING without --no-bias-swiglu-fusion:
+    """Megatron-LM's default fused SwiGLU (a row priced without --no-bias-swiglu-fusion:
     megatron-core's bias_swiglu_impl is torch code under jit_fuser, which runs on the CPU with
     torch.compile off), one rank, BF16, at s 64, where h_ffn (128) is not a s (256): the tiny launches'
     h_ffn = a s made the unfused SwiGLU's 4 s b h_ffn bytes look like an FP32 copy of the scores,
@@ -158,12 +164,12 @@ def test_megatron_lms_fused_swiglu_keeps_3_h_ffn_tensors_and_the_bf16_scores_alo
     softmax output 2 a b s^2 = 65,536; the fused SwiGLU's input and FC2's 2 x 3 s b h_ffn =
     98,304: 402,432; the first layer also core_v0.15.2's cached bool mask, s^2 = 4,096. Unfused,
     65,536 more; an FP32 copy of the scores would be 131,072 more."""
-    document = estimate(advisor, tmp_path / "estimate.json", 2, LAYOUTS["one-rank"][1], seq_len=64)
-    fused_swiglu = [arg for arg in CPU_TRAINING if arg != "--no-bias-swiglu-fusion"]
+    document = estimate(advisor, tmp_path / "estimate.json", 2, LAYOUTS["one-rank"][1], seq_len=64,
+                        swiglu_fusion=True)
     result = subprocess.run(
         [str(core_0_15.bin / "advisor-launch"), "torchrun", "--from", str(tmp_path / "estimate.json"),
          "--megatron-lm", str(core_0_15.path), "--mock-data", "--profile-dir", str(tmp_path / "profile"), "--",
-         *fused_swiglu], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=launch_env(core_0_15),
+         *CPU_TRAINING], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=launch_env(core_0_15),
         cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     check_run(tmp_path / "profile", document, result.stdout + result.stderr, swiglu_fusion=True)

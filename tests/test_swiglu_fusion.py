@@ -6,6 +6,7 @@ when set, and Megatron-LM's own parsers build it."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -200,6 +201,56 @@ def test_megatron_builds_the_mlp_as_priced_from_the_launched_args(tag):
                                  for o in options])
     assert [result.get("error") for result in results] == [None, None]
     assert [result["derived"]["bias_activation_fusion"] for result in results] == [True, False]
+
+
+TINY = ["--model", "llama3.1-8b", "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "128",
+        "--num-attention-heads", "4", "--num-query-groups", "2", "--vocab-size", "4096", "--seq-len", "32",
+        "--gbs", "4", "--tp", "1", "--pp", "1", "--cp", "1", "--mbs", "2", "--gpus", "1"]
+
+
+def test_the_launch_refuses_the_flag_on_a_row_priced_fused(tmp_path):
+    """The flag is decided (launch.arguments.MEMORY_FLAGS): after '--' on a row priced with the
+    fused SwiGLU it would launch two more h_ffn tensors a layer than were priced, so it is the
+    launcher's conflict, one line, exit 2, saying how to price it; on a row priced unfused the
+    user's restatement agrees, and the row's own arguments say it once."""
+    from conftest import Invoker
+    from launch_support import launcher
+
+    advisor = Invoker()
+    fused, unfused = tmp_path / "fused.json", tmp_path / "unfused.json"
+    advisor("estimate", *TINY, "--format", "json", "-o", fused)
+    advisor("estimate", *TINY, UNFUSED, "--format", "json", "-o", unfused)
+    line = launcher().error("args", "--from", fused, "--megatron-version", "0.15", "--", UNFUSED, "--lr", "1e-4")
+    assert line == (f"Error: {UNFUSED} (after --) conflicts with the estimate ({fused}), which leaves {UNFUSED} "
+                    f"unset (advisor estimate/sweep {UNFUSED} prices the eager SwiGLU) (the input decides these; "
+                    "change the input instead)"), line
+    row = launcher()("args", "--from", unfused, "--megatron-version", "0.15", "--format", "json").stdout
+    restated = launcher()("args", "--from", unfused, "--megatron-version", "0.15", "--format", "json", "--",
+                          UNFUSED).stdout
+    assert json.loads(row).count(UNFUSED) == 1
+    # the user's arguments pass through unchanged (docs/launch.md), the row's flag once before them
+    assert json.loads(restated) == [*json.loads(row), UNFUSED]
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_megatron_builds_the_launched_lists_as_priced(tag, tmp_path):
+    """advisor-launch's lists (--mock-data, the CPU's flags after '--') for a row priced fused and
+    one priced unfused, the latter also with the user's restatement: the real parse_args and
+    validate_args accept each, and core_transformer_config_from_args derives the priced fusion."""
+    from conftest import Invoker
+    from launch_support import launcher
+    from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
+
+    release = checkout(tag)  # skips without it
+    advisor, lists = Invoker(), []
+    for name, options, extras in (("fused", [], []), ("unfused", [UNFUSED], []), ("restated", [UNFUSED], [UNFUSED])):
+        advisor("estimate", *TINY, *options, "--format", "json", "-o", tmp_path / f"{name}.json")
+        lists.append(json.loads(launcher()("args", "--from", tmp_path / f"{name}.json", "--megatron-version", tag,
+                                           "--mock-data", "--format", "json", "--", *NO_TRANSFORMER_ENGINE,
+                                           *extras, "--train-iters", "2", "--lr", "1e-4").stdout))
+    results = validate(release, [{"args": args, "world_size": 1, "env": {}} for args in lists])
+    assert [result.get("error") for result in results] == [None, None, None]
+    assert [result["derived"]["bias_activation_fusion"] for result in results] == [True, False, False]
 
 
 def test_moe_experts_keep_three_more_h_moe_per_copy_and_shared_and_dense_mlps_two():
