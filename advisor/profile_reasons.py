@@ -75,10 +75,20 @@ CPU_KERNELS = Reason(
 )
 UNFUSED_SWIGLU = Reason(
     key="unfused-swiglu",
-    text="the SwiGLU ran unfused (the CPU emulator, or Megatron-LM with --no-bias-swiglu-fusion): FC1's "
-         "output, x_linear + offset, SiLU's output and FC2's input, 5 s b h_ffn elements where Eq. 12 counts 4",
-    source="megatron-core transformer/mlp.py (MLP.forward's glu); megatron_hooks/README.md ('What the local "
-           "layer spec keeps'); tests/test_hooks.py::hand_count_layer; tests/test_launch_run.py",
+    text="the SwiGLU ran unfused (Megatron-LM with --no-bias-swiglu-fusion, or the CPU emulator, as the run's "
+         "header records): FC1's output, x_linear + offset, SiLU's output and FC2's input, 5 s b h_ffn "
+         "elements, which the estimate prices (Eq. 12's 4 and the fifth, 2 s b h_ffn bytes in BF16)",
+    source="megatron-core transformer/mlp.py (MLP.forward's glu); equations.unfused_swiglu_bytes; "
+           "megatron_hooks/README.md ('What the local layer spec keeps'); tests/test_hooks.py::hand_count_layer; "
+           "tests/test_launch_run.py",
+)
+UNRECORDED_UNFUSED_SWIGLU = Reason(
+    key="unfused-swiglu-unrecorded",
+    text="the CPU emulator's SwiGLU ran unfused, which its file (before version 4) does not record, so the "
+         "estimate counts Eq. 12's 4 h_ffn elements: FC1's output, x_linear + offset, SiLU's output and FC2's "
+         "input keep 5 s b h_ffn",
+    source="megatron_hooks/model.py (bias_activation_fusion off); megatron-core transformer/mlp.py "
+           "(MLP.forward's glu); tests/test_hooks.py::hand_count_layer",
 )
 FUSED_SWIGLU = Reason(
     key="fused-swiglu",
@@ -167,7 +177,7 @@ def explain_module(profile: RankProfile, record: LayerRecord) -> Explained:
         if record.kind == "decoder":
             first = record.layer_number == min(h.stage_layers)
             fused = _swiglu_fused(h)
-            swiglu = () if fused is None else (_formatted(FUSED_SWIGLU, h) if fused else UNFUSED_SWIGLU,)
+            swiglu = () if fused is None else (_swiglu_reason(h, fused),)
             per_layer = _mask_per_layer(h)
             reasons = (CPU_KERNELS, *swiglu) + ((_versioned(PER_LAYER_MASK, h),) if per_layer else ())
             counted = single and per_layer is not None and fused is not None
@@ -197,6 +207,15 @@ def _swiglu_fused(header) -> bool | None:
     if header.swiglu_fusion is not None:
         return header.swiglu_fusion
     return False if header.emulated else None
+
+
+def _swiglu_reason(header, fused: bool) -> Reason:
+    """The SwiGLU's reason: fused, or unfused and priced (the header records it, and
+    ``profile_report.run_options`` prices what it records), or an emulated stage's before v4,
+    unfused but priced fused (its file does not say)."""
+    if fused:
+        return _formatted(FUSED_SWIGLU, header)
+    return UNFUSED_SWIGLU if header.swiglu_fusion is False else UNRECORDED_UNFUSED_SWIGLU
 
 
 def _mask_per_layer(header) -> bool | None:

@@ -6,9 +6,11 @@ cannot see given to the estimator as ``MemoryOptions`` (``run_options``): the di
 optimizer, sequence parallelism and recomputation its header records, the element size of its
 weights and activations (``element_bytes``: the paper assumes BF16; a CPU run may use FP32), and
 its attention (the local layer spec keeps the s x s softmax output, which FlashAttention does
-not; ``flash_attention=False``). Gradients and optimizer states keep the paper's assumptions
-(FP32 gradients, 12-byte Adam states), so a ratio away from 1 there says how the run differs
-from the paper, not that the equation is wrong.
+not; ``flash_attention=False``), and its SwiGLU as the header records it (``swiglu_fusion``, v4:
+an unfused run's fifth h_ffn tensor priced, ``equations.unfused_swiglu_bytes``; files before v4
+do not say, and are priced fused, Megatron-LM's default). Gradients and optimizer states keep the
+paper's assumptions (FP32 gradients, 12-byte Adam states), so a ratio away from 1 there says how
+the run differs from the paper, not that the equation is wrong.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ def run_options(profile: RankProfile) -> MemoryOptions:
         fused_norms=h.layer_spec == "transformer_engine",  # local: megatron-core's own modules and buffer
         recompute=h.recompute,
         element_bytes=profile.element_bytes,
+        # as it ran (v4); unknown before v4: priced fused, as before the option was priced
+        bias_swiglu_fusion=h.swiglu_fusion is not False,
     )
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -97,13 +98,14 @@ def check_run(profile_dir: Path, document: dict, output: str, *, running_mean: b
         assert len(rank.iterations) == 2 and header.asked_iterations == 2 and not rank.stopped_early
         check_complete(rank)  # a record for every layer of the stage, every iteration
         # profile show's expected ratios (advisor/profile_reasons.py): the hand counts of a real
-        # Megatron-LM layer on the CPU (Megatron-LM's fused SwiGLU), its token ids and its LM head,
+        # Megatron-LM layer on the CPU (the SwiGLU its header records), its token ids and its LM head,
         # to the byte. The bool s x s causal mask: core_v0.15.2 caches one for the process (only
         # the stage's first layer keeps it), core_v0.19.0 builds one in every layer (each keeps it)
         explained = [row for row in compare_rank(rank) if row.term == "activations" and row.expected_bytes is not None]
         assert all(row.measured_bytes == row.expected_bytes for row in explained), \
             [(row.module, row.measured_bytes, row.expected_bytes) for row in explained]
         assert explained or header.parallel.tp > 1
+        check_swiglu_priced(rank, swiglu_fusion)
         if header.last_stage:
             recorded = [iteration.loss for iteration in rank.iterations]
             if running_mean:
@@ -178,6 +180,25 @@ def test_megatron_lms_fused_swiglu_keeps_3_h_ffn_tensors_and_the_bf16_scores_alo
     layers = {row.module: row for row in compare_rank(rank) if row.term == "activations"}
     assert (layers["decoder.layers.0"].measured_bytes, layers["decoder.layers.1"].measured_bytes) == (
         402_432 + 4_096, 402_432)
+
+
+def check_swiglu_priced(rank, swiglu_fusion: bool) -> None:
+    """profile show's estimate prices the SwiGLU the run's header records: each layer of an
+    unfused run (--no-bias-swiglu-fusion) is estimated 2 s b h_ffn / t BF16 bytes above the same
+    run read as fused, the eager glu's fifth h_ffn tensor (s 32, h_ffn 128: 8,192 b / t bytes);
+    a fused run's layers, nothing more."""
+    h = rank.header
+    assert h.params_dtype == "bfloat16"
+    as_fused = replace(rank, header=replace(h, swiglu_fusion=True))
+    fused = {row.module: row.estimated_bytes for row in compare_rank(as_fused) if row.term == "activations"}
+    layers = [row for row in compare_rank(rank) if row.term == "activations" and row.module.startswith("decoder.")]
+    assert layers
+    if swiglu_fusion:
+        assert all(row.estimated_bytes == fused[row.module] for row in layers)
+        return
+    assert h.seq_len == 32 and h.model.ffn_hidden_size == 128
+    fifth = 2 * 32 * h.parallel.mbs * 128 / h.parallel.tp
+    assert [row.estimated_bytes - fused[row.module] for row in layers] == [fifth] * len(layers)
 
 
 def compare_log_reads_the_run(advisor, tmp_path: Path, launched: str, output: str, document: dict) -> None:

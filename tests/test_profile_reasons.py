@@ -276,8 +276,43 @@ def test_a_real_run_whose_header_does_not_say_how_swiglu_ran_gets_no_layer_count
     row = rows_of(profile(header=header(swiglu_fusion=None)))[("decoder.layers.0", "activations")]
     assert keys(row) == ["cpu-kernels", "per-layer-mask"] and row.expected_bytes is None
     emulated = rows_of(profile(header=header(**{**CPU_EMULATOR, "swiglu_fusion": None})))
-    assert keys(emulated[("decoder.layers.1", "activations")]) == ["cpu-kernels", "unfused-swiglu"]
+    # the estimate of such a file prices the SwiGLU fused, as before the option was priced, and says so
+    assert keys(emulated[("decoder.layers.1", "activations")]) == ["cpu-kernels", "unfused-swiglu-unrecorded"]
     assert emulated[("decoder.layers.1", "activations")].expected_bytes is not None
+    recorded = rows_of(profile(header=header(**CPU_EMULATOR)))  # v4: swiglu_fusion false, priced
+    assert recorded[("decoder.layers.1", "activations")].estimated_bytes \
+        - emulated[("decoder.layers.1", "activations")].estimated_bytes == 4 * 32 * 1 * 128 == 16_384  # FP32: 4 s b h_ffn
+
+
+def test_an_unfused_runs_fifth_h_ffn_tensor_is_priced_in_its_estimate(advisor, tmp_path):
+    """A real core_v0.15.2 run in BF16 on the CPU (TINY: h_ffn 128; s 32, b 1, TP 1; stage 0 of
+    PP 2 with layers 1 and 2, 4 microbatches, so 1F1B holds min(2 - 0, 4) = 2) whose header
+    records --no-bias-swiglu-fusion (v4): each layer's estimate prices the eager SwiGLU's fifth
+    h_ffn tensor, 2 s b h_ffn = 2 x 32 x 1 x 128 = 8,192 BF16 bytes more than the same run
+    recorded fused; the activations in flight and the peak 2 x 2 x 8,192 = 32,768 more. The
+    layer's hand count (110,848 bytes, as in the test above) is then against an estimate that
+    counts its five h_ffn tensors. A file before v4 (unknown) is priced fused, as before."""
+    def rows(fusion):
+        return rows_of(profile(header=header(params_dtype="bfloat16", megatron_core_version="0.15.2",
+                                             swiglu_fusion=fusion)))
+
+    unfused, fused, unknown = rows(False), rows(True), rows(None)
+    assert 2 * 32 * 1 * 128 == 8_192 and 2 * 2 * 8_192 == 32_768
+    for module in ("decoder.layers.0", "decoder.layers.1"):
+        row = unfused[(module, "activations")]
+        assert row.estimated_bytes - fused[(module, "activations")].estimated_bytes == 8_192
+        assert unknown[(module, "activations")].estimated_bytes == fused[(module, "activations")].estimated_bytes
+    for term in ("activations in flight", "peak"):
+        assert unfused[("stage", term)].estimated_bytes - fused[("stage", term)].estimated_bytes == 32_768
+        assert unknown[("stage", term)].estimated_bytes == fused[("stage", term)].estimated_bytes
+    second = unfused[("decoder.layers.1", "activations")]
+    assert second.expected_bytes == 110_848 and keys(second) == ["cpu-kernels", "unfused-swiglu"]
+    assert second.expected_ratio == pytest.approx(110_848 / (fused[("decoder.layers.1", "activations")]
+                                                             .estimated_bytes + 8_192))
+    profile(header=header(params_dtype="bfloat16", megatron_core_version="0.15.2", swiglu_fusion=False)).write(tmp_path)
+    text = " ".join(advisor("profile", "show", tmp_path, "--section", "compare").stdout.split())
+    assert "5 s b h_ffn elements, which the estimate prices (Eq. 12's 4 and the fifth, 2 s b h_ffn bytes in BF16)" \
+        in text
 
 
 @pytest.mark.parametrize("version,per_call", [("0.15.2", False), ("0.15.0rc1", False), ("0.16.1", True),
