@@ -310,16 +310,7 @@ def check_rates(args: Sequence[str]) -> None:
     (``_check_weight_decay``). The job file's lr and min_lr are checked as they are read
     (``_check_value``); here they meet the user's flags after --."""
     given = flag_values(args)
-    rates = {}
-    for flag in ("--lr", "--min-lr"):
-        if values := given.get(flag):
-            try:
-                rates[flag] = float(values[-1])
-            except ValueError:  # refused before, by the release's flag types (launch.arguments)
-                continue
-            if not math.isfinite(rates[flag]) or rates[flag] < 0:
-                raise AdvisorError(f"{flag} {values[-1]}: give a finite number, 0 or more; Megatron-LM's scheduler "
-                                   "(optimizer_param_scheduler.py) fails on it at start-up, or trains NaN weights")
+    rates = _scheduler_values(given, ("--lr", "--min-lr"), "fails on it at start-up")
     lr, min_lr = rates.get("--lr"), rates.get("--min-lr", 0.0)
     if lr is not None and lr < min_lr:
         raise AdvisorError(f"--lr {given['--lr'][-1]} is below --min-lr {given['--min-lr'][-1]}: Megatron-LM's "
@@ -335,22 +326,30 @@ def _check_weight_decay(given: dict[str, list[str]]) -> None:
     infinite decay passes and trains NaN weights."""
     constant = given.get("--weight-decay-incr-style", ["constant"])[-1] == "constant"
     flags = ("--weight-decay",) if constant else ("--start-weight-decay", "--end-weight-decay")
-    decays = {}
-    for flag in flags:
-        if values := given.get(flag):
-            try:
-                decays[flag] = float(values[-1])
-            except ValueError:  # refused before, by the release's flag types (launch.arguments)
-                continue
-            if not math.isfinite(decays[flag]) or decays[flag] < 0:
-                raise AdvisorError(f"{flag} {values[-1]}: give a finite number, 0 or more; Megatron-LM's scheduler "
-                                   "(optimizer_param_scheduler.py) asserts start_wd >= 0 at start-up, or trains NaN "
-                                   "weights")
+    decays = _scheduler_values(given, flags, "asserts start_wd >= 0 at start-up")
     start, end = decays.get("--start-weight-decay"), decays.get("--end-weight-decay")
     if start is not None and end is not None and end < start:
         raise AdvisorError(f"--end-weight-decay {given['--end-weight-decay'][-1]} is below --start-weight-decay "
                            f"{given['--start-weight-decay'][-1]}: Megatron-LM's scheduler asserts end_wd >= start_wd "
                            "(optimizer_param_scheduler.py) at start-up")
+
+
+def _scheduler_values(given: dict[str, list[str]], flags: Sequence[str], fails: str) -> dict[str, float]:
+    """The last value of each of ``flags`` given, as a float, refused in one line where it is not
+    finite or is negative (what Megatron-LM's scheduler ``fails`` with; an infinite value passes
+    its asserts and trains NaN weights). A value that is no float was refused before, by the
+    release's flag types (launch.arguments): skipped here."""
+    found = {}
+    for flag in flags:
+        if values := given.get(flag):
+            try:
+                found[flag] = float(values[-1])
+            except ValueError:
+                continue
+            if not math.isfinite(found[flag]) or found[flag] < 0:
+                raise AdvisorError(f"{flag} {values[-1]}: give a finite number, 0 or more; Megatron-LM's scheduler "
+                                   f"(optimizer_param_scheduler.py) {fails}, or trains NaN weights")
+    return found
 
 
 def user_length(user_args: Sequence[str]) -> list[str]:
