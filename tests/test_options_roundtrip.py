@@ -29,9 +29,11 @@ def training_options(draw) -> TrainingOptions:
     sequence_parallel, flash = draw(st.booleans()), draw(st.booleans())
     recompute = draw(st.sampled_from(["none", "selective", "full"]))
     full = recompute == "full"
-    # Megatron-FSDP's own dtypes (core_v0.19.0): main weights other than FP32 not with offload, and
-    # a communication dtype other than the main gradients' only where the gradients are sharded
-    main_weights = draw(st.sampled_from(FSDP_MAIN_PARAMS_DTYPES)) if fsdp and not offload else "fp32"
+    # Megatron-FSDP's own dtypes (core_v0.19.0): main weights other than FP32 not with offload, none
+    # ('auto') not with FP8 weights gathered (FusedAdam cannot step them), and a communication dtype
+    # other than the main gradients' only where the gradients are sharded
+    weights = [dtype for dtype in FSDP_MAIN_PARAMS_DTYPES if not (gather and dtype == "auto")]
+    main_weights = draw(st.sampled_from(weights)) if fsdp and not offload else "fp32"
     comm = draw(st.sampled_from(FSDP_GRAD_COMM_DTYPES if fsdp in ("optim_grads", "optim_grads_params")
                                 else ("auto", grad))) if fsdp else "auto"
     return TrainingOptions().with_(
