@@ -25,7 +25,9 @@ Where the runs go:
   campaign's GPUs per node), meeting at a c10d rendezvous on the allocation's first node, as
   ``advisor-launch sbatch`` does for one run. The allocation must hold N nodes.
 
-torchrun's own output goes to stderr. This process imports no torch.
+torchrun's own output goes to stderr as it comes, and into the run's ``launch.log`` beside its
+rank files (``LAUNCH_LOG``); a run that fails before any rank profiles names that file and its
+first error line. This process imports no torch.
 
 Exit status: 0 when every run ended ok or oom, 1 when a run failed, 2 on bad input.
 """
@@ -33,6 +35,7 @@ Exit status: 0 when every run ended ok or oom, 1 when a run failed, 2 on bad inp
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -149,6 +152,31 @@ def no_evaluation(given: dict, train_iters: int) -> tuple[str, ...]:
     return flags + (() if "--eval-interval" in given else ("--eval-interval", str(max(train_iters, 1))))
 
 
+LAUNCH_LOG = "launch.log"
+"""Each run's torchrun output, stdout and stderr together, in its directory beside the ranks'
+profiles (also on this process's stderr as it comes): a failed run's reason outlives the
+terminal, and a campaign's runs do not share one scrolled-away stream."""
+
+
+_ERROR_LINE = re.compile(r"\b(\w*Error|error)\b:")
+
+
+def _last_line(log: Path) -> str:
+    """'; first error: ...' where a rank's first error line in the run's log says why it failed
+    (argparse's 'pretrain_gpt.py: error: ...', a Python exception's last line), not torchrun's
+    own summary of its failed children, which always comes last; else '; last line: ...'; ''
+    for an empty or unreadable log."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    for line in lines:
+        if _ERROR_LINE.search(line) and "ChildFailedError" not in line and "torch.distributed.elastic" not in line:
+            return f"; first error: {line[:200]}"
+    told = [line for line in lines if line.strip("=-_ ")]
+    return f"; last line: {told[-1][:200]}" if told else ""
+
+
 class TorchrunExecutor:
     """Campaign runs on this node's GPUs through ``launch.entry``; see the module docstring."""
 
@@ -179,10 +207,11 @@ class TorchrunExecutor:
 
     def run(self, campaign: dict, run: dict, directory: Path) -> None:
         argv, env = self.argv(campaign, run, directory)
-        status = run_process_group(argv, raise_on_signal=True, environment=env)
+        log = directory / LAUNCH_LOG
+        status = run_process_group(argv, raise_on_signal=True, environment=env, log=log)
         if status != 0 and not any(directory.glob("rank*.jsonl")):
-            raise RuntimeError(f"torchrun exited with status {status} before any rank wrote its profile "
-                               "(its output is on stderr)")
+            raise RuntimeError(f"torchrun exited with status {status} before any rank wrote its profile (its output: "
+                               f"{log}{_last_line(log)})")
 
     def close(self) -> None:
         pass

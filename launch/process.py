@@ -18,8 +18,11 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
-from typing import Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO, Mapping, Sequence
 
 from advisor.errors import AdvisorError
 
@@ -52,15 +55,23 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 
 def run_process_group(argv: Sequence[str], *, stdin_text: str | None = None, grace_s: float = GRACE_S,
-                      raise_on_signal: bool = False, environment: Mapping[str, str] | None = None) -> int:
+                      raise_on_signal: bool = False, environment: Mapping[str, str] | None = None,
+                      log: Path | None = None) -> int:
     """Run ``argv`` in a new session, forwarding SIGINT/SIGTERM to its group; return its exit
     status. ``environment``: variables set over this process's for the command. With
     ``raise_on_signal``, a forwarded signal is raised here as KeyboardInterrupt once the group is
-    gone (for a caller that runs one command after another and must stop too)."""
+    gone (for a caller that runs one command after another and must stop too). ``log``: a file
+    that also gets the command's output, stdout and stderr together, as it comes (``_tee``), so
+    that a run's output outlives the terminal it scrolled through (not with ``stdin_text``)."""
+    if log is not None and stdin_text is not None:
+        raise ValueError("run_process_group: log and stdin_text together are not supported")
     env = {**os.environ, **environment} if environment else None
     process = subprocess.Popen(list(argv), start_new_session=True, env=env,
                                stdin=subprocess.PIPE if stdin_text is not None else None,
+                               stdout=subprocess.PIPE if log is not None else None,
+                               stderr=subprocess.STDOUT if log is not None else None,
                                text=stdin_text is not None)
+    copier = _tee(process.stdout, log) if log is not None else None
     received: list[int] = []
     first: list[float] = []
 
@@ -84,10 +95,38 @@ def run_process_group(argv: Sequence[str], *, stdin_text: str | None = None, gra
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if copier is not None:  # the group is gone, so the pipe ends; a worker that escaped it cannot hold us
+            copier.join(timeout=TEE_JOIN_S)
     status = exit_status(process.wait())
     if received and raise_on_signal:
         raise KeyboardInterrupt(f"stopped by signal {received[0]}")
     return status
+
+
+TEE_JOIN_S = 10.0
+"""Seconds to wait for the last of a command's output once its process group is gone."""
+
+
+def _tee(stream: BinaryIO, log: Path) -> threading.Thread:
+    """A thread copying ``stream`` (a command's output pipe) to ``log`` and to this process's
+    stderr, chunk by chunk as it comes (``read1``: no waiting for a full buffer), until the pipe
+    ends. stderr as text where it has no byte buffer (click's test runner)."""
+    def copy() -> None:
+        err = getattr(sys.stderr, "buffer", None)
+        with open(log, "wb") as out:  # a retried run starts its log afresh
+            for chunk in iter(lambda: stream.read1(1 << 16), b""):
+                out.write(chunk)
+                out.flush()
+                if err is not None:
+                    err.write(chunk)
+                    err.flush()
+                else:
+                    sys.stderr.write(chunk.decode(errors="replace"))
+        stream.close()
+
+    thread = threading.Thread(target=copy, name="tee", daemon=True)
+    thread.start()
+    return thread
 
 
 def _wait_for_exit(pid: int, received: list[int], grace_s: float) -> None:

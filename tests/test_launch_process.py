@@ -203,3 +203,16 @@ def test_the_advisor_waits_longer_for_a_stopped_runner_than_the_runner_for_its_r
     from launch.process import GRACE_S, SAME_STOP_S
 
     assert RUNNER_STOP_S > GRACE_S + SAME_STOP_S
+
+
+def test_a_logged_command_keeps_its_output_and_still_shows_it(tmp_path, capfd):
+    """``log`` (a campaign run's launch.log): stdout and stderr together, in order, in the file and
+    on this process's stderr as they come; the exit status is the command's; a retried run's log
+    starts afresh."""
+    log = tmp_path / "launch.log"
+    script = "import sys; print('out 1', flush=True); print('err 2', file=sys.stderr, flush=True); sys.exit(5)"
+    assert run_process_group([sys.executable, "-c", script], log=log) == 5
+    assert log.read_text().splitlines() == ["out 1", "err 2"]
+    assert capfd.readouterr().err.splitlines() == ["out 1", "err 2"]
+    assert run_process_group([sys.executable, "-c", "print('again')"], log=log) == 0
+    assert log.read_text() == "again\n"

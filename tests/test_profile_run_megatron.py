@@ -95,6 +95,9 @@ def test_every_run_is_a_profiled_torchrun_launch(profiled):
             assert list(header.layers_per_stage) == run["layers_per_stage"]
             assert header.parallel.mbs == run["micro_batch_size"] and header.num_microbatches == run["num_microbatches"]
         assert all(len(rank.iterations) == 2 for rank in profile.ranks)  # --train-iters 2, the default
+        # torchrun's output, kept beside the profiles (launch.campaign_runner.LAUNCH_LOG): Megatron's own lines
+        log = (root / "runs" / run["id"] / "launch.log").read_text()
+        assert "iteration        2/       2" in log, log[-2000:]
 
 
 def test_the_emulator_measures_what_the_real_pipeline_measures(profiled):
@@ -123,6 +126,24 @@ def test_the_emulator_measures_what_the_real_pipeline_measures(profiled):
                     assert getattr(layer, field) == getattr(twin, field) + extra, (run["id"], rank, layer.name, field)
                 compared += 1
     assert compared == 2 * 2 * (4 + 2)  # runs x iterations x (decoder layers + embedding + output)
+
+
+def test_a_run_that_dies_before_profiling_names_its_log(advisor, tmp_path, monkeypatch, real_checkout):
+    """A launch that fails before any rank writes a profile: the error names the run's launch.log
+    and its first error line, not torchrun's summary that ends it (the runner's stderr scrolls past
+    in a campaign; a CI run's was lost); exit status 1, a run that failed."""
+    for key, value in launch_env(real_checkout).items():
+        monkeypatch.setenv(key, value)
+    document = plan(advisor, tmp_path / "full.json", 2, 2)
+    document["runs"] = document["runs"][:1]
+    (tmp_path / "one.json").write_text(json.dumps(document))
+    # an unknown Megatron flag after --: pretrain_gpt.py's argument parser refuses it on every rank
+    result = advisor("profile", "run", tmp_path / "one.json", "--out", tmp_path / "runs", "--megatron-lm",
+                     real_checkout.path, "--mock-data", "--", *CPU_TRAINING, "--no-such-megatron-flag", expect=1)
+    log = tmp_path / "runs" / document["runs"][0]["id"] / "launch.log"
+    assert (f"(its output: {log}; first error: pretrain_gpt.py: error: unrecognized arguments: "
+            "--no-such-megatron-flag)") in result.output, result.output
+    assert "unrecognized arguments: --no-such-megatron-flag" in log.read_text()
 
 
 def test_a_second_run_resumes_with_nothing_to_do(profiled, real_checkout, monkeypatch):
