@@ -49,6 +49,7 @@ from advisor.models import LlamaSpec
 from launch.arguments import compose, flag_values
 from launch.checkout import Release
 from launch.commands import DEFAULT_RDZV_PORT, Rendezvous, Topology, entry_options, split_world, torchrun_argv
+from launch.job import check_length, check_rates
 from launch.megatron_versions import LaunchShape, environment
 from launch.process import TORCH_ENVIRONMENT, require_program, run_process_group
 
@@ -190,6 +191,10 @@ class TorchrunExecutor:
         self.iterations += no_evaluation(values, train_iters)
         if problem := early_exit_problem(extras, train_iters):
             raise AdvisorError(problem)
+        # values Megatron-LM takes and then fails on at every rank, refused before any run as
+        # advisor-launch refuses them (the campaign writes its own length; the user's may replace it)
+        check_length(extras, release.rules)
+        check_rates(extras)
 
     def argv(self, campaign: dict, run: dict, directory: Path) -> tuple[list[str], dict[str, str]]:
         """The command of one campaign run (torchrun on this node, or srun of torchrun per node)
