@@ -92,7 +92,11 @@ def budget_words(tokens: float, seq_len: int, global_batch_size: int, release) -
     if release.eval_interval is None:  # the user's to set, and the launch refuses to start without it
         return (f"not in these figures: the evaluation you set; {release.name} has no --eval-interval default and "
                 "cannot train without one (its data setup divides by it)")
-    e = _budget_evaluation(tokens, seq_len, global_batch_size, release)
+    return _default_words(_budget_evaluation(tokens, seq_len, global_batch_size, release), release)
+
+
+def _default_words(e: Evaluation, release) -> str:
+    """``budget_words`` for a release that evaluates by default, its evaluations ``e``."""
     return (f"not in these figures: {release.name} also evaluates by default (--eval-interval "
             f"{release.eval_interval:,}, --eval-iters {release.eval_iters}), {e.iterations:,} forward-only iterations "
             f"over the {e.train_iters:,} training iterations")
@@ -111,13 +115,13 @@ def budget_note(row: dict, release) -> str | None:
     count alone); None where the row has no budget."""
     if not row.get("tokens") or not row.get("step_time_s"):
         return None
-    text = budget_words(row["tokens"], row["seq_len"], row["global_batch_size"], release)
     if release.eval_interval is None:
-        return text
+        return budget_words(row["tokens"], row["seq_len"], row["global_batch_size"], release)
     from advisor.errors import AdvisorError
     from advisor.report.details import forward_only_iteration
 
     e = _budget_evaluation(row["tokens"], row["seq_len"], row["global_batch_size"], release)
+    text = _default_words(e, release)
     try:
         seconds = forward_only_iteration(row).iteration_s * e.iterations
     except AdvisorError:  # an MoE row: its time model prices whole steps, not a rank's forward

@@ -59,7 +59,12 @@ def _fsdp_flag_refused(flag: str, release) -> AdvisorError:
 def fsdp_dtypes_problem(options: TrainingOptions, release) -> None:
     """AdvisorError where ``release`` (a ``release_defaults``) lacks a Megatron-FSDP dtype flag the
     options state (``DataParallel.fsdp_dtype_flags``)."""
-    for flag, _ in options.data_parallel.fsdp_dtype_flags():
+    _refuse_lacking([flag for flag, _ in options.data_parallel.fsdp_dtype_flags()], release)
+
+
+def _refuse_lacking(flags, release) -> None:
+    """AdvisorError for the first of Megatron-FSDP's dtype ``flags`` that ``release`` lacks."""
+    for flag in flags:
         if flag in release.lacks:
             raise _fsdp_flag_refused(flag, release)
 
@@ -478,9 +483,7 @@ def _fsdp_dtypes(values: dict, fsdp: str | None, release, unpriced: list[str]) -
     ignores them: named in ``unpriced``."""
     defaults = release_defaults(release)
     given = [flag for flag in (FSDP_MAIN_PARAMS, FSDP_GRAD_COMM) if flag in values]
-    for flag in given:
-        if flag in defaults.lacks:
-            raise _fsdp_flag_refused(flag, defaults)
+    _refuse_lacking(given, defaults)
     if fsdp is None:
         unpriced += [f"{flag} without --use-megatron-fsdp (Megatron ignores it; priced without)" for flag in given]
         return {}
