@@ -49,6 +49,7 @@ from advisor.models import LlamaSpec
 from launch.arguments import compose, flag_values
 from launch.checkout import Release
 from launch.commands import DEFAULT_RDZV_PORT, Rendezvous, Topology, entry_options, split_world, torchrun_argv
+from launch.evaluation import check_values as check_evaluation
 from launch.job import check_length, check_rates
 from launch.megatron_versions import LaunchShape, environment
 from launch.process import TORCH_ENVIRONMENT, require_program, run_process_group
@@ -193,6 +194,7 @@ class TorchrunExecutor:
             raise AdvisorError(problem)
         # values Megatron-LM takes and then fails on at every rank, refused before any run as
         # advisor-launch refuses them (the campaign writes its own length; the user's may replace it)
+        check_evaluation(extras)
         check_length(extras, release.rules)
         check_rates(extras)
 

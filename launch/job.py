@@ -41,7 +41,7 @@ JOB_KEYS = {
     "data_path": ("--data-path", "paths"), "mock_data": ("--mock-data", "switch"),
     "tokenizer_type": ("--tokenizer-type", "text"), "tokenizer_model": ("--tokenizer-model", "text"),
     "save": ("--save", "text"), "load": ("--load", "text"), "save_interval": ("--save-interval", "count"),
-    "tensorboard_dir": ("--tensorboard-dir", "text"), "lr": ("--lr", "number"), "min_lr": ("--min-lr", "floor"),
+    "tensorboard_dir": ("--tensorboard-dir", "text"), "lr": ("--lr", "floor"), "min_lr": ("--min-lr", "floor"),
     "eval_iters": ("--eval-iters", "iterations"), "eval_interval": ("--eval-interval", "count"),
     "tokens": (None, "tokens"), "lr_warmup_fraction": (None, "fraction"), "fs_bandwidth_gbs": (None, "bandwidth"),
 }
@@ -110,9 +110,9 @@ def _check_value(path: Path, key: str, kind: str, value) -> None:
           "count": isinstance(value, int) and not isinstance(value, bool) and value > 0,
           # --eval-iters 0 turns evaluation off (launch.evaluation)
           "iterations": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-          "number": number and 0 < value < math.inf, "fraction": number and 0 <= value < 1,
+          "fraction": number and 0 <= value < 1,
           # --min-lr 0.0 is Megatron's default (arguments.py), and its scheduler asserts only min_lr >= 0.0
-          # (megatron/core/optimizer_param_scheduler.py)
+          # and max_lr >= min_lr (megatron/core/optimizer_param_scheduler.py), so lr 0 runs as --lr 0 does
           "floor": number and 0 <= value < math.inf,
           # a budget counts whole tokens, as --tokens does (1e12 is whole, 1.5 is not)
           "tokens": number and 0 < value < math.inf and float(value).is_integer()}[kind]
@@ -120,7 +120,7 @@ def _check_value(path: Path, key: str, kind: str, value) -> None:
         want = {"paths": "a list of paths without NUL bytes", "switch": "true or false",
                 "text": "a non-empty string without NUL bytes", "count": "a positive integer",
                 "iterations": "a whole number, 0 or more (0: no evaluation)",
-                "number": "a positive number", "floor": "a number, 0 or more", "fraction": "a number in [0, 1)",
+                "floor": "a number, 0 or more", "fraction": "a number in [0, 1)",
                 "tokens": "a positive whole number of tokens (1e12, or 1_000_000_000_000 in TOML)"}[kind]
         raise AdvisorError(f"{path}: {key} must be {want}, got {json.dumps(value)[:60]}")
 
@@ -307,15 +307,57 @@ def check_rates(args: Sequence[str]) -> None:
     on at every rank, after the model is built: its scheduler asserts ``min_lr >= 0.0`` and
     ``max_lr >= min_lr`` (megatron/core/optimizer_param_scheduler.py, both releases; NaN fails the
     second), and an infinite rate passes both and trains NaN weights; the weight decay likewise
-    (``_check_weight_decay``). The job file's lr and min_lr are checked as they are read
-    (``_check_value``); here they meet the user's flags after --."""
+    (``_check_weight_decay``), and the optimizer's own hyper-parameters (``_check_optimizer``).
+    The job file's lr and min_lr are checked as they are read (``_check_value``); here they meet
+    the user's flags after --."""
     given = flag_values(args)
     rates = _scheduler_values(given, ("--lr", "--min-lr"), "fails on it at start-up")
     lr, min_lr = rates.get("--lr"), rates.get("--min-lr", 0.0)
     if lr is not None and lr < min_lr:
         raise AdvisorError(f"--lr {given['--lr'][-1]} is below --min-lr {given['--min-lr'][-1]}: Megatron-LM's "
                            "scheduler asserts max_lr >= min_lr (optimizer_param_scheduler.py) at start-up")
+    _check_warmup_init(given, lr)
     _check_weight_decay(given)
+    _check_optimizer(given)
+
+
+def _check_warmup_init(given: dict[str, list[str]], lr: float | None) -> None:
+    """The same scheduler asserts ``init_lr <= max_lr``, --lr-warmup-init against --lr: NaN fails
+    it, an infinite one with no --lr to compare is refused as it would train NaN weights. A
+    negative one passes the assert, and is Megatron's to take."""
+    if not (values := given.get("--lr-warmup-init")):
+        return
+    try:
+        init = float(values[-1])
+    except ValueError:  # refused before, by the release's flag types (launch.arguments)
+        return
+    if not math.isfinite(init) or (lr is not None and init > lr):
+        raise AdvisorError(f"--lr-warmup-init {values[-1]}: give a finite number, at most --lr; Megatron-LM's "
+                           "scheduler asserts init_lr <= max_lr (optimizer_param_scheduler.py) at start-up")
+
+
+def _check_optimizer(given: dict[str, list[str]]) -> None:
+    """Adam's betas outside [0, 1), a negative or non-finite --adam-eps, and (with --optimizer sgd)
+    a negative or non-finite --sgd-momentum, refused in one line: argparse's float takes them, and
+    torch.optim.AdamW and SGD, which megatron/core/optimizer/__init__.py falls back to without
+    Transformer Engine or Apex, raise 'Invalid beta parameter' / 'Invalid epsilon value' /
+    'Invalid momentum value' at start-up; a fused Adam takes them and trains badly (a beta of 1
+    divides Adam's bias correction by 1 - 1^t = 0; an infinite epsilon freezes every weight). Only --optimizer adam's (the default) and
+    sgd's flags are read; core 0.19's other optimizers mix theirs (``_get_megatron_emerging_optimizer``)."""
+    optimizer = given.get("--optimizer", ["adam"])[-1]
+    bounds = {"adam": (("--adam-beta1", 1.0), ("--adam-beta2", 1.0), ("--adam-eps", math.inf)),
+              "sgd": (("--sgd-momentum", math.inf),)}.get(optimizer, ())
+    for flag, high in bounds:
+        if not (values := given.get(flag)):
+            continue
+        try:
+            value = float(values[-1])
+        except ValueError:  # refused before, by the release's flag types (launch.arguments)
+            continue
+        if not 0.0 <= value < high:
+            want = "in [0, 1)" if high == 1.0 else "a finite number, 0 or more"
+            raise AdvisorError(f"{flag} {values[-1]}: give {want}; torch.optim's {optimizer.upper() if optimizer == 'sgd' else 'AdamW'}"
+                               " (Megatron-LM's optimizer without Transformer Engine or Apex) refuses it at start-up")
 
 
 def _check_weight_decay(given: dict[str, list[str]]) -> None:

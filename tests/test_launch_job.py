@@ -115,7 +115,12 @@ def test_learning_rates_megatron_fails_on_are_one_line(advisor, tmp_path):
                           (["--lr", "-1"], f"--lr -1: {finite}"),
                           (["--lr", "3e-4", "--min-lr", "-0.1"], f"--min-lr -0.1: {finite}"),
                           (["--lr", "1e-5", "--min-lr", "1e-4"], "--lr 1e-5 is below --min-lr 1e-4: Megatron-LM's "
-                           "scheduler asserts max_lr >= min_lr")):
+                           "scheduler asserts max_lr >= min_lr"),
+                          # 'assert self.init_lr <= self.max_lr' (the same __init__): NaN and 1e-3 > 3e-4 fail it
+                          (["--lr", "3e-4", "--lr-warmup-init", "nan"], "--lr-warmup-init nan: give a finite number, "
+                           "at most --lr; Megatron-LM's scheduler asserts init_lr <= max_lr"),
+                          (["--lr", "3e-4", "--lr-warmup-init", "1e-3"], "--lr-warmup-init 1e-3: give a finite number"),
+                          (["--lr-warmup-init", "inf"], "--lr-warmup-init inf: give a finite number")):
         line = launcher().error("args", "--from", sweep, "--", *args)
         assert message in line, line
     # the job file's rates meet the user's: lr 3e-4 (the file) under --min-lr 1e-3 (after --)
@@ -123,6 +128,7 @@ def test_learning_rates_megatron_fails_on_are_one_line(advisor, tmp_path):
     line = launcher().error("args", "--from", sweep, "--job-config", job, "--", "--min-lr", "1e-3")
     assert "--lr 0.0003 is below --min-lr 1e-3" in line, line
     assert launcher()("args", "--from", sweep, "--", "--lr", "3e-4", "--min-lr", "0").stdout
+    assert launcher()("args", "--from", sweep, "--", "--lr", "3e-4", "--lr-warmup-init", "3e-4").stdout
 
 
 def test_weight_decays_megatron_fails_on_are_one_line(advisor, tmp_path):
@@ -221,3 +227,36 @@ def test_the_signal_handlers_comment_says_whether_megatron_saves(groups, said):
     out = with_exit_signal_handler(groups)
     assert out == [*groups[:-1], (f"Slurm's SIGTERM before the time limit: finish the iteration, {said}",
                                   ("--exit-signal-handler",)), groups[-1]]
+
+
+def test_optimizer_settings_megatron_fails_on_are_one_line(advisor, tmp_path):
+    # torch/optim/adam.py (AdamW's base) and sgd.py raise 'Invalid beta parameter at index 0', 'Invalid
+    # epsilon value', 'Invalid momentum value' unless 0 <= beta < 1, 0 <= eps, 0 <= momentum; Megatron-LM
+    # builds torch.optim.AdamW or SGD where neither Transformer Engine nor Apex is installed
+    # (megatron/core/optimizer/__init__.py, both releases), and a fused Adam takes them and trains badly
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    for args, message in ((["--adam-beta1", "-1"], "--adam-beta1 -1: give in [0, 1); torch.optim's AdamW"),
+                          (["--adam-beta2", "1"], "--adam-beta2 1: give in [0, 1)"),
+                          (["--adam-beta1", "nan"], "--adam-beta1 nan: give in [0, 1)"),
+                          (["--adam-eps=-1e-8"], "--adam-eps -1e-8: give a finite number, 0 or more"),
+                          (["--adam-eps", "inf"], "--adam-eps inf: give a finite number, 0 or more"),
+                          (["--optimizer", "sgd", "--sgd-momentum", "-0.5"],
+                           "--sgd-momentum -0.5: give a finite number, 0 or more; torch.optim's SGD")):
+        line = launcher().error("args", "--from", sweep, "--", "--lr", "3e-4", *args)
+        assert message in line, line
+    # only the chosen optimizer's flags are read: SGD ignores Adam's betas (torch's SGD takes none)
+    args = launcher()("args", "--from", sweep, "--", "--lr", "3e-4", "--optimizer", "sgd", "--adam-beta1", "-1")
+    assert "--adam-beta1" in args.stdout.split()
+    for good in (["--adam-beta1", "0"], ["--adam-beta2", "0.95"], ["--adam-eps", "0"]):
+        assert launcher()("args", "--from", sweep, "--", "--lr", "3e-4", *good).stdout
+
+
+def test_job_file_learning_rate_zero_runs_as_megatron_takes_it(advisor, tmp_path):
+    # the scheduler asserts only min_lr >= 0.0 and max_lr >= min_lr (optimizer_param_scheduler.py), so
+    # lr 0 with min_lr 0 (Megatron's default) starts; the file's lr was refused as 'a positive number'
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    args = launcher()("args", "--from", sweep, "--job-config", write_json(tmp_path / "zero.json", {"lr": 0}),
+                      "--", "--train-iters", "10").stdout.split()
+    assert args[args.index("--lr") + 1] == "0"
+    line = launcher().error("args", "--from", sweep, "--job-config", write_json(tmp_path / "neg.json", {"lr": -1e-4}))
+    assert "lr must be a number, 0 or more, got -0.0001" in line, line

@@ -59,10 +59,10 @@ def test_a_learning_rate_without_its_value_is_refused(sweep, tmp_path):
 
 
 def test_what_takes_no_value_or_several_or_a_negative_one_passes_unchanged(sweep):
-    # negative values of flags the launcher leaves to Megatron (a negative --lr or --min-lr it refuses:
-    # test_launch_job.py, test_learning_rates_megatron_fails_on_are_one_line)
-    extras = ["--adam-beta1", "-1", "--adam-eps", "1e-8", "--log-throughput", "--train-iters=5", "--data-path", "a",
-              "b", "c", "--split", "99,1,0", "--exit-signal-handler", "--adam-beta2", "-0.5"]
+    # negative values of flags the launcher leaves to Megatron (--clip-grad -1: no clipping; a negative
+    # --lr, --min-lr or Adam beta it refuses: test_launch_job.py)
+    extras = ["--clip-grad", "-1", "--adam-eps", "1e-8", "--log-throughput", "--train-iters=5", "--data-path", "a",
+              "b", "c", "--split", "99,1,0", "--exit-signal-handler", "--lr-warmup-init", "-0.5"]
     for release in ("0.15", "0.19"):
         shown = launcher()("args", "--from", sweep, "--megatron-version", release, "--format", "json", "--", *extras)
         assert json.loads(shown.stdout)[-len(extras):] == extras
@@ -209,7 +209,7 @@ def test_a_value_its_type_refuses_is_one_line_for_every_command(sweep, tmp_path)
 
 def test_what_the_types_read_passes_unchanged(sweep):
     extras = ["--lr", "1e-4", "--min-lr=3e-5", "--seed", "1234", "--train-iters=20", "--adam-eps", "1e-8",
-              "--clip-grad", "inf", "--adam-beta2", "nan", "--lr-warmup-iters", "+5", "--eval-iters", "1_000",
+              "--clip-grad", "inf", "--lr-warmup-init", "-0", "--lr-warmup-iters", "+5", "--eval-iters", "1_000",
               "--window-size", "abc", "--wandb-project", "12.5"]
     for release in ("0.15", "0.19"):
         shown = launcher()("args", "--from", sweep, "--megatron-version", release, "--format", "json", "--", *extras)
@@ -300,8 +300,10 @@ def test_a_negative_exponent_as_its_own_word_is_refused(sweep, tmp_path):
 
 def test_negative_numbers_argparse_reads_pass_unchanged(sweep):
     # --clip-grad -.5: Megatron clips only 'if clip_grad > 0.0' (optimizer.py); a negative --weight-decay
-    # is refused instead (launch.job.check_rates: the scheduler asserts start_wd >= 0)
-    extras = ["--adam-eps=-1e-8", "--adam-beta1", "-1", "--adam-beta2", "-0.5", "--clip-grad", "-.5", "--seed", "-0"]
+    # is refused instead (launch.job.check_rates: the scheduler asserts start_wd >= 0), as are a negative
+    # --adam-eps and Adam betas (torch's AdamW refuses them); --lr-warmup-init is asserted only <= --lr
+    extras = ["--clip-grad=-1e-8", "--lr-warmup-init", "-1", "--lr-warmup-init", "-0.5", "--clip-grad", "-.5",
+              "--seed", "-0"]
     for release in ("0.15", "0.19"):
         shown = launcher()("args", "--from", sweep, "--megatron-version", release, "--format", "json", "--", *extras)
         assert json.loads(shown.stdout)[-len(extras):] == extras

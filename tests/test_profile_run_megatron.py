@@ -258,14 +258,16 @@ def test_the_runner_refuses_what_it_cannot_launch(advisor, small_campaign, tmp_p
 def test_rates_and_lengths_megatron_fails_on_are_refused_before_any_run(advisor, small_campaign, tmp_path,
                                                                         monkeypatch, checkout_dir):
     """The user's arguments after -- go to every run: a learning rate or a length that Megatron-LM
-    takes and then fails on at every rank (launch.job.check_rates, check_length) is one line, exit
+    takes and then fails on at every rank (launch.job.check_rates, check_length; launch.evaluation) is one line, exit
     status 2, before any run starts, as advisor-launch refuses it."""
     for key, value in subprocess_env().items():
         monkeypatch.setenv(key, value)
     out = tmp_path / "runs"
     for args, message in ((["--lr", "-1"], "--lr -1: give a finite number, 0 or more; Megatron-LM's scheduler"),
                           (["--lr", "1e-5", "--min-lr", "1e-4"], "--lr 1e-5 is below --min-lr 1e-4"),
-                          (["--train-iters", "-3"], "--train-iters -3 (after --): give 0 or more")):
+                          (["--train-iters", "-3"], "--train-iters -3 (after --): give 0 or more"),
+                          (["--adam-beta1", "1"], "--adam-beta1 1: give in [0, 1)"),
+                          (["--eval-interval", "0"], "--eval-interval 0")):
         line = advisor.error("profile", "run", small_campaign, "--out", out, "--megatron-lm", checkout_dir, "--", *args)
         assert message in line, line
     assert not out.exists()
