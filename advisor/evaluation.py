@@ -118,7 +118,7 @@ def budget_note(row: dict, release) -> str | None:
     if release.eval_interval is None:
         return budget_words(row["tokens"], row["seq_len"], row["global_batch_size"], release)
     from advisor.errors import AdvisorError
-    from advisor.report.details import forward_only_iteration
+    from advisor.saved_row_time import forward_only_iteration
 
     e = _budget_evaluation(row["tokens"], row["seq_len"], row["global_batch_size"], release)
     text = _default_words(e, release)

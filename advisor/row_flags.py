@@ -68,7 +68,7 @@ def row_flags(row: dict, spec: LlamaSpec, layers: tuple[int, ...], options: Trai
     """Every flag the fields of a sweep row or an estimate make, as ``advisor sweep`` and
     ``estimate`` wrote them into its ``megatron_args``: a dense model's from
     ``advisor.megatron_args`` (BF16 weights, as the estimator assumes), a mixture of experts' from
-    ``advisor.moe.flags.row_args`` with ``moe``, its settings as ``advisor.report.inputs.moe_row_settings``
+    ``advisor.moe.flags.row_args`` with ``moe``, its settings as ``advisor.saved_row.moe_row_settings``
     read them. ``row`` has been checked by its reader (positive layout integers, an options object);
     ``spec`` is its model, ``layers`` its split, ``options`` its 'options' (None where it has none:
     an MoE row then takes its optimizer and gradients from its own fields)."""

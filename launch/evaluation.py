@@ -180,7 +180,7 @@ def forward_only_time(row: Mapping | None, step_time_s: float | None, e: Evaluat
         return None, "--eval-global-batch-size/--eval-micro-batch-size are not the batch the input was priced with"
     if row is None or step_time_s is None:
         return None, "the input was priced without a GPU preset (advisor sweep or estimate --gpu)"
-    from advisor.report.details import forward_only_iteration
+    from advisor.saved_row_time import forward_only_iteration
 
     try:
         priced = forward_only_iteration(dict(row))

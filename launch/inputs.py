@@ -357,10 +357,10 @@ def _refuse_experts(fields: _Fields, spec: LlamaSpec) -> None:
 def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, ...]) -> tuple[list[str], int, int]:
     """(the flags, EP, ETP) of a mixture of experts' row: its EP, ETP, dispatcher, routing and
     recomputation read back by the check the report reads it with too
-    (``advisor.report.inputs.moe_row_settings``: what is launched is what was priced, and shown),
+    (``advisor.saved_row.moe_row_settings``: what is launched is what was priced, and shown),
     the layout checked as megatron-core builds its expert groups, the flags from ``advisor.moe.flags``."""
     from advisor.moe.space import layout_problem
-    from advisor.report.inputs import moe_row_settings
+    from advisor.saved_row import moe_row_settings
 
     row = {key: fields.positive(key) for key in ("tp", "cp", "pp", "dp", "mbs")}
     row["vpp"] = fields.positive("vpp", default=1)

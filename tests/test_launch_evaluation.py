@@ -101,7 +101,7 @@ def test_an_estimates_evaluation_iteration_is_about_a_third_of_its_step(advisor)
     # The time model's backward is 2x the forward for the GEMMs (Narayanan et al.), 2.5x for flash
     # attention, 2x for the elementwise kernels, 1x for the TP collectives and the per-microbatch
     # overhead: so the share lies between 1/3.5 and 1/2, and near 1/3 where the GEMMs dominate.
-    from advisor.report.details import forward_only_iteration
+    from advisor.saved_row_time import forward_only_iteration
 
     row = advisor.json("estimate", "--gpu", "h100-80gb", "--gpus", "16", "--tp", "2", "--pp", "1", "--mbs", "1",
                        "--format", "json")
@@ -128,7 +128,7 @@ def test_the_report_says_what_evaluation_costs(advisor, tmp_path):
     assert "(--eval-iters, Megatron-LM core 0.15's default)" in line, line
     assert "2 during the 119 training iterations, 1 on the validation set and 1 on the test set" in line, line
     assert "400 forward-only iterations at " in line and "--eval-iters 0 after -- turns it off" in line, line
-    from advisor.report.details import forward_only_iteration
+    from advisor.saved_row_time import forward_only_iteration
 
     seconds = forward_only_iteration(row).iteration_s
     share = 400 * seconds / (119 * row["step_time_s"])
@@ -249,7 +249,7 @@ def test_a_budgets_days_name_core_0_15s_evaluation_beside_them(advisor):
     # 1T tokens of 8192 at GBS 1024: ceil(1e12 / 8192) = 122,070,313 samples, // 1024 = 119,209
     # iterations; at core 0.15's defaults 119 evaluations during training (1000 ... 119000) and 2 at
     # the end: 121 x 100 = 12,100 forward-only iterations, not in the days (tokens / throughput)
-    from advisor.report.details import forward_only_iteration
+    from advisor.saved_row_time import forward_only_iteration
 
     layout = ["estimate", "--gpu", "h100-80gb", "--tp", "2", "--pp", "1", "--mbs", "1", "--gpus", "16", "--tokens", "1T"]
     text = " ".join(advisor(*layout, "--megatron-version", "0.15").stdout.split())

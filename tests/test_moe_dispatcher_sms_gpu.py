@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from advisor.cli import cli
 from advisor.errors import AdvisorError
 from advisor.models import preset
-from advisor.report.inputs import moe_row_settings
+from advisor.saved_row import moe_row_settings
 
 FLEX = ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--ep", "8", "--moe-token-dispatcher-type", "flex",
         "--format", "json"]

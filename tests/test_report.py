@@ -213,7 +213,7 @@ def moe_row(tmp_path_factory):
 @pytest.mark.parametrize("edit,message", MOE_ROW_EDITS, ids=[message[:30] for _, message in MOE_ROW_EDITS])
 def test_a_hand_edited_moe_row_is_refused_by_the_report_and_the_launcher_alike(advisor, tmp_path, moe_row, edit,
                                                                               message):
-    """One check (advisor.report.inputs.moe_row_settings) for both readers: a row the report would
+    """One check (advisor.saved_row.moe_row_settings) for both readers: a row the report would
     price one way and advisor-launch launch another (or only one of them refuse) is one line in each."""
     from launch_support import launcher, write_json
 

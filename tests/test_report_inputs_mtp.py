@@ -1,5 +1,5 @@
 """A saved MoE row's MTP layers have one source: the model spec its reader built
-(``advisor.report.inputs.moe_row_settings`` takes the spec; the raw 'model' dict is not read
+(``advisor.saved_row.moe_row_settings`` takes the spec; the raw 'model' dict is not read
 again). megatron-core refuses more than one MTP layer beside
 --overlap-moe-expert-parallel-comm (advisor.moe.overlap.settings_problem)."""
 
@@ -16,7 +16,7 @@ from launch_support import write_json
 
 from advisor.errors import AdvisorError
 from advisor.models import preset
-from advisor.report.inputs import moe_row_settings
+from advisor.saved_row import moe_row_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAP = "--overlap-moe-expert-parallel-comm"

@@ -1,7 +1,7 @@
 """megatron-core's refusals of the EP all-to-all overlap (--overlap-moe-expert-parallel-comm) and
 of --delay-wgrad-compute that do not depend on the layout: the one check of the settings behind
 them, for every reader (the command's flags and ``--from-command``: ``advisor.cli.moe``; a saved
-sweep row or estimate: ``advisor.report.inputs.moe_row_settings``, read by the report and by
+sweep row or estimate: ``advisor.saved_row.moe_row_settings``, read by the report and by
 advisor-launch). The layout's refusals (EP > 1, VPP where PP > 1, no full recomputation) are
 ``advisor.moe.space.overlap_problem``'s.
 

@@ -15,7 +15,8 @@ import numpy as np
 
 from advisor.memory import GIB
 from advisor.paper_rule import DEFAULT_THRESHOLD, percent
-from advisor.report.inputs import number, row_options, row_spec
+from advisor.saved_row import is_moe_row, number, row_layout, row_options, row_spec
+from advisor.saved_row_time import row_times
 
 SEGMENTS = ("weights", "gradients", "optimizer", "layer activations", "embedding activations",
             "output activations", "runtime, allocator, logits, mask")
@@ -67,16 +68,6 @@ def row_label(row: dict) -> str:
     return f"{rank}TP {row.get('tp')} CP {row.get('cp')} PP {row.get('pp')} MBS {row.get('mbs')}{extra}"
 
 
-def _layout(row: dict, spec):
-    from advisor.parallel import ParallelConfig, Workload, default_layers_per_stage
-
-    parallel = ParallelConfig(tp=row["tp"], cp=row["cp"], pp=row["pp"], dp=row["dp"], mbs=row["mbs"],
-                              vpp=row.get("vpp") or 1)
-    workload = Workload(seq_len=row["seq_len"], global_batch_size=row["global_batch_size"])
-    layers = tuple(row.get("layers_per_stage") or default_layers_per_stage(spec.num_layers, parallel.pp))
-    return parallel, workload, layers
-
-
 def _stage_segments(estimate, calibrated, attention_buffer: float = 0.0) -> list[dict]:
     """Each stage's memory by segment; calibrated, each activation term by its factor (the local
     attention's ``attention_buffer``, in the layer activations of stages with layers, by the
@@ -103,7 +94,6 @@ def layout_detail(row: dict) -> LayoutDetail:
     (``advisor.report.moe_detail``)."""
     from advisor.memory import estimate_memory
     from advisor.memory_terms import local_attention_buffer
-    from advisor.report.moe_detail import is_moe_row
 
     if is_moe_row(row):
         return _moe_detail(row)
@@ -111,7 +101,7 @@ def layout_detail(row: dict) -> LayoutDetail:
     spec = row_spec(row)
     training = row_options(row)
     options = training.memory_options()
-    parallel, workload, layers = _layout(row, spec)
+    parallel, workload, layers = row_layout(row, spec)
     estimate = estimate_memory(spec, parallel, workload, options, layers)
     memory = number(row, "memory_gib")
     calibrated = None
@@ -124,7 +114,7 @@ def layout_detail(row: dict) -> LayoutDetail:
                                       load_memory_calibration(), memory)
     parts = forward = backward = None
     if row.get("gpu"):
-        _, parts, forward, backward = _times(row, spec, parallel, workload, layers, training)
+        _, parts, forward, backward = row_times(row, spec, parallel, workload, layers, training)
     fraction = paper_threshold(row)
     threshold = fraction * memory if memory and row.get("memory_model", "paper") == "paper" else None
     return LayoutDetail(label=row_label(row), pp=parallel.pp, vpp=parallel.vpp,
@@ -153,64 +143,6 @@ def _moe_detail(row: dict) -> LayoutDetail:
                         stages=stages, model_name="calibrated MoE" if calibrated else "MoE",
                         time_parts=row.get("time_parts"), forward_s=None, backward_s=None,
                         threshold_label=rule_label(fraction))
-
-
-def _times(row, spec, parallel, workload, layers, training):
-    """(the time model, the step's parts as 'advisor estimate' prices them, each rank's forward and
-    backward times per microbatch)."""
-    from advisor.pricing import layout_times, one_layout_time
-
-    # at the row's own node size where it records one (--gpus-per-node, a command's ranks per node):
-    # the preset's alone re-priced TP 8 on 4-GPU nodes over NVLink, parts the row's step never had
-    gpu = _row_gpu(row)
-    _, parts = one_layout_time(spec, gpu, workload, parallel, layers, training, None)
-    model, layouts, recompute = layout_times(spec, gpu, workload, parallel, training)
-    stages = layouts.stage_times(np.array([0]), np.array([parallel.vpp]), recompute, np.array([layers]))
-    return model, parts, [float(s.forward[0]) for s in stages], [float(s.backward[0]) for s in stages]
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardOnly:
-    """A dense row's evaluation iteration as the time model prices it (``forward_only_iteration``)."""
-
-    iteration_s: float
-    """One forward-only iteration of the global batch (``advisor.throughput.forward_only``)."""
-    step_s: float
-    """The row's training step, re-priced the same way (its ``step_time_s`` where it was priced so)."""
-
-
-def forward_only_iteration(row: dict) -> ForwardOnly:
-    """One forward-only iteration of a dense sweep row or estimate priced on a GPU preset: each
-    pipeline rank's forward per microbatch, as ``_times`` re-prices them for the page, through
-    ``forward_only_pipeline_s``, no faster than the data loader (``terms.data_loader_bound``, the
-    training step's rule); no gradient reduction, no optimizer step. AdvisorError for a row this
-    cannot re-price (no GPU, an MoE row: the MoE time model prices whole steps, not a rank's
-    microbatch)."""
-    from advisor.errors import AdvisorError
-    from advisor.report.moe_detail import is_moe_row
-    from advisor.throughput import terms
-    from advisor.throughput.forward_only import forward_only_pipeline_s
-
-    if not row.get("gpu") or is_moe_row(row):
-        raise AdvisorError("only a dense row priced on a GPU preset has per-stage forward times")
-    spec = row_spec(row)
-    training = row_options(row)
-    parallel, workload, layers = _layout(row, spec)
-    model, parts, forward, _ = _times(row, spec, parallel, workload, layers, training)
-    m = workload.num_microbatches(parallel)
-    pipeline = forward_only_pipeline_s(forward, m, parallel.vpp)
-    bound = terms.data_loader_bound(pipeline, model.options.dataloader_mask == "rebuilt",
-                                    workload.global_batch_size / parallel.dp, workload.seq_len, model.rates,
-                                    model.options.dataloader_workers)
-    return ForwardOnly(iteration_s=float(bound), step_s=parts["total_s"])
-
-
-def _row_gpu(row: dict):
-    """The row's GPU preset at its own memory and node size (``_times``)."""
-    from advisor.hardware import get_gpu
-
-    return get_gpu(row["gpu"]).with_overrides(memory_gib=number(row, "memory_gib") or None,
-                                              gpus_per_node=row.get("gpus_per_node"))
 
 
 def plan_detail(plan: dict) -> LayoutDetail:

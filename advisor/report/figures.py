@@ -14,7 +14,8 @@ from __future__ import annotations
 from advisor.plots import COLOURS
 from advisor.render import counted
 from advisor.report.details import SEGMENTS, LayoutDetail, row_label
-from advisor.report.inputs import memory_share, number
+from advisor.report.inputs import memory_share
+from advisor.saved_row import number
 from advisor.report.labels import text_box
 
 PANEL_ROWS = 70

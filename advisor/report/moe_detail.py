@@ -7,7 +7,7 @@ calibrated model's additions where the row was judged by it. Nothing is priced h
 from __future__ import annotations
 
 from advisor.errors import AdvisorError
-from advisor.report.inputs import number
+from advisor.saved_row import number
 
 MOE_SEGMENTS = ("dense states", "expert states", "FP8 weights", "layer activations", "embedding activations",
                 "output activations", "dispatcher and expert buffers", "runtime, allocator, logits, mask")
@@ -15,10 +15,6 @@ MOE_SEGMENTS = ("dense states", "expert states", "FP8 weights", "layer activatio
 last is the calibrated model's addition (its factors are applied to the activation buckets)."""
 _KEYS = ("dense_states_gib", "expert_states_gib", "fp8_weights_gib", "layer_activations_gib",
          "embedding_activations_gib", "output_activations_gib", "transient_gib")
-
-
-def is_moe_row(row: dict) -> bool:
-    return isinstance(row.get("model"), dict) and "num_experts" in row["model"]
 
 
 def _settings(row: dict):

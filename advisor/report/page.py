@@ -15,7 +15,8 @@ from dataclasses import asdict
 from advisor.paper_rule import percent
 from advisor.report import figures
 from advisor.report.details import LayoutDetail, paper_threshold, plan_detail, row_label
-from advisor.report.inputs import ReportInput, number, row_options, row_spec
+from advisor.report.inputs import ReportInput
+from advisor.saved_row import number, row_options, row_spec
 from advisor.report.schedule_figure import schedule
 from advisor.report.table import (
     common_flags, flag_groups, flags_text, key_value_table, plain_table, rows_table, split_columns,
