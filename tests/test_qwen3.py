@@ -420,7 +420,7 @@ def test_the_legacy_rope_switch_reads_as_rope(advisor, tmp_path):
 def test_model_help_names_dense_qwen3():
     """--model's help lists the config.json model_types read: qwen3 since dense Qwen3 is."""
     shown = " ".join(CliRunner().invoke(cli, ["sweep", "--help"], terminal_width=100).stdout.split())
-    assert "model_type llama, mistral, qwen2, qwen3, mixtral, qwen3_moe or deepseek_v3" in shown
+    assert "model_type llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, deepseek_v3 or kimi_k2" in shown
 
 
 def test_tied_pp_above_1_pays_the_embedding_gradient_all_reduce():

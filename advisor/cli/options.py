@@ -179,7 +179,7 @@ def model_options(func: Callable) -> Callable:
             click.option(
                 "--model", default=DEFAULT_MODEL, show_default=True, metavar="NAME|config.json|DIR",
                 help="A preset (see 'advisor models'), a Hugging Face config.json (model_type llama, mistral, "
-                     "qwen2, qwen3, mixtral, qwen3_moe or deepseek_v3), or the directory holding one (a Hugging Face "
+                     "qwen2, qwen3, mixtral, qwen3_moe, deepseek_v3 or kimi_k2), or the directory holding one (a Hugging Face "
                      "snapshot's).",
             ),
             click.option("--num-layers", type=Bounded(limits.MODEL["num_layers"]), help="Override L."),

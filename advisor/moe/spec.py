@@ -1,5 +1,5 @@
 """MoE model specs: the five presets and Hugging Face ``config.json`` reading (mixtral, qwen3_moe,
-deepseek_v3). A ``MoESpec`` is a ``LlamaSpec`` (its dense fields keep their meaning: the dense
+deepseek_v3, and kimi_k2 as deepseek_v3). A ``MoESpec`` is a ``LlamaSpec`` (its dense fields keep their meaning: the dense
 FFN size is ``ffn_hidden_size``, used by the first dense layers) plus the fields Megatron-LM has
 MoE and multi-latent-attention flags for; ``advisor.moe.flags`` writes them.
 """
@@ -313,7 +313,13 @@ MOE_FIELD_FLAGS = {
     "yarn.factor": "--rotary-scaling-factor", "yarn.mscale": "--mscale", "yarn.mscale_all_dim": "--mscale-all-dim",
 }
 """Megatron-LM's flag of each MoE field a config.json names otherwise (``advisor.moe.flags`` writes them)."""
-HF_MODEL_TYPES = tuple(FAMILY_KEYS)
+MODEL_TYPE_FAMILIES = {"kimi_k2": "deepseek_v3"}
+"""model_types read as another family's: Kimi K2's config.json names model_type kimi_k2, but its
+architecture is DeepSeek-V3's (its config.json has architectures DeepseekV3ForCausalLM and
+auto_map configuration_deepseek.DeepseekV3Config, the DeepSeek-V3 keys throughout), and
+Megatron-Bridge's KimiK2Bridge builds it as DeepSeek-V3's MLA + MoE GPTModel
+(src/megatron/bridge/models/kimi/kimi_bridge.py: get_common_mapping_list of models/deepseek)."""
+HF_MODEL_TYPES = (*FAMILY_KEYS, *MODEL_TYPE_FAMILIES)
 EXPERT_COUNT_KEYS = tuple(keys["num_experts"] for keys in FAMILY_KEYS.values())
 """The keys by which a config.json says its MLPs are experts (Mixtral, Qwen-MoE, DeepSeek)."""
 
@@ -441,7 +447,8 @@ def _deepseek_fields(config: _Config, keys: dict[str, str]) -> dict:
 def load_moe_config(config: _Config, model_type: str) -> MoESpec:
     """A MoE config.json (``advisor.models.load_hf_config`` hands it here by model_type): the dense
     fields as for Llama, the expert fields per family by its ``FAMILY_KEYS``; one line naming the
-    key for the rest."""
+    key for the rest. A model_type of ``MODEL_TYPE_FAMILIES`` is read as its family."""
+    model_type = MODEL_TYPE_FAMILIES.get(model_type, model_type)
     values = dense_values(config, model_type, rope_scaling=model_type != "deepseek_v3")
     family = {"mixtral": _mixtral_fields, "qwen3_moe": _qwen3_fields, "deepseek_v3": _deepseek_fields}[model_type]
     keys = FAMILY_KEYS[model_type]
