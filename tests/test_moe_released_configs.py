@@ -1,6 +1,8 @@
 """config.json files of released mixtures of experts that are not presets (tests/data/moe/
-kimi-k2-instruct.json; each file's _source says where its values come from): read by the
-families' readers, counted by hand from the file and compared with the published counts.
+kimi-k2-instruct.json and qwen3-coder-480b-a35b.json; each file's _source says where its values
+come from): read by the families' readers, counted by hand from the file, compared with the
+published counts, swept, and a swept row's flags through the real core_v0.15.2 parser; and the MoE
+families this tool does not read refused in one line.
 
 Convention (advisor.moe.params): every weight counts, the input embedding and the untied LM head
 included; no multi-token-prediction module (DeepSeek-type: priced only with --mtp-num-layers);
@@ -18,6 +20,7 @@ from advisor.moe.params import active_parameters, total_parameters
 
 DATA = Path(__file__).parent / "data" / "moe"
 KIMI = DATA / "kimi-k2-instruct.json"
+QWEN3_CODER = DATA / "qwen3-coder-480b-a35b.json"
 
 
 def _copy(tmp_path, path: Path, name: str = "config.json", **changes) -> str:
@@ -61,6 +64,16 @@ KIMI_FP8_SCALES = (61 * (5 * 56 + 128 * 4 + 56 * 64 + 12 * 56 + 96 * 12)  # kv_a
 KIMI_BUFFERS = 60 * 384 + 61 * 56  # e_score_correction_bias (the expert bias), rotary_emb.inv_freq
 KIMI_SAFETENSORS = 1_026_470_731_056
 
+# Qwen3-Coder-480B-A35B, by hand: h 6144, 96 heads and 8 KV heads of 128, per-head Q/K RMSNorms
+# (128 each), 62 layers of 160 experts of 2560, top-8, vocab 151936 untied.
+QWEN3_CODER_LAYER_DENSE_PART = (6144 * (96 * 128 + 2 * 8 * 128) + 96 * 128 * 6144  # q, k, v; o
+                                + 2 * 128 + 2 * 6144 + 160 * 6144)                 # q/k norms, 2 norms, router
+QWEN3_CODER_EXPERT = 3 * 6144 * 2560
+QWEN3_CODER_ENDS = 2 * 151936 * 6144 + 6144
+QWEN3_CODER_TOTAL = QWEN3_CODER_ENDS + 62 * (QWEN3_CODER_LAYER_DENSE_PART + 160 * QWEN3_CODER_EXPERT)
+QWEN3_CODER_ACTIVE = QWEN3_CODER_ENDS + 62 * (QWEN3_CODER_LAYER_DENSE_PART + 8 * QWEN3_CODER_EXPERT)
+
+
 def test_kimi_k2_reads_as_deepseek_v3_with_its_own_routing(tmp_path):
     """model_type kimi_k2 (architectures DeepseekV3ForCausalLM): one dense layer, group-limited
     routing of one group (n_group 1, topk_group 1), routed_scaling_factor 2.827, YaRN factor 32,
@@ -95,3 +108,69 @@ def test_kimi_k2_counts_by_hand_and_against_its_checkpoint(tmp_path):
     # the technical report (arXiv 2507.20534): 32.6B activated; the model card's "1T" and "32B" are rounded
     assert KIMI_ACTIVE / 1e9 == pytest.approx(32.6, rel=0.02)
     assert round(KIMI_TOTAL / 1e12) == 1
+
+
+def test_qwen3_coder_480b_reads_and_counts(tmp_path):
+    """62 layers of 160 experts, top-8, no shared expert (shared_expert_intermediate_size 0, a key
+    Qwen3MoeConfig does not read), per-head QK norms; published 480B total, 35B activated."""
+    spec = load_model(str(QWEN3_CODER))
+    assert (spec.num_layers, spec.num_experts, spec.moe_router_topk, spec.moe_ffn_hidden_size) == (62, 160, 8, 2560)
+    assert (spec.shared_expert_size, spec.first_dense_layers, spec.qk_layernorm, spec.kv_channels) == (0, 0, True, 128)
+    assert (spec.num_attention_heads, spec.num_query_groups, spec.rotary_base, spec.router_pre_softmax) == (
+        96, 8, 1e7, False)
+    assert total_parameters(spec) == QWEN3_CODER_TOTAL == 480_154_875_392
+    assert active_parameters(spec) == QWEN3_CODER_ACTIVE == 35_474_765_312
+    assert QWEN3_CODER_TOTAL / 1e9 == pytest.approx(480, rel=0.005)
+    assert QWEN3_CODER_ACTIVE / 1e9 == pytest.approx(35, rel=0.02)
+
+
+# Configs of MoE families this tool does not read, with their published architectural keys as
+# each family's config.json names them (the model_type is what refuses them, before any other key).
+UNREAD = {
+    "qwen2_moe": {"num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                  "shared_expert_intermediate_size": 5632},                                  # Qwen1.5-MoE-A2.7B
+    "deepseek_v2": {"n_routed_experts": 64, "num_experts_per_tok": 6, "n_shared_experts": 2, "q_lora_rank": None,
+                    "kv_lora_rank": 512, "topk_method": "greedy"},                            # DeepSeek-V2-Lite
+    "llama4": {"text_config": {"num_local_experts": 16, "interleave_moe_layer_step": 1}},     # Llama-4-Scout
+    "gpt_oss": {"num_local_experts": 32, "num_experts_per_tok": 4, "sliding_window": 128},    # gpt-oss-20b
+    "glm4_moe": {"n_routed_experts": 128, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+                 "partial_rotary_factor": 0.5},                                              # GLM-4.5-Air
+    "olmoe": {"num_experts": 64, "num_experts_per_tok": 8},
+    "granitemoe": {"num_local_experts": 40, "num_experts_per_tok": 8},
+    "kimi_k25": {"text_config": {"model_type": "kimi_k2"}},                                   # Kimi K2.5 (nested)
+}
+
+
+@pytest.mark.parametrize("model_type", UNREAD)
+def test_moe_families_not_read_are_refused_in_one_line(advisor, tmp_path, model_type):
+    config = {"model_type": model_type, "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+              "intermediate_size": 5632, "vocab_size": 151936, **UNREAD[model_type]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    line = advisor.error("estimate", "--model", tmp_path / "config.json", "--gpus", 8)
+    assert f"model_type {model_type!r} is not" in line and "deepseek_v3, kimi_k2" in line
+
+
+@pytest.mark.xdist_group("megatron-validator")
+def test_released_configs_sweep_and_their_rows_pass_megatrons_parser(tmp_path):
+    """Kimi K2 on 1024 H100s and Qwen3-Coder-480B on 256 (sequence 4096, Kimi K2's pretraining
+    length): rows come back, and the top two of each, launched as advisor-launch writes them,
+    pass core_v0.15.2's parse_args + validate_args and build the TransformerConfig priced
+    (the expert groups, the routing, MLA, the stages' layers)."""
+    from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
+    from test_moe_megatron import _expected, _one, _rows
+
+    from advisor.moe.spec import spec_from_dict
+
+    rows = [(model, row) for model, gpus in ((_kimi_with_megatrons_yarn(tmp_path), 1024), (str(QWEN3_CODER), 256))
+            for row in _rows(model, gpus, "--top", "2")]
+    assert len(rows) == 4 and {row["model"]["num_experts"] for _, row in rows} == {384, 160}
+    cases = [{"args": [*row["megatron_args"], *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
+                       "NullTokenizer", "--vocab-size", str(load_model(model).vocab_size), "--train-iters", "10"],
+              "world_size": row["gpus"], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for model, row in rows]
+    results = validate(checkout("core_v0.15.2"), cases)
+    assert all(result["ok"] for result in results), [result.get("error") for result in results]
+    for (model, row), result in zip(rows, results):
+        expected = _expected(spec_from_dict(row["model"]), row)
+        wrong = {key: (result["derived"].get(key), value) for key, value in expected.items()
+                 if _one(key, result["derived"].get(key)) != value}
+        assert not wrong, (model, wrong)
