@@ -117,8 +117,9 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
     if model_type in moe.HF_MODEL_TYPES:
         return moe.load_moe_config(config, model_type)
     if model_type not in _HF_MODEL_TYPES:
-        raise config.error("model_type", f"{model_type!r} is not a Llama-family model (expected one of "
-                                         f"{', '.join(_HF_MODEL_TYPES + moe.HF_MODEL_TYPES)})")
+        raise config.error("model_type", f"{model_type!r} is not a family this tool prices (dense: "
+                                         f"{', '.join(_HF_MODEL_TYPES)}; mixtures of experts: "
+                                         f"{', '.join(moe.HF_MODEL_TYPES)})")
     for key in moe.EXPERT_COUNT_KEYS:  # a dense model type with experts would be priced as dense
         if document.get(key) not in (None, 0, 1):
             raise config.error(key, f"is {_describe(document[key])}: a mixture of experts under model_type "

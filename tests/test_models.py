@@ -101,7 +101,7 @@ def test_hf_config_defaults_follow_llamaconfig(tmp_path):
     "change,message",
     [
         ({"num_hidden_layers": None}, "missing required key.*num_hidden_layers"),
-        ({"model_type": "gpt2"}, "not a Llama-family model"),
+        ({"model_type": "gpt2"}, r"'gpt2' is not a family this tool prices \(dense: llama, "),
         ({"hidden_size": -4096}, "hidden_size must be a positive integer"),
         ({"num_key_value_heads": 5}, r"multiple of num_key_value_heads \(--num-query-groups\) = 5"),
         ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
