@@ -289,6 +289,7 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
                             a2a_overlap=flags.a2a_overlap, delay_wgrad=flags.delay_wgrad,
                             dispatcher_sms=flags.dispatcher_sms, permute_fusion=flags.permute_fusion,
                             router_fusion=flags.router_fusion, flex_backend=flags.flex_backend,
+                            shared_expert_overlap=flags.shared_expert_overlap,
                             routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
                                                  pad_to_capacity=padded, imbalance=flags.moe_imbalance),
                             modules=frozenset(recompute_modules) if recompute_modules else None)

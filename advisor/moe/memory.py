@@ -331,33 +331,61 @@ def expert_activation_bytes(spec: MoESpec, copies: float, etp: int, recompute_ac
 
 
 def shared_expert_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int,
-                                   bias_swiglu_fusion: bool = True) -> float:
+                                   bias_swiglu_fusion: bool = True, overlap: bool = False) -> float:
     """The shared experts' SwiGLU (``shared_experts.py``: an ``MLP`` under TP, whose forward runs
     Megatron's fused SwiGLU, ``mlp.py`` with ``bias_swiglu_impl``): FC1's output, which the fusion
     keeps as its input (2 f_shared), and FC2's input (f_shared), 2 bytes each: 6 s b f_shared over
     t c, as the dense layers' fused MLP (``stage._dense_layer_activations``). Its input is the
     router's. Seed 004's unfused 8 s b f_shared was priced until the symbolic layer measured 6.
-    With --no-bias-swiglu-fusion the ``MLP``'s eager SwiGLU keeps seed 004's 8 and one f_shared
-    more, 10 (``equations.unfused_swiglu_bytes``, as a dense MLP; --moe-shared-expert-overlap's
-    own eager path, ``linear_fc1_forward_and_act``, adds no offset and would keep 8: priced as 10)."""
-    if bias_swiglu_fusion:
-        kept = 6 * seq_len * mbs * spec.shared_expert_size
+    With --no-bias-swiglu-fusion the ``MLP``'s eager ``glu`` keeps seed 004's 8 and one f_shared
+    more, 10 (``equations.unfused_swiglu_bytes``: ``x_linear + glu_linear_offset``, a new tensor).
+
+    ``overlap`` (--moe-shared-expert-overlap, ``SharedExpertMLP.linear_fc1_forward_and_act``,
+    core_v0.15.2 shared_experts.py:167-216, core_v0.19.0 :254-309, the same code in both): the
+    fused path is the same 6; the eager one runs its own ``glu``, ``silu(x[0]) * x[1]`` on
+    ``torch.chunk`` views of FC1's output, with no offset: SiLU saves its input (a view: FC1's
+    output, 2 f_shared, kept whole), the product the SiLU output (f_shared) and x[1] (the same
+    storage), FC2 its input (f_shared): 8 s b f_shared over t c. The overlap also keeps the
+    gathered FC1 input (``shared_expert_gathered_input_bytes``)."""
+    f = spec.shared_expert_size
+    if bias_swiglu_fusion or overlap:
+        kept = (6 if bias_swiglu_fusion else 8) * seq_len * mbs * f
     else:
-        kept = 8 * seq_len * mbs * spec.shared_expert_size \
-            + eq.unfused_swiglu_bytes(spec, seq_len, mbs, spec.shared_expert_size)
-    return kept / (tp * cp)
+        kept = 8 * seq_len * mbs * f + eq.unfused_swiglu_bytes(spec, seq_len, mbs, f)
+    gathered = shared_expert_gathered_input_bytes(spec, seq_len, mbs, tp, cp) if overlap else 0.0
+    return kept / (tp * cp) + gathered
+
+
+def shared_expert_gathered_input_bytes(spec: MoESpec, seq_len: int, mbs: int, tp, cp):
+    """What --moe-shared-expert-overlap keeps beyond the shared experts' own tensors at TP > 1:
+    the sequence-parallel all-gather of their input, 2 s b h / c BF16 on every rank (the whole
+    TP group's tokens). ``pre_forward_comm`` gathers it itself
+    (``gather_from_sequence_parallel_region``, a new tensor; core_v0.15.2 shared_experts.py:146-165,
+    core_v0.19.0 :229-252) and ``__init__`` turns FC1's own gather off (``parallel_mode = None`` on
+    Transformer Engine's linears, ``explicit_expert_comm`` on megatron-core's), so FC1 saves the
+    gathered tensor for its weight gradient. Without the overlap FC1 is column parallel: it saves
+    its local share, the router's input, and gathers again in the backward. At TP 1 (no sequence
+    parallelism: validate_args turns it off) ``copy_to_tensor_model_parallel_region`` returns the
+    input itself: nothing more. With FP8 the original BF16 input is what FC1 saves
+    (``set_save_original_input``), except core_v0.19.0's delayed scaling, which saves it in FP8,
+    1 byte: priced as BF16 there too. 0 without shared experts (Megatron then never calls them)."""
+    if not spec.shared_expert_size:
+        return 0.0
+    return BF16 * seq_len * mbs * spec.hidden_size / cp * np.greater(tp, 1)
 
 
 def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, cp: int, ep: int, etp: int,
                                assumption: RoutedTokens = RoutedTokens(),
                                recompute_modules: frozenset[str] = frozenset(), dispatcher: Dispatcher = "alltoall",
                                router_fusion: bool = False, aux_loss: bool | None = None,
-                               fused_norms: bool = True, bias_swiglu_fusion: bool = True) -> float:
+                               fused_norms: bool = True, bias_swiglu_fusion: bool = True,
+                               shared_expert_overlap: bool = False) -> float:
     """Everything one MoE layer keeps for one microbatch on the busiest rank: attention
     (``fused_norms`` False: --transformer-impl local, ``attention_activation_bytes``), router
     (``router_activation_bytes``: ``router_fusion`` is --moe-router-fusion, ``aux_loss`` its
     balancing loss, None: the spec's), dispatcher (``dispatch_activation_bytes``), shared and
-    routed experts. --recompute-modules
+    routed experts (``shared_expert_overlap``: --moe-shared-expert-overlap's own path,
+    ``shared_expert_activation_bytes``). --recompute-modules
     (``transformer/transformer_config.py``, recompute_modules): ``moe`` keeps only the MoE
     block's input, the pre-MLP norm's output (``moe_layer.py``, ``MoELayer.forward`` under
     checkpoint), beside that norm's own input (``transformer_layer.py``, ``_forward_mlp``: the norm
@@ -376,7 +404,7 @@ def moe_layer_activation_bytes(spec: MoESpec, seq_len: int, mbs: int, tp: int, c
     router = router_activation_bytes(spec, tokens, assumption, router_fusion, aux_loss, norm_recomputed=norms)
     dispatch = dispatch_activation_bytes(spec, tokens, copies, ep, etp, dispatcher, assumption)
     shared = 0.0 if "shared_experts" in recompute_modules else shared_expert_activation_bytes(
-        spec, seq_len, mbs, tp, cp, bias_swiglu_fusion)
+        spec, seq_len, mbs, tp, cp, bias_swiglu_fusion, shared_expert_overlap)
     # The combine keeps no tokens: every dispatcher unpermutes without probabilities
     # (token_dispatcher.py: token_combine / get_restored_hidden_states_by_experts call unpermute
     # without probs; the experts applied them, experts.py activation_func_with_probs), and an

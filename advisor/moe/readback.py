@@ -53,14 +53,15 @@ NAMED = {
     "moe-router-padding-for-quantization": "--moe-router-padding-for-quantization (experts' tokens padded to the "
                                            "quantized GEMM's alignment, not priced)",
     "moe-shared-expert-overlap": "--moe-shared-expert-overlap (shared experts beside the dispatch, priced in "
-                                 "series)",
+                                 "series; their memory as that path keeps it)",
 }
 """Read, and changing memory or time by less than the model resolves: named with what is priced
 in their place (megatron-core core_v0.15.2): ``is_experimental_enabled()`` switches
 the dispatchers' routing-map conversions and padding to Triton kernels (``token_dispatcher.py``);
 the router's padding for FP8 (core_v0.19.0: for quantization) rounds each expert's routed tokens
 up to the FP8 GEMM's alignment (fewer than 32 more per local expert); the shared experts'
-overlap with the dispatch (``moe_layer.py``) is priced in series (``time.py``)."""
+overlap with the dispatch (``moe_layer.py``) is priced in series (``time.py``), its own path's
+memory and element-wise traffic as it runs them (``MoEOptions.shared_expert_overlap``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,11 @@ class MoEOptions:
     """--moe-router-fusion: Transformer Engine's fused top-k and scores, priced as the gating GEMM
     alone; without, the unfused router's small kernels besides (``ROUTER_KERNELS_S``). Memory: what
     the fused kernel saves, its bool map and FP32 intermediate (``memory.routing_saved_bytes``)."""
+    shared_expert_overlap: bool = False
+    """--moe-shared-expert-overlap (a Megatron command's, ``advisor.moe.readback``): the shared
+    experts run beside the dispatch on their own path, whose memory is priced
+    (``memory.shared_expert_activation_bytes``) and its eager SwiGLU's traffic
+    (``time.elementwise_bytes``); their time in series, as without it."""
     flex_backend: str = "deepep"
     """--moe-flex-dispatcher-backend, with the flex dispatcher (core_v0.19.0; core_v0.15.2 has
     DeepEP alone): every backend's all-to-all priced as DeepEP's deduplicated one
@@ -377,7 +382,8 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     moe_act = mm.moe_layer_activation_bytes(spec, seq_len, mbs, tp, cp, ep, etp, options.routing, modules,
                                             options.dispatcher, options.router_fusion,
                                             fused_norms=options.memory.fused_norms,
-                                            bias_swiglu_fusion=options.memory.bias_swiglu_fusion)
+                                            bias_swiglu_fusion=options.memory.bias_swiglu_fusion,
+                                            shared_expert_overlap=options.shared_expert_overlap)
     dense_act = _dense_layer_activations(spec, seq_len, mbs, tp, cp, modules, options.memory.fused_norms,
                                          options.memory.bias_swiglu_fusion)
     if recompute != "full" and "moe" not in modules:  # FP8 GEMM inputs saved in 1 byte

@@ -127,7 +127,8 @@ class LayerTimes(NamedTuple):
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates,
                 fp8: Fp8Gemms | None = None, dispatcher: str = "alltoall",
                 sms: int = STREAMING_MULTIPROCESSORS["hopper"], routing: mm.RoutedTokens = mm.RoutedTokens(),
-                permute_fusion: bool = False, router_fusion: bool = False, bias_swiglu_fusion: bool = True):
+                permute_fusion: bool = False, router_fusion: bool = False, bias_swiglu_fusion: bool = True,
+                shared_expert_overlap: bool = False):
     """``LayerTimes`` of one layer, one microbatch; backward is twice the compute (core attention's
     ``core_backward_extra`` besides) and the same communication. ``fp8``: with --fp8-format
     (``throughput.levers.fp8_gemms``), the linear layers' GEMMs at its rates (attention
@@ -142,7 +143,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     to capacity or not), but dropless's as balanced (its worst case bounds memory, not the steady
     state's pace). ``permute_fusion``, ``router_fusion``: --moe-permute-fusion, --moe-router-fusion
     (``ep_time.permutation_time``; the fused router without ``ROUTER_KERNELS_S``);
-    ``bias_swiglu_fusion`` False: --no-bias-swiglu-fusion (``elementwise_bytes``)."""
+    ``bias_swiglu_fusion`` False: --no-bias-swiglu-fusion, ``shared_expert_overlap``:
+    --moe-shared-expert-overlap's eager shared SwiGLU (``elementwise_bytes``)."""
     gemm_rates = fp8.rates if fp8 else rates
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
     tokens_cp = np.asarray(mbs, dtype=float) * seq_len / cp  # the TP group's tokens
@@ -157,7 +159,7 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     pace = replace(routing, routing="balanced") if routing.routing == "dropless" else routing
     copies = mm.expert_token_copies(spec, tokens, ep, etp, pace)
     elementwise, dense_swiglu, moe_act, shared_swiglu = (terms.elementwise_time(b, rates) for b in elementwise_bytes(
-        spec, tokens_cp, tp, copies, etp, bias_swiglu_fusion))
+        spec, tokens_cp, tp, copies, etp, bias_swiglu_fusion, shared_expert_overlap))
     cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, core_backward)
     casts = _cast_times(spec, tokens_cp, tp, copies, etp, fp8, rates)
     attention = attention_gemm + core + tp_comm / 2 + elementwise + cp_comm + casts.attention
@@ -248,7 +250,8 @@ other sigmoid routers are priced as it, an assumption). Seconds on an H200, pric
 GPU (launch- and latency-bound kernels; not measured elsewhere)."""
 
 
-def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp, bias_swiglu_fusion: bool = True):
+def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp, bias_swiglu_fusion: bool = True,
+                      shared_expert_overlap: bool = False):
     """(attention block, dense MLP, routed experts, shared experts) HBM bytes of one layer's
     memory-bound kernels forward on one GPU, BF16, each tensor read and written once: the two
     RMSNorms and residual adds (10h per token, as ``terms.layer_elementwise_bytes`` counts a dense
@@ -261,7 +264,9 @@ def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp, bias_swiglu_fus
     (``terms.swiglu_elements``: 7f), and the routed experts' then weigh by the FP32 probs in
     two kernels more (``experts.py``, ``bias_act_func``): the product (read f BF16, write f FP32)
     and its cast back (read f FP32, write f BF16), 12 bytes per element of f: 13f BF16 elements in
-    all, where the fused ``weighted_bias_swiglu_impl`` applies them inside its one kernel."""
+    all, where the fused ``weighted_bias_swiglu_impl`` applies them inside its one kernel. The
+    shared experts' eager SwiGLU under --moe-shared-expert-overlap (``shared_expert_overlap``) has
+    no offset's add: 5f (``terms.swiglu_elements``, ``linear_offset``)."""
     h, t = spec.hidden_size, np.asarray(tp, dtype=float)
     per_token = 10 * h + _rope_and_qk_norm_elements(spec)
     attention = mm.BF16 * per_token * tokens_cp / t
@@ -269,7 +274,8 @@ def elementwise_bytes(spec: MoESpec, tokens_cp, tp, copies, etp, bias_swiglu_fus
     weighted = 0 if bias_swiglu_fusion else (2 + 4 + 4 + 2) * spec.moe_ffn_hidden_size  # bytes: product and cast
     routed = (mm.BF16 * terms.swiglu_elements(spec.moe_ffn_hidden_size, bias_swiglu_fusion) + weighted) \
         * copies / np.asarray(etp, dtype=float)
-    shared = mm.BF16 * terms.swiglu_elements(spec.shared_expert_size, bias_swiglu_fusion) * tokens_cp / t
+    shared = mm.BF16 * terms.swiglu_elements(spec.shared_expert_size, bias_swiglu_fusion,
+                                             linear_offset=not shared_expert_overlap) * tokens_cp / t
     return attention, dense, routed, shared
 
 
@@ -422,7 +428,8 @@ def _rates_and_layer(spec: MoESpec, seq_len: int, b: dict, gpu, options, cal):
                         fp8=fp8_gemms, dispatcher=options.dispatcher,
                         sms=streaming_multiprocessors(gpu.architecture), routing=options.routing,
                         permute_fusion=options.fused_permutation, router_fusion=options.router_fusion,
-                        bias_swiglu_fusion=training.fusions.bias_swiglu_fusion)
+                        bias_swiglu_fusion=training.fusions.bias_swiglu_fusion,
+                        shared_expert_overlap=options.shared_expert_overlap)
     return rates, fp8_gemms.rates if fp8_gemms else rates, layer
 
 

@@ -129,15 +129,20 @@ def layer_elementwise_bytes(spec: LlamaSpec, tokens, tp, bias_swiglu_fusion: boo
     return BF16 * elements * tokens / np.asarray(tp, dtype=float)
 
 
-def swiglu_elements(ffn_hidden_size: int, bias_swiglu_fusion: bool = True) -> int:
+def swiglu_elements(ffn_hidden_size: int, bias_swiglu_fusion: bool = True, linear_offset: bool = True) -> int:
     """Elements per token that a SwiGLU of ``ffn_hidden_size`` reads and writes forward. Fused (Megatron's default,
     ``fusions/fused_bias_swiglu.py``): one kernel, read 2 h_ffn, write h_ffn: 3 h_ffn. Unfused
     (--no-bias-swiglu-fusion: ``transformer/mlp.py``'s ``glu``, ``silu(x_glu) * (x_linear +
     glu_linear_offset)``, both releases): three kernels, SiLU (read h_ffn, write h_ffn), the
     offset's add (read h_ffn, write h_ffn: adding 0.0 still copies) and the product (read 2 h_ffn,
-    write h_ffn): 7 h_ffn. The backward is priced as twice the forward, as every element-wise
-    kernel here (``TimeModel.layer_parts``)."""
-    return (3 if bias_swiglu_fusion else 7) * ffn_hidden_size
+    write h_ffn): 7 h_ffn. ``linear_offset`` False: an eager SwiGLU without the offset's add,
+    ``silu(x[0]) * x[1]`` (megatron-core's shared experts under --moe-shared-expert-overlap,
+    ``linear_fc1_forward_and_act``, core_v0.15.2 transformer/moe/shared_experts.py:208-212,
+    core_v0.19.0 :293-297): SiLU and the product, 5 h_ffn. The backward is priced as twice the
+    forward, as every element-wise kernel here (``TimeModel.layer_parts``)."""
+    if bias_swiglu_fusion:
+        return 3 * ffn_hidden_size
+    return (7 if linear_offset else 5) * ffn_hidden_size
 
 
 def qk_norm_elements(spec: LlamaSpec) -> int:
