@@ -6,6 +6,7 @@ token kept, 5 f_shared read and written, where the MLP's own eager path keeps 10
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 
@@ -102,3 +103,64 @@ def test_an_estimate_with_the_overlap_keeps_the_hand_derived_bytes_more(advisor)
     # and its shared SwiGLU moves 5 f_shared, not 7: a little faster, the memory-bound kernels only
     assert overlap["step_time_s"] < plain["step_time_s"]
 
+
+
+SYMBOLIC = """
+import contextlib, dataclasses, json
+from megatron_hooks.stage_emulation import quiet_megatron; quiet_megatron()
+import torch
+import megatron_hooks.model as model
+from advisor.moe.spec import PRESETS
+from megatron_hooks.fsdp_symbolic import _NoStream
+from megatron_hooks.moe_layer import measure_moe_layer
+# the overlap runs the shared experts on a side stream (shared_experts.py: torch.cuda.Stream,
+# current_stream().wait_stream, torch.cuda.stream(...)): fake tensors run no kernels, nothing to order
+torch.cuda.Stream, torch.cuda.current_stream = _NoStream, lambda *args, **kwargs: _NoStream()
+torch.cuda.stream = lambda stream: contextlib.nullcontext()
+build = model.build_gpt_model
+out = {}
+# DeepSeek-V3 at TP 1 (its MLA has no stand-in at TP > 1), EP 8; Mixtral 8x7B given a 2048-wide
+# shared expert at TP 2 (sequence parallel), EP 4: the alltoall dispatcher, which the overlap needs
+layers = {"dsv3_tp1": (PRESETS["deepseek-v3"], dict(tp=1, ep=8)),
+          "mixtral_tp2": (dataclasses.replace(PRESETS["mixtral-8x7b"], shared_expert_size=2048), dict(tp=2, ep=4))}
+for name, (spec, layout) in layers.items():
+    for overlap in (False, True):
+        model.build_gpt_model = lambda *args, **kwargs: build(*args, **kwargs, bias_activation_fusion=False,
+                                                               moe_shared_expert_overlap=overlap)
+        out[f"{name}_{overlap}"] = measure_moe_layer(spec, seq_len=4096, dispatcher="alltoall",
+                                                     **layout).activation_bytes
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def measured():
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
+    from conftest import run_json_script
+
+    return run_json_script(SYMBOLIC)
+
+
+@pytest.mark.parametrize("name, spec, tp, h", [("dsv3_tp1", DSV3, 1, 7168),
+                                              ("mixtral_tp2", PRESETS["mixtral-8x7b"], 2, 4096)])
+def test_the_symbolic_layer_keeps_what_each_path_is_priced(measured, name, spec, tp, h):
+    """megatron-core's MoE layer on fake tensors with --no-bias-swiglu-fusion, with and without
+    --moe-shared-expert-overlap, s 4096, b 1, f_shared 2048: the shared experts' saved tensors
+    against ``shared_expert_activation_bytes``. With the overlap the shared experts run inside
+    the dispatcher's calls (token_dispatcher.py, ``shared_experts.linear_fc1_forward_and_act``),
+    so what they save is counted in the dispatch part: the dispatch's own bytes are the same
+    without it, and everything else is unchanged."""
+    s, f = 4096, 2048
+    plain, overlap = measured[f"{name}_False"], measured[f"{name}_True"]
+    # MLP.forward's eager glu: 10 s f / t (DeepSeek-V3 83,886,080 at TP 1; Mixtral 41,943,040 at TP 2)
+    assert plain["shared_experts"] == 10 * s * f / tp \
+        == mm.shared_expert_activation_bytes(DSV3, s, 1, tp, 1, False) == {1: 83_886_080, 2: 41_943_040}[tp]
+    # the overlap's glu, 8 s f / t, and at TP 2 the gathered input 2 s h (Mixtral's h 4096)
+    gathered = 2 * s * h if tp > 1 else 0
+    kept = overlap["dispatch"] + overlap["shared_experts"] - plain["dispatch"]
+    with_mixtral_width = dataclasses.replace(spec, shared_expert_size=f)
+    assert kept == 8 * s * f / tp + gathered \
+        == mm.shared_expert_activation_bytes(with_mixtral_width, s, 1, tp, 1, False, overlap=True) \
+        == {1: 67_108_864, 2: 33_554_432 + 33_554_432}[tp]
+    assert {part: overlap[part] for part in ("attention", "router", "experts")} \
+        == {part: plain[part] for part in ("attention", "router", "experts")}
