@@ -747,6 +747,24 @@ class TrainingOptions:
         return kinds
 
     @property
+    def _fsdp_grad_cast_bytes(self) -> float:
+        """Bytes per optimizer element of Megatron-FSDP's gradient cast before Adam
+        (``terms.fsdp_grad_cast_bytes``): its main-gradient buffer's dtype (``Precision.
+        grad_reduce_dtype`` on both releases: ``options.flags._fsdp_main_grads``) into its main
+        weights'. Nothing to cast to without Megatron-FSDP, with 'auto' main weights, or with the
+        precision-aware optimizer (implied by offload; refused with FSDP otherwise), whose
+        gradients Megatron-FSDP leaves uncast. A known simplification: FP8 weights' gradients are
+        BF16 under 2-byte main gradients (``_resolve_group_grad_dtype``), priced in the weights'
+        dtype, which differs only with --fp16 and 2-byte main weights."""
+        from advisor.throughput.terms import fsdp_grad_cast_bytes
+
+        dp = self.data_parallel
+        if dp.fsdp_strategy is None:
+            return 0.0
+        uncast = self.precision_aware_optimizer or dp.fsdp_main_params_dtype == "auto"
+        return fsdp_grad_cast_bytes(self.precision.grad_reduce_dtype, None if uncast else dp.fsdp_main_params_dtype)
+
+    @property
     def _te_holds_masters(self) -> bool:
         """megatron-core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8`` (optimizer_config.py):
         Transformer Engine's FusedAdam, not megatron-core, keeps the master weights. It reads the
@@ -800,6 +818,7 @@ class TrainingOptions:
         from advisor.throughput.terms import optimizer_step_bytes
 
         dp, p = self.data_parallel, self.precision
+        step_bytes = optimizer_step_bytes(self._state_kinds) + self._fsdp_grad_cast_bytes
         if dp.torch_fsdp2:
             # The same collectives as Megatron-FSDP's optim_grads_params, per layer and microbatch:
             # all-gather before forward and backward (reshard_after_forward, Megatron's default),
@@ -815,7 +834,7 @@ class TrainingOptions:
         return TimeOptions(
             **fsdp, tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,
             userbuffers=self.tensor_parallel.userbuffers(), tp_overlaps=self.tensor_parallel.overlaps(),
-            optimizer_step_bytes=optimizer_step_bytes(self._state_kinds),
+            optimizer_step_bytes=step_bytes,
             dataloader_mask="rebuilt" if self.attention.dataloader_mask == "rebuilt" else "cached",
             optimizer_host_fraction=self.offload.host_fraction, flash_attention=self.attention.flash_attention,
             fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe, fp8_param_gather=p.fp8_param_gather,

@@ -333,6 +333,31 @@ def optimizer_step_bytes(states: tuple[str, str, str] = ("fp32", "fp32", "fp32")
     return 4 + 2 + 8 + sum(STATE_STEP_BYTES[state] for state in states)
 
 
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+"""Bytes per element of the dtypes Megatron-FSDP's main gradients and main weights take."""
+
+
+def fsdp_grad_cast_bytes(main_grads: str, main_weights: str | None) -> float:
+    """HBM bytes per parameter of the optimizer's shard that Megatron-FSDP's ``update_main_grads``
+    moves once per step, before Adam (``finish_grad_sync`` -> ``attach_grad_to_optimizer_state``;
+    core_v0.15.2 megatron_fsdp/param_and_grad_buffer.py:2398-2431, core_v0.19.0 :3343-3373). It
+    hands the optimizer the main-gradient buffer's slice of each parameter (``get_item``: a view,
+    the rank's shard, every element under no_shard, as many as Adam steps) and, where a main-weight
+    buffer exists, ``optimizer_grad.to(param.dtype)``, ``param`` being the main weight. A cast:
+    read the gradient, write it in the main weight's dtype (FP32 main weights with BF16 gradients,
+    2 + 4 = 6; BF16 ones with FP32 gradients, 4 + 2 = 6; FP16 ones with BF16 gradients, 2 + 2).
+    Zero, no copy made, where the dtypes match (``Tensor.to`` returns the tensor itself: FP32
+    gradients into FP32 main weights, the advisor's default on both releases) or where there is no
+    main-weight buffer to cast to (``main_weights`` None: core_v0.19.0's
+    --megatron-fsdp-main-params-dtype auto, param_and_grad_buffer.py:2681-2686 makes none, and
+    the gradient goes to Adam uncast; or no cast asked: core_v0.19.0's ``use_decoupled_grad``,
+    :3369, set by --use-precision-aware-optimizer, training.py:2002, and core_v0.15.2 with that
+    flag builds no main-weight buffer, training.py:975-976, ``preserve_fp32_weights=False``)."""
+    if main_weights is None or main_weights == main_grads:
+        return 0.0
+    return float(DTYPE_BYTES[main_grads] + DTYPE_BYTES[main_weights])
+
+
 def optimizer_time(parameters, shards, rates: Rates, distributed_optimizer=True, step_bytes: float = 38.0):
     """Adam on this rank's shard, memory-bound: ``step_bytes`` (``optimizer_step_bytes``) a parameter."""
     shard = parameters / np.where(distributed_optimizer, np.asarray(shards, dtype=float), 1.0)

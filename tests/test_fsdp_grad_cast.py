@@ -1,0 +1,117 @@
+"""Megatron-FSDP's gradient cast before Adam (``terms.fsdp_grad_cast_bytes``), by hand.
+
+What megatron-core does, once per step (``finish_grad_sync`` -> ``attach_grad_to_optimizer_state``
+-> ``ParamAndGradBuffer.update_main_grads``; core_v0.15.2 megatron_fsdp/param_and_grad_buffer.py
+2398-2431, core_v0.19.0 3343-3373): each optimizer parameter gets the main-gradient buffer's slice
+of it (``get_item``, a view; the rank's shard, or all of it under no_shard, as many elements as
+Adam steps) and, where a main-weight buffer exists and the gradient is not decoupled,
+``optimizer_grad.to(param.dtype)`` with ``param`` the main weight. ``Tensor.to`` to the tensor's
+own dtype returns the tensor itself: nothing moves. Another dtype: a new tensor, the gradient read
+and written again in the main weight's dtype. megatron-core's DistributedOptimizer then copies no
+gradient of its own (``_copy_model_grads_to_main_grads`` returns early with Megatron-FSDP,
+core_v0.19.0 optimizer/distrib_optimizer.py:2757).
+
+Hand count, Llama 3.1 70B, TP 4, PP 4, DP 8 (tests/test_option_states_70b_by_hand.py): stage 0
+holds N = 4,541,186,048 parameters on a GPU; the time model's heaviest stage is the last, N + 8,192
+(the final norm) = P = 4,541,194,240, and Adam steps P / 8 = 567,649,280 of them on a rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.hardware import get_gpu
+from advisor.models import PRESETS
+from advisor.options import TrainingOptions
+from advisor.throughput import TimeModel, load_calibration
+from advisor.throughput.terms import fsdp_grad_cast_bytes
+
+N = 4_541_186_048
+P = N + 8192
+SHARD = 567_649_280  # P / 8
+H100 = get_gpu("h100-80gb")
+STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+
+
+def _optimizer_s(**changes) -> float:
+    """The 70B step's optimizer time at TP 4, CP 1, PP 4, DP 8, MBS 1."""
+    options = TrainingOptions().with_(**changes)
+    model = TimeModel(PRESETS["llama3.1-70b"], H100, 8192, 512, options=options.time_options())
+    return float(model.step(4, 1, 4, 8, 1).optimizer_s)
+
+
+def test_the_shard_by_hand():
+    assert SHARD * 8 == P
+
+
+def test_bf16_gradients_cast_to_fp32_main_weights_by_hand():
+    """--grad-dtype bf16 (core 0.15's --grad-reduce-in-bf16, core 0.19's main-gradient dtype 'auto'
+    for BF16 weights) with FP32 main weights under optim_grads_params: update_main_grads reads the
+    BF16 gradient shard (2 bytes) and writes an FP32 copy (4): 6 x 567,649,280 = 3,405,895,680
+    bytes, on top of Adam's 38 a parameter (tests/test_fsdp_dtypes.py): 44 x 567,649,280 =
+    24,976,568,320 bytes at the H100's achievable HBM rate."""
+    hbm = load_calibration().hbm_efficiency * H100.hbm_bytes_per_s
+    cast = _optimizer_s(fsdp_strategy="optim_grads_params", grad_reduce_dtype="bf16")
+    assert cast == pytest.approx(24_976_568_320 / hbm, rel=1e-9)
+    uncast = _optimizer_s(fsdp_strategy="optim_grads_params")  # FP32 gradients into FP32 main weights
+    assert cast - uncast == pytest.approx(3_405_895_680 / hbm, rel=1e-9)
+
+
+@pytest.mark.parametrize("grads, main, step_bytes", [
+    ("fp32", "bf16", 34 + 4 + 2),  # Adam with BF16 main weights (34), the FP32 gradient read, a BF16 copy written
+    ("fp32", "fp16", 34 + 4 + 2),
+    ("bf16", "fp16", 34 + 2 + 2),  # BF16 -> FP16 is a cast too, 2 bytes each way
+])
+def test_core_019_main_weights_take_a_cast_gradient(grads, main, step_bytes):
+    """core_v0.19.0's --megatron-fsdp-main-params-dtype in another dtype than the main gradients."""
+    hbm = load_calibration().hbm_efficiency * H100.hbm_bytes_per_s
+    seconds = _optimizer_s(fsdp_strategy="optim", grad_reduce_dtype=grads, fsdp_main_params_dtype=main)
+    assert seconds == pytest.approx(step_bytes * SHARD / hbm, rel=1e-9)
+
+
+def test_no_shard_casts_every_parameter():
+    """no_shard: Adam steps all P parameters on every rank (``only_shard=False``), and the cast
+    with them: (38 + 6) x 4,541,194,240 bytes."""
+    hbm = load_calibration().hbm_efficiency * H100.hbm_bytes_per_s
+    seconds = _optimizer_s(fsdp_strategy="no_shard", grad_reduce_dtype="bf16")
+    assert seconds == pytest.approx(44 * P / hbm, rel=1e-9)
+
+
+# (gradient dtype, weights, main weights, offload, Adam's own bytes by hand: tests/test_fsdp_dtypes.py)
+NO_OPS = [
+    ("fp32", "bfloat16", "fp32", False, 38),  # the default: .to(torch.float32) of an FP32 tensor
+    ("bf16", "bfloat16", "bf16", False, 34),  # BF16 into BF16
+    ("fp32", "bfloat16", "auto", False, 32),  # no main-weight buffer: nothing to cast to
+    ("bf16", "bfloat16", "auto", False, 32),
+    ("fp16", "float16", "fp16", False, 34),   # --fp16 without FP32 accumulation, FP16 main weights
+    ("fp16", "float16", "auto", False, 32),
+    ("fp32", "float32", "fp32", False, 38),   # an FP32 run
+    # offload implies --use-precision-aware-optimizer: core 0.19 decouples the gradient (no cast,
+    # param_and_grad_buffer.py:3369), core 0.15 builds no main-weight buffer (training.py:975-976)
+    # and Megatron's HybridDeviceOptimizer keeps FP32 states (TrainingOptions._state_kinds): 38
+    ("bf16", "bfloat16", "fp32", True, 38),
+]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("grads, weights, main, offload, step_bytes", NO_OPS)
+def test_no_op_casts_add_nothing(strategy, grads, weights, main, offload, step_bytes):
+    """Where the gradient already has the main weights' dtype, or there is none to cast to, the
+    optimizer's bytes are Adam's alone, for every strategy."""
+    changes = dict(fsdp_strategy=strategy, grad_reduce_dtype=grads, params_dtype=weights, fsdp_main_params_dtype=main)
+    if offload:
+        changes["optimizer_cpu_offload"] = True
+    assert TrainingOptions().with_(**changes).time_options().optimizer_step_bytes == step_bytes
+
+
+@pytest.mark.parametrize("grads, main", [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"),
+                                         ("fp32", None), ("bf16", None), ("fp16", None)])
+def test_the_term_is_zero_without_a_cast(grads, main):
+    assert fsdp_grad_cast_bytes(grads, main) == 0.0
+
+
+def test_ddp_and_torch_fsdp2_have_no_such_cast():
+    """megatron-core's DDP and torch FSDP2 do not run Megatron-FSDP's update_main_grads."""
+    assert TrainingOptions().with_(grad_reduce_dtype="bf16").time_options().optimizer_step_bytes == 38
+    fsdp2 = TrainingOptions().with_(torch_fsdp2=True, distributed_optimizer=False, overlap_param_gather=False)
+    assert fsdp2.time_options().optimizer_step_bytes == 38
