@@ -13,6 +13,9 @@ megatron_fsdp/param_and_grad_buffer.py``, ``ParamAndGradBuffer.parameter_groups`
 - the unsharded bucket of one FSDP unit (a transformer layer), fetched as the all-gather
   (weights) and the reduce-scatter (gradients) fetch it: ``DataParallelBuffer.fetch_bucket``.
 
+``measure_grad_cast`` runs megatron-core's own ``ParamAndGradBuffer.update_main_grads`` and
+reads whether the optimizer's gradients are views of the main-gradient buffer or copies.
+
 Not measured: how many units are gathered or queued at once (the prefetch budget and the
 reduce-scatter queue are constants of ``megatron_fsdp.py``, read into ``advisor.memory_levers``),
 which needs the forward and backward hooks on CUDA streams.
@@ -104,6 +107,45 @@ def _measure(model, parameters: int, strategy: str, dp: int, grad_reduce_in_fp32
         unit_weights=_bucket_bytes(last.model_weight_buffer),
         unit_gradients=_bucket_bytes(last.main_grad_buffer),
     )
+
+
+@dataclass(frozen=True)
+class GradCast:
+    """What Megatron-FSDP's ``update_main_grads`` (``finish_grad_sync`` before each optimizer
+    step) hands rank 0's optimizer: its gradient elements, and the bytes read and written where a
+    gradient is a copy, not a view of the main-gradient buffer (``optimizer_grad.to(param.dtype)``
+    into the main weight's dtype): each element read at the buffer's size, written at the copy's."""
+
+    elements: int
+    """The optimizer's gradient elements on this rank (its parameter shard)."""
+    copied_bytes: int
+    """Bytes read and written by the copies; 0 where every gradient shares the buffer's storage."""
+
+
+def measure_grad_cast(spec, *, layers: int, strategy: str, dp: int, grad_reduce_in_fp32: bool) -> GradCast:
+    """Build ``layers`` decoder layers as ``measure_fsdp`` does, run megatron-core's own
+    ``ParamAndGradBuffer.update_main_grads`` and read what the optimizer's parameters got."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from megatron_hooks.model import build_gpt_model
+    from megatron_hooks.symbolic import fake_world
+
+    with fake_world(1, 1, dp, 0), FakeTensorMode(allow_non_fake_inputs=True):
+        model = build_gpt_model(spec, seq_len=1024, layers=range(1, layers + 1), pre_process=False,
+                                post_process=False, params_dtype=torch.bfloat16, use_cpu_initialization=True)
+        with _fsdp_on_fake_tensors():
+            buffer = _megatron_fsdp_and_optimizer(model, strategy, grad_reduce_in_fp32, dp)[0].param_and_grad_buffer
+            buffer.update_main_grads()
+            elements = copied = 0
+            for _, param in buffer.optimizer_named_parameters:
+                if param.grad is None:  # no element of this parameter in rank 0's shard
+                    continue
+                grad = _local(param.grad)
+                source = buffer.parameter_groups[buffer.param_to_param_group[param.orig_param]].main_grad_buffer.data
+                elements += grad.numel()
+                if grad.untyped_storage()._cdata != source.untyped_storage()._cdata:
+                    copied += grad.numel() * (source.element_size() + grad.element_size())
+    return GradCast(elements=elements, copied_bytes=copied)
 
 
 def _megatron_fsdp_and_optimizer(model, strategy: str, grad_reduce_in_fp32: bool, dp: int):

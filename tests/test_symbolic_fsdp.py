@@ -90,3 +90,36 @@ def test_fp8_is_not_buildable_here():
     importable on this machine, so the FP8 memory terms are checked by hand (test_levers) only."""
     done = subprocess.run([sys.executable, "-c", "import transformer_engine.pytorch"], capture_output=True, text=True)
     assert done.returncode != 0 and "No module named 'transformer_engine'" in done.stderr
+
+
+GRAD_CAST_SCRIPT = """
+import dataclasses, json
+from megatron_hooks.stage_emulation import quiet_megatron; quiet_megatron()
+from advisor.models import preset
+from megatron_hooks.fsdp_symbolic import FSDP_STRATEGIES, measure_grad_cast
+spec = preset("llama3.1-8b")
+print(json.dumps({f"{s} {fp32}": dataclasses.asdict(measure_grad_cast(spec, layers=1, strategy=s, dp=4,
+                  grad_reduce_in_fp32=fp32)) for s in FSDP_STRATEGIES for fp32 in (True, False)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def grad_casts():
+    return run_json_script(GRAD_CAST_SCRIPT)
+
+
+@pytest.mark.parametrize("strategy", ["optim", "optim_grads", "optim_grads_params"])
+@pytest.mark.parametrize("fp32", [True, False])
+def test_update_main_grads_copies_what_the_time_model_prices(grad_casts, strategy, fp32):
+    """megatron-core's own update_main_grads on one Llama 3.1 8B layer (218,112,000 parameters) over
+    DP 4: the optimizer's gradients are rank 0's quarter, 54,528,000 elements (a few thousand more:
+    the buckets' padding sits in the last rank's shard); with FP32 gradients
+    (--accumulate-allreduce-grads-in-fp32) they are views of the FP32 main-gradient buffer, nothing
+    copied; with BF16 ones (--grad-reduce-in-bf16) FP32 copies, 2 bytes read and 4 written an element,
+    as terms.fsdp_grad_cast_bytes prices them into the optimizer's step."""
+    got = grad_casts[f"{strategy} {fp32}"]
+    assert LAYER // DP == 54_528_000 <= got["elements"] <= 54_528_000 * 1.001
+    options = TrainingOptions().with_(fsdp_strategy=strategy, grad_reduce_dtype="fp32" if fp32 else "bf16")
+    cast = options.time_options().optimizer_step_bytes - 38  # Adam's own 38 (tests/test_fsdp_dtypes.py)
+    assert cast == (0 if fp32 else 2 + 4)
+    assert got["copied_bytes"] == cast * got["elements"]
