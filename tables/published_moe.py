@@ -83,7 +83,7 @@ MISSES = {
                   "overlapped), 2x apart. Not the dropless dispatcher's host wait for its token counts "
                   "(priced: 0 s here, the fused permutation and the other microbatch's MLP backward are "
                   "queued on the GPU when it comes)",
-    "mb2602-q30": "predicted faster (-29.8%), against 26.02.01's 9,058 tokens/s per GPU; 26.02 published "
+    "mb2602-q30": "predicted faster (-29.7%), against 26.02.01's 9,058 tokens/s per GPU; 26.02 published "
                   "5,113 for this layout (a data conflict). Priced with the flex dispatcher (DeepEP) that "
                   "the layout's recipe sets (Megatron-Bridge v0.3.0, QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1), "
                   "at line rate; as the alltoall dispatcher it is -24.8%. Qwen3-30B-A3B's experts (768 wide, 8 "

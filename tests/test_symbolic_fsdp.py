@@ -116,7 +116,7 @@ def test_update_main_grads_copies_what_the_time_model_prices(grad_casts, strateg
     the buckets' padding sits in the last rank's shard); with FP32 gradients
     (--accumulate-allreduce-grads-in-fp32) they are views of the FP32 main-gradient buffer, nothing
     copied; with BF16 ones (--grad-reduce-in-bf16) FP32 copies, 2 bytes read and 4 written an element,
-    as terms.fsdp_grad_cast_bytes prices them into the optimizer's step."""
+    as terms.grad_cast_bytes prices them into the optimizer's step."""
     got = grad_casts[f"{strategy} {fp32}"]
     assert LAYER // DP == 54_528_000 <= got["elements"] <= 54_528_000 * 1.001
     options = TrainingOptions().with_(fsdp_strategy=strategy, grad_reduce_dtype="fp32" if fp32 else "bf16")

@@ -747,22 +747,34 @@ class TrainingOptions:
         return kinds
 
     @property
-    def _fsdp_grad_cast_bytes(self) -> float:
-        """Bytes per optimizer element of Megatron-FSDP's gradient cast before Adam
-        (``terms.fsdp_grad_cast_bytes``): its main-gradient buffer's dtype (``Precision.
-        grad_reduce_dtype`` on both releases: ``options.flags._fsdp_main_grads``) into its main
-        weights'. Nothing to cast to without Megatron-FSDP, with 'auto' main weights, or with the
-        precision-aware optimizer (implied by offload; refused with FSDP otherwise), whose
-        gradients Megatron-FSDP leaves uncast. A known simplification: FP8 weights' gradients are
-        BF16 under 2-byte main gradients (``_resolve_group_grad_dtype``), priced in the weights'
-        dtype, which differs only with --fp16 and 2-byte main weights."""
-        from advisor.throughput.terms import fsdp_grad_cast_bytes
+    def _grad_cast_bytes(self) -> float:
+        """Bytes per optimizer element of the gradient cast before Adam (``terms.grad_cast_bytes``):
+        the main-gradient buffer's dtype (``Precision.grad_reduce_dtype``; on both releases
+        Megatron-FSDP's too, ``options.flags._fsdp_main_grads``) into the main weights'.
+
+        Megatron-FSDP: into its main weights (``fsdp_main_params_dtype``); nothing to cast to with
+        'auto' main weights, or with the precision-aware optimizer (implied by offload; refused with
+        FSDP otherwise), whose gradients Megatron-FSDP leaves uncast. A known simplification: FP8
+        weights' gradients are BF16 under 2-byte main gradients (``_resolve_group_grad_dtype``),
+        priced in the weights' dtype, which differs only with --fp16 and 2-byte main weights.
+
+        Megatron's DDP: the 16-bit optimizers hand Adam ``main_grad.float()``, into their FP32
+        masters (``_copy_model_grads_to_main_grads``: distrib_optimizer.py, optimizer.py's
+        Float16OptimizerWithFloat16Params; core_v0.15.2 and core_v0.19.0), a copy only where
+        --grad-reduce-in-bf16 keeps BF16 main gradients. None where Transformer Engine's FusedAdam
+        reads them as ``decoupled_grad`` (``use_precision_aware_optimizer_no_fp8_or_ds_fp8``:
+        ``_te_holds_masters``, or offload), nor with FP32 weights (FP32Optimizer hands
+        ``main_grad`` itself)."""
+        from advisor.throughput.terms import grad_cast_bytes
 
         dp = self.data_parallel
-        if dp.fsdp_strategy is None:
+        if dp.fsdp_strategy is not None:
+            uncast = self.precision_aware_optimizer or dp.fsdp_main_params_dtype == "auto"
+            return grad_cast_bytes(self.precision.grad_reduce_dtype, None if uncast else dp.fsdp_main_params_dtype)
+        decoupled = self._te_holds_masters or self.offload.optimizer_cpu_offload
+        if decoupled or self.precision.params_dtype == "float32":
             return 0.0
-        uncast = self.precision_aware_optimizer or dp.fsdp_main_params_dtype == "auto"
-        return fsdp_grad_cast_bytes(self.precision.grad_reduce_dtype, None if uncast else dp.fsdp_main_params_dtype)
+        return grad_cast_bytes(self.precision.grad_reduce_dtype, "fp32")
 
     @property
     def _te_holds_masters(self) -> bool:
@@ -818,7 +830,7 @@ class TrainingOptions:
         from advisor.throughput.terms import optimizer_step_bytes
 
         dp, p = self.data_parallel, self.precision
-        step_bytes = optimizer_step_bytes(self._state_kinds) + self._fsdp_grad_cast_bytes
+        step_bytes = optimizer_step_bytes(self._state_kinds) + self._grad_cast_bytes
         if dp.torch_fsdp2:
             # The same collectives as Megatron-FSDP's optim_grads_params, per layer and microbatch:
             # all-gather before forward and backward (reshard_after_forward, Megatron's default),

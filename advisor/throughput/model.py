@@ -47,7 +47,7 @@ class TimeOptions:
     optimizer_step_bytes: float = 38.0
     """HBM bytes per parameter of the Adam step (``terms.optimizer_step_bytes``): 38 with FP32
     states, fewer with the precision-aware optimizer's; with Megatron-FSDP, plus its cast of the
-    gradient shard into the main weights' dtype before the step (``terms.fsdp_grad_cast_bytes``)."""
+    gradient shard into the main weights' dtype before the step (``terms.grad_cast_bytes``)."""
     tp_comm_overlap: bool = False
     """--tp-comm-overlap (Transformer Engine userbuffers) hides the TP collectives behind the GEMMs
     beside them, as far as those GEMMs last (``userbuffers.tp_overlap_time``)."""

@@ -337,10 +337,11 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of the dtypes Megatron-FSDP's main gradients and main weights take."""
 
 
-def fsdp_grad_cast_bytes(main_grads: str, main_weights: str | None) -> float:
-    """HBM bytes per parameter of the optimizer's shard that Megatron-FSDP's ``update_main_grads``
-    moves once per step, before Adam (``finish_grad_sync`` -> ``attach_grad_to_optimizer_state``;
-    core_v0.15.2 megatron_fsdp/param_and_grad_buffer.py:2398-2431, core_v0.19.0 :3343-3373). It
+def grad_cast_bytes(main_grads: str, main_weights: str | None) -> float:
+    """HBM bytes per parameter of the optimizer's shard that the cast of its main gradients into
+    its main weights' dtype moves once per step, before Adam. Megatron's DDP: ``.float()`` into
+    the FP32 masters (``TrainingOptions._grad_cast_bytes``). Megatron-FSDP's ``update_main_grads``
+    (``finish_grad_sync`` -> ``attach_grad_to_optimizer_state``; core_v0.15.2 megatron_fsdp/param_and_grad_buffer.py:2398-2431, core_v0.19.0 :3343-3373). It
     hands the optimizer the main-gradient buffer's slice of each parameter (``get_item``: a view,
     the rank's shard, every element under no_shard, as many as Adam steps) and, where a main-weight
     buffer exists, ``optimizer_grad.to(param.dtype)``, ``param`` being the main weight. A cast:

@@ -1,4 +1,5 @@
-"""Megatron-FSDP's gradient cast before Adam (``terms.fsdp_grad_cast_bytes``), by hand.
+"""The gradient cast before Adam (``terms.grad_cast_bytes``), by hand: Megatron-FSDP's, and
+Megatron's DDP's (``test_ddp_bf16_gradients_cast_to_fp32_masters_by_hand``).
 
 What megatron-core does, once per step (``finish_grad_sync`` -> ``attach_grad_to_optimizer_state``
 -> ``ParamAndGradBuffer.update_main_grads``; core_v0.15.2 megatron_fsdp/param_and_grad_buffer.py
@@ -24,7 +25,7 @@ from advisor.hardware import get_gpu
 from advisor.models import PRESETS
 from advisor.options import TrainingOptions
 from advisor.throughput import TimeModel, load_calibration
-from advisor.throughput.terms import fsdp_grad_cast_bytes
+from advisor.throughput.terms import grad_cast_bytes
 
 N = 4_541_186_048
 P = N + 8192
@@ -107,11 +108,36 @@ def test_no_op_casts_add_nothing(strategy, grads, weights, main, offload, step_b
 @pytest.mark.parametrize("grads, main", [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"),
                                          ("fp32", None), ("bf16", None), ("fp16", None)])
 def test_the_term_is_zero_without_a_cast(grads, main):
-    assert fsdp_grad_cast_bytes(grads, main) == 0.0
+    assert grad_cast_bytes(grads, main) == 0.0
 
 
-def test_ddp_and_torch_fsdp2_have_no_such_cast():
-    """megatron-core's DDP and torch FSDP2 do not run Megatron-FSDP's update_main_grads."""
-    assert TrainingOptions().with_(grad_reduce_dtype="bf16").time_options().optimizer_step_bytes == 38
+def test_torch_fsdp2_has_no_such_cast():
+    """torch FSDP2 does not run Megatron-FSDP's update_main_grads, and its FP32 gradients are
+    Adam's as they are (DDP's cast: ``test_ddp_bf16_gradients_cast_to_fp32_masters_by_hand``)."""
     fsdp2 = TrainingOptions().with_(torch_fsdp2=True, distributed_optimizer=False, overlap_param_gather=False)
     assert fsdp2.time_options().optimizer_step_bytes == 38
+
+
+def test_ddp_bf16_gradients_cast_to_fp32_masters_by_hand():
+    """Megatron's DDP with --grad-reduce-in-bf16: the distributed optimizer hands Adam
+    ``shard_model_grad.float()`` (core_v0.15.2 optimizer/distrib_optimizer.py,
+    ``_copy_model_grads_to_main_grads``; core_v0.19.0 the same), a new FP32 tensor from the BF16
+    main-gradient shard: 2 + 4 = 6 bytes a parameter of the shard, 6 x 567,649,280 = 3,405,895,680
+    bytes beside Adam's 38 (44 x 567,649,280 = 24,976,568,320 in all). FP32 main gradients:
+    ``.float()`` returns the tensor itself, 38 alone (38 x 567,649,280 = 21,570,672,640)."""
+    hbm = load_calibration().hbm_efficiency * H100.hbm_bytes_per_s
+    cast = _optimizer_s(grad_reduce_dtype="bf16")
+    assert cast == pytest.approx(24_976_568_320 / hbm, rel=1e-9)
+    assert _optimizer_s() == pytest.approx(21_570_672_640 / hbm, rel=1e-9)
+
+
+def test_ddp_hands_transformer_engines_adam_the_gradient_uncast():
+    """With the precision-aware optimizer keeping its own BF16 master weights
+    (``use_precision_aware_optimizer_no_fp8_or_ds_fp8``), the distributed optimizer sets
+    ``decoupled_grad = shard_model_grad``, no copy (distrib_optimizer.py, both releases); with FP32
+    weights FP32Optimizer hands ``main_grad`` itself (optimizer.py), whatever its dtype."""
+    aware = dict(precision_aware_optimizer=True, main_params_dtype="fp16", exp_avg_dtype="bf16",
+                 exp_avg_sq_dtype="bf16")
+    assert TrainingOptions().with_(**aware, grad_reduce_dtype="bf16")._grad_cast_bytes == 0.0
+    assert TrainingOptions().with_(grad_reduce_dtype="bf16")._grad_cast_bytes == 6.0
+    assert TrainingOptions().with_(params_dtype="float32")._grad_cast_bytes == 0.0
