@@ -34,7 +34,8 @@ from typing import Literal
 from advisor.memory import MemoryOptions
 from advisor.models import LlamaSpec
 from advisor.moe.spec import is_moe
-from advisor.options import Attention, DataParallel, Precision, TensorParallel, TrainingOptions, training_args
+from advisor.options import (Attention, DataParallel, Fusions, Precision, TensorParallel, TrainingOptions,
+                             training_args)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,13 +47,21 @@ class MegatronSetup:
     """Megatron's --use-distributed-optimizer: Adam states sharded over DP x CP (seed 004)."""
     sequence_parallel: bool = True
     """--sequence-parallel whenever TP > 1 (seed 004 assumes it)."""
+    bias_swiglu_fusion: bool = True
+    """Megatron-LM's fused SwiGLU (its default); False: --no-bias-swiglu-fusion, the eager SwiGLU,
+    which keeps one more h_ffn-wide tensor per layer (``options.Fusions.bias_swiglu_fusion``)."""
 
     def to_dict(self) -> dict:
+        """The fields; ``bias_swiglu_fusion`` only when off, as the flags state it (absent: fused,
+        what every file written before it was a choice planned), so the default's files are as before."""
         return {"params_dtype": self.params_dtype, "distributed_optimizer": self.distributed_optimizer,
-                "sequence_parallel": self.sequence_parallel}
+                "sequence_parallel": self.sequence_parallel,
+                **({} if self.bias_swiglu_fusion else {"bias_swiglu_fusion": False})}
 
     def memory_options(self) -> MemoryOptions:
-        return MemoryOptions(distributed_optimizer=self.distributed_optimizer, sequence_parallel=self.sequence_parallel)
+        """The estimator's view, from the same options the runs' flags are written from
+        (``training_options``): what is priced is what is launched."""
+        return self.training_options().memory_options()
 
     def training_options(self) -> TrainingOptions:
         """The options a profiling run is launched with: Megatron's defaults for what the setup
@@ -62,7 +71,7 @@ class MegatronSetup:
             data_parallel=DataParallel(distributed_optimizer=self.distributed_optimizer, overlap_grad_reduce=False,
                                        overlap_param_gather=False),
             tensor_parallel=TensorParallel(sequence_parallel=self.sequence_parallel),
-            attention=Attention(dataloader_mask="cached"))
+            attention=Attention(dataloader_mask="cached"), fusions=Fusions(bias_swiglu_fusion=self.bias_swiglu_fusion))
 
 
 def _run_length(count: int) -> str:

@@ -108,7 +108,7 @@ _ASSUMED_WHEN_UNSET = {
 # has no positive spelling of --no-bias-swiglu-fusion (arguments.py, core_v0.15.2 and core_v0.19.0:
 # store_false only), so only a row priced fused can conflict with it.
 _PRICED_BY = {
-    SWIGLU_UNFUSED_FLAG: f"advisor estimate/sweep {SWIGLU_UNFUSED_FLAG} prices the eager SwiGLU",
+    SWIGLU_UNFUSED_FLAG: f"advisor estimate/sweep/profile plan {SWIGLU_UNFUSED_FLAG} prices the eager SwiGLU",
 }
 
 

@@ -215,6 +215,16 @@ def _run0(**changes):
     (lambda d: d["runs"].append(dict(d["runs"][0])), "run id 'pp-b1-2x2' appears twice"),
     (lambda d: d.update(setup=[]), "'setup' must be a JSON object, got []"),  # was exit 1
     (lambda d: d["setup"].update(params_dtype="int8"), "'params_dtype' must be one of bfloat16, float16, float32"),
+    (lambda d: d["setup"].update(bias_swiglu_fusion="no"), "'setup': 'bias_swiglu_fusion' must be true or false, got 'no'"),
+    # the header's name for it, silently ignored, would have run the fused SwiGLU
+    (lambda d: d["setup"].update(swiglu_fusion=False), "'setup': unknown field 'swiglu_fusion' (a campaign's setup has "
+                                                       "params_dtype, distributed_optimizer, sequence_parallel, "
+                                                       "bias_swiglu_fusion)"),
+    # the runs' flags and the setup (what the emulators build and the prices read) say one SwiGLU
+    (lambda d: d["setup"].update(bias_swiglu_fusion=False), "run pp-b1-2x2: 'megatron_args' lack --no-bias-swiglu-fusion, "
+                                                            "but the campaign's setup says bias_swiglu_fusion false"),
+    (_run0(megatron_args=[*campaign()["runs"][0]["megatron_args"], "--no-bias-swiglu-fusion"]),
+     "run pp-b1-2x2: 'megatron_args' give --no-bias-swiglu-fusion, but the campaign's setup says bias_swiglu_fusion true"),
     (lambda d: d.update(seq_len=10**9), "'seq_len' must be at most 16,777,216, got 1000000000"),
     (lambda d: d.update(runs=[]), "'runs' must be a non-empty list of runs, got []"),
     (lambda d: d.update(runs={}), "'runs' must be a non-empty list of runs, got {}"),

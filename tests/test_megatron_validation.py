@@ -114,6 +114,9 @@ def written(tmp_path_factory) -> dict:
         advisor("estimate", *ESTIMATE, *args, "--format", "json", "-o", root / f"estimate-{name}.json")
     advisor("profile", "plan", "--gpus", "16", "--gpus-per-node", "4", "--mbs", "8", "--gbs", "256", "--mode",
             "reduced", "-o", root / "campaign.json")
+    # the eager SwiGLU's campaign: Megatron derives bias_activation_fusion False for its runs (mismatches)
+    advisor("profile", "plan", "--gpus", "8", "--gpus-per-node", "4", "--mbs", "4", "--gbs", "64", "--mode",
+            "reduced", "--no-bias-swiglu-fusion", "-o", root / "campaign-unfused.json")
     return {"root": root, "plans": plan_files(advisor, root)}
 
 
@@ -142,7 +145,10 @@ def all_inputs(written: dict, rules) -> list:
         assert parse_training_args(document["megatron_args"]) == (options.at_tp(document["tp"]), [])
         inputs.append(priced_input(read_input(path), rules, label=f"plan {name}", options=options,
                                    extras=NO_TRANSFORMER_ENGINE, num_microbatches=document["num_microbatches"]))
-    return inputs + campaign_inputs(root / "campaign.json", rules)
+    unfused = campaign_inputs(root / "campaign-unfused.json", rules)
+    assert all(item.args.count("--no-bias-swiglu-fusion") == 1 and not item.options.fusions.bias_swiglu_fusion
+               for item in unfused)
+    return inputs + campaign_inputs(root / "campaign.json", rules) + unfused
 
 
 def campaign_inputs(path: Path, rules) -> list:

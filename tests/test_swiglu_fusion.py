@@ -222,7 +222,7 @@ def test_the_launch_refuses_the_flag_on_a_row_priced_fused(tmp_path):
     advisor("estimate", *TINY, UNFUSED, "--format", "json", "-o", unfused)
     line = launcher().error("args", "--from", fused, "--megatron-version", "0.15", "--", UNFUSED, "--lr", "1e-4")
     assert line == (f"Error: {UNFUSED} (after --) conflicts with the estimate ({fused}), which leaves {UNFUSED} "
-                    f"unset (advisor estimate/sweep {UNFUSED} prices the eager SwiGLU) (the input decides these; "
+                    f"unset (advisor estimate/sweep/profile plan {UNFUSED} prices the eager SwiGLU) (the input decides these; "
                     "change the input instead)"), line
     row = launcher()("args", "--from", unfused, "--megatron-version", "0.15", "--format", "json").stdout
     restated = launcher()("args", "--from", unfused, "--megatron-version", "0.15", "--format", "json", "--",

@@ -4,7 +4,10 @@ Schema ``megatron-4d-advisor/campaign``, version 1. One JSON object:
 
     schema, version, mode ("full" | "reduced" | "measure": given layouts at one batch, to check
         predictions; ``layout_campaign``), model (LlamaSpec fields), seq_len, gpus,
-    gpus_per_node, cp, setup {params_dtype, distributed_optimizer, sequence_parallel},
+    gpus_per_node, cp, setup {params_dtype, distributed_optimizer, sequence_parallel,
+        bias_swiglu_fusion (written only when false: every run carries --no-bias-swiglu-fusion;
+        absent, Megatron's fused SwiGLU)}: ``MegatronSetup``, whose ``training_options`` write the
+        runs' training flags and whose ``memory_options`` price them,
     target {micro_batch_size, global_batch_size, num_microbatches}: the training run the
         profiles are for (a pipeline microbatch: sequences entering the pipeline),
     fractions: the batch fractions profiled (default [0.5, 0.25]),

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from advisor import limits
 from advisor.errors import AdvisorError
+from advisor.megatron_args import MegatronSetup
+from advisor.options.flags import SWIGLU_UNFUSED_FLAG
 from advisor.memory import tp_problem
 from advisor.model_spec import from_fields
 from advisor.models import LlamaSpec
@@ -96,6 +98,11 @@ def check_campaign(document: object, path: Path | str) -> LlamaSpec:
                            f"{_kind(setup.get('params_dtype'))}")
     setup.boolean("distributed_optimizer")
     sequence_parallel = setup.boolean("sequence_parallel")
+    # campaigns written before it was a choice were planned with Megatron's fused default
+    bias_swiglu_fusion = setup.boolean("bias_swiglu_fusion") if "bias_swiglu_fusion" in setup.document else True
+    if unknown := sorted(set(setup.document) - set(MegatronSetup.__dataclass_fields__)):
+        raise AdvisorError(f"{path}: 'setup': unknown field {unknown[0]!r} (a campaign's setup has "
+                           f"{', '.join(MegatronSetup.__dataclass_fields__)})")
     runs = top.get("runs")
     if not isinstance(runs, list) or not runs:
         raise AdvisorError(f"{path}: 'runs' must be a non-empty list of runs, got {_kind(runs)}")
@@ -110,12 +117,12 @@ def check_campaign(document: object, path: Path | str) -> LlamaSpec:
             raise AdvisorError(f"{path}: run id {name!r} appears twice")
         seen.add(name)
         fields.where = f"{path}: run {name}"
-        _check_run(fields, spec, seq_len, gpus, per_node, cp, sequence_parallel)
+        _check_run(fields, spec, seq_len, gpus, per_node, cp, sequence_parallel, bias_swiglu_fusion)
     return spec
 
 
 def _check_run(fields: _Fields, spec: LlamaSpec, seq_len: int, gpus: int, per_node: int, cp: int,
-               sequence_parallel: bool) -> None:
+               sequence_parallel: bool, bias_swiglu_fusion: bool) -> None:
     where, run = fields.where, fields.document
     tp, dp, run_cp, pp = (fields.integer(key, limits.DEGREE) for key in _DEGREES)
     mbs = fields.integer("micro_batch_size", limits.MICRO_BATCH)
@@ -152,6 +159,11 @@ def _check_run(fields: _Fields, spec: LlamaSpec, seq_len: int, gpus: int, per_no
         raise AdvisorError(f"{where}: 'megatron_args' must be a list of strings without NUL bytes")
     if problem := model_args_problem(args, spec, seq_len):
         raise AdvisorError(f"{where}: 'megatron_args' {problem}")
+    # Megatron-LM runs the flags, the emulators and the prices read the setup: one SwiGLU for both
+    if args and (SWIGLU_UNFUSED_FLAG in args) == bias_swiglu_fusion:
+        given = "give" if bias_swiglu_fusion else "lack"
+        raise AdvisorError(f"{where}: 'megatron_args' {given} {SWIGLU_UNFUSED_FLAG}, but the campaign's setup says "
+                           f"bias_swiglu_fusion {str(bias_swiglu_fusion).lower()}")
     for key in ("launchable",):
         if key in run and not isinstance(run[key], bool):
             raise AdvisorError(f"{where}: {key!r} must be true or false, got {_kind(run[key])}")

@@ -256,7 +256,7 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOpt
                                for counts in (np.array([layers]), np.array([even])))
         baseline = replace(baseline, step_time_s=baseline_step)
     setup = MegatronSetup(distributed_optimizer=options.distributed_optimizer,
-                          sequence_parallel=options.sequence_parallel)
+                          sequence_parallel=options.sequence_parallel, bias_swiglu_fusion=options.bias_swiglu_fusion)
     return Plan(
         mode="megatron", predictor="seed004", model=spec, seq_len=workload.seq_len, setup=setup, gpus=gpus,
         gpus_per_node=gpus_per_node, tp=tp, cp=cp, dp=dp, micro_batch_size=micro_batch_size, global_batch_size=gbs,

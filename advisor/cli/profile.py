@@ -13,6 +13,7 @@ from advisor.cli.options import (
     SEQ_LEN, TCP_PORT, Bounded, CloseCommands, InputError, InputPath, NonEmpty, apply_options, color_wanted,
     document_options, emit, emit_document, empty_value, model_options, note, output_options, parse_numbers, UserPath,
 )
+from advisor.cli.training_flags import NO_BIAS_SWIGLU_FUSION
 
 SECTIONS = ("ranks", "layers", "compare")
 MOE_LAYER_FILE = "moe_layer.json"  # advisor.moe.layer_profile.FILENAME, without importing it at start-up
@@ -310,9 +311,10 @@ def _compare_notes(rows: list[dict], reasons: dict[str, dict]) -> list[str]:
 @click.option("--etp", type=DEGREE, default=None,
               help="Mixture of experts: every run's expert tensor-parallel size (default 1, written on every run, "
                    "whose TP varies by scenario; Megatron's own default would be each run's TP).")
+@NO_BIAS_SWIGLU_FUSION
 @document_options
 def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, cp, microbatches, units, dtype,
-                 distributed_optimizer, sequence_parallel, ep, etp, fmt, output) -> None:
+                 distributed_optimizer, sequence_parallel, ep, etp, no_bias_swiglu_fusion, fmt, output) -> None:
     """Plan the profiling runs of CAPTURE (seed 000, Section III-A) as Megatron runs.
 
     \b
@@ -341,7 +343,8 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
         mode=mode, fractions=parse_numbers(fractions, float, "--fractions"), cp=cp, num_microbatches=microbatches,
         units=parse_numbers(units, int, "--units") if units else None,
         setup=MegatronSetup(params_dtype=dtype, distributed_optimizer=distributed_optimizer,
-                            sequence_parallel=sequence_parallel), ep=ep, etp=etp,
+                            sequence_parallel=sequence_parallel, bias_swiglu_fusion=not no_bias_swiglu_fusion),
+        ep=ep, etp=etp,
     )
     rows = [run.to_dict() for run in campaign.runs]
     for row in rows:
@@ -359,7 +362,8 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
          render.Column("pipeline_microbatch", "batch"), render.Column("micro_batch_size", "MBS"),
          render.Column("num_microbatches", "m"), render.Column("global_batch_size", "GBS"),
          render.Column("world_size", "GPUs"), render.Column("layers", "layers per stage", justify="left")],
-        title=f"{spec.name}: {mode} profiling campaign, {len(rows)} runs on {gpus} GPUs ({gpus_per_node} per node)",
+        title=f"{spec.name}: {mode} profiling campaign, {len(rows)} runs on {gpus} GPUs ({gpus_per_node} per node)"
+              + (", --no-bias-swiglu-fusion" if no_bias_swiglu_fusion else ""),  # the table shows no flags
         caption=caption, color=color_wanted(None),
     )
     emit_document(campaign.to_dict(), table, fmt, output)

@@ -33,6 +33,14 @@ _SUB_OPTION_HELP = {
 }
 """What each of --tp-comm-overlap's sub-options (``TP_COMM_SUB_FLAGS``) does, as --help says it."""
 
+NO_BIAS_SWIGLU_FUSION = click.option(
+    "--no-bias-swiglu-fusion", is_flag=True, default=False,
+    help="Megatron's eager SwiGLU instead of its fused kernel: each layer keeps 5 h_ffn-wide tensors a token, not 3 "
+         "(Eq. 18, which counts 4: 2 s b h_ffn / (t c) bytes more; the calibrated model: 4; none with "
+         "--recompute-modules mlp), and runs three element-wise kernels, not one.")
+"""The one declaration of the switch (``TrainingOptions.fusions``), shared by the commands that
+price options (``TRAINING_FLAGS``) and 'advisor profile plan', whose runs carry it."""
+
 TRAINING_FLAGS = [
     click.option("--distributed-optimizer/--no-distributed-optimizer", default=True, show_default=True,
                  help="Shard Adam states over DP x CP (Megatron's --use-distributed-optimizer)."),
@@ -129,10 +137,7 @@ TRAINING_FLAGS = [
                  help="With --cross-entropy-loss-fusion: te (Transformer Engine's kernel, 0.15 only) writes the "
                       "gradient into the BF16 logits and keeps no FP32 copy (4 s b v / (t c) less on the last "
                       "stage); native keeps the FP32 softmax as the unfused loss does."),
-    click.option("--no-bias-swiglu-fusion", is_flag=True, default=False,
-                 help="Megatron's eager SwiGLU instead of its fused kernel: each layer keeps 5 h_ffn-wide tensors "
-                      "a token, not 3 (Eq. 18, which counts 4: 2 s b h_ffn / (t c) bytes more; the calibrated "
-                      "model: 4; none with --recompute-modules mlp), and runs three element-wise kernels, not one."),
+    NO_BIAS_SWIGLU_FUSION,
     click.option("--vocab-divisible-by", type=VOCABULARY, default=None,
                  help="Pad v to a multiple of this x TP, like Megatron's "
                       "--make-vocab-size-divisible-by (128 there). Default: 1, i.e. v padded to a multiple of TP "
