@@ -50,7 +50,8 @@ def _config(campaign: dict, run: dict, directory: Path, threads: int | None, mem
     setup = campaign.get("setup", {})
     if symbolic:
         symbolic.update(cp=run.get("cp", 1), sequence_parallel=bool(setup.get("sequence_parallel")),
-                        distributed_optimizer=bool(setup.get("distributed_optimizer")))
+                        distributed_optimizer=bool(setup.get("distributed_optimizer")),
+                        bias_swiglu_fusion=setup.get("bias_swiglu_fusion", True))
     return StageEmulation(
         model=LlamaSpec(**campaign["model"]), layers_per_stage=tuple(run["layers_per_stage"]),
         seq_len=campaign["seq_len"], output_dir=directory, micro_batch_size=run["micro_batch_size"],

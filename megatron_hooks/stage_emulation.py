@@ -84,6 +84,9 @@ class StageEmulation:
     """Megatron's --use-distributed-optimizer: Adam states sharded over DP x CP (symbolic backend)."""
     layer_spec: str = "local"
     """"local" (megatron-core's modules) or "transformer_engine" (stood in for, symbolic backend)."""
+    bias_swiglu_fusion: bool = True
+    """False: the campaign's --no-bias-swiglu-fusion, the eager SwiGLU on the transformer_engine
+    spec too (the local spec always runs it: megatron_hooks.model)."""
     backend: str = "cpu"
     """"cpu": real tensors and the storage tracker; "symbolic": fake tensors (symbolic.py)."""
     kernels: str | None = None
@@ -271,7 +274,10 @@ class _Stage:
                                      post_process=self.last, params_dtype=self.dtype, layer_spec=config.layer_spec,
                                      sequence_parallel=config.sequence_parallel and config.tp > 1,
                                      # meta tensors, even where CUDA is available
-                                     **({"use_cpu_initialization": True} if config.symbolic else {}))
+                                     **({"use_cpu_initialization": True} if config.symbolic else {}),
+                                     # TransformerConfig's field for --no-bias-swiglu-fusion (arguments.py,
+                                     # core_transformer_config_from_args)
+                                     **({} if config.bias_swiglu_fusion else {"bias_activation_fusion": False}))
         if config.megatron_optimizer:
             from megatron_hooks.symbolic import megatron_ddp_and_optimizer
 

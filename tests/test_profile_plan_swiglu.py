@@ -145,3 +145,56 @@ def test_the_setup_prices_what_it_launches():
     assert MegatronSetup(bias_swiglu_fusion=False).memory_options().bias_swiglu_fusion is False
     assert MegatronSetup(params_dtype="float32").memory_options().element_bytes == 4
 
+
+def test_a_megatron_lm_run_of_the_other_swiglu_under_out_is_another_run(tmp_path):
+    """A Megatron-LM run records the SwiGLU it ran (header swiglu_fusion, v4): under an unfused
+    campaign's --out a fused run of the same id (the ids name layout and batch only) is another
+    run, not a complete one; an emulator's runs say their layer spec's SwiGLU, whatever the plan,
+    so they are not compared."""
+    from test_campaign_run import CPU, campaign, write_rank
+
+    from advisor.capture.campaign_run import scan
+    from advisor.errors import AdvisorError
+
+    fused = campaign(layouts=[(2, 2)])
+    unfused = campaign(layouts=[(2, 2)], setup=replace(CPU, bias_swiglu_fusion=False))
+    run = fused["runs"][0]
+    assert unfused["runs"][0]["id"] == run["id"] and UNFUSED in unfused["runs"][0]["megatron_args"]
+    launched, emulated = tmp_path / "launched", tmp_path / "emulated"
+    for out, values in ((launched, {"emulated": False}), (emulated, {"emulated": True})):
+        (out / run["id"]).mkdir(parents=True)
+        for stage in (0, 1):
+            write_rank(out / run["id"], run, stage, swiglu_fusion=True, **values)
+    assert scan(fused, launched)[run["id"]].state == "complete"
+    with pytest.raises(AdvisorError, match="rank 0 has swiglu_fusion True, the campaign's run False; choose another"):
+        scan(unfused, launched)
+    assert scan(unfused, emulated)[run["id"]].state == "complete"
+
+
+def test_the_symbolic_backend_runs_the_campaigns_swiglu(advisor, tmp_path):
+    """--backend symbolic builds the Transformer Engine spec with Megatron-LM's fusions, the fused
+    SwiGLU among them; an unfused campaign's runs now build the eager one (TransformerConfig's
+    bias_activation_fusion False, what --no-bias-swiglu-fusion sets), and their files say so.
+    Measured on fake tensors, a layer of one microbatch keeps 2 more BF16 h_ffn-wide tensors a token
+    (the eager glu's 5 against the fused kernel's 3: equations.unfused_swiglu_bytes):
+    2 x 2 bytes x s 512 x b x h_ffn 1024 = 2,097,152 b bytes at TP 1."""
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
+    from advisor.profiles import load_run
+
+    small = ["--model", "llama3.1-8b", "--num-layers", "2", "--hidden-size", "256", "--ffn-hidden-size", "1024",
+             "--num-attention-heads", "4", "--num-query-groups", "2", "--vocab-size", "8192", "--seq-len", "512",
+             "--gpus", "2", "--gpus-per-node", "1", "--mode", "reduced", "--mbs", "4", "--gbs", "16"]
+    kept = {}
+    for name, flags in (("fused", []), ("unfused", [UNFUSED])):
+        advisor("profile", "plan", *small, *flags, "-o", tmp_path / f"{name}.json")
+        advisor("profile", "run", tmp_path / f"{name}.json", "--out", tmp_path / name, "--backend", "symbolic")
+        for run in json.loads((tmp_path / f"{name}.json").read_text())["runs"]:
+            for rank in load_run(tmp_path / name / run["id"]).ranks:
+                assert rank.header.swiglu_fusion is (name == "fused")
+                last = rank.layers[-1].iteration
+                [layer] = [record for record in rank.layers if record.kind == "decoder" and record.iteration == last]
+                kept[name, run["micro_batch_size"], rank.header.rank] = layer.activation_bytes
+    assert sorted({b for _, b, _ in kept}) == [1, 2]
+    for (name, b, rank), fused in kept.items():
+        if name == "fused":
+            assert kept["unfused", b, rank] - fused == 2 * 2 * 512 * b * 1024 == 2_097_152 * b

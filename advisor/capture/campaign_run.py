@@ -174,6 +174,9 @@ def _mismatch(profile: ProfileRun, campaign: dict, run: dict, model: LlamaSpec,
         if run["tp"] > 1:  # Megatron turns --sequence-parallel off at TP 1 (arguments.py), so only TP > 1 says
             found["sequence_parallel"] = h.sequence_parallel
             wanted["sequence_parallel"] = setup.get("sequence_parallel", h.sequence_parallel)
+        if not h.emulated and h.swiglu_fusion is not None:  # Megatron-LM ran the run's flags; an emulator, its spec
+            found["swiglu_fusion"] = h.swiglu_fusion
+            wanted["swiglu_fusion"] = setup.get("bias_swiglu_fusion", True)
         for key, value in found.items():
             if value != wanted[key]:
                 return f"rank {h.rank} has {key} {value!r}, the campaign's run {wanted[key]!r}"
