@@ -168,7 +168,7 @@ def test_the_nothing_fits_tally_groups_thousands_as_the_count_caption_does(advis
 MOE_ONLY = [("--ep", 2), ("--etp", 2), ("--moe-token-dispatcher-type", "alltoall"), ("--moe-routing", "balanced"),
             ("--moe-expert-capacity-factor", 1.25), ("--moe-pad-expert-input-to-capacity",),
             ("--no-moe-pad-expert-input-to-capacity",), ("--moe-imbalance", 1.0), ("--mtp-num-layers", 0),
-            ("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",)]
+            ("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",), ("--moe-aux-loss-coeff", 0.001)]
 """Every MoE option, each at a value that a mixture of experts takes (the defaults among them:
 given, they are still refused). --recompute-modules is a dense recomputation flag too; the modules
 a dense model refuses (moe_act among them) are tests/test_dense_recompute_modules.py's."""

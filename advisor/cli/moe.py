@@ -10,6 +10,7 @@ import click
 
 from advisor import limits
 from advisor.cli.estimate_csv import estimate_csv
+from advisor.cli.moe_balancing import with_aux_loss_coeff
 from advisor.cli.options import (
     DEGREE, Bounded, InputError, apply_options, color_wanted, command_name, emit, note, nothing_fits,
 )
@@ -19,6 +20,7 @@ from advisor.paper_rule import judged_threshold
 MOE_CAPACITY_FACTOR = Bounded(limits.MOE_CAPACITY_FACTOR, integer=False, low_open=True)
 MOE_IMBALANCE = Bounded(limits.MOE_IMBALANCE, integer=False)
 MTP_LAYERS = Bounded(limits.MTP_LAYERS)
+AUX_LOSS_COEFF = Bounded(limits.AUX_LOSS_COEFF, integer=False)
 DISPATCHER_SMS = Bounded(limits.DISPATCHER_SMS)
 
 if TYPE_CHECKING:
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 
 _FLAG_FIELDS = ("ep", "etp", "dispatcher", "moe_routing", "capacity_factor", "pad_to_capacity", "moe_imbalance",
                 "mtp_num_layers", "a2a_overlap", "delay_wgrad", "dispatcher_sms", "permute_fusion", "router_fusion",
-                "flex_backend", "recompute_modules")
+                "flex_backend", "recompute_modules", "aux_loss_coeff")
 """The ``MoEFlags`` fields that ``moe_options`` adds an option for (the rest: a Megatron command's only)."""
 
 
@@ -34,7 +36,7 @@ def moe_options(func):
     """--ep, --etp, --moe-token-dispatcher-type, --moe-routing, --moe-expert-capacity-factor,
     --moe-pad-expert-input-to-capacity, --moe-imbalance, --mtp-num-layers,
     --overlap-moe-expert-parallel-comm, --delay-wgrad-compute, --moe-deepep-num-sms, --moe-permute-fusion,
-    --moe-router-fusion, --moe-flex-dispatcher-backend, --recompute-modules ->
+    --moe-router-fusion, --moe-flex-dispatcher-backend, --recompute-modules, --moe-aux-loss-coeff ->
     ``moe: MoEFlags`` (``advisor.moe.readback``)."""
 
     @functools.wraps(func)
@@ -71,6 +73,11 @@ def moe_options(func):
                      help="Multi-token-prediction layers (DeepSeek-V3's MTP, Megatron's --mtp-num-layers): priced on "
                           "the last pipeline stage. MoE models. A config.json's num_nextn_predict_layers is priced "
                           "only through this option (a line on stderr says so where it is not given)."),
+        click.option("--moe-aux-loss-coeff", "aux_loss_coeff", multiple=True, type=AUX_LOSS_COEFF, metavar="X",
+                     help="The load-balancing loss's weight to train with, replacing the model's (a config.json's "
+                          "router_aux_loss_coef): Megatron's router balances nothing at 0, so --moe-routing balanced "
+                          "is then an assumption. One weight per balancing type where the model has several "
+                          "(Megatron's nargs='+'). The rows launch it. MoE models."),
         click.option("--overlap-moe-expert-parallel-comm", "a2a_overlap", is_flag=True,
                      help="Megatron's combined 1F1B: the EP all-to-all hidden behind the other microbatch's compute "
                           "(needs EP > 1, the alltoall or flex dispatcher, VPP with PP > 1, no full recompute)."),
@@ -285,6 +292,8 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
         _check_flex_backend(flags.flex_backend, dispatcher, release)
     if mtp_num_layers is not None:
         spec = replace(spec, mtp_num_layers=mtp_num_layers)
+    if flags.aux_loss_coeff:
+        spec = with_aux_loss_coeff(spec, flags.aux_loss_coeff)
     return spec, MoEOptions(dispatcher=dispatcher, training=training.with_(recompute="none"),
                             a2a_overlap=flags.a2a_overlap, delay_wgrad=flags.delay_wgrad,
                             dispatcher_sms=flags.dispatcher_sms, permute_fusion=flags.permute_fusion,

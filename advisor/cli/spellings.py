@@ -1,8 +1,8 @@
 """Megatron-LM's spellings of the advisor's options: its own names accepted beside the short ones
 (``SpelledOption``, ``add_megatron_spellings``), its lookalike flags refused with why
 (``lookalike_message``), two spellings with two values refused (``OneValueEach``), and its
-several-valued ``--recompute-modules`` (``megatron_nargs``). Every command gets them from
-``advisor.cli``'s group."""
+several-valued ``--recompute-modules`` and ``--moe-aux-loss-coeff`` (``megatron_nargs``). Every
+command gets them from ``advisor.cli``'s group."""
 
 from __future__ import annotations
 
@@ -179,23 +179,27 @@ def one_value_each(command: click.Command) -> None:
         one_value_each(sub)
 
 
+NARGS_FLAGS = ("--recompute-modules", "--moe-aux-loss-coeff")
+"""Megatron-LM's nargs='+' flags that the advisor takes as repeated options (core_v0.15.2
+``arguments.py``: --recompute-modules, and --moe-aux-loss-coeff's one weight per balancing type)."""
+
+
 def megatron_nargs(args: list[str]) -> list[str]:
     """``args`` with Megatron-LM's ``--recompute-modules moe_act layernorm`` (one flag, several values:
-    ``nargs='+'``) spelled as the advisor's repeated option. As argparse does, every word after it
-    that is not an option is taken as a value, so a misspelt module is refused by the option's
-    choices ("'layrnorm' is not one of ...") rather than as a stray argument (the commands that take
-    the option take no positional arguments); nothing after a bare ``--`` (arguments passed on to
-    Megatron) is touched."""
-    flag = "--recompute-modules"
-    if flag not in args:
+    ``nargs='+'``; ``NARGS_FLAGS``) spelled as the advisor's repeated option. As argparse does, every
+    word after it that is not an option is taken as a value, so a misspelt module is refused by the
+    option's choices ("'layrnorm' is not one of ...") rather than as a stray argument (the commands
+    that take the option take no positional arguments); nothing after a bare ``--`` (arguments
+    passed on to Megatron) is touched."""
+    if not any(flag in args for flag in NARGS_FLAGS):
         return args
     out: list[str] = []
-    values = None  # how many values the current --recompute-modules has taken
+    flag, values = None, None  # the current several-valued flag, and how many values it has taken
     for i, word in enumerate(args):
         if word == "--":
             return out + args[i:]
-        if word == flag:
-            values = 0
+        if word in NARGS_FLAGS:
+            flag, values = word, 0
         elif values is not None and not word.startswith("-"):
             out += [flag] if values else []
             values += 1

@@ -190,11 +190,17 @@ AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
 """The balancing types whose loss reads the router's scores (``TopKRouter.is_aux_loss_enabled``)."""
 
 
+def balancing_types(spec: MoESpec) -> tuple[str, ...]:
+    """The --moe-router-load-balancing-type the spec launches (``advisor.moe.flags``): a command's
+    as read, else aux_loss, or none with the expert bias (the presets and config.json)."""
+    return spec.load_balancing or (("none",) if spec.expert_bias else ("aux_loss",))
+
+
 def aux_loss_enabled(spec: MoESpec) -> bool:
     """Whether the router computes a load-balancing loss: one of ``AUX_LOSS_TYPES`` with a weight
     above 0 (``get_aux_loss_coeff``: a weight per type where several are given). The presets and
     config.json take aux_loss with their weight, or none with the expert bias (``advisor.moe.flags``)."""
-    types = spec.load_balancing or (("none",) if spec.expert_bias else ("aux_loss",))
+    types = balancing_types(spec)
     weights = spec.aux_loss_coeff if isinstance(spec.aux_loss_coeff, tuple) else (spec.aux_loss_coeff,) * len(types)
     return any(kind in AUX_LOSS_TYPES and weight > 0 for kind, weight in zip(types, weights))
 

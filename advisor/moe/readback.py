@@ -127,6 +127,10 @@ class MoEFlags:
     grouped_gemm: bool = True
     """--moe-grouped-gemm: a Megatron command's read back (``read``); the advisor's own rows always
     write it (``advisor.moe.flags``)."""
+    aux_loss_coeff: tuple[float, ...] = ()
+    """The advisor's --moe-aux-loss-coeff, one weight per load-balancing type (Megatron's
+    nargs='+'), which replaces the model's (``advisor.cli.moe_balancing.with_aux_loss_coeff``);
+    empty: the model's own. A Megatron command's weights are read into its spec (``moe_spec``)."""
 
 
 def take(rest: list[str]) -> tuple[dict, list[str]]:

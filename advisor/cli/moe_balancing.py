@@ -1,0 +1,39 @@
+"""The load-balancing side of the MoE options: --moe-aux-loss-coeff, the weight a model's router
+is trained with (``with_aux_loss_coeff``).
+
+Megatron's default weight is 0, and a config.json may say 0 (Qwen3-Coder-480B-A35B's
+router_aux_loss_coef): megatron-core's router then applies no balancing loss at all
+(core_v0.15.2 ``megatron/core/transformer/moe/router.py``, ``_apply_aux_loss``: ``if
+aux_loss_coeff == 0: return probs``), while balanced routing, the default assumption, prices
+every expert's balanced share.
+"""
+
+from __future__ import annotations
+
+from advisor.cli.options import InputError
+
+
+def with_aux_loss_coeff(spec, weights: tuple[float, ...]):
+    """``spec`` with --moe-aux-loss-coeff's ``weights`` in place of its own: one for a router of
+    one balancing type, and one per type where it has several, in their order (Megatron's
+    nargs='+': megatron-core's ``transformer_config.py`` __post_init__ refuses other counts, and
+    a single weight would leave the reader to guess which type it weighs). Refused where no type
+    of the spec's takes a weight: megatron-core's ``router.py`` reads one only for aux_loss,
+    seq_aux_loss and global_aux_loss (``get_aux_loss_coeff``), and asserts 0 with sinkhorn; an
+    expert-bias router balances with type none, so the weight would be launched and ignored."""
+    from dataclasses import replace
+
+    from advisor.moe.memory import AUX_LOSS_TYPES, balancing_types
+
+    types = balancing_types(spec)
+    named = ", ".join(types)
+    if not any(kind in AUX_LOSS_TYPES for kind in types):
+        how = "its expert bias (load-balancing type none)" if spec.expert_bias and spec.load_balancing is None \
+            else f"load-balancing type {named}"
+        raise InputError(f"--moe-aux-loss-coeff: {spec.name} balances with {how}, which takes no weight (megatron-core "
+                         f"weighs only {', '.join(AUX_LOSS_TYPES)}: router.py)")
+    if len(weights) != len(types):
+        given = f"{len(weights)} weight{'s' * (len(weights) != 1)}"
+        raise InputError(f"--moe-aux-loss-coeff gives {given} for {spec.name}'s {len(types)} load-balancing "
+                         f"type{'s' * (len(types) != 1)} ({named}): megatron-core takes one weight per type, in order")
+    return replace(spec, aux_loss_coeff=tuple(weights) if len(types) > 1 else weights[0])

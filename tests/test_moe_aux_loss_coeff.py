@@ -1,0 +1,166 @@
+"""--moe-aux-loss-coeff on advisor estimate and sweep.
+
+Qwen3-Coder-480B-A35B's config.json says router_aux_loss_coef 0.0 and has no expert bias: its
+rows launch ``--moe-router-load-balancing-type aux_loss`` without a weight, and megatron-core's
+router then applies no balancing loss (core_v0.15.2 ``megatron/core/transformer/moe/router.py``,
+``_apply_aux_loss``: ``if aux_loss_coeff == 0: return probs``), while the default routing priced,
+balanced, gives every expert its balanced share. The option prices and launches the weight the
+user will train with.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from advisor.cli.options import InputError
+from advisor.models import load_model
+
+DATA = Path(__file__).resolve().parent / "data" / "moe"
+CODER = str(DATA / "qwen3-coder-480b-a35b.json")
+LAYOUT = ["--gpus", "256", "--gpu", "h100-80gb", "--tp", "1", "--pp", "16", "--ep", "8", "--seq-len", "4096",
+          "--gbs", "1024"]
+SWEEP = ["--gpus", "256", "--gpu", "h100-80gb", "--seq-len", "4096", "--gbs", "1024", "--top", "2"]
+
+
+def _values(args: list[str], flag: str) -> list[str]:
+    """The values after ``flag`` in an argument list, up to the next flag."""
+    at = args.index(flag) + 1
+    values = []
+    while at < len(args) and not args[at].startswith("--"):
+        values.append(args[at])
+        at += 1
+    return values
+
+
+# --- the option: flags, memory, refusals ------------------------------------------------------------
+
+
+def test_the_weight_is_launched_and_priced_as_the_balancing_losss_fp32_scores(advisor):
+    """advisor.moe.memory.aux_loss_saved_bytes: with a weight above 0 the router computes the
+    balancing loss's scores, softmax's FP32 output over all E experts, 4E bytes per token and MoE
+    layer (moe_utils.compute_routing_scores_for_aux_loss). Qwen3-Coder: E = 160, so 640 bytes; at
+    TP 1, CP 1, MBS 1, sequence 4096, N = 4096 tokens per microbatch; 1F1B, stage i of 16 holds
+    16 - i microbatches. Stage 1 (4 MoE layers, 15 in flight): 4 x 15 x 4096 x 640 =
+    157,286,400 bytes = 0.146484375 GiB more; the last stage (3 layers, 1 in flight):
+    3 x 1 x 4096 x 640 = 7,864,320 bytes."""
+    without = advisor.json("estimate", "--model", CODER, *LAYOUT)
+    weighted = advisor.json("estimate", "--model", CODER, *LAYOUT, "--moe-aux-loss-coeff", "0.001")
+    assert _values(without["megatron_args"], "--moe-router-load-balancing-type") == ["aux_loss"]
+    assert "--moe-aux-loss-coeff" not in without["megatron_args"]
+    assert _values(weighted["megatron_args"], "--moe-router-load-balancing-type") == ["aux_loss"]
+    assert _values(weighted["megatron_args"], "--moe-aux-loss-coeff") == ["0.001"]
+    assert weighted["model"]["aux_loss_coeff"] == 0.001 and without["model"]["aux_loss_coeff"] == 0.0
+    scores = 4 * 160 * 4096  # bytes per layer and microbatch in flight
+    assert scores == 2_621_440
+    gib = 2 ** 30
+    for before, after in zip(without["stages"], weighted["stages"]):
+        layers, in_flight = after["layers"], after["in_flight_microbatches"]
+        assert after["activations_gib"] - before["activations_gib"] == pytest.approx(layers * in_flight * scores / gib,
+                                                                                     rel=1e-9)
+        assert after["model_states_gib"] == before["model_states_gib"]
+    stage1 = weighted["stages"][1]["activations_gib"] - without["stages"][1]["activations_gib"]
+    assert stage1 == pytest.approx(157_286_400 / gib) == pytest.approx(0.146484375)
+    last = weighted["stages"][15]["activations_gib"] - without["stages"][15]["activations_gib"]
+    assert last == pytest.approx(7_864_320 / gib)
+
+
+def test_sweep_rows_carry_the_weight(advisor):
+    rows = advisor.json("sweep", "--model", CODER, *SWEEP, "--moe-aux-loss-coeff", "0.01")
+    assert rows and all(_values(row["megatron_args"], "--moe-aux-loss-coeff") == ["0.01"] for row in rows)
+    assert all(row["model"]["aux_loss_coeff"] == 0.01 for row in rows)
+
+
+def test_refusals_are_one_line(advisor):
+    # a dense model (also in test_moe_cli_audit's MOE_ONLY, for estimate and sweep)
+    assert advisor.error("sweep", "--gpus", "8", "--gpu", "h100-80gb", "--moe-aux-loss-coeff", "0.001") == (
+        "Error: llama3.1-8b is dense; MoE options need a mixture-of-experts model: --moe-aux-loss-coeff")
+    # DeepSeek-V3's router balances with its expert bias and type none: a weight would be launched and ignored
+    assert advisor.error("estimate", "--model", "deepseek-v3", *LAYOUT, "--moe-aux-loss-coeff", "0.001") == (
+        "Error: --moe-aux-loss-coeff: deepseek-v3 balances with its expert bias (load-balancing type none), which "
+        "takes no weight (megatron-core weighs only aux_loss, seq_aux_loss, global_aux_loss: router.py)")
+    # Megatron's spelling, several values after one flag (nargs='+'): one type, one weight
+    assert advisor.error("estimate", "--model", "qwen3-30b-a3b", *LAYOUT, "--moe-aux-loss-coeff", "0.001",
+                         "0.01") == (
+        "Error: --moe-aux-loss-coeff gives 2 weights for qwen3-30b-a3b's 1 load-balancing type (aux_loss): "
+        "megatron-core takes one weight per type, in order")
+    assert "must be at least 0, got -1" in advisor.error("estimate", "--model", CODER, *LAYOUT,
+                                                         "--moe-aux-loss-coeff", "-1")
+    assert "'a' is not a number" in advisor.error("estimate", "--model", CODER, *LAYOUT, "--moe-aux-loss-coeff", "a")
+
+
+def test_several_balancing_types_take_one_weight_each_in_order():
+    """A spec with two balancing types (a command's --moe-router-load-balancing-type aux_loss
+    seq_aux_loss, carried by a saved row's model): the weights replace its own one for one, and are
+    launched as Megatron's nargs='+' lists them; one weight for two types is refused, as
+    megatron-core's transformer_config.py refuses it (which type it weighs would be a guess); a
+    router without an aux-loss type (Sinkhorn, which asserts a weight of 0) takes none."""
+    from advisor.cli.moe_balancing import with_aux_loss_coeff
+    from advisor.moe.flags import model_flags
+    from advisor.moe.memory import aux_loss_enabled
+
+    two = replace(load_model("qwen3-30b-a3b"), load_balancing=("aux_loss", "seq_aux_loss"), aux_loss_coeff=(0.0, 0.0))
+    assert not aux_loss_enabled(two)
+    weighted = with_aux_loss_coeff(two, (0.001, 0.0001))
+    assert weighted.aux_loss_coeff == (0.001, 0.0001) and aux_loss_enabled(weighted)
+    args = model_flags(weighted)
+    assert _values(args, "--moe-router-load-balancing-type") == ["aux_loss", "seq_aux_loss"]
+    assert _values(args, "--moe-aux-loss-coeff") == ["0.001", "0.0001"]
+    with pytest.raises(InputError, match=r"gives 1 weight for qwen3-30b-a3b's 2 load-balancing types "
+                                         r"\(aux_loss, seq_aux_loss\): megatron-core takes one weight per type"):
+        with_aux_loss_coeff(two, (0.001,))
+    sinkhorn = replace(load_model("qwen3-30b-a3b"), load_balancing=("sinkhorn",), aux_loss_coeff=0.0)
+    with pytest.raises(InputError, match="balances with load-balancing type sinkhorn, which takes no weight"):
+        with_aux_loss_coeff(sinkhorn, (0.001,))
+
+
+# --- a saved row: read back and launched as priced ------------------------------------------------
+
+
+def test_a_saved_row_reads_back_and_launches_its_weight(advisor, tmp_path):
+    """What is launched is what was priced: the row's 'model' carries the weight, the launcher's
+    arguments write it, and the row re-read prices the same stages."""
+    from launch.arguments import flag_values
+    from launch.inputs import read_input
+    from launch_support import launcher
+
+    from advisor.saved_row import row_spec
+
+    path = tmp_path / "row.json"
+    advisor("estimate", "--model", CODER, *LAYOUT, "--moe-aux-loss-coeff", "0.001", "--format", "json", "-o", path)
+    row = json.loads(path.read_text())
+    assert row_spec(row).aux_loss_coeff == 0.001
+    assert _values(read_input(path).megatron_args, "--moe-aux-loss-coeff") == ["0.001"]
+    args = json.loads(launcher()("args", "--from", path, "--format", "json").stdout)
+    assert flag_values(args)["--moe-aux-loss-coeff"] == ("0.001",)
+    assert flag_values(args)["--moe-router-load-balancing-type"] == ("aux_loss",)
+
+
+@pytest.mark.xdist_group("megatron-validator")
+def test_the_weighted_rows_pass_megatrons_parser_with_their_weight(tmp_path):
+    """Qwen3-Coder's top sweep rows with --moe-aux-loss-coeff 0.001, launched as advisor-launch
+    writes them, pass core_v0.15.2's parse_args + validate_args (launch.megatron_check) and build
+    the TransformerConfig priced, its moe_aux_loss_coeff 0.001 with type aux_loss."""
+    from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
+    from test_moe_megatron import _expected, _one, _rows
+
+    from advisor.moe.spec import spec_from_dict
+
+    release = checkout("core_v0.15.2")
+    rows = _rows(CODER, 256, "--top", "2", "--moe-aux-loss-coeff", "0.001")
+    assert len(rows) == 2
+    cases = [{"args": [*row["megatron_args"], *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
+                       "NullTokenizer", "--vocab-size", str(load_model(CODER).vocab_size), "--train-iters", "10"],
+              "world_size": row["gpus"], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for row in rows]
+    results = validate(release, cases)
+    assert all(result["ok"] for result in results), [result.get("error") for result in results]
+    for row, result in zip(rows, results):
+        derived = result["derived"]
+        assert _one("moe_aux_loss_coeff", derived["moe_aux_loss_coeff"]) == 0.001
+        assert _one("moe_router_load_balancing_type", derived["moe_router_load_balancing_type"]) == "aux_loss"
+        expected = _expected(spec_from_dict(row["model"]), row)
+        wrong = {key: (derived.get(key), value) for key, value in expected.items() if _one(key, derived.get(key)) != value}
+        assert not wrong
