@@ -1,11 +1,12 @@
-"""--moe-aux-loss-coeff on advisor estimate and sweep.
+"""--moe-aux-loss-coeff on advisor estimate and sweep, and the line that says where balanced
+routing is only an assumption.
 
 Qwen3-Coder-480B-A35B's config.json says router_aux_loss_coef 0.0 and has no expert bias: its
 rows launch ``--moe-router-load-balancing-type aux_loss`` without a weight, and megatron-core's
 router then applies no balancing loss (core_v0.15.2 ``megatron/core/transformer/moe/router.py``,
 ``_apply_aux_loss``: ``if aux_loss_coeff == 0: return probs``), while the default routing priced,
 balanced, gives every expert its balanced share. The option prices and launches the weight the
-user will train with.
+user will train with; the line says the balance is assumed where nothing trains it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ CODER = str(DATA / "qwen3-coder-480b-a35b.json")
 LAYOUT = ["--gpus", "256", "--gpu", "h100-80gb", "--tp", "1", "--pp", "16", "--ep", "8", "--seq-len", "4096",
           "--gbs", "1024"]
 SWEEP = ["--gpus", "256", "--gpu", "h100-80gb", "--seq-len", "4096", "--gbs", "1024", "--top", "2"]
+ASSUMED = "is an assumption: the model balances nothing (aux-loss coefficient 0, no expert bias)"
 
 
 def _values(args: list[str], flag: str) -> list[str]:
@@ -34,6 +36,68 @@ def _values(args: list[str], flag: str) -> list[str]:
         values.append(args[at])
         at += 1
     return values
+
+
+# --- the line ------------------------------------------------------------------------------------
+
+
+def test_qwen3_coder_estimate_and_sweep_say_balanced_routing_is_assumed(advisor):
+    """The table's caption says it, wrapped within 100 columns like the other notes; JSON says it
+    on stderr, once, with the advisor's name."""
+    line = ("routing balanced is an assumption: the model balances nothing (aux-loss coefficient 0, no expert "
+            "bias), so Megatron's router trains unbalanced; give --moe-aux-loss-coeff (Qwen3's 0.001) or price "
+            "--moe-routing dropless (the worst case)")
+    for command, args in (("estimate", LAYOUT), ("sweep", SWEEP)):
+        table = advisor.runner.invoke(advisor.command, [command, "--model", CODER, *args], env={"COLUMNS": "100"})
+        assert table.exit_code == 0, table.output
+        assert " ".join(table.stdout.split()).count(line) == 1
+        assert table.stderr.count(ASSUMED) == 0  # the caption already says it on the terminal
+        assert max(len(text) for text in table.stdout.splitlines()) <= 100
+        machine = advisor(command, "--model", CODER, *args, "--format", "json")
+        assert machine.stderr.count(f"advisor {command}: {line}") == 1
+        assert ASSUMED not in machine.stdout
+
+
+@pytest.mark.parametrize("model, extra", [
+    ("qwen3-30b-a3b", ()),                              # router_aux_loss_coef 0.001 (the preset, its config.json)
+    (str(DATA / "qwen3-30b-a3b.json"), ()),
+    (CODER, ("--moe-routing", "dropless")),             # the worst case: whatever the router does
+    (CODER, ("--moe-aux-loss-coeff", "0.001")),         # the balancing trained
+    (CODER, ("--moe-expert-capacity-factor", "1.0")),   # padded to capacity: every expert runs its capacity
+    ("deepseek-v3", ()),                                # the expert bias balances
+])
+def test_no_line_where_the_router_is_trained_to_balance_or_the_price_does_not_assume_it(advisor, model, extra):
+    for fmt in ("table", "json"):
+        result = advisor("estimate", "--model", model, *LAYOUT, *extra, "--format", fmt)
+        assert ASSUMED not in result.output
+
+
+def test_capacity_routing_not_padded_and_a_weight_of_0_given_have_the_line(advisor):
+    """Capacity routing not padded prices the busiest expert's min(imbalance, factor) share, an
+    assumption too; a weight of 0 given turns Qwen3-30B-A3B's balancing off."""
+    unpadded = advisor("estimate", "--model", CODER, *LAYOUT, "--moe-expert-capacity-factor", "1.0",
+                       "--no-moe-pad-expert-input-to-capacity", "--format", "json")
+    assert f"advisor estimate: routing capacity {ASSUMED}" in unpadded.stderr
+    off = advisor("estimate", "--model", "qwen3-30b-a3b", *LAYOUT, "--moe-aux-loss-coeff", "0", "--format", "json")
+    assert f"advisor estimate: routing balanced {ASSUMED}" in off.stderr
+    assert "--moe-aux-loss-coeff" not in json.loads(off.stdout)["megatron_args"]  # Megatron's default, 0
+
+
+def test_a_command_read_back_is_told_to_carry_the_weight_unless_it_forces_balance(advisor, tmp_path):
+    """--from-command: the command gives its weight (the advisor's option is refused beside it), so
+    the line says to add it there; --moe-router-force-load-balancing balances the routing itself
+    (random logits, router.py), and the line is not said."""
+    row = advisor.json("estimate", "--model", CODER, *LAYOUT)
+    command = tmp_path / "train.sh"
+    command.write_text(" ".join(row["megatron_args"]))
+    read = ["estimate", "--from-command", command, "--gpus", "256", "--gpu", "h100-80gb", "--vocab-size", "151936"]
+    result = advisor(*read, "--format", "json")
+    assert (f"advisor estimate: routing balanced {ASSUMED}, so Megatron's router trains unbalanced; add "
+            "--moe-aux-loss-coeff to the command (Qwen3's 0.001)") in result.stderr
+    command.write_text(" ".join(row["megatron_args"]) + " --moe-router-force-load-balancing")
+    assert ASSUMED not in advisor(*read, "--format", "json").stderr
+    assert advisor.error(*read, "--moe-aux-loss-coeff", "0.001") == (
+        "Error: --moe-aux-loss-coeff comes from the command with --from-command (edit the command instead)")
 
 
 # --- the option: flags, memory, refusals ------------------------------------------------------------
@@ -100,12 +164,12 @@ def test_several_balancing_types_take_one_weight_each_in_order():
     router without an aux-loss type (Sinkhorn, which asserts a weight of 0) takes none."""
     from advisor.cli.moe_balancing import with_aux_loss_coeff
     from advisor.moe.flags import model_flags
-    from advisor.moe.memory import aux_loss_enabled
+    from advisor.moe.memory import aux_loss_enabled, router_balanced
 
     two = replace(load_model("qwen3-30b-a3b"), load_balancing=("aux_loss", "seq_aux_loss"), aux_loss_coeff=(0.0, 0.0))
-    assert not aux_loss_enabled(two)
+    assert not aux_loss_enabled(two) and not router_balanced(two)
     weighted = with_aux_loss_coeff(two, (0.001, 0.0001))
-    assert weighted.aux_loss_coeff == (0.001, 0.0001) and aux_loss_enabled(weighted)
+    assert weighted.aux_loss_coeff == (0.001, 0.0001) and router_balanced(weighted)
     args = model_flags(weighted)
     assert _values(args, "--moe-router-load-balancing-type") == ["aux_loss", "seq_aux_loss"]
     assert _values(args, "--moe-aux-loss-coeff") == ["0.001", "0.0001"]
@@ -113,6 +177,7 @@ def test_several_balancing_types_take_one_weight_each_in_order():
                                          r"\(aux_loss, seq_aux_loss\): megatron-core takes one weight per type"):
         with_aux_loss_coeff(two, (0.001,))
     sinkhorn = replace(load_model("qwen3-30b-a3b"), load_balancing=("sinkhorn",), aux_loss_coeff=0.0)
+    assert router_balanced(sinkhorn)  # Sinkhorn balances the routing itself: no line
     with pytest.raises(InputError, match="balances with load-balancing type sinkhorn, which takes no weight"):
         with_aux_loss_coeff(sinkhorn, (0.001,))
 

@@ -10,7 +10,7 @@ import click
 
 from advisor import limits
 from advisor.cli.estimate_csv import estimate_csv
-from advisor.cli.moe_balancing import with_aux_loss_coeff
+from advisor.cli.moe_balancing import unbalanced_notes, with_aux_loss_coeff
 from advisor.cli.options import (
     DEGREE, Bounded, InputError, apply_options, color_wanted, command_name, emit, note, nothing_fits,
 )
@@ -408,6 +408,7 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
     if plot is not None:  # the setup's memory_gib is each bar's whole
         write_plot([{**setup, **row} for row in shown], plot,
                    _title(result, spec, workload, gpus, mem, threshold, gpu, settings), experts=True)
+    unbalanced = unbalanced_notes(spec, settings, fmt, output)
     if fmt != "table":
         text = _machine_text(shown, setup, spec, workload, fmt)
         if fmt == "csv" and not shown:  # nothing shown: the columns of a row (the search always makes one)
@@ -418,7 +419,7 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
         note(f"{command_name()}: {_searched(result)}")
     else:
         text = _sweep_table(result, shown, spec, workload, gpus, mem, threshold, gpu, settings, show_all, output,
-                            priced=gpu_hour_price is not None, release=release)
+                            priced=gpu_hour_price is not None, release=release, notes=unbalanced)
     if not result.ranked and not show_all:
         if fmt != "table":  # the empty document, as the dense sweep gives it
             emit(text, output)
@@ -482,10 +483,10 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
 
 
 def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold, gpu, settings, show_all: bool,
-                 output, priced: bool = False, release=None) -> str:
+                 output, priced: bool = False, release=None, notes: list[str] = ()) -> str:
     """The MoE sweep's table: the dense sweep's title, columns and caption (``sweep_table``), with
     EP and ETP, and the MoE settings in the title; a budget's days and GPU-hours (and ``priced``,
-    its cost) as the dense table's, with what ``release`` evaluates besides them."""
+    its cost) as the dense table's, with what ``release`` evaluates besides them; ``notes`` last."""
     from advisor import render
     from advisor.cli.sweep_table import counts_caption, evaluation_caption, sweep_columns
 
@@ -495,7 +496,8 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
                + evaluation_caption(result.tokens, workload, release, experts=True)
                + f"\n{_searched(result)}"
                + (f"\n{render.ranking_note(result.tolerance)}" if result.tolerance else "")
-               + (f"\n{note}" if (note := _backend_caption(settings)) else ""))
+               + (f"\n{note}" if (note := _backend_caption(settings)) else "")
+               + "".join(f"\n{line}" for line in notes))
     # an MoE row's full recomputation is always every layer (uniform 1: advisor.moe.flags), so 'full'
     # says it all, and the ten characters saved keep TFLOP/s on an 80-column terminal
     rows = [{**row, "split": render.counts_text(row["layers_per_stage"]),
@@ -620,6 +622,7 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
     notes = estimate_notes(row, read, fmt, output, release)
     if read is None and (note := _backend_caption(settings)):  # a read-back names it among the unpriced
         notes.append(note)
+    notes += unbalanced_notes(spec, settings, fmt, output, read)
     if compare_best:
         best, line = _best_row_line(row, spec, workload, mem, threshold, gpu, gpus_per_node, settings, memory_model)
         row["best_sweep_row"] = best

@@ -1,5 +1,6 @@
 """The load-balancing side of the MoE options: --moe-aux-loss-coeff, the weight a model's router
-is trained with (``with_aux_loss_coeff``).
+is trained with (``with_aux_loss_coeff``), and the line that says where the routing priced
+assumes a balance the model's router is not trained to (``unbalanced_line``).
 
 Megatron's default weight is 0, and a config.json may say 0 (Qwen3-Coder-480B-A35B's
 router_aux_loss_coef): megatron-core's router then applies no balancing loss at all
@@ -10,7 +11,7 @@ every expert's balanced share.
 
 from __future__ import annotations
 
-from advisor.cli.options import InputError
+from advisor.cli.options import InputError, command_name, note, table_on_stdout
 
 
 def with_aux_loss_coeff(spec, weights: tuple[float, ...]):
@@ -37,3 +38,36 @@ def with_aux_loss_coeff(spec, weights: tuple[float, ...]):
         raise InputError(f"--moe-aux-loss-coeff gives {given} for {spec.name}'s {len(types)} load-balancing "
                          f"type{'s' * (len(types) != 1)} ({named}): megatron-core takes one weight per type, in order")
     return replace(spec, aux_loss_coeff=tuple(weights) if len(types) > 1 else weights[0])
+
+
+def unbalanced_line(spec, routing, forced: bool = False, command: bool = False) -> str | None:
+    """One line where the routing priced (``routing``: ``advisor.moe.memory.RoutedTokens``) assumes
+    a balanced router that the model does not train (``memory.router_balanced``: an aux-loss
+    weight of 0, Megatron's default, and no expert bias), with the two remedies; None otherwise.
+    Balanced routing, and capacity routing not padded (its busiest expert's min(imbalance,
+    factor)), price each expert's share x --moe-imbalance; dropless is the worst case and capacity
+    padded runs every expert's full capacity, either way whatever the router does. ``forced``: a
+    command's --moe-router-force-load-balancing, which balances the routing itself; ``command``:
+    the model was read from a command (--from-command), whose weight is given in the command."""
+    from advisor.moe.memory import router_balanced
+
+    if forced or routing.routing == "dropless" or routing.routing == "capacity" and routing.pad_to_capacity \
+            or router_balanced(spec):
+        return None
+    give = "add --moe-aux-loss-coeff to the command" if command else "give --moe-aux-loss-coeff"
+    return (f"routing {routing.routing} is an assumption: the model balances nothing (aux-loss coefficient 0, no "
+            f"expert bias), so Megatron's router trains unbalanced; {give} (Qwen3's 0.001) or price "
+            "--moe-routing dropless (the worst case)")
+
+
+def unbalanced_notes(spec, settings, fmt: str, output, read=None) -> list[str]:
+    """``unbalanced_line`` for the table's caption, and on stderr where the table is not on stdout
+    (JSON and CSV carry no notes: ``from_command.estimate_notes``); ``read``: the --from-command
+    reading (``from_command.CommandInputs``), None for the advisor's own options."""
+    line = unbalanced_line(spec, settings.routing, forced=read is not None and read.moe.force_balancing,
+                           command=read is not None)
+    if line is None:
+        return []
+    if not table_on_stdout(fmt, output):
+        note(f"{command_name()}: {line}")
+    return [line] if fmt == "table" else []

@@ -188,6 +188,10 @@ RSTD_BYTES = 4
 norm saves beside its input for the backward (docs/profiling.md, the dense table's rstd row)."""
 AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
 """The balancing types whose loss reads the router's scores (``TopKRouter.is_aux_loss_enabled``)."""
+SELF_BALANCING_TYPES = ("sinkhorn", "quantile_balancing")
+"""The balancing types that balance the routing itself, with no loss: Sinkhorn's normalisation
+(core_v0.15.2 ``router.py``, ``sinkhorn_load_balancing``) and core_v0.19.0's quantile balancing
+(its ``router.py``, ``quantile_balancing``)."""
 
 
 def balancing_types(spec: MoESpec) -> tuple[str, ...]:
@@ -203,6 +207,18 @@ def aux_loss_enabled(spec: MoESpec) -> bool:
     types = balancing_types(spec)
     weights = spec.aux_loss_coeff if isinstance(spec.aux_loss_coeff, tuple) else (spec.aux_loss_coeff,) * len(types)
     return any(kind in AUX_LOSS_TYPES and weight > 0 for kind, weight in zip(types, weights))
+
+
+def router_balanced(spec: MoESpec) -> bool:
+    """Whether Megatron's router is driven toward balanced routing: a load-balancing loss with a
+    weight (``aux_loss_enabled``), the expert bias (aux-loss-free balancing: ``moe_utils.py``
+    ``get_updated_expert_bias``, stepped by ``finalize_model_grads.py``), or a type that balances
+    by itself (``SELF_BALANCING_TYPES``). Without any (an aux-loss type at weight 0: ``router.py``
+    returns the probabilities untouched where ``aux_loss_coeff == 0``) the router is trained
+    unbalanced, and balanced routing is only an assumption
+    (``advisor.cli.moe_balancing.unbalanced_line``)."""
+    return (aux_loss_enabled(spec) or spec.expert_bias
+            or any(kind in SELF_BALANCING_TYPES for kind in balancing_types(spec)))
 
 
 def router_norm_bytes(spec: MoESpec, norm_recomputed: bool = False) -> float:

@@ -131,6 +131,9 @@ class MoEFlags:
     """The advisor's --moe-aux-loss-coeff, one weight per load-balancing type (Megatron's
     nargs='+'), which replaces the model's (``advisor.cli.moe_balancing.with_aux_loss_coeff``);
     empty: the model's own. A Megatron command's weights are read into its spec (``moe_spec``)."""
+    force_balancing: bool = False
+    """A Megatron command's --moe-router-force-load-balancing: routing forced balanced (random
+    logits, ``router.py``), whatever the router balances."""
 
 
 def take(rest: list[str]) -> tuple[dict, list[str]]:
@@ -360,7 +363,8 @@ def read(values: dict, tp: int, recompute: str, *, recompute_method: str | None 
                     transformer_impl=transformer_impl, dispatcher_sms=sms,
                     permute_fusion=bool(values.get("moe-permute-fusion")), flex_backend=backend,
                     router_fusion=bool(values.get("moe-router-fusion")),
-                    grouped_gemm=bool(values.get("moe-grouped-gemm"))), unpriced
+                    grouped_gemm=bool(values.get("moe-grouped-gemm")),
+                    force_balancing=bool(values.get("moe-router-force-load-balancing"))), unpriced
 
 
 def _balancing(values: dict) -> tuple[tuple[str, ...], float | tuple[float, ...]]:
