@@ -204,8 +204,33 @@ def overlapped_layer_time(rest, expert, comm, comm_sm_share=0.0, *, rest_again=0
     max(c, w + f c) per pair. With no communication it is the plain compute 3a + 3x; with no
     compute, comm."""
     c = np.asarray(comm) / 4
-    return sum(np.maximum(c, w + comm_sm_share * c)
+    return sum(paired_time(c, w, comm_sm_share)
                for w in (rest, expert, 2 * expert + expert_again, 2 * rest + rest_again))
+
+
+def paired_time(comm, work, comm_sm_share=0.0):
+    """Seconds of ``comm`` on one stream beside ``work`` on another: the longer of the two, the
+    work slowed by the share f of the SMs the communication kernel holds while both run
+    (``comm_sm_share``): max(c, w + f c). In series they take c + w; the pair saves
+    min(w, (1 - f) c), never less than 0 and never more than the shorter of the two."""
+    return np.maximum(comm, work + comm_sm_share * comm)
+
+
+def shared_expert_hidden(pairs, comm_sm_share=0.0):
+    """(forward, backward) seconds that --moe-shared-expert-overlap saves one MoE layer and
+    microbatch: each (shared experts' work w, EP communication c) pair of ``pairs``
+    (``advisor.moe.time.LayerTimes.shared_pairs``) runs as ``paired_time`` instead of in series,
+    forward w beside c, backward 2w (every part's backward is priced at twice its forward) beside
+    the same c. megatron-core (``shared_experts.py``, core_v0.15.2 and core_v0.19.0) runs the shared
+    experts on their own CUDA stream inside the dispatcher's steps (``token_dispatcher.py``):
+    ``linear_fc1_forward_and_act`` once the dispatch all-to-all is launched, ``linear_fc2_forward``
+    once the combine's is; core_v0.19.0 says so ('Make sure the shared experts fc1 is overlapped
+    with dispatch A2A'), and orders the backward the same way (``set_tensor_grad_fn_sequence_sr``:
+    'Backward launch order: probs A2A -> tokens A2A -> shared experts fc1'; autograd runs each
+    backward on its forward's stream)."""
+    forward = sum(w + c - paired_time(c, w, comm_sm_share) for w, c in pairs)
+    backward = sum(2 * w + c - paired_time(c, 2 * w, comm_sm_share) for w, c in pairs)
+    return forward, backward
 
 
 DEEPEP_SMS = 20

@@ -122,6 +122,17 @@ class LayerTimes(NamedTuple):
     moe_transposes: object = 0.0
     """The same in an MoE layer: attention's and the shared experts' (the routed experts' inputs
     are not gathered)."""
+    shared_pairs: tuple = ()
+    """What --moe-shared-expert-overlap runs side by side, forward (``ep_time.shared_expert_hidden``):
+    (the shared experts' FC1 with their SwiGLU and FP8 casts, the dispatch all-to-all with the ETP
+    all-gather after it) and (their FC2, the combine all-to-all). megatron-core launches FC1 on the
+    shared experts' stream right after the tokens' all-to-all (core_v0.19.0 ``token_dispatch``;
+    core_v0.15.2 in ``dispatch_postprocess``, before its ETP gather), and FC2 after the combine's
+    (``token_combine``, ``combine_postprocess``); core_v0.19.0 makes the shared stream wait for the
+    main one before each all-to-all, so FC2 does not run beside the routed experts' GEMMs
+    (core_v0.15.2 does not wait: its FC2 may start there, priced as core_v0.19.0 runs it). The
+    shared experts' own sequence-parallel gather and scatter are not in ``shared`` (priced
+    nowhere, with or without the overlap)."""
 
 
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates,
@@ -181,6 +192,7 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
                                             terms.link_bandwidth(etp, rates), rates)
     moe = attention + expert_f + moe_act + shared + router + permute + a2a + 2 * gather
+    shared_fc2 = 2.0 * tokens_cp * spec.hidden_size * spec.shared_expert_size / tp / gemm_rates.gemm_flops_per_s
     norm = terms.elementwise_time(mm.BF16 * 2 * spec.hidden_size * tokens_cp / tp, rates)  # read h, write h
     return LayerTimes(dense=attention + dense_mlp, moe=moe, comm=a2a + 2 * gather, expert=expert_f + moe_act + shared,
                       block=expert_f + moe_act + shared + router + permute, core=core,
@@ -188,7 +200,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
                       mla_up=mla_up_time(spec, tokens_cp, tp, gemm_rates, rates) + casts.mla_up, moe_act=moe_act,
                       shared=shared,
                       dense_mlp=dense_mlp, dense_transposes=casts.dense_transposes,
-                      moe_transposes=casts.moe_transposes)
+                      moe_transposes=casts.moe_transposes,
+                      shared_pairs=((shared - shared_fc2, a2a / 2 + gather), (shared_fc2, a2a / 2)))
 
 
 class _CastTimes(NamedTuple):
@@ -452,7 +465,9 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     (``moe_layer.py``: the whole block is checkpointed), with the host wait for the token counts;
     ``moe`` also runs the block's compute again (``LayerTimes.block``), in series with the
     overlapped pairs (the recomputed communication is not one the combined schedule pairs); the
-    other modules run their own forward again in their node's backward (``recomputed_forward``)."""
+    other modules run their own forward again in their node's backward (``recomputed_forward``).
+    --moe-shared-expert-overlap hides the shared experts beside the dispatch and combine of every
+    forward and the backward (``_shared_expert_hidden``)."""
     comm, expert = layer.comm, layer.expert
     compute = layer.moe - comm
     modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
@@ -467,13 +482,26 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     # attention's backward is in the rest's node; the FP8 transposes with it (the shared experts' few among them)
     rest_again = rest_again + layer.core_backward_extra + layer.moe_transposes
     work = 3.0 * compute + rest_again + expert_again + block
-    plain = work + (forwards + 1.0) * comm + idle
+    plain = work + (forwards + 1.0) * comm + idle - _shared_expert_hidden(layer, options, gpu, forwards)
     steady = plain
     if options.a2a_overlap:
         share = ep_time.comm_sm_share(options.dispatcher, gpu.architecture, options.dispatcher_sms)
         steady = ep_time.overlapped_layer_time(compute - expert, expert, 2 * comm, share, rest_again=rest_again,
                                                expert_again=expert_again) + idle + (block + comm if again else 0.0)
     return plain, steady, steady - idle - work
+
+
+def _shared_expert_hidden(layer: LayerTimes, options, gpu, forwards: float):
+    """Seconds --moe-shared-expert-overlap hides of one MoE layer's forward and backward
+    (``ep_time.shared_expert_hidden``), each forward's (``forwards``: 2 where the layer's forward
+    runs again, its dispatch and combine with it) and the backward's; 0 without the overlap, or
+    without shared experts (their work is 0). The EP all-to-all overlap, which would pair the same
+    communication, is refused with it (``advisor.moe.overlap``)."""
+    if not options.shared_expert_overlap:
+        return 0.0
+    share = ep_time.comm_sm_share(options.dispatcher, gpu.architecture, options.dispatcher_sms)
+    forward, backward = ep_time.shared_expert_hidden(layer.shared_pairs, share)
+    return forwards * forward + backward
 
 
 def step_parts(step, *, m, slowest, total, vpp, pp_comm, overhead, ep_comm, dp_comm, optimizer) -> dict:
