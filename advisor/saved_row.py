@@ -123,16 +123,20 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
     overlap, delay = _given(row, "a2a_overlap", False), _given(row, "delay_wgrad", False)
     grads, sharded = _given(row, "gradient_bytes", 4), _given(row, "distributed_optimizer", True)
     fusions = _given(row, "permute_fusion", False), _given(row, "router_fusion", False)
-    if not all(isinstance(value, bool) for value in (overlap, delay, sharded, *fusions)) or grads not in (2, 4):
-        refuse("'a2a_overlap', 'delay_wgrad', 'distributed_optimizer', 'permute_fusion' and 'router_fusion' must be "
-               "true or false, 'gradient_bytes' 2 or 4")
-    # megatron-core's refusals of the EP all-to-all overlap that the layout does not decide, in the
-    # words the command line's check uses (advisor.moe.overlap; the layout's: advisor.moe.space.layout_problem).
-    # A row carries no --moe-shared-expert-overlap, and its recomputation method and layer count
+    shared = _given(row, "shared_expert_overlap", False)
+    switches = (overlap, delay, sharded, *fusions, shared)
+    if not all(isinstance(value, bool) for value in switches) or grads not in (2, 4):
+        refuse("'a2a_overlap', 'delay_wgrad', 'distributed_optimizer', 'permute_fusion', 'router_fusion' and "
+               "'shared_expert_overlap' must be true or false, 'gradient_bytes' 2 or 4")
+    # megatron-core's refusals of the EP all-to-all overlap and of --moe-shared-expert-overlap that
+    # the layout does not decide, in the words the command line's check uses (advisor.moe.overlap;
+    # the layout's: advisor.moe.space.layout_problem). The recomputation method and layer count
     # are launched under full recomputation only (advisor.moe.flags), which the layout's check refuses.
     if problem := settings_problem(a2a_overlap=overlap, delay_wgrad=delay, dispatcher=dispatcher,
-                                   recompute=recompute, recompute_modules=modules,
+                                   recompute=recompute, recompute_modules=modules, shared_expert_overlap=shared,
                                    mtp_num_layers=spec.mtp_num_layers):
+        refuse(problem)
+    if shared and (problem := _shared_overlap_problem(dispatcher, modules, spec)):
         refuse(problem)
     sms = row.get("dispatcher_sms")
     gpu = row["gpu"] if isinstance(row.get("gpu"), str) else None
@@ -144,8 +148,21 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
         refuse(f"'flex_backend' must be null or, with the flex dispatcher, {_choices(FLEX_BACKENDS)}; got "
                f"{limits.json_text(backend)} with {limits.json_text(dispatcher)}")
     return {**settings, "recompute": recompute, "recompute_modules": modules, "a2a_overlap": overlap,
-            "delay_wgrad": delay, "gradient_bytes": grads, "distributed_optimizer": sharded, "dispatcher_sms": sms,
+            "shared_expert_overlap": shared, "delay_wgrad": delay, "gradient_bytes": grads, "distributed_optimizer": sharded, "dispatcher_sms": sms,
             "permute_fusion": fusions[0], "router_fusion": fusions[1], "flex_backend": backend}
+
+
+def _shared_overlap_problem(dispatcher: str, modules, spec) -> str | None:
+    """megatron-core's refusal of a row's 'shared_expert_overlap' with its dispatcher and
+    recomputed modules (``advisor.moe.overlap.shared_expert_overlap_problem``, the command line's
+    check), under the newest release's rules: a row does not say which release it is launched
+    on, and core_v0.19.0 takes the flex dispatcher that core_v0.15.2 refuses; advisor-launch
+    checks the release it launches on (``launch.arguments.check_moe_refusals``)."""
+    from advisor.moe.overlap import shared_expert_overlap_problem
+    from advisor.releases import NEWEST
+
+    return shared_expert_overlap_problem(dispatcher=dispatcher, a2a_overlap=False, recompute_modules=modules,
+                                         shared_experts=bool(spec.shared_expert_size), release=NEWEST)
 
 
 def _architecture(row: dict) -> str:

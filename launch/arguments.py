@@ -109,6 +109,8 @@ _ASSUMED_WHEN_UNSET = {
 # store_false only), so only a row priced fused can conflict with it.
 _PRICED_BY = {
     SWIGLU_UNFUSED_FLAG: f"advisor estimate/sweep/profile plan {SWIGLU_UNFUSED_FLAG} prices the eager SwiGLU",
+    "--moe-shared-expert-overlap": "advisor estimate/sweep --moe-shared-expert-overlap prices the shared experts "
+                                   "beside the dispatch",
 }
 
 
@@ -270,15 +272,17 @@ def check_conflicts(groups: Sequence[ArgGroup], extras: Sequence[str]) -> None:
         raise AdvisorError("; ".join(dict.fromkeys(problems)) + " (the input decides these; change the input instead)")
 
 
-def check_moe_refusals(rules: MegatronVersion, args: Sequence[str], source: str) -> None:
-    """AdvisorError where the user's flags after '--' and the input's together give an MoE
-    combination megatron-core refuses on every rank when it builds its config: a user's
-    --moe-shared-expert-overlap (``advisor.moe.overlap.shared_expert_overlap_problem``) beside the
-    input's dispatcher, EP overlap and recomputed modules. Megatron's own default dispatcher is
+def check_moe_refusals(rules: MegatronVersion, decided: Sequence[str], extras: Sequence[str], source: str) -> None:
+    """AdvisorError where the input's flags (``decided``) and the user's after '--' (``extras``)
+    together give an MoE combination megatron-core refuses on every rank when it builds its
+    config: --moe-shared-expert-overlap, the user's or the row's own (a row checked against the
+    newest release's rules: ``advisor.saved_row.moe_row_settings``), beside the dispatcher, EP
+    overlap and recomputed modules, on the release launched
+    (``advisor.moe.overlap.shared_expert_overlap_problem``). Megatron's own default dispatcher is
     allgather (arguments.py, both releases)."""
     from advisor.moe.overlap import shared_expert_overlap_problem
 
-    values = flag_values(args)
+    values = flag_values([*decided, *extras])
     if "--moe-shared-expert-overlap" not in values or "--num-experts" not in values:
         return
     problem = shared_expert_overlap_problem(
@@ -287,8 +291,9 @@ def check_moe_refusals(rules: MegatronVersion, args: Sequence[str], source: str)
         recompute_modules=values.get("--recompute-modules") or (), release=rules,
         shared_experts="--moe-shared-expert-intermediate-size" in values)
     if problem:
-        raise AdvisorError(f"{problem}: the flag is yours (after --), the rest {source}'s; Megatron-LM would refuse "
-                           "the command on every rank at start-up")
+        whose = (f"{source} gives it" if "--moe-shared-expert-overlap" in flag_values(decided)
+                 else f"the flag is yours (after --), the rest {source}'s")
+        raise AdvisorError(f"{problem}: {whose}; Megatron-LM would refuse the command on every rank at start-up")
 
 
 # --- the whole command line ------------------------------------------------------------------
@@ -423,7 +428,7 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     if job is not None:
         groups.append(job)
     check_conflicts(groups, rules.own_spelling(extras))  # a restated deprecated spelling is no conflict
-    check_moe_refusals(rules, [*decided, *extras], source)
+    check_moe_refusals(rules, decided, extras, source)
     vocabulary = None
     if not mock_data:  # the user's own data and tokenizer, after '--' (and the job file's tokenizer)
         vocabulary = check_null_tokenizer(rules, model, decided, [*(job.args if job is not None else ()), *extras],

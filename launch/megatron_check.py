@@ -298,7 +298,8 @@ MOE_FIELDS = ("num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_
               "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "recompute_modules", "mtp_num_layers",
               "moe_pad_expert_input_to_capacity", "moe_aux_loss_coeff", "moe_router_load_balancing_type", "moe_router_dtype",
               "moe_enable_deepep", "moe_deepep_num_sms", "moe_flex_dispatcher_num_sms", "moe_permute_fusion",
-              "moe_router_fusion", "moe_flex_dispatcher_backend", "moe_router_pre_softmax")
+              "moe_router_fusion", "moe_flex_dispatcher_backend", "moe_router_pre_softmax",
+              "moe_shared_expert_overlap")
 """The TransformerConfig fields of mixtures of experts and multi-latent attention (advisor.moe
 checks them against its spec); None where the release's config lacks one."""
 

@@ -567,10 +567,10 @@ _SMALL = (f"{_MOE} --num-experts 8 --disable-bias-linear --swiglu --normalizatio
     ("--moe-token-dispatcher-type flex --moe-enable-deepep --moe-deepep-num-sms 20", None),
     ("--moe-token-dispatcher-type flex --moe-deepep-num-sms 32", None),
     ("--moe-deepep-num-sms 32", "--moe-deepep-num-sms 32 without the flex dispatcher (Megatron ignores it)"),
-    # with the alltoall dispatcher: megatron-core refuses it with allgather, Megatron's default (test_moe_cli.py)
+    # with the alltoall dispatcher: megatron-core refuses it with allgather, Megatron's default (test_moe_cli.py);
+    # priced (MoEOptions.shared_expert_overlap: its time beside the dispatch, its memory), so not named
     ("--moe-shared-expert-intermediate-size 64 --moe-shared-expert-overlap --moe-token-dispatcher-type alltoall",
-     "--moe-shared-expert-overlap (shared experts beside the dispatch, priced in series; their memory as that path "
-     "keeps it)"),
+     None),
     ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend ncclep",
      "--moe-flex-dispatcher-backend ncclep (NCCL's EP all-to-all, priced as DeepEP's; its own permutation at the HBM "
      "rate)"),

@@ -210,15 +210,31 @@ def test_a_hybridep_row_is_launched_on_core_0_19_only():
 ])
 def test_a_shared_expert_overlap_megatron_refuses_is_not_launched(model, layout, rules, refused):
     """advisor-launch passed --moe-shared-expert-overlap through whatever the row: a row with the
-    EP overlap or the flex dispatcher started and then failed in TransformerConfig on every rank."""
-    spec, decided = _moe_row_args(model, **layout)
+    EP overlap or the flex dispatcher started and then failed in TransformerConfig on every rank.
+    The row carries the flag now (``shared_expert_overlap``, priced), checked on the release
+    launched: a row of core 0.19's flex dispatcher is refused on core 0.15."""
+    spec, decided = _moe_row_args(model, **layout, shared_expert_overlap=True)
+    assert decided.count("--moe-shared-expert-overlap") == 1
     if refused is None:
-        assert compose(SOURCE, decided, rules=rules, model=spec,
-                       extras=["--moe-shared-expert-overlap"]).args[-1] == "--moe-shared-expert-overlap"
+        assert "--moe-shared-expert-overlap" in compose(SOURCE, decided, rules=rules, model=spec, extras=[]).args
+        # restating it after -- is no conflict
+        assert compose(SOURCE, decided, rules=rules, model=spec, extras=["--moe-shared-expert-overlap"]).args
         return
     with pytest.raises(AdvisorError) as error:
-        compose(SOURCE, decided, rules=rules, model=spec, extras=["--moe-shared-expert-overlap"])
-    assert refused in str(error.value) and "on every rank at start-up" in str(error.value)
+        compose(SOURCE, decided, rules=rules, model=spec, extras=[])
+    assert str(error.value).startswith(refused) and str(error.value).endswith(
+        f": {SOURCE} gives it; Megatron-LM would refuse the command on every rank at start-up")
+
+
+def test_a_users_shared_expert_overlap_on_a_row_without_it_is_a_conflict():
+    """The overlap is priced (time and memory), so a row priced without it is not launched with
+    it: the user's flag after -- is refused, naming what prices it."""
+    spec, decided = _moe_row_args("deepseek-v3")
+    with pytest.raises(AdvisorError) as error:
+        compose(SOURCE, decided, rules=NEW, model=spec, extras=["--moe-shared-expert-overlap"])
+    assert (f"--moe-shared-expert-overlap (after --) conflicts with {SOURCE}, which leaves --moe-shared-expert-overlap "
+            "unset (advisor estimate/sweep --moe-shared-expert-overlap prices the shared experts beside the dispatch)"
+            in str(error.value))
 
 
 def test_restating_an_moe_row_is_no_conflict():
@@ -276,7 +292,7 @@ def test_a_dense_row_refuses_expert_flags():
     {"dispatcher": "alltoall", "capacity_factor": 1.25}, {"dispatcher": "allgather", "etp": 2},
     {"dispatcher": "flex", "flex_backend": "hybridep", "dispatcher_sms": 32, "permute_fusion": True,
      "router_fusion": True},
-    {"dispatcher": "flex", "dispatcher_sms": 24}])
+    {"dispatcher": "flex", "dispatcher_sms": 24}, {"dispatcher": "alltoall", "shared_expert_overlap": True}])
 def test_every_flag_an_moe_row_writes_is_decided(model, layout):
     """The conflict check covers what the MoE flag writer emits: a flag outside DECIDED_FLAGS
     would pass through a user's other value unrefused."""

@@ -62,7 +62,9 @@ def _expected(spec, row) -> dict:
             # model's own weight (Megatron's default 0 would not balance), or the expert bias
             **_balancing(spec),
             "moe_enable_deepep": row["dispatcher"] == "flex" and (row.get("flex_backend") or "deepep") == "deepep",
-            "moe_router_dtype": "fp32"}
+            "moe_router_dtype": "fp32",
+            # --moe-shared-expert-overlap as the row carries it (advisor.moe.flags.layout_flags)
+            "moe_shared_expert_overlap": bool(row.get("shared_expert_overlap"))}
 
 
 def _balancing(spec) -> dict:
@@ -118,6 +120,9 @@ def _rows_of_every_kind(tag: str, tmp_path) -> list[tuple[str, dict]]:
                                                      "--overlap-moe-expert-parallel-comm")]
     rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--all", "--recompute", "selective",
                                      "--overlap-moe-expert-parallel-comm", "--top", "1")[0])]
+    # the shared experts beside the dispatch (--moe-shared-expert-overlap): DeepSeek-V3's, alltoall
+    rows += [("deepseek-v3", _rows("deepseek-v3", 1024, "--top", "1", "--moe-shared-expert-overlap")[0])]
+    assert rows[-1][1]["shared_expert_overlap"] and "--moe-shared-expert-overlap" in rows[-1][1]["megatron_args"]
     # the flex dispatcher (DeepEP: core_v0.15.2's asserts --moe-enable-deepep when it builds one),
     # with DeepEP's default SMs and with 32 (--moe-deepep-num-sms, overlapped)
     rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--top", "1", "--moe-token-dispatcher-type", "flex")[0])]
@@ -128,6 +133,9 @@ def _rows_of_every_kind(tag: str, tmp_path) -> list[tuple[str, dict]]:
         rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--top", "1", "--moe-token-dispatcher-type", "flex",
                                          "--moe-flex-dispatcher-backend", "hybridep", "--moe-deepep-num-sms", "32")[0])]
         assert {"--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms"} <= set(rows[-1][1]["megatron_args"])
+        # core_v0.19.0 runs the shared experts' overlap with the flex dispatcher too
+        rows += [("deepseek-v3", _rows("deepseek-v3", 1024, "--top", "1", "--moe-token-dispatcher-type", "flex",
+                                       "--moe-shared-expert-overlap")[0])]
     # Transformer Engine's fused permutation and router (--moe-permute-fusion: TransformerConfig asks
     # for TE's kernels, which the check stands in for here, launch.megatron_check)
     rows += [("qwen3-30b-a3b", _rows("qwen3-30b-a3b", 16, "--top", "1", "--moe-permute-fusion",

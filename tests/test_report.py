@@ -330,7 +330,7 @@ def test_an_moe_rows_fusions_are_priced_by_the_report_and_launched(advisor, tmp_
     bad = write_json(tmp_path / "bad.json", {**fused, "router_fusion": "false"})  # a string: truthy
     assert "'router_fusion' must be true, false or null" in advisor.error("report", "--from", bad, "-o",
                                                                           tmp_path / "r2.html")
-    assert "'router_fusion' must be true or false" in launcher().error("args", "--from", bad)
+    assert "'router_fusion' and 'shared_expert_overlap' must be true or false" in launcher().error("args", "--from", bad)
 
 
 def test_a_hybridep_row_is_priced_by_the_report_and_launched_as_priced(advisor, tmp_path):

@@ -28,15 +28,16 @@ if TYPE_CHECKING:
 
 _FLAG_FIELDS = ("ep", "etp", "dispatcher", "moe_routing", "capacity_factor", "pad_to_capacity", "moe_imbalance",
                 "mtp_num_layers", "a2a_overlap", "delay_wgrad", "dispatcher_sms", "permute_fusion", "router_fusion",
-                "flex_backend", "recompute_modules", "aux_loss_coeff")
+                "flex_backend", "recompute_modules", "aux_loss_coeff", "shared_expert_overlap")
 """The ``MoEFlags`` fields that ``moe_options`` adds an option for (the rest: a Megatron command's only)."""
 
 
 def moe_options(func):
     """--ep, --etp, --moe-token-dispatcher-type, --moe-routing, --moe-expert-capacity-factor,
     --moe-pad-expert-input-to-capacity, --moe-imbalance, --mtp-num-layers,
-    --overlap-moe-expert-parallel-comm, --delay-wgrad-compute, --moe-deepep-num-sms, --moe-permute-fusion,
-    --moe-router-fusion, --moe-flex-dispatcher-backend, --recompute-modules, --moe-aux-loss-coeff ->
+    --overlap-moe-expert-parallel-comm, --moe-shared-expert-overlap, --delay-wgrad-compute,
+    --moe-deepep-num-sms, --moe-permute-fusion, --moe-router-fusion, --moe-flex-dispatcher-backend,
+    --recompute-modules, --moe-aux-loss-coeff ->
     ``moe: MoEFlags`` (``advisor.moe.readback``)."""
 
     @functools.wraps(func)
@@ -81,6 +82,11 @@ def moe_options(func):
         click.option("--overlap-moe-expert-parallel-comm", "a2a_overlap", is_flag=True,
                      help="Megatron's combined 1F1B: the EP all-to-all hidden behind the other microbatch's compute "
                           "(needs EP > 1, the alltoall or flex dispatcher, VPP with PP > 1, no full recompute)."),
+        click.option("--moe-shared-expert-overlap", "shared_expert_overlap", is_flag=True,
+                     help="Megatron's shared experts on their own stream beside the dispatch and combine "
+                          "all-to-all (alltoall dispatcher; flex too on core 0.19; not with "
+                          "--overlap-moe-expert-parallel-comm): their time hidden behind the communication, "
+                          "their memory as that path keeps it. A model without shared experts: no effect."),
         click.option("--delay-wgrad-compute", "delay_wgrad", is_flag=True,
                      help="Megatron's delayed weight gradients (with --overlap-moe-expert-parallel-comm only)."),
         click.option("--moe-deepep-num-sms", "dispatcher_sms", type=DISPATCHER_SMS, default=None, metavar="N",
@@ -122,6 +128,7 @@ def _dense_refused(flags: MoEFlags) -> list[str]:
     --etp 1 (a dense run's own, as its rows state them), and any set otherwise."""
     set_ = {"--ep": (flags.ep or 1) > 1, "--etp": (flags.etp or 1) > 1, "--mtp-num-layers": bool(flags.mtp_num_layers),
             "--overlap-moe-expert-parallel-comm": flags.a2a_overlap, "--delay-wgrad-compute": flags.delay_wgrad,
+            "--moe-shared-expert-overlap": flags.shared_expert_overlap,
             "--moe-deepep-num-sms": flags.dispatcher_sms is not None, "--moe-permute-fusion": flags.permute_fusion,
             "--moe-router-fusion": flags.router_fusion,
             "--moe-flex-dispatcher-backend": flags.flex_backend != "deepep"}
@@ -282,9 +289,8 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
             transformer_impl=flags.transformer_impl,
             mtp_num_layers=spec.mtp_num_layers if mtp_num_layers is None else mtp_num_layers):
         raise InputError(problem)
-    if flags.shared_expert_overlap and (problem := _shared_overlap_problem(flags, dispatcher, recompute_modules,
-                                                                           spec, release)):
-        raise InputError(problem)
+    if flags.shared_expert_overlap:
+        _check_shared_overlap(flags, dispatcher, recompute_modules, spec, release)
     if problem := dispatcher_sms_problem(flags.dispatcher_sms, dispatcher, gpu.architecture if gpu else "hopper",
                                          gpu.name if gpu else None):
         raise InputError(problem)
@@ -304,15 +310,31 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
                             modules=frozenset(recompute_modules) if recompute_modules else None)
 
 
-def _shared_overlap_problem(flags, dispatcher: str, recompute_modules, spec, release) -> str | None:
-    """megatron-core's refusals of a command's --moe-shared-expert-overlap (``advisor.moe.overlap``)."""
+def _check_shared_overlap(flags, dispatcher: str, recompute_modules, spec, release) -> None:
+    """megatron-core's refusals of --moe-shared-expert-overlap, the advisor's own or a command's
+    (``advisor.moe.overlap``), as one line; on a model without shared experts, the line on stderr
+    that says it changes nothing (``no_shared_experts_line``)."""
     from advisor.moe.overlap import shared_expert_overlap_problem
     from advisor.options.releases import release_defaults
 
-    return shared_expert_overlap_problem(dispatcher=dispatcher, a2a_overlap=flags.a2a_overlap,
-                                         recompute_modules=recompute_modules,
-                                         shared_experts=bool(spec.shared_expert_size),
-                                         release=release_defaults(release))
+    if problem := shared_expert_overlap_problem(dispatcher=dispatcher, a2a_overlap=flags.a2a_overlap,
+                                                recompute_modules=recompute_modules,
+                                                shared_experts=bool(spec.shared_expert_size),
+                                                release=release_defaults(release)):
+        raise InputError(problem)
+    if line := no_shared_experts_line(spec):
+        note(f"{command_name()}: {line}")
+
+
+def no_shared_experts_line(spec) -> str | None:
+    """What --moe-shared-expert-overlap does for a model without shared experts: nothing, as
+    megatron-core reads it (core_v0.15.2 and core_v0.19.0 ``transformer_config.py``, ``__post_init__``,
+    checks the dispatcher only where ``moe_shared_expert_intermediate_size`` is set; ``moe_layer.py``
+    hands the dispatcher shared experts only where there are some): accepted, and said so."""
+    if spec.shared_expert_size:
+        return None
+    return (f"--moe-shared-expert-overlap: {spec.name} has no shared experts; megatron-core takes the flag and "
+            "changes nothing (priced as without it)")
 
 
 def _check_flex_backend(backend: str, dispatcher: str, release) -> None:
@@ -546,6 +568,7 @@ def settings_words(settings, spec, recompute: str | None = None) -> str:
              f"dispatcher {settings.dispatcher}"
              + (f" ({settings.flex_backend})" if settings.dispatcher == "flex" and settings.flex_backend != "deepep" else "")]
     words += [word for word, on in (("a2a overlapped", settings.a2a_overlap),
+                                    ("shared experts overlapped", settings.shared_expert_overlap),
                                     ("--moe-permute-fusion", settings.permute_fusion),
                                     ("--moe-router-fusion", settings.router_fusion)) if on]
     words += [f"MTP {spec.mtp_num_layers}"] if spec.mtp_num_layers else []

@@ -23,7 +23,7 @@ LAYOUT_FLAGS = (
     "--moe-enable-deepep", "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-deepep-num-sms",
     "--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms", "--moe-permute-fusion", "--moe-router-fusion",
-    "--moe-hybridep-num-sms",
+    "--moe-hybridep-num-sms", "--moe-shared-expert-overlap",
 )
 """Every flag ``layout_flags`` writes but --recompute-modules (a dense recomputation flag too), and
 core_v0.19.0's deprecated --moe-hybridep-num-sms, which sets the SMs the rows write another way."""
@@ -105,9 +105,10 @@ def model_flags(spec: MoESpec) -> list[str]:
 def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[str] | None = None,
                  capacity_factor: float | None = None, pad_to_capacity: bool = True, a2a_overlap: bool = False,
                  delay_wgrad: bool = False, dispatcher_sms: int | None = None, permute_fusion: bool = False,
-                 router_fusion: bool = False, flex_backend: str | None = None) -> list[str]:
+                 router_fusion: bool = False, flex_backend: str | None = None,
+                 shared_expert_overlap: bool = False) -> list[str]:
     """EP, ETP, the dispatcher (and the overlap of its all-to-all with the other microbatch's
-    compute), the capacity factor the routing assumed with its padding (priced padded, the
+    compute, or with the shared experts: --moe-shared-expert-overlap), the capacity factor the routing assumed with its padding (priced padded, the
     expert inputs are padded only with --moe-pad-expert-input-to-capacity: megatron-core
     ``moe_utils.apply_router_token_dropping``), the flex dispatcher's backend (None: DeepEP) and
     SMs where given, and selective recomputation's modules."""
@@ -131,6 +132,8 @@ def layout_flags(*, ep: int, etp: int, dispatcher: str, recompute_modules: list[
         args.append("--overlap-moe-expert-parallel-comm")
     if delay_wgrad:
         args.append("--delay-wgrad-compute")
+    if shared_expert_overlap:
+        args.append("--moe-shared-expert-overlap")
     if permute_fusion:
         args.append("--moe-permute-fusion")
     if router_fusion:
@@ -200,14 +203,15 @@ def rows_arg_parts(spec: MoESpec, seq_len: int, global_batch_size: int, rows) ->
         key = (row["ep"], row["etp"], row["dispatcher"], None if modules is None else tuple(modules),
                row.get("capacity_factor"), row_pads(row), bool(row.get("a2a_overlap")), bool(row.get("delay_wgrad")),
                row.get("dispatcher_sms"), bool(row.get("permute_fusion")), bool(row.get("router_fusion")),
-               row.get("flex_backend"))
+               row.get("flex_backend"), bool(row.get("shared_expert_overlap")))
         flags = experts.get(key)
         if flags is None:
             flags = experts[key] = tuple(layout_flags(ep=key[0], etp=key[1], dispatcher=key[2],
                                                       recompute_modules=key[3], capacity_factor=key[4],
                                                       pad_to_capacity=key[5], a2a_overlap=key[6], delay_wgrad=key[7],
                                                       dispatcher_sms=key[8], permute_fusion=key[9],
-                                                      router_fusion=key[10], flex_backend=key[11]))
+                                                      router_fusion=key[10], flex_backend=key[11],
+                                                      shared_expert_overlap=key[12]))
         out.append((layout, model, flags))
     return out
 

@@ -52,25 +52,23 @@ NAMED = {
     "moe-router-padding-for-fp8": "--moe-router-padding-for-fp8 (experts' tokens padded to 16/32, not priced)",
     "moe-router-padding-for-quantization": "--moe-router-padding-for-quantization (experts' tokens padded to the "
                                            "quantized GEMM's alignment, not priced)",
-    "moe-shared-expert-overlap": "--moe-shared-expert-overlap (shared experts beside the dispatch, priced in "
-                                 "series; their memory as that path keeps it)",
 }
 """Read, and changing memory or time by less than the model resolves: named with what is priced
 in their place (megatron-core core_v0.15.2): ``is_experimental_enabled()`` switches
 the dispatchers' routing-map conversions and padding to Triton kernels (``token_dispatcher.py``);
 the router's padding for FP8 (core_v0.19.0: for quantization) rounds each expert's routed tokens
-up to the FP8 GEMM's alignment (fewer than 32 more per local expert); the shared experts'
-overlap with the dispatch (``moe_layer.py``) is priced in series (``time.py``), its own path's
-memory and element-wise traffic as it runs them (``MoEOptions.shared_expert_overlap``)."""
+up to the FP8 GEMM's alignment (fewer than 32 more per local expert). --moe-shared-expert-overlap
+is priced, not named: ``MoEFlags.shared_expert_overlap``, ``MoEOptions.shared_expert_overlap``."""
 
 
 @dataclass(frozen=True, slots=True)
 class MoEFlags:
     """The mixture-of-experts flags of one command line, as given: ``advisor sweep``'s and
     ``advisor estimate``'s own (``advisor.cli.moe.moe_options``) or a Megatron command's read back
-    (``read``). ``advisor.cli.moe.moe_settings`` checks them and prices from them. The last four
-    are a Megatron command's only (the advisor's options leave them at their defaults): the
-    overlap's refusals (``advisor.moe.overlap``) read them."""
+    (``read``). ``advisor.cli.moe.moe_settings`` checks them and prices from them.
+    ``recompute_method``, ``recompute_num_layers`` and ``transformer_impl`` are a Megatron
+    command's only (the advisor's options leave them at their defaults): the overlap's refusals
+    (``advisor.moe.overlap``) read them."""
 
     ep: int | None
     """--expert-model-parallel-size; None: not given (a sweep tries every EP, an estimate runs 1)."""
@@ -102,7 +100,7 @@ class MoEFlags:
     recompute_num_layers: str | None = None
     """--recompute-num-layers as the command writes it; None: not given."""
     shared_expert_overlap: bool = False
-    """--moe-shared-expert-overlap."""
+    """--moe-shared-expert-overlap (the advisor's option too: ``advisor.cli.moe.moe_options``)."""
     transformer_impl: str = "transformer_engine"
     """--transformer-impl."""
     permute_fusion: bool = False

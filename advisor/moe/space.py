@@ -572,6 +572,7 @@ class _RowParts:
         self.fixed = {"dispatcher": options.dispatcher, "a2a_overlap": options.a2a_overlap,
                       "delay_wgrad": options.delay_wgrad, "dispatcher_sms": options.dispatcher_sms,
                       "permute_fusion": options.permute_fusion, "router_fusion": options.router_fusion,
+                      "shared_expert_overlap": options.shared_expert_overlap,
                       "flex_backend": options.flex_backend if options.dispatcher == "flex" else None,
                       "routing": routing.routing,
                       "capacity_factor": routing.capacity_factor if capacity else None,

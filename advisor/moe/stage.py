@@ -74,10 +74,12 @@ class MoEOptions:
     alone; without, the unfused router's small kernels besides (``ROUTER_KERNELS_S``). Memory: what
     the fused kernel saves, its bool map and FP32 intermediate (``memory.routing_saved_bytes``)."""
     shared_expert_overlap: bool = False
-    """--moe-shared-expert-overlap (a Megatron command's, ``advisor.moe.readback``): the shared
-    experts run beside the dispatch on their own path, whose memory is priced
-    (``memory.shared_expert_activation_bytes``) and its eager SwiGLU's traffic
-    (``time.elementwise_bytes``); their time in series, as without it."""
+    """--moe-shared-expert-overlap (``advisor estimate``'s and ``sweep``'s option, a Megatron
+    command's read back, a saved row's ``shared_expert_overlap``): the shared experts run beside
+    the dispatch on their own path, whose memory is priced
+    (``memory.shared_expert_activation_bytes``), its eager SwiGLU's traffic
+    (``time.elementwise_bytes``) and its time beside the EP communication
+    (``ep_time.shared_expert_hidden``); the rows write the flag (``advisor.moe.flags``)."""
     flex_backend: str = "deepep"
     """--moe-flex-dispatcher-backend, with the flex dispatcher (core_v0.19.0; core_v0.15.2 has
     DeepEP alone): every backend's all-to-all priced as DeepEP's deduplicated one

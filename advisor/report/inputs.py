@@ -57,7 +57,7 @@ _FIELDS = {  # key: (what it must be, the check) for the fields the report reads
                    "flex_backend")},
     **{key: ("true, false or null", lambda v: v is None or isinstance(v, bool))
        for key in ("a2a_overlap", "delay_wgrad", "pad_to_capacity", "distributed_optimizer", "permute_fusion",
-                   "router_fusion")},
+                   "router_fusion", "shared_expert_overlap")},
     # the node size the row was priced at (its time model's NVLink domain), bounded as --gpus-per-node is
     "gpus_per_node": (f"a positive integer up to {int(limits.GPUS_PER_NODE.high)} or null",
                       lambda v: v is None or positive_count(v) and v <= limits.GPUS_PER_NODE.high),

@@ -31,6 +31,7 @@ def _settings(row: dict):
                           a2a_overlap=bool(row.get("a2a_overlap")), delay_wgrad=bool(row.get("delay_wgrad")),
                           dispatcher_sms=row.get("dispatcher_sms"), permute_fusion=bool(row.get("permute_fusion")),
                           router_fusion=bool(row.get("router_fusion")),
+                          shared_expert_overlap=bool(row.get("shared_expert_overlap")),
                           flex_backend=row.get("flex_backend") or "deepep",
                           routing=RoutedTokens(routing=row.get("routing") or "balanced",
                                                capacity_factor=row.get("capacity_factor"),
