@@ -70,7 +70,9 @@ def test_estimate_args_carry_the_published_options():
     run = _run("dgxc-dsv3-bf16")
     args = published_moe.estimate_args(run)
     assert args[:3] == ["estimate", "--model", "deepseek-v3"] and "--vpp" not in args
-    assert args[-8:] == ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.0", "--moe-permute-fusion",
+    assert args[-9:] == ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.0", "--moe-permute-fusion",
+                         # NeMo's DeepSeekConfig default (NVIDIA/NeMo@7a8f1cc7 nemo/collections/llm/gpt/model/deepseek.py:88)
+                         "--moe-shared-expert-overlap",
                          "--use-precision-aware-optimizer", "--layers-per-stage", "3,4x14,2"]  # NeMo's 3/2 first/last
     assert "--moe-router-fusion" not in args  # core_r0.12, which the benchmark pins, has no fused router
     fp8 = published_moe.estimate_args(_run("mb2509-dsv3"))
