@@ -341,12 +341,15 @@ def _check_optimizer(given: dict[str, list[str]]) -> None:
     a negative or non-finite --sgd-momentum, refused in one line: argparse's float takes them, and
     torch.optim.AdamW and SGD, which megatron/core/optimizer/__init__.py falls back to without
     Transformer Engine or Apex, raise 'Invalid beta parameter' / 'Invalid epsilon value' /
-    'Invalid momentum value' at start-up; a fused Adam takes them and trains badly (a beta of 1
-    divides Adam's bias correction by 1 - 1^t = 0; an infinite epsilon freezes every weight). Only --optimizer adam's (the default) and
-    sgd's flags are read; core 0.19's other optimizers mix theirs (``_get_megatron_emerging_optimizer``)."""
+    'Invalid momentum value' at start-up where their checks fail (``_torch_refuses``); a fused Adam
+    takes them and trains badly (a beta of 1 divides Adam's bias correction by 1 - 1^t = 0). What
+    torch's checks let through, an infinite epsilon and a NaN or infinite momentum, trains too, and
+    badly (``_TAKEN_BADLY``). Only --optimizer adam's (the default) and sgd's flags are read; core
+    0.19's other optimizers mix theirs (``_get_megatron_emerging_optimizer``)."""
     optimizer = given.get("--optimizer", ["adam"])[-1]
     bounds = {"adam": (("--adam-beta1", 1.0), ("--adam-beta2", 1.0), ("--adam-eps", math.inf)),
               "sgd": (("--sgd-momentum", math.inf),)}.get(optimizer, ())
+    torch_name = "SGD" if optimizer == "sgd" else "AdamW"
     for flag, high in bounds:
         if not (values := given.get(flag)):
             continue
@@ -356,8 +359,27 @@ def _check_optimizer(given: dict[str, list[str]]) -> None:
             continue
         if not 0.0 <= value < high:
             want = "in [0, 1)" if high == 1.0 else "a finite number, 0 or more"
-            raise AdvisorError(f"{flag} {values[-1]}: give {want}; torch.optim's {optimizer.upper() if optimizer == 'sgd' else 'AdamW'}"
-                               " (Megatron-LM's optimizer without Transformer Engine or Apex) refuses it at start-up")
+            why = (f"torch.optim's {torch_name} (Megatron-LM's optimizer without Transformer Engine or Apex) "
+                   "refuses it at start-up") if _torch_refuses(flag, value) else _TAKEN_BADLY[flag]
+            raise AdvisorError(f"{flag} {values[-1]}: give {want}; {why}")
+
+
+def _torch_refuses(flag: str, value: float) -> bool:
+    """Whether torch's own check raises at start-up (torch/optim/adam.py, AdamW's base:
+    ``if not 0.0 <= eps``, ``if not 0.0 <= betas[i] < 1.0``; torch/optim/sgd.py: ``if momentum <
+    0.0``): an infinite epsilon, and a NaN or infinite momentum, pass them."""
+    if flag == "--sgd-momentum":
+        return value < 0.0
+    if flag == "--adam-eps":
+        return not value >= 0.0  # negative or NaN
+    return not 0.0 <= value < 1.0  # the betas
+
+
+_TAKEN_BADLY = {
+    "--adam-eps": "torch.optim's AdamW takes it, and Adam's step m / (sqrt(v) + eps) is then 0: no weight trains",
+    "--sgd-momentum": "torch.optim's SGD takes it, and its momentum buffer, then every weight, turns NaN or infinite",
+}
+"""Why a value torch's checks let through is refused all the same (``_check_optimizer``)."""
 
 
 def _check_weight_decay(given: dict[str, list[str]]) -> None:

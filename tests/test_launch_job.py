@@ -251,6 +251,38 @@ def test_optimizer_settings_megatron_fails_on_are_one_line(advisor, tmp_path):
         assert launcher()("args", "--from", sweep, "--", "--lr", "3e-4", *good).stdout
 
 
+def test_the_optimizer_lines_say_torch_refuses_only_what_it_refuses(advisor, tmp_path):
+    """torch's checks (torch/optim/adam.py: ``if not 0.0 <= eps``; sgd.py: ``if momentum < 0.0``) let
+    an infinite --adam-eps and a NaN or infinite --sgd-momentum through: those are refused as training
+    badly (Adam's step m / (sqrt(v) + inf) = 0; a NaN or infinite momentum buffer), not as torch's
+    refusal. Each line is held to what torch itself does with the value."""
+    torch = pytest.importorskip("torch")
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    weight = [torch.nn.Parameter(torch.zeros(1))]
+    build = {"--adam-beta1": lambda x: torch.optim.AdamW(weight, betas=(x, 0.999)),
+             "--adam-eps": lambda x: torch.optim.AdamW(weight, eps=x),
+             "--sgd-momentum": lambda x: torch.optim.SGD(weight, lr=0.1, momentum=x)}
+    refuses = "(Megatron-LM's optimizer without Transformer Engine or Apex) refuses it at start-up"
+    for flag, value, taken in (("--adam-beta1", "nan", False), ("--adam-eps", "-1e-8", False),
+                               ("--adam-eps", "nan", False), ("--adam-eps", "inf", True),
+                               ("--sgd-momentum", "-0.5", False), ("--sgd-momentum", "nan", True),
+                               ("--sgd-momentum", "inf", True)):
+        try:
+            build[flag](float(value))
+            torch_takes = True
+        except ValueError:
+            torch_takes = False
+        assert torch_takes == taken, (flag, value)
+        sgd = ["--optimizer", "sgd"] if flag == "--sgd-momentum" else []
+        line = launcher().error("args", "--from", sweep, "--", "--lr", "3e-4", *sgd, f"{flag}={value}")
+        assert f"{flag} {value}: give " in line, line
+        assert (refuses in line) == (not taken), line
+        if taken:
+            assert "takes it, and" in line, line
+    assert "Adam's step m / (sqrt(v) + eps) is then 0: no weight trains" in launcher().error(
+        "args", "--from", sweep, "--", "--lr", "3e-4", "--adam-eps", "inf")
+
+
 def test_job_file_learning_rate_zero_runs_as_megatron_takes_it(advisor, tmp_path):
     # the scheduler asserts only min_lr >= 0.0 and max_lr >= min_lr (optimizer_param_scheduler.py), so
     # lr 0 with min_lr 0 (Megatron's default) starts; the file's lr was refused as 'a positive number'
