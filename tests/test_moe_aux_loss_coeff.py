@@ -100,6 +100,28 @@ def test_a_command_read_back_is_told_to_carry_the_weight_unless_it_forces_balanc
         "Error: --moe-aux-loss-coeff comes from the command with --from-command (edit the command instead)")
 
 
+def test_a_command_of_type_none_is_told_to_add_an_aux_loss_type_not_a_weight_alone(advisor, tmp_path):
+    """A command with --moe-router-load-balancing-type none and no expert bias balances nothing, and
+    a weight alone would change nothing: megatron-core's router reads --moe-aux-loss-coeff only for
+    aux_loss, seq_aux_loss and global_aux_loss (core_v0.15.2 router.py, get_aux_loss_coeff: 0.0 for
+    any other type). The line names the type, whatever weight the command gives, and asks for an
+    aux-loss type with its weight."""
+    row = advisor.json("estimate", "--model", CODER, *LAYOUT)
+    args = list(row["megatron_args"])
+    args[args.index("--moe-router-load-balancing-type") + 1] = "none"
+    command = tmp_path / "train.sh"
+    read = ["estimate", "--from-command", command, "--gpus", "256", "--gpu", "h100-80gb", "--vocab-size", "151936",
+            "--format", "json"]
+    for weight in ([], ["--moe-aux-loss-coeff", "0.01"]):
+        command.write_text(" ".join([*args, *weight]))
+        stderr = advisor(*read).stderr
+        assert ("advisor estimate: routing balanced is an assumption: the model balances nothing (load-balancing "
+                "type none, no expert bias), so Megatron's router trains unbalanced; add "
+                "--moe-router-load-balancing-type aux_loss and --moe-aux-loss-coeff to the command or price "
+                "--moe-routing dropless (the worst case)") in stderr, stderr
+        assert "aux-loss coefficient 0" not in stderr
+
+
 # --- the option: flags, memory, refusals ------------------------------------------------------------
 
 

@@ -43,21 +43,32 @@ def with_aux_loss_coeff(spec, weights: tuple[float, ...]):
 def unbalanced_line(spec, routing, forced: bool = False, command: bool = False) -> str | None:
     """One line where the routing priced (``routing``: ``advisor.moe.memory.RoutedTokens``) assumes
     a balanced router that the model does not train (``memory.router_balanced``: an aux-loss
-    weight of 0, Megatron's default, and no expert bias), with the two remedies; None otherwise.
+    weight of 0, Megatron's default, or a command's load-balancing type none, and no expert bias),
+    with its remedies; None otherwise.
     Balanced routing, and capacity routing not padded (its busiest expert's min(imbalance,
     factor)), price each expert's share x --moe-imbalance; dropless is the worst case and capacity
     padded runs every expert's full capacity, either way whatever the router does. ``forced``: a
     command's --moe-router-force-load-balancing, which balances the routing itself; ``command``:
-    the model was read from a command (--from-command), whose weight is given in the command."""
-    from advisor.moe.memory import router_balanced
+    the model was read from a command (--from-command), whose weight is given in the command.
+    A weight alone does nothing for type none: megatron-core's router reads one only for
+    ``AUX_LOSS_TYPES`` (``router.py``, ``get_aux_loss_coeff`` returns 0.0 for any other type), so
+    there the line names the type and asks for an aux-loss type with its weight."""
+    from advisor.moe.memory import AUX_LOSS_TYPES, balancing_types, router_balanced
 
     if forced or routing.routing == "dropless" or routing.routing == "capacity" and routing.pad_to_capacity \
             or router_balanced(spec):
         return None
-    give = "add --moe-aux-loss-coeff to the command" if command else "give --moe-aux-loss-coeff"
-    return (f"routing {routing.routing} is an assumption: the model balances nothing (aux-loss coefficient 0, no "
-            f"expert bias), so Megatron's router trains unbalanced; {give} (Qwen3's 0.001) or price "
-            "--moe-routing dropless (the worst case)")
+    types = balancing_types(spec)
+    if any(kind in AUX_LOSS_TYPES for kind in types):
+        why = "aux-loss coefficient 0, no expert bias"
+        give = ("add --moe-aux-loss-coeff to the command" if command else "give --moe-aux-loss-coeff") \
+            + " (Qwen3's 0.001) or "
+    else:  # type none without the expert bias: only a command sets it (the presets and config.json do not)
+        why = f"load-balancing type {', '.join(types)}, no expert bias"
+        give = (f"add --moe-router-load-balancing-type {AUX_LOSS_TYPES[0]} and --moe-aux-loss-coeff to the command "
+                "or " if command else "")
+    return (f"routing {routing.routing} is an assumption: the model balances nothing ({why}), so Megatron's "
+            f"router trains unbalanced; {give}price --moe-routing dropless (the worst case)")
 
 
 def unbalanced_notes(spec, settings, fmt: str, output, read=None) -> list[str]:
