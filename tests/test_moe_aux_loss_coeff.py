@@ -226,6 +226,27 @@ def test_a_saved_row_reads_back_and_launches_its_weight(advisor, tmp_path):
     assert flag_values(args)["--moe-router-load-balancing-type"] == ("aux_loss",)
 
 
+def test_a_saved_rows_weights_of_the_wrong_count_are_one_line(advisor, tmp_path):
+    """A row's model with one balancing type holds its weight as a number; a list there, even of
+    one weight, was refused as 'needs one weight per load-balancing type (1), got 1'. Each wrong
+    count is one line, exit 2, from advisor-launch (``MoESpec._check_balancing``)."""
+    from launch_support import launcher
+
+    path = tmp_path / "row.json"
+    advisor("estimate", "--model", CODER, *LAYOUT, "--moe-aux-loss-coeff", "0.001", "--format", "json", "-o", path)
+    row = json.loads(path.read_text())
+    one = "aux_loss_coeff must be one number for one load-balancing type, got a list of"
+    for weights, message in (([0.001], f"{one} 1"), ([], f"{one} 0"), ([0.001, 0.01], f"{one} 2")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({**row, "model": {**row["model"], "aux_loss_coeff": weights}}))
+        line = launcher().error("args", "--from", bad)
+        assert message in line, line
+    two = {**row["model"], "load_balancing": ["aux_loss", "seq_aux_loss"], "aux_loss_coeff": 0.001}
+    bad.write_text(json.dumps({**row, "model": two}))
+    line = launcher().error("args", "--from", bad)
+    assert "aux_loss_coeff needs one weight per load-balancing type (2), got 1" in line, line
+
+
 @pytest.mark.xdist_group("megatron-validator")
 def test_the_weighted_rows_pass_megatrons_parser_with_their_weight(tmp_path):
     """Qwen3-Coder's top sweep rows with --moe-aux-loss-coeff 0.001, launched as advisor-launch

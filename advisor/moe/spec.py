@@ -176,6 +176,9 @@ class MoESpec(LlamaSpec):
             raise FieldError("load_balancing", "must be null or a list of {0}, got {1}", ", ".join(BALANCING),
                              _describe(types))
         several = types is not None and len(types) > 1
+        if not several and isinstance(weights, tuple):  # a list, even of one, for one type: a number is written
+            raise FieldError("aux_loss_coeff", "must be one number for one load-balancing type, got a list of {0}",
+                             len(weights))
         if several != isinstance(weights, tuple) or several and len(weights) != len(types):
             given = len(weights) if isinstance(weights, tuple) else 1
             raise FieldError("aux_loss_coeff", "needs one weight per load-balancing type ({0}), got {1} "
