@@ -206,3 +206,20 @@ def test_a_saved_rows_overlap_is_priced_by_the_report(advisor):
     assert 2 * 4096 * 7168 == 58_720_256
     assert gap == pytest.approx([n * 58_720_256 for n in moe_layers], rel=1e-9)
     assert moe_layers[0] == 0 and moe_layers[1] > 0
+
+
+def test_a_core_019_flex_row_with_it_is_refused_on_core_015_in_one_line(advisor, tmp_path):
+    """A row priced on core 0.19 with the flex dispatcher and the overlap (megatron-core 0.19 takes
+    both: transformer_config.py :1644-1650) carries the flag itself; launched on core 0.15, whose
+    __post_init__ takes the overlap with alltoall alone (:840-845), advisor-launch refuses it in one
+    line, exit 2, saying the row gives the flag (launch.arguments.check_moe_refusals)."""
+    from launch_support import launcher
+
+    path = tmp_path / "flex.json"
+    advisor("estimate", "--model", "deepseek-v3", "--gpus", "256", "--gpu", "h100-80gb", "--tp", "1", "--pp", "8",
+            "--ep", "32", "--moe-token-dispatcher-type", "flex", FLAG, "--format", "json", "-o", path)
+    assert FLAG in json.loads(path.read_text())["megatron_args"]
+    line = launcher().error("args", "--from", path, "--megatron-version", "0.15", "--", "--lr", "1e-4")
+    assert line == (f"Error: {REFUSALS[2][1]}: the estimate ({path}) gives it; Megatron-LM would refuse the command on "
+                    "every rank at start-up"), line
+    assert launcher()("args", "--from", path, "--megatron-version", "0.19", "--", "--lr", "1e-4").stdout
