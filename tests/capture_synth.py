@@ -18,7 +18,7 @@ layers: CAPTURE's additive model is then exact.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from advisor.models import LlamaSpec
@@ -98,8 +98,9 @@ class Truth:
 
 def write_run(root: Path, truth: Truth, layers_per_stage, *, mbs: int, tp: int = 1, dp: int = 1,
               num_microbatches: int | None = None, name: str | None = None, status: str = "ok",
-              peak_override: dict | None = None) -> Path:
-    """One run directory with every rank's file; returns the directory."""
+              peak_override: dict | None = None, **header_fields) -> Path:
+    """One run directory with every rank's file; returns the directory. ``header_fields`` replace
+    the headers' (by default a CPU emulator's: ``emulated`` true, the local spec)."""
     layers_per_stage = tuple(layers_per_stage)
     pp = len(layers_per_stage)
     m = 1 if truth.additive else (num_microbatches or pp)
@@ -123,6 +124,7 @@ def write_run(root: Path, truth: Truth, layers_per_stage, *, mbs: int, tp: int =
                     stage_layers=tuple(range(first, last + 1)), first_stage=stage == 0, last_stage=stage == pp - 1,
                     in_flight_microbatches=n,
                 )
+                header = replace(header, **header_fields)
                 layers = tuple(
                     LayerRecord(iteration=1, name=_name(key), kind=_kind(key),
                                 layer_number=key if isinstance(key, int) else None, **truth.terms(key, mbs, tp, dp),
@@ -156,20 +158,21 @@ def _kind(key) -> str:
     return "decoder" if isinstance(key, int) else key
 
 
-def write_scenario(root: Path, truth: Truth, partitionings, pipeline_batches, *, tp: int = 1, dp: int = 1) -> None:
+def write_scenario(root: Path, truth: Truth, partitionings, pipeline_batches, *, tp: int = 1, dp: int = 1,
+                   **header_fields) -> None:
     """Every partitioning at every pipeline microbatch (a DP-d run's replicas take 1/d of it each)."""
     for batch in pipeline_batches:
         for layers_per_stage in partitionings:
-            write_run(root, truth, layers_per_stage, mbs=batch // dp, tp=tp, dp=dp)
+            write_run(root, truth, layers_per_stage, mbs=batch // dp, tp=tp, dp=dp, **header_fields)
 
 
-def write_campaign(root: Path) -> Path:
+def write_campaign(root: Path, **header_fields) -> Path:
     """A full campaign of the 8-layer model into ``root``: pipeline-only on 4 stages, DP 2 and TP 2
-    on 3 (what recommend's megatron and hybrid modes read)."""
+    on 3 (what recommend's megatron and hybrid modes read); ``header_fields`` as ``write_run``'s."""
     from advisor.capture.partitionings import description1
 
     truth = Truth(spec=TINY)
-    write_scenario(root, truth, description1(8, 4), (2, 4))
-    write_scenario(root, truth, description1(8, 3), (2, 4), tp=2)
-    write_scenario(root, truth, description1(8, 3), (2, 4), dp=2)
+    write_scenario(root, truth, description1(8, 4), (2, 4), **header_fields)
+    write_scenario(root, truth, description1(8, 3), (2, 4), tp=2, **header_fields)
+    write_scenario(root, truth, description1(8, 3), (2, 4), dp=2, **header_fields)
     return root

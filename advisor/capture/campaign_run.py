@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Callable, Literal, Protocol, Sequence
 
 from advisor.capture.campaign_cost import available_memory, emulation_cost
-from advisor.capture.observations import header_setup, setup_difference
+from advisor.capture.observations import (header_setup, setup_difference, stands_for_swiglu_fusion,
+                                          swiglu_as_asked)
 from advisor.errors import AdvisorError
 from advisor.models import LlamaSpec
 from advisor.profiles import ProfileError, ProfileRun, load_run, read_rank_file
@@ -174,7 +175,8 @@ def _mismatch(profile: ProfileRun, campaign: dict, run: dict, model: LlamaSpec,
         if run["tp"] > 1:  # Megatron turns --sequence-parallel off at TP 1 (arguments.py), so only TP > 1 says
             found["sequence_parallel"] = h.sequence_parallel
             wanted["sequence_parallel"] = setup.get("sequence_parallel", h.sequence_parallel)
-        if not h.emulated and h.swiglu_fusion is not None:  # Megatron-LM ran the run's flags; an emulator, its spec
+        # Megatron-LM and the symbolic TE spec build the campaign's SwiGLU; the local spec, its own
+        if swiglu_as_asked(h.emulated, h.layer_spec) and h.swiglu_fusion is not None:
             found["swiglu_fusion"] = h.swiglu_fusion
             wanted["swiglu_fusion"] = setup.get("bias_swiglu_fusion", True)
         for key, value in found.items():
@@ -279,13 +281,16 @@ def scan(campaign: dict, out: Path, made_by: dict[str, str] | None = None) -> di
 def campaign_setup(campaign: dict, made_by: dict[str, str | bool], found: dict) -> dict:
     """The setup this campaign's runs will have, in the shape of ``found`` (a run's
     ``observations.header_setup``, with ``emulated``): what the campaign decides (model,
-    sequence, CP, and its setup's dtype and optimizer) and what this command's runs write
+    sequence, CP, and its setup's dtype, optimizer and SwiGLU, the last as this command's runs
+    will stand for it: ``stands_for_swiglu_fusion``) and what this command's runs write
     (``made_by``: ``backend_fields``); ``found``'s own value where neither decides (a Megatron-LM
     run's device)."""
     setup = campaign.get("setup", {})
+    swiglu = stands_for_swiglu_fusion(bool(made_by["emulated"]), str(made_by["layer_spec"]),
+                                      setup.get("bias_swiglu_fusion", True))
     decided = {"model": replace(LlamaSpec(**campaign["model"]), name=""), "seq_len": campaign["seq_len"],
                "cp": campaign.get("cp", 1), **{key: setup[key] for key in ("params_dtype", "distributed_optimizer")
-                                                if key in setup}, **made_by}
+                                                if key in setup}, "bias_swiglu_fusion": swiglu, **made_by}
     if unknown := sorted(set(decided) - set(found)):  # one list of the fields: header_setup's
         raise ValueError(f"not fields of a run's setup: {', '.join(unknown)}")
     return {**found, **decided}

@@ -258,14 +258,35 @@ def observe_run(run: ProfileRun, name: str | None = None) -> RunObservation:
 # --- a set of runs ----------------------------------------------------------------------
 
 
+def swiglu_as_asked(emulated: bool, layer_spec: str) -> bool:
+    """Whether a run builds the SwiGLU its flags or campaign ask for: a run of Megatron-LM, or an
+    emulated stage of the Transformer Engine spec (the symbolic backend builds the campaign's:
+    ``StageEmulation.bias_swiglu_fusion``). An emulated stage of the local spec (the CPU
+    emulator's) runs the eager SwiGLU whatever was asked: megatron_hooks.model turns
+    ``bias_activation_fusion`` off."""
+    return not (emulated and layer_spec == "local")
+
+
+def stands_for_swiglu_fusion(emulated: bool, layer_spec: str, swiglu_fusion: bool | None) -> bool:
+    """Whether a run's profile stands for Megatron-LM's fused SwiGLU (``MegatronSetup.bias_swiglu_fusion``):
+    where it builds the SwiGLU asked (``swiglu_as_asked``), the one its header records
+    (``swiglu_fusion``, profile schema v4; unrecorded before v4: fused, Megatron-LM's default);
+    otherwise fused, Megatron-LM's default, which the emulator's eager SwiGLU stands in for (as every
+    emulated campaign did before --no-bias-swiglu-fusion)."""
+    return not swiglu_as_asked(emulated, layer_spec) or swiglu_fusion is not False
+
+
 def header_setup(h: RankHeader) -> dict:
     """The setup that a set of runs must share (``check_one_setup``), as one rank's header says
     it: the one list of its fields, which ``advisor profile run`` also compares the runs already
-    under its --out against before a campaign starts (``campaign_run.other_setup``)."""
+    under its --out against before a campaign starts (``campaign_run.other_setup``). Its
+    ``bias_swiglu_fusion`` is the SwiGLU the runs stand for (``stands_for_swiglu_fusion``): the
+    recommended plan launches it (``profile_set``)."""
     return {
         "model": replace(h.model, name=""), "seq_len": h.seq_len, "cp": h.parallel.cp, "params_dtype": h.params_dtype,
         "distributed_optimizer": h.distributed_optimizer, "recompute": h.recompute, "layer_spec": h.layer_spec,
         "backend": h.backend,
+        "bias_swiglu_fusion": stands_for_swiglu_fusion(h.emulated, h.layer_spec, h.swiglu_fusion),
     }
 
 
@@ -301,7 +322,7 @@ def none_finished(skipped: list[tuple[str, str]], shown: int = 3) -> str:
 
 def check_one_setup(runs: Iterable[ProfileRun]) -> None:
     """The runs are of one model and setup (``header_setup``: model shape, sequence, CP, dtype,
-    distributed optimizer, recompute, layer spec, backend), each given once: otherwise a
+    distributed optimizer, recompute, layer spec, backend, SwiGLU), each given once: otherwise a
     ProfileError naming the two runs and the two values that differ. Runs that did not finish
     are checked too: they are still of the set that was given."""
     reference, directories = None, {}
@@ -331,7 +352,9 @@ def setup_difference(key: str, value: object, other: object) -> str:
 
 
 def profile_set(runs: Iterable[ProfileRun]) -> ProfileSet:
-    """Observations of finished runs; all runs must share the model and setup (``check_one_setup``)."""
+    """Observations of finished runs; all runs must share the model and setup (``check_one_setup``),
+    which the plans from them launch (``ProfileSet.setup``: the dtype, optimizer, sequence
+    parallelism and SwiGLU the runs stand for)."""
     runs = list(runs)
     if not runs:
         raise ProfileError("no profile runs given")
@@ -351,7 +374,8 @@ def profile_set(runs: Iterable[ProfileRun]) -> ProfileSet:
     return ProfileSet(
         model=runs[0].header.model, seq_len=setup["seq_len"], cp=setup["cp"],
         setup=MegatronSetup(params_dtype=setup["params_dtype"], distributed_optimizer=setup["distributed_optimizer"],
-                            sequence_parallel=sequence_parallel is not False),
+                            sequence_parallel=sequence_parallel is not False,
+                            bias_swiglu_fusion=setup["bias_swiglu_fusion"]),
         runs=tuple(observed), skipped=tuple(skipped),
     )
 
