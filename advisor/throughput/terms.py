@@ -334,7 +334,7 @@ def optimizer_step_bytes(states: tuple[str, str, str] = ("fp32", "fp32", "fp32")
 
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-"""Bytes per element of the dtypes Megatron-FSDP's main gradients and main weights take."""
+"""Bytes per element of the dtypes main gradients and main weights take (Megatron DDP's and Megatron-FSDP's)."""
 
 
 def grad_cast_bytes(main_grads: str, main_weights: str | None) -> float:
