@@ -71,7 +71,9 @@ def test_every_json_field_is_a_csv_column_with_the_same_value(both):
             wanted = _flattened({key: value}) if isinstance(value, dict) else dict.fromkeys(columns, value)
             assert set(wanted) == set(columns), f"{row['name']} {key}: {sorted(columns)}"
             for column, value in wanted.items():
-                cell = _cell(line[column])
+                # a list (load_balancing) as its items space-separated, Megatron's nargs spelling
+                cell = [_cell(item) for item in line[column].split()] if isinstance(value, list) \
+                    else _cell(line[column])
                 assert cell == value and type(cell) is type(value), \
                     f"{row['name']} {column}: CSV {cell!r}, JSON {value!r}"
         # a field the model does not have (a dense model's MoE fields) is an empty cell
@@ -87,6 +89,9 @@ def test_the_moe_presets_carry_their_moe_fields_in_csv(both):
     assert (deepseek["shared_expert_size"], deepseek["first_dense_layers"]) == ("2048", "3")
     assert (deepseek["mla.q_lora_rank"], deepseek["mla.kv_lora_rank"]) == ("1536", "512")
     assert deepseek["yarn.factor"] == "40.0"
+    # its balancing: the sequence-wise loss beside the expert bias (config.json seq_aux, aux_loss_alpha)
+    assert (deepseek["load_balancing"], deepseek["aux_loss_coeff"], deepseek["expert_bias"]) == (
+        "seq_aux_loss", "0.001", "True")
     assert by_name["llama3.1-8b"]["num_experts"] == "" and by_name["llama3.1-8b"]["mla.kv_lora_rank"] == ""
 
 

@@ -126,7 +126,10 @@ def test_the_held_out_models_run_too(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"] == "deepseek-v3" and all(part["ok"] for part in summary["parts"].values())
-    assert summary["router"]["moe_router_load_balancing_type"] == "none"  # expert bias, no aux loss
+    # the preset's flags: the expert bias with DeepSeek-V3's sequence-wise balance loss (config.json
+    # seq_aux true, aux_loss_alpha 0.001), run by the real TopKRouter
+    assert summary["router"]["moe_router_load_balancing_type"] == "seq_aux_loss"
+    assert summary["router"]["moe_aux_loss_coeff"] == 0.001
     bad = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "x"), "--model", "llama3.1-8b"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("Error:") and bad.stderr.count("\n") == 1

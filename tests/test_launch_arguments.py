@@ -154,7 +154,8 @@ def _moe_row_args(model="deepseek-v3", **layout):
                                 "--mtp-num-layers unset"),
     (["--moe-expert-capacity-factor", "1.0"], "which leaves --moe-expert-capacity-factor unset"),
     (["--moe-enable-deepep"], "--moe-enable-deepep (after --) conflicts with --moe-token-dispatcher-type alltoall"),
-    (["--moe-aux-loss-coeff", "0.01"], "conflicts with --moe-router-load-balancing-type none"),
+    (["--moe-aux-loss-coeff", "0.01"], "--moe-aux-loss-coeff 0.01 (after --) conflicts with --moe-aux-loss-coeff 0.001"),
+    (["--moe-router-load-balancing-type", "none"], "conflicts with --moe-router-load-balancing-type seq_aux_loss"),
     (["--rope-type", "rope"], "--rope-type rope (after --) conflicts with --rope-type yarn"),
 ])
 def test_an_moe_rows_expert_flags_cannot_be_overridden(extras, named):

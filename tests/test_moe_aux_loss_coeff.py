@@ -164,10 +164,8 @@ def test_refusals_are_one_line(advisor):
     # a dense model (also in test_moe_cli_audit's MOE_ONLY, for estimate and sweep)
     assert advisor.error("sweep", "--gpus", "8", "--gpu", "h100-80gb", "--moe-aux-loss-coeff", "0.001") == (
         "Error: llama3.1-8b is dense; MoE options need a mixture-of-experts model: --moe-aux-loss-coeff")
-    # DeepSeek-V3's router balances with its expert bias and type none: a weight would be launched and ignored
-    assert advisor.error("estimate", "--model", "deepseek-v3", *LAYOUT, "--moe-aux-loss-coeff", "0.001") == (
-        "Error: --moe-aux-loss-coeff: deepseek-v3 balances with its expert bias (load-balancing type none), which "
-        "takes no weight (megatron-core weighs only aux_loss, seq_aux_loss, global_aux_loss: router.py)")
+    # a router of type none (the expert bias alone: a DeepSeek config.json with aux_loss_alpha 0,
+    # test_deepseek_balance_loss) takes no weight: it would be launched and ignored
     # Megatron's spelling, several values after one flag (nargs='+'): one type, one weight
     assert advisor.error("estimate", "--model", "qwen3-30b-a3b", *LAYOUT, "--moe-aux-loss-coeff", "0.001",
                          "0.01") == (

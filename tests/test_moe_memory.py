@@ -362,15 +362,18 @@ def test_softmax_top_k_router_and_dispatch_by_hand():
 
 
 def test_sigmoid_group_limited_router_by_hand():
-    """DeepSeek-V3 (E 256, k 8): sigmoid with the expert bias and group-limited top-k, no aux loss."""
+    """DeepSeek-V3 (E 256, k 8): sigmoid with the expert bias and group-limited top-k, and its
+    sequence-wise balance loss (config.json seq_aux true, aux_loss_alpha 0.001)."""
     n = 1000
     # sigmoid output 4 x 256 = 1024; gather index 8 x 8 = 64; picked scores 4 x 8 = 32 and their
-    # sum 4; the group selection's nodes die (its values are dropped): nothing; 4h = 28672
-    assert not mm.aux_loss_enabled(DSV3)
-    assert mm.router_activation_bytes(DSV3, n) == n * (4 * 7168 + 4 + 1024 + 64 + 32 + 4)
-    # with a balancing loss (seq_aux_loss, as the V3 report): its sigmoid 4 x 256 and sum 4 more
-    seq = dataclasses.replace(DSV3, load_balancing=("seq_aux_loss",), aux_loss_coeff=0.0001)
-    assert mm.router_activation_bytes(seq, n) == n * (4 * 7168 + 4 + 1124 + 1028)
+    # sum 4; the group selection's nodes die (its values are dropped): nothing; 4h = 28672;
+    # seq_aux_loss: its sigmoid 4 x 256 and sum 4, 1028
+    assert mm.aux_loss_enabled(DSV3) and DSV3.load_balancing == ("seq_aux_loss",)
+    assert mm.router_activation_bytes(DSV3, n) == n * (4 * 7168 + 4 + 1024 + 64 + 32 + 4 + 1028)
+    # the expert bias alone (a weight of 0: no loss, router.py): none of the loss's scores
+    alone = dataclasses.replace(DSV3, load_balancing=None, aux_loss_coeff=0.0)
+    assert not mm.aux_loss_enabled(alone)
+    assert mm.router_activation_bytes(alone, n) == n * (4 * 7168 + 4 + 1124)
     # without the expert bias the top-k's values are used: the group mask (bool, 256) stays
     plain = dataclasses.replace(DSV3, expert_bias=False, load_balancing=("none",))
     assert mm.router_activation_bytes(plain, n) == n * (4 * 7168 + 4 + 1124 + 256)
@@ -381,7 +384,8 @@ def test_fused_router_saves_its_map_and_intermediate():
     FP32 intermediate (4E) whatever the score function; its aux-loss scores an FP32 intermediate (4E)."""
     n = 1000
     assert mm.router_activation_bytes(MIXTRAL, n, fused=True) == n * (4 * 4096 + 4 + 40 + 32)
-    assert mm.router_activation_bytes(DSV3, n, fused=True) == n * (4 * 7168 + 4 + 1280)
+    # DeepSeek-V3 with its seq_aux_loss: the map and intermediate 256 + 1024, the loss's 1024
+    assert mm.router_activation_bytes(DSV3, n, fused=True) == n * (4 * 7168 + 4 + 1280 + 1024)
 
 
 def test_capacity_routing_keeps_its_mask_and_the_padded_permutation_its_index():

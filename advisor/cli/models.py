@@ -73,11 +73,14 @@ def _csv_columns() -> list[str]:
 
 def _flat(rows: list[dict], columns: list[str]) -> list[dict]:
     """Each row with every column, in ``columns``' order: a nested value (MLA, YaRN) spread over
-    its dotted columns, so that a spreadsheet gets numbers, not JSON; a field the model does not
-    have (a dense model's MoE fields, MLA where there is none) None, an empty cell."""
+    its dotted columns, so that a spreadsheet gets numbers, not JSON; a list (DeepSeek-V3's
+    load_balancing, seq_aux_loss) its items space-separated, as Megatron's flag takes them; a
+    field the model does not have (a dense model's MoE fields, MLA where there is none) None, an
+    empty cell."""
     def value(row: dict, column: str):
         outer, _, inner = column.partition(".")
-        return (row.get(outer) or {}).get(inner) if inner else row.get(column)
+        found = (row.get(outer) or {}).get(inner) if inner else row.get(column)
+        return " ".join(map(str, found)) if isinstance(found, (list, tuple)) else found
 
     return [{column: value(row, column) for column in columns} for row in rows]
 

@@ -21,7 +21,9 @@ def with_aux_loss_coeff(spec, weights: tuple[float, ...]):
     a single weight would leave the reader to guess which type it weighs). Refused where no type
     of the spec's takes a weight: megatron-core's ``router.py`` reads one only for aux_loss,
     seq_aux_loss and global_aux_loss (``get_aux_loss_coeff``), and asserts 0 with sinkhorn; an
-    expert-bias router balances with type none, so the weight would be launched and ignored."""
+    expert-bias router without a balance loss (a DeepSeek config.json's aux_loss_alpha 0) balances
+    with type none, so the weight would be launched and ignored. DeepSeek-V3's own router takes
+    one: its seq_aux_loss beside the bias (``advisor.moe.spec._deepseek_balancing``)."""
     from dataclasses import replace
 
     from advisor.moe.memory import AUX_LOSS_TYPES, balancing_types

@@ -196,14 +196,16 @@ SELF_BALANCING_TYPES = ("sinkhorn", "quantile_balancing")
 
 def balancing_types(spec: MoESpec) -> tuple[str, ...]:
     """The --moe-router-load-balancing-type the spec launches (``advisor.moe.flags``): a command's
-    as read, else aux_loss, or none with the expert bias (the presets and config.json)."""
+    or a DeepSeek config.json's as read (seq_aux_loss beside the expert bias), else aux_loss, or
+    none with the expert bias."""
     return spec.load_balancing or (("none",) if spec.expert_bias else ("aux_loss",))
 
 
 def aux_loss_enabled(spec: MoESpec) -> bool:
     """Whether the router computes a load-balancing loss: one of ``AUX_LOSS_TYPES`` with a weight
-    above 0 (``get_aux_loss_coeff``: a weight per type where several are given). The presets and
-    config.json take aux_loss with their weight, or none with the expert bias (``advisor.moe.flags``)."""
+    above 0 (``get_aux_loss_coeff``: a weight per type where several are given). Mixtral and Qwen3
+    take aux_loss with their weight; DeepSeek-V3 seq_aux_loss with its aux_loss_alpha beside the
+    expert bias (``advisor.moe.spec._deepseek_balancing``)."""
     types = balancing_types(spec)
     weights = spec.aux_loss_coeff if isinstance(spec.aux_loss_coeff, tuple) else (spec.aux_loss_coeff,) * len(types)
     return any(kind in AUX_LOSS_TYPES and weight > 0 for kind, weight in zip(types, weights))
@@ -266,7 +268,11 @@ def aux_loss_saved_bytes(spec: MoESpec, fused: bool = False) -> float:
     computed once for every type of ``AUX_LOSS_TYPES``): softmax's FP32 output over all E, 4E;
     sigmoid's, 4E, with the FP32 sum that normalises it, 4; fused (Transformer Engine
     ``FusedComputeScoresForMoEAuxLoss``: its FP32 intermediate), 4E. Its top-k's node dies in the
-    forward pass; the loss itself saves only E-wide sums (``switch_load_balancing_loss_func``)."""
+    forward pass; the loss itself saves only E-wide sums (``switch_load_balancing_loss_func``).
+    seq_aux_loss keeps the same (core_v0.15.2 and core_v0.19.0 ``router.py``,
+    ``_apply_seq_aux_loss``): it reshapes the same scores to one row per position with the batch
+    folded into the experts (a view, nothing saved), so its sums are b x E wide per micro-batch,
+    not per token, and not counted (2 KiB at DeepSeek-V3's E 256, MBS 1)."""
     sum_bytes = PROBS_BYTES if spec.score_function == "sigmoid" and not fused else 0
     return PROBS_BYTES * spec.num_experts + sum_bytes
 
@@ -287,7 +293,7 @@ def router_activation_bytes(spec: MoESpec, tokens: float, assumption: RoutedToke
     balancing loss (``aux_loss``; None: ``aux_loss_enabled``) + ``capacity_mask_bytes``, per token.
     The router's N x E probabilities and map are its outputs: the dispatcher saves its own copies
     (``dispatch_activation_bytes``). Per token, unfused, aux loss on: Mixtral 8x7B 4h + 4 + 24 + 32;
-    Qwen3-30B-A3B 4h + 4 + 96 + 512; DeepSeek-V3 (no aux loss) 4h + 4 + 1024 + 96 + 4."""
+    Qwen3-30B-A3B 4h + 4 + 96 + 512; DeepSeek-V3 (seq_aux_loss) 4h + 4 + 1024 + 96 + 4 + 1028."""
     balancing = aux_loss_enabled(spec) if aux_loss is None else aux_loss
     per_token = (router_norm_bytes(spec, norm_recomputed) + routing_saved_bytes(spec, fused)
                  + (aux_loss_saved_bytes(spec, fused) if balancing else 0.0) + capacity_mask_bytes(spec, assumption))

@@ -104,9 +104,11 @@ class MoESpec(LlamaSpec):
     nargs='+'). Megatron's default, 0, leaves the aux_loss router unbalanced (``router.py``: no
     loss at coefficient 0), so a row priced balanced must launch with it."""
     load_balancing: tuple[str, ...] | None = None
-    """--moe-router-load-balancing-type, one type or several (``BALANCING``), as a command gave
-    it; None: aux_loss, or none with the expert bias (the presets and config.json). Not priced
-    (a few FLOPs on E-wide tensors): carried so that what is launched is what was read."""
+    """--moe-router-load-balancing-type, one type or several (``BALANCING``), as a command or a
+    DeepSeek config.json gave it (seq_aux_loss beside the expert bias: ``_deepseek_balancing``);
+    None: aux_loss, or none with the expert bias. Its time is not priced (a few FLOPs on E-wide
+    tensors); its kept scores are (``memory.aux_loss_saved_bytes``), and it is carried so that what
+    is launched is what was read."""
     router_num_groups: int | None = None
     router_group_topk: int | None = None
     router_topk_scaling_factor: float | None = None
@@ -259,12 +261,14 @@ def _qwen3(name, L, h, ffn, a, moe_ffn) -> MoESpec:
                    moe_ffn_hidden_size=moe_ffn, qk_layernorm=True, aux_loss_coeff=0.001)
 
 
+# DeepSeek-V3's balancing: the expert bias and its config.json's "seq_aux": true, "aux_loss_alpha":
+# 0.001 (``_deepseek_balancing``); its report trains the loss at 0.0001 (--moe-aux-loss-coeff 0.0001)
 DEEPSEEK_V3 = MoESpec(
     name="deepseek-v3", num_layers=61, hidden_size=7168, ffn_hidden_size=18432, num_attention_heads=128,
     num_query_groups=128, vocab_size=129280, rotary_base=10000.0, norm_epsilon=1e-6,
     num_experts=256, moe_router_topk=8, moe_ffn_hidden_size=2048, shared_expert_size=2048,
     first_dense_layers=3, score_function="sigmoid", expert_bias=True, router_num_groups=8, router_group_topk=4,
-    router_topk_scaling_factor=2.5, qk_layernorm=True,
+    router_topk_scaling_factor=2.5, qk_layernorm=True, load_balancing=("seq_aux_loss",), aux_loss_coeff=0.001,
     mla=MLA(q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128),
     yarn=YarnScaling(factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0,
                      mscale=1.0, mscale_all_dim=1.0),
@@ -297,6 +301,7 @@ FAMILY_KEYS: dict[str, dict[str, str]] = {
         "shared_expert_size": "n_shared_experts x moe_intermediate_size", "first_dense_layers": "first_k_dense_replace",
         "router_num_groups": "n_group", "router_group_topk": "topk_group",
         "router_topk_scaling_factor": "routed_scaling_factor", "config_mtp_num_layers": "num_nextn_predict_layers",
+        "aux_loss_coeff": "aux_loss_alpha", "load_balancing": "seq_aux",
         **_MLA_KEYS,
         **{f"yarn.{name}": f"rope_scaling.{name}" for name in YarnScaling.__dataclass_fields__},
     },
@@ -380,7 +385,8 @@ def _mixtral_fields(config: _Config, keys: dict[str, str]) -> dict:
 
 
 def _aux_loss_coeff(config: _Config, key: str) -> float:
-    """router_aux_loss_coef, or Transformers' default (0.001, MixtralConfig and Qwen3MoeConfig)."""
+    """router_aux_loss_coef, or Transformers' default (0.001, MixtralConfig and Qwen3MoeConfig);
+    DeepSeek's aux_loss_alpha, whose default in its configuration_deepseek.py is 0.001 too."""
     value = config.config.get(key, 0.001)
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not 0 <= value <= limits.AUX_LOSS_COEFF.high):
@@ -425,6 +431,26 @@ def _mla(config: _Config, keys: dict[str, str]) -> MLA:
     return MLA(**values)
 
 
+def _deepseek_balancing(config: _Config, keys: dict[str, str]) -> dict:
+    """DeepSeek's balance loss beside its expert bias: aux_loss_alpha its weight, seq_aux where it
+    is taken over each sequence (DeepSeek-V2's modeling_deepseek.py MoEGate, whose config keys V3
+    keeps: seq_aux averages the loss of each sequence's tokens, else one loss over the batch's;
+    Megatron's seq_aux_loss and aux_loss: megatron-core router.py ``_apply_seq_aux_loss``,
+    ``_apply_aux_loss``). DeepSeek-V3 trains so: its report's 'complementary sequence-wise
+    auxiliary loss' (arXiv:2412.19437 Sections 2.1.2 and 4.2), and Megatron-Bridge's DeepSeekV3Bridge
+    builds seq_aux_loss with the expert bias and aux_loss_alpha's weight
+    (src/megatron/bridge/models/deepseek/deepseek_v3_bridge.py:68-74 @ 067f987d). Absent keys take
+    configuration_deepseek.py's defaults (0.001, true); a weight of 0 leaves the bias alone
+    (type none, as Megatron would run it: no loss at weight 0)."""
+    weight = _aux_loss_coeff(config, keys["aux_loss_coeff"])
+    per_sequence = config.config.get(keys["load_balancing"], True)
+    if not isinstance(per_sequence, bool):
+        raise config.error(keys["load_balancing"], limits.must_be("true or false", per_sequence, _describe))
+    if not weight:
+        return {}
+    return {"load_balancing": ("seq_aux_loss" if per_sequence else "aux_loss",), "aux_loss_coeff": weight}
+
+
 def _deepseek_fields(config: _Config, keys: dict[str, str]) -> dict:
     _expect(config, "scoring_func", "sigmoid", "this tool reads DeepSeek-V3's sigmoid router")
     _expect(config, "topk_method", "noaux_tc", "this tool reads DeepSeek-V3's aux-loss-free routing (noaux_tc)")
@@ -441,6 +467,7 @@ def _deepseek_fields(config: _Config, keys: dict[str, str]) -> dict:
                 expert_bias=True, router_num_groups=_count(config, keys["router_num_groups"]),
                 router_group_topk=_count(config, keys["router_group_topk"]),
                 router_topk_scaling_factor=float(scaling), qk_layernorm=True, mla=_mla(config, keys),
+                **_deepseek_balancing(config, keys),
                 yarn=_yarn(config, keys) if config.config.get("rope_scaling") is not None else None,
                 # read, not priced (config_mtp_num_layers): Megatron-Bridge's DeepSeekV3Bridge sets
                 # mtp_num_layers from it, Megatron-LM's own --mtp-num-layers defaults to none
