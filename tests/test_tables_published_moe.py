@@ -70,15 +70,32 @@ def test_estimate_args_carry_the_published_options():
     run = _run("dgxc-dsv3-bf16")
     args = published_moe.estimate_args(run)
     assert args[:3] == ["estimate", "--model", "deepseek-v3"] and "--vpp" not in args
-    assert args[-9:] == ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.0", "--moe-permute-fusion",
-                         # NeMo's DeepSeekConfig default (NVIDIA/NeMo@7a8f1cc7 nemo/collections/llm/gpt/model/deepseek.py:88)
-                         "--moe-shared-expert-overlap",
-                         "--use-precision-aware-optimizer", "--layers-per-stage", "3,4x14,2"]  # NeMo's 3/2 first/last
+    assert args[-11:] == ["--moe-routing", "capacity", "--moe-expert-capacity-factor", "1.0", "--moe-permute-fusion",
+                          # NeMo's DeepSeekConfig default (NVIDIA/NeMo@7a8f1cc7 nemo/collections/llm/gpt/model/deepseek.py:88)
+                          "--moe-shared-expert-overlap", "--use-precision-aware-optimizer",
+                          # NeMo's DeepSeekV3Config: seq_aux_loss at 1e-4 (deepseek.py:87, :190)
+                          "--moe-aux-loss-coeff", "0.0001",
+                          "--layers-per-stage", "3,4x14,2"]  # NeMo's 3/2 first/last
     assert "--moe-router-fusion" not in args  # core_r0.12, which the benchmark pins, has no fused router
     fp8 = published_moe.estimate_args(_run("mb2509-dsv3"))
     assert fp8[fp8.index("--vpp") + 1] == "4" and "--fp8-format" not in fp8  # FP8 flags are tried apart
     assert fp8.count("--recompute-modules") == 2 and ["--moe-token-dispatcher-type", "flex"] == \
         fp8[fp8.index("--moe-token-dispatcher-type"):][:2]
+
+
+@pytest.mark.parametrize("run_id, weight", [
+    ("dgxc-dsv3-bf16", 0.0001),    # NeMo@7a8f1cc7 DeepSeekV3Config moe_aux_loss_coeff 1e-4
+    ("mb2509-dsv3", 0.0),          # Megatron-Bridge@fa0315ae DeepSeekV3ModelProvider: no weight, megatron-core's 0
+    ("mbcard-dsv3-bf16", 0.001),   # Megatron-Bridge@79308d0d AutoBridge: the config.json's aux_loss_alpha (the preset's)
+    ("b200-2604-dsv3", 0.0001),    # Megatron-Bridge@21d102f5 DeepSeekV3Bridge moe_aux_loss_coeff 0.0001
+    ("dsv3-report", 0.0001),       # the report's alpha (arXiv:2412.19437 Section 4.2)
+])
+def test_each_deepseek_v3_run_is_priced_with_its_recipes_balance_loss(run_id, weight):
+    """Every DeepSeek-V3 run balances with the expert bias and seq_aux_loss (the preset's type), at
+    the weight its recipe gives; at 0 no loss is computed and none of its scores kept."""
+    estimate, _, _ = published_moe.price(_run(run_id))
+    assert estimate["model"]["load_balancing"] == ["seq_aux_loss"] and estimate["model"]["expert_bias"]
+    assert estimate["model"]["aux_loss_coeff"] == weight
 
 
 def test_bad_table_is_an_error_naming_the_line(tmp_path):
