@@ -131,8 +131,16 @@ class LayerTimes(NamedTuple):
     (``token_combine``, ``combine_postprocess``); core_v0.19.0 makes the shared stream wait for the
     main one before each all-to-all, so FC2 does not run beside the routed experts' GEMMs
     (core_v0.15.2 does not wait: its FC2 may start there, priced as core_v0.19.0 runs it). The
-    shared experts' own sequence-parallel gather and scatter are not in ``shared`` (priced
-    nowhere, with or without the overlap)."""
+    shared experts' own sequence-parallel gather and scatter are not in ``shared`` nor paired:
+    ``shared_tp``."""
+    shared_tp: object = 0.0
+    """The shared experts' sequence-parallel all-gather of their input and reduce-scatter of their
+    output, forward (``shared_expert_tp_time``); in ``moe``, not in ``shared``, ``block`` or the
+    pairs: communication, run once per forward (again where the shared experts are recomputed) and
+    once in the backward (``shared_tp_backward``), not priced as twice the forward."""
+    shared_tp_backward: object = 0.0
+    """Their backward: the all-gather of FC2's output gradient and the reduce-scatter of FC1's input
+    gradient."""
 
 
 def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rates,
@@ -191,7 +199,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
                                   dispatcher)  # dispatch + combine
         gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
                                             terms.link_bandwidth(etp, rates), rates)
-    moe = attention + expert_f + moe_act + shared + router + permute + a2a + 2 * gather
+    shared_tp, shared_tp_backward = shared_expert_tp_time(spec, tokens_cp, tp, rates, fp8, shared_expert_overlap)
+    moe = attention + expert_f + moe_act + shared + router + permute + a2a + 2 * gather + shared_tp
     shared_fc2 = 2.0 * tokens_cp * spec.hidden_size * spec.shared_expert_size / tp / gemm_rates.gemm_flops_per_s
     norm = terms.elementwise_time(mm.BF16 * 2 * spec.hidden_size * tokens_cp / tp, rates)  # read h, write h
     return LayerTimes(dense=attention + dense_mlp, moe=moe, comm=a2a + 2 * gather, expert=expert_f + moe_act + shared,
@@ -201,7 +210,31 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
                       shared=shared,
                       dense_mlp=dense_mlp, dense_transposes=casts.dense_transposes,
                       moe_transposes=casts.moe_transposes,
-                      shared_pairs=((shared - shared_fc2, a2a / 2 + gather), (shared_fc2, a2a / 2)))
+                      shared_pairs=((shared - shared_fc2, a2a / 2 + gather), (shared_fc2, a2a / 2)),
+                      shared_tp=shared_tp, shared_tp_backward=shared_tp_backward)
+
+
+def shared_expert_tp_time(spec: MoESpec, tokens_cp, tp, rates: Rates, fp8: Fp8Gemms | None = None,
+                          shared_expert_overlap: bool = False):
+    """(forward, backward) seconds of the shared experts' tensor-parallel communication, the MLP
+    half of ``terms.tensor_parallel_time``: megatron-core's SharedExpertMLP is an MLP over the TP
+    group (``shared_experts.py``, core_v0.15.2 and core_v0.19.0: column-parallel FC1, row-parallel
+    FC2), so with sequence parallelism (which Megatron requires for MoE at TP > 1) its FC1
+    all-gathers the [tokens, h] input and FC2 reduce-scatters the output forward, and backward
+    all-gathers FC2's output gradient and reduce-scatters FC1's input gradient, as a dense MLP.
+    With --moe-shared-expert-overlap the linears lose their parallel mode and ``pre_forward_comm``
+    / ``post_forward_comm`` run the same collectives themselves (``gather_from_sequence_parallel_
+    region``, ``reduce_scatter_to_sequence_parallel_region``) on the shared experts' stream, in
+    BF16 (a high-precision tensor, not Transformer Engine's FP8 gather); FC1 waits for the gather
+    on that stream, so neither is paired with the all-to-all (each may run beside a permutation,
+    not priced). FP8 collectives otherwise as the dense MLP's (``levers.fp8_tp_bytes``). Zero at
+    TP 1 and without shared experts. The routed experts' path adds no TP collective at ETP 1: the
+    dispatcher's TP group is the expert-TP group (``token_dispatcher.py``, ``pg_collection.expt_tp``)."""
+    if not spec.shared_expert_size:
+        return 0.0, 0.0
+    sizes = fp8.collectives if fp8 is not None and not shared_expert_overlap else terms.BF16_TP
+    forward, backward = terms.tensor_parallel_time(spec, tokens_cp, tp, rates, sizes)
+    return forward / 2, backward / 2
 
 
 class _CastTimes(NamedTuple):
@@ -467,9 +500,11 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     overlapped pairs (the recomputed communication is not one the combined schedule pairs); the
     other modules run their own forward again in their node's backward (``recomputed_forward``).
     --moe-shared-expert-overlap hides the shared experts beside the dispatch and combine of every
-    forward and the backward (``_shared_expert_hidden``)."""
+    forward and the backward (``_shared_expert_hidden``). The shared experts' TP collectives
+    (``LayerTimes.shared_tp``) run once per forward that runs them and once backward, in series
+    (``shared_expert_tp_time``)."""
     comm, expert = layer.comm, layer.expert
-    compute = layer.moe - comm
+    compute = layer.moe - comm - layer.shared_tp
     modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
     again = "moe" in modules
     forwards = 2.0 if recompute == "full" or again else 1.0
@@ -481,13 +516,17 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     block = layer.block if again else 0.0
     # attention's backward is in the rest's node; the FP8 transposes with it (the shared experts' few among them)
     rest_again = rest_again + layer.core_backward_extra + layer.moe_transposes
-    work = 3.0 * compute + rest_again + expert_again + block
+    # the shared experts' TP collectives: once per forward that runs them, once backward
+    shared_forwards = 2.0 if recompute == "full" or again or "shared_experts" in modules else 1.0
+    shared_tp = shared_forwards * layer.shared_tp + layer.shared_tp_backward
+    work = 3.0 * compute + rest_again + expert_again + block + shared_tp
     plain = work + (forwards + 1.0) * comm + idle - _shared_expert_hidden(layer, options, gpu, forwards)
     steady = plain
     if options.a2a_overlap:
         share = ep_time.comm_sm_share(options.dispatcher, gpu.architecture, options.dispatcher_sms)
         steady = ep_time.overlapped_layer_time(compute - expert, expert, 2 * comm, share, rest_again=rest_again,
-                                               expert_again=expert_again) + idle + (block + comm if again else 0.0)
+                                               expert_again=expert_again) + idle + (block + comm if again else 0.0) \
+            + shared_tp  # on the compute stream in the MLP node, in series
     return plain, steady, steady - idle - work
 
 

@@ -1,0 +1,88 @@
+"""The shared experts' sequence-parallel all-gather and reduce-scatter (``time.shared_expert_tp_time``):
+megatron-core's SharedExpertMLP is an MLP over the TP group (``shared_experts.py``), so at TP > 1 it
+gathers its input and reduce-scatters its output as a dense MLP does, forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.hardware import get_gpu
+from advisor.moe import time as mt
+from advisor.moe.spec import PRESETS
+from advisor.moe.stage import MoEOptions
+from advisor.options import TrainingOptions
+from advisor.throughput import levers
+from advisor.throughput.calibration import load_calibration
+from advisor.throughput.terms import Rates
+
+DSV3 = PRESETS["deepseek-v3"]
+GPU = get_gpu("h100-80gb")
+RATES = Rates.of(GPU, load_calibration())
+KW = dict(tp=2, cp=1, ep=8, etp=1, mbs=1, rates=RATES)
+
+
+def _collective(element_bytes: float) -> float:
+    # one ring all-gather or reduce-scatter of DeepSeek-V3's [s b, h] activation over TP 2 in NVLink:
+    # s b h x bytes = 4096 x 1 x 7168 x 2 = 58,720,256 bytes in BF16; a rank sends (n - 1)/n = 1/2 of it
+    # at the calibrated NVLink rate (450e9 B/s on the H100: 900 GB/s both ways, halved), plus one
+    # latency a step (1 step, 20 us): 29,360,128 / 450e9 + 20e-6 = 85.2 us in BF16
+    return 0.5 * 4096 * 1 * 7168 * element_bytes / RATES.nvlink_bytes_per_s + RATES.collective_latency_s
+
+
+def test_deepseek_v3_at_tp2_pays_one_gather_and_one_scatter_each_way_by_hand():
+    assert RATES.nvlink_bytes_per_s == pytest.approx(450e9) and RATES.collective_latency_s == pytest.approx(20e-6)
+    layer = mt.layer_times(DSV3, 4096, **KW)
+    bf16 = 2 * _collective(2)  # FC1's input gather + FC2's output reduce-scatter
+    assert bf16 == pytest.approx(2 * (29_360_128 / 450e9 + 20e-6))  # 170.5 us
+    assert layer.shared_tp == pytest.approx(bf16)
+    assert layer.shared_tp_backward == pytest.approx(bf16)  # FC2's output-gradient gather, FC1's dgrad scatter
+    # in the forward MoE layer, not in the shared experts' compute (which selective recomputation reruns)
+    without = mt.layer_times(DSV3, 4096, **KW)._replace(shared_tp=0.0, shared_tp_backward=0.0)
+    assert layer.moe - layer.shared_tp == pytest.approx(without.moe - bf16)
+    assert layer.shared == without.shared and layer.block == without.block and layer.comm == without.comm
+
+
+def test_fp8_gathers_as_the_dense_mlp_but_bf16_with_the_shared_expert_overlap():
+    fp8 = levers.fp8_gemms(RATES, GPU, "tensorwise")
+    sizes = levers.fp8_tp_bytes("tensorwise")
+    layer = mt.layer_times(DSV3, 4096, **KW, fp8=fp8)
+    assert layer.shared_tp == pytest.approx(_collective(sizes.input_gather) + _collective(sizes.output_scatter))
+    assert layer.shared_tp_backward == pytest.approx(_collective(sizes.grad_gather) + _collective(sizes.dgrad_scatter))
+    # --moe-shared-expert-overlap: pre_forward_comm gathers the BF16 input itself (the linears lose their parallel mode)
+    overlapped = mt.layer_times(DSV3, 4096, **KW, fp8=fp8, shared_expert_overlap=True)
+    assert overlapped.shared_tp == pytest.approx(2 * _collective(2))
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "qwen3-30b-a3b"])
+def test_no_shared_experts_or_tp1_pays_nothing(name):
+    assert mt.layer_times(PRESETS[name], 4096, **KW).shared_tp == 0.0
+    layer = mt.layer_times(DSV3, 4096, **{**KW, "tp": 1})
+    assert layer.shared_tp == 0.0 and layer.shared_tp_backward == 0.0
+
+
+@pytest.mark.parametrize("recompute, modules, forwards", [("selective", set(), 1), ("selective", {"shared_experts"}, 2),
+                                                          ("selective", {"moe"}, 2), ("full", set(), 2)])
+def test_priced_as_communication_once_per_forward_and_once_backward(recompute, modules, forwards):
+    # compute is priced forward + twice backward; these collectives run once per forward that runs
+    # the shared experts (again where recomputed) and once in the backward
+    layer = mt.layer_times(DSV3, 4096, **KW)
+    without = layer._replace(moe=layer.moe - layer.shared_tp, shared_tp=0.0, shared_tp_backward=0.0)
+    options = MoEOptions(training=TrainingOptions(), modules=frozenset(modules))
+    b = {"tp": 2, "cp": 1, "ep": 8, "etp": 1, "mbs": 1}
+    paces = [mt._moe_layer_paces(DSV3, 4096, b, recompute, options, GPU, RATES, x) for x in (layer, without)]
+    bf16 = 2 * _collective(2)
+    assert paces[0][0] - paces[1][0] == pytest.approx(forwards * bf16 + bf16)
+    assert paces[0][2] == pytest.approx(paces[1][2])  # not EP communication
+
+
+def test_with_the_ep_overlap_they_stay_in_series_in_the_mlp_node():
+    # --overlap-moe-expert-parallel-comm: shared_experts_compute runs in the MoE node on the compute
+    # stream (core_v0.15.2 models/gpt/fine_grained_callables.py, submodule_moe_forward), so its TP
+    # collectives pair with nothing: forward + backward added to the steady state, none of it EP
+    layer = mt.layer_times(DSV3, 4096, **KW, dispatcher="flex")
+    without = layer._replace(moe=layer.moe - layer.shared_tp, shared_tp=0.0, shared_tp_backward=0.0)
+    options = MoEOptions(training=TrainingOptions(), dispatcher="flex", a2a_overlap=True)
+    b = {"tp": 2, "cp": 1, "ep": 8, "etp": 1, "mbs": 1}
+    paces = [mt._moe_layer_paces(DSV3, 4096, b, "selective", options, GPU, RATES, x) for x in (layer, without)]
+    assert paces[0][1] - paces[1][1] == pytest.approx(2 * 2 * _collective(2))
+    assert paces[0][2] == pytest.approx(paces[1][2])
