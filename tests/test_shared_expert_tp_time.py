@@ -86,3 +86,26 @@ def test_with_the_ep_overlap_they_stay_in_series_in_the_mlp_node():
     paces = [mt._moe_layer_paces(DSV3, 4096, b, "selective", options, GPU, RATES, x) for x in (layer, without)]
     assert paces[0][1] - paces[1][1] == pytest.approx(2 * 2 * _collective(2))
     assert paces[0][2] == pytest.approx(paces[1][2])
+
+
+def test_attentions_tp_collectives_are_communication_backward_too_by_hand():
+    """The attention block's sequence-parallel gathers and scatters (half of terms.tensor_parallel_time)
+    run once backward, as many collectives as forward (the output projection's gradient gather, QKV's
+    dgrad scatter), not twice the forward as compute is priced. Qwen3-235B-A22B (no shared experts),
+    TP 2, s 4096, b 1, BF16: [4096, 4096] x 2 bytes = 33,554,432 bytes a collective, 16,777,216 sent
+    at 450e9 B/s plus 20 us = 57.28 us; two forward, two backward: the MoE layer's pace drops by two
+    collectives (114.57 us) against pricing its backward at twice its forward; a dense layer, both
+    halves, by four (229.1 us)."""
+    qwen = PRESETS["qwen3-235b-a22b"]
+    one = 0.5 * 4096 * 4096 * 2 / RATES.nvlink_bytes_per_s + RATES.collective_latency_s
+    assert one == pytest.approx(16_777_216 / 450e9 + 20e-6)
+    layer = mt.layer_times(qwen, 4096, **KW)
+    assert layer.tp_backward_extra == pytest.approx(-4 * one)
+    old = layer._replace(tp_backward_extra=0.0)  # the backward at twice the forward
+    options = MoEOptions(training=TrainingOptions())
+    b = {"tp": 2, "cp": 1, "ep": 8, "etp": 1, "mbs": 1}
+    new_pace, old_pace = (mt._moe_layer_paces(qwen, 4096, b, "none", options, GPU, RATES, x)[0] for x in (layer, old))
+    assert old_pace - new_pace == pytest.approx(2 * one)
+    dense = [mt._dense_layer_pace(qwen, "none", options, x) for x in (layer, old)]
+    assert dense[1] - dense[0] == pytest.approx(4 * one)
+    assert mt.layer_times(qwen, 4096, **{**KW, "tp": 1}).tp_backward_extra == 0.0

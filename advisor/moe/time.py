@@ -133,6 +133,12 @@ class LayerTimes(NamedTuple):
     (core_v0.15.2 does not wait: its FC2 may start there, priced as core_v0.19.0 runs it). The
     shared experts' own sequence-parallel gather and scatter are not in ``shared`` nor paired:
     ``shared_tp``."""
+    tp_backward_extra: object = 0.0
+    """A dense layer's tensor-parallel communication backward, less the twice its forward that
+    ``dense`` puts there (``terms.tensor_parallel_time``: as many collectives backward as forward,
+    the gradients' gathers and scatters, once each, at their own bytes); an MoE layer's attention
+    takes half of it (its MLP half is the shared experts', ``shared_tp``). Negative: the backward
+    carries one forward's worth of collectives, not two."""
     shared_tp: object = 0.0
     """The shared experts' sequence-parallel all-gather of their input and reduce-scatter of their
     output, forward (``shared_expert_tp_time``); in ``moe``, not in ``shared``, ``block`` or the
@@ -173,7 +179,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         + 4 * rates.gemm_latency_s
     core, core_backward = terms.attention_kernel_time(attention_flops(spec, seq_len, mbs, tp, cp), cp, rates)
     # FP8 moves the sequence-parallel gathers in FP8 (levers.fp8_tp_bytes), as the dense model's
-    tp_comm, _ = terms.tensor_parallel_time(spec, tokens_cp, tp, rates, fp8.collectives if fp8 else terms.BF16_TP)
+    tp_comm, tp_backward = terms.tensor_parallel_time(spec, tokens_cp, tp, rates,
+                                                      fp8.collectives if fp8 else terms.BF16_TP)
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     pace = replace(routing, routing="balanced") if routing.routing == "dropless" else routing
     copies = mm.expert_token_copies(spec, tokens, ep, etp, pace)
@@ -211,7 +218,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
                       dense_mlp=dense_mlp, dense_transposes=casts.dense_transposes,
                       moe_transposes=casts.moe_transposes,
                       shared_pairs=((shared - shared_fc2, a2a / 2 + gather), (shared_fc2, a2a / 2)),
-                      shared_tp=shared_tp, shared_tp_backward=shared_tp_backward)
+                      shared_tp=shared_tp, shared_tp_backward=shared_tp_backward,
+                      tp_backward_extra=tp_backward - 2 * tp_comm)
 
 
 def shared_expert_tp_time(spec: MoESpec, tokens_cp, tp, rates: Rates, fp8: Fp8Gemms | None = None,
@@ -481,8 +489,10 @@ def _rates_and_layer(spec: MoESpec, seq_len: int, b: dict, gpu, options, cal):
 
 def _dense_layer_pace(spec: MoESpec, recompute: str, options, layer: LayerTimes):
     """A dense layer's forward and backward per microbatch: the forward once more with full
-    recomputation, its selective modules' forward (``recomputed_forward``) with selective."""
-    pace = (3.0 + (recompute == "full")) * layer.dense + layer.core_backward_extra + layer.dense_transposes
+    recomputation, its selective modules' forward (``recomputed_forward``) with selective; its TP
+    collectives once backward, not twice (``LayerTimes.tp_backward_extra``)."""
+    pace = (3.0 + (recompute == "full")) * layer.dense + layer.core_backward_extra + layer.dense_transposes \
+        + layer.tp_backward_extra
     if recompute == "selective":
         pace = pace + recomputed_forward(spec, layer, options.recompute_modules(spec))[0]
     return pace
@@ -502,7 +512,7 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     --moe-shared-expert-overlap hides the shared experts beside the dispatch and combine of every
     forward and the backward (``_shared_expert_hidden``). The shared experts' TP collectives
     (``LayerTimes.shared_tp``) run once per forward that runs them and once backward, in series
-    (``shared_expert_tp_time``)."""
+    (``shared_expert_tp_time``); attention's once backward too (``LayerTimes.tp_backward_extra``)."""
     comm, expert = layer.comm, layer.expert
     compute = layer.moe - comm - layer.shared_tp
     modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
@@ -515,7 +525,7 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
         rest_again, expert_again = compute - expert, expert
     block = layer.block if again else 0.0
     # attention's backward is in the rest's node; the FP8 transposes with it (the shared experts' few among them)
-    rest_again = rest_again + layer.core_backward_extra + layer.moe_transposes
+    rest_again = rest_again + layer.core_backward_extra + layer.moe_transposes + layer.tp_backward_extra / 2
     # the shared experts' TP collectives: once per forward that runs them, once backward
     shared_forwards = 2.0 if recompute == "full" or again or "shared_experts" in modules else 1.0
     shared_tp = shared_forwards * layer.shared_tp + layer.shared_tp_backward
