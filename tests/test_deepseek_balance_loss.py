@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from advisor.models import load_model
+from advisor.row_flags import flag_values
 
 DATA = Path(__file__).parent / "data" / "moe"
 KIMI = DATA / "kimi-k2-instruct.json"
@@ -45,14 +46,6 @@ def _config(tmp_path, path: Path = DSV3, drop: tuple[str, ...] = (), **changes) 
     out.write_text(json.dumps(config))
     return str(out)
 
-
-def _values(args: list[str], flag: str) -> list[str]:
-    at = args.index(flag) + 1
-    values = []
-    while at < len(args) and not args[at].startswith("--"):
-        values.append(args[at])
-        at += 1
-    return values
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -139,14 +132,14 @@ def test_the_loss_is_launched_with_its_weight_and_the_option_sets_it(advisor):
     refused as 'type none'); a weight of 0 launches the type alone, Megatron's default weight."""
     row = advisor.json("estimate", "--model", "deepseek-v3", *LAYOUT)
     args = row["megatron_args"]
-    assert _values(args, "--moe-router-load-balancing-type") == ["seq_aux_loss"]
-    assert _values(args, "--moe-aux-loss-coeff") == ["0.001"]
+    assert flag_values(args)["--moe-router-load-balancing-type"] == ("seq_aux_loss",)
+    assert flag_values(args)["--moe-aux-loss-coeff"] == ("0.001",)
     assert "--moe-router-enable-expert-bias" in args
     assert row["model"]["load_balancing"] == ["seq_aux_loss"] and row["model"]["aux_loss_coeff"] == 0.001
     report = advisor.json("estimate", "--model", "deepseek-v3", *LAYOUT, "--moe-aux-loss-coeff", "0.0001")
-    assert _values(report["megatron_args"], "--moe-aux-loss-coeff") == ["0.0001"]
+    assert flag_values(report["megatron_args"])["--moe-aux-loss-coeff"] == ("0.0001",)
     off = advisor.json("estimate", "--model", "deepseek-v3", *LAYOUT, "--moe-aux-loss-coeff", "0")
-    assert _values(off["megatron_args"], "--moe-router-load-balancing-type") == ["seq_aux_loss"]
+    assert flag_values(off["megatron_args"])["--moe-router-load-balancing-type"] == ("seq_aux_loss",)
     assert "--moe-aux-loss-coeff" not in off["megatron_args"]
     assert advisor.error("estimate", "--model", "deepseek-v3", *LAYOUT, "--moe-aux-loss-coeff", "0.001", "0.01") == (
         "Error: --moe-aux-loss-coeff gives 2 weights for deepseek-v3's 1 load-balancing type (seq_aux_loss): "

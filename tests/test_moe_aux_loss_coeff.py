@@ -19,6 +19,7 @@ import pytest
 
 from advisor.cli.options import InputError
 from advisor.models import load_model
+from advisor.row_flags import flag_values
 
 DATA = Path(__file__).resolve().parent / "data" / "moe"
 CODER = str(DATA / "qwen3-coder-480b-a35b.json")
@@ -27,15 +28,6 @@ LAYOUT = ["--gpus", "256", "--gpu", "h100-80gb", "--tp", "1", "--pp", "16", "--e
 SWEEP = ["--gpus", "256", "--gpu", "h100-80gb", "--seq-len", "4096", "--gbs", "1024", "--top", "2"]
 ASSUMED = "is an assumption: the model balances nothing (aux-loss coefficient 0, no expert bias)"
 
-
-def _values(args: list[str], flag: str) -> list[str]:
-    """The values after ``flag`` in an argument list, up to the next flag."""
-    at = args.index(flag) + 1
-    values = []
-    while at < len(args) and not args[at].startswith("--"):
-        values.append(args[at])
-        at += 1
-    return values
 
 
 # --- the line ------------------------------------------------------------------------------------
@@ -135,10 +127,10 @@ def test_the_weight_is_launched_and_priced_as_the_balancing_losss_fp32_scores(ad
     3 x 1 x 4096 x 640 = 7,864,320 bytes."""
     without = advisor.json("estimate", "--model", CODER, *LAYOUT)
     weighted = advisor.json("estimate", "--model", CODER, *LAYOUT, "--moe-aux-loss-coeff", "0.001")
-    assert _values(without["megatron_args"], "--moe-router-load-balancing-type") == ["aux_loss"]
+    assert flag_values(without["megatron_args"])["--moe-router-load-balancing-type"] == ("aux_loss",)
     assert "--moe-aux-loss-coeff" not in without["megatron_args"]
-    assert _values(weighted["megatron_args"], "--moe-router-load-balancing-type") == ["aux_loss"]
-    assert _values(weighted["megatron_args"], "--moe-aux-loss-coeff") == ["0.001"]
+    assert flag_values(weighted["megatron_args"])["--moe-router-load-balancing-type"] == ("aux_loss",)
+    assert flag_values(weighted["megatron_args"])["--moe-aux-loss-coeff"] == ("0.001",)
     assert weighted["model"]["aux_loss_coeff"] == 0.001 and without["model"]["aux_loss_coeff"] == 0.0
     scores = 4 * 160 * 4096  # bytes per layer and microbatch in flight
     assert scores == 2_621_440
@@ -156,7 +148,7 @@ def test_the_weight_is_launched_and_priced_as_the_balancing_losss_fp32_scores(ad
 
 def test_sweep_rows_carry_the_weight(advisor):
     rows = advisor.json("sweep", "--model", CODER, *SWEEP, "--moe-aux-loss-coeff", "0.01")
-    assert rows and all(_values(row["megatron_args"], "--moe-aux-loss-coeff") == ["0.01"] for row in rows)
+    assert rows and all(flag_values(row["megatron_args"])["--moe-aux-loss-coeff"] == ("0.01",) for row in rows)
     assert all(row["model"]["aux_loss_coeff"] == 0.01 for row in rows)
 
 
@@ -191,8 +183,8 @@ def test_several_balancing_types_take_one_weight_each_in_order():
     weighted = with_aux_loss_coeff(two, (0.001, 0.0001))
     assert weighted.aux_loss_coeff == (0.001, 0.0001) and router_balanced(weighted)
     args = model_flags(weighted)
-    assert _values(args, "--moe-router-load-balancing-type") == ["aux_loss", "seq_aux_loss"]
-    assert _values(args, "--moe-aux-loss-coeff") == ["0.001", "0.0001"]
+    assert flag_values(args)["--moe-router-load-balancing-type"] == ("aux_loss", "seq_aux_loss")
+    assert flag_values(args)["--moe-aux-loss-coeff"] == ("0.001", "0.0001")
     with pytest.raises(InputError, match=r"gives 1 weight for qwen3-30b-a3b's 2 load-balancing types "
                                          r"\(aux_loss, seq_aux_loss\): megatron-core takes one weight per type"):
         with_aux_loss_coeff(two, (0.001,))
@@ -208,7 +200,6 @@ def test_several_balancing_types_take_one_weight_each_in_order():
 def test_a_saved_row_reads_back_and_launches_its_weight(advisor, tmp_path):
     """What is launched is what was priced: the row's 'model' carries the weight, the launcher's
     arguments write it, and the row re-read prices the same stages."""
-    from launch.arguments import flag_values
     from launch.inputs import read_input
     from launch_support import launcher
 
@@ -218,7 +209,7 @@ def test_a_saved_row_reads_back_and_launches_its_weight(advisor, tmp_path):
     advisor("estimate", "--model", CODER, *LAYOUT, "--moe-aux-loss-coeff", "0.001", "--format", "json", "-o", path)
     row = json.loads(path.read_text())
     assert row_spec(row).aux_loss_coeff == 0.001
-    assert _values(read_input(path).megatron_args, "--moe-aux-loss-coeff") == ["0.001"]
+    assert flag_values(read_input(path).megatron_args)["--moe-aux-loss-coeff"] == ("0.001",)
     args = json.loads(launcher()("args", "--from", path, "--format", "json").stdout)
     assert flag_values(args)["--moe-aux-loss-coeff"] == ("0.001",)
     assert flag_values(args)["--moe-router-load-balancing-type"] == ("aux_loss",)
