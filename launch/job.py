@@ -325,14 +325,10 @@ def _check_warmup_init(given: dict[str, list[str]], lr: float | None) -> None:
     """The same scheduler asserts ``init_lr <= max_lr``, --lr-warmup-init against --lr: NaN fails
     it, an infinite one with no --lr to compare is refused as it would train NaN weights. A
     negative one passes the assert, and is Megatron's to take."""
-    if not (values := given.get("--lr-warmup-init")):
-        return
-    try:
-        init = float(values[-1])
-    except ValueError:  # refused before, by the release's flag types (launch.arguments)
+    if (init := _last_float(given, "--lr-warmup-init")) is None:
         return
     if not math.isfinite(init) or (lr is not None and init > lr):
-        raise AdvisorError(f"--lr-warmup-init {values[-1]}: give a finite number, at most --lr; Megatron-LM's "
+        raise AdvisorError(f"--lr-warmup-init {given['--lr-warmup-init'][-1]}: give a finite number, at most --lr; Megatron-LM's "
                            "scheduler asserts init_lr <= max_lr (optimizer_param_scheduler.py) at start-up")
 
 
@@ -351,17 +347,11 @@ def _check_optimizer(given: dict[str, list[str]]) -> None:
               "sgd": (("--sgd-momentum", math.inf),)}.get(optimizer, ())
     torch_name = "SGD" if optimizer == "sgd" else "AdamW"
     for flag, high in bounds:
-        if not (values := given.get(flag)):
-            continue
-        try:
-            value = float(values[-1])
-        except ValueError:  # refused before, by the release's flag types (launch.arguments)
-            continue
-        if not 0.0 <= value < high:
+        if (value := _last_float(given, flag)) is not None and not 0.0 <= value < high:
             want = "in [0, 1)" if high == 1.0 else "a finite number, 0 or more"
             why = (f"torch.optim's {torch_name} (Megatron-LM's optimizer without Transformer Engine or Apex) "
                    "refuses it at start-up") if _torch_refuses(flag, value) else _TAKEN_BADLY[flag]
-            raise AdvisorError(f"{flag} {values[-1]}: give {want}; {why}")
+            raise AdvisorError(f"{flag} {given[flag][-1]}: give {want}; {why}")
 
 
 def _torch_refuses(flag: str, value: float) -> bool:
@@ -403,17 +393,23 @@ def _scheduler_values(given: dict[str, list[str]], flags: Sequence[str], fails: 
     finite or is negative (what Megatron-LM's scheduler ``fails`` with; an infinite value passes
     its asserts and trains NaN weights). A value that is no float was refused before, by the
     release's flag types (launch.arguments): skipped here."""
-    found = {}
-    for flag in flags:
-        if values := given.get(flag):
-            try:
-                found[flag] = float(values[-1])
-            except ValueError:
-                continue
-            if not math.isfinite(found[flag]) or found[flag] < 0:
-                raise AdvisorError(f"{flag} {values[-1]}: give a finite number, 0 or more; Megatron-LM's scheduler "
-                                   f"(optimizer_param_scheduler.py) {fails}, or trains NaN weights")
+    found = {flag: value for flag in flags if (value := _last_float(given, flag)) is not None}
+    for flag, value in found.items():
+        if not math.isfinite(value) or value < 0:
+            raise AdvisorError(f"{flag} {given[flag][-1]}: give a finite number, 0 or more; Megatron-LM's scheduler "
+                               f"(optimizer_param_scheduler.py) {fails}, or trains NaN weights")
     return found
+
+
+def _last_float(given: dict[str, list[str]], flag: str) -> float | None:
+    """The last value given to ``flag`` as a float; None where it is absent, or is no float (then
+    refused before, by the release's flag types: launch.arguments)."""
+    if not (values := given.get(flag)):
+        return None
+    try:
+        return float(values[-1])
+    except ValueError:
+        return None
 
 
 def user_length(user_args: Sequence[str]) -> list[str]:
