@@ -44,6 +44,28 @@ def test_each_stated_miss_quotes_the_error_the_table_prints(results):
             assert float(quoted["pct"]) == pytest.approx(100 * errors[run_id], abs=0.5 * 10**-decimals + 1e-3), run_id
 
 
+def test_every_run_a_stated_reason_quotes_is_quoted_as_priced_now(results):
+    """Where a miss or a not-runnable reason quotes another run's error ("(run, -14.6%)", "-5.3%
+    here, run") or its own memory ("(85.4 GiB"), the number is the table's now: a model change
+    that moves a run cannot leave another run's explanation quoting the old number."""
+    import re
+
+    by_id = {r["id"]: r for r in results}
+    quoted = []
+    for why in (*published_moe.MISSES.values(), *published_moe.NOT_RUNNABLE.values()):
+        quoted += [(m["id"], m["pct"]) for m in re.finditer(r"(?P<id>[a-z0-9-]+), (?P<pct>[-+][0-9.]+)%", why)
+                   if m["id"] in by_id]
+        quoted += [(m["id"], m["pct"]) for m in re.finditer(r"(?P<pct>[-+][0-9.]+)% here, (?P<id>[a-z0-9-]+)", why)]
+    assert len(quoted) >= 3  # the patterns still find the cross-references the reasons make
+    for run_id, pct in quoted:
+        decimals = len(pct.partition(".")[2])
+        assert float(pct) == pytest.approx(100 * by_id[run_id]["error"], abs=0.5 * 10**-decimals + 1e-3), run_id
+    for run_id, why in published_moe.NOT_RUNNABLE.items():
+        verdict, gib = re.match(r"(?P<verdict>[a-z ]+?) by the default verdict \((?P<gib>[0-9.]+) GiB", why).groups()
+        assert verdict == by_id[run_id]["verdict"] and float(gib) == pytest.approx(by_id[run_id]["usage_gib"],
+                                                                                   abs=0.05 + 1e-3), run_id
+
+
 def test_fp8_runs_priced_in_fp8_or_the_refusal_kept(results):
     fp8 = [r for r in results if r["precision"] == "fp8"]
     assert fp8
