@@ -152,6 +152,15 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
             "permute_fusion": fusions[0], "router_fusion": fusions[1], "flex_backend": backend}
 
 
+def row_routing(settings: dict):
+    """The routing a saved MoE row was priced with (``advisor.moe.memory.RoutedTokens``), from its
+    ``moe_row_settings``: a padding it does not state was priced padded (``advisor.moe.flags.row_pads``)."""
+    from advisor.moe.memory import RoutedTokens
+
+    return RoutedTokens(routing=settings["routing"], capacity_factor=settings["capacity_factor"],
+                        pad_to_capacity=settings["pad_to_capacity"] is not False, imbalance=settings["imbalance"])
+
+
 def _shared_overlap_problem(dispatcher: str, modules, spec) -> str | None:
     """megatron-core's refusal of a row's 'shared_expert_overlap' with its dispatcher and
     recomputed modules (``advisor.moe.overlap.shared_expert_overlap_problem``, the command line's

@@ -209,6 +209,8 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
                 _note(unknown.warning())
         for line in megatron.notes:
             _note(line)
+        if (line := _unbalanced_line(config, megatron.args)) is not None:
+            _note(f"advisor-launch: {config.source}: {line}")
         return func(*args, config=config, release=release, megatron=megatron, job_plan=job, **kwargs)
 
     return apply_options([
@@ -235,6 +237,21 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
                           "(default 10 GB/s, or the job file's fs_bandwidth_gbs)."),
         click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]"),
     ], wrapper)
+
+
+def _unbalanced_line(config: LaunchInput, args: Sequence[str]) -> str | None:
+    """What advisor sweep and estimate say of an MoE row whose routing assumes a balance that its
+    model's router is not trained to (``advisor.cli.moe_balancing.unbalanced_line``, the one line of
+    the three): the launch trains it with no balancing loss. Megatron's
+    --moe-router-force-load-balancing after -- balances the routing itself (router.py: random
+    logits), so there it is not said."""
+    if config.routing is None:  # a dense model
+        return None
+    from advisor.cli.moe_balancing import unbalanced_line
+    from advisor.row_flags import flag_values
+
+    return unbalanced_line(config.model, config.routing, forced="--moe-router-force-load-balancing" in flag_values(args),
+                           command=config.read_from is not None, launched=True)
 
 
 def run_options(func: Callable) -> Callable:

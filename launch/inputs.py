@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import TYPE_CHECKING, Literal, Mapping
 
 from advisor import limits
 from advisor.capture.plan import SCHEMA as PLAN_SCHEMA
@@ -40,6 +40,9 @@ from advisor.moe.spec import is_moe
 from advisor.moe.stage import split_layers
 from advisor.parallel import ParallelConfig, Workload, world_size_problem
 from advisor.row_flags import check_own_args, row_flags
+
+if TYPE_CHECKING:
+    from advisor.moe.memory import RoutedTokens
 
 NUMBERS = {
     "total_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
@@ -91,6 +94,8 @@ class LaunchInput:
     ep: int | None = None
     etp: int | None = None
     """A mixture of experts' expert parallel and expert tensor parallel sizes, else None."""
+    routing: RoutedTokens | None = None
+    """A mixture of experts' routing as the row was priced (``advisor.saved_row.row_routing``), else None."""
     gpu: str | None = None
     """The GPU preset the input was priced on (its 'gpu'), else None."""
     read_from: str | None = None
@@ -287,9 +292,9 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
     # without a split of its own, the one the sweep and the MoE model price (even where PP divides the
     # layers; a dense model's uneven default is refused by check_layout below, as Megatron refuses it)
     layers = given if given is not None else tuple(split_layers(spec.num_layers, pp))
-    ep = etp = None
+    ep = etp = routing = None
     if is_moe(spec):
-        args, ep, etp = _moe_args(fields, spec, seq_len, gbs, layers)
+        args, ep, etp, routing = _moe_args(fields, spec, seq_len, gbs, layers)
     else:
         _refuse_experts(fields, spec)
         parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
@@ -306,7 +311,8 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         verdict=fields.document.get("verdict"),
         judged_gib=usage if (usage := fields.number("usage_gib")) is not None else fields.number("total_gib"),
         memory_gib=fields.number("memory_gib"), tokens=fields.number("tokens"),
-        step_time_s=fields.number("step_time_s"), ep=ep, etp=etp, priced_gpus_per_node=_priced_per_node(fields),
+        step_time_s=fields.number("step_time_s"), ep=ep, etp=etp, routing=routing,
+        priced_gpus_per_node=_priced_per_node(fields),
         gpu=fields.document.get("gpu") if isinstance(fields.document.get("gpu"), str) else None,
         read_from=fields.document.get("read_from") if isinstance(fields.document.get("read_from"), str) else None,
         unpriced=tuple(item for item in fields.document.get("unpriced") or () if isinstance(item, str)),
@@ -354,13 +360,14 @@ def _refuse_experts(fields: _Fields, spec: LlamaSpec) -> None:
                                "model: expert parallelism needs a mixture of experts")
 
 
-def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, ...]) -> tuple[list[str], int, int]:
-    """(the flags, EP, ETP) of a mixture of experts' row: its EP, ETP, dispatcher, routing and
-    recomputation read back by the check the report reads it with too
+def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, ...]
+              ) -> tuple[list[str], int, int, RoutedTokens]:
+    """(the flags, EP, ETP, the routing priced) of a mixture of experts' row: its EP, ETP,
+    dispatcher, routing and recomputation read back by the check the report reads it with too
     (``advisor.saved_row.moe_row_settings``: what is launched is what was priced, and shown),
     the layout checked as megatron-core builds its expert groups, the flags from ``advisor.moe.flags``."""
     from advisor.moe.space import layout_problem
-    from advisor.saved_row import moe_row_settings
+    from advisor.saved_row import moe_row_settings, row_routing
 
     row = {key: fields.positive(key) for key in ("tp", "cp", "pp", "dp", "mbs")}
     row["vpp"] = fields.positive("vpp", default=1)
@@ -373,7 +380,8 @@ def _moe_args(fields: _Fields, spec, seq_len: int, gbs: int, layers: tuple[int, 
     if problem:
         raise AdvisorError(f"{fields.origin}: {problem}")
     options = fields.options() if "options" in fields.document else None
-    return list(row_flags(fields.document, spec, layers, options, settings)), settings["ep"], settings["etp"]
+    return (list(row_flags(fields.document, spec, layers, options, settings)), settings["ep"], settings["etp"],
+            row_routing(settings))
 
 
 def _from_plan(fields: _Fields) -> LaunchInput:

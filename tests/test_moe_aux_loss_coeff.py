@@ -261,3 +261,89 @@ def test_the_weighted_rows_pass_megatrons_parser_with_their_weight(tmp_path):
         expected = _expected(spec_from_dict(row["model"]), row)
         wrong = {key: (derived.get(key), value) for key, value in expected.items() if _one(key, derived.get(key)) != value}
         assert not wrong
+
+
+# --- advisor-launch says it too ----------------------------------------------------------------
+
+
+LAUNCHED = ("routing balanced is an assumption: the model balances nothing (aux-loss coefficient 0, no expert bias), "
+            "so Megatron's router trains unbalanced; launch a row priced with --moe-aux-loss-coeff (Qwen3's 0.001), "
+            "or one priced with --moe-routing dropless (the worst case)")
+QWEN30_8 = ["--model", "qwen3-30b-a3b", "--gpus", "8", "--gpu", "h100-80gb", "--pp", "2", "--ep", "4", "--seq-len",
+            "4096", "--gbs", "64"]
+
+
+def test_advisor_launch_says_a_row_trains_with_no_balancing_loss(advisor, tmp_path):
+    """A row priced with balanced routing for a router that balances nothing (Qwen3-Coder's
+    config.json, and Qwen3-30B-A3B with its weight set to 0) launches no balancing loss (its
+    --moe-aux-loss-coeff is Megatron's default, 0: router.py returns the probabilities untouched):
+    every advisor-launch command says so once on stderr, as the sweep and estimate that priced it
+    did, with a remedy a launch can take (the weight is the input's: one after -- is refused as a
+    conflict, below)."""
+    from launch_support import launcher, write_json
+
+    coder = tmp_path / "coder.json"
+    advisor("estimate", "--model", CODER, *LAYOUT, "--format", "json", "-o", coder)
+    sweep = tmp_path / "sweep.json"
+    advisor("sweep", "--model", CODER, *SWEEP, "--format", "json", "-o", sweep)
+    row = write_json(tmp_path / "row.json", json.loads(sweep.read_text())[0])  # one sweep row saved on its own
+    for path, source in ((coder, f"the estimate ({coder})"), (sweep, f"the sweep row (rank 1 of {sweep})"),
+                         (row, f"the sweep row ({row})")):
+        result = launcher()("args", "--from", path)
+        assert result.stderr.count(f"advisor-launch: {source}: {LAUNCHED}") == 1, result.stderr
+        assert LAUNCHED not in result.stdout and "--moe-aux-loss-coeff" not in result.stdout
+    small = tmp_path / "qwen30.json"
+    advisor("estimate", *QWEN30_8, "--moe-aux-loss-coeff", "0", "--format", "json", "-o", small)
+    dry = launcher()("torchrun", "--from", small, "--dry-run", "--", "--mock-data", "--train-iters", "5")
+    assert dry.stderr.count(f"advisor-launch: the estimate ({small}): {LAUNCHED}") == 1, dry.stderr
+    assert "torchrun" in dry.stdout and "--moe-aux-loss-coeff" not in dry.stdout
+    # the remedy a launch cannot take: the weight after --, a conflict with the row's balancing
+    assert launcher().error("args", "--from", small, "--", "--moe-aux-loss-coeff", "0.001") == (
+        "Error: --moe-aux-loss-coeff 0.001 (after --) conflicts with --moe-router-load-balancing-type aux_loss from "
+        f"the estimate ({small}) (the input decides these; change the input instead)")
+
+
+def test_advisor_launch_is_silent_where_the_launch_balances(advisor, tmp_path):
+    """No line where the row trains a weight, where its price is dropless (the worst case, whatever
+    the router does), where its capacity is padded, for Qwen3-30B-A3B's own weight (0.001), or
+    where --moe-router-force-load-balancing after -- balances the routing itself (router.py)."""
+    from launch_support import launcher
+
+    cases = {"weighted": [CODER, *LAYOUT, "--moe-aux-loss-coeff", "0.001"],
+             "dropless": [CODER, *LAYOUT, "--moe-routing", "dropless"],
+             "padded": [CODER, *LAYOUT, "--moe-expert-capacity-factor", "1.0"],
+             "own": [*QWEN30_8[1:]]}
+    for name, args in cases.items():
+        path = tmp_path / f"{name}.json"
+        advisor("estimate", "--model", *args, "--format", "json", "-o", path)
+        result = launcher()("args", "--from", path)
+        assert "is an assumption" not in result.stderr, (name, result.stderr)
+    unbalanced = tmp_path / "qwen30.json"
+    advisor("estimate", *QWEN30_8, "--moe-aux-loss-coeff", "0", "--format", "json", "-o", unbalanced)
+    assert "is an assumption" in launcher()("args", "--from", unbalanced).stderr
+    forced = launcher()("args", "--from", unbalanced, "--", "--moe-router-force-load-balancing")
+    assert "is an assumption" not in forced.stderr
+    assert "--moe-router-force-load-balancing" in forced.stdout
+
+
+def test_advisor_launch_of_an_unpadded_capacity_row_and_of_a_command_read_back(advisor, tmp_path):
+    """Capacity routing not padded prices the busiest expert's min(imbalance, factor) share, an
+    assumption too; an estimate read from a command (--from-command) is told to add the weight to
+    the command and launch its estimate."""
+    from launch_support import launcher
+
+    unpadded = tmp_path / "unpadded.json"
+    advisor("estimate", "--model", CODER, *LAYOUT, "--moe-expert-capacity-factor", "1.0",
+            "--no-moe-pad-expert-input-to-capacity", "--format", "json", "-o", unpadded)
+    assert (f"advisor-launch: the estimate ({unpadded}): routing capacity {ASSUMED}, so Megatron's router trains "
+            "unbalanced; launch a row priced with --moe-aux-loss-coeff") in launcher()("args", "--from", unpadded).stderr
+    row = advisor.json("estimate", "--model", CODER, *LAYOUT)
+    command = tmp_path / "train.sh"
+    command.write_text(" ".join(row["megatron_args"]))
+    read = tmp_path / "read.json"
+    advisor("estimate", "--from-command", command, "--gpus", "256", "--gpu", "h100-80gb", "--vocab-size", "151936",
+            "--format", "json", "-o", read)
+    stderr = launcher()("args", "--from", read).stderr
+    assert (f"advisor-launch: the estimate ({read}): routing balanced {ASSUMED}, so Megatron's router trains "
+            "unbalanced; launch an estimate of the command with --moe-aux-loss-coeff added (Qwen3's 0.001), or one "
+            "priced with --moe-routing dropless (the worst case)") in stderr, stderr

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from advisor.cli.options import InputError, command_name, note, table_on_stdout
 
+QWEN = " (Qwen3's 0.001)"
+"""The weight the remedy suggests: Qwen3's router_aux_loss_coef (qwen3-30b-a3b's config.json)."""
+
 
 def with_aux_loss_coeff(spec, weights: tuple[float, ...]):
     """``spec`` with --moe-aux-loss-coeff's ``weights`` in place of its own: one for a router of
@@ -42,7 +45,7 @@ def with_aux_loss_coeff(spec, weights: tuple[float, ...]):
     return replace(spec, aux_loss_coeff=tuple(weights) if len(types) > 1 else weights[0])
 
 
-def unbalanced_line(spec, routing, forced: bool = False, command: bool = False) -> str | None:
+def unbalanced_line(spec, routing, forced: bool = False, command: bool = False, launched: bool = False) -> str | None:
     """One line where the routing priced (``routing``: ``advisor.moe.memory.RoutedTokens``) assumes
     a balanced router that the model does not train (``memory.router_balanced``: an aux-loss
     weight of 0, Megatron's default, or a command's load-balancing type none, and no expert bias),
@@ -51,7 +54,10 @@ def unbalanced_line(spec, routing, forced: bool = False, command: bool = False) 
     factor)), price each expert's share x --moe-imbalance; dropless is the worst case and capacity
     padded runs every expert's full capacity, either way whatever the router does. ``forced``: a
     command's --moe-router-force-load-balancing, which balances the routing itself; ``command``:
-    the model was read from a command (--from-command), whose weight is given in the command.
+    the model was read from a command (--from-command), whose weight is given in the command;
+    ``launched``: said by advisor-launch of a saved row, whose model flags are decided (a weight
+    after -- is refused as a conflict: ``launch.arguments.DECIDED_FLAGS``), so the remedy is a row
+    priced otherwise.
     A weight alone does nothing for type none: megatron-core's router reads one only for
     ``AUX_LOSS_TYPES`` (``router.py``, ``get_aux_loss_coeff`` returns 0.0 for any other type), so
     there the line names the type and asks for an aux-loss type with its weight."""
@@ -61,16 +67,27 @@ def unbalanced_line(spec, routing, forced: bool = False, command: bool = False) 
             or router_balanced(spec):
         return None
     types = balancing_types(spec)
-    if any(kind in AUX_LOSS_TYPES for kind in types):
-        why = "aux-loss coefficient 0, no expert bias"
-        give = ("add --moe-aux-loss-coeff to the command" if command else "give --moe-aux-loss-coeff") \
-            + " (Qwen3's 0.001) or "
-    else:  # type none without the expert bias: only a command sets it (the presets and config.json do not)
-        why = f"load-balancing type {', '.join(types)}, no expert bias"
-        give = (f"add --moe-router-load-balancing-type {AUX_LOSS_TYPES[0]} and --moe-aux-loss-coeff to the command "
-                "or " if command else "")
+    aux = any(kind in AUX_LOSS_TYPES for kind in types)
+    # type none without the expert bias: only a command sets it (the presets and config.json do not)
+    why = "aux-loss coefficient 0, no expert bias" if aux else f"load-balancing type {', '.join(types)}, no expert bias"
     return (f"routing {routing.routing} is an assumption: the model balances nothing ({why}), so Megatron's "
-            f"router trains unbalanced; {give}price --moe-routing dropless (the worst case)")
+            f"router trains unbalanced; {_remedy(aux, command, launched, AUX_LOSS_TYPES[0])}")
+
+
+def _remedy(aux: bool, command: bool, launched: bool, aux_type: str) -> str:
+    """What ``unbalanced_line`` tells the user to do: train a balancing loss (a weight, and with
+    type none an aux-loss type too), or price the worst case."""
+    worst = "--moe-routing dropless (the worst case)"
+    added = "--moe-aux-loss-coeff" if aux else f"--moe-router-load-balancing-type {aux_type} and --moe-aux-loss-coeff"
+    if launched:
+        if command:
+            return f"launch an estimate of the command with {added} added{QWEN * aux}, or one priced with {worst}"
+        return f"launch a row priced with --moe-aux-loss-coeff{QWEN}, or one priced with {worst}" if aux \
+            else f"launch a row priced with {worst}"
+    if aux:
+        return ("add --moe-aux-loss-coeff to the command" if command else "give --moe-aux-loss-coeff") + \
+            f"{QWEN} or price {worst}"
+    return f"add {added} to the command or price {worst}" if command else f"price {worst}"
 
 
 def unbalanced_notes(spec, settings, fmt: str, output, read=None) -> list[str]:
