@@ -148,3 +148,37 @@ def test_a_symbolic_campaign_refuses_a_run_of_the_other_swiglu_under_out(tmp_pat
         write_rank(tmp_path / "cpu" / other["id"], other, stage, swiglu_fusion=False)
     for document in (fused, eager):
         assert scan(document, tmp_path / "cpu", backend_fields("cpu"))[run["id"]].state == "absent"
+
+
+@pytest.mark.parametrize("made_by, recorded, unfused", [
+    (MEGATRON, False, True), (MEGATRON, True, False), (SYMBOLIC_TE, False, True),
+    (SYMBOLIC_LOCAL, False, False), (CPU_EMULATOR, False, False),
+], ids=["megatron-eager", "megatron-fused", "symbolic-te-eager", "symbolic-local", "cpu-emulator"])
+def test_the_tables_title_says_the_plan_launches_the_unfused_swiglu(advisor, tmp_path, monkeypatch, made_by, recorded,
+                                                                     unfused):
+    """The table says what the plan's flags say: where the profiles ran the eager SwiGLU (and the
+    plan launches --no-bias-swiglu-fusion), its title names it; fused plans' titles are as before
+    (the local spec's eager SwiGLU stands for the fused one: no words)."""
+    from advisor.cli.recommend import UNFUSED_SWIGLU_WORDS
+
+    monkeypatch.setenv("COLUMNS", "200")  # the title on one line
+
+    root = write_profiles(tmp_path / "runs", **made_by, swiglu_fusion=recorded)
+    table = advisor("recommend", "--profile", root, *RECOMMEND).stdout
+    title = table.splitlines()[0]
+    assert title.startswith("tiny: megatron plan, 4 GPUs, TP 1, CP 1, DP 1, PP 4, MBS 2")
+    assert title.rstrip().endswith(f"(1f1b predictor, {UNFUSED_SWIGLU_WORDS})" if unfused else "(1f1b predictor)")
+    assert UNFUSED_SWIGLU_WORDS == "unfused SwiGLU: --no-bias-swiglu-fusion"
+    plan = advisor.json("recommend", "--profile", root, *RECOMMEND)
+    assert (UNFUSED in plan["megatron_args"]) is unfused  # the title and the flags agree
+
+
+def test_the_analytic_plans_title_says_the_unfused_swiglu_it_priced(advisor, monkeypatch):
+    """Without profiles the plan is priced and launched with the --no-bias-swiglu-fusion given."""
+    monkeypatch.setenv("COLUMNS", "200")
+    args = ["recommend", "--gpus", 8, "--pp", 2, "--gbs", 16, "--seq-len", 2048]
+    fused = advisor(*args).stdout.splitlines()[0]
+    eager = advisor(*args, UNFUSED).stdout.splitlines()[0]
+    assert UNFUSED in advisor.json(*args, UNFUSED, "--format", "json")["megatron_args"]
+    assert fused.rstrip().endswith("(analytical memory model, no profiles)")
+    assert eager.rstrip().endswith("(analytical memory model, no profiles, unfused SwiGLU: --no-bias-swiglu-fusion)")

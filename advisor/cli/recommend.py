@@ -61,6 +61,12 @@ internal (seed004: the 4D paper's estimator, Eq. 1-18, with its extensions); the
 predictors keep their --predictor names (1f1b, capture). The plan file keeps every name."""
 
 
+UNFUSED_SWIGLU_WORDS = "unfused SwiGLU: --no-bias-swiglu-fusion"
+"""The title's words for a plan whose setup runs the eager SwiGLU (``MegatronSetup.bias_swiglu_fusion``
+off): its profiles ran it (Megatron-LM or the symbolic TE spec asked so), or the analytic plan was
+priced with --no-bias-swiglu-fusion; the plan launches it."""
+
+
 @click.command("recommend", epilog=EPILOG, help=RECOMMEND_HELP)
 @click.option("--profile", "profiles", multiple=True, type=InputPath(path_type=Path),
               help="A run directory (rank*.jsonl) or a directory of them; repeat for more. Without it the plan "
@@ -347,7 +353,10 @@ def _plan_table(plan, mem: float | None, unmeasured: float = 0.0) -> str:
     if plan.stopped_early_runs:
         caption += "\n" + stopped_early_text(plan.stopped_early_runs)
     degrees = f"TP {plan.tp}, CP {plan.cp}, DP {plan.dp}" if plan.tp else "per-stage TP/DP"
+    # the SwiGLU the profiles ran (or the analytic plan priced) is launched: the eager one keeps
+    # more memory a layer than Megatron-LM's default, and only the plan's flags said so
+    swiglu = "" if plan.setup.bias_swiglu_fusion else f", {UNFUSED_SWIGLU_WORDS}"
     title = (f"{plan.model.name}: {plan.mode} plan, {plan.gpus} GPUs, {degrees}, PP {plan.pp}, "
              f"MBS {plan.micro_batch_size}, {plan.num_microbatches} microbatches "
-             f"({PREDICTOR_WORDS.get(plan.predictor, f'{plan.predictor} predictor')})")
+             f"({PREDICTOR_WORDS.get(plan.predictor, f'{plan.predictor} predictor')}{swiglu})")
     return render.to_table(rows, columns, title=title, caption=caption, color=color_wanted(None))
