@@ -50,13 +50,18 @@ class MegatronSetup:
     bias_swiglu_fusion: bool = True
     """Megatron-LM's fused SwiGLU (its default); False: --no-bias-swiglu-fusion, the eager SwiGLU,
     which keeps one more h_ffn-wide tensor per layer (``options.Fusions.bias_swiglu_fusion``)."""
+    transformer_impl: Literal["transformer_engine", "local"] = "transformer_engine"
+    """Megatron-LM's --transformer-impl (``options.Attention.transformer_impl``): local where the
+    profiles a plan is made from ran megatron-core's own modules (``observations.launched_transformer_impl``)."""
 
     def to_dict(self) -> dict:
-        """The fields; ``bias_swiglu_fusion`` only when off, as the flags state it (absent: fused,
-        what every file written before it was a choice planned), so the default's files are as before."""
+        """The fields; ``bias_swiglu_fusion`` only when off and ``transformer_impl`` only when local,
+        as the flags state them (absent: Megatron-LM's defaults, what every file written before them
+        planned), so the default's files are as before."""
         return {"params_dtype": self.params_dtype, "distributed_optimizer": self.distributed_optimizer,
                 "sequence_parallel": self.sequence_parallel,
-                **({} if self.bias_swiglu_fusion else {"bias_swiglu_fusion": False})}
+                **({} if self.bias_swiglu_fusion else {"bias_swiglu_fusion": False}),
+                **({} if self.transformer_impl == "transformer_engine" else {"transformer_impl": self.transformer_impl})}
 
     def memory_options(self) -> MemoryOptions:
         """The estimator's view, from the same options the runs' flags are written from
@@ -71,7 +76,8 @@ class MegatronSetup:
             data_parallel=DataParallel(distributed_optimizer=self.distributed_optimizer, overlap_grad_reduce=False,
                                        overlap_param_gather=False),
             tensor_parallel=TensorParallel(sequence_parallel=self.sequence_parallel),
-            attention=Attention(dataloader_mask="cached"), fusions=Fusions(bias_swiglu_fusion=self.bias_swiglu_fusion))
+            attention=Attention(dataloader_mask="cached", transformer_impl=self.transformer_impl),
+            fusions=Fusions(bias_swiglu_fusion=self.bias_swiglu_fusion))
 
 
 def _run_length(count: int) -> str:

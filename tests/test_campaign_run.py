@@ -225,6 +225,11 @@ def _run0(**changes):
                                                             "but the campaign's setup says bias_swiglu_fusion false"),
     (_run0(megatron_args=[*campaign()["runs"][0]["megatron_args"], "--no-bias-swiglu-fusion"]),
      "run pp-b1-2x2: 'megatron_args' give --no-bias-swiglu-fusion, but the campaign's setup says bias_swiglu_fusion true"),
+    # a plan's setup records the layer spec its profiles ran; a campaign's runs take theirs from the
+    # runner (campaign_run.backend_fields), so the field would be read and ignored
+    (lambda d: d["setup"].update(transformer_impl="local"), "'setup': unknown field 'transformer_impl' (a campaign's "
+                                                            "setup has params_dtype, distributed_optimizer, "
+                                                            "sequence_parallel, bias_swiglu_fusion)"),
     (lambda d: d.update(seq_len=10**9), "'seq_len' must be at most 16,777,216, got 1000000000"),
     (lambda d: d.update(runs=[]), "'runs' must be a non-empty list of runs, got []"),
     (lambda d: d.update(runs={}), "'runs' must be a non-empty list of runs, got {}"),

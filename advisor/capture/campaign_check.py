@@ -28,6 +28,11 @@ from advisor.parallel import sequence_problem
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*")
 SETUP_DTYPES = ("bfloat16", "float16", "float32")
+CAMPAIGN_SETUP_FIELDS = tuple(name for name in MegatronSetup.__dataclass_fields__ if name != "transformer_impl")
+"""The fields of a campaign's setup: a plan's but its layer spec, which a campaign's runs take from
+their runner (``campaign_run.backend_fields``: the CPU emulator's local spec, the symbolic
+backend's --layer-spec, --transformer-impl after -- for Megatron-LM), and the plans from them
+from what the runs' headers say they built (``observations.launched_transformer_impl``)."""
 _DEGREES = ("tp", "dp", "cp", "pp")
 
 
@@ -100,9 +105,9 @@ def check_campaign(document: object, path: Path | str) -> LlamaSpec:
     sequence_parallel = setup.boolean("sequence_parallel")
     # campaigns written before it was a choice were planned with Megatron's fused default
     bias_swiglu_fusion = setup.boolean("bias_swiglu_fusion") if "bias_swiglu_fusion" in setup.document else True
-    if unknown := sorted(set(setup.document) - set(MegatronSetup.__dataclass_fields__)):
+    if unknown := sorted(set(setup.document) - set(CAMPAIGN_SETUP_FIELDS)):
         raise AdvisorError(f"{path}: 'setup': unknown field {unknown[0]!r} (a campaign's setup has "
-                           f"{', '.join(MegatronSetup.__dataclass_fields__)})")
+                           f"{', '.join(CAMPAIGN_SETUP_FIELDS)})")
     runs = top.get("runs")
     if not isinstance(runs, list) or not runs:
         raise AdvisorError(f"{path}: 'runs' must be a non-empty list of runs, got {_kind(runs)}")

@@ -96,8 +96,9 @@ class ProfileSet:
     seq_len: int
     cp: int
     setup: MegatronSetup
-    """The runs' dtype, distributed optimizer and sequence parallelism (the TP > 1 runs'; True if
-    there were none): what a plan made from them must launch with."""
+    """The runs' dtype, distributed optimizer, sequence parallelism (the TP > 1 runs'; where there
+    were none, True but for the local spec, which refuses it), SwiGLU and layer spec (as they stand
+    for them: ``header_setup``, ``launched_transformer_impl``): what a plan made from them must launch with."""
     runs: tuple[RunObservation, ...]
     skipped: tuple[tuple[str, str], ...] = ()
     """(run, why) for runs that did not finish: OOM, error, or still running."""
@@ -276,6 +277,16 @@ def stands_for_swiglu_fusion(emulated: bool, layer_spec: str, swiglu_fusion: boo
     return not swiglu_as_asked(emulated, layer_spec) or swiglu_fusion is not False
 
 
+def launched_transformer_impl(emulated: bool, backend: str, layer_spec: str) -> str:
+    """The --transformer-impl a plan from a run's profile launches: the layer spec the run built
+    (a Megatron-LM run's --transformer-impl, the symbolic backend's --layer-spec), whose memory it
+    measured (the local spec's unfused attention keeps the s x s scores that Transformer Engine's
+    fused attention does not); the CPU emulator's local spec, which it builds whatever is asked
+    (it cannot build Transformer Engine's), stands in for Megatron-LM's default, as its eager SwiGLU
+    does (``stands_for_swiglu_fusion``)."""
+    return "transformer_engine" if emulated and backend == "cpu" else layer_spec
+
+
 def header_setup(h: RankHeader) -> dict:
     """The setup that a set of runs must share (``check_one_setup``), as one rank's header says
     it: the one list of its fields, which ``advisor profile run`` also compares the runs already
@@ -370,12 +381,15 @@ def profile_set(runs: Iterable[ProfileRun]) -> ProfileSet:
             sequence_parallel = run.header.sequence_parallel
     if not observed:
         raise ProfileError(none_finished(skipped))
-    setup = header_setup(runs[0].header)
+    setup, first = header_setup(runs[0].header), runs[0].header
+    impl = launched_transformer_impl(first.emulated, first.backend, first.layer_spec)
     return ProfileSet(
-        model=runs[0].header.model, seq_len=setup["seq_len"], cp=setup["cp"],
+        model=first.model, seq_len=setup["seq_len"], cp=setup["cp"],
+        # without a TP > 1 run, sequence parallelism as Megatron-LM's layer spec takes it: the local
+        # spec's torch norms refuse it (megatron-core transformer/torch_norm.py), TE's runs it
         setup=MegatronSetup(params_dtype=setup["params_dtype"], distributed_optimizer=setup["distributed_optimizer"],
-                            sequence_parallel=sequence_parallel is not False,
-                            bias_swiglu_fusion=setup["bias_swiglu_fusion"]),
+                            sequence_parallel=sequence_parallel is True or sequence_parallel is None and impl != "local",
+                            bias_swiglu_fusion=setup["bias_swiglu_fusion"], transformer_impl=impl),
         runs=tuple(observed), skipped=tuple(skipped),
     )
 

@@ -15,7 +15,8 @@ Schema ``megatron-4d-advisor/plan``, version 1. One JSON object:
         were asked for: --exit-interval, --exit-duration-in-mins, a signal), fits (1f1b: per scenario and
         microbatch, c0, c1 and the residuals)},
     model (LlamaSpec fields), seq_len, setup {params_dtype, distributed_optimizer,
-        sequence_parallel, bias_swiglu_fusion (only when false)},
+        sequence_parallel, bias_swiglu_fusion (only when false), transformer_impl (only when
+        "local": the profiles' layer spec, ``observations.launched_transformer_impl``)},
     gpus, gpus_per_node, world_size,
     tp, cp, dp (uniform degrees; tp and dp null in hybrid plans), pp (stages),
     micro_batch_size (Megatron's, per DP replica; in hybrid plans the pipeline microbatch),
