@@ -176,6 +176,31 @@ def test_missing_torch_is_one_line(advisor, campaign_file, tmp_path, monkeypatch
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("backend, said", [((), True), (("--backend", "symbolic", "--layer-spec", "local"), True),
+                                            (("--backend", "symbolic"), False)])
+def test_an_eager_swiglu_campaign_on_a_local_spec_emulator_says_what_its_plan_launches(advisor, tmp_path, monkeypatch,
+                                                                                      backend, said):
+    """The CPU emulator's (and the symbolic local spec's) stages run the eager SwiGLU whatever is
+    asked and stand for Megatron-LM's fused default, so a campaign asking the eager one is told,
+    before any work, that its plan launches the fused one; Transformer Engine's symbolic spec
+    builds what is asked and says nothing. (torch's absence is faked to stop before the runs.)"""
+    monkeypatch.setattr("advisor.capture.relay.missing_modules", lambda *args: ["torch"])
+    eager = _write(tmp_path / "eager.json", campaign(layouts=[(2, 2)], setup=replace(CPU, bias_swiglu_fusion=False)))
+    result = advisor("profile", "run", eager, "--out", tmp_path / "runs", *backend, expect=2)
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("Error: advisor profile run needs torch") and "Traceback" not in result.output
+    assert lines[:-1] == ([_eager_note()] if said else [])
+    fused = _write(tmp_path / "fused.json", campaign(layouts=[(2, 2)]))
+    assert len(advisor("profile", "run", fused, "--out", tmp_path / "runs", *backend, expect=2).stderr.splitlines()) == 1
+
+
+def _eager_note() -> str:
+    return ("note: the campaign asks for the eager SwiGLU (bias_swiglu_fusion false), but this backend's local spec "
+            "runs it whatever is asked, and its profiles stand for Megatron-LM's fused default: a plan from them "
+            "launches the fused SwiGLU; to profile the eager one as asked, use --backend symbolic (Transformer "
+            "Engine's spec) or --megatron-lm DIR")
+
+
 def test_missing_modules_are_found_without_importing_them(monkeypatch):
     from advisor.capture import relay
 

@@ -517,6 +517,8 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
     budget = EmulationBudget(threads=threads, memory_limit_bytes=memory_limit and memory_limit * GIB_BYTES)
     document = prepare(campaign, out, backend="megatron" if gpus else backend, layer_spec=layer_spec,
                        budget=budget if emulated and not force else None)
+    if not gpus and (line := _eager_swiglu_note(document, backend_fields(backend, layer_spec))):
+        click.echo(line, err=True)
     # runs of another campaign, setup or backend under --out: refused before the runner starts
     scan(document, out, backend_fields("megatron" if gpus else backend, layer_spec, user_args))
     _before_start(document, out, megatron_lm, budget if emulated else None)
@@ -532,6 +534,22 @@ def run_command(campaign: Path, out: Path, backend: str, layer_spec: str | None,
                    f"to resume", err=True)
         sys.exit(128 + (stop.args[0] if isinstance(stop, Terminated) else signal.SIGINT))
     _finish(status, summary, last, out)
+
+
+def _eager_swiglu_note(document: dict, made_by: dict) -> str | None:
+    """One line where the campaign asks for the eager SwiGLU (setup ``bias_swiglu_fusion`` false)
+    and the backend's stages build the local spec's eager SwiGLU whatever is asked
+    (``observations.swiglu_as_asked``): their profiles stand for Megatron-LM's fused default
+    (``stands_for_swiglu_fusion``), so a plan from them launches the fused SwiGLU."""
+    from advisor.capture.observations import swiglu_as_asked
+
+    if document.get("setup", {}).get("bias_swiglu_fusion", True) is not False \
+            or swiglu_as_asked(made_by["emulated"], made_by["layer_spec"]):
+        return None
+    return ("note: the campaign asks for the eager SwiGLU (bias_swiglu_fusion false), but this backend's local "
+            "spec runs it whatever is asked, and its profiles stand for Megatron-LM's fused default: a plan from "
+            "them launches the fused SwiGLU; to profile the eager one as asked, use --backend symbolic "
+            "(Transformer Engine's spec) or --megatron-lm DIR")
 
 
 def _check_backend_flags(gpus: bool, backend: str, threads: int | None, memory_limit: float | None,
