@@ -102,6 +102,19 @@ def test_tensor_parallel_collectives_by_hand():
     assert float(forward) == pytest.approx(4 * one) and float(backward) == pytest.approx(4 * one)
 
 
+def test_one_blocks_tensor_parallel_collectives_by_hand():
+    """One block (attention or an MLP): forward its input's all-gather and its output's
+    reduce-scatter, backward the output gradient's gather and the input gradient's scatter, each
+    at its own bytes; the layer's two blocks are ``tensor_parallel_time``. An FP8 input gather
+    (1 byte an element) beside BF16 others: a TP-4 ring sends 3/4 of T h bytes at 1e11 B/s."""
+    tokens, tp = 8192, 4
+    fp8_gather = terms.TpBytes(input_gather=1, output_scatter=2, grad_gather=2, dgrad_scatter=2, fp8_scatter=1)
+    forward, backward = terms.tp_block_time(SPEC, tokens, tp, RATES, fp8_gather)
+    assert float(forward) == pytest.approx(3 / 4 * (1 + 2) * tokens * H / 1e11)
+    assert float(backward) == pytest.approx(3 / 4 * (2 + 2) * tokens * H / 1e11)
+    assert terms.tensor_parallel_time(SPEC, tokens, tp, RATES, fp8_gather) == (2 * forward, 2 * backward)
+
+
 def test_context_parallel_ring_by_hand():
     """c - 1 sends of this rank's K and V (2 x T/c x k d / t BF16), hidden behind the step's
     attention where it is longer; backward twice the bytes."""

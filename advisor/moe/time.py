@@ -224,8 +224,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
 
 def shared_expert_tp_time(spec: MoESpec, tokens_cp, tp, rates: Rates, fp8: Fp8Gemms | None = None,
                           shared_expert_overlap: bool = False):
-    """(forward, backward) seconds of the shared experts' tensor-parallel communication, the MLP
-    half of ``terms.tensor_parallel_time``: megatron-core's SharedExpertMLP is an MLP over the TP
+    """(forward, backward) seconds of the shared experts' tensor-parallel communication, one MLP
+    block's (``terms.tp_block_time``): megatron-core's SharedExpertMLP is an MLP over the TP
     group (``shared_experts.py``, core_v0.15.2 and core_v0.19.0: column-parallel FC1, row-parallel
     FC2), so with sequence parallelism (which Megatron requires for MoE at TP > 1) its FC1
     all-gathers the [tokens, h] input and FC2 reduce-scatters the output forward, and backward
@@ -241,8 +241,7 @@ def shared_expert_tp_time(spec: MoESpec, tokens_cp, tp, rates: Rates, fp8: Fp8Ge
     if not spec.shared_expert_size:
         return 0.0, 0.0
     sizes = fp8.collectives if fp8 is not None and not shared_expert_overlap else terms.BF16_TP
-    forward, backward = terms.tensor_parallel_time(spec, tokens_cp, tp, rates, sizes)
-    return forward / 2, backward / 2
+    return terms.tp_block_time(spec, tokens_cp, tp, rates, sizes)
 
 
 class _CastTimes(NamedTuple):

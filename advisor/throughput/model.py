@@ -233,7 +233,7 @@ class TimeModel:
         (``attention_forward``, Korthikanti et al. 2023); mlp, the whole MLP under
         ``tensor_parallel.checkpoint`` (``_forward_mlp``): FC1 and FC2 (``layer_gemm_shapes``' last
         two), SwiGLU (``terms.swiglu_elements``) and its two sequence-parallel collectives (the
-        all-gather before FC1, the reduce-scatter after FC2: half of ``tensor_parallel_time``'s
+        all-gather before FC1, the reduce-scatter after FC2: ``terms.tp_block_time``'s
         forward; with --tp-comm-overlap what their userbuffers leave exposed and the SMs they take,
         ``userbuffers.mlp_forward_overlap_time``), its FP8 input casts besides; layernorm, the two
         RMSNorms (read and write h each) where they are modules of their own (--transformer-impl
@@ -256,7 +256,7 @@ class TimeModel:
                                                                   self.options.userbuffers, self.tp_bytes,
                                                                   self.options.tp_overlaps)
             else:
-                comm, slow = terms.tensor_parallel_time(self.spec, tokens, tp, rates, self.tp_bytes)[0] / 2, 0.0
+                comm, slow = terms.tp_block_time(self.spec, tokens, tp, rates, self.tp_bytes)[0], 0.0
             again = again + gemms + slow + swiglu + terms.elementwise_time(casts, rates)
         if "layernorm" in modules and not self.options.fused_norms:
             again = again + terms.elementwise_time(terms.BF16 * 4 * self.spec.hidden_size * tokens / _f(tp), rates)

@@ -235,20 +235,31 @@ def tp_collective_time(spec: LlamaSpec, tokens, tp, rates: Rates, element_bytes:
     return ring_collective_time(element_bytes * tokens * spec.hidden_size, tp, link_bandwidth(tp, rates), rates)
 
 
-def tensor_parallel_time(spec: LlamaSpec, tokens, tp, rates: Rates, sizes: TpBytes = BF16_TP):
-    """(forward, backward) exposed TP communication of one layer with sequence parallelism
-    (Korthikanti et al. 2023, Section 4.2.2): an all-gather before QKV and FC1 and a
-    reduce-scatter after the output projection and FC2 forward (4 collectives of the layer's
-    [tokens, h] activation), backward the all-gathers of the projection's and FC2's output
-    gradients and the reduce-scatters of QKV's and FC1's input gradients, each at ``sizes``' bytes
-    an element (FP8 gathers under --fp8-format, ``levers.fp8_tp_bytes``). Megatron runs them on
-    the compute stream without --tp-comm-overlap, so they add to the layer's time; the inputs'
-    re-gathers for wgrad run asynchronously behind dgrad and are left out."""
-    forward = 2 * tp_collective_time(spec, tokens, tp, rates, sizes.input_gather) \
-        + 2 * tp_collective_time(spec, tokens, tp, rates, sizes.output_scatter)
-    backward = 2 * tp_collective_time(spec, tokens, tp, rates, sizes.grad_gather) \
-        + 2 * tp_collective_time(spec, tokens, tp, rates, sizes.dgrad_scatter)
+def tp_block_time(spec: LlamaSpec, tokens, tp, rates: Rates, sizes: TpBytes = BF16_TP):
+    """(forward, backward) TP communication of one block of a layer with sequence parallelism,
+    attention or an MLP (Korthikanti et al. 2023, Section 4.2.2): forward an all-gather of the
+    block's [tokens, h] input before its column-parallel linear (QKV, FC1) and a reduce-scatter of
+    its row-parallel linear's output (the output projection, FC2); backward the all-gather of the
+    row-parallel linear's output gradient and the reduce-scatter of the column-parallel one's input
+    gradient; each at ``sizes``' bytes an element (FP8 gathers under --fp8-format,
+    ``levers.fp8_tp_bytes``). A layer's attention and MLP move the same [tokens, h] activation, so
+    one block's price serves either (``tensor_parallel_time``; the MoE model's
+    ``LayerTimes.attention_tp``, ``dense_mlp_tp`` and ``shared_tp``)."""
+    forward = tp_collective_time(spec, tokens, tp, rates, sizes.input_gather) \
+        + tp_collective_time(spec, tokens, tp, rates, sizes.output_scatter)
+    backward = tp_collective_time(spec, tokens, tp, rates, sizes.grad_gather) \
+        + tp_collective_time(spec, tokens, tp, rates, sizes.dgrad_scatter)
     return forward, backward
+
+
+def tensor_parallel_time(spec: LlamaSpec, tokens, tp, rates: Rates, sizes: TpBytes = BF16_TP):
+    """(forward, backward) exposed TP communication of one layer with sequence parallelism: its
+    attention's and its MLP's collectives (``tp_block_time``, twice: 4 collectives of the layer's
+    [tokens, h] activation each way). Megatron runs them on the compute stream without
+    --tp-comm-overlap, so they add to the layer's time; the inputs' re-gathers for wgrad run
+    asynchronously behind dgrad and are left out."""
+    forward, backward = tp_block_time(spec, tokens, tp, rates, sizes)
+    return 2 * forward, 2 * backward  # 2 (g + s) == 2 g + 2 s exactly: scaling by 2 rounds nothing
 
 
 def context_parallel_time(spec: LlamaSpec, seq_len, mbs, tp, cp, rates: Rates, attention_forward, attention_backward):
