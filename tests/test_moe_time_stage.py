@@ -497,7 +497,8 @@ def test_selective_recomputation_runs_each_module_once_more_by_hand():
 
 def test_selective_step_adds_each_layers_recomputed_forward():
     # DeepSeek-V3 on one stage (memory aside): --recompute-modules mla_up_proj mlp against
-    # mla_up_proj alone costs the three dense layers' MLP forward once more per microbatch
+    # mla_up_proj alone costs the three dense layers' MLP forward once more per microbatch, its
+    # sequence-parallel gather and scatter with it (LayerTimes.dense_mlp_tp)
     from advisor.moe.stage import MoEOptions
     from advisor.options import TrainingOptions
 
@@ -513,7 +514,9 @@ def test_selective_step_adds_each_layers_recomputed_forward():
     rates = Rates.of(gpu, load_calibration())
     layer = mt.layer_times(DSV3, 4096, tp=2, cp=1, ep=8, etp=1, mbs=1, rates=rates)
     with_mlp, without = step({"mla_up_proj", "mlp"}), step({"mla_up_proj"})
-    assert with_mlp["step_time_s"] - without["step_time_s"] == pytest.approx(m * 3 * layer.dense_mlp)
+    assert layer.dense_mlp_tp > 0
+    assert with_mlp["step_time_s"] - without["step_time_s"] == pytest.approx(m * 3 * (layer.dense_mlp
+                                                                                     + layer.dense_mlp_tp))
 
 
 def test_core_attention_as_the_dense_model_prices_it_by_hand():

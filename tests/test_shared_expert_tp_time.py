@@ -36,10 +36,15 @@ def test_deepseek_v3_at_tp2_pays_one_gather_and_one_scatter_each_way_by_hand():
     assert bf16 == pytest.approx(2 * (29_360_128 / 450e9 + 20e-6))  # 170.5 us
     assert layer.shared_tp == pytest.approx(bf16)
     assert layer.shared_tp_backward == pytest.approx(bf16)  # FC2's output-gradient gather, FC1's dgrad scatter
-    # in the forward MoE layer, not in the shared experts' compute (which selective recomputation reruns)
-    without = mt.layer_times(DSV3, 4096, **KW)._replace(shared_tp=0.0, shared_tp_backward=0.0)
-    assert layer.moe - layer.shared_tp == pytest.approx(without.moe - bf16)
-    assert layer.shared == without.shared and layer.block == without.block and layer.comm == without.comm
+    # their own field, not in the MoE layer's compute nor the shared experts' (which selective
+    # recomputation reruns): the MoE layer's TP collectives (tp_comm) are attention's and these, each
+    # block's gather and scatter once forward and once backward
+    assert layer.attention_tp == pytest.approx(bf16) and layer.attention_tp_backward == pytest.approx(bf16)
+    tp = mt.tp_comm(layer, "none", frozenset())
+    assert tp.attention + tp.shared == pytest.approx(2 * bf16 + 2 * bf16)  # the MoE layer's
+    without = layer._replace(shared_tp=0.0, shared_tp_backward=0.0)
+    assert mt.tp_comm(without, "none", frozenset()) == (tp.attention, tp.dense_mlp, 0.0)
+    assert tp.attention + tp.dense_mlp == pytest.approx(4 * bf16)  # a dense layer: attention's and its MLP's
 
 
 def test_fp8_gathers_as_the_dense_mlp_but_bf16_with_the_shared_expert_overlap():
@@ -66,7 +71,7 @@ def test_priced_as_communication_once_per_forward_and_once_backward(recompute, m
     # compute is priced forward + twice backward; these collectives run once per forward that runs
     # the shared experts (again where recomputed) and once in the backward
     layer = mt.layer_times(DSV3, 4096, **KW)
-    without = layer._replace(moe=layer.moe - layer.shared_tp, shared_tp=0.0, shared_tp_backward=0.0)
+    without = layer._replace(shared_tp=0.0, shared_tp_backward=0.0)
     options = MoEOptions(training=TrainingOptions(), modules=frozenset(modules))
     b = {"tp": 2, "cp": 1, "ep": 8, "etp": 1, "mbs": 1}
     paces = [mt._moe_layer_paces(DSV3, 4096, b, recompute, options, GPU, RATES, x) for x in (layer, without)]
@@ -80,7 +85,7 @@ def test_with_the_ep_overlap_they_stay_in_series_in_the_mlp_node():
     # stream (core_v0.15.2 models/gpt/fine_grained_callables.py, submodule_moe_forward), so its TP
     # collectives pair with nothing: forward + backward added to the steady state, none of it EP
     layer = mt.layer_times(DSV3, 4096, **KW, dispatcher="flex")
-    without = layer._replace(moe=layer.moe - layer.shared_tp, shared_tp=0.0, shared_tp_backward=0.0)
+    without = layer._replace(shared_tp=0.0, shared_tp_backward=0.0)
     options = MoEOptions(training=TrainingOptions(), dispatcher="flex", a2a_overlap=True)
     b = {"tp": 2, "cp": 1, "ep": 8, "etp": 1, "mbs": 1}
     paces = [mt._moe_layer_paces(DSV3, 4096, b, "selective", options, GPU, RATES, x) for x in (layer, without)]
@@ -89,8 +94,8 @@ def test_with_the_ep_overlap_they_stay_in_series_in_the_mlp_node():
 
 
 def test_attentions_tp_collectives_are_communication_backward_too_by_hand():
-    """The attention block's sequence-parallel gathers and scatters (half of terms.tensor_parallel_time)
-    run once backward, as many collectives as forward (the output projection's gradient gather, QKV's
+    """The attention block's sequence-parallel gathers and scatters (``terms.tp_block_time``) run
+    once backward, as many collectives as forward (the output projection's gradient gather, QKV's
     dgrad scatter), not twice the forward as compute is priced. Qwen3-235B-A22B (no shared experts),
     TP 2, s 4096, b 1, BF16: [4096, 4096] x 2 bytes = 33,554,432 bytes a collective, 16,777,216 sent
     at 450e9 B/s plus 20 us = 57.28 us; two forward, two backward: the MoE layer's pace drops by two
@@ -100,12 +105,37 @@ def test_attentions_tp_collectives_are_communication_backward_too_by_hand():
     one = 0.5 * 4096 * 4096 * 2 / RATES.nvlink_bytes_per_s + RATES.collective_latency_s
     assert one == pytest.approx(16_777_216 / 450e9 + 20e-6)
     layer = mt.layer_times(qwen, 4096, **KW)
-    assert layer.tp_backward_extra == pytest.approx(-4 * one)
-    old = layer._replace(tp_backward_extra=0.0)  # the backward at twice the forward
+    for forward, backward in ((layer.attention_tp, layer.attention_tp_backward),
+                              (layer.dense_mlp_tp, layer.dense_mlp_tp_backward)):
+        assert forward == pytest.approx(2 * one) and backward == pytest.approx(2 * one)
+    # the backward at twice the forward, as the compute is priced
+    old = layer._replace(attention_tp_backward=2 * layer.attention_tp, dense_mlp_tp_backward=2 * layer.dense_mlp_tp)
     options = MoEOptions(training=TrainingOptions())
     b = {"tp": 2, "cp": 1, "ep": 8, "etp": 1, "mbs": 1}
     new_pace, old_pace = (mt._moe_layer_paces(qwen, 4096, b, "none", options, GPU, RATES, x)[0] for x in (layer, old))
     assert old_pace - new_pace == pytest.approx(2 * one)
     dense = [mt._dense_layer_pace(qwen, "none", options, x) for x in (layer, old)]
     assert dense[1] - dense[0] == pytest.approx(4 * one)
-    assert mt.layer_times(qwen, 4096, **{**KW, "tp": 1}).tp_backward_extra == 0.0
+    # the collectives are in neither layer's compute: without them a dense layer's pace drops by
+    # four forward and four backward, an MoE layer's by two and two
+    bare = layer._replace(attention_tp=0.0, attention_tp_backward=0.0, dense_mlp_tp=0.0, dense_mlp_tp_backward=0.0)
+    assert dense[0] - mt._dense_layer_pace(qwen, "none", options, bare) == pytest.approx(8 * one)
+    assert new_pace - mt._moe_layer_paces(qwen, 4096, b, "none", options, GPU, RATES, bare)[0] == pytest.approx(4 * one)
+    tp1 = mt.layer_times(qwen, 4096, **{**KW, "tp": 1})
+    assert (tp1.attention_tp, tp1.attention_tp_backward, tp1.dense_mlp_tp, tp1.dense_mlp_tp_backward) == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("recompute, modules, attention, mlp", [
+    ("none", set(), 1, 1), ("selective", {"core_attn", "layernorm"}, 1, 1), ("selective", {"mlp"}, 1, 2),
+    ("full", set(), 2, 2)])
+def test_a_dense_layers_collectives_once_per_forward_that_runs_them_by_hand(recompute, modules, attention, mlp):
+    """DeepSeek-V3's dense layers at TP 2, s 4096, b 1, BF16: each block's gather and scatter
+    2 x 85.2 us (``_collective``) a forward and the same backward; full recomputation runs both
+    blocks' forward again, --recompute-modules mlp the MLP's (``transformer_layer.py``,
+    ``_forward_mlp`` under ``tensor_parallel.checkpoint``), core_attn and layernorm neither."""
+    layer = mt.layer_times(DSV3, 4096, **KW)
+    bare = layer._replace(attention_tp=0.0, attention_tp_backward=0.0, dense_mlp_tp=0.0, dense_mlp_tp_backward=0.0)
+    options = MoEOptions(training=TrainingOptions(), modules=frozenset(modules))
+    block = 2 * _collective(2)
+    paces = [mt._dense_layer_pace(DSV3, recompute, options, x) for x in (layer, bare)]
+    assert paces[0] - paces[1] == pytest.approx((attention + 1) * block + (mlp + 1) * block)

@@ -187,7 +187,8 @@ def host_sync_idle(spec: MoESpec, tokens, rates: Rates, dispatcher: str = "allto
     return np.full_like(tokens, HOST_LAUNCH_S)
 
 
-def overlapped_layer_time(rest, expert, comm, comm_sm_share=0.0, *, rest_again=0.0, expert_again=0.0):
+def overlapped_layer_time(rest, expert, comm, comm_sm_share=0.0, *, rest_again=0.0, expert_again=0.0,
+                          rest_tp=(0.0, 0.0)):
     """One MoE layer's forward and backward, communication included, under
     --overlap-moe-expert-parallel-comm: ``rest`` and ``expert`` the forward's compute outside and
     inside the MLP, ``rest_again`` and ``expert_again`` what selective recomputation runs again in
@@ -201,11 +202,14 @@ def overlapped_layer_time(rest, expert, comm, comm_sm_share=0.0, *, rest_again=0
     other), combine forward beside attention backward (2a). Each communication c = comm / 4
     against its partner's compute w; a communication kernel holding a share f of the SMs
     (``comm_sm_share``: DeepEP's, ``DEEPEP_SMS``) slows w by f while both run:
-    max(c, w + f c) per pair. With no communication it is the plain compute 3a + 3x; with no
-    compute, comm."""
+    max(c, w + f c) per pair. ``rest_tp``: the rest's TP collectives (attention's, ``advisor.moe.time.
+    tp_comm``), forward and in its backward node, on the compute stream with its work and so part of
+    it, not priced at twice the forward. With no communication it is the plain compute 3a + 3x; with
+    no compute, comm."""
     c = np.asarray(comm) / 4
+    tp_forward, tp_backward = rest_tp
     return sum(paired_time(c, w, comm_sm_share)
-               for w in (rest, expert, 2 * expert + expert_again, 2 * rest + rest_again))
+               for w in (rest + tp_forward, expert, 2 * expert + expert_again, 2 * rest + rest_again + tp_backward))
 
 
 def paired_time(comm, work, comm_sm_share=0.0):

@@ -89,9 +89,10 @@ class LayerTimes(NamedTuple):
     """One layer's forward, one microbatch, in seconds (``layer_times``)."""
 
     dense: object
-    """A dense layer (attention and MLP)."""
+    """A dense layer (attention and MLP), its TP collectives aside (``attention_tp``, ``dense_mlp_tp``)."""
     moe: object
-    """An MoE layer, its communication included."""
+    """An MoE layer, its EP communication included (``comm``), its TP collectives aside
+    (``attention_tp``, ``shared_tp``)."""
     comm: object
     """The MoE layer's EP communication: dispatch and combine, with the ETP gathers."""
     expert: object
@@ -114,7 +115,8 @@ class LayerTimes(NamedTuple):
     shared: object
     """The shared experts (--recompute-modules shared_experts)."""
     dense_mlp: object
-    """A dense layer's MLP with its sequence-parallel gather and scatter (--recompute-modules mlp)."""
+    """A dense layer's MLP (--recompute-modules mlp), its sequence-parallel gather and scatter aside
+    (``dense_mlp_tp``)."""
     dense_transposes: object = 0.0
     """Under --fp8-format with TP > 1, a dense layer's backward transposes of its sequence-parallel
     gathered FP8 operands (attention's and the MLP's, ``levers.gathered_cast_bytes``): backward
@@ -133,17 +135,30 @@ class LayerTimes(NamedTuple):
     (core_v0.15.2 does not wait: its FC2 may start there, priced as core_v0.19.0 runs it). The
     shared experts' own sequence-parallel gather and scatter are not in ``shared`` nor paired:
     ``shared_tp``."""
-    tp_backward_extra: object = 0.0
-    """A dense layer's tensor-parallel communication backward, less the twice its forward that
-    ``dense`` puts there (``terms.tensor_parallel_time``: as many collectives backward as forward,
-    the gradients' gathers and scatters, once each, at their own bytes); an MoE layer's attention
-    takes half of it (its MLP half is the shared experts', ``shared_tp``). Negative: the backward
-    carries one forward's worth of collectives, not two."""
+    attention_tp: object = 0.0
+    """The attention block's sequence-parallel all-gather of its input (before QKV, or MLA's down
+    projections) and reduce-scatter of the output projection's output, forward, in a dense and an
+    MoE layer alike (``terms.tp_block_time``, FP8 gathers under --fp8-format as
+    ``levers.fp8_tp_bytes`` has them); in none of the compute fields nor ``dense`` or ``moe``:
+    communication, run once per forward that runs attention (again with full recomputation) and
+    once in the backward (``attention_tp_backward``), not priced as twice the forward
+    (``tp_comm``)."""
+    attention_tp_backward: object = 0.0
+    """Its backward: the all-gather of the output projection's output gradient and the
+    reduce-scatter of QKV's input gradient."""
+    dense_mlp_tp: object = 0.0
+    """A dense layer's MLP's sequence-parallel all-gather of FC1's input and reduce-scatter of FC2's
+    output, forward (``terms.tp_block_time``, as ``attention_tp``); run once per forward that runs
+    the MLP (again with full recomputation, or selective with mlp) and once in the backward
+    (``dense_mlp_tp_backward``)."""
+    dense_mlp_tp_backward: object = 0.0
+    """Its backward: the all-gather of FC2's output gradient and the reduce-scatter of FC1's input
+    gradient."""
     shared_tp: object = 0.0
     """The shared experts' sequence-parallel all-gather of their input and reduce-scatter of their
-    output, forward (``shared_expert_tp_time``); in ``moe``, not in ``shared``, ``block`` or the
+    output, forward (``shared_expert_tp_time``); not in ``moe``, ``shared``, ``block`` or the
     pairs: communication, run once per forward (again where the shared experts are recomputed) and
-    once in the backward (``shared_tp_backward``), not priced as twice the forward."""
+    once in the backward (``shared_tp_backward``), not priced as twice the forward (``tp_comm``)."""
     shared_tp_backward: object = 0.0
     """Their backward: the all-gather of FC2's output gradient and the reduce-scatter of FC1's input
     gradient."""
@@ -178,8 +193,9 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     attention_gemm = 2.0 * tokens_cp * params.attention_parameters(spec) / tp / gemm_rates.gemm_flops_per_s \
         + 4 * rates.gemm_latency_s
     core, core_backward = terms.attention_kernel_time(attention_flops(spec, seq_len, mbs, tp, cp), cp, rates)
-    # FP8 moves the sequence-parallel gathers in FP8 (levers.fp8_tp_bytes), as the dense model's
-    tp_comm, tp_backward = terms.tensor_parallel_time(spec, tokens_cp, tp, rates,
+    # attention's and a dense MLP's gathers and scatters, the same [tokens, h] activation each; FP8
+    # moves the gathers in FP8 (levers.fp8_tp_bytes), as the dense model's
+    block_tp, block_tp_backward = terms.tp_block_time(spec, tokens_cp, tp, rates,
                                                       fp8.collectives if fp8 else terms.BF16_TP)
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     pace = replace(routing, routing="balanced") if routing.routing == "dropless" else routing
@@ -188,9 +204,9 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         spec, tokens_cp, tp, copies, etp, bias_swiglu_fusion, shared_expert_overlap))
     cp_comm, _ = terms.context_parallel_time(spec, seq_len, mbs, tp, cp, rates, core, core_backward)
     casts = _cast_times(spec, tokens_cp, tp, copies, etp, fp8, rates)
-    attention = attention_gemm + core + tp_comm / 2 + elementwise + cp_comm + casts.attention
+    attention = attention_gemm + core + elementwise + cp_comm + casts.attention
     dense_mlp = terms.gemm_time(tokens_cp, spec.hidden_size, 3 * spec.ffn_hidden_size / tp, gemm_rates) \
-        + tp_comm / 2 + dense_swiglu + casts.dense_mlp
+        + dense_swiglu + casts.dense_mlp
     expert_f, _ = expert_gemm_time(spec, copies, ep, etp, gemm_rates, sms, 1 if fp8 else mm.BF16)
     expert_f = expert_f + casts.routed
     shared = 2.0 * tokens_cp * params.shared_expert_parameters(spec, tp) / gemm_rates.gemm_flops_per_s \
@@ -207,7 +223,7 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
                                             terms.link_bandwidth(etp, rates), rates)
     shared_tp, shared_tp_backward = shared_expert_tp_time(spec, tokens_cp, tp, rates, fp8, shared_expert_overlap)
-    moe = attention + expert_f + moe_act + shared + router + permute + a2a + 2 * gather + shared_tp
+    moe = attention + expert_f + moe_act + shared + router + permute + a2a + 2 * gather
     shared_fc2 = 2.0 * tokens_cp * spec.hidden_size * spec.shared_expert_size / tp / gemm_rates.gemm_flops_per_s
     norm = terms.elementwise_time(mm.BF16 * 2 * spec.hidden_size * tokens_cp / tp, rates)  # read h, write h
     return LayerTimes(dense=attention + dense_mlp, moe=moe, comm=a2a + 2 * gather, expert=expert_f + moe_act + shared,
@@ -218,8 +234,9 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
                       dense_mlp=dense_mlp, dense_transposes=casts.dense_transposes,
                       moe_transposes=casts.moe_transposes,
                       shared_pairs=((shared - shared_fc2, a2a / 2 + gather), (shared_fc2, a2a / 2)),
-                      shared_tp=shared_tp, shared_tp_backward=shared_tp_backward,
-                      tp_backward_extra=tp_backward - 2 * tp_comm)
+                      attention_tp=block_tp, attention_tp_backward=block_tp_backward,
+                      dense_mlp_tp=block_tp, dense_mlp_tp_backward=block_tp_backward,
+                      shared_tp=shared_tp, shared_tp_backward=shared_tp_backward)
 
 
 def shared_expert_tp_time(spec: MoESpec, tokens_cp, tp, rates: Rates, fp8: Fp8Gemms | None = None,
@@ -384,7 +401,8 @@ def recomputed_forward(spec: MoESpec, layer: LayerTimes, modules: frozenset[str]
     - mla_up_proj: ``mla_up_time``;
     - mlp: a dense layer's MLP (MoE layers ignore it: ``not isinstance(self.mlp, MoELayer)``);
     - moe_act: the routed experts' activation (``experts.py``); shared_experts: the shared experts
-      (``shared_experts.py``)."""
+      (``shared_experts.py``).
+    Compute only: the TP collectives that mlp and shared_experts run again are ``tp_comm``'s."""
     mla = spec.mla is not None
     attention = ("core_attn" in modules) * layer.core + ("mla_up_proj" in modules) * layer.mla_up
     norms = "layernorm" in modules
@@ -392,6 +410,37 @@ def recomputed_forward(spec: MoESpec, layer: LayerTimes, modules: frozenset[str]
     moe_rest = attention + norms * (1 + mla) * layer.norm
     moe_expert = ("moe_act" in modules) * layer.moe_act + ("shared_experts" in modules) * layer.shared
     return dense, moe_rest, moe_expert
+
+
+class TpComm(NamedTuple):
+    """Seconds of one layer's tensor-parallel collectives per microbatch, forwards and backward
+    (``tp_comm``), by block: a dense layer's are ``attention`` + ``dense_mlp``, an MoE layer's
+    ``attention`` + ``shared``."""
+
+    attention: object
+    dense_mlp: object
+    shared: object
+
+
+def tp_comm(layer: LayerTimes, recompute: str, modules: frozenset[str]) -> TpComm:
+    """Each block's tensor-parallel collectives per microbatch (``LayerTimes.attention_tp``,
+    ``dense_mlp_tp``, ``shared_tp``), once per forward that runs the block and once in the
+    backward (as many collectives backward as forward, the gradients' gathers and scatters:
+    ``terms.tp_block_time``), not at twice the forward as compute is priced. Full recomputation runs every block's forward
+    again (megatron-core ``transformer_block.py``, ``_checkpointed_forward``: the whole layer under
+    ``tensor_parallel.checkpoint``); selective (``modules``) runs again a dense layer's MLP with mlp
+    (``transformer_layer.py``, ``_forward_mlp``) and the shared experts with moe (the whole block
+    is checkpointed, ``moe_layer.py``) or shared_experts (``MoELayer.shared_experts_compute``). No
+    module runs attention's gather and scatter again: core_attn and layernorm checkpoint parts
+    between them; mla_up_proj's up projections gather their latents again
+    (``multi_latent_attention.py``, ``qkv_up_proj_and_rope_apply``), which attention's [tokens, h]
+    gather stands for and is not priced again."""
+    full = recompute == "full"
+    mlp_forwards = 2.0 if full or "mlp" in modules else 1.0
+    shared_forwards = 2.0 if full or "moe" in modules or "shared_experts" in modules else 1.0
+    return TpComm(attention=(1.0 + full) * layer.attention_tp + layer.attention_tp_backward,
+                  dense_mlp=mlp_forwards * layer.dense_mlp_tp + layer.dense_mlp_tp_backward,
+                  shared=shared_forwards * layer.shared_tp + layer.shared_tp_backward)
 
 
 def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dict, recompute: str, *, gpu, options,
@@ -422,7 +471,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     vpp = c["vpp"]
     b, base_of, spread = _by_base(c, bases)
     rates, gemm_rates, layer = _rates_and_layer(spec, seq_len, b, gpu, options, cal)
-    moe_f = layer.moe
+    moe_f = layer.moe + layer.attention_tp + layer.shared_tp  # the forward the DP communication hides behind
     moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
     dense_t = _dense_layer_pace(spec, recompute, options, layer)
     most, last_layers = longest_and_last(spec.num_layers, b["pp"], layers_per_stage)
@@ -489,11 +538,13 @@ def _rates_and_layer(spec: MoESpec, seq_len: int, b: dict, gpu, options, cal):
 def _dense_layer_pace(spec: MoESpec, recompute: str, options, layer: LayerTimes):
     """A dense layer's forward and backward per microbatch: the forward once more with full
     recomputation, its selective modules' forward (``recomputed_forward``) with selective; its TP
-    collectives once backward, not twice (``LayerTimes.tp_backward_extra``)."""
+    collectives once per forward that runs them and once backward (``tp_comm``)."""
+    modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
+    tp = tp_comm(layer, recompute, modules)
     pace = (3.0 + (recompute == "full")) * layer.dense + layer.core_backward_extra + layer.dense_transposes \
-        + layer.tp_backward_extra
+        + tp.attention + tp.dense_mlp
     if recompute == "selective":
-        pace = pace + recomputed_forward(spec, layer, options.recompute_modules(spec))[0]
+        pace = pace + recomputed_forward(spec, layer, modules)[0]
     return pace
 
 
@@ -509,11 +560,12 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     overlapped pairs (the recomputed communication is not one the combined schedule pairs); the
     other modules run their own forward again in their node's backward (``recomputed_forward``).
     --moe-shared-expert-overlap hides the shared experts beside the dispatch and combine of every
-    forward and the backward (``_shared_expert_hidden``). The shared experts' TP collectives
-    (``LayerTimes.shared_tp``) run once per forward that runs them and once backward, in series
-    (``shared_expert_tp_time``); attention's once backward too (``LayerTimes.tp_backward_extra``)."""
+    forward and the backward (``_shared_expert_hidden``). The TP collectives, attention's and the
+    shared experts' (``LayerTimes.attention_tp``, ``shared_tp``), run once per forward that runs
+    them and once backward (``tp_comm``), in series; under the EP overlap attention's in its node,
+    beside the all-to-all as the rest of its work, the shared experts' in the MLP node, unpaired."""
     comm, expert = layer.comm, layer.expert
-    compute = layer.moe - comm - layer.shared_tp
+    compute = layer.moe - comm
     modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
     again = "moe" in modules
     forwards = 2.0 if recompute == "full" or again else 1.0
@@ -524,18 +576,18 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
         rest_again, expert_again = compute - expert, expert
     block = layer.block if again else 0.0
     # attention's backward is in the rest's node; the FP8 transposes with it (the shared experts' few among them)
-    rest_again = rest_again + layer.core_backward_extra + layer.moe_transposes + layer.tp_backward_extra / 2
-    # the shared experts' TP collectives: once per forward that runs them, once backward
-    shared_forwards = 2.0 if recompute == "full" or again or "shared_experts" in modules else 1.0
-    shared_tp = shared_forwards * layer.shared_tp + layer.shared_tp_backward
-    work = 3.0 * compute + rest_again + expert_again + block + shared_tp
+    rest_again = rest_again + layer.core_backward_extra + layer.moe_transposes
+    tp = tp_comm(layer, recompute, modules)
+    work = 3.0 * compute + rest_again + expert_again + block + tp.attention + tp.shared
     plain = work + (forwards + 1.0) * comm + idle - _shared_expert_hidden(layer, options, gpu, forwards)
     steady = plain
     if options.a2a_overlap:
         share = ep_time.comm_sm_share(options.dispatcher, gpu.architecture, options.dispatcher_sms)
+        # attention's collectives in its node: its forward's, and its backward's with any recomputed forward's
+        rest_tp = (layer.attention_tp, tp.attention - layer.attention_tp)
         steady = ep_time.overlapped_layer_time(compute - expert, expert, 2 * comm, share, rest_again=rest_again,
-                                               expert_again=expert_again) + idle + (block + comm if again else 0.0) \
-            + shared_tp  # on the compute stream in the MLP node, in series
+                                               expert_again=expert_again, rest_tp=rest_tp) \
+            + idle + (block + comm if again else 0.0) + tp.shared  # on the compute stream in the MLP node, in series
     return plain, steady, steady - idle - work
 
 
