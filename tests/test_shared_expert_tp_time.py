@@ -66,10 +66,17 @@ def test_no_shared_experts_or_tp1_pays_nothing(name):
 
 
 @pytest.mark.parametrize("recompute, modules, forwards", [("selective", set(), 1), ("selective", {"shared_experts"}, 2),
-                                                          ("selective", {"moe"}, 2), ("full", set(), 2)])
+                                                          ("selective", {"moe"}, 2), ("full", set(), 2),
+                                                          ("selective", {"moe", "shared_experts"}, 3)])
 def test_priced_as_communication_once_per_forward_and_once_backward(recompute, modules, forwards):
     # compute is priced forward + twice backward; these collectives run once per forward that runs
-    # the shared experts (again where recomputed) and once in the backward
+    # the shared experts (again where recomputed) and once in the backward. With moe and
+    # shared_experts both, the shared experts' checkpoint is nested in the block's
+    # (moe_layer.py: custom_forward calls shared_experts_compute, which checkpoints them): the
+    # block's recomputation runs their checkpoint's forward, and its backward runs them once more
+    # (tensor_parallel/random.py CheckpointFunction), three forwards: DeepSeek-V3 at TP 2,
+    # s 4096, 3 x 170.5 us forward + 170.5 us backward = 682 us a layer (2 x 170.5 before: one
+    # forward's collectives missing, where the compute counted three: block + recomputed_forward)
     layer = mt.layer_times(DSV3, 4096, **KW)
     without = layer._replace(shared_tp=0.0, shared_tp_backward=0.0)
     options = MoEOptions(training=TrainingOptions(), modules=frozenset(modules))
@@ -78,6 +85,14 @@ def test_priced_as_communication_once_per_forward_and_once_backward(recompute, m
     bf16 = 2 * _collective(2)
     assert paces[0][0] - paces[1][0] == pytest.approx(forwards * bf16 + bf16)
     assert paces[0][2] == pytest.approx(paces[1][2])  # not EP communication
+    # Megatron reads --recompute-modules with selective only: full runs each forward twice
+    assert mt.tp_comm(layer, "full", frozenset({"moe", "shared_experts", "mlp"})) == mt.tp_comm(layer, "full", frozenset())
+    if forwards == 3:  # the compute, as the collectives: the shared experts' forward three times
+        assert paces[0][0] - paces[1][0] == pytest.approx(4 * 2 * (29_360_128 / 450e9 + 20e-6))
+        x = layer.shared  # forward, backward at twice it, block's recomputation, their own recomputation
+        bare = without._replace(shared=0.0, block=layer.block - x, expert=layer.expert - x, moe=layer.moe - x)
+        assert paces[1][0] - mt._moe_layer_paces(DSV3, 4096, b, recompute, options, GPU, RATES, bare)[0] \
+            == pytest.approx((3 + 2) * x)
 
 
 def test_with_the_ep_overlap_they_stay_in_series_in_the_mlp_node():

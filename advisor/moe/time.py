@@ -430,14 +430,20 @@ def tp_comm(layer: LayerTimes, recompute: str, modules: frozenset[str]) -> TpCom
     again (megatron-core ``transformer_block.py``, ``_checkpointed_forward``: the whole layer under
     ``tensor_parallel.checkpoint``); selective (``modules``) runs again a dense layer's MLP with mlp
     (``transformer_layer.py``, ``_forward_mlp``) and the shared experts with moe (the whole block
-    is checkpointed, ``moe_layer.py``) or shared_experts (``MoELayer.shared_experts_compute``). No
+    is checkpointed, ``moe_layer.py``) and with shared_experts (``MoELayer.shared_experts_compute``),
+    each: with both the shared experts' checkpoint is nested in the block's, and runs its forward
+    in the block's recomputation and again in its own backward (``tensor_parallel/random.py``,
+    ``CheckpointFunction``: forward under no_grad, backward reruns it; core_v0.15.2 and
+    core_v0.19.0), three forwards, as ``LayerTimes.block`` and ``recomputed_forward`` price their
+    compute. No
     module runs attention's gather and scatter again: core_attn and layernorm checkpoint parts
     between them; mla_up_proj's up projections gather their latents again
     (``multi_latent_attention.py``, ``qkv_up_proj_and_rope_apply``), which attention's [tokens, h]
     gather stands for and is not priced again."""
     full = recompute == "full"
+    modules = frozenset() if full else modules  # Megatron reads --recompute-modules with selective only
     mlp_forwards = 2.0 if full or "mlp" in modules else 1.0
-    shared_forwards = 2.0 if full or "moe" in modules or "shared_experts" in modules else 1.0
+    shared_forwards = 1.0 + (full or "moe" in modules) + ("shared_experts" in modules)
     return TpComm(attention=(1.0 + full) * layer.attention_tp + layer.attention_tp_backward,
                   dense_mlp=mlp_forwards * layer.dense_mlp_tp + layer.dense_mlp_tp_backward,
                   shared=shared_forwards * layer.shared_tp + layer.shared_tp_backward)
