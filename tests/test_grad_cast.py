@@ -48,20 +48,25 @@ def test_the_shard_by_hand():
 def test_bf16_gradients_cast_to_fp32_main_weights_by_hand():
     """--grad-dtype bf16 (core 0.15's --grad-reduce-in-bf16, core 0.19's main-gradient dtype 'auto'
     for BF16 weights) with FP32 main weights under optim_grads_params: update_main_grads reads the
-    BF16 gradient shard (2 bytes) and writes an FP32 copy (4): 6 x 567,649,280 = 3,405,895,680
-    bytes, on top of Adam's 38 a parameter (tests/test_fsdp_dtypes.py): 44 x 567,649,280 =
-    24,976,568,320 bytes at the H100's achievable HBM rate."""
+    BF16 gradient shard (2 bytes) and writes an FP32 copy (4): 6 bytes. Adam then reads that FP32
+    copy (4), writes the BF16 weight (2), the gradient norm reads the copy (4), the BF16 main-gradient
+    buffer is zeroed (2), and the three FP32 states move 8 each (24): 36 + 6 = 42 x 567,649,280 =
+    23,841,269,760 bytes at the H100's achievable HBM rate. FP32 gradients into FP32 main weights:
+    4 + 2 + 4 + 4 + 24 = 38, no cast; the difference is 6 - 2 = 4 x 567,649,280 = 2,270,597,120."""
     hbm = load_calibration().hbm_efficiency * H100.hbm_bytes_per_s
     cast = _optimizer_s(fsdp_strategy="optim_grads_params", grad_reduce_dtype="bf16")
-    assert cast == pytest.approx(24_976_568_320 / hbm, rel=1e-9)
+    assert cast == pytest.approx(23_841_269_760 / hbm, rel=1e-9)
     uncast = _optimizer_s(fsdp_strategy="optim_grads_params")  # FP32 gradients into FP32 main weights
-    assert cast - uncast == pytest.approx(3_405_895_680 / hbm, rel=1e-9)
+    assert cast - uncast == pytest.approx(2_270_597_120 / hbm, rel=1e-9)
 
 
+# Adam with 2-byte main weights reads the 2-byte cast copy (2), writes the weight (2), the norm reads
+# the copy (2), the main-gradient buffer is zeroed in its dtype, the main weight moves 2 + 2 and the
+# FP32 moments 8 + 8; plus the cast, read in the gradients' dtype and written in 2 bytes.
 @pytest.mark.parametrize("grads, main, step_bytes", [
-    ("fp32", "bf16", 34 + 4 + 2),  # Adam with BF16 main weights (34), the FP32 gradient read, a BF16 copy written
-    ("fp32", "fp16", 34 + 4 + 2),
-    ("bf16", "fp16", 34 + 2 + 2),  # BF16 -> FP16 is a cast too, 2 bytes each way
+    ("fp32", "bf16", 2 + 2 + 2 + 4 + 4 + 16 + (4 + 2)),  # an FP32 buffer zeroed, the FP32 gradient cast
+    ("fp32", "fp16", 2 + 2 + 2 + 4 + 4 + 16 + (4 + 2)),
+    ("bf16", "fp16", 2 + 2 + 2 + 2 + 4 + 16 + (2 + 2)),  # BF16 -> FP16 is a cast too, 2 bytes each way
 ])
 def test_core_019_main_weights_take_a_cast_gradient(grads, main, step_bytes):
     """core_v0.19.0's --megatron-fsdp-main-params-dtype in another dtype than the main gradients."""
@@ -72,37 +77,50 @@ def test_core_019_main_weights_take_a_cast_gradient(grads, main, step_bytes):
 
 def test_no_shard_casts_every_parameter():
     """no_shard: Adam steps all P parameters on every rank (``only_shard=False``), and the cast
-    with them: (38 + 6) x 4,541,194,240 bytes."""
+    with them: (36 + 6) x 4,541,194,240 bytes (as test_bf16_gradients_cast_to_fp32_main_weights_by_hand)."""
     hbm = load_calibration().hbm_efficiency * H100.hbm_bytes_per_s
     seconds = _optimizer_s(fsdp_strategy="no_shard", grad_reduce_dtype="bf16")
-    assert seconds == pytest.approx(44 * P / hbm, rel=1e-9)
+    assert seconds == pytest.approx(42 * P / hbm, rel=1e-9)
 
 
-# (gradient dtype, weights, main weights, offload, Adam's own bytes by hand: tests/test_fsdp_dtypes.py)
+# (gradient dtype, weights, main weights, Adam's own bytes by hand). Adam reads the gradient it is
+# handed (g) and the gradient norm reads it again (g), the BF16 weight is written (2), the main-gradient
+# buffer zeroed in its dtype (g here: no cast), and the states move: FP32 moments 8 + 8, the main weight
+# 8 in FP32, 4 in a 2-byte buffer (2 + 2), 2 with none ('auto': the BF16 weight read; tests/test_fsdp_dtypes.py).
 NO_OPS = [
-    ("fp32", "bfloat16", "fp32", False, 38),  # the default: .to(torch.float32) of an FP32 tensor
-    ("bf16", "bfloat16", "bf16", False, 34),  # BF16 into BF16
-    ("fp32", "bfloat16", "auto", False, 32),  # no main-weight buffer: nothing to cast to
-    ("bf16", "bfloat16", "auto", False, 32),
-    ("fp16", "float16", "fp16", False, 34),   # --fp16 without FP32 accumulation, FP16 main weights
-    ("fp16", "float16", "auto", False, 32),
-    ("fp32", "float32", "fp32", False, 38),   # an FP32 run
-    # offload implies --use-precision-aware-optimizer: core 0.19 decouples the gradient (no cast,
-    # param_and_grad_buffer.py:3369), core 0.15 builds no main-weight buffer (training.py:975-976)
-    # and Megatron's HybridDeviceOptimizer keeps FP32 states (TrainingOptions._state_kinds): 38
-    ("bf16", "bfloat16", "fp32", True, 38),
+    ("fp32", "bfloat16", "fp32", 4 + 2 + 4 + 4 + 8 + 16),  # 38, the default: .to(torch.float32) of an FP32 tensor
+    ("bf16", "bfloat16", "bf16", 2 + 2 + 2 + 2 + 4 + 16),  # 28, BF16 into BF16
+    ("fp32", "bfloat16", "auto", 4 + 2 + 4 + 4 + 2 + 16),  # 32, no main-weight buffer: nothing to cast to
+    ("bf16", "bfloat16", "auto", 2 + 2 + 2 + 2 + 2 + 16),  # 26
+    ("fp16", "float16", "fp16", 2 + 2 + 2 + 2 + 4 + 16),   # 28, --fp16 without FP32 accumulation, FP16 main weights
+    ("fp16", "float16", "auto", 2 + 2 + 2 + 2 + 2 + 16),   # 26
+    ("fp32", "float32", "fp32", 4 + 2 + 4 + 4 + 8 + 16),   # 38, an FP32 run
 ]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("grads, weights, main, offload, step_bytes", NO_OPS)
-def test_no_op_casts_add_nothing(strategy, grads, weights, main, offload, step_bytes):
+@pytest.mark.parametrize("grads, weights, main, step_bytes", NO_OPS)
+def test_no_op_casts_add_nothing(strategy, grads, weights, main, step_bytes):
     """Where the gradient already has the main weights' dtype, or there is none to cast to, the
-    optimizer's bytes are Adam's alone, for every strategy."""
+    optimizer's bytes are Adam's alone, for every strategy, reading the gradient in its own dtype."""
     changes = dict(fsdp_strategy=strategy, grad_reduce_dtype=grads, params_dtype=weights, fsdp_main_params_dtype=main)
-    if offload:
-        changes["optimizer_cpu_offload"] = True
     assert TrainingOptions().with_(**changes).time_options().optimizer_step_bytes == step_bytes
+
+
+@pytest.mark.parametrize("strategy", [None, *STRATEGIES])
+def test_offload_casts_into_its_fp32_copies(strategy):
+    """--optimizer-cpu-offload (it implies --use-precision-aware-optimizer: core 0.19's Megatron-FSDP
+    decouples the gradient uncast, param_and_grad_buffer.py:3369, core 0.15 builds no main-weight
+    buffer, training.py:975-976). Megatron then builds HybridDeviceOptimizer with
+    ``param_update_in_fp32=True`` (core_v0.15.2 optimizer/__init__.py:348), whose GPU share steps FP32
+    copies handed ``grad.to(fp32_param.dtype)`` (cpu_offloading/hybrid_optimizer.py:91-93): BF16
+    gradients read (2) and written in FP32 (4). Adam then reads that FP32 copy (4), writes the weight
+    (2), the norm reads the copy (4), the BF16 buffer is zeroed (2), FP32 states 24: 36 + 6 = 42.
+    FP32 gradients: ``.to`` returns the tensor, 4 + 2 + 4 + 4 + 24 = 38."""
+    fsdp = {} if strategy is None else dict(fsdp_strategy=strategy)
+    offload = TrainingOptions().with_(optimizer_cpu_offload=True, **fsdp)
+    assert offload.with_(grad_reduce_dtype="bf16").time_options().optimizer_step_bytes == 42
+    assert offload.time_options().optimizer_step_bytes == 38
 
 
 @pytest.mark.parametrize("grads, main", [("fp32", "fp32"), ("bf16", "bf16"), ("fp16", "fp16"),
@@ -111,23 +129,34 @@ def test_the_term_is_zero_without_a_cast(grads, main):
     assert grad_cast_bytes(grads, main) == 0.0
 
 
-def test_torch_fsdp2_has_no_such_cast():
-    """torch FSDP2 does not run Megatron-FSDP's update_main_grads, and its FP32 gradients are
-    Adam's as they are (DDP's cast: ``test_ddp_bf16_gradients_cast_to_fp32_masters_by_hand``)."""
+def test_torch_fsdp2_casts_its_bf16_gradients():
+    """torch FSDP2 does not run Megatron-FSDP's update_main_grads, but its gradients are BF16
+    whatever --grad-reduce-in-bf16 says (FSDP2 reduces in the weights' dtype: no
+    MixedPrecisionPolicy), and Float16OptimizerWithFloat16Params hands Adam
+    ``model_param.grad.float()`` (optimizer.py:757-758, core_v0.15.2; tests/test_torch_fsdp2_grads.py
+    runs it on FSDP2's own gradients). Per element of the shard: the cast reads 2 and writes 4 (6),
+    Adam reads the FP32 copy (4), writes the BF16 weight (2), the norm reads the copy (4), no
+    gradient buffer to zero (0: TorchFullyShardedDataParallel.zero_grad_buffer is ``pass``, the
+    BF16 gradients are freed, ``model_param.grad = None``), three FP32 states 24: 4 + 2 + 4 + 0 +
+    24 + 6 = 40, with or without --grad-reduce-in-bf16."""
     fsdp2 = TrainingOptions().with_(torch_fsdp2=True, distributed_optimizer=False, overlap_param_gather=False)
-    assert fsdp2.time_options().optimizer_step_bytes == 38
+    assert fsdp2.time_options().optimizer_step_bytes == 40
+    assert fsdp2.with_(grad_reduce_dtype="bf16").time_options().optimizer_step_bytes == 40
+    # an FP32 run: FP32 gradients, FP32Optimizer hands them as they are: 4 + 2 + 4 + 0 + 24 = 34
+    assert fsdp2.with_(params_dtype="float32").time_options().optimizer_step_bytes == 34
 
 
 def test_ddp_bf16_gradients_cast_to_fp32_masters_by_hand():
     """Megatron's DDP with --grad-reduce-in-bf16: the distributed optimizer hands Adam
     ``shard_model_grad.float()`` (core_v0.15.2 optimizer/distrib_optimizer.py,
     ``_copy_model_grads_to_main_grads``; core_v0.19.0 the same), a new FP32 tensor from the BF16
-    main-gradient shard: 2 + 4 = 6 bytes a parameter of the shard, 6 x 567,649,280 = 3,405,895,680
-    bytes beside Adam's 38 (44 x 567,649,280 = 24,976,568,320 in all). FP32 main gradients:
-    ``.float()`` returns the tensor itself, 38 alone (38 x 567,649,280 = 21,570,672,640)."""
+    main-gradient shard: 2 + 4 = 6 bytes a parameter of the shard, beside Adam's 4 + 2 + 4 + 2 + 24
+    = 36 (the FP32 copy read twice, the BF16 buffer zeroed): 42 x 567,649,280 = 23,841,269,760 in
+    all. FP32 main gradients: ``.float()`` returns the tensor itself, 4 + 2 + 4 + 4 + 24 = 38 alone
+    (38 x 567,649,280 = 21,570,672,640)."""
     hbm = load_calibration().hbm_efficiency * H100.hbm_bytes_per_s
     cast = _optimizer_s(grad_reduce_dtype="bf16")
-    assert cast == pytest.approx(24_976_568_320 / hbm, rel=1e-9)
+    assert cast == pytest.approx(23_841_269_760 / hbm, rel=1e-9)
     assert _optimizer_s() == pytest.approx(21_570_672_640 / hbm, rel=1e-9)
 
 
@@ -141,3 +170,15 @@ def test_ddp_hands_transformer_engines_adam_the_gradient_uncast():
     assert TrainingOptions().with_(**aware, grad_reduce_dtype="bf16")._grad_cast_bytes == 0.0
     assert TrainingOptions().with_(grad_reduce_dtype="bf16")._grad_cast_bytes == 6.0
     assert TrainingOptions().with_(params_dtype="float32")._grad_cast_bytes == 0.0
+
+
+def test_decoupled_bf16_gradients_are_read_in_bf16():
+    """The precision-aware optimizer with its default FP32 masters kept as remainders
+    (``_te_holds_masters``): Transformer Engine's FusedAdam reads ``decoupled_grad``, a view of the
+    main-gradient shard in its own dtype (distrib_optimizer.py), and so does the gradient norm
+    (``get_main_grads_for_grad_norm``: ``param.decoupled_grad``, optimizer.py:149-150 core_v0.15.2).
+    States: the remainder 2 + 2 + 2 and two FP32 moments 8 + 8 (22). BF16 main gradients: read 2,
+    weight written 2, norm 2, the BF16 buffer zeroed 2: 30. FP32 ones: 4 + 2 + 4 + 4 + 22 = 36."""
+    aware = TrainingOptions().with_(precision_aware_optimizer=True)
+    assert aware.with_(grad_reduce_dtype="bf16").time_options().optimizer_step_bytes == 30
+    assert aware.time_options().optimizer_step_bytes == 36

@@ -120,6 +120,6 @@ def test_update_main_grads_copies_what_the_time_model_prices(grad_casts, strateg
     got = grad_casts[f"{strategy} {fp32}"]
     assert LAYER // DP == 54_528_000 <= got["elements"] <= 54_528_000 * 1.001
     options = TrainingOptions().with_(fsdp_strategy=strategy, grad_reduce_dtype="fp32" if fp32 else "bf16")
-    cast = options.time_options().optimizer_step_bytes - 38  # Adam's own 38 (tests/test_fsdp_dtypes.py)
+    cast = options._grad_cast_bytes  # priced into the step's bytes beside Adam's (tests/test_grad_cast.py)
     assert cast == (0 if fp32 else 2 + 4)
     assert got["copied_bytes"] == cast * got["elements"]

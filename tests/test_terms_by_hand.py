@@ -197,6 +197,10 @@ def test_optimizer_bytes_per_parameter_by_hand():
     assert terms.optimizer_step_bytes() == 4 + 2 + 4 + 4 + 3 * (4 + 4)
     assert terms.optimizer_step_bytes(("fp32", "bf16", "bf16")) == 4 + 2 + 8 + 8 + 2 * (2 + 4 + 4 + 4 + 4 + 2 + 2 + 2)
     assert terms.optimizer_step_bytes(("remainder", "fp32", "fp32")) == 4 + 2 + 8 + (2 + 2 + 2) + 2 * 8
+    # BF16 main gradients handed to Adam uncast: the step and the norm read 2 bytes each, the BF16
+    # buffer is zeroed in 2; torch FSDP2 has no buffer to zero (0) and Adam reads its FP32 copy (4)
+    assert terms.optimizer_step_bytes(("fp32", "fp32", "fp32"), 2, 2) == 2 + 2 + 2 + 2 + 3 * (4 + 4)
+    assert terms.optimizer_step_bytes(("fp32", "fp32", "fp32"), 4, 0) == 4 + 2 + 4 + 0 + 3 * (4 + 4)
 
 
 def test_a_data_parallel_groups_gpus_in_a_node_by_hand():

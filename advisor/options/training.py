@@ -747,34 +747,73 @@ class TrainingOptions:
         return kinds
 
     @property
-    def _grad_cast_bytes(self) -> float:
-        """Bytes per optimizer element of the gradient cast before Adam (``terms.grad_cast_bytes``):
-        the main-gradient buffer's dtype (``Precision.grad_reduce_dtype``; on both releases
-        Megatron-FSDP's too, ``options.flags._fsdp_main_grads``) into the main weights'.
+    def _step_gradient(self) -> tuple[str, str | None]:
+        """(the main gradients' dtype as the optimizer step finds them, the dtype they are cast into
+        before Adam, or None: handed to Adam as they are). Adam and the gradient norm read the cast
+        copy where there is one, else the main gradients (``step_bytes``).
 
-        Megatron-FSDP: into its main weights (``fsdp_main_params_dtype``); nothing to cast to with
-        'auto' main weights, or with the precision-aware optimizer (implied by offload; refused with
-        FSDP otherwise), whose gradients Megatron-FSDP leaves uncast. A known simplification: FP8
-        weights' gradients are BF16 under 2-byte main gradients (``_resolve_group_grad_dtype``),
-        priced in the weights' dtype, which differs only with --fp16 and 2-byte main weights.
+        Megatron-FSDP: its ``update_main_grads`` casts the main-gradient buffer's dtype
+        (``Precision.grad_reduce_dtype``; on both releases, ``options.flags._fsdp_main_grads``) into
+        its main weights' (``fsdp_main_params_dtype``, ``terms.grad_cast_bytes``); nothing to cast to
+        with 'auto' main weights, and the precision-aware optimizer's gradients it leaves uncast. A
+        known simplification: FP8 weights' gradients are BF16 under 2-byte main gradients
+        (``_resolve_group_grad_dtype``), priced in the weights' dtype, which differs only with --fp16
+        and 2-byte main weights.
 
         Megatron's DDP: the 16-bit optimizers hand Adam ``main_grad.float()``, into their FP32
         masters (``_copy_model_grads_to_main_grads``: distrib_optimizer.py, optimizer.py's
         Float16OptimizerWithFloat16Params; core_v0.15.2 and core_v0.19.0), a copy only where
         --grad-reduce-in-bf16 keeps BF16 main gradients. None where Transformer Engine's FusedAdam
         reads them as ``decoupled_grad`` (``use_precision_aware_optimizer_no_fp8_or_ds_fp8``:
-        ``_te_holds_masters``, or offload), nor with FP32 weights (FP32Optimizer hands
-        ``main_grad`` itself)."""
-        from advisor.throughput.terms import grad_cast_bytes
+        ``_te_holds_masters``), nor with FP32 weights (FP32Optimizer hands ``main_grad`` itself).
 
-        dp = self.data_parallel
+        torch FSDP2: the gradients are the weights' dtype whatever --grad-reduce-in-bf16 says
+        (``param.grad``, a BF16 DTensor shard: no MixedPrecisionPolicy, ``memory_levers.SHARDING``),
+        and Float16OptimizerWithFloat16Params, which has no ``main_grad`` to read, hands Adam
+        ``model_param.grad.float()`` (core_v0.15.2 optimizer/optimizer.py:757-758, core_v0.19.0 the
+        same function, :1092): BF16 into FP32 (tests/test_torch_fsdp2_grads.py runs it).
+
+        Offloaded (--optimizer-cpu-offload): Megatron builds HybridDeviceOptimizer with
+        ``param_update_in_fp32=True`` (core_v0.15.2 optimizer/__init__.py:348), whose GPU share
+        steps FP32 copies handed ``grad.to(fp32_param.dtype)`` of the (decoupled) gradient
+        (cpu_offloading/hybrid_optimizer.py:91-93, both releases): a cast where it is not FP32."""
+        dp, p = self.data_parallel, self.precision
+        if dp.torch_fsdp2:
+            grads = "fp32" if p.params_dtype == "float32" else "bf16"  # fp16 weights are refused with it
+            return grads, "fp32"
+        if self.offload.optimizer_cpu_offload:
+            return p.grad_reduce_dtype, "fp32"
         if dp.fsdp_strategy is not None:
             uncast = self.precision_aware_optimizer or dp.fsdp_main_params_dtype == "auto"
-            return grad_cast_bytes(self.precision.grad_reduce_dtype, None if uncast else dp.fsdp_main_params_dtype)
-        decoupled = self._te_holds_masters or self.offload.optimizer_cpu_offload
-        if decoupled or self.precision.params_dtype == "float32":
-            return 0.0
-        return grad_cast_bytes(self.precision.grad_reduce_dtype, "fp32")
+            return p.grad_reduce_dtype, None if uncast else dp.fsdp_main_params_dtype
+        if self._te_holds_masters or p.params_dtype == "float32":
+            return p.grad_reduce_dtype, None
+        return p.grad_reduce_dtype, "fp32"
+
+    @property
+    def _grad_cast_bytes(self) -> float:
+        """Bytes per optimizer element of the gradient cast before Adam (``terms.grad_cast_bytes``
+        of ``_step_gradient``): read in the main gradients' dtype, written in the one Adam takes;
+        0 where no copy is made."""
+        from advisor.throughput.terms import grad_cast_bytes
+
+        return grad_cast_bytes(*self._step_gradient)
+
+    @property
+    def step_bytes(self) -> float:
+        """HBM bytes per optimizer element of one step (``terms.optimizer_step_bytes``): Adam's
+        over the states as kept (``_state_kinds``), reading the gradient it is handed twice (the
+        step and the gradient norm) in that gradient's dtype (``_step_gradient``: the cast copy,
+        else the main gradients), zeroing the main-gradient buffer in its dtype (none under torch
+        FSDP2: ``TorchFullyShardedDataParallel.zero_grad_buffer`` is the base class's ``pass``,
+        core/distributed/data_parallel_base.py:60-65, and the optimizer frees the gradients,
+        ``model_param.grad = None``, optimizer.py:763, and ``zero_grad(set_to_none=True)``),
+        plus the cast (``_grad_cast_bytes``)."""
+        from advisor.throughput.terms import DTYPE_BYTES, optimizer_step_bytes
+
+        grads, cast = self._step_gradient
+        zeroed = 0.0 if self.data_parallel.torch_fsdp2 else DTYPE_BYTES[grads]
+        return optimizer_step_bytes(self._state_kinds, DTYPE_BYTES[cast or grads], zeroed) + self._grad_cast_bytes
 
     @property
     def _te_holds_masters(self) -> bool:
@@ -827,10 +866,8 @@ class TrainingOptions:
         """The time model's view (``advisor.throughput.TimeOptions``); ``model_choices`` are the
         time model's own settings that no Megatron flag decides (flops_convention, attention_kernel)."""
         from advisor.throughput.model import TimeOptions
-        from advisor.throughput.terms import optimizer_step_bytes
 
         dp, p = self.data_parallel, self.precision
-        step_bytes = optimizer_step_bytes(self._state_kinds) + self._grad_cast_bytes
         if dp.torch_fsdp2:
             # The same collectives as Megatron-FSDP's optim_grads_params, per layer and microbatch:
             # all-gather before forward and backward (reshard_after_forward, Megatron's default),
@@ -846,7 +883,7 @@ class TrainingOptions:
         return TimeOptions(
             **fsdp, tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,
             userbuffers=self.tensor_parallel.userbuffers(), tp_overlaps=self.tensor_parallel.overlaps(),
-            optimizer_step_bytes=step_bytes,
+            optimizer_step_bytes=self.step_bytes,
             dataloader_mask="rebuilt" if self.attention.dataloader_mask == "rebuilt" else "cached",
             optimizer_host_fraction=self.offload.host_fraction, flash_attention=self.attention.flash_attention,
             fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe, fp8_param_gather=p.fp8_param_gather,

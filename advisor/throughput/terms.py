@@ -336,12 +336,18 @@ parameter the kernel reads and writes itself (2 + 2), as the FP32 one is (4 + 4)
 (fsdp_none) the kernel steps the BF16 weight directly: its read (2; the write is the step's own)."""
 
 
-def optimizer_step_bytes(states: tuple[str, str, str] = ("fp32", "fp32", "fp32")) -> float:
-    """HBM bytes per parameter of one Adam step: read the FP32 gradient (4), write the BF16
-    weight (2), the gradient-norm read and the zeroing of the gradient buffer (8), and each of
-    the master weight, momentum and variance as it is kept (``STATE_STEP_BYTES``): 38 in FP32.
-    Lowered states move more, not less: the step unscales and rescales them."""
-    return 4 + 2 + 8 + sum(STATE_STEP_BYTES[state] for state in states)
+def optimizer_step_bytes(states: tuple[str, str, str] = ("fp32", "fp32", "fp32"), grad_bytes: float = 4.0,
+                         zeroed_bytes: float = 4.0) -> float:
+    """HBM bytes per parameter of one Adam step: read the gradient Adam is handed (``grad_bytes``:
+    4 for FP32, the cast copy or FP32 main gradients; 2 for BF16 main gradients handed uncast),
+    write the BF16 weight (2), read that gradient again for the gradient norm (``grad_bytes``:
+    ``get_main_grads_for_grad_norm`` reads the optimizer parameter's ``grad``, or its
+    ``decoupled_grad``, optimizer/optimizer.py, both releases), zero the main-gradient buffer
+    (``zeroed_bytes``, its dtype's: ``zero_grad_buffer`` at each step's start, training.py; 0
+    where there is no buffer, torch FSDP2), and each of the master weight, momentum and variance as
+    it is kept (``STATE_STEP_BYTES``): 38 in FP32. Lowered states move more, not less: the step
+    unscales and rescales them."""
+    return grad_bytes + 2 + grad_bytes + zeroed_bytes + sum(STATE_STEP_BYTES[state] for state in states)
 
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
