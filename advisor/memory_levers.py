@@ -17,7 +17,38 @@ FSDP_AG_PREFETCH_ELEMENTS = 500_000_000
 or 1_000_000_000`` (megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py, both checkouts)."""
 FSDP_RS_QUEUE_ELEMENTS = 1_000_000_000
 """Megatron-FSDP's reduce-scatter queue: ``suggested_RS_queue_capacity`` (same place): unsharded
-gradient buckets wait there until this many elements are queued."""
+gradient buckets wait there until more than this many elements are queued (``fsdp_queued_units``)."""
+
+
+def fsdp_queued_units(unit_parameters):
+    """Megatron-FSDP's un-sharded gradient buckets alive at once at most, in units of
+    ``unit_parameters`` (optim_grads, optim_grads_params; each microbatch reduces them):
+    floor(queue / u) + 2. When a unit's bucket is ready, ``GradReducePipeline.reduce_gradients``
+    first trims the queue (``wait_for_previous_grad_reduce``: ``while queue_space >
+    suggested_queue_capacity`` pop, wait and free the oldest), so at most floor(queue / u) whole
+    buckets stay; then it reduce-scatters the new one and appends it to the queue
+    (``_bucket_group_gradient_reduce``, ``async_op=True``), where it stays while the next unit's
+    backward fills its own bucket: one more each (core_v0.15.2 megatron_fsdp/param_and_grad_buffer.py
+    reduce_gradients 2724-2763, wait_for_previous_grad_reduce 2765-2797, the append 3004-3009;
+    core_v0.19.0 reduce_gradients 3872, wait_for_previous_grad_reduce 3916-3946, the append 4246).
+    Nothing frees a queued bucket earlier: a finished reduce-scatter waits in the queue until trimmed."""
+    u = np.maximum(np.asarray(unit_parameters, dtype=float), 1.0)
+    return np.floor(FSDP_RS_QUEUE_ELEMENTS / u) + 2.0
+
+
+def fsdp_queued_elements(options, unit_parameters):
+    """The un-sharded gradient elements Megatron-FSDP's reduce-scatter queue holds at most, beside
+    the bucket being filled (``fsdp_queued_units``'s count). optim_grads_params: one bucket per
+    FSDP unit, the layer (``tests/test_symbolic_fsdp.py`` measures it): (floor(queue / u) + 2) u.
+    optim_grads has no FSDP units: its buckets close at the parameter that crosses
+    --ddp-bucket-size (docs/options.md, the Llama 3 405B check), a few parameters each, so the
+    queue is trimmed to nearly the queue's elements, plus the bucket just queued and the one being
+    filled, each at most the largest weight, FC1's (gate and up, about half a layer): queue + u."""
+    u = np.asarray(unit_parameters, dtype=float)
+    if options.fsdp_strategy == "optim_grads_params":
+        return fsdp_queued_units(u) * u
+    return FSDP_RS_QUEUE_ELEMENTS + u
+
 
 SHARDING = {None: None, "no_shard": (False, False, False), "optim": (True, False, False),
             "optim_grads": (True, True, False), "optim_grads_params": (True, True, True),
@@ -117,8 +148,9 @@ def fsdp_buffer_bytes(options, unit_parameters, layers):
     optim_grads_params gathers a unit's weights before it runs and prefetches the next units up
     to ``FSDP_AG_PREFETCH_ELEMENTS``: the unit in use plus min(prefetch budget, the other
     layers). optim_grads and optim_grads_params produce each unit's full gradient and queue it
-    for the reduce-scatter until ``FSDP_RS_QUEUE_ELEMENTS`` are queued: min(all layers, the
-    queue plus the unit being produced). Both in the stage's element and gradient bucket dtypes
+    for the reduce-scatter until more than ``FSDP_RS_QUEUE_ELEMENTS`` are queued: min(all layers,
+    the buckets the queue keeps, the one just queued and the one being produced:
+    ``fsdp_queued_elements``). Both in the stage's element and gradient bucket dtypes
     (``bucket_bytes``). torch
     FSDP2 ('torch_fsdp2') keeps two layers of each, in the weights' dtype."""
     sharding = SHARDING[options.fsdp_strategy]
@@ -139,7 +171,7 @@ def fsdp_buffer_bytes(options, unit_parameters, layers):
         gathered = np.minimum(held, unit_parameters + np.minimum(FSDP_AG_PREFETCH_ELEMENTS, held - unit_parameters))
         weights = options.element_bytes * np.maximum(gathered, 0.0)
     if grads_sharded:
-        gradients = bucket_bytes(options) * np.minimum(held, FSDP_RS_QUEUE_ELEMENTS + unit_parameters)
+        gradients = bucket_bytes(options) * np.minimum(held, fsdp_queued_elements(options, unit_parameters))
     return weights, gradients
 
 
@@ -147,8 +179,9 @@ def fsdp_buffer_lines(options, unit_parameters) -> list[tuple]:
     """``fsdp_buffer_bytes`` as lines in the layers n: each buffer is the smaller of two lines,
     n units (slope u, nothing at 0) or its cap (slope 0): gathered = min(n u, u + prefetch)
     (for n >= 1, u + min(prefetch, (n - 1) u) is that; at 0 both are 0) and queued = min(n u,
-    queue + u). Their sum is the smallest of the (slope, intercept) bytes of every choice of one
-    line per buffer, which this lists (one zero line where a buffer is not held)."""
+    ``fsdp_queued_elements``, constant in n). Their sum is the smallest of the (slope, intercept)
+    bytes of every choice of one line per buffer, which this lists (one zero line where a buffer is
+    not held)."""
     _, grads_sharded, weights_sharded = _sharded(options)
     u = np.asarray(unit_parameters, dtype=float)
     if options.fsdp_strategy == "torch_fsdp2":  # min(n u, 2 u) of each, in the weights' dtype
@@ -156,7 +189,7 @@ def fsdp_buffer_lines(options, unit_parameters) -> list[tuple]:
         return [(a + c, b + d) for a, b in each for c, d in each]
     gathered = [(options.element_bytes * u, 0.0), (0.0, options.element_bytes * (u + FSDP_AG_PREFETCH_ELEMENTS))] \
         if weights_sharded else [(0.0, 0.0)]
-    queued = [(bucket_bytes(options) * u, 0.0), (0.0, bucket_bytes(options) * (u + FSDP_RS_QUEUE_ELEMENTS))] \
+    queued = [(bucket_bytes(options) * u, 0.0), (0.0, bucket_bytes(options) * fsdp_queued_elements(options, u))] \
         if grads_sharded else [(0.0, 0.0)]
     return [(a + c, b + d) for a, b in gathered for c, d in queued]
 

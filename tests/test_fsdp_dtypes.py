@@ -42,6 +42,10 @@ GIB = 2**30
 N = 4_541_186_048
 LAYER = 213_925_888
 QUEUE = 1_000_000_000  # megatron_fsdp.py suggested_RS_queue_capacity
+# optim_grads_params's un-sharded buckets queued at most, one per layer (memory_levers.fsdp_queued_units):
+# the queue is trimmed to whole layers of at most QUEUE elements, floor(10^9 / 213,925,888) = 4 (855,703,552; 5 would be
+# 1,069,629,440), then the layer just reduced joins it and the next fills its own: 6 of stage 0's 20.
+QUEUED = (4 + 2) * LAYER  # 1,283,555,328
 P = N + 8192  # the last stage's parameters: the time model's heaviest (module docstring)
 LAYOUT = ["--model", "llama3.1-70b", "--tp", "4", "--pp", "4", "--dp", "8", "--mbs", "1", "--gbs", "512",
           "--gpu", "h100-80gb", "--format", "json"]
@@ -67,16 +71,17 @@ def _from_command(advisor, args: list[str], release: str = "0.19", expect: int =
 
 @pytest.mark.parametrize("strategy, flags, gradients, optimizer", [
     # Megatron's defaults on 0.19: BF16 main gradients ('auto', the weights'), reduced in them
-    ("optim_grads_params", [], 2 * N / 8 + 2 * (QUEUE + LAYER), 12 * N / 8),
+    ("optim_grads_params", [], 2 * N / 8 + 2 * QUEUED, 12 * N / 8),
     # FP32 communication: the queued un-sharded buckets in FP32, the shard still BF16
-    ("optim_grads_params", [FSDP_GRAD_COMM, "fp32"], 2 * N / 8 + 4 * (QUEUE + LAYER), 12 * N / 8),
+    ("optim_grads_params", [FSDP_GRAD_COMM, "fp32"], 2 * N / 8 + 4 * QUEUED, 12 * N / 8),
     # FP32 main gradients reduced in BF16: the shard FP32, the buckets BF16
+    # (optim_grads: buckets of a few weights, no units: the queue plus about two of them, QUEUE + LAYER)
     ("optim_grads", ["--megatron-fsdp-main-grads-dtype", "fp32", FSDP_GRAD_COMM, "bf16"],
      4 * N / 8 + 2 * (QUEUE + LAYER), 12 * N / 8),
     # BF16 main weights: 2 + 8 bytes, sharded
     ("optim", [FSDP_MAIN_PARAMS, "bf16"], 2 * N, 10 * N / 8),
     # none: Adam's two FP32 moments only, of the BF16 weights' shards
-    ("optim_grads_params", [FSDP_MAIN_PARAMS, "auto"], 2 * N / 8 + 2 * (QUEUE + LAYER), 8 * N / 8),
+    ("optim_grads_params", [FSDP_MAIN_PARAMS, "auto"], 2 * N / 8 + 2 * QUEUED, 8 * N / 8),
     # no_shard shards nothing: 10 bytes a parameter, whole
     ("no_shard", [FSDP_MAIN_PARAMS, "fp16"], 2 * N, 10 * N),
     # a communication dtype that is the main gradients' own: no other buffer (fetch_bucket)
@@ -94,8 +99,8 @@ def test_a_core_019_command_is_priced_as_its_buffers_by_hand(advisor, strategy, 
 
 def test_the_hand_counts_in_gib():
     """The numbers docs/options.md quotes, from the hand counts above."""
-    assert [round(x / GIB, 2) for x in (2 * N / 8 + 2 * (QUEUE + LAYER), 2 * N / 8 + 4 * (QUEUE + LAYER),
-                                        12 * N / 8, 10 * N / 8, 8 * N / 8)] == [3.32, 5.58, 6.34, 5.29, 4.23]
+    assert [round(x / GIB, 2) for x in (2 * N / 8 + 2 * QUEUED, 2 * N / 8 + 4 * QUEUED,
+                                        12 * N / 8, 10 * N / 8, 8 * N / 8)] == [3.45, 5.84, 6.34, 5.29, 4.23]
 
 
 H100 = get_gpu("h100-80gb")

@@ -40,9 +40,17 @@ def test_sharded_states_per_parameter():
 
 def test_fsdp_buffers():
     # units of 1e8 elements, 8 layers: gathered = the unit + min(5e8 prefetch, 7e8) = 6e8 elements in BF16;
-    # queued gradients = min(8e8, 1e9 + 1e8) = 8e8 elements in FP32
+    # queued gradients = min(8e8, (floor(1e9 / 1e8) + 2) 1e8) = 8e8 elements in FP32
     gathered, queued = levers.fsdp_buffer_bytes(memory(fsdp_strategy="optim_grads_params"), 1e8, 8)
     assert (float(gathered), float(queued)) == (1.2e9, 3.2e9)
+    # optim_grads_params, 30 layers: one bucket per unit; the queue trimmed to 10 whole units (1e9, not
+    # more than it), the unit just reduced appended, the next being filled: 12 units, 1.2e9 elements in FP32
+    gathered, queued = levers.fsdp_buffer_bytes(memory(fsdp_strategy="optim_grads_params"), 1e8, 30)
+    assert (float(gathered), float(queued)) == (1.2e9, 4 * 1.2e9)
+    # units of 3e8: floor(1e9 / 3e8) = 3 kept (9e8), plus two: 5 units, 1.5e9 (not 1e9 + 3e8)
+    assert float(levers.fsdp_queued_units(3e8)) == 5.0
+    assert float(levers.fsdp_buffer_bytes(memory(fsdp_strategy="optim_grads_params"), 3e8, 30)[1]) == 4 * 1.5e9
+    # optim_grads: buckets of a few weights each (no FSDP units), the queue + about two of them, 1e9 + 1e8
     gathered, queued = levers.fsdp_buffer_bytes(memory(fsdp_strategy="optim_grads"), 1e8, 30)
     assert (float(gathered), float(queued)) == (0.0, 4 * 1.1e9)
 
@@ -68,7 +76,8 @@ def test_fp8_weight_copies_and_saved_activations():
 
 def test_estimate_with_zero2_sharding():
     """Llama 3.1 8B, TP 1, PP 1, DP 8 with optim_grads: gradients are 4/8 bytes per parameter plus
-    the reduce-scatter queue, min(32 layers, 1e9 + one layer) elements in FP32."""
+    the reduce-scatter queue, min(32 layers, 1e9 + one layer) elements in FP32 (optim_grads'
+    buckets are a few weights each: memory_levers.fsdp_queued_elements)."""
     layer = 218_112_000
     parameters = 32 * layer + 2 * 4096 * 128256 + 4096  # layers, embedding and head, final norm
     queued = 4 * (1_000_000_000 + layer)

@@ -26,6 +26,11 @@ import pytest
 GIB = 2**30
 N = 4_541_186_048
 LAYER = 213_925_888  # one layer's parameters on one GPU (above)
+# Megatron-FSDP optim_grads_params's queued un-sharded gradient buckets, one per layer
+# (memory_levers.fsdp_queued_units): the whole layers
+# of at most 10^9 elements the queue keeps, floor(10^9 / LAYER) = 4 (5 would be 1,069,629,440), the
+# layer just reduced and the one being produced: 6 layers, 1,283,555,328 elements
+QUEUED = (4 + 2) * LAYER
 GEMM = 213_909_504  # its GEMM weights (what Transformer Engine runs in FP8)
 LAYOUT = ["--model", "llama3.1-70b", "--tp", "4", "--pp", "4", "--dp", "8", "--mbs", "1", "--gbs", "512",
           "--gpu", "h100-80gb", "--format", "json"]
@@ -40,19 +45,21 @@ LAYOUT = ["--model", "llama3.1-70b", "--tp", "4", "--pp", "4", "--dp", "8", "--m
     (("--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"), 2 * N, 4 * N, 12 * N / 8 / 2),
     # Megatron-FSDP optim_grads (core_v0.15.2: FP32 gradient buffer with grad_reduce_in_fp32):
     # the gradient shard 4 N / 8, and the reduce-scatter queue of unsharded FP32 buckets,
-    # 10^9 elements plus the unit being produced (megatron_fsdp.py suggested_RS_queue_capacity)
+    # 10^9 elements plus about two buckets of a few weights each, the unit's size (megatron_fsdp.py
+    # suggested_RS_queue_capacity; memory_levers.fsdp_queued_elements)
     (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads", "--megatron-version", "0.15"),
      2 * N, 4 * N / 8 + 4 * (1_000_000_000 + LAYER), 12 * N / 8),
-    # optim_grads_params also shards the weights, and gathers the unit in use plus the next units
+    # optim_grads_params also shards the weights (its queue: QUEUED above), and gathers the unit in
+    # use plus the next units
     # up to the all-gather prefetch of 5 x 10^8 elements, in BF16
     (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params", "--megatron-version", "0.15"),
-     2 * N / 8 + 2 * (LAYER + 500_000_000), 4 * N / 8 + 4 * (1_000_000_000 + LAYER), 12 * N / 8),
+     2 * N / 8 + 2 * (LAYER + 500_000_000), 4 * N / 8 + 4 * QUEUED, 12 * N / 8),
     # core_v0.19.0's Megatron-FSDP dtypes (tests/test_fsdp_dtypes.py): BF16 main gradients reduced in FP32
     # (--megatron-fsdp-grad-comm-dtype fp32): the shard 2 N / 8, the queued un-sharded buckets in FP32
     # (main_grad_getter's fetch_bucket(dtype=grad_comm_dtype))
     (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params", "--megatron-version", "0.19",
       "--grad-dtype", "bf16", "--megatron-fsdp-grad-comm-dtype", "fp32"),
-     2 * N / 8 + 2 * (LAYER + 500_000_000), 2 * N / 8 + 4 * (1_000_000_000 + LAYER), 12 * N / 8),
+     2 * N / 8 + 2 * (LAYER + 500_000_000), 2 * N / 8 + 4 * QUEUED, 12 * N / 8),
     # BF16 main weights (--megatron-fsdp-main-params-dtype bf16): 2 bytes and FusedAdam's two FP32
     # moments, 10 N / 8; none ('auto': Adam steps the BF16 weights' shards), the moments alone, 8 N / 8
     (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim", "--megatron-version", "0.19",
