@@ -91,8 +91,8 @@ MISSES = {
                   "timed on one H200 as Transformer Engine issues them (one cuBLAS GEMM per expert over 4 "
                   "streams; tables/moe_gemm_probe.py), this layout's BF16 GEMMs take 0.99 of the modelled "
                   "time, and its FP8 GEMMs 1.24 of it, about 2 points of the miss if charged as measured",
-    "mb2509-dsv3": "predicted faster (-15.2%) since the recipe's pipeline split is priced (the layout "
-                   "Et|(tt|)*30mL, per rank; -8.5% with the advisor's own split, which puts 7 layers beside "
+    "mb2509-dsv3": "predicted faster (-15.0%) since the recipe's pipeline split is priced (the layout "
+                   "Et|(tt|)*30mL, per rank; -8.2% with the advisor's own split, which puts 7 layers beside "
                    "the MTP layer and the head): the FP8 run of DeepSeek-V3 with current scaling, predicted "
                    "fast as the FP8 Qwen3-30B-A3B runs with the same recipe are. Left: Transformer Engine's "
                    "current-scaling quantisation beyond its bytes, four kernels per expert and tensor (not "

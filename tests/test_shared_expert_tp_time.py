@@ -21,12 +21,19 @@ RATES = Rates.of(GPU, load_calibration())
 KW = dict(tp=2, cp=1, ep=8, etp=1, mbs=1, rates=RATES)
 
 
-def _collective(element_bytes: float) -> float:
+def _collective(element_bytes: float, width: int = 7168) -> float:
     # one ring all-gather or reduce-scatter of DeepSeek-V3's [s b, h] activation over TP 2 in NVLink:
     # s b h x bytes = 4096 x 1 x 7168 x 2 = 58,720,256 bytes in BF16; a rank sends (n - 1)/n = 1/2 of it
     # at the calibrated NVLink rate (450e9 B/s on the H100: 900 GB/s both ways, halved), plus one
     # latency a step (1 step, 20 us): 29,360,128 / 450e9 + 20e-6 = 85.2 us in BF16
-    return 0.5 * 4096 * 1 * 7168 * element_bytes / RATES.nvlink_bytes_per_s + RATES.collective_latency_s
+    return 0.5 * 4096 * 1 * width * element_bytes / RATES.nvlink_bytes_per_s + RATES.collective_latency_s
+
+
+def _mla_block() -> float:
+    # MLA's attention block, either way in BF16 (tests/test_mla_tp_time.py): the up projections'
+    # latents (q_lora_rank 1536: 34.0 us, kv_lora_rank 512: 24.7 us), the rotary key (d_rope 64:
+    # 20.6 us) and the output projection's [s b, h] (85.2 us): 164.5 us
+    return _collective(2, 1536) + _collective(2, 512) + _collective(2, 64) + _collective(2)
 
 
 def test_deepseek_v3_at_tp2_pays_one_gather_and_one_scatter_each_way_by_hand():
@@ -37,14 +44,16 @@ def test_deepseek_v3_at_tp2_pays_one_gather_and_one_scatter_each_way_by_hand():
     assert layer.shared_tp == pytest.approx(bf16)
     assert layer.shared_tp_backward == pytest.approx(bf16)  # FC2's output-gradient gather, FC1's dgrad scatter
     # their own field, not in the MoE layer's compute nor the shared experts' (which selective
-    # recomputation reruns): the MoE layer's TP collectives (tp_comm) are attention's and these, each
-    # block's gather and scatter once forward and once backward
-    assert layer.attention_tp == pytest.approx(bf16) and layer.attention_tp_backward == pytest.approx(bf16)
+    # recomputation reruns): the MoE layer's TP collectives (tp_comm) are attention's (MLA's, four
+    # collectives each way: 164.5 us) and these, each block's once forward and once backward
+    mla = _mla_block()
+    assert mla == pytest.approx(164.47e-6, abs=0.01e-6)
+    assert layer.attention_tp == pytest.approx(mla) and layer.attention_tp_backward == pytest.approx(mla)
     tp = mt.tp_comm(layer, "none", frozenset())
-    assert tp.attention + tp.shared == pytest.approx(2 * bf16 + 2 * bf16)  # the MoE layer's
+    assert tp.attention + tp.shared == pytest.approx(2 * mla + 2 * bf16)  # the MoE layer's
     without = layer._replace(shared_tp=0.0, shared_tp_backward=0.0)
     assert mt.tp_comm(without, "none", frozenset()) == (tp.attention, tp.dense_mlp, 0.0)
-    assert tp.attention + tp.dense_mlp == pytest.approx(4 * bf16)  # a dense layer: attention's and its MLP's
+    assert tp.attention + tp.dense_mlp == pytest.approx(2 * mla + 2 * bf16)  # a dense layer: attention's and its MLP's
 
 
 def test_fp8_gathers_as_the_dense_mlp_but_bf16_with_the_shared_expert_overlap():
@@ -144,8 +153,9 @@ def test_attentions_tp_collectives_are_communication_backward_too_by_hand():
     ("none", set(), 1, 1), ("selective", {"core_attn", "layernorm"}, 1, 1), ("selective", {"mlp"}, 1, 2),
     ("full", set(), 2, 2)])
 def test_a_dense_layers_collectives_once_per_forward_that_runs_them_by_hand(recompute, modules, attention, mlp):
-    """DeepSeek-V3's dense layers at TP 2, s 4096, b 1, BF16: each block's gather and scatter
-    2 x 85.2 us (``_collective``) a forward and the same backward; full recomputation runs both
+    """DeepSeek-V3's dense layers at TP 2, s 4096, b 1, BF16: the MLP's gather and scatter
+    2 x 85.2 us (``_collective``) a forward and the same backward, MLA's four collectives 164.5 us
+    (``_mla_block``) each way; full recomputation runs both
     blocks' forward again, --recompute-modules mlp the MLP's (``transformer_layer.py``,
     ``_forward_mlp`` under ``tensor_parallel.checkpoint``), core_attn and layernorm neither."""
     layer = mt.layer_times(DSV3, 4096, **KW)
@@ -153,4 +163,4 @@ def test_a_dense_layers_collectives_once_per_forward_that_runs_them_by_hand(reco
     options = MoEOptions(training=TrainingOptions(), modules=frozenset(modules))
     block = 2 * _collective(2)
     paces = [mt._dense_layer_pace(DSV3, recompute, options, x) for x in (layer, bare)]
-    assert paces[0] - paces[1] == pytest.approx((attention + 1) * block + (mlp + 1) * block)
+    assert paces[0] - paces[1] == pytest.approx((attention + 1) * _mla_block() + (mlp + 1) * block)

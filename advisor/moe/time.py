@@ -136,16 +136,22 @@ class LayerTimes(NamedTuple):
     shared experts' own sequence-parallel gather and scatter are not in ``shared`` nor paired:
     ``shared_tp``."""
     attention_tp: object = 0.0
-    """The attention block's sequence-parallel all-gather of its input (before QKV, or MLA's down
-    projections) and reduce-scatter of the output projection's output, forward, in a dense and an
-    MoE layer alike (``terms.tp_block_time``, FP8 gathers under --fp8-format as
-    ``levers.fp8_tp_bytes`` has them); in none of the compute fields nor ``dense`` or ``moe``:
-    communication, run once per forward that runs attention (again with full recomputation) and
-    once in the backward (``attention_tp_backward``), not priced as twice the forward
-    (``tp_comm``)."""
+    """The attention block's sequence-parallel collectives forward, in a dense and an MoE layer
+    alike: the all-gather of its input before QKV and the reduce-scatter of the output
+    projection's output (``terms.tp_block_time``, FP8 gathers under --fp8-format as
+    ``levers.fp8_tp_bytes`` has them); MLA's at their own widths and count
+    (``mla_attention_tp_time``: its up projections' and the rotary key's gathers, the same
+    scatter). In none of the compute fields nor ``dense`` or ``moe``: communication, run once
+    per forward that runs attention (again with full recomputation) and once in the backward
+    (``attention_tp_backward``), not priced as twice the forward (``tp_comm``)."""
     attention_tp_backward: object = 0.0
     """Its backward: the all-gather of the output projection's output gradient and the
-    reduce-scatter of QKV's input gradient."""
+    reduce-scatters of the gathered inputs' gradients (QKV's; MLA's up projections' and the
+    rotary key's)."""
+    mla_up_tp: object = 0.0
+    """MLA's up projections' sequence-parallel all-gathers of their latents, forward (part of
+    ``attention_tp``), which --recompute-modules mla_up_proj runs again in the backward
+    (``tp_comm``); 0 without MLA."""
     dense_mlp_tp: object = 0.0
     """A dense layer's MLP's sequence-parallel all-gather of FC1's input and reduce-scatter of FC2's
     output, forward (``terms.tp_block_time``, as ``attention_tp``); run once per forward that runs
@@ -193,10 +199,12 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     attention_gemm = 2.0 * tokens_cp * params.attention_parameters(spec) / tp / gemm_rates.gemm_flops_per_s \
         + 4 * rates.gemm_latency_s
     core, core_backward = terms.attention_kernel_time(attention_flops(spec, seq_len, mbs, tp, cp), cp, rates)
-    # attention's and a dense MLP's gathers and scatters, the same [tokens, h] activation each; FP8
-    # moves the gathers in FP8 (levers.fp8_tp_bytes), as the dense model's
-    block_tp, block_tp_backward = terms.tp_block_time(spec, tokens_cp, tp, rates,
-                                                      fp8.collectives if fp8 else terms.BF16_TP)
+    # a dense MLP's gathers and scatters, and attention's but MLA's, the same [tokens, h] activation
+    # each; FP8 moves the gathers in FP8 (levers.fp8_tp_bytes), as the dense model's
+    tp_sizes = fp8.collectives if fp8 else terms.BF16_TP
+    block_tp, block_tp_backward = terms.tp_block_time(spec, tokens_cp, tp, rates, tp_sizes)
+    attention_tp = mla_attention_tp_time(spec, tokens_cp, tp, rates, tp_sizes) if spec.mla is not None \
+        else AttentionTp(block_tp, block_tp_backward, 0.0)
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     pace = replace(routing, routing="balanced") if routing.routing == "dropless" else routing
     copies = mm.expert_token_copies(spec, tokens, ep, etp, pace)
@@ -234,7 +242,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
                       dense_mlp=dense_mlp, dense_transposes=casts.dense_transposes,
                       moe_transposes=casts.moe_transposes,
                       shared_pairs=((shared - shared_fc2, a2a / 2 + gather), (shared_fc2, a2a / 2)),
-                      attention_tp=block_tp, attention_tp_backward=block_tp_backward,
+                      attention_tp=attention_tp.forward, attention_tp_backward=attention_tp.backward,
+                      mla_up_tp=attention_tp.up_gathers,
                       dense_mlp_tp=block_tp, dense_mlp_tp_backward=block_tp_backward,
                       shared_tp=shared_tp, shared_tp_backward=shared_tp_backward)
 
@@ -259,6 +268,59 @@ def shared_expert_tp_time(spec: MoESpec, tokens_cp, tp, rates: Rates, fp8: Fp8Ge
         return 0.0, 0.0
     sizes = fp8.collectives if fp8 is not None and not shared_expert_overlap else terms.BF16_TP
     return terms.tp_block_time(spec, tokens_cp, tp, rates, sizes)
+
+
+class AttentionTp(NamedTuple):
+    """Seconds of an attention block's sequence-parallel collectives, one microbatch
+    (``mla_attention_tp_time``)."""
+
+    forward: object
+    backward: object
+    up_gathers: object
+    """The forward's gathers that --recompute-modules mla_up_proj runs again: the up projections'."""
+
+
+def mla_attention_tp_time(spec: MoESpec, tokens_cp, tp, rates: Rates,
+                          sizes: terms.TpBytes = terms.BF16_TP) -> AttentionTp:
+    """``AttentionTp`` of multi-latent attention with sequence parallelism, each collective a ring
+    of its own (``terms.ring_collective_time``, one latency a step each). megatron-core's Transformer
+    Engine spec (``gpt_layer_specs.py``, core_v0.15.2:146-155, core_v0.19.0:300-309) builds the
+    down projections as ``TELinear`` with parallel_mode 'duplicated' (``multi_latent_attention.py``
+    core_v0.15.2:371-372 and 410-411, core_v0.19.0:525-526 and 572-573): no collective, each rank
+    projects its own t-th of the tokens. The gathers come after them (core_v0.15.2:532-571,
+    core_v0.19.0:637-754): the up projections, column-parallel (``TEColumnParallelLinear``, or
+    ``TELayerNormColumnParallelLinear`` with the latent norms), all-gather their inputs
+    [tokens, q_lora_rank] and [tokens, kv_lora_rank] (without q_lora_rank, Q's one projection
+    ``linear_q_proj`` gathers [tokens, h]), at ``sizes.input_gather`` an element (Transformer
+    Engine quantises a column-parallel linear's input before its gather under FP8, as QKV's), and
+    ``gather_from_sequence_parallel_region(k_pos_emb)`` gathers the rotary key [tokens, d_rope] in
+    BF16 (megatron's own collective, on the split of the down projection's output); the output
+    projection reduce-scatters [tokens, h] as any attention's (``sizes.output_scatter``). Backward
+    the mirror: the output gradient's all-gather (``sizes.grad_gather``), the up projections' input
+    gradients' reduce-scatters (``sizes.dgrad_scatter``) and the rotary key's (BF16,
+    ``_GatherFromSequenceParallelRegion.backward``); the wgrad re-gathers run behind dgrad, left
+    out as the dense model's (``terms.tensor_parallel_time``). ``up_gathers``: the up projections'
+    two, inside ``qkv_up_proj_and_rope_apply``, which mla_up_proj checkpoints
+    (core_v0.15.2:783-786, core_v0.19.0:972-976); the rotary key's gather runs before the
+    checkpoint, on its input. Only the Transformer Engine spec: the local spec's column-parallel
+    down projections would gather [tokens, h] each (``gpt_layer_specs.py``, core_v0.15.2:262-271,
+    core_v0.19.0:420-429), but it builds an RMSNorm model's norms (DeepSeek's, Kimi K2's) as
+    torch's, which refuses sequence parallelism, which an MoE needs at TP > 1
+    (``advisor.options.local_spec``). The fused down projection of core_v0.19.0's
+    --mla-down-proj-fusion (off by default) is not priced. Zeros at TP 1."""
+    mla, h = spec.mla, spec.hidden_size
+    bandwidth = terms.link_bandwidth(tp, rates)
+
+    def ring(width, element_bytes):  # one all-gather or reduce-scatter of [tokens, width]
+        return terms.ring_collective_time(element_bytes * tokens_cp * width, tp, bandwidth, rates)
+
+    q = mla.q_lora_rank or h  # without q_lora_rank, linear_q_proj gathers the layer's input
+    up = ring(q, sizes.input_gather) + ring(mla.kv_lora_rank, sizes.input_gather)
+    rope = ring(mla.qk_pos_emb_head_dim, mm.BF16)
+    forward = up + rope + ring(h, sizes.output_scatter)
+    backward = ring(h, sizes.grad_gather) + ring(q, sizes.dgrad_scatter) \
+        + ring(mla.kv_lora_rank, sizes.dgrad_scatter) + rope
+    return AttentionTp(forward, backward, up)
 
 
 class _CastTimes(NamedTuple):
@@ -402,7 +464,7 @@ def recomputed_forward(spec: MoESpec, layer: LayerTimes, modules: frozenset[str]
     - mlp: a dense layer's MLP (MoE layers ignore it: ``not isinstance(self.mlp, MoELayer)``);
     - moe_act: the routed experts' activation (``experts.py``); shared_experts: the shared experts
       (``shared_experts.py``).
-    Compute only: the TP collectives that mlp and shared_experts run again are ``tp_comm``'s."""
+    Compute only: the TP collectives that mlp, shared_experts and mla_up_proj run again are ``tp_comm``'s."""
     mla = spec.mla is not None
     attention = ("core_attn" in modules) * layer.core + ("mla_up_proj" in modules) * layer.mla_up
     norms = "layernorm" in modules
@@ -435,16 +497,17 @@ def tp_comm(layer: LayerTimes, recompute: str, modules: frozenset[str]) -> TpCom
     in the block's recomputation and again in its own backward (``tensor_parallel/random.py``,
     ``CheckpointFunction``: forward under no_grad, backward reruns it; core_v0.15.2 and
     core_v0.19.0), three forwards, as ``LayerTimes.block`` and ``recomputed_forward`` price their
-    compute. No
-    module runs attention's gather and scatter again: core_attn and layernorm checkpoint parts
-    between them; mla_up_proj's up projections gather their latents again
-    (``multi_latent_attention.py``, ``qkv_up_proj_and_rope_apply``), which attention's [tokens, h]
-    gather stands for and is not priced again."""
+    compute. core_attn and layernorm checkpoint parts between attention's collectives, no
+    collective again; mla_up_proj's up projections gather their latents again in the backward
+    (``LayerTimes.mla_up_tp``: ``multi_latent_attention.py``, ``qkv_up_proj_and_rope_apply`` under
+    ``CheckpointWithoutOutput``, in FP8 under --fp8-format, its recomputation under
+    ``fp8_autocast``: ``tensor_parallel/random.py``, both releases), once."""
     full = recompute == "full"
     modules = frozenset() if full else modules  # Megatron reads --recompute-modules with selective only
     mlp_forwards = 2.0 if full or "mlp" in modules else 1.0
     shared_forwards = 1.0 + (full or "moe" in modules) + ("shared_experts" in modules)
-    return TpComm(attention=(1.0 + full) * layer.attention_tp + layer.attention_tp_backward,
+    return TpComm(attention=(1.0 + full) * layer.attention_tp + layer.attention_tp_backward
+                  + ("mla_up_proj" in modules) * layer.mla_up_tp,
                   dense_mlp=mlp_forwards * layer.dense_mlp_tp + layer.dense_mlp_tp_backward,
                   shared=shared_forwards * layer.shared_tp + layer.shared_tp_backward)
 

@@ -244,7 +244,8 @@ def tp_block_time(spec: LlamaSpec, tokens, tp, rates: Rates, sizes: TpBytes = BF
     gradient; each at ``sizes``' bytes an element (FP8 gathers under --fp8-format,
     ``levers.fp8_tp_bytes``). A layer's attention and MLP move the same [tokens, h] activation, so
     one block's price serves either (``tensor_parallel_time``; the MoE model's
-    ``LayerTimes.attention_tp``, ``dense_mlp_tp`` and ``shared_tp``)."""
+    ``LayerTimes.attention_tp`` but MLA's, ``moe.time.mla_attention_tp_time``, ``dense_mlp_tp``
+    and ``shared_tp``)."""
     forward = tp_collective_time(spec, tokens, tp, rates, sizes.input_gather) \
         + tp_collective_time(spec, tokens, tp, rates, sizes.output_scatter)
     backward = tp_collective_time(spec, tokens, tp, rates, sizes.grad_gather) \
