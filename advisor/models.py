@@ -149,7 +149,21 @@ def load_model(name_or_path: str) -> LlamaSpec:
             raise AdvisorError(f"{name_or_path} is a directory without a {HF_CONFIG_NAME}: give a preset, a Hugging "
                                f"Face {HF_CONFIG_NAME}, or the directory it was downloaded into")
         return load_hf_config(path)
-    return preset(name_or_path)
+    try:
+        return preset(name_or_path)
+    except AdvisorError:
+        if not _is_local_path(name_or_path):
+            raise
+    raise AdvisorError(f"{name_or_path}: no such file or directory (--model takes a preset, a Hugging Face "
+                       f"{HF_CONFIG_NAME}, or the directory holding one)")
+
+
+def _is_local_path(name: str) -> bool:
+    """Whether a --model that names nothing on disk was meant as a path, not a preset or a Hugging
+    Face id ('org/name', one slash): './llama', '/models/llama', '~/llama', 'llama/', 'a/b/c'. Such
+    a name was told to 'huggingface-cli download ./llama', which downloads nothing."""
+    name = name.strip()
+    return name.startswith(("/", ".", "~")) or name.endswith("/") or name.count("/") > 1
 
 
 def spec_from_dict(fields: object) -> LlamaSpec:

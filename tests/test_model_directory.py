@@ -64,3 +64,23 @@ def test_output_beside_the_config_json_is_written(advisor, snapshot):
     written = snapshot / "estimate.json"
     advisor(*EST, "--model", snapshot, "-o", written)
     assert json.loads(written.read_text())["model"]["hidden_size"] == 2048
+
+
+@pytest.mark.parametrize("spelled", ["{t}/llama1b", "./llama1b", "llama1b/", "{t}/models/llama1b/config"],
+                         ids=["absolute", "dot-slash", "trailing-slash", "deep"])
+def test_a_path_that_does_not_exist_is_named_as_a_path(advisor, tmp_path, monkeypatch, spelled):
+    """A mistyped download directory was 'unknown model ...: huggingface-cli download ./llama1b
+    config.json', advice for a Hugging Face id ('org/name') that downloads nothing for a path."""
+    monkeypatch.chdir(tmp_path)
+    model = spelled.format(t=tmp_path)
+    line = advisor.error(*EST, "--model", model)
+    assert line == (f"Error: {model}: no such file or directory (--model takes a preset, a Hugging Face "
+                    "config.json, or the directory holding one)")
+
+
+def test_a_hugging_face_id_is_still_a_hugging_face_id(advisor, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # 'org/name' names no file here: a model id, as before
+    assert "huggingface-cli download meta-llama/Llama-9-8B config.json" in advisor.error(
+        *EST, "--model", "meta-llama/Llama-9-8B")
+    by_id = json.loads(advisor(*EST, "--model", "meta-llama/Llama-3.1-8B").stdout)
+    assert by_id["model"]["name"] == "llama3.1-8b"
