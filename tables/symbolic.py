@@ -14,6 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
+
+from advisor.cli.options import OneLineCommand
 from advisor.profile_report import compare_rank
 from advisor.profiles import load_run
 
@@ -84,16 +87,28 @@ def section() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+# A click command: it took any argument as 'write the section' ('--help' rewrote docs/profiling.md).
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--profile", is_flag=True,
+              help="Re-make the committed profiles of examples/symbolic first (about 2 minutes).")
+def main(profile: bool) -> None:
+    """Write docs/profiling.md's section comparing the real-size symbolic profiles of
+    examples/symbolic with seed 004's estimator, term by term.
+
+    \b
+    Examples:
+      python -m tables.symbolic
+      python -m tables.symbolic --profile   # re-make the profiles first
+    """
     from tables.readme import replace_between
 
-    if "--profile" in sys.argv[1:]:
+    if profile:
         for name in RUNS:
             shutil.rmtree(EXAMPLES / name, ignore_errors=True)
             subprocess.run(command(name), check=True, cwd=ROOT)
     readme = ROOT / "docs" / "profiling.md"
     readme.write_text(replace_between(readme.read_text(), BEGIN, END, section()))
-    print(f"wrote the comparison section of {readme}")
+    click.echo(f"wrote the comparison section of {readme}")
 
 
 if __name__ == "__main__":

@@ -97,6 +97,12 @@ class OneLineCommand(OneLineErrors, click.Command):
     """A stand-alone command (``python -m ...``) whose bad input is one line, exit status 2."""
 
 
+class OneLineGroup(OneLineErrors, CloseCommands):
+    """A stand-alone group (``python -m tables.capture``) with only its own commands, whose bad
+    input is one line, exit status 2 (the ``advisor`` group's AdvisorGroup adds the advisor's
+    commands to every group of its class)."""
+
+
 class Bounded(click.ParamType):
     """A number within a bound of ``advisor.limits``; a float is also finite (inf and nan are
     refused: --mem inf made everything "fit" and wrote Infinity into the JSON)."""

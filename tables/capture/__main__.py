@@ -7,15 +7,14 @@ from pathlib import Path
 import click
 
 from advisor import limits
-from advisor.cli import AdvisorGroup
-from advisor.cli.options import Bounded
+from advisor.cli.options import Bounded, OneLineGroup
 from tables.readme import replace_between
 
 TABLES_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = TABLES_DIR / "data" / "capture"
 
 
-@click.group(cls=AdvisorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """CAPTURE's prediction accuracy (seed 000, Section IV-B, Fig. 7) and profiling cost, on a tiny
     Llama emulated on the CPU: measure once (minutes), analyse from the data (seconds)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from advisor.cli import AdvisorGroup
+from advisor.cli.options import OneLineCommand
 from advisor.fileio import atomic_write_text
 from advisor.render import to_json
 from tables.readme import replace_between
@@ -62,12 +62,10 @@ def write_artefacts(results: Results, out: Path) -> list[Path]:
     return written
 
 
-# A group that runs its own callback (no subcommands) so that AdvisorGroup turns bad input
-# into one "Error: ..." line with exit status 2, exactly as the `advisor` CLI does.
-@click.group(
-    cls=AdvisorGroup, invoke_without_command=True, subcommand_metavar="",
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+# One "Error: ..." line with exit status 2 for bad input, as the `advisor` CLI has; a command,
+# not a group: an AdvisorGroup listed the advisor's commands in --help and ran the reproduction
+# before any of them ('python -m tables.seed004 models').
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
               show_default="tables/out", help="Folder for the tables, PNGs, RESULTS.md and summary.json.")
 @click.option("--readme", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,

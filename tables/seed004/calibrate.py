@@ -19,7 +19,7 @@ import click
 import numpy as np
 from scipy.optimize import least_squares
 
-from advisor.cli import AdvisorGroup
+from advisor.cli.options import OneLineGroup
 from advisor.fileio import atomic_write_text, read_json
 from advisor.render import to_json
 from advisor.throughput.calibration import CALIBRATION_FILE, calibration_document
@@ -64,7 +64,7 @@ def probe_fit(path: Path = timing.PROBE) -> dict:
     return out
 
 
-@click.group(cls=AdvisorGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--on", type=click.Choice(GPU_TYPES), default="all", show_default=True,
               help="Which runs to fit on.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=CALIBRATION_FILE,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from advisor.cli import AdvisorGroup
+from advisor.cli.options import OneLineCommand
 from advisor.fileio import atomic_write_text
 from tables.readme import replace_between
 from tables.splits.compare import CASES, price
@@ -23,8 +23,7 @@ def results():
     return [(case, *price(case)) for case in CASES]
 
 
-@click.group(cls=AdvisorGroup, invoke_without_command=True, subcommand_metavar="",
-             context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
               show_default="tables/out", help="Folder for splits.png and splits.md.")
 @click.option("--readme", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=DEFAULT_README,
