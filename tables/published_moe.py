@@ -38,6 +38,7 @@ from pathlib import Path
 import click
 
 from advisor import equations as eq
+from advisor.cli.options import OneLineCommand
 from advisor.errors import AdvisorError
 from tables.published.csv_rows import typed_rows
 
@@ -292,7 +293,7 @@ def markdown(results: list[dict] | None = None) -> str:
     return "\n".join(lines + [""] + [textwrap.fill(note, 100) for note in notes]) + "\n"
 
 
-@click.command()
+@click.command(cls=OneLineCommand)
 def main() -> None:
     """Price every run of tables/published/moe_runs.csv and print the comparison as Markdown."""
     click.echo(markdown(), nl=False)

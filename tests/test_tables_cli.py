@@ -4,7 +4,8 @@ Their groups were the ``advisor`` group's class, which adds the advisor's comman
 of it: ``python -m tables.seed004 --help`` listed compare-log, estimate, ... sweep, and
 ``python -m tables.seed004 models`` ran the whole reproduction, rewriting tables/README.md's results,
 before printing the model presets. ``python -m tables.symbolic`` read no option but --profile, so
-its ``--help`` rewrote docs/profiling.md's section."""
+its ``--help`` rewrote docs/profiling.md's section. tables.published_moe and
+tables.seed004.reserve_forms answered a stray argument with click's three-line usage error."""
 
 import importlib
 
@@ -16,6 +17,8 @@ TOOLS = {  # module: its own commands (none for a plain command)
     "tables.seed004.__main__": (),
     "tables.splits.__main__": (),
     "tables.symbolic": (),
+    "tables.published_moe": (),
+    "tables.seed004.reserve_forms": (),
     "tables.capture.__main__": ("analyse", "measure"),
     "tables.seed004.calibrate": ("probe",),
 }

@@ -38,6 +38,7 @@ from unittest import mock
 import click
 import numpy as np
 
+from advisor.cli.options import OneLineCommand
 from advisor.errors import AdvisorError
 from advisor.verdicts import MemoryCalibration, verdict_for
 from tables.seed004 import oomfit
@@ -335,7 +336,7 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@click.command()
+@click.command(cls=OneLineCommand)
 def main() -> None:
     """Fit each reserve form on seed 004, validate it held out, and check it on the H200 and MoE runs."""
     click.echo(markdown(study()), nl=False)
