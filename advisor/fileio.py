@@ -215,12 +215,26 @@ def read_json_input(path: str | Path, *, what: str) -> tuple[object, str]:
     that a sweep's JSON pipes into the command that reads it (advisor report, advisor-launch).
     Empty standard input says what to pipe in: the command before the pipe failed or wrote to -o."""
     if str(path) != "-":
-        return read_json(path, what=what), str(path)
-    text = read_text("-", max_bytes=limits.JSON_FILE_BYTES, what=what)
-    if not text.strip():
-        raise AdvisorError("--from -: standard input is empty; pipe in the JSON of advisor sweep or estimate "
-                           "--format json (or a plan), or give --from FILE")
-    return parse_json(text, STDIN), STDIN
+        where = str(path)
+        text = decode_utf8(read_bytes(Path(path), max_bytes=limits.JSON_FILE_BYTES, what=what), where)
+        if not text.strip():  # what 'advisor sweep ... > sweep.json' leaves when the sweep fails
+            raise AdvisorError(f"{where} is empty: give the JSON of advisor sweep or estimate --format json "
+                               "(or a plan, advisor recommend -o)")
+    else:
+        where, text = STDIN, read_text("-", max_bytes=limits.JSON_FILE_BYTES, what=what)
+        if not text.strip():
+            raise AdvisorError("--from -: standard input is empty; pipe in the JSON of advisor sweep or estimate "
+                               "--format json (or a plan), or give --from FILE")
+    try:
+        return parse_json(text, where), where
+    except AdvisorError:
+        if text.lstrip()[:1] in ("{", "["):  # JSON, only broken: the parser's line and column say where
+            raise
+    # a table: 'advisor sweep | advisor-launch args --from -', or 'advisor sweep > sweep.json'
+    first = text.strip().splitlines()[0]
+    shown = first if len(first) <= 40 else first[:37] + "..."
+    raise AdvisorError(f"{where} holds no JSON (it begins {shown!r}): advisor sweep and estimate write it with "
+                       "--format json, advisor recommend with -o FILE")
 
 
 class JsonLines:

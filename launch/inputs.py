@@ -178,8 +178,9 @@ def _read_document(path: Path) -> tuple[object, str]:
         return read_json_input(path, what="launch input")
     try:
         return read_json_input(path, what="JSON file")
-    except AdvisorError as exc:
-        raise AdvisorError(f"{exc}{_script_hint(path)}") from None
+    except AdvisorError as exc:  # a launch script: only where to give it, not how sweeps write JSON
+        hint = _script_hint(path)
+        raise AdvisorError(f"{path} holds no JSON{hint}" if hint else str(exc)) from None
 
 
 def read_input(path: str | Path, rank: int | None = None) -> LaunchInput:

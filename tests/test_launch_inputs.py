@@ -290,3 +290,42 @@ def test_from_dash_refuses_bad_standard_input(piped, message):
     result = launch.runner.invoke(launch.command, ["args", "--from", "-"], input=piped)
     assert (result.exit_code, result.stdout) == (2, "")
     assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith(f"Error: {message}")
+
+
+TABLE = "llama3.1-8b, seq 8192, gbs 1024, 8 GPUs x 80 GiB, fits <= 64.0 GiB (80%), ranked by the paper's\nrule\n"
+
+
+def test_a_table_piped_in_names_json_not_a_parser_position():
+    """'advisor sweep ... | advisor-launch args --from -' without --format json was 'standard
+    input: malformed JSON at line 1, column 1: Expecting value'."""
+    from launch_support import launcher
+
+    launch = launcher()
+    result = launch.runner.invoke(launch.command, ["args", "--from", "-"], input=TABLE)
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == ("Error: standard input holds no JSON (it begins 'llama3.1-8b, seq 8192, gbs 1024, 8 "
+                             "GP...'): advisor sweep and estimate write it with --format json, advisor recommend "
+                             "with -o FILE\n")
+
+
+@pytest.mark.parametrize("program", ["advisor-launch", "advisor"])
+@pytest.mark.parametrize("text,message", [
+    ("", "{path} is empty: give the JSON of advisor sweep or estimate --format json (or a plan, advisor recommend -o)"),
+    ("\n  \n", "{path} is empty: give the JSON of advisor sweep or estimate --format json (or a plan, "
+               "advisor recommend -o)"),
+    (TABLE, "{path} holds no JSON (it begins 'llama3.1-8b, seq 8192, gbs 1024, 8 GP...'): advisor sweep and "
+            "estimate write it with --format json, advisor recommend with -o FILE"),
+], ids=["empty", "blank", "table"])
+def test_an_empty_or_table_input_file_says_so(advisor, tmp_path, program, text, message):
+    """'advisor sweep --mem abc --format json > sweep.json' leaves an empty sweep.json, and
+    'advisor sweep > sweep.json' a table: both were 'malformed JSON at line 1, column 1'."""
+    from launch_support import launcher
+
+    path = tmp_path / "sweep.json"
+    path.write_text(text)
+    if program == "advisor":
+        line = advisor.error("report", "--from", path, "-o", tmp_path / "r.html")
+        assert not (tmp_path / "r.html").exists()
+    else:
+        line = launcher().error("args", "--from", path)
+    assert line == "Error: " + message.format(path=path)
