@@ -65,7 +65,7 @@ def read_job_file(path: str | Path) -> JobFile:
     """A TOML (.toml) or JSON file of ``JOB_KEYS``; an unknown key or a wrong type is one line."""
     path = Path(path)
     text = decode_utf8(read_bytes(path, what="job file"), str(path))
-    document = _toml(path, text) if path.suffix == ".toml" else parse_json(text, str(path))
+    document = _toml(path, text) if path.suffix == ".toml" else _json(path, text)
     if not isinstance(document, dict):
         raise AdvisorError(f"{path}: expected a table of job settings")
     unknown = sorted(set(document) - set(JOB_KEYS))
@@ -81,6 +81,15 @@ def read_job_file(path: str | Path) -> JobFile:
     return JobFile(origin=str(path), flags=tuple(flags), tokens=document.get("tokens"),
                    lr_warmup_fraction=document.get("lr_warmup_fraction", DEFAULT_WARMUP_FRACTION),
                    fs_bandwidth_gbs=document.get("fs_bandwidth_gbs"), mock_data=document.get("mock_data", False))
+
+
+def _json(path: Path, text: str) -> object:
+    try:
+        return parse_json(text, str(path))
+    except AdvisorError as exc:  # job.yaml, or a TOML job.cfg: 'malformed JSON' alone did not say why JSON
+        if path.suffix == ".json":
+            raise
+        raise AdvisorError(f"{exc} (a job file is read as JSON unless its name ends in .toml)") from None
 
 
 def _toml(path: Path, text: str) -> dict:

@@ -292,3 +292,20 @@ def test_job_file_learning_rate_zero_runs_as_megatron_takes_it(advisor, tmp_path
     assert args[args.index("--lr") + 1] == "0"
     line = launcher().error("args", "--from", sweep, "--job-config", write_json(tmp_path / "neg.json", {"lr": -1e-4}))
     assert "lr must be a number, 0 or more, got -0.0001" in line, line
+
+
+@pytest.mark.parametrize("name", ["job.yaml", "job.cfg", "job"])
+def test_a_job_file_not_named_toml_says_it_is_read_as_json(advisor, tmp_path, name):
+    """A TOML (or YAML) job under another name was 'malformed JSON at line 1, column 1' alone."""
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    job = tmp_path / name
+    job.write_text('lr = 3e-4\n')
+    line = launcher().error("args", "--from", sweep, "--job-config", job)
+    assert line == (f"Error: {job}: malformed JSON at line 1, column 1: Expecting value (a job file is read as JSON "
+                    "unless its name ends in .toml)")
+    named = tmp_path / "job.json"  # named JSON: the parser's position alone, as before
+    named.write_text('lr = 3e-4\n')
+    assert launcher().error("args", "--from", sweep, "--job-config", named) == \
+        f"Error: {named}: malformed JSON at line 1, column 1: Expecting value"
+    job.write_text('{"lr": 3e-4}')  # JSON under any other name still reads
+    assert "--lr" in launcher()("args", "--from", sweep, "--job-config", job).stdout.split()
