@@ -363,6 +363,21 @@ def test_flags_a_megatron_user_types_point_to_the_option(advisor, given, advice)
     assert advice in message and "Did you mean" not in message
 
 
+@pytest.mark.parametrize("command", [["estimate", "--gpus", 8, "--mem", 80, "--pp", 2], ["sweep", "--gpus", 8],
+                                     ["recommend", "--gpus", 8, "--pp", 2]], ids=["estimate", "sweep", "recommend"])
+@pytest.mark.parametrize("given", [["--decoder-first-pipeline-num-layers", 15], ["--decoder-last-pipeline-num-layers", 15],
+                                   ["--pipeline-model-parallel-layout", "Et*15|t*17L"],
+                                   ["--account-for-embedding-in-pipeline-split"], ["--account-for-loss-in-pipeline-split"]],
+                         ids=lambda given: given[0])
+def test_megatrons_uneven_split_flags_point_to_layers_per_stage(advisor, command, given):
+    """They got click's guess: 'Did you mean --recompute-num-layers?' for --decoder-first-pipeline-num-layers."""
+    message = advisor.error(*command, *given)
+    assert message.startswith(f"Error: Megatron's uneven pipeline split ({given[0]}) is advisor estimate's "
+                              "--layers-per-stage N,N,... (each stage's layers); sweep and recommend choose the split "
+                              "themselves; a whole Megatron command that sets it: advisor estimate --from-command FILE")
+    assert "Did you mean" not in message
+
+
 @pytest.mark.parametrize("command, says", [
     (["recommend", "--gpus", 8, "--mem", 80], "recommend plans without interleaving"),
     (["report"], "report takes no virtual pipeline stages (no --vpp)"),

@@ -41,6 +41,12 @@ MEGATRON_LOOKALIKES = {
     "--num-layers-per-virtual-pipeline-stage": "give the virtual stages per rank, --vpp N (Megatron's "
                                                "--num-virtual-stages-per-pipeline-rank): each then holds "
                                                "layers / (PP x N) layers",
+    **{flag: (f"Megatron's uneven pipeline split ({flag}) is advisor estimate's --layers-per-stage N,N,... "
+              "(each stage's layers); sweep and recommend choose the split themselves; a whole Megatron command "
+              "that sets it: advisor estimate --from-command FILE")
+       for flag in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                    "--pipeline-model-parallel-layout", "--account-for-embedding-in-pipeline-split",
+                    "--account-for-loss-in-pipeline-split")},
 }
 """Megatron flags that look like an advisor option's spelling but do not mean it: refused with why.
 Every Megatron flag a message names is one of core_v0.15.2's (tests/test_cli_megatron_flags.py):
