@@ -17,19 +17,18 @@ ROOT = Path(__file__).resolve().parent.parent
 # read by libgomp when torch loads). Spinning against the other worker, the measurement campaign of
 # tests/test_capture_e2e.py (its 2 runs at 2 threads) took 89 s of CPU and 115 s wall beside a busy
 # core on this 2-core machine, 26 s and 33 s passive (23 s and 32 s at 1 thread).
-# The workers also find COLUMNS=80 and LINES=24 set at their start, which the controller did not
-# have: the tables would fit 80 columns where the tests expect $COLUMNS as the user's shell has it
-# (unset: 100). The controller passes its own values on, and the workers take them back.
+# The terminal's size is not the tests': the workers find COLUMNS=80 and LINES=24 set at their
+# start, and a user's shell may export its own, which wrap the notes on stderr and narrow the tables
+# the tests read (66 tests failed under an exported COLUMNS=100). Every process of the run takes
+# neither, as a pipe or a log would: tables at their 100-column default, notes one line each; a
+# test about widths sets COLUMNS itself.
 TERMINAL = ("COLUMNS", "LINES")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    for name in TERMINAL:
-        os.environ.pop(name, None)
-        if os.environ.get(f"CONTROLLER_{name}"):
-            os.environ[name] = os.environ[f"CONTROLLER_{name}"]
-else:
-    os.environ.update({f"CONTROLLER_{name}": os.environ.get(name, "") for name in TERMINAL})
+for name in TERMINAL:
+    os.environ.pop(name, None)
+
 
 def run_json_script(script: str):
     """Run ``script`` in a process of its own at the repository root (megatron-core's global
