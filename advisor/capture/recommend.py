@@ -82,9 +82,11 @@ def _plan_split(memory: CostTable, time: CostTable | None, pp: int, scenario: Sc
     """The memory objective: CAPTURE's lowest peak. The time objective: MadPipe's shortest period
     within ``stage_limit`` bytes (``advisor.madpipe``). With the stage times where there are any."""
     if objective == "time":
-        if time is None or stage_limit is None:
-            raise AdvisorError("--objective time needs stage times (profiles with per-layer times, or --gpu NAME "
-                               "for the time model) and a memory limit (--mem)")
+        missing = [what for what, absent in (
+            ("stage times (profiles with per-layer times, or --gpu NAME for the time model)", time is None),
+            ("a memory limit (--mem, or --gpu NAME's memory)", stage_limit is None)) if absent]
+        if missing:  # only what is missing: a --mem given is not asked for again
+            raise AdvisorError(f"--objective time needs {' and '.join(missing)}")
         solution, _ = plan_fastest(time, memory, pp, stage_limit, scenario)
     else:
         solution = plan_megatron(memory, pp, scenario)
