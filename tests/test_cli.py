@@ -421,6 +421,18 @@ def test_output_and_plot_must_be_two_png_files_apart(advisor, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.PNG", "rows.json"]
 
 
+@pytest.mark.parametrize("model", [(), ("--model", "mixtral-8x7b")])
+def test_plot_where_nothing_fits_says_why_and_exits_1(advisor, tmp_path, model):
+    """Nothing fits is exit status 1 with the line saying why, --plot or not; it was exit 2 with
+    '--plot: no rows to draw' and no why (a newcomer's report). No picture is written."""
+    picture = tmp_path / "rows.png"
+    result = advisor("sweep", *model, "--gpus", 8, "--mem", 1, "--plot", picture, expect=1)
+    first, why = result.stderr.splitlines()
+    assert first == f"--plot: {picture} not written: no row to draw (--all draws the oom ones)"
+    assert why.startswith("advisor sweep: nothing fits: 0 fits, 0 tight, ") and "Traceback" not in result.output
+    assert not picture.exists()
+
+
 def test_recommend_png_is_a_png_file_of_its_own(advisor, tmp_path):
     """recommend --png, as sweep --plot: a .png name, and not the file -o writes."""
     common = ("recommend", "--gpus", 8, "--pp", 4, "--mem", 80)
