@@ -134,17 +134,19 @@ def test_bf16_main_gradients_reduced_in_fp32_move_fp32():
         pytest.approx(float(_step(**fsdp).dp_comm_s), rel=1e-12)
 
 
-@pytest.mark.parametrize("main_weights, step_bytes", [("fp32", 4 + 2 + 4 + 4 + 16 + 8),
-                                                      ("bf16", 2 + 2 + 2 + 4 + 16 + 4 + (4 + 2)),
-                                                      ("auto", 4 + 2 + 4 + 4 + 16 + 2)])
+@pytest.mark.parametrize("main_weights, step_bytes", [("fp32", 4 + 4 + (4 + 2) + 16 + 8 + 4),
+                                                      ("bf16", 2 + 2 + (2 + 2) + 16 + 4 + (4 + 2) + 4),
+                                                      ("auto", 4 + 4 + (0 + 2) + 16 + 2 + 4)])
 def test_adam_moves_the_main_weights_it_keeps(main_weights, step_bytes):
     """Adam's step on the rank's P / 8 parameters at the HBM rate (terms.optimizer_step_bytes): the
     gradient Adam is handed read (4 for the FP32 main gradients; 2 for the BF16 copy BF16 main weights
-    get), the BF16 weight write (2), the norm's read of the same gradient (4 or 2), the FP32
-    main-gradient buffer zeroed (4), the FP32 moments (8 + 8) and the main weight: FP32 read and
-    written (8), BF16 (2 + 2 = 4), or none, the BF16 weight read (2; its write is the 2 above): 38,
-    30 and 32. BF16 main weights also have update_main_grads cast the FP32 gradient shard to BF16
-    first (read 4, write 2: tests/test_grad_cast.py): 36."""
+    get), the norm's read of the same gradient (4 or 2), copy_main_weights_to_model_weights reading
+    the main weight (4 from FP32, 2 from BF16, none with no main-weight buffer: Adam steps the weight
+    in place) and writing the BF16 weight (2), the FP32 moments (8 + 8) and the main weight: FP32
+    read and written (8), BF16 (2 + 2 = 4), or none, the BF16 weight read (2; its write is the 2
+    above); and the FP32 main-gradient buffer, sharded under optim_grads_params, zeroed (4): 42, 36
+    and 32. BF16 main weights also have update_main_grads cast the FP32 gradient shard to BF16 first
+    (read 4, write 2: tests/test_grad_cast.py): 40."""
     hbm = load_calibration().hbm_efficiency * H100.hbm_bytes_per_s
     step = _step(fsdp_strategy="optim_grads_params", fsdp_main_params_dtype=main_weights)
     assert float(step.optimizer_s) == pytest.approx(step_bytes * P / 8 / hbm, rel=1e-9)

@@ -114,18 +114,21 @@ def test_half_offloaded_adam_runs_the_other_half_on_the_gpu_by_hand():
     megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py): half of the rank's shard steps on
     the host (``offload_time``: 4 + 2 bytes a parameter over the 63 GB/s link, 30 at 76.8 GB/s of
     host memory), the other half on the GPU at Adam's 38 HBM bytes a parameter
-    (terms.optimizer_step_bytes). Llama 3.1 8B at TP 8, PP 1, DP 8: P = 1,004,015,616 (see
-    test_gradient_dtype_drives_the_step_time), a shard of P / 8 = 125,501,952."""
+    (terms.optimizer_step_bytes). The FP32 main-gradient buffer stays on the GPU and is zeroed
+    whole, 4 bytes each of the rank's P (``zero_grad_buffer``, terms.optimizer_time). Llama 3.1 8B
+    at TP 8, PP 1, DP 8: P = 1,004,015,616 (see test_gradient_dtype_drives_the_step_time), a shard
+    of P / 8 = 125,501,952."""
     shard = 1_004_015_616 / 8
     half = memory(optimizer_cpu_offload=True, optimizer_offload_fraction=0.5)
     assert float(levers.state_bytes_per_parameter(half, 8)[2]) == 0.75
     rates = Rates.of(H100, load_calibration())
     gpu = 38 * 0.5 * shard / rates.hbm_bytes_per_s
     host = 0.5 * shard * (4 + 2) / 63e9 + 0.5 * shard * 30 / 76.8e9
+    zeroed = 4 * 1_004_015_616 / rates.hbm_bytes_per_s
     assert float(time_levers.gpu_optimizer_time(shard, 0.5, rates)) == pytest.approx(gpu, rel=1e-12)
     options = TrainingOptions().with_(optimizer_cpu_offload=True, optimizer_offload_fraction=0.5).time_options()
     step = TimeModel(SPEC, H100, 8192, 64, options=options).step(8, 1, 1, 8, 1)
-    assert float(step.optimizer_s) == pytest.approx(gpu + host, rel=1e-9)
+    assert float(step.optimizer_s) == pytest.approx(gpu + host + zeroed, rel=1e-9)
 
 
 def test_fp8_gemm_rate_and_casts():
@@ -221,7 +224,8 @@ def test_at_pp_2_the_dp_collectives_and_adam_move_the_heaviest_stages_parameters
     (218,103,808 / 8 + 2 x 4096) + 4096 x 128,256 / 8 + 4096 = 436,338,688 + 65,667,072 + 4096 =
     502,009,856 (the PP 1 count less 16 layers and one embedding). The DP group is the same 64
     GPUs apart over the network, so the FP32-BF16 gap is 7/8 x 2P over it, and Adam's step moves
-    38 bytes (terms.optimizer_step_bytes) of each of this rank's P / 8 parameters at the HBM rate.
+    38 bytes (terms.optimizer_step_bytes) of each of this rank's P / 8 parameters at the HBM rate,
+    beside the FP32 gradient buffer's zeroing, 4 bytes of each of its P.
     A mutant counting both ends on every stage (P + 65,667,072, 13% more) fails both."""
     parameters = 16 * (218_103_808 / 8 + 2 * 4096) + 4096 * 128256 / 8 + 4096
     assert parameters == 502_009_856
@@ -230,7 +234,8 @@ def test_at_pp_2_the_dp_collectives_and_adam_move_the_heaviest_stages_parameters
 
 def _assert_dp_gap_and_adam(spec, layout, parameters, link_bytes_per_s):
     """With the DP overlap off: the FP32-BF16 gradient reduction gap is 7/8 x 2P over the link at
-    the fitted NCCL efficiency, and Adam's step moves 38 bytes of each of this rank's P / 8."""
+    the fitted NCCL efficiency, and Adam's step moves 38 bytes of each of this rank's P / 8, and
+    the zeroing of the whole FP32 gradient buffer 4 of each of its P (``zero_grad_buffer``)."""
     off = dict(overlap_grad_reduce=False, overlap_param_gather=False)
     steps = {dtype: TimeModel(spec, H100, 8192, 64, options=TrainingOptions().with_(
         grad_reduce_dtype=dtype, **off).time_options()).step(*layout) for dtype in ("fp32", "bf16")}
@@ -238,7 +243,7 @@ def _assert_dp_gap_and_adam(spec, layout, parameters, link_bytes_per_s):
     expected = 7 / 8 * 2 * parameters / (calibration.network_efficiency * link_bytes_per_s)
     assert float(steps["fp32"].dp_comm_s - steps["bf16"].dp_comm_s) == pytest.approx(expected, rel=1e-9)
     hbm = calibration.hbm_efficiency * H100.hbm_bytes_per_s
-    assert float(steps["fp32"].optimizer_s) == pytest.approx(38 * parameters / 8 / hbm, rel=1e-9)
+    assert float(steps["fp32"].optimizer_s) == pytest.approx((38 * parameters / 8 + 4 * parameters) / hbm, rel=1e-9)
 
 
 def test_a_tied_model_at_pp_1_reduces_and_steps_one_embedding_matrix():
@@ -249,7 +254,8 @@ def test_a_tied_model_at_pp_1_reduces_and_steps_one_embedding_matrix():
     d 64, h_ffn 8192, L 16, v 128,256, already a multiple of 128): a layer is 2048 x 48 x 64 +
     2048 x 2048 + 3 x 2048 x 8192 + 2 x 2048 = 60,821,504; 16 layers 973,144,064; the embedding
     128,256 x 2048 = 262,668,288; the final norm 2048: P = 1,235,814,400 (the model card's 1.24B).
-    TP 1, DP 8 within a node: the FP32-BF16 gap is 7/8 x 2P over NVLink; Adam 38 P / 8 bytes."""
+    TP 1, DP 8 within a node: the FP32-BF16 gap is 7/8 x 2P over NVLink; Adam 38 P / 8 bytes, the
+    gradient buffer's zeroing 4 P."""
     spec = PRESETS["llama3.2-1b"]
     assert spec.tie_embeddings
     layer = 2048 * 48 * 64 + 2048 * 2048 + 3 * 2048 * 8192 + 2 * 2048

@@ -135,6 +135,11 @@ def test_pipeline_send_and_optimizer_by_hand():
     # Adam: 38 bytes per parameter of this rank's shard, at HBM speed
     assert float(terms.optimizer_time(8e9, 8, RATES)) == pytest.approx(38 * 1e9 / 1e12)
     assert float(terms.optimizer_time(8e9, 8, RATES, distributed_optimizer=False)) == pytest.approx(38 * 8e9 / 1e12)
+    # the gradient buffer zeroed, 4 bytes each: all 8e9 of the rank's parameters, or its 1e9 shard
+    # where the buffer is sharded (Megatron-FSDP optim_grads, optim_grads_params)
+    assert float(terms.optimizer_time(8e9, 8, RATES, zeroed_bytes=4)) == pytest.approx((38e9 + 4 * 8e9) / 1e12)
+    assert float(terms.optimizer_time(8e9, 8, RATES, zeroed_bytes=4, grads_sharded=True)) == pytest.approx(
+        (38e9 + 4e9) / 1e12)
 
 
 def test_lm_head_by_hand():
@@ -194,13 +199,52 @@ def test_optimizer_bytes_per_parameter_by_hand():
     # an FP8 moment is TE's Float8Tensor with its Float8Quantizer's default column-wise usage: the
     # E4M3 byte and its transpose's byte (memory_levers.STATE_BYTES), as many bytes as a BF16 moment
     assert optimizer_state_bytes(("fp32", "fp8", "fp8")) == 4 + (1 + 1) + (1 + 1)
-    assert terms.optimizer_step_bytes() == 4 + 2 + 4 + 4 + 3 * (4 + 4)
-    assert terms.optimizer_step_bytes(("fp32", "bf16", "bf16")) == 4 + 2 + 8 + 8 + 2 * (2 + 4 + 4 + 4 + 4 + 2 + 2 + 2)
-    assert terms.optimizer_step_bytes(("remainder", "fp32", "fp32")) == 4 + 2 + 8 + (2 + 2 + 2) + 2 * 8
-    # BF16 main gradients handed to Adam uncast: the step and the norm read 2 bytes each, the BF16
-    # buffer is zeroed in 2; torch FSDP2 has no buffer to zero (0) and Adam reads its FP32 copy (4)
-    assert terms.optimizer_step_bytes(("fp32", "fp32", "fp32"), 2, 2) == 2 + 2 + 2 + 2 + 3 * (4 + 4)
-    assert terms.optimizer_step_bytes(("fp32", "fp32", "fp32"), 4, 0) == 4 + 2 + 4 + 0 + 3 * (4 + 4)
+    # the gradient read (4) and read again by the norm (4), the FP32 master read (4) and the BF16
+    # weight written (2) by the copy to the model, the states
+    assert terms.optimizer_step_bytes() == 4 + 4 + (4 + 2) + 3 * (4 + 4)
+    assert terms.optimizer_step_bytes(("fp32", "bf16", "bf16")) == 4 + 4 + 6 + 8 + 2 * (2 + 4 + 4 + 4 + 4 + 2 + 2 + 2)
+    # Transformer Engine's kernel writes the weight beside the remainder: no master read (0)
+    assert terms.optimizer_step_bytes(("remainder", "fp32", "fp32"), 4, 0) == 4 + 4 + 2 + (2 + 2 + 2) + 2 * 8
+    # BF16 main gradients handed to Adam uncast: the step and the norm read 2 bytes each
+    assert terms.optimizer_step_bytes(("fp32", "fp32", "fp32"), 2) == 2 + 2 + (4 + 2) + 3 * (4 + 4)
+    # a 2-byte main weight (Megatron-FSDP's BF16 buffer) read for the copy: 2
+    assert terms.optimizer_step_bytes(("fsdp_half", "fp32", "fp32"), 2, 2) == 2 + 2 + (2 + 2) + (2 + 2) + 2 * 8
+
+
+def test_llama_8b_step_zeroes_the_whole_buffer_and_reads_the_master_by_hand():
+    """Llama 3.1 8B at TP 1, PP 1, DP 8 on the h100-80gb preset, the distributed optimizer, FP32
+    main gradients and masters (the defaults). The rank holds every parameter: 32 layers of
+    4096 x (4096 + 1024 + 1024 + 4096) + 3 x 4096 x 14336 + 2 x 4096 = 218,112,000 (6,979,584,000),
+    the embedding and the untied head 128,256 x 4096 = 525,336,576 each (128,256 a multiple of 128:
+    no padding), the final norm 4,096: P = 8,030,261,248. Adam steps the DP 8 shard, S = P / 8 =
+    1,003,782,656, at 4 (the gradient) + 4 (the norm's read) + 4 (_copy_main_params_to_model_params
+    reads the FP32 master) + 2 (and writes the BF16 weight into the parameter buffer) + 3 x 8 (FP32
+    master, momentum, variance) = 38 bytes: 38,143,740,928. ``zero_grad_buffer`` zeroes the whole
+    FP32 buffer, 4 x P = 32,121,044,992, not 4 x S. Together 70,264,785,920 bytes at the preset's
+    3.35 TB/s x 0.8 (the calibration's hbm_efficiency) = 2.68e12 B/s: 26.22 ms (14.23 ms before
+    2026-11-30, 38 x S with the zeroing per shard element and no master read).
+    --grad-reduce-in-bf16: Adam reads the FP32 copy ``.float()`` makes (2 + 4 = 6 more a shard
+    element): 44 x S = 44,166,436,864, and a BF16 buffer zeroed, 2 x P = 16,060,522,496:
+    60,226,959,360 bytes, 22.47 ms. The precision-aware optimizer (Transformer Engine's FusedAdam
+    holds the master as the remainder and its kernel writes the weight: no master read): 4 + 4 + 2 +
+    (2 + 2 + 2) + 16 = 32 x S = 32,121,044,992, plus 4 x P: 64,242,089,984 bytes, 23.97 ms."""
+    from advisor.hardware import get_gpu
+    from advisor.options import TrainingOptions
+    from advisor.throughput import TimeModel, load_calibration
+
+    h100 = get_gpu("h100-80gb")
+    assert h100.hbm_bytes_per_s == 3.35e12 and load_calibration().hbm_efficiency == 0.8
+    parameters = 32 * (4096 * (4096 + 1024 + 1024 + 4096) + 3 * 4096 * 14336 + 2 * 4096) + 2 * 128256 * 4096 + 4096
+    assert parameters == 8_030_261_248 and parameters // 8 == 1_003_782_656
+
+    def optimizer_s(**changes) -> float:
+        options = TrainingOptions().with_(**changes).time_options()
+        return float(TimeModel(preset("llama3.1-8b"), h100, 8192, 64, options=options).step(1, 1, 1, 8, 1).optimizer_s)
+
+    assert optimizer_s() == pytest.approx(70_264_785_920 / 2.68e12, rel=1e-9)
+    assert optimizer_s() == pytest.approx(0.02622, abs=5e-6)
+    assert optimizer_s(grad_reduce_dtype="bf16") == pytest.approx(60_226_959_360 / 2.68e12, rel=1e-9)
+    assert optimizer_s(precision_aware_optimizer=True) == pytest.approx(64_242_089_984 / 2.68e12, rel=1e-9)
 
 
 def test_a_data_parallel_groups_gpus_in_a_node_by_hand():

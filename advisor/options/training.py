@@ -804,16 +804,64 @@ class TrainingOptions:
         """HBM bytes per optimizer element of one step (``terms.optimizer_step_bytes``): Adam's
         over the states as kept (``_state_kinds``), reading the gradient it is handed twice (the
         step and the gradient norm) in that gradient's dtype (``_step_gradient``: the cast copy,
-        else the main gradients), zeroing the main-gradient buffer in its dtype (none under torch
-        FSDP2: ``TorchFullyShardedDataParallel.zero_grad_buffer`` is the base class's ``pass``,
-        core/distributed/data_parallel_base.py:60-65, and the optimizer frees the gradients,
-        ``model_param.grad = None``, optimizer.py:763, and ``zero_grad(set_to_none=True)``),
-        plus the cast (``_grad_cast_bytes``)."""
+        else the main gradients), writing the BF16 weight and reading the master it is copied
+        from where that is a pass of its own (``_master_copy_read_bytes``), plus the cast
+        (``_grad_cast_bytes``). The main-gradient buffer's zeroing is priced apart, over the
+        buffer (``grad_zero_bytes``)."""
         from advisor.throughput.terms import DTYPE_BYTES, optimizer_step_bytes
 
         grads, cast = self._step_gradient
-        zeroed = 0.0 if self.data_parallel.torch_fsdp2 else DTYPE_BYTES[grads]
-        return optimizer_step_bytes(self._state_kinds, DTYPE_BYTES[cast or grads], zeroed) + self._grad_cast_bytes
+        return (optimizer_step_bytes(self._state_kinds, DTYPE_BYTES[cast or grads], self._master_copy_read_bytes)
+                + self._grad_cast_bytes)
+
+    @property
+    def grad_zero_bytes(self) -> float:
+        """Bytes per element of the main-gradient buffer that ``zero_grad_buffer`` writes at each
+        step's start: its dtype's (``_step_gradient``'s first; ``terms.optimizer_time`` prices it
+        over the buffer, whole under Megatron's DDP). None to zero under torch FSDP2:
+        ``TorchFullyShardedDataParallel.zero_grad_buffer`` is the base class's ``pass``
+        (core/distributed/data_parallel_base.py:60-65), and the optimizer frees the gradients
+        (``model_param.grad = None``, optimizer.py:763, and ``zero_grad(set_to_none=True)``)."""
+        from advisor.throughput.terms import DTYPE_BYTES
+
+        return 0.0 if self.data_parallel.torch_fsdp2 else float(DTYPE_BYTES[self._step_gradient[0]])
+
+    @property
+    def _master_copy_read_bytes(self) -> float:
+        """Bytes per optimizer element of the updated master weight read back to write the model's
+        weight, where that copy is a pass of its own after Adam's kernel (the write is
+        ``terms.optimizer_step_bytes``'s 2).
+
+        Megatron's DDP with 16-bit weights: ``_copy_main_params_to_model_params`` copies each FP32
+        main shard into the parameter buffer's shard, which the all-gather then sends
+        (``shard_model_param.data.copy_(shard_main_param)``: core_v0.15.2
+        optimizer/distrib_optimizer.py:2406-2456, core_v0.19.0 :2792-2882), and without the
+        distributed optimizer or under torch FSDP2, Float16OptimizerWithFloat16Params's
+        ``_multi_tensor_copy_this_to_that`` (core_v0.15.2 optimizer/optimizer.py:770-775,
+        core_v0.19.0 :1112): 4. None with FP32 weights (FP32Optimizer steps the weights themselves).
+        Megatron-FSDP: ``copy_main_weights_to_model_weights`` copies its main-weight buffer into
+        the model weights (``model_param.data.copy_(main_weight)``, core_v0.15.2
+        megatron_fsdp/param_and_grad_buffer.py:2468-2524, core_v0.19.0 :3410-3561): the buffer's 4 or 2
+        bytes, for FP32 weights too; none without a buffer ('auto' main weights, which Adam steps
+        in place: ``if mbuf is None: continue``). Offloaded: HybridDeviceOptimizer's GPU share
+        copies its FP32 copies back (``param.data.copy_(fp32_param.data)``, a step post-hook,
+        cpu_offloading/hybrid_optimizer.py:129-148, both releases): 4.
+
+        0 where Transformer Engine's FusedAdam holds the masters (``_te_holds_masters``): its
+        kernel writes the model weight beside the master in one pass (``multi_tensor_adam`` or
+        ``multi_tensor_adam_param_remainder`` over five tensor lists, ``fused_adam.py`` ``step``)
+        and megatron-core's copy returns early (distrib_optimizer.py:2424 core_v0.15.2, :2812
+        core_v0.19.0)."""
+        from advisor.memory_levers import STATE_BYTES
+
+        if self.offload.optimizer_cpu_offload:
+            return 4.0
+        master = self._state_kinds[0]
+        if self._te_holds_masters or master not in ("fp32", "fsdp_half"):
+            return 0.0
+        if self.data_parallel.fsdp_strategy is None and self.precision.params_dtype == "float32":
+            return 0.0
+        return float(STATE_BYTES[master])
 
     @property
     def _te_holds_masters(self) -> bool:
@@ -883,7 +931,7 @@ class TrainingOptions:
         return TimeOptions(
             **fsdp, tp_comm_overlap=self.tensor_parallel.tp_comm_overlap,
             userbuffers=self.tensor_parallel.userbuffers(), tp_overlaps=self.tensor_parallel.overlaps(),
-            optimizer_step_bytes=self.step_bytes,
+            optimizer_step_bytes=self.step_bytes, grad_zero_bytes=self.grad_zero_bytes,
             dataloader_mask="rebuilt" if self.attention.dataloader_mask == "rebuilt" else "cached",
             optimizer_host_fraction=self.offload.host_fraction, flash_attention=self.attention.flash_attention,
             fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe, fp8_param_gather=p.fp8_param_gather,

@@ -45,9 +45,13 @@ class TimeOptions:
     """Megatron-FSDP's gradient element on the wire where it differs from ``grad_reduce_bytes``
     (core_v0.19.0's --megatron-fsdp-grad-comm-dtype); None: ``grad_reduce_bytes``."""
     optimizer_step_bytes: float = 38.0
-    """HBM bytes per parameter of the Adam step (``terms.optimizer_step_bytes``): 38 with FP32
-    states, fewer with the precision-aware optimizer's; with Megatron-FSDP, plus its cast of the
-    gradient shard into the main weights' dtype before the step (``terms.grad_cast_bytes``)."""
+    """HBM bytes per optimizer element (of the rank's shard) of the Adam step
+    (``terms.optimizer_step_bytes``): 38 with FP32 states, fewer with the precision-aware
+    optimizer's; plus any cast of the gradient into the main weights' dtype before the step
+    (``terms.grad_cast_bytes``)."""
+    grad_zero_bytes: float = 4.0
+    """HBM bytes per element of the main-gradient buffer zeroed at each step's start (its dtype's;
+    0 under torch FSDP2), priced over the buffer, not the shard (``terms.optimizer_time``)."""
     tp_comm_overlap: bool = False
     """--tp-comm-overlap (Transformer Engine userbuffers) hides the TP collectives behind the GEMMs
     beside them, as far as those GEMMs last (``userbuffers.tp_overlap_time``)."""
@@ -432,12 +436,16 @@ class TimeModel:
         share on the host (``levers.offload_time``)."""
         opts, rates = self.options, self.rates
         sharded = opts.distributed_optimizer and opts.fsdp_strategy != "no_shard"
+        grads_sharded = opts.fsdp_strategy in ("optim_grads", "optim_grads_params")
         if self.host is None:
-            return terms.optimizer_time(params, shards, rates, sharded, opts.optimizer_step_bytes)
+            return terms.optimizer_time(params, shards, rates, sharded, opts.optimizer_step_bytes,
+                                        opts.grad_zero_bytes, grads_sharded)
         shard = params / np.where(sharded, _f(shards), 1.0)
         fraction = opts.optimizer_host_fraction
-        return levers.gpu_optimizer_time(shard, fraction, rates, opts.optimizer_step_bytes) + levers.offload_time(
-            shard, fraction, opts.grad_reduce_bytes, *self.host)
+        # the main-gradient buffer stays on the GPU and is zeroed there, whatever share of Adam is offloaded
+        zeroing = terms.optimizer_time(params, shards, rates, sharded, 0.0, opts.grad_zero_bytes, grads_sharded)
+        gpu = levers.gpu_optimizer_time(shard, fraction, rates, opts.optimizer_step_bytes)
+        return zeroing + gpu + levers.offload_time(shard, fraction, opts.grad_reduce_bytes, *self.host)
 
     def _stage_parameters(self, tp, pp):
         """Parameters on one GPU of the heaviest even stage: its layers plus the embedding or the

@@ -338,17 +338,20 @@ parameter the kernel reads and writes itself (2 + 2), as the FP32 one is (4 + 4)
 
 
 def optimizer_step_bytes(states: tuple[str, str, str] = ("fp32", "fp32", "fp32"), grad_bytes: float = 4.0,
-                         zeroed_bytes: float = 4.0) -> float:
-    """HBM bytes per parameter of one Adam step: read the gradient Adam is handed (``grad_bytes``:
-    4 for FP32, the cast copy or FP32 main gradients; 2 for BF16 main gradients handed uncast),
-    write the BF16 weight (2), read that gradient again for the gradient norm (``grad_bytes``:
+                         master_read_bytes: float = 4.0) -> float:
+    """HBM bytes per optimizer element (of the rank's shard) of one Adam step: read the gradient
+    Adam is handed (``grad_bytes``: 4 for FP32, the cast copy or FP32 main gradients; 2 for BF16
+    main gradients handed uncast), read that gradient again for the gradient norm (``grad_bytes``:
     ``get_main_grads_for_grad_norm`` reads the optimizer parameter's ``grad``, or its
-    ``decoupled_grad``, optimizer/optimizer.py, both releases), zero the main-gradient buffer
-    (``zeroed_bytes``, its dtype's: ``zero_grad_buffer`` at each step's start, training.py; 0
-    where there is no buffer, torch FSDP2), and each of the master weight, momentum and variance as
-    it is kept (``STATE_STEP_BYTES``): 38 in FP32. Lowered states move more, not less: the step
-    unscales and rescales them."""
-    return grad_bytes + 2 + grad_bytes + zeroed_bytes + sum(STATE_STEP_BYTES[state] for state in states)
+    ``decoupled_grad``, optimizer/optimizer.py, both releases), write the BF16 weight (2), read
+    the updated master weight for that write where a separate pass copies it
+    (``master_read_bytes``, ``TrainingOptions._master_copy_read_bytes``: 4 from megatron-core's FP32
+    masters, 0 where Transformer Engine's FusedAdam writes the weight in its own kernel), and each
+    of the master weight, momentum and variance as it is kept (``STATE_STEP_BYTES``): 38 in FP32.
+    Lowered states move more, not less: the step unscales and rescales them. The main-gradient
+    buffer's zeroing is not here: it covers what the buffer holds, not the shard
+    (``optimizer_time``'s ``zeroed_bytes``)."""
+    return grad_bytes + grad_bytes + 2 + master_read_bytes + sum(STATE_STEP_BYTES[state] for state in states)
 
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -377,10 +380,25 @@ def grad_cast_bytes(main_grads: str, main_weights: str | None) -> float:
     return float(DTYPE_BYTES[main_grads] + DTYPE_BYTES[main_weights])
 
 
-def optimizer_time(parameters, shards, rates: Rates, distributed_optimizer=True, step_bytes: float = 38.0):
-    """Adam on this rank's shard, memory-bound: ``step_bytes`` (``optimizer_step_bytes``) a parameter."""
-    shard = parameters / np.where(distributed_optimizer, np.asarray(shards, dtype=float), 1.0)
-    return elementwise_time(step_bytes * shard, rates)
+def optimizer_time(parameters, shards, rates: Rates, distributed_optimizer=True, step_bytes: float = 38.0,
+                   zeroed_bytes: float = 0.0, grads_sharded=False):
+    """Adam on this rank's shard, memory-bound: ``step_bytes`` (``optimizer_step_bytes``) an
+    element of the shard, and the main-gradient buffer zeroed at each step's start,
+    ``zeroed_bytes`` (its dtype's) an element of that buffer: every one of the rank's
+    ``parameters`` (TP/PP-local) under Megatron's DDP, distributed optimizer or not (``zero_grad_buffer``,
+    training.py ``train_step``: core_v0.15.2 :1248, core_v0.19.0 :2361 ->
+    ``_ParamAndGradBuffer.reset``, ``self.grad_data.zero_()``: core_v0.15.2
+    distributed/param_and_grad_buffer.py:873-877, core_v0.19.0 :1611-1615; ``grad_data`` is the
+    whole buffer, the reduce-scatter only writes the rank's shard into it), and Megatron-FSDP's
+    no_shard and optim; the shard where that buffer is sharded (``grads_sharded``: Megatron-FSDP's
+    optim_grads and optim_grads_params, whose ``main_grad_buffer`` is built
+    ``is_data_distributed``, its ``data`` the shard: megatron_fsdp/param_and_grad_buffer.py
+    ``zero_grad``, core_v0.15.2 :2261-2277, core_v0.19.0 :3181-3214). 0 with no buffer (torch FSDP2)."""
+    parameters = np.asarray(parameters, dtype=float)
+    shards = np.asarray(shards, dtype=float)
+    shard = parameters / np.where(distributed_optimizer, shards, 1.0)
+    zeroed = parameters / np.where(grads_sharded, shards, 1.0)
+    return elementwise_time(step_bytes * shard + zeroed_bytes * zeroed, rates)
 
 
 def host_mask_time(seq_len, rates: Rates, workers: int = 2):
