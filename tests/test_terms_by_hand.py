@@ -247,6 +247,31 @@ def test_llama_8b_step_zeroes_the_whole_buffer_and_reads_the_master_by_hand():
     assert optimizer_s(precision_aware_optimizer=True) == pytest.approx(64_242_089_984 / 2.68e12, rel=1e-9)
 
 
+def test_mixtral_step_zeroes_the_whole_buffer_and_shards_adam_only_when_distributed_by_hand(advisor):
+    """Mixtral 8x7B on 8 H100s, TP 1, PP 1, EP 8 (DP 8; the expert-data-parallel group 8 / 8 = 1),
+    the distributed optimizer, FP32 main gradients and masters. A rank's dense parameters: 32 layers
+    of attention 4096 x (4096 + 1024 + 1024 + 4096) = 41,943,040, two norms 8,192 and the router
+    4096 x 8 = 32,768 (41,984,000; 1,343,488,000), the embedding and the untied head 32,000 x 4096
+    = 131,072,000 each, the final norm 4,096: D = 1,605,636,096. Its experts: one of the 8 a layer,
+    3 x 4096 x 14336 = 176,160,768, x 32: E = 5,637,144,576. Adam steps the dense shard D / 8 and
+    the experts' E / 1 at 38 bytes (as the 8B test's: 4 + 4 + 4 + 2 + 24), and
+    ``zero_grad_buffer`` zeroes the whole FP32 buffer, 4 x (D + E):
+    38 x 5,837,849,088 + 4 x 7,242,780,672 = 221,838,265,344 + 28,971,122,688 = 250,809,388,032
+    bytes at 2.68e12 B/s, 93.59 ms. Without --use-distributed-optimizer Adam steps all of D:
+    38 x 7,242,780,672 + 28,971,122,688 = 304,196,788,224 bytes, 113.51 ms (the MoE model priced the
+    dense part at D / 8 and no zeroing whatever the flag, 2026-11-30, 82.78 ms)."""
+    dense = 32 * (4096 * (4096 + 1024 + 1024 + 4096) + 2 * 4096 + 4096 * 8) + 2 * 32000 * 4096 + 4096
+    experts = 32 * 3 * 4096 * 14336
+    assert (dense, experts) == (1_605_636_096, 5_637_144_576)
+    common = ("estimate", "--model", "mixtral-8x7b", "--gpus", 8, "--ep", 8, "--gpu", "h100-80gb")
+    distributed = advisor.json(*common)["time_parts"]["optimizer_s"]
+    assert distributed == pytest.approx((38 * (dense / 8 + experts) + 4 * (dense + experts)) / 2.68e12, rel=1e-9)
+    assert distributed == pytest.approx(250_809_388_032 / 2.68e12, rel=1e-9) and distributed == pytest.approx(
+        0.09359, abs=5e-6)
+    whole = advisor.json(*common, "--no-distributed-optimizer")["time_parts"]["optimizer_s"]
+    assert whole == pytest.approx(304_196_788_224 / 2.68e12, rel=1e-9)
+
+
 def test_a_data_parallel_groups_gpus_in_a_node_by_hand():
     """megatron-core's RankGenerator (order tp-cp-ep-dp-pp) puts a DP group's ranks TP apart and an
     expert-data-parallel group's ETP x EP apart: on nodes of 8, TP 1 has 8 of a DP 16 group in a

@@ -718,6 +718,9 @@ def _data_parallel(c: dict, training, dense_states, expert_states, forward_s, ra
     hidden_gather = forward_s if dp.overlap_param_gather else 0.0
     exposed = (np.maximum(0.0, reduce_d + reduce_e - hidden_reduce)
                + np.maximum(0.0, gather_d + gather_e - hidden_gather))
-    step_bytes = training.time_options().optimizer_step_bytes
-    return exposed, (terms.optimizer_time(dense_params, c["dp"] * c["cp"], rates, step_bytes=step_bytes)
-                     + terms.optimizer_time(expert_params, edp, rates, step_bytes=step_bytes))
+    # Megatron's DDP (the MoE model refuses both FSDPs and offload: advisor.cli.moe): Adam on the
+    # shard where the optimizer is distributed, the whole main-gradient buffer zeroed on every rank
+    opts = training.time_options()
+    step = dict(distributed_optimizer=sharded, step_bytes=opts.optimizer_step_bytes, zeroed_bytes=opts.grad_zero_bytes)
+    return exposed, (terms.optimizer_time(dense_params, c["dp"] * c["cp"], rates, **step)
+                     + terms.optimizer_time(expert_params, edp, rates, **step))
