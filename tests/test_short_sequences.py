@@ -37,9 +37,9 @@ from advisor.throughput import load_calibration
 from tables.published.short_sequences import COLUMNS, DATA, GROUPS, load, main
 
 QUOTED = {  # group: (mean error, MAPE with the overhead, MAPE without it), as the docs quote them
-    "mbs1": (0.025, 0.049, 0.205),
+    "mbs1": (0.025, 0.049, 0.206),
     "mbs1-nemotron": (-0.088, 0.088, 0.197),
-    "mbs>1": (-0.135, 0.135, 0.185),
+    "mbs>1": (-0.135, 0.135, 0.186),
 }
 
 
