@@ -5,7 +5,6 @@ be after the program has dropped them; the CPU tracker counted them until then, 
 depended on thread scheduling (two TP ranks 256 bytes apart, campaign runs up to 64 KiB apart).
 The tracker now lends collectives untracked copies (megatron_hooks/backends.py)."""
 
-import multiprocessing
 import os
 import sys
 import threading
@@ -16,6 +15,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from two_ranks import run_two_ranks  # noqa: E402
 
 from megatron_hooks.backends import CpuBackend, StorageTracker  # noqa: E402
 
@@ -114,17 +114,4 @@ def test_point_to_point_under_the_tracker_completes(tmp_path):
     """Pipeline parallelism's sends and receives pass through the tracker: gloo counts completions
     on a point-to-point work, so waiting for it in the tracker and again in the caller deadlocked
     every PP >= 2 profiled run (two real processes here, over gloo)."""
-    # Forked from multiprocessing's fork server, which imports torch, megatron-core and this module
-    # once for both (spawned, each process imported them itself: about 6 s of CPU each here).
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "megatron.core", __name__])
-    stages = [context.Process(target=_pipeline_pair, args=(rank, str(tmp_path / "init"))) for rank in (0, 1)]
-    for stage in stages:
-        stage.start()
-    for stage in stages:
-        stage.join(timeout=120)
-    hung = [stage for stage in stages if stage.is_alive()]
-    for stage in hung:
-        stage.kill()
-    assert not hung, "a pipeline stage is still waiting for its peer"
-    assert [stage.exitcode for stage in stages] == [0, 0]
+    run_two_ranks(_pipeline_pair, __name__, str(tmp_path / "init"), what="a pipeline stage")

@@ -17,7 +17,6 @@ reduce-scatters every microbatch: no ``no_sync`` for FSDP2), then megatron-core'
 text: asserted below) on FP32 clones of the shards.
 """
 
-import multiprocessing
 import os
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from two_ranks import run_two_ranks  # noqa: E402
 
 CHECKOUTS = Path(os.environ.get("MEGATRON_LM_CHECKOUTS", "/work/shared/megatron-lm"))
 
@@ -98,15 +98,4 @@ def test_fsdp2_gradients_are_bf16_shards_and_the_optimizer_casts_them(tmp_path):
 
     fsdp2 = TrainingOptions().with_(torch_fsdp2=True, distributed_optimizer=False, overlap_param_gather=False)
     assert fsdp2.memory_options().gradient_bytes == 2 and fsdp2._step_gradient == ("bf16", "fp32")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "megatron.core", __name__])
-    ranks = [context.Process(target=_rank, args=(rank, str(tmp_path / "init"))) for rank in (0, 1)]
-    for process in ranks:
-        process.start()
-    for process in ranks:
-        process.join(timeout=120)
-    hung = [process for process in ranks if process.is_alive()]
-    for process in hung:
-        process.kill()
-    assert not hung, "a rank is still waiting for its peer"
-    assert [process.exitcode for process in ranks] == [0, 0]
+    run_two_ranks(_rank, __name__, str(tmp_path / "init"))
