@@ -3,8 +3,8 @@ Transformer Engine's initialize_ub as ub_cfgs): read, refused where TE refuses i
 buffer, emitted as given and read back from a command.
 
 Hand numbers: tests/test_tp_comm_overlap.py's Llama 3.1 8B at TP 8, one 8192-token microbatch on
-an H100 (132 SMs): GEMMs QKV 0.08745, projection 0.06290, FC1 0.35751, FC2 0.18566 ms; one TP
-collective 0.27049 ms."""
+an H100 (132 SMs): GEMMs QKV 0.08739, projection 0.06286, FC1 0.35724, FC2 0.18552 ms; one TP
+collective 0.27099 ms."""
 
 from __future__ import annotations
 
@@ -59,39 +59,39 @@ def _gemms():
 
 def test_a_file_without_sm_margins_leaves_every_gemm_its_sms(tmp_path):
     """NeMo's GPT-3 175B style: pipeline and bulk on their own SMs but no margin. Forward: QKV ring
-    0.27049 - 7/8 x 0.08745 = 0.19397; projection pipeline 0.27049 - 3/4 x 0.06290 = 0.22332; FC1
-    hidden; FC2 pipeline max(0.27049/4, 0.27049 - 3/4 x 0.18566) = 0.13124: 0.54853 ms. Backward:
-    projection ring 0.21545, FC2 ring 0.10804, QKV wgrad bulk 0.27049 - 0.08745 = 0.18304, FC1
-    hidden: 0.50653 ms. No GEMM slowed (TE's defaults slow them by 0.15703 ms)."""
+    0.27099 - 7/8 x 0.08739 = 0.19452; projection pipeline 0.27099 - 3/4 x 0.06286 = 0.22384; FC1
+    hidden; FC2 pipeline max(0.27099/4, 0.27099 - 3/4 x 0.18552) = 0.13185: 0.55021 ms. Backward:
+    projection ring 0.21598, FC2 ring 0.10866, QKV wgrad bulk 0.27099 - 0.08739 = 0.18359, FC1
+    hidden: 0.50823 ms. No GEMM slowed (TE's defaults slow them by 0.15692 ms)."""
     qkv, proj, fc1, fc2, one = _gemms()
     forward = (one - 7 / 8 * qkv) + (one - 3 / 4 * proj) + max(one / 4, one - 3 / 4 * fc2)
     backward = (one - 7 / 8 * proj) + (one - 7 / 8 * fc2) + (one - qkv)
-    assert (forward, backward) == pytest.approx((0.54853e-3, 0.50653e-3), rel=1e-4)
+    assert (forward, backward) == pytest.approx((0.55021e-3, 0.50823e-3), rel=1e-4)
     exposed, gemm = _layer(_file(tmp_path, NO_MARGINS))
     default_exposed, default_gemm = _layer(None)
     assert exposed == pytest.approx(forward + backward, rel=1e-12)
-    assert default_gemm - gemm == pytest.approx(0.03428e-3 + 0.12275e-3, rel=1e-3)
+    assert default_gemm - gemm == pytest.approx(0.03426e-3 + 0.12266e-3, rel=1e-3)
 
 
 def test_splits_sms_and_methods_are_each_buffers_own(tmp_path):
-    """proj_fprop pipelined in 2 on 24 SMs with the margin: its GEMM 0.06290 x 132/108 = 0.07688,
-    exposed max(0.27049/2, 0.27049 - 1/2 x 0.07688) = 0.23205 ms (0.21681 at TE's 4 splits on 16).
+    """proj_fprop pipelined in 2 on 24 SMs with the margin: its GEMM 0.06286 x 132/108 = 0.07683,
+    exposed max(0.27099/2, 0.27099 - 1/2 x 0.07683) = 0.23257 ms (0.21734 at TE's 4 splits on 16).
     fc2_fprop by ring exchange (NeMo launcher's GPT-3 175B file) on 1 SM with the margin: its GEMM
-    0.18566 x 132/131 = 0.18708, exposed 0.27049 - 7/8 x 0.18708 = 0.10680 ms (0.11204 pipelined).
-    GEMMs slowed forward: 24/108 x 0.06290 + 1/131 x 0.18566 = 0.01540 ms."""
+    0.18552 x 132/131 = 0.18694, exposed 0.27099 - 7/8 x 0.18694 = 0.10742 ms (0.11266 pipelined).
+    GEMMs slowed forward: 24/108 x 0.06286 + 1/131 x 0.18552 = 0.01539 ms."""
     qkv, proj, fc1, fc2, one = _gemms()
     text = ("proj_fprop: {method: pipeline, num_sm: 24, num_splits: 2, set_sm_margin: 1}\n"
             "fc2_fprop: {method: ring_exchange, num_sm: 1, set_sm_margin: 1}\n")
     proj_exposed = max(one / 2, one - proj * 132 / 108 / 2)
     fc2_exposed = one - 7 / 8 * fc2 * 132 / 131
-    assert (proj_exposed, fc2_exposed) == pytest.approx((0.23205e-3, 0.10680e-3), rel=1e-4)
+    assert (proj_exposed, fc2_exposed) == pytest.approx((0.23257e-3, 0.10742e-3), rel=1e-4)
     exposed, gemm = _layer(_file(tmp_path, text))
     default_exposed, default_gemm = _layer(None)
     default_proj = one - 3 / 4 * proj * 132 / 116
     default_fc2 = max(one / 4, one - 3 / 4 * fc2 * 132 / 116)
     assert exposed - default_exposed == pytest.approx(proj_exposed + fc2_exposed - default_proj - default_fc2, rel=1e-9)
     slowed = 24 / 108 * proj + 1 / 131 * fc2
-    assert slowed == pytest.approx(0.01540e-3, rel=1e-3)
+    assert slowed == pytest.approx(0.01539e-3, rel=1e-3)
     assert gemm - default_gemm == pytest.approx(slowed - 16 / 116 * (proj + fc2), rel=1e-9)
 
 
@@ -100,15 +100,15 @@ def test_a_reduce_scatter_given_bulk_runs_pipelined_in_its_splits(tmp_path):
     (``linear.py``: ``ub_type = CommOverlapType.RS``, no ``bulk_overlap``), and ``gemm.cpp`` runs
     ``split_overlap_rs`` on the CommOverlap that method bulk makes: pipelined, in the file's 2
     splits, 16 SMs with the margin (``get_default_config`` of TE's pipeline default). Exposed:
-    max(0.27049/2, 0.27049 - 1/2 x 0.06290 x 132/116) = 0.23470 ms, where TE's 4 splits leave
-    0.27049 - 3/4 x 0.07158 = 0.21681; priced as bulk, 0.27049 - 0.07158 = 0.19891 ms."""
+    max(0.27099/2, 0.27099 - 1/2 x 0.06286 x 132/116) = 0.23522 ms, where TE's 4 splits leave
+    0.27099 - 3/4 x 0.07153 = 0.21734; priced as bulk, 0.27099 - 0.07153 = 0.19945 ms."""
     qkv, proj, fc1, fc2, one = _gemms()
     pipelined = max(one / 2, one - 1 / 2 * proj * 132 / 116)
-    assert pipelined == pytest.approx(0.23470e-3, rel=1e-4)
+    assert pipelined == pytest.approx(0.23522e-3, rel=1e-4)
     exposed, gemm = _layer(_file(tmp_path, "proj_fprop: {method: bulk, num_splits: 2}\n"))
     default_exposed, default_gemm = _layer(None)
     default_proj = one - 3 / 4 * proj * 132 / 116
-    assert default_proj == pytest.approx(0.21681e-3, rel=1e-4)
+    assert default_proj == pytest.approx(0.21734e-3, rel=1e-4)
     assert exposed - default_exposed == pytest.approx(pipelined - default_proj, rel=1e-9)
     assert gemm == default_gemm  # the same 16 SMs with the margin
     # method bulk at TE's 4 splits prices as the default pipeline, byte for byte
@@ -118,11 +118,11 @@ def test_a_reduce_scatter_given_bulk_runs_pipelined_in_its_splits(tmp_path):
 def test_a_wgrad_given_pipeline_runs_bulk_whatever_its_splits(tmp_path):
     """QKV's layer asks qkv_wgrad for ``bulk_overlap`` (``layernorm_linear.py``: ``ub_bulk_wgrad``),
     and ``gemm.cpp`` runs ``bulk_overlap`` on the CommOverlap that method pipeline makes: the
-    dgrad's whole reduce-scatter beside the wgrad GEMM, num_splits unused: 0.27049 - 0.08745 x
-    132/116 = 0.17097 ms, as by default; priced pipelined in 2 it was max(0.27049/2, 0.27049 -
-    1/2 x 0.09951) = 0.22073 ms."""
+    dgrad's whole reduce-scatter beside the wgrad GEMM, num_splits unused: 0.27099 - 0.08739 x
+    132/116 = 0.17154 ms, as by default; priced pipelined in 2 it was max(0.27099/2, 0.27099 -
+    1/2 x 0.09945) = 0.22126 ms."""
     qkv, proj, fc1, fc2, one = _gemms()
-    assert one - qkv * 132 / 116 == pytest.approx(0.17097e-3, rel=1e-4)
+    assert one - qkv * 132 / 116 == pytest.approx(0.17154e-3, rel=1e-4)
     assert _layer(_file(tmp_path, "qkv_wgrad: {method: pipeline, num_splits: 2}\n")) == _layer(None)
 
 
@@ -130,8 +130,8 @@ def test_a_non_bulk_dgrad_still_runs_bulk_and_keeps_its_wgrad(tmp_path):
     """Megatron-LM leaves --tp-comm-overlap-rs-dgrad off, so TE 2.9's QKV layer still asks
     qkv_dgrad for the input's bulk re-gather and qkv_wgrad for dgrad's bulk reduce-scatter
     (``layernorm_linear.py``, ``ub_overlap_rs_dgrad`` False): qkv_dgrad by pipeline (16 SMs, margin)
-    prices as the default, 0.17097 ms beside wgrad, not its reduce-scatter pipelined beside dgrad
-    (0.27049 - 3/4 x 0.09951 = 0.19585 ms). By ring exchange the bulk overlap fails in TE
+    prices as the default, 0.17154 ms beside wgrad, not its reduce-scatter pipelined beside dgrad
+    (0.27099 - 3/4 x 0.09945 = 0.19640 ms). By ring exchange the bulk overlap fails in TE
     (``CommOverlapP2PBase::bulk_overlap``, "Operation not supported"): refused."""
     assert _layer(_file(tmp_path, "qkv_dgrad: {method: pipeline}\n")) == _layer(None)
     with pytest.raises(AdvisorError, match="qkv_dgrad: ring_exchange does not run here"):
