@@ -10,12 +10,12 @@ gathers and the dgrad reduce-scatters exposed whole; the input re-gathers behind
 the buffer's SM margin no longer slows its GEMM.
 
 Hand numbers: Llama 3.1 8B at TP 8 on an H100, one 8192-token microbatch, as in
-tests/test_tp_comm_overlap.py (its docstring derives them): GEMMs QKV 0.08745 ms, projection
-0.06290, FC1 0.35751, FC2 0.18566; one ring collective 7/8 x 67,108,864 B / 450 GB/s + 7 x 20 us =
-0.27049 ms; the 16-SM margin 132/116. With Megatron's defaults: forward 0.52281 ms exposed (QKV ring
-0.19397, projection pipeline 0.21681, FC1 hidden, FC2 pipeline 0.11204), backward 0.49446 (projection
-dgrad ring 0.21545, FC2 dgrad ring 0.10804, QKV wgrad bulk 0.17097, FC1 wgrad hidden); GEMMs slowed
-0.03428 ms forward (projection, FC2), 0.12275 backward (QKV and FC1 dgrad and wgrad, 0.06138 each pair).
+tests/test_tp_comm_overlap.py (its docstring derives them): GEMMs QKV 0.08739 ms, projection
+0.06286, FC1 0.35724, FC2 0.18552; one ring collective 7/8 x 67,108,864 B / 448.29 GB/s + 7 x 20 us =
+0.27099 ms; the 16-SM margin 132/116. With Megatron's defaults: forward 0.52451 ms exposed (QKV ring
+0.19452, projection pipeline 0.21734, FC1 hidden, FC2 pipeline 0.11266), backward 0.49618 (projection
+dgrad ring 0.21598, FC2 dgrad ring 0.10866, QKV wgrad bulk 0.17154, FC1 wgrad hidden); GEMMs slowed
+0.03426 ms forward (projection, FC2), 0.12266 backward (QKV and FC1 dgrad and wgrad, 0.06133 each pair).
 """
 
 import pytest
@@ -26,8 +26,9 @@ from advisor.models import PRESETS
 from advisor.options import TrainingOptions, parse_training_args, training_args
 from advisor.throughput import TimeModel
 
-ONE = 0.27049e-3
-"""One ring collective of the layer's BF16 activation at TP 8 (7/8 x 2 x 8192 x 4096 B / 450 GB/s + 7 x 20 us)."""
+ONE = 0.27099e-3
+"""One ring collective of the layer's BF16 activation at TP 8: 7/8 x 2 x 8192 x 4096 B / (450e9 x 0.9962 =
+448.29e9 B/s) + 7 x 20 us."""
 
 
 def layer(**sub):
@@ -53,53 +54,53 @@ def test_the_hand_collective():
 
 def test_without_the_all_gather_overlap_the_gathers_run_exposed():
     """--disable-tp-comm-overlap-ag: QKV's and FC1's input gathers (forward) and the projection's and
-    FC2's gradient gathers (backward) each 0.27049 ms exposed. Forward 2 x 0.27049 + 0.21681 + 0.11204
-    = 0.86983 ms; backward 2 x 0.27049 + 0.17097 = 0.71195 ms. Their ring-exchange buffers set no SM
-    margin: the slowdown stays 0.03428 + 0.12275 ms."""
+    FC2's gradient gathers (backward) each 0.27099 ms exposed. Forward 2 x 0.27099 + 0.21734 + 0.11266
+    = 0.87197 ms; backward 2 x 0.27099 + 0.17154 = 0.71351 ms. Their ring-exchange buffers set no SM
+    margin: the slowdown stays 0.03426 + 0.12266 ms."""
     forward, backward, slowed = layer(tp_comm_overlap_ag=False)
-    assert (forward, backward) == pytest.approx((0.86983e-3, 0.71195e-3), rel=1e-4)
-    assert slowed == pytest.approx(0.03428e-3 + 0.12275e-3, rel=1e-3)
+    assert (forward, backward) == pytest.approx((0.87197e-3, 0.71351e-3), rel=1e-4)
+    assert slowed == pytest.approx(0.03426e-3 + 0.12266e-3, rel=1e-3)
 
 
 def test_without_the_reduce_scatter_overlap_the_forward_scatters_run_exposed():
-    """--disable-tp-comm-overlap-rs: the projection's and FC2's forward reduce-scatters 0.27049 ms each,
-    exposed, and their GEMMs keep every SM. Forward 0.19397 + 2 x 0.27049 = 0.73495 ms; backward
-    0.49446 as by default; the slowdown is the backward's 0.12275 ms alone."""
+    """--disable-tp-comm-overlap-rs: the projection's and FC2's forward reduce-scatters 0.27099 ms each,
+    exposed, and their GEMMs keep every SM. Forward 0.19452 + 2 x 0.27099 = 0.73649 ms; backward
+    0.49618 as by default; the slowdown is the backward's 0.12266 ms alone."""
     forward, backward, slowed = layer(tp_comm_overlap_rs=False)
-    assert (forward, backward) == pytest.approx((0.73495e-3, 0.49446e-3), rel=1e-4)
-    assert slowed == pytest.approx(0.12275e-3, rel=1e-3)
+    assert (forward, backward) == pytest.approx((0.73649e-3, 0.49618e-3), rel=1e-4)
+    assert slowed == pytest.approx(0.12266e-3, rel=1e-3)
 
 
 def test_without_the_bulk_dgrad_overlap_dgrad_keeps_its_sms():
     """--disable-tp-comm-bulk-dgrad: the input re-gathers move to NCCL, still behind dgrad (hidden, as
     without the overlap); the exposed times stay the default's, and dgrad loses its 16-SM margin:
-    16/116 x (0.08745 + 0.35751) = 0.06138 ms of the backward's slowdown goes."""
+    16/116 x (0.08739 + 0.35724) = 0.06133 ms of the backward's slowdown goes."""
     qkv, _, fc1, _ = gemms()
     forward, backward, slowed = layer(tp_comm_bulk_dgrad=False)
-    assert (forward, backward) == pytest.approx((0.52281e-3, 0.49446e-3), rel=1e-4)
-    assert slowed == pytest.approx(0.03428e-3 + 0.12275e-3 - 0.06138e-3, rel=1e-3)
-    assert slowed == pytest.approx(16 / 116 * (qkv + fc1) + 0.03428e-3, rel=1e-3)
+    assert (forward, backward) == pytest.approx((0.52451e-3, 0.49618e-3), rel=1e-4)
+    assert slowed == pytest.approx(0.03426e-3 + 0.12266e-3 - 0.06133e-3, rel=1e-3)
+    assert slowed == pytest.approx(16 / 116 * (qkv + fc1) + 0.03426e-3, rel=1e-3)
 
 
 def test_without_the_bulk_wgrad_overlap_the_dgrad_scatters_run_exposed():
-    """--disable-tp-comm-bulk-wgrad: QKV's and FC1's dgrad reduce-scatters 0.27049 ms each, exposed;
-    backward 0.21545 + 0.10804 + 2 x 0.27049 = 0.86447 ms; wgrad keeps its SMs (slowdown 0.03428 +
-    0.06138 ms)."""
+    """--disable-tp-comm-bulk-wgrad: QKV's and FC1's dgrad reduce-scatters 0.27099 ms each, exposed;
+    backward 0.21598 + 0.10866 + 2 x 0.27099 = 0.86661 ms; wgrad keeps its SMs (slowdown 0.03426 +
+    0.06133 ms)."""
     forward, backward, slowed = layer(tp_comm_bulk_wgrad=False)
-    assert (forward, backward) == pytest.approx((0.52281e-3, 0.86447e-3), rel=1e-4)
-    assert slowed == pytest.approx(0.03428e-3 + 0.06138e-3, rel=1e-3)
+    assert (forward, backward) == pytest.approx((0.52451e-3, 0.86661e-3), rel=1e-4)
+    assert slowed == pytest.approx(0.03426e-3 + 0.06133e-3, rel=1e-3)
 
 
 def test_the_dgrad_reduce_scatter_pipelined_beside_dgrad():
     """--tp-comm-overlap-rs-dgrad: TE runs no bulk overlap; QKV's and FC1's dgrad reduce-scatter is
     pipelined beside dgrad on qkv_dgrad/fc1_dgrad (TE's default method there, bulk, makes the
-    non-ring object: 4 splits, 16 SMs). QKV: max(0.27049/4, 0.27049 - 3/4 x 0.08745 x 132/116) =
-    0.19586 ms; FC1: max(0.06762, 0.27049 - 3/4 x 0.35751 x 132/116 < 0) = 0.06762 ms. Backward
-    0.21545 + 0.10804 + 0.19586 + 0.06762 = 0.58697 ms; the slowdown: dgrad's margins only, 0.06138 ms
-    beside the forward's 0.03428."""
+    non-ring object: 4 splits, 16 SMs). QKV: max(0.27099/4, 0.27099 - 3/4 x 0.08739 x 132/116) =
+    0.19640 ms; FC1: max(0.06775, 0.27099 - 3/4 x 0.35724 x 132/116 < 0) = 0.06775 ms. Backward
+    0.21598 + 0.10866 + 0.19640 + 0.06775 = 0.58879 ms; the slowdown: dgrad's margins only, 0.06133 ms
+    beside the forward's 0.03426."""
     forward, backward, slowed = layer(tp_comm_overlap_rs_dgrad=True)
-    assert (forward, backward) == pytest.approx((0.52281e-3, 0.58697e-3), rel=1e-4)
-    assert slowed == pytest.approx(0.03428e-3 + 0.06138e-3, rel=1e-3)
+    assert (forward, backward) == pytest.approx((0.52451e-3, 0.58879e-3), rel=1e-4)
+    assert slowed == pytest.approx(0.03426e-3 + 0.06133e-3, rel=1e-3)
 
 
 def test_the_step_adds_what_the_layers_expose():
@@ -176,9 +177,9 @@ def test_the_cli_prices_emits_and_reads_back(advisor, tmp_path):
     default = advisor.json(*base, "--tp-comm-overlap")
     assert row["options"] == {"tp_comm_overlap": True, "tp_comm_bulk_wgrad": False}
     assert "--disable-tp-comm-bulk-wgrad" in row["megatron_args"]
-    # 32 layers x 8 microbatches x the 0.36 ms the exposed dgrad reduce-scatters add, less wgrad's margin
+    # 32 layers x 8 microbatches x the 0.37 ms the exposed dgrad reduce-scatters add, less wgrad's margin
     assert row["step_time_s"] - default["step_time_s"] == pytest.approx(
-        8 * 32 * (0.86447e-3 - 0.49446e-3 - 0.06138e-3), rel=1e-3)
+        8 * 32 * (0.86661e-3 - 0.49618e-3 - 0.06133e-3), rel=1e-3)
     command = tmp_path / "command.txt"
     command.write_text(" ".join(row["megatron_args"]))
     read = advisor.json("estimate", "--gpu", "h100-80gb", "--gpus", "8", "--vocab-size", "128256",
