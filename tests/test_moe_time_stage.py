@@ -98,17 +98,25 @@ def test_deepseek_dense_layers_and_interleaving():
 
 def test_all_to_all_by_hand():
     gpu = get_gpu("h800-80gb")
-    rates = Rates.of(gpu, load_calibration())
-    # EP 16 spanning two 8-GPU nodes: 7/16 of the bytes on NVLink, 8/16 on the network at 83.4%
-    # of its 50 GB/s, and 8 messages to the other node's peers at 10.4 us each
+    cal = load_calibration()
+    rates, net = Rates.of(gpu, cal), cal.network_efficiency  # fitted: 0.9962
+    # the H800 preset's vendor figures: NVLink 400 GB/s both ways (200e9 one way), 50 GB/s of network
+    # a GPU; the model's rates are those times the network efficiency
+    assert (gpu.nvlink_bytes_per_s, gpu.network_bytes_per_s, gpu.gpus_per_node) == (200e9, 50e9, 8)
+    assert rates.nvlink_bytes_per_s == pytest.approx(200e9 * net)
+    assert rates.network_bytes_per_s == pytest.approx(50e9 * net)
+    # EP 16 spanning two 8-GPU nodes: 7/16 of the bytes on NVLink (200e9 x 0.9962 = 199.24e9 B/s),
+    # 8/16 on the network at 83.4% of its 50 GB/s x 0.9962 (41.54e9 B/s), and 8 messages to the other
+    # node's peers at 10.4 us each: 14,336,000 B x 7/16 / 199.24e9 = 31.48 us against
+    # 7,168,000 / 41.54e9 = 172.55 us + 83.2 us = 255.75 us; the network paces it, plus 20 us: 275.75 us
     size = 1000 * 2 * 7168
-    assert rates.network_bytes_per_s == 50e9
-    expected = max(size * 7 / 16 / rates.nvlink_bytes_per_s, size * 8 / 16 / (0.834 * 50e9) + 8 * 10.4e-6)
+    expected = max(size * 7 / 16 / (200e9 * net), size * 8 / 16 / (0.834 * 50e9 * net) + 8 * 10.4e-6)
+    assert expected + 20e-6 == pytest.approx(275.75e-6, abs=0.01e-6)
     assert ep_time.all_to_all_time(DSV3, 1000, 16, 1, rates) == pytest.approx(expected + rates.collective_latency_s)
     assert ep_time.all_to_all_time(DSV3, 1000, 1, 1, rates) == 0
-    # inside one node (EP 8) only NVLink: no network term
-    assert ep_time.all_to_all_time(DSV3, 1000, 8, 1, rates) == pytest.approx(
-        size * 7 / 8 / rates.nvlink_bytes_per_s + rates.collective_latency_s)
+    # inside one node (EP 8) only NVLink: no network term, 14,336,000 x 7/8 / 199.24e9 + 20 us = 82.96 us
+    assert ep_time.all_to_all_time(DSV3, 1000, 8, 1, rates) == pytest.approx(size * 7 / 8 / (200e9 * net) + 20e-6)
+    assert size * 7 / 8 / (200e9 * net) + 20e-6 == pytest.approx(82.96e-6, abs=0.01e-6)
 
 
 def test_grouped_gemm_from_its_shapes_by_hand():
