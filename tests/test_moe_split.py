@@ -69,7 +69,10 @@ def test_a_given_split_moves_the_slowest_stage_by_hand():
     8 | 8 has the last stage slowest (8 layers + the LM head), 7 | 9 | 9 | 7 a middle one (9 layers),
     so the pipeline grows by (m - 1) (t - head) for one MoE layer's t, the total being the same; the
     DP communication and Adam are the first stage's, which holds 7 layers instead of 8 (without the
-    DP overlap, which the largest stage's forward would hide)."""
+    DP overlap, which the largest stage's forward would hide). Adam (38 bytes an element) runs on the
+    rank's shard of each group (distributed optimizer) and the step zeroes the whole FP32
+    main-gradient buffer on every rank, 4 bytes an element of the stage's parameters
+    (``terms.optimizer_time``; megatron-core ``zero_grad_buffer`` -> ``grad_data.zero_()``)."""
     workload = Workload(seq_len=4096, global_batch_size=256)
     exposed = TrainingOptions().with_(overlap_grad_reduce=False, overlap_param_gather=False)
     layout = dict(tp=1, cp=1, pp=4, ep=8, etp=1, dp=16, mbs=1, gpu=get_gpu("h100-80gb"), memory_gib=80.0,
@@ -92,7 +95,8 @@ def test_a_given_split_moves_the_slowest_stage_by_hand():
         # parallel group (2, ranks EP 8 apart) one
         return (sum(terms.data_parallel_time(dense, 16, 16, rates, ranks_per_node=8))
                 + sum(terms.data_parallel_time(expert, 2, 16, rates, ranks_per_node=1))
-                + terms.optimizer_time(dense, 16, rates) + terms.optimizer_time(expert, 2, rates))
+                + terms.optimizer_time(dense, 16, rates, step_bytes=38.0, zeroed_bytes=4.0)
+                + terms.optimizer_time(expert, 2, rates, step_bytes=38.0, zeroed_bytes=4.0))
 
     expected = (m - 1) * float(layer - head) + float(data_parallel(7) - data_parallel(8))
     assert uneven["step_time_s"] - even["step_time_s"] == pytest.approx(expected, rel=1e-9)
