@@ -42,10 +42,15 @@ def test_the_pipeline_parts_by_hand():
     parts, m = row["time_parts"], 64
     assert parts["overhead_s"] == pytest.approx(m * load_calibration().microbatch_overhead_s)
     # a stage boundary's activation, [4096 tokens, 4096] in BF16, to a neighbour TP x CP x DP = 16
-    # ranks away (another node): 50 GB/s per GPU (the preset's 400 Gb/s NIC) plus 20 us of latency,
-    # sent forward and backward for each microbatch
-    send = 2 * 4096 * 4096 / 50e9 + 20e-6
+    # ranks away (another node): 50 GB/s per GPU (the preset's 400 Gb/s NIC) x the fitted network
+    # efficiency (0.9962: 49.81 GB/s) plus 20 us of latency, sent forward and backward for each
+    # microbatch: 33,554,432 B / 49.81e9 = 673.65 us + 20 = 693.65 us, x 2 x 64 = 88.79 ms
+    net = load_calibration().network_efficiency
+    assert H100.network_bytes_per_s == 50e9
+    send = 2 * 4096 * 4096 / (50e9 * net) + 20e-6
+    assert send == pytest.approx(693.65e-6, abs=0.01e-6)
     assert parts["pp_comm_s"] == pytest.approx(m * 2 * send)
+    assert m * 2 * send == pytest.approx(88.79e-3, abs=0.01e-3)
     assert parts["bubble_s"] > 0 and parts["data_wait_s"] == 0.0
     # two model chunks per rank: each microbatch crosses twice as many boundaries, and the fill and
     # drain shrink (divided by v, though each chunk's sends are in them too)
