@@ -428,22 +428,27 @@ def test_tied_pp_above_1_pays_the_embedding_gradient_all_reduce():
     the first and the last stage (core_v0.15.2 distributed/finalize_model_grads.py,
     _allreduce_word_embedding_grads), after the DP collectives. Qwen3-0.6B, TP 1, PP 2, FP32 main
     grads: S = 4 x 1024 x 151936 = 622,329,856 bytes; a two-rank ring all-reduce sends S/2 twice,
-    S / bandwidth + 2 x 20 us of latency. In one node (8 H100s, NVLink 450 GB/s one way):
-    622,329,856 / 450e9 + 40e-6 = 1.42296 ms; on 64 GPUs (DP 32) the pair is 32 ranks apart, one
-    50 GB/s NIC: 12.4466 + 0.04 = 12.4866 ms. Untied (at PP 2 the same weights, one more matrix
-    either way) or at PP 1 (one copy) there is nothing to reduce."""
+    S / bandwidth + 2 x 20 us of latency, the bandwidth the preset's link rate x the fitted network
+    efficiency (0.9962). In one node (8 H100s, NVLink 450 GB/s one way: 448.29e9 B/s):
+    622,329,856 / 448.29e9 + 40e-6 = 1.42823 ms; on 64 GPUs (DP 32) the pair is 32 ranks apart, one
+    50 GB/s NIC (49.81e9 B/s): 12.49407 + 0.04 = 12.53407 ms. Untied (at PP 2 the same weights,
+    one more matrix either way) or at PP 1 (one copy) there is nothing to reduce."""
     from advisor.hardware import get_gpu
+    from advisor.throughput.calibration import load_calibration
     from advisor.throughput.model import TimeModel
 
     tied, gpu = load_hf_config(FIXTURES / "qwen3-0.6b.json"), get_gpu("h100-80gb")
     untied = replace(tied, tie_embeddings=False)
     size = 4 * 1024 * 151936
     assert size == 622_329_856
-    for gpus, bandwidth in ((8, 450e9), (64, 50e9)):
+    net = load_calibration().network_efficiency
+    assert (gpu.nvlink_bytes_per_s, gpu.network_bytes_per_s) == (450e9, 50e9)  # the H100 preset's, one way
+    for gpus, bandwidth, ms in ((8, 450e9, 1.42823), (64, 50e9, 12.53407)):
         dp, gbs = gpus // 2, 8 * gpus
         steps = [TimeModel(spec, gpu, 4096, gbs).step(1, 1, 2, dp, 1) for spec in (tied, untied)]
         gap = float(steps[0].dp_comm_s - steps[1].dp_comm_s)
-        assert gap == pytest.approx(size / bandwidth + 2 * 20e-6, rel=1e-12)
+        assert size / (bandwidth * net) + 2 * 20e-6 == pytest.approx(ms * 1e-3, abs=0.00001e-3)
+        assert gap == pytest.approx(size / (bandwidth * net) + 2 * 20e-6, rel=1e-12)
         assert float(steps[0].total_s - steps[1].total_s) == pytest.approx(gap, rel=1e-9)
     assert terms.tied_embedding_allreduce_time(tied, 1, 1, 8, 1, 151936, TimeModel(tied, gpu, 4096, 64).rates) == 0
     assert terms.tied_embedding_allreduce_time(untied, 1, 1, 4, 2, 151936, TimeModel(tied, gpu, 4096, 64).rates) == 0
