@@ -106,17 +106,35 @@ def test_all_to_all_by_hand():
     assert rates.nvlink_bytes_per_s == pytest.approx(200e9 * net)
     assert rates.network_bytes_per_s == pytest.approx(50e9 * net)
     # EP 16 spanning two 8-GPU nodes: 7/16 of the bytes on NVLink (200e9 x 0.9962 = 199.24e9 B/s),
-    # 8/16 on the network at 83.4% of its 50 GB/s x 0.9962 (41.54e9 B/s), and 8 messages to the other
-    # node's peers at 10.4 us each: 14,336,000 B x 7/16 / 199.24e9 = 31.48 us against
-    # 7,168,000 / 41.54e9 = 172.55 us + 83.2 us = 255.75 us; the network paces it, plus 20 us: 275.75 us
+    # 8/16 on the network at NCCL's measured 83.4% of its 50 GB/s line rate (41.7e9 B/s: a fraction
+    # of the line rate, so without the fitted efficiency), and 8 messages to the other node's peers
+    # at 10.4 us each: 14,336,000 B x 7/16 / 199.24e9 = 31.48 us against 7,168,000 / 41.7e9 =
+    # 171.89 us + 83.2 us = 255.09 us; the network paces it, plus 20 us: 275.09 us
     size = 1000 * 2 * 7168
-    expected = max(size * 7 / 16 / (200e9 * net), size * 8 / 16 / (0.834 * 50e9 * net) + 8 * 10.4e-6)
-    assert expected + 20e-6 == pytest.approx(275.75e-6, abs=0.01e-6)
+    expected = max(size * 7 / 16 / (200e9 * net), size * 8 / 16 / (0.834 * 50e9) + 8 * 10.4e-6)
+    assert expected + 20e-6 == pytest.approx(275.09e-6, abs=0.01e-6)
     assert ep_time.all_to_all_time(DSV3, 1000, 16, 1, rates) == pytest.approx(expected + rates.collective_latency_s)
     assert ep_time.all_to_all_time(DSV3, 1000, 1, 1, rates) == 0
     # inside one node (EP 8) only NVLink: no network term, 14,336,000 x 7/8 / 199.24e9 + 20 us = 82.96 us
     assert ep_time.all_to_all_time(DSV3, 1000, 8, 1, rates) == pytest.approx(size * 7 / 8 / (200e9 * net) + 20e-6)
     assert size * 7 / 8 / (200e9 * net) + 20e-6 == pytest.approx(82.96e-6, abs=0.01e-6)
+
+
+def test_the_off_node_all_to_all_is_a_fraction_of_the_line_rate_whatever_the_fitted_efficiency():
+    """NCCL's all-to-all fraction (0.834) was measured against the line rate (DeepEP is priced at
+    it: test_deepep_sends_...): the ring collectives' fitted network efficiency, folded into the
+    rates, is divided out there (it discounted the network twice once fitted under 1.0,
+    2026-11-30). Two-node EP 16,
+    where the network paces it: the same time at efficiency 1.0 and 0.5; inside a node (EP 8)
+    NVLink's rate keeps the efficiency."""
+
+    line = Rates.of(get_gpu("h800-80gb"), load_calibration())
+    line = replace(line, network_bytes_per_s=50e9, nvlink_bytes_per_s=200e9, network_efficiency=1.0)
+    half = replace(line, network_bytes_per_s=25e9, nvlink_bytes_per_s=100e9, network_efficiency=0.5)
+    both = [ep_time.all_to_all_time(DSV3, 1000, 16, 1, rates) for rates in (line, half)]
+    assert both[0] == pytest.approx(both[1], rel=1e-12)
+    inside = [ep_time.all_to_all_time(DSV3, 1000, 8, 1, rates) for rates in (line, half)]
+    assert inside[1] - half.collective_latency_s == pytest.approx(2 * (inside[0] - line.collective_latency_s))
 
 
 def test_grouped_gemm_from_its_shapes_by_hand():
@@ -151,7 +169,9 @@ def test_deepep_sends_a_token_once_per_remote_node_and_once_per_rank_by_hand():
     rates = Rates.of(get_gpu("h100-80gb"), load_calibration())
     copies = 2048 * 8.0
     token = 2048 * 2 * 7168
-    expected = max(token * ranks * 7 / 8 / rates.nvlink_bytes_per_s, token * 3.5 / rates.network_bytes_per_s)
+    # NVLink at its fitted rate, the network at DeepEP's line rate (the H100 preset's 50e9 B/s a GPU)
+    assert get_gpu("h100-80gb").network_bytes_per_s == 50e9
+    expected = max(token * ranks * 7 / 8 / rates.nvlink_bytes_per_s, token * 3.5 / 50e9)
     got = ep_time.all_to_all_time(DSV3, copies, 64, 1, rates, "flex")
     assert got == pytest.approx(expected + rates.collective_latency_s)
     assert got < ep_time.all_to_all_time(DSV3, copies, 64, 1, rates)  # alltoall: 8 x 56/64 = 7 copies leave the node
@@ -560,7 +580,6 @@ def test_the_last_stage_with_the_extra_layer_paces_the_step_by_hand():
     """Mixtral with 31 layers at PP 2 splits 15 | 16: the last stage, 16 MoE layers and the LM
     head, is the slowest, so the steady state's compute and exposed all-to-all are m x (16 layers
     + the head) (not 15 layers + the head, the split's last stage taken for its smallest)."""
-    from dataclasses import replace
 
     from advisor.moe.space import estimate_layout
     from advisor.parallel import Workload
@@ -595,7 +614,6 @@ QWEN47 = PRESETS["qwen3-30b-a3b"]
 def test_a_sweep_row_is_priced_as_its_estimate(case):
     """A sweep row's step time is its layout's estimate's, under the default split and under the
     row's own layers_per_stage (what its Megatron flags say), whatever the remainder L mod PP."""
-    from dataclasses import replace
 
     from advisor.moe.space import estimate_layout, sweep
     from advisor.parallel import Pinned, Workload

@@ -59,10 +59,12 @@ def all_to_all_time(spec: MoESpec, copies, ep, etp, rates: Rates, dispatcher: st
         ranks, remote_nodes = flex_destinations(spec, ep, in_node)
         per_token = size / spec.moe_router_topk  # the copies of one token carry it k times
         inside = per_token * ranks * (in_node - 1) / in_node / rates.nvlink_bytes_per_s
-        outside = per_token * remote_nodes / rates.network_bytes_per_s
+        outside = per_token * remote_nodes / rates.line_network_bytes_per_s  # DeepEP at line rate
     else:
         inside = size * (in_node - 1) / ep / rates.nvlink_bytes_per_s
-        outside = (size * (ep - in_node) / ep / (A2A_NETWORK_FRACTION * rates.network_bytes_per_s)
+        # NCCL's measured fraction of the line rate, not of the rate the ring collectives' fitted
+        # efficiency leaves (both applied, the network was discounted twice)
+        outside = (size * (ep - in_node) / ep / (A2A_NETWORK_FRACTION * rates.line_network_bytes_per_s)
                    + (ep - in_node) * A2A_PEER_S)
     return np.where(ep > 1, np.maximum(inside, outside) + rates.collective_latency_s, 0.0)
 

@@ -40,6 +40,15 @@ class Rates:
     collective_latency_s: float
     gpus_per_node: int
     host_mask_s_per_element: float
+    network_efficiency: float = 1.0
+    """The fitted efficiency already in ``nvlink_bytes_per_s`` and ``network_bytes_per_s``
+    (``Calibration.network_efficiency``, fitted on seed 004's ring collectives): a rate measured
+    against the line rate itself (``moe.ep_time.A2A_NETWORK_FRACTION``) divides it out (``line_network_bytes_per_s``)."""
+
+    @property
+    def line_network_bytes_per_s(self) -> float:
+        """The network's line rate a GPU, the preset's (the fitted efficiency divided out)."""
+        return self.network_bytes_per_s / self.network_efficiency
 
     @classmethod
     def of(cls, gpu: GpuSpec, cal: Calibration, flash2: bool = False) -> "Rates":
@@ -61,6 +70,7 @@ class Rates:
             collective_latency_s=cal.collective_latency_s,
             gpus_per_node=gpu.gpus_per_node,
             host_mask_s_per_element=host,
+            network_efficiency=cal.network_efficiency,
         )
 
 
