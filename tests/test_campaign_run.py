@@ -197,8 +197,8 @@ def test_an_eager_swiglu_campaign_on_a_local_spec_emulator_says_what_its_plan_la
 def _eager_note() -> str:
     return ("note: the campaign asks for the eager SwiGLU (bias_swiglu_fusion false), but this backend's local spec "
             "runs it whatever is asked, and its profiles stand for Megatron-LM's fused default: a plan from them "
-            "launches the fused SwiGLU; to profile the eager one as asked, use --backend symbolic (Transformer "
-            "Engine's spec) or --megatron-lm DIR")
+            "launches the fused SwiGLU; to profile the eager one as asked, use --backend symbolic --layer-spec "
+            "transformer_engine (its default) or --megatron-lm DIR")
 
 
 def test_missing_modules_are_found_without_importing_them(monkeypatch):

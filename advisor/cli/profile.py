@@ -549,7 +549,7 @@ def _eager_swiglu_note(document: dict, made_by: dict) -> str | None:
     return ("note: the campaign asks for the eager SwiGLU (bias_swiglu_fusion false), but this backend's local "
             "spec runs it whatever is asked, and its profiles stand for Megatron-LM's fused default: a plan from "
             "them launches the fused SwiGLU; to profile the eager one as asked, use --backend symbolic "
-            "(Transformer Engine's spec) or --megatron-lm DIR")
+            "--layer-spec transformer_engine (its default) or --megatron-lm DIR")
 
 
 def _check_backend_flags(gpus: bool, backend: str, threads: int | None, memory_limit: float | None,
