@@ -144,9 +144,9 @@ def test_adam_moves_the_main_weights_it_keeps(main_weights, step_bytes):
     the main weight (4 from FP32, 2 from BF16, none with no main-weight buffer: Adam steps the weight
     in place) and writing the BF16 weight (2), the FP32 moments (8 + 8) and the main weight: FP32
     read and written (8), BF16 (2 + 2 = 4), or none, the BF16 weight read (2; its write is the 2
-    above); and the FP32 main-gradient buffer, sharded under optim_grads_params, zeroed (4): 42, 36
+    above); and the FP32 main-gradient buffer, sharded under optim_grads_params, zeroed (4): 42, 32
     and 32. BF16 main weights also have update_main_grads cast the FP32 gradient shard to BF16 first
-    (read 4, write 2: tests/test_grad_cast.py): 40."""
+    (read 4, write 2: tests/test_grad_cast.py): 38."""
     hbm = load_calibration().hbm_efficiency * H100.hbm_bytes_per_s
     step = _step(fsdp_strategy="optim_grads_params", fsdp_main_params_dtype=main_weights)
     assert float(step.optimizer_s) == pytest.approx(step_bytes * P / 8 / hbm, rel=1e-9)
