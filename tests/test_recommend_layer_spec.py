@@ -51,3 +51,29 @@ def test_the_plan_reports_and_launches_the_layer_spec_the_profiles_ran(advisor, 
     if local:  # the launch builds what was profiled
         assert launched[launched.index("--transformer-impl") + 1] == "local"
 
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_a_local_plan_builds_in_megatron_as_priced(advisor, tmp_path, tag):
+    """The local plan's arguments (--transformer-impl local --no-persist-layer-norm, sequence
+    parallelism off at TP 1) through the release's own parse_args and validate_args
+    (launch.megatron_check): accepted, and Megatron derives what the plan priced (the local spec,
+    no persistent layer norm)."""
+    from megatron_real import NO_TRANSFORMER_ENGINE, assert_built_as_priced, checkout, priced_input
+
+    from advisor.options import TrainingOptions
+    from launch.inputs import read_input
+    from launch.megatron_versions import named
+
+    release = checkout(tag)  # skips without the checkout or its Python
+    root = write_profiles(tmp_path / "runs", **MEGATRON_LOCAL, swiglu_fusion=True)
+    path = tmp_path / "plan.json"
+    advisor("recommend", "--profile", root, *RECOMMEND, "-o", path)
+    plan = json.loads(path.read_text())
+    assert plan["launchable"] and all(flag in plan["megatron_args"] for flag in LOCAL)
+    item = priced_input(read_input(path), named(tag), label="local plan",
+                        options=TrainingOptions.from_dict(plan["options"]),
+                        extras=[arg for arg in NO_TRANSFORMER_ENGINE if arg != "--no-persist-layer-norm"],
+                        num_microbatches=plan["num_microbatches"])
+    assert item.args.count("--no-persist-layer-norm") == 1
+    assert_built_as_priced(release, [item])
