@@ -105,6 +105,12 @@ class MoEOptions:
         gather, amax history, element bytes), read by ``advisor.memory_levers``' FP8 terms."""
         return _memory_options(self.training)
 
+    def recomputed_modules(self, spec: MoESpec, recompute: Recompute) -> frozenset[str]:
+        """The modules a layout with ``recompute`` runs again: ``recompute_modules`` with selective,
+        none otherwise (Megatron reads --recompute-modules with selective only; full recomputes
+        whole layers)."""
+        return self.recompute_modules(spec) if recompute == "selective" else frozenset()
+
     def recompute_modules(self, spec: MoESpec) -> frozenset[str]:
         """What 'selective' recomputes (--recompute-modules): the given modules, or by default the
         MoE activation and the norms, and MLA's up projections where the model has MLA. FP8 with
@@ -378,7 +384,7 @@ def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp,
     moe_layers = layers - dense
     mtp = np.where(stage == pp - 1, spec.mtp_num_layers, 0)
     states = model_states(spec, options, tp, cp, pp, ep, etp, dp, stage, dense, moe_layers, mtp)
-    modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
+    modules = options.recomputed_modules(spec, recompute)
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     copies = mm.expert_token_copies(spec, tokens, ep, etp, options.routing)
     moe_act = mm.moe_layer_activation_bytes(spec, seq_len, mbs, tp, cp, ep, etp, options.routing, modules,

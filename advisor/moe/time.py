@@ -608,7 +608,7 @@ def _dense_layer_pace(spec: MoESpec, recompute: str, options, layer: LayerTimes)
     """A dense layer's forward and backward per microbatch: the forward once more with full
     recomputation, its selective modules' forward (``recomputed_forward``) with selective; its TP
     collectives once per forward that runs them and once backward (``tp_comm``)."""
-    modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
+    modules = options.recomputed_modules(spec, recompute)
     tp = tp_comm(layer, recompute, modules)
     pace = (3.0 + (recompute == "full")) * layer.dense + layer.core_backward_extra + layer.dense_transposes \
         + tp.attention + tp.dense_mlp
@@ -635,7 +635,7 @@ def _moe_layer_paces(spec: MoESpec, seq_len: int, b: dict, recompute: str, optio
     beside the all-to-all as the rest of its work, the shared experts' in the MLP node, unpaired."""
     comm, expert = layer.comm, layer.expert
     compute = layer.moe - comm
-    modules = options.recompute_modules(spec) if recompute == "selective" else frozenset()
+    modules = options.recomputed_modules(spec, recompute)
     again = "moe" in modules
     forwards = 2.0 if recompute == "full" or again else 1.0
     idle = forwards * ep_time.host_sync_idle(spec, mm.tokens_per_rank(seq_len, b["mbs"], b["tp"], b["cp"]), rates,
