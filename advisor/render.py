@@ -18,6 +18,20 @@ VERDICT_STYLES = {"fits": "green", "likely fits": "green3", "tight": "yellow", "
 
 
 @dataclass(frozen=True, slots=True)
+class Drawing:
+    """How a table is drawn where it lands. On a terminal: its verdicts coloured (unless NO_COLOR)
+    and its borders in box-drawing characters. Anywhere else (a pipe, a file, ``--output``, a
+    test): plain ASCII, so that each line's bytes are its columns and ``wc -L``, ``cut`` and a
+    byte-counting width check see what a terminal shows (a box-drawing character is one column but
+    three bytes in UTF-8: a 100-column sweep table had 34 lines of 100 to 118 bytes)."""
+    color: bool = False
+    boxes: bool = False
+
+
+PLAIN = Drawing()
+
+
+@dataclass(frozen=True, slots=True)
 class Fold:
     """What a column leaves in another where it is itself left out: ``text(row)`` (nothing where
     empty) in parentheses after the cell of the column ``into`` ('4 (5,7,10,10)'); where that is
@@ -293,7 +307,7 @@ def to_table(
     title: str | None = None,
     caption: str | None = None,
     row_style: Callable[[dict], str | None] | None = None,
-    color: bool = False,
+    drawing: Drawing = PLAIN,
     width: int | None = None,
 ) -> str:
     """A table no wider than ``width`` (default ``terminal_width()``; ``--wide``: unbounded):
@@ -316,8 +330,9 @@ def to_table(
                  and any(columns[j].key == columns[i].fold.into for j in kept)]
         note = f"not shown to fit {limit} columns: {names} (--wide shows them)" + "".join(f"; {n}" for n in notes)
         caption = note if caption is None else f"{caption}\n{note}"
-    table = _table(rows, [columns[i] for i in kept], justify, list(zip(*shown)), row_style, padding)
-    console = Console(file=io.StringIO(), force_terminal=color, no_color=not color, width=limit or 10_000)
+    table = _table(rows, [columns[i] for i in kept], justify, list(zip(*shown)), row_style, padding, drawing.boxes)
+    console = Console(file=io.StringIO(), force_terminal=drawing.color, no_color=not drawing.color,
+                      width=limit or 10_000)
     console.print(table)
     body = "\n".join(line.rstrip() for line in console.file.getvalue().rstrip("\n").split("\n"))
     return "\n".join(part for part in (_wrapped(title, limit), body, _wrapped(caption, limit)) if part) + "\n"
@@ -431,16 +446,17 @@ def _natural_width(columns: Sequence[Column], cells: list[list[str]], suffixes: 
                    for j, texts in zip(kept, shown))
 
 
-def _table(rows, columns, justify, cells, row_style, padding: int = 1):
+def _table(rows, columns, justify, cells, row_style, padding: int = 1, boxes: bool = False):
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     # Text, not markup: '[...]' in a name (an overridden model 'llama3.1-8b[num_layers=8]', a
     # file name) is shown as it is, not taken for a style and dropped.
-    # box-drawing characters are one column each but three bytes in UTF-8; where standard output
-    # cannot encode them (LANG=C, PYTHONIOENCODING=ascii) the same table is drawn in ASCII
-    table = Table(header_style="bold", padding=(0, padding), box=box.HEAVY_HEAD if _unicode_stdout() else box.ASCII2)
+    # box-drawing characters only on a terminal that can show them (not under LANG=C or
+    # PYTHONIOENCODING=ascii); ASCII2 has the same geometry, so a table fits the same columns
+    boxed = boxes and _unicode_stdout()
+    table = Table(header_style="bold", padding=(0, padding), box=box.HEAVY_HEAD if boxed else box.ASCII2)
     for column, side in zip(columns, justify):
         table.add_column(Text(column.header), justify=side)
     for row, line in zip(rows, cells):

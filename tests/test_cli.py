@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from table_text import read_table
 
 from advisor.models import preset
 from advisor.parallel import Workload
@@ -77,7 +78,7 @@ def test_sweep_csv_and_table(advisor):
     assert json.loads(changed[0]["options"])["recompute"] == "full"
     table = advisor("sweep", "--gpus", 8, "--mem", 40, "--top", 3).stdout
     assert "llama3.1-8b, seq 8192, gbs 1024, 8 GPUs x 40 GiB" in table
-    body = [line for line in table.splitlines() if line.startswith("│")]
+    body = read_table(table).body_lines
     assert len(body) == 3 and all(("fits" in line) or ("tight" in line) for line in body)
     assert "(--all shows oom)" in table and "best 3 of" in table
 

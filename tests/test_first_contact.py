@@ -15,6 +15,7 @@ import click
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT, Invoker
+from table_text import read_table
 
 from advisor.cli import AdvisorGroup, cli
 
@@ -111,18 +112,15 @@ def test_the_csv_columns_are_the_widest_json_rows_in_order(both):
 
 def _table_parts(text: str) -> tuple[list[str], dict[str, dict[str, str]], list[str]]:
     """The headers, each model's cells by header, and the lines under the table."""
-    lines = text.splitlines()
-    header = [cell.strip() for cell in lines[1].strip("┃").split("┃")]
-    end = next(i for i, line in enumerate(lines) if line.startswith("└"))
-    rows = [[cell.strip() for cell in line.strip("│").split("│")] for line in lines[3:end]]
-    return header, {row[0]: dict(zip(header, row, strict=True)) for row in rows}, lines[end + 1:]
+    table = read_table(text)
+    return table.headers, {row[0]: record for row, record in zip(table.rows, table.records())}, table.caption_lines
 
 
 def test_the_models_table_explains_its_headers(advisor, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     text = advisor("models").stdout
     header, _, legend = _table_parts(text)
-    assert max(len(line) for line in text.splitlines()) <= 100  # characters: a box line is 3 bytes a character
+    assert max(len(line.encode()) for line in text.splitlines()) <= 100  # bytes too: ASCII off a terminal
     assert legend and all(len(line) <= 100 for line in legend)
     words = " ".join(legend).split()
     explained = {word.rstrip(":,") for word in words}

@@ -21,6 +21,7 @@ import pytest
 from launch_support import launcher
 from megatron_real import (CPU_TRAINING, LAUNCH_TIMEOUT_S, UNFUSED_SWIGLU, checkout, launch_env, logged_losses,
                           session_copy, writable_copy)
+from table_text import read_table
 
 from advisor.equations import padded_vocab_size
 from advisor.profile_report import compare_rank
@@ -151,7 +152,7 @@ def test_a_run_megatron_ends_early_itself_says_how_many_iterations_it_ran(core_0
     (rank,) = run.ranks
     assert run.status == "ok" and len(rank.iterations) == 1
     assert rank.header.asked_iterations == 2 and rank.stopped_early
-    title = " ".join(advisor("profile", "show", tmp_path / "profile", "--section", "ranks").stdout.split("┏")[0].split())
+    title = read_table(advisor("profile", "show", tmp_path / "profile", "--section", "ranks").stdout).title
     assert title.endswith("ok, stopped early: 1 of 2 iterations"), title
 
 

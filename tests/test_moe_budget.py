@@ -12,6 +12,7 @@ import math
 import pytest
 from click.testing import CliRunner
 from launch_support import launcher, sweep_file
+from table_text import read_table
 
 from advisor.cli import cli
 
@@ -58,20 +59,15 @@ def test_an_moe_sweeps_json_and_csv_rows_carry_the_budget():
 def test_an_moe_sweep_table_shows_days_gpu_hours_and_cost():
     rows = json.loads(_run(*SWEEP, *BUDGET, "--format", "json"))
     text = _run(*SWEEP, *BUDGET, "--wide")
-    lines = text.splitlines()
-    header = next(line for line in lines if "rank" in line and "TP" in line)
-    names = [cell.strip() for cell in header.strip("┃").split("┃")]
-    assert names[-3:] == ["days", "GPU-h", "cost $"]
-    body = [line for line in lines if line.startswith("│")]
-    for line, row in zip(body, rows):
-        cells = [cell.strip() for cell in line.strip("│").split("│")]
+    table = read_table(text)
+    assert table.headers[-3:] == ["days", "GPU-h", "cost $"]
+    for cells, row in zip(table.rows, rows, strict=True):
         days, hours, cost = (float(cell.replace(",", "")) for cell in cells[-3:])
         hand = _by_hand(row)
         assert days == pytest.approx(hand["days"], abs=0.05)
         assert hours == pytest.approx(hand["gpu_hours"], abs=0.5)
         assert cost == pytest.approx(hand["cost_usd"], abs=0.5)
-    plain = _run(*SWEEP, "--wide").splitlines()
-    assert "days" not in next(line for line in plain if "rank" in line and "TP" in line)
+    assert "days" not in read_table(_run(*SWEEP, "--wide")).headers
 
 
 def test_an_moe_estimate_json_csv_and_caption_carry_the_budget():

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from table_text import read_table
 
 from advisor.cli import cli
 from advisor.releases import NEWEST
@@ -791,11 +792,10 @@ def test_an_moe_stage_tables_columns_add_up_to_its_total(fp8):
                                       "64", "--tp", "1", "--gbs", "8192", "--seq-len", "4096", "--gpu", "h100-80gb",
                                       "--recompute", "full", "--wide", *fp8], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
-    lines = result.stdout.splitlines()
-    header = [cell.strip() for cell in next(line for line in lines if "stage" in line and "┃" in line).split("┃")]
-    assert ("FP8 w." in header) == bool(fp8)
+    table = read_table(result.stdout)
+    header, rows = table.headers, table.rows
+    assert "stage" in header and ("FP8 w." in header) == bool(fp8)
     parts = [header.index(name) for name in ("dense st.", "expert st.", "FP8 w.", "act.", "transient") if name in header]
-    rows = [[cell.strip() for cell in line.split("│")] for line in lines if line.startswith("│")]
     assert len(rows) == 16
     for row in rows:
         assert sum(float(row[i]) for i in parts) == pytest.approx(float(row[header.index("total GiB")]), abs=0.03)

@@ -8,6 +8,7 @@ GPU (docs/moe.md) read as the peak a run will see."""
 from __future__ import annotations
 
 from click.testing import CliRunner
+from table_text import read_table
 
 from advisor.cli import cli
 
@@ -20,9 +21,8 @@ def title(argv: list[str]) -> str:
     """The title's lines (up to the table's top border) joined, checked to fit 100 columns."""
     result = CliRunner(env={"COLUMNS": "100"}).invoke(cli, argv)
     assert result.exit_code == 0, result.output
-    lines = result.stdout.splitlines()
-    assert all(len(line) <= 100 for line in lines)
-    return " ".join(lines[:lines.index(next(line for line in lines if line.startswith("┏")))])
+    assert all(len(line.encode()) <= 100 for line in result.stdout.splitlines())
+    return read_table(result.stdout).title
 
 
 def test_a_dropless_estimate_says_its_memory_is_the_worst_case():

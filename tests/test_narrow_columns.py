@@ -3,11 +3,12 @@ verdict, the columns the ranking orders by (TFLOP/s under 'ranked by throughput'
 under memory), what the user asked for (--gpu-hour-price's cost, --tokens' days) and the
 layout's degrees (DP too) stay; and an estimate's memory terms, as shown, add up to its total
 (at 80 columns it showed weights 7.48 and activations 22.64 beside a total of 56.30). Widths
-are Python's len() of each line: characters, not bytes (the box drawing is 3 bytes a character)."""
+are each line's bytes: off a terminal a table is ASCII, a byte a column (tests/test_table_drawing.py)."""
 
 from __future__ import annotations
 
 import pytest
+from table_text import read_table
 
 TERMS = ("weights", "grads", "optimizer", "states", "activations")
 DEFAULT = ("sweep", "--gpus", 64, "--gpu", "h100-80gb", "--top", 5)
@@ -15,18 +16,12 @@ DEFAULT = ("sweep", "--gpus", 64, "--gpu", "h100-80gb", "--top", 5)
 
 def _shown(advisor, monkeypatch, columns: int, *args) -> tuple[str, list[str], list[dict[str, str]]]:
     """The title and caption, the headers and the rows' cells by header, every line checked to
-    fit ``columns`` characters."""
+    fit ``columns`` bytes (ASCII off a terminal: a byte a column)."""
     monkeypatch.setenv("COLUMNS", str(columns))
     text = advisor(*args).stdout
-    lines = text.splitlines()
-    assert max(len(line) for line in lines) <= columns, text
-    top = next(i for i, line in enumerate(lines) if line.startswith("┏"))
-    end = next(i for i, line in enumerate(lines) if line.startswith("└"))
-    headers = [cell.strip() for cell in lines[top + 1].strip("┃").split("┃")]
-    rows = [dict(zip(headers, (cell.strip() for cell in line.strip("│").split("│")), strict=True))
-            for line in lines[top + 3:end]]
-    words = " ".join(" ".join(lines[:top] + lines[end + 1:]).split())
-    return words, headers, rows
+    assert max(len(line.encode()) for line in text.splitlines()) <= columns, text
+    table = read_table(text)
+    return f"{table.title} {table.caption}", table.headers, table.records()
 
 
 @pytest.mark.parametrize("columns", [60, 80, 100])

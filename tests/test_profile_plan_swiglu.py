@@ -11,6 +11,7 @@ import json
 from dataclasses import replace
 
 import pytest
+from table_text import read_table
 
 from advisor.capture.campaign import read_campaign
 from advisor.megatron_args import MegatronSetup
@@ -49,7 +50,7 @@ def test_the_runs_carry_the_flag_exactly_when_asked(campaigns):
 
 
 def test_the_table_says_the_eager_swiglu(advisor):
-    title = " ".join(advisor(*PLAN[:-2], UNFUSED).stdout.split("┏")[0].split())  # wrapped at COLUMNS
+    title = read_table(advisor(*PLAN[:-2], UNFUSED).stdout).title  # wrapped at COLUMNS
     assert title == "llama3.2-1b: reduced profiling campaign, 34 runs on 8 GPUs (4 per node), --no-bias-swiglu-fusion"
     assert "swiglu" not in advisor(*PLAN[:-2]).stdout  # the default says nothing new
 

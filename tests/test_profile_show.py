@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from factories import TINY, header, iteration, layer, profile
+from table_text import cells, read_table
 
 # The tiny Llama (L 4, h 64, h_ffn 128, a 4, k 2, v 256) in FP32 with the local (unfused
 # attention) spec, s = 32, b = 1, t = c = 1; worked by hand:
@@ -73,13 +74,13 @@ def test_compare_keeps_its_ratio_where_the_terminal_is_narrow(advisor, tmp_path,
     rightmost of equal rank), and two columns of bytes were left to divide by hand (audit)."""
     monkeypatch.setenv("COLUMNS", str(columns))
     text = advisor("profile", "show", two_stage_run(tmp_path), "--section", "compare").stdout
-    header = next(line for line in text.splitlines() if "┃ rank" in line)
-    assert all(name in header for name in shown) and "4D paper" not in header
-    assert max(map(len, text.splitlines())) <= columns
+    header = " | ".join(read_table(text).headers)
+    assert header.startswith("rank") and all(name in header for name in shown) and "4D paper" not in header
+    assert max(len(line.encode()) for line in text.splitlines()) <= columns
     assert f"not shown to fit {columns} columns: {left_out} (--wide shows them)" in " ".join(text.split())
     ratio_one = [line for line in text.splitlines() if "embedding" in line and "weights" in line]
     # Eq. 7 to the byte (two_stage_run), and no known reason for weights: no expected ratio
-    assert ratio_one and [cell.strip() for cell in ratio_one[0].split("│")][-3:-1] == ["1.000", "-"]
+    assert ratio_one and cells(ratio_one[0])[-2:] == ["1.000", "-"]
     # each equation is named under the table even where its column is left out
     assert "Eq. 13 embedding" in " ".join(text.split())
 
@@ -135,7 +136,7 @@ def test_bad_directories(advisor, tmp_path):
 
 def _title(table: str) -> str:
     """The run's title line, unwrapped (the table wraps it at the terminal's width)."""
-    return " ".join(table.split("┏")[0].split())
+    return read_table(table).title
 
 
 def test_a_run_without_a_rank_file_is_partial_and_names_the_rank(advisor, tmp_path):

@@ -7,6 +7,7 @@ before."""
 import json
 
 import pytest
+from table_text import read_table
 
 from advisor import render
 from advisor.cli.estimate import _sweep_text
@@ -109,7 +110,7 @@ def test_the_title_says_when_the_rows_use_a_lever_nothing_fits_without(advisor):
     result = advisor("sweep", "--model", "llama3.1-405b", "--gpus", 64, "--gpu", "h100-80gb", "--gbs", 256,
                      "--seq-len", 4096, "--top", 1)
     assert "the rows use optimizer CPU offload" in result.stderr
-    title = " ".join(result.stdout.split("┏")[0].split())
+    title = read_table(result.stdout).title
     assert title.endswith("; the rows use optimizer CPU offload, as nothing fits without it")
     plain = advisor("sweep", "--model", "llama3.1-405b", "--gpus", 128, "--gpu", "h100-80gb", "--gbs", 256,
                     "--seq-len", 4096, "--top", 1)

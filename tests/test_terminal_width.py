@@ -1,10 +1,9 @@
 """Issue 24: every table the CLI prints fits $COLUMNS (100 when unset), --wide shows the rest;
 and the small fixes of the same item (profile show of a campaign, coordinates, the split hint)."""
 
-import json
-
 import pytest
 from conftest import ROOT
+from table_text import read_table
 
 HELDOUT = ROOT / "tables" / "data" / "capture" / "heldout-pp2"
 RUN = ROOT / "examples" / "launch" / "profiles" / "pp-b1-2,2,2,2"
@@ -51,10 +50,8 @@ def test_profile_show_takes_a_campaign_directory_and_names_coordinates(advisor):
     runs = sorted(p.name for p in HELDOUT.iterdir() if p.is_dir())
     assert [run["run"]["run_id"].rsplit("-", 1)[0] for run in document["runs"]] == runs
     assert [row["pp_rank"] for row in document["runs"][0]["ranks"]] == [0, 1]
-    header = next(line for line in advisor("profile", "show", RUN, "--section", "ranks").stdout.splitlines()
-                  if "rank" in line and "tp_rank" in line)
-    assert [cell.strip() for cell in header.strip("┃ ").split("┃")][:5] == ["rank", "tp_rank", "cp_rank", "pp_rank",
-                                                                       "dp_rank"]
+    headers = read_table(advisor("profile", "show", RUN, "--section", "ranks").stdout).headers
+    assert headers[:5] == ["rank", "tp_rank", "cp_rank", "pp_rank", "dp_rank"]
 
 
 def test_estimate_splits_layers_pp_does_not_divide(advisor):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from table_text import read_table
 
 from advisor.cli import cli
 from advisor.options import TrainingOptions
@@ -147,9 +148,9 @@ def test_the_estimate_title_names_the_options_it_priced():
 
     text = Invoker()("estimate", "--tp", "2", "--gpus", "8", "--gpu", "h100-80gb", "--use-megatron-fsdp",
                      "--recompute", "full", "--fp8-format", "hybrid").stdout
-    title = " ".join(text.split("┏")[0].split())
+    title = read_table(text).title
     for flag in ("--fp8-format hybrid", "--use-megatron-fsdp", "--recompute-granularity full",
                  "--recompute-method uniform", "--recompute-num-layers 1"):
         assert flag in title, (flag, title)
-    plain = " ".join(Invoker()("estimate", "--tp", "2", "--gpus", "8", "--gpu", "h100-80gb").stdout.split("┏")[0].split())
+    plain = read_table(Invoker()("estimate", "--tp", "2", "--gpus", "8", "--gpu", "h100-80gb").stdout).title
     assert ";" not in plain  # the defaults add nothing

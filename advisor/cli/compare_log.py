@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import click
 
-from advisor.cli.options import (EPILOG, GPUS, VOCABULARY, InputError, InputPath, document_options, emit_document,
-                                 gpu_options)
+from advisor.cli.options import (EPILOG, GPUS, VOCABULARY, InputError, InputPath, document_options, drawing_for,
+                                 emit_document, gpu_options)
 from advisor.paper_rule import DEFAULT_THRESHOLD
 from advisor.render import listed
 
@@ -91,8 +91,9 @@ def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node
                    render.Column("unit", "unit", justify="left", drop=2),
                    render.Column("measured", "measured", ".4g"), render.Column("predicted", "predicted", ".4g", drop=1),
                    render.Column("measured_over_predicted", "measured / predicted", ".3f", keep=True)]
+        # emit_document: the table goes to standard output whatever --output is (it takes the JSON)
         return render.to_table(rows, columns, title=f"{log} against the estimate of {command}",
-                               caption="\n".join(document["notes"]))
+                               caption="\n".join(document["notes"]), drawing=drawing_for(None))
 
     emit_document(document, table, fmt, output)
 

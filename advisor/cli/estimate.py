@@ -13,7 +13,7 @@ from advisor.cli.estimate_csv import estimate_csv
 from advisor.cli.moe import dense_recompute_options, moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, ROWS, InputError, InputPath, NonEmpty, TokenCount,
-    color_wanted, command_name, emit, distinct_files, gpu_options, model_choice_options, model_options, note, nothing_fits,
+    drawing_for, command_name, emit, distinct_files, gpu_options, model_choice_options, model_options, note, nothing_fits,
     output_options, parse_layer_counts, png_path, workload_options, UserPath,
 )
 from advisor.cli.sweep_table import counts_caption, evaluation_caption, setup_line, sweep_columns, write_plot
@@ -286,7 +286,7 @@ def _emit_sweep(dicts: list[dict], text: str | None, fmt: str, output, result, t
         text = render.to_table(
             dicts, sweep_columns(*columns), title=title,
             caption=f"{caption}\n{searched}" + (f"\n{render.ranking_note(tolerance)}" if tolerance else ""),
-            row_style=render.verdict_style, color=color_wanted(output),
+            row_style=render.verdict_style, drawing=drawing_for(output),
         )
     if fmt != "table":
         note(f"{command_name()}: {searched}")
@@ -649,7 +649,7 @@ def _stage_table(stage_rows: list[dict], spec, parallel, workload, gpu, peak_sta
     style = render.VERDICT_STYLES.get(verdict)
     return render.to_table(
         stage_rows, columns, title=title, caption=caption,
-        row_style=lambda stage_row: style if stage_row["stage"] == peak_stage else None, color=color_wanted(output),
+        row_style=lambda stage_row: style if stage_row["stage"] == peak_stage else None, drawing=drawing_for(output),
     )
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from advisor.cli.options import EPILOG, color_wanted, emit, output_options
+from advisor.cli.options import EPILOG, drawing_for, emit, output_options
+from advisor.render import Drawing
 
 DERIVED = ("parameters_billions", "active_parameters_billions")
 """What ``advisor models`` adds to each spec's fields, after them."""
@@ -32,7 +33,7 @@ def models(fmt: str, output: Path | None) -> None:
 
     rows = _rows()
     if fmt == "table":
-        text = _table(rows, color_wanted(output))
+        text = _table(rows, drawing_for(output))
     elif fmt == "json":
         text = render.to_json(rows)
     else:
@@ -85,7 +86,7 @@ def _flat(rows: list[dict], columns: list[str]) -> list[dict]:
     return [{column: value(row, column) for column in columns} for row in rows]
 
 
-def _table(rows: list[dict], color: bool) -> str:
+def _table(rows: list[dict], drawing: Drawing) -> str:
     """The presets as a table under a legend of its abbreviations; the routed experts' width
     beside the dense MLP's (Qwen3-30B-A3B: h_ffn 6144 is config.json's, the experts are 768)."""
     from advisor import render
@@ -106,7 +107,7 @@ def _table(rows: list[dict], color: bool) -> str:
     # k/E in one cell; JSON and CSV have moe_router_topk and num_experts as numbers
     shown = [{**row, "experts": f"{row['moe_router_topk']}/{row['num_experts']}"} if "num_experts" in row else row
              for row in rows]
-    return render.to_table(shown, columns, caption=_legend(rows), color=color)
+    return render.to_table(shown, columns, caption=_legend(rows), drawing=drawing)
 
 
 def _legend(rows: list[dict]) -> str:
@@ -163,7 +164,7 @@ def gpus(fmt: str, output: Path | None) -> None:
         ]
         text = render.to_table(rows, columns, caption="BF16, FP8: dense TFLOP/s (no sparsity); HBM TB/s; NVLink GB/s "
                                "both directions; net GB/s per GPU; sources: advisor gpus --format json",
-                               color=color_wanted(output))
+                               drawing=drawing_for(output))
     else:
         rows = [gpu.to_dict() for gpu in presets]
         if fmt == "csv":

@@ -12,7 +12,7 @@ from advisor import limits
 from advisor.cli.estimate_csv import estimate_csv
 from advisor.cli.moe_balancing import unbalanced_notes, with_aux_loss_coeff
 from advisor.cli.options import (
-    DEGREE, Bounded, InputError, apply_options, color_wanted, command_name, emit, note, nothing_fits,
+    DEGREE, Bounded, InputError, apply_options, drawing_for, command_name, emit, note, nothing_fits,
 )
 from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
 from advisor.paper_rule import judged_threshold
@@ -527,7 +527,7 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
     columns = sweep_columns(result.memory_model == "calibrated", gpu is not None, tokens=result.tokens is not None,
                             priced=priced, experts=True, rank_by=result.rank_by)
     return render.to_table(rows, columns, title=title, row_style=render.verdict_style, caption=caption,
-                           color=color_wanted(output))
+                           drawing=drawing_for(output))
 
 
 def _title(result, spec, workload, gpus, mem, threshold, gpu, settings) -> str:
@@ -735,4 +735,4 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings,
              + (f", VPP {vpp}" if vpp > 1 else "") + f", seq {workload.seq_len}, gbs {workload.global_batch_size}"
              + (f", {gpu.name}" if gpu else "") + (f"; {changed}" if changed else "")
              + f"; {settings_words(settings, spec, row['recompute'])}")
-    return render.to_table(stages, columns, caption=caption, color=color_wanted(output), title=title)
+    return render.to_table(stages, columns, caption=caption, drawing=drawing_for(output), title=title)

@@ -22,6 +22,7 @@ from advisor import limits
 from advisor.cli.spellings import lookalike_message
 from advisor.errors import AdvisorError
 from advisor.fileio import expand_home
+from advisor.render import PLAIN, Drawing
 
 EPILOG = "Docs, the method and the file schemas: README.md and docs/. Errors exit with status 2."
 
@@ -576,12 +577,14 @@ def parse_layer_counts(text: str) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def color_wanted(output: Path | None) -> bool:
-    """Colour only a table drawn on a terminal, and not when NO_COLOR is set to anything but
-    the empty string (https://no-color.org) or the terminal is dumb."""
-    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
-        return False
-    return (output is None or output == STDOUT) and sys.stdout is not None and sys.stdout.isatty()
+def drawing_for(output: Path | None) -> Drawing:
+    """How a table bound for ``output`` is drawn (``render.Drawing``): for a terminal, in
+    box-drawing characters and coloured, not coloured where NO_COLOR is set to anything but the
+    empty string (https://no-color.org) or the terminal is dumb; for a pipe or a file, plain."""
+    if not ((output is None or output == STDOUT) and sys.stdout is not None and sys.stdout.isatty()):
+        return PLAIN
+    plain_terminal = bool(os.environ.get("NO_COLOR")) or os.environ.get("TERM") == "dumb"
+    return Drawing(color=not plain_terminal, boxes=True)
 
 
 # --- GPU presets and the time model (issue 16) ---------------------------------------------

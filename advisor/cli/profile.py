@@ -8,9 +8,10 @@ from pathlib import Path
 import click
 
 from advisor import limits
+from advisor.render import Drawing
 from advisor.cli.options import (
     DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, MICRO_BATCH, TRAIN_ITERS,
-    SEQ_LEN, TCP_PORT, Bounded, CloseCommands, InputError, InputPath, NonEmpty, apply_options, color_wanted,
+    SEQ_LEN, TCP_PORT, Bounded, CloseCommands, InputError, InputPath, NonEmpty, apply_options, drawing_for,
     document_options, emit, emit_document, empty_value, model_options, note, output_options, parse_numbers, UserPath,
 )
 from advisor.cli.training_flags import NO_BIAS_SWIGLU_FUSION
@@ -89,7 +90,7 @@ def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int |
     from advisor.profiles import load_run
 
     if (directory / MOE_LAYER_FILE).is_file():
-        emit(_show_moe_layer(directory, section, fmt, color_wanted(output)), output)
+        emit(_show_moe_layer(directory, section, fmt, drawing_for(output)), output)
         return
     if fmt == "csv" and section == "all":
         raise InputError("--format csv needs one --section (ranks, layers or compare)")
@@ -103,7 +104,7 @@ def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int |
         text = _csv(shown, section, single=len(shown) == 1 and directories[0] == directory)
     else:
         first = _sections(section)[0]
-        text = "\n".join(_table(name, doc[name], title if name == first else None, color_wanted(output),
+        text = "\n".join(_table(name, doc[name], title if name == first else None, drawing_for(output),
                                  doc.get("compare_reasons"))
                           for title, doc in titled for name in _sections(section))
     emit(text, output)
@@ -126,7 +127,7 @@ def _csv(shown: list[dict], section: str, single: bool) -> str:
                          columns=columns if single else ("run_id", *columns))
 
 
-def _show_moe_layer(directory: Path, section: str, fmt: str, color: bool) -> str:
+def _show_moe_layer(directory: Path, section: str, fmt: str, drawing: Drawing) -> str:
     """A symbolic MoE layer profile (``advisor/moe/layer_profile.py``): each analytic term of
     advisor.moe beside the measured part it prices."""
     from advisor import render
@@ -159,7 +160,7 @@ def _show_moe_layer(directory: Path, section: str, fmt: str, color: bool) -> str
     routing = "balanced" if profile.capacity_factor is None else "capacity"
     caption = (f"analytic: advisor/moe (memory.py, transient.py, params.py), {routing} routing; differences term "
                "by term: docs/profiling.md")
-    return render.to_table(rows, columns, title=title, color=color,
+    return render.to_table(rows, columns, title=title, drawing=drawing,
                            caption=caption if note is None else f"{caption}\nnote: {note.text}")
 
 
@@ -198,7 +199,7 @@ def _show_run(run, section: str, ranks: tuple[int, ...], iteration: int | None) 
                                      else {})}
 
 
-def _table(name: str, rows: list[dict], title: str | None, color: bool, reasons: dict[str, dict] | None = None
+def _table(name: str, rows: list[dict], title: str | None, drawing: Drawing, reasons: dict[str, dict] | None = None
            ) -> str:
     from advisor.render import Column, byte_unit, to_table
 
@@ -217,18 +218,18 @@ def _table(name: str, rows: list[dict], title: str | None, color: bool, reasons:
                                  {"static_bytes": 1, "peak_allocated_bytes": -1, "peak_reserved_bytes": 3}),
                    Column("alloc_retries", "retries", drop=3), Column("status", "status", justify="left", drop=-1)]
         caption = "; ".join(f"rank {row['rank']}: {row['where']}" for row in rows if row["where"]) or None
-        return to_table(rows, columns, title=title, caption=caption, color=color)
+        return to_table(rows, columns, title=title, caption=caption, drawing=drawing)
     if name == "layers":
         columns = [Column("rank", "rank"), Column("module", "module", justify="left"),
                    Column("layer_number", "layer"),
                    *byte_columns([("parameter_bytes", "weights"), ("gradient_bytes", "grads"),
                                   ("optimizer_bytes", "optimizer"), ("activation_bytes", "act./mb"),
                                   ("forward_peak_bytes", "fwd peak"), ("backward_peak_bytes", "bwd peak")])]
-        return to_table(rows, columns, title=title, color=color)
-    return _compare_table(rows, reasons or {}, title, color, byte_columns)
+        return to_table(rows, columns, title=title, drawing=drawing)
+    return _compare_table(rows, reasons or {}, title, drawing, byte_columns)
 
 
-def _compare_table(rows: list[dict], reasons: dict[str, dict], title: str | None, color: bool, byte_columns
+def _compare_table(rows: list[dict], reasons: dict[str, dict], title: str | None, drawing: Drawing, byte_columns
                    ) -> str:
     """The compare section: each ratio, the ratio its known reasons predict (``expected``), and
     those reasons under the table, one note per term they explain (``advisor.profile_reasons``: a
@@ -249,7 +250,7 @@ def _compare_table(rows: list[dict], reasons: dict[str, dict], title: str | None
     if notes := _compare_notes(rows, reasons):
         caption += ("\nexpected: the ratio that the known reasons below predict (their hand counts; - where "
                     "none applies or none has one); sources: --format json, compare_reasons\n" + "\n".join(notes))
-    return to_table(rows, columns, title=title, color=color, caption=caption)
+    return to_table(rows, columns, title=title, drawing=drawing, caption=caption)
 
 
 def _compare_notes(rows: list[dict], reasons: dict[str, dict]) -> list[str]:
@@ -364,7 +365,7 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
          render.Column("world_size", "GPUs"), render.Column("layers", "layers per stage", justify="left")],
         title=f"{spec.name}: {mode} profiling campaign, {len(rows)} runs on {gpus} GPUs ({gpus_per_node} per node)"
               + (", --no-bias-swiglu-fusion" if no_bias_swiglu_fusion else ""),  # the table shows no flags
-        caption=caption, color=color_wanted(None),
+        caption=caption, drawing=drawing_for(None),  # emit_document: --output takes the JSON
     )
     emit_document(campaign.to_dict(), table, fmt, output)
 

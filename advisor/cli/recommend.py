@@ -10,7 +10,7 @@ import click
 
 from advisor import limits
 from advisor.cli.options import (
-    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, STDOUT, Bounded, InputError, InputPath, color_wanted, document_options,
+    DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, STDOUT, Bounded, InputError, InputPath, drawing_for, document_options,
     distinct_files, emit_document, gpu_options, model_options, nothing_fits, png_path, workload_options, UserPath,
 )
 from advisor.cli.training_flags import memory_options
@@ -359,4 +359,5 @@ def _plan_table(plan, mem: float | None, unmeasured: float = 0.0) -> str:
     title = (f"{plan.model.name}: {plan.mode} plan, {plan.gpus} GPUs, {degrees}, PP {plan.pp}, "
              f"MBS {plan.micro_batch_size}, {plan.num_microbatches} microbatches "
              f"({PREDICTOR_WORDS.get(plan.predictor, f'{plan.predictor} predictor')}{swiglu})")
-    return render.to_table(rows, columns, title=title, caption=caption, color=color_wanted(None))
+    # emit_document: the table always goes to standard output (--output takes the JSON)
+    return render.to_table(rows, columns, title=title, caption=caption, drawing=drawing_for(None))
