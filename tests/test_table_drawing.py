@@ -7,17 +7,15 @@ here is a real pseudo-terminal (``pty``), the advisor a real process."""
 from __future__ import annotations
 
 import os
-import pty
-import re
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
 from table_text import read_table
+from terminal import STYLE, on_a_terminal
 
 SWEEP = ["sweep", "--gpus", "64", "--gpu", "h100-80gb", "--top", "5"]
-STYLE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -26,23 +24,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _on_a_terminal(args: list[str], **extra: str) -> str:
-    """What the advisor writes to a real pseudo-terminal as its standard output."""
-    primary, secondary = pty.openpty()
-    with subprocess.Popen([sys.executable, "-m", "advisor", *args], stdout=secondary, stderr=subprocess.DEVNULL,
-                          cwd=ROOT, env=_env(**extra)) as process:
-        os.close(secondary)
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:  # EIO: the process closed the terminal's other end
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        assert process.wait(timeout=60) == 0
-    os.close(primary)
-    return b"".join(chunks).decode().replace("\r\n", "\n")
+    return on_a_terminal(*args, env={"NO_COLOR": None, "PYTHONIOENCODING": None, "COLUMNS": "100",
+                                     "TERM": "xterm-256color", **extra})
 
 
 def _piped(args: list[str], **extra: str) -> str:

@@ -3,36 +3,18 @@ export COLUMNS, and the tables were cut at 100 columns in an 80-column terminal.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import pty
-import re
-import struct
 import subprocess
 import sys
-import termios
+
+from terminal import STYLE, on_a_terminal
 
 
 def _run_on_a_terminal(columns: int, *args: str, program: str = "advisor", cwd=None) -> str:
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "MEGATRON_LM")}
-    process = subprocess.Popen([sys.executable, "-m", program, *args], stdout=follower, stderr=follower,
-                               stdin=subprocess.DEVNULL, env=env, cwd=cwd)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # the terminal closes when the process exits
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    process.wait(timeout=60)
-    os.close(leader)
-    text = b"".join(chunks).decode()
-    return re.sub(r"\x1b\[[0-9;]*m", "", text).replace("\r", "")
+    """What an ``columns``-wide terminal shows, notes too, without styles."""
+    text = on_a_terminal(*args, program=program, columns=columns, stderr_too=True, cwd=cwd,
+                         env={"MEGATRON_LM": None})
+    return STYLE.sub("", text)
 
 
 def test_a_table_fits_the_terminal_it_is_printed_on():

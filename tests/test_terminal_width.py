@@ -4,6 +4,7 @@ and the small fixes of the same item (profile show of a campaign, coordinates, t
 import pytest
 from conftest import ROOT
 from table_text import read_table
+from terminal import on_a_terminal
 
 HELDOUT = ROOT / "tables" / "data" / "capture" / "heldout-pp2"
 RUN = ROOT / "examples" / "launch" / "profiles" / "pp-b1-2,2,2,2"
@@ -92,36 +93,11 @@ def test_plot_with_all_clips_the_memory_axis(advisor, tmp_path):
     assert green and max(green) - min(green) > width // 4
 
 
-def _on_a_terminal(env: dict) -> str:
-    """``advisor models`` with its stdout on a real pseudo-terminal; what the terminal received."""
-    import os
-    import pty
-    import subprocess
-    import sys
-
-    leader, follower = pty.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "advisor", "models"], stdout=follower, stderr=subprocess.PIPE,
-                               env={**os.environ, "COLUMNS": "100", **env})
-    os.close(follower)
-    received = b""
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # EIO: the writer closed its side
-            break
-        if not chunk:
-            break
-        received += chunk
-    os.close(leader)
-    assert process.wait(timeout=60) == 0
-    return received.decode()
-
-
 def test_colour_on_a_terminal_unless_no_color():
     """NO_COLOR (https://no-color.org) was ignored on a terminal: the tables passed rich
     no_color=False themselves."""
-    assert "\x1b[" in _on_a_terminal({"NO_COLOR": "", "TERM": "xterm"})
-    plain = _on_a_terminal({"NO_COLOR": "1", "TERM": "xterm"})
+    assert "\x1b[" in on_a_terminal("models", env={"COLUMNS": "100", "NO_COLOR": "", "TERM": "xterm"})
+    plain = on_a_terminal("models", env={"COLUMNS": "100", "NO_COLOR": "1", "TERM": "xterm"})
     assert "\x1b[" not in plain and "llama3.1-8b" in plain
 
 
