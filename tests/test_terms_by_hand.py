@@ -140,6 +140,12 @@ def test_pipeline_send_and_optimizer_by_hand():
     assert float(terms.optimizer_time(8e9, 8, RATES, zeroed_bytes=4)) == pytest.approx((38e9 + 4 * 8e9) / 1e12)
     assert float(terms.optimizer_time(8e9, 8, RATES, zeroed_bytes=4, grads_sharded=True)) == pytest.approx(
         (38e9 + 4e9) / 1e12)
+    # the zeroing alone (the TimeModel's offloaded step prices it apart from Adam): 4 x 8e9 = 32e9
+    # bytes over the whole buffer, 4 x 1e9 over its shard, 2 x 8e9 for a BF16 buffer, none at 0 bytes
+    assert float(terms.grad_zero_time(8e9, 8, RATES, 4)) == pytest.approx(32e9 / 1e12)
+    assert float(terms.grad_zero_time(8e9, 8, RATES, 4, grads_sharded=True)) == pytest.approx(4e9 / 1e12)
+    assert float(terms.grad_zero_time(8e9, 8, RATES, 2)) == pytest.approx(16e9 / 1e12)
+    assert float(terms.grad_zero_time(8e9, 8, RATES, 0.0)) == 0.0
 
 
 def test_lm_head_by_hand():

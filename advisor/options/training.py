@@ -817,7 +817,7 @@ class TrainingOptions:
     @property
     def grad_zero_bytes(self) -> float:
         """Bytes per element of the main-gradient buffer that ``zero_grad_buffer`` writes at each
-        step's start: its dtype's (``_step_gradient``'s first; ``terms.optimizer_time`` prices it
+        step's start: its dtype's (``_step_gradient``'s first; ``terms.grad_zero_time`` prices it
         over the buffer, whole under Megatron's DDP). None to zero under torch FSDP2:
         ``TorchFullyShardedDataParallel.zero_grad_buffer`` is the base class's ``pass``
         (core/distributed/data_parallel_base.py:60-65), and the optimizer frees the gradients

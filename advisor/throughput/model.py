@@ -51,7 +51,7 @@ class TimeOptions:
     (``terms.grad_cast_bytes``)."""
     grad_zero_bytes: float = 4.0
     """HBM bytes per element of the main-gradient buffer zeroed at each step's start (its dtype's;
-    0 under torch FSDP2), priced over the buffer, not the shard (``terms.optimizer_time``)."""
+    0 under torch FSDP2), priced over the buffer, not the shard (``terms.grad_zero_time``)."""
     tp_comm_overlap: bool = False
     """--tp-comm-overlap (Transformer Engine userbuffers) hides the TP collectives behind the GEMMs
     beside them, as far as those GEMMs last (``userbuffers.tp_overlap_time``)."""
@@ -433,7 +433,8 @@ class TimeModel:
 
     def _optimizer(self, params, shards):
         """The optimizer step on this rank's shard (``terms.optimizer_time``), with the offloaded
-        share on the host (``levers.offload_time``)."""
+        share on the host (``levers.offload_time``) and the main-gradient buffer's zeroing on the
+        GPU apart (``terms.grad_zero_time``)."""
         opts, rates = self.options, self.rates
         sharded = opts.distributed_optimizer and opts.fsdp_strategy != "no_shard"
         grads_sharded = opts.fsdp_strategy in ("optim_grads", "optim_grads_params")
@@ -443,7 +444,7 @@ class TimeModel:
         shard = params / np.where(sharded, _f(shards), 1.0)
         fraction = opts.optimizer_host_fraction
         # the main-gradient buffer stays on the GPU and is zeroed there, whatever share of Adam is offloaded
-        zeroing = terms.optimizer_time(params, shards, rates, sharded, 0.0, opts.grad_zero_bytes, grads_sharded)
+        zeroing = terms.grad_zero_time(params, shards, rates, opts.grad_zero_bytes, grads_sharded)
         gpu = levers.gpu_optimizer_time(shard, fraction, rates, opts.optimizer_step_bytes)
         return zeroing + gpu + levers.offload_time(shard, fraction, opts.grad_reduce_bytes, *self.host)
 

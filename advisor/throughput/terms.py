@@ -360,7 +360,7 @@ def optimizer_step_bytes(states: tuple[str, str, str] = ("fp32", "fp32", "fp32")
     of the master weight, momentum and variance as it is kept (``STATE_STEP_BYTES``): 38 in FP32.
     Lowered states move more, not less: the step unscales and rescales them. The main-gradient
     buffer's zeroing is not here: it covers what the buffer holds, not the shard
-    (``optimizer_time``'s ``zeroed_bytes``)."""
+    (``grad_zero_time``)."""
     return grad_bytes + grad_bytes + 2 + master_read_bytes + sum(STATE_STEP_BYTES[state] for state in states)
 
 
@@ -393,22 +393,37 @@ def grad_cast_bytes(main_grads: str, main_weights: str | None) -> float:
 def optimizer_time(parameters, shards, rates: Rates, distributed_optimizer=True, step_bytes: float = 38.0,
                    zeroed_bytes: float = 0.0, grads_sharded=False):
     """Adam on this rank's shard, memory-bound: ``step_bytes`` (``optimizer_step_bytes``) an
-    element of the shard, and the main-gradient buffer zeroed at each step's start,
-    ``zeroed_bytes`` (its dtype's) an element of that buffer: every one of the rank's
-    ``parameters`` (TP/PP-local) under Megatron's DDP, distributed optimizer or not (``zero_grad_buffer``,
-    training.py ``train_step``: core_v0.15.2 :1248, core_v0.19.0 :2361 ->
-    ``_ParamAndGradBuffer.reset``, ``self.grad_data.zero_()``: core_v0.15.2
-    distributed/param_and_grad_buffer.py:873-877, core_v0.19.0 :1611-1615; ``grad_data`` is the
-    whole buffer, the reduce-scatter only writes the rank's shard into it), and Megatron-FSDP's
-    no_shard and optim; the shard where that buffer is sharded (``grads_sharded``: Megatron-FSDP's
-    optim_grads and optim_grads_params, whose ``main_grad_buffer`` is built
-    ``is_data_distributed``, its ``data`` the shard: megatron_fsdp/param_and_grad_buffer.py
-    ``zero_grad``, core_v0.15.2 :2261-2277, core_v0.19.0 :3181-3214). 0 with no buffer (torch FSDP2)."""
+    element of the shard (the rank's ``parameters``, TP/PP-local, over ``shards`` where the
+    optimizer is distributed), and the main-gradient buffer's zeroing at each step's start
+    (``grad_zero_time``'s bytes, in the same pass over HBM)."""
     parameters = np.asarray(parameters, dtype=float)
     shards = np.asarray(shards, dtype=float)
     shard = parameters / np.where(distributed_optimizer, shards, 1.0)
-    zeroed = parameters / np.where(grads_sharded, shards, 1.0)
-    return elementwise_time(step_bytes * shard + zeroed_bytes * zeroed, rates)
+    return elementwise_time(step_bytes * shard + _grad_zero_bytes(parameters, shards, zeroed_bytes, grads_sharded),
+                            rates)
+
+
+def grad_zero_time(parameters, shards, rates: Rates, zeroed_bytes: float, grads_sharded=False):
+    """The main-gradient buffer zeroed at each step's start, memory-bound: ``zeroed_bytes`` (its
+    dtype's, ``TrainingOptions.grad_zero_bytes``) an element of that buffer: every one of the
+    rank's ``parameters`` (TP/PP-local) under Megatron's DDP, distributed optimizer or not
+    (``zero_grad_buffer``, training.py ``train_step``: core_v0.15.2 :1248, core_v0.19.0 :2361 ->
+    ``_ParamAndGradBuffer.reset``, ``self.grad_data.zero_()``: core_v0.15.2
+    distributed/param_and_grad_buffer.py:873-877, core_v0.19.0 :1611-1615; ``grad_data`` is the
+    whole buffer, the reduce-scatter only writes the rank's shard into it), and Megatron-FSDP's
+    no_shard and optim; the shard, over ``shards``, where that buffer is sharded
+    (``grads_sharded``: Megatron-FSDP's optim_grads and optim_grads_params, whose
+    ``main_grad_buffer`` is built ``is_data_distributed``, its ``data`` the shard:
+    megatron_fsdp/param_and_grad_buffer.py ``zero_grad``, core_v0.15.2 :2261-2277, core_v0.19.0
+    :3181-3214). 0 with no buffer (torch FSDP2). Apart from Adam where Adam is not all on the GPU
+    (``levers.offload_time``: the buffer stays on the GPU, whatever share of Adam is offloaded)."""
+    return elementwise_time(_grad_zero_bytes(np.asarray(parameters, dtype=float), np.asarray(shards, dtype=float),
+                                             zeroed_bytes, grads_sharded), rates)
+
+
+def _grad_zero_bytes(parameters, shards, zeroed_bytes: float, grads_sharded):
+    """HBM bytes ``grad_zero_time`` prices: ``zeroed_bytes`` an element of the buffer."""
+    return zeroed_bytes * (parameters / np.where(grads_sharded, shards, 1.0))
 
 
 def host_mask_time(seq_len, rates: Rates, workers: int = 2):
