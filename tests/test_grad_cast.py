@@ -96,7 +96,8 @@ def test_no_shard_casts_every_parameter():
 # (gradient dtype, weights, main weights, Adam's own bytes by hand). Adam reads the gradient it is
 # handed (g) and the gradient norm reads it again (g), copy_main_weights_to_model_weights reads the main
 # weight (4 from an FP32 buffer, 2 from a 2-byte one, 0 with none: Adam steps the weight in place) and
-# writes the weight (2), and the states move: FP32 moments 8 + 8, the main weight 8 in FP32, 4 in a
+# writes the weight in its own dtype (2 for BF16 and FP16, 4 for FP32: the model-weight buffer is the
+# parameters' dtype, core_v0.15.2 megatron_fsdp/param_and_grad_buffer.py:1812-1834), and the states move: FP32 moments 8 + 8, the main weight 8 in FP32, 4 in a
 # 2-byte buffer (2 + 2), 2 with none ('auto': the BF16 weight read; tests/test_fsdp_dtypes.py). The
 # buffer's zeroing is priced over the buffer, apart (``grad_zero_bytes``: g).
 NO_OPS = [
@@ -106,7 +107,7 @@ NO_OPS = [
     ("bf16", "bfloat16", "auto", 2 + 2 + (0 + 2) + 2 + 16),  # 24
     ("fp16", "float16", "fp16", 2 + 2 + (2 + 2) + 4 + 16),   # 28, --fp16 without FP32 accumulation, FP16 main weights
     ("fp16", "float16", "auto", 2 + 2 + (0 + 2) + 2 + 16),   # 24
-    ("fp32", "float32", "fp32", 4 + 4 + (4 + 2) + 8 + 16),   # 38, an FP32 run (the copy writes 4 there, priced 2)
+    ("fp32", "float32", "fp32", 4 + 4 + (4 + 4) + 8 + 16),   # 40, an FP32 run: the copy writes the FP32 weight
 ]
 
 
@@ -160,8 +161,9 @@ def test_torch_fsdp2_casts_its_bf16_gradients():
     assert fsdp2.with_(grad_reduce_dtype="bf16").time_options().optimizer_step_bytes == 44
     assert fsdp2.time_options().grad_zero_bytes == 0
     # an FP32 run: FP32 gradients, FP32Optimizer hands them as they are and steps the weights
-    # themselves (no master to copy): 4 + 4 + 2 + 24 = 34
-    assert fsdp2.with_(params_dtype="float32").time_options().optimizer_step_bytes == 34
+    # themselves (no master to copy, no second write: the weight's read and write are the FP32
+    # master's 8 of the 24): 4 + 4 + 0 + 0 + 24 = 32
+    assert fsdp2.with_(params_dtype="float32").time_options().optimizer_step_bytes == 32
 
 
 def test_ddp_bf16_gradients_cast_to_fp32_masters_by_hand():

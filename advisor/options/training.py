@@ -804,14 +804,15 @@ class TrainingOptions:
         """HBM bytes per optimizer element of one step (``terms.optimizer_step_bytes``): Adam's
         over the states as kept (``_state_kinds``), reading the gradient it is handed twice (the
         step and the gradient norm) in that gradient's dtype (``_step_gradient``: the cast copy,
-        else the main gradients), writing the BF16 weight and reading the master it is copied
-        from where that is a pass of its own (``_master_copy_read_bytes``), plus the cast
+        else the main gradients), writing the model weight (``_weight_write_bytes``) and reading
+        the master it is copied from where that is a pass of its own (``_master_copy_read_bytes``), plus the cast
         (``_grad_cast_bytes``). The main-gradient buffer's zeroing is priced apart, over the
         buffer (``grad_zero_bytes``)."""
         from advisor.throughput.terms import DTYPE_BYTES, optimizer_step_bytes
 
         grads, cast = self._step_gradient
-        return (optimizer_step_bytes(self._state_kinds, DTYPE_BYTES[cast or grads], self._master_copy_read_bytes)
+        return (optimizer_step_bytes(self._state_kinds, DTYPE_BYTES[cast or grads], self._master_copy_read_bytes,
+                                     self._weight_write_bytes)
                 + self._grad_cast_bytes)
 
     @property
@@ -830,7 +831,7 @@ class TrainingOptions:
     def _master_copy_read_bytes(self) -> float:
         """Bytes per optimizer element of the updated master weight read back to write the model's
         weight, where that copy is a pass of its own after Adam's kernel (the write is
-        ``terms.optimizer_step_bytes``'s 2).
+        ``_weight_write_bytes``).
 
         Megatron's DDP with 16-bit weights: ``_copy_main_params_to_model_params`` copies each FP32
         main shard into the parameter buffer's shard, which the all-gather then sends
@@ -838,14 +839,16 @@ class TrainingOptions:
         optimizer/distrib_optimizer.py:2406-2456, core_v0.19.0 :2792-2882), and without the
         distributed optimizer or under torch FSDP2, Float16OptimizerWithFloat16Params's
         ``_multi_tensor_copy_this_to_that`` (core_v0.15.2 optimizer/optimizer.py:770-775,
-        core_v0.19.0 :1112): 4. None with FP32 weights (FP32Optimizer steps the weights themselves).
+        core_v0.19.0 :1112): 4. None with FP32 weights (``_steps_fp32_weights_in_place``).
         Megatron-FSDP: ``copy_main_weights_to_model_weights`` copies its main-weight buffer into
         the model weights (``model_param.data.copy_(main_weight)``, core_v0.15.2
         megatron_fsdp/param_and_grad_buffer.py:2468-2524, core_v0.19.0 :3410-3561): the buffer's 4 or 2
         bytes, for FP32 weights too; none without a buffer ('auto' main weights, which Adam steps
         in place: ``if mbuf is None: continue``). Offloaded: HybridDeviceOptimizer's GPU share
         copies its FP32 copies back (``param.data.copy_(fp32_param.data)``, a step post-hook,
-        cpu_offloading/hybrid_optimizer.py:129-148, both releases): 4.
+        cpu_offloading/hybrid_optimizer.py:129-148, both releases): 4; none of FP32 weights, which
+        it makes no copy of (``param.dtype != torch.float32``, :277) and, under Megatron's DDP,
+        steps in place.
 
         0 where Transformer Engine's FusedAdam holds the masters (``_te_holds_masters``): its
         kernel writes the model weight beside the master in one pass (``multi_tensor_adam`` or
@@ -854,14 +857,46 @@ class TrainingOptions:
         core_v0.19.0)."""
         from advisor.memory_levers import STATE_BYTES
 
+        if self._steps_fp32_weights_in_place:
+            return 0.0
         if self.offload.optimizer_cpu_offload:
             return 4.0
         master = self._state_kinds[0]
         if self._te_holds_masters or master not in ("fp32", "fsdp_half"):
             return 0.0
-        if self.data_parallel.fsdp_strategy is None and self.precision.params_dtype == "float32":
-            return 0.0
         return float(STATE_BYTES[master])
+
+    @property
+    def _weight_write_bytes(self) -> float:
+        """Bytes per optimizer element of the model weight written after Adam: the weight's dtype's,
+        where that write is not the master's own.
+
+        Megatron-FSDP: ``copy_main_weights_to_model_weights`` writes ``model_param``, an item of
+        the model-weight buffer, built in the parameters' own dtype, or under no_shard the
+        parameter itself (core_v0.15.2 megatron_fsdp/param_and_grad_buffer.py:1812-1834,
+        ``dtype=param_dtype``; :2508; the copy :2524; core_v0.19.0 :2624-2651, :3509, :3561):
+        4 for FP32 weights, which Megatron-LM accepts with --use-megatron-fsdp on both releases
+        (no --bf16 needed; tests/test_fsdp_fp32_weights.py runs its parse_args/validate_args).
+
+        0 where the optimizer steps FP32 weights themselves (``_steps_fp32_weights_in_place``):
+        their read and write are the FP32 master's 8 bytes (``STATE_STEP_BYTES``), and no second
+        write follows. BF16, FP16 and FP8 weights: 2, as before (FP8's quantised write is not
+        priced apart)."""
+        if self.precision.params_dtype != "float32":
+            return 2.0
+        return 0.0 if self._steps_fp32_weights_in_place else 4.0
+
+    @property
+    def _steps_fp32_weights_in_place(self) -> bool:
+        """FP32 weights that the optimizer steps as they are, with no master of its own and no copy
+        back: Megatron's DDP (the distributed optimizer steps a view of each FP32 parameter,
+        ``shard_model_param = model_param.view(-1)[...]``, core_v0.15.2
+        optimizer/distrib_optimizer.py:416-419; FP32Optimizer the parameters) and torch FSDP2,
+        offloaded or not (HybridDeviceOptimizer copies only weights that are not FP32,
+        ``if self.param_update_in_fp32 and param.dtype != torch.float32``,
+        cpu_offloading/hybrid_optimizer.py:277, both releases). Not Megatron-FSDP, which copies
+        its main-weight buffer into the model weights (``_weight_write_bytes``)."""
+        return self.precision.params_dtype == "float32" and self.data_parallel.fsdp_strategy is None
 
     @property
     def _te_holds_masters(self) -> bool:

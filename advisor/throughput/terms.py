@@ -348,20 +348,24 @@ parameter the kernel reads and writes itself (2 + 2), as the FP32 one is (4 + 4)
 
 
 def optimizer_step_bytes(states: tuple[str, str, str] = ("fp32", "fp32", "fp32"), grad_bytes: float = 4.0,
-                         master_read_bytes: float = 4.0) -> float:
+                         master_read_bytes: float = 4.0, weight_write_bytes: float = 2.0) -> float:
     """HBM bytes per optimizer element (of the rank's shard) of one Adam step: read the gradient
     Adam is handed (``grad_bytes``: 4 for FP32, the cast copy or FP32 main gradients; 2 for BF16
     main gradients handed uncast), read that gradient again for the gradient norm (``grad_bytes``:
     ``get_main_grads_for_grad_norm`` reads the optimizer parameter's ``grad``, or its
-    ``decoupled_grad``, optimizer/optimizer.py, both releases), write the BF16 weight (2), read
-    the updated master weight for that write where a separate pass copies it
+    ``decoupled_grad``, optimizer/optimizer.py, both releases), write the model weight
+    (``weight_write_bytes``, ``TrainingOptions._weight_write_bytes``: 2 for a BF16 one, 4 for an
+    FP32 one that Megatron-FSDP copies its main weight into, 0 where Adam steps the FP32 weight
+    itself, its write then the master's own), read the updated master weight for that write where
+    a separate pass copies it
     (``master_read_bytes``, ``TrainingOptions._master_copy_read_bytes``: 4 from megatron-core's FP32
     masters, 0 where Transformer Engine's FusedAdam writes the weight in its own kernel), and each
     of the master weight, momentum and variance as it is kept (``STATE_STEP_BYTES``): 38 in FP32.
     Lowered states move more, not less: the step unscales and rescales them. The main-gradient
     buffer's zeroing is not here: it covers what the buffer holds, not the shard
     (``grad_zero_time``)."""
-    return grad_bytes + grad_bytes + 2 + master_read_bytes + sum(STATE_STEP_BYTES[state] for state in states)
+    return (grad_bytes + grad_bytes + weight_write_bytes + master_read_bytes
+            + sum(STATE_STEP_BYTES[state] for state in states))
 
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

@@ -1,0 +1,121 @@
+"""FP32 model weights (no --bf16, no --fp16): the model weight's write after Adam at the weight's
+own dtype (``TrainingOptions._weight_write_bytes``, ``terms.optimizer_step_bytes``' weight_write_bytes).
+
+Megatron-FSDP keeps its model-weight buffer in the parameters' dtype (core_v0.15.2
+megatron_fsdp/param_and_grad_buffer.py:1812-1834, ``dtype=param_dtype``; core_v0.19.0
+:2624-2651), and ``copy_main_weights_to_model_weights`` writes the main weight into it
+(``model_param.data.copy_(main_weight...)``, core_v0.15.2 :2524, core_v0.19.0 :3561): 4 bytes an
+element for FP32 weights, not a BF16 weight's 2. Megatron's DDP and torch FSDP2 with FP32 weights
+step the weights themselves (the distributed optimizer steps a view of each FP32 parameter,
+core_v0.15.2 optimizer/distrib_optimizer.py:416-419; FP32Optimizer the parameters): the weight's
+read and write are the FP32 master's 8 bytes, and no second write follows.
+
+Hand count, Llama 3.1 70B, TP 4, PP 4, DP 8 (tests/test_grad_cast.py): the heaviest stage holds
+P = 4,541,194,240 parameters on a GPU, and Adam steps P / 8 = 567,649,280 of them on a rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.hardware import get_gpu
+from advisor.models import PRESETS
+from advisor.options import TrainingOptions, parse_training_args, training_args
+from advisor.throughput import TimeModel, load_calibration
+
+P = 4_541_194_240
+SHARD = 567_649_280  # P / 8
+H100 = get_gpu("h100-80gb")
+
+
+def _optimizer_s(**changes) -> float:
+    """The 70B step's optimizer time at TP 4, CP 1, PP 4, DP 8, MBS 1."""
+    options = TrainingOptions().with_(**changes)
+    model = TimeModel(PRESETS["llama3.1-70b"], H100, 8192, 512, options=options.time_options())
+    return float(model.step(4, 1, 4, 8, 1).optimizer_s)
+
+
+def test_the_shard_by_hand():
+    assert SHARD * 8 == P
+
+
+def test_megatron_fsdp_writes_fp32_weights_at_4_bytes_by_hand():
+    """optim_grads_params, FP32 weights, FP32 gradients, FP32 main weights: Adam reads the FP32
+    gradient (4), the norm reads it again (4), the copy reads the FP32 main weight (4) and writes
+    the FP32 weight (4), the three FP32 states move 8 each (24): 40 bytes an element of the shard
+    (a BF16 weight's write, 2, would make it 38); the sharded FP32 gradient buffer is zeroed (4):
+    (40 + 4) x 567,649,280 = 24,976,568,320 bytes at the H100's achievable HBM rate."""
+    fp32 = TrainingOptions().with_(params_dtype="float32", fsdp_strategy="optim_grads_params")
+    assert fp32.step_bytes == 4 + 4 + 4 + 4 + 24
+    hbm = load_calibration().hbm_efficiency * H100.hbm_bytes_per_s
+    assert _optimizer_s(params_dtype="float32", fsdp_strategy="optim_grads_params") == pytest.approx(
+        24_976_568_320 / hbm, rel=1e-9)
+
+
+@pytest.mark.parametrize("strategy", ["no_shard", "optim", "optim_grads", "optim_grads_params"])
+def test_every_strategy_writes_the_fp32_weight(strategy):
+    """no_shard copies into the parameter itself (``to_local_if_dtensor(param)``, core_v0.15.2
+    :2508, core_v0.19.0 :3509), the others into the FP32 model-weight buffer: 4 + 4 + 4 + 4 + 24 =
+    40 every time, 2 more than BF16 weights' 38 (4 + 4 + 4 + 2 + 24)."""
+    fsdp = TrainingOptions().with_(fsdp_strategy=strategy)
+    assert fsdp.with_(params_dtype="float32").step_bytes == 40
+    assert fsdp.step_bytes == 38
+
+
+def test_fp32_weights_under_a_2_byte_main_weight_buffer():
+    """core_v0.19.0's --megatron-fsdp-main-params-dtype bf16 with FP32 weights (FP32 gradients): the
+    cast of the FP32 gradient into BF16 (read 4, write 2), Adam reads the BF16 copy (2) and the norm
+    again (2), the copy reads the BF16 main weight (2) and writes the FP32 weight (4), the main
+    weight moves 2 + 2 and the FP32 moments 8 + 8: 6 + 2 + 2 + 2 + 4 + 4 + 16 = 36."""
+    options = TrainingOptions().with_(params_dtype="float32", fsdp_strategy="optim", fsdp_main_params_dtype="bf16")
+    assert options.step_bytes == (4 + 2) + 2 + 2 + 2 + 4 + (2 + 2) + 16
+
+
+def test_ddp_steps_fp32_weights_in_place_by_hand():
+    """Megatron's DDP with the distributed optimizer and FP32 weights: Adam reads the FP32
+    gradient (4) and the norm again (4), and the three FP32 states move 8 each, the master being
+    the weight itself (24): no copy read, no second write, 32 x 567,649,280 = 18,164,776,960; the
+    whole FP32 gradient buffer zeroed, 4 x 4,541,194,240 = 18,164,776,960: 36,329,553,920 bytes."""
+    assert TrainingOptions().with_(params_dtype="float32").step_bytes == 4 + 4 + 24
+    hbm = load_calibration().hbm_efficiency * H100.hbm_bytes_per_s
+    assert _optimizer_s(params_dtype="float32") == pytest.approx(36_329_553_920 / hbm, rel=1e-9)
+
+
+def test_offloaded_fp32_weights():
+    """--optimizer-cpu-offload: HybridDeviceOptimizer makes FP32 copies only of weights that are not
+    FP32 (``if self.param_update_in_fp32 and param.dtype != torch.float32``,
+    cpu_offloading/hybrid_optimizer.py:277), so under Megatron's DDP its GPU share steps the FP32
+    weights in place: 4 + 4 (the FP32 gradient twice) + 24 (the states) = 32, no copy back. Under
+    Megatron-FSDP the copy of its FP32 main weight into the FP32 model weight still runs: read 4,
+    write 4, 40. BF16 weights, for contrast: the FP32 copy read (4) and the BF16 weight written
+    (2) by the step post-hook (hybrid_optimizer.py:129-148), 4 + 4 + 4 + 2 + 24 = 38."""
+    offload = TrainingOptions().with_(optimizer_cpu_offload=True)
+    assert offload.with_(params_dtype="float32").step_bytes == 4 + 4 + 24
+    assert offload.with_(params_dtype="float32", fsdp_strategy="optim_grads_params").step_bytes == 4 + 4 + 4 + 4 + 24
+    assert offload.step_bytes == 4 + 4 + 4 + 2 + 24
+
+
+def test_a_command_reaches_fp32_weights_under_megatron_fsdp():
+    """No --bf16 and no --fp16 in a Megatron-FSDP command: FP32 weights, priced 40 bytes a step."""
+    options, unpriced = parse_training_args(["--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                                             "optim_grads_params", "--use-distributed-optimizer"])
+    assert (options.precision.params_dtype, options.step_bytes, unpriced) == ("float32", 40, [])
+
+
+@pytest.mark.parametrize("tag", ["core_v0.15.2", "core_v0.19.0"])
+def test_megatron_takes_fp32_weights_with_megatron_fsdp(tag):
+    """The real parse_args/validate_args (launch.megatron_check): the FP32 Megatron-FSDP options as a
+    launch writes them are accepted on both releases, with FP32 weights and an FP32 main-weight
+    buffer (the copy priced above runs: ``copy_main_weights_to_model_weights`` skips only a group
+    without one)."""
+    from megatron_real import TINY_MODEL_ARGS as base, checkout, validate
+
+    release = checkout(tag)  # skips without it
+    options = TrainingOptions().with_(params_dtype="float32", fsdp_strategy="optim_grads_params")
+    args = training_args(options, tp=1)
+    assert "--bf16" not in args and "--fp16" not in args
+    [result] = validate(release, [{"args": [*base, *args], "world_size": 8, "env": {}}])
+    assert result.get("error") is None
+    derived = result["derived"]
+    assert (derived["params_dtype"], derived["use_megatron_fsdp"], derived["fsdp_main_params_dtype"]) == (
+        "float32", True, "float32")
