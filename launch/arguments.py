@@ -394,6 +394,22 @@ def recomputation(args: Sequence[str]) -> Recomputation | None:
 
 USER_LABEL = "yours (after --)"
 
+UNPRICED_EXTRAS = ("--mla-down-proj-fusion",)
+"""Flags after '--' that the release runs and the advisor does not price, said where given, in the words
+``advisor estimate --from-command`` names them with (``advisor.moe.readback.NAMED``)."""
+
+
+def unpriced_extras_note(extras: Sequence[str], source: str, unknown: Sequence[str] = ()) -> str | None:
+    """The note naming the user's ``UNPRICED_EXTRAS`` after '--', or None where there are none;
+    ``unknown``: flags the release's parser lacks, warned of apart (``unknown_flags``)."""
+    from advisor.moe.readback import NAMED
+
+    given = flag_values(extras)
+    named = [NAMED[flag.removeprefix("--")] for flag in UNPRICED_EXTRAS if flag in given and flag not in unknown]
+    if not named:
+        return None
+    return f"advisor-launch: {source} did not price what you give after --, which the launch runs: {'; '.join(named)}"
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommandLine:
@@ -403,7 +419,8 @@ class CommandLine:
     unknown: tuple[UnknownFlag, ...] = ()
     """Each flag after '--' that the release's parser lacks (``unknown_flags``)."""
     notes: tuple[str, ...] = ()
-    """Warnings about what runs otherwise than priced (``check_null_tokenizer``'s vocabulary)."""
+    """Warnings about what runs otherwise than priced (``check_null_tokenizer``'s vocabulary,
+    ``unpriced_extras_note``'s flags)."""
 
     @property
     def args(self) -> list[str]:
@@ -418,7 +435,8 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     unchanged; AdvisorError on a user flag without the values it needs, on a conflict, on a flag the
     Megatron-LM release ``rules`` lacks, on mock data (the launcher's or the user's own) that
     release cannot feed the model (a NullTokenizer of the user's own that builds other rows than
-    were priced is a warning in ``notes``: ``check_null_tokenizer``), or, given the layers of each model chunk (``chunk_layers``),
+    were priced is a warning in ``notes``: ``check_null_tokenizer``; so is a flag of theirs the
+    advisor does not price, ``unpriced_extras_note``), or, given the layers of each model chunk (``chunk_layers``),
     on a --recompute-num-layers that release fails on with them (``check_recomputation``)."""
     check_values(rules, extras)  # first: a flag without its value would misread the flags after it
     groups = [ArgGroup(source=source, args=tuple(release_spelling(rules, decided)), owns=DECIDED_FLAGS)]
@@ -437,8 +455,9 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     if chunk_layers is not None:
         check_recomputation(rules, recomputation([*decided, *extras]), chunk_layers, source)
     labelled = [(group.source, group.args) for group in groups] + [(USER_LABEL, tuple(extras))]
-    return CommandLine(groups=tuple(labelled), unknown=tuple(unknown_flags(rules, extras)),
-                       notes=(vocabulary,) if vocabulary else ())
+    unknown = tuple(unknown_flags(rules, extras))
+    notes = (vocabulary, unpriced_extras_note(extras, source, [flag.name for flag in unknown]))
+    return CommandLine(groups=tuple(labelled), unknown=unknown, notes=tuple(note for note in notes if note))
 
 
 @dataclass(frozen=True, slots=True)

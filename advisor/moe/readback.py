@@ -34,7 +34,7 @@ SWITCHES = {"moe-grouped-gemm", "moe-router-enable-expert-bias", "multi-latent-a
             "moe-router-force-load-balancing", "overlap-moe-expert-parallel-comm", "delay-wgrad-compute",
             "moe-pad-expert-input-to-capacity", "moe-router-pre-softmax", "moe-permute-fusion", "moe-router-fusion",
             "enable-experimental", "moe-enable-deepep", "moe-router-padding-for-fp8",
-            "moe-router-padding-for-quantization", "moe-shared-expert-overlap"}
+            "moe-router-padding-for-quantization", "moe-shared-expert-overlap", "mla-down-proj-fusion"}
 MULTI = {"recompute-modules", "moe-router-load-balancing-type", "moe-aux-loss-coeff"}
 """Megatron's nargs='+' flags that the reader takes: the balancing loss's types and their weights
 (not priced, a few FLOPs on E-wide tensors, but carried by the spec and launched as read)."""
@@ -52,13 +52,23 @@ NAMED = {
     "moe-router-padding-for-fp8": "--moe-router-padding-for-fp8 (experts' tokens padded to 16/32, not priced)",
     "moe-router-padding-for-quantization": "--moe-router-padding-for-quantization (experts' tokens padded to the "
                                            "quantized GEMM's alignment, not priced)",
+    "mla-down-proj-fusion": "--mla-down-proj-fusion (MLA's Q and KV down projections as one column-parallel linear "
+                            "with the input norm fused: at TP > 1 it gathers the layer's input and the latents over "
+                            "TP and shards that weight; priced as the unfused MLA's two duplicated projections)",
 }
 """Read, and changing memory or time by less than the model resolves: named with what is priced
 in their place (megatron-core core_v0.15.2): ``is_experimental_enabled()`` switches
 the dispatchers' routing-map conversions and padding to Triton kernels (``token_dispatcher.py``);
 the router's padding for FP8 (core_v0.19.0: for quantization) rounds each expert's routed tokens
 up to the FP8 GEMM's alignment (fewer than 32 more per local expert). --moe-shared-expert-overlap
-is priced, not named: ``MoEFlags.shared_expert_overlap``, ``MoEOptions.shared_expert_overlap``."""
+is priced, not named: ``MoEFlags.shared_expert_overlap``, ``MoEOptions.shared_expert_overlap``.
+core_v0.19.0's --mla-down-proj-fusion changes more than that, but is named, not priced: its Transformer
+Engine spec builds ``FusedMLASelfAttention`` with one ``linear_qkv_down_proj``, a
+``TELayerNormColumnParallelLinear`` in place of the input norm and the two duplicated ``TELinear``
+down projections (``gpt_layer_specs.py`` :257-291), which at TP > 1 all-gathers the layer's input
+under sequence parallelism, holds the weight's [h, (q_lora_rank + kv_lora_rank + d_rope) / t] shard,
+and gathers the Q latent and the KV latent over TP after it (``multi_latent_attention.py``
+:1268-1370, :736-739); ``advisor.moe.time.mla_attention_tp_time`` prices the unfused form."""
 
 
 @dataclass(frozen=True, slots=True)

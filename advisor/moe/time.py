@@ -307,7 +307,8 @@ def mla_attention_tp_time(spec: MoESpec, tokens_cp, tp, rates: Rates,
     core_v0.19.0:420-429), but it builds an RMSNorm model's norms (DeepSeek's, Kimi K2's) as
     torch's, which refuses sequence parallelism, which an MoE needs at TP > 1
     (``advisor.options.local_spec``). The fused down projection of core_v0.19.0's
-    --mla-down-proj-fusion (off by default) is not priced. Zeros at TP 1."""
+    --mla-down-proj-fusion (off by default) is not priced, but named (``advisor.moe.readback.NAMED``).
+    Zeros at TP 1."""
     mla, h = spec.mla, spec.hidden_size
     bandwidth = terms.link_bandwidth(tp, rates)
 
