@@ -68,7 +68,8 @@ copy-in), backward prefetches the next likewise, and one reduce-scatter input ma
 while the next layer's gradients are produced (``reduce_scatter_max_input_buffers``, default 1)."""
 
 
-STATE_BYTES = {"fp32": 4, "remainder": 2, "fp16": 2, "bf16": 2, "fp8": 2, "fsdp_half": 2, "fsdp_none": 0}
+STATE_BYTES = {"fp32": 4, "remainder": 2, "fp16": 2, "bf16": 2, "fp8": 2, "fsdp_half": 2, "fsdp_none": 0,
+               "fp32_weight": 0}
 """Bytes of one optimizer-state element by how it is kept (``optimizer_state_kinds``): its
 --main-params-dtype / --exp-avg-dtype / --exp-avg-sq-dtype, or 'remainder', an FP32 master kept as
 the 16 bits its BF16 weight lacks. fp8: TE 2.x's FusedAdam keeps an E4M3 ``Float8Tensor``
@@ -77,7 +78,11 @@ and ``Float8Quantizer`` is built with ``columnwise=True`` by default, so ``make_
 the FP8 data and its transpose (``data_transpose``, as many bytes: ``tensor/float8_tensor.py``),
 and every ``quantize_``/``copy_`` of the state writes both: 1 + 1 bytes, as a BF16 state.
 fsdp_half, fsdp_none: Megatron-FSDP's main weights in a BF16 or FP16 buffer, or in none (core_v0.19.0's
---megatron-fsdp-main-params-dtype bf16/fp16 or auto; ``advisor.options.training.FSDP_MAIN_WEIGHT_KINDS``)."""
+--megatron-fsdp-main-params-dtype bf16/fp16 or auto; ``advisor.options.training.FSDP_MAIN_WEIGHT_KINDS``).
+fp32_weight: the master of an FP32 weight that the optimizer steps in place is the weight itself, no
+bytes of its own (``TrainingOptions._steps_fp32_weights_in_place``: the distributed optimizer's FP32
+shards are views of the weights, ``shard_model_param = model_param.view(-1)[...]``, core_v0.15.2
+optimizer/distrib_optimizer.py:416-419; FP32Optimizer steps the parameters): 8 of the 12 bytes."""
 
 
 def optimizer_state_kinds(precision_aware: bool, main_params_dtype: str = "fp32", exp_avg_dtype: str = "fp32",

@@ -119,3 +119,41 @@ def test_megatron_takes_fp32_weights_with_megatron_fsdp(tag):
     derived = result["derived"]
     assert (derived["params_dtype"], derived["use_megatron_fsdp"], derived["fsdp_main_params_dtype"]) == (
         "float32", True, "float32")
+
+
+# --- memory: the weight is its own master ---------------------------------------------------
+
+FP32_COMMAND = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 "
+                "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --seq-length 8192 "
+                "--max-position-embeddings 131072 --micro-batch-size 1 --global-batch-size 64 "
+                "--use-distributed-optimizer --swiglu --normalization RMSNorm --position-embedding-type rope "
+                "--untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256")
+"""Llama 3.2 1B's shape, no --bf16: FP32 weights, on 8 GPUs (DP 8)."""
+
+
+def test_fp32_weights_keep_8_optimizer_bytes_a_parameter_by_hand(advisor, tmp_path):
+    """The distributed optimizer's FP32 shards are views of the FP32 weights (core_v0.15.2
+    optimizer/distrib_optimizer.py:416-419, ``shard_model_param = model_param.view(-1)[...]``;
+    FP32Optimizer steps the parameters): Adam's two FP32 moments, 8 bytes a parameter, not Eq. 10's
+    12 with an FP32 master of its own (the estimate kept 12, while profile show's FP32_OPTIMIZER
+    reason already said 8). Parameters by hand: embedding and untied output 2 x 128,256 x 2,048 =
+    525,336,576; a layer's QKV 2,048 x (2,048 + 2 x 512) = 6,291,456, projection 4,194,304, MLP
+    3 x 2,048 x 8,192 = 50,331,648, two norms 4,096: 60,821,504 x 16 = 973,144,064; the final norm
+    2,048: 1,498,482,688. Over DP 8 at 8 bytes: 1,498,482,688 bytes = 1.39557 GiB (12 bytes:
+    2.09336 GiB); the BF16 weights' run keeps 12 (their FP32 master is a copy)."""
+    command = tmp_path / "train.sh"
+    command.write_text(FP32_COMMAND + "\n")
+    stage, = advisor.json("estimate", "--from-command", command, "--gpu", "h100-80gb")["stages"]
+    assert stage["parameters"] == 525_336_576 + 16 * 60_821_504 + 2_048 == 1_498_482_688
+    assert stage["optimizer_gib"] * 2**30 == pytest.approx(8 * 1_498_482_688 / 8, rel=1e-12)
+    command.write_text(FP32_COMMAND + " --bf16\n")
+    bf16, = advisor.json("estimate", "--from-command", command, "--gpu", "h100-80gb")["stages"]
+    assert bf16["optimizer_gib"] * 2**30 == pytest.approx(12 * 1_498_482_688 / 8, rel=1e-12)
+
+
+def test_the_fp32_weight_as_master_moves_the_same_step_bytes():
+    """Memory drops the master, the step does not: the weight is read and written in its place
+    (4 + 4), the moments 8 each, the gradient twice: 32, under DDP and torch FSDP2."""
+    for changes in ({}, {"torch_fsdp2": True, "distributed_optimizer": False, "overlap_param_gather": False}):
+        options = TrainingOptions().with_(params_dtype="float32", **changes)
+        assert options.optimizer_bytes == 8 and options.step_bytes == 4 + 4 + 8 + 8 + 8

@@ -735,7 +735,8 @@ class TrainingOptions:
     def _state_kinds(self) -> tuple[str, str, str]:
         """How the master weight, momentum and variance are kept (``memory_levers.optimizer_state_kinds``).
         Offloaded, Megatron's HybridDeviceOptimizer keeps FP32 copies and FP32 Adam states whatever
-        the dtypes (get_megatron_optimizer builds it instead of the precision-aware FusedAdam)."""
+        the dtypes (get_megatron_optimizer builds it instead of the precision-aware FusedAdam), except
+        for FP32 weights, which need no copy (``_steps_fp32_weights_in_place``: 'fp32_weight')."""
         from advisor.memory_levers import optimizer_state_kinds
 
         states, dp = self.optimizer_states, self.data_parallel
@@ -744,6 +745,8 @@ class TrainingOptions:
                                       te_holds_masters=self._te_holds_masters)
         if dp.fsdp_strategy is not None and dp.fsdp_main_params_dtype != "fp32":  # not offloaded, not precision-aware
             return (FSDP_MAIN_WEIGHT_KINDS[dp.fsdp_main_params_dtype], *kinds[1:])
+        if self._steps_fp32_weights_in_place and kinds[0] == "fp32":
+            return ("fp32_weight", *kinds[1:])  # the weight is its own master
         return kinds
 
     @property

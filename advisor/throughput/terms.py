@@ -333,7 +333,8 @@ def data_parallel_time(parameters, shards, span, rates: Rates, grad_bytes=4, dis
     return 2 * reduce, 0.0 * gather
 
 
-STATE_STEP_BYTES = {"fp32": 8, "remainder": 6, "bf16": 24, "fp16": 40, "fp8": 22, "fsdp_half": 4, "fsdp_none": 2}
+STATE_STEP_BYTES = {"fp32": 8, "remainder": 6, "bf16": 24, "fp16": 40, "fp8": 22, "fsdp_half": 4, "fsdp_none": 2,
+                    "fp32_weight": 8}
 """HBM bytes per parameter one Adam step moves for one optimizer state, by how it is kept
 (Transformer Engine's ``FusedAdam.step``, ``fused_adam.py``): FP32, read and written by the
 kernel (4 + 4); an FP32 master as the remainder of a BF16 weight, the int16 read and written and
@@ -344,7 +345,8 @@ variance or master) the same with its scale applied both ways (``mul_``, 4 + 4 e
 amax found (``aminmax``, 4) and a copy at 2 bytes; FP8 dequantised (1 + 4), the kernel, its
 amax (4) and quantised back (4 + 1). Megatron-FSDP's main weight in a 2-byte buffer (fsdp_half) is the
 parameter the kernel reads and writes itself (2 + 2), as the FP32 one is (4 + 4); with none
-(fsdp_none) the kernel steps the BF16 weight directly: its read (2; the write is the step's own)."""
+(fsdp_none) the kernel steps the BF16 weight directly: its read (2; the write is the step's own). An FP32
+weight stepped in place (fp32_weight) is read and written as an FP32 master is (4 + 4)."""
 
 
 def optimizer_step_bytes(states: tuple[str, str, str] = ("fp32", "fp32", "fp32"), grad_bytes: float = 4.0,
