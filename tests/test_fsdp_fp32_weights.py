@@ -157,3 +157,14 @@ def test_the_fp32_weight_as_master_moves_the_same_step_bytes():
     for changes in ({}, {"torch_fsdp2": True, "distributed_optimizer": False, "overlap_param_gather": False}):
         options = TrainingOptions().with_(params_dtype="float32", **changes)
         assert options.optimizer_bytes == 8 and options.step_bytes == 4 + 4 + 8 + 8 + 8
+
+
+def test_megatron_fsdp_auto_main_weights_of_fp32_weights_step_them_in_place():
+    """core_v0.19.0's --megatron-fsdp-main-params-dtype auto keeps no main-weight buffer: Adam
+    steps the model weights, here FP32 (``if mbuf is None: continue``, no copy back). The weight
+    read and written (4 + 4), the moments 8 each, the FP32 gradient twice (4 + 4): 32 bytes. It
+    was priced as a BF16 weight's read (2) plus an FP32 write of its own (4): 30."""
+    options = TrainingOptions().with_(params_dtype="float32", fsdp_strategy="optim_grads_params",
+                                      fsdp_main_params_dtype="auto")
+    assert options.step_bytes == 4 + 4 + 8 + 8 + 8
+    assert options.optimizer_bytes == 8  # the moments; the weights are counted as weights

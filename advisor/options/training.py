@@ -743,11 +743,15 @@ class TrainingOptions:
         kinds = optimizer_state_kinds(states.precision_aware_optimizer, states.main_params_dtype, states.exp_avg_dtype,
                                       states.exp_avg_sq_dtype, bf16_weights=self.precision.params_dtype == "bfloat16",
                                       te_holds_masters=self._te_holds_masters)
+        master = kinds[0]
         if dp.fsdp_strategy is not None and dp.fsdp_main_params_dtype != "fp32":  # not offloaded, not precision-aware
-            return (FSDP_MAIN_WEIGHT_KINDS[dp.fsdp_main_params_dtype], *kinds[1:])
-        if self._steps_fp32_weights_in_place and kinds[0] == "fp32":
-            return ("fp32_weight", *kinds[1:])  # the weight is its own master
-        return kinds
+            master = FSDP_MAIN_WEIGHT_KINDS[dp.fsdp_main_params_dtype]
+        # the weight is its own master: FP32 weights stepped in place, or Megatron-FSDP's 'auto'
+        # main weights (no buffer: Adam steps the model weights) of FP32 weights
+        fp32_in_place = self._steps_fp32_weights_in_place and master == "fp32"
+        if self.precision.params_dtype == "float32" and (fp32_in_place or master == "fsdp_none"):
+            master = "fp32_weight"
+        return (master, *kinds[1:])
 
     @property
     def _step_gradient(self) -> tuple[str, str | None]:
@@ -881,13 +885,14 @@ class TrainingOptions:
         4 for FP32 weights, which Megatron-LM accepts with --use-megatron-fsdp on both releases
         (no --bf16 needed; tests/test_fsdp_fp32_weights.py runs its parse_args/validate_args).
 
-        0 where the optimizer steps FP32 weights themselves (``_steps_fp32_weights_in_place``):
-        their read and write are the FP32 master's 8 bytes (``STATE_STEP_BYTES``), and no second
-        write follows. BF16, FP16 and FP8 weights: 2, as before (FP8's quantised write is not
+        0 where the FP32 weight is its own master (``_state_kinds``' 'fp32_weight': the optimizer
+        steps FP32 weights in place, ``_steps_fp32_weights_in_place``, or Megatron-FSDP's 'auto'
+        main weights, no buffer, are FP32 weights): their read and write are the master's 8 bytes
+        (``STATE_STEP_BYTES``), and no second write follows. BF16, FP16 and FP8 weights: 2, as before (FP8's quantised write is not
         priced apart)."""
         if self.precision.params_dtype != "float32":
             return 2.0
-        return 0.0 if self._steps_fp32_weights_in_place else 4.0
+        return 0.0 if self._state_kinds[0] == "fp32_weight" else 4.0
 
     @property
     def _steps_fp32_weights_in_place(self) -> bool:
