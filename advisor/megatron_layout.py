@@ -18,6 +18,11 @@ from advisor.shell_command import unexpanded
 RAMPUP = "rampup-batch-size"
 """Read into the layout (``Layout.rampup_batch_size``) and named with the harmless ones: a launch of
 the estimate trains its final global batch only."""
+STEP_SCHEDULE = "step-batch-size-schedule"
+"""core_v0.19.0's batch schedule ('THRESHOLD:BS ...'): read into the layout for its final batch,
+which ``StepBatchsizeNumMicroBatchesCalculator`` takes as the run's global batch
+(megatron/core/num_microbatches_calculator.py), and named as not priced before it."""
+_SUFFIXES = {"K": 1_000, "M": 1_000_000, "B": 1_000_000_000, "T": 1_000_000_000_000}
 
 
 def unexpanded_problem(name: str, text: str) -> str | None:
@@ -259,7 +264,7 @@ def read_layout(layout: dict, num_layers: int, mtp_layers: int = 0, release=None
     tp, cp, pp = degrees(layout)
     counts, vpp = _split(layout, num_layers, pp, mtp_layers, release)
     return Layout(tp=tp, cp=cp, layers_per_stage=tuple(counts), vpp=vpp, mbs=int_value(layout, "micro-batch-size", 1),
-                  global_batch_size=int_value(layout, "global-batch-size"),
+                  global_batch_size=_global_batch(layout, release),
                   rank_order=TP_PP_DP_RANK_ORDER if layout.get("use-tp-pp-dp-mapping") else RANK_ORDER,
                   rampup_batch_size=_rampup(layout))
 
@@ -275,6 +280,62 @@ def _rampup(layout: dict) -> tuple[int, int, int] | None:
                            f"{' '.join(words) or 'none'}")
     start, increment, samples = map(int, words)
     return start, increment, samples
+
+
+def _global_batch(layout: dict, release=None) -> int | None:
+    """--global-batch-size, or the final batch of --step-batch-size-schedule, as Megatron-LM
+    takes them; one line where Megatron-LM refuses the command."""
+    given = int_value(layout, "global-batch-size")
+    if STEP_SCHEDULE not in layout:
+        return given
+    from advisor.megatron_flag_table import FLAGS
+    from advisor.options.releases import release_defaults
+
+    defaults = release_defaults(release)
+    if f"--{STEP_SCHEDULE}" not in {word.partition(":")[0] for word in FLAGS[defaults.release].split()}:
+        raise AdvisorError(f"--{STEP_SCHEDULE} is not a flag of {defaults.name} (its argparse refuses the command): "
+                           f"give --global-batch-size N, or --megatron-version for a release that has it (0.19)")
+    if given is not None:  # megatron/training/arguments.py (core_v0.19.0), validate_args: a ValueError
+        raise AdvisorError(f"--{STEP_SCHEDULE} with --global-batch-size {given}: {defaults.name} refuses the command "
+                           f"(validate_args: 'Cannot specify both --{STEP_SCHEDULE} and --global-batch-size'); "
+                           "leave out --global-batch-size (the schedule's last batch is the run's global batch)")
+    return step_schedule(layout[STEP_SCHEDULE])[-1][1]
+
+
+def step_schedule(text: str) -> list[tuple[int, int]]:
+    """--step-batch-size-schedule's (threshold, batch size) pairs, sorted by threshold, parsed as
+    core_v0.19.0's ``StepBatchsizeNumMicroBatchesCalculator._parse_schedule`` does (commas or
+    spaces between 'THRESHOLD:BS' entries; K, M, B, T suffixes; ``int(float(x) * multiplier)``),
+    with the checks of its ``_validate_schedule`` that fail whatever the sequence length (it
+    divides the thresholds, tokens, by --seq-length first): two equal thresholds, a batch size not
+    positive. One line where it raises."""
+    if (shown := unexpanded(text)) is not None:
+        raise AdvisorError(f"--{STEP_SCHEDULE} is {shown}: write its value in the command")
+    pairs = []
+    for entry in text.replace(",", " ").split() or [""]:
+        threshold, colon, batch = entry.partition(":")
+        numbers = [_schedule_number(part) for part in (threshold, batch)]
+        if not colon or None in numbers:
+            raise AdvisorError(f"--{STEP_SCHEDULE} entry {entry!r} is not THRESHOLD:BATCH_SIZE (e.g. '0:16 2.4B:320'; "
+                               "the numbers may end in K, M, B or T): Megatron-LM refuses it")
+        pairs.append((numbers[0], numbers[1]))
+    pairs.sort(key=lambda pair: pair[0])
+    thresholds = [threshold for threshold, _ in pairs]
+    if len(set(thresholds)) < len(thresholds) or min(batch for _, batch in pairs) <= 0:
+        raise AdvisorError(f"--{STEP_SCHEDULE} {text!r}: Megatron-LM asserts that its thresholds increase strictly "
+                           "and that every batch size is positive")
+    return pairs
+
+
+def _schedule_number(word: str) -> int | None:
+    """One number of a schedule entry as core_v0.19.0 reads it (``_parse_numeric_value``)."""
+    word = word.strip().upper()
+    multiplier = _SUFFIXES.get(word[-1:], 1)
+    number = word[:-1] if word[-1:] in _SUFFIXES else word
+    try:
+        return int(float(number) * multiplier)
+    except (ValueError, OverflowError):  # not a number; 'inf'
+        return None
 
 
 def degrees(layout: dict) -> tuple[int, int, int]:

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from advisor.errors import AdvisorError
-from advisor.megatron_layout import (RAMPUP, Layout, degrees, float_value, int_value, read_layout,
+from advisor.megatron_layout import (RAMPUP, STEP_SCHEDULE, Layout, degrees, float_value, int_value, read_layout,
                                      unexpanded_problem)
 from advisor.model_spec import FieldError
 from advisor.models import LlamaSpec
@@ -191,9 +191,9 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
             (parsed.model if name in _MODEL_VALUED else parsed.layout)[name] = values[0]
             if name in _TOKENIZER:
                 parsed.skipped.append(f"--{name} {as_written(values[0])}")
-        elif name in HARMLESS_VALUED or name in _MULTI_VALUED:
+        elif name in HARMLESS_VALUED or name in _MULTI_VALUED or name == STEP_SCHEDULE:
             parsed.skipped.append(" ".join((f"--{name}", *map(as_written, values))))
-            if name == RAMPUP:
+            if name in (RAMPUP, STEP_SCHEDULE):
                 parsed.layout[name] = " ".join(values)
         else:
             parsed.rest += [f"--{name}", *values]
@@ -414,6 +414,9 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     options, unpriced = training_options(rest, layout.tp, release)
     unpriced += _local_norms(options, layout.tp, parsed.model, bool(moe_values))
     left_out = _unknown_as_written(rest)
+    if STEP_SCHEDULE in parsed.layout:
+        unpriced.append(f"--{STEP_SCHEDULE} (priced at its last batch, {layout.global_batch_size}, the global batch "
+                        "Megatron-LM gives the run; the steps before it train smaller batches, not priced)")
     if layout.rank_order != RANK_ORDER:
         unpriced.append(f"--use-tp-pp-dp-mapping (ranks ordered {layout.rank_order}: the time model places the "
                         f"data-parallel and pipeline groups on nodes in Megatron's default order, {RANK_ORDER})")
