@@ -154,6 +154,7 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
     """Sort ``arguments`` (``--flag value``, ``--flag=value``, ``--switch``) into model, layout,
     harmless and the rest; a later occurrence of a flag wins, as argparse's does."""
     parsed, i, words = ParsedArguments(), 0, list(arguments)
+    previous: tuple[str, list[str]] | None = None  # the flag read last and its values, with no '='
     while i < len(words):
         word = words[i]
         if not word.startswith("--"):
@@ -163,8 +164,10 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
                 continue
             if (shown := unexpanded(word)) is not None:
                 raise AdvisorError(f"{shown}, stands where Megatron's arguments are: write them in the command")
-            raise AdvisorError(f"{word!r} is not a flag (Megatron's arguments are --name [value])")
+            raise AdvisorError(f"{word!r} is not a flag (Megatron's arguments are --name [value])"
+                               + _after_value(previous))
         name, has_value, value = word[2:].partition("=")
+        previous = None
         if name in _switches():
             _stray_value(name, words, i, bool(has_value), value)
         if name in _MODEL_SWITCHES | _LAYOUT_SWITCHES | HARMLESS_SWITCHES and not has_value:
@@ -184,6 +187,7 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
             while end < len(words) and _is_value(words[end]) and (count is None or end - i <= count):
                 end += 1
             values, i = words[i + 1:end], end
+            previous = (name, values) if values and count is not None else None
         if name in _MODEL_VALUED | _LAYOUT_VALUED:
             if len(values) != 1:
                 raise AdvisorError(f"--{name} takes one value, got {len(values)}: {' '.join(values)}" if values
@@ -199,6 +203,21 @@ def split_arguments(arguments: list[str] | tuple[str, ...]) -> ParsedArguments:
             parsed.rest += [f"--{name}", *values]
     _legacy_rope(parsed)
     return parsed
+
+
+def _after_value(previous: tuple[str, list[str]] | None) -> str:
+    """Where a word that is not a flag follows a flag's values: the flag, whose values are read, so
+    that a value split at its spaces (an unquoted ${ARGS[@]} of "0:16 2.4B:320") is found."""
+    if previous is None:
+        return ""
+    name, values = previous
+    # the releases' own parsers (megatron_flag_table): where one value is all each takes, argparse
+    # leaves the next word over, and pretrain_gpt.py has no positional arguments
+    refused = (", and Megatron-LM's argparse refuses it too (unrecognized arguments)"
+               if _megatron_value_counts().get(f"--{name}") == {"1"} else "")
+    return (f": it follows --{name} {' '.join(map(as_written, values))}, read as its value{'s' * (len(values) > 1)}"
+            f"{refused}; a value with spaces needs its quotes where the command is run (\"${{ARGS[@]}}\" in a "
+            "script)")
 
 
 def _legacy_rope(parsed: ParsedArguments) -> None:

@@ -111,3 +111,34 @@ def test_the_real_core_0_19_refuses_and_accepts_the_same_commands(flags, refused
         assert result["ok"], result
     else:
         assert not result["ok"] and refused in result["error"], result
+
+
+def test_the_example_as_published_is_refused_at_the_word_its_unquoted_array_splits_off():
+    """The script's ``${TRAINING_ARGS[@]}`` is unquoted, so bash splits the quoted schedule at its
+    spaces: pretrain_gpt.py gets --step-batch-size-schedule 0:16 and then '2.4B:320' ..., which
+    Megatron-LM's argparse refuses (the flag takes one value, megatron_flag_table; no positional
+    arguments). The line names the flag the stray word follows, where it said only that the word
+    is not a flag."""
+    result = CliRunner().invoke(cli, ["estimate", "--from-command", str(COMMANDS / "megatron_gpt3_175b_core_v0_19.sh"),
+                                      "--gpu", "h100-80gb"])
+    assert result.exit_code == 2 and result.stderr == (
+        "Error: '2.4B:320' is not a flag (Megatron's arguments are --name [value]): it follows "
+        "--step-batch-size-schedule 0:16, read as its value, and Megatron-LM's argparse refuses it too "
+        "(unrecognized arguments); a value with spaces needs its quotes where the command is run "
+        "(\"${ARGS[@]}\" in a script)\n")
+
+
+def test_a_stray_word_after_a_flag_the_advisor_does_not_know_does_not_claim_megatrons_refusal():
+    """--not-a-megatron-flag is in no release's parser: whether Megatron refuses the next word is not
+    known, so only where it stands is said."""
+    result = estimate(f"{_MODEL} --global-batch-size 1536 --not-a-megatron-flag 3 stray")
+    assert result.exit_code == 2 and result.stderr == (
+        "Error: 'stray' is not a flag (Megatron's arguments are --name [value]): it follows --not-a-megatron-flag 3, "
+        "read as its value; a value with spaces needs its quotes where the command is run (\"${ARGS[@]}\" in a "
+        "script)\n")
+
+
+def test_a_stray_first_word_is_refused_as_before():
+    result = estimate("--num-layers=2 stray")
+    assert result.exit_code == 2 and result.stderr == (
+        "Error: 'stray' is not a flag (Megatron's arguments are --name [value])\n")
