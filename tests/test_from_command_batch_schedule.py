@@ -18,6 +18,8 @@ from advisor.errors import AdvisorError
 from advisor.megatron_layout import step_schedule
 from advisor.shell_command import read_command
 
+pytestmark = pytest.mark.xdist_group("megatron-validator")
+
 COMMANDS = Path(__file__).parent / "data" / "commands"
 # the script's model and layout, with the fields a Llama spec prices said (SwiGLU, RMSNorm, RoPE,
 # no biases, no dropout) so that only the batch flags are under test; GPT-2's BPE: 50,257 tokens
