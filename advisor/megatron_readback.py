@@ -30,7 +30,7 @@ _MODEL_VALUED = {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-
                  "kv-channels", "seq-length", "max-position-embeddings", "normalization", "norm-epsilon",
                  "position-embedding-type", "rotary-base", "rope-scaling-factor", "rotary-percent", "vocab-size",
                  "tokenizer-type", "attention-dropout", "hidden-dropout", "encoder-seq-length"}
-_MODEL_SWITCHES = {"group-query-attention", "swiglu", "use-rope-scaling", "disable-bias-linear", "add-qkv-bias",
+_MODEL_SWITCHES = {"group-query-attention", "swiglu", "quick-geglu", "use-rope-scaling", "disable-bias-linear", "add-qkv-bias",
                    "qk-layernorm", "untie-embeddings-and-output-weights", "add-bias-linear", "use-mcore-models",
                    "no-position-embedding"}
 _LAYOUT_VALUED = {"tensor-model-parallel-size", "context-parallel-size", "pipeline-model-parallel-size",
@@ -235,7 +235,15 @@ def _legacy_rope(parsed: ParsedArguments) -> None:
 def _unpriced_model(model: dict) -> list[str]:
     """What a LlamaSpec cannot say about the command's network, named (priced as Llama's)."""
     notes = []
-    if not model.get("swiglu"):
+    if model.get("quick-geglu"):
+        # core_transformer_config_from_args (arguments.py in core_v0.15.2, argument_utils.py in
+        # core_v0.19.0): --quick-geglu sets gated_linear_unit with quick_gelu, after 'assert not args.swiglu'
+        if model.get("swiglu"):
+            raise AdvisorError("--quick-geglu with --swiglu: Megatron-LM refuses the command (building its "
+                               "TransformerConfig: 'assert not args.swiglu'); keep one of them")
+        notes.append("--quick-geglu (a gated MLP as SwiGLU is: priced as SwiGLU, the same weights and FLOPs; its "
+                     "quick-GELU activation, not SiLU, not priced)")
+    elif not model.get("swiglu"):
         notes.append("no --swiglu (a GELU MLP, priced as SwiGLU with the same h_ffn: 1.5x its MLP weights and "
                      "FLOPs; --swiglu with 2/3 of its --ffn-hidden-size prices the same weights and FLOPs)")
     for name, default, priced, as_priced in (("normalization", "LayerNorm", "RMSNorm", "RMSNorm"),
