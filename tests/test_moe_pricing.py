@@ -377,3 +377,16 @@ def test_representative_stages_hold_the_peak_with_leading_dense_layers(pp):
     chosen = max(st.stage_bytes(DSV3, 4096, st.MoEOptions(), stage=stage, **layout).total.max()
                  for stage in st.representative_stages(DSV3, np.array(pp)))
     assert chosen == every
+
+
+@pytest.mark.parametrize("extra", [["--use-megatron-fsdp"], ["--tp", "2", "--tp-comm-overlap"]],
+                         ids=["fsdp", "tp-overlap"])
+def test_an_unpriced_moe_training_option_says_what_is_priced(extra):
+    """The refusal named the flag and stopped (helper scripts, on Megatron-LM's DeepSeek-V3
+    Megatron-FSDP example): it now says what the MoE model prices, so the user knows what to change."""
+    result = CliRunner().invoke(cli, ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb",
+                                      *extra])
+    assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+    assert result.output.rstrip().endswith(
+        "it prices BF16 weights (--bf16) under Megatron's DDP, no optimizer CPU offload, no --tp-comm-overlap: "
+        "drop or change those flags to price the run so")

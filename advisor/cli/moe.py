@@ -262,7 +262,9 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
     named = [flag for flag, given in refused.items() if given]
     lacking = [flag for flag, given in (unsupported or {}).items() if given]
     if named or lacking:
+        levers = any(_levers_not_priced(training).values())
         parts = ([f"its model does not price {', '.join(named)}"] if named else []) + (
+            [MOE_PRICED_TRAINING] if levers else []) + (
             [f"its rows have no {listed(lacking)} yet (drop {'it' if len(lacking) == 1 else 'them'})"] if lacking else [])
         raise InputError(f"{spec.name} is a mixture of experts; {'; '.join(parts)}")
     capacity_factor, dispatcher = flags.capacity_factor, flags.dispatcher
@@ -383,6 +385,11 @@ def _padded(moe_routing: str, capacity_factor, pad_to_capacity: bool | None, dis
 _WEIGHTS_NOT_PRICED = {"float32": "FP32 weights (no --bf16 or --fp16: Megatron's default params_dtype float32)",
                        "float16": "--fp16 (FP16 weights)"}
 """The weights' number format the MoE model does not price, in Megatron's words: it prices --bf16."""
+
+
+MOE_PRICED_TRAINING = ("it prices BF16 weights (--bf16) under Megatron's DDP, no optimizer CPU offload, no "
+                       "--tp-comm-overlap: drop or change those flags to price the run so")
+"""The remedy where a training option the MoE model does not price is given (``_levers_not_priced``)."""
 
 
 def _levers_not_priced(training) -> dict[str, bool]:
