@@ -20,7 +20,7 @@ FSDP_RS_QUEUE_ELEMENTS = 1_000_000_000
 gradient buckets wait there until more than this many elements are queued (``fsdp_queued_units``)."""
 
 
-def fsdp_queued_units(unit_parameters):
+def fsdp_queued_units(unit_parameters, queue=FSDP_RS_QUEUE_ELEMENTS):
     """Megatron-FSDP's un-sharded gradient buckets alive at once at most, in units of
     ``unit_parameters`` (optim_grads, optim_grads_params; each microbatch reduces them):
     floor(queue / u) + 2. When a unit's bucket is ready, ``GradReducePipeline.reduce_gradients``
@@ -31,12 +31,14 @@ def fsdp_queued_units(unit_parameters):
     backward fills its own bucket: one more each (core_v0.15.2 megatron_fsdp/param_and_grad_buffer.py
     reduce_gradients 2724-2763, wait_for_previous_grad_reduce 2765-2797, the append 3004-3009;
     core_v0.19.0 reduce_gradients 3872, wait_for_previous_grad_reduce 3916-3946, the append 4246).
-    Nothing frees a queued bucket earlier: a finished reduce-scatter waits in the queue until trimmed."""
+    Nothing frees a queued bucket earlier: a finished reduce-scatter waits in the queue until trimmed.
+    ``queue``: the queue's capacity in elements (``FSDP_RS_QUEUE_ELEMENTS`` unless a caller knows
+    the release's own, ``advisor.moe.fsdp.communication_unit``)."""
     u = np.maximum(np.asarray(unit_parameters, dtype=float), 1.0)
-    return np.floor(FSDP_RS_QUEUE_ELEMENTS / u) + 2.0
+    return np.floor(queue / u) + 2.0
 
 
-def fsdp_queued_elements(options, unit_parameters):
+def fsdp_queued_elements(options, unit_parameters, queue=FSDP_RS_QUEUE_ELEMENTS):
     """The un-sharded gradient elements Megatron-FSDP's reduce-scatter queue holds at most, beside
     the bucket being filled (``fsdp_queued_units``'s count). optim_grads_params: one bucket per
     FSDP unit, the layer (``tests/test_symbolic_fsdp.py`` measures it): (floor(queue / u) + 2) u.
@@ -46,8 +48,8 @@ def fsdp_queued_elements(options, unit_parameters):
     filled, each at most the largest weight, FC1's (gate and up, about half a layer): queue + u."""
     u = np.asarray(unit_parameters, dtype=float)
     if options.fsdp_strategy == "optim_grads_params":
-        return fsdp_queued_units(u) * u
-    return FSDP_RS_QUEUE_ELEMENTS + u
+        return fsdp_queued_units(u, queue) * u
+    return queue + u
 
 
 SHARDING = {None: None, "no_shard": (False, False, False), "optim": (True, False, False),
@@ -158,8 +160,19 @@ def fsdp_buffer_bytes(options, unit_parameters, layers):
     ``fsdp_queued_elements``). Both in the stage's element and gradient bucket dtypes
     (``bucket_bytes``). torch
     FSDP2 ('torch_fsdp2') keeps two layers of each, in the weights' dtype."""
+    return fsdp_held_buffer_bytes(options, unit_parameters, np.asarray(layers, dtype=float) * unit_parameters)
+
+
+def fsdp_held_buffer_bytes(options, unit_parameters, held, prefetch=FSDP_AG_PREFETCH_ELEMENTS,
+                           queue=FSDP_RS_QUEUE_ELEMENTS):
+    """``fsdp_buffer_bytes`` for a rank whose FSDP units hold ``held`` parameters in all, the
+    largest of them ``unit_parameters``: the same buffers where the units differ in size (an MoE
+    stage's dense and MoE layers, ``advisor.moe.fsdp``). The prefetch and the queue count a
+    bucket's elements whatever unit it belongs to (``AllGatherPipeline``'s
+    ``prefetch_all_gather_size``, ``GradReducePipeline``'s queue: same sources). ``prefetch``,
+    ``queue``: the all-gather prefetch budget and the reduce-scatter queue's capacity, in elements."""
     sharding = SHARDING[options.fsdp_strategy]
-    held = np.asarray(layers, dtype=float) * unit_parameters
+    held = np.asarray(held, dtype=float)
     zero = 0.0 * held  # every buffer as wide as the layers and units broadcast (0 where not held)
     if sharding is None:
         return zero, zero
@@ -173,10 +186,10 @@ def fsdp_buffer_bytes(options, unit_parameters, layers):
     # each as wide as ``held`` already (it broadcasts the units): nothing to add to widen them
     weights, gradients = zero, zero
     if weights_sharded:
-        gathered = np.minimum(held, unit_parameters + np.minimum(FSDP_AG_PREFETCH_ELEMENTS, held - unit_parameters))
+        gathered = np.minimum(held, unit_parameters + np.minimum(prefetch, held - unit_parameters))
         weights = options.element_bytes * np.maximum(gathered, 0.0)
     if grads_sharded:
-        gradients = bucket_bytes(options) * np.minimum(held, fsdp_queued_elements(options, unit_parameters))
+        gradients = bucket_bytes(options) * np.minimum(held, fsdp_queued_elements(options, unit_parameters, queue))
     return weights, gradients
 
 
