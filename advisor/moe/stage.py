@@ -24,6 +24,7 @@ from advisor import memory_levers as levers
 from advisor import memory_terms
 from advisor.stage_model import head_shares_embedding
 from advisor.moe import fp8 as fp8_terms
+from advisor.moe import fsdp
 from advisor.moe import memory as mm
 from advisor.moe import mtp as mtp_terms
 from advisor.moe import params
@@ -219,6 +220,15 @@ class StageBytes:
         return np.broadcast_to(self.states.optimizer, self.layers.shape)
 
     @property
+    def dense_parameters(self):
+        """The stage's dense parameters on one GPU (``ModelStates.dense_parameters``), per layout."""
+        return np.broadcast_to(self.states.dense_parameters, self.layers.shape)
+
+    @property
+    def expert_parameters(self):
+        return np.broadcast_to(self.states.expert_parameters, self.layers.shape)
+
+    @property
     def model_states(self):
         return self.weights_gradients_optimizer + self.expert_states + self.fp8_weights
 
@@ -264,6 +274,10 @@ class ModelStates(NamedTuple):
     weights: object
     gradients: object
     optimizer: object
+    dense_parameters: object = 0.0
+    """The dense parameters on one GPU (the DP collectives and Adam move them: ``advisor.moe.time``)."""
+    expert_parameters: object = 0.0
+    """The routed experts' parameters on one GPU."""
 
 
 def model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, stage, dense, moe_layers,
@@ -277,7 +291,9 @@ def model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, st
     (``params.local_expert_parameters``) over EDP = t c d / (etp ep), the expert-data-parallel
     group (``distributed/distributed_data_parallel.py``: expert parameters go to the expert DP
     buffers; ``optimizer/__init__.py``, ``get_megatron_optimizer``: the expert optimizer over
-    ``get_expert_data_parallel_group``)."""
+    ``get_expert_data_parallel_group``). Megatron-FSDP shards what its strategy shards
+    (``memory_levers.SHARDING``) over the same two groups, and adds its unsharded buffers
+    (``advisor.moe.fsdp.buffer_bytes``) to the weights and gradients."""
     edp = tp * cp * dp // (etp * ep)
     vocab = eq.padded_vocab_size(spec.vocab_size, options.training.vocab_divisible_by, tp)
     embedding = eq.embedding_parameters(spec, tp, vocab)
@@ -296,8 +312,15 @@ def model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, st
     fp8_weights = ((moe_layers + mtp) * fp8_terms.weight_bytes(spec, tp, ep, etp, fp8)
                    + dense * fp8_terms.weight_bytes(spec, tp, ep, etp, fp8, dense=True))
     weights, gradients, optimizer = (dense_params * d + expert_params * e for d, e in zip(per_dense, per_expert))
-    return ModelStates(dense=dense_params * sum(per_dense), experts=expert_params * sum(per_expert),
-                       fp8_weights=fp8_weights, weights=weights, gradients=gradients, optimizer=optimizer)
+    dense_bytes, expert_bytes = dense_params * sum(per_dense), expert_params * sum(per_expert)
+    if options.memory.fsdp_strategy is not None:  # Megatron-FSDP's unsharded buffers (advisor.moe.fsdp)
+        gathered, queued, share = fsdp.buffer_bytes(options.memory, spec, tp, ep, etp, dense, moe_layers + mtp)
+        weights, gradients = weights + gathered, gradients + queued
+        dense_bytes = dense_bytes + share * (gathered + queued)
+        expert_bytes = expert_bytes + (1.0 - share) * (gathered + queued)
+    return ModelStates(dense=dense_bytes, experts=expert_bytes, fp8_weights=fp8_weights, weights=weights,
+                       gradients=gradients, optimizer=optimizer, dense_parameters=dense_params,
+                       expert_parameters=expert_params)
 
 
 def stage_bytes(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp, ep, etp, dp, mbs,

@@ -1,0 +1,109 @@
+"""Megatron-FSDP (--use-megatron-fsdp) on an MoE model: what megatron-core core_v0.19.0 does with
+the experts, and the buffers and collectives of a stage's FSDP units, vectorised over layouts.
+
+What megatron-core does (read in ``../shared/megatron-lm``):
+
+- core_v0.19.0 shards the routed experts over the expert-data-parallel group and everything else
+  over DP x CP: ``_get_parameter_groups`` marks a parameter expert by its name (``".experts." in
+  n``, megatron_fsdp/param_and_grad_buffer.py:1782) and keeps expert and other parameters in
+  separate buffers (grouped by ``is_expert_param``, :1794, :1833); each buffer takes the group of
+  its kind (``get_fsdp_group(is_expert_parallel=group.is_expert_param)``, :2590-2612;
+  megatron_fsdp/utils.py:690-710: ``expt_fsdp_group``), which the adapter builds from the expert
+  data-parallel group (distributed/fsdp/mcore_fsdp_adapter.py:368, :434-457, ``expt_dp_group =
+  parallel_state.get_expert_data_parallel_group()``: world / (ETP x EP x PP) ranks).
+- Its FSDP unit (optim_grads_params) is the transformer layer, dense or MoE
+  (mcore_fsdp_adapter.py:160-162: ``[TransformerLayer, MoETransformerLayer, MambaLayer]``); a
+  unit's buckets are aggregated per (unit, expert or not) (param_and_grad_buffer.py:1938-1950),
+  so an MoE layer is gathered and reduced as two collectives, its dense part over DP x CP and its
+  experts over the expert DP group. The prefetch budget and the reduce-scatter queue count the
+  elements of every bucket, of either kind (:4483-4500; ``wait_for_previous_grad_reduce``,
+  :3916-3946).
+- Its budgets: ``suggested_communication_unit_size`` is, with optim_grads_params, twice the mean
+  FSDP unit's elements on the rank, and otherwise the DDP bucket size (--ddp-bucket-size, default
+  max(40M, 1M x DP x CP), training.py:1562), at least 1e9 either way (megatron_fsdp.py:420-444);
+  the queue holds that many elements, the prefetch half (``communication_unit``).
+- core_v0.15.2 cannot wrap an expert-parallel model: ``MegatronFSDP.__init__`` calls
+  ``self.dist_index.get_expert_dp_group()`` where any parameter has ``allreduce`` False
+  (megatron_fsdp.py:229-242), which the experts have at EP > 1 (transformer/moe/experts.py:232-233,
+  extensions/transformer_engine.py:411-413 and :1172), and its ``FSDPDistributedIndex`` has no such
+  method (megatron_fsdp/utils.py:680-880; its ``get_dp_group(is_expert_parallel=True)`` returns
+  None, 'Expert parallel is not supported'), so the wrapping raises AttributeError. The advisor
+  prices Megatron-FSDP on MoE models for core_v0.19.0 only (``release_problem``).
+- Neither release's validate_args refuses Megatron-FSDP with MoE (core_v0.15.2 arguments.py:699-720,
+  core_v0.19.0 :1100-1163; core_v0.19.0 refuses --moe-single-grouped-weight/bias, :1116-1126, which
+  the rows never write). core_v0.19.0's adapter runs --overlap-moe-expert-parallel-comm under
+  Megatron-FSDP with per-submodule gather hooks (mcore_fsdp_adapter.py:168-225), which this model
+  does not price (``advisor.cli.moe``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from advisor import memory_levers as levers
+from advisor.moe import params
+from advisor.moe.spec import MoESpec
+
+COMMUNICATION_UNIT_FLOOR = 1_000_000_000
+"""core_v0.19.0's least ``suggested_communication_unit_size`` (megatron_fsdp.py:438-441: 'Cap to 1B
+elements', ``max(1_000_000_000, ...)``)."""
+
+
+def release_problem(release) -> str | None:
+    """Why Megatron-LM ``release`` cannot run Megatron-FSDP on an MoE model (the module docstring:
+    core_v0.15.2 fails to wrap expert-parallel parameters), or None."""
+    from advisor.options.releases import release_defaults
+
+    defaults = release_defaults(release)
+    if defaults.release < (0, 19):
+        return (f"{defaults.name}'s Megatron-FSDP cannot wrap an MoE model's expert-parallel parameters "
+                "(its FSDPDistributedIndex has no expert data-parallel group: megatron_fsdp.py "
+                "get_expert_dp_group raises AttributeError at EP > 1), and the advisor prices Megatron-FSDP "
+                "on MoE models as core_v0.19.0 runs it: give --megatron-version 0.19, or drop --use-megatron-fsdp")
+    return None
+
+
+def unit_parameters(spec: MoESpec, tp, ep, etp):
+    """(an MoE layer's dense part, its experts, a dense layer) on one GPU: the FSDP units' two
+    bucket groups (the module docstring) and a dense layer's one."""
+    return (params.moe_layer_dense_parameters(spec, tp), params.local_expert_parameters(spec, ep, etp),
+            params.dense_layer_parameters(spec, tp))
+
+
+def held_parameters(spec: MoESpec, tp, ep, etp, dense, moe_units):
+    """(dense-part elements, expert elements, the largest unit, the units) of a stage's FSDP units:
+    ``dense`` dense layers and ``moe_units`` MoE layers (its MTP layers' transformer layers among
+    them: each is an MoE ``TransformerLayer``, an FSDP unit of its own)."""
+    moe_dense, experts, dense_layer = unit_parameters(spec, tp, ep, etp)
+    moe_units, dense = np.asarray(moe_units, dtype=float), np.asarray(dense, dtype=float)
+    largest = np.where(moe_units > 0, np.maximum(moe_dense + experts, np.where(dense > 0, dense_layer, 0.0)),
+                       dense_layer)
+    return dense * dense_layer + moe_units * moe_dense, moe_units * experts, largest, dense + moe_units
+
+
+def communication_unit(strategy: str | None, held, units):
+    """(all-gather prefetch budget, reduce-scatter queue capacity) in elements, core_v0.19.0's
+    (megatron_fsdp.py:420-444): with optim_grads_params twice the mean unit's elements
+    (``total_param_elements // total_fsdp_module * 2``, the rank's own, TP/EP-local), else the DDP
+    bucket size, which is 1e9 or less unless DP x CP exceeds 1,000; at least 1e9, the prefetch half."""
+    held = np.asarray(held, dtype=float)
+    size = np.full_like(held, float(COMMUNICATION_UNIT_FLOOR))
+    if strategy == "optim_grads_params":
+        mean = np.floor(held / np.maximum(np.asarray(units, dtype=float), 1.0))
+        size = np.maximum(size, 2.0 * mean)
+    return np.floor(size / 2.0), size
+
+
+def buffer_bytes(options, spec: MoESpec, tp, ep, etp, dense, moe_units):
+    """(gathered weights, queued gradients, the dense part's share of them) in bytes per GPU: the
+    dense model's Megatron-FSDP buffers (``memory_levers.fsdp_held_buffer_bytes``: the unit in use
+    and the prefetched ones, the reduce-scatter queue) over the stage's units, both bucket groups of
+    an MoE layer together, with core_v0.19.0's budgets (``communication_unit``). ``options``: the
+    estimator's (``MemoryOptions``). The share splits them between the dense and expert columns in
+    proportion to the elements held (Megatron counts both kinds against one budget)."""
+    held_dense, held_experts, largest, units = held_parameters(spec, tp, ep, etp, dense, moe_units)
+    held = held_dense + held_experts
+    prefetch, queue = communication_unit(options.fsdp_strategy, held, units)
+    gathered, queued = levers.fsdp_held_buffer_bytes(options, largest, held, prefetch, queue)
+    share = np.where(held > 0, held_dense / np.where(held > 0, held, 1.0), 1.0)
+    return gathered, queued, share

@@ -1,0 +1,69 @@
+"""Megatron-FSDP on MoE models (advisor.moe.fsdp): the stage's states sharded over DP x CP and the
+expert DP group, its unsharded buffers, its per-microbatch collectives, each against a hand count;
+the CLI's estimate, sweep and read-back with --use-megatron-fsdp, and what stays refused."""
+
+import pytest
+
+from advisor.moe import fsdp
+from advisor.moe import stage as st
+from advisor.moe.spec import PRESETS
+from advisor.options import TrainingOptions
+
+MIXTRAL = PRESETS["mixtral-8x7b"]
+
+# Mixtral 8x7B per layer (h 4096, 32 heads of 128, 8 KV groups, 8 experts of h_moe 14336):
+ATTENTION = 4096 * (4096 + 2 * 1024) + 4096 * 4096  # QKV 4096 x 6144 and the projection: 41,943,040
+ROUTER_AND_NORMS = 8 * 4096 + 2 * 4096  # the router's E x h and the two RMSNorms, whole on every rank
+EXPERT = 3 * 4096 * 14336  # FC1 (gate and up) and FC2: 176,160,768
+
+
+def _options(strategy: str) -> st.MoEOptions:
+    return st.MoEOptions(training=TrainingOptions().with_(fsdp_strategy=strategy))
+
+
+def test_mixtral_middle_stage_states_and_buffers_by_hand():
+    """Mixtral at TP 2, PP 4, EP 4, ETP 1, DP 8 (64 GPUs; expert DP 2 x 8 / 4 = 4), stage 1 (8 MoE
+    layers), optim_grads_params. Per GPU and layer: the dense part 41,943,040 / 2 + 40,960 =
+    21,012,480, the experts 8 / 4 x 176,160,768 = 352,321,536; the unit 373,334,016, the stage 8 of
+    them. Weights (2 bytes), main gradients (4) and Adam (12) all sharded: the dense parts over
+    DP x CP = 8, the experts over 4. core_v0.19.0's budget: twice the mean unit, 746,668,032, is
+    under 1e9, so 1e9: prefetch 5e8, queue 1e9. Gathered: the unit in use and 5e8 prefetched,
+    873,334,016 BF16 elements; queued: floor(1e9 / 373,334,016) + 2 = 4 units, 1,493,336,064
+    elements of 4 bytes (FP32 main gradients, no --megatron-fsdp-grad-comm-dtype)."""
+    dense, experts = 8 * (ATTENTION / 2 + ROUTER_AND_NORMS), 8 * (8 / 4 * EXPERT)
+    assert (dense, experts) == (168_099_840, 2_818_572_288)
+    gathered, queued = 2 * (373_334_016 + 500_000_000), 4 * 4 * 373_334_016
+    b = st.stage_bytes(MIXTRAL, 4096, _options("optim_grads_params"), tp=2, cp=1, pp=4, ep=4, etp=1, dp=8, mbs=1,
+                       num_microbatches=16, stage=1)
+    assert float(b.weights) == pytest.approx(dense * 2 / 8 + experts * 2 / 4 + gathered, rel=1e-12)
+    assert float(b.gradients) == pytest.approx(dense * 4 / 8 + experts * 4 / 4 + queued, rel=1e-12)
+    assert float(b.optimizer) == pytest.approx(dense * 12 / 8 + experts * 12 / 4, rel=1e-12)
+    # the buffers split between the columns as the elements held: 168,099,840 of 2,986,672,128 dense
+    share = dense / (dense + experts)
+    assert float(b.weights_gradients_optimizer) == pytest.approx(dense * 18 / 8 + share * (gathered + queued))
+    assert float(b.expert_states) == pytest.approx(experts * 18 / 4 + (1 - share) * (gathered + queued))
+    assert float(b.model_states) == pytest.approx(float(b.weights + b.gradients + b.optimizer), rel=1e-12)
+
+
+def test_optim_shards_only_adam_and_holds_no_buffer():
+    """optim (ZeRO-1): Adam's 12 bytes over the two groups, weights and gradients whole, no unsharded
+    buffer (SHARDING: optimizer states only); the same layout and stage as above."""
+    dense, experts = 168_099_840, 2_818_572_288
+    b = st.stage_bytes(MIXTRAL, 4096, _options("optim"), tp=2, cp=1, pp=4, ep=4, etp=1, dp=8, mbs=1,
+                       num_microbatches=16, stage=1)
+    assert (float(b.weights), float(b.gradients)) == pytest.approx(((dense + experts) * 2, (dense + experts) * 4))
+    assert float(b.optimizer) == pytest.approx(dense * 12 / 8 + experts * 12 / 4)
+
+
+def test_core_v0_19_budget_follows_a_unit_over_half_a_billion():
+    """Mixtral at TP 1, EP 1, ETP 1: a layer's unit is 41,943,040 + 40,960 + 8 x 176,160,768 =
+    1,451,270,144 elements, so core_v0.19.0's communication unit is twice it (megatron_fsdp.py:
+    ``total_param_elements // total_fsdp_module * 2``, above the 1e9 floor): prefetch one more unit,
+    queue floor(2u / u) + 2 = 4 units. On 8 layers: 2u gathered, 4u queued."""
+    u = ATTENTION + ROUTER_AND_NORMS + 8 * EXPERT
+    assert u == 1_451_270_144
+    gathered, queued, share = fsdp.buffer_bytes(TrainingOptions().with_(fsdp_strategy="optim_grads_params")
+                                                .memory_options(), MIXTRAL, 1, 1, 1, 0, 8)
+    assert (float(gathered), float(queued)) == (2 * 2 * u, 4 * 4 * u)
+    assert float(share) == pytest.approx((ATTENTION + ROUTER_AND_NORMS) / u)
+    assert fsdp.communication_unit("optim_grads", 8 * u, 8) == (5e8, 1e9)  # no units: the bucket size's floor
