@@ -2,12 +2,15 @@
 expert DP group, its unsharded buffers, its per-microbatch collectives, each against a hand count;
 the CLI's estimate, sweep and read-back with --use-megatron-fsdp, and what stays refused."""
 
+import numpy as np
 import pytest
 
 from advisor.moe import fsdp
 from advisor.moe import stage as st
+from advisor.moe import time as moe_time
 from advisor.moe.spec import PRESETS
 from advisor.options import TrainingOptions
+from advisor.throughput.terms import Rates
 
 MIXTRAL = PRESETS["mixtral-8x7b"]
 
@@ -67,3 +70,26 @@ def test_core_v0_19_budget_follows_a_unit_over_half_a_billion():
     assert (float(gathered), float(queued)) == (2 * 2 * u, 4 * 4 * u)
     assert float(share) == pytest.approx((ATTENTION + ROUTER_AND_NORMS) / u)
     assert fsdp.communication_unit("optim_grads", 8 * u, 8) == (5e8, 1e9)  # no units: the bucket size's floor
+
+
+def _rates() -> Rates:
+    return Rates(gemm_flops_per_s=1e15, gemm_latency_s=0.0, attention_flops_per_s=1e15, attention_latency_s=0.0,
+                 hbm_bytes_per_s=1e12, nvlink_bytes_per_s=400e9, network_bytes_per_s=50e9,
+                 collective_latency_s=0.0, gpus_per_node=8, host_mask_s_per_element=0.0)
+
+
+def test_expert_and_dense_collectives_per_microbatch_by_hand():
+    """optim_grads_params at TP 2, DP 8, EP 4, ETP 1 (expert DP 4), 16 microbatches, nothing to hide
+    behind (a forward of 0 s): per microbatch each group all-gathers its parameters before the
+    forward and again before the backward (2 bytes), and reduce-scatters their FP32 gradients after
+    it (4 bytes), a ring moving (n - 1) / n of them. The 16 ranks span two nodes: the dense group
+    (ranks 2 apart) has 4 GPUs a node, 4 NICs of 50 GB/s, 200 GB/s; the expert group (ranks 4
+    apart) 2 a node, 100 GB/s. No per-step reduce or gather is left (all per microbatch)."""
+    dense, experts = 168_099_840.0, 2_818_572_288.0
+    columns = {k: np.array([float(v)]) for k, v in dict(tp=2, cp=1, dp=8, ep=4, etp=1).items()}
+    training = TrainingOptions().with_(fsdp_strategy="optim_grads_params")
+    exposed, _ = moe_time._data_parallel(columns, training, (dense, experts), 0.0, _rates(), m=16.0)
+    dense_once = 7 / 8 * dense / 200e9  # seconds per byte of each dense element
+    expert_once = 3 / 4 * experts / 100e9
+    per_microbatch = (2 + 2 + 4) * (dense_once + expert_once)
+    assert float(exposed[0]) == pytest.approx(16 * per_microbatch, rel=1e-12)

@@ -571,8 +571,8 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     # the steady state's m passes at the slowest stage's pace; the fill and drain (no forward
     # beside a backward to overlap with) at the plain pace, shrunk v-fold by interleaving
     pipeline = m * slowest + (total - slowest) / vpp
-    dp_comm, optimizer = _data_parallel(b, training, base_of(first_stage.weights_gradients_optimizer),
-                                        base_of(first_stage.expert_states), most * moe_f, rates)
+    dp_comm, optimizer = _data_parallel(b, training, _parameters(training, b, first_stage, base_of), most * moe_f,
+                                        rates, global_batch_size / (b["mbs"] * b["dp"]))
     step = terms.data_loader_bound(pipeline + spread(dp_comm) + spread(optimizer), training.attention.dataloader_mask
                                    == "rebuilt", global_batch_size / c["dp"], seq_len, rates)
     flops = spread(megatron_flops_per_iteration(spec, seq_len, global_batch_size, vocab))
@@ -696,32 +696,83 @@ def _by_base(c: dict, bases):
     return {k: v[index] for k, v in c.items()}, lambda x: x[index], lambda x: x[inverse] if np.ndim(x) else x
 
 
-def _data_parallel(c: dict, training, dense_states, expert_states, forward_s, rates: Rates):
-    """(exposed DP communication, optimizer) seconds of the first stage, from its dense and expert
-    states (bytes; see ``step_times``)."""
+def _parameters(training, c: dict, first_stage, base_of) -> tuple:
+    """(dense, expert) parameters on one GPU of the first stage at the base layouts ``c``. Under
+    Megatron-FSDP the stage's own counts (``StageBytes.dense_parameters``); under Megatron's DDP
+    they are read back from the states' bytes at 2 + gradient + 12 / shards bytes a parameter, as
+    before Megatron-FSDP was priced: that divisor is wrong where Adam's states are not 12 bytes
+    (--use-precision-aware-optimizer), and the published MoE table's times (tables.published_moe)
+    were made with it, so it stays until that table is redone."""
+    if training.data_parallel.fsdp_strategy is not None:
+        return base_of(first_stage.dense_parameters), base_of(first_stage.expert_parameters)
+    edp = c["tp"] * c["cp"] * c["dp"] / (c["etp"] * c["ep"])
+    grad, sharded = training.precision.gradient_bytes, training.data_parallel.distributed_optimizer
+    dense = base_of(first_stage.weights_gradients_optimizer) / (mm.BF16 + grad + 12 / (c["dp"] * c["cp"] if sharded
+                                                                                         else 1))
+    return dense, base_of(first_stage.expert_states) / (mm.BF16 + grad + 12 / (edp if sharded else 1))
+
+
+def _data_parallel(c: dict, training, parameters: tuple, forward_s, rates: Rates, m=1.0):
+    """(exposed DP communication, optimizer) seconds of the first stage, from its (dense, expert)
+    ``parameters`` on one GPU (``_parameters``; see ``step_times``): the dense parts over DP x CP, the experts over the
+    expert-data-parallel group EDP = t c d / (etp ep), each on its own rings; Megatron-FSDP's
+    per-microbatch collectives where its strategy shards the gradients (``_fsdp_microbatches``), ``m``
+    microbatches a step."""
+    dense_params, expert_params = parameters
     edp = c["tp"] * c["cp"] * c["dp"] / (c["etp"] * c["ep"])
     grad = training.precision.gradient_bytes
-    sharded = training.data_parallel.distributed_optimizer
-    dense_params = dense_states / (mm.BF16 + grad + 12 / (c["dp"] * c["cp"] if sharded else 1))
-    expert_params = expert_states / (mm.BF16 + grad + 12 / (edp if sharded else 1))
+    dp = training.data_parallel
+    strategy = dp.fsdp_strategy
+    sharded = dp.distributed_optimizer and strategy != "no_shard"
     span = c["tp"] * c["cp"] * c["dp"]
     param_bytes = 1 if training.precision.fp8_param_gather else mm.BF16
     # across nodes each group's rings use the NICs of all its GPUs in a node, as the dense model's
     # (priced at one NIC before 2026-11-30: 8x slower for Mixtral's dense DP group at TP 1)
     per_node_d = terms.ranks_per_node(c["dp"] * c["cp"], c["tp"], rates.gpus_per_node)
     per_node_e = terms.ranks_per_node(edp, c["etp"] * c["ep"], rates.gpus_per_node)
-    reduce_d, gather_d = terms.data_parallel_time(dense_params, c["dp"] * c["cp"], span, rates, grad_bytes=grad,
-                                                  ranks_per_node=per_node_d, param_bytes=param_bytes)
-    reduce_e, gather_e = terms.data_parallel_time(expert_params, edp, span, rates, grad_bytes=grad,
-                                                  ranks_per_node=per_node_e, param_bytes=param_bytes)
-    dp = training.data_parallel
+    opts = training.time_options()
+    if strategy is not None:  # what Megatron-FSDP reduces: its communication dtype where it has its own
+        grad = opts.grad_reduce_bytes if opts.grad_comm_bytes is None else opts.grad_comm_bytes
+    # without FSDP the distributed optimizer's reduce-scatter and all-gather, as priced before (the
+    # plain DDP all-reduce is not told apart here); Megatron-FSDP's no_shard all-reduces
+    ddp = dict(grad_bytes=grad, param_bytes=param_bytes, distributed_optimizer=sharded if strategy else True)
+    reduce_d, gather_d = terms.data_parallel_time(dense_params, c["dp"] * c["cp"], span, rates,
+                                                  ranks_per_node=per_node_d, **ddp)
+    reduce_e, gather_e = terms.data_parallel_time(expert_params, edp, span, rates, ranks_per_node=per_node_e, **ddp)
+    reduce, gather = reduce_d + reduce_e, gather_d + gather_e
+    if strategy in ("optim_grads", "optim_grads_params"):  # reduced per microbatch instead
+        reduce = 0.0 * reduce
+    if strategy == "optim_grads_params":  # gathered per microbatch instead
+        gather = 0.0 * gather
     hidden_reduce = 2 * forward_s if dp.overlap_grad_reduce else 0.0
     hidden_gather = forward_s if dp.overlap_param_gather else 0.0
-    exposed = (np.maximum(0.0, reduce_d + reduce_e - hidden_reduce)
-               + np.maximum(0.0, gather_d + gather_e - hidden_gather))
-    # Megatron's DDP (the MoE model refuses both FSDPs and offload: advisor.cli.moe): Adam on the
-    # shard where the optimizer is distributed, the whole main-gradient buffer zeroed on every rank
-    opts = training.time_options()
-    step = dict(distributed_optimizer=sharded, step_bytes=opts.optimizer_step_bytes, zeroed_bytes=opts.grad_zero_bytes)
+    exposed = np.maximum(0.0, reduce - hidden_reduce) + np.maximum(0.0, gather - hidden_gather)
+    if strategy in ("optim_grads", "optim_grads_params"):
+        bandwidths = (terms.link_bandwidth(span, rates, per_node_d), terms.link_bandwidth(span, rates, per_node_e))
+        fsdp_f, fsdp_b = _fsdp_microbatches(strategy, (dense_params, expert_params), (c["dp"] * c["cp"], edp),
+                                            bandwidths, rates, param_bytes, grad)
+        exposed = exposed + m * (np.maximum(0.0, fsdp_f - hidden_gather) + np.maximum(0.0, fsdp_b - hidden_reduce))
+    # Adam on the shard where the optimizer is distributed (Megatron-FSDP's no_shard keeps it
+    # whole); the main-gradient buffer zeroed whole, or its shard where FSDP shards the gradients
+    # (no optimizer offload: the MoE model refuses it, advisor.cli.moe)
+    step = dict(distributed_optimizer=sharded, step_bytes=opts.optimizer_step_bytes, zeroed_bytes=opts.grad_zero_bytes,
+                grads_sharded=strategy in ("optim_grads", "optim_grads_params"))
     return exposed, (terms.optimizer_time(dense_params, c["dp"] * c["cp"], rates, **step)
                      + terms.optimizer_time(expert_params, edp, rates, **step))
+
+
+def _fsdp_microbatches(strategy: str, parameters: tuple, groups: tuple, bandwidths: tuple, rates: Rates,
+                       param_bytes, grad_bytes):
+    """(forward, backward) seconds of Megatron-FSDP's collectives per microbatch: the dense
+    model's (``levers.fsdp_microbatch_time``: each unit's all-gather before its forward and its
+    backward with optim_grads_params, its reduce-scatter after its backward) for the dense parts over
+    DP x CP and the experts over the expert DP group, one after the other: core_v0.19.0 issues each
+    unit's two bucket groups as two collectives on the one all-gather stream and the one
+    reduce-scatter stream (megatron_fsdp/param_and_grad_buffer.py:1938-1950, :4520-4560)."""
+    from advisor.throughput import levers
+
+    forward = backward = 0.0
+    for params, group, bandwidth in zip(parameters, groups, bandwidths):
+        f, b = levers.fsdp_microbatch_time(params, group, bandwidth, rates, strategy, param_bytes, grad_bytes)
+        forward, backward = forward + f, backward + b
+    return forward, backward
