@@ -475,13 +475,27 @@ def test_megatron_deepseek_v3_example_reads_as_the_preset_and_is_called_oom_with
     assert read["flex_backend"] == "hybridep"
 
 
-def test_megatron_deepseek_v3_example_with_its_default_fsdp_is_refused_by_name():
-    text = _DSV3.read_text().replace("python pretrain_gpt.py ${PRETRAIN_ARGS[@]}",
-                                     "python pretrain_gpt.py ${PRETRAIN_ARGS[@]} " + _DSV3_FSDP)
-    result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", *_H100, "--vocab-size", "129280",
-                                      "--gpus", "256"], input=text)
-    assert result.exit_code == 2 and result.stderr.count("\n") == 1
-    assert "does not price --use-megatron-fsdp" in result.stderr
+def test_megatron_deepseek_v3_example_with_its_default_fsdp_prices_as_the_advisor_flags(tmp_path):
+    """The script's default branch (Megatron-FSDP, optim_grads_params, BF16 main gradients and their
+    communication) was refused by name; it is priced since (advisor.moe.fsdp), the same in every
+    priced key as the preset with those options written out by hand. Its --fsdp-double-buffer,
+    --use-nccl-ub and --init-model-with-meta-device are named as not priced."""
+    command = tmp_path / "dsv3_fsdp.sh"
+    command.write_text(_DSV3.read_text().replace("python pretrain_gpt.py ${PRETRAIN_ARGS[@]}",
+                                                 "python pretrain_gpt.py ${PRETRAIN_ARGS[@]} " + _DSV3_FSDP))
+    read = _same_price(command, ("--vocab-size", "129280", "--gpus", "256"),
+                       ["--model", "deepseek-v3", "--gpus", "256", "--tp", "1", "--pp", "1", "--ep", "8", "--etp", "1",
+                        "--mbs", "4", "--gbs", "2048", "--seq-len", "4096", "--recompute", "selective",
+                        *[word for module in ("mlp", "moe", "mla_up_proj", "layernorm")
+                          for word in ("--recompute-modules", module)],
+                        "--vocab-divisible-by", "3232", "--moe-token-dispatcher-type", "flex", "--mtp-num-layers",
+                        "1", "--dataloader-mask", "off", "--overlap-grad-reduce", "--overlap-param-gather",
+                        "--sequence-parallel", "--moe-permute-fusion", "--moe-flex-dispatcher-backend", "hybridep",
+                        "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+                        "--grad-dtype", "bf16", "--megatron-fsdp-grad-comm-dtype", "bf16"])
+    assert read["options"]["fsdp_strategy"] == "optim_grads_params"
+    assert {"--fsdp-double-buffer (not known to the advisor)", "--use-nccl-ub (not known to the advisor)"} <= set(
+        read["unpriced"])
 
 
 @pytest.mark.parametrize("dtype_flag, words", [

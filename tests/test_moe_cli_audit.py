@@ -99,7 +99,7 @@ def test_nothing_fits_tallies_the_verdicts_and_quotes_the_calibrated_usage_they_
               f"MBS {least['mbs']})")
     assert line == (f"advisor sweep: nothing fits: {tally}; the least any layout needs is {least['usage_gib']:.1f} "
                     f"GiB per GPU against 110 GiB {layout}; MoE sweeps do not try --sharding auto's Megatron-FSDP "
-                    "or optimizer CPU offload (not priced for MoE). Try more GPUs or a shorter --seq-len (--all "
+                    "(--use-megatron-fsdp prices it) or optimizer CPU offload (not priced for MoE). Try more GPUs or a shorter --seq-len (--all "
                     "shows the rows)")  # recomputation, any split, every EP and ETP were searched already
 
 

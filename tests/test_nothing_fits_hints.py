@@ -120,7 +120,8 @@ def test_where_activations_dominate_a_shorter_seq_len_is_hinted_and_fits(advisor
 
 # --- 3. MoE sweeps ---------------------------------------------------------------------------------------
 
-SKIPPED = "; MoE sweeps do not try --sharding auto's Megatron-FSDP or optimizer CPU offload (not priced for MoE)"
+SKIPPED = ("; MoE sweeps do not try --sharding auto's Megatron-FSDP (--use-megatron-fsdp prices it) or optimizer CPU "
+           "offload (not priced for MoE)")
 
 
 def test_deepseek_v3_on_16_h100s_says_its_states_exceed_and_that_sharding_was_not_tried(advisor):

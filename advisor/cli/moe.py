@@ -249,24 +249,11 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
     from advisor.moe.overlap import settings_problem
     from advisor.moe.stage import MoEOptions
     from advisor.moe.ep_time import dispatcher_sms_problem
-    from advisor.render import listed
 
-    training, memory = options, options.memory_options()  # advisor.options.TrainingOptions
-    # at TP > 1: a command without --sequence-parallel says it no more than the advisor's own flag does
-    refused = {"TP without --sequence-parallel (megatron-core's MoELayer raises in training at TP > 1 without it, "
-               "moe_layer.py)": not memory.sequence_parallel, "--no-flash-attn": not memory.flash_attention,
-               **_levers_not_priced(training)}
-    if space is not None:
-        refused["--recompute-method/--recompute-num-layers"] = bool(space.recompute_method
-                                                                    or space.recompute_num_layers)
-    named = [flag for flag, given in refused.items() if given]
-    lacking = [flag for flag, given in (unsupported or {}).items() if given]
-    if named or lacking:
-        levers = any(_levers_not_priced(training).values())
-        parts = ([f"its model does not price {', '.join(named)}"] if named else []) + (
-            [MOE_PRICED_TRAINING] if levers else []) + (
-            [f"its rows have no {listed(lacking)} yet (drop {'it' if len(lacking) == 1 else 'them'})"] if lacking else [])
-        raise InputError(f"{spec.name} is a mixture of experts; {'; '.join(parts)}")
+    training = options  # advisor.options.TrainingOptions
+    _refuse_unpriced(spec, training, space, unsupported)
+    if problem := fsdp_problem(training, flags.a2a_overlap, release):
+        raise InputError(f"{spec.name} is a mixture of experts; {problem}")
     capacity_factor, dispatcher = flags.capacity_factor, flags.dispatcher
     moe_routing = _routing(flags.moe_routing, capacity_factor)
     recompute = space.recompute if space is not None else training.recomputation.recompute
@@ -310,6 +297,30 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
                             routing=RoutedTokens(routing=moe_routing, capacity_factor=capacity_factor,
                                                  pad_to_capacity=padded, imbalance=flags.moe_imbalance),
                             modules=frozenset(recompute_modules) if recompute_modules else None)
+
+
+def _refuse_unpriced(spec, training, space, unsupported: dict | None) -> None:
+    """``moe_settings``' one line for what an MoE row does not price (``_levers_not_priced``, TP without
+    sequence parallelism, unfused attention, a pinned recomputation method) or does not offer yet
+    (``unsupported``: flag -> given), every such option named."""
+    from advisor.render import listed
+
+    memory = training.memory_options()
+    # at TP > 1: a command without --sequence-parallel says it no more than the advisor's own flag does
+    refused = {"TP without --sequence-parallel (megatron-core's MoELayer raises in training at TP > 1 without it, "
+               "moe_layer.py)": not memory.sequence_parallel, "--no-flash-attn": not memory.flash_attention,
+               **_levers_not_priced(training)}
+    if space is not None:
+        refused["--recompute-method/--recompute-num-layers"] = bool(space.recompute_method
+                                                                    or space.recompute_num_layers)
+    named = [flag for flag, given in refused.items() if given]
+    lacking = [flag for flag, given in (unsupported or {}).items() if given]
+    if named or lacking:
+        levers = any(_levers_not_priced(training).values())
+        parts = ([f"its model does not price {', '.join(named)}"] if named else []) + (
+            [MOE_PRICED_TRAINING] if levers else []) + (
+            [f"its rows have no {listed(lacking)} yet (drop {'it' if len(lacking) == 1 else 'them'})"] if lacking else [])
+        raise InputError(f"{spec.name} is a mixture of experts; {'; '.join(parts)}")
 
 
 def _check_shared_overlap(flags, dispatcher: str, recompute_modules, spec, release) -> None:
@@ -387,18 +398,37 @@ _WEIGHTS_NOT_PRICED = {"float32": "FP32 weights (no --bf16 or --fp16: Megatron's
 """The weights' number format the MoE model does not price, in Megatron's words: it prices --bf16."""
 
 
-MOE_PRICED_TRAINING = ("it prices BF16 weights (--bf16) under Megatron's DDP, no optimizer CPU offload, no "
-                       "--tp-comm-overlap: drop or change those flags to price the run so")
+MOE_PRICED_TRAINING = ("it prices BF16 weights (--bf16) under Megatron's DDP or Megatron-FSDP, no optimizer CPU "
+                       "offload, no --tp-comm-overlap: drop or change those flags to price the run so")
 """The remedy where a training option the MoE model does not price is given (``_levers_not_priced``)."""
 
 
 def _levers_not_priced(training) -> dict[str, bool]:
-    """The training options (advisor.options) the MoE model does not price yet: named, never ignored."""
+    """The training options (advisor.options) the MoE model does not price yet: named, never ignored.
+    Megatron-FSDP is priced (``advisor.moe.fsdp``), but not where ``fsdp_problem`` says."""
     dp, params_dtype = training.data_parallel, training.precision.params_dtype
-    return {"--use-megatron-fsdp": dp.fsdp_strategy is not None, "--use-torch-fsdp2": dp.torch_fsdp2,
+    return {"--use-torch-fsdp2": dp.torch_fsdp2,
             "--optimizer-cpu-offload": training.offload.optimizer_cpu_offload,
             "--tp-comm-overlap": training.tensor_parallel.tp_comm_overlap,
             **({_WEIGHTS_NOT_PRICED[params_dtype]: True} if params_dtype != "bfloat16" else {})}
+
+
+def fsdp_problem(training, a2a_overlap: bool, release) -> str | None:
+    """Why the MoE model does not price this run's Megatron-FSDP, or None: a release that cannot
+    wrap an MoE model (``advisor.moe.fsdp.release_problem``), or --overlap-moe-expert-parallel-comm,
+    whose combined schedule core_v0.19.0 runs under Megatron-FSDP with per-submodule gathers
+    (mcore_fsdp_adapter.py:168-225: ``enable_fine_grained_param_gather_hook``), two layers' weights
+    gathered at once, which ``advisor.moe.fsdp`` does not price."""
+    if training.data_parallel.fsdp_strategy is None:
+        return None
+    from advisor.moe.fsdp import release_problem
+
+    if problem := release_problem(release):
+        return problem
+    if a2a_overlap:
+        return ("--overlap-moe-expert-parallel-comm with --use-megatron-fsdp is not priced (core_v0.19.0 gathers "
+                "each submodule's weights for its combined schedule: mcore_fsdp_adapter.py); drop one of them")
+    return None
 
 
 def row_flags(spec, workload, row: dict) -> list[str]:
@@ -502,9 +532,11 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
     hints = ["more GPUs", *(hint for hint, helps in levers.items() if helps)]
     tally = ", ".join(f"{n:,} {verdict}" for verdict, n in result.counts.items())
     states = states_text(least["model_states_gib"], mem) if bound else ""
-    # the MoE model prices neither lever (``_levers_not_priced``), so --sharding auto is not tried
+    # --sharding auto's escalation (advisor.escalation) is the dense sweep's: an MoE sweep prices
+    # Megatron-FSDP only where given (advisor.moe.fsdp), and offload not at all (``_levers_not_priced``)
     skipped = "" if space is not None and space.sharding == "fixed" else (
-        "; MoE sweeps do not try --sharding auto's Megatron-FSDP or optimizer CPU offload (not priced for MoE)")
+        "; MoE sweeps do not try --sharding auto's Megatron-FSDP (--use-megatron-fsdp prices it) or optimizer CPU "
+        "offload (not priced for MoE)")
     return (f"{command_name()}: nothing fits: {tally}; the least any layout needs is {need:.1f} GiB per GPU against "
             f"{mem:g} GiB (TP {least['tp']}, CP {least['cp']}, PP {least['pp']}, EP {least['ep']}, ETP "
             f"{least['etp']}, MBS {least['mbs']}){states}{skipped}. Try {render.listed(hints, 'or')} "
