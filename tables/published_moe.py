@@ -92,15 +92,6 @@ MISSES = {
                   "timed on one H200 as Transformer Engine issues them (one cuBLAS GEMM per expert over 4 "
                   "streams; tables/moe_gemm_probe.py), this layout's BF16 GEMMs take 0.99 of the modelled "
                   "time, and its FP8 GEMMs 1.24 of it, about 2 points of the miss if charged as measured",
-    "mb2509-dsv3": "predicted faster (-15.0%) since the recipe's pipeline split is priced (the layout "
-                   "Et|(tt|)*30mL, per rank; -8.2% with the advisor's own split, which puts 7 layers beside "
-                   "the MTP layer and the head): the FP8 run of DeepSeek-V3 with current scaling, predicted "
-                   "fast as the FP8 Qwen3-30B-A3B runs with the same recipe are; outside the line by 0.01 "
-                   "points (-15.007%). Left: Transformer Engine's "
-                   "current-scaling quantisation beyond its bytes, four kernels per expert and tensor (not "
-                   "timed: no Transformer Engine on the GPU that timed the rest), and the layout's chunks "
-                   "(rank 7's last chunk holds the MTP layer alone; the advisor spreads the rank's layers "
-                   "over its chunks)",
     "mb2606-q30-ep16": "predicted faster (-31%), and not in the EP all-to-all: NVIDIA's BF16 runs of this "
                        "layout and dispatcher, forced balanced, took 25.1 s without the EP overlap "
                        "(mbcard0718-q30-hybridep, -15.7% here) and 21.0 s with it (mbcard0725-q30-overlap, "

@@ -571,7 +571,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     # the steady state's m passes at the slowest stage's pace; the fill and drain (no forward
     # beside a backward to overlap with) at the plain pace, shrunk v-fold by interleaving
     pipeline = m * slowest + (total - slowest) / vpp
-    dp_comm, optimizer = _data_parallel(b, training, _parameters(training, b, first_stage, base_of), most * moe_f,
+    dp_comm, optimizer = _data_parallel(b, training, _parameters(first_stage, base_of), most * moe_f,
                                         rates, global_batch_size / (b["mbs"] * b["dp"]))
     step = terms.data_loader_bound(pipeline + spread(dp_comm) + spread(optimizer), training.attention.dataloader_mask
                                    == "rebuilt", global_batch_size / c["dp"], seq_len, rates)
@@ -696,20 +696,13 @@ def _by_base(c: dict, bases):
     return {k: v[index] for k, v in c.items()}, lambda x: x[index], lambda x: x[inverse] if np.ndim(x) else x
 
 
-def _parameters(training, c: dict, first_stage, base_of) -> tuple:
-    """(dense, expert) parameters on one GPU of the first stage at the base layouts ``c``. Under
-    Megatron-FSDP the stage's own counts (``StageBytes.dense_parameters``); under Megatron's DDP
-    they are read back from the states' bytes at 2 + gradient + 12 / shards bytes a parameter, as
-    before Megatron-FSDP was priced: that divisor is wrong where Adam's states are not 12 bytes
-    (--use-precision-aware-optimizer), and the published MoE table's times (tables.published_moe)
-    were made with it, so it stays until that table is redone."""
-    if training.data_parallel.fsdp_strategy is not None:
-        return base_of(first_stage.dense_parameters), base_of(first_stage.expert_parameters)
-    edp = c["tp"] * c["cp"] * c["dp"] / (c["etp"] * c["ep"])
-    grad, sharded = training.precision.gradient_bytes, training.data_parallel.distributed_optimizer
-    dense = base_of(first_stage.weights_gradients_optimizer) / (mm.BF16 + grad + 12 / (c["dp"] * c["cp"] if sharded
-                                                                                         else 1))
-    return dense, base_of(first_stage.expert_states) / (mm.BF16 + grad + 12 / (edp if sharded else 1))
+def _parameters(first_stage, base_of) -> tuple:
+    """(dense, expert) parameters on one GPU of the first stage at the base layouts
+    (``ModelStates.dense_parameters``, ``expert_parameters``). They were read back from the
+    states' bytes at 2 + gradient + 12 / shards bytes a parameter under Megatron's DDP, which
+    undercounts them wherever Adam's states are not 12 bytes (--use-precision-aware-optimizer:
+    its BF16 moments or its master kept as a remainder; FP32 weights, their own master)."""
+    return base_of(first_stage.dense_parameters), base_of(first_stage.expert_parameters)
 
 
 def _data_parallel(c: dict, training, parameters: tuple, forward_s, rates: Rates, m=1.0):
@@ -733,9 +726,9 @@ def _data_parallel(c: dict, training, parameters: tuple, forward_s, rates: Rates
     opts = training.time_options()
     if strategy is not None:  # what Megatron-FSDP reduces: its communication dtype where it has its own
         grad = opts.grad_reduce_bytes if opts.grad_comm_bytes is None else opts.grad_comm_bytes
-    # without FSDP the distributed optimizer's reduce-scatter and all-gather, as priced before (the
-    # plain DDP all-reduce is not told apart here); Megatron-FSDP's no_shard all-reduces
-    ddp = dict(grad_bytes=grad, param_bytes=param_bytes, distributed_optimizer=sharded if strategy else True)
+    # the distributed optimizer's reduce-scatter and all-gather, else (Megatron's DDP without it,
+    # Megatron-FSDP's no_shard) the gradients' all-reduce and no gather
+    ddp = dict(grad_bytes=grad, param_bytes=param_bytes, distributed_optimizer=sharded)
     reduce_d, gather_d = terms.data_parallel_time(dense_params, c["dp"] * c["cp"], span, rates,
                                                   ranks_per_node=per_node_d, **ddp)
     reduce_e, gather_e = terms.data_parallel_time(expert_params, edp, span, rates, ranks_per_node=per_node_e, **ddp)
@@ -772,7 +765,7 @@ def _fsdp_microbatches(strategy: str, parameters: tuple, groups: tuple, bandwidt
     from advisor.throughput import levers
 
     forward = backward = 0.0
-    for params, group, bandwidth in zip(parameters, groups, bandwidths):
-        f, b = levers.fsdp_microbatch_time(params, group, bandwidth, rates, strategy, param_bytes, grad_bytes)
+    for count, group, bandwidth in zip(parameters, groups, bandwidths):
+        f, b = levers.fsdp_microbatch_time(count, group, bandwidth, rates, strategy, param_bytes, grad_bytes)
         forward, backward = forward + f, backward + b
     return forward, backward
