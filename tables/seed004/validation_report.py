@@ -132,7 +132,7 @@ def _target_lines(val: Validation, s: dict) -> list[str]:
         f"{_met(v['all_correct'], TARGETS['all_correct'])} |",
         f"| ranking: mean >= 98.5% of the column's best | {_pct(thr['mean'])} | {_met(thr['mean'], TARGETS['rank_mean'])} |",
         f"| ranking: minimum >= 95% | {_pct(thr['min'])} | {_met(thr['min'], TARGETS['rank_min'])} |",
-        f"| ranking never below the paper's rule on the same side | "
+        "| ranking never below the paper's rule on the same side | "
         + " / ".join(f"{_pct(r['selected'][d.name]['mean'])} vs {_pct(r['paper'][d.name]['mean'])}"
                      for d in val.directions)
         + " | " + _met(min(r["selected"][d.name]["mean"] - r["paper"][d.name]["mean"] for d in val.directions), 0)
