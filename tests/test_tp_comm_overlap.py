@@ -131,3 +131,21 @@ def test_a_recomputed_mlp_runs_its_userbuffers_again():
     assert comm_overlapped == pytest.approx(hand - (margin - 1) * fc2, rel=1e-9)
     assert (compute_plain + comm_plain) - (compute_overlapped + comm_overlapped) == pytest.approx(2 * one - hand,
                                                                                                rel=1e-9)
+
+
+def test_a_layers_two_blocks_add_up_to_the_layer():
+    """``block_overlap_time`` (one block alone, what the MoE model prices attention, a dense MLP and
+    the shared experts with) is the same term: attention's block and the MLP's add up to the layer's
+    ``tp_overlap_time`` (Llama 3.1 8B at TP 2, 4 and 8, one 8192-token microbatch)."""
+    from advisor.throughput import terms
+    from advisor.throughput.flops import layer_gemm_shapes
+    from advisor.throughput.userbuffers import block_overlap_time, tp_overlap_time
+
+    spec, rates = PRESETS["llama3.1-8b"], terms.Rates.of(H100, load_calibration())
+    tp = np.array([2, 4, 8])
+    qkv, proj, fc1, fc2 = (terms.gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, 8192.0, tp))
+    attention = block_overlap_time(("qkv", "proj"), (qkv, proj), spec, 8192.0, tp, rates, 132)
+    mlp = block_overlap_time(("fc1", "fc2"), (fc1, fc2), spec, 8192.0, tp, rates, 132)
+    layer = tp_overlap_time(spec, 8192.0, tp, rates, 132)
+    for part, whole in zip(np.add(attention, mlp), layer):
+        assert np.allclose(part, whole, rtol=1e-12, atol=0)

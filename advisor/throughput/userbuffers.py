@@ -178,6 +178,27 @@ def _column_backward(stem: str, gemm, spec: LlamaSpec, tokens, tp, rates: Rates,
     return parts
 
 
+def block_overlap_time(stems: tuple[str, str], gemms: tuple, spec: LlamaSpec, tokens, tp, rates: Rates, sms: int,
+                       config: UserbuffersConfig = TE_DEFAULTS, sizes: TpBytes = BF16_TP,
+                       overlaps: LayerOverlaps = MEGATRON_OVERLAPS):
+    """``tp_overlap_time``'s terms for one block of a layer alone: its column-parallel linear
+    ``stems[0]`` (qkv or fc1, whose buffers it uses) and its row-parallel one ``stems[1]`` (proj or
+    fc2), beside their forward GEMMs ``gemms`` (seconds, already at the run's rates; each backward
+    GEMM the same size), the block's [tokens, h] collectives each ``_beside`` its GEMM: forward the
+    column linear's all-gather and the row linear's reduce-scatter, backward the row linear's
+    gradient all-gather and the column linear's (``_column_backward``). Returns (forward exposed,
+    backward exposed, forward GEMM slowdown, backward GEMM slowdown). For blocks whose GEMMs are
+    not the dense layer's (a mixture-of-experts model's shared experts, ``advisor.moe.time``), and
+    whose linears Megatron may give fewer of the sub-options (``overlaps``)."""
+    column, row = stems
+    forward, slow_f = _forward_buffers((f"{column}_fprop", f"{row}_fprop"), gemms, spec, tokens, tp, rates, sms,
+                                       config, sizes, overlaps)
+    backward, slow_b = _beside(f"{row}_dgrad", gemms[1], spec, tokens, tp, rates, sms, config, sizes, overlaps)
+    for part, slowed in _column_backward(column, gemms[0], spec, tokens, tp, rates, sms, config, sizes, overlaps):
+        backward, slow_b = backward + part, slow_b + slowed
+    return forward, backward, slow_f, slow_b
+
+
 def tp_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config: UserbuffersConfig = TE_DEFAULTS,
                     sizes: TpBytes = BF16_TP, overlaps: LayerOverlaps = MEGATRON_OVERLAPS):
     """(forward exposed, backward exposed, forward GEMM slowdown, backward GEMM slowdown) of one
