@@ -380,8 +380,7 @@ def test_representative_stages_hold_the_peak_with_leading_dense_layers(pp):
     assert chosen == every
 
 
-@pytest.mark.parametrize("extra", [["--optimizer-cpu-offload"], ["--tp", "2", "--tp-comm-overlap"]],
-                         ids=["offload", "tp-overlap"])
+@pytest.mark.parametrize("extra", [["--optimizer-cpu-offload"], ["--use-torch-fsdp2"]], ids=["offload", "fsdp2"])
 def test_an_unpriced_moe_training_option_says_what_is_priced(extra):
     """The refusal named the flag and stopped (helper scripts, on Megatron-LM's DeepSeek-V3
     Megatron-FSDP example): it now says what the MoE model prices, so the user knows what to change.
@@ -390,6 +389,5 @@ def test_an_unpriced_moe_training_option_says_what_is_priced(extra):
                                       *extra])
     assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
     assert result.output.rstrip().endswith(
-        "it prices BF16 weights (--bf16) under Megatron's DDP or Megatron-FSDP, no optimizer CPU offload, no "
-        "--tp-comm-overlap: "
-        "drop or change those flags to price the run so")
+        "it prices BF16 weights (--bf16) under Megatron's DDP or Megatron-FSDP, no optimizer CPU offload: drop or "
+        "change those flags to price the run so")

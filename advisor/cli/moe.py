@@ -247,6 +247,7 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
 
     from advisor.moe.memory import RoutedTokens
     from advisor.moe.overlap import settings_problem
+    from advisor.moe.userbuffers import mla_problem
     from advisor.moe.stage import MoEOptions
     from advisor.moe.ep_time import dispatcher_sms_problem
 
@@ -277,6 +278,8 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
             recompute_modules=recompute_modules, shared_expert_overlap=flags.shared_expert_overlap,
             transformer_impl=flags.transformer_impl,
             mtp_num_layers=spec.mtp_num_layers if mtp_num_layers is None else mtp_num_layers):
+        raise InputError(problem)
+    if problem := mla_problem(spec, training.tensor_parallel.tp_comm_overlap):
         raise InputError(problem)
     if flags.shared_expert_overlap:
         _check_shared_overlap(flags, dispatcher, recompute_modules, spec, release)
@@ -399,7 +402,7 @@ _WEIGHTS_NOT_PRICED = {"float32": "FP32 weights (no --bf16 or --fp16: Megatron's
 
 
 MOE_PRICED_TRAINING = ("it prices BF16 weights (--bf16) under Megatron's DDP or Megatron-FSDP, no optimizer CPU "
-                       "offload, no --tp-comm-overlap: drop or change those flags to price the run so")
+                       "offload: drop or change those flags to price the run so")
 """The remedy where a training option the MoE model does not price is given (``_levers_not_priced``)."""
 
 
@@ -409,7 +412,6 @@ def _levers_not_priced(training) -> dict[str, bool]:
     dp, params_dtype = training.data_parallel, training.precision.params_dtype
     return {"--use-torch-fsdp2": dp.torch_fsdp2,
             "--optimizer-cpu-offload": training.offload.optimizer_cpu_offload,
-            "--tp-comm-overlap": training.tensor_parallel.tp_comm_overlap,
             **({_WEIGHTS_NOT_PRICED[params_dtype]: True} if params_dtype != "bfloat16" else {})}
 
 
@@ -668,6 +670,9 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
         from advisor.cli.from_command import need_memory
 
         need_memory(mem)
+    # what validate_args refuses with the layout, as for a dense estimate (--tp-comm-overlap at TP 1)
+    if problem := settings.training.layout_problem(tp=tp, pp=pp, tie_embeddings=spec.tie_embeddings):
+        raise InputError(problem)
     try:
         # without --etp, Megatron's own default: the expert TP is the TP (arguments.py, both releases)
         row = estimate_layout(spec, workload, tp=tp, cp=cp, pp=pp, ep=ep or 1, etp=etp or tp, dp=dp, mbs=mbs, vpp=vpp,

@@ -29,6 +29,7 @@ from advisor.moe import ep_time
 from advisor.moe import memory as mm
 from advisor.moe import mtp as mtp_terms
 from advisor.moe import params
+from advisor.moe import userbuffers as ub
 from advisor.moe.spec import MoESpec
 from advisor.moe.stage import longest_and_last
 from advisor.throughput import terms
@@ -143,7 +144,9 @@ class LayerTimes(NamedTuple):
     (``mla_attention_tp_time``: its up projections' and the rotary key's gathers, the same
     scatter). In none of the compute fields nor ``dense`` or ``moe``: communication, run once
     per forward that runs attention (again with full recomputation) and once in the backward
-    (``attention_tp_backward``), not priced as twice the forward (``tp_comm``)."""
+    (``attention_tp_backward``), not priced as twice the forward (``tp_comm``). Under
+    --tp-comm-overlap (``advisor.moe.userbuffers``) this and the other TP fields of the blocks that
+    get userbuffers hold what they leave exposed plus the slowdown of the GEMMs beside them."""
     attention_tp_backward: object = 0.0
     """Its backward: the all-gather of the output projection's output gradient and the
     reduce-scatters of the gathered inputs' gradients (QKV's; MLA's up projections' and the
@@ -174,7 +177,7 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
                 fp8: Fp8Gemms | None = None, dispatcher: str = "alltoall",
                 sms: int = STREAMING_MULTIPROCESSORS["hopper"], routing: mm.RoutedTokens = mm.RoutedTokens(),
                 permute_fusion: bool = False, router_fusion: bool = False, bias_swiglu_fusion: bool = True,
-                shared_expert_overlap: bool = False):
+                shared_expert_overlap: bool = False, tp_overlap: ub.TpOverlap | None = None):
     """``LayerTimes`` of one layer, one microbatch; backward is twice the compute (core attention's
     ``core_backward_extra`` besides) and the same communication. ``fp8``: with --fp8-format
     (``throughput.levers.fp8_gemms``), the linear layers' GEMMs at its rates (attention
@@ -190,7 +193,10 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     state's pace). ``permute_fusion``, ``router_fusion``: --moe-permute-fusion, --moe-router-fusion
     (``ep_time.permutation_time``; the fused router without ``ROUTER_KERNELS_S``);
     ``bias_swiglu_fusion`` False: --no-bias-swiglu-fusion, ``shared_expert_overlap``:
-    --moe-shared-expert-overlap's eager shared SwiGLU (``elementwise_bytes``)."""
+    --moe-shared-expert-overlap's eager shared SwiGLU (``elementwise_bytes``). ``tp_overlap``:
+    --tp-comm-overlap's userbuffers (``advisor.moe.userbuffers``: attention's, a dense layer's MLP's
+    and the shared experts' TP fields then hold what the overlap leaves exposed and the SMs it takes
+    from their GEMMs); None without it."""
     gemm_rates = fp8.rates if fp8 else rates
     tp, cp = np.asarray(tp, dtype=float), np.asarray(cp, dtype=float)
     tokens_cp = np.asarray(mbs, dtype=float) * seq_len / cp  # the TP group's tokens
@@ -231,6 +237,12 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
                                             terms.link_bandwidth(etp, rates), rates)
     shared_tp, shared_tp_backward = shared_expert_tp_time(spec, tokens_cp, tp, rates, fp8, shared_expert_overlap)
+    # userbuffers where megatron-core gives them (advisor.moe.userbuffers); with MLA it takes them
+    # away from all but one projection a model chunk, which the CLI refuses (userbuffers.mla_problem)
+    if tp_overlap is not None and spec.mla is None:
+        attention_tp, (block_tp, block_tp_backward), shared_tp, shared_tp_backward = _overlapped_tp(
+            spec, tokens_cp, tp, gemm_rates, sms, tp_overlap, tp_sizes,
+            (shared_tp, shared_tp_backward) if shared_expert_overlap else None)
     moe = attention + expert_f + moe_act + shared + router + permute + a2a + 2 * gather
     shared_fc2 = 2.0 * tokens_cp * spec.hidden_size * spec.shared_expert_size / tp / gemm_rates.gemm_flops_per_s
     norm = terms.elementwise_time(mm.BF16 * 2 * spec.hidden_size * tokens_cp / tp, rates)  # read h, write h
@@ -246,6 +258,22 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
                       mla_up_tp=attention_tp.up_gathers,
                       dense_mlp_tp=block_tp, dense_mlp_tp_backward=block_tp_backward,
                       shared_tp=shared_tp, shared_tp_backward=shared_tp_backward)
+
+
+def _overlapped_tp(spec: MoESpec, tokens_cp, tp, gemm_rates: Rates, sms: int, tp_overlap: ub.TpOverlap,
+                   sizes: terms.TpBytes, plain_shared: tuple | None):
+    """(attention's ``AttentionTp``, a dense MLP's, the shared experts' forward, their backward)
+    under --tp-comm-overlap (``advisor.moe.userbuffers``): grouped-query attention's, a dense MLP's
+    and the shared experts' userbuffers, at the GEMMs' rates (FP8's under --fp8-format, as the
+    dense model prices them). ``plain_shared``: under --moe-shared-expert-overlap, which takes the
+    shared experts' userbuffers away, their collectives as without the overlap
+    (``shared_expert_tp_time``), kept; None otherwise. Grouped-query attention only: the caller
+    leaves a model with MLA as without the overlap (``userbuffers.mla_problem``)."""
+    attention = AttentionTp(*ub.attention_tp(spec, tokens_cp, tp, gemm_rates, sms, tp_overlap, sizes), 0.0)
+    dense = ub.dense_mlp_tp(spec, tokens_cp, tp, gemm_rates, sms, tp_overlap, sizes)
+    shared = ub.shared_tp(spec, tokens_cp, tp, gemm_rates, sms, tp_overlap, sizes) if plain_shared is None \
+        else plain_shared
+    return attention, dense, shared[0], shared[1]
 
 
 def shared_expert_tp_time(spec: MoESpec, tokens_cp, tp, rates: Rates, fp8: Fp8Gemms | None = None,
@@ -601,8 +629,14 @@ def _rates_and_layer(spec: MoESpec, seq_len: int, b: dict, gpu, options, cal):
                         sms=streaming_multiprocessors(gpu.architecture), routing=options.routing,
                         permute_fusion=options.fused_permutation, router_fusion=options.router_fusion,
                         bias_swiglu_fusion=training.fusions.bias_swiglu_fusion,
-                        shared_expert_overlap=options.shared_expert_overlap)
+                        shared_expert_overlap=options.shared_expert_overlap, tp_overlap=userbuffers_of(training))
     return rates, fp8_gemms.rates if fp8_gemms else rates, layer
+
+
+def userbuffers_of(training) -> ub.TpOverlap | None:
+    """--tp-comm-overlap's buffers and sub-options from the run's ``TrainingOptions``, None without it."""
+    tpo = training.tensor_parallel
+    return ub.TpOverlap(tpo.userbuffers(), tpo.overlaps()) if tpo.tp_comm_overlap else None
 
 
 def _dense_layer_pace(spec: MoESpec, recompute: str, options, layer: LayerTimes):
