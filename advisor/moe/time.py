@@ -229,13 +229,7 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     router = 2.0 * tokens * spec.hidden_size * spec.num_experts / rates.gemm_flops_per_s \
         + (0.0 if router_fusion else ROUTER_KERNELS_S[spec.score_function] / 3)
     permute = ep_time.permutation_time(spec, copies, ep, rates, dispatcher, fused=permute_fusion)
-    if dispatcher == "allgather":  # its gather over the expert TP x EP group is the dispatch
-        a2a, gather = ep_time.allgather_dispatch_time(spec, tokens, ep, etp, rates), 0.0
-    else:
-        a2a = 2 * ep_time.all_to_all_time(spec, copies / np.asarray(etp, dtype=float), ep, etp, rates,
-                                  dispatcher)  # dispatch + combine
-        gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp,
-                                            terms.link_bandwidth(etp, rates), rates)
+    a2a, gather = _dispatch_times(spec, tokens, copies, ep, etp, rates, dispatcher)
     shared_tp, shared_tp_backward = shared_expert_tp_time(spec, tokens_cp, tp, rates, fp8, shared_expert_overlap)
     # userbuffers where megatron-core gives them (advisor.moe.userbuffers); with MLA it takes them
     # away from all but one projection a model chunk, which the CLI refuses (userbuffers.mla_problem)
@@ -258,6 +252,18 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
                       mla_up_tp=attention_tp.up_gathers,
                       dense_mlp_tp=block_tp, dense_mlp_tp_backward=block_tp_backward,
                       shared_tp=shared_tp, shared_tp_backward=shared_tp_backward)
+
+
+def _dispatch_times(spec: MoESpec, tokens, copies, ep, etp, rates: Rates, dispatcher: str) -> tuple:
+    """(the EP dispatch and combine, one expert-TP gather of the routed tokens) of one layer and
+    microbatch: the allgather dispatcher's gather over the expert TP x EP group is its dispatch;
+    the others' all-to-all both ways, and with ETP > 1 the routed tokens gathered over ETP."""
+    if dispatcher == "allgather":
+        return ep_time.allgather_dispatch_time(spec, tokens, ep, etp, rates), 0.0
+    a2a = 2 * ep_time.all_to_all_time(spec, copies / np.asarray(etp, dtype=float), ep, etp, rates, dispatcher)
+    gather = terms.ring_collective_time(copies * mm.BF16 * spec.hidden_size, etp, terms.link_bandwidth(etp, rates),
+                                        rates)
+    return a2a, gather
 
 
 def _overlapped_tp(spec: MoESpec, tokens_cp, tp, gemm_rates: Rates, sms: int, tp_overlap: ub.TpOverlap,
