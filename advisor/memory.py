@@ -75,6 +75,10 @@ class MemoryOptions:
     fsdp_strategy: str | None = None
     """Megatron-FSDP's --data-parallel-sharding-strategy, or 'torch_fsdp2': a key of
     ``advisor.memory_levers.SHARDING``; None: DDP."""
+    fsdp_budget_from_units: bool = True
+    """Megatron-FSDP's all-gather prefetch and reduce-scatter queue sized from the rank's FSDP units,
+    as core_v0.19.0 sizes them (the newest release's rule, the default); False: core_v0.15.2's fixed
+    1e9 elements (``memory_levers.fsdp_communication_unit``; ``MegatronRelease.fsdp_budget_from_units``)."""
     optimizer_bytes: float = 12.0
     """Bytes per parameter of the optimizer states before sharding: 12, FP32 master weight,
     momentum and variance (Section 3.1); fewer with the precision-aware optimizer

@@ -11,13 +11,41 @@ import numpy as np
 from advisor import equations as eq
 from advisor.models import LlamaSpec
 
-FSDP_AG_PREFETCH_ELEMENTS = 500_000_000
-"""Megatron-FSDP's all-gather prefetch budget: ``suggested_AG_prefetch_size`` =
-``suggested_communication_unit_size // 2``, and that size is ``ddp_config.suggested_communication_unit_size
-or 1_000_000_000`` (megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py, both checkouts)."""
-FSDP_RS_QUEUE_ELEMENTS = 1_000_000_000
-"""Megatron-FSDP's reduce-scatter queue: ``suggested_RS_queue_capacity`` (same place): unsharded
-gradient buckets wait there until more than this many elements are queued (``fsdp_queued_units``)."""
+FSDP_COMMUNICATION_UNIT = 1_000_000_000
+"""Megatron-FSDP's ``suggested_communication_unit_size`` unless --suggested-communication-unit-size
+sets it: core_v0.15.2's always (``ddp_config.suggested_communication_unit_size or 1_000_000_000``,
+megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:362-364), core_v0.19.0's least
+(:438-441, 'Cap to 1B elements', ``max(1_000_000_000, ...)``; ``fsdp_communication_unit``)."""
+FSDP_AG_PREFETCH_ELEMENTS = FSDP_COMMUNICATION_UNIT // 2
+"""Megatron-FSDP's all-gather prefetch budget at ``FSDP_COMMUNICATION_UNIT``:
+``suggested_AG_prefetch_size = suggested_communication_unit_size // 2`` (same file, both checkouts)."""
+FSDP_RS_QUEUE_ELEMENTS = FSDP_COMMUNICATION_UNIT
+"""Megatron-FSDP's reduce-scatter queue at ``FSDP_COMMUNICATION_UNIT``: ``suggested_RS_queue_capacity
+= suggested_communication_unit_size`` (same place): unsharded gradient buckets wait there until
+more than this many elements are queued (``fsdp_queued_units``)."""
+
+
+def fsdp_communication_unit(options, held, units) -> tuple:
+    """(all-gather prefetch budget, reduce-scatter queue capacity) in elements, for a rank whose
+    ``units`` FSDP units hold ``held`` parameters (TP/EP-local) in all, as the release prices them
+    (``options.fsdp_budget_from_units``, ``MegatronRelease.fsdp_budget_from_units``).
+
+    core_v0.19.0 (megatron_fsdp.py:420-444): with optim_grads_params twice the mean unit's elements,
+    ``total_param_elements // total_fsdp_module * 2`` over the modules of ``fsdp_unit_modules``, the
+    rank's transformer layers only (mcore_fsdp_adapter.py:160-164: ``[TransformerLayer,
+    MoETransformerLayer, MambaLayer]``; the embedding and output layer are no units), each counted
+    with its TP-local shape (the buffer is built before the parameters become shards:
+    param_and_grad_buffer.py:2941 ``.view(p_local.shape)``); else the DDP bucket size, which is
+    max(40M, 1M x DP x CP) with --overlap-grad-reduce (training.py:1552-1567,
+    ``resolve_ddp_bucket_size``), so 1e9 or less unless DP x CP exceeds 1,000 (not priced), and
+    1e9 without a bucket size; at least 1e9 either way, the prefetch half (``// 2``). core_v0.15.2:
+    ``FSDP_COMMUNICATION_UNIT`` always. Layouts broadcast; 0 units: the floor (no buffers held)."""
+    held = np.asarray(held, dtype=float)
+    size = np.full_like(held, float(FSDP_COMMUNICATION_UNIT))
+    if options.fsdp_budget_from_units and options.fsdp_strategy == "optim_grads_params":
+        mean = np.floor(held / np.maximum(np.asarray(units, dtype=float), 1.0))  # the integer division
+        size = np.maximum(size, 2.0 * mean)
+    return np.floor(size / 2.0), size
 
 
 def fsdp_queued_units(unit_parameters, queue=FSDP_RS_QUEUE_ELEMENTS):
@@ -32,8 +60,7 @@ def fsdp_queued_units(unit_parameters, queue=FSDP_RS_QUEUE_ELEMENTS):
     reduce_gradients 2724-2763, wait_for_previous_grad_reduce 2765-2797, the append 3004-3009;
     core_v0.19.0 reduce_gradients 3872, wait_for_previous_grad_reduce 3916-3946, the append 4246).
     Nothing frees a queued bucket earlier: a finished reduce-scatter waits in the queue until trimmed.
-    ``queue``: the queue's capacity in elements (``FSDP_RS_QUEUE_ELEMENTS`` unless a caller knows
-    the release's own, ``advisor.moe.fsdp.communication_unit``)."""
+    ``queue``: the queue's capacity in elements (the release's: ``fsdp_communication_unit``)."""
     u = np.maximum(np.asarray(unit_parameters, dtype=float), 1.0)
     return np.floor(queue / u) + 2.0
 
@@ -150,27 +177,30 @@ def bucket_bytes(options) -> int:
 def fsdp_buffer_bytes(options, unit_parameters, layers):
     """(gathered weights, queued gradients): the unsharded buffers Megatron-FSDP holds at a
     rank's peak, for ``layers`` decoder layers of ``unit_parameters`` each (its FSDP unit is the
-    transformer layer).
+    transformer layer), with the release's budgets (``fsdp_communication_unit``: all units alike,
+    the mean is one unit).
 
     optim_grads_params gathers a unit's weights before it runs and prefetches the next units up
-    to ``FSDP_AG_PREFETCH_ELEMENTS``: the unit in use plus min(prefetch budget, the other
-    layers). optim_grads and optim_grads_params produce each unit's full gradient and queue it
-    for the reduce-scatter until more than ``FSDP_RS_QUEUE_ELEMENTS`` are queued: min(all layers,
-    the buckets the queue keeps, the one just queued and the one being produced:
-    ``fsdp_queued_elements``). Both in the stage's element and gradient bucket dtypes
-    (``bucket_bytes``). torch
-    FSDP2 ('torch_fsdp2') keeps two layers of each, in the weights' dtype."""
-    return fsdp_held_buffer_bytes(options, unit_parameters, np.asarray(layers, dtype=float) * unit_parameters)
+    to the prefetch budget: the unit in use plus min(prefetch budget, the other layers).
+    optim_grads and optim_grads_params produce each unit's full gradient and queue it for the
+    reduce-scatter until more than the queue's capacity is queued: min(all layers, the buckets
+    the queue keeps, the one just queued and the one being produced: ``fsdp_queued_elements``).
+    Both in the stage's element and gradient bucket dtypes (``bucket_bytes``). torch FSDP2
+    ('torch_fsdp2') keeps two layers of each, in the weights' dtype."""
+    layers = np.asarray(layers, dtype=float)
+    held = layers * unit_parameters
+    prefetch, queue = fsdp_communication_unit(options, held, layers)
+    return fsdp_held_buffer_bytes(options, unit_parameters, held, prefetch, queue)
 
 
-def fsdp_held_buffer_bytes(options, unit_parameters, held, prefetch=FSDP_AG_PREFETCH_ELEMENTS,
-                           queue=FSDP_RS_QUEUE_ELEMENTS):
+def fsdp_held_buffer_bytes(options, unit_parameters, held, prefetch, queue):
     """``fsdp_buffer_bytes`` for a rank whose FSDP units hold ``held`` parameters in all, the
     largest of them ``unit_parameters``: the same buffers where the units differ in size (an MoE
     stage's dense and MoE layers, ``advisor.moe.fsdp``). The prefetch and the queue count a
     bucket's elements whatever unit it belongs to (``AllGatherPipeline``'s
     ``prefetch_all_gather_size``, ``GradReducePipeline``'s queue: same sources). ``prefetch``,
-    ``queue``: the all-gather prefetch budget and the reduce-scatter queue's capacity, in elements."""
+    ``queue``: the all-gather prefetch budget and the reduce-scatter queue's capacity, in elements
+    (``fsdp_communication_unit``)."""
     sharding = SHARDING[options.fsdp_strategy]
     held = np.asarray(held, dtype=float)
     zero = 0.0 * held  # every buffer as wide as the layers and units broadcast (0 where not held)
@@ -197,18 +227,20 @@ def fsdp_buffer_lines(options, unit_parameters) -> list[tuple]:
     """``fsdp_buffer_bytes`` as lines in the layers n: each buffer is the smaller of two lines,
     n units (slope u, nothing at 0) or its cap (slope 0): gathered = min(n u, u + prefetch)
     (for n >= 1, u + min(prefetch, (n - 1) u) is that; at 0 both are 0) and queued = min(n u,
-    ``fsdp_queued_elements``, constant in n). Their sum is the smallest of the (slope, intercept)
-    bytes of every choice of one line per buffer, which this lists (one zero line where a buffer is
-    not held)."""
+    ``fsdp_queued_elements``, constant in n). The budgets are constant in n too: the mean of n
+    equal units is one unit (``fsdp_communication_unit`` of one). Their sum is the smallest of the
+    (slope, intercept) bytes of every choice of one line per buffer, which this lists (one zero
+    line where a buffer is not held)."""
     _, grads_sharded, weights_sharded = _sharded(options)
     u = np.asarray(unit_parameters, dtype=float)
     if options.fsdp_strategy == "torch_fsdp2":  # min(n u, 2 u) of each, in the weights' dtype
         each = [(options.element_bytes * u, 0.0), (0.0, options.element_bytes * TORCH_FSDP2_UNITS_IN_FLIGHT * u)]
         return [(a + c, b + d) for a, b in each for c, d in each]
-    gathered = [(options.element_bytes * u, 0.0), (0.0, options.element_bytes * (u + FSDP_AG_PREFETCH_ELEMENTS))] \
+    prefetch, queue = fsdp_communication_unit(options, u, 1)
+    gathered = [(options.element_bytes * u, 0.0), (0.0, options.element_bytes * (u + prefetch))] \
         if weights_sharded else [(0.0, 0.0)]
-    queued = [(bucket_bytes(options) * u, 0.0), (0.0, bucket_bytes(options) * fsdp_queued_elements(options, u))] \
-        if grads_sharded else [(0.0, 0.0)]
+    queued = [(bucket_bytes(options) * u, 0.0),
+              (0.0, bucket_bytes(options) * fsdp_queued_elements(options, u, queue))] if grads_sharded else [(0.0, 0.0)]
     return [(a + c, b + d) for a, b in gathered for c, d in queued]
 
 

@@ -24,7 +24,7 @@ def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, thresh
     from advisor.sweep import SweepRow
 
     training = training.at_tp(parallel.tp)
-    options = training.memory_options()
+    options = training.memory_options(release)
     result = estimate_memory(spec, parallel, workload, options, stages)
     assessment = timing = parts = verdict = None
     if mem and memory_model == "calibrated":

@@ -96,6 +96,14 @@ class MegatronRelease:
     rows are written once for every release, with the spelling the oldest one needs; a launch on
     this release writes its own (``own_spelling``). A switch's words replace it; a valued flag's
     name is replaced and its value kept."""
+    fsdp_budget_from_units: bool = True
+    """Whether Megatron-FSDP sizes its all-gather prefetch and reduce-scatter queue from the rank's
+    FSDP units (``memory_levers.fsdp_communication_unit``): core_v0.19.0 sets
+    ``suggested_communication_unit_size``, where --suggested-communication-unit-size leaves it None,
+    to twice the mean unit's elements under optim_grads_params, else the DDP bucket size or 1e9, and
+    at least 1e9 (megatron_fsdp/megatron_fsdp.py:420-444). core_v0.15.2 reads
+    ``ddp_config.suggested_communication_unit_size or 1_000_000_000`` (:362-364), so its branch that
+    would size it is dead: always 1e9."""
     imports: tuple[tuple[str, str], ...] = ()
     """(module, why) for each module outside the standard library that its pretrain_gpt.py imports
     on the way to training: found by importing the script's module level (and, for core_v0.15.2,
@@ -141,7 +149,7 @@ RELEASES: tuple[MegatronRelease, ...] = (
         mock_data_max_token_id=4094, pretrain="providers",
         transformer_config_module="megatron.training.arguments", fsdp_sharding_strategy="no_shard", eval_interval=1000,
         uniform_recompute_any_n=False, flex_needs_enable_deepep=True, shared_expert_overlap_dispatchers=("alltoall",),
-        uneven_middle_needs_layers=False,
+        uneven_middle_needs_layers=False, fsdp_budget_from_units=False,
         lacks=frozenset({"--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms", *FSDP_DTYPE_FLAGS}),
         imports=(("torch", ""), ("numpy", ""), ("packaging", ": megatron/training/arguments.py"),
                  ("six", ": megatron/training/tokenizer/bert_tokenization.py"),

@@ -222,7 +222,7 @@ def _no_layout(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, spac
 
 
 def _rows(bases, chosen, training: TrainingOptions, memory_gib: float, threshold: float, timing,
-          tokens: float | None) -> list[SweepRow]:
+          tokens: float | None, release=None) -> list[SweepRow]:
     """One ``SweepRow`` per base of the search's result, with the paper's verdict (Eq. 18's rule)."""
     from advisor.ranking import timing_fields
 
@@ -243,7 +243,7 @@ def _rows(bases, chosen, training: TrainingOptions, memory_gib: float, threshold
         recompute = (str(chosen.recompute[b]), str(chosen.recompute_method[b]), int(chosen.recompute_layers[b]))
         if recompute not in row_options:
             trained = _row_options(training, *recompute)
-            row_options[recompute] = trained, trained.memory_options()
+            row_options[recompute] = trained, trained.memory_options(release)
         rows.append(SweepRow(
             parallel=parallel, num_microbatches=None if math.isinf(m) else int(m),
             estimate=MemoryEstimate(terms, tuple(chosen.counts[b, :pp].tolist()), int(peak[b])),
@@ -291,7 +291,7 @@ def sweep(
     space = _check_inputs(spec, workload, gpus, memory_gib, threshold=threshold, memory_model=memory_model,
                           measured=measured, whole_node=gpu.gpus_per_node if gpu is not None else max_tp,
                           max_tp=max_tp, space=space, release=release)
-    training, options = options, options.memory_options()
+    training, options = options, options.memory_options(release)
     timing = run_timing(spec, workload, gpu, time_options or training.time_options()) if gpu is not None else None
     memory_calibration = None
     if memory_model in ("calibrated", "profile"):  # plan against the model that judges the rows
@@ -303,7 +303,7 @@ def sweep(
     rows, assessments = [], None if memory_calibration is None else []
     for result, _ in parts:  # chunk by chunk: merged, the (rows, deepest PP) arrays grow to GBs
         bases, chosen = result.bases, result.chosen
-        rows += _rows(bases, chosen, training, memory_gib, threshold, timing, tokens)
+        rows += _rows(bases, chosen, training, memory_gib, threshold, timing, tokens, release)
         if memory_calibration is not None:  # the calibrated (or profile) model judges all rows at once
             from advisor.verdicts import assess_stages
 
@@ -330,5 +330,5 @@ def sweep(
         memory_model=memory_model, rank_by=rank_by, time_options=time_options, tokens=tokens, measured=measured,
         release=release),
         training, gpu, may_help=lambda lever: may_fit(
-            spec, workload, gpus, memory_gib, max_tp=max_tp, options=lever.memory_options(), space=fixed,
+            spec, workload, gpus, memory_gib, max_tp=max_tp, options=lever.memory_options(release), space=fixed,
             memory_calibration=memory_calibration, measured=measured))

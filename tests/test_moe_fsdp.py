@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from advisor import memory_levers as levers
 from advisor.cli import cli
+from advisor.memory import MemoryOptions
 from advisor.moe import fsdp
 from advisor.moe import stage as st
 from advisor.moe import time as moe_time
@@ -73,7 +75,8 @@ def test_core_v0_19_budget_follows_a_unit_over_half_a_billion():
                                                 .memory_options(), MIXTRAL, 1, 1, 1, 0, 8)
     assert (float(gathered), float(queued)) == (2 * 2 * u, 4 * 4 * u)
     assert float(share) == pytest.approx((ATTENTION + ROUTER_AND_NORMS) / u)
-    assert fsdp.communication_unit("optim_grads", 8 * u, 8) == (5e8, 1e9)  # no units: the bucket size's floor
+    # no units: the bucket size's floor (memory_levers.fsdp_communication_unit, the dense model's rule too)
+    assert levers.fsdp_communication_unit(MemoryOptions(fsdp_strategy="optim_grads"), 8 * u, 8) == (5e8, 1e9)
 
 
 def _rates() -> Rates:

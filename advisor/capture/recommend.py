@@ -223,7 +223,7 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOpt
     known) is the plan's memory limit, and its peak's verdict (``threshold``: the paper rule's)."""
     if calibration is not None and gpu_memory is None:
         raise AdvisorError("the calibrated memory model needs the GPU's memory")
-    training, options = options.at_tp(tp), options.memory_options()
+    training, options = options.at_tp(tp), options.memory_options(release)
     gbs = workload.global_batch_size
     if gbs is None:
         raise AdvisorError("a plan needs the global batch size")

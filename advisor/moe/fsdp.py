@@ -21,7 +21,8 @@ What megatron-core does (read in ``../shared/megatron-lm``):
 - Its budgets: ``suggested_communication_unit_size`` is, with optim_grads_params, twice the mean
   FSDP unit's elements on the rank, and otherwise the DDP bucket size (--ddp-bucket-size, default
   max(40M, 1M x DP x CP), training.py:1562), at least 1e9 either way (megatron_fsdp.py:420-444);
-  the queue holds that many elements, the prefetch half (``communication_unit``).
+  the queue holds that many elements, the prefetch half (``memory_levers.fsdp_communication_unit``,
+  the dense model's rule too).
 - core_v0.15.2 cannot wrap an expert-parallel model: ``MegatronFSDP.__init__`` calls
   ``self.dist_index.get_expert_dp_group()`` where any parameter has ``allreduce`` False
   (megatron_fsdp.py:229-242), which the experts have at EP > 1 (transformer/moe/experts.py:232-233,
@@ -43,10 +44,6 @@ import numpy as np
 from advisor import memory_levers as levers
 from advisor.moe import params
 from advisor.moe.spec import MoESpec
-
-COMMUNICATION_UNIT_FLOOR = 1_000_000_000
-"""core_v0.19.0's least ``suggested_communication_unit_size`` (megatron_fsdp.py:438-441: 'Cap to 1B
-elements', ``max(1_000_000_000, ...)``)."""
 
 
 def release_problem(release) -> str | None:
@@ -81,29 +78,18 @@ def held_parameters(spec: MoESpec, tp, ep, etp, dense, moe_units):
     return dense * dense_layer + moe_units * moe_dense, moe_units * experts, largest, dense + moe_units
 
 
-def communication_unit(strategy: str | None, held, units):
-    """(all-gather prefetch budget, reduce-scatter queue capacity) in elements, core_v0.19.0's
-    (megatron_fsdp.py:420-444): with optim_grads_params twice the mean unit's elements
-    (``total_param_elements // total_fsdp_module * 2``, the rank's own, TP/EP-local), else the DDP
-    bucket size, which is 1e9 or less unless DP x CP exceeds 1,000; at least 1e9, the prefetch half."""
-    held = np.asarray(held, dtype=float)
-    size = np.full_like(held, float(COMMUNICATION_UNIT_FLOOR))
-    if strategy == "optim_grads_params":
-        mean = np.floor(held / np.maximum(np.asarray(units, dtype=float), 1.0))
-        size = np.maximum(size, 2.0 * mean)
-    return np.floor(size / 2.0), size
-
-
 def buffer_bytes(options, spec: MoESpec, tp, ep, etp, dense, moe_units):
     """(gathered weights, queued gradients, the dense part's share of them) in bytes per GPU: the
     dense model's Megatron-FSDP buffers (``memory_levers.fsdp_held_buffer_bytes``: the unit in use
     and the prefetched ones, the reduce-scatter queue) over the stage's units, both bucket groups of
-    an MoE layer together, with core_v0.19.0's budgets (``communication_unit``). ``options``: the
+    an MoE layer together, with core_v0.19.0's budgets (``memory_levers.fsdp_communication_unit``,
+    ``options.fsdp_budget_from_units``: core_v0.19.0, the one release ``release_problem`` lets
+    price Megatron-FSDP on an MoE model). ``options``: the
     estimator's (``MemoryOptions``). The share splits them between the dense and expert columns in
     proportion to the elements held (Megatron counts both kinds against one budget)."""
     held_dense, held_experts, largest, units = held_parameters(spec, tp, ep, etp, dense, moe_units)
     held = held_dense + held_experts
-    prefetch, queue = communication_unit(options.fsdp_strategy, held, units)
+    prefetch, queue = levers.fsdp_communication_unit(options, held, units)
     gathered, queued = levers.fsdp_held_buffer_bytes(options, largest, held, prefetch, queue)
     share = np.where(held > 0, held_dense / np.where(held > 0, held, 1.0), 1.0)
     return gathered, queued, share

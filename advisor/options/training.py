@@ -928,8 +928,11 @@ class TrainingOptions:
         master, *moments = self._state_kinds
         return float(sum(STATE_BYTES[kind] for kind in moments) + (STATE_BYTES[master] if self._te_holds_masters else 0))
 
-    def memory_options(self):
-        """The estimator's view (``advisor.memory.MemoryOptions``)."""
+    def memory_options(self, release=None):
+        """The estimator's view (``advisor.memory.MemoryOptions``) on Megatron-LM ``release`` (what
+        ``release_defaults`` takes; None: the newest), which decides what no flag says: Megatron-FSDP's
+        prefetch and queue budgets (``MegatronRelease.fsdp_budget_from_units``). The release is the
+        run's, not an option: the same flags read back as the same options on every release."""
         from advisor.memory import MemoryOptions
 
         p, dp, r = self.precision, self.data_parallel, self.recomputation
@@ -944,6 +947,7 @@ class TrainingOptions:
             sequence_parallel=self.tensor_parallel.sequence_parallel,
             flash_attention=self.attention.flash_attention, vocab_divisible_by=self.vocab_divisible_by,
             fsdp_strategy="torch_fsdp2" if dp.torch_fsdp2 else dp.fsdp_strategy,
+            fsdp_budget_from_units=release_defaults(release).fsdp_budget_from_units,
             optimizer_bytes=self.optimizer_bytes, optimizer_host_fraction=self.offload.host_fraction,
             fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe,
             fp8_param_gather=p.fp8_param_gather, fp8_amax_history_len=p.fp8_amax_history_len,

@@ -179,7 +179,7 @@ def price_line(line: str, name: str, gpu_name: str, time_constants=None, release
     workload = Workload(seq_len=read.seq_len, global_batch_size=layout.global_batch_size)
     row, *_ = price_layout(read.spec, workload, parallel, layout.layers_per_stage if layout.pp > 1 else None,
                            read.options, gpu=gpu, mem=gpu.memory_gib, threshold=DEFAULT_THRESHOLD,
-                           memory_model="calibrated", time_constants=time_constants)
+                           memory_model="calibrated", time_constants=time_constants, release=release)
     return {**row, "unpriced": list(read.unpriced)}
 
 

@@ -1,0 +1,159 @@
+"""Megatron-FSDP's all-gather prefetch and reduce-scatter queue budgets per Megatron-LM release
+(``memory_levers.fsdp_communication_unit``), counted by hand.
+
+core_v0.15.2 (megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:362-386):
+``suggested_communication_unit_size = ddp_config.suggested_communication_unit_size or 1_000_000_000``,
+so 1e9 unless --suggested-communication-unit-size sets it; the queue holds that many elements, the
+prefetch half: (5e8, 1e9). core_v0.19.0 (same file, :420-444): with optim_grads_params twice the
+mean FSDP unit's elements over the rank's TransformerLayer modules (``total_param_elements //
+total_fsdp_module * 2``, TP-local numel; the embedding and output layer are no FSDP units:
+mcore_fsdp_adapter.py:160-164), else the DDP bucket size (max(40M, 1M x DP x CP), training.py:1562),
+else 1e9; at least 1e9.
+
+Llama 3.1 70B (h 8192, a 64, k 8, d 128, h_ffn 28672) at TP 1, one layer's elements:
+QKV 8192 x (8192 + 2 x 8 x 128) = 83,886,080; projection 8192^2 = 67,108,864; FC1 with its gate
+2 x 8192 x 28672 = 469,762,048; FC2 28672 x 8192 = 234,881,024; two RMSNorms 2 x 8192 = 16,384:
+u = 855,654,400. core_v0.19.0's unit 2u = 1,711,308,800 > 1e9: prefetch u, queue 2u.
+At TP 2: 855,638,016 / 2 + 16,384 = 427,835,392, 2u = 855,670,784 < 1e9: the floor, as in core_v0.15.2.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from advisor import equations as eq
+from advisor import memory_levers as levers
+from advisor.cli import cli
+from advisor.memory import MemoryOptions
+from advisor.models import PRESETS
+from advisor.options import release_defaults
+from advisor.options.flags import parse_training_args, release_spelling
+
+GIB = 2**30
+SPEC = PRESETS["llama3.1-70b"]
+U_TP1 = 855_654_400
+U_TP2 = 427_835_392
+OGP_19 = MemoryOptions(fsdp_strategy="optim_grads_params")
+OGP_15 = MemoryOptions(fsdp_strategy="optim_grads_params", fsdp_budget_from_units=False)
+# PP 8: 80 / 8 = 10 layers a stage. Gathered weights (BF16): the unit in use + min(prefetch, 9 u);
+# queued gradients (FP32 main gradients): (floor(queue / u) + 2) units (memory_levers.fsdp_queued_units).
+GATHERED_19 = 2 * (U_TP1 + U_TP1)  # 3,422,617,600
+GATHERED_15 = 2 * (U_TP1 + 500_000_000)  # 2,711,308,800
+QUEUED_19 = 4 * (1_711_308_800 // U_TP1 + 2) * U_TP1  # 4 x 4u = 13,690,470,400
+QUEUED_15 = 4 * (1_000_000_000 // U_TP1 + 2) * U_TP1  # 4 x 3u = 10,267,852,800
+
+
+def test_layer_elements_by_hand():
+    assert eq.layer_parameters(SPEC, 1) == U_TP1
+    assert eq.layer_parameters(SPEC, 2) == U_TP2
+
+
+def test_release_table():
+    """core_v0.15.2 keeps 1e9 whatever the units; core_v0.19.0 (the newest, the default) computes it."""
+    assert release_defaults("0.15").fsdp_budget_from_units is False
+    assert release_defaults("0.19").fsdp_budget_from_units is True
+    assert release_defaults(None).fsdp_budget_from_units is True
+    assert MemoryOptions().fsdp_budget_from_units is True
+
+
+def test_budgets_70b_tp1_optim_grads_params():
+    # core_v0.19.0: 10 units of u, mean u, 2u = 1,711,308,800 elements; prefetch 2u // 2 = u
+    assert levers.fsdp_communication_unit(OGP_19, 10 * U_TP1, 10) == (U_TP1, 1_711_308_800)
+    # core_v0.15.2: the fixed 1e9, prefetch 5e8
+    assert levers.fsdp_communication_unit(OGP_15, 10 * U_TP1, 10) == (500_000_000, 1_000_000_000)
+    # the mean is an integer division (``total_param_elements // total_fsdp_module``): units of
+    # 600,000,000 and 600,000,001 give 1,200,000,000 // 2 * 2, prefetch 600,000,000
+    assert levers.fsdp_communication_unit(OGP_19, 1_200_000_001, 2) == (600_000_000, 1_200_000_000)
+
+
+def test_buffers_70b_tp1_pp8_by_hand():
+    """Gathered: 19 -> 2 (u + u) bytes, 15 -> 2 (u + 5e8); queued: 19 -> 4 x 4u, 15 -> 4 x 3u
+    (floor(1,711,308,800 / u) = 2 and floor(1e9 / u) = 1 whole units kept, plus two)."""
+    assert tuple(float(x) for x in levers.fsdp_buffer_bytes(OGP_19, U_TP1, 10)) == (GATHERED_19, QUEUED_19)
+    assert tuple(float(x) for x in levers.fsdp_buffer_bytes(OGP_15, U_TP1, 10)) == (GATHERED_15, QUEUED_15)
+    # core_v0.19.0 holds 711,308,800 + 3,422,617,600 = 4,133,926,400 bytes more
+    assert GATHERED_19 - GATHERED_15 == 711_308_800 and QUEUED_19 - QUEUED_15 == 3_422_617_600
+
+
+def test_lines_match_the_buffers():
+    """``fsdp_buffer_lines`` (the planner's closed form) with the release's budgets: the smallest
+    line at n = 10 is the buffers' sum above, for each release."""
+    for options, total in ((OGP_19, GATHERED_19 + QUEUED_19), (OGP_15, GATHERED_15 + QUEUED_15)):
+        lines = levers.fsdp_buffer_lines(options, U_TP1)
+        assert min(float(slope * 10 + intercept) for slope, intercept in lines) == total
+
+
+def test_releases_agree_where_the_unit_is_small_or_there_are_no_units():
+    # TP 2: 2u = 855,670,784 < 1e9, core_v0.19.0's floor: 5e8 prefetch, 1e9 queue, as core_v0.15.2
+    assert levers.fsdp_communication_unit(OGP_19, 10 * U_TP2, 10) == (500_000_000, 1_000_000_000)
+    # 10 layers: gathered 2 (u + 5e8) = 1,855,670,784; queued (floor(1e9 / u) = 2, + 2) 4u in FP32
+    expected = (2 * (U_TP2 + 500_000_000), 4 * 4 * U_TP2)
+    assert tuple(float(x) for x in levers.fsdp_buffer_bytes(OGP_19, U_TP2, 10)) == expected
+    assert tuple(float(x) for x in levers.fsdp_buffer_bytes(OGP_15, U_TP2, 10)) == expected
+    # optim_grads has no FSDP units: the DDP bucket size (40M at DP x CP <= 40) under the floor, so
+    # 1e9 in both; its queue 1e9 + u (fsdp_queued_elements) FP32 elements, nothing gathered
+    for from_units in (True, False):
+        options = MemoryOptions(fsdp_strategy="optim_grads", fsdp_budget_from_units=from_units)
+        assert levers.fsdp_communication_unit(options, 10 * U_TP1, 10) == (500_000_000, 1_000_000_000)
+        assert tuple(float(x) for x in levers.fsdp_buffer_bytes(options, U_TP1, 10)) \
+            == (0.0, 4 * (1_000_000_000 + U_TP1))
+
+
+def test_the_release_decides_the_memory_options_not_the_flags():
+    """The release is the run's, not a training option: the same flags read back as the same
+    options on both releases, and ``memory_options(release)`` takes the release's rule."""
+    args = ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
+    old, new = parse_training_args(args, release="0.15")[0], parse_training_args(args, release="0.19")[0]
+    assert old == new
+    assert new.memory_options("0.15").fsdp_budget_from_units is False
+    assert new.memory_options("0.19").fsdp_budget_from_units is True
+    assert new.memory_options().fsdp_budget_from_units is True  # the newest by default
+
+
+def _estimate(tp: int, *release: str) -> dict:
+    args = ["estimate", "--model", "llama3.1-70b", "--tp", str(tp), "--pp", "8", "--cp", "1", "--mbs", "1",
+            "--gpus", "64", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+            "--format", "json", *release]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_cli_releases_differ_by_the_hand_amount():
+    """advisor estimate at TP 1, PP 8 (10 layers on every stage): the default (core_v0.19.0) holds
+    711,308,800 bytes more gathered weights and 3,422,617,600 more queued gradients on every stage
+    than --megatron-version 0.15 (test_buffers_70b_tp1_pp8_by_hand); nothing else differs."""
+    newest, old = _estimate(1), _estimate(1, "--megatron-version", "0.15")
+    assert len(newest["stages"]) == 8
+    for a, b in zip(newest["stages"], old["stages"]):
+        assert a["layers"] == b["layers"] == 10
+        assert a["weights_gib"] - b["weights_gib"] == pytest.approx(711_308_800 / GIB)
+        assert a["gradients_gib"] - b["gradients_gib"] == pytest.approx(3_422_617_600 / GIB)
+        assert (a["optimizer_gib"], a["activations_gib"]) == (b["optimizer_gib"], b["activations_gib"])
+        assert a["total_gib"] - b["total_gib"] == pytest.approx(4_133_926_400 / GIB)
+    assert newest["megatron_args"] == old["megatron_args"]
+
+
+def test_from_command_prices_each_release():
+    """--from-command of the estimate's megatron_args as each release launches them (core_v0.19.0's
+    adds --megatron-fsdp-main-grads-dtype fp32, which it needs to keep FP32 main gradients:
+    ``release_spelling``), read with --megatron-version 0.15 and with the default: the same hand
+    amounts apart on every stage."""
+    written = _estimate(1)["megatron_args"]
+    args = ["estimate", "--from-command", "-", "--gpus", "64", "--vocab-size", "128256", "--format", "json"]
+    newest, old = (CliRunner().invoke(cli, args + (["--megatron-version", name] if name else []),
+                                      input=shlex.join(release_spelling(release_defaults(name), written)))
+                   for name in (None, "0.15"))
+    assert newest.exit_code == old.exit_code == 0, newest.output + old.output
+    for a, b in zip(json.loads(newest.output)["stages"], json.loads(old.output)["stages"], strict=True):
+        assert a["weights_gib"] - b["weights_gib"] == pytest.approx(711_308_800 / GIB)
+        assert a["gradients_gib"] - b["gradients_gib"] == pytest.approx(3_422_617_600 / GIB)
+
+
+def test_cli_releases_agree_at_tp2():
+    """TP 2: 2u under 1e9, both releases' budgets are (5e8, 1e9): every stage the same."""
+    assert _estimate(2)["stages"] == _estimate(2, "--megatron-version", "0.15")["stages"]
