@@ -446,6 +446,13 @@ _DSV3_FSDP = ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads
               "--use-distributed-optimizer --calculate-per-token-loss --init-model-with-meta-device --ckpt-format "
               "fsdp_dtensor --fsdp-double-buffer --use-nccl-ub --megatron-fsdp-grad-comm-dtype bf16 "
               "--megatron-fsdp-main-grads-dtype bf16")
+_DSV3_AS_FLAGS = ["--model", "deepseek-v3", "--gpus", "256", "--tp", "1", "--pp", "1", "--ep", "8", "--etp", "1",
+                  "--mbs", "4", "--gbs", "2048", "--seq-len", "4096", "--recompute", "selective",
+                  *[word for module in ("mlp", "moe", "mla_up_proj", "layernorm") for word in ("--recompute-modules", module)],
+                  "--vocab-divisible-by", "3232", "--moe-token-dispatcher-type", "flex", "--mtp-num-layers", "1",
+                  "--dataloader-mask", "off", "--overlap-grad-reduce", "--overlap-param-gather", "--sequence-parallel",
+                  "--moe-permute-fusion", "--moe-flex-dispatcher-backend", "hybridep"]
+"""Megatron-LM's DeepSeek-V3 example script (_DSV3) as the advisor's own flags, written out by hand."""
 
 
 def test_megatron_deepseek_v3_example_reads_as_the_preset_and_is_called_oom_without_fsdp():
@@ -457,13 +464,7 @@ def test_megatron_deepseek_v3_example_reads_as_the_preset_and_is_called_oom_with
     weights, at 2 (BF16) + 4 (FP32 gradient) + 12 / 32 (Adam over the expert DP group, 256 / EP 8)
     bytes: 493.7 GiB, far past 80."""
     read = _same_price(_DSV3, ("--vocab-size", "129280", "--gpus", "256"),
-                       ["--model", "deepseek-v3", "--gpus", "256", "--tp", "1", "--pp", "1", "--ep", "8", "--etp", "1",
-                        "--mbs", "4", "--gbs", "2048", "--seq-len", "4096", "--recompute", "selective",
-                        *[word for module in ("mlp", "moe", "mla_up_proj", "layernorm")
-                          for word in ("--recompute-modules", module)],
-                        "--vocab-divisible-by", "3232", "--moe-token-dispatcher-type", "flex", "--mtp-num-layers",
-                        "1", "--dataloader-mask", "off", "--overlap-grad-reduce", "--overlap-param-gather",
-                        "--sequence-parallel", "--moe-permute-fusion", "--moe-flex-dispatcher-backend", "hybridep"])
+                       _DSV3_AS_FLAGS)
     assert read["model"]["yarn"]["factor"] == 40.0 and read["model"]["first_dense_layers"] == 3
     assert read["stages"][0]["expert_states_gib"] == pytest.approx(59 * 32 * 3 * 7168 * 2048 * (2 + 4 + 12 / 32) / 2**30,
                                                                    rel=1e-12)
@@ -484,13 +485,7 @@ def test_megatron_deepseek_v3_example_with_its_default_fsdp_prices_as_the_adviso
     command.write_text(_DSV3.read_text().replace("python pretrain_gpt.py ${PRETRAIN_ARGS[@]}",
                                                  "python pretrain_gpt.py ${PRETRAIN_ARGS[@]} " + _DSV3_FSDP))
     read = _same_price(command, ("--vocab-size", "129280", "--gpus", "256"),
-                       ["--model", "deepseek-v3", "--gpus", "256", "--tp", "1", "--pp", "1", "--ep", "8", "--etp", "1",
-                        "--mbs", "4", "--gbs", "2048", "--seq-len", "4096", "--recompute", "selective",
-                        *[word for module in ("mlp", "moe", "mla_up_proj", "layernorm")
-                          for word in ("--recompute-modules", module)],
-                        "--vocab-divisible-by", "3232", "--moe-token-dispatcher-type", "flex", "--mtp-num-layers",
-                        "1", "--dataloader-mask", "off", "--overlap-grad-reduce", "--overlap-param-gather",
-                        "--sequence-parallel", "--moe-permute-fusion", "--moe-flex-dispatcher-backend", "hybridep",
+                       [*_DSV3_AS_FLAGS,
                         "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
                         "--grad-dtype", "bf16", "--megatron-fsdp-grad-comm-dtype", "bf16"])
     assert read["options"]["fsdp_strategy"] == "optim_grads_params"

@@ -17,26 +17,10 @@ P = 4,541,194,240 parameters on a GPU, and Adam steps P / 8 = 567,649,280 of the
 from __future__ import annotations
 
 import pytest
+from test_grad_cast import H100, _optimizer_s  # the same 70B layout and its hand count (P, SHARD there)
 
-from advisor.hardware import get_gpu
-from advisor.models import PRESETS
 from advisor.options import TrainingOptions, parse_training_args, training_args
-from advisor.throughput import TimeModel, load_calibration
-
-P = 4_541_194_240
-SHARD = 567_649_280  # P / 8
-H100 = get_gpu("h100-80gb")
-
-
-def _optimizer_s(**changes) -> float:
-    """The 70B step's optimizer time at TP 4, CP 1, PP 4, DP 8, MBS 1."""
-    options = TrainingOptions().with_(**changes)
-    model = TimeModel(PRESETS["llama3.1-70b"], H100, 8192, 512, options=options.time_options())
-    return float(model.step(4, 1, 4, 8, 1).optimizer_s)
-
-
-def test_the_shard_by_hand():
-    assert SHARD * 8 == P
+from advisor.throughput import load_calibration
 
 
 def test_megatron_fsdp_writes_fp32_weights_at_4_bytes_by_hand():
