@@ -257,14 +257,16 @@ def _even_split(layout: dict, num_layers: int, pp: int) -> tuple[list[int], int]
     return counts, vpp
 
 
-def read_layout(layout: dict, num_layers: int, mtp_layers: int = 0, release=None) -> Layout:
+def read_layout(layout: dict, num_layers: int, mtp_layers: int = 0, release=None,
+                seq_length: int | None = None) -> Layout:
     """The layout a dict of Megatron's layout flags describes (Megatron's defaults: 1, no GBS);
     ``mtp_layers``: the command's --mtp-num-layers; ``release``: the Megatron-LM release whose
-    rules refuse it where the releases differ (None: the newest)."""
+    rules refuse it where the releases differ (None: the newest); ``seq_length``: the command's
+    --seq-length, which turns --step-batch-size-schedule's thresholds into samples (``step_schedule``)."""
     tp, cp, pp = degrees(layout)
     counts, vpp = _split(layout, num_layers, pp, mtp_layers, release)
     return Layout(tp=tp, cp=cp, layers_per_stage=tuple(counts), vpp=vpp, mbs=int_value(layout, "micro-batch-size", 1),
-                  global_batch_size=_global_batch(layout, release),
+                  global_batch_size=_global_batch(layout, release, seq_length),
                   rank_order=TP_PP_DP_RANK_ORDER if layout.get("use-tp-pp-dp-mapping") else RANK_ORDER,
                   rampup_batch_size=_rampup(layout))
 
@@ -282,7 +284,7 @@ def _rampup(layout: dict) -> tuple[int, int, int] | None:
     return start, increment, samples
 
 
-def _global_batch(layout: dict, release=None) -> int | None:
+def _global_batch(layout: dict, release=None, seq_length: int | None = None) -> int | None:
     """--global-batch-size, or the final batch of --step-batch-size-schedule, as Megatron-LM
     takes them; one line where Megatron-LM refuses the command."""
     given = int_value(layout, "global-batch-size")
@@ -299,15 +301,18 @@ def _global_batch(layout: dict, release=None) -> int | None:
         raise AdvisorError(f"--{STEP_SCHEDULE} with --global-batch-size {given}: {defaults.name} refuses the command "
                            f"(validate_args: 'Cannot specify both --{STEP_SCHEDULE} and --global-batch-size'); "
                            "leave out --global-batch-size (the schedule's last batch is the run's global batch)")
-    return step_schedule(layout[STEP_SCHEDULE])[-1][1]
+    return step_schedule(layout[STEP_SCHEDULE], seq_length)[-1][1]
 
 
-def step_schedule(text: str) -> list[tuple[int, int]]:
+def step_schedule(text: str, seq_length: int | None = None) -> list[tuple[int, int]]:
     """--step-batch-size-schedule's (threshold, batch size) pairs, sorted by threshold, parsed as
     core_v0.19.0's ``StepBatchsizeNumMicroBatchesCalculator._parse_schedule`` does (commas or
-    spaces between 'THRESHOLD:BS' entries; K, M, B, T suffixes; ``int(float(x) * multiplier)``),
-    with the checks of its ``_validate_schedule`` that fail whatever the sequence length (it
-    divides the thresholds, tokens, by --seq-length first): two equal thresholds, a batch size not
+    spaces between 'THRESHOLD:BS' entries; K, M, B, T suffixes; ``int(float(x) * multiplier)``;
+    a threshold in tokens, ``// seq_length`` into samples, where ``seq_length`` is given: Megatron
+    always gives it, ``init_num_microbatches_calculator(..., seq_length=args.seq_length)``,
+    megatron/training/global_vars.py:127-136), with the checks of its ``_validate_schedule``, which
+    its ``__init__`` runs at start-up (megatron/core/num_microbatches_calculator.py:446-449,
+    :536-556): the first threshold 0, the thresholds strictly increasing, every batch size
     positive. One line where it raises."""
     if (shown := unexpanded(text)) is not None:
         raise AdvisorError(f"--{STEP_SCHEDULE} is {shown}: write its value in the command")
@@ -318,12 +323,13 @@ def step_schedule(text: str) -> list[tuple[int, int]]:
         if not colon or None in numbers:
             raise AdvisorError(f"--{STEP_SCHEDULE} entry {entry!r} is not THRESHOLD:BATCH_SIZE (e.g. '0:16 2.4B:320'; "
                                "the numbers may end in K, M, B or T): Megatron-LM refuses it")
-        pairs.append((numbers[0], numbers[1]))
+        pairs.append((numbers[0] // seq_length if seq_length else numbers[0], numbers[1]))
     pairs.sort(key=lambda pair: pair[0])
     thresholds = [threshold for threshold, _ in pairs]
-    if len(set(thresholds)) < len(thresholds) or min(batch for _, batch in pairs) <= 0:
-        raise AdvisorError(f"--{STEP_SCHEDULE} {text!r}: Megatron-LM asserts that its thresholds increase strictly "
-                           "and that every batch size is positive")
+    if len(set(thresholds)) < len(thresholds) or min(batch for _, batch in pairs) <= 0 or thresholds[0] != 0:
+        samples = f" (in samples, tokens // --seq-length {seq_length}: {thresholds})" if seq_length else ""
+        raise AdvisorError(f"--{STEP_SCHEDULE} {text!r}: Megatron-LM asserts that its first threshold is 0, that its "
+                           f"thresholds increase strictly{samples} and that every batch size is positive")
     return pairs
 
 

@@ -433,7 +433,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     if not moe_values:
         _refuse_expert_parallelism_without_experts(parsed.rest)
     mtp = int_value(moe_values, "mtp-num-layers") if moe_values else _dense_mtp_layers(rest)
-    layout = read_layout(parsed.layout, spec.num_layers, mtp or 0, release)
+    layout = read_layout(parsed.layout, spec.num_layers, mtp or 0, release, seq_len)
     spec, built = _as_built(spec, layout, bool(moe_values))
     _refuse_interleaving_without_p2p_overlap(layout, rest)
     fusion_off = _SOFTMAX_FUSION_OFF in rest

@@ -59,6 +59,36 @@ def test_a_schedule_megatron_refuses_is_refused(text, error):
         step_schedule(text)
 
 
+
+@pytest.mark.parametrize("text, expected", [
+    # Megatron gives the calculator --seq-length (global_vars.py, init_num_microbatches_calculator):
+    # thresholds are tokens, // seq_length samples. The script's at --seq-length 2048:
+    # 2.4e9 // 2048 = 1,171,875; 4.8e9 -> 2,343,750; 7.2e9 -> 3,515,625; 9.6e9 -> 4,687,500; 12e9 -> 5,859,375
+    (_SCHEDULE, [(0, 16), (1_171_875, 320), (2_343_750, 624), (3_515_625, 928), (4_687_500, 1232),
+                 (5_859_375, 1536)]),
+    ("100:16 3K:32", [(0, 16), (1, 32)]),  # 100 // 2048 = 0, 3,000 // 2048 = 1
+])
+def test_the_thresholds_are_tokens_over_the_sequence_length(text, expected):
+    assert step_schedule(text, 2048) == expected
+
+
+@pytest.mark.parametrize("text, samples", [
+    ("0:16 1K:32", "[0, 0]"),  # 1,000 // 2,048 = 0: two thresholds of 0 samples, not increasing
+    ("4096:16 1M:32", "[2, 488]"),  # 4,096 // 2,048 = 2: the first threshold is not 0; 1e6 // 2,048 = 488
+])
+def test_a_schedule_megatron_refuses_once_in_samples_is_refused(text, samples):
+    """core_v0.19.0's ``_validate_schedule`` runs on the thresholds in samples (its ``__init__``,
+    at start-up): a schedule whose thresholds are distinct tokens but not distinct samples, or whose
+    first is not 0 samples, is an AssertionError there. The advisor priced both (at 32)."""
+    result = estimate(f"{_MODEL} --step-batch-size-schedule '{text}'")
+    assert result.exit_code == 2 and result.stderr == (
+        f"Error: --step-batch-size-schedule '{text}': Megatron-LM asserts that its first threshold is 0, that its "
+        f"thresholds increase strictly (in samples, tokens // --seq-length 2048: {samples}) and that every batch "
+        "size is positive\n"), result.output
+    # under a token of a sample's length the first threshold is 0 samples: accepted, priced at its last batch
+    accepted = estimate(f"{_MODEL} --step-batch-size-schedule '2047:16 2048:32'")
+    assert accepted.exit_code == 0 and json.loads(accepted.stdout)["global_batch_size"] == 32, accepted.output
+
 def test_the_schedule_alone_is_priced_at_its_last_batch_as_if_given_as_the_global_batch():
     """StepBatchsizeNumMicroBatchesCalculator.global_batch_size = schedule[-1][1] = 1536, so the
     run's steady step is --global-batch-size 1536's: the same memory and time, to the byte."""
