@@ -111,16 +111,21 @@ def shared_tp(spec, tokens, tp, gemm_rates: Rates, sms: int, overlap: TpOverlap,
 def mla_problem(spec, tp_comm_overlap: bool) -> str | None:
     """Why --tp-comm-overlap is refused for ``spec``, or None. Multi-latent attention's down
     projections are ``TELinear`` with buffer names Transformer Engine has no buffer for
-    ('q_down_proj', 'kv_down_proj', or 'q_proj' without q_lora_rank: ``multi_latent_attention.py``
-    core_v0.15.2:366, 391 and 430; core_v0.19.0:519, 545 and 592, and 1290 for its fused
-    'qkv_down_proj'), and ``TELinear`` answers by setting ``tp_comm_overlap = False`` on the config
-    it was handed (``extensions/transformer_engine.py`` core_v0.15.2:302-312, core_v0.19.0:922-932),
-    which is the model chunk's one ``TransformerConfig`` (every module keeps the config it is
-    given, ``transformer/module.py`` core_v0.15.2:40, core_v0.19.0:42, and MLA passes its own
-    on). The first layer's output projection is built before them (core_v0.15.2:165-176,
-    core_v0.19.0:220-231), so it alone keeps its userbuffers: no other linear of the chunk gets
-    any, its dense MLPs and shared experts included. The advisor refuses the flag rather than
-    price an overlap Megatron does not run."""
+    ('q_proj' without q_lora_rank, 'q_down_proj', 'kv_down_proj': ``multi_latent_attention.py``
+    core_v0.15.2:366, 391 and 430; core_v0.19.0:519, 545 and 592), and ``TELinear`` answers by
+    setting ``tp_comm_overlap = False`` on the config it was handed (``extensions/transformer_engine.py``
+    core_v0.15.2:302-312, core_v0.19.0:922-932), which is the model chunk's one ``TransformerConfig``
+    (every module keeps the config it is given, ``transformer/module.py`` core_v0.15.2:40,
+    core_v0.19.0:42, and MLA passes its own on). The first layer's output projection is built
+    before them (core_v0.15.2:165-176, core_v0.19.0:220-231), so it alone keeps its userbuffers:
+    no other linear of the chunk gets any, its dense MLPs and shared experts included.
+    core_v0.19.0's --mla-down-proj-fusion (``FusedMLASelfAttention``, :1230-1330) builds no such
+    ``TELinear`` under Transformer Engine: its 'qkv_down_proj' is a ``TELayerNormColumnParallelLinear``
+    (``gpt_layer_specs.py``:257-264), and so are its 'q_up_proj' and 'kv_up_proj' with
+    --qk-layernorm (:246-255), a class without that check (transformer_engine.py:1122-1228; the
+    only one is ``TELinear``'s, :925): the overlap stays on and those linears hand Transformer
+    Engine buffer names it has none for (what it does then is not read here). The advisor refuses
+    the flag with MLA either way rather than price an overlap Megatron does not run as priced."""
     if not tp_comm_overlap or spec.mla is None:
         return None
     return ("--tp-comm-overlap is not priced with multi-latent attention: megatron-core turns it off for the whole "
