@@ -201,12 +201,16 @@ def test_from_command_prices_the_overlap_and_launch_writes_it(tmp_path):
     ["sweep", "--model", "deepseek-v3", "--gpus", "256", "--gpu", "h100-80gb"],
 ], ids=["estimate", "sweep"])
 def test_multi_latent_attention_with_the_overlap_is_refused(argv):
-    """megatron-core's MLA down projections switch --tp-comm-overlap off for the whole model chunk
-    (TELinear sets tp_comm_overlap = False on the shared config): refused, not priced as if it ran."""
+    """megatron-core's unfused MLA down projections switch --tp-comm-overlap off for the whole model
+    chunk (TELinear sets tp_comm_overlap = False on the shared config); core 0.19's fused ones keep it
+    on but name buffers Transformer Engine lacks (reviewer5): refused either way, not priced as if
+    it ran, and the line says both."""
     result = CliRunner().invoke(cli, [*argv, "--tp-comm-overlap"])
     assert result.exit_code == 2, result.output
-    assert result.output.startswith("Error: --tp-comm-overlap is not priced with multi-latent attention: "
-                                    "megatron-core turns it off for the whole model chunk")
+    assert result.output.startswith("Error: --tp-comm-overlap is not priced with multi-latent attention: with "
+                                    "MLA's down projections unfused, megatron-core turns it off for the whole model "
+                                    "chunk")
+    assert "with --mla-down-proj-fusion (core 0.19) the fused projections name buffers" in result.output
     assert len(result.output.splitlines()) == 1 and "Traceback" not in result.output
 
 

@@ -128,7 +128,9 @@ def mla_problem(spec, tp_comm_overlap: bool) -> str | None:
     the flag with MLA either way rather than price an overlap Megatron does not run as priced."""
     if not tp_comm_overlap or spec.mla is None:
         return None
-    return ("--tp-comm-overlap is not priced with multi-latent attention: megatron-core turns it off for the whole "
-            "model chunk when it builds the first MLA down projection (TELinear sets tp_comm_overlap = False on the "
-            "shared config for a buffer name Transformer Engine lacks, extensions/transformer_engine.py), leaving "
-            "only the first layer's output projection overlapped; drop --tp-comm-overlap")
+    return ("--tp-comm-overlap is not priced with multi-latent attention: with MLA's down projections unfused, "
+            "megatron-core turns it off for the whole model chunk when it builds the first of them (TELinear sets "
+            "tp_comm_overlap = False on the shared config for a buffer name Transformer Engine lacks, "
+            "extensions/transformer_engine.py), leaving only the first layer's output projection overlapped, and "
+            "with --mla-down-proj-fusion (core 0.19) the fused projections name buffers Transformer Engine has none "
+            "for; drop --tp-comm-overlap")
