@@ -174,3 +174,16 @@ def test_a_stray_first_word_is_refused_as_before():
     result = estimate("--num-layers=2 stray")
     assert result.exit_code == 2 and result.stderr == (
         "Error: 'stray' is not a flag (Megatron's arguments are --name [value])\n")
+
+
+@pytest.mark.parametrize("batch_flags, subject", [
+    ("--step-batch-size-schedule '0:16 12B:1537'",
+     "--step-batch-size-schedule's last batch, 1537 (Megatron-LM fails when the schedule reaches it),"),
+    ("--global-batch-size 1537", "--global-batch-size 1537"),
+], ids=["schedule", "global-batch-size"])
+def test_a_last_batch_that_does_not_divide_is_named_as_the_command_gave_it(batch_flags, subject):
+    """A batch not a multiple of MBS x DP was refused as '--gbs 1537 ...', a flag the command
+    never wrote (reviewer5). TP 8 x PP 16 on 256 GPUs leaves DP 2: 1537 is odd."""
+    result = estimate(f"{_MODEL} {batch_flags}", "--gpus", "256")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"Error: {subject} is not divisible by MBS x DP = 1 x 2 = 2"

@@ -94,9 +94,27 @@ def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=
     experts = (run.moe.ep or 1, run.moe.etp or layout.tp) if run.moe is not None else (1, 1)
     if problem := _world_problem(world, where, text, layout.tp, layout.cp, layout.pp, *experts):
         raise InputError(problem)
+    dp = world // (layout.tp * layout.cp * layout.pp)
+    if problem := _batch_problem(launch.arguments, layout, dp):
+        raise InputError(problem)
     source = f"{name}: {launch.launcher}, {world} GPU{'s' if world != 1 else ''} ({where}); vocabulary {run.vocab_source}"
-    return CommandInputs(run=run, gpus=world, dp=world // (layout.tp * layout.cp * layout.pp), source=source,
+    return CommandInputs(run=run, gpus=world, dp=dp, source=source,
                          gpus_per_node=launch.gpus_per_node if gpus is None else None)
+
+
+def _batch_problem(arguments, layout, dp: int) -> str | None:
+    """Why the command's global batch is not a whole number of microbatches per pipeline, named as
+    the command gave it (--global-batch-size, or the last batch of --step-batch-size-schedule, which
+    Megatron-LM refuses only when the schedule reaches it), or None."""
+    from advisor.megatron_layout import STEP_SCHEDULE
+    from advisor.parallel import global_batch_problem
+
+    if layout.global_batch_size is None:
+        return None
+    scheduled = any(word == f"--{STEP_SCHEDULE}" or word.startswith(f"--{STEP_SCHEDULE}=") for word in arguments)
+    subject = (f"--{STEP_SCHEDULE}'s last batch, {layout.global_batch_size} (Megatron-LM fails when the schedule "
+               "reaches it),") if scheduled else f"--global-batch-size {layout.global_batch_size}"
+    return global_batch_problem(layout.global_batch_size, layout.mbs, dp, subject=subject)
 
 
 def _world_problem(world: int, where: str, text: str, tp: int, cp: int, pp: int, ep: int = 1,
