@@ -35,30 +35,59 @@ def _runs(sweep) -> bool:
     return any(row.rank for row in sweep.rows)
 
 
+Attempt = tuple[str, str | None]
+"""A rung climbed in vain: its label, and why it was not swept (None: swept, and nothing ran)."""
+
+
+def climb(run: Callable[[TrainingOptions], object], runs: Callable[[object], bool], options: TrainingOptions,
+          gpu=None, problem: Callable[[TrainingOptions], str | None] | None = None
+          ) -> tuple[tuple[str, object] | None, tuple[Attempt, ...]]:
+    """The ladder itself, dense and MoE sweeps alike: ((label, its sweep) of the first rung of
+    ``LADDER`` whose sweep (``run(options with the rung)``) has something that ``runs``, or None;
+    the rungs climbed in vain before it, each with why it was not swept). None and no rung where
+    ``options`` already use a lever (the user chose the sharding). A rung is not swept where its
+    options cannot be taken (AdvisorError: its text), where ``problem`` gives a reason (a model
+    that does not price it, or a bound that says no layout can fit on it), or, for the offload,
+    where the GPU preset has no host link to time it."""
+    if options.data_parallel.fsdp_strategy or options.offload.optimizer_cpu_offload:
+        return None, ()
+    attempts: list[Attempt] = []
+    for label, changes in LADDER:
+        if "optimizer_cpu_offload" in changes and gpu is not None and gpu.host_link_gb_per_s is None:
+            attempts.append((label, f"{gpu.name} has no host link to time it"))
+            continue
+        try:
+            lever = options.with_(**changes)  # a rung these options cannot take is skipped, as one that fails
+            if problem is not None and (why := problem(lever)):
+                attempts.append((label, why))
+                continue
+            candidate = run(lever)
+        except AdvisorError as error:
+            attempts.append((label, str(error)))
+            continue
+        if runs(candidate):
+            return (label, candidate), tuple(attempts)
+        attempts.append((label, None))
+    return None, tuple(attempts)
+
+
 def escalate(first, run: Callable[[TrainingOptions], object], options: TrainingOptions, gpu=None,
              may_help: Callable[[TrainingOptions], bool] | None = None):
     """``first`` (a Sweep with ``options``) if anything in it runs or the options already use a
     lever; else the first rung of ``LADDER`` whose sweep (``run(options)``) has a layout expected
-    to run, with ``escalation`` set and each timed row's ``lever_time_cost_s``: its step time
-    minus that of the same (TP, CP, PP, DP, MBS) under ``options``. A rung for which
+    to run (``climb``), with ``escalation`` set and each timed row's ``lever_time_cost_s``: its step
+    time minus that of the same (TP, CP, PP, DP, MBS) under ``options``. A rung for which
     ``may_help(options)`` is False (``advisor.space_search.may_fit``: no layout can fit on it) is not
     swept: its sweep would have nothing that runs."""
-    if _runs(first) or options.data_parallel.fsdp_strategy or options.offload.optimizer_cpu_offload:
+    if _runs(first):
         return first
+    found, _ = climb(run, _runs, options, gpu, problem=None if may_help is None else
+                     lambda lever: None if may_help(lever) else "no layout can fit with it")
+    if found is None:
+        return first
+    label, candidate = found
     base = {_layout(row): row.timing["step_time_s"] for row in first.rows if row.timing}
-    for label, changes in LADDER:
-        if "optimizer_cpu_offload" in changes and gpu is not None and gpu.host_link_gb_per_s is None:
-            continue  # cannot be timed on this preset
-        try:
-            lever = options.with_(**changes)  # a rung these options cannot take is skipped, as one that fails
-            if may_help is not None and not may_help(lever):
-                continue  # a whole search (minutes at the largest inputs) that cannot find a layout
-            candidate = run(lever)
-        except AdvisorError:
-            continue
-        if _runs(candidate):
-            for row in candidate.rows:
-                if row.timing and _layout(row) in base:
-                    row.timing["lever_time_cost_s"] = row.timing["step_time_s"] - base[_layout(row)]
-            return replace(candidate, escalation=label)
-    return first
+    for row in candidate.rows:
+        if row.timing and _layout(row) in base:
+            row.timing["lever_time_cost_s"] = row.timing["step_time_s"] - base[_layout(row)]
+    return replace(candidate, escalation=label)

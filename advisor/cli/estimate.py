@@ -16,7 +16,9 @@ from advisor.cli.options import (
     drawing_for, command_name, emit, distinct_files, gpu_options, model_choice_options, model_options, note, nothing_fits,
     output_options, parse_layer_counts, png_path, workload_options, UserPath,
 )
-from advisor.cli.sweep_table import counts_caption, evaluation_caption, setup_line, sweep_columns, write_plot
+from advisor.cli.sweep_table import (
+    counts_caption, evaluation_caption, lever_note, setup_line, sweep_columns, write_plot,
+)
 from advisor.cli.training_flags import given, memory_options
 from advisor.cli.from_command import with_routing
 from advisor.paper_rule import DEFAULT_THRESHOLD, judged_threshold
@@ -170,9 +172,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
                        space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens,
                        measured=measured, release=release)
     if result.escalation:
-        cost = "; lever_time_cost_s is its step-time cost" if gpu is not None else ""  # no time model without
-        note(f"{command_name()}: nothing fits with the options given; the rows use {result.escalation}: "
-             f"their options and megatron_args say so{cost}")
+        note(lever_note(result.escalation, timed=gpu is not None))  # no time model without a GPU
     counts = {verdict: sum(row.verdict == verdict for row in result.rows) for verdict in verdict_kinds(memory_model)}
     selected = [row for row in result.rows if show_all or row.verdict != "oom"]
     if top is None and fmt == "table" and not show_all:

@@ -108,6 +108,17 @@ def setup_line(spec, workload, gpus: int, mem: float, threshold: float, options,
             f"ranked by {RANKED_BY.get(rank_by, rank_by)}{extras}")
 
 
+def lever_note(lever: str, timed: bool) -> str:
+    """The stderr line of a sweep whose rows use ``lever`` (``advisor.escalation``) because nothing
+    fit without it, dense and MoE rows alike; ``timed``: the rows have ``lever_time_cost_s`` (a
+    time model prices it)."""
+    from advisor.cli.options import command_name
+
+    cost = "; lever_time_cost_s is its step-time cost" if timed else ""
+    return (f"{command_name()}: nothing fits with the options given; the rows use {lever}: "
+            f"their options and megatron_args say so{cost}")
+
+
 def counts_caption(counts: dict, show_all: bool, shown: int, selected: int) -> str:
     """The caption's first line: how many layouts got each verdict, and how many are shown."""
     caption = ", ".join(f"{n:,} {v}" for v, n in counts.items()) + ("" if show_all else " (--all shows oom)")
