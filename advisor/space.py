@@ -57,8 +57,9 @@ class SpaceOptions:
     recompute_num_layers: int | None = None
     """Pins --recompute-num-layers with ``recompute='full'``; None: searched."""
     sharding: Literal["auto", "fixed"] = "fixed"
-    """'auto': when no layout fits with the options given, ``advisor.sweep`` tries Megatron-FSDP and
-    optimizer CPU offload (``advisor.escalation``); 'fixed': the options given only."""
+    """'auto': when no layout fits with the options given, ``advisor.sweep`` (and for an MoE model
+    ``advisor.cli.moe.sweep``) tries Megatron-FSDP and optimizer CPU offload (``advisor.escalation``);
+    'fixed': the options given only."""
     chunk_multiple: int = 1
     """With ``split='even'``: only layouts whose model chunks hold a multiple of this many layers
     (the pinned uniform N on a release that fails on others: ``advisor.sweep._chunk_multiple``)."""

@@ -98,8 +98,9 @@ def test_nothing_fits_tallies_the_verdicts_and_quotes_the_calibrated_usage_they_
     layout = (f"(TP {least['tp']}, CP {least['cp']}, PP {least['pp']}, EP {least['ep']}, ETP {least['etp']}, "
               f"MBS {least['mbs']})")
     assert line == (f"advisor sweep: nothing fits: {tally}; the least any layout needs is {least['usage_gib']:.1f} "
-                    f"GiB per GPU against 110 GiB {layout}; MoE sweeps do not try --sharding auto's Megatron-FSDP "
-                    "(--use-megatron-fsdp prices it) or optimizer CPU offload (not priced for MoE). Try more GPUs or a shorter --seq-len (--all "
+                    f"GiB per GPU against 110 GiB {layout}; --sharding auto tried Megatron-FSDP optim_grads and "
+                    "optim_grads_params: no layout fits with them either; it did not try optimizer CPU offload: the "
+                    "MoE model does not price --optimizer-cpu-offload. Try more GPUs or a shorter --seq-len (--all "
                     "shows the rows)")  # recomputation, any split, every EP and ETP were searched already
 
 

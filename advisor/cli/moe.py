@@ -433,6 +433,21 @@ def fsdp_problem(training, a2a_overlap: bool, release) -> str | None:
     return None
 
 
+def rung_problem(training, a2a_overlap: bool, release) -> str | None:
+    """Why the MoE model refuses the training options of a --sharding auto rung
+    (``advisor.escalation.LADDER``), or None: the lever checks ``moe_settings`` refuses a command
+    with, the levers not priced (``_levers_not_priced``) and Megatron-FSDP's refusals
+    (``fsdp_problem``), so that the MoE sweep climbs every rung the MoE model prices and no other.
+    The reason is the refusal's first clause (its sources and remedy are the command's)."""
+    if named := [flag for flag, given in _levers_not_priced(training).items() if given]:
+        from advisor.render import listed
+
+        return f"the MoE model does not price {listed(named)}"
+    if problem := fsdp_problem(training, a2a_overlap, release):
+        return problem.partition(" (")[0]
+    return None
+
+
 def row_flags(spec, workload, row: dict) -> list[str]:
     """Every Megatron flag of one MoE row (``advisor.moe.flags.row_args``)."""
     from advisor.moe.flags import row_args
@@ -453,14 +468,25 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
     from advisor.moe.space import sweep as run
 
     tokens, gpu_hour_price = budget
+    swept = functools.partial(
+        run, spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, ep=ep, etp=etp,
+        even_split=space is not None and space.split == "even",
+        recompute=None if space is None or space.recompute == "auto" else space.recompute, memory_model=memory_model,
+        vpp=None if space is None else space.vpp, tokens=tokens, rank_by=rank_by,
+        **({} if space is None else {"pinned": space.pinned}))
     try:
-        result = run(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, options=settings,
-                     ep=ep, etp=etp, even_split=space is not None and space.split == "even",
-                     recompute=None if space is None or space.recompute == "auto" else space.recompute,
-                     memory_model=memory_model, vpp=None if space is None else space.vpp, tokens=tokens, rank_by=rank_by,
-                     **({} if space is None else {"pinned": space.pinned}))
+        result = swept(options=settings)
     except AdvisorError as error:
         raise InputError(str(error)) from None
+    if space is not None and space.sharding == "auto":  # the dense sweep's ladder (advisor.escalation)
+        from advisor.moe.space import escalate
+
+        result = escalate(result, lambda lever: swept(options=lever), gpu,
+                          lambda training: rung_problem(training, settings.a2a_overlap, release))
+        if result.escalation:
+            from advisor.cli.sweep_table import lever_note
+
+            note(lever_note(result.escalation, timed=result.lever_time_cost is not None))
     shown = _priced(result.rows(include_oom=show_all, limit=top or (30 if fmt == "table" else None)), gpu_hour_price)
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
              "memory_model": result.memory_model, "threshold": judged_threshold(result.memory_model, threshold),
@@ -514,7 +540,8 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
     where calibrated, else the analytic total) with its EP and ETP, and the choices given that
     the search could relax (recomputation, the split, VPP, EP, ETP, the overlap). Where no
     layout's model states alone fit, it says so, and hints neither recomputation nor a shorter
-    --seq-len; and it says that this sweep does not try --sharding auto's levers."""
+    --seq-len; and it says which of --sharding auto's levers it tried in vain and why it did not
+    try the others (``_ladder_text``)."""
     from advisor import render
     from advisor.cli.hints import bigger_gpu, states_text, unpinned
     from advisor.memory import GIB
@@ -534,15 +561,38 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
     hints = ["more GPUs", *(hint for hint, helps in levers.items() if helps)]
     tally = ", ".join(f"{n:,} {verdict}" for verdict, n in result.counts.items())
     states = states_text(least["model_states_gib"], mem) if bound else ""
-    # --sharding auto's escalation (advisor.escalation) is the dense sweep's: an MoE sweep prices
-    # Megatron-FSDP only where given (advisor.moe.fsdp), and offload not at all (``_levers_not_priced``)
-    skipped = "" if space is not None and space.sharding == "fixed" else (
-        "; MoE sweeps do not try --sharding auto's Megatron-FSDP (--use-megatron-fsdp prices it) or optimizer CPU "
-        "offload (not priced for MoE)")
+    climbed = _ladder_text(result.ladder)
     return (f"{command_name()}: nothing fits: {tally}; the least any layout needs is {need:.1f} GiB per GPU against "
             f"{mem:g} GiB (TP {least['tp']}, CP {least['cp']}, PP {least['pp']}, EP {least['ep']}, ETP "
-            f"{least['etp']}, MBS {least['mbs']}){states}{skipped}. Try {render.listed(hints, 'or')} "
+            f"{least['etp']}, MBS {least['mbs']}){states}{climbed}. Try {render.listed(hints, 'or')} "
             "(--all shows the rows)")
+
+
+def _ladder_text(ladder) -> str:
+    """The nothing-fits line's words for the rungs of --sharding auto climbed in vain
+    (``SweepResult.ladder``): those swept, and those not swept with why; '' where none was
+    climbed (--sharding fixed, or a lever given: the user chose the sharding)."""
+    swept = [label for label, why in ladder if why is None]
+    parts = [f"tried {_rung_names(swept, 'and')}: no layout fits with {'it' if len(swept) == 1 else 'them'} either"] \
+        if swept else []
+    reasons: dict[str, list[str]] = {}
+    for label, why in ladder:
+        if why is not None:
+            reasons.setdefault(why, []).append(label)
+    parts += [f"did not try {_rung_names(labels, 'or')}: {why}" for why, labels in reasons.items()]
+    return f"; --sharding auto {'; it '.join(parts)}" if parts else ""
+
+
+def _rung_names(labels: list[str], conjunction: str) -> str:
+    """Rungs' labels as the title names them (before their parenthesis), listed, 'Megatron-FSDP'
+    said once: 'Megatron-FSDP optim_grads and optim_grads_params'."""
+    from advisor import render
+
+    names = [label.partition(" (")[0] for label in labels]
+    prefix = "Megatron-FSDP "
+    names = [name[len(prefix):] if i and name.startswith(prefix) and names[i - 1].startswith(prefix) else name
+             for i, name in enumerate(names)]
+    return render.listed(names, conjunction)
 
 
 def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold, gpu, settings, show_all: bool,
@@ -572,12 +622,12 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
 
 
 def _title(result, spec, workload, gpus, mem, threshold, gpu, settings) -> str:
-    """The MoE sweep's title, its table's and its picture's: the dense sweep's setup line with the
-    MoE settings."""
+    """The MoE sweep's title, its table's and its picture's: the dense sweep's setup line (the
+    options given, and the lever the rows use where nothing fit without it) with the MoE settings."""
     from advisor.cli.sweep_table import setup_line
 
     return (setup_line(spec, workload, gpus, mem, threshold, settings.training, gpu, result.memory_model,
-                       result.rank_by)
+                       result.rank_by, result.escalation)
             + f"; {settings_words(settings, spec)}")  # FP8: setup_line's --fp8-format
 
 

@@ -165,8 +165,8 @@ def sharding_search_option():
     return click.option(
         "--sharding", type=click.Choice(["auto", "fixed"]), default="auto", show_default=True,
         help="auto: when no layout fits with the options given, try Megatron-FSDP (optim_grads, then "
-             "optim_grads_params) and then optimizer CPU offload, and say which the rows use; fixed: only the "
-             "options given.")
+             "optim_grads_params) and then optimizer CPU offload (an MoE model: those it prices), and say which "
+             "the rows use; fixed: only the options given.")
 
 
 def given(name: str) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -32,6 +33,9 @@ from advisor.paper_rule import DEFAULT_THRESHOLD
 from advisor.verdicts import default_memory_model
 from advisor.parallel import (Pinned, Workload, check_whole_nodes, expert_groups_problem, global_batch_problem,
                              heads_problem, model_parallel_problem, sequence_problem, sequence_splits)
+
+if TYPE_CHECKING:
+    from advisor.options import TrainingOptions
 
 GIB = 2**30
 RECOMPUTES = ("none", "selective", "full")
@@ -347,6 +351,14 @@ class SweepResult:
     """The workload's: each row's ``num_microbatches`` is GBS / (MBS x DP)."""
     rank_by: str = "paper"
     """``advisor.ranking.RANK_BY``: what the ranked rows are ordered by."""
+    escalation: str | None = None
+    """The lever the rows use because nothing fit without it (``escalate``), or None."""
+    lever_time_cost: np.ndarray | None = None
+    """With ``escalation`` and a time model, per layout the step time it costs against the same
+    layout without the lever (NaN where that one was not priced): the rows' ``lever_time_cost_s``."""
+    ladder: tuple = ()
+    """The rungs of ``advisor.escalation.LADDER`` climbed in vain, each (label, why it was not
+    swept; None: swept, and nothing ran)."""
 
     @property
     def counts(self) -> dict:
@@ -361,16 +373,70 @@ class SweepResult:
                     self.options, self.memory_model, tokens=self.tokens, global_batch_size=self.global_batch_size)
         for position, row in enumerate(out[:self.ranked]):
             row["rank"] = position + 1
-        return out
+        return self._with_lever_cost(out, chosen)
 
     def row(self, i: int) -> dict:
-        return _rows(self.spec, self.layouts, np.array([i]), self.memory, self.verdict, self.timing, self.memory_gib,
-                     self.options, self.memory_model, tokens=self.tokens, global_batch_size=self.global_batch_size)[0]
+        which = np.array([i])
+        return self._with_lever_cost(_rows(self.spec, self.layouts, which, self.memory, self.verdict, self.timing,
+                                           self.memory_gib, self.options, self.memory_model, tokens=self.tokens,
+                                           global_batch_size=self.global_batch_size), which)[0]
+
+    def _with_lever_cost(self, rows: list[dict], which: np.ndarray) -> list[dict]:
+        """``rows`` (the layouts at ``which``), each with its ``lever_time_cost_s`` where priced."""
+        if self.lever_time_cost is not None:
+            for row, cost in zip(rows, self.lever_time_cost[which].tolist()):
+                if math.isfinite(cost):
+                    row["lever_time_cost_s"] = cost
+        return rows
 
     def least(self) -> dict:
         """The layout that needs the least memory (for the nothing-fits message)."""
         key = self.memory["total"] if self.memory_model == "paper" else self.memory["usage"]
         return self.row(int(self.order[np.argmin(key[self.order])]))
+
+
+def escalate(first: SweepResult, run: Callable[[st.MoEOptions], SweepResult], gpu: GpuSpec | None = None,
+             problem: Callable[[TrainingOptions], str | None] | None = None) -> SweepResult:
+    """``first`` where anything in it runs; else the MoE sweep climbs the dense sweep's ladder
+    (``advisor.escalation.climb``, one ladder for both): ``run(options)`` sweeps the same space
+    with a rung's ``MoEOptions``, a rung for which ``problem(training options)`` gives a reason
+    (what the MoE model does not price) is not swept, and the first rung with a layout expected
+    to run gives the result, with ``escalation`` and, with a time model, ``lever_time_cost``. The
+    result (``first`` where no rung runs) carries the rungs climbed in vain (``ladder``)."""
+    from dataclasses import replace
+
+    from advisor.escalation import climb
+
+    if first.ranked:
+        return first
+    options = first.options
+    found, attempts = climb(lambda lever: run(replace(options, training=lever)), lambda result: result.ranked > 0,
+                            options.training, gpu, problem)
+    if found is None:
+        return replace(first, ladder=attempts)
+    label, candidate = found
+    return replace(candidate, escalation=label, ladder=attempts, lever_time_cost=_lever_time_cost(first, candidate))
+
+
+def _layout_keys(result: SweepResult, which: np.ndarray) -> list[tuple]:
+    layouts = result.layouts
+    return list(zip(*(getattr(layouts, k)[which].tolist() for k in ("tp", "cp", "pp", "ep", "etp", "dp", "mbs"))))
+
+
+def _lever_time_cost(first: SweepResult, candidate: SweepResult) -> np.ndarray | None:
+    """Per layout of ``candidate``, its step time minus that of the same (TP, CP, PP, EP, ETP, DP,
+    MBS) in ``first`` (each sweep's one variant per layout, as the dense ladder's cost: the
+    lever's row against the one the options given would run); NaN where ``first`` has none; None
+    without a time model."""
+    if candidate.timing is None or first.timing is None:
+        return None
+    base = dict(zip(_layout_keys(first, first.order), first.timing["step_time_s"][first.order].tolist()))
+    cost = np.full(len(candidate.layouts.tp), np.nan)
+    steps = candidate.timing["step_time_s"][candidate.order].tolist()
+    for i, key, step in zip(candidate.order.tolist(), _layout_keys(candidate, candidate.order), steps):
+        if key in base:
+            cost[i] = step - base[key]
+    return cost
 
 
 def _rank(layouts: Layouts, kept: np.ndarray, verdict, memory: dict, timing, options: st.MoEOptions, memory_model: str,
