@@ -12,7 +12,8 @@ import numpy as np
 
 from advisor.errors import AdvisorError
 from advisor.hardware import GpuSpec
-from advisor.throughput.terms import BF16, Rates, TpBytes, elementwise_time, ring_collective_time
+from advisor.throughput.terms import (BF16, Rates, TpBytes, elementwise_time, grad_zero_time, optimizer_time,
+                                      ring_collective_time)
 
 FP8_EFFICIENCY_NOTE = (
     "FP8 GEMMs are priced at the GPU's dense FP8 peak times the same sustained fraction the calibration "
@@ -280,3 +281,27 @@ def gpu_optimizer_time(shard, fraction: float, rates: Rates, step_bytes: float =
     """The GPU's part of the step: ``terms.optimizer_time``'s bytes per parameter over the
     parameters not offloaded."""
     return elementwise_time(step_bytes * (1.0 - fraction) * np.asarray(shard, dtype=float), rates)
+
+
+def optimizer_step_time(parameters, shards, rates: Rates, opts, host: tuple[float, float] | None = None):
+    """The optimizer step of one optimizer over the rank's ``parameters`` (TP/PP-local), sharded
+    over ``shards`` where the optimizer is distributed (not Megatron-FSDP's no_shard): Adam on the
+    GPU (``terms.optimizer_time``), or, offloaded (``host``: ``host_link``'s rates, with
+    ``opts.optimizer_host_fraction`` > 0), the GPU's share (``gpu_optimizer_time``) plus the host's
+    (``offload_time``), with the main-gradient buffer zeroed on the GPU apart
+    (``terms.grad_zero_time``: it stays on the GPU, whatever share of Adam is offloaded).
+    ``opts``: the time model's options (``advisor.throughput.TimeOptions``). The dense model prices
+    its one optimizer with it; the MoE model (``advisor.moe.time``) its dense and its expert one,
+    each a HybridDeviceOptimizer of the same --optimizer-offload-fraction over its own shard
+    (megatron-core optimizer/__init__.py ``get_megatron_optimizer``)."""
+    sharded = opts.distributed_optimizer and opts.fsdp_strategy != "no_shard"
+    grads_sharded = opts.fsdp_strategy in ("optim_grads", "optim_grads_params")
+    if host is None:
+        return optimizer_time(parameters, shards, rates, sharded, opts.optimizer_step_bytes, opts.grad_zero_bytes,
+                              grads_sharded)
+    parameters = np.asarray(parameters, dtype=float)
+    shard = parameters / np.where(sharded, np.asarray(shards, dtype=float), 1.0)
+    fraction = opts.optimizer_host_fraction
+    zeroing = grad_zero_time(parameters, shards, rates, opts.grad_zero_bytes, grads_sharded)
+    gpu = gpu_optimizer_time(shard, fraction, rates, opts.optimizer_step_bytes)
+    return zeroing + gpu + offload_time(shard, fraction, opts.grad_reduce_bytes, *host)

@@ -432,21 +432,9 @@ class TimeModel:
         return dp_comm
 
     def _optimizer(self, params, shards):
-        """The optimizer step on this rank's shard (``terms.optimizer_time``), with the offloaded
-        share on the host (``levers.offload_time``) and the main-gradient buffer's zeroing on the
-        GPU apart (``terms.grad_zero_time``)."""
-        opts, rates = self.options, self.rates
-        sharded = opts.distributed_optimizer and opts.fsdp_strategy != "no_shard"
-        grads_sharded = opts.fsdp_strategy in ("optim_grads", "optim_grads_params")
-        if self.host is None:
-            return terms.optimizer_time(params, shards, rates, sharded, opts.optimizer_step_bytes,
-                                        opts.grad_zero_bytes, grads_sharded)
-        shard = params / np.where(sharded, _f(shards), 1.0)
-        fraction = opts.optimizer_host_fraction
-        # the main-gradient buffer stays on the GPU and is zeroed there, whatever share of Adam is offloaded
-        zeroing = terms.grad_zero_time(params, shards, rates, opts.grad_zero_bytes, grads_sharded)
-        gpu = levers.gpu_optimizer_time(shard, fraction, rates, opts.optimizer_step_bytes)
-        return zeroing + gpu + levers.offload_time(shard, fraction, opts.grad_reduce_bytes, *self.host)
+        """The optimizer step on this rank's shard (``levers.optimizer_step_time``: on the GPU, or
+        with the offloaded share on the host and the main-gradient buffer's zeroing on the GPU apart)."""
+        return levers.optimizer_step_time(params, _f(shards), self.rates, self.options, self.host)
 
     def _stage_parameters(self, tp, pp):
         """Parameters on one GPU of the heaviest even stage: its layers plus the embedding or the
