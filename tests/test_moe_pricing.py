@@ -278,8 +278,9 @@ def test_advisor_launch_keeps_an_fp8_mtp_rows_flags(tmp_path):
     (["--gpu", "h100-80gb", "--mtp-num-layers", "1"], "need a mixture-of-experts model"),
     (["--model", "mixtral-8x7b", "--gpu", "h100-80gb", "--fp8-format", "hybrid", "--recompute", "selective",
       "--recompute-modules", "moe_act"], "other than delayed"),
-    (["--model", "mixtral-8x7b", "--gpu", "h100-80gb", "--optimizer-cpu-offload"],
-     "does not price --optimizer-cpu-offload"),
+    # offload is priced (tests/test_moe_offload.py), but not where the preset gives no host rates
+    (["--model", "mixtral-8x7b", "--gpu", "h800-80gb", "--optimizer-cpu-offload"],
+     "h800-80gb: gpus.json gives no host link or host memory bandwidth, so optimizer CPU offload cannot be timed"),
 ])
 def test_what_moe_rows_cannot_price_is_one_line(argv, message):
     result = CliRunner().invoke(cli, ["sweep", "--gpus", "64", *argv])
@@ -380,14 +381,15 @@ def test_representative_stages_hold_the_peak_with_leading_dense_layers(pp):
     assert chosen == every
 
 
-@pytest.mark.parametrize("extra", [["--optimizer-cpu-offload"], ["--use-torch-fsdp2"]], ids=["offload", "fsdp2"])
+@pytest.mark.parametrize("extra", [["--use-torch-fsdp2"]], ids=["fsdp2"])
 def test_an_unpriced_moe_training_option_says_what_is_priced(extra):
     """The refusal named the flag and stopped (helper scripts, on Megatron-LM's DeepSeek-V3
     Megatron-FSDP example): it now says what the MoE model prices, so the user knows what to change.
-    Megatron-FSDP itself is priced since (tests/test_moe_fsdp.py)."""
+    Megatron-FSDP itself is priced since (tests/test_moe_fsdp.py), and optimizer CPU offload
+    (tests/test_moe_offload.py)."""
     result = CliRunner().invoke(cli, ["estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb",
                                       *extra])
     assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
     assert result.output.rstrip().endswith(
-        "it prices BF16 weights (--bf16) under Megatron's DDP or Megatron-FSDP, no optimizer CPU offload: drop or "
-        "change those flags to price the run so")
+        "it prices BF16 weights (--bf16) under Megatron's DDP or Megatron-FSDP, with or without optimizer CPU "
+        "offload: drop or change those flags to price the run so")

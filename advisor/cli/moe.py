@@ -401,17 +401,18 @@ _WEIGHTS_NOT_PRICED = {"float32": "FP32 weights (no --bf16 or --fp16: Megatron's
 """The weights' number format the MoE model does not price, in Megatron's words: it prices --bf16."""
 
 
-MOE_PRICED_TRAINING = ("it prices BF16 weights (--bf16) under Megatron's DDP or Megatron-FSDP, no optimizer CPU "
-                       "offload: drop or change those flags to price the run so")
+MOE_PRICED_TRAINING = ("it prices BF16 weights (--bf16) under Megatron's DDP or Megatron-FSDP, with or without "
+                       "optimizer CPU offload: drop or change those flags to price the run so")
 """The remedy where a training option the MoE model does not price is given (``_levers_not_priced``)."""
 
 
 def _levers_not_priced(training) -> dict[str, bool]:
     """The training options (advisor.options) the MoE model does not price yet: named, never ignored.
-    Megatron-FSDP is priced (``advisor.moe.fsdp``), but not where ``fsdp_problem`` says."""
+    Megatron-FSDP is priced (``advisor.moe.fsdp``), but not where ``fsdp_problem`` says; optimizer
+    CPU offload is, for the dense and the expert optimizer alike (``advisor.moe.stage.model_states``,
+    ``advisor.moe.time._data_parallel``)."""
     dp, params_dtype = training.data_parallel, training.precision.params_dtype
     return {"--use-torch-fsdp2": dp.torch_fsdp2,
-            "--optimizer-cpu-offload": training.offload.optimizer_cpu_offload,
             **({_WEIGHTS_NOT_PRICED[params_dtype]: True} if params_dtype != "bfloat16" else {})}
 
 

@@ -293,7 +293,12 @@ def model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, st
     buffers; ``optimizer/__init__.py``, ``get_megatron_optimizer``: the expert optimizer over
     ``get_expert_data_parallel_group``). Megatron-FSDP shards what its strategy shards
     (``memory_levers.SHARDING``) over the same two groups, and adds its unsharded buffers
-    (``advisor.moe.fsdp.buffer_bytes``) to the weights and gradients."""
+    (``advisor.moe.fsdp.buffer_bytes``) to the weights and gradients. --optimizer-cpu-offload takes
+    the same --optimizer-offload-fraction of each group's Adam states off the GPU (the dense
+    model's ``optimizer_host_fraction``): each group's optimizer is a HybridDeviceOptimizer built
+    from the same OptimizerConfig over its own shard (core_v0.15.2 optimizer/__init__.py:602-614,
+    :636-649, :310-351; core_v0.19.0 :1164-1178, :1203-1217, :502-543), offloading that fraction
+    of it (cpu_offloading/hybrid_optimizer.py:258-273, both releases)."""
     edp = tp * cp * dp // (etp * ep)
     vocab = eq.padded_vocab_size(spec.vocab_size, options.training.vocab_divisible_by, tp)
     embedding = eq.embedding_parameters(spec, tp, vocab)

@@ -567,6 +567,7 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     one base layout (the columns at ``index`` are the bases, ``inverse`` maps each layout to its
     own): all but the interleaved schedule's terms are priced once per base. ``with_parts``: also
     ``time_parts``, where the step goes (``step_parts``)."""
+    from advisor.throughput import levers
     from advisor.throughput.calibration import load_calibration
 
     cal = load_calibration()
@@ -605,8 +606,9 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     # the steady state's m passes at the slowest stage's pace; the fill and drain (no forward
     # beside a backward to overlap with) at the plain pace, shrunk v-fold by interleaving
     pipeline = m * slowest + (total - slowest) / vpp
+    host = levers.host_link(gpu) if training.offload.host_fraction > 0 else None  # offload's rates, as the dense model's
     dp_comm, optimizer = _data_parallel(b, training, _parameters(first_stage, base_of), most * moe_f,
-                                        rates, global_batch_size / (b["mbs"] * b["dp"]))
+                                        rates, global_batch_size / (b["mbs"] * b["dp"]), host)
     step = terms.data_loader_bound(pipeline + spread(dp_comm) + spread(optimizer), training.attention.dataloader_mask
                                    == "rebuilt", global_batch_size / c["dp"], seq_len, rates)
     flops = spread(megatron_flops_per_iteration(spec, seq_len, global_batch_size, vocab))
@@ -745,12 +747,16 @@ def _parameters(first_stage, base_of) -> tuple:
     return base_of(first_stage.dense_parameters), base_of(first_stage.expert_parameters)
 
 
-def _data_parallel(c: dict, training, parameters: tuple, forward_s, rates: Rates, m=1.0):
+def _data_parallel(c: dict, training, parameters: tuple, forward_s, rates: Rates, m=1.0,
+                   host: tuple[float, float] | None = None):
     """(exposed DP communication, optimizer) seconds of the first stage, from its (dense, expert)
     ``parameters`` on one GPU (``_parameters``; see ``step_times``): the dense parts over DP x CP, the experts over the
     expert-data-parallel group EDP = t c d / (etp ep), each on its own rings; Megatron-FSDP's
     per-microbatch collectives where its strategy shards the gradients (``_fsdp_microbatches``), ``m``
-    microbatches a step."""
+    microbatches a step; ``host``: the GPU's host link and memory rates (``levers.host_link``) where
+    --optimizer-cpu-offload moves a share of each optimizer's step to the CPU."""
+    from advisor.throughput import levers
+
     dense_params, expert_params = parameters
     edp = c["tp"] * c["cp"] * c["dp"] / (c["etp"] * c["ep"])
     grad = training.precision.gradient_bytes
@@ -785,13 +791,18 @@ def _data_parallel(c: dict, training, parameters: tuple, forward_s, rates: Rates
         fsdp_f, fsdp_b = _fsdp_microbatches(strategy, (dense_params, expert_params), (c["dp"] * c["cp"], edp),
                                             bandwidths, rates, param_bytes, grad)
         exposed = exposed + m * (np.maximum(0.0, fsdp_f - hidden_gather) + np.maximum(0.0, fsdp_b - hidden_reduce))
-    # Adam on the shard where the optimizer is distributed (Megatron-FSDP's no_shard keeps it
-    # whole); the main-gradient buffer zeroed whole, or its shard where FSDP shards the gradients
-    # (no optimizer offload: the MoE model refuses it, advisor.cli.moe)
-    step = dict(distributed_optimizer=sharded, step_bytes=opts.optimizer_step_bytes, zeroed_bytes=opts.grad_zero_bytes,
-                grads_sharded=strategy in ("optim_grads", "optim_grads_params"))
-    return exposed, (terms.optimizer_time(dense_params, c["dp"] * c["cp"], rates, **step)
-                     + terms.optimizer_time(expert_params, edp, rates, **step))
+    # the dense model's optimizer step (levers.optimizer_step_time), once per optimizer: megatron-core
+    # builds one for the dense parameters over DP x CP and one for the experts over the expert DP
+    # group from the same OptimizerConfig (core_v0.15.2 optimizer/__init__.py:602-614 and :636-649;
+    # core_v0.19.0 :1164-1178 and :1203-1217), so with --optimizer-cpu-offload each is a
+    # HybridDeviceOptimizer of the same fraction (core_v0.15.2 :310-351, core_v0.19.0 :502-543) that
+    # DistributedOptimizer rebuilds over its rank's shard (distrib_optimizer.py core_v0.15.2
+    # :598-601, core_v0.19.0 :778-781) and offloads that fraction of (hybrid_optimizer.py:258-273,
+    # both releases); ChainedOptimizer steps them one after the other (optimizer.py core_v0.15.2
+    # :1238-1248, core_v0.19.0 :1635-1644). Megatron-FSDP builds one over both
+    # (core_v0.15.2 :545-580, core_v0.19.0 :1083-1136): the same fraction of the same total, the same price
+    step = levers.optimizer_step_time
+    return exposed, (step(dense_params, c["dp"] * c["cp"], rates, opts, host) + step(expert_params, edp, rates, opts, host))
 
 
 def _fsdp_microbatches(strategy: str, parameters: tuple, groups: tuple, bandwidths: tuple, rates: Rates,
