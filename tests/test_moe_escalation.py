@@ -107,19 +107,28 @@ def test_a_rung_the_moe_model_refuses_is_not_climbed_and_the_line_says_why(advis
     fixed = advisor("sweep", *CASE, *extra, "--sharding", "fixed", expect=1).stderr.strip()
     line = advisor("sweep", *CASE, *extra, expect=1).stderr.strip()
     head, _, tries = fixed.partition(". Try ")
-    ladder = f"; --sharding auto did not try Megatron-FSDP optim_grads or optim_grads_params: {reason};"
-    assert line.startswith(head + ladder) and line.endswith(". Try " + tries)
+    ladder = ("; --sharding auto tried optimizer CPU offload: no layout fits with it either; it did not try "
+              f"Megatron-FSDP optim_grads or optim_grads_params: {reason}")
+    assert line == head + ladder + ". Try " + tries
+    # the rung it did climb, swept as a user would give it: nothing fits there either
+    advisor("sweep", *CASE, *extra, "--optimizer-cpu-offload", "--sharding", "fixed", expect=1)
 
 
-def test_rungs_swept_in_vain_are_named_and_each_is_true(advisor):
+def test_rungs_swept_in_vain_are_passed_and_the_ladder_stops_at_offload(advisor):
     """Mixtral on 8 H100s: the expert DP group is one GPU at every layout (EP x ETP x PP = 8), so
-    FSDP shards no expert state and adds its buffers: both FSDP rungs are swept and nothing fits."""
+    FSDP shards no expert state and adds its buffers: both FSDP rungs fit nothing, and the ladder
+    goes on to optimizer CPU offload (priced for MoE models since), where layouts run. Each claim
+    swept as a user would give it."""
     args = ("--model", "mixtral-8x7b", "--gpus", 8, "--gpu", "h100-80gb", "--seq-len", 4096, "--gbs", 256)
-    line = advisor("sweep", *args, expect=1).stderr.strip()
-    assert "; --sharding auto tried Megatron-FSDP optim_grads and optim_grads_params: no layout fits with them " \
-           "either" in line
+    result = advisor("sweep", *args, "--format", "json")
+    assert "the rows use optimizer CPU offload (optimizer states in host memory)" in result.stderr
+    rows = json.loads(result.stdout)
+    assert rows and all(row["options"]["optimizer_cpu_offload"] for row in rows)
+    advisor("sweep", *args, "--sharding", "fixed", expect=1)
     for strategy in ("optim_grads", "optim_grads_params"):
         advisor("sweep", *args, "--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, expect=1)
+    given = json.loads(advisor("sweep", *args, "--optimizer-cpu-offload", "--format", "json").stdout)
+    assert [row["tflops_per_gpu"] for row in given] == [row["tflops_per_gpu"] for row in rows]
     # a lever given: the user chose the sharding, and the line names no rung
     given = advisor("sweep", *args, "--use-megatron-fsdp", expect=1).stderr
     assert "--sharding auto" not in given
@@ -144,16 +153,16 @@ def test_climb_skips_refused_rungs_and_stops_at_the_first_that_runs():
 
 
 def test_the_moe_rungs_follow_what_the_moe_model_prices(monkeypatch):
-    """rung_problem reads the CLI's own refusals: were optimizer CPU offload priced for MoE (no
-    longer in ``_levers_not_priced``), its rung would be climbed with no change to the ladder."""
+    """rung_problem reads the CLI's own refusals: optimizer CPU offload, priced for MoE models since
+    it left ``_levers_not_priced``, is climbed; were it refused again, its rung would be passed with
+    the refusal's words, with no change to the ladder."""
     from advisor.cli import moe
 
     offload = TrainingOptions().with_(**LADDER[2][1])
     fsdp = TrainingOptions().with_(**LADDER[0][1])
+    assert moe.rung_problem(offload, False, None) is None and moe.rung_problem(fsdp, False, None) is None
+    monkeypatch.setattr(moe, "_levers_not_priced", lambda training: {"--optimizer-cpu-offload": True})
     assert moe.rung_problem(offload, False, None) == "the MoE model does not price --optimizer-cpu-offload"
-    assert moe.rung_problem(fsdp, False, None) is None
-    monkeypatch.setattr(moe, "_levers_not_priced", lambda training: {"--optimizer-cpu-offload": False})
-    assert moe.rung_problem(offload, False, None) is None
 
 
 @pytest.mark.xdist_group("megatron-validator")

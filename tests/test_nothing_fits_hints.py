@@ -120,10 +120,9 @@ def test_where_activations_dominate_a_shorter_seq_len_is_hinted_and_fits(advisor
 
 # --- 3. MoE sweeps ---------------------------------------------------------------------------------------
 
-# the ladder's rungs the MoE model prices, each swept in vain; the one it does not price, named
-# (advisor.cli.moe.rung_problem); tests/test_moe_escalation.py checks that each is true
-SKIPPED = ("; --sharding auto tried Megatron-FSDP optim_grads and optim_grads_params: no layout fits with them "
-           "either; it did not try optimizer CPU offload: the MoE model does not price --optimizer-cpu-offload")
+# the ladder's rungs the MoE model prices (advisor.cli.moe.rung_problem), each swept in vain
+TRIED = ("; --sharding auto tried Megatron-FSDP optim_grads, optim_grads_params and optimizer CPU offload: no layout "
+         "fits with them either")
 
 
 def test_deepseek_v3_on_16_h100s_says_its_states_exceed_and_which_sharding_was_tried(advisor):
@@ -131,15 +130,22 @@ def test_deepseek_v3_on_16_h100s_says_its_states_exceed_and_which_sharding_was_t
     # 671B parameters at 18 bytes, spread perfectly over 16 GPUs: 703 GiB at the very least
     floor = 671e9 * STATE_BYTES / 16 / GIB
     assert _number(line, " (more than 80 GiB in every layout, whatever the --seq-len)") >= floor > 80
-    assert SKIPPED + ". Try more GPUs (--all shows the rows)" in line
+    assert TRIED + ". Try more GPUs (--all shows the rows)" in line
     assert "shorter --seq-len" not in _tries(line) and "--sharding" not in _tries(line)
     # --sharding auto is the default: given explicitly, the same line
     assert _line(advisor, "--model", "deepseek-v3", "--gpus", 16, *H100, "--sharding", "auto") == line
-    assert SKIPPED not in _line(advisor, "--model", "deepseek-v3", "--gpus", 16, *H100, "--sharding", "fixed")
+    assert TRIED not in _line(advisor, "--model", "deepseek-v3", "--gpus", 16, *H100, "--sharding", "fixed")
+    # each rung named is true, swept as a user would give it
+    for lever in (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"),
+                  ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"),
+                  ("--optimizer-cpu-offload",)):
+        _line(advisor, "--model", "deepseek-v3", "--gpus", 16, *H100, *lever)
 
 
 def test_mixtral_on_8_h100s_needs_its_states_by_hand_and_fits_a_bigger_gpu(advisor):
-    line = _line(advisor, "--model", "mixtral-8x7b", "--gpus", 8, *H100)
+    """Under Megatron's DDP (--sharding fixed); the default ladder runs it with optimizer CPU offload
+    (tests/test_moe_escalation.py)."""
+    line = _line(advisor, "--model", "mixtral-8x7b", "--gpus", 8, *H100, "--sharding", "fixed")
     hidden, layers, ffn, vocab, experts, kv = 4096, 32, 14336, 32000, 8, 1024
     # TP 8, EP 8: one expert of each layer per GPU; attention, embedding and head over TP 8;
     # router and norms whole; every state sharded over the 8 GPUs once (DP and expert DP 1)
@@ -148,16 +154,17 @@ def test_mixtral_on_8_h100s_needs_its_states_by_hand_and_fits_a_bigger_gpu(advis
         + layers * (hidden * experts + 2 * hidden) + hidden
     assert _number(line, " (more than 80 GiB") == pytest.approx(
         (expert + dense) * STATE_BYTES / GIB, abs=0.05)
-    assert line.endswith(f"{SKIPPED}. Try more GPUs or a GPU with more memory (--all shows the rows)")
+    assert line.endswith("(more than 80 GiB in every layout, whatever the --seq-len). Try more GPUs or a GPU with "
+                         "more memory (--all shows the rows)")
     rows = advisor.json("sweep", "--model", "mixtral-8x7b", "--gpus", 8, "--gpu", "h200-141gb", "--top", 1)
     assert rows and rows[0]["rank"] == 1
 
 
 def test_an_moe_sweep_whose_states_fit_keeps_the_shorter_seq_len_which_then_fits(advisor):
-    args = ("--model", "qwen3-30b-a3b", "--gpus", 8, *H100)
+    args = ("--model", "qwen3-30b-a3b", "--gpus", 8, *H100, "--sharding", "fixed")  # auto: offload runs it
     line = _line(advisor, *args)
     assert "alone need" not in line
-    assert line.endswith(f"{SKIPPED}. Try more GPUs or a shorter --seq-len (--all shows the rows)")
+    assert line.endswith(" MBS 1). Try more GPUs or a shorter --seq-len (--all shows the rows)")
     rows = advisor.json("sweep", *args, "--seq-len", 2048)
     assert rows and rows[0]["rank"] == 1
 
