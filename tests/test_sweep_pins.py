@@ -123,7 +123,8 @@ def test_where_nothing_fits_a_pin_is_among_the_hints():
                                      "--pp", "2"])
     assert dense.exit_code == 1
     assert dense.stderr.rstrip().endswith("Try more GPUs, no --pp or a shorter --seq-len (--all shows the rows)")
+    # --sharding fixed: the default ladder runs it with optimizer CPU offload (tests/test_moe_escalation.py)
     moe = CliRunner().invoke(cli, ["sweep", "--gpus", "8", "--gpu", "h100-80gb", "--model", "mixtral-8x7b", "--tp", "2",
-                                   "--pp", "2"])
+                                   "--pp", "2", "--sharding", "fixed"])
     assert moe.exit_code == 1
     assert moe.stderr.rstrip().endswith("Try more GPUs, no --tp/--pp or a GPU with more memory (--all shows the rows)")
