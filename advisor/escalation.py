@@ -49,14 +49,13 @@ def climb(run: Callable[[TrainingOptions], object], runs: Callable[[object], boo
     options cannot be taken (AdvisorError: its text), where ``problem`` gives a reason (a model
     that does not price it, or a bound that says no layout can fit on it), or, for the offload,
     where the GPU preset lacks the host link or host memory bandwidth to time it."""
+    from advisor.throughput.levers import times_offload
+
     if options.data_parallel.fsdp_strategy or options.offload.optimizer_cpu_offload:
         return None, ()
     attempts: list[Attempt] = []
     for label, changes in LADDER:
-        # both rates, as levers.host_link needs them: no preset lacks the link, three lack the host
-        # memory bandwidth (gpus.json: h800-80gb, h100-nvl-94gb, mi300x-192gb)
-        if "optimizer_cpu_offload" in changes and gpu is not None and (
-                gpu.host_link_gb_per_s is None or gpu.host_memory_gb_per_s is None):
+        if "optimizer_cpu_offload" in changes and gpu is not None and not times_offload(gpu):
             attempts.append((label, f"{gpu.name} has no host link or host memory bandwidth to time it (gpus.json)"))
             continue
         try:

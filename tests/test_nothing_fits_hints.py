@@ -107,6 +107,18 @@ def test_where_offload_could_make_room_a_shorter_seq_len_is_hinted_with_it_and_t
                              "memory (--all shows the rows)")
 
 
+def test_on_a_gpu_that_cannot_time_offload_the_line_says_it_was_not_tried(advisor):
+    """70B on 8 H800s: gpus.json gives the H800 no host memory bandwidth, so --sharding auto's ladder
+    passes the offload (escalation.climb); the line said offload was tried and fit nothing
+    (reviewer6). Given by hand, the offload is refused (exit 2) for the same reason."""
+    line = _line(advisor, "--model", "llama3.1-70b", "--gpus", 8, "--gpu", "h800-80gb")
+    assert ("; Megatron-FSDP (--sharding auto), which shrinks them, fits no layout at this --seq-len, and optimizer "
+            "CPU offload was not tried: h800-80gb has no host link or host memory bandwidth to time it (gpus.json). "
+            "Try ") in line
+    assert "host memory bandwidth" in advisor.error("sweep", "--model", "llama3.1-70b", "--gpus", 8, "--gpu",
+                                                    "h800-80gb", "--optimizer-cpu-offload")
+
+
 # --- 2. activations dominate: the shorter --seq-len stays, and is true ----------------------------------
 
 def test_where_activations_dominate_a_shorter_seq_len_is_hinted_and_fits(advisor):

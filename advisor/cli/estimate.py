@@ -198,7 +198,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     columns = (memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None, False, rank_by)
     _emit_sweep(dicts, text, fmt, output, result, title, caption, columns, tolerance,
                 nothing=None if any(row.rank for row in result.rows) or show_all else
-                _nothing_fits(result.rows, counts, space, mem))
+                _nothing_fits(result.rows, counts, space, mem, gpu))
 
 
 def _measured(profile_dir, spec, options):
@@ -297,7 +297,7 @@ def _emit_sweep(dicts: list[dict], text: str | None, fmt: str, output, result, t
     emit(text, output)
 
 
-def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
+def _nothing_fits(rows, counts: dict, space, mem: float, gpu=None) -> str:
     from advisor import render
 
     least = min(rows, key=lambda row: row.judged_gib, default=None)  # the memory the verdicts judged
@@ -311,7 +311,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float) -> str:
     need = (f"; the least any layout needs{plain} is {least.judged_gib:.1f} GiB per GPU against {mem:g} GiB "
             f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
     if floor > mem:  # the --seq-len, the micro-batch and recomputation touch activations only
-        return _states_bound(f"{command_name()}: nothing fits: {tally}{need}", rows, least, space, mem, floor)
+        return _states_bound(f"{command_name()}: nothing fits: {tally}{need}", rows, least, space, mem, floor, gpu)
     hints = ["more GPUs", "a shorter --seq-len"]
     if space.recompute in ("none", "selective"):  # auto and full have tried full recomputation
         hints.insert(1, "--recompute auto")
@@ -341,7 +341,19 @@ def _untried_levers(training) -> str:
             "tried: FSDP with --use-precision-aware-optimizer is not priced")
 
 
-def _states_bound(head: str, rows, least, space, mem: float, floor: float) -> str:
+def _tried_levers(gpu=None) -> str:
+    """What --sharding auto tried, all in vain (``escalation.climb``: the offload only where the
+    GPU preset can time it)."""
+    from advisor.throughput.levers import times_offload
+
+    if gpu is not None and not times_offload(gpu):
+        return ("; Megatron-FSDP (--sharding auto), which shrinks them, fits no layout at this --seq-len, and "
+                f"optimizer CPU offload was not tried: {gpu.name} has no host link or host memory bandwidth to "
+                "time it (gpus.json)")
+    return "; Megatron-FSDP and optimizer CPU offload (--sharding auto), which shrink them, fit no layout at this --seq-len"
+
+
+def _states_bound(head: str, rows, least, space, mem: float, floor: float, gpu=None) -> str:
     """The nothing-fits line where no row's model states alone fit: what they need, and only the
     hints that can shrink them. Megatron-FSDP and optimizer CPU offload can, down to the weights
     and gradients sharded over every GPU (a floor: their gathered buffers come on top); where
@@ -364,8 +376,7 @@ def _states_bound(head: str, rows, least, space, mem: float, floor: float) -> st
         if lowered := training.optimizer_states.lowered:
             hints.append(f"--optimizer-cpu-offload without {' and '.join(flag.split()[0] for flag in lowered)}")
     elif plain and space.sharding == "auto":  # escalation tried them, at this --seq-len
-        text += ("; Megatron-FSDP and optimizer CPU offload (--sharding auto), which shrink them, "
-                 "fit no layout at this --seq-len")
+        text += _tried_levers(gpu)
         hints.append("a shorter --seq-len with them")
     elif plain:
         hints.append("--sharding auto (Megatron-FSDP, optimizer CPU offload)")

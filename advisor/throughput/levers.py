@@ -249,10 +249,16 @@ def fsdp_microbatch_time(parameters, shards, bandwidth, rates: Rates, strategy: 
     return gather, gather + scatter
 
 
+def times_offload(gpu: GpuSpec) -> bool:
+    """Whether ``gpu``'s preset gives both rates optimizer CPU offload is timed with (``host_link``):
+    three presets lack the host memory bandwidth (gpus.json: h800-80gb, h100-nvl-94gb, mi300x-192gb)."""
+    return gpu.host_link_gb_per_s is not None and gpu.host_memory_gb_per_s is not None
+
+
 def host_link(gpu: GpuSpec) -> tuple[float, float]:
     """(host link bytes/s one direction, host memory bytes/s) of one GPU; AdvisorError where the
     preset does not say."""
-    if gpu.host_link_gb_per_s is None or gpu.host_memory_gb_per_s is None:
+    if not times_offload(gpu):
         raise AdvisorError(f"{gpu.name}: gpus.json gives no host link or host memory bandwidth, so optimizer CPU "
                            "offload cannot be timed; use a preset that does (advisor gpus)")
     return gpu.host_link_gb_per_s * 1e9, gpu.host_memory_gb_per_s * 1e9
