@@ -7,6 +7,7 @@ refuses the command at start-up; and the one reader of a flag's number.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -284,17 +285,25 @@ def _rampup(layout: dict) -> tuple[int, int, int] | None:
     return start, increment, samples
 
 
+@functools.cache
+def release_flags(release: tuple[int, int]) -> frozenset[str]:
+    """The flags of ``release``'s own argument parser (``megatron_flag_table``'s
+    '--flag[=COUNT][:TYPE]' words), parsed once."""
+    from advisor.megatron_flag_table import FLAGS
+
+    return frozenset(word.partition(":")[0].partition("=")[0] for word in FLAGS[release].split())
+
+
 def _global_batch(layout: dict, release=None, seq_length: int | None = None) -> int | None:
     """--global-batch-size, or the final batch of --step-batch-size-schedule, as Megatron-LM
     takes them; one line where Megatron-LM refuses the command."""
     given = int_value(layout, "global-batch-size")
     if STEP_SCHEDULE not in layout:
         return given
-    from advisor.megatron_flag_table import FLAGS
     from advisor.options.releases import release_defaults
 
     defaults = release_defaults(release)
-    if f"--{STEP_SCHEDULE}" not in {word.partition(":")[0] for word in FLAGS[defaults.release].split()}:
+    if f"--{STEP_SCHEDULE}" not in release_flags(defaults.release):
         raise AdvisorError(f"--{STEP_SCHEDULE} is not a flag of {defaults.name} (its argparse refuses the command): "
                            f"give --global-batch-size N, or --megatron-version for a release that has it (0.19)")
     if given is not None:  # megatron/training/arguments.py (core_v0.19.0), validate_args: a ValueError

@@ -16,9 +16,6 @@ FSDP_COMMUNICATION_UNIT = 1_000_000_000
 sets it: core_v0.15.2's always (``ddp_config.suggested_communication_unit_size or 1_000_000_000``,
 megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:362-364), core_v0.19.0's least
 (:438-441, 'Cap to 1B elements', ``max(1_000_000_000, ...)``; ``fsdp_communication_unit``)."""
-FSDP_AG_PREFETCH_ELEMENTS = FSDP_COMMUNICATION_UNIT // 2
-"""Megatron-FSDP's all-gather prefetch budget at ``FSDP_COMMUNICATION_UNIT``:
-``suggested_AG_prefetch_size = suggested_communication_unit_size // 2`` (same file, both checkouts)."""
 FSDP_RS_QUEUE_ELEMENTS = FSDP_COMMUNICATION_UNIT
 """Megatron-FSDP's reduce-scatter queue at ``FSDP_COMMUNICATION_UNIT``: ``suggested_RS_queue_capacity
 = suggested_communication_unit_size`` (same place): unsharded gradient buckets wait there until

@@ -96,6 +96,10 @@ class MegatronRelease:
     rows are written once for every release, with the spelling the oldest one needs; a launch on
     this release writes its own (``own_spelling``). A switch's words replace it; a valued flag's
     name is replaced and its value kept."""
+    fsdp_wraps_experts: bool = True
+    """Whether Megatron-FSDP can wrap an expert-parallel model: core_v0.15.2's
+    ``MegatronFSDP.__init__`` calls ``dist_index.get_expert_dp_group()`` (megatron_fsdp.py:229-242),
+    which its ``FSDPDistributedIndex`` lacks (``advisor.moe.fsdp.release_problem``)."""
     fsdp_budget_from_units: bool = True
     """Whether Megatron-FSDP sizes its all-gather prefetch and reduce-scatter queue from the rank's
     FSDP units (``memory_levers.fsdp_communication_unit``): core_v0.19.0 sets
@@ -149,7 +153,7 @@ RELEASES: tuple[MegatronRelease, ...] = (
         mock_data_max_token_id=4094, pretrain="providers",
         transformer_config_module="megatron.training.arguments", fsdp_sharding_strategy="no_shard", eval_interval=1000,
         uniform_recompute_any_n=False, flex_needs_enable_deepep=True, shared_expert_overlap_dispatchers=("alltoall",),
-        uneven_middle_needs_layers=False, fsdp_budget_from_units=False,
+        uneven_middle_needs_layers=False, fsdp_budget_from_units=False, fsdp_wraps_experts=False,
         lacks=frozenset({"--moe-flex-dispatcher-backend", "--moe-flex-dispatcher-num-sms", *FSDP_DTYPE_FLAGS}),
         imports=(("torch", ""), ("numpy", ""), ("packaging", ": megatron/training/arguments.py"),
                  ("six", ": megatron/training/tokenizer/bert_tokenization.py"),

@@ -12,12 +12,13 @@ from conftest import ROOT
 from advisor.cli import COMMANDS, cli
 from advisor.cli.runners import cpu_runner, megatron_runner
 from advisor.megatron_flag_table import FLAGS
+from advisor.megatron_layout import release_flags
 from launch.cli import cli as launch_cli
 
 # every release's flags (a flag core_v0.19.0 added, --step-batch-size-schedule, is Megatron's too)
 MEGATRON = {flag.split("=")[0] for flag in
             (ROOT / "tables" / "data" / "megatron_lm_core_v0.15.2_flags.txt").read_text().split()} | {
-    word.split("=")[0] for table in FLAGS.values() for word in table.split()}
+    flag for release in FLAGS for flag in release_flags(release)}
 NOT_MEGATRON = {
     "--help": "click's",
     "--fp8": "named to say it is not a Megatron-LM flag (MEGATRON_LOOKALIKES)",

@@ -308,20 +308,19 @@ def _refuse_unpriced(spec, training, space, unsupported: dict | None) -> None:
     (``unsupported``: flag -> given), every such option named."""
     from advisor.render import listed
 
-    memory = training.memory_options()
+    memory, levers = training.memory_options(), _levers_not_priced(training)
     # at TP > 1: a command without --sequence-parallel says it no more than the advisor's own flag does
     refused = {"TP without --sequence-parallel (megatron-core's MoELayer raises in training at TP > 1 without it, "
                "moe_layer.py)": not memory.sequence_parallel, "--no-flash-attn": not memory.flash_attention,
-               **_levers_not_priced(training)}
+               **levers}
     if space is not None:
         refused["--recompute-method/--recompute-num-layers"] = bool(space.recompute_method
                                                                     or space.recompute_num_layers)
     named = [flag for flag, given in refused.items() if given]
     lacking = [flag for flag, given in (unsupported or {}).items() if given]
     if named or lacking:
-        levers = any(_levers_not_priced(training).values())
         parts = ([f"its model does not price {', '.join(named)}"] if named else []) + (
-            [MOE_PRICED_TRAINING] if levers else []) + (
+            [MOE_PRICED_TRAINING] if any(levers.values()) else []) + (
             [f"its rows have no {listed(lacking)} yet (drop {'it' if len(lacking) == 1 else 'them'})"] if lacking else [])
         raise InputError(f"{spec.name} is a mixture of experts; {'; '.join(parts)}")
 

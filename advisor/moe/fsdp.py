@@ -52,7 +52,7 @@ def release_problem(release) -> str | None:
     from advisor.options.releases import release_defaults
 
     defaults = release_defaults(release)
-    if defaults.release < (0, 19):
+    if not defaults.fsdp_wraps_experts:
         return (f"{defaults.name}'s Megatron-FSDP cannot wrap an MoE model's expert-parallel parameters "
                 "(its FSDPDistributedIndex has no expert data-parallel group: megatron_fsdp.py "
                 "get_expert_dp_group raises AttributeError at EP > 1), and the advisor prices Megatron-FSDP "

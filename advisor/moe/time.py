@@ -572,10 +572,11 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
 
     cal = load_calibration()
     training = options.training
+    opts = training.time_options()  # once: it reads --tp-comm-overlap-cfg's file
     c = {k: np.asarray(v, dtype=float) for k, v in columns.items()}
     vpp = c["vpp"]
     b, base_of, spread = _by_base(c, bases)
-    rates, gemm_rates, layer = _rates_and_layer(spec, seq_len, b, gpu, options, cal)
+    rates, gemm_rates, layer = _rates_and_layer(spec, seq_len, b, gpu, options, cal, opts)
     moe_f = layer.moe + layer.attention_tp + layer.shared_tp  # the forward the DP communication hides behind
     moe_t, steady, exposed = _moe_layer_paces(spec, seq_len, b, recompute, options, gpu, rates, layer)
     dense_t = _dense_layer_pace(spec, recompute, options, layer)
@@ -607,8 +608,9 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     # beside a backward to overlap with) at the plain pace, shrunk v-fold by interleaving
     pipeline = m * slowest + (total - slowest) / vpp
     host = levers.host_link(gpu) if training.offload.host_fraction > 0 else None  # offload's rates, as the dense model's
-    dp_comm, optimizer = _data_parallel(b, training, _parameters(first_stage, base_of), most * moe_f,
-                                        rates, global_batch_size / (b["mbs"] * b["dp"]), host)
+    parameters = base_of(first_stage.dense_parameters), base_of(first_stage.expert_parameters)
+    dp_comm, optimizer = _data_parallel(b, training, parameters, most * moe_f, rates,
+                                        global_batch_size / (b["mbs"] * b["dp"]), host, opts)
     step = terms.data_loader_bound(pipeline + spread(dp_comm) + spread(optimizer), training.attention.dataloader_mask
                                    == "rebuilt", global_batch_size / c["dp"], seq_len, rates)
     flops = spread(megatron_flops_per_iteration(spec, seq_len, global_batch_size, vocab))
@@ -623,9 +625,10 @@ def step_times(spec: MoESpec, seq_len: int, global_batch_size: int, columns: dic
     return out
 
 
-def _rates_and_layer(spec: MoESpec, seq_len: int, b: dict, gpu, options, cal):
+def _rates_and_layer(spec: MoESpec, seq_len: int, b: dict, gpu, options, cal, opts):
     """(the GPU's rates under the calibration ``cal``, the GEMMs' rates: FP8's where the run's
-    GEMMs are FP8, one layer's times at the base layouts ``b``)."""
+    GEMMs are FP8, one layer's times at the base layouts ``b``); ``opts``: the run's
+    ``TimeOptions``, whose userbuffers --tp-comm-overlap uses."""
     from advisor.throughput import levers
 
     rates = terms.Rates.of(gpu, cal)
@@ -637,14 +640,9 @@ def _rates_and_layer(spec: MoESpec, seq_len: int, b: dict, gpu, options, cal):
                         sms=streaming_multiprocessors(gpu.architecture), routing=options.routing,
                         permute_fusion=options.fused_permutation, router_fusion=options.router_fusion,
                         bias_swiglu_fusion=training.fusions.bias_swiglu_fusion,
-                        shared_expert_overlap=options.shared_expert_overlap, tp_overlap=userbuffers_of(training))
+                        shared_expert_overlap=options.shared_expert_overlap,
+                        tp_overlap=ub.TpOverlap(opts.userbuffers, opts.tp_overlaps) if opts.tp_comm_overlap else None)
     return rates, fp8_gemms.rates if fp8_gemms else rates, layer
-
-
-def userbuffers_of(training) -> ub.TpOverlap | None:
-    """--tp-comm-overlap's buffers and sub-options from the run's ``TrainingOptions``, None without it."""
-    tpo = training.tensor_parallel
-    return ub.TpOverlap(tpo.userbuffers(), tpo.overlaps()) if tpo.tp_comm_overlap else None
 
 
 def _dense_layer_pace(spec: MoESpec, recompute: str, options, layer: LayerTimes):
@@ -738,19 +736,10 @@ def _by_base(c: dict, bases):
     return {k: v[index] for k, v in c.items()}, lambda x: x[index], lambda x: x[inverse] if np.ndim(x) else x
 
 
-def _parameters(first_stage, base_of) -> tuple:
-    """(dense, expert) parameters on one GPU of the first stage at the base layouts
-    (``ModelStates.dense_parameters``, ``expert_parameters``). They were read back from the
-    states' bytes at 2 + gradient + 12 / shards bytes a parameter under Megatron's DDP, which
-    undercounts them wherever Adam's states are not 12 bytes (--use-precision-aware-optimizer:
-    its BF16 moments or its master kept as a remainder; FP32 weights, their own master)."""
-    return base_of(first_stage.dense_parameters), base_of(first_stage.expert_parameters)
-
-
 def _data_parallel(c: dict, training, parameters: tuple, forward_s, rates: Rates, m=1.0,
-                   host: tuple[float, float] | None = None):
+                   host: tuple[float, float] | None = None, opts=None):
     """(exposed DP communication, optimizer) seconds of the first stage, from its (dense, expert)
-    ``parameters`` on one GPU (``_parameters``; see ``step_times``): the dense parts over DP x CP, the experts over the
+    ``parameters`` on one GPU (``ModelStates.dense_parameters``, ``expert_parameters``): the dense parts over DP x CP, the experts over the
     expert-data-parallel group EDP = t c d / (etp ep), each on its own rings; Megatron-FSDP's
     per-microbatch collectives where its strategy shards the gradients (``_fsdp_microbatches``), ``m``
     microbatches a step; ``host``: the GPU's host link and memory rates (``levers.host_link``) where
@@ -769,7 +758,7 @@ def _data_parallel(c: dict, training, parameters: tuple, forward_s, rates: Rates
     # (priced at one NIC before 2026-11-30: 8x slower for Mixtral's dense DP group at TP 1)
     per_node_d = terms.ranks_per_node(c["dp"] * c["cp"], c["tp"], rates.gpus_per_node)
     per_node_e = terms.ranks_per_node(edp, c["etp"] * c["ep"], rates.gpus_per_node)
-    opts = training.time_options()
+    opts = opts or training.time_options()  # step_times passes the one it made
     if strategy is not None:  # what Megatron-FSDP reduces: its communication dtype where it has its own
         grad = opts.grad_reduce_bytes if opts.grad_comm_bytes is None else opts.grad_comm_bytes
     # the distributed optimizer's reduce-scatter and all-gather, else (Megatron's DDP without it,
