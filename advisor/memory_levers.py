@@ -22,6 +22,13 @@ FSDP_RS_QUEUE_ELEMENTS = FSDP_COMMUNICATION_UNIT
 more than this many elements are queued (``fsdp_queued_units``)."""
 
 
+def fsdp_sized_by_units(strategy: str | None, release) -> bool:
+    """Whether Megatron-FSDP under ``strategy`` sizes its prefetch and queue from the model's
+    units (``fsdp_communication_unit``) on ``release`` (anything with ``fsdp_budget_from_units``:
+    a ``MegatronRelease``, the estimator's ``MemoryOptions``), not at fixed sizes."""
+    return bool(release.fsdp_budget_from_units) and strategy == "optim_grads_params"
+
+
 def fsdp_communication_unit(options, held, units) -> tuple:
     """(all-gather prefetch budget, reduce-scatter queue capacity) in elements, for a rank whose
     ``units`` FSDP units hold ``held`` parameters (TP/EP-local) in all, as the release prices them
@@ -39,7 +46,7 @@ def fsdp_communication_unit(options, held, units) -> tuple:
     ``FSDP_COMMUNICATION_UNIT`` always. Layouts broadcast; 0 units: the floor (no buffers held)."""
     held = np.asarray(held, dtype=float)
     size = np.full_like(held, float(FSDP_COMMUNICATION_UNIT))
-    if options.fsdp_budget_from_units and options.fsdp_strategy == "optim_grads_params":
+    if fsdp_sized_by_units(options.fsdp_strategy, options):
         mean = np.floor(held / np.maximum(np.asarray(units, dtype=float), 1.0))  # the integer division
         size = np.maximum(size, 2.0 * mean)
     return np.floor(size / 2.0), size

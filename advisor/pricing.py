@@ -20,6 +20,8 @@ def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, thresh
     it, their ``cost_usd``."""
     from advisor.megatron_args import megatron_args
     from advisor.memory import estimate_memory
+    from advisor.options import release_defaults
+    from advisor.options.flags import release_spelling
     from advisor.paper_rule import classify, judged_threshold
     from advisor.sweep import SweepRow
 
@@ -43,10 +45,12 @@ def price_layout(spec, workload, parallel, stages, training, *, gpu, mem, thresh
         "options": training.changed(), "memory_gib": mem or None, "memory_model": memory_model,
         "threshold": judged_threshold(memory_model, threshold), "gpu": gpu.name if gpu else None,
         "gpus_per_node": gpu.gpus_per_node if gpu is not None else gpus_per_node,
-        "megatron_args": megatron_args(spec, workload.seq_len, tp=parallel.tp, cp=parallel.cp,
-                                       layers_per_stage=result.layers, micro_batch_size=parallel.mbs,
-                                       global_batch_size=workload.global_batch_size, options=training,
-                                       virtual_stages=parallel.vpp, release=release),
+        # as the release priced reads them: a list that runs, and reads back, as priced there
+        "megatron_version": release_defaults(release).checked,
+        "megatron_args": release_spelling(release, megatron_args(
+            spec, workload.seq_len, tp=parallel.tp, cp=parallel.cp, layers_per_stage=result.layers,
+            micro_batch_size=parallel.mbs, global_batch_size=workload.global_batch_size, options=training,
+            virtual_stages=parallel.vpp, release=release)),
     }
     if parts is not None:
         row["time_parts"] = parts

@@ -92,6 +92,35 @@ def row_flags(row: dict, spec: LlamaSpec, layers: tuple[int, ...], options: Trai
     return tuple(row_args(spec, row["seq_len"], gbs, priced))
 
 
+def priced_release(row: dict, origin: str):
+    """The Megatron-LM release a sweep row or an estimate was priced for (its 'megatron_version',
+    as ``advisor.options.release_defaults`` reads it), or None for one written before rows recorded
+    it (its flags were then the same on every release). AdvisorError names one the advisor does not know."""
+    from advisor.options import release_defaults
+
+    version = row.get("megatron_version")
+    if version is None:
+        return None
+    if not isinstance(version, str):
+        raise AdvisorError(f"{origin}: 'megatron_version' must be a release such as core_v0.19.0, not {version!r}")
+    try:
+        return release_defaults(version)
+    except AdvisorError as exc:
+        raise AdvisorError(f"{origin}: its 'megatron_version': {exc}") from None
+
+
+def as_written(row: dict, origin: str, derived: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags a row's fields make (``row_flags``) as its writer wrote them into its
+    ``megatron_args``: in the words of the release it was priced for (``priced_release``,
+    ``advisor.options.flags.release_spelling``), or as they are for a row that names none."""
+    release = priced_release(row, origin)
+    if release is None:
+        return derived
+    from advisor.options.flags import release_spelling
+
+    return tuple(release_spelling(release, derived))
+
+
 def recomputation_fields(row: dict) -> dict:
     """A dense row's own recomputation fields as training options ('recompute', and with full
     its method and N, Megatron's uniform 1 where left out): what ``advisor report`` prices the row

@@ -209,8 +209,9 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
                 _note(unknown.warning())
         for line in megatron.notes:
             _note(line)
-        if (line := _unbalanced_line(config, megatron.args)) is not None:
-            _note(f"advisor-launch: {config.source}: {line}")
+        for line in (_unbalanced_line(config, megatron.args), _release_line(config, release.rules)):
+            if line is not None:
+                _note(f"advisor-launch: {config.source}: {line}")
         return func(*args, config=config, release=release, megatron=megatron, job_plan=job, **kwargs)
 
     return apply_options([
@@ -237,6 +238,28 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
                           "(default 10 GB/s, or the job file's fs_bandwidth_gbs)."),
         click.argument("user_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- MEGATRON_ARGS...]"),
     ], wrapper)
+
+
+def _release_line(config: LaunchInput, rules) -> str | None:
+    """Where a row priced for one Megatron-LM release launches on another whose price of it
+    differs. Its flags run in that release's words (``launch.arguments.compose``) and mean what
+    they meant; what the releases price differently for a launchable row is Megatron-FSDP's
+    optim_grads_params buffers (core_v0.19.0 sizes them from the model, core_v0.15.2's are fixed:
+    ``advisor.memory_levers.fsdp_sized_by_units``). Megatron-FSDP on an MoE model, priced on
+    core_v0.19.0 only, is refused on core_v0.15.2 (``launch.arguments.check_moe_refusals``)."""
+    if config.priced_release is None or config.priced_release == rules.checked:
+        return None
+    from advisor.memory_levers import fsdp_sized_by_units
+    from advisor.options import release_defaults
+    from advisor.row_flags import flag_values
+
+    values = flag_values(config.megatron_args)
+    strategy = values.get("--data-parallel-sharding-strategy", (None,))[0] if "--use-megatron-fsdp" in values else None
+    if fsdp_sized_by_units(strategy, release_defaults(config.priced_release)) == fsdp_sized_by_units(strategy, rules):
+        return None
+    version = ".".join(map(str, rules.release))
+    return (f"priced for Megatron-LM {config.priced_release}, launched on {rules.checked}, whose Megatron-FSDP "
+            f"sizes its {strategy} buffers otherwise: advisor estimate --megatron-version {version} prices it there")
 
 
 def _unbalanced_line(config: LaunchInput, args: Sequence[str]) -> str | None:

@@ -39,7 +39,7 @@ from advisor.models import LlamaSpec
 from advisor.moe.spec import is_moe
 from advisor.moe.stage import split_layers
 from advisor.parallel import ParallelConfig, Workload, world_size_problem
-from advisor.row_flags import check_own_args, row_flags
+from advisor.row_flags import as_written, check_own_args, priced_release, row_flags
 
 if TYPE_CHECKING:
     from advisor.moe.memory import RoutedTokens
@@ -98,6 +98,10 @@ class LaunchInput:
     """A mixture of experts' routing as the row was priced (``advisor.saved_row.row_routing``), else None."""
     gpu: str | None = None
     """The GPU preset the input was priced on (its 'gpu'), else None."""
+    priced_release: str | None = None
+    """The Megatron-LM release a sweep row or estimate was priced for (its 'megatron_version', as
+    ``advisor.row_flags.priced_release`` reads it: 'core_v0.19.0'), else None (plans, and rows
+    written before they recorded one)."""
     read_from: str | None = None
     """The command an estimate was read from (``advisor estimate --from-command``), else None."""
     unpriced: tuple[str, ...] = ()
@@ -304,8 +308,12 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         except AdvisorError as exc:
             raise AdvisorError(f"{fields.origin}: {exc}") from None
         args = row_flags(fields.document, spec, layers, options)
+    # launched in the words of the release it runs (launch.arguments.compose), held to the row's own
+    # words for the release it was priced for
+    priced = priced_release(fields.document, fields.origin)
     if "megatron_args" in fields.document:  # rows written before they carried their flags launch from their fields
-        check_own_args(fields.origin, kind, tuple(fields.array("megatron_args", str)), tuple(args))
+        check_own_args(fields.origin, kind, tuple(fields.array("megatron_args", str)),
+                       as_written(fields.document, fields.origin, tuple(args)))
     return LaunchInput(
         kind=kind, origin=fields.origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=tuple(args),
@@ -313,7 +321,7 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         judged_gib=usage if (usage := fields.number("usage_gib")) is not None else fields.number("total_gib"),
         memory_gib=fields.number("memory_gib"), tokens=fields.number("tokens"),
         step_time_s=fields.number("step_time_s"), ep=ep, etp=etp, routing=routing,
-        priced_gpus_per_node=_priced_per_node(fields),
+        priced_gpus_per_node=_priced_per_node(fields), priced_release=priced.checked if priced else None,
         gpu=fields.document.get("gpu") if isinstance(fields.document.get("gpu"), str) else None,
         read_from=fields.document.get("read_from") if isinstance(fields.document.get("read_from"), str) else None,
         unpriced=tuple(item for item in fields.document.get("unpriced") or () if isinstance(item, str)),

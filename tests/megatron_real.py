@@ -304,6 +304,23 @@ def validate(release: Checkout, cases: list[dict]) -> list[dict]:
         raise
 
 
+def launched_args(row: dict, tag: str) -> list[str]:
+    """A sweep row's or an estimate's flags as advisor-launch runs them on the release ``tag``:
+    those its fields make (``launch.inputs.read_input``, held to its own megatron_args), in that
+    release's words (``advisor.options.flags.release_spelling``), whichever release it was priced for."""
+    import json
+    import tempfile
+
+    from advisor.options.flags import release_spelling
+    from launch.inputs import read_input
+    from launch.megatron_versions import named
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "row.json"
+        path.write_text(json.dumps(row))
+        return release_spelling(named(tag), read_input(path).megatron_args)
+
+
 def assert_built_as_priced(release: Checkout, inputs: list[Priced]) -> None:
     """Every input through the release's parse_args + validate_args (launch.megatron_check): none
     refused, and what Megatron derives is what the advisor priced."""

@@ -155,14 +155,16 @@ def test_megatron_llama3_8b_fp8_example_on_core_0_15_has_its_null_tokenizers_ext
 
 
 def test_sweep_rows_read_back_on_core_0_15_with_its_null_tokenizer_flag():
-    """A row launched for core 0.15 (--vocab-size V - 1) read with --megatron-version 0.15 gives the
-    row's own price, as the newest release's flag does by default (``_reads_back``)."""
+    """A row priced for core 0.15 (its flags in that release's words: DeepEP's --moe-enable-deepep),
+    launched there (--vocab-size V - 1), read with --megatron-version 0.15 gives the row's own
+    price, as the newest release's row and flag do by default (``_reads_back``)."""
     from advisor.releases import RELEASES
 
     old = next(release for release in RELEASES if release.null_tokenizer_extra_rows)
     index = next(i for i, (argv, _) in enumerate(SWEEPS) if "qwen3-30b-a3b" in argv)
     argv, vocab = SWEEPS[index]
-    row = sweep_rows(index)[0]
+    row = invoke(["sweep", *argv, "--megatron-version", old.checked, "--format", "json"])[0]
+    assert row["megatron_version"] == old.checked and "--moe-enable-deepep" in row["megatron_args"]
     tail = ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(old.null_tokenizer_vocab_flag(vocab))]
     command = shlex.join(row["megatron_args"] + tail)
     estimate = invoke(["estimate", "--from-command", "-", "--gpus", str(row["gpus"]), "--gpu", "h100-80gb",
@@ -611,11 +613,12 @@ def test_the_flex_dispatchers_sms_are_read_priced_and_written_back(flags, sms):
                        "--format", "json"], stdin=f"{_SMALL} --moe-grouped-gemm --expert-model-parallel-size 2 {flags}\n")
     assert estimate["dispatcher_sms"] == sms
     args = estimate["megatron_args"]
-    # written back as read: DeepEP's flag, or core_v0.19.0's unified one beside another backend
+    # written back in the words of the release priced, the newest: its unified flags, whatever the backend
     backend = "hybridep" if "hybridep" in flags.split("--moe-flex-dispatcher-backend ")[-1][:8] else "deepep"
-    flag = "--moe-deepep-num-sms" if backend == "deepep" else "--moe-flex-dispatcher-num-sms"
+    assert estimate["flex_backend"] == backend and not {"--moe-enable-deepep", "--moe-deepep-num-sms"} & set(args)
+    assert args[args.index("--moe-flex-dispatcher-backend") + 1] == backend
+    flag = "--moe-flex-dispatcher-num-sms"
     assert (args[args.index(flag) + 1] if flag in args else None) == (None if sms is None else str(sms))
-    assert estimate["flex_backend"] == backend and ("--moe-enable-deepep" in args) == (backend == "deepep")
 
 
 @pytest.mark.parametrize("flags, error", [

@@ -135,19 +135,19 @@ def test_cli_releases_differ_by_the_hand_amount():
         assert a["gradients_gib"] - b["gradients_gib"] == pytest.approx(3_422_617_600 / GIB)
         assert (a["optimizer_gib"], a["activations_gib"]) == (b["optimizer_gib"], b["activations_gib"])
         assert a["total_gib"] - b["total_gib"] == pytest.approx(4_133_926_400 / GIB)
-    assert newest["megatron_args"] == old["megatron_args"]
+    # the same flags, each in its release's words: core_v0.19.0 states the FP32 gradients priced
+    assert newest["megatron_args"] == release_spelling(release_defaults(None), old["megatron_args"])
+    assert newest["megatron_args"][-2:] == ["--megatron-fsdp-main-grads-dtype", "fp32"]
 
 
 def test_from_command_prices_each_release():
-    """--from-command of the estimate's megatron_args as each release launches them (core_v0.19.0's
-    adds --megatron-fsdp-main-grads-dtype fp32, which it needs to keep FP32 main gradients:
-    ``release_spelling``), read with --megatron-version 0.15 and with the default: the same hand
+    """--from-command of each release's estimate's own megatron_args (core_v0.19.0's with
+    --megatron-fsdp-main-grads-dtype fp32, which it needs to keep FP32 main gradients:
+    ``release_spelling``), read with the default and with --megatron-version 0.15: the same hand
     amounts apart on every stage."""
-    written = _estimate(1)["megatron_args"]
     args = ["estimate", "--from-command", "-", "--gpus", "64", "--vocab-size", "128256", "--format", "json"]
-    newest, old = (CliRunner().invoke(cli, args + (["--megatron-version", name] if name else []),
-                                      input=shlex.join(release_spelling(release_defaults(name), written)))
-                   for name in (None, "0.15"))
+    newest, old = (CliRunner().invoke(cli, args + list(given), input=shlex.join(_estimate(1, *given)["megatron_args"]))
+                   for given in ((), ("--megatron-version", "0.15")))
     assert newest.exit_code == old.exit_code == 0, newest.output + old.output
     for a, b in zip(json.loads(newest.output)["stages"], json.loads(old.output)["stages"], strict=True):
         assert a["weights_gib"] - b["weights_gib"] == pytest.approx(711_308_800 / GIB)

@@ -43,11 +43,15 @@ def _gradient_bytes(strategy: str, element: int) -> float:
     return {"optim": element * N, "optim_grads": element * N / 8 + element * (QUEUE + LAYER)}[strategy]
 
 
-def _fsdp_args(advisor, strategy: str) -> list[str]:
-    """The estimate's own megatron_args for Megatron-FSDP ``strategy`` (FP32 gradients: the advisor's)."""
-    estimate = json.loads(advisor("estimate", *LAYOUT, "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
-                                  strategy).stdout)
-    return estimate["megatron_args"]
+def _fsdp_estimate(advisor, strategy: str, release: str) -> dict:
+    """The estimate of Megatron-FSDP ``strategy`` (FP32 gradients: the advisor's) for ``release``."""
+    return json.loads(advisor("estimate", *LAYOUT, "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+                              strategy, "--megatron-version", release).stdout)
+
+
+def _unflagged(advisor, strategy: str) -> list[str]:
+    """The estimate's megatron_args in core_v0.15.2's words: without the gradient dtype flag."""
+    return _fsdp_estimate(advisor, strategy, "0.15")["megatron_args"]
 
 
 def _invoke(advisor, args: list[str], release: str, expect: int = 0):
@@ -74,7 +78,8 @@ def test_the_hand_count_matches_the_audit_numbers():
     ("0.19", "fp32", 4),
 ])
 def test_a_command_read_back_prices_the_gradients_its_release_keeps(advisor, strategy, release, flag, element):
-    args = _fsdp_args(advisor, strategy)
+    """A command in core_v0.15.2's words (no gradient dtype flag), with the flag where given."""
+    args = _unflagged(advisor, strategy)
     assert "--accumulate-allreduce-grads-in-fp32" in args and FSDP_MAIN_GRADS not in args
     read = json.loads(_invoke(advisor, args + ([FSDP_MAIN_GRADS, flag] if flag else []), release).stdout)
     [stage, *_] = read["stages"]
@@ -82,6 +87,23 @@ def test_a_command_read_back_prices_the_gradients_its_release_keeps(advisor, str
     assert stage["gradients_gib"] * GIB == pytest.approx(_gradient_bytes(strategy, element), rel=1e-12)
     assert read["unpriced"] == []
     assert read["options"].get("grad_reduce_dtype", "fp32") == {4: "fp32", 2: "bf16"}[element]
+
+
+@pytest.mark.parametrize("strategy", ["optim", "optim_grads"])
+@pytest.mark.parametrize("release, checked", [("0.15", "core_v0.15.2"), ("0.19", "core_v0.19.0")])
+def test_an_estimates_own_args_read_back_as_priced_on_its_release(advisor, strategy, release, checked):
+    """The estimate's megatron_args are in the words of the release it priced (its 'megatron_version'):
+    on core_v0.19.0 with the gradient dtype flag, so that the list, run or read back there, keeps
+    the FP32 gradients priced (without it, core_v0.19.0 keeps BF16 ones: the test above)."""
+    estimate = _fsdp_estimate(advisor, strategy, release)
+    args = estimate["megatron_args"]
+    assert estimate["megatron_version"] == checked
+    assert args[-2:] == [FSDP_MAIN_GRADS, "fp32"] if release == "0.19" else FSDP_MAIN_GRADS not in args
+    read = json.loads(_invoke(advisor, args, release).stdout)
+    for stage, priced in zip(read["stages"], estimate["stages"], strict=True):
+        assert stage == priced
+    assert estimate["stages"][0]["gradients_gib"] * GIB == pytest.approx(_gradient_bytes(strategy, 4), rel=1e-12)
+    assert (read["step_time_s"], read["unpriced"]) == (estimate["step_time_s"], [])
 
 
 @pytest.mark.parametrize("strategy", ["optim", "optim_grads"])
@@ -129,20 +151,20 @@ def test_core_0_15_lacks_the_flag_and_0_19_has_it():
 
 
 def test_a_bad_value_is_one_line_and_exit_2(advisor):
-    args = [*_fsdp_args(advisor, "optim"), FSDP_MAIN_GRADS, "fp64"]
+    args = [*_unflagged(advisor, "optim"), FSDP_MAIN_GRADS, "fp64"]
     result = _invoke(advisor, args, "0.19", expect=2)
     assert result.stderr == (f"Error: {FSDP_MAIN_GRADS} must be one of fp32, bf16, fp16, auto, got 'fp64'\n")
 
 
 def test_core_0_15_refuses_the_flag_in_one_line(advisor):
-    result = _invoke(advisor, [*_fsdp_args(advisor, "optim"), FSDP_MAIN_GRADS, "fp32"], "0.15", expect=2)
+    result = _invoke(advisor, [*_unflagged(advisor, "optim"), FSDP_MAIN_GRADS, "fp32"], "0.15", expect=2)
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: ")
     assert f"{FSDP_MAIN_GRADS}: Megatron-LM core 0.15 has no such flag" in result.stderr
 
 
 def test_a_dtype_neither_fp32_nor_the_weights_is_refused_in_one_line(advisor):
     """FP16 main gradients of BF16 weights: Megatron runs them, the advisor has no price for them."""
-    result = _invoke(advisor, [*_fsdp_args(advisor, "optim"), FSDP_MAIN_GRADS, "fp16"], "0.19", expect=2)
+    result = _invoke(advisor, [*_unflagged(advisor, "optim"), FSDP_MAIN_GRADS, "fp16"], "0.19", expect=2)
     assert result.stderr == (f"Error: {FSDP_MAIN_GRADS} fp16 with BF16 (--bf16) weights is not priced (the advisor "
                              "prices Megatron-FSDP gradients in FP32 or in the weights' dtype)\n")
 

@@ -167,8 +167,7 @@ def test_megatron_accepts_moe_rows_with_megatron_fsdp(tag):
     priced. core_v0.15.2's validate_args accepts them too (arguments.py:699-720 has no MoE check);
     its failure is at model wrapping (advisor.moe.fsdp), which the advisor refuses by release."""
     from advisor.models import load_model
-    from launch.megatron_versions import named
-    from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
+    from megatron_real import NO_TRANSFORMER_ENGINE, checkout, launched_args, validate
 
     release = checkout(tag)  # skips without it
     rows = []
@@ -179,7 +178,7 @@ def test_megatron_accepts_moe_rows_with_megatron_fsdp(tag):
                                           "--format", "json"])
         assert result.exit_code == 0, result.output
         rows += [(model, strategy, row) for row in json.loads(result.stdout)]
-    cases = [{"args": [*named(tag).own_spelling(row["megatron_args"]), *NO_TRANSFORMER_ENGINE, "--mock-data",
+    cases = [{"args": [*launched_args(row, tag), *NO_TRANSFORMER_ENGINE, "--mock-data",
                        "--tokenizer-type", "NullTokenizer", "--vocab-size", str(load_model(model).vocab_size),
                        "--train-iters", "10"],
               "world_size": row["gpus"], "env": {}} for model, _, row in rows]

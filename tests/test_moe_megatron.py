@@ -14,7 +14,7 @@ from advisor.cli import cli
 from advisor.models import load_model
 from advisor.moe.spec import spec_from_dict
 from launch.megatron_versions import named
-from megatron_real import NO_TRANSFORMER_ENGINE, checkout, validate
+from megatron_real import NO_TRANSFORMER_ENGINE, checkout, launched_args, validate
 
 DATA = Path(__file__).parent / "data" / "moe"
 
@@ -158,8 +158,7 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
     release = checkout(tag)
     rows = _rows_of_every_kind(tag, tmp_path)
     # as advisor-launch writes them for this release (core_v0.19.0: DeepEP's deprecated flags renamed)
-    spelled = named(tag).own_spelling
-    cases = [{"args": [*spelled(row["megatron_args"]), *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
+    cases = [{"args": [*launched_args(row, tag), *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
                        "NullTokenizer", "--vocab-size", str(load_model(name).vocab_size), "--train-iters", "10"],
               "world_size": row["gpus"], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for name, row in rows]
     results = validate(release, cases)
@@ -168,7 +167,7 @@ def test_megatron_accepts_and_builds_moe_rows(tag, tmp_path):
     assert not refused, refused
     for (name, row), result in zip(rows, results):
         expected = _expected(spec_from_dict(row["model"]), row)
-        if tag == "core_v0.19.0":  # launched as --moe-flex-dispatcher-backend deepep (own_spelling), checked below
+        if tag == "core_v0.19.0":  # launched as --moe-flex-dispatcher-backend deepep (launched_args), checked below
             expected["moe_enable_deepep"] = False
         wrong = {key: (result["derived"].get(key), value) for key, value in expected.items()
                  if _one(key, result["derived"].get(key)) != value}
@@ -231,7 +230,7 @@ def test_the_shared_expert_overlap_runs_with_the_dispatchers_advisor_releases_na
     release, rules = checkout(tag), named(tag)
     rows = [(dispatcher, _rows("deepseek-v3", 1024, "--top", "1", "--moe-token-dispatcher-type", dispatcher)[0])
             for dispatcher in ("alltoall", "flex")]
-    cases = [{"args": [*rules.own_spelling(row["megatron_args"]), "--moe-shared-expert-overlap",
+    cases = [{"args": [*launched_args(row, tag), "--moe-shared-expert-overlap",
                        *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size",
                        str(load_model("deepseek-v3").vocab_size), "--train-iters", "10"],
               "world_size": row["gpus"], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for _, row in rows]

@@ -16,6 +16,7 @@ from advisor.hardware import get_gpu
 from advisor.megatron_args import megatron_args, rows_arg_parts
 from advisor.models import PRESETS
 from advisor.options import TrainingOptions
+from advisor.options.flags import release_spelling, spelled_parts
 from advisor.parallel import Workload
 from advisor.sweep import sweep
 
@@ -35,7 +36,8 @@ def rows(request):
 
 def _plain(rows, setup, fmt, plotted=False, price=None, release=None):
     """The rows as the sweep built them before: one whole dict per row, its flags from
-    ``megatron_args`` and its options from ``TrainingOptions.changed``."""
+    ``megatron_args`` in the words of ``release`` (``release_spelling`` of the whole list) and
+    its options from ``TrainingOptions.changed``."""
     dicts = []
     for row in rows:
         entry = {**row.to_dict(), **setup}
@@ -44,9 +46,9 @@ def _plain(rows, setup, fmt, plotted=False, price=None, release=None):
         if plotted and fmt == "json":
             entry.update(split=render.counts_text(entry["layers_per_stage"]), recompute_text=recompute_text(entry))
         p, options = row.parallel, row.training.at_tp(row.parallel.tp)
-        entry.update(options=options.changed(), megatron_args=megatron_args(
+        entry.update(options=options.changed(), megatron_args=release_spelling(release, megatron_args(
             SPEC, WORKLOAD.seq_len, tp=p.tp, cp=p.cp, layers_per_stage=row.layers_per_stage, micro_batch_size=p.mbs,
-            global_batch_size=WORKLOAD.global_batch_size, options=options, virtual_stages=p.vpp, release=release))
+            global_batch_size=WORKLOAD.global_batch_size, options=options, virtual_stages=p.vpp, release=release)))
         if fmt == "csv":
             entry.update(options=json.dumps(entry["options"], sort_keys=True),
                          megatron_args=" ".join(entry["megatron_args"]),
@@ -68,18 +70,31 @@ def test_flags_made_per_part_are_each_rows_own(rows):
             micro_batch_size=row.parallel.mbs, global_batch_size=1024, options=o, virtual_stages=row.parallel.vpp)
 
 
+@pytest.mark.parametrize("release", [None, "0.15"])
 @pytest.mark.parametrize("fmt, plotted, price", [("json", False, None), ("json", True, 2.5), ("csv", True, 2.5),
                                                   ("csv", False, None), ("json", True, None)])
-def test_sweep_text_is_the_plain_rows(rows, fmt, plotted, price):
+def test_sweep_text_is_the_plain_rows(rows, fmt, plotted, price, release):
     if "gpu_hours" not in rows[0].to_dict():  # the --mem sweep has no token budget: no GPU-hours to price
         price = None
     setup = {"seq_len": 8192, "global_batch_size": 1024, "memory_gib": 80.0, "memory_model": "calibrated",
              "gpu": "h100-80gb", "ranking_tolerance": 0.05, "model": SPEC.to_dict() if fmt == "json" else SPEC.name}
-    text = _sweep_text(rows, setup, SPEC, WORKLOAD, fmt, plotted, price, None)
-    assert text == _plain(rows, setup, fmt, plotted, price)
-    assert _sweep_text(rows[:1], setup, SPEC, WORKLOAD, fmt, plotted, price, None) == _plain(rows[:1], setup, fmt,
-                                                                                               plotted, price)
-    assert _sweep_text([], setup, SPEC, WORKLOAD, fmt, plotted, price, None) == _plain([], setup, fmt, plotted, price)
+    text = _sweep_text(rows, setup, SPEC, WORKLOAD, fmt, plotted, price, release)
+    assert text == _plain(rows, setup, fmt, plotted, price, release)
+    assert _sweep_text(rows[:1], setup, SPEC, WORKLOAD, fmt, plotted, price, release) == _plain(
+        rows[:1], setup, fmt, plotted, price, release)
+    assert _sweep_text([], setup, SPEC, WORKLOAD, fmt, plotted, price, release) == _plain(
+        [], setup, fmt, plotted, price, release)
+
+
+def test_spelled_parts_are_shared_as_the_parts_are(rows):
+    """``spelled_parts`` keeps the writer's sharing: rows that share a part share its spelling,
+    and rows that share their options' part share the gradient dtype's part too (core_v0.19.0's)."""
+    parts, _ = rows_arg_parts(SPEC, 8192, 1024, rows)
+    spelled = spelled_parts(None, parts)
+    assert len({id(p[0]) for p in spelled}) == 1
+    assert len({id(p[4]) for p in spelled}) == len({id(p[4]) for p in parts}) < len(rows) / 4
+    assert len({id(p[5]) for p in spelled if p[5]}) <= len({id(p[4]) for p in parts})
+    assert [len(p) for p in spelled_parts("0.15", parts)] == [5] * len(rows)  # no gradient flag there
 
 
 def test_rows_to_json_tails():

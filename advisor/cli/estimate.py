@@ -21,6 +21,7 @@ from advisor.cli.sweep_table import (
 )
 from advisor.cli.training_flags import given, memory_options
 from advisor.cli.from_command import with_routing
+from advisor.options.releases import release_defaults
 from advisor.paper_rule import DEFAULT_THRESHOLD, judged_threshold
 
 TABLE_ROWS = 30
@@ -182,6 +183,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
              "memory_model": memory_model, "threshold": judged_threshold(memory_model, threshold),
              "gpu": gpu.name if gpu else None, "gpus_per_node": gpus_per_node, "ranking_tolerance": tolerance,
+             "megatron_version": release_defaults(release).checked,
              "model": spec.to_dict() if fmt == "json" else spec.name}
     dicts = _sweep_entries(shown, setup, gpu_hour_price, table=True) if fmt == "table" or plot is not None else []
     text = None if fmt == "table" else _sweep_text(shown, setup, spec, workload, fmt, plot is not None, gpu_hour_price,
@@ -246,9 +248,11 @@ def _sweep_text(shown, setup: dict, spec, workload, fmt: str, plotted: bool, gpu
     JSON encodes the setup, each part and each options dict once (``render.rows_to_json``)."""
     from advisor import render
     from advisor.megatron_args import rows_arg_parts
+    from advisor.options.flags import spelled_parts
     from advisor.ranking import cost_usd
 
     parts, row_options = rows_arg_parts(spec, workload.seq_len, workload.global_batch_size, shown, release)
+    parts = spelled_parts(release, parts)  # as the release priced reads them
     plotted = plotted and fmt == "json"  # CSV leaves the plot's columns out
     shared_tails: dict = {}  # id of options -> (those options, the tail of the rows with them): a handful
     rows, tails = [], []

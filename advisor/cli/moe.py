@@ -15,6 +15,7 @@ from advisor.cli.options import (
     DEGREE, Bounded, InputError, apply_options, drawing_for, command_name, emit, note, nothing_fits,
 )
 from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
+from advisor.options.releases import release_defaults
 from advisor.paper_rule import judged_threshold
 
 MOE_CAPACITY_FACTOR = Bounded(limits.MOE_CAPACITY_FACTOR, integer=False, low_open=True)
@@ -330,7 +331,6 @@ def _check_shared_overlap(flags, dispatcher: str, recompute_modules, spec, relea
     (``advisor.moe.overlap``), as one line; on a model without shared experts, the line on stderr
     that says it changes nothing (``no_shared_experts_line``)."""
     from advisor.moe.overlap import shared_expert_overlap_problem
-    from advisor.options.releases import release_defaults
 
     if problem := shared_expert_overlap_problem(dispatcher=dispatcher, a2a_overlap=flags.a2a_overlap,
                                                 recompute_modules=recompute_modules,
@@ -355,8 +355,6 @@ def no_shared_experts_line(spec) -> str | None:
 def _check_flex_backend(backend: str, dispatcher: str, release) -> None:
     """HybridEP and NCCL-EP: the flex dispatcher's only, and on a release that has the flag (the
     rows write it: ``advisor.moe.flags.layout_flags``; core_v0.15.2's flex dispatcher is DeepEP's)."""
-    from advisor.options.releases import release_defaults
-
     if dispatcher != "flex":
         raise InputError(f"--moe-flex-dispatcher-backend {backend} needs --moe-token-dispatcher-type flex "
                          f"(Megatron uses a backend only there; this one runs {dispatcher})")
@@ -448,11 +446,13 @@ def rung_problem(training, a2a_overlap: bool, release) -> str | None:
     return None
 
 
-def row_flags(spec, workload, row: dict) -> list[str]:
-    """Every Megatron flag of one MoE row (``advisor.moe.flags.row_args``)."""
+def row_flags(spec, workload, row: dict, release) -> list[str]:
+    """Every Megatron flag of one MoE row (``advisor.moe.flags.row_args``) as ``release`` reads
+    them (``release_spelling``)."""
     from advisor.moe.flags import row_args
+    from advisor.options.flags import release_spelling
 
-    return row_args(spec, workload.seq_len, workload.global_batch_size, row)
+    return release_spelling(release, row_args(spec, workload.seq_len, workload.global_batch_size, row))
 
 
 def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep, etp, show_all, top, fmt, output,
@@ -491,18 +491,19 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
     setup = {"seq_len": workload.seq_len, "global_batch_size": workload.global_batch_size, "memory_gib": mem,
              "memory_model": result.memory_model, "threshold": judged_threshold(result.memory_model, threshold),
              "gpu": gpu.name if gpu else None, "gpus_per_node": gpus_per_node, "ranking_tolerance": result.tolerance,
+             "megatron_version": release_defaults(release).checked,
              "model": spec.to_dict() if fmt == "json" else spec.name}
     if plot is not None:  # the setup's memory_gib is each bar's whole
         write_plot([{**setup, **row} for row in shown], plot,
                    _title(result, spec, workload, gpus, mem, threshold, gpu, settings), experts=True)
     unbalanced = unbalanced_notes(spec, settings, fmt, output)
     if fmt != "table":
-        text = _machine_text(shown, setup, spec, workload, fmt)
+        text = _machine_text(shown, setup, spec, workload, fmt, release)
         if fmt == "csv" and not shown:  # nothing shown: the columns of a row (the search always makes one)
             from advisor import render
 
             text = render.csv_header(_machine_text(_priced(result.rows(include_oom=True, limit=1), gpu_hour_price),
-                                                   setup, spec, workload, fmt))
+                                                   setup, spec, workload, fmt, release))
         note(f"{command_name()}: {_searched(result)}")
     else:
         text = _sweep_table(result, shown, spec, workload, gpus, mem, threshold, gpu, settings, show_all, output,
@@ -681,13 +682,15 @@ def _recompute_words(settings, spec, recompute: str | None) -> list[str]:
     return [f"selective recomputes {', '.join(sorted(settings.recompute_modules(spec)))}{why}"]
 
 
-def _machine_text(shown: list[dict], setup: dict, spec, workload, fmt: str) -> str:
-    """The rows as JSON or CSV, each with the setup and its Megatron flags (``rows_arg_parts``:
-    the rows share most of their flags, and JSON encodes each shared part once)."""
+def _machine_text(shown: list[dict], setup: dict, spec, workload, fmt: str, release) -> str:
+    """The rows as JSON or CSV, each with the setup and its Megatron flags as ``release`` reads
+    them (``rows_arg_parts``, ``spelled_parts``: the rows share most of their flags, and JSON
+    encodes each shared part once)."""
     from advisor import render
     from advisor.moe.flags import rows_arg_parts
+    from advisor.options.flags import spelled_parts
 
-    parts = rows_arg_parts(spec, workload.seq_len, workload.global_batch_size, shown)
+    parts = spelled_parts(release, rows_arg_parts(spec, workload.seq_len, workload.global_batch_size, shown))
     if fmt == "json":
         return render.rows_to_json(shown, setup, "megatron_args", parts)
     return render.to_csv([{**row, **setup, "megatron_args": " ".join(flag for part in flags for flag in part),
@@ -732,7 +735,8 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
         defaulted = _defaulted_etp_hint(tp, cp, dp, ep or 1) if etp is None and tp > 1 and "ETP" in str(error) else ""
         raise InputError(f"{error}{defaulted}") from None
     _priced([row], budget[1])
-    row.update(megatron_args=row_flags(spec, workload, row), model=spec.to_dict(), memory_gib=mem,
+    row.update(megatron_version=release_defaults(release).checked,
+               megatron_args=row_flags(spec, workload, row, release), model=spec.to_dict(), memory_gib=mem,
                threshold=judged_threshold(row["memory_model"], threshold), gpus_per_node=gpus_per_node)
     from advisor.cli.from_command import estimate_notes
 

@@ -5,7 +5,7 @@ reader (``parse_training_args``). Flag names, defaults and rules are those of
 Emission states every priced option explicitly, Megatron's defaults included, so a list means
 the same on every release (the FSDP sharding strategy's default differs between releases; it is
 always written), but for the flags only core_v0.19.0 has: Megatron-FSDP's gradient dtype, which
-a launch there adds (``release_spelling``, ``fsdp_main_grads_args``), and its main-weight and
+rows and launches there add (``release_spelling``, ``spelled_parts``), and its main-weight and
 communication dtypes, written only where they differ from its defaults (refused for a release
 without them: ``fsdp_dtypes_problem``). Reading applies
 the target release's defaults to flags a command line leaves out, and names the flags that
@@ -448,9 +448,39 @@ def release_spelling(release, args: Sequence[str]) -> list[str]:
     them: its spelling of renamed flags (``MegatronRelease.own_spelling``) and, where its
     Megatron-FSDP reads the gradient dtype from its own flag (``fsdp_main_grads_own_flag``), that
     flag with the dtype ``args`` price (``fsdp_main_grads_args``): what is launched is what was
-    priced. Here, not in the release table, which the options import."""
+    priced. Here, not in the release table, which the options import. ``release``: anything
+    ``release_defaults`` takes (None: the newest)."""
+    release = release_defaults(release)
     spelled = release.own_spelling(args)
     return spelled + fsdp_main_grads_args(args) if release.fsdp_main_grads_own_flag else spelled
+
+
+def spelled_parts(release, rows_parts: Sequence[Sequence[Sequence[str]]]) -> list[tuple[tuple[str, ...], ...]]:
+    """Each row's flags, in parts (``advisor.megatron_args.rows_arg_parts``, the MoE model's
+    ``advisor.moe.flags.rows_arg_parts``), as ``release`` (``release_defaults``'s) reads them to
+    mean what was priced: what an estimate or a sweep writes into its ``megatron_args``, so that
+    the list runs, and reads back (``--from-command``), as priced on that release. The words are
+    ``release_spelling``'s of the whole list: each part in its own spelling, and its Megatron-FSDP
+    gradient flag as one more part, found in the part that holds the training options' flags
+    (``training_args`` writes them together). Rows sharing parts share their spelled parts (the
+    same objects), so that a writer still encodes each once (``render.rows_to_json``)."""
+    release = release_defaults(release)
+    renamed = {old for old, _ in release.renamed}
+    own_flag = release.fsdp_main_grads_own_flag
+    # id of a part -> (the part, kept alive so that its id stays its own; its words; the flag it needs)
+    spelled: dict[int, tuple] = {}
+    out = []
+    for parts in rows_parts:
+        row, tail = [], ()
+        for part in parts:
+            held = spelled.get(id(part))
+            if held is None or held[0] is not part:
+                words = tuple(release.own_spelling(part)) if renamed.intersection(part) else tuple(part)
+                held = spelled[id(part)] = (part, words, tuple(fsdp_main_grads_args(part)) if own_flag else ())
+            row.append(held[1])
+            tail = tail or held[2]
+        out.append((*row, tail) if own_flag else tuple(row))
+    return out
 
 
 def fsdp_main_grads_args(args: Sequence[str]) -> list[str]:

@@ -100,7 +100,8 @@ def layout_detail(row: dict) -> LayoutDetail:
 
     spec = row_spec(row)
     training = row_options(row)
-    options = training.memory_options()
+    # the release it was priced for (report.inputs read it): Megatron-FSDP's buffers differ by release
+    options = training.memory_options(row.get("megatron_version"))
     parallel, workload, layers = row_layout(row, spec)
     estimate = estimate_memory(spec, parallel, workload, options, layers)
     memory = number(row, "memory_gib")

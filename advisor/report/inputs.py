@@ -110,8 +110,9 @@ def _check_own_flags(row: dict, where: str, kind: str, spec: LlamaSpec, moe: dic
     (``advisor.moe.stage.split_layers``); ``moe`` its MoE settings (``moe_row_settings``)."""
     from advisor.memory import split_problem
     from advisor.moe.stage import split_layers
-    from advisor.row_flags import check_own_args, row_flags
+    from advisor.row_flags import as_written, check_own_args, priced_release, row_flags
 
+    priced_release(row, where)  # the detail prices the row for it: one it knows, or none (older rows)
     if row.get("megatron_args") is None:  # rows written before they carried their flags: nothing to check
         return
     listed = row.get("layers_per_stage")
@@ -122,7 +123,8 @@ def _check_own_flags(row: dict, where: str, kind: str, spec: LlamaSpec, moe: dic
         options = _saved_options(row["options"]) if "options" in row else None
     except AdvisorError as exc:
         raise AdvisorError(f"{where}: the row's options cannot be read: {exc}") from None
-    check_own_args(where, kind, tuple(row["megatron_args"]), row_flags(row, spec, layers, options, moe))
+    check_own_args(where, kind, tuple(row["megatron_args"]),
+                   as_written(row, where, row_flags(row, spec, layers, options, moe)))
 
 
 def _saved_options(given: dict):
