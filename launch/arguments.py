@@ -279,11 +279,18 @@ def check_moe_refusals(rules: MegatronVersion, decided: Sequence[str], extras: S
     newest release's rules: ``advisor.saved_row.moe_row_settings``), beside the dispatcher, EP
     overlap and recomputed modules, on the release launched
     (``advisor.moe.overlap.shared_expert_overlap_problem``). Megatron's own default dispatcher is
-    allgather (arguments.py, both releases)."""
+    allgather (arguments.py, both releases). And Megatron-FSDP on a release whose Megatron-FSDP
+    cannot wrap an MoE model (``advisor.moe.fsdp.release_problem``: it fails at model wrapping),
+    which the MoE model refuses to price there."""
+    from advisor.moe.fsdp import release_problem
     from advisor.moe.overlap import shared_expert_overlap_problem
 
     values = flag_values([*decided, *extras])
-    if "--moe-shared-expert-overlap" not in values or "--num-experts" not in values:
+    if "--num-experts" not in values:
+        return
+    if "--use-megatron-fsdp" in values and (problem := release_problem(rules)):
+        raise AdvisorError(f"{source}: {problem}")
+    if "--moe-shared-expert-overlap" not in values:
         return
     problem = shared_expert_overlap_problem(
         dispatcher=(values.get("--moe-token-dispatcher-type") or ("allgather",))[0],

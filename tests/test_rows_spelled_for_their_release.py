@@ -108,6 +108,16 @@ def test_a_launch_on_another_release_than_priced_says_so_where_it_prices_otherwi
         assert shlex.split(same.stdout) == release_spelling(NEWEST, shlex.split(other.stdout))
 
 
+def test_an_moe_rows_megatron_fsdp_is_refused_on_core_0_15(advisor, tmp_path):
+    """core_v0.15.2's Megatron-FSDP fails to wrap an expert-parallel model (advisor.moe.fsdp):
+    the MoE model refuses to price it there, and the launch refuses to run a row priced on core_v0.19.0 there."""
+    row = tmp_path / "mixtral.json"
+    advisor("sweep", *MIXTRAL, "--top", "1", "--format", "json", "-o", row)
+    launcher()("args", "--from", row, "--megatron-version", "0.19")
+    line = launcher().error("args", "--from", row, "--megatron-version", "0.15")
+    assert line.startswith(f"Error: the sweep row (rank 1 of {row}): Megatron-LM core 0.15's Megatron-FSDP cannot wrap an MoE model")
+
+
 def test_a_row_written_before_rows_named_their_release_still_launches(advisor, tmp_path):
     """Its flags were then release-neutral: no gradient dtype flag, held to the neutral list."""
     row = json.loads(advisor("estimate", *DENSE, "--tp", "2", "--format", "json", "--megatron-version",
