@@ -739,47 +739,29 @@ def _by_base(c: dict, bases):
 def _data_parallel(c: dict, training, parameters: tuple, forward_s, rates: Rates, m=1.0,
                    host: tuple[float, float] | None = None, opts=None):
     """(exposed DP communication, optimizer) seconds of the first stage, from its (dense, expert)
-    ``parameters`` on one GPU (``ModelStates.dense_parameters``, ``expert_parameters``): the dense parts over DP x CP, the experts over the
-    expert-data-parallel group EDP = t c d / (etp ep), each on its own rings; Megatron-FSDP's
-    per-microbatch collectives where its strategy shards the gradients (``_fsdp_microbatches``), ``m``
-    microbatches a step; ``host``: the GPU's host link and memory rates (``levers.host_link``) where
-    --optimizer-cpu-offload moves a share of each optimizer's step to the CPU."""
-    from advisor.throughput import levers
+    ``parameters`` on one GPU (``ModelStates.dense_parameters``, ``expert_parameters``): the dense
+    model's collectives (``throughput.data_parallel.exposed_time``) over two groups, the dense parts
+    over DP x CP and the experts over the expert-data-parallel group EDP = t c d / (etp ep), each
+    on its own rings, hidden behind the first stage's MoE layers' backward (twice ``forward_s``) and
+    forward; Megatron-FSDP's per-microbatch collectives where its strategy shards the gradients,
+    ``m`` microbatches a step; ``host``: the GPU's host link and memory rates (``levers.host_link``)
+    where --optimizer-cpu-offload moves a share of each optimizer's step to the CPU. ``opts``: the
+    run's ``TimeOptions`` (``training.time_options()`` where not given), whose DP fields are the
+    training options' own for every run the MoE model prices (it refuses --use-torch-fsdp2, which
+    alone ``time_options`` prices as another strategy, ``advisor.cli.moe._levers_not_priced``)."""
+    from advisor.throughput import data_parallel, levers
 
     dense_params, expert_params = parameters
-    edp = c["tp"] * c["cp"] * c["dp"] / (c["etp"] * c["ep"])
-    grad = training.precision.gradient_bytes
-    dp = training.data_parallel
-    strategy = dp.fsdp_strategy
-    sharded = dp.distributed_optimizer and strategy != "no_shard"
     span = c["tp"] * c["cp"] * c["dp"]
-    param_bytes = 1 if training.precision.fp8_param_gather else mm.BF16
+    edp = span / (c["etp"] * c["ep"])
+    opts = opts or training.time_options()  # step_times passes the one it made
     # across nodes each group's rings use the NICs of all its GPUs in a node, as the dense model's
     # (priced at one NIC before 2026-11-30: 8x slower for Mixtral's dense DP group at TP 1)
-    per_node_d = terms.ranks_per_node(c["dp"] * c["cp"], c["tp"], rates.gpus_per_node)
-    per_node_e = terms.ranks_per_node(edp, c["etp"] * c["ep"], rates.gpus_per_node)
-    opts = opts or training.time_options()  # step_times passes the one it made
-    if strategy is not None:  # what Megatron-FSDP reduces: its communication dtype where it has its own
-        grad = opts.grad_reduce_bytes if opts.grad_comm_bytes is None else opts.grad_comm_bytes
-    # the distributed optimizer's reduce-scatter and all-gather, else (Megatron's DDP without it,
-    # Megatron-FSDP's no_shard) the gradients' all-reduce and no gather
-    ddp = dict(grad_bytes=grad, param_bytes=param_bytes, distributed_optimizer=sharded)
-    reduce_d, gather_d = terms.data_parallel_time(dense_params, c["dp"] * c["cp"], span, rates,
-                                                  ranks_per_node=per_node_d, **ddp)
-    reduce_e, gather_e = terms.data_parallel_time(expert_params, edp, span, rates, ranks_per_node=per_node_e, **ddp)
-    reduce, gather = reduce_d + reduce_e, gather_d + gather_e
-    if strategy in ("optim_grads", "optim_grads_params"):  # reduced per microbatch instead
-        reduce = 0.0 * reduce
-    if strategy == "optim_grads_params":  # gathered per microbatch instead
-        gather = 0.0 * gather
-    hidden_reduce = 2 * forward_s if dp.overlap_grad_reduce else 0.0
-    hidden_gather = forward_s if dp.overlap_param_gather else 0.0
-    exposed = np.maximum(0.0, reduce - hidden_reduce) + np.maximum(0.0, gather - hidden_gather)
-    if strategy in ("optim_grads", "optim_grads_params"):
-        bandwidths = (terms.link_bandwidth(span, rates, per_node_d), terms.link_bandwidth(span, rates, per_node_e))
-        fsdp_f, fsdp_b = _fsdp_microbatches(strategy, (dense_params, expert_params), (c["dp"] * c["cp"], edp),
-                                            bandwidths, rates, param_bytes, grad)
-        exposed = exposed + m * (np.maximum(0.0, fsdp_f - hidden_gather) + np.maximum(0.0, fsdp_b - hidden_reduce))
+    groups = (data_parallel.DpGroup(dense_params, c["dp"] * c["cp"],
+                                    terms.ranks_per_node(c["dp"] * c["cp"], c["tp"], rates.gpus_per_node)),
+              data_parallel.DpGroup(expert_params, edp,
+                                    terms.ranks_per_node(edp, c["etp"] * c["ep"], rates.gpus_per_node)))
+    exposed = data_parallel.exposed_time(groups, span, rates, opts, m, forward_s, 2 * forward_s)
     # the dense model's optimizer step (levers.optimizer_step_time), once per optimizer: megatron-core
     # builds one for the dense parameters over DP x CP and one for the experts over the expert DP
     # group from the same OptimizerConfig (core_v0.15.2 optimizer/__init__.py:602-614 and :636-649;
@@ -792,20 +774,3 @@ def _data_parallel(c: dict, training, parameters: tuple, forward_s, rates: Rates
     # (core_v0.15.2 :545-580, core_v0.19.0 :1083-1136): the same fraction of the same total, the same price
     step = levers.optimizer_step_time
     return exposed, (step(dense_params, c["dp"] * c["cp"], rates, opts, host) + step(expert_params, edp, rates, opts, host))
-
-
-def _fsdp_microbatches(strategy: str, parameters: tuple, groups: tuple, bandwidths: tuple, rates: Rates,
-                       param_bytes, grad_bytes):
-    """(forward, backward) seconds of Megatron-FSDP's collectives per microbatch: the dense
-    model's (``levers.fsdp_microbatch_time``: each unit's all-gather before its forward and its
-    backward with optim_grads_params, its reduce-scatter after its backward) for the dense parts over
-    DP x CP and the experts over the expert DP group, one after the other: core_v0.19.0 issues each
-    unit's two bucket groups as two collectives on the one all-gather stream and the one
-    reduce-scatter stream (megatron_fsdp/param_and_grad_buffer.py:1938-1950, :4520-4560)."""
-    from advisor.throughput import levers
-
-    forward = backward = 0.0
-    for count, group, bandwidth in zip(parameters, groups, bandwidths):
-        f, b = levers.fsdp_microbatch_time(count, group, bandwidth, rates, strategy, param_bytes, grad_bytes)
-        forward, backward = forward + f, backward + b
-    return forward, backward

@@ -19,7 +19,7 @@ from advisor import equations as eq
 from advisor.hardware import GpuSpec, streaming_multiprocessors
 from advisor.models import LlamaSpec
 from advisor.options.ub_config import MEGATRON_OVERLAPS, TE_DEFAULTS, LayerOverlaps, UserbuffersConfig
-from advisor.throughput import levers, terms, userbuffers
+from advisor.throughput import data_parallel, levers, terms, userbuffers
 from advisor.throughput.calibration import Calibration, load_calibration
 from advisor.throughput.flops import FlopsConvention, layer_gemm_shapes, megatron_flops_per_iteration
 
@@ -99,6 +99,15 @@ class TimeOptions:
     bias_swiglu_fusion: bool = True
     """Megatron's fused SwiGLU (its default); False, --no-bias-swiglu-fusion: three element-wise
     kernels instead of one (``terms.swiglu_elements``)."""
+
+    @property
+    def grad_wire_bytes(self) -> int:
+        """Bytes of one gradient element the DP reduction moves: ``grad_comm_bytes`` where
+        Megatron-FSDP communicates in a dtype of its own, else ``grad_reduce_bytes``
+        (``TrainingOptions.time_options`` sets ``grad_comm_bytes`` from ``TrainingOptions.grad_comm_bytes``
+        where it differs); what the dense and the MoE model's DP groups move
+        (``data_parallel.group_collectives``)."""
+        return self.grad_reduce_bytes if self.grad_comm_bytes is None else self.grad_comm_bytes
 
 
 class LayerParts(NamedTuple):
@@ -380,7 +389,9 @@ class TimeModel:
         shards = _f(dp) * _f(cp)
         span = _f(tp) * _f(cp) * _f(dp)
         per_node = terms.ranks_per_node(shards, _f(tp), rates.gpus_per_node)
-        dp_comm = self._data_parallel(params, shards, span, per_node, m, fwd_first, bwd_first)
+        # every parameter over DP x CP, hidden behind the first stage's forward and backward
+        dp_comm = data_parallel.exposed_time((data_parallel.DpGroup(params, shards, per_node),), span, rates, opts, m,
+                                             fwd_first, bwd_first)
         # shown with the DP collectives: finalize_model_grads runs it right after them
         dp_comm = dp_comm + terms.tied_embedding_allreduce_time(
             self.spec, tp, cp, dp, pp, self.padded_vocab(tp), rates, opts.grad_reduce_bytes)
@@ -401,35 +412,6 @@ class TimeModel:
             optimizer_s=optimizer,
             data_wait_s=total_s - compute_bound,
         )
-
-    def _data_parallel(self, params, shards, span, per_node, m, fwd_first, bwd_first):
-        """Exposed DP communication of one iteration: the step's gradient reduction and parameter
-        gather (overlapped with the first stage's backward and forward when the overlap flags are
-        on, all exposed when off), plus Megatron-FSDP's per-microbatch collectives where its
-        strategy shards the gradients (``levers.fsdp_microbatch_time``), overlapped likewise."""
-        opts, rates = self.options, self.rates
-        strategy = opts.fsdp_strategy
-        param_bytes = 1 if opts.fp8_param_gather else terms.BF16
-        # what the reduction moves: Megatron-FSDP's communication dtype where it has its own
-        wire = opts.grad_reduce_bytes if opts.grad_comm_bytes is None else opts.grad_comm_bytes
-        reduce, gather = terms.data_parallel_time(params, shards, span, rates, wire,
-                                                  opts.distributed_optimizer and strategy != "no_shard", per_node,
-                                                  param_bytes)
-        if strategy in ("optim_grads", "optim_grads_params"):  # reduced per microbatch instead
-            reduce = 0.0 * reduce
-        if strategy == "optim_grads_params":  # gathered per microbatch instead
-            gather = 0.0 * gather
-        exposed_reduce = np.maximum(0.0, reduce - bwd_first) if opts.overlap_grad_reduce else reduce
-        exposed_gather = np.maximum(0.0, gather - fwd_first) if opts.overlap_param_gather else gather
-        dp_comm = exposed_reduce + exposed_gather
-        if strategy in ("optim_grads", "optim_grads_params"):
-            bandwidth = terms.link_bandwidth(span, rates, per_node)
-            fsdp_f, fsdp_b = levers.fsdp_microbatch_time(params, shards, bandwidth, rates, strategy, param_bytes,
-                                                         wire)
-            exposed_f = np.maximum(0.0, fsdp_f - fwd_first) if opts.overlap_param_gather else fsdp_f
-            exposed_b = np.maximum(0.0, fsdp_b - bwd_first) if opts.overlap_grad_reduce else fsdp_b
-            dp_comm = dp_comm + m * (exposed_f + exposed_b)
-        return dp_comm
 
     def _optimizer(self, params, shards):
         """The optimizer step on this rank's shard (``levers.optimizer_step_time``: on the GPU, or
