@@ -88,10 +88,6 @@ def _margin(buffer: Userbuffer, sms: int, tp) -> np.ndarray:
     return np.where(np.asarray(tp) > 1, sms / (sms - buffer.num_sm), 1.0)
 
 
-FORWARD_BUFFERS = ("qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop")
-"""The forward GEMMs' buffers, in ``layer_gemm_shapes``' order (QKV, projection, FC1, FC2)."""
-
-
 def buffer_element_bytes(name: str, buffer: Userbuffer, sizes: TpBytes) -> float:
     """Bytes per element the collective of buffer ``name`` moves, from the layer's ``sizes``
     (``terms.tensor_parallel_time``'s, one source for both paths): the input all-gathers
@@ -135,14 +131,32 @@ def _beside(name: str, gemm, spec: LlamaSpec, tokens, tp, rates: Rates, sms: int
     return exposed(kernel, comm, gemm * margin, tp, buffer.num_splits), gemm * (margin - 1)
 
 
-def _forward_buffers(names, gemms, spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config: UserbuffersConfig,
-                     sizes: TpBytes, overlaps: LayerOverlaps = MEGATRON_OVERLAPS):
-    """(exposed, GEMM slowdown) of the forward buffers ``names`` beside their GEMMs ``gemms``."""
+def _summed(parts):
+    """(exposed, GEMM slowdown) of ``parts``, [(exposed, slowdown), ...], added one at a time in
+    their order (from 0.0: the same bits as adding them onto the first)."""
     exposed_s, slow = 0.0, 0.0
-    for name, gemm in zip(names, gemms):
-        part, slowed = _beside(name, gemm, spec, tokens, tp, rates, sms, config, sizes, overlaps)
+    for part, slowed in parts:
         exposed_s, slow = exposed_s + part, slow + slowed
     return exposed_s, slow
+
+
+def _forward_parts(stems: tuple[str, str], gemms: tuple, spec: LlamaSpec, tokens, tp, rates: Rates, sms: int,
+                   config: UserbuffersConfig, sizes: TpBytes, overlaps: LayerOverlaps):
+    """[(exposed, GEMM slowdown), ...] of a block's forward: its column-parallel linear's all-gather
+    (``stems[0]``: qkv_fprop, fc1_fprop) beside its GEMM ``gemms[0]``, then its row-parallel linear's
+    reduce-scatter (``stems[1]``: proj_fprop, fc2_fprop) beside ``gemms[1]``."""
+    return [_beside(f"{stem}_fprop", gemm, spec, tokens, tp, rates, sms, config, sizes, overlaps)
+            for stem, gemm in zip(stems, gemms)]
+
+
+def _backward_parts(stems: tuple[str, str], gemms: tuple, spec: LlamaSpec, tokens, tp, rates: Rates, sms: int,
+                    config: UserbuffersConfig, sizes: TpBytes, overlaps: LayerOverlaps):
+    """[(exposed, GEMM slowdown), ...] of a block's backward, each GEMM the size of the forward's: the
+    row-parallel linear's gradient all-gather beside its dgrad (proj_dgrad, fc2_dgrad) first, then
+    the column-parallel linear's (``_column_backward``)."""
+    column, row = stems
+    return [_beside(f"{row}_dgrad", gemms[1], spec, tokens, tp, rates, sms, config, sizes, overlaps),
+            *_column_backward(column, gemms[0], spec, tokens, tp, rates, sms, config, sizes, overlaps)]
 
 
 def mlp_forward_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int,
@@ -152,8 +166,8 @@ def mlp_forward_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int
     all-gather (fc1_fprop) and FC2's reduce-scatter (fc2_fprop), as ``tp_overlap_time`` prices
     them in the layer; what --recompute-modules mlp runs again in the backward (the checkpointed
     MLP calls the same Transformer Engine modules, with their userbuffers)."""
-    fc1, fc2 = (gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, tokens, tp)[2:])
-    return _forward_buffers(FORWARD_BUFFERS[2:], (fc1, fc2), spec, tokens, tp, rates, sms, config, sizes, overlaps)
+    gemms = tuple(gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, tokens, tp)[2:])
+    return _summed(_forward_parts(("fc1", "fc2"), gemms, spec, tokens, tp, rates, sms, config, sizes, overlaps))
 
 
 def _column_backward(stem: str, gemm, spec: LlamaSpec, tokens, tp, rates: Rates, sms: int,
@@ -190,12 +204,8 @@ def block_overlap_time(stems: tuple[str, str], gemms: tuple, spec: LlamaSpec, to
     backward exposed, forward GEMM slowdown, backward GEMM slowdown). For blocks whose GEMMs are
     not the dense layer's (a mixture-of-experts model's shared experts, ``advisor.moe.time``), and
     whose linears Megatron may give fewer of the sub-options (``overlaps``)."""
-    column, row = stems
-    forward, slow_f = _forward_buffers((f"{column}_fprop", f"{row}_fprop"), gemms, spec, tokens, tp, rates, sms,
-                                       config, sizes, overlaps)
-    backward, slow_b = _beside(f"{row}_dgrad", gemms[1], spec, tokens, tp, rates, sms, config, sizes, overlaps)
-    for part, slowed in _column_backward(column, gemms[0], spec, tokens, tp, rates, sms, config, sizes, overlaps):
-        backward, slow_b = backward + part, slow_b + slowed
+    forward, slow_f = _summed(_forward_parts(stems, gemms, spec, tokens, tp, rates, sms, config, sizes, overlaps))
+    backward, slow_b = _summed(_backward_parts(stems, gemms, spec, tokens, tp, rates, sms, config, sizes, overlaps))
     return forward, backward, slow_f, slow_b
 
 
@@ -217,13 +227,15 @@ def tp_overlap_time(spec: LlamaSpec, tokens, tp, rates: Rates, sms: int, config:
     (``_beside``). Every GEMM beside a buffer that sets an SM margin is slowed by it. Nothing at
     TP 1 (Megatron refuses the overlap there)."""
     qkv, proj, fc1, fc2 = (gemm_time(m, k, n, rates) for m, k, n in layer_gemm_shapes(spec, tokens, tp))
-    forward, slow_f = _forward_buffers(FORWARD_BUFFERS, (qkv, proj, fc1, fc2), spec, tokens, tp, rates, sms, config,
-                                       sizes, overlaps)
-    backward, slow_b = 0.0, 0.0
-    for name, gemm in (("proj_dgrad", proj), ("fc2_dgrad", fc2)):
-        part, slowed = _beside(name, gemm, spec, tokens, tp, rates, sms, config, sizes, overlaps)
-        backward, slow_b = backward + part, slow_b + slowed
-    for stem, gemm in (("qkv", qkv), ("fc1", fc1)):
-        for part, slowed in _column_backward(stem, gemm, spec, tokens, tp, rates, sms, config, sizes, overlaps):
-            backward, slow_b = backward + part, slow_b + slowed
+    blocks = ((("qkv", "proj"), (qkv, proj)), (("fc1", "fc2"), (fc1, fc2)))
+    args = (spec, tokens, tp, rates, sms, config, sizes, overlaps)
+    attention_f, mlp_f = (_forward_parts(stems, gemms, *args) for stems, gemms in blocks)
+    attention_b, mlp_b = (_backward_parts(stems, gemms, *args) for stems, gemms in blocks)
+    # ``block_overlap_time``'s parts, each block's, added in the layer's order: forward QKV, projection,
+    # FC1, FC2; backward both row linears' dgrad gathers (projection, FC2) before the column linears'
+    # (QKV's, FC1's). Adding the two blocks' sums instead would reassociate the floats (the backward's
+    # most: (p + q) + (f + c) is not ((p + f) + q) + c bit for bit) and move every --tp-comm-overlap
+    # number by an ulp or so; this order keeps them as they were.
+    forward, slow_f = _summed(attention_f + mlp_f)
+    backward, slow_b = _summed([attention_b[0], mlp_b[0], *attention_b[1:], *mlp_b[1:]])
     return forward, backward, slow_f, slow_b
