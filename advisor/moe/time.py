@@ -205,12 +205,8 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
     attention_gemm = 2.0 * tokens_cp * params.attention_parameters(spec) / tp / gemm_rates.gemm_flops_per_s \
         + 4 * rates.gemm_latency_s
     core, core_backward = terms.attention_kernel_time(attention_flops(spec, seq_len, mbs, tp, cp), cp, rates)
-    # a dense MLP's gathers and scatters, and attention's but MLA's, the same [tokens, h] activation
-    # each; FP8 moves the gathers in FP8 (levers.fp8_tp_bytes), as the dense model's
-    tp_sizes = fp8.collectives if fp8 else terms.BF16_TP
-    block_tp, block_tp_backward = terms.tp_block_time(spec, tokens_cp, tp, rates, tp_sizes)
-    attention_tp = mla_attention_tp_time(spec, tokens_cp, tp, rates, tp_sizes) if spec.mla is not None \
-        else AttentionTp(block_tp, block_tp_backward, 0.0)
+    attention_tp, (block_tp, block_tp_backward), (shared_tp, shared_tp_backward) = _tp_times(
+        spec, tokens_cp, tp, rates, gemm_rates, fp8, sms, tp_overlap, shared_expert_overlap)
     tokens = mm.tokens_per_rank(seq_len, mbs, tp, cp)
     pace = replace(routing, routing="balanced") if routing.routing == "dropless" else routing
     copies = mm.expert_token_copies(spec, tokens, ep, etp, pace)
@@ -230,13 +226,6 @@ def layer_times(spec: MoESpec, seq_len: int, *, tp, cp, ep, etp, mbs, rates: Rat
         + (0.0 if router_fusion else ROUTER_KERNELS_S[spec.score_function] / 3)
     permute = ep_time.permutation_time(spec, copies, ep, rates, dispatcher, fused=permute_fusion)
     a2a, gather = _dispatch_times(spec, tokens, copies, ep, etp, rates, dispatcher)
-    shared_tp, shared_tp_backward = shared_expert_tp_time(spec, tokens_cp, tp, rates, fp8, shared_expert_overlap)
-    # userbuffers where megatron-core gives them (advisor.moe.userbuffers); with MLA it takes them
-    # away from all but one projection a model chunk, which the CLI refuses (userbuffers.mla_problem)
-    if tp_overlap is not None and spec.mla is None:
-        attention_tp, (block_tp, block_tp_backward), shared_tp, shared_tp_backward = _overlapped_tp(
-            spec, tokens_cp, tp, gemm_rates, sms, tp_overlap, tp_sizes,
-            (shared_tp, shared_tp_backward) if shared_expert_overlap else None)
     moe = attention + expert_f + moe_act + shared + router + permute + a2a + 2 * gather
     shared_fc2 = 2.0 * tokens_cp * spec.hidden_size * spec.shared_expert_size / tp / gemm_rates.gemm_flops_per_s
     norm = terms.elementwise_time(mm.BF16 * 2 * spec.hidden_size * tokens_cp / tp, rates)  # read h, write h
@@ -266,20 +255,30 @@ def _dispatch_times(spec: MoESpec, tokens, copies, ep, etp, rates: Rates, dispat
     return a2a, gather
 
 
-def _overlapped_tp(spec: MoESpec, tokens_cp, tp, gemm_rates: Rates, sms: int, tp_overlap: ub.TpOverlap,
-                   sizes: terms.TpBytes, plain_shared: tuple | None):
-    """(attention's ``AttentionTp``, a dense MLP's, the shared experts' forward, their backward)
-    under --tp-comm-overlap (``advisor.moe.userbuffers``): grouped-query attention's, a dense MLP's
-    and the shared experts' userbuffers, at the GEMMs' rates (FP8's under --fp8-format, as the
-    dense model prices them). ``plain_shared``: under --moe-shared-expert-overlap, which takes the
-    shared experts' userbuffers away, their collectives as without the overlap
-    (``shared_expert_tp_time``), kept; None otherwise. Grouped-query attention only: the caller
-    leaves a model with MLA as without the overlap (``userbuffers.mla_problem``)."""
+def _tp_times(spec: MoESpec, tokens_cp, tp, rates: Rates, gemm_rates: Rates, fp8: Fp8Gemms | None, sms: int,
+              tp_overlap: ub.TpOverlap | None, shared_expert_overlap: bool):
+    """(attention's ``AttentionTp``, a dense MLP's (forward, backward), the shared experts'), each
+    priced once. Without --tp-comm-overlap (``tp_overlap`` None), the collectives' whole time: a
+    dense MLP's and grouped-query attention's the same [tokens, h] activation each
+    (``terms.tp_block_time``), MLA's its own (``mla_attention_tp_time``), the shared experts'
+    (``shared_expert_tp_time``); FP8 moves the gathers in FP8 (``levers.fp8_tp_bytes``), as the
+    dense model's. With it, userbuffers where megatron-core gives them (``advisor.moe.userbuffers``):
+    grouped-query attention's, a dense MLP's and the shared experts', at the GEMMs' rates
+    ``gemm_rates`` (FP8's under --fp8-format, as the dense model prices them); the shared experts'
+    as without it under --moe-shared-expert-overlap, which takes their userbuffers away. With MLA
+    megatron-core takes them away from all but one projection a model chunk, which the CLI refuses
+    (``userbuffers.mla_problem``): priced as without the overlap."""
+    sizes = fp8.collectives if fp8 else terms.BF16_TP
+    if tp_overlap is None or spec.mla is not None:
+        block = terms.tp_block_time(spec, tokens_cp, tp, rates, sizes)
+        attention = mla_attention_tp_time(spec, tokens_cp, tp, rates, sizes) if spec.mla is not None \
+            else AttentionTp(*block, 0.0)
+        return attention, block, shared_expert_tp_time(spec, tokens_cp, tp, rates, fp8, shared_expert_overlap)
     attention = AttentionTp(*ub.attention_tp(spec, tokens_cp, tp, gemm_rates, sms, tp_overlap, sizes), 0.0)
     dense = ub.dense_mlp_tp(spec, tokens_cp, tp, gemm_rates, sms, tp_overlap, sizes)
-    shared = ub.shared_tp(spec, tokens_cp, tp, gemm_rates, sms, tp_overlap, sizes) if plain_shared is None \
-        else plain_shared
-    return attention, dense, shared[0], shared[1]
+    shared = shared_expert_tp_time(spec, tokens_cp, tp, rates, fp8, True) if shared_expert_overlap \
+        else ub.shared_tp(spec, tokens_cp, tp, gemm_rates, sms, tp_overlap, sizes)
+    return attention, dense, shared
 
 
 def shared_expert_tp_time(spec: MoESpec, tokens_cp, tp, rates: Rates, fp8: Fp8Gemms | None = None,
