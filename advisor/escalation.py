@@ -80,16 +80,17 @@ def escalate(first, run: Callable[[TrainingOptions], object], options: TrainingO
     to run (``climb``), with ``escalation`` set and each timed row's ``lever_time_cost_s``: its step
     time minus that of the same (TP, CP, PP, DP, MBS) under ``options``. A rung for which
     ``may_help(options)`` is False (``advisor.space_search.may_fit``: no layout can fit on it) is not
-    swept: its sweep would have nothing that runs."""
+    swept: its sweep would have nothing that runs. The result (``first`` where no rung runs)
+    carries the rungs climbed in vain (``ladder``), as the MoE sweep's does."""
     if _runs(first):
         return first
-    found, _ = climb(run, _runs, options, gpu, problem=None if may_help is None else
+    found, attempts = climb(run, _runs, options, gpu, problem=None if may_help is None else
                      lambda lever: None if may_help(lever) else "no layout can fit with it")
     if found is None:
-        return first
+        return replace(first, ladder=attempts)
     label, candidate = found
     base = {_layout(row): row.timing["step_time_s"] for row in first.rows if row.timing}
     for row in candidate.rows:
         if row.timing and _layout(row) in base:
             row.timing["lever_time_cost_s"] = row.timing["step_time_s"] - base[_layout(row)]
-    return replace(candidate, escalation=label)
+    return replace(candidate, escalation=label, ladder=attempts)

@@ -128,6 +128,9 @@ class Sweep:
     """Variants priced; the others were pruned as unable to fit or to win."""
     escalation: str | None = None
     """The lever the rows use because nothing fit without it (``advisor.escalation``), or None."""
+    ladder: tuple = ()
+    """The rungs of ``advisor.escalation.LADDER`` climbed in vain, each (label, why it was not
+    swept; None: swept, and nothing ran): the nothing-fits line's words (``sweep_table.ladder_text``)."""
 
     @property
     def pruned(self) -> int:

@@ -3,7 +3,8 @@
 Where no layout's weights, gradients and optimizer states alone fit the memory, the sweep says what
 they need and does not hint a shorter --seq-len or recomputation, which shrink activations only;
 where the states fit and activations do not, it still hints a shorter --seq-len, and a shorter one
-then fits. MoE sweeps say which of --sharding auto's levers they tried, and why not the others.
+then fits. Dense and MoE sweeps alike say which of --sharding auto's levers they tried, and why
+not the others.
 An estimate judged oom or likely oom prints its step time as what the step would take if it fit.
 
 The sizes are derived here by hand from the models' published shapes (Llama 3 405B and 3.1 70B,
@@ -95,8 +96,13 @@ def test_where_offload_could_make_room_a_shorter_seq_len_is_hinted_with_it_and_t
     CPU offload (--sharding auto) leaves room; at 131072 tokens it still does not fit, at 32768 it does."""
     line = _line(advisor, "--model", "llama3.1-70b", "--gpus", 8, *H100, "--seq-len", 131072)
     assert f"optimizer states alone need {_tp8_states_gib(LLAMA31_70B):.1f} GiB" in line
-    assert "; Megatron-FSDP and optimizer CPU offload (--sharding auto), which shrink them, fit no layout at this " \
-           "--seq-len." in line
+    # the ladder's bound (advisor.space_search.may_fit) skips every rung: said so, as the MoE line says it
+    assert ("; --sharding auto did not try Megatron-FSDP optim_grads, optim_grads_params or optimizer CPU offload: "
+            "no layout can fit with it.") in line
+    for lever in (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"),
+                  ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"),
+                  ("--optimizer-cpu-offload",)):  # each rung, given by hand: nothing fits either
+        _line(advisor, "--model", "llama3.1-70b", "--gpus", 8, *H100, "--seq-len", 131072, *lever)
     assert _tries(line) == ("more GPUs, a shorter --seq-len with them or a GPU with more memory "
                             "(--all shows the rows)")
     shorter = advisor("sweep", "--model", "llama3.1-70b", "--gpus", 8, *H100, "--seq-len", 32768, "--top", 1)
@@ -110,11 +116,12 @@ def test_where_offload_could_make_room_a_shorter_seq_len_is_hinted_with_it_and_t
 def test_on_a_gpu_that_cannot_time_offload_the_line_says_it_was_not_tried(advisor):
     """70B on 8 H800s: gpus.json gives the H800 no host memory bandwidth, so --sharding auto's ladder
     passes the offload (escalation.climb); the line said offload was tried and fit nothing
-    (reviewer6). Given by hand, the offload is refused (exit 2) for the same reason."""
+    (reviewer6). Given by hand, the offload is refused (exit 2) for the same reason. The FSDP
+    rungs are not swept either: the ladder's bound says no layout can fit with them."""
     line = _line(advisor, "--model", "llama3.1-70b", "--gpus", 8, "--gpu", "h800-80gb")
-    assert ("; Megatron-FSDP (--sharding auto), which shrinks them, fits no layout at this --seq-len, and optimizer "
-            "CPU offload was not tried: h800-80gb has no host link or host memory bandwidth to time it (gpus.json). "
-            "Try ") in line
+    assert ("; --sharding auto did not try Megatron-FSDP optim_grads or optim_grads_params: no layout can fit with "
+            "it; it did not try optimizer CPU offload: h800-80gb has no host link or host memory bandwidth to time "
+            "it (gpus.json). Try ") in line
     assert "host memory bandwidth" in advisor.error("sweep", "--model", "llama3.1-70b", "--gpus", 8, "--gpu",
                                                     "h800-80gb", "--optimizer-cpu-offload")
 
@@ -125,6 +132,9 @@ def test_where_activations_dominate_a_shorter_seq_len_is_hinted_and_fits(advisor
     args = ("--model", "llama3.1-8b", "--gpus", 8, *H100)
     line = _line(advisor, *args, "--seq-len", 524288)
     assert "alone need" not in line
+    assert ("; --sharding auto did not try Megatron-FSDP optim_grads, optim_grads_params or optimizer CPU offload: "
+            "no layout can fit with it. Try") in line  # the line said nothing of the ladder it climbed
+    _line(advisor, *args, "--seq-len", 524288, "--optimizer-cpu-offload")  # the bound's claim, given by hand
     assert _tries(line) == "more GPUs or a shorter --seq-len (--all shows the rows)"
     rows = advisor.json("sweep", *args, "--seq-len", 131072)
     assert rows and rows[0]["rank"] == 1
@@ -233,12 +243,18 @@ def test_with_the_precision_aware_optimizer_it_says_which_levers_were_not_tried(
     states). Said, not claimed as tried; the 70B case above fits with offload at 32768 tokens."""
     lowered = _line(advisor, "--model", "llama3.1-70b", "--gpus", 8, *H100, "--gbs", 64,
                     "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16")
-    assert ("; Megatron-FSDP and optimizer CPU offload, which shrink them, were not tried: FSDP with "
-            "--use-precision-aware-optimizer is not priced, and offload keeps FP32 states whatever --exp-avg-dtype "
-            "bf16 says.") in lowered
+    assert ("; --sharding auto did not try Megatron-FSDP optim_grads or optim_grads_params: "
+            "--use-precision-aware-optimizer with FSDP is not priced (Megatron-FSDP keeps the main weights in its "
+            "own buffers; Megatron-Bridge turns the optimizer off with FSDP); it did not try optimizer CPU offload: "
+            "--exp-avg-dtype bf16 has no effect with --optimizer-cpu-offload (Megatron's HybridDeviceOptimizer keeps "
+            "FP32 states).") in lowered
     assert "a shorter --seq-len" not in lowered  # the states alone exceed the memory, whatever the --seq-len
     assert "--optimizer-cpu-offload without --exp-avg-dtype" in _tries(lowered)  # which then fits (above)
     fp32 = _line(advisor, "--model", "llama3.1-70b", "--gpus", 8, *H100, "--seq-len", 131072,
                  "--use-precision-aware-optimizer")
-    assert ("; optimizer CPU offload (--sharding auto) fits no layout at this --seq-len, and Megatron-FSDP was not "
-            "tried: FSDP with --use-precision-aware-optimizer is not priced") in fp32
+    assert ("; --sharding auto did not try Megatron-FSDP optim_grads or optim_grads_params: "
+            "--use-precision-aware-optimizer with FSDP is not priced (Megatron-FSDP keeps the main weights in its own "
+            "buffers; Megatron-Bridge turns the optimizer off with FSDP); it did not try optimizer CPU offload: no "
+            "layout can fit with it.") in fp32
+    _line(advisor, "--model", "llama3.1-70b", "--gpus", 8, *H100, "--seq-len", 131072,
+          "--use-precision-aware-optimizer", "--optimizer-cpu-offload")  # the bound's claim, given by hand

@@ -17,7 +17,7 @@ from advisor.cli.options import (
     output_options, parse_layer_counts, png_path, workload_options, UserPath,
 )
 from advisor.cli.sweep_table import (
-    counts_caption, evaluation_caption, lever_note, setup_line, sweep_columns, write_plot,
+    counts_caption, evaluation_caption, ladder_text, lever_note, setup_line, sweep_columns, write_plot,
 )
 from advisor.cli.training_flags import given, memory_options
 from advisor.cli.from_command import with_routing
@@ -200,7 +200,7 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
     columns = (memory_model != "paper", gpu is not None, tokens is not None, gpu_hour_price is not None, False, rank_by)
     _emit_sweep(dicts, text, fmt, output, result, title, caption, columns, tolerance,
                 nothing=None if any(row.rank for row in result.rows) or show_all else
-                _nothing_fits(result.rows, counts, space, mem, gpu))
+                _nothing_fits(result.rows, counts, space, mem, result.ladder))
 
 
 def _measured(profile_dir, spec, options):
@@ -301,7 +301,10 @@ def _emit_sweep(dicts: list[dict], text: str | None, fmt: str, output, result, t
     emit(text, output)
 
 
-def _nothing_fits(rows, counts: dict, space, mem: float, gpu=None) -> str:
+def _nothing_fits(rows, counts: dict, space, mem: float, ladder: tuple = ()) -> str:
+    """The line saying why no row runs: the verdicts' tally, the layout that needs the least,
+    the rungs of --sharding auto climbed in vain (``ladder``: ``Sweep.ladder``, worded by
+    ``sweep_table.ladder_text`` as the MoE sweep words its own), and the choices that could help."""
     from advisor import render
 
     least = min(rows, key=lambda row: row.judged_gib, default=None)  # the memory the verdicts judged
@@ -315,7 +318,7 @@ def _nothing_fits(rows, counts: dict, space, mem: float, gpu=None) -> str:
     need = (f"; the least any layout needs{plain} is {least.judged_gib:.1f} GiB per GPU against {mem:g} GiB "
             f"(TP {least.parallel.tp}, CP {least.parallel.cp}, PP {least.parallel.pp}, MBS {least.parallel.mbs})")
     if floor > mem:  # the --seq-len, the micro-batch and recomputation touch activations only
-        return _states_bound(f"{command_name()}: nothing fits: {tally}{need}", rows, least, space, mem, floor, gpu)
+        return _states_bound(f"{command_name()}: nothing fits: {tally}{need}", rows, least, space, mem, floor, ladder)
     hints = ["more GPUs", "a shorter --seq-len"]
     if space.recompute in ("none", "selective"):  # auto and full have tried full recomputation
         hints.insert(1, "--recompute auto")
@@ -324,7 +327,8 @@ def _nothing_fits(rows, counts: dict, space, mem: float, gpu=None) -> str:
     if space.sharding == "fixed":  # auto has tried Megatron-FSDP and CPU offload
         hints.insert(1, "--sharding auto")
     hints[1:1] = hints_text.unpinned(space.pinned.given())
-    return f"{command_name()}: nothing fits: {tally}{need}. Try {render.listed(hints, 'or')} (--all shows the rows)"
+    return (f"{command_name()}: nothing fits: {tally}{need}{ladder_text(ladder)}. Try {render.listed(hints, 'or')} "
+            "(--all shows the rows)")
 
 
 def _states_gib(row) -> float:
@@ -334,34 +338,13 @@ def _states_gib(row) -> float:
     return float(row.estimate.terms.model_states.max()) / GIB
 
 
-def _untried_levers(training) -> str:
-    """What --sharding auto could not try with the precision-aware optimizer: Megatron-FSDP (not
-    priced with it), and offload where its state dtypes are lowered (which offload ignores)."""
-    if training.optimizer_states.lowered:
-        return ("; Megatron-FSDP and optimizer CPU offload, which shrink them, were not tried: FSDP with "
-                "--use-precision-aware-optimizer is not priced, and offload keeps FP32 states whatever "
-                f"{training.optimizer_states.lowered[0]} says")
-    return ("; optimizer CPU offload (--sharding auto) fits no layout at this --seq-len, and Megatron-FSDP was not "
-            "tried: FSDP with --use-precision-aware-optimizer is not priced")
-
-
-def _tried_levers(gpu=None) -> str:
-    """What --sharding auto tried, all in vain (``escalation.climb``: the offload only where the
-    GPU preset can time it)."""
-    from advisor.throughput.levers import times_offload
-
-    if gpu is not None and not times_offload(gpu):
-        return ("; Megatron-FSDP (--sharding auto), which shrinks them, fits no layout at this --seq-len, and "
-                f"optimizer CPU offload was not tried: {gpu.name} has no host link or host memory bandwidth to "
-                "time it (gpus.json)")
-    return "; Megatron-FSDP and optimizer CPU offload (--sharding auto), which shrink them, fit no layout at this --seq-len"
-
-
-def _states_bound(head: str, rows, least, space, mem: float, floor: float, gpu=None) -> str:
+def _states_bound(head: str, rows, least, space, mem: float, floor: float, ladder: tuple = ()) -> str:
     """The nothing-fits line where no row's model states alone fit: what they need, and only the
     hints that can shrink them. Megatron-FSDP and optimizer CPU offload can, down to the weights
     and gradients sharded over every GPU (a floor: their gathered buffers come on top); where
-    even that floor does not fit, no sharding can make room for any activations either."""
+    even that floor does not fit, no sharding can make room for any activations either. Where
+    --sharding auto climbed, ``ladder`` (``Sweep.ladder``) says which rungs it swept in vain and
+    why it did not sweep the others."""
     from advisor import render
     from advisor.memory import GIB
 
@@ -375,13 +358,12 @@ def _states_bound(head: str, rows, least, space, mem: float, floor: float, gpu=N
         over = f" sharded over all {least.parallel.gpus} GPUs" if least.parallel.gpus > 1 else ""  # 1: none to shard
         text += (f";{over} with the optimizer in host memory, the weights "
                  f"and gradients alone would still need {sharded:.1f} GiB")
-    elif plain and space.sharding == "auto" and training.optimizer_states.precision_aware_optimizer:
-        text += _untried_levers(training)  # the escalation's rungs refuse these options
-        if lowered := training.optimizer_states.lowered:
+    elif plain and space.sharding == "auto":  # the escalation climbed: what it tried, and why not the rest
+        text += ladder_text(ladder)
+        if lowered := training.optimizer_states.lowered:  # offload refuses them (its states stay FP32)
             hints.append(f"--optimizer-cpu-offload without {' and '.join(flag.split()[0] for flag in lowered)}")
-    elif plain and space.sharding == "auto":  # escalation tried them, at this --seq-len
-        text += _tried_levers(gpu)
-        hints.append("a shorter --seq-len with them")
+        elif not training.optimizer_states.precision_aware_optimizer:  # FSDP is not priced with it
+            hints.append("a shorter --seq-len with them")
     elif plain:
         hints.append("--sharding auto (Megatron-FSDP, optimizer CPU offload)")
     else:  # a lever given: the sweep escalates no further

@@ -255,7 +255,7 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
     training = options  # advisor.options.TrainingOptions
     _refuse_unpriced(spec, training, space, unsupported)
     if problem := fsdp_problem(training, flags.a2a_overlap, release):
-        raise InputError(f"{spec.name} is a mixture of experts; {problem}")
+        raise InputError(f"{spec.name} is a mixture of experts; {''.join(problem)}")
     capacity_factor, dispatcher = flags.capacity_factor, flags.dispatcher
     moe_routing = _routing(flags.moe_routing, capacity_factor)
     recompute = space.recompute if space is not None else training.recomputation.recompute
@@ -413,12 +413,14 @@ def _levers_not_priced(training) -> dict[str, bool]:
             **({_WEIGHTS_NOT_PRICED[params_dtype]: True} if params_dtype != "bfloat16" else {})}
 
 
-def fsdp_problem(training, a2a_overlap: bool, release) -> str | None:
-    """Why the MoE model does not price this run's Megatron-FSDP, or None: a release that cannot
-    wrap an MoE model (``advisor.moe.fsdp.release_problem``), or --overlap-moe-expert-parallel-comm,
-    whose combined schedule core_v0.19.0 runs under Megatron-FSDP with per-submodule gathers
-    (mcore_fsdp_adapter.py:168-225: ``enable_fine_grained_param_gather_hook``), two layers' weights
-    gathered at once, which ``advisor.moe.fsdp`` does not price."""
+def fsdp_problem(training, a2a_overlap: bool, release) -> tuple[str, str] | None:
+    """Why the MoE model does not price this run's Megatron-FSDP, or None: (the short reason, its
+    source and remedy; the command's refusal is the two joined, a --sharding auto rung's the
+    reason alone). A release that cannot wrap an MoE model (``advisor.moe.fsdp.release_problem``),
+    or --overlap-moe-expert-parallel-comm, whose combined schedule core_v0.19.0 runs under
+    Megatron-FSDP with per-submodule gathers (mcore_fsdp_adapter.py:168-225:
+    ``enable_fine_grained_param_gather_hook``), two layers' weights gathered at once, which
+    ``advisor.moe.fsdp`` does not price."""
     if training.data_parallel.fsdp_strategy is None:
         return None
     from advisor.moe.fsdp import release_problem
@@ -426,8 +428,9 @@ def fsdp_problem(training, a2a_overlap: bool, release) -> str | None:
     if problem := release_problem(release):
         return problem
     if a2a_overlap:
-        return ("--overlap-moe-expert-parallel-comm with --use-megatron-fsdp is not priced (core_v0.19.0 gathers "
-                "each submodule's weights for its combined schedule: mcore_fsdp_adapter.py); drop one of them")
+        return ("--overlap-moe-expert-parallel-comm with --use-megatron-fsdp is not priced",
+                " (core_v0.19.0 gathers each submodule's weights for its combined schedule: mcore_fsdp_adapter.py); "
+                "drop one of them")
     return None
 
 
@@ -436,13 +439,13 @@ def rung_problem(training, a2a_overlap: bool, release) -> str | None:
     (``advisor.escalation.LADDER``), or None: the lever checks ``moe_settings`` refuses a command
     with, the levers not priced (``_levers_not_priced``) and Megatron-FSDP's refusals
     (``fsdp_problem``), so that the MoE sweep climbs every rung the MoE model prices and no other.
-    The reason is the refusal's first clause (its sources and remedy are the command's)."""
+    The reason is the refusal's short reason (its sources and remedy are the command's)."""
     if named := [flag for flag, given in _levers_not_priced(training).items() if given]:
         from advisor.render import listed
 
         return f"the MoE model does not price {listed(named)}"
     if problem := fsdp_problem(training, a2a_overlap, release):
-        return problem.partition(" (")[0]
+        return problem[0]
     return None
 
 
@@ -542,7 +545,7 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
     the search could relax (recomputation, the split, VPP, EP, ETP, the overlap). Where no
     layout's model states alone fit, it says so, and hints neither recomputation nor a shorter
     --seq-len; and it says which of --sharding auto's levers it tried in vain and why it did not
-    try the others (``_ladder_text``)."""
+    try the others (``sweep_table.ladder_text``)."""
     from advisor import render
     from advisor.cli.hints import bigger_gpu, states_text, unpinned
     from advisor.memory import GIB
@@ -562,38 +565,13 @@ def _nothing_fits(result, mem: float, space, ep, etp, a2a_overlap: bool) -> str:
     hints = ["more GPUs", *(hint for hint, helps in levers.items() if helps)]
     tally = ", ".join(f"{n:,} {verdict}" for verdict, n in result.counts.items())
     states = states_text(least["model_states_gib"], mem) if bound else ""
-    climbed = _ladder_text(result.ladder)
+    from advisor.cli.sweep_table import ladder_text
+
+    climbed = ladder_text(result.ladder)
     return (f"{command_name()}: nothing fits: {tally}; the least any layout needs is {need:.1f} GiB per GPU against "
             f"{mem:g} GiB (TP {least['tp']}, CP {least['cp']}, PP {least['pp']}, EP {least['ep']}, ETP "
             f"{least['etp']}, MBS {least['mbs']}){states}{climbed}. Try {render.listed(hints, 'or')} "
             "(--all shows the rows)")
-
-
-def _ladder_text(ladder) -> str:
-    """The nothing-fits line's words for the rungs of --sharding auto climbed in vain
-    (``SweepResult.ladder``): those swept, and those not swept with why; '' where none was
-    climbed (--sharding fixed, or a lever given: the user chose the sharding)."""
-    swept = [label for label, why in ladder if why is None]
-    parts = [f"tried {_rung_names(swept, 'and')}: no layout fits with {'it' if len(swept) == 1 else 'them'} either"] \
-        if swept else []
-    reasons: dict[str, list[str]] = {}
-    for label, why in ladder:
-        if why is not None:
-            reasons.setdefault(why, []).append(label)
-    parts += [f"did not try {_rung_names(labels, 'or')}: {why}" for why, labels in reasons.items()]
-    return f"; --sharding auto {'; it '.join(parts)}" if parts else ""
-
-
-def _rung_names(labels: list[str], conjunction: str) -> str:
-    """Rungs' labels as the title names them (before their parenthesis), listed, 'Megatron-FSDP'
-    said once: 'Megatron-FSDP optim_grads and optim_grads_params'."""
-    from advisor import render
-
-    names = [label.partition(" (")[0] for label in labels]
-    prefix = "Megatron-FSDP "
-    names = [name[len(prefix):] if i and name.startswith(prefix) and names[i - 1].startswith(prefix) else name
-             for i, name in enumerate(names)]
-    return render.listed(names, conjunction)
 
 
 def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold, gpu, settings, show_all: bool,

@@ -119,6 +119,34 @@ def lever_note(lever: str, timed: bool) -> str:
             f"their options and megatron_args say so{cost}")
 
 
+def ladder_text(ladder) -> str:
+    """The nothing-fits line's words for the rungs of --sharding auto climbed in vain, dense and
+    MoE sweeps alike (``advisor.sweep.Sweep.ladder``, ``advisor.moe.space.SweepResult.ladder``:
+    ``advisor.escalation.climb``'s attempts): those swept, and those not swept with why; '' where
+    none was climbed (--sharding fixed, or a lever given: the user chose the sharding)."""
+    swept = [label for label, why in ladder if why is None]
+    parts = [f"tried {_rung_names(swept, 'and')}: no layout fits with {'it' if len(swept) == 1 else 'them'} either"] \
+        if swept else []
+    reasons: dict[str, list[str]] = {}
+    for label, why in ladder:
+        if why is not None:
+            reasons.setdefault(why, []).append(label)
+    parts += [f"did not try {_rung_names(labels, 'or')}: {why}" for why, labels in reasons.items()]
+    return f"; --sharding auto {'; it '.join(parts)}" if parts else ""
+
+
+def _rung_names(labels: list[str], conjunction: str) -> str:
+    """Rungs' labels as the title names them (before their parenthesis), listed, 'Megatron-FSDP'
+    said once: 'Megatron-FSDP optim_grads and optim_grads_params'."""
+    from advisor import render
+
+    names = [label.partition(" (")[0] for label in labels]
+    prefix = "Megatron-FSDP "
+    names = [name[len(prefix):] if i and name.startswith(prefix) and names[i - 1].startswith(prefix) else name
+             for i, name in enumerate(names)]
+    return render.listed(names, conjunction)
+
+
 def counts_caption(counts: dict, show_all: bool, shown: int, selected: int) -> str:
     """The caption's first line: how many layouts got each verdict, and how many are shown."""
     caption = ", ".join(f"{n:,} {v}" for v, n in counts.items()) + ("" if show_all else " (--all shows oom)")

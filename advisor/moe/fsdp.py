@@ -46,15 +46,16 @@ from advisor.moe import params
 from advisor.moe.spec import MoESpec
 
 
-def release_problem(release) -> str | None:
+def release_problem(release) -> tuple[str, str] | None:
     """Why Megatron-LM ``release`` cannot run Megatron-FSDP on an MoE model (the module docstring:
-    core_v0.15.2 fails to wrap expert-parallel parameters), or None."""
+    core_v0.15.2 fails to wrap expert-parallel parameters), or None: (the reason, its source and
+    remedy, which follow it in the command's refusal)."""
     from advisor.options.releases import release_defaults
 
     defaults = release_defaults(release)
     if not defaults.fsdp_wraps_experts:
-        return (f"{defaults.name}'s Megatron-FSDP cannot wrap an MoE model's expert-parallel parameters "
-                "(its FSDPDistributedIndex has no expert data-parallel group: megatron_fsdp.py "
+        return (f"{defaults.name}'s Megatron-FSDP cannot wrap an MoE model's expert-parallel parameters",
+                " (its FSDPDistributedIndex has no expert data-parallel group: megatron_fsdp.py "
                 "get_expert_dp_group raises AttributeError at EP > 1), and the advisor prices Megatron-FSDP "
                 "on MoE models as core_v0.19.0 runs it: give --megatron-version 0.19, or drop --use-megatron-fsdp")
     return None
