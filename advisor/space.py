@@ -60,6 +60,10 @@ class SpaceOptions:
     """'auto': when no layout fits with the options given, ``advisor.sweep`` (and for an MoE model
     ``advisor.cli.moe.sweep``) tries Megatron-FSDP and optimizer CPU offload (``advisor.escalation``);
     'fixed': the options given only."""
+    overlap_param_gather_given: bool = False
+    """The user chose --overlap-param-gather or --no-overlap-param-gather: a rung of the ladder
+    keeps that choice; else it takes the default the same lever given by hand would
+    (``DataParallel.overlap_param_gather_for``: on where the rung turns the distributed optimizer on)."""
     chunk_multiple: int = 1
     """With ``split='even'``: only layouts whose model chunks hold a multiple of this many layers
     (the pinned uniform N on a release that fails on others: ``advisor.sweep._chunk_multiple``)."""

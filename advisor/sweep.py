@@ -334,4 +334,4 @@ def sweep(
         release=release),
         training, gpu, may_help=lambda lever: may_fit(
             spec, workload, gpus, memory_gib, max_tp=max_tp, options=lever.memory_options(release), space=fixed,
-            memory_calibration=memory_calibration, measured=measured))
+            memory_calibration=memory_calibration, measured=measured), gather_given=space.overlap_param_gather_given)

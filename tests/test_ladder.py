@@ -4,6 +4,8 @@ rungs climbed in vain (``Sweep.ladder``, ``SweepResult.ladder``), worded by one 
 
 from __future__ import annotations
 
+import pytest
+
 from advisor.escalation import LADDER
 from advisor.hardware import get_gpu
 from advisor.models import PRESETS
@@ -51,3 +53,55 @@ def test_dense_and_moe_lines_word_the_ladder_with_one_function(advisor):
     fixed = advisor("sweep", "--model", "llama3.1-70b", "--gpus", 8, "--gpu", "h800-80gb", "--sharding", "fixed",
                     expect=1).stderr
     assert "--sharding auto did not try" not in fixed and ladder_text(()) == ""
+
+
+# --- a climbed rung is the lever given by hand --------------------------------------------------------
+
+DENSE = ("--model", "llama3.1-70b", "--gpus", 8, "--gpu", "h100-80gb", "--seq-len", 4096, "--gbs", 64, "--top", 5)
+MOE = ("--model", "mixtral-8x7b", "--gpus", 64, "--gpu", "h100-80gb", "--mem", 40, "--seq-len", 4096, "--gbs", 256,
+       "--pp", 1, "--ep", 8, "--etp", 1, "--top", 5)  # tests/test_moe_escalation.py's case: it climbs to optim_grads
+OFFLOAD_FLAGS = ("--optimizer-cpu-offload",)
+FSDP_FLAGS = ("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads")
+
+
+def _rows(advisor, *args) -> list[dict]:
+    """A sweep's JSON rows, without the lever's step-time cost (which only a climbed sweep has)."""
+    rows = advisor.json("sweep", *args)
+    for row in rows:
+        row.pop("lever_time_cost_s", None)
+    return rows
+
+
+def test_the_rung_takes_the_overlap_param_gather_default_of_the_hand_given_lever():
+    """--no-distributed-optimizer left --overlap-param-gather off (Megatron refuses it without the
+    distributed optimizer); a rung turns the distributed optimizer on, and the CLI's default for
+    the lever given by hand is then on (with --overlap-grad-reduce). A user's own choice is kept."""
+    from advisor.escalation import LADDER, rung
+    from advisor.options import TrainingOptions
+
+    plain = TrainingOptions().with_(distributed_optimizer=False, overlap_param_gather=False)
+    for _, changes in LADDER:
+        assert rung(plain, changes).data_parallel.overlap_param_gather is True
+        assert rung(plain, changes, gather_given=True).data_parallel.overlap_param_gather is False
+    no_reduce = plain.with_(overlap_grad_reduce=False)  # Megatron refuses the gather without it: stays off
+    assert rung(no_reduce, LADDER[0][1]).data_parallel.overlap_param_gather is False
+    assert rung(TrainingOptions(), LADDER[2][1]) == TrainingOptions().with_(**LADDER[2][1])  # the defaults: as before
+
+
+@pytest.mark.parametrize("case, lever", [(DENSE, OFFLOAD_FLAGS), (MOE, FSDP_FLAGS)], ids=["dense", "moe"])
+def test_a_climbed_sweep_from_no_distributed_optimizer_is_the_hand_given_levers(advisor, case, lever):
+    """Its rows (options, megatron_args, step times) are those of the lever given by hand: the
+    overlapped parameter gather priced and emitted (it was off: Mixtral 3.567 s against 3.366 s)."""
+    climbed = _rows(advisor, *case, "--no-distributed-optimizer", "--format", "json")
+    assert climbed and climbed == _rows(advisor, *case, *lever, "--format", "json")
+    assert all("--overlap-param-gather" in row["megatron_args"] for row in climbed)
+    assert climbed == _rows(advisor, *case, "--format", "json")  # as from the default options
+
+
+@pytest.mark.parametrize("case, lever", [(DENSE, OFFLOAD_FLAGS), (MOE, FSDP_FLAGS)], ids=["dense", "moe"])
+def test_an_explicit_no_overlap_param_gather_is_kept_by_the_rung(advisor, case, lever):
+    explicit = ("--no-distributed-optimizer", "--no-overlap-param-gather")
+    climbed = _rows(advisor, *case, *explicit, "--format", "json")
+    assert climbed and climbed == _rows(advisor, *case, *lever, "--no-overlap-param-gather", "--format", "json")
+    assert all(row["options"]["overlap_param_gather"] is False and "--overlap-param-gather" not in row["megatron_args"]
+               for row in climbed)

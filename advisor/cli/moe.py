@@ -485,7 +485,8 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
         from advisor.moe.space import escalate
 
         result = escalate(result, lambda lever: swept(options=lever), gpu,
-                          lambda training: rung_problem(training, settings.a2a_overlap, release))
+                          lambda training: rung_problem(training, settings.a2a_overlap, release),
+                          space.overlap_param_gather_given)
         if result.escalation:
             from advisor.cli.sweep_table import lever_note
 

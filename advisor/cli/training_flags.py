@@ -227,9 +227,7 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
         # --distributed-optimizer is on by default, and torch FSDP2 runs without it; what Megatron refuses
         # (two FSDPs) is DataParallel's to say.
         distributed = DataParallel.distributed_optimizer_for(v["distributed_optimizer"] and not torch_fsdp2, fsdp)
-        gather = v["overlap_param_gather"]
-        if gather is None:  # on where Megatron allows it
-            gather = v["overlap_grad_reduce"] and distributed
+        gather = DataParallel.overlap_param_gather_for(v["overlap_param_gather"], v["overlap_grad_reduce"], distributed)
         mask = v["dataloader_mask"] or ("off" if v["flash_attn"] else "cached")
         fusion = v["cross_entropy_fusion_impl"] if v["cross_entropy_loss_fusion"] else "none"
         if kwargs.get("from_command") and not v["tp_comm_overlap"]:  # the command's own line names it
@@ -331,7 +329,7 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
             kwargs["space"] = SpaceOptions(
                 split=kwargs.pop("split"), vpp=_vpp(kwargs.pop("vpp")), recompute=recompute,
                 recompute_method=recompute_method, recompute_num_layers=recompute_num_layers,
-                sharding=kwargs.pop("sharding"),
+                sharding=kwargs.pop("sharding"), overlap_param_gather_given=given("overlap_param_gather"),
                 pinned=Pinned(*(kwargs.pop(f"pin_{name}") for name in ("tp", "cp", "pp", "mbs"))))
             offload_searched, fixed = kwargs["space"].sharding == "auto", {}
         return func(*args, options=training_options(kwargs, fixed, offload_searched=offload_searched), **kwargs)

@@ -396,13 +396,14 @@ class SweepResult:
 
 
 def escalate(first: SweepResult, run: Callable[[st.MoEOptions], SweepResult], gpu: GpuSpec | None = None,
-             problem: Callable[[TrainingOptions], str | None] | None = None) -> SweepResult:
+             problem: Callable[[TrainingOptions], str | None] | None = None, gather_given: bool = False) -> SweepResult:
     """``first`` where anything in it runs; else the MoE sweep climbs the dense sweep's ladder
     (``advisor.escalation.climb``, one ladder for both): ``run(options)`` sweeps the same space
     with a rung's ``MoEOptions``, a rung for which ``problem(training options)`` gives a reason
     (what the MoE model does not price) is not swept, and the first rung with a layout expected
     to run gives the result, with ``escalation`` and, with a time model, ``lever_time_cost``. The
-    result (``first`` where no rung runs) carries the rungs climbed in vain (``ladder``)."""
+    result (``first`` where no rung runs) carries the rungs climbed in vain (``ladder``);
+    ``gather_given``: the user chose --overlap-param-gather (``advisor.escalation.rung``)."""
     from dataclasses import replace
 
     from advisor.escalation import climb
@@ -411,7 +412,7 @@ def escalate(first: SweepResult, run: Callable[[st.MoEOptions], SweepResult], gp
         return first
     options = first.options
     found, attempts = climb(lambda lever: run(replace(options, training=lever)), lambda result: result.ranked > 0,
-                            options.training, gpu, problem)
+                            options.training, gpu, problem, gather_given)
     if found is None:
         return replace(first, ladder=attempts)
     label, candidate = found

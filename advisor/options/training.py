@@ -221,6 +221,15 @@ class DataParallel:
         (core_v0.19.0's validate_args turns it on), and the options state it."""
         return asked or fsdp_strategy is not None
 
+    @staticmethod
+    def overlap_param_gather_for(asked: bool | None, overlap_grad_reduce: bool, distributed_optimizer: bool) -> bool:
+        """``overlap_param_gather`` for a command line that asks ``asked`` of it (None: not given)
+        beside the other two: the CLI's default is on where Megatron allows it (with
+        --overlap-grad-reduce and the distributed optimizer, ``__post_init__``). The one rule for
+        the options a command builds and for a --sharding auto rung (``advisor.escalation.rung``),
+        which turns the distributed optimizer on."""
+        return (overlap_grad_reduce and distributed_optimizer) if asked is None else asked
+
     def fsdp_dtype_flags(self) -> list[tuple[str, str]]:
         """Megatron-FSDP's dtype flags (core_v0.19.0's) whose value differs from Megatron's default,
         with that value: the flags a list states (``advisor.options.flags.training_args``)."""
