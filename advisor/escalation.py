@@ -50,6 +50,10 @@ def _runs(sweep) -> bool:
     return any(row.rank for row in sweep.rows)
 
 
+HOPELESS = "no layout can fit with it"
+"""Why a rung was not swept where a lower bound on its memory (``advisor.space_search.may_fit``,
+``advisor.moe.space.may_fit``) says no layout can fit with it."""
+
 Attempt = tuple[str, str | None]
 """A rung climbed in vain: its label, and why it was not swept (None: swept, and nothing ran)."""
 
@@ -102,8 +106,8 @@ def escalate(first, run: Callable[[TrainingOptions], object], options: TrainingO
     (``first`` where no rung runs) carries the rungs climbed in vain (``ladder``), as the MoE sweep's does."""
     if _runs(first):
         return first
-    found, attempts = climb(run, _runs, options, gpu, problem=None if may_help is None else
-                     lambda lever: None if may_help(lever) else "no layout can fit with it", gather_given=gather_given)
+    bound = None if may_help is None else (lambda lever: None if may_help(lever) else HOPELESS)
+    found, attempts = climb(run, _runs, options, gpu, problem=bound, gather_given=gather_given)
     if found is None:
         return replace(first, ladder=attempts)
     label, candidate = found

@@ -5,6 +5,8 @@ rungs climbed in vain (``Sweep.ladder``, ``SweepResult.ladder``), worded by one 
 from __future__ import annotations
 
 import pytest
+from hypothesis import event, example, given, settings
+from hypothesis import strategies as st
 
 from advisor.escalation import LADDER
 from advisor.hardware import get_gpu
@@ -105,3 +107,60 @@ def test_an_explicit_no_overlap_param_gather_is_kept_by_the_rung(advisor, case, 
     assert climbed and climbed == _rows(advisor, *case, *lever, "--no-overlap-param-gather", "--format", "json")
     assert all(row["options"]["overlap_param_gather"] is False and "--overlap-param-gather" not in row["megatron_args"]
                for row in climbed)
+
+
+# --- the MoE ladder's bound ----------------------------------------------------------------------------
+
+_MOE_RUNGS = ({}, *(changes for _, changes in LADDER))
+
+
+def _moe_case(model: str, layers: int | None):
+    from dataclasses import replace
+
+    from advisor.moe.spec import PRESETS as MOE_PRESETS
+
+    spec = MOE_PRESETS[model]
+    return spec if layers is None else replace(spec, num_layers=layers)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from([("mixtral-8x7b", None), ("qwen3-30b-a3b", 12), ("deepseek-v3", 8)]),
+       st.sampled_from([8, 16, 32]), st.floats(4.0, 120.0), st.sampled_from(range(len(_MOE_RUNGS))), st.booleans(),
+       st.sampled_from([None, 1, 8]), st.booleans(), st.sampled_from([1024, 4096, 32768]))
+@example(("mixtral-8x7b", None), 8, 80.0, 1, True, None, False, 4096)  # the H800 case's FSDP rung: skipped
+def test_the_moe_bound_never_skips_a_rung_that_has_a_row(model, gpus, memory, rung, calibrated, ep, even, seq_len):
+    """advisor.moe.space.may_fit says False only where the whole sweep with those options ranks no
+    layout (brute force: the sweep itself, every variant priced), so the ladder skips no rung that
+    would have run."""
+    from advisor.errors import AdvisorError
+    from advisor.moe import stage
+    from advisor.moe.space import may_fit, sweep
+    from advisor.options import TrainingOptions
+
+    spec, workload = _moe_case(*model), Workload(seq_len=seq_len, global_batch_size=64)
+    options = stage.MoEOptions(training=TrainingOptions().with_(**_MOE_RUNGS[rung]))
+    layouts = dict(max_tp=8, ep=ep, even_split=even)
+    try:
+        result = sweep(spec, workload, gpus, memory, options=options, memory_model="calibrated" if calibrated
+                       else "paper", **layouts)
+    except AdvisorError:
+        return  # no layout with these choices: the rung fails as a sweep, bound or not
+    bound = may_fit(spec, workload, gpus, memory, options=options, **layouts)
+    event(f"may fit: {bound}, ranked: {result.ranked > 0}")
+    assert bound or result.ranked == 0
+
+
+@pytest.mark.parametrize("memory, expected", [(4.0, False), (40.0, True)])
+def test_the_moe_bound_says_both(memory, expected):
+    """Not vacuous: Mixtral 8x7B on 64 GPUs under Megatron-FSDP optim_grads_params shards every
+    state over 64 GPUs: 46.7B parameters x 18 bytes / 64 = 12.2 GiB at the very least, over 4 GiB;
+    at 40 GiB a layout fits (the sweep ranks one)."""
+    from advisor.moe import stage
+    from advisor.moe.space import may_fit, sweep
+    from advisor.options import TrainingOptions
+
+    spec, workload = _moe_case("mixtral-8x7b", None), Workload(seq_len=4096, global_batch_size=256)
+    options = stage.MoEOptions(training=TrainingOptions().with_(**LADDER[1][1]))
+    assert 46.7e9 * 18 / 64 / 2**30 > 4
+    assert may_fit(spec, workload, 64, memory, options=options) is expected
+    assert (sweep(spec, workload, 64, memory, options=options).ranked > 0) is expected

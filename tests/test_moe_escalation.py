@@ -196,10 +196,13 @@ def test_offload_is_not_climbed_on_a_gpu_without_host_memory_rates(advisor):
     """h800-80gb gives a host link (63 GB/s) but no host memory bandwidth (gpus.json), and
     levers.host_link needs both: climb passes the offload rung on the preset's data, with its own
     short reason, as the CLI refuses --optimizer-cpu-offload there (exit 2, one line). Mixtral on 8
-    H800s: both FSDP rungs swept in vain (the expert DP group is one GPU, as on 8 H100s above)."""
+    H800s: both FSDP rungs skipped by the bound (advisor.moe.space.may_fit: the expert DP group is
+    one GPU, as on 8 H100s above, and FSDP's buffers come on top), each then given by hand in vain."""
     args = ("--model", "mixtral-8x7b", "--gpus", 8, "--gpu", "h800-80gb", "--seq-len", 4096, "--gbs", 256)
     line = advisor("sweep", *args, expect=1).stderr.strip()
-    assert ("; --sharding auto tried Megatron-FSDP optim_grads and optim_grads_params: no layout fits with them "
-            "either; it did not try optimizer CPU offload: h800-80gb has no host link or host memory bandwidth to "
+    assert ("; --sharding auto did not try Megatron-FSDP optim_grads or optim_grads_params: no layout can fit with "
+            "it; it did not try optimizer CPU offload: h800-80gb has no host link or host memory bandwidth to "
             "time it (gpus.json). Try ") in line
+    for strategy in ("optim_grads", "optim_grads_params"):
+        advisor("sweep", *args, "--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy, expect=1)
     assert "gpus.json gives no host link" in advisor.error("sweep", *args, "--optimizer-cpu-offload")

@@ -142,9 +142,10 @@ def test_where_activations_dominate_a_shorter_seq_len_is_hinted_and_fits(advisor
 
 # --- 3. MoE sweeps ---------------------------------------------------------------------------------------
 
-# the ladder's rungs the MoE model prices (advisor.cli.moe.rung_problem), each swept in vain
-TRIED = ("; --sharding auto tried Megatron-FSDP optim_grads, optim_grads_params and optimizer CPU offload: no layout "
-         "fits with them either")
+# the ladder's rungs the MoE model prices (advisor.cli.moe.rung_problem), each skipped by the bound
+# (advisor.moe.space.may_fit: the model states alone exceed the memory in every layout with it)
+TRIED = ("; --sharding auto did not try Megatron-FSDP optim_grads, optim_grads_params or optimizer CPU offload: no "
+         "layout can fit with it")
 
 
 def test_deepseek_v3_on_16_h100s_says_its_states_exceed_and_which_sharding_was_tried(advisor):

@@ -471,22 +471,23 @@ def sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, ep
     from advisor.moe.space import sweep as run
 
     tokens, gpu_hour_price = budget
+    layouts = dict(max_tp=gpus_per_node, ep=ep, etp=etp, even_split=space is not None and space.split == "even",
+                   **({} if space is None else {"pinned": space.pinned}))  # the sweep's and the ladder's bound's
     swept = functools.partial(
-        run, spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, gpu=gpu, ep=ep, etp=etp,
-        even_split=space is not None and space.split == "even",
+        run, spec, workload, gpus, mem, threshold=threshold, gpu=gpu, **layouts,
         recompute=None if space is None or space.recompute == "auto" else space.recompute, memory_model=memory_model,
-        vpp=None if space is None else space.vpp, tokens=tokens, rank_by=rank_by,
-        **({} if space is None else {"pinned": space.pinned}))
+        vpp=None if space is None else space.vpp, tokens=tokens, rank_by=rank_by)
     try:
         result = swept(options=settings)
     except AdvisorError as error:
         raise InputError(str(error)) from None
     if space is not None and space.sharding == "auto":  # the dense sweep's ladder (advisor.escalation)
-        from advisor.moe.space import escalate
+        from advisor.moe.space import escalate, may_fit
 
         result = escalate(result, lambda lever: swept(options=lever), gpu,
                           lambda training: rung_problem(training, settings.a2a_overlap, release),
-                          space.overlap_param_gather_given)
+                          space.overlap_param_gather_given,
+                          may_help=lambda lever: may_fit(spec, workload, gpus, mem, options=lever, **layouts))
         if result.escalation:
             from advisor.cli.sweep_table import lever_note
 

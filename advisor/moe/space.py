@@ -395,24 +395,64 @@ class SweepResult:
         return self.row(int(self.order[np.argmin(key[self.order])]))
 
 
+def may_fit(spec: MoESpec, workload: Workload, gpus: int, memory_gib: float, *, options: st.MoEOptions,
+            max_tp: int = 8, ep: int | None = None, etp: int | None = None, even_split: bool = False,
+            pinned: Pinned = Pinned()) -> bool:
+    """False only where ``sweep`` with these arguments ranks no layout: a lower bound that lets
+    ``escalate`` skip a rung, as ``advisor.space_search.may_fit`` does the dense sweep's. A layout
+    ranks only if, at every stage the sweep prices (``stage.representative_stages``), its total
+    (the paper's rule: model states plus activations and transients) or its calibrated usage
+    (model states plus scaled activations and the runtime's and allocator's bytes,
+    ``advisor.verdicts.CalibratedTerms.stage_bytes``) is within the memory, so its model states
+    alone are. Those depend on neither the micro-batch, the recomputation nor VPP
+    (``stage.stage_states``): each (TP, CP, PP, EP, ETP, DP) is priced once, at those stages, over
+    a superset of the sweep's layouts (its EP, ETP and even-split choices applied; the overlap's
+    and the flex dispatcher's rules not, which only remove layouts). A fraction of a sweep
+    (DeepSeek-V3 on 2,048 GPUs: 0.05 to 0.08 s a rung against 0.24 s); ``tests/test_ladder.py``
+    checks by brute force that it never skips a rung that has a row."""
+    tp, cp, pp, eps, etps, dp, _ = _bases(spec, workload, gpus, max_tp, pinned)
+    keep = np.ones(len(tp), dtype=bool)
+    for given, column in ((ep, eps), (etp, etps)):
+        if given is not None:
+            keep &= column == given
+    if even_split:
+        keep &= spec.num_layers % pp == 0
+    layouts = np.unique(np.stack([tp, cp, pp, eps, etps, dp])[:, keep], axis=1)  # the micro-batch changes no state
+    tp, cp, pp, eps, etps, dp = layouts
+    worst = np.zeros(len(tp))
+    for stage in st.representative_stages(spec, pp):
+        states = st.stage_states(spec, options, tp=tp, cp=cp, pp=pp, ep=eps, etp=etps, dp=dp, stage=stage)
+        worst = np.maximum(worst, states.dense + states.experts + states.fp8_weights)  # StageBytes.model_states
+    return bool((worst / GIB <= memory_gib).any())
+
+
 def escalate(first: SweepResult, run: Callable[[st.MoEOptions], SweepResult], gpu: GpuSpec | None = None,
-             problem: Callable[[TrainingOptions], str | None] | None = None, gather_given: bool = False) -> SweepResult:
+             problem: Callable[[TrainingOptions], str | None] | None = None, gather_given: bool = False,
+             may_help: Callable[[st.MoEOptions], bool] | None = None) -> SweepResult:
     """``first`` where anything in it runs; else the MoE sweep climbs the dense sweep's ladder
     (``advisor.escalation.climb``, one ladder for both): ``run(options)`` sweeps the same space
     with a rung's ``MoEOptions``, a rung for which ``problem(training options)`` gives a reason
     (what the MoE model does not price) is not swept, and the first rung with a layout expected
     to run gives the result, with ``escalation`` and, with a time model, ``lever_time_cost``. The
     result (``first`` where no rung runs) carries the rungs climbed in vain (``ladder``);
-    ``gather_given``: the user chose --overlap-param-gather (``advisor.escalation.rung``)."""
+    ``gather_given``: the user chose --overlap-param-gather (``advisor.escalation.rung``). A rung
+    for which ``may_help(its MoEOptions)`` is False (``may_fit``: no layout can fit on it) is not
+    swept: its sweep would rank nothing."""
     from dataclasses import replace
 
-    from advisor.escalation import climb
+    from advisor.escalation import HOPELESS, climb
 
     if first.ranked:
         return first
     options = first.options
+
+    def refused(lever: TrainingOptions) -> str | None:
+        if problem is not None and (why := problem(lever)):
+            return why
+        return None if may_help is None or may_help(replace(options, training=lever)) else HOPELESS
+
     found, attempts = climb(lambda lever: run(replace(options, training=lever)), lambda result: result.ranked > 0,
-                            options.training, gpu, problem, gather_given)
+                            options.training, gpu, refused, gather_given)
     if found is None:
         return replace(first, ladder=attempts)
     label, candidate = found

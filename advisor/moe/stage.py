@@ -404,6 +404,14 @@ class StageParts:
                           output_activations=self.output * ones, transient=self.transient * ones)
 
 
+def stage_states(spec: MoESpec, options: MoEOptions, *, tp, cp, pp, ep, etp, dp, stage) -> ModelStates:
+    """``stage_parts``'s model states alone, on the sweep's split (``split_layers``): they depend
+    on neither the micro-batch, the recomputation nor VPP (``advisor.moe.space.may_fit`` bounds by them)."""
+    layers, dense = _stage_arrays(spec, pp, stage, None)
+    mtp = np.where(stage == pp - 1, spec.mtp_num_layers, 0)
+    return model_states(spec, options, tp, cp, pp, ep, etp, dp, stage, dense, layers - dense, mtp)
+
+
 def stage_parts(spec: MoESpec, seq_len: int, options: MoEOptions, *, tp, cp, pp, ep, etp, dp, mbs, stage,
                 recompute: Recompute = "none", layers_per_stage: tuple[int, ...] | None = None) -> StageParts:
     """``stage_bytes`` without the microbatches in flight (``StageParts``)."""
