@@ -289,7 +289,8 @@ def check_moe_refusals(rules: MegatronVersion, decided: Sequence[str], extras: S
     if "--num-experts" not in values:
         return
     if "--use-megatron-fsdp" in values and (problem := release_problem(rules)):
-        raise AdvisorError(f"{source}: {problem}")
+        raise AdvisorError(f"{source}: {problem[0]} (megatron_fsdp.py get_expert_dp_group raises AttributeError): "
+                           "launch it on a core 0.19 checkout, or price it without --use-megatron-fsdp")
     if "--moe-shared-expert-overlap" not in values:
         return
     problem = shared_expert_overlap_problem(
