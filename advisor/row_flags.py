@@ -93,9 +93,10 @@ def row_flags(row: dict, spec: LlamaSpec, layers: tuple[int, ...], options: Trai
 
 
 def priced_release(row: dict, origin: str):
-    """The Megatron-LM release a sweep row or an estimate was priced for (its 'megatron_version',
-    as ``advisor.options.release_defaults`` reads it), or None for one written before rows recorded
-    it (its flags were then the same on every release). AdvisorError names one the advisor does not know."""
+    """The Megatron-LM release a sweep row, an estimate or an analytic plan was priced for (its
+    'megatron_version', as ``advisor.options.release_defaults`` reads it), or None for one that
+    names none (a plan from profiles; one written before they recorded it: its flags were then the
+    same on every release). AdvisorError names one the advisor does not know."""
     from advisor.options import release_defaults
 
     version = row.get("megatron_version")

@@ -99,9 +99,9 @@ class LaunchInput:
     gpu: str | None = None
     """The GPU preset the input was priced on (its 'gpu'), else None."""
     priced_release: str | None = None
-    """The Megatron-LM release a sweep row or estimate was priced for (its 'megatron_version', as
-    ``advisor.row_flags.priced_release`` reads it: 'core_v0.19.0'), else None (plans, and rows
-    written before they recorded one)."""
+    """The Megatron-LM release a sweep row, estimate or analytic plan was priced for (its
+    'megatron_version', as ``advisor.row_flags.priced_release`` reads it: 'core_v0.19.0'), else
+    None (plans from profiles, and inputs written before they recorded one)."""
     read_from: str | None = None
     """The command an estimate was read from (``advisor estimate --from-command``), else None."""
     unpriced: tuple[str, ...] = ()
@@ -423,12 +423,14 @@ def _from_plan(fields: _Fields) -> LaunchInput:
         "--seq-length": seq_len,
     })
     check_plan(document, origin)  # its stages, GPUs, batch and split against each other
+    priced = priced_release(document, origin)
     if document.get("options") is not None:  # what was priced is what is launched
         args = _priced_plan_args(fields, spec, seq_len, tp, cp, layers, mbs, gbs, args)
     return LaunchInput(
         kind="plan", origin=origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=1,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=args,
         gpus_per_node=per_node, judged_gib=fields.number("peak_predicted_gib"),
+        priced_release=priced.checked if priced else None,
     )
 
 
@@ -436,8 +438,8 @@ def _priced_plan_args(fields: _Fields, spec, seq_len: int, tp: int, cp: int, lay
                       gbs: int, written: tuple[str, ...]) -> tuple[str, ...]:
     """The flags of the training options a plan records (its ``options``, what it was priced
     with), emitted as a sweep row's are; refused where the plan's ``megatron_args`` say otherwise
-    (a hand edit of one without the other)."""
+    (a hand edit of one without the other), in the words of the release it names."""
     args = tuple(megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
                                global_batch_size=gbs, options=fields.options()))
-    check_own_args(fields.origin, "plan", written, args)
+    check_own_args(fields.origin, "plan", written, as_written(fields.document, fields.origin, args))
     return args

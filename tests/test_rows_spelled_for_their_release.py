@@ -157,3 +157,18 @@ def test_the_reports_detail_prices_a_row_for_its_release(advisor):
         assert a["weights"] - b["weights"] == pytest.approx(711_308_800 / gib)
         assert a["gradients"] - b["gradients"] == pytest.approx(3_422_617_600 / gib)
         assert a["weights"] == pytest.approx(priced["weights_gib"], rel=1e-12)
+
+
+@pytest.mark.parametrize("release, checked", [((), NEWEST.checked), (("--megatron-version", "0.15"), "core_v0.15.2")])
+def test_an_analytic_plan_is_written_for_its_release_and_launched_as_priced(advisor, tmp_path, release, checked):
+    """advisor recommend's analytic plans name their release and write its words, as rows do; the
+    launch holds the plan's own list to its options in those words, and runs them on that release."""
+    plan = tmp_path / "plan.json"
+    advisor("recommend", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--gpu", "h100-80gb",
+            *FSDP, "-o", plan, *release)
+    document = json.loads(plan.read_text())
+    assert document["megatron_version"] == checked
+    assert (document["megatron_args"][-2:] == [FSDP_MAIN_GRADS, "fp32"]) == (checked == NEWEST.checked)
+    launched = launcher()("args", "--from", plan, "--megatron-version", checked)
+    assert shlex.split(launched.stdout) == document["megatron_args"]
+    assert "priced for" not in launched.stderr

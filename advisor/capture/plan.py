@@ -39,8 +39,11 @@ Schema ``megatron-4d-advisor/plan``, version 1. One JSON object:
     options: the training options the plan was priced with, every field
         (``advisor.options.TrainingOptions.flat``); the launcher emits the flags from them, so
         what is launched is what was priced (older plans without it launch their megatron_args),
-    megatron_args [str] (launchable plans only; null otherwise): model, parallel, split and batch
-        flags of Megatron-LM core_v0.15.2; the launcher adds data, tokenizer and iterations.
+    megatron_version (the Megatron-LM release an analytic plan was priced for, 'core_v0.19.0';
+        null for plans from profiles, and absent from plans written before plans named one),
+    megatron_args [str] (launchable plans only; null otherwise): model, parallel, split, batch and
+        training-option flags, in the words of megatron_version's release where the plan names one
+        (``advisor.options.flags.release_spelling``); the launcher adds data, tokenizer and iterations.
 
 Memory is per GPU, in bytes (``predicted_bytes``) and GiB (2^30 bytes).
 
@@ -146,6 +149,9 @@ class Plan:
     options: TrainingOptions | None = None
     """The training options the plan was priced with (issue 21): written whole (``flat``) as the
     plan's ``options``, and what the launcher emits the flags from."""
+    megatron_version: str | None = None
+    """The Megatron-LM release an analytic plan was priced for ('core_v0.19.0'), whose words its
+    ``megatron_args`` are in; None for plans from profiles (no option there differs by release)."""
     memory_model: str | None = None
     """How an analytic plan's stage memory was priced: 'calibrated' (what advisor sweep and
     estimate judge with a GPU preset) or 'paper' (Eq. 18); None for a plan from profiles."""
@@ -209,6 +215,7 @@ class Plan:
             "baseline": self.baseline.to_dict() if self.baseline else None,
             "excluded": [{"scenario": name, "reason": reason} for name, reason in self.excluded],
             "options": None if self.options is None else self.options.flat(),
+            "megatron_version": self.megatron_version,
             "megatron_args": list(self.megatron_args) if self.megatron_args is not None else None,
         }
 

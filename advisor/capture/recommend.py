@@ -36,7 +36,8 @@ from advisor.megatron_args import MegatronSetup, megatron_args
 from advisor.memory import GIB, check_layout, tp_problem
 from advisor.stage_model import StageModel
 from advisor.memory_calibration import MemoryCalibration
-from advisor.options import TrainingOptions
+from advisor.options import TrainingOptions, release_defaults
+from advisor.options.flags import release_spelling
 from advisor.models import LlamaSpec
 from advisor.paper_rule import DEFAULT_THRESHOLD
 from advisor.parallel import ParallelConfig, Workload, global_batch_problem, model_parallel_problem
@@ -263,9 +264,11 @@ def recommend_analytic(spec: LlamaSpec, workload: Workload, options: TrainingOpt
         mode="megatron", predictor="seed004", model=spec, seq_len=workload.seq_len, setup=setup, gpus=gpus,
         gpus_per_node=gpus_per_node, tp=tp, cp=cp, dp=dp, micro_batch_size=micro_batch_size, global_batch_size=gbs,
         num_microbatches=m, stages=stages, baseline=baseline,
-        megatron_args=tuple(megatron_args(spec, workload.seq_len, tp=tp, cp=cp, layers_per_stage=layers,
-                                          micro_batch_size=micro_batch_size, global_batch_size=gbs,
-                                          options=training, release=release)),
+        # in the words of the release priced: they run, and read back, as priced there
+        megatron_args=tuple(release_spelling(release, megatron_args(
+            spec, workload.seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=micro_batch_size,
+            global_batch_size=gbs, options=training, release=release))),
+        megatron_version=release_defaults(release).checked,
         objective=objective, **_limits(objective, stage_limit, gpu_memory), step_time_s=step, options=training,
         memory_model="paper" if calibration is None else "calibrated",
         verdict=_verdict(max(stage.predicted_bytes for stage in stages), gpu_memory, calibration, threshold),
