@@ -37,7 +37,9 @@ from launch.megatron_versions import MegatronVersion, check_flags, check_mock_da
 MODEL_FLAGS = (
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
     "--num-query-groups", "--kv-channels", "--seq-length", "--max-position-embeddings",
-    "--normalization", "--norm-epsilon", "--swiglu", "--position-embedding-type", "--rotary-base", "--rotary-percent",
+    # --quick-geglu: another gated MLP, which megatron-core refuses beside --swiglu ('assert not
+    # args.swiglu' building its TransformerConfig: megatron/training/arguments.py, both releases)
+    "--normalization", "--norm-epsilon", "--swiglu", "--quick-geglu", "--position-embedding-type", "--rotary-base", "--rotary-percent",
     "--use-rope-scaling", "--rope-scaling-factor", "--attention-dropout", "--hidden-dropout", "--disable-bias-linear",
     "--add-bias-linear", "--add-qkv-bias",
     "--untie-embeddings-and-output-weights",
@@ -49,7 +51,9 @@ PIPELINE_FLAGS = (
     "--account-for-loss-in-pipeline-split",
 )
 LAYOUT_FLAGS = ("--tensor-model-parallel-size", "--context-parallel-size", *PIPELINE_FLAGS)
-BATCH_FLAGS = ("--micro-batch-size", "--global-batch-size", "--rampup-batch-size")
+# --step-batch-size-schedule: its last batch is the run's global batch, and core_v0.19.0's
+# validate_args raises 'Cannot specify both --step-batch-size-schedule and --global-batch-size'
+BATCH_FLAGS = ("--micro-batch-size", "--global-batch-size", "--rampup-batch-size", "--step-batch-size-schedule")
 MEMORY_FLAGS = (
     "--bf16", "--fp16", "--fp8-format", "--use-distributed-optimizer", "--sequence-parallel",
     "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16", "--recompute-activations",
@@ -87,7 +91,8 @@ _RELATED = (
     ("--attention-backend", "--use-flash-attn"),
     ("--use-rope-scaling", "--rope-scaling-factor"),
     ("--disable-bias-linear", "--add-bias-linear", "--add-qkv-bias"),
-    ("--micro-batch-size", "--global-batch-size", "--rampup-batch-size"),
+    BATCH_FLAGS,
+    ("--swiglu", "--quick-geglu"),
     # --seq-length's older name: validate_args asserts that not both are given (arguments.py)
     ("--seq-length", "--encoder-seq-length"),
     tuple(sorted(DATA_FLAGS)),

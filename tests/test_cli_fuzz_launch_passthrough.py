@@ -1,0 +1,34 @@
+"""Megatron-LM flags after '--' that the input's own arguments make a command Megatron-LM refuses
+on every rank at start-up, found by fuzzing advisor-launch: each is one Error line and exit 2,
+not a launch (or a dry run, or an `args` line) that passes them through.
+
+- --step-batch-size-schedule: its last batch is the run's global batch, and core_v0.19.0's
+  validate_args raises 'Cannot specify both --step-batch-size-schedule and --global-batch-size'
+  (megatron/training/arguments.py), which every input's arguments give.
+- --quick-geglu: megatron-core builds it with 'assert not args.swiglu' (arguments.py,
+  core_transformer_config_from_args, both releases), and every input's model is SwiGLU."""
+
+import pytest
+from launch_support import launcher, sweep_file
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    from conftest import Invoker
+
+    return sweep_file(Invoker(), tmp_path_factory.mktemp("passthrough") / "sweep.json",
+                      "--gpus", "8", "--mem", "80", "--gbs", "64")
+
+
+@pytest.mark.parametrize("extra, line", [
+    (["--step-batch-size-schedule", "0:8"],
+     "--step-batch-size-schedule 0:8 (after --) conflicts with --micro-batch-size 1, --global-batch-size 64 from "
+     "the sweep row (rank 1 of "),
+    (["--quick-geglu"], "--quick-geglu (after --) conflicts with --swiglu from the sweep row (rank 1 of "),
+])
+@pytest.mark.parametrize("command", [["args"], ["torchrun", "--megatron-version", "0.19", "--dry-run", "--mock-data"]])
+def test_a_flag_megatron_refuses_beside_the_inputs_is_refused(sweep, monkeypatch, command, extra, line):
+    monkeypatch.delenv("MEGATRON_LM", raising=False)
+    message = launcher().error(command[0], "--from", sweep, *command[1:], "--", *extra)
+    assert message.startswith(f"Error: {line}")
+    assert message.endswith("(the input decides these; change the input instead)")
