@@ -37,9 +37,11 @@ from launch.megatron_versions import MegatronVersion, check_flags, check_mock_da
 MODEL_FLAGS = (
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
     "--num-query-groups", "--kv-channels", "--seq-length", "--max-position-embeddings",
-    # --quick-geglu: another gated MLP, which megatron-core refuses beside --swiglu ('assert not
-    # args.swiglu' building its TransformerConfig: megatron/training/arguments.py, both releases)
-    "--normalization", "--norm-epsilon", "--swiglu", "--quick-geglu", "--position-embedding-type", "--rotary-base", "--rotary-percent",
+    # --squared-relu and --quick-geglu: other MLP activations, which megatron-core refuses beside
+    # --swiglu ('assert not args.swiglu' in core_transformer_config_from_args: megatron/training/
+    # arguments.py in core_v0.15.2, argument_utils.py in core_v0.19.0)
+    "--normalization", "--norm-epsilon", "--swiglu", "--squared-relu", "--quick-geglu", "--position-embedding-type",
+    "--rotary-base", "--rotary-percent",
     "--use-rope-scaling", "--rope-scaling-factor", "--attention-dropout", "--hidden-dropout", "--disable-bias-linear",
     "--add-bias-linear", "--add-qkv-bias",
     "--untie-embeddings-and-output-weights",
@@ -92,7 +94,7 @@ _RELATED = (
     ("--use-rope-scaling", "--rope-scaling-factor"),
     ("--disable-bias-linear", "--add-bias-linear", "--add-qkv-bias"),
     BATCH_FLAGS,
-    ("--swiglu", "--quick-geglu"),
+    ("--swiglu", "--squared-relu", "--quick-geglu"),
     # --seq-length's older name: validate_args asserts that not both are given (arguments.py)
     ("--seq-length", "--encoder-seq-length"),
     tuple(sorted(DATA_FLAGS)),

@@ -5,8 +5,9 @@ not a launch (or a dry run, or an `args` line) that passes them through.
 - --step-batch-size-schedule: its last batch is the run's global batch, and core_v0.19.0's
   validate_args raises 'Cannot specify both --step-batch-size-schedule and --global-batch-size'
   (megatron/training/arguments.py), which every input's arguments give.
-- --quick-geglu: megatron-core builds it with 'assert not args.swiglu' (arguments.py,
-  core_transformer_config_from_args, both releases), and every input's model is SwiGLU."""
+- --quick-geglu and --squared-relu: megatron-core builds them with 'assert not args.swiglu'
+  (core_transformer_config_from_args: megatron/training/arguments.py in core_v0.15.2,
+  argument_utils.py in core_v0.19.0), and every input's model is SwiGLU."""
 
 import pytest
 from launch_support import launcher, sweep_file
@@ -25,6 +26,7 @@ def sweep(tmp_path_factory):
      "--step-batch-size-schedule 0:8 (after --) conflicts with --micro-batch-size 1, --global-batch-size 64 from "
      "the sweep row (rank 1 of "),
     (["--quick-geglu"], "--quick-geglu (after --) conflicts with --swiglu from the sweep row (rank 1 of "),
+    (["--squared-relu"], "--squared-relu (after --) conflicts with --swiglu from the sweep row (rank 1 of "),
 ])
 @pytest.mark.parametrize("command", [["args"], ["torchrun", "--megatron-version", "0.19", "--dry-run", "--mock-data"]])
 def test_a_flag_megatron_refuses_beside_the_inputs_is_refused(sweep, monkeypatch, command, extra, line):
