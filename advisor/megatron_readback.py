@@ -436,6 +436,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     layout = read_layout(parsed.layout, spec.num_layers, mtp or 0, release, seq_len)
     spec, built = _as_built(spec, layout, bool(moe_values))
     _refuse_interleaving_without_p2p_overlap(layout, rest)
+    _refuse_squared_relu_with_swiglu(parsed.model, rest)
     fusion_off = _SOFTMAX_FUSION_OFF in rest
     rest = [word for word in rest if word != _SOFTMAX_FUSION_OFF]
     options, unpriced = training_options(rest, layout.tp, release)
@@ -532,6 +533,15 @@ def _sequence_length_alias(model: dict) -> None:
 
 
 _NO_P2P_OVERLAP = "--no-overlap-p2p-communication"
+
+
+def _refuse_squared_relu_with_swiglu(model: dict, rest: list[str]) -> None:
+    """--squared-relu beside --swiglu: core_transformer_config_from_args asserts 'not args.swiglu'
+    for it (arguments.py in core_v0.15.2, argument_utils.py in core_v0.19.0), as for --quick-geglu
+    (``_unpriced_model``); it was named only as 'not known to the advisor' and priced as SwiGLU."""
+    if model.get("swiglu") and "--squared-relu" in _flags(rest):
+        raise AdvisorError("--squared-relu with --swiglu: Megatron-LM refuses the command (building its "
+                           "TransformerConfig: 'assert not args.swiglu'); keep one of them")
 
 
 def _refuse_interleaving_without_p2p_overlap(layout: Layout, rest: list[str]) -> None:

@@ -1,6 +1,7 @@
-"""Megatron-LM flags after '--' that the input's own arguments make a command Megatron-LM refuses
-on every rank at start-up, found by fuzzing advisor-launch: each is one Error line and exit 2,
-not a launch (or a dry run, or an `args` line) that passes them through.
+"""Megatron-LM flags that make a command Megatron-LM refuses on every rank at start-up, found by
+fuzzing: after '--' beside the input's own arguments (advisor-launch), or beside --swiglu in a
+command advisor estimate --from-command reads. Each is one Error line and exit 2, not a launch
+(or a dry run, an `args` line, an estimate) that passes them through.
 
 - --step-batch-size-schedule: its last batch is the run's global batch, and core_v0.19.0's
   validate_args raises 'Cannot specify both --step-batch-size-schedule and --global-batch-size'
@@ -34,3 +35,17 @@ def test_a_flag_megatron_refuses_beside_the_inputs_is_refused(sweep, monkeypatch
     message = launcher().error(command[0], "--from", sweep, *command[1:], "--", *extra)
     assert message.startswith(f"Error: {line}")
     assert message.endswith("(the input decides these; change the input instead)")
+
+
+def test_squared_relu_beside_swiglu_in_a_command_is_refused(advisor, tmp_path):
+    """The same assert in advisor estimate --from-command: the command was priced as SwiGLU with
+    '--squared-relu (not known to the advisor)' among its unpriced flags, exit 0."""
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --hidden-size 256 "
+                      "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 "
+                      "--global-batch-size 8 --vocab-size 1000 --swiglu --squared-relu\n")
+    assert advisor.error("estimate", "--from-command", script, "--gpu", "h100-80gb") == (
+        "Error: --squared-relu with --swiglu: Megatron-LM refuses the command (building its TransformerConfig: "
+        "'assert not args.swiglu'); keep one of them")
+    script.write_text(script.read_text().replace(" --swiglu", ""))
+    assert advisor("estimate", "--from-command", script, "--gpu", "h100-80gb").exit_code == 0
