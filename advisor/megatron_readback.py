@@ -774,6 +774,30 @@ def _flag_spellings() -> tuple[frozenset[str], list[str]]:
     return megatrons, sorted(read_here)
 
 
+def unpriced_flag_note(flag: str) -> str | None:
+    """How ``estimate --from-command`` names ``flag`` where a command gives it and the estimate
+    does not price it: a flag known to change memory or time that the options do not describe
+    (``options.flags.UNPRICED``: '--fp4-format (not priced)'), one read and priced otherwise
+    (``advisor.moe.readback.NAMED``), or one no reader here takes (``_unknown_note``); None where
+    a reader takes it (priced, or changing no price: data, logging, ...). What advisor-launch
+    says of a user's flags after '--' (``launch.arguments.unpriced_extras_note``)."""
+    from advisor.moe.readback import NAMED
+    from advisor.options.flags import UNPRICED
+
+    if flag[2:] in NAMED:
+        return NAMED[flag[2:]]
+    if flag in UNPRICED:
+        return f"{flag} (not priced)"
+    if flag not in _read_here():
+        return _unknown_note(flag)
+    return None
+
+
+@functools.cache
+def _read_here() -> frozenset[str]:
+    return frozenset(_flag_spellings()[1])
+
+
 def _unknown_note(flag: str) -> str:
     """How a flag no reader here takes is named: a mixture-of-experts flag in a dense command (no
     --num-experts: Megatron builds no experts), a flag of no release the advisor knows near one the

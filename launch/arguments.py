@@ -409,18 +409,20 @@ def recomputation(args: Sequence[str]) -> Recomputation | None:
 
 USER_LABEL = "yours (after --)"
 
-UNPRICED_EXTRAS = ("--mla-down-proj-fusion",)
-"""Flags after '--' that the release runs and the advisor does not price, said where given, in the words
-``advisor estimate --from-command`` names them with (``advisor.moe.readback.NAMED``)."""
+def unpriced_extras_note(extras: Sequence[str], source: str, unknown: Sequence[str] = (),
+                         named_by_input: Sequence[str] = ()) -> str | None:
+    """The note naming the user's flags after '--' that the input did not price, in the words
+    ``advisor estimate --from-command`` names them with (``advisor.megatron_readback.unpriced_flag_note``),
+    or None where there are none. Not named: the flags the input decides (``DECIDED_FLAGS``: a
+    different value is a conflict, the same one restates it), the data's (``DATA_FLAGS``),
+    ``unknown``: flags the release's parser lacks, warned of apart (``unknown_flags``), and those
+    the input itself names as not priced (``named_by_input``: an estimate read from a command, its
+    'unpriced' entries, which told the user to give them after --)."""
+    from advisor.megatron_readback import unpriced_flag_note
 
-
-def unpriced_extras_note(extras: Sequence[str], source: str, unknown: Sequence[str] = ()) -> str | None:
-    """The note naming the user's ``UNPRICED_EXTRAS`` after '--', or None where there are none;
-    ``unknown``: flags the release's parser lacks, warned of apart (``unknown_flags``)."""
-    from advisor.moe.readback import NAMED
-
-    given = flag_values(extras)
-    named = [NAMED[flag.removeprefix("--")] for flag in UNPRICED_EXTRAS if flag in given and flag not in unknown]
+    skipped = DECIDED_FLAGS | DATA_FLAGS | set(unknown) | {entry.split()[0] for entry in named_by_input if entry}
+    named = [note for flag in flag_values(extras) if flag not in skipped
+             and (note := unpriced_flag_note(flag)) is not None]
     if not named:
         return None
     return f"advisor-launch: {source} did not price what you give after --, which the launch runs: {'; '.join(named)}"
@@ -444,14 +446,15 @@ class CommandLine:
 
 def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, model: LlamaSpec,
             mock_data: bool = False, extras: Sequence[str] = (), job: ArgGroup | None = None,
-            chunk_layers: Sequence[int] | None = None) -> CommandLine:
+            chunk_layers: Sequence[int] | None = None, named_by_input: Sequence[str] = ()) -> CommandLine:
     """The input's arguments (``decided``, from ``source``, for ``model``), ``--mock-data``'s if
     asked, the ``job``'s (``launch.job``: its file, its schedule), then the user's ``extras``
     unchanged; AdvisorError on a user flag without the values it needs, on a conflict, on a flag the
     Megatron-LM release ``rules`` lacks, on mock data (the launcher's or the user's own) that
     release cannot feed the model (a NullTokenizer of the user's own that builds other rows than
     were priced is a warning in ``notes``: ``check_null_tokenizer``; so is a flag of theirs the
-    advisor does not price, ``unpriced_extras_note``), or, given the layers of each model chunk (``chunk_layers``),
+    advisor does not price and the input did not name (``named_by_input``: ``unpriced_extras_note``), or,
+    given the layers of each model chunk (``chunk_layers``),
     on a --recompute-num-layers that release fails on with them (``check_recomputation``)."""
     check_values(rules, extras)  # first: a flag without its value would misread the flags after it
     groups = [ArgGroup(source=source, args=tuple(release_spelling(rules, decided)), owns=DECIDED_FLAGS)]
@@ -471,7 +474,7 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
         check_recomputation(rules, recomputation([*decided, *extras]), chunk_layers, source)
     labelled = [(group.source, group.args) for group in groups] + [(USER_LABEL, tuple(extras))]
     unknown = tuple(unknown_flags(rules, extras))
-    notes = (vocabulary, unpriced_extras_note(extras, source, [flag.name for flag in unknown]))
+    notes = (vocabulary, unpriced_extras_note(extras, source, [flag.name for flag in unknown], named_by_input))
     return CommandLine(groups=tuple(labelled), unknown=unknown, notes=tuple(note for note in notes if note))
 
 

@@ -200,7 +200,8 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
         job = plan_job(config, job_file=job_file, tokens=tokens, bandwidth_gbs=fs_bandwidth, user_args=user_args,
                        release=release.rules)
         megatron = compose(config.source, config.megatron_args, rules=release.rules, model=config.model,
-                           mock_data=mock_data, extras=user_args, job=job.group, chunk_layers=config.chunk_layers())
+                           mock_data=mock_data, extras=user_args, job=job.group, chunk_layers=config.chunk_layers(),
+                           named_by_input=config.unpriced)
         check_evaluation(megatron.args)  # values Megatron takes and then fails on, refused in one line
         check_length(megatron.args, release.rules)
         check_rates(megatron.args)

@@ -8,7 +8,7 @@ holds a [h, (q_lora_rank + kv_lora_rank + d_rope) / t] weight shard, and gathers
 over TP after it (transformer/multi_latent_attention.py:1268-1370, :736-739). The advisor prices
 the unfused form (``advisor.moe.time.mla_attention_tp_time``), so an estimate read from a command
 names the flag (``advisor.moe.readback.NAMED``), and a launch that runs it after '--' says so
-(``launch.arguments.unpriced_extras_note``).
+(``launch.arguments.unpriced_extras_note``, ``advisor.megatron_readback.unpriced_flag_note``).
 """
 
 from __future__ import annotations
