@@ -192,19 +192,16 @@ def fsdp_buffer_bytes(options, unit_parameters, layers):
     Both in the stage's element and gradient bucket dtypes (``bucket_bytes``). torch FSDP2
     ('torch_fsdp2') keeps two layers of each, in the weights' dtype."""
     layers = np.asarray(layers, dtype=float)
-    held = layers * unit_parameters
-    prefetch, queue = fsdp_communication_unit(options, held, layers)
-    return fsdp_held_buffer_bytes(options, unit_parameters, held, prefetch, queue)
+    return fsdp_held_buffer_bytes(options, unit_parameters, layers * unit_parameters, layers)
 
 
-def fsdp_held_buffer_bytes(options, unit_parameters, held, prefetch, queue):
-    """``fsdp_buffer_bytes`` for a rank whose FSDP units hold ``held`` parameters in all, the
-    largest of them ``unit_parameters``: the same buffers where the units differ in size (an MoE
-    stage's dense and MoE layers, ``advisor.moe.fsdp``). The prefetch and the queue count a
+def fsdp_held_buffer_bytes(options, unit_parameters, held, units):
+    """``fsdp_buffer_bytes`` for a rank whose ``units`` FSDP units hold ``held`` parameters in all,
+    the largest of them ``unit_parameters``: the same buffers where the units differ in size (an
+    MoE stage's dense and MoE layers, ``advisor.moe.fsdp``). The prefetch and the queue count a
     bucket's elements whatever unit it belongs to (``AllGatherPipeline``'s
-    ``prefetch_all_gather_size``, ``GradReducePipeline``'s queue: same sources). ``prefetch``,
-    ``queue``: the all-gather prefetch budget and the reduce-scatter queue's capacity, in elements
-    (``fsdp_communication_unit``)."""
+    ``prefetch_all_gather_size``, ``GradReducePipeline``'s queue: same sources), and the release
+    sizes both from the units (``fsdp_communication_unit``)."""
     sharding = SHARDING[options.fsdp_strategy]
     held = np.asarray(held, dtype=float)
     zero = 0.0 * held  # every buffer as wide as the layers and units broadcast (0 where not held)
@@ -219,6 +216,7 @@ def fsdp_held_buffer_bytes(options, unit_parameters, held, prefetch, queue):
         return unsharded + zero, unsharded + zero
     # each as wide as ``held`` already (it broadcasts the units): nothing to add to widen them
     weights, gradients = zero, zero
+    prefetch, queue = fsdp_communication_unit(options, held, units)
     if weights_sharded:
         gathered = np.minimum(held, unit_parameters + np.minimum(prefetch, held - unit_parameters))
         weights = options.element_bytes * np.maximum(gathered, 0.0)

@@ -90,7 +90,6 @@ def buffer_bytes(options, spec: MoESpec, tp, ep, etp, dense, moe_units):
     proportion to the elements held (Megatron counts both kinds against one budget)."""
     held_dense, held_experts, largest, units = held_parameters(spec, tp, ep, etp, dense, moe_units)
     held = held_dense + held_experts
-    prefetch, queue = levers.fsdp_communication_unit(options, held, units)
-    gathered, queued = levers.fsdp_held_buffer_bytes(options, largest, held, prefetch, queue)
+    gathered, queued = levers.fsdp_held_buffer_bytes(options, largest, held, units)
     share = np.where(held > 0, held_dense / np.where(held > 0, held, 1.0), 1.0)
     return gathered, queued, share
