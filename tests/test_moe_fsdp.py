@@ -71,8 +71,10 @@ def test_core_v0_19_budget_follows_a_unit_over_half_a_billion():
     queue floor(2u / u) + 2 = 4 units. On 8 layers: 2u gathered, 4u queued."""
     u = ATTENTION + ROUTER_AND_NORMS + 8 * EXPERT
     assert u == 1_451_270_144
+    # (the MoE layer's dense part, its experts, a dense layer): Mixtral has no dense layer, and 0 of them
+    layers = (ATTENTION + ROUTER_AND_NORMS, 8 * EXPERT, 0)
     gathered, queued, share = fsdp.buffer_bytes(TrainingOptions().with_(fsdp_strategy="optim_grads_params")
-                                                .memory_options(), MIXTRAL, 1, 1, 1, 0, 8)
+                                                .memory_options(), layers, 0, 8)
     assert (float(gathered), float(queued)) == (2 * 2 * u, 4 * 4 * u)
     assert float(share) == pytest.approx((ATTENTION + ROUTER_AND_NORMS) / u)
     # no units: the bucket size's floor (memory_levers.fsdp_communication_unit, the dense model's rule too)

@@ -42,8 +42,6 @@ from __future__ import annotations
 import numpy as np
 
 from advisor import memory_levers as levers
-from advisor.moe import params
-from advisor.moe.spec import MoESpec
 
 
 def release_problem(release) -> tuple[str, str] | None:
@@ -61,34 +59,30 @@ def release_problem(release) -> tuple[str, str] | None:
     return None
 
 
-def unit_parameters(spec: MoESpec, tp, ep, etp):
-    """(an MoE layer's dense part, its experts, a dense layer) on one GPU: the FSDP units' two
-    bucket groups (the module docstring) and a dense layer's one."""
-    return (params.moe_layer_dense_parameters(spec, tp), params.local_expert_parameters(spec, ep, etp),
-            params.dense_layer_parameters(spec, tp))
-
-
-def held_parameters(spec: MoESpec, tp, ep, etp, dense, moe_units):
+def held_parameters(layer_parameters, dense, moe_units):
     """(dense-part elements, expert elements, the largest unit, the units) of a stage's FSDP units:
     ``dense`` dense layers and ``moe_units`` MoE layers (its MTP layers' transformer layers among
-    them: each is an MoE ``TransformerLayer``, an FSDP unit of its own)."""
-    moe_dense, experts, dense_layer = unit_parameters(spec, tp, ep, etp)
+    them: each is an MoE ``TransformerLayer``, an FSDP unit of its own). ``layer_parameters``: (an
+    MoE layer's dense part, its experts, a dense layer) on one GPU, the FSDP units' two bucket
+    groups (the module docstring) and a dense layer's one (``advisor.moe.stage.model_states``'s)."""
+    moe_dense, experts, dense_layer = layer_parameters
     moe_units, dense = np.asarray(moe_units, dtype=float), np.asarray(dense, dtype=float)
     largest = np.where(moe_units > 0, np.maximum(moe_dense + experts, np.where(dense > 0, dense_layer, 0.0)),
                        dense_layer)
     return dense * dense_layer + moe_units * moe_dense, moe_units * experts, largest, dense + moe_units
 
 
-def buffer_bytes(options, spec: MoESpec, tp, ep, etp, dense, moe_units):
+def buffer_bytes(options, layer_parameters, dense, moe_units):
     """(gathered weights, queued gradients, the dense part's share of them) in bytes per GPU: the
     dense model's Megatron-FSDP buffers (``memory_levers.fsdp_held_buffer_bytes``: the unit in use
     and the prefetched ones, the reduce-scatter queue) over the stage's units, both bucket groups of
     an MoE layer together, with core_v0.19.0's budgets (``memory_levers.fsdp_communication_unit``,
     ``options.fsdp_budget_from_units``: core_v0.19.0, the one release ``release_problem`` lets
     price Megatron-FSDP on an MoE model). ``options``: the
-    estimator's (``MemoryOptions``). The share splits them between the dense and expert columns in
-    proportion to the elements held (Megatron counts both kinds against one budget)."""
-    held_dense, held_experts, largest, units = held_parameters(spec, tp, ep, etp, dense, moe_units)
+    estimator's (``MemoryOptions``); ``layer_parameters``: ``held_parameters``'. The share splits
+    them between the dense and expert columns in proportion to the elements held (Megatron counts
+    both kinds against one budget)."""
+    held_dense, held_experts, largest, units = held_parameters(layer_parameters, dense, moe_units)
     held = held_dense + held_experts
     gathered, queued = levers.fsdp_held_buffer_bytes(options, largest, held, units)
     share = np.where(held > 0, held_dense / np.where(held > 0, held, 1.0), 1.0)

@@ -308,9 +308,12 @@ def model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, st
     ends = np.where(stage == 0, embedding, 0) + np.where(stage == pp - 1, head + spec.hidden_size, 0)
     ends = ends + mtp * mtp_terms.dense_parameters(spec, tp) + np.where(
         (mtp > 0) & (not spec.tie_embeddings), mtp_terms.embedding_copy_parameters(spec, tp, pp, vocab), 0.0)
-    dense_params = dense * params.dense_layer_parameters(spec, tp) + ends \
-        + moe_layers * params.moe_layer_dense_parameters(spec, tp)
-    expert_params = (moe_layers + mtp) * params.local_expert_parameters(spec, ep, etp)
+    # per layer on one GPU: an MoE layer's dense part and its experts, a dense layer (also FSDP's units)
+    layer_parameters = moe_dense, experts, dense_layer = (
+        params.moe_layer_dense_parameters(spec, tp), params.local_expert_parameters(spec, ep, etp),
+        params.dense_layer_parameters(spec, tp))
+    dense_params = dense * dense_layer + ends + moe_layers * moe_dense
+    expert_params = (moe_layers + mtp) * experts
     per_dense = levers.state_bytes_per_parameter(options.memory, dp * cp)
     per_expert = levers.state_bytes_per_parameter(options.memory, edp)
     fp8 = options.memory
@@ -319,7 +322,7 @@ def model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, st
     weights, gradients, optimizer = (dense_params * d + expert_params * e for d, e in zip(per_dense, per_expert))
     dense_bytes, expert_bytes = dense_params * sum(per_dense), expert_params * sum(per_expert)
     if options.memory.fsdp_strategy is not None:  # Megatron-FSDP's unsharded buffers (advisor.moe.fsdp)
-        gathered, queued, share = fsdp.buffer_bytes(options.memory, spec, tp, ep, etp, dense, moe_layers + mtp)
+        gathered, queued, share = fsdp.buffer_bytes(options.memory, layer_parameters, dense, moe_layers + mtp)
         weights, gradients = weights + gathered, gradients + queued
         dense_bytes = dense_bytes + share * (gathered + queued)
         expert_bytes = expert_bytes + (1.0 - share) * (gathered + queued)
