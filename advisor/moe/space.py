@@ -459,24 +459,20 @@ def escalate(first: SweepResult, run: Callable[[st.MoEOptions], SweepResult], gp
     return replace(candidate, escalation=label, ladder=attempts, lever_time_cost=_lever_time_cost(first, candidate))
 
 
-def _layout_keys(result: SweepResult, which: np.ndarray) -> list[tuple]:
-    layouts = result.layouts
-    return list(zip(*(getattr(layouts, k)[which].tolist() for k in ("tp", "cp", "pp", "ep", "etp", "dp", "mbs"))))
-
-
 def _lever_time_cost(first: SweepResult, candidate: SweepResult) -> np.ndarray | None:
     """Per layout of ``candidate``, its step time minus that of the same (TP, CP, PP, EP, ETP, DP,
     MBS) in ``first`` (each sweep's one variant per layout, as the dense ladder's cost: the
     lever's row against the one the options given would run); NaN where ``first`` has none; None
-    without a time model."""
+    without a time model. Both sweeps enumerate the same bases (``_bases`` reads no options), so
+    ``Layouts.base`` names the same (TP, CP, PP, EP, ETP, DP, MBS) in both."""
     if candidate.timing is None or first.timing is None:
         return None
-    base = dict(zip(_layout_keys(first, first.order), first.timing["step_time_s"][first.order].tolist()))
+    bases = first.layouts.base[first.order]
+    before = np.full(int(max(bases.max(initial=-1), candidate.layouts.base.max(initial=-1))) + 1, np.nan)
+    before[bases] = first.timing["step_time_s"][first.order]
     cost = np.full(len(candidate.layouts.tp), np.nan)
-    steps = candidate.timing["step_time_s"][candidate.order].tolist()
-    for i, key, step in zip(candidate.order.tolist(), _layout_keys(candidate, candidate.order), steps):
-        if key in base:
-            cost[i] = step - base[key]
+    which = candidate.order
+    cost[which] = candidate.timing["step_time_s"][which] - before[candidate.layouts.base[which]]
     return cost
 
 
