@@ -72,6 +72,9 @@ class Layout:
     """--rampup-batch-size's start, increment and samples: the run trains smaller global batches
     before ``global_batch_size`` (megatron/core/num_microbatches_calculator.py,
     ``RampupBatchsizeNumMicroBatchesCalculator``); None without a ramp-up."""
+    step_schedule: tuple[tuple[int, int], ...] | None = None
+    """--step-batch-size-schedule's (threshold in samples, batch size) pairs (``step_schedule``),
+    whose last batch is ``global_batch_size``; None without a schedule."""
 
     @property
     def pp(self) -> int:
@@ -266,10 +269,12 @@ def read_layout(layout: dict, num_layers: int, mtp_layers: int = 0, release=None
     --seq-length, which turns --step-batch-size-schedule's thresholds into samples (``step_schedule``)."""
     tp, cp, pp = degrees(layout)
     counts, vpp = _split(layout, num_layers, pp, mtp_layers, release)
-    return Layout(tp=tp, cp=cp, layers_per_stage=tuple(counts), vpp=vpp, mbs=int_value(layout, "micro-batch-size", 1),
-                  global_batch_size=_global_batch(layout, release, seq_length),
+    mbs = int_value(layout, "micro-batch-size", 1)
+    schedule = _step_schedule(layout, release, seq_length)
+    return Layout(tp=tp, cp=cp, layers_per_stage=tuple(counts), vpp=vpp, mbs=mbs,
+                  global_batch_size=int_value(layout, "global-batch-size") if schedule is None else schedule[-1][1],
                   rank_order=TP_PP_DP_RANK_ORDER if layout.get("use-tp-pp-dp-mapping") else RANK_ORDER,
-                  rampup_batch_size=_rampup(layout))
+                  rampup_batch_size=_rampup(layout), step_schedule=schedule)
 
 
 def _rampup(layout: dict) -> tuple[int, int, int] | None:
@@ -294,12 +299,12 @@ def release_flags(release: tuple[int, int]) -> frozenset[str]:
     return frozenset(word.partition(":")[0].partition("=")[0] for word in FLAGS[release].split())
 
 
-def _global_batch(layout: dict, release=None, seq_length: int | None = None) -> int | None:
-    """--global-batch-size, or the final batch of --step-batch-size-schedule, as Megatron-LM
-    takes them; one line where Megatron-LM refuses the command."""
+def _step_schedule(layout: dict, release=None, seq_length: int | None = None) -> tuple[tuple[int, int], ...] | None:
+    """--step-batch-size-schedule as Megatron-LM takes it (``step_schedule``; its last batch is the
+    run's global batch), or None without one; one line where Megatron-LM refuses the command."""
     given = int_value(layout, "global-batch-size")
     if STEP_SCHEDULE not in layout:
-        return given
+        return None
     from advisor.options.releases import release_defaults
 
     defaults = release_defaults(release)
@@ -310,7 +315,7 @@ def _global_batch(layout: dict, release=None, seq_length: int | None = None) -> 
         raise AdvisorError(f"--{STEP_SCHEDULE} with --global-batch-size {given}: {defaults.name} refuses the command "
                            f"(validate_args: 'Cannot specify both --{STEP_SCHEDULE} and --global-batch-size'); "
                            "leave out --global-batch-size (the schedule's last batch is the run's global batch)")
-    return step_schedule(layout[STEP_SCHEDULE], seq_length)[-1][1]
+    return tuple(step_schedule(layout[STEP_SCHEDULE], seq_length))
 
 
 def step_schedule(text: str, seq_length: int | None = None) -> list[tuple[int, int]]:

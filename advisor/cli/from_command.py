@@ -95,14 +95,14 @@ def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=
     if problem := _world_problem(world, where, text, layout.tp, layout.cp, layout.pp, *experts):
         raise InputError(problem)
     dp = world // (layout.tp * layout.cp * layout.pp)
-    if problem := _batch_problem(launch.arguments, layout, dp):
+    if problem := _batch_problem(layout, dp):
         raise InputError(problem)
     source = f"{name}: {launch.launcher}, {world} GPU{'s' if world != 1 else ''} ({where}); vocabulary {run.vocab_source}"
     return CommandInputs(run=run, gpus=world, dp=dp, source=source,
                          gpus_per_node=launch.gpus_per_node if gpus is None else None)
 
 
-def _batch_problem(arguments, layout, dp: int) -> str | None:
+def _batch_problem(layout, dp: int) -> str | None:
     """Why the command's global batch is not a whole number of microbatches per pipeline, named as
     the command gave it (--global-batch-size, or the last batch of --step-batch-size-schedule, which
     Megatron-LM refuses only when the schedule reaches it), or None."""
@@ -111,9 +111,10 @@ def _batch_problem(arguments, layout, dp: int) -> str | None:
 
     if layout.global_batch_size is None:
         return None
-    scheduled = any(word == f"--{STEP_SCHEDULE}" or word.startswith(f"--{STEP_SCHEDULE}=") for word in arguments)
-    subject = (f"--{STEP_SCHEDULE}'s last batch, {layout.global_batch_size} (Megatron-LM fails when the schedule "
-               "reaches it),") if scheduled else f"--global-batch-size {layout.global_batch_size}"
+    subject = f"--global-batch-size {layout.global_batch_size}"
+    if layout.step_schedule is not None:
+        subject = (f"--{STEP_SCHEDULE}'s last batch, {layout.global_batch_size} (Megatron-LM fails when the schedule "
+                   "reaches it),")
     return global_batch_problem(layout.global_batch_size, layout.mbs, dp, subject=subject)
 
 
