@@ -178,14 +178,6 @@ def test_a_communication_copy_of_unsharded_gradients_is_refused_in_one_line(advi
                              "optim_grads_params\n")
 
 
-def test_main_weights_with_offload_are_refused_in_one_line(advisor):
-    result = advisor.runner.invoke(advisor.command, ["estimate", *LAYOUT, "--use-megatron-fsdp",
-                                                     "--optimizer-cpu-offload", FSDP_MAIN_PARAMS, "bf16"])
-    assert result.exit_code == 2
-    assert result.stderr == (f"Error: {FSDP_MAIN_PARAMS} bf16 with --optimizer-cpu-offload is not priced (Megatron's "
-                             "HybridDeviceOptimizer keeps FP32 copies of its own)\n")
-
-
 @pytest.mark.parametrize("flag", [FSDP_MAIN_PARAMS, FSDP_GRAD_COMM])
 def test_the_cli_refuses_each_without_megatron_fsdp_and_on_0_15(advisor, flag):
     without = advisor.runner.invoke(advisor.command, ["estimate", *LAYOUT, flag, "bf16"])

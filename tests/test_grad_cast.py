@@ -122,19 +122,17 @@ def test_no_op_casts_add_nothing(strategy, grads, weights, main, step_bytes):
     assert time.grad_zero_bytes == {"fp32": 4, "bf16": 2, "fp16": 2}[grads]
 
 
-@pytest.mark.parametrize("strategy", [None, *STRATEGIES])
-def test_offload_casts_into_its_fp32_copies(strategy):
-    """--optimizer-cpu-offload (it implies --use-precision-aware-optimizer: core 0.19's Megatron-FSDP
-    decouples the gradient uncast, param_and_grad_buffer.py:3369, core 0.15 builds no main-weight
-    buffer, training.py:975-976). Megatron then builds HybridDeviceOptimizer with
-    ``param_update_in_fp32=True`` (core_v0.15.2 optimizer/__init__.py:348), whose GPU share steps FP32
-    copies handed ``grad.to(fp32_param.dtype)`` (cpu_offloading/hybrid_optimizer.py:91-93): BF16
-    gradients read (2) and written in FP32 (4). Adam then reads that FP32 copy (4), the norm reads
-    the copy (4), the step post-hook copies the FP32 copy back into the weight (read 4, write 2,
-    hybrid_optimizer.py:129-148), FP32 states 24: 38 + 6 = 44. FP32 gradients: ``.to`` returns the
-    tensor, 4 + 4 + 4 + 2 + 24 = 38. The buffer's zeroing is apart (``grad_zero_bytes``)."""
-    fsdp = {} if strategy is None else dict(fsdp_strategy=strategy)
-    offload = TrainingOptions().with_(optimizer_cpu_offload=True, **fsdp)
+def test_offload_casts_into_its_fp32_copies():
+    """--optimizer-cpu-offload (it implies --use-precision-aware-optimizer), under Megatron's DDP:
+    Megatron-FSDP with it cannot run (``advisor.options.training.FSDP_OFFLOAD``). Megatron builds
+    HybridDeviceOptimizer with ``param_update_in_fp32=True`` (core_v0.15.2 optimizer/__init__.py:348),
+    whose GPU share steps FP32 copies handed ``grad.to(fp32_param.dtype)``
+    (cpu_offloading/hybrid_optimizer.py:91-93): BF16 gradients read (2) and written in FP32 (4).
+    Adam then reads that FP32 copy (4), the norm reads the copy (4), the step post-hook copies the
+    FP32 copy back into the weight (read 4, write 2, hybrid_optimizer.py:129-148), FP32 states 24:
+    38 + 6 = 44. FP32 gradients: ``.to`` returns the tensor, 4 + 4 + 4 + 2 + 24 = 38. The buffer's
+    zeroing is apart (``grad_zero_bytes``)."""
+    offload = TrainingOptions().with_(optimizer_cpu_offload=True)
     assert offload.with_(grad_reduce_dtype="bf16").time_options().optimizer_step_bytes == 44
     assert offload.time_options().optimizer_step_bytes == 38
 

@@ -134,24 +134,6 @@ def test_what_stays_refused_is_one_line_and_exit_2(extra, message):
     assert result.output.startswith("Error: mixtral-8x7b is a mixture of experts;") and message in result.output
 
 
-def test_offload_under_megatron_fsdp_takes_adam_off_the_gpu_and_leaves_the_buffers():
-    """--optimizer-cpu-offload (fraction 1.0) with optim_grads_params, the layout and stage of the
-    first test: Megatron-FSDP builds one HybridDeviceOptimizer over the dense and the expert
-    parameters (core_v0.19.0 optimizer/__init__.py:1083-1136), all of whose states leave the GPU;
-    the sharded weights and gradients and the unsharded buffers stay as they were (above):
-    dense x (2 + 4) / 8 + experts x (2 + 4) / 4 + buffers, and no Adam state."""
-    dense, experts = 168_099_840, 2_818_572_288
-    gathered, queued = 2 * (373_334_016 + 500_000_000), 4 * 4 * 373_334_016
-    training = TrainingOptions().with_(fsdp_strategy="optim_grads_params", optimizer_cpu_offload=True)
-    b = st.stage_bytes(MIXTRAL, 4096, st.MoEOptions(training=training), tp=2, cp=1, pp=4, ep=4, etp=1, dp=8, mbs=1,
-                       num_microbatches=16, stage=1)
-    assert float(b.optimizer) == 0.0
-    assert float(b.model_states) == pytest.approx(dense * 6 / 8 + experts * 6 / 4 + gathered + queued, rel=1e-12)
-    result = _estimate("--use-megatron-fsdp", "--optimizer-cpu-offload", "--format", "json")
-    assert result.exit_code == 0, result.output
-    assert "--optimizer-cpu-offload" in json.loads(result.stdout)["megatron_args"]
-
-
 def test_the_moe_sweep_takes_megatron_fsdp_as_the_dense_sweep_does():
     result = CliRunner().invoke(cli, ["sweep", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb",
                                       "--seq-len", "4096", "--gbs", "256", "--use-megatron-fsdp", "--top", "3",

@@ -6,11 +6,14 @@ from advisor.errors import AdvisorError
 from advisor.options import TrainingOptions, parse_training_args, release_defaults, training_args
 
 LEVERS = TrainingOptions().with_(grad_reduce_dtype="bf16", fsdp_strategy="optim_grads", fp8_format="hybrid",
-                                 fp8_param_gather=True, optimizer_cpu_offload=True, recompute="full",
+                                 fp8_param_gather=True, recompute="full",
                                  recompute_method="block", recompute_num_layers=3, tp_comm_overlap=True)
+# The offload apart: Megatron-FSDP with it cannot run (advisor.options.training.FSDP_OFFLOAD).
+OFFLOADED = TrainingOptions().with_(grad_reduce_dtype="bf16", optimizer_cpu_offload=True,
+                                    optimizer_offload_fraction=0.5, fp8_format="hybrid", fp8_param_gather=True)
 
 
-@pytest.mark.parametrize("options", [TrainingOptions(), LEVERS,
+@pytest.mark.parametrize("options", [TrainingOptions(), LEVERS, OFFLOADED,
                                      TrainingOptions().with_(flash_attention=False, dataloader_mask="rebuilt"),
                                      TrainingOptions().with_(distributed_optimizer=False, overlap_param_gather=False,
                                                              overlap_grad_reduce=False, vocab_divisible_by=128)])
@@ -59,6 +62,7 @@ def test_what_megatron_refuses_is_one_line(argv, message):
 
 def test_flat_view_round_trips_and_reads_old_rows():
     assert TrainingOptions.from_dict(LEVERS.changed()) == LEVERS
+    assert TrainingOptions.from_dict(OFFLOADED.changed()) == OFFLOADED
     old = TrainingOptions.from_dict({"gradient_bytes": 2, "flash_attention": False})
     assert old.precision.grad_reduce_dtype == "bf16" and old.attention.dataloader_mask == "cached"
     assert TrainingOptions().changed() == {}

@@ -22,18 +22,20 @@ def training_options(draw) -> TrainingOptions:
     distributed = fsdp is not None or draw(st.booleans())
     grad_overlap = draw(st.booleans())
     fp8 = None if params == "float32" else draw(st.sampled_from([None, "e4m3", "hybrid"]))
-    offload = distributed and draw(st.booleans())  # the precision-aware optimizer it needs runs distributed only
+    # the precision-aware optimizer it needs runs distributed only; not with Megatron-FSDP, which
+    # cannot run it (advisor.options.training.FSDP_OFFLOAD)
+    offload = distributed and fsdp is None and draw(st.booleans())
     aware = distributed and fsdp is None and not offload and draw(st.booleans())
     gather = fp8 is not None and distributed and draw(st.booleans())
     recipe = "delayed" if fp8 is None or (offload and gather) else draw(st.sampled_from(FP8_RECIPES))
     sequence_parallel, flash = draw(st.booleans()), draw(st.booleans())
     recompute = draw(st.sampled_from(["none", "selective", "full"]))
     full = recompute == "full"
-    # Megatron-FSDP's own dtypes (core_v0.19.0): main weights other than FP32 not with offload, none
+    # Megatron-FSDP's own dtypes (core_v0.19.0): main weights none
     # ('auto') not with FP8 weights gathered (FusedAdam cannot step them), and a communication dtype
     # other than the main gradients' only where the gradients are sharded
     weights = [dtype for dtype in FSDP_MAIN_PARAMS_DTYPES if not (gather and dtype == "auto")]
-    main_weights = draw(st.sampled_from(weights)) if fsdp and not offload else "fp32"
+    main_weights = draw(st.sampled_from(weights)) if fsdp else "fp32"
     comm = draw(st.sampled_from(FSDP_GRAD_COMM_DTYPES if fsdp in ("optim_grads", "optim_grads_params")
                                 else ("auto", grad))) if fsdp else "auto"
     return TrainingOptions().with_(

@@ -105,6 +105,31 @@ re-quantizes the weights. Transformer Engine's FusedAdam.step raises 'FusedAdam 
 model weights in fp32, fp16, bf16 and fp8' for a uint8 tensor, and without master weights never
 applies its FP8 list (``p_fp8_model``: only the master-weights branch steps it)."""
 
+FSDP_OFFLOAD = (
+    "--optimizer-cpu-offload with Megatron-FSDP (--use-megatron-fsdp) cannot run on megatron-core 0.15 or 0.19: "
+    "HybridDeviceOptimizer pins a CPU copy of each offloaded parameter (param.detach().clone().cpu().pin_memory(), "
+    "optimizer/cpu_offloading/hybrid_optimizer.py:274) and Megatron-FSDP's parameters are DTensors, which torch "
+    "cannot pin (NVIDIA/Megatron-LM issue #1986); leave one of them off")
+"""Why the advisor refuses Megatron-FSDP with optimizer CPU offload on both releases (validate_args
+accepts it). get_megatron_optimizer's Megatron-FSDP branch (core_v0.15.2 optimizer/__init__.py:545-580,
+core_v0.19.0 :1083-1135) takes its parameter groups from the wrapped module's parameters, which
+Megatron-FSDP has replaced with its optimizer parameters at construction (megatron_fsdp.py
+``_replace_param_with_distributed_if_needed``, core_v0.15.2 :290, core_v0.19.0 :353): DTensors over
+the main-weight shard, or the weight buffer's (core_v0.15.2 without main weights under the
+precision-aware optimizer: training.py:975-976), for every strategy (param_and_grad_buffer.py
+``_init_distributed_params`` / ``make_fsdp_dtensor``, core_v0.15.2 :2279-2343, core_v0.19.0
+:3216-3285). ``_get_megatron_optimizer_based_on_param_groups`` builds HybridDeviceOptimizer over them
+(core_v0.15.2 :340, core_v0.19.0 :532), whose ``_get_sub_optimizer_param_groups`` pins a CPU copy of
+the first parameters up to --optimizer-offload-fraction of the elements (hybrid_optimizer.py:273-276,
+both releases): DTensor has no ``aten._pin_memory`` (torch 2.13 raises 'NYI:
+aten._pin_memory.default' in its sharding propagation), so the optimizer is never built; its first
+step would also copy each DTensor gradient into a plain pinned tensor (:108-114: 'got mixed
+torch.Tensor and DTensor'). NVIDIA/Megatron-LM issue #1986 shows the failure from
+get_megatron_optimizer; the fix (pull request #4623, 'operating on local shards') is in neither
+release. With --optimizer-offload-fraction 0 nothing is pinned, but nothing is offloaded either,
+and on core_v0.19.0 the GPU share then reads ``p.grad`` where Megatron-FSDP sets only
+``decoupled_grad`` (param_and_grad_buffer.py:3396-3399): refused too."""
+
 MEGATRON_CROSS_ENTROPY_KERNEL = "native"
 """--cross-entropy-fusion-impl's default with --cross-entropy-loss-fusion (both releases)."""
 
@@ -610,9 +635,12 @@ class TrainingOptions:
     def _check_optimizer_states(self) -> None:
         """What megatron-core's OptimizerConfig refuses (``__post_init__``, both releases), what
         the advisor does not price (the precision-aware optimizer under FSDP, whose own buffers
-        hold the main weights), and one description of an offloaded run (the switch it implies
+        hold the main weights), Megatron-FSDP with the offload, which cannot run (``FSDP_OFFLOAD``),
+        and one description of an offloaded run (the switch it implies
         is not also stated)."""
         states, offload, dp = self.optimizer_states, self.offload, self.data_parallel
+        if offload.optimizer_cpu_offload and dp.fsdp_strategy is not None:
+            raise AdvisorError(FSDP_OFFLOAD)
         asked = (states.precision_aware_optimizer and not offload.optimizer_cpu_offload) or states.lowered
         if asked and (dp.fsdp_strategy is not None or dp.torch_fsdp2):
             raise AdvisorError("--use-precision-aware-optimizer with FSDP is not priced (Megatron-FSDP keeps the main "
@@ -632,20 +660,16 @@ class TrainingOptions:
                                "refuses it without)")
 
     def _check_fsdp_dtypes(self) -> None:
-        """Megatron-FSDP's dtypes (core_v0.19.0) where the advisor has no price: main weights other
-        than FP32 with optimizer offload (Megatron's HybridDeviceOptimizer keeps FP32 copies of
-        its own), and a gradient communication dtype other than the main gradients' where the
-        gradients are not sharded (no_shard, optim): Megatron-FSDP then allocates an un-sharded
-        bucket in that dtype for each bucket of the last microbatch's backward
-        (``GradReducePipeline._bucket_group_gradient_reduce``: 'an extra un-sharded buffer needs
-        to be allocated!'), held while the stage holds fewer activations than at its peak. And no
-        main weights ('auto') with FP8 weights, which cannot train (``_FSDP_AUTO_FP8``)."""
+        """Megatron-FSDP's dtypes (core_v0.19.0) where the advisor has no price: a gradient
+        communication dtype other than the main gradients' where the gradients are not sharded
+        (no_shard, optim): Megatron-FSDP then allocates an un-sharded bucket in that dtype for each
+        bucket of the last microbatch's backward (``GradReducePipeline._bucket_group_gradient_reduce``:
+        'an extra un-sharded buffer needs to be allocated!'), held while the stage holds fewer
+        activations than at its peak. And no main weights ('auto') with FP8 weights, which cannot
+        train (``_FSDP_AUTO_FP8``)."""
         dp = self.data_parallel
         if dp.fsdp_strategy is not None and dp.fsdp_main_params_dtype == "auto" and self.precision.fp8_param_gather:
             raise AdvisorError(_FSDP_AUTO_FP8)
-        if dp.fsdp_main_params_dtype != "fp32" and self.offload.optimizer_cpu_offload:
-            raise AdvisorError(f"{FSDP_MAIN_PARAMS} {dp.fsdp_main_params_dtype} with --optimizer-cpu-offload is not "
-                               "priced (Megatron's HybridDeviceOptimizer keeps FP32 copies of its own)")
         if self._custom_grad_comm and dp.fsdp_strategy in ("no_shard", "optim"):
             raise AdvisorError(f"{FSDP_GRAD_COMM} {dp.fsdp_grad_comm_dtype} with {self.precision.grad_reduce_dtype} "
                                f"main gradients and --data-parallel-sharding-strategy {dp.fsdp_strategy} is not priced "
