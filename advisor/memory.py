@@ -79,6 +79,10 @@ class MemoryOptions:
     """Megatron-FSDP's all-gather prefetch and reduce-scatter queue sized from the rank's FSDP units,
     as core_v0.19.0 sizes them (the newest release's rule, the default); False: core_v0.15.2's fixed
     1e9 elements (``memory_levers.fsdp_communication_unit``; ``MegatronRelease.fsdp_budget_from_units``)."""
+    overlap_grad_reduce: bool = True
+    """--overlap-grad-reduce: with it core_v0.19.0's Megatron-FSDP sizes the queue and prefetch of the
+    strategies not sized by their units from the DDP bucket size, which grows with DP x CP beyond
+    1,000 (``memory_levers.fsdp_communication_unit``); without it, 1e9 elements."""
     optimizer_bytes: float = 12.0
     """Bytes per parameter of the optimizer states before sharding: 12, FP32 master weight,
     momentum and variance (Section 3.1); fewer with the precision-aware optimizer

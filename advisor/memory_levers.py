@@ -29,26 +29,49 @@ def fsdp_sized_by_units(strategy: str | None, release) -> bool:
     return bool(release.fsdp_budget_from_units) and strategy == "optim_grads_params"
 
 
-def fsdp_communication_unit(options, held, units) -> tuple:
+DDP_BUCKET_FLOOR = 40_000_000
+"""Megatron-LM's smallest default DDP bucket, in elements (``max(40000000, ...)``: core_v0.19.0
+training.py:1562, core_v0.15.2 training.py:984-990)."""
+DDP_BUCKET_PER_RANK = 1_000_000
+"""Elements a DP x CP rank adds to Megatron-LM's default DDP bucket (``1000000 * dp_cp_size``, same
+places), 'to ensure that chunks used in NCCL ring-reduce implementations are large enough'."""
+
+
+def ddp_bucket_size(dp_cp):
+    """Megatron-LM's DDP bucket size in elements where --ddp-bucket-size and --ddp-num-buckets are not
+    given (the advisor prices neither: ``options.flags.UNPRICED``) and --overlap-grad-reduce is:
+    max(40M, 1M x DP x CP) (core_v0.19.0 training.py:1552-1567, ``resolve_ddp_bucket_size``)."""
+    return np.maximum(float(DDP_BUCKET_FLOOR), DDP_BUCKET_PER_RANK * np.asarray(dp_cp, dtype=float))
+
+
+def fsdp_communication_unit(options, held, units, dp_cp=1) -> tuple:
     """(all-gather prefetch budget, reduce-scatter queue capacity) in elements, for a rank whose
-    ``units`` FSDP units hold ``held`` parameters (TP/EP-local) in all, as the release prices them
-    (``options.fsdp_budget_from_units``, ``MegatronRelease.fsdp_budget_from_units``).
+    ``units`` FSDP units hold ``held`` parameters (TP/EP-local) in all, in a DP x CP group of
+    ``dp_cp`` ranks (the dense one: ``resolve_ddp_bucket_size`` takes ``pg_collection.dp_cp``;
+    1 by default, the 1e9 floor), as the release prices them (``options.fsdp_budget_from_units``,
+    ``MegatronRelease.fsdp_budget_from_units``).
 
     core_v0.19.0 (megatron_fsdp.py:420-444): with optim_grads_params twice the mean unit's elements,
     ``total_param_elements // total_fsdp_module * 2`` over the modules of ``fsdp_unit_modules``, the
     rank's transformer layers only (mcore_fsdp_adapter.py:160-164: ``[TransformerLayer,
     MoETransformerLayer, MambaLayer]``; the embedding and output layer are no units), each counted
     with its TP-local shape (the buffer is built before the parameters become shards:
-    param_and_grad_buffer.py:2941 ``.view(p_local.shape)``); else the DDP bucket size, which is
-    max(40M, 1M x DP x CP) with --overlap-grad-reduce (training.py:1552-1567,
-    ``resolve_ddp_bucket_size``), so 1e9 or less unless DP x CP exceeds 1,000 (not priced), and
-    1e9 without a bucket size; at least 1e9 either way, the prefetch half (``// 2``). core_v0.15.2:
+    param_and_grad_buffer.py:2941 ``.view(p_local.shape)``); else ``self.bucket_size``
+    (megatron_fsdp.py:312, ``ddp_config.bucket_size``), which training.py:1850-1855 sets to
+    ``ddp_bucket_size`` with --overlap-grad-reduce (``options.overlap_grad_reduce``) and to None
+    without, which takes 1e9; at least 1e9 either way ('Cap to 1B elements'), the prefetch half
+    (``// 2``). So 1e9 up to DP x CP = 1,000, and 1M x DP x CP beyond: DP x CP = 2048 queues
+    2,048,000,000 elements and prefetches 1,024,000,000. A model chunk after the first (virtual
+    pipeline stages) is built with ``disable_bucketing`` (training.py:1861-1864; megatron_fsdp.py:313)
+    and keeps 1e9: not priced apart, the rank's budget is its first chunk's. core_v0.15.2:
     ``FSDP_COMMUNICATION_UNIT`` always. Layouts broadcast; 0 units: the floor (no buffers held)."""
     held = np.asarray(held, dtype=float)
     size = np.full_like(held, float(FSDP_COMMUNICATION_UNIT))
     if fsdp_sized_by_units(options.fsdp_strategy, options):
         mean = np.floor(held / np.maximum(np.asarray(units, dtype=float), 1.0))  # the integer division
         size = np.maximum(size, 2.0 * mean)
+    elif options.fsdp_budget_from_units and options.overlap_grad_reduce:
+        size = np.maximum(size, ddp_bucket_size(dp_cp))
     return np.floor(size / 2.0), size
 
 
@@ -178,7 +201,7 @@ def bucket_bytes(options) -> int:
     return options.gradient_bytes if options.grad_comm_bytes is None else options.grad_comm_bytes
 
 
-def fsdp_buffer_bytes(options, unit_parameters, layers):
+def fsdp_buffer_bytes(options, unit_parameters, layers, dp_cp=1):
     """(gathered weights, queued gradients): the unsharded buffers Megatron-FSDP holds at a
     rank's peak, for ``layers`` decoder layers of ``unit_parameters`` each (its FSDP unit is the
     transformer layer), with the release's budgets (``fsdp_communication_unit``: all units alike,
@@ -190,18 +213,19 @@ def fsdp_buffer_bytes(options, unit_parameters, layers):
     reduce-scatter until more than the queue's capacity is queued: min(all layers, the buckets
     the queue keeps, the one just queued and the one being produced: ``fsdp_queued_elements``).
     Both in the stage's element and gradient bucket dtypes (``bucket_bytes``). torch FSDP2
-    ('torch_fsdp2') keeps two layers of each, in the weights' dtype."""
+    ('torch_fsdp2') keeps two layers of each, in the weights' dtype. ``dp_cp``: the DP x CP group's
+    ranks (``fsdp_communication_unit``)."""
     layers = np.asarray(layers, dtype=float)
-    return fsdp_held_buffer_bytes(options, unit_parameters, layers * unit_parameters, layers)
+    return fsdp_held_buffer_bytes(options, unit_parameters, layers * unit_parameters, layers, dp_cp)
 
 
-def fsdp_held_buffer_bytes(options, unit_parameters, held, units):
+def fsdp_held_buffer_bytes(options, unit_parameters, held, units, dp_cp=1):
     """``fsdp_buffer_bytes`` for a rank whose ``units`` FSDP units hold ``held`` parameters in all,
     the largest of them ``unit_parameters``: the same buffers where the units differ in size (an
     MoE stage's dense and MoE layers, ``advisor.moe.fsdp``). The prefetch and the queue count a
     bucket's elements whatever unit it belongs to (``AllGatherPipeline``'s
     ``prefetch_all_gather_size``, ``GradReducePipeline``'s queue: same sources), and the release
-    sizes both from the units (``fsdp_communication_unit``)."""
+    sizes both from the units and the DP x CP group's ``dp_cp`` ranks (``fsdp_communication_unit``)."""
     sharding = SHARDING[options.fsdp_strategy]
     held = np.asarray(held, dtype=float)
     zero = 0.0 * held  # every buffer as wide as the layers and units broadcast (0 where not held)
@@ -216,7 +240,7 @@ def fsdp_held_buffer_bytes(options, unit_parameters, held, units):
         return unsharded + zero, unsharded + zero
     # each as wide as ``held`` already (it broadcasts the units): nothing to add to widen them
     weights, gradients = zero, zero
-    prefetch, queue = fsdp_communication_unit(options, held, units)
+    prefetch, queue = fsdp_communication_unit(options, held, units, dp_cp)
     if weights_sharded:
         gathered = np.minimum(held, unit_parameters + np.minimum(prefetch, held - unit_parameters))
         weights = options.element_bytes * np.maximum(gathered, 0.0)
@@ -225,7 +249,7 @@ def fsdp_held_buffer_bytes(options, unit_parameters, held, units):
     return weights, gradients
 
 
-def fsdp_buffer_lines(options, unit_parameters) -> list[tuple]:
+def fsdp_buffer_lines(options, unit_parameters, dp_cp=1) -> list[tuple]:
     """``fsdp_buffer_bytes`` as lines in the layers n: each buffer is the smaller of two lines,
     n units (slope u, nothing at 0) or its cap (slope 0): gathered = min(n u, u + prefetch)
     (for n >= 1, u + min(prefetch, (n - 1) u) is that; at 0 both are 0) and queued = min(n u,
@@ -238,7 +262,7 @@ def fsdp_buffer_lines(options, unit_parameters) -> list[tuple]:
     if options.fsdp_strategy == "torch_fsdp2":  # min(n u, 2 u) of each, in the weights' dtype
         each = [(options.element_bytes * u, 0.0), (0.0, options.element_bytes * TORCH_FSDP2_UNITS_IN_FLIGHT * u)]
         return [(a + c, b + d) for a, b in each for c, d in each]
-    prefetch, queue = fsdp_communication_unit(options, u, 1)
+    prefetch, queue = fsdp_communication_unit(options, u, 1, dp_cp)
     gathered = [(options.element_bytes * u, 0.0), (0.0, options.element_bytes * (u + prefetch))] \
         if weights_sharded else [(0.0, 0.0)]
     queued = [(bucket_bytes(options) * u, 0.0),

@@ -167,6 +167,7 @@ class StageModel:
         self.layer_extra_bytes = levers.fp8_weight_bytes_per_layer(spec, t, options)
         self.fp8 = options.fp8_format is not None
         self.options = options
+        self.dp_cp = d * c  # Megatron-FSDP's budgets may grow with it (memory_levers.fsdp_communication_unit)
         sharding = levers.SHARDING[options.fsdp_strategy]
         self.buffered = sharding is not None and sharding[1]  # Megatron-FSDP's unsharded gradient queue
         dtype_scale = options.element_bytes / eq.WEIGHT_BYTES  # the equations count BF16 bytes
@@ -372,7 +373,7 @@ class StageModel:
             + self.layer_extra_bytes
         if self.buffered:
             lines = [(fixed + intercept, per_layer + slope, slope, intercept)
-                     for slope, intercept in levers.fsdp_buffer_lines(self.options, self.layer_parameters)]
+                     for slope, intercept in levers.fsdp_buffer_lines(self.options, self.layer_parameters, self.dp_cp)]
         else:
             lines = [(fixed, per_layer, 0.0, 0.0)]
         shape = (len(lines),) + np.broadcast_shapes(*(np.shape(value) for line in lines for value in line))
@@ -401,7 +402,8 @@ class StageModel:
         without them where not ``buffers``)."""
         if not (self.fp8 or (self.buffered and buffers)):  # the sums below with only zeros added: the same bytes
             return self.weight_bytes * parameters, self.gradient_bytes * parameters, self.optimizer_bytes * parameters
-        gathered, queued = levers.fsdp_buffer_bytes(self.options, self.layer_parameters, layers) if buffers else (0, 0)
+        gathered, queued = levers.fsdp_buffer_bytes(self.options, self.layer_parameters, layers, self.dp_cp) \
+            if buffers else (0, 0)
         weights = self.weight_bytes * parameters + (np.asarray(layers) * self.layer_extra_bytes + gathered)
         return weights, self.gradient_bytes * parameters + queued, self.optimizer_bytes * parameters
 

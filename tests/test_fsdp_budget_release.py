@@ -157,3 +157,64 @@ def test_from_command_prices_each_release():
 def test_cli_releases_agree_at_tp2():
     """TP 2: 2u under 1e9, both releases' budgets are (5e8, 1e9): every stage the same."""
     assert _estimate(2)["stages"] == _estimate(2, "--megatron-version", "0.15")["stages"]
+
+
+# --- optim_grads beyond DP x CP = 1,000: the DDP bucket size grows past the 1e9 floor ------------
+
+OG_19 = MemoryOptions(fsdp_strategy="optim_grads")
+U_8B = 218_112_000
+"""Llama 3.1 8B (h 4096, a 32, k 8, d 128, h_ffn 14336) at TP 1, one layer: QKV 4096 x (4096 + 2 x 8
+x 128) = 25,165,824; projection 4096^2 = 16,777,216; FC1 with its gate 2 x 14336 x 4096 =
+117,440,512; FC2 14336 x 4096 = 58,720,256; two RMSNorms 8,192."""
+
+
+@pytest.mark.parametrize("dp_cp, prefetch, queue", [
+    (1, 500_000_000, 1_000_000_000),  # bucket max(40M, 1M) = 40M, under the floor
+    (1000, 500_000_000, 1_000_000_000),  # bucket 1M x 1000 = 1e9: the floor exactly
+    (1001, 500_500_000, 1_001_000_000),  # bucket 1,001,000,000: past it
+    (2048, 1_024_000_000, 2_048_000_000),  # e.g. DP 256 x CP 8, or DP 2048
+])
+def test_optim_grads_budget_grows_with_dp_cp_on_0_19(dp_cp, prefetch, queue):
+    """core_v0.19.0: optim_grads takes ``self.bucket_size`` (megatron_fsdp.py:433-434), which
+    training.py:1850-1855 sets to ``resolve_ddp_bucket_size``: max(40,000,000, 1,000,000 x DP x CP)
+    with --overlap-grad-reduce (:1561-1562); at least 1e9 (:438-441), the prefetch half (:444)."""
+    assert levers.ddp_bucket_size(dp_cp) == max(40_000_000, 1_000_000 * dp_cp)
+    assert levers.fsdp_communication_unit(OG_19, 32 * U_8B, 32, dp_cp) == (prefetch, queue)
+
+
+def test_the_bucket_rule_is_0_19_s_with_overlap_and_not_optim_grads_params():
+    """Without --overlap-grad-reduce the bucket size is None (training.py:1565-1566) and the budget
+    1e9; core_v0.15.2 keeps 1e9 whatever DP x CP (``suggested_communication_unit_size or 1e9``,
+    megatron_fsdp.py:362-364); optim_grads_params is sized by its units alone: 70B at TP 1, 2u."""
+    floor = (500_000_000, 1_000_000_000)
+    no_overlap = MemoryOptions(fsdp_strategy="optim_grads", overlap_grad_reduce=False)
+    assert levers.fsdp_communication_unit(no_overlap, 32 * U_8B, 32, 2048) == floor
+    old = MemoryOptions(fsdp_strategy="optim_grads", fsdp_budget_from_units=False)
+    assert levers.fsdp_communication_unit(old, 32 * U_8B, 32, 2048) == floor
+    assert levers.fsdp_communication_unit(OGP_19, 10 * U_TP1, 10, 2048) == (U_TP1, 2 * U_TP1)
+
+
+def _8b_gradients_gib(dp: int, *extra: str) -> float:
+    result = CliRunner().invoke(cli, ["estimate", "--model", "llama3.1-8b", "--tp", "1", "--pp", "1", "--dp", str(dp),
+                                      "--mbs", "1", "--gbs", str(2 * dp), "--gpu", "h100-80gb", "--use-megatron-fsdp",
+                                      "--data-parallel-sharding-strategy", "optim_grads", "--format", "json", *extra])
+    assert result.exit_code == 0, result.output
+    [stage] = json.loads(result.output)["stages"]
+    return stage["gradients_gib"]
+
+
+def test_llama_8b_at_dp_2048_queues_the_bucket_by_hand():
+    """advisor estimate, Llama 3.1 8B on 2048 H100s (TP 1, PP 1, DP 2048), optim_grads, FP32 main
+    gradients: the shard 4 x 8,030,261,248 / 2048 = 15,684,104 bytes, and the queue (the 32 layers
+    hold 6,979,584,000 elements, more than it keeps) min(32 u, 2,048,000,000 + u) = 2,266,112,000 FP32
+    elements (``fsdp_queued_elements``: queue + u) = 9,064,448,000 bytes: 9,080,132,104 in all,
+    8.4565 GiB. At DP 1000: 4 x 8,030,261,248 / 1000 = 32,121,044.992 + 4 x 1,218,112,000 =
+    4,904,569,044.992. Before, DP 2048 was priced at the 1e9 queue: 15,684,104 + 4,872,448,000 =
+    4,888,132,104, as core 0.15 and --no-overlap-grad-reduce still are."""
+    assert eq.layer_parameters(PRESETS["llama3.1-8b"], 1) == U_8B
+    assert _8b_gradients_gib(2048) * GIB == pytest.approx(15_684_104 + 4 * (2_048_000_000 + U_8B), rel=1e-12)
+    assert _8b_gradients_gib(1000) * GIB == pytest.approx(4 * 8_030_261_248 / 1000 + 4 * (1e9 + U_8B), rel=1e-12)
+    assert _8b_gradients_gib(2048, "--megatron-version", "0.15") * GIB == pytest.approx(
+        15_684_104 + 4 * (1_000_000_000 + U_8B), rel=1e-12)
+    assert _8b_gradients_gib(2048, "--no-overlap-grad-reduce") * GIB == pytest.approx(
+        15_684_104 + 4 * (1_000_000_000 + U_8B), rel=1e-12)

@@ -81,6 +81,19 @@ def test_core_v0_19_budget_follows_a_unit_over_half_a_billion():
     assert levers.fsdp_communication_unit(MemoryOptions(fsdp_strategy="optim_grads"), 8 * u, 8) == (5e8, 1e9)
 
 
+def test_optim_grads_queue_grows_with_the_dense_dp_cp():
+    """The same 8 Mixtral layers (u = 1,451,270,144 each) under optim_grads on core_v0.19.0: the
+    queue is the DDP bucket size, max(1e9, 1M x DP x CP) of the dense DP x CP group
+    (training.py:1562 takes ``pg_collection.dp_cp``), and keeps min(8u, queue + u) FP32 elements:
+    at DP x CP 8, 1e9 + u = 2,451,270,144; at 2048, 2,048,000,000 + u = 3,499,270,144. Nothing
+    gathered (the weights are not sharded)."""
+    u = ATTENTION + ROUTER_AND_NORMS + 8 * EXPERT
+    options = TrainingOptions().with_(fsdp_strategy="optim_grads").memory_options()
+    for dp_cp, queued in ((8, 2_451_270_144), (2048, 3_499_270_144)):
+        gathered, held, _ = fsdp.buffer_bytes(options, (ATTENTION + ROUTER_AND_NORMS, 8 * EXPERT, 0), 0, 8, dp_cp)
+        assert (float(gathered), float(held)) == (0.0, 4 * queued)
+
+
 def _rates() -> Rates:
     return Rates(gemm_flops_per_s=1e15, gemm_latency_s=0.0, attention_flops_per_s=1e15, attention_latency_s=0.0,
                  hbm_bytes_per_s=1e12, nvlink_bytes_per_s=400e9, network_bytes_per_s=50e9,

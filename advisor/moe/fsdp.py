@@ -72,7 +72,7 @@ def held_parameters(layer_parameters, dense, moe_units):
     return dense * dense_layer + moe_units * moe_dense, moe_units * experts, largest, dense + moe_units
 
 
-def buffer_bytes(options, layer_parameters, dense, moe_units):
+def buffer_bytes(options, layer_parameters, dense, moe_units, dp_cp=1):
     """(gathered weights, queued gradients, the dense part's share of them) in bytes per GPU: the
     dense model's Megatron-FSDP buffers (``memory_levers.fsdp_held_buffer_bytes``: the unit in use
     and the prefetched ones, the reduce-scatter queue) over the stage's units, both bucket groups of
@@ -81,9 +81,11 @@ def buffer_bytes(options, layer_parameters, dense, moe_units):
     price Megatron-FSDP on an MoE model). ``options``: the
     estimator's (``MemoryOptions``); ``layer_parameters``: ``held_parameters``'. The share splits
     them between the dense and expert columns in proportion to the elements held (Megatron counts
-    both kinds against one budget)."""
+    both kinds against one budget). ``dp_cp``: the dense DP x CP group's ranks, whose count the
+    optim_grads budgets grow with (core_v0.19.0's ``resolve_ddp_bucket_size`` takes
+    ``pg_collection.dp_cp``, not the expert group)."""
     held_dense, held_experts, largest, units = held_parameters(layer_parameters, dense, moe_units)
     held = held_dense + held_experts
-    gathered, queued = levers.fsdp_held_buffer_bytes(options, largest, held, units)
+    gathered, queued = levers.fsdp_held_buffer_bytes(options, largest, held, units, dp_cp)
     share = np.where(held > 0, held_dense / np.where(held > 0, held, 1.0), 1.0)
     return gathered, queued, share

@@ -322,7 +322,8 @@ def model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, st
     weights, gradients, optimizer = (dense_params * d + expert_params * e for d, e in zip(per_dense, per_expert))
     dense_bytes, expert_bytes = dense_params * sum(per_dense), expert_params * sum(per_expert)
     if options.memory.fsdp_strategy is not None:  # Megatron-FSDP's unsharded buffers (advisor.moe.fsdp)
-        gathered, queued, share = fsdp.buffer_bytes(options.memory, layer_parameters, dense, moe_layers + mtp)
+        gathered, queued, share = fsdp.buffer_bytes(options.memory, layer_parameters, dense, moe_layers + mtp,
+                                                    dp * cp)
         weights, gradients = weights + gathered, gradients + queued
         dense_bytes = dense_bytes + share * (gathered + queued)
         expert_bytes = expert_bytes + (1.0 - share) * (gathered + queued)

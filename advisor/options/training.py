@@ -981,6 +981,7 @@ class TrainingOptions:
             flash_attention=self.attention.flash_attention, vocab_divisible_by=self.vocab_divisible_by,
             fsdp_strategy="torch_fsdp2" if dp.torch_fsdp2 else dp.fsdp_strategy,
             fsdp_budget_from_units=release_defaults(release).fsdp_budget_from_units,
+            overlap_grad_reduce=dp.overlap_grad_reduce,
             optimizer_bytes=self.optimizer_bytes, optimizer_host_fraction=self.offload.host_fraction,
             fp8_format=p.fp8_format, fp8_recipe=p.fp8_recipe,
             fp8_param_gather=p.fp8_param_gather, fp8_amax_history_len=p.fp8_amax_history_len,
