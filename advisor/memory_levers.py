@@ -219,6 +219,18 @@ def fsdp_buffer_bytes(options, unit_parameters, layers, dp_cp=1):
     return fsdp_held_buffer_bytes(options, unit_parameters, layers * unit_parameters, layers, dp_cp)
 
 
+def fsdp_buffers_alike(options, other, unit_parameters, layers, dp_cp=1) -> bool:
+    """Whether two estimator views (``MemoryOptions``: one run's on two Megatron-LM releases) price
+    the same Megatron-FSDP buffers (``fsdp_buffer_bytes``) for stages of ``layers`` decoder layers
+    of ``unit_parameters`` each in a DP x CP group of ``dp_cp`` ranks. The releases' budgets differ
+    only where core_v0.19.0's exceed core_v0.15.2's fixed 1e9 (``fsdp_communication_unit``: a unit
+    over 5e8 elements under optim_grads_params, DP x CP over 1,000 under optim_grads with
+    --overlap-grad-reduce), and then only what the strategy leaves unsharded."""
+    mine = fsdp_buffer_bytes(options, unit_parameters, layers, dp_cp)
+    theirs = fsdp_buffer_bytes(other, unit_parameters, layers, dp_cp)
+    return all(np.array_equal(a, b) for a, b in zip(mine, theirs))
+
+
 def fsdp_held_buffer_bytes(options, unit_parameters, held, units, dp_cp=1):
     """``fsdp_buffer_bytes`` for a rank whose ``units`` FSDP units hold ``held`` parameters in all,
     the largest of them ``unit_parameters``: the same buffers where the units differ in size (an

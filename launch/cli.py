@@ -244,19 +244,28 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
 def _release_line(config: LaunchInput, rules) -> str | None:
     """Where a row priced for one Megatron-LM release launches on another whose price of it
     differs. Its flags run in that release's words (``launch.arguments.compose``) and mean what
-    they meant; what the releases price differently for a launchable row is Megatron-FSDP's
-    optim_grads_params buffers (core_v0.19.0 sizes them from the model, core_v0.15.2's are fixed:
-    ``advisor.memory_levers.fsdp_sized_by_units``). Megatron-FSDP on an MoE model, priced on
-    core_v0.19.0 only, is refused on core_v0.15.2 (``launch.arguments.check_moe_refusals``)."""
-    if config.priced_release is None or config.priced_release == rules.checked:
-        return None
-    from advisor.memory_levers import fsdp_sized_by_units
-    from advisor.options import release_defaults
-    from advisor.row_flags import flag_values
+    they meant; what the releases price differently for a launchable dense row is Megatron-FSDP's
+    buffers where core_v0.19.0's budgets exceed core_v0.15.2's fixed ones (a unit over 5e8
+    elements under optim_grads_params, DP x CP over 1,000 under optim_grads:
+    ``advisor.memory_levers.fsdp_buffers_alike`` compares the stages' buffers as each release
+    prices them). Megatron-FSDP on an MoE model, priced on core_v0.19.0 only, is refused on
+    core_v0.15.2 (``launch.arguments.check_moe_refusals``)."""
+    from advisor.moe.spec import is_moe
 
-    values = flag_values(config.megatron_args)
-    strategy = values.get("--data-parallel-sharding-strategy", (None,))[0] if "--use-megatron-fsdp" in values else None
-    if fsdp_sized_by_units(strategy, release_defaults(config.priced_release)) == fsdp_sized_by_units(strategy, rules):
+    if config.priced_release is None or config.priced_release == rules.checked or is_moe(config.model):
+        return None
+    import numpy as np
+
+    from advisor import equations as eq
+    from advisor.memory_levers import fsdp_buffers_alike
+    from advisor.options import parse_training_args
+
+    options, _ = parse_training_args(config.megatron_args, config.priced_release)
+    strategy = options.data_parallel.fsdp_strategy
+    if strategy is None or fsdp_buffers_alike(
+            options.memory_options(config.priced_release), options.memory_options(rules),
+            eq.layer_parameters(config.model, config.tp), np.asarray(config.layers_per_stage, dtype=float),
+            config.dp * config.cp):
         return None
     version = ".".join(map(str, rules.release))
     return (f"priced for Megatron-LM {config.priced_release}, launched on {rules.checked}, whose Megatron-FSDP "

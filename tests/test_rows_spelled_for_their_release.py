@@ -90,9 +90,9 @@ def test_an_moe_rows_renamed_flags_are_in_its_releases_words(advisor):
 
 
 def test_a_launch_on_another_release_than_priced_says_so_where_it_prices_otherwise(advisor, tmp_path):
-    """Only Megatron-FSDP's optim_grads_params buffers are priced differently by the two releases
-    (core_v0.19.0 sizes them from the model: tests/test_fsdp_budget_release.py): that row's launch
-    on core_v0.15.2 says so; an optim_grads row's does not (both releases' buffers are fixed there)."""
+    """Llama 3.1 70B at TP 1 (a layer of 855,654,400 elements, over 5e8): core_v0.19.0 sizes
+    optim_grads_params's buffers from it (tests/test_fsdp_budget_release.py), so that row's launch
+    on core_v0.15.2 says so; an optim_grads row's at DP 8 does not (both releases' budgets are 1e9)."""
     line = "priced for Megatron-LM"
     for strategy, said in (("optim_grads", False), ("optim_grads_params", True)):
         row = tmp_path / f"{strategy}.json"
@@ -106,6 +106,37 @@ def test_a_launch_on_another_release_than_priced_says_so_where_it_prices_otherwi
         assert (line in other.stderr) == said
         # the same flags, each in its release's words
         assert shlex.split(same.stdout) == release_spelling(NEWEST, shlex.split(other.stdout))
+
+
+@pytest.mark.parametrize("case, priced, launched, said", [
+    # 70B at TP 2: u = 855,638,016 / 2 (the matrices) + 16,384 (two RMSNorms, not split) =
+    # 427,835,392; 2u = 855,670,784 < 1e9, so core_v0.19.0's optim_grads_params budgets are the
+    # 1e9 floor, as core_v0.15.2's: the same price, nothing to say
+    ("ogp_tp2", "0.19", "0.15", False),
+    # 8B at DP 2048, optim_grads, --overlap-grad-reduce: core_v0.19.0 queues the DDP bucket,
+    # 1M x 2048 = 2.048e9 > 1e9 (resolve_ddp_bucket_size), core_v0.15.2 1e9: said both ways
+    ("og_dp2048", "0.19", "0.15", True),
+    ("og_dp2048", "0.15", "0.19", True),
+    # without --overlap-grad-reduce the bucket size is None and core_v0.19.0 keeps 1e9 too
+    ("og_dp2048_no_overlap", "0.19", "0.15", False),
+])
+def test_the_release_line_follows_the_prices_not_the_strategy(advisor, tmp_path, case, priced, launched, said):
+    """The launch's note compares the buffers each release prices (``fsdp_buffers_alike``): it
+    named every optim_grads_params row launched on another release, though at TP 2 on 70B both price
+    it alike, and no optim_grads row, though core_v0.19.0 grows its queue past DP x CP = 1,000
+    (Llama 3.1 8B at DP 2048: 68.75 GiB on core_v0.19.0, 64.84 on core_v0.15.2)."""
+    layouts = {
+        "ogp_tp2": ["--model", "llama3.1-70b", "--gpus", "8", "--tp", "2", "--pp", "1", "--gbs", "64",
+                    "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"],
+        "og_dp2048": ["--model", "llama3.1-8b", "--gpus", "2048", "--tp", "1", "--pp", "1", "--mbs", "1",
+                      "--gbs", "4096", *FSDP],
+    }
+    layouts["og_dp2048_no_overlap"] = [*layouts["og_dp2048"], "--no-overlap-grad-reduce"]
+    row = tmp_path / "row.json"
+    advisor("estimate", *layouts[case], "--gpu", "h100-80gb", "--megatron-version", priced, "--format", "json",
+            "-o", row)
+    stderr = launcher()("args", "--from", row, "--megatron-version", launched).stderr
+    assert ("priced for Megatron-LM" in stderr) == said, stderr
 
 
 def test_an_moe_rows_megatron_fsdp_is_refused_on_core_0_15(advisor, tmp_path):
