@@ -90,6 +90,10 @@ def _write(tmp_path, name, **changes):
     ("deepseek-v3", "norm_topk_prob", False),
     ("mixtral-8x7b", "router_jitter_noise", 0.1),
     ("mixtral-8x7b", "sliding_window", 4096),
+    # a JSON true is no layer frequency, nor 1 a true (found by fuzzing: Python's True == 1 let them through)
+    ("qwen3-30b-a3b", "decoder_sparse_step", True),
+    ("deepseek-v3", "moe_layer_freq", True),
+    ("deepseek-v3", "norm_topk_prob", 1),
 ])
 def test_unpriced_keys_refused_by_name(tmp_path, name, key, value):
     with pytest.raises(AdvisorError, match=key):
@@ -225,3 +229,9 @@ def test_pre_softmax_keeps_the_softmax_over_every_expert(tmp_path):
     assert pre_softmax["step_time_s"] == renormalised["step_time_s"]
     assert "--moe-router-pre-softmax" in pre_softmax["megatron_args"]
     assert "--moe-router-pre-softmax" not in renormalised["megatron_args"]
+
+
+def test_mlp_only_layers_are_named_as_written(tmp_path):
+    """A string layer index is shown as the string it is (found by fuzzing: ["0"] read as [0])."""
+    with pytest.raises(AdvisorError, match=re.escape("mlp_only_layers is ['0', 1, true], not empty")):
+        load_model(_write(tmp_path, "qwen3-30b-a3b", mlp_only_layers=["0", 1, True]))

@@ -342,9 +342,10 @@ def _count(config: _Config, key: str, default=limits.ABSENT, low: int = 1) -> in
 
 
 def _expect(config: _Config, key: str, wanted, why: str) -> None:
-    """Refuse, naming the key, a value this tool does not price."""
+    """Refuse, naming the key, a value this tool does not price. A JSON true is not the number 1,
+    nor 1 a true (Python's True == 1 would take one for the other)."""
     value = config.config.get(key, wanted)
-    if value != wanted:
+    if value != wanted or isinstance(value, bool) != isinstance(wanted, bool):
         raise config.error(key, f"is {_describe(value)}: {why}")
 
 
@@ -398,8 +399,9 @@ def _qwen3_fields(config: _Config, keys: dict[str, str]) -> dict:
     _expect(config, "decoder_sparse_step", 1, "this tool prices MoE in every layer (Megatron's --moe-layer-freq 1)")
     dense = config.config.get("mlp_only_layers")  # Qwen3MoeConfig: None reads as []
     if dense not in (None, []):  # layers built with a dense Qwen3MoeMLP, not the sparse MoE block
-        shown = f"[{', '.join(map(str, dense[:8]))}{', ...' if len(dense) > 8 else ''}]" if isinstance(dense, list) \
-            else _describe(dense)
+        # as JSON writes them (["0"] is not [0]), at most eight
+        shown = f"[{', '.join(map(limits.json_text, dense[:8]))}{', ...' if len(dense) > 8 else ''}]" \
+            if isinstance(dense, list) else _describe(dense)
         raise config.error("mlp_only_layers", f"is {shown}, not empty: it puts dense MLP layers among the MoE layers, "
                                               "which this tool does not price (every layer is MoE here)")
     # qk_layernorm: dense_values reads it for qwen3_moe, as for dense qwen3
