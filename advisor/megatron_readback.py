@@ -235,12 +235,7 @@ def _legacy_rope(parsed: ParsedArguments) -> None:
 def _unpriced_model(model: dict) -> list[str]:
     """What a LlamaSpec cannot say about the command's network, named (priced as Llama's)."""
     notes = []
-    if model.get("quick-geglu"):
-        # core_transformer_config_from_args (arguments.py in core_v0.15.2, argument_utils.py in
-        # core_v0.19.0): --quick-geglu sets gated_linear_unit with quick_gelu, after 'assert not args.swiglu'
-        if model.get("swiglu"):
-            raise AdvisorError("--quick-geglu with --swiglu: Megatron-LM refuses the command (building its "
-                               "TransformerConfig: 'assert not args.swiglu'); keep one of them")
+    if model.get("quick-geglu"):  # beside --swiglu refused first (_refuse_activations_with_swiglu)
         notes.append("--quick-geglu (a gated MLP as SwiGLU is: priced as SwiGLU, the same weights and FLOPs; its "
                      "quick-GELU activation, not SiLU, not priced)")
     elif not model.get("swiglu"):
@@ -436,7 +431,7 @@ def read_run(arguments: list[str] | tuple[str, ...], *, name: str = "command", v
     layout = read_layout(parsed.layout, spec.num_layers, mtp or 0, release, seq_len)
     spec, built = _as_built(spec, layout, bool(moe_values))
     _refuse_interleaving_without_p2p_overlap(layout, rest)
-    _refuse_squared_relu_with_swiglu(parsed.model, rest)
+    _refuse_activations_with_swiglu(parsed.model, rest)
     fusion_off = _SOFTMAX_FUSION_OFF in rest
     rest = [word for word in rest if word != _SOFTMAX_FUSION_OFF]
     options, unpriced = training_options(rest, layout.tp, release)
@@ -535,12 +530,16 @@ def _sequence_length_alias(model: dict) -> None:
 _NO_P2P_OVERLAP = "--no-overlap-p2p-communication"
 
 
-def _refuse_squared_relu_with_swiglu(model: dict, rest: list[str]) -> None:
-    """--squared-relu beside --swiglu: core_transformer_config_from_args asserts 'not args.swiglu'
-    for it (arguments.py in core_v0.15.2, argument_utils.py in core_v0.19.0), as for --quick-geglu
-    (``_unpriced_model``); it was named only as 'not known to the advisor' and priced as SwiGLU."""
-    if model.get("swiglu") and "--squared-relu" in _flags(rest):
-        raise AdvisorError("--squared-relu with --swiglu: Megatron-LM refuses the command (building its "
+def _refuse_activations_with_swiglu(model: dict, rest: list[str]) -> None:
+    """--quick-geglu or --squared-relu beside --swiglu: core_transformer_config_from_args
+    (arguments.py in core_v0.15.2, argument_utils.py in core_v0.19.0) sets each activation after
+    'assert not args.swiglu'. --quick-geglu is read into the model (a gated MLP), --squared-relu is
+    left in the rest (named, not priced)."""
+    if not model.get("swiglu"):
+        return
+    given = {"--quick-geglu": model.get("quick-geglu"), "--squared-relu": "--squared-relu" in _flags(rest)}
+    for flag in (flag for flag, present in given.items() if present):
+        raise AdvisorError(f"{flag} with --swiglu: Megatron-LM refuses the command (building its "
                            "TransformerConfig: 'assert not args.swiglu'); keep one of them")
 
 
