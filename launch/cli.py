@@ -268,8 +268,9 @@ def _release_line(config: LaunchInput, rules) -> str | None:
             config.dp * config.cp):
         return None
     version = ".".join(map(str, rules.release))
+    command = "recommend" if config.kind == "plan" else "estimate"  # a plan is priced again by its own command
     return (f"priced for Megatron-LM {config.priced_release}, launched on {rules.checked}, whose Megatron-FSDP "
-            f"sizes its {strategy} buffers otherwise: advisor estimate --megatron-version {version} prices it there")
+            f"sizes its {strategy} buffers otherwise: advisor {command} --megatron-version {version} prices it there")
 
 
 def _unbalanced_line(config: LaunchInput, args: Sequence[str]) -> str | None:

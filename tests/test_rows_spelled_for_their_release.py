@@ -203,3 +203,14 @@ def test_an_analytic_plan_is_written_for_its_release_and_launched_as_priced(advi
     launched = launcher()("args", "--from", plan, "--megatron-version", checked)
     assert shlex.split(launched.stdout) == document["megatron_args"]
     assert "priced for" not in launched.stderr
+
+
+def test_a_plan_launched_on_another_release_says_to_recommend_it_there(advisor, tmp_path):
+    """A plan is priced again by advisor recommend, not estimate: the note names the command that
+    made it (70B at TP 1, PP 8, optim_grads_params: core_v0.19.0 sizes its buffers from the model)."""
+    plan = tmp_path / "plan.json"
+    advisor("recommend", "--model", "llama3.1-70b", "--gpus", "64", "--tp", "1", "--pp", "8", "--gbs", "512",
+            *FSDP[:2], "optim_grads_params", "-o", plan)
+    note = launcher()("args", "--from", plan, "--megatron-version", "0.15").stderr
+    assert ("whose Megatron-FSDP sizes its optim_grads_params buffers otherwise: advisor recommend "
+            "--megatron-version 0.15 prices it there") in note

@@ -2,10 +2,11 @@
 reader (``parse_training_args``). Flag names, defaults and rules are those of
 ``megatron/training/arguments.py`` of the releases in ``advisor.options.releases``.
 
-Emission states every priced option explicitly, Megatron's defaults included, so a list means
-the same on every release (the FSDP sharding strategy's default differs between releases; it is
-always written), but for the flags only core_v0.19.0 has: Megatron-FSDP's gradient dtype, which
-rows and launches there add (``release_spelling``, ``spelled_parts``), and its main-weight and
+Emission states every priced option explicitly, Megatron's defaults included, so that a list
+read by any release means the options priced (the FSDP sharding strategy's default differs
+between releases; it is always written) once it is in that release's words: Megatron-FSDP's
+gradient dtype, core_v0.19.0's own flag, which rows and launches there add (``release_spelling``,
+``spelled_parts``), and its main-weight and
 communication dtypes, written only where they differ from its defaults (refused for a release
 without them: ``fsdp_dtypes_problem``). Reading applies
 the target release's defaults to flags a command line leaves out, and names the flags that
@@ -80,9 +81,9 @@ def _number(value: float) -> str:
 
 def training_args(options: TrainingOptions, *, tp: int, release=None) -> list[str]:
     """The flags of every option the models priced, for a layout with this TP on ``release``
-    (default the newest the advisor knows; the list is the same on every release it knows, but
-    --cross-entropy-fusion-impl te, which only core_v0.15 takes: refused for a release given
-    that refuses it)."""
+    (default the newest the advisor knows), in words every release it knows reads (a row or a
+    launch spells them for its release: ``release_spelling``), but --cross-entropy-fusion-impl te,
+    which only core_v0.15 takes: refused for a release given that refuses it."""
     defaults = release_defaults(release)  # an unknown release is refused here, before anything is written
     if release is not None:  # the CLI checked the loss kernel against the release its user named
         te_cross_entropy_problem(options, defaults)
