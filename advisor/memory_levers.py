@@ -97,9 +97,13 @@ def fsdp_queued_elements(options, unit_parameters, queue=FSDP_RS_QUEUE_ELEMENTS)
     the bucket being filled (``fsdp_queued_units``'s count). optim_grads_params: one bucket per
     FSDP unit, the layer (``tests/test_symbolic_fsdp.py`` measures it): (floor(queue / u) + 2) u.
     optim_grads has no FSDP units: its buckets close at the parameter that crosses
-    --ddp-bucket-size (docs/options.md, the Llama 3 405B check), a few parameters each, so the
-    queue is trimmed to nearly the queue's elements, plus the bucket just queued and the one being
-    filled, each at most the largest weight, FC1's (gate and up, about half a layer): queue + u."""
+    --ddp-bucket-size (docs/options.md, the Llama 3 405B check), a few parameters each while that
+    size is below the largest weight, so the queue is trimmed to nearly the queue's elements, plus
+    the bucket just queued and the one being filled, each at most the largest weight, FC1's (gate
+    and up, about half a layer): queue + u. Underpriced where the bucket size exceeds FC1 (Llama
+    3.1 8B at TP 1: DP x CP over about 117) or is None (no --overlap-grad-reduce: one bucket a
+    chunk): Megatron then holds whole buckets of several layers (docs/options.md, 'Known
+    underpricing'; tests/test_fsdp_optim_grads_queue.py, a strict xfail)."""
     u = np.asarray(unit_parameters, dtype=float)
     if options.fsdp_strategy == "optim_grads_params":
         return fsdp_queued_units(u, queue) * u

@@ -73,8 +73,9 @@ def test_unit_buffers_match_fsdp_buffer_bytes(measured):
     from, under optim_grads_params: fsdp_buffer_bytes for one layer gives 2 bytes (BF16) and
     4 bytes (FP32) per layer parameter. Under optim_grads Megatron-FSDP has no units: its
     gradient buckets are Megatron-LM's --ddp-bucket-size default (max(4e7, 1e6 x DP) elements,
-    closed at the parameter that crosses it), smaller than a layer; the advisor counts the
-    unit being reduced as a whole layer, which over-counts by at most one layer's gradients."""
+    closed at the parameter that crosses it), smaller than a layer at this DP; the advisor counts
+    the unit being reduced as a whole layer, which holds while that size is below the largest
+    weight (above it, docs/options.md's 'Known underpricing': tests/test_fsdp_optim_grads_queue.py)."""
     options = TrainingOptions().with_(fsdp_strategy="optim_grads_params").memory_options()
     weights, gradients = fsdp_buffer_bytes(options, LAYER, 1)
     got = measured["optim_grads_params"]
