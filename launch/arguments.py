@@ -67,6 +67,13 @@ MEMORY_FLAGS = (
     "--transformer-impl", "--disable-tp-comm-overlap-ag", "--disable-tp-comm-overlap-rs", "--tp-comm-overlap-rs-dgrad",
     "--disable-tp-comm-bulk-dgrad", "--disable-tp-comm-bulk-wgrad", FSDP_MAIN_GRADS, FSDP_MAIN_PARAMS, FSDP_GRAD_COMM,
     SWIGLU_UNFUSED_FLAG,
+    # core_v0.19.0's spellings of the overlap's sub-options, its user buffer config, the
+    # precision-aware optimizer's state dtypes, the loss kernel and the data loader's mask flags:
+    # each read by advisor.options.flags into an option the price depends on
+    "--no-tp-comm-overlap-ag", "--no-tp-comm-overlap-rs", "--no-tp-comm-bulk-dgrad", "--no-tp-comm-bulk-wgrad",
+    "--tp-comm-overlap-cfg", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-grads-dtype", "--main-params-dtype",
+    "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "--eod-mask-loss", "--reset-attention-mask",
+    "--reset-position-ids",
 )
 """Every flag behind a priced training option (``advisor.options.training_args``, and
 ``FSDP_MAIN_GRADS``, which a launch on core 0.19 adds: ``advisor.options.flags.release_spelling``) is decided."""
@@ -109,6 +116,10 @@ _ASSUMED_WHEN_UNSET = {
     # no --transformer-impl: Transformer Engine, restated; 'local' stays the user's (a CPU test launch
     # over gloo needs megatron-core's own modules), with the launch's note that it is not what was priced
     "--transformer-impl": {("transformer_engine",), ("local",)},
+    # Megatron's defaults, restated (arguments.py, both releases)
+    **{flag: {("fp32",)} for flag in ("--exp-avg-dtype", "--exp-avg-sq-dtype", "--main-grads-dtype",
+                                      "--main-params-dtype")},
+    "--cross-entropy-fusion-impl": {("native",)},
 }
 
 # How to price a decided flag that a row left unset, where an advisor switch prices it. Megatron-LM

@@ -44,3 +44,23 @@ def test_a_flag_the_input_did_not_price_is_named(sweep, monkeypatch, extra, name
 def test_a_jobs_own_flags_and_restated_ones_are_not_named(sweep, monkeypatch, extra):
     monkeypatch.delenv("MEGATRON_LM", raising=False)
     assert HEAD not in launcher()("args", "--from", sweep, "--", *extra).stderr
+
+
+@pytest.mark.parametrize("extra", [
+    ["--exp-avg-dtype", "bf16"], ["--main-params-dtype", "fp16"], ["--cross-entropy-loss-fusion"],
+    ["--eod-mask-loss"], ["--reset-position-ids"], ["--no-tp-comm-bulk-dgrad"],
+])
+def test_a_priced_option_the_input_left_unset_is_a_conflict(sweep, monkeypatch, extra):
+    """Flags that advisor.options reads into an option the price depends on (the precision-aware
+    optimizer's state dtypes, the loss kernel, the data loader's mask, core_v0.19.0's spellings of
+    the TP overlap's sub-options) are the input's to decide, as --bf16 is: they passed through,
+    and the launch ran what was not priced (reviewer7)."""
+    monkeypatch.delenv("MEGATRON_LM", raising=False)
+    line = launcher().error("args", "--from", sweep, "--", *extra)
+    assert line.startswith(f"Error: {' '.join(extra)} (after --) conflicts with the sweep row (rank 1 of {sweep})")
+
+
+@pytest.mark.parametrize("extra", [["--exp-avg-dtype", "fp32"], ["--cross-entropy-fusion-impl", "native"]])
+def test_megatrons_default_restated_is_no_conflict(sweep, monkeypatch, extra):
+    monkeypatch.delenv("MEGATRON_LM", raising=False)
+    assert launcher()("args", "--from", sweep, "--", *extra).stdout.split()[-len(extra):] == extra
