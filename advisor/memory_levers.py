@@ -6,6 +6,9 @@ broadcasts over numpy layouts like ``advisor.memory``; with every lever off each
 
 from __future__ import annotations
 
+import collections
+import functools
+
 import numpy as np
 
 from advisor import equations as eq
@@ -97,17 +100,149 @@ def fsdp_queued_elements(options, unit_parameters, queue=FSDP_RS_QUEUE_ELEMENTS)
     the bucket being filled (``fsdp_queued_units``'s count). optim_grads_params: one bucket per
     FSDP unit, the layer (``tests/test_symbolic_fsdp.py`` measures it): (floor(queue / u) + 2) u.
     optim_grads has no FSDP units: its buckets close at the parameter that crosses
-    --ddp-bucket-size (docs/options.md, the Llama 3 405B check), a few parameters each while that
-    size is below the largest weight, so the queue is trimmed to nearly the queue's elements, plus
-    the bucket just queued and the one being filled, each at most the largest weight, FC1's (gate
-    and up, about half a layer): queue + u. Underpriced where the bucket size exceeds FC1 (Llama
-    3.1 8B at TP 1: DP x CP over about 117) or is None (no --overlap-grad-reduce: one bucket a
-    chunk): Megatron then holds whole buckets of several layers (docs/options.md, 'Known
-    underpricing'; tests/test_fsdp_optim_grads_queue.py, a strict xfail)."""
+    --ddp-bucket-size, so the bucket just queued and the one being filled are not layers; where the
+    layer's weights are known (``layer_weights``) ``fsdp_held_buffer_bytes`` replays the cut and
+    the queue (``fsdp_optim_grads_peak``). This form, queue + u, remains for a caller that gives
+    none (an MoE stage: ``advisor.moe.fsdp``): right while the bucket size is below the largest
+    weight (each bucket a few weights, at most about half a layer), underpriced beyond it (Llama
+    3.1 8B at TP 1: DP x CP over about 117) or without --overlap-grad-reduce (one bucket a chunk)."""
     u = np.asarray(unit_parameters, dtype=float)
     if options.fsdp_strategy == "optim_grads_params":
         return fsdp_queued_units(u, queue) * u
     return queue + u
+
+
+LAYER_WEIGHT_ARRIVAL = (5, 4, 3, 1, 2, 0)
+"""The order in which backward produces a decoder layer's weight gradients, as indices into
+``layer_weights``: FC2, FC1, the MLP norm, then the attention's output projection before QKV (the
+projection runs last in forward, so its gradient comes first), then the input norm."""
+
+
+def layer_weights(spec: LlamaSpec, tp) -> tuple:
+    """A decoder layer's weights on one GPU (TP-local elements) in megatron-core's
+    ``named_parameters`` order, which Megatron-FSDP's optim_grads buckets follow: input norm h,
+    output projection h a d / t, QKV h (a + 2k) d / t (its bias and QK norms, a few thousand
+    elements, folded in), MLP norm h, FC1 (gate and up) 2 h h_ffn / t, FC2 h h_ffn / t. Their sum
+    is ``equations.layer_parameters``. The order is the local spec's, read from a real
+    ``named_parameters()`` (the fsdpqueue helper's layout on core_v0.15.2 and core_v0.19.0); with
+    Transformer Engine the input norm is fused into QKV (``layer_norm_weight``) and sits after the
+    projection, h elements that can move a bucket's cut by one weight only where a cut falls there."""
+    h, k, a, d = spec.hidden_size, spec.num_query_groups, spec.num_attention_heads, spec.head_dim
+    t = np.asarray(tp, dtype=float)
+    bias = (a + 2 * k) * d if spec.add_qkv_bias else 0
+    qkv = (h * (a + 2 * k) * d + bias) / t + eq.qk_norm_parameters(spec)
+    mlp = spec.hidden_size * spec.ffn_hidden_size / t
+    return (float(h), h * a * d / t, qkv, float(h), 2 * mlp, mlp)
+
+
+def fsdp_bucket_size(options, dp_cp):
+    """Megatron-FSDP's ``suggested_bucket_size`` under optim_grads, in elements: ``ddp_bucket_size``
+    with --overlap-grad-reduce, else inf (training.py sets None: core_v0.15.2 :984-990, core_v0.19.0
+    ``resolve_ddp_bucket_size`` :1552-1567, and ``_get_parameter_groups`` then keeps the chunk's
+    weights in one bucket)."""
+    if options.overlap_grad_reduce:
+        return ddp_bucket_size(dp_cp)
+    return np.full_like(np.asarray(dp_cp, dtype=float), np.inf)
+
+
+@functools.lru_cache(maxsize=65536)
+def _bucket_peak(weights: tuple, layers: int, bucket: float, queue: float) -> float:
+    """``fsdp_optim_grads_peak`` of one stage, in scalars (cached: a sweep repeats a few values)."""
+    of, totals, filled = [], [], bucket  # each weight's bucket, each bucket's elements
+    for size in weights * layers:  # named order; a bucket closes at the weight bringing it to >= bucket
+        if filled >= bucket:
+            totals.append(0.0)
+        totals[-1] += size
+        of.append(len(totals) - 1)
+        filled = totals[-1]
+    missing, allocated = [0] * len(totals), [False] * len(totals)
+    for index in of:
+        missing[index] += 1
+    queued, space, held, peak = collections.deque(), 0.0, 0.0, 0.0
+    for layer in reversed(range(layers)):
+        for position in LAYER_WEIGHT_ARRIVAL:
+            index = of[layer * len(weights) + position]
+            if not allocated[index]:  # its first gradient: the whole bucket's storage
+                allocated[index], held = True, held + totals[index]
+                peak = max(peak, held)
+            missing[index] -= 1
+            if missing[index] == 0:  # its last: trim the queue to <= queue elements, then append it
+                while space > queue:
+                    oldest = queued.popleft()
+                    space, held = space - totals[oldest], held - totals[oldest]
+                queued.append(index)
+                space += totals[index]
+    return peak
+
+
+def fsdp_optim_grads_peak(weights, layers, bucket, queue):
+    """The unsharded gradient elements Megatron-FSDP holds at most under optim_grads for a stage
+    of ``layers`` decoder layers of ``weights`` (``layer_weights``) in a model chunk, with buckets
+    of ``bucket`` elements (``fsdp_bucket_size``) and a reduce-scatter queue of ``queue``
+    (``fsdp_communication_unit``), by replaying megatron-core's bucket cut and queue.
+
+    Under optim_grads the adapter gives no FSDP units (mcore_fsdp_adapter.py:93-96 / :161-164),
+    so every weight of the chunk is one parameter group in ``named_parameters`` order, cut into
+    buckets each closed at the weight that brings it to >= ``bucket`` (``_get_parameter_groups``,
+    core_v0.15.2 param_and_grad_buffer.py:1300-1384, core_v0.19.0 :1786-1866). Backward produces
+    the gradients layer by layer from the last (``LAYER_WEIGHT_ARRIVAL`` within a layer); a
+    bucket's whole storage is allocated at its first gradient (core_v0.19.0 ``main_grad_getter``
+    -> ``fetch_bucket`` -> ``allocate_bucket_storage``, :3086-3104, :1291-1411); at its last,
+    ``reduce_gradients`` (:3872-3914) first pops and frees the oldest queued buckets while the
+    queue holds more than ``queue`` elements (``wait_for_previous_grad_reduce``, :3916-3946),
+    then appends it (:4246). The peak is the most allocated at once. Element counts as the
+    weights' (megatron-core pads each bucket a little more: 2.8% at Llama 3.1 8B, DP 2048). The
+    embedding and output layer, and the further chunks of virtual pipeline stages (built with
+    ``disable_bucketing``: one bucket each), are not replayed. Layouts broadcast
+    (``QueueReplay``: one replay per distinct stage)."""
+    return QueueReplay(weights, bucket, queue).peak(layers)
+
+
+class QueueReplay:
+    """``fsdp_optim_grads_peak`` for fixed layouts (their ``layer_weights``, bucket and queue
+    sizes, broadcasting), fast over layer counts: the layouts' distinct stages are found once here,
+    and each replay is kept by stage and layer count (a sweep prices the same few thousands of
+    times). ``take`` gives the one of some layouts, sharing what was replayed."""
+
+    def __init__(self, weights, bucket, queue) -> None:
+        columns = np.broadcast_arrays(*(np.asarray(w, dtype=float) for w in weights),
+                                      np.asarray(bucket, dtype=float), np.asarray(queue, dtype=float))
+        unique, inverse = np.unique(np.stack([c.ravel() for c in columns], axis=1), axis=0, return_inverse=True)
+        self.stages = [(tuple(row[:-2]), row[-2], row[-1]) for row in unique.tolist()]
+        self.code = np.reshape(inverse, columns[0].shape)
+        # peaks by stage and layer count (NaN: not replayed yet; 0 layers hold none), shared by ``take``
+        self.shared = {"table": np.zeros((len(self.stages), 1))}
+
+    def take(self, rows: np.ndarray, count: int) -> QueueReplay:
+        """This replay for layouts ``rows`` of ``count`` (the leading axis), sharing the peaks."""
+        new = object.__new__(QueueReplay)
+        new.stages, new.shared = self.stages, self.shared
+        new.code = self.code[rows] if self.code.ndim and self.code.shape[0] == count else self.code
+        return new
+
+    def peak(self, layers):
+        """The peak unsharded gradient elements of stages of ``layers`` decoder layers."""
+        layers = np.maximum(np.asarray(layers, dtype=float), 0.0).astype(np.int64)
+        table = self.shared["table"]
+        most = int(layers.max(initial=0))
+        if most >= table.shape[1]:  # counts not seen yet: a wider table, NaN until replayed
+            table = np.concatenate([table, np.full((len(self.stages), most + 1 - table.shape[1]), np.nan)], axis=1)
+            self.shared["table"] = table
+        code, layers = np.broadcast_arrays(self.code, layers)
+        values = table[code, layers]
+        missing = np.isnan(values)
+        if missing.any():
+            for stage, count in set(zip(code[missing].tolist(), layers[missing].tolist())):
+                weights, bucket, queue = self.stages[stage]
+                table[stage, count] = _bucket_peak(weights, count, bucket, queue)
+            values = table[code, layers]
+        return values
+
+    def most(self, layers: int):
+        """The largest peak of these layouts' stages over every count from 0 to ``layers``: a cap
+        that no stage of at most ``layers`` layers exceeds (``fsdp_buffer_lines``)."""
+        counts = np.arange(layers + 1).reshape((-1,) + (1,) * np.ndim(self.code))  # a leading axis of counts
+        return self.peak(counts).max(axis=0)
 
 
 SHARDING = {None: None, "no_shard": (False, False, False), "optim": (True, False, False),
@@ -205,7 +340,7 @@ def bucket_bytes(options) -> int:
     return options.gradient_bytes if options.grad_comm_bytes is None else options.grad_comm_bytes
 
 
-def fsdp_buffer_bytes(options, unit_parameters, layers, dp_cp=1):
+def fsdp_buffer_bytes(options, unit_parameters, layers, dp_cp=1, layer_weights=None):
     """(gathered weights, queued gradients): the unsharded buffers Megatron-FSDP holds at a
     rank's peak, for ``layers`` decoder layers of ``unit_parameters`` each (its FSDP unit is the
     transformer layer), with the release's budgets (``fsdp_communication_unit``: all units alike,
@@ -218,30 +353,38 @@ def fsdp_buffer_bytes(options, unit_parameters, layers, dp_cp=1):
     the queue keeps, the one just queued and the one being produced: ``fsdp_queued_elements``).
     Both in the stage's element and gradient bucket dtypes (``bucket_bytes``). torch FSDP2
     ('torch_fsdp2') keeps two layers of each, in the weights' dtype. ``dp_cp``: the DP x CP group's
-    ranks (``fsdp_communication_unit``)."""
+    ranks (``fsdp_communication_unit``). ``layer_weights``: a layer's weights in order
+    (``layer_weights``), with which optim_grads's queue is replayed over its buckets
+    (``fsdp_optim_grads_peak``) instead of queue + u."""
     layers = np.asarray(layers, dtype=float)
-    return fsdp_held_buffer_bytes(options, unit_parameters, layers * unit_parameters, layers, dp_cp)
+    return fsdp_held_buffer_bytes(options, unit_parameters, layers * unit_parameters, layers, dp_cp, layer_weights)
 
 
-def fsdp_buffers_alike(options, other, unit_parameters, layers, dp_cp=1) -> bool:
+def fsdp_buffers_alike(options, other, unit_parameters, layers, dp_cp=1, layer_weights=None) -> bool:
     """Whether two estimator views (``MemoryOptions``: one run's on two Megatron-LM releases) price
     the same Megatron-FSDP buffers (``fsdp_buffer_bytes``) for stages of ``layers`` decoder layers
     of ``unit_parameters`` each in a DP x CP group of ``dp_cp`` ranks. The releases' budgets differ
     only where core_v0.19.0's exceed core_v0.15.2's fixed 1e9 (``fsdp_communication_unit``: a unit
     over 5e8 elements under optim_grads_params, DP x CP over 1,000 under optim_grads with
-    --overlap-grad-reduce), and then only what the strategy leaves unsharded."""
-    mine = fsdp_buffer_bytes(options, unit_parameters, layers, dp_cp)
-    theirs = fsdp_buffer_bytes(other, unit_parameters, layers, dp_cp)
+    --overlap-grad-reduce), and then only what the strategy leaves unsharded; under optim_grads
+    only where the larger queue keeps a bucket the smaller trims (``layer_weights``: the layer's
+    weights, ``fsdp_optim_grads_peak``, as ``fsdp_buffer_bytes`` takes them)."""
+    mine = fsdp_buffer_bytes(options, unit_parameters, layers, dp_cp, layer_weights)
+    theirs = fsdp_buffer_bytes(other, unit_parameters, layers, dp_cp, layer_weights)
     return all(np.array_equal(a, b) for a, b in zip(mine, theirs))
 
 
-def fsdp_held_buffer_bytes(options, unit_parameters, held, units, dp_cp=1):
+def fsdp_held_buffer_bytes(options, unit_parameters, held, units, dp_cp=1, layer_weights=None):
     """``fsdp_buffer_bytes`` for a rank whose ``units`` FSDP units hold ``held`` parameters in all,
     the largest of them ``unit_parameters``: the same buffers where the units differ in size (an
     MoE stage's dense and MoE layers, ``advisor.moe.fsdp``). The prefetch and the queue count a
     bucket's elements whatever unit it belongs to (``AllGatherPipeline``'s
     ``prefetch_all_gather_size``, ``GradReducePipeline``'s queue: same sources), and the release
-    sizes both from the units and the DP x CP group's ``dp_cp`` ranks (``fsdp_communication_unit``)."""
+    sizes both from the units and the DP x CP group's ``dp_cp`` ranks (``fsdp_communication_unit``).
+    ``layer_weights`` (``layer_weights``; only where the ``units`` units are alike layers of those
+    weights, ``held`` their sum): optim_grads's queued gradients replayed over the stage's buckets
+    (``fsdp_optim_grads_peak``; or a ``QueueReplay`` of them, built for ``options`` and ``dp_cp``:
+    ``StageModel``'s, which keeps its replays); without them queue + u (``fsdp_queued_elements``)."""
     sharding = SHARDING[options.fsdp_strategy]
     held = np.asarray(held, dtype=float)
     zero = 0.0 * held  # every buffer as wide as the layers and units broadcast (0 where not held)
@@ -260,19 +403,35 @@ def fsdp_held_buffer_bytes(options, unit_parameters, held, units, dp_cp=1):
     if weights_sharded:
         gathered = np.minimum(held, unit_parameters + np.minimum(prefetch, held - unit_parameters))
         weights = options.element_bytes * np.maximum(gathered, 0.0)
-    if grads_sharded:
+    if grads_sharded and options.fsdp_strategy == "optim_grads" and layer_weights is not None:
+        replay = layer_weights if isinstance(layer_weights, QueueReplay) \
+            else QueueReplay(layer_weights, fsdp_bucket_size(options, dp_cp), queue)
+        queued = replay.peak(units)
+        gradients = bucket_bytes(options) * queued + zero
+    elif grads_sharded:
         gradients = bucket_bytes(options) * np.minimum(held, fsdp_queued_elements(options, unit_parameters, queue))
     return weights, gradients
 
 
-def fsdp_buffer_lines(options, unit_parameters, dp_cp=1) -> list[tuple]:
+def fsdp_buffer_lines(options, unit_parameters, dp_cp=1, layer_weights=None, queue_cap=None) -> list[tuple]:
     """``fsdp_buffer_bytes`` as lines in the layers n: each buffer is the smaller of two lines,
     n units (slope u, nothing at 0) or its cap (slope 0): gathered = min(n u, u + prefetch)
     (for n >= 1, u + min(prefetch, (n - 1) u) is that; at 0 both are 0) and queued = min(n u,
     ``fsdp_queued_elements``, constant in n). The budgets are constant in n too: the mean of n
     equal units is one unit (``fsdp_communication_unit`` of one). Their sum is the smallest of the
     (slope, intercept) bytes of every choice of one line per buffer, which this lists (one zero
-    line where a buffer is not held)."""
+    line where a buffer is not held).
+
+    optim_grads with ``layer_weights`` (``fsdp_optim_grads_peak``, not a line in n): its queue
+    lines bound the replay from above, so the split search's lines never undercut ``total``:
+    min(n u, Q + 3 b), b = the bucket size + the largest weight (a bucket closes within one weight
+    of the size). At a peak the queue holds at most Q after its trim plus the bucket appended
+    since; besides it the bucket being filled and, where a cut falls between the projection and
+    QKV (which backward produces in the other order, ``LAYER_WEIGHT_ARRIVAL``), the next one
+    opened while that one waits for QKV: three buckets. Without --overlap-grad-reduce the whole
+    stage is one bucket: n u alone. ``queue_cap``: a tighter cap in elements where the caller
+    knows one (``QueueReplay.most``, the replay's largest over the layer counts it searches, which
+    the split search needs to settle within a few steps: ``StageModel.most_layers``)."""
     _, grads_sharded, weights_sharded = _sharded(options)
     u = np.asarray(unit_parameters, dtype=float)
     if options.fsdp_strategy == "torch_fsdp2":  # min(n u, 2 u) of each, in the weights' dtype
@@ -281,8 +440,14 @@ def fsdp_buffer_lines(options, unit_parameters, dp_cp=1) -> list[tuple]:
     prefetch, queue = fsdp_communication_unit(options, u, 1, dp_cp)
     gathered = [(options.element_bytes * u, 0.0), (0.0, options.element_bytes * (u + prefetch))] \
         if weights_sharded else [(0.0, 0.0)]
-    queued = [(bucket_bytes(options) * u, 0.0),
-              (0.0, bucket_bytes(options) * fsdp_queued_elements(options, u, queue))] if grads_sharded else [(0.0, 0.0)]
+    queued = [(bucket_bytes(options) * u, 0.0)] if grads_sharded else [(0.0, 0.0)]
+    if grads_sharded and options.fsdp_strategy == "optim_grads" and layer_weights is not None:
+        if options.overlap_grad_reduce:  # else one bucket: n u alone
+            largest = functools.reduce(np.maximum, (np.asarray(w, dtype=float) for w in layer_weights))
+            cap = queue + 3.0 * (fsdp_bucket_size(options, dp_cp) + largest) if queue_cap is None else queue_cap
+            queued.append((0.0, bucket_bytes(options) * cap))
+    elif grads_sharded:
+        queued.append((0.0, bucket_bytes(options) * fsdp_queued_elements(options, u, queue)))
     return [(a + c, b + d) for a, b in gathered for c, d in queued]
 
 

@@ -161,6 +161,13 @@ class StageModel:
         embedding = eq.embedding_parameters(spec, t, vocab)
         head = np.where(head_shares_embedding(spec, p), 0, embedding)
         self.layer_parameters = eq.layer_parameters(spec, t)  # Eq. 6
+        # optim_grads's buckets are cut over the weights in order (memory_levers.fsdp_optim_grads_peak)
+        self.layer_weights = levers.layer_weights(spec, t)
+        self.queue_replay = levers.QueueReplay(
+            self.layer_weights, levers.fsdp_bucket_size(options, d * c),
+            levers.fsdp_communication_unit(options, self.layer_parameters, 1, d * c)[1]) \
+            if options.fsdp_strategy == "optim_grads" else None
+        self.num_layers = spec.num_layers  # the most a rank holds: the replay's cap (_lines)
         self.end_parameters = np.where(first, embedding, 0) + np.where(last, eq.final_norm_parameters(spec) + head, 0)
         # Eq. 4 and 10, with the levers' sharding and offload (advisor.memory_levers)
         self.weight_bytes, self.gradient_bytes, self.optimizer_bytes = levers.state_bytes_per_parameter(options, d * c)
@@ -220,6 +227,8 @@ class StageModel:
             setattr(new, name, _rows_of(value, rows, count))
         new.in_flight = schedule.InFlight(**{name: _rows_of(getattr(self.in_flight, name), rows, count)
                                              for name in schedule.InFlight.__dataclass_fields__})
+        new.layer_weights = tuple(_rows_of(value, rows, count) for value in self.layer_weights)  # one array a weight
+        new.queue_replay = None if self.queue_replay is None else self.queue_replay.take(rows, count)
         new.recompute_layers, new._constants = np.asarray(recompute_layers), {}  # N's constants start anew
         new.recomputing = bool((new.recompute_layers > 0).any())
         new.interleaved = bool((new.vpp > 1).any())
@@ -373,7 +382,9 @@ class StageModel:
             + self.layer_extra_bytes
         if self.buffered:
             lines = [(fixed + intercept, per_layer + slope, slope, intercept)
-                     for slope, intercept in levers.fsdp_buffer_lines(self.options, self.layer_parameters, self.dp_cp)]
+                     for slope, intercept in levers.fsdp_buffer_lines(
+                         self.options, self.layer_parameters, self.dp_cp, self.layer_weights,
+                         None if self.queue_replay is None else self.queue_replay.most(self.num_layers))]
         else:
             lines = [(fixed, per_layer, 0.0, 0.0)]
         shape = (len(lines),) + np.broadcast_shapes(*(np.shape(value) for line in lines for value in line))
@@ -402,8 +413,8 @@ class StageModel:
         without them where not ``buffers``)."""
         if not (self.fp8 or (self.buffered and buffers)):  # the sums below with only zeros added: the same bytes
             return self.weight_bytes * parameters, self.gradient_bytes * parameters, self.optimizer_bytes * parameters
-        gathered, queued = levers.fsdp_buffer_bytes(self.options, self.layer_parameters, layers, self.dp_cp) \
-            if buffers else (0, 0)
+        gathered, queued = levers.fsdp_buffer_bytes(self.options, self.layer_parameters, layers, self.dp_cp,
+                                                    self.queue_replay) if buffers else (0, 0)
         weights = self.weight_bytes * parameters + (np.asarray(layers) * self.layer_extra_bytes + gathered)
         return weights, self.gradient_bytes * parameters + queued, self.optimizer_bytes * parameters
 

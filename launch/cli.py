@@ -257,7 +257,7 @@ def _release_line(config: LaunchInput, rules) -> str | None:
     import numpy as np
 
     from advisor import equations as eq
-    from advisor.memory_levers import fsdp_buffers_alike
+    from advisor.memory_levers import fsdp_buffers_alike, layer_weights
     from advisor.options import parse_training_args
 
     options, _ = parse_training_args(config.megatron_args, config.priced_release)
@@ -265,7 +265,7 @@ def _release_line(config: LaunchInput, rules) -> str | None:
     if strategy is None or fsdp_buffers_alike(
             options.memory_options(config.priced_release), options.memory_options(rules),
             eq.layer_parameters(config.model, config.tp), np.asarray(config.layers_per_stage, dtype=float),
-            config.dp * config.cp):
+            config.dp * config.cp, layer_weights(config.model, config.tp)):
         return None
     version = ".".join(map(str, rules.release))
     command = "recommend" if config.kind == "plan" else "estimate"  # a plan is priced again by its own command

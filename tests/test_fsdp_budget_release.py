@@ -205,16 +205,24 @@ def _8b_gradients_gib(dp: int, *extra: str) -> float:
 
 def test_llama_8b_at_dp_2048_queues_the_bucket_by_hand():
     """advisor estimate, Llama 3.1 8B on 2048 H100s (TP 1, PP 1, DP 2048), optim_grads, FP32 main
-    gradients: the shard 4 x 8,030,261,248 / 2048 = 15,684,104 bytes, and the queue (the 32 layers
-    hold 6,979,584,000 elements, more than it keeps) min(32 u, 2,048,000,000 + u) = 2,266,112,000 FP32
-    elements (``fsdp_queued_elements``: queue + u) = 9,064,448,000 bytes: 9,080,132,104 in all,
-    8.4565 GiB. At DP 1000: 4 x 8,030,261,248 / 1000 = 32,121,044.992 + 4 x 1,218,112,000 =
-    4,904,569,044.992. Before, DP 2048 was priced at the 1e9 queue: 15,684,104 + 4,872,448,000 =
-    4,888,132,104, as core 0.15 and --no-overlap-grad-reduce still are."""
+    gradients: the shard 4 x 8,030,261,248 / 2048 = 15,684,104 bytes, and the unsharded buckets at
+    the queue's peak, 4,857,184,256 elements (tests/test_fsdp_optim_grads_queue.py, by hand; the
+    queue of 2,048,000,000 never trims them) = 19,428,737,024 bytes: 19,444,421,128 in all.
+
+    At DP 1000 (buckets >= 1e9, queue 1e9): cut in named order, bucket 0 = layers 0-3 + layer 4 to
+    FC1 (4 u + 41,951,232 = 914,399,232, + FC1 = 1,031,839,744), then five of FC2 + 4 u + the next
+    layer to FC1 = 5 u = 1,090,560,000 (layers 4-9, ..., 24-29), last FC2_29 + layers 30-31 =
+    494,944,256. Backward: FC1_29 allocates bucket 5 beside the queued bucket 6 (1,585,504,256),
+    bucket 5 is appended untrimmed (494,944,256 <= 1e9) and FC1_24 allocates bucket 4: 494,944,256
+    + 2 x 1,090,560,000 = 2,676,064,256, the peak (bucket 4's completion trims 6 and 5, and every
+    later moment holds two buckets at most: 2 x 1,090,560,000). 4 x 8,030,261,248 / 1000 =
+    32,121,044.992 + 4 x 2,676,064,256. Before: the queue + u, 2,266,112,000 and 1,218,112,000."""
     assert eq.layer_parameters(PRESETS["llama3.1-8b"], 1) == U_8B
-    assert _8b_gradients_gib(2048) * GIB == pytest.approx(15_684_104 + 4 * (2_048_000_000 + U_8B), rel=1e-12)
-    assert _8b_gradients_gib(1000) * GIB == pytest.approx(4 * 8_030_261_248 / 1000 + 4 * (1e9 + U_8B), rel=1e-12)
+    assert _8b_gradients_gib(2048) * GIB == pytest.approx(15_684_104 + 4 * 4_857_184_256, rel=1e-12)
+    assert _8b_gradients_gib(1000) * GIB == pytest.approx(4 * 8_030_261_248 / 1000 + 4 * 2_676_064_256, rel=1e-12)
+    # core 0.15's queue of 1e9 keeps bucket 3 (713,056,256) all the same: the same peak
     assert _8b_gradients_gib(2048, "--megatron-version", "0.15") * GIB == pytest.approx(
-        15_684_104 + 4 * (1_000_000_000 + U_8B), rel=1e-12)
+        15_684_104 + 4 * 4_857_184_256, rel=1e-12)
+    # no --overlap-grad-reduce: bucket size None, the 32 layers one bucket, 32 u unsharded at once
     assert _8b_gradients_gib(2048, "--no-overlap-grad-reduce") * GIB == pytest.approx(
-        15_684_104 + 4 * (1_000_000_000 + U_8B), rel=1e-12)
+        15_684_104 + 4 * 32 * U_8B, rel=1e-12)

@@ -12,9 +12,16 @@ command read back on core_v0.19.0 without the flag is priced with the weights' d
 Hand count, Llama 3.1 70B, TP 4, PP 4, DP 8, stage 0 (tests/test_option_states_70b_by_hand.py):
 N = 4,541,186,048 parameters on a GPU, one layer 213,925,888. Under 'optim' the gradient buffer
 is not sharded: 4 N bytes in FP32 = 16.92 GiB, 2 N in BF16 = 8.46 GiB. Under 'optim_grads' it
-is the shard 4 N / 8 plus the reduce-scatter queue of 10^9 elements and the layer being produced,
-each element in the gradient dtype: (4 N / 8 + 4 (10^9 + layer)) = 6.64 GiB in FP32, half of it,
-3.32 GiB, in BF16.
+is the shard 4 N / 8 plus the unsharded buckets at the reduce-scatter queue's peak
+(``memory_levers.fsdp_optim_grads_peak``), each element in the gradient dtype. The buckets (>= 4e7
+elements, max(40M, 1M x 8), cut in named order) are two a layer: A = input norm + proj + QKV + MLP
+norm + FC1 = 8,192 + 16,777,216 + 20,971,520 + 8,192 + 117,440,512 = 155,205,632 and F = FC2 =
+58,720,256 (A + F = layer). Backward completes F then A; the queue, trimmed to <= 10^9 before each
+append, grows a layer a layer to 4 layers (855,703,552) after layers 19-16; layer 15 appends F and
+A (5 layers, 1,069,629,440: no pop, 914,423,808 <= 10^9 before A's append), and FC2_14 allocates
+F_14: 5 layers + F = 1,128,349,696, the peak (its completion pops F_19 and A_19, and each later layer
+repeats it). 4 N / 8 + 4 x 1,128,349,696 = 6.32 GiB in FP32, half of it, 3.16 GiB, in BF16 (10^9 +
+a layer before: 6.64 GiB).
 """
 
 from __future__ import annotations
@@ -33,14 +40,14 @@ from launch.megatron_versions import named
 GIB = 2**30
 N = 4_541_186_048
 LAYER = 213_925_888
-QUEUE = 1_000_000_000  # megatron_fsdp.py suggested_RS_queue_capacity
+FC2 = 58_720_256  # 28,672 x 8,192 / 4
 LAYOUT = ["--model", "llama3.1-70b", "--tp", "4", "--pp", "4", "--dp", "8", "--mbs", "1", "--gbs", "512",
           "--gpu", "h100-80gb", "--format", "json"]
 
 
 def _gradient_bytes(strategy: str, element: int) -> float:
     """Stage 0's gradient bytes by hand (the module docstring)."""
-    return {"optim": element * N, "optim_grads": element * N / 8 + element * (QUEUE + LAYER)}[strategy]
+    return {"optim": element * N, "optim_grads": element * N / 8 + element * (5 * LAYER + FC2)}[strategy]
 
 
 def _fsdp_estimate(advisor, strategy: str, release: str) -> dict:
@@ -66,7 +73,7 @@ def _invoke(advisor, args: list[str], release: str, expect: int = 0):
 def test_the_hand_count_matches_the_audit_numbers():
     """The numbers quoted in the docstring, from the hand count."""
     assert [round(_gradient_bytes(s, e) / GIB, 2) for s in ("optim", "optim_grads") for e in (4, 2)] == \
-        [16.92, 8.46, 6.64, 3.32]
+        [16.92, 8.46, 6.32, 3.16]
 
 
 @pytest.mark.parametrize("strategy", ["optim", "optim_grads"])

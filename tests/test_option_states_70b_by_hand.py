@@ -31,6 +31,7 @@ LAYER = 213_925_888  # one layer's parameters on one GPU (above)
 # of at most 10^9 elements the queue keeps, floor(10^9 / LAYER) = 4 (5 would be 1,069,629,440), the
 # layer just reduced and the one being produced: 6 layers, 1,283,555,328 elements
 QUEUED = (4 + 2) * LAYER
+OPTIM_GRADS_PEAK = 5 * LAYER + 58_720_256  # optim_grads's: 5 layers and FC2 (28,672 x 8,192 / 4)
 GEMM = 213_909_504  # its GEMM weights (what Transformer Engine runs in FP8)
 LAYOUT = ["--model", "llama3.1-70b", "--tp", "4", "--pp", "4", "--dp", "8", "--mbs", "1", "--gbs", "512",
           "--gpu", "h100-80gb", "--format", "json"]
@@ -44,11 +45,11 @@ LAYOUT = ["--model", "llama3.1-70b", "--tp", "4", "--pp", "4", "--dp", "8", "--m
     # (param_update_in_fp32=True) and FP32 Adam states: 12 N / 8 / 2
     (("--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"), 2 * N, 4 * N, 12 * N / 8 / 2),
     # Megatron-FSDP optim_grads (core_v0.15.2: FP32 gradient buffer with grad_reduce_in_fp32):
-    # the gradient shard 4 N / 8, and the reduce-scatter queue of unsharded FP32 buckets,
-    # 10^9 elements plus about two buckets of a few weights each, the unit's size (megatron_fsdp.py
-    # suggested_RS_queue_capacity; memory_levers.fsdp_queued_elements)
+    # the gradient shard 4 N / 8, and the unsharded FP32 buckets at the reduce-scatter queue's peak,
+    # 5 layers + FC2 = 1,128,349,696 elements (buckets of >= 4e7 cut two a layer, by hand in
+    # tests/test_fsdp_main_grads.py; memory_levers.fsdp_optim_grads_peak)
     (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads", "--megatron-version", "0.15"),
-     2 * N, 4 * N / 8 + 4 * (1_000_000_000 + LAYER), 12 * N / 8),
+     2 * N, 4 * N / 8 + 4 * OPTIM_GRADS_PEAK, 12 * N / 8),
     # optim_grads_params also shards the weights (its queue: QUEUED above), and gathers the unit in
     # use plus the next units
     # up to the all-gather prefetch of 5 x 10^8 elements, in BF16
@@ -65,7 +66,7 @@ LAYOUT = ["--model", "llama3.1-70b", "--tp", "4", "--pp", "4", "--dp", "8", "--m
     (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim", "--megatron-version", "0.19",
       "--megatron-fsdp-main-params-dtype", "bf16"), 2 * N, 4 * N, 10 * N / 8),
     (("--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads", "--megatron-version", "0.19",
-      "--megatron-fsdp-main-params-dtype", "auto"), 2 * N, 4 * N / 8 + 4 * (1_000_000_000 + LAYER), 8 * N / 8),
+      "--megatron-fsdp-main-params-dtype", "auto"), 2 * N, 4 * N / 8 + 4 * OPTIM_GRADS_PEAK, 8 * N / 8),
     # FP8 without --fp8-param-gather: each TE linear caches its weight's FP8 copy and transpose
     # (megatron-core passes is_first_microbatch), 1 + 1 bytes a GEMM weight beside the BF16 one,
     # and current scaling keeps no amax history

@@ -114,9 +114,19 @@ def test_a_launch_on_another_release_than_priced_says_so_where_it_prices_otherwi
     # 1e9 floor, as core_v0.15.2's: the same price, nothing to say
     ("ogp_tp2", "0.19", "0.15", False),
     # 8B at DP 2048, optim_grads, --overlap-grad-reduce: core_v0.19.0 queues the DDP bucket,
-    # 1M x 2048 = 2.048e9 > 1e9 (resolve_ddp_bucket_size), core_v0.15.2 1e9: said both ways
-    ("og_dp2048", "0.19", "0.15", True),
-    ("og_dp2048", "0.15", "0.19", True),
+    # 1M x 2048 = 2.048e9 > 1e9 (resolve_ddp_bucket_size), core_v0.15.2 1e9, but neither trims a
+    # bucket the other keeps (the last bucket, 713,056,256, is below both; the others are not
+    # queued together: tests/test_fsdp_optim_grads_queue.py): priced alike, not said
+    ("og_dp2048", "0.19", "0.15", False),
+    ("og_dp2048", "0.15", "0.19", False),
+    # 70B, TP 4, PP 4 (20 layers a stage), DP 1536: buckets >= 1.536e9 cut in named order are
+    # layers 0-6 + layer 7 to FC1 (7 x 213,925,888 + 37,765,120 + 117,440,512 = 1,652,686,848),
+    # FC2_7 + layers 8-14 (1,556,201,472) and layers 15-19 (1,069,629,440). Backward queues the
+    # last, and FC2_7 completes the middle one: core_v0.19.0's queue of 1.536e9 keeps the last
+    # (4,278,517,760 unsharded when FC1_7 opens the first), core_v0.15.2's 1e9 pops it
+    # (3,208,888,320): said both ways
+    ("og70_dp1536", "0.19", "0.15", True),
+    ("og70_dp1536", "0.15", "0.19", True),
     # without --overlap-grad-reduce the bucket size is None and core_v0.19.0 keeps 1e9 too
     ("og_dp2048_no_overlap", "0.19", "0.15", False),
 ])
@@ -124,12 +134,14 @@ def test_the_release_line_follows_the_prices_not_the_strategy(advisor, tmp_path,
     """The launch's note compares the buffers each release prices (``fsdp_buffers_alike``): it
     named every optim_grads_params row launched on another release, though at TP 2 on 70B both price
     it alike, and no optim_grads row, though core_v0.19.0 grows its queue past DP x CP = 1,000
-    (Llama 3.1 8B at DP 2048: 68.75 GiB on core_v0.19.0, 64.84 on core_v0.15.2)."""
+    (Llama 3.1 70B, TP 4, PP 4, DP 1536: 38.14 GiB on core_v0.19.0, 34.15 on core_v0.15.2)."""
     layouts = {
         "ogp_tp2": ["--model", "llama3.1-70b", "--gpus", "8", "--tp", "2", "--pp", "1", "--gbs", "64",
                     "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"],
         "og_dp2048": ["--model", "llama3.1-8b", "--gpus", "2048", "--tp", "1", "--pp", "1", "--mbs", "1",
                       "--gbs", "4096", *FSDP],
+        "og70_dp1536": ["--model", "llama3.1-70b", "--gpus", "24576", "--tp", "4", "--pp", "4", "--mbs", "1",
+                        "--gbs", "1536", *FSDP],
     }
     layouts["og_dp2048_no_overlap"] = [*layouts["og_dp2048"], "--no-overlap-grad-reduce"]
     row = tmp_path / "row.json"

@@ -83,7 +83,13 @@ def buffer_bytes(options, layer_parameters, dense, moe_units, dp_cp=1):
     them between the dense and expert columns in proportion to the elements held (Megatron counts
     both kinds against one budget). ``dp_cp``: the dense DP x CP group's ranks, whose count the
     optim_grads budgets grow with (core_v0.19.0's ``resolve_ddp_bucket_size`` takes
-    ``pg_collection.dp_cp``, not the expert group)."""
+    ``pg_collection.dp_cp``, not the expert group).
+
+    optim_grads keeps the queue + the largest unit here (``memory_levers.fsdp_queued_elements``):
+    the dense model's replay of its bucket cut (``memory_levers.fsdp_optim_grads_peak``) is not
+    done for an MoE stage, whose dense and expert weights fall in separate parameter groups
+    (bucketed apart, each with its own cut) and whose layers differ; so where the DDP bucket size
+    exceeds the largest weight, or without --overlap-grad-reduce, it stays underpriced."""
     held_dense, held_experts, largest, units = held_parameters(layer_parameters, dense, moe_units)
     held = held_dense + held_experts
     gathered, queued = levers.fsdp_held_buffer_bytes(options, largest, held, units, dp_cp)
