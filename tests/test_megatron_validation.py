@@ -240,13 +240,19 @@ def test_deterministic_modes_environment_is_refused_exactly_where_megatron_refus
         assert launcher_accepts == result["ok"], (tag, exported, result.get("error"))
 
 
-def _validated_paper_estimate(request, tag: str, label: str, options, extras) -> dict:
+def _validated_paper_estimate(request, tag: str, label: str, options, extras, priced=()) -> dict:
     """The written estimate-paper.json as advisor-launch passes it on ``tag`` with ``extras``,
-    through that checkout's real parse_args + validate_args (skips without the checkout)."""
+    through that checkout's real parse_args + validate_args (skips without the checkout);
+    ``priced``: flags of an option the input prices, added to its own (the user's after -- may not
+    give them: launch.arguments.DECIDED_FLAGS)."""
+    from dataclasses import replace
+
     release = checkout(tag)
     path = request.getfixturevalue("written")["root"] / "estimate-paper.json"
     document = json.loads(path.read_text())
-    item = priced_input(read_input(path), named(tag), label=label, options=options, extras=extras,
+    config = read_input(path)
+    config = replace(config, megatron_args=(*config.megatron_args, *priced))
+    item = priced_input(config, named(tag), label=label, options=options, extras=extras,
                         num_microbatches=document["num_microbatches"])
     [result] = validate(release, [item.case()])
     return result
@@ -260,7 +266,7 @@ def test_te_cross_entropy_where_the_advisor_allows_it(tag, request):
 
     te = ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     result = _validated_paper_estimate(request, tag, "estimate paper, te loss",
-                                       TrainingOptions().with_(cross_entropy_fusion="te"), [*NO_TRANSFORMER_ENGINE, *te])
+                                       TrainingOptions().with_(cross_entropy_fusion="te"), NO_TRANSFORMER_ENGINE, te)
     assert result["ok"] == release_defaults(tag).te_cross_entropy, result.get("error")
     if result["ok"]:
         assert (result["derived"]["cross_entropy_loss_fusion"], result["derived"]["cross_entropy_fusion_impl"]) == (
