@@ -147,29 +147,36 @@ def fsdp_bucket_size(options, dp_cp):
 
 @functools.lru_cache(maxsize=65536)
 def _bucket_peak(weights: tuple, layers: int, bucket: float, queue: float) -> float:
-    """``fsdp_optim_grads_peak`` of one stage, in scalars (cached: a sweep repeats a few values)."""
-    of, totals, filled = [], [], bucket  # each weight's bucket, each bucket's elements
+    """``fsdp_optim_grads_peak`` of one stage, in scalars (cached: a sweep repeats a few values;
+    plain locals, no calls in the loops: a sweep replays thousands of stages)."""
+    of, totals, filled, current = [], [], bucket, -1  # each weight's bucket, each bucket's elements
     for size in weights * layers:  # named order; a bucket closes at the weight bringing it to >= bucket
         if filled >= bucket:
             totals.append(0.0)
-        totals[-1] += size
-        of.append(len(totals) - 1)
-        filled = totals[-1]
+            current += 1
+            filled = 0.0
+        filled += size
+        totals[current] = filled
+        of.append(current)
     missing, allocated = [0] * len(totals), [False] * len(totals)
     for index in of:
         missing[index] += 1
     queued, space, held, peak = collections.deque(), 0.0, 0.0, 0.0
-    for layer in reversed(range(layers)):
+    width = len(weights)
+    for start in range((layers - 1) * width, -1, -width):  # the last layer's gradients first
         for position in LAYER_WEIGHT_ARRIVAL:
-            index = of[layer * len(weights) + position]
+            index = of[start + position]
             if not allocated[index]:  # its first gradient: the whole bucket's storage
-                allocated[index], held = True, held + totals[index]
-                peak = max(peak, held)
+                allocated[index] = True
+                held += totals[index]
+                if held > peak:
+                    peak = held
             missing[index] -= 1
-            if missing[index] == 0:  # its last: trim the queue to <= queue elements, then append it
+            if not missing[index]:  # its last: trim the queue to <= queue elements, then append it
                 while space > queue:
-                    oldest = queued.popleft()
-                    space, held = space - totals[oldest], held - totals[oldest]
+                    oldest = totals[queued.popleft()]
+                    space -= oldest
+                    held -= oldest
                 queued.append(index)
                 space += totals[index]
     return peak
