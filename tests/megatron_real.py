@@ -321,6 +321,14 @@ def launched_args(row: dict, tag: str) -> list[str]:
         return release_spelling(named(tag), read_input(path).megatron_args)
 
 
+def mock_data_case(row: dict, tag: str, vocab_size: int, env: dict | None = None, extras=()) -> dict:
+    """A ``validate`` case: the row launched on ``tag`` (``launched_args``) with ``extras``, without
+    Transformer Engine, on mock data of a NullTokenizer of ``vocab_size``, ten iterations."""
+    return {"args": [*launched_args(row, tag), *extras, *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
+                     "NullTokenizer", "--vocab-size", str(vocab_size), "--train-iters", "10"],
+            "world_size": row["gpus"], "env": {} if env is None else env}
+
+
 def assert_built_as_priced(release: Checkout, inputs: list[Priced]) -> None:
     """Every input through the release's parse_args + validate_args (launch.megatron_check): none
     refused, and what Megatron derives is what the advisor priced."""

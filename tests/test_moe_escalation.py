@@ -173,17 +173,14 @@ def test_megatron_accepts_the_escalated_rows():
 
     from advisor.cli import cli
     from advisor.models import load_model
-    from megatron_real import NO_TRANSFORMER_ENGINE, checkout, launched_args, validate
+    from megatron_real import checkout, mock_data_case, validate
 
     tag = "core_v0.19.0"
     release = checkout(tag)  # skips without it
     result = CliRunner().invoke(cli, ["sweep", *map(str, CASE), "--top", "3", "--format", "json"])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
-    cases = [{"args": [*launched_args(row, tag), *NO_TRANSFORMER_ENGINE, "--mock-data",
-                       "--tokenizer-type", "NullTokenizer", "--vocab-size",
-                       str(load_model("mixtral-8x7b").vocab_size), "--train-iters", "10"],
-              "world_size": row["gpus"], "env": {}} for row in rows]
+    cases = [mock_data_case(row, tag, load_model("mixtral-8x7b").vocab_size) for row in rows]
     results = validate(release, cases)
     assert [result.get("error") for result in results] == [None] * len(rows)
     for row, result in zip(rows, results):

@@ -164,7 +164,7 @@ def test_megatron_accepts_moe_rows_with_megatron_fsdp(tag):
     priced. core_v0.15.2's validate_args accepts them too (arguments.py:699-720 has no MoE check);
     its failure is at model wrapping (advisor.moe.fsdp), which the advisor refuses by release."""
     from advisor.models import load_model
-    from megatron_real import NO_TRANSFORMER_ENGINE, checkout, launched_args, validate
+    from megatron_real import checkout, mock_data_case, validate
 
     release = checkout(tag)  # skips without it
     rows = []
@@ -175,10 +175,7 @@ def test_megatron_accepts_moe_rows_with_megatron_fsdp(tag):
                                           "--format", "json"])
         assert result.exit_code == 0, result.output
         rows += [(model, strategy, row) for row in json.loads(result.stdout)]
-    cases = [{"args": [*launched_args(row, tag), *NO_TRANSFORMER_ENGINE, "--mock-data",
-                       "--tokenizer-type", "NullTokenizer", "--vocab-size", str(load_model(model).vocab_size),
-                       "--train-iters", "10"],
-              "world_size": row["gpus"], "env": {}} for model, _, row in rows]
+    cases = [mock_data_case(row, tag, load_model(model).vocab_size) for model, _, row in rows]
     results = validate(release, cases)
     assert [result.get("error") for result in results] == [None] * len(rows)
     for (_, strategy, row), result in zip(rows, results):

@@ -147,7 +147,7 @@ def test_megatron_accepts_moe_rows_with_optimizer_offload(tag):
     Megatron-FSDP check for offload) through the release's real parse_args + validate_args:
     accepted, with the offload as priced."""
     from advisor.models import load_model
-    from megatron_real import NO_TRANSFORMER_ENGINE, checkout, launched_args, validate
+    from megatron_real import checkout, mock_data_case, validate
 
     release = checkout(tag)  # skips without it
     estimate = json.loads(_estimate(*HALF).stdout)
@@ -156,10 +156,7 @@ def test_megatron_accepts_moe_rows_with_optimizer_offload(tag):
                                      "--format", "json"])
     assert sweep.exit_code == 0, sweep.output
     rows = [("mixtral-8x7b", estimate, 0.5), *(("qwen3-30b-a3b", row, 1.0) for row in json.loads(sweep.stdout))]
-    cases = [{"args": [*launched_args(row, tag), *NO_TRANSFORMER_ENGINE, "--mock-data",
-                       "--tokenizer-type", "NullTokenizer", "--vocab-size", str(load_model(model).vocab_size),
-                       "--train-iters", "10"],
-              "world_size": row["gpus"], "env": {}} for model, row, _ in rows]
+    cases = [mock_data_case(row, tag, load_model(model).vocab_size) for model, row, _ in rows]
     results = validate(release, cases)
     assert [result.get("error") for result in results] == [None] * len(rows)
     for (_, row, fraction), result in zip(rows, results):

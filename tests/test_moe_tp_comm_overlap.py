@@ -232,7 +232,7 @@ def test_megatron_accepts_the_moe_rows_with_the_overlap(tag):
     (launch.megatron_check): Mixtral's estimate, Qwen3-30B-A3B's top sweep row, with the EP overlap,
     and a grouped-query command with shared experts beside the dispatch, read back. Megatron keeps
     the overlap on (it refuses it only without --sequence-parallel, which every row writes)."""
-    from megatron_real import NO_TRANSFORMER_ENGINE, checkout, launched_args, validate
+    from megatron_real import checkout, mock_data_case, validate
 
     sweep = ["sweep", "--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--seq-len", "4096", "--gbs",
              "256", "--tp", "2", "--tp-comm-overlap", "--top", "1", "--format", "json"]
@@ -245,9 +245,7 @@ def test_megatron_accepts_the_moe_rows_with_the_overlap(tag):
     assert read.exit_code == 0, read.output
     rows.append(("mixtral-8x7b", json.loads(read.stdout)))
     assert all("--tp-comm-overlap" in row["megatron_args"] and row["tp"] == 2 for _, row in rows)
-    cases = [{"args": [*launched_args(row, tag), *NO_TRANSFORMER_ENGINE, "--mock-data", "--tokenizer-type",
-                       "NullTokenizer", "--vocab-size", "32000", "--train-iters", "10"],
-              "world_size": row["gpus"], "env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}} for _, row in rows]
+    cases = [mock_data_case(row, tag, 32000, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}) for _, row in rows]
     results = validate(checkout(tag), cases)
     assert all(result["ok"] for result in results), [result.get("error") for result in results]
     for (_, row), result in zip(rows, results):
