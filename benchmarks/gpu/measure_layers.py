@@ -42,7 +42,6 @@ import sys
 import time
 import traceback
 import warnings
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
