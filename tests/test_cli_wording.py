@@ -249,3 +249,11 @@ def test_report_sweep_names_itself_in_its_summary(advisor, tmp_path):
     is the one typed."""
     result = advisor("report", "sweep", "--gpus", "64", "--gpu", "h100-80gb", "-o", tmp_path / "r.html")
     assert result.stderr.startswith("advisor report sweep: ") and "layouts considered" in result.stderr
+
+
+def test_recommend_without_pp_asks_for_it_without_naming_a_mode_never_typed():
+    """'advisor recommend --gpus 8' said '--mode megatron needs --pp': --mode megatron is the
+    default, so a newcomer who typed no --mode met a flag they never gave."""
+    words = refused(cli, "recommend", "--gpus", 8)
+    assert words == ("advisor recommend needs --pp P, the number of pipeline stages whose layers it plans "
+                     "(--mode megatron, the default; --mode hybrid chooses PP itself, from profiles)")

@@ -209,7 +209,9 @@ def _check_input(profiles, gpus: int, gpus_per_node: int, objective: str, mode: 
 
     distinct_files(**{"--output": output, "--png": png})
     if mode == "megatron" and pp is None:
-        raise InputError("--mode megatron needs --pp (the number of pipeline stages)")
+        # Named as the user meets it: --mode megatron is the default, so most never typed it.
+        raise InputError("advisor recommend needs --pp P, the number of pipeline stages whose layers it "
+                         "plans (--mode megatron, the default; --mode hybrid chooses PP itself, from profiles)")
     if mode == "hybrid" and (pp is not None or tp != 1):
         raise InputError("--mode hybrid chooses TP, DP and PP per stage itself; drop --tp and --pp")
     if mode == "hybrid" and (objective == "time" or not profiles):
