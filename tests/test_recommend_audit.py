@@ -38,7 +38,7 @@ def test_without_profiles_the_plan_records_seed004(advisor, tmp_path):
     default = advisor.json(*FITS, "--gpu", "h100-80gb")
     assert default["predictor"]["name"] == "seed004"
     asked = advisor(*FITS, "--gpu", "h100-80gb", "--predictor", "seed004", "-o", tmp_path / "plan.json")
-    assert "(analytical memory model, no profiles)" in " ".join(asked.stdout.split())  # the title, wrapped
+    assert "(analytic estimates, no profiles)" in " ".join(asked.stdout.split())  # the title, wrapped
     assert json.loads((tmp_path / "plan.json").read_text()) == default
 
 
@@ -123,3 +123,17 @@ def test_profile_plans_carry_the_gpu_memory(advisor, profiles, tmp_path):
     hybrid = advisor.json("recommend", "--profile", profiles, "--gpus", 8, "--gpus-per-node", 2, "--mode", "hybrid",
                           "--predictor", "capture", "--mbs", 4, "--gbs", 32, "--gpu", "h100-94gb")
     assert hybrid["memory_limit_gib"] == pytest.approx(get_gpu("h100-94gb").memory_gib)
+
+
+def test_a_time_plan_keeping_the_even_splits_peak_says_so(advisor):
+    """Llama 3.1 8B, PP 4 on 8 H100s, --objective time: the plan moves layers off the slow stages
+    but keeps stage 0's 8 layers, the even split's peak stage, so the peaks are equal: said as
+    'the same peak', not 'this plan is 0.0% lower' (newcomer review); the title names the
+    analytic estimates, not a second 'memory model' beside the caption's calibrated one."""
+    plan = advisor.json("recommend", "--gpus", 8, "--pp", 4, "--objective", "time", "--gpu", "h100-80gb")
+    assert plan["layers_per_stage"][0] == plan["baseline"]["layers_per_stage"][0] == 8
+    assert plan["peak_predicted_gib"] == plan["baseline"]["peak_predicted_gib"]  # the premise: equal peaks
+    text = " ".join(advisor("recommend", "--gpus", 8, "--pp", 4, "--objective", "time", "--gpu", "h100-80gb")
+                    .stdout.split())
+    assert "even split, PP 4: 72.57 GiB (the same peak)" in text
+    assert "(analytic estimates, no profiles)" in text and "0.0%" not in text

@@ -180,5 +180,5 @@ def test_the_analytic_plans_title_says_the_unfused_swiglu_it_priced(advisor, mon
     fused = advisor(*args).stdout.splitlines()[0]
     eager = advisor(*args, UNFUSED).stdout.splitlines()[0]
     assert UNFUSED in advisor.json(*args, UNFUSED, "--format", "json")["megatron_args"]
-    assert fused.rstrip().endswith("(analytical memory model, no profiles)")
-    assert eager.rstrip().endswith("(analytical memory model, no profiles, unfused SwiGLU: --no-bias-swiglu-fusion)")
+    assert fused.rstrip().endswith("(analytic estimates, no profiles)")
+    assert eager.rstrip().endswith("(analytic estimates, no profiles, unfused SwiGLU: --no-bias-swiglu-fusion)")

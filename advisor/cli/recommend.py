@@ -55,9 +55,10 @@ Examples:
 """advisor recommend --help (here, not in the docstring: the function stays within 80 lines)."""
 
 
-PREDICTOR_WORDS = {"seed004": "analytical memory model, no profiles"}
+PREDICTOR_WORDS = {"seed004": "analytic estimates, no profiles"}
 """The table's title says what predicted the plan's memory in a user's words where the name is
-internal (seed004: the 4D paper's estimator, Eq. 1-18, with its extensions); the profile
+internal (seed004: the 4D paper's estimator, Eq. 1-18, with its extensions; not "memory model",
+which the caption says of the verdict's: calibrated or Eq. 18); the profile
 predictors keep their --predictor names (1f1b, capture). The plan file keeps every name."""
 
 
@@ -337,8 +338,10 @@ def _plan_table(plan, mem: float | None, unmeasured: float = 0.0) -> str:
     if baseline:
         even = max(baseline.stage_bytes)
         change = (even - peak) / even
-        caption += f"; {baseline.label}: {even / size:.2f} {unit} (this plan is {abs(change):.1%} " + \
-            ("lower)" if change >= 0 else "higher)")
+        # a time plan may keep the even split's peak stage: "0.0% lower" said a gain there was none
+        compared = "the same peak" if f"{abs(change):.1%}" == "0.0%" else \
+            f"this plan is {abs(change):.1%} {'lower' if change >= 0 else 'higher'}"
+        caption += f"; {baseline.label}: {even / size:.2f} {unit} ({compared})"
     if plan.objective == "time":
         caption += (f"\nperiod (slowest stage) {plan.period_s * 1e3:.1f} ms with every stage within "
                     f"{plan.stage_limit_bytes / GIB:.1f} GiB")
