@@ -90,8 +90,9 @@ def budget_words(tokens: float, seq_len: int, global_batch_size: int, release) -
     (advisor-launch prices it in its report). The count depends on the budget and the global
     batch alone, so a sweep's rows share it."""
     if release.eval_interval is None:  # the user's to set, and the launch refuses to start without it
-        return (f"not in these figures: the evaluation you set; {release.name} has no --eval-interval default and "
-                "cannot train without one (its data setup divides by it)")
+        # said as what the user will give, not 'the evaluation you set': nothing was set yet (review)
+        return (f"not in these figures: evaluation, whose --eval-interval you must give: {release.name} has no "
+                "default and cannot train without one (its data setup divides by it)")
     return _default_words(_budget_evaluation(tokens, seq_len, global_batch_size, release), release)
 
 

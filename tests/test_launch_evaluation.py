@@ -261,8 +261,8 @@ def test_a_budgets_days_name_core_0_15s_evaluation_beside_them(advisor):
     # core 0.19 has no default interval (training needs the user's own --eval-interval): said, with no
     # count; the JSON is unchanged
     newer = " ".join(advisor(*layout, "--megatron-version", "0.19").stdout.split())
-    assert ("not in these figures: the evaluation you set; Megatron-LM core 0.19 has no --eval-interval default "
-            "and cannot train without one (its data setup divides by it)") in newer, newer
+    assert ("not in these figures: evaluation, whose --eval-interval you must give: Megatron-LM core 0.19 has no "
+            "default and cannot train without one (its data setup divides by it)") in newer, newer
     assert advisor.json(*layout, "--megatron-version", "0.19").keys() == row.keys()
 
 
@@ -277,7 +277,7 @@ def test_a_sweeps_days_and_an_moe_budget_name_the_evaluation_too(advisor):
     text = " ".join(advisor(*sweep, "0.15").stdout.split())
     assert words.format("12,100", "119,209") + "; --eval-iters 0 turns it off (advisor estimate prices its time)" \
         in text, text
-    assert "has no --eval-interval default" in " ".join(advisor(*sweep, "0.19").stdout.split())
+    assert "whose --eval-interval you must give" in " ".join(advisor(*sweep, "0.19").stdout.split())
     assert "forward-only" not in advisor(*sweep, "0.15", "--format", "json").stdout  # JSON rows carry no notes
 
     moe = ["--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb", "--tokens", "1T", "--seq-len", "4096",
