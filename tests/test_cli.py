@@ -441,7 +441,21 @@ def test_recommend_png_is_a_png_file_of_its_own(advisor, tmp_path):
     line = advisor.error(*common, "-o", tmp_path / "plan.png", "--png", tmp_path / "plan.png")
     # -o gets the plan's JSON, so a .png name for it is refused before the two are compared
     assert line == f"Error: advisor recommend would write JSON into {tmp_path / 'plan.png'}: name the file " \
-                   f"{tmp_path / 'plan.json'}"
+                   f"{tmp_path / 'plan.json'}"  # no remedy of --png: it is given
+    assert list(tmp_path.iterdir()) == []
+    assert advisor.error(*common, "-o", tmp_path / "plan.png").endswith("or give --png FILE.png for the picture")
+
+
+def test_a_png_name_for_output_points_at_the_commands_picture(advisor, tmp_path):
+    """-o x.png meant a picture (newcomer review: the remedy offered x.txt alone): the command's
+    own picture option (sweep's --plot), else, for rows, the report's page (estimate draws none)."""
+    path = tmp_path / "x.png"
+    assert advisor.error("sweep", "--gpus", 8, "--mem", 80, "-o", path) == (
+        f"Error: --format table would write a table into {path}: name the file {tmp_path / 'x.txt'}, "
+        "or give --plot FILE.png for the picture")
+    assert advisor.error("estimate", "--gpus", 8, "--tp", 1, "--pp", 1, "--mbs", 1, "--mem", 80, "-o", path) == (
+        f"Error: --format table would write a table into {path}: name the file {tmp_path / 'x.txt'}, "
+        "or use 'advisor report' for a page with its pictures")
     assert list(tmp_path.iterdir()) == []
 
 

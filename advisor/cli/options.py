@@ -413,7 +413,20 @@ def refuse_named(who: str, written: str, output: Path | None, remedy: str | None
         remedy = f"name the file {output.with_suffix(_SUFFIX[written])}"
         if named == "html" and written in (*_ROW_FORMATS, "table"):  # rows: the report draws them
             remedy += ", or use 'advisor report' for a page"
+        elif named == "png":  # -o x.png: a picture was meant
+            remedy += _picture_remedy(written)
     raise wrong_format(who, written, output, remedy)
+
+
+def _picture_remedy(written: str) -> str:
+    """Where -o names a PNG: the command's own picture option (estimate's --plot, recommend's
+    --png; not where it is given already), else, for rows, the report's pictures; nothing for other
+    writers (advisor-launch)."""
+    ctx = click.get_current_context(silent=True)
+    for param in ctx.command.params if ctx is not None else ():
+        if param.callback is png_path:
+            return "" if ctx.params.get(param.name) else f", or give {param.opts[0]} FILE.png for the picture"
+    return ", or use 'advisor report' for a page with its pictures" if written in (*_ROW_FORMATS, "table") else ""
 
 
 def file_format(fmt: str, output: Path | None) -> str:
