@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import click
 
+from advisor.cli.help_sections import with_sections
 from advisor.cli.options import EPILOG, CloseCommands, OneLineErrors
 from advisor.cli.spellings import add_megatron_spellings, megatron_nargs, one_value_each
 
@@ -77,6 +78,7 @@ class AdvisorGroup(OneLineErrors, CloseCommands):
             command.short_help = lazy.short_help
             add_megatron_spellings(command)
             one_value_each(command)
+            with_sections(command)  # a long --help in titled sections
             self.add_command(command, name)
         return self.commands.get(name)
 
