@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Literal, Sequence
 import click
 
 from advisor import limits
+from advisor.cli.help_sections import Sections, SectionedHelp
 from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, STDOUT, TCP_PORT, Bounded, CloseCommands,
                                  InputError, InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, emit, note,
                                  output_option, refuse_overwriting_inputs)
@@ -72,8 +73,26 @@ def _flush_notes() -> None:
 _NOTES = "advisor-launch notes"
 
 
-class LaunchCommand(click.Command):
-    """A subcommand; an unknown option gets a hint that Megatron-LM's go after '--'."""
+LAUNCH_SECTIONS: Sections = (
+    ("Input", ("source", "rank", "launch_as_priced")),
+    ("Megatron-LM", ("megatron_lm", "megatron_version", "mock_data", "job_config", "tokens", "fs_bandwidth")),
+    ("Nodes", ("nproc_per_node", "nnodes", "nodes", "gpus_per_node", "no_gpus_here", "node_rank", "rdzv_endpoint",
+               "rdzv_id", "rdzv_port")),
+    ("Job", ("name", "job_name", "image", "namespace", "accelerator", "partition", "account", "time", "qos",
+             "cpus_per_task", "signal_time", "requeue")),
+    ("Profiling", ("profile_dir", "run_id")),
+    ("Output", ("fmt", "output", "dry_run")),
+)
+"""The subcommands' --help sections (``advisor.cli.help_sections``), by option name: what to launch
+and with which Megatron-LM, where it runs, the scheduler's job, profiling, what is written."""
+
+
+class LaunchCommand(SectionedHelp, click.Command):
+    """A subcommand; an unknown option gets a hint that Megatron-LM's go after '--'. Its --help
+    lists the options in ``LAUNCH_SECTIONS``, every subcommand alike (they share the bundles)."""
+
+    help_sections = LAUNCH_SECTIONS
+    sectioned_from = 0
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:

@@ -13,10 +13,13 @@ from click.testing import CliRunner
 
 from advisor.cli import cli
 from advisor.cli.help_sections import ADVISOR_SECTIONS, OTHER, sectioned
+from launch.cli import LAUNCH_SECTIONS
+from launch.cli import cli as launch_cli
 
 ADVISOR_PAGES = [("sweep",), ("estimate",), ("recommend",), ("report", "sweep"), ("report", "estimate"),
                  ("report", "recommend")]
-PAGES = [(cli, path) for path in ADVISOR_PAGES]
+LAUNCH_PAGES = [("torchrun",), ("sbatch",), ("check",), ("k8s",), ("skypilot",), ("args",)]
+PAGES = [(cli, path) for path in ADVISOR_PAGES] + [(launch_cli, path) for path in LAUNCH_PAGES]
 IDS = [" ".join(path) for _, path in PAGES]
 
 LEVERS = ("--distributed-optimizer", "--use-megatron-fsdp", "--recompute", "--fp8-format", "--grad-dtype",
@@ -62,7 +65,7 @@ def _names(lines: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("group, path", PAGES, ids=IDS)
 def test_every_section_is_titled_in_order_and_other_is_last(group, path):
-    titles = [title for title, _ in ADVISOR_SECTIONS]
+    titles = [title for title, _ in (ADVISOR_SECTIONS if group is cli else LAUNCH_SECTIONS)]
     shown = list(_sections(_help(group, path)))
     assert shown[-1] == OTHER and "Options" not in shown
     assert shown[:-1] == [title for title in titles if title in shown]  # the order of the one mapping
