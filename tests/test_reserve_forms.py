@@ -3,6 +3,7 @@ harness is checked against the numbers the project already reports for the shipp
 
 import numpy as np
 import pytest
+from conftest import ROOT, Invoker
 
 from advisor.throughput.calibration import load_memory_calibration
 from tables.seed004 import oomfit
@@ -59,3 +60,21 @@ def test_the_h200_runs_under_the_shipped_form_are_the_launch_datas_figures():
     assert [(layers, round(usage, 2), verdict, outcome) for layers, usage, verdict, outcome in calls] == [
         (12, 134.57, "likely fits", "ran"), (14, 148.71, "likely oom", "ran"), (16, 162.85, "oom", "OOM")]
     assert calls[1][1] - 0.155 * 141 == pytest.approx(126.86, abs=0.005)
+
+
+def test_docs_estimator_md_holds_the_tables_the_code_computes_now():
+    """docs/estimator.md's reserve-form tables are a generated section: a change of the fits, the
+    data or the verdicts fails here until `python -m tables.seed004.reserve_forms --readme
+    docs/estimator.md` rewrites it (about a minute: every form fitted on every fold)."""
+    committed = (ROOT / "docs" / "estimator.md").read_text()
+    assert rf.section(rf.markdown(rf.study())) in committed, \
+        "regenerate with: python -m tables.seed004.reserve_forms --readme docs/estimator.md"
+
+
+def test_readme_without_the_markers_is_one_line_before_any_fitting(tmp_path, monkeypatch):
+    readme = tmp_path / "notes.md"
+    readme.write_text("# no markers\n")
+    monkeypatch.setattr(rf, "study", lambda: pytest.fail("fitted before checking the markers"))
+    line = Invoker(rf.main).error("--readme", readme)
+    assert line == f"Error: the README has no results markers ({rf.BEGIN!r} ... {rf.END!r})"
+    assert readme.read_text() == "# no markers\n"

@@ -22,7 +22,8 @@ TOOLS = {  # module: its own commands (none for a plain command)
     "tables.capture.__main__": ("analyse", "measure"),
     "tables.seed004.calibrate": ("probe",),
 }
-WRITTEN = [ROOT / "tables" / "README.md", ROOT / "docs" / "profiling.md", ROOT / "advisor" / "calibration.json"]
+WRITTEN = [ROOT / "tables" / "README.md", ROOT / "docs" / "profiling.md", ROOT / "docs" / "estimator.md",
+           ROOT / "advisor" / "calibration.json"]
 
 
 def _tool(module: str) -> Invoker:
