@@ -15,39 +15,7 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
-
-NUMBER = re.compile(r"[-+]?\d+(?:,\d{3})*(?:\.\d+)?")
-
-
-def text_of(doc: str) -> str:
-    """The document with its lines joined: a sentence may wrap anywhere."""
-    return " ".join((ROOT / doc).read_text().split())
-
-
-def table_after(doc: str, header: str) -> list[list[str]]:
-    """The rows (cells stripped) of the Markdown table whose header line starts with ``header``."""
-    lines = (ROOT / doc).read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
-    return rows
-
-
-def printed(value: float, shown: str) -> str:
-    """``value`` printed with as many decimals as ``shown`` has (its sign too, if it shows one)."""
-    number = NUMBER.search(shown).group()
-    decimals = len(number.split(".")[1]) if "." in number else 0
-    sign = "+" if number.startswith("+") else ""
-    return f"{value:{sign}.{decimals}f}"
-
-
-def numbers(cell: str) -> list[str]:
-    return NUMBER.findall(cell)
-
+from doc_text import numbers, printed, table_after, text_of
 
 # --- docs/options.md: Llama 3 405B as Meta laid it out ------------------------------------------
 
@@ -279,3 +247,11 @@ def test_moe_md_router_and_permutation_table_is_what_the_probe_derives():
             shown = numbers(re.sub(r"\d+ experts|top-\d+", "", cell))
             assert len(shown) == len(seconds) and shown == [printed(s * 1e3, n) for s, n in zip(seconds, shown)], \
                 f"docs/moe.md, {row[0]}: {cell!r} (python -m tables.moe_kernel_probe)"
+
+
+def test_validation_md_misprints_are_tables_readme_s():
+    """docs/validation.md's misprint table (the paper's printed value, Eq. 18's) against the one
+    ``python -m tables.seed004`` generates in tables/README.md (checked by test_tables_seed004.py)."""
+    ours = table_after("docs/validation.md", "| table | (TP, CP, PP, MBS) | GPUs | printed | Eq. 18 | evidence |")
+    generated = table_after("tables/README.md", "| table | (TP, CP, PP, MBS) | GPUs | printed | ours | evidence |")
+    assert [(numbers(r[0])[0], *r[1:5]) for r in ours] == [tuple(r[:5]) for r in generated]

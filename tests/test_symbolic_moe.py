@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
 
 from conftest import run_json_script  # noqa: E402
+from doc_text import numbers, printed, table_after  # noqa: E402
 
 SCRIPT = """
 import dataclasses, json
@@ -197,6 +198,30 @@ def test_a_real_size_deepseek_v3_layer_against_the_analytic_terms(measured):
     assert diff["shared expert activations"] == 0  # the fused SwiGLU's 6 f_s (8 f_s was priced until 2026-11-29)
     total = rows["layer activations"]
     assert abs(total["measured_bytes"] / total["analytic_bytes"] - 1) < 0.05
+
+
+def _analytic_measured(cell: str, row: dict | None) -> None:
+    """A doc cell 'analytic / measured MiB (+x.x%)' against a compared row (None: the part is absent, 0 / 0)."""
+    analytic, measured = (0, 0) if row is None else (row["analytic_bytes"], row["measured_bytes"])
+    shown = numbers(cell)
+    assert shown[:2] == [printed(analytic / 2**20, shown[0]), printed(measured / 2**20, shown[1])], cell
+    if len(shown) > 2:  # the measured excess, in %
+        assert shown[2] == printed((measured / analytic - 1) * 100, shown[2]), cell
+
+
+def test_docs_profiling_md_tables_are_these_measurements(measured):
+    """docs/profiling.md's two MoE tables, written by hand from this module's runs: each MiB and %
+    as the measurement and advisor.moe's terms give them now, to the doc's printed precision."""
+    rows = table_after("docs/profiling.md", "| term | Mixtral analytic / measured MiB |")
+    assert len(rows) == 6 and {row[0] for row in rows} <= set(measured["deepseek"])  # the transient row apart
+    for term, mixtral, deepseek, _ in rows:
+        _analytic_measured(mixtral, measured["real"].get(term))
+        _analytic_measured(deepseek, measured["deepseek"][term])
+    layouts = {"TP 2, EP 4": "tp2_ep4", "TP 2, EP 4, ETP 2": "tp2_ep4_etp2", "EP 8, capacity 1.25": "ep8_capacity"}
+    rows = table_after("docs/profiling.md", "| layout | attention | router | expert + dispatch | layer |")
+    assert [row[0] for row in rows] == list(layouts)
+    for row in rows:
+        _analytic_measured(row[4], measured[layouts[row[0]]]["layer activations"])
 
 
 def test_multi_latent_attention_on_the_local_spec_is_refused_in_one_line(measured):
