@@ -190,6 +190,10 @@ def test_validation_md_bridge_results_are_what_tables_published_prints(dense):
     assert f"the 8B (Megatron-FSDP) {eight[0]:+.1%} and {eight[1]:+.1%}" in text
     assert f"the 70B {seventy[0]:+.1%} to {seventy[-1]:+.1%}" in text
     assert f"the 405B {big[-1]:+.1%} to {big[0]:+.1%}" in text
+    from tables.published.runs import load_source, price
+
+    tflops = sorted(price(run)["tflops_per_gpu"] for run in load_source("Megatron-Bridge") if "-405b-" in run.run)
+    assert f"predicted fast ({tflops[0]:.0f}-{tflops[-1]:.0f} TFLOP/s per GPU by Megatron's count" in text
     from tables.published.runs import combined_summary
 
     total = combined_summary(dense["DGX Cloud Benchmarking"][0] + rows)["fp8"]
