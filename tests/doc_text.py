@@ -16,10 +16,12 @@ def text_of(doc: str) -> str:
     return " ".join((ROOT / doc).read_text().split())
 
 
-def table_after(doc: str, header: str) -> list[list[str]]:
-    """The rows (cells stripped) of the Markdown table whose header line starts with ``header``."""
+def table_after(doc: str, header: str, below: str = "") -> list[list[str]]:
+    """The rows (cells stripped) of the first Markdown table whose header line starts with
+    ``header`` (below the first line that starts with ``below``, if given)."""
     lines = (ROOT / doc).read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    first = next(i for i, line in enumerate(lines) if line.startswith(below))
+    start = next(i for i, line in enumerate(lines) if i >= first and line.startswith(header))
     rows = []
     for line in lines[start + 2:]:
         if not line.startswith("|"):

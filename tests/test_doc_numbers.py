@@ -259,3 +259,62 @@ def test_validation_md_misprints_are_tables_readme_s():
     ours = table_after("docs/validation.md", "| table | (TP, CP, PP, MBS) | GPUs | printed | Eq. 18 | evidence |")
     generated = table_after("tables/README.md", "| table | (TP, CP, PP, MBS) | GPUs | printed | ours | evidence |")
     assert [(numbers(r[0])[0], *r[1:5]) for r in ours] == [tuple(r[:5]) for r in generated]
+
+
+def spelled(split: str) -> str:
+    """A run-length split as the prose spells it: '8,9x2,6' -> '8, 9, 9, 6'."""
+    layers = []
+    for part in split.split(","):
+        size, _, times = part.partition("x")
+        layers += [size] * int(times or 1)
+    return ", ".join(layers)
+
+
+def test_search_md_splits_example_is_tables_readme_s():
+    """docs/search.md's example copies two of ``python -m tables.splits``' cases from tables/README.md's
+    generated section (checked by tests/test_tables_splits.py)."""
+    text = text_of("docs/search.md")
+    small = {r[0]: r for r in table_after("tables/README.md", "| split |", "**llama3.1-8b, 64 GPUs")}
+    even, madpipe, memory = small["even"], small["time-optimal (MadPipe)"], small["memory-optimal"]
+    assert (f"Llama-3.1-8B's even split (8 x 4) predicts a {even[5]} s step, MadPipe's "
+            f"`{spelled(madpipe[1])}` (the last stage carries the 128k-vocabulary LM head) "
+            f"{madpipe[5]} s ({madpipe[6]}) and the memory-optimal `{spelled(memory[1])}` {memory[5]} s") in text
+    big = {r[0]: r for r in table_after("tables/README.md", "| split |", "**llama3.1-405b, 16384 GPUs")}
+    even, llama3, madpipe = big["evenest (layout)"], big["account for both"], big["time-optimal (MadPipe)"]
+    assert (even[3], llama3[3], madpipe[3]) == ("no", "no", "yes") and llama3[1] == "7,8x14,7"
+    longer = float(madpipe[6].strip("+%"))
+    assert (f"do not fit 80 GiB without recomputation ({float(even[2]):.0f} and {float(llama3[2]):.0f} GiB), "
+            f"MadPipe's fits ({float(madpipe[2]):.1f} GiB) at a {longer:.0f}% longer step") in text
+
+
+def test_time_md_meta_405b_sentence_is_what_tables_published_prints():
+    """docs/time.md's Llama 3 405B against Meta (python -m tables.published, tables/published/meta405b.py)."""
+    from tables.published import meta405b
+
+    eight, sixteen, long = meta405b.rows()
+    text = text_of("docs/time.md")
+    assert (f"{eight['ours_v4']:.0f} vs {eight['published_tflops']} TFLOP/s per GPU on 8,192 GPUs, "
+            f"{sixteen['ours_v4']:.0f} vs {sixteen['published_tflops']} on 16,384, {long['ours_v4']:.0f} vs "
+            f"{long['published_tflops']} at 131K context") in text
+    plain = sorted(r["ours_v1"] for r in (eight, sixteen, long))
+    assert f"plain 1F1B would give {plain[0]:.0f}-{plain[-1]:.0f}" in text
+
+
+def sweep(*args: str) -> list[dict]:
+    from advisor.cli import cli
+
+    result = CliRunner().invoke(cli, ["sweep", *args, "--format", "json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_time_md_rank_by_sentence_is_what_advisor_sweep_ranks():
+    """docs/time.md on --rank-by: advisor sweep --gpus 16384 --gpu h100-80gb --model llama3.1-405b
+    --gbs 2048 (--rank-by paper)."""
+    common = ("--gpus", "16384", "--gpu", "h100-80gb", "--model", "llama3.1-405b", "--gbs", "2048")
+    paper, throughput = sweep(*common, "--rank-by", "paper")[0], sweep(*common)
+    fastest = max(throughput, key=lambda r: r["tflops_per_gpu"])
+    ordinal = {2: "second", 3: "third", 4: "fourth", 5: "fifth", 6: "sixth"}[fastest["rank"]]
+    assert (f"`--rank-by paper` puts first a PP-{paper['pp']} layout predicted at {paper['tflops_per_gpu']:.0f} "
+            f"TFLOP/s per GPU, `throughput` one at {throughput[0]['tflops_per_gpu']:.0f} (the fastest, at "
+            f"{fastest['tflops_per_gpu']:.0f}, ranks {ordinal}") in text_of("docs/time.md")
