@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
 
 from conftest import run_json_script  # noqa: E402
-from doc_text import numbers, printed, table_after  # noqa: E402
+from doc_text import numbers, printed, table_after, text_of  # noqa: E402
 
 SCRIPT = """
 import dataclasses, json
@@ -222,6 +222,11 @@ def test_docs_profiling_md_tables_are_these_measurements(measured):
     assert [row[0] for row in rows] == list(layouts)
     for row in rows:
         _analytic_measured(row[4], measured[layouts[row[0]]]["layer activations"])
+    cpu, text = measured["cpu_compare"], text_of("docs/profiling.md")  # the CPU backend's paragraph
+    attention, layer = cpu["attention activations"], cpu["layer activations"]
+    assert f"{attention['measured_bytes']:,} B against {attention['analytic_bytes']:,}" in text
+    assert (f"The layer: {layer['measured_bytes']:,} B against {layer['analytic_bytes']:,} "
+            f"({layer['measured_bytes'] / layer['analytic_bytes'] - 1:+.0%})") in text
 
 
 def test_multi_latent_attention_on_the_local_spec_is_refused_in_one_line(measured):
