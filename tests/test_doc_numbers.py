@@ -318,3 +318,22 @@ def test_time_md_rank_by_sentence_is_what_advisor_sweep_ranks():
     assert (f"`--rank-by paper` puts first a PP-{paper['pp']} layout predicted at {paper['tflops_per_gpu']:.0f} "
             f"TFLOP/s per GPU, `throughput` one at {throughput[0]['tflops_per_gpu']:.0f} (the fastest, at "
             f"{fastest['tflops_per_gpu']:.0f}, ranks {ordinal}") in text_of("docs/time.md")
+
+
+ALLOCATED = {"mbdoc-q30-a2a": 61.351, "mbcard0725-q30-overlap": 62.166}
+"""NVIDIA's max allocated, decimal GB (tests/test_tables_published_moe.py has the sources)."""
+
+
+def test_allocated_memory_figures_are_what_tables_published_moe_prices(moe_rows):
+    """README.md's 'within x% and y%' and docs/validation.md's predicted allocated GiB of the two
+    Qwen3-30B-A3B EP 16 runs: the analytic total (no allocator reserve) against NVIDIA's."""
+    plain, overlapped = ((moe_rows[i]["total_gib"], gb * 1e9 / 2**30) for i, gb in ALLOCATED.items())
+    errors = [ours / theirs - 1 for ours, theirs in (plain, overlapped)]
+    readme = text_of("README.md")
+    assert f"runs within {abs(errors[0]):.1%} and {abs(errors[1]):.1%} of NVIDIA's measurements" in readme
+    text = text_of("docs/validation.md")
+    assert (f"the plain alltoall layout: {plain[0]:.1f} GiB, against {plain[1]:.1f} GiB (61.351 GB) max allocated "
+            f"in NVIDIA's 2026-05-17 run of it (docs/training/moe-optimization.md), {errors[0]:.1%}") in text
+    assert (f"recipe: {overlapped[0]:.1f} GiB, against rank-0 peak allocated 62.166 ({overlapped[1]:.1f} GiB), "
+            f"{errors[1]:.1%}") in text
+    assert f"as GiB it would be {overlapped[0] / 62.166 - 1:.1%})" in text

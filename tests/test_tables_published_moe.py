@@ -144,7 +144,7 @@ def test_allocated_memory_against_nvidias_qwen3_30b_runs():
     # mbcard-q30-hybridep): rank-0 peak allocated 62.166 (skills/nemo-mbridge-perf-moe-comm-overlap,
     # 067f987df), labelled GiB there but read as the same logger's decimal GB: five significant
     # digits, as the logger rounds, and 5.0 GiB above the plain run if binary, where the layouts
-    # differ by one layer in flight and the dispatcher. Read as GiB it would be -7.9% here (57.26 GiB predicted).
+    # differ by one layer in flight and the dispatcher. Read as GiB it would be -8.2% here (57.10 GiB predicted).
     # Either way under the card's gate, 'peak allocated memory remains below 65 GiB/GPU': the
     # combined 1F1B holds one layer more, not a second microbatch (22.6 GiB more, 79.5 GiB)
     for run in ("mbcard0725-q30-overlap", "mbcard-q30-hybridep"):
