@@ -6,6 +6,7 @@ broadcasts over numpy layouts like ``advisor.memory``; with every lever off each
 
 from __future__ import annotations
 
+import bisect
 import collections
 import functools
 
@@ -116,6 +117,8 @@ LAYER_WEIGHT_ARRIVAL = (5, 4, 3, 1, 2, 0)
 """The order in which backward produces a decoder layer's weight gradients, as indices into
 ``layer_weights``: FC2, FC1, the MLP norm, then the attention's output projection before QKV (the
 projection runs last in forward, so its gradient comes first), then the input norm."""
+LAYER_RANK = tuple(LAYER_WEIGHT_ARRIVAL.index(position) for position in range(len(LAYER_WEIGHT_ARRIVAL)))
+"""Each weight's place in ``LAYER_WEIGHT_ARRIVAL`` (when backward produces it within its layer)."""
 
 
 def layer_weights(spec: LlamaSpec, tp) -> tuple:
@@ -145,41 +148,131 @@ def fsdp_bucket_size(options, dp_cp):
     return np.full_like(np.asarray(dp_cp, dtype=float), np.inf)
 
 
-@functools.lru_cache(maxsize=65536)
-def _bucket_peak(weights: tuple, layers: int, bucket: float, queue: float) -> float:
-    """``fsdp_optim_grads_peak`` of one stage, in scalars (cached: a sweep repeats a few values;
-    plain locals, no calls in the loops: a sweep replays thousands of stages)."""
-    of, totals, filled, current = [], [], bucket, -1  # each weight's bucket, each bucket's elements
-    for size in weights * layers:  # named order; a bucket closes at the weight bringing it to >= bucket
+EXACT_ELEMENTS = 2.0 ** 53
+"""Below this many elements a stage's integer weight sizes add up exactly in float64, in any order."""
+
+
+def _bucket_cut(weights: tuple, layers: int, bucket: float) -> tuple[list, list]:
+    """Each weight's bucket and the bucket's elements up to and including it, over ``layers``
+    layers in named order: a bucket closes at the weight bringing it to >= ``bucket``. A stage of
+    fewer layers cuts the same prefix, its last bucket ending at its last weight (so its total is
+    that weight's running sum, added in the same order)."""
+    of, running, filled, current = [], [], bucket, -1
+    for size in weights * layers:
         if filled >= bucket:
-            totals.append(0.0)
             current += 1
             filled = 0.0
         filled += size
-        totals[current] = filled
         of.append(current)
-    missing, allocated = [0] * len(totals), [False] * len(totals)
+        running.append(filled)
+    return of, running
+
+
+def _bucket_events(of: list, width: int, layers: int) -> tuple[list, list, list]:
+    """The replay's events in backward order (``LAYER_WEIGHT_ARRIVAL`` within a layer, the last
+    layer first): (time, bucket, whether it completes) at each bucket's first gradient (its
+    allocation) and at its last (its reduce-scatter); time is the weight's place in that order."""
+    missing = [0] * (of[-1] + 1)
     for index in of:
         missing[index] += 1
-    queued, space, held, peak = collections.deque(), 0.0, 0.0, 0.0
-    width = len(weights)
-    for start in range((layers - 1) * width, -1, -width):  # the last layer's gradients first
+    times, buckets, closes, seen, time = [], [], [], [False] * len(missing), 0
+    for start in range((layers - 1) * width, -1, -width):
         for position in LAYER_WEIGHT_ARRIVAL:
             index = of[start + position]
-            if not allocated[index]:  # its first gradient: the whole bucket's storage
-                allocated[index] = True
+            if not seen[index]:
+                seen[index] = True
+                times.append(time)
+                buckets.append(index)
+                closes.append(False)
+            missing[index] -= 1
+            if not missing[index]:
+                times.append(time)
+                buckets.append(index)
+                closes.append(True)
+            time += 1
+    return times, buckets, closes
+
+
+def _replay(events: tuple, totals: list, queue: float, start: int, last: tuple, converge: bool) -> tuple:
+    """Replays ``events`` from ``start`` with a stage's last bucket ``last`` = (bucket, time of
+    its first gradient in this stage, elements): (peak, the event after which the queue holds what
+    the full stage's replay holds there, or None). With ``converge`` (exact sums) it stops there:
+    once the last bucket has been popped, the trimmed queue is the longest run of latest buckets
+    within ``queue`` (the trim's rule) in both replays, so every later value is the full stage's."""
+    times, buckets, closes = events
+    top, top_time, top_total = last
+    queued, space, held, peak, pending = collections.deque(), 0.0, 0.0, 0.0, True
+    for event in range(start, len(times)):
+        index = buckets[event]
+        if pending and times[event] >= top_time:  # the last bucket opens at its first gradient here
+            pending = False
+            held += top_total
+            if held > peak:
+                peak = held
+        if not closes[event]:
+            if index != top:
                 held += totals[index]
                 if held > peak:
                     peak = held
-            missing[index] -= 1
-            if not missing[index]:  # its last: trim the queue to <= queue elements, then append it
-                while space > queue:
-                    oldest = totals[queued.popleft()]
-                    space -= oldest
-                    held -= oldest
-                queued.append(index)
-                space += totals[index]
-    return peak
+            continue
+        popped = False
+        while space > queue:  # trim the queue to <= queue elements, then append it
+            oldest = queued.popleft()
+            popped = popped or oldest == top
+            size = top_total if oldest == top else totals[oldest]
+            space -= size
+            held -= size
+        queued.append(index)
+        space += top_total if index == top else totals[index]
+        if popped and converge:
+            return peak, event + 1
+    return peak, None
+
+
+def _suffix_peaks(events: tuple, totals: list, queue: float) -> list:
+    """The full stage's replay: at each event, the most held after it (0 past the last)."""
+    times, buckets, closes = events
+    after, queued, space, held = [0.0] * (len(times) + 1), collections.deque(), 0.0, 0.0
+    for event, index in enumerate(buckets):
+        if not closes[event]:
+            held += totals[index]
+            after[event] = held
+            continue
+        while space > queue:
+            oldest = totals[queued.popleft()]
+            space -= oldest
+            held -= oldest
+        queued.append(index)
+        space += totals[index]
+    for event in range(len(times) - 1, -1, -1):
+        after[event] = max(after[event], after[event + 1])
+    return after
+
+
+@functools.lru_cache(maxsize=4096)
+def _bucket_peaks(weights: tuple, layers: int, bucket: float, queue: float) -> tuple:
+    """``fsdp_optim_grads_peak`` of one stage for every count of 0..``layers`` layers, in scalars
+    (cached: a sweep repeats a few stages). A stage of c layers is the last c of ``layers``
+    (the cut's prefix, its backward events a suffix), so each count replays from its own first
+    event until its queue is the full stage's (``_replay``; exact where every sum is an integer
+    below 2**53, as ``layer_weights``' are), then takes the full replay's most from there on."""
+    if layers <= 0:
+        return (0.0,) * (max(layers, 0) + 1)
+    width = len(weights)
+    of, running = _bucket_cut(weights, layers, bucket)
+    totals = [0.0] * (of[-1] + 1)
+    for index, filled in zip(of, running):
+        totals[index] = filled
+    events = _bucket_events(of, width, layers)
+    after = _suffix_peaks(events, totals, queue)
+    converge = all(float(w).is_integer() and w >= 0 for w in weights) and sum(weights) * layers < EXACT_ELEMENTS
+    times, peaks = events[0], [0.0]
+    for count in range(1, layers + 1):
+        first, end = (layers - count) * width, count * width - 1  # its first time, its last weight
+        top_time = min(first + LAYER_RANK[position] for position in range(width) if of[end - width + 1 + position] == of[end])
+        peak, rest = _replay(events, totals, queue, bisect.bisect_left(times, first), (of[end], top_time, running[end]), converge)
+        peaks.append(peak if rest is None else max(peak, after[rest]))
+    return tuple(peaks)
 
 
 def fsdp_optim_grads_peak(weights, layers, bucket, queue):
@@ -238,10 +331,13 @@ class QueueReplay:
         code, layers = np.broadcast_arrays(self.code, layers)
         values = table[code, layers]
         missing = np.isnan(values)
-        if missing.any():
+        if missing.any():  # each stage replayed once up to its most layers asked (every count below)
+            wanted = {}
             for stage, count in set(zip(code[missing].tolist(), layers[missing].tolist())):
+                wanted[stage] = max(count, wanted.get(stage, 0))
+            for stage, count in wanted.items():
                 weights, bucket, queue = self.stages[stage]
-                table[stage, count] = _bucket_peak(weights, count, bucket, queue)
+                table[stage, :count + 1] = _bucket_peaks(weights, count, bucket, queue)
             values = table[code, layers]
         return values
 

@@ -1,0 +1,133 @@
+"""``memory_levers``' fast optim_grads replay (``_bucket_peaks``: every layer count of a stage
+from one cut, each count's replay stopped where its queue is the full stage's) against the plain
+replay it replaced, kept here as the reference: one weight at a time, one count at a time
+(megatron-core's cut and queue as ``fsdp_optim_grads_peak`` cites them). The two must give the
+very same floats (the sweep's output is compared byte for byte), over Llama-like layers at TP 1,
+2 and 8, 0-80 layers, DP x CP 8-4096 (``ddp_bucket_size``), without overlap (one bucket), and
+the queue sizes ``fsdp_communication_unit`` gives."""
+
+import collections
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from advisor import memory_levers as levers
+from advisor.memory import MemoryOptions
+from advisor.models import preset
+
+
+def reference_peak(weights: tuple, layers: int, bucket: float, queue: float) -> float:
+    """The replay as it was (memory_levers at d06473d): cut in named order, then backward weight
+    by weight, allocating a bucket at its first gradient and trimming the queue at its last."""
+    of, totals, filled, current = [], [], bucket, -1
+    for size in weights * layers:
+        if filled >= bucket:
+            totals.append(0.0)
+            current += 1
+            filled = 0.0
+        filled += size
+        totals[current] = filled
+        of.append(current)
+    missing, allocated = [0] * len(totals), [False] * len(totals)
+    for index in of:
+        missing[index] += 1
+    queued, space, held, peak = collections.deque(), 0.0, 0.0, 0.0
+    width = len(weights)
+    for start in range((layers - 1) * width, -1, -width):
+        for position in levers.LAYER_WEIGHT_ARRIVAL:
+            index = of[start + position]
+            if not allocated[index]:
+                allocated[index] = True
+                held += totals[index]
+                if held > peak:
+                    peak = held
+            missing[index] -= 1
+            if not missing[index]:
+                while space > queue:
+                    oldest = totals[queued.popleft()]
+                    space -= oldest
+                    held -= oldest
+                queued.append(index)
+                space += totals[index]
+    return peak
+
+
+MODELS = ("llama3.1-8b", "llama3-70b", "llama3.1-405b")
+DP_CP = (8, 64, 100, 128, 512, 1000, 1024, 1500, 2048, 4096)
+
+
+def stages(name):
+    """(weights, bucket, queue) of ``name`` at every TP x DP x CP x overlap x release's queue."""
+    for tp, dp_cp, overlap, from_units in itertools.product((1, 2, 8), DP_CP, (True, False), (False, True)):
+        options = MemoryOptions(fsdp_strategy="optim_grads", overlap_grad_reduce=overlap,
+                                fsdp_budget_from_units=from_units)
+        weights = tuple(float(w) for w in levers.layer_weights(preset(name), tp))  # as QueueReplay keys them
+        _, queue = levers.fsdp_communication_unit(options, sum(weights), 1, dp_cp)
+        yield weights, float(levers.fsdp_bucket_size(options, dp_cp)), float(queue)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_count_is_the_reference_replay(name):
+    cases = list(stages(name))
+    assert len(cases) == 3 * len(DP_CP) * 4
+    for weights, bucket, queue in cases:
+        peaks = levers._bucket_peaks(weights, 80, bucket, queue)
+        assert len(peaks) == 81 and peaks[0] == 0.0
+        for count in range(81):
+            assert peaks[count] == reference_peak(weights, count, bucket, queue), (weights, count, bucket, queue)
+
+
+def test_a_shorter_replay_agrees_with_the_longer_one():
+    # the table of QueueReplay keeps a count once, from whichever replay asked first
+    weights = levers.layer_weights(preset("llama3.1-405b"), 8)
+    for bucket, queue in ((64e6, 1e9), (2048e6, 2048e6), (np.inf, 1e9)):
+        longest = levers._bucket_peaks(weights, 80, bucket, queue)
+        for layers in (1, 7, 31, 79):
+            assert levers._bucket_peaks(weights, layers, bucket, queue) == longest[:layers + 1]
+
+
+def test_random_weights_and_sizes():
+    """Integer weights of any sizes (the exact regime, cut early), and fractional ones (summed
+    in another order they could round differently: replayed to the end, as the reference)."""
+    rng = random.Random(20261201)
+    for trial in range(300):
+        fractional = trial % 3 == 0
+        weights = tuple(rng.choice([rng.randint(0, 50), rng.randint(1, 10**4), rng.randint(1, 10**8)])
+                        + (rng.random() if fractional else 0) for _ in range(6))
+        layer = sum(weights)
+        bucket = rng.choice([layer * rng.uniform(0.01, 3.0), float(rng.randint(1, 10**8)), np.inf])
+        queue = rng.choice([layer * rng.uniform(0.0, 6.0), float(rng.randint(0, 10**9)), np.inf])
+        layers = rng.randint(0, 40)
+        peaks = levers._bucket_peaks(weights, layers, bucket, queue)
+        assert list(peaks) == [reference_peak(weights, n, bucket, queue) for n in range(layers + 1)], \
+            (weights, bucket, queue, layers)
+
+
+def test_small_integer_weights():
+    """Small weights and buckets reach every cut the order of arrival can make (a bucket of the
+    output projection alone closes before the QKV bucket above it: the queue is then not yet the
+    full stage's when it first pops)."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        weights = tuple(float(rng.randint(0, 12)) for _ in range(6))
+        bucket, queue, layers = float(rng.randint(1, 30)), float(rng.randint(0, 80)), rng.randint(0, 12)
+        peaks = levers._bucket_peaks(weights, layers, bucket, queue)
+        assert list(peaks) == [reference_peak(weights, n, bucket, queue) for n in range(layers + 1)], \
+            (weights, bucket, queue, layers)
+
+
+def test_most_is_the_largest_reference_replay():
+    weights = levers.layer_weights(preset("llama3.1-405b"), 8)
+    dp_cp = np.array([[8], [64], [128], [2048], [4096]])
+    queue = levers.fsdp_communication_unit(MemoryOptions(fsdp_strategy="optim_grads", fsdp_budget_from_units=True),
+                                           sum(weights), 1, dp_cp)[1]
+    replay = levers.QueueReplay(weights, levers.ddp_bucket_size(dp_cp), queue)
+    cap = replay.most(63)
+    assert cap.shape == (5, 1)
+    for row, dp in enumerate(dp_cp[:, 0].tolist()):
+        bucket, size = float(levers.ddp_bucket_size(dp)), float(queue[row, 0])
+        assert float(cap[row, 0]) == max(reference_peak(weights, n, bucket, size) for n in range(64))
+    # then a count asked alone is read from the table the cap filled, and is the reference's
+    assert float(replay.peak(np.full((5, 1), 40))[3, 0]) == reference_peak(weights, 40, 2048e6, 2048e6)
