@@ -323,29 +323,40 @@ class QueueReplay:
     def peak(self, layers):
         """The peak unsharded gradient elements of stages of ``layers`` decoder layers."""
         layers = np.maximum(np.asarray(layers, dtype=float), 0.0).astype(np.int64)
-        table = self.shared["table"]
-        most = int(layers.max(initial=0))
-        if most >= table.shape[1]:  # counts not seen yet: a wider table, NaN until replayed
-            table = np.concatenate([table, np.full((len(self.stages), most + 1 - table.shape[1]), np.nan)], axis=1)
-            self.shared["table"] = table
+        table = self._table(int(layers.max(initial=0)))
         code, layers = np.broadcast_arrays(self.code, layers)
         values = table[code, layers]
         missing = np.isnan(values)
-        if missing.any():  # each stage replayed once up to its most layers asked (every count below)
+        if missing.any():
             wanted = {}
             for stage, count in set(zip(code[missing].tolist(), layers[missing].tolist())):
                 wanted[stage] = max(count, wanted.get(stage, 0))
-            for stage, count in wanted.items():
-                weights, bucket, queue = self.stages[stage]
-                table[stage, :count + 1] = _bucket_peaks(weights, count, bucket, queue)
+            self._replay(wanted)
             values = table[code, layers]
         return values
 
     def most(self, layers: int):
         """The largest peak of these layouts' stages over every count from 0 to ``layers``: a cap
         that no stage of at most ``layers`` layers exceeds (``fsdp_buffer_lines``)."""
-        counts = np.arange(layers + 1).reshape((-1,) + (1,) * np.ndim(self.code))  # a leading axis of counts
-        return self.peak(counts).max(axis=0)
+        table = self._table(layers)
+        unready = np.isnan(table[:, :layers + 1]).any(axis=1)
+        self._replay({stage: layers for stage in set(np.ravel(self.code).tolist()) if unready[stage]})
+        return table[:, :layers + 1].max(axis=1)[self.code]  # a stage never replayed is NaN, never read
+
+    def _table(self, most: int) -> np.ndarray:
+        """The shared peaks by stage and layer count, at least to ``most`` layers (NaN: not yet)."""
+        table = self.shared["table"]
+        if most >= table.shape[1]:
+            table = np.concatenate([table, np.full((len(self.stages), most + 1 - table.shape[1]), np.nan)], axis=1)
+            self.shared["table"] = table
+        return table
+
+    def _replay(self, wanted: dict) -> None:
+        """Replays each stage of ``wanted`` once, to its count there: every count below comes with it."""
+        table = self.shared["table"]
+        for stage, count in wanted.items():
+            weights, bucket, queue = self.stages[stage]
+            table[stage, :count + 1] = _bucket_peaks(weights, count, bucket, queue)
 
 
 SHARDING = {None: None, "no_shard": (False, False, False), "optim": (True, False, False),
