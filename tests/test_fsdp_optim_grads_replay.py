@@ -131,3 +131,14 @@ def test_most_is_the_largest_reference_replay():
         assert float(cap[row, 0]) == max(reference_peak(weights, n, bucket, size) for n in range(64))
     # then a count asked alone is read from the table the cap filled, and is the reference's
     assert float(replay.peak(np.full((5, 1), 40))[3, 0]) == reference_peak(weights, 40, 2048e6, 2048e6)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 500])
+def test_unique_rows_is_numpys(rows):
+    """QueueReplay's distinct stages by a lexsort: np.unique's rows (sorted, first column first)
+    and inverse, so the stage codes are the ones np.unique gave."""
+    rng = np.random.default_rng(rows)
+    matrix = rng.choice([0.0, 1.0, 2.5, 4e7, np.inf], size=(rows, 4))
+    unique, inverse = levers._unique_rows(matrix)
+    expected, expected_inverse = np.unique(matrix, axis=0, return_inverse=True)
+    assert unique == expected.tolist() and inverse.tolist() == np.ravel(expected_inverse).tolist()
