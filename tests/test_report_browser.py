@@ -327,3 +327,40 @@ def test_plan_and_profile_page(browser, tmp_path):
         assert marks and marks["width"] > 100 and (marks["rect"] + marks["path"] + marks["use"]) > 4, name
     assert browser.execute_script("return document.querySelectorAll('#profile-stages-table tbody tr').length") == 120
     assert _errors(browser) == []
+
+
+@pytest.fixture(scope="module")
+def moe_sweep(tmp_path_factory):
+    """A Mixtral 8x7B sweep (TP 1, CP 1: a few hundred rows), its JSON and its page."""
+    from tests.conftest import Invoker
+
+    out = tmp_path_factory.mktemp("moe") / "mixtral.json"
+    Invoker()("sweep", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb", "--tp", "1", "--cp", "1",
+              "--format", "json", "-o", out)
+    page = out.with_suffix(".html")
+    Invoker()("report", "--from", out, "-o", page)
+    return out, page
+
+
+def _figure_texts(driver, name: str) -> list[str]:
+    return driver.execute_script(
+        "return Array.prototype.map.call(document.querySelectorAll('svg[data-figure=\"" + name + "\"] text'),"
+        " function (t) { return t.textContent; });")
+
+
+def test_an_moe_sweep_page_shows_where_each_step_goes(browser, moe_sweep):
+    """A sweep's MoE rows carry no time_parts (an estimate's do): the page drew no step-time
+    figure for them, so the all-to-all time a dense row's page shows beside TP/PP communication
+    was nowhere in an MoE page's detail (audit, mixtral-8x7b on 64 H100s). The parts are
+    repriced from the row, and each bar ends at the row's own step time."""
+    import json
+
+    rows = sorted((r for r in json.loads(moe_sweep[0].read_text()) if r["rank"]), key=lambda r: r["rank"])
+    _open(browser, moe_sweep[1])
+    marks = _marks(browser, "time-parts")
+    assert marks and marks["width"] > 100 and marks["rect"] >= 3 * 3, marks  # three layouts, three parts at least
+    texts = _figure_texts(browser, "time-parts")
+    assert "ep comm" in texts and "compute" in texts
+    for row in rows[:3]:
+        assert f"{row['step_time_s']:.2f} s" in texts, (row["step_time_s"], texts)
+    assert _errors(browser) == []

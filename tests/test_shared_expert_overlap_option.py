@@ -205,8 +205,8 @@ def test_a_saved_rows_overlap_is_priced_by_the_report(advisor):
     row = advisor.json("estimate", "--model", "deepseek-v3", "--gpus", "1024", "--tp", "2", "--pp", "16", "--ep", "64",
                        "--etp", "1", "--mbs", "1", "--seq-len", "4096", "--gbs", "8192", "--gpu", "h100-80gb", FLAG,
                        "--memory-model", "paper")  # the buckets as priced (the calibrated model scales them)
-    stages, _, _ = moe_stages(row)
-    without, _, _ = moe_stages({**row, "shared_expert_overlap": False})
+    stages, _, _, _ = moe_stages(row)
+    without, _, _, _ = moe_stages({**row, "shared_expert_overlap": False})
     assert [stage["layer activations"] for stage in stages] == pytest.approx(
         [stage["layer_activations_gib"] for stage in row["stages"]], rel=1e-12)
     moe_layers = [(st["layers"] - st["dense_layers"]) * st["in_flight_microbatches"] for st in row["stages"]]

@@ -129,11 +129,12 @@ def layout_detail(row: dict) -> LayoutDetail:
 
 def _moe_detail(row: dict) -> LayoutDetail:
     """An MoE row: its stages' MoE terms (dense and expert states, FP8 weights, the activation
-    buckets, the dispatcher's buffers); the schedule in layer units (the MoE time model prices the
+    buckets, the dispatcher's buffers); the step's parts (the all-to-all's among them: a sweep row's
+    repriced, as the dense rows' are); the schedule in layer units (the MoE time model prices the
     step, not each rank's microbatch)."""
     from advisor.report.moe_detail import moe_stages
 
-    stages, calibrated, spec = moe_stages(row)
+    stages, calibrated, spec, parts = moe_stages(row)
     memory = number(row, "memory_gib")
     pp, vpp = row["pp"], row.get("vpp") or 1
     fraction = paper_threshold(row)
@@ -142,7 +143,7 @@ def _moe_detail(row: dict) -> LayoutDetail:
                         memory_gib=memory,
                         threshold_gib=fraction * memory if memory and not calibrated else None,
                         stages=stages, model_name="calibrated MoE" if calibrated else "MoE",
-                        time_parts=row.get("time_parts"), forward_s=None, backward_s=None,
+                        time_parts=row.get("time_parts") or parts, forward_s=None, backward_s=None,
                         threshold_label=rule_label(fraction))
 
 

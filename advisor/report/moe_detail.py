@@ -42,8 +42,10 @@ def _settings(row: dict):
         raise AdvisorError(f"the MoE row's options cannot be read: {exc}") from None
 
 
-def moe_stages(row: dict) -> tuple[list[dict], bool, object]:
-    """(per stage each of MOE_SEGMENTS in GiB, whether calibrated, the spec) of an MoE row."""
+def moe_stages(row: dict) -> tuple[list[dict], bool, object, dict | None]:
+    """(per stage each of MOE_SEGMENTS in GiB, whether calibrated, the spec, the step's parts) of
+    an MoE row: the parts as ``estimate_layout`` prices them with a GPU preset (a sweep's rows do
+    not carry them, an estimate's do), else None."""
     from advisor.hardware import get_gpu
     from advisor.moe.space import estimate_layout
     from advisor.moe.spec import spec_from_dict
@@ -57,7 +59,8 @@ def moe_stages(row: dict) -> tuple[list[dict], bool, object]:
         pp=row["pp"], ep=row["ep"], etp=row["etp"], dp=row["dp"], mbs=row["mbs"], vpp=row.get("vpp") or 1,
         recompute=row.get("recompute") or "none", memory_gib=memory,
         gpu=get_gpu(row["gpu"]).with_overrides(gpus_per_node=row.get("gpus_per_node")) if row.get("gpu") else None,
-        options=_settings(row), memory_model="calibrated" if calibrated else "paper")
+        options=_settings(row), memory_model="calibrated" if calibrated else "paper",
+        layers_per_stage=tuple(row["layers_per_stage"]) if row.get("layers_per_stage") else None)
     stages = []
     for stage in estimate["stages"]:
         values = [stage[key] for key in _KEYS]
@@ -71,4 +74,4 @@ def moe_stages(row: dict) -> tuple[list[dict], bool, object]:
             added -= sum(scaled) - (values[3] + values[4] + values[5] + values[6])
             values[3:7] = scaled
         stages.append(dict(zip(MOE_SEGMENTS, [*values, added])))
-    return stages, calibrated, spec
+    return stages, calibrated, spec, estimate.get("time_parts")
