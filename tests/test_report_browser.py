@@ -364,3 +364,21 @@ def test_an_moe_sweep_page_shows_where_each_step_goes(browser, moe_sweep):
     for row in rows[:3]:
         assert f"{row['step_time_s']:.2f} s" in texts, (row["step_time_s"], texts)
     assert _errors(browser) == []
+
+
+def _headers(driver) -> list[str]:
+    return driver.execute_script(
+        "return Array.prototype.map.call(document.querySelectorAll('#rows thead th'), function (th) {"
+        " return th.textContent.trim(); });")
+
+
+def test_a_dense_page_names_eq_18_and_an_moe_page_the_analytic_model(browser, sweep_page, moe_sweep):
+    """Dense rows carry ep = 1 (DESIGN.md), and any row with an 'ep' field made the header say
+    'analytic GiB': a dense page named its Eq. 18 total as the MoE model's (audit), and the
+    verdicts' meaning above it names Eq. 18."""
+    _open(browser, sweep_page)
+    dense = _headers(browser)
+    assert "Eq.18 GiB" in dense and "Eq.18 / mem" in dense and not any("analytic" in h for h in dense), dense
+    _open(browser, moe_sweep[1])
+    moe = _headers(browser)
+    assert "analytic GiB" in moe and not any("Eq.18" in h for h in moe), moe

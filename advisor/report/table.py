@@ -11,6 +11,7 @@ import json
 from advisor.plots import COLOURS
 from advisor.render import counted, counts_text, recompute_text
 from advisor.report.inputs import memory_share
+from advisor.saved_row import is_moe_row
 
 NO_LAUNCH = ("oom", "likely oom")
 """Verdicts (``advisor.verdicts``) whose rows offer no 'copy launch': the estimate says the layout
@@ -125,7 +126,9 @@ def rows_table(rows: list[dict], columns: list[str], flag_groups: list[list[tupl
     """The table; the last column holds each row's own flags, and buttons that copy them whole
     (``kind`` estimate: its one layout, captioned as such)."""
     shared = set(common)
-    experts = any("ep" in row for row in rows)
+    # an MoE model's rows, not rows with an 'ep' field: dense rows carry ep = 1 too, and their
+    # total is seed 004's Eq. 18 (the terminal's table, advisor.cli.sweep_table, says so as well)
+    experts = any(is_moe_row(row) for row in rows)
     head = "".join(
         f'<th scope="col" data-key="{key}" aria-sort="none"><button type="button">'
         f"{html.escape(header(key, experts))}</button></th>" for key in columns)
