@@ -382,3 +382,36 @@ def test_a_dense_page_names_eq_18_and_an_moe_page_the_analytic_model(browser, sw
     _open(browser, moe_sweep[1])
     moe = _headers(browser)
     assert "analytic GiB" in moe and not any("Eq.18" in h for h in moe), moe
+
+
+def _meanings(driver) -> dict:
+    """The verdicts' meanings in the page's order (a list: the driver returns an object's keys sorted)."""
+    return dict(driver.execute_script(
+        "return Array.prototype.map.call(document.querySelectorAll('#verdict-meanings dt'), function (dt) {"
+        " return [dt.textContent.trim(), dt.nextElementSibling.textContent.trim()]; });"))
+
+
+def test_the_page_says_what_each_verdict_means(browser, sweep_page, tmp_path):
+    """The page coloured 'likely oom' without saying what it meant (audit: 'will it run?'). The
+    meanings are the rules of advisor.verdicts: the calibration's band (0.0723 in
+    advisor/calibration.json) around the GPU's 80 GiB: fits <= 92.77% = 74.2 GiB, likely oom
+    <= 107.23% = 85.8 GiB; and, with the paper's model, its 80% = 64.0 GiB."""
+    from advisor.throughput.calibration import load_memory_calibration
+    from tests.conftest import Invoker
+
+    band = load_memory_calibration().band
+    assert band == 0.0723  # the hand values below are for this band
+    _open(browser, sweep_page)
+    meanings = _meanings(browser)
+    assert list(meanings) == ["fits", "likely fits", "likely oom", "oom"]
+    assert "at most 92.77% (74.2 GiB)" in meanings["fits"]  # 0.9277 x 80 = 74.216
+    assert "above 100%, at most 107.23% (85.8 GiB)" in meanings["likely oom"]  # 1.0723 x 80 = 85.784
+    assert "out-of-memory" in meanings["likely oom"] and "may still run" in meanings["likely oom"]
+    assert browser.find_element("id", "verdict-meanings").is_displayed()
+    out = tmp_path / "paper.html"
+    Invoker()("report", "estimate", "--tp", "2", "--gpus", "8", "--mem", "80", "-o", out)
+    _open(browser, out)
+    meanings = _meanings(browser)
+    assert list(meanings) == ["fits", "tight", "oom"]
+    assert "at most 80% (64.0 GiB)" in meanings["fits"]
+    assert _errors(browser) == []

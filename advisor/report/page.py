@@ -151,6 +151,43 @@ def _paper_rule(first: dict) -> str:
     return f"the 4D paper's: fits <= {percent(paper_threshold(first))} of memory ({given}), tight <= 100%, oom"
 
 
+def verdict_meanings(rows: list[dict]) -> str:
+    """What each verdict on the page means, as the rows were judged (``advisor.verdicts``: the
+    calibrated model's band; ``advisor.paper_rule``: the paper's threshold), in percent of the
+    GPU's memory and, where every row has the same memory, in GiB: 'likely oom' read as 'will
+    not run' or as 'fine' alike without it (audit)."""
+    first = rows[0] if rows else {}
+    memories = {number(row, "memory_gib") for row in rows}
+    memory = memories.pop() if len(memories) == 1 else None
+
+    def at(fraction: float) -> str:
+        return f"{percent(fraction)} ({fraction * memory:.1f} GiB)" if memory else percent(fraction)
+
+    if first.get("memory_model", "paper") == "paper":
+        rule = paper_threshold(first)
+        meanings = [("fits", f"Eq. 18's total at most {at(rule)} of the GPU's memory (the 4D paper's rule)"),
+                    ("tight", f"above {percent(rule)}, at most 100%: it may run, with little room to spare"),
+                    ("oom", "Eq. 18's total over the GPU's memory: it will not run")]
+        basis = "Eq. 18's total of the peak stage"
+    else:
+        from advisor.throughput.calibration import load_memory_calibration
+
+        band = load_memory_calibration().band
+        meanings = [("fits", f"predicted at most {at(1 - band)}: below the limit by more than the model's "
+                             f"uncertainty (±{percent(band)}, fitted on measured runs)"),
+                    ("likely fits", f"above {percent(1 - band)}, at most 100%: expected to run, but nearer the "
+                                    "limit than the model can vouch for"),
+                    ("likely oom", f"above 100%, at most {at(1 + band)}: predicted over the memory, within the "
+                                   "model's uncertainty: expect an out-of-memory error, though it may still run; "
+                                   "no launch is offered"),
+                    ("oom", f"predicted over {percent(1 + band)}: it will not run; no launch is offered")]
+        basis = "the calibrated prediction (pred. GiB) of the peak stage"
+    items = "".join(f'<dt><span style="background:{figures.COLOURS.get(v, "#eee")}">{html.escape(v)}</span></dt>'
+                    f"<dd>{html.escape(text)}</dd>" for v, text in meanings)
+    return (f'<details id="verdict-meanings" open><summary>What the verdicts mean ({html.escape(basis)} '
+            "against the GPU's memory)</summary><dl class=\"legend\">" + items + "</dl></details>")
+
+
 def figure_block(svg: str | None, caption: str) -> str:
     if svg is None:
         return ""
@@ -187,6 +224,7 @@ def rows_section(rows: list[dict], per_node: int, kind: str = "sweep") -> tuple[
     text = (
         f'<h2 id="rows-heading">{"The layout" if kind == "estimate" else "Ranked layouts"}</h2>'
         f'<p class="legend">Verdicts (colour and word): {legend}</p>'
+        + verdict_meanings(rows) +
         "<h3>Megatron-LM flags every row shares</h3>"
         f'<pre id="common-flags">{html.escape(flags_text(common))}</pre>'
         '<p>Launch template (<b>copy launch</b> fills it in; <code>advisor-launch torchrun --from FILE</code> '

@@ -17,6 +17,8 @@ pre{background:#f6f6f6;padding:8px;white-space:pre-wrap;word-break:break-all;fon
 figure{margin:1em 0}figcaption{color:#555;font-size:12px}svg.figure{max-width:100%;height:auto}
 .controls{margin:.5em 0}.controls label{margin-right:1em}.note{color:#555}
 .legend span{display:inline-block;padding:0 6px;margin-right:4px;border:1px solid #bbb}
+dl.legend{display:grid;grid-template-columns:max-content 1fr;gap:2px 8px;margin:.3em 0 .8em;font-size:13px}
+dl.legend dt{font-weight:600}dl.legend dd{margin:0}#verdict-meanings summary{color:#555;cursor:pointer}
 """
 
 JS = """
