@@ -188,6 +188,27 @@ def verdict_meanings(rows: list[dict]) -> str:
             "against the GPU's memory)</summary><dl class=\"legend\">" + items + "</dl></details>")
 
 
+def ranking_note(rows: list[dict]) -> str:
+    """How the rows were ranked, where they record it: by throughput the rows within the ranking
+    tolerance of the fastest come first simplest first (``advisor.ranking.order``), so #1 may be
+    predicted slower than #2 (audit: mixtral-8x7b's #1 at 23.60 s, #2 at 22.27 s), and the page
+    names the fastest ranked row where it is not #1."""
+    ranked = [row for row in rows if row.get("rank") and number(row, "step_time_s") is not None]
+    tolerance = number(rows[0], "ranking_tolerance") if rows else None
+    if not ranked or not tolerance:
+        return ""
+    first = min(ranked, key=lambda row: row["rank"])
+    fastest = min(ranked, key=lambda row: (row["step_time_s"], row["rank"]))
+    text = (f"Ranked by predicted throughput: the rows within {percent(tolerance)} of the fastest's TFLOP/s (the time "
+            "model's ranking tolerance, advisor/calibration.json: a gain it cannot order reliably) come first, "
+            "simplest first: fewer pipeline chunks (PP x VPP), less recomputation, smaller TP x CP x PP, DDP "
+            "before FSDP, no offload, BF16 before FP8, smaller EP.")
+    if fastest is not first:
+        text += (f" Here the fastest predicted is {row_label(fastest)} ({fastest['step_time_s']:.3f} s per "
+                 f"iteration against #{first['rank']}'s {first['step_time_s']:.3f} s).")
+    return f'<p id="ranking-note" class="note">{html.escape(text)}</p>'
+
+
 def figure_block(svg: str | None, caption: str) -> str:
     if svg is None:
         return ""
@@ -232,7 +253,8 @@ def rows_section(rows: list[dict], per_node: int, kind: str = "sweep") -> tuple[
         '<div class="controls"><label>Filter rows <input id="filter-text" type="search" '
         'placeholder="for example: 8 fits"></label>'
         f'<label>Verdict <select id="filter-verdict"><option value="">any</option>{options}</select></label></div>'
-        f'<div class="scroll">{rows_table(rows, columns, groups, common, nodes, per_node, kind)}</div>'
+        + (ranking_note(rows) if kind == "sweep" else "")
+        + f'<div class="scroll">{rows_table(rows, columns, groups, common, nodes, per_node, kind)}</div>'
     )
     return text, shared
 
