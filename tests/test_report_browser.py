@@ -437,3 +437,36 @@ def test_the_page_says_why_the_first_row_is_not_the_fastest(browser, moe_sweep):
     assert (f"the fastest predicted is #{fastest['rank']} TP {fastest['tp']} CP {fastest['cp']} PP {fastest['pp']} "
             f"MBS {fastest['mbs']}") in text
     assert f"({fastest['step_time_s']:.3f} s per iteration against #1's {rows[0]['step_time_s']:.3f} s)" in text
+
+
+def _captions(driver) -> list[str]:
+    return driver.execute_script(
+        "return Array.prototype.map.call(document.querySelectorAll('figure figcaption'), function (c) {"
+        " return c.textContent; });")
+
+
+def test_an_moe_layout_names_its_experts_and_routing_assumption(browser, moe_sweep, sweep_page, tmp_path):
+    """The MoE detail drew its stages' memory with no word of the expert layout or the routing
+    it assumed (balanced unless told: advisor.moe.memory), which moves the expert buffers and
+    the all-to-all; the assumptions table listed them only as raw keys (audit)."""
+    import json
+
+    from tests.conftest import Invoker
+
+    first = min((r for r in json.loads(moe_sweep[0].read_text()) if r["rank"]), key=lambda r: r["rank"])
+    _open(browser, moe_sweep[1])
+    caption = next(c for c in _captions(browser) if c.startswith("#1 "))
+    assert (f"Experts: EP {first['ep']} x ETP {first['etp']} (expert data parallel {first['edp']}); token "
+            "dispatcher alltoall; routing balanced: every expert receives its share") in caption
+    assert f"EP communication {first['ep_comm_s']:.3f} s of the step." in caption
+    _open(browser, sweep_page)
+    assert not any("Experts:" in c for c in _captions(browser))  # a dense model's layouts
+    out = tmp_path / "capacity.html"
+    Invoker()("report", "estimate", "--model", "mixtral-8x7b", "--tp", "1", "--pp", "4", "--ep", "8", "--mbs", "1",
+              "--gpus", "64", "--gpu", "h100-80gb", "--moe-expert-capacity-factor", "1.25",
+              "--no-moe-pad-expert-input-to-capacity", "-o", out)
+    _open(browser, out)
+    caption = next(c for c in _captions(browser) if "Experts:" in c)
+    assert "routing capacity: each expert capped at --moe-expert-capacity-factor times its share, factor 1.25, " \
+           "not padded" in caption
+    assert _errors(browser) == []

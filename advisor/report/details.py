@@ -45,6 +45,8 @@ class LayoutDetail:
     threshold_label: str
     """What the threshold line is: the paper's rule (``rule_label``), or a time plan's limit per
     stage."""
+    experts: str | None = None
+    """An MoE row's expert layout and routing assumptions (``moe_detail.experts_text``)."""
 
 
 def paper_threshold(row: dict) -> float:
@@ -132,7 +134,7 @@ def _moe_detail(row: dict) -> LayoutDetail:
     buckets, the dispatcher's buffers); the step's parts (the all-to-all's among them: a sweep row's
     repriced, as the dense rows' are); the schedule in layer units (the MoE time model prices the
     step, not each rank's microbatch)."""
-    from advisor.report.moe_detail import moe_stages
+    from advisor.report.moe_detail import experts_text, moe_stages
 
     stages, calibrated, spec, parts = moe_stages(row)
     memory = number(row, "memory_gib")
@@ -144,7 +146,7 @@ def _moe_detail(row: dict) -> LayoutDetail:
                         threshold_gib=fraction * memory if memory and not calibrated else None,
                         stages=stages, model_name="calibrated MoE" if calibrated else "MoE",
                         time_parts=row.get("time_parts") or parts, forward_s=None, backward_s=None,
-                        threshold_label=rule_label(fraction))
+                        threshold_label=rule_label(fraction), experts=experts_text(row))
 
 
 def plan_detail(plan: dict) -> LayoutDetail:

@@ -17,6 +17,34 @@ _KEYS = ("dense_states_gib", "expert_states_gib", "fp8_weights_gib", "layer_acti
          "embedding_activations_gib", "output_activations_gib", "transient_gib")
 
 
+_ROUTING = {"balanced": "every expert receives its share of the tokens (what load balancing aims at; "
+                         "--moe-router-force-load-balancing forces it)",
+            "capacity": "each expert capped at --moe-expert-capacity-factor times its share",
+            "dropless": "the most tokens a dropless router can send one rank (its memory's worst case)"}
+"""What each routing assumption prices (``advisor.moe.memory``'s docstring)."""
+
+
+def experts_text(row: dict) -> str:
+    """The expert layout and the assumptions an MoE row was priced under, in a sentence: EP, ETP
+    and the expert-data-parallel size, the dispatcher, the routing assumption (with its capacity
+    factor, padding and imbalance), and the step's EP all-to-all time."""
+    from advisor.moe.flags import row_pads
+
+    routing = row.get("routing") or "balanced"
+    words = [f"EP {row.get('ep')} x ETP {row.get('etp')}"
+             + (f" (expert data parallel {row['edp']})" if row.get("edp") else ""),
+             f"token dispatcher {row.get('dispatcher') or 'alltoall'}"
+             + (" with the all-to-all overlapped" if row.get("a2a_overlap") else ""),
+             f"routing {routing}: {_ROUTING.get(routing, 'as the row records')}"]
+    if row.get("capacity_factor") is not None:
+        words[-1] += f", factor {row['capacity_factor']:g}" + (", padded" if row_pads(row) else ", not padded")
+    if (imbalance := number(row, "imbalance")) not in (None, 1.0):
+        words.append(f"the busiest rank {imbalance:g} x its share (imbalance)")
+    if (a2a := number(row, "ep_comm_s")) is not None:
+        words.append(f"EP communication {a2a:.3f} s of the step")
+    return "Experts: " + "; ".join(words) + "."
+
+
 def _settings(row: dict):
     from advisor.moe.flags import row_pads
     from advisor.moe.memory import RoutedTokens

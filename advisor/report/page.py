@@ -265,7 +265,7 @@ def details_section(details: list[LayoutDetail]) -> str:
     for i, detail in enumerate(details):
         parts.append(figure_block(figures.stage_memory(detail, f"stages-{i}"),
                              f"{detail.label}: memory per pipeline stage ({detail.model_name} terms stacked) "
-                             "against the GPU's memory."))
+                             "against the GPU's memory." + (f" {detail.experts}" if detail.experts else "")))
     parts.append(figure_block(figures.time_parts(details), "Where each step's time goes (the time model's parts)."))
     if details:
         chosen = details[0]
