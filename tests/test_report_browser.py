@@ -470,3 +470,12 @@ def test_an_moe_layout_names_its_experts_and_routing_assumption(browser, moe_swe
     assert "routing capacity: each expert capped at --moe-expert-capacity-factor times its share, factor 1.25, " \
            "not padded" in caption
     assert _errors(browser) == []
+
+
+def test_an_moe_page_heads_its_columns_in_words(browser, moe_sweep):
+    """The MoE rows' own fields were headed by their JSON keys ('edp', 'ep_comm_s',
+    'recompute_modules', audit); a field without a label still shows, by its key."""
+    _open(browser, moe_sweep[1])
+    headers = _headers(browser)
+    assert {"EDP", "EP comm s"} <= set(headers), headers
+    assert not {"edp", "ep_comm_s", "recompute_modules"} & set(headers), headers

@@ -33,6 +33,11 @@ KNOWN = {  # key: (header, format)
     "step_time_s": ("step s", ".3f"), "tflops_per_gpu": ("TFLOP/s", ".0f"), "mfu": ("MFU", ".1%"),
     "tokens_per_s": ("tokens/s", ",.0f"), "days": ("days", ".1f"), "gpu_hours": ("GPU-h", ",.0f"),
 }
+LABELS = {"edp": "EDP", "ep_comm_s": "EP comm s", "recompute_modules": "recompute modules",
+          "ranking_tolerance": "ranking tolerance", "gpus": "GPUs", "seq_len": "seq len",
+          "global_batch_size": "GBS", "memory_gib": "GPU GiB", "gpus_per_node": "GPUs per node"}
+"""Headers of fields shown as columns only where they vary (not KNOWN: a field every row shares
+moves to the assumptions); without one a column is headed by its JSON key ('ep_comm_s', audit)."""
 HIDDEN = {"megatron_args", "model", "recompute_method", "recompute_num_layers", "calibrated_peak_stage", "stages",
           "time_parts"}
 """Shown elsewhere: the flags per row, the model in the assumptions, recomputation in one cell."""
@@ -41,7 +46,7 @@ HIDDEN = {"megatron_args", "model", "recompute_method", "recompute_num_layers", 
 def header(key: str, experts: bool = False) -> str:
     """A column's header; MoE rows' memory is the analytic model's, not seed 004's Eq. 18 (as in
     the terminal's sweep table, ``advisor.cli.sweep_table``)."""
-    text = KNOWN.get(key, (key, ""))[0]
+    text = KNOWN.get(key, (LABELS.get(key, key), ""))[0]
     return text.replace("Eq.18", "analytic") if experts else text
 
 
