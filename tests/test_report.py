@@ -519,3 +519,16 @@ def test_a_time_bar_stays_inside_its_scale():
     total_x = float(re.search(r'<text x="([\d.]+)" y="[\d.]+">86.79 s</text>', svg).group(1))
     legend_x = float(re.search(r'<rect x="([\d.]+)" y="[\d.-]+" width="10"', svg).group(1))
     assert total_x + 50 < legend_x  # "86.79 s" is about 45 px wide at the page's font
+
+
+def test_a_subcommand_option_given_to_report_itself_says_where_it_goes(advisor, tmp_path):
+    """DESIGN.md writes 'advisor report [sweep/estimate/recommend options | --from FILE]', and
+    'advisor report --gpus 64 --gpu h100-80gb -o r.html' answered only "No such option '--gpus'"
+    (audit). Nothing is written; an option no subcommand has keeps click's own message."""
+    out = tmp_path / "r.html"
+    line = advisor.error("report", "--gpus", "64", "--gpu", "h100-80gb", "-o", out)
+    assert line == ("Error: no such option: --gpus for 'cli report' itself; it goes after a subcommand: "
+                    "cli report estimate|recommend|sweep --gpus ... (see 'cli report --help')")
+    assert not out.exists()
+    assert "a subcommand: cli report recommend --objective ..." in advisor.error("report", "--objective", "time")
+    assert advisor.error("report", "--bogus") == "Error: No such option '--bogus'. (see 'cli report --help')"

@@ -70,7 +70,22 @@ def lookalike_message(exc: click.NoSuchOption, default: str) -> str:
         takes = ("plans without interleaving (no virtual pipeline stages, so no --vpp)" if command.name == "recommend"
                  else "takes no virtual pipeline stages (no --vpp)")
         return NO_INTERLEAVING.format(command=exc.ctx.command_path, takes=takes)
+    if isinstance(command, click.Group) and command.name == "report" and message == default:
+        return _subcommand_option(exc, command) or message
     return message
+
+
+def _subcommand_option(exc: click.NoSuchOption, group: click.Group) -> str | None:
+    """An option given to a group that its subcommands take ('advisor report --gpus 64', as
+    DESIGN.md's 'advisor report [sweep/estimate/recommend options | --from FILE]' reads): where it
+    goes, else None."""
+    owners = [name for name, sub in sorted(group.commands.items())
+              if any(exc.option_name in (*p.opts, *getattr(p, "secondary_opts", ())) for p in sub.params)]
+    if not owners:
+        return None
+    path = exc.ctx.command_path
+    return (f"no such option: {exc.option_name} for '{path}' itself; it goes after a subcommand: "
+            f"{path} {'|'.join(owners)} {exc.option_name} ...")
 SPELLED_OTHERWISE = {
     "--json": "no such option: --json (machine-readable output is --format json)",
 }
