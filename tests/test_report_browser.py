@@ -479,3 +479,23 @@ def test_an_moe_page_heads_its_columns_in_words(browser, moe_sweep):
     headers = _headers(browser)
     assert {"EDP", "EP comm s"} <= set(headers), headers
     assert not {"edp", "ep_comm_s", "recompute_modules"} & set(headers), headers
+
+
+def test_the_heatmap_says_which_row_a_shared_cell_shows(browser, moe_sweep, sweep_page):
+    """An MoE sweep has several rows per (TP, CP, PP) and MBS (EP, ETP, VPP, recomputation), one
+    cell for them all coloured by the leanest (figures.heatmap); the caption did not say so, and
+    a cell read as the only layout there (audit, deepseek-v3: 612 shared cells). The dense sweep
+    keeps one row per cell and its caption no such sentence."""
+    import collections
+    import json
+
+    rows = json.loads(moe_sweep[0].read_text())
+    per_cell = collections.Counter((r["tp"], r["cp"], r["pp"], r["mbs"]) for r in rows)
+    shared = sum(1 for n in per_cell.values() if n > 1)
+    assert shared > 10
+    _open(browser, moe_sweep[1])
+    caption = _captions(browser)[0]
+    assert f" {shared} cells hold several rows (differing in EP" in caption, caption
+    assert "each shows the one with the least memory" in caption
+    _open(browser, sweep_page)
+    assert "cells hold several rows" not in _captions(browser)[0]

@@ -38,11 +38,15 @@ def build_page(report: ReportInput, top: int = TOP) -> str:
     sections.append(page.headline(report))
     if report.kind == "sweep":
         memory = report.rows[0].get("memory_gib")
+        count, differ = figures.shared_cells(report.rows)
+        leanest = (f" {count} cells hold several rows (differing in {', '.join(differ) or 'other options'}): each "
+                   "shows the one with the least memory; the rows below have them all." if count else "")
         sections.append('<h2 id="space">The space</h2>' + page.figure_block(
             figures.heatmap(report.rows, memory),
             "Predicted memory of every layout in the rows, as the 4D paper's tables colour them: (TP, CP, PP) down, "
             "MBS across. Green (little memory) to yellow (up to 100%, the GPU's memory): within the limit; "
-            "orange-red just over it to dark red at 150% and beyond, each cell with a dot: over the limit; blank where no row has that layout.")
+            "orange-red just over it to dark red at 150% and beyond, each cell with a dot: over the limit; blank where "
+            "no row has that layout." + leanest)
             + page.figure_block(figures.scatter(report.rows, top), "Predicted step time against memory of every "
                            "row, coloured by verdict; rings: the best ranked, numbered by rank; the line: the GPU's memory."))
     sections.append(rows_html)

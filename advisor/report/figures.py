@@ -31,6 +31,21 @@ def _layout_key(row: dict) -> tuple:
     return tuple(row.get(key) or 1 for key in ("tp", "cp", "pp"))
 
 
+def shared_cells(rows: list[dict]) -> tuple[int, list[str]]:
+    """(how many heatmap cells several rows share, the fields that tell those rows apart, of EP,
+    ETP, VPP and recomputation): the heatmap colours each such cell by its leanest row, and its
+    caption says so."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if memory_share(row) is not None and row.get("mbs"):
+            groups.setdefault((_layout_key(row), row["mbs"]), []).append(row)
+    shared = [group for group in groups.values() if len(group) > 1]
+    names = {"ep": "EP", "etp": "ETP", "vpp": "VPP", "recompute": "recomputation"}
+    differ = [name for key, name in names.items()
+              if any(len({str(row.get(key)) for row in group}) > 1 for group in shared)]
+    return len(shared), differ
+
+
 MEMORY_STOPS = [(0.0, "#1a9850"), (0.6, "#91cf60"), (0.84, "#fee08b"), (1.0, "#fed976"), (1.0001, "#f46d43"),
                 (1.5, "#a50026")]
 """Green to yellow up to and at the GPU's memory, orange-red to dark red beyond it: the limit is the
