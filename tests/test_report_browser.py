@@ -499,3 +499,23 @@ def test_the_heatmap_says_which_row_a_shared_cell_shows(browser, moe_sweep, swee
     assert "each shows the one with the least memory" in caption
     _open(browser, sweep_page)
     assert "cells hold several rows" not in _captions(browser)[0]
+
+
+def test_options_every_row_shares_are_said_once(browser, tmp_path):
+    """A Megatron-FSDP sweep's rows differ in their options only by their recomputation (its own
+    column), yet the raw dicts differed, so every one of its 360 rows repeated
+    'fsdp_strategy=optim_grads_params' in an 'options' column (audit). Compared as shown, the
+    options move to the assumptions, once."""
+    from tests.conftest import Invoker
+
+    out = tmp_path / "fsdp.html"
+    Invoker()("report", "sweep", "--model", "llama3.1-70b", "--gpus", "64", "--gpu", "h100-80gb",
+              "--use-megatron-fsdp", "-o", out)
+    _open(browser, out)
+    assert "options" not in _headers(browser)
+    shared = browser.execute_script(
+        "var th = Array.prototype.find.call(document.querySelectorAll('#assumptions th'),"
+        " function (t) { return t.textContent === 'options (every row)'; });"
+        "return th && th.nextElementSibling.textContent;")
+    assert shared == "fsdp_strategy=optim_grads_params"
+    assert browser.execute_script("return document.body.innerHTML.split('fsdp_strategy=').length - 1") == 1

@@ -78,7 +78,9 @@ def split_columns(rows: list[dict]) -> tuple[list[str], dict]:
     for key in keys:
         if key in HIDDEN:
             continue
-        same = len(rows) > 1 and all(row.get(key) == first.get(key) for row in rows)
+        # as shown: a row's options differ only in their recomputation, which has its own column
+        shown = cell_value(first, key)
+        same = len(rows) > 1 and all(cell_value(row, key) == shown for row in rows)
         if same and key not in KNOWN:
             shared[key] = cell_value(first, key)
         elif key in KNOWN or all(_scalar(cell_value(row, key)) for row in rows):
