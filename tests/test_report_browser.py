@@ -519,3 +519,16 @@ def test_options_every_row_shares_are_said_once(browser, tmp_path):
         "return th && th.nextElementSibling.textContent;")
     assert shared == "fsdp_strategy=optim_grads_params"
     assert browser.execute_script("return document.body.innerHTML.split('fsdp_strategy=').length - 1") == 1
+
+
+def test_an_moe_step_says_its_compute_holds_its_tp_communication(browser, moe_sweep, sweep_page):
+    """An MoE step's parts have no tp/cp comm: advisor.moe.time.step_parts prices them inside the
+    layers' compute. The Mixtral #1 (TP 2, CP 2) showed compute, ep comm and no TP part beside a
+    dense TP 2 layout's 'tp comm' (audit), read as TP being free. The caption says where it is."""
+    _open(browser, moe_sweep[1])
+    assert "tp comm" not in _figure_texts(browser, "time-parts")  # the case in question
+    caption = next(c for c in _captions(browser) if c.startswith("Where each step's time goes"))
+    assert "An MoE layout's compute includes the TP and CP communication inside its layers" in caption
+    _open(browser, sweep_page)
+    caption = next(c for c in _captions(browser) if c.startswith("Where each step's time goes"))
+    assert caption == "Where each step's time goes (the time model's parts)."

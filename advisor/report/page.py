@@ -266,7 +266,11 @@ def details_section(details: list[LayoutDetail]) -> str:
         parts.append(figure_block(figures.stage_memory(detail, f"stages-{i}"),
                              f"{detail.label}: memory per pipeline stage ({detail.model_name} terms stacked) "
                              "against the GPU's memory." + (f" {detail.experts}" if detail.experts else "")))
-    parts.append(figure_block(figures.time_parts(details), "Where each step's time goes (the time model's parts)."))
+    moe = ("" if not any(d.experts and d.time_parts for d in details) else
+           " An MoE layout's compute includes the TP and CP communication inside its layers (the MoE time model "
+           "prices them with the layers: advisor.moe.time.step_parts), so it has no tp or cp comm part; its ep comm "
+           "is the EP all-to-all left exposed.")
+    parts.append(figure_block(figures.time_parts(details), "Where each step's time goes (the time model's parts)." + moe))
     if details:
         chosen = details[0]
         parts.append(f'<h3 id="schedule-heading">Pipeline schedule{"" if one else " of the first"}: '
