@@ -532,3 +532,31 @@ def test_an_moe_step_says_its_compute_holds_its_tp_communication(browser, moe_sw
     _open(browser, sweep_page)
     caption = next(c for c in _captions(browser) if c.startswith("Where each step's time goes"))
     assert caption == "Where each step's time goes (the time model's parts)."
+
+
+def _segment_tips(driver, name: str) -> list[str]:
+    return driver.execute_script(
+        "return Array.prototype.map.call(document.querySelectorAll('svg[data-figure=\"" + name + "\"] rect > title'),"
+        " function (t) { return t.textContent; });")
+
+
+def test_each_bar_segment_tells_its_value(browser, moe_sweep):
+    """The stage-memory and time-parts figures drew no numbers: a stage's terms could be read
+    only by eye against the axis, not set against 'advisor estimate --format json' (audit).
+    Each segment's title holds its term, its value and its bar's total: the peak stage's total
+    is the row's usage_gib, and the ep comm part its ep_comm_s."""
+    import json
+
+    first = min((r for r in json.loads(moe_sweep[0].read_text()) if r["rank"]), key=lambda r: r["rank"])
+    _open(browser, moe_sweep[1])
+    tips = _segment_tips(browser, "stages-0")
+    peak = f"stage {first['calibrated_peak_stage']}: "
+    assert any(t.startswith(peak + "expert states ") and t.endswith(f"GiB (of {first['usage_gib']:.2f} GiB)")
+               for t in tips), tips
+    parts = _segment_tips(browser, "time-parts")
+    assert f"#1 {_moe_label(first)}: ep comm {first['ep_comm_s']:.2f} s (of {first['step_time_s']:.2f} s)" in parts
+
+
+def _moe_label(row: dict) -> str:
+    """A VPP 1, ETP 1 MoE row's label (details.row_label)."""
+    return f"TP {row['tp']} CP {row['cp']} PP {row['pp']} MBS {row['mbs']} EP {row['ep']}"

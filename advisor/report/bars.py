@@ -23,14 +23,20 @@ def nice_ticks(high: float, most: int = 8) -> list[float]:
 
 
 def _stacked(series, count: int):
-    """(index, colour, where the segment starts, its value) of every non-zero segment, stacked in
-    the order of ``series``."""
+    """(index, colour, where the segment starts, its value, its series' label) of every non-zero
+    segment, stacked in the order of ``series``."""
     starts = [0.0] * count
-    for _, colour, values in series:
+    for label, colour, values in series:
         for i, value in enumerate(values):
             if value > 0:
-                yield i, colour, starts[i], value
+                yield i, colour, starts[i], value, label
                 starts[i] += value
+
+
+def _tip(text: str) -> str:
+    """A segment's own value, as the browser shows it on hover: the figures draw no numbers on
+    their bars, and a stage's terms were readable only by eye against the axis (audit)."""
+    return f"<title>{html.escape(text)}</title>"
 
 
 def _legend(series, x: float, y: float) -> str:
@@ -40,7 +46,8 @@ def _legend(series, x: float, y: float) -> str:
 
 
 def stacked_columns(name: str, description: str, labels: list[str], series: list[tuple[str, str, list[float]]],
-                    *, y_label: str, x_label: str, title: str, lines: tuple = ()) -> str:
+                    *, y_label: str, x_label: str, title: str, lines: tuple = (), unit: str = "GiB",
+                    label_name: str = "stage") -> str:
     """One column per label, ``series`` (label, colour, values) stacked bottom up; ``lines``
     (value, label, dashed) across the plot, for example the GPU's memory."""
     left, top, plot_w, plot_h, legend_w = 52, 26, 520, 200, 210
@@ -59,9 +66,10 @@ def stacked_columns(name: str, description: str, labels: list[str], series: list
     for t in ticks:
         parts.append(f'<line x1="{left - 4}" x2="{left + plot_w}" y1="{y(t):.1f}" y2="{y(t):.1f}" stroke="#e5e5e5"/>'
                      f'<text x="{left - 6}" y="{y(t) + 3:.1f}" text-anchor="end">{t:g}</text>')
-    for i, colour, bottom, value in _stacked(series, len(labels)):
+    for i, colour, bottom, value, term in _stacked(series, len(labels)):
+        tip = _tip(f"{label_name} {labels[i]}: {term} {value:.2f} {unit} (of {totals[i]:.2f} {unit})")
         parts.append(f'<rect x="{left + slot * i + (slot - bar) / 2:.1f}" y="{y(bottom + value):.1f}" '
-                     f'width="{bar:.1f}" height="{plot_h * value / high:.1f}" fill="{colour}"/>')
+                     f'width="{bar:.1f}" height="{plot_h * value / high:.1f}" fill="{colour}">{tip}</rect>')
     every = max(1, math.ceil(n / 16))
     parts += [f'<text x="{left + slot * (i + 0.5):.1f}" y="{top + plot_h + 13}" text-anchor="middle">'
               f"{html.escape(label)}</text>" for i, label in enumerate(labels) if i % every == 0]
@@ -94,10 +102,11 @@ def stacked_rows(name: str, description: str, labels: list[str], series: list[tu
         x = left + plot_w * t / high
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h + 4}" stroke="#e5e5e5"/>'
                      f'<text x="{x:.1f}" y="{top + plot_h + 15}" text-anchor="middle">{t:g}</text>')
-    for i, colour, start, value in _stacked(series, len(labels)):
+    for i, colour, start, value, term in _stacked(series, len(labels)):
+        tip = _tip(f"{labels[i]}: {term} {value_format.format(value)} (of {value_format.format(totals[i])})")
         parts.append(f'<rect x="{left + plot_w * start / high:.1f}" y="{top + row_h * i + 4}" '
                      f'width="{plot_w * value / high:.2f}" height="{row_h - 8}" fill="{colour}" '
-                     'stroke="#999" stroke-width="0.3"/>')
+                     f'stroke="#999" stroke-width="0.3">{tip}</rect>')
     for i, label in enumerate(labels):
         middle = top + row_h * (i + 0.5) + 3
         parts.append(f'<text x="{left - 6}" y="{middle:.1f}" text-anchor="end">{html.escape(label)}</text>'
