@@ -19,7 +19,8 @@ from advisor.report.inputs import ReportInput
 from advisor.saved_row import number, row_options, row_spec
 from advisor.report.schedule_figure import schedule
 from advisor.report.table import (
-    common_flags, flag_groups, flags_text, key_value_table, plain_table, rows_table, split_columns,
+    common_flags, flag_codes, flag_groups, flag_script, flags_text, key_value_table, plain_table, rows_table,
+    split_columns,
 )
 
 LAUNCH = ("CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nnodes=NODES --nproc-per-node=PPN --rdzv-backend=c10d "
@@ -237,6 +238,7 @@ def rows_section(rows: list[dict], per_node: int, kind: str = "sweep") -> tuple[
         columns = [key for key in columns if key != "rank"]
     groups = [flag_groups(_flags(row)) for row in rows]
     common = common_flags(groups)
+    dictionary, codes = flag_codes(groups)
     nodes = [max(1, -(-int(row.get("gpus") or per_node) // per_node)) for row in rows]
     verdicts = sorted({str(row.get("verdict")) for row in rows if row.get("verdict")})
     options = "".join(f'<option value="{html.escape(v)}">{html.escape(v)}</option>' for v in verdicts)
@@ -248,13 +250,17 @@ def rows_section(rows: list[dict], per_node: int, kind: str = "sweep") -> tuple[
         + verdict_meanings(rows) +
         "<h3>Megatron-LM flags every row shares</h3>"
         f'<pre id="common-flags">{html.escape(flags_text(common))}</pre>'
+        + flag_script(dictionary, common) +
+        "<noscript><p>Each row's own flags and its copy buttons are made by the page's script; without it, "
+        "the flags above are every row's, and <code>advisor sweep --format json</code> holds each row's "
+        "<code>megatron_args</code>.</p></noscript>"
         '<p>Launch template (<b>copy launch</b> fills it in; <code>advisor-launch torchrun --from FILE</code> '
         f'also installs the hooks):</p><pre id="launch-template">{html.escape(LAUNCH)}</pre>'
         '<div class="controls"><label>Filter rows <input id="filter-text" type="search" '
         'placeholder="for example: 8 fits"></label>'
         f'<label>Verdict <select id="filter-verdict"><option value="">any</option>{options}</select></label></div>'
         + (ranking_note(rows) if kind == "sweep" else "")
-        + f'<div class="scroll">{rows_table(rows, columns, groups, common, nodes, per_node, kind)}</div>'
+        + f'<div class="scroll">{rows_table(rows, columns, codes, nodes, per_node, kind)}</div>'
     )
     return text, shared
 

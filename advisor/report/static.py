@@ -69,8 +69,35 @@ JS = """
     if (text) { text.addEventListener('input', filter); }
     if (verdict) { verdict.addEventListener('change', filter); }
   }
-  var common = document.getElementById('common-flags');
   var template = document.getElementById('launch-template');
+  // Each row's flags: runs of indices (base 36) into the groups every row draws from (table.flag_codes).
+  var flagData = document.getElementById('row-flags');
+  flagData = flagData ? JSON.parse(flagData.textContent) : {groups: [], common: []};
+  var shared = {};
+  flagData.common.forEach(function (i) { shared[i] = true; });
+  function rowGroups(cell) {
+    var out = [];
+    cell.dataset.f.split(' ').forEach(function (run) {
+      var ends = run.split('-'), a = parseInt(ends[0], 36), b = parseInt(ends[ends.length - 1], 36);
+      for (var i = a; i <= b; i++) { out.push(i); }
+    });
+    return out;
+  }
+  function rowArgs(cell) {  // the row's whole megatron_args, in its order
+    return [].concat.apply([], rowGroups(cell).map(function (i) { return flagData.groups[i]; }));
+  }
+  window.rowArgs = rowArgs;
+  var cellTemplate = document.createElement('template');
+  cellTemplate.innerHTML = '<button type="button" class="copy" data-copy="flags">copy flags</button> '
+    + '<button type="button" class="copy" data-copy="launch">copy launch</button>'
+    + '<details><summary>flags</summary><code></code></details>';
+  Array.prototype.forEach.call(document.querySelectorAll('#rows td.flags'), function (cell) {
+    var parts = cellTemplate.content.cloneNode(true), launch = parts.querySelector('[data-copy=launch]');
+    if (cell.dataset.no) { launch.disabled = true; launch.title = cell.dataset.no; }
+    parts.querySelector('code').textContent = rowGroups(cell).filter(function (i) { return !shared[i]; })
+      .map(function (i) { return flagData.groups[i].join(' '); }).join(' ');
+    cell.appendChild(parts);
+  });
   function copy(textToCopy) {
     function fallback() {
       var area = document.createElement('textarea');
@@ -86,11 +113,10 @@ JS = """
     var button = event.target.closest ? event.target.closest('button.copy') : null;
     if (!button) { return; }
     var flags, row = button.closest('tr');
-    if (row) {
-      flags = ((common ? common.textContent : '') + ' ' + row.querySelector('td.flags code').textContent).trim();
-    } else { flags = document.getElementById(button.dataset.target).textContent.trim(); }
-    if (button.dataset.copy === 'launch' && template) {
-      var nodes = row ? row.dataset.nodes : template.dataset.nodes, ppn = row ? row.dataset.ppn : template.dataset.ppn;
+    if (row) { flags = rowArgs(row.querySelector('td.flags')).join(' '); }
+    else { flags = document.getElementById(button.dataset.target).textContent.trim(); }
+    if (button.dataset.copy === 'launch' && template && row) {
+      var nodes = row.dataset.nodes || table.dataset.nodes, ppn = table.dataset.ppn;
       copy(template.textContent.replace('NODES', nodes).replace('PPN', ppn).replace('FLAGS', flags));
     } else { copy(flags); }
     document.body.dataset.copied = flags.length;

@@ -1,7 +1,8 @@
 """The rows as an HTML table: every scalar field of the rows, known ones first and formatted,
 any other one (a field a newer advisor adds) as it comes; fields equal in every row move to the
 assumptions instead. Each cell keeps its raw value (``data-v``) for sorting, each verdict its
-colour and its word, each row its own Megatron flags (the flags all rows share are printed once)."""
+colour and its word, each row its Megatron flags as runs of indices into the flag groups the
+page keeps once (``flag_codes``; the page's script rebuilds, shows and copies them)."""
 
 from __future__ import annotations
 
@@ -128,53 +129,97 @@ def flags_text(groups) -> str:
     return " ".join(" ".join(group) for group in groups)
 
 
-def rows_table(rows: list[dict], columns: list[str], flag_groups: list[list[tuple]], common: list[tuple],
-               nodes: list[int], gpus_per_node: int, kind: str = "sweep") -> str:
-    """The table; the last column holds each row's own flags, and buttons that copy them whole
-    (``kind`` estimate: its one layout, captioned as such)."""
-    shared = set(common)
+def flag_codes(groups: list[list[tuple]]) -> tuple[list[tuple[str, ...]], list[str]]:
+    """(every distinct flag group, each row's groups as runs of indices into them): a row's whole
+    argument list, in its own order, in a few characters. The DeepSeek-V3 sweep's 6,949 rows
+    spelled out their own flags in 1.9 MB of a 8.4 MB page; the page's script rebuilds each list
+    (``static.JS``'s ``rowArgs``). The first row's groups come first, so a row that shares most
+    of them in the same order is one or a few runs ('0-f 1o h-1x': base 36, inclusive)."""
+    index: dict[tuple, int] = {}
+    codes = []
+    for mine in groups:
+        numbers = [index.setdefault(group, len(index)) for group in mine]
+        runs: list[list[int]] = []
+        for number in numbers:
+            if runs and number == runs[-1][1] + 1:
+                runs[-1][1] = number
+            else:
+                runs.append([number, number])
+        codes.append(" ".join(_base36(a) if a == b else f"{_base36(a)}-{_base36(b)}" for a, b in runs))
+    return list(index), codes
+
+
+def _base36(number: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    text = ""
+    while True:
+        number, digit = divmod(number, 36)
+        text = digits[digit] + text
+        if not number:
+            return text
+
+
+def flag_script(dictionary: list[tuple[str, ...]], common: list[tuple]) -> str:
+    """The flag groups the rows' codes point into, and which of them every row shares, as JSON
+    for the page's script (``<`` escaped: the text sits inside a script element)."""
+    where = {group: i for i, group in enumerate(dictionary)}
+    data = {"groups": [list(group) for group in dictionary], "common": [where[group] for group in common]}
+    text = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
+    return f'<script type="application/json" id="row-flags">{text}</script>'
+
+
+def rows_table(rows: list[dict], columns: list[str], codes: list[str], nodes: list[int], gpus_per_node: int,
+               kind: str = "sweep") -> str:
+    """The table; the last column holds each row's flags as ``codes`` (``flag_codes``), from
+    which the page's script rebuilds them, shows the row's own and makes the buttons that copy
+    them whole (``kind`` estimate: its one layout, captioned as such). The GPUs per node, and
+    the nodes where every row has as many, are the table's, not each row's."""
     # an MoE model's rows, not rows with an 'ep' field: dense rows carry ep = 1 too, and their
     # total is seed 004's Eq. 18 (the terminal's table, advisor.cli.sweep_table, says so as well)
     experts = any(is_moe_row(row) for row in rows)
     head = "".join(
         f'<th scope="col" data-key="{key}" aria-sort="none"><button type="button">'
         f"{html.escape(header(key, experts))}</button></th>" for key in columns)
+    uniform = len(set(nodes)) == 1
     body = []
-    for row, groups, node_count in zip(rows, flag_groups, nodes):
-        cells = []
-        for key in columns:
-            value = cell_value(row, key)
-            spec = KNOWN.get(key, ("", ""))[1] if not isinstance(value, str) else ""
-            shown = _format(value, spec)
-            raw = "" if value is None else format(value, ".6g") if isinstance(value, float) else str(value)
-            # The raw value only where it differs from the text: the 405B sweep has 2,000 rows.
-            data = "" if raw == shown else f' data-v="{html.escape(raw, quote=True)}"'
-            if key == "verdict":
-                cells.append(f'<td{data} class="verdict v-{str(value).replace(" ", "-")}">{html.escape(shown)}</td>')
-            else:
-                cells.append(f"<td{data}>{html.escape(shown)}</td>")
-        own = flags_text(group for group in groups if group not in shared)
-        cells.append(f'<td class="flags"><button type="button" class="copy" data-copy="flags">copy flags</button> '
-                     f'{_launch_button(row)}'
-                     f'<details><summary>flags</summary><code>{html.escape(own)}</code></details></td>')
-        body.append(f'<tr data-nodes="{node_count}" data-ppn="{gpus_per_node}">{"".join(cells)}</tr>')
+    for row, code, node_count in zip(rows, codes, nodes):
+        cells = [_cell(row, key) for key in columns]
+        cells.append(f'<td class="flags" data-f="{code}"{_no_launch(row)}>')
+        own_nodes = "" if uniform else f' data-nodes="{node_count}"'
+        # HTML lets a cell's and a row's end tags go where the next cell, row or the body's end
+        # closes them (WHATWG HTML, 'Optional tags'): the browser builds the same table, and
+        # 28 cells x 5 bytes a row are a megabyte of the DeepSeek-V3 page's 6,949 rows.
+        body.append(f'<tr{own_nodes}>{"".join(cells)}')
     what = "The estimated layout" if kind == "estimate" else f"{counted(len(rows), 'row')}, best ranked first"
-    return (f'<table id="rows"><caption>{what}. Click a header to sort; each '
-            f'row\'s flags add to the common flags above.</caption><thead><tr>{head}'
+    table_nodes = f' data-nodes="{nodes[0]}"' if uniform and nodes else ""
+    return (f'<table id="rows"{table_nodes} data-ppn="{gpus_per_node}"><caption>{what}. Click a header to sort; '
+            f'each row\'s flags add to the common flags above.</caption><thead><tr>{head}'
             f'<th scope="col">Megatron flags</th></tr></thead><tbody>{"".join(body)}</tbody></table>')
 
 
-def _launch_button(row: dict) -> str:
-    """The row's 'copy launch' button: disabled, with a title saying why, where its verdict says the
-    layout does not fit (``NO_LAUNCH``)."""
+def _cell(row: dict, key: str) -> str:
+    value = cell_value(row, key)
+    spec = KNOWN.get(key, ("", ""))[1] if not isinstance(value, str) else ""
+    shown = _format(value, spec)
+    raw = "" if value is None else format(value, ".6g") if isinstance(value, float) else str(value)
+    # The raw value only where it differs from the text (the script sorts a '-' as blank): the
+    # 405B sweep has 2,000 rows, DeepSeek-V3's 6,949.
+    data = "" if raw == shown or value is None else f' data-v="{html.escape(raw, quote=True)}"'
+    if key == "verdict":
+        return f'<td{data} class="verdict v-{str(value).replace(" ", "-")}">{html.escape(shown)}'
+    return f"<td{data}>{html.escape(shown)}"
+
+
+def _no_launch(row: dict) -> str:
+    """Why the row offers no 'copy launch' (the script disables its button, this its title),
+    where its verdict says the layout does not fit (``NO_LAUNCH``); nothing elsewhere."""
     verdict = row.get("verdict")
     if verdict not in NO_LAUNCH:
-        return '<button type="button" class="copy" data-copy="launch">copy launch</button>'
+        return ""
     share = memory_share(row)
     predicted = f", {share:.0%} of GPU memory predicted" if share is not None else ""
     why = f"No launch: the layout {'likely ' if verdict == 'likely oom' else ''}does not fit ({verdict}{predicted})"
-    return (f'<button type="button" class="copy" data-copy="launch" disabled title="{html.escape(why, quote=True)}">'
-            "copy launch</button>")
+    return f' data-no="{html.escape(why, quote=True)}"'
 
 
 def key_value_table(pairs: list[tuple[str, object]], caption: str, table_id: str) -> str:
