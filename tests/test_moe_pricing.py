@@ -230,15 +230,16 @@ def test_fp8_layouts_carry_their_flags_and_cost_less_time_and_more_states():
 
 
 def test_report_detail_shows_the_moe_stage_terms():
-    """advisor.report's per-layout detail of an MoE row: its own buckets (expert states, FP8 weights,
-    the dispatcher's buffers), stacked to the calibrated usage of each stage of its estimate."""
+    """advisor.report's per-layout detail of an MoE row: its model states by kind (weights,
+    gradients, optimizer, as a dense stage's) and its own buckets (FP8 weights, the dispatcher's
+    buffers), stacked to the calibrated usage of each stage of its estimate."""
     from advisor.report.details import layout_detail
     from advisor.report.moe_detail import MOE_SEGMENTS
 
     row = _sweep("--fp8-format", "hybrid", "--top", "1")[0]
     detail = layout_detail(row)
     assert list(detail.stages[0]) == list(MOE_SEGMENTS) and detail.model_name == "calibrated MoE"
-    assert all(stage["expert states"] > 0 and stage["FP8 weights"] > 0 for stage in detail.stages)
+    assert all(stage["optimizer"] > 0 and stage["FP8 weights"] > 0 for stage in detail.stages)
     estimate = _estimate_of(row)
     assert [sum(stage.values()) for stage in detail.stages] == pytest.approx(
         [stage["usage_gib"] for stage in estimate["stages"]])

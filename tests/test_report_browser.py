@@ -551,7 +551,7 @@ def test_each_bar_segment_tells_its_value(browser, moe_sweep):
     _open(browser, moe_sweep[1])
     tips = _segment_tips(browser, "stages-0")
     peak = f"stage {first['calibrated_peak_stage']}: "
-    assert any(t.startswith(peak + "expert states ") and t.endswith(f"GiB (of {first['usage_gib']:.2f} GiB)")
+    assert any(t.startswith(peak + "optimizer ") and t.endswith(f"GiB (of {first['usage_gib']:.2f} GiB)")
                for t in tips), tips
     parts = _segment_tips(browser, "time-parts")
     assert f"#1 {_moe_label(first)}: ep comm {first['ep_comm_s']:.2f} s (of {first['step_time_s']:.2f} s)" in parts
@@ -626,4 +626,61 @@ def test_deepseek_v3_page_under_5_mb_with_every_rows_flags(browser, tmp_path):
     assert browser.execute_script("return document.querySelectorAll('#rows td.flags button').length") == 2 * len(rows)
     sample = list(range(0, len(rows), 97)) + [len(rows) - 1]
     assert _rebuilt_args(browser, sample) == [rows[i]["megatron_args"] for i in sample]
+    assert _errors(browser) == []
+
+
+def _legend_colours(driver, name: str) -> dict:
+    """Each legend entry of figure ``name`` and its swatch's colour, as the browser paints it."""
+    return dict(driver.execute_script(
+        "return Array.prototype.filter.call(document.querySelectorAll('svg[data-figure=\"" + name + "\"] text'),"
+        " function (t) { var r = t.previousElementSibling; return r && r.tagName === 'rect'"
+        "   && r.getAttribute('width') === '10'; })"
+        ".map(function (t) { return [t.textContent, getComputedStyle(t.previousElementSibling).fill]; });"))
+
+
+def _rgb(colour: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in colour.removeprefix("rgb(").removesuffix(")").split(","))
+
+
+def test_an_moe_stage_shows_weights_gradients_and_optimizer(browser, tmp_path):
+    """An MoE stage drew its model states as 'dense states' and 'expert states' only, where a
+    dense stage shows weights, gradients and optimizer states, though the MoE estimate has the
+    split (audit). Mixtral 8x7B, TP 1 PP 4 EP 8 on 64 H100s: each stage's three segments are its
+    estimate's weights_gib, gradients_gib and optimizer_gib, in the dense page's colours; whose
+    they are (dense parameters', routed experts') is said in the caption for the fullest stage.
+    The dispatcher's buffers were the runtime's grey (#8c8c8c both): now no two terms share a colour."""
+    import json
+
+    from tests.conftest import Invoker
+
+    estimate = ("estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb", "--tp", "1", "--pp", "4",
+                "--ep", "8")
+    row = json.loads(Invoker()(*estimate, "--format", "json").stdout)
+    moe, dense = tmp_path / "moe.html", tmp_path / "dense.html"
+    Invoker()("report", *estimate, "-o", moe)
+    Invoker()("report", "estimate", "--tp", "2", "--pp", "4", "--gpus", "16", "--gpu", "h100-80gb", "-o", dense)
+    _open(browser, moe)
+    tips = _segment_tips(browser, "stages-0")
+    for stage in row["stages"]:
+        # the three are the dense and expert states by kind: 3.49 + 6.99 + 8.20 = 2.94 + 15.75 GiB on stage 0
+        assert stage["weights_gib"] + stage["gradients_gib"] + stage["optimizer_gib"] == pytest.approx(
+            stage["dense_states_gib"] + stage["expert_states_gib"])
+        for term in ("weights", "gradients", "optimizer"):
+            assert (f"stage {stage['stage']}: {term} {stage[term + '_gib']:.2f} GiB (of {stage['usage_gib']:.2f} GiB)"
+                    in tips), (term, tips)
+    assert not any("dense states" in t or "expert states" in t for t in tips)
+    fullest = max(row["stages"], key=lambda s: s["usage_gib"])
+    caption = next(c for c in _captions(browser) if "Experts:" in c)
+    assert (f"Stage {fullest['stage']}'s weights, gradients and optimizer states: {fullest['dense_states_gib']:.2f} "
+            f"GiB the dense parameters', {fullest['expert_states_gib']:.2f} GiB the routed experts'.") in caption
+    colours = _legend_colours(browser, "stages-0")
+    assert {"weights", "gradients", "optimizer", "dispatcher and expert buffers",
+            "runtime, allocator, logits, mask"} <= set(colours), colours
+    assert len(set(colours.values())) == len(colours), colours
+    buffers, runtime = _rgb(colours["dispatcher and expert buffers"]), _rgb(colours["runtime, allocator, logits, mask"])
+    assert sum((a - b) ** 2 for a, b in zip(buffers, runtime)) ** 0.5 > 60, (buffers, runtime)
+    browser.save_screenshot(str(tmp_path / "moe-stages.png"))
+    _open(browser, dense)
+    same = _legend_colours(browser, "stages-0")
+    assert all(same[term] == colours[term] for term in ("weights", "gradients", "optimizer")), (same, colours)
     assert _errors(browser) == []

@@ -130,13 +130,14 @@ def layout_detail(row: dict) -> LayoutDetail:
 
 
 def _moe_detail(row: dict) -> LayoutDetail:
-    """An MoE row: its stages' MoE terms (dense and expert states, FP8 weights, the activation
-    buckets, the dispatcher's buffers); the step's parts (the all-to-all's among them: a sweep row's
+    """An MoE row: its stages' MoE terms (weights, gradients and optimizer states as a dense
+    stage's, with whose they are in words, FP8 weights, the activation buckets, the dispatcher's
+    buffers); the step's parts (the all-to-all's among them: a sweep row's
     repriced, as the dense rows' are); the schedule in layer units (the MoE time model prices the
     step, not each rank's microbatch)."""
-    from advisor.report.moe_detail import experts_text, moe_stages
+    from advisor.report.moe_detail import experts_text, moe_layout
 
-    stages, calibrated, spec, parts = moe_stages(row)
+    stages, calibrated, spec, parts, owners = moe_layout(row)
     memory = number(row, "memory_gib")
     pp, vpp = row["pp"], row.get("vpp") or 1
     fraction = paper_threshold(row)
@@ -146,7 +147,8 @@ def _moe_detail(row: dict) -> LayoutDetail:
                         threshold_gib=fraction * memory if memory and not calibrated else None,
                         stages=stages, model_name="calibrated MoE" if calibrated else "MoE",
                         time_parts=row.get("time_parts") or parts, forward_s=None, backward_s=None,
-                        threshold_label=rule_label(fraction), experts=experts_text(row))
+                        threshold_label=rule_label(fraction),
+                        experts=experts_text(row) + " " + owners)
 
 
 def plan_detail(plan: dict) -> LayoutDetail:

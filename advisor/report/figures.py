@@ -21,6 +21,10 @@ from advisor.report.labels import text_box
 PANEL_ROWS = 70
 """Layouts per heatmap panel; more panels side by side beyond it."""
 SEGMENT_COLOURS = ("#4c72b0", "#6f8fc7", "#9db3dc", "#dd8452", "#e8a677", "#f2c7a6", "#8c8c8c", "#55a868")
+MOE_SEGMENT_COLOURS = {"FP8 weights": "#8172b3", "dispatcher and expert buffers": "#ccb974"}
+"""An MoE stage's own terms (advisor.report.moe_detail), each a colour no other term has: the
+dispatcher's buffers were drawn in the runtime's grey beside it (audit), the FP8 copies in the
+layer activations' orange. The expert buffers take the EP all-to-all's colour of the time parts."""
 PART_COLOURS = {"compute_s": "#4c72b0", "tp_comm_s": "#dd8452", "cp_comm_s": "#c44e52", "ep_comm_s": "#ccb974",
                 "pp_comm_s": "#937860",
                 "overhead_s": "#8c8c8c", "bubble_s": "#e6e6e6", "dp_comm_s": "#55a868", "optimizer_s": "#8172b3",
@@ -221,8 +225,10 @@ def stage_memory(detail: LayoutDetail, name: str) -> str:
     from advisor.report.bars import stacked_columns
 
     keys = list(detail.stages[0]) if detail.stages else []
-    # dense rows: SEGMENTS' colours; an MoE row's own segments (advisor.report.moe_detail) by position
-    series = [(key, SEGMENT_COLOURS[SEGMENTS.index(key) if key in SEGMENTS else i % len(SEGMENT_COLOURS)],
+    # the dense terms' colours wherever the term is the same (an MoE stage's weights too); an MoE
+    # stage's own terms their own; any other (a plan's 'predicted') by position
+    series = [(key, SEGMENT_COLOURS[SEGMENTS.index(key)] if key in SEGMENTS else
+               MOE_SEGMENT_COLOURS.get(key, SEGMENT_COLOURS[i % len(SEGMENT_COLOURS)]),
                [stage[key] for stage in detail.stages]) for i, key in enumerate(keys)]
     series = [entry for entry in series if any(entry[2])]
     lines = []

@@ -9,12 +9,16 @@ from __future__ import annotations
 from advisor.errors import AdvisorError
 from advisor.saved_row import number
 
-MOE_SEGMENTS = ("dense states", "expert states", "FP8 weights", "layer activations", "embedding activations",
+MOE_SEGMENTS = ("weights", "gradients", "optimizer", "FP8 weights", "layer activations", "embedding activations",
                 "output activations", "dispatcher and expert buffers", "runtime, allocator, logits, mask")
-"""Stacked memory of an MoE stage, bottom to top (``advisor.moe.stage.StageBytes``' buckets); the
+"""Stacked memory of an MoE stage, bottom to top: its model states by kind, as a dense stage's
+(``advisor.moe.stage.ModelStates``' weights, gradients and optimizer: together its dense and
+expert states, Megatron-FSDP's buffers in the first two), then ``StageBytes``' other buckets; the
 last is the calibrated model's addition (its factors are applied to the activation buckets)."""
-_KEYS = ("dense_states_gib", "expert_states_gib", "fp8_weights_gib", "layer_activations_gib",
+_KEYS = ("weights_gib", "gradients_gib", "optimizer_gib", "fp8_weights_gib", "layer_activations_gib",
          "embedding_activations_gib", "output_activations_gib", "transient_gib")
+_ACTIVATIONS = slice(4, 8)
+"""Where the activation buckets the calibrated factors scale sit in ``_KEYS``."""
 
 
 _ROUTING = {"balanced": "every expert receives its share of the tokens (what load balancing aims at; "
@@ -74,6 +78,24 @@ def moe_stages(row: dict) -> tuple[list[dict], bool, object, dict | None]:
     """(per stage each of MOE_SEGMENTS in GiB, whether calibrated, the spec, the step's parts) of
     an MoE row: the parts as ``estimate_layout`` prices them with a GPU preset (a sweep's rows do
     not carry them, an estimate's do), else None."""
+    return moe_layout(row)[:4]
+
+
+def moe_layout(row: dict) -> tuple[list[dict], bool, object, dict | None, str]:
+    """``moe_stages``' four and, in words, whose model states the fullest stage holds: its
+    weights, gradients and optimizer states are drawn by kind, as a dense stage's; the sentence
+    says how much of them is the dense parameters' and how much the routed experts'
+    (``StageBytes``' dense and expert states: the estimate's ``dense_states_gib``,
+    ``expert_states_gib``)."""
+    estimate, calibrated, spec = _priced(row)
+    stage = max(estimate["stages"], key=lambda s: s.get("usage_gib", s["total_gib"]))
+    owners = (f"Stage {stage['stage']}'s weights, gradients and optimizer states: {stage['dense_states_gib']:.2f} "
+              f"GiB the dense parameters', {stage['expert_states_gib']:.2f} GiB the routed experts'.")
+    return _segments(estimate, calibrated, spec), calibrated, spec, estimate.get("time_parts"), owners
+
+
+def _priced(row: dict) -> tuple[dict, bool, object]:
+    """(``estimate_layout``'s estimate of the row, whether calibrated, the spec)."""
     from advisor.hardware import get_gpu
     from advisor.moe.space import estimate_layout
     from advisor.moe.spec import spec_from_dict
@@ -89,6 +111,10 @@ def moe_stages(row: dict) -> tuple[list[dict], bool, object, dict | None]:
         gpu=get_gpu(row["gpu"]).with_overrides(gpus_per_node=row.get("gpus_per_node")) if row.get("gpu") else None,
         options=_settings(row), memory_model="calibrated" if calibrated else "paper",
         layers_per_stage=tuple(row["layers_per_stage"]) if row.get("layers_per_stage") else None)
+    return estimate, calibrated, spec
+
+
+def _segments(estimate: dict, calibrated: bool, spec) -> list[dict]:
     stages = []
     for stage in estimate["stages"]:
         values = [stage[key] for key in _KEYS]
@@ -97,9 +123,10 @@ def moe_stages(row: dict) -> tuple[list[dict], bool, object, dict | None]:
             from advisor.throughput.calibration import load_memory_calibration
 
             cal = load_memory_calibration()
-            scaled = [cal.activation_factor * values[3], cal.activation_factor / spec.hidden_size * values[4],
-                      cal.activation_factor * values[5], cal.activation_factor * values[6]]
-            added -= sum(scaled) - (values[3] + values[4] + values[5] + values[6])
-            values[3:7] = scaled
+            layer, embedding, output, transient = values[_ACTIVATIONS]
+            scaled = [cal.activation_factor * layer, cal.activation_factor / spec.hidden_size * embedding,
+                      cal.activation_factor * output, cal.activation_factor * transient]
+            added -= sum(scaled) - (layer + embedding + output + transient)
+            values[_ACTIVATIONS] = scaled
         stages.append(dict(zip(MOE_SEGMENTS, [*values, added])))
-    return stages, calibrated, spec, estimate.get("time_parts")
+    return stages
