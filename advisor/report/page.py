@@ -17,7 +17,7 @@ from advisor.report import figures
 from advisor.report.details import LayoutDetail, paper_threshold, plan_detail, row_label
 from advisor.report.inputs import ReportInput
 from advisor.saved_row import number, row_options, row_spec
-from advisor.report.schedule_figure import schedule
+from advisor.report.schedule_figure import schedule, unit_note
 from advisor.report.table import (
     common_flags, flag_codes, flag_groups, flag_script, flags_text, key_value_table, plain_table, rows_table,
     split_columns,
@@ -282,7 +282,7 @@ def details_section(details: list[LayoutDetail]) -> str:
         parts.append(f'<h3 id="schedule-heading">Pipeline schedule{"" if one else " of the first"}: '
                      f'{html.escape(chosen.label)}</h3>')
         parts.append(figure_block(schedule(chosen), "Megatron-LM's order per rank (advisor.schedule): forwards blue, "
-                             "backwards green, white the bubble; warm-up on the left, cool-down on the right."))
+                             "backwards green, white the bubble; warm-up on the left, cool-down on the right." + unit_note(chosen)))
     return "".join(parts)
 
 
