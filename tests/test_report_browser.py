@@ -6,6 +6,7 @@ Checked: no console errors, nothing fetched from the network, sorting and filter
 copying a row's flags, every figure drawn with its marks, accessibility basics, a screenshot."""
 
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -599,7 +600,7 @@ def test_each_rows_flags_are_its_megatron_args_in_order(browser, moe_sweep, swee
         sample = sorted({0, 1, len(rows) // 3, len(rows) // 2, len(rows) - 1} | set(range(0, len(rows), 37)))
         _open(browser, page)
         assert _rebuilt_args(browser, sample) == [rows[i]["megatron_args"] for i in sample]
-        assert _copied_flags(browser, len(rows) // 2) == " ".join(rows[len(rows) // 2]["megatron_args"])
+        assert _copied_flags(browser, len(rows) // 2) == shlex.join(rows[len(rows) // 2]["megatron_args"])
         common = browser.find_element("id", "common-flags").get_attribute("textContent")
         own = _own_flags(browser, 1)
         assert own and own not in common and (common + " " + own).split().__len__() == len(rows[1]["megatron_args"])
@@ -626,6 +627,11 @@ def test_deepseek_v3_page_under_5_mb_with_every_rows_flags(browser, tmp_path):
     assert browser.execute_script("return document.querySelectorAll('#rows td.flags button').length") == 2 * len(rows)
     sample = list(range(0, len(rows), 97)) + [len(rows) - 1]
     assert _rebuilt_args(browser, sample) == [rows[i]["megatron_args"] for i in sample]
+    # copied, a row's flags read back through a shell's words: DeepSeek-V3's first three dense
+    # layers, --moe-layer-freq ([0]*3+[1]*58), unquoted were a bash syntax error
+    copied = _copied_flags(browser, 0)
+    assert "--moe-layer-freq '([0]*3+[1]*58)'" in copied and shlex.split(copied) == rows[0]["megatron_args"]
+    assert "'([0]*3+[1]*58)'" in browser.find_element("id", "common-flags").get_attribute("textContent")
     assert _errors(browser) == []
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import shlex
 from dataclasses import asdict
 
 from advisor.paper_rule import percent
@@ -301,6 +302,6 @@ def plan_section(plan: dict) -> tuple[str, LayoutDetail]:
             + plain_table(rows, columns, f"Stages of the plan ({baseline.get('label', 'no baseline')} beside)",
                           "plan-stages")
             + "<h3>Megatron-LM flags</h3>"
-            + f'<pre id="plan-flags">{html.escape(" ".join(plan.get("megatron_args") or []))}</pre>'
+            + f'<pre id="plan-flags">{html.escape(shlex.join(plan.get("megatron_args") or []))}</pre>'
             + '<button type="button" class="copy" data-copy="flags" data-target="plan-flags">copy flags</button>')
     return text, detail

@@ -87,6 +87,13 @@ JS = """
     return [].concat.apply([], rowGroups(cell).map(function (i) { return flagData.groups[i]; }));
   }
   window.rowArgs = rowArgs;
+  // a word as a shell reads it back (Python's shlex.quote): DeepSeek-V3's --moe-layer-freq
+  // ([0]*3+[1]*58), pasted unquoted, was a bash syntax error
+  function shellWord(word) {
+    return /^[A-Za-z0-9_@%+=:,.\\/-]+$/.test(word) ? word : "'" + word.replace(/'/g, "'\\"'\\"'") + "'";
+  }
+  function shellLine(words) { return words.map(shellWord).join(' '); }
+  window.shellLine = shellLine;
   var cellTemplate = document.createElement('template');
   cellTemplate.innerHTML = '<button type="button" class="copy" data-copy="flags">copy flags</button> '
     + '<button type="button" class="copy" data-copy="launch">copy launch</button>'
@@ -95,7 +102,7 @@ JS = """
     var parts = cellTemplate.content.cloneNode(true), launch = parts.querySelector('[data-copy=launch]');
     if (cell.dataset.no) { launch.disabled = true; launch.title = cell.dataset.no; }
     parts.querySelector('code').textContent = rowGroups(cell).filter(function (i) { return !shared[i]; })
-      .map(function (i) { return flagData.groups[i].join(' '); }).join(' ');
+      .map(function (i) { return shellLine(flagData.groups[i]); }).join(' ');
     cell.appendChild(parts);
   });
   function copy(textToCopy) {
@@ -113,7 +120,7 @@ JS = """
     var button = event.target.closest ? event.target.closest('button.copy') : null;
     if (!button) { return; }
     var flags, row = button.closest('tr');
-    if (row) { flags = rowArgs(row.querySelector('td.flags')).join(' '); }
+    if (row) { flags = shellLine(rowArgs(row.querySelector('td.flags'))); }
     else { flags = document.getElementById(button.dataset.target).textContent.trim(); }
     if (button.dataset.copy === 'launch' && template && row) {
       var nodes = row.dataset.nodes || table.dataset.nodes, ppn = table.dataset.ppn;

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import shlex
 
 from advisor.plots import COLOURS
 from advisor.render import counted, counts_text, recompute_text
@@ -126,7 +127,9 @@ def common_flags(groups: list[list[tuple]]) -> list[tuple[str, ...]]:
 
 
 def flags_text(groups) -> str:
-    return " ".join(" ".join(group) for group in groups)
+    """The groups' flags as a shell reads them back (a word like DeepSeek-V3's --moe-layer-freq
+    ([0]*3+[1]*58) quoted), as the page's script quotes a row's (``static.JS``'s ``shellLine``)."""
+    return " ".join(shlex.join(group) for group in groups)
 
 
 def flag_codes(groups: list[list[tuple]]) -> tuple[list[tuple[str, ...]], list[str]]:
