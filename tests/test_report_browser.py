@@ -727,3 +727,60 @@ def test_an_moe_schedule_says_why_its_bubble_is_not_the_steps(browser, tmp_path)
     _open(browser, dense)
     caption = next(c for c in _captions(browser) if c.startswith("Megatron-LM's order per rank"))
     assert "layer-forward units" not in caption and "time (ms)" in _figure_texts(browser, "schedule")
+
+
+def _screenshots_script():
+    """docs/screenshots.py as a module (docs/ is no package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "screenshots.py"
+    spec = importlib.util.spec_from_file_location("docs_screenshots", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk (bytes 16 to 24, big-endian; PNG specification 11.2.2)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_docs_screenshots_makes_every_picture_docs_report_shows(browser, tmp_path):
+    """docs/report.md's pictures were taken by hand and went stale as the page changed: the
+    script makes each one that docs/report.md links, cropped to its element at 1280 px. (The
+    browser fixture only skips or fails the test as the others: the script drives its own.)"""
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    shown = re.findall(r"!\[[^\]]*\]\(report/([\w-]+\.png)\)", (root / "docs" / "report.md").read_text())
+    assert len(shown) == 7 and "moe-stage-memory.png" in shown
+    env = dict(os.environ, PYTHONPATH=str(root))
+    result = subprocess.run([sys.executable, str(root / "docs" / "screenshots.py"), str(tmp_path)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(shown)  # nothing else, no temporary left
+    for name in shown:
+        width, height = _png_size(tmp_path / name)
+        # a figure with its caption: narrower than the 1280 px window, taller than its 126 px bars
+        assert 300 < width <= 1280 and 120 < height < 1200, (name, width, height)
+    assert _png_size(tmp_path / "sweep-rows.png")[0] > 1000  # the rows table fills the window's width
+
+
+def test_docs_screenshots_refuses_bad_arguments(tmp_path, capsys, monkeypatch):
+    """Bad input: one Error: line and exit status 2, before any browser or page is made."""
+    script = _screenshots_script()
+    assert script.main(["a", "b"]) == 2
+    assert capsys.readouterr().err == ("Error: expected at most one argument, the output directory, not 'a b' "
+                                       "(python docs/screenshots.py [OUT_DIR])\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert script.main([str(blocker / "out")]) == 2
+    assert capsys.readouterr().err == f"Error: {blocker / 'out'}: cannot make the directory: Not a directory\n"
+    monkeypatch.setattr(script, "DRIVER", str(tmp_path / "no-chromedriver"))
+    assert script.main([str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (f"Error: no headless Chromium here ({tmp_path / 'no-chromedriver'}; "
+                                       "apt-get install chromium chromium-driver)\n")
