@@ -70,6 +70,18 @@ def test_new_row_fields_show_without_code_changes(sweep_rows):
     assert "ranking_tolerance (every row)" in page and ">EP</button>" in page
 
 
+def test_a_dense_page_has_no_expert_columns(sweep_rows, advisor_module):
+    """Dense rows carry ep = etp = 1 (DESIGN.md): two columns of ones said nothing; an MoE
+    sweep keeps them, the same EP in every row included (EP is its layout)."""
+    columns, shared = split_columns(sweep_rows)
+    assert {row["ep"] for row in sweep_rows} == {1} and "ep" not in columns and "etp" not in columns
+    assert "ep" not in shared and "etp" not in shared
+    moe = advisor_module.json("sweep", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb", "--ep", "8",
+                              "--etp", "1")
+    assert {(row["ep"], row["etp"]) for row in moe} == {(8, 1)}
+    assert {"ep", "etp"} <= set(split_columns(moe)[0])
+
+
 def test_the_pages_recomputation_cell_is_the_terminals(sweep_rows):
     from advisor.render import recompute_text
 

@@ -43,6 +43,9 @@ moves to the assumptions); without one a column is headed by its JSON key ('ep_c
 HIDDEN = {"megatron_args", "model", "recompute_method", "recompute_num_layers", "calibrated_peak_stage", "stages",
           "time_parts"}
 """Shown elsewhere: the flags per row, the model in the assumptions, recomputation in one cell."""
+EXPERT_COLUMNS = ("ep", "etp")
+"""A mixture of experts' columns: a dense model's rows all carry 1 (DESIGN.md: dense rows have
+ep = etp = 1), two columns of ones on every dense page that say nothing (shots helper)."""
 
 
 def header(key: str, experts: bool = False) -> str:
@@ -77,8 +80,9 @@ def split_columns(rows: list[dict]) -> tuple[list[str], dict]:
         keys.update(dict.fromkeys(row))
     shared, varying = {}, []
     first = rows[0] if rows else {}
+    experts = any(is_moe_row(row) for row in rows)
     for key in keys:
-        if key in HIDDEN:
+        if key in HIDDEN or key in EXPERT_COLUMNS and not experts and all(row.get(key, 1) == 1 for row in rows):
             continue
         # as shown: a row's options differ only in their recomputation, which has its own column
         shown = cell_value(first, key)
