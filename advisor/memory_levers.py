@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import collections
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -152,132 +153,266 @@ EXACT_ELEMENTS = 2.0 ** 53
 """Below this many elements a stage's integer weight sizes add up exactly in float64, in any order."""
 
 
-def _bucket_cut(weights: tuple, layers: int, bucket: float) -> tuple[list, list]:
-    """Each weight's bucket and the bucket's elements up to and including it, over ``layers``
-    layers in named order: a bucket closes at the weight bringing it to >= ``bucket``. A stage of
-    fewer layers cuts the same prefix, its last bucket ending at its last weight (so its total is
-    that weight's running sum, added in the same order)."""
-    of, running, filled, current = [], [], bucket, -1
-    for size in weights * layers:
-        if filled >= bucket:
-            current += 1
-            filled = 0.0
-        filled += size
-        of.append(current)
-        running.append(filled)
-    return of, running
+class StageWeights(NamedTuple):
+    """A stage's weights for the optim_grads replay, each ``(elements, group, own, early)``:
+    ``pre`` named before the decoder layers (the first stage's embedding), ``layer`` one decoder
+    layer's (repeated), ``post`` after them (the last stage's final norm and output layer), in
+    megatron-core's ``named_parameters`` order; ``arrival`` the order in which backward produces
+    a layer's (indices into ``layer``, ``LAYER_WEIGHT_ARRIVAL``). ``group``: the parameter group
+    (``_get_parameter_groups`` keys dtype, expert or not, requires_grad: each group is cut on its
+    own, all share the one queue); ``own``: a bucket of its own (``shared_embedding``, tied
+    embeddings at PP > 1: it closes its group's open bucket); ``early``: touched first in backward
+    though produced last (the embedding the output layer reuses at PP 1). Backward produces the
+    ``post`` weights first (last named first), then the layers from the last, then ``pre``."""
+
+    pre: tuple
+    layer: tuple
+    post: tuple
+    arrival: tuple = LAYER_WEIGHT_ARRIVAL
 
 
-def _bucket_events(of: list, width: int, layers: int) -> tuple[list, list, list]:
-    """The replay's events in backward order (``LAYER_WEIGHT_ARRIVAL`` within a layer, the last
-    layer first): (time, bucket, whether it completes) at each bucket's first gradient (its
-    allocation) and at its last (its reduce-scatter); time is the weight's place in that order."""
-    missing = [0] * (of[-1] + 1)
-    for index in of:
-        missing[index] += 1
-    times, buckets, closes, seen, time = [], [], [], [False] * len(missing), 0
-    for start in range((layers - 1) * width, -1, -width):
-        for position in LAYER_WEIGHT_ARRIVAL:
-            index = of[start + position]
-            if not seen[index]:
-                seen[index] = True
-                times.append(time)
-                buckets.append(index)
-                closes.append(False)
-            missing[index] -= 1
-            if not missing[index]:
-                times.append(time)
-                buckets.append(index)
-                closes.append(True)
-            time += 1
-    return times, buckets, closes
+def dense_stage(weights) -> StageWeights:
+    """``layer_weights`` alone (a middle stage): one group, no ends."""
+    return StageWeights((), tuple((float(w), 0, False, False) for w in weights), ())
 
 
-def _replay(events: tuple, totals: list, queue: float, start: int, last: tuple, converge: bool) -> tuple:
-    """Replays ``events`` from ``start`` with a stage's last bucket ``last`` = (bucket, time of
-    its first gradient in this stage, elements): (peak, the event after which the queue holds what
-    the full stage's replay holds there, or None). With ``converge`` (exact sums) it stops there:
-    once the last bucket has been popped, the trimmed queue is the longest run of latest buckets
-    within ``queue`` (the trim's rule) in both replays, so every later value is the full stage's."""
+def _stage_cut(weights, bucket: float, state: dict, next_id: int) -> tuple[list, list, int]:
+    """Each weight's bucket and its bucket's elements up to it, cutting each group apart (a bucket
+    closes at the weight bringing it to >= ``bucket``; an ``own`` weight closes the open one and
+    takes one alone). ``state`` (group -> [bucket, elements]) is carried on, ``next_id`` the next
+    new bucket's number."""
+    of, running = [], []
+    if not weights:
+        return of, running, next_id
+    for size, group, own, _ in weights:
+        current = state.get(group)
+        if own or current is None or current[1] >= bucket:
+            current = state[group] = [next_id, 0.0]
+            next_id += 1
+        current[1] += size
+        if own:
+            current[1] = np.inf  # closed: the next weight opens a new bucket
+        of.append(current[0])
+        running.append(size if own else current[1])
+    return of, running, next_id
+
+
+def _arrival_times(stage: StageWeights, layers: int, first: int) -> tuple[list, list]:
+    """(first touch, last gradient) of each weight of ``pre`` + ``layers`` layers, in named
+    order, on the full stage's clock (layer l at (``layers`` - 1 - l) x width + its rank);
+    an ``early`` weight is touched before the ``post`` weights of a stage starting at ``first``."""
+    width, rank = len(stage.layer), [stage.arrival.index(p) for p in range(len(stage.layer))]
+    pre = len(stage.pre)
+    last = [layers * width + (pre - 1 - j) for j in range(pre)]
+    touch = [first - len(stage.post) - 1 if w[3] else t for w, t in zip(stage.pre, last)]
+    for layer in range(layers):
+        base = (layers - 1 - layer) * width
+        times = [base + rank[p] for p in range(width)]
+        last += times
+        touch += times
+    return touch, last
+
+
+def _stage_events(of: list, touch: list, last: list) -> tuple[list, list, list]:
+    """(time, bucket, whether it completes), sorted by time (an opening first): each bucket opens
+    at its first touch (its storage allocated) and completes at its last gradient."""
+    opens, closes = {}, {}
+    for index, t, u in zip(of, touch, last):
+        opens[index] = min(opens.get(index, t), t)
+        closes[index] = max(closes.get(index, u), u)
+    events = sorted([(t, 0, b) for b, t in opens.items()] + [(t, 1, b) for b, t in closes.items()])
+    return [e[0] for e in events], [e[2] for e in events], [bool(e[1]) for e in events]
+
+
+def _suffix_peaks(events: tuple, totals: list, queue: float) -> tuple[list, list]:
+    """The full stage's replay: at each event the most held after it (0 past the last), and after
+    each completion the oldest bucket queued (a queue is a run of the latest completions)."""
     times, buckets, closes = events
-    top, top_time, top_total = last
-    queued, space, held, peak, pending = collections.deque(), 0.0, 0.0, 0.0, True
-    for event in range(start, len(times)):
-        index = buckets[event]
-        if pending and times[event] >= top_time:  # the last bucket opens at its first gradient here
-            pending = False
-            held += top_total
-            if held > peak:
-                peak = held
-        if not closes[event]:
-            if index != top:
-                held += totals[index]
-                if held > peak:
-                    peak = held
-            continue
-        popped = False
-        while space > queue:  # trim the queue to <= queue elements, then append it
-            oldest = queued.popleft()
-            popped = popped or oldest == top
-            size = top_total if oldest == top else totals[oldest]
-            space -= size
-            held -= size
-        queued.append(index)
-        space += top_total if index == top else totals[index]
-        if popped and converge:
-            return peak, event + 1
-    return peak, None
-
-
-def _suffix_peaks(events: tuple, totals: list, queue: float) -> list:
-    """The full stage's replay: at each event, the most held after it (0 past the last)."""
-    times, buckets, closes = events
-    after, queued, space, held = [0.0] * (len(times) + 1), collections.deque(), 0.0, 0.0
+    after, oldest = [0.0] * (len(times) + 1), [None] * len(times)
+    queued, space, held = collections.deque(), 0.0, 0.0
     for event, index in enumerate(buckets):
         if not closes[event]:
             held += totals[index]
             after[event] = held
             continue
         while space > queue:
-            oldest = totals[queued.popleft()]
-            space -= oldest
-            held -= oldest
+            size = totals[queued.popleft()]
+            space -= size
+            held -= size
         queued.append(index)
         space += totals[index]
+        oldest[event] = queued[0]
     for event in range(len(times) - 1, -1, -1):
         after[event] = max(after[event], after[event + 1])
-    return after
+    return after, oldest
+
+
+def _count_specials(stage: StageWeights, cut: tuple, count: int, first: int, bucket: float) -> tuple:
+    """A stage of ``count`` layers against the full stage's cut ``cut`` = (of, totals, starts,
+    touch, the groups' states after ``pre`` + each count of layers): (its special buckets, those
+    not opened or not sized as in the full stage's replay, with their sizes; its events before
+    ``first`` as (time, opens 0 / completes 1, bucket); the later openings of its special
+    buckets as (time, bucket)). Its cut is the full one's prefix, each group's open bucket then
+    continued by ``post`` (or closed by an ``own`` weight); ``post``'s new buckets are numbered
+    from the full cut's count on."""
+    of, totals, starts, touch, states = cut
+    if not (stage.pre or stage.post):  # a middle stage: each group's open bucket alone is its own
+        end, lo, opens = count * len(stage.layer), (count - 1) * len(stage.layer), {}
+        for index, filled in states[count].values():
+            if filled < bucket:
+                opens[index] = (min(touch[i] for i in range(max(starts[index], lo), end) if of[i] == index), filled)
+        return {index: filled for index, (_, filled) in opens.items()}, [], sorted((t, index) for index, (t, _) in opens.items())
+    state = {group: list(value) for group, value in states[count].items()}
+    boundary = {group: value[0] for group, value in state.items() if value[1] < bucket}
+    post_of, post_running, _ = _stage_cut(stage.post, bucket, state, len(totals))
+    sizes = {index: states[count][group][1] for group, index in boundary.items()}
+    head = len(stage.post)
+    opens = {}
+    for j, (index, running) in enumerate(zip(post_of, post_running)):
+        sizes[index] = running
+        opens[index] = min(opens.get(index, first), first - 1 - j)  # the last named first
+    closes = {}  # a bucket of ``post`` weights alone completes at its last one, before the layers
+    for j, index in enumerate(post_of):
+        if index >= len(totals):
+            closes[index] = max(closes.get(index, first - 1 - j), first - 1 - j)
+    for j, weight in enumerate(stage.pre):
+        if weight[3]:
+            opens[of[j]] = first - head - 1
+    end, lo = len(stage.pre) + count * len(stage.layer), len(stage.pre) + (count - 1) * len(stage.layer)
+    for group, index in boundary.items():
+        if index not in opens:
+            # its weights in the last layer come first; a group with none there, its earlier ones
+            soonest = min((touch[i] for i in range(max(starts[index], lo if count else 0), end) if of[i] == index),
+                          default=None)
+            opens[index] = min(touch[i] for i in range(starts[index], end) if of[i] == index) \
+                if soonest is None else soonest
+    events = sorted([(t, 0, b) for b, t in opens.items() if t < first] + [(t, 1, b) for b, t in closes.items()])
+    pending = sorted((t, b) for b, t in opens.items() if t >= first)
+    return {index: sizes.get(index, totals[index] if index < len(totals) else 0.0) for index in opens}, events, pending
+
+
+def _replay(events: tuple, full: tuple, count: tuple, queue: float, start: int, converge: bool) -> tuple:
+    """Replays a stage of some count of layers (``count``: ``_count_specials``' sizes, specials,
+    events before its layers and later openings), then ``events`` from ``start``: (peak, the event
+    after which its state is the full stage's, or None). With ``converge`` (exact sums) it stops
+    once every special bucket has been popped and its queue starts where the full stage's does
+    (``full``: its most held after each event, its oldest queued): the same buckets queued and
+    open, the same sizes, so every later value is the full stage's."""
+    times, buckets, closes = events
+    sizes, special, head, pending = count
+    _, oldest = full
+    queued, state = collections.deque(), [0.0, 0.0, 0.0, sum(special)]  # space, held, peak, unpopped
+    for _, completes, index in head:
+        _step(queued, state, sizes, special, index, completes, queue)
+    space, held, peak, unpopped = state
+    waiting, due = 0, pending[0][0] if pending else np.inf
+    for event in range(start, len(times)):  # _step inlined: the sweep's hot loop
+        index = buckets[event]
+        if times[event] >= due:
+            for _, opened in pending[waiting:]:
+                if times[event] >= due:
+                    held += sizes[opened]
+                    peak = max(peak, held)
+                    waiting += 1
+                    due = pending[waiting][0] if waiting < len(pending) else np.inf
+        if not closes[event]:
+            if not special[index]:
+                held += sizes[index]
+                if held > peak:
+                    peak = held
+            continue
+        while space > queue:
+            popped = queued.popleft()
+            space -= sizes[popped]
+            held -= sizes[popped]
+            unpopped -= special[popped]
+        queued.append(index)
+        space += sizes[index]
+        if converge and not unpopped and queued[0] == oldest[event]:
+            return peak, event + 1
+    return peak, None
+
+
+def _step(queued, state: list, sizes: list, special: list, index: int, completes: bool, queue: float) -> None:
+    """One event: a bucket opens (allocated), or completes (the queue trimmed to ``queue``
+    elements, oldest first, then it is appended); ``state``: space, held, peak, specials queued
+    or to come."""
+    if not completes:
+        state[1] += sizes[index]
+        state[2] = max(state[2], state[1])
+        return
+    while state[0] > queue:
+        oldest = queued.popleft()
+        state[0] -= sizes[oldest]
+        state[1] -= sizes[oldest]
+        state[3] -= special[oldest]
+    queued.append(index)
+    state[0] += sizes[index]
+
+
+def _full_cut(stage: StageWeights, layers: int, bucket: float) -> tuple:
+    """The full stage's cut (``pre`` + ``layers`` layers + ``post``): (each weight's bucket, each
+    bucket's elements, each bucket's first weight, the groups' states after ``pre`` + each count
+    of layers), in named order."""
+    state, states = {}, []
+    of, running, top = _stage_cut(stage.pre, bucket, state, 0)
+    states.append({group: list(value) for group, value in state.items()})
+    for _ in range(layers):
+        more, filled, top = _stage_cut(stage.layer, bucket, state, top)
+        of += more
+        running += filled
+        states.append({group: list(value) for group, value in state.items()})
+    more, filled, top = _stage_cut(stage.post, bucket, state, top)
+    totals, starts, every = [0.0] * top, [0] * top, of + more
+    for index, size in zip(every, running + filled):
+        totals[index] = size
+    for position in range(len(every) - 1, -1, -1):
+        starts[every[position]] = position
+    return of, more, totals, starts, states
 
 
 @functools.lru_cache(maxsize=4096)
+def _stage_peaks(stage: StageWeights, layers: int, bucket: float, queue: float) -> tuple:
+    """``fsdp_optim_grads_peak`` of ``stage`` for every count of 0..``layers`` layers (cached: a
+    sweep repeats a few stages). A stage of c layers cuts the full stage's prefix (``pre`` and its
+    c layers, then ``post``) and its layers' backward events are the full stage's last ones, so
+    each count replays its own ``post`` and its special buckets from there until its state is the
+    full stage's (``_replay``; exact where every sum is an integer below 2**53, as the weights'
+    are), then takes the full replay's most from there on."""
+    if layers < 0:
+        return ()
+    width = len(stage.layer)
+    of, post_of, totals, starts, states = _full_cut(stage, layers, bucket)
+    touch, last = _arrival_times(stage, layers, 0)
+    head = len(stage.post)
+    post_times = [-1 - j for j in range(head)]  # backward produces the last named first
+    events = _stage_events(of + post_of, touch + post_times, last + post_times)
+    full = _suffix_peaks(events, totals, queue)
+    elements = [w[0] for w in stage.pre + stage.layer * layers + stage.post]
+    converge = all(float(s).is_integer() and s >= 0 for s in elements) and sum(elements) < EXACT_ELEMENTS
+    # one list of sizes and of specials for every count, each count's specials set and then reset
+    sizes, special = totals + [0.0] * len(stage.post), bytearray(len(totals) + len(stage.post))
+    times, peaks = events[0], []
+    for count in range(layers + 1):
+        first = (layers - count) * width
+        changed, head_events, pending = _count_specials(stage, (of, totals, starts, touch, states), count, first, bucket)
+        for index, size in changed.items():
+            sizes[index], special[index] = size, 1
+        peak, rest = _replay(events, full, (sizes, special, head_events, pending), queue,
+                             bisect.bisect_left(times, first), converge)
+        peaks.append(peak if rest is None else max(peak, full[0][rest]))
+        for index in changed:
+            special[index] = 0
+            if index < len(totals):
+                sizes[index] = totals[index]
+    return tuple(peaks)
+
+
 def _bucket_peaks(weights: tuple, layers: int, bucket: float, queue: float) -> tuple:
-    """``fsdp_optim_grads_peak`` of one stage for every count of 0..``layers`` layers, in scalars
-    (cached: a sweep repeats a few stages). A stage of c layers is the last c of ``layers``
-    (the cut's prefix, its backward events a suffix), so each count replays from its own first
-    event until its queue is the full stage's (``_replay``; exact where every sum is an integer
-    below 2**53, as ``layer_weights``' are), then takes the full replay's most from there on."""
+    """``_stage_peaks`` of a middle stage of ``layer_weights`` (``dense_stage``)."""
     if layers <= 0:
         return (0.0,) * (max(layers, 0) + 1)
-    width = len(weights)
-    of, running = _bucket_cut(weights, layers, bucket)
-    totals = [0.0] * (of[-1] + 1)
-    for index, filled in zip(of, running):
-        totals[index] = filled
-    events = _bucket_events(of, width, layers)
-    after = _suffix_peaks(events, totals, queue)
-    converge = all(float(w).is_integer() and w >= 0 for w in weights) and sum(weights) * layers < EXACT_ELEMENTS
-    starts = [0] * len(totals)  # each bucket's first weight
-    for index in range(len(of) - 1, -1, -1):
-        starts[of[index]] = index
-    soonest = [min(LAYER_RANK[position:]) for position in range(width)]  # of a layer's weights from there on
-    times, peaks = events[0], [0.0]
-    for count in range(1, layers + 1):
-        first, end = (layers - count) * width, count * width - 1  # its first time, its last weight
-        # the last bucket's weights in the stage's last layer are that layer's tail: it opens at the soonest
-        top_time = first + soonest[max(starts[of[end]] - (end - width + 1), 0)]
-        peak, rest = _replay(events, totals, queue, bisect.bisect_left(times, first), (of[end], top_time, running[end]), converge)
-        peaks.append(peak if rest is None else max(peak, after[rest]))
-    return tuple(peaks)
+    return _stage_peaks(dense_stage(weights), layers, bucket, queue)
 
 
 def fsdp_optim_grads_peak(weights, layers, bucket, queue):

@@ -142,3 +142,106 @@ def test_unique_rows_is_numpys(rows):
     unique, inverse = levers._unique_rows(matrix)
     expected, expected_inverse = np.unique(matrix, axis=0, return_inverse=True)
     assert unique == expected.tolist() and inverse.tolist() == np.ravel(expected_inverse).tolist()
+
+
+def reference_stage_peak(stage: levers.StageWeights, layers: int, bucket: float, queue: float) -> float:
+    """The plain replay of a stage of ``layers`` layers with ends and groups, written from
+    megatron-core's rules alone: ``_get_parameter_groups`` (core_v0.19.0 param_and_grad_buffer.py
+    1769-1870) groups the weights in named order, cuts each group apart (a bucket closes at the
+    weight bringing it to >= the size; a ``shared_embedding`` weight closes the open bucket and
+    takes one alone); backward then produces the ``post`` weights (last named first), the layers
+    from the last, then ``pre``; a bucket is allocated at its first touch and, at its last
+    gradient, the one queue is trimmed (> queue: pop the oldest) and it is appended."""
+    named = list(stage.pre) + list(stage.layer) * layers + list(stage.post)
+    width, tail = len(stage.layer), len(stage.post)
+    touch, last = [], []
+    for j, weight in enumerate(stage.pre):
+        last.append(layers * width + len(stage.pre) - 1 - j)
+        touch.append(-tail - 1 if weight[3] else last[-1])
+    for layer in range(layers):
+        for position in range(width):
+            last.append((layers - 1 - layer) * width + stage.arrival.index(position))
+            touch.append(last[-1])
+    for j in range(tail):
+        last.append(-1 - j)  # the output layer's backward first, then the final norm's
+        touch.append(-1 - j)
+    buckets, open_bucket = [], {}  # each bucket: [elements, weights]
+    of = []
+    for size, group, own, _ in named:
+        if own:
+            open_bucket.pop(group, None)
+            buckets.append([size, 1])
+            of.append(len(buckets) - 1)
+            continue
+        if group not in open_bucket:
+            buckets.append([0.0, 0])
+            open_bucket[group] = len(buckets) - 1
+        index = open_bucket[group]
+        buckets[index][0] += size
+        buckets[index][1] += 1
+        of.append(index)
+        if buckets[index][0] >= bucket:
+            del open_bucket[group]
+    missing = [b[1] for b in buckets]
+    opened = [False] * len(buckets)
+    queued, space, held, peak = collections.deque(), 0.0, 0.0, 0.0
+    for time in sorted(set(touch) | set(last)):
+        for i in range(len(named)):
+            if touch[i] == time and not opened[of[i]]:
+                opened[of[i]] = True
+                held += buckets[of[i]][0]
+                peak = max(peak, held)
+        for i in range(len(named)):
+            if last[i] == time:
+                missing[of[i]] -= 1
+                if not missing[of[i]]:
+                    while space > queue:
+                        oldest = buckets[queued.popleft()][0]
+                        space -= oldest
+                        held -= oldest
+                    queued.append(of[i])
+                    space += buckets[of[i]][0]
+    return peak
+
+
+def random_stage(rng: random.Random, fractional: bool) -> levers.StageWeights:
+    """A stage of a few weights a layer in one to three groups, with or without an embedding
+    (plain, a bucket of its own, or the tied one touched first) and a final norm and output layer
+    (plain or a bucket of its own), in a random order of arrival."""
+    def size():
+        return float(rng.randint(0, 12)) + (rng.random() if fractional else 0.0)
+    groups = rng.randint(1, 3)
+    width = rng.randint(1, 6)
+    layer = tuple((size(), rng.randrange(groups), False, False) for _ in range(width))
+    arrival = tuple(rng.sample(range(width), width))
+    kind = rng.choice(["none", "plain", "own", "early"])
+    pre = () if kind == "none" else ((size(), rng.randrange(groups), kind == "own", kind == "early"),)
+    post = rng.choice([(), ((size(), rng.randrange(groups), False, False), (size(), rng.randrange(groups), False, False)),
+                       ((size(), rng.randrange(groups), False, False), (size(), rng.randrange(groups), True, False))])
+    return levers.StageWeights(pre, layer, post, arrival)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stages_with_ends_and_groups_are_the_reference_replay(seed):
+    """Every count of random stages with ends and groups, as the plain replay gives it."""
+    rng = random.Random(seed)
+    for trial in range(400):
+        stage = random_stage(rng, fractional=trial % 5 == 0)
+        bucket, queue, layers = rng.choice([float(rng.randint(1, 30)), np.inf]), float(rng.randint(0, 80)), rng.randint(0, 10)
+        peaks = levers._stage_peaks(stage, layers, bucket, queue)
+        assert list(peaks) == [reference_stage_peak(stage, n, bucket, queue) for n in range(layers + 1)], \
+            (stage, bucket, queue, layers)
+
+
+def test_reference_stage_replay_by_hand():
+    """One case traced by hand: pre = embedding 10 (plain), one layer [a 4, b 3] (arrival b
+    then a), post = norm 1, output 10; one group, bucket 8, queue 10.
+    Cut (named order E a b n O): [E 10] closes (>= 8); [a b n = 8] closes at n; [O 10].
+    Backward: O (opens, 10, completes: queue empty, appended: space 10), n (opens [a b n]:
+    held 18, the peak), b, a (completes: space 10 <= 10, nothing popped; appended: space 18),
+    E (opens: held 28; completes: space 18 > 10 pops O (held 18, space 8), appended).
+    The peak: 28."""
+    stage = levers.StageWeights(((10.0, 0, False, False),), ((4.0, 0, False, False), (3.0, 0, False, False)),
+                                ((1.0, 0, False, False), (10.0, 0, False, False)), (1, 0))
+    assert reference_stage_peak(stage, 1, 8.0, 10.0) == 28.0
+    assert levers._stage_peaks(stage, 1, 8.0, 10.0)[1] == 28.0
