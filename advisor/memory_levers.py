@@ -431,10 +431,11 @@ def fsdp_optim_grads_peak(weights, layers, bucket, queue):
     ``reduce_gradients`` (:3872-3914) first pops and frees the oldest queued buckets while the
     queue holds more than ``queue`` elements (``wait_for_previous_grad_reduce``, :3916-3946),
     then appends it (:4246). The peak is the most allocated at once. Element counts as the
-    weights' (megatron-core pads each bucket a little more: 2.8% at Llama 3.1 8B, DP 2048). The
-    embedding and output layer, and the further chunks of virtual pipeline stages (built with
-    ``disable_bucketing``: one bucket each), are not replayed. Layouts broadcast
-    (``QueueReplay``: one replay per distinct stage)."""
+    weights' (megatron-core pads each bucket a little more: 2.8% at Llama 3.1 8B, DP 2048). This
+    is a middle stage's; ``QueueReplay``'s ``ends`` (``stage_ends``) add the first stage's embedding
+    and the last stage's final norm and output layer (``StageWeights``). The further chunks of
+    virtual pipeline stages (built with ``disable_bucketing``: one bucket each) are not replayed.
+    Layouts broadcast (``QueueReplay``: one replay per distinct stage)."""
     return QueueReplay(weights, bucket, queue).peak(layers)
 
 
@@ -453,18 +454,24 @@ def _unique_rows(matrix: np.ndarray) -> tuple[list, np.ndarray]:
 
 class QueueReplay:
     """``fsdp_optim_grads_peak`` for fixed layouts (their ``layer_weights``, bucket and queue
-    sizes, broadcasting), fast over layer counts: the layouts' distinct stages are found once here,
+    sizes, and the stage's embedding, final norm and output layer: ``stage_ends``; broadcasting),
+    fast over layer counts: the layouts' distinct stages are found once here,
     and each replay is kept by stage and layer count (a sweep prices the same few thousands of
     times). ``take`` gives the one of some layouts, sharing what was replayed."""
 
-    def __init__(self, weights, bucket, queue) -> None:
+    def __init__(self, weights, bucket, queue, ends=(0.0, 0.0, 0.0, 0)) -> None:
+        """``ends``: (embedding, final norm, output layer, tie) of each layout's stage, elements on
+        one GPU, 0 where the stage has none (``stage_ends``)."""
         columns = np.broadcast_arrays(*(np.asarray(w, dtype=float) for w in weights),
+                                      *(np.asarray(e, dtype=float) for e in ends),
                                       np.asarray(bucket, dtype=float), np.asarray(queue, dtype=float))
         unique, inverse = _unique_rows(np.stack([c.ravel() for c in columns], axis=1))
-        self.stages = [(tuple(row[:-2]), row[-2], row[-1]) for row in unique]
+        self.stages = [(_with_ends(row[:-6], row[-6:-2]), row[-2], row[-1]) for row in unique]
         self.code = np.reshape(inverse, columns[0].shape)
-        # peaks by stage and layer count (NaN: not replayed yet; 0 layers hold none), shared by ``take``
-        self.shared = {"table": np.zeros((len(self.stages), 1))}
+        # peaks by stage and layer count (NaN: not replayed yet; 0 layers of a middle stage hold none)
+        table = np.zeros((len(self.stages), 1))
+        table[[bool(stage.pre or stage.post) for stage, _, _ in self.stages], 0] = np.nan
+        self.shared = {"table": table}  # shared by ``take``
 
     def take(self, rows: np.ndarray, count: int) -> QueueReplay:
         """This replay for layouts ``rows`` of ``count`` (the leading axis), sharing the peaks."""
@@ -509,7 +516,40 @@ class QueueReplay:
         table = self.shared["table"]
         for stage, count in wanted.items():
             weights, bucket, queue = self.stages[stage]
-            table[stage, :count + 1] = _bucket_peaks(weights, count, bucket, queue)
+            table[stage, :count + 1] = _stage_peaks(weights, count, bucket, queue)
+
+
+TIES = {"untied": 0, "early": 1, "own": 2}
+"""How a stage's embedding and output layer share a weight (``stage_ends``): not at all; at PP 1
+one weight, the embedding's, which the output layer reuses (its gradient starts in the output
+layer's backward, first, and ends in the embedding's, last: megatron-core's
+``setup_embeddings_and_output_layer`` sets ``zero_out_wgrad``, no ``shared_embedding``); at PP > 1
+a copy on the first and the last stage, each ``shared_embedding``: a bucket of its own
+(``_get_parameter_groups``' ``_does_param_require_new_bucket``)."""
+
+
+def stage_ends(spec: LlamaSpec, tp, pp, stage, vocab) -> tuple:
+    """(embedding, final norm, output layer, tie (``TIES``)) elements on one GPU of pipeline
+    stage ``stage`` of ``pp``: the embedding on the first (v h / t, ``vocab`` padded as the
+    estimator pads it), the final norm (h) and the output layer (v h / t; none where it reuses
+    the embedding at PP 1) on the last; layouts broadcast."""
+    t, p, i = (np.asarray(x) for x in (tp, pp, stage))
+    first, last = i == 0, i == p - 1
+    matrix = spec.hidden_size * np.asarray(vocab, dtype=float) / t
+    tied = bool(spec.tie_embeddings)
+    tie = np.where(p == 1, TIES["early"], TIES["own"]) if tied else TIES["untied"]
+    output = np.where(last & ~(tied & (p == 1)), matrix, 0.0)
+    return np.where(first, matrix, 0.0), np.where(last, float(spec.hidden_size), 0.0), output, tie + 0 * i
+
+
+def _with_ends(weights, ends) -> StageWeights:
+    """``dense_stage`` of ``weights`` with ``stage_ends``' ``ends``: the embedding before the
+    layers, the final norm and output layer after them, all of the one BF16 group."""
+    embedding, norm, output, tie = ends
+    stage = dense_stage(weights)
+    pre = ((embedding, 0, tie == TIES["own"], tie == TIES["early"]),) if embedding else ()
+    post = tuple(w for w in ((norm, 0, False, False), (output, 0, tie == TIES["own"], False)) if w[0])
+    return stage._replace(pre=pre, post=post)
 
 
 SHARDING = {None: None, "no_shard": (False, False, False), "optim": (True, False, False),
@@ -680,7 +720,8 @@ def fsdp_held_buffer_bytes(options, unit_parameters, held, units, dp_cp=1, layer
     return weights, gradients
 
 
-def fsdp_buffer_lines(options, unit_parameters, dp_cp=1, layer_weights=None, queue_cap=None) -> list[tuple]:
+def fsdp_buffer_lines(options, unit_parameters, dp_cp=1, layer_weights=None, queue_cap=None,
+                      end_elements=0.0) -> list[tuple]:
     """``fsdp_buffer_bytes`` as lines in the layers n: each buffer is the smaller of two lines,
     n units (slope u, nothing at 0) or its cap (slope 0): gathered = min(n u, u + prefetch)
     (for n >= 1, u + min(prefetch, (n - 1) u) is that; at 0 both are 0) and queued = min(n u,
@@ -698,7 +739,10 @@ def fsdp_buffer_lines(options, unit_parameters, dp_cp=1, layer_weights=None, que
     opened while that one waits for QKV: three buckets. Without --overlap-grad-reduce the whole
     stage is one bucket: n u alone. ``queue_cap``: a tighter cap in elements where the caller
     knows one (``QueueReplay.most``, the replay's largest over the layer counts it searches, which
-    the split search needs to settle within a few steps: ``StageModel.most_layers``)."""
+    the split search needs to settle within a few steps: ``StageModel.most_layers``).
+    ``end_elements``: the stage's embedding, final norm and output layer (``stage_ends``), which
+    the replay holds beside the layers: optim_grads's n u line starts there (n u + ends bounds
+    the replay)."""
     _, grads_sharded, weights_sharded = _sharded(options)
     u = np.asarray(unit_parameters, dtype=float)
     if options.fsdp_strategy == "torch_fsdp2":  # min(n u, 2 u) of each, in the weights' dtype
@@ -709,8 +753,10 @@ def fsdp_buffer_lines(options, unit_parameters, dp_cp=1, layer_weights=None, que
         if weights_sharded else [(0.0, 0.0)]
     queued = [(bucket_bytes(options) * u, 0.0)] if grads_sharded else [(0.0, 0.0)]
     if grads_sharded and options.fsdp_strategy == "optim_grads" and layer_weights is not None:
-        if options.overlap_grad_reduce:  # else one bucket: n u alone
-            largest = functools.reduce(np.maximum, (np.asarray(w, dtype=float) for w in layer_weights))
+        queued = [(bucket_bytes(options) * u, bucket_bytes(options) * end_elements)]
+        if options.overlap_grad_reduce:  # else one bucket a group: n u + ends alone
+            largest = functools.reduce(np.maximum, (np.asarray(w, dtype=float) for w in layer_weights),
+                                       np.asarray(end_elements, dtype=float))  # an end weight may be the largest
             cap = queue + 3.0 * (fsdp_bucket_size(options, dp_cp) + largest) if queue_cap is None else queue_cap
             queued.append((0.0, bucket_bytes(options) * cap))
     elif grads_sharded:

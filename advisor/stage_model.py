@@ -161,12 +161,16 @@ class StageModel:
         embedding = eq.embedding_parameters(spec, t, vocab)
         head = np.where(head_shares_embedding(spec, p), 0, embedding)
         self.layer_parameters = eq.layer_parameters(spec, t)  # Eq. 6
-        # optim_grads's buckets are cut over the weights in order (memory_levers.fsdp_optim_grads_peak)
+        # optim_grads's buckets are cut over the weights in order (memory_levers.fsdp_optim_grads_peak),
+        # the first stage's embedding and the last's final norm and output layer among them
         self.layer_weights = levers.layer_weights(spec, t)
-        self.queue_replay = levers.QueueReplay(
-            self.layer_weights, levers.fsdp_bucket_size(options, d * c),
-            levers.fsdp_communication_unit(options, self.layer_parameters, 1, d * c)[1]) \
-            if options.fsdp_strategy == "optim_grads" else None
+        self.queue_replay, self.end_elements = None, 0.0
+        if options.fsdp_strategy == "optim_grads":
+            ends = levers.stage_ends(spec, t, p, i, vocab)
+            self.end_elements = ends[0] + ends[1] + ends[2]  # what the replay holds beyond the layers at most
+            self.queue_replay = levers.QueueReplay(
+                self.layer_weights, levers.fsdp_bucket_size(options, d * c),
+                levers.fsdp_communication_unit(options, self.layer_parameters, 1, d * c)[1], ends)
         self.num_layers = spec.num_layers  # the most a rank holds: the replay's cap (_lines)
         self.end_parameters = np.where(first, embedding, 0) + np.where(last, eq.final_norm_parameters(spec) + head, 0)
         # Eq. 4 and 10, with the levers' sharding and offload (advisor.memory_levers)
@@ -375,6 +379,8 @@ class StageModel:
         """``_Lines`` of this model (``most_layers``' docstring): one line without Megatron-FSDP's
         buffers, one per choice of a line of each buffer with them."""
         fixed, n, passes, v = self._fixed(), self.recompute_layers, self.in_flight.passes, self.vpp
+        if self.queue_replay is not None:  # its lines carry the buffers, which total(0) holds already
+            fixed = self.total(0, buffers=False)  # (optim_grads: the first or last stage's ends)
         kept, checkpoint = self.kept, self.checkpoint
         if self.local_buffer:  # the lines are of ranks with layers, which keep the buffer; total(0) has none
             fixed = fixed + self.attention_buffer
@@ -384,7 +390,8 @@ class StageModel:
             lines = [(fixed + intercept, per_layer + slope, slope, intercept)
                      for slope, intercept in levers.fsdp_buffer_lines(
                          self.options, self.layer_parameters, self.dp_cp, self.layer_weights,
-                         None if self.queue_replay is None else self.queue_replay.most(self.num_layers))]
+                         None if self.queue_replay is None else self.queue_replay.most(self.num_layers),
+                         self.end_elements)]
         else:
             lines = [(fixed, per_layer, 0.0, 0.0)]
         shape = (len(lines),) + np.broadcast_shapes(*(np.shape(value) for line in lines for value in line))

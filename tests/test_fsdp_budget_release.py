@@ -206,23 +206,31 @@ def _8b_gradients_gib(dp: int, *extra: str) -> float:
 def test_llama_8b_at_dp_2048_queues_the_bucket_by_hand():
     """advisor estimate, Llama 3.1 8B on 2048 H100s (TP 1, PP 1, DP 2048), optim_grads, FP32 main
     gradients: the shard 4 x 8,030,261,248 / 2048 = 15,684,104 bytes, and the unsharded buckets at
-    the queue's peak, 4,857,184,256 elements (tests/test_fsdp_optim_grads_queue.py, by hand; the
-    queue of 2,048,000,000 never trims them) = 19,428,737,024 bytes: 19,444,421,128 in all.
+    the queue's peak. The one stage's buckets are cut over the embedding (first in named order,
+    525,336,576), the layers, the final norm (4,096) and the output layer (525,336,576)
+    (tests/test_fsdp_optim_grads_ends.py, PP1_2048, by hand): the output layer's bucket
+    (1,792,065,536), the next (2,063,675,392) and the next (2,122,399,744) at once, 5,978,140,672
+    elements (the queue of 2,048,000,000 keeps the first while the third opens). The layers alone
+    held 4,857,184,256 (tests/test_fsdp_optim_grads_queue.py).
 
-    At DP 1000 (buckets >= 1e9, queue 1e9): cut in named order, bucket 0 = layers 0-3 + layer 4 to
-    FC1 (4 u + 41,951,232 = 914,399,232, + FC1 = 1,031,839,744), then five of FC2 + 4 u + the next
-    layer to FC1 = 5 u = 1,090,560,000 (layers 4-9, ..., 24-29), last FC2_29 + layers 30-31 =
-    494,944,256. Backward: FC1_29 allocates bucket 5 beside the queued bucket 6 (1,585,504,256),
-    bucket 5 is appended untrimmed (494,944,256 <= 1e9) and FC1_24 allocates bucket 4: 494,944,256
-    + 2 x 1,090,560,000 = 2,676,064,256, the peak (bucket 4's completion trims 6 and 5, and every
-    later moment holds two buckets at most: 2 x 1,090,560,000). 4 x 8,030,261,248 / 1000 =
-    32,121,044.992 + 4 x 2,676,064,256. Before: the queue + u, 2,266,112,000 and 1,218,112,000."""
+    At DP 1000 (buckets >= 1e9, queue 1e9): cut in named order, bucket 0 = the embedding + layers
+    0-1 + layer 2 to QKV (525,336,576 + 2 u + 41,947,136 = 1,003,507,712), bucket 1 = layer 2's MLP
+    norm, FC1, FC2 + layers 3-6 (176,164,864 + 4 u = 1,048,612,864), bucket 2 = layers 7-10 + layer
+    11 to FC1 (4 u + 159,391,744 = 1,031,839,744), then three of FC2 + 4 u + the next layer to FC1 =
+    5 u = 1,090,560,000 (to layer 31's FC1), last FC2_31 + final norm + output = 584,060,928.
+    Backward: the output layer opens the last bucket, FC2_31 completes it (queued), FC1_31 opens
+    the one before (1,674,620,928), FC2_26 completes it (584,060,928 <= 1e9: queued), FC1_26 opens
+    the next: 584,060,928 + 2 x 1,090,560,000 = 2,765,180,928, the peak (FC2_21's completion pops
+    both queued, and every later moment holds two buckets at most). 4 x 8,030,261,248 / 1000 =
+    32,121,044.992 + 4 x 2,765,180,928 (the layers alone: 2,676,064,256)."""
     assert eq.layer_parameters(PRESETS["llama3.1-8b"], 1) == U_8B
-    assert _8b_gradients_gib(2048) * GIB == pytest.approx(15_684_104 + 4 * 4_857_184_256, rel=1e-12)
-    assert _8b_gradients_gib(1000) * GIB == pytest.approx(4 * 8_030_261_248 / 1000 + 4 * 2_676_064_256, rel=1e-12)
-    # core 0.15's queue of 1e9 keeps bucket 3 (713,056,256) all the same: the same peak
+    assert _8b_gradients_gib(2048) * GIB == pytest.approx(15_684_104 + 4 * 5_978_140_672, rel=1e-12)
+    assert _8b_gradients_gib(1000) * GIB == pytest.approx(4 * 8_030_261_248 / 1000 + 4 * 2_765_180_928, rel=1e-12)
+    # core 0.15's queue of 1e9 (buckets as at DP 2048): the output's bucket (1,792,065,536) is popped
+    # when the next completes (at FC2_16), before FC1_16 opens the third: 2,063,675,392 + 2,122,399,744
     assert _8b_gradients_gib(2048, "--megatron-version", "0.15") * GIB == pytest.approx(
-        15_684_104 + 4 * 4_857_184_256, rel=1e-12)
-    # no --overlap-grad-reduce: bucket size None, the 32 layers one bucket, 32 u unsharded at once
+        15_684_104 + 4 * 4_186_075_136, rel=1e-12)
+    # no --overlap-grad-reduce: bucket size None, the whole chunk one bucket (32 u, the embedding, the
+    # final norm, the output layer: all 8,030,261,248 parameters) unsharded at once
     assert _8b_gradients_gib(2048, "--no-overlap-grad-reduce") * GIB == pytest.approx(
-        15_684_104 + 4 * 32 * U_8B, rel=1e-12)
+        15_684_104 + 4 * 8_030_261_248, rel=1e-12)

@@ -76,9 +76,10 @@ def _from_command(advisor, args: list[str], release: str = "0.19", expect: int =
     ("optim_grads_params", [FSDP_GRAD_COMM, "fp32"], 2 * N / 8 + 4 * QUEUED, 12 * N / 8),
     # FP32 main gradients reduced in BF16: the shard FP32, the buckets BF16
     # (optim_grads: the command has no --overlap-grad-reduce, so the bucket size is None and the
-    # stage's 20 layers are one bucket, all unsharded at once: memory_levers.fsdp_bucket_size)
+    # stage's 20 layers and its embedding, 128,256 x 8,192 / 4 = 262,668,288, are one bucket, all
+    # unsharded at once: memory_levers.fsdp_bucket_size, stage_ends; N is those, 20 x LAYER + it)
     ("optim_grads", ["--megatron-fsdp-main-grads-dtype", "fp32", FSDP_GRAD_COMM, "bf16"],
-     4 * N / 8 + 2 * 20 * LAYER, 12 * N / 8),
+     4 * N / 8 + 2 * (20 * LAYER + 262_668_288), 12 * N / 8),
     # BF16 main weights: 2 + 8 bytes, sharded
     ("optim", [FSDP_MAIN_PARAMS, "bf16"], 2 * N, 10 * N / 8),
     # none: Adam's two FP32 moments only, of the BF16 weights' shards

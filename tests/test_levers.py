@@ -76,7 +76,8 @@ def test_fp8_weight_copies_and_saved_activations():
 
 def test_estimate_with_zero2_sharding():
     """Llama 3.1 8B, TP 1, PP 1, DP 8 with optim_grads: gradients are 4/8 bytes per parameter plus
-    the unsharded buckets at the queue's peak in FP32 (memory_levers.fsdp_optim_grads_peak).
+    the unsharded buckets at the queue's peak in FP32 (memory_levers.fsdp_optim_grads_peak, over
+    the embedding, the layers, the final norm and the output layer: memory_levers.stage_ends).
 
     Buckets of >= 40,000,000 elements (max(40M, 1M x 8)) cut in named order, three a layer:
     P = input norm + proj + QKV = 4,096 + 16,777,216 + 25,165,824 = 41,947,136, M = MLP norm + FC1 =
@@ -85,11 +86,18 @@ def test_estimate_with_zero2_sharding():
     by L a layer to 4L = 872,448,000 after layers 31-28; layer 27 appends F and M (1,048,612,864),
     its P's completion pops F_31 (989,892,608) and appends P: 1,031,839,744; layer 26's F pops M_31
     (973,115,392 after the append), M brings it to 1,090,560,000 = 5L with no pop, and proj_26
-    allocates P_26: 5L + P = 1,132,507,136, the peak (P's completion pops P_31 and F_30 back to
-    1,031,839,744, and each later layer repeats it). Before: 1e9 + L = 1,218,112,000."""
+    allocates P_26: 5L + P = 1,132,507,136, the layers' peak (P's completion pops P_31 and F_30 back
+    to 1,031,839,744, and each later layer repeats it). The ends: the embedding (525,336,576, first
+    in named order) is a bucket alone (>= 4e7); FC2_31 + the final norm (58,724,352) closes at the
+    norm, and the output layer (525,336,576) is one more. The output layer's bucket is queued first
+    and popped at M_29's completion (1,137,729,536 held just before: above 5L + P); after layer 0's
+    P completes the queue holds 1,031,839,744, and the embedding's gradient, last, opens its bucket
+    on it: 1,031,839,744 + 525,336,576 = 1,557,176,320, the peak. Before: 1e9 + L = 1,218,112,000,
+    then 5L + P over the layers alone."""
     layer = 218_112_000
-    parameters = 32 * layer + 2 * 4096 * 128256 + 4096  # layers, embedding and head, final norm
-    queued = 4 * (5 * layer + 41_947_136)
+    embedding = 4096 * 128256
+    parameters = 32 * layer + 2 * embedding + 4096  # layers, embedding and head, final norm
+    queued = 4 * (4 * layer + 117_444_608 + 41_947_136 + embedding)
     result = estimate_memory(SPEC, ParallelConfig(tp=1, cp=1, pp=1, dp=8, mbs=1), Workload(),
                              memory(fsdp_strategy="optim_grads"))
     assert result.peak.gradients_bytes == parameters * 0.5 + queued

@@ -31,7 +31,9 @@ LAYER = 213_925_888  # one layer's parameters on one GPU (above)
 # of at most 10^9 elements the queue keeps, floor(10^9 / LAYER) = 4 (5 would be 1,069,629,440), the
 # layer just reduced and the one being produced: 6 layers, 1,283,555,328 elements
 QUEUED = (4 + 2) * LAYER
-OPTIM_GRADS_PEAK = 5 * LAYER + 58_720_256  # optim_grads's: 5 layers and FC2 (28,672 x 8,192 / 4)
+# optim_grads's: 5 layers and the embedding (128,256 x 8,192 / 4), whose gradient comes last
+# (tests/test_fsdp_main_grads.py; 5 layers and FC2 over the layers alone)
+OPTIM_GRADS_PEAK = 5 * LAYER + 262_668_288
 GEMM = 213_909_504  # its GEMM weights (what Transformer Engine runs in FP8)
 LAYOUT = ["--model", "llama3.1-70b", "--tp", "4", "--pp", "4", "--dp", "8", "--mbs", "1", "--gbs", "512",
           "--gpu", "h100-80gb", "--format", "json"]
