@@ -213,20 +213,46 @@ def _arrival_times(stage: StageWeights, layers: int, first: int) -> tuple[list, 
     return touch, last
 
 
-def _stage_events(of: list, touch: list, last: list) -> tuple[list, list, list]:
-    """(time, bucket, whether it completes), sorted by time (an opening first): each bucket opens
-    at its first touch (its storage allocated) and completes at its last gradient."""
-    opens, closes = {}, {}
-    for index, t, u in zip(of, touch, last):
-        opens[index] = min(opens.get(index, t), t)
-        closes[index] = max(closes.get(index, u), u)
-    events = sorted([(t, 0, b) for b, t in opens.items()] + [(t, 1, b) for b, t in closes.items()])
-    return [e[0] for e in events], [e[2] for e in events], [bool(e[1]) for e in events]
+def _stage_events(stage: StageWeights, layers: int, every: list, last: list) -> tuple[list, list, list]:
+    """(time, bucket, whether it completes) in time order (an opening first): each bucket opens at
+    its first touch (its storage allocated; an ``early`` weight's before every other) and completes
+    at its last gradient. ``every``: each weight's bucket, ``last``: its gradient's time (named
+    order, ``post`` included); backward runs ``post`` from its last, the layers from the last
+    (``arrival`` within each), then ``pre`` from its last."""
+    pre, width, count = len(stage.pre), len(stage.layer), len(every)
+    order = list(range(count - 1, pre + layers * width - 1, -1))
+    for base in range(pre + (layers - 1) * width, pre - 1, -width):
+        order += [base + position for position in stage.arrival]
+    order += range(pre - 1, -1, -1)
+    missing, seen = [0] * (max(every, default=-1) + 1), bytearray(max(every, default=-1) + 1)
+    for index in every:
+        missing[index] += 1
+    times, buckets, closes = [], [], []
+    for j, weight in enumerate(stage.pre):
+        if weight[3] and not seen[every[j]]:  # the output layer's backward touches it first
+            seen[every[j]] = 1
+            times.append(-len(stage.post) - 1)
+            buckets.append(every[j])
+            closes.append(False)
+    for weight in order:
+        index, time = every[weight], last[weight]
+        if not seen[index]:
+            seen[index] = 1
+            times.append(time)
+            buckets.append(index)
+            closes.append(False)
+        missing[index] -= 1
+        if not missing[index]:
+            times.append(time)
+            buckets.append(index)
+            closes.append(True)
+    return times, buckets, closes
 
 
-def _suffix_peaks(events: tuple, totals: list, queue: float) -> tuple[list, list]:
-    """The full stage's replay: at each event the most held after it (0 past the last), and after
-    each completion the oldest bucket queued (a queue is a run of the latest completions)."""
+def _suffix_peaks(events: tuple, totals: list, queue: float) -> tuple[list, list, float]:
+    """The full stage's replay: at each event the most held after it (0 past the last), after
+    each completion the oldest bucket queued (a queue is a run of the latest completions), and
+    what it holds at the end."""
     times, buckets, closes = events
     after, oldest = [0.0] * (len(times) + 1), [None] * len(times)
     queued, space, held = collections.deque(), 0.0, 0.0
@@ -244,7 +270,7 @@ def _suffix_peaks(events: tuple, totals: list, queue: float) -> tuple[list, list
         oldest[event] = queued[0]
     for event in range(len(times) - 1, -1, -1):
         after[event] = max(after[event], after[event + 1])
-    return after, oldest
+    return after, oldest, held
 
 
 def _count_specials(stage: StageWeights, cut: tuple, count: int, first: int, bucket: float) -> tuple:
@@ -256,12 +282,8 @@ def _count_specials(stage: StageWeights, cut: tuple, count: int, first: int, buc
     continued by ``post`` (or closed by an ``own`` weight); ``post``'s new buckets are numbered
     from the full cut's count on."""
     of, totals, starts, touch, states = cut
-    if not (stage.pre or stage.post):  # a middle stage: each group's open bucket alone is its own
-        end, lo, opens = count * len(stage.layer), (count - 1) * len(stage.layer), {}
-        for index, filled in states[count].values():
-            if filled < bucket:
-                opens[index] = (min(touch[i] for i in range(max(starts[index], lo), end) if of[i] == index), filled)
-        return {index: filled for index, (_, filled) in opens.items()}, [], sorted((t, index) for index, (t, _) in opens.items())
+    if not stage.post and not any(weight[3] for weight in stage.pre):  # nothing before the layers in backward:
+        return _open_buckets(stage, cut, count, bucket)  # each group's open bucket alone is its own
     state = {group: list(value) for group, value in states[count].items()}
     boundary = {group: value[0] for group, value in state.items() if value[1] < bucket}
     post_of, post_running, _ = _stage_cut(stage.post, bucket, state, len(totals))
@@ -291,17 +313,35 @@ def _count_specials(stage: StageWeights, cut: tuple, count: int, first: int, buc
     return {index: sizes.get(index, totals[index] if index < len(totals) else 0.0) for index in opens}, events, pending
 
 
+def _open_buckets(stage: StageWeights, cut: tuple, count: int, bucket: float) -> tuple:
+    """``_count_specials`` of a stage without ``post`` or an ``early`` weight: its special buckets
+    are the groups' open ones at its last layer (truncated there), each opened at its soonest
+    weight in that layer (or before it, for a group with none there)."""
+    of, _, starts, touch, states = cut
+    pre, width = len(stage.pre), len(stage.layer)
+    end, lo, sizes, pending = pre + count * width, max(pre + (count - 1) * width, 0), {}, []
+    for index, filled in states[count].values():
+        if filled < bucket:
+            soonest = min((touch[i] for i in range(max(starts[index], lo), end) if of[i] == index), default=None)
+            if soonest is None:
+                soonest = min(touch[i] for i in range(starts[index], end) if of[i] == index)
+            sizes[index] = filled
+            pending.append((soonest, index))
+    return sizes, [], sorted(pending)
+
+
 def _replay(events: tuple, full: tuple, count: tuple, queue: float, start: int, converge: bool) -> tuple:
     """Replays a stage of some count of layers (``count``: ``_count_specials``' sizes, specials,
     events before its layers and later openings), then ``events`` from ``start``: (peak, the event
     after which its state is the full stage's, or None). With ``converge`` (exact sums) it stops
     once every special bucket has been popped and its queue starts where the full stage's does
-    (``full``: its most held after each event, its oldest queued): the same buckets queued and
-    open, the same sizes, so every later value is the full stage's."""
+    (``full``: its most held after each event, its oldest queued, what it holds at the end): the
+    same buckets queued and open, the same sizes, so every later value is the full stage's. Also
+    what the stage holds after its last event."""
     times, buckets, closes = events
-    sizes, special, head, pending = count
-    _, oldest = full
-    queued, state = collections.deque(), [0.0, 0.0, 0.0, sum(special)]  # space, held, peak, unpopped
+    sizes, special, head, pending, unpopped = count
+    _, oldest, end = full
+    queued, state = collections.deque(), [0.0, 0.0, 0.0, unpopped]  # space, held, peak, specials to pop
     for _, completes, index in head:
         _step(queued, state, sizes, special, index, completes, queue)
     space, held, peak, unpopped = state
@@ -329,8 +369,8 @@ def _replay(events: tuple, full: tuple, count: tuple, queue: float, start: int, 
         queued.append(index)
         space += sizes[index]
         if converge and not unpopped and queued[0] == oldest[event]:
-            return peak, event + 1
-    return peak, None
+            return peak, event + 1, end
+    return peak, None, held
 
 
 def _step(queued, state: list, sizes: list, special: list, index: int, completes: bool, queue: float) -> None:
@@ -350,19 +390,42 @@ def _step(queued, state: list, sizes: list, special: list, index: int, completes
     state[0] += sizes[index]
 
 
+def _plain_cut(sizes: list, bucket: float, group, state: dict) -> tuple[list, list, int]:
+    """``_stage_cut`` of weights of one ``group`` and none of its own (``sizes``), from bucket 0."""
+    of, running, filled, current = [], [], bucket, -1
+    for size in sizes:
+        if filled >= bucket:
+            current += 1
+            filled = 0.0
+        filled += size
+        of.append(current)
+        running.append(filled)
+    if of:
+        state[group] = [current, filled]
+    return of, running, current + 1
+
+
 def _full_cut(stage: StageWeights, layers: int, bucket: float) -> tuple:
     """The full stage's cut (``pre`` + ``layers`` layers + ``post``): (each weight's bucket, each
     bucket's elements, each bucket's first weight, the groups' states after ``pre`` + each count
     of layers), in named order."""
-    state, states = {}, []
-    of, running, top = _stage_cut(stage.pre, bucket, state, 0)
-    states.append({group: list(value) for group, value in state.items()})
-    for _ in range(layers):
-        more, filled, top = _stage_cut(stage.layer, bucket, state, top)
-        of += more
-        running += filled
-        states.append({group: list(value) for group, value in state.items()})
+    state, named = {}, stage.pre + stage.layer
+    if len({weight[1] for weight in named}) == 1 and not any(weight[2] for weight in named):
+        of, running, top = _plain_cut([weight[0] for weight in stage.pre] + [weight[0] for weight in stage.layer] * layers,
+                                      bucket, named[0][1], state)
+    else:
+        of, running, top = _stage_cut(stage.pre + stage.layer * layers, bucket, state, 0)
     more, filled, top = _stage_cut(stage.post, bucket, state, top)
+    pre, width = len(stage.pre), len(stage.layer)
+    # each group's state after pre + c layers: its last weight's bucket and fill there (inf: closed
+    # by an own weight; a layer's weights are never their own)
+    states = [{stage.pre[j][1]: (of[j], np.inf if stage.pre[j][2] else running[j]) for j in range(pre)}]
+    in_layer = {weight[1]: p for p, weight in enumerate(stage.layer)}.items()
+    for base in range(pre, pre + layers * width, width):
+        state = dict(states[0])
+        for group, p in in_layer:
+            state[group] = (of[base + p], running[base + p])
+        states.append(state)
     totals, starts, every = [0.0] * top, [0] * top, of + more
     for index, size in zip(every, running + filled):
         totals[index] = size
@@ -374,38 +437,52 @@ def _full_cut(stage: StageWeights, layers: int, bucket: float) -> tuple:
 @functools.lru_cache(maxsize=4096)
 def _stage_peaks(stage: StageWeights, layers: int, bucket: float, queue: float) -> tuple:
     """``fsdp_optim_grads_peak`` of ``stage`` for every count of 0..``layers`` layers (cached: a
-    sweep repeats a few stages). A stage of c layers cuts the full stage's prefix (``pre`` and its
+    sweep repeats a few stages; ``_stage_replay``'s). An embedding that is a bucket alone (its
+    own, or at least ``bucket``) changes no other bucket and opens last, when everything else has
+    completed: the stage without it, then its bucket on what that holds at the end."""
+    if len(stage.pre) == 1 and not stage.pre[0][3] and (stage.pre[0][2] or stage.pre[0][0] >= bucket):
+        peaks, ends = _stage_replay(stage._replace(pre=()), layers, bucket, queue)
+        return tuple(max(peak, end + stage.pre[0][0]) for peak, end in zip(peaks, ends))
+    return _stage_replay(stage, layers, bucket, queue)[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_replay(stage: StageWeights, layers: int, bucket: float, queue: float) -> tuple[tuple, tuple]:
+    """(``_stage_peaks``, what each count holds after its last event) by replaying. A stage of c layers cuts the full stage's prefix (``pre`` and its
     c layers, then ``post``) and its layers' backward events are the full stage's last ones, so
     each count replays its own ``post`` and its special buckets from there until its state is the
     full stage's (``_replay``; exact where every sum is an integer below 2**53, as the weights'
     are), then takes the full replay's most from there on."""
     if layers < 0:
-        return ()
+        return (), ()
     width = len(stage.layer)
+    if sorted(stage.arrival) != list(range(width)):
+        raise ValueError(f"arrival {stage.arrival} is not an order of the layer's {width} weights")
     of, post_of, totals, starts, states = _full_cut(stage, layers, bucket)
     touch, last = _arrival_times(stage, layers, 0)
-    head = len(stage.post)
-    post_times = [-1 - j for j in range(head)]  # backward produces the last named first
-    events = _stage_events(of + post_of, touch + post_times, last + post_times)
+    post_times = [-1 - j for j in range(len(stage.post))]  # backward produces the last named first
+    events = _stage_events(stage, layers, of + post_of, last + post_times)
     full = _suffix_peaks(events, totals, queue)
-    elements = [w[0] for w in stage.pre + stage.layer * layers + stage.post]
-    converge = all(float(s).is_integer() and s >= 0 for s in elements) and sum(elements) < EXACT_ELEMENTS
+    elements = [w[0] for w in stage.pre + stage.layer + stage.post]
+    total = sum(w[0] for w in stage.pre + stage.post) + layers * sum(w[0] for w in stage.layer)
+    converge = all(float(s).is_integer() and s >= 0 for s in elements) and total < EXACT_ELEMENTS
     # one list of sizes and of specials for every count, each count's specials set and then reset
     sizes, special = totals + [0.0] * len(stage.post), bytearray(len(totals) + len(stage.post))
-    times, peaks = events[0], []
+    times, peaks, ends = events[0], [], []
     for count in range(layers + 1):
         first = (layers - count) * width
         changed, head_events, pending = _count_specials(stage, (of, totals, starts, touch, states), count, first, bucket)
         for index, size in changed.items():
             sizes[index], special[index] = size, 1
-        peak, rest = _replay(events, full, (sizes, special, head_events, pending), queue,
-                             bisect.bisect_left(times, first), converge)
+        peak, rest, end = _replay(events, full, (sizes, special, head_events, pending, len(changed)), queue,
+                                  bisect.bisect_left(times, first), converge)
         peaks.append(peak if rest is None else max(peak, full[0][rest]))
+        ends.append(end)
         for index in changed:
             special[index] = 0
             if index < len(totals):
                 sizes[index] = totals[index]
-    return tuple(peaks)
+    return tuple(peaks), tuple(ends)
 
 
 def _bucket_peaks(weights: tuple, layers: int, bucket: float, queue: float) -> tuple:
@@ -459,24 +536,26 @@ class QueueReplay:
     and each replay is kept by stage and layer count (a sweep prices the same few thousands of
     times). ``take`` gives the one of some layouts, sharing what was replayed."""
 
-    def __init__(self, weights, bucket, queue, ends=(0.0, 0.0, 0.0, 0)) -> None:
-        """``ends``: (embedding, final norm, output layer, tie) of each layout's stage, elements on
-        one GPU, 0 where the stage has none (``stage_ends``)."""
+    def __init__(self, weights, bucket, queue, ends: StageEnds | None = None) -> None:
+        """``ends``: the stages' embedding, final norm and output layer (``stage_ends``); none: middle
+        stages. The distinct layouts are found over the layouts' columns alone, each then one stage
+        per position (``FIRST`` | ``LAST``): the stage axis adds no rows to sort."""
+        ends = ends or StageEnds(0.0, 0.0, 0, False)
         columns = np.broadcast_arrays(*(np.asarray(w, dtype=float) for w in weights),
-                                      *(np.asarray(e, dtype=float) for e in ends),
+                                      np.asarray(ends.matrix, dtype=float),
                                       np.asarray(bucket, dtype=float), np.asarray(queue, dtype=float))
         unique, inverse = _unique_rows(np.stack([c.ravel() for c in columns], axis=1))
-        self.stages = [(_with_ends(row[:-6], row[-6:-2]), row[-2], row[-1]) for row in unique]
-        self.code = np.reshape(inverse, columns[0].shape)
+        self.rows, self.ends = unique, (ends.norm, ends.tied)  # each row: the weights, v h / t, bucket, queue
+        self.code = np.reshape(inverse, columns[0].shape) * 4 + np.asarray(ends.position)  # stage = row x 4 + position
         # peaks by stage and layer count (NaN: not replayed yet; 0 layers of a middle stage hold none)
-        table = np.zeros((len(self.stages), 1))
-        table[[bool(stage.pre or stage.post) for stage, _, _ in self.stages], 0] = np.nan
+        table = np.zeros((4 * len(unique), 1))
+        table[np.arange(4 * len(unique)) % 4 > 0, 0] = np.nan
         self.shared = {"table": table}  # shared by ``take``
 
     def take(self, rows: np.ndarray, count: int) -> QueueReplay:
         """This replay for layouts ``rows`` of ``count`` (the leading axis), sharing the peaks."""
         new = object.__new__(QueueReplay)
-        new.stages, new.shared = self.stages, self.shared
+        new.rows, new.ends, new.shared = self.rows, self.ends, self.shared
         new.code = self.code[rows] if self.code.ndim and self.code.shape[0] == count else self.code
         return new
 
@@ -507,7 +586,7 @@ class QueueReplay:
         """The shared peaks by stage and layer count, at least to ``most`` layers (NaN: not yet)."""
         table = self.shared["table"]
         if most >= table.shape[1]:
-            table = np.concatenate([table, np.full((len(self.stages), most + 1 - table.shape[1]), np.nan)], axis=1)
+            table = np.concatenate([table, np.full((len(table), most + 1 - table.shape[1]), np.nan)], axis=1)
             self.shared["table"] = table
         return table
 
@@ -515,37 +594,60 @@ class QueueReplay:
         """Replays each stage of ``wanted`` once, to its count there: every count below comes with it."""
         table = self.shared["table"]
         for stage, count in wanted.items():
-            weights, bucket, queue = self.stages[stage]
-            table[stage, :count + 1] = _stage_peaks(weights, count, bucket, queue)
+            row, position = self.rows[stage // 4], stage % 4
+            weights = _with_ends(row[:-3], row[-3], self.ends[0], position, self.ends[1])
+            table[stage, :count + 1] = _stage_peaks(weights, count, row[-2], row[-1])
 
 
 TIES = {"untied": 0, "early": 1, "own": 2}
-"""How a stage's embedding and output layer share a weight (``stage_ends``): not at all; at PP 1
+"""How a stage's embedding and output layer share a weight (``end_sizes``): not at all; at PP 1
 one weight, the embedding's, which the output layer reuses (its gradient starts in the output
 layer's backward, first, and ends in the embedding's, last: megatron-core's
 ``setup_embeddings_and_output_layer`` sets ``zero_out_wgrad``, no ``shared_embedding``); at PP > 1
 a copy on the first and the last stage, each ``shared_embedding``: a bucket of its own
 (``_get_parameter_groups``' ``_does_param_require_new_bucket``)."""
+FIRST, LAST = 1, 2
+"""``StageEnds.position``'s bits: the stage is the first (the embedding), the last (the final
+norm and output layer); both at PP 1, neither in the middle."""
 
 
-def stage_ends(spec: LlamaSpec, tp, pp, stage, vocab) -> tuple:
-    """(embedding, final norm, output layer, tie (``TIES``)) elements on one GPU of pipeline
-    stage ``stage`` of ``pp``: the embedding on the first (v h / t, ``vocab`` padded as the
-    estimator pads it), the final norm (h) and the output layer (v h / t; none where it reuses
-    the embedding at PP 1) on the last; layouts broadcast."""
+class StageEnds(NamedTuple):
+    """What a pipeline stage holds beside its decoder layers, for the optim_grads replay: the
+    embedding and output layer's v h / t elements on one GPU (``matrix``, per layout), the final
+    norm's h, the stage's ``position`` (``FIRST`` | ``LAST``, per layout and stage) and whether the
+    model ties its embeddings."""
+
+    matrix: object
+    norm: float
+    position: object
+    tied: bool
+
+
+def stage_ends(spec: LlamaSpec, tp, pp, stage, vocab) -> StageEnds:
+    """``StageEnds`` of pipeline stage ``stage`` of ``pp`` at TP ``tp`` (``vocab`` padded as the
+    estimator pads it); layouts broadcast."""
     t, p, i = (np.asarray(x) for x in (tp, pp, stage))
-    first, last = i == 0, i == p - 1
-    matrix = spec.hidden_size * np.asarray(vocab, dtype=float) / t
-    tied = bool(spec.tie_embeddings)
-    tie = np.where(p == 1, TIES["early"], TIES["own"]) if tied else TIES["untied"]
-    output = np.where(last & ~(tied & (p == 1)), matrix, 0.0)
-    return np.where(first, matrix, 0.0), np.where(last, float(spec.hidden_size), 0.0), output, tie + 0 * i
+    position = np.where(i == 0, FIRST, 0) + np.where(i == p - 1, LAST, 0)
+    return StageEnds(spec.hidden_size * np.asarray(vocab, dtype=float) / t, float(spec.hidden_size), position,
+                     bool(spec.tie_embeddings))
 
 
-def _with_ends(weights, ends) -> StageWeights:
-    """``dense_stage`` of ``weights`` with ``stage_ends``' ``ends``: the embedding before the
+def end_sizes(matrix, norm, position, tied: bool) -> tuple:
+    """(embedding, final norm, output layer, tie (``TIES``)) elements of a stage at ``position``
+    (``StageEnds``' fields), 0 where it has none: the embedding on the first stage, the final norm
+    and the output layer on the last, no output weight where it reuses the embedding (tied, PP 1)."""
+    position = np.asarray(position)
+    first, last = (position & FIRST) > 0, (position & LAST) > 0
+    only = first & last  # PP 1
+    tie = np.where(only, TIES["early"], TIES["own"]) if tied else np.zeros_like(position)
+    output = np.where(last & ~(only & tied), matrix, 0.0)
+    return np.where(first, matrix, 0.0), np.where(last, norm, 0.0), output, tie
+
+
+def _with_ends(weights, matrix: float, norm: float, position: int, tied: bool) -> StageWeights:
+    """``dense_stage`` of ``weights`` with its ends (``end_sizes``): the embedding before the
     layers, the final norm and output layer after them, all of the one BF16 group."""
-    embedding, norm, output, tie = ends
+    embedding, norm, output, tie = (x.item() for x in end_sizes(matrix, norm, position, tied))
     stage = dense_stage(weights)
     pre = ((embedding, 0, tie == TIES["own"], tie == TIES["early"]),) if embedding else ()
     post = tuple(w for w in ((norm, 0, False, False), (output, 0, tie == TIES["own"], False)) if w[0])

@@ -167,7 +167,7 @@ class StageModel:
         self.queue_replay, self.end_elements = None, 0.0
         if options.fsdp_strategy == "optim_grads":
             ends = levers.stage_ends(spec, t, p, i, vocab)
-            self.end_elements = ends[0] + ends[1] + ends[2]  # what the replay holds beyond the layers at most
+            self.end_elements = sum(levers.end_sizes(*ends)[:3])  # what the replay holds beyond the layers at most
             self.queue_replay = levers.QueueReplay(
                 self.layer_weights, levers.fsdp_bucket_size(options, d * c),
                 levers.fsdp_communication_unit(options, self.layer_parameters, 1, d * c)[1], ends)

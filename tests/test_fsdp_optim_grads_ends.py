@@ -79,9 +79,13 @@ def replay(pp, stage, dp):
     return levers.QueueReplay(WEIGHTS, levers.fsdp_bucket_size(options, dp), queue, ends)
 
 
+def sizes(spec, pp, stage):
+    return tuple(x.item() for x in levers.end_sizes(*levers.stage_ends(spec, 1, pp, stage, 128_256)))
+
+
 def test_the_ends_by_hand():
-    assert levers.stage_ends(SPEC, 1, 2, 0, 128_256)[:3] == (V_H, 0.0, 0.0)
-    assert levers.stage_ends(SPEC, 1, 2, 1, 128_256)[:3] == (0.0, 4096.0, V_H)
+    assert sizes(SPEC, 2, 0) == (V_H, 0.0, 0.0, 0) and sizes(SPEC, 2, 1) == (0.0, 4096.0, V_H, 0)
+    assert sizes(SPEC, 1, 0) == (V_H, 4096.0, V_H, 0) and sizes(SPEC, 4, 2) == (0.0, 0.0, 0.0, 0)
     assert A + B == U and MIDDLE_64 == 1_166_061_568
     assert (FIRST_64, LAST_64) == (1_632_677_888, 1_238_396_928)
     assert (PP1_2048, FIRST_2048, LAST_2048) == (5_978_140_672, 4_015_128_576, 4_015_132_672)
@@ -108,15 +112,15 @@ def test_tied_embeddings_take_buckets_of_their_own_at_pp_2():
     bucket alone (``_does_param_require_new_bucket``), the last stage's closing the open bucket
     before it; at PP 1 the one weight is touched first (the output layer) and completes last."""
     spec = preset("llama3.2-1b")
+    matrix = spec.hidden_size * 128_256
     assert spec.tie_embeddings
-    ends = levers.stage_ends(spec, 1, 2, 1, 128_256)
-    assert ends[3] == levers.TIES["own"] and ends[2] == spec.hidden_size * 128_256
-    one = levers.stage_ends(spec, 1, 1, 0, 128_256)
-    assert one[3] == levers.TIES["early"] and one[2] == 0.0 and one[0] == spec.hidden_size * 128_256
+    assert sizes(spec, 2, 1) == (0.0, spec.hidden_size, matrix, levers.TIES["own"])
+    assert sizes(spec, 2, 0) == (matrix, 0.0, 0.0, levers.TIES["own"])
+    assert sizes(spec, 1, 0) == (matrix, spec.hidden_size, 0.0, levers.TIES["early"])
     # PP 1, no overlap (one bucket): everything in one bucket, held whole
     weights = levers.layer_weights(spec, 1)
-    whole = levers.QueueReplay(weights, np.inf, 1e9, one).peak(spec.num_layers)
-    assert float(whole) == spec.num_layers * sum(weights) + spec.hidden_size + one[0]
+    whole = levers.QueueReplay(weights, np.inf, 1e9, levers.stage_ends(spec, 1, 1, 0, 128_256)).peak(spec.num_layers)
+    assert float(whole) == spec.num_layers * sum(weights) + spec.hidden_size + matrix
 
 
 def test_an_own_output_bucket_by_hand():
@@ -127,7 +131,13 @@ def test_an_own_output_bucket_by_hand():
     The output opens and completes [10] (10, appended), the norm opens [1] (11, the peak) and
     completes it (pops [10]: 1), layer 1 opens [4 4] (9), layer 0 completes it."""
     layer = ((4.0, 0, False, False),)
-    plain = levers.StageWeights((), layer, ((1.0, 0, False, False), (10.0, 0, False, False)))
-    own = levers.StageWeights((), layer, ((1.0, 0, False, False), (10.0, 0, True, False)))
+    plain = levers.StageWeights((), layer, ((1.0, 0, False, False), (10.0, 0, False, False)), (0,))
+    own = levers.StageWeights((), layer, ((1.0, 0, False, False), (10.0, 0, True, False)), (0,))
     assert levers._stage_peaks(plain, 2, 8.0, 0.0)[2] == 19.0
     assert levers._stage_peaks(own, 2, 8.0, 0.0)[2] == 11.0
+
+
+def test_an_arrival_order_must_cover_the_layer():
+    """``StageWeights.arrival`` defaults to a dense layer's six weights: another layer must give its own."""
+    with pytest.raises(ValueError, match="not an order of the layer's 1 weights"):
+        levers._stage_peaks(levers.StageWeights((), ((4.0, 0, False, False),), ()), 2, 8.0, 0.0)
