@@ -304,10 +304,7 @@ def _count_specials(stage: StageWeights, cut: tuple, count: int, first: int, buc
     for group, index in boundary.items():
         if index not in opens:
             # its weights in the last layer come first; a group with none there, its earlier ones
-            soonest = min((touch[i] for i in range(max(starts[index], lo if count else 0), end) if of[i] == index),
-                          default=None)
-            opens[index] = min(touch[i] for i in range(starts[index], end) if of[i] == index) \
-                if soonest is None else soonest
+            opens[index] = _soonest(of, touch, index, lo if count else 0, starts[index], end)
     events = sorted([(t, 0, b) for b, t in opens.items() if t < first] + [(t, 1, b) for b, t in closes.items()])
     pending = sorted((t, b) for b, t in opens.items() if t >= first)
     return {index: sizes.get(index, totals[index] if index < len(totals) else 0.0) for index in opens}, events, pending
@@ -322,12 +319,23 @@ def _open_buckets(stage: StageWeights, cut: tuple, count: int, bucket: float) ->
     end, lo, sizes, pending = pre + count * width, max(pre + (count - 1) * width, 0), {}, []
     for index, filled in states[count].values():
         if filled < bucket:
-            soonest = min((touch[i] for i in range(max(starts[index], lo), end) if of[i] == index), default=None)
-            if soonest is None:
-                soonest = min(touch[i] for i in range(starts[index], end) if of[i] == index)
             sizes[index] = filled
-            pending.append((soonest, index))
+            pending.append((_soonest(of, touch, index, lo, starts[index], end), index))
     return sizes, [], sorted(pending)
+
+
+def _soonest(of: list, touch: list, index: int, low: int, start: int, end: int):
+    """The soonest touch of bucket ``index``'s weights among named ``max(start, low)``..``end``
+    (its first weight ``start``), or among ``start``..``end`` where it has none there. A slice that
+    is the bucket's alone (one group: its weights run on) takes its ``min`` at C speed."""
+    for lo in (max(start, low), start):
+        if lo < end:
+            if of[lo:end].count(index) == end - lo:
+                return min(touch[lo:end])
+            soonest = min((touch[i] for i in range(lo, end) if of[i] == index), default=None)
+            if soonest is not None:
+                return soonest
+    raise ValueError(f"bucket {index} has no weight before {end}")
 
 
 def _replay(events: tuple, full: tuple, count: tuple, queue: float, start: int, converge: bool) -> tuple:
