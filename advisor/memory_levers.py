@@ -205,12 +205,8 @@ def _arrival_times(stage: StageWeights, layers: int, first: int) -> tuple[list, 
     pre = len(stage.pre)
     last = [layers * width + (pre - 1 - j) for j in range(pre)]
     touch = [first - len(stage.post) - 1 if w[3] else t for w, t in zip(stage.pre, last)]
-    for layer in range(layers):
-        base = (layers - 1 - layer) * width
-        times = [base + rank[p] for p in range(width)]
-        last += times
-        touch += times
-    return touch, last
+    times = [(layers - 1 - layer) * width + r for layer in range(layers) for r in rank]
+    return touch + times, last + times
 
 
 def _stage_events(stage: StageWeights, layers: int, every: list, last: list) -> tuple[list, list, list]:
@@ -221,8 +217,8 @@ def _stage_events(stage: StageWeights, layers: int, every: list, last: list) -> 
     (``arrival`` within each), then ``pre`` from its last."""
     pre, width, count = len(stage.pre), len(stage.layer), len(every)
     order = list(range(count - 1, pre + layers * width - 1, -1))
-    for base in range(pre + (layers - 1) * width, pre - 1, -width):
-        order += [base + position for position in stage.arrival]
+    order += [base + position for base in range(pre + (layers - 1) * width, pre - 1, -width)
+              for position in stage.arrival]
     order += range(pre - 1, -1, -1)
     missing, seen = [0] * (max(every, default=-1) + 1), bytearray(max(every, default=-1) + 1)
     for index in every:
@@ -234,18 +230,19 @@ def _stage_events(stage: StageWeights, layers: int, every: list, last: list) -> 
             times.append(-len(stage.post) - 1)
             buckets.append(every[j])
             closes.append(False)
+    add_time, add_bucket, add_close = times.append, buckets.append, closes.append  # the sweep's per-stage loop
     for weight in order:
         index, time = every[weight], last[weight]
         if not seen[index]:
             seen[index] = 1
-            times.append(time)
-            buckets.append(index)
-            closes.append(False)
+            add_time(time)
+            add_bucket(index)
+            add_close(False)
         missing[index] -= 1
         if not missing[index]:
-            times.append(time)
-            buckets.append(index)
-            closes.append(True)
+            add_time(time)
+            add_bucket(index)
+            add_close(True)
     return times, buckets, closes
 
 
@@ -401,13 +398,14 @@ def _step(queued, state: list, sizes: list, special: list, index: int, completes
 def _plain_cut(sizes: list, bucket: float, group, state: dict) -> tuple[list, list, int]:
     """``_stage_cut`` of weights of one ``group`` and none of its own (``sizes``), from bucket 0."""
     of, running, filled, current = [], [], bucket, -1
+    add_of, add_running = of.append, running.append
     for size in sizes:
         if filled >= bucket:
             current += 1
             filled = 0.0
         filled += size
-        of.append(current)
-        running.append(filled)
+        add_of(current)
+        add_running(filled)
     if of:
         state[group] = [current, filled]
     return of, running, current + 1
