@@ -307,6 +307,34 @@ def _count_specials(stage: StageWeights, cut: tuple, count: int, first: int, buc
     return {index: sizes.get(index, totals[index] if index < len(totals) else 0.0) for index in opens}, events, pending
 
 
+def _shifted_specials(stage: StageWeights, cut: tuple, count: int, first: int, bucket: float, memo: dict) -> tuple:
+    """``_count_specials``, kept in ``memo`` (one stage's) relative to the count's start ``first`` and
+    its open bucket (-1) for a stage without ``pre`` whose layers are of one group: there it depends
+    on the count only through that bucket's elements and where it starts in the last layer (its
+    weights run on from there; ``post``'s new buckets are numbered from the full cut's count on),
+    which repeat from count to count as the layers' cut does (one value over 126 layers at most of
+    the levers sweep's stages), so the count's own is the kept one shifted."""
+    of, totals, starts, _, states = cut
+    if stage.pre or count == 0 or len(states[count]) != 1:
+        return _count_specials(stage, cut, count, first, bucket)
+    (index, filled), = states[count].values()
+    key = (filled, max(starts[index] - (count - 1) * len(stage.layer), -1))
+    kept = memo.get(key)
+    if kept is None:
+        changed, events, pending = _count_specials(stage, cut, count, first, bucket)
+        if any(other != index and other < len(totals) for other in changed):
+            return changed, events, pending  # a bucket not the open one nor post's: nothing to shift
+        def mark(other):
+            return -1 if other == index else other
+        kept = memo[key] = ([(mark(b), size) for b, size in changed.items()],
+                            [(t - first, kind, mark(b)) for t, kind, b in events],
+                            [(t - first, mark(b)) for t, b in pending])
+    changed, events, pending = kept
+    return ({index if b < 0 else b: size for b, size in changed},
+            [(t + first, kind, index if b < 0 else b) for t, kind, b in events],
+            [(t + first, index if b < 0 else b) for t, b in pending])
+
+
 def _open_buckets(stage: StageWeights, cut: tuple, count: int, bucket: float) -> tuple:
     """``_count_specials`` of a stage without ``post`` or an ``early`` weight: its special buckets
     are the groups' open ones at its last layer (truncated there), each opened at its soonest
@@ -474,10 +502,11 @@ def _stage_replay(stage: StageWeights, layers: int, bucket: float, queue: float)
     converge = all(float(s).is_integer() and s >= 0 for s in elements) and total < EXACT_ELEMENTS
     # one list of sizes and of specials for every count, each count's specials set and then reset
     sizes, special = totals + [0.0] * len(stage.post), bytearray(len(totals) + len(stage.post))
-    times, peaks, ends = events[0], [], []
+    times, peaks, ends, memo = events[0], [], [], {}
     for count in range(layers + 1):
         first = (layers - count) * width
-        changed, head_events, pending = _count_specials(stage, (of, totals, starts, touch, states), count, first, bucket)
+        changed, head_events, pending = _shifted_specials(stage, (of, totals, starts, touch, states), count, first,
+                                                          bucket, memo)
         for index, size in changed.items():
             sizes[index], special[index] = size, 1
         peak, rest, end = _replay(events, full, (sizes, special, head_events, pending, len(changed)), queue,
