@@ -220,7 +220,8 @@ def _stage_events(stage: StageWeights, layers: int, every: list, last: list) -> 
     order += [base + position for base in range(pre + (layers - 1) * width, pre - 1, -width)
               for position in stage.arrival]
     order += range(pre - 1, -1, -1)
-    missing, seen = [0] * (max(every, default=-1) + 1), bytearray(max(every, default=-1) + 1)
+    buckets_count = max(every, default=-1) + 1
+    missing, seen = [0] * buckets_count, bytearray(buckets_count)
     for index in every:
         missing[index] += 1
     times, buckets, closes = [], [], []
@@ -265,8 +266,9 @@ def _suffix_peaks(events: tuple, totals: list, queue: float) -> tuple[list, list
         queued.append(index)
         space += totals[index]
         oldest[event] = queued[0]
-    for event in range(len(times) - 1, -1, -1):
-        after[event] = max(after[event], after[event + 1])
+    for event in range(len(times) - 1, -1, -1):  # a comparison, not max(): a call per event of every stage
+        if after[event + 1] > after[event]:
+            after[event] = after[event + 1]
     return after, oldest, held
 
 
