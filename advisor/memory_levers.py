@@ -684,7 +684,12 @@ def end_sizes(matrix, norm, position, tied: bool) -> tuple:
 def _with_ends(weights, matrix: float, norm: float, position: int, tied: bool) -> StageWeights:
     """``dense_stage`` of ``weights`` with its ends (``end_sizes``): the embedding before the
     layers, the final norm and output layer after them, all of the one BF16 group."""
-    embedding, norm, output, tie = (x.item() for x in end_sizes(matrix, norm, position, tied))
+    # ``end_sizes`` of one stage in plain Python: its numpy calls on scalars cost more than the
+    # replay's cache hit that follows (QueueReplay._replay builds every stage it is asked for)
+    first, last = bool(position & FIRST), bool(position & LAST)
+    embedding, norm = (float(matrix) if first else 0.0), (float(norm) if last else 0.0)
+    output = float(matrix) if last and not (first and tied) else 0.0
+    tie = (TIES["early"] if first and last else TIES["own"]) if tied else 0
     stage = dense_stage(weights)
     pre = ((embedding, 0, tie == TIES["own"], tie == TIES["early"]),) if embedding else ()
     post = tuple(w for w in ((norm, 0, False, False), (output, 0, tie == TIES["own"], False)) if w[0])
