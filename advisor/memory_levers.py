@@ -118,8 +118,6 @@ LAYER_WEIGHT_ARRIVAL = (5, 4, 3, 1, 2, 0)
 """The order in which backward produces a decoder layer's weight gradients, as indices into
 ``layer_weights``: FC2, FC1, the MLP norm, then the attention's output projection before QKV (the
 projection runs last in forward, so its gradient comes first), then the input norm."""
-LAYER_RANK = tuple(LAYER_WEIGHT_ARRIVAL.index(position) for position in range(len(LAYER_WEIGHT_ARRIVAL)))
-"""Each weight's place in ``LAYER_WEIGHT_ARRIVAL`` (when backward produces it within its layer)."""
 
 
 def layer_weights(spec: LlamaSpec, tp) -> tuple:
@@ -385,11 +383,12 @@ def _replay(events: tuple, full: tuple, count: tuple, queue: float, start: int, 
         index = buckets[event]
         if times[event] >= due:
             for _, opened in pending[waiting:]:
-                if times[event] >= due:
-                    held += sizes[opened]
-                    peak = max(peak, held)
-                    waiting += 1
-                    due = pending[waiting][0] if waiting < len(pending) else np.inf
+                if times[event] < due:
+                    break
+                held += sizes[opened]
+                peak = max(peak, held)
+                waiting += 1
+                due = pending[waiting][0] if waiting < len(pending) else np.inf
         if not closes[event]:
             if not special[index]:
                 held += sizes[index]
@@ -632,7 +631,7 @@ class QueueReplay:
         table = self.shared["table"]
         for stage, count in wanted.items():
             row, position = self.rows[stage // 4], stage % 4
-            weights = _with_ends(row[:-3], row[-3], self.ends[0], position, self.ends[1])
+            weights = _with_ends(tuple(row[:-3]), row[-3], self.ends[0], position, self.ends[1])
             table[stage, :count + 1] = _stage_peaks(weights, count, row[-2], row[-1])
 
 
@@ -681,19 +680,16 @@ def end_sizes(matrix, norm, position, tied: bool) -> tuple:
     return np.where(first, matrix, 0.0), np.where(last, norm, 0.0), output, tie
 
 
-def _with_ends(weights, matrix: float, norm: float, position: int, tied: bool) -> StageWeights:
+@functools.lru_cache(maxsize=4096)
+def _with_ends(weights: tuple, matrix: float, norm: float, position: int, tied: bool) -> StageWeights:
     """``dense_stage`` of ``weights`` with its ends (``end_sizes``): the embedding before the
-    layers, the final norm and output layer after them, all of the one BF16 group."""
-    # ``end_sizes`` of one stage in plain Python: its numpy calls on scalars cost more than the
-    # replay's cache hit that follows (QueueReplay._replay builds every stage it is asked for)
-    first, last = bool(position & FIRST), bool(position & LAST)
-    embedding, norm = (float(matrix) if first else 0.0), (float(norm) if last else 0.0)
-    output = float(matrix) if last and not (first and tied) else 0.0
-    tie = (TIES["early"] if first and last else TIES["own"]) if tied else 0
-    stage = dense_stage(weights)
+    layers, the final norm and output layer after them, all of the one BF16 group. Cached:
+    ``QueueReplay._replay`` builds every stage it is asked for, a few hundred distinct in a sweep,
+    and ``end_sizes``' numpy calls on scalars cost more than the replay's cache hit that follows."""
+    embedding, norm, output, tie = (x.item() for x in end_sizes(matrix, norm, position, tied))
     pre = ((embedding, 0, tie == TIES["own"], tie == TIES["early"]),) if embedding else ()
     post = tuple(w for w in ((norm, 0, False, False), (output, 0, tie == TIES["own"], False)) if w[0])
-    return stage._replace(pre=pre, post=post)
+    return dense_stage(weights)._replace(pre=pre, post=post)
 
 
 SHARDING = {None: None, "no_shard": (False, False, False), "optim": (True, False, False),
