@@ -163,9 +163,9 @@ class StageModel:
         self.layer_parameters = eq.layer_parameters(spec, t)  # Eq. 6
         # optim_grads's buckets are cut over the weights in order (memory_levers.fsdp_optim_grads_peak),
         # the first stage's embedding and the last's final norm and output layer among them
-        self.layer_weights = levers.layer_weights(spec, t)
-        self.queue_replay, self.end_elements = None, 0.0
+        self.layer_weights, self.queue_replay, self.end_elements = None, None, 0.0  # read under optim_grads alone
         if options.fsdp_strategy == "optim_grads":
+            self.layer_weights = levers.layer_weights(spec, t)
             ends = levers.stage_ends(spec, t, p, i, vocab)
             self.end_elements = sum(levers.end_sizes(*ends)[:3])  # what the replay holds beyond the layers at most
             self.queue_replay = levers.QueueReplay(
@@ -231,7 +231,8 @@ class StageModel:
             setattr(new, name, _rows_of(value, rows, count))
         new.in_flight = schedule.InFlight(**{name: _rows_of(getattr(self.in_flight, name), rows, count)
                                              for name in schedule.InFlight.__dataclass_fields__})
-        new.layer_weights = tuple(_rows_of(value, rows, count) for value in self.layer_weights)  # one array a weight
+        if self.layer_weights is not None:
+            new.layer_weights = tuple(_rows_of(value, rows, count) for value in self.layer_weights)  # one array a weight
         new.queue_replay = None if self.queue_replay is None else self.queue_replay.take(rows, count)
         new.recompute_layers, new._constants = np.asarray(recompute_layers), {}  # N's constants start anew
         new.recomputing = bool((new.recompute_layers > 0).any())
