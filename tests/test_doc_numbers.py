@@ -6,6 +6,9 @@ reserve forms) are checked by their own tests. What is left are tables and sente
 hand from several commands' numbers: this file parses each from the document and compares it with
 what the code gives now, to the doc's printed precision (0.01 printed is rounded from the code's
 value, never a tolerance). A stale doc fails here, naming the file, the row and the command.
+Where the doc gives a hand formula (docs/profiling.md's layer counts, a checkpoint's 14 bytes a
+parameter, a schedule's passes), the test evaluates the formula on the model's sizes instead of
+reading the code's output back.
 """
 
 from __future__ import annotations
@@ -337,3 +340,249 @@ def test_allocated_memory_figures_are_what_tables_published_moe_prices(moe_rows)
     assert (f"recipe: {overlapped[0]:.1f} GiB, against rank-0 peak allocated 62.166 ({overlapped[1]:.1f} GiB), "
             f"{errors[1]:.1%}") in text
     assert f"as GiB it would be {overlapped[0] / 62.166 - 1:.1%})" in text
+
+
+# --- docs/launch.md: numbers in its prose --------------------------------------------------------
+
+
+def test_launch_md_signal_time_example_is_a_405b_rows_step_and_save():
+    """docs/launch.md's --signal-time lead: the best row of advisor sweep --model llama3.1-405b
+    --gpus 128 --gpu h100-80gb, its step, and a save by hand: 14 bytes a parameter (BF16 weight 2,
+    FP32 main 4, Adam's two FP32 moments 4 + 4; gradients are not saved) at 10 GB/s."""
+    import math
+
+    from advisor import equations
+    from advisor.models import load_model
+
+    row = sweep("--model", "llama3.1-405b", "--gpus", "128", "--gpu", "h100-80gb")[0]
+    save = equations.model_parameters(load_model("llama3.1-405b")) * (2 + 4 + 4 + 4) / 10e9
+    lead = math.ceil(row["step_time_s"] + save)
+    said = re.search(r"Llama 3\.1 405B on 128 H100s: a ([\d.]+) s step and a ([\d.]+) s save at 10 GB/s, (\d+) s",
+                     text_of("docs/launch.md"))
+    step, saved, total = said.groups()
+    assert (step, saved, total) == (printed(row["step_time_s"], step), printed(save, saved), str(lead)), \
+        "docs/launch.md's --signal-time example (advisor sweep --model llama3.1-405b --gpus 128 --gpu h100-80gb)"
+
+
+def test_launch_md_ep_time_example_is_what_advisor_estimate_prices():
+    """docs/launch.md: EP 8 on nodes of 8 (its all-to-all inside a node) and of 4 (across them)."""
+    common = ("--model", "qwen3-30b-a3b", "--gpus", "16", "--gpu", "h100-80gb", "--ep", "8")
+    inside, across = estimate(*common)["ep_comm_s"], estimate(*common, "--gpus-per-node", "4")["ep_comm_s"]
+    assert (f"`advisor estimate --model qwen3-30b-a3b --gpus 16 --gpu h100-80gb --ep 8` prices {inside:.1f} s of "
+            f"it, and `--gpus-per-node 4` {across:.0f} s") in text_of("docs/launch.md")
+
+
+NUMBER_WORDS = {"seven": 7, "eight": 8, "nine": 9, "ten": 10}
+
+
+def _test_module_assignment(module: str, name: str):
+    """A module-level constant of a test module, read without importing it (it needs torch)."""
+    import ast
+
+    from conftest import ROOT
+
+    tree = ast.parse((ROOT / "tests" / module).read_text())
+    return next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets))
+
+
+def test_launch_md_counts_the_models_test_megatron_validation_sweeps():
+    """'the ranked rows of sweeps of N models: A, B, ...': N and the list are the distinct
+    --model values of tests/test_megatron_validation.py's SWEEPS."""
+    import ast
+
+    sweeps = _test_module_assignment("test_megatron_validation.py", "SWEEPS")
+    models = set()
+    for args in sweeps.values:
+        words = [ast.unparse(word) for word in args.elts]
+        models.add(words[words.index("'--model'") + 1])
+    said = re.search(r"rows of sweeps of (\w+) models: (.+?); estimates", text_of("docs/launch.md"))
+    assert NUMBER_WORDS[said[1]] == len(models) == len(said[2].split(", ")), \
+        f"docs/launch.md: {said[1]} models, {said[2]!r}; tests/test_megatron_validation.py sweeps {sorted(models)}"
+
+
+def test_the_real_megatron_profiling_runs_are_counted_right():
+    """docs/capture.md and docs/launch.md on tests/test_profile_run_megatron.py: its campaign
+    (MODEL, CPU, 2 GPUs of 2 a node, MBS 4, GBS 8) planned here, and the runs of the split its
+    module fixture keeps."""
+    import ast
+
+    from conftest import ROOT
+
+    model, cpu = (ast.literal_eval(_test_module_assignment("test_profile_run_megatron.py", name))
+                  for name in ("MODEL", "CPU"))
+    source = (ROOT / "tests" / "test_profile_run_megatron.py").read_text()
+    kept = ast.literal_eval(re.search(r'run\["layers_per_stage"\] == (\[[\d, ]+\])', source)[1])
+    from advisor.cli import cli
+
+    planned = CliRunner().invoke(cli, ["profile", "plan", *model, *cpu, "--no-bias-swiglu-fusion", "--gpus", "2",
+                                       "--gpus-per-node", "2", "--mbs", "4", "--gbs", "8", "--format", "json"])
+    assert planned.exit_code == 0, planned.output
+    runs = [run for run in json.loads(planned.stdout)["runs"] if run["layers_per_stage"] == kept]
+    assert len(kept) == 2 and sorted(run["micro_batch_size"] for run in runs) == [1, 2]
+    assert (f"(`tests/test_profile_run_megatron.py`: {len(runs)} runs of PP {len(kept)}, the even split at "
+            "microbatches 1 and 2,") in text_of("docs/capture.md")
+    assert (f"`advisor profile run --megatron-lm` runs {len(runs)} runs of a reduced campaign (the even "
+            f"PP-{len(kept)} split at microbatches 1 and 2;") in text_of("docs/launch.md")
+
+
+# --- docs/capture.md: the end-to-end example's prediction ---------------------------------------
+
+
+def test_capture_md_predicted_reduction_is_what_advisor_recommend_plans(tmp_path):
+    """'the recommended split 2/5/7/2 ... (predicted: 23.5%)': advisor recommend on the reduced
+    campaign's committed profiles, as tests/test_capture_e2e.py plans it (which measures the rest
+    of the sentence with torch)."""
+    import shutil
+
+    from conftest import ROOT
+
+    from advisor.cli import cli
+
+    committed = ROOT / "tables" / "data" / "capture"
+    for run in json.loads((committed / "campaigns" / "reduced.json").read_text())["runs"]:
+        shutil.copytree(committed / "profiles" / run["id"], tmp_path / run["id"])
+    result = CliRunner().invoke(cli, ["recommend", "--profile", str(tmp_path), "--gpus", "4", "--gpus-per-node", "1",
+                                      "--pp", "4", "--mbs", "4", "--gbs", "16", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    predicted = 1 - plan["peak_predicted_gib"] / plan["baseline"]["peak_predicted_gib"]
+    split = "/".join(map(str, plan["layers_per_stage"]))
+    assert re.search(rf"the recommended split {split} measured [\d.]+ MiB at its peak against [\d.]+ MiB for the "
+                     rf"even 4/4/4/4: \*\*[\d.]+% lower\*\* \(predicted: {predicted:.1%}\)", text_of("docs/capture.md"))
+
+
+# --- docs/report.md: the 405B page's marks --------------------------------------------------------
+
+
+def test_report_md_405b_page_marks_are_its_sweeps():
+    """'1,992 rows, 3,336 heatmap cells, 1,536 pipeline passes': the rows of advisor sweep
+    --model llama3.1-405b --gpus 16384 --gpu h100-80gb --gbs 2048 --all, its (TP, CP, PP) x MBS
+    grid, and the schedule of its first row by hand: every rank runs each microbatch forward and
+    backward through each of its VPP chunks, 2 x PP x VPP x microbatches passes."""
+    rows = sweep("--model", "llama3.1-405b", "--gpus", "16384", "--gpu", "h100-80gb", "--gbs", "2048", "--all")
+    cells = len({(r["tp"], r["cp"], r["pp"]) for r in rows}) * len({r["mbs"] for r in rows})
+    first = rows[0]
+    passes = 2 * first["pp"] * first["vpp"] * first["num_microbatches"]
+    assert (f"the 405B page has thousands of marks ({len(rows):,} rows, {cells:,} heatmap cells, {passes:,} "
+            "pipeline passes)") in text_of("docs/report.md")
+    assert f"the 405B page has its {len(rows):,} rows" in text_of("docs/report.md")
+
+
+# --- docs/profiling.md: the hand counts ---------------------------------------------------------
+
+
+def test_profiling_md_te_layer_counts_by_hand():
+    """The TE layer's table: what it keeps in units of s b h / (t c) bytes, by the table's rows
+    (norms 4 + 8/h, GEMM inputs 4, Q and K 2 + 2k/a, V 2(1 + 2k/a), output 2, statistics 4a/h,
+    SwiGLU 6f/h; with CP the ring's K|V buffer 4k/a for K and the whole QKV output), against Eq. 12's
+    12 + 4k/a + 8f/h, for each model's own sizes."""
+    from advisor.models import load_model
+
+    def units(name: str, cp: bool) -> tuple[float, float]:
+        spec = load_model(name)
+        h, a, k, f = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.ffn_hidden_size
+        attention = 2 + 4 * k / a + 2 if cp else 2 + 2 * k / a + 2 * (1 + 2 * k / a) + 2
+        kept = 4 + 8 / h + 4 + attention + 4 * a / h + 6 * f / h
+        return kept, 12 + 4 * k / a + 8 * f / h
+
+    text = text_of("docs/profiling.md")
+    (b8, p8), (b70, p70), (b405, p405) = units("llama3.1-8b", False), units("llama3.1-70b", False), \
+        units("llama3.1-405b", True)
+    assert (f"8B {b8:.2f} ({b8 / p8:.3f} of {p8:g}), 70B {b70:.2f} ({b70 / p70:.3f} of {p70:g})") in text
+    assert f"405B {b405:.2f} ({b405 / p405:.3f} of {p405:g})" in text
+    assert f"profiles say a layer keeps {b8 / p8:.3f} of Eq. 12 (8B)" in text
+
+
+def test_profiling_md_local_layer_counts_by_hand():
+    """The local spec's 8B layer at sequence 8192 in s b h units, tensor by tensor as
+    tests/test_symbolic.py counts it (norms' inputs and outputs 8, their rstd 8/h, Q 2, K and V
+    expanded 4, the context 2, RoPE's cos and sin 8d/h, the eager SwiGLU's five tensors 10f/h, the
+    BF16 scores 2as/h); the expanded K and V at 4096, 4 s b (a - k) d; the calibrated SwiGLU share
+    of Eq. 12, (12 + 4k/a + 6f/h) / (12 + 4k/a + 8f/h), and RoPE's frequencies for 70B at TP 8."""
+    from advisor import memory_terms
+    from advisor.models import load_model
+
+    spec, s = load_model("llama3.1-8b"), 8192
+    h, a, k, f, d = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups, spec.ffn_hidden_size, \
+        spec.head_dim
+    scores = 2 * a * s / h
+    layer = 8 + 8 / h + 2 + 4 * a * d / h + 2 + 8 * d / h + 10 * f / h + scores
+    text = text_of("docs/profiling.md")
+    assert (f"keeps {layer:.2f} s b h per 8B layer at sequence 8192 instead: its BF16 s x s scores are "
+            f"{scores:g}") in text
+    assert f"({4 * 4096 * (a - k) * d / 2**20:g} MiB an 8B layer at sequence 4096)" in text
+    share = (12 + 4 * k / a + 6 * f / h) / (12 + 4 * k / a + 8 * f / h)
+    assert round(share, 3) == round(memory_terms.swiglu_fusion_fraction(spec), 3)
+    assert f"the calibrated model's SwiGLU correction alone assumes {share:.3f}" in text
+    big = load_model("llama3.1-70b")
+    assert f"({4 * big.head_dim * 8 / big.hidden_size:g} of these units for 70B at TP 8)" in text
+
+
+def test_profiling_md_cuda_attention_ratio_is_what_profile_show_reads():
+    """'Qwen3-30B-A3B's attention reads Nx its term': advisor profile show of the H200's
+    --backend cuda layer (benchmarks/gpu/data/h200_moe_layers), against today's analytic term."""
+    from conftest import ROOT
+
+    from advisor.cli import cli
+
+    layer = ROOT / "benchmarks" / "gpu" / "data" / "h200_moe_layers" / "qwen3-30b-a3b-alltoall-cuda"
+    shown = CliRunner().invoke(cli, ["profile", "show", str(layer), "--format", "json"])
+    assert shown.exit_code == 0, shown.output
+    ratio = next(r["ratio"] for r in json.loads(shown.stdout)["compare"] if r["term"] == "attention activations")
+    assert f"(Qwen3-30B-A3B's attention reads {ratio:.0f}x its term)" in text_of("docs/profiling.md")
+
+
+# --- docs/validation.md: the Megatron-Bridge runs beyond a target and the choices left open --------
+
+
+def test_validation_md_bridge_notes_are_what_tables_published_prices(dense):
+    """The 70B's memory, the largest error's parts and the 25.09-to-25.11 share of it, and the
+    25.09 rows priced with delayed scaling (their recipe's default) against current scaling."""
+    import dataclasses
+
+    from tables.published.runs import load_source, price
+
+    text = text_of("docs/validation.md")
+    rows = {r["run"]: r for r in dense["Megatron-Bridge"][0]}
+    runs = {run.run: run for run in load_source("Megatron-Bridge")}
+    seventy = price(runs["mb-25.11-70b-fp8-64"])
+    assert (f"*likely oom* at {seventy['usage_gib']:.2f} GiB of 80, and they ran: Eq. 18 gives "
+            f"{seventy['total_gib']:.2f} GiB on the first stage") in text
+    big, before = rows["mb-25.11-405b-fp8-1024"], rows["mb-25.09-405b-fp8-1024"]
+    parts = price(runs["mb-25.11-405b-fp8-1024"])["time_parts"]
+    assert (f"25.11's 405B at {big['error']:+.1%} ({big['predicted_s']:.2f} s against {big['published_s']:.2f}), is "
+            f"not explained: the model charges {parts['compute_s']:.2f} s of compute, {parts['tp_comm_s']:.2f} s of "
+            f"exposed TP communication") in text
+    assert f"{parts['bubble_s']:.2f} s of bubble and {parts['overhead_s']:.2f} s of per-microbatch overhead" in text
+    assert (f"the same layout published {before['published_s']:.2f} s in 25.09, so "
+            f"{abs(big['error']) - abs(before['error']):.1%} of its {abs(big['error']):.1%} points").replace("%", "") \
+        in text
+    current = [rows[f"mb-25.09-{size}-fp8-{gpus}"]["error"] for size, gpus in (("8b", 8), ("70b", 64), ("405b", 1024))]
+    delayed = []
+    for size, gpus in (("8b", 8), ("70b", 64), ("405b", 1024)):
+        run = runs[f"mb-25.09-{size}-fp8-{gpus}"]
+        assert "--fp8-recipe tensorwise" in run.training_flags
+        flags = run.training_flags.replace("--fp8-recipe tensorwise", "--fp8-recipe delayed")
+        delayed.append(price(dataclasses.replace(run, training_flags=flags))["step_time_s"] / run.step_time_s - 1)
+    assert (f"delayed scaling, prices {delayed[0]:+.1%} (8B), {delayed[1]:+.1%} (70B) and {delayed[2]:+.1%} (405B), "
+            f"against {current[0]:+.1%}, {current[1]:+.1%} and {current[2]:+.1%}.") in text
+
+
+def test_validation_md_container_moves_are_the_published_data():
+    """'The same layout in several containers moved by x% to y% (N pairs)': consecutive releases
+    of one layout in tables/published/bridge_dense_runs.csv, their published step times alone."""
+    from tables.published.runs import load_source
+
+    layouts: dict[tuple, list] = {}
+    for run in load_source("Megatron-Bridge"):
+        key = (run.model, run.gpus, run.global_batch_size, run.micro_batch_size, run.seq_len, run.tp, run.pp, run.cp,
+               run.vpp, run.training_flags)
+        layouts.setdefault(key, []).append(run)
+    moves = sorted((b.step_time_s / a.step_time_s - 1, a.run, b.run)
+                   for same in layouts.values() for a, b in zip(same, same[1:]))
+    (low, *_), (high, *_) = moves[0], moves[-1]
+    text = text_of("docs/validation.md")
+    assert f"moved by {low:+.1%} to {high:+.1%} ({len(moves)} pairs): the 405B by {low:+.1%} from 26.02 to 26.04.01" \
+        in text
+    assert moves[0][1:] == ("mb-26.02-405b-fp8-1024", "mb-26.04.01-405b-fp8-1024")

@@ -53,3 +53,38 @@ def test_the_examples_print_what_the_docs_show(path):
     differences = doc_examples.run_document(path)
     report = "\n".join(f"--- {where}\n--- shown\n{shown}\n--- printed\n{printed}" for where, shown, printed in differences)
     assert not differences, f"regenerate with: python tests/doc_examples.py --update {path.relative_to(ROOT)}\n{report}"
+
+
+def _anchors(path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings: lower case, punctuation but '-' and '_'
+    dropped, spaces as '-', a repeated heading numbered -1, -2, ... (code blocks hold none)."""
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    found, seen = set(), {}
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_every_relative_link_resolves():
+    """Each relative link of README.md and docs/*.md names a file that exists and, with a
+    #fragment into a Markdown file, one of its headings."""
+    broken, links = [], 0
+    for doc in doc_examples.documents():
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            links += 1
+            path, _, anchor = target.partition("#")
+            file = (doc.parent / path).resolve() if path else doc
+            if not file.exists() or (anchor and file.suffix == ".md" and anchor not in _anchors(file)):
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert links > 50 and broken == []
+
+
+def test_the_anchors_are_githubs():
+    """Headings with code, '|', ':' and '.' in them, slugged by hand as GitHub links them."""
+    assert {"capture-python--m-tablescapture-measure--analyse", "results",
+            "pipeline-splits-python--m-tablessplits"} <= _anchors(ROOT / "tables" / "README.md")
