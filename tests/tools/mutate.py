@@ -27,6 +27,8 @@ VERDICTS = ["tests/test_verdicts_ranking.py"]
 FLAGS = ["tests/test_megatron_args.py"]
 OPTIONS = ["tests/test_megatron_args.py", "tests/test_options.py", "tests/test_levers.py"]
 LEVERS = ["tests/test_levers.py", "tests/test_torch_fsdp2.py"]
+REPLAY = ["tests/test_fsdp_optim_grads_ends.py", "tests/test_fsdp_optim_grads_queue.py",
+          "tests/test_fsdp_optim_grads_replay.py"]
 MOE = ["tests/test_moe_memory.py", "tests/test_moe_time_stage.py", "tests/test_moe_pricing.py"]
 
 MUTANTS = [  # (file, text, replacement, tests)
@@ -115,6 +117,35 @@ MUTANTS = [  # (file, text, replacement, tests)
      "return 6 * seq_len * mbs * spec.shared_expert_size / cp", MOE),
     ("advisor/throughput/levers.py", "return elementwise_time(step_bytes * (1.0 - fraction) * np.asarray(shard",
      "return elementwise_time(step_bytes * np.asarray(shard", LEVERS),
+    # Megatron-FSDP optim_grads: the bucket cut, the queue and the first and last stages' ends
+    ("advisor/memory_levers.py", "    return np.floor(queue / u) + 2.0", "    return np.floor(queue / u) + 1.0",
+     LEVERS),
+    ("advisor/memory_levers.py", "LAYER_WEIGHT_ARRIVAL = (5, 4, 3, 1, 2, 0)", "LAYER_WEIGHT_ARRIVAL = (5, 4, 3, 2, 1, 0)",
+     REPLAY),
+    ("advisor/memory_levers.py", "        return ddp_bucket_size(dp_cp)", "        return ddp_bucket_size(2 * dp_cp)", REPLAY),
+    ("advisor/memory_levers.py", "        if own or current is None or current[1] >= bucket:",
+     "        if own or current is None or current[1] > bucket:", REPLAY),
+    ("advisor/memory_levers.py", "    output = np.where(last & ~(only & tied), matrix, 0.0)",
+     "    output = np.where(last, matrix, 0.0)", REPLAY),
+    ("advisor/memory_levers.py", 'tie = np.where(only, TIES["early"], TIES["own"]) if tied',
+     'tie = np.where(only, TIES["own"], TIES["own"]) if tied', REPLAY),
+    # the MoE layer's activations, transients and EP time (issue 22)
+    ("advisor/moe/memory.py", "        return tokens * ep * np.minimum(k, local) * etp",
+     "        return tokens * ep * k * etp", MOE),
+    ("advisor/moe/memory.py", "    return np.where(group > 1, tokens * group, 0.0)",
+     "    return np.where(group > 1, tokens * (group - 1), 0.0)", MOE),
+    ("advisor/moe/memory.py", "    return 2 * BF16 * spec.hidden_size + RSTD_BYTES",
+     "    return BF16 * spec.hidden_size + RSTD_BYTES", MOE),
+    ("advisor/moe/memory.py", "    return INDEX_BYTES * k + PROBS_BYTES * k + group_mask",
+     "    return INDEX_BYTES * k + group_mask", MOE),
+    ("advisor/moe/transient.py", "    return np.where(etp > 1, copies / etp * PROBS_BYTES * spec.hidden_size, 0.0)",
+     "    return np.where(etp > 1, copies * PROBS_BYTES * spec.hidden_size, 0.0)", MOE),
+    ("advisor/moe/transient.py", "    return tokens * spec.num_experts * (PROBS_BYTES + held_map)",
+     "    return tokens * spec.num_experts * PROBS_BYTES", MOE),
+    ("advisor/moe/ep_time.py", "    return np.where(g > 1, dispatch + combine, 0.0)", "    return np.where(g > 1, dispatch, 0.0)",
+     MOE),
+    ("advisor/moe/ep_time.py", "    return np.maximum(comm, work + comm_sm_share * comm)", "    return np.maximum(comm, work)",
+     MOE),
 ]
 
 
