@@ -105,7 +105,8 @@ def fsdp_queued_elements(options, unit_parameters, queue=FSDP_RS_QUEUE_ELEMENTS)
     --ddp-bucket-size, so the bucket just queued and the one being filled are not layers; where the
     layer's weights are known (``layer_weights``) ``fsdp_held_buffer_bytes`` replays the cut and
     the queue (``fsdp_optim_grads_peak``). This form, queue + u, remains for a caller that gives
-    none (an MoE stage: ``advisor.moe.fsdp``): right while the bucket size is below the largest
+    none (an MoE stage holding MTP layers: ``advisor.moe.fsdp``; the other MoE stages are replayed,
+    ``advisor.moe.fsdp_replay``): right while the bucket size is below the largest
     weight (each bucket a few weights, at most about half a layer), underpriced beyond it (Llama
     3.1 8B at TP 1: DP x CP over about 117) or without --overlap-grad-reduce (one bucket a chunk)."""
     u = np.asarray(unit_parameters, dtype=float)
@@ -147,6 +148,11 @@ def fsdp_bucket_size(options, dp_cp):
     return np.full_like(np.asarray(dp_cp, dtype=float), np.inf)
 
 
+NUMPY_WEIGHTS = 4096
+"""Above this many weights a stage's per-weight bookkeeping (``_full_cut``'s totals and starts,
+``_arrival_times``) runs in numpy, the same integers and floats: an MoE stage's tens of
+thousands of weights (``advisor.moe.fsdp_replay``), where a Python loop per weight costs seconds
+over a sweep."""
 EXACT_ELEMENTS = 2.0 ** 53
 """Below this many elements a stage's integer weight sizes add up exactly in float64, in any order."""
 
@@ -161,12 +167,20 @@ class StageWeights(NamedTuple):
     own, all share the one queue); ``own``: a bucket of its own (``shared_embedding``, tied
     embeddings at PP > 1: it closes its group's open bucket); ``early``: touched first in backward
     though produced last (the embedding the output layer reuses at PP 1). Backward produces the
-    ``post`` weights first (last named first), then the layers from the last, then ``pre``."""
+    ``post`` weights first (last named first), then the layers from the last, then ``pre`` in
+    ``pre_arrival``'s order (indices into ``pre``; empty: the last named first, as the dense
+    model's embedding alone needs; an MoE stage's dense layers before its MoE layers are ``pre``
+    weights, each layer's produced in its own order: ``advisor.moe.fsdp_replay``)."""
 
     pre: tuple
     layer: tuple
     post: tuple
     arrival: tuple = LAYER_WEIGHT_ARRIVAL
+    pre_arrival: tuple = ()
+
+    def pre_order(self) -> list:
+        """``pre``'s indices in the order backward produces them (``pre_arrival``)."""
+        return list(self.pre_arrival) if self.pre_arrival else list(range(len(self.pre) - 1, -1, -1))
 
 
 def dense_stage(weights) -> StageWeights:
@@ -199,11 +213,17 @@ def _arrival_times(stage: StageWeights, layers: int, first: int) -> tuple[list, 
     """(first touch, last gradient) of each weight of ``pre`` + ``layers`` layers, in named
     order, on the full stage's clock (layer l at (``layers`` - 1 - l) x width + its rank);
     an ``early`` weight is touched before the ``post`` weights of a stage starting at ``first``."""
-    width, rank = len(stage.layer), [stage.arrival.index(p) for p in range(len(stage.layer))]
-    pre = len(stage.pre)
-    last = [layers * width + (pre - 1 - j) for j in range(pre)]
+    width, rank = len(stage.layer), [0] * len(stage.layer)
+    for position, p in enumerate(stage.arrival):  # the inverse permutation (tuple.index is quadratic)
+        rank[p] = position
+    last = [0] * len(stage.pre)
+    for position, j in enumerate(stage.pre_order()):
+        last[j] = layers * width + position
     touch = [first - len(stage.post) - 1 if w[3] else t for w, t in zip(stage.pre, last)]
-    times = [(layers - 1 - layer) * width + r for layer in range(layers) for r in rank]
+    if layers * width > NUMPY_WEIGHTS:  # an MoE stage's many weights: the same integers by numpy
+        times = (np.arange(layers - 1, -1, -1)[:, None] * width + np.asarray(rank)[None, :]).ravel().tolist()
+    else:
+        times = [(layers - 1 - layer) * width + r for layer in range(layers) for r in rank]
     return touch + times, last + times
 
 
@@ -213,11 +233,13 @@ def _stage_events(stage: StageWeights, layers: int, every: list, last: list) -> 
     at its last gradient. ``every``: each weight's bucket, ``last``: its gradient's time (named
     order, ``post`` included); backward runs ``post`` from its last, the layers from the last
     (``arrival`` within each), then ``pre`` from its last."""
+    if len({weight[1] for weight in stage.pre + stage.layer + stage.post}) > 1:
+        return _grouped_events(stage, every, last)
     pre, width, count = len(stage.pre), len(stage.layer), len(every)
     order = list(range(count - 1, pre + layers * width - 1, -1))
     order += [base + position for base in range(pre + (layers - 1) * width, pre - 1, -width)
               for position in stage.arrival]
-    order += range(pre - 1, -1, -1)
+    order += stage.pre_order()
     buckets_count = max(every, default=-1) + 1
     missing, seen = [0] * buckets_count, bytearray(buckets_count)
     for index in every:
@@ -243,6 +265,26 @@ def _stage_events(stage: StageWeights, layers: int, every: list, last: list) -> 
             add_bucket(index)
             add_close(True)
     return times, buckets, closes
+
+
+def _grouped_events(stage: StageWeights, every: list, last: list) -> tuple[list, list, list]:
+    """``_stage_events`` with numpy (an MoE stage's several groups, many weights): every weight's
+    time is its own, so backward's order is the times' and each bucket opens at its weights' least
+    time (an ``early`` weight's bucket before every other) and completes at their greatest; at one
+    time a bucket's opening comes before its completion (a bucket of one weight)."""
+    index, time = np.asarray(every, dtype=np.int64), np.asarray(last, dtype=np.int64)
+    count = int(index.max(initial=-1)) + 1
+    opens, closes = np.full(count, np.iinfo(np.int64).max), np.full(count, np.iinfo(np.int64).min)
+    np.minimum.at(opens, index, time)
+    np.maximum.at(closes, index, time)
+    for j, weight in enumerate(stage.pre):
+        if weight[3]:  # the output layer's backward touches it first
+            opens[every[j]] = -len(stage.post) - 1
+    times = np.concatenate([opens, closes])
+    kinds = np.repeat(np.array([0, 1], dtype=np.int64), count)
+    order = np.lexsort((kinds, times))
+    buckets = np.concatenate([np.arange(count), np.arange(count)])[order]
+    return times[order].tolist(), buckets.tolist(), (kinds[order] == 1).tolist()
 
 
 def _suffix_peaks(events: tuple, totals: list, queue: float) -> tuple[list, list, float]:
@@ -341,7 +383,9 @@ def _open_buckets(stage: StageWeights, cut: tuple, count: int, bucket: float) ->
     weight in that layer (or before it, for a group with none there)."""
     of, _, starts, touch, states = cut
     pre, width = len(stage.pre), len(stage.layer)
-    end, lo, sizes, pending = pre + count * width, max(pre + (count - 1) * width, 0), {}, []
+    # no layer: every weight of ``pre`` may be its bucket's soonest (``pre_arrival`` need not be
+    # the named order reversed)
+    end, lo, sizes, pending = pre + count * width, pre + (count - 1) * width if count else 0, {}, []
     for index, filled in states[count].values():
         if filled < bucket:
             sizes[index] = filled
@@ -440,6 +484,50 @@ def _plain_cut(sizes: list, bucket: float, group, state: dict) -> tuple[list, li
     return of, running, current + 1
 
 
+def _integral(weights) -> bool:
+    """Whether every weight's elements are a whole number (their sums exact in any order)."""
+    return all(float(weight[0]).is_integer() and weight[0] >= 0 for weight in weights)
+
+
+def _grouped_cut(stage: StageWeights, layers: int, bucket: float, state: dict) -> tuple[list, list, int]:
+    """``_stage_cut`` of ``pre`` + ``layers`` layers of several groups and no ``own`` weight, whole
+    numbers of elements (an MoE stage: ``advisor.moe.fsdp_replay``), by group with numpy: a bucket
+    starting at a group's weight i ends at the first weight whose cumulative sum reaches the sum
+    before i plus ``bucket`` (one ``searchsorted`` for every i, exact below 2**53 as the weights'
+    sums are), and the buckets chain from the group's first weight; they are numbered in the order
+    they open in named order, as ``_stage_cut`` numbers them."""
+    sizes = np.concatenate([np.array([w[0] for w in stage.pre], dtype=float),
+                            np.tile(np.array([w[0] for w in stage.layer], dtype=float), layers)])
+    groups = np.concatenate([np.array([w[1] for w in stage.pre], dtype=np.int64),
+                             np.tile(np.array([w[1] for w in stage.layer], dtype=np.int64), layers)])
+    of, running, firsts, lasts = np.zeros(len(sizes), dtype=np.int64), np.zeros(len(sizes)), [], {}
+    for group in dict.fromkeys(w[1] for w in stage.pre + stage.layer):
+        where = np.flatnonzero(groups == group)
+        if not len(where):
+            continue
+        total = np.cumsum(sizes[where])
+        before = total - sizes[where]
+        ends = np.minimum(np.maximum(np.searchsorted(total, before + bucket, side="left"), np.arange(len(where))),
+                          len(where) - 1).tolist()
+        starts, i = [], 0
+        while i < len(ends):  # the chain of buckets: one step a bucket
+            starts.append(i)
+            i = ends[i] + 1
+        opened = np.zeros(len(where), dtype=np.int64)
+        opened[starts] = 1
+        local = np.cumsum(opened) - 1
+        of[where] = len(firsts) + local
+        running[where] = total - before[starts][local]
+        firsts.extend(where[starts].tolist())
+        lasts[group] = (len(firsts) - 1, float(running[where[-1]]))
+    order = np.argsort(np.array(firsts, dtype=np.int64), kind="stable")
+    number = np.empty(len(firsts), dtype=np.int64)
+    number[order] = np.arange(len(firsts))
+    for group, (index, filled) in lasts.items():
+        state[group] = [int(number[index]), filled]
+    return number[of].tolist(), running.tolist(), len(firsts)
+
+
 def _full_cut(stage: StageWeights, layers: int, bucket: float) -> tuple:
     """The full stage's cut (``pre`` + ``layers`` layers + ``post``): (each weight's bucket, each
     bucket's elements, each bucket's first weight, the groups' states after ``pre`` + each count
@@ -448,6 +536,8 @@ def _full_cut(stage: StageWeights, layers: int, bucket: float) -> tuple:
     if len({weight[1] for weight in named}) == 1 and not any(weight[2] for weight in named):
         of, running, top = _plain_cut([weight[0] for weight in stage.pre] + [weight[0] for weight in stage.layer] * layers,
                                       bucket, named[0][1], state)
+    elif _integral(named) and not any(weight[2] for weight in named):
+        of, running, top = _grouped_cut(stage, layers, bucket, state)
     else:
         of, running, top = _stage_cut(stage.pre + stage.layer * layers, bucket, state, 0)
     more, filled, top = _stage_cut(stage.post, bucket, state, top)
@@ -461,7 +551,13 @@ def _full_cut(stage: StageWeights, layers: int, bucket: float) -> tuple:
         for group, p in in_layer:
             state[group] = (of[base + p], running[base + p])
         states.append(state)
-    totals, starts, every = [0.0] * top, [0] * top, of + more
+    every = of + more
+    if len(every) > NUMPY_WEIGHTS:  # an MoE stage's many weights: each bucket's last fill and first weight by numpy
+        index = np.asarray(every, dtype=np.int64)
+        _, from_end = np.unique(index[::-1], return_index=True)
+        _, first = np.unique(index, return_index=True)
+        return of, more, np.asarray(running + filled)[len(every) - 1 - from_end].tolist(), first.tolist(), states
+    totals, starts = [0.0] * top, [0] * top
     for index, size in zip(every, running + filled):
         totals[index] = size
     for position in range(len(every) - 1, -1, -1):
@@ -476,7 +572,7 @@ def _stage_peaks(stage: StageWeights, layers: int, bucket: float, queue: float) 
     own, or at least ``bucket``) changes no other bucket and opens last, when everything else has
     completed: the stage without it, then its bucket on what that holds at the end."""
     if len(stage.pre) == 1 and not stage.pre[0][3] and (stage.pre[0][2] or stage.pre[0][0] >= bucket):
-        peaks, ends = _stage_replay(stage._replace(pre=()), layers, bucket, queue)
+        peaks, ends = _stage_replay(stage._replace(pre=(), pre_arrival=()), layers, bucket, queue)
         return tuple(max(peak, end + stage.pre[0][0]) for peak, end in zip(peaks, ends))
     return _stage_replay(stage, layers, bucket, queue)[0]
 
@@ -493,6 +589,8 @@ def _stage_replay(stage: StageWeights, layers: int, bucket: float, queue: float)
     width = len(stage.layer)
     if sorted(stage.arrival) != list(range(width)):
         raise ValueError(f"arrival {stage.arrival} is not an order of the layer's {width} weights")
+    if sorted(stage.pre_order()) != list(range(len(stage.pre))):
+        raise ValueError(f"pre_arrival {stage.pre_arrival} is not an order of the {len(stage.pre)} weights before the layers")
     of, post_of, totals, starts, states = _full_cut(stage, layers, bucket)
     touch, last = _arrival_times(stage, layers, 0)
     post_times = [-1 - j for j in range(len(stage.post))]  # backward produces the last named first
@@ -519,6 +617,20 @@ def _stage_replay(stage: StageWeights, layers: int, bucket: float, queue: float)
             if index < len(totals):
                 sizes[index] = totals[index]
     return tuple(peaks), tuple(ends)
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_peak(stage: StageWeights, layers: int, bucket: float, queue: float) -> float:
+    """``_stage_peaks(stage, layers, bucket, queue)[layers]`` alone: the full stage's replay
+    (``_suffix_peaks``' most held from its first event), without replaying every smaller count;
+    for a caller that needs one count of each stage (an MoE stage: ``advisor.moe.fsdp_replay``)."""
+    if layers < 0 or sorted(stage.arrival) != list(range(len(stage.layer))) \
+            or sorted(stage.pre_order()) != list(range(len(stage.pre))):
+        raise ValueError(f"no replay of {layers} layers with arrival {stage.arrival}, {stage.pre_arrival}")
+    of, post_of, totals, _, _ = _full_cut(stage, layers, bucket)
+    _, last = _arrival_times(stage, layers, 0)
+    events = _stage_events(stage, layers, of + post_of, last + [-1 - j for j in range(len(stage.post))])
+    return _suffix_peaks(events, totals, queue)[0][0]
 
 
 def _bucket_peaks(weights: tuple, layers: int, bucket: float, queue: float) -> tuple:
