@@ -72,7 +72,7 @@ def held_parameters(layer_parameters, dense, moe_units):
     return dense * dense_layer + moe_units * moe_dense, moe_units * experts, largest, dense + moe_units
 
 
-def buffer_bytes(options, layer_parameters, dense, moe_units, dp_cp=1):
+def buffer_bytes(options, layer_parameters, dense, moe_units, dp_cp=1, replayed=None):
     """(gathered weights, queued gradients, the dense part's share of them) in bytes per GPU: the
     dense model's Megatron-FSDP buffers (``memory_levers.fsdp_held_buffer_bytes``: the unit in use
     and the prefetched ones, the reduce-scatter queue) over the stage's units, both bucket groups of
@@ -85,13 +85,37 @@ def buffer_bytes(options, layer_parameters, dense, moe_units, dp_cp=1):
     optim_grads budgets grow with (core_v0.19.0's ``resolve_ddp_bucket_size`` takes
     ``pg_collection.dp_cp``, not the expert group).
 
-    optim_grads keeps the queue + the largest unit here (``memory_levers.fsdp_queued_elements``):
-    the dense model's replay of its bucket cut (``memory_levers.fsdp_optim_grads_peak``) is not
-    done for an MoE stage, whose dense and expert weights fall in separate parameter groups
-    (bucketed apart, each with its own cut) and whose layers differ; so where the DDP bucket size
-    exceeds the largest weight, or without --overlap-grad-reduce, it stays underpriced."""
+    optim_grads with ``replayed`` (``advisor.moe.fsdp_replay.ReplayedStages``: the stages, their
+    MoE layers and MTP layers, which ``moe_units`` counts together): the queued gradients are the
+    dense model's replay of the bucket cut and queue (``memory_levers.fsdp_optim_grads_peak``)
+    over the stage's weights, the dense part and the routed experts in their two parameter groups,
+    the embedding, final norm and output layer with them (``advisor.moe.fsdp_replay``), and the
+    share counts those ends as dense. A stage holding MTP layers, or a caller giving no
+    ``replayed``, keeps the queue + the largest unit (``memory_levers.fsdp_queued_elements``),
+    without the ends: underpriced where the DDP bucket size exceeds the largest weight (large
+    DP x CP) or without --overlap-grad-reduce."""
     held_dense, held_experts, largest, units = held_parameters(layer_parameters, dense, moe_units)
     held = held_dense + held_experts
     gathered, queued = levers.fsdp_held_buffer_bytes(options, largest, held, units, dp_cp)
     share = np.where(held > 0, held_dense / np.where(held > 0, held, 1.0), 1.0)
+    if replayed is not None and options.fsdp_strategy == "optim_grads":
+        from advisor.moe import fsdp_replay
+
+        _, queue = levers.fsdp_communication_unit(options, held, units, dp_cp)
+        elements = fsdp_replay.queued_elements(options, replayed, dense, dp_cp, queue)
+        exact = ~np.isnan(elements)
+        queued = np.where(exact, levers.bucket_bytes(options) * np.where(exact, elements, 0.0), queued)
+        ends = replayed_ends(replayed)
+        share = np.where(exact & (held + ends > 0),
+                         (held_dense + ends) / np.where(held + ends > 0, held + ends, 1.0), share)
     return gathered, queued, share
+
+
+def replayed_ends(replayed):
+    """The embedding, final norm and output layer's elements on each stage of ``replayed``
+    (``memory_levers.end_sizes``), which the replay holds beside the layers."""
+    spec, stage, pp = replayed.spec, np.asarray(replayed.stage), np.asarray(replayed.pp)
+    position = np.where(stage == 0, levers.FIRST, 0) + np.where(stage == pp - 1, levers.LAST, 0)
+    matrix = spec.hidden_size * np.asarray(replayed.vocab, dtype=float) / np.asarray(replayed.tp, dtype=float)
+    embedding, norm, output, _ = levers.end_sizes(matrix, float(spec.hidden_size), position, spec.tie_embeddings)
+    return embedding + norm + output

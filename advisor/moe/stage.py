@@ -25,6 +25,7 @@ from advisor import memory_terms
 from advisor.stage_model import head_shares_embedding
 from advisor.moe import fp8 as fp8_terms
 from advisor.moe import fsdp
+from advisor.moe.fsdp_replay import ReplayedStages
 from advisor.moe import memory as mm
 from advisor.moe import mtp as mtp_terms
 from advisor.moe import params
@@ -322,8 +323,11 @@ def model_states(spec: MoESpec, options: MoEOptions, tp, cp, pp, ep, etp, dp, st
     weights, gradients, optimizer = (dense_params * d + expert_params * e for d, e in zip(per_dense, per_expert))
     dense_bytes, expert_bytes = dense_params * sum(per_dense), expert_params * sum(per_expert)
     if options.memory.fsdp_strategy is not None:  # Megatron-FSDP's unsharded buffers (advisor.moe.fsdp)
+        replayed = None  # optim_grads alone reads the stage's weights (advisor.moe.fsdp_replay)
+        if options.memory.fsdp_strategy == "optim_grads":
+            replayed = ReplayedStages(spec, tp, pp, ep, etp, stage, vocab, moe_layers, mtp, options.grouped_gemm)
         gathered, queued, share = fsdp.buffer_bytes(options.memory, layer_parameters, dense, moe_layers + mtp,
-                                                    dp * cp)
+                                                    dp * cp, replayed)
         weights, gradients = weights + gathered, gradients + queued
         dense_bytes = dense_bytes + share * (gathered + queued)
         expert_bytes = expert_bytes + (1.0 - share) * (gathered + queued)

@@ -1,0 +1,183 @@
+"""Megatron-FSDP's optim_grads reduce-scatter queue on an MoE stage, replayed bucket by bucket as
+the dense model's (``memory_levers.fsdp_optim_grads_peak``, ``StageWeights``): an MoE layer's
+weights on one GPU in megatron-core's ``named_parameters`` order, in two parameter groups, and
+the order in which backward produces their gradients.
+
+The groups: core_v0.19.0's ``_get_parameter_groups`` keys a parameter by dtype, ``".experts." in
+name`` and requires_grad (megatron_fsdp/param_and_grad_buffer.py:1782-1797), and cuts each group
+into buckets on its own at --ddp-bucket-size (:1823-1866); all share one reduce-scatter queue
+(``reduce_gradients`` / ``wait_for_previous_grad_reduce``, :3872-3946). So group 0 holds the
+dense part (norms, attention, the router ``mlp.router.weight``, the shared experts
+``mlp.shared_experts.*``: no ``.experts.`` in their names) and the embedding, final norm and
+output layer; group 1 the routed experts (``mlp.experts.*``), EP/ETP-local.
+
+The named order (core_v0.19.0): ``TransformerLayer.__init__`` builds input_layernorm,
+self_attention, pre_mlp_layernorm, mlp (transformer_layer.py:352-441); ``MoELayer`` the router,
+then the experts, then the shared experts (moe/moe_layer.py:259, :326, :338); ``TEGroupedMLP``
+linear_fc1's weight0..weightN-1, then linear_fc2's (one ``GroupedLinear`` each, moe/experts.py),
+``SequentialMLP`` local_experts.i.linear_fc1 and .linear_fc2 expert by expert (without
+--moe-grouped-gemm). Multi-latent attention: linear_proj (multi_latent_attention.py:221), then
+linear_q_down_proj, linear_q_up_proj (or linear_q_proj without a q LoRA), linear_kv_down_proj,
+linear_kv_up_proj (:509-616). Grouped-query attention as the dense model's
+(``memory_levers.layer_weights``). The router's expert bias is a buffer (router.py), no weight.
+
+The backward order: the one-device autograd engine runs the ready node of the highest sequence
+number first (the later built in forward). ``MoELayer.forward`` computes the shared experts
+first, then the router, the dispatch, the routed experts and the combine (moe_layer.py:651-680),
+so backward produces the routed experts' FC2 then FC1 (the last expert first for SequentialMLP),
+then the router, then the shared experts' FC2 and FC1, then the pre-MLP norm. MLA's forward runs
+q_down, kv_down, q_up, kv_up (multi_latent_attention.py:644, :662, :784, :866), so after
+linear_proj backward produces kv_up, q_up, kv_down, q_down (without a q LoRA: kv_up, kv_down,
+q_proj), and the input norm last.
+
+Where the exact order is uncertain, the sizes that move are small: with Transformer Engine the
+input norm of grouped-query attention is fused into QKV (named after the projection, as
+``memory_levers.layer_weights`` says), MLA's latent norms are fused into the up projections (counted
+in them here) and a dense layer's pre-MLP norm into FC1; a ``GroupedLinear``'s weights all take
+their gradients in one node, taken here in index order; --moe-shared-expert-overlap runs the shared
+experts on another stream (not modelled: the order above). Stages holding MTP layers are not
+replayed (``advisor.moe.fsdp.buffer_bytes`` keeps the queue + u form there).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import numpy as np
+
+from advisor import equations as eq
+from advisor import memory_levers as levers
+from advisor.moe.spec import MoESpec
+
+DENSE, ROUTED = 0, 1
+"""The two parameter groups of an MoE model's weights (the module docstring)."""
+
+
+def _attention(spec: MoESpec, tp) -> tuple[list, list]:
+    """([(name, elements)] of one layer's attention after its input norm, in named order, on one
+    GPU; the names in the order backward produces them). Their sum is
+    ``advisor.moe.params.attention_parameters``."""
+    t, h, a = float(tp), spec.hidden_size, spec.num_attention_heads
+    mla = spec.mla
+    if mla is None:  # as memory_levers.layer_weights: the projection, then QKV with its bias and QK norms
+        k, d = spec.num_query_groups, spec.head_dim
+        bias = (a + 2 * k) * d if spec.add_qkv_bias else 0
+        return [("proj", h * a * d / t), ("qkv", (h * (a + 2 * k) * d + bias) / t + eq.qk_norm_parameters(spec))], \
+            ["proj", "qkv"]
+    q_head = mla.qk_head_dim + mla.qk_pos_emb_head_dim
+    kv_norm = mla.kv_lora_rank if spec.qk_layernorm else 0  # fused into linear_kv_up_proj with TE
+    named = [("proj", a * mla.v_head_dim * h / t)]
+    if mla.q_lora_rank is None:
+        named.append(("q", h * a * q_head / t))
+        order = ["proj", "kv_up", "kv_down", "q"]
+    else:
+        q_norm = mla.q_lora_rank if spec.qk_layernorm else 0  # fused into linear_q_up_proj with TE
+        named += [("q_down", float(h * mla.q_lora_rank)), ("q_up", mla.q_lora_rank * a * q_head / t + q_norm)]
+        order = ["proj", "kv_up", "q_up", "kv_down", "q_down"]
+    named += [("kv_down", float(h * (mla.kv_lora_rank + mla.qk_pos_emb_head_dim))),
+              ("kv_up", mla.kv_lora_rank * a * (mla.qk_head_dim + mla.v_head_dim) / t + kv_norm)]
+    return named, order
+
+
+def _indexed(named: list, order: list) -> tuple[tuple, tuple]:
+    """(``StageWeights``' weights of ``named`` [(name, elements, group)], the arrival as indices)."""
+    index = {name: i for i, (name, _, _) in enumerate(named)}
+    return tuple((float(size), group, False, False) for _, size, group in named), tuple(index[n] for n in order)
+
+
+@functools.lru_cache(maxsize=256)
+def moe_layer_weights(spec: MoESpec, tp, ep, etp, grouped: bool = True) -> tuple[tuple, tuple]:
+    """(an MoE layer's weights on one GPU as ``StageWeights.layer`` takes them, their arrival):
+    input norm h, the attention (``_attention``), pre-MLP norm h, router E h (group 0), the E / ep
+    local experts' FC1 2 h h_moe / etp and FC2 h_moe h / etp (group 1: TEGroupedMLP's every FC1
+    then every FC2, ``grouped``; else SequentialMLP's expert by expert), the shared experts' FC1
+    2 h h_s / t and FC2 h_s h / t (group 0). The group-0 weights sum to
+    ``params.moe_layer_dense_parameters``, the group-1 ones to ``params.local_expert_parameters``."""
+    h, t = spec.hidden_size, float(tp)
+    attention, attention_order = _attention(spec, tp)
+    local = spec.num_experts // int(ep)
+    fc1, fc2 = 2.0 * h * spec.moe_ffn_hidden_size / etp, float(h * spec.moe_ffn_hidden_size) / etp
+    if grouped:
+        experts = [(f"fc1.{i}", fc1, ROUTED) for i in range(local)] + [(f"fc2.{i}", fc2, ROUTED) for i in range(local)]
+        routed = [f"fc2.{i}" for i in range(local)] + [f"fc1.{i}" for i in range(local)]
+    else:
+        experts = [(f"{kind}.{i}", size, ROUTED) for i in range(local) for kind, size in (("fc1", fc1), ("fc2", fc2))]
+        routed = [f"{kind}.{i}" for i in range(local - 1, -1, -1) for kind in ("fc2", "fc1")]
+    shared = []
+    if spec.shared_expert_size:
+        hs = spec.shared_expert_size
+        shared = [("shared_fc1", 2.0 * h * hs / t, DENSE), ("shared_fc2", h * hs / t, DENSE)]
+    named = ([("input_norm", h, DENSE)] + [(n, s, DENSE) for n, s in attention]
+             + [("mlp_norm", h, DENSE), ("router", spec.num_experts * h, DENSE)] + experts + shared)
+    order = routed + ["router"] + (["shared_fc2", "shared_fc1"] if shared else []) + ["mlp_norm"] \
+        + attention_order + ["input_norm"]
+    return _indexed(named, order)
+
+
+@functools.lru_cache(maxsize=256)
+def dense_layer_weights(spec: MoESpec, tp) -> tuple[tuple, tuple]:
+    """(one of the first dense layers' weights, their arrival), all group 0: input norm, the
+    attention, pre-MLP norm h (fused into FC1 with TE), FC1 2 h h_ffn / t, FC2 h_ffn h / t;
+    backward FC2, FC1, the norm, the attention, the input norm (``memory_levers.layer_weights``'
+    for grouped-query attention). Their sum is ``params.dense_layer_parameters``."""
+    h, t = spec.hidden_size, float(tp)
+    attention, attention_order = _attention(spec, tp)
+    named = ([("input_norm", h, DENSE)] + [(n, s, DENSE) for n, s in attention]
+             + [("mlp_norm", h, DENSE), ("fc1", 2.0 * h * spec.ffn_hidden_size / t, DENSE),
+                ("fc2", h * spec.ffn_hidden_size / t, DENSE)])
+    return _indexed(named, ["fc2", "fc1", "mlp_norm"] + attention_order + ["input_norm"])
+
+
+@functools.lru_cache(maxsize=4096)
+def moe_stage(spec: MoESpec, tp, ep, etp, dense: int, matrix: float, position: int,
+              grouped: bool = True) -> levers.StageWeights:
+    """A stage's ``StageWeights``: its ``dense`` dense layers (the model's first, before its MoE
+    layers) after the embedding in ``pre``, each produced in its own order, the last first; the
+    MoE layer as ``layer``; the final norm and output layer in ``post`` (``memory_levers.end_sizes``
+    of the v h / t ``matrix`` at ``position``, as ``memory_levers._with_ends``)."""
+    layer, arrival = moe_layer_weights(spec, tp, ep, etp, grouped)
+    dense_weights, dense_arrival = dense_layer_weights(spec, tp)
+    embedding, norm, output, tie = (x.item() for x in levers.end_sizes(matrix, float(spec.hidden_size), position,
+                                                                        spec.tie_embeddings))
+    pre = ((embedding, DENSE, tie == levers.TIES["own"], tie == levers.TIES["early"]),) if embedding else ()
+    base, width = len(pre), len(dense_weights)
+    pre_arrival = tuple(base + layer_index * width + p for layer_index in range(dense - 1, -1, -1)
+                        for p in dense_arrival) + tuple(range(base))
+    post = tuple(w for w in ((norm, DENSE, False, False), (output, DENSE, tie == levers.TIES["own"], False)) if w[0])
+    return levers.StageWeights(pre + dense_weights * dense, layer, post, arrival, pre_arrival if dense else ())
+
+
+class ReplayedStages(NamedTuple):
+    """What ``queued_elements`` needs of the stages beside the options (arrays over layouts)."""
+
+    spec: MoESpec
+    tp: object
+    pp: object
+    ep: object
+    etp: object
+    stage: object
+    vocab: object
+    moe_layers: object
+    mtp: object
+    grouped: bool = True
+
+
+def queued_elements(options, stages: ReplayedStages, dense, dp_cp, queue):
+    """The unsharded gradient elements Megatron-FSDP holds at most under optim_grads on each
+    layout's stage (``memory_levers.fsdp_optim_grads_peak``'s replay of ``moe_stage``), NaN
+    where the stage holds MTP layers (not replayed). ``queue``: the queue's capacity
+    (``memory_levers.fsdp_communication_unit``); one replay per distinct stage and
+    count of MoE layers (``memory_levers.stage_peak``: the full stage's replay alone)."""
+    spec = stages.spec
+    bucket = levers.fsdp_bucket_size(options, dp_cp)
+    stage, pp = np.asarray(stages.stage), np.asarray(stages.pp)
+    position = np.where(stage == 0, levers.FIRST, 0) + np.where(stage == pp - 1, levers.LAST, 0)
+    matrix = spec.hidden_size * np.asarray(stages.vocab, dtype=float) / np.asarray(stages.tp, dtype=float)
+    columns = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (
+        stages.tp, stages.ep, stages.etp, matrix, position, dense, bucket, queue, stages.moe_layers, stages.mtp)))
+    rows, inverse = levers._unique_rows(np.stack([c.ravel() for c in columns], axis=1))
+    values = np.array([np.nan if mtp else levers.stage_peak(
+        moe_stage(spec, int(tp), int(ep), int(etp), int(dense_layers), matrix_, int(position_), stages.grouped),
+        int(moe), bucket_, queue_) for tp, ep, etp, matrix_, position_, dense_layers, bucket_, queue_, moe, mtp in rows])
+    return values[inverse].reshape(columns[0].shape)
