@@ -798,3 +798,24 @@ def test_an_moe_stage_tables_columns_add_up_to_its_total(fp8):
     assert len(rows) == 16
     for row in rows:
         assert sum(float(row[i]) for i in parts) == pytest.approx(float(row[header.index("total GiB")]), abs=0.03)
+
+
+def test_an_interleaved_moe_estimate_shows_its_fractional_in_flight_counts_as_the_dense_one():
+    """Qwen3-30B-A3B at PP 4, VPP 3 (48 layers: 12 chunks of 4). Megatron's interleaved warm-up
+    (core_v0.15.2 megatron/core/pipeline_parallel/schedules.py:728-729, microbatch_group_size_per_vp_stage
+    = PP) is (PP - r - 1) x 2 + (VPP - 1) x PP forward chunk passes, plus the one in flight at the
+    peak: 15, 13, 11, 9 chunk passes on ranks 0-3, over VPP 3 microbatches' worth of the rank's
+    layers: 5, 13/3, 11/3, 3. The MoE table printed 13/3 as '4.33333' (format 'g') where the dense
+    table prints 4 significant digits ('4.333'), and it left out the dense table's line saying
+    why the counts are fractions."""
+    result = CliRunner().invoke(cli, ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--tp", "1", "--pp", "4",
+                                      "--vpp", "3", "--mbs", "1", "--ep", "4", "--gbs", "256", "--seq-len", "4096",
+                                      "--mem", "80", "--wide"])
+    assert result.exit_code == 0, result.output
+    table = read_table(result.output)
+    assert [record["in flight"] for record in table.records()] == ["5", "4.333", "3.667", "3"]
+    assert "in flight: microbatches' worth of a rank's layers held at its peak" in table.caption
+    whole = CliRunner().invoke(cli, ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--tp", "1", "--pp", "4",
+                                     "--mbs", "1", "--ep", "4", "--gbs", "256", "--seq-len", "4096", "--mem", "80"])
+    assert whole.exit_code == 0, whole.output
+    assert "in flight:" not in read_table(whole.output).caption  # 1F1B's 4, 3, 2, 1: nothing to explain

@@ -622,7 +622,7 @@ def _stage_table(stage_rows: list[dict], spec, parallel, workload, gpu, peak_sta
         render.Column("stage", "stage"),
         render.Column("position", "position", justify="left", drop=5),
         render.Column("layers", "layers"),
-        render.Column("in_flight_microbatches", "in flight", ".4g", drop=6),
+        render.Column("in_flight_microbatches", "in flight", hints_text.IN_FLIGHT_FORMAT, drop=6),
         # narrow terminals drop the states' three parts together (their sum stays), then the states
         # and activations together, never the total: the terms shown always add up to it
         render.Column("weights_gib", "weights", ".2f", drop=4, group="parts"),
@@ -640,9 +640,8 @@ def _stage_table(stage_rows: list[dict], spec, parallel, workload, gpu, peak_sta
     )
     if changed := changed_args(options):
         title += f"; {changed}"
-    if any(row["in_flight_microbatches"] % 1 for row in stage_rows):
-        caption += ("\nin flight: microbatches' worth of a rank's layers held at its peak; interleaved, its model "
-                    "chunks hold different counts (forward chunk passes / VPP, docs/estimator.md)")
+    if note := hints_text.in_flight_note(stage_rows):
+        caption += f"\n{note}"
     style = render.VERDICT_STYLES.get(verdict)
     return render.to_table(
         stage_rows, columns, title=title, caption=caption,

@@ -1,6 +1,6 @@
 """The words of a sweep or estimate that did not fit, dense and MoE alike: what the model states
 alone need, whether a larger GPU preset would hold them, and the time lines of a layout that would
-not run."""
+not run; and the stage table's line on fractional microbatches in flight (dense and MoE alike)."""
 
 from __future__ import annotations
 
@@ -30,3 +30,17 @@ def unpinned(names) -> list[str]:
     MoE sweep's VPP, EP and ETP), by option name: 'no --tp/--pp', or none."""
     flags = "/".join(f"--{name}" for name in names)
     return [f"no {flags}"] if flags else []
+
+
+IN_FLIGHT_FORMAT = ".4g"
+"""The stage tables' 'in flight' cells: an interleaved rank's count is its forward chunk passes
+over VPP (``advisor.schedule``), so a third or a fifth of a microbatch: 20.33, not 20.3333."""
+
+
+def in_flight_note(stages: list[dict]) -> str | None:
+    """The caption line that explains fractional microbatches in flight (interleaved schedules),
+    for the dense and the MoE stage tables alike; None where every count is whole."""
+    if not any(stage["in_flight_microbatches"] % 1 for stage in stages):
+        return None
+    return ("in flight: microbatches' worth of a rank's layers held at its peak; interleaved, its model "
+            "chunks hold different counts (forward chunk passes / VPP, docs/estimator.md)")

@@ -763,13 +763,14 @@ def _stage_columns(stages: list[dict], calibrated: bool) -> list:
     (at 80 columns 'transient' and the total went, and 1.63 + 11.81 + 32.02 read as 59.00); the
     memory the verdict judges (the calibrated usage, else the total) goes last. The total is
     ``stage.StageBytes.total``: dense and expert states, FP8 copies, activations, transient."""
+    from advisor.cli.hints import IN_FLIGHT_FORMAT
     from advisor.render import Column
 
     def term(key: str, header: str) -> Column:
         return Column(key, header, ".2f", drop=2, group="terms")
 
     columns = [Column("stage", "stage"), Column("layers", "layers"), Column("dense_layers", "dense", drop=6),
-               Column("in_flight_microbatches", "in flight", "g", drop=5), term("dense_states_gib", "dense st."),
+               Column("in_flight_microbatches", "in flight", IN_FLIGHT_FORMAT, drop=5), term("dense_states_gib", "dense st."),
                term("expert_states_gib", "expert st.")]
     if any(stage.get("fp8_weights_gib") for stage in stages):  # the FP8 copies of the weights, in the total
         columns.append(term("fp8_weights_gib", "FP8 w."))
@@ -784,6 +785,7 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings,
     """One row per pipeline stage; the caption the peak stage, its verdict, the step time and a
     budget's days, GPU-hours and cost (the dense estimate's line); the title the layout, the
     training options that differ from the defaults and the MoE settings."""
+    from advisor.cli.hints import in_flight_note
     from advisor.options.flags import changed_args
 
     from advisor import render
@@ -806,6 +808,8 @@ def _stage_table(row, spec, workload, gpu, layout, mem, notes, output, settings,
         if "tokens" in row:
             caption += f"\n{if_it_fit(row['verdict'])}{render.budget_text(row, gpu_hour_price)}"
     caption += "".join(f"\n{note}" for note in notes)
+    if note := in_flight_note(stages):  # as the dense table says it: an interleaved rank's counts are fractions
+        caption += f"\n{note}"
     changed = changed_args(settings.training)
     # EDP: the expert-data-parallel group the experts' gradients and Adam states are sharded over
     title = (f"{spec.name}: TP {tp}, CP {cp}, PP {pp}, EP {row['ep']}, ETP {row['etp']}, DP {dp} (expert DP "
