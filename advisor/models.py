@@ -99,8 +99,9 @@ def preset(name: str) -> LlamaSpec:
 
 
 def load_hf_config(path: str | Path) -> LlamaSpec:
-    """Read a Hugging Face ``config.json`` of a Llama-family decoder (llama, mistral, qwen2, qwen3):
-    every field Megatron-LM has a flag for, and one line naming the key for anything else."""
+    """Read a Hugging Face ``config.json`` of a Llama-family decoder (llama, mistral, qwen2, qwen3;
+    the mixtures of experts through ``moe.load_moe_config``): every field Megatron-LM has a flag
+    for, and one line naming the key for anything else."""
     from advisor.fileio import read_json
 
     path = Path(path)
@@ -109,17 +110,15 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
         raise AdvisorError(f"{path}: expected a JSON object, got {_describe(document)}")
     config = _Config(path, document)
     if "model_type" not in document:  # Hugging Face writes it; without it, Llama would be a guess
-        raise config.error("model_type", f"is missing: give the model's family ({', '.join(_HF_MODEL_TYPES)}), "
-                                         "as Hugging Face's config.json has it")
+        raise config.error("model_type", f"is missing: give the model's family ({_families()}), as Hugging "
+                                         "Face's config.json has it")
     model_type = document["model_type"]
     if not isinstance(model_type, str):
         raise config.error("model_type", f"must be a string, got {_describe(model_type)}")
     if model_type in moe.HF_MODEL_TYPES:
         return moe.load_moe_config(config, model_type)
     if model_type not in _HF_MODEL_TYPES:
-        raise config.error("model_type", f"{model_type!r} is not a family this tool prices (dense: "
-                                         f"{', '.join(_HF_MODEL_TYPES)}; mixtures of experts: "
-                                         f"{', '.join(moe.HF_MODEL_TYPES)})")
+        raise config.error("model_type", f"{model_type!r} is not a family this tool prices ({_families()})")
     for key in moe.EXPERT_COUNT_KEYS:  # a dense model type with experts would be priced as dense
         if document.get(key) not in (None, 0, 1):
             raise config.error(key, f"is {_describe(document[key])}: a mixture of experts under model_type "
@@ -127,6 +126,12 @@ def load_hf_config(path: str | Path) -> LlamaSpec:
     values = dense_values(config, model_type)
     with config.naming():
         return LlamaSpec(name=str(path), **values)
+
+
+def _families() -> str:
+    """The model types a config.json may have, as both the missing and the unknown model_type's
+    lines name them (the missing one named the dense four alone, as if experts were refused)."""
+    return f"dense: {', '.join(_HF_MODEL_TYPES)}; mixtures of experts: {', '.join(moe.HF_MODEL_TYPES)}"
 
 
 HF_CONFIG_NAME = "config.json"

@@ -216,10 +216,11 @@ def test_issue24_flags(advisor, args, message):
 
 
 def test_a_config_without_model_type_is_refused(advisor, tmp_path):
-    """Without model_type it was read as Llama: a guess about the architecture."""
+    """Without model_type it was read as Llama: a guess about the architecture. The line names
+    every family the reader takes, the mixtures of experts too, as an unknown model_type's does."""
     path = _config(tmp_path, json.dumps({k: v for k, v in HF.items() if k != "model_type"}))
-    assert "model_type is missing: give the model's family (llama, mistral, qwen2, qwen3)" in advisor.error(
-        *SWEEP, "--model", path)
+    assert ("model_type is missing: give the model's family (dense: llama, mistral, qwen2, qwen3; mixtures of "
+            "experts: mixtral, qwen3_moe, deepseek_v3, kimi_k2)") in advisor.error(*SWEEP, "--model", path)
 
 
 def test_a_campaign_whose_flags_build_another_model_is_refused(advisor, tmp_path):
