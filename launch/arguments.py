@@ -82,11 +82,12 @@ DECIDED_FLAGS = frozenset(MODEL_FLAGS + LAYOUT_FLAGS + BATCH_FLAGS + MEMORY_FLAG
 """Flags whose value (or absence) the advisor decided: a user's value for them must agree. A
 dense row decides the MoE flags too: it has no experts."""
 
-DATA_FLAGS = frozenset({
+TOKENIZER_FLAGS = frozenset({"--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--vocab-size"})
+"""The tokenizer: a --data-path of the user's does not stand for it (``launch.inputs``' note)."""
+DATA_FLAGS = TOKENIZER_FLAGS | {
     "--mock-data", "--data-path", "--train-data-path", "--valid-data-path", "--test-data-path", "--data-args-path",
-    "--per-split-data-args-path", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file",
-    "--vocab-size",
-})
+    "--per-split-data-args-path",
+}
 """What ``--mock-data`` decides: the data and the tokenizer."""
 
 # Flags that decide the same thing: when a user flag is unset by a group, these are what it sets instead.

@@ -119,13 +119,15 @@ class LaunchInput:
         """The command's unpriced flags that the launch's ``args`` (the user's after -- included)
         do not give: Megatron's defaults run in their place, said rather than silent."""
         from advisor.row_flags import flag_values
-        from launch.arguments import DATA_FLAGS
+        from launch.arguments import DATA_FLAGS, TOKENIZER_FLAGS
         from launch.job import LENGTH_FLAGS
 
         given = set(flag_values(args))
-        # a group the launch sets one way stands for the command's other way: its data and tokenizer
-        # (--mock-data or the user's), the run's length (--train-samples of a token budget)
-        for group in (DATA_FLAGS, LENGTH_FLAGS):
+        # a group the launch sets one way stands for the command's other way: --mock-data for its data
+        # and tokenizer, the user's data for its data (the command's tokenizer is still named), the
+        # user's tokenizer for its tokenizer, the run's length (--train-samples of a token budget)
+        groups = (DATA_FLAGS,) if "--mock-data" in given else (DATA_FLAGS - TOKENIZER_FLAGS, TOKENIZER_FLAGS)
+        for group in (*groups, LENGTH_FLAGS):
             if given & set(group):
                 given |= set(group)
         left = [flag for flag in self.not_launched if flag.split()[0] not in given]

@@ -290,6 +290,15 @@ def test_a_commands_flags_that_change_no_price_are_named_where_not_launched(advi
     [note] = [line for line in result.stderr.splitlines() if "not launched" in line]
     assert note.endswith("not launched: --clip-grad 1.0, --lr-decay-style cosine (Megatron's defaults run instead: "
                          "give the ones the run needs after --)"), note
+    # the user's own data stands for the command's data, not for its tokenizer, which the note names
+    script.write_text(script.read_text().replace("--data-path /d/text", "--data-path /d/text --tokenizer-type "
+                                                 "HuggingFaceTokenizer --tokenizer-model /tok"))
+    advisor("estimate", "--from-command", script, "--mem", "80", "-o", estimate)
+    result = launcher()("args", "--from", estimate, "--", "--data-path", "/mine", "--train-samples", "1000")
+    [note] = [line for line in result.stderr.splitlines() if "not launched" in line]
+    assert note.endswith("not launched: --vocab-size 50257, --lr 3e-4, --clip-grad 1.0, --lr-decay-style cosine, "
+                         "--tokenizer-type HuggingFaceTokenizer, --tokenizer-model /tok (Megatron's defaults run "
+                         "instead: give the ones the run needs after --)"), note
 
 
 @pytest.mark.parametrize("version, flag", [("0.15", "999"), ("0.19", "1000")])
