@@ -52,6 +52,10 @@ def test_memory_objective_above_the_memory_prints_the_plan_writes_none_and_exits
                                                "layouts)")  # not what was given already
     table = advisor(*TOO_BIG, expect=1)
     assert "predicted peak" in table.stdout and table.stderr.count("nothing fits") == 1
+    # "launchable" under "-> oom" read as a contradiction: Megatron can launch it, it would not fit
+    assert "stock Megatron-LM can launch this layout, but it is predicted oom" in table.stdout
+    assert "\nlaunchable on stock Megatron-LM" not in table.stdout
+    assert "\nlaunchable on stock Megatron-LM" in advisor(*FITS).stdout
     assert plan["verdict"] == "oom" and plan["memory_model"] == "calibrated"
     # --mem decides where it is given: within 200 GiB a plan runs, and says so
     roomy = json.loads(advisor(*TOO_BIG, "--mem", 200, "--format", "json").stdout)

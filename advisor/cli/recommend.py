@@ -351,8 +351,12 @@ def _plan_table(plan, mem: float | None, unmeasured: float = 0.0) -> str:
             caption += f"; predicted step {plan.step_time_s:.2f} s"
             if baseline is not None and baseline.step_time_s is not None:
                 caption += f" (even split {baseline.step_time_s:.2f} s)"
-    caption += "\nlaunchable on stock Megatron-LM" if plan.launchable else \
-        "\nNOT launchable on stock Megatron-LM (per-stage degrees)"
+    if not plan.launchable:
+        caption += "\nNOT launchable on stock Megatron-LM (per-stage degrees)"
+    elif plan.verdict in ("oom", "likely oom"):  # "launchable" beside "-> oom" read as a contradiction
+        caption += f"\nstock Megatron-LM can launch this layout, but it is predicted {plan.verdict}"
+    else:
+        caption += "\nlaunchable on stock Megatron-LM"
     if plan.skipped_runs:
         caption += "\n" + set_aside_text(plan.skipped_runs, len(plan.profile_runs) + len(plan.skipped_runs))
     if plan.stopped_early_runs:
