@@ -121,7 +121,11 @@ def test_bad_requests(advisor, tmp_path, args, message):
 
 def test_bad_directories(advisor, tmp_path):
     line = advisor.error("profile", "show", tmp_path)
-    assert "no profile files (rank*.jsonl) nor run directories holding them" in line
+    assert line.endswith("no profile files (rank*.jsonl) nor run directories holding them")
+    (tmp_path / "campaign.json").write_text("{}")  # a campaign planned, not yet run: how its runs are made
+    assert advisor.error("profile", "show", tmp_path).endswith(
+        f"(it holds a campaign: advisor profile run {tmp_path / 'campaign.json'} --out DIR makes them)")
+    (tmp_path / "campaign.json").unlink()
     assert "missing: no such directory" in advisor.error("profile", "show", tmp_path / "missing")
     path = profile().write(tmp_path)
     text = path.read_text()

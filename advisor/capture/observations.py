@@ -405,7 +405,10 @@ def run_directories(paths: Iterable[str | Path]) -> list[Path]:
             continue
         runs = sorted(child for child in path.iterdir() if child.is_dir() and any(child.glob("rank*.jsonl")))
         if not runs:
-            raise ProfileError(f"{path}: no profile files (rank*.jsonl) nor run directories holding them")
+            # a campaign's directory before its runs: say how they are made
+            hint = (f" (it holds a campaign: advisor profile run {path / 'campaign.json'} --out DIR makes them)"
+                    if (path / "campaign.json").is_file() else "")
+            raise ProfileError(f"{path}: no profile files (rank*.jsonl) nor run directories holding them{hint}")
         found += runs
     return found
 
