@@ -44,7 +44,7 @@ COMMANDS = {
                  "List the GPU presets for --gpu: memory, dense BF16/FP8 TFLOP/s, HBM, NVLink and network bandwidth, "
                  "GPUs per node, and the vendor specification each number comes from (JSON)."),
     "models": Lazy("advisor.cli.models", "models",
-                   "List the built-in presets (Llama and mixtures of experts) and their hyper-parameters; total and "
+                   "List the built-in presets (Llama, Qwen3 and mixtures of experts) and their hyper-parameters; total and "
                    "active parameters (equal for dense models; MoE: top-k experts, embeddings included)."),
     "profile": Lazy("advisor.cli.profile", "profile", "Plan, run and read layer-by-layer memory profiles of Megatron runs."),
     "recommend": Lazy("advisor.cli.recommend", "recommend",

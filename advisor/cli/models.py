@@ -16,7 +16,7 @@ DERIVED = ("parameters_billions", "active_parameters_billions")
 @click.command(epilog=EPILOG)
 @output_options
 def models(fmt: str, output: Path | None) -> None:
-    """List the built-in presets (Llama and mixtures of experts) and their hyper-parameters;
+    """List the built-in presets (Llama, Qwen3 and mixtures of experts) and their hyper-parameters;
     total and active parameters (equal for dense models; MoE: top-k experts, embeddings included).
 
     \b
