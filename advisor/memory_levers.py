@@ -209,22 +209,22 @@ def _stage_cut(weights, bucket: float, state: dict, next_id: int) -> tuple[list,
     return of, running, next_id
 
 
-def _arrival_times(stage: StageWeights, layers: int, first: int) -> tuple[list, list]:
-    """(first touch, last gradient) of each weight of ``pre`` + ``layers`` layers, in named
-    order, on the full stage's clock (layer l at (``layers`` - 1 - l) x width + its rank);
-    an ``early`` weight is touched before the ``post`` weights of a stage starting at ``first``."""
+def _arrival_times(stage: StageWeights, layers: int) -> list:
+    """When backward produces the gradient of each weight of ``pre`` + ``layers`` layers, in named
+    order, on the full stage's clock (layer l at (``layers`` - 1 - l) x width + its rank, ``pre``
+    after them in ``pre_order``): a bucket opens at its soonest, completes at its latest. An
+    ``early`` weight's bucket opens before every other (``_stage_events``, ``_count_specials``)."""
     width, rank = len(stage.layer), [0] * len(stage.layer)
     for position, p in enumerate(stage.arrival):  # the inverse permutation (tuple.index is quadratic)
         rank[p] = position
     last = [0] * len(stage.pre)
     for position, j in enumerate(stage.pre_order()):
         last[j] = layers * width + position
-    touch = [first - len(stage.post) - 1 if w[3] else t for w, t in zip(stage.pre, last)]
     if layers * width > NUMPY_WEIGHTS:  # an MoE stage's many weights: the same integers by numpy
         times = (np.arange(layers - 1, -1, -1)[:, None] * width + np.asarray(rank)[None, :]).ravel().tolist()
     else:
         times = [(layers - 1 - layer) * width + r for layer in range(layers) for r in rank]
-    return touch + times, last + times
+    return last + times
 
 
 def _stage_events(stage: StageWeights, layers: int, every: list, last: list) -> tuple[list, list, list]:
@@ -592,7 +592,7 @@ def _stage_replay(stage: StageWeights, layers: int, bucket: float, queue: float)
     if sorted(stage.pre_order()) != list(range(len(stage.pre))):
         raise ValueError(f"pre_arrival {stage.pre_arrival} is not an order of the {len(stage.pre)} weights before the layers")
     of, post_of, totals, starts, states = _full_cut(stage, layers, bucket)
-    touch, last = _arrival_times(stage, layers, 0)
+    last = _arrival_times(stage, layers)
     post_times = [-1 - j for j in range(len(stage.post))]  # backward produces the last named first
     events = _stage_events(stage, layers, of + post_of, last + post_times)
     full = _suffix_peaks(events, totals, queue)
@@ -604,7 +604,7 @@ def _stage_replay(stage: StageWeights, layers: int, bucket: float, queue: float)
     times, peaks, ends, memo = events[0], [], [], {}
     for count in range(layers + 1):
         first = (layers - count) * width
-        changed, head_events, pending = _shifted_specials(stage, (of, totals, starts, touch, states), count, first,
+        changed, head_events, pending = _shifted_specials(stage, (of, totals, starts, last, states), count, first,
                                                           bucket, memo)
         for index, size in changed.items():
             sizes[index], special[index] = size, 1
@@ -628,7 +628,7 @@ def stage_peak(stage: StageWeights, layers: int, bucket: float, queue: float) ->
             or sorted(stage.pre_order()) != list(range(len(stage.pre))):
         raise ValueError(f"no replay of {layers} layers with arrival {stage.arrival}, {stage.pre_arrival}")
     of, post_of, totals, _, _ = _full_cut(stage, layers, bucket)
-    _, last = _arrival_times(stage, layers, 0)
+    last = _arrival_times(stage, layers)
     events = _stage_events(stage, layers, of + post_of, last + [-1 - j for j in range(len(stage.post))])
     return _suffix_peaks(events, totals, queue)[0][0]
 
