@@ -586,3 +586,28 @@ def test_validation_md_container_moves_are_the_published_data():
     assert f"moved by {low:+.1%} to {high:+.1%} ({len(moves)} pairs): the 405B by {low:+.1%} from 26.02 to 26.04.01" \
         in text
     assert moves[0][1:] == ("mb-26.02-405b-fp8-1024", "mb-26.04.01-405b-fp8-1024")
+
+
+# --- README.md and docs/testing.md: the mutation pass ---------------------------------------------
+
+
+def test_the_mutation_counts_are_the_mutants_and_the_table_of_their_last_run():
+    """README's 'kills N of N mutants' and docs/testing.md's latest 'N of N killed' are the
+    mutants tests/tools/mutate.py holds, and the table under them has one row each, all killed
+    (the pass itself takes minutes: docs/testing.md says how it is run)."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    loaded = importlib.util.spec_from_file_location("mutate", ROOT / "tests" / "tools" / "mutate.py")
+    mutate = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(mutate)
+    count = len(mutate.MUTANTS)
+    assert f"kills {count} of {count} mutants" in text_of("README.md")
+    testing = text_of("docs/testing.md")
+    latest = re.findall(r"(\d+) of (\d+) (?:mutants )?killed", testing)[0]
+    assert latest == (str(count), str(count)), "docs/testing.md: the latest run's count"
+    rows = table_after("docs/testing.md", "| # | file | mutant |")
+    assert [int(row[0]) for row in rows] == list(range(1, count + 1))
+    assert {row[-1].split(" (")[0] for row in rows} == {"killed"}
+    assert [row[1] for row in rows] == [mutant[0] for mutant in mutate.MUTANTS]

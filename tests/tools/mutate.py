@@ -29,6 +29,7 @@ OPTIONS = ["tests/test_megatron_args.py", "tests/test_options.py", "tests/test_l
 LEVERS = ["tests/test_levers.py", "tests/test_torch_fsdp2.py"]
 REPLAY = ["tests/test_fsdp_optim_grads_ends.py", "tests/test_fsdp_optim_grads_queue.py",
           "tests/test_fsdp_optim_grads_replay.py"]
+MOE_FSDP = ["tests/test_moe_fsdp_optim_grads_replay.py", "tests/test_moe_fsdp.py"]
 MOE = ["tests/test_moe_memory.py", "tests/test_moe_time_stage.py", "tests/test_moe_pricing.py"]
 
 MUTANTS = [  # (file, text, replacement, tests)
@@ -38,7 +39,8 @@ MUTANTS = [  # (file, text, replacement, tests)
     ("advisor/equations.py", "    return 2 * spec.hidden_size\n", "    return spec.hidden_size\n", MEMORY),
     ("advisor/memory_levers.py", 'STATE_BYTES = {"fp32": 4,', 'STATE_BYTES = {"fp32": 6,',
      MEMORY + ["tests/test_terms_by_hand.py"]),
-    ("advisor/equations.py", "return 6 * s * b * h + 4 * s * b * h", "return 6 * s * b * h + 2 * s * b * h", MEMORY),
+    ("advisor/equations.py", "eq11 = 6 * s * b * h + 4 * s * b * h * spec.num_query_groups",
+     "eq11 = 6 * s * b * h + 2 * s * b * h * spec.num_query_groups", MEMORY),
     ("advisor/equations.py", "return 2 * spec.num_attention_heads * seq_len * seq_len * mbs",
      "return spec.num_attention_heads * seq_len * seq_len * mbs", MEMORY),
     ("advisor/equations.py", "return 2 * seq_len * mbs * (spec.hidden_size + 4 * spec.ffn_hidden_size)",
@@ -67,14 +69,16 @@ MUTANTS = [  # (file, text, replacement, tests)
     ("advisor/throughput/terms.py", "    return steps / n * size_bytes / bandwidth", "    return size_bytes / bandwidth",
      TIME),
     ("advisor/throughput/terms.py", "    return 2 * reduce, 0.0 * gather", "    return reduce, 0.0 * gather", TIME),
-    ("advisor/throughput/terms.py", "    forward = 2 * tp_collective_time(spec, tokens, tp, rates, sizes.input_gather)",
-     "    forward = 1 * tp_collective_time(spec, tokens, tp, rates, sizes.input_gather)", TIME),
+    ("advisor/throughput/terms.py", "    forward = tp_collective_time(spec, tokens, tp, rates, sizes.input_gather) \\\n"
+     "        + tp_collective_time(spec, tokens, tp, rates, sizes.output_scatter)",
+     "    forward = tp_collective_time(spec, tokens, tp, rates, sizes.input_gather) \\\n"
+     "        + 0.0 * tp_collective_time(spec, tokens, tp, rates, sizes.output_scatter)", TIME),
     ("advisor/throughput/terms.py", "return forward_flops / rate + latency / 3.5, 2.5 * forward_flops / rate",
      "return forward_flops / rate + latency / 3.5, 2.0 * forward_flops / rate", TIME),
     ("advisor/throughput/terms.py", "    backward = steps * np.maximum(0.0, 2 * send - attention_backward / c)",
      "    backward = steps * np.maximum(0.0, send - attention_backward / c)", TIME),
-    ("advisor/throughput/terms.py", "    return 4 + 2 + 8 + sum(STATE_STEP_BYTES[state] for state in states)",
-     "    return 4 + 2 + sum(STATE_STEP_BYTES[state] for state in states)", TIME),
+    ("advisor/throughput/terms.py", "    return (grad_bytes + grad_bytes + weight_write_bytes + master_read_bytes",
+     "    return (grad_bytes + weight_write_bytes + master_read_bytes", TIME),
     ("advisor/throughput/terms.py", "    size = BF16 * tokens * spec.hidden_size / np.asarray(tp, dtype=float)\n"
      "    bandwidth = np.where(cross_node", "    size = BF16 * tokens * spec.hidden_size\n"
      "    bandwidth = np.where(cross_node", TIME),
@@ -99,11 +103,11 @@ MUTANTS = [  # (file, text, replacement, tests)
     # the MoE terms (issue 22)
     ("advisor/moe/stage.py", "    per_expert = levers.state_bytes_per_parameter(options.memory, edp)",
      "    per_expert = levers.state_bytes_per_parameter(options.memory, 1)", MOE),
-    ("advisor/moe/memory.py", "    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f)) + 4 + 8",
-     "    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f)) + 4", MOE),
+    ("advisor/moe/memory.py", "    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f) + eager) + 4 + 8 / etp",
+     "    per_copy = BF16 * (spec.hidden_size + 2 * f + (0 if recompute_act else f) + eager) + 4", MOE),
     ("advisor/moe/time.py", "    return forward, 2 * forward\n\n\ndef attention_flops",
      "    return forward, forward\n\n\ndef attention_flops", MOE),
-    ("advisor/moe/ep_time.py", "(A2A_NETWORK_FRACTION * rates.network_bytes_per_s)",
+    ("advisor/moe/ep_time.py", "(A2A_NETWORK_FRACTION * rates.line_network_bytes_per_s)",
      "(A2A_NETWORK_FRACTION * rates.nvlink_bytes_per_s)", MOE),
     # parameter counts at TP > 1 and PP > 1 (survivors of the coverage map; tests added with them)
     ("advisor/moe/params.py", "    return replicated + split / tp", "    return (replicated + split) / tp", MOE),
@@ -113,8 +117,7 @@ MUTANTS = [  # (file, text, replacement, tests)
      "ends = np.where(p > 1, 2.0, 1.0 if spec.tie_embeddings else 2.0)", LEVERS),
     ("advisor/throughput/model.py", "ends = np.where(p > 1, 1.0, 1.0 if spec.tie_embeddings else 2.0)",
      "ends = np.where(p > 1, 1.0, 2.0)", LEVERS),
-    ("advisor/moe/memory.py", "return 6 * seq_len * mbs * spec.shared_expert_size / (tp * cp)",
-     "return 6 * seq_len * mbs * spec.shared_expert_size / cp", MOE),
+    ("advisor/moe/memory.py", "    return kept / (tp * cp) + gathered", "    return kept / cp + gathered", MOE),
     ("advisor/throughput/levers.py", "return elementwise_time(step_bytes * (1.0 - fraction) * np.asarray(shard",
      "return elementwise_time(step_bytes * np.asarray(shard", LEVERS),
     # Megatron-FSDP optim_grads: the bucket cut, the queue and the first and last stages' ends
@@ -146,6 +149,13 @@ MUTANTS = [  # (file, text, replacement, tests)
      MOE),
     ("advisor/moe/ep_time.py", "    return np.maximum(comm, work + comm_sm_share * comm)", "    return np.maximum(comm, work)",
      MOE),
+    # Megatron-FSDP optim_grads on an MoE stage: the groups and the backward order of its weights
+    ("advisor/moe/fsdp_replay.py", '("router", spec.num_experts * h, DENSE)', '("router", spec.num_experts * h, ROUTED)',
+     MOE_FSDP),
+    ("advisor/moe/fsdp_replay.py", 'order = routed + ["router"] + (["shared_fc2", "shared_fc1"] if shared else [])',
+     'order = (["shared_fc2", "shared_fc1"] if shared else []) + routed + ["router"]', MOE_FSDP),
+    ("advisor/moe/fsdp_replay.py", '        routed = [f"fc2.{i}" for i in range(local)] + [f"fc1.{i}" for i in range(local)]',
+     '        routed = [f"fc1.{i}" for i in range(local)] + [f"fc2.{i}" for i in range(local)]', MOE_FSDP),
 ]
 
 
