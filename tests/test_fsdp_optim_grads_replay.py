@@ -150,14 +150,14 @@ def reference_stage_peak(stage: levers.StageWeights, layers: int, bucket: float,
     1769-1870) groups the weights in named order, cuts each group apart (a bucket closes at the
     weight bringing it to >= the size; a ``shared_embedding`` weight closes the open bucket and
     takes one alone); backward then produces the ``post`` weights (last named first), the layers
-    from the last, then ``pre``; a bucket is allocated at its first touch and, at its last
-    gradient, the one queue is trimmed (> queue: pop the oldest) and it is appended."""
+    from the last, then ``pre`` (last named first, or in ``pre_arrival``'s order: an MoE stage's
+    dense layers); a bucket is allocated at its first touch and, at its last gradient, the one
+    queue is trimmed (> queue: pop the oldest) and it is appended."""
     named = list(stage.pre) + list(stage.layer) * layers + list(stage.post)
     width, tail = len(stage.layer), len(stage.post)
-    touch, last = [], []
-    for j, weight in enumerate(stage.pre):
-        last.append(layers * width + len(stage.pre) - 1 - j)
-        touch.append(-tail - 1 if weight[3] else last[-1])
+    order = list(stage.pre_arrival) or list(range(len(stage.pre) - 1, -1, -1))
+    last = [layers * width + order.index(j) for j in range(len(stage.pre))]
+    touch = [-tail - 1 if w[3] else t for w, t in zip(stage.pre, last)]
     for layer in range(layers):
         for position in range(width):
             last.append((layers - 1 - layer) * width + stage.arrival.index(position))

@@ -3,7 +3,6 @@ weights against the advisor's parameter counts, a toy MoE stage traced by hand, 
 MoE additions (``StageWeights.pre_arrival``, the numpy cut of several groups, ``stage_peak``)
 against a plain reference replay, and Qwen3-30B-A3B at DP 2048, derived by hand."""
 
-import collections
 import random
 
 import numpy as np
@@ -18,58 +17,6 @@ from tests.test_fsdp_optim_grads_replay import random_stage, reference_stage_pea
 
 W = lambda size, group=0: (float(size), group, False, False)  # noqa: E731
 
-
-def reference_peak(stage: levers.StageWeights, layers: int, bucket: float, queue: float) -> float:
-    """``tests.test_fsdp_optim_grads_replay.reference_stage_peak`` with ``pre`` produced in
-    ``pre_arrival``'s order (its one change): the plain replay, weight by weight."""
-    named = list(stage.pre) + list(stage.layer) * layers + list(stage.post)
-    width, tail = len(stage.layer), len(stage.post)
-    order = list(stage.pre_arrival) or list(range(len(stage.pre) - 1, -1, -1))
-    last = [layers * width + order.index(j) for j in range(len(stage.pre))]
-    touch = [-tail - 1 if w[3] else t for w, t in zip(stage.pre, last)]
-    for layer in range(layers):
-        for position in range(width):
-            last.append((layers - 1 - layer) * width + stage.arrival.index(position))
-            touch.append(last[-1])
-    last += [-1 - j for j in range(tail)]
-    touch += [-1 - j for j in range(tail)]
-    buckets, open_bucket, of = [], {}, []
-    for size, group, own, _ in named:
-        if own:
-            open_bucket.pop(group, None)
-            buckets.append([size, 1])
-            of.append(len(buckets) - 1)
-            continue
-        if group not in open_bucket:
-            buckets.append([0.0, 0])
-            open_bucket[group] = len(buckets) - 1
-        index = open_bucket[group]
-        buckets[index][0] += size
-        buckets[index][1] += 1
-        of.append(index)
-        if buckets[index][0] >= bucket:
-            del open_bucket[group]
-    missing, opened = [b[1] for b in buckets], [False] * len(buckets)
-    queued, space, held, peak = collections.deque(), 0.0, 0.0, 0.0
-    for time in sorted(set(touch) | set(last)):
-        for i in range(len(named)):
-            if touch[i] == time and not opened[of[i]]:
-                opened[of[i]] = True
-                held += buckets[of[i]][0]
-                peak = max(peak, held)
-        for i in range(len(named)):
-            if last[i] == time:
-                missing[of[i]] -= 1
-                if not missing[of[i]]:
-                    while space > queue:
-                        oldest = buckets[queued.popleft()][0]
-                        space -= oldest
-                        held -= oldest
-                    queued.append(of[i])
-                    space += buckets[of[i]][0]
-    return peak
-
-
 TOY = levers.StageWeights((), (W(4), W(3, 1), W(3, 1), W(2)), (), (2, 1, 3, 0))
 """A toy MoE layer: dense d0 4, routed e1 3, e2 3, dense d1 2; backward e2, e1, d1, d0."""
 
@@ -83,11 +30,11 @@ def test_a_toy_moe_stage_by_hand():
     [d0 e1 = 7], [e2 d1 = 5] per layer; backward L1: e2 opens its [e2 d1] (5), e1 opens [d0 e1]
     (12), d1 completes the first (space 5), d0 the second (space 12); L0: e2 opens (17), e1 opens
     (24): peak 24. The groups' separate cuts change the peak."""
-    assert reference_peak(TOY, 2, 5.0, 6.0) == 18.0
+    assert reference_stage_peak(TOY, 2, 5.0, 6.0) == 18.0
     assert levers._stage_peaks(TOY, 2, 5.0, 6.0)[2] == 18.0
     assert levers.stage_peak(TOY, 2, 5.0, 6.0) == 18.0
     one = TOY._replace(layer=tuple(W(w[0]) for w in TOY.layer))
-    assert reference_peak(one, 2, 5.0, 6.0) == 24.0 == levers.stage_peak(one, 2, 5.0, 6.0)
+    assert reference_stage_peak(one, 2, 5.0, 6.0) == 24.0 == levers.stage_peak(one, 2, 5.0, 6.0)
 
 
 def test_dense_layers_before_the_moe_layers_by_hand():
@@ -99,10 +46,10 @@ def test_dense_layers_before_the_moe_layers_by_hand():
     over the layer's 6 + 6 here, so the oracle and the engine must agree on both."""
     for order in ((1, 0), (0, 1)):
         stage = levers.StageWeights((W(4), W(4)), TOY.layer, (), TOY.arrival, order)
-        assert levers.stage_peak(stage, 1, 100.0, 0.0) == 20.0 == reference_peak(stage, 1, 100.0, 0.0)
+        assert levers.stage_peak(stage, 1, 100.0, 0.0) == 20.0 == reference_stage_peak(stage, 1, 100.0, 0.0)
         for bucket in (4.0, 5.0, 9.0):
             assert levers._stage_peaks(stage, 1, bucket, 0.0) == tuple(
-                reference_peak(stage, n, bucket, 0.0) for n in range(2))
+                reference_stage_peak(stage, n, bucket, 0.0) for n in range(2))
 
 
 def random_mixed_stage(rng: random.Random) -> levers.StageWeights:
@@ -129,17 +76,10 @@ def test_random_moe_stages_are_the_reference_replay(seed, numpy_weights, monkeyp
         stage = random_mixed_stage(rng)
         bucket, queue, layers = rng.choice([float(rng.randint(1, 30)), np.inf]), float(rng.randint(0, 80)), \
             rng.randint(0, 8)
-        expected = [reference_peak(stage, n, bucket, queue) for n in range(layers + 1)]
+        expected = [reference_stage_peak(stage, n, bucket, queue) for n in range(layers + 1)]
         assert list(levers._stage_peaks(stage, layers, bucket, queue)) == expected, (stage, bucket, queue)
         assert levers.stage_peak(stage, layers, bucket, queue) == expected[-1]
     levers._stage_peaks.cache_clear(), levers._stage_replay.cache_clear(), levers.stage_peak.cache_clear()
-
-
-def test_the_old_reference_is_the_new_one_without_pre_arrival():
-    rng = random.Random(7)
-    for _ in range(100):
-        stage = random_stage(rng, fractional=False)
-        assert reference_peak(stage, 3, 9.0, 20.0) == reference_stage_peak(stage, 3, 9.0, 20.0)
 
 
 def test_a_bad_pre_arrival_is_refused():
