@@ -3,6 +3,7 @@ weights against the advisor's parameter counts, a toy MoE stage traced by hand, 
 MoE additions (``StageWeights.pre_arrival``, the numpy cut of several groups, ``stage_peak``)
 against a plain reference replay, and Qwen3-30B-A3B at DP 2048, derived by hand."""
 
+import dataclasses
 import random
 
 import numpy as np
@@ -126,6 +127,21 @@ def test_deepseek_v3s_mla_layer_order():
     assert [w[1] for w in layer] == [0] * 8 + [1] * 8 + [0, 0]
     # backward: routed FC2 then FC1, router, shared FC2, FC1, pre-MLP norm, proj, kv_up, q_up, kv_down, q_down, input norm
     assert arrival == (12, 13, 14, 15, 8, 9, 10, 11, 7, 17, 16, 6, 1, 5, 3, 4, 2, 0)
+
+
+def test_mla_without_a_q_lora_produces_q_proj_before_kv_down():
+    """DeepSeek-V3 without a q LoRA (as Moonlight, DeepSeek-V2-Lite) at TP 1, EP 64: input norm,
+    linear_proj, linear_q_proj 7168 x 128 x 192, kv_down, kv_up + its norm, pre-MLP norm, router,
+    4 + 4 experts, shared FC1, FC2. Forward runs kv_down, then q_proj, then kv_up
+    (multi_latent_attention.py core_v0.19.0 :662, :860, :866), so backward produces proj, kv_up,
+    q_proj, kv_down (read on megatron-core's local spec: tests/test_moe_layer_order.py)."""
+    spec = load_model("deepseek-v3")
+    spec = dataclasses.replace(spec, mla=dataclasses.replace(spec.mla, q_lora_rank=None))
+    layer, arrival = fsdp_replay.moe_layer_weights(spec, 1, 64, 1)
+    assert [w[0] for w in layer][:6] == [7168, 128 * 128 * 7168, 7168 * 128 * 192, 7168 * 576,
+                                         512 * 128 * 256 + 512, 7168]
+    # routed FC2 then FC1, router, shared FC2, FC1, pre-MLP norm, proj, kv_up, q_proj, kv_down, input norm
+    assert arrival == (11, 12, 13, 14, 7, 8, 9, 10, 6, 16, 15, 5, 1, 4, 2, 3, 0)
 
 
 def test_qwen3_30b_a3b_at_dp_2048_holds_its_whole_stage():

@@ -26,9 +26,11 @@ number first (the later built in forward). ``MoELayer.forward`` computes the sha
 first, then the router, the dispatch, the routed experts and the combine (moe_layer.py:651-680),
 so backward produces the routed experts' FC2 then FC1 (the last expert first for SequentialMLP),
 then the router, then the shared experts' FC2 and FC1, then the pre-MLP norm. MLA's forward runs
-q_down, kv_down, q_up, kv_up (multi_latent_attention.py:644, :662, :784, :866), so after
-linear_proj backward produces kv_up, q_up, kv_down, q_down (without a q LoRA: kv_up, kv_down,
-q_proj), and the input norm last.
+q_down, kv_down, q_up, kv_up (multi_latent_attention.py:644, :662, :856, :866), so after
+linear_proj backward produces kv_up, q_up, kv_down, q_down; without a q LoRA q_proj runs after
+kv_down (:860), so kv_up, q_proj, kv_down; and the input norm last. tests/test_moe_layer_order.py
+reads both orders, the named one and the backward one, off megatron-core's local-spec layers on
+the CPU.
 
 Where the exact order is uncertain, the sizes that move are small: with Transformer Engine the
 input norm of grouped-query attention is fused into QKV (named after the projection, as
@@ -70,7 +72,7 @@ def _attention(spec: MoESpec, tp) -> tuple[list, list]:
     named = [("proj", a * mla.v_head_dim * h / t)]
     if mla.q_lora_rank is None:
         named.append(("q", h * a * q_head / t))
-        order = ["proj", "kv_up", "kv_down", "q"]
+        order = ["proj", "kv_up", "q", "kv_down"]  # q_proj runs after kv_down (the module docstring)
     else:
         q_norm = mla.q_lora_rank if spec.qk_layernorm else 0  # fused into linear_q_up_proj with TE
         named += [("q_down", float(h * mla.q_lora_rank)), ("q_up", mla.q_lora_rank * a * q_head / t + q_norm)]
