@@ -420,7 +420,13 @@ def _wrapped(text: str | None, width: int | None, *, indent: str = "", break_lon
     if width is None:
         return text
     wrapper = _NameWrapper(width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=break_long_words)
-    return "\n".join("\n".join(wrapper.wrap(line) or [""]) for line in text.split("\n"))
+    # an option and its value in a hint, '(--top N)', stay on one line: joined by a no-break space,
+    # which textwrap does not split at, and given back after
+    text = _OPTION_HINT.sub(lambda m: m[0].replace(" ", "\u00a0"), text)
+    return "\n".join("\n".join(wrapper.wrap(line) or [""]) for line in text.split("\n")).replace("\u00a0", " ")
+
+
+_OPTION_HINT = re.compile(r"\(--[\w-]+ [A-Z]+\)")
 
 
 class _NameWrapper(textwrap.TextWrapper):

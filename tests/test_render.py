@@ -23,3 +23,18 @@ def test_a_long_overridden_model_name_wraps_between_its_fields():
     # or inside the number 12,376
     assert title == ["llama3.1-8b[num_layers=8,hidden_size=256,", "num_attention_heads=4]: 12,376 layouts",
                      "considered"]
+
+
+def test_an_option_hint_is_not_broken_between_the_option_and_its_value():
+    from advisor.render import Column, to_table
+
+    # 'best 5 of 1,889 shown (--top N)' at 80 columns broke after '(--top' (the newcomer review)
+    caption = "881 fits, 109 likely fits, 41 likely oom, 1,229 oom (--all shows oom); best 5 of 1,889 shown (--top N)"
+    broke = 0
+    for width in range(30, 110):
+        lines = to_table([{"a": 1}], [Column("a", "a")], caption=caption, width=width).rstrip("\n").split("\n")
+        assert all(len(line) <= width for line in lines), width
+        assert sum("(--top N)" in line for line in lines) == 1, width
+        assert " ".join(lines[5:]) == caption  # the caption's words, none lost or joined
+        broke += lines[5].endswith("shown") or any(line.startswith("(--top N)") for line in lines)
+    assert broke  # some width puts the hint at a line's start: it moved whole
