@@ -173,3 +173,22 @@ def test_a_stage_with_mtp_layers_keeps_the_old_form():
     stages = fsdp_replay.ReplayedStages(spec, 8, 16, 8, 1, np.array([14, 15]), 129280, 4, np.array([0, 1]))
     values = fsdp_replay.queued_elements(options, stages, 0, 256, 1e9)
     assert not np.isnan(values[0]) and np.isnan(values[1])
+
+
+def test_stages_alike_replay_once_and_as_their_own():
+    """``queued_elements`` sets a middle stage's vocabulary and the EP and ETP of a stage of no MoE
+    layers alike (they move nothing) and keeps each distinct stage's replay: every layout's value
+    is still ``stage_peak`` of its own ``moe_stage``, ends, experts and all."""
+    spec = load_model("deepseek-v3")
+    options = MemoryOptions(fsdp_strategy="optim_grads", overlap_grad_reduce=True, fsdp_budget_from_units=True)
+    tp, ep, etp = np.array([1, 1, 2, 2, 1, 1]), np.array([8, 64, 8, 8, 8, 64]), np.array([1, 1, 1, 2, 1, 1])
+    pp, stage = np.array([4, 4, 8, 8, 4, 4]), np.array([1, 2, 3, 0, 0, 3])
+    vocab, moe = np.array([129280, 131072, 129280, 129280, 129280, 129280]), np.array([15, 15, 0, 0, 0, 0])
+    dense = np.where(stage == 0, 3, 0)
+    stages = fsdp_replay.ReplayedStages(spec, tp, pp, ep, etp, stage, vocab, moe, np.zeros(6))
+    values = fsdp_replay.queued_elements(options, stages, dense, 256, 1e9)
+    for j in range(6):
+        position = (levers.FIRST if stage[j] == 0 else 0) + (levers.LAST if stage[j] == pp[j] - 1 else 0)
+        own = fsdp_replay.moe_stage(spec, int(tp[j]), int(ep[j]), int(etp[j]), int(dense[j]),
+                                    spec.hidden_size * float(vocab[j]) / tp[j], position)
+        assert values[j] == levers.stage_peak(own, int(moe[j]), float(levers.ddp_bucket_size(256)), 1e9), j
