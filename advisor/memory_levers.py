@@ -587,15 +587,7 @@ def _stage_replay(stage: StageWeights, layers: int, bucket: float, queue: float)
     if layers < 0:
         return (), ()
     width = len(stage.layer)
-    if sorted(stage.arrival) != list(range(width)):
-        raise ValueError(f"arrival {stage.arrival} is not an order of the layer's {width} weights")
-    if sorted(stage.pre_order()) != list(range(len(stage.pre))):
-        raise ValueError(f"pre_arrival {stage.pre_arrival} is not an order of the {len(stage.pre)} weights before the layers")
-    of, post_of, totals, starts, states = _full_cut(stage, layers, bucket)
-    last = _arrival_times(stage, layers)
-    post_times = [-1 - j for j in range(len(stage.post))]  # backward produces the last named first
-    events = _stage_events(stage, layers, of + post_of, last + post_times)
-    full = _suffix_peaks(events, totals, queue)
+    (of, _, totals, starts, states), last, events, full = _full_replay(stage, layers, bucket, queue)
     elements = [w[0] for w in stage.pre + stage.layer + stage.post]
     total = sum(w[0] for w in stage.pre + stage.post) + layers * sum(w[0] for w in stage.layer)
     converge = all(float(s).is_integer() and s >= 0 for s in elements) and total < EXACT_ELEMENTS
@@ -624,13 +616,24 @@ def stage_peak(stage: StageWeights, layers: int, bucket: float, queue: float) ->
     """``_stage_peaks(stage, layers, bucket, queue)[layers]`` alone: the full stage's replay
     (``_suffix_peaks``' most held from its first event), without replaying every smaller count;
     for a caller that needs one count of each stage (an MoE stage: ``advisor.moe.fsdp_replay``)."""
-    if layers < 0 or sorted(stage.arrival) != list(range(len(stage.layer))) \
-            or sorted(stage.pre_order()) != list(range(len(stage.pre))):
-        raise ValueError(f"no replay of {layers} layers with arrival {stage.arrival}, {stage.pre_arrival}")
-    of, post_of, totals, _, _ = _full_cut(stage, layers, bucket)
+    if layers < 0:
+        raise ValueError(f"no replay of {layers} layers")
+    return _full_replay(stage, layers, bucket, queue)[3][0][0]
+
+
+def _full_replay(stage: StageWeights, layers: int, bucket: float, queue: float) -> tuple:
+    """The full stage's replay, which ``_stage_replay`` and ``stage_peak`` share: (``_full_cut``,
+    each weight's gradient time, the events, ``_suffix_peaks``)."""
+    width = len(stage.layer)
+    if sorted(stage.arrival) != list(range(width)):
+        raise ValueError(f"arrival {stage.arrival} is not an order of the layer's {width} weights")
+    if sorted(stage.pre_order()) != list(range(len(stage.pre))):
+        raise ValueError(f"pre_arrival {stage.pre_arrival} is not an order of the {len(stage.pre)} weights before the layers")
+    cut = _full_cut(stage, layers, bucket)
     last = _arrival_times(stage, layers)
-    events = _stage_events(stage, layers, of + post_of, last + [-1 - j for j in range(len(stage.post))])
-    return _suffix_peaks(events, totals, queue)[0][0]
+    post_times = [-1 - j for j in range(len(stage.post))]  # backward produces the last named first
+    events = _stage_events(stage, layers, cut[0] + cut[1], last + post_times)
+    return cut, last, events, _suffix_peaks(events, cut[2], queue)
 
 
 def _bucket_peaks(weights: tuple, layers: int, bucket: float, queue: float) -> tuple:
@@ -798,10 +801,18 @@ def _with_ends(weights: tuple, matrix: float, norm: float, position: int, tied: 
     layers, the final norm and output layer after them, all of the one BF16 group. Cached:
     ``QueueReplay._replay`` builds every stage it is asked for, a few hundred distinct in a sweep,
     and ``end_sizes``' numpy calls on scalars cost more than the replay's cache hit that follows."""
-    embedding, norm, output, tie = (x.item() for x in end_sizes(matrix, norm, position, tied))
-    pre = ((embedding, 0, tie == TIES["own"], tie == TIES["early"]),) if embedding else ()
-    post = tuple(w for w in ((norm, 0, False, False), (output, 0, tie == TIES["own"], False)) if w[0])
+    pre, post = end_weights(matrix, norm, position, tied)
     return dense_stage(weights)._replace(pre=pre, post=post)
+
+
+def end_weights(matrix: float, norm: float, position: int, tied: bool, group=0) -> tuple[tuple, tuple]:
+    """(``StageWeights.pre``, ``.post``) of a stage's ends (``end_sizes``) in parameter group
+    ``group``: the embedding (its own bucket where tied at PP > 1, touched first where tied at
+    PP 1), the final norm and the output layer; none where the stage has no such weight."""
+    embedding, norm, output, tie = (x.item() for x in end_sizes(matrix, norm, position, tied))
+    pre = ((embedding, group, tie == TIES["own"], tie == TIES["early"]),) if embedding else ()
+    post = tuple(w for w in ((norm, group, False, False), (output, group, tie == TIES["own"], False)) if w[0])
+    return pre, post
 
 
 SHARDING = {None: None, "no_shard": (False, False, False), "optim": (True, False, False),

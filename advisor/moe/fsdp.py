@@ -114,8 +114,5 @@ def buffer_bytes(options, layer_parameters, dense, moe_units, dp_cp=1, replayed=
 def replayed_ends(replayed):
     """The embedding, final norm and output layer's elements on each stage of ``replayed``
     (``memory_levers.end_sizes``), which the replay holds beside the layers."""
-    spec, stage, pp = replayed.spec, np.asarray(replayed.stage), np.asarray(replayed.pp)
-    position = np.where(stage == 0, levers.FIRST, 0) + np.where(stage == pp - 1, levers.LAST, 0)
-    matrix = spec.hidden_size * np.asarray(replayed.vocab, dtype=float) / np.asarray(replayed.tp, dtype=float)
-    embedding, norm, output, _ = levers.end_sizes(matrix, float(spec.hidden_size), position, spec.tie_embeddings)
+    embedding, norm, output, _ = levers.end_sizes(*replayed.ends())
     return embedding + norm + output

@@ -137,16 +137,13 @@ def moe_stage(spec: MoESpec, tp, ep, etp, dense: int, matrix: float, position: i
     """A stage's ``StageWeights``: its ``dense`` dense layers (the model's first, before its MoE
     layers) after the embedding in ``pre``, each produced in its own order, the last first; the
     MoE layer as ``layer``; the final norm and output layer in ``post`` (``memory_levers.end_sizes``
-    of the v h / t ``matrix`` at ``position``, as ``memory_levers._with_ends``)."""
+    of the v h / t ``matrix`` at ``position``: ``memory_levers.end_weights``)."""
     layer, arrival = moe_layer_weights(spec, tp, ep, etp, grouped)
     dense_weights, dense_arrival = dense_layer_weights(spec, tp)
-    embedding, norm, output, tie = (x.item() for x in levers.end_sizes(matrix, float(spec.hidden_size), position,
-                                                                        spec.tie_embeddings))
-    pre = ((embedding, DENSE, tie == levers.TIES["own"], tie == levers.TIES["early"]),) if embedding else ()
+    pre, post = levers.end_weights(matrix, float(spec.hidden_size), position, spec.tie_embeddings, DENSE)
     base, width = len(pre), len(dense_weights)
     pre_arrival = tuple(base + layer_index * width + p for layer_index in range(dense - 1, -1, -1)
                         for p in dense_arrival) + tuple(range(base))
-    post = tuple(w for w in ((norm, DENSE, False, False), (output, DENSE, tie == levers.TIES["own"], False)) if w[0])
     return levers.StageWeights(pre + dense_weights * dense, layer, post, arrival, pre_arrival if dense else ())
 
 
@@ -164,6 +161,10 @@ class ReplayedStages(NamedTuple):
     mtp: object
     grouped: bool = True
 
+    def ends(self) -> levers.StageEnds:
+        """Each stage's embedding, final norm and output layer (``memory_levers.stage_ends``)."""
+        return levers.stage_ends(self.spec, self.tp, self.pp, self.stage, self.vocab)
+
 
 def queued_elements(options, stages: ReplayedStages, dense, dp_cp, queue):
     """The unsharded gradient elements Megatron-FSDP holds at most under optim_grads on each
@@ -175,10 +176,8 @@ def queued_elements(options, stages: ReplayedStages, dense, dp_cp, queue):
     EP and ETP move nothing): those are set alike, so that the stages alike replay once."""
     spec = stages.spec
     bucket = levers.fsdp_bucket_size(options, dp_cp)
-    stage, pp = np.asarray(stages.stage), np.asarray(stages.pp)
-    position = np.where(stage == 0, levers.FIRST, 0) + np.where(stage == pp - 1, levers.LAST, 0)
-    matrix = np.where(position > 0, spec.hidden_size * np.asarray(stages.vocab, dtype=float)
-                      / np.asarray(stages.tp, dtype=float), 0.0)
+    ends = stages.ends()
+    position, matrix = ends.position, np.where(ends.position > 0, ends.matrix, 0.0)
     moe_layers = np.asarray(stages.moe_layers)
     ep, etp = (np.where(moe_layers > 0, x, 1) for x in (stages.ep, stages.etp))
     columns = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (
