@@ -170,17 +170,31 @@ class StageWeights(NamedTuple):
     ``post`` weights first (last named first), then the layers from the last, then ``pre`` in
     ``pre_arrival``'s order (indices into ``pre``; empty: the last named first, as the dense
     model's embedding alone needs; an MoE stage's dense layers before its MoE layers are ``pre``
-    weights, each layer's produced in its own order: ``advisor.moe.fsdp_replay``)."""
+    weights, each layer's produced in its own order: ``advisor.moe.fsdp_replay``).
+    ``post_arrival``: the order backward produces ``post`` in, as indices into ``pre`` + ``post``
+    (``len(pre) + k``: ``post[k]``; below ``len(pre)``: a ``pre`` weight produced among them, which
+    ``pre_order`` then leaves out); empty: ``post``'s last named first. A last stage holding MTP
+    layers: the decoder's final norm is named before the MTP layers and produced after them, and
+    the stage's embedding copy (named first) after the MTP's enorm (``advisor.moe.fsdp_replay``)."""
 
     pre: tuple
     layer: tuple
     post: tuple
     arrival: tuple = LAYER_WEIGHT_ARRIVAL
     pre_arrival: tuple = ()
+    post_arrival: tuple = ()
 
     def pre_order(self) -> list:
-        """``pre``'s indices in the order backward produces them (``pre_arrival``)."""
-        return list(self.pre_arrival) if self.pre_arrival else list(range(len(self.pre) - 1, -1, -1))
+        """``pre``'s indices in the order backward produces them after the layers (``pre_arrival``),
+        those produced among ``post`` (``post_arrival``) left out."""
+        order = list(self.pre_arrival) if self.pre_arrival else list(range(len(self.pre) - 1, -1, -1))
+        late = {i for i in self.post_arrival if i < len(self.pre)}
+        return [j for j in order if j not in late] if late else order
+
+    def post_order(self) -> list:
+        """The indices into ``pre`` + ``post`` backward produces first, before the layers
+        (``post_arrival``)."""
+        return list(self.post_arrival) or list(range(len(self.pre) + len(self.post) - 1, len(self.pre) - 1, -1))
 
 
 def dense_stage(weights) -> StageWeights:
@@ -220,6 +234,10 @@ def _arrival_times(stage: StageWeights, layers: int) -> list:
     last = [0] * len(stage.pre)
     for position, j in enumerate(stage.pre_order()):
         last[j] = layers * width + position
+    post = stage.post_order()
+    for position, j in enumerate(post):
+        if j < len(stage.pre):  # produced among post (an MTP stage's embedding): before the layers
+            last[j] = position - len(post)
     if layers * width > NUMPY_WEIGHTS:  # an MoE stage's many weights: the same integers by numpy
         times = (np.arange(layers - 1, -1, -1)[:, None] * width + np.asarray(rank)[None, :]).ravel().tolist()
     else:
@@ -233,7 +251,7 @@ def _stage_events(stage: StageWeights, layers: int, every: list, last: list) -> 
     at its last gradient. ``every``: each weight's bucket, ``last``: its gradient's time (named
     order, ``post`` included); backward runs ``post`` from its last, the layers from the last
     (``arrival`` within each), then ``pre`` from its last."""
-    if len({weight[1] for weight in stage.pre + stage.layer + stage.post}) > 1:
+    if len({weight[1] for weight in stage.pre + stage.layer + stage.post}) > 1 or stage.post_arrival:
         return _grouped_events(stage, every, last)
     pre, width, count = len(stage.pre), len(stage.layer), len(every)
     order = list(range(count - 1, pre + layers * width - 1, -1))
@@ -248,7 +266,7 @@ def _stage_events(stage: StageWeights, layers: int, every: list, last: list) -> 
     for j, weight in enumerate(stage.pre):
         if weight[3] and not seen[every[j]]:  # the output layer's backward touches it first
             seen[every[j]] = 1
-            times.append(-len(stage.post) - 1)
+            times.append(-len(stage.post_order()) - 1)
             buckets.append(every[j])
             closes.append(False)
     add_time, add_bucket, add_close = times.append, buckets.append, closes.append  # the sweep's per-stage loop
@@ -279,7 +297,7 @@ def _grouped_events(stage: StageWeights, every: list, last: list) -> tuple[list,
     np.maximum.at(closes, index, time)
     for j, weight in enumerate(stage.pre):
         if weight[3]:  # the output layer's backward touches it first
-            opens[every[j]] = -len(stage.post) - 1
+            opens[every[j]] = -len(stage.post_order()) - 1
     times = np.concatenate([opens, closes])
     kinds = np.repeat(np.array([0, 1], dtype=np.int64), count)
     order = np.lexsort((kinds, times))
@@ -570,7 +588,10 @@ def _stage_peaks(stage: StageWeights, layers: int, bucket: float, queue: float) 
     """``fsdp_optim_grads_peak`` of ``stage`` for every count of 0..``layers`` layers (cached: a
     sweep repeats a few stages; ``_stage_replay``'s). An embedding that is a bucket alone (its
     own, or at least ``bucket``) changes no other bucket and opens last, when everything else has
-    completed: the stage without it, then its bucket on what that holds at the end."""
+    completed: the stage without it, then its bucket on what that holds at the end. A stage whose
+    ``post`` takes weights of ``pre`` (``post_arrival``: an MTP stage) replays each count whole."""
+    if stage.post_arrival:
+        return tuple(stage_peak(stage, count, bucket, queue) for count in range(layers + 1))
     if len(stage.pre) == 1 and not stage.pre[0][3] and (stage.pre[0][2] or stage.pre[0][0] >= bucket):
         peaks, ends = _stage_replay(stage._replace(pre=(), pre_arrival=()), layers, bucket, queue)
         return tuple(max(peak, end + stage.pre[0][0]) for peak, end in zip(peaks, ends))
@@ -627,11 +648,17 @@ def _full_replay(stage: StageWeights, layers: int, bucket: float, queue: float) 
     width = len(stage.layer)
     if sorted(stage.arrival) != list(range(width)):
         raise ValueError(f"arrival {stage.arrival} is not an order of the layer's {width} weights")
-    if sorted(stage.pre_order()) != list(range(len(stage.pre))):
-        raise ValueError(f"pre_arrival {stage.pre_arrival} is not an order of the {len(stage.pre)} weights before the layers")
+    post, pre = stage.post_order(), len(stage.pre)
+    if sorted(stage.pre_order() + [j for j in post if j < pre]) != list(range(pre)):
+        raise ValueError(f"pre_arrival {stage.pre_arrival} is not an order of the {pre} weights before the layers")
+    if sorted(j for j in post if j >= pre) != list(range(pre, pre + len(stage.post))):
+        raise ValueError(f"post_arrival {stage.post_arrival} is not an order of the {len(stage.post)} weights after them")
     cut = _full_cut(stage, layers, bucket)
     last = _arrival_times(stage, layers)
-    post_times = [-1 - j for j in range(len(stage.post))]  # backward produces the last named first
+    post_times = [0] * len(stage.post)  # by default backward produces the last named first
+    for position, j in enumerate(post):
+        if j >= pre:
+            post_times[j - pre] = position - len(post)
     events = _stage_events(stage, layers, cut[0] + cut[1], last + post_times)
     return cut, last, events, _suffix_peaks(events, cut[2], queue)
 

@@ -98,40 +98,61 @@ def _entry(name: str, latent: bool) -> tuple[int, str]:
     raise AssertionError(f"no advisor weight for {name}")
 
 
-def _read_block(spec) -> tuple[list, list]:
-    """([(name, elements)] in named order, [name] in the order backward produced their gradients)
-    of a dense layer then an MoE layer of ``spec``, megatron-core's local spec, TP = EP = 1."""
-    import megatron.core.extensions.transformer_engine as extensions
-    import megatron.core.transformer.multi_latent_attention as mla
-    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+def _layer_specs(spec) -> list:
+    """megatron-core's local specs of a dense layer and an MoE layer of ``spec`` (``SdpaAttention``
+    as core attention)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
 
-    from megatron_hooks.model import causal_mask, moe_config_overrides, transformer_config
-    from megatron_hooks.moe_fake import moe_without_te
-
-    latent = spec.mla is not None
     specs = [get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False, normalization="RMSNorm",
-                                      multi_latent_attention=latent, qk_layernorm=spec.qk_layernorm)
+                                      multi_latent_attention=spec.mla is not None, qk_layernorm=spec.qk_layernorm)
              for experts in (None, spec.num_experts)]
     for layer in specs:
         layer.submodules.self_attention.submodules.core_attention = SdpaAttention
+    return specs
+
+
+def _built(build):
+    """``build()`` with megatron-core 0.16.1's MLA reading HAVE_TE from its TE extension's import,
+    which succeeds without Transformer Engine (megatron_hooks.kernels.cuda_kernels does the same)."""
+    import megatron.core.extensions.transformer_engine as extensions
+    import megatron.core.transformer.multi_latent_attention as mla
+
     torch.manual_seed(0)
-    config = transformer_config(spec, num_layers=2, **moe_config_overrides(spec))
     with pytest.MonkeyPatch.context() as patch:
-        # megatron-core 0.16.1's MLA reads HAVE_TE from its TE extension's import, which succeeds
-        # without Transformer Engine (megatron_hooks.kernels.cuda_kernels does the same)
         patch.setattr(mla, "HAVE_TE", extensions.HAVE_TE)
-        block = TransformerBlock(config, TransformerBlockSubmodules(layer_specs=specs), post_process=False)
+        return build()
+
+
+def _recorded(module, run) -> tuple[list, list]:
+    """([(name, elements)] of ``module`` in named order, [name] in the order ``run()``'s backward
+    produced their gradients: ``register_post_accumulate_grad_hook``, Megatron-FSDP's own hook,
+    core_v0.19.0 megatron_fsdp.py:1111)."""
+    from megatron_hooks.moe_fake import moe_without_te
+
     named, produced = [], []
-    for name, weight in block.named_parameters():
+    for name, weight in module.named_parameters():
         named.append((name, weight.numel()))
         weight.register_post_accumulate_grad_hook(lambda _, name=name: produced.append(name))
-    rope = None if latent else RotaryEmbedding(kv_channels=spec.head_dim, rotary_percent=1.0)(SEQ)
     with moe_without_te():
-        out = block(torch.randn(SEQ, MBS, spec.hidden_size), attention_mask=causal_mask(SEQ), rotary_pos_emb=rope)
-        out.float().square().mean().backward()
+        run().float().square().mean().backward()
     return named, produced
+
+
+def _read_block(spec) -> tuple[list, list]:
+    """([(name, elements)] in named order, [name] in the order backward produced their gradients)
+    of a dense layer then an MoE layer of ``spec``, megatron-core's local spec, TP = EP = 1."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
+
+    from megatron_hooks.model import causal_mask, moe_config_overrides, transformer_config
+
+    latent = spec.mla is not None
+    config = transformer_config(spec, num_layers=2, **moe_config_overrides(spec))
+    block = _built(lambda: TransformerBlock(config, TransformerBlockSubmodules(layer_specs=_layer_specs(spec)),
+                                            post_process=False))
+    rope = None if latent else RotaryEmbedding(kv_channels=spec.head_dim, rotary_percent=1.0)(SEQ)
+    return _recorded(block, lambda: block(torch.randn(SEQ, MBS, spec.hidden_size), attention_mask=causal_mask(SEQ),
+                                          rotary_pos_emb=rope))
 
 
 SPECS = {"gqa-qk-norm": GQA, "mla-q-lora": MLA, "mla-no-q-lora": MLA_NO_Q_LORA}
@@ -224,3 +245,96 @@ def test_mla_attention_orders_by_hand(key, named, produced, readings):
         assert [entry for entry, _, _ in weights][1:1 + len(named)] == named
         attention = order[3:] if layer == 0 else order[12:]
         assert attention == produced + ["input_norm"]
+
+
+def _read_mtp_model(spec, first: bool, mtp_layers: int) -> tuple[list, list]:
+    """``_recorded`` of a whole ``GPTModel`` of ``spec`` with ``mtp_layers`` MTP layers
+    (``get_gpt_mtp_block_spec``: each an MoE layer, the decoder's last layer's spec) over a dense
+    layer then an MoE layer, untied, local spec, TP = EP = 1, one loss with labels. ``first``: the
+    model's own embedding (PP 1); else the last stage of PP > 1 (``pre_process`` False: the
+    embedding is the MTP's copy, the decoder's input given by ``set_input_tensor``)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import LNImpl, get_gpt_mtp_block_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    from megatron_hooks.model import causal_mask, moe_config_overrides, transformer_config
+
+    config = transformer_config(spec, num_layers=2, mtp_num_layers=mtp_layers, **moe_config_overrides(spec))
+    block = TransformerBlockSubmodules(layer_specs=_layer_specs(spec), layer_norm=LNImpl)
+    model = _built(lambda: GPTModel(
+        config, block, vocab_size=spec.vocab_size, max_sequence_length=SEQ, pre_process=first,
+        mtp_block_spec=get_gpt_mtp_block_spec(config, block, use_transformer_engine=False),
+        position_embedding_type="none" if spec.mla else "rope", share_embeddings_and_output_weights=False))
+    ids = torch.randint(0, spec.vocab_size, (MBS, SEQ))
+
+    def run():
+        if not first:
+            model.set_input_tensor(torch.randn(SEQ, MBS, spec.hidden_size))
+        return model(ids, torch.arange(SEQ).expand(MBS, SEQ), causal_mask(SEQ), labels=ids)
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    with pytest.MonkeyPatch.context() as patch:  # its loss log is sized by the first model's MTP layers
+        patch.setattr(MTPLossLoggingHelper, "tracker", {})
+        return _recorded(model, run)
+
+
+def _model_entry(name: str, latent: bool) -> str:
+    """The advisor's weight counting a ``GPTModel`` parameter: the ends by name, a decoder or MTP
+    transformer layer's weight as ``_entry``'s, prefixed by its layer (``L0.``, ``M0.``)."""
+    match = re.fullmatch(r"mtp\.layers\.(\d+)\.(enorm|hnorm|eh_proj|final_layernorm)\.weight", name)
+    if match:
+        return f"M{match[1]}.{match[2]}"
+    match = re.fullmatch(r"(decoder|mtp)\.layers\.(\d+)\.(?:transformer_layer\.)?(.*)", name)
+    if match:
+        return f"{'L' if match[1] == 'decoder' else 'M'}{match[2]}." + _entry(f"layers.0.{match[3]}", latent)[1]
+    return {"embedding.word_embeddings.weight": "embedding", "decoder.final_layernorm.weight": "final_norm",
+            "output_layer.weight": "output"}[name]
+
+
+def _expanded(stage: levers.StageWeights, layers: int) -> tuple[list, list]:
+    """``stage`` of ``layers`` layers as ([(elements, group)] in named order, the named indices in
+    the order backward produces them), as ``StageWeights`` says: ``post_order``, the layers from
+    the last (``arrival`` within each), then ``pre_order``."""
+    named = stage.pre + stage.layer * layers + stage.post
+    base, width = len(stage.pre) + layers * len(stage.layer), len(stage.layer)
+    order = [j if j < len(stage.pre) else base + j - len(stage.pre) for j in stage.post_order()]
+    order += [len(stage.pre) + layer * width + p for layer in range(layers - 1, -1, -1) for p in stage.arrival]
+    return [(w[0], w[1]) for w in named], order + stage.pre_order()
+
+
+@pytest.mark.parametrize("key,first,mtp_layers", [("gqa-qk-norm", False, 1), ("mla-q-lora", False, 1),
+                                                  ("gqa-qk-norm", True, 1), ("gqa-qk-norm", False, 2)])
+def test_an_mtp_stages_named_and_backward_orders_are_megatron_cores(key, first, mtp_layers, megatron_world):
+    """A last stage holding MTP layers (``fsdp_replay.moe_stage(..., mtp)``) against megatron-core
+    0.16.1's ``GPTModel`` on the CPU. Named: the embedding (at PP > 1 the MTP's copy), the decoder
+    layers, the decoder's final norm, per MTP layer enorm, hnorm, eh_proj, its MoE layer and its
+    final norm, the output layer (core_v0.19.0 gpt_model.py:167-274 builds them in that order,
+    multi_token_prediction.py:983-1053 the MTP layer's). Backward: the output layer (the main loss
+    and each MTP loss use it, one accumulation), each MTP layer from the last (its final norm, its
+    layer, eh_proj, hnorm, enorm), the embedding copy (its last use the first MTP layer's
+    lookup), the decoder's final norm, the decoder layers; at PP 1 the embedding last. Routed
+    experts alone in group 1, the MTP layer's too (``.experts.`` in their names)."""
+    spec = SPECS[key]
+    named, produced = _read_mtp_model(spec, first, mtp_layers)
+    latent, sizes, groups = spec.mla is not None, {}, {}
+    for name, elements in named:
+        entry = _model_entry(name, latent)
+        sizes[entry] = sizes.get(entry, 0) + elements
+        groups[entry] = int(".experts." in name)
+    order = list(dict.fromkeys(_model_entry(name, latent) for name in produced
+                               if name.split(".")[-2] not in FOLDED))
+    position = levers.LAST | (levers.FIRST if first else 0)
+    stage = fsdp_replay.moe_stage(spec, 1, 1, 1, 1, float(spec.hidden_size * spec.vocab_size), position,
+                                  grouped=False, mtp=mtp_layers)
+    weights, arrival = _expanded(stage, 1)
+    entries = list(sizes)
+    assert weights == [(float(sizes[e]), groups[e]) for e in entries], named
+    assert [entries[i] for i in arrival] == order, produced
+    assert (order[0], order[-1]) == ("output", "embedding" if first else "L0.input_norm")
+    tail = [e for e in order if not e.startswith(("L", "M"))]
+    assert tail == ["output", "final_norm", "embedding"] if first else ["output", "embedding", "final_norm"]
+    for k in range(mtp_layers):
+        own = [e for e in order if e.startswith(f"M{k}.")]
+        assert (own[0], own[-3:]) == (f"M{k}.final_layernorm", [f"M{k}.eh_proj", f"M{k}.hnorm", f"M{k}.enorm"])
+        assert [e for e in own if e[3:] in ("fc2.3", "fc1.3", "router")] == [f"M{k}.fc2.3", f"M{k}.fc1.3", f"M{k}.router"]
+        assert all(groups[e] == e[3:].startswith(("fc1.", "fc2.")) for e in own)

@@ -90,10 +90,11 @@ def buffer_bytes(options, layer_parameters, dense, moe_units, dp_cp=1, replayed=
     dense model's replay of the bucket cut and queue (``memory_levers.fsdp_optim_grads_peak``)
     over the stage's weights, the dense part and the routed experts in their two parameter groups,
     the embedding, final norm and output layer with them (``advisor.moe.fsdp_replay``), and the
-    share counts those ends as dense. A stage holding MTP layers, or a caller giving no
-    ``replayed``, keeps the queue + the largest unit (``memory_levers.fsdp_queued_elements``),
-    without the ends: underpriced where the DDP bucket size exceeds the largest weight (large
-    DP x CP) or without --overlap-grad-reduce."""
+    share counts those ends as dense; a last stage's MTP layers are replayed there too, each with
+    its norms and eh_proj, and the stage's copy of the embedding at PP > 1
+    (``fsdp_replay._mtp_ends``). A caller giving no ``replayed`` keeps the queue + the largest unit
+    (``memory_levers.fsdp_queued_elements``), without the ends: underpriced where the DDP bucket
+    size exceeds the largest weight (large DP x CP) or without --overlap-grad-reduce."""
     held_dense, held_experts, largest, units = held_parameters(layer_parameters, dense, moe_units)
     held = held_dense + held_experts
     gathered, queued = levers.fsdp_held_buffer_bytes(options, largest, held, units, dp_cp)
@@ -103,16 +104,22 @@ def buffer_bytes(options, layer_parameters, dense, moe_units, dp_cp=1, replayed=
 
         _, queue = levers.fsdp_communication_unit(options, held, units, dp_cp)
         elements = fsdp_replay.queued_elements(options, replayed, dense, dp_cp, queue)
-        exact = ~np.isnan(elements)
-        queued = np.where(exact, levers.bucket_bytes(options) * np.where(exact, elements, 0.0), queued)
+        queued = levers.bucket_bytes(options) * elements
         ends = replayed_ends(replayed)
-        share = np.where(exact & (held + ends > 0),
-                         (held_dense + ends) / np.where(held + ends > 0, held + ends, 1.0), share)
+        share = np.where(held + ends > 0, (held_dense + ends) / np.where(held + ends > 0, held + ends, 1.0), share)
     return gathered, queued, share
 
 
 def replayed_ends(replayed):
-    """The embedding, final norm and output layer's elements on each stage of ``replayed``
-    (``memory_levers.end_sizes``), which the replay holds beside the layers."""
-    embedding, norm, output, _ = levers.end_sizes(*replayed.ends())
-    return embedding + norm + output
+    """The dense elements the replay holds on each stage of ``replayed`` beside the layers' (the
+    MTP layers' transformer layers among them): the embedding, final norm and output layer
+    (``memory_levers.end_sizes``), and each MTP layer's norms and eh_proj
+    (``advisor.moe.mtp.own_parameters``) with, untied at PP > 1, the stage's copy of the embedding
+    (``advisor.moe.fsdp_replay._mtp_ends``, as ``advisor.moe.stage.model_states`` counts them)."""
+    from advisor.moe import mtp as mtp_terms
+
+    ends = replayed.ends()
+    embedding, norm, output, _ = levers.end_sizes(*ends)
+    mtp = np.asarray(replayed.mtp)
+    copy = np.where((mtp > 0) & (np.asarray(replayed.pp) > 1) & (not replayed.spec.tie_embeddings), ends.matrix, 0.0)
+    return embedding + norm + output + mtp * mtp_terms.own_parameters(replayed.spec, replayed.tp) + copy

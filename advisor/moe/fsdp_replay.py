@@ -131,20 +131,59 @@ def dense_layer_weights(spec: MoESpec, tp) -> tuple[tuple, tuple]:
     return _indexed(named, ["fc2", "fc1", "mlp_norm"] + attention_order + ["input_norm"])
 
 
+def mtp_layer_weights(spec: MoESpec, tp, ep, etp, grouped: bool = True) -> tuple[tuple, tuple]:
+    """(one MTP layer's weights on one GPU, their arrival) as ``moe_layer_weights``: enorm h, hnorm
+    h, eh_proj 2 h h / t (group 0), its MoE layer (``moe_layer_weights``), its final norm h;
+    backward produces the final norm, the MoE layer in its own order, eh_proj, hnorm, enorm (the
+    module docstring). Their sum is ``advisor.moe.mtp.own_parameters`` + the MoE layer's."""
+    h = float(spec.hidden_size)
+    layer, arrival = moe_layer_weights(spec, tp, ep, etp, grouped)
+    weights = ((h, DENSE, False, False), (h, DENSE, False, False), (2.0 * h * h / tp, DENSE, False, False)) \
+        + layer + ((h, DENSE, False, False),)
+    return weights, (len(weights) - 1,) + tuple(3 + i for i in arrival) + (2, 1, 0)
+
+
+def _mtp_ends(spec: MoESpec, tp, ep, etp, grouped: bool, mtp: int, ends: tuple, dense: int,
+              matrix: float, position: int) -> tuple[tuple, tuple, tuple]:
+    """(``pre``, ``post``, ``post_arrival``) of a last stage holding ``mtp`` MTP layers, from its
+    ``ends`` (``memory_levers.end_weights``) and the ``dense`` weights of its dense layers, which
+    follow ``pre``: the MTP layers between the final norm and the output
+    layer in ``post``; at PP > 1 the stage's copy of the embedding first in ``pre``, a bucket of
+    its own (``shared_embedding``), touched first where tied (the output layer then uses it and
+    has no weight of its own here, as ``advisor.moe.stage.model_states`` counts it). Backward:
+    the output layer, the MTP layers from the last, the embedding copy, the final norm."""
+    pre, post = ends
+    if not position & levers.FIRST:
+        pre = ((matrix, DENSE, True, bool(spec.tie_embeddings)),) + pre
+        post = post[:1] if spec.tie_embeddings else post
+    weights, arrival = mtp_layer_weights(spec, tp, ep, etp, grouped)
+    base, width = len(pre) + dense + 1, len(weights)
+    order = tuple(base + k * width + i for k in range(mtp - 1, -1, -1) for i in arrival)
+    output = (base + mtp * width,) if len(post) > 1 else ()
+    copy = () if position & levers.FIRST else (0,)
+    return pre, post[:1] + weights * mtp + post[1:], output + order + copy + (base - 1,)
+
+
 @functools.lru_cache(maxsize=4096)
 def moe_stage(spec: MoESpec, tp, ep, etp, dense: int, matrix: float, position: int,
-              grouped: bool = True) -> levers.StageWeights:
+              grouped: bool = True, mtp: int = 0) -> levers.StageWeights:
     """A stage's ``StageWeights``: its ``dense`` dense layers (the model's first, before its MoE
     layers) after the embedding in ``pre``, each produced in its own order, the last first; the
     MoE layer as ``layer``; the final norm and output layer in ``post`` (``memory_levers.end_sizes``
-    of the v h / t ``matrix`` at ``position``: ``memory_levers.end_weights``)."""
+    of the v h / t ``matrix`` at ``position``: ``memory_levers.end_weights``); on the last stage
+    its ``mtp`` MTP layers (``_mtp_ends``)."""
     layer, arrival = moe_layer_weights(spec, tp, ep, etp, grouped)
     dense_weights, dense_arrival = dense_layer_weights(spec, tp)
-    pre, post = levers.end_weights(matrix, float(spec.hidden_size), position, spec.tie_embeddings, DENSE)
+    pre, post = ends = levers.end_weights(matrix, float(spec.hidden_size), position, spec.tie_embeddings, DENSE)
+    post_arrival = ()
+    if mtp and position & levers.LAST:
+        pre, post, post_arrival = _mtp_ends(spec, tp, ep, etp, grouped, mtp, ends, dense * len(dense_weights),
+                                            matrix, position)
     base, width = len(pre), len(dense_weights)
     pre_arrival = tuple(base + layer_index * width + p for layer_index in range(dense - 1, -1, -1)
                         for p in dense_arrival) + tuple(range(base))
-    return levers.StageWeights(pre + dense_weights * dense, layer, post, arrival, pre_arrival if dense else ())
+    return levers.StageWeights(pre + dense_weights * dense, layer, post, arrival, pre_arrival if dense else (),
+                               post_arrival)
 
 
 class ReplayedStages(NamedTuple):
@@ -168,8 +207,8 @@ class ReplayedStages(NamedTuple):
 
 def queued_elements(options, stages: ReplayedStages, dense, dp_cp, queue):
     """The unsharded gradient elements Megatron-FSDP holds at most under optim_grads on each
-    layout's stage (``memory_levers.fsdp_optim_grads_peak``'s replay of ``moe_stage``), NaN
-    where the stage holds MTP layers (not replayed). ``queue``: the queue's capacity
+    layout's stage (``memory_levers.fsdp_optim_grads_peak``'s replay of ``moe_stage``, its MTP
+    layers included). ``queue``: the queue's capacity
     (``memory_levers.fsdp_communication_unit``); one replay per distinct stage and
     count of MoE layers (``memory_levers.stage_peak``: the full stage's replay alone). A middle
     stage has no ends (its vocabulary moves nothing) and a stage of no MoE layers no expert (its
@@ -183,16 +222,16 @@ def queued_elements(options, stages: ReplayedStages, dense, dp_cp, queue):
     columns = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (
         stages.tp, ep, etp, matrix, position, dense, bucket, queue, moe_layers, stages.mtp)))
     rows, inverse = levers._unique_rows(np.stack([c.ravel() for c in columns], axis=1))
-    values = np.array([np.nan if mtp else _stage_peak(spec, int(tp), int(ep), int(etp), int(dense_layers), matrix_,
-                                                       int(position_), stages.grouped, int(moe), bucket_, queue_)
+    values = np.array([_stage_peak(spec, int(tp), int(ep), int(etp), int(dense_layers), matrix_, int(position_),
+                                   stages.grouped, int(moe), bucket_, queue_, int(mtp))
                        for tp, ep, etp, matrix_, position_, dense_layers, bucket_, queue_, moe, mtp in rows])
     return values[inverse].reshape(columns[0].shape)
 
 
 @functools.lru_cache(maxsize=4096)
 def _stage_peak(spec: MoESpec, tp: int, ep: int, etp: int, dense: int, matrix: float, position: int, grouped: bool,
-                moe: int, bucket: float, queue: float) -> float:
+                moe: int, bucket: float, queue: float, mtp: int = 0) -> float:
     """``memory_levers.stage_peak`` of ``moe_stage``, kept by these numbers: a sweep asks for the
     same stages again and again (about 14,600 times for some 1,500 at DeepSeek-V3 on 2,048 GPUs),
     and a key of numbers hashes in a microsecond where a stage of a few hundred weights takes tens."""
-    return levers.stage_peak(moe_stage(spec, tp, ep, etp, dense, matrix, position, grouped), moe, bucket, queue)
+    return levers.stage_peak(moe_stage(spec, tp, ep, etp, dense, matrix, position, grouped, mtp), moe, bucket, queue)

@@ -25,13 +25,18 @@ from advisor.moe import params
 from advisor.moe.spec import MoESpec
 
 
+def own_parameters(spec: MoESpec, tp) -> float:
+    """One MTP layer's parameters beside its transformer layer, on one GPU: enorm, hnorm and the
+    final norm (h each, replicated), eh_proj (2h x h, split over t: ``ColumnParallelLinear``)."""
+    h = spec.hidden_size
+    return 3 * h + 2 * h * h / np.asarray(tp, dtype=float)
+
+
 def dense_parameters(spec: MoESpec, tp) -> float:
-    """One MTP layer's parameters sharded like dense ones, on one GPU: enorm, hnorm and the final
-    norm (h each, replicated), eh_proj (2h x h, split over t: ``ColumnParallelLinear``), and its
+    """One MTP layer's parameters sharded like dense ones, on one GPU: ``own_parameters`` and its
     transformer layer's attention, norms, router and shared experts
     (``params.moe_layer_dense_parameters``)."""
-    h = spec.hidden_size
-    return 3 * h + 2 * h * h / np.asarray(tp, dtype=float) + params.moe_layer_dense_parameters(spec, tp)
+    return own_parameters(spec, tp) + params.moe_layer_dense_parameters(spec, tp)
 
 
 def embedding_copy_parameters(spec: MoESpec, tp, pp, vocab) -> float:
