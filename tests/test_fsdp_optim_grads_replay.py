@@ -149,22 +149,23 @@ def reference_stage_peak(stage: levers.StageWeights, layers: int, bucket: float,
     megatron-core's rules alone: ``_get_parameter_groups`` (core_v0.19.0 param_and_grad_buffer.py
     1769-1870) groups the weights in named order, cuts each group apart (a bucket closes at the
     weight bringing it to >= the size; a ``shared_embedding`` weight closes the open bucket and
-    takes one alone); backward then produces the ``post`` weights (last named first), the layers
-    from the last, then ``pre`` (last named first, or in ``pre_arrival``'s order: an MoE stage's
-    dense layers); a bucket is allocated at its first touch and, at its last gradient, the one
+    takes one alone); backward then produces the ``post`` weights (last named first, or in
+    ``post_arrival``'s order, with the ``pre`` weights it names: an MTP stage), the layers from
+    the last, then ``pre`` (last named first, or in ``pre_arrival``'s order: an MoE stage's dense
+    layers); a bucket is allocated at its first touch and, at its last gradient, the one
     queue is trimmed (> queue: pop the oldest) and it is appended."""
     named = list(stage.pre) + list(stage.layer) * layers + list(stage.post)
     width, tail = len(stage.layer), len(stage.post)
-    order = list(stage.pre_arrival) or list(range(len(stage.pre) - 1, -1, -1))
-    last = [layers * width + order.index(j) for j in range(len(stage.pre))]
-    touch = [-tail - 1 if w[3] else t for w, t in zip(stage.pre, last)]
+    order, post = stage.pre_order(), stage.post_order()  # post: the output layer's backward first, ...
+    last = [post.index(j) - len(post) if j in post else layers * width + order.index(j) for j in range(len(stage.pre))]
+    touch = [-len(post) - 1 if w[3] else t for w, t in zip(stage.pre, last)]
     for layer in range(layers):
         for position in range(width):
             last.append((layers - 1 - layer) * width + stage.arrival.index(position))
             touch.append(last[-1])
     for j in range(tail):
-        last.append(-1 - j)  # the output layer's backward first, then the final norm's
-        touch.append(-1 - j)
+        last.append(post.index(len(stage.pre) + j) - len(post))
+        touch.append(last[-1])
     buckets, open_bucket = [], {}  # each bucket: [elements, weights]
     of = []
     for size, group, own, _ in named:

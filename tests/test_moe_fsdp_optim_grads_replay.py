@@ -55,13 +55,27 @@ def test_dense_layers_before_the_moe_layers_by_hand():
 
 def random_mixed_stage(rng: random.Random) -> levers.StageWeights:
     """``random_stage`` (``tests.test_fsdp_optim_grads_replay``) with two groups forced in the
-    layer and a few dense-layer weights added to ``pre`` in a random order of arrival."""
+    layer and a few dense-layer weights added to ``pre`` in a random order of arrival; half of
+    them an MTP stage's (``random_mtp_ends``)."""
     stage = random_stage(rng, fractional=False)
     layer = stage.layer + (W(rng.randint(0, 12), 1), W(rng.randint(0, 12), 0))
     arrival = tuple(rng.sample(range(len(layer)), len(layer)))
     pre = stage.pre + tuple(W(rng.randint(0, 12)) for _ in range(rng.randint(0, 4)))
     pre_arrival = tuple(rng.sample(range(len(pre)), len(pre))) if rng.random() < 0.7 else ()
-    return levers.StageWeights(pre, layer, stage.post, arrival, pre_arrival)
+    stage = levers.StageWeights(pre, layer, stage.post, arrival, pre_arrival)
+    return random_mtp_ends(rng, stage) if rng.random() < 0.5 else stage
+
+
+def random_mtp_ends(rng: random.Random, stage: levers.StageWeights) -> levers.StageWeights:
+    """``stage`` with an MTP stage's ends: a few weights of either group added to ``post`` and
+    backward producing ``post`` in a random order, with the first ``pre`` weight among them
+    (the embedding copy) where it has one, more often than not."""
+    post = stage.post + tuple(W(rng.randint(0, 12), rng.randrange(2)) for _ in range(rng.randint(1, 5)))
+    order = [len(stage.pre) + k for k in range(len(post))]
+    if stage.pre and rng.random() < 0.7:
+        order.append(0)
+    rng.shuffle(order)
+    return stage._replace(post=post, post_arrival=tuple(order))
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -167,12 +181,52 @@ def test_qwen3_30b_a3b_at_dp_2048_holds_its_whole_stage():
     assert share == pytest.approx((whole - 48 * params.local_expert_parameters(spec, 8, 1)) / whole)
 
 
-def test_a_stage_with_mtp_layers_keeps_the_old_form():
-    spec = load_model("deepseek-v3")
-    options = MemoryOptions(fsdp_strategy="optim_grads", overlap_grad_reduce=True, fsdp_budget_from_units=True)
-    stages = fsdp_replay.ReplayedStages(spec, 8, 16, 8, 1, np.array([14, 15]), 129280, 4, np.array([0, 1]))
-    values = fsdp_replay.queued_elements(options, stages, 0, 256, 1e9)
-    assert not np.isnan(values[0]) and np.isnan(values[1])
+def test_a_toy_mtp_stage_by_hand():
+    """A last stage at PP > 1 holding one toy layer and an MTP block: pre the embedding copy E 5
+    (a bucket of its own, ``shared_embedding``), post the final norm N 1, MTP weights A 2 (g0) and
+    X 3 (g1), the output layer O 6; backward O, X, A, E, N (``post_arrival`` (4, 3, 2, 0, 1)), then
+    the layer e2, e1, d1, d0. Bucket 5, queue 6. Cut: B0 [E] 5; g0 [d0 d1] 6, g1 [e1 e2] 6, then
+    g0 [N A O] 9 (closed by O) and g1 [X] 3. O opens [N A O] (9); X opens and completes [X] (12,
+    queued 3); A; E opens and completes [E] (17, queued 8); N completes [N A O]: 8 > 6 pops [X]
+    (14, queued 5), appended (14); e2 opens [e1 e2] (20, the peak); e1 completes it: pops [E],
+    [N A O] (6), appended; d1 opens [d0 d1] (12), d0 completes it. 20. Produced last, as a stage
+    without MTP has it (``post_arrival`` empty: O, X, A, N, the layer, E), the copy opens when
+    [e1 e2] has been queued and two buckets freed: 18."""
+    stage = levers.StageWeights(((5.0, 0, True, False),), TOY.layer, (W(1), W(2), W(3, 1), W(6)), TOY.arrival,
+                                (), (4, 3, 2, 0, 1))
+    assert reference_stage_peak(stage, 1, 5.0, 6.0) == 20.0 == levers.stage_peak(stage, 1, 5.0, 6.0)
+    assert levers._stage_peaks(stage, 1, 5.0, 6.0) == (levers.stage_peak(stage, 0, 5.0, 6.0), 20.0)
+    late = stage._replace(post_arrival=())
+    assert reference_stage_peak(late, 1, 5.0, 6.0) == 18.0 == levers.stage_peak(late, 1, 5.0, 6.0)
+
+
+@pytest.mark.parametrize("tp,pp,ep,tied", [(8, 16, 8, False), (1, 16, 64, False), (2, 1, 64, False),
+                                           (8, 16, 8, True), (1, 1, 64, True)])
+def test_an_mtp_stage_holds_what_its_states_count(tp, pp, ep, tied):
+    """DeepSeek-V3's last stage with one MTP layer (``moe_stage(..., mtp=1)``): every weight the
+    replay holds is counted once in ``advisor.moe.stage.model_states`` (the dense part with the
+    ends, the MTP layer's norms, eh_proj and, untied at PP > 1, the embedding copy; the experts),
+    and ``fsdp.replayed_ends`` is the dense part beside the layers; the copy is a bucket of its own
+    at PP > 1, produced after the MTP's enorm and before the decoder's final norm."""
+    from advisor.moe.stage import MoEOptions, model_states
+
+    spec = dataclasses.replace(load_model("deepseek-v3"), mtp_num_layers=1, tie_embeddings=tied)
+    options = MoEOptions()
+    vocab = eq.padded_vocab_size(spec.vocab_size, options.training.vocab_divisible_by, tp)
+    moe, dense = (4, 0) if pp > 1 else (spec.moe_layers, spec.first_dense_layers)
+    stage = pp - 1
+    states = model_states(spec, options, tp, 1, pp, ep, 1, 2048 // (tp * pp), stage, dense, moe, 1)
+    ends = levers.stage_ends(spec, tp, pp, stage, vocab)
+    weights = fsdp_replay.moe_stage(spec, tp, ep, 1, dense, float(ends.matrix), int(ends.position), mtp=1)
+    total = sum(w[0] for w in weights.pre + weights.post) + moe * sum(w[0] for w in weights.layer)
+    assert total == pytest.approx(float(states.dense_parameters + states.expert_parameters), rel=1e-12)
+    replayed = fsdp_replay.ReplayedStages(spec, tp, pp, ep, 1, stage, vocab, moe, 1)
+    held = dense * params.dense_layer_parameters(spec, tp) + (moe + 1) * params.moe_layer_dense_parameters(spec, tp)
+    assert float(fsdp.replayed_ends(replayed)) + held == pytest.approx(float(states.dense_parameters), rel=1e-12)
+    if pp > 1:
+        assert weights.pre[0] == (float(ends.matrix), 0, True, tied)
+        order = weights.post_order()
+        assert order[-2:] == [0, len(weights.pre)]  # the copy, then the final norm
 
 
 def test_stages_alike_replay_once_and_as_their_own():

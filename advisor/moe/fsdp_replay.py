@@ -37,8 +37,24 @@ input norm of grouped-query attention is fused into QKV (named after the project
 ``memory_levers.layer_weights`` says), MLA's latent norms are fused into the up projections (counted
 in them here) and a dense layer's pre-MLP norm into FC1; a ``GroupedLinear``'s weights all take
 their gradients in one node, taken here in index order; --moe-shared-expert-overlap runs the shared
-experts on another stream (not modelled: the order above). Stages holding MTP layers are not
-replayed (``advisor.moe.fsdp.buffer_bytes`` keeps the queue + u form there).
+experts on another stream (not modelled: the order above).
+
+A last stage holding MTP layers (``_mtp_ends``): ``GPTModel`` builds the embedding (on the last
+stage too when it holds MTP layers: ``if self.pre_process or self.mtp_process``), the decoder,
+the MTP block, the output layer, in that order (core_v0.19.0 models/gpt/gpt_model.py:167-274);
+with MTP the decoder's final norm sits on the stage of its last layer (transformer_block.py:
+387-412), named before the MTP layers; each MTP layer names enorm, hnorm, eh_proj (2h x h / t),
+its transformer layer (``mtp_model_layer``, ``transformer_layer`` in 0.16.1: the MoE layer, its
+routed experts in group 1 by their names) and its final norm (multi_token_prediction.py:983-1053).
+At PP > 1 the stage's embedding copy is ``shared_embedding`` (language_module.py:271-284), a
+bucket of its own (param_and_grad_buffer.py:1769-1780). Backward: the output layer (the main
+loss and each MTP loss use it, gpt_model.py:667-718 and process_mtp_loss, one accumulation),
+each MTP layer from the last (its final norm, its layer, eh_proj, then hnorm and enorm:
+``_concat_embeddings`` runs enorm before hnorm, :1124-1131), the embedding copy (last used by the
+first MTP layer's ``_get_embeddings``, :1104), then the decoder's final norm, whose output the
+MTP layers' hnorm read, then the layers; at PP 1 the one embedding comes last, as without MTP.
+tests/test_moe_layer_order.py reads both orders off megatron-core 0.16.1's ``GPTModel`` with MTP
+on the CPU (PP 1 and a last stage of PP > 1, one and two MTP layers).
 """
 
 from __future__ import annotations
