@@ -42,6 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from advisor import memory_levers as levers
+from advisor.moe import mtp as mtp_terms
 
 
 def release_problem(release) -> tuple[str, str] | None:
@@ -116,8 +117,6 @@ def replayed_ends(replayed):
     (``memory_levers.end_sizes``), and each MTP layer's norms and eh_proj
     (``advisor.moe.mtp.own_parameters``) with, untied at PP > 1, the stage's copy of the embedding
     (``advisor.moe.fsdp_replay._mtp_ends``, as ``advisor.moe.stage.model_states`` counts them)."""
-    from advisor.moe import mtp as mtp_terms
-
     ends = replayed.ends()
     embedding, norm, output, _ = levers.end_sizes(*ends)
     mtp = np.asarray(replayed.mtp)
