@@ -65,7 +65,7 @@ def test_the_h200_runs_under_the_shipped_form_are_the_launch_datas_figures():
 def test_docs_estimator_md_holds_the_tables_the_code_computes_now():
     """docs/estimator.md's reserve-form tables are a generated section: a change of the fits, the
     data or the verdicts fails here until `python -m tables.seed004.reserve_forms --readme
-    docs/estimator.md` rewrites it (about a minute: every form fitted on every fold)."""
+    docs/estimator.md` rewrites it (seconds: every form fitted on every fold)."""
     committed = (ROOT / "docs" / "estimator.md").read_text()
     assert rf.section(rf.markdown(rf.study())) in committed, \
         "regenerate with: python -m tables.seed004.reserve_forms --readme docs/estimator.md"
@@ -78,3 +78,20 @@ def test_readme_without_the_markers_is_one_line_before_any_fitting(tmp_path, mon
     line = Invoker(rf.main).error("--readme", readme)
     assert line == f"Error: the README has no results markers ({rf.BEGIN!r} ... {rf.END!r})"
     assert readme.read_text() == "# no markers\n"
+
+
+@pytest.mark.parametrize("form", [f for f in rf.FORMS if f.by_memory_alone], ids=lambda f: f.name)
+def test_the_sorted_peaks_keys_are_the_broadcast_ratios_keys(seed004, form):
+    """fit_form's shortcut for a reserve set by the memory alone (a binary search on the sorted
+    peaks) against every run's ratio at every grid point and factor (the fit's own computation,
+    broadcast): the same wrong calls, mean reserves and margins, bit for bit, on all 454 runs."""
+    by_table, _ = seed004
+    runs = [r for runs in by_table.values() for r in runs]
+    oom = np.array([x.oom for x in runs])
+    memory = np.array([x.memory_gib for x in runs])
+    peaks = oomfit.grid_peaks(runs)
+    fast = rf._keys_by_memory(form, peaks, memory, oom)
+    for start in range(0, len(form.grid), 100):  # in slices: 100 points x 41 factors x 454 runs at a time
+        part = rf.Form(form.name, form.params, form.grid[start:start + 100])
+        for shortcut, broadcast in zip(fast, rf._keys_by_broadcast(part, peaks, memory, oom)):
+            assert np.array_equal(shortcut[start:start + 100], broadcast)

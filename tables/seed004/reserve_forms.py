@@ -78,6 +78,12 @@ class Form:
     def describe(self, p: tuple[float, ...]) -> str:
         return ", ".join(f"{name} {value:g}" for name, value in zip(self.params, p))
 
+    @property
+    def by_memory_alone(self) -> bool:
+        """The reserve is set by the GPU's memory alone (not the allocation): ``fit_form`` counts
+        its wrong calls on sorted peaks."""
+        return self.name != "share of allocated"
+
 
 def _pairs(a, b) -> tuple[tuple[float, ...], ...]:
     return tuple((float(x), float(y)) for x in a for y in b)
@@ -109,30 +115,100 @@ class FormFit:
         return f"{self.form.describe(self.params)}, k {self.factor:g}, band {self.band:g}"
 
 
+def _grid_columns(form: Form) -> tuple[np.ndarray, ...]:
+    """The grid's parameters as columns (points, 1), so that ``Form.reserve`` prices every point at once."""
+    grid = np.array(form.grid, dtype=float)
+    return tuple(grid[:, [c]] for c in range(grid.shape[1]))
+
+
+def _keys_by_broadcast(form: Form, peaks: np.ndarray, memory: np.ndarray, oom: np.ndarray):
+    """(weighted wrong calls, mean reserve, margin), each (points, factors), from every run's ratio
+    at every point and factor: the per-point computation of the fit, broadcast over the points
+    (each element the same operations on the same numbers)."""
+    columns = tuple(c[:, :, None] for c in _grid_columns(form))
+    reserve = form.reserve(columns, memory, peaks[None] - RUNTIME_GIB)  # (points, factors, runs)
+    r = (peaks[None] + reserve) / memory
+    fits = r <= 1
+    weighted = oomfit.FALSE_FITS_WEIGHT * np.sum(fits & oom, axis=2) + np.sum(~fits & ~oom, axis=2)
+    margin = np.min(np.where(fits != oom, np.abs(r - 1), np.inf), axis=2)
+    return weighted, np.mean(reserve, axis=2), margin
+
+
+def _called_fit(xs: np.ndarray, reserve: np.ndarray, memory: float) -> np.ndarray:
+    """How many of each factor's sorted peaks ``xs`` (factors, runs) are called fit with each
+    point's reserve (points,): shape (points, factors). The call ``(x + reserve) / memory <= 1`` is
+    monotone in x (IEEE addition and division round monotonically), so the count is where it turns
+    false: searched at x <= memory - reserve, then moved run by run to where the fit's very
+    expression turns (rounding can put it a run or so away)."""
+    n = xs.shape[1]
+    rows = np.arange(len(xs))[None]
+
+    def called(k: np.ndarray) -> np.ndarray:
+        return (xs[rows, np.clip(k, 0, n - 1)] + reserve[:, None]) / memory <= 1
+
+    count = np.stack([np.searchsorted(x, memory - reserve, side="right") for x in xs], axis=1)
+    while True:
+        back, ahead = (count > 0) & ~called(count - 1), (count < n) & called(count)
+        if not (back.any() or ahead.any()):
+            return count
+        count = count - back + ahead
+
+
+def _keys_by_memory(form: Form, peaks: np.ndarray, memory: np.ndarray, oom: np.ndarray):
+    """``_keys_by_broadcast``'s keys for a reserve set by the GPU's memory alone, without the
+    (points, factors, runs) ratios: per memory size the reserve is one number per point, so the
+    wrong calls are counts below a threshold of the sorted peaks (``_called_fit``) and the margin
+    the ratio of the runs either side of it (|r - 1| grows away from the boundary)."""
+    reserve = form.reserve(_grid_columns(form), memory, np.zeros_like(memory))  # (points, runs)
+    shape = (len(form.grid), len(peaks))
+    weighted, margin = np.zeros(shape, dtype=int), np.full(shape, np.inf)
+    rows = np.arange(len(peaks))[None]
+    for m in np.unique(memory):
+        reserve_m = reserve[:, np.flatnonzero(memory == m)[0]]  # one per point: the reserve of memory m
+        for went_oom in (True, False):
+            xs = np.sort(peaks[:, (memory == m) & (oom == went_oom)], axis=1)
+            n = xs.shape[1]
+            if n == 0:
+                continue
+            called = _called_fit(xs, reserve_m, m)
+            # OOM runs called fit are false fits; the first one called OOM is the nearest called
+            # right. Runs that ran and were called OOM are false OOMs; the last called fit is nearest.
+            weighted += oomfit.FALSE_FITS_WEIGHT * called if went_oom else n - called
+            nearest = called if went_oom else called - 1
+            r = (xs[rows, np.clip(nearest, 0, n - 1)] + reserve_m[:, None]) / m
+            margin = np.minimum(margin, np.where((nearest >= 0) & (nearest < n), np.abs(r - 1), np.inf))
+    return weighted, np.broadcast_to(np.mean(reserve, axis=1)[:, None], shape), margin
+
+
+def _first_least(keys, shape) -> tuple[int, int]:
+    """The (point, factor) of the least key, compared element by element as tuples are, the
+    first in the grid's order among equals."""
+    best = np.ones(shape, dtype=bool)
+    for key in keys:
+        key = np.broadcast_to(key, shape)
+        best &= key == np.min(key[best])
+    return divmod(int(np.flatnonzero(best)[0]), shape[1])
+
+
 def fit_form(form: Form, runs, tie_break: str = "conservative") -> FormFit:
-    """``oomfit.fit_memory`` for any form: the same weighting, tie-breaks and band."""
+    """``oomfit.fit_memory`` for any form: the same weighting, tie-breaks and band. Every grid
+    point's keys at once (``_keys_by_memory``, or ``_keys_by_broadcast`` for a reserve that
+    depends on the allocation); the least of (weighted wrong calls, [-margin,] -mean reserve,
+    distance of k from the prior's), the first in the grid's order among equals."""
     oom = np.array([x.oom for x in runs])
     memory = np.array([x.memory_gib for x in runs], dtype=float)
     peaks = oomfit.grid_peaks(runs)
-    distance = np.abs(oomfit.FACTOR_GRID - oomfit.PRIOR.activation_factor)
-    best = None
-    for i, p in enumerate(form.grid):
-        reserve = form.reserve(p, memory[None], peaks - RUNTIME_GIB)  # (factors, runs)
-        r = (peaks + reserve) / memory
-        fits = r <= 1
-        weighted = oomfit.FALSE_FITS_WEIGHT * np.sum(fits & oom, axis=1) + np.sum(~fits & ~oom, axis=1)
-        size = np.round(np.mean(reserve, axis=1), 9)
-        if tie_break == "conservative":
-            keys = zip(weighted, -size, distance)
-        else:
-            margin = np.min(np.where(fits != oom, np.abs(r - 1), np.inf), axis=1)
-            margin = np.where(np.isfinite(margin), margin, 0.0)
-            keys = zip(weighted, -margin, -size, distance)
-        for j, key in enumerate(keys):
-            key = (*map(float, key), i, j)
-            if best is None or key < best[0]:
-                best = (key, p, j, r[j])
-    _, p, j, r = best
+    keys = _keys_by_memory if form.by_memory_alone else _keys_by_broadcast
+    weighted, size, margin = keys(form, peaks, memory, oom)
+    size = np.round(size, 9)
+    distance = np.abs(oomfit.FACTOR_GRID - oomfit.PRIOR.activation_factor)[None]
+    if tie_break == "conservative":
+        order = (weighted, -size, distance)
+    else:
+        order = (weighted, -np.where(np.isfinite(margin), margin, 0.0), -size, distance)
+    i, j = _first_least(order, weighted.shape)
+    p = form.grid[i]
+    r = (peaks[j] + form.reserve(p, memory, peaks[j] - RUNTIME_GIB)) / memory
     wrong = (r <= 1) == oom
     band = max(oomfit.MIN_BAND, float(np.max(np.abs(r[wrong] - 1))) if wrong.any() else 0.0)
     return FormFit(form, p, float(oomfit.FACTOR_GRID[j]), round(band + 1e-4, 4), tie_break)
@@ -361,7 +437,7 @@ def main(readme: Path | None) -> None:
     from advisor.fileio import atomic_write_text
     from tables.readme import replace_between
 
-    if readme is not None:  # a file without the markers stops before the minute of fitting
+    if readme is not None:  # a file without the markers stops before the seconds of fitting
         replace_between(readme.read_text(encoding="utf-8"), BEGIN, END, "")
     text = markdown(study())
     if readme is not None:
