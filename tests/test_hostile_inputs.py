@@ -912,3 +912,24 @@ def test_an_empty_path_is_refused(advisor, tmp_path, monkeypatch, saved, program
     invoker = advisor if program == "advisor" else launcher()
     assert " is empty; give a " in invoker.error(*args)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "sweep.json"]
+
+
+# --- a CLI fuzzer's finds (3,180 random and structured command lines) -------------------------
+
+@pytest.mark.parametrize("tokens", ["nan", "-nan", "NaN"])
+def test_a_token_budget_that_is_not_a_number(advisor, tokens):
+    """--tokens nan was a decimal.InvalidOperation traceback (a decimal NaN refuses '>'), in
+    advisor and advisor-launch alike (one TokenCount)."""
+    from launch_support import launcher
+
+    message = f"'--tokens': {tokens!r} must be a positive, finite token count"
+    assert message in advisor.error("sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", tokens)
+    assert message in launcher().error("args", "--from", "-", "--tokens", tokens)
+
+
+def test_a_tiny_token_budget_is_named_as_typed(advisor):
+    """1e-100000 printed 100,000 zeros (1e-999999999 a gigabyte of them): the number is written
+    no longer than it was typed."""
+    line = advisor.error("sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "1e-100000")
+    assert "'1e-100000' is 1E-100000 tokens, not a whole number" in line and len(line) < 300
+

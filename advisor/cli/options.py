@@ -627,10 +627,12 @@ class TokenCount(click.ParamType):
                 number = decimal.Decimal(text[: len(text) - len(suffix)]) * int(_TOKEN_SUFFIXES[suffix])
             except (ValueError, ArithmeticError):  # decimal.InvalidOperation is an ArithmeticError
                 self.fail(f"{value!r} is not a token count (for example 15T, 300B, 2.5e12)", param, ctx)
-        if not number > 0 or not math.isfinite(float(number)):
+        # is_finite first: comparing a decimal NaN ('nan') raises InvalidOperation, not False
+        if not number.is_finite() or not number > 0 or not math.isfinite(float(number)):
             self.fail(f"{value!r} must be a positive, finite token count", param, ctx)
         if number != number.to_integral_value():  # a budget counts whole tokens (--train-samples' tokens)
-            self.fail(f"{value!r} is {number.normalize():f} tokens, not a whole number: a token count is an integer "
+            # str, not :f, so the number is no longer than it was typed: 1e-999999999 :f is a GB of zeros
+            self.fail(f"{value!r} is {number.normalize()} tokens, not a whole number: a token count is an integer "
                       "(4.1T is 4100000000000 tokens)", param, ctx)
         number = float(number)
         if self.bound is None:
