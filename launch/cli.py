@@ -21,8 +21,8 @@ import click
 from advisor import limits
 from advisor.cli.help_sections import Sections, SectionedHelp
 from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, STDOUT, TCP_PORT, Bounded, CloseCommands,
-                                 InputError, InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, emit, note,
-                                 output_option, refuse_overwriting_inputs)
+                                 InputError, InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, emit,
+                                 flush_notes, held_note, output_option, refuse_overwriting_inputs)
 from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S
 
 if TYPE_CHECKING:
@@ -49,28 +49,10 @@ class LaunchGroup(OneLineErrors, CloseCommands):
     gathers (``_note``) are printed once its checks have passed (before its output, or before
     it starts a process), never ahead of its error line."""
 
-    def invoke(self, ctx: click.Context):
-        status = super().invoke(ctx)
-        _flush_notes()
-        return status
 
-
-def _note(line: str) -> None:
-    """A note or warning for stderr, held until the command succeeds or launches (``LaunchGroup``)."""
-    ctx = click.get_current_context(silent=True)
-    if ctx is None:
-        note(line)
-    else:
-        ctx.find_root().meta.setdefault(_NOTES, []).append(line)
-
-
-def _flush_notes() -> None:
-    ctx = click.get_current_context(silent=True)
-    for line in ctx.find_root().meta.pop(_NOTES, []) if ctx is not None else ():
-        note(line)
-
-
-_NOTES = "advisor-launch notes"
+_note, _flush_notes = held_note, flush_notes
+"""A note or warning held until the command succeeds or launches (``advisor.cli.options``), and
+its printing once the checks have passed."""
 
 
 LAUNCH_SECTIONS: Sections = (

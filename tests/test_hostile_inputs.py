@@ -933,3 +933,23 @@ def test_a_tiny_token_budget_is_named_as_typed(advisor):
     line = advisor.error("sweep", "--gpus", 8, "--gpu", "h100-80gb", "--tokens", "1e-100000")
     assert "'1e-100000' is 1E-100000 tokens, not a whole number" in line and len(line) < 300
 
+
+SHARED_OVERLAP = ["estimate", "--model", "qwen3-30b-a3b", "--mbs", 1, "--moe-shared-expert-overlap"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--ep", 1, "--etp", 8, "--pp", 4, "--gpus", 4], "EP x ETP = 8 must divide TP x CP x DP = 1"),
+    (["--ep", 8, "--gpus", 8, "--moe-deepep-num-sms", 20, "--gpu", "h100-80gb"],
+     "--moe-deepep-num-sms 20: only the flex dispatcher's DeepEP kernels take it"),
+])
+def test_a_moe_note_waits_for_the_checks(advisor, extra, message):
+    """The note that a model without shared experts ignores --moe-shared-expert-overlap came
+    ahead of the error line of a later check: two lines for bad input."""
+    assert message in advisor.error(*SHARED_OVERLAP, *extra)
+
+
+def test_a_held_moe_note_comes_before_the_output(advisor):
+    result = advisor(*SHARED_OVERLAP, "--ep", 8, "--gpus", 8, "--gpu", "h100-80gb")
+    assert result.stderr.splitlines()[0].startswith("advisor estimate: --moe-shared-expert-overlap: qwen3-30b-a3b has "
+                                                    "no shared experts")
+    assert result.stdout.startswith("qwen3-30b-a3b: TP 1, CP 1, PP 1, EP 8")

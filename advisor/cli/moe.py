@@ -12,7 +12,7 @@ from advisor import limits
 from advisor.cli.estimate_csv import estimate_csv
 from advisor.cli.moe_balancing import unbalanced_notes, with_aux_loss_coeff
 from advisor.cli.options import (
-    DEGREE, Bounded, InputError, apply_options, drawing_for, command_name, emit, note, nothing_fits,
+    DEGREE, Bounded, InputError, apply_options, drawing_for, command_name, emit, held_note, note, nothing_fits,
 )
 from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
 from advisor.options.releases import release_defaults
@@ -266,7 +266,7 @@ def moe_settings(spec, flags: MoEFlags, *, options, gpu=None, space=None, unsupp
         raise InputError(problem)
     for line in (idle_modules_line(recompute_modules, spec), config_mtp_line(spec, mtp_num_layers)):
         if line:
-            note(f"{command_name()}: {line}")
+            held_note(f"{command_name()}: {line}")
     padded = _padded(moe_routing, capacity_factor, flags.pad_to_capacity, dispatcher)
     if moe_routing == "capacity" and padded and flags.moe_imbalance != 1:
         raise InputError(f"--moe-imbalance {flags.moe_imbalance:g} does not change capacity routing padded to capacity "
@@ -338,7 +338,7 @@ def _check_shared_overlap(flags, dispatcher: str, recompute_modules, spec, relea
                                                 release=release_defaults(release)):
         raise InputError(problem)
     if line := no_shared_experts_line(spec):
-        note(f"{command_name()}: {line}")
+        held_note(f"{command_name()}: {line}")
 
 
 def no_shared_experts_line(spec) -> str | None:

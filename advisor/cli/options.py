@@ -85,7 +85,9 @@ class OneLineErrors:
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            status = super().invoke(ctx)
+            flush_notes()  # the command succeeded: what its checks held is said
+            return status
         except AdvisorError as exc:
             raise InputError(str(exc)) from None
         except BrokenPipeError:  # stdout's reader left (| head): click exits 1 without a word
@@ -515,6 +517,7 @@ def _to_stdout(text: str) -> None:
     """``text`` on stdout; a write that fails (a full disk behind '> file', /dev/full) said as
     stdout's, since the error itself names no file ('Error: No space left on device' alone left
     the user to guess which). A reader that left (| head) stays click's quiet exit."""
+    flush_notes()
     try:
         click.echo(text, nl=False)
         sys.stdout.flush()
@@ -537,10 +540,34 @@ def command_name() -> str:
 
 
 def note(line: str) -> None:
-    """A note or warning on stderr, wrapped to the terminal (``render.wrap_note``)."""
+    """A note or warning on stderr, wrapped to the terminal (``render.wrap_note``); the notes
+    held so far (``held_note``) first, in the order they were given."""
     from advisor.render import stderr_width, wrap_note
 
+    flush_notes()
     click.echo(wrap_note(line, stderr_width()), err=True)
+
+
+_HELD_NOTES = "advisor held notes"
+
+
+def held_note(line: str) -> None:
+    """A note for stderr said while the input is still being checked (an option's, read before
+    the layout is): held until the checks have passed, then printed before the command's output
+    (``_to_stdout``), before any later note, or when the command ends (``OneLineErrors.invoke``);
+    dropped with an error, so that bad input stays one line."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        note(line)
+    else:
+        ctx.find_root().meta.setdefault(_HELD_NOTES, []).append(line)
+
+
+def flush_notes() -> None:
+    """Print the notes ``held_note`` holds (the command's checks have passed)."""
+    ctx = click.get_current_context(silent=True)
+    for line in ctx.find_root().meta.pop(_HELD_NOTES, []) if ctx is not None else ():
+        note(line)
 
 
 def nothing_fits(line: str) -> None:
