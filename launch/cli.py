@@ -46,13 +46,8 @@ USER_ARGS_HELP = textwrap.dedent("""\
 
 class LaunchGroup(OneLineErrors, CloseCommands):
     """Every input error as one line with exit status 2: the notes and warnings a command
-    gathers (``_note``) are printed once its checks have passed (before its output, or before
-    it starts a process), never ahead of its error line."""
-
-
-_note, _flush_notes = held_note, flush_notes
-"""A note or warning held until the command succeeds or launches (``advisor.cli.options``), and
-its printing once the checks have passed."""
+    gathers (``advisor.cli.options.held_note``) are printed once its checks have passed (before
+    its output, or before it starts a process), never ahead of its error line."""
 
 
 LAUNCH_SECTIONS: Sections = (
@@ -101,7 +96,7 @@ def input_options(func: Callable) -> Callable:
         if config.verdict == "oom":  # an --all row or an estimate: launchable, but it will not fit
             estimate = f"{config.judged_gib:.1f} GiB" if config.judged_gib is not None else "the estimate"
             limit = f" of {config.memory_gib:g} GiB" if config.memory_gib else ""
-            _note(f"warning: {config.source} does not fit: {estimate} per GPU{limit} (oom)")
+            held_note(f"warning: {config.source} does not fit: {estimate} per GPU{limit} (oom)")
         _launch_as_priced(config, launch_as_priced)
         return func(*args, config=config, **kwargs)
 
@@ -148,7 +143,7 @@ def _launch_as_priced(config: LaunchInput, opted_in: bool) -> None:
         return
     command = config.read_from.partition(": ")[0]  # 'train.sh: torchrun, 8 GPUs (...)'
     if opted_in:
-        _note(f"warning: {config.source} was read from {command}, which it priced otherwise: "
+        held_note(f"warning: {config.source} was read from {command}, which it priced otherwise: "
               f"{'; '.join(otherwise)}. The launch runs what was priced (its megatron_args: the network and "
               f"options the advisor priced), not {command} as written")
         return
@@ -197,7 +192,7 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
         job_file = read_job_file(job_config) if job_config is not None else None
         mock_data = mock_data or bool(job_file and job_file.mock_data)
         if (note := release.assumption()) and (mock_data or "dry_run" in kwargs):  # where the release matters
-            _note(f"advisor-launch: {note}")
+            held_note(f"advisor-launch: {note}")
         job = plan_job(config, job_file=job_file, tokens=tokens, bandwidth_gbs=fs_bandwidth, user_args=user_args,
                        release=release.rules)
         megatron = compose(config.source, config.megatron_args, rules=release.rules, model=config.model,
@@ -208,12 +203,12 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
         check_rates(megatron.args)
         if warn_unknown_flags:
             for unknown in megatron.unknown:
-                _note(unknown.warning())
+                held_note(unknown.warning())
         for line in megatron.notes:
-            _note(line)
+            held_note(line)
         for line in (_unbalanced_line(config, megatron.args), _release_line(config, release.rules)):
             if line is not None:
-                _note(f"advisor-launch: {config.source}: {line}")
+                held_note(f"advisor-launch: {config.source}: {line}")
         return func(*args, config=config, release=release, megatron=megatron, job_plan=job, **kwargs)
 
     return apply_options([
@@ -318,7 +313,7 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     (launch.preflight) and the job's report (``show_job``, default: in a dry run): a dry run
     prints the problems as warnings; a real run with a problem prints every one, one line each,
     and exits with status 2 before anything starts. ``hold_notes``: the caller prints the notes
-    (``_flush_notes``) once its -o file is written, so that a write that fails is one line. Where
+    (``flush_notes``) once its -o file is written, so that a write that fails is one line. Where
     the ranks run elsewhere (``gpus_here`` false: sbatch, and the k8s and SkyPilot manifests, whose
     image this machine cannot see), Transformer Engine and DeepEP are not checked here but by each
     rank's entry (``--check-imports``), on the nodes that need them. ``flag_problems``: problems of
@@ -331,28 +326,28 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     env = environment(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))  # refused in one line
     for line in span_notes(per_node, config.source, config.tp, config.ep, config.etp, config.priced_gpus_per_node,
                            timed=config.step_time_s is not None, cp=config.cp):
-        _note(line)
+        held_note(line)
     if (line := node_size_note(per_node, config.source, config.priced_gpus_per_node, config.gpus_per_node)) is not None:
-        _note(line)
+        held_note(line)
     if (note := config.left_out_note(megatron.args)) is not None:
-        _note(note)
+        held_note(note)
     report = _preflight(config, release, megatron, profiling, job, per_node=per_node, gpus_here=gpus_here,
                         checks=checks, elsewhere_option=elsewhere_option)
     for line in job.report(megatron.args) if (dry_run if show_job is None else show_job) else ():
-        _note(f"advisor-launch: {line}")
+        held_note(f"advisor-launch: {line}")
     for note in report.notes:
-        _note(f"advisor-launch: {note}")
+        held_note(f"advisor-launch: {note}")
     if (note := local_attention_note(megatron.groups[0][1], megatron.args)) is not None:
-        _note(f"advisor-launch: {note}")
+        held_note(f"advisor-launch: {note}")
     problems = [*flag_problems, *report.problems, *([report.incomplete] if report.incomplete else [])]
     if problems and not dry_run:  # every problem, one line each (the preflight's own report)
         for problem in problems:
             click.echo(f"Error: {problem}", err=True)
         click.get_current_context().exit(2)
     for problem in problems:
-        _note(f"warning: {problem}")
+        held_note(f"warning: {problem}")
     if not hold_notes:
-        _flush_notes()  # the command's checks passed: its notes come before its output
+        flush_notes()  # the command's checks passed: its notes come before its output
     entry = entry_options(release.checkout or release.given, **profiling)
     if not gpus_here and (uses_transformer_engine(megatron.args) or deep_ep_backend(megatron.args)):
         # the ranks' nodes (sbatch's, or a manifest's image, which this machine cannot see) check
@@ -381,7 +376,7 @@ def _preflight(config, release, megatron, profiling: dict, job, *, per_node: int
 
 
 def _announce(config, command: str, release) -> None:
-    _flush_notes()  # a process starts: what was held is said first
+    flush_notes()  # a process starts: what was held is said first
     click.echo(f"advisor-launch: {config.describe()}; {release.rules.name} ({release.checkout})\n+ {command}",
                err=True)
 
@@ -537,10 +532,10 @@ def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_p
     for warning in (job_plan.signal_lead_warning(signal_time, megatron.args),
                     requeue_warning(megatron.args) if requeue else None):
         if warning is not None:
-            _note(warning)
+            held_note(warning)
     script = sbatch_script(job, topology, entry, megatron.groups, description=config.describe(),
                            environment=env.settings, environment_reason=env.reason)
-    status = write_or_submit(script, output, dry_run=dry_run, ready=_flush_notes,
+    status = write_or_submit(script, output, dry_run=dry_run, ready=flush_notes,
                              announce=lambda argv: _announce(config, shlex.join(argv), release))
     return 0 if status is None else status
 
@@ -594,7 +589,7 @@ def _unknown_flag_problems(checkout: Path, unknown: Sequence[UnknownFlag]) -> li
     problems = []
     for flag in unknown:
         if flag.name in spelled:
-            _note(flag.warning(spelled[flag.name]))
+            held_note(flag.warning(spelled[flag.name]))
         else:
             problems.append(f"{flag.problem}, and no Python file of the checkout spells {flag.name}, so it adds "
                             "no such flag")
@@ -634,13 +629,13 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
               megatron=tuple(megatron.args), environment=env.settings)
     ub_cfg = flag_values(megatron.args).get("--tp-comm-overlap-cfg")
     if ub_cfg:  # Megatron opens it on the nodes
-        _note(f"warning: --tp-comm-overlap-cfg {ub_cfg[-1]} is read by every rank where it runs (relative to its "
+        held_note(f"warning: --tp-comm-overlap-cfg {ub_cfg[-1]} is read by every rank where it runs (relative to its "
               "working directory): put the file there (in the image or on a mount); this job does not carry it")
     text = to_yaml(build(job), comment(job))
     output = None if output == STDOUT else output
     if output is not None:
         atomic_write_text(output, text)  # before the notes: a file that cannot be written is one line
-    _flush_notes()
+    flush_notes()
     if output is not None:
         click.echo(f"wrote {output}", err=True)
     if output is None or dry_run:
@@ -717,7 +712,7 @@ def skypilot_command(config, release, megatron, job_plan, profiling, nodes, gpus
                          "the nodes (the task's envs set no MEGATRON_LM there)")
     accelerator, warning = accelerator_for(config.gpu, accelerator)
     if warning is not None:
-        _note(warning)
+        held_note(warning)
     return _write_manifest(config, release, megatron, job_plan, profiling, nodes=nodes, gpus_per_node=gpus_per_node,
                            name=name, output=output, dry_run=dry_run, build=lambda job: skypilot_task(job, accelerator),
                            comment=lambda job: [*node_needs(job, "The nodes (their image)"), *SKYPILOT_SETUP])
@@ -740,16 +735,16 @@ def args_command(config, release, megatron, job_plan, fmt) -> int:
     from launch.preflight import local_attention_note, local_implementation_problems
 
     if (note := config.left_out_note(megatron.args)) is not None:
-        _note(note)
+        held_note(note)
     # the flags alone do not launch: a script of the user's own must set what Megatron asserts
     if (note := environment_demands(release.rules, LaunchShape.of(config.tp, config.cp, megatron.args))) is not None:
-        _note(f"advisor-launch: {note}")
+        held_note(f"advisor-launch: {note}")
     # what the launchers' preflight says of the same arguments (args launches nothing: warnings)
     if (note := local_attention_note(megatron.groups[0][1], megatron.args)) is not None:
-        _note(f"advisor-launch: {note}")
+        held_note(f"advisor-launch: {note}")
     for problem in local_implementation_problems(megatron.args, config.cp):
-        _note(f"warning: {problem}")
-    _flush_notes()
+        held_note(f"warning: {problem}")
+    flush_notes()
     if fmt == "json":
         from advisor.render import to_json
 
