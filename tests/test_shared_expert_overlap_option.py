@@ -117,6 +117,17 @@ def test_a_model_without_shared_experts_takes_it_and_changes_nothing(advisor):
     assert [arg for arg in b["megatron_args"] if arg != FLAG] == a["megatron_args"]
 
 
+def test_the_title_says_overlapped_only_where_there_are_shared_experts(advisor):
+    """The estimate's title names what is priced: Mixtral's flag changes nothing (no 'shared experts
+    overlapped'), DeepSeek-V3's overlaps its shared experts."""
+    mixtral = advisor("estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--gpu", "h100-80gb",
+                      "--moe-token-dispatcher-type", "allgather", FLAG)
+    deepseek = advisor("estimate", "--model", "deepseek-v3", "--gpus", "1024", "--pp", "16", "--ep", "64",
+                       "--gpu", "h100-80gb", FLAG)
+    assert "dispatcher allgather" in mixtral.stdout and "shared experts overlapped" not in mixtral.stdout
+    assert "shared experts overlapped" in deepseek.stdout.split("+")[0]
+
+
 # --- the row: its flag, read back, launched ------------------------------------------------------
 
 

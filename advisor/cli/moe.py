@@ -640,7 +640,9 @@ def settings_words(settings, spec, recompute: str | None = None) -> str:
              f"dispatcher {settings.dispatcher}"
              + (f" ({settings.flex_backend})" if settings.dispatcher == "flex" and settings.flex_backend != "deepep" else "")]
     words += [word for word, on in (("a2a overlapped", settings.a2a_overlap),
-                                    ("shared experts overlapped", settings.shared_expert_overlap),
+                                    # a model without shared experts takes the flag and changes nothing
+                                    ("shared experts overlapped", settings.shared_expert_overlap
+                                     and spec.shared_expert_size),
                                     ("--moe-permute-fusion", settings.permute_fusion),
                                     ("--moe-router-fusion", settings.router_fusion)) if on]
     words += [f"MTP {spec.mtp_num_layers}"] if spec.mtp_num_layers else []
