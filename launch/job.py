@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -101,6 +102,12 @@ def _toml(path: Path, text: str) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise AdvisorError(f"{path}: not TOML ({exc})") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables by recursion, unbounded
+        raise AdvisorError(f"{path}: TOML nested too deeply; a job file's values are strings, numbers, "
+                           "booleans and lists of paths") from None
+    except ValueError:  # int()'s limit on digits (sys.get_int_max_str_digits), not a TOMLDecodeError
+        raise AdvisorError(f"{path}: an integer of more than {sys.get_int_max_str_digits():,} digits; "
+                           "write a token count as 1e12 or 1_000_000_000_000") from None
 
 
 def _text(value) -> str:
@@ -131,7 +138,8 @@ def _check_value(path: Path, key: str, kind: str, value) -> None:
                 "iterations": "a whole number, 0 or more (0: no evaluation)",
                 "floor": "a number, 0 or more", "fraction": "a number in [0, 1)",
                 "tokens": "a positive whole number of tokens (1e12, or 1_000_000_000_000 in TOML)"}[kind]
-        raise AdvisorError(f"{path}: {key} must be {want}, got {json.dumps(value)[:60]}")
+        # default=str: TOML's dates and times, which JSON has no spelling for
+        raise AdvisorError(f"{path}: {key} must be {want}, got {json.dumps(value, default=str)[:60]}")
 
 
 # --- the run's length --------------------------------------------------------------------

@@ -105,6 +105,24 @@ def test_a_bad_job_file_is_one_line(advisor, tmp_path):
     assert args[-2:] == ["--train-samples", "2048"] and "--lr-decay-samples" not in args
 
 
+def test_a_hostile_toml_job_file_is_one_line(advisor, tmp_path):
+    """What tomllib raises besides TOMLDecodeError, and a TOML date in the message, were tracebacks
+    (found by a CLI fuzzer): RecursionError on deep nesting, int()'s ValueError past 4,300 digits,
+    json.dumps's TypeError on a datetime."""
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    cases = {
+        "deep.toml": ("save = " + "[" * 20_000 + "]" * 20_000, "TOML nested too deeply"),
+        "inline.toml": ("save = " + "{a = " * 5_000 + "1" + "}" * 5_000, "TOML nested too deeply"),
+        "digits.toml": ("tokens = " + "1" * 5_000, "an integer of more than 4,300 digits"),
+        "date.toml": ("save = 1979-05-27T07:32:00Z",
+                      'save must be a non-empty string without NUL bytes, got "1979-05-27 07:32:00+00:00"'),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text + "\n")
+        line = launcher().error("args", "--from", sweep, "--job-config", tmp_path / name)
+        assert message in line, line
+
+
 def test_learning_rates_megatron_fails_on_are_one_line(advisor, tmp_path):
     # megatron/core/optimizer_param_scheduler.py (core_v0.15.2 and core_v0.19.0), __init__:
     # 'assert self.min_lr >= 0.0', 'assert self.max_lr >= self.min_lr': -1 fails the second with
