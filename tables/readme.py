@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from advisor.errors import AdvisorError
 
 
@@ -12,3 +14,14 @@ def replace_between(readme: str, begin: str, end: str, section: str) -> str:
     if start < 0 or stop < start:
         raise AdvisorError(f"the README has no results markers ({begin!r} ... {end!r})")
     return readme[:start] + section.rstrip("\n") + readme[stop + len(end):]
+
+
+def read_readme(path: str | os.PathLike, begin: str, end: str) -> str:
+    """The text of the README ``path``, read before any work: a regular UTF-8 file (click's
+    ``Path(exists=True)`` let a FIFO through, and reading it waited forever) holding both markers
+    (a README without them stopped only after the tables' seconds of work)."""
+    from advisor.fileio import decode_utf8, read_bytes
+
+    text = decode_utf8(read_bytes(path, what="README"), str(path))
+    replace_between(text, begin, end, "")
+    return text

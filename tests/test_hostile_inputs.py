@@ -953,3 +953,35 @@ def test_a_held_moe_note_comes_before_the_output(advisor):
     assert result.stderr.splitlines()[0].startswith("advisor estimate: --moe-shared-expert-overlap: qwen3-30b-a3b has "
                                                     "no shared experts")
     assert result.stdout.startswith("qwen3-30b-a3b: TP 1, CP 1, PP 1, EP 8")
+
+
+# the table commands that rewrite a README section: (module, its arguments, the work that must not start)
+README_TABLES = [
+    ("tables.published.__main__", [], "tables.published.runs.load_source"),
+    ("tables.seed004.reserve_forms", [], "tables.seed004.reserve_forms.study"),
+    ("tables.splits.__main__", ["--out", "OUT"], "tables.splits.__main__.results"),
+    ("tables.seed004.__main__", ["--out", "OUT"], "tables.seed004.__main__.analyse"),
+    ("tables.capture.__main__", ["analyse", "--out", "OUT"], "tables.capture.accuracy.evaluate"),
+]
+
+
+@pytest.mark.parametrize("module,args,work", README_TABLES, ids=[m for m, _, _ in README_TABLES])
+def test_a_table_readme_is_read_before_the_work(tmp_path, monkeypatch, module, args, work):
+    """--readme FIFO hung (click's Path(exists=True) lets it through, and read_text waited for a
+    writer; found by a CLI fuzzer), and a README without markers stopped only after the work
+    (seed004: tens of seconds): both are one line now, before the work and with nothing written."""
+    import importlib
+
+    from conftest import Invoker
+
+    owner, name = work.rsplit(".", 1)
+    monkeypatch.setattr(importlib.import_module(owner), name, lambda *a, **k: pytest.fail("worked before the README"))
+    main = importlib.import_module(module).main
+    args = [tmp_path / "out" if arg == "OUT" else arg for arg in args]
+    os.mkfifo(tmp_path / "fifo")
+    line = Invoker(main).error(*args, "--readme", tmp_path / "fifo")
+    assert line == f"Error: {tmp_path / 'fifo'} is a FIFO (named pipe); a README is read from a regular file only"
+    (tmp_path / "notes.md").write_text("# no markers\n")
+    assert "the README has no results markers" in Invoker(main).error(*args, "--readme", tmp_path / "notes.md")
+    assert (tmp_path / "notes.md").read_text() == "# no markers\n"
+    assert not (tmp_path / "out").exists()

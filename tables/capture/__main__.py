@@ -8,7 +8,7 @@ import click
 
 from advisor import limits
 from advisor.cli.options import Bounded, OneLineGroup
-from tables.readme import replace_between
+from tables.readme import read_readme, replace_between
 
 TABLES_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = TABLES_DIR / "data" / "capture"
@@ -74,10 +74,11 @@ def analyse(data: Path, out: Path, readme: Path, no_readme: bool) -> None:
     from tables.capture.accuracy import evaluate
 
     started = time.perf_counter()
+    original = None if no_readme else read_readme(readme, report.BEGIN, report.END)
     evaluations, costs = evaluate(data)
     measured = json.loads((data / "measure.json").read_text(encoding="utf-8"))
     section = report.results_markdown(evaluations, costs, measured)
-    new_readme = None if no_readme else replace_between(readme.read_text(encoding="utf-8"), report.BEGIN, report.END, section)
+    new_readme = None if no_readme else replace_between(original, report.BEGIN, report.END, section)
     out.mkdir(parents=True, exist_ok=True)
     full = [e for e in evaluations if e.campaign == "full"]
     written = [

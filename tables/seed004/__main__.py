@@ -10,7 +10,7 @@ import click
 from advisor.cli.options import OneLineCommand
 from advisor.fileio import atomic_write_text
 from advisor.render import to_json
-from tables.readme import replace_between
+from tables.readme import read_readme, replace_between
 from tables.seed004 import heatmap, report, validation_report
 from tables.seed004.results import Results, analyse
 
@@ -91,10 +91,11 @@ def main(out: Path, readme: Path | None, no_readme: bool) -> None:
     started = time.perf_counter()
     if readme is None:  # the committed README quotes the committed tables only
         readme, no_readme = DEFAULT_README, no_readme or out.resolve() != DEFAULT_OUT.resolve()
+    # read first, so that a README without markers stops before the work and any write
+    original = None if no_readme else read_readme(readme, report.BEGIN, report.END)
     results = analyse(with_validation=True)
-    # The new README is made first, so that a README without markers stops before any write.
-    new_readme = None if no_readme else replace_between(
-        readme.read_text(encoding="utf-8"), report.BEGIN, report.END, report.results_markdown(results)
+    new_readme = None if original is None else replace_between(
+        original, report.BEGIN, report.END, report.results_markdown(results)
     )
     written = write_artefacts(results, out)
     if new_readme is not None:

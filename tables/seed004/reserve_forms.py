@@ -435,13 +435,13 @@ def main(readme: Path | None) -> None:
       python -m tables.seed004.reserve_forms --readme docs/estimator.md   # and rewrite its section
     """
     from advisor.fileio import atomic_write_text
-    from tables.readme import replace_between
+    from tables.readme import read_readme, replace_between
 
-    if readme is not None:  # a file without the markers stops before the seconds of fitting
-        replace_between(readme.read_text(encoding="utf-8"), BEGIN, END, "")
+    # a file without the markers stops before the seconds of fitting
+    original = None if readme is None else read_readme(readme, BEGIN, END)
     text = markdown(study())
     if readme is not None:
-        atomic_write_text(readme, replace_between(readme.read_text(encoding="utf-8"), BEGIN, END, section(text)))
+        atomic_write_text(readme, replace_between(original, BEGIN, END, section(text)))
     click.echo(text, nl=False)
 
 

@@ -10,7 +10,7 @@ import click
 
 from advisor.cli.options import OneLineCommand
 from advisor.fileio import atomic_write_text
-from tables.readme import replace_between
+from tables.readme import read_readme, replace_between
 from tables.splits.compare import CASES, price
 from tables.splits.report import BEGIN, END, figure, markdown
 
@@ -39,9 +39,10 @@ def main(out: Path, readme: Path, no_readme: bool) -> None:
       python -m tables.splits --out /tmp/splits --no-readme
     """
     started = time.perf_counter()
+    original = None if no_readme else read_readme(readme, BEGIN, END)
     found = results()
     section = markdown(found)
-    new_readme = None if no_readme else replace_between(readme.read_text(encoding="utf-8"), BEGIN, END, section)
+    new_readme = None if original is None else replace_between(original, BEGIN, END, section)
     out.mkdir(parents=True, exist_ok=True)
     written = [atomic_write_text(out / "splits.md", section), figure(found, out / "splits.png")]
     if new_readme is not None:
