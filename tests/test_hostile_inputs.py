@@ -985,3 +985,21 @@ def test_a_table_readme_is_read_before_the_work(tmp_path, monkeypatch, module, a
     assert "the README has no results markers" in Invoker(main).error(*args, "--readme", tmp_path / "notes.md")
     assert (tmp_path / "notes.md").read_text() == "# no markers\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_calibrate_checks_its_out_file_before_the_fit(tmp_path, monkeypatch):
+    """python -m tables.seed004.calibrate --check on a file that is not JSON was a JSONDecodeError
+    traceback and on a FIFO hung; a FIFO to write was found only after the fit (a CLI fuzzer)."""
+    from conftest import Invoker
+
+    from tables.seed004 import calibrate
+
+    monkeypatch.setattr(calibrate, "fitted_document", lambda on: pytest.fail("fitted before checking --out"))
+    (tmp_path / "notes.txt").write_text("not json\n")
+    os.mkfifo(tmp_path / "fifo")
+    line = Invoker(calibrate.main).error("--out", tmp_path / "notes.txt", "--check")
+    assert line == f"Error: {tmp_path / 'notes.txt'}: malformed JSON at line 1, column 1: Expecting value"
+    line = Invoker(calibrate.main).error("--out", tmp_path / "fifo", "--check")
+    assert line == f"Error: {tmp_path / 'fifo'} is a FIFO (named pipe); a calibration file is read from a regular file only"
+    assert f"{tmp_path / 'fifo'} is a FIFO (named pipe): output files are written atomically" in \
+        Invoker(calibrate.main).error("--out", tmp_path / "fifo")

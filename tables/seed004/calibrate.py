@@ -75,11 +75,15 @@ def main(ctx: click.Context, on: str, out: Path, check: bool) -> None:
     """Fit the time model's and the memory model's constants to seed 004's real runs."""
     if ctx.invoked_subcommand is not None:
         return
+    from advisor.fileio import output_target, read_json
+
+    # before the fit, and as the advisor reads and writes files: a malformed --out was a traceback,
+    # a FIFO hung (found by a CLI fuzzer)
+    current = (read_json(out, what="calibration file") if out.exists() else None) if check else output_target(out)
     document = fitted_document(on)
     text = to_json(document)
     if check:
-        current = out.read_text(encoding="utf-8") if out.exists() else ""
-        if json.loads(current or "null") != json.loads(text):
+        if current != json.loads(text):
             click.echo(f"{out} differs from a fresh fit on {on}; run python -m tables.seed004.calibrate", err=True)
             ctx.exit(1)
         click.echo(f"{out} is up to date")
