@@ -14,7 +14,7 @@ import click
 
 from advisor import limits
 from advisor.cli.options import GIB as GIB_TYPE
-from advisor.cli.options import Bounded, NonEmpty, OneLineCommand, UserPath, model_options, parse_layer_counts
+from advisor.cli.options import Bounded, NonEmpty, OneLineCommand, OutDirectory, model_options, parse_layer_counts
 from advisor.memory import GIB
 from advisor.profiles import PARAMS_DTYPES
 
@@ -73,7 +73,7 @@ def require_runtime() -> None:
               help="Memory of the emulated GPU in GiB: a rank that needs more records an OOM (default: none).")
 @click.option("--run-id", type=NonEmpty("give the run's id, or leave it out for a new one"), default=None,
               help="Run id in the headers (default: a new one).")
-@click.option("--out", "output_dir", type=UserPath(file_okay=False, path_type=Path), required=True,
+@click.option("--out", "output_dir", type=OutDirectory(path_type=Path), required=True,
               help="Run directory for the rank*.jsonl files.")
 def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterations, tp, dp, cp, dtype, backend,
          layer_spec, kernels, sequence_parallel, distributed_optimizer, optimizer, threads, memory_limit, run_id,

@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import gc
 import math
+from pathlib import Path
 
 import torch
 
@@ -352,6 +353,13 @@ def _bounded(bound, kind=int):
     return convert
 
 
+def _directory(text: str) -> Path:
+    """An argparse type: --out DIR, not empty (Path("") is ".": the file landed in the current directory)."""
+    if text == "":
+        raise argparse.ArgumentTypeError("empty; give a directory")
+    return Path(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m megatron_hooks.moe_layer MODEL [--seq-len S] [--mbs B] [--tp T] [--ep E] [--etp T]
     [--dispatcher D] [--capacity-factor F] [--backend symbolic|cpu|cuda] [--hidden-size H ...] [--out DIR]``:
@@ -360,7 +368,6 @@ def main(argv: list[str] | None = None) -> None:
     terms, with ``build_note`` where the layer was not built as those terms price it), and with --out
     writes DIR/moe_layer.json for ``advisor profile show DIR``."""
     import json
-    from pathlib import Path
 
     from advisor.fileio import atomic_write_text
     from advisor.moe.layer_profile import FILENAME
@@ -388,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     for field in SIZES:
         parser.add_argument(f"--{field.replace('_', '-')}", type=_bounded(limits.MODEL[_BOUND.get(field, field)]),
                             default=None, help="shrink the preset")
-    parser.add_argument("--out", type=Path, help="write DIR/moe_layer.json (advisor profile show DIR)")
+    parser.add_argument("--out", type=_directory, help="write DIR/moe_layer.json (advisor profile show DIR)")
     args = parser.parse_args(argv)
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} is not a directory")

@@ -1003,3 +1003,36 @@ def test_calibrate_checks_its_out_file_before_the_fit(tmp_path, monkeypatch):
     assert line == f"Error: {tmp_path / 'fifo'} is a FIFO (named pipe); a calibration file is read from a regular file only"
     assert f"{tmp_path / 'fifo'} is a FIFO (named pipe): output files are written atomically" in \
         Invoker(calibrate.main).error("--out", tmp_path / "fifo")
+
+
+EMPTY_OUT = [
+    ("tables.splits.__main__", ["--no-readme"]),
+    ("tables.seed004.__main__", ["--no-readme"]),
+    ("tables.capture.__main__", ["analyse", "--no-readme"]),
+    ("megatron_hooks.emulate", ["--seq-len", 16, "--layers-per-stage", "1,1"]),
+]
+
+
+@pytest.mark.parametrize("module,args", EMPTY_OUT, ids=[m for m, _ in EMPTY_OUT])
+def test_an_empty_out_directory_is_refused(tmp_path, monkeypatch, module, args):
+    """--out '' is Path('.'): the tables, or an emulated run's rank files, were written into the
+    current directory, exit status 0 (found by a CLI fuzzer); as advisor profile run --out ''."""
+    import importlib
+
+    from conftest import Invoker
+
+    monkeypatch.chdir(tmp_path)
+    line = Invoker(importlib.import_module(module).main).error(*args, "--out", "")
+    assert line == "Error: --out is empty; give a directory"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_moe_layer_refuses_an_empty_out_directory(tmp_path, monkeypatch, capsys):
+    from megatron_hooks import moe_layer
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        moe_layer.main(["qwen3-30b-a3b", "--out", ""])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "Error: argument --out: empty; give a directory\n"
+    assert list(tmp_path.iterdir()) == []

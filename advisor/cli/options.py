@@ -282,6 +282,19 @@ class InputPath(UserPath):
         return super().convert(value, param, ctx)
 
 
+class OutDirectory(UserPath):
+    """A directory to write into (--out): an empty value is refused (Path("") is ".", so --out ''
+    wrote the tables, or a profile's rank files, into the current directory)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(file_okay=False, **kwargs)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value == "":
+            raise empty_value(param, "give a directory")
+        return super().convert(value, param, ctx)
+
+
 def file_path(ctx, param, value: str | None) -> Path | None:
     """A file to write (--plot, --png), checked before any work: a regular file or a new one in a
     writable directory. Its type is UserPath() (text, '~' expanded): Path() would drop a trailing

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from advisor import limits
-from advisor.cli.options import Bounded, OneLineGroup
+from advisor.cli.options import Bounded, OneLineGroup, OutDirectory
 from tables.readme import read_readme, replace_between
 
 TABLES_DIR = Path(__file__).resolve().parent.parent
@@ -41,7 +41,7 @@ def measure(data: Path, threads: int | None) -> None:
 @main.command()
 @click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path), default=DEFAULT_DATA,
               show_default="tables/data/capture", help="The measurements ('measure' writes them).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=TABLES_DIR / "out" / "capture",
+@click.option("--out", type=OutDirectory(path_type=Path), default=TABLES_DIR / "out" / "capture",
               show_default="tables/out/capture", help="Folder for the PNGs, RESULTS.md and summary.json.")
 @click.option("--readme", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               default=TABLES_DIR / "README.md", show_default="tables/README.md",

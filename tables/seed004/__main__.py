@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from advisor.cli.options import OneLineCommand
+from advisor.cli.options import OneLineCommand, OutDirectory
 from advisor.fileio import atomic_write_text
 from advisor.render import to_json
 from tables.readme import read_readme, replace_between
@@ -66,7 +66,7 @@ def write_artefacts(results: Results, out: Path) -> list[Path]:
 # not a group: an AdvisorGroup listed the advisor's commands in --help and ran the reproduction
 # before any of them ('python -m tables.seed004 models').
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
+@click.option("--out", type=OutDirectory(path_type=Path), default=DEFAULT_OUT,
               show_default="tables/out", help="Folder for the tables, PNGs, RESULTS.md and summary.json.")
 @click.option("--readme", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Markdown file whose results section (between its BEGIN/END RESULTS markers) is rewritten. "

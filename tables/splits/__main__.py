@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from advisor.cli.options import OneLineCommand
+from advisor.cli.options import OneLineCommand, OutDirectory
 from advisor.fileio import atomic_write_text
 from tables.readme import read_readme, replace_between
 from tables.splits.compare import CASES, price
@@ -24,7 +24,7 @@ def results():
 
 
 @click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_OUT,
+@click.option("--out", type=OutDirectory(path_type=Path), default=DEFAULT_OUT,
               show_default="tables/out", help="Folder for splits.png and splits.md.")
 @click.option("--readme", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=DEFAULT_README,
               show_default="tables/README.md", help="Markdown file whose splits section is rewritten.")
