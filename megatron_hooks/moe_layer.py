@@ -400,7 +400,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {args.out} is not a directory")
     quiet_megatron()
-    spec = dataclasses.replace(PRESETS[args.model], **{f: getattr(args, f) for f in SIZES if getattr(args, f)})
+    try:  # the sizes must still make a model (heads a multiple of the query groups ...): ModelSpec's checks
+        spec = dataclasses.replace(PRESETS[args.model], **{f: getattr(args, f) for f in SIZES if getattr(args, f)})
+    except AdvisorError as exc:
+        parser.exit(2, f"Error: {exc}\n")
     # the real-tensor backends run the local spec on their own device's kernels
     real = {} if args.backend == "symbolic" else dict(layer_spec="local", kernels=args.backend)
     try:

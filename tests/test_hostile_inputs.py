@@ -668,6 +668,9 @@ def test_a_launch_input_with_options_not_an_object_names_the_file_once(tmp_path,
     (["--hidden-size", "0"], "argument --hidden-size: must be at least 1, got 0"),
     (["--seq-len", "abc"], "argument --seq-len: 'abc' is not an integer"),
     (["--out", "/dev/full"], "--out /dev/full is not a directory"),
+    # sizes that make no model were ModelSpec's FieldError, a traceback (found by a CLI fuzzer)
+    (["--num-attention-heads", "3"], "model 'mixtral-8x7b': num_attention_heads = 3 must be a multiple of "
+                                     "num_query_groups = 8"),
     # Mixtral's capacity 4096 x 2 x 1.1 / 8: the fake routing's masked_select would raise deep inside
     (["--dispatcher", "allgather", "--capacity-factor", "1.1"],
      "mixtral-8x7b: the allgather dispatcher with capacity factor 1.1: each expert's capacity N k f / E = 1126.4 "
