@@ -10,10 +10,16 @@ from advisor.errors import AdvisorError
 def replace_between(readme: str, begin: str, end: str, section: str) -> str:
     """``readme`` with the text from its ``begin`` marker to its ``end`` marker replaced by
     ``section`` (which carries the markers itself)."""
+    start, stop = _markers(readme, begin, end)
+    return readme[:start] + section.rstrip("\n") + readme[stop + len(end):]
+
+
+def _markers(readme: str, begin: str, end: str) -> tuple[int, int]:
+    """Where ``readme``'s ``begin`` and ``end`` markers start; refused where either is missing."""
     start, stop = readme.find(begin), readme.find(end)
     if start < 0 or stop < start:
         raise AdvisorError(f"the README has no results markers ({begin!r} ... {end!r})")
-    return readme[:start] + section.rstrip("\n") + readme[stop + len(end):]
+    return start, stop
 
 
 def read_readme(path: str | os.PathLike, begin: str, end: str) -> str:
@@ -23,5 +29,5 @@ def read_readme(path: str | os.PathLike, begin: str, end: str) -> str:
     from advisor.fileio import decode_utf8, read_bytes
 
     text = decode_utf8(read_bytes(path, what="README"), str(path))
-    replace_between(text, begin, end, "")
+    _markers(text, begin, end)
     return text

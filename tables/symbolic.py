@@ -100,14 +100,16 @@ def main(profile: bool) -> None:
       python -m tables.symbolic
       python -m tables.symbolic --profile   # re-make the profiles first
     """
-    from tables.readme import replace_between
+    from advisor.fileio import atomic_write_text
+    from tables.readme import read_readme, replace_between
 
+    readme = ROOT / "docs" / "profiling.md"
+    original = read_readme(readme, BEGIN, END)  # before the profiles: a file without markers stops first
     if profile:
         for name in RUNS:
             shutil.rmtree(EXAMPLES / name, ignore_errors=True)
             subprocess.run(command(name), check=True, cwd=ROOT)
-    readme = ROOT / "docs" / "profiling.md"
-    readme.write_text(replace_between(readme.read_text(), BEGIN, END, section()))
+    atomic_write_text(readme, replace_between(original, BEGIN, END, section()))
     click.echo(f"wrote the comparison section of {readme}")
 
 

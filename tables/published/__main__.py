@@ -103,7 +103,7 @@ def main(fmt: str, readme: Path | None) -> None:
     from tables.published.runs import combined_summary, load_source, release_changes, report
     from tables.readme import read_readme, replace_between
 
-    text = None if readme is None else read_readme(readme, BEGIN, END)
+    text = None if readme is None else read_readme(readme, BEGIN, END)  # a README without markers stops first
     runs = load_source("DGX Cloud Benchmarking")
     rows, summary = report(runs)
     changes = release_changes(runs)
@@ -112,9 +112,8 @@ def main(fmt: str, readme: Path | None) -> None:
     bridge_rows, bridge_summary = report(bridge_runs)
     bridge_changes = release_changes(bridge_runs)
     total = combined_summary(rows + bridge_rows)
-    if readme is not None:  # made before anything is printed, so a README without markers stops first
-        atomic_write_text(readme, replace_between(text, BEGIN, END,
-                                                  f"{BEGIN}\n\n{table}\n{END}"))
+    if readme is not None:
+        atomic_write_text(readme, replace_between(text, BEGIN, END, f"{BEGIN}\n\n{table}\n{END}"))
     short = short_sequences.report()
     pairs = layer_pairs.pairs(runs, rows, load_calibration().microbatch_overhead_s)
     if fmt == "json":
